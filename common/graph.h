@@ -1,0 +1,254 @@
+/* graph.h -- Apollo's graph IR: tensors, nodes of Apollo's op set
+ * (ops.def), the op registry, validation, canonical hashing, and the
+ * conversions graph <-> protobuf (apollo.Graph) and ONNX -> graph.
+ *
+ * Layout: a graph owns two flat arrays.  Tensors and nodes refer to each
+ * other by index (int), never by pointer, so a graph can be copied,
+ * serialised and hashed without fix-ups.  Every tensor has a static shape
+ * (row-major, outermost dimension first, rank <= AP_MAX_RANK; rank 0 is a
+ * scalar).  Each VALUE tensor is produced by exactly one node; INPUT, PARAM
+ * and CONST tensors by none.  CONST tensors carry their bytes (small
+ * constants, at most AP_CONST_MAX_BYTES); PARAM tensors carry shape and
+ * dtype only: their data stays with the client (ap_params).
+ */
+#ifndef AP_GRAPH_H
+#define AP_GRAPH_H
+
+#include "base.h"
+
+#define AP_MAX_RANK 8
+/* Largest constant that travels by value (bytes); larger ones are PARAMs. */
+#define AP_CONST_MAX_BYTES 4096
+/* Largest element count of any tensor: 2^36 (256 GiB of float32). */
+#define AP_MAX_ELEMENTS ((int64_t)1 << 36)
+
+/* Numbered as ONNX TensorProto.DataType and apollo.DataType. */
+typedef enum ap_dtype {
+	AP_DT_UNDEF = 0,
+	AP_DT_F32 = 1,
+	AP_DT_U8 = 2,
+	AP_DT_I8 = 3,
+	AP_DT_I32 = 6,
+	AP_DT_I64 = 7,
+	AP_DT_BOOL = 9,
+	AP_DT_F64 = 11,
+} ap_dtype;
+
+typedef enum ap_tensor_kind {
+	AP_TENSOR_VALUE = 0,
+	AP_TENSOR_INPUT = 1,
+	AP_TENSOR_PARAM = 2,
+	AP_TENSOR_CONST = 3,
+} ap_tensor_kind;
+
+typedef enum ap_op {
+#define X(e, name, cat, view) AP_OP_##e,
+#include "ops.def"
+#undef X
+	AP_OP_COUNT
+} ap_op;
+
+typedef enum ap_op_category {
+	AP_CAT_ELEMWISE,
+	AP_CAT_BROADCAST,
+	AP_CAT_INJECTIVE,
+	AP_CAT_REDUCTION,
+	AP_CAT_TRANSPOSE,
+	AP_CAT_MATMUL,
+	AP_CAT_CONV,
+	AP_CAT_COMPOUND,
+	AP_CAT_OPAQUE,
+} ap_op_category;
+
+typedef enum ap_attr_type {
+	AP_ATTR_INT = 1,
+	AP_ATTR_FLOAT = 2,
+	AP_ATTR_STRING = 3,
+	AP_ATTR_INTS = 4,
+	AP_ATTR_FLOATS = 5,
+} ap_attr_type;
+
+typedef struct ap_attr {
+	char *name;
+	ap_attr_type type;
+	int64_t i;
+	double f;
+	char *s;
+	int64_t *ints;
+	int n_ints;
+	double *floats;
+	int n_floats;
+} ap_attr;
+
+typedef struct ap_tensor {
+	char *name;
+	ap_dtype dtype;
+	int rank;
+	int64_t dims[AP_MAX_RANK];
+	ap_tensor_kind kind;
+	void *data;        /* CONST only: nbytes of row-major little-endian data */
+	size_t nbytes;     /* CONST only */
+	int producer;      /* node index, -1 for INPUT/PARAM/CONST */
+	bool is_output;    /* listed among the graph outputs */
+} ap_tensor;
+
+typedef struct ap_node {
+	char *name;        /* the imported node's name (unique; made up when empty) */
+	ap_op op;
+	int n_inputs;
+	int *inputs;       /* tensor indices; -1 = optional input left out */
+	int n_outputs;
+	int *outputs;      /* tensor indices; -1 = optional output not produced */
+	int n_attrs;
+	ap_attr *attrs;
+} ap_node;
+
+typedef struct ap_graph {
+	char *name;
+	int n_tensors, cap_tensors;
+	ap_tensor *tensors;
+	int n_nodes, cap_nodes;
+	ap_node *nodes;    /* topologically ordered after ap_graph_validate() */
+	int n_inputs;
+	int *inputs;       /* INPUT tensors in binding order */
+	int n_outputs;
+	int *outputs;
+	unsigned eager_kernels; /* kernels an op-by-op runtime launches for the
+				   imported model, views free (0 = unknown) */
+} ap_graph;
+
+/* ---- op registry (ops.c) ---------------------------------------------- */
+
+/* "Add" for AP_OP_ADD; NULL for an out-of-range value. */
+const char *ap_op_name(ap_op op);
+/* The op named `name` (exact, case-sensitive), or -1 if Apollo has none. */
+int ap_op_lookup(const char *name);
+ap_op_category ap_op_category_of(ap_op op);
+/* True for ops that only reinterpret memory (Reshape, Identity). */
+bool ap_op_is_view(ap_op op);
+/* Infers the output shapes and dtypes of node `n` of `g` from its inputs'
+ * and its normalised attributes (ops.def) and checks them against the
+ * output tensors, which must already carry the shapes.  Returns 0, AP_ESHAPE
+ * (mismatch, naming node and tensor), AP_EINVAL (bad attribute). */
+int ap_op_check(const ap_graph *g, int n, ap_error *err);
+
+/* ---- tensors and graphs (graph.c) -------------------------------------- */
+
+size_t ap_dtype_size(ap_dtype dt);           /* bytes per element; 0 if unknown */
+const char *ap_dtype_name(ap_dtype dt);      /* "float32", ... */
+/* Element count, or -1 when it exceeds AP_MAX_ELEMENTS or a dim is < 0. */
+int64_t ap_tensor_numel(const ap_tensor *t);
+
+__ap_give ap_graph *ap_graph_new(const char *name);
+ap_graph *ap_graph_free(__ap_take ap_graph *g);   /* accepts NULL, returns NULL */
+__ap_give ap_graph *ap_graph_copy(__ap_keep const ap_graph *g);
+/* Appends a tensor; returns its index or a negative AP_E* code.  `data` is
+ * copied (CONST only). */
+int ap_graph_add_tensor(ap_graph *g, const char *name, ap_dtype dt, int rank,
+			const int64_t *dims, ap_tensor_kind kind,
+			const void *data, size_t nbytes);
+/* Appends a node with no attributes; returns its index or a negative code.
+ * Sets the producer of every output tensor. */
+int ap_graph_add_node(ap_graph *g, const char *name, ap_op op,
+		      int n_inputs, const int *inputs,
+		      int n_outputs, const int *outputs);
+int ap_node_set_int(ap_graph *g, int n, const char *attr, int64_t v);
+int ap_node_set_float(ap_graph *g, int n, const char *attr, double v);
+int ap_node_set_string(ap_graph *g, int n, const char *attr, const char *v);
+int ap_node_set_ints(ap_graph *g, int n, const char *attr, const int64_t *v, int count);
+int ap_node_set_floats(ap_graph *g, int n, const char *attr, const double *v, int count);
+/* Attribute look-ups; return NULL / `dflt` when absent. */
+const ap_attr *ap_node_attr(const ap_node *node, const char *attr);
+int64_t ap_node_int(const ap_node *node, const char *attr, int64_t dflt);
+double ap_node_float(const ap_node *node, const char *attr, double dflt);
+const char *ap_node_string(const ap_node *node, const char *attr, const char *dflt);
+/* Index of the tensor named `name`, or -1. */
+int ap_graph_find_tensor(const ap_graph *g, const char *name);
+
+/* Checks the whole graph and sorts its nodes topologically: every index in
+ * range, each VALUE tensor produced exactly once, INPUT/PARAM/CONST never
+ * produced, no cycle, every dim >= 0 and every element count within
+ * AP_MAX_ELEMENTS, CONST sizes match, every node passes ap_op_check, and
+ * outputs are listed.  Returns 0 or AP_EINVAL / AP_ESHAPE / AP_ETOOLARGE /
+ * AP_EUNSUPPORTED, with `err` naming the node or tensor. */
+int ap_graph_validate(ap_graph *g, ap_error *err);
+
+/* Canonical SHA-256 of the graph: independent of node order, tensor order
+ * and every name except graph input/param names' *positions*: tensors are
+ * identified by their producer's structure, inputs by position, params by
+ * (name-free) position among params sorted by first use.  CONST data is
+ * hashed by value.  `out` receives 32 bytes.  Requires a validated graph. */
+void ap_graph_hash(const ap_graph *g, uint8_t out[32]);
+
+/* ---- protobuf (graph_pb.c) ---------------------------------------------- */
+
+struct Apollo__Graph;
+/* Converts an apollo.Graph into a graph; checks every index and length
+ * before allocating.  Does not validate (call ap_graph_validate).  Returns
+ * NULL with `err` set (AP_EINVAL, AP_EUNSUPPORTED for an unknown op_type,
+ * AP_ETOOLARGE, AP_ENOMEM). */
+__ap_give ap_graph *ap_graph_from_pb(__ap_keep const struct Apollo__Graph *pb, ap_error *err);
+/* Builds an apollo.Graph; free with ap_graph_pb_free. NULL on ENOMEM. */
+__ap_give struct Apollo__Graph *ap_graph_to_pb(__ap_keep const ap_graph *g);
+void ap_graph_pb_free(__ap_take struct Apollo__Graph *pb);
+
+/* ---- host tensors and parameter data (tensor.c) ------------------------ */
+
+/* A tensor with its data on the host, e.g. decoded from an ONNX
+ * TensorProto .pb file or held by the client for a PARAM. */
+typedef struct ap_host_tensor {
+	char *name;
+	ap_dtype dtype;
+	int rank;
+	int64_t dims[AP_MAX_RANK];
+	void *data;       /* row-major, nbytes long, owned */
+	size_t nbytes;
+} ap_host_tensor;
+
+ap_host_tensor *ap_host_tensor_free(__ap_take ap_host_tensor *t);
+/* Decodes one serialized onnx.TensorProto (raw_data or typed fields;
+ * float32, float64, int32, int64, uint8, int8, bool).  NULL with `err` on
+ * bad bytes or unsupported dtype. */
+__ap_give ap_host_tensor *ap_onnx_tensor_decode(const uint8_t *buf, size_t len, ap_error *err);
+
+/* Parameter store: name -> host data for every PARAM of an imported graph
+ * (initializers and large Constant nodes).  Owned by the client side. */
+typedef struct ap_params {
+	int n;
+	ap_host_tensor **items;
+} ap_params;
+ap_params *ap_params_free(__ap_take ap_params *p);
+const ap_host_tensor *ap_params_find(const ap_params *p, const char *name);
+
+/* ---- ONNX import (onnx_import.c) ---------------------------------------- */
+
+/* Imports a serialized ONNX ModelProto (IR 3-13, opsets 6-25).
+ * `bindings` (n_bindings, may be 0) give, by graph-input name or, when the
+ * name matches none, by position among the non-initializer inputs:
+ * the concrete shape of an input with symbolic dims (data may be NULL),
+ * or the value of an integer input that must be a compile-time constant
+ * (Reshape shape, Slice starts, axes, Gather indices...), which then
+ * becomes a CONST (or a PARAM with data in *params when large) instead of
+ * a graph input.
+ * On success returns the validated graph and, when `params` is not NULL,
+ * the data of every PARAM tensor.  Errors: AP_EMESSAGE (bytes that do not
+ * decode), AP_EUNSUPPORTED (op/dtype/opset), AP_EINVAL, AP_ESHAPE,
+ * AP_ETOOLARGE, with `err` naming the ONNX node. */
+__ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
+				   const ap_host_tensor *const *bindings, int n_bindings,
+				   __ap_give ap_params **params, ap_error *err);
+
+/* ---- hashing (hash.c) ---------------------------------------------------- */
+
+/* SHA-256 (OpenSSL libcrypto) of `len` bytes into `out`. */
+void ap_sha256(const void *buf, size_t len, uint8_t out[32]);
+/* Incremental SHA-256. */
+typedef struct ap_sha256_ctx ap_sha256_ctx;
+__ap_give ap_sha256_ctx *ap_sha256_new(void);
+void ap_sha256_update(ap_sha256_ctx *c, const void *buf, size_t len);
+/* Writes the digest and frees `c`. */
+void ap_sha256_final(__ap_take ap_sha256_ctx *c, uint8_t out[32]);
+/* 64 lowercase hex chars + NUL. */
+void ap_hex(const uint8_t *in, size_t n, char *out);
+
+#endif

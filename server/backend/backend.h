@@ -1,0 +1,42 @@
+/* backend.h -- turning a kernel's source text into a loadable blob.
+ *
+ * Two backends: NVRTC (loaded with dlopen, so the daemon still serves the
+ * host target where CUDA is absent) for CUDA C -> PTX or cubin, and the
+ * system C compiler for host C -> shared object (target "cpu").
+ * Both are safe to call from several worker threads at once.
+ */
+#ifndef AP_BACKEND_H
+#define AP_BACKEND_H
+
+#include "../../common/base.h"
+
+/* ---- NVRTC (nvrtc.c) ----------------------------------------------------- */
+
+/* Loads libnvrtc.so.<major> from $CUDA_HOME/lib64 (default /usr/local/cuda),
+ * then the project's virtual environment (.venv, nvidia-cuda-nvrtc wheel),
+ * then the loader path.  Idempotent and thread-safe.  Returns 0, or
+ * AP_EUNSUPPORTED with `err` saying where it looked. */
+int ap_nvrtc_load(ap_error *err);
+/* "13.0" once loaded, else NULL. */
+const char *ap_nvrtc_version(void);
+/* Compiles one CUDA C translation unit for `arch` ("sm_90", "sm_90a",
+ * "compute_80"): cubin when `cubin` is true (needs an sm_ arch), else PTX
+ * (NUL-terminated text).  Saves and restores the thread's locale around
+ * nvrtcCompileProgram (NVRTC before 12.6.2 changes it).  On success *out
+ * (malloc'd, caller frees) and *out_len are set.  Errors: AP_EUNSUPPORTED
+ * (NVRTC not loaded, bad arch), AP_ECOMPILE (with the first lines of the
+ * NVRTC log in err->msg), AP_ENOMEM. */
+int ap_nvrtc_compile(const char *src, const char *name, const char *arch, bool cubin,
+		     __ap_give uint8_t **out, size_t *out_len, ap_error *err);
+
+/* ---- host C compiler (hostcc.c) ----------------------------------------- */
+
+/* Compiles one C11 translation unit with $APOLLO_CC (default "cc") as
+ * `-O2 -shared -fPIC -lm` into a shared object, returned as bytes in *out
+ * (malloc'd, caller frees).  Works in a private temporary directory that is
+ * removed afterwards.  Errors: AP_ECOMPILE (compiler log in err->msg),
+ * AP_EIO, AP_ENOMEM. */
+int ap_hostcc_compile(const char *src, __ap_give uint8_t **out, size_t *out_len,
+		      ap_error *err);
+
+#endif

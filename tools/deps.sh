@@ -1,0 +1,37 @@
+#!/bin/sh
+# deps.sh -- install what Apollo needs and is missing; do nothing when all is
+# there.  Debian packages through apt-get; Python tooling for the tests
+# (onnx, onnxruntime, numpy) into the project's own virtual environment
+# .venv; where no CUDA toolkit is present, the nvidia-cuda-nvrtc wheel into
+# the same .venv so that apollod can still dlopen NVRTC.
+set -e
+cd "$(dirname "$0")/.."
+PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler libisl-dev libsqlite3-dev check libssl-dev libhiredis-dev python3-venv"
+missing=""
+for p in $PKGS; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+	echo "deps: installing$missing"
+	SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+	echo "deps: creating .venv"
+	$PY -m venv .venv
+fi
+if ! .venv/bin/python -c "import onnx, onnxruntime, numpy" 2>/dev/null; then
+	echo "deps: installing onnx onnxruntime numpy into .venv"
+	.venv/bin/pip install -q onnx onnxruntime numpy
+fi
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+if ! ls "$CUDA_HOME"/lib64/libnvrtc.so.* >/dev/null 2>&1; then
+	if ! ls .venv/lib/python3*/site-packages/nvidia/cu*/lib/libnvrtc.so.* >/dev/null 2>&1 &&
+	   ! ls .venv/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.* >/dev/null 2>&1; then
+		echo "deps: no CUDA toolkit at $CUDA_HOME: installing the nvidia-cuda-nvrtc wheel into .venv"
+		.venv/bin/pip install -q nvidia-cuda-nvrtc || echo "deps: nvidia-cuda-nvrtc unavailable; GPU targets will answer an error"
+	fi
+fi
+exit 0

@@ -1,0 +1,19 @@
+#!/bin/sh
+# run-suites.sh SUITE... -- run each check suite, print its summary, and end
+# with one line "N passed, N failed" over all of them.  Exits 1 on any failure.
+pass=0; fail=0
+for t in "$@"; do
+	out=$("$t" 2>&1); rc=$?
+	echo "$out" | grep -E '^[0-9]+%: Checks' | sed "s|^|$(basename "$t"): |"
+	[ $rc -ne 0 ] && echo "$out" | grep -vE '^(Running suite|[0-9]+%: Checks)' | head -40
+	c=$(echo "$out" | sed -nE 's/.*Checks: ([0-9]+), Failures: ([0-9]+), Errors: ([0-9]+).*/\1 \2 \3/p' | tail -1)
+	if [ -z "$c" ]; then
+		echo "$(basename "$t"): no summary (exit $rc)"; fail=$((fail+1)); continue
+	fi
+	set -- $c "$@"
+	n=$1; f=$2; e=$3; shift 3
+	pass=$((pass + n - f - e)); fail=$((fail + f + e))
+	[ $rc -ne 0 ] && [ $((f+e)) -eq 0 ] && fail=$((fail+1))
+done
+echo "unit suites: $pass passed, $fail failed"
+[ $fail -eq 0 ]
