@@ -10,7 +10,7 @@
 CC      ?= cc
 BUILD   ?= build
 CUDA_HOME ?= /usr/local/cuda
-PKGS    := libuv libprotobuf-c sqlite3 isl libcrypto hiredis
+PKGS    := libuv libprotobuf-c sqlite3 isl libcrypto
 CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 OPT     ?= -O2 -g
@@ -91,17 +91,17 @@ check: deps
 	@$(MAKE) --no-print-directory check-scripts
 
 check-unit: $(TESTS)
-	@sh tools/run-suites.sh $(TESTS)
+	@APOLLO_BUILD=$(abspath $(BUILD)) sh tools/run-suites.sh $(TESTS)
 
 check-scripts: all
-	@sh tools/run-scripts.sh
+	@APOLLO_BUILD=$(abspath $(BUILD)) sh tools/run-scripts.sh
 
 demo: deps
 	@$(MAKE) --no-print-directory all
-	@sh tools/demo.sh
+	@APOLLO_BUILD=$(abspath $(BUILD)) sh tools/demo.sh
 
 bench: all
-	@sh bench/run.sh
+	@APOLLO_BUILD=$(abspath $(BUILD)) sh bench/run.sh
 
 clean:
 	rm -rf $(BUILD)

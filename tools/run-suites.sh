@@ -2,6 +2,8 @@
 # run-suites.sh SUITE... -- run each check suite, print its summary, and end
 # with one line "N passed, N failed" over all of them.  Exits 1 on any failure.
 pass=0; fail=0
+# Suites that start apollod or run apollo-client find them here.
+[ $# -gt 0 ] && export APOLLO_BUILD="${APOLLO_BUILD:-$(cd "$(dirname "$1")/.." && pwd)}"
 for t in "$@"; do
 	out=$("$t" 2>&1); rc=$?
 	echo "$out" | grep -E '^[0-9]+%: Checks' | sed "s|^|$(basename "$t"): |"
@@ -10,8 +12,7 @@ for t in "$@"; do
 	if [ -z "$c" ]; then
 		echo "$(basename "$t"): no summary (exit $rc)"; fail=$((fail+1)); continue
 	fi
-	set -- $c "$@"
-	n=$1; f=$2; e=$3; shift 3
+	n=${c%% *}; rest=${c#* }; f=${rest%% *}; e=${rest#* }
 	pass=$((pass + n - f - e)); fail=$((fail + f + e))
 	[ $rc -ne 0 ] && [ $((f+e)) -eq 0 ] && fail=$((fail+1))
 done
