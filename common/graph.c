@@ -76,19 +76,18 @@ int64_t ap_tensor_numel(const ap_tensor *t)
 {
 	int64_t n = 1;
 
-	for (int i = 0; i < t->rank; i++) {
+	for (int i = 0; i < t->rank; i++)
 		if (t->dims[i] < 0)
 			return -1;
+	for (int i = 0; i < t->rank; i++)
 		if (t->dims[i] == 0)
-			n = 0;
-		else if (n > AP_MAX_ELEMENTS / t->dims[i])
+			return 0;
+	for (int i = 0; i < t->rank; i++) {
+		if (n > AP_MAX_ELEMENTS / t->dims[i])
 			return -1;
-		else
-			n *= t->dims[i];
+		n *= t->dims[i];
 	}
-	/* a zero dim after an overflowing prefix still overflows the check
-	 * above only when the prefix itself did; n == 0 is fine */
-	return n > AP_MAX_ELEMENTS ? -1 : n;
+	return n;
 }
 
 __ap_give ap_graph *ap_graph_new(const char *name)
