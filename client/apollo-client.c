@@ -1,0 +1,1012 @@
+/* apollo-client -- the command line of libapollo-client.
+ *
+ *   apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]
+ *                 [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]
+ *                 [--no-cache] [--namespace NS] [--daemon-import]
+ *   apollo-client check DIR... [--target cpu] [--rtol R] [--atol A] [--jobs N]
+ *                 [--threads N]
+ *   apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]
+ *   apollo-client ping
+ *   apollo-client stats
+ * Every subcommand takes --socket PATH (else $APOLLO_SOCKET, else the
+ * default socket; "HOST:PORT" for TCP).
+ *
+ * An ONNX model is imported here, on the client (ap_onnx_import): its
+ * weights stay in this process and only the Graph travels.  `check` runs the
+ * answer with the runtime (client/runtime.h) and compares every output with
+ * the folder's reference data.  Errors go to stderr as "apollo-client: ..."
+ * and make the command exit 1 (2 for a usage error).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "apollo.h"
+#include "proto/apollo.pb-c.h"
+#include "runtime.h"
+#include "tool.h"
+
+#define MAX_MODEL_BYTES ((size_t)2 << 30)
+
+static const char *g_socket;   /* --socket; NULL = default */
+
+static void usage(FILE *f)
+{
+	fputs("usage:\n"
+	      "  apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]\n"
+	      "                [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]\n"
+	      "                [--no-cache] [--namespace NS] [--daemon-import]\n"
+	      "  apollo-client check DIR... [--target cpu] [--rtol R] [--atol A] [--jobs N] [--threads N]\n"
+	      "  apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n"
+	      "  apollo-client ping\n"
+	      "  apollo-client stats\n"
+	      "every subcommand takes --socket PATH (default $APOLLO_SOCKET, else /tmp/apollod-<uid>.sock;\n"
+	      "HOST:PORT for TCP)\n",
+	      f);
+}
+
+static int fail(const char *what, const ap_error *e)
+{
+	fprintf(stderr, "apollo-client: %s: %s", what, e->msg[0] ? e->msg : ap_error_name(e->code));
+	if (e->node[0])
+		fprintf(stderr, " (node '%s')", e->node);
+	if (e->tensor[0])
+		fprintf(stderr, " (tensor '%s')", e->tensor);
+	fputc('\n', stderr);
+	return 1;
+}
+
+static int usage_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs("apollo-client: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputs("\n", stderr);
+	usage(stderr);
+	return 2;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+	size_t a = strlen(s), b = strlen(suffix);
+
+	return a >= b && !strcmp(s + a - b, suffix);
+}
+
+static bool parse_double(const char *s, double *out)
+{
+	char *end;
+
+	errno = 0;
+	*out = strtod(s, &end);
+	return s[0] && !*end && !errno && *out >= 0;
+}
+
+static bool parse_int(const char *s, int *out)
+{
+	char *end;
+	long v;
+
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (!s[0] || *end || errno || v < 0 || v > 1024)
+		return false;
+	*out = (int)v;
+	return true;
+}
+
+static void error_message(ap_error *e, const char *prefix)
+{
+	char tmp[sizeof(e->msg)];
+	size_t pl = strlen(prefix), tl;
+
+	memcpy(tmp, e->msg, sizeof(tmp));
+	tmp[sizeof(tmp) - 1] = 0;
+	if (pl > sizeof(e->msg) - 3)
+		pl = sizeof(e->msg) - 3;
+	memcpy(e->msg, prefix, pl);
+	memcpy(e->msg + pl, ": ", 2);
+	tl = strnlen(tmp, sizeof(e->msg) - pl - 3);
+	memcpy(e->msg + pl + 2, tmp, tl);
+	e->msg[pl + 2 + tl] = 0;
+}
+
+/* ---- bindings -------------------------------------------------------------------- */
+
+typedef struct bindings {
+	int n;
+	ap_host_tensor **t;
+} bindings;
+
+static void bindings_clear(bindings *b)
+{
+	ap_host_tensors_free(b->t, b->n);
+	b->t = NULL;
+	b->n = 0;
+}
+
+static int bindings_add(bindings *b, ap_host_tensor *t, ap_error *err)
+{
+	ap_host_tensor **nv = realloc(b->t, sizeof(*nv) * (size_t)(b->n + 1));
+
+	if (!nv) {
+		ap_host_tensor_free(t);
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	}
+	b->t = nv;
+	b->t[b->n++] = t;
+	return 0;
+}
+
+static const ap_host_tensor *bindings_find(const bindings *b, const char *name)
+{
+	for (int i = 0; i < b->n; i++)
+		if (b->t[i]->name && !strcmp(b->t[i]->name, name))
+			return b->t[i];
+	return NULL;
+}
+
+/* --input NAME=FILE.pb */
+static int add_input_file(bindings *b, const char *spec, ap_error *err)
+{
+	const char *eq = strchr(spec, '=');
+	char name[512];
+	uint8_t *buf;
+	size_t len;
+	ap_host_tensor *t, *c;
+	int rc;
+
+	if (!eq || eq == spec || (size_t)(eq - spec) >= sizeof(name))
+		return ap_error_set(err, AP_EINVAL, NULL, NULL,
+				    "--input wants NAME=FILE.pb, got '%s'", spec);
+	memcpy(name, spec, (size_t)(eq - spec));
+	name[eq - spec] = 0;
+	rc = ap_file_read(eq + 1, (size_t)1 << 32, &buf, &len, err);
+	if (rc < 0)
+		return rc;
+	t = ap_onnx_tensor_decode(buf, len, err);
+	free(buf);
+	if (!t) {
+		error_message(err, eq + 1);
+		return err ? err->code : AP_EMESSAGE;
+	}
+	c = ap_host_tensor_copy(t, name);
+	ap_host_tensor_free(t);
+	if (!c)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	return bindings_add(b, c, err);
+}
+
+/* Adds the inputs of one data-set folder, renamed positionally after the
+ * model's non-initializer inputs (the .pb names may be empty or stale). */
+static int add_inputs_from_set(bindings *b, const char *setdir, const ap_onnx_io *io,
+			       ap_error *err)
+{
+	ap_host_tensor **ts;
+	int n, rc;
+
+	rc = ap_testdata_load(setdir, "input", &ts, &n, err);
+	if (rc < 0)
+		return rc;
+	for (int k = 0; k < n && rc == 0; k++) {
+		const char *name = io && k < io->n_inputs ? io->inputs[k] : NULL;
+		ap_host_tensor *c = ap_host_tensor_copy(ts[k], name);
+		rc = c ? bindings_add(b, c, err)
+		       : ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	}
+	ap_host_tensors_free(ts, n);
+	return rc;
+}
+
+/* --data DIR: DIR/test_data_set_0 if there is one, else DIR itself. */
+static int add_inputs_from_dir(bindings *b, const char *dir, const ap_onnx_io *io, ap_error *err)
+{
+	char **sets;
+	int n, rc;
+
+	rc = ap_testdata_sets(dir, &sets, &n, err);
+	if (rc < 0)
+		return rc;
+	rc = add_inputs_from_set(b, n > 0 ? sets[0] : dir, io, err);
+	ap_strv_free(sets, n);
+	return rc;
+}
+
+/* Every input with symbolic dims needs a binding. */
+static int check_symbolic(const ap_onnx_io *io, const bindings *b, ap_error *err)
+{
+	for (int i = 0; i < io->n_inputs; i++)
+		if (io->input_symbolic[i] && !bindings_find(b, io->inputs[i]))
+			return ap_error_set(err, AP_ESHAPE, NULL, io->inputs[i],
+					    "input '%s' has symbolic dimension '%s': give its shape "
+					    "with --input %s=FILE.pb or --data DIR",
+					    io->inputs[i], io->input_symbolic[i], io->inputs[i]);
+	return 0;
+}
+
+/* Reads and imports an ONNX model with bindings. */
+static ap_graph *import_model(const uint8_t *buf, size_t len, const bindings *b,
+			      ap_params **params, double *ms, ap_error *err)
+{
+	double t0 = ap_now_ms();
+	ap_graph *g = ap_onnx_import(buf, len, (const ap_host_tensor *const *)b->t, b->n, params,
+				     err);
+
+	*ms = ap_now_ms() - t0;
+	if (!g && err)
+		error_message(err, "import");
+	return g;
+}
+
+static ap_client *connect_daemon(ap_error *err)
+{
+	return ap_client_connect(g_socket, err);
+}
+
+/* ---- submit / convert ---------------------------------------------------------------- */
+
+typedef struct model_args {
+	const char *model;
+	bindings b;
+	const char *data_dir;
+} model_args;
+
+/* Loads the model file and the bindings; for ONNX also its io lists.  A
+ * file is ONNX when it ends in .onnx or walks as a ModelProto with a graph;
+ * anything else is sent as an apollo.Graph. */
+static int load_model(model_args *m, uint8_t **buf, size_t *len, ap_onnx_io **io, bool *is_onnx,
+		      ap_error *err)
+{
+	int rc;
+
+	*io = NULL;
+	*is_onnx = false;
+	rc = ap_file_read(m->model, MAX_MODEL_BYTES, buf, len, err);
+	if (rc < 0)
+		return rc;
+	if (ends_with(m->model, ".onnx")) {
+		rc = ap_onnx_io_read(*buf, *len, io, err);
+		if (rc < 0) {
+			error_message(err, m->model);
+			return rc;
+		}
+	} else if (ap_onnx_io_read(*buf, *len, io, NULL) < 0) {
+		*io = NULL;
+		if (m->data_dir || m->b.n)
+			fprintf(stderr, "apollo-client: note: %s is an apollo.Graph: "
+					"--input/--data are not used\n", m->model);
+		return 0;
+	}
+	*is_onnx = true;
+	if (m->data_dir && (rc = add_inputs_from_dir(&m->b, m->data_dir, *io, err)) < 0)
+		return rc;
+	return check_symbolic(*io, &m->b, err);
+}
+
+static int cmd_submit(int argc, char **argv)
+{
+	model_args m = {0};
+	ap_submit_options opt = {0};
+	const char *out = NULL;
+	bool json = false, daemon_import = false;
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	ap_onnx_io *io = NULL;
+	ap_graph *g = NULL;
+	ap_params *params = NULL;
+	ap_client *c = NULL;
+	ap_bundle *bundle = NULL;
+	ap_report_info info = {0};
+	ap_error err;
+	bool is_onnx = false;
+	double t0;
+	int rc = 1;
+
+	ap_error_clear(&err);
+	opt.target = "cpu";
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i];
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!strcmp(a, "--json")) {
+			json = true;
+		} else if (!strcmp(a, "--no-cache")) {
+			opt.no_cache = true;
+		} else if (!strcmp(a, "--daemon-import")) {
+			daemon_import = true;
+		} else if (!strcmp(a, "--target") && v) {
+			opt.target = v;
+			i++;
+		} else if (!strcmp(a, "--format") && v) {
+			if (!strcmp(v, "ptx"))
+				opt.output = AP_OUTPUT_PTX;
+			else if (!strcmp(v, "cubin"))
+				opt.output = AP_OUTPUT_CUBIN;
+			else if (!strcmp(v, "so"))
+				opt.output = AP_OUTPUT_SO;
+			else
+				return usage_error("--format is ptx, cubin or so, not '%s'", v);
+			i++;
+		} else if (!strcmp(a, "-o") && v) {
+			out = v;
+			i++;
+		} else if (!strcmp(a, "--namespace") && v) {
+			opt.cache_namespace = v;
+			i++;
+		} else if (!strcmp(a, "--data") && v) {
+			m.data_dir = v;
+			i++;
+		} else if (!strcmp(a, "--input") && v) {
+			if (add_input_file(&m.b, v, &err) < 0) {
+				bindings_clear(&m.b);
+				return fail("submit", &err);
+			}
+			i++;
+		} else if (a[0] == '-' && a[1]) {
+			bindings_clear(&m.b);
+			return usage_error("submit: unknown or incomplete option '%s'", a);
+		} else if (!m.model) {
+			m.model = a;
+		} else {
+			bindings_clear(&m.b);
+			return usage_error("submit takes one model, got '%s' too", a);
+		}
+	}
+	if (!m.model) {
+		bindings_clear(&m.b);
+		return usage_error("submit: which model?");
+	}
+	info.model = m.model;
+	if (load_model(&m, &buf, &len, &io, &is_onnx, &err) < 0) {
+		fail("submit", &err);
+		goto out;
+	}
+	if (is_onnx && !daemon_import) {
+		g = import_model(buf, len, &m.b, &params, &info.import_ms, &err);
+		if (!g) {
+			fail("submit", &err);
+			goto out;
+		}
+	}
+	c = connect_daemon(&err);
+	if (!c) {
+		fail("submit", &err);
+		goto out;
+	}
+	t0 = ap_now_ms();
+	if (g)
+		bundle = ap_client_submit_graph(c, g, &opt, &err);
+	else if (is_onnx)
+		bundle = ap_client_submit_onnx(c, buf, len, (const ap_host_tensor *const *)m.b.t,
+					       m.b.n, &opt, &err);
+	else
+		bundle = ap_client_submit_graph_pb(c, buf, len, &opt, &err);
+	info.round_trip_ms = ap_now_ms() - t0;
+	if (!bundle) {
+		fail("submit", &err);
+		goto out;
+	}
+	if (json)
+		ap_report_json(stdout, bundle, &info);
+	else
+		ap_report_text(stdout, bundle, &info);
+	if (out) {
+		uint8_t *pk;
+		size_t pl;
+		if (ap_bundle_pack(bundle, &pk, &pl) < 0) {
+			fprintf(stderr, "apollo-client: submit: out of memory\n");
+			goto out;
+		}
+		if (ap_file_write(out, pk, pl, &err) < 0) {
+			free(pk);
+			fail("submit", &err);
+			goto out;
+		}
+		free(pk);
+		if (!json)
+			printf("bundle written to %s (%zu bytes)\n", out, pl);
+	}
+	rc = 0;
+out:
+	fflush(stdout);
+	ap_bundle_free(bundle);
+	ap_client_free(c);
+	ap_params_free(params);
+	ap_graph_free(g);
+	ap_onnx_io_free(io);
+	bindings_clear(&m.b);
+	free(buf);
+	return rc;
+}
+
+static int cmd_convert(int argc, char **argv)
+{
+	model_args m = {0};
+	const char *out = NULL;
+	uint8_t *buf = NULL, *pk = NULL;
+	size_t len = 0;
+	ap_onnx_io *io = NULL;
+	ap_graph *g = NULL;
+	struct Apollo__Graph *pb = NULL;
+	ap_error err;
+	bool is_onnx;
+	double ms;
+	int rc = 1;
+
+	ap_error_clear(&err);
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!strcmp(a, "--input") && v) {
+			if (add_input_file(&m.b, v, &err) < 0) {
+				bindings_clear(&m.b);
+				return fail("convert", &err);
+			}
+			i++;
+		} else if (!strcmp(a, "--data") && v) {
+			m.data_dir = v;
+			i++;
+		} else if (a[0] == '-' && a[1]) {
+			bindings_clear(&m.b);
+			return usage_error("convert: unknown or incomplete option '%s'", a);
+		} else if (!m.model) {
+			m.model = a;
+		} else if (!out) {
+			out = a;
+		} else {
+			bindings_clear(&m.b);
+			return usage_error("convert takes MODEL.onnx GRAPH.pb");
+		}
+	}
+	if (!m.model || !out) {
+		bindings_clear(&m.b);
+		return usage_error("convert takes MODEL.onnx GRAPH.pb");
+	}
+	if (load_model(&m, &buf, &len, &io, &is_onnx, &err) < 0) {
+		fail("convert", &err);
+		goto out;
+	}
+	if (!is_onnx) {
+		fprintf(stderr, "apollo-client: convert: %s is not an ONNX model\n", m.model);
+		goto out;
+	}
+	g = import_model(buf, len, &m.b, NULL, &ms, &err);
+	if (!g) {
+		fail("convert", &err);
+		goto out;
+	}
+	pb = ap_graph_to_pb(g);
+	if (!pb) {
+		fprintf(stderr, "apollo-client: convert: out of memory\n");
+		goto out;
+	}
+	{
+		size_t n = apollo__graph__get_packed_size(pb);
+		pk = malloc(n ? n : 1);
+		if (!pk) {
+			fprintf(stderr, "apollo-client: convert: out of memory\n");
+			goto out;
+		}
+		apollo__graph__pack(pb, pk);
+		if (ap_file_write(out, pk, n, &err) < 0) {
+			fail("convert", &err);
+			goto out;
+		}
+		printf("%s: %d nodes, %d tensors, %d inputs, %d outputs -> %s (%zu bytes, "
+		       "import %.1f ms)\n",
+		       m.model, g->n_nodes, g->n_tensors, g->n_inputs, g->n_outputs, out, n, ms);
+	}
+	rc = 0;
+out:
+	free(pk);
+	if (pb)
+		ap_graph_pb_free(pb);
+	ap_graph_free(g);
+	ap_onnx_io_free(io);
+	bindings_clear(&m.b);
+	free(buf);
+	return rc;
+}
+
+/* ---- check -------------------------------------------------------------------------- */
+
+typedef struct check_opts {
+	ap_submit_options submit;
+	double rtol, atol;
+	int threads;
+	int jobs;
+} check_opts;
+
+/* The worst output seen so far in one test folder. */
+typedef struct worst {
+	double err;
+	char where[256];
+} worst;
+
+static bool is_transport_error(int code)
+{
+	return code == AP_EIO || code == AP_EFRAME || code == AP_EMESSAGE;
+}
+
+/* The data for the bundle's INPUT buffer `name` (graph input `index`):
+ * the test input at the model's position of that name, else one whose
+ * .pb name matches, else the index-th test input that the importer did not
+ * fold into a constant (integer inputs become constants). */
+static const ap_host_tensor *input_data(const char *name, int index, const ap_onnx_io *io,
+					ap_host_tensor **in, int n_in)
+{
+	int k = ap_onnx_io_input(io, name), seen = 0;
+
+	if (k >= 0 && k < n_in)
+		return in[k];
+	for (int i = 0; i < n_in; i++)
+		if (in[i]->name && !strcmp(in[i]->name, name))
+			return in[i];
+	for (int i = 0; i < n_in; i++) {
+		if (in[i]->dtype == AP_DT_I64 || in[i]->dtype == AP_DT_I32)
+			continue;
+		if (seen++ == index)
+			return in[i];
+	}
+	return NULL;
+}
+
+/* Runs one data set of a test folder.  Returns 0 when every output is
+ * within tolerance, else a negative code with `msg` saying what. */
+static int check_set(ap_client **cp, const char *setdir, const uint8_t *model, size_t model_len,
+		     const ap_onnx_io *io, const check_opts *o, worst *w, int *n_kernels,
+		     unsigned *n_eager, bool *hit, char *msg, size_t cap)
+{
+	ap_host_tensor **in = NULL, **want = NULL, *got = NULL;
+	int n_in = 0, n_want = 0, rc;
+	bindings b = {0};
+	ap_graph *g = NULL;
+	ap_params *params = NULL;
+	ap_bundle *bundle = NULL;
+	ap_runtime *rt = NULL;
+	ap_runtime_options ro = {0};
+	ap_bundle_stats st;
+	ap_error err;
+	double ms;
+
+	ap_error_clear(&err);
+	msg[0] = 0;
+	if ((rc = ap_testdata_load(setdir, "input", &in, &n_in, &err)) < 0 ||
+	    (rc = ap_testdata_load(setdir, "output", &want, &n_want, &err)) < 0)
+		goto error;
+	for (int k = 0; k < n_in; k++) {
+		ap_host_tensor *c = ap_host_tensor_copy(in[k], k < io->n_inputs ? io->inputs[k] : NULL);
+		if (!c || bindings_add(&b, c, &err) < 0) {
+			rc = ap_error_set(&err, AP_ENOMEM, NULL, NULL, "out of memory");
+			goto error;
+		}
+	}
+	g = import_model(model, model_len, &b, &params, &ms, &err);
+	if (!g) {
+		rc = err.code;
+		goto error;
+	}
+	if (!*cp && !(*cp = connect_daemon(&err))) {
+		rc = err.code;
+		goto error;
+	}
+	bundle = ap_client_submit_graph(*cp, g, &o->submit, &err);
+	if (!bundle) {
+		rc = err.code;
+		if (is_transport_error(rc))
+			*cp = ap_client_free(*cp);
+		error_message(&err, "compile");
+		goto error;
+	}
+	ap_bundle_stats_get(bundle, &st);
+	*n_kernels = ap_bundle_n_kernels(bundle);
+	*n_eager = st.eager_kernels;
+	*hit = st.cache_hit;
+	ro.threads = o->threads;
+	rt = ap_runtime_new(bundle, &ro, &err);
+	if (!rt) {
+		rc = err.code;
+		error_message(&err, "load");
+		goto error;
+	}
+	for (int i = 0; i < ap_bundle_n_buffers(bundle); i++) {
+		ap_bundle_buffer bf;
+		const ap_host_tensor *t;
+		ap_bundle_buffer_get(bundle, i, &bf);
+		if (bf.kind != AP_BUNDLE_BUF_INPUT)
+			continue;
+		t = input_data(bf.name, bf.index, io, in, n_in);
+		if (!t) {
+			rc = ap_error_set(&err, AP_EINVAL, NULL, bf.name,
+					  "no test data for graph input %d '%s'", bf.index, bf.name);
+			goto error;
+		}
+		if ((rc = ap_runtime_bind_input(rt, bf.index, t, &err)) < 0) {
+			error_message(&err, "bind");
+			goto error;
+		}
+	}
+	if ((rc = ap_runtime_bind_params(rt, params, &err)) < 0) {
+		error_message(&err, "bind");
+		goto error;
+	}
+	if ((rc = ap_runtime_run(rt, &err)) < 0) {
+		error_message(&err, "run");
+		goto error;
+	}
+	if (ap_runtime_n_outputs(rt) != n_want) {
+		rc = ap_error_set(&err, AP_ESHAPE, NULL, NULL,
+				  "the bundle has %d outputs, the test data %d",
+				  ap_runtime_n_outputs(rt), n_want);
+		goto error;
+	}
+	for (int k = 0; k < n_want; k++) {
+		ap_compare_result r;
+		char at[160];
+		got = ap_runtime_output(rt, k, &err);
+		if (!got) {
+			rc = err.code;
+			goto error;
+		}
+		ap_compare_tensors(got, want[k], o->rtol, o->atol, &r);
+		if (r.max_at >= 0 && (r.max_abs_err > w->err || !w->where[0])) {
+			ap_compare_format_index(want[k]->rank, want[k]->dims, r.max_at, at,
+						sizeof(at));
+			w->err = r.max_abs_err;
+			snprintf(w->where, sizeof(w->where), "output %d '%s'%s", k, got->name, at);
+		}
+		if (!r.ok) {
+			if (r.why[0]) {
+				rc = ap_error_set(&err, AP_ESHAPE, NULL, got->name,
+						  "output %d '%s': %s", k, got->name, r.why);
+			} else {
+				/* Say where the first bad element is, and its values. */
+				ap_host_tensor one_g = *got, one_w = *want[k];
+				double vg, vw;
+				size_t es = ap_dtype_size(got->dtype);
+				ap_compare_format_index(want[k]->rank, want[k]->dims, r.first_bad, at,
+							sizeof(at));
+				one_g.rank = one_w.rank = 0;
+				one_g.nbytes = one_w.nbytes = es;
+				one_g.data = (uint8_t *)got->data + (size_t)r.first_bad * es;
+				one_w.data = (uint8_t *)want[k]->data + (size_t)r.first_bad * es;
+				vg = vw = 0;
+				if (got->dtype == AP_DT_F32) {
+					float a, bb;
+					memcpy(&a, one_g.data, 4);
+					memcpy(&bb, one_w.data, 4);
+					vg = a;
+					vw = bb;
+				} else if (got->dtype == AP_DT_F64) {
+					memcpy(&vg, one_g.data, 8);
+					memcpy(&vw, one_w.data, 8);
+				}
+				rc = ap_error_set(&err, AP_ESHAPE, NULL, got->name,
+						  "output %d '%s': %lld of %lld elements off, first at %s: "
+						  "got %.8g, want %.8g",
+						  k, got->name, (long long)r.n_bad,
+						  (long long)(want[k]->nbytes / (es ? es : 1)), at, vg, vw);
+			}
+			goto error;
+		}
+		got = ap_host_tensor_free(got);
+	}
+	rc = 0;
+	goto out;
+error:
+	snprintf(msg, cap, "%s%s%s%s%s%s", err.msg[0] ? err.msg : ap_error_name(rc),
+		 err.node[0] ? " (node '" : "", err.node, err.node[0] ? "')" : "",
+		 err.tensor[0] && !strstr(err.msg, err.tensor) ? " tensor " : "",
+		 err.tensor[0] && !strstr(err.msg, err.tensor) ? err.tensor : "");
+	if (rc >= 0)
+		rc = AP_EINTERNAL;
+out:
+	ap_host_tensor_free(got);
+	ap_runtime_free(rt);
+	ap_bundle_free(bundle);
+	ap_params_free(params);
+	ap_graph_free(g);
+	bindings_clear(&b);
+	ap_host_tensors_free(in, n_in);
+	ap_host_tensors_free(want, n_want);
+	return rc;
+}
+
+static bool check_dir(ap_client **cp, const char *dir_arg, const check_opts *o)
+{
+	char dir[4096], path[4200], msg[1024] = "";
+	uint8_t *model = NULL;
+	size_t model_len = 0;
+	ap_onnx_io *io = NULL;
+	char **sets = NULL;
+	int n_sets = 0, n_kernels = 0, failed_set = -1;
+	unsigned n_eager = 0;
+	bool hit = false, ok = false;
+	worst w = {0};
+	ap_error err;
+	double t0 = ap_now_ms();
+	size_t dl;
+
+	ap_error_clear(&err);
+	snprintf(dir, sizeof(dir), "%s", dir_arg);
+	dl = strlen(dir);
+	while (dl > 1 && dir[dl - 1] == '/')
+		dir[--dl] = 0;
+	snprintf(path, sizeof(path), "%s/model.onnx", dir);
+	if (ap_file_read(path, MAX_MODEL_BYTES, &model, &model_len, &err) < 0 ||
+	    ap_onnx_io_read(model, model_len, &io, &err) < 0 ||
+	    ap_testdata_sets(dir, &sets, &n_sets, &err) < 0) {
+		snprintf(msg, sizeof(msg), "%s", err.msg);
+		goto done;
+	}
+	if (n_sets == 0) {
+		snprintf(msg, sizeof(msg), "no test_data_set_* folder");
+		goto done;
+	}
+	for (int s = 0; s < n_sets; s++) {
+		if (check_set(cp, sets[s], model, model_len, io, o, &w, &n_kernels, &n_eager, &hit,
+			      msg, sizeof(msg)) < 0) {
+			failed_set = s;
+			goto done;
+		}
+	}
+	ok = true;
+done:
+	if (ok) {
+		printf("PASS %s  (%d set%s, %d kernels / %u eager, cache %s, %.0f ms) max abs err %.3g%s%s\n",
+		       dir, n_sets, n_sets == 1 ? "" : "s", n_kernels, n_eager, hit ? "hit" : "miss",
+		       ap_now_ms() - t0, w.err, w.where[0] ? " at " : "", w.where);
+	} else {
+		const char *sn = failed_set >= 0 ? strrchr(sets[failed_set], '/') : NULL;
+		printf("FAIL %s  %s%s%s  (max abs err %.3g%s%s)\n", dir, sn ? sn + 1 : "",
+		       sn ? ": " : "", msg, w.err, w.where[0] ? " at " : "", w.where);
+	}
+	fflush(stdout);
+	ap_strv_free(sets, n_sets);
+	ap_onnx_io_free(io);
+	free(model);
+	return ok;
+}
+
+static void check_range(char **dirs, int n, int stride, int first, const check_opts *o, int *pass,
+			int *failed)
+{
+	ap_client *c = NULL;
+
+	for (int i = first; i < n; i += stride) {
+		if (check_dir(&c, dirs[i], o))
+			(*pass)++;
+		else
+			(*failed)++;
+	}
+	ap_client_free(c);
+}
+
+static int cmd_check(int argc, char **argv)
+{
+	check_opts o = {0};
+	char **dirs = calloc((size_t)argc + 1, sizeof(char *));
+	int n = 0, pass = 0, failed = 0;
+
+	if (!dirs)
+		return 1;
+	o.submit.target = "cpu";
+	o.rtol = AP_COMPARE_RTOL;
+	o.atol = AP_COMPARE_ATOL;
+	o.jobs = 1;
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!strcmp(a, "--target") && v) {
+			o.submit.target = argv[++i];
+		} else if (!strcmp(a, "--rtol") && v) {
+			if (!parse_double(v, &o.rtol)) {
+				free(dirs);
+				return usage_error("--rtol wants a number >= 0, not '%s'", v);
+			}
+			i++;
+		} else if (!strcmp(a, "--atol") && v) {
+			if (!parse_double(v, &o.atol)) {
+				free(dirs);
+				return usage_error("--atol wants a number >= 0, not '%s'", v);
+			}
+			i++;
+		} else if ((!strcmp(a, "--jobs") || !strcmp(a, "-j")) && v) {
+			if (!parse_int(v, &o.jobs) || o.jobs < 1) {
+				free(dirs);
+				return usage_error("--jobs wants a count >= 1, not '%s'", v);
+			}
+			i++;
+		} else if (!strcmp(a, "--threads") && v) {
+			if (!parse_int(v, &o.threads)) {
+				free(dirs);
+				return usage_error("--threads wants a count, not '%s'", v);
+			}
+			i++;
+		} else if (!strcmp(a, "--no-cache")) {
+			o.submit.no_cache = true;
+		} else if (a[0] == '-' && a[1]) {
+			free(dirs);
+			return usage_error("check: unknown or incomplete option '%s'", a);
+		} else {
+			dirs[n++] = argv[i];
+		}
+	}
+	if (n == 0) {
+		free(dirs);
+		return usage_error("check: which test folders?");
+	}
+	if (o.jobs > n)
+		o.jobs = n;
+	if (o.jobs == 1) {
+		check_range(dirs, n, 1, 0, &o, &pass, &failed);
+	} else {
+		/* One process per job, each with its own connection; each
+		 * reports its two counts through a pipe. */
+		int fds[2];
+		pid_t *pids = calloc((size_t)o.jobs, sizeof(pid_t));
+		if (!pids || pipe(fds) < 0) {
+			free(pids);
+			free(dirs);
+			fprintf(stderr, "apollo-client: check: %s\n", strerror(errno));
+			return 1;
+		}
+		fflush(stdout);
+		for (int j = 0; j < o.jobs; j++) {
+			pids[j] = fork();
+			if (pids[j] == 0) {
+				int counts[2] = {0, 0};
+				close(fds[0]);
+				check_range(dirs, n, o.jobs, j, &o, &counts[0], &counts[1]);
+				if (write(fds[1], counts, sizeof(counts)) != (ssize_t)sizeof(counts))
+					_exit(3);
+				_exit(0);
+			}
+			if (pids[j] < 0) {
+				fprintf(stderr, "apollo-client: check: fork: %s\n", strerror(errno));
+				failed += (n - j + o.jobs - 1) / o.jobs;
+			}
+		}
+		close(fds[1]);
+		for (int j = 0; j < o.jobs; j++) {
+			int st;
+			if (pids[j] <= 0)
+				continue;
+			if (waitpid(pids[j], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+				fprintf(stderr, "apollo-client: check: job %d died\n", j);
+				failed++;
+			}
+		}
+		for (;;) {
+			int counts[2];
+			ssize_t r = read(fds[0], counts, sizeof(counts));
+			if (r != (ssize_t)sizeof(counts))
+				break;
+			pass += counts[0];
+			failed += counts[1];
+		}
+		close(fds[0]);
+		free(pids);
+	}
+	printf("%d passed, %d failed\n", pass, failed);
+	free(dirs);
+	return failed ? 1 : 0;
+}
+
+/* ---- ping / stats ----------------------------------------------------------------------- */
+
+static int cmd_ping(int argc, char **argv)
+{
+	ap_client *c;
+	ap_error err;
+	char server[128];
+	double t0;
+
+	(void)argv;
+	if (argc > 0)
+		return usage_error("ping takes no arguments");
+	ap_error_clear(&err);
+	t0 = ap_now_ms();
+	c = connect_daemon(&err);
+	if (!c)
+		return fail("ping", &err);
+	if (ap_client_ping(c, server, sizeof(server), &err) < 0) {
+		ap_client_free(c);
+		return fail("ping", &err);
+	}
+	printf("pong from %s in %.2f ms; NVRTC %s; targets:", server[0] ? server : ap_client_server(c),
+	       ap_now_ms() - t0, ap_client_nvrtc_version(c)[0] ? ap_client_nvrtc_version(c) : "none");
+	for (int i = 0; i < ap_client_n_targets(c); i++)
+		printf(" %s", ap_client_target(c, i));
+	printf("\n");
+	ap_client_free(c);
+	return 0;
+}
+
+static int cmd_stats(int argc, char **argv)
+{
+	ap_client *c;
+	ap_server_stats s;
+	ap_error err;
+
+	(void)argv;
+	if (argc > 0)
+		return usage_error("stats takes no arguments");
+	ap_error_clear(&err);
+	c = connect_daemon(&err);
+	if (!c)
+		return fail("stats", &err);
+	if (ap_client_stats(c, &s, &err) < 0) {
+		ap_client_free(c);
+		return fail("stats", &err);
+	}
+	printf("server:           %s\n", ap_client_server(c));
+	printf("uptime_s:         %.1f\n", s.uptime_s);
+	printf("requests:         %llu\n", (unsigned long long)s.requests);
+	printf("errors:           %llu\n", (unsigned long long)s.errors);
+	printf("cache_hits:       %llu\n", (unsigned long long)s.cache_hits);
+	printf("cache_misses:     %llu\n", (unsigned long long)s.cache_misses);
+	printf("kernels_compiled: %llu\n", (unsigned long long)s.kernels_compiled);
+	printf("cache_entries:    %llu\n", (unsigned long long)s.cache_entries);
+	printf("cache_blob_bytes: %llu\n", (unsigned long long)s.cache_blob_bytes);
+	printf("clients:          %u\n", s.clients);
+	printf("in_flight:        %u\n", s.in_flight);
+	ap_client_free(c);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	char **rest;
+	int n = 0;
+	const char *cmd = NULL;
+
+	rest = calloc((size_t)argc + 1, sizeof(char *));
+	if (!rest)
+		return 1;
+	/* --socket PATH anywhere; the first other word is the subcommand. */
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--socket")) {
+			if (i + 1 >= argc) {
+				free(rest);
+				return usage_error("--socket wants a path");
+			}
+			g_socket = argv[++i];
+		} else if (!strncmp(argv[i], "--socket=", 9)) {
+			g_socket = argv[i] + 9;
+		} else if (!cmd && (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))) {
+			usage(stdout);
+			free(rest);
+			return 0;
+		} else if (!cmd) {
+			cmd = argv[i];
+		} else {
+			rest[n++] = argv[i];
+		}
+	}
+	{
+		int rc;
+		if (!cmd)
+			rc = usage_error("which subcommand?");
+		else if (!strcmp(cmd, "submit"))
+			rc = cmd_submit(n, rest);
+		else if (!strcmp(cmd, "check"))
+			rc = cmd_check(n, rest);
+		else if (!strcmp(cmd, "convert"))
+			rc = cmd_convert(n, rest);
+		else if (!strcmp(cmd, "ping"))
+			rc = cmd_ping(n, rest);
+		else if (!strcmp(cmd, "stats"))
+			rc = cmd_stats(n, rest);
+		else
+			rc = usage_error("unknown subcommand '%s'", cmd);
+		free(rest);
+		return rc;
+	}
+}

@@ -1,0 +1,229 @@
+/* apollo.h -- libapollo-client: the public C API a training job or the
+ * apollo-client command uses to talk to apollod and to read the bundle it
+ * answers with.
+ *
+ * Approach: one blocking socket per ap_client (Unix socket by default, TCP
+ * when asked), no event loop.  Each call sends one framed apollo.Envelope
+ * (4-byte big-endian length + message, common/frame.h) and reads exactly one
+ * reply frame whose length is checked against the client's maximum before
+ * anything is allocated, and whose `id` must echo the request's.  A client
+ * is not thread-safe: use one per thread.  A compile answer is kept as an
+ * opaque ap_bundle; accessors hand out borrowed views into it (valid until
+ * ap_bundle_free), so no protobuf type is needed to use the API.
+ *
+ * Errors: every function that can fail returns a negative AP_E* code (or
+ * NULL) and fills the caller's ap_error (which may be NULL) with what went
+ * wrong and, for an error the daemon sent, the node/tensor it names.
+ */
+#ifndef AP_CLIENT_APOLLO_H
+#define AP_CLIENT_APOLLO_H
+
+#include <stdio.h>
+
+#include "../common/base.h"
+#include "../common/graph.h"
+
+/* Largest reply a client accepts by default (bytes of one frame payload).
+ * Bundles of host .so or cubin blobs for a large model run to tens of MiB;
+ * ap_client_set_max_frame() changes it. */
+#define AP_CLIENT_DEFAULT_MAX_FRAME ((uint32_t)256 << 20)
+
+/* Output kinds, numbered as apollo.OutputKind. */
+typedef enum ap_output_kind {
+	AP_OUTPUT_DEFAULT = 0, /* ptx for compute_XX, cubin for sm_XX, so for cpu */
+	AP_OUTPUT_PTX = 1,
+	AP_OUTPUT_CUBIN = 2,
+	AP_OUTPUT_SO = 3,
+} ap_output_kind;
+
+typedef struct ap_client ap_client;
+typedef struct ap_bundle ap_bundle;
+
+/* ---- connection ---------------------------------------------------------- */
+
+/* Connects to apollod and performs the version handshake (Hello ->
+ * HelloReply, schema version 1).  `addr`:
+ *   NULL or ""          the default socket (ap_default_socket_path: $APOLLO_SOCKET,
+ *                       else /tmp/apollod-<uid>.sock);
+ *   "unix:PATH" or any string holding a '/': a Unix socket path;
+ *   "tcp:HOST:PORT" or "HOST:PORT": TCP (the daemon must have TCP enabled).
+ * Returns NULL with `err`: AP_ETOOLARGE (path longer than a Unix socket
+ * holds), AP_EIO (cannot connect, with the address and errno text),
+ * AP_EVERSION (the daemon speaks another schema), AP_EFRAME/AP_EMESSAGE (a
+ * reply that is not a HelloReply), AP_ENOMEM. */
+__ap_give ap_client *ap_client_connect(const char *addr, ap_error *err);
+
+/* Wraps an already connected stream socket `fd` (consumed: closed by
+ * ap_client_free, and on failure).  With `handshake` false no Hello is
+ * sent (for tests with a fake server).  Errors as ap_client_connect. */
+__ap_give ap_client *ap_client_from_fd(__ap_take int fd, bool handshake, ap_error *err);
+
+/* Closes the socket and frees the client; accepts NULL, returns NULL. */
+ap_client *ap_client_free(__ap_take ap_client *c);
+
+/* Largest reply payload accepted, bytes (default AP_CLIENT_DEFAULT_MAX_FRAME). */
+void ap_client_set_max_frame(ap_client *c, uint32_t max_bytes);
+/* Send/receive timeout in milliseconds; 0 (the default) waits forever.
+ * A timed-out call fails with AP_EIO and the connection is unusable.
+ * Returns 0 or AP_EIO. */
+int ap_client_set_timeout_ms(ap_client *c, unsigned ms);
+
+/* What the daemon said in its HelloReply ("" before a handshake).  Borrowed. */
+const char *ap_client_server(const ap_client *c);        /* "apollod 0.1.0" */
+const char *ap_client_nvrtc_version(const ap_client *c); /* "" when NVRTC is not loaded */
+int ap_client_n_targets(const ap_client *c);
+const char *ap_client_target(const ap_client *c, int i); /* NULL when out of range */
+
+/* Round trip with a PingRequest.  `server` (may be NULL) receives the
+ * PingReply's server string, truncated to `cap` bytes with a NUL.  Returns
+ * 0 or AP_EIO / AP_EFRAME / AP_EMESSAGE / AP_ETOOLARGE, or the error the
+ * daemon answered with. */
+int ap_client_ping(ap_client *c, char *server, size_t cap, ap_error *err);
+
+/* The daemon's counters (apollo.StatsReply). */
+typedef struct ap_server_stats {
+	uint64_t requests, errors, cache_hits, cache_misses, kernels_compiled;
+	uint64_t cache_entries, cache_blob_bytes;
+	unsigned clients, in_flight;
+	double uptime_s;
+} ap_server_stats;
+/* Fills `out`.  Errors as ap_client_ping. */
+int ap_client_stats(ap_client *c, ap_server_stats *out, ap_error *err);
+
+/* ---- compiling ------------------------------------------------------------ */
+
+typedef struct ap_submit_options {
+	const char *target;          /* "cpu", "sm_90", "sm_90a", "compute_80"; NULL = "cpu" */
+	ap_output_kind output;       /* AP_OUTPUT_DEFAULT picks per target */
+	bool no_cache;               /* compile even when the cache holds an answer */
+	const char *cache_namespace; /* NULL = "" */
+	unsigned max_block_threads;  /* 0 = the compiler's default */
+} ap_submit_options;
+
+/* Sends graph `g` (its structure: PARAM tensors travel as shape and dtype
+ * only) for compilation and waits for the answer.  `opt` may be NULL
+ * (target cpu, defaults).  Returns the bundle, or NULL with `err`: the
+ * daemon's error (its code mapped to AP_E*, message, node and tensor), or a
+ * transport error as ap_client_ping, or AP_ENOMEM. */
+__ap_give ap_bundle *ap_client_submit_graph(ap_client *c, __ap_keep const ap_graph *g,
+					    const ap_submit_options *opt, ap_error *err);
+
+/* As ap_client_submit_graph, for a serialized apollo.Graph (`buf`, `len`
+ * bytes), sent as it decodes.  AP_EMESSAGE when the bytes are not a Graph. */
+__ap_give ap_bundle *ap_client_submit_graph_pb(ap_client *c, const uint8_t *buf, size_t len,
+					       const ap_submit_options *opt, ap_error *err);
+
+/* Sends a serialized ONNX ModelProto for the daemon to import (its
+ * initializers are dropped there, so prefer importing locally with
+ * ap_onnx_import and submitting the graph).  `bindings` (n_bindings, may be
+ * 0) give shapes of inputs with symbolic dims and values of integer inputs,
+ * as for ap_onnx_import; their data travels only when a binding is an
+ * integer tensor of at most AP_CONST_MAX_BYTES.  Errors as
+ * ap_client_submit_graph. */
+__ap_give ap_bundle *ap_client_submit_onnx(ap_client *c, const uint8_t *buf, size_t len,
+					   const ap_host_tensor *const *bindings, int n_bindings,
+					   const ap_submit_options *opt, ap_error *err);
+
+/* ---- bundles ---------------------------------------------------------------- */
+
+/* A kernel of a bundle (borrowed views, valid until ap_bundle_free). */
+typedef struct ap_bundle_kernel {
+	const char *name;        /* entry point (extern "C" symbol) */
+	const char *target;
+	ap_output_kind format;
+	const uint8_t *blob;     /* PTX text, cubin or host .so */
+	size_t blob_bytes;
+	unsigned grid[3], block[3]; /* 1 where the bundle gave fewer than 3 values */
+	unsigned smem_bytes;     /* dynamic shared memory, bytes */
+	int n_params;
+	int n_nodes;
+	const char *const *nodes; /* graph nodes fused into this kernel */
+} ap_bundle_kernel;
+
+typedef struct ap_bundle_param {
+	const char *name;
+	ap_dtype dtype;
+	bool written;
+} ap_bundle_param;
+
+typedef enum ap_bundle_buffer_kind {
+	AP_BUNDLE_BUF_INPUT = 0,
+	AP_BUNDLE_BUF_OUTPUT = 1,
+	AP_BUNDLE_BUF_PARAM = 2,
+	AP_BUNDLE_BUF_INTERMEDIATE = 3,
+} ap_bundle_buffer_kind;  /* numbered as apollo.BufferKind */
+
+typedef struct ap_bundle_buffer {
+	const char *name;
+	ap_bundle_buffer_kind kind;
+	ap_dtype dtype;
+	int rank;                /* -1 when the bundle gives more than AP_MAX_RANK dims */
+	int64_t dims[AP_MAX_RANK];
+	uint64_t bytes;
+	uint64_t offset;         /* INTERMEDIATE: byte offset in the workspace */
+	int index;               /* INPUT/OUTPUT: position among graph inputs/outputs */
+} ap_bundle_buffer;
+
+/* apollo.Stats: sizes in bytes, times in milliseconds (daemon wall time). */
+typedef struct ap_bundle_stats {
+	unsigned kernels, eager_kernels, nodes, kernels_compiled;
+	uint64_t global_bytes, eager_bytes, min_bytes;
+	double import_ms, partition_ms, codegen_ms, backend_ms, cache_ms, compile_ms;
+	bool cache_hit;
+} ap_bundle_stats;
+
+ap_bundle *ap_bundle_free(__ap_take ap_bundle *b);   /* accepts NULL, returns NULL */
+
+/* Decodes a serialized apollo.Bundle (e.g. written by `apollo-client submit
+ * -o`).  NULL with AP_EMESSAGE / AP_ENOMEM. */
+__ap_give ap_bundle *ap_bundle_unpack(const uint8_t *buf, size_t len, ap_error *err);
+/* Serializes the bundle into a malloc'd buffer (*out, *len).  0 or AP_ENOMEM. */
+int ap_bundle_pack(const ap_bundle *b, __ap_give uint8_t **out, size_t *len);
+
+const char *ap_bundle_target(const ap_bundle *b);
+ap_output_kind ap_bundle_format(const ap_bundle *b);
+uint64_t ap_bundle_workspace_bytes(const ap_bundle *b);
+/* 32 bytes of canonical graph hash; *len receives its length (0 when absent). */
+const uint8_t *ap_bundle_graph_hash(const ap_bundle *b, size_t *len);
+
+int ap_bundle_n_kernels(const ap_bundle *b);
+/* Fills `out` for kernel `i`; 0 or AP_EINVAL when `i` is out of range. */
+int ap_bundle_kernel_get(const ap_bundle *b, int i, ap_bundle_kernel *out);
+/* Parameter `p` of kernel `k`; 0 or AP_EINVAL. */
+int ap_bundle_kernel_param(const ap_bundle *b, int k, int p, ap_bundle_param *out);
+
+int ap_bundle_n_launches(const ap_bundle *b);
+/* Launch `i` of the plan: its kernel index and `*n_args` buffer indices
+ * (borrowed).  0 or AP_EINVAL when `i` is out of range. */
+int ap_bundle_launch(const ap_bundle *b, int i, unsigned *kernel, int *n_args,
+		     const uint32_t **args);
+
+int ap_bundle_n_buffers(const ap_bundle *b);
+int ap_bundle_buffer_get(const ap_bundle *b, int i, ap_bundle_buffer *out);
+
+/* Zeros when the bundle carries no Stats. */
+void ap_bundle_stats_get(const ap_bundle *b, ap_bundle_stats *out);
+
+/* The underlying apollo.Bundle message (for code that links protobuf-c). */
+const struct Apollo__Bundle *ap_bundle_pb(const ap_bundle *b);
+/* Wraps a decoded apollo.Bundle; `pb` is consumed (freed with
+ * apollo__bundle__free_unpacked, so it must come from apollo__bundle__unpack). */
+__ap_give ap_bundle *ap_bundle_from_pb(__ap_take struct Apollo__Bundle *pb);
+
+/* ---- low level: frames on a blocking socket ---------------------------------- */
+
+/* Writes one frame (header + `len` payload bytes), retrying short writes and
+ * EINTR, without SIGPIPE.  0, AP_ETOOLARGE (len 0 or over 4 GiB - 1), AP_EIO. */
+int ap_client_write_frame(int fd, const uint8_t *buf, size_t len, ap_error *err);
+/* Reads one frame.  The length is checked against `max` before the payload
+ * buffer is allocated.  On success *out (malloc'd, caller frees) and *len.
+ * Errors: AP_EIO (connection closed before a header, read error, timeout),
+ * AP_EFRAME (zero length, connection closed mid-frame), AP_ETOOLARGE (length
+ * over `max`), AP_ENOMEM. */
+int ap_client_read_frame(int fd, uint32_t max, __ap_give uint8_t **out, uint32_t *len,
+			 ap_error *err);
+
+/* The AP_E* code for an apollo.ErrorCode value (AP_EINTERNAL for unknown). */
+int ap_client_error_from_wire(int wire_code);
+
+#endif

@@ -1,0 +1,848 @@
+/* client.c -- libapollo-client: blocking-socket client of apollod and the
+ * bundle accessors (see apollo.h).
+ *
+ * A call is one request frame and one reply frame: the Envelope is packed
+ * into a buffer, framed (common/frame.h) and written in full; then the 4-byte
+ * reply header is read, its length checked against the client's maximum
+ * *before* the payload buffer is allocated, the payload read in full and
+ * decoded.  A reply whose id does not echo the request's, or whose message
+ * is not the expected one, is an error: the client never guesses.  An
+ * Envelope.error or CompileResponse.error from the daemon becomes the
+ * caller's ap_error with the daemon's code, message, node and tensor.
+ */
+#include "apollo.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "../common/frame.h"
+#include "proto/apollo.pb-c.h"
+
+struct ap_client {
+	int fd;
+	uint64_t next_id;
+	uint32_t max_frame;
+	char server[128];
+	char nvrtc[64];
+	int n_targets;
+	char **targets;
+};
+
+struct ap_bundle {
+	Apollo__Envelope *env;   /* owner when the bundle came from a reply */
+	Apollo__Bundle *pb;      /* borrowed from env, or owned when env is NULL */
+};
+
+/* ---- frames ---------------------------------------------------------------- */
+
+int ap_client_write_frame(int fd, const uint8_t *buf, size_t len, ap_error *err)
+{
+	uint8_t hdr[AP_FRAME_HEADER_BYTES];
+	struct iovec iov[2];
+	struct msghdr msg;
+	size_t total, sent = 0;
+
+	if (len == 0 || len > UINT32_MAX)
+		return ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
+				    "cannot frame a message of %zu bytes", len);
+	ap_frame_put_len(hdr, (uint32_t)len);
+	total = len + sizeof(hdr);
+	while (sent < total) {
+		ssize_t n;
+		memset(&msg, 0, sizeof(msg));
+		if (sent < sizeof(hdr)) {
+			iov[0].iov_base = hdr + sent;
+			iov[0].iov_len = sizeof(hdr) - sent;
+			iov[1].iov_base = (void *)buf;
+			iov[1].iov_len = len;
+			msg.msg_iovlen = 2;
+		} else {
+			iov[0].iov_base = (void *)(buf + (sent - sizeof(hdr)));
+			iov[0].iov_len = total - sent;
+			msg.msg_iovlen = 1;
+		}
+		msg.msg_iov = iov;
+		n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return ap_error_set(err, AP_EIO, NULL, NULL,
+						    "timed out sending a request to apollod");
+			return ap_error_set(err, AP_EIO, NULL, NULL,
+					    "sending to apollod failed: %s", strerror(errno));
+		}
+		sent += (size_t)n;
+	}
+	return 0;
+}
+
+/* Reads exactly `len` bytes.  Returns bytes read before EOF (< len) or -1
+ * with errno set. */
+static ssize_t read_full(int fd, uint8_t *buf, size_t len)
+{
+	size_t got = 0;
+
+	while (got < len) {
+		ssize_t n = read(fd, buf + got, len - got);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		if (n == 0)
+			break;
+		got += (size_t)n;
+	}
+	return (ssize_t)got;
+}
+
+static int read_error(ap_error *err, const char *what)
+{
+	if (errno == EAGAIN || errno == EWOULDBLOCK)
+		return ap_error_set(err, AP_EIO, NULL, NULL,
+				    "timed out waiting for apollod's %s", what);
+	return ap_error_set(err, AP_EIO, NULL, NULL, "reading apollod's %s failed: %s",
+			    what, strerror(errno));
+}
+
+int ap_client_read_frame(int fd, uint32_t max, uint8_t **out, uint32_t *len, ap_error *err)
+{
+	uint8_t hdr[AP_FRAME_HEADER_BYTES];
+	uint8_t *buf;
+	uint32_t n;
+	ssize_t got;
+	int rc;
+
+	*out = NULL;
+	*len = 0;
+	got = read_full(fd, hdr, sizeof(hdr));
+	if (got < 0)
+		return read_error(err, "reply header");
+	if (got == 0)
+		return ap_error_set(err, AP_EIO, NULL, NULL,
+				    "apollod closed the connection without a reply");
+	if ((size_t)got < sizeof(hdr))
+		return ap_error_set(err, AP_EFRAME, NULL, NULL,
+				    "truncated reply: connection closed after %zd of 4 header bytes",
+				    got);
+	n = ap_frame_get_len(hdr);
+	rc = ap_frame_check_len(n, max, err);
+	if (rc < 0)
+		return rc;
+	buf = malloc(n);
+	if (!buf)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL,
+				    "out of memory for a %u-byte reply", n);
+	got = read_full(fd, buf, n);
+	if (got < 0) {
+		free(buf);
+		return read_error(err, "reply");
+	}
+	if ((size_t)got < n) {
+		free(buf);
+		return ap_error_set(err, AP_EFRAME, NULL, NULL,
+				    "truncated reply: connection closed after %zd of %u bytes",
+				    got, n);
+	}
+	*out = buf;
+	*len = n;
+	return 0;
+}
+
+int ap_client_error_from_wire(int wire_code)
+{
+	/* apollo.ErrorCode k (1..10) is AP_E* -k by construction (base.h). */
+	if (wire_code >= 1 && wire_code <= 10)
+		return -wire_code;
+	return AP_EINTERNAL;
+}
+
+static int wire_error(ap_error *err, const Apollo__Error *e)
+{
+	int code = ap_client_error_from_wire(e ? (int)e->code : 0);
+
+	return ap_error_set(err, code, e && e->node && *e->node ? e->node : NULL,
+			    e && e->tensor && *e->tensor ? e->tensor : NULL, "%s",
+			    e && e->message && *e->message ? e->message : ap_error_name(code));
+}
+
+/* ---- one request, one reply ------------------------------------------------- */
+
+static const char *msg_name(int c)
+{
+	switch (c) {
+	case APOLLO__ENVELOPE__MSG_HELLO: return "Hello";
+	case APOLLO__ENVELOPE__MSG_HELLO_REPLY: return "HelloReply";
+	case APOLLO__ENVELOPE__MSG_PING: return "PingRequest";
+	case APOLLO__ENVELOPE__MSG_PONG: return "PingReply";
+	case APOLLO__ENVELOPE__MSG_STATS: return "StatsRequest";
+	case APOLLO__ENVELOPE__MSG_STATS_REPLY: return "StatsReply";
+	case APOLLO__ENVELOPE__MSG_COMPILE: return "CompileRequest";
+	case APOLLO__ENVELOPE__MSG_COMPILED: return "CompileResponse";
+	case APOLLO__ENVELOPE__MSG_ERROR: return "Error";
+	default: return "an empty Envelope";
+	}
+}
+
+/* Sends `req` (its id is set here) and reads the reply, which must carry
+ * `want` (or an Error, returned as the daemon's error).  On success *reply
+ * is the decoded Envelope (free with apollo__envelope__free_unpacked). */
+static int call(ap_client *c, Apollo__Envelope *req, int want, Apollo__Envelope **reply,
+		ap_error *err)
+{
+	Apollo__Envelope *env;
+	uint8_t *buf;
+	uint32_t len;
+	size_t n;
+	int rc;
+
+	*reply = NULL;
+	if (c->fd < 0)
+		return ap_error_set(err, AP_EIO, NULL, NULL,
+				    "connection to apollod is closed after an earlier error");
+	req->id = c->next_id++;
+	n = apollo__envelope__get_packed_size(req);
+	if (n == 0 || n > UINT32_MAX)
+		return ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
+				    "request of %zu bytes does not fit one frame", n);
+	buf = malloc(n);
+	if (!buf)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL,
+				    "out of memory packing a %zu-byte request", n);
+	apollo__envelope__pack(req, buf);
+	rc = ap_client_write_frame(c->fd, buf, n, err);
+	free(buf);
+	if (rc < 0)
+		goto broken;
+	rc = ap_client_read_frame(c->fd, c->max_frame, &buf, &len, err);
+	if (rc < 0)
+		goto broken;
+	env = apollo__envelope__unpack(NULL, len, buf);
+	free(buf);
+	if (!env) {
+		rc = ap_error_set(err, AP_EMESSAGE, NULL, NULL,
+				  "apollod's reply (%u bytes) does not decode as an apollo.Envelope",
+				  len);
+		goto broken;
+	}
+	if (env->msg_case == APOLLO__ENVELOPE__MSG_ERROR) {
+		rc = wire_error(err, env->error);
+		/* An error for a frame the daemon could not read (bad frame,
+		 * version) ends the conversation; others leave it usable. */
+		apollo__envelope__free_unpacked(env, NULL);
+		if (rc == AP_EFRAME || rc == AP_EMESSAGE || rc == AP_EVERSION)
+			goto broken;
+		return rc;
+	}
+	if (env->id != req->id) {
+		rc = ap_error_set(err, AP_EMESSAGE, NULL, NULL,
+				  "apollod answered request %llu with id %llu",
+				  (unsigned long long)req->id, (unsigned long long)env->id);
+		apollo__envelope__free_unpacked(env, NULL);
+		goto broken;
+	}
+	if ((int)env->msg_case != want) {
+		rc = ap_error_set(err, AP_EMESSAGE, NULL, NULL,
+				  "apollod answered a %s with %s, expected %s",
+				  msg_name(req->msg_case), msg_name(env->msg_case), msg_name(want));
+		apollo__envelope__free_unpacked(env, NULL);
+		goto broken;
+	}
+	*reply = env;
+	return 0;
+broken:
+	/* The stream may be mid-frame: never read from it again. */
+	close(c->fd);
+	c->fd = -1;
+	return rc;
+}
+
+/* ---- connection ------------------------------------------------------------- */
+
+static void copy_str(char *dst, size_t cap, const char *src)
+{
+	snprintf(dst, cap, "%s", src ? src : "");
+}
+
+static int handshake(ap_client *c, ap_error *err)
+{
+	Apollo__Envelope req = APOLLO__ENVELOPE__INIT, *rep;
+	Apollo__Hello hello = APOLLO__HELLO__INIT;
+	Apollo__HelloReply *hr;
+	int rc;
+
+	hello.schema_version = APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
+	hello.client = "libapollo-client " AP_VERSION;
+	req.msg_case = APOLLO__ENVELOPE__MSG_HELLO;
+	req.hello = &hello;
+	rc = call(c, &req, APOLLO__ENVELOPE__MSG_HELLO_REPLY, &rep, err);
+	if (rc < 0)
+		return rc;
+	hr = rep->hello_reply;
+	if (!hr || hr->schema_version != APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT) {
+		rc = ap_error_set(err, AP_EVERSION, NULL, NULL,
+				  "apollod speaks schema version %u, this client %u",
+				  hr ? hr->schema_version : 0,
+				  (unsigned)APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT);
+		apollo__envelope__free_unpacked(rep, NULL);
+		return rc;
+	}
+	copy_str(c->server, sizeof(c->server), hr->server);
+	copy_str(c->nvrtc, sizeof(c->nvrtc), hr->nvrtc_version);
+	if (hr->n_targets > 0 && hr->n_targets < 1024) {
+		c->targets = calloc(hr->n_targets, sizeof(char *));
+		if (!c->targets) {
+			apollo__envelope__free_unpacked(rep, NULL);
+			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		}
+		for (size_t i = 0; i < hr->n_targets; i++) {
+			c->targets[i] = strdup(hr->targets[i] ? hr->targets[i] : "");
+			if (!c->targets[i]) {
+				apollo__envelope__free_unpacked(rep, NULL);
+				return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+			}
+			c->n_targets++;
+		}
+	}
+	apollo__envelope__free_unpacked(rep, NULL);
+	return 0;
+}
+
+ap_client *ap_client_from_fd(int fd, bool do_handshake, ap_error *err)
+{
+	ap_client *c = calloc(1, sizeof(*c));
+
+	if (!c) {
+		close(fd);
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		return NULL;
+	}
+	c->fd = fd;
+	c->next_id = 1;
+	c->max_frame = AP_CLIENT_DEFAULT_MAX_FRAME;
+	if (do_handshake && handshake(c, err) < 0)
+		return ap_client_free(c);
+	return c;
+}
+
+static int connect_unix(const char *path, ap_error *err)
+{
+	struct sockaddr_un sa;
+	int fd;
+
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
+			     "socket path '%s' is longer than %zu bytes", path,
+			     sizeof(sa.sun_path) - 1);
+		return -1;
+	}
+	memset(&sa, 0, sizeof(sa));
+	sa.sun_family = AF_UNIX;
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		ap_error_set(err, AP_EIO, NULL, NULL, "socket: %s", strerror(errno));
+		return -1;
+	}
+	while (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		if (errno == EINTR)
+			continue;
+		ap_error_set(err, AP_EIO, NULL, NULL,
+			     "cannot connect to apollod at %s: %s (is the daemon running? "
+			     "--socket PATH or APOLLO_SOCKET select another)",
+			     path, strerror(errno));
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static int connect_tcp(const char *hostport, ap_error *err)
+{
+	char host[256];
+	const char *colon = strrchr(hostport, ':');
+	struct addrinfo hints, *res = NULL, *ai;
+	size_t hl;
+	int fd = -1, rc, one = 1, saved = 0;
+
+	if (!colon || colon == hostport || !colon[1]) {
+		ap_error_set(err, AP_EINVAL, NULL, NULL,
+			     "TCP address '%s' is not HOST:PORT", hostport);
+		return -1;
+	}
+	hl = (size_t)(colon - hostport);
+	if (hl >= sizeof(host)) {
+		ap_error_set(err, AP_ETOOLARGE, NULL, NULL, "host name too long");
+		return -1;
+	}
+	memcpy(host, hostport, hl);
+	host[hl] = 0;
+	/* [::1]:port */
+	if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+		memmove(host, host + 1, hl - 2);
+		host[hl - 2] = 0;
+	}
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	rc = getaddrinfo(host, colon + 1, &hints, &res);
+	if (rc != 0) {
+		ap_error_set(err, AP_EIO, NULL, NULL, "cannot resolve %s: %s", hostport,
+			     gai_strerror(rc));
+		return -1;
+	}
+	for (ai = res; ai; ai = ai->ai_next) {
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+		if (fd < 0) {
+			saved = errno;
+			continue;
+		}
+		if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
+			break;
+		saved = errno;
+		close(fd);
+		fd = -1;
+	}
+	freeaddrinfo(res);
+	if (fd < 0) {
+		ap_error_set(err, AP_EIO, NULL, NULL, "cannot connect to apollod at %s: %s",
+			     hostport, strerror(saved));
+		return -1;
+	}
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	return fd;
+}
+
+ap_client *ap_client_connect(const char *addr, ap_error *err)
+{
+	char path[128];
+	int fd;
+
+	if (!addr || !*addr) {
+		if (ap_default_socket_path(path, sizeof(path)) < 0) {
+			ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
+				     "default socket path ($APOLLO_SOCKET) is too long");
+			return NULL;
+		}
+		fd = connect_unix(path, err);
+	} else if (!strncmp(addr, "unix:", 5)) {
+		fd = connect_unix(addr + 5, err);
+	} else if (!strncmp(addr, "tcp:", 4)) {
+		fd = connect_tcp(addr + 4, err);
+	} else if (strchr(addr, '/') || !strchr(addr, ':')) {
+		fd = connect_unix(addr, err);
+	} else {
+		fd = connect_tcp(addr, err);
+	}
+	if (fd < 0)
+		return NULL;
+	return ap_client_from_fd(fd, true, err);
+}
+
+ap_client *ap_client_free(ap_client *c)
+{
+	if (!c)
+		return NULL;
+	if (c->fd >= 0)
+		close(c->fd);
+	for (int i = 0; i < c->n_targets; i++)
+		free(c->targets[i]);
+	free(c->targets);
+	free(c);
+	return NULL;
+}
+
+void ap_client_set_max_frame(ap_client *c, uint32_t max_bytes)
+{
+	c->max_frame = max_bytes;
+}
+
+int ap_client_set_timeout_ms(ap_client *c, unsigned ms)
+{
+	struct timeval tv;
+
+	tv.tv_sec = ms / 1000;
+	tv.tv_usec = (ms % 1000) * 1000;
+	if (c->fd < 0 ||
+	    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+	    setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0)
+		return AP_EIO;
+	return 0;
+}
+
+const char *ap_client_server(const ap_client *c) { return c->server; }
+const char *ap_client_nvrtc_version(const ap_client *c) { return c->nvrtc; }
+int ap_client_n_targets(const ap_client *c) { return c->n_targets; }
+const char *ap_client_target(const ap_client *c, int i)
+{
+	return i >= 0 && i < c->n_targets ? c->targets[i] : NULL;
+}
+
+int ap_client_ping(ap_client *c, char *server, size_t cap, ap_error *err)
+{
+	Apollo__Envelope req = APOLLO__ENVELOPE__INIT, *rep;
+	Apollo__PingRequest ping = APOLLO__PING_REQUEST__INIT;
+	int rc;
+
+	req.msg_case = APOLLO__ENVELOPE__MSG_PING;
+	req.ping = &ping;
+	rc = call(c, &req, APOLLO__ENVELOPE__MSG_PONG, &rep, err);
+	if (rc < 0)
+		return rc;
+	if (server && cap)
+		copy_str(server, cap, rep->pong ? rep->pong->server : "");
+	apollo__envelope__free_unpacked(rep, NULL);
+	return 0;
+}
+
+int ap_client_stats(ap_client *c, ap_server_stats *out, ap_error *err)
+{
+	Apollo__Envelope req = APOLLO__ENVELOPE__INIT, *rep;
+	Apollo__StatsRequest st = APOLLO__STATS_REQUEST__INIT;
+	const Apollo__StatsReply *r;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	req.msg_case = APOLLO__ENVELOPE__MSG_STATS;
+	req.stats = &st;
+	rc = call(c, &req, APOLLO__ENVELOPE__MSG_STATS_REPLY, &rep, err);
+	if (rc < 0)
+		return rc;
+	r = rep->stats_reply;
+	if (r) {
+		out->requests = r->requests;
+		out->errors = r->errors;
+		out->cache_hits = r->cache_hits;
+		out->cache_misses = r->cache_misses;
+		out->kernels_compiled = r->kernels_compiled;
+		out->cache_entries = r->cache_entries;
+		out->cache_blob_bytes = r->cache_blob_bytes;
+		out->clients = r->clients;
+		out->in_flight = r->in_flight;
+		out->uptime_s = r->uptime_s;
+	}
+	apollo__envelope__free_unpacked(rep, NULL);
+	return 0;
+}
+
+/* ---- submit ---------------------------------------------------------------- */
+
+/* Sends a CompileRequest whose source is already set in `cr`. */
+static ap_bundle *submit(ap_client *c, Apollo__CompileRequest *cr, const ap_submit_options *opt,
+			 ap_error *err)
+{
+	Apollo__Envelope req = APOLLO__ENVELOPE__INIT, *rep;
+	Apollo__CompileOptions co = APOLLO__COMPILE_OPTIONS__INIT;
+	Apollo__CompileResponse *resp;
+	ap_bundle *b;
+
+	cr->target = (char *)(opt && opt->target && *opt->target ? opt->target : "cpu");
+	cr->output = opt ? (Apollo__OutputKind)opt->output : APOLLO__OUTPUT_KIND__OUTPUT_DEFAULT;
+	if (opt) {
+		co.no_cache = opt->no_cache;
+		co.cache_namespace = (char *)(opt->cache_namespace ? opt->cache_namespace : "");
+		co.max_block_threads = opt->max_block_threads;
+	}
+	cr->options = &co;
+	req.msg_case = APOLLO__ENVELOPE__MSG_COMPILE;
+	req.compile = cr;
+	if (call(c, &req, APOLLO__ENVELOPE__MSG_COMPILED, &rep, err) < 0)
+		return NULL;
+	resp = rep->compiled;
+	if (!resp || resp->result_case != APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE || !resp->bundle) {
+		if (resp && resp->result_case == APOLLO__COMPILE_RESPONSE__RESULT_ERROR)
+			wire_error(err, resp->error);
+		else
+			ap_error_set(err, AP_EMESSAGE, NULL, NULL,
+				     "apollod's CompileResponse holds neither a bundle nor an error");
+		apollo__envelope__free_unpacked(rep, NULL);
+		return NULL;
+	}
+	b = calloc(1, sizeof(*b));
+	if (!b) {
+		apollo__envelope__free_unpacked(rep, NULL);
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		return NULL;
+	}
+	b->env = rep;
+	b->pb = resp->bundle;
+	return b;
+}
+
+ap_bundle *ap_client_submit_graph(ap_client *c, const ap_graph *g, const ap_submit_options *opt,
+				  ap_error *err)
+{
+	Apollo__CompileRequest cr = APOLLO__COMPILE_REQUEST__INIT;
+	Apollo__Graph *pb = ap_graph_to_pb(g);
+	ap_bundle *b;
+
+	if (!pb) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory converting the graph");
+		return NULL;
+	}
+	cr.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
+	cr.graph = pb;
+	b = submit(c, &cr, opt, err);
+	ap_graph_pb_free(pb);
+	return b;
+}
+
+ap_bundle *ap_client_submit_graph_pb(ap_client *c, const uint8_t *buf, size_t len,
+				     const ap_submit_options *opt, ap_error *err)
+{
+	Apollo__CompileRequest cr = APOLLO__COMPILE_REQUEST__INIT;
+	Apollo__Graph *pb = apollo__graph__unpack(NULL, len, buf);
+	ap_bundle *b;
+
+	if (!pb) {
+		ap_error_set(err, AP_EMESSAGE, NULL, NULL,
+			     "%zu bytes do not decode as an apollo.Graph", len);
+		return NULL;
+	}
+	cr.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
+	cr.graph = pb;
+	b = submit(c, &cr, opt, err);
+	apollo__graph__free_unpacked(pb, NULL);
+	return b;
+}
+
+ap_bundle *ap_client_submit_onnx(ap_client *c, const uint8_t *buf, size_t len,
+				 const ap_host_tensor *const *bindings, int n_bindings,
+				 const ap_submit_options *opt, ap_error *err)
+{
+	Apollo__CompileRequest cr = APOLLO__COMPILE_REQUEST__INIT;
+	Apollo__Tensor *ts = NULL, **tp = NULL;
+	ap_bundle *b = NULL;
+
+	if (n_bindings > 0) {
+		ts = calloc((size_t)n_bindings, sizeof(*ts));
+		tp = calloc((size_t)n_bindings, sizeof(*tp));
+		if (!ts || !tp) {
+			ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+			goto out;
+		}
+	}
+	for (int i = 0; i < n_bindings; i++) {
+		const ap_host_tensor *h = bindings[i];
+		Apollo__Tensor init = APOLLO__TENSOR__INIT;
+		bool integer = h->dtype == AP_DT_I64 || h->dtype == AP_DT_I32;
+
+		ts[i] = init;
+		ts[i].name = h->name ? h->name : "";
+		ts[i].dtype = (Apollo__DataType)h->dtype;
+		ts[i].n_dims = (size_t)h->rank;
+		ts[i].dims = (int64_t *)h->dims;
+		if (integer && h->nbytes <= AP_CONST_MAX_BYTES) {
+			ts[i].kind = APOLLO__TENSOR_KIND__TENSOR_CONST;
+			ts[i].data.len = h->nbytes;
+			ts[i].data.data = h->data;
+		} else {
+			ts[i].kind = APOLLO__TENSOR_KIND__TENSOR_INPUT;
+		}
+		tp[i] = &ts[i];
+	}
+	cr.source_case = APOLLO__COMPILE_REQUEST__SOURCE_ONNX_MODEL;
+	cr.onnx_model.data = (uint8_t *)buf;
+	cr.onnx_model.len = len;
+	cr.n_bindings = (size_t)(n_bindings > 0 ? n_bindings : 0);
+	cr.bindings = tp;
+	b = submit(c, &cr, opt, err);
+out:
+	free(ts);
+	free(tp);
+	return b;
+}
+
+/* ---- bundles ------------------------------------------------------------------ */
+
+ap_bundle *ap_bundle_free(ap_bundle *b)
+{
+	if (!b)
+		return NULL;
+	if (b->env)
+		apollo__envelope__free_unpacked(b->env, NULL);
+	else if (b->pb)
+		apollo__bundle__free_unpacked(b->pb, NULL);
+	free(b);
+	return NULL;
+}
+
+ap_bundle *ap_bundle_from_pb(Apollo__Bundle *pb)
+{
+	ap_bundle *b;
+
+	if (!pb)
+		return NULL;
+	b = calloc(1, sizeof(*b));
+	if (!b) {
+		apollo__bundle__free_unpacked(pb, NULL);
+		return NULL;
+	}
+	b->pb = pb;
+	return b;
+}
+
+ap_bundle *ap_bundle_unpack(const uint8_t *buf, size_t len, ap_error *err)
+{
+	Apollo__Bundle *pb = apollo__bundle__unpack(NULL, len, buf);
+	ap_bundle *b;
+
+	if (!pb) {
+		ap_error_set(err, AP_EMESSAGE, NULL, NULL,
+			     "%zu bytes do not decode as an apollo.Bundle", len);
+		return NULL;
+	}
+	b = ap_bundle_from_pb(pb);
+	if (!b)
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	return b;
+}
+
+int ap_bundle_pack(const ap_bundle *b, uint8_t **out, size_t *len)
+{
+	size_t n = apollo__bundle__get_packed_size(b->pb);
+	uint8_t *buf = malloc(n ? n : 1);
+
+	*out = NULL;
+	*len = 0;
+	if (!buf)
+		return AP_ENOMEM;
+	apollo__bundle__pack(b->pb, buf);
+	*out = buf;
+	*len = n;
+	return 0;
+}
+
+const struct Apollo__Bundle *ap_bundle_pb(const ap_bundle *b) { return b->pb; }
+const char *ap_bundle_target(const ap_bundle *b) { return b->pb->target ? b->pb->target : ""; }
+ap_output_kind ap_bundle_format(const ap_bundle *b) { return (ap_output_kind)b->pb->format; }
+uint64_t ap_bundle_workspace_bytes(const ap_bundle *b) { return b->pb->workspace_bytes; }
+
+const uint8_t *ap_bundle_graph_hash(const ap_bundle *b, size_t *len)
+{
+	*len = b->pb->graph_hash.len;
+	return b->pb->graph_hash.data;
+}
+
+int ap_bundle_n_kernels(const ap_bundle *b)
+{
+	return b->pb->n_kernels > INT32_MAX ? INT32_MAX : (int)b->pb->n_kernels;
+}
+
+int ap_bundle_kernel_get(const ap_bundle *b, int i, ap_bundle_kernel *out)
+{
+	const Apollo__Kernel *k;
+
+	memset(out, 0, sizeof(*out));
+	if (i < 0 || (size_t)i >= b->pb->n_kernels || !b->pb->kernels[i])
+		return AP_EINVAL;
+	k = b->pb->kernels[i];
+	out->name = k->name ? k->name : "";
+	out->target = k->target ? k->target : "";
+	out->format = (ap_output_kind)k->format;
+	out->blob = k->blob.data;
+	out->blob_bytes = k->blob.len;
+	for (int d = 0; d < 3; d++) {
+		out->grid[d] = (size_t)d < k->n_grid ? k->grid[d] : 1;
+		out->block[d] = (size_t)d < k->n_block ? k->block[d] : 1;
+	}
+	out->smem_bytes = k->dynamic_shared_bytes;
+	out->n_params = k->n_params > INT32_MAX ? INT32_MAX : (int)k->n_params;
+	out->n_nodes = k->n_nodes > INT32_MAX ? INT32_MAX : (int)k->n_nodes;
+	out->nodes = (const char *const *)k->nodes;
+	return 0;
+}
+
+int ap_bundle_kernel_param(const ap_bundle *b, int k, int p, ap_bundle_param *out)
+{
+	const Apollo__Kernel *kk;
+	const Apollo__KernelParam *pp;
+
+	memset(out, 0, sizeof(*out));
+	if (k < 0 || (size_t)k >= b->pb->n_kernels || !(kk = b->pb->kernels[k]))
+		return AP_EINVAL;
+	if (p < 0 || (size_t)p >= kk->n_params || !(pp = kk->params[p]))
+		return AP_EINVAL;
+	out->name = pp->name ? pp->name : "";
+	out->dtype = (ap_dtype)pp->dtype;
+	out->written = pp->written;
+	return 0;
+}
+
+int ap_bundle_n_launches(const ap_bundle *b)
+{
+	return b->pb->n_plan > INT32_MAX ? INT32_MAX : (int)b->pb->n_plan;
+}
+
+int ap_bundle_launch(const ap_bundle *b, int i, unsigned *kernel, int *n_args,
+		     const uint32_t **args)
+{
+	const Apollo__Launch *l;
+
+	if (i < 0 || (size_t)i >= b->pb->n_plan || !(l = b->pb->plan[i]) || l->n_args > INT32_MAX)
+		return AP_EINVAL;
+	*kernel = l->kernel;
+	*n_args = (int)l->n_args;
+	*args = l->args;
+	return 0;
+}
+
+int ap_bundle_n_buffers(const ap_bundle *b)
+{
+	return b->pb->n_buffers > INT32_MAX ? INT32_MAX : (int)b->pb->n_buffers;
+}
+
+int ap_bundle_buffer_get(const ap_bundle *b, int i, ap_bundle_buffer *out)
+{
+	const Apollo__Buffer *bf;
+
+	memset(out, 0, sizeof(*out));
+	if (i < 0 || (size_t)i >= b->pb->n_buffers || !(bf = b->pb->buffers[i]))
+		return AP_EINVAL;
+	out->name = bf->name ? bf->name : "";
+	out->kind = (ap_bundle_buffer_kind)bf->kind;
+	out->dtype = (ap_dtype)bf->dtype;
+	if (bf->n_dims > AP_MAX_RANK) {
+		out->rank = -1;
+	} else {
+		out->rank = (int)bf->n_dims;
+		for (size_t d = 0; d < bf->n_dims; d++)
+			out->dims[d] = bf->dims[d];
+	}
+	out->bytes = bf->bytes;
+	out->offset = bf->offset;
+	out->index = bf->index;
+	return 0;
+}
+
+void ap_bundle_stats_get(const ap_bundle *b, ap_bundle_stats *out)
+{
+	const Apollo__Stats *s = b->pb->stats;
+
+	memset(out, 0, sizeof(*out));
+	if (!s)
+		return;
+	out->kernels = s->kernels;
+	out->eager_kernels = s->eager_kernels;
+	out->nodes = s->nodes;
+	out->kernels_compiled = s->kernels_compiled;
+	out->global_bytes = s->global_bytes;
+	out->eager_bytes = s->eager_bytes;
+	out->min_bytes = s->min_bytes;
+	out->import_ms = s->import_ms;
+	out->partition_ms = s->partition_ms;
+	out->codegen_ms = s->codegen_ms;
+	out->backend_ms = s->backend_ms;
+	out->cache_ms = s->cache_ms;
+	out->compile_ms = s->compile_ms;
+	out->cache_hit = s->cache_hit;
+}

@@ -1,0 +1,987 @@
+/* runtime.c -- runs a bundle on the host (target cpu) or on a CUDA device
+ * through the driver API loaded with dlopen (see runtime.h).
+ *
+ * ap_runtime_new first checks the whole bundle against itself (indices,
+ * counts, dtypes, sizes, workspace bounds) so that running it can only fail
+ * in a kernel; then it loads the kernels and allocates the buffers.  The
+ * host path keeps one pointer per buffer (intermediates point into the one
+ * workspace) and a small thread pool: for each launch the main thread and
+ * the workers take chunks of the block range from an atomic counter until
+ * it is exhausted, then the main thread waits for all of them before the
+ * next launch (launches are ordered; blocks within one are independent).
+ * The CUDA path keeps one CUdeviceptr per buffer and launches on the null
+ * stream, synchronising at the end of ap_runtime_run.
+ */
+#include "runtime.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "proto/apollo.pb-c.h"
+
+typedef void (*host_kernel_fn)(void *const *args, unsigned block_begin, unsigned block_end);
+
+/* ---- CUDA driver API, declared here: no header, no link dependency ---------- */
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef void *CUmodule;
+typedef void *CUfunction;
+typedef void *CUstream;
+typedef unsigned long long CUdeviceptr;
+#define AP_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+
+typedef struct cuda_api {
+	void *lib;
+	CUresult (*cuInit)(unsigned);
+	CUresult (*cuDeviceGetCount)(int *);
+	CUresult (*cuDeviceGet)(CUdevice *, int);
+	CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+	CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
+	CUresult (*cuCtxSetCurrent)(CUcontext);
+	CUresult (*cuCtxSynchronize)(void);
+	CUresult (*cuModuleLoadData)(CUmodule *, const void *);
+	CUresult (*cuModuleUnload)(CUmodule);
+	CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+	CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
+	CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
+	CUresult (*cuMemFree)(CUdeviceptr);
+	CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
+	CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+	CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
+	CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+				   unsigned, unsigned, CUstream, void **, void **);
+	CUresult (*cuGetErrorString)(CUresult, const char **);
+} cuda_api;
+
+/* ---- the runtime ---------------------------------------------------------------- */
+
+typedef struct rt_kernel {
+	const Apollo__Kernel *pb;
+	host_kernel_fn fn;       /* host */
+	int lib;                 /* host: index into rt->libs */
+	CUfunction cufn;         /* GPU */
+	CUmodule cumod;          /* GPU: owned when cumod_owner */
+	bool cumod_owner;
+	unsigned long long blocks;
+} rt_kernel;
+
+typedef struct rt_buffer {
+	const Apollo__Buffer *pb;
+	void *host;              /* host: data (intermediates point into the workspace) */
+	bool host_owned;
+	CUdeviceptr dev;         /* GPU */
+	bool dev_owned;
+	bool bound;              /* INPUT/PARAM: data was given */
+} rt_buffer;
+
+typedef struct pool {
+	pthread_mutex_t mu;
+	pthread_cond_t go, done;
+	int n_workers;
+	pthread_t *tids;
+	uint64_t gen;
+	int active;
+	bool stop;
+	/* current launch */
+	host_kernel_fn fn;
+	void *const *args;
+	unsigned total, chunk;
+	atomic_ullong next;
+} pool;
+
+struct ap_runtime {
+	const Apollo__Bundle *b;
+	bool host;
+	int n_kernels;
+	rt_kernel *kernels;
+	int n_libs;
+	void **libs;
+	int n_buffers;
+	rt_buffer *buffers;
+	void *workspace;         /* host */
+	CUdeviceptr dev_workspace;
+	int n_inputs, n_outputs;
+	int max_args;
+	void **argv;             /* host: scratch argument array */
+	pool *pool;
+	/* GPU */
+	cuda_api cu;
+	bool cu_ready;
+	CUdevice dev;
+	CUcontext ctx;
+};
+
+static const char *cu_err(const cuda_api *cu, CUresult r)
+{
+	const char *s = NULL;
+
+	if (cu->cuGetErrorString && cu->cuGetErrorString(r, &s) == 0 && s)
+		return s;
+	return "unknown CUDA error";
+}
+
+/* ---- bundle checks ------------------------------------------------------------- */
+
+static bool is_gpu_target(const char *t)
+{
+	return !strncmp(t, "sm_", 3) || !strncmp(t, "compute_", 8);
+}
+
+static int check_buffer(const Apollo__Bundle *b, size_t i, ap_error *err)
+{
+	const Apollo__Buffer *bf = b->buffers[i];
+	size_t es;
+	uint64_t n = 1;
+
+	if (!bf)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "bundle buffer %zu is empty", i);
+	if (bf->kind > APOLLO__BUFFER_KIND__BUF_INTERMEDIATE)
+		return ap_error_set(err, AP_EINVAL, NULL, bf->name,
+				    "buffer %zu has unknown kind %d", i, (int)bf->kind);
+	es = ap_dtype_size((ap_dtype)bf->dtype);
+	if (es == 0)
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, bf->name,
+				    "buffer '%s' has unsupported dtype %d", bf->name, (int)bf->dtype);
+	if (bf->n_dims > AP_MAX_RANK)
+		return ap_error_set(err, AP_EINVAL, NULL, bf->name,
+				    "buffer '%s' has rank %zu > %d", bf->name, bf->n_dims, AP_MAX_RANK);
+	for (size_t d = 0; d < bf->n_dims; d++) {
+		if (bf->dims[d] < 0 || bf->dims[d] > AP_MAX_ELEMENTS)
+			return ap_error_set(err, AP_EINVAL, NULL, bf->name,
+					    "buffer '%s' has dim %lld", bf->name,
+					    (long long)bf->dims[d]);
+		n *= (uint64_t)bf->dims[d];
+		if (n > (uint64_t)AP_MAX_ELEMENTS)
+			return ap_error_set(err, AP_ETOOLARGE, NULL, bf->name,
+					    "buffer '%s' holds more than 2^36 elements", bf->name);
+	}
+	if (n * es != bf->bytes)
+		return ap_error_set(err, AP_EINVAL, NULL, bf->name,
+				    "buffer '%s' says %llu bytes but its shape and dtype make %llu",
+				    bf->name, (unsigned long long)bf->bytes,
+				    (unsigned long long)(n * es));
+	if (bf->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE &&
+	    (bf->offset > b->workspace_bytes || bf->bytes > b->workspace_bytes - bf->offset))
+		return ap_error_set(err, AP_EINVAL, NULL, bf->name,
+				    "intermediate '%s' [%llu, +%llu) lies outside the %llu-byte workspace",
+				    bf->name, (unsigned long long)bf->offset,
+				    (unsigned long long)bf->bytes,
+				    (unsigned long long)b->workspace_bytes);
+	if ((bf->kind == APOLLO__BUFFER_KIND__BUF_INPUT ||
+	     bf->kind == APOLLO__BUFFER_KIND__BUF_OUTPUT) &&
+	    (bf->index < 0 || (size_t)bf->index >= b->n_buffers))
+		return ap_error_set(err, AP_EINVAL, NULL, bf->name,
+				    "buffer '%s' has index %d", bf->name, (int)bf->index);
+	return 0;
+}
+
+static int check_bundle(const Apollo__Bundle *b, ap_error *err)
+{
+	int rc;
+
+	if (b->n_kernels > INT32_MAX || b->n_buffers > INT32_MAX || b->n_plan > INT32_MAX)
+		return ap_error_set(err, AP_ETOOLARGE, NULL, NULL, "bundle too large");
+	for (size_t i = 0; i < b->n_buffers; i++)
+		if ((rc = check_buffer(b, i, err)) < 0)
+			return rc;
+	/* INPUT and OUTPUT positions must be unique. */
+	for (size_t i = 0; i < b->n_buffers; i++) {
+		const Apollo__Buffer *x = b->buffers[i];
+		if (x->kind != APOLLO__BUFFER_KIND__BUF_INPUT &&
+		    x->kind != APOLLO__BUFFER_KIND__BUF_OUTPUT)
+			continue;
+		for (size_t j = i + 1; j < b->n_buffers; j++) {
+			const Apollo__Buffer *y = b->buffers[j];
+			if (y->kind == x->kind && y->index == x->index)
+				return ap_error_set(err, AP_EINVAL, NULL, y->name,
+						    "buffers '%s' and '%s' share %s index %d",
+						    x->name, y->name,
+						    x->kind == APOLLO__BUFFER_KIND__BUF_INPUT ? "input"
+											       : "output",
+						    (int)x->index);
+		}
+	}
+	for (size_t k = 0; k < b->n_kernels; k++) {
+		const Apollo__Kernel *kk = b->kernels[k];
+		unsigned long long blocks = 1;
+		if (!kk || !kk->name || !*kk->name)
+			return ap_error_set(err, AP_EINVAL, NULL, NULL, "kernel %zu has no name", k);
+		if (kk->n_grid != 3 || kk->n_block != 3)
+			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+					    "kernel '%s' has %zu grid and %zu block values, not 3",
+					    kk->name, kk->n_grid, kk->n_block);
+		for (int d = 0; d < 3; d++) {
+			if (kk->grid[d] == 0 || kk->block[d] == 0)
+				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+						    "kernel '%s' has a zero grid or block dimension",
+						    kk->name);
+			blocks *= kk->grid[d];
+		}
+		if (blocks > UINT32_MAX)
+			return ap_error_set(err, AP_ETOOLARGE, kk->name, NULL,
+					    "kernel '%s' has %llu blocks", kk->name, blocks);
+		if (kk->blob.len == 0)
+			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+					    "kernel '%s' has an empty blob", kk->name);
+		for (size_t p = 0; p < kk->n_params; p++)
+			if (!kk->params[p])
+				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+						    "kernel '%s' param %zu is empty", kk->name, p);
+	}
+	for (size_t l = 0; l < b->n_plan; l++) {
+		const Apollo__Launch *la = b->plan[l];
+		const Apollo__Kernel *kk;
+		if (!la || la->kernel >= b->n_kernels)
+			return ap_error_set(err, AP_EINVAL, NULL, NULL,
+					    "launch %zu names kernel %u of %zu", l,
+					    la ? la->kernel : 0, b->n_kernels);
+		kk = b->kernels[la->kernel];
+		if (la->n_args != kk->n_params)
+			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+					    "launch %zu of kernel '%s' binds %zu arguments to %zu params",
+					    l, kk->name, la->n_args, kk->n_params);
+		for (size_t a = 0; a < la->n_args; a++) {
+			const Apollo__Buffer *bf;
+			const Apollo__KernelParam *pp = kk->params[a];
+			if (la->args[a] >= b->n_buffers)
+				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+						    "launch %zu of kernel '%s': argument %zu names buffer %u of %zu",
+						    l, kk->name, a, la->args[a], b->n_buffers);
+			bf = b->buffers[la->args[a]];
+			if (pp->dtype != APOLLO__DATA_TYPE__DT_UNDEFINED && pp->dtype != bf->dtype)
+				return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
+						    "launch %zu of kernel '%s': param '%s' is %s but buffer '%s' is %s",
+						    l, kk->name, pp->name,
+						    ap_dtype_name((ap_dtype)pp->dtype), bf->name,
+						    ap_dtype_name((ap_dtype)bf->dtype));
+			if (pp->written && (bf->kind == APOLLO__BUFFER_KIND__BUF_INPUT ||
+					    bf->kind == APOLLO__BUFFER_KIND__BUF_PARAM))
+				return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
+						    "kernel '%s' writes %s buffer '%s'", kk->name,
+						    bf->kind == APOLLO__BUFFER_KIND__BUF_INPUT ? "input" : "param",
+						    bf->name);
+		}
+	}
+	return 0;
+}
+
+/* ---- host: loading shared objects ------------------------------------------------ */
+
+static void *load_so(const uint8_t *blob, size_t len, const char *kname, ap_error *err)
+{
+	char path[64], tmpl[4096];
+	void *h;
+	int fd;
+	bool tmpfile = false;
+
+	fd = memfd_create("apollo-kernel", MFD_CLOEXEC);
+	if (fd < 0) {
+		const char *dir = getenv("TMPDIR");
+		snprintf(tmpl, sizeof(tmpl), "%s/apollo-kernel-XXXXXX.so",
+			 dir && *dir ? dir : "/tmp");
+		fd = mkstemps(tmpl, 3);
+		if (fd < 0) {
+			ap_error_set(err, AP_EIO, kname, NULL,
+				     "cannot create a file for kernel '%s': %m", kname);
+			return NULL;
+		}
+		tmpfile = true;
+	}
+	for (size_t off = 0; off < len;) {
+		ssize_t n = write(fd, blob + off, len - off);
+		if (n < 0) {
+			ap_error_set(err, AP_EIO, kname, NULL, "writing kernel '%s': %m", kname);
+			close(fd);
+			if (tmpfile)
+				unlink(tmpl);
+			return NULL;
+		}
+		off += (size_t)n;
+	}
+	if (tmpfile) {
+		h = dlopen(tmpl, RTLD_NOW | RTLD_LOCAL);
+		unlink(tmpl);
+	} else {
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+		h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	}
+	close(fd);
+	if (!h) {
+		const char *e = dlerror();
+		ap_error_set(err, AP_ECOMPILE, kname, NULL,
+			     "cannot load kernel '%s' (%zu-byte shared object): %s", kname, len,
+			     e ? e : "dlopen failed");
+	}
+	return h;
+}
+
+static int host_load(ap_runtime *rt, ap_error *err)
+{
+	const Apollo__Bundle *b = rt->b;
+
+	rt->libs = calloc(b->n_kernels ? b->n_kernels : 1, sizeof(void *));
+	if (!rt->libs)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	for (int k = 0; k < rt->n_kernels; k++) {
+		const Apollo__Kernel *kk = b->kernels[k];
+		int lib = -1;
+		void *sym;
+		/* Kernels sharing one blob share one loaded object. */
+		for (int j = 0; j < k && lib < 0; j++) {
+			const Apollo__Kernel *o = b->kernels[j];
+			if (o->blob.len == kk->blob.len &&
+			    (o->blob.data == kk->blob.data ||
+			     !memcmp(o->blob.data, kk->blob.data, kk->blob.len)))
+				lib = rt->kernels[j].lib;
+		}
+		if (lib < 0) {
+			void *h = load_so(kk->blob.data, kk->blob.len, kk->name, err);
+			if (!h)
+				return err ? err->code : AP_ECOMPILE;
+			lib = rt->n_libs;
+			rt->libs[rt->n_libs++] = h;
+		}
+		rt->kernels[k].lib = lib;
+		dlerror();
+		sym = dlsym(rt->libs[lib], kk->name);
+		if (!sym)
+			return ap_error_set(err, AP_ECOMPILE, kk->name, NULL,
+					    "kernel '%s' is not exported by its shared object",
+					    kk->name);
+		/* POSIX: dlsym's result converts to a function pointer. */
+		memcpy(&rt->kernels[k].fn, &sym, sizeof(sym));
+	}
+	return 0;
+}
+
+static void *host_alloc(uint64_t bytes)
+{
+	void *p = NULL;
+	size_t n = bytes ? (size_t)bytes : 1;
+
+	if (bytes > SIZE_MAX - 64)
+		return NULL;
+	n = (n + 63) & ~(size_t)63;
+	if (posix_memalign(&p, 64, n) != 0)
+		return NULL;
+	memset(p, 0, n);
+	return p;
+}
+
+static int host_alloc_all(ap_runtime *rt, ap_error *err)
+{
+	rt->workspace = host_alloc(rt->b->workspace_bytes);
+	if (!rt->workspace)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL,
+				    "out of memory for a %llu-byte workspace",
+				    (unsigned long long)rt->b->workspace_bytes);
+	for (int i = 0; i < rt->n_buffers; i++) {
+		rt_buffer *bf = &rt->buffers[i];
+		if (bf->pb->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE) {
+			bf->host = (uint8_t *)rt->workspace + bf->pb->offset;
+			continue;
+		}
+		bf->host = host_alloc(bf->pb->bytes);
+		if (!bf->host)
+			return ap_error_set(err, AP_ENOMEM, NULL, bf->pb->name,
+					    "out of memory for buffer '%s' (%llu bytes)",
+					    bf->pb->name, (unsigned long long)bf->pb->bytes);
+		bf->host_owned = true;
+	}
+	rt->argv = calloc(rt->max_args ? (size_t)rt->max_args : 1, sizeof(void *));
+	if (!rt->argv)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	return 0;
+}
+
+/* ---- host: thread pool ---------------------------------------------------------- */
+
+static void pool_run_chunks(pool *p)
+{
+	for (;;) {
+		unsigned long long begin = atomic_fetch_add(&p->next, p->chunk);
+		unsigned long long end = begin + p->chunk;
+		if (begin >= p->total)
+			break;
+		if (end > p->total)
+			end = p->total;
+		p->fn(p->args, (unsigned)begin, (unsigned)end);
+	}
+}
+
+static void *pool_worker(void *arg)
+{
+	pool *p = arg;
+	uint64_t seen = 0;
+
+	for (;;) {
+		pthread_mutex_lock(&p->mu);
+		while (!p->stop && p->gen == seen)
+			pthread_cond_wait(&p->go, &p->mu);
+		if (p->stop) {
+			pthread_mutex_unlock(&p->mu);
+			return NULL;
+		}
+		seen = p->gen;
+		pthread_mutex_unlock(&p->mu);
+		pool_run_chunks(p);
+		pthread_mutex_lock(&p->mu);
+		if (--p->active == 0)
+			pthread_cond_signal(&p->done);
+		pthread_mutex_unlock(&p->mu);
+	}
+}
+
+static pool *pool_free(pool *p)
+{
+	if (!p)
+		return NULL;
+	pthread_mutex_lock(&p->mu);
+	p->stop = true;
+	pthread_cond_broadcast(&p->go);
+	pthread_mutex_unlock(&p->mu);
+	for (int i = 0; i < p->n_workers; i++)
+		pthread_join(p->tids[i], NULL);
+	pthread_mutex_destroy(&p->mu);
+	pthread_cond_destroy(&p->go);
+	pthread_cond_destroy(&p->done);
+	free(p->tids);
+	free(p);
+	return NULL;
+}
+
+static pool *pool_new(int threads)
+{
+	pool *p = calloc(1, sizeof(*p));
+
+	if (!p)
+		return NULL;
+	pthread_mutex_init(&p->mu, NULL);
+	pthread_cond_init(&p->go, NULL);
+	pthread_cond_init(&p->done, NULL);
+	atomic_init(&p->next, 0);
+	if (threads <= 1)
+		return p;
+	p->tids = calloc((size_t)threads - 1, sizeof(pthread_t));
+	if (!p->tids)
+		return pool_free(p);
+	for (int i = 0; i < threads - 1; i++) {
+		if (pthread_create(&p->tids[i], NULL, pool_worker, p) != 0)
+			break;
+		p->n_workers++;
+	}
+	return p;
+}
+
+/* Runs blocks [0, total) of `fn` on the calling thread and the workers. */
+static void pool_launch(pool *p, host_kernel_fn fn, void *const *args, unsigned total)
+{
+	unsigned parts = (unsigned)p->n_workers + 1;
+
+	if (total == 0)
+		return;
+	if (p->n_workers == 0 || total == 1) {
+		fn(args, 0, total);
+		return;
+	}
+	p->fn = fn;
+	p->args = args;
+	p->total = total;
+	p->chunk = total / (parts * 4);
+	if (p->chunk == 0)
+		p->chunk = 1;
+	atomic_store(&p->next, 0);
+	pthread_mutex_lock(&p->mu);
+	p->active = p->n_workers;
+	p->gen++;
+	pthread_cond_broadcast(&p->go);
+	pthread_mutex_unlock(&p->mu);
+	pool_run_chunks(p);
+	pthread_mutex_lock(&p->mu);
+	while (p->active > 0)
+		pthread_cond_wait(&p->done, &p->mu);
+	pthread_mutex_unlock(&p->mu);
+}
+
+/* ---- GPU ------------------------------------------------------------------------- */
+
+#define CU_SYM(api, name, sym)                                                       \
+	do {                                                                         \
+		void *s_ = dlsym((api)->lib, sym);                                   \
+		if (!s_) {                                                           \
+			missing = sym;                                               \
+			goto fail;                                                   \
+		}                                                                    \
+		memcpy(&(api)->name, &s_, sizeof(s_));                               \
+	} while (0)
+
+/* Loads libcuda.so.1 into `api`.  false with the reason in `why`. */
+static bool cuda_load(cuda_api *api, char *why, size_t cap)
+{
+	const char *missing = NULL;
+	void *s;
+
+	memset(api, 0, sizeof(*api));
+	api->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!api->lib) {
+		const char *e = dlerror();
+		if (why)
+			snprintf(why, cap, "no CUDA driver: dlopen(libcuda.so.1) failed: %s",
+				 e ? e : "not found");
+		return false;
+	}
+	CU_SYM(api, cuInit, "cuInit");
+	CU_SYM(api, cuDeviceGetCount, "cuDeviceGetCount");
+	CU_SYM(api, cuDeviceGet, "cuDeviceGet");
+	CU_SYM(api, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+	s = dlsym(api->lib, "cuDevicePrimaryCtxRelease_v2");
+	if (!s)
+		s = dlsym(api->lib, "cuDevicePrimaryCtxRelease");
+	if (!s) {
+		missing = "cuDevicePrimaryCtxRelease";
+		goto fail;
+	}
+	memcpy(&api->cuDevicePrimaryCtxRelease, &s, sizeof(s));
+	CU_SYM(api, cuCtxSetCurrent, "cuCtxSetCurrent");
+	CU_SYM(api, cuCtxSynchronize, "cuCtxSynchronize");
+	CU_SYM(api, cuModuleLoadData, "cuModuleLoadData");
+	CU_SYM(api, cuModuleUnload, "cuModuleUnload");
+	CU_SYM(api, cuModuleGetFunction, "cuModuleGetFunction");
+	CU_SYM(api, cuFuncSetAttribute, "cuFuncSetAttribute");
+	CU_SYM(api, cuMemAlloc, "cuMemAlloc_v2");
+	CU_SYM(api, cuMemFree, "cuMemFree_v2");
+	CU_SYM(api, cuMemcpyHtoD, "cuMemcpyHtoD_v2");
+	CU_SYM(api, cuMemcpyDtoH, "cuMemcpyDtoH_v2");
+	CU_SYM(api, cuMemsetD8, "cuMemsetD8_v2");
+	CU_SYM(api, cuLaunchKernel, "cuLaunchKernel");
+	CU_SYM(api, cuGetErrorString, "cuGetErrorString");
+	return true;
+fail:
+	if (why)
+		snprintf(why, cap, "libcuda.so.1 lacks %s", missing);
+	dlclose(api->lib);
+	api->lib = NULL;
+	return false;
+}
+
+bool ap_runtime_cuda_available(char *why, size_t cap)
+{
+	cuda_api api;
+	CUresult r;
+	int n = 0;
+
+	if (!cuda_load(&api, why, cap))
+		return false;
+	r = api.cuInit(0);
+	if (r == 0)
+		r = api.cuDeviceGetCount(&n);
+	if (r != 0 || n <= 0) {
+		if (why)
+			snprintf(why, cap, "CUDA driver present but no usable device (%s)",
+				 r != 0 ? cu_err(&api, r) : "0 devices");
+		dlclose(api.lib);
+		return false;
+	}
+	dlclose(api.lib);
+	return true;
+}
+
+static int gpu_setup(ap_runtime *rt, int device, ap_error *err)
+{
+	cuda_api *cu = &rt->cu;
+	char why[256];
+	CUresult r;
+	int n = 0;
+
+	if (!cuda_load(cu, why, sizeof(why)))
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "cannot run a %s bundle: %s", rt->b->target, why);
+	if ((r = cu->cuInit(0)) != 0 || (r = cu->cuDeviceGetCount(&n)) != 0)
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "cannot run a %s bundle: cuInit: %s", rt->b->target,
+				    cu_err(cu, r));
+	if (device < 0 || device >= n)
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "cannot run a %s bundle: device %d of %d", rt->b->target,
+				    device, n);
+	if ((r = cu->cuDeviceGet(&rt->dev, device)) != 0 ||
+	    (r = cu->cuDevicePrimaryCtxRetain(&rt->ctx, rt->dev)) != 0)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "CUDA context for device %d: %s",
+				    device, cu_err(cu, r));
+	rt->cu_ready = true;
+	if ((r = cu->cuCtxSetCurrent(rt->ctx)) != 0)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cuCtxSetCurrent: %s", cu_err(cu, r));
+
+	for (int k = 0; k < rt->n_kernels; k++) {
+		const Apollo__Kernel *kk = rt->b->kernels[k];
+		rt_kernel *rk = &rt->kernels[k];
+		/* Kernels sharing one blob share one module. */
+		for (int j = 0; j < k && !rk->cumod; j++) {
+			const Apollo__Kernel *o = rt->b->kernels[j];
+			if (o->blob.len == kk->blob.len &&
+			    !memcmp(o->blob.data, kk->blob.data, kk->blob.len))
+				rk->cumod = rt->kernels[j].cumod;
+		}
+		if (!rk->cumod) {
+			/* PTX must be NUL-terminated; a cubin does not mind. */
+			uint8_t *img = malloc(kk->blob.len + 1);
+			if (!img)
+				return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+			memcpy(img, kk->blob.data, kk->blob.len);
+			img[kk->blob.len] = 0;
+			r = cu->cuModuleLoadData(&rk->cumod, img);
+			free(img);
+			if (r != 0) {
+				rk->cumod = NULL;
+				return ap_error_set(err, AP_ECOMPILE, kk->name, NULL,
+						    "cuModuleLoadData for kernel '%s': %s", kk->name,
+						    cu_err(cu, r));
+			}
+			rk->cumod_owner = true;
+		}
+		if ((r = cu->cuModuleGetFunction(&rk->cufn, rk->cumod, kk->name)) != 0)
+			return ap_error_set(err, AP_ECOMPILE, kk->name, NULL,
+					    "kernel '%s' not in its module: %s", kk->name,
+					    cu_err(cu, r));
+		if (kk->dynamic_shared_bytes > 48 * 1024 &&
+		    (r = cu->cuFuncSetAttribute(rk->cufn,
+						AP_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+						(int)kk->dynamic_shared_bytes)) != 0)
+			return ap_error_set(err, AP_EUNSUPPORTED, kk->name, NULL,
+					    "kernel '%s' asks for %u bytes of shared memory: %s",
+					    kk->name, kk->dynamic_shared_bytes, cu_err(cu, r));
+	}
+
+	/* Buffers: one allocation each; intermediates inside the workspace. */
+	{
+		uint64_t ws = rt->b->workspace_bytes ? rt->b->workspace_bytes : 256;
+		if ((r = cu->cuMemAlloc(&rt->dev_workspace, (size_t)ws)) != 0)
+			return ap_error_set(err, AP_ENOMEM, NULL, NULL,
+					    "cuMemAlloc of a %llu-byte workspace: %s",
+					    (unsigned long long)ws, cu_err(cu, r));
+		cu->cuMemsetD8(rt->dev_workspace, 0, (size_t)ws);
+	}
+	for (int i = 0; i < rt->n_buffers; i++) {
+		rt_buffer *bf = &rt->buffers[i];
+		uint64_t n = bf->pb->bytes ? bf->pb->bytes : 256;
+		if (bf->pb->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE) {
+			bf->dev = rt->dev_workspace + bf->pb->offset;
+			continue;
+		}
+		if ((r = cu->cuMemAlloc(&bf->dev, (size_t)n)) != 0)
+			return ap_error_set(err, AP_ENOMEM, NULL, bf->pb->name,
+					    "cuMemAlloc for buffer '%s' (%llu bytes): %s",
+					    bf->pb->name, (unsigned long long)n, cu_err(cu, r));
+		bf->dev_owned = true;
+		cu->cuMemsetD8(bf->dev, 0, (size_t)n);
+	}
+	return 0;
+}
+
+static void gpu_teardown(ap_runtime *rt)
+{
+	cuda_api *cu = &rt->cu;
+
+	if (!cu->lib)
+		return;
+	if (rt->cu_ready) {
+		cu->cuCtxSetCurrent(rt->ctx);
+		for (int i = 0; rt->buffers && i < rt->n_buffers; i++)
+			if (rt->buffers[i].dev_owned)
+				cu->cuMemFree(rt->buffers[i].dev);
+		if (rt->dev_workspace)
+			cu->cuMemFree(rt->dev_workspace);
+		for (int k = 0; rt->kernels && k < rt->n_kernels; k++)
+			if (rt->kernels[k].cumod_owner)
+				cu->cuModuleUnload(rt->kernels[k].cumod);
+		cu->cuDevicePrimaryCtxRelease(rt->dev);
+	}
+	dlclose(cu->lib);
+	cu->lib = NULL;
+}
+
+/* ---- public ------------------------------------------------------------------------- */
+
+ap_runtime *ap_runtime_free(ap_runtime *rt)
+{
+	if (!rt)
+		return NULL;
+	rt->pool = pool_free(rt->pool);
+	if (rt->host) {
+		for (int i = 0; rt->buffers && i < rt->n_buffers; i++)
+			if (rt->buffers[i].host_owned)
+				free(rt->buffers[i].host);
+		free(rt->workspace);
+		for (int i = 0; i < rt->n_libs; i++)
+			dlclose(rt->libs[i]);
+	} else {
+		gpu_teardown(rt);
+	}
+	free(rt->libs);
+	free(rt->argv);
+	free(rt->kernels);
+	free(rt->buffers);
+	free(rt);
+	return NULL;
+}
+
+ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *opt, ap_error *err)
+{
+	const Apollo__Bundle *b = ap_bundle_pb(bundle);
+	const char *target = b->target ? b->target : "";
+	ap_runtime *rt;
+	int threads = opt ? opt->threads : 0;
+
+	if (check_bundle(b, err) < 0)
+		return NULL;
+	if (strcmp(target, "cpu") != 0 && !is_gpu_target(target)) {
+		ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+			     "cannot run a bundle for target '%s' (cpu, sm_XX, compute_XX)", target);
+		return NULL;
+	}
+	rt = calloc(1, sizeof(*rt));
+	if (!rt) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		return NULL;
+	}
+	rt->b = b;
+	rt->host = strcmp(target, "cpu") == 0;
+	rt->n_kernels = (int)b->n_kernels;
+	rt->n_buffers = (int)b->n_buffers;
+	rt->kernels = calloc(b->n_kernels ? b->n_kernels : 1, sizeof(rt_kernel));
+	rt->buffers = calloc(b->n_buffers ? b->n_buffers : 1, sizeof(rt_buffer));
+	if (!rt->kernels || !rt->buffers) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		return ap_runtime_free(rt);
+	}
+	for (int k = 0; k < rt->n_kernels; k++) {
+		const Apollo__Kernel *kk = b->kernels[k];
+		rt->kernels[k].pb = kk;
+		rt->kernels[k].blocks = (unsigned long long)kk->grid[0] * kk->grid[1] * kk->grid[2];
+		if ((int)kk->n_params > rt->max_args)
+			rt->max_args = (int)kk->n_params;
+	}
+	for (int i = 0; i < rt->n_buffers; i++) {
+		const Apollo__Buffer *bf = b->buffers[i];
+		rt->buffers[i].pb = bf;
+		if (bf->kind == APOLLO__BUFFER_KIND__BUF_INPUT)
+			rt->n_inputs = bf->index + 1 > rt->n_inputs ? bf->index + 1 : rt->n_inputs;
+		if (bf->kind == APOLLO__BUFFER_KIND__BUF_OUTPUT)
+			rt->n_outputs++;
+	}
+	if (rt->host) {
+		if (threads <= 0) {
+			long n = sysconf(_SC_NPROCESSORS_ONLN);
+			threads = n <= 0 ? 1 : n > 8 ? 8 : (int)n;
+		}
+		if (host_load(rt, err) < 0 || host_alloc_all(rt, err) < 0)
+			return ap_runtime_free(rt);
+		rt->pool = pool_new(threads);
+		if (!rt->pool) {
+			ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+			return ap_runtime_free(rt);
+		}
+	} else {
+		if (gpu_setup(rt, opt ? opt->device : 0, err) < 0)
+			return ap_runtime_free(rt);
+	}
+	return rt;
+}
+
+bool ap_runtime_is_host(const ap_runtime *rt) { return rt->host; }
+int ap_runtime_n_inputs(const ap_runtime *rt) { return rt->n_inputs; }
+int ap_runtime_n_outputs(const ap_runtime *rt) { return rt->n_outputs; }
+
+static int bind(ap_runtime *rt, rt_buffer *bf, const ap_host_tensor *t, ap_error *err)
+{
+	const Apollo__Buffer *pb = bf->pb;
+	const char *what = pb->kind == APOLLO__BUFFER_KIND__BUF_INPUT ? "input" : "param";
+
+	if ((int)t->dtype != (int)pb->dtype)
+		return ap_error_set(err, AP_ESHAPE, NULL, pb->name,
+				    "%s '%s' is %s but the data given is %s", what, pb->name,
+				    ap_dtype_name((ap_dtype)pb->dtype), ap_dtype_name(t->dtype));
+	if (t->nbytes != pb->bytes)
+		return ap_error_set(err, AP_ESHAPE, NULL, pb->name,
+				    "%s '%s' holds %llu bytes but the data given has %zu", what,
+				    pb->name, (unsigned long long)pb->bytes, t->nbytes);
+	if (rt->host) {
+		if (t->nbytes)
+			memcpy(bf->host, t->data, t->nbytes);
+	} else if (t->nbytes) {
+		CUresult r;
+		rt->cu.cuCtxSetCurrent(rt->ctx);
+		r = rt->cu.cuMemcpyHtoD(bf->dev, t->data, t->nbytes);
+		if (r != 0)
+			return ap_error_set(err, AP_EIO, NULL, pb->name,
+					    "copying %s '%s' to the device: %s", what, pb->name,
+					    cu_err(&rt->cu, r));
+	}
+	bf->bound = true;
+	return 0;
+}
+
+int ap_runtime_bind_input(ap_runtime *rt, int index, const ap_host_tensor *t, ap_error *err)
+{
+	for (int i = 0; i < rt->n_buffers; i++) {
+		const Apollo__Buffer *pb = rt->buffers[i].pb;
+		if (pb->kind == APOLLO__BUFFER_KIND__BUF_INPUT && pb->index == index)
+			return bind(rt, &rt->buffers[i], t, err);
+	}
+	return ap_error_set(err, AP_EINVAL, NULL, NULL, "the bundle has no input %d", index);
+}
+
+int ap_runtime_bind_name(ap_runtime *rt, const char *name, const ap_host_tensor *t,
+			 ap_error *err)
+{
+	for (int i = 0; i < rt->n_buffers; i++) {
+		const Apollo__Buffer *pb = rt->buffers[i].pb;
+		if ((pb->kind == APOLLO__BUFFER_KIND__BUF_INPUT ||
+		     pb->kind == APOLLO__BUFFER_KIND__BUF_PARAM) &&
+		    !strcmp(pb->name, name))
+			return bind(rt, &rt->buffers[i], t, err);
+	}
+	return ap_error_set(err, AP_EINVAL, NULL, name,
+			    "the bundle has no input or param named '%s'", name);
+}
+
+int ap_runtime_bind_params(ap_runtime *rt, const ap_params *params, ap_error *err)
+{
+	for (int i = 0; i < rt->n_buffers; i++) {
+		rt_buffer *bf = &rt->buffers[i];
+		const ap_host_tensor *t;
+		int rc;
+		if (bf->pb->kind != APOLLO__BUFFER_KIND__BUF_PARAM)
+			continue;
+		t = params ? ap_params_find(params, bf->pb->name) : NULL;
+		if (!t)
+			return ap_error_set(err, AP_EINVAL, NULL, bf->pb->name,
+					    "no data for param '%s'", bf->pb->name);
+		if ((rc = bind(rt, bf, t, err)) < 0)
+			return rc;
+	}
+	return 0;
+}
+
+static int check_bound(ap_runtime *rt, ap_error *err)
+{
+	for (int i = 0; i < rt->n_buffers; i++) {
+		const rt_buffer *bf = &rt->buffers[i];
+		if (bf->bound)
+			continue;
+		if (bf->pb->kind == APOLLO__BUFFER_KIND__BUF_INPUT)
+			return ap_error_set(err, AP_EINVAL, NULL, bf->pb->name,
+					    "input %d '%s' is not bound", (int)bf->pb->index,
+					    bf->pb->name);
+		if (bf->pb->kind == APOLLO__BUFFER_KIND__BUF_PARAM)
+			return ap_error_set(err, AP_EINVAL, NULL, bf->pb->name,
+					    "param '%s' is not bound", bf->pb->name);
+	}
+	return 0;
+}
+
+static int run_gpu(ap_runtime *rt, ap_error *err)
+{
+	cuda_api *cu = &rt->cu;
+	CUdeviceptr *vals = calloc(rt->max_args ? (size_t)rt->max_args : 1, sizeof(CUdeviceptr));
+	void **pp = calloc(rt->max_args ? (size_t)rt->max_args : 1, sizeof(void *));
+	CUresult r;
+	int rc = 0;
+
+	if (!vals || !pp) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		goto out;
+	}
+	cu->cuCtxSetCurrent(rt->ctx);
+	for (size_t l = 0; l < rt->b->n_plan; l++) {
+		const Apollo__Launch *la = rt->b->plan[l];
+		const rt_kernel *k = &rt->kernels[la->kernel];
+		const Apollo__Kernel *kk = k->pb;
+		for (size_t a = 0; a < la->n_args; a++) {
+			vals[a] = rt->buffers[la->args[a]].dev;
+			pp[a] = &vals[a];
+		}
+		r = cu->cuLaunchKernel(k->cufn, kk->grid[0], kk->grid[1], kk->grid[2], kk->block[0],
+				       kk->block[1], kk->block[2], kk->dynamic_shared_bytes, NULL,
+				       pp, NULL);
+		if (r != 0) {
+			rc = ap_error_set(err, AP_EIO, kk->name, NULL,
+					  "launch %zu of kernel '%s' failed: %s", l, kk->name,
+					  cu_err(cu, r));
+			goto out;
+		}
+	}
+	if ((r = cu->cuCtxSynchronize()) != 0)
+		rc = ap_error_set(err, AP_EIO, NULL, NULL, "running the plan failed: %s",
+				  cu_err(cu, r));
+out:
+	free(vals);
+	free(pp);
+	return rc;
+}
+
+int ap_runtime_run(ap_runtime *rt, ap_error *err)
+{
+	int rc = check_bound(rt, err);
+
+	if (rc < 0)
+		return rc;
+	if (!rt->host)
+		return run_gpu(rt, err);
+	for (size_t l = 0; l < rt->b->n_plan; l++) {
+		const Apollo__Launch *la = rt->b->plan[l];
+		const rt_kernel *k = &rt->kernels[la->kernel];
+		for (size_t a = 0; a < la->n_args; a++)
+			rt->argv[a] = rt->buffers[la->args[a]].host;
+		pool_launch(rt->pool, k->fn, rt->argv, (unsigned)k->blocks);
+	}
+	return 0;
+}
+
+ap_host_tensor *ap_runtime_output(ap_runtime *rt, int index, ap_error *err)
+{
+	const rt_buffer *bf = NULL;
+	ap_host_tensor *t;
+
+	for (int i = 0; i < rt->n_buffers; i++)
+		if (rt->buffers[i].pb->kind == APOLLO__BUFFER_KIND__BUF_OUTPUT &&
+		    rt->buffers[i].pb->index == index)
+			bf = &rt->buffers[i];
+	if (!bf) {
+		ap_error_set(err, AP_EINVAL, NULL, NULL, "the bundle has no output %d", index);
+		return NULL;
+	}
+	t = calloc(1, sizeof(*t));
+	if (!t || !(t->name = strdup(bf->pb->name)) ||
+	    !(t->data = malloc(bf->pb->bytes ? (size_t)bf->pb->bytes : 1))) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		return ap_host_tensor_free(t);
+	}
+	t->dtype = (ap_dtype)bf->pb->dtype;
+	t->rank = (int)bf->pb->n_dims;
+	for (int d = 0; d < t->rank; d++)
+		t->dims[d] = bf->pb->dims[d];
+	t->nbytes = (size_t)bf->pb->bytes;
+	if (rt->host) {
+		if (t->nbytes)
+			memcpy(t->data, bf->host, t->nbytes);
+	} else if (t->nbytes) {
+		CUresult r;
+		rt->cu.cuCtxSetCurrent(rt->ctx);
+		r = rt->cu.cuMemcpyDtoH(t->data, bf->dev, t->nbytes);
+		if (r != 0) {
+			ap_error_set(err, AP_EIO, NULL, bf->pb->name, "copying output '%s': %s",
+				     bf->pb->name, cu_err(&rt->cu, r));
+			return ap_host_tensor_free(t);
+		}
+	}
+	return t;
+}

@@ -1,0 +1,87 @@
+/* runtime.h -- runs a bundle (apollo.Bundle) that apollod compiled.
+ *
+ * Target "cpu": every kernel blob is a host shared object exporting
+ *   void NAME(void *const *args, unsigned block_begin, unsigned block_end)
+ * (the host kernel ABI of server/plan/program.h).  The runtime loads each
+ * blob (memfd_create, else a private temporary file; dlopen; dlsym NAME),
+ * allocates one workspace for the intermediates and one host buffer per
+ * input, output and parameter, and runs the launch plan in order, splitting
+ * the linear block range [0, gx*gy*gz) of each launch over a few threads
+ * (blocks are independent by the ABI).
+ *
+ * GPU targets ("sm_XX", "sm_XXa", "compute_XX"): the CUDA driver API,
+ * loaded with dlopen("libcuda.so.1") per runtime (no link-time dependency):
+ * primary context of the chosen device, cuModuleLoadData per blob (PTX or
+ * cubin), cuMemAlloc for every buffer and the workspace, cuMemcpyHtoD when
+ * binding, cuLaunchKernel(grid, block, dynamic shared bytes) for every
+ * launch, cuCtxSynchronize, cuMemcpyDtoH when reading an output.
+ *
+ * Binding: inputs by position among the graph inputs (Buffer.index) or by
+ * name, parameters by name (e.g. every PARAM of an ap_params from
+ * ap_onnx_import).  Data is copied at bind time, so the caller's tensor need
+ * not outlive the call.  The dtype and the byte size must equal the
+ * buffer's.  Outputs and the workspace start zeroed.
+ *
+ * A runtime borrows its bundle: the bundle must outlive it.  One runtime is
+ * not thread-safe; several may run at once.
+ */
+#ifndef AP_CLIENT_RUNTIME_H
+#define AP_CLIENT_RUNTIME_H
+
+#include "apollo.h"
+
+typedef struct ap_runtime ap_runtime;
+
+typedef struct ap_runtime_options {
+	int threads;   /* host threads per launch; 0 = min(online CPUs, 8) */
+	int device;    /* CUDA device ordinal for GPU targets */
+} ap_runtime_options;
+
+/* Checks the bundle (every kernel, launch argument and buffer index in
+ * range; grid/block of 3 values each and non-zero; kernel parameter count
+ * equal to each launch's argument count; argument dtype equal to the
+ * buffer's; intermediates inside the workspace; buffer bytes equal to dims x
+ * dtype size), loads its kernels and allocates its buffers.  `opt` may be
+ * NULL.  Returns NULL with `err`: AP_EINVAL (a malformed bundle, naming the
+ * kernel or buffer), AP_EUNSUPPORTED (a target this runtime cannot run, or
+ * no CUDA driver / device: the message says which), AP_ECOMPILE (dlopen,
+ * dlsym or cuModuleLoadData failed), AP_ETOOLARGE, AP_ENOMEM, AP_EIO. */
+__ap_give ap_runtime *ap_runtime_new(__ap_keep const ap_bundle *b,
+				     const ap_runtime_options *opt, ap_error *err);
+ap_runtime *ap_runtime_free(__ap_take ap_runtime *rt);   /* accepts NULL */
+
+/* True when the bundle's target runs on the host. */
+bool ap_runtime_is_host(const ap_runtime *rt);
+
+/* Number of INPUT buffers; the largest Buffer.index + 1. */
+int ap_runtime_n_inputs(const ap_runtime *rt);
+/* Number of OUTPUT buffers. */
+int ap_runtime_n_outputs(const ap_runtime *rt);
+
+/* Copies `t` into the INPUT buffer with Buffer.index `index`.  Errors:
+ * AP_EINVAL (no such input), AP_ESHAPE (dtype or byte size differs from the
+ * buffer's: the message gives both), AP_EIO (a CUDA copy failed). */
+int ap_runtime_bind_input(ap_runtime *rt, int index, __ap_keep const ap_host_tensor *t,
+			  ap_error *err);
+/* Copies `t` into the INPUT or PARAM buffer named `name`.  Errors as
+ * ap_runtime_bind_input. */
+int ap_runtime_bind_name(ap_runtime *rt, const char *name, __ap_keep const ap_host_tensor *t,
+			 ap_error *err);
+/* Binds every PARAM buffer from `params` by name.  AP_EINVAL naming the first
+ * PARAM buffer `params` lacks; else as ap_runtime_bind_input. */
+int ap_runtime_bind_params(ap_runtime *rt, __ap_keep const ap_params *params, ap_error *err);
+
+/* Runs the plan once.  AP_EINVAL when an INPUT or PARAM buffer was never
+ * bound (naming it); AP_EIO when a CUDA launch fails. */
+int ap_runtime_run(ap_runtime *rt, ap_error *err);
+
+/* A host copy of the OUTPUT buffer with Buffer.index `index` (name, dtype,
+ * dims, data).  NULL with `err` (AP_EINVAL: no such output; AP_ENOMEM;
+ * AP_EIO). */
+__ap_give ap_host_tensor *ap_runtime_output(ap_runtime *rt, int index, ap_error *err);
+
+/* Whether a CUDA driver with at least one device can be used here.  When
+ * not, `why` (may be NULL) receives the reason. */
+bool ap_runtime_cuda_available(char *why, size_t cap);
+
+#endif

@@ -1,0 +1,220 @@
+/* testdata.c -- files and ONNX backend-test folders: DIR/model.onnx and
+ * DIR/test_data_set_N/{input_K.pb, output_K.pb}, each .pb one serialized
+ * onnx.TensorProto decoded by ap_onnx_tensor_decode (common/).
+ */
+#include "tool.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+int ap_file_read(const char *path, size_t max, uint8_t **buf, size_t *len, ap_error *err)
+{
+	FILE *f = fopen(path, "rb");
+	struct stat st;
+	uint8_t *b;
+	size_t n;
+
+	*buf = NULL;
+	*len = 0;
+	if (!f)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot open %s: %s", path,
+				    strerror(errno));
+	if (fstat(fileno(f), &st) < 0 || !S_ISREG(st.st_mode)) {
+		fclose(f);
+		return ap_error_set(err, AP_EIO, NULL, NULL, "%s is not a regular file", path);
+	}
+	if ((uint64_t)st.st_size > max) {
+		fclose(f);
+		return ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
+				    "%s has %lld bytes, more than the limit of %zu", path,
+				    (long long)st.st_size, max);
+	}
+	b = malloc(st.st_size ? (size_t)st.st_size : 1);
+	if (!b) {
+		fclose(f);
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory reading %s", path);
+	}
+	n = fread(b, 1, (size_t)st.st_size, f);
+	if (n != (size_t)st.st_size || ferror(f)) {
+		fclose(f);
+		free(b);
+		return ap_error_set(err, AP_EIO, NULL, NULL, "reading %s failed", path);
+	}
+	fclose(f);
+	*buf = b;
+	*len = n;
+	return 0;
+}
+
+int ap_file_write(const char *path, const uint8_t *buf, size_t len, ap_error *err)
+{
+	FILE *f = fopen(path, "wb");
+
+	if (!f)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot create %s: %s", path,
+				    strerror(errno));
+	bool bad = len && fwrite(buf, 1, len, f) != len;
+
+	if (fclose(f) != 0)
+		bad = true;
+	if (bad)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "writing %s failed", path);
+	return 0;
+}
+
+void ap_strv_free(char **v, int n)
+{
+	if (!v)
+		return;
+	for (int i = 0; i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+void ap_host_tensors_free(ap_host_tensor **ts, int n)
+{
+	if (!ts)
+		return;
+	for (int i = 0; i < n; i++)
+		ap_host_tensor_free(ts[i]);
+	free(ts);
+}
+
+ap_host_tensor *ap_host_tensor_copy(const ap_host_tensor *t, const char *name)
+{
+	ap_host_tensor *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->name = strdup(name ? name : t->name ? t->name : "");
+	c->data = malloc(t->nbytes ? t->nbytes : 1);
+	if (!c->name || !c->data)
+		return ap_host_tensor_free(c);
+	c->dtype = t->dtype;
+	c->rank = t->rank;
+	memcpy(c->dims, t->dims, sizeof(c->dims));
+	c->nbytes = t->nbytes;
+	if (t->nbytes)
+		memcpy(c->data, t->data, t->nbytes);
+	return c;
+}
+
+typedef struct set_ent {
+	long num;
+	char *path;
+} set_ent;
+
+static int cmp_set(const void *a, const void *b)
+{
+	const set_ent *x = a, *y = b;
+
+	return x->num < y->num ? -1 : x->num > y->num;
+}
+
+int ap_testdata_sets(const char *dir, char ***names, int *n, ap_error *err)
+{
+	static const char prefix[] = "test_data_set_";
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	set_ent *ents = NULL;
+	int count = 0, cap = 0;
+	char **out;
+
+	*names = NULL;
+	*n = 0;
+	if (!d)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot open %s: %s", dir,
+				    strerror(errno));
+	while ((de = readdir(d))) {
+		char *end;
+		long num;
+		if (strncmp(de->d_name, prefix, sizeof(prefix) - 1))
+			continue;
+		num = strtol(de->d_name + sizeof(prefix) - 1, &end, 10);
+		if (*end || end == de->d_name + sizeof(prefix) - 1)
+			continue;
+		if (count == cap) {
+			int nc = cap ? cap * 2 : 4;
+			set_ent *ne = realloc(ents, sizeof(*ents) * (size_t)nc);
+			if (!ne)
+				goto nomem;
+			ents = ne;
+			cap = nc;
+		}
+		ents[count].num = num;
+		if (asprintf(&ents[count].path, "%s/%s", dir, de->d_name) < 0)
+			goto nomem;
+		count++;
+	}
+	closedir(d);
+	d = NULL;
+	qsort(ents, (size_t)count, sizeof(*ents), cmp_set);
+	out = calloc(count ? (size_t)count : 1, sizeof(char *));
+	if (!out)
+		goto nomem;
+	for (int i = 0; i < count; i++)
+		out[i] = ents[i].path;
+	free(ents);
+	*names = out;
+	*n = count;
+	return 0;
+nomem:
+	if (d)
+		closedir(d);
+	for (int i = 0; i < count; i++)
+		free(ents[i].path);
+	free(ents);
+	return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+}
+
+int ap_testdata_load(const char *setdir, const char *prefix, ap_host_tensor ***ts, int *n,
+		     ap_error *err)
+{
+	ap_host_tensor **out = NULL;
+	int count = 0, rc;
+
+	*ts = NULL;
+	*n = 0;
+	for (;;) {
+		char path[4096];
+		uint8_t *buf;
+		size_t len;
+		ap_host_tensor *t, **nv;
+		struct stat st;
+		snprintf(path, sizeof(path), "%s/%s_%d.pb", setdir, prefix, count);
+		if (stat(path, &st) < 0)
+			break;
+		rc = ap_file_read(path, (size_t)1 << 32, &buf, &len, err);
+		if (rc < 0)
+			goto fail;
+		t = ap_onnx_tensor_decode(buf, len, err);
+		free(buf);
+		if (!t) {
+			char msg[sizeof(err->msg)];
+			rc = err ? err->code : AP_EMESSAGE;
+			if (err) {
+				snprintf(msg, sizeof(msg), "%s", err->msg);
+				ap_error_set(err, rc, NULL, NULL, "%s: %s", path, msg);
+			}
+			goto fail;
+		}
+		nv = realloc(out, sizeof(*out) * (size_t)(count + 1));
+		if (!nv) {
+			ap_host_tensor_free(t);
+			rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+			goto fail;
+		}
+		out = nv;
+		out[count++] = t;
+	}
+	*ts = out;
+	*n = count;
+	return 0;
+fail:
+	ap_host_tensors_free(out, count);
+	return rc < 0 ? rc : AP_EIO;
+}
