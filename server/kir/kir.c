@@ -1,0 +1,723 @@
+/* kir.c -- building kernel IR (see kir.h).
+ *
+ * Every node of a kernel comes from the kernel's arena: a list of chunks
+ * that is released at once by ap_kir_kernel_free, so builders can share
+ * subexpressions freely (the IR is a DAG of expressions under a tree of
+ * statements).  A failed allocation sets k->failed and yields NULL, which
+ * every builder propagates; callers check ap_kir_failed() once.
+ *
+ * Integer index arithmetic is folded as it is built (constants, x+0, x*1,
+ * x*0, x/1, x%1, (x+c1)+c2), because lowering produces a lot of it and the
+ * printed kernels should stay readable.  Floating expressions are never
+ * rewritten (x*0 is not 0 for NaN or infinity).
+ */
+#include "kir.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHUNK_BYTES 65536
+
+typedef struct chunk {
+	struct chunk *next;
+	size_t used, cap;
+	_Alignas(16) unsigned char mem[];
+} chunk;
+
+struct ap_kir_arena {
+	chunk *head;
+};
+
+static void *arena_alloc(ap_kir_kernel *k, size_t n)
+{
+	chunk *c;
+
+	if (!k || k->failed)
+		return NULL;
+	n = (n + 15) & ~(size_t)15;
+	c = k->arena->head;
+	if (!c || c->cap - c->used < n) {
+		size_t cap = n > CHUNK_BYTES ? n : CHUNK_BYTES;
+		chunk *nc = malloc(sizeof(chunk) + cap);
+
+		if (!nc) {
+			k->failed = true;
+			return NULL;
+		}
+		nc->next = c;
+		nc->used = 0;
+		nc->cap = cap;
+		k->arena->head = nc;
+		c = nc;
+	}
+	void *p = c->mem + c->used;
+	c->used += n;
+	memset(p, 0, n);
+	return p;
+}
+
+static char *arena_strdup(ap_kir_kernel *k, const char *s)
+{
+	size_t n = strlen(s) + 1;
+	char *d = arena_alloc(k, n);
+
+	if (d)
+		memcpy(d, s, n);
+	return d;
+}
+
+__ap_give ap_kir_kernel *ap_kir_kernel_new(const char *name)
+{
+	ap_kir_kernel *k = calloc(1, sizeof(*k));
+
+	if (!k)
+		return NULL;
+	k->arena = calloc(1, sizeof(*k->arena));
+	if (!k->arena) {
+		free(k);
+		return NULL;
+	}
+	for (int i = 0; i < 3; i++)
+		k->grid[i] = k->block[i] = 1;
+	k->name = arena_strdup(k, name);
+	if (!k->name)
+		return ap_kir_kernel_free(k);
+	return k;
+}
+
+ap_kir_kernel *ap_kir_kernel_free(__ap_take ap_kir_kernel *k)
+{
+	if (!k)
+		return NULL;
+	if (k->arena) {
+		chunk *c = k->arena->head;
+
+		while (c) {
+			chunk *n = c->next;
+			free(c);
+			c = n;
+		}
+		free(k->arena);
+	}
+	free(k->arrays);
+	free(k);
+	return NULL;
+}
+
+bool ap_kir_failed(const ap_kir_kernel *k)
+{
+	return !k || k->failed;
+}
+
+unsigned ap_kir_block_threads(const ap_kir_kernel *k)
+{
+	return k->block[0] * k->block[1] * k->block[2];
+}
+
+/* ---- arrays and variables ------------------------------------------------ */
+
+static ap_kir_array *array_new(ap_kir_kernel *k, const char *name, ap_dtype type,
+			       ap_kir_space space, int64_t size)
+{
+	ap_kir_array *a;
+
+	if (!k || k->failed)
+		return NULL;
+	if (k->n_arrays == k->cap_arrays) {
+		int ncap = k->cap_arrays ? 2 * k->cap_arrays : 8;
+		ap_kir_array **p = realloc(k->arrays, (size_t)ncap * sizeof(*p));
+
+		if (!p) {
+			k->failed = true;
+			return NULL;
+		}
+		k->arrays = p;
+		k->cap_arrays = ncap;
+	}
+	a = arena_alloc(k, sizeof(*a));
+	if (!a)
+		return NULL;
+	a->name = arena_strdup(k, name);
+	if (!a->name)
+		return NULL;
+	a->id = k->n_arrays;
+	a->type = type;
+	a->space = space;
+	a->size = size;
+	a->param = -1;
+	a->tensor = -1;
+	k->arrays[k->n_arrays++] = a;
+	return a;
+}
+
+ap_kir_array *ap_kir_param(ap_kir_kernel *k, const char *name, ap_dtype type,
+			   bool written, int tensor)
+{
+	ap_kir_array *a = array_new(k, name, type, AP_KIR_GLOBAL, 0);
+
+	if (!a)
+		return NULL;
+	a->param = k->n_params++;
+	a->written = written;
+	a->tensor = tensor;
+	return a;
+}
+
+ap_kir_array *ap_kir_shared(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size)
+{
+	return array_new(k, name, type, AP_KIR_SHARED, size);
+}
+
+ap_kir_array *ap_kir_shared_dyn(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size)
+{
+	ap_kir_array *a = array_new(k, name, type, AP_KIR_SHARED_DYN, size);
+	uint64_t off;
+
+	if (!a)
+		return NULL;
+	off = ((uint64_t)k->smem_bytes + 15) & ~(uint64_t)15;
+	a->offset = off;
+	k->smem_bytes = (unsigned)(off + (uint64_t)size * ap_dtype_size(type));
+	return a;
+}
+
+ap_kir_array *ap_kir_local(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size)
+{
+	return array_new(k, name, type, AP_KIR_LOCAL, size);
+}
+
+ap_kir_array *ap_kir_const_array(ap_kir_kernel *k, const char *name, ap_dtype type,
+				 int64_t size, const void *data)
+{
+	ap_kir_array *a;
+	size_t nbytes;
+
+	if (size < 1 || !data)
+		return NULL;
+	a = array_new(k, name, type, AP_KIR_CONST, size);
+	if (!a)
+		return NULL;
+	nbytes = (size_t)size * ap_dtype_size(type);
+	a->data = arena_alloc(k, nbytes);
+	if (!a->data)
+		return NULL;
+	memcpy(a->data, data, nbytes);
+	return a;
+}
+
+ap_kir_var *ap_kir_var_new(ap_kir_kernel *k, ap_dtype type, const char *prefix)
+{
+	ap_kir_var *v = arena_alloc(k, sizeof(*v));
+
+	if (!v)
+		return NULL;
+	v->id = k->n_vars++;
+	v->type = type;
+	snprintf(v->name, sizeof(v->name), "%.12s%d", prefix, v->id);
+	return v;
+}
+
+/* ---- expressions --------------------------------------------------------- */
+
+static ap_kir_expr *expr_new(ap_kir_kernel *k, ap_kir_expr_kind kind, ap_dtype type)
+{
+	ap_kir_expr *e = arena_alloc(k, sizeof(*e));
+
+	if (!e)
+		return NULL;
+	e->kind = kind;
+	e->type = type;
+	return e;
+}
+
+static bool is_float(ap_dtype t)
+{
+	return t == AP_DT_F32 || t == AP_DT_F64;
+}
+
+/* Wraps an integer value to the width of `type`. */
+static int64_t wrap_int(ap_dtype type, int64_t v)
+{
+	switch (type) {
+	case AP_DT_I32: return (int32_t)v;
+	case AP_DT_I8: return (int8_t)v;
+	case AP_DT_U8: return (uint8_t)v;
+	case AP_DT_BOOL: return v != 0;
+	default: return v;
+	}
+}
+
+ap_kir_expr *ap_kir_int(ap_kir_kernel *k, ap_dtype type, int64_t v)
+{
+	ap_kir_expr *e;
+
+	if (is_float(type))
+		return ap_kir_float(k, type, (double)v);
+	e = expr_new(k, AP_KIR_E_INT, type);
+	if (e)
+		e->ival = wrap_int(type, v);
+	return e;
+}
+
+ap_kir_expr *ap_kir_i64(ap_kir_kernel *k, int64_t v)
+{
+	return ap_kir_int(k, AP_DT_I64, v);
+}
+
+ap_kir_expr *ap_kir_float(ap_kir_kernel *k, ap_dtype type, double v)
+{
+	ap_kir_expr *e;
+
+	if (!is_float(type))
+		return ap_kir_const(k, type, v);
+	e = expr_new(k, AP_KIR_E_FLOAT, type);
+	if (e)
+		e->fval = type == AP_DT_F32 ? (double)(float)v : v;
+	return e;
+}
+
+ap_kir_expr *ap_kir_const(ap_kir_kernel *k, ap_dtype type, double v)
+{
+	if (is_float(type))
+		return ap_kir_float(k, type, v);
+	if (type == AP_DT_BOOL)
+		return ap_kir_int(k, type, v != 0);
+	if (v != v)
+		v = 0;
+	if (v >= 9.2233720368547758e18)
+		return ap_kir_int(k, type, INT64_MAX);
+	if (v <= -9.2233720368547758e18)
+		return ap_kir_int(k, type, INT64_MIN);
+	return ap_kir_int(k, type, (int64_t)v);
+}
+
+ap_kir_expr *ap_kir_ref(ap_kir_kernel *k, ap_kir_var *v)
+{
+	ap_kir_expr *e;
+
+	if (!v)
+		return NULL;
+	e = expr_new(k, AP_KIR_E_VAR, v->type);
+	if (e)
+		e->var = v;
+	return e;
+}
+
+ap_kir_expr *ap_kir_index_of(ap_kir_kernel *k, ap_kir_index which)
+{
+	ap_kir_expr *e = expr_new(k, AP_KIR_E_INDEX, AP_DT_I64);
+
+	if (e)
+		e->op = which;
+	return e;
+}
+
+bool ap_kir_is_int(const ap_kir_expr *e, int64_t *v)
+{
+	if (!e || e->kind != AP_KIR_E_INT)
+		return false;
+	if (v)
+		*v = e->ival;
+	return true;
+}
+
+ap_kir_expr *ap_kir_unary(ap_kir_kernel *k, ap_kir_unop op, ap_kir_expr *a)
+{
+	ap_kir_expr *e;
+	int64_t v;
+
+	if (!a)
+		return NULL;
+	if (ap_kir_is_int(a, &v)) {
+		if (op == AP_KIR_NEG)
+			return ap_kir_int(k, a->type, -(uint64_t)v);
+		if (op == AP_KIR_LNOT)
+			return ap_kir_int(k, AP_DT_BOOL, !v);
+	}
+	e = expr_new(k, AP_KIR_E_UNARY, op == AP_KIR_LNOT ? AP_DT_BOOL : a->type);
+	if (e) {
+		e->op = op;
+		e->a = a;
+	}
+	return e;
+}
+
+static bool result_is_bool(ap_kir_binop op)
+{
+	return op >= AP_KIR_LT && op <= AP_KIR_LOR;
+}
+
+/* Folds two integer constants; false when it does not apply (division by
+ * zero, overflow-prone cases are left to the compiler). */
+static bool fold_ints(ap_kir_binop op, int64_t x, int64_t y, int64_t *r)
+{
+	switch (op) {
+	case AP_KIR_ADD: *r = (int64_t)((uint64_t)x + (uint64_t)y); return true;
+	case AP_KIR_SUB: *r = (int64_t)((uint64_t)x - (uint64_t)y); return true;
+	case AP_KIR_MUL: *r = (int64_t)((uint64_t)x * (uint64_t)y); return true;
+	case AP_KIR_DIV:
+		if (y == 0 || (x == INT64_MIN && y == -1))
+			return false;
+		*r = x / y;
+		return true;
+	case AP_KIR_REM:
+		if (y == 0 || y == -1)
+			return false;
+		*r = x % y;
+		return true;
+	case AP_KIR_LT: *r = x < y; return true;
+	case AP_KIR_LE: *r = x <= y; return true;
+	case AP_KIR_GT: *r = x > y; return true;
+	case AP_KIR_GE: *r = x >= y; return true;
+	case AP_KIR_EQ: *r = x == y; return true;
+	case AP_KIR_NE: *r = x != y; return true;
+	case AP_KIR_LAND: *r = x && y; return true;
+	case AP_KIR_LOR: *r = x || y; return true;
+	case AP_KIR_MIN: *r = x < y ? x : y; return true;
+	case AP_KIR_MAX: *r = x > y ? x : y; return true;
+	}
+	return false;
+}
+
+ap_kir_expr *ap_kir_binary(ap_kir_kernel *k, ap_kir_binop op, ap_kir_expr *a, ap_kir_expr *b)
+{
+	ap_kir_expr *e;
+	int64_t x = 0, y = 0, r = 0;
+	bool ca, cb;
+
+	if (!a || !b)
+		return NULL;
+	ca = ap_kir_is_int(a, &x);
+	cb = ap_kir_is_int(b, &y);
+	if (ca && cb && fold_ints(op, x, y, &r))
+		return ap_kir_int(k, result_is_bool(op) ? AP_DT_BOOL : a->type, r);
+	if (!is_float(a->type)) {
+		switch (op) {
+		case AP_KIR_ADD:
+			if (cb && y == 0)
+				return a;
+			if (ca && x == 0)
+				return b;
+			/* (e + c1) + c2 -> e + (c1 + c2) */
+			if (cb && a->kind == AP_KIR_E_BINARY && a->op == AP_KIR_ADD &&
+			    ap_kir_is_int(a->b, &x))
+				return ap_kir_binary(k, AP_KIR_ADD, a->a,
+						     ap_kir_int(k, a->type, x + y));
+			break;
+		case AP_KIR_SUB:
+			if (cb && y == 0)
+				return a;
+			if (cb)
+				return ap_kir_binary(k, AP_KIR_ADD, a,
+						     ap_kir_int(k, a->type, -(uint64_t)y));
+			break;
+		case AP_KIR_MUL:
+			if ((cb && y == 0) || (ca && x == 0))
+				return ap_kir_int(k, a->type, 0);
+			if (cb && y == 1)
+				return a;
+			if (ca && x == 1)
+				return b;
+			break;
+		case AP_KIR_DIV:
+			if (cb && y == 1)
+				return a;
+			if (ca && x == 0)
+				return a;
+			break;
+		case AP_KIR_REM:
+			if (cb && (y == 1 || y == -1))
+				return ap_kir_int(k, a->type, 0);
+			if (ca && x == 0)
+				return a;
+			break;
+		case AP_KIR_LAND:
+			if (ca)
+				return x ? b : a;
+			if (cb)
+				return y ? a : b;
+			break;
+		case AP_KIR_LOR:
+			if (ca)
+				return x ? a : b;
+			if (cb)
+				return y ? b : a;
+			break;
+		default:
+			break;
+		}
+	}
+	e = expr_new(k, AP_KIR_E_BINARY, result_is_bool(op) ? AP_DT_BOOL : a->type);
+	if (e) {
+		e->op = op;
+		e->a = a;
+		e->b = b;
+	}
+	return e;
+}
+
+ap_kir_expr *ap_kir_select(ap_kir_kernel *k, ap_kir_expr *c, ap_kir_expr *a, ap_kir_expr *b)
+{
+	ap_kir_expr *e;
+	int64_t v;
+
+	if (!c || !a || !b)
+		return NULL;
+	if (ap_kir_is_int(c, &v))
+		return v ? a : b;
+	e = expr_new(k, AP_KIR_E_SELECT, a->type);
+	if (e) {
+		e->a = c;
+		e->b = a;
+		e->c = b;
+	}
+	return e;
+}
+
+ap_kir_expr *ap_kir_call(ap_kir_kernel *k, ap_kir_fn fn, ap_kir_expr *a, ap_kir_expr *b)
+{
+	ap_kir_expr *e;
+
+	if (!a || (fn >= AP_KIR_POW && !b))
+		return NULL;
+	e = expr_new(k, AP_KIR_E_CALL, a->type);
+	if (e) {
+		e->op = fn;
+		e->a = a;
+		e->b = fn >= AP_KIR_POW ? b : NULL;
+	}
+	return e;
+}
+
+ap_kir_expr *ap_kir_cast(ap_kir_kernel *k, ap_dtype type, ap_kir_expr *a)
+{
+	ap_kir_expr *e;
+	int64_t v;
+
+	if (!a)
+		return NULL;
+	if (a->type == type)
+		return a;
+	if (type == AP_DT_BOOL) {
+		if (ap_kir_is_int(a, &v))
+			return ap_kir_int(k, AP_DT_BOOL, v != 0);
+		if (a->kind == AP_KIR_E_FLOAT)
+			return ap_kir_int(k, AP_DT_BOOL, a->fval != 0);
+		return ap_kir_binary(k, AP_KIR_NE, a,
+				     is_float(a->type) ? ap_kir_float(k, a->type, 0)
+						       : ap_kir_int(k, a->type, 0));
+	}
+	if (ap_kir_is_int(a, &v))
+		return ap_kir_int(k, type, v);
+	if (a->kind == AP_KIR_E_FLOAT && is_float(type))
+		return ap_kir_float(k, type, a->fval);
+	e = expr_new(k, AP_KIR_E_CAST, type);
+	if (e)
+		e->a = a;
+	return e;
+}
+
+ap_kir_expr *ap_kir_load(ap_kir_kernel *k, ap_kir_array *arr, ap_kir_expr *index)
+{
+	ap_kir_expr *e;
+
+	if (!arr || !index)
+		return NULL;
+	e = expr_new(k, AP_KIR_E_LOAD, arr->type);
+	if (e) {
+		e->arr = arr;
+		e->a = index;
+	}
+	return e;
+}
+
+ap_kir_expr *ap_kir_add(ap_kir_kernel *k, ap_kir_expr *a, ap_kir_expr *b)
+{
+	return ap_kir_binary(k, AP_KIR_ADD, a, b);
+}
+
+ap_kir_expr *ap_kir_mul(ap_kir_kernel *k, ap_kir_expr *a, ap_kir_expr *b)
+{
+	return ap_kir_binary(k, AP_KIR_MUL, a, b);
+}
+
+ap_kir_expr *ap_kir_addi(ap_kir_kernel *k, ap_kir_expr *a, int64_t b)
+{
+	return ap_kir_binary(k, AP_KIR_ADD, a, ap_kir_i64(k, b));
+}
+
+ap_kir_expr *ap_kir_muli(ap_kir_kernel *k, ap_kir_expr *a, int64_t b)
+{
+	return ap_kir_binary(k, AP_KIR_MUL, a, ap_kir_i64(k, b));
+}
+
+bool ap_kir_expr_equal(const ap_kir_expr *a, const ap_kir_expr *b)
+{
+	if (a == b)
+		return true;
+	if (!a || !b || a->kind != b->kind || a->type != b->type || a->op != b->op)
+		return false;
+	switch (a->kind) {
+	case AP_KIR_E_INT:
+		return a->ival == b->ival;
+	case AP_KIR_E_FLOAT:
+		return memcmp(&a->fval, &b->fval, sizeof(double)) == 0;
+	case AP_KIR_E_VAR:
+		return a->var == b->var;
+	case AP_KIR_E_INDEX:
+		return true;
+	case AP_KIR_E_LOAD:
+		return a->arr == b->arr && ap_kir_expr_equal(a->a, b->a);
+	default:
+		return ap_kir_expr_equal(a->a, b->a) && ap_kir_expr_equal(a->b, b->b) &&
+		       ap_kir_expr_equal(a->c, b->c);
+	}
+}
+
+/* ---- statements ---------------------------------------------------------- */
+
+static ap_kir_stmt *stmt_append(ap_kir_kernel *k, ap_kir_block *b, ap_kir_stmt_kind kind)
+{
+	ap_kir_stmt *s;
+
+	if (!b)
+		return NULL;
+	s = arena_alloc(k, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->kind = kind;
+	if (b->last)
+		b->last->next = s;
+	else
+		b->first = s;
+	b->last = s;
+	return s;
+}
+
+/* A statement that could not be built marks the kernel failed, so that a
+ * half-built body is never printed. */
+static ap_kir_stmt *fail(ap_kir_kernel *k)
+{
+	if (k)
+		k->failed = true;
+	return NULL;
+}
+
+ap_kir_stmt *ap_kir_for(ap_kir_kernel *k, ap_kir_block *b, ap_kir_var *var,
+			ap_kir_expr *lo, ap_kir_expr *hi, int64_t step)
+{
+	ap_kir_stmt *s;
+
+	if (!var || !lo || !hi || step <= 0)
+		return fail(k);
+	s = stmt_append(k, b, AP_KIR_S_FOR);
+	if (s) {
+		s->var = var;
+		s->lo = lo;
+		s->hi = hi;
+		s->step = step;
+	}
+	return s;
+}
+
+ap_kir_stmt *ap_kir_if(ap_kir_kernel *k, ap_kir_block *b, ap_kir_expr *cond)
+{
+	ap_kir_stmt *s;
+
+	if (!cond)
+		return fail(k);
+	s = stmt_append(k, b, AP_KIR_S_IF);
+	if (s)
+		s->cond = cond;
+	return s;
+}
+
+ap_kir_stmt *ap_kir_let(ap_kir_kernel *k, ap_kir_block *b, ap_kir_var *var, ap_kir_expr *value)
+{
+	ap_kir_stmt *s;
+
+	if (!var)
+		return fail(k);
+	s = stmt_append(k, b, AP_KIR_S_LET);
+	if (s) {
+		s->var = var;
+		s->value = value;
+	}
+	return s;
+}
+
+ap_kir_stmt *ap_kir_assign(ap_kir_kernel *k, ap_kir_block *b, ap_kir_var *var, ap_kir_expr *value)
+{
+	ap_kir_stmt *s;
+
+	if (!var || !value)
+		return fail(k);
+	s = stmt_append(k, b, AP_KIR_S_ASSIGN);
+	if (s) {
+		s->var = var;
+		s->value = value;
+	}
+	return s;
+}
+
+ap_kir_stmt *ap_kir_store(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *arr,
+			  ap_kir_expr *index, ap_kir_expr *value)
+{
+	ap_kir_stmt *s;
+
+	if (!arr || !index || !value)
+		return fail(k);
+	s = stmt_append(k, b, AP_KIR_S_STORE);
+	if (s) {
+		s->arr = arr;
+		s->index = index;
+		s->value = value;
+	}
+	return s;
+}
+
+ap_kir_stmt *ap_kir_barrier(ap_kir_kernel *k, ap_kir_block *b)
+{
+	return stmt_append(k, b, AP_KIR_S_BARRIER);
+}
+
+ap_kir_stmt *ap_kir_comment(ap_kir_kernel *k, ap_kir_block *b, const char *fmt, ...)
+{
+	char buf[256];
+	va_list ap;
+	ap_kir_stmt *s;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	/* comments must not close themselves */
+	for (char *p = buf; *p; p++)
+		if (p[0] == '*' && p[1] == '/')
+			p[1] = '_';
+	s = stmt_append(k, b, AP_KIR_S_COMMENT);
+	if (s) {
+		s->text = arena_strdup(k, buf);
+		if (!s->text)
+			return NULL;
+	}
+	return s;
+}
+
+ap_kir_expr *ap_kir_bind(ap_kir_kernel *k, ap_kir_block *b, ap_dtype type,
+			 const char *prefix, ap_kir_expr *value)
+{
+	ap_kir_var *v;
+
+	if (!value)
+		return NULL;
+	/* constants and plain references need no register */
+	if (value->kind == AP_KIR_E_INT || value->kind == AP_KIR_E_FLOAT ||
+	    value->kind == AP_KIR_E_VAR)
+		return value;
+	v = ap_kir_var_new(k, type, prefix);
+	if (!ap_kir_let(k, b, v, value))
+		return NULL;
+	return ap_kir_ref(k, v);
+}

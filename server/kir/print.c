@@ -1,0 +1,817 @@
+/* print.c -- the two printers of the kernel IR: CUDA C (for NVRTC) and
+ * plain C11 (for the host C compiler).  They share every function here
+ * and differ only in syntax: the prelude, the signature, how a block or
+ * thread index and a shared array are spelled, and how the host walks the
+ * threads of a block.
+ *
+ * CUDA: the body is printed once; every thread runs it.
+ *
+ * Host (ABI in server/plan/program.h):
+ *   void NAME(void *const *args, unsigned block_begin, unsigned block_end)
+ * The blocks of [block_begin, block_end) become a loop.  Inside a block the
+ * body is printed in "block mode": a statement that contains no barrier is
+ * collected into a run, and each maximal run becomes one loop over the
+ * block's threads (a phase); a statement that contains a barrier (a uniform
+ * `for` or `if`, or the barrier itself) is printed at block level and its
+ * body again in block mode.  So a barrier ends one phase and the next
+ * statement starts another, which is exactly __syncthreads' meaning when
+ * all threads of a block reach it.  Registers declared directly in a
+ * statement list that contains a barrier may be read in a later phase:
+ * they become arrays with one slot per thread (`v3[ap_t]`); so do
+ * register arrays of kernels with barriers.  Shared arrays are plain
+ * arrays reused block after block.
+ */
+#include "kir.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- a growable string ----------------------------------------------------- */
+
+typedef struct sbuf {
+	char *s;
+	size_t len, cap;
+	bool failed;
+} sbuf;
+
+static void sb_vprintf(sbuf *b, const char *fmt, va_list ap)
+{
+	va_list ap2;
+	int n;
+
+	if (b->failed)
+		return;
+	va_copy(ap2, ap);
+	n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap2);
+	va_end(ap2);
+	if (n < 0) {
+		b->failed = true;
+		return;
+	}
+	if (!b->s || b->len + (size_t)n + 1 > b->cap) {
+		size_t ncap = b->cap ? b->cap : 4096;
+		char *p;
+
+		while (ncap < b->len + (size_t)n + 1)
+			ncap *= 2;
+		p = realloc(b->s, ncap);
+		if (!p) {
+			b->failed = true;
+			return;
+		}
+		b->s = p;
+		b->cap = ncap;
+		vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
+	}
+	b->len += (size_t)n;
+}
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	sb_vprintf(b, fmt, ap);
+	va_end(ap);
+}
+
+static void sb_indent(sbuf *b, int depth)
+{
+	for (int i = 0; i < depth; i++)
+		sb_printf(b, "\t");
+}
+
+/* ---- printer state ---------------------------------------------------------- */
+
+typedef struct printer {
+	const ap_kir_kernel *k;
+	ap_kir_target target;
+	sbuf out;
+	unsigned char *per_thread;   /* host: per var id */
+	bool has_barrier;            /* host: anywhere in the kernel */
+	bool block_mode;             /* host: printing at block level */
+	unsigned nt;                 /* threads per block */
+	bool bad;                    /* a barrier in non-uniform control flow */
+	char bad_msg[160];
+} printer;
+
+const char *ap_kir_ctype(ap_dtype t)
+{
+	switch (t) {
+	case AP_DT_F32: return "float";
+	case AP_DT_F64: return "double";
+	case AP_DT_I64: return "long long";
+	case AP_DT_I32: return "int";
+	case AP_DT_I8: return "signed char";
+	case AP_DT_U8: return "unsigned char";
+	case AP_DT_BOOL: return "unsigned char";
+	default: return "int";
+	}
+}
+
+static const char *fn_name(int fn, ap_dtype t, char *buf, size_t cap)
+{
+	static const char *const names[AP_KIR_FN_COUNT] = {
+		[AP_KIR_EXP] = "exp", [AP_KIR_LOG] = "log", [AP_KIR_SQRT] = "sqrt",
+		[AP_KIR_TANH] = "tanh", [AP_KIR_ERF] = "erf", [AP_KIR_FLOOR] = "floor",
+		[AP_KIR_CEIL] = "ceil", [AP_KIR_FABS] = "fabs", [AP_KIR_LOG1P] = "log1p",
+		[AP_KIR_EXPM1] = "expm1", [AP_KIR_ROUND] = "rint", [AP_KIR_POW] = "pow",
+		[AP_KIR_FMAX] = "fmax", [AP_KIR_FMIN] = "fmin", [AP_KIR_FMOD] = "fmod",
+	};
+	const char *n = fn >= 0 && fn < AP_KIR_FN_COUNT && names[fn] ? names[fn] : "exp";
+
+	snprintf(buf, cap, "%s%s", n, t == AP_DT_F64 ? "" : "f");
+	return buf;
+}
+
+static const char *binop_text(int op)
+{
+	switch (op) {
+	case AP_KIR_ADD: return "+";
+	case AP_KIR_SUB: return "-";
+	case AP_KIR_MUL: return "*";
+	case AP_KIR_DIV: return "/";
+	case AP_KIR_REM: return "%";
+	case AP_KIR_LT: return "<";
+	case AP_KIR_LE: return "<=";
+	case AP_KIR_GT: return ">";
+	case AP_KIR_GE: return ">=";
+	case AP_KIR_EQ: return "==";
+	case AP_KIR_NE: return "!=";
+	case AP_KIR_LAND: return "&&";
+	case AP_KIR_LOR: return "||";
+	}
+	return "?";
+}
+
+static void print_float(printer *p, ap_dtype t, double v)
+{
+	sbuf *b = &p->out;
+	bool f32 = t != AP_DT_F64;
+
+	if (isnan(v)) {
+		sb_printf(b, f32 ? "AP_NANF" : "AP_NAN");
+	} else if (isinf(v)) {
+		sb_printf(b, "%s%s", v < 0 ? "(-" : "", f32 ? "AP_INFF" : "AP_INF");
+		if (v < 0)
+			sb_printf(b, ")");
+	} else if (signbit(v)) {
+		sb_printf(b, "(-%a%s)", -v, f32 ? "f" : "");
+	} else {
+		sb_printf(b, "%a%s", v, f32 ? "f" : "");
+	}
+}
+
+static void print_int(printer *p, ap_dtype t, int64_t v)
+{
+	sbuf *b = &p->out;
+
+	switch (t) {
+	case AP_DT_I64:
+		if (v == INT64_MIN)
+			sb_printf(b, "(-9223372036854775807LL-1)");
+		else if (v < 0)
+			sb_printf(b, "(%lldLL)", (long long)v);
+		else
+			sb_printf(b, "%lldLL", (long long)v);
+		break;
+	case AP_DT_I32:
+		if (v == INT32_MIN)
+			sb_printf(b, "(-2147483647-1)");
+		else if (v < 0)
+			sb_printf(b, "(%d)", (int)v);
+		else
+			sb_printf(b, "%d", (int)v);
+		break;
+	default:
+		sb_printf(b, "((%s)%lld)", ap_kir_ctype(t), (long long)v);
+		break;
+	}
+}
+
+static void print_var(printer *p, const ap_kir_var *v)
+{
+	if (p->target == AP_KIR_HOST && p->per_thread[v->id])
+		sb_printf(&p->out, "%s[%s]", v->name, p->block_mode ? "0" : "ap_t");
+	else
+		sb_printf(&p->out, "%s", v->name);
+}
+
+static void print_index(printer *p, int which)
+{
+	static const char *const cuda[] = {
+		"blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z",
+	};
+	static const char *const host[] = {"ap_bx", "ap_by", "ap_bz", "ap_tx", "ap_ty", "ap_tz"};
+	const ap_kir_kernel *k = p->k;
+	unsigned extent;
+
+	if (which < 0 || which > AP_KIR_THREAD_Z) {
+		sb_printf(&p->out, "0LL");
+		return;
+	}
+	extent = which < AP_KIR_THREAD_X ? k->grid[which] : k->block[which - AP_KIR_THREAD_X];
+	if (extent == 1) {
+		sb_printf(&p->out, "0LL");
+		return;
+	}
+	if (p->target == AP_KIR_CUDA) {
+		sb_printf(&p->out, "((long long)%s)", cuda[which]);
+		return;
+	}
+	if (which >= AP_KIR_THREAD_X && p->block_mode) {
+		p->bad = true;
+		snprintf(p->bad_msg, sizeof(p->bad_msg),
+			 "thread index in block-level control flow around a barrier");
+	}
+	sb_printf(&p->out, "%s", host[which]);
+}
+
+static void print_array_ref(printer *p, const ap_kir_array *a)
+{
+	sb_printf(&p->out, "%s", a->name);
+}
+
+static void print_expr(printer *p, const ap_kir_expr *e);
+
+static void print_load_index(printer *p, const ap_kir_array *a, const ap_kir_expr *idx)
+{
+	if (p->target == AP_KIR_HOST && a->space == AP_KIR_LOCAL && p->has_barrier) {
+		sb_printf(&p->out, "[%s * %lldLL + ", p->block_mode ? "0" : "ap_t",
+			  (long long)a->size);
+		print_expr(p, idx);
+		sb_printf(&p->out, "]");
+		return;
+	}
+	sb_printf(&p->out, "[");
+	print_expr(p, idx);
+	sb_printf(&p->out, "]");
+}
+
+static void print_expr(printer *p, const ap_kir_expr *e)
+{
+	sbuf *b = &p->out;
+	char fbuf[16];
+
+	switch (e->kind) {
+	case AP_KIR_E_INT:
+		print_int(p, e->type, e->ival);
+		break;
+	case AP_KIR_E_FLOAT:
+		print_float(p, e->type, e->fval);
+		break;
+	case AP_KIR_E_VAR:
+		print_var(p, e->var);
+		break;
+	case AP_KIR_E_INDEX:
+		print_index(p, e->op);
+		break;
+	case AP_KIR_E_UNARY:
+		sb_printf(b, "(%s", e->op == AP_KIR_NEG ? "-" : "!");
+		print_expr(p, e->a);
+		sb_printf(b, ")");
+		break;
+	case AP_KIR_E_BINARY:
+		if (e->op == AP_KIR_MIN || e->op == AP_KIR_MAX) {
+			sb_printf(b, "(");
+			print_expr(p, e->a);
+			sb_printf(b, " %s ", e->op == AP_KIR_MIN ? "<" : ">");
+			print_expr(p, e->b);
+			sb_printf(b, " ? ");
+			print_expr(p, e->a);
+			sb_printf(b, " : ");
+			print_expr(p, e->b);
+			sb_printf(b, ")");
+			break;
+		}
+		sb_printf(b, "(");
+		print_expr(p, e->a);
+		sb_printf(b, " %s ", binop_text(e->op));
+		print_expr(p, e->b);
+		sb_printf(b, ")");
+		break;
+	case AP_KIR_E_SELECT:
+		sb_printf(b, "(");
+		print_expr(p, e->a);
+		sb_printf(b, " ? ");
+		print_expr(p, e->b);
+		sb_printf(b, " : ");
+		print_expr(p, e->c);
+		sb_printf(b, ")");
+		break;
+	case AP_KIR_E_CALL:
+		sb_printf(b, "%s(", fn_name(e->op, e->type, fbuf, sizeof(fbuf)));
+		print_expr(p, e->a);
+		if (e->b) {
+			sb_printf(b, ", ");
+			print_expr(p, e->b);
+		}
+		sb_printf(b, ")");
+		break;
+	case AP_KIR_E_CAST:
+		sb_printf(b, "((%s)", ap_kir_ctype(e->type));
+		print_expr(p, e->a);
+		sb_printf(b, ")");
+		break;
+	case AP_KIR_E_LOAD:
+		print_array_ref(p, e->arr);
+		print_load_index(p, e->arr, e->a);
+		break;
+	}
+}
+
+/* ---- statements ---------------------------------------------------------------- */
+
+static bool stmt_has_barrier(const ap_kir_stmt *s);
+
+static bool block_has_barrier(const ap_kir_block *b)
+{
+	for (const ap_kir_stmt *s = b->first; s; s = s->next)
+		if (stmt_has_barrier(s))
+			return true;
+	return false;
+}
+
+static bool stmt_has_barrier(const ap_kir_stmt *s)
+{
+	switch (s->kind) {
+	case AP_KIR_S_BARRIER:
+		return true;
+	case AP_KIR_S_FOR:
+		return block_has_barrier(&s->body);
+	case AP_KIR_S_IF:
+		return block_has_barrier(&s->body) || block_has_barrier(&s->orelse);
+	default:
+		return false;
+	}
+}
+
+/* Host: registers declared directly in a list that contains a barrier get a
+ * slot per thread. */
+static void mark_per_thread(printer *p, const ap_kir_block *b)
+{
+	if (!block_has_barrier(b))
+		return;
+	for (const ap_kir_stmt *s = b->first; s; s = s->next) {
+		if (s->kind == AP_KIR_S_LET)
+			p->per_thread[s->var->id] = 1;
+		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF) {
+			mark_per_thread(p, &s->body);
+			mark_per_thread(p, &s->orelse);
+		}
+	}
+}
+
+static void print_block_thread(printer *p, const ap_kir_block *b, int depth);
+
+static void print_value_as(printer *p, ap_dtype t, const ap_kir_expr *v)
+{
+	if (v->type != t && !(t == AP_DT_BOOL && v->type == AP_DT_BOOL)) {
+		sb_printf(&p->out, "(%s)", ap_kir_ctype(t));
+		print_expr(p, v);
+		return;
+	}
+	print_expr(p, v);
+}
+
+static void print_for_head(printer *p, const ap_kir_stmt *s)
+{
+	sbuf *b = &p->out;
+	const char *ty = ap_kir_ctype(s->var->type);
+
+	sb_printf(b, "for (%s %s = ", ty, s->var->name);
+	print_expr(p, s->lo);
+	sb_printf(b, "; %s < ", s->var->name);
+	print_expr(p, s->hi);
+	sb_printf(b, "; %s += %lld) {\n", s->var->name, (long long)s->step);
+}
+
+/* One statement in thread mode (CUDA, or inside a host phase). */
+static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+
+	switch (s->kind) {
+	case AP_KIR_S_FOR:
+		sb_indent(b, depth);
+		print_for_head(p, s);
+		print_block_thread(p, &s->body, depth + 1);
+		sb_indent(b, depth);
+		sb_printf(b, "}\n");
+		break;
+	case AP_KIR_S_IF:
+		sb_indent(b, depth);
+		sb_printf(b, "if (");
+		print_expr(p, s->cond);
+		sb_printf(b, ") {\n");
+		print_block_thread(p, &s->body, depth + 1);
+		if (s->orelse.first) {
+			sb_indent(b, depth);
+			sb_printf(b, "} else {\n");
+			print_block_thread(p, &s->orelse, depth + 1);
+		}
+		sb_indent(b, depth);
+		sb_printf(b, "}\n");
+		break;
+	case AP_KIR_S_LET:
+		if (p->target == AP_KIR_HOST && p->per_thread[s->var->id]) {
+			if (!s->value)
+				break;
+			sb_indent(b, depth);
+			print_var(p, s->var);
+			sb_printf(b, " = ");
+		} else {
+			sb_indent(b, depth);
+			sb_printf(b, "%s %s", ap_kir_ctype(s->var->type), s->var->name);
+			if (!s->value) {
+				sb_printf(b, ";\n");
+				break;
+			}
+			sb_printf(b, " = ");
+		}
+		print_value_as(p, s->var->type, s->value);
+		sb_printf(b, ";\n");
+		break;
+	case AP_KIR_S_ASSIGN:
+		sb_indent(b, depth);
+		print_var(p, s->var);
+		sb_printf(b, " = ");
+		print_value_as(p, s->var->type, s->value);
+		sb_printf(b, ";\n");
+		break;
+	case AP_KIR_S_STORE:
+		sb_indent(b, depth);
+		print_array_ref(p, s->arr);
+		print_load_index(p, s->arr, s->index);
+		sb_printf(b, " = ");
+		print_value_as(p, s->arr->type, s->value);
+		sb_printf(b, ";\n");
+		break;
+	case AP_KIR_S_BARRIER:
+		sb_indent(b, depth);
+		if (p->target == AP_KIR_CUDA) {
+			sb_printf(b, "__syncthreads();\n");
+		} else {
+			p->bad = true;
+			snprintf(p->bad_msg, sizeof(p->bad_msg), "barrier inside a thread phase");
+		}
+		break;
+	case AP_KIR_S_COMMENT:
+		sb_indent(b, depth);
+		sb_printf(b, "/* %s */\n", s->text ? s->text : "");
+		break;
+	}
+}
+
+static void print_block_thread(printer *p, const ap_kir_block *blk, int depth)
+{
+	for (const ap_kir_stmt *s = blk->first; s; s = s->next)
+		print_stmt_thread(p, s, depth);
+}
+
+/* ---- host: block mode ------------------------------------------------------------ */
+
+static void print_local_decls(printer *p, int depth, bool per_thread)
+{
+	const ap_kir_kernel *k = p->k;
+
+	for (int i = 0; i < k->n_arrays; i++) {
+		const ap_kir_array *a = k->arrays[i];
+
+		if (a->space != AP_KIR_LOCAL)
+			continue;
+		sb_indent(&p->out, depth);
+		sb_printf(&p->out, "%s %s[%lld];\n", ap_kir_ctype(a->type), a->name,
+			  (long long)(per_thread ? a->size * p->nt : a->size));
+	}
+}
+
+/* A phase: the statements [first, end) run by every thread of the block. */
+static void print_phase(printer *p, const ap_kir_stmt *first, const ap_kir_stmt *end, int depth)
+{
+	const ap_kir_kernel *k = p->k;
+	sbuf *b = &p->out;
+	bool only_comments = true;
+
+	for (const ap_kir_stmt *s = first; s != end; s = s->next)
+		if (s->kind != AP_KIR_S_COMMENT)
+			only_comments = false;
+	if (only_comments) {
+		for (const ap_kir_stmt *s = first; s != end; s = s->next)
+			print_stmt_thread(p, s, depth);
+		return;
+	}
+	sb_indent(b, depth);
+	sb_printf(b, "for (unsigned ap_t = 0; ap_t < %uu; ap_t++) {\n", p->nt);
+	if (k->block[0] > 1) {
+		sb_indent(b, depth + 1);
+		sb_printf(b, "const long long ap_tx = (long long)(ap_t %% %uu);\n", k->block[0]);
+	}
+	if (k->block[1] > 1) {
+		sb_indent(b, depth + 1);
+		sb_printf(b, "const long long ap_ty = (long long)((ap_t / %uu) %% %uu);\n",
+			  k->block[0], k->block[1]);
+	}
+	if (k->block[2] > 1) {
+		sb_indent(b, depth + 1);
+		sb_printf(b, "const long long ap_tz = (long long)(ap_t / %uu);\n",
+			  k->block[0] * k->block[1]);
+	}
+	if (!p->has_barrier)
+		print_local_decls(p, depth + 1, false);
+	p->block_mode = false;
+	for (const ap_kir_stmt *s = first; s != end; s = s->next)
+		print_stmt_thread(p, s, depth + 1);
+	p->block_mode = true;
+	sb_indent(b, depth);
+	sb_printf(b, "}\n");
+}
+
+static void print_block_host(printer *p, const ap_kir_block *blk, int depth)
+{
+	sbuf *b = &p->out;
+	const ap_kir_stmt *run = NULL;
+
+	for (const ap_kir_stmt *s = blk->first; s; s = s->next) {
+		if (!stmt_has_barrier(s)) {
+			if (!run)
+				run = s;
+			continue;
+		}
+		if (run)
+			print_phase(p, run, s, depth);
+		run = NULL;
+		switch (s->kind) {
+		case AP_KIR_S_BARRIER:
+			sb_indent(b, depth);
+			sb_printf(b, "/* barrier: next phase */\n");
+			break;
+		case AP_KIR_S_FOR:
+			sb_indent(b, depth);
+			print_for_head(p, s);
+			print_block_host(p, &s->body, depth + 1);
+			sb_indent(b, depth);
+			sb_printf(b, "}\n");
+			break;
+		case AP_KIR_S_IF:
+			sb_indent(b, depth);
+			sb_printf(b, "if (");
+			print_expr(p, s->cond);
+			sb_printf(b, ") {\n");
+			print_block_host(p, &s->body, depth + 1);
+			if (s->orelse.first) {
+				sb_indent(b, depth);
+				sb_printf(b, "} else {\n");
+				print_block_host(p, &s->orelse, depth + 1);
+			}
+			sb_indent(b, depth);
+			sb_printf(b, "}\n");
+			break;
+		default:
+			break;
+		}
+	}
+	if (run)
+		print_phase(p, run, NULL, depth);
+}
+
+/* ---- translation units ------------------------------------------------------------- */
+
+static void print_const_data(printer *p, const ap_kir_array *a)
+{
+	sbuf *b = &p->out;
+	size_t es = ap_dtype_size(a->type);
+
+	for (int64_t i = 0; i < a->size; i++) {
+		const unsigned char *src = (const unsigned char *)a->data + (size_t)i * es;
+
+		if (i % 8 == 0)
+			sb_printf(b, "\n\t");
+		switch (a->type) {
+		case AP_DT_F32: {
+			float f;
+			memcpy(&f, src, 4);
+			print_float(p, AP_DT_F32, f);
+			break;
+		}
+		case AP_DT_F64: {
+			double d;
+			memcpy(&d, src, 8);
+			print_float(p, AP_DT_F64, d);
+			break;
+		}
+		case AP_DT_I64: {
+			int64_t v;
+			memcpy(&v, src, 8);
+			print_int(p, AP_DT_I64, v);
+			break;
+		}
+		case AP_DT_I32: {
+			int32_t v;
+			memcpy(&v, src, 4);
+			print_int(p, AP_DT_I32, v);
+			break;
+		}
+		case AP_DT_I8:
+			sb_printf(b, "%d", (int)(int8_t)src[0]);
+			break;
+		default:
+			sb_printf(b, "%d", (int)src[0]);
+			break;
+		}
+		sb_printf(b, ",");
+	}
+}
+
+static void print_prelude(printer *p)
+{
+	sbuf *b = &p->out;
+	const ap_kir_kernel *k = p->k;
+
+	sb_printf(b, "/* %s: generated by Apollo %s (%s target); grid %ux%ux%u, block %ux%ux%u, "
+		  "dynamic shared %u bytes */\n", k->name, AP_VERSION,
+		  p->target == AP_KIR_CUDA ? "CUDA" : "host", k->grid[0], k->grid[1], k->grid[2],
+		  k->block[0], k->block[1], k->block[2], k->smem_bytes);
+	if (p->target == AP_KIR_CUDA) {
+		sb_printf(b, "#define AP_INFF __int_as_float(0x7f800000)\n"
+			  "#define AP_NANF __int_as_float(0x7fffffff)\n"
+			  "#define AP_INF __longlong_as_double(0x7ff0000000000000LL)\n"
+			  "#define AP_NAN __longlong_as_double(0x7fffffffffffffffLL)\n");
+	} else {
+		sb_printf(b, "#include <math.h>\n"
+			  "#define AP_INFF __builtin_inff()\n"
+			  "#define AP_NANF __builtin_nanf(\"\")\n"
+			  "#define AP_INF __builtin_inf()\n"
+			  "#define AP_NAN __builtin_nan(\"\")\n");
+	}
+	for (int i = 0; i < k->n_arrays; i++) {
+		const ap_kir_array *a = k->arrays[i];
+
+		if (a->space != AP_KIR_CONST)
+			continue;
+		sb_printf(b, "%s const %s %s[%lld] = {", p->target == AP_KIR_CUDA ? "__device__" : "static",
+			  ap_kir_ctype(a->type), a->name, (long long)a->size);
+		print_const_data(p, a);
+		sb_printf(b, "\n};\n");
+	}
+}
+
+/* Global parameters in param order. */
+static const ap_kir_array *param_at(const ap_kir_kernel *k, int i)
+{
+	for (int j = 0; j < k->n_arrays; j++)
+		if (k->arrays[j]->space == AP_KIR_GLOBAL && k->arrays[j]->param == i)
+			return k->arrays[j];
+	return NULL;
+}
+
+static void print_shared_decls(printer *p, int depth)
+{
+	const ap_kir_kernel *k = p->k;
+	sbuf *b = &p->out;
+	bool cuda = p->target == AP_KIR_CUDA;
+
+	for (int i = 0; i < k->n_arrays; i++) {
+		const ap_kir_array *a = k->arrays[i];
+
+		if (a->space == AP_KIR_SHARED) {
+			sb_indent(b, depth);
+			sb_printf(b, "%s%s %s[%lld];\n", cuda ? "__shared__ " : "", ap_kir_ctype(a->type),
+				  a->name, (long long)(a->size > 0 ? a->size : 1));
+		}
+	}
+	if (k->smem_bytes > 0) {
+		sb_indent(b, depth);
+		if (cuda)
+			sb_printf(b, "extern __shared__ __align__(16) unsigned char ap_smem[];\n");
+		else
+			sb_printf(b, "_Alignas(16) unsigned char ap_smem[%u];\n",
+				  k->smem_bytes);
+		for (int i = 0; i < k->n_arrays; i++) {
+			const ap_kir_array *a = k->arrays[i];
+
+			if (a->space != AP_KIR_SHARED_DYN)
+				continue;
+			sb_indent(b, depth);
+			sb_printf(b, "%s *%s = (%s *)(ap_smem + %llu);\n", ap_kir_ctype(a->type), a->name,
+				  ap_kir_ctype(a->type), (unsigned long long)a->offset);
+		}
+	}
+}
+
+static void print_cuda(printer *p)
+{
+	const ap_kir_kernel *k = p->k;
+	sbuf *b = &p->out;
+
+	print_prelude(p);
+	sb_printf(b, "extern \"C\" __global__ void __launch_bounds__(%u) %s(", p->nt, k->name);
+	for (int i = 0; i < k->n_params; i++) {
+		const ap_kir_array *a = param_at(k, i);
+
+		if (!a)
+			continue;
+		sb_printf(b, "%s%s%s *__restrict__ %s", i ? ", " : "", a->written ? "" : "const ",
+			  ap_kir_ctype(a->type), a->name);
+	}
+	sb_printf(b, ")\n{\n");
+	print_shared_decls(p, 1);
+	print_local_decls(p, 1, false);
+	print_block_thread(p, &k->body, 1);
+	sb_printf(b, "}\n");
+}
+
+/* Host: one array of per-thread slots for each register marked by
+ * mark_per_thread, declared once at function level. */
+static void declare_per_thread(printer *p, const ap_kir_block *blk)
+{
+	for (const ap_kir_stmt *s = blk->first; s; s = s->next) {
+		if (s->kind == AP_KIR_S_LET && p->per_thread[s->var->id])
+			sb_printf(&p->out, "\t%s %s[%u];\n", ap_kir_ctype(s->var->type),
+				  s->var->name, p->nt);
+		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF) {
+			declare_per_thread(p, &s->body);
+			declare_per_thread(p, &s->orelse);
+		}
+	}
+}
+
+static void print_host(printer *p)
+{
+	const ap_kir_kernel *k = p->k;
+	sbuf *b = &p->out;
+
+	print_prelude(p);
+	sb_printf(b, "void %s(void *const *args, unsigned block_begin, unsigned block_end);\n",
+		  k->name);
+	sb_printf(b, "void %s(void *const *args, unsigned block_begin, unsigned block_end)\n{\n",
+		  k->name);
+	for (int i = 0; i < k->n_params; i++) {
+		const ap_kir_array *a = param_at(k, i);
+
+		if (!a)
+			continue;
+		sb_printf(b, "\t%s%s *restrict %s = (%s%s *)args[%d];\n", a->written ? "" : "const ",
+			  ap_kir_ctype(a->type), a->name, a->written ? "" : "const ",
+			  ap_kir_ctype(a->type), i);
+	}
+	declare_per_thread(p, &k->body);
+	if (p->has_barrier)
+		print_local_decls(p, 1, true);
+	print_shared_decls(p, 1);
+	sb_printf(b, "\tfor (unsigned ap_b = block_begin; ap_b < block_end; ap_b++) {\n");
+	if (k->grid[0] > 1)
+		sb_printf(b, "\t\tconst long long ap_bx = (long long)(ap_b %% %uu);\n", k->grid[0]);
+	if (k->grid[1] > 1)
+		sb_printf(b, "\t\tconst long long ap_by = (long long)((ap_b / %uu) %% %uu);\n",
+			  k->grid[0], k->grid[1]);
+	if (k->grid[2] > 1)
+		sb_printf(b, "\t\tconst long long ap_bz = (long long)(ap_b / %uu);\n",
+			  k->grid[0] * k->grid[1]);
+	p->block_mode = true;
+	print_block_host(p, &k->body, 2);
+	sb_printf(b, "\t}\n}\n");
+}
+
+__ap_give char *ap_kir_print(const ap_kir_kernel *k, ap_kir_target target, ap_error *err)
+{
+	printer p;
+
+	if (!k || k->failed) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "kernel IR incomplete (allocation failed)");
+		return NULL;
+	}
+	memset(&p, 0, sizeof(p));
+	p.k = k;
+	p.target = target;
+	p.nt = ap_kir_block_threads(k);
+	p.per_thread = calloc((size_t)k->n_vars + 1, 1);
+	if (!p.per_thread) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory printing %s", k->name);
+		return NULL;
+	}
+	p.has_barrier = block_has_barrier(&k->body);
+	if (target == AP_KIR_HOST) {
+		mark_per_thread(&p, &k->body);
+		print_host(&p);
+	} else {
+		print_cuda(&p);
+	}
+	free(p.per_thread);
+	if (p.bad) {
+		free(p.out.s);
+		ap_error_set(err, AP_EINTERNAL, NULL, NULL, "kernel %s: %s", k->name,
+			     p.bad_msg[0] ? p.bad_msg : "unprintable control flow");
+		return NULL;
+	}
+	if (p.out.failed || !p.out.s) {
+		free(p.out.s);
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory printing %s", k->name);
+		return NULL;
+	}
+	return p.out.s;
+}
