@@ -104,6 +104,7 @@ struct ap_runtime {
 	rt_kernel *kernels;
 	int n_libs;
 	void **libs;
+	int *lib_fds;            /* memfds kept open while their object is loaded */
 	int n_buffers;
 	rt_buffer *buffers;
 	void *workspace;         /* host */
@@ -275,7 +276,12 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 
 /* ---- host: loading shared objects ------------------------------------------------ */
 
-static void *load_so(const uint8_t *blob, size_t len, const char *kname, ap_error *err)
+/* Loads one shared object from memory.  The memfd stays open (returned in
+ * *keep_fd) while the object is loaded: the dynamic loader matches
+ * already-loaded objects by path first, so a closed and reused descriptor
+ * number ("/proc/self/fd/N") would alias another kernel's object. */
+static void *load_so(const uint8_t *blob, size_t len, const char *kname, int *keep_fd,
+		     ap_error *err)
 {
 	char path[64], tmpl[4096];
 	void *h;
@@ -306,14 +312,19 @@ static void *load_so(const uint8_t *blob, size_t len, const char *kname, ap_erro
 		}
 		off += (size_t)n;
 	}
+	*keep_fd = -1;
 	if (tmpfile) {
 		h = dlopen(tmpl, RTLD_NOW | RTLD_LOCAL);
 		unlink(tmpl);
+		close(fd);
 	} else {
 		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
 		h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+		if (h)
+			*keep_fd = fd;
+		else
+			close(fd);
 	}
-	close(fd);
 	if (!h) {
 		const char *e = dlerror();
 		ap_error_set(err, AP_ECOMPILE, kname, NULL,
@@ -328,7 +339,8 @@ static int host_load(ap_runtime *rt, ap_error *err)
 	const Apollo__Bundle *b = rt->b;
 
 	rt->libs = calloc(b->n_kernels ? b->n_kernels : 1, sizeof(void *));
-	if (!rt->libs)
+	rt->lib_fds = calloc(b->n_kernels ? b->n_kernels : 1, sizeof(int));
+	if (!rt->libs || !rt->lib_fds)
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 	for (int k = 0; k < rt->n_kernels; k++) {
 		const Apollo__Kernel *kk = b->kernels[k];
@@ -343,10 +355,12 @@ static int host_load(ap_runtime *rt, ap_error *err)
 				lib = rt->kernels[j].lib;
 		}
 		if (lib < 0) {
-			void *h = load_so(kk->blob.data, kk->blob.len, kk->name, err);
+			int fd;
+			void *h = load_so(kk->blob.data, kk->blob.len, kk->name, &fd, err);
 			if (!h)
 				return err ? err->code : AP_ECOMPILE;
 			lib = rt->n_libs;
+			rt->lib_fds[lib] = fd;
 			rt->libs[rt->n_libs++] = h;
 		}
 		rt->kernels[k].lib = lib;
@@ -720,12 +734,16 @@ ap_runtime *ap_runtime_free(ap_runtime *rt)
 			if (rt->buffers[i].host_owned)
 				free(rt->buffers[i].host);
 		free(rt->workspace);
-		for (int i = 0; i < rt->n_libs; i++)
+		for (int i = 0; i < rt->n_libs; i++) {
 			dlclose(rt->libs[i]);
+			if (rt->lib_fds[i] >= 0)
+				close(rt->lib_fds[i]);
+		}
 	} else {
 		gpu_teardown(rt);
 	}
 	free(rt->libs);
+	free(rt->lib_fds);
 	free(rt->argv);
 	free(rt->kernels);
 	free(rt->buffers);

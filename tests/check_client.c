@@ -1,0 +1,937 @@
+/* check_client.c -- libapollo-client without a daemon: framing over a
+ * socketpair (oversized, zero, truncated replies), the request/reply
+ * protocol against a scripted fake server thread (handshake, ping, stats,
+ * submit, error replies, id and type mismatches, garbage), the JSON
+ * report, the output comparison (tolerance, NaN, inf, shapes), and the ONNX
+ * input/output walker.
+ */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "client/apollo.h"
+#include "client/tool.h"
+#include "common/frame.h"
+#include "proto/apollo.pb-c.h"
+
+/* ---- helpers -------------------------------------------------------------------- */
+
+static void pair(int fds[2])
+{
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+}
+
+static void write_all(int fd, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = write(fd, p, len);
+		ck_assert_int_gt(n, 0);
+		p += n;
+		len -= (size_t)n;
+	}
+}
+
+static void send_env(int fd, const Apollo__Envelope *env)
+{
+	size_t n = apollo__envelope__get_packed_size(env);
+	uint8_t *buf = malloc(n ? n : 1);
+
+	apollo__envelope__pack(env, buf);
+	ck_assert_int_eq(ap_client_write_frame(fd, buf, n, NULL), 0);
+	free(buf);
+}
+
+/* ---- framing ------------------------------------------------------------------------ */
+
+START_TEST(frame_round_trip)
+{
+	int fds[2];
+	uint8_t msg[300], *got;
+	uint32_t len;
+	ap_error err;
+
+	pair(fds);
+	for (size_t i = 0; i < sizeof(msg); i++)
+		msg[i] = (uint8_t)(i * 7);
+	ck_assert_int_eq(ap_client_write_frame(fds[0], msg, sizeof(msg), &err), 0);
+	ck_assert_int_eq(ap_client_read_frame(fds[1], 1000, &got, &len, &err), 0);
+	ck_assert_uint_eq(len, sizeof(msg));
+	ck_assert_mem_eq(got, msg, sizeof(msg));
+	free(got);
+	/* A zero-length message cannot be framed. */
+	ck_assert_int_eq(ap_client_write_frame(fds[0], msg, 0, &err), AP_ETOOLARGE);
+	close(fds[0]);
+	close(fds[1]);
+}
+END_TEST
+
+START_TEST(frame_oversized_rejected_before_reading)
+{
+	int fds[2];
+	uint8_t hdr[4], *got = (uint8_t *)1;
+	uint32_t len = 7;
+	ap_error err;
+	struct timeval tv = { 5, 0 };
+
+	pair(fds);
+	/* The header announces 3 GiB and nothing follows; the socket stays
+	 * open.  A reader that allocated and waited for the payload would
+	 * block (and time out with AP_EIO); the limit must fire first. */
+	setsockopt(fds[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	ap_frame_put_len(hdr, 3u << 30);
+	write_all(fds[0], hdr, 4);
+	ck_assert_int_eq(ap_client_read_frame(fds[1], 1 << 20, &got, &len, &err), AP_ETOOLARGE);
+	ck_assert_ptr_null(got);
+	ck_assert_uint_eq(len, 0);
+	ck_assert_int_eq(err.code, AP_ETOOLARGE);
+	ck_assert_ptr_nonnull(strstr(err.msg, "3221225472"));
+	close(fds[0]);
+	close(fds[1]);
+}
+END_TEST
+
+START_TEST(frame_zero_length)
+{
+	int fds[2];
+	uint8_t hdr[4] = { 0, 0, 0, 0 }, *got;
+	uint32_t len;
+	ap_error err;
+
+	pair(fds);
+	write_all(fds[0], hdr, 4);
+	ck_assert_int_eq(ap_client_read_frame(fds[1], 100, &got, &len, &err), AP_EFRAME);
+	close(fds[0]);
+	close(fds[1]);
+}
+END_TEST
+
+START_TEST(frame_truncated_payload)
+{
+	int fds[2];
+	uint8_t hdr[4], body[10] = { 1 }, *got;
+	uint32_t len;
+	ap_error err;
+
+	pair(fds);
+	ap_frame_put_len(hdr, 100);
+	write_all(fds[0], hdr, 4);
+	write_all(fds[0], body, sizeof(body));
+	close(fds[0]);
+	ck_assert_int_eq(ap_client_read_frame(fds[1], 1000, &got, &len, &err), AP_EFRAME);
+	ck_assert_ptr_nonnull(strstr(err.msg, "10 of 100"));
+	close(fds[1]);
+}
+END_TEST
+
+START_TEST(frame_truncated_header)
+{
+	int fds[2];
+	uint8_t hdr[2] = { 0, 0 }, *got;
+	uint32_t len;
+	ap_error err;
+
+	pair(fds);
+	write_all(fds[0], hdr, 2);
+	close(fds[0]);
+	ck_assert_int_eq(ap_client_read_frame(fds[1], 1000, &got, &len, &err), AP_EFRAME);
+	close(fds[1]);
+}
+END_TEST
+
+START_TEST(frame_closed_without_reply)
+{
+	int fds[2];
+	uint8_t *got;
+	uint32_t len;
+	ap_error err;
+
+	pair(fds);
+	close(fds[0]);
+	ck_assert_int_eq(ap_client_read_frame(fds[1], 1000, &got, &len, &err), AP_EIO);
+	close(fds[1]);
+}
+END_TEST
+
+/* ---- a scripted fake daemon ---------------------------------------------------------- */
+
+enum fake_mode {
+	FAKE_OK,            /* answers everything properly */
+	FAKE_WRONG_ID,      /* echoes id + 1 */
+	FAKE_WRONG_TYPE,    /* answers a ping with a StatsReply */
+	FAKE_GARBAGE,       /* answers with bytes that are not an Envelope */
+	FAKE_COMPILE_ERROR, /* CompileResponse.error */
+	FAKE_ENVELOPE_ERROR,/* Envelope.error */
+	FAKE_OLD_SCHEMA,    /* HelloReply with schema 7 */
+	FAKE_HUGE,          /* a reply header over the client's limit */
+	FAKE_HANGUP,        /* closes after reading the request */
+};
+
+typedef struct fake {
+	int fd;
+	enum fake_mode mode;
+	int served;
+	char last_target[32];
+	int last_graph_tensors;
+	int last_source;
+	int last_bindings;
+	bool last_no_cache;
+} fake;
+
+static Apollo__Bundle *fake_bundle(void)
+{
+	static uint32_t grid[3] = { 4, 1, 1 }, block[3] = { 128, 1, 1 }, args[2] = { 0, 1 };
+	static char *nodes[2] = { "add_0", "relu\"1\n" };
+	static Apollo__KernelParam p0 = APOLLO__KERNEL_PARAM__INIT, p1 = APOLLO__KERNEL_PARAM__INIT;
+	static Apollo__KernelParam *params[2];
+	static Apollo__Kernel k = APOLLO__KERNEL__INIT;
+	static Apollo__Kernel *kernels[1];
+	static Apollo__Launch l = APOLLO__LAUNCH__INIT;
+	static Apollo__Launch *plan[1];
+	static int64_t dims[1] = { 512 };
+	static Apollo__Buffer b0 = APOLLO__BUFFER__INIT, b1 = APOLLO__BUFFER__INIT;
+	static Apollo__Buffer *bufs[2];
+	static Apollo__Stats st = APOLLO__STATS__INIT;
+	static Apollo__Bundle b = APOLLO__BUNDLE__INIT;
+	static uint8_t blob[5] = "abcd";
+
+	p0.name = "x"; p0.dtype = APOLLO__DATA_TYPE__DT_FLOAT;
+	p1.name = "y"; p1.dtype = APOLLO__DATA_TYPE__DT_FLOAT; p1.written = 1;
+	params[0] = &p0; params[1] = &p1;
+	k.name = "fused_add_relu";
+	k.target = "cpu";
+	k.format = APOLLO__OUTPUT_KIND__OUTPUT_SO;
+	k.blob.data = blob; k.blob.len = 4;
+	k.n_grid = 3; k.grid = grid; k.n_block = 3; k.block = block;
+	k.n_params = 2; k.params = params;
+	k.n_nodes = 2; k.nodes = nodes;
+	kernels[0] = &k;
+	l.kernel = 0; l.n_args = 2; l.args = args;
+	plan[0] = &l;
+	b0.name = "x"; b0.kind = APOLLO__BUFFER_KIND__BUF_INPUT; b0.dtype = APOLLO__DATA_TYPE__DT_FLOAT;
+	b0.n_dims = 1; b0.dims = dims; b0.bytes = 2048; b0.index = 0;
+	b1.name = "y"; b1.kind = APOLLO__BUFFER_KIND__BUF_OUTPUT; b1.dtype = APOLLO__DATA_TYPE__DT_FLOAT;
+	b1.n_dims = 1; b1.dims = dims; b1.bytes = 2048; b1.index = 0;
+	bufs[0] = &b0; bufs[1] = &b1;
+	st.kernels = 1; st.eager_kernels = 2; st.nodes = 2;
+	st.compile_ms = 12.5; st.codegen_ms = 1.25; st.backend_ms = 10; st.cache_hit = 0;
+	st.global_bytes = 4096; st.eager_bytes = 8192;
+	b.target = "cpu";
+	b.format = APOLLO__OUTPUT_KIND__OUTPUT_SO;
+	b.n_kernels = 1; b.kernels = kernels;
+	b.n_plan = 1; b.plan = plan;
+	b.n_buffers = 2; b.buffers = bufs;
+	b.stats = &st;
+	return &b;
+}
+
+static void *fake_main(void *arg)
+{
+	fake *f = arg;
+
+	for (;;) {
+		uint8_t *buf;
+		uint32_t len;
+		Apollo__Envelope *req, rep = APOLLO__ENVELOPE__INIT;
+		Apollo__HelloReply hr = APOLLO__HELLO_REPLY__INIT;
+		Apollo__PingReply pr = APOLLO__PING_REPLY__INIT;
+		Apollo__StatsReply sr = APOLLO__STATS_REPLY__INIT;
+		Apollo__CompileResponse cr = APOLLO__COMPILE_RESPONSE__INIT;
+		Apollo__Error e = APOLLO__ERROR__INIT;
+		static char *targets[2] = { "cpu", "sm_90" };
+
+		if (ap_client_read_frame(f->fd, 1 << 24, &buf, &len, NULL) < 0)
+			break;
+		req = apollo__envelope__unpack(NULL, len, buf);
+		free(buf);
+		if (!req)
+			break;
+		f->served++;
+		rep.id = req->id;
+		if (f->mode == FAKE_HANGUP) {
+			apollo__envelope__free_unpacked(req, NULL);
+			break;
+		}
+		switch (req->msg_case) {
+		case APOLLO__ENVELOPE__MSG_HELLO:
+			hr.schema_version = f->mode == FAKE_OLD_SCHEMA ? 7 : 1;
+			hr.server = "fake 1.0";
+			hr.nvrtc_version = "12.4";
+			hr.n_targets = 2;
+			hr.targets = targets;
+			rep.msg_case = APOLLO__ENVELOPE__MSG_HELLO_REPLY;
+			rep.hello_reply = &hr;
+			break;
+		case APOLLO__ENVELOPE__MSG_PING:
+			if (f->mode == FAKE_WRONG_TYPE) {
+				rep.msg_case = APOLLO__ENVELOPE__MSG_STATS_REPLY;
+				rep.stats_reply = &sr;
+			} else {
+				pr.server = "fake 1.0";
+				rep.msg_case = APOLLO__ENVELOPE__MSG_PONG;
+				rep.pong = &pr;
+			}
+			break;
+		case APOLLO__ENVELOPE__MSG_STATS:
+			sr.requests = 42;
+			sr.cache_hits = 40;
+			sr.cache_misses = 2;
+			sr.clients = 3;
+			sr.uptime_s = 1.5;
+			rep.msg_case = APOLLO__ENVELOPE__MSG_STATS_REPLY;
+			rep.stats_reply = &sr;
+			break;
+		case APOLLO__ENVELOPE__MSG_COMPILE:
+			snprintf(f->last_target, sizeof(f->last_target), "%s", req->compile->target);
+			f->last_source = req->compile->source_case;
+			f->last_graph_tensors = req->compile->source_case ==
+							APOLLO__COMPILE_REQUEST__SOURCE_GRAPH
+						? (int)req->compile->graph->n_tensors
+						: -1;
+			f->last_bindings = (int)req->compile->n_bindings;
+			f->last_no_cache = req->compile->options && req->compile->options->no_cache;
+			rep.msg_case = APOLLO__ENVELOPE__MSG_COMPILED;
+			rep.compiled = &cr;
+			if (f->mode == FAKE_COMPILE_ERROR) {
+				e.code = APOLLO__ERROR_CODE__ERR_UNSUPPORTED;
+				e.message = "unknown op 'Frobnicate'";
+				e.node = "frob_3";
+				cr.result_case = APOLLO__COMPILE_RESPONSE__RESULT_ERROR;
+				cr.error = &e;
+			} else {
+				cr.result_case = APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE;
+				cr.bundle = fake_bundle();
+			}
+			break;
+		default:
+			break;
+		}
+		if (f->mode == FAKE_ENVELOPE_ERROR && req->msg_case != APOLLO__ENVELOPE__MSG_HELLO) {
+			e.code = APOLLO__ERROR_CODE__ERR_SHAPE;
+			e.message = "mismatched shapes";
+			e.tensor = "t7";
+			rep.msg_case = APOLLO__ENVELOPE__MSG_ERROR;
+			rep.error = &e;
+		}
+		if (f->mode == FAKE_WRONG_ID && req->msg_case != APOLLO__ENVELOPE__MSG_HELLO)
+			rep.id = req->id + 1;
+		apollo__envelope__free_unpacked(req, NULL);
+		if (f->mode == FAKE_GARBAGE && rep.msg_case != APOLLO__ENVELOPE__MSG_HELLO_REPLY) {
+			uint8_t junk[7] = { 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff };
+			ap_client_write_frame(f->fd, junk, sizeof(junk), NULL);
+			continue;
+		}
+		if (f->mode == FAKE_HUGE && rep.msg_case != APOLLO__ENVELOPE__MSG_HELLO_REPLY) {
+			uint8_t hdr[4];
+			ap_frame_put_len(hdr, 0x7fffffff);
+			write_all(f->fd, hdr, 4);
+			continue;
+		}
+		send_env(f->fd, &rep);
+	}
+	close(f->fd);
+	return NULL;
+}
+
+typedef struct fake_run {
+	fake f;
+	pthread_t tid;
+	ap_client *c;
+} fake_run;
+
+/* Starts a fake daemon; with `hello` the client performs the handshake. */
+static void fake_start(fake_run *r, enum fake_mode mode, bool hello, ap_error *err)
+{
+	int fds[2];
+
+	memset(r, 0, sizeof(*r));
+	pair(fds);
+	r->f.fd = fds[1];
+	r->f.mode = mode;
+	ck_assert_int_eq(pthread_create(&r->tid, NULL, fake_main, &r->f), 0);
+	r->c = ap_client_from_fd(fds[0], hello, err);
+}
+
+static void fake_stop(fake_run *r)
+{
+	r->c = ap_client_free(r->c);
+	pthread_join(r->tid, NULL);
+}
+
+START_TEST(handshake_ping_stats)
+{
+	fake_run r;
+	ap_error err;
+	char server[64];
+	ap_server_stats st;
+
+	fake_start(&r, FAKE_OK, true, &err);
+	ck_assert_ptr_nonnull(r.c);
+	ck_assert_str_eq(ap_client_server(r.c), "fake 1.0");
+	ck_assert_str_eq(ap_client_nvrtc_version(r.c), "12.4");
+	ck_assert_int_eq(ap_client_n_targets(r.c), 2);
+	ck_assert_str_eq(ap_client_target(r.c, 1), "sm_90");
+	ck_assert_ptr_null(ap_client_target(r.c, 2));
+	ck_assert_int_eq(ap_client_ping(r.c, server, sizeof(server), &err), 0);
+	ck_assert_str_eq(server, "fake 1.0");
+	ck_assert_int_eq(ap_client_stats(r.c, &st, &err), 0);
+	ck_assert_uint_eq(st.requests, 42);
+	ck_assert_uint_eq(st.cache_hits, 40);
+	ck_assert_uint_eq(st.clients, 3);
+	ck_assert_double_eq_tol(st.uptime_s, 1.5, 1e-12);
+	/* Several calls on one connection. */
+	for (int i = 0; i < 5; i++)
+		ck_assert_int_eq(ap_client_ping(r.c, NULL, 0, &err), 0);
+	fake_stop(&r);
+	ck_assert_int_eq(r.f.served, 8);
+}
+END_TEST
+
+START_TEST(version_mismatch)
+{
+	fake_run r;
+	ap_error err;
+
+	fake_start(&r, FAKE_OLD_SCHEMA, true, &err);
+	ck_assert_ptr_null(r.c);
+	ck_assert_int_eq(err.code, AP_EVERSION);
+	ck_assert_ptr_nonnull(strstr(err.msg, "7"));
+	fake_stop(&r);
+}
+END_TEST
+
+static ap_graph *tiny_graph(void)
+{
+	ap_graph *g = ap_graph_new("tiny");
+	int64_t dims[1] = { 512 };
+	int x, y;
+
+	x = ap_graph_add_tensor(g, "x", AP_DT_F32, 1, dims, AP_TENSOR_INPUT, NULL, 0);
+	y = ap_graph_add_tensor(g, "y", AP_DT_F32, 1, dims, AP_TENSOR_VALUE, NULL, 0);
+	ck_assert_int_ge(ap_graph_add_node(g, "relu", AP_OP_RELU, 1, &x, 1, &y), 0);
+	g->inputs = malloc(sizeof(int));
+	g->inputs[0] = x;
+	g->n_inputs = 1;
+	g->outputs = malloc(sizeof(int));
+	g->outputs[0] = y;
+	g->n_outputs = 1;
+	g->tensors[y].is_output = true;
+	return g;
+}
+
+START_TEST(submit_graph_and_accessors)
+{
+	fake_run r;
+	ap_error err;
+	ap_graph *g = tiny_graph();
+	ap_submit_options opt = { .target = "sm_90", .output = AP_OUTPUT_CUBIN, .no_cache = true };
+	ap_bundle *b, *b2;
+	ap_bundle_kernel k;
+	ap_bundle_param p;
+	ap_bundle_buffer bf;
+	ap_bundle_stats st;
+	unsigned kernel;
+	int n_args;
+	const uint32_t *args;
+	uint8_t *packed;
+	size_t plen;
+
+	fake_start(&r, FAKE_OK, true, &err);
+	b = ap_client_submit_graph(r.c, g, &opt, &err);
+	ck_assert_ptr_nonnull(b);
+	ck_assert_str_eq(r.f.last_target, "sm_90");
+	ck_assert_int_eq(r.f.last_source, APOLLO__COMPILE_REQUEST__SOURCE_GRAPH);
+	ck_assert_int_eq(r.f.last_graph_tensors, 2);
+	ck_assert(r.f.last_no_cache);
+	ck_assert_str_eq(ap_bundle_target(b), "cpu");
+	ck_assert_int_eq(ap_bundle_n_kernels(b), 1);
+	ck_assert_int_eq(ap_bundle_kernel_get(b, 0, &k), 0);
+	ck_assert_str_eq(k.name, "fused_add_relu");
+	ck_assert_uint_eq(k.grid[0], 4);
+	ck_assert_uint_eq(k.block[0], 128);
+	ck_assert_uint_eq(k.blob_bytes, 4);
+	ck_assert_int_eq(k.n_nodes, 2);
+	ck_assert_str_eq(k.nodes[0], "add_0");
+	ck_assert_int_eq(ap_bundle_kernel_get(b, 1, &k), AP_EINVAL);
+	ck_assert_int_eq(ap_bundle_kernel_param(b, 0, 1, &p), 0);
+	ck_assert_str_eq(p.name, "y");
+	ck_assert(p.written);
+	ck_assert_int_eq(ap_bundle_kernel_param(b, 0, 2, &p), AP_EINVAL);
+	ck_assert_int_eq(ap_bundle_n_launches(b), 1);
+	ck_assert_int_eq(ap_bundle_launch(b, 0, &kernel, &n_args, &args), 0);
+	ck_assert_uint_eq(kernel, 0);
+	ck_assert_int_eq(n_args, 2);
+	ck_assert_uint_eq(args[1], 1);
+	ck_assert_int_eq(ap_bundle_n_buffers(b), 2);
+	ck_assert_int_eq(ap_bundle_buffer_get(b, 1, &bf), 0);
+	ck_assert_str_eq(bf.name, "y");
+	ck_assert_int_eq(bf.kind, AP_BUNDLE_BUF_OUTPUT);
+	ck_assert_int_eq(bf.rank, 1);
+	ck_assert_int_eq(bf.dims[0], 512);
+	ck_assert_uint_eq(bf.bytes, 2048);
+	ap_bundle_stats_get(b, &st);
+	ck_assert_uint_eq(st.eager_kernels, 2);
+	ck_assert_double_eq_tol(st.compile_ms, 12.5, 1e-9);
+	ck_assert(!st.cache_hit);
+	/* Pack and unpack give the same bundle. */
+	ck_assert_int_eq(ap_bundle_pack(b, &packed, &plen), 0);
+	b2 = ap_bundle_unpack(packed, plen, &err);
+	ck_assert_ptr_nonnull(b2);
+	ck_assert_int_eq(ap_bundle_kernel_get(b2, 0, &k), 0);
+	ck_assert_str_eq(k.name, "fused_add_relu");
+	free(packed);
+	ap_bundle_free(b2);
+	ck_assert_ptr_null(ap_bundle_unpack((const uint8_t *)"\xff\xff\xff", 3, &err));
+	ck_assert_int_eq(err.code, AP_EMESSAGE);
+	ap_bundle_free(b);
+	ap_bundle_free(NULL);
+
+	/* ONNX bytes with bindings: an int64 binding travels as a CONST. */
+	{
+		int64_t shape[2] = { 2, 256 };
+		ap_host_tensor t = { .name = "shape", .dtype = AP_DT_I64, .rank = 1, .dims = { 2 },
+				     .data = shape, .nbytes = sizeof(shape) };
+		const ap_host_tensor *bind[1] = { &t };
+		static const uint8_t model[] = { 0x08, 0x07 };
+		b = ap_client_submit_onnx(r.c, model, sizeof(model), bind, 1, NULL, &err);
+		ck_assert_ptr_nonnull(b);
+		ck_assert_int_eq(r.f.last_source, APOLLO__COMPILE_REQUEST__SOURCE_ONNX_MODEL);
+		ck_assert_int_eq(r.f.last_bindings, 1);
+		ck_assert_str_eq(r.f.last_target, "cpu");
+		ap_bundle_free(b);
+	}
+	fake_stop(&r);
+	ap_graph_free(g);
+}
+END_TEST
+
+START_TEST(submit_error_reply)
+{
+	fake_run r;
+	ap_error err;
+	ap_graph *g = tiny_graph();
+
+	fake_start(&r, FAKE_COMPILE_ERROR, true, &err);
+	ck_assert_ptr_null(ap_client_submit_graph(r.c, g, NULL, &err));
+	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+	ck_assert_str_eq(err.msg, "unknown op 'Frobnicate'");
+	ck_assert_str_eq(err.node, "frob_3");
+	ck_assert_str_eq(err.tensor, "");
+	/* The connection stays usable after an error reply. */
+	ck_assert_int_eq(ap_client_ping(r.c, NULL, 0, &err), 0);
+	fake_stop(&r);
+
+	fake_start(&r, FAKE_ENVELOPE_ERROR, true, &err);
+	ck_assert_ptr_null(ap_client_submit_graph(r.c, g, NULL, &err));
+	ck_assert_int_eq(err.code, AP_ESHAPE);
+	ck_assert_str_eq(err.tensor, "t7");
+	fake_stop(&r);
+	ap_graph_free(g);
+}
+END_TEST
+
+START_TEST(bad_replies)
+{
+	static const struct {
+		enum fake_mode mode;
+		int code;
+	} cases[] = {
+		{ FAKE_WRONG_ID, AP_EMESSAGE },
+		{ FAKE_WRONG_TYPE, AP_EMESSAGE },
+		{ FAKE_GARBAGE, AP_EMESSAGE },
+		{ FAKE_HUGE, AP_ETOOLARGE },
+		{ FAKE_HANGUP, AP_EIO },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		fake_run r;
+		ap_error err;
+		fake_start(&r, cases[i].mode, cases[i].mode != FAKE_HANGUP, &err);
+		ck_assert_ptr_nonnull(r.c);
+		ap_client_set_max_frame(r.c, 1 << 20);
+		ck_assert_int_eq(ap_client_ping(r.c, NULL, 0, &err), cases[i].code);
+		ck_assert_int_eq(err.code, cases[i].code);
+		/* After a broken exchange the connection is closed for good. */
+		ck_assert_int_eq(ap_client_ping(r.c, NULL, 0, &err), AP_EIO);
+		fake_stop(&r);
+	}
+}
+END_TEST
+
+START_TEST(connect_errors)
+{
+	ap_error err;
+	char longpath[300];
+
+	ck_assert_ptr_null(ap_client_connect("/nonexistent/dir/apollod.sock", &err));
+	ck_assert_int_eq(err.code, AP_EIO);
+	ck_assert_ptr_nonnull(strstr(err.msg, "/nonexistent/dir/apollod.sock"));
+	memset(longpath, 'a', sizeof(longpath) - 1);
+	longpath[0] = '/';
+	longpath[sizeof(longpath) - 1] = 0;
+	ck_assert_ptr_null(ap_client_connect(longpath, &err));
+	ck_assert_int_eq(err.code, AP_ETOOLARGE);
+	ck_assert_ptr_null(ap_client_connect("tcp:127.0.0.1:1", &err));
+	ck_assert_int_eq(err.code, AP_EIO);
+	ck_assert_int_eq(ap_client_error_from_wire(APOLLO__ERROR_CODE__ERR_TOO_LARGE), AP_ETOOLARGE);
+	ck_assert_int_eq(ap_client_error_from_wire(99), AP_EINTERNAL);
+	ck_assert_ptr_null(ap_client_free(NULL));
+}
+END_TEST
+
+/* ---- JSON report ------------------------------------------------------------------------ */
+
+START_TEST(json_report)
+{
+	Apollo__Bundle *pb = fake_bundle();
+	size_t n = apollo__bundle__get_packed_size(pb);
+	uint8_t *buf = malloc(n);
+	ap_bundle *b;
+	char *text = NULL;
+	size_t tlen = 0;
+	FILE *f;
+	ap_report_info info = { .model = "dir/m\\odel.onnx", .import_ms = 1.5, .round_trip_ms = 20 };
+	int depth = 0;
+
+	apollo__bundle__pack(pb, buf);
+	b = ap_bundle_unpack(buf, n, NULL);
+	free(buf);
+	ck_assert_ptr_nonnull(b);
+	f = open_memstream(&text, &tlen);
+	ap_report_json(f, b, &info);
+	fclose(f);
+	/* One line, one object. */
+	ck_assert_int_eq(text[0], '{');
+	ck_assert_int_eq(text[tlen - 1], '\n');
+	ck_assert_ptr_null(memchr(text, '\n', tlen - 1));
+	ck_assert_ptr_nonnull(strstr(text, "\"kernels\":1,"));
+	ck_assert_ptr_nonnull(strstr(text, "\"eager_kernels\":2,"));
+	ck_assert_ptr_nonnull(strstr(text, "\"cache\":\"miss\""));
+	ck_assert_ptr_nonnull(strstr(text, "\"compile_ms\":12.500"));
+	ck_assert_ptr_nonnull(strstr(text, "\"codegen_ms\":1.250"));
+	ck_assert_ptr_nonnull(strstr(text, "\"backend_ms\":10.000"));
+	ck_assert_ptr_nonnull(strstr(text, "\"client_import_ms\":1.500"));
+	ck_assert_ptr_nonnull(strstr(text, "\"model\":\"dir/m\\\\odel.onnx\""));
+	ck_assert_ptr_nonnull(strstr(text, "\"nodes\":[\"add_0\",\"relu\\\"1\\n\"]"));
+	ck_assert_ptr_nonnull(strstr(text, "\"grid\":[4,1,1],\"block\":[128,1,1]"));
+	ck_assert_ptr_nonnull(strstr(text, "\"blob_bytes\":4,"));
+	/* Braces and brackets balance outside strings. */
+	for (size_t i = 0; i < tlen; i++) {
+		if (text[i] == '"') {
+			for (i++; i < tlen && text[i] != '"'; i++)
+				if (text[i] == '\\')
+					i++;
+			continue;
+		}
+		if (text[i] == '{' || text[i] == '[')
+			depth++;
+		if (text[i] == '}' || text[i] == ']')
+			depth--;
+		ck_assert_int_ge(depth, 0);
+	}
+	ck_assert_int_eq(depth, 0);
+	free(text);
+
+	/* Control characters become \u escapes; a hit says "hit". */
+	text = NULL;
+	f = open_memstream(&text, &tlen);
+	ap_json_string(f, "a\x01z");
+	fclose(f);
+	ck_assert_str_eq(text, "\"a\\u0001z\"");
+	free(text);
+	((Apollo__Bundle *)ap_bundle_pb(b))->stats->cache_hit = 1;
+	text = NULL;
+	f = open_memstream(&text, &tlen);
+	ap_report_json(f, b, NULL);
+	fclose(f);
+	ck_assert_ptr_nonnull(strstr(text, "\"cache\":\"hit\""));
+	free(text);
+	/* The text summary names the kernel and the cache state. */
+	text = NULL;
+	f = open_memstream(&text, &tlen);
+	ap_report_text(f, b, &info);
+	fclose(f);
+	ck_assert_ptr_nonnull(strstr(text, "fused_add_relu"));
+	ck_assert_ptr_nonnull(strstr(text, "cache hit"));
+	free(text);
+	ap_bundle_free(b);
+}
+END_TEST
+
+/* ---- comparison ------------------------------------------------------------------------- */
+
+START_TEST(compare_scalars)
+{
+	static const struct {
+		double a, b;
+		bool ok;
+	} cases[] = {
+		{ 1.0, 1.0, true },
+		{ 1.0 + 0.99e-3, 1.0, true },    /* inside rtol */
+		{ 1.0 + 1.01e-3 + 1e-7, 1.0, false },
+		{ -1.0 - 0.99e-3, -1.0, true },
+		{ 0.9e-7, 0.0, true },            /* inside atol */
+		{ 1.1e-7, 0.0, false },
+		{ NAN, NAN, true },
+		{ NAN, 1.0, false },
+		{ 1.0, NAN, false },
+		{ INFINITY, INFINITY, true },
+		{ -INFINITY, -INFINITY, true },
+		{ INFINITY, -INFINITY, false },
+		{ 1e30, INFINITY, false },
+		{ INFINITY, 1e30, false },
+		{ NAN, INFINITY, false },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		ck_assert_msg(ap_compare_close(cases[i].a, cases[i].b, AP_COMPARE_RTOL,
+					       AP_COMPARE_ATOL) == cases[i].ok,
+			      "case %zu: %g vs %g", i, cases[i].a, cases[i].b);
+	/* Relative to the reference (b), not to the computed value. */
+	ck_assert(ap_compare_close(0.0, 1e-7, 0.5, 0.0) == false);
+	ck_assert(ap_compare_close(1e-7, 2e-7, 0.5, 0.0) == true);
+}
+END_TEST
+
+static ap_host_tensor tensor_f32(float *v, int rank, int64_t d0, int64_t d1)
+{
+	ap_host_tensor t = { .name = "t", .dtype = AP_DT_F32, .rank = rank, .data = v };
+
+	t.dims[0] = d0;
+	t.dims[1] = d1;
+	t.nbytes = (size_t)(rank == 0 ? 1 : rank == 1 ? d0 : d0 * d1) * 4;
+	return t;
+}
+
+START_TEST(compare_tensors)
+{
+	float want[6] = { 1, 2, 3, NAN, INFINITY, -5 };
+	float got[6] = { 1, 2.001f, 3.5f, NAN, INFINITY, -5 };
+	ap_host_tensor w = tensor_f32(want, 2, 2, 3), g = tensor_f32(got, 2, 2, 3);
+	ap_compare_result r;
+	char at[64];
+	int64_t iw[2] = { 5, 6 }, ig[2] = { 5, 7 };
+	ap_host_tensor ti = { .dtype = AP_DT_I64, .rank = 1, .dims = { 2 }, .nbytes = 16 };
+	ap_host_tensor tg = ti;
+
+	ck_assert(!ap_compare_tensors(&g, &w, AP_COMPARE_RTOL, AP_COMPARE_ATOL, &r));
+	ck_assert_str_eq(r.why, "");
+	ck_assert_int_eq(r.n_bad, 1);
+	ck_assert_int_eq(r.first_bad, 2);
+	ck_assert_int_eq(r.max_at, 2);
+	ck_assert_double_eq_tol(r.max_abs_err, 0.5, 1e-6);
+	ap_compare_format_index(w.rank, w.dims, r.first_bad, at, sizeof(at));
+	ck_assert_str_eq(at, "[0,2]");
+	ap_compare_format_index(w.rank, w.dims, 5, at, sizeof(at));
+	ck_assert_str_eq(at, "[1,2]");
+	ap_compare_format_index(0, w.dims, 0, at, sizeof(at));
+	ck_assert_str_eq(at, "[]");
+
+	got[2] = 3.002f;
+	ck_assert(ap_compare_tensors(&g, &w, AP_COMPARE_RTOL, AP_COMPARE_ATOL, &r));
+	ck_assert_int_eq(r.n_bad, 0);
+	ck_assert_int_eq(r.first_bad, -1);
+	/* Looser tolerances from the command line. */
+	got[2] = 3.5f;
+	ck_assert(ap_compare_tensors(&g, &w, 0.2, 0, &r));
+
+	/* Shapes must match exactly, even with the same element count. */
+	g = tensor_f32(got, 2, 3, 2);
+	ck_assert(!ap_compare_tensors(&g, &w, AP_COMPARE_RTOL, AP_COMPARE_ATOL, &r));
+	ck_assert_str_eq(r.why, "shape [3,2], expected [2,3]");
+	g = tensor_f32(got, 1, 6, 0);
+	ck_assert(!ap_compare_tensors(&g, &w, AP_COMPARE_RTOL, AP_COMPARE_ATOL, &r));
+	/* Dtypes too. */
+	g = tensor_f32(got, 2, 2, 3);
+	g.dtype = AP_DT_I32;
+	g.nbytes = 24;
+	ck_assert(!ap_compare_tensors(&g, &w, AP_COMPARE_RTOL, AP_COMPARE_ATOL, &r));
+	ck_assert_ptr_nonnull(strstr(r.why, "dtype"));
+	/* Integers compare exactly, whatever the tolerance. */
+	ti.data = iw;
+	tg.data = ig;
+	ck_assert(!ap_compare_tensors(&tg, &ti, 1.0, 10.0, &r));
+	ck_assert_int_eq(r.first_bad, 1);
+	ig[1] = 6;
+	ck_assert(ap_compare_tensors(&tg, &ti, 0, 0, &r));
+	/* An empty tensor matches an empty tensor. */
+	g = tensor_f32(got, 1, 0, 0);
+	w = tensor_f32(want, 1, 0, 0);
+	ck_assert(ap_compare_tensors(&g, &w, 0, 0, &r));
+	ck_assert_int_eq(r.max_at, -1);
+}
+END_TEST
+
+/* ---- ONNX input/output walker ------------------------------------------------------------ */
+
+typedef struct pbuf {
+	uint8_t b[4096];
+	size_t n;
+} pbuf;
+
+static void pb_varint(pbuf *p, uint64_t v)
+{
+	do {
+		uint8_t c = v & 0x7f;
+		v >>= 7;
+		p->b[p->n++] = c | (v ? 0x80 : 0);
+	} while (v);
+}
+
+static void pb_bytes(pbuf *p, int field, const void *data, size_t len)
+{
+	pb_varint(p, (uint64_t)field << 3 | 2);
+	pb_varint(p, len);
+	memcpy(p->b + p->n, data, len);
+	p->n += len;
+}
+
+static void pb_int(pbuf *p, int field, uint64_t v)
+{
+	pb_varint(p, (uint64_t)field << 3);
+	pb_varint(p, v);
+}
+
+/* ValueInfoProto named `name`, float, dims given (a negative value is a
+ * dim_param "batch"). */
+static void value_info(pbuf *out, int field, const char *name, const int *dims, int rank)
+{
+	pbuf shape = { .n = 0 }, tt = { .n = 0 }, type = { .n = 0 }, vi = { .n = 0 };
+
+	for (int i = 0; i < rank; i++) {
+		pbuf d = { .n = 0 };
+		if (dims[i] < 0)
+			pb_bytes(&d, 2, "batch", 5);
+		else
+			pb_int(&d, 1, (uint64_t)dims[i]);
+		pb_bytes(&shape, 1, d.b, d.n);
+	}
+	pb_int(&tt, 1, 1);
+	pb_bytes(&tt, 2, shape.b, shape.n);
+	pb_bytes(&type, 1, tt.b, tt.n);
+	pb_bytes(&vi, 1, name, strlen(name));
+	pb_bytes(&vi, 2, type.b, type.n);
+	pb_bytes(out, field, vi.b, vi.n);
+}
+
+START_TEST(onnx_io_walk)
+{
+	pbuf graph = { .n = 0 }, model = { .n = 0 }, init = { .n = 0 };
+	int d_static[2] = { 2, 3 }, d_sym[2] = { -1, 3 };
+	ap_onnx_io *io;
+	ap_error err;
+
+	/* Old style: the initializer W is listed among the inputs too. */
+	pb_int(&init, 1, 3);
+	pb_int(&init, 2, 1);
+	pb_bytes(&init, 8, "W", 1);
+	pb_bytes(&graph, 5, init.b, init.n);
+	value_info(&graph, 11, "x", d_static, 2);
+	value_info(&graph, 11, "W", d_static, 2);
+	value_info(&graph, 11, "seq", d_sym, 2);
+	value_info(&graph, 12, "y", d_static, 2);
+	value_info(&graph, 12, "z", d_static, 2);
+	pb_int(&model, 1, 3);
+	pb_bytes(&model, 2, "test", 4);
+	pb_bytes(&model, 7, graph.b, graph.n);
+
+	ck_assert_int_eq(ap_onnx_io_read(model.b, model.n, &io, &err), 0);
+	ck_assert_int_eq(io->n_inputs, 2);
+	ck_assert_str_eq(io->inputs[0], "x");
+	ck_assert_str_eq(io->inputs[1], "seq");
+	ck_assert_ptr_null(io->input_symbolic[0]);
+	ck_assert_str_eq(io->input_symbolic[1], "batch");
+	ck_assert_int_eq(io->input_dtype[0], AP_DT_F32);
+	ck_assert_int_eq(io->n_outputs, 2);
+	ck_assert_str_eq(io->outputs[1], "z");
+	ck_assert_int_eq(ap_onnx_io_input(io, "seq"), 1);
+	ck_assert_int_eq(ap_onnx_io_input(io, "W"), -1);
+	ap_onnx_io_free(io);
+
+	/* Truncated bytes and non-ONNX bytes are errors, not crashes. */
+	for (size_t cut = 1; cut < model.n; cut += 7) {
+		int rc = ap_onnx_io_read(model.b, cut, &io, &err);
+		if (rc == 0)
+			ap_onnx_io_free(io);
+		else
+			ck_assert_int_eq(rc, AP_EMESSAGE);
+	}
+	ck_assert_int_eq(ap_onnx_io_read((const uint8_t *)"\xff\xff", 2, &io, &err), AP_EMESSAGE);
+	ck_assert_ptr_null(ap_onnx_io_free(NULL));
+}
+END_TEST
+
+START_TEST(onnx_io_real_model)
+{
+	const char *path = "../shared/testdata/models/silero_vad_op18_ifless/model.onnx";
+	uint8_t *buf;
+	size_t len;
+	ap_onnx_io *io;
+	ap_error err;
+
+	if (ap_file_read(path, (size_t)1 << 30, &buf, &len, &err) < 0) {
+		printf("onnx_io_real_model: SKIPPED: %s\n", err.msg);
+		return;
+	}
+	ck_assert_int_eq(ap_onnx_io_read(buf, len, &io, &err), 0);
+	ck_assert_int_eq(io->n_inputs, 3);
+	ck_assert_str_eq(io->inputs[0], "input");
+	ck_assert_str_eq(io->inputs[1], "sr");
+	ck_assert_int_eq(io->input_dtype[1], AP_DT_I64);
+	ck_assert_ptr_null(io->input_symbolic[1]);
+	ck_assert_str_eq(io->input_symbolic[0], "batch");
+	ck_assert_int_eq(io->n_outputs, 2);
+	ck_assert_str_eq(io->outputs[1], "stateN");
+	ap_onnx_io_free(io);
+	free(buf);
+}
+END_TEST
+
+static Suite *client_suite(void)
+{
+	Suite *s = suite_create("client");
+	TCase *tc = tcase_create("frame");
+
+	tcase_set_timeout(tc, 30);
+	tcase_add_test(tc, frame_round_trip);
+	tcase_add_test(tc, frame_oversized_rejected_before_reading);
+	tcase_add_test(tc, frame_zero_length);
+	tcase_add_test(tc, frame_truncated_payload);
+	tcase_add_test(tc, frame_truncated_header);
+	tcase_add_test(tc, frame_closed_without_reply);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("protocol");
+	tcase_set_timeout(tc, 30);
+	tcase_add_test(tc, handshake_ping_stats);
+	tcase_add_test(tc, version_mismatch);
+	tcase_add_test(tc, submit_graph_and_accessors);
+	tcase_add_test(tc, submit_error_reply);
+	tcase_add_test(tc, bad_replies);
+	tcase_add_test(tc, connect_errors);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("tool");
+	tcase_add_test(tc, json_report);
+	tcase_add_test(tc, compare_scalars);
+	tcase_add_test(tc, compare_tensors);
+	tcase_add_test(tc, onnx_io_walk);
+	tcase_add_test(tc, onnx_io_real_model);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(client_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}

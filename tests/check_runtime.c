@@ -1,0 +1,574 @@
+/* check_runtime.c -- the bundle runtime (client/runtime.c) on hand-made
+ * bundles whose kernels are compiled here with `cc` from small C sources
+ * that follow the host kernel ABI of server/plan/program.h, so the suite
+ * depends on neither the compiler core nor the daemon.
+ *
+ * The plan under test: y = relu(x + w) then z = sum over rows of y, through
+ * an intermediate in the workspace, with many blocks so the thread pool
+ * splits launches.  Then binding errors (dtype, byte size, unknown names,
+ * unbound inputs), malformed bundles (indices, counts, workspace bounds),
+ * and the GPU path, tagged gpu: it runs only where libcuda.so.1 and a
+ * device exist and otherwise prints why it was skipped.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/runtime.h"
+#include "client/tool.h"
+#include "proto/apollo.pb-c.h"
+
+#define ROWS 300
+#define COLS 64
+
+/* add_relu: one block per row, out = max(x + w, 0) (w broadcast over rows).
+ * rowsum: one block per row, z[r] = sum_c y[r, c]. */
+static const char *kernel_src =
+	"#include <math.h>\n"
+	"void add_relu(void *const *args, unsigned b0, unsigned b1) {\n"
+	"  const float *x = args[0], *w = args[1]; float *y = args[2];\n"
+	"  for (unsigned b = b0; b < b1; b++)\n"
+	"    for (unsigned c = 0; c < 64; c++) {\n"
+	"      float v = x[b * 64 + c] + w[c]; y[b * 64 + c] = v > 0 ? v : 0; }\n"
+	"}\n"
+	"void rowsum(void *const *args, unsigned b0, unsigned b1) {\n"
+	"  const float *y = args[0]; float *z = args[1];\n"
+	"  for (unsigned b = b0; b < b1; b++) {\n"
+	"    float s = 0; for (unsigned c = 0; c < 64; c++) s += y[b * 64 + c];\n"
+	"    z[b] = s; }\n"
+	"}\n";
+
+static uint8_t *so_blob;
+static size_t so_len;
+static char so_why[1024];
+
+/* Compiles kernel_src once into a shared object and keeps its bytes. */
+static void build_so(void)
+{
+	char dir[] = "/tmp/apollo-check-runtime-XXXXXX", src[128], so[128], cmd[512];
+	FILE *f;
+	ap_error err;
+
+	if (so_blob || so_why[0])
+		return;
+	if (!mkdtemp(dir)) {
+		snprintf(so_why, sizeof(so_why), "mkdtemp failed");
+		return;
+	}
+	snprintf(src, sizeof(src), "%s/k.c", dir);
+	snprintf(so, sizeof(so), "%s/k.so", dir);
+	f = fopen(src, "w");
+	fputs(kernel_src, f);
+	fclose(f);
+	snprintf(cmd, sizeof(cmd), "%s -O2 -shared -fPIC -o %s %s -lm",
+		 getenv("CC") && *getenv("CC") ? getenv("CC") : "cc", so, src);
+	if (system(cmd) != 0)
+		snprintf(so_why, sizeof(so_why), "'%s' failed", cmd);
+	else if (ap_file_read(so, (size_t)1 << 26, &so_blob, &so_len, &err) < 0)
+		snprintf(so_why, sizeof(so_why), "%s", err.msg);
+	unlink(src);
+	unlink(so);
+	rmdir(dir);
+}
+
+/* ---- a hand-made bundle ----------------------------------------------------------- */
+
+typedef struct hb {
+	Apollo__Bundle b;
+	Apollo__Kernel k[2], *kp[2];
+	Apollo__KernelParam p[5], *pp0[3], *pp1[2];
+	uint32_t grid[2][3], block[2][3];
+	Apollo__Launch l[2], *lp[2];
+	uint32_t args0[3], args1[2];
+	Apollo__Buffer buf[4], *bp[4];
+	int64_t d_x[2], d_w[1], d_z[1];
+} hb;
+
+/* Buffers: 0 x INPUT [ROWS, COLS], 1 w PARAM [COLS], 2 y INTERMEDIATE
+ * [ROWS, COLS] at offset 256, 3 z OUTPUT [ROWS]. */
+static void hb_init(hb *h, const char *target, const uint8_t *blob, size_t blob_len)
+{
+	static const char *pnames[5] = { "x", "w", "y", "y", "z" };
+	Apollo__Bundle bi = APOLLO__BUNDLE__INIT;
+	Apollo__Kernel ki = APOLLO__KERNEL__INIT;
+	Apollo__KernelParam pi = APOLLO__KERNEL_PARAM__INIT;
+	Apollo__Launch li = APOLLO__LAUNCH__INIT;
+	Apollo__Buffer bfi = APOLLO__BUFFER__INIT;
+
+	memset(h, 0, sizeof(*h));
+	h->b = bi;
+	for (int i = 0; i < 5; i++) {
+		h->p[i] = pi;
+		h->p[i].name = (char *)pnames[i];
+		h->p[i].dtype = APOLLO__DATA_TYPE__DT_FLOAT;
+	}
+	h->p[2].written = 1;
+	h->p[4].written = 1;
+	h->pp0[0] = &h->p[0]; h->pp0[1] = &h->p[1]; h->pp0[2] = &h->p[2];
+	h->pp1[0] = &h->p[3]; h->pp1[1] = &h->p[4];
+	for (int k = 0; k < 2; k++) {
+		h->k[k] = ki;
+		h->k[k].name = k == 0 ? "add_relu" : "rowsum";
+		h->k[k].target = (char *)target;
+		h->k[k].format = APOLLO__OUTPUT_KIND__OUTPUT_SO;
+		h->k[k].blob.data = (uint8_t *)blob;
+		h->k[k].blob.len = blob_len;
+		h->grid[k][0] = ROWS; h->grid[k][1] = 1; h->grid[k][2] = 1;
+		h->block[k][0] = 1; h->block[k][1] = 1; h->block[k][2] = 1;
+		h->k[k].n_grid = 3; h->k[k].grid = h->grid[k];
+		h->k[k].n_block = 3; h->k[k].block = h->block[k];
+		h->kp[k] = &h->k[k];
+	}
+	h->k[0].n_params = 3; h->k[0].params = h->pp0;
+	h->k[1].n_params = 2; h->k[1].params = h->pp1;
+	h->args0[0] = 0; h->args0[1] = 1; h->args0[2] = 2;
+	h->args1[0] = 2; h->args1[1] = 3;
+	for (int l = 0; l < 2; l++) {
+		h->l[l] = li;
+		h->l[l].kernel = (uint32_t)l;
+		h->lp[l] = &h->l[l];
+	}
+	h->l[0].n_args = 3; h->l[0].args = h->args0;
+	h->l[1].n_args = 2; h->l[1].args = h->args1;
+	h->d_x[0] = ROWS; h->d_x[1] = COLS;
+	h->d_w[0] = COLS;
+	h->d_z[0] = ROWS;
+	for (int i = 0; i < 4; i++) {
+		h->buf[i] = bfi;
+		h->buf[i].dtype = APOLLO__DATA_TYPE__DT_FLOAT;
+		h->bp[i] = &h->buf[i];
+	}
+	h->buf[0].name = "x"; h->buf[0].kind = APOLLO__BUFFER_KIND__BUF_INPUT;
+	h->buf[0].n_dims = 2; h->buf[0].dims = h->d_x; h->buf[0].bytes = ROWS * COLS * 4;
+	h->buf[0].index = 0;
+	h->buf[1].name = "w"; h->buf[1].kind = APOLLO__BUFFER_KIND__BUF_PARAM;
+	h->buf[1].n_dims = 1; h->buf[1].dims = h->d_w; h->buf[1].bytes = COLS * 4;
+	h->buf[1].index = -1;
+	h->buf[2].name = "y"; h->buf[2].kind = APOLLO__BUFFER_KIND__BUF_INTERMEDIATE;
+	h->buf[2].n_dims = 2; h->buf[2].dims = h->d_x; h->buf[2].bytes = ROWS * COLS * 4;
+	h->buf[2].offset = 256; h->buf[2].index = -1;
+	h->buf[3].name = "z"; h->buf[3].kind = APOLLO__BUFFER_KIND__BUF_OUTPUT;
+	h->buf[3].n_dims = 1; h->buf[3].dims = h->d_z; h->buf[3].bytes = ROWS * 4;
+	h->buf[3].index = 0;
+	h->b.target = (char *)target;
+	h->b.format = APOLLO__OUTPUT_KIND__OUTPUT_SO;
+	h->b.n_kernels = 2; h->b.kernels = h->kp;
+	h->b.n_plan = 2; h->b.plan = h->lp;
+	h->b.n_buffers = 4; h->b.buffers = h->bp;
+	h->b.workspace_bytes = 256 + ROWS * COLS * 4;
+}
+
+/* Packs the hand-made bundle and unpacks it as a client would receive it. */
+static ap_bundle *hb_bundle(const hb *h)
+{
+	size_t n = apollo__bundle__get_packed_size(&h->b);
+	uint8_t *buf = malloc(n);
+	ap_bundle *b;
+	ap_error err;
+
+	apollo__bundle__pack(&h->b, buf);
+	b = ap_bundle_unpack(buf, n, &err);
+	free(buf);
+	ck_assert_ptr_nonnull(b);
+	return b;
+}
+
+static ap_host_tensor *make_f32(const char *name, int rank, int64_t d0, int64_t d1, float seed)
+{
+	ap_host_tensor *t = calloc(1, sizeof(*t));
+	int64_t n = rank == 1 ? d0 : d0 * d1;
+
+	t->name = strdup(name);
+	t->dtype = AP_DT_F32;
+	t->rank = rank;
+	t->dims[0] = d0;
+	t->dims[1] = d1;
+	t->nbytes = (size_t)n * 4;
+	t->data = malloc(t->nbytes);
+	for (int64_t i = 0; i < n; i++)
+		((float *)t->data)[i] = (float)((i * 37 % 101) - 50) * 0.01f * seed;
+	return t;
+}
+
+static ap_params *make_params(ap_host_tensor *w)
+{
+	ap_params *p = calloc(1, sizeof(*p));
+
+	p->n = 1;
+	p->items = calloc(1, sizeof(ap_host_tensor *));
+	p->items[0] = w;
+	return p;
+}
+
+static void expect_rowsum(const ap_host_tensor *x, const ap_host_tensor *w, const ap_host_tensor *z)
+{
+	const float *xv = x->data, *wv = w->data, *zv = z->data;
+
+	ck_assert_int_eq(z->dtype, AP_DT_F32);
+	ck_assert_int_eq(z->rank, 1);
+	ck_assert_int_eq(z->dims[0], ROWS);
+	ck_assert_str_eq(z->name, "z");
+	for (int r = 0; r < ROWS; r++) {
+		float s = 0;
+		for (int c = 0; c < COLS; c++) {
+			float v = xv[r * COLS + c] + wv[c];
+			s += v > 0 ? v : 0;
+		}
+		ck_assert_msg(ap_compare_close(zv[r], s, 1e-5, 1e-6), "row %d: %g vs %g", r,
+			      (double)zv[r], (double)s);
+	}
+}
+
+START_TEST(host_runs_plan)
+{
+	hb h;
+	ap_bundle *b;
+	ap_runtime *rt;
+	ap_error err;
+	ap_host_tensor *x, *w, *z;
+	ap_params *params;
+	static const int threads[] = { 1, 2, 3, 7 };
+
+	build_so();
+	if (!so_blob) {
+		printf("host_runs_plan: SKIPPED: cannot build the test kernel: %s\n", so_why);
+		return;
+	}
+	hb_init(&h, "cpu", so_blob, so_len);
+	b = hb_bundle(&h);
+	x = make_f32("x", 2, ROWS, COLS, 1.0f);
+	w = make_f32("w", 1, COLS, 0, 0.5f);
+	params = make_params(w);
+	for (size_t i = 0; i < sizeof(threads) / sizeof(threads[0]); i++) {
+		ap_runtime_options opt = { .threads = threads[i] };
+		rt = ap_runtime_new(b, &opt, &err);
+		ck_assert_msg(rt != NULL, "%s", err.msg);
+		ck_assert(ap_runtime_is_host(rt));
+		ck_assert_int_eq(ap_runtime_n_inputs(rt), 1);
+		ck_assert_int_eq(ap_runtime_n_outputs(rt), 1);
+		ck_assert_int_eq(ap_runtime_bind_input(rt, 0, x, &err), 0);
+		ck_assert_int_eq(ap_runtime_bind_params(rt, params, &err), 0);
+		ck_assert_int_eq(ap_runtime_run(rt, &err), 0);
+		z = ap_runtime_output(rt, 0, &err);
+		ck_assert_ptr_nonnull(z);
+		expect_rowsum(x, w, z);
+		ap_host_tensor_free(z);
+		/* Rebinding and running again gives the new answer. */
+		for (int j = 0; j < ROWS * COLS; j++)
+			((float *)x->data)[j] *= -1;
+		ck_assert_int_eq(ap_runtime_bind_name(rt, "x", x, &err), 0);
+		ck_assert_int_eq(ap_runtime_run(rt, &err), 0);
+		z = ap_runtime_output(rt, 0, &err);
+		expect_rowsum(x, w, z);
+		ap_host_tensor_free(z);
+		ck_assert_ptr_null(ap_runtime_output(rt, 1, &err));
+		ck_assert_int_eq(err.code, AP_EINVAL);
+		ap_runtime_free(rt);
+	}
+	ap_params_free(params);
+	ap_host_tensor_free(x);
+	ap_bundle_free(b);
+	ck_assert_ptr_null(ap_runtime_free(NULL));
+}
+END_TEST
+
+START_TEST(binding_errors)
+{
+	hb h;
+	ap_bundle *b;
+	ap_runtime *rt;
+	ap_error err;
+	ap_host_tensor *x, *w_short, *w_int, *w;
+	ap_params *empty = calloc(1, sizeof(ap_params));
+
+	build_so();
+	if (!so_blob) {
+		printf("binding_errors: SKIPPED: cannot build the test kernel: %s\n", so_why);
+		free(empty);
+		return;
+	}
+	hb_init(&h, "cpu", so_blob, so_len);
+	b = hb_bundle(&h);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_ptr_nonnull(rt);
+	x = make_f32("x", 2, ROWS, COLS, 1.0f);
+	w = make_f32("w", 1, COLS, 0, 1.0f);
+	w_short = make_f32("w", 1, COLS - 1, 0, 1.0f);
+	w_int = make_f32("w", 1, COLS, 0, 1.0f);
+	w_int->dtype = AP_DT_I32;
+
+	/* Nothing bound: the run names the input. */
+	ck_assert_int_eq(ap_runtime_run(rt, &err), AP_EINVAL);
+	ck_assert_str_eq(err.tensor, "x");
+	ck_assert_int_eq(ap_runtime_bind_input(rt, 0, x, &err), 0);
+	/* Input bound, param not. */
+	ck_assert_int_eq(ap_runtime_run(rt, &err), AP_EINVAL);
+	ck_assert_str_eq(err.tensor, "w");
+	/* Wrong byte size, wrong dtype: AP_ESHAPE with both numbers. */
+	ck_assert_int_eq(ap_runtime_bind_name(rt, "w", w_short, &err), AP_ESHAPE);
+	ck_assert_ptr_nonnull(strstr(err.msg, "256"));
+	ck_assert_ptr_nonnull(strstr(err.msg, "252"));
+	ck_assert_int_eq(ap_runtime_bind_name(rt, "w", w_int, &err), AP_ESHAPE);
+	ck_assert_ptr_nonnull(strstr(err.msg, "float32"));
+	ck_assert_int_eq(ap_runtime_bind_input(rt, 0, w, &err), AP_ESHAPE);
+	/* Unknown names and positions. */
+	ck_assert_int_eq(ap_runtime_bind_name(rt, "nope", w, &err), AP_EINVAL);
+	ck_assert_int_eq(ap_runtime_bind_name(rt, "z", w, &err), AP_EINVAL);
+	ck_assert_int_eq(ap_runtime_bind_input(rt, 1, x, &err), AP_EINVAL);
+	/* A store without the param. */
+	ck_assert_int_eq(ap_runtime_bind_params(rt, empty, &err), AP_EINVAL);
+	ck_assert_str_eq(err.tensor, "w");
+	ck_assert_int_eq(ap_runtime_bind_params(rt, NULL, &err), AP_EINVAL);
+	/* Still not runnable after the failed binds. */
+	ck_assert_int_eq(ap_runtime_run(rt, &err), AP_EINVAL);
+	ck_assert_int_eq(ap_runtime_bind_name(rt, "w", w, &err), 0);
+	ck_assert_int_eq(ap_runtime_run(rt, &err), 0);
+
+	ap_runtime_free(rt);
+	ap_host_tensor_free(x);
+	ap_host_tensor_free(w);
+	ap_host_tensor_free(w_short);
+	ap_host_tensor_free(w_int);
+	free(empty);
+	ap_bundle_free(b);
+}
+END_TEST
+
+/* Each case breaks the hand-made bundle in one way. */
+enum breakage {
+	BR_KERNEL_INDEX, BR_ARG_INDEX, BR_ARG_COUNT, BR_GRID_ZERO, BR_GRID_VALUES,
+	BR_WORKSPACE, BR_BYTES, BR_DTYPE, BR_DUP_OUTPUT, BR_WRITES_INPUT, BR_TARGET,
+	BR_NO_SYMBOL, BR_BAD_BLOB, BR_EMPTY_BLOB,
+};
+
+START_TEST(malformed_bundles)
+{
+	static const struct {
+		enum breakage what;
+		int code;
+	} cases[] = {
+		{ BR_KERNEL_INDEX, AP_EINVAL }, { BR_ARG_INDEX, AP_EINVAL },
+		{ BR_ARG_COUNT, AP_EINVAL },    { BR_GRID_ZERO, AP_EINVAL },
+		{ BR_GRID_VALUES, AP_EINVAL },  { BR_WORKSPACE, AP_EINVAL },
+		{ BR_BYTES, AP_EINVAL },        { BR_DTYPE, AP_EINVAL },
+		{ BR_DUP_OUTPUT, AP_EINVAL },   { BR_WRITES_INPUT, AP_EINVAL },
+		{ BR_TARGET, AP_EUNSUPPORTED }, { BR_NO_SYMBOL, AP_ECOMPILE },
+		{ BR_BAD_BLOB, AP_ECOMPILE },   { BR_EMPTY_BLOB, AP_EINVAL },
+	};
+	static const uint8_t junk[16] = "not an ELF file";
+
+	build_so();
+	if (!so_blob) {
+		printf("malformed_bundles: SKIPPED: cannot build the test kernel: %s\n", so_why);
+		return;
+	}
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		hb h;
+		ap_bundle *b;
+		ap_error err;
+		ap_runtime *rt;
+		hb_init(&h, "cpu", so_blob, so_len);
+		switch (cases[i].what) {
+		case BR_KERNEL_INDEX: h.l[1].kernel = 2; break;
+		case BR_ARG_INDEX: h.args1[1] = 4; break;
+		case BR_ARG_COUNT: h.l[1].n_args = 1; break;
+		case BR_GRID_ZERO: h.grid[0][1] = 0; break;
+		case BR_GRID_VALUES: h.k[0].n_grid = 2; break;
+		case BR_WORKSPACE: h.buf[2].offset = 512; break;
+		case BR_BYTES: h.buf[3].bytes = 4; break;
+		case BR_DTYPE: h.p[4].dtype = APOLLO__DATA_TYPE__DT_INT64; break;
+		case BR_DUP_OUTPUT: h.buf[1].kind = APOLLO__BUFFER_KIND__BUF_OUTPUT;
+			h.buf[1].index = 0; break;
+		case BR_WRITES_INPUT: h.p[0].written = 1; break;
+		case BR_TARGET: h.b.target = "tpu"; break;
+		case BR_NO_SYMBOL: h.k[1].name = "missing_kernel"; break;
+		case BR_BAD_BLOB: h.k[1].blob.data = (uint8_t *)junk; h.k[1].blob.len = sizeof(junk); break;
+		case BR_EMPTY_BLOB: h.k[0].blob.len = 0; break;
+		}
+		b = hb_bundle(&h);
+		rt = ap_runtime_new(b, NULL, &err);
+		ck_assert_msg(rt == NULL, "case %zu was accepted", i);
+		ck_assert_msg(err.code == cases[i].code, "case %zu: code %d (%s), want %d", i,
+			      err.code, err.msg, cases[i].code);
+		ck_assert(err.msg[0] != 0);
+		ap_bundle_free(b);
+	}
+}
+END_TEST
+
+/* Zero-size buffers and an empty plan still load, run and give outputs. */
+START_TEST(empty_shapes)
+{
+	hb h;
+	ap_bundle *b;
+	ap_runtime *rt;
+	ap_error err;
+	ap_host_tensor *z;
+
+	build_so();
+	if (!so_blob) {
+		printf("empty_shapes: SKIPPED: cannot build the test kernel: %s\n", so_why);
+		return;
+	}
+	hb_init(&h, "cpu", so_blob, so_len);
+	h.b.n_plan = 0;
+	h.buf[1].kind = APOLLO__BUFFER_KIND__BUF_OUTPUT;
+	h.buf[1].index = 1;
+	h.d_w[0] = 0;
+	h.buf[1].bytes = 0;
+	b = hb_bundle(&h);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	{
+		ap_host_tensor *x = make_f32("x", 2, ROWS, COLS, 1.0f);
+		ck_assert_int_eq(ap_runtime_bind_input(rt, 0, x, &err), 0);
+		ap_host_tensor_free(x);
+	}
+	ck_assert_int_eq(ap_runtime_run(rt, &err), 0);
+	z = ap_runtime_output(rt, 1, &err);
+	ck_assert_ptr_nonnull(z);
+	ck_assert_uint_eq(z->nbytes, 0);
+	ck_assert_int_eq(z->dims[0], 0);
+	ap_host_tensor_free(z);
+	/* Outputs start zeroed. */
+	z = ap_runtime_output(rt, 0, &err);
+	for (int r = 0; r < ROWS; r++)
+		ck_assert(((float *)z->data)[r] == 0.0f);
+	ap_host_tensor_free(z);
+	ap_runtime_free(rt);
+	ap_bundle_free(b);
+}
+END_TEST
+
+/* ---- gpu ------------------------------------------------------------------------------ */
+
+/* A PTX kernel doing y = x + 1 over 256 floats, written by hand for sm_50+. */
+static const char *ptx_add_one =
+	".version 6.0\n"
+	".target sm_50\n"
+	".address_size 64\n"
+	".visible .entry add_one(.param .u64 px, .param .u64 py)\n"
+	"{\n"
+	"  .reg .b32 r<4>; .reg .b64 rd<8>; .reg .f32 f<3>;\n"
+	"  ld.param.u64 rd1, [px]; ld.param.u64 rd2, [py];\n"
+	"  cvta.to.global.u64 rd3, rd1; cvta.to.global.u64 rd4, rd2;\n"
+	"  mov.u32 r1, %ctaid.x; mov.u32 r2, %ntid.x; mov.u32 r3, %tid.x;\n"
+	"  mad.lo.s32 r1, r1, r2, r3;\n"
+	"  mul.wide.s32 rd5, r1, 4;\n"
+	"  add.s64 rd6, rd3, rd5; add.s64 rd7, rd4, rd5;\n"
+	"  ld.global.f32 f1, [rd6]; add.f32 f2, f1, 0f3F800000; st.global.f32 [rd7], f2;\n"
+	"  ret;\n"
+	"}\n";
+
+START_TEST(gpu_runs_ptx)
+{
+	char why[256];
+	Apollo__Bundle bb = APOLLO__BUNDLE__INIT;
+	Apollo__Kernel k = APOLLO__KERNEL__INIT, *kp[1] = { &k };
+	Apollo__KernelParam p0 = APOLLO__KERNEL_PARAM__INIT, p1 = APOLLO__KERNEL_PARAM__INIT;
+	Apollo__KernelParam *pp[2] = { &p0, &p1 };
+	Apollo__Launch l = APOLLO__LAUNCH__INIT, *lp[1] = { &l };
+	Apollo__Buffer b0 = APOLLO__BUFFER__INIT, b1 = APOLLO__BUFFER__INIT, *bp[2] = { &b0, &b1 };
+	uint32_t grid[3] = { 2, 1, 1 }, block[3] = { 128, 1, 1 }, args[2] = { 0, 1 };
+	int64_t dims[1] = { 256 };
+	size_t n;
+	uint8_t *buf;
+	ap_bundle *b;
+	ap_runtime *rt;
+	ap_error err;
+	ap_host_tensor *x, *y;
+
+	if (!ap_runtime_cuda_available(why, sizeof(why))) {
+		printf("gpu_runs_ptx [gpu]: SKIPPED: %s\n", why);
+		return;
+	}
+	p0.name = "x"; p0.dtype = APOLLO__DATA_TYPE__DT_FLOAT;
+	p1.name = "y"; p1.dtype = APOLLO__DATA_TYPE__DT_FLOAT; p1.written = 1;
+	k.name = "add_one"; k.target = "compute_50"; k.format = APOLLO__OUTPUT_KIND__OUTPUT_PTX;
+	k.blob.data = (uint8_t *)ptx_add_one; k.blob.len = strlen(ptx_add_one);
+	k.n_grid = 3; k.grid = grid; k.n_block = 3; k.block = block;
+	k.n_params = 2; k.params = pp;
+	l.n_args = 2; l.args = args;
+	b0.name = "x"; b0.kind = APOLLO__BUFFER_KIND__BUF_INPUT; b0.dtype = APOLLO__DATA_TYPE__DT_FLOAT;
+	b0.n_dims = 1; b0.dims = dims; b0.bytes = 1024;
+	b1 = b0;
+	b1.name = "y"; b1.kind = APOLLO__BUFFER_KIND__BUF_OUTPUT;
+	bb.target = "compute_50"; bb.format = APOLLO__OUTPUT_KIND__OUTPUT_PTX;
+	bb.n_kernels = 1; bb.kernels = kp; bb.n_plan = 1; bb.plan = lp;
+	bb.n_buffers = 2; bb.buffers = bp;
+	n = apollo__bundle__get_packed_size(&bb);
+	buf = malloc(n);
+	apollo__bundle__pack(&bb, buf);
+	b = ap_bundle_unpack(buf, n, &err);
+	free(buf);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	ck_assert(!ap_runtime_is_host(rt));
+	x = make_f32("x", 1, 256, 0, 1.0f);
+	ck_assert_int_eq(ap_runtime_bind_input(rt, 0, x, &err), 0);
+	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
+	y = ap_runtime_output(rt, 0, &err);
+	ck_assert_ptr_nonnull(y);
+	for (int i = 0; i < 256; i++)
+		ck_assert(((float *)y->data)[i] == ((float *)x->data)[i] + 1.0f);
+	ap_host_tensor_free(y);
+	ap_host_tensor_free(x);
+	ap_runtime_free(rt);
+	ap_bundle_free(b);
+}
+END_TEST
+
+START_TEST(gpu_absent_is_an_error)
+{
+	char why[256];
+	hb h;
+	ap_bundle *b;
+	ap_error err;
+
+	if (ap_runtime_cuda_available(why, sizeof(why))) {
+		printf("gpu_absent_is_an_error [gpu]: SKIPPED: a CUDA device is present\n");
+		return;
+	}
+	/* Without a driver or device a GPU bundle is refused with the reason. */
+	hb_init(&h, "sm_90", (const uint8_t *)"x", 1);
+	b = hb_bundle(&h);
+	ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
+	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+	ck_assert_ptr_nonnull(strstr(err.msg, "sm_90"));
+	ap_bundle_free(b);
+}
+END_TEST
+
+static Suite *runtime_suite(void)
+{
+	Suite *s = suite_create("runtime");
+	TCase *tc = tcase_create("host");
+
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, host_runs_plan);
+	tcase_add_test(tc, binding_errors);
+	tcase_add_test(tc, malformed_bundles);
+	tcase_add_test(tc, empty_shapes);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("gpu");
+	tcase_set_tags(tc, "gpu");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, gpu_runs_ptx);
+	tcase_add_test(tc, gpu_absent_is_an_error);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(runtime_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	free(so_blob);
+	return failed ? 1 : 0;
+}
