@@ -9,7 +9,8 @@
  *   apollo-client ping
  *   apollo-client stats
  * Every subcommand takes --socket PATH (else $APOLLO_SOCKET, else the
- * default socket; "HOST:PORT" for TCP).
+ * default socket; "HOST:PORT" for TCP, with --token SECRET or
+ * $APOLLO_TOKEN when the daemon wants one).
  *
  * An ONNX model is imported here, on the client (ap_onnx_import): its
  * weights stay in this process and only the Graph travels.  `check` runs the
@@ -35,6 +36,7 @@
 #define MAX_MODEL_BYTES ((size_t)2 << 30)
 
 static const char *g_socket;   /* --socket; NULL = default */
+static const char *g_token;    /* --token, else $APOLLO_TOKEN (TCP) */
 
 static void usage(FILE *f)
 {
@@ -47,7 +49,7 @@ static void usage(FILE *f)
 	      "  apollo-client ping\n"
 	      "  apollo-client stats\n"
 	      "every subcommand takes --socket PATH (default $APOLLO_SOCKET, else /tmp/apollod-<uid>.sock;\n"
-	      "HOST:PORT for TCP)\n",
+	      "HOST:PORT for TCP, with --token SECRET or $APOLLO_TOKEN)\n",
 	      f);
 }
 
@@ -249,7 +251,7 @@ static ap_graph *import_model(const uint8_t *buf, size_t len, const bindings *b,
 
 static ap_client *connect_daemon(ap_error *err)
 {
-	return ap_client_connect(g_socket, err);
+	return ap_client_connect_token(g_socket, g_token, err);
 }
 
 /* ---- submit / convert ---------------------------------------------------------------- */
@@ -970,6 +972,7 @@ int main(int argc, char **argv)
 	rest = calloc((size_t)argc + 1, sizeof(char *));
 	if (!rest)
 		return 1;
+	g_token = getenv("APOLLO_TOKEN");
 	/* --socket PATH anywhere; the first other word is the subcommand. */
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--socket")) {
@@ -980,6 +983,12 @@ int main(int argc, char **argv)
 			g_socket = argv[++i];
 		} else if (!strncmp(argv[i], "--socket=", 9)) {
 			g_socket = argv[i] + 9;
+		} else if (!strcmp(argv[i], "--token")) {
+			if (i + 1 >= argc) {
+				free(rest);
+				return usage_error("--token wants a value");
+			}
+			g_token = argv[++i];
 		} else if (!cmd && (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))) {
 			usage(stdout);
 			free(rest);

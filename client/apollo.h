@@ -53,10 +53,18 @@ typedef struct ap_bundle ap_bundle;
  * reply that is not a HelloReply), AP_ENOMEM. */
 __ap_give ap_client *ap_client_connect(const char *addr, ap_error *err);
 
+/* As ap_client_connect, sending `token` (may be NULL) in the Hello as the
+ * word "token=TOKEN" of its client field: a daemon listening on TCP
+ * (apollod tcp_token) closes connections that do not carry its secret. */
+__ap_give ap_client *ap_client_connect_token(const char *addr, const char *token, ap_error *err);
+
 /* Wraps an already connected stream socket `fd` (consumed: closed by
  * ap_client_free, and on failure).  With `handshake` false no Hello is
  * sent (for tests with a fake server).  Errors as ap_client_connect. */
 __ap_give ap_client *ap_client_from_fd(__ap_take int fd, bool handshake, ap_error *err);
+/* As ap_client_from_fd with a token for the Hello (see ap_client_connect_token). */
+__ap_give ap_client *ap_client_from_fd_token(__ap_take int fd, bool handshake, const char *token,
+					     ap_error *err);
 
 /* Closes the socket and frees the client; accepts NULL, returns NULL. */
 ap_client *ap_client_free(__ap_take ap_client *c);

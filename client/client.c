@@ -273,15 +273,24 @@ static void copy_str(char *dst, size_t cap, const char *src)
 	snprintf(dst, cap, "%s", src ? src : "");
 }
 
-static int handshake(ap_client *c, ap_error *err)
+static int handshake(ap_client *c, const char *token, ap_error *err)
 {
 	Apollo__Envelope req = APOLLO__ENVELOPE__INIT, *rep;
 	Apollo__Hello hello = APOLLO__HELLO__INIT;
 	Apollo__HelloReply *hr;
+	char who[512];
 	int rc;
 
 	hello.schema_version = APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
-	hello.client = "libapollo-client " AP_VERSION;
+	if (token && *token) {
+		if (strlen(token) > 256 || strpbrk(token, " \t\n"))
+			return ap_error_set(err, AP_EINVAL, NULL, NULL,
+					    "a token is at most 256 bytes without blanks");
+		snprintf(who, sizeof(who), "libapollo-client %s token=%s", AP_VERSION, token);
+	} else {
+		snprintf(who, sizeof(who), "libapollo-client %s", AP_VERSION);
+	}
+	hello.client = who;
 	req.msg_case = APOLLO__ENVELOPE__MSG_HELLO;
 	req.hello = &hello;
 	rc = call(c, &req, APOLLO__ENVELOPE__MSG_HELLO_REPLY, &rep, err);
@@ -319,6 +328,11 @@ static int handshake(ap_client *c, ap_error *err)
 
 ap_client *ap_client_from_fd(int fd, bool do_handshake, ap_error *err)
 {
+	return ap_client_from_fd_token(fd, do_handshake, NULL, err);
+}
+
+ap_client *ap_client_from_fd_token(int fd, bool do_handshake, const char *token, ap_error *err)
+{
 	ap_client *c = calloc(1, sizeof(*c));
 
 	if (!c) {
@@ -329,7 +343,7 @@ ap_client *ap_client_from_fd(int fd, bool do_handshake, ap_error *err)
 	c->fd = fd;
 	c->next_id = 1;
 	c->max_frame = AP_CLIENT_DEFAULT_MAX_FRAME;
-	if (do_handshake && handshake(c, err) < 0)
+	if (do_handshake && handshake(c, token, err) < 0)
 		return ap_client_free(c);
 	return c;
 }
@@ -424,6 +438,11 @@ static int connect_tcp(const char *hostport, ap_error *err)
 
 ap_client *ap_client_connect(const char *addr, ap_error *err)
 {
+	return ap_client_connect_token(addr, NULL, err);
+}
+
+ap_client *ap_client_connect_token(const char *addr, const char *token, ap_error *err)
+{
 	char path[128];
 	int fd;
 
@@ -445,7 +464,7 @@ ap_client *ap_client_connect(const char *addr, ap_error *err)
 	}
 	if (fd < 0)
 		return NULL;
-	return ap_client_from_fd(fd, true, err);
+	return ap_client_from_fd_token(fd, true, token, err);
 }
 
 ap_client *ap_client_free(ap_client *c)

@@ -182,6 +182,7 @@ typedef struct fake {
 	int last_source;
 	int last_bindings;
 	bool last_no_cache;
+	char hello_client[128];
 } fake;
 
 static Apollo__Bundle *fake_bundle(void)
@@ -260,6 +261,7 @@ static void *fake_main(void *arg)
 		}
 		switch (req->msg_case) {
 		case APOLLO__ENVELOPE__MSG_HELLO:
+			snprintf(f->hello_client, sizeof(f->hello_client), "%s", req->hello->client);
 			hr.schema_version = f->mode == FAKE_OLD_SCHEMA ? 7 : 1;
 			hr.server = "fake 1.0";
 			hr.nvrtc_version = "12.4";
@@ -390,6 +392,34 @@ START_TEST(handshake_ping_stats)
 		ck_assert_int_eq(ap_client_ping(r.c, NULL, 0, &err), 0);
 	fake_stop(&r);
 	ck_assert_int_eq(r.f.served, 8);
+}
+END_TEST
+
+START_TEST(hello_carries_token)
+{
+	fake_run r;
+	ap_error err;
+	int fds[2];
+
+	fake_start(&r, FAKE_OK, true, &err);
+	ck_assert_ptr_nonnull(r.c);
+	ck_assert_ptr_null(strstr(r.f.hello_client, "token="));
+	fake_stop(&r);
+
+	memset(&r, 0, sizeof(r));
+	pair(fds);
+	r.f.fd = fds[1];
+	ck_assert_int_eq(pthread_create(&r.tid, NULL, fake_main, &r.f), 0);
+	r.c = ap_client_from_fd_token(fds[0], true, "s3cret", &err);
+	ck_assert_ptr_nonnull(r.c);
+	ck_assert_ptr_nonnull(strstr(r.f.hello_client, " token=s3cret"));
+	fake_stop(&r);
+
+	/* A token with blanks would split the word: refused before sending. */
+	pair(fds);
+	ck_assert_ptr_null(ap_client_from_fd_token(fds[0], true, "a b", &err));
+	ck_assert_int_eq(err.code, AP_EINVAL);
+	close(fds[1]);
 }
 END_TEST
 
@@ -910,6 +940,7 @@ static Suite *client_suite(void)
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, handshake_ping_stats);
 	tcase_add_test(tc, version_mismatch);
+	tcase_add_test(tc, hello_carries_token);
 	tcase_add_test(tc, submit_graph_and_accessors);
 	tcase_add_test(tc, submit_error_reply);
 	tcase_add_test(tc, bad_replies);

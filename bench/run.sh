@@ -1,0 +1,54 @@
+#!/bin/sh
+# bench/run.sh [TARGET...] -- cold and warm compile time of every model under
+# ../shared/testdata/models, through a real apollod.
+#
+# For each model and target: a daemon with a fresh, empty cache answers the
+# first submit (cold: partition, codegen, NVRTC or cc, cache store) and then
+# the same submit WARM_RUNS times (warm: answered from the cache).  Prints,
+# per model, cold ms, warm ms (median), their ratio, kernels against
+# eager_kernels, and where the cold time went (import, partition, codegen,
+# backend, cache, as the daemon measured them).  Times are the client's
+# round trip for the submit (the local ONNX import is shown apart: it is
+# the same cold or warm).  Prints numbers, asserts nothing.
+#   TARGET: default sm_90 when the daemon has NVRTC, else cpu.
+#   env: APOLLO_BUILD, WARM_RUNS (default 5)
+cd "$(dirname "$0")/.." || exit 1
+. tests/daemon.inc
+
+WARM_RUNS=${WARM_RUNS:-5}
+PY=python3
+[ -x "$REPO/.venv/bin/python" ] && PY=$REPO/.venv/bin/python
+targets="$*"
+out=$AP_TMP/bench.jsonl
+: >"$out"
+n=0
+for d in $(ap_test_dirs models); do
+	name=$(basename "$d")
+	n=$((n + 1))
+	APOLLO_TEST_CACHE=$AP_TMP/cache-$n.db
+	export APOLLO_TEST_CACHE
+	ap_start >/dev/null
+	if [ -z "$targets" ]; then
+		case $("$CLIENT" ping) in
+		*"NVRTC none"*) targets=cpu ;;
+		*) targets=sm_90 ;;
+		esac
+		echo "bench: target $targets"
+	fi
+	for t in $targets; do
+		i=0
+		while [ $i -le "$WARM_RUNS" ]; do
+			phase=warm
+			[ $i -eq 0 ] && phase=cold
+			if ! j=$("$CLIENT" submit "$d/model.onnx" --data "$d" --target "$t" --json 2>"$AP_TMP/err"); then
+				echo "bench: $name $t: $(cat "$AP_TMP/err")"
+				break
+			fi
+			printf '{"bench_model":"%s","bench_target":"%s","phase":"%s","result":%s}\n' \
+				"$name" "$t" "$phase" "$j" >>"$out"
+			i=$((i + 1))
+		done
+	done
+	ap_stop
+done
+"$PY" bench/summary.py "$out"
