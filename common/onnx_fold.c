@@ -1,0 +1,731 @@
+/* onnx_fold.c -- a small reference evaluator for normalised nodes on host
+ * data (ap__op_eval), used by the ONNX importer to fold constants: shape
+ * arithmetic (Concat / Gather / Slice / Cast / Add / Mul / ... of shapes),
+ * small Constant subgraphs, the condition of an If.
+ *
+ * Written for clarity, not speed: it only ever sees tensors of at most a
+ * few kilobytes.  Every element is read through ld()/li() (as double or as
+ * int64) and written through sd()/si(), so one loop serves every dtype.
+ * Float results are computed in double precision and rounded once on
+ * store; integer results in int64.  The meaning of each op is ONNX's
+ * (https://onnx.ai/onnx/operators/) with ops.def's normalised attributes.
+ * Ops it does not implement (convolutions, pools, normalisations, LRN,
+ * Gemm) answer AP_EUNSUPPORTED and the importer keeps them as nodes.
+ */
+#include "onnx_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool fdt(ap_dtype dt)
+{
+	return dt == AP_DT_F32 || dt == AP_DT_F64;
+}
+
+static int64_t numel(const ap_host_tensor *t)
+{
+	int64_t n = ap__shape_numel(t->rank, t->dims);
+
+	return n < 0 ? 0 : n;
+}
+
+static double ld(const ap_host_tensor *t, int64_t i)
+{
+	switch (t->dtype) {
+	case AP_DT_F32: return ((const float *)t->data)[i];
+	case AP_DT_F64: return ((const double *)t->data)[i];
+	case AP_DT_I32: return ((const int32_t *)t->data)[i];
+	case AP_DT_I64: return (double)((const int64_t *)t->data)[i];
+	case AP_DT_I8: return ((const int8_t *)t->data)[i];
+	default: return ((const uint8_t *)t->data)[i];
+	}
+}
+
+static int64_t f2i(double v)
+{
+	if (isnan(v))
+		return 0;
+	if (v >= 9.2233720368547758e18)
+		return INT64_MAX;
+	if (v <= -9.2233720368547758e18)
+		return INT64_MIN;
+	return (int64_t)v;
+}
+
+static int64_t li(const ap_host_tensor *t, int64_t i)
+{
+	switch (t->dtype) {
+	case AP_DT_F32: return f2i(((const float *)t->data)[i]);
+	case AP_DT_F64: return f2i(((const double *)t->data)[i]);
+	case AP_DT_I32: return ((const int32_t *)t->data)[i];
+	case AP_DT_I64: return ((const int64_t *)t->data)[i];
+	case AP_DT_I8: return ((const int8_t *)t->data)[i];
+	default: return ((const uint8_t *)t->data)[i];
+	}
+}
+
+static void si(ap_host_tensor *t, int64_t i, int64_t v)
+{
+	switch (t->dtype) {
+	case AP_DT_F32: ((float *)t->data)[i] = (float)v; break;
+	case AP_DT_F64: ((double *)t->data)[i] = (double)v; break;
+	case AP_DT_I32: ((int32_t *)t->data)[i] = (int32_t)v; break;
+	case AP_DT_I64: ((int64_t *)t->data)[i] = v; break;
+	case AP_DT_I8: ((int8_t *)t->data)[i] = (int8_t)v; break;
+	case AP_DT_BOOL: ((uint8_t *)t->data)[i] = v != 0; break;
+	default: ((uint8_t *)t->data)[i] = (uint8_t)v; break;
+	}
+}
+
+static void sd(ap_host_tensor *t, int64_t i, double v)
+{
+	switch (t->dtype) {
+	case AP_DT_F32: ((float *)t->data)[i] = (float)v; break;
+	case AP_DT_F64: ((double *)t->data)[i] = v; break;
+	case AP_DT_BOOL: ((uint8_t *)t->data)[i] = v != 0; break;
+	default: si(t, i, f2i(v)); break;
+	}
+}
+
+/* Copies element j of `src` to element i of `dst` (same dtype). */
+static void cp(ap_host_tensor *dst, int64_t i, const ap_host_tensor *src, int64_t j)
+{
+	size_t es = ap_dtype_size(dst->dtype);
+
+	memcpy((char *)dst->data + (size_t)i * es, (const char *)src->data + (size_t)j * es, es);
+}
+
+/* Row-major strides of t. */
+static void strides_of(const ap_host_tensor *t, int64_t *st)
+{
+	int64_t s = 1;
+
+	for (int d = t->rank - 1; d >= 0; d--) {
+		st[d] = s;
+		s *= t->dims[d];
+	}
+}
+
+/* Coordinates of linear index i in shape (rank, dims). */
+static void coords(int64_t i, int rank, const int64_t *dims, int64_t *c)
+{
+	for (int d = rank - 1; d >= 0; d--) {
+		c[d] = dims[d] ? i % dims[d] : 0;
+		i = dims[d] ? i / dims[d] : 0;
+	}
+}
+
+/* Offset in `in` of the element that numpy broadcasting maps to output
+ * coordinates c (output rank r). */
+static int64_t bcast_off(const ap_host_tensor *in, int r, const int64_t *c)
+{
+	int64_t st[AP_MAX_RANK], off = 0;
+
+	strides_of(in, st);
+	for (int d = 0; d < in->rank; d++) {
+		int od = d + r - in->rank;
+
+		if (in->dims[d] != 1)
+			off += c[od] * st[d];
+	}
+	return off;
+}
+
+/* ---- elementwise ------------------------------------------------------------ */
+
+static double unary_f(const ap_node *n, double x)
+{
+	switch (n->op) {
+	case AP_OP_IDENTITY: case AP_OP_CAST: return x;
+	case AP_OP_NEG: return -x;
+	case AP_OP_ABS: return fabs(x);
+	case AP_OP_EXP: return exp(x);
+	case AP_OP_LOG: return log(x);
+	case AP_OP_SQRT: return sqrt(x);
+	case AP_OP_RECIPROCAL: return 1.0 / x;
+	case AP_OP_TANH: return tanh(x);
+	case AP_OP_SIGMOID: return 1.0 / (1.0 + exp(-x));
+	case AP_OP_RELU: return x > 0 ? x : 0;
+	case AP_OP_ERF: return erf(x);
+	case AP_OP_SIGN: return x > 0 ? 1 : x < 0 ? -1 : 0;
+	case AP_OP_FLOOR: return floor(x);
+	case AP_OP_CEIL: return ceil(x);
+	case AP_OP_NOT: return x == 0;
+	case AP_OP_SOFTSIGN: return x / (1 + fabs(x));
+	case AP_OP_HARD_SWISH: return x * fmax(0, fmin(1, x / 6 + 0.5));
+	case AP_OP_SOFTPLUS: return log1p(exp(-fabs(x))) + fmax(x, 0);
+	case AP_OP_MISH: return x * tanh(log1p(exp(-fabs(x))) + fmax(x, 0));
+	case AP_OP_LEAKY_RELU: return x >= 0 ? x : x * ap_node_float(n, "alpha", 0.01);
+	case AP_OP_ELU: return x >= 0 ? x : ap_node_float(n, "alpha", 1.0) * (exp(x) - 1);
+	case AP_OP_SELU:
+		return ap_node_float(n, "gamma", 1.0507009873554805) *
+		       (x > 0 ? x : ap_node_float(n, "alpha", 1.6732632423543772) * (exp(x) - 1));
+	case AP_OP_HARD_SIGMOID:
+		return fmax(0, fmin(1, ap_node_float(n, "alpha", 0.2) * x + ap_node_float(n, "beta", 0.5)));
+	case AP_OP_GELU:
+		if (strcmp(ap_node_string(n, "approximate", "none"), "tanh") == 0)
+			return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+		return 0.5 * x * (1 + erf(x / 1.4142135623730951));
+	case AP_OP_CLIP:
+		return fmin(fmax(x, ap_node_float(n, "min", -INFINITY)), ap_node_float(n, "max", INFINITY));
+	default: return NAN;
+	}
+}
+
+static int eval_unary(const ap_node *n, const ap_host_tensor *x, ap_host_tensor *y)
+{
+	int64_t cnt = numel(x);
+
+	if (n->op == AP_OP_IDENTITY || (n->op == AP_OP_CAST && x->dtype == y->dtype)) {
+		if (y->nbytes)
+			memcpy(y->data, x->data, y->nbytes);
+		return 0;
+	}
+	if (n->op == AP_OP_CAST) {
+		for (int64_t i = 0; i < cnt; i++) {
+			if (fdt(x->dtype))
+				sd(y, i, ld(x, i));
+			else
+				si(y, i, li(x, i));
+		}
+		return 0;
+	}
+	if (!fdt(x->dtype)) {
+		for (int64_t i = 0; i < cnt; i++) {
+			int64_t v = li(x, i);
+
+			switch (n->op) {
+			case AP_OP_NEG: v = -v; break;
+			case AP_OP_ABS: v = v < 0 ? -v : v; break;
+			case AP_OP_SIGN: v = v > 0 ? 1 : v < 0 ? -1 : 0; break;
+			case AP_OP_RELU: v = v > 0 ? v : 0; break;
+			case AP_OP_NOT: v = v == 0; break;
+			case AP_OP_CLIP: {
+				double lo = ap_node_float(n, "min", -INFINITY), hi = ap_node_float(n, "max", INFINITY);
+
+				if ((double)v < lo)
+					v = f2i(ceil(lo));
+				if ((double)v > hi)
+					v = f2i(floor(hi));
+				break;
+			}
+			default: return AP_EUNSUPPORTED;
+			}
+			si(y, i, v);
+		}
+		return 0;
+	}
+	for (int64_t i = 0; i < cnt; i++)
+		sd(y, i, unary_f(n, ld(x, i)));
+	return 0;
+}
+
+static double binary_f(ap_op op, double a, double b, const ap_node *n)
+{
+	switch (op) {
+	case AP_OP_ADD: return a + b;
+	case AP_OP_SUB: return a - b;
+	case AP_OP_MUL: return a * b;
+	case AP_OP_DIV: return a / b;
+	case AP_OP_POW: return pow(a, b);
+	case AP_OP_MAX: return isnan(a) || isnan(b) ? NAN : fmax(a, b);
+	case AP_OP_MIN: return isnan(a) || isnan(b) ? NAN : fmin(a, b);
+	case AP_OP_PRELU: return a < 0 ? a * b : a;
+	case AP_OP_MOD: {
+		double r = fmod(a, b);
+
+		if (!ap_node_int(n, "fmod", 0) && r != 0 && ((r < 0) != (b < 0)))
+			r += b;
+		return r;
+	}
+	case AP_OP_EQUAL: return a == b;
+	case AP_OP_LESS: return a < b;
+	case AP_OP_GREATER: return a > b;
+	case AP_OP_LESS_OR_EQUAL: return a <= b;
+	case AP_OP_GREATER_OR_EQUAL: return a >= b;
+	case AP_OP_AND: return (a != 0) && (b != 0);
+	case AP_OP_OR: return (a != 0) || (b != 0);
+	case AP_OP_XOR: return (a != 0) != (b != 0);
+	default: return NAN;
+	}
+}
+
+static int64_t ipow(int64_t a, int64_t b)
+{
+	int64_t r = 1;
+
+	if (b < 0)
+		return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+	while (b-- > 0)
+		r *= a;
+	return r;
+}
+
+static int binary_i(ap_op op, int64_t a, int64_t b, int64_t *r, const ap_node *n)
+{
+	switch (op) {
+	case AP_OP_ADD: *r = (int64_t)((uint64_t)a + (uint64_t)b); return 0;
+	case AP_OP_SUB: *r = (int64_t)((uint64_t)a - (uint64_t)b); return 0;
+	case AP_OP_MUL: *r = (int64_t)((uint64_t)a * (uint64_t)b); return 0;
+	case AP_OP_DIV:
+		if (b == 0)
+			return AP_EINVAL;
+		*r = (a == INT64_MIN && b == -1) ? a : a / b;
+		return 0;
+	case AP_OP_POW: *r = ipow(a, b); return 0;
+	case AP_OP_MAX: *r = a > b ? a : b; return 0;
+	case AP_OP_MIN: *r = a < b ? a : b; return 0;
+	case AP_OP_PRELU: *r = a < 0 ? a * b : a; return 0;
+	case AP_OP_MOD:
+		if (b == 0)
+			return AP_EINVAL;
+		*r = (a == INT64_MIN && b == -1) ? 0 : a % b;
+		if (!ap_node_int(n, "fmod", 0) && *r != 0 && ((*r < 0) != (b < 0)))
+			*r += b;
+		return 0;
+	case AP_OP_EQUAL: *r = a == b; return 0;
+	case AP_OP_LESS: *r = a < b; return 0;
+	case AP_OP_GREATER: *r = a > b; return 0;
+	case AP_OP_LESS_OR_EQUAL: *r = a <= b; return 0;
+	case AP_OP_GREATER_OR_EQUAL: *r = a >= b; return 0;
+	case AP_OP_AND: *r = a && b; return 0;
+	case AP_OP_OR: *r = a || b; return 0;
+	case AP_OP_XOR: *r = (a != 0) != (b != 0); return 0;
+	default: return AP_EUNSUPPORTED;
+	}
+}
+
+static int eval_binary(const ap_node *n, const ap_host_tensor *a, const ap_host_tensor *b,
+		       ap_host_tensor *y)
+{
+	int64_t cnt = numel(y), c[AP_MAX_RANK];
+	bool flt = fdt(a->dtype) || fdt(b->dtype);
+
+	for (int64_t i = 0; i < cnt; i++) {
+		int64_t ia, ib;
+
+		coords(i, y->rank, y->dims, c);
+		ia = bcast_off(a, y->rank, c);
+		ib = bcast_off(b, y->rank, c);
+		if (flt) {
+			sd(y, i, binary_f(n->op, ld(a, ia), ld(b, ib), n));
+		} else {
+			int64_t r;
+			int rc = binary_i(n->op, li(a, ia), li(b, ib), &r, n);
+
+			if (rc < 0)
+				return rc;
+			si(y, i, r);
+		}
+	}
+	return 0;
+}
+
+static int eval_where(const ap_host_tensor *cnd, const ap_host_tensor *x, const ap_host_tensor *z,
+		      ap_host_tensor *y)
+{
+	int64_t cnt = numel(y), c[AP_MAX_RANK];
+
+	for (int64_t i = 0; i < cnt; i++) {
+		coords(i, y->rank, y->dims, c);
+		if (li(cnd, bcast_off(cnd, y->rank, c)))
+			cp(y, i, x, bcast_off(x, y->rank, c));
+		else
+			cp(y, i, z, bcast_off(z, y->rank, c));
+	}
+	return 0;
+}
+
+/* ---- reductions ----------------------------------------------------------- */
+
+/* Output linear index of input coordinates c when `red` axes are reduced. */
+static int64_t red_index(const ap_host_tensor *x, const bool *red, const int64_t *c)
+{
+	int64_t idx = 0;
+
+	for (int d = 0; d < x->rank; d++)
+		if (!red[d])
+			idx = idx * x->dims[d] + c[d];
+	return idx;
+}
+
+static int eval_reduce(const ap_node *n, const ap_host_tensor *x, ap_host_tensor *y)
+{
+	const ap_attr *axes = ap_node_attr(n, "axes");
+	bool red[AP_MAX_RANK] = { false };
+	int64_t cnt_in = numel(x), cnt_out = numel(y), group = 1, c[AP_MAX_RANK];
+	double *acc, *mx;
+	bool flt = fdt(x->dtype);
+	ap_op op = n->op;
+
+	if (!axes)
+		return AP_EINVAL;
+	for (int i = 0; i < axes->n_ints; i++) {
+		red[axes->ints[i]] = true;
+		group *= x->dims[axes->ints[i]];
+	}
+	acc = calloc((size_t)cnt_out + 1, sizeof(double));
+	mx = calloc((size_t)cnt_out + 1, sizeof(double));
+	if (!acc || !mx) {
+		free(acc);
+		free(mx);
+		return AP_ENOMEM;
+	}
+	for (int64_t o = 0; o < cnt_out; o++) {
+		acc[o] = op == AP_OP_REDUCE_PROD ? 1 : op == AP_OP_REDUCE_MAX ? -INFINITY :
+			 op == AP_OP_REDUCE_MIN ? INFINITY : 0;
+		mx[o] = -INFINITY;
+	}
+	if (op == AP_OP_REDUCE_LOG_SUM_EXP)
+		for (int64_t i = 0; i < cnt_in; i++) {
+			coords(i, x->rank, x->dims, c);
+			mx[red_index(x, red, c)] = fmax(mx[red_index(x, red, c)], ld(x, i));
+		}
+	for (int64_t i = 0; i < cnt_in; i++) {
+		double v = ld(x, i);
+		int64_t o;
+
+		coords(i, x->rank, x->dims, c);
+		o = red_index(x, red, c);
+		switch (op) {
+		case AP_OP_REDUCE_PROD: acc[o] *= v; break;
+		case AP_OP_REDUCE_MAX: acc[o] = fmax(acc[o], v); break;
+		case AP_OP_REDUCE_MIN: acc[o] = fmin(acc[o], v); break;
+		case AP_OP_REDUCE_SUM_SQUARE: case AP_OP_REDUCE_L2: acc[o] += v * v; break;
+		case AP_OP_REDUCE_L1: acc[o] += fabs(v); break;
+		case AP_OP_REDUCE_LOG_SUM_EXP: acc[o] += exp(v - mx[o]); break;
+		default: acc[o] += v; break;
+		}
+	}
+	for (int64_t o = 0; o < cnt_out; o++) {
+		double v = acc[o];
+
+		switch (op) {
+		case AP_OP_REDUCE_MEAN: v = v / (double)group; break;
+		case AP_OP_REDUCE_L2: v = sqrt(v); break;
+		case AP_OP_REDUCE_LOG_SUM: v = log(v); break;
+		case AP_OP_REDUCE_LOG_SUM_EXP: v = isinf(mx[o]) ? mx[o] : log(v) + mx[o]; break;
+		default: break;
+		}
+		if (flt)
+			sd(y, o, v);
+		else
+			si(y, o, f2i(v));
+	}
+	free(acc);
+	free(mx);
+	return 0;
+}
+
+static int eval_softmax(const ap_node *n, const ap_host_tensor *x, ap_host_tensor *y)
+{
+	ap_node r = *n;
+	ap_attr keep[2];
+	ap_host_tensor *mx, *sum;
+	int64_t cnt = numel(x), c[AP_MAX_RANK];
+	bool red[AP_MAX_RANK] = { false };
+	const ap_attr *axes = ap_node_attr(n, "axes");
+	int64_t rd[AP_MAX_RANK];
+	int rr = 0;
+
+	if (!axes)
+		return AP_EINVAL;
+	for (int i = 0; i < axes->n_ints; i++)
+		red[axes->ints[i]] = true;
+	for (int d = 0; d < x->rank; d++)
+		if (!red[d])
+			rd[rr++] = x->dims[d];
+	mx = ap__host_tensor_new("", AP_DT_F64, rr, rd);
+	sum = ap__host_tensor_new("", AP_DT_F64, rr, rd);
+	if (!mx || !sum) {
+		ap_host_tensor_free(mx);
+		ap_host_tensor_free(sum);
+		return AP_ENOMEM;
+	}
+	keep[0] = *axes;
+	memset(&keep[1], 0, sizeof(keep[1]));
+	keep[1].name = (char *)"keepdims";
+	keep[1].type = AP_ATTR_INT;
+	r.attrs = keep;
+	r.n_attrs = 2;
+	r.op = AP_OP_REDUCE_MAX;
+	eval_reduce(&r, x, mx);
+	for (int64_t i = 0; i < cnt; i++) {
+		int64_t o;
+
+		coords(i, x->rank, x->dims, c);
+		o = red_index(x, red, c);
+		((double *)sum->data)[o] += exp(ld(x, i) - ((double *)mx->data)[o]);
+	}
+	for (int64_t i = 0; i < cnt; i++) {
+		int64_t o;
+		double v;
+
+		coords(i, x->rank, x->dims, c);
+		o = red_index(x, red, c);
+		v = ld(x, i) - ((double *)mx->data)[o];
+		if (n->op == AP_OP_LOG_SOFTMAX)
+			sd(y, i, v - log(((double *)sum->data)[o]));
+		else
+			sd(y, i, exp(v) / ((double *)sum->data)[o]);
+	}
+	ap_host_tensor_free(mx);
+	ap_host_tensor_free(sum);
+	return 0;
+}
+
+/* ---- data movement ---------------------------------------------------------- */
+
+static int eval_transpose(const ap_node *n, const ap_host_tensor *x, ap_host_tensor *y)
+{
+	const ap_attr *perm = ap_node_attr(n, "perm");
+	int64_t st[AP_MAX_RANK], c[AP_MAX_RANK], cnt = numel(y);
+
+	if (!perm)
+		return AP_EINVAL;
+	strides_of(x, st);
+	for (int64_t i = 0; i < cnt; i++) {
+		int64_t off = 0;
+
+		coords(i, y->rank, y->dims, c);
+		for (int d = 0; d < y->rank; d++)
+			off += c[d] * st[perm->ints[d]];
+		cp(y, i, x, off);
+	}
+	return 0;
+}
+
+static int eval_slice_tile_expand(const ap_node *n, const ap_host_tensor *x, ap_host_tensor *y)
+{
+	const ap_attr *starts = ap_node_attr(n, "starts"), *steps = ap_node_attr(n, "steps");
+	int64_t st[AP_MAX_RANK], c[AP_MAX_RANK], cnt = numel(y);
+
+	if (n->op == AP_OP_SLICE && (!starts || !steps))
+		return AP_EINVAL;
+	strides_of(x, st);
+	for (int64_t i = 0; i < cnt; i++) {
+		int64_t off = 0;
+
+		coords(i, y->rank, y->dims, c);
+		if (n->op == AP_OP_EXPAND) {
+			off = bcast_off(x, y->rank, c);
+		} else {
+			for (int d = 0; d < x->rank; d++) {
+				int64_t k = n->op == AP_OP_SLICE ? starts->ints[d] + c[d] * steps->ints[d]
+								 : c[d] % x->dims[d];
+				off += k * st[d];
+			}
+		}
+		cp(y, i, x, off);
+	}
+	return 0;
+}
+
+static int eval_concat_split(const ap_node *n, const ap_host_tensor *const *in, int n_in,
+			     ap_host_tensor *const *out, int n_out)
+{
+	int64_t axis = ap_node_int(n, "axis", 0), c[AP_MAX_RANK];
+	bool concat = n->op == AP_OP_CONCAT;
+	const ap_host_tensor *big = concat ? out[0] : in[0];
+	int parts = concat ? n_in : n_out;
+	int64_t base = 0;
+
+	for (int p = 0; p < parts; p++) {
+		const ap_host_tensor *part = concat ? in[p] : out[p];
+		int64_t cnt = numel(part), st[AP_MAX_RANK];
+
+		if (!part)
+			return AP_EINVAL;
+		strides_of(big, st);
+		for (int64_t i = 0; i < cnt; i++) {
+			int64_t off = 0;
+
+			coords(i, part->rank, part->dims, c);
+			c[axis] += base;
+			for (int d = 0; d < big->rank; d++)
+				off += c[d] * st[d];
+			if (concat)
+				cp(out[0], off, in[p], i);
+			else
+				cp(out[p], i, in[0], off);
+		}
+		base += part->dims[axis];
+	}
+	return 0;
+}
+
+static int eval_gather(const ap_node *n, const ap_host_tensor *x, const ap_host_tensor *idx,
+		       ap_host_tensor *y)
+{
+	int64_t axis = ap_node_int(n, "axis", 0), cnt = numel(y), st[AP_MAX_RANK], c[AP_MAX_RANK];
+
+	strides_of(x, st);
+	for (int64_t i = 0; i < cnt; i++) {
+		int64_t off = 0, j = 0, k;
+		int d;
+
+		coords(i, y->rank, y->dims, c);
+		for (d = 0; d < idx->rank; d++)
+			j = j * idx->dims[d] + c[axis + d];
+		k = li(idx, j);
+		if (k < 0)
+			k += x->dims[axis];
+		if (k < 0 || k >= x->dims[axis])
+			return AP_EINVAL;
+		for (d = 0; d < axis; d++)
+			off += c[d] * st[d];
+		off += k * st[axis];
+		for (d = (int)axis + 1; d < x->rank; d++)
+			off += c[d + idx->rank - 1] * st[d];
+		cp(y, i, x, off);
+	}
+	return 0;
+}
+
+static int eval_pad(const ap_node *n, const ap_host_tensor *x, ap_host_tensor *y)
+{
+	const ap_attr *pads = ap_node_attr(n, "pads");
+	const char *mode = ap_node_string(n, "mode", "constant");
+	double value = ap_node_float(n, "value", 0);
+	int64_t st[AP_MAX_RANK], c[AP_MAX_RANK], cnt = numel(y);
+
+	if (!pads)
+		return AP_EINVAL;
+	strides_of(x, st);
+	for (int64_t i = 0; i < cnt; i++) {
+		int64_t off = 0;
+		bool outside = false;
+
+		coords(i, y->rank, y->dims, c);
+		for (int d = 0; d < x->rank; d++) {
+			int64_t k = c[d] - pads->ints[d], dim = x->dims[d];
+
+			if (k < 0 || k >= dim) {
+				if (strcmp(mode, "edge") == 0 && dim > 0) {
+					k = k < 0 ? 0 : dim - 1;
+				} else if (strcmp(mode, "reflect") == 0 && dim > 1) {
+					int64_t period = 2 * (dim - 1);
+
+					k = ((k % period) + period) % period;
+					if (k >= dim)
+						k = period - k;
+				} else {
+					outside = true;
+					break;
+				}
+			}
+			off += k * st[d];
+		}
+		if (outside)
+			sd(y, i, value);
+		else
+			cp(y, i, x, off);
+	}
+	return 0;
+}
+
+static int eval_matmul(const ap_host_tensor *a, const ap_host_tensor *b, ap_host_tensor *y)
+{
+	int64_t ar = a->rank, br = b->rank;
+	int64_t m = ar >= 2 ? a->dims[ar - 2] : 1, k = a->dims[ar - 1];
+	int64_t nn = br >= 2 ? b->dims[br - 1] : 1;
+	int64_t cnt = numel(y), c[AP_MAX_RANK + 2];
+	int yr = y->rank;
+
+	for (int64_t i = 0; i < cnt; i++) {
+		int64_t row, col, batch_c[AP_MAX_RANK];
+		int nb = yr - (ar >= 2) - (br >= 2);
+		double s = 0;
+
+		coords(i, yr, y->dims, c);
+		row = ar >= 2 ? c[nb] : 0;
+		col = br >= 2 ? c[yr - 1] : 0;
+		for (int d = 0; d < nb; d++)
+			batch_c[d] = c[d];
+		for (int64_t kk = 0; kk < k; kk++) {
+			int64_t oa = 0, ob = 0, sa = 1, sb = 1;
+
+			/* a: [..batch.., m, k] */
+			oa = row * k + kk;
+			sa = m * k;
+			for (int d = (int)ar - 3; d >= 0; d--) {
+				int64_t cd = batch_c[d + nb - (ar - 2)];
+
+				oa += (a->dims[d] == 1 ? 0 : cd) * sa;
+				sa *= a->dims[d];
+			}
+			ob = br >= 2 ? kk * nn + col : kk;
+			sb = k * nn;
+			for (int d = (int)br - 3; d >= 0; d--) {
+				int64_t cd = batch_c[d + nb - (br - 2)];
+
+				ob += (b->dims[d] == 1 ? 0 : cd) * sb;
+				sb *= b->dims[d];
+			}
+			s += ld(a, oa) * ld(b, ob);
+		}
+		if (fdt(y->dtype))
+			sd(y, i, s);
+		else
+			si(y, i, f2i(s));
+	}
+	return 0;
+}
+
+int ap__op_eval(const ap_node *node, const ap_host_tensor *const *in, int n_in,
+		ap_host_tensor *const *out, int n_out, ap_error *err)
+{
+	int rc;
+
+	for (int k = 0; k < n_out; k++)
+		if (!out[k])
+			return ap_error_set(err, AP_EUNSUPPORTED, node->name, NULL,
+					    "evaluator needs every output");
+	switch (node->op) {
+	case AP_OP_RESHAPE:
+		if (out[0]->nbytes)
+			memcpy(out[0]->data, in[0]->data, out[0]->nbytes);
+		return 0;
+	case AP_OP_TRANSPOSE:
+		return eval_transpose(node, in[0], out[0]);
+	case AP_OP_SLICE: case AP_OP_TILE: case AP_OP_EXPAND:
+		return eval_slice_tile_expand(node, in[0], out[0]);
+	case AP_OP_CONCAT: case AP_OP_SPLIT:
+		return eval_concat_split(node, in, n_in, out, n_out);
+	case AP_OP_GATHER:
+		rc = eval_gather(node, in[0], in[1], out[0]);
+		if (rc < 0)
+			return ap_error_set(err, rc, node->name, NULL, "Gather: index out of range");
+		return 0;
+	case AP_OP_PAD:
+		return eval_pad(node, in[0], out[0]);
+	case AP_OP_WHERE:
+		return eval_where(in[0], in[1], in[2], out[0]);
+	case AP_OP_MATMUL:
+		return eval_matmul(in[0], in[1], out[0]);
+	case AP_OP_SOFTMAX: case AP_OP_LOG_SOFTMAX:
+		return eval_softmax(node, in[0], out[0]);
+	case AP_OP_REDUCE_SUM: case AP_OP_REDUCE_MEAN: case AP_OP_REDUCE_MAX:
+	case AP_OP_REDUCE_MIN: case AP_OP_REDUCE_PROD: case AP_OP_REDUCE_SUM_SQUARE:
+	case AP_OP_REDUCE_L1: case AP_OP_REDUCE_L2: case AP_OP_REDUCE_LOG_SUM:
+	case AP_OP_REDUCE_LOG_SUM_EXP:
+		return eval_reduce(node, in[0], out[0]);
+	case AP_OP_LAYER_NORM: case AP_OP_BATCH_NORM: case AP_OP_INSTANCE_NORM: case AP_OP_LRN:
+	case AP_OP_GEMM: case AP_OP_CONV: case AP_OP_CONV_TRANSPOSE: case AP_OP_MAX_POOL:
+	case AP_OP_AVERAGE_POOL:
+		return AP_EUNSUPPORTED;
+	default:
+		break;
+	}
+	if (ap_op_category_of(node->op) == AP_CAT_BROADCAST) {
+		rc = eval_binary(node, in[0], in[1], out[0]);
+		if (rc < 0)
+			return ap_error_set(err, rc, node->name, NULL, "%s: division by zero",
+					    ap_op_name(node->op));
+		return 0;
+	}
+	if (ap_op_category_of(node->op) == AP_CAT_ELEMWISE)
+		return eval_unary(node, in[0], out[0]);
+	return AP_EUNSUPPORTED;
+}
