@@ -4,7 +4,7 @@
  *                 [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]
  *                 [--no-cache] [--namespace NS] [--daemon-import]
  *   apollo-client check DIR... [--target cpu] [--rtol R] [--atol A] [--jobs N]
- *                 [--threads N]
+ *                 [--threads N] [--timeout S] [--no-fork] [--no-cache]
  *   apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]
  *   apollo-client ping
  *   apollo-client stats
@@ -19,6 +19,8 @@
  * and make the command exit 1 (2 for a usage error).
  */
 #include <errno.h>
+#include <signal.h>
+#include <time.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -45,6 +47,7 @@ static void usage(FILE *f)
 	      "                [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]\n"
 	      "                [--no-cache] [--namespace NS] [--daemon-import]\n"
 	      "  apollo-client check DIR... [--target cpu] [--rtol R] [--atol A] [--jobs N] [--threads N]\n"
+	      "                [--timeout S] [--no-fork] [--no-cache]\n"
 	      "  apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n"
 	      "  apollo-client ping\n"
 	      "  apollo-client stats\n"
@@ -524,6 +527,8 @@ typedef struct check_opts {
 	double rtol, atol;
 	int threads;
 	int jobs;
+	int timeout_s;     /* per test folder; 0 = none */
+	bool no_fork;      /* run in this process (for a debugger) */
 } check_opts;
 
 /* The worst output seen so far in one test folder. */
@@ -635,7 +640,8 @@ static int check_set(ap_client **cp, const char *setdir, const uint8_t *model, s
 			goto error;
 		}
 	}
-	if ((rc = ap_runtime_bind_params(rt, params, &err)) < 0) {
+	if ((rc = ap_runtime_bind_consts(rt, g, &err)) < 0 ||
+	    (rc = ap_runtime_bind_params(rt, params, &err)) < 0) {
 		error_message(&err, "bind");
 		goto error;
 	}
@@ -767,8 +773,11 @@ done:
 		       ap_now_ms() - t0, w.err, w.where[0] ? " at " : "", w.where);
 	} else {
 		const char *sn = failed_set >= 0 ? strrchr(sets[failed_set], '/') : NULL;
-		printf("FAIL %s  %s%s%s  (max abs err %.3g%s%s)\n", dir, sn ? sn + 1 : "",
-		       sn ? ": " : "", msg, w.err, w.where[0] ? " at " : "", w.where);
+		if (w.where[0])
+			printf("FAIL %s  %s%s%s  (max abs err %.3g at %s)\n", dir, sn ? sn + 1 : "",
+			       sn ? ": " : "", msg, w.err, w.where);
+		else
+			printf("FAIL %s  %s%s%s\n", dir, sn ? sn + 1 : "", sn ? ": " : "", msg);
 	}
 	fflush(stdout);
 	ap_strv_free(sets, n_sets);
@@ -777,18 +786,129 @@ done:
 	return ok;
 }
 
-static void check_range(char **dirs, int n, int stride, int first, const check_opts *o, int *pass,
-			int *failed)
-{
-	ap_client *c = NULL;
+/* Each test folder runs in a child process of its own, up to `jobs` at a
+ * time, so that a crashing or hanging kernel fails that test only (with
+ * the signal, or after `timeout_s`) and the others go on.  Children print
+ * their own result line; the exit status says pass (0) or fail. */
+typedef struct slot {
+	pid_t pid;
+	int idx;
+	double start;
+} slot;
 
-	for (int i = first; i < n; i += stride) {
-		if (check_dir(&c, dirs[i], o))
-			(*pass)++;
-		else
-			(*failed)++;
+static pid_t spawn_check(const char *dir, const check_opts *o)
+{
+	pid_t pid;
+
+	fflush(stdout);
+	fflush(stderr);
+	pid = fork();
+	if (pid == 0) {
+		ap_client *c = NULL;
+		bool ok = check_dir(&c, dir, o);
+		ap_client_free(c);
+		fflush(stdout);
+		_exit(ok ? 0 : 1);
 	}
-	ap_client_free(c);
+	return pid;
+}
+
+static void print_dir_failure(const char *dir, const char *why)
+{
+	char d[4096];
+	size_t dl;
+
+	snprintf(d, sizeof(d), "%s", dir);
+	dl = strlen(d);
+	while (dl > 1 && d[dl - 1] == '/')
+		d[--dl] = 0;
+	printf("FAIL %s  %s\n", d, why);
+	fflush(stdout);
+}
+
+static void check_all(char **dirs, int n, const check_opts *o, int *pass, int *failed)
+{
+	slot *slots;
+	int next = 0, running = 0;
+
+	if (o->no_fork) {
+		ap_client *c = NULL;
+		for (int i = 0; i < n; i++) {
+			if (check_dir(&c, dirs[i], o))
+				(*pass)++;
+			else
+				(*failed)++;
+		}
+		ap_client_free(c);
+		return;
+	}
+	slots = calloc((size_t)o->jobs, sizeof(slot));
+	if (!slots) {
+		*failed += n;
+		return;
+	}
+	while (next < n || running > 0) {
+		pid_t pid;
+		int st;
+		while (running < o->jobs && next < n) {
+			int s = 0;
+			while (slots[s].pid > 0)
+				s++;
+			slots[s].pid = spawn_check(dirs[next], o);
+			if (slots[s].pid < 0) {
+				char why[128];
+				slots[s].pid = 0;
+				snprintf(why, sizeof(why), "cannot fork: %s", strerror(errno));
+				print_dir_failure(dirs[next++], why);
+				(*failed)++;
+				continue;
+			}
+			slots[s].idx = next++;
+			slots[s].start = ap_now_ms();
+			running++;
+		}
+		if (running == 0)
+			break;
+		pid = waitpid(-1, &st, WNOHANG);
+		if (pid < 0 && errno != EINTR)
+			break;
+		if (pid <= 0) {
+			/* Nothing finished: enforce the time limit, then nap. */
+			struct timespec ts = { 0, 5 * 1000 * 1000 };
+			for (int s = 0; s < o->jobs && o->timeout_s > 0; s++)
+				if (slots[s].pid > 0 &&
+				    ap_now_ms() - slots[s].start > o->timeout_s * 1000.0)
+					kill(slots[s].pid, SIGKILL);
+			nanosleep(&ts, NULL);
+			continue;
+		}
+		for (int s = 0; s < o->jobs; s++) {
+			char why[160];
+			if (slots[s].pid != pid)
+				continue;
+			slots[s].pid = 0;
+			running--;
+			if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+				(*pass)++;
+				break;
+			}
+			(*failed)++;
+			if (WIFSIGNALED(st)) {
+				if (WTERMSIG(st) == SIGKILL && o->timeout_s > 0 &&
+				    ap_now_ms() - slots[s].start > o->timeout_s * 1000.0)
+					snprintf(why, sizeof(why), "timed out after %d s", o->timeout_s);
+				else
+					snprintf(why, sizeof(why), "crashed: %s", strsignal(WTERMSIG(st)));
+				print_dir_failure(dirs[slots[s].idx], why);
+			} else if (!WIFEXITED(st) || WEXITSTATUS(st) != 1) {
+				snprintf(why, sizeof(why), "exited with status %d",
+					 WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+				print_dir_failure(dirs[slots[s].idx], why);
+			}
+			break;
+		}
+	}
+	free(slots);
 }
 
 static int cmd_check(int argc, char **argv)
@@ -803,6 +923,7 @@ static int cmd_check(int argc, char **argv)
 	o.rtol = AP_COMPARE_RTOL;
 	o.atol = AP_COMPARE_ATOL;
 	o.jobs = 1;
+	o.timeout_s = 900;
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "--target") && v) {
@@ -831,8 +952,19 @@ static int cmd_check(int argc, char **argv)
 				return usage_error("--threads wants a count, not '%s'", v);
 			}
 			i++;
+		} else if (!strcmp(a, "--timeout") && v) {
+			char *end;
+			long t = strtol(v, &end, 10);
+			if (!*v || *end || t < 0 || t > 86400) {
+				free(dirs);
+				return usage_error("--timeout wants seconds (0 = none), not '%s'", v);
+			}
+			o.timeout_s = (int)t;
+			i++;
 		} else if (!strcmp(a, "--no-cache")) {
 			o.submit.no_cache = true;
+		} else if (!strcmp(a, "--no-fork")) {
+			o.no_fork = true;
 		} else if (a[0] == '-' && a[1]) {
 			free(dirs);
 			return usage_error("check: unknown or incomplete option '%s'", a);
@@ -844,58 +976,7 @@ static int cmd_check(int argc, char **argv)
 		free(dirs);
 		return usage_error("check: which test folders?");
 	}
-	if (o.jobs > n)
-		o.jobs = n;
-	if (o.jobs == 1) {
-		check_range(dirs, n, 1, 0, &o, &pass, &failed);
-	} else {
-		/* One process per job, each with its own connection; each
-		 * reports its two counts through a pipe. */
-		int fds[2];
-		pid_t *pids = calloc((size_t)o.jobs, sizeof(pid_t));
-		if (!pids || pipe(fds) < 0) {
-			free(pids);
-			free(dirs);
-			fprintf(stderr, "apollo-client: check: %s\n", strerror(errno));
-			return 1;
-		}
-		fflush(stdout);
-		for (int j = 0; j < o.jobs; j++) {
-			pids[j] = fork();
-			if (pids[j] == 0) {
-				int counts[2] = {0, 0};
-				close(fds[0]);
-				check_range(dirs, n, o.jobs, j, &o, &counts[0], &counts[1]);
-				if (write(fds[1], counts, sizeof(counts)) != (ssize_t)sizeof(counts))
-					_exit(3);
-				_exit(0);
-			}
-			if (pids[j] < 0) {
-				fprintf(stderr, "apollo-client: check: fork: %s\n", strerror(errno));
-				failed += (n - j + o.jobs - 1) / o.jobs;
-			}
-		}
-		close(fds[1]);
-		for (int j = 0; j < o.jobs; j++) {
-			int st;
-			if (pids[j] <= 0)
-				continue;
-			if (waitpid(pids[j], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-				fprintf(stderr, "apollo-client: check: job %d died\n", j);
-				failed++;
-			}
-		}
-		for (;;) {
-			int counts[2];
-			ssize_t r = read(fds[0], counts, sizeof(counts));
-			if (r != (ssize_t)sizeof(counts))
-				break;
-			pass += counts[0];
-			failed += counts[1];
-		}
-		close(fds[0]);
-		free(pids);
-	}
+	check_all(dirs, n, &o, &pass, &failed);
 	printf("%d passed, %d failed\n", pass, failed);
 	free(dirs);
 	return failed ? 1 : 0;

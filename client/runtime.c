@@ -880,10 +880,38 @@ int ap_runtime_bind_params(ap_runtime *rt, const ap_params *params, ap_error *er
 		if (bf->pb->kind != APOLLO__BUFFER_KIND__BUF_PARAM)
 			continue;
 		t = params ? ap_params_find(params, bf->pb->name) : NULL;
+		if (!t && bf->bound)
+			continue;
 		if (!t)
 			return ap_error_set(err, AP_EINVAL, NULL, bf->pb->name,
 					    "no data for param '%s'", bf->pb->name);
 		if ((rc = bind(rt, bf, t, err)) < 0)
+			return rc;
+	}
+	return 0;
+}
+
+int ap_runtime_bind_consts(ap_runtime *rt, const ap_graph *g, ap_error *err)
+{
+	for (int i = 0; i < rt->n_buffers; i++) {
+		rt_buffer *bf = &rt->buffers[i];
+		ap_host_tensor t;
+		const ap_tensor *gt;
+		int ti, rc;
+		if (bf->pb->kind != APOLLO__BUFFER_KIND__BUF_PARAM || bf->bound)
+			continue;
+		ti = ap_graph_find_tensor(g, bf->pb->name);
+		if (ti < 0 || g->tensors[ti].kind != AP_TENSOR_CONST)
+			continue;
+		gt = &g->tensors[ti];
+		memset(&t, 0, sizeof(t));
+		t.name = gt->name;
+		t.dtype = gt->dtype;
+		t.rank = gt->rank;
+		memcpy(t.dims, gt->dims, sizeof(t.dims));
+		t.data = gt->data;
+		t.nbytes = gt->nbytes;
+		if ((rc = bind(rt, bf, &t, err)) < 0)
 			return rc;
 	}
 	return 0;

@@ -68,8 +68,15 @@ int ap_runtime_bind_input(ap_runtime *rt, int index, __ap_keep const ap_host_ten
 int ap_runtime_bind_name(ap_runtime *rt, const char *name, __ap_keep const ap_host_tensor *t,
 			 ap_error *err);
 /* Binds every PARAM buffer from `params` by name.  AP_EINVAL naming the first
- * PARAM buffer `params` lacks; else as ap_runtime_bind_input. */
+ * PARAM buffer that `params` lacks and that was not bound before; else as
+ * ap_runtime_bind_input. */
 int ap_runtime_bind_params(ap_runtime *rt, __ap_keep const ap_params *params, ap_error *err);
+
+/* Binds every PARAM buffer not bound yet that names a CONST tensor of `g`
+ * (the graph that was compiled) from that tensor's bytes, for a compiler
+ * that hands small constants to its kernels as buffers.  Errors as
+ * ap_runtime_bind_input. */
+int ap_runtime_bind_consts(ap_runtime *rt, __ap_keep const ap_graph *g, ap_error *err);
 
 /* Runs the plan once.  AP_EINVAL when an INPUT or PARAM buffer was never
  * bound (naming it); AP_EIO when a CUDA launch fails. */

@@ -336,6 +336,48 @@ START_TEST(binding_errors)
 }
 END_TEST
 
+/* A PARAM buffer that names a CONST tensor of the compiled graph is bound
+ * from the graph's bytes. */
+START_TEST(params_from_graph_consts)
+{
+	hb h;
+	ap_bundle *b;
+	ap_runtime *rt;
+	ap_error err;
+	ap_host_tensor *x, *w, *z;
+	ap_graph *g;
+	int64_t dims[1] = { COLS };
+
+	build_so();
+	if (!so_blob) {
+		printf("params_from_graph_consts: SKIPPED: %s\n", so_why);
+		return;
+	}
+	hb_init(&h, "cpu", so_blob, so_len);
+	b = hb_bundle(&h);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_ptr_nonnull(rt);
+	x = make_f32("x", 2, ROWS, COLS, 1.0f);
+	w = make_f32("w", 1, COLS, 0, 2.0f);
+	g = ap_graph_new("consts");
+	ck_assert_int_ge(ap_graph_add_tensor(g, "w", AP_DT_F32, 1, dims, AP_TENSOR_CONST, w->data,
+					     w->nbytes), 0);
+	ck_assert_int_eq(ap_runtime_bind_input(rt, 0, x, &err), 0);
+	ck_assert_int_eq(ap_runtime_bind_consts(rt, g, &err), 0);
+	/* Already bound: an empty store is no longer an error. */
+	ck_assert_int_eq(ap_runtime_bind_params(rt, NULL, &err), 0);
+	ck_assert_int_eq(ap_runtime_run(rt, &err), 0);
+	z = ap_runtime_output(rt, 0, &err);
+	expect_rowsum(x, w, z);
+	ap_host_tensor_free(z);
+	ap_host_tensor_free(x);
+	ap_host_tensor_free(w);
+	ap_graph_free(g);
+	ap_runtime_free(rt);
+	ap_bundle_free(b);
+}
+END_TEST
+
 /* Each case breaks the hand-made bundle in one way. */
 enum breakage {
 	BR_KERNEL_INDEX, BR_ARG_INDEX, BR_ARG_COUNT, BR_GRID_ZERO, BR_GRID_VALUES,
@@ -549,6 +591,7 @@ static Suite *runtime_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, host_runs_plan);
 	tcase_add_test(tc, binding_errors);
+	tcase_add_test(tc, params_from_graph_consts);
 	tcase_add_test(tc, malformed_bundles);
 	tcase_add_test(tc, empty_shapes);
 	suite_add_tcase(s, tc);
