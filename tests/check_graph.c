@@ -1,0 +1,667 @@
+/* check_graph.c -- the graph IR's checks (common/): op registry and shape
+ * inference, validation errors (each with its code and the node or tensor
+ * it names), topological sorting, graph <-> apollo.Graph round trip,
+ * canonical hashing, SHA-256 and TensorProto decoding. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/graph.h"
+#include "proto/apollo.pb-c.h"
+#include "proto/onnx.pb-c.h"
+
+/* ---- small builders ------------------------------------------------------- */
+
+static int tensor(ap_graph *g, const char *name, ap_dtype dt, int rank, const int64_t *dims,
+		  ap_tensor_kind kind)
+{
+	int t = ap_graph_add_tensor(g, name, dt, rank, dims, kind, NULL, 0);
+
+	ck_assert_int_ge(t, 0);
+	return t;
+}
+
+static int const_f32(ap_graph *g, const char *name, int rank, const int64_t *dims,
+		     const float *v, size_t n)
+{
+	int t = ap_graph_add_tensor(g, name, AP_DT_F32, rank, dims, AP_TENSOR_CONST, v,
+				    n * sizeof(float));
+
+	ck_assert_int_ge(t, 0);
+	return t;
+}
+
+static int node(ap_graph *g, const char *name, ap_op op, int n_in, const int *in, int n_out,
+		const int *out)
+{
+	int n = ap_graph_add_node(g, name, op, n_in, in, n_out, out);
+
+	ck_assert_int_ge(n, 0);
+	return n;
+}
+
+static void set_io(ap_graph *g, int n_in, const int *in, int n_out, const int *out)
+{
+	g->inputs = malloc(sizeof(int) * (size_t)(n_in + 1));
+	g->outputs = malloc(sizeof(int) * (size_t)(n_out + 1));
+	memcpy(g->inputs, in, sizeof(int) * (size_t)n_in);
+	memcpy(g->outputs, out, sizeof(int) * (size_t)n_out);
+	g->n_inputs = n_in;
+	g->n_outputs = n_out;
+}
+
+/* A small MLP-like graph:  y = Relu(MatMul(x, W) + b) * 0.5, with names
+ * prefixed by `pfx`; nodes added in reverse order when `reverse`. */
+static ap_graph *mlp(const char *pfx, bool reverse, float half, int64_t hidden)
+{
+	ap_graph *g = ap_graph_new("mlp");
+	int64_t dx[2] = { 4, 8 }, dw[2] = { 8, hidden }, db[1] = { hidden }, dh[2] = { 4, hidden };
+	char nm[64];
+	int x, w, b, c, h1, h2, h3, y;
+	float cv = half;
+
+	x = tensor(g, "x", AP_DT_F32, 2, dx, AP_TENSOR_INPUT);
+	w = tensor(g, "W", AP_DT_F32, 2, dw, AP_TENSOR_PARAM);
+	b = tensor(g, "b", AP_DT_F32, 1, db, AP_TENSOR_PARAM);
+	c = const_f32(g, "half", 0, NULL, &cv, 1);
+	snprintf(nm, sizeof(nm), "%s_mm", pfx);
+	h1 = tensor(g, nm, AP_DT_F32, 2, dh, AP_TENSOR_VALUE);
+	snprintf(nm, sizeof(nm), "%s_add", pfx);
+	h2 = tensor(g, nm, AP_DT_F32, 2, dh, AP_TENSOR_VALUE);
+	snprintf(nm, sizeof(nm), "%s_relu", pfx);
+	h3 = tensor(g, nm, AP_DT_F32, 2, dh, AP_TENSOR_VALUE);
+	y = tensor(g, "y", AP_DT_F32, 2, dh, AP_TENSOR_VALUE);
+	{
+		int i0[2] = { x, w }, i1[2] = { h1, b }, i2[1] = { h2 }, i3[2] = { h3, c };
+		struct { ap_op op; int n; int *in; int out; const char *sfx; } ns[4] = {
+			{ AP_OP_MATMUL, 2, i0, h1, "n_mm" }, { AP_OP_ADD, 2, i1, h2, "n_add" },
+			{ AP_OP_RELU, 1, i2, h3, "n_relu" }, { AP_OP_MUL, 2, i3, y, "n_mul" },
+		};
+
+		for (int k = 0; k < 4; k++) {
+			int j = reverse ? 3 - k : k;
+
+			snprintf(nm, sizeof(nm), "%s_%s", pfx, ns[j].sfx);
+			node(g, nm, ns[j].op, ns[j].n, ns[j].in, 1, &ns[j].out);
+		}
+	}
+	set_io(g, 1, &x, 1, &y);
+	return g;
+}
+
+/* ---- registry ------------------------------------------------------------- */
+
+START_TEST(registry)
+{
+	for (int op = 0; op < AP_OP_COUNT; op++) {
+		const char *name = ap_op_name((ap_op)op);
+
+		ck_assert_ptr_nonnull(name);
+		ck_assert_int_eq(ap_op_lookup(name), op);
+	}
+	ck_assert_ptr_null(ap_op_name(AP_OP_COUNT));
+	ck_assert_int_eq(ap_op_lookup("NoSuchOp"), -1);
+	ck_assert_int_eq(ap_op_lookup("add"), -1);
+	ck_assert_int_eq(ap_op_lookup("Add"), AP_OP_ADD);
+	ck_assert_int_eq(ap_op_category_of(AP_OP_ADD), AP_CAT_BROADCAST);
+	ck_assert_int_eq(ap_op_category_of(AP_OP_EXP), AP_CAT_ELEMWISE);
+	ck_assert_int_eq(ap_op_category_of(AP_OP_REDUCE_SUM), AP_CAT_REDUCTION);
+	ck_assert_int_eq(ap_op_category_of(AP_OP_MATMUL), AP_CAT_MATMUL);
+	ck_assert_int_eq(ap_op_category_of(AP_OP_CONV), AP_CAT_CONV);
+	ck_assert_int_eq(ap_op_category_of(AP_OP_TRANSPOSE), AP_CAT_TRANSPOSE);
+	ck_assert(ap_op_is_view(AP_OP_RESHAPE));
+	ck_assert(ap_op_is_view(AP_OP_IDENTITY));
+	ck_assert(!ap_op_is_view(AP_OP_ADD));
+	ck_assert_str_eq(ap_dtype_name(AP_DT_F32), "float32");
+	ck_assert_uint_eq(ap_dtype_size(AP_DT_I64), 8);
+}
+END_TEST
+
+/* Builds the one-node graph op(x[, w]) -> y with the given shapes and
+ * returns ap_op_check's result. */
+static int check_one(ap_op op, int rank_x, const int64_t *dx, int rank_w, const int64_t *dw,
+		     int rank_y, const int64_t *dy, void (*attrs)(ap_graph *, int), ap_error *err)
+{
+	ap_graph *g = ap_graph_new("one");
+	int in[2], y, n, rc;
+
+	in[0] = tensor(g, "x", AP_DT_F32, rank_x, dx, AP_TENSOR_INPUT);
+	if (rank_w >= 0)
+		in[1] = tensor(g, "w", AP_DT_F32, rank_w, dw, AP_TENSOR_PARAM);
+	y = tensor(g, "y", AP_DT_F32, rank_y, dy, AP_TENSOR_VALUE);
+	n = node(g, "op", op, rank_w >= 0 ? 2 : 1, in, 1, &y);
+	if (attrs)
+		attrs(g, n);
+	rc = ap_op_check(g, n, err);
+	ap_graph_free(g);
+	return rc;
+}
+
+static void conv_attrs(ap_graph *g, int n)
+{
+	int64_t s[2] = { 2, 2 }, p[4] = { 1, 1, 1, 1 }, d[2] = { 1, 1 };
+
+	ap_node_set_ints(g, n, "strides", s, 2);
+	ap_node_set_ints(g, n, "pads", p, 4);
+	ap_node_set_ints(g, n, "dilations", d, 2);
+	ap_node_set_int(g, n, "group", 1);
+}
+
+static void pool_attrs(ap_graph *g, int n)
+{
+	int64_t k[2] = { 3, 3 }, s[2] = { 2, 2 }, p[4] = { 0, 0, 0, 0 }, d[2] = { 1, 1 };
+
+	ap_node_set_ints(g, n, "kernel_shape", k, 2);
+	ap_node_set_ints(g, n, "strides", s, 2);
+	ap_node_set_ints(g, n, "pads", p, 4);
+	ap_node_set_ints(g, n, "dilations", d, 2);
+	ap_node_set_int(g, n, "ceil_mode", 1);
+}
+
+static void reduce_attrs(ap_graph *g, int n)
+{
+	int64_t axes[1] = { 1 };
+
+	ap_node_set_ints(g, n, "axes", axes, 1);
+	ap_node_set_int(g, n, "keepdims", 0);
+}
+
+START_TEST(shape_inference)
+{
+	ap_error err;
+	int64_t x4[4] = { 1, 3, 32, 32 }, w4[4] = { 16, 3, 3, 3 }, y4[4] = { 1, 16, 16, 16 };
+	int64_t bad4[4] = { 1, 16, 15, 16 };
+	int64_t p4[4] = { 1, 3, 16, 16 }, py[4] = { 1, 3, 8, 8 };
+	int64_t a3[3] = { 5, 2, 3 }, b2[2] = { 3, 7 }, c3[3] = { 5, 2, 7 };
+	int64_t r3[3] = { 2, 3, 4 }, r2[2] = { 2, 4 };
+
+	/* Conv: (32 + 2 - 3) / 2 + 1 = 16 */
+	ck_assert_int_eq(check_one(AP_OP_CONV, 4, x4, 4, w4, 4, y4, conv_attrs, &err), 0);
+	ck_assert_int_eq(check_one(AP_OP_CONV, 4, x4, 4, w4, 4, bad4, conv_attrs, &err), AP_ESHAPE);
+	ck_assert_str_eq(err.node, "op");
+	ck_assert_str_eq(err.tensor, "y");
+	/* MaxPool with ceil_mode: ceil((16 - 3) / 2) + 1 = 8 (last window starts at 14 < 16) */
+	ck_assert_int_eq(check_one(AP_OP_MAX_POOL, 4, p4, -1, NULL, 4, py, pool_attrs, &err), 0);
+	/* numpy matmul with batch broadcast */
+	ck_assert_int_eq(check_one(AP_OP_MATMUL, 3, a3, 2, b2, 3, c3, NULL, &err), 0);
+	ck_assert_int_eq(check_one(AP_OP_MATMUL, 3, a3, 2, r2, 3, c3, NULL, &err), AP_ESHAPE);
+	/* reduction over axis 1, keepdims 0 */
+	ck_assert_int_eq(check_one(AP_OP_REDUCE_SUM, 3, r3, -1, NULL, 2, r2, reduce_attrs, &err), 0);
+	/* a reduction without its axes is a bad attribute */
+	ck_assert_int_eq(check_one(AP_OP_REDUCE_SUM, 3, r3, -1, NULL, 2, r2, NULL, &err), AP_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "axes"));
+}
+END_TEST
+
+/* ---- validation errors ---------------------------------------------------- */
+
+START_TEST(valid_graph_sorts)
+{
+	ap_graph *g = mlp("a", true, 0.5f, 16);
+	ap_error err;
+
+	ck_assert_int_eq(ap_graph_validate(g, &err), 0);
+	/* reversed input: sorted so that every producer comes first */
+	for (int n = 0; n < g->n_nodes; n++)
+		for (int i = 0; i < g->nodes[n].n_inputs; i++) {
+			int t = g->nodes[n].inputs[i];
+
+			if (t >= 0 && g->tensors[t].producer >= 0)
+				ck_assert_int_lt(g->tensors[t].producer, n);
+		}
+	ck_assert_str_eq(g->nodes[0].name, "a_n_mm");
+	ck_assert_str_eq(g->nodes[3].name, "a_n_mul");
+	ck_assert_int_eq(g->tensors[g->outputs[0]].producer, 3);
+	ck_assert(g->tensors[g->outputs[0]].is_output);
+	ap_graph_free(g);
+}
+END_TEST
+
+START_TEST(dangling_reference)
+{
+	ap_graph *g = mlp("a", false, 0.5f, 16);
+	ap_error err;
+
+	g->nodes[1].inputs[1] = 99;
+	ck_assert_int_eq(ap_graph_validate(g, &err), AP_EINVAL);
+	ck_assert_str_eq(err.node, "a_n_add");
+	ck_assert_ptr_nonnull(strstr(err.msg, "99"));
+	ap_graph_free(g);
+
+	/* a value that nothing produces */
+	g = mlp("a", false, 0.5f, 16);
+	{
+		int64_t d[2] = { 4, 16 };
+		int ghost = tensor(g, "ghost", AP_DT_F32, 2, d, AP_TENSOR_VALUE);
+
+		g->nodes[1].inputs[0] = ghost;
+	}
+	ck_assert_int_eq(ap_graph_validate(g, &err), AP_EINVAL);
+	ck_assert_str_eq(err.node, "a_n_add");
+	ck_assert_str_eq(err.tensor, "ghost");
+	ap_graph_free(g);
+}
+END_TEST
+
+START_TEST(cycle)
+{
+	ap_graph *g = ap_graph_new("cyc");
+	int64_t d[1] = { 4 };
+	ap_error err;
+	int x = tensor(g, "x", AP_DT_F32, 1, d, AP_TENSOR_INPUT);
+	int a = tensor(g, "a", AP_DT_F32, 1, d, AP_TENSOR_VALUE);
+	int b = tensor(g, "b", AP_DT_F32, 1, d, AP_TENSOR_VALUE);
+	int c = tensor(g, "c", AP_DT_F32, 1, d, AP_TENSOR_VALUE);
+	int y = tensor(g, "y", AP_DT_F32, 1, d, AP_TENSOR_VALUE);
+	int in0[2] = { x, c }, in1[1] = { a }, in2[1] = { b }, in3[1] = { b };
+
+	node(g, "head", AP_OP_ADD, 2, in0, 1, &a);   /* a = x + c */
+	node(g, "mid", AP_OP_RELU, 1, in1, 1, &b);   /* b = relu(a) */
+	node(g, "back", AP_OP_EXP, 1, in2, 1, &c);   /* c = exp(b): cycle a->b->c->a */
+	node(g, "out", AP_OP_NEG, 1, in3, 1, &y);
+	set_io(g, 1, &x, 1, &y);
+	ck_assert_int_eq(ap_graph_validate(g, &err), AP_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "cycle"));
+	ck_assert(strcmp(err.node, "head") == 0 || strcmp(err.node, "mid") == 0 ||
+		  strcmp(err.node, "back") == 0);
+	ap_graph_free(g);
+}
+END_TEST
+
+START_TEST(duplicate_producer)
+{
+	ap_graph *g = mlp("a", false, 0.5f, 16);
+	ap_error err;
+	int in[1] = { g->nodes[1].outputs[0] }, out = g->nodes[2].outputs[0];
+
+	node(g, "again", AP_OP_RELU, 1, in, 1, &out);
+	ck_assert_int_eq(ap_graph_validate(g, &err), AP_EINVAL);
+	ck_assert_str_eq(err.node, "again");
+	ck_assert_str_eq(err.tensor, "a_relu");
+	ck_assert_ptr_nonnull(strstr(err.msg, "twice"));
+	ap_graph_free(g);
+}
+END_TEST
+
+START_TEST(mismatched_shapes)
+{
+	ap_graph *g = ap_graph_new("bad");
+	int64_t da[2] = { 2, 3 }, db[1] = { 4 };
+	ap_error err;
+	int a = tensor(g, "a", AP_DT_F32, 2, da, AP_TENSOR_INPUT);
+	int b = tensor(g, "b", AP_DT_F32, 1, db, AP_TENSOR_INPUT);
+	int y = tensor(g, "y", AP_DT_F32, 2, da, AP_TENSOR_VALUE);
+	int in[2] = { a, b }, ins[2] = { a, b };
+
+	node(g, "add", AP_OP_ADD, 2, in, 1, &y);
+	set_io(g, 2, ins, 1, &y);
+	ck_assert_int_eq(ap_graph_validate(g, &err), AP_ESHAPE);
+	ck_assert_str_eq(err.node, "add");
+	ck_assert_ptr_nonnull(strstr(err.msg, "[2,3]"));
+	ck_assert_ptr_nonnull(strstr(err.msg, "[4]"));
+	ap_graph_free(g);
+}
+END_TEST
+
+START_TEST(too_large)
+{
+	ap_graph *g = ap_graph_new("big");
+	int64_t d[2] = { (int64_t)1 << 20, (int64_t)1 << 20 }, d1[1] = { (int64_t)1 << 40 };
+	int64_t neg[1] = { -3 };
+	ap_error err;
+	int x = tensor(g, "huge", AP_DT_F32, 2, d, AP_TENSOR_INPUT);
+	int y = tensor(g, "y", AP_DT_F32, 2, d, AP_TENSOR_VALUE);
+
+	node(g, "relu", AP_OP_RELU, 1, &x, 1, &y);
+	set_io(g, 1, &x, 1, &y);
+	ck_assert_int_eq(ap_graph_validate(g, &err), AP_ETOOLARGE);
+	ck_assert_str_eq(err.tensor, "huge");
+	ap_graph_free(g);
+
+	g = ap_graph_new("big1");
+	x = tensor(g, "long", AP_DT_F32, 1, d1, AP_TENSOR_INPUT);
+	y = tensor(g, "y", AP_DT_F32, 1, d1, AP_TENSOR_VALUE);
+	node(g, "relu", AP_OP_RELU, 1, &x, 1, &y);
+	set_io(g, 1, &x, 1, &y);
+	ck_assert_int_eq(ap_graph_validate(g, &err), AP_ETOOLARGE);
+	ck_assert_str_eq(err.tensor, "long");
+	ap_graph_free(g);
+
+	g = ap_graph_new("neg");
+	x = tensor(g, "negative", AP_DT_F32, 1, neg, AP_TENSOR_INPUT);
+	y = tensor(g, "y", AP_DT_F32, 1, neg, AP_TENSOR_VALUE);
+	node(g, "relu", AP_OP_RELU, 1, &x, 1, &y);
+	set_io(g, 1, &x, 1, &y);
+	ck_assert_int_eq(ap_graph_validate(g, &err), AP_ETOOLARGE);
+	ck_assert_str_eq(err.tensor, "negative");
+	ap_graph_free(g);
+}
+END_TEST
+
+START_TEST(io_rules)
+{
+	ap_graph *g = mlp("a", false, 0.5f, 16);
+	ap_error err;
+
+	/* an output must be produced by a node: not an input */
+	g->outputs[0] = g->inputs[0];
+	ck_assert_int_eq(ap_graph_validate(g, &err), AP_EINVAL);
+	ck_assert_str_eq(err.tensor, "x");
+	ap_graph_free(g);
+
+	/* a CONST whose bytes do not match its shape */
+	g = mlp("a", false, 0.5f, 16);
+	g->tensors[3].nbytes = 2;
+	ck_assert_int_eq(ap_graph_validate(g, &err), AP_EINVAL);
+	ck_assert_str_eq(err.tensor, "half");
+	ap_graph_free(g);
+
+	/* dtype mismatch between operands */
+	g = mlp("a", false, 0.5f, 16);
+	g->tensors[2].dtype = AP_DT_I64;
+	ck_assert_int_eq(ap_graph_validate(g, &err), AP_ESHAPE);
+	ck_assert_str_eq(err.node, "a_n_add");
+	ap_graph_free(g);
+}
+END_TEST
+
+/* ---- protobuf ---------------------------------------------------------------- */
+
+static Apollo__Graph *roundtrip_bytes(const ap_graph *g)
+{
+	Apollo__Graph *pb = ap_graph_to_pb(g), *back;
+	size_t len;
+	uint8_t *buf;
+
+	ck_assert_ptr_nonnull(pb);
+	len = apollo__graph__get_packed_size(pb);
+	buf = malloc(len + 1);
+	ck_assert_uint_eq(apollo__graph__pack(pb, buf), len);
+	ap_graph_pb_free(pb);
+	back = apollo__graph__unpack(NULL, len, buf);
+	free(buf);
+	ck_assert_ptr_nonnull(back);
+	return back;
+}
+
+START_TEST(pb_round_trip)
+{
+	ap_graph *g = mlp("a", false, 0.25f, 16), *h;
+	Apollo__Graph *pb;
+	uint8_t h1[32], h2[32];
+	ap_error err;
+	double fl[2] = { 1.5, -2 };
+
+	ap_node_set_string(g, 2, "note", "hi");
+	ap_node_set_floats(g, 2, "fs", fl, 2);
+	ap_node_set_float(g, 2, "f", 0.125);
+	g->eager_kernels = 4;
+	ck_assert_int_eq(ap_graph_validate(g, &err), 0);
+	pb = roundtrip_bytes(g);
+	h = ap_graph_from_pb(pb, &err);
+	apollo__graph__free_unpacked(pb, NULL);
+	ck_assert_ptr_nonnull(h);
+	ck_assert_int_eq(ap_graph_validate(h, &err), 0);
+	ck_assert_int_eq(h->n_tensors, g->n_tensors);
+	ck_assert_int_eq(h->n_nodes, g->n_nodes);
+	ck_assert_uint_eq(h->eager_kernels, 4);
+	for (int t = 0; t < g->n_tensors; t++) {
+		ck_assert_str_eq(h->tensors[t].name, g->tensors[t].name);
+		ck_assert_int_eq(h->tensors[t].kind, g->tensors[t].kind);
+		ck_assert_int_eq(h->tensors[t].rank, g->tensors[t].rank);
+		ck_assert_uint_eq(h->tensors[t].nbytes, g->tensors[t].nbytes);
+	}
+	ck_assert(*(float *)h->tensors[3].data == 0.25f);
+	ck_assert_str_eq(ap_node_string(&h->nodes[2], "note", ""), "hi");
+	ck_assert(ap_node_float(&h->nodes[2], "f", 0) == 0.125);
+	ck_assert_int_eq(ap_node_attr(&h->nodes[2], "fs")->n_floats, 2);
+	ck_assert(ap_node_attr(&h->nodes[2], "fs")->floats[1] == -2);
+	ap_graph_hash(g, h1);
+	ap_graph_hash(h, h2);
+	ck_assert_mem_eq(h1, h2, 32);
+	ap_graph_free(g);
+	ap_graph_free(h);
+}
+END_TEST
+
+START_TEST(pb_bad_input)
+{
+	ap_graph *g = mlp("a", false, 0.5f, 16), *h;
+	Apollo__Graph *pb;
+	ap_error err;
+
+	ck_assert_int_eq(ap_graph_validate(g, &err), 0);
+	/* unknown op */
+	pb = roundtrip_bytes(g);
+	free(pb->nodes[1]->op_type);
+	pb->nodes[1]->op_type = strdup("FancyOp");
+	h = ap_graph_from_pb(pb, &err);
+	ck_assert_ptr_null(h);
+	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+	ck_assert_str_eq(err.node, "a_n_add");
+	ck_assert_ptr_nonnull(strstr(err.msg, "FancyOp"));
+	apollo__graph__free_unpacked(pb, NULL);
+
+	/* an index past the tensors */
+	pb = roundtrip_bytes(g);
+	pb->nodes[2]->inputs[0] = 1000;
+	h = ap_graph_from_pb(pb, &err);
+	ck_assert_ptr_null(h);
+	ck_assert_int_eq(err.code, AP_EINVAL);
+	ck_assert_str_eq(err.node, "a_n_relu");
+	apollo__graph__free_unpacked(pb, NULL);
+
+	/* a 2^40-element tensor, refused before anything is allocated */
+	pb = roundtrip_bytes(g);
+	pb->tensors[0]->dims[0] = (int64_t)1 << 20;
+	pb->tensors[0]->dims[1] = (int64_t)1 << 20;
+	h = ap_graph_from_pb(pb, &err);
+	ck_assert_ptr_null(h);
+	ck_assert_int_eq(err.code, AP_ETOOLARGE);
+	ck_assert_str_eq(err.tensor, "x");
+	apollo__graph__free_unpacked(pb, NULL);
+
+	/* a CONST whose data does not match its shape */
+	pb = roundtrip_bytes(g);
+	pb->tensors[3]->data.len = 1;
+	h = ap_graph_from_pb(pb, &err);
+	ck_assert_ptr_null(h);
+	ck_assert_int_eq(err.code, AP_EINVAL);
+	ck_assert_str_eq(err.tensor, "half");
+	apollo__graph__free_unpacked(pb, NULL);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* ---- hashing ------------------------------------------------------------------ */
+
+static void hash_of(ap_graph *g, uint8_t out[32])
+{
+	ap_error err;
+
+	ck_assert_int_eq(ap_graph_validate(g, &err), 0);
+	ap_graph_hash(g, out);
+	ap_graph_free(g);
+}
+
+START_TEST(hash_invariance)
+{
+	uint8_t a[32], b[32], c[32];
+	ap_graph *g;
+
+	hash_of(mlp("a", false, 0.5f, 16), a);
+	/* reordered nodes and renamed intermediate tensors and nodes */
+	hash_of(mlp("zz", true, 0.5f, 16), b);
+	ck_assert_mem_eq(a, b, 32);
+	/* renamed parameters: names never enter the hash */
+	g = mlp("a", false, 0.5f, 16);
+	free(g->tensors[1].name);
+	g->tensors[1].name = strdup("other_W");
+	hash_of(g, b);
+	ck_assert_mem_eq(a, b, 32);
+	/* a different constant value */
+	hash_of(mlp("a", false, 0.25f, 16), c);
+	ck_assert(memcmp(a, c, 32) != 0);
+	/* a different shape */
+	hash_of(mlp("a", false, 0.5f, 32), c);
+	ck_assert(memcmp(a, c, 32) != 0);
+	/* a different attribute */
+	g = mlp("a", false, 0.5f, 16);
+	ap_node_set_int(g, 2, "extra", 1);
+	hash_of(g, c);
+	ck_assert(memcmp(a, c, 32) != 0);
+	/* a different op */
+	g = mlp("a", false, 0.5f, 16);
+	g->nodes[2].op = AP_OP_SIGMOID;
+	hash_of(g, c);
+	ck_assert(memcmp(a, c, 32) != 0);
+	/* swapped operands of a non-commutative use */
+	g = mlp("a", false, 0.5f, 16);
+	{
+		int t = g->nodes[3].inputs[0];
+
+		g->nodes[3].inputs[0] = g->nodes[3].inputs[1];
+		g->nodes[3].inputs[1] = t;
+	}
+	hash_of(g, c);
+	ck_assert(memcmp(a, c, 32) != 0);
+}
+END_TEST
+
+/* ---- SHA-256 and TensorProto ---------------------------------------------------- */
+
+START_TEST(sha256_vectors)
+{
+	uint8_t out[32];
+	char hex[65];
+	ap_sha256_ctx *c;
+
+	/* FIPS 180-2 example "abc" */
+	ap_sha256("abc", 3, out);
+	ap_hex(out, 32, hex);
+	ck_assert_str_eq(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+	c = ap_sha256_new();
+	ck_assert_ptr_nonnull(c);
+	ap_sha256_update(c, "a", 1);
+	ap_sha256_update(c, "bc", 2);
+	ap_sha256_final(c, out);
+	ap_hex(out, 32, hex);
+	ck_assert_str_eq(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+	ap_sha256("", 0, out);
+	ap_hex(out, 4, hex);
+	ck_assert_str_eq(hex, "e3b0c442");
+}
+END_TEST
+
+START_TEST(tensor_decode)
+{
+	Onnx__TensorProto tp = ONNX__TENSOR_PROTO__INIT;
+	int64_t dims[2] = { 2, 2 };
+	float fv[4] = { 1, 2, 3, 4 };
+	int64_t iv[3] = { 7, -1, 1LL << 40 };
+	uint8_t buf[256];
+	size_t len;
+	ap_host_tensor *t;
+	ap_error err;
+
+	/* typed float_data */
+	tp.name = "w";
+	tp.n_dims = 2;
+	tp.dims = dims;
+	tp.has_data_type = 1;
+	tp.data_type = AP_DT_F32;
+	tp.n_float_data = 4;
+	tp.float_data = fv;
+	len = onnx__tensor_proto__pack(&tp, buf);
+	t = ap_onnx_tensor_decode(buf, len, &err);
+	ck_assert_ptr_nonnull(t);
+	ck_assert_str_eq(t->name, "w");
+	ck_assert_int_eq(t->rank, 2);
+	ck_assert_uint_eq(t->nbytes, 16);
+	ck_assert(((float *)t->data)[3] == 4);
+	ap_host_tensor_free(t);
+
+	/* raw_data int64 */
+	tp.n_float_data = 0;
+	tp.data_type = AP_DT_I64;
+	tp.n_dims = 1;
+	dims[0] = 3;
+	tp.has_raw_data = 1;
+	tp.raw_data.data = (uint8_t *)iv;
+	tp.raw_data.len = sizeof(iv);
+	len = onnx__tensor_proto__pack(&tp, buf);
+	t = ap_onnx_tensor_decode(buf, len, &err);
+	ck_assert_ptr_nonnull(t);
+	ck_assert(((int64_t *)t->data)[2] == (1LL << 40));
+	ap_host_tensor_free(t);
+
+	/* raw_data of the wrong length */
+	tp.raw_data.len = 20;
+	len = onnx__tensor_proto__pack(&tp, buf);
+	ck_assert_ptr_null(ap_onnx_tensor_decode(buf, len, &err));
+	ck_assert_int_eq(err.code, AP_EINVAL);
+
+	/* float16 is not supported */
+	tp.has_raw_data = 0;
+	tp.data_type = 10;
+	len = onnx__tensor_proto__pack(&tp, buf);
+	ck_assert_ptr_null(ap_onnx_tensor_decode(buf, len, &err));
+	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+
+	/* garbage */
+	ck_assert_ptr_null(ap_onnx_tensor_decode((const uint8_t *)"\xff\xff\xff", 3, &err));
+	ck_assert_int_eq(err.code, AP_EMESSAGE);
+
+	/* unpacked (non-packed) repeated floats decode the same: field 4,
+	 * wire type 5 (fixed32), one value 2.5f; dims 1; data_type 1 */
+	{
+		uint8_t raw[] = { 0x08, 0x01, 0x10, 0x01, 0x25, 0x00, 0x00, 0x20, 0x40 };
+
+		t = ap_onnx_tensor_decode(raw, sizeof(raw), &err);
+		ck_assert_ptr_nonnull(t);
+		ck_assert(((float *)t->data)[0] == 2.5f);
+		ap_host_tensor_free(t);
+	}
+
+	ck_assert_ptr_null(ap_host_tensor_free(NULL));
+	ck_assert_ptr_null(ap_params_free(NULL));
+	ck_assert_ptr_null(ap_graph_free(NULL));
+	ck_assert_ptr_null(ap_params_find(NULL, "x"));
+}
+END_TEST
+
+static Suite *graph_suite(void)
+{
+	Suite *s = suite_create("graph");
+	TCase *tc = tcase_create("core");
+
+	tcase_add_test(tc, registry);
+	tcase_add_test(tc, shape_inference);
+	tcase_add_test(tc, valid_graph_sorts);
+	tcase_add_test(tc, dangling_reference);
+	tcase_add_test(tc, cycle);
+	tcase_add_test(tc, duplicate_producer);
+	tcase_add_test(tc, mismatched_shapes);
+	tcase_add_test(tc, too_large);
+	tcase_add_test(tc, io_rules);
+	tcase_add_test(tc, pb_round_trip);
+	tcase_add_test(tc, pb_bad_input);
+	tcase_add_test(tc, hash_invariance);
+	tcase_add_test(tc, sha256_vectors);
+	tcase_add_test(tc, tensor_decode);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(graph_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
