@@ -59,9 +59,9 @@ static void usage(FILE *f)
 static int fail(const char *what, const ap_error *e)
 {
 	fprintf(stderr, "apollo-client: %s: %s", what, e->msg[0] ? e->msg : ap_error_name(e->code));
-	if (e->node[0])
+	if (e->node[0] && !strstr(e->msg, e->node))
 		fprintf(stderr, " (node '%s')", e->node);
-	if (e->tensor[0])
+	if (e->tensor[0] && !strstr(e->msg, e->tensor))
 		fprintf(stderr, " (tensor '%s')", e->tensor);
 	fputc('\n', stderr);
 	return 1;
