@@ -635,7 +635,8 @@ static void mb_init_tensor(mb *b, const char *name, int dtype, int rank, const i
 	t->has_data_type = 1;
 	t->data_type = dtype;
 	t->dims = mb_alloc(b, sizeof(int64_t) * (size_t)(rank + 1));
-	memcpy(t->dims, dims, sizeof(int64_t) * (size_t)rank);
+	if (rank > 0)
+		memcpy(t->dims, dims, sizeof(int64_t) * (size_t)rank);
 	t->n_dims = (size_t)rank;
 	t->has_raw_data = 1;
 	t->raw_data.data = mb_alloc(b, nbytes + 1);
