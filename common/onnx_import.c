@@ -2154,6 +2154,8 @@ static int import_node(imp *im, const Onnx__NodeProto *n)
 	const char *op = n->op_type ? n->op_type : "";
 	size_t i;
 
+	if (!op[0])
+		return fail(im, AP_EINVAL, NULL, "node without an op_type");
 	if (n->domain && n->domain[0] && strcmp(n->domain, "ai.onnx"))
 		return fail(im, AP_EUNSUPPORTED, NULL, "op '%s' of domain '%s' is not supported", op,
 			    n->domain);

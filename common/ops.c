@@ -345,8 +345,8 @@ static int infer_softmax(const ap_node *node, const ap_shape *x, ap_shape *y, ap
 	return 0;
 }
 
-static int infer_layer_norm(const ap_node *node, const ap_shape *const *in, ap_shape *out,
-			    int n_out, const char *const *names, ap_error *err)
+static int infer_layer_norm(const ap_node *node, const ap_shape *const *in, int n_in,
+			    ap_shape *out, int n_out, const char *const *names, ap_error *err)
 {
 	const ap_shape *x = in[0];
 	int64_t axis;
@@ -363,7 +363,7 @@ static int infer_layer_norm(const ap_node *node, const ap_shape *const *in, ap_s
 	norm.rank = x->rank - (int)axis;
 	for (int i = 0; i < norm.rank; i++)
 		norm.dims[i] = x->dims[axis + i];
-	for (int i = 1; i < 3; i++) {
+	for (int i = 1; i < n_in; i++) {
 		if (!in[i])
 			continue;
 		if (in[i]->dtype != x->dtype)
@@ -835,7 +835,7 @@ int ap__op_infer(const ap_node *node, const ap_shape *const *in, int n_in,
 	case AP_OP_SOFTMAX: case AP_OP_LOG_SOFTMAX:
 		return infer_softmax(node, in[0], &out[0], err);
 	case AP_OP_LAYER_NORM:
-		return infer_layer_norm(node, in, out, n_out, in_names, err);
+		return infer_layer_norm(node, in, n_in, out, n_out, in_names, err);
 	case AP_OP_BATCH_NORM: case AP_OP_INSTANCE_NORM:
 		return infer_channel_norm(node, in, n_in, &out[0], in_names, err);
 	case AP_OP_LRN:
