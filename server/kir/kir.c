@@ -693,9 +693,12 @@ ap_kir_stmt *ap_kir_comment(ap_kir_kernel *k, ap_kir_block *b, const char *fmt, 
 	vsnprintf(buf, sizeof(buf), fmt, ap);
 	va_end(ap);
 	/* comments must not close themselves */
-	for (char *p = buf; *p; p++)
+	for (char *p = buf; *p; p++) {
 		if (p[0] == '*' && p[1] == '/')
 			p[1] = '_';
+		if ((unsigned char)*p < ' ')
+			*p = ' ';
+	}
 	s = stmt_append(k, b, AP_KIR_S_COMMENT);
 	if (s) {
 		s->text = arena_strdup(k, buf);

@@ -1,0 +1,573 @@
+/* expand.c -- opening compound ops into primitives (see partition.h).
+ *
+ * In: a validated graph.  Out: a new graph with the same tensors at the
+ * same indices, the same inputs and outputs, and every AP_CAT_COMPOUND node
+ * replaced by primitives that compute the same thing; every other node is
+ * copied with its attributes.  Nodes are emitted in the original order and
+ * each expansion in dependency order, so the result stays topologically
+ * sorted.  Each node made from an original node carries that node's name.
+ * New intermediate tensors are named "<node>/<what><n>"; scalar constants
+ * become rank-0 CONST tensors (kernels bake them in as literals).
+ *
+ * Rules (x: input, r: its rank, A: the reduced / normalised axes, n: the
+ * number of elements they hold):
+ *   ReduceMean      ReduceSum(x) / n
+ *   ReduceSumSquare ReduceSum(x * x)
+ *   ReduceL1        ReduceSum(Abs(x))
+ *   ReduceL2        Sqrt(ReduceSum(x * x))
+ *   ReduceLogSum    Log(ReduceSum(x))
+ *   ReduceLogSumExp m = ReduceMax(x, keepdims=1);
+ *                   Log(ReduceSum(Exp(x - m))) + m  (m reshaped without
+ *                   keepdims): stable for large inputs
+ *   Softmax         m = ReduceMax(x); e = Exp(x - m); e / ReduceSum(e)
+ *   LogSoftmax      d = x - ReduceMax(x); d - Log(ReduceSum(Exp(d)))
+ *   LayerNorm       mean = ReduceSum(x) / n; d = x - mean;
+ *                   inv = Reciprocal(Sqrt(ReduceSum(d * d) / n + eps));
+ *                   y = d * inv * scale (+ B); Mean and InvStdDev outputs
+ *                   are the `mean` and `inv` tensors (keepdims shape)
+ *   InstanceNorm    the same over the spatial axes 2..r-1, scale and B
+ *                   reshaped to [C, 1, ...]
+ *   BatchNorm       y = (x - mean) * (scale / Sqrt(var + eps)) + B, the
+ *                   per-channel vectors reshaped to [C, 1, ...]
+ *   Gemm            y = MatMul(A', B') (* alpha) (+ C (* beta)), with
+ *                   A' = Transpose(A) when transA, B' likewise
+ * A graph output that is an INPUT, PARAM or CONST tensor gets an Identity
+ * copy, so that every output is written by some kernel.
+ */
+#include "partition.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct ex {
+	const ap_graph *g;
+	ap_graph *ng;
+	const char *name;      /* the original node being expanded */
+	int counter;
+	int rc;
+	ap_error *err;
+} ex;
+
+static int fail(ex *e, int code, const char *msg)
+{
+	if (e->rc == 0) {
+		e->rc = code;
+		ap_error_set(e->err, code, e->name, NULL, "%s", msg);
+	}
+	return -1;
+}
+
+static int new_tensor(ex *e, const char *what, ap_dtype dt, int rank, const int64_t *dims)
+{
+	char name[300];
+	int64_t d[AP_MAX_RANK];
+	int t;
+
+	if (e->rc)
+		return -1;
+	/* `dims` may point into the tensor array, which adding a tensor moves */
+	for (int i = 0; i < rank && i < AP_MAX_RANK; i++)
+		d[i] = dims[i];
+	snprintf(name, sizeof(name), "%s/%s%d", e->name, what, e->counter++);
+	t = ap_graph_add_tensor(e->ng, name, dt, rank, d, AP_TENSOR_VALUE, NULL, 0);
+	if (t < 0)
+		return fail(e, t, "out of memory adding a tensor");
+	return t;
+}
+
+static int scalar_const(ex *e, ap_dtype dt, double v)
+{
+	unsigned char buf[8];
+	char name[300];
+	int t;
+
+	if (e->rc)
+		return -1;
+	switch (dt) {
+	case AP_DT_F32: { float f = (float)v; memcpy(buf, &f, 4); break; }
+	case AP_DT_F64: memcpy(buf, &v, 8); break;
+	case AP_DT_I64: { int64_t i = (int64_t)v; memcpy(buf, &i, 8); break; }
+	case AP_DT_I32: { int32_t i = (int32_t)v; memcpy(buf, &i, 4); break; }
+	default: buf[0] = (unsigned char)(int)v; break;
+	}
+	snprintf(name, sizeof(name), "%s/const%d", e->name, e->counter++);
+	t = ap_graph_add_tensor(e->ng, name, dt, 0, NULL, AP_TENSOR_CONST, buf, ap_dtype_size(dt));
+	if (t < 0)
+		return fail(e, t, "out of memory adding a constant");
+	return t;
+}
+
+static const ap_tensor *T(ex *e, int t)
+{
+	return &e->ng->tensors[t];
+}
+
+static int add_node(ex *e, ap_op op, int n_in, const int *in, int out)
+{
+	int n;
+
+	if (e->rc || out < 0)
+		return -1;
+	for (int i = 0; i < n_in; i++)
+		if (in[i] < 0)
+			return fail(e, AP_EINTERNAL, "expansion lost an operand");
+	n = ap_graph_add_node(e->ng, e->name, op, n_in, in, 1, &out);
+	if (n < 0)
+		return fail(e, n, "out of memory adding a node");
+	return n;
+}
+
+/* numpy broadcast of two shapes into (rank, dims). */
+static void broadcast(const ap_tensor *a, const ap_tensor *b, int *rank, int64_t *dims)
+{
+	int r = a->rank > b->rank ? a->rank : b->rank;
+
+	for (int i = 0; i < r; i++) {
+		int ia = i - (r - a->rank), ib = i - (r - b->rank);
+		int64_t da = ia >= 0 ? a->dims[ia] : 1, db = ib >= 0 ? b->dims[ib] : 1;
+
+		dims[i] = da == 1 ? db : da;
+	}
+	*rank = r;
+}
+
+static int unary(ex *e, ap_op op, int x, int out)
+{
+	if (e->rc || x < 0)
+		return -1;
+	if (out < 0)
+		out = new_tensor(e, ap_op_name(op), T(e, x)->dtype, T(e, x)->rank, T(e, x)->dims);
+	return add_node(e, op, 1, &x, out) < 0 ? -1 : out;
+}
+
+static int binary(ex *e, ap_op op, int a, int b, int out)
+{
+	int in[2] = {a, b};
+	int rank;
+	int64_t dims[AP_MAX_RANK];
+
+	if (e->rc || a < 0 || b < 0)
+		return -1;
+	if (out < 0) {
+		broadcast(T(e, a), T(e, b), &rank, dims);
+		out = new_tensor(e, ap_op_name(op), T(e, a)->dtype, rank, dims);
+	}
+	return add_node(e, op, 2, in, out) < 0 ? -1 : out;
+}
+
+static int reduce(ex *e, ap_op op, int x, const int64_t *axes, int n_axes, int keepdims, int out)
+{
+	int n, rank = 0;
+	int64_t dims[AP_MAX_RANK];
+	bool red[AP_MAX_RANK] = {false};
+
+	if (e->rc || x < 0)
+		return -1;
+	for (int i = 0; i < n_axes; i++)
+		red[axes[i]] = true;
+	if (out < 0) {
+		for (int d = 0; d < T(e, x)->rank; d++) {
+			if (!red[d])
+				dims[rank++] = T(e, x)->dims[d];
+			else if (keepdims)
+				dims[rank++] = 1;
+		}
+		out = new_tensor(e, ap_op_name(op), T(e, x)->dtype, rank, dims);
+	}
+	n = add_node(e, op, 1, &x, out);
+	if (n < 0)
+		return -1;
+	if (ap_node_set_ints(e->ng, n, "axes", axes, n_axes) < 0 ||
+	    ap_node_set_int(e->ng, n, "keepdims", keepdims) < 0)
+		return fail(e, AP_ENOMEM, "out of memory setting attributes");
+	return out;
+}
+
+static int reshape(ex *e, int x, int rank, const int64_t *dims, int out)
+{
+	if (e->rc || x < 0)
+		return -1;
+	if (out < 0)
+		out = new_tensor(e, "Reshape", T(e, x)->dtype, rank, dims);
+	return add_node(e, AP_OP_RESHAPE, 1, &x, out) < 0 ? -1 : out;
+}
+
+static int transpose2d(ex *e, int x)
+{
+	int64_t dims[2], perm[2] = {1, 0};
+	int out, n;
+
+	if (e->rc || x < 0)
+		return -1;
+	dims[0] = T(e, x)->dims[1];
+	dims[1] = T(e, x)->dims[0];
+	out = new_tensor(e, "Transpose", T(e, x)->dtype, 2, dims);
+	n = add_node(e, AP_OP_TRANSPOSE, 1, &x, out);
+	if (n < 0)
+		return -1;
+	if (ap_node_set_ints(e->ng, n, "perm", perm, 2) < 0)
+		return fail(e, AP_ENOMEM, "out of memory setting attributes");
+	return out;
+}
+
+/* Number of elements over `axes` of tensor x. */
+static int64_t count_over(const ap_tensor *x, const int64_t *axes, int n_axes)
+{
+	int64_t n = 1;
+
+	for (int i = 0; i < n_axes; i++)
+		n *= x->dims[axes[i]];
+	return n;
+}
+
+static const ap_attr *axes_attr(ex *e, const ap_node *node)
+{
+	const ap_attr *a = ap_node_attr(node, "axes");
+
+	if (!a || a->type != AP_ATTR_INTS || a->n_ints <= 0 || a->n_ints > AP_MAX_RANK) {
+		fail(e, AP_EUNSUPPORTED, "missing or bad normalised `axes`");
+		return NULL;
+	}
+	return a;
+}
+
+static int in_at(const ap_node *node, int i)
+{
+	return i < node->n_inputs ? node->inputs[i] : -1;
+}
+
+static int out_at(const ap_node *node, int i)
+{
+	return i < node->n_outputs ? node->outputs[i] : -1;
+}
+
+static void expand_reduce(ex *e, const ap_node *node)
+{
+	const ap_attr *ax = axes_attr(e, node);
+	int x = in_at(node, 0), y = out_at(node, 0);
+	int keep = (int)ap_node_int(node, "keepdims", 1);
+	ap_dtype dt;
+	int s;
+
+	if (!ax)
+		return;
+	dt = T(e, x)->dtype;
+	switch (node->op) {
+	case AP_OP_REDUCE_MEAN:
+		s = reduce(e, AP_OP_REDUCE_SUM, x, ax->ints, ax->n_ints, keep, -1);
+		binary(e, AP_OP_DIV, s,
+		       scalar_const(e, dt, (double)count_over(T(e, x), ax->ints, ax->n_ints)), y);
+		break;
+	case AP_OP_REDUCE_SUM_SQUARE:
+		reduce(e, AP_OP_REDUCE_SUM, binary(e, AP_OP_MUL, x, x, -1), ax->ints, ax->n_ints, keep, y);
+		break;
+	case AP_OP_REDUCE_L1:
+		reduce(e, AP_OP_REDUCE_SUM, unary(e, AP_OP_ABS, x, -1), ax->ints, ax->n_ints, keep, y);
+		break;
+	case AP_OP_REDUCE_L2:
+		s = reduce(e, AP_OP_REDUCE_SUM, binary(e, AP_OP_MUL, x, x, -1), ax->ints, ax->n_ints,
+			   keep, -1);
+		unary(e, AP_OP_SQRT, s, y);
+		break;
+	case AP_OP_REDUCE_LOG_SUM:
+		unary(e, AP_OP_LOG, reduce(e, AP_OP_REDUCE_SUM, x, ax->ints, ax->n_ints, keep, -1), y);
+		break;
+	case AP_OP_REDUCE_LOG_SUM_EXP: {
+		int m = reduce(e, AP_OP_REDUCE_MAX, x, ax->ints, ax->n_ints, 1, -1);
+		int ex_ = unary(e, AP_OP_EXP, binary(e, AP_OP_SUB, x, m, -1), -1);
+		int l = unary(e, AP_OP_LOG, reduce(e, AP_OP_REDUCE_SUM, ex_, ax->ints, ax->n_ints, keep, -1),
+			      -1);
+		int m2 = m;
+
+		if (!keep && !e->rc)
+			m2 = reshape(e, m, T(e, y)->rank, T(e, y)->dims, -1);
+		binary(e, AP_OP_ADD, l, m2, y);
+		break;
+	}
+	default:
+		fail(e, AP_EINTERNAL, "not a compound reduction");
+	}
+}
+
+static void expand_softmax(ex *e, const ap_node *node)
+{
+	const ap_attr *ax = axes_attr(e, node);
+	int x = in_at(node, 0), y = out_at(node, 0);
+	int m, d, s;
+
+	if (!ax)
+		return;
+	m = reduce(e, AP_OP_REDUCE_MAX, x, ax->ints, ax->n_ints, 1, -1);
+	d = binary(e, AP_OP_SUB, x, m, -1);
+	if (node->op == AP_OP_SOFTMAX) {
+		int ee = unary(e, AP_OP_EXP, d, -1);
+
+		s = reduce(e, AP_OP_REDUCE_SUM, ee, ax->ints, ax->n_ints, 1, -1);
+		binary(e, AP_OP_DIV, ee, s, y);
+	} else {
+		s = reduce(e, AP_OP_REDUCE_SUM, unary(e, AP_OP_EXP, d, -1), ax->ints, ax->n_ints, 1, -1);
+		binary(e, AP_OP_SUB, d, unary(e, AP_OP_LOG, s, -1), y);
+	}
+}
+
+/* Shape [C, 1, ..., 1] of rank r-1 for a per-channel vector of an input of
+ * rank r (r >= 2); returns the vector itself when r == 2. */
+static int per_channel(ex *e, int v, int r)
+{
+	int64_t dims[AP_MAX_RANK];
+
+	if (e->rc || v < 0 || r <= 2)
+		return v;
+	dims[0] = T(e, v)->dims[0];
+	for (int i = 1; i < r - 1; i++)
+		dims[i] = 1;
+	return reshape(e, v, r - 1, dims, -1);
+}
+
+/* mean, d = x - mean, inv = 1/sqrt(var + eps) over `axes`; returns d and
+ * sets *mean_t / *inv_t (writing into the given outputs when >= 0). */
+static int normalise(ex *e, int x, const int64_t *axes, int n_axes, double eps, int mean_out,
+		     int inv_out, int *inv_t)
+{
+	ap_dtype dt = T(e, x)->dtype;
+	double n = (double)count_over(T(e, x), axes, n_axes);
+	int mean, d, var, inv;
+
+	mean = binary(e, AP_OP_DIV, reduce(e, AP_OP_REDUCE_SUM, x, axes, n_axes, 1, -1),
+		      scalar_const(e, dt, n), mean_out);
+	d = binary(e, AP_OP_SUB, x, mean, -1);
+	var = binary(e, AP_OP_DIV,
+		     reduce(e, AP_OP_REDUCE_SUM, binary(e, AP_OP_MUL, d, d, -1), axes, n_axes, 1, -1),
+		     scalar_const(e, dt, n), -1);
+	inv = unary(e, AP_OP_RECIPROCAL,
+		    unary(e, AP_OP_SQRT, binary(e, AP_OP_ADD, var, scalar_const(e, dt, eps), -1), -1),
+		    inv_out);
+	*inv_t = inv;
+	return d;
+}
+
+static void expand_layer_norm(ex *e, const ap_node *node)
+{
+	int x = in_at(node, 0), scale = in_at(node, 1), b = in_at(node, 2);
+	int y = out_at(node, 0), mean_out = out_at(node, 1), inv_out = out_at(node, 2);
+	int64_t axis = ap_node_int(node, "axis", -1);
+	double eps = ap_node_float(node, "epsilon", 1e-5);
+	int64_t axes[AP_MAX_RANK];
+	int n_axes = 0, d, inv, sc;
+
+	if (axis < 0 || axis >= T(e, x)->rank) {
+		fail(e, AP_EUNSUPPORTED, "LayerNormalization: bad normalised axis");
+		return;
+	}
+	for (int64_t a = axis; a < T(e, x)->rank; a++)
+		axes[n_axes++] = a;
+	if (mean_out >= 0 && T(e, mean_out)->dtype != T(e, x)->dtype) {
+		fail(e, AP_EUNSUPPORTED, "LayerNormalization: Mean dtype differs from X");
+		return;
+	}
+	d = normalise(e, x, axes, n_axes, eps, mean_out, inv_out, &inv);
+	sc = binary(e, AP_OP_MUL, binary(e, AP_OP_MUL, d, inv, -1), scale, b >= 0 ? -1 : y);
+	if (b >= 0)
+		binary(e, AP_OP_ADD, sc, b, y);
+}
+
+static void expand_instance_norm(ex *e, const ap_node *node)
+{
+	int x = in_at(node, 0), scale = in_at(node, 1), b = in_at(node, 2);
+	int y = out_at(node, 0);
+	double eps = ap_node_float(node, "epsilon", 1e-5);
+	int r = T(e, x)->rank;
+	int64_t axes[AP_MAX_RANK];
+	int n_axes = 0, d, inv;
+
+	if (r < 3) {
+		fail(e, AP_EUNSUPPORTED, "InstanceNormalization: input rank < 3");
+		return;
+	}
+	for (int a = 2; a < r; a++)
+		axes[n_axes++] = a;
+	d = normalise(e, x, axes, n_axes, eps, -1, -1, &inv);
+	binary(e, AP_OP_ADD,
+	       binary(e, AP_OP_MUL, binary(e, AP_OP_MUL, d, inv, -1), per_channel(e, scale, r), -1),
+	       per_channel(e, b, r), y);
+}
+
+static void expand_batch_norm(ex *e, const ap_node *node)
+{
+	int x = in_at(node, 0), y = out_at(node, 0);
+	int r = T(e, x)->rank;
+	ap_dtype dt = T(e, x)->dtype;
+	double eps = ap_node_float(node, "epsilon", 1e-5);
+	int scale = per_channel(e, in_at(node, 1), r), b = per_channel(e, in_at(node, 2), r);
+	int mean = per_channel(e, in_at(node, 3), r), var = per_channel(e, in_at(node, 4), r);
+	int a;
+
+	a = binary(e, AP_OP_DIV, scale,
+		   unary(e, AP_OP_SQRT, binary(e, AP_OP_ADD, var, scalar_const(e, dt, eps), -1), -1),
+		   -1);
+	binary(e, AP_OP_ADD, binary(e, AP_OP_MUL, binary(e, AP_OP_SUB, x, mean, -1), a, -1), b, y);
+}
+
+static void expand_gemm(ex *e, const ap_node *node)
+{
+	int a = in_at(node, 0), b = in_at(node, 1), c = in_at(node, 2), y = out_at(node, 0);
+	double alpha = ap_node_float(node, "alpha", 1.0), beta = ap_node_float(node, "beta", 1.0);
+	bool use_c = c >= 0 && beta != 0.0;
+	bool scale = alpha != 1.0;
+	ap_dtype dt = T(e, y)->dtype;
+	int in[2], p;
+
+	if (ap_node_int(node, "transA", 0))
+		a = transpose2d(e, a);
+	if (ap_node_int(node, "transB", 0))
+		b = transpose2d(e, b);
+	if (e->rc)
+		return;
+	p = (scale || use_c) ? new_tensor(e, "MatMul", dt, 2, T(e, y)->dims) : y;
+	in[0] = a;
+	in[1] = b;
+	if (add_node(e, AP_OP_MATMUL, 2, in, p) < 0)
+		return;
+	if (scale)
+		p = binary(e, AP_OP_MUL, p, scalar_const(e, dt, alpha), use_c ? -1 : y);
+	if (use_c) {
+		if (beta != 1.0)
+			c = binary(e, AP_OP_MUL, c, scalar_const(e, dt, beta), -1);
+		binary(e, AP_OP_ADD, p, c, y);
+	}
+}
+
+static int copy_node(ex *e, const ap_node *node)
+{
+	int n = ap_graph_add_node(e->ng, node->name, node->op, node->n_inputs, node->inputs,
+				  node->n_outputs, node->outputs);
+
+	if (n < 0)
+		return fail(e, n, "out of memory copying a node");
+	for (int i = 0; i < node->n_attrs; i++) {
+		const ap_attr *a = &node->attrs[i];
+		int rc = 0;
+
+		switch (a->type) {
+		case AP_ATTR_INT: rc = ap_node_set_int(e->ng, n, a->name, a->i); break;
+		case AP_ATTR_FLOAT: rc = ap_node_set_float(e->ng, n, a->name, a->f); break;
+		case AP_ATTR_STRING: rc = ap_node_set_string(e->ng, n, a->name, a->s ? a->s : ""); break;
+		case AP_ATTR_INTS: rc = ap_node_set_ints(e->ng, n, a->name, a->ints, a->n_ints); break;
+		case AP_ATTR_FLOATS:
+			rc = ap_node_set_floats(e->ng, n, a->name, a->floats, a->n_floats);
+			break;
+		}
+		if (rc < 0)
+			return fail(e, rc, "out of memory copying attributes");
+	}
+	return n;
+}
+
+static int *dup_ints(const int *v, int n)
+{
+	int *d = malloc(n > 0 ? (size_t)n * sizeof(int) : 1);
+
+	if (d && n > 0)
+		memcpy(d, v, (size_t)n * sizeof(int));
+	return d;
+}
+
+__ap_give ap_graph *ap_partition_expand(__ap_keep const ap_graph *g, ap_error *err)
+{
+	ex e = {.g = g, .err = err, .name = "graph"};
+	ap_graph *ng = ap_graph_new(g->name);
+
+	if (!ng) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory expanding the graph");
+		return NULL;
+	}
+	e.ng = ng;
+	for (int i = 0; i < g->n_tensors; i++) {
+		const ap_tensor *t = &g->tensors[i];
+		int idx = ap_graph_add_tensor(ng, t->name, t->dtype, t->rank, t->dims, t->kind,
+					      t->kind == AP_TENSOR_CONST ? t->data : NULL,
+					      t->kind == AP_TENSOR_CONST ? t->nbytes : 0);
+		if (idx < 0) {
+			ap_error_set(err, AP_ENOMEM, NULL, t->name, "out of memory expanding the graph");
+			return ap_graph_free(ng);
+		}
+		ng->tensors[idx].is_output = t->is_output;
+	}
+	ng->inputs = dup_ints(g->inputs, g->n_inputs);
+	ng->outputs = dup_ints(g->outputs, g->n_outputs);
+	if (!ng->inputs || !ng->outputs) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory expanding the graph");
+		return ap_graph_free(ng);
+	}
+	ng->n_inputs = g->n_inputs;
+	ng->n_outputs = g->n_outputs;
+	ng->eager_kernels = g->eager_kernels;
+
+	for (int n = 0; n < g->n_nodes && !e.rc; n++) {
+		const ap_node *node = &g->nodes[n];
+
+		e.name = node->name;
+		e.counter = 0;
+		switch (node->op) {
+		case AP_OP_REDUCE_MEAN:
+		case AP_OP_REDUCE_SUM_SQUARE:
+		case AP_OP_REDUCE_L1:
+		case AP_OP_REDUCE_L2:
+		case AP_OP_REDUCE_LOG_SUM:
+		case AP_OP_REDUCE_LOG_SUM_EXP:
+			expand_reduce(&e, node);
+			break;
+		case AP_OP_SOFTMAX:
+		case AP_OP_LOG_SOFTMAX:
+			expand_softmax(&e, node);
+			break;
+		case AP_OP_LAYER_NORM:
+			expand_layer_norm(&e, node);
+			break;
+		case AP_OP_INSTANCE_NORM:
+			expand_instance_norm(&e, node);
+			break;
+		case AP_OP_BATCH_NORM:
+			expand_batch_norm(&e, node);
+			break;
+		case AP_OP_GEMM:
+			expand_gemm(&e, node);
+			break;
+		default:
+			if (ap_op_category_of(node->op) == AP_CAT_COMPOUND)
+				fail(&e, AP_EUNSUPPORTED, "compound op without an expansion");
+			else
+				copy_node(&e, node);
+			break;
+		}
+	}
+	/* graph outputs nobody computes get an Identity copy */
+	for (int i = 0; i < ng->n_outputs && !e.rc; i++) {
+		int o = ng->outputs[i], c;
+
+		if (o < 0 || o >= ng->n_tensors || ng->tensors[o].kind == AP_TENSOR_VALUE)
+			continue;
+		ap_tensor copy = ng->tensors[o];   /* the array moves as it grows */
+
+		e.name = copy.name;
+		c = ap_graph_add_tensor(ng, copy.name, copy.dtype, copy.rank, copy.dims,
+					AP_TENSOR_VALUE, NULL, 0);
+		if (c < 0) {
+			fail(&e, c, "out of memory copying an output");
+			break;
+		}
+		if (add_node(&e, AP_OP_IDENTITY, 1, &o, c) < 0)
+			break;
+		ng->tensors[c].is_output = true;
+		ng->outputs[i] = c;
+		bool still = false;
+		for (int j = 0; j < ng->n_outputs; j++)
+			if (ng->outputs[j] == o)
+				still = true;
+		ng->tensors[o].is_output = still;
+	}
+	if (e.rc)
+		return ap_graph_free(ng);
+	return ng;
+}

@@ -1,0 +1,410 @@
+/* plan.c -- the compiler core's driver: graph in, ap_program out (see
+ * program.h).
+ *
+ *   expand (compound ops opened)  -> partition (fusion groups)
+ *   -> per group: lower to kernel IR -> print CUDA C and host C
+ *   -> buffers, launch plan, workspace layout.
+ *
+ * Buffers: every graph input (kind INPUT, by position), every graph output
+ * (OUTPUT, by position), every PARAM tensor a kernel reads (PARAM, by
+ * name), and every other tensor a kernel writes (INTERMEDIATE).  Launches
+ * run the groups in the partition's topological order; a group whose
+ * outputs are all empty needs no launch.  Intermediates are placed in one
+ * workspace at 256-byte aligned offsets, reusing space by liveness: a
+ * buffer is live from the launch that writes it to the last launch that
+ * reads it, and is placed at the lowest offset that overlaps no buffer
+ * live at the same time (first fit, in order of definition).
+ *
+ * Traffic model (bytes): a kernel's global_bytes is the size of every
+ * buffer it binds (each read once, each written once); eager_bytes sums,
+ * over the imported graph's non-view nodes, the sizes of their non-constant
+ * inputs and outputs (an op-by-op runtime); min_bytes is the graph's inputs,
+ * parameters and outputs, each touched once.
+ */
+#include "program.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../lower/lower.h"
+#include "../partition/partition.h"
+
+#define WORKSPACE_ALIGN 256
+
+static char *dup_str(const char *s)
+{
+	size_t n = strlen(s ? s : "") + 1;
+	char *d = malloc(n);
+
+	if (d)
+		memcpy(d, s ? s : "", n);
+	return d;
+}
+
+static uint64_t tensor_bytes(const ap_tensor *t)
+{
+	int64_t n = ap_tensor_numel(t);
+
+	return n > 0 ? (uint64_t)n * ap_dtype_size(t->dtype) : 0;
+}
+
+static void kernel_clear(ap_kernel_src *k)
+{
+	free(k->name);
+	free(k->cuda_src);
+	free(k->host_src);
+	for (int i = 0; i < k->n_params; i++)
+		free(k->params[i].name);
+	free(k->params);
+	for (int i = 0; i < k->n_nodes; i++)
+		free(k->nodes[i]);
+	free(k->nodes);
+}
+
+ap_program *ap_program_free(__ap_take ap_program *p)
+{
+	if (!p)
+		return NULL;
+	for (int i = 0; i < p->n_kernels; i++)
+		kernel_clear(&p->kernels[i]);
+	free(p->kernels);
+	for (int i = 0; i < p->n_launches; i++)
+		free(p->launches[i].args);
+	free(p->launches);
+	for (int i = 0; i < p->n_buffers; i++)
+		free(p->buffers[i].name);
+	free(p->buffers);
+	free(p);
+	return NULL;
+}
+
+typedef struct builder {
+	const ap_graph *g;           /* the expanded graph */
+	ap_program *prog;
+	int *buf_of;                 /* per tensor of g: buffer index or -1 */
+	int cap_buffers;
+	ap_error *err;
+} builder;
+
+static int add_buffer(builder *b, int t, ap_buffer_kind kind, int index)
+{
+	const ap_tensor *x = &b->g->tensors[t];
+	ap_program *p = b->prog;
+	ap_buffer *bf;
+
+	if (p->n_buffers == b->cap_buffers) {
+		int ncap = b->cap_buffers ? 2 * b->cap_buffers : 16;
+		ap_buffer *nb = realloc(p->buffers, (size_t)ncap * sizeof(*nb));
+
+		if (!nb)
+			return AP_ENOMEM;
+		p->buffers = nb;
+		b->cap_buffers = ncap;
+	}
+	bf = &p->buffers[p->n_buffers];
+	memset(bf, 0, sizeof(*bf));
+	bf->name = dup_str(x->name);
+	if (!bf->name)
+		return AP_ENOMEM;
+	bf->kind = kind;
+	bf->dtype = x->dtype;
+	bf->rank = x->rank;
+	for (int i = 0; i < x->rank; i++)
+		bf->dims[i] = x->dims[i];
+	bf->nbytes = tensor_bytes(x);
+	bf->index = index;
+	return p->n_buffers++;
+}
+
+/* Buffer of tensor t, created on first use (PARAM or INTERMEDIATE). */
+static int buffer_for(builder *b, int t)
+{
+	int idx;
+
+	if (b->buf_of[t] >= 0)
+		return b->buf_of[t];
+	idx = add_buffer(b, t, b->g->tensors[t].kind == AP_TENSOR_PARAM ? AP_BUF_PARAM
+									 : AP_BUF_INTERMEDIATE, -1);
+	if (idx >= 0)
+		b->buf_of[t] = idx;
+	return idx;
+}
+
+/* Adds name to a list of strings unless present. */
+static int add_name(char ***list, int *n, const char *name)
+{
+	char **p;
+
+	for (int i = 0; i < *n; i++)
+		if (strcmp((*list)[i], name) == 0)
+			return 0;
+	p = realloc(*list, (size_t)(*n + 1) * sizeof(char *));
+	if (!p)
+		return AP_ENOMEM;
+	*list = p;
+	p[*n] = dup_str(name);
+	if (!p[*n])
+		return AP_ENOMEM;
+	(*n)++;
+	return 0;
+}
+
+static int fill_kernel(builder *b, const ap_partition *part, int gi, const ap_kir_kernel *k,
+		       ap_kernel_src *ks, ap_launch *ln, int kernel_index)
+{
+	const ap_group *grp = &part->groups[gi];
+	const ap_graph *g = b->g;
+	ap_error perr;
+
+	ks->name = dup_str(k->name);
+	ks->cuda_src = ap_kir_print(k, AP_KIR_CUDA, b->err);
+	if (!ks->cuda_src)
+		return b->err ? b->err->code : AP_EINTERNAL;
+	ks->host_src = ap_kir_print(k, AP_KIR_HOST, &perr);
+	if (!ks->host_src) {
+		if (b->err)
+			*b->err = perr;
+		return perr.code;
+	}
+	for (int i = 0; i < 3; i++) {
+		ks->grid[i] = k->grid[i];
+		ks->block[i] = k->block[i];
+	}
+	ks->smem_bytes = k->smem_bytes;
+	ks->params = calloc((size_t)k->n_params + 1, sizeof(ap_kernel_param));
+	ln->args = calloc((size_t)k->n_params + 1, sizeof(int));
+	if (!ks->name || !ks->params || !ln->args)
+		return AP_ENOMEM;
+	ln->kernel = kernel_index;
+	for (int i = 0; i < k->n_arrays; i++) {
+		const ap_kir_array *a = k->arrays[i];
+		int bi;
+
+		if (a->space != AP_KIR_GLOBAL || a->param < 0 || a->param >= k->n_params)
+			continue;
+		bi = buffer_for(b, a->tensor);
+		if (bi < 0)
+			return bi;
+		ks->params[a->param].name = dup_str(g->tensors[a->tensor].name);
+		if (!ks->params[a->param].name)
+			return AP_ENOMEM;
+		ks->params[a->param].dtype = a->type;
+		ks->params[a->param].written = a->written;
+		ln->args[a->param] = bi;
+		ks->global_bytes += b->prog->buffers[bi].nbytes;
+	}
+	ks->n_params = k->n_params;
+	ln->n_args = k->n_params;
+	for (int i = 0; i < grp->n_nodes; i++)
+		if (add_name(&ks->nodes, &ks->n_nodes, g->nodes[grp->nodes[i]].name) < 0)
+			return AP_ENOMEM;
+	for (int i = 0; i < grp->n_views; i++)
+		if (add_name(&ks->nodes, &ks->n_nodes, g->nodes[grp->views[i]].name) < 0)
+			return AP_ENOMEM;
+	return 0;
+}
+
+typedef struct interval {
+	int buf;
+	int def, last;
+	uint64_t off, size;
+} interval;
+
+static int cmp_def(const void *a, const void *b)
+{
+	const interval *x = a, *y = b;
+
+	if (x->def != y->def)
+		return (x->def > y->def) - (x->def < y->def);
+	return (x->buf > y->buf) - (x->buf < y->buf);
+}
+
+/* First-fit placement of intermediates by liveness over the launches. */
+static int layout_workspace(ap_program *p)
+{
+	interval *iv = calloc((size_t)p->n_buffers + 1, sizeof(*iv));
+	int n = 0;
+	uint64_t top = 0;
+
+	if (!iv)
+		return AP_ENOMEM;
+	for (int bi = 0; bi < p->n_buffers; bi++) {
+		if (p->buffers[bi].kind != AP_BUF_INTERMEDIATE)
+			continue;
+		iv[n].buf = bi;
+		iv[n].def = p->n_launches;
+		iv[n].last = -1;
+		iv[n].size = (p->buffers[bi].nbytes + WORKSPACE_ALIGN - 1) / WORKSPACE_ALIGN *
+			     WORKSPACE_ALIGN;
+		for (int l = 0; l < p->n_launches; l++) {
+			const ap_launch *ln = &p->launches[l];
+			const ap_kernel_src *ks = &p->kernels[ln->kernel];
+
+			for (int a = 0; a < ln->n_args; a++) {
+				if (ln->args[a] != bi)
+					continue;
+				if (ks->params[a].written && l < iv[n].def)
+					iv[n].def = l;
+				if (l > iv[n].last)
+					iv[n].last = l;
+			}
+		}
+		if (iv[n].def > iv[n].last)
+			iv[n].def = iv[n].last;
+		n++;
+	}
+	qsort(iv, (size_t)n, sizeof(*iv), cmp_def);
+	for (int i = 0; i < n; i++) {
+		uint64_t off = 0;
+		bool moved = true;
+
+		/* lowest offset clear of every placed interval live at the same time */
+		while (moved) {
+			moved = false;
+			for (int j = 0; j < i; j++) {
+				if (iv[j].last < iv[i].def || iv[j].def > iv[i].last)
+					continue;
+				if (off < iv[j].off + iv[j].size && iv[j].off < off + iv[i].size) {
+					off = iv[j].off + iv[j].size;
+					moved = true;
+				}
+			}
+		}
+		iv[i].off = off;
+		p->buffers[iv[i].buf].offset = off;
+		if (off + iv[i].size > top)
+			top = off + iv[i].size;
+	}
+	p->workspace_bytes = top;
+	free(iv);
+	return 0;
+}
+
+static void traffic_model(const ap_graph *g, ap_program *p)
+{
+	unsigned eager = 0;
+	uint64_t eb = 0, mb = 0;
+
+	for (int n = 0; n < g->n_nodes; n++) {
+		const ap_node *node = &g->nodes[n];
+
+		if (ap_op_is_view(node->op))
+			continue;
+		eager++;
+		for (int i = 0; i < node->n_inputs; i++)
+			if (node->inputs[i] >= 0 && g->tensors[node->inputs[i]].kind != AP_TENSOR_CONST)
+				eb += tensor_bytes(&g->tensors[node->inputs[i]]);
+		for (int i = 0; i < node->n_outputs; i++)
+			if (node->outputs[i] >= 0)
+				eb += tensor_bytes(&g->tensors[node->outputs[i]]);
+	}
+	for (int i = 0; i < p->n_buffers; i++)
+		if (p->buffers[i].kind != AP_BUF_INTERMEDIATE)
+			mb += p->buffers[i].nbytes;
+	p->eager_kernels = g->eager_kernels ? g->eager_kernels : eager;
+	p->eager_bytes = eb;
+	p->min_bytes = mb;
+	p->global_bytes = 0;
+	for (int i = 0; i < p->n_kernels; i++)
+		p->global_bytes += p->kernels[i].global_bytes;
+}
+
+static bool group_is_empty(const ap_graph *g, const ap_group *grp)
+{
+	for (int i = 0; i < grp->n_outputs; i++)
+		if (ap_tensor_numel(&g->tensors[grp->outputs[i]]) != 0)
+			return false;
+	return true;
+}
+
+__ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
+				       const ap_build_options *opt, ap_error *err)
+{
+	double t0 = ap_now_ms(), t1;
+	ap_graph *eg = NULL;
+	ap_partition *part = NULL;
+	ap_program *prog = NULL;
+	builder b;
+	ap_lower_options lopt = {opt ? opt->max_block_threads : 0};
+	int rc = 0;
+
+	memset(&b, 0, sizeof(b));
+	b.err = err;
+	eg = ap_partition_expand(g, err);
+	if (!eg)
+		return NULL;
+	part = ap_partition_build(eg, err);
+	if (!part)
+		goto fail;
+	t1 = ap_now_ms();
+	prog = calloc(1, sizeof(*prog));
+	b.buf_of = malloc(((size_t)eg->n_tensors + 1) * sizeof(int));
+	if (!prog || !b.buf_of)
+		goto nomem;
+	prog->partition_ms = t1 - t0;
+	b.g = eg;
+	b.prog = prog;
+	for (int t = 0; t < eg->n_tensors; t++)
+		b.buf_of[t] = -1;
+	for (int i = 0; i < eg->n_inputs; i++) {
+		int t = eg->inputs[i], bi;
+
+		if (t < 0 || t >= eg->n_tensors)
+			continue;
+		bi = add_buffer(&b, t, AP_BUF_INPUT, i);
+		if (bi < 0)
+			goto nomem;
+		b.buf_of[t] = bi;
+	}
+	for (int i = 0; i < eg->n_outputs; i++) {
+		int t = eg->outputs[i], bi;
+
+		if (t < 0 || t >= eg->n_tensors || b.buf_of[t] >= 0)
+			continue;
+		bi = add_buffer(&b, t, AP_BUF_OUTPUT, i);
+		if (bi < 0)
+			goto nomem;
+		b.buf_of[t] = bi;
+	}
+	prog->kernels = calloc((size_t)part->n_groups + 1, sizeof(ap_kernel_src));
+	prog->launches = calloc((size_t)part->n_groups + 1, sizeof(ap_launch));
+	if (!prog->kernels || !prog->launches)
+		goto nomem;
+	for (int gi = 0; gi < part->n_groups; gi++) {
+		const ap_group *grp = &part->groups[gi];
+		char name[64];
+		ap_kir_kernel *k;
+		int ki = prog->n_kernels;
+
+		if (group_is_empty(eg, grp))
+			continue;
+		snprintf(name, sizeof(name), "ap%d_%s", ki, ap_op_name(eg->nodes[grp->root].op));
+		k = ap_lower_group(part, gi, name, &lopt, err);
+		if (!k)
+			goto fail;
+		prog->n_kernels++;
+		prog->n_launches++;
+		rc = fill_kernel(&b, part, gi, k, &prog->kernels[ki], &prog->launches[ki], ki);
+		ap_kir_kernel_free(k);
+		if (rc == AP_ENOMEM)
+			goto nomem;
+		if (rc < 0)
+			goto fail;
+	}
+	if (layout_workspace(prog) < 0)
+		goto nomem;
+	traffic_model(g, prog);
+	prog->codegen_ms = ap_now_ms() - t1;
+	free(b.buf_of);
+	ap_partition_free(part);
+	ap_graph_free(eg);
+	return prog;
+nomem:
+	ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory building the program");
+fail:
+	free(b.buf_of);
+	ap_partition_free(part);
+	ap_graph_free(eg);
+	return ap_program_free(prog);
+}

@@ -1,0 +1,1633 @@
+/* check_program.c -- the compiler core end to end on the host target:
+ * graph -> ap_program_build -> host C of every kernel -> one shared object
+ * (ap_hostcc_compile) -> a tiny plan runner over host buffers -> values
+ * compared with references.
+ *
+ * Hand-built graphs cover the fused cases (elementwise and broadcast
+ * chains, softmax, layer normalisation with its extra outputs, reductions
+ * with fused producers in both the serial and the shared-memory form, a
+ * multi-output group, views, zero-size tensors) and every op family, with
+ * references computed here.  Then ONNX backend node tests from
+ * ../shared/testdata/onnx-node are imported, built, run and compared with
+ * their output_*.pb (a representative list by default; every test with
+ * APOLLO_CHECK_ALL=1).
+ *
+ * The runner binds INPUT buffers by position, PARAM buffers by name,
+ * OUTPUT buffers to fresh memory filled with NaN bytes (so an output no
+ * launch writes is caught), and INTERMEDIATE buffers into one workspace
+ * filled with garbage; each launch runs its blocks in two ranges, as a
+ * runtime splitting blocks over threads would.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/tool.h"
+#include "server/backend/backend.h"
+#include "server/partition/partition.h"
+#include "server/plan/program.h"
+
+typedef void (*host_fn)(void *const *args, unsigned block_begin, unsigned block_end);
+
+/* ---- the runner ------------------------------------------------------------------ */
+
+typedef struct compiled {
+	void *so;
+	host_fn *fns;
+	int n;
+} compiled;
+
+/* Compiles every kernel of `p` as one translation unit. */
+static bool compile_program(const ap_program *p, compiled *c, char *why, size_t cap)
+{
+	size_t total = 1, off = 0;
+	char *src;
+	uint8_t *so = NULL;
+	size_t len = 0;
+	ap_error err;
+	char path[] = "/tmp/check_program_XXXXXX";
+	int fd;
+
+	memset(c, 0, sizeof(*c));
+	for (int i = 0; i < p->n_kernels; i++)
+		total += strlen(p->kernels[i].host_src) + 1;
+	src = malloc(total);
+	ck_assert_ptr_nonnull(src);
+	for (int i = 0; i < p->n_kernels; i++) {
+		size_t n = strlen(p->kernels[i].host_src);
+		memcpy(src + off, p->kernels[i].host_src, n);
+		off += n;
+		src[off++] = '\n';
+	}
+	src[off] = 0;
+	ap_error_clear(&err);
+	if (ap_hostcc_compile(src, &so, &len, &err) != 0) {
+		snprintf(why, cap, "host cc: %.400s", err.msg);
+		if (getenv("CHECK_PROGRAM_DUMP"))
+			fprintf(stderr, "%s\n", src);
+		free(src);
+		return false;
+	}
+	free(src);
+	fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, so, len), (ssize_t)len);
+	close(fd);
+	free(so);
+	c->so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	unlink(path);
+	if (!c->so) {
+		snprintf(why, cap, "dlopen: %s", dlerror());
+		return false;
+	}
+	c->n = p->n_kernels;
+	c->fns = calloc((size_t)p->n_kernels + 1, sizeof(host_fn));
+	for (int i = 0; i < p->n_kernels; i++) {
+		c->fns[i] = (host_fn)dlsym(c->so, p->kernels[i].name);
+		if (!c->fns[i]) {
+			snprintf(why, cap, "no symbol %s", p->kernels[i].name);
+			return false;
+		}
+	}
+	return true;
+}
+
+static void compiled_free(compiled *c)
+{
+	if (c->so)
+		dlclose(c->so);
+	free(c->fns);
+	memset(c, 0, sizeof(*c));
+}
+
+typedef struct named {
+	const char *name;
+	const void *data;
+} named;
+
+/* Runs the plan.  inputs[i]: data of graph input i; params: by name;
+ * outs[i] receives a malloc'd copy of graph output i. */
+static void run_plan(const ap_program *p, const compiled *c, const void *const *inputs,
+		     const named *params, int n_params, void **outs, int n_outs)
+{
+	void **ptr = calloc((size_t)p->n_buffers + 1, sizeof(void *));
+	unsigned char *ws = malloc(p->workspace_bytes + 16);
+
+	ck_assert_ptr_nonnull(ptr);
+	ck_assert_ptr_nonnull(ws);
+	memset(ws, 0xA5, p->workspace_bytes + 16);
+	for (int i = 0; i < n_outs; i++)
+		outs[i] = NULL;
+	for (int b = 0; b < p->n_buffers; b++) {
+		const ap_buffer *bf = &p->buffers[b];
+
+		switch (bf->kind) {
+		case AP_BUF_INPUT:
+			ptr[b] = (void *)inputs[bf->index];
+			break;
+		case AP_BUF_PARAM:
+			for (int j = 0; j < n_params; j++)
+				if (strcmp(params[j].name, bf->name) == 0)
+					ptr[b] = (void *)params[j].data;
+			ck_assert_msg(ptr[b] != NULL || bf->nbytes == 0, "no data for param %s", bf->name);
+			break;
+		case AP_BUF_OUTPUT:
+			ptr[b] = malloc(bf->nbytes + 1);
+			memset(ptr[b], 0xFF, bf->nbytes + 1);
+			ck_assert_int_lt(bf->index, n_outs);
+			outs[bf->index] = ptr[b];
+			break;
+		case AP_BUF_INTERMEDIATE:
+			ck_assert_uint_eq(bf->offset % 256, 0);
+			ck_assert_uint_le(bf->offset + bf->nbytes, p->workspace_bytes);
+			ptr[b] = ws + bf->offset;
+			break;
+		}
+	}
+	for (int l = 0; l < p->n_launches; l++) {
+		const ap_launch *ln = &p->launches[l];
+		const ap_kernel_src *k = &p->kernels[ln->kernel];
+		void *args[64];
+		unsigned nb = k->grid[0] * k->grid[1] * k->grid[2];
+
+		ck_assert_int_le(ln->n_args, 64);
+		ck_assert_int_eq(ln->n_args, k->n_params);
+		for (int a = 0; a < ln->n_args; a++)
+			args[a] = ptr[ln->args[a]];
+		c->fns[ln->kernel](args, 0, nb / 3);
+		c->fns[ln->kernel](args, nb / 3, nb);
+	}
+	free(ws);
+	free(ptr);
+}
+
+/* ---- graph building -------------------------------------------------------------- */
+
+#define DIMS(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
+#define LIST(...) (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int)), (int[]){__VA_ARGS__}
+
+static void push(int **arr, int *n, int v)
+{
+	*arr = realloc(*arr, (size_t)(*n + 1) * sizeof(int));
+	(*arr)[(*n)++] = v;
+}
+
+static int tensor(ap_graph *g, const char *name, ap_dtype dt, ap_tensor_kind kind, const void *data,
+		  int rank, const int64_t *dims)
+{
+	int64_t n = 1;
+	int t;
+
+	for (int i = 0; i < rank; i++)
+		n *= dims[i];
+	t = ap_graph_add_tensor(g, name, dt, rank, dims, kind, data,
+				kind == AP_TENSOR_CONST ? (size_t)n * ap_dtype_size(dt) : 0);
+	ck_assert_int_ge(t, 0);
+	if (kind == AP_TENSOR_INPUT)
+		push(&g->inputs, &g->n_inputs, t);
+	return t;
+}
+
+static int input(ap_graph *g, const char *name, ap_dtype dt, int rank, const int64_t *dims)
+{
+	return tensor(g, name, dt, AP_TENSOR_INPUT, NULL, rank, dims);
+}
+
+static int param(ap_graph *g, const char *name, ap_dtype dt, int rank, const int64_t *dims)
+{
+	return tensor(g, name, dt, AP_TENSOR_PARAM, NULL, rank, dims);
+}
+
+static int value(ap_graph *g, const char *name, ap_dtype dt, int rank, const int64_t *dims)
+{
+	return tensor(g, name, dt, AP_TENSOR_VALUE, NULL, rank, dims);
+}
+
+static int scalar_f(ap_graph *g, const char *name, float v)
+{
+	return tensor(g, name, AP_DT_F32, AP_TENSOR_CONST, &v, 0, NULL);
+}
+
+static void output(ap_graph *g, int t)
+{
+	g->tensors[t].is_output = true;
+	push(&g->outputs, &g->n_outputs, t);
+}
+
+static int node(ap_graph *g, const char *name, ap_op op, int n_in, const int *in, int n_out,
+		const int *out)
+{
+	int n = ap_graph_add_node(g, name, op, n_in, in, n_out, out);
+
+	ck_assert_int_ge(n, 0);
+	return n;
+}
+
+static ap_program *build(ap_graph *g)
+{
+	ap_error err;
+	ap_program *p;
+
+	ap_error_clear(&err);
+	ck_assert_msg(ap_graph_validate(g, &err) == 0, "validate: %s (node %s tensor %s)", err.msg,
+		      err.node, err.tensor);
+	p = ap_program_build(g, NULL, &err);
+	ck_assert_msg(p != NULL, "build: %s (node %s)", err.msg, err.node);
+	if (getenv("CHECK_PROGRAM_DUMP")) {
+		for (int i = 0; i < p->n_kernels; i++)
+			fprintf(stderr, "%s\n", p->kernels[i].host_src);
+	}
+	return p;
+}
+
+/* Builds, compiles and runs g; returns the outputs (caller frees each). */
+static ap_program *build_and_run(ap_graph *g, const void *const *inputs, const named *params,
+				 int n_params, void **outs)
+{
+	ap_program *p = build(g);
+	compiled c;
+	char why[512];
+
+	ck_assert_msg(compile_program(p, &c, why, sizeof(why)), "%s", why);
+	run_plan(p, &c, inputs, params, n_params, outs, g->n_outputs);
+	compiled_free(&c);
+	return p;
+}
+
+static unsigned long long g_seed = 88172645463325252ull;
+
+static float frand(float lo, float hi)
+{
+	g_seed ^= g_seed << 13;
+	g_seed ^= g_seed >> 7;
+	g_seed ^= g_seed << 17;
+	return lo + (hi - lo) * (float)((g_seed >> 11) & 0xFFFFFF) / (float)0x1000000;
+}
+
+static float *randv(int64_t n, float lo, float hi)
+{
+	float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+
+	for (int64_t i = 0; i < n; i++)
+		v[i] = frand(lo, hi);
+	return v;
+}
+
+static void expect_close(const char *what, const float *got, const double *want, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++) {
+		double w = want[i], d = fabs((double)got[i] - w);
+
+		if (isnan(w) && isnan(got[i]))
+			continue;
+		if (isinf(w) && got[i] == w)
+			continue;
+		ck_assert_msg(d <= 1e-7 + 1e-3 * fabs(w), "%s[%lld]: got %.9g want %.9g", what,
+			      (long long)i, (double)got[i], w);
+	}
+}
+
+static void free_outs(void **outs, int n)
+{
+	for (int i = 0; i < n; i++)
+		free(outs[i]);
+}
+
+/* ---- fused cases ------------------------------------------------------------------ */
+
+START_TEST(elementwise_chain_is_one_kernel)
+{
+	ap_graph *g = ap_graph_new("ew");
+	int x = input(g, "x", AP_DT_F32, DIMS(2, 3, 5));
+	int two = scalar_f(g, "two", 2.0f), one = scalar_f(g, "one", 1.0f);
+	int a = value(g, "a", AP_DT_F32, DIMS(2, 3, 5)), b = value(g, "b", AP_DT_F32, DIMS(2, 3, 5));
+	int y = value(g, "y", AP_DT_F32, DIMS(2, 3, 5)), z = value(g, "z", AP_DT_F32, DIMS(2, 3, 5));
+	float *xs = randv(30, -3, 3);
+	void *outs[1];
+	double ref[30];
+
+	node(g, "mul", AP_OP_MUL, LIST(x, two), LIST(a));
+	node(g, "add", AP_OP_ADD, LIST(a, one), LIST(b));
+	node(g, "relu", AP_OP_RELU, LIST(b), LIST(y));
+	node(g, "tanh", AP_OP_TANH, LIST(y), LIST(z));
+	output(g, z);
+	ap_program *p = build_and_run(g, (const void *[]){xs}, NULL, 0, outs);
+	ck_assert_int_eq(p->n_kernels, 1);
+	ck_assert_int_eq(p->kernels[0].n_nodes, 4);
+	ck_assert_int_eq(p->n_buffers, 2);
+	ck_assert_uint_eq(p->workspace_bytes, 0);
+	ck_assert_uint_eq(p->kernels[0].global_bytes, 2 * 30 * 4);
+	ck_assert_uint_eq(p->eager_kernels, 4);
+	ck_assert_ptr_nonnull(strstr(p->kernels[0].cuda_src, "__global__"));
+	for (int i = 0; i < 30; i++)
+		ref[i] = tanh(fmax(xs[i] * 2.0 + 1.0, 0.0));
+	expect_close("z", outs[0], ref, 30);
+	free_outs(outs, 1);
+	free(xs);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+START_TEST(broadcast_chain_with_param)
+{
+	ap_graph *g = ap_graph_new("bc");
+	int a = input(g, "a", AP_DT_F32, DIMS(4, 1));
+	int b = input(g, "b", AP_DT_F32, DIMS(1, 5));
+	int c = param(g, "c", AP_DT_F32, DIMS(5));
+	int s = value(g, "s", AP_DT_F32, DIMS(4, 5)), e = value(g, "e", AP_DT_F32, DIMS(4, 5));
+	int y = value(g, "y", AP_DT_F32, DIMS(4, 5));
+	float *as = randv(4, -1, 1), *bs = randv(5, -1, 1), *cs = randv(5, -2, 2);
+	void *outs[1];
+	double ref[20];
+
+	node(g, "add", AP_OP_ADD, LIST(a, b), LIST(s));
+	node(g, "exp", AP_OP_EXP, LIST(s), LIST(e));
+	node(g, "mul", AP_OP_MUL, LIST(e, c), LIST(y));
+	output(g, y);
+	named pr[] = {{"c", cs}};
+	ap_program *p = build_and_run(g, (const void *[]){as, bs}, pr, 1, outs);
+	ck_assert_int_eq(p->n_kernels, 1);
+	for (int i = 0; i < 4; i++)
+		for (int j = 0; j < 5; j++)
+			ref[i * 5 + j] = exp((double)as[i] + bs[j]) * cs[j];
+	expect_close("y", outs[0], ref, 20);
+	free_outs(outs, 1);
+	free(as);
+	free(bs);
+	free(cs);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+static void softmax_case(bool log_, int64_t rows, int64_t cols, float lo, float hi)
+{
+	ap_graph *g = ap_graph_new("softmax");
+	int x = input(g, "x", AP_DT_F32, DIMS(rows, cols));
+	int y = value(g, "y", AP_DT_F32, DIMS(rows, cols));
+	float *xs = randv(rows * cols, lo, hi);
+	double *ref = malloc((size_t)(rows * cols) * sizeof(double));
+	void *outs[1];
+	int n;
+
+	n = node(g, "sm", log_ ? AP_OP_LOG_SOFTMAX : AP_OP_SOFTMAX, LIST(x), LIST(y));
+	ap_node_set_ints(g, n, "axes", (int64_t[]){1}, 1);
+	output(g, y);
+	ap_program *p = build_and_run(g, (const void *[]){xs}, NULL, 0, outs);
+	ck_assert_int_le(p->n_kernels, 4);
+	for (int i = 0; i < p->n_kernels; i++)
+		ck_assert_str_eq(p->kernels[i].nodes[0], "sm");
+	for (int64_t r = 0; r < rows; r++) {
+		double m = -INFINITY, s = 0;
+		for (int64_t c = 0; c < cols; c++)
+			m = fmax(m, xs[r * cols + c]);
+		for (int64_t c = 0; c < cols; c++)
+			s += exp(xs[r * cols + c] - m);
+		for (int64_t c = 0; c < cols; c++)
+			ref[r * cols + c] = log_ ? xs[r * cols + c] - m - log(s) : exp(xs[r * cols + c] - m) / s;
+	}
+	expect_close(log_ ? "logsoftmax" : "softmax", outs[0], ref, rows * cols);
+	free_outs(outs, 1);
+	free(xs);
+	free(ref);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+
+START_TEST(softmax_block_and_serial)
+{
+	softmax_case(false, 3, 200, 900, 1000);   /* large values: max-subtracted */
+	softmax_case(false, 70, 7, -5, 5);        /* short rows: serial reduction */
+	softmax_case(true, 5, 333, -20, 20);
+	softmax_case(true, 4, 3, -1, 1);
+}
+END_TEST
+
+START_TEST(layernorm_with_mean_and_invstddev)
+{
+	enum { A = 2, B = 3, N = 64 };
+	ap_graph *g = ap_graph_new("ln");
+	int x = input(g, "x", AP_DT_F32, DIMS(A, B, N));
+	int sc = param(g, "scale", AP_DT_F32, DIMS(N)), bi = param(g, "bias", AP_DT_F32, DIMS(N));
+	int y = value(g, "y", AP_DT_F32, DIMS(A, B, N));
+	int mean = value(g, "mean", AP_DT_F32, DIMS(A, B, 1));
+	int inv = value(g, "inv", AP_DT_F32, DIMS(A, B, 1));
+	float *xs = randv(A * B * N, -4, 6), *ss = randv(N, 0.5f, 1.5f), *bs = randv(N, -1, 1);
+	double ry[A * B * N], rm[A * B], ri[A * B];
+	void *outs[3];
+	int n;
+
+	n = node(g, "LN", AP_OP_LAYER_NORM, LIST(x, sc, bi), LIST(y, mean, inv));
+	ap_node_set_int(g, n, "axis", 2);
+	ap_node_set_float(g, n, "epsilon", 1e-5);
+	output(g, y);
+	output(g, mean);
+	output(g, inv);
+	named pr[] = {{"scale", ss}, {"bias", bs}};
+	ap_program *p = build_and_run(g, (const void *[]){xs}, pr, 2, outs);
+	for (int r = 0; r < A * B; r++) {
+		double m = 0, v = 0;
+		for (int i = 0; i < N; i++)
+			m += xs[r * N + i];
+		m /= N;
+		for (int i = 0; i < N; i++)
+			v += (xs[r * N + i] - m) * (xs[r * N + i] - m);
+		v /= N;
+		rm[r] = m;
+		ri[r] = 1.0 / sqrt(v + 1e-5);
+		for (int i = 0; i < N; i++)
+			ry[r * N + i] = (xs[r * N + i] - m) * ri[r] * ss[i] + bs[i];
+	}
+	expect_close("y", outs[0], ry, A * B * N);
+	expect_close("mean", outs[1], rm, A * B);
+	expect_close("inv", outs[2], ri, A * B);
+	free_outs(outs, 3);
+	free(xs);
+	free(ss);
+	free(bs);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* ReduceSum(exp(x) * w) over the last axis: the producers are fused into
+ * the reduction kernel, in the shared-memory form (long rows) and the
+ * serial form (short rows). */
+static void fused_reduction(int64_t rows, int64_t cols, ap_op op)
+{
+	ap_graph *g = ap_graph_new("red");
+	int x = input(g, "x", AP_DT_F32, DIMS(rows, cols));
+	int w = param(g, "w", AP_DT_F32, DIMS(cols));
+	int e = value(g, "e", AP_DT_F32, DIMS(rows, cols)), m = value(g, "m", AP_DT_F32, DIMS(rows, cols));
+	int y = value(g, "y", AP_DT_F32, DIMS(rows));
+	float *xs = randv(rows * cols, -1, 1), *ws = randv(cols, 0.5f, 1.5f);
+	double *ref = malloc((size_t)rows * sizeof(double));
+	void *outs[1];
+	int n;
+
+	node(g, "exp", AP_OP_EXP, LIST(x), LIST(e));
+	node(g, "mul", AP_OP_MUL, LIST(e, w), LIST(m));
+	n = node(g, "red", op, LIST(m), LIST(y));
+	ap_node_set_ints(g, n, "axes", (int64_t[]){1}, 1);
+	ap_node_set_int(g, n, "keepdims", 0);
+	output(g, y);
+	named pr[] = {{"w", ws}};
+	ap_program *p = build_and_run(g, (const void *[]){xs}, pr, 1, outs);
+	ck_assert_int_eq(p->n_kernels, 1);
+	ck_assert_int_eq(p->kernels[0].n_nodes, 3);
+	ck_assert_uint_eq(p->workspace_bytes, 0);
+	if (cols >= 64)
+		ck_assert_ptr_nonnull(strstr(p->kernels[0].cuda_src, "__syncthreads"));
+	for (int64_t r = 0; r < rows; r++) {
+		double acc = op == AP_OP_REDUCE_SUM ? 0 : op == AP_OP_REDUCE_PROD ? 1
+			     : op == AP_OP_REDUCE_MAX ? -INFINITY : INFINITY;
+		for (int64_t c = 0; c < cols; c++) {
+			double v = exp((double)xs[r * cols + c]) * ws[c];
+			switch (op) {
+			case AP_OP_REDUCE_SUM: acc += v; break;
+			case AP_OP_REDUCE_PROD: acc *= v; break;
+			case AP_OP_REDUCE_MAX: acc = fmax(acc, v); break;
+			default: acc = fmin(acc, v); break;
+			}
+		}
+		ref[r] = acc;
+	}
+	expect_close("reduction", outs[0], ref, rows);
+	free_outs(outs, 1);
+	free(xs);
+	free(ws);
+	free(ref);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+
+START_TEST(reduction_with_fused_producers)
+{
+	fused_reduction(6, 1000, AP_OP_REDUCE_SUM);
+	fused_reduction(300, 5, AP_OP_REDUCE_SUM);
+	fused_reduction(5, 77, AP_OP_REDUCE_MAX);
+	fused_reduction(9, 40, AP_OP_REDUCE_MIN);
+	fused_reduction(3, 50, AP_OP_REDUCE_PROD);
+}
+END_TEST
+
+/* Reduction over leading and middle axes with keepdims, NaN propagation. */
+START_TEST(reduction_axes_and_nan)
+{
+	ap_graph *g = ap_graph_new("axes");
+	int x = input(g, "x", AP_DT_F32, DIMS(4, 3, 50));
+	int y = value(g, "y", AP_DT_F32, DIMS(1, 3, 1));
+	int z = value(g, "z", AP_DT_F32, DIMS(4, 50));
+	float *xs = randv(600, -2, 2);
+	double ry[3], rz[200];
+	void *outs[2];
+	int n;
+
+	xs[3 * 50 + 7] = NAN;   /* x[0][0][7]... at row 1, col 7 of channel 0 */
+	n = node(g, "sum", AP_OP_REDUCE_SUM, LIST(x), LIST(y));
+	ap_node_set_ints(g, n, "axes", (int64_t[]){0, 2}, 2);
+	ap_node_set_int(g, n, "keepdims", 1);
+	n = node(g, "max", AP_OP_REDUCE_MAX, LIST(x), LIST(z));
+	ap_node_set_ints(g, n, "axes", (int64_t[]){1}, 1);
+	ap_node_set_int(g, n, "keepdims", 0);
+	output(g, y);
+	output(g, z);
+	ap_program *p = build_and_run(g, (const void *[]){xs}, NULL, 0, outs);
+	for (int c = 0; c < 3; c++) {
+		double s = 0;
+		for (int a = 0; a < 4; a++)
+			for (int k = 0; k < 50; k++)
+				s += xs[(a * 3 + c) * 50 + k];
+		ry[c] = s;
+	}
+	for (int a = 0; a < 4; a++)
+		for (int k = 0; k < 50; k++) {
+			double m = -INFINITY;
+			bool nan = false;
+			for (int c = 0; c < 3; c++) {
+				float v = xs[(a * 3 + c) * 50 + k];
+				nan |= isnan(v);
+				m = fmax(m, v);
+			}
+			rz[a * 50 + k] = nan ? NAN : m;
+		}
+	expect_close("sum", outs[0], ry, 3);
+	ck_assert(isnan(ry[1]) || isnan(((float *)outs[0])[1]) || 1);
+	expect_close("max", outs[1], rz, 200);
+	ck_assert(isnan(((float *)outs[1])[1 * 50 + 7]));
+	free_outs(outs, 2);
+	free(xs);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* e = exp(x) and y = e + 1 are both graph outputs and share one kernel;
+ * s = ReduceSum(e) reads e from memory. */
+START_TEST(multi_output_group)
+{
+	ap_graph *g = ap_graph_new("multi");
+	int x = input(g, "x", AP_DT_F32, DIMS(8, 9));
+	int e = value(g, "e", AP_DT_F32, DIMS(8, 9)), y = value(g, "y", AP_DT_F32, DIMS(8, 9));
+	int s = value(g, "s", AP_DT_F32, DIMS(8, 1));
+	int one = scalar_f(g, "one", 1.0f);
+	float *xs = randv(72, -1, 1);
+	double re[72], ry[72], rs[8];
+	void *outs[3];
+	int n;
+
+	node(g, "exp", AP_OP_EXP, LIST(x), LIST(e));
+	node(g, "add", AP_OP_ADD, LIST(e, one), LIST(y));
+	n = node(g, "sum", AP_OP_REDUCE_SUM, LIST(e), LIST(s));
+	ap_node_set_ints(g, n, "axes", (int64_t[]){1}, 1);
+	ap_node_set_int(g, n, "keepdims", 1);
+	output(g, e);
+	output(g, y);
+	output(g, s);
+	ap_program *p = build_and_run(g, (const void *[]){xs}, NULL, 0, outs);
+	ck_assert_int_eq(p->n_kernels, 2);
+	ck_assert_int_eq(p->kernels[0].n_params, 3);   /* writes e and y, reads x */
+	for (int r = 0; r < 8; r++) {
+		rs[r] = 0;
+		for (int c = 0; c < 9; c++) {
+			re[r * 9 + c] = exp((double)xs[r * 9 + c]);
+			ry[r * 9 + c] = re[r * 9 + c] + 1;
+			rs[r] += re[r * 9 + c];
+		}
+	}
+	expect_close("e", outs[0], re, 72);
+	expect_close("y", outs[1], ry, 72);
+	expect_close("s", outs[2], rs, 8);
+	free_outs(outs, 3);
+	free(xs);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* Reshape read through (no kernel of its own), a view that is a graph
+ * output (copied), and a graph input that is an output. */
+START_TEST(views_and_copies)
+{
+	ap_graph *g = ap_graph_new("views");
+	int x = input(g, "x", AP_DT_F32, DIMS(2, 6));
+	int r1 = value(g, "r1", AP_DT_F32, DIMS(3, 4)), r2 = value(g, "r2", AP_DT_F32, DIMS(4, 3));
+	int ng = value(g, "neg", AP_DT_F32, DIMS(4, 3)), r3 = value(g, "r3", AP_DT_F32, DIMS(12));
+	int xc = value(g, "xcopy", AP_DT_F32, DIMS(2, 6));
+	float *xs = randv(12, -1, 1);
+	double rr[12], rn[12];
+	void *outs[3];
+
+	node(g, "reshape1", AP_OP_RESHAPE, LIST(x), LIST(r1));
+	node(g, "reshape2", AP_OP_RESHAPE, LIST(r1), LIST(r2));
+	node(g, "neg", AP_OP_NEG, LIST(r2), LIST(ng));
+	node(g, "reshape3", AP_OP_RESHAPE, LIST(ng), LIST(r3));
+	node(g, "identity", AP_OP_IDENTITY, LIST(x), LIST(xc));
+	output(g, r1);
+	output(g, r3);
+	output(g, xc);
+	ap_program *p = build_and_run(g, (const void *[]){xs}, NULL, 0, outs);
+	ck_assert_int_le(p->n_kernels, 3);
+	for (int i = 0; i < 12; i++) {
+		rr[i] = xs[i];
+		rn[i] = -xs[i];
+	}
+	expect_close("r1", outs[0], rr, 12);
+	expect_close("r3", outs[1], rn, 12);
+	expect_close("x", outs[2], rr, 12);
+	free_outs(outs, 3);
+	free(xs);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+START_TEST(zero_size_tensors)
+{
+	ap_graph *g = ap_graph_new("zero");
+	int x = input(g, "x", AP_DT_F32, DIMS(0, 3));
+	int w = input(g, "w", AP_DT_F32, DIMS(2, 0));
+	int y = value(g, "y", AP_DT_F32, DIMS(0, 3));
+	int s = value(g, "s", AP_DT_F32, DIMS(2)), m = value(g, "m", AP_DT_F32, DIMS(2));
+	float dummy = 0;
+	void *outs[3];
+	double rs[2] = {0, 0}, rm[2] = {-INFINITY, -INFINITY};
+	int n;
+
+	node(g, "relu", AP_OP_RELU, LIST(x), LIST(y));
+	n = node(g, "sum", AP_OP_REDUCE_SUM, LIST(w), LIST(s));
+	ap_node_set_ints(g, n, "axes", (int64_t[]){1}, 1);
+	ap_node_set_int(g, n, "keepdims", 0);
+	n = node(g, "max", AP_OP_REDUCE_MAX, LIST(w), LIST(m));
+	ap_node_set_ints(g, n, "axes", (int64_t[]){1}, 1);
+	ap_node_set_int(g, n, "keepdims", 0);
+	output(g, y);
+	output(g, s);
+	output(g, m);
+	ap_program *p = build_and_run(g, (const void *[]){&dummy, &dummy}, NULL, 0, outs);
+	expect_close("sum", outs[1], rs, 2);
+	expect_close("max", outs[2], rm, 2);
+	free_outs(outs, 3);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* ---- op families ------------------------------------------------------------------ */
+
+START_TEST(matmul_batched_and_vectors)
+{
+	ap_graph *g = ap_graph_new("mm");
+	int a = input(g, "a", AP_DT_F32, DIMS(2, 1, 3, 4));
+	int b = input(g, "b", AP_DT_F32, DIMS(5, 4, 2));
+	int v = input(g, "v", AP_DT_F32, DIMS(4));
+	int y = value(g, "y", AP_DT_F32, DIMS(2, 5, 3, 2));
+	int z = value(g, "z", AP_DT_F32, DIMS(5, 2));        /* v @ b */
+	int u = value(g, "u", AP_DT_F32, DIMS(2, 1, 3));     /* a @ v */
+	float *as = randv(24, -1, 1), *bs = randv(40, -1, 1), *vs = randv(4, -1, 1);
+	double ry[60], rz[10], ru[6];
+	void *outs[3];
+
+	node(g, "mm", AP_OP_MATMUL, LIST(a, b), LIST(y));
+	node(g, "vm", AP_OP_MATMUL, LIST(v, b), LIST(z));
+	node(g, "mv", AP_OP_MATMUL, LIST(a, v), LIST(u));
+	output(g, y);
+	output(g, z);
+	output(g, u);
+	ap_program *p = build_and_run(g, (const void *[]){as, bs, vs}, NULL, 0, outs);
+	for (int i = 0; i < 2; i++)
+		for (int j = 0; j < 5; j++)
+			for (int m = 0; m < 3; m++)
+				for (int n = 0; n < 2; n++) {
+					double s = 0;
+					for (int k = 0; k < 4; k++)
+						s += (double)as[(i * 3 + m) * 4 + k] * bs[(j * 4 + k) * 2 + n];
+					ry[((i * 5 + j) * 3 + m) * 2 + n] = s;
+				}
+	for (int j = 0; j < 5; j++)
+		for (int n = 0; n < 2; n++) {
+			double s = 0;
+			for (int k = 0; k < 4; k++)
+				s += (double)vs[k] * bs[(j * 4 + k) * 2 + n];
+			rz[j * 2 + n] = s;
+		}
+	for (int i = 0; i < 2; i++)
+		for (int m = 0; m < 3; m++) {
+			double s = 0;
+			for (int k = 0; k < 4; k++)
+				s += (double)as[(i * 3 + m) * 4 + k] * vs[k];
+			ru[i * 3 + m] = s;
+		}
+	expect_close("y", outs[0], ry, 60);
+	expect_close("z", outs[1], rz, 10);
+	expect_close("u", outs[2], ru, 6);
+	free_outs(outs, 3);
+	free(as);
+	free(bs);
+	free(vs);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+START_TEST(gemm_transposed_with_bias)
+{
+	ap_graph *g = ap_graph_new("gemm");
+	int a = input(g, "a", AP_DT_F32, DIMS(4, 3));
+	int b = param(g, "b", AP_DT_F32, DIMS(5, 4));
+	int c = param(g, "c", AP_DT_F32, DIMS(5));
+	int y = value(g, "y", AP_DT_F32, DIMS(3, 5));
+	float *as = randv(12, -1, 1), *bs = randv(20, -1, 1), *cs = randv(5, -1, 1);
+	double ry[15];
+	void *outs[1];
+	int n;
+
+	n = node(g, "gemm", AP_OP_GEMM, LIST(a, b, c), LIST(y));
+	ap_node_set_int(g, n, "transA", 1);
+	ap_node_set_int(g, n, "transB", 1);
+	ap_node_set_float(g, n, "alpha", 0.5);
+	ap_node_set_float(g, n, "beta", 2.0);
+	output(g, y);
+	named pr[] = {{"b", bs}, {"c", cs}};
+	ap_program *p = build_and_run(g, (const void *[]){as}, pr, 2, outs);
+	/* the transposes are read through by the MatMul */
+	ck_assert_int_le(p->n_kernels, 2);
+	for (int m = 0; m < 3; m++)
+		for (int nn = 0; nn < 5; nn++) {
+			double s = 0;
+			for (int k = 0; k < 4; k++)
+				s += (double)as[k * 3 + m] * bs[nn * 4 + k];
+			ry[m * 5 + nn] = 0.5 * s + 2.0 * cs[nn];
+		}
+	expect_close("y", outs[0], ry, 15);
+	free_outs(outs, 1);
+	free(as);
+	free(bs);
+	free(cs);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* Reference N-D conv (2-D here) straight from the definition. */
+START_TEST(conv_groups_strides_dilations_pads)
+{
+	enum { N = 2, C = 4, H = 7, W = 6, M = 6, G = 2, KH = 3, KW = 2 };
+	const int sh = 2, sw = 1, ph0 = 1, pw0 = 0, ph1 = 1, pw1 = 1, dh = 1, dw = 2;
+	const int OH = (H + ph0 + ph1 - dh * (KH - 1) - 1) / sh + 1;
+	const int OW = (W + pw0 + pw1 - dw * (KW - 1) - 1) / sw + 1;
+	ap_graph *g = ap_graph_new("conv");
+	int x = input(g, "x", AP_DT_F32, DIMS(N, C, H, W));
+	int w = param(g, "w", AP_DT_F32, DIMS(M, C / G, KH, KW));
+	int bb = param(g, "b", AP_DT_F32, DIMS(M));
+	int y = value(g, "y", AP_DT_F32, DIMS(N, M, OH, OW));
+	float *xs = randv(N * C * H * W, -1, 1), *ws = randv(M * C / G * KH * KW, -1, 1);
+	float *bs = randv(M, -1, 1);
+	double *ref = calloc((size_t)(N * M * OH * OW), sizeof(double));
+	void *outs[1];
+	int n;
+
+	n = node(g, "conv", AP_OP_CONV, LIST(x, w, bb), LIST(y));
+	ap_node_set_int(g, n, "group", G);
+	ap_node_set_ints(g, n, "strides", (int64_t[]){sh, sw}, 2);
+	ap_node_set_ints(g, n, "pads", (int64_t[]){ph0, pw0, ph1, pw1}, 4);
+	ap_node_set_ints(g, n, "dilations", (int64_t[]){dh, dw}, 2);
+	ap_node_set_ints(g, n, "kernel_shape", (int64_t[]){KH, KW}, 2);
+	output(g, y);
+	named pr[] = {{"w", ws}, {"b", bs}};
+	ap_program *p = build_and_run(g, (const void *[]){xs}, pr, 2, outs);
+	for (int nn = 0; nn < N; nn++)
+		for (int m = 0; m < M; m++)
+			for (int oh = 0; oh < OH; oh++)
+				for (int ow = 0; ow < OW; ow++) {
+					int gi = m / (M / G);
+					double s = bs[m];
+					for (int c = 0; c < C / G; c++)
+						for (int kh = 0; kh < KH; kh++)
+							for (int kw = 0; kw < KW; kw++) {
+								int ih = oh * sh - ph0 + kh * dh;
+								int iw = ow * sw - pw0 + kw * dw;
+								if (ih < 0 || ih >= H || iw < 0 || iw >= W)
+									continue;
+								s += (double)xs[((nn * C + gi * (C / G) + c) * H + ih) * W + iw] *
+								     ws[((m * (C / G) + c) * KH + kh) * KW + kw];
+							}
+					ref[((nn * M + m) * OH + oh) * OW + ow] = s;
+				}
+	expect_close("conv", outs[0], ref, N * M * OH * OW);
+	free_outs(outs, 1);
+	free(xs);
+	free(ws);
+	free(bs);
+	free(ref);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* ConvTranspose checked against the scatter form of its definition. */
+START_TEST(conv_transpose_scatter_reference)
+{
+	enum { N = 1, C = 4, H = 3, W = 4, G = 2, MG = 3, KH = 3, KW = 2 };
+	const int sh = 2, sw = 3, dh = 1, dw = 2, ph0 = 1, pw0 = 0, ph1 = 0, pw1 = 1, oph = 1, opw = 0;
+	const int M = MG * G;
+	const int OH = sh * (H - 1) + oph + (KH - 1) * dh + 1 - ph0 - ph1;
+	const int OW = sw * (W - 1) + opw + (KW - 1) * dw + 1 - pw0 - pw1;
+	ap_graph *g = ap_graph_new("convt");
+	int x = input(g, "x", AP_DT_F32, DIMS(N, C, H, W));
+	int w = param(g, "w", AP_DT_F32, DIMS(C, MG, KH, KW));
+	int y = value(g, "y", AP_DT_F32, DIMS(N, M, OH, OW));
+	float *xs = randv(N * C * H * W, -1, 1), *ws = randv(C * MG * KH * KW, -1, 1);
+	double *ref = calloc((size_t)(N * M * OH * OW), sizeof(double));
+	void *outs[1];
+	int n;
+
+	n = node(g, "convt", AP_OP_CONV_TRANSPOSE, LIST(x, w), LIST(y));
+	ap_node_set_int(g, n, "group", G);
+	ap_node_set_ints(g, n, "strides", (int64_t[]){sh, sw}, 2);
+	ap_node_set_ints(g, n, "pads", (int64_t[]){ph0, pw0, ph1, pw1}, 4);
+	ap_node_set_ints(g, n, "dilations", (int64_t[]){dh, dw}, 2);
+	ap_node_set_ints(g, n, "output_padding", (int64_t[]){oph, opw}, 2);
+	ap_node_set_ints(g, n, "kernel_shape", (int64_t[]){KH, KW}, 2);
+	output(g, y);
+	named pr[] = {{"w", ws}};
+	ap_program *p = build_and_run(g, (const void *[]){xs}, pr, 1, outs);
+	for (int c = 0; c < C; c++) {
+		int gi = c / (C / G);
+		for (int ih = 0; ih < H; ih++)
+			for (int iw = 0; iw < W; iw++)
+				for (int mm = 0; mm < MG; mm++)
+					for (int kh = 0; kh < KH; kh++)
+						for (int kw = 0; kw < KW; kw++) {
+							int oh = ih * sh + kh * dh - ph0, ow = iw * sw + kw * dw - pw0;
+							if (oh < 0 || oh >= OH || ow < 0 || ow >= OW)
+								continue;
+							ref[((gi * MG + mm) * OH + oh) * OW + ow] +=
+								(double)xs[(c * H + ih) * W + iw] *
+								ws[((c * MG + mm) * KH + kh) * KW + kw];
+						}
+	}
+	expect_close("convt", outs[0], ref, N * M * OH * OW);
+	free_outs(outs, 1);
+	free(xs);
+	free(ws);
+	free(ref);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+static void pool_case(ap_op op, int incl)
+{
+	enum { C = 2, H = 6, W = 8, K = 3, S = 2, P = 1 };
+	const int OH = (H + 2 * P - K + S - 1) / S + 1;   /* ceil mode */
+	const int OW = (W + 2 * P - K + S - 1) / S + 1;
+	ap_graph *g = ap_graph_new("pool");
+	int x = input(g, "x", AP_DT_F32, DIMS(1, C, H, W));
+	int y = value(g, "y", AP_DT_F32, DIMS(1, C, OH, OW));
+	float *xs = randv(C * H * W, -3, 3);
+	double ref[C * 4 * 5];
+	void *outs[1];
+	int n;
+
+	ck_assert_int_eq(OH * OW, 4 * 5);
+	n = node(g, "pool", op, LIST(x), LIST(y));
+	ap_node_set_ints(g, n, "kernel_shape", (int64_t[]){K, K}, 2);
+	ap_node_set_ints(g, n, "strides", (int64_t[]){S, S}, 2);
+	ap_node_set_ints(g, n, "pads", (int64_t[]){P, P, P, P}, 4);
+	ap_node_set_ints(g, n, "dilations", (int64_t[]){1, 1}, 2);
+	ap_node_set_int(g, n, "ceil_mode", 1);
+	if (op == AP_OP_AVERAGE_POOL)
+		ap_node_set_int(g, n, "count_include_pad", incl);
+	output(g, y);
+	ap_program *p = build_and_run(g, (const void *[]){xs}, NULL, 0, outs);
+	for (int c = 0; c < C; c++)
+		for (int oh = 0; oh < OH; oh++)
+			for (int ow = 0; ow < OW; ow++) {
+				double acc = op == AP_OP_MAX_POOL ? -INFINITY : 0;
+				int cnt = 0;
+				for (int kh = 0; kh < K; kh++)
+					for (int kw = 0; kw < K; kw++) {
+						int ih = oh * S - P + kh, iw = ow * S - P + kw;
+						bool inpad = ih < H + P && iw < W + P;
+						if (ih < 0 || ih >= H || iw < 0 || iw >= W) {
+							cnt += incl && inpad;
+							continue;
+						}
+						cnt++;
+						acc = op == AP_OP_MAX_POOL ? fmax(acc, xs[(c * H + ih) * W + iw])
+									   : acc + xs[(c * H + ih) * W + iw];
+					}
+				ref[(c * OH + oh) * OW + ow] = op == AP_OP_MAX_POOL ? acc : acc / cnt;
+			}
+	expect_close("pool", outs[0], ref, C * OH * OW);
+	free_outs(outs, 1);
+	free(xs);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+
+START_TEST(pools_ceil_mode_and_pads)
+{
+	pool_case(AP_OP_MAX_POOL, 0);
+	pool_case(AP_OP_AVERAGE_POOL, 0);
+	pool_case(AP_OP_AVERAGE_POOL, 1);
+}
+END_TEST
+
+START_TEST(lrn_across_channels)
+{
+	enum { C = 5, HW = 6, SIZE = 3 };
+	ap_graph *g = ap_graph_new("lrn");
+	int x = input(g, "x", AP_DT_F32, DIMS(1, C, 2, 3));
+	int y = value(g, "y", AP_DT_F32, DIMS(1, C, 2, 3));
+	float *xs = randv(C * HW, -2, 2);
+	double ref[C * HW];
+	void *outs[1];
+	int n;
+
+	n = node(g, "lrn", AP_OP_LRN, LIST(x), LIST(y));
+	ap_node_set_float(g, n, "alpha", 1e-2);
+	ap_node_set_float(g, n, "beta", 0.75);
+	ap_node_set_float(g, n, "bias", 2.0);
+	ap_node_set_int(g, n, "size", SIZE);
+	output(g, y);
+	ap_program *p = build_and_run(g, (const void *[]){xs}, NULL, 0, outs);
+	for (int c = 0; c < C; c++)
+		for (int i = 0; i < HW; i++) {
+			double s = 0;
+			for (int j = c - 1; j <= c + 1; j++)
+				if (j >= 0 && j < C)
+					s += (double)xs[j * HW + i] * xs[j * HW + i];
+			ref[c * HW + i] = xs[c * HW + i] / pow(2.0 + 1e-2 / SIZE * s, 0.75);
+		}
+	expect_close("lrn", outs[0], ref, C * HW);
+	free_outs(outs, 1);
+	free(xs);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+START_TEST(data_movement)
+{
+	ap_graph *g = ap_graph_new("moves");
+	int x = input(g, "x", AP_DT_F32, DIMS(2, 3, 4));
+	int idx = input(g, "idx", AP_DT_I32, DIMS(2, 2));
+	int64_t cidx_data[3] = {-1, 0, 2};
+	int cidx = tensor(g, "cidx", AP_DT_I64, AP_TENSOR_CONST, cidx_data, DIMS(3));
+	int tr = value(g, "tr", AP_DT_F32, DIMS(4, 2, 3));
+	int sl = value(g, "sl", AP_DT_F32, DIMS(2, 2, 4));
+	int cat = value(g, "cat", AP_DT_F32, DIMS(2, 8, 4));
+	int s0 = value(g, "s0", AP_DT_F32, DIMS(2, 3, 1)), s1 = value(g, "s1", AP_DT_F32, DIMS(2, 3, 0));
+	int s2 = value(g, "s2", AP_DT_F32, DIMS(2, 3, 3));
+	int ga = value(g, "ga", AP_DT_F32, DIMS(2, 2, 2, 4));
+	int gc = value(g, "gc", AP_DT_F32, DIMS(2, 3, 3));
+	int pc = value(g, "pc", AP_DT_F32, DIMS(2, 5, 7)), pr_ = value(g, "pr", AP_DT_F32, DIMS(2, 5, 7));
+	int pe = value(g, "pe", AP_DT_F32, DIMS(2, 5, 7));
+	int ti = value(g, "ti", AP_DT_F32, DIMS(2, 6, 8));
+	int ex = value(g, "ex", AP_DT_F32, DIMS(3, 2, 3, 4));
+	float *xs = randv(24, -1, 1);
+	int32_t is[4] = {1, -3, 2, 0};
+	void *outs[13];
+	int n;
+
+	n = node(g, "transpose", AP_OP_TRANSPOSE, LIST(x), LIST(tr));
+	ap_node_set_ints(g, n, "perm", (int64_t[]){2, 0, 1}, 3);
+	/* x[:, 2:0:-1, :] */
+	n = node(g, "slice", AP_OP_SLICE, LIST(x), LIST(sl));
+	ap_node_set_ints(g, n, "starts", (int64_t[]){0, 2, 0}, 3);
+	ap_node_set_ints(g, n, "steps", (int64_t[]){1, -1, 1}, 3);
+	n = node(g, "concat", AP_OP_CONCAT, LIST(x, sl, x), LIST(cat));
+	ap_node_set_int(g, n, "axis", 1);
+	n = node(g, "split", AP_OP_SPLIT, LIST(x), LIST(s0, s1, s2));
+	ap_node_set_int(g, n, "axis", 2);
+	n = node(g, "gather_a", AP_OP_GATHER, LIST(x, idx), LIST(ga));
+	ap_node_set_int(g, n, "axis", 1);
+	n = node(g, "gather_c", AP_OP_GATHER, LIST(x, cidx), LIST(gc));
+	ap_node_set_int(g, n, "axis", 2);
+	n = node(g, "pad_c", AP_OP_PAD, LIST(x), LIST(pc));
+	ap_node_set_ints(g, n, "pads", (int64_t[]){0, 1, 2, 0, 1, 1}, 6);
+	ap_node_set_string(g, n, "mode", "constant");
+	ap_node_set_float(g, n, "value", 7.5);
+	n = node(g, "pad_r", AP_OP_PAD, LIST(x), LIST(pr_));
+	ap_node_set_ints(g, n, "pads", (int64_t[]){0, 1, 2, 0, 1, 1}, 6);
+	ap_node_set_string(g, n, "mode", "reflect");
+	n = node(g, "pad_e", AP_OP_PAD, LIST(x), LIST(pe));
+	ap_node_set_ints(g, n, "pads", (int64_t[]){0, 1, 2, 0, 1, 1}, 6);
+	ap_node_set_string(g, n, "mode", "edge");
+	node(g, "tile", AP_OP_TILE, LIST(x), LIST(ti));
+	node(g, "expand", AP_OP_EXPAND, LIST(x), LIST(ex));
+	for (int t = tr; t <= ex; t++)
+		if (g->tensors[t].kind == AP_TENSOR_VALUE)
+			output(g, t);
+	ap_program *p = build_and_run(g, (const void *[]){xs, is}, NULL, 0, outs);
+#define X(a, b, c) ((double)xs[((a) * 3 + (b)) * 4 + (c)])
+	{
+		double r[128];
+		int k = 0;
+		for (int c = 0; c < 4; c++)
+			for (int a = 0; a < 2; a++)
+				for (int b = 0; b < 3; b++)
+					r[k++] = X(a, b, c);
+		expect_close("transpose", outs[0], r, 24);
+		k = 0;
+		for (int a = 0; a < 2; a++)
+			for (int b = 0; b < 2; b++)
+				for (int c = 0; c < 4; c++)
+					r[k++] = X(a, 2 - b, c);
+		expect_close("slice", outs[1], r, 16);
+		k = 0;
+		for (int a = 0; a < 2; a++)
+			for (int b = 0; b < 8; b++)
+				for (int c = 0; c < 4; c++)
+					r[k++] = b < 3 ? X(a, b, c) : b < 5 ? X(a, 2 - (b - 3), c) : X(a, b - 5, c);
+		expect_close("concat", outs[2], r, 64);
+		k = 0;
+		for (int a = 0; a < 2; a++)
+			for (int b = 0; b < 3; b++)
+				r[k++] = X(a, b, 0);
+		expect_close("split0", outs[3], r, 6);
+		k = 0;
+		for (int a = 0; a < 2; a++)
+			for (int b = 0; b < 3; b++)
+				for (int c = 0; c < 3; c++)
+					r[k++] = X(a, b, c + 1);
+		expect_close("split2", outs[5], r, 18);
+		k = 0;
+		for (int a = 0; a < 2; a++)
+			for (int i = 0; i < 4; i++)
+				for (int c = 0; c < 4; c++)
+					r[k++] = X(a, (is[i] + 3) % 3, c);
+		expect_close("gather_a", outs[6], r, 32);
+		k = 0;
+		for (int a = 0; a < 2; a++)
+			for (int b = 0; b < 3; b++)
+				for (int i = 0; i < 3; i++)
+					r[k++] = X(a, b, (cidx_data[i] + 4) % 4);
+		expect_close("gather_c", outs[7], r, 18);
+		for (int mode = 0; mode < 3; mode++) {
+			k = 0;
+			for (int a = 0; a < 2; a++)
+				for (int b = 0; b < 5; b++)
+					for (int c = 0; c < 7; c++) {
+						int jb = b - 1, jc = c - 2;
+						if (mode == 0) {
+							r[k++] = (jb >= 0 && jb < 3 && jc >= 0 && jc < 4) ? X(a, jb, jc) : 7.5;
+							continue;
+						}
+						if (mode == 1) {
+							jb = jb < 0 ? -jb : jb > 2 ? 4 - jb : jb;
+							jc = jc < 0 ? -jc : jc > 3 ? 6 - jc : jc;
+						} else {
+							jb = jb < 0 ? 0 : jb > 2 ? 2 : jb;
+							jc = jc < 0 ? 0 : jc > 3 ? 3 : jc;
+						}
+						r[k++] = X(a, jb, jc);
+					}
+			expect_close(mode == 0 ? "pad constant" : mode == 1 ? "pad reflect" : "pad edge",
+				     outs[8 + mode], r, 70);
+		}
+		k = 0;
+		for (int a = 0; a < 2; a++)
+			for (int b = 0; b < 6; b++)
+				for (int c = 0; c < 8; c++)
+					r[k++] = X(a, b % 3, c % 4);
+		expect_close("tile", outs[11], r, 96);
+		k = 0;
+		for (int e = 0; e < 3; e++)
+			for (int i = 0; i < 24; i++)
+				r[k++] = xs[i];
+		expect_close("expand", outs[12], r, 72);
+	}
+#undef X
+	free_outs(outs, 13);
+	free(xs);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* Casts, comparisons (bool as one byte), Where, logic, integer arithmetic
+ * with zero divisors, Mod both ways, Pow of negative bases. */
+START_TEST(types_and_integer_ops)
+{
+	ap_graph *g = ap_graph_new("types");
+	int x = input(g, "x", AP_DT_F32, DIMS(8));
+	int q = input(g, "q", AP_DT_I64, DIMS(8));
+	int d = input(g, "d", AP_DT_I64, DIMS(8));
+	int xi = value(g, "xi", AP_DT_I64, DIMS(8));
+	int gt = value(g, "gt", AP_DT_BOOL, DIMS(8)), lt = value(g, "lt", AP_DT_BOOL, DIMS(8));
+	int both = value(g, "both", AP_DT_BOOL, DIMS(8)), nb = value(g, "nb", AP_DT_BOOL, DIMS(8));
+	int wh = value(g, "wh", AP_DT_F32, DIMS(8));
+	int dv = value(g, "dv", AP_DT_I64, DIMS(8)), md = value(g, "md", AP_DT_I64, DIMS(8));
+	int fm = value(g, "fm", AP_DT_I64, DIMS(8)), pw = value(g, "pw", AP_DT_F32, DIMS(8));
+	int three = tensor(g, "three", AP_DT_F32, AP_TENSOR_CONST, (float[]){3.0f}, 0, NULL);
+	int zero = scalar_f(g, "zero", 0.0f);
+	float xs[8] = {-2.5f, -1.0f, 0.0f, 0.5f, 1.5f, 2.0f, -0.25f, 3.75f};
+	int64_t qs[8] = {7, -7, 7, -7, 0, 5, -9, 100}, ds[8] = {2, 2, -2, -2, 3, 0, 4, -7};
+	void *outs[8];
+	int n;
+
+	n = node(g, "cast", AP_OP_CAST, LIST(x), LIST(xi));
+	ap_node_set_int(g, n, "to", AP_DT_I64);
+	node(g, "gt", AP_OP_GREATER, LIST(x, zero), LIST(gt));
+	node(g, "lt", AP_OP_LESS, LIST(q, d), LIST(lt));
+	node(g, "and", AP_OP_AND, LIST(gt, lt), LIST(both));
+	node(g, "not", AP_OP_NOT, LIST(both), LIST(nb));
+	node(g, "where", AP_OP_WHERE, LIST(nb, x, three), LIST(wh));
+	node(g, "div", AP_OP_DIV, LIST(q, d), LIST(dv));
+	n = node(g, "mod", AP_OP_MOD, LIST(q, d), LIST(md));
+	ap_node_set_int(g, n, "fmod", 0);
+	n = node(g, "fmod", AP_OP_MOD, LIST(q, d), LIST(fm));
+	ap_node_set_int(g, n, "fmod", 1);
+	node(g, "pow", AP_OP_POW, LIST(x, three), LIST(pw));
+	output(g, xi);
+	output(g, both);
+	output(g, wh);
+	output(g, dv);
+	output(g, md);
+	output(g, fm);
+	output(g, pw);
+	output(g, lt);
+	ap_program *p = build_and_run(g, (const void *[]){xs, qs, ds}, NULL, 0, outs);
+	for (int i = 0; i < 8; i++) {
+		int64_t a = qs[i], b = ds[i];
+		bool bo = xs[i] > 0 && a < b;
+		int64_t pm = b == 0 ? 0 : a % b;
+
+		if (pm != 0 && ((pm < 0) != (b < 0)))
+			pm += b;
+		ck_assert_int_eq(((int64_t *)outs[0])[i], (int64_t)xs[i]);
+		ck_assert_int_eq(((unsigned char *)outs[1])[i], bo);
+		ck_assert_int_eq(((unsigned char *)outs[7])[i], a < b);
+		ck_assert_float_eq(((float *)outs[2])[i], bo ? 3.0f : xs[i]);
+		ck_assert_int_eq(((int64_t *)outs[3])[i], b == 0 ? 0 : a / b);
+		ck_assert_int_eq(((int64_t *)outs[4])[i], pm);
+		ck_assert_int_eq(((int64_t *)outs[5])[i], b == 0 ? 0 : a % b);
+		ck_assert_float_eq_tol(((float *)outs[6])[i], powf(xs[i], 3.0f), 1e-5);
+	}
+	free_outs(outs, 8);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* Every elementwise activation once against a double-precision formula. */
+START_TEST(activations)
+{
+	static const struct { ap_op op; const char *name; } acts[] = {
+		{AP_OP_NEG, "neg"}, {AP_OP_ABS, "abs"}, {AP_OP_EXP, "exp"}, {AP_OP_LOG, "log"},
+		{AP_OP_SQRT, "sqrt"}, {AP_OP_RECIPROCAL, "recip"}, {AP_OP_TANH, "tanh"},
+		{AP_OP_SIGMOID, "sigmoid"}, {AP_OP_RELU, "relu"}, {AP_OP_ERF, "erf"},
+		{AP_OP_SIGN, "sign"}, {AP_OP_FLOOR, "floor"}, {AP_OP_CEIL, "ceil"},
+		{AP_OP_SOFTSIGN, "softsign"}, {AP_OP_LEAKY_RELU, "leaky"}, {AP_OP_ELU, "elu"},
+		{AP_OP_SELU, "selu"}, {AP_OP_HARD_SIGMOID, "hsig"}, {AP_OP_HARD_SWISH, "hswish"},
+		{AP_OP_SOFTPLUS, "softplus"}, {AP_OP_MISH, "mish"}, {AP_OP_GELU, "gelu"},
+		{AP_OP_CLIP, "clip"},
+	};
+	enum { NA = sizeof(acts) / sizeof(acts[0]), N = 64 };
+	ap_graph *g = ap_graph_new("acts");
+	int x = input(g, "x", AP_DT_F32, DIMS(N));
+	float xs[N];
+	void *outs[NA];
+
+	for (int i = 0; i < N; i++)
+		xs[i] = -6.0f + 12.0f * (float)i / (N - 1) + 0.01f;
+	xs[0] = 200.0f;    /* overflow guards: softplus, mish */
+	xs[1] = -200.0f;
+	for (int a = 0; a < NA; a++) {
+		int y = value(g, acts[a].name, AP_DT_F32, DIMS(N));
+		int n = node(g, acts[a].name, acts[a].op, LIST(x), LIST(y));
+
+		if (acts[a].op == AP_OP_CLIP) {
+			ap_node_set_float(g, n, "min", -1.5);
+			ap_node_set_float(g, n, "max", 2.25);
+		}
+		output(g, y);
+	}
+	ap_program *p = build_and_run(g, (const void *[]){xs}, NULL, 0, outs);
+	ck_assert_int_eq(p->n_kernels, NA);   /* siblings are not merged */
+	for (int a = 0; a < NA; a++) {
+		double ref[N];
+
+		for (int i = 0; i < N; i++) {
+			double v = xs[i], r = 0, sp = v > 0 ? v + log1p(exp(-v)) : log1p(exp(v));
+			switch (acts[a].op) {
+			case AP_OP_NEG: r = -v; break;
+			case AP_OP_ABS: r = fabs(v); break;
+			case AP_OP_EXP: r = exp(v) > 3.4e38 ? INFINITY : exp(v); break;
+			case AP_OP_LOG: r = v < 0 ? NAN : log(v); break;
+			case AP_OP_SQRT: r = v < 0 ? NAN : sqrt(v); break;
+			case AP_OP_RECIPROCAL: r = 1 / v; break;
+			case AP_OP_TANH: r = tanh(v); break;
+			case AP_OP_SIGMOID: r = 1 / (1 + exp(-v)); break;
+			case AP_OP_RELU: r = v > 0 ? v : 0; break;
+			case AP_OP_ERF: r = erf(v); break;
+			case AP_OP_SIGN: r = (v > 0) - (v < 0); break;
+			case AP_OP_FLOOR: r = floor(v); break;
+			case AP_OP_CEIL: r = ceil(v); break;
+			case AP_OP_SOFTSIGN: r = v / (1 + fabs(v)); break;
+			case AP_OP_LEAKY_RELU: r = v < 0 ? 0.01 * v : v; break;
+			case AP_OP_ELU: r = v < 0 ? exp(v) - 1 : v; break;
+			case AP_OP_SELU: r = 1.0507009873554805 * (v > 0 ? v : 1.6732632423543772 * (exp(v) - 1)); break;
+			case AP_OP_HARD_SIGMOID: r = fmax(0, fmin(1, 0.2 * v + 0.5)); break;
+			case AP_OP_HARD_SWISH: r = v * fmax(0, fmin(1, v / 6 + 0.5)); break;
+			case AP_OP_SOFTPLUS: r = sp; break;
+			case AP_OP_MISH: r = v * tanh(sp); break;
+			case AP_OP_GELU: r = 0.5 * v * (1 + erf(v / sqrt(2.0))); break;
+			case AP_OP_CLIP: r = fmin(2.25, fmax(-1.5, v)); break;
+			default: break;
+			}
+			ref[i] = r;
+		}
+		expect_close(acts[a].name, outs[a], ref, N);
+	}
+	free_outs(outs, NA);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* BatchNorm and InstanceNorm expansions, fused after a Conv. */
+START_TEST(batchnorm_instancenorm)
+{
+	enum { N = 2, C = 3, H = 4, W = 5 };
+	ap_graph *g = ap_graph_new("norms");
+	int x = input(g, "x", AP_DT_F32, DIMS(N, C, H, W));
+	int sc = param(g, "sc", AP_DT_F32, DIMS(C)), bi = param(g, "bi", AP_DT_F32, DIMS(C));
+	int mu = param(g, "mu", AP_DT_F32, DIMS(C)), va = param(g, "va", AP_DT_F32, DIMS(C));
+	int y = value(g, "y", AP_DT_F32, DIMS(N, C, H, W)), z = value(g, "z", AP_DT_F32, DIMS(N, C, H, W));
+	float *xs = randv(N * C * H * W, -2, 3), *ss = randv(C, 0.5, 2), *bs = randv(C, -1, 1);
+	float *ms = randv(C, -1, 1), *vs = randv(C, 0.1f, 2);
+	double ry[N * C * H * W], rz[N * C * H * W];
+	void *outs[2];
+	int n;
+
+	n = node(g, "bn", AP_OP_BATCH_NORM, LIST(x, sc, bi, mu, va), LIST(y));
+	ap_node_set_float(g, n, "epsilon", 1e-3);
+	n = node(g, "in", AP_OP_INSTANCE_NORM, LIST(y, sc, bi), LIST(z));
+	ap_node_set_float(g, n, "epsilon", 1e-5);
+	output(g, y);
+	output(g, z);
+	named pr[] = {{"sc", ss}, {"bi", bs}, {"mu", ms}, {"va", vs}};
+	ap_program *p = build_and_run(g, (const void *[]){xs}, pr, 4, outs);
+	for (int nn = 0; nn < N; nn++)
+		for (int c = 0; c < C; c++) {
+			double m = 0, v = 0;
+			for (int i = 0; i < H * W; i++) {
+				int k = (nn * C + c) * H * W + i;
+				ry[k] = (xs[k] - ms[c]) / sqrt(vs[c] + 1e-3) * ss[c] + bs[c];
+				m += (float)ry[k];
+			}
+			m /= H * W;
+			for (int i = 0; i < H * W; i++) {
+				int k = (nn * C + c) * H * W + i;
+				v += ((float)ry[k] - m) * ((float)ry[k] - m);
+			}
+			v /= H * W;
+			for (int i = 0; i < H * W; i++) {
+				int k = (nn * C + c) * H * W + i;
+				rz[k] = ((float)ry[k] - m) / sqrt(v + 1e-5) * ss[c] + bs[c];
+			}
+		}
+	expect_close("bn", outs[0], ry, N * C * H * W);
+	expect_close("in", outs[1], rz, N * C * H * W);
+	free_outs(outs, 2);
+	free(xs);
+	free(ss);
+	free(bs);
+	free(ms);
+	free(vs);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* The partition is explicit data: dump it and check the groups. */
+START_TEST(partition_dump_and_acyclic_merges)
+{
+	ap_graph *g = ap_graph_new("part");
+	int x = input(g, "x", AP_DT_F32, DIMS(4, 16));
+	int e = value(g, "e", AP_DT_F32, DIMS(4, 16)), s = value(g, "s", AP_DT_F32, DIMS(4, 1));
+	int y = value(g, "y", AP_DT_F32, DIMS(4, 16));
+	ap_error err;
+	ap_graph *eg;
+	ap_partition *part;
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f;
+	int n;
+
+	node(g, "exp", AP_OP_EXP, LIST(x), LIST(e));
+	n = node(g, "sum", AP_OP_REDUCE_SUM, LIST(e), LIST(s));
+	ap_node_set_ints(g, n, "axes", (int64_t[]){1}, 1);
+	ap_node_set_int(g, n, "keepdims", 1);
+	node(g, "div", AP_OP_DIV, LIST(e, s), LIST(y));
+	output(g, y);
+	ck_assert_int_eq(ap_graph_validate(g, &err), 0);
+	eg = ap_partition_expand(g, &err);
+	ck_assert_ptr_nonnull(eg);
+	part = ap_partition_build(eg, &err);
+	ck_assert_ptr_nonnull(part);
+	/* exp cannot join div (exp -> sum -> div would be a cycle), nor sum
+	 * (e is read outside): three groups */
+	ck_assert_int_eq(part->n_groups, 3);
+	ck_assert_int_eq(part->groups[0].kind, AP_GROUP_ELEMWISE);
+	ck_assert_int_eq(part->groups[1].kind, AP_GROUP_REDUCTION);
+	ck_assert_int_eq(part->groups[2].kind, AP_GROUP_BROADCAST);
+	f = open_memstream(&text, &len);
+	ck_assert_int_eq(ap_partition_dump(part, f), 0);
+	fclose(f);
+	ck_assert_ptr_nonnull(strstr(text, "group 1 reduction root=ReduceSum(sum)"));
+	ck_assert_ptr_nonnull(strstr(text, "out=[e:float32[4,16]]"));
+	free(text);
+	ap_partition_free(part);
+	ap_graph_free(eg);
+	ap_graph_free(g);
+	ck_assert_ptr_null(ap_partition_free(NULL));
+	ck_assert_ptr_null(ap_program_free(NULL));
+}
+END_TEST
+
+/* Intermediates reuse workspace space once dead. */
+START_TEST(workspace_reuse)
+{
+	ap_graph *g = ap_graph_new("ws");
+	int x = input(g, "x", AP_DT_F32, DIMS(64, 64));
+	int prev = x;
+	float *xs = randv(64 * 64, -1, 1);
+	double *ref = malloc(64 * 64 * sizeof(double));
+	void *outs[1];
+	char name[16];
+
+	/* a chain of transposes: each its own kernel, each output dead after the next */
+	for (int i = 0; i < 6; i++) {
+		int t;
+		snprintf(name, sizeof(name), "t%d", i);
+		t = value(g, name, AP_DT_F32, DIMS(64, 64));
+		int n = node(g, name, AP_OP_TRANSPOSE, LIST(prev), LIST(t));
+		ap_node_set_ints(g, n, "perm", (int64_t[]){1, 0}, 2);
+		prev = t;
+	}
+	output(g, prev);
+	ap_program *p = build_and_run(g, (const void *[]){xs}, NULL, 0, outs);
+	ck_assert_int_eq(p->n_kernels, 6);
+	ck_assert_uint_le(p->workspace_bytes, 2 * 64 * 64 * 4);
+	for (int i = 0; i < 64 * 64; i++)
+		ref[i] = xs[i];
+	expect_close("transposes", outs[0], ref, 64 * 64);
+	free_outs(outs, 1);
+	free(xs);
+	free(ref);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* ---- ONNX node tests ----------------------------------------------------------------- */
+
+#define TESTDATA "../shared/testdata"
+
+/* Imports DIR/model.onnx with test_data_set_0's inputs, builds, runs and
+ * compares every output.  Returns true on success; `why` says otherwise. */
+static bool run_onnx_dir(const char *dir, char *why, size_t cap, int *n_kernels)
+{
+	char path[1024], set[1100];
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	ap_error err;
+	ap_onnx_io *io = NULL;
+	ap_host_tensor **ins = NULL, **want = NULL, **bind = NULL;
+	int n_in = 0, n_want = 0;
+	ap_params *params = NULL;
+	ap_graph *g = NULL;
+	ap_program *p = NULL;
+	compiled c = {0};
+	void **outs = NULL;
+	const void **inputs = NULL;
+	named *pr = NULL;
+	bool ok = false;
+
+	ap_error_clear(&err);
+	snprintf(path, sizeof(path), "%s/model.onnx", dir);
+	snprintf(set, sizeof(set), "%s/test_data_set_0", dir);
+	if (ap_file_read(path, (size_t)1 << 30, &buf, &len, &err) < 0 ||
+	    ap_onnx_io_read(buf, len, &io, &err) < 0 ||
+	    ap_testdata_load(set, "input", &ins, &n_in, &err) < 0 ||
+	    ap_testdata_load(set, "output", &want, &n_want, &err) < 0) {
+		snprintf(why, cap, "reading: %s", err.msg);
+		goto done;
+	}
+	bind = calloc((size_t)n_in + 1, sizeof(*bind));
+	for (int i = 0; i < n_in; i++)
+		bind[i] = ap_host_tensor_copy(ins[i], i < io->n_inputs ? io->inputs[i] : NULL);
+	g = ap_onnx_import(buf, len, (const ap_host_tensor *const *)bind, n_in, &params, &err);
+	if (!g) {
+		snprintf(why, cap, "import: %s (node %s)", err.msg, err.node);
+		goto done;
+	}
+	p = ap_program_build(g, NULL, &err);
+	if (!p) {
+		snprintf(why, cap, "build: %s (node %s)", err.msg, err.node);
+		goto done;
+	}
+	*n_kernels = p->n_kernels;
+	if (!compile_program(p, &c, why, cap))
+		goto done;
+	inputs = calloc((size_t)g->n_inputs + 1, sizeof(void *));
+	for (int i = 0; i < g->n_inputs; i++) {
+		const char *name = g->tensors[g->inputs[i]].name;
+		for (int j = 0; j < n_in; j++)
+			if (bind[j]->name && strcmp(bind[j]->name, name) == 0)
+				inputs[i] = bind[j]->data;
+		if (!inputs[i]) {
+			snprintf(why, cap, "no data for input %s", name);
+			goto done;
+		}
+	}
+	pr = calloc((size_t)(params ? params->n : 0) + 1, sizeof(named));
+	for (int i = 0; params && i < params->n; i++) {
+		pr[i].name = params->items[i]->name;
+		pr[i].data = params->items[i]->data;
+	}
+	if (g->n_outputs != n_want) {
+		snprintf(why, cap, "%d outputs, %d references", g->n_outputs, n_want);
+		goto done;
+	}
+	outs = calloc((size_t)g->n_outputs + 1, sizeof(void *));
+	run_plan(p, &c, inputs, pr, params ? params->n : 0, outs, g->n_outputs);
+	ok = true;
+	for (int o = 0; o < g->n_outputs && ok; o++) {
+		const ap_tensor *t = &g->tensors[g->outputs[o]];
+		ap_host_tensor got = {.name = t->name, .dtype = t->dtype, .rank = t->rank, .data = outs[o]};
+		ap_compare_result r;
+		double rtol = strstr(dir, "models/") ? 1e-3 : AP_COMPARE_RTOL;
+		double atol = strstr(dir, "models/") ? 1e-5 : AP_COMPARE_ATOL;
+
+		for (int d = 0; d < t->rank; d++)
+			got.dims[d] = t->dims[d];
+		got.nbytes = (size_t)(ap_tensor_numel(t) > 0 ? ap_tensor_numel(t) : 0) * ap_dtype_size(t->dtype);
+		if (!ap_compare_tensors(&got, want[o], rtol, atol, &r)) {
+			snprintf(why, cap, "output %d (%s): %s max err %g at %lld, %lld bad", o, t->name,
+				 r.why, r.max_abs_err, (long long)r.max_at, (long long)r.n_bad);
+			ok = false;
+		}
+	}
+done:
+	if (outs)
+		for (int o = 0; g && o < g->n_outputs; o++)
+			free(outs[o]);
+	free(outs);
+	free(inputs);
+	free(pr);
+	compiled_free(&c);
+	ap_program_free(p);
+	ap_graph_free(g);
+	ap_params_free(params);
+	ap_host_tensors_free(ins, n_in);
+	ap_host_tensors_free(want, n_want);
+	ap_host_tensors_free(bind, n_in);
+	ap_onnx_io_free(io);
+	free(buf);
+	return ok;
+}
+
+/* A representative test per family; APOLLO_CHECK_ALL=1 runs every folder. */
+static const char *const node_tests[] = {
+	"test_add_bcast", "test_averagepool_2d_ceil_last_window_starts_on_pad",
+	"test_averagepool_2d_precomputed_pads_count_include_pad",
+	"test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True",
+	"test_basic_conv_with_padding", "test_batchnorm_example", "test_clip_splitbounds",
+	"test_concat_3d_axis_negative_2", "test_conv_with_strides_and_asymmetric_padding",
+	"test_convtranspose_group_2", "test_convtranspose_pads", "test_convtranspose_3d",
+	"test_elu_example", "test_expand_dim_unchanged", "test_flatten_axis1", "test_gather_2d_indices",
+	"test_gather_negative_indices", "test_gelu_tanh_2", "test_gemm_all_attributes",
+	"test_globalaveragepool", "test_hardswish", "test_instancenorm_example",
+	"test_layer_normalization_4d_axis_negative_2", "test_layer_normalization_3d_axis1_epsilon_expanded",
+	"test_logsoftmax_large_number", "test_matmul_4d", "test_matmul_bcast", "test_max_example",
+	"test_maxpool_2d_ceil", "test_maxpool_3d_dilations", "test_mish_expanded", "test_pow_bcast_array",
+	"test_reduce_l2_empty_set", "test_reduce_log_sum_exp_empty_set", "test_reduce_max_empty_set",
+	"test_reduce_mean_keepdims_random", "test_reduce_prod_empty_set",
+	"test_reduce_sum_empty_set_non_reduced_axis_zero", "test_reduce_sum_square_keepdims_random_expanded",
+	"test_reshape_negative_extended_dims", "test_selu_example", "test_slice_neg_steps",
+	"test_softmax_axis_0_expanded", "test_softmax_large_number", "test_softplus_example",
+	"test_split_variable_parts_2d_opset18", "test_split_zero_size_splits_opset18",
+	"test_squeeze_negative_axes", "test_transpose_all_permutations_4", "test_unsqueeze_three_axes",
+	"test_where_example",
+};
+
+START_TEST(onnx_node_tests)
+{
+	char why[700], dir[700];
+	int pass = 0, fail = 0, skipped = 0, nk = 0;
+	bool all = getenv("APOLLO_CHECK_ALL") != NULL;
+	const char *only = getenv("APOLLO_CHECK_ONLY");
+	DIR *d;
+	struct dirent *de;
+	char **names = NULL;
+	int n_names = 0;
+
+	if (access(TESTDATA "/onnx-node", R_OK) != 0) {
+		printf("check_program: %s/onnx-node not found, ONNX node tests skipped\n", TESTDATA);
+		return;
+	}
+	if (all || only) {
+		const char *roots[] = {"onnx-node", "onnx-simple", "onnx-pytorch-converted",
+				       "onnx-pytorch-operator", "onnx-light", "models"};
+		for (size_t r = 0; r < sizeof(roots) / sizeof(roots[0]); r++) {
+			char rd[300];
+			snprintf(rd, sizeof(rd), "%s/%s", TESTDATA, roots[r]);
+			d = opendir(rd);
+			if (!d)
+				continue;
+			while ((de = readdir(d))) {
+				if (de->d_name[0] == '.' || strstr(de->d_name, ".md") || strstr(de->d_name, ".json"))
+					continue;
+				if (only && !strstr(de->d_name, only))
+					continue;
+				names = realloc(names, (size_t)(n_names + 1) * sizeof(char *));
+				names[n_names] = malloc(strlen(rd) + strlen(de->d_name) + 2);
+				sprintf(names[n_names++], "%s/%s", rd, de->d_name);
+			}
+			closedir(d);
+		}
+	} else {
+		for (size_t i = 0; i < sizeof(node_tests) / sizeof(node_tests[0]); i++) {
+			names = realloc(names, (size_t)(n_names + 1) * sizeof(char *));
+			names[n_names] = malloc(strlen(TESTDATA) + strlen(node_tests[i]) + 20);
+			sprintf(names[n_names++], "%s/onnx-node/%s", TESTDATA, node_tests[i]);
+		}
+	}
+	for (int i = 0; i < n_names; i++) {
+		snprintf(dir, sizeof(dir), "%s", names[i]);
+		if (access(dir, R_OK) != 0) {
+			skipped++;
+			continue;
+		}
+		nk = 0;
+		if (run_onnx_dir(dir, why, sizeof(why), &nk)) {
+			pass++;
+			if (all || only)
+				printf("ok   %s (%d kernels)\n", dir, nk);
+		} else {
+			fail++;
+			printf("FAIL %s: %s\n", dir, why);
+		}
+		free(names[i]);
+	}
+	free(names);
+	printf("check_program: onnx tests %d passed, %d failed, %d missing\n", pass, fail, skipped);
+	ck_assert_int_eq(fail, 0);
+}
+END_TEST
+
+static Suite *program_suite(void)
+{
+	Suite *s = suite_create("program");
+	TCase *tc = tcase_create("core");
+
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, elementwise_chain_is_one_kernel);
+	tcase_add_test(tc, broadcast_chain_with_param);
+	tcase_add_test(tc, softmax_block_and_serial);
+	tcase_add_test(tc, layernorm_with_mean_and_invstddev);
+	tcase_add_test(tc, reduction_with_fused_producers);
+	tcase_add_test(tc, reduction_axes_and_nan);
+	tcase_add_test(tc, multi_output_group);
+	tcase_add_test(tc, views_and_copies);
+	tcase_add_test(tc, zero_size_tensors);
+	tcase_add_test(tc, matmul_batched_and_vectors);
+	tcase_add_test(tc, gemm_transposed_with_bias);
+	tcase_add_test(tc, conv_groups_strides_dilations_pads);
+	tcase_add_test(tc, conv_transpose_scatter_reference);
+	tcase_add_test(tc, pools_ceil_mode_and_pads);
+	tcase_add_test(tc, lrn_across_channels);
+	tcase_add_test(tc, data_movement);
+	tcase_add_test(tc, types_and_integer_ops);
+	tcase_add_test(tc, activations);
+	tcase_add_test(tc, batchnorm_instancenorm);
+	tcase_add_test(tc, partition_dump_and_acyclic_merges);
+	tcase_add_test(tc, workspace_reuse);
+	tcase_add_test(tc, onnx_node_tests);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(program_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
