@@ -98,6 +98,52 @@ static bool compile_program(const ap_program *p, compiled *c, char *why, size_t 
 	return true;
 }
 
+/* Compiles the CUDA C of every kernel of `p` (as one translation unit)
+ * with NVRTC to sm_80 cubin.  True when it compiles or NVRTC is absent
+ * (said once). */
+static bool nvrtc_compiles(const ap_program *p, char *why, size_t cap)
+{
+	static int state = 0;   /* 0 unknown, 1 loaded, -1 absent (test-local) */
+	ap_error err;
+	size_t total = 1, off = 0;
+	char *src;
+	uint8_t *out = NULL;
+	size_t len = 0;
+	int rc;
+
+	if (state == 0) {
+		const char *off_env = getenv("APOLLO_CHECK_NVRTC");
+
+		state = (off_env && strcmp(off_env, "0") == 0) ? -1 : ap_nvrtc_load(&err) == 0 ? 1 : -1;
+		if (state < 0)
+			printf("check_program: NVRTC not used (%s)\n",
+			       off_env ? "APOLLO_CHECK_NVRTC=0" : err.msg);
+	}
+	if (state < 0 || p->n_kernels == 0)
+		return true;
+	for (int i = 0; i < p->n_kernels; i++)
+		total += strlen(p->kernels[i].cuda_src) + 1;
+	src = malloc(total);
+	ck_assert_ptr_nonnull(src);
+	for (int i = 0; i < p->n_kernels; i++) {
+		size_t n = strlen(p->kernels[i].cuda_src);
+		memcpy(src + off, p->kernels[i].cuda_src, n);
+		off += n;
+		src[off++] = '\n';
+	}
+	src[off] = 0;
+	ap_error_clear(&err);
+	rc = ap_nvrtc_compile(src, "program.cu", "sm_80", true, &out, &len, &err);
+	if (rc != 0) {
+		snprintf(why, cap, "NVRTC: %.500s", err.msg);
+		if (getenv("CHECK_PROGRAM_DUMP"))
+			fprintf(stderr, "%s\n", src);
+	}
+	free(src);
+	free(out);
+	return rc == 0;
+}
+
 static void compiled_free(compiled *c)
 {
 	if (c->so)
@@ -255,6 +301,7 @@ static ap_program *build_and_run(ap_graph *g, const void *const *inputs, const n
 	char why[512];
 
 	ck_assert_msg(compile_program(p, &c, why, sizeof(why)), "%s", why);
+	ck_assert_msg(nvrtc_compiles(p, why, sizeof(why)), "%s", why);
 	run_plan(p, &c, inputs, params, n_params, outs, g->n_outputs);
 	compiled_free(&c);
 	return p;
@@ -1442,6 +1489,8 @@ static bool run_onnx_dir(const char *dir, char *why, size_t cap, int *n_kernels)
 	*n_kernels = p->n_kernels;
 	if (!compile_program(p, &c, why, cap))
 		goto done;
+	if (!nvrtc_compiles(p, why, cap))
+		goto done;
 	inputs = calloc((size_t)g->n_inputs + 1, sizeof(void *));
 	for (int i = 0; i < g->n_inputs; i++) {
 		const char *name = g->tensors[g->inputs[i]].name;
@@ -1541,7 +1590,7 @@ START_TEST(onnx_node_tests)
 	}
 	if (all || only) {
 		const char *roots[] = {"onnx-node", "onnx-simple", "onnx-pytorch-converted",
-				       "onnx-pytorch-operator", "onnx-light", "models"};
+				       "onnx-pytorch-operator", "onnx-light", "models", "training"};
 		for (size_t r = 0; r < sizeof(roots) / sizeof(roots[0]); r++) {
 			char rd[300];
 			snprintf(rd, sizeof(rd), "%s/%s", TESTDATA, roots[r]);
