@@ -4,8 +4,8 @@
  * class is one grid-stride loop over its linear index i, whose coordinates
  * are derived from i.  For every written tensor, val(t, idx) builds the
  * value of tensor t at index idx:
- *   - CONST tensors are literals (one element) or loads from a constant
- *     array baked into the source;
+ *   - CONST tensors are literals (one element, or all elements equal) or
+ *     loads from a constant array baked into the source;
  *   - views (Reshape, Identity) relinearise idx onto their input;
  *   - a node of the group computes its op from its inputs' values at the
  *     indices its op maps idx to (op_value);
@@ -314,13 +314,26 @@ static ap_kir_expr *const_elem(lctx *L, const ap_tensor *x, int64_t i)
 	}
 }
 
+/* True when every element of CONST x equals the first (bitwise). */
+static bool const_uniform(const ap_tensor *x, int64_t n)
+{
+	size_t es = ap_dtype_size(x->dtype);
+
+	if (!x->data || es == 0 || x->nbytes < (size_t)n * es)
+		return false;
+	for (int64_t i = 1; i < n; i++)
+		if (memcmp((const char *)x->data + (size_t)i * es, x->data, es) != 0)
+			return false;
+	return true;
+}
+
 static ap_kir_expr *const_value(lctx *L, int t, lidx *ix)
 {
 	const ap_tensor *x = &L->g->tensors[t];
 	int64_t n = ap_tensor_numel(x), i;
 	ap_kir_expr *lin;
 
-	if (n == 1)
+	if (n == 1 || const_uniform(x, n))
 		return const_elem(L, x, 0);
 	if (n <= 0)
 		return ap_kir_const(L->k, x->dtype, 0);   /* never read */
@@ -375,7 +388,8 @@ static ap_kir_expr *val(lctx *L, int t, lidx *ix)
 		lidx r = relin(L, ix, in);
 
 		v = val(L, in, &r);
-	} else if (p >= 0 && L->p->group_of[p] == L->gi) {
+	} else if (p >= 0 && (L->p->group_of[p] == L->gi || L->p->group_of[p] < 0)) {
+		/* a member, or a node every reader recomputes (partition.h) */
 		v = op_value(L, p, t, ix);
 	} else {
 		v = ap_kir_load(L->k, buffer_of(L, t), linear(L, ix));

@@ -7,10 +7,12 @@
  * Method:
  *  1. Liveness: a node is live when one of its outputs is a graph output
  *     or is read by a live node (reverse topological sweep).
- *  2. Views (Reshape, Identity) whose output is not a graph output are
- *     "read through": they belong to no group, and every node that reads a
- *     view is recorded as a reader of the view's input too, so data flow
- *     between groups is seen through any chain of views.
+ *  2. Views (Reshape, Identity) and Expands of a constant (the importer's
+ *     constant fills) whose output is not a graph output are "read
+ *     through": they belong to no group, every kernel that reads them
+ *     recomputes them from their input as an index remap, and every node
+ *     that reads one is recorded as a reader of its input too, so data
+ *     flow between groups is seen through any chain of them.
  *  3. Every other live node starts as its own group (union-find), with a
  *     kind from its category; a Transpose read only by one MatMul joins it.
  *  4. In topological order, each consumer tries to absorb the groups of its
@@ -391,8 +393,19 @@ __ap_give ap_partition *ap_partition_build(__ap_keep const ap_graph *g, ap_error
 	for (int n = 0; n < N; n++) {
 		const ap_node *node = &g->nodes[n];
 
-		c.through[n] = c.live[n] && ap_op_is_view(node->op) && node->n_outputs == 1 &&
-			       node->outputs[0] >= 0 && !g->tensors[node->outputs[0]].is_output;
+		if (!c.live[n] || node->n_outputs != 1 || node->outputs[0] < 0 ||
+		    g->tensors[node->outputs[0]].is_output || node->n_inputs < 1 || node->inputs[0] < 0)
+			continue;
+		if (ap_op_is_view(node->op)) {
+			c.through[n] = true;
+		} else if (node->op == AP_OP_EXPAND) {
+			/* a constant fill: free to recompute wherever it is read */
+			int t = node->inputs[0];
+
+			while (view_source(&c, t) >= 0)
+				t = view_source(&c, t);
+			c.through[n] = g->tensors[t].kind == AP_TENSOR_CONST;
+		}
 	}
 	for (int pass = 0; pass < 2; pass++) {
 		for (int n = 0; n < N; n++) {

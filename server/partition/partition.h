@@ -48,8 +48,9 @@ typedef struct ap_group {
 	int n_nodes;
 	int *nodes;              /* members, topological order */
 	int n_views;
-	int *views;              /* view nodes (Reshape, Identity) read through,
-				    absorbed as index remaps */
+	int *views;              /* nodes read through, absorbed as index remaps:
+				    views (Reshape, Identity) and Expands of a
+				    constant */
 	int n_outputs;
 	int *outputs;            /* tensors the group writes: read by another
 				    group or listed among the graph outputs */
@@ -62,8 +63,8 @@ typedef struct ap_partition {
 	const ap_graph *g;       /* borrowed: the primitive graph */
 	int n_groups;
 	ap_group *groups;        /* topological order: producers first */
-	int *group_of;           /* per node: its group, -1 for views read
-				    through and dead nodes */
+	int *group_of;           /* per node: its group, -1 for nodes read
+				    through (see views) and dead nodes */
 } ap_partition;
 
 /* Groups the live nodes of the primitive graph `g` (no compound ops; see
@@ -78,8 +79,9 @@ typedef struct ap_partition {
  * producer group to the consumer group through a third group) and every
  * tensor the merged group must write has the iteration space's shape (for
  * a reduction group: only the reduction's output is written).  A reduction
- * ends its group.  Views (Reshape, Identity) are index remaps absorbed by
- * their readers; a view that is a graph output becomes a copy group.  A
+ * ends its group.  Views (Reshape, Identity) and Expands of a constant are
+ * index remaps absorbed by their readers; a view that is a graph output
+ * becomes a copy group.  A
  * Transpose read only by one MatMul is absorbed into it.  Every other op is
  * a group of its own.  Nodes whose outputs nobody needs are dropped.
  * `g` is borrowed and must outlive the partition.  NULL with `err`:
