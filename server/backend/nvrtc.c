@@ -1,0 +1,374 @@
+/* nvrtc.c -- CUDA C -> PTX / cubin through NVRTC, loaded with dlopen (see
+ * backend.h).
+ *
+ * Approach: NVRTC is never linked.  The first ap_nvrtc_load() (under
+ * pthread_once) looks for libnvrtc.so.<major> in, in order:
+ *   1. $APOLLO_NVRTC when set: that file only ("off" = pretend none);
+ *   2. $CUDA_HOME/lib64 (default /usr/local/cuda), majors 13, 12, 11;
+ *   3. the project's virtual environment, where `make deps` installs the
+ *      nvidia-cuda-nvrtc wheel: .venv/lib/python3* /site-packages/nvidia/
+ *      * /lib/libnvrtc.so.* under the executable's directory, its parent
+ *      and grandparent (build/apollod -> the repository), then the current
+ *      directory;
+ *   4. the dynamic loader's path, majors 13, 12, 11.
+ * and resolves the entry points with dlsym.  The outcome (the function
+ * table, or the error naming every place looked in) is kept for the life of
+ * the process: that table is the only mutable state here, written once.
+ *
+ * Compilation: one nvrtcProgram per call, so calls from several worker
+ * threads run in parallel.  Options: -arch=sm_XX for cubin, -arch=
+ * compute_XX for PTX (an sm_XX target asked for PTX gets compute_XX),
+ * --std=c++17.  No fast-math: kernels must match the reference numerics.
+ * NVRTC before 12.6.2 changes the locale of the calling thread, so each
+ * compile runs with a private "C" locale installed by uselocale() and
+ * restores the thread's previous one afterwards, and puts the global
+ * locale back if NVRTC changed it.
+ */
+#include "backend.h"
+
+#include <ctype.h>
+#include <dlfcn.h>
+#include <glob.h>
+#include <limits.h>
+#include <locale.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* NVRTC's ABI, as declared in nvrtc.h (types re-declared: no CUDA headers
+ * are needed to build Apollo). */
+typedef int nvrtcResult;
+typedef struct nvrtc_program_opaque *nvrtcProgram;
+enum {
+	NVRTC_SUCCESS = 0,
+	NVRTC_ERROR_OUT_OF_MEMORY = 1,
+	NVRTC_ERROR_INVALID_OPTION = 5,
+	NVRTC_ERROR_COMPILATION = 6,
+};
+
+struct nvrtc_api {
+	void *lib;
+	nvrtcResult (*Version)(int *, int *);
+	const char *(*GetErrorString)(nvrtcResult);
+	nvrtcResult (*CreateProgram)(nvrtcProgram *, const char *, const char *, int,
+				     const char *const *, const char *const *);
+	nvrtcResult (*DestroyProgram)(nvrtcProgram *);
+	nvrtcResult (*CompileProgram)(nvrtcProgram, int, const char *const *);
+	nvrtcResult (*GetPTXSize)(nvrtcProgram, size_t *);
+	nvrtcResult (*GetPTX)(nvrtcProgram, char *);
+	nvrtcResult (*GetCUBINSize)(nvrtcProgram, size_t *);
+	nvrtcResult (*GetCUBIN)(nvrtcProgram, char *);
+	nvrtcResult (*GetProgramLogSize)(nvrtcProgram, size_t *);
+	nvrtcResult (*GetProgramLog)(nvrtcProgram, char *);
+	nvrtcResult (*GetNumSupportedArchs)(int *);   /* optional (CUDA >= 11.2) */
+	nvrtcResult (*GetSupportedArchs)(int *);      /* optional */
+	int major, minor;
+	char version[16];
+	char path[PATH_MAX];
+	ap_error load_err;      /* AP_OK once loaded */
+};
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static struct nvrtc_api api;             /* written once, under load_once */
+static pthread_mutex_t global_locale_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static const char *const majors[] = { "13", "12", "11.2", "11" };
+
+/* Resolves every entry point from `lib`; false when one is missing. */
+static bool resolve(void *lib)
+{
+#define SYM(field, name) (*(void **)&api.field = dlsym(lib, name))
+	SYM(Version, "nvrtcVersion");
+	SYM(GetErrorString, "nvrtcGetErrorString");
+	SYM(CreateProgram, "nvrtcCreateProgram");
+	SYM(DestroyProgram, "nvrtcDestroyProgram");
+	SYM(CompileProgram, "nvrtcCompileProgram");
+	SYM(GetPTXSize, "nvrtcGetPTXSize");
+	SYM(GetPTX, "nvrtcGetPTX");
+	SYM(GetCUBINSize, "nvrtcGetCUBINSize");
+	SYM(GetCUBIN, "nvrtcGetCUBIN");
+	SYM(GetProgramLogSize, "nvrtcGetProgramLogSize");
+	SYM(GetProgramLog, "nvrtcGetProgramLog");
+	SYM(GetNumSupportedArchs, "nvrtcGetNumSupportedArchs");
+	SYM(GetSupportedArchs, "nvrtcGetSupportedArchs");
+#undef SYM
+	return api.Version && api.GetErrorString && api.CreateProgram && api.DestroyProgram &&
+	       api.CompileProgram && api.GetPTXSize && api.GetPTX && api.GetCUBINSize &&
+	       api.GetCUBIN && api.GetProgramLogSize && api.GetProgramLog;
+}
+
+/* dlopens `file` and takes it when it is a usable NVRTC. */
+static bool try_open(const char *file)
+{
+	void *lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+	int major = 0, minor = 0;
+
+	if (!lib)
+		return false;
+	if (!resolve(lib) || api.Version(&major, &minor) != NVRTC_SUCCESS) {
+		dlclose(lib);
+		memset(&api, 0, sizeof(api));
+		return false;
+	}
+	api.lib = lib;
+	api.major = major;
+	api.minor = minor;
+	snprintf(api.version, sizeof(api.version), "%d.%d", major, minor);
+	snprintf(api.path, sizeof(api.path), "%s", file);
+	return true;
+}
+
+static bool try_venv(const char *base)
+{
+	char pattern[PATH_MAX];
+	glob_t g;
+	bool ok = false;
+
+	if (snprintf(pattern, sizeof(pattern),
+		     "%s/.venv/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.*", base) >=
+	    (int)sizeof(pattern))
+		return false;
+	if (glob(pattern, 0, NULL, &g))
+		return false;
+	/* glob sorts: try the highest version first. */
+	for (size_t i = g.gl_pathc; i-- > 0 && !ok;) {
+		const char *p = strrchr(g.gl_pathv[i], '/');
+		p = p ? p + 1 : g.gl_pathv[i];
+		if (!strncmp(p, "libnvrtc.so.", 12) && isdigit((unsigned char)p[12]))
+			ok = try_open(g.gl_pathv[i]);
+	}
+	globfree(&g);
+	return ok;
+}
+
+static void load(void)
+{
+	const char *env = getenv("APOLLO_NVRTC");
+	const char *cuda = getenv("CUDA_HOME");
+	char file[PATH_MAX], exe[PATH_MAX], cwd[PATH_MAX];
+	ssize_t n;
+
+	if (env && *env) {
+		if (strcmp(env, "off") && try_open(env))
+			return;
+		ap_error_set(&api.load_err, AP_EUNSUPPORTED, NULL, NULL,
+			     "NVRTC not found: $APOLLO_NVRTC=%s %s", env,
+			     strcmp(env, "off") ? "cannot be loaded" : "turns it off");
+		return;
+	}
+	if (!cuda || !*cuda)
+		cuda = "/usr/local/cuda";
+	for (size_t i = 0; i < sizeof(majors) / sizeof(majors[0]); i++) {
+		snprintf(file, sizeof(file), "%s/lib64/libnvrtc.so.%s", cuda, majors[i]);
+		if (try_open(file))
+			return;
+	}
+	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n > 0) {
+		exe[n] = '\0';
+		for (int up = 0; up < 3; up++) {
+			char *slash = strrchr(exe, '/');
+			if (!slash || slash == exe)
+				break;
+			*slash = '\0';
+			if (try_venv(exe))
+				return;
+		}
+	}
+	if (getcwd(cwd, sizeof(cwd)) && try_venv(cwd))
+		return;
+	for (size_t i = 0; i < sizeof(majors) / sizeof(majors[0]); i++) {
+		snprintf(file, sizeof(file), "libnvrtc.so.%s", majors[i]);
+		if (try_open(file))
+			return;
+	}
+	ap_error_set(&api.load_err, AP_EUNSUPPORTED, NULL, NULL,
+		     "NVRTC not found: looked for libnvrtc.so.{13,12,11} in %s/lib64 ($CUDA_HOME), "
+		     "in .venv/lib/python3*/site-packages/nvidia/*/lib beside the executable and "
+		     "in the current directory (`make deps` installs the nvidia-cuda-nvrtc wheel "
+		     "there), and on the loader path; GPU targets are unavailable, target cpu works",
+		     cuda);
+}
+
+int ap_nvrtc_load(ap_error *err)
+{
+	pthread_once(&load_once, load);
+	if (api.lib)
+		return 0;
+	if (err)
+		*err = api.load_err;
+	return api.load_err.code ? api.load_err.code : AP_EUNSUPPORTED;
+}
+
+const char *ap_nvrtc_version(void)
+{
+	pthread_once(&load_once, load);
+	return api.lib ? api.version : NULL;
+}
+
+/* Internal: the architectures NVRTC can compile for (e.g. 75, 80, 90), at
+ * most `cap` of them into `out`; returns how many, 0 when NVRTC is not
+ * loaded or cannot say. */
+int ap__nvrtc_archs(int *out, int cap)
+{
+	int n = 0;
+	int *all;
+
+	if (ap_nvrtc_load(NULL) || !api.GetNumSupportedArchs || !api.GetSupportedArchs)
+		return 0;
+	if (api.GetNumSupportedArchs(&n) != NVRTC_SUCCESS || n <= 0 || n > 256)
+		return 0;
+	all = calloc((size_t)n, sizeof(int));
+	if (!all)
+		return 0;
+	if (api.GetSupportedArchs(all) != NVRTC_SUCCESS)
+		n = 0;
+	if (n > cap)
+		n = cap;
+	if (n > 0)
+		memcpy(out, all, (size_t)n * sizeof(int));
+	free(all);
+	return n;
+}
+
+/* Checks "sm_90", "sm_90a", "compute_80", ... and writes the -arch=
+ * option for the requested output. */
+static int arch_option(const char *arch, bool cubin, char *opt, size_t cap, ap_error *err)
+{
+	const char *digits;
+	bool sm;
+	size_t nd = 0;
+
+	if (!arch)
+		arch = "";
+	sm = !strncmp(arch, "sm_", 3);
+	if (!sm && strncmp(arch, "compute_", 8))
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "target '%s' is not a CUDA architecture (sm_XX or compute_XX)", arch);
+	digits = arch + (sm ? 3 : 8);
+	while (isdigit((unsigned char)digits[nd]))
+		nd++;
+	if (nd < 2 || nd > 3 || (digits[nd] && (!islower((unsigned char)digits[nd]) || digits[nd + 1])))
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "target '%s' is not a CUDA architecture (sm_XX or compute_XX)", arch);
+	if (cubin && !sm)
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "cubin needs a real architecture (sm_XX), not the virtual '%s'", arch);
+	snprintf(opt, cap, "-arch=%s_%s", cubin ? "sm" : "compute", digits);
+	return 0;
+}
+
+/* Copies the first lines of the NVRTC log into err->msg after `prefix`. */
+static void take_log(nvrtcProgram prog, const char *prefix, const char *arch, ap_error *err,
+		     int code)
+{
+	size_t n = 0;
+	char *log = NULL;
+
+	if (api.GetProgramLogSize(prog, &n) == NVRTC_SUCCESS && n > 1 && n < (64u << 20))
+		log = malloc(n);
+	if (log && api.GetProgramLog(prog, log) != NVRTC_SUCCESS) {
+		free(log);
+		log = NULL;
+	}
+	if (log) {
+		size_t end = strlen(log);
+		while (end > 0 && isspace((unsigned char)log[end - 1]))
+			log[--end] = '\0';
+	}
+	ap_error_set(err, code, NULL, NULL, "%s (%s): %s", prefix, arch,
+		     log ? log : "no log");
+	free(log);
+}
+
+int ap_nvrtc_compile(const char *src, const char *name, const char *arch, bool cubin,
+		     uint8_t **out, size_t *out_len, ap_error *err)
+{
+	nvrtcProgram prog = NULL;
+	char archopt[64];
+	const char *opts[2];
+	char global_before[256];
+	locale_t saved, c_locale;
+	nvrtcResult r;
+	size_t size = 0;
+	uint8_t *buf = NULL;
+	int rc;
+
+	*out = NULL;
+	*out_len = 0;
+	if ((rc = ap_nvrtc_load(err)))
+		return rc;
+	if ((rc = arch_option(arch, cubin, archopt, sizeof(archopt), err)))
+		return rc;
+	opts[0] = archopt;
+	opts[1] = "--std=c++17";
+
+	r = api.CreateProgram(&prog, src, name && *name ? name : "kernel.cu", 0, NULL, NULL);
+	if (r != NVRTC_SUCCESS)
+		return ap_error_set(err, r == NVRTC_ERROR_OUT_OF_MEMORY ? AP_ENOMEM : AP_EINTERNAL,
+				    NULL, NULL, "nvrtcCreateProgram: %s", api.GetErrorString(r));
+
+	/* The locale guard (see the file comment). */
+	pthread_mutex_lock(&global_locale_mu);
+	snprintf(global_before, sizeof(global_before), "%s", setlocale(LC_ALL, NULL));
+	pthread_mutex_unlock(&global_locale_mu);
+	saved = uselocale((locale_t)0);
+	c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
+	if (c_locale)
+		uselocale(c_locale);
+	r = api.CompileProgram(prog, 2, opts);
+	uselocale(saved);
+	if (c_locale)
+		freelocale(c_locale);
+	pthread_mutex_lock(&global_locale_mu);
+	if (strcmp(global_before, setlocale(LC_ALL, NULL)))
+		setlocale(LC_ALL, global_before);
+	pthread_mutex_unlock(&global_locale_mu);
+
+	if (r == NVRTC_ERROR_COMPILATION) {
+		take_log(prog, "NVRTC compile error", archopt, err, AP_ECOMPILE);
+		rc = AP_ECOMPILE;
+		goto done;
+	}
+	if (r == NVRTC_ERROR_INVALID_OPTION) {
+		take_log(prog, "NVRTC rejected the options", archopt, err, AP_EUNSUPPORTED);
+		rc = AP_EUNSUPPORTED;
+		goto done;
+	}
+	if (r != NVRTC_SUCCESS) {
+		rc = ap_error_set(err, r == NVRTC_ERROR_OUT_OF_MEMORY ? AP_ENOMEM : AP_ECOMPILE, NULL,
+				  NULL, "nvrtcCompileProgram (%s): %s", archopt, api.GetErrorString(r));
+		goto done;
+	}
+	r = cubin ? api.GetCUBINSize(prog, &size) : api.GetPTXSize(prog, &size);
+	if (r != NVRTC_SUCCESS || size == 0) {
+		rc = ap_error_set(err, AP_EINTERNAL, NULL, NULL, "NVRTC returned no %s: %s",
+				  cubin ? "cubin" : "PTX", api.GetErrorString(r));
+		goto done;
+	}
+	buf = malloc(size + 1);
+	if (!buf) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory for %zu bytes of %s",
+				  size, cubin ? "cubin" : "PTX");
+		goto done;
+	}
+	r = cubin ? api.GetCUBIN(prog, (char *)buf) : api.GetPTX(prog, (char *)buf);
+	if (r != NVRTC_SUCCESS) {
+		free(buf);
+		rc = ap_error_set(err, AP_EINTERNAL, NULL, NULL, "NVRTC: %s", api.GetErrorString(r));
+		goto done;
+	}
+	if (!cubin) {
+		/* PTX: keep the terminating NUL inside the blob, as
+		 * cuModuleLoadData needs it. */
+		buf[size - 1] = '\0';
+	}
+	*out = buf;
+	*out_len = size;
+	rc = 0;
+done:
+	api.DestroyProgram(&prog);
+	return rc;
+}

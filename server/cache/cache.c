@@ -1,0 +1,656 @@
+/* cache.c -- the SQLite cache (see cache.h).  The only file that includes
+ * sqlite3.h.
+ *
+ * Approach: a pool of connections, each with its prepared statements.  A
+ * calling thread takes a connection from the pool (opening a new one when
+ * the pool is empty), runs its statements, and gives it back, so no
+ * connection is ever used by two threads at once (they are opened
+ * SQLITE_OPEN_NOMUTEX).  Reads run in autocommit; every write is one
+ * BEGIN IMMEDIATE ... COMMIT, which takes the file's write lock up front
+ * so that two writers never deadlock on a lock upgrade; busy_timeout makes
+ * a writer wait for another process instead of failing at once.
+ *
+ * Any result other than success or "busy/locked" (I/O error, corruption,
+ * not a database, disk full, read-only, a missing table) switches the
+ * cache off for the rest of the process, with one warning: a broken cache
+ * costs speed, never a request.
+ */
+#include "cache.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <pwd.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../../common/graph.h"
+#include "../config.h"
+
+#define SCHEMA_VERSION "1"
+#define BUSY_TIMEOUT_MS 10000
+
+enum {
+	ST_BEGIN, ST_COMMIT, ST_ROLLBACK,
+	ST_BLOB_GET, ST_BLOB_PUT, ST_BLOB_DEL, ST_BLOB_SET,
+	ST_ACTION_GET, ST_ACTION_PUT,
+	ST_KERNEL_GET, ST_KERNEL_PUT,
+	ST_COUNT
+};
+
+static const char *const stmt_sql[ST_COUNT] = {
+	[ST_BEGIN] = "BEGIN IMMEDIATE",
+	[ST_COMMIT] = "COMMIT",
+	[ST_ROLLBACK] = "ROLLBACK",
+	[ST_BLOB_GET] = "SELECT data FROM blobs WHERE digest = ?1",
+	[ST_BLOB_PUT] = "INSERT OR IGNORE INTO blobs(digest, size, data) VALUES (?1, ?2, ?3)",
+	[ST_BLOB_DEL] = "DELETE FROM blobs WHERE digest = ?1",
+	[ST_BLOB_SET] = "UPDATE blobs SET data = ?2 WHERE digest = ?1",
+	[ST_ACTION_GET] = "SELECT digest FROM actions WHERE key = ?1",
+	[ST_ACTION_PUT] = "INSERT OR REPLACE INTO actions(key, digest, created) VALUES (?1, ?2, ?3)",
+	[ST_KERNEL_GET] = "SELECT digest FROM kernels WHERE key = ?1",
+	[ST_KERNEL_PUT] = "INSERT OR REPLACE INTO kernels(key, digest, created) VALUES (?1, ?2, ?3)",
+};
+
+static const char schema_sql[] =
+	"CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v TEXT NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS blobs(digest BLOB PRIMARY KEY, size INTEGER NOT NULL,"
+	" data BLOB NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS actions(key BLOB PRIMARY KEY, digest BLOB NOT NULL,"
+	" created INTEGER NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS kernels(key BLOB PRIMARY KEY, digest BLOB NOT NULL,"
+	" created INTEGER NOT NULL);"
+	"INSERT OR IGNORE INTO meta(k, v) VALUES ('schema', '" SCHEMA_VERSION "');";
+
+struct conn {
+	sqlite3 *db;
+	sqlite3_stmt *st[ST_COUNT];
+	struct conn *next;
+};
+
+struct ap_cache {
+	char path[PATH_MAX];
+	pthread_mutex_t mu;
+	struct conn *pool;           /* idle connections, under mu */
+	atomic_bool enabled;
+	atomic_uint_fast64_t actions, kernels, blobs, blob_bytes;
+};
+
+int ap_cache_default_path(char *buf, size_t cap)
+{
+	const char *xdg = getenv("XDG_CACHE_HOME");
+	const char *home = getenv("HOME");
+	int n;
+
+	if (xdg && xdg[0] == '/') {
+		n = snprintf(buf, cap, "%s/apollo/cache.db", xdg);
+	} else {
+		if (!home || !*home) {
+			struct passwd pw, *res = NULL;
+			char tmp[1024];
+			if (getpwuid_r(getuid(), &pw, tmp, sizeof(tmp), &res) || !res)
+				return AP_EIO;
+			n = snprintf(buf, cap, "%s/.cache/apollo/cache.db", res->pw_dir);
+			return n < 0 || (size_t)n >= cap ? AP_ETOOLARGE : 0;
+		}
+		n = snprintf(buf, cap, "%s/.cache/apollo/cache.db", home);
+	}
+	return n < 0 || (size_t)n >= cap ? AP_ETOOLARGE : 0;
+}
+
+/* mkdir -p of the directory part of `path`, mode 0700. */
+static int make_parent_dirs(const char *path)
+{
+	char dir[PATH_MAX];
+	size_t n = strlen(path);
+
+	if (n >= sizeof(dir))
+		return -ENAMETOOLONG;
+	memcpy(dir, path, n + 1);
+	for (char *p = dir + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(dir, 0700) && errno != EEXIST)
+			return -errno;
+		*p = '/';
+	}
+	return 0;
+}
+
+static void conn_close(struct conn *co)
+{
+	if (!co)
+		return;
+	for (int i = 0; i < ST_COUNT; i++)
+		sqlite3_finalize(co->st[i]);
+	sqlite3_close(co->db);
+	free(co);
+}
+
+/* Turns the cache off, logging why once. */
+static void turn_off(ap_cache *c, const char *what, const char *why)
+{
+	bool was = true;
+
+	if (atomic_compare_exchange_strong(&c->enabled, &was, false))
+		ap_log(AP_LOG_WARN, "cache %s: %s: %s; caching is off from now on", c->path, what,
+		       why);
+}
+
+/* Classifies an SQLite result: 0 for success, AP_EBUSY for a lost lock
+ * race (the operation is skipped), else AP_EIO after turning the cache off. */
+static int check(ap_cache *c, struct conn *co, int rc, const char *what)
+{
+	if (rc == SQLITE_OK || rc == SQLITE_ROW || rc == SQLITE_DONE)
+		return 0;
+	if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) {
+		ap_log(AP_LOG_DEBUG, "cache %s: %s: busy, skipped", c->path, what);
+		return AP_EBUSY;
+	}
+	turn_off(c, what, co ? sqlite3_errmsg(co->db) : sqlite3_errstr(rc));
+	return AP_EIO;
+}
+
+static int exec_simple(struct conn *co, const char *sql, char **errmsg)
+{
+	return sqlite3_exec(co->db, sql, NULL, NULL, errmsg);
+}
+
+/* Opens one connection; `setup` creates the schema (first connection).
+ * On failure returns NULL with `why` filled. */
+static struct conn *conn_open(const char *path, bool setup, char *why, size_t cap)
+{
+	struct conn *co = calloc(1, sizeof(*co));
+	char *msg = NULL;
+	int rc;
+
+	if (!co) {
+		snprintf(why, cap, "out of memory");
+		return NULL;
+	}
+	rc = sqlite3_open_v2(path, &co->db,
+			     SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
+	if (rc != SQLITE_OK) {
+		snprintf(why, cap, "cannot open: %s",
+			 co->db ? sqlite3_errmsg(co->db) : sqlite3_errstr(rc));
+		goto error;
+	}
+	sqlite3_busy_timeout(co->db, BUSY_TIMEOUT_MS);
+	sqlite3_extended_result_codes(co->db, 1);
+	if (setup) {
+		sqlite3_stmt *st = NULL;
+		bool ok = false;
+
+		rc = exec_simple(co, "PRAGMA journal_mode=WAL", &msg);
+		if (rc == SQLITE_OK)
+			rc = exec_simple(co, "BEGIN IMMEDIATE", &msg);
+		if (rc == SQLITE_OK) {
+			rc = exec_simple(co, schema_sql, &msg);
+			if (rc == SQLITE_OK)
+				rc = exec_simple(co, "COMMIT", &msg);
+			else
+				exec_simple(co, "ROLLBACK", NULL);
+		}
+		if (rc != SQLITE_OK) {
+			snprintf(why, cap, "cannot set up: %s", msg ? msg : sqlite3_errstr(rc));
+			goto error;
+		}
+		rc = sqlite3_prepare_v2(co->db, "SELECT v FROM meta WHERE k = 'schema'", -1, &st,
+					NULL);
+		if (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
+			const unsigned char *v = sqlite3_column_text(st, 0);
+			ok = v && !strcmp((const char *)v, SCHEMA_VERSION);
+		}
+		sqlite3_finalize(st);
+		if (!ok) {
+			snprintf(why, cap, "schema version is not " SCHEMA_VERSION);
+			goto error;
+		}
+	}
+	rc = exec_simple(co, "PRAGMA synchronous=NORMAL", &msg);
+	if (rc != SQLITE_OK) {
+		snprintf(why, cap, "%s", msg ? msg : sqlite3_errstr(rc));
+		goto error;
+	}
+	for (int i = 0; i < ST_COUNT; i++) {
+		rc = sqlite3_prepare_v3(co->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT,
+					&co->st[i], NULL);
+		if (rc != SQLITE_OK) {
+			snprintf(why, cap, "cannot prepare statements: %s", sqlite3_errmsg(co->db));
+			goto error;
+		}
+	}
+	return co;
+error:
+	sqlite3_free(msg);
+	conn_close(co);
+	return NULL;
+}
+
+static int count_rows(ap_cache *c, struct conn *co)
+{
+	sqlite3_stmt *st = NULL;
+	int rc = sqlite3_prepare_v2(co->db,
+				    "SELECT (SELECT COUNT(*) FROM actions), (SELECT COUNT(*) FROM kernels),"
+				    " (SELECT COUNT(*) FROM blobs), (SELECT COALESCE(SUM(size), 0) FROM blobs)",
+				    -1, &st, NULL);
+	if (rc == SQLITE_OK)
+		rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW) {
+		atomic_store(&c->actions, (uint64_t)sqlite3_column_int64(st, 0));
+		atomic_store(&c->kernels, (uint64_t)sqlite3_column_int64(st, 1));
+		atomic_store(&c->blobs, (uint64_t)sqlite3_column_int64(st, 2));
+		atomic_store(&c->blob_bytes, (uint64_t)sqlite3_column_int64(st, 3));
+		rc = SQLITE_OK;
+	}
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int ap_cache_open(const char *path, ap_cache **out, ap_error *err)
+{
+	ap_cache *c = calloc(1, sizeof(*c));
+	struct conn *co;
+	char why[600];
+	int rc;
+
+	*out = NULL;
+	if (!c)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory opening the cache");
+	pthread_mutex_init(&c->mu, NULL);
+	atomic_init(&c->enabled, false);
+	*out = c;
+	if (path && !strcmp(path, "off"))
+		return 0;
+	if (!path || !*path) {
+		rc = ap_cache_default_path(c->path, sizeof(c->path));
+		if (rc)
+			return ap_error_set(err, AP_EIO, NULL, NULL,
+					    "no cache path: neither XDG_CACHE_HOME nor HOME is usable");
+	} else if (strlen(path) >= sizeof(c->path)) {
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cache path is too long");
+	} else {
+		snprintf(c->path, sizeof(c->path), "%s", path);
+	}
+	rc = make_parent_dirs(c->path);
+	if (rc)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cache %s: cannot create its directory: %s",
+				    c->path, strerror(-rc));
+	co = conn_open(c->path, true, why, sizeof(why));
+	if (!co)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cache %s: %s", c->path, why);
+	rc = count_rows(c, co);
+	if (rc != SQLITE_OK) {
+		ap_error_set(err, AP_EIO, NULL, NULL, "cache %s: cannot count entries: %s", c->path,
+			     sqlite3_errmsg(co->db));
+		conn_close(co);
+		return AP_EIO;
+	}
+	c->pool = co;
+	atomic_store(&c->enabled, true);
+	return 0;
+}
+
+ap_cache *ap_cache_free(ap_cache *c)
+{
+	if (!c)
+		return NULL;
+	while (c->pool) {
+		struct conn *co = c->pool;
+		c->pool = co->next;
+		conn_close(co);
+	}
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+	return NULL;
+}
+
+bool ap_cache_enabled(const ap_cache *c)
+{
+	return c && atomic_load(&((ap_cache *)c)->enabled);
+}
+
+const char *ap_cache_path(const ap_cache *c)
+{
+	return c ? c->path : "";
+}
+
+void ap_cache_get_counts(const ap_cache *c, ap_cache_counts *out)
+{
+	ap_cache *m = (ap_cache *)c;
+
+	memset(out, 0, sizeof(*out));
+	if (!c)
+		return;
+	out->actions = atomic_load(&m->actions);
+	out->kernels = atomic_load(&m->kernels);
+	out->blobs = atomic_load(&m->blobs);
+	out->blob_bytes = atomic_load(&m->blob_bytes);
+}
+
+/* Takes an idle connection or opens one; NULL when the cache is off. */
+static struct conn *acquire(ap_cache *c)
+{
+	struct conn *co;
+	char why[600];
+
+	if (!ap_cache_enabled(c))
+		return NULL;
+	pthread_mutex_lock(&c->mu);
+	co = c->pool;
+	if (co)
+		c->pool = co->next;
+	pthread_mutex_unlock(&c->mu);
+	if (co)
+		return co;
+	co = conn_open(c->path, false, why, sizeof(why));
+	if (!co)
+		turn_off(c, "opening a connection", why);
+	return co;
+}
+
+static void release(ap_cache *c, struct conn *co)
+{
+	if (!co)
+		return;
+	pthread_mutex_lock(&c->mu);
+	co->next = c->pool;
+	c->pool = co;
+	pthread_mutex_unlock(&c->mu);
+}
+
+/* Steps a prepared statement once; the caller resets it. */
+static int step(struct conn *co, int which)
+{
+	return sqlite3_step(co->st[which]);
+}
+
+static void reset(struct conn *co, int which)
+{
+	sqlite3_reset(co->st[which]);
+	sqlite3_clear_bindings(co->st[which]);
+}
+
+static int run(ap_cache *c, struct conn *co, int which, const char *what)
+{
+	int rc = step(co, which);
+
+	reset(co, which);
+	return check(c, co, rc, what);
+}
+
+static int begin(ap_cache *c, struct conn *co)
+{
+	return run(c, co, ST_BEGIN, "BEGIN IMMEDIATE");
+}
+
+static int commit(ap_cache *c, struct conn *co)
+{
+	int rc = run(c, co, ST_COMMIT, "COMMIT");
+
+	if (rc) {
+		step(co, ST_ROLLBACK);
+		reset(co, ST_ROLLBACK);
+	}
+	return rc;
+}
+
+static int rollback(struct conn *co, int rc)
+{
+	step(co, ST_ROLLBACK);
+	reset(co, ST_ROLLBACK);
+	return rc;
+}
+
+/* Looks up a 32-byte digest by key in ST_ACTION_GET / ST_KERNEL_GET.
+ * 1 found, 0 not, negative on error. */
+static int lookup_digest(ap_cache *c, struct conn *co, int which, const uint8_t key[32],
+			 uint8_t digest[32])
+{
+	sqlite3_stmt *st = co->st[which];
+	int rc, found = 0;
+
+	sqlite3_bind_blob(st, 1, key, 32, SQLITE_STATIC);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW && sqlite3_column_bytes(st, 0) == 32) {
+		memcpy(digest, sqlite3_column_blob(st, 0), 32);
+		found = 1;
+	}
+	reset(co, which);
+	if (rc != SQLITE_ROW && (rc = check(c, co, rc, "lookup")))
+		return rc;
+	return found;
+}
+
+/* Deletes a blob that failed verification. */
+static void remove_blob(ap_cache *c, struct conn *co, const uint8_t digest[32], size_t size)
+{
+	sqlite3_stmt *st = co->st[ST_BLOB_DEL];
+	int rc;
+
+	if (begin(c, co))
+		return;
+	sqlite3_bind_blob(st, 1, digest, 32, SQLITE_STATIC);
+	rc = sqlite3_step(st);
+	reset(co, ST_BLOB_DEL);
+	if (check(c, co, rc, "deleting a corrupted blob")) {
+		rollback(co, 0);
+		return;
+	}
+	if (sqlite3_changes(co->db) > 0 && !commit(c, co)) {
+		atomic_fetch_sub(&c->blobs, 1);
+		atomic_fetch_sub(&c->blob_bytes, size);
+		return;
+	}
+	rollback(co, 0);
+}
+
+/* Reads and verifies a blob on `co`: 1 found (and *data set), 0 miss. */
+static int blob_get(ap_cache *c, struct conn *co, const uint8_t digest[32], uint8_t **data,
+		    size_t *len)
+{
+	sqlite3_stmt *st = co->st[ST_BLOB_GET];
+	uint8_t actual[32];
+	uint8_t *copy = NULL;
+	size_t n = 0;
+	int rc;
+
+	sqlite3_bind_blob(st, 1, digest, 32, SQLITE_STATIC);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW) {
+		const void *p = sqlite3_column_blob(st, 0);
+		n = (size_t)sqlite3_column_bytes(st, 0);
+		copy = malloc(n ? n : 1);
+		if (copy && n)
+			memcpy(copy, p, n);
+	}
+	reset(co, ST_BLOB_GET);
+	if (rc != SQLITE_ROW) {
+		check(c, co, rc, "reading a blob");
+		return 0;
+	}
+	if (!copy)
+		return 0;
+	ap_sha256(copy, n, actual);
+	if (memcmp(actual, digest, 32)) {
+		char hex[65];
+		ap_hex(digest, 32, hex);
+		ap_log(AP_LOG_WARN, "cache %s: blob %s does not match its digest; removed", c->path,
+		       hex);
+		free(copy);
+		remove_blob(c, co, digest, n);
+		return 0;
+	}
+	*data = copy;
+	*len = n;
+	return 1;
+}
+
+/* Inserts a blob inside an open transaction; 0 or negative. */
+static int blob_insert(ap_cache *c, struct conn *co, const uint8_t digest[32],
+		       const uint8_t *data, size_t len)
+{
+	sqlite3_stmt *st = co->st[ST_BLOB_PUT];
+	int rc;
+
+	sqlite3_bind_blob(st, 1, digest, 32, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 2, (sqlite3_int64)len);
+	sqlite3_bind_blob64(st, 3, data ? (const void *)data : (const void *)"", len, SQLITE_STATIC);
+	rc = sqlite3_step(st);
+	reset(co, ST_BLOB_PUT);
+	if ((rc = check(c, co, rc, "storing a blob")))
+		return rc;
+	if (sqlite3_changes(co->db) > 0) {
+		atomic_fetch_add(&c->blobs, 1);
+		atomic_fetch_add(&c->blob_bytes, len);
+	}
+	return 0;
+}
+
+/* Points `key` at `digest` in the actions or kernels table, inside an open
+ * transaction. */
+static int key_insert(ap_cache *c, struct conn *co, int get, int put, const uint8_t key[32],
+		      const uint8_t digest[32], atomic_uint_fast64_t *counter)
+{
+	sqlite3_stmt *st = co->st[put];
+	uint8_t old[32];
+	int rc, existed;
+
+	existed = lookup_digest(c, co, get, key, old);
+	if (existed < 0)
+		return existed;
+	sqlite3_bind_blob(st, 1, key, 32, SQLITE_STATIC);
+	sqlite3_bind_blob(st, 2, digest, 32, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 3, (sqlite3_int64)time(NULL));
+	rc = sqlite3_step(st);
+	reset(co, put);
+	if ((rc = check(c, co, rc, "storing a key")))
+		return rc;
+	if (!existed)
+		atomic_fetch_add(counter, 1);
+	return 0;
+}
+
+int ap_cache_blob_get(ap_cache *c, const uint8_t digest[32], uint8_t **data, size_t *len)
+{
+	struct conn *co = acquire(c);
+	int found;
+
+	if (!co)
+		return 0;
+	found = blob_get(c, co, digest, data, len);
+	release(c, co);
+	return found;
+}
+
+int ap_cache_blob_put(ap_cache *c, const uint8_t *data, size_t len, uint8_t digest[32])
+{
+	uint8_t d[32];
+	struct conn *co;
+	int rc;
+
+	ap_sha256(data, len, d);
+	if (digest)
+		memcpy(digest, d, 32);
+	co = acquire(c);
+	if (!co)
+		return AP_EIO;
+	rc = begin(c, co);
+	if (!rc) {
+		rc = blob_insert(c, co, d, data, len);
+		rc = rc ? rollback(co, rc) : commit(c, co);
+	}
+	release(c, co);
+	return rc;
+}
+
+/* Shared by ap_cache_get / ap_cache_kernel_get. */
+static int get_by_key(ap_cache *c, int which, const uint8_t key[32], uint8_t **val, size_t *len,
+		      uint8_t *digest_out)
+{
+	struct conn *co = acquire(c);
+	uint8_t digest[32];
+	int found;
+
+	if (!co)
+		return 0;
+	found = lookup_digest(c, co, which, key, digest);
+	if (found == 1)
+		found = blob_get(c, co, digest, val, len);
+	release(c, co);
+	if (found == 1 && digest_out)
+		memcpy(digest_out, digest, 32);
+	return found == 1;
+}
+
+static int put_by_key(ap_cache *c, int get, int put, atomic_uint_fast64_t *counter,
+		      const uint8_t key[32], const uint8_t *val, size_t len, uint8_t *digest_out)
+{
+	uint8_t digest[32];
+	struct conn *co;
+	int rc;
+
+	ap_sha256(val, len, digest);
+	if (digest_out)
+		memcpy(digest_out, digest, 32);
+	co = acquire(c);
+	if (!co)
+		return AP_EIO;
+	rc = begin(c, co);
+	if (!rc) {
+		rc = blob_insert(c, co, digest, val, len);
+		if (!rc)
+			rc = key_insert(c, co, get, put, key, digest, counter);
+		rc = rc ? rollback(co, rc) : commit(c, co);
+	}
+	release(c, co);
+	return rc;
+}
+
+int ap_cache_get(ap_cache *c, const uint8_t key[32], uint8_t **val, size_t *len)
+{
+	return get_by_key(c, ST_ACTION_GET, key, val, len, NULL);
+}
+
+int ap_cache_put(ap_cache *c, const uint8_t key[32], const uint8_t *val, size_t len)
+{
+	return put_by_key(c, ST_ACTION_GET, ST_ACTION_PUT, &c->actions, key, val, len, NULL);
+}
+
+int ap_cache_kernel_get(ap_cache *c, const uint8_t key[32], uint8_t **data, size_t *len,
+			uint8_t digest[32])
+{
+	return get_by_key(c, ST_KERNEL_GET, key, data, len, digest);
+}
+
+int ap_cache_kernel_put(ap_cache *c, const uint8_t key[32], const uint8_t *data, size_t len,
+			uint8_t digest[32])
+{
+	return put_by_key(c, ST_KERNEL_GET, ST_KERNEL_PUT, &c->kernels, key, data, len, digest);
+}
+
+int ap__cache_blob_overwrite(ap_cache *c, const uint8_t digest[32], const uint8_t *data,
+			     size_t len)
+{
+	struct conn *co = acquire(c);
+	sqlite3_stmt *st;
+	int rc;
+
+	if (!co)
+		return AP_EIO;
+	st = co->st[ST_BLOB_SET];
+	sqlite3_bind_blob(st, 1, digest, 32, SQLITE_STATIC);
+	sqlite3_bind_blob64(st, 2, data, len, SQLITE_STATIC);
+	rc = sqlite3_step(st);
+	reset(co, ST_BLOB_SET);
+	rc = check(c, co, rc, "overwriting a blob");
+	release(c, co);
+	return rc;
+}

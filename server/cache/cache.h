@@ -1,0 +1,94 @@
+/* cache.h -- apollod's local cache (L1): an SQLite file.
+ *
+ * Three tables, Bazel-style:
+ *   blobs    digest -> bytes   content-addressed (SHA-256 of the bytes);
+ *                              every read re-hashes the bytes, and a row
+ *                              whose bytes do not match is deleted and
+ *                              reported as a miss: a corrupted blob is never
+ *                              returned.
+ *   actions  key -> digest     request/graph key -> the digest of a stored
+ *                              bundle (kernel blobs stripped to digests).
+ *   kernels  key -> digest     kernel key -> the digest of its compiled blob,
+ *                              so a kernel shared by two graphs is compiled
+ *                              and stored once.
+ * Keys are 32-byte SHA-256 values computed by the caller over the INPUTS of
+ * a compilation only (server/compile).
+ *
+ * Failure never fails a request: a cache that cannot be opened, or whose
+ * file gives an I/O or corruption error, turns itself off (one warning in
+ * the log) and from then on every lookup is a miss and every store a no-op.
+ * A write that loses a lock race (SQLITE_BUSY after busy_timeout) is only
+ * skipped.
+ *
+ * Thread safety: all functions may be called from any number of threads at
+ * once.  The cache keeps a pool of SQLite connections (one per concurrently
+ * calling thread) behind a mutex; the file is in WAL mode, writes use
+ * BEGIN IMMEDIATE, and several daemons may share one file.
+ */
+#ifndef AP_CACHE_H
+#define AP_CACHE_H
+
+#include "../../common/base.h"
+
+typedef struct ap_cache ap_cache;
+
+/* The default cache file: $XDG_CACHE_HOME/apollo/cache.db, else
+ * $HOME/.cache/apollo/cache.db.  Returns 0, or AP_ETOOLARGE when it does
+ * not fit in `cap` bytes, AP_EIO when neither variable is set. */
+int ap_cache_default_path(char *buf, size_t cap);
+
+/* Opens (creating the file and its directories, mode 0700) the cache at
+ * `path` ("" or NULL: ap_cache_default_path; "off": a cache that is off
+ * from the start, with no warning).  Always sets *out to a usable cache
+ * unless out of memory.  Returns 0; AP_EIO when the file cannot be opened
+ * or set up (*out is then a cache that is off, `err` says why); AP_ENOMEM
+ * (*out NULL). */
+int ap_cache_open(const char *path, __ap_give ap_cache **out, ap_error *err);
+/* Closes every connection.  Accepts NULL, returns NULL. */
+ap_cache *ap_cache_free(__ap_take ap_cache *c);
+
+/* False once the cache is off (opening failed, I/O error, "off"). */
+bool ap_cache_enabled(const ap_cache *c);
+/* The file in use ("" when off from the start). */
+const char *ap_cache_path(const ap_cache *c);
+
+/* Looks up `key` in the action cache and returns the stored value, its
+ * blob verified: 1 with *val (malloc'd, caller frees) and *len set, or 0
+ * on a miss (also when the cache is off or failed). */
+int ap_cache_get(ap_cache *c, const uint8_t key[32], __ap_give uint8_t **val, size_t *len);
+/* Stores `val` as a blob and points `key` at it, in one transaction
+ * (replacing an older value).  Returns 0, or a negative AP_E* code when
+ * nothing was stored (cache off, busy, I/O error). */
+int ap_cache_put(ap_cache *c, const uint8_t key[32], const uint8_t *val, size_t len);
+
+/* Content-addressed blobs.  blob_get: 1 with a copy of the bytes whose
+ * SHA-256 is `digest`, else 0 (a row that fails verification is deleted).
+ * blob_put: stores the bytes (once per digest), writes their digest to
+ * `digest` (may be NULL) even when it stores nothing; 0 or negative. */
+int ap_cache_blob_get(ap_cache *c, const uint8_t digest[32], __ap_give uint8_t **data,
+		      size_t *len);
+int ap_cache_blob_put(ap_cache *c, const uint8_t *data, size_t len, uint8_t digest[32]);
+
+/* Kernel cache: `key` (hash of the kernel's inputs) -> compiled blob.
+ * kernel_get: 1 with the verified blob (and its digest when `digest` is not
+ * NULL), else 0.  kernel_put: stores the blob and the key, one
+ * transaction; 0 or negative. */
+int ap_cache_kernel_get(ap_cache *c, const uint8_t key[32], __ap_give uint8_t **data,
+			size_t *len, uint8_t digest[32]);
+int ap_cache_kernel_put(ap_cache *c, const uint8_t key[32], const uint8_t *data, size_t len,
+			uint8_t digest[32]);
+
+/* Entry counts for the Stats reply, kept in memory (counted at open,
+ * updated on every insert and delete by this process): action entries,
+ * kernel entries, blobs and the sum of blob sizes in bytes. */
+typedef struct ap_cache_counts {
+	uint64_t actions, kernels, blobs, blob_bytes;
+} ap_cache_counts;
+void ap_cache_get_counts(const ap_cache *c, ap_cache_counts *out);
+
+/* Tests only: overwrites the bytes stored for `digest` with `data`, keeping
+ * the digest, to simulate a corrupted row.  Returns 0 or negative. */
+int ap__cache_blob_overwrite(ap_cache *c, const uint8_t digest[32], const uint8_t *data,
+			     size_t len);
+
+#endif

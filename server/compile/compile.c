@@ -1,0 +1,873 @@
+/* compile.c -- the compile job (see compile.h): request -> graph -> cache
+ * -> program -> backend -> bundle.
+ *
+ * Approach: the job is a straight line; each step either fills the next
+ * structure or stops with an ap_error, which becomes the reply's Error.
+ * Every protobuf message of the reply is allocated with malloc, field by
+ * field, exactly as protobuf-c's unpacker would, so one call to
+ * apollo__compile_response__free_unpacked() frees a fresh reply and a reply
+ * rebuilt from the cache alike.
+ *
+ * Cache keys hash inputs only (DESIGN.md): NVRTC output is not
+ * reproducible, so a key never depends on a compiled byte.  The stored
+ * bundle has its kernel blobs replaced by their digests; blobs live once in
+ * the content-addressed table, shared by every bundle and kernel key that
+ * names them, and are verified on every read.
+ *
+ * Kernels of one request are compiled by up to `threads` threads (the
+ * calling worker and helpers it starts): NVRTC and cc take tens to hundreds
+ * of milliseconds per kernel, and the kernels of one program are
+ * independent.
+ */
+#include "compile.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../common/graph.h"
+#include "../backend/backend.h"
+#include "../config.h"
+#include "../plan/program.h"
+#include "proto/apollo.pb-c.h"
+
+struct ap_compiler {
+	ap_cache *cache;
+	unsigned threads;
+	unsigned delay_ms;       /* $APOLLO_TEST_COMPILE_DELAY_MS: tests only */
+	char cc_id[256];
+	char nvrtc_id[64];
+	atomic_uint_fast64_t requests, errors, hits, misses, kernels_compiled;
+};
+
+/* ---- set-up -------------------------------------------------------------- */
+
+/* "cc <first line of `$APOLLO_CC --version`>", or "cc unknown". */
+static void host_cc_identity(char *buf, size_t cap)
+{
+	const char *cc = getenv("APOLLO_CC");
+	char cmd[512], line[200] = "";
+	FILE *p;
+
+	if (!cc || !*cc)
+		cc = "cc";
+	snprintf(cmd, sizeof(cmd), "%s --version 2>/dev/null", cc);
+	p = popen(cmd, "r");
+	if (p) {
+		if (!fgets(line, sizeof(line), p))
+			line[0] = '\0';
+		while (fgetc(p) != EOF)
+			;
+		pclose(p);
+	}
+	line[strcspn(line, "\r\n")] = '\0';
+	snprintf(buf, cap, "cc %s: %s", cc, line[0] ? line : "unknown");
+}
+
+ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
+{
+	ap_compiler *c = calloc(1, sizeof(*c));
+	const char *delay = getenv("APOLLO_TEST_COMPILE_DELAY_MS");
+	const char *nv;
+
+	if (!c)
+		return NULL;
+	c->cache = cache;
+	c->threads = opt && opt->threads ? opt->threads : 1;
+	if (delay && *delay)
+		c->delay_ms = (unsigned)strtoul(delay, NULL, 10);
+	host_cc_identity(c->cc_id, sizeof(c->cc_id));
+	nv = ap_nvrtc_version();
+	snprintf(c->nvrtc_id, sizeof(c->nvrtc_id), "nvrtc %s", nv ? nv : "none");
+	return c;
+}
+
+ap_compiler *ap_compiler_free(ap_compiler *c)
+{
+	free(c);
+	return NULL;
+}
+
+const char *ap_compiler_backend_id(const ap_compiler *c, bool gpu)
+{
+	return gpu ? c->nvrtc_id : c->cc_id;
+}
+
+void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out)
+{
+	ap_compiler *m = (ap_compiler *)c;
+
+	memset(out, 0, sizeof(*out));
+	if (!c)
+		return;
+	out->requests = atomic_load(&m->requests);
+	out->errors = atomic_load(&m->errors);
+	out->cache_hits = atomic_load(&m->hits);
+	out->cache_misses = atomic_load(&m->misses);
+	out->kernels_compiled = atomic_load(&m->kernels_compiled);
+}
+
+/* ---- keys ---------------------------------------------------------------- */
+
+/* Adds one field as (tag, NUL, 8-byte little-endian length, bytes), so that
+ * no two different field lists hash the same byte string. */
+static void key_field(ap_sha256_ctx *h, const char *tag, const void *data, size_t len)
+{
+	uint8_t n[8];
+
+	for (int i = 0; i < 8; i++)
+		n[i] = (uint8_t)((uint64_t)len >> (8 * i));
+	ap_sha256_update(h, tag, strlen(tag) + 1);
+	ap_sha256_update(h, n, 8);
+	if (len)
+		ap_sha256_update(h, data, len);
+}
+
+static void key_str(ap_sha256_ctx *h, const char *tag, const char *s)
+{
+	key_field(h, tag, s ? s : "", s ? strlen(s) : 0);
+}
+
+static void key_uint(ap_sha256_ctx *h, const char *tag, uint64_t v)
+{
+	char buf[24];
+
+	snprintf(buf, sizeof(buf), "%llu", (unsigned long long)v);
+	key_str(h, tag, buf);
+}
+
+/* The fields every key shares; `kind` tells the key families apart. */
+static void key_common(ap_sha256_ctx *h, const char *kind, const char *target, int output,
+		       const char *backend_id)
+{
+	key_str(h, "kind", kind);
+	key_str(h, "target", target);
+	key_uint(h, "output", (uint64_t)output);
+	key_str(h, "backend", backend_id);
+	key_str(h, "apollo", AP_VERSION);
+	key_uint(h, "schema", APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT);
+}
+
+void ap_compile_graph_key(const uint8_t graph_hash[32], const char *target, int output,
+			  const char *cache_namespace, unsigned max_block_threads,
+			  const char *backend_id, uint8_t key[32])
+{
+	ap_sha256_ctx *h = ap_sha256_new();
+
+	key_common(h, "graph", target, output, backend_id);
+	key_field(h, "graph_hash", graph_hash, 32);
+	key_str(h, "namespace", cache_namespace);
+	key_uint(h, "max_block_threads", max_block_threads);
+	ap_sha256_final(h, key);
+}
+
+void ap_compile_kernel_key(const char *src, const char *entry, const char *target, int output,
+			   const char *backend_id, uint8_t key[32])
+{
+	ap_sha256_ctx *h = ap_sha256_new();
+
+	key_common(h, "kernel", target, output, backend_id);
+	key_str(h, "source", src);
+	key_str(h, "entry", entry);
+	ap_sha256_final(h, key);
+}
+
+/* Key of an ONNX request, before import: the model bytes and bindings as
+ * sent, so that a warm ONNX submit skips the import too. */
+static void onnx_request_key(const Apollo__CompileRequest *req, const char *target, int output,
+			     const char *ns, unsigned mbt, const char *backend_id, uint8_t key[32])
+{
+	ap_sha256_ctx *h = ap_sha256_new();
+
+	key_common(h, "onnx", target, output, backend_id);
+	key_field(h, "model", req->onnx_model.data, req->onnx_model.len);
+	key_uint(h, "bindings", req->n_bindings);
+	for (size_t i = 0; i < req->n_bindings; i++) {
+		const Apollo__Tensor *t = req->bindings[i];
+		key_str(h, "name", t->name);
+		key_uint(h, "dtype", (uint64_t)t->dtype);
+		key_uint(h, "rank", t->n_dims);
+		for (size_t d = 0; d < t->n_dims; d++)
+			key_uint(h, "dim", (uint64_t)t->dims[d]);
+		key_field(h, "data", t->data.data, t->data.len);
+	}
+	key_str(h, "namespace", ns);
+	key_uint(h, "max_block_threads", mbt);
+	ap_sha256_final(h, key);
+}
+
+/* ---- targets ------------------------------------------------------------- */
+
+/* Matches PREFIX followed by 2-3 digits and at most one lowercase letter. */
+static bool arch_like(const char *t, const char *prefix)
+{
+	size_t n = strlen(prefix), d = 0;
+
+	if (strncmp(t, prefix, n))
+		return false;
+	t += n;
+	while (t[d] >= '0' && t[d] <= '9')
+		d++;
+	if (d < 2 || d > 3)
+		return false;
+	t += d;
+	return !*t || (*t >= 'a' && *t <= 'z' && !t[1]);
+}
+
+int ap_compile_parse_target(const char *target, int output, bool *gpu, int *resolved,
+			    ap_error *err)
+{
+	const char *t = target && *target ? target : "cpu";
+
+	if (output < APOLLO__OUTPUT_KIND__OUTPUT_DEFAULT || output > APOLLO__OUTPUT_KIND__OUTPUT_SO)
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL, "unknown output kind %d", output);
+	if (!strcmp(t, "cpu")) {
+		*gpu = false;
+		if (output != APOLLO__OUTPUT_KIND__OUTPUT_DEFAULT && output != APOLLO__OUTPUT_KIND__OUTPUT_SO)
+			return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+					    "target cpu produces a host shared object, not %s",
+					    output == APOLLO__OUTPUT_KIND__OUTPUT_PTX ? "PTX" : "cubin");
+		*resolved = APOLLO__OUTPUT_KIND__OUTPUT_SO;
+		return 0;
+	}
+	if (arch_like(t, "sm_")) {
+		*gpu = true;
+		if (output == APOLLO__OUTPUT_KIND__OUTPUT_SO)
+			return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+					    "target %s produces PTX or cubin, not a host shared object", t);
+		*resolved = output == APOLLO__OUTPUT_KIND__OUTPUT_PTX ? APOLLO__OUTPUT_KIND__OUTPUT_PTX
+								      : APOLLO__OUTPUT_KIND__OUTPUT_CUBIN;
+		return 0;
+	}
+	if (arch_like(t, "compute_")) {
+		*gpu = true;
+		if (output == APOLLO__OUTPUT_KIND__OUTPUT_CUBIN || output == APOLLO__OUTPUT_KIND__OUTPUT_SO)
+			return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+					    "target %s is a virtual architecture: PTX only (cubin needs sm_%s)",
+					    t, t + 8);
+		*resolved = APOLLO__OUTPUT_KIND__OUTPUT_PTX;
+		return 0;
+	}
+	return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+			    "unknown target '%.64s': expected cpu, sm_XX (e.g. sm_90, sm_90a) or compute_XX",
+			    t);
+}
+
+/* ---- protobuf building ---------------------------------------------------- */
+
+/* Allocation helpers that record a failure in *oom instead of returning it,
+ * so the builder below reads straight and checks once. */
+static void *xcalloc(size_t n, size_t size, bool *oom)
+{
+	void *p = calloc(n ? n : 1, size);
+
+	if (!p)
+		*oom = true;
+	return p;
+}
+
+static char *xstrdup(const char *s, bool *oom)
+{
+	char *p = strdup(s ? s : "");
+
+	if (!p)
+		*oom = true;
+	return p;
+}
+
+static void *xmemdup(const void *src, size_t n, bool *oom)
+{
+	void *p = malloc(n ? n : 1);
+
+	if (!p)
+		*oom = true;
+	else if (n)
+		memcpy(p, src, n);
+	return p;
+}
+
+/* A compiled kernel blob, before it goes into the bundle. */
+struct kblob {
+	uint8_t *data;
+	size_t len;
+	uint8_t digest[32];
+	bool compiled;        /* by the backend (else from the kernel cache) */
+	int rc;
+	ap_error err;
+};
+
+/* Builds the bundle from the program and the blobs (taken: every
+ * blobs[i].data is owned by the bundle, or freed, afterwards). */
+static Apollo__Bundle *build_bundle(const ap_program *p, struct kblob *blobs, const char *target,
+				    int output, const uint8_t graph_hash[32], bool *oom)
+{
+	Apollo__Bundle *b = xcalloc(1, sizeof(*b), oom);
+	int i;
+
+	if (!b) {
+		for (i = 0; i < p->n_kernels; i++)
+			free(blobs[i].data), blobs[i].data = NULL;
+		return NULL;
+	}
+	apollo__bundle__init(b);
+	b->target = xstrdup(target, oom);
+	b->format = (Apollo__OutputKind)output;
+	b->kernels = xcalloc((size_t)p->n_kernels, sizeof(*b->kernels), oom);
+	for (i = 0; b->kernels && i < p->n_kernels; i++) {
+		const ap_kernel_src *ks = &p->kernels[i];
+		Apollo__Kernel *k = xcalloc(1, sizeof(*k), oom);
+
+		if (!k)
+			break;
+		apollo__kernel__init(k);
+		b->kernels[i] = k;
+		b->n_kernels = (size_t)i + 1;
+		k->name = xstrdup(ks->name, oom);
+		k->target = xstrdup(target, oom);
+		k->format = (Apollo__OutputKind)output;
+		k->blob.data = blobs[i].data;
+		k->blob.len = blobs[i].len;
+		blobs[i].data = NULL;
+		k->digest.data = xmemdup(blobs[i].digest, 32, oom);
+		k->digest.len = k->digest.data ? 32 : 0;
+		k->grid = xcalloc(3, sizeof(uint32_t), oom);
+		k->block = xcalloc(3, sizeof(uint32_t), oom);
+		if (k->grid && k->block) {
+			k->n_grid = k->n_block = 3;
+			for (int d = 0; d < 3; d++) {
+				k->grid[d] = ks->grid[d];
+				k->block[d] = ks->block[d];
+			}
+		}
+		k->dynamic_shared_bytes = ks->smem_bytes;
+		k->params = xcalloc((size_t)ks->n_params, sizeof(*k->params), oom);
+		for (int a = 0; k->params && a < ks->n_params; a++) {
+			Apollo__KernelParam *kp = xcalloc(1, sizeof(*kp), oom);
+			if (!kp)
+				break;
+			apollo__kernel_param__init(kp);
+			k->params[a] = kp;
+			k->n_params = (size_t)a + 1;
+			kp->name = xstrdup(ks->params[a].name, oom);
+			kp->dtype = (Apollo__DataType)ks->params[a].dtype;
+			kp->written = ks->params[a].written;
+		}
+		k->nodes = xcalloc((size_t)ks->n_nodes, sizeof(char *), oom);
+		for (int a = 0; k->nodes && a < ks->n_nodes; a++) {
+			k->nodes[a] = xstrdup(ks->nodes[a], oom);
+			if (!k->nodes[a])
+				break;
+			k->n_nodes = (size_t)a + 1;
+		}
+	}
+	for (; i < p->n_kernels; i++)
+		free(blobs[i].data), blobs[i].data = NULL;
+
+	b->plan = xcalloc((size_t)p->n_launches, sizeof(*b->plan), oom);
+	for (i = 0; b->plan && i < p->n_launches; i++) {
+		const ap_launch *l = &p->launches[i];
+		Apollo__Launch *pl = xcalloc(1, sizeof(*pl), oom);
+		if (!pl)
+			break;
+		apollo__launch__init(pl);
+		b->plan[i] = pl;
+		b->n_plan = (size_t)i + 1;
+		pl->kernel = (uint32_t)l->kernel;
+		pl->args = xcalloc((size_t)l->n_args, sizeof(uint32_t), oom);
+		if (pl->args) {
+			pl->n_args = (size_t)l->n_args;
+			for (int a = 0; a < l->n_args; a++)
+				pl->args[a] = (uint32_t)l->args[a];
+		}
+	}
+
+	b->buffers = xcalloc((size_t)p->n_buffers, sizeof(*b->buffers), oom);
+	for (i = 0; b->buffers && i < p->n_buffers; i++) {
+		const ap_buffer *bs = &p->buffers[i];
+		Apollo__Buffer *bb = xcalloc(1, sizeof(*bb), oom);
+		if (!bb)
+			break;
+		apollo__buffer__init(bb);
+		b->buffers[i] = bb;
+		b->n_buffers = (size_t)i + 1;
+		bb->name = xstrdup(bs->name, oom);
+		bb->kind = (Apollo__BufferKind)bs->kind;
+		bb->dtype = (Apollo__DataType)bs->dtype;
+		bb->dims = xcalloc((size_t)bs->rank, sizeof(int64_t), oom);
+		if (bb->dims) {
+			bb->n_dims = (size_t)bs->rank;
+			memcpy(bb->dims, bs->dims, (size_t)bs->rank * sizeof(int64_t));
+		}
+		bb->bytes = bs->nbytes;
+		bb->offset = bs->offset;
+		bb->index = bs->index;
+	}
+	b->workspace_bytes = p->workspace_bytes;
+	b->graph_hash.data = xmemdup(graph_hash, 32, oom);
+	b->graph_hash.len = b->graph_hash.data ? 32 : 0;
+	b->stats = xcalloc(1, sizeof(*b->stats), oom);
+	if (b->stats)
+		apollo__stats__init(b->stats);
+	return b;
+}
+
+static Apollo__Bundle *bundle_free(Apollo__Bundle *b)
+{
+	if (b)
+		apollo__bundle__free_unpacked(b, NULL);
+	return NULL;
+}
+
+/* Serializes `b` with every kernel blob left out (digests kept): what the
+ * action cache stores.  NULL when out of memory. */
+static uint8_t *pack_stripped(Apollo__Bundle *b, size_t *len)
+{
+	ProtobufCBinaryData *saved = calloc(b->n_kernels ? b->n_kernels : 1, sizeof(*saved));
+	uint8_t *out = NULL;
+
+	if (!saved)
+		return NULL;
+	for (size_t i = 0; i < b->n_kernels; i++) {
+		saved[i] = b->kernels[i]->blob;
+		b->kernels[i]->blob.data = NULL;
+		b->kernels[i]->blob.len = 0;
+	}
+	*len = apollo__bundle__get_packed_size(b);
+	out = malloc(*len ? *len : 1);
+	if (out)
+		apollo__bundle__pack(b, out);
+	for (size_t i = 0; i < b->n_kernels; i++)
+		b->kernels[i]->blob = saved[i];
+	free(saved);
+	return out;
+}
+
+/* ---- kernels -------------------------------------------------------------- */
+
+struct kernel_batch {
+	ap_compiler *c;
+	const ap_program *p;
+	const char *target;
+	bool gpu, use_cache;
+	int output;
+	struct kblob *blobs;
+	atomic_int next;
+	atomic_bool failed;
+};
+
+static void compile_one(struct kernel_batch *kb, int i)
+{
+	const ap_kernel_src *ks = &kb->p->kernels[i];
+	struct kblob *out = &kb->blobs[i];
+	const char *src = kb->gpu ? ks->cuda_src : ks->host_src;
+	const char *bid = ap_compiler_backend_id(kb->c, kb->gpu);
+	uint8_t key[32];
+	char file[160];
+
+	ap_error_clear(&out->err);
+	if (!src) {
+		out->rc = ap_error_set(&out->err, AP_EINTERNAL, ks->n_nodes ? ks->nodes[0] : NULL, NULL,
+				       "kernel %s has no %s source", ks->name, kb->gpu ? "CUDA" : "host");
+		return;
+	}
+	ap_compile_kernel_key(src, ks->name, kb->target, kb->output, bid, key);
+	if (kb->use_cache &&
+	    ap_cache_kernel_get(kb->c->cache, key, &out->data, &out->len, out->digest) == 1)
+		return;
+	snprintf(file, sizeof(file), "%s.cu", ks->name);
+	if (kb->gpu)
+		out->rc = ap_nvrtc_compile(src, file, kb->target,
+					   kb->output == APOLLO__OUTPUT_KIND__OUTPUT_CUBIN, &out->data,
+					   &out->len, &out->err);
+	else
+		out->rc = ap_hostcc_compile(src, &out->data, &out->len, &out->err);
+	if (out->rc) {
+		if (!out->err.node[0] && ks->n_nodes > 0)
+			snprintf(out->err.node, sizeof(out->err.node), "%s", ks->nodes[0]);
+		return;
+	}
+	out->compiled = true;
+	ap_sha256(out->data, out->len, out->digest);
+	ap_cache_kernel_put(kb->c->cache, key, out->data, out->len, NULL);
+}
+
+static void *kernel_worker(void *arg)
+{
+	struct kernel_batch *kb = arg;
+	int i;
+
+	while (!atomic_load(&kb->failed) && (i = atomic_fetch_add(&kb->next, 1)) < kb->p->n_kernels) {
+		compile_one(kb, i);
+		if (kb->blobs[i].rc)
+			atomic_store(&kb->failed, true);
+	}
+	return NULL;
+}
+
+/* Compiles (or fetches) every kernel; 0, or the first failure's code with
+ * `err` copied from it. */
+static int compile_kernels(struct kernel_batch *kb, ap_error *err)
+{
+	unsigned n_threads = kb->c->threads;
+	pthread_t tids[64];
+	unsigned started = 0;
+
+	if (n_threads > (unsigned)kb->p->n_kernels)
+		n_threads = (unsigned)kb->p->n_kernels;
+	if (n_threads > 64)
+		n_threads = 64;
+	for (unsigned t = 1; t < n_threads; t++) {
+		if (pthread_create(&tids[started], NULL, kernel_worker, kb))
+			break;
+		started++;
+	}
+	kernel_worker(kb);
+	for (unsigned t = 0; t < started; t++)
+		pthread_join(tids[t], NULL);
+	for (int i = 0; i < kb->p->n_kernels; i++) {
+		if (kb->blobs[i].rc) {
+			*err = kb->blobs[i].err;
+			return kb->blobs[i].rc;
+		}
+	}
+	return 0;
+}
+
+/* ---- the job --------------------------------------------------------------- */
+
+struct request {
+	const Apollo__CompileRequest *req;
+	const char *target;
+	bool gpu, use_cache;
+	int output;
+	const char *ns;
+	unsigned mbt;
+	double t0, import_ms, cache_ms;
+};
+
+/* Rebuilds a reply from a stored (stripped) bundle: every kernel blob is
+ * fetched by digest and verified.  NULL when anything is missing. */
+static Apollo__Bundle *from_cache(ap_compiler *c, const uint8_t *val, size_t len)
+{
+	Apollo__Bundle *b = apollo__bundle__unpack(NULL, len, val);
+
+	if (!b)
+		return NULL;
+	for (size_t i = 0; i < b->n_kernels; i++) {
+		Apollo__Kernel *k = b->kernels[i];
+		uint8_t *data = NULL;
+		size_t n = 0;
+
+		if (k->digest.len != 32 || ap_cache_blob_get(c->cache, k->digest.data, &data, &n) != 1)
+			return bundle_free(b);
+		free(k->blob.data);
+		k->blob.data = data;
+		k->blob.len = n;
+	}
+	if (!b->stats) {
+		b->stats = malloc(sizeof(*b->stats));
+		if (!b->stats)
+			return bundle_free(b);
+		apollo__stats__init(b->stats);
+	}
+	return b;
+}
+
+/* Looks `key` up; on a hit returns the bundle with this request's stats. */
+static Apollo__Bundle *lookup(ap_compiler *c, struct request *r, const uint8_t key[32])
+{
+	double t = ap_now_ms();
+	uint8_t *val = NULL;
+	size_t len = 0;
+	Apollo__Bundle *b = NULL;
+
+	if (r->use_cache && ap_cache_get(c->cache, key, &val, &len) == 1) {
+		b = from_cache(c, val, len);
+		free(val);
+	}
+	r->cache_ms += ap_now_ms() - t;
+	if (!b)
+		return NULL;
+	b->stats->cache_hit = 1;
+	b->stats->kernels_compiled = 0;
+	b->stats->import_ms = r->import_ms;
+	b->stats->partition_ms = 0;
+	b->stats->codegen_ms = 0;
+	b->stats->backend_ms = 0;
+	b->stats->cache_ms = r->cache_ms;
+	b->stats->compile_ms = ap_now_ms() - r->t0;
+	return b;
+}
+
+/* Converts the request's bindings for ap_onnx_import (borrowing their
+ * data).  0 or AP_E* naming the binding. */
+static int convert_bindings(const Apollo__CompileRequest *req, ap_host_tensor *hts,
+			    const ap_host_tensor **ptrs, ap_error *err)
+{
+	for (size_t i = 0; i < req->n_bindings; i++) {
+		const Apollo__Tensor *t = req->bindings[i];
+		ap_host_tensor *h = &hts[i];
+
+		if (t->n_dims > AP_MAX_RANK)
+			return ap_error_set(err, AP_ETOOLARGE, NULL, t->name,
+					    "binding '%.100s' has rank %zu, at most %d supported", t->name,
+					    t->n_dims, AP_MAX_RANK);
+		memset(h, 0, sizeof(*h));
+		h->name = t->name;
+		h->dtype = (ap_dtype)t->dtype;
+		h->rank = (int)t->n_dims;
+		for (size_t d = 0; d < t->n_dims; d++) {
+			if (t->dims[d] < 0)
+				return ap_error_set(err, AP_EINVAL, NULL, t->name,
+						    "binding '%.100s' has a negative dimension", t->name);
+			h->dims[d] = t->dims[d];
+		}
+		if (t->data.len) {
+			size_t es = ap_dtype_size(h->dtype);
+			ap_tensor tmp;
+			int64_t numel;
+
+			memset(&tmp, 0, sizeof(tmp));
+			tmp.rank = h->rank;
+			memcpy(tmp.dims, h->dims, sizeof(tmp.dims));
+			numel = ap_tensor_numel(&tmp);
+			if (!es || numel < 0 || (uint64_t)numel * es != t->data.len)
+				return ap_error_set(err, AP_ESHAPE, NULL, t->name,
+						    "binding '%.100s' carries %zu bytes of data, its shape and "
+						    "dtype need %lld", t->name, t->data.len,
+						    numel < 0 || !es ? -1LL : (long long)((uint64_t)numel * es));
+		}
+		h->data = t->data.data;
+		h->nbytes = t->data.len;
+		ptrs[i] = h;
+	}
+	return 0;
+}
+
+/* The job proper: 0 and *out, or an error code with `err` set. */
+static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error *err)
+{
+	const Apollo__CompileRequest *req = r->req;
+	ap_graph *g = NULL;
+	ap_program *prog = NULL;
+	struct kblob *blobs = NULL;
+	Apollo__Bundle *b = NULL;
+	uint8_t graph_hash[32], gkey[32], rkey[32];
+	bool have_rkey = false, oom = false;
+	const char *bid;
+	double t;
+	int rc;
+
+	rc = ap_compile_parse_target(req->target, req->output, &r->gpu, &r->output, err);
+	if (rc)
+		return rc;
+	r->target = req->target && *req->target ? req->target : "cpu";
+	if (r->gpu) {
+		ap_error why;
+		if (ap_nvrtc_load(&why))
+			return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+					    "target %.32s needs NVRTC: %.440s", r->target, why.msg);
+	}
+	bid = ap_compiler_backend_id(c, r->gpu);
+	r->ns = req->options ? req->options->cache_namespace : "";
+	r->mbt = req->options ? req->options->max_block_threads : 0;
+	r->use_cache = ap_cache_enabled(c->cache) && !(req->options && req->options->no_cache);
+
+	t = ap_now_ms();
+	switch (req->source_case) {
+	case APOLLO__COMPILE_REQUEST__SOURCE_GRAPH:
+		g = ap_graph_from_pb(req->graph, err);
+		if (!g)
+			return err->code ? err->code : AP_EINVAL;
+		if ((rc = ap_graph_validate(g, err)))
+			goto done;
+		break;
+	case APOLLO__COMPILE_REQUEST__SOURCE_ONNX_MODEL: {
+		ap_host_tensor *hts;
+		const ap_host_tensor **ptrs;
+
+		onnx_request_key(req, r->target, r->output, r->ns, r->mbt, bid, rkey);
+		have_rkey = true;
+		if ((*out = lookup(c, r, rkey)))
+			return 0;
+		hts = calloc(req->n_bindings + 1, sizeof(*hts));
+		ptrs = calloc(req->n_bindings + 1, sizeof(*ptrs));
+		if (!hts || !ptrs) {
+			free(hts);
+			free(ptrs);
+			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		}
+		rc = convert_bindings(req, hts, ptrs, err);
+		if (!rc) {
+			g = ap_onnx_import(req->onnx_model.data, req->onnx_model.len, ptrs,
+					   (int)req->n_bindings, NULL, err);
+			if (!g)
+				rc = err->code ? err->code : AP_EINVAL;
+		}
+		free(hts);
+		free(ptrs);
+		if (rc)
+			return rc;
+		break;
+	}
+	default:
+		return ap_error_set(err, AP_EMESSAGE, NULL, NULL,
+				    "CompileRequest carries neither a graph nor an onnx_model");
+	}
+	r->import_ms = ap_now_ms() - t;
+
+	ap_graph_hash(g, graph_hash);
+	ap_compile_graph_key(graph_hash, r->target, r->output, r->ns, r->mbt, bid, gkey);
+	if ((b = lookup(c, r, gkey))) {
+		if (have_rkey) {
+			size_t len = 0;
+			uint8_t *val = pack_stripped(b, &len);
+			t = ap_now_ms();
+			if (val)
+				ap_cache_put(c->cache, rkey, val, len);
+			free(val);
+			b->stats->cache_ms += ap_now_ms() - t;
+		}
+		*out = b;
+		rc = 0;
+		goto done;
+	}
+
+	prog = ap_program_build(g, &(ap_build_options){ .max_block_threads = r->mbt }, err);
+	if (!prog) {
+		rc = err->code ? err->code : AP_EINTERNAL;
+		goto done;
+	}
+
+	t = ap_now_ms();
+	blobs = calloc((size_t)prog->n_kernels + 1, sizeof(*blobs));
+	if (!blobs) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		goto done;
+	}
+	{
+		struct kernel_batch kb = {
+			.c = c, .p = prog, .target = r->target, .gpu = r->gpu,
+			.use_cache = r->use_cache, .output = r->output, .blobs = blobs,
+		};
+		atomic_init(&kb.next, 0);
+		atomic_init(&kb.failed, false);
+		rc = compile_kernels(&kb, err);
+	}
+	if (rc)
+		goto done;
+	double backend_ms = ap_now_ms() - t;
+	unsigned compiled = 0;
+	for (int i = 0; i < prog->n_kernels; i++)
+		compiled += blobs[i].compiled;
+	atomic_fetch_add(&c->kernels_compiled, compiled);
+
+	b = build_bundle(prog, blobs, r->target, r->output, graph_hash, &oom);
+	if (oom || !b) {
+		b = bundle_free(b);
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory building the bundle");
+		goto done;
+	}
+	b->stats->kernels = (uint32_t)prog->n_kernels;
+	b->stats->eager_kernels = prog->eager_kernels ? prog->eager_kernels : g->eager_kernels;
+	b->stats->nodes = (uint32_t)g->n_nodes;
+	b->stats->global_bytes = prog->global_bytes;
+	b->stats->eager_bytes = prog->eager_bytes;
+	b->stats->min_bytes = prog->min_bytes;
+	b->stats->import_ms = r->import_ms;
+	b->stats->partition_ms = prog->partition_ms;
+	b->stats->codegen_ms = prog->codegen_ms;
+	b->stats->backend_ms = backend_ms;
+	b->stats->kernels_compiled = compiled;
+	b->stats->cache_hit = 0;
+
+	if (ap_cache_enabled(c->cache)) {
+		size_t len = 0;
+		uint8_t *val;
+
+		t = ap_now_ms();
+		b->stats->cache_ms = r->cache_ms;
+		b->stats->compile_ms = ap_now_ms() - r->t0;
+		val = pack_stripped(b, &len);
+		if (val) {
+			ap_cache_put(c->cache, gkey, val, len);
+			if (have_rkey)
+				ap_cache_put(c->cache, rkey, val, len);
+		}
+		free(val);
+		r->cache_ms += ap_now_ms() - t;
+	}
+	b->stats->cache_ms = r->cache_ms;
+	b->stats->compile_ms = ap_now_ms() - r->t0;
+	*out = b;
+	rc = 0;
+done:
+	if (blobs && prog)
+		for (int i = 0; i < prog->n_kernels; i++)
+			free(blobs[i].data);
+	free(blobs);
+	ap_program_free(prog);
+	ap_graph_free(g);
+	return rc;
+}
+
+Apollo__CompileResponse *ap_compile_run(ap_compiler *c, const Apollo__CompileRequest *req)
+{
+	struct request r = { .req = req, .t0 = ap_now_ms() };
+	Apollo__CompileResponse *resp = malloc(sizeof(*resp));
+	Apollo__Bundle *b = NULL;
+	ap_error err;
+	int rc;
+
+	if (!resp)
+		return NULL;
+	apollo__compile_response__init(resp);
+	ap_error_clear(&err);
+	atomic_fetch_add(&c->requests, 1);
+	if (c->delay_ms) {
+		struct timespec ts = { c->delay_ms / 1000, (long)(c->delay_ms % 1000) * 1000000L };
+		nanosleep(&ts, NULL);
+	}
+	rc = run(c, &r, &b, &err);
+	if (rc == 0 && b) {
+		atomic_fetch_add(b->stats->cache_hit ? &c->hits : &c->misses, 1);
+		resp->result_case = APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE;
+		resp->bundle = b;
+		ap_log(AP_LOG_DEBUG, "compiled %zu kernels for %s in %.1f ms%s", b->n_kernels,
+		       b->target, b->stats->compile_ms, b->stats->cache_hit ? " (cache hit)" : "");
+		return resp;
+	}
+	atomic_fetch_add(&c->errors, 1);
+	if (!rc)
+		rc = ap_error_set(&err, AP_EINTERNAL, NULL, NULL, "no bundle and no error");
+	{
+		Apollo__Error *e = malloc(sizeof(*e));
+		if (!e) {
+			free(resp);
+			return NULL;
+		}
+		apollo__error__init(e);
+		e->code = (Apollo__ErrorCode)ap_error_wire_code(rc);
+		e->message = strdup(err.msg[0] ? err.msg : ap_error_name(rc));
+		e->node = strdup(err.node);
+		e->tensor = strdup(err.tensor);
+		resp->result_case = APOLLO__COMPILE_RESPONSE__RESULT_ERROR;
+		resp->error = e;
+		if (!e->message || !e->node || !e->tensor) {
+			ap_compile_response_free(resp);
+			return NULL;
+		}
+	}
+	ap_log(AP_LOG_INFO, "compile request failed (%s): %s%s%s", ap_error_name(rc), err.msg,
+	       err.node[0] ? " at node " : "", err.node);
+	return resp;
+}
+
+void ap_compile_response_free(Apollo__CompileResponse *r)
+{
+	if (r)
+		apollo__compile_response__free_unpacked(r, NULL);
+}

@@ -1,0 +1,87 @@
+/* compile.h -- the compile job: one apollo.CompileRequest in, one
+ * apollo.CompileResponse out (a Bundle or an Error).
+ *
+ * The job, in order (compile.c):
+ *   target + output kind checked  -> ERR_UNSUPPORTED for anything else
+ *   graph: ap_graph_from_pb + ap_graph_validate
+ *   onnx_model: ap_onnx_import with the request's bindings
+ *   graph key (inputs only, see ap_compile_graph_key) -> action cache:
+ *     hit: the stored bundle, kernel blobs fetched by digest and verified,
+ *          stats.cache_hit = true, nothing compiled
+ *   ap_program_build (partition, fuse, lower, print, plan)
+ *   per kernel: kernel key -> kernel cache, else the backend (NVRTC for
+ *     sm_XX / compute_XX, the host C compiler for cpu), run on up to
+ *     `threads` threads at once, then stored
+ *   apollo.Bundle assembled, stored (kernel blobs replaced by their
+ *     digests), returned.
+ * Every failure becomes CompileResponse.error with the code, message, node
+ * and tensor of the ap_error that stopped it.
+ *
+ * Runs on worker threads: an ap_compiler is shared by all of them and keeps
+ * no per-request state; its counters are atomic.
+ */
+#ifndef AP_COMPILE_H
+#define AP_COMPILE_H
+
+#include "../../common/base.h"
+#include "../cache/cache.h"
+
+struct Apollo__CompileRequest;
+struct Apollo__CompileResponse;
+
+typedef struct ap_compiler ap_compiler;
+
+typedef struct ap_compiler_options {
+	unsigned threads;    /* backend compiles one request runs at once; 0 = 1 */
+} ap_compiler_options;
+
+/* Creates the compiler over `cache` (borrowed; must outlive the compiler;
+ * NULL = no caching).  Finds the host C compiler's identity ($APOLLO_CC or
+ * cc, `--version`) for the cpu keys.  Returns NULL only when out of memory. */
+__ap_give ap_compiler *ap_compiler_new(__ap_keep ap_cache *cache, const ap_compiler_options *opt);
+ap_compiler *ap_compiler_free(__ap_take ap_compiler *c);   /* accepts NULL */
+
+/* Runs one request (see the file comment).  Never returns NULL unless out
+ * of memory; free the result with ap_compile_response_free. */
+__ap_give struct Apollo__CompileResponse *ap_compile_run(ap_compiler *c,
+							 __ap_keep const struct Apollo__CompileRequest *req);
+void ap_compile_response_free(__ap_take struct Apollo__CompileResponse *r);
+
+/* Totals since the compiler was created. */
+typedef struct ap_compile_counters {
+	uint64_t requests;          /* compile requests run */
+	uint64_t errors;            /* of those, answered with an error */
+	uint64_t cache_hits, cache_misses;
+	uint64_t kernels_compiled;  /* backend compiles (kernel-cache misses) */
+} ap_compile_counters;
+void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out);
+
+/* ---- cache keys: SHA-256 over the inputs of a compilation only ---------- */
+
+/* What identifies the backend in keys: "nvrtc <version>" for GPU targets,
+ * "cc <first line of cc --version>" for cpu. */
+const char *ap_compiler_backend_id(const ap_compiler *c, bool gpu);
+
+/* Graph key: canonical graph hash, target ("sm_90a"), output kind
+ * (resolved: never OUTPUT_DEFAULT), cache namespace, max_block_threads,
+ * backend id, AP_VERSION and the schema version, each length-prefixed. */
+void ap_compile_graph_key(const uint8_t graph_hash[32], const char *target, int output,
+			  const char *cache_namespace, unsigned max_block_threads,
+			  const char *backend_id, uint8_t key[32]);
+/* Kernel key: kernel source, entry name, target, output kind, backend id
+ * and AP_VERSION, each length-prefixed. */
+void ap_compile_kernel_key(const char *src, const char *entry, const char *target, int output,
+			   const char *backend_id, uint8_t key[32]);
+
+/* Parses a target: 0 and *gpu / *output_resolved set, or AP_EUNSUPPORTED
+ * with `err` saying why ("cpu"; "sm_NN[a-z]" cubin or ptx; "compute_NN[a-z]"
+ * ptx only).  `output` is the requested apollo.OutputKind. */
+int ap_compile_parse_target(const char *target, int output, bool *gpu, int *output_resolved,
+			    ap_error *err);
+
+/* Internal, defined in server/backend/nvrtc.c (to move into backend.h):
+ * the architectures NVRTC compiles for (75, 80, 90, ...), at most `cap`;
+ * returns how many, 0 without NVRTC. */
+int ap__nvrtc_archs(int *out, int cap);
+
+#endif

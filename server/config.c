@@ -1,0 +1,614 @@
+/* config.c -- the configuration table and everything it drives (see
+ * config.h): defaults, the `key = value` file parser, command-line flags,
+ * --help, --print-config; and the stderr log.
+ *
+ * Approach: one static, read-only table of options.  A value is always set
+ * through ap_config_set() from text, whether it comes from the table's
+ * default, a file line or a flag, so the three can never disagree about
+ * syntax or limits.  --print-config writes the defaults as a commented
+ * file; deploy/apollod.conf is that output, and tests/check_config.c checks
+ * that the two match.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
+
+#define STR(field) AP_CFG_STRING, offsetof(ap_config, field), sizeof(((ap_config *)0)->field)
+#define NUM(type, field) type, offsetof(ap_config, field), 0
+
+static const ap_config_option options[] = {
+	{ "socket", STR(socket), "", 0, 0, NULL,
+	  "Unix socket the daemon listens on.  Empty: $APOLLO_SOCKET when set, "
+	  "else /tmp/apollod-<uid>.sock.  A stale socket file is removed at start; "
+	  "when a live daemon answers on it, apollod refuses to start." },
+	{ "socket_mode", NUM(AP_CFG_INT, socket_mode), "0600", 0, 0777, NULL,
+	  "Permission bits of the socket file (octal with a leading 0).  0660 lets "
+	  "the socket's group connect." },
+	{ "tcp", STR(tcp), "", 0, 0, NULL,
+	  "Also listen on TCP at HOST:PORT, e.g. 0.0.0.0:7070 or [::1]:7070.  Empty: "
+	  "no TCP listener.  Needs tcp_token." },
+	{ "tcp_token", STR(tcp_token), "", 0, 0, NULL,
+	  "Secret a TCP client must send in its first message, a Hello whose client "
+	  "field contains the word token=SECRET; anything else closes the connection." },
+	{ "cache", STR(cache), "", 0, 0, NULL,
+	  "SQLite cache file (created with its directories).  Empty: "
+	  "$XDG_CACHE_HOME/apollo/cache.db, else ~/.cache/apollo/cache.db.  \"off\": "
+	  "no cache.  A cache that cannot be opened only disables caching." },
+	{ "workers", NUM(AP_CFG_INT, workers), "0", 0, 256, NULL,
+	  "Worker threads that run compile jobs (also the NVRTC / cc processes one "
+	  "request runs in parallel).  0: one per CPU." },
+	{ "max_frame_bytes", NUM(AP_CFG_SIZE, max_frame_bytes), "64M", 1024, 1LL << 30, NULL,
+	  "Largest frame payload accepted, bytes.  A longer length prefix is "
+	  "answered with ERR_TOO_LARGE and the connection is closed, before "
+	  "anything is allocated." },
+	{ "max_clients", NUM(AP_CFG_INT, max_clients), "256", 1, 65536, NULL,
+	  "Connections served at once; one more is answered ERR_BUSY and closed." },
+	{ "max_pending", NUM(AP_CFG_INT, max_pending), "1024", 1, 1000000, NULL,
+	  "Compile requests queued or running at once; more are answered ERR_BUSY." },
+	{ "log_level", NUM(AP_CFG_ENUM, log_level), "info", 0, 0, log_levels,
+	  "Least severe messages written to stderr." },
+	{ "foreground", NUM(AP_CFG_BOOL, foreground), "true", 0, 0, NULL,
+	  "Stay in the foreground.  false (--no-foreground): detach once the "
+	  "socket is listening, so that the starting command returns when the "
+	  "daemon is ready." },
+};
+
+#define N_OPTIONS ((int)(sizeof(options) / sizeof(options[0])))
+
+const ap_config_option *ap_config_table(int *n)
+{
+	if (n)
+		*n = N_OPTIONS;
+	return options;
+}
+
+/* Compares a key with an option name, treating '-' as '_'. */
+static bool key_equal(const char *key, const char *name)
+{
+	for (; *key && *name; key++, name++) {
+		char k = *key == '-' ? '_' : *key;
+		if (k != *name)
+			return false;
+	}
+	return *key == '\0' && *name == '\0';
+}
+
+const ap_config_option *ap_config_find(const char *name)
+{
+	for (int i = 0; i < N_OPTIONS; i++)
+		if (key_equal(name, options[i].name))
+			return &options[i];
+	return NULL;
+}
+
+void ap_config_defaults(ap_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	for (int i = 0; i < N_OPTIONS; i++) {
+		int rc = ap_config_set(cfg, options[i].name, options[i].dflt, NULL);
+		(void)rc;
+	}
+}
+
+static int parse_int(const ap_config_option *o, const char *v, long long *out, ap_error *err)
+{
+	char *end;
+	long long x;
+
+	errno = 0;
+	x = strtoll(v, &end, o->type == AP_CFG_SIZE ? 10 : 0);
+	if (end == v || errno)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "%s: '%s' is not %s",
+				    o->name, v, o->type == AP_CFG_SIZE ? "a size" : "an integer");
+	if (o->type == AP_CFG_SIZE && *end) {
+		long long mul = 0;
+		switch (toupper((unsigned char)*end)) {
+		case 'K': mul = 1LL << 10; break;
+		case 'M': mul = 1LL << 20; break;
+		case 'G': mul = 1LL << 30; break;
+		}
+		if (mul) {
+			end++;
+			if (toupper((unsigned char)*end) == 'I')
+				end++;
+			if (toupper((unsigned char)*end) == 'B')
+				end++;
+			if (x > LLONG_MAX / mul || x < LLONG_MIN / mul)
+				return ap_error_set(err, AP_EINVAL, NULL, NULL, "%s: '%s' is too large",
+						    o->name, v);
+			x *= mul;
+		}
+	}
+	if (*end)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "%s: '%s' is not %s", o->name, v,
+				    o->type == AP_CFG_SIZE ? "a size (digits, then K, M or G)"
+							   : "an integer");
+	if (x < o->min || x > o->max)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "%s: %s is out of range %lld..%lld",
+				    o->name, v, o->min, o->max);
+	*out = x;
+	return 0;
+}
+
+static int parse_bool(const char *v, int *out)
+{
+	static const char *const yes[] = { "true", "yes", "on", "1" };
+	static const char *const no[] = { "false", "no", "off", "0" };
+
+	for (int i = 0; i < 4; i++) {
+		if (!strcasecmp(v, yes[i])) {
+			*out = 1;
+			return 0;
+		}
+		if (!strcasecmp(v, no[i])) {
+			*out = 0;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+int ap_config_set(ap_config *cfg, const char *key, const char *value, ap_error *err)
+{
+	const ap_config_option *o = ap_config_find(key);
+	char *field;
+
+	if (!o)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "unknown setting '%s'", key);
+	field = (char *)cfg + o->offset;
+	switch (o->type) {
+	case AP_CFG_STRING: {
+		size_t n = strlen(value);
+		if (n >= 2 && value[0] == '"' && value[n - 1] == '"') {
+			value++;
+			n -= 2;
+		}
+		if (n >= o->size)
+			return ap_error_set(err, AP_EINVAL, NULL, NULL,
+					    "%s: value is %zu bytes, at most %zu allowed",
+					    o->name, n, o->size - 1);
+		memcpy(field, value, n);
+		field[n] = '\0';
+		return 0;
+	}
+	case AP_CFG_INT:
+	case AP_CFG_SIZE: {
+		long long x = 0;
+		int rc = parse_int(o, value, &x, err);
+		if (rc)
+			return rc;
+		memcpy(field, &x, sizeof(x));
+		return 0;
+	}
+	case AP_CFG_BOOL: {
+		int b;
+		if (parse_bool(value, &b))
+			return ap_error_set(err, AP_EINVAL, NULL, NULL,
+					    "%s: '%s' is not a boolean (true or false)", o->name, value);
+		memcpy(field, &b, sizeof(b));
+		return 0;
+	}
+	case AP_CFG_ENUM:
+		for (long long i = 0; o->choices[i]; i++) {
+			if (!strcasecmp(value, o->choices[i])) {
+				memcpy(field, &i, sizeof(i));
+				return 0;
+			}
+		}
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "%s: '%s' is not one of the choices",
+				    o->name, value);
+	}
+	return ap_error_set(err, AP_EINTERNAL, NULL, NULL, "%s: bad option type", o->name);
+}
+
+/* Trims spaces at both ends in place; returns the new start. */
+static char *trim(char *s)
+{
+	char *e;
+
+	while (isspace((unsigned char)*s))
+		s++;
+	e = s + strlen(s);
+	while (e > s && isspace((unsigned char)e[-1]))
+		*--e = '\0';
+	return s;
+}
+
+/* Cuts a comment: '#' at the start or after whitespace, outside quotes. */
+static void cut_comment(char *s)
+{
+	bool quoted = false;
+
+	for (char *p = s; *p; p++) {
+		if (*p == '"')
+			quoted = !quoted;
+		else if (*p == '#' && !quoted && (p == s || isspace((unsigned char)p[-1]))) {
+			*p = '\0';
+			return;
+		}
+	}
+}
+
+int ap_config_parse_text(ap_config *cfg, const char *text, const char *origin, ap_error *err)
+{
+	char line[2048];
+	const char *p = text;
+	int lineno = 0;
+
+	while (*p) {
+		const char *nl = strchr(p, '\n');
+		size_t n = nl ? (size_t)(nl - p) : strlen(p);
+		char *s, *eq, *key, *val;
+		ap_error e;
+		int rc;
+
+		lineno++;
+		if (n >= sizeof(line))
+			return ap_error_set(err, AP_EINVAL, NULL, NULL, "%s:%d: line longer than %zu bytes",
+					    origin, lineno, sizeof(line) - 1);
+		memcpy(line, p, n);
+		line[n] = '\0';
+		p += n + (nl ? 1 : 0);
+		cut_comment(line);
+		s = trim(line);
+		if (!*s)
+			continue;
+		eq = strchr(s, '=');
+		if (!eq)
+			return ap_error_set(err, AP_EINVAL, NULL, NULL,
+					    "%s:%d: expected `key = value`, got '%s'", origin, lineno, s);
+		*eq = '\0';
+		key = trim(s);
+		val = trim(eq + 1);
+		if (!*key)
+			return ap_error_set(err, AP_EINVAL, NULL, NULL, "%s:%d: missing key before '='",
+					    origin, lineno);
+		rc = ap_config_set(cfg, key, val, &e);
+		if (rc)
+			return ap_error_set(err, rc, NULL, NULL, "%s:%d: %s", origin, lineno, e.msg);
+	}
+	return 0;
+}
+
+int ap_config_parse_file(ap_config *cfg, const char *path, ap_error *err)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	size_t n;
+	int rc;
+
+	if (!f)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot open config file %s: %s", path,
+				    strerror(errno));
+	buf = malloc((1 << 20) + 1);
+	if (!buf) {
+		fclose(f);
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory reading %s", path);
+	}
+	n = fread(buf, 1, 1 << 20, f);
+	if (ferror(f) || (n == (1 << 20) && fgetc(f) != EOF)) {
+		rc = ap_error_set(err, AP_EIO, NULL, NULL, "cannot read config file %s (%s)", path,
+				  ferror(f) ? strerror(errno) : "larger than 1 MiB");
+		fclose(f);
+		free(buf);
+		return rc;
+	}
+	fclose(f);
+	buf[n] = '\0';
+	if (memchr(buf, '\0', n))
+		rc = ap_error_set(err, AP_EINVAL, NULL, NULL, "%s: not a text file (NUL byte)", path);
+	else
+		rc = ap_config_parse_text(cfg, buf, path, err);
+	free(buf);
+	return rc;
+}
+
+int ap_config_parse_args(ap_config *cfg, int argc, char **argv,
+			 ap_config_action *action, ap_error *err)
+{
+	const char *config_path = NULL;
+	const char *env;
+	int rc;
+
+	*action = AP_CONFIG_RUN;
+	/* Pass 1: actions and --config. */
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			*action = AP_CONFIG_HELP;
+			return 0;
+		}
+		if (!strcmp(a, "--version")) {
+			*action = AP_CONFIG_VERSION;
+			return 0;
+		}
+		if (!strcmp(a, "--print-config")) {
+			*action = AP_CONFIG_PRINT;
+			return 0;
+		}
+		if (!strcmp(a, "--config")) {
+			if (i + 1 >= argc)
+				return ap_error_set(err, AP_EINVAL, NULL, NULL, "--config needs a PATH");
+			config_path = argv[++i];
+		} else if (!strncmp(a, "--config=", 9)) {
+			config_path = a + 9;
+		}
+	}
+	if (config_path && (rc = ap_config_parse_file(cfg, config_path, err)))
+		return rc;
+	env = getenv("APOLLO_SOCKET");
+	if (env && *env && (rc = ap_config_set(cfg, "socket", env, err)))
+		return rc;
+	/* Pass 2: every other flag, in order. */
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		char name[64];
+		const char *value = NULL, *eq;
+		const ap_config_option *o;
+		bool negated = false;
+		size_t n;
+		ap_error e;
+
+		if (!strcmp(a, "--config")) {
+			i++;
+			continue;
+		}
+		if (!strncmp(a, "--config=", 9))
+			continue;
+		if (strncmp(a, "--", 2))
+			return ap_error_set(err, AP_EINVAL, NULL, NULL,
+					    "unexpected argument '%s' (try --help)", a);
+		a += 2;
+		eq = strchr(a, '=');
+		n = eq ? (size_t)(eq - a) : strlen(a);
+		if (n >= sizeof(name))
+			return ap_error_set(err, AP_EINVAL, NULL, NULL, "unknown flag '%s'", argv[i]);
+		memcpy(name, a, n);
+		name[n] = '\0';
+		o = ap_config_find(name);
+		if (!o && !strncmp(name, "no-", 3)) {
+			o = ap_config_find(name + 3);
+			if (o && o->type == AP_CFG_BOOL && !eq)
+				negated = true;
+			else
+				o = NULL;
+		}
+		if (!o)
+			return ap_error_set(err, AP_EINVAL, NULL, NULL, "unknown flag '%s' (try --help)",
+					    argv[i]);
+		if (eq)
+			value = eq + 1;
+		else if (o->type == AP_CFG_BOOL)
+			value = negated ? "false" : "true";
+		else if (i + 1 < argc)
+			value = argv[++i];
+		else
+			return ap_error_set(err, AP_EINVAL, NULL, NULL, "flag '%s' needs a value",
+					    argv[i]);
+		if ((rc = ap_config_set(cfg, o->name, value, &e)))
+			return ap_error_set(err, rc, NULL, NULL, "--%s: %s", name, e.msg);
+	}
+	return 0;
+}
+
+/* Writes `text` as comment lines "# ..." wrapped before column 78. */
+static void print_wrapped(FILE *f, const char *prefix, const char *text)
+{
+	const size_t width = 78 - strlen(prefix);
+	const char *p = text;
+
+	while (*p) {
+		const char *end = p, *brk = NULL;
+		size_t n;
+
+		while (*end && (size_t)(end - p) < width) {
+			if (*end == ' ')
+				brk = end;
+			end++;
+		}
+		if (!*end || !brk)
+			brk = end;
+		n = (size_t)(brk - p);
+		while (n > 0 && p[n - 1] == ' ')
+			n--;
+		fprintf(f, "%s%.*s\n", prefix, (int)n, p);
+		p = brk;
+		while (*p == ' ')
+			p++;
+	}
+}
+
+/* "64M" for 64 MiB: the largest unit that divides `x`. */
+static void format_size(long long x, char *buf, size_t cap)
+{
+	static const char units[] = "GMK";
+
+	for (int i = 0; i < 3; i++) {
+		long long u = 1LL << (10 * (3 - i));
+		if (x >= u && x % u == 0) {
+			snprintf(buf, cap, "%lld%c", x / u, units[i]);
+			return;
+		}
+	}
+	snprintf(buf, cap, "%lld", x);
+}
+
+static void describe_type(const ap_config_option *o, char *buf, size_t cap)
+{
+	char lo[32], hi[32];
+
+	switch (o->type) {
+	case AP_CFG_STRING:
+		snprintf(buf, cap, "text");
+		break;
+	case AP_CFG_INT:
+		if (o->max == 0777)
+			snprintf(buf, cap, "octal permission bits");
+		else
+			snprintf(buf, cap, "integer, %lld to %lld", o->min, o->max);
+		break;
+	case AP_CFG_SIZE:
+		format_size(o->min, lo, sizeof(lo));
+		format_size(o->max, hi, sizeof(hi));
+		snprintf(buf, cap, "bytes, suffix K, M or G allowed, %s to %s", lo, hi);
+		break;
+	case AP_CFG_BOOL:
+		snprintf(buf, cap, "true or false");
+		break;
+	case AP_CFG_ENUM: {
+		size_t used = (size_t)snprintf(buf, cap, "one of");
+		for (int i = 0; o->choices[i] && used < cap; i++)
+			used += (size_t)snprintf(buf + used, cap - used, "%s %s", i ? "," : "",
+						 o->choices[i]);
+		break;
+	}
+	}
+}
+
+void ap_config_print_defaults(FILE *f)
+{
+	fprintf(f,
+		"# apollod.conf -- configuration of apollod, the Apollo compilation daemon.\n"
+		"#\n"
+		"# This file is the output of `apollod --print-config`: every setting at its\n"
+		"# default.  Syntax: one `key = value` per line; `#` starts a comment.  Use it\n"
+		"# with `apollod --config /etc/apollo/apollod.conf`.  A flag on the command\n"
+		"# line (`--max-frame-bytes 16M` for max_frame_bytes) overrides the file, and\n"
+		"# $APOLLO_SOCKET overrides `socket` from the file.\n");
+	for (int i = 0; i < N_OPTIONS; i++) {
+		const ap_config_option *o = &options[i];
+		char type[128];
+
+		describe_type(o, type, sizeof(type));
+		fprintf(f, "\n");
+		print_wrapped(f, "# ", o->help);
+		fprintf(f, "# (%s)\n", type);
+		if (o->type == AP_CFG_STRING)
+			fprintf(f, "%s = \"%s\"\n", o->name, o->dflt);
+		else
+			fprintf(f, "%s = %s\n", o->name, o->dflt);
+	}
+}
+
+void ap_config_print_usage(FILE *f, const char *argv0)
+{
+	fprintf(f,
+		"usage: %s [--config PATH] [--OPTION VALUE]...\n"
+		"\n"
+		"apollod, the Apollo compilation daemon: receives graphs on a socket, fuses\n"
+		"their operators, compiles the kernels (NVRTC for sm_XX / compute_XX, the\n"
+		"host C compiler for cpu) and answers with a bundle.  SIGTERM or SIGINT\n"
+		"finishes the requests in flight and exits.\n"
+		"\n"
+		"  --config PATH         read settings from PATH (`key = value` lines)\n"
+		"  --print-config        print the commented default configuration and exit\n"
+		"  --help, --version     print this text / the version and exit\n"
+		"\n"
+		"Options (each is also a config-file key with '_' for '-'):\n",
+		argv0);
+	for (int i = 0; i < N_OPTIONS; i++) {
+		const ap_config_option *o = &options[i];
+		char flag[160], dashed[64], type[128];
+
+		snprintf(dashed, sizeof(dashed), "%s", o->name);
+		for (char *k = dashed; *k; k++)
+			if (*k == '_')
+				*k = '-';
+		if (o->type == AP_CFG_BOOL)
+			snprintf(flag, sizeof(flag), "  --%s, --no-%s", dashed, dashed);
+		else
+			snprintf(flag, sizeof(flag), "  --%s %s", dashed,
+				 o->type == AP_CFG_STRING ? "TEXT" : o->type == AP_CFG_ENUM ? "NAME" : "N");
+		describe_type(o, type, sizeof(type));
+		fprintf(f, "%s\n", flag);
+		print_wrapped(f, "        ", o->help);
+		fprintf(f, "        (%s; default %s)\n", type, *o->dflt ? o->dflt : "empty");
+	}
+}
+
+void ap_config_print(FILE *f, const ap_config *cfg)
+{
+	for (int i = 0; i < N_OPTIONS; i++) {
+		const ap_config_option *o = &options[i];
+		const char *field = (const char *)cfg + o->offset;
+		long long x;
+		int b;
+
+		switch (o->type) {
+		case AP_CFG_STRING:
+			fprintf(f, "%s = \"%s\"\n", o->name, field);
+			break;
+		case AP_CFG_INT:
+		case AP_CFG_SIZE:
+			memcpy(&x, field, sizeof(x));
+			fprintf(f, o->max == 0777 ? "%s = 0%llo\n" : "%s = %lld\n", o->name, x);
+			break;
+		case AP_CFG_BOOL:
+			memcpy(&b, field, sizeof(b));
+			fprintf(f, "%s = %s\n", o->name, b ? "true" : "false");
+			break;
+		case AP_CFG_ENUM:
+			memcpy(&x, field, sizeof(x));
+			fprintf(f, "%s = %s\n", o->name, o->choices[x]);
+			break;
+		}
+	}
+}
+
+/* ---- log --------------------------------------------------------------- */
+
+/* The one process-wide setting: written once at start-up, read by every
+ * thread, hence atomic. */
+static _Atomic int log_level = AP_LOG_INFO;
+
+void ap_log_set_level(ap_log_level level)
+{
+	atomic_store(&log_level, (int)level);
+}
+
+ap_log_level ap_log_get_level(void)
+{
+	return (ap_log_level)atomic_load(&log_level);
+}
+
+void ap_log(ap_log_level level, const char *fmt, ...)
+{
+	char buf[2048];
+	struct timespec ts;
+	struct tm tm;
+	va_list ap;
+	int n, m;
+
+	if ((int)level > atomic_load(&log_level))
+		return;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	localtime_r(&ts.tv_sec, &tm);
+	n = snprintf(buf, sizeof(buf), "apollod[%d] %04d-%02d-%02d %02d:%02d:%02d.%03ld %s: ",
+		     (int)getpid(), tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+		     tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
+		     log_levels[level <= AP_LOG_DEBUG ? level : AP_LOG_DEBUG]);
+	if (n < 0)
+		return;
+	va_start(ap, fmt);
+	m = vsnprintf(buf + n, sizeof(buf) - (size_t)n - 1, fmt, ap);
+	va_end(ap);
+	if (m < 0)
+		return;
+	n += m;
+	if ((size_t)n > sizeof(buf) - 2)
+		n = sizeof(buf) - 2;
+	buf[n++] = '\n';
+	if (write(STDERR_FILENO, buf, (size_t)n) < 0)
+		return;
+}

@@ -1,0 +1,116 @@
+/* config.h -- apollod's configuration and its log.
+ *
+ * The configuration is one table (config.c: name, type, default, limits,
+ * help) and everything else is driven by it: the `key = value` file parser,
+ * the command-line flags (`--max-frame-bytes N` for key max_frame_bytes),
+ * `--help`, and `--print-config`, whose output is committed as
+ * deploy/apollod.conf.  Precedence, lowest first: the table's defaults, the
+ * file named by --config, the environment (APOLLO_SOCKET for `socket`), the
+ * other flags.
+ *
+ * The log goes to stderr, one line per event, with a level
+ * (error < warn < info < debug) set once at start-up from `log_level`.
+ */
+#ifndef AP_CONFIG_H
+#define AP_CONFIG_H
+
+#include <stdio.h>
+
+#include "../common/base.h"
+
+typedef enum ap_log_level {
+	AP_LOG_ERROR = 0,
+	AP_LOG_WARN = 1,
+	AP_LOG_INFO = 2,
+	AP_LOG_DEBUG = 3,
+} ap_log_level;
+
+/* Every setting of apollod.  Strings are fixed-size so a config needs no
+ * freeing; the table gives each one's meaning and limits. */
+typedef struct ap_config {
+	char socket[108];          /* Unix socket path; "" = ap_default_socket_path() */
+	char cache[1024];          /* SQLite file; "" = default path, "off" = no cache */
+	char tcp[256];             /* "HOST:PORT" or "" (no TCP listener) */
+	char tcp_token[256];       /* required from TCP clients in Hello */
+	long long socket_mode;     /* permission bits of the Unix socket file */
+	long long workers;         /* worker threads; 0 = one per CPU */
+	long long max_frame_bytes; /* largest accepted frame payload, bytes */
+	long long max_clients;     /* simultaneous connections */
+	long long max_pending;     /* compile requests queued or running */
+	long long log_level;       /* ap_log_level */
+	int foreground;            /* 0: detach (fork, setsid) once listening */
+} ap_config;
+
+typedef enum ap_config_type {
+	AP_CFG_STRING,   /* any text; surrounding double quotes are removed */
+	AP_CFG_INT,      /* decimal, 0x hex or 0 octal integer within [min, max] */
+	AP_CFG_SIZE,     /* integer with an optional K/M/G suffix (powers of 1024) */
+	AP_CFG_BOOL,     /* true/false, yes/no, on/off, 1/0 */
+	AP_CFG_ENUM,     /* one of `choices`; stored as its index */
+} ap_config_type;
+
+typedef struct ap_config_option {
+	const char *name;          /* file key; the flag is --name with '_' -> '-' */
+	ap_config_type type;
+	size_t offset;             /* into ap_config */
+	size_t size;               /* AP_CFG_STRING: capacity including the NUL */
+	const char *dflt;          /* default, as text (parsed like any value) */
+	long long min, max;        /* AP_CFG_INT / AP_CFG_SIZE limits */
+	const char *const *choices;/* AP_CFG_ENUM: NULL-terminated names */
+	const char *help;
+} ap_config_option;
+
+/* The table, `*n` entries, in the order --help and --print-config list them. */
+const ap_config_option *ap_config_table(int *n);
+/* The option named `name` (file spelling, or flag spelling with dashes). */
+const ap_config_option *ap_config_find(const char *name);
+
+/* Fills `cfg` with every option's default. */
+void ap_config_defaults(ap_config *cfg);
+
+/* Sets one option from its textual value.  Returns 0, or AP_EINVAL with
+ * `err` saying what is wrong (unknown key, not a number, out of range,
+ * too long, not one of the choices). */
+int ap_config_set(ap_config *cfg, const char *key, const char *value, ap_error *err);
+
+/* Parses config-file text: `key = value` lines, blank lines, and `#`
+ * comments (a whole line, or after whitespace at the end of a line).
+ * `origin` names the text in messages ("apollod.conf").  Stops at the
+ * first bad line: AP_EINVAL with err->msg "ORIGIN:LINE: what".  */
+int ap_config_parse_text(ap_config *cfg, const char *text, const char *origin, ap_error *err);
+/* Reads and parses the file at `path` (at most 1 MiB).  AP_EIO when it
+ * cannot be read, else as ap_config_parse_text. */
+int ap_config_parse_file(ap_config *cfg, const char *path, ap_error *err);
+
+typedef enum ap_config_action {
+	AP_CONFIG_RUN,          /* start the daemon */
+	AP_CONFIG_HELP,         /* --help / -h */
+	AP_CONFIG_VERSION,      /* --version */
+	AP_CONFIG_PRINT,        /* --print-config */
+} ap_config_action;
+
+/* Applies the command line to `cfg` (which should hold the defaults):
+ * first the file of --config PATH (if any), then $APOLLO_SOCKET, then every
+ * other flag in order.  Flags: --KEY VALUE, --KEY=VALUE, and for booleans
+ * --KEY / --no-KEY.  Returns 0 with *action set, or AP_EINVAL / AP_EIO
+ * with `err` naming the bad argument or file line. */
+int ap_config_parse_args(ap_config *cfg, int argc, char **argv,
+			 ap_config_action *action, ap_error *err);
+
+/* Writes the commented default configuration (deploy/apollod.conf). */
+void ap_config_print_defaults(FILE *f);
+/* Writes the --help text. */
+void ap_config_print_usage(FILE *f, const char *argv0);
+/* Writes the effective value of every option as `key = value` lines. */
+void ap_config_print(FILE *f, const ap_config *cfg);
+
+/* ---- log --------------------------------------------------------------- */
+
+/* Sets the level below which ap_log drops messages (default AP_LOG_INFO). */
+void ap_log_set_level(ap_log_level level);
+ap_log_level ap_log_get_level(void);
+/* Writes "apollod[PID] LEVEL: message\n" to stderr in one write, when
+ * `level` is at or above the set level.  Safe from any thread. */
+void ap_log(ap_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

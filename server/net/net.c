@@ -1,0 +1,960 @@
+/* net.c -- the libuv loop of apollod (see net.h).  The only file that
+ * includes uv.h.
+ *
+ * Ownership: every libuv handle lives inside its owning struct (the server
+ * or a connection) and `handle->data` points back at it.  A connection is
+ * reference-counted: one reference for its open handle, dropped in the
+ * close callback, and one per compile job that will answer on it, dropped
+ * when the job's reply has been written or discarded.  Its memory is freed
+ * only when both kinds are gone, so a worker finishing for a client that
+ * already left finds a closed connection, not freed memory.
+ *
+ * Reading: a connection is a small state machine: 4 header bytes, then the
+ * payload.  The length is checked with ap_frame_check_len before the
+ * payload buffer is allocated; a bad length is answered with an Error
+ * (ERR_BAD_FRAME / ERR_TOO_LARGE) and the connection is shut down after
+ * the reply has been flushed.  A payload that does not decode as an
+ * Envelope is answered with ERR_BAD_MESSAGE and the connection stays open:
+ * the framing is still intact.
+ *
+ * Shutdown: the first SIGTERM / SIGINT closes the listeners and removes the
+ * socket file; requests already running finish and are answered, new
+ * compile requests get ERR_BUSY; when none is left, every connection is
+ * shut down (pending writes flushed first, at most GRACE_MS), the signal
+ * handles close, and uv_run returns.
+ */
+#include "net.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "../../common/frame.h"
+#include "../backend/backend.h"
+#include "proto/apollo.pb-c.h"
+
+#define READ_CHUNK (64 * 1024)
+#define GRACE_MS 5000
+#define SERVER_NAME "apollod " AP_VERSION
+
+typedef struct conn conn;
+
+struct ap_server {
+	uv_loop_t loop;
+	uv_pipe_t pipe;
+	uv_tcp_t tcp;
+	uv_signal_t sigterm, sigint;
+	uv_timer_t grace;
+	bool loop_ready, pipe_open, tcp_open, signals_open, grace_open;
+	bool draining, closing_all;
+	char socket_path[108];
+	bool own_socket_file;         /* we bound it: remove it at the end */
+	uint32_t max_frame;
+	unsigned max_clients, max_pending;
+	char tcp_token[256];
+	ap_compiler *compiler;
+	ap_cache *cache;
+	conn *conns;                  /* every open connection */
+	unsigned n_clients, in_flight;
+	uint64_t requests, errors;    /* frames answered outside the compiler */
+	double start_ms;
+	size_t n_targets;
+	char **targets;               /* for HelloReply */
+};
+
+struct conn {
+	union {
+		uv_handle_t handle;
+		uv_stream_t stream;
+		uv_pipe_t pipe;
+		uv_tcp_t tcp;
+	} h;
+	uv_shutdown_t shutdown_req;
+	ap_server *srv;
+	conn *prev, *next;
+	int refs;             /* 1 while the handle is open + 1 per job */
+	unsigned jobs;        /* compile jobs that will answer here */
+	bool is_tcp, authed, closing, shutting, eof;
+	uint8_t hdr[AP_FRAME_HEADER_BYTES];
+	unsigned hdr_have;
+	uint8_t *payload;     /* allocated once the length passed the check */
+	uint32_t want, have;
+	char rbuf[READ_CHUNK];
+};
+
+struct write_req {
+	uv_write_t req;
+	uint8_t *data;
+	conn *c;
+};
+
+struct job {
+	uv_work_t req;
+	conn *c;
+	ap_compiler *compiler;
+	Apollo__Envelope *env;   /* the request, unpacked */
+	uint8_t *frame;          /* the reply, packed by the worker */
+	size_t frame_len;
+};
+
+static void conn_close(conn *c);
+static void maybe_finish_drain(ap_server *s);
+
+/* ---- frames ------------------------------------------------------------- */
+
+/* Packs `env` into a malloc'd frame (length prefix + payload). */
+static uint8_t *pack_frame(const Apollo__Envelope *env, size_t *len)
+{
+	size_t n = apollo__envelope__get_packed_size(env);
+	uint8_t *f;
+
+	if (n > UINT32_MAX)
+		return NULL;
+	f = malloc(AP_FRAME_HEADER_BYTES + n);
+	if (!f)
+		return NULL;
+	ap_frame_put_len(f, (uint32_t)n);
+	apollo__envelope__pack(env, f + AP_FRAME_HEADER_BYTES);
+	*len = AP_FRAME_HEADER_BYTES + n;
+	return f;
+}
+
+static void on_write(uv_write_t *req, int status)
+{
+	struct write_req *w = req->data;
+	conn *c = w->c;
+
+	free(w->data);
+	free(w);
+	if (status < 0 && status != UV_ECANCELED) {
+		ap_log(AP_LOG_DEBUG, "write failed: %s", uv_strerror(status));
+		conn_close(c);
+	}
+}
+
+/* Queues `frame` (consumed) for writing; drops it when the connection is
+ * going away. */
+static void send_frame(conn *c, uint8_t *frame, size_t len)
+{
+	struct write_req *w;
+	uv_buf_t buf;
+	int r;
+
+	if (!frame)
+		return;
+	if (c->closing || c->shutting) {
+		free(frame);
+		return;
+	}
+	w = malloc(sizeof(*w));
+	if (!w) {
+		free(frame);
+		conn_close(c);
+		return;
+	}
+	w->data = frame;
+	w->c = c;
+	w->req.data = w;
+	buf = uv_buf_init((char *)frame, (unsigned)len);
+	r = uv_write(&w->req, &c->h.stream, &buf, 1, on_write);
+	if (r) {
+		ap_log(AP_LOG_DEBUG, "write: %s", uv_strerror(r));
+		free(frame);
+		free(w);
+		conn_close(c);
+	}
+}
+
+/* Packs and queues `env`. */
+static void send_packed(conn *c, const Apollo__Envelope *env)
+{
+	size_t len = 0;
+	uint8_t *frame = pack_frame(env, &len);
+
+	send_frame(c, frame, len);
+}
+
+/* Replies with Envelope.error. */
+static void send_error(conn *c, uint64_t id, int code, const char *msg)
+{
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	Apollo__Error e = APOLLO__ERROR__INIT;
+
+	e.code = (Apollo__ErrorCode)ap_error_wire_code(code);
+	e.message = (char *)msg;
+	env.id = id;
+	env.msg_case = APOLLO__ENVELOPE__MSG_ERROR;
+	env.error = &e;
+	c->srv->errors++;
+	ap_log(AP_LOG_DEBUG, "error reply (%s): %s", ap_error_name(code), msg);
+	send_packed(c, &env);
+}
+
+/* ---- connections ------------------------------------------------------- */
+
+static void conn_unref(conn *c)
+{
+	if (--c->refs == 0) {
+		free(c->payload);
+		free(c);
+	}
+}
+
+static void on_conn_close(uv_handle_t *h)
+{
+	conn *c = h->data;
+	ap_server *s = c->srv;
+
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		s->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	s->n_clients--;
+	conn_unref(c);
+	if (s->closing_all && !s->conns && s->grace_open && !uv_is_closing((uv_handle_t *)&s->grace))
+		uv_close((uv_handle_t *)&s->grace, NULL);
+}
+
+static void conn_close(conn *c)
+{
+	if (c->closing)
+		return;
+	c->closing = true;
+	uv_read_stop(&c->h.stream);
+	uv_close(&c->h.handle, on_conn_close);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+	conn_close(req->data);
+}
+
+/* Closes the connection once the writes queued before it are flushed. */
+static void conn_shutdown(conn *c)
+{
+	if (c->closing || c->shutting)
+		return;
+	c->shutting = true;
+	uv_read_stop(&c->h.stream);
+	c->shutdown_req.data = c;
+	if (uv_shutdown(&c->shutdown_req, &c->h.stream, on_shutdown))
+		conn_close(c);
+}
+
+/* ---- requests ------------------------------------------------------------ */
+
+static void work_compile(uv_work_t *req)
+{
+	struct job *j = req->data;
+	Apollo__CompileResponse *resp = ap_compile_run(j->compiler, j->env->compile);
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+
+	if (!resp)
+		return;   /* out of memory: after_compile answers */
+	env.id = j->env->id;
+	env.msg_case = APOLLO__ENVELOPE__MSG_COMPILED;
+	env.compiled = resp;
+	j->frame = pack_frame(&env, &j->frame_len);
+	ap_compile_response_free(resp);
+}
+
+static void after_compile(uv_work_t *req, int status)
+{
+	struct job *j = req->data;
+	conn *c = j->c;
+	ap_server *s = c->srv;
+
+	s->in_flight--;
+	c->jobs--;
+	if (c->closing || c->shutting) {
+		ap_log(AP_LOG_DEBUG, "request %llu: the client left before its reply",
+		       (unsigned long long)j->env->id);
+		free(j->frame);
+	} else if (!j->frame) {
+		send_error(c, j->env->id, AP_ENOMEM, "out of memory building the reply");
+	} else {
+		send_frame(c, j->frame, j->frame_len);
+	}
+	if (c->eof && !c->jobs)
+		conn_shutdown(c);
+	apollo__envelope__free_unpacked(j->env, NULL);
+	free(j);
+	conn_unref(c);
+	maybe_finish_drain(s);
+}
+
+/* A compile request that cannot be queued gets a CompileResponse error. */
+static void send_compile_error(conn *c, uint64_t id, int code, const char *msg)
+{
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	Apollo__CompileResponse r = APOLLO__COMPILE_RESPONSE__INIT;
+	Apollo__Error e = APOLLO__ERROR__INIT;
+
+	e.code = (Apollo__ErrorCode)ap_error_wire_code(code);
+	e.message = (char *)msg;
+	r.result_case = APOLLO__COMPILE_RESPONSE__RESULT_ERROR;
+	r.error = &e;
+	env.id = id;
+	env.msg_case = APOLLO__ENVELOPE__MSG_COMPILED;
+	env.compiled = &r;
+	c->srv->errors++;
+	send_packed(c, &env);
+}
+
+static void handle_compile(conn *c, Apollo__Envelope *env)
+{
+	ap_server *s = c->srv;
+	struct job *j;
+	int r;
+
+	if (s->draining) {
+		send_compile_error(c, env->id, AP_EBUSY, "apollod is shutting down");
+		apollo__envelope__free_unpacked(env, NULL);
+		return;
+	}
+	if (s->in_flight >= s->max_pending) {
+		char msg[128];
+		snprintf(msg, sizeof(msg), "%u compile requests are pending (max_pending)",
+			 s->in_flight);
+		send_compile_error(c, env->id, AP_EBUSY, msg);
+		apollo__envelope__free_unpacked(env, NULL);
+		return;
+	}
+	j = calloc(1, sizeof(*j));
+	if (!j) {
+		send_compile_error(c, env->id, AP_ENOMEM, "out of memory queueing the request");
+		apollo__envelope__free_unpacked(env, NULL);
+		return;
+	}
+	j->c = c;
+	j->compiler = s->compiler;
+	j->env = env;
+	j->req.data = j;
+	r = uv_queue_work(&s->loop, &j->req, work_compile, after_compile);
+	if (r) {
+		send_compile_error(c, env->id, AP_EINTERNAL, uv_strerror(r));
+		apollo__envelope__free_unpacked(env, NULL);
+		free(j);
+		return;
+	}
+	c->refs++;
+	c->jobs++;
+	s->in_flight++;
+}
+
+/* True when the Hello's client string holds the word "token=TOKEN". */
+static bool token_ok(const char *client, const char *token)
+{
+	size_t tn = strlen(token);
+
+	for (const char *p = client; (p = strstr(p, "token=")); p++) {
+		const char *v = p + 6;
+		size_t n = strcspn(v, " \t");
+		unsigned diff = 0;
+
+		if (p != client && p[-1] != ' ' && p[-1] != '\t')
+			continue;
+		if (n != tn)
+			continue;
+		for (size_t i = 0; i < n; i++)
+			diff |= (unsigned char)v[i] ^ (unsigned char)token[i];
+		if (!diff)
+			return true;
+	}
+	return false;
+}
+
+static void handle_hello(conn *c, Apollo__Envelope *req)
+{
+	ap_server *s = c->srv;
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	Apollo__HelloReply r = APOLLO__HELLO_REPLY__INIT;
+	const char *nv = ap_nvrtc_version();
+
+	if (req->hello->schema_version != APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT) {
+		char msg[160];
+		snprintf(msg, sizeof(msg), "schema version %u is not supported; apollod speaks %d",
+			 req->hello->schema_version, APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT);
+		send_error(c, req->id, AP_EVERSION, msg);
+		if (c->is_tcp && !c->authed)
+			conn_shutdown(c);
+		return;
+	}
+	if (c->is_tcp && !c->authed) {
+		if (!token_ok(req->hello->client, s->tcp_token)) {
+			send_error(c, req->id, AP_EVERSION,
+				   "TCP clients must send the token (Hello.client containing token=SECRET)");
+			conn_shutdown(c);
+			return;
+		}
+		c->authed = true;
+	}
+	r.schema_version = APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
+	r.server = SERVER_NAME;
+	r.nvrtc_version = (char *)(nv ? nv : "");
+	r.n_targets = s->n_targets;
+	r.targets = s->targets;
+	env.id = req->id;
+	env.msg_case = APOLLO__ENVELOPE__MSG_HELLO_REPLY;
+	env.hello_reply = &r;
+	send_packed(c, &env);
+}
+
+static void handle_stats(conn *c, uint64_t id)
+{
+	ap_server *s = c->srv;
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	Apollo__StatsReply r = APOLLO__STATS_REPLY__INIT;
+	ap_compile_counters cc;
+	ap_cache_counts kc;
+
+	ap_compiler_get_counters(s->compiler, &cc);
+	ap_cache_get_counts(s->cache, &kc);
+	r.requests = s->requests;
+	r.errors = s->errors + cc.errors;
+	r.cache_hits = cc.cache_hits;
+	r.cache_misses = cc.cache_misses;
+	r.kernels_compiled = cc.kernels_compiled;
+	r.cache_entries = kc.actions + kc.kernels;
+	r.cache_blob_bytes = kc.blob_bytes;
+	r.clients = s->n_clients;
+	r.in_flight = s->in_flight;
+	r.uptime_s = (ap_now_ms() - s->start_ms) / 1e3;
+	env.id = id;
+	env.msg_case = APOLLO__ENVELOPE__MSG_STATS_REPLY;
+	env.stats_reply = &r;
+	send_packed(c, &env);
+}
+
+static void handle_ping(conn *c, uint64_t id)
+{
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	Apollo__PingReply r = APOLLO__PING_REPLY__INIT;
+
+	r.server = SERVER_NAME;
+	env.id = id;
+	env.msg_case = APOLLO__ENVELOPE__MSG_PONG;
+	env.pong = &r;
+	send_packed(c, &env);
+}
+
+/* One complete frame payload (consumed). */
+static void handle_frame(conn *c, uint8_t *payload, uint32_t len)
+{
+	ap_server *s = c->srv;
+	Apollo__Envelope *env = apollo__envelope__unpack(NULL, len, payload);
+	char msg[200];
+
+	free(payload);
+	s->requests++;
+	if (!env) {
+		snprintf(msg, sizeof(msg),
+			 "a frame of %u bytes does not decode as an apollo.Envelope", len);
+		send_error(c, 0, AP_EMESSAGE, msg);
+		return;
+	}
+	if (c->is_tcp && !c->authed && env->msg_case != APOLLO__ENVELOPE__MSG_HELLO) {
+		send_error(c, env->id, AP_EVERSION,
+			   "a TCP client's first message must be a Hello carrying the token");
+		apollo__envelope__free_unpacked(env, NULL);
+		conn_shutdown(c);
+		return;
+	}
+	switch (env->msg_case) {
+	case APOLLO__ENVELOPE__MSG_PING:
+		handle_ping(c, env->id);
+		break;
+	case APOLLO__ENVELOPE__MSG_HELLO:
+		handle_hello(c, env);
+		break;
+	case APOLLO__ENVELOPE__MSG_STATS:
+		handle_stats(c, env->id);
+		break;
+	case APOLLO__ENVELOPE__MSG_COMPILE:
+		handle_compile(c, env);   /* takes env */
+		return;
+	case APOLLO__ENVELOPE__MSG__NOT_SET:
+		send_error(c, env->id, AP_EMESSAGE, "the Envelope carries no message");
+		break;
+	default:
+		snprintf(msg, sizeof(msg), "Envelope field %d is a reply, not a request",
+			 (int)env->msg_case);
+		send_error(c, env->id, AP_EMESSAGE, msg);
+		break;
+	}
+	apollo__envelope__free_unpacked(env, NULL);
+}
+
+/* Feeds `n` received bytes through the frame state machine. */
+static void consume(conn *c, const uint8_t *p, size_t n)
+{
+	ap_server *s = c->srv;
+
+	while (n > 0 && !c->closing && !c->shutting) {
+		if (c->hdr_have < AP_FRAME_HEADER_BYTES) {
+			size_t take = AP_FRAME_HEADER_BYTES - c->hdr_have;
+			ap_error err;
+			int rc;
+
+			if (take > n)
+				take = n;
+			memcpy(c->hdr + c->hdr_have, p, take);
+			c->hdr_have += (unsigned)take;
+			p += take;
+			n -= take;
+			if (c->hdr_have < AP_FRAME_HEADER_BYTES)
+				return;
+			c->want = ap_frame_get_len(c->hdr);
+			rc = ap_frame_check_len(c->want, s->max_frame, &err);
+			if (rc) {
+				s->requests++;
+				send_error(c, 0, rc, err.msg);
+				conn_shutdown(c);
+				return;
+			}
+			c->payload = malloc(c->want);
+			if (!c->payload) {
+				s->requests++;
+				send_error(c, 0, AP_ENOMEM, "out of memory for the frame");
+				conn_shutdown(c);
+				return;
+			}
+			c->have = 0;
+			continue;
+		}
+		size_t take = c->want - c->have;
+		if (take > n)
+			take = n;
+		memcpy(c->payload + c->have, p, take);
+		c->have += (uint32_t)take;
+		p += take;
+		n -= take;
+		if (c->have == c->want) {
+			uint8_t *payload = c->payload;
+			c->payload = NULL;
+			c->hdr_have = 0;
+			handle_frame(c, payload, c->want);
+		}
+	}
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	conn *c = h->data;
+
+	buf->base = c->rbuf;
+	buf->len = sizeof(c->rbuf);
+}
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+	conn *c = stream->data;
+
+	if (nread > 0) {
+		consume(c, (const uint8_t *)buf->base, (size_t)nread);
+		return;
+	}
+	if (nread == 0)
+		return;
+	if (c->hdr_have > 0)
+		ap_log(AP_LOG_DEBUG, "client disconnected in the middle of a frame (%u of %u bytes)",
+		       c->hdr_have < AP_FRAME_HEADER_BYTES ? c->hdr_have : c->have,
+		       c->hdr_have < AP_FRAME_HEADER_BYTES ? AP_FRAME_HEADER_BYTES : c->want);
+	free(c->payload);
+	c->payload = NULL;
+	c->hdr_have = 0;
+	if (nread == UV_EOF && c->jobs) {
+		/* Half-closed: answer what is running, then close. */
+		c->eof = true;
+		uv_read_stop(stream);
+		return;
+	}
+	if (nread == UV_EOF)
+		conn_shutdown(c);
+	else
+		conn_close(c);
+}
+
+static void on_connection(uv_stream_t *listener, int status)
+{
+	ap_server *s = listener->data;
+	bool is_tcp = listener == (uv_stream_t *)&s->tcp;
+	conn *c;
+	int r;
+
+	if (status < 0) {
+		ap_log(AP_LOG_WARN, "accept: %s", uv_strerror(status));
+		return;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		ap_log(AP_LOG_ERROR, "out of memory accepting a connection");
+		return;
+	}
+	c->srv = s;
+	c->is_tcp = is_tcp;
+	c->refs = 1;
+	r = is_tcp ? uv_tcp_init(&s->loop, &c->h.tcp) : uv_pipe_init(&s->loop, &c->h.pipe, 0);
+	if (r) {
+		free(c);
+		return;
+	}
+	c->h.handle.data = c;
+	c->next = s->conns;
+	if (s->conns)
+		s->conns->prev = c;
+	s->conns = c;
+	s->n_clients++;
+	r = uv_accept(listener, &c->h.stream);
+	if (r) {
+		ap_log(AP_LOG_WARN, "accept: %s", uv_strerror(r));
+		conn_close(c);
+		return;
+	}
+	if (s->n_clients > s->max_clients) {
+		char msg[96];
+		snprintf(msg, sizeof(msg), "apollod serves at most %u clients at once", s->max_clients);
+		send_error(c, 0, AP_EBUSY, msg);
+		conn_shutdown(c);
+		return;
+	}
+	r = uv_read_start(&c->h.stream, on_alloc, on_read);
+	if (r)
+		conn_close(c);
+	ap_log(AP_LOG_DEBUG, "client connected (%u open)", s->n_clients);
+}
+
+/* ---- shutdown ------------------------------------------------------------ */
+
+static void on_grace(uv_timer_t *t)
+{
+	ap_server *s = t->data;
+
+	ap_log(AP_LOG_WARN, "closing %u connections that did not take their replies", s->n_clients);
+	for (conn *c = s->conns; c; c = c->next)
+		conn_close(c);
+	uv_close((uv_handle_t *)&s->grace, NULL);
+}
+
+static void maybe_finish_drain(ap_server *s)
+{
+	if (!s->draining || s->in_flight > 0 || s->closing_all)
+		return;
+	s->closing_all = true;
+	ap_log(AP_LOG_INFO, "no request in flight: closing %u connections", s->n_clients);
+	for (conn *c = s->conns, *next; c; c = next) {
+		next = c->next;
+		conn_shutdown(c);
+	}
+	if (s->signals_open) {
+		uv_close((uv_handle_t *)&s->sigterm, NULL);
+		uv_close((uv_handle_t *)&s->sigint, NULL);
+		s->signals_open = false;
+	}
+	if (s->conns && uv_timer_init(&s->loop, &s->grace) == 0) {
+		s->grace.data = s;
+		s->grace_open = true;
+		uv_timer_start(&s->grace, on_grace, GRACE_MS, 0);
+		uv_unref((uv_handle_t *)&s->grace);
+	}
+}
+
+static void remove_socket_file(ap_server *s)
+{
+	if (s->own_socket_file) {
+		unlink(s->socket_path);
+		s->own_socket_file = false;
+	}
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+	ap_server *s = h->data;
+
+	if (s->draining) {
+		ap_log(AP_LOG_WARN, "%s again: still finishing %u requests", strsignal(signum),
+		       s->in_flight);
+		return;
+	}
+	s->draining = true;
+	ap_log(AP_LOG_INFO, "%s: no new connections; finishing %u requests in flight",
+	       strsignal(signum), s->in_flight);
+	if (s->pipe_open) {
+		uv_close((uv_handle_t *)&s->pipe, NULL);
+		s->pipe_open = false;
+	}
+	if (s->tcp_open) {
+		uv_close((uv_handle_t *)&s->tcp, NULL);
+		s->tcp_open = false;
+	}
+	remove_socket_file(s);
+	maybe_finish_drain(s);
+}
+
+/* ---- set-up -------------------------------------------------------------- */
+
+/* Refuses a live daemon's socket; removes a stale one.  0 or AP_E*. */
+static int claim_socket_path(const char *path, ap_error *err)
+{
+	struct sockaddr_un addr;
+	struct stat st;
+	int fd, r;
+
+	if (lstat(path, &st)) {
+		if (errno == ENOENT)
+			return 0;
+		return ap_error_set(err, AP_EIO, NULL, NULL, "socket %s: %s", path, strerror(errno));
+	}
+	if (!S_ISSOCK(st.st_mode))
+		return ap_error_set(err, AP_EIO, NULL, NULL,
+				    "%s exists and is not a socket; not removing it", path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "socket: %s", strerror(errno));
+	memset(&addr, 0, sizeof(addr));
+	addr.sun_family = AF_UNIX;
+	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
+	r = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
+	if (r == 0) {
+		close(fd);
+		return ap_error_set(err, AP_EBUSY, NULL, NULL,
+				    "another apollod is already listening on %s", path);
+	}
+	r = errno;
+	close(fd);
+	if (r != ECONNREFUSED && r != ENOENT)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot probe socket %s: %s", path,
+				    strerror(r));
+	ap_log(AP_LOG_INFO, "removing stale socket %s", path);
+	if (unlink(path) && errno != ENOENT)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot remove stale socket %s: %s", path,
+				    strerror(errno));
+	return 0;
+}
+
+static int parse_host_port(const char *spec, struct sockaddr_storage *addr, ap_error *err)
+{
+	char host[256];
+	const char *colon, *port_s;
+	char *end;
+	long port;
+	bool v6 = false;
+
+	if (spec[0] == '[') {
+		const char *rb = strchr(spec, ']');
+		if (!rb || rb[1] != ':')
+			goto bad;
+		if ((size_t)(rb - spec - 1) >= sizeof(host))
+			goto bad;
+		memcpy(host, spec + 1, (size_t)(rb - spec - 1));
+		host[rb - spec - 1] = '\0';
+		port_s = rb + 2;
+		v6 = true;
+	} else {
+		colon = strrchr(spec, ':');
+		if (!colon || (size_t)(colon - spec) >= sizeof(host))
+			goto bad;
+		memcpy(host, spec, (size_t)(colon - spec));
+		host[colon - spec] = '\0';
+		port_s = colon + 1;
+	}
+	port = strtol(port_s, &end, 10);
+	if (end == port_s || *end || port < 0 || port > 65535)
+		goto bad;
+	if (!*host)
+		snprintf(host, sizeof(host), "0.0.0.0");
+	if (v6 ? uv_ip6_addr(host, (int)port, (struct sockaddr_in6 *)addr)
+	       : uv_ip4_addr(host, (int)port, (struct sockaddr_in *)addr))
+		goto bad;
+	return 0;
+bad:
+	return ap_error_set(err, AP_EINVAL, NULL, NULL,
+			    "tcp: '%s' is not HOST:PORT (an IPv4 address, or [IPv6]:PORT)", spec);
+}
+
+static int make_targets(ap_server *s)
+{
+	int archs[64];
+	int n = ap__nvrtc_archs(archs, 64);
+	size_t k = 0;
+
+	s->targets = calloc((size_t)(1 + 3 * n), sizeof(char *));
+	if (!s->targets)
+		return AP_ENOMEM;
+	s->targets[k++] = strdup("cpu");
+	for (int i = 0; i < n; i++) {
+		char t[32];
+		snprintf(t, sizeof(t), "sm_%d", archs[i]);
+		s->targets[k++] = strdup(t);
+		if (archs[i] >= 90) {
+			snprintf(t, sizeof(t), "sm_%da", archs[i]);
+			s->targets[k++] = strdup(t);
+		}
+		snprintf(t, sizeof(t), "compute_%d", archs[i]);
+		s->targets[k++] = strdup(t);
+	}
+	s->n_targets = k;
+	for (size_t i = 0; i < k; i++)
+		if (!s->targets[i])
+			return AP_ENOMEM;
+	return 0;
+}
+
+int ap_server_new(const ap_config *cfg, ap_compiler *compiler, ap_cache *cache,
+		  ap_server **out, ap_error *err)
+{
+	ap_server *s;
+	char threads[16];
+	mode_t old_mask;
+	int r, rc;
+
+	*out = NULL;
+	if (cfg->tcp[0] && !cfg->tcp_token[0])
+		return ap_error_set(err, AP_EINVAL, NULL, NULL,
+				    "tcp is set but tcp_token is empty: TCP clients must authenticate");
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	s->compiler = compiler;
+	s->cache = cache;
+	s->max_frame = (uint32_t)cfg->max_frame_bytes;
+	s->max_clients = (unsigned)cfg->max_clients;
+	s->max_pending = (unsigned)cfg->max_pending;
+	snprintf(s->tcp_token, sizeof(s->tcp_token), "%s", cfg->tcp_token);
+	s->start_ms = ap_now_ms();
+	if (cfg->socket[0])
+		snprintf(s->socket_path, sizeof(s->socket_path), "%s", cfg->socket);
+	else if (ap_default_socket_path(s->socket_path, sizeof(s->socket_path))) {
+		free(s);
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "socket path is too long");
+	}
+	if (make_targets(s)) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		goto error;
+	}
+
+	/* libuv reads the pool size when the pool first starts. */
+	snprintf(threads, sizeof(threads), "%u",
+		 cfg->workers ? (unsigned)cfg->workers : uv_available_parallelism());
+	setenv("UV_THREADPOOL_SIZE", threads, 1);
+	signal(SIGPIPE, SIG_IGN);
+
+	r = uv_loop_init(&s->loop);
+	if (r) {
+		rc = ap_error_set(err, AP_EIO, NULL, NULL, "uv_loop_init: %s", uv_strerror(r));
+		goto error;
+	}
+	s->loop_ready = true;
+
+	rc = claim_socket_path(s->socket_path, err);
+	if (rc)
+		goto error;
+	uv_pipe_init(&s->loop, &s->pipe, 0);
+	s->pipe.data = s;
+	s->pipe_open = true;
+	old_mask = umask(~(mode_t)cfg->socket_mode & 0777);
+	r = uv_pipe_bind(&s->pipe, s->socket_path);
+	umask(old_mask);
+	if (r) {
+		rc = ap_error_set(err, AP_EIO, NULL, NULL, "cannot bind %s: %s", s->socket_path,
+				  uv_strerror(r));
+		goto error;
+	}
+	s->own_socket_file = true;
+	chmod(s->socket_path, (mode_t)cfg->socket_mode);
+	r = uv_listen((uv_stream_t *)&s->pipe, 128, on_connection);
+	if (r) {
+		rc = ap_error_set(err, AP_EIO, NULL, NULL, "cannot listen on %s: %s", s->socket_path,
+				  uv_strerror(r));
+		goto error;
+	}
+
+	if (cfg->tcp[0]) {
+		struct sockaddr_storage addr;
+		if ((rc = parse_host_port(cfg->tcp, &addr, err)))
+			goto error;
+		uv_tcp_init(&s->loop, &s->tcp);
+		s->tcp.data = s;
+		s->tcp_open = true;
+		r = uv_tcp_bind(&s->tcp, (const struct sockaddr *)&addr, 0);
+		if (!r)
+			r = uv_listen((uv_stream_t *)&s->tcp, 128, on_connection);
+		if (r) {
+			rc = ap_error_set(err, AP_EIO, NULL, NULL, "cannot listen on TCP %s: %s", cfg->tcp,
+					  uv_strerror(r));
+			goto error;
+		}
+	}
+
+	uv_signal_init(&s->loop, &s->sigterm);
+	uv_signal_init(&s->loop, &s->sigint);
+	s->sigterm.data = s->sigint.data = s;
+	s->signals_open = true;
+	uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+	uv_signal_start(&s->sigint, on_signal, SIGINT);
+	*out = s;
+	return 0;
+error:
+	ap_server_free(s);
+	return rc;
+}
+
+int ap_server_run(ap_server *s)
+{
+	int r;
+
+	ap_log(AP_LOG_INFO, "listening on %s%s", s->socket_path, s->tcp_open ? " and TCP" : "");
+	r = uv_run(&s->loop, UV_RUN_DEFAULT);
+	remove_socket_file(s);
+	ap_log(AP_LOG_INFO, "stopped (%llu requests served)", (unsigned long long)s->requests);
+	return r < 0 ? AP_EIO : 0;
+}
+
+const char *ap_server_socket_path(const ap_server *s)
+{
+	return s->socket_path;
+}
+
+/* uv_walk callback: closes a handle left open (the loop's own internal
+ * handles are not listed by uv_walk). */
+static void close_any(uv_handle_t *h, void *arg)
+{
+	ap_server *s = arg;
+	bool server_handle = h == (uv_handle_t *)&s->pipe || h == (uv_handle_t *)&s->tcp ||
+			     h == (uv_handle_t *)&s->sigterm || h == (uv_handle_t *)&s->sigint ||
+			     h == (uv_handle_t *)&s->grace;
+
+	if (uv_is_closing(h))
+		return;
+	if (server_handle)
+		uv_close(h, NULL);
+	else
+		conn_close(h->data);
+}
+
+ap_server *ap_server_free(ap_server *s)
+{
+	if (!s)
+		return NULL;
+	if (s->loop_ready) {
+		uv_walk(&s->loop, close_any, s);
+		uv_run(&s->loop, UV_RUN_DEFAULT);
+		if (uv_loop_close(&s->loop))
+			ap_log(AP_LOG_WARN, "the event loop still had open handles at exit");
+	}
+	remove_socket_file(s);
+	for (size_t i = 0; i < s->n_targets; i++)
+		free(s->targets[i]);
+	free(s->targets);
+	free(s);
+	return NULL;
+}

@@ -1,0 +1,400 @@
+/* check_cache.c -- the SQLite cache (server/cache/cache.c): action cache,
+ * content-addressed blobs verified on read, the kernel cache, concurrent
+ * writers, persistence, and a cache that cannot work turning itself off. */
+#include <check.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/graph.h"
+#include "server/cache/cache.h"
+#include "server/config.h"
+
+static char dir[64];
+static char db[128];
+
+static void setup(void)
+{
+	snprintf(dir, sizeof(dir), "/tmp/apollo-cache-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	/* A directory that does not exist yet: open creates it. */
+	snprintf(db, sizeof(db), "%s/sub/dir/cache.db", dir);
+	ap_log_set_level(AP_LOG_ERROR);
+}
+
+static void teardown(void)
+{
+	char cmd[128];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "cannot remove %s\n", dir);
+}
+
+static void key_of(const char *s, uint8_t key[32])
+{
+	ap_sha256(s, strlen(s), key);
+}
+
+static ap_cache *open_ok(void)
+{
+	ap_cache *c = NULL;
+	ap_error err;
+
+	ck_assert_int_eq(ap_cache_open(db, &c, &err), 0);
+	ck_assert_ptr_nonnull(c);
+	ck_assert(ap_cache_enabled(c));
+	ck_assert_str_eq(ap_cache_path(c), db);
+	return c;
+}
+
+START_TEST(put_get)
+{
+	ap_cache *c = open_ok();
+	uint8_t k1[32], k2[32], *val = NULL;
+	size_t len = 0;
+	ap_cache_counts n;
+
+	key_of("graph one", k1);
+	key_of("graph two", k2);
+	ck_assert_int_eq(ap_cache_get(c, k1, &val, &len), 0);
+	ck_assert_int_eq(ap_cache_put(c, k1, (const uint8_t *)"bundle-1", 8), 0);
+	ck_assert_int_eq(ap_cache_get(c, k1, &val, &len), 1);
+	ck_assert_uint_eq(len, 8);
+	ck_assert_int_eq(memcmp(val, "bundle-1", 8), 0);
+	free(val);
+	ck_assert_int_eq(ap_cache_get(c, k2, &val, &len), 0);
+
+	/* Replacing a key's value: the newest wins, still one entry. */
+	ck_assert_int_eq(ap_cache_put(c, k1, (const uint8_t *)"bundle-1b", 9), 0);
+	ck_assert_int_eq(ap_cache_get(c, k1, &val, &len), 1);
+	ck_assert_uint_eq(len, 9);
+	ck_assert_int_eq(memcmp(val, "bundle-1b", 9), 0);
+	free(val);
+	ap_cache_get_counts(c, &n);
+	ck_assert_uint_eq(n.actions, 1);
+	ck_assert_uint_eq(n.blobs, 2);
+	ck_assert_uint_eq(n.blob_bytes, 17);
+
+	/* An empty value is a value. */
+	ck_assert_int_eq(ap_cache_put(c, k2, (const uint8_t *)"", 0), 0);
+	ck_assert_int_eq(ap_cache_get(c, k2, &val, &len), 1);
+	ck_assert_uint_eq(len, 0);
+	free(val);
+	ap_cache_free(c);
+}
+END_TEST
+
+START_TEST(persists_across_open)
+{
+	ap_cache *c = open_ok();
+	uint8_t k[32], *val = NULL;
+	size_t len = 0;
+	ap_cache_counts n;
+
+	key_of("persist", k);
+	ck_assert_int_eq(ap_cache_put(c, k, (const uint8_t *)"abc", 3), 0);
+	ap_cache_free(c);
+	c = open_ok();
+	ck_assert_int_eq(ap_cache_get(c, k, &val, &len), 1);
+	ck_assert_int_eq(memcmp(val, "abc", 3), 0);
+	free(val);
+	ap_cache_get_counts(c, &n);   /* counted again at open */
+	ck_assert_uint_eq(n.actions, 1);
+	ck_assert_uint_eq(n.blobs, 1);
+	ck_assert_uint_eq(n.blob_bytes, 3);
+	ap_cache_free(c);
+}
+END_TEST
+
+/* A blob whose bytes no longer match its digest is a miss, and its row is
+ * deleted; storing the bytes again repairs it. */
+START_TEST(digest_mismatch_is_a_miss)
+{
+	ap_cache *c = open_ok();
+	const uint8_t good[] = "the compiled kernel";
+	uint8_t digest[32], want[32], k[32], *val = NULL;
+	size_t len = 0;
+	ap_cache_counts n;
+
+	ck_assert_int_eq(ap_cache_blob_put(c, good, sizeof(good), digest), 0);
+	ap_sha256(good, sizeof(good), want);
+	ck_assert_int_eq(memcmp(digest, want, 32), 0);
+	ck_assert_int_eq(ap_cache_blob_get(c, digest, &val, &len), 1);
+	free(val);
+
+	ck_assert_int_eq(ap__cache_blob_overwrite(c, digest, (const uint8_t *)"tampered", 8), 0);
+	val = NULL;
+	ck_assert_int_eq(ap_cache_blob_get(c, digest, &val, &len), 0);
+	ck_assert_ptr_null(val);
+	ap_cache_get_counts(c, &n);
+	ck_assert_uint_eq(n.blobs, 0);
+	/* The row is gone, not only skipped: overwriting finds nothing now,
+	 * and a later store puts the right bytes back. */
+	ck_assert_int_eq(ap_cache_blob_get(c, digest, &val, &len), 0);
+	ck_assert_int_eq(ap_cache_blob_put(c, good, sizeof(good), NULL), 0);
+	ck_assert_int_eq(ap_cache_blob_get(c, digest, &val, &len), 1);
+	ck_assert_int_eq(memcmp(val, good, sizeof(good)), 0);
+	free(val);
+
+	/* Through the action cache too. */
+	key_of("action", k);
+	ck_assert_int_eq(ap_cache_put(c, k, (const uint8_t *)"bundle bytes", 12), 0);
+	ap_sha256("bundle bytes", 12, digest);
+	ck_assert_int_eq(ap__cache_blob_overwrite(c, digest, (const uint8_t *)"bundle bytez", 12), 0);
+	ck_assert_int_eq(ap_cache_get(c, k, &val, &len), 0);
+	ap_cache_free(c);
+}
+END_TEST
+
+/* Two kernel keys naming the same bytes store them once. */
+START_TEST(kernel_shared_by_two_keys)
+{
+	ap_cache *c = open_ok();
+	const uint8_t ptx[] = ".version 8.0\n.target sm_80\n";
+	uint8_t k1[32], k2[32], d1[32], d2[32], dg[32], *val = NULL;
+	size_t len = 0;
+	ap_cache_counts n;
+
+	key_of("kernel of graph A", k1);
+	key_of("kernel of graph B", k2);
+	ck_assert_int_eq(ap_cache_kernel_get(c, k1, &val, &len, dg), 0);
+	ck_assert_int_eq(ap_cache_kernel_put(c, k1, ptx, sizeof(ptx), d1), 0);
+	ck_assert_int_eq(ap_cache_kernel_put(c, k2, ptx, sizeof(ptx), d2), 0);
+	ck_assert_int_eq(memcmp(d1, d2, 32), 0);
+	ap_cache_get_counts(c, &n);
+	ck_assert_uint_eq(n.kernels, 2);
+	ck_assert_uint_eq(n.blobs, 1);
+	ck_assert_uint_eq(n.blob_bytes, sizeof(ptx));
+	ck_assert_int_eq(ap_cache_kernel_get(c, k2, &val, &len, dg), 1);
+	ck_assert_uint_eq(len, sizeof(ptx));
+	ck_assert_int_eq(memcmp(val, ptx, len), 0);
+	ck_assert_int_eq(memcmp(dg, d1, 32), 0);
+	free(val);
+	ap_cache_free(c);
+}
+END_TEST
+
+struct writer {
+	ap_cache *c;
+	int id, failures;
+};
+
+static void *writer_main(void *arg)
+{
+	struct writer *w = arg;
+
+	for (int i = 0; i < 150; i++) {
+		char name[64], value[64];
+		uint8_t k[32];
+
+		snprintf(name, sizeof(name), "writer %d key %d", w->id, i);
+		snprintf(value, sizeof(value), "value %d/%d", w->id, i);
+		key_of(name, k);
+		if (ap_cache_put(w->c, k, (const uint8_t *)value, strlen(value)))
+			w->failures++;
+		/* Both writers also store one shared kernel. */
+		key_of(name, k);
+		k[0] ^= 0xff;
+		if (ap_cache_kernel_put(w->c, k, (const uint8_t *)"shared", 6, NULL))
+			w->failures++;
+	}
+	return NULL;
+}
+
+/* Two threads on one cache and two threads on a second cache object for the
+ * same file (two daemons sharing it): every write lands. */
+START_TEST(concurrent_writers)
+{
+	ap_cache *c1 = open_ok(), *c2 = open_ok();
+	struct writer w[4] = { { c1, 0, 0 }, { c1, 1, 0 }, { c2, 2, 0 }, { c2, 3, 0 } };
+	pthread_t t[4];
+	ap_cache_counts n;
+
+	for (int i = 0; i < 4; i++)
+		ck_assert_int_eq(pthread_create(&t[i], NULL, writer_main, &w[i]), 0);
+	for (int i = 0; i < 4; i++)
+		pthread_join(t[i], NULL);
+	for (int i = 0; i < 4; i++)
+		ck_assert_int_eq(w[i].failures, 0);
+	ck_assert(ap_cache_enabled(c1));
+	ck_assert(ap_cache_enabled(c2));
+	for (int id = 0; id < 4; id++) {
+		for (int i = 0; i < 150; i += 7) {
+			char name[64], value[64];
+			uint8_t k[32], *val = NULL;
+			size_t len = 0;
+
+			snprintf(name, sizeof(name), "writer %d key %d", id, i);
+			snprintf(value, sizeof(value), "value %d/%d", id, i);
+			key_of(name, k);
+			ck_assert_int_eq(ap_cache_get(c1, k, &val, &len), 1);
+			ck_assert_uint_eq(len, strlen(value));
+			ck_assert_int_eq(memcmp(val, value, len), 0);
+			free(val);
+		}
+	}
+	ap_cache_free(c1);
+	ap_cache_free(c2);
+	c1 = open_ok();
+	ap_cache_get_counts(c1, &n);
+	ck_assert_uint_eq(n.actions, 600);
+	ck_assert_uint_eq(n.kernels, 600);
+	ck_assert_uint_eq(n.blobs, 601);
+	ap_cache_free(c1);
+}
+END_TEST
+
+/* A path that cannot hold a database: the cache is off, lookups miss,
+ * stores fail softly, nothing crashes. */
+START_TEST(unopenable_path_degrades)
+{
+	char file[128], path[160];
+	ap_cache *c = NULL;
+	ap_error err;
+	uint8_t k[32], *val = NULL;
+	size_t len = 0;
+	FILE *f;
+
+	snprintf(file, sizeof(file), "%s/plainfile", dir);
+	f = fopen(file, "w");
+	ck_assert_ptr_nonnull(f);
+	fclose(f);
+	snprintf(path, sizeof(path), "%s/cache.db", file);   /* under a regular file */
+	ck_assert_int_eq(ap_cache_open(path, &c, &err), AP_EIO);
+	ck_assert_ptr_nonnull(c);
+	ck_assert(!ap_cache_enabled(c));
+	ck_assert_ptr_nonnull(strstr(err.msg, "plainfile"));
+	key_of("k", k);
+	ck_assert_int_lt(ap_cache_put(c, k, (const uint8_t *)"v", 1), 0);
+	ck_assert_int_eq(ap_cache_get(c, k, &val, &len), 0);
+	ck_assert_int_lt(ap_cache_kernel_put(c, k, (const uint8_t *)"v", 1, NULL), 0);
+	ck_assert_int_eq(ap_cache_kernel_get(c, k, &val, &len, NULL), 0);
+	ap_cache_free(c);
+}
+END_TEST
+
+/* A file that is not an SQLite database. */
+START_TEST(garbage_file_degrades)
+{
+	char path[160];
+	ap_cache *c = NULL;
+	ap_error err;
+	uint8_t k[32], *val = NULL;
+	size_t len = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/garbage.db", dir);
+	f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	for (int i = 0; i < 8192; i++)
+		fputc("not a database "[i % 15], f);
+	fclose(f);
+	ck_assert_int_eq(ap_cache_open(path, &c, &err), AP_EIO);
+	ck_assert(!ap_cache_enabled(c));
+	key_of("k", k);
+	ck_assert_int_eq(ap_cache_get(c, k, &val, &len), 0);
+	ap_cache_free(c);
+}
+END_TEST
+
+/* The file is destroyed while the cache is open: the next operation turns
+ * the cache off instead of failing the caller. */
+START_TEST(io_error_at_run_time_degrades)
+{
+	ap_cache *c = open_ok();
+	uint8_t k[32], *val = NULL;
+	size_t len = 0;
+	char junk[4096];
+	int fd;
+
+	key_of("before", k);
+	ck_assert_int_eq(ap_cache_put(c, k, (const uint8_t *)"v", 1), 0);
+	memset(junk, 'J', sizeof(junk));
+	/* The database, its write-ahead log and its shared-memory index. */
+	for (int f = 0; f < 3; f++) {
+		char path[200];
+		snprintf(path, sizeof(path), "%s%s", db, f == 0 ? "" : f == 1 ? "-wal" : "-shm");
+		fd = open(path, O_WRONLY);
+		ck_assert_int_ge(fd, 0);
+		for (int i = 0; i < 8; i++)
+			ck_assert_int_eq(write(fd, junk, sizeof(junk)), (int)sizeof(junk));
+		close(fd);
+	}
+	/* WAL frames may still answer this read... */
+	(void)ap_cache_get(c, k, &val, &len);
+	free(val);
+	val = NULL;
+	/* ...but writes and fresh reads reach the broken file. */
+	for (int i = 0; i < 4 && ap_cache_enabled(c); i++) {
+		char name[32];
+		snprintf(name, sizeof(name), "after %d", i);
+		key_of(name, k);
+		(void)ap_cache_put(c, k, (const uint8_t *)"w", 1);
+		(void)ap_cache_get(c, k, &val, &len);
+		free(val);
+		val = NULL;
+	}
+	ck_assert(!ap_cache_enabled(c));
+	ck_assert_int_eq(ap_cache_get(c, k, &val, &len), 0);
+	ck_assert_int_lt(ap_cache_put(c, k, (const uint8_t *)"w", 1), 0);
+	ap_cache_free(c);
+}
+END_TEST
+
+START_TEST(off_and_default_path)
+{
+	ap_cache *c = NULL;
+	ap_error err;
+	char buf[256];
+
+	ck_assert_int_eq(ap_cache_open("off", &c, &err), 0);
+	ck_assert(!ap_cache_enabled(c));
+	ap_cache_free(c);
+	ck_assert_ptr_null(ap_cache_free(NULL));
+
+	setenv("XDG_CACHE_HOME", "/var/tmp/xdg", 1);
+	ck_assert_int_eq(ap_cache_default_path(buf, sizeof(buf)), 0);
+	ck_assert_str_eq(buf, "/var/tmp/xdg/apollo/cache.db");
+	setenv("XDG_CACHE_HOME", "relative/is/ignored", 1);
+	setenv("HOME", "/home/someone", 1);
+	ck_assert_int_eq(ap_cache_default_path(buf, sizeof(buf)), 0);
+	ck_assert_str_eq(buf, "/home/someone/.cache/apollo/cache.db");
+	ck_assert_int_eq(ap_cache_default_path(buf, 8), AP_ETOOLARGE);
+}
+END_TEST
+
+static Suite *cache_suite(void)
+{
+	Suite *s = suite_create("cache");
+	TCase *tc = tcase_create("cache");
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, put_get);
+	tcase_add_test(tc, persists_across_open);
+	tcase_add_test(tc, digest_mismatch_is_a_miss);
+	tcase_add_test(tc, kernel_shared_by_two_keys);
+	tcase_add_test(tc, concurrent_writers);
+	tcase_add_test(tc, unopenable_path_degrades);
+	tcase_add_test(tc, garbage_file_degrades);
+	tcase_add_test(tc, io_error_at_run_time_degrades);
+	tcase_add_test(tc, off_and_default_path);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(cache_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}

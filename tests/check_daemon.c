@@ -1,0 +1,1462 @@
+/* check_daemon.c -- integration: the real $APOLLO_BUILD/apollod (default
+ * build/apollod) on a temporary socket and cache, driven by a small
+ * blocking client written here (no libapollo-client, so that the daemon is
+ * tested on its own).
+ *
+ * Every test starts its own daemon and stops it with SIGTERM, asserting a
+ * clean exit 0.  Covered: ping / hello / stats; each bad input (garbage
+ * bytes, a truncated frame, a length over the limit, a zero length, a
+ * frame that is not an Envelope, a graph naming a missing tensor, a cycle,
+ * an unknown op, mismatched shapes, a 2^40-element tensor, bad targets)
+ * answered with the right error, after which the daemon still serves a
+ * ping and a valid compile with its cache intact; the cache hit of a
+ * second submit and after a restart; concurrent clients; a client leaving
+ * before its reply; SIGTERM with a compile in flight; a stale socket and a
+ * live one; the TCP listener's token; a GPU target without NVRTC.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/frame.h"
+#include "common/graph.h"
+#include "proto/apollo.pb-c.h"
+
+typedef struct daemon {
+	pid_t pid;
+	char dir[64];
+	char sock[128];
+	char cache[128];
+	char log[128];
+} daemon_t;
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+	nanosleep(&ts, NULL);
+}
+
+static const char *apollod_path(void)
+{
+	static char path[4096];
+	const char *build = getenv("APOLLO_BUILD");
+
+	snprintf(path, sizeof(path), "%s/apollod", build && *build ? build : "build");
+	return path;
+}
+
+/* ---- a minimal blocking client ---------------------------------------- */
+
+static int connect_unix(const char *path)
+{
+	struct sockaddr_un addr;
+	struct timeval tv = { 120, 0 };
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+
+	ck_assert_int_ge(fd, 0);
+	memset(&addr, 0, sizeof(addr));
+	addr.sun_family = AF_UNIX;
+	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
+	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr))) {
+		close(fd);
+		return -1;
+	}
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	return fd;
+}
+
+static void send_all(int fd, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+
+	while (n > 0) {
+		ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
+		ck_assert_msg(w > 0, "send: %s", strerror(errno));
+		b += w;
+		n -= (size_t)w;
+	}
+}
+
+/* false on EOF or error. */
+static bool recv_all(int fd, void *p, size_t n)
+{
+	uint8_t *b = p;
+
+	while (n > 0) {
+		ssize_t r = recv(fd, b, n, 0);
+		if (r <= 0)
+			return false;
+		b += r;
+		n -= (size_t)r;
+	}
+	return true;
+}
+
+static void send_env(int fd, const Apollo__Envelope *env)
+{
+	size_t n = apollo__envelope__get_packed_size(env);
+	uint8_t *buf = malloc(n + 4);
+
+	ck_assert_ptr_nonnull(buf);
+	ap_frame_put_len(buf, (uint32_t)n);
+	apollo__envelope__pack(env, buf + 4);
+	send_all(fd, buf, n + 4);
+	free(buf);
+}
+
+/* The next reply, or NULL when the daemon closed the connection. */
+static Apollo__Envelope *recv_env(int fd)
+{
+	uint8_t hdr[4], *buf;
+	uint32_t n;
+	Apollo__Envelope *env;
+
+	if (!recv_all(fd, hdr, 4))
+		return NULL;
+	n = ap_frame_get_len(hdr);
+	ck_assert_uint_gt(n, 0);
+	ck_assert_uint_lt(n, 1u << 30);
+	buf = malloc(n);
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_msg(recv_all(fd, buf, n), "reply truncated");
+	env = apollo__envelope__unpack(NULL, n, buf);
+	free(buf);
+	ck_assert_msg(env != NULL, "reply does not decode");
+	return env;
+}
+
+/* True when the peer has closed: recv sees EOF. */
+static bool closed_by_peer(int fd)
+{
+	char c;
+	ssize_t r = recv(fd, &c, 1, 0);
+
+	return r == 0 || (r < 0 && errno == ECONNRESET);
+}
+
+static void ping_ok(int fd, uint64_t id)
+{
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	Apollo__PingRequest ping = APOLLO__PING_REQUEST__INIT;
+	Apollo__Envelope *r;
+
+	env.id = id;
+	env.msg_case = APOLLO__ENVELOPE__MSG_PING;
+	env.ping = &ping;
+	send_env(fd, &env);
+	r = recv_env(fd);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_uint_eq(r->id, id);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_PONG);
+	ck_assert_str_eq(r->pong->server, "apollod " AP_VERSION);
+	apollo__envelope__free_unpacked(r, NULL);
+}
+
+static Apollo__StatsReply *get_stats(int fd)
+{
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	Apollo__StatsRequest req = APOLLO__STATS_REQUEST__INIT;
+	Apollo__Envelope *r;
+	Apollo__StatsReply *s;
+
+	env.id = 77;
+	env.msg_case = APOLLO__ENVELOPE__MSG_STATS;
+	env.stats = &req;
+	send_env(fd, &env);
+	r = recv_env(fd);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_STATS_REPLY);
+	s = r->stats_reply;
+	r->stats_reply = NULL;
+	r->msg_case = APOLLO__ENVELOPE__MSG__NOT_SET;
+	apollo__envelope__free_unpacked(r, NULL);
+	return s;
+}
+
+/* Polls Stats on `fd` until the daemon counts `n` clients. */
+static void wait_clients(int fd, unsigned n)
+{
+	for (int i = 0; i < 500; i++) {
+		Apollo__StatsReply *s = get_stats(fd);
+		unsigned have = s->clients;
+		apollo__stats_reply__free_unpacked(s, NULL);
+		if (have == n)
+			return;
+		sleep_ms(10);
+	}
+	ck_abort_msg("the daemon never counted %u clients", n);
+}
+
+/* ---- graphs, built by hand ---------------------------------------------- */
+
+static Apollo__Graph *graph_new(const char *name)
+{
+	Apollo__Graph *g = calloc(1, sizeof(*g));
+
+	apollo__graph__init(g);
+	g->name = strdup(name);
+	return g;
+}
+
+static int graph_tensor(Apollo__Graph *g, const char *name, int kind, int rank,
+			const int64_t *dims)
+{
+	Apollo__Tensor *t = calloc(1, sizeof(*t));
+
+	apollo__tensor__init(t);
+	t->name = strdup(name);
+	t->dtype = APOLLO__DATA_TYPE__DT_FLOAT;
+	t->kind = (Apollo__TensorKind)kind;
+	t->n_dims = (size_t)rank;
+	t->dims = calloc((size_t)rank + 1, sizeof(int64_t));
+	memcpy(t->dims, dims, (size_t)rank * sizeof(int64_t));
+	g->tensors = realloc(g->tensors, (g->n_tensors + 1) * sizeof(*g->tensors));
+	g->tensors[g->n_tensors] = t;
+	if (kind == APOLLO__TENSOR_KIND__TENSOR_INPUT) {
+		g->inputs = realloc(g->inputs, (g->n_inputs + 1) * sizeof(int32_t));
+		g->inputs[g->n_inputs++] = (int32_t)g->n_tensors;
+	}
+	return (int)g->n_tensors++;
+}
+
+static void graph_node(Apollo__Graph *g, const char *name, const char *op, int n_in,
+		       const int32_t *in, int out)
+{
+	Apollo__Node *n = calloc(1, sizeof(*n));
+
+	apollo__node__init(n);
+	n->name = strdup(name);
+	n->op_type = strdup(op);
+	n->n_inputs = (size_t)n_in;
+	n->inputs = calloc((size_t)n_in, sizeof(int32_t));
+	memcpy(n->inputs, in, (size_t)n_in * sizeof(int32_t));
+	n->n_outputs = 1;
+	n->outputs = calloc(1, sizeof(int32_t));
+	n->outputs[0] = out;
+	g->nodes = realloc(g->nodes, (g->n_nodes + 1) * sizeof(*g->nodes));
+	g->nodes[g->n_nodes++] = n;
+}
+
+static void graph_output(Apollo__Graph *g, int t)
+{
+	g->outputs = realloc(g->outputs, (g->n_outputs + 1) * sizeof(int32_t));
+	g->outputs[g->n_outputs++] = t;
+}
+
+/* out = Relu(Add(x, y)) on [4, cols]; `cols` tells graphs apart. */
+static Apollo__Graph *add_relu(int64_t cols)
+{
+	Apollo__Graph *g = graph_new("add_relu");
+	int64_t dims[2] = { 4, cols };
+	int x = graph_tensor(g, "x", APOLLO__TENSOR_KIND__TENSOR_INPUT, 2, dims);
+	int y = graph_tensor(g, "y", APOLLO__TENSOR_KIND__TENSOR_INPUT, 2, dims);
+	int s = graph_tensor(g, "sum", APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, dims);
+	int o = graph_tensor(g, "out", APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, dims);
+
+	graph_node(g, "add", "Add", 2, (int32_t[]){ x, y }, s);
+	graph_node(g, "relu", "Relu", 1, (int32_t[]){ s }, o);
+	graph_output(g, o);
+	return g;
+}
+
+static void graph_free(Apollo__Graph *g)
+{
+	apollo__graph__free_unpacked(g, NULL);
+}
+
+/* ---- compile requests ---------------------------------------------------- */
+
+typedef struct compile_opts {
+	const char *target;
+	int output;
+	bool no_cache;
+} compile_opts;
+
+static void send_compile(int fd, uint64_t id, Apollo__Graph *g, const compile_opts *o)
+{
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
+	Apollo__CompileOptions opts = APOLLO__COMPILE_OPTIONS__INIT;
+
+	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
+	req.graph = g;
+	req.target = (char *)(o && o->target ? o->target : "cpu");
+	req.output = o ? (Apollo__OutputKind)o->output : APOLLO__OUTPUT_KIND__OUTPUT_DEFAULT;
+	opts.no_cache = o ? o->no_cache : 0;
+	req.options = &opts;
+	env.id = id;
+	env.msg_case = APOLLO__ENVELOPE__MSG_COMPILE;
+	env.compile = &req;
+	send_env(fd, &env);
+}
+
+/* Sends and waits for the CompileResponse (freed by the caller with
+ * apollo__envelope__free_unpacked on the returned envelope). */
+static Apollo__Envelope *compile(int fd, uint64_t id, Apollo__Graph *g, const compile_opts *o)
+{
+	Apollo__Envelope *r;
+
+	send_compile(fd, id, g, o);
+	r = recv_env(fd);
+	ck_assert_msg(r != NULL, "no reply to compile request %llu", (unsigned long long)id);
+	ck_assert_uint_eq(r->id, id);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_COMPILED);
+	return r;
+}
+
+/* Checks a bundle's internal consistency; returns it. */
+static Apollo__Bundle *bundle_ok(Apollo__Envelope *r, const char *target)
+{
+	Apollo__Bundle *b;
+
+	ck_assert_msg(r->compiled->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE,
+		      "compile failed: %s (node '%s')",
+		      r->compiled->result_case == APOLLO__COMPILE_RESPONSE__RESULT_ERROR
+			      ? r->compiled->error->message : "no result",
+		      r->compiled->result_case == APOLLO__COMPILE_RESPONSE__RESULT_ERROR
+			      ? r->compiled->error->node : "");
+	b = r->compiled->bundle;
+	ck_assert_str_eq(b->target, target);
+	ck_assert_uint_ge(b->n_kernels, 1);
+	ck_assert_uint_ge(b->n_plan, 1);
+	ck_assert_ptr_nonnull(b->stats);
+	ck_assert_uint_eq(b->stats->kernels, b->n_kernels);
+	ck_assert_uint_eq(b->graph_hash.len, 32);
+	for (size_t i = 0; i < b->n_kernels; i++) {
+		Apollo__Kernel *k = b->kernels[i];
+		uint8_t d[32];
+		ck_assert_uint_gt(k->blob.len, 0);
+		ck_assert_uint_eq(k->digest.len, 32);
+		ap_sha256(k->blob.data, k->blob.len, d);
+		ck_assert_msg(!memcmp(d, k->digest.data, 32), "kernel %s: digest mismatch", k->name);
+		ck_assert_uint_eq(k->n_grid, 3);
+		ck_assert_uint_eq(k->n_block, 3);
+		ck_assert_str_eq(k->target, target);
+	}
+	for (size_t i = 0; i < b->n_plan; i++) {
+		ck_assert_uint_lt(b->plan[i]->kernel, b->n_kernels);
+		ck_assert_uint_eq(b->plan[i]->n_args, b->kernels[b->plan[i]->kernel]->n_params);
+		for (size_t a = 0; a < b->plan[i]->n_args; a++)
+			ck_assert_uint_lt(b->plan[i]->args[a], b->n_buffers);
+	}
+	return b;
+}
+
+/* Expects a CompileResponse error with `code`; returns it. */
+static Apollo__Error *compile_error(Apollo__Envelope *r, int code)
+{
+	ck_assert_msg(r->compiled->result_case == APOLLO__COMPILE_RESPONSE__RESULT_ERROR,
+		      "expected error %d, got a bundle", code);
+	ck_assert_msg((int)r->compiled->error->code == code, "error code %d (%s), want %d",
+		      r->compiled->error->code, r->compiled->error->message, code);
+	ck_assert_uint_gt(strlen(r->compiled->error->message), 0);
+	return r->compiled->error;
+}
+
+/* ---- the daemon ------------------------------------------------------------ */
+
+/* Starts apollod on a fresh socket; `cache` NULL = a fresh cache file in
+ * the daemon's directory; `env` (may be NULL) "NAME=VALUE" strings for the
+ * child; `extra` NULL-terminated extra arguments. */
+static void daemon_start_in(daemon_t *d, const char *dir, const char *const *env,
+			    const char *const *extra)
+{
+	const char *bin = apollod_path();
+	struct stat st;
+
+	ck_assert_msg(stat(bin, &st) == 0, "%s not found: build it, or set APOLLO_BUILD", bin);
+	memset(d, 0, sizeof(*d));
+	if (dir) {
+		snprintf(d->dir, sizeof(d->dir), "%s", dir);
+	} else {
+		snprintf(d->dir, sizeof(d->dir), "/tmp/apollo-daemon-XXXXXX");
+		ck_assert_ptr_nonnull(mkdtemp(d->dir));
+	}
+	snprintf(d->sock, sizeof(d->sock), "%s/apollod.sock", d->dir);
+	snprintf(d->cache, sizeof(d->cache), "%s/cache/cache.db", d->dir);
+	snprintf(d->log, sizeof(d->log), "%s/apollod.log", d->dir);
+	d->pid = fork();
+	ck_assert_int_ge(d->pid, 0);
+	if (d->pid == 0) {
+		const char *argv[32];
+		int n = 0;
+		int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		for (int i = 0; env && env[i]; i++)
+			putenv((char *)env[i]);
+		argv[n++] = bin;
+		argv[n++] = "--socket";
+		argv[n++] = d->sock;
+		argv[n++] = "--cache";
+		argv[n++] = d->cache;
+		argv[n++] = "--log-level";
+		argv[n++] = "debug";
+		argv[n++] = "--workers";
+		argv[n++] = "4";
+		argv[n++] = "--foreground";
+		for (int i = 0; extra && extra[i] && n < 30; i++)
+			argv[n++] = extra[i];
+		argv[n] = NULL;
+		execv(bin, (char *const *)argv);
+		_exit(127);
+	}
+	/* Ready when a connection succeeds. */
+	for (int i = 0; i < 1000; i++) {
+		int status, fd;
+		if (waitpid(d->pid, &status, WNOHANG) == d->pid)
+			ck_abort_msg("apollod exited during start-up (status %d); see %s", status, d->log);
+		fd = connect_unix(d->sock);
+		if (fd >= 0) {
+			close(fd);
+			return;
+		}
+		sleep_ms(10);
+	}
+	ck_abort_msg("apollod did not start listening on %s", d->sock);
+}
+
+static void daemon_start(daemon_t *d)
+{
+	daemon_start_in(d, NULL, NULL, NULL);
+}
+
+/* Waits for the daemon's exit; returns its exit status (or 128+signal). */
+static int daemon_wait(daemon_t *d)
+{
+	int status = 0;
+
+	for (int i = 0; i < 6000; i++) {
+		pid_t r = waitpid(d->pid, &status, WNOHANG);
+		if (r == d->pid)
+			return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+		sleep_ms(10);
+	}
+	kill(d->pid, SIGKILL);
+	waitpid(d->pid, &status, 0);
+	ck_abort_msg("apollod did not exit within 60 s of SIGTERM");
+	return -1;
+}
+
+/* SIGTERM; asserts exit 0 and that the socket file is gone. */
+static void daemon_stop(daemon_t *d)
+{
+	struct stat st;
+
+	kill(d->pid, SIGTERM);
+	ck_assert_int_eq(daemon_wait(d), 0);
+	ck_assert_msg(stat(d->sock, &st) != 0, "socket file left behind");
+}
+
+static void daemon_cleanup(daemon_t *d)
+{
+	char cmd[160];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d->dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "cannot remove %s\n", d->dir);
+}
+
+/* After a bad input: the daemon answers a ping, still holds `warm` (a
+ * graph compiled before: cache hit) and compiles a new graph. */
+static void still_serving(daemon_t *d, Apollo__Graph *warm, int64_t fresh_cols)
+{
+	int fd = connect_unix(d->sock);
+	Apollo__Graph *g = add_relu(fresh_cols);
+	Apollo__Envelope *r;
+	Apollo__Bundle *b;
+
+	ck_assert_int_ge(fd, 0);
+	ping_ok(fd, 500);
+	r = compile(fd, 501, warm, NULL);
+	b = bundle_ok(r, "cpu");
+	ck_assert_msg(b->stats->cache_hit, "cache lost the warm graph");
+	ck_assert_uint_eq(b->stats->kernels_compiled, 0);
+	apollo__envelope__free_unpacked(r, NULL);
+	r = compile(fd, 502, g, NULL);
+	b = bundle_ok(r, "cpu");
+	apollo__envelope__free_unpacked(r, NULL);
+	graph_free(g);
+	close(fd);
+}
+
+/* Starts a daemon and compiles `*warm` into its cache. */
+static void start_warm(daemon_t *d, Apollo__Graph **warm)
+{
+	int fd;
+	Apollo__Envelope *r;
+
+	daemon_start(d);
+	*warm = add_relu(8);
+	fd = connect_unix(d->sock);
+	r = compile(fd, 1, *warm, NULL);
+	bundle_ok(r, "cpu");
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+}
+
+/* ---- tests ------------------------------------------------------------------ */
+
+START_TEST(ping_hello_stats)
+{
+	daemon_t d;
+	int fd;
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT, *r;
+	Apollo__Hello hello = APOLLO__HELLO__INIT;
+	Apollo__StatsReply *s;
+	bool has_cpu = false, has_sm90 = false;
+
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+	ck_assert_int_ge(fd, 0);
+	ping_ok(fd, 1);
+
+	hello.schema_version = APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
+	hello.client = "check_daemon";
+	env.id = 2;
+	env.msg_case = APOLLO__ENVELOPE__MSG_HELLO;
+	env.hello = &hello;
+	send_env(fd, &env);
+	r = recv_env(fd);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_HELLO_REPLY);
+	ck_assert_uint_eq(r->id, 2);
+	ck_assert_uint_eq(r->hello_reply->schema_version, 1);
+	ck_assert_str_eq(r->hello_reply->server, "apollod " AP_VERSION);
+	for (size_t i = 0; i < r->hello_reply->n_targets; i++) {
+		has_cpu |= !strcmp(r->hello_reply->targets[i], "cpu");
+		has_sm90 |= !strcmp(r->hello_reply->targets[i], "sm_90");
+	}
+	ck_assert(has_cpu);
+	if (r->hello_reply->nvrtc_version[0])
+		ck_assert_msg(has_sm90, "NVRTC %s loaded but sm_90 not listed",
+			      r->hello_reply->nvrtc_version);
+	apollo__envelope__free_unpacked(r, NULL);
+
+	/* Another schema version is refused, and the connection goes on. */
+	hello.schema_version = 99;
+	env.id = 3;
+	send_env(fd, &env);
+	r = recv_env(fd);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_ERROR);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_VERSION);
+	apollo__envelope__free_unpacked(r, NULL);
+
+	/* A reply type sent as a request. */
+	{
+		Apollo__Envelope bad = APOLLO__ENVELOPE__INIT;
+		Apollo__PingReply pong = APOLLO__PING_REPLY__INIT;
+		bad.id = 4;
+		bad.msg_case = APOLLO__ENVELOPE__MSG_PONG;
+		bad.pong = &pong;
+		send_env(fd, &bad);
+		r = recv_env(fd);
+		ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_ERROR);
+		ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_BAD_MESSAGE);
+		ck_assert_uint_eq(r->id, 4);
+		apollo__envelope__free_unpacked(r, NULL);
+	}
+
+	s = get_stats(fd);
+	ck_assert_uint_eq(s->requests, 5);
+	ck_assert_uint_eq(s->errors, 2);
+	ck_assert_uint_ge(s->clients, 1);   /* + the start-up probe, maybe */
+	ck_assert_uint_le(s->clients, 2);
+	ck_assert_uint_eq(s->in_flight, 0);
+	ck_assert_uint_eq(s->cache_hits, 0);
+	ck_assert(s->uptime_s >= 0 && s->uptime_s < 600);
+	apollo__stats_reply__free_unpacked(s, NULL);
+	close(fd);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+START_TEST(garbage_bytes)
+{
+	daemon_t d;
+	Apollo__Graph *warm;
+	Apollo__Envelope *r;
+	int fd;
+	/* A framed payload that is not an Envelope: field 4 claims 5 bytes
+	 * and the frame ends after 1. */
+	const uint8_t not_env[] = { 0, 0, 0, 3, 0x22, 0x05, 0x01 };
+
+	start_warm(&d, &warm);
+
+	/* Unframed text: its first 4 bytes read as a 1.7 GB length. */
+	fd = connect_unix(d.sock);
+	send_all(fd, "hello apollod, this is not a frame\n", 35);
+	r = recv_env(fd);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_ERROR);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_TOO_LARGE);
+	apollo__envelope__free_unpacked(r, NULL);
+	ck_assert(closed_by_peer(fd));
+	close(fd);
+
+	/* A good frame of bad bytes: ERR_BAD_MESSAGE, connection kept. */
+	fd = connect_unix(d.sock);
+	send_all(fd, not_env, sizeof(not_env));
+	r = recv_env(fd);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_ERROR);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_BAD_MESSAGE);
+	ck_assert_ptr_nonnull(strstr(r->error->message, "Envelope"));
+	apollo__envelope__free_unpacked(r, NULL);
+	ping_ok(fd, 9);
+	close(fd);
+
+	still_serving(&d, warm, 9);
+	graph_free(warm);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+START_TEST(truncated_frame)
+{
+	daemon_t d;
+	Apollo__Graph *warm;
+	uint8_t hdr[4];
+	int fd;
+
+	start_warm(&d, &warm);
+	/* Half a header, then gone. */
+	fd = connect_unix(d.sock);
+	send_all(fd, "\0\0", 2);
+	close(fd);
+	/* A header announcing 1000 bytes, 10 of them, then gone. */
+	fd = connect_unix(d.sock);
+	ap_frame_put_len(hdr, 1000);
+	send_all(fd, hdr, 4);
+	send_all(fd, "0123456789", 10);
+	close(fd);
+	still_serving(&d, warm, 10);
+	graph_free(warm);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+START_TEST(length_over_limit)
+{
+	daemon_t d;
+	Apollo__Graph *warm;
+	Apollo__Envelope *r;
+	uint8_t hdr[4];
+	int fd;
+
+	start_warm(&d, &warm);
+	fd = connect_unix(d.sock);
+	ap_frame_put_len(hdr, 0x7fffffffu);
+	send_all(fd, hdr, 4);
+	r = recv_env(fd);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_TOO_LARGE);
+	ck_assert_ptr_nonnull(strstr(r->error->message, "2147483647"));
+	apollo__envelope__free_unpacked(r, NULL);
+	ck_assert(closed_by_peer(fd));
+	close(fd);
+
+	/* Zero is not a length either. */
+	fd = connect_unix(d.sock);
+	ap_frame_put_len(hdr, 0);
+	send_all(fd, hdr, 4);
+	r = recv_env(fd);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_BAD_FRAME);
+	apollo__envelope__free_unpacked(r, NULL);
+	ck_assert(closed_by_peer(fd));
+	close(fd);
+	still_serving(&d, warm, 11);
+	graph_free(warm);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* A configured maximum is honoured exactly: max_frame_bytes 2048 takes a
+ * 2048-byte frame and refuses 2049. */
+START_TEST(configured_frame_limit)
+{
+	daemon_t d;
+	const char *extra[] = { "--max-frame-bytes", "2K", NULL };
+	uint8_t *frame = calloc(1, 4 + 2049);
+	Apollo__Envelope *r;
+	int fd;
+
+	daemon_start_in(&d, NULL, NULL, extra);
+	fd = connect_unix(d.sock);
+	/* 2048 bytes: one Envelope whose id field is followed by padding in an
+	 * unknown field (field 15, bytes) -- decodes, carries no message. */
+	ap_frame_put_len(frame, 2048);
+	frame[4] = (15 << 3) | 2;
+	frame[5] = 0x80 | ((2048 - 3) & 0x7f);
+	frame[6] = (2048 - 3) >> 7;
+	send_all(fd, frame, 4 + 2048);
+	r = recv_env(fd);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_ERROR);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_BAD_MESSAGE);
+	apollo__envelope__free_unpacked(r, NULL);
+	ping_ok(fd, 2);
+	ap_frame_put_len(frame, 2049);
+	send_all(fd, frame, 4);
+	r = recv_env(fd);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_TOO_LARGE);
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+	free(frame);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* Graphs that decode but are wrong, each with its error code and where. */
+START_TEST(bad_graphs)
+{
+	daemon_t d;
+	Apollo__Graph *warm;
+	int fd;
+	int64_t d48[2] = { 4, 8 }, d35[2] = { 3, 5 }, big[2] = { 1LL << 20, 1LL << 20 };
+
+	start_warm(&d, &warm);
+	fd = connect_unix(d.sock);
+
+	{	/* A node names tensor 99 of 3. */
+		Apollo__Graph *g = graph_new("missing");
+		int x = graph_tensor(g, "x", APOLLO__TENSOR_KIND__TENSOR_INPUT, 2, d48);
+		int o = graph_tensor(g, "o", APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, d48);
+		Apollo__Envelope *r;
+		Apollo__Error *e;
+		graph_node(g, "dangling", "Add", 2, (int32_t[]){ x, 99 }, o);
+		graph_output(g, o);
+		r = compile(fd, 10, g, NULL);
+		e = compile_error(r, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH);
+		ck_assert_msg(!strcmp(e->node, "dangling") || strstr(e->message, "99"),
+			      "does not say where: '%s' node '%s'", e->message, e->node);
+		apollo__envelope__free_unpacked(r, NULL);
+		graph_free(g);
+	}
+	{	/* a = Relu(b), b = Relu(a). */
+		Apollo__Graph *g = graph_new("cycle");
+		int x = graph_tensor(g, "x", APOLLO__TENSOR_KIND__TENSOR_INPUT, 2, d48);
+		int a = graph_tensor(g, "a", APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, d48);
+		int b = graph_tensor(g, "b", APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, d48);
+		Apollo__Envelope *r;
+		Apollo__Error *e;
+		graph_node(g, "first", "Add", 2, (int32_t[]){ x, b }, a);
+		graph_node(g, "second", "Relu", 1, (int32_t[]){ a }, b);
+		graph_output(g, b);
+		r = compile(fd, 11, g, NULL);
+		e = compile_error(r, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH);
+		ck_assert_msg(strstr(e->message, "cycle") || !strcmp(e->node, "first") ||
+			      !strcmp(e->node, "second"), "does not say cycle: '%s'", e->message);
+		apollo__envelope__free_unpacked(r, NULL);
+		graph_free(g);
+	}
+	{	/* An op Apollo does not have. */
+		Apollo__Graph *g = graph_new("unknown");
+		int x = graph_tensor(g, "x", APOLLO__TENSOR_KIND__TENSOR_INPUT, 2, d48);
+		int o = graph_tensor(g, "o", APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, d48);
+		Apollo__Envelope *r;
+		Apollo__Error *e;
+		graph_node(g, "mystery", "FrobnicateV2", 1, (int32_t[]){ x }, o);
+		graph_output(g, o);
+		r = compile(fd, 12, g, NULL);
+		e = compile_error(r, APOLLO__ERROR_CODE__ERR_UNSUPPORTED);
+		ck_assert_msg(!strcmp(e->node, "mystery") || strstr(e->message, "FrobnicateV2"),
+			      "does not say which op: '%s'", e->message);
+		apollo__envelope__free_unpacked(r, NULL);
+		graph_free(g);
+	}
+	{	/* [4,8] + [3,5]. */
+		Apollo__Graph *g = graph_new("shapes");
+		int x = graph_tensor(g, "x", APOLLO__TENSOR_KIND__TENSOR_INPUT, 2, d48);
+		int y = graph_tensor(g, "y", APOLLO__TENSOR_KIND__TENSOR_INPUT, 2, d35);
+		int o = graph_tensor(g, "o", APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, d48);
+		Apollo__Envelope *r;
+		Apollo__Error *e;
+		graph_node(g, "misfit", "Add", 2, (int32_t[]){ x, y }, o);
+		graph_output(g, o);
+		r = compile(fd, 13, g, NULL);
+		e = compile_error(r, APOLLO__ERROR_CODE__ERR_SHAPE);
+		ck_assert_str_eq(e->node, "misfit");
+		apollo__envelope__free_unpacked(r, NULL);
+		graph_free(g);
+	}
+	{	/* 2^40 elements. */
+		Apollo__Graph *g = graph_new("huge");
+		int x = graph_tensor(g, "huge_x", APOLLO__TENSOR_KIND__TENSOR_INPUT, 2, big);
+		int o = graph_tensor(g, "o", APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, big);
+		Apollo__Envelope *r;
+		Apollo__Error *e;
+		graph_node(g, "relu_huge", "Relu", 1, (int32_t[]){ x }, o);
+		graph_output(g, o);
+		r = compile(fd, 14, g, NULL);
+		e = compile_error(r, APOLLO__ERROR_CODE__ERR_TOO_LARGE);
+		ck_assert_msg(!strcmp(e->tensor, "huge_x") || !strcmp(e->tensor, "o") ||
+			      !strcmp(e->node, "relu_huge"), "does not say where: '%s'", e->message);
+		apollo__envelope__free_unpacked(r, NULL);
+		graph_free(g);
+	}
+	{	/* A request with no graph at all. */
+		Apollo__Envelope env = APOLLO__ENVELOPE__INIT, *r;
+		Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
+		req.target = "cpu";
+		env.id = 15;
+		env.msg_case = APOLLO__ENVELOPE__MSG_COMPILE;
+		env.compile = &req;
+		send_env(fd, &env);
+		r = recv_env(fd);
+		compile_error(r, APOLLO__ERROR_CODE__ERR_BAD_MESSAGE);
+		apollo__envelope__free_unpacked(r, NULL);
+	}
+	{
+		Apollo__StatsReply *s = get_stats(fd);
+		ck_assert_uint_ge(s->errors, 6);
+		apollo__stats_reply__free_unpacked(s, NULL);
+	}
+	close(fd);
+	still_serving(&d, warm, 12);
+	graph_free(warm);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+START_TEST(bad_targets)
+{
+	daemon_t d;
+	Apollo__Graph *warm;
+	int fd;
+	static const compile_opts rows[] = {
+		{ "tpu_v5", 0, false },
+		{ "sm_9", 0, false },
+		{ "cpu", APOLLO__OUTPUT_KIND__OUTPUT_PTX, false },
+		{ "cpu", APOLLO__OUTPUT_KIND__OUTPUT_CUBIN, false },
+		{ "compute_80", APOLLO__OUTPUT_KIND__OUTPUT_CUBIN, false },
+		{ "sm_90", APOLLO__OUTPUT_KIND__OUTPUT_SO, false },
+		{ "sm_90", 42, false },
+	};
+
+	start_warm(&d, &warm);
+	fd = connect_unix(d.sock);
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		Apollo__Envelope *r = compile(fd, 20 + i, warm, &rows[i]);
+		compile_error(r, APOLLO__ERROR_CODE__ERR_UNSUPPORTED);
+		apollo__envelope__free_unpacked(r, NULL);
+	}
+	close(fd);
+	still_serving(&d, warm, 13);
+	graph_free(warm);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* The second submit of a graph is a cache hit that compiles nothing and
+ * returns the same kernels; no_cache compiles anyway. */
+START_TEST(second_submit_hits)
+{
+	daemon_t d;
+	Apollo__Graph *g = add_relu(16);
+	Apollo__Envelope *r1, *r2, *r3;
+	Apollo__Bundle *b1, *b2, *b3;
+	Apollo__StatsReply *s;
+	compile_opts fresh = { "cpu", 0, true };
+	int fd;
+
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+	r1 = compile(fd, 1, g, NULL);
+	b1 = bundle_ok(r1, "cpu");
+	ck_assert(!b1->stats->cache_hit);
+	ck_assert_uint_eq(b1->stats->kernels_compiled, b1->n_kernels);
+	ck_assert_uint_eq(b1->stats->nodes, 2);
+	ck_assert_int_eq(b1->format, APOLLO__OUTPUT_KIND__OUTPUT_SO);
+
+	r2 = compile(fd, 2, g, NULL);
+	b2 = bundle_ok(r2, "cpu");
+	ck_assert(b2->stats->cache_hit);
+	ck_assert_uint_eq(b2->stats->kernels_compiled, 0);
+	ck_assert_uint_eq(b2->n_kernels, b1->n_kernels);
+	ck_assert_uint_eq(b2->n_buffers, b1->n_buffers);
+	ck_assert_uint_eq(b2->workspace_bytes, b1->workspace_bytes);
+	ck_assert_int_eq(memcmp(b1->graph_hash.data, b2->graph_hash.data, 32), 0);
+	for (size_t i = 0; i < b1->n_kernels; i++) {
+		ck_assert_str_eq(b1->kernels[i]->name, b2->kernels[i]->name);
+		ck_assert_uint_eq(b1->kernels[i]->blob.len, b2->kernels[i]->blob.len);
+		ck_assert_int_eq(memcmp(b1->kernels[i]->blob.data, b2->kernels[i]->blob.data,
+					b1->kernels[i]->blob.len), 0);
+	}
+
+	/* no_cache: compiled again (the kernels come from the backend). */
+	r3 = compile(fd, 3, g, &fresh);
+	b3 = bundle_ok(r3, "cpu");
+	ck_assert(!b3->stats->cache_hit);
+	ck_assert_uint_eq(b3->stats->kernels_compiled, b3->n_kernels);
+
+	s = get_stats(fd);
+	ck_assert_uint_eq(s->cache_hits, 1);
+	ck_assert_uint_eq(s->cache_misses, 2);
+	ck_assert_uint_eq(s->kernels_compiled, 2 * b1->n_kernels);
+	ck_assert_uint_ge(s->cache_entries, 1 + b1->n_kernels);
+	ck_assert_uint_gt(s->cache_blob_bytes, 0);
+	apollo__stats_reply__free_unpacked(s, NULL);
+	apollo__envelope__free_unpacked(r1, NULL);
+	apollo__envelope__free_unpacked(r2, NULL);
+	apollo__envelope__free_unpacked(r3, NULL);
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* A new daemon on the same cache file answers from it. */
+START_TEST(restart_keeps_cache)
+{
+	daemon_t d;
+	char dir[64];
+	Apollo__Graph *g = add_relu(24);
+	Apollo__Envelope *r;
+	int fd;
+
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+	r = compile(fd, 1, g, NULL);
+	ck_assert(!bundle_ok(r, "cpu")->stats->cache_hit);
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+	daemon_stop(&d);
+
+	snprintf(dir, sizeof(dir), "%s", d.dir);
+	daemon_start_in(&d, dir, NULL, NULL);
+	fd = connect_unix(d.sock);
+	r = compile(fd, 2, g, NULL);
+	ck_assert(bundle_ok(r, "cpu")->stats->cache_hit);
+	ck_assert_uint_eq(r->compiled->bundle->stats->kernels_compiled, 0);
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+struct client_thread {
+	const char *sock;
+	int id;
+	int ok;
+};
+
+static void *client_main(void *arg)
+{
+	struct client_thread *t = arg;
+	int fd = connect_unix(t->sock);
+	Apollo__Graph *own = add_relu(100 + t->id), *shared = add_relu(200);
+
+	if (fd < 0)
+		return NULL;
+	for (int round = 0; round < 2; round++) {
+		Apollo__Graph *g = round ? shared : own;
+		Apollo__Envelope *r;
+
+		send_compile(fd, (uint64_t)(t->id * 10 + round), g, NULL);
+		r = recv_env(fd);
+		if (r && r->msg_case == APOLLO__ENVELOPE__MSG_COMPILED &&
+		    r->id == (uint64_t)(t->id * 10 + round) &&
+		    r->compiled->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE &&
+		    r->compiled->bundle->n_kernels > 0)
+			t->ok++;
+		if (r)
+			apollo__envelope__free_unpacked(r, NULL);
+	}
+	graph_free(own);
+	graph_free(shared);
+	close(fd);
+	return NULL;
+}
+
+START_TEST(concurrent_clients)
+{
+	daemon_t d;
+	struct client_thread t[8];
+	pthread_t tid[8];
+	Apollo__StatsReply *s;
+	int fd;
+
+	daemon_start(&d);
+	for (int i = 0; i < 8; i++) {
+		t[i] = (struct client_thread){ d.sock, i, 0 };
+		ck_assert_int_eq(pthread_create(&tid[i], NULL, client_main, &t[i]), 0);
+	}
+	for (int i = 0; i < 8; i++)
+		pthread_join(tid[i], NULL);
+	for (int i = 0; i < 8; i++)
+		ck_assert_msg(t[i].ok == 2, "client %d got %d of 2 bundles", i, t[i].ok);
+	fd = connect_unix(d.sock);
+	wait_clients(fd, 1);
+	s = get_stats(fd);
+	ck_assert_uint_eq(s->cache_hits + s->cache_misses, 16);
+	/* 8 own graphs + the shared one at least once. */
+	ck_assert_uint_ge(s->cache_misses, 9);
+	ck_assert_uint_eq(s->in_flight, 0);
+	apollo__stats_reply__free_unpacked(s, NULL);
+	close(fd);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* Several requests on one connection without waiting: each reply carries
+ * its request's id. */
+START_TEST(pipelined_requests)
+{
+	daemon_t d;
+	Apollo__Graph *g = add_relu(32);
+	bool seen[4] = { false };
+	int fd;
+
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+	send_compile(fd, 100, g, NULL);
+	send_compile(fd, 101, g, NULL);
+	{
+		Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+		Apollo__PingRequest ping = APOLLO__PING_REQUEST__INIT;
+		env.id = 102;
+		env.msg_case = APOLLO__ENVELOPE__MSG_PING;
+		env.ping = &ping;
+		send_env(fd, &env);
+		env.id = 103;
+		send_env(fd, &env);
+	}
+	for (int i = 0; i < 4; i++) {
+		Apollo__Envelope *r = recv_env(fd);
+		ck_assert_ptr_nonnull(r);
+		ck_assert_uint_ge(r->id, 100);
+		ck_assert_uint_le(r->id, 103);
+		ck_assert(!seen[r->id - 100]);
+		seen[r->id - 100] = true;
+		if (r->id < 102)
+			bundle_ok(r, "cpu");
+		else
+			ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_PONG);
+		apollo__envelope__free_unpacked(r, NULL);
+	}
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* Polls Stats until `in_flight` requests are running. */
+static void wait_in_flight(const char *sock, unsigned in_flight)
+{
+	int fd = connect_unix(sock);
+
+	for (int i = 0; i < 1000; i++) {
+		Apollo__StatsReply *s = get_stats(fd);
+		unsigned n = s->in_flight;
+		apollo__stats_reply__free_unpacked(s, NULL);
+		if (n == in_flight) {
+			close(fd);
+			return;
+		}
+		sleep_ms(10);
+	}
+	ck_abort_msg("never saw %u requests in flight", in_flight);
+}
+
+/* A client that leaves while its compile runs: the daemon drops the reply
+ * and goes on. */
+START_TEST(client_leaves_before_reply)
+{
+	daemon_t d;
+	const char *env[] = { "APOLLO_TEST_COMPILE_DELAY_MS=300", NULL };
+	Apollo__Graph *g = add_relu(40);
+	int fd;
+
+	daemon_start_in(&d, NULL, env, NULL);
+	fd = connect_unix(d.sock);
+	send_compile(fd, 1, g, NULL);
+	wait_in_flight(d.sock, 1);
+	close(fd);
+	wait_in_flight(d.sock, 0);
+	fd = connect_unix(d.sock);
+	ping_ok(fd, 2);
+	{
+		/* The job finished and was cached all the same. */
+		Apollo__Envelope *r = compile(fd, 3, g, NULL);
+		ck_assert(bundle_ok(r, "cpu")->stats->cache_hit);
+		apollo__envelope__free_unpacked(r, NULL);
+	}
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* SIGTERM while a compile runs: the reply still arrives, new compile
+ * requests are refused, and the daemon exits 0. */
+START_TEST(sigterm_drains)
+{
+	daemon_t d;
+	const char *env[] = { "APOLLO_TEST_COMPILE_DELAY_MS=3000", NULL };
+	Apollo__Graph *g = add_relu(48);
+	Apollo__Envelope *r;
+	struct stat st;
+	int fd, fd2;
+
+	daemon_start_in(&d, NULL, env, NULL);
+	fd = connect_unix(d.sock);
+	fd2 = connect_unix(d.sock);
+	send_compile(fd, 1, g, NULL);
+	wait_in_flight(d.sock, 1);
+	kill(d.pid, SIGTERM);
+	/* The socket file goes at once; no new connections. */
+	for (int i = 0; i < 200 && stat(d.sock, &st) == 0; i++)
+		sleep_ms(5);
+	ck_assert_msg(stat(d.sock, &st) != 0, "socket file still there while draining");
+	/* An open connection may still ask; a new compile is refused. */
+	ping_ok(fd2, 5);
+	r = compile(fd2, 6, g, NULL);
+	compile_error(r, APOLLO__ERROR_CODE__ERR_BUSY);
+	apollo__envelope__free_unpacked(r, NULL);
+	/* The running one is answered. */
+	r = recv_env(fd);
+	ck_assert_msg(r != NULL, "the compile in flight was not answered");
+	ck_assert_uint_eq(r->id, 1);
+	bundle_ok(r, "cpu");
+	apollo__envelope__free_unpacked(r, NULL);
+	ck_assert(closed_by_peer(fd));
+	ck_assert_int_eq(daemon_wait(&d), 0);
+	close(fd);
+	close(fd2);
+	graph_free(g);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* A socket file nobody listens on is replaced; a live daemon's is not. */
+START_TEST(stale_and_live_socket)
+{
+	daemon_t d, d2;
+	struct sockaddr_un addr;
+	char dir[64];
+	int fd, status;
+	pid_t pid;
+
+	snprintf(dir, sizeof(dir), "/tmp/apollo-daemon-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	/* A stale socket: bound, then its owner gone. */
+	fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	memset(&addr, 0, sizeof(addr));
+	addr.sun_family = AF_UNIX;
+	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/apollod.sock", dir);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+	close(fd);
+	daemon_start_in(&d, dir, NULL, NULL);
+	fd = connect_unix(d.sock);
+	ping_ok(fd, 1);
+	close(fd);
+
+	/* A second daemon on the same socket refuses to start. */
+	pid = fork();
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY);
+		dup2(null, 2);
+		execl(apollod_path(), apollod_path(), "--socket", d.sock, "--cache", "off",
+		      "--foreground", (char *)NULL);
+		_exit(127);
+	}
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert(WIFEXITED(status));
+	ck_assert_int_eq(WEXITSTATUS(status), 1);
+	/* ...and the first one is untouched. */
+	fd = connect_unix(d.sock);
+	ck_assert_int_ge(fd, 0);
+	ping_ok(fd, 2);
+	close(fd);
+	daemon_stop(&d);
+
+	/* A regular file at the socket path is not removed. */
+	{
+		FILE *f = fopen(d.sock, "w");
+		ck_assert_ptr_nonnull(f);
+		fclose(f);
+		pid = fork();
+		if (pid == 0) {
+			int null = open("/dev/null", O_WRONLY);
+			dup2(null, 2);
+			execl(apollod_path(), apollod_path(), "--socket", d.sock, "--cache", "off",
+			      (char *)NULL);
+			_exit(127);
+		}
+		ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+		ck_assert_int_eq(WEXITSTATUS(status), 1);
+		ck_assert_int_eq(access(d.sock, F_OK), 0);
+	}
+	(void)d2;
+	daemon_cleanup(&d);
+}
+END_TEST
+
+static int connect_tcp(int port)
+{
+	struct sockaddr_in a;
+	struct timeval tv = { 60, 0 };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	memset(&a, 0, sizeof(a));
+	a.sin_family = AF_INET;
+	a.sin_port = htons((uint16_t)port);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+		close(fd);
+		return -1;
+	}
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	return fd;
+}
+
+static Apollo__Envelope *hello(int fd, const char *client)
+{
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	Apollo__Hello h = APOLLO__HELLO__INIT;
+
+	h.schema_version = 1;
+	h.client = (char *)client;
+	env.id = 7;
+	env.msg_case = APOLLO__ENVELOPE__MSG_HELLO;
+	env.hello = &h;
+	send_env(fd, &env);
+	return recv_env(fd);
+}
+
+/* TCP is off by default and asks for the token when on. */
+START_TEST(tcp_needs_token)
+{
+	daemon_t d;
+	char spec[32];
+	const char *extra[] = { "--tcp", spec, "--tcp-token", "s3cret", NULL };
+	Apollo__Envelope *r;
+	int port = 20000 + (int)(getpid() % 20000), fd = -1;
+
+	snprintf(spec, sizeof(spec), "127.0.0.1:%d", port);
+	daemon_start_in(&d, NULL, NULL, extra);
+	for (int i = 0; i < 100 && fd < 0; i++) {
+		fd = connect_tcp(port);
+		if (fd < 0)
+			sleep_ms(10);
+	}
+	ck_assert_int_ge(fd, 0);
+	/* Anything before the Hello: refused and closed. */
+	{
+		Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+		Apollo__PingRequest ping = APOLLO__PING_REQUEST__INIT;
+		env.msg_case = APOLLO__ENVELOPE__MSG_PING;
+		env.ping = &ping;
+		send_env(fd, &env);
+		r = recv_env(fd);
+		ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_ERROR);
+		ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_VERSION);
+		apollo__envelope__free_unpacked(r, NULL);
+		ck_assert(closed_by_peer(fd));
+		close(fd);
+	}
+	/* A wrong token. */
+	fd = connect_tcp(port);
+	r = hello(fd, "trainer token=guess");
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_ERROR);
+	apollo__envelope__free_unpacked(r, NULL);
+	ck_assert(closed_by_peer(fd));
+	close(fd);
+	/* The right one; then the connection is served. */
+	fd = connect_tcp(port);
+	r = hello(fd, "trainer token=s3cret");
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_HELLO_REPLY);
+	apollo__envelope__free_unpacked(r, NULL);
+	ping_ok(fd, 8);
+	close(fd);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* Without NVRTC a GPU target is a clear error and cpu still works. */
+START_TEST(gpu_target_without_nvrtc)
+{
+	daemon_t d;
+	const char *env[] = { "APOLLO_NVRTC=off", NULL };
+	compile_opts sm90 = { "sm_90", 0, false };
+	Apollo__Graph *g = add_relu(56);
+	Apollo__Envelope *r;
+	Apollo__Error *e;
+	int fd;
+
+	daemon_start_in(&d, NULL, env, NULL);
+	fd = connect_unix(d.sock);
+	r = compile(fd, 1, g, &sm90);
+	e = compile_error(r, APOLLO__ERROR_CODE__ERR_UNSUPPORTED);
+	ck_assert_msg(strstr(e->message, "NVRTC") != NULL, "'%s' does not mention NVRTC", e->message);
+	apollo__envelope__free_unpacked(r, NULL);
+	r = compile(fd, 2, g, NULL);
+	bundle_ok(r, "cpu");
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* GPU targets through the daemon (NVRTC needed, no GPU): sm_90 cubin,
+ * sm_80 PTX, compute_80 PTX; the kernel cache shares nothing across
+ * targets. */
+START_TEST(gpu_targets)
+{
+	daemon_t d;
+	static const struct {
+		compile_opts o;
+		int format;
+	} rows[] = {
+		{ { "sm_90", 0, false }, APOLLO__OUTPUT_KIND__OUTPUT_CUBIN },
+		{ { "sm_80", APOLLO__OUTPUT_KIND__OUTPUT_PTX, false }, APOLLO__OUTPUT_KIND__OUTPUT_PTX },
+		{ { "compute_80", 0, false }, APOLLO__OUTPUT_KIND__OUTPUT_PTX },
+	};
+	Apollo__Graph *g = add_relu(64);
+	Apollo__Envelope *r;
+	int fd;
+
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+	r = hello(fd, "check_daemon");
+	if (!r->hello_reply->nvrtc_version[0]) {
+		printf("SKIP gpu_targets: the daemon has no NVRTC (see %s)\n", d.log);
+		apollo__envelope__free_unpacked(r, NULL);
+		close(fd);
+		graph_free(g);
+		daemon_stop(&d);
+		daemon_cleanup(&d);
+		return;
+	}
+	apollo__envelope__free_unpacked(r, NULL);
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		Apollo__Bundle *b;
+		r = compile(fd, 10 + i, g, &rows[i].o);
+		b = bundle_ok(r, rows[i].o.target);
+		ck_assert_int_eq(b->format, rows[i].format);
+		ck_assert(!b->stats->cache_hit);
+		for (size_t k = 0; k < b->n_kernels; k++) {
+			ProtobufCBinaryData *blob = &b->kernels[k]->blob;
+			if (rows[i].format == APOLLO__OUTPUT_KIND__OUTPUT_CUBIN)
+				ck_assert_int_eq(memcmp(blob->data, "\x7f" "ELF", 4), 0);
+			else
+				ck_assert_ptr_nonnull(memmem(blob->data, blob->len, ".entry", 6));
+		}
+		apollo__envelope__free_unpacked(r, NULL);
+	}
+	r = compile(fd, 20, g, &rows[0].o);
+	ck_assert(bundle_ok(r, "sm_90")->stats->cache_hit);
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* The connection limit: one more client gets ERR_BUSY and is closed. */
+START_TEST(max_clients)
+{
+	daemon_t d;
+	const char *extra[] = { "--max-clients", "2", NULL };
+	Apollo__Envelope *r;
+	int a, b, c;
+
+	daemon_start_in(&d, NULL, NULL, extra);
+	a = connect_unix(d.sock);
+	wait_clients(a, 1);   /* the start-up probe has gone */
+	b = connect_unix(d.sock);
+	ping_ok(a, 1);
+	ping_ok(b, 2);
+	c = connect_unix(d.sock);
+	r = recv_env(c);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_BUSY);
+	apollo__envelope__free_unpacked(r, NULL);
+	ck_assert(closed_by_peer(c));
+	close(c);
+	close(b);
+	/* Room again once one leaves. */
+	wait_clients(a, 1);
+	c = connect_unix(d.sock);
+	ping_ok(c, 3);
+	close(c);
+	close(a);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+static Suite *daemon_suite(void)
+{
+	Suite *s = suite_create("daemon");
+	TCase *tc = tcase_create("daemon");
+
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, ping_hello_stats);
+	tcase_add_test(tc, garbage_bytes);
+	tcase_add_test(tc, truncated_frame);
+	tcase_add_test(tc, length_over_limit);
+	tcase_add_test(tc, configured_frame_limit);
+	tcase_add_test(tc, bad_graphs);
+	tcase_add_test(tc, bad_targets);
+	tcase_add_test(tc, second_submit_hits);
+	tcase_add_test(tc, restart_keeps_cache);
+	tcase_add_test(tc, concurrent_clients);
+	tcase_add_test(tc, pipelined_requests);
+	tcase_add_test(tc, client_leaves_before_reply);
+	tcase_add_test(tc, sigterm_drains);
+	tcase_add_test(tc, stale_and_live_socket);
+	tcase_add_test(tc, tcp_needs_token);
+	tcase_add_test(tc, gpu_target_without_nvrtc);
+	tcase_add_test(tc, gpu_targets);
+	tcase_add_test(tc, max_clients);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(daemon_suite());
+	int failed;
+
+	signal(SIGPIPE, SIG_IGN);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
