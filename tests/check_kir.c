@@ -149,7 +149,7 @@ START_TEST(elementwise_grid_stride)
 	ck_assert_ptr_nonnull(cuda);
 	ck_assert_ptr_nonnull(strstr(cuda, "extern \"C\" __global__"));
 	ck_assert_ptr_nonnull(strstr(cuda, "blockIdx.x"));
-	ck_assert_ptr_nonnull(strstr(cuda, "__device__ const float c0[4]"));
+	ck_assert_ptr_nonnull(strstr(cuda, "__device__ const float ew_test_c0[4]"));
 	ck_assert_ptr_nonnull(strstr(host, "void ew_test(void *const *args, unsigned block_begin"));
 
 	for (int j = 0; j < N; j++)

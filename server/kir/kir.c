@@ -111,6 +111,16 @@ bool ap_kir_failed(const ap_kir_kernel *k)
 	return !k || k->failed;
 }
 
+int ap_kir_kernel_rename(ap_kir_kernel *k, const char *name)
+{
+	char *n = arena_strdup(k, name);
+
+	if (!n)
+		return AP_ENOMEM;
+	k->name = n;
+	return 0;
+}
+
 unsigned ap_kir_block_threads(const ap_kir_kernel *k)
 {
 	return k->block[0] * k->block[1] * k->block[2];

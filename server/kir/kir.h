@@ -183,6 +183,9 @@ __ap_give ap_kir_kernel *ap_kir_kernel_new(const char *name);
 ap_kir_kernel *ap_kir_kernel_free(__ap_take ap_kir_kernel *k);  /* accepts NULL */
 /* True once any allocation of `k` failed (the IR is then incomplete). */
 bool ap_kir_failed(const ap_kir_kernel *k);
+/* Renames the kernel (a C identifier); constant arrays are printed
+ * prefixed by the kernel's name, so they follow.  0 or AP_ENOMEM. */
+int ap_kir_kernel_rename(ap_kir_kernel *k, const char *name);
 /* Total threads per block (block[0]*block[1]*block[2]). */
 unsigned ap_kir_block_threads(const ap_kir_kernel *k);
 
@@ -195,7 +198,9 @@ ap_kir_array *ap_kir_shared(ap_kir_kernel *k, const char *name, ap_dtype type, i
  * memory and grows k->smem_bytes. */
 ap_kir_array *ap_kir_shared_dyn(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size);
 ap_kir_array *ap_kir_local(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size);
-/* `data`: size elements of `type` (copied).  size must be >= 1. */
+/* `data`: size elements of `type` (copied).  size must be >= 1.  Printed
+ * as NAME_<name>, NAME being the kernel's, so kernels can share a
+ * translation unit. */
 ap_kir_array *ap_kir_const_array(ap_kir_kernel *k, const char *name, ap_dtype type,
 				 int64_t size, const void *data);
 /* A fresh scalar variable named `prefix` followed by a number. */

@@ -233,7 +233,10 @@ static void print_index(printer *p, int which)
 
 static void print_array_ref(printer *p, const ap_kir_array *a)
 {
-	sb_printf(&p->out, "%s", a->name);
+	if (a->space == AP_KIR_CONST)
+		sb_printf(&p->out, "%s_%s", p->k->name, a->name);
+	else
+		sb_printf(&p->out, "%s", a->name);
 }
 
 static void print_expr(printer *p, const ap_kir_expr *e);
@@ -653,8 +656,8 @@ static void print_prelude(printer *p)
 
 		if (a->space != AP_KIR_CONST)
 			continue;
-		sb_printf(b, "%s const %s %s[%lld] = {", p->target == AP_KIR_CUDA ? "__device__" : "static",
-			  ap_kir_ctype(a->type), a->name, (long long)a->size);
+		sb_printf(b, "%s const %s %s_%s[%lld] = {", p->target == AP_KIR_CUDA ? "__device__" : "static",
+			  ap_kir_ctype(a->type), k->name, a->name, (long long)a->size);
 		print_const_data(p, a);
 		sb_printf(b, "\n};\n");
 	}

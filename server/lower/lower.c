@@ -345,8 +345,7 @@ static ap_kir_expr *const_value(lctx *L, int t, lidx *ix)
 
 		if (!x->data || x->nbytes < (size_t)n * ap_dtype_size(x->dtype))
 			return unsupported(L, NULL, "constant %s is missing its data", x->name);
-		/* named after the kernel, so that kernels can share a translation unit */
-		snprintf(name, sizeof(name), "%.64s_c%d", L->k->name, L->n_consts++);
+		snprintf(name, sizeof(name), "c%d", L->n_consts++);
 		L->arr_of[t] = ap_kir_const_array(L->k, name, x->dtype, n, x->data);
 	}
 	return ap_kir_load(L->k, L->arr_of[t], lin);
@@ -1288,6 +1287,24 @@ static ap_kir_expr *op_value(lctx *L, int n, int t, lidx *ix)
 
 /* ---- kernels ---------------------------------------------------------------------------- */
 
+typedef struct shape_str {
+	char s[128];
+} shape_str;
+
+static shape_str shape_text(const ap_tensor *t)
+{
+	shape_str r;
+	size_t len = 0;
+
+	r.s[len++] = '[';
+	for (int i = 0; i < t->rank && len + 24 < sizeof(r.s); i++)
+		len += (size_t)snprintf(r.s + len, sizeof(r.s) - len, "%s%lld", i ? "," : "",
+					(long long)t->dims[i]);
+	r.s[len++] = ']';
+	r.s[len] = 0;
+	return r;
+}
+
 static unsigned pow2_at_least(int64_t n, unsigned lo, unsigned hi)
 {
 	unsigned p = lo;
@@ -1454,21 +1471,25 @@ __ap_give ap_kir_kernel *ap_lower_group(__ap_keep const ap_partition *p, int gi,
 		lower_reduce_block(&L, grp);
 	else
 		lower_pointwise(&L, grp);
-	/* a header of comments: the fused nodes and what each parameter holds */
+	/* a header of comments: the fused ops and what each parameter holds.
+	 * No graph names: the kernel is named after its content, so the same
+	 * kernel in two graphs must print the same (ap_kernel_src lists the
+	 * nodes and parameters by name). */
 	{
 		ap_kir_block hdr = {NULL, NULL};
+		char ops[200] = "";
+		size_t len = 0;
 
-		ap_kir_comment(k, &hdr, "%s group %d: %d node(s)", ap_group_kind_name(grp->kind), gi,
-			       grp->n_nodes);
-		for (int i = 0; i < grp->n_nodes; i++)
-			ap_kir_comment(k, &hdr, "  %s %s", ap_op_name(g->nodes[grp->nodes[i]].op),
-				       g->nodes[grp->nodes[i]].name);
+		for (int i = 0; i < grp->n_nodes && len + 40 < sizeof(ops); i++)
+			len += (size_t)snprintf(ops + len, sizeof(ops) - len, " %s",
+						ap_op_name(g->nodes[grp->nodes[i]].op));
+		ap_kir_comment(k, &hdr, "%s group:%s", ap_group_kind_name(grp->kind), ops);
 		for (int i = 0; i < k->n_arrays; i++) {
 			const ap_kir_array *a = k->arrays[i];
 
 			if (a->space == AP_KIR_GLOBAL)
-				ap_kir_comment(k, &hdr, "%s: %s %s", a->name, a->written ? "writes" : "reads",
-					       g->tensors[a->tensor].name);
+				ap_kir_comment(k, &hdr, "%s: %s %s %s", a->name, a->written ? "writes" : "reads",
+					       ap_dtype_name(a->type), shape_text(&g->tensors[a->tensor]).s);
 		}
 		if (hdr.first) {
 			hdr.last->next = k->body.first;

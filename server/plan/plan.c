@@ -5,6 +5,11 @@
  *   -> per group: lower to kernel IR -> print CUDA C and host C
  *   -> buffers, launch plan, workspace layout.
  *
+ * Kernels are named after their content (root op and a hash of both
+ * printed sources), so a kernel that two graphs share has one name and one
+ * cache entry; within a program, groups that lower to the same kernel
+ * share one ap_kernel_src and differ only in their launches' arguments.
+ *
  * Buffers: every graph input (kind INPUT, by position), every graph output
  * (OUTPUT, by position), every PARAM tensor a kernel reads (PARAM, by
  * name), and every other tensor a kernel writes (INTERMEDIATE).  Launches
@@ -16,7 +21,8 @@
  * live at the same time (first fit, in order of definition).
  *
  * Traffic model (bytes): a kernel's global_bytes is the size of every
- * buffer it binds (each read once, each written once); eager_bytes sums,
+ * buffer it binds (each read once, each written once), and the program's
+ * the sum over its launches; eager_bytes sums,
  * over the imported graph's non-view nodes, the sizes of their non-constant
  * inputs and outputs (an op-by-op runtime); min_bytes is the graph's inputs,
  * parameters and outputs, each touched once.
@@ -150,31 +156,11 @@ static int add_name(char ***list, int *n, const char *name)
 	return 0;
 }
 
-static int fill_kernel(builder *b, const ap_partition *part, int gi, const ap_kir_kernel *k,
-		       ap_kernel_src *ks, ap_launch *ln, int kernel_index)
+/* Binds every parameter of kernel k to its buffer for launch `ln`. */
+static int fill_launch(builder *b, const ap_kir_kernel *k, ap_launch *ln, int kernel_index)
 {
-	const ap_group *grp = &part->groups[gi];
-	const ap_graph *g = b->g;
-	ap_error perr;
-
-	ks->name = dup_str(k->name);
-	ks->cuda_src = ap_kir_print(k, AP_KIR_CUDA, b->err);
-	if (!ks->cuda_src)
-		return b->err ? b->err->code : AP_EINTERNAL;
-	ks->host_src = ap_kir_print(k, AP_KIR_HOST, &perr);
-	if (!ks->host_src) {
-		if (b->err)
-			*b->err = perr;
-		return perr.code;
-	}
-	for (int i = 0; i < 3; i++) {
-		ks->grid[i] = k->grid[i];
-		ks->block[i] = k->block[i];
-	}
-	ks->smem_bytes = k->smem_bytes;
-	ks->params = calloc((size_t)k->n_params + 1, sizeof(ap_kernel_param));
 	ln->args = calloc((size_t)k->n_params + 1, sizeof(int));
-	if (!ks->name || !ks->params || !ln->args)
+	if (!ln->args)
 		return AP_ENOMEM;
 	ln->kernel = kernel_index;
 	for (int i = 0; i < k->n_arrays; i++) {
@@ -186,23 +172,95 @@ static int fill_kernel(builder *b, const ap_partition *part, int gi, const ap_ki
 		bi = buffer_for(b, a->tensor);
 		if (bi < 0)
 			return bi;
+		ln->args[a->param] = bi;
+	}
+	ln->n_args = k->n_params;
+	return 0;
+}
+
+/* Adds the names of group gi's nodes to the kernel's list. */
+static int add_group_nodes(builder *b, const ap_group *grp, ap_kernel_src *ks)
+{
+	for (int i = 0; i < grp->n_nodes; i++)
+		if (add_name(&ks->nodes, &ks->n_nodes, b->g->nodes[grp->nodes[i]].name) < 0)
+			return AP_ENOMEM;
+	for (int i = 0; i < grp->n_views; i++)
+		if (add_name(&ks->nodes, &ks->n_nodes, b->g->nodes[grp->views[i]].name) < 0)
+			return AP_ENOMEM;
+	return 0;
+}
+
+static int fill_kernel(builder *b, const ap_kir_kernel *k, ap_kernel_src *ks, const ap_launch *ln)
+{
+	const ap_graph *g = b->g;
+	ap_error perr;
+
+	ks->name = dup_str(k->name);
+	ks->cuda_src = ap_kir_print(k, AP_KIR_CUDA, &perr);
+	if (ks->cuda_src)
+		ks->host_src = ap_kir_print(k, AP_KIR_HOST, &perr);
+	if (!ks->cuda_src || !ks->host_src) {
+		if (b->err)
+			*b->err = perr;
+		return perr.code;
+	}
+	for (int i = 0; i < 3; i++) {
+		ks->grid[i] = k->grid[i];
+		ks->block[i] = k->block[i];
+	}
+	ks->smem_bytes = k->smem_bytes;
+	ks->params = calloc((size_t)k->n_params + 1, sizeof(ap_kernel_param));
+	if (!ks->name || !ks->params)
+		return AP_ENOMEM;
+	ks->n_params = k->n_params;
+	for (int i = 0; i < k->n_arrays; i++) {
+		const ap_kir_array *a = k->arrays[i];
+
+		if (a->space != AP_KIR_GLOBAL || a->param < 0 || a->param >= k->n_params)
+			continue;
 		ks->params[a->param].name = dup_str(g->tensors[a->tensor].name);
 		if (!ks->params[a->param].name)
 			return AP_ENOMEM;
 		ks->params[a->param].dtype = a->type;
 		ks->params[a->param].written = a->written;
-		ln->args[a->param] = bi;
-		ks->global_bytes += b->prog->buffers[bi].nbytes;
+		ks->global_bytes += b->prog->buffers[ln->args[a->param]].nbytes;
 	}
-	ks->n_params = k->n_params;
-	ln->n_args = k->n_params;
-	for (int i = 0; i < grp->n_nodes; i++)
-		if (add_name(&ks->nodes, &ks->n_nodes, g->nodes[grp->nodes[i]].name) < 0)
-			return AP_ENOMEM;
-	for (int i = 0; i < grp->n_views; i++)
-		if (add_name(&ks->nodes, &ks->n_nodes, g->nodes[grp->views[i]].name) < 0)
-			return AP_ENOMEM;
 	return 0;
+}
+
+/* Names kernel k after its content: "ap_<root op>_<16 hex digits of the
+ * SHA-256 of both printed sources>", so that the same kernel gets the same
+ * name (and cache key) in every graph.  0, or an error code. */
+static int name_by_content(builder *b, ap_kir_kernel *k, const char *op)
+{
+	ap_error perr;
+	char *cuda = ap_kir_print(k, AP_KIR_CUDA, &perr), *host = NULL;
+	ap_sha256_ctx *h;
+	uint8_t d[32];
+	char hex[65], name[96];
+
+	if (cuda)
+		host = ap_kir_print(k, AP_KIR_HOST, &perr);
+	if (!cuda || !host) {
+		free(cuda);
+		if (b->err)
+			*b->err = perr;
+		return perr.code;
+	}
+	h = ap_sha256_new();
+	if (!h) {
+		free(cuda);
+		free(host);
+		return AP_ENOMEM;
+	}
+	ap_sha256_update(h, cuda, strlen(cuda) + 1);
+	ap_sha256_update(h, host, strlen(host) + 1);
+	ap_sha256_final(h, d);
+	ap_hex(d, 8, hex);
+	free(cuda);
+	free(host);
+	snprintf(name, sizeof(name), "ap_%s_%s", op, hex);
+	return ap_kir_kernel_rename(k, name);
 }
 
 typedef struct interval {
@@ -306,8 +364,8 @@ static void traffic_model(const ap_graph *g, ap_program *p)
 	p->eager_bytes = eb;
 	p->min_bytes = mb;
 	p->global_bytes = 0;
-	for (int i = 0; i < p->n_kernels; i++)
-		p->global_bytes += p->kernels[i].global_bytes;
+	for (int i = 0; i < p->n_launches; i++)
+		p->global_bytes += p->kernels[p->launches[i].kernel].global_bytes;
 }
 
 static bool group_is_empty(const ap_graph *g, const ap_group *grp)
@@ -373,19 +431,31 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 		goto nomem;
 	for (int gi = 0; gi < part->n_groups; gi++) {
 		const ap_group *grp = &part->groups[gi];
-		char name[64];
+		const char *op = ap_op_name(eg->nodes[grp->root].op);
 		ap_kir_kernel *k;
-		int ki = prog->n_kernels;
+		ap_launch *ln = &prog->launches[prog->n_launches];
+		int ki;
 
 		if (group_is_empty(eg, grp))
 			continue;
-		snprintf(name, sizeof(name), "ap%d_%s", ki, ap_op_name(eg->nodes[grp->root].op));
-		k = ap_lower_group(part, gi, name, &lopt, err);
+		k = ap_lower_group(part, gi, "apollo_kernel", &lopt, err);
 		if (!k)
 			goto fail;
-		prog->n_kernels++;
-		prog->n_launches++;
-		rc = fill_kernel(&b, part, gi, k, &prog->kernels[ki], &prog->launches[ki], ki);
+		rc = name_by_content(&b, k, op);
+		/* the same kernel twice in one program is one kernel, launched twice */
+		for (ki = 0; rc == 0 && ki < prog->n_kernels; ki++)
+			if (strcmp(prog->kernels[ki].name, k->name) == 0)
+				break;
+		if (rc == 0)
+			rc = fill_launch(&b, k, ln, ki);
+		if (rc == 0)
+			prog->n_launches++;
+		if (rc == 0 && ki == prog->n_kernels) {
+			prog->n_kernels++;
+			rc = fill_kernel(&b, k, &prog->kernels[ki], ln);
+		}
+		if (rc == 0)
+			rc = add_group_nodes(&b, grp, &prog->kernels[ki]);
 		ap_kir_kernel_free(k);
 		if (rc == AP_ENOMEM)
 			goto nomem;
