@@ -370,6 +370,63 @@ START_TEST(hostcc_reports_errors)
 }
 END_TEST
 
+/* A barrier under a condition on the thread index cannot be split into
+ * phases: the host printer refuses it (CUDA would deadlock or misbehave). */
+START_TEST(host_printer_refuses_divergent_barrier)
+{
+	ap_kir_kernel *k = ap_kir_kernel_new("bad");
+	ap_kir_stmt *st;
+	ap_error err;
+	char *host, *cuda;
+
+	k->block[0] = 32;
+	st = ap_kir_if(k, &k->body, ap_kir_binary(k, AP_KIR_LT, ap_kir_index_of(k, AP_KIR_THREAD_X),
+						  ap_kir_i64(k, 5)));
+	ap_kir_barrier(k, &st->body);
+	ap_error_clear(&err);
+	host = ap_kir_print(k, AP_KIR_HOST, &err);
+	ck_assert_ptr_null(host);
+	ck_assert_int_eq(err.code, AP_EINTERNAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "thread index"));
+	cuda = ap_kir_print(k, AP_KIR_CUDA, &err);   /* CUDA prints what it is given */
+	ck_assert_ptr_nonnull(cuda);
+	free(cuda);
+	ap_kir_kernel_free(k);
+}
+END_TEST
+
+#include <pthread.h>
+
+static void *compile_worker(void *arg)
+{
+	int id = (int)(intptr_t)arg;
+	char src[256];
+	uint8_t *so = NULL;
+	size_t len = 0;
+	ap_error err;
+	int rc;
+
+	snprintf(src, sizeof(src), "int worker_%d(int x) { return x * %d; }\n", id, id + 1);
+	rc = ap_hostcc_compile(src, &so, &len, &err);
+	free(so);
+	return (void *)(intptr_t)(rc == 0 && len > 0 ? 0 : 1);
+}
+
+/* Several compiles at once: private directories, no shared state. */
+START_TEST(hostcc_concurrent)
+{
+	pthread_t t[6];
+	void *r;
+
+	for (int i = 0; i < 6; i++)
+		ck_assert_int_eq(pthread_create(&t[i], NULL, compile_worker, (void *)(intptr_t)i), 0);
+	for (int i = 0; i < 6; i++) {
+		pthread_join(t[i], &r);
+		ck_assert_int_eq((int)(intptr_t)r, 0);
+	}
+}
+END_TEST
+
 static Suite *kir_suite(void)
 {
 	Suite *s = suite_create("kir");
@@ -382,6 +439,8 @@ static Suite *kir_suite(void)
 	tcase_add_test(tc, registers_across_barrier);
 	tcase_add_test(tc, folding_and_literals);
 	tcase_add_test(tc, hostcc_reports_errors);
+	tcase_add_test(tc, host_printer_refuses_divergent_barrier);
+	tcase_add_test(tc, hostcc_concurrent);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1444,6 +1444,64 @@ START_TEST(workspace_reuse)
 }
 END_TEST
 
+#include <pthread.h>
+
+typedef struct build_job {
+	const ap_graph *g;
+	ap_program *p;
+} build_job;
+
+static void *build_worker(void *arg)
+{
+	build_job *j = arg;
+	ap_error err;
+
+	j->p = ap_program_build(j->g, NULL, &err);
+	return NULL;
+}
+
+/* ap_program_build from several threads at once gives the same program as
+ * one build alone (no shared mutable state). */
+START_TEST(concurrent_builds_agree)
+{
+	enum { NT = 4 };
+	ap_graph *g = ap_graph_new("conc");
+	int x = input(g, "x", AP_DT_F32, DIMS(8, 300));
+	int sc = param(g, "scale", AP_DT_F32, DIMS(300));
+	int y = value(g, "y", AP_DT_F32, DIMS(8, 300)), z = value(g, "z", AP_DT_F32, DIMS(8, 300));
+	build_job jobs[NT];
+	pthread_t t[NT];
+	ap_program *ref;
+	int n;
+
+	n = node(g, "ln", AP_OP_LAYER_NORM, LIST(x, sc), LIST(y));
+	ap_node_set_int(g, n, "axis", 1);
+	ap_node_set_float(g, n, "epsilon", 1e-5);
+	n = node(g, "sm", AP_OP_SOFTMAX, LIST(y), LIST(z));
+	ap_node_set_ints(g, n, "axes", (int64_t[]){1}, 1);
+	output(g, z);
+	ref = build(g);
+	for (int i = 0; i < NT; i++) {
+		jobs[i].g = g;
+		ck_assert_int_eq(pthread_create(&t[i], NULL, build_worker, &jobs[i]), 0);
+	}
+	for (int i = 0; i < NT; i++) {
+		pthread_join(t[i], NULL);
+		ck_assert_ptr_nonnull(jobs[i].p);
+		ck_assert_int_eq(jobs[i].p->n_kernels, ref->n_kernels);
+		ck_assert_int_eq(jobs[i].p->n_launches, ref->n_launches);
+		for (int k = 0; k < ref->n_kernels; k++) {
+			ck_assert_str_eq(jobs[i].p->kernels[k].name, ref->kernels[k].name);
+			ck_assert_str_eq(jobs[i].p->kernels[k].cuda_src, ref->kernels[k].cuda_src);
+			ck_assert_str_eq(jobs[i].p->kernels[k].host_src, ref->kernels[k].host_src);
+		}
+		ap_program_free(jobs[i].p);
+	}
+	ap_program_free(ref);
+	ap_graph_free(g);
+}
+END_TEST
+
 /* ---- ONNX node tests ----------------------------------------------------------------- */
 
 #define TESTDATA "../shared/testdata"
@@ -1670,6 +1728,7 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, batchnorm_instancenorm);
 	tcase_add_test(tc, partition_dump_and_acyclic_merges);
 	tcase_add_test(tc, workspace_reuse);
+	tcase_add_test(tc, concurrent_builds_agree);
 	tcase_add_test(tc, onnx_node_tests);
 	suite_add_tcase(s, tc);
 	return s;
