@@ -1332,6 +1332,58 @@ START_TEST(gpu_target_without_nvrtc)
 }
 END_TEST
 
+/* out = MatMul(Relu(MatMul(x, w1)), w2) on [4,8] x [8,8]: several kernels. */
+static Apollo__Graph *two_matmuls(void)
+{
+	Apollo__Graph *g = graph_new("two_matmuls");
+	int64_t d48[2] = { 4, 8 }, d88[2] = { 8, 8 };
+	int x = graph_tensor(g, "x", APOLLO__TENSOR_KIND__TENSOR_INPUT, 2, d48);
+	int w1 = graph_tensor(g, "w1", APOLLO__TENSOR_KIND__TENSOR_PARAM, 2, d88);
+	int w2 = graph_tensor(g, "w2", APOLLO__TENSOR_KIND__TENSOR_PARAM, 2, d88);
+	int a = graph_tensor(g, "a", APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, d48);
+	int b = graph_tensor(g, "b", APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, d48);
+	int o = graph_tensor(g, "o", APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, d48);
+
+	graph_node(g, "mm1", "MatMul", 2, (int32_t[]){ x, w1 }, a);
+	graph_node(g, "act", "Relu", 1, (int32_t[]){ a }, b);
+	graph_node(g, "mm2", "MatMul", 2, (int32_t[]){ b, w2 }, o);
+	graph_output(g, o);
+	return g;
+}
+
+/* The backend fails (a host compiler that always fails): ERR_COMPILE naming
+ * a node, nothing cached, and the daemon goes on. */
+START_TEST(backend_failure)
+{
+	daemon_t d;
+	const char *env[] = { "APOLLO_CC=false", NULL };
+	Apollo__Graph *g = two_matmuls();
+	Apollo__Envelope *r;
+	Apollo__Error *e;
+	int fd;
+
+	daemon_start_in(&d, NULL, env, NULL);
+	fd = connect_unix(d.sock);
+	for (int i = 0; i < 2; i++) {
+		r = compile(fd, 1 + i, g, NULL);
+		e = compile_error(r, APOLLO__ERROR_CODE__ERR_COMPILE);
+		ck_assert_uint_gt(strlen(e->node), 0);
+		apollo__envelope__free_unpacked(r, NULL);
+	}
+	ping_ok(fd, 3);
+	{
+		Apollo__StatsReply *s = get_stats(fd);
+		ck_assert_uint_eq(s->kernels_compiled, 0);
+		ck_assert_uint_eq(s->cache_entries, 0);
+		apollo__stats_reply__free_unpacked(s, NULL);
+	}
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
 /* GPU targets through the daemon (NVRTC needed, no GPU): sm_90 cubin,
  * sm_80 PTX, compute_80 PTX; the kernel cache shares nothing across
  * targets. */
@@ -1443,6 +1495,7 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, stale_and_live_socket);
 	tcase_add_test(tc, tcp_needs_token);
 	tcase_add_test(tc, gpu_target_without_nvrtc);
+	tcase_add_test(tc, backend_failure);
 	tcase_add_test(tc, gpu_targets);
 	tcase_add_test(tc, max_clients);
 	suite_add_tcase(s, tc);

@@ -14,10 +14,11 @@
  * the content-addressed table, shared by every bundle and kernel key that
  * names them, and are verified on every read.
  *
- * Kernels of one request are compiled by up to `threads` threads (the
- * calling worker and helpers it starts): NVRTC and cc take tens to hundreds
- * of milliseconds per kernel, and the kernels of one program are
- * independent.
+ * Kernels of one request are compiled in parallel: NVRTC and cc take tens
+ * to hundreds of milliseconds per kernel, and the kernels of one program
+ * are independent.  The compiler owns `threads - 1` helper threads, started
+ * once; a request queues its kernels for them and compiles its share on
+ * its own worker thread, so it never waits on helpers busy elsewhere.
  */
 #include "compile.h"
 
@@ -34,9 +35,18 @@
 #include "../plan/program.h"
 #include "proto/apollo.pb-c.h"
 
+struct kernel_batch;
+
 struct ap_compiler {
 	ap_cache *cache;
 	unsigned threads;
+	/* Helper threads for the kernels of a request (see compile_kernels). */
+	pthread_mutex_t mu;
+	pthread_cond_t work;
+	struct kernel_batch *queue;   /* batches with kernels not yet taken */
+	bool stop;
+	unsigned n_helpers;
+	pthread_t *helpers;
 	unsigned delay_ms;       /* $APOLLO_TEST_COMPILE_DELAY_MS: tests only */
 	char cc_id[256];
 	char nvrtc_id[64];
@@ -67,6 +77,8 @@ static void host_cc_identity(char *buf, size_t cap)
 	snprintf(buf, cap, "cc %s: %s", cc, line[0] ? line : "unknown");
 }
 
+static void *helper_main(void *arg);
+
 ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 {
 	ap_compiler *c = calloc(1, sizeof(*c));
@@ -77,16 +89,45 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 		return NULL;
 	c->cache = cache;
 	c->threads = opt && opt->threads ? opt->threads : 1;
+	if (c->threads > 256)
+		c->threads = 256;
 	if (delay && *delay)
 		c->delay_ms = (unsigned)strtoul(delay, NULL, 10);
 	host_cc_identity(c->cc_id, sizeof(c->cc_id));
 	nv = ap_nvrtc_version();
 	snprintf(c->nvrtc_id, sizeof(c->nvrtc_id), "nvrtc %s", nv ? nv : "none");
+	/* libcrypto initialises itself on first use and keeps that thread's
+	 * state until exit: let that be this (long-lived) thread. */
+	{
+		uint8_t d[32];
+		ap_sha256("", 0, d);
+	}
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_cond_init(&c->work, NULL);
+	c->helpers = calloc(c->threads, sizeof(pthread_t));
+	if (!c->helpers)
+		return ap_compiler_free(c);
+	for (unsigned t = 1; t < c->threads; t++) {
+		if (pthread_create(&c->helpers[c->n_helpers], NULL, helper_main, c))
+			break;   /* fewer helpers: slower, still correct */
+		c->n_helpers++;
+	}
 	return c;
 }
 
 ap_compiler *ap_compiler_free(ap_compiler *c)
 {
+	if (!c)
+		return NULL;
+	pthread_mutex_lock(&c->mu);
+	c->stop = true;
+	pthread_cond_broadcast(&c->work);
+	pthread_mutex_unlock(&c->mu);
+	for (unsigned t = 0; t < c->n_helpers; t++)
+		pthread_join(c->helpers[t], NULL);
+	free(c->helpers);
+	pthread_cond_destroy(&c->work);
+	pthread_mutex_destroy(&c->mu);
 	free(c);
 	return NULL;
 }
@@ -447,6 +488,10 @@ static uint8_t *pack_stripped(Apollo__Bundle *b, size_t *len)
 
 /* ---- kernels -------------------------------------------------------------- */
 
+/* One request's kernels, shared by the worker that owns the request and
+ * the helper threads.  `next`, `done`, `failed` and the queue links are
+ * under the compiler's pool mutex; each blobs[i] is written only by the
+ * thread that took index i. */
 struct kernel_batch {
 	ap_compiler *c;
 	const ap_program *p;
@@ -454,8 +499,10 @@ struct kernel_batch {
 	bool gpu, use_cache;
 	int output;
 	struct kblob *blobs;
-	atomic_int next;
-	atomic_bool failed;
+	int next, done;
+	bool failed;
+	struct kernel_batch *queue_next;
+	pthread_cond_t finished;
 };
 
 static void compile_one(struct kernel_batch *kb, int i)
@@ -494,40 +541,106 @@ static void compile_one(struct kernel_batch *kb, int i)
 	ap_cache_kernel_put(kb->c->cache, key, out->data, out->len, NULL);
 }
 
-static void *kernel_worker(void *arg)
+/* Removes `kb` from the queue of batches with work left (under c->mu). */
+static void dequeue(ap_compiler *c, struct kernel_batch *kb)
 {
-	struct kernel_batch *kb = arg;
-	int i;
+	struct kernel_batch **pp = &c->queue;
 
-	while (!atomic_load(&kb->failed) && (i = atomic_fetch_add(&kb->next, 1)) < kb->p->n_kernels) {
-		compile_one(kb, i);
-		if (kb->blobs[i].rc)
-			atomic_store(&kb->failed, true);
+	while (*pp && *pp != kb)
+		pp = &(*pp)->queue_next;
+	if (*pp)
+		*pp = kb->queue_next;
+}
+
+/* Takes the next index of `kb` (under c->mu); -1 when none is left.  A
+ * failed batch hands out no more work: its remaining kernels count as
+ * done.  A batch with nothing left to hand out leaves the queue. */
+static int take_index(ap_compiler *c, struct kernel_batch *kb)
+{
+	int n = kb->p->n_kernels, i;
+
+	if (kb->failed && kb->next < n) {
+		kb->done += n - kb->next;
+		kb->next = n;
+		if (kb->done == n)
+			pthread_cond_signal(&kb->finished);
 	}
+	if (kb->next >= n) {
+		dequeue(c, kb);
+		return -1;
+	}
+	i = kb->next++;
+	if (kb->next == n)
+		dequeue(c, kb);
+	return i;
+}
+
+/* Runs kernel i of `kb` outside the lock and records it (takes c->mu). */
+static void run_index(ap_compiler *c, struct kernel_batch *kb, int i)
+{
+	pthread_mutex_unlock(&c->mu);
+	compile_one(kb, i);
+	pthread_mutex_lock(&c->mu);
+	if (kb->blobs[i].rc)
+		kb->failed = true;
+	kb->done++;
+	if (kb->failed && kb->next < kb->p->n_kernels)
+		take_index(c, kb);   /* drops what is left */
+	if (kb->done == kb->p->n_kernels)
+		pthread_cond_signal(&kb->finished);
+}
+
+/* Helper thread: serves the queue of batches until the compiler is freed.
+ * Helpers live as long as the compiler, so per-thread library state
+ * (OpenSSL's error queue, NVRTC's) is set up once, not per request. */
+static void *helper_main(void *arg)
+{
+	ap_compiler *c = arg;
+
+	pthread_mutex_lock(&c->mu);
+	for (;;) {
+		struct kernel_batch *kb;
+		int i;
+
+		while (!c->stop && !c->queue)
+			pthread_cond_wait(&c->work, &c->mu);
+		if (c->stop)
+			break;
+		kb = c->queue;
+		i = take_index(c, kb);
+		if (i >= 0)
+			run_index(c, kb, i);
+	}
+	pthread_mutex_unlock(&c->mu);
 	return NULL;
 }
 
-/* Compiles (or fetches) every kernel; 0, or the first failure's code with
+/* Compiles (or fetches) every kernel of `kb` with the helpers' help, the
+ * calling worker taking its share; 0, or the first failure's code with
  * `err` copied from it. */
-static int compile_kernels(struct kernel_batch *kb, ap_error *err)
+static int compile_kernels(ap_compiler *c, struct kernel_batch *kb, ap_error *err)
 {
-	unsigned n_threads = kb->c->threads;
-	pthread_t tids[64];
-	unsigned started = 0;
+	int i;
 
-	if (n_threads > (unsigned)kb->p->n_kernels)
-		n_threads = (unsigned)kb->p->n_kernels;
-	if (n_threads > 64)
-		n_threads = 64;
-	for (unsigned t = 1; t < n_threads; t++) {
-		if (pthread_create(&tids[started], NULL, kernel_worker, kb))
-			break;
-		started++;
+	if (kb->p->n_kernels == 0)
+		return 0;
+	pthread_cond_init(&kb->finished, NULL);
+	pthread_mutex_lock(&c->mu);
+	if (c->n_helpers > 0 && kb->p->n_kernels > 1) {
+		struct kernel_batch **pp = &c->queue;
+		while (*pp)
+			pp = &(*pp)->queue_next;
+		*pp = kb;
+		kb->queue_next = NULL;
+		pthread_cond_broadcast(&c->work);
 	}
-	kernel_worker(kb);
-	for (unsigned t = 0; t < started; t++)
-		pthread_join(tids[t], NULL);
-	for (int i = 0; i < kb->p->n_kernels; i++) {
+	while ((i = take_index(c, kb)) >= 0)
+		run_index(c, kb, i);
+	while (kb->done < kb->p->n_kernels)
+		pthread_cond_wait(&kb->finished, &c->mu);
+	pthread_mutex_unlock(&c->mu);
+	pthread_cond_destroy(&kb->finished);
+	for (i = 0; i < kb->p->n_kernels; i++) {
 		if (kb->blobs[i].rc) {
 			*err = kb->blobs[i].err;
 			return kb->blobs[i].rc;
@@ -753,9 +866,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 			.c = c, .p = prog, .target = r->target, .gpu = r->gpu,
 			.use_cache = r->use_cache, .output = r->output, .blobs = blobs,
 		};
-		atomic_init(&kb.next, 0);
-		atomic_init(&kb.failed, false);
-		rc = compile_kernels(&kb, err);
+		rc = compile_kernels(c, &kb, err);
 	}
 	if (rc)
 		goto done;
