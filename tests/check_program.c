@@ -1404,6 +1404,31 @@ START_TEST(partition_dump_and_acyclic_merges)
 }
 END_TEST
 
+/* Index arithmetic is 32-bit while every tensor of a kernel has fewer than
+ * 2^30 elements, 64-bit beyond (built, not run: 4 GiB). */
+START_TEST(index_width)
+{
+	ap_graph *g = ap_graph_new("wide");
+	int x = input(g, "x", AP_DT_F32, DIMS(32768, 32768));
+	int y = value(g, "y", AP_DT_F32, DIMS(32768, 32768));
+	int s = input(g, "s", AP_DT_F32, DIMS(4, 5));
+	int z = value(g, "z", AP_DT_F32, DIMS(4, 5));
+	ap_program *p;
+
+	node(g, "relu", AP_OP_RELU, LIST(x), LIST(y));
+	node(g, "neg", AP_OP_NEG, LIST(s), LIST(z));
+	output(g, y);
+	output(g, z);
+	p = build(g);
+	ck_assert_int_eq(p->n_kernels, 2);
+	ck_assert_ptr_nonnull(strstr(p->kernels[0].cuda_src, "for (long long i"));
+	ck_assert_ptr_nonnull(strstr(p->kernels[1].cuda_src, "for (int i"));
+	ck_assert_uint_eq(p->buffers[0].nbytes, (uint64_t)1 << 32);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
 /* Intermediates reuse workspace space once dead; identical groups share
  * one kernel. */
 START_TEST(workspace_reuse)
@@ -1728,6 +1753,7 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, batchnorm_instancenorm);
 	tcase_add_test(tc, partition_dump_and_acyclic_merges);
 	tcase_add_test(tc, workspace_reuse);
+	tcase_add_test(tc, index_width);
 	tcase_add_test(tc, concurrent_builds_agree);
 	tcase_add_test(tc, onnx_node_tests);
 	suite_add_tcase(s, tc);

@@ -81,6 +81,7 @@ __ap_give ap_kir_kernel *ap_kir_kernel_new(const char *name)
 	}
 	for (int i = 0; i < 3; i++)
 		k->grid[i] = k->block[i] = 1;
+	k->index_type = AP_DT_I64;
 	k->name = arena_strdup(k, name);
 	if (!k->name)
 		return ap_kir_kernel_free(k);
@@ -276,6 +277,11 @@ ap_kir_expr *ap_kir_i64(ap_kir_kernel *k, int64_t v)
 	return ap_kir_int(k, AP_DT_I64, v);
 }
 
+ap_kir_expr *ap_kir_idx(ap_kir_kernel *k, int64_t v)
+{
+	return k ? ap_kir_int(k, k->index_type, v) : NULL;
+}
+
 ap_kir_expr *ap_kir_float(ap_kir_kernel *k, ap_dtype type, double v)
 {
 	ap_kir_expr *e;
@@ -317,7 +323,7 @@ ap_kir_expr *ap_kir_ref(ap_kir_kernel *k, ap_kir_var *v)
 
 ap_kir_expr *ap_kir_index_of(ap_kir_kernel *k, ap_kir_index which)
 {
-	ap_kir_expr *e = expr_new(k, AP_KIR_E_INDEX, AP_DT_I64);
+	ap_kir_expr *e = k ? expr_new(k, AP_KIR_E_INDEX, k->index_type) : NULL;
 
 	if (e)
 		e->op = which;
@@ -555,12 +561,12 @@ ap_kir_expr *ap_kir_mul(ap_kir_kernel *k, ap_kir_expr *a, ap_kir_expr *b)
 
 ap_kir_expr *ap_kir_addi(ap_kir_kernel *k, ap_kir_expr *a, int64_t b)
 {
-	return ap_kir_binary(k, AP_KIR_ADD, a, ap_kir_i64(k, b));
+	return a ? ap_kir_binary(k, AP_KIR_ADD, a, ap_kir_int(k, a->type, b)) : NULL;
 }
 
 ap_kir_expr *ap_kir_muli(ap_kir_kernel *k, ap_kir_expr *a, int64_t b)
 {
-	return ap_kir_binary(k, AP_KIR_MUL, a, ap_kir_i64(k, b));
+	return a ? ap_kir_binary(k, AP_KIR_MUL, a, ap_kir_int(k, a->type, b)) : NULL;
 }
 
 bool ap_kir_expr_equal(const ap_kir_expr *a, const ap_kir_expr *b)

@@ -161,6 +161,8 @@ typedef struct ap_kir_kernel {
 	char *name;               /* entry point */
 	unsigned grid[3], block[3];
 	unsigned smem_bytes;      /* dynamic shared memory (bytes), grows with ap_kir_shared_dyn */
+	ap_dtype index_type;      /* AP_DT_I64 (default) or AP_DT_I32: the type of
+				     block/thread indices and ap_kir_idx constants */
 	int n_arrays, cap_arrays;
 	ap_kir_array **arrays;    /* in creation order */
 	int n_params;             /* GLOBAL arrays; their `param` is 0..n_params-1 */
@@ -209,12 +211,14 @@ ap_kir_var *ap_kir_var_new(ap_kir_kernel *k, ap_dtype type, const char *prefix);
 /* Expressions (NULL operands give NULL). */
 ap_kir_expr *ap_kir_int(ap_kir_kernel *k, ap_dtype type, int64_t v);
 ap_kir_expr *ap_kir_i64(ap_kir_kernel *k, int64_t v);
+/* An integer constant of the kernel's index type. */
+ap_kir_expr *ap_kir_idx(ap_kir_kernel *k, int64_t v);
 ap_kir_expr *ap_kir_float(ap_kir_kernel *k, ap_dtype type, double v);
 /* A constant of `type` holding v (float types exact, integer types
  * truncated, bool v != 0). */
 ap_kir_expr *ap_kir_const(ap_kir_kernel *k, ap_dtype type, double v);
 ap_kir_expr *ap_kir_ref(ap_kir_kernel *k, ap_kir_var *v);
-/* blockIdx / threadIdx component, as int64. */
+/* blockIdx / threadIdx component, of the kernel's index type. */
 ap_kir_expr *ap_kir_index_of(ap_kir_kernel *k, ap_kir_index which);
 ap_kir_expr *ap_kir_unary(ap_kir_kernel *k, ap_kir_unop op, ap_kir_expr *a);
 /* Operands must have the same type (the result's, or bool for
@@ -227,7 +231,7 @@ ap_kir_expr *ap_kir_call(ap_kir_kernel *k, ap_kir_fn fn, ap_kir_expr *a, ap_kir_
 ap_kir_expr *ap_kir_cast(ap_kir_kernel *k, ap_dtype type, ap_kir_expr *a);
 ap_kir_expr *ap_kir_load(ap_kir_kernel *k, ap_kir_array *arr, ap_kir_expr *index);
 
-/* Shorthands for int64 index arithmetic. */
+/* Shorthands for index arithmetic (constants take a's type). */
 ap_kir_expr *ap_kir_add(ap_kir_kernel *k, ap_kir_expr *a, ap_kir_expr *b);
 ap_kir_expr *ap_kir_mul(ap_kir_kernel *k, ap_kir_expr *a, ap_kir_expr *b);
 ap_kir_expr *ap_kir_addi(ap_kir_kernel *k, ap_kir_expr *a, int64_t b);

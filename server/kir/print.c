@@ -201,7 +201,7 @@ static void print_var(printer *p, const ap_kir_var *v)
 		sb_printf(&p->out, "%s", v->name);
 }
 
-static void print_index(printer *p, int which)
+static void print_index(printer *p, int which, ap_dtype type)
 {
 	static const char *const cuda[] = {
 		"blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z",
@@ -211,24 +211,21 @@ static void print_index(printer *p, int which)
 	unsigned extent;
 
 	if (which < 0 || which > AP_KIR_THREAD_Z) {
-		sb_printf(&p->out, "0LL");
+		print_int(p, type, 0);
 		return;
 	}
 	extent = which < AP_KIR_THREAD_X ? k->grid[which] : k->block[which - AP_KIR_THREAD_X];
 	if (extent == 1) {
-		sb_printf(&p->out, "0LL");
+		print_int(p, type, 0);
 		return;
 	}
-	if (p->target == AP_KIR_CUDA) {
-		sb_printf(&p->out, "((long long)%s)", cuda[which]);
-		return;
-	}
-	if (which >= AP_KIR_THREAD_X && p->block_mode) {
+	if (which >= AP_KIR_THREAD_X && p->block_mode && p->target == AP_KIR_HOST) {
 		p->bad = true;
 		snprintf(p->bad_msg, sizeof(p->bad_msg),
 			 "thread index in block-level control flow around a barrier");
 	}
-	sb_printf(&p->out, "%s", host[which]);
+	sb_printf(&p->out, "((%s)%s)", ap_kir_ctype(type),
+		  p->target == AP_KIR_CUDA ? cuda[which] : host[which]);
 }
 
 static void print_array_ref(printer *p, const ap_kir_array *a)
@@ -271,7 +268,7 @@ static void print_expr(printer *p, const ap_kir_expr *e)
 		print_var(p, e->var);
 		break;
 	case AP_KIR_E_INDEX:
-		print_index(p, e->op);
+		print_index(p, e->op, e->type);
 		break;
 	case AP_KIR_E_UNARY:
 		sb_printf(b, "(%s", e->op == AP_KIR_NEG ? "-" : "!");

@@ -132,7 +132,7 @@ static ap_kir_expr *coord(lctx *L, lidx *ix, int d)
 	int64_t s;
 
 	if (ix->dims[d] == 1)
-		return ap_kir_i64(k, 0);
+		return ap_kir_idx(k, 0);
 	if (ix->c[d])
 		return ix->c[d];
 	if (!ix->lin)
@@ -140,9 +140,9 @@ static ap_kir_expr *coord(lctx *L, lidx *ix, int d)
 	s = stride_of(ix, d);
 	e = ix->lin;
 	if (s != 1)
-		e = ap_kir_binary(k, AP_KIR_DIV, e, ap_kir_i64(k, s));
+		e = ap_kir_binary(k, AP_KIR_DIV, e, ap_kir_idx(k, s));
 	if (d > 0)
-		e = ap_kir_binary(k, AP_KIR_REM, e, ap_kir_i64(k, ix->dims[d]));
+		e = ap_kir_binary(k, AP_KIR_REM, e, ap_kir_idx(k, ix->dims[d]));
 	ix->c[d] = e;
 	return e;
 }
@@ -154,7 +154,7 @@ static ap_kir_expr *linear(lctx *L, lidx *ix)
 
 	if (ix->lin)
 		return ix->lin;
-	e = ap_kir_i64(k, 0);
+	e = ap_kir_idx(k, 0);
 	for (int d = 0; d < ix->rank; d++) {
 		if (ix->dims[d] == 1)
 			continue;
@@ -176,7 +176,7 @@ static lidx bcast(lctx *L, lidx *ix, int t)
 	for (int d = 0; d < x->rank; d++) {
 		int od = d + ix->rank - x->rank;
 
-		r.c[d] = (x->dims[d] == 1 || od < 0) ? ap_kir_i64(L->k, 0) : coord(L, ix, od);
+		r.c[d] = (x->dims[d] == 1 || od < 0) ? ap_kir_idx(L->k, 0) : coord(L, ix, od);
 	}
 	return r;
 }
@@ -249,7 +249,7 @@ static void memo_add(lctx *L, int t, const lidx *ix, ap_kir_expr *v)
 static ap_kir_var *loop_open(lctx *L, const char *prefix, ap_kir_expr *lo, ap_kir_expr *hi,
 			     int64_t step, ap_kir_block **saved)
 {
-	ap_kir_var *v = ap_kir_var_new(L->k, AP_DT_I64, prefix);
+	ap_kir_var *v = ap_kir_var_new(L->k, L->k->index_type, prefix);
 	ap_kir_stmt *s = ap_kir_for(L->k, L->cur, v, lo, hi, step);
 
 	*saved = L->cur;
@@ -707,9 +707,9 @@ static lidx reduce_in_idx(lctx *L, const ap_node *node, int x, lidx *out, ap_kir
 		ap_kir_expr *e = r;
 
 		if (rstride != 1)
-			e = ap_kir_binary(L->k, AP_KIR_DIV, e, ap_kir_i64(L->k, rstride));
-		e = ap_kir_binary(L->k, AP_KIR_REM, e, ap_kir_i64(L->k, xt->dims[d]));
-		in.c[d] = xt->dims[d] == 1 ? ap_kir_i64(L->k, 0) : e;
+			e = ap_kir_binary(L->k, AP_KIR_DIV, e, ap_kir_idx(L->k, rstride));
+		e = ap_kir_binary(L->k, AP_KIR_REM, e, ap_kir_idx(L->k, xt->dims[d]));
+		in.c[d] = xt->dims[d] == 1 ? ap_kir_idx(L->k, 0) : e;
 		rstride *= xt->dims[d];
 	}
 	for (int d = 0; d < xt->rank; d++) {
@@ -746,7 +746,7 @@ static ap_kir_expr *reduce_serial(lctx *L, const ap_node *node, int t, lidx *ix)
 	lidx in;
 
 	ap_kir_let(k, L->cur, acc, reduce_identity(L, node->op, dt));
-	r = loop_open(L, "r", ap_kir_i64(k, 0), ap_kir_i64(k, R), 1, &saved);
+	r = loop_open(L, "r", ap_kir_idx(k, 0), ap_kir_idx(k, R), 1, &saved);
 	in = reduce_in_idx(L, node, x, ix, ap_kir_ref(k, r));
 	ap_kir_assign(k, L->cur, acc, reduce_combine(L, node->op, ap_kir_ref(k, acc), val(L, x, &in)));
 	scope_close(L, saved);
@@ -779,15 +779,15 @@ static ap_kir_expr *matmul_value(lctx *L, const ap_node *node, int t, lidx *ix)
 	for (int d = 0; d < ra - 2; d++) {
 		int od = d + nb - (ra - 2);
 
-		ai.c[d] = (at->dims[d] == 1 || od < 0) ? ap_kir_i64(k, 0) : coord(L, ix, od);
+		ai.c[d] = (at->dims[d] == 1 || od < 0) ? ap_kir_idx(k, 0) : coord(L, ix, od);
 	}
 	for (int d = 0; d < rb - 2; d++) {
 		int od = d + nb - (rb - 2);
 
-		bi.c[d] = (bt->dims[d] == 1 || od < 0) ? ap_kir_i64(k, 0) : coord(L, ix, od);
+		bi.c[d] = (bt->dims[d] == 1 || od < 0) ? ap_kir_idx(k, 0) : coord(L, ix, od);
 	}
 	ap_kir_let(k, L->cur, acc, C(L, dt, 0));
-	kv = loop_open(L, "k", ap_kir_i64(k, 0), ap_kir_i64(k, K), 1, &saved);
+	kv = loop_open(L, "k", ap_kir_idx(k, 0), ap_kir_idx(k, K), 1, &saved);
 	if (a1) {
 		ai.c[0] = ap_kir_ref(k, kv);
 	} else {
@@ -847,8 +847,8 @@ static ap_kir_expr *conv_value(lctx *L, const ap_node *node, int t, lidx *ix)
 	Mg = M / group;
 	n_ = coord(L, ix, 0);
 	m = coord(L, ix, 1);
-	gi = once(L, bin(L, AP_KIR_DIV, m, ap_kir_i64(k, Mg)));
-	mm = tr ? once(L, bin(L, AP_KIR_REM, m, ap_kir_i64(k, Mg))) : NULL;
+	gi = once(L, bin(L, AP_KIR_DIV, m, ap_kir_idx(k, Mg)));
+	mm = tr ? once(L, bin(L, AP_KIR_REM, m, ap_kir_idx(k, Mg))) : NULL;
 	acc = ap_kir_var_new(k, dt, "acc");
 	if (bias >= 0) {
 		bi = shape_idx(&g->tensors[bias]);
@@ -857,7 +857,7 @@ static ap_kir_expr *conv_value(lctx *L, const ap_node *node, int t, lidx *ix)
 	} else {
 		ap_kir_let(k, L->cur, acc, C(L, dt, 0));
 	}
-	cv = loop_open(L, "c", ap_kir_i64(k, 0), ap_kir_i64(k, Cg), 1, &saved);
+	cv = loop_open(L, "c", ap_kir_idx(k, 0), ap_kir_idx(k, Cg), 1, &saved);
 	saves[ns_saves++] = saved;
 	ci = once(L, ap_kir_add(k, ap_kir_muli(k, gi, Cg), ap_kir_ref(k, cv)));
 	xi.c[0] = n_;
@@ -873,7 +873,7 @@ static ap_kir_expr *conv_value(lctx *L, const ap_node *node, int t, lidx *ix)
 		int64_t s = attr_at(node, "strides", d, 1), dil = attr_at(node, "dilations", d, 1);
 		int64_t pb = attr_at(node, "pads", d, 0);
 		int64_t K = wt->dims[2 + d], D = xt->dims[2 + d], O = yt->dims[2 + d];
-		ap_kir_var *kv = loop_open(L, "k", ap_kir_i64(k, 0), ap_kir_i64(k, K), 1, &saved);
+		ap_kir_var *kv = loop_open(L, "k", ap_kir_idx(k, 0), ap_kir_idx(k, K), 1, &saved);
 		ap_kir_expr *o = coord(L, ix, 2 + d), *pos, *cond;
 
 		saves[ns_saves++] = saved;
@@ -884,19 +884,19 @@ static ap_kir_expr *conv_value(lctx *L, const ap_node *node, int t, lidx *ix)
 			xi.c[2 + d] = pos;
 			if (pb == 0 && (O - 1) * s + (K - 1) * dil < D)
 				continue;   /* always in range */
-			cond = bin(L, AP_KIR_LAND, bin(L, AP_KIR_GE, pos, ap_kir_i64(k, 0)),
-				   bin(L, AP_KIR_LT, pos, ap_kir_i64(k, D)));
+			cond = bin(L, AP_KIR_LAND, bin(L, AP_KIR_GE, pos, ap_kir_idx(k, 0)),
+				   bin(L, AP_KIR_LT, pos, ap_kir_idx(k, D)));
 		} else {
 			pos = once(L, ap_kir_add(k, ap_kir_addi(k, o, pb),
 						 ap_kir_muli(k, ap_kir_ref(k, kv), -dil)));
-			xi.c[2 + d] = s == 1 ? pos : bin(L, AP_KIR_DIV, pos, ap_kir_i64(k, s));
-			cond = bin(L, AP_KIR_GE, pos, ap_kir_i64(k, 0));
+			xi.c[2 + d] = s == 1 ? pos : bin(L, AP_KIR_DIV, pos, ap_kir_idx(k, s));
+			cond = bin(L, AP_KIR_GE, pos, ap_kir_idx(k, 0));
 			if (s != 1)
 				cond = bin(L, AP_KIR_LAND, cond,
-					   bin(L, AP_KIR_EQ, bin(L, AP_KIR_REM, pos, ap_kir_i64(k, s)),
-					       ap_kir_i64(k, 0)));
+					   bin(L, AP_KIR_EQ, bin(L, AP_KIR_REM, pos, ap_kir_idx(k, s)),
+					       ap_kir_idx(k, 0)));
 			cond = bin(L, AP_KIR_LAND, cond,
-				   bin(L, AP_KIR_LT, pos, ap_kir_i64(k, D * s)));
+				   bin(L, AP_KIR_LT, pos, ap_kir_idx(k, D * s)));
 		}
 		if_open(L, cond, &saved, &st);
 		saves[ns_saves++] = saved;
@@ -944,17 +944,17 @@ static ap_kir_expr *pool_value(lctx *L, const ap_node *node, int t, lidx *ix)
 		int64_t s = attr_at(node, "strides", d, 1), dil = attr_at(node, "dilations", d, 1);
 		int64_t pb = attr_at(node, "pads", d, 0), pe = attr_at(node, "pads", ns + d, 0);
 		int64_t D = xt->dims[2 + d];
-		ap_kir_var *kv = loop_open(L, "k", ap_kir_i64(k, 0), ap_kir_i64(k, K), 1, &saved);
+		ap_kir_var *kv = loop_open(L, "k", ap_kir_idx(k, 0), ap_kir_idx(k, K), 1, &saved);
 		ap_kir_expr *pos;
 
 		saves[n_saves++] = saved;
 		pos = once(L, ap_kir_add(k, ap_kir_addi(k, ap_kir_muli(k, coord(L, ix, 2 + d), s), -pb),
 					 ap_kir_muli(k, ap_kir_ref(k, kv), dil)));
 		xi.c[2 + d] = pos;
-		ap_kir_expr *v = bin(L, AP_KIR_LAND, bin(L, AP_KIR_GE, pos, ap_kir_i64(k, 0)),
-				     bin(L, AP_KIR_LT, pos, ap_kir_i64(k, D)));
-		ap_kir_expr *p = bin(L, AP_KIR_LAND, bin(L, AP_KIR_GE, pos, ap_kir_i64(k, -pb)),
-				     bin(L, AP_KIR_LT, pos, ap_kir_i64(k, D + pe)));
+		ap_kir_expr *v = bin(L, AP_KIR_LAND, bin(L, AP_KIR_GE, pos, ap_kir_idx(k, 0)),
+				     bin(L, AP_KIR_LT, pos, ap_kir_idx(k, D)));
+		ap_kir_expr *p = bin(L, AP_KIR_LAND, bin(L, AP_KIR_GE, pos, ap_kir_idx(k, -pb)),
+				     bin(L, AP_KIR_LT, pos, ap_kir_idx(k, D + pe)));
 
 		valid = valid ? bin(L, AP_KIR_LAND, valid, v) : v;
 		inpad = inpad ? bin(L, AP_KIR_LAND, inpad, p) : p;
@@ -1000,8 +1000,8 @@ static ap_kir_expr *lrn_value(lctx *L, const ap_node *node, int t, lidx *ix)
 		return unsupported(L, node, "input rank %d, dtype %s, size %lld", xt->rank,
 				   ap_dtype_name(dt), (long long)size);
 	c = coord(L, ix, 1);
-	lo = bin(L, AP_KIR_MAX, ap_kir_addi(k, c, -before), ap_kir_i64(k, 0));
-	hi = bin(L, AP_KIR_MIN, ap_kir_addi(k, c, after + 1), ap_kir_i64(k, xt->dims[1]));
+	lo = bin(L, AP_KIR_MAX, ap_kir_addi(k, c, -before), ap_kir_idx(k, 0));
+	hi = bin(L, AP_KIR_MIN, ap_kir_addi(k, c, after + 1), ap_kir_idx(k, xt->dims[1]));
 	xv = val(L, x, ix);
 	ap_kir_let(k, L->cur, acc, C(L, dt, 0));
 	j = loop_open(L, "j", lo, hi, 1, &saved);
@@ -1060,7 +1060,7 @@ static ap_kir_expr *concat_value(lctx *L, const ap_node *node, int t, lidx *ix)
 			ap_kir_block *saved;
 			ap_kir_stmt *st;
 
-			if_open(L, bin(L, AP_KIR_LT, ca, ap_kir_i64(k, off + len)), &saved, &st);
+			if_open(L, bin(L, AP_KIR_LT, ca, ap_kir_idx(k, off + len)), &saved, &st);
 			ap_kir_assign(k, L->cur, v, val(L, in, &r));
 			if_else(L, st);
 			saves[n_saves++] = saved;
@@ -1092,10 +1092,12 @@ static ap_kir_expr *gather_value(lctx *L, const ap_node *node, int t, lidx *ix)
 	D = dt->dims[axis];
 	for (int d = 0; d < q; d++)
 		ii.c[d] = coord(L, ix, (int)axis + d);
+	/* in int64 until wrapped and clamped, then the index type */
 	v = once(L, ap_kir_cast(k, AP_DT_I64, val(L, ind, &ii)));
 	v = sel(L, bin(L, AP_KIR_LT, v, ap_kir_i64(k, 0)), ap_kir_addi(k, v, D), v);
-	v = once(L, bin(L, AP_KIR_MIN, bin(L, AP_KIR_MAX, v, ap_kir_i64(k, 0)),
-			ap_kir_i64(k, D > 0 ? D - 1 : 0)));
+	v = once(L, ap_kir_cast(k, k->index_type,
+				bin(L, AP_KIR_MIN, bin(L, AP_KIR_MAX, v, ap_kir_i64(k, 0)),
+				    ap_kir_i64(k, D > 0 ? D - 1 : 0))));
 	for (int d = 0; d < dt->rank; d++) {
 		if (d < axis)
 			di.c[d] = coord(L, ix, d);
@@ -1126,28 +1128,28 @@ static ap_kir_expr *pad_value(lctx *L, const ap_node *node, int t, lidx *ix)
 			bool lo_ok = pb <= 0, hi_ok = O - pb <= D;
 
 			if (!lo_ok) {
-				ap_kir_expr *c = bin(L, AP_KIR_GE, j, ap_kir_i64(k, 0));
+				ap_kir_expr *c = bin(L, AP_KIR_GE, j, ap_kir_idx(k, 0));
 				cond = cond ? bin(L, AP_KIR_LAND, cond, c) : c;
 			}
 			if (!hi_ok) {
-				ap_kir_expr *c = bin(L, AP_KIR_LT, j, ap_kir_i64(k, D));
+				ap_kir_expr *c = bin(L, AP_KIR_LT, j, ap_kir_idx(k, D));
 				cond = cond ? bin(L, AP_KIR_LAND, cond, c) : c;
 			}
 		} else if (strcmp(mode, "reflect") == 0) {
 			if (D == 1) {
-				j = ap_kir_i64(k, 0);
+				j = ap_kir_idx(k, 0);
 			} else {
 				/* reflect about the edges, repeatedly: period 2(D-1) */
 				int64_t per = 2 * (D - 1);
-				ap_kir_expr *m = bin(L, AP_KIR_REM, j, ap_kir_i64(k, per));
+				ap_kir_expr *m = bin(L, AP_KIR_REM, j, ap_kir_idx(k, per));
 
-				m = once(L, sel(L, bin(L, AP_KIR_LT, m, ap_kir_i64(k, 0)), ap_kir_addi(k, m, per), m));
-				j = sel(L, bin(L, AP_KIR_GE, m, ap_kir_i64(k, D)),
-					ap_kir_add(k, ap_kir_i64(k, per), ap_kir_unary(k, AP_KIR_NEG, m)), m);
+				m = once(L, sel(L, bin(L, AP_KIR_LT, m, ap_kir_idx(k, 0)), ap_kir_addi(k, m, per), m));
+				j = sel(L, bin(L, AP_KIR_GE, m, ap_kir_idx(k, D)),
+					ap_kir_add(k, ap_kir_idx(k, per), ap_kir_unary(k, AP_KIR_NEG, m)), m);
 			}
 		} else if (strcmp(mode, "edge") == 0) {
-			j = bin(L, AP_KIR_MIN, bin(L, AP_KIR_MAX, j, ap_kir_i64(k, 0)),
-				ap_kir_i64(k, D > 0 ? D - 1 : 0));
+			j = bin(L, AP_KIR_MIN, bin(L, AP_KIR_MAX, j, ap_kir_idx(k, 0)),
+				ap_kir_idx(k, D > 0 ? D - 1 : 0));
 		} else {
 			return unsupported(L, node, "mode %s", mode);
 		}
@@ -1253,7 +1255,7 @@ static ap_kir_expr *op_value(lctx *L, int n, int t, lidx *ix)
 		for (int d = 0; d < r.rank; d++) {
 			ap_kir_expr *c = coord(L, ix, d);
 
-			r.c[d] = r.dims[d] == ix->dims[d] ? c : bin(L, AP_KIR_REM, c, ap_kir_i64(k, r.dims[d]));
+			r.c[d] = r.dims[d] == ix->dims[d] ? c : bin(L, AP_KIR_REM, c, ap_kir_idx(k, r.dims[d]));
 		}
 		return val(L, x, &r);
 	}
@@ -1352,13 +1354,13 @@ static void lower_pointwise(lctx *L, const ap_group *grp)
 		iv = loop_open(L, "i",
 			       ap_kir_add(k, ap_kir_muli(k, ap_kir_index_of(k, AP_KIR_BLOCK_X), bs),
 					  ap_kir_index_of(k, AP_KIR_THREAD_X)),
-			       ap_kir_i64(k, ap_tensor_numel(first)), (int64_t)grid * bs, &saved);
+			       ap_kir_idx(k, ap_tensor_numel(first)), (int64_t)grid * bs, &saved);
 		ix = shape_idx(first);
 		ix.lin = ap_kir_ref(k, iv);
 		/* name the coordinates once */
 		for (int d = 0; d < ix.rank; d++)
 			if (ix.dims[d] != 1)
-				ix.c[d] = ap_kir_bind(k, L->cur, AP_DT_I64, "x", coord(L, &ix, d));
+				ix.c[d] = ap_kir_bind(k, L->cur, k->index_type, "x", coord(L, &ix, d));
 		for (int j = i; j < grp->n_outputs; j++) {
 			int t = grp->outputs[j];
 			lidx r;
@@ -1395,12 +1397,12 @@ static void lower_reduce_block(lctx *L, const ap_group *grp)
 
 	k->grid[0] = grid;
 	k->block[0] = bs;
-	o = loop_open(L, "o", ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_i64(k, M), grid, &saved);
+	o = loop_open(L, "o", ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_idx(k, M), grid, &saved);
 	ox = shape_idx(&g->tensors[y]);
 	ox.lin = ap_kir_ref(k, o);
 	acc = ap_kir_var_new(k, dt, "acc");
 	ap_kir_let(k, L->cur, acc, reduce_identity(L, node->op, dt));
-	r = loop_open(L, "r", tx, ap_kir_i64(k, R), bs, &saved_r);
+	r = loop_open(L, "r", tx, ap_kir_idx(k, R), bs, &saved_r);
 	in = reduce_in_idx(L, node, x, &ox, ap_kir_ref(k, r));
 	ap_kir_assign(k, L->cur, acc, reduce_combine(L, node->op, ap_kir_ref(k, acc), val(L, x, &in)));
 	scope_close(L, saved_r);
@@ -1409,22 +1411,52 @@ static void lower_reduce_block(lctx *L, const ap_group *grp)
 	for (unsigned s = bs / 2; s > 0; s /= 2) {
 		ap_kir_block *sv;
 
-		if_open(L, bin(L, AP_KIR_LT, tx, ap_kir_i64(k, s)), &sv, &st);
-		ap_kir_store(k, L->cur, sh, tx,
-			     reduce_combine(L, node->op, ap_kir_load(k, sh, tx),
-					    ap_kir_load(k, sh, ap_kir_addi(k, tx, s))));
+		if_open(L, bin(L, AP_KIR_LT, tx, ap_kir_idx(k, s)), &sv, &st);
+		{
+			ap_kir_expr *mine = ap_kir_bind(k, L->cur, dt, "a", ap_kir_load(k, sh, tx));
+			ap_kir_expr *other = ap_kir_bind(k, L->cur, dt, "b",
+							 ap_kir_load(k, sh, ap_kir_addi(k, tx, s)));
+
+			ap_kir_store(k, L->cur, sh, tx, reduce_combine(L, node->op, mine, other));
+		}
 		scope_close(L, sv);
 		ap_kir_barrier(k, L->cur);
 	}
 	{
 		ap_kir_block *sv;
 
-		if_open(L, bin(L, AP_KIR_EQ, tx, ap_kir_i64(k, 0)), &sv, &st);
-		ap_kir_store(k, L->cur, L->arr_of[y], ap_kir_ref(k, o), ap_kir_load(k, sh, ap_kir_i64(k, 0)));
+		if_open(L, bin(L, AP_KIR_EQ, tx, ap_kir_idx(k, 0)), &sv, &st);
+		ap_kir_store(k, L->cur, L->arr_of[y], ap_kir_ref(k, o), ap_kir_load(k, sh, ap_kir_idx(k, 0)));
 		scope_close(L, sv);
 	}
 	ap_kir_barrier(k, L->cur);   /* `red` is reused by the next element */
 	scope_close(L, saved);
+}
+
+/* 32-bit index arithmetic (much cheaper on a GPU) when every tensor the
+ * group touches has fewer than 2^30 elements: linear indices, coordinates
+ * and a grid-stride step (< 2^26) then stay below 2^31. */
+static ap_dtype index_type_for(const ap_graph *g, const ap_group *grp)
+{
+	const int64_t lim = (int64_t)1 << 30;
+
+	for (int pass = 0; pass < 2; pass++) {
+		int n = pass ? grp->n_views : grp->n_nodes;
+		const int *list = pass ? grp->views : grp->nodes;
+
+		for (int i = 0; i < n; i++) {
+			const ap_node *node = &g->nodes[list[i]];
+
+			for (int j = 0; j < node->n_inputs + node->n_outputs; j++) {
+				int t = j < node->n_inputs ? node->inputs[j] : node->outputs[j - node->n_inputs];
+				int64_t n = t >= 0 ? ap_tensor_numel(&g->tensors[t]) : 0;
+
+				if (n < 0 || n >= lim)
+					return AP_DT_I64;
+			}
+		}
+	}
+	return AP_DT_I32;
 }
 
 __ap_give ap_kir_kernel *ap_lower_group(__ap_keep const ap_partition *p, int gi,
@@ -1457,6 +1489,7 @@ __ap_give ap_kir_kernel *ap_lower_group(__ap_keep const ap_partition *p, int gi,
 	}
 	L.k = k;
 	L.cur = &k->body;
+	k->index_type = index_type_for(g, grp);
 	for (int i = 0; i < grp->n_outputs; i++) {
 		int t = grp->outputs[i];
 		char pname[32];
