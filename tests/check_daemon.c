@@ -1440,6 +1440,134 @@ START_TEST(gpu_targets)
 }
 END_TEST
 
+/* Reads ../shared/testdata/REL (found from $APOLLO_BUILD or the current
+ * directory); NULL when absent. */
+static uint8_t *read_testdata(const char *rel, size_t *len)
+{
+	const char *build = getenv("APOLLO_BUILD");
+	char path[4096];
+	FILE *f = NULL;
+	uint8_t *buf;
+	long n;
+
+	if (build && *build) {
+		snprintf(path, sizeof(path), "%s/../../shared/testdata/%s", build, rel);
+		f = fopen(path, "rb");
+	}
+	if (!f) {
+		snprintf(path, sizeof(path), "../shared/testdata/%s", rel);
+		f = fopen(path, "rb");
+	}
+	if (!f)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	buf = malloc((size_t)n + 1);
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_int_eq(fread(buf, 1, (size_t)n, f), n);
+	fclose(f);
+	*len = (size_t)n;
+	return buf;
+}
+
+static Apollo__Envelope *compile_onnx(int fd, uint64_t id, const uint8_t *model, size_t len,
+				      Apollo__Tensor **bindings, size_t n_bindings)
+{
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT, *r;
+	Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
+
+	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_ONNX_MODEL;
+	req.onnx_model.data = (uint8_t *)model;
+	req.onnx_model.len = len;
+	req.target = "cpu";
+	req.n_bindings = n_bindings;
+	req.bindings = bindings;
+	env.id = id;
+	env.msg_case = APOLLO__ENVELOPE__MSG_COMPILE;
+	env.compile = &req;
+	send_env(fd, &env);
+	r = recv_env(fd);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_uint_eq(r->id, id);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_COMPILED);
+	return r;
+}
+
+/* The daemon imports ONNX itself: a node test with static shapes, a real
+ * model whose symbolic dims and constant input come as bindings, both
+ * cache hits the second time (before any import); bytes that are not
+ * ONNX are ERR_BAD_MESSAGE. */
+START_TEST(onnx_in_the_daemon)
+{
+	daemon_t d;
+	size_t add_len = 0, vad_len = 0;
+	uint8_t *add = read_testdata("onnx-node/test_add/model.onnx", &add_len);
+	uint8_t *vad = read_testdata("models/silero_vad_op18_ifless/model.onnx", &vad_len);
+	Apollo__Tensor input = APOLLO__TENSOR__INIT, sr = APOLLO__TENSOR__INIT,
+		       state = APOLLO__TENSOR__INIT;
+	Apollo__Tensor *bindings[3] = { &input, &sr, &state };
+	int64_t input_dims[2] = { 1, 512 }, state_dims[3] = { 2, 1, 128 };
+	int64_t sr_value = 16000;
+	Apollo__Envelope *r;
+	int fd;
+
+	if (!add || !vad) {
+		printf("SKIP onnx_in_the_daemon: ../shared/testdata not found\n");
+		free(add);
+		free(vad);
+		return;
+	}
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+	for (int i = 0; i < 2; i++) {
+		Apollo__Bundle *b;
+		r = compile_onnx(fd, 1 + i, add, add_len, NULL, 0);
+		b = bundle_ok(r, "cpu");
+		ck_assert_int_eq(b->stats->cache_hit, i == 1);
+		apollo__envelope__free_unpacked(r, NULL);
+	}
+
+	input.name = "input";
+	input.dtype = APOLLO__DATA_TYPE__DT_FLOAT;
+	input.n_dims = 2;
+	input.dims = input_dims;
+	sr.name = "sr";
+	sr.dtype = APOLLO__DATA_TYPE__DT_INT64;
+	sr.kind = APOLLO__TENSOR_KIND__TENSOR_CONST;
+	sr.data.data = (uint8_t *)&sr_value;   /* little-endian host */
+	sr.data.len = sizeof(sr_value);
+	state.name = "state";
+	state.dtype = APOLLO__DATA_TYPE__DT_FLOAT;
+	state.n_dims = 3;
+	state.dims = state_dims;
+	for (int i = 0; i < 2; i++) {
+		Apollo__Bundle *b;
+		r = compile_onnx(fd, 10 + i, vad, vad_len, bindings, 3);
+		b = bundle_ok(r, "cpu");
+		ck_assert_int_eq(b->stats->cache_hit, i == 1);
+		ck_assert_uint_ge(b->stats->eager_kernels, b->stats->kernels);
+		apollo__envelope__free_unpacked(r, NULL);
+	}
+	/* A binding whose data does not match its shape. */
+	sr.data.len = 4;
+	r = compile_onnx(fd, 20, vad, vad_len, bindings, 3);
+	compile_error(r, APOLLO__ERROR_CODE__ERR_SHAPE);
+	ck_assert_str_eq(r->compiled->error->tensor, "sr");
+	apollo__envelope__free_unpacked(r, NULL);
+
+	r = compile_onnx(fd, 21, (const uint8_t *)"\xff\xff\xff\xff not onnx", 14, NULL, 0);
+	compile_error(r, APOLLO__ERROR_CODE__ERR_BAD_MESSAGE);
+	apollo__envelope__free_unpacked(r, NULL);
+	ping_ok(fd, 22);
+	close(fd);
+	free(add);
+	free(vad);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
 /* The connection limit: one more client gets ERR_BUSY and is closed. */
 START_TEST(max_clients)
 {
@@ -1496,6 +1624,7 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, tcp_needs_token);
 	tcase_add_test(tc, gpu_target_without_nvrtc);
 	tcase_add_test(tc, backend_failure);
+	tcase_add_test(tc, onnx_in_the_daemon);
 	tcase_add_test(tc, gpu_targets);
 	tcase_add_test(tc, max_clients);
 	suite_add_tcase(s, tc);

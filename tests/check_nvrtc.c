@@ -228,6 +228,31 @@ START_TEST(concurrent_compiles)
 }
 END_TEST
 
+/* $APOLLO_NVRTC names the only library tried; one that cannot be loaded
+ * leaves GPU compiles refused with a message naming it.  (The load happens
+ * once per process: this needs check's default fork mode.) */
+START_TEST(explicit_path_not_loadable)
+{
+	const char *fork_mode = getenv("CK_FORK");
+	uint8_t *out = NULL;
+	size_t len = 0;
+	ap_error err;
+
+	if (fork_mode && !strcmp(fork_mode, "no")) {
+		printf("SKIP explicit_path_not_loadable: needs CK_FORK=yes\n");
+		return;
+	}
+	setenv("APOLLO_NVRTC", "/nonexistent/libnvrtc.so.13", 1);
+	ck_assert_int_eq(ap_nvrtc_load(&err), AP_EUNSUPPORTED);
+	ck_assert_ptr_nonnull(strstr(err.msg, "/nonexistent/libnvrtc.so.13"));
+	ck_assert_ptr_null(ap_nvrtc_version());
+	ck_assert_int_eq(ap_nvrtc_compile(add_relu, "k.cu", "sm_80", true, &out, &len, &err),
+			 AP_EUNSUPPORTED);
+	ck_assert_ptr_null(out);
+	ck_assert_ptr_nonnull(strstr(err.msg, "NVRTC"));
+}
+END_TEST
+
 static Suite *nvrtc_suite(void)
 {
 	Suite *s = suite_create("nvrtc");
@@ -242,6 +267,7 @@ static Suite *nvrtc_suite(void)
 	tcase_add_test(tc, architectures_refused);
 	tcase_add_test(tc, locale_preserved);
 	tcase_add_test(tc, concurrent_compiles);
+	tcase_add_test(tc, explicit_path_not_loadable);
 	suite_add_tcase(s, tc);
 	return s;
 }
