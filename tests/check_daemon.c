@@ -1070,6 +1070,31 @@ START_TEST(pipelined_requests)
 }
 END_TEST
 
+/* A client that sends its request and shuts down its writing side still
+ * gets the reply, then the daemon closes. */
+START_TEST(half_closed_client)
+{
+	daemon_t d;
+	Apollo__Graph *g = add_relu(36);
+	Apollo__Envelope *r;
+	int fd;
+
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+	send_compile(fd, 1, g, NULL);
+	ck_assert_int_eq(shutdown(fd, SHUT_WR), 0);
+	r = recv_env(fd);
+	ck_assert_ptr_nonnull(r);
+	bundle_ok(r, "cpu");
+	apollo__envelope__free_unpacked(r, NULL);
+	ck_assert(closed_by_peer(fd));
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
 /* Polls Stats until `in_flight` requests are running. */
 static void wait_in_flight(const char *sock, unsigned in_flight)
 {
@@ -1618,6 +1643,7 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, restart_keeps_cache);
 	tcase_add_test(tc, concurrent_clients);
 	tcase_add_test(tc, pipelined_requests);
+	tcase_add_test(tc, half_closed_client);
 	tcase_add_test(tc, client_leaves_before_reply);
 	tcase_add_test(tc, sigterm_drains);
 	tcase_add_test(tc, stale_and_live_socket);
