@@ -50,6 +50,7 @@ struct ap_compiler {
 	unsigned delay_ms;       /* $APOLLO_TEST_COMPILE_DELAY_MS: tests only */
 	char cc_id[256];
 	char nvrtc_id[64];
+	char build_id[64];       /* "apollod 0.1.0 exe <sha256 prefix>" */
 	atomic_uint_fast64_t requests, errors, hits, misses, kernels_compiled;
 };
 
@@ -79,6 +80,28 @@ static void host_cc_identity(char *buf, size_t cap)
 
 static void *helper_main(void *arg);
 
+/* Identifies this very build: AP_VERSION and a hash of the executable, so
+ * that a rebuilt daemon never answers with bundles an older build made
+ * (during development AP_VERSION stays the same across changes). */
+static void build_identity(char *buf, size_t cap)
+{
+	FILE *f = fopen("/proc/self/exe", "rb");
+	char hex[65] = "unknown";
+
+	if (f) {
+		ap_sha256_ctx *h = ap_sha256_new();
+		uint8_t chunk[65536], d[32];
+		size_t n;
+
+		while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+			ap_sha256_update(h, chunk, n);
+		ap_sha256_final(h, d);
+		ap_hex(d, 8, hex);
+		fclose(f);
+	}
+	snprintf(buf, cap, "apollod %s exe %s", AP_VERSION, hex);
+}
+
 ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 {
 	ap_compiler *c = calloc(1, sizeof(*c));
@@ -94,6 +117,7 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 	if (delay && *delay)
 		c->delay_ms = (unsigned)strtoul(delay, NULL, 10);
 	host_cc_identity(c->cc_id, sizeof(c->cc_id));
+	build_identity(c->build_id, sizeof(c->build_id));
 	nv = ap_nvrtc_version();
 	snprintf(c->nvrtc_id, sizeof(c->nvrtc_id), "nvrtc %s", nv ? nv : "none");
 	/* libcrypto initialises itself on first use and keeps that thread's
@@ -770,7 +794,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	Apollo__Bundle *b = NULL;
 	uint8_t graph_hash[32], gkey[32], rkey[32];
 	bool have_rkey = false, oom = false;
-	const char *bid;
+	char bid[400];
 	double t;
 	int rc;
 
@@ -784,7 +808,9 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 			return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
 					    "target %.32s needs NVRTC: %.440s", r->target, why.msg);
 	}
-	bid = ap_compiler_backend_id(c, r->gpu);
+	/* Graph and request keys also name this build (see build_identity);
+	 * kernel keys do not: they hash the kernel source itself. */
+	snprintf(bid, sizeof(bid), "%s | %s", ap_compiler_backend_id(c, r->gpu), c->build_id);
 	r->ns = req->options ? req->options->cache_namespace : "";
 	r->mbt = req->options ? req->options->max_block_threads : 0;
 	r->use_cache = ap_cache_enabled(c->cache) && !(req->options && req->options->no_cache);

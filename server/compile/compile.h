@@ -59,7 +59,10 @@ void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out);
 /* ---- cache keys: SHA-256 over the inputs of a compilation only ---------- */
 
 /* What identifies the backend in keys: "nvrtc <version>" for GPU targets,
- * "cc <first line of cc --version>" for cpu. */
+ * "cc <first line of cc --version>" for cpu.  Graph and request keys add
+ * the daemon's build ("apollod <AP_VERSION> exe <hash of the executable>"),
+ * so a rebuilt daemon never answers with an older build's bundles; kernel
+ * keys hash the kernel source itself and are shared across builds. */
 const char *ap_compiler_backend_id(const ap_compiler *c, bool gpu);
 
 /* Graph key: canonical graph hash, target ("sm_90a"), output kind
