@@ -41,7 +41,7 @@
 
 #define NAME_CAP 256
 #define MAX_INTS 16          /* longest INTS attribute the importer builds */
-#define MAX_RANGE_ELEMS ((int64_t)1 << 24)
+#define MAX_RANGE_ELEMS ((int64_t)1 << 20)   /* a Range is data: 8 MiB at most */
 
 /* ---- what the importer knows of an ONNX value ---------------------------- */
 
