@@ -1095,6 +1095,72 @@ START_TEST(half_closed_client)
 }
 END_TEST
 
+struct flood {
+	int fd, n;
+	Apollo__Graph *g;
+};
+
+static void *flood_main(void *arg)
+{
+	struct flood *f = arg;
+
+	for (int i = 0; i < f->n; i++)
+		send_compile(f->fd, (uint64_t)i, f->g, NULL);
+	return NULL;
+}
+
+/* A client that sends many requests before reading any reply: the daemon
+ * stops reading from it while ~64 MiB of replies wait, and every request
+ * is answered once the client reads. */
+START_TEST(slow_reader)
+{
+	daemon_t d;
+	const char *extra[] = { "--max-pending", "100000", NULL };
+	struct flood f;
+	pthread_t t;
+	Apollo__Graph *warm;
+	size_t bytes = 0;
+	int n = 0;
+
+	daemon_start_in(&d, NULL, NULL, extra);
+	warm = add_relu(8);
+	f.fd = connect_unix(d.sock);
+	f.g = warm;
+	{
+		Apollo__Envelope *r = compile(f.fd, 99999, warm, NULL);
+		bytes = apollo__envelope__get_packed_size(r);
+		apollo__envelope__free_unpacked(r, NULL);
+	}
+	f.n = (int)((96u << 20) / bytes) + 1;   /* replies beyond the 64 MiB mark */
+	ck_assert_int_eq(pthread_create(&t, NULL, flood_main, &f), 0);
+	sleep_ms(1000);
+	for (n = 0; n < f.n; n++) {
+		Apollo__Envelope *r = recv_env(f.fd);
+		ck_assert_msg(r != NULL, "reply %d of %d missing", n, f.n);
+		ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_COMPILED);
+		ck_assert_int_eq(r->compiled->result_case, APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE);
+		apollo__envelope__free_unpacked(r, NULL);
+	}
+	pthread_join(t, NULL);
+	ping_ok(f.fd, 100000);
+	close(f.fd);
+	graph_free(warm);
+	daemon_stop(&d);
+	{
+		/* The daemon did stop reading at some point (its debug log says). */
+		size_t len = 0;
+		FILE *lf = fopen(d.log, "r");
+		char *text = NULL;
+		ck_assert_ptr_nonnull(lf);
+		ck_assert_int_ge(getdelim(&text, &len, '\0', lf), 0);
+		fclose(lf);
+		ck_assert_ptr_nonnull(strstr(text, "pausing its requests"));
+		free(text);
+	}
+	daemon_cleanup(&d);
+}
+END_TEST
+
 /* Polls Stats until `in_flight` requests are running. */
 static void wait_in_flight(const char *sock, unsigned in_flight)
 {
@@ -1644,6 +1710,7 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, concurrent_clients);
 	tcase_add_test(tc, pipelined_requests);
 	tcase_add_test(tc, half_closed_client);
+	tcase_add_test(tc, slow_reader);
 	tcase_add_test(tc, client_leaves_before_reply);
 	tcase_add_test(tc, sigterm_drains);
 	tcase_add_test(tc, stale_and_live_socket);

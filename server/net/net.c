@@ -41,6 +41,10 @@
 #include "proto/apollo.pb-c.h"
 
 #define READ_CHUNK (64 * 1024)
+/* Replies queued for a client that does not read them: above HIGH bytes
+ * the daemon stops reading its requests until the queue is below LOW. */
+#define WRITE_HIGH ((size_t)64 << 20)
+#define WRITE_LOW ((size_t)16 << 20)
 #define GRACE_MS 5000
 #define SERVER_NAME "apollod " AP_VERSION
 
@@ -82,6 +86,7 @@ struct conn {
 	int refs;             /* 1 while the handle is open + 1 per job */
 	unsigned jobs;        /* compile jobs that will answer here */
 	bool is_tcp, authed, closing, shutting, eof;
+	bool paused;          /* reading stopped: too many unread replies */
 	uint8_t hdr[AP_FRAME_HEADER_BYTES];
 	unsigned hdr_have;
 	uint8_t *payload;     /* allocated once the length passed the check */
@@ -106,6 +111,8 @@ struct job {
 
 static void conn_close(conn *c);
 static void maybe_finish_drain(ap_server *s);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
 
 /* ---- frames ------------------------------------------------------------- */
 
@@ -136,6 +143,13 @@ static void on_write(uv_write_t *req, int status)
 	if (status < 0 && status != UV_ECANCELED) {
 		ap_log(AP_LOG_DEBUG, "write failed: %s", uv_strerror(status));
 		conn_close(c);
+		return;
+	}
+	if (c->paused && !c->closing && !c->shutting && !c->eof &&
+	    uv_stream_get_write_queue_size(&c->h.stream) < WRITE_LOW) {
+		c->paused = false;
+		if (uv_read_start(&c->h.stream, on_alloc, on_read))
+			conn_close(c);
 	}
 }
 
@@ -169,6 +183,12 @@ static void send_frame(conn *c, uint8_t *frame, size_t len)
 		free(frame);
 		free(w);
 		conn_close(c);
+		return;
+	}
+	if (!c->paused && uv_stream_get_write_queue_size(&c->h.stream) > WRITE_HIGH) {
+		ap_log(AP_LOG_DEBUG, "client does not read its replies: pausing its requests");
+		c->paused = true;
+		uv_read_stop(&c->h.stream);
 	}
 }
 
