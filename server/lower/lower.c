@@ -277,14 +277,6 @@ static void scope_close(lctx *L, ap_kir_block *saved)
 	L->cur = saved;
 }
 
-/* Leaves the then-branch of `s` and enters its else-branch. */
-static void if_else(lctx *L, ap_kir_stmt *s)
-{
-	while (L->n_memo > 0 && L->memo[L->n_memo - 1].depth >= L->depth)
-		L->n_memo--;
-	L->cur = s ? &s->orelse : NULL;
-}
-
 /* ---- leaves: constants and buffers ----------------------------------------------- */
 
 static bool is_float(ap_dtype t)
@@ -1024,22 +1016,25 @@ static ap_kir_expr *lrn_value(lctx *L, const ap_node *node, int t, lidx *ix)
 
 /* ---- data movement ------------------------------------------------------------------ */
 
+/* Concat: one guarded assignment per input, `if (lo <= c < hi) v = in[...]`,
+ * flat rather than nested so any number of inputs is fine. */
 static ap_kir_expr *concat_value(lctx *L, const ap_node *node, int t, lidx *ix)
 {
 	ap_kir_kernel *k = L->k;
 	int64_t axis = ap_node_int(node, "axis", 0), off = 0;
 	ap_dtype dt = L->g->tensors[t].dtype;
-	ap_kir_var *v = ap_kir_var_new(k, dt, "cat");
-	ap_kir_expr *ca = coord(L, ix, (int)axis);
-	ap_kir_block *saves[64];
-	int n_saves = 0, last = -1;
+	ap_kir_var *v;
+	ap_kir_expr *ca;
+	int n_live = 0;
 
 	if (axis < 0 || axis >= ix->rank)
 		return unsupported(L, node, "axis %lld", (long long)axis);
+	v = ap_kir_var_new(k, dt, "cat");
+	ca = coord(L, ix, (int)axis);
 	for (int i = 0; i < node->n_inputs; i++)
 		if (node->inputs[i] >= 0 && L->g->tensors[node->inputs[i]].dims[axis] > 0)
-			last = i;
-	ap_kir_let(k, L->cur, v, NULL);
+			n_live++;
+	ap_kir_let(k, L->cur, v, C(L, dt, 0));
 	for (int i = 0; i < node->n_inputs && !L->rc; i++) {
 		int in = node->inputs[i];
 		int64_t len;
@@ -1056,21 +1051,19 @@ static ap_kir_expr *concat_value(lctx *L, const ap_node *node, int t, lidx *ix)
 			r.c[d] = coord(L, ix, d);
 		r.dims[axis] = len;
 		r.c[axis] = ap_kir_addi(k, ca, -off);
-		if (i != last && n_saves < 63) {
+		if (n_live > 1) {
 			ap_kir_block *saved;
 			ap_kir_stmt *st;
 
-			if_open(L, bin(L, AP_KIR_LT, ca, ap_kir_idx(k, off + len)), &saved, &st);
+			if_open(L, bin(L, AP_KIR_LAND, bin(L, AP_KIR_GE, ca, ap_kir_idx(k, off)),
+				       bin(L, AP_KIR_LT, ca, ap_kir_idx(k, off + len))), &saved, &st);
 			ap_kir_assign(k, L->cur, v, val(L, in, &r));
-			if_else(L, st);
-			saves[n_saves++] = saved;
+			scope_close(L, saved);
 		} else {
 			ap_kir_assign(k, L->cur, v, val(L, in, &r));
 		}
 		off += len;
 	}
-	while (n_saves > 0)
-		scope_close(L, saves[--n_saves]);
 	return ap_kir_ref(k, v);
 }
 
