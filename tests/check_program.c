@@ -1648,7 +1648,7 @@ static const char *const node_tests[] = {
 	"test_elu_example", "test_expand_dim_unchanged", "test_flatten_axis1", "test_gather_2d_indices",
 	"test_gather_negative_indices", "test_gelu_tanh_2", "test_gemm_all_attributes",
 	"test_globalaveragepool", "test_hardswish", "test_instancenorm_example",
-	"test_layer_normalization_4d_axis_negative_2", "test_layer_normalization_3d_axis1_epsilon_expanded",
+	"test_layer_normalization_4d_axis_negative_2", "test_layer_normalization_3d_axis2_epsilon_expanded",
 	"test_logsoftmax_large_number", "test_matmul_4d", "test_matmul_bcast", "test_max_example",
 	"test_maxpool_2d_ceil", "test_maxpool_3d_dilations", "test_mish_expanded", "test_pow_bcast_array",
 	"test_reduce_l2_empty_set", "test_reduce_log_sum_exp_empty_set", "test_reduce_max_empty_set",
