@@ -2,9 +2,12 @@
  *
  *   apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]
  *                 [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]
- *                 [--no-cache] [--namespace NS] [--daemon-import]
+ *                 [--no-cache] [--namespace NS] [--daemon-import] [--explain]
+ *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
+ *                 [--keep-whole OP ...]
  *   apollo-client check DIR... [--target cpu] [--rtol R] [--atol A] [--jobs N]
  *                 [--threads N] [--timeout S] [--no-fork] [--no-cache]
+ *                 [--fusion none|rules|apollo]
  *   apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]
  *   apollo-client ping
  *   apollo-client stats
@@ -45,9 +48,10 @@ static void usage(FILE *f)
 	fputs("usage:\n"
 	      "  apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]\n"
 	      "                [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]\n"
-	      "                [--no-cache] [--namespace NS] [--daemon-import]\n"
+	      "                [--no-cache] [--namespace NS] [--daemon-import] [--explain]\n"
+	      "                [--fusion none|rules|apollo] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n"
 	      "  apollo-client check DIR... [--target cpu] [--rtol R] [--atol A] [--jobs N] [--threads N]\n"
-	      "                [--timeout S] [--no-fork] [--no-cache]\n"
+	      "                [--timeout S] [--no-fork] [--no-cache] [--fusion none|rules|apollo]\n"
 	      "  apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n"
 	      "  apollo-client ping\n"
 	      "  apollo-client stats\n"
@@ -106,6 +110,33 @@ static bool parse_int(const char *s, int *out)
 	if (!s[0] || *end || errno || v < 0 || v > 1024)
 		return false;
 	*out = (int)v;
+	return true;
+}
+
+static bool parse_fusion(const char *v, ap_fusion_level *out)
+{
+	if (!strcmp(v, "none"))
+		*out = AP_FUSION_NONE;
+	else if (!strcmp(v, "rules"))
+		*out = AP_FUSION_RULES;
+	else if (!strcmp(v, "apollo"))
+		*out = AP_FUSION_APOLLO;
+	else if (!strcmp(v, "default"))
+		*out = AP_FUSION_DEFAULT;
+	else
+		return false;
+	return true;
+}
+
+/* Appends `v` to a growing array of borrowed strings; false on ENOMEM. */
+static bool strv_push(const char ***v, int *n, const char *s)
+{
+	const char **nv = realloc((void *)*v, sizeof(char *) * (size_t)(*n + 1));
+
+	if (!nv)
+		return false;
+	nv[(*n)++] = s;
+	*v = nv;
 	return true;
 }
 
@@ -313,6 +344,7 @@ static int cmd_submit(int argc, char **argv)
 	ap_report_info info = {0};
 	ap_error err;
 	bool is_onnx = false;
+	const char **barriers = NULL, **whole = NULL;
 	double t0;
 	int rc = 1;
 
@@ -346,6 +378,26 @@ static int cmd_submit(int argc, char **argv)
 		} else if (!strcmp(a, "--namespace") && v) {
 			opt.cache_namespace = v;
 			i++;
+		} else if (!strcmp(a, "--explain")) {
+			info.explain = true;
+		} else if (!strcmp(a, "--fusion") && v) {
+			if (!parse_fusion(v, &opt.fusion)) {
+				bindings_clear(&m.b);
+				return usage_error("--fusion is none, rules or apollo, not '%s'", v);
+			}
+			i++;
+		} else if (!strcmp(a, "--fusion-barrier") && v) {
+			if (!strv_push(&barriers, &opt.n_fusion_barriers, v)) {
+				bindings_clear(&m.b);
+				return 1;
+			}
+			i++;
+		} else if (!strcmp(a, "--keep-whole") && v) {
+			if (!strv_push(&whole, &opt.n_keep_whole, v)) {
+				bindings_clear(&m.b);
+				return 1;
+			}
+			i++;
 		} else if (!strcmp(a, "--data") && v) {
 			m.data_dir = v;
 			i++;
@@ -365,8 +417,12 @@ static int cmd_submit(int argc, char **argv)
 			return usage_error("submit takes one model, got '%s' too", a);
 		}
 	}
+	opt.fusion_barriers = barriers;
+	opt.keep_whole = whole;
 	if (!m.model) {
 		bindings_clear(&m.b);
+		free((void *)barriers);
+		free((void *)whole);
 		return usage_error("submit: which model?");
 	}
 	info.model = m.model;
@@ -428,6 +484,8 @@ out:
 	ap_graph_free(g);
 	ap_onnx_io_free(io);
 	bindings_clear(&m.b);
+	free((void *)barriers);
+	free((void *)whole);
 	free(buf);
 	return rc;
 }
@@ -613,7 +671,7 @@ static int check_set(ap_client **cp, const char *setdir, const uint8_t *model, s
 		goto error;
 	}
 	ap_bundle_stats_get(bundle, &st);
-	*n_kernels = ap_bundle_n_kernels(bundle);
+	*n_kernels = ap_bundle_n_launches(bundle);
 	*n_eager = st.eager_kernels;
 	*hit = st.cache_hit;
 	ro.threads = o->threads;
@@ -963,6 +1021,12 @@ static int cmd_check(int argc, char **argv)
 			i++;
 		} else if (!strcmp(a, "--no-cache")) {
 			o.submit.no_cache = true;
+		} else if (!strcmp(a, "--fusion") && v) {
+			if (!parse_fusion(v, &o.submit.fusion)) {
+				free(dirs);
+				return usage_error("--fusion is none, rules or apollo, not '%s'", v);
+			}
+			i++;
 		} else if (!strcmp(a, "--no-fork")) {
 			o.no_fork = true;
 		} else if (a[0] == '-' && a[1]) {

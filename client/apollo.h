@@ -100,12 +100,25 @@ int ap_client_stats(ap_client *c, ap_server_stats *out, ap_error *err);
 
 /* ---- compiling ------------------------------------------------------------ */
 
+/* How much the partitioner may fuse, numbered as apollo.FusionLevel. */
+typedef enum ap_fusion_level {
+	AP_FUSION_DEFAULT = 0,       /* the daemon's default (apollo) */
+	AP_FUSION_NONE = 1,          /* one kernel per primitive */
+	AP_FUSION_RULES = 2,         /* elementwise/broadcast/reduction rules only */
+	AP_FUSION_APOLLO = 3,        /* every rule and what later layers add */
+} ap_fusion_level;
+
 typedef struct ap_submit_options {
 	const char *target;          /* "cpu", "sm_90", "sm_90a", "compute_80"; NULL = "cpu" */
 	ap_output_kind output;       /* AP_OUTPUT_DEFAULT picks per target */
 	bool no_cache;               /* compile even when the cache holds an answer */
 	const char *cache_namespace; /* NULL = "" */
 	unsigned max_block_threads;  /* 0 = the compiler's default */
+	ap_fusion_level fusion;
+	int n_fusion_barriers;       /* node names that must start a new kernel */
+	const char *const *fusion_barriers;
+	int n_keep_whole;            /* op types never to open into primitives */
+	const char *const *keep_whole;
 } ap_submit_options;
 
 /* Sends graph `g` (its structure: PARAM tensors travel as shape and dtype
@@ -172,9 +185,12 @@ typedef struct ap_bundle_buffer {
 	int index;               /* INPUT/OUTPUT: position among graph inputs/outputs */
 } ap_bundle_buffer;
 
-/* apollo.Stats: sizes in bytes, times in milliseconds (daemon wall time). */
+/* apollo.Stats: sizes in bytes, times in milliseconds (daemon wall time).
+ * `kernels` counts launches in the plan (compare with eager_kernels);
+ * `distinct_kernels` the entries of Bundle.kernels (identical kernels are
+ * shared between launches). */
 typedef struct ap_bundle_stats {
-	unsigned kernels, eager_kernels, nodes, kernels_compiled;
+	unsigned kernels, eager_kernels, nodes, kernels_compiled, distinct_kernels;
 	uint64_t global_bytes, eager_bytes, min_bytes;
 	double import_ms, partition_ms, codegen_ms, backend_ms, cache_ms, compile_ms;
 	bool cache_hit;
@@ -205,6 +221,22 @@ int ap_bundle_n_launches(const ap_bundle *b);
  * (borrowed).  0 or AP_EINVAL when `i` is out of range. */
 int ap_bundle_launch(const ap_bundle *b, int i, unsigned *kernel, int *n_args,
 		     const uint32_t **args);
+/* The imported (ONNX) node names fused into launch `i` (borrowed; *n may be
+ * 0) and its micro-graph's category ("elementwise", "reduction", ...; ""
+ * when the daemon gave none).  0 or AP_EINVAL. */
+int ap_bundle_launch_nodes(const ap_bundle *b, int i, int *n, const char *const **nodes,
+			   const char **category);
+
+/* Why two launches were not fused: one row per producer/consumer edge
+ * between launches (borrowed strings). */
+typedef struct ap_bundle_boundary {
+	unsigned producer, consumer;   /* launch indices */
+	const char *tensor;            /* the tensor crossing the boundary */
+	const char *reason;            /* short key: "opaque", "cycle", "rule", ... */
+	const char *detail;            /* one sentence */
+} ap_bundle_boundary;
+int ap_bundle_n_boundaries(const ap_bundle *b);
+int ap_bundle_boundary_get(const ap_bundle *b, int i, ap_bundle_boundary *out);
 
 int ap_bundle_n_buffers(const ap_bundle *b);
 int ap_bundle_buffer_get(const ap_bundle *b, int i, ap_bundle_buffer *out);

@@ -570,6 +570,11 @@ static ap_bundle *submit(ap_client *c, Apollo__CompileRequest *cr, const ap_subm
 		co.no_cache = opt->no_cache;
 		co.cache_namespace = (char *)(opt->cache_namespace ? opt->cache_namespace : "");
 		co.max_block_threads = opt->max_block_threads;
+		co.fusion = (Apollo__FusionLevel)opt->fusion;
+		co.n_fusion_barriers = opt->n_fusion_barriers > 0 ? (size_t)opt->n_fusion_barriers : 0;
+		co.fusion_barriers = (char **)opt->fusion_barriers;
+		co.n_keep_whole = opt->n_keep_whole > 0 ? (size_t)opt->n_keep_whole : 0;
+		co.keep_whole = (char **)opt->keep_whole;
 	}
 	cr->options = &co;
 	req.msg_case = APOLLO__ENVELOPE__MSG_COMPILE;
@@ -815,6 +820,42 @@ int ap_bundle_launch(const ap_bundle *b, int i, unsigned *kernel, int *n_args,
 	return 0;
 }
 
+int ap_bundle_launch_nodes(const ap_bundle *b, int i, int *n, const char *const **nodes,
+			   const char **category)
+{
+	const Apollo__Launch *l;
+
+	*n = 0;
+	*nodes = NULL;
+	*category = "";
+	if (i < 0 || (size_t)i >= b->pb->n_plan || !(l = b->pb->plan[i]) || l->n_nodes > INT32_MAX)
+		return AP_EINVAL;
+	*n = (int)l->n_nodes;
+	*nodes = (const char *const *)l->nodes;
+	*category = l->category ? l->category : "";
+	return 0;
+}
+
+int ap_bundle_n_boundaries(const ap_bundle *b)
+{
+	return b->pb->n_boundaries > INT32_MAX ? INT32_MAX : (int)b->pb->n_boundaries;
+}
+
+int ap_bundle_boundary_get(const ap_bundle *b, int i, ap_bundle_boundary *out)
+{
+	const Apollo__Boundary *x;
+
+	memset(out, 0, sizeof(*out));
+	if (i < 0 || (size_t)i >= b->pb->n_boundaries || !(x = b->pb->boundaries[i]))
+		return AP_EINVAL;
+	out->producer = x->producer;
+	out->consumer = x->consumer;
+	out->tensor = x->tensor ? x->tensor : "";
+	out->reason = x->reason ? x->reason : "";
+	out->detail = x->detail ? x->detail : "";
+	return 0;
+}
+
 int ap_bundle_n_buffers(const ap_bundle *b)
 {
 	return b->pb->n_buffers > INT32_MAX ? INT32_MAX : (int)b->pb->n_buffers;
@@ -854,6 +895,7 @@ void ap_bundle_stats_get(const ap_bundle *b, ap_bundle_stats *out)
 	out->eager_kernels = s->eager_kernels;
 	out->nodes = s->nodes;
 	out->kernels_compiled = s->kernels_compiled;
+	out->distinct_kernels = s->distinct_kernels;
 	out->global_bytes = s->global_bytes;
 	out->eager_bytes = s->eager_bytes;
 	out->min_bytes = s->min_bytes;

@@ -1,7 +1,7 @@
 /* report.c -- a bundle as a human-readable summary or as one line of JSON
- * (what `apollo-client submit [--json]` prints and bench/run.sh parses).
- * JSON strings are escaped per RFC 8259; numbers that are not finite are
- * written as null.
+ * (what `apollo-client submit [--json] [--explain]` prints and
+ * bench/run.sh parses).  JSON strings are escaped per RFC 8259; numbers
+ * that are not finite are written as null.
  */
 #include "tool.h"
 
@@ -30,12 +30,24 @@ void ap_json_string(FILE *f, const char *s)
 	fputc('"', f);
 }
 
-static void json_num(FILE *f, double v)
+static void json_num(FILE *f, const char *key, double v)
 {
+	fprintf(f, ",\"%s\":", key);
 	if (isfinite(v))
 		fprintf(f, "%.3f", v);
 	else
 		fputs("null", f);
+}
+
+static void json_strings(FILE *f, int n, const char *const *v)
+{
+	fputc('[', f);
+	for (int i = 0; i < n; i++) {
+		if (i)
+			fputc(',', f);
+		ap_json_string(f, v[i]);
+	}
+	fputc(']', f);
 }
 
 static const char *format_name(ap_output_kind k)
@@ -74,32 +86,24 @@ void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 	fputs(",\"target\":", f);
 	ap_json_string(f, ap_bundle_target(b));
 	fprintf(f, ",\"format\":\"%s\"", format_name(ap_bundle_format(b)));
-	fprintf(f, ",\"kernels\":%d,\"eager_kernels\":%u,\"nodes\":%u",
-		ap_bundle_n_kernels(b), s.eager_kernels, s.nodes);
+	fprintf(f, ",\"kernels\":%d,\"distinct_kernels\":%d,\"eager_kernels\":%u,\"nodes\":%u",
+		ap_bundle_n_launches(b), ap_bundle_n_kernels(b), s.eager_kernels, s.nodes);
 	fprintf(f, ",\"cache\":\"%s\"", s.cache_hit ? "hit" : "miss");
-	fputs(",\"compile_ms\":", f);
-	json_num(f, s.compile_ms);
-	fputs(",\"import_ms\":", f);
-	json_num(f, s.import_ms);
-	fputs(",\"partition_ms\":", f);
-	json_num(f, s.partition_ms);
-	fputs(",\"codegen_ms\":", f);
-	json_num(f, s.codegen_ms);
-	fputs(",\"backend_ms\":", f);
-	json_num(f, s.backend_ms);
-	fputs(",\"cache_ms\":", f);
-	json_num(f, s.cache_ms);
-	fputs(",\"client_import_ms\":", f);
-	json_num(f, info ? info->import_ms : 0);
-	fputs(",\"round_trip_ms\":", f);
-	json_num(f, info ? info->round_trip_ms : 0);
-	fprintf(f, ",\"kernels_compiled\":%u,\"stats_kernels\":%u", s.kernels_compiled, s.kernels);
+	json_num(f, "compile_ms", s.compile_ms);
+	json_num(f, "import_ms", s.import_ms);
+	json_num(f, "partition_ms", s.partition_ms);
+	json_num(f, "codegen_ms", s.codegen_ms);
+	json_num(f, "backend_ms", s.backend_ms);
+	json_num(f, "cache_ms", s.cache_ms);
+	json_num(f, "client_import_ms", info ? info->import_ms : 0);
+	json_num(f, "round_trip_ms", info ? info->round_trip_ms : 0);
+	fprintf(f, ",\"kernels_compiled\":%u", s.kernels_compiled);
 	fprintf(f, ",\"global_bytes\":%llu,\"eager_bytes\":%llu,\"min_bytes\":%llu",
 		(unsigned long long)s.global_bytes, (unsigned long long)s.eager_bytes,
 		(unsigned long long)s.min_bytes);
-	fprintf(f, ",\"workspace_bytes\":%llu,\"launches\":%d,\"buffers\":%d,\"blob_bytes\":%llu",
-		(unsigned long long)ap_bundle_workspace_bytes(b), ap_bundle_n_launches(b),
-		ap_bundle_n_buffers(b), (unsigned long long)blob_total(b));
+	fprintf(f, ",\"workspace_bytes\":%llu,\"buffers\":%d,\"blob_bytes\":%llu,\"boundaries\":%d",
+		(unsigned long long)ap_bundle_workspace_bytes(b), ap_bundle_n_buffers(b),
+		(unsigned long long)blob_total(b), ap_bundle_n_boundaries(b));
 	fprintf(f, ",\"graph_hash\":\"%s\"", hex);
 	fputs(",\"kernel_list\":[", f);
 	for (int i = 0; i < ap_bundle_n_kernels(b); i++) {
@@ -108,43 +112,88 @@ void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 			continue;
 		fputs(i ? ",{\"name\":" : "{\"name\":", f);
 		ap_json_string(f, k.name);
-		fputs(",\"nodes\":[", f);
-		for (int n = 0; n < k.n_nodes; n++) {
-			if (n)
-				fputc(',', f);
-			ap_json_string(f, k.nodes[n]);
-		}
-		fprintf(f, "],\"grid\":[%u,%u,%u],\"block\":[%u,%u,%u],\"smem_bytes\":%u",
+		fputs(",\"nodes\":", f);
+		json_strings(f, k.n_nodes, k.nodes);
+		fprintf(f, ",\"grid\":[%u,%u,%u],\"block\":[%u,%u,%u],\"smem_bytes\":%u",
 			k.grid[0], k.grid[1], k.grid[2], k.block[0], k.block[1], k.block[2],
 			k.smem_bytes);
 		fprintf(f, ",\"blob_bytes\":%zu,\"params\":%d}", k.blob_bytes, k.n_params);
 	}
-	fputs("]}\n", f);
+	fputs("],\"launch_list\":[", f);
+	for (int i = 0; i < ap_bundle_n_launches(b); i++) {
+		unsigned kernel = 0;
+		int n_args, n_nodes;
+		const uint32_t *args;
+		const char *const *nodes;
+		const char *cat;
+		ap_bundle_launch(b, i, &kernel, &n_args, &args);
+		ap_bundle_launch_nodes(b, i, &n_nodes, &nodes, &cat);
+		fprintf(f, "%s{\"kernel\":%u,\"category\":", i ? "," : "", kernel);
+		ap_json_string(f, cat);
+		fputs(",\"nodes\":", f);
+		json_strings(f, n_nodes, nodes);
+		fputc('}', f);
+	}
+	fputc(']', f);
+	if (info && info->explain) {
+		fputs(",\"boundary_list\":[", f);
+		for (int i = 0; i < ap_bundle_n_boundaries(b); i++) {
+			ap_bundle_boundary x;
+			ap_bundle_boundary_get(b, i, &x);
+			fprintf(f, "%s{\"producer\":%u,\"consumer\":%u,\"tensor\":", i ? "," : "",
+				x.producer, x.consumer);
+			ap_json_string(f, x.tensor);
+			fputs(",\"reason\":", f);
+			ap_json_string(f, x.reason);
+			fputs(",\"detail\":", f);
+			ap_json_string(f, x.detail);
+			fputc('}', f);
+		}
+		fputc(']', f);
+	}
+	fputs("}\n", f);
+}
+
+/* Up to 6 names, then "... +N". */
+static void text_names(FILE *f, int n, const char *const *v)
+{
+	for (int i = 0; i < n; i++) {
+		if (i == 6) {
+			fprintf(f, " ... +%d", n - i);
+			break;
+		}
+		fprintf(f, "%s%s", i ? " " : "", v[i]);
+	}
 }
 
 void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info)
 {
 	ap_bundle_stats s;
-	int nk = ap_bundle_n_kernels(b);
+	int nl = ap_bundle_n_launches(b);
 
 	ap_bundle_stats_get(b, &s);
-	fprintf(f, "%s%s%d kernels for %s (%s), %u eager kernels, %u nodes\n",
-		info && info->model ? info->model : "", info && info->model ? ": " : "", nk,
-		ap_bundle_target(b), format_name(ap_bundle_format(b)), s.eager_kernels, s.nodes);
-	for (int i = 0; i < nk; i++) {
+	fprintf(f, "%s%s%d kernel launches (%d distinct kernels) for %s (%s); eager: %u kernels, %u nodes\n",
+		info && info->model ? info->model : "", info && info->model ? ": " : "", nl,
+		ap_bundle_n_kernels(b), ap_bundle_target(b), format_name(ap_bundle_format(b)),
+		s.eager_kernels, s.nodes);
+	for (int i = 0; i < nl; i++) {
 		ap_bundle_kernel k;
-		if (ap_bundle_kernel_get(b, i, &k) < 0)
+		unsigned kernel = 0;
+		int n_args, n_nodes;
+		const uint32_t *args;
+		const char *const *nodes;
+		const char *cat;
+		if (ap_bundle_launch(b, i, &kernel, &n_args, &args) < 0 ||
+		    ap_bundle_kernel_get(b, (int)kernel, &k) < 0)
 			continue;
-		fprintf(f, "  %3d %-32s grid %u,%u,%u block %u,%u,%u smem %u  %zu B  [", i, k.name,
-			k.grid[0], k.grid[1], k.grid[2], k.block[0], k.block[1], k.block[2],
-			k.smem_bytes, k.blob_bytes);
-		for (int n = 0; n < k.n_nodes; n++) {
-			if (n == 8) {
-				fprintf(f, " ... +%d", k.n_nodes - n);
-				break;
-			}
-			fprintf(f, "%s%s", n ? " " : "", k.nodes[n]);
-		}
+		ap_bundle_launch_nodes(b, i, &n_nodes, &nodes, &cat);
+		fprintf(f, "  %3d %-28s %-11s grid %u,%u,%u block %u,%u,%u smem %u %7zu B  [", i,
+			k.name, cat[0] ? cat : "-", k.grid[0], k.grid[1], k.grid[2], k.block[0],
+			k.block[1], k.block[2], k.smem_bytes, k.blob_bytes);
+		if (n_nodes > 0)
+			text_names(f, n_nodes, nodes);
+		else
+			text_names(f, k.n_nodes, k.nodes);
 		fputs("]\n", f);
 	}
 	fprintf(f, "cache %s; compile %.1f ms in the daemon (import %.1f, partition %.1f, "
@@ -155,9 +204,19 @@ void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info)
 		fprintf(f, "client: import %.1f ms, round trip %.1f ms\n", info->import_ms,
 			info->round_trip_ms);
 	fprintf(f, "modelled global memory: %llu B fused, %llu B eager, %llu B minimum; "
-		   "workspace %llu B; %d launches, %d buffers, %llu B of blobs\n",
+		   "workspace %llu B; %d buffers, %llu B of blobs\n",
 		(unsigned long long)s.global_bytes, (unsigned long long)s.eager_bytes,
 		(unsigned long long)s.min_bytes,
-		(unsigned long long)ap_bundle_workspace_bytes(b), ap_bundle_n_launches(b),
-		ap_bundle_n_buffers(b), (unsigned long long)blob_total(b));
+		(unsigned long long)ap_bundle_workspace_bytes(b), ap_bundle_n_buffers(b),
+		(unsigned long long)blob_total(b));
+	if (info && info->explain) {
+		int nb = ap_bundle_n_boundaries(b);
+		fprintf(f, "%d boundaries between launches%s\n", nb, nb ? ":" : "");
+		for (int i = 0; i < nb; i++) {
+			ap_bundle_boundary x;
+			ap_bundle_boundary_get(b, i, &x);
+			fprintf(f, "  launch %u -> %u via %s: %s%s%s\n", x.producer, x.consumer,
+				x.tensor, x.reason, x.detail[0] ? ": " : "", x.detail);
+		}
+	}
 }

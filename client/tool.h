@@ -94,19 +94,24 @@ typedef struct ap_report_info {
 	const char *model;      /* what was submitted (a path), may be NULL */
 	double import_ms;       /* client-side ONNX import, ms (0 when none) */
 	double round_trip_ms;   /* submit call as the client saw it, ms */
+	bool explain;           /* also report why launches were not fused */
 } ap_report_info;
 
 /* Writes `s` as a JSON string literal (quotes, escapes per RFC 8259). */
 void ap_json_string(FILE *f, const char *s);
-/* One JSON object on one line, ended by a newline: target, format,
- * kernels, eager_kernels, nodes, cache ("hit"/"miss"), compile_ms,
- * import_ms, partition_ms, codegen_ms, backend_ms, cache_ms,
- * kernels_compiled, global_bytes, eager_bytes, min_bytes, workspace_bytes,
- * launches, buffers, blob_bytes, client_import_ms, round_trip_ms, model,
- * graph_hash, and kernel_list (name, nodes, grid, block, smem_bytes,
- * blob_bytes, params). */
+/* One JSON object on one line, ended by a newline: model, target, format,
+ * kernels (launches in the plan), distinct_kernels (entries of
+ * Bundle.kernels), eager_kernels, nodes, cache ("hit"/"miss"), compile_ms,
+ * import_ms, partition_ms, codegen_ms, backend_ms, cache_ms (daemon side),
+ * client_import_ms, round_trip_ms, kernels_compiled, global_bytes,
+ * eager_bytes, min_bytes, workspace_bytes, buffers, blob_bytes, boundaries,
+ * graph_hash, kernel_list (name, nodes, grid, block, smem_bytes, blob_bytes,
+ * params), launch_list (kernel, category, nodes), and with info->explain
+ * boundary_list (producer, consumer, tensor, reason, detail). */
 void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info);
-/* A human-readable summary: one line per kernel, then the stats. */
+/* A human-readable summary: one line per launch (kernel, category, grid,
+ * block, blob size, fused nodes), then the stats; with info->explain the
+ * boundaries between launches and why each was not fused. */
 void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info);
 
 #endif

@@ -183,6 +183,9 @@ typedef struct fake {
 	int last_bindings;
 	bool last_no_cache;
 	char hello_client[128];
+	int last_fusion;
+	char last_barrier[32];
+	char last_keep_whole[32];
 } fake;
 
 static Apollo__Bundle *fake_bundle(void)
@@ -201,6 +204,9 @@ static Apollo__Bundle *fake_bundle(void)
 	static Apollo__Stats st = APOLLO__STATS__INIT;
 	static Apollo__Bundle b = APOLLO__BUNDLE__INIT;
 	static uint8_t blob[5] = "abcd";
+	static char *onnx_nodes[2] = { "Add_0", "Relu_1" };
+	static Apollo__Boundary bd = APOLLO__BOUNDARY__INIT;
+	static Apollo__Boundary *bds[1];
 
 	p0.name = "x"; p0.dtype = APOLLO__DATA_TYPE__DT_FLOAT;
 	p1.name = "y"; p1.dtype = APOLLO__DATA_TYPE__DT_FLOAT; p1.written = 1;
@@ -214,7 +220,11 @@ static Apollo__Bundle *fake_bundle(void)
 	k.n_nodes = 2; k.nodes = nodes;
 	kernels[0] = &k;
 	l.kernel = 0; l.n_args = 2; l.args = args;
+	l.n_nodes = 2; l.nodes = onnx_nodes; l.category = "elementwise";
 	plan[0] = &l;
+	bd.producer = 0; bd.consumer = 0; bd.tensor = "t1"; bd.reason = "opaque";
+	bd.detail = "MatMul keeps its own kernel";
+	bds[0] = &bd;
 	b0.name = "x"; b0.kind = APOLLO__BUFFER_KIND__BUF_INPUT; b0.dtype = APOLLO__DATA_TYPE__DT_FLOAT;
 	b0.n_dims = 1; b0.dims = dims; b0.bytes = 2048; b0.index = 0;
 	b1.name = "y"; b1.kind = APOLLO__BUFFER_KIND__BUF_OUTPUT; b1.dtype = APOLLO__DATA_TYPE__DT_FLOAT;
@@ -229,6 +239,7 @@ static Apollo__Bundle *fake_bundle(void)
 	b.n_plan = 1; b.plan = plan;
 	b.n_buffers = 2; b.buffers = bufs;
 	b.stats = &st;
+	b.n_boundaries = 1; b.boundaries = bds;
 	return &b;
 }
 
@@ -298,6 +309,14 @@ static void *fake_main(void *arg)
 						: -1;
 			f->last_bindings = (int)req->compile->n_bindings;
 			f->last_no_cache = req->compile->options && req->compile->options->no_cache;
+			if (req->compile->options) {
+				const Apollo__CompileOptions *o = req->compile->options;
+				f->last_fusion = o->fusion;
+				snprintf(f->last_barrier, sizeof(f->last_barrier), "%s",
+					 o->n_fusion_barriers ? o->fusion_barriers[o->n_fusion_barriers - 1] : "");
+				snprintf(f->last_keep_whole, sizeof(f->last_keep_whole), "%s",
+					 o->n_keep_whole ? o->keep_whole[0] : "");
+			}
 			rep.msg_case = APOLLO__ENVELOPE__MSG_COMPILED;
 			rep.compiled = &cr;
 			if (f->mode == FAKE_COMPILE_ERROR) {
@@ -460,7 +479,11 @@ START_TEST(submit_graph_and_accessors)
 	fake_run r;
 	ap_error err;
 	ap_graph *g = tiny_graph();
-	ap_submit_options opt = { .target = "sm_90", .output = AP_OUTPUT_CUBIN, .no_cache = true };
+	static const char *barriers[2] = { "n1", "n2" }, *whole[1] = { "Softmax" };
+	ap_submit_options opt = { .target = "sm_90", .output = AP_OUTPUT_CUBIN, .no_cache = true,
+				  .fusion = AP_FUSION_RULES, .n_fusion_barriers = 2,
+				  .fusion_barriers = barriers, .n_keep_whole = 1,
+				  .keep_whole = whole };
 	ap_bundle *b, *b2;
 	ap_bundle_kernel k;
 	ap_bundle_param p;
@@ -479,6 +502,9 @@ START_TEST(submit_graph_and_accessors)
 	ck_assert_int_eq(r.f.last_source, APOLLO__COMPILE_REQUEST__SOURCE_GRAPH);
 	ck_assert_int_eq(r.f.last_graph_tensors, 2);
 	ck_assert(r.f.last_no_cache);
+	ck_assert_int_eq(r.f.last_fusion, AP_FUSION_RULES);
+	ck_assert_str_eq(r.f.last_barrier, "n2");
+	ck_assert_str_eq(r.f.last_keep_whole, "Softmax");
 	ck_assert_str_eq(ap_bundle_target(b), "cpu");
 	ck_assert_int_eq(ap_bundle_n_kernels(b), 1);
 	ck_assert_int_eq(ap_bundle_kernel_get(b, 0, &k), 0);
@@ -498,6 +524,22 @@ START_TEST(submit_graph_and_accessors)
 	ck_assert_uint_eq(kernel, 0);
 	ck_assert_int_eq(n_args, 2);
 	ck_assert_uint_eq(args[1], 1);
+	{
+		int nn;
+		const char *const *nodes;
+		const char *cat;
+		ap_bundle_boundary bd;
+		ck_assert_int_eq(ap_bundle_launch_nodes(b, 0, &nn, &nodes, &cat), 0);
+		ck_assert_int_eq(nn, 2);
+		ck_assert_str_eq(nodes[1], "Relu_1");
+		ck_assert_str_eq(cat, "elementwise");
+		ck_assert_int_eq(ap_bundle_launch_nodes(b, 1, &nn, &nodes, &cat), AP_EINVAL);
+		ck_assert_int_eq(ap_bundle_n_boundaries(b), 1);
+		ck_assert_int_eq(ap_bundle_boundary_get(b, 0, &bd), 0);
+		ck_assert_str_eq(bd.reason, "opaque");
+		ck_assert_str_eq(bd.tensor, "t1");
+		ck_assert_int_eq(ap_bundle_boundary_get(b, 1, &bd), AP_EINVAL);
+	}
 	ck_assert_int_eq(ap_bundle_n_buffers(b), 2);
 	ck_assert_int_eq(ap_bundle_buffer_get(b, 1, &bf), 0);
 	ck_assert_str_eq(bf.name, "y");
@@ -640,7 +682,10 @@ START_TEST(json_report)
 	ck_assert_int_eq(text[0], '{');
 	ck_assert_int_eq(text[tlen - 1], '\n');
 	ck_assert_ptr_null(memchr(text, '\n', tlen - 1));
-	ck_assert_ptr_nonnull(strstr(text, "\"kernels\":1,"));
+	ck_assert_ptr_nonnull(strstr(text, "\"kernels\":1,\"distinct_kernels\":1,"));
+	ck_assert_ptr_nonnull(strstr(text, "\"launch_list\":[{\"kernel\":0,\"category\":\"elementwise\",\"nodes\":[\"Add_0\",\"Relu_1\"]}]"));
+	ck_assert_ptr_nonnull(strstr(text, "\"boundaries\":1,"));
+	ck_assert_ptr_null(strstr(text, "boundary_list"));
 	ck_assert_ptr_nonnull(strstr(text, "\"eager_kernels\":2,"));
 	ck_assert_ptr_nonnull(strstr(text, "\"cache\":\"miss\""));
 	ck_assert_ptr_nonnull(strstr(text, "\"compile_ms\":12.500"));
@@ -678,9 +723,11 @@ START_TEST(json_report)
 	((Apollo__Bundle *)ap_bundle_pb(b))->stats->cache_hit = 1;
 	text = NULL;
 	f = open_memstream(&text, &tlen);
-	ap_report_json(f, b, NULL);
+	info.explain = true;
+	ap_report_json(f, b, &info);
 	fclose(f);
 	ck_assert_ptr_nonnull(strstr(text, "\"cache\":\"hit\""));
+	ck_assert_ptr_nonnull(strstr(text, "\"boundary_list\":[{\"producer\":0,\"consumer\":0,\"tensor\":\"t1\",\"reason\":\"opaque\""));
 	free(text);
 	/* The text summary names the kernel and the cache state. */
 	text = NULL;
@@ -688,7 +735,9 @@ START_TEST(json_report)
 	ap_report_text(f, b, &info);
 	fclose(f);
 	ck_assert_ptr_nonnull(strstr(text, "fused_add_relu"));
+	ck_assert_ptr_nonnull(strstr(text, "Add_0 Relu_1"));
 	ck_assert_ptr_nonnull(strstr(text, "cache hit"));
+	ck_assert_ptr_nonnull(strstr(text, "launch 0 -> 0 via t1: opaque: MatMul keeps its own kernel"));
 	free(text);
 	ap_bundle_free(b);
 }
