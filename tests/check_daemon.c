@@ -284,6 +284,9 @@ typedef struct compile_opts {
 	const char *target;
 	int output;
 	bool no_cache;
+	const char *cache_namespace;
+	int fusion;
+	const char *barriers[3];   /* NULL-terminated */
 } compile_opts;
 
 static void send_compile(int fd, uint64_t id, Apollo__Graph *g, const compile_opts *o)
@@ -297,6 +300,14 @@ static void send_compile(int fd, uint64_t id, Apollo__Graph *g, const compile_op
 	req.target = (char *)(o && o->target ? o->target : "cpu");
 	req.output = o ? (Apollo__OutputKind)o->output : APOLLO__OUTPUT_KIND__OUTPUT_DEFAULT;
 	opts.no_cache = o ? o->no_cache : 0;
+	if (o && o->cache_namespace)
+		opts.cache_namespace = (char *)o->cache_namespace;
+	if (o) {
+		opts.fusion = (Apollo__FusionLevel)o->fusion;
+		while (opts.n_fusion_barriers < 3 && o->barriers[opts.n_fusion_barriers])
+			opts.n_fusion_barriers++;
+		opts.fusion_barriers = (char **)o->barriers;
+	}
 	req.options = &opts;
 	env.id = id;
 	env.msg_case = APOLLO__ENVELOPE__MSG_COMPILE;
@@ -334,7 +345,8 @@ static Apollo__Bundle *bundle_ok(Apollo__Envelope *r, const char *target)
 	ck_assert_uint_ge(b->n_kernels, 1);
 	ck_assert_uint_ge(b->n_plan, 1);
 	ck_assert_ptr_nonnull(b->stats);
-	ck_assert_uint_eq(b->stats->kernels, b->n_kernels);
+	ck_assert_uint_eq(b->stats->kernels, b->n_plan);
+	ck_assert_uint_eq(b->stats->distinct_kernels, b->n_kernels);
 	ck_assert_uint_eq(b->graph_hash.len, 32);
 	for (size_t i = 0; i < b->n_kernels; i++) {
 		Apollo__Kernel *k = b->kernels[i];
@@ -848,13 +860,13 @@ START_TEST(bad_targets)
 	Apollo__Graph *warm;
 	int fd;
 	static const compile_opts rows[] = {
-		{ "tpu_v5", 0, false },
-		{ "sm_9", 0, false },
-		{ "cpu", APOLLO__OUTPUT_KIND__OUTPUT_PTX, false },
-		{ "cpu", APOLLO__OUTPUT_KIND__OUTPUT_CUBIN, false },
-		{ "compute_80", APOLLO__OUTPUT_KIND__OUTPUT_CUBIN, false },
-		{ "sm_90", APOLLO__OUTPUT_KIND__OUTPUT_SO, false },
-		{ "sm_90", 42, false },
+		{ .target = "tpu_v5", .output = 0, .no_cache = false },
+		{ .target = "sm_9", .output = 0, .no_cache = false },
+		{ .target = "cpu", .output = APOLLO__OUTPUT_KIND__OUTPUT_PTX, .no_cache = false },
+		{ .target = "cpu", .output = APOLLO__OUTPUT_KIND__OUTPUT_CUBIN, .no_cache = false },
+		{ .target = "compute_80", .output = APOLLO__OUTPUT_KIND__OUTPUT_CUBIN, .no_cache = false },
+		{ .target = "sm_90", .output = APOLLO__OUTPUT_KIND__OUTPUT_SO, .no_cache = false },
+		{ .target = "sm_90", .output = 42, .no_cache = false },
 	};
 
 	start_warm(&d, &warm);
@@ -881,7 +893,7 @@ START_TEST(second_submit_hits)
 	Apollo__Envelope *r1, *r2, *r3;
 	Apollo__Bundle *b1, *b2, *b3;
 	Apollo__StatsReply *s;
-	compile_opts fresh = { "cpu", 0, true };
+	compile_opts fresh = { .target = "cpu", .output = 0, .no_cache = true };
 	int fd;
 
 	daemon_start(&d);
@@ -924,6 +936,43 @@ START_TEST(second_submit_hits)
 	apollo__envelope__free_unpacked(r1, NULL);
 	apollo__envelope__free_unpacked(r2, NULL);
 	apollo__envelope__free_unpacked(r3, NULL);
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* Options that can change the answer are part of the key (a miss), the
+ * order of a set is not, no_cache is not. */
+START_TEST(options_in_the_key)
+{
+	static const struct {
+		compile_opts o;
+		bool hit;
+	} rows[] = {
+		{ { .target = "cpu" }, false },
+		{ { .target = "cpu" }, true },
+		{ { .target = "cpu", .cache_namespace = "bust-1" }, false },
+		{ { .target = "cpu", .cache_namespace = "bust-1" }, true },
+		{ { .target = "cpu", .fusion = APOLLO__FUSION_LEVEL__FUSION_NONE }, false },
+		{ { .target = "cpu", .barriers = { "relu", "add", NULL } }, false },
+		{ { .target = "cpu", .barriers = { "add", "relu", NULL } }, true },
+		{ { .target = "cpu", .output = APOLLO__OUTPUT_KIND__OUTPUT_SO }, true },
+	};
+	daemon_t d;
+	Apollo__Graph *g = add_relu(20);
+	int fd;
+
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		Apollo__Envelope *r = compile(fd, 1 + i, g, &rows[i].o);
+		ck_assert_msg(bundle_ok(r, "cpu")->stats->cache_hit == rows[i].hit,
+			      "row %zu: cache_hit %d, want %d", i,
+			      r->compiled->bundle->stats->cache_hit, rows[i].hit);
+		apollo__envelope__free_unpacked(r, NULL);
+	}
 	close(fd);
 	graph_free(g);
 	daemon_stop(&d);
@@ -1410,7 +1459,7 @@ START_TEST(gpu_target_without_nvrtc)
 {
 	daemon_t d;
 	const char *env[] = { "APOLLO_NVRTC=off", NULL };
-	compile_opts sm90 = { "sm_90", 0, false };
+	compile_opts sm90 = { .target = "sm_90", .output = 0, .no_cache = false };
 	Apollo__Graph *g = add_relu(56);
 	Apollo__Envelope *r;
 	Apollo__Error *e;
@@ -1494,9 +1543,9 @@ START_TEST(gpu_targets)
 		compile_opts o;
 		int format;
 	} rows[] = {
-		{ { "sm_90", 0, false }, APOLLO__OUTPUT_KIND__OUTPUT_CUBIN },
-		{ { "sm_80", APOLLO__OUTPUT_KIND__OUTPUT_PTX, false }, APOLLO__OUTPUT_KIND__OUTPUT_PTX },
-		{ { "compute_80", 0, false }, APOLLO__OUTPUT_KIND__OUTPUT_PTX },
+		{ { .target = "sm_90", .output = 0, .no_cache = false }, APOLLO__OUTPUT_KIND__OUTPUT_CUBIN },
+		{ { .target = "sm_80", .output = APOLLO__OUTPUT_KIND__OUTPUT_PTX, .no_cache = false }, APOLLO__OUTPUT_KIND__OUTPUT_PTX },
+		{ { .target = "compute_80", .output = 0, .no_cache = false }, APOLLO__OUTPUT_KIND__OUTPUT_PTX },
 	};
 	Apollo__Graph *g = add_relu(64);
 	Apollo__Envelope *r;
@@ -1715,6 +1764,7 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, bad_graphs);
 	tcase_add_test(tc, bad_targets);
 	tcase_add_test(tc, second_submit_hits);
+	tcase_add_test(tc, options_in_the_key);
 	tcase_add_test(tc, restart_keeps_cache);
 	tcase_add_test(tc, concurrent_clients);
 	tcase_add_test(tc, pipelined_requests);

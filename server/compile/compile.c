@@ -216,16 +216,52 @@ static void key_common(ap_sha256_ctx *h, const char *kind, const char *target, i
 	key_uint(h, "schema", APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT);
 }
 
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A list of strings as a set: sorted, so that order does not matter. */
+static void key_str_set(ap_sha256_ctx *h, const char *tag, char **v, size_t n)
+{
+	char **sorted = n ? malloc(n * sizeof(*sorted)) : NULL;
+
+	key_uint(h, tag, n);
+	if (n && !sorted) {
+		/* Out of memory: hash in the given order (at worst a miss). */
+		for (size_t i = 0; i < n; i++)
+			key_str(h, tag, v[i]);
+		return;
+	}
+	if (n) {
+		memcpy(sorted, v, n * sizeof(*sorted));
+		qsort(sorted, n, sizeof(*sorted), cmp_str);
+	}
+	for (size_t i = 0; i < n; i++)
+		key_str(h, tag, sorted[i]);
+	free(sorted);
+}
+
+/* Every option that can change the answer; no_cache cannot. */
+static void key_options(ap_sha256_ctx *h, const Apollo__CompileOptions *opt)
+{
+	key_str(h, "namespace", opt ? opt->cache_namespace : "");
+	key_uint(h, "max_block_threads", opt ? opt->max_block_threads : 0);
+	key_uint(h, "fusion", opt ? (uint64_t)opt->fusion : 0);
+	key_str_set(h, "fusion_barrier", opt ? opt->fusion_barriers : NULL,
+		    opt ? opt->n_fusion_barriers : 0);
+	key_str_set(h, "keep_whole", opt ? opt->keep_whole : NULL, opt ? opt->n_keep_whole : 0);
+}
+
 void ap_compile_graph_key(const uint8_t graph_hash[32], const char *target, int output,
-			  const char *cache_namespace, unsigned max_block_threads,
-			  const char *backend_id, uint8_t key[32])
+			  const struct Apollo__CompileOptions *opt, const char *backend_id,
+			  uint8_t key[32])
 {
 	ap_sha256_ctx *h = ap_sha256_new();
 
 	key_common(h, "graph", target, output, backend_id);
 	key_field(h, "graph_hash", graph_hash, 32);
-	key_str(h, "namespace", cache_namespace);
-	key_uint(h, "max_block_threads", max_block_threads);
+	key_options(h, opt);
 	ap_sha256_final(h, key);
 }
 
@@ -243,7 +279,7 @@ void ap_compile_kernel_key(const char *src, const char *entry, const char *targe
 /* Key of an ONNX request, before import: the model bytes and bindings as
  * sent, so that a warm ONNX submit skips the import too. */
 static void onnx_request_key(const Apollo__CompileRequest *req, const char *target, int output,
-			     const char *ns, unsigned mbt, const char *backend_id, uint8_t key[32])
+			     const char *backend_id, uint8_t key[32])
 {
 	ap_sha256_ctx *h = ap_sha256_new();
 
@@ -259,8 +295,7 @@ static void onnx_request_key(const Apollo__CompileRequest *req, const char *targ
 			key_uint(h, "dim", (uint64_t)t->dims[d]);
 		key_field(h, "data", t->data.data, t->data.len);
 	}
-	key_str(h, "namespace", ns);
-	key_uint(h, "max_block_threads", mbt);
+	key_options(h, req->options);
 	ap_sha256_final(h, key);
 }
 
@@ -446,6 +481,18 @@ static Apollo__Bundle *build_bundle(const ap_program *p, struct kblob *blobs, co
 			pl->n_args = (size_t)l->n_args;
 			for (int a = 0; a < l->n_args; a++)
 				pl->args[a] = (uint32_t)l->args[a];
+		}
+		/* The nodes this launch computes: its kernel's (program.h keeps
+		 * them per kernel). */
+		if (l->kernel >= 0 && l->kernel < p->n_kernels) {
+			const ap_kernel_src *ks = &p->kernels[l->kernel];
+			pl->nodes = xcalloc((size_t)ks->n_nodes, sizeof(char *), oom);
+			for (int a = 0; pl->nodes && a < ks->n_nodes; a++) {
+				pl->nodes[a] = xstrdup(ks->nodes[a], oom);
+				if (!pl->nodes[a])
+					break;
+				pl->n_nodes = (size_t)a + 1;
+			}
 		}
 	}
 
@@ -680,7 +727,6 @@ struct request {
 	const char *target;
 	bool gpu, use_cache;
 	int output;
-	const char *ns;
 	unsigned mbt;
 	double t0, import_ms, cache_ms;
 };
@@ -811,7 +857,6 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	/* Graph and request keys also name this build (see build_identity);
 	 * kernel keys do not: they hash the kernel source itself. */
 	snprintf(bid, sizeof(bid), "%s | %s", ap_compiler_backend_id(c, r->gpu), c->build_id);
-	r->ns = req->options ? req->options->cache_namespace : "";
 	r->mbt = req->options ? req->options->max_block_threads : 0;
 	r->use_cache = ap_cache_enabled(c->cache) && !(req->options && req->options->no_cache);
 
@@ -828,7 +873,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		ap_host_tensor *hts;
 		const ap_host_tensor **ptrs;
 
-		onnx_request_key(req, r->target, r->output, r->ns, r->mbt, bid, rkey);
+		onnx_request_key(req, r->target, r->output, bid, rkey);
 		have_rkey = true;
 		if ((*out = lookup(c, r, rkey)))
 			return 0;
@@ -859,7 +904,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	r->import_ms = ap_now_ms() - t;
 
 	ap_graph_hash(g, graph_hash);
-	ap_compile_graph_key(graph_hash, r->target, r->output, r->ns, r->mbt, bid, gkey);
+	ap_compile_graph_key(graph_hash, r->target, r->output, req->options, bid, gkey);
 	if ((b = lookup(c, r, gkey))) {
 		if (have_rkey) {
 			size_t len = 0;
@@ -908,7 +953,8 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory building the bundle");
 		goto done;
 	}
-	b->stats->kernels = (uint32_t)prog->n_kernels;
+	b->stats->kernels = (uint32_t)prog->n_launches;
+	b->stats->distinct_kernels = (uint32_t)prog->n_kernels;
 	b->stats->eager_kernels = prog->eager_kernels ? prog->eager_kernels : g->eager_kernels;
 	b->stats->nodes = (uint32_t)g->n_nodes;
 	b->stats->global_bytes = prog->global_bytes;

@@ -66,11 +66,14 @@ void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out);
 const char *ap_compiler_backend_id(const ap_compiler *c, bool gpu);
 
 /* Graph key: canonical graph hash, target ("sm_90a"), output kind
- * (resolved: never OUTPUT_DEFAULT), cache namespace, max_block_threads,
- * backend id, AP_VERSION and the schema version, each length-prefixed. */
+ * (resolved: never OUTPUT_DEFAULT), backend id, AP_VERSION, the schema
+ * version and every option that can change the answer (cache_namespace,
+ * max_block_threads, fusion level, fusion_barriers and keep_whole as
+ * sets; not no_cache), each length-prefixed.  `opt` may be NULL. */
+struct Apollo__CompileOptions;
 void ap_compile_graph_key(const uint8_t graph_hash[32], const char *target, int output,
-			  const char *cache_namespace, unsigned max_block_threads,
-			  const char *backend_id, uint8_t key[32]);
+			  const struct Apollo__CompileOptions *opt, const char *backend_id,
+			  uint8_t key[32]);
 /* Kernel key: kernel source, entry name, target, output kind, backend id
  * and AP_VERSION, each length-prefixed. */
 void ap_compile_kernel_key(const char *src, const char *entry, const char *target, int output,
