@@ -543,12 +543,16 @@ static bool cuda_load(cuda_api *api, char *why, size_t cap)
 	const char *missing = NULL;
 	void *s;
 
+	const char *path = getenv("APOLLO_LIBCUDA");
+
+	if (!path || !*path)
+		path = "libcuda.so.1";
 	memset(api, 0, sizeof(*api));
-	api->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	api->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!api->lib) {
 		const char *e = dlerror();
 		if (why)
-			snprintf(why, cap, "no CUDA driver: dlopen(libcuda.so.1) failed: %s",
+			snprintf(why, cap, "no CUDA driver: dlopen(%s) failed: %s", path,
 				 e ? e : "not found");
 		return false;
 	}
@@ -580,7 +584,7 @@ static bool cuda_load(cuda_api *api, char *why, size_t cap)
 	return true;
 fail:
 	if (why)
-		snprintf(why, cap, "libcuda.so.1 lacks %s", missing);
+		snprintf(why, cap, "%s lacks %s", path, missing);
 	dlclose(api->lib);
 	api->lib = NULL;
 	return false;

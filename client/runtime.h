@@ -10,7 +10,8 @@
  * (blocks are independent by the ABI).
  *
  * GPU targets ("sm_XX", "sm_XXa", "compute_XX"): the CUDA driver API,
- * loaded with dlopen("libcuda.so.1") per runtime (no link-time dependency):
+ * loaded with dlopen("libcuda.so.1") per runtime (no link-time dependency;
+ * $APOLLO_LIBCUDA names another driver library, e.g. a test double):
  * primary context of the chosen device, cuModuleLoadData per blob (PTX or
  * cubin), cuMemAlloc for every buffer and the workspace, cuMemcpyHtoD when
  * binding, cuLaunchKernel(grid, block, dynamic shared bytes) for every

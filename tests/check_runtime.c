@@ -11,6 +11,7 @@
  * device exist and otherwise prints why it was skipped.
  */
 #include <check.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -562,6 +563,186 @@ START_TEST(gpu_runs_ptx)
 }
 END_TEST
 
+/* A stand-in CUDA driver: device memory is host memory, a "module" is a
+ * text image naming its kernels, and launching add_one adds 1 to every
+ * element of its first argument into its second.  It records what the
+ * runtime asked for, so the GPU path's plumbing (context, module image
+ * NUL-terminated, allocation, copies, launch dimensions, dynamic shared
+ * memory attribute, parameters in order, clean-up) is checked where no GPU
+ * exists. */
+static const char *fake_driver_src =
+	"#include <stdint.h>\n#include <stdlib.h>\n#include <string.h>\n"
+	"typedef unsigned long long dptr;\n"
+	"int fake_launches, fake_allocs, fake_smem_attr, fake_ctx;\n"
+	"unsigned fake_grid[3], fake_block[3], fake_smem; size_t fake_image_len;\n"
+	"int cuInit(unsigned f) { (void)f; return 0; }\n"
+	"int cuDeviceGetCount(int *n) { *n = 1; return 0; }\n"
+	"int cuDeviceGet(int *d, int o) { if (o) return 101; *d = 0; return 0; }\n"
+	"int cuDevicePrimaryCtxRetain(void **c, int d) { (void)d; fake_ctx++; *c = (void *)1; return 0; }\n"
+	"int cuDevicePrimaryCtxRelease_v2(int d) { (void)d; fake_ctx--; return 0; }\n"
+	"int cuCtxSetCurrent(void *c) { return c == (void *)1 ? 0 : 201; }\n"
+	"int cuCtxSynchronize(void) { return 0; }\n"
+	"int cuModuleLoadData(void **m, const void *img) {\n"
+	"  if (strncmp(img, \"FAKEPTX\", 7)) return 200;\n"
+	"  fake_image_len = strlen(img); *m = strdup(img); return 0; }\n"
+	"int cuModuleUnload(void *m) { free(m); return 0; }\n"
+	"static void add_one(void **p, unsigned n) {\n"
+	"  float *x = (float *)(uintptr_t)*(dptr *)p[0], *y = (float *)(uintptr_t)*(dptr *)p[1];\n"
+	"  for (unsigned i = 0; i < n; i++) y[i] = x[i] + 1; }\n"
+	"int cuModuleGetFunction(void **f, void *m, const char *name) {\n"
+	"  if (strcmp(name, \"add_one\") || !strstr(m, name)) return 500;\n"
+	"  *f = (void *)add_one; return 0; }\n"
+	"int cuFuncSetAttribute(void *f, int a, int v) { (void)f; if (a == 8) fake_smem_attr = v; return 0; }\n"
+	"int cuMemAlloc_v2(dptr *p, size_t n) { void *q = malloc(n); if (!q) return 2;\n"
+	"  *p = (dptr)(uintptr_t)q; fake_allocs++; return 0; }\n"
+	"int cuMemFree_v2(dptr p) { free((void *)(uintptr_t)p); fake_allocs--; return 0; }\n"
+	"int cuMemcpyHtoD_v2(dptr d, const void *s, size_t n) { memcpy((void *)(uintptr_t)d, s, n); return 0; }\n"
+	"int cuMemcpyDtoH_v2(void *d, dptr s, size_t n) { memcpy(d, (void *)(uintptr_t)s, n); return 0; }\n"
+	"int cuMemsetD8_v2(dptr d, unsigned char v, size_t n) { memset((void *)(uintptr_t)d, v, n); return 0; }\n"
+	"int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,\n"
+	"    unsigned bz, unsigned smem, void *st, void **p, void **extra) {\n"
+	"  (void)st; (void)extra; fake_grid[0] = gx; fake_grid[1] = gy; fake_grid[2] = gz;\n"
+	"  fake_block[0] = bx; fake_block[1] = by; fake_block[2] = bz; fake_smem = smem;\n"
+	"  ((void (*)(void **, unsigned))f)(p, gx * gy * gz * bx * by * bz); fake_launches++; return 0; }\n"
+	"int cuGetErrorString(int r, const char **s) { (void)r; *s = \"fake driver error\"; return 0; }\n";
+
+static ap_bundle *pack_bundle(const Apollo__Bundle *bb)
+{
+	size_t n = apollo__bundle__get_packed_size(bb);
+	uint8_t *buf = malloc(n);
+	ap_bundle *b;
+
+	apollo__bundle__pack(bb, buf);
+	b = ap_bundle_unpack(buf, n, NULL);
+	free(buf);
+	ck_assert_ptr_nonnull(b);
+	return b;
+}
+
+START_TEST(gpu_path_with_fake_driver)
+{
+	char dir[] = "/tmp/apollo-check-fakecuda-XXXXXX", src[128], so[128], cmd[512];
+	static const char image[] = "FAKEPTX kernels: add_one";
+	Apollo__Bundle bb = APOLLO__BUNDLE__INIT;
+	Apollo__Kernel k = APOLLO__KERNEL__INIT, *kp[1] = { &k };
+	Apollo__KernelParam p0 = APOLLO__KERNEL_PARAM__INIT, p1 = APOLLO__KERNEL_PARAM__INIT;
+	Apollo__KernelParam *pp[2] = { &p0, &p1 };
+	Apollo__Launch l = APOLLO__LAUNCH__INIT, *lp[1] = { &l };
+	Apollo__Buffer b0 = APOLLO__BUFFER__INIT, b1 = APOLLO__BUFFER__INIT, *bp[2] = { &b0, &b1 };
+	uint32_t grid[3] = { 2, 1, 1 }, block[3] = { 128, 1, 1 }, args[2] = { 0, 1 };
+	int64_t dims[1] = { 256 };
+	char why[256];
+	ap_bundle *b;
+	ap_runtime *rt;
+	ap_error err;
+	ap_host_tensor *x, *y;
+	void *drv;
+	int *launches, *allocs, *smem_attr, *ctx;
+	unsigned *fgrid, *fblock, *fsmem;
+	size_t *image_len;
+	FILE *f;
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(src, sizeof(src), "%s/fakecuda.c", dir);
+	snprintf(so, sizeof(so), "%s/libcuda.so.1", dir);
+	f = fopen(src, "w");
+	fputs(fake_driver_src, f);
+	fclose(f);
+	snprintf(cmd, sizeof(cmd), "%s -O1 -shared -fPIC -o %s %s",
+		 getenv("CC") && *getenv("CC") ? getenv("CC") : "cc", so, src);
+	if (system(cmd) != 0) {
+		printf("gpu_path_with_fake_driver: SKIPPED: '%s' failed\n", cmd);
+		return;
+	}
+	/* Our own handle keeps the driver loaded so its counters can be read. */
+	drv = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+	ck_assert_ptr_nonnull(drv);
+	launches = dlsym(drv, "fake_launches");
+	allocs = dlsym(drv, "fake_allocs");
+	smem_attr = dlsym(drv, "fake_smem_attr");
+	ctx = dlsym(drv, "fake_ctx");
+	fgrid = dlsym(drv, "fake_grid");
+	fblock = dlsym(drv, "fake_block");
+	fsmem = dlsym(drv, "fake_smem");
+	image_len = dlsym(drv, "fake_image_len");
+	setenv("APOLLO_LIBCUDA", so, 1);
+	ck_assert_msg(ap_runtime_cuda_available(why, sizeof(why)), "%s", why);
+
+	p0.name = "x"; p0.dtype = APOLLO__DATA_TYPE__DT_FLOAT;
+	p1.name = "y"; p1.dtype = APOLLO__DATA_TYPE__DT_FLOAT; p1.written = 1;
+	k.name = "add_one"; k.target = "sm_90"; k.format = APOLLO__OUTPUT_KIND__OUTPUT_CUBIN;
+	k.blob.data = (uint8_t *)image; k.blob.len = strlen(image);   /* no NUL in the blob */
+	k.n_grid = 3; k.grid = grid; k.n_block = 3; k.block = block;
+	k.dynamic_shared_bytes = 64 * 1024;
+	k.n_params = 2; k.params = pp;
+	l.n_args = 2; l.args = args;
+	b0.name = "x"; b0.kind = APOLLO__BUFFER_KIND__BUF_INPUT; b0.dtype = APOLLO__DATA_TYPE__DT_FLOAT;
+	b0.n_dims = 1; b0.dims = dims; b0.bytes = 1024;
+	b1 = b0;
+	b1.name = "y"; b1.kind = APOLLO__BUFFER_KIND__BUF_OUTPUT;
+	bb.target = "sm_90"; bb.format = APOLLO__OUTPUT_KIND__OUTPUT_CUBIN;
+	bb.n_kernels = 1; bb.kernels = kp; bb.n_plan = 1; bb.plan = lp;
+	bb.n_buffers = 2; bb.buffers = bp;
+	b = pack_bundle(&bb);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	ck_assert(!ap_runtime_is_host(rt));
+	ck_assert_uint_eq(*image_len, strlen(image));   /* the runtime added the NUL */
+	ck_assert_int_eq(*smem_attr, 64 * 1024);        /* > 48 KiB asked for explicitly */
+	ck_assert_int_eq(*ctx, 1);
+	ck_assert_int_eq(*allocs, 3);                    /* workspace, x, y */
+	x = make_f32("x", 1, 256, 0, 1.0f);
+	ck_assert_int_eq(ap_runtime_run(rt, &err), AP_EINVAL);   /* x not bound */
+	ck_assert_int_eq(ap_runtime_bind_input(rt, 0, x, &err), 0);
+	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(*launches, 1);
+	ck_assert_uint_eq(fgrid[0], 2);
+	ck_assert_uint_eq(fblock[0], 128);
+	ck_assert_uint_eq(fblock[2], 1);
+	ck_assert_uint_eq(*fsmem, 64 * 1024);
+	y = ap_runtime_output(rt, 0, &err);
+	ck_assert_ptr_nonnull(y);
+	for (int i = 0; i < 256; i++)
+		ck_assert(((float *)y->data)[i] == ((float *)x->data)[i] + 1.0f);
+	ap_host_tensor_free(y);
+	ap_runtime_free(rt);
+	ck_assert_int_eq(*allocs, 0);   /* everything freed */
+	ck_assert_int_eq(*ctx, 0);      /* context released */
+
+	/* A kernel the module does not hold: AP_ECOMPILE naming it. */
+	ap_bundle_free(b);
+	k.blob.data = (uint8_t *)"FAKEPTX other";
+	k.blob.len = 13;
+	b = pack_bundle(&bb);
+	ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
+	ck_assert_int_eq(err.code, AP_ECOMPILE);
+	ck_assert_str_eq(err.node, "add_one");
+	/* An image the driver refuses. */
+	ap_bundle_free(b);
+	k.blob.data = (uint8_t *)"garbage";
+	k.blob.len = 7;
+	b = pack_bundle(&bb);
+	ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
+	ck_assert_int_eq(err.code, AP_ECOMPILE);
+	ck_assert_ptr_nonnull(strstr(err.msg, "fake driver error"));
+	ck_assert_int_eq(*allocs, 0);
+	/* No such device. */
+	{
+		ap_runtime_options o = { .device = 3 };
+		ck_assert_ptr_null(ap_runtime_new(b, &o, &err));
+		ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+	}
+	ck_assert_int_eq(*ctx, 0);
+	unsetenv("APOLLO_LIBCUDA");
+	ap_host_tensor_free(x);
+	ap_bundle_free(b);
+	dlclose(drv);
+	unlink(src);
+	unlink(so);
+	rmdir(dir);
+}
+END_TEST
+
 START_TEST(gpu_absent_is_an_error)
 {
 	char why[256];
@@ -594,6 +775,7 @@ static Suite *runtime_suite(void)
 	tcase_add_test(tc, params_from_graph_consts);
 	tcase_add_test(tc, malformed_bundles);
 	tcase_add_test(tc, empty_shapes);
+	tcase_add_test(tc, gpu_path_with_fake_driver);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("gpu");
 	tcase_set_tags(tc, "gpu");
