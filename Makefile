@@ -14,6 +14,7 @@ PKGS    := libuv libprotobuf-c sqlite3 isl libcrypto
 CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 OPT     ?= -O2 -g
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 CFLAGS_ALL = $(CSTD) $(WARN) $(OPT) -pthread -I$(BUILD)/proto -I. $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS_ALL = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -ldl -lm -pthread
 CHECK_CFLAGS = $(shell pkg-config --cflags check 2>/dev/null)
@@ -86,7 +87,7 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
 # Unit and integration suites (check), then the script tests under tests/
 # (conformance over ../shared/testdata, onnxruntime differential, NVRTC).
 check: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@$(MAKE) --no-print-directory check-unit
 	@$(MAKE) --no-print-directory check-scripts
 
@@ -97,7 +98,7 @@ check-scripts: all
 	@APOLLO_BUILD=$(abspath $(BUILD)) sh tools/run-scripts.sh
 
 demo: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@APOLLO_BUILD=$(abspath $(BUILD)) sh tools/demo.sh
 
 bench: all
