@@ -297,9 +297,11 @@ static int64_t sh_bytes(const ap_shape *s)
 	return n < 0 || es == 0 ? -1 : n * (int64_t)es;
 }
 
+/* The dtypes a graph tensor may have (validate.c accepts the same). */
 static bool graph_dtype(ap_dtype dt)
 {
-	return dt == AP_DT_F32 || dt == AP_DT_I32 || dt == AP_DT_I64 || dt == AP_DT_BOOL;
+	return dt == AP_DT_F32 || dt == AP_DT_F64 || dt == AP_DT_I32 || dt == AP_DT_I64 ||
+	       dt == AP_DT_BOOL;
 }
 
 static bool int_dtype(ap_dtype dt)
@@ -428,7 +430,7 @@ static int materialise(imp *im, ival *v)
 	if (!graph_dtype(v->sh.dtype))
 		return fail(im, AP_EUNSUPPORTED, v->name,
 			    "constant '%s' has dtype %s, which Apollo does not compute with "
-			    "(float32, int32, int64, bool)", v->name, ap_dtype_name(v->sh.dtype));
+			    "(float32, float64, int32, int64, bool)", v->name, ap_dtype_name(v->sh.dtype));
 	bytes = sh_bytes(&v->sh);
 	if (known(v)) {
 		const ap_host_tensor *d = val_data(im, v);
@@ -650,7 +652,7 @@ static int emit(imp *im, ap_op op, abuf *A, int n_in, ival *const *ins, int n_ou
 		for (int k = 0; k < n_out; k++)
 			if (out_names[k] && out_names[k][0] && !graph_dtype(out_sh[k].dtype))
 				return fail(im, AP_EUNSUPPORTED, out_names[k],
-					    "%s output '%s' would have dtype %s (float32, int32, int64, bool supported)",
+					    "%s output '%s' would have dtype %s (float32, float64, int32, int64, bool supported)",
 					    ap_op_name(op), out_names[k], ap_dtype_name(out_sh[k].dtype));
 		for (int i = 0; i < n_in; i++) {
 			tin[i] = ins[i] ? materialise(im, ins[i]) : -1;
@@ -2393,7 +2395,7 @@ static int import_inputs(imp *im, const Onnx__GraphProto *g, const ap_host_tenso
 
 			if (!graph_dtype(sh.dtype))
 				return fail(im, AP_EUNSUPPORTED, name, "graph input '%s' has dtype %s "
-					    "(float32, int32, int64, bool supported)", name,
+					    "(float32, float64, int32, int64, bool supported)", name,
 					    ap_dtype_name(sh.dtype));
 			if (uniq(im, &im->tnames, name, tn) < 0)
 				return AP_ENOMEM;

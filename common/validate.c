@@ -64,7 +64,8 @@ static int set_add(name_set *s, const char *name)
 
 static bool dtype_ok(ap_dtype dt)
 {
-	return dt == AP_DT_F32 || dt == AP_DT_I32 || dt == AP_DT_I64 || dt == AP_DT_BOOL;
+	return dt == AP_DT_F32 || dt == AP_DT_F64 || dt == AP_DT_I32 || dt == AP_DT_I64 ||
+	       dt == AP_DT_BOOL;
 }
 
 static int check_tensors(const ap_graph *g, ap_error *err)
@@ -101,7 +102,7 @@ static int check_tensors(const ap_graph *g, ap_error *err)
 		}
 		if (!dtype_ok(t->dtype)) {
 			rc = ap_error_set(err, AP_EUNSUPPORTED, NULL, name,
-					  "tensor '%s' has dtype %s (float32, int32, int64, bool supported)",
+					  "tensor '%s' has dtype %s (float32, float64, int32, int64, bool supported)",
 					  name, ap_dtype_name(t->dtype));
 			break;
 		}

@@ -1,7 +1,8 @@
 /* check_graph.c -- the graph IR's checks (common/): op registry and shape
  * inference, validation errors (each with its code and the node or tensor
- * it names), topological sorting, graph <-> apollo.Graph round trip,
- * canonical hashing, SHA-256 and TensorProto decoding. */
+ * it names), topological sorting, graph <-> apollo.Graph round trip
+ * (float64 tensors included), canonical hashing, SHA-256 and TensorProto
+ * decoding. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -475,6 +476,72 @@ START_TEST(pb_bad_input)
 }
 END_TEST
 
+/* float64 tensors are graph tensors like float32 ones: inputs, CONSTs,
+ * values, a Cast back to float32; they survive the apollo.Graph round trip
+ * bit for bit.  Other narrow types (uint8) are still refused, and mixing
+ * float64 with float32 in one binary op is a dtype mismatch. */
+START_TEST(float64_graph)
+{
+	ap_graph *g = ap_graph_new("f64"), *h;
+	int64_t dx[2] = { 2, 3 }, dc[1] = { 3 };
+	double cv[3] = { 1.0 + 1e-12, -2.5, 1e300 };
+	int x, c, m, y, n_mul, n_cast;
+	Apollo__Graph *pb;
+	ap_error err;
+
+	x = tensor(g, "x", AP_DT_F64, 2, dx, AP_TENSOR_INPUT);
+	c = ap_graph_add_tensor(g, "c", AP_DT_F64, 1, dc, AP_TENSOR_CONST, cv, sizeof(cv));
+	ck_assert_int_ge(c, 0);
+	m = tensor(g, "m", AP_DT_F64, 2, dx, AP_TENSOR_VALUE);
+	y = tensor(g, "y", AP_DT_F32, 2, dx, AP_TENSOR_VALUE);
+	{
+		int i0[2] = { x, c };
+
+		n_mul = node(g, "mul", AP_OP_MUL, 2, i0, 1, &m);
+		n_cast = node(g, "cast", AP_OP_CAST, 1, &m, 1, &y);
+	}
+	(void)n_mul;
+	ck_assert_int_eq(ap_node_set_int(g, n_cast, "to", AP_DT_F32), 0);
+	set_io(g, 1, &x, 1, &y);
+	ck_assert_msg(ap_graph_validate(g, &err) == 0, "%s", err.msg);
+
+	pb = roundtrip_bytes(g);
+	ck_assert_int_eq(pb->tensors[c]->dtype, APOLLO__DATA_TYPE__DT_DOUBLE);
+	h = ap_graph_from_pb(pb, &err);
+	apollo__graph__free_unpacked(pb, NULL);
+	ck_assert_ptr_nonnull(h);
+	ck_assert_int_eq(ap_graph_validate(h, &err), 0);
+	ck_assert_int_eq(h->tensors[x].dtype, AP_DT_F64);
+	ck_assert_int_eq(h->tensors[m].dtype, AP_DT_F64);
+	ck_assert_int_eq(h->tensors[y].dtype, AP_DT_F32);
+	ck_assert_uint_eq(h->tensors[c].nbytes, sizeof(cv));
+	ck_assert_mem_eq(h->tensors[c].data, cv, sizeof(cv));
+	ap_graph_free(h);
+
+	/* the Cast's output declared float64 while it casts to float32 */
+	h = ap_graph_copy(g);
+	h->tensors[y].dtype = AP_DT_F64;
+	ck_assert_int_eq(ap_graph_validate(h, &err), AP_ESHAPE);
+	ck_assert_str_eq(err.node, "cast");
+	ap_graph_free(h);
+
+	/* float64 times float32 */
+	h = ap_graph_copy(g);
+	h->tensors[x].dtype = AP_DT_F32;
+	ck_assert_int_eq(ap_graph_validate(h, &err), AP_ESHAPE);
+	ck_assert_str_eq(err.node, "mul");
+	ap_graph_free(h);
+
+	/* uint8 is no graph dtype */
+	h = ap_graph_copy(g);
+	h->tensors[x].dtype = AP_DT_U8;
+	ck_assert_int_eq(ap_graph_validate(h, &err), AP_EUNSUPPORTED);
+	ck_assert_str_eq(err.tensor, "x");
+	ap_graph_free(h);
+	ap_graph_free(g);
+}
+END_TEST
+
 /* ---- hashing ------------------------------------------------------------------ */
 
 static void hash_of(ap_graph *g, uint8_t out[32])
@@ -648,6 +715,7 @@ static Suite *graph_suite(void)
 	tcase_add_test(tc, io_rules);
 	tcase_add_test(tc, pb_round_trip);
 	tcase_add_test(tc, pb_bad_input);
+	tcase_add_test(tc, float64_graph);
 	tcase_add_test(tc, hash_invariance);
 	tcase_add_test(tc, sha256_vectors);
 	tcase_add_test(tc, tensor_decode);
