@@ -9,5 +9,5 @@ for s in tests/*.sh; do
 	echo "== $s"
 	if sh "$s"; then pass=$((pass+1)); else echo "FAILED: $s"; fail=$((fail+1)); fi
 done
-echo "script tests: $pass passed, $fail failed"
+echo "scripts: $pass passed, $fail failed"
 [ $fail -eq 0 ]

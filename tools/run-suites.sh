@@ -16,5 +16,5 @@ for t in "$@"; do
 	pass=$((pass + n - f - e)); fail=$((fail + f + e))
 	[ $rc -ne 0 ] && [ $((f+e)) -eq 0 ] && fail=$((fail+1))
 done
-echo "unit suites: $pass passed, $fail failed"
+echo "suites: $pass passed, $fail failed"
 [ $fail -eq 0 ]
