@@ -7,7 +7,8 @@
  *                 [--keep-whole OP ...]
  *   apollo-client check DIR... [--target cpu] [--rtol R] [--atol A] [--jobs N]
  *                 [--threads N] [--timeout S] [--no-fork] [--no-cache]
- *                 [--fusion none|rules|apollo]
+ *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
+ *                 [--keep-whole OP ...] [--save-outputs DIR]
  *   apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]
  *   apollo-client ping
  *   apollo-client stats
@@ -18,7 +19,12 @@
  * An ONNX model is imported here, on the client (ap_onnx_import): its
  * weights stay in this process and only the Graph travels.  `check` runs the
  * answer with the runtime (client/runtime.h) and compares every output with
- * the folder's reference data.  Errors go to stderr as "apollo-client: ..."
+ * the folder's reference data; with --save-outputs DIR it also writes each
+ * folder's inputs and computed outputs as a backend-test folder
+ * DIR/<folder name>/ (model.onnx a link to the model), the reference data
+ * for a run at another fusion level.  `submit --explain` lists every
+ * launch with its ONNX nodes and category, and every boundary between
+ * launches with the reason they were not fused.  Errors go to stderr as "apollo-client: ..."
  * and make the command exit 1 (2 for a usage error).
  */
 #include <errno.h>
@@ -52,6 +58,7 @@ static void usage(FILE *f)
 	      "                [--fusion none|rules|apollo] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n"
 	      "  apollo-client check DIR... [--target cpu] [--rtol R] [--atol A] [--jobs N] [--threads N]\n"
 	      "                [--timeout S] [--no-fork] [--no-cache] [--fusion none|rules|apollo]\n"
+	      "                [--fusion-barrier NODE ...] [--keep-whole OP ...] [--save-outputs DIR]\n"
 	      "  apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n"
 	      "  apollo-client ping\n"
 	      "  apollo-client stats\n"
@@ -587,6 +594,8 @@ typedef struct check_opts {
 	int jobs;
 	int timeout_s;     /* per test folder; 0 = none */
 	bool no_fork;      /* run in this process (for a debugger) */
+	const char *save_dir;  /* --save-outputs: write each folder's inputs and
+				  computed outputs as SAVE_DIR/<folder name>/ */
 } check_opts;
 
 /* The worst output seen so far in one test folder. */
@@ -626,8 +635,8 @@ static const ap_host_tensor *input_data(const char *name, int index, const ap_on
 /* Runs one data set of a test folder.  Returns 0 when every output is
  * within tolerance, else a negative code with `msg` saying what. */
 static int check_set(ap_client **cp, const char *setdir, const uint8_t *model, size_t model_len,
-		     const ap_onnx_io *io, const check_opts *o, worst *w, int *n_kernels,
-		     unsigned *n_eager, bool *hit, char *msg, size_t cap)
+		     const ap_onnx_io *io, const check_opts *o, const char *save_set, worst *w,
+		     int *n_kernels, unsigned *n_eager, bool *hit, char *msg, size_t cap)
 {
 	ap_host_tensor **in = NULL, **want = NULL, *got = NULL;
 	int n_in = 0, n_want = 0, rc;
@@ -646,6 +655,9 @@ static int check_set(ap_client **cp, const char *setdir, const uint8_t *model, s
 	if ((rc = ap_testdata_load(setdir, "input", &in, &n_in, &err)) < 0 ||
 	    (rc = ap_testdata_load(setdir, "output", &want, &n_want, &err)) < 0)
 		goto error;
+	for (int k = 0; save_set && k < n_in; k++)
+		if ((rc = ap_testdata_save(save_set, "input", k, in[k], NULL, &err)) < 0)
+			goto error;
 	for (int k = 0; k < n_in; k++) {
 		ap_host_tensor *c = ap_host_tensor_copy(in[k], k < io->n_inputs ? io->inputs[k] : NULL);
 		if (!c || bindings_add(&b, c, &err) < 0) {
@@ -721,6 +733,9 @@ static int check_set(ap_client **cp, const char *setdir, const uint8_t *model, s
 			rc = err.code;
 			goto error;
 		}
+		/* Saved before the comparison: the next run checks against it. */
+		if (save_set && (rc = ap_testdata_save(save_set, "output", k, got, NULL, &err)) < 0)
+			goto error;
 		ap_compare_tensors(got, want[k], o->rtol, o->atol, &r);
 		if (r.max_at >= 0 && (r.max_abs_err > w->err || !w->where[0])) {
 			ap_compare_format_index(want[k]->rank, want[k]->dims, r.max_at, at,
@@ -787,7 +802,7 @@ out:
 
 static bool check_dir(ap_client **cp, const char *dir_arg, const check_opts *o)
 {
-	char dir[4096], path[4200], msg[1024] = "";
+	char dir[4096], path[4200], save[4200], msg[1024] = "";
 	uint8_t *model = NULL;
 	size_t model_len = 0;
 	ap_onnx_io *io = NULL;
@@ -816,9 +831,23 @@ static bool check_dir(ap_client **cp, const char *dir_arg, const check_opts *o)
 		snprintf(msg, sizeof(msg), "no test_data_set_* folder");
 		goto done;
 	}
+	if (o->save_dir) {
+		const char *base = strrchr(dir, '/');
+		if ((size_t)snprintf(save, sizeof(save), "%s/%s", o->save_dir, base ? base + 1 : dir) >=
+			    sizeof(save) - 32 ||
+		    ap_testdata_save_model(save, path, &err) < 0) {
+			snprintf(msg, sizeof(msg), "--save-outputs: %s",
+				 err.msg[0] ? err.msg : "path too long");
+			goto done;
+		}
+	}
 	for (int s = 0; s < n_sets; s++) {
-		if (check_set(cp, sets[s], model, model_len, io, o, &w, &n_kernels, &n_eager, &hit,
-			      msg, sizeof(msg)) < 0) {
+		char save_set[4400];
+		const char *sb = strrchr(sets[s], '/');
+		if (o->save_dir)
+			snprintf(save_set, sizeof(save_set), "%s/%s", save, sb ? sb + 1 : sets[s]);
+		if (check_set(cp, sets[s], model, model_len, io, o, o->save_dir ? save_set : NULL, &w,
+			      &n_kernels, &n_eager, &hit, msg, sizeof(msg)) < 0) {
 			failed_set = s;
 			goto done;
 		}
@@ -973,7 +1002,8 @@ static int cmd_check(int argc, char **argv)
 {
 	check_opts o = {0};
 	char **dirs = calloc((size_t)argc + 1, sizeof(char *));
-	int n = 0, pass = 0, failed = 0;
+	const char **barriers = NULL, **whole = NULL;
+	int n = 0, pass = 0, failed = 0, rc = 1;
 
 	if (!dirs)
 		return 1;
@@ -988,34 +1018,34 @@ static int cmd_check(int argc, char **argv)
 			o.submit.target = argv[++i];
 		} else if (!strcmp(a, "--rtol") && v) {
 			if (!parse_double(v, &o.rtol)) {
-				free(dirs);
-				return usage_error("--rtol wants a number >= 0, not '%s'", v);
+				rc = usage_error("--rtol wants a number >= 0, not '%s'", v);
+				goto out;
 			}
 			i++;
 		} else if (!strcmp(a, "--atol") && v) {
 			if (!parse_double(v, &o.atol)) {
-				free(dirs);
-				return usage_error("--atol wants a number >= 0, not '%s'", v);
+				rc = usage_error("--atol wants a number >= 0, not '%s'", v);
+				goto out;
 			}
 			i++;
 		} else if ((!strcmp(a, "--jobs") || !strcmp(a, "-j")) && v) {
 			if (!parse_int(v, &o.jobs) || o.jobs < 1) {
-				free(dirs);
-				return usage_error("--jobs wants a count >= 1, not '%s'", v);
+				rc = usage_error("--jobs wants a count >= 1, not '%s'", v);
+				goto out;
 			}
 			i++;
 		} else if (!strcmp(a, "--threads") && v) {
 			if (!parse_int(v, &o.threads)) {
-				free(dirs);
-				return usage_error("--threads wants a count, not '%s'", v);
+				rc = usage_error("--threads wants a count, not '%s'", v);
+				goto out;
 			}
 			i++;
 		} else if (!strcmp(a, "--timeout") && v) {
 			char *end;
 			long t = strtol(v, &end, 10);
 			if (!*v || *end || t < 0 || t > 86400) {
-				free(dirs);
-				return usage_error("--timeout wants seconds (0 = none), not '%s'", v);
+				rc = usage_error("--timeout wants seconds (0 = none), not '%s'", v);
+				goto out;
 			}
 			o.timeout_s = (int)t;
 			i++;
@@ -1023,27 +1053,49 @@ static int cmd_check(int argc, char **argv)
 			o.submit.no_cache = true;
 		} else if (!strcmp(a, "--fusion") && v) {
 			if (!parse_fusion(v, &o.submit.fusion)) {
-				free(dirs);
-				return usage_error("--fusion is none, rules or apollo, not '%s'", v);
+				rc = usage_error("--fusion is none, rules or apollo, not '%s'", v);
+				goto out;
 			}
+			i++;
+		} else if (!strcmp(a, "--fusion-barrier") && v) {
+			if (!strv_push(&barriers, &o.submit.n_fusion_barriers, v))
+				goto out;
+			i++;
+		} else if (!strcmp(a, "--keep-whole") && v) {
+			if (!strv_push(&whole, &o.submit.n_keep_whole, v))
+				goto out;
+			i++;
+		} else if (!strcmp(a, "--save-outputs") && v) {
+			o.save_dir = v;
 			i++;
 		} else if (!strcmp(a, "--no-fork")) {
 			o.no_fork = true;
 		} else if (a[0] == '-' && a[1]) {
-			free(dirs);
-			return usage_error("check: unknown or incomplete option '%s'", a);
+			rc = usage_error("check: unknown or incomplete option '%s'", a);
+			goto out;
 		} else {
 			dirs[n++] = argv[i];
 		}
 	}
+	o.submit.fusion_barriers = barriers;
+	o.submit.keep_whole = whole;
 	if (n == 0) {
-		free(dirs);
-		return usage_error("check: which test folders?");
+		rc = usage_error("check: which test folders?");
+		goto out;
+	}
+	if (o.save_dir && mkdir(o.save_dir, 0777) < 0 && errno != EEXIST) {
+		fprintf(stderr, "apollo-client: check: cannot create %s: %s\n", o.save_dir,
+			strerror(errno));
+		goto out;
 	}
 	check_all(dirs, n, &o, &pass, &failed);
 	printf("%d passed, %d failed\n", pass, failed);
+	rc = failed ? 1 : 0;
+out:
+	free((void *)barriers);
+	free((void *)whole);
 	free(dirs);
-	return failed ? 1 : 0;
+	return rc;
 }
 
 /* ---- ping / stats ----------------------------------------------------------------------- */

@@ -60,6 +60,44 @@ static const char *format_name(ap_output_kind k)
 	}
 }
 
+static const char *buffer_kind_name(ap_bundle_buffer_kind k)
+{
+	switch (k) {
+	case AP_BUNDLE_BUF_INPUT: return "input";
+	case AP_BUNDLE_BUF_OUTPUT: return "output";
+	case AP_BUNDLE_BUF_PARAM: return "param";
+	case AP_BUNDLE_BUF_INTERMEDIATE: return "intermediate";
+	default: return "unknown";
+	}
+}
+
+/* ,"reads":[..],"writes":[..] -- the buffer indices launch arguments bind,
+ * split by the kernel parameter's `written` flag; each buffer once, in
+ * argument order. */
+static void json_launch_buffers(FILE *f, const ap_bundle *b, unsigned kernel, int n_args,
+				const uint32_t *args)
+{
+	for (int pass = 0; pass < 2; pass++) {
+		int n = 0;
+		fputs(pass ? ",\"writes\":[" : ",\"reads\":[", f);
+		for (int a = 0; a < n_args; a++) {
+			ap_bundle_param p;
+			bool seen = false;
+			if (ap_bundle_kernel_param(b, (int)kernel, a, &p) < 0 || p.written != (pass == 1))
+				continue;
+			for (int e = 0; e < a && !seen; e++) {
+				ap_bundle_param q;
+				seen = args[e] == args[a] &&
+				       ap_bundle_kernel_param(b, (int)kernel, e, &q) == 0 &&
+				       q.written == p.written;
+			}
+			if (!seen)
+				fprintf(f, "%s%u", n++ ? "," : "", args[a]);
+		}
+		fputc(']', f);
+	}
+}
+
 static uint64_t blob_total(const ap_bundle *b)
 {
 	uint64_t total = 0;
@@ -121,21 +159,37 @@ void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 	}
 	fputs("],\"launch_list\":[", f);
 	for (int i = 0; i < ap_bundle_n_launches(b); i++) {
+		ap_bundle_kernel k;
 		unsigned kernel = 0;
-		int n_args, n_nodes;
-		const uint32_t *args;
-		const char *const *nodes;
-		const char *cat;
+		int n_args = 0, n_nodes = 0;
+		const uint32_t *args = NULL;
+		const char *const *nodes = NULL;
+		const char *cat = "";
 		ap_bundle_launch(b, i, &kernel, &n_args, &args);
 		ap_bundle_launch_nodes(b, i, &n_nodes, &nodes, &cat);
-		fprintf(f, "%s{\"kernel\":%u,\"category\":", i ? "," : "", kernel);
+		fprintf(f, "%s{\"kernel\":%u,\"name\":", i ? "," : "", kernel);
+		ap_json_string(f, ap_bundle_kernel_get(b, (int)kernel, &k) == 0 ? k.name : "");
+		fputs(",\"category\":", f);
 		ap_json_string(f, cat);
 		fputs(",\"nodes\":", f);
 		json_strings(f, n_nodes, nodes);
+		if (info && info->explain)
+			json_launch_buffers(f, b, kernel, n_args, args);
 		fputc('}', f);
 	}
 	fputc(']', f);
 	if (info && info->explain) {
+		fputs(",\"buffer_list\":[", f);
+		for (int i = 0; i < ap_bundle_n_buffers(b); i++) {
+			ap_bundle_buffer bf;
+			if (ap_bundle_buffer_get(b, i, &bf) < 0)
+				continue;
+			fputs(i ? ",{\"name\":" : "{\"name\":", f);
+			ap_json_string(f, bf.name);
+			fprintf(f, ",\"kind\":\"%s\",\"bytes\":%llu}", buffer_kind_name(bf.kind),
+				(unsigned long long)bf.bytes);
+		}
+		fputc(']', f);
 		fputs(",\"boundary_list\":[", f);
 		for (int i = 0; i < ap_bundle_n_boundaries(b); i++) {
 			ap_bundle_boundary x;
@@ -154,11 +208,11 @@ void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 	fputs("}\n", f);
 }
 
-/* Up to 6 names, then "... +N". */
-static void text_names(FILE *f, int n, const char *const *v)
+/* Up to `max` names (all when max < 0), then "... +N". */
+static void text_names(FILE *f, int n, const char *const *v, int max)
 {
 	for (int i = 0; i < n; i++) {
-		if (i == 6) {
+		if (max >= 0 && i == max) {
 			fprintf(f, " ... +%d", n - i);
 			break;
 		}
@@ -166,10 +220,41 @@ static void text_names(FILE *f, int n, const char *const *v)
 	}
 }
 
+/* The boundaries counted by reason, in order of first appearance:
+ * "rule 12, level 3".  Reasons past the 32nd distinct one are summed as
+ * "other". */
+static void text_reason_counts(FILE *f, const ap_bundle *b)
+{
+	const char *keys[32];
+	int counts[32], n = 0, other = 0;
+
+	for (int i = 0; i < ap_bundle_n_boundaries(b); i++) {
+		ap_bundle_boundary x;
+		int j;
+		if (ap_bundle_boundary_get(b, i, &x) < 0)
+			continue;
+		for (j = 0; j < n && strcmp(keys[j], x.reason); j++)
+			;
+		if (j < n) {
+			counts[j]++;
+		} else if (n < 32) {
+			keys[n] = x.reason;
+			counts[n++] = 1;
+		} else {
+			other++;
+		}
+	}
+	for (int j = 0; j < n; j++)
+		fprintf(f, "%s%s %d", j ? ", " : "", keys[j][0] ? keys[j] : "(none)", counts[j]);
+	if (other)
+		fprintf(f, "%sother %d", n ? ", " : "", other);
+}
+
 void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info)
 {
 	ap_bundle_stats s;
 	int nl = ap_bundle_n_launches(b);
+	bool explain = info && info->explain;
 
 	ap_bundle_stats_get(b, &s);
 	fprintf(f, "%s%s%d kernel launches (%d distinct kernels) for %s (%s); eager: %u kernels, %u nodes\n",
@@ -187,14 +272,17 @@ void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info)
 		    ap_bundle_kernel_get(b, (int)kernel, &k) < 0)
 			continue;
 		ap_bundle_launch_nodes(b, i, &n_nodes, &nodes, &cat);
-		fprintf(f, "  %3d %-28s %-11s grid %u,%u,%u block %u,%u,%u smem %u %7zu B  [", i,
-			k.name, cat[0] ? cat : "-", k.grid[0], k.grid[1], k.grid[2], k.block[0],
-			k.block[1], k.block[2], k.smem_bytes, k.blob_bytes);
-		if (n_nodes > 0)
-			text_names(f, n_nodes, nodes);
+		if (explain)
+			fprintf(f, "  launch %d %s %s: ", i, k.name, cat[0] ? cat : "-");
 		else
-			text_names(f, k.n_nodes, k.nodes);
-		fputs("]\n", f);
+			fprintf(f, "  %3d %-28s %-11s grid %u,%u,%u block %u,%u,%u smem %u %7zu B  [",
+				i, k.name, cat[0] ? cat : "-", k.grid[0], k.grid[1], k.grid[2],
+				k.block[0], k.block[1], k.block[2], k.smem_bytes, k.blob_bytes);
+		if (n_nodes > 0)
+			text_names(f, n_nodes, nodes, explain ? -1 : 6);
+		else
+			text_names(f, k.n_nodes, k.nodes, explain ? -1 : 6);
+		fputs(explain ? "\n" : "]\n", f);
 	}
 	fprintf(f, "cache %s; compile %.1f ms in the daemon (import %.1f, partition %.1f, "
 		   "codegen %.1f, backend %.1f, cache %.1f); %u kernels compiled\n",
@@ -209,14 +297,22 @@ void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info)
 		(unsigned long long)s.min_bytes,
 		(unsigned long long)ap_bundle_workspace_bytes(b), ap_bundle_n_buffers(b),
 		(unsigned long long)blob_total(b));
-	if (info && info->explain) {
+	if (explain) {
 		int nb = ap_bundle_n_boundaries(b);
-		fprintf(f, "%d boundaries between launches%s\n", nb, nb ? ":" : "");
+		fprintf(f, "%d boundaries between launches%s", nb, nb ? " (" : "\n");
+		if (nb) {
+			text_reason_counts(f, b);
+			fputs("):\n", f);
+		}
 		for (int i = 0; i < nb; i++) {
 			ap_bundle_boundary x;
-			ap_bundle_boundary_get(b, i, &x);
-			fprintf(f, "  launch %u -> %u via %s: %s%s%s\n", x.producer, x.consumer,
-				x.tensor, x.reason, x.detail[0] ? ": " : "", x.detail);
+			if (ap_bundle_boundary_get(b, i, &x) < 0)
+				continue;
+			fprintf(f, "  launch %u -> launch %u via %s: %s", x.producer, x.consumer,
+				x.tensor[0] ? x.tensor : "?", x.reason[0] ? x.reason : "(no reason)");
+			if (x.detail[0])
+				fprintf(f, " (%s)", x.detail);
+			fputc('\n', f);
 		}
 	}
 }

@@ -1,6 +1,10 @@
 /* testdata.c -- files and ONNX backend-test folders: DIR/model.onnx and
  * DIR/test_data_set_N/{input_K.pb, output_K.pb}, each .pb one serialized
- * onnx.TensorProto decoded by ap_onnx_tensor_decode (common/).
+ * onnx.TensorProto decoded by ap_onnx_tensor_decode (common/).  Writing
+ * goes the other way (ap_testdata_encode: dims, data_type, name and
+ * raw_data, packed by the protobuf-c code generated from proto/onnx.proto),
+ * so that `apollo-client check --save-outputs` can turn one run's results
+ * into the reference data of another (the fusion-level differential).
  */
 #include "tool.h"
 
@@ -10,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include "proto/onnx.pb-c.h"
 
 int ap_file_read(const char *path, size_t max, uint8_t **buf, size_t *len, ap_error *err)
 {
@@ -217,4 +224,102 @@ int ap_testdata_load(const char *setdir, const char *prefix, ap_host_tensor ***t
 fail:
 	ap_host_tensors_free(out, count);
 	return rc < 0 ? rc : AP_EIO;
+}
+
+int ap_testdata_encode(const ap_host_tensor *t, const char *name, uint8_t **out, size_t *len,
+		       ap_error *err)
+{
+	Onnx__TensorProto tp = ONNX__TENSOR_PROTO__INIT;
+	size_t es = ap_dtype_size(t->dtype), n;
+	uint64_t numel = 1;
+	uint8_t *buf;
+
+	*out = NULL;
+	*len = 0;
+	if (t->rank < 0 || t->rank > AP_MAX_RANK || es == 0)
+		return ap_error_set(err, AP_EINVAL, NULL, t->name,
+				    "tensor '%s': rank %d or data type %d cannot be written",
+				    t->name ? t->name : "", t->rank, (int)t->dtype);
+	for (int i = 0; i < t->rank; i++) {
+		if (t->dims[i] < 0 || (t->dims[i] > 0 && numel > UINT64_MAX / (uint64_t)t->dims[i]))
+			return ap_error_set(err, AP_EINVAL, NULL, t->name,
+					    "tensor '%s': bad dimension %lld", t->name ? t->name : "",
+					    (long long)t->dims[i]);
+		numel *= (uint64_t)t->dims[i];
+	}
+	if (numel > SIZE_MAX / es || numel * es != t->nbytes)
+		return ap_error_set(err, AP_EINVAL, NULL, t->name,
+				    "tensor '%s': %zu bytes of data for its shape", t->name ? t->name : "",
+				    t->nbytes);
+	tp.n_dims = (size_t)t->rank;
+	tp.dims = (int64_t *)t->dims;
+	tp.has_data_type = 1;
+	tp.data_type = (int32_t)t->dtype;   /* ap_dtype is numbered as TensorProto.DataType */
+	tp.name = (char *)(name ? name : t->name ? t->name : "");
+	tp.has_raw_data = 1;
+	tp.raw_data.len = t->nbytes;
+	tp.raw_data.data = t->data;
+	n = onnx__tensor_proto__get_packed_size(&tp);
+	buf = malloc(n ? n : 1);
+	if (!buf)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	onnx__tensor_proto__pack(&tp, buf);
+	*out = buf;
+	*len = n;
+	return 0;
+}
+
+/* mkdir that accepts an existing directory. */
+static int make_dir(const char *path, ap_error *err)
+{
+	struct stat st;
+
+	if (mkdir(path, 0777) == 0 || (errno == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode)))
+		return 0;
+	return ap_error_set(err, AP_EIO, NULL, NULL, "cannot create directory %s: %s", path,
+			    strerror(errno));
+}
+
+int ap_testdata_save_model(const char *dir, const char *model, ap_error *err)
+{
+	char *real, link[4200];
+	int rc;
+
+	if ((rc = make_dir(dir, err)) < 0)
+		return rc;
+	real = realpath(model, NULL);
+	if (!real)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot resolve %s: %s", model,
+				    strerror(errno));
+	if ((size_t)snprintf(link, sizeof(link), "%s/model.onnx", dir) >= sizeof(link)) {
+		free(real);
+		return ap_error_set(err, AP_ETOOLARGE, NULL, NULL, "path too long: %s", dir);
+	}
+	if ((unlink(link) < 0 && errno != ENOENT) || symlink(real, link) < 0) {
+		rc = ap_error_set(err, AP_EIO, NULL, NULL, "cannot link %s to %s: %s", link, real,
+				  strerror(errno));
+		free(real);
+		return rc;
+	}
+	free(real);
+	return 0;
+}
+
+int ap_testdata_save(const char *setdir, const char *prefix, int k, const ap_host_tensor *t,
+		     const char *name, ap_error *err)
+{
+	char path[4200];
+	uint8_t *buf;
+	size_t len;
+	int rc;
+
+	if ((rc = make_dir(setdir, err)) < 0)
+		return rc;
+	if ((size_t)snprintf(path, sizeof(path), "%s/%s_%d.pb", setdir, prefix, k) >= sizeof(path))
+		return ap_error_set(err, AP_ETOOLARGE, NULL, NULL, "path too long: %s", setdir);
+	if ((rc = ap_testdata_encode(t, name, &buf, &len, err)) < 0)
+		return rc;
+	rc = ap_file_write(path, buf, len, err);
+	free(buf);
+	return rc;
 }

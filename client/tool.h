@@ -88,6 +88,22 @@ void ap_strv_free(__ap_take char **v, int n);
 /* A deep copy of `t`, renamed to `name` (NULL keeps the name). NULL on ENOMEM. */
 __ap_give ap_host_tensor *ap_host_tensor_copy(const ap_host_tensor *t, const char *name);
 
+/* Serializes `t` as one onnx.TensorProto (dims, data_type, raw_data; name
+ * `name`, or t->name when NULL).  0 with *out (malloc'd) and *len, or
+ * AP_EINVAL (a dtype without a size, negative dims, or nbytes that do not
+ * match the shape), AP_ENOMEM. */
+int ap_testdata_encode(const ap_host_tensor *t, const char *name, __ap_give uint8_t **out,
+		       size_t *len, ap_error *err);
+/* Writes SETDIR/PREFIX_K.pb (ap_testdata_encode), creating SETDIR (one
+ * level) when missing.  0, or AP_EIO, AP_ETOOLARGE (path), the encoder's
+ * errors. */
+int ap_testdata_save(const char *setdir, const char *prefix, int k, const ap_host_tensor *t,
+		     const char *name, ap_error *err);
+/* Creates DIR (one level) and makes DIR/model.onnx a symbolic link to the
+ * absolute path of `model` (replacing one that is there), so that DIR is a
+ * backend-test folder for that model.  0 or AP_EIO, AP_ETOOLARGE. */
+int ap_testdata_save_model(const char *dir, const char *model, ap_error *err);
+
 /* ---- reports (report.c) ----------------------------------------------------- */
 
 typedef struct ap_report_info {
@@ -104,14 +120,21 @@ void ap_json_string(FILE *f, const char *s);
  * Bundle.kernels), eager_kernels, nodes, cache ("hit"/"miss"), compile_ms,
  * import_ms, partition_ms, codegen_ms, backend_ms, cache_ms (daemon side),
  * client_import_ms, round_trip_ms, kernels_compiled, global_bytes,
- * eager_bytes, min_bytes, workspace_bytes, buffers, blob_bytes, boundaries,
- * graph_hash, kernel_list (name, nodes, grid, block, smem_bytes, blob_bytes,
- * params), launch_list (kernel, category, nodes), and with info->explain
- * boundary_list (producer, consumer, tensor, reason, detail). */
+ * eager_bytes, min_bytes (bytes), workspace_bytes, buffers, blob_bytes,
+ * boundaries, graph_hash, kernel_list (name, nodes, grid, block,
+ * smem_bytes, blob_bytes, params), launch_list (kernel index, name,
+ * category, nodes: one entry per launch, in plan order).  With
+ * info->explain also: per launch "reads" and "writes" (buffer indices, by
+ * the kernel parameters' written flag), buffer_list (name, kind
+ * input/output/param/intermediate, bytes) and boundary_list (producer,
+ * consumer: launch indices; tensor, reason, detail). */
 void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info);
 /* A human-readable summary: one line per launch (kernel, category, grid,
- * block, blob size, fused nodes), then the stats; with info->explain the
- * boundaries between launches and why each was not fused. */
+ * block, blob size, up to 6 fused nodes), then the stats.  With
+ * info->explain the launches are listed as
+ *   launch I KERNEL CATEGORY: NODE NODE ...   (every ONNX node)
+ * and after the stats the boundaries, counted by reason, then one a line:
+ *   launch P -> launch C via TENSOR: REASON (DETAIL) */
 void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info);
 
 #endif

@@ -2,7 +2,9 @@
  * socketpair (oversized, zero, truncated replies), the request/reply
  * protocol against a scripted fake server thread (handshake, ping, stats,
  * submit, error replies, id and type mismatches, garbage), the JSON
- * report, the output comparison (tolerance, NaN, inf, shapes), and the ONNX
+ * and text reports (with --explain: launches, buffers read and written,
+ * boundaries, escaping), writing test data back (encode, save, model
+ * link), the output comparison (tolerance, NaN, inf, shapes), and the ONNX
  * input/output walker.
  */
 #include <check.h>
@@ -683,7 +685,8 @@ START_TEST(json_report)
 	ck_assert_int_eq(text[tlen - 1], '\n');
 	ck_assert_ptr_null(memchr(text, '\n', tlen - 1));
 	ck_assert_ptr_nonnull(strstr(text, "\"kernels\":1,\"distinct_kernels\":1,"));
-	ck_assert_ptr_nonnull(strstr(text, "\"launch_list\":[{\"kernel\":0,\"category\":\"elementwise\",\"nodes\":[\"Add_0\",\"Relu_1\"]}]"));
+	ck_assert_ptr_nonnull(strstr(text, "\"launch_list\":[{\"kernel\":0,\"name\":\"fused_add_relu\",\"category\":\"elementwise\",\"nodes\":[\"Add_0\",\"Relu_1\"]}]"));
+	ck_assert_ptr_null(strstr(text, "buffer_list"));
 	ck_assert_ptr_nonnull(strstr(text, "\"boundaries\":1,"));
 	ck_assert_ptr_null(strstr(text, "boundary_list"));
 	ck_assert_ptr_nonnull(strstr(text, "\"eager_kernels\":2,"));
@@ -728,6 +731,8 @@ START_TEST(json_report)
 	fclose(f);
 	ck_assert_ptr_nonnull(strstr(text, "\"cache\":\"hit\""));
 	ck_assert_ptr_nonnull(strstr(text, "\"boundary_list\":[{\"producer\":0,\"consumer\":0,\"tensor\":\"t1\",\"reason\":\"opaque\""));
+	ck_assert_ptr_nonnull(strstr(text, "\"nodes\":[\"Add_0\",\"Relu_1\"],\"reads\":[0],\"writes\":[1]}"));
+	ck_assert_ptr_nonnull(strstr(text, "\"buffer_list\":[{\"name\":\"x\",\"kind\":\"input\",\"bytes\":2048},{\"name\":\"y\",\"kind\":\"output\",\"bytes\":2048}]"));
 	free(text);
 	/* The text summary names the kernel and the cache state. */
 	text = NULL;
@@ -737,7 +742,8 @@ START_TEST(json_report)
 	ck_assert_ptr_nonnull(strstr(text, "fused_add_relu"));
 	ck_assert_ptr_nonnull(strstr(text, "Add_0 Relu_1"));
 	ck_assert_ptr_nonnull(strstr(text, "cache hit"));
-	ck_assert_ptr_nonnull(strstr(text, "launch 0 -> 0 via t1: opaque: MatMul keeps its own kernel"));
+	ck_assert_ptr_nonnull(strstr(text, "  launch 0 -> launch 0 via t1: opaque (MatMul keeps its own kernel)\n"));
+	ck_assert_ptr_nonnull(strstr(text, "1 boundaries between launches (opaque 1):\n"));
 	free(text);
 	ap_bundle_free(b);
 }
@@ -972,6 +978,275 @@ START_TEST(onnx_io_real_model)
 }
 END_TEST
 
+/* ---- explain report -------------------------------------------------------------------- */
+
+/* Balanced {} and [] outside strings, one line ended by '\n', no control
+ * characters anywhere. */
+static void assert_json_line(const char *text, size_t tlen)
+{
+	int depth = 0;
+
+	ck_assert_uint_gt(tlen, 1);
+	ck_assert_int_eq(text[0], '{');
+	ck_assert_int_eq(text[tlen - 1], '\n');
+	for (size_t i = 0; i + 1 < tlen; i++) {
+		ck_assert_msg((unsigned char)text[i] >= 0x20, "control character at %zu", i);
+		if (text[i] == '"') {
+			for (i++; i < tlen && text[i] != '"'; i++)
+				if (text[i] == '\\')
+					i++;
+			continue;
+		}
+		if (text[i] == '{' || text[i] == '[')
+			depth++;
+		if (text[i] == '}' || text[i] == ']')
+			depth--;
+		ck_assert_int_ge(depth, 0);
+	}
+	ck_assert_int_eq(depth, 0);
+}
+
+/* Three launches of two kernels over five buffers, three boundaries (one
+ * with quotes, a backslash and a newline to escape, one without detail). */
+static ap_bundle *explain_bundle(void)
+{
+	static char *n0[8] = { "n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7" };
+	static char *n1[1] = { "r\"1" }, *n2[1] = { "z" };
+	static uint32_t a0[2] = { 0, 2 }, a1[2] = { 2, 3 }, a2[3] = { 3, 3, 1 };
+	static const char *bnames[5] = { "x", "y", "t", "u", "w" };
+	static const int bkinds[5] = { APOLLO__BUFFER_KIND__BUF_INPUT, APOLLO__BUFFER_KIND__BUF_OUTPUT,
+				       APOLLO__BUFFER_KIND__BUF_INTERMEDIATE,
+				       APOLLO__BUFFER_KIND__BUF_INTERMEDIATE, APOLLO__BUFFER_KIND__BUF_PARAM };
+	Apollo__KernelParam kp[5], *ka_p[2], *kb_p[3];
+	Apollo__Kernel ka = APOLLO__KERNEL__INIT, kb = APOLLO__KERNEL__INIT, *ks[2];
+	Apollo__Launch l[3], *plan[3];
+	Apollo__Buffer bf[5], *bufs[5];
+	Apollo__Boundary bd[3], *bds[3];
+	Apollo__Stats st = APOLLO__STATS__INIT;
+	Apollo__Bundle b = APOLLO__BUNDLE__INIT;
+	uint8_t *buf;
+	size_t n;
+	ap_bundle *out;
+
+	for (int i = 0; i < 5; i++) {
+		apollo__kernel_param__init(&kp[i]);
+		kp[i].name = "p";
+		kp[i].dtype = APOLLO__DATA_TYPE__DT_FLOAT;
+		apollo__buffer__init(&bf[i]);
+		bf[i].name = (char *)bnames[i];
+		bf[i].kind = bkinds[i];
+		bf[i].bytes = 16 + (uint64_t)i;
+		bufs[i] = &bf[i];
+	}
+	kp[1].written = 1;   /* kA (in, out) */
+	kp[4].written = 1;   /* kB (in, in, out) */
+	ka_p[0] = &kp[0]; ka_p[1] = &kp[1];
+	kb_p[0] = &kp[2]; kb_p[1] = &kp[3]; kb_p[2] = &kp[4];
+	ka.name = "kA"; ka.n_params = 2; ka.params = ka_p;
+	kb.name = "kB"; kb.n_params = 3; kb.params = kb_p;
+	ks[0] = &ka; ks[1] = &kb;
+	for (int i = 0; i < 3; i++) {
+		apollo__launch__init(&l[i]);
+		plan[i] = &l[i];
+		apollo__boundary__init(&bd[i]);
+		bds[i] = &bd[i];
+	}
+	l[0].kernel = 0; l[0].n_args = 2; l[0].args = a0; l[0].n_nodes = 8; l[0].nodes = n0;
+	l[0].category = "elementwise";
+	l[1].kernel = 0; l[1].n_args = 2; l[1].args = a1; l[1].n_nodes = 1; l[1].nodes = n1;
+	l[1].category = "reduction";
+	l[2].kernel = 1; l[2].n_args = 3; l[2].args = a2; l[2].n_nodes = 1; l[2].nodes = n2;
+	bd[0].producer = 0; bd[0].consumer = 1; bd[0].tensor = "t"; bd[0].reason = "rule";
+	bd[0].detail = "a reduction ends its micro-graph";
+	bd[1].producer = 1; bd[1].consumer = 2; bd[1].tensor = "u\"q"; bd[1].reason = "hint";
+	bd[1].detail = "line1\nline2 \\ back";
+	bd[2].producer = 1; bd[2].consumer = 2; bd[2].tensor = "u"; bd[2].reason = "rule";
+	st.kernels = 3; st.eager_kernels = 10; st.nodes = 10;
+	st.global_bytes = 300; st.eager_bytes = 900; st.min_bytes = 100;
+	b.target = "cpu";
+	b.n_kernels = 2; b.kernels = ks;
+	b.n_plan = 3; b.plan = plan;
+	b.n_buffers = 5; b.buffers = bufs;
+	b.n_boundaries = 3; b.boundaries = bds;
+	b.stats = &st;
+	n = apollo__bundle__get_packed_size(&b);
+	buf = malloc(n);
+	ck_assert_ptr_nonnull(buf);
+	apollo__bundle__pack(&b, buf);
+	out = ap_bundle_unpack(buf, n, NULL);
+	free(buf);
+	ck_assert_ptr_nonnull(out);
+	return out;
+}
+
+static char *report(const ap_bundle *b, bool json, bool explain, size_t *tlen)
+{
+	ap_report_info info = { .model = "m.onnx", .explain = explain };
+	char *text = NULL;
+	FILE *f = open_memstream(&text, tlen);
+
+	ck_assert_ptr_nonnull(f);
+	if (json)
+		ap_report_json(f, b, &info);
+	else
+		ap_report_text(f, b, &info);
+	fclose(f);
+	return text;
+}
+
+START_TEST(explain_text)
+{
+	ap_bundle *b = explain_bundle();
+	size_t tlen;
+	char *text = report(b, false, true, &tlen);
+
+	/* Every launch with every ONNX node; "-" for no category. */
+	ck_assert_ptr_nonnull(strstr(text, "\n  launch 0 kA elementwise: n0 n1 n2 n3 n4 n5 n6 n7\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\n  launch 1 kA reduction: r\"1\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\n  launch 2 kB -: z\n"));
+	/* Boundaries counted by reason, then one a line. */
+	ck_assert_ptr_nonnull(strstr(text, "\n3 boundaries between launches (rule 2, hint 1):\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\n  launch 0 -> launch 1 via t: rule (a reduction ends its micro-graph)\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\n  launch 1 -> launch 2 via u\"q: hint (line1\nline2 \\ back)\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\n  launch 1 -> launch 2 via u: rule\n"));
+	ck_assert_ptr_nonnull(strstr(text, "300 B fused, 900 B eager, 100 B minimum"));
+	free(text);
+	/* Without --explain: six names then a count, no boundary rows. */
+	text = report(b, false, false, &tlen);
+	ck_assert_ptr_nonnull(strstr(text, "[n0 n1 n2 n3 n4 n5 ... +2]\n"));
+	ck_assert_ptr_null(strstr(text, "boundaries"));
+	ck_assert_ptr_null(strstr(text, "launch 0 -> launch 1"));
+	free(text);
+	ap_bundle_free(b);
+}
+END_TEST
+
+START_TEST(explain_json)
+{
+	ap_bundle *b = explain_bundle();
+	size_t tlen;
+	char *text = report(b, true, true, &tlen);
+
+	assert_json_line(text, tlen);
+	ck_assert_ptr_nonnull(strstr(text, "\"kernels\":3,\"distinct_kernels\":2,\"eager_kernels\":10,"));
+	ck_assert_ptr_nonnull(strstr(text, "\"global_bytes\":300,\"eager_bytes\":900,\"min_bytes\":100,"));
+	ck_assert_ptr_nonnull(strstr(text, "\"boundaries\":3,"));
+	/* Launches: kernel, name, category, nodes, and the buffers read and
+	 * written (by the written flag; a buffer bound twice listed once). */
+	ck_assert_ptr_nonnull(strstr(text,
+		"\"launch_list\":[{\"kernel\":0,\"name\":\"kA\",\"category\":\"elementwise\","
+		"\"nodes\":[\"n0\",\"n1\",\"n2\",\"n3\",\"n4\",\"n5\",\"n6\",\"n7\"],\"reads\":[0],\"writes\":[2]},"
+		"{\"kernel\":0,\"name\":\"kA\",\"category\":\"reduction\",\"nodes\":[\"r\\\"1\"],"
+		"\"reads\":[2],\"writes\":[3]},"
+		"{\"kernel\":1,\"name\":\"kB\",\"category\":\"\",\"nodes\":[\"z\"],\"reads\":[3],\"writes\":[1]}]"));
+	ck_assert_ptr_nonnull(strstr(text,
+		"\"buffer_list\":[{\"name\":\"x\",\"kind\":\"input\",\"bytes\":16},"
+		"{\"name\":\"y\",\"kind\":\"output\",\"bytes\":17},"
+		"{\"name\":\"t\",\"kind\":\"intermediate\",\"bytes\":18},"
+		"{\"name\":\"u\",\"kind\":\"intermediate\",\"bytes\":19},"
+		"{\"name\":\"w\",\"kind\":\"param\",\"bytes\":20}]"));
+	/* One row per boundary, strings escaped. */
+	ck_assert_ptr_nonnull(strstr(text,
+		"\"boundary_list\":[{\"producer\":0,\"consumer\":1,\"tensor\":\"t\",\"reason\":\"rule\","
+		"\"detail\":\"a reduction ends its micro-graph\"},"
+		"{\"producer\":1,\"consumer\":2,\"tensor\":\"u\\\"q\",\"reason\":\"hint\","
+		"\"detail\":\"line1\\nline2 \\\\ back\"},"
+		"{\"producer\":1,\"consumer\":2,\"tensor\":\"u\",\"reason\":\"rule\",\"detail\":\"\"}]"));
+	free(text);
+	/* Without --explain: the launches, but no buffers, reads or boundaries. */
+	text = report(b, true, false, &tlen);
+	assert_json_line(text, tlen);
+	ck_assert_ptr_nonnull(strstr(text, "{\"kernel\":1,\"name\":\"kB\",\"category\":\"\",\"nodes\":[\"z\"]}]"));
+	ck_assert_ptr_null(strstr(text, "\"reads\""));
+	ck_assert_ptr_null(strstr(text, "buffer_list"));
+	ck_assert_ptr_null(strstr(text, "boundary_list"));
+	free(text);
+	ap_bundle_free(b);
+}
+END_TEST
+
+/* ---- writing test data --------------------------------------------------------------- */
+
+START_TEST(testdata_encode_round_trip)
+{
+	float fv[6] = { 1.5f, -2.0f, 0.0f, 3.25f, -0.125f, 1e30f };
+	int64_t iv = -7;
+	uint8_t bv[3] = { 1, 0, 1 };
+	ap_host_tensor tf = { .name = "f", .dtype = AP_DT_F32, .rank = 2, .dims = { 2, 3 },
+			      .data = fv, .nbytes = sizeof(fv) };
+	ap_host_tensor ti = { .name = "i", .dtype = AP_DT_I64, .rank = 0, .data = &iv,
+			      .nbytes = sizeof(iv) };
+	ap_host_tensor tb = { .name = "b", .dtype = AP_DT_BOOL, .rank = 1, .dims = { 3 },
+			      .data = bv, .nbytes = sizeof(bv) };
+	const ap_host_tensor *src[3] = { &tf, &ti, &tb };
+	char dir[] = "/tmp/check_client.XXXXXX", set[64], path[128], link[4096];
+	ap_host_tensor **back;
+	ap_compare_result r;
+	ap_error err;
+	uint8_t *buf;
+	size_t len;
+	ssize_t ll;
+	int n;
+
+	/* Encode -> decode keeps name, dtype, shape and every byte. */
+	for (int i = 0; i < 3; i++) {
+		ap_host_tensor *t;
+		ck_assert_int_eq(ap_testdata_encode(src[i], i == 0 ? "renamed" : NULL, &buf, &len, &err), 0);
+		t = ap_onnx_tensor_decode(buf, len, &err);
+		free(buf);
+		ck_assert_ptr_nonnull(t);
+		ck_assert_str_eq(t->name, i == 0 ? "renamed" : src[i]->name);
+		ck_assert(ap_compare_tensors(t, src[i], 0, 0, &r));
+		ap_host_tensor_free(t);
+	}
+	/* Data that does not fit the shape is refused. */
+	tf.nbytes = 20;
+	ck_assert_int_eq(ap_testdata_encode(&tf, NULL, &buf, &len, &err), AP_EINVAL);
+	ck_assert_ptr_null(buf);
+	tf.nbytes = sizeof(fv);
+	tf.dims[0] = -1;
+	ck_assert_int_eq(ap_testdata_encode(&tf, NULL, &buf, &len, &err), AP_EINVAL);
+	tf.dims[0] = 2;
+	/* A saved folder reads back as a backend-test folder. */
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(set, sizeof(set), "%s/test_data_set_0", dir);
+	ck_assert_int_eq(ap_testdata_save(set, "input", 0, &tf, NULL, &err), 0);
+	ck_assert_int_eq(ap_testdata_save(set, "input", 1, &ti, NULL, &err), 0);
+	ck_assert_int_eq(ap_testdata_save(set, "output", 0, &tb, "out", &err), 0);
+	ck_assert_int_eq(ap_testdata_load(set, "input", &back, &n, &err), 0);
+	ck_assert_int_eq(n, 2);
+	ck_assert(ap_compare_tensors(back[0], &tf, 0, 0, &r));
+	ck_assert(ap_compare_tensors(back[1], &ti, 0, 0, &r));
+	ap_host_tensors_free(back, n);
+	ck_assert_int_eq(ap_testdata_load(set, "output", &back, &n, &err), 0);
+	ck_assert_int_eq(n, 1);
+	ck_assert_str_eq(back[0]->name, "out");
+	ap_host_tensors_free(back, n);
+	/* model.onnx becomes a link to the absolute path, replaced on a rerun. */
+	snprintf(path, sizeof(path), "%s/input_0.pb", set);
+	ck_assert_int_eq(ap_testdata_save_model(dir, path, &err), 0);
+	ck_assert_int_eq(ap_testdata_save_model(dir, path, &err), 0);
+	snprintf(path, sizeof(path), "%s/model.onnx", dir);
+	ll = readlink(path, link, sizeof(link) - 1);
+	ck_assert_int_gt(ll, 0);
+	link[ll] = 0;
+	ck_assert_int_eq(link[0], '/');
+	ck_assert_ptr_nonnull(strstr(link, "/test_data_set_0/input_0.pb"));
+	ck_assert_int_eq(ap_testdata_save_model(dir, "/nonexistent/model.onnx", &err), AP_EIO);
+	/* A folder that cannot be created is an I/O error. */
+	ck_assert_int_eq(ap_testdata_save("/nonexistent/dir/set", "input", 0, &tf, NULL, &err), AP_EIO);
+	unlink(path);
+	for (int k = 0; k < 2; k++) {
+		snprintf(path, sizeof(path), "%s/input_%d.pb", set, k);
+		unlink(path);
+	}
+	snprintf(path, sizeof(path), "%s/output_0.pb", set);
+	unlink(path);
+	rmdir(set);
+	ck_assert_int_eq(rmdir(dir), 0);
+}
+END_TEST
+
 static Suite *client_suite(void)
 {
 	Suite *s = suite_create("client");
@@ -997,6 +1272,9 @@ static Suite *client_suite(void)
 	suite_add_tcase(s, tc);
 	tc = tcase_create("tool");
 	tcase_add_test(tc, json_report);
+	tcase_add_test(tc, explain_text);
+	tcase_add_test(tc, explain_json);
+	tcase_add_test(tc, testdata_encode_round_trip);
 	tcase_add_test(tc, compare_scalars);
 	tcase_add_test(tc, compare_tensors);
 	tcase_add_test(tc, onnx_io_walk);
