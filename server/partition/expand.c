@@ -31,6 +31,25 @@
  *                   per-channel vectors reshaped to [C, 1, ...]
  *   Gemm            y = MatMul(A', B') (* alpha) (+ C (* beta)), with
  *                   A' = Transpose(A) when transA, B' likewise
+ * and, when asked (open_all), the elementwise activations the lowering
+ * otherwise computes natively:
+ *   Gelu            0.5 * x * (1 + Erf(x * 1/sqrt(2))), or with
+ *                   approximate=tanh 0.5 * x * (1 + Tanh(sqrt(2/pi) *
+ *                   (x + 0.044715 * x * x * x)))
+ *   Softplus        Relu(x) + Log(1 + Exp(-Abs(x)))  (never overflows)
+ *   Mish            x * Tanh(Softplus(x))
+ *   HardSigmoid     Clip(alpha * x + beta, 0, 1)
+ *   HardSwish       x * Clip(x / 6 + 1/2, 0, 1)
+ *   Elu             Relu(x) + alpha * (Exp(Min(x, 0)) - 1)
+ *   Selu            gamma * (Relu(x) + alpha * (Exp(Min(x, 0)) - 1))
+ * (BatchNormalization in training mode never reaches here: the importer
+ * rejects it.)
+ *
+ * The registry (`registry` below) says, per op, whether it is opened by
+ * default; opt->keep_whole overrides it.  A compound op kept whole is
+ * written as its primitives all the same -- the lowering has no other
+ * form for it -- each marked with the attribute "_whole" (the original
+ * node's index + 1) so the partitioner seals them into one group.
  * A graph output that is an INPUT, PARAM or CONST tensor gets an Identity
  * copy, so that every output is written by some kernel.
  */
@@ -438,30 +457,229 @@ static void expand_gemm(ex *e, const ap_node *node)
 	}
 }
 
-static int copy_node(ex *e, const ap_node *node)
+/* ---- elementwise activations ---------------------------------------------------- */
+
+static int clip01(ex *e, int x, int out)
 {
-	int n = ap_graph_add_node(e->ng, node->name, node->op, node->n_inputs, node->inputs,
-				  node->n_outputs, node->outputs);
+	int n;
+
+	if (e->rc || x < 0)
+		return -1;
+	if (out < 0)
+		out = new_tensor(e, "Clip", T(e, x)->dtype, T(e, x)->rank, T(e, x)->dims);
+	n = add_node(e, AP_OP_CLIP, 1, &x, out);
+	if (n < 0)
+		return -1;
+	if (ap_node_set_float(e->ng, n, "min", 0.0) < 0 || ap_node_set_float(e->ng, n, "max", 1.0) < 0)
+		return fail(e, AP_ENOMEM, "out of memory setting attributes");
+	return out;
+}
+
+/* Relu(x) + Log(1 + Exp(-Abs(x))) */
+static int softplus(ex *e, int x, int out)
+{
+	ap_dtype dt = T(e, x)->dtype;
+	int l = unary(e, AP_OP_LOG,
+		      binary(e, AP_OP_ADD, scalar_const(e, dt, 1.0),
+			     unary(e, AP_OP_EXP, unary(e, AP_OP_NEG, unary(e, AP_OP_ABS, x, -1), -1), -1),
+			     -1),
+		      -1);
+
+	return binary(e, AP_OP_ADD, unary(e, AP_OP_RELU, x, -1), l, out);
+}
+
+/* Relu(x) + alpha * (Exp(Min(x, 0)) - 1) */
+static int elu(ex *e, int x, double alpha, int out)
+{
+	ap_dtype dt = T(e, x)->dtype;
+	int neg = binary(e, AP_OP_SUB,
+			 unary(e, AP_OP_EXP, binary(e, AP_OP_MIN, x, scalar_const(e, dt, 0.0), -1), -1),
+			 scalar_const(e, dt, 1.0), -1);
+
+	return binary(e, AP_OP_ADD, unary(e, AP_OP_RELU, x, -1),
+		      binary(e, AP_OP_MUL, scalar_const(e, dt, alpha), neg, -1), out);
+}
+
+static void expand_activation(ex *e, const ap_node *node)
+{
+	int x = in_at(node, 0), y = out_at(node, 0);
+	ap_dtype dt;
+
+	if (x < 0 || y < 0) {
+		fail(e, AP_EINTERNAL, "activation without its operand");
+		return;
+	}
+	dt = T(e, x)->dtype;
+	switch (node->op) {
+	case AP_OP_GELU: {
+		const char *ap = ap_node_string(node, "approximate", "none");
+		int inner;
+
+		if (strcmp(ap, "tanh") == 0) {
+			int x3 = binary(e, AP_OP_MUL, binary(e, AP_OP_MUL, x, x, -1), x, -1);
+			int u = binary(e, AP_OP_ADD, x,
+				       binary(e, AP_OP_MUL, scalar_const(e, dt, 0.044715), x3, -1), -1);
+
+			inner = unary(e, AP_OP_TANH,
+				      binary(e, AP_OP_MUL, scalar_const(e, dt, 0.7978845608028654), u, -1),
+				      -1);
+		} else {
+			inner = unary(e, AP_OP_ERF,
+				      binary(e, AP_OP_MUL, x, scalar_const(e, dt, 0.7071067811865476), -1),
+				      -1);
+		}
+		binary(e, AP_OP_MUL, binary(e, AP_OP_MUL, scalar_const(e, dt, 0.5), x, -1),
+		       binary(e, AP_OP_ADD, scalar_const(e, dt, 1.0), inner, -1), y);
+		break;
+	}
+	case AP_OP_SOFTPLUS:
+		softplus(e, x, y);
+		break;
+	case AP_OP_MISH:
+		binary(e, AP_OP_MUL, x, unary(e, AP_OP_TANH, softplus(e, x, -1), -1), y);
+		break;
+	case AP_OP_HARD_SIGMOID: {
+		double a = ap_node_float(node, "alpha", 0.2), b = ap_node_float(node, "beta", 0.5);
+
+		clip01(e, binary(e, AP_OP_ADD, binary(e, AP_OP_MUL, scalar_const(e, dt, a), x, -1),
+				 scalar_const(e, dt, b), -1),
+		       y);
+		break;
+	}
+	case AP_OP_HARD_SWISH:
+		binary(e, AP_OP_MUL, x,
+		       clip01(e, binary(e, AP_OP_ADD,
+					binary(e, AP_OP_MUL, x, scalar_const(e, dt, 1.0 / 6.0), -1),
+					scalar_const(e, dt, 0.5), -1),
+			      -1),
+		       y);
+		break;
+	case AP_OP_ELU:
+		elu(e, x, ap_node_float(node, "alpha", 1.0), y);
+		break;
+	case AP_OP_SELU: {
+		double a = ap_node_float(node, "alpha", 1.67326319217681884765625);
+		double gm = ap_node_float(node, "gamma", 1.05070102214813232421875);
+
+		binary(e, AP_OP_MUL, scalar_const(e, dt, gm), elu(e, x, a, -1), y);
+		break;
+	}
+	default:
+		fail(e, AP_EINTERNAL, "not an activation with an expansion");
+	}
+}
+
+/* ---- the registry ---------------------------------------------------------------- */
+
+typedef void (*expand_fn)(ex *e, const ap_node *node);
+
+static const struct {
+	ap_op op;
+	expand_fn fn;
+	bool open;          /* opened by default */
+} registry[] = {
+	{AP_OP_REDUCE_MEAN, expand_reduce, true},
+	{AP_OP_REDUCE_SUM_SQUARE, expand_reduce, true},
+	{AP_OP_REDUCE_L1, expand_reduce, true},
+	{AP_OP_REDUCE_L2, expand_reduce, true},
+	{AP_OP_REDUCE_LOG_SUM, expand_reduce, true},
+	{AP_OP_REDUCE_LOG_SUM_EXP, expand_reduce, true},
+	{AP_OP_SOFTMAX, expand_softmax, true},
+	{AP_OP_LOG_SOFTMAX, expand_softmax, true},
+	{AP_OP_LAYER_NORM, expand_layer_norm, true},
+	{AP_OP_INSTANCE_NORM, expand_instance_norm, true},
+	{AP_OP_BATCH_NORM, expand_batch_norm, true},
+	{AP_OP_GEMM, expand_gemm, true},
+	{AP_OP_GELU, expand_activation, false},
+	{AP_OP_SOFTPLUS, expand_activation, false},
+	{AP_OP_MISH, expand_activation, false},
+	{AP_OP_HARD_SIGMOID, expand_activation, false},
+	{AP_OP_HARD_SWISH, expand_activation, false},
+	{AP_OP_ELU, expand_activation, false},
+	{AP_OP_SELU, expand_activation, false},
+};
+
+static int registry_find(ap_op op)
+{
+	for (size_t i = 0; i < sizeof(registry) / sizeof(registry[0]); i++)
+		if (registry[i].op == op)
+			return (int)i;
+	return -1;
+}
+
+bool ap_partition_has_expansion(ap_op op)
+{
+	return registry_find(op) >= 0;
+}
+
+static bool listed(const ap_expand_options *opt, ap_op op)
+{
+	const char *name = ap_op_name(op);
+
+	for (int i = 0; opt && name && i < opt->n_keep_whole; i++)
+		if (opt->keep_whole[i] && strcmp(opt->keep_whole[i], name) == 0)
+			return true;
+	return false;
+}
+
+int ap__partition_copy_node(ap_graph *g, const ap_node *node, const int *inputs, const int *outputs)
+{
+	int n = ap_graph_add_node(g, node->name, node->op, node->n_inputs, inputs, node->n_outputs,
+				  outputs);
 
 	if (n < 0)
-		return fail(e, n, "out of memory copying a node");
+		return n;
 	for (int i = 0; i < node->n_attrs; i++) {
 		const ap_attr *a = &node->attrs[i];
 		int rc = 0;
 
 		switch (a->type) {
-		case AP_ATTR_INT: rc = ap_node_set_int(e->ng, n, a->name, a->i); break;
-		case AP_ATTR_FLOAT: rc = ap_node_set_float(e->ng, n, a->name, a->f); break;
-		case AP_ATTR_STRING: rc = ap_node_set_string(e->ng, n, a->name, a->s ? a->s : ""); break;
-		case AP_ATTR_INTS: rc = ap_node_set_ints(e->ng, n, a->name, a->ints, a->n_ints); break;
-		case AP_ATTR_FLOATS:
-			rc = ap_node_set_floats(e->ng, n, a->name, a->floats, a->n_floats);
-			break;
+		case AP_ATTR_INT: rc = ap_node_set_int(g, n, a->name, a->i); break;
+		case AP_ATTR_FLOAT: rc = ap_node_set_float(g, n, a->name, a->f); break;
+		case AP_ATTR_STRING: rc = ap_node_set_string(g, n, a->name, a->s ? a->s : ""); break;
+		case AP_ATTR_INTS: rc = ap_node_set_ints(g, n, a->name, a->ints, a->n_ints); break;
+		case AP_ATTR_FLOATS: rc = ap_node_set_floats(g, n, a->name, a->floats, a->n_floats); break;
 		}
 		if (rc < 0)
-			return fail(e, rc, "out of memory copying attributes");
+			return rc;
 	}
 	return n;
+}
+
+static int copy_node(ex *e, const ap_node *node)
+{
+	int n = ap__partition_copy_node(e->ng, node, node->inputs, node->outputs);
+
+	if (n < 0)
+		return fail(e, n, "out of memory copying a node");
+	return n;
+}
+
+void ap_expand_choices_clear(ap_expand_choices *c)
+{
+	if (!c)
+		return;
+	free(c->items);
+	c->items = NULL;
+	c->n = 0;
+}
+
+static int add_choice(ap_expand_choices *c, int node, ap_op op, bool opened, int n_prim)
+{
+	ap_expand_choice *p;
+
+	if (!c)
+		return 0;
+	p = realloc(c->items, (size_t)(c->n + 1) * sizeof(*p));
+	if (!p)
+		return AP_ENOMEM;
+	c->items = p;
+	p[c->n].node = node;
+	p[c->n].op = op;
+	p[c->n].opened = opened;
+	p[c->n].n_primitives = n_prim;
+	c->n++;
+	return 0;
 }
 
 static int *dup_ints(const int *v, int n)
@@ -473,10 +691,16 @@ static int *dup_ints(const int *v, int n)
 	return d;
 }
 
-__ap_give ap_graph *ap_partition_expand(__ap_keep const ap_graph *g, ap_error *err)
+__ap_give ap_graph *ap_partition_expand(__ap_keep const ap_graph *g, const ap_expand_options *opt,
+					ap_expand_choices *choices, ap_error *err)
 {
 	ex e = {.g = g, .err = err, .name = "graph"};
 	ap_graph *ng = ap_graph_new(g->name);
+
+	if (choices) {
+		choices->n = 0;
+		choices->items = NULL;
+	}
 
 	if (!ng) {
 		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory expanding the graph");
@@ -506,41 +730,32 @@ __ap_give ap_graph *ap_partition_expand(__ap_keep const ap_graph *g, ap_error *e
 
 	for (int n = 0; n < g->n_nodes && !e.rc; n++) {
 		const ap_node *node = &g->nodes[n];
+		int r = registry_find(node->op), first = ng->n_nodes;
+		bool keep = r >= 0 && (listed(opt, node->op) || (!registry[r].open && !(opt && opt->open_all)));
 
 		e.name = node->name;
 		e.counter = 0;
-		switch (node->op) {
-		case AP_OP_REDUCE_MEAN:
-		case AP_OP_REDUCE_SUM_SQUARE:
-		case AP_OP_REDUCE_L1:
-		case AP_OP_REDUCE_L2:
-		case AP_OP_REDUCE_LOG_SUM:
-		case AP_OP_REDUCE_LOG_SUM_EXP:
-			expand_reduce(&e, node);
-			break;
-		case AP_OP_SOFTMAX:
-		case AP_OP_LOG_SOFTMAX:
-			expand_softmax(&e, node);
-			break;
-		case AP_OP_LAYER_NORM:
-			expand_layer_norm(&e, node);
-			break;
-		case AP_OP_INSTANCE_NORM:
-			expand_instance_norm(&e, node);
-			break;
-		case AP_OP_BATCH_NORM:
-			expand_batch_norm(&e, node);
-			break;
-		case AP_OP_GEMM:
-			expand_gemm(&e, node);
-			break;
-		default:
+		if (r < 0) {
 			if (ap_op_category_of(node->op) == AP_CAT_COMPOUND)
 				fail(&e, AP_EUNSUPPORTED, "compound op without an expansion");
 			else
 				copy_node(&e, node);
-			break;
+			continue;
 		}
+		if (keep && ap_op_category_of(node->op) != AP_CAT_COMPOUND) {
+			/* a primitive the lowering computes natively */
+			if (copy_node(&e, node) >= 0 && add_choice(choices, n, node->op, false, 1) < 0)
+				fail(&e, AP_ENOMEM, "out of memory recording a choice");
+			continue;
+		}
+		registry[r].fn(&e, node);
+		if (keep) {
+			for (int m = first; m < ng->n_nodes && !e.rc; m++)
+				if (ap_node_set_int(ng, m, "_whole", (int64_t)n + 1) < 0)
+					fail(&e, AP_ENOMEM, "out of memory marking a node kept whole");
+		}
+		if (!e.rc && add_choice(choices, n, node->op, !keep, ng->n_nodes - first) < 0)
+			fail(&e, AP_ENOMEM, "out of memory recording a choice");
 	}
 	/* graph outputs nobody computes get an Identity copy */
 	for (int i = 0; i < ng->n_outputs && !e.rc; i++) {
@@ -567,7 +782,9 @@ __ap_give ap_graph *ap_partition_expand(__ap_keep const ap_graph *g, ap_error *e
 				still = true;
 		ng->tensors[o].is_output = still;
 	}
-	if (e.rc)
+	if (e.rc) {
+		ap_expand_choices_clear(choices);
 		return ap_graph_free(ng);
+	}
 	return ng;
 }

@@ -1,47 +1,96 @@
-/* partition.c -- fusion groups by APOLLO's aggregation rules (see
- * partition.h for the rules and the result).
+/* partition.c -- sub-graphs and micro-graphs by APOLLO's aggregation rules
+ * (see partition.h for the rules and the result).
  *
  * In: a primitive, topologically sorted graph.  Out: groups of nodes, each
- * to become one kernel, in an order where producers come first.
+ * to become one kernel, in an order where producers come first, with the
+ * sub-graphs they lie in and a reason for every edge between two groups.
  *
  * Method:
  *  1. Liveness: a node is live when one of its outputs is a graph output
  *     or is read by a live node (reverse topological sweep).
- *  2. Views (Reshape, Identity) and Expands of a constant (the importer's
- *     constant fills) whose output is not a graph output are "read
- *     through": they belong to no group, every kernel that reads them
- *     recomputes them from their input as an index remap, and every node
- *     that reads one is recorded as a reader of its input too, so data
- *     flow between groups is seen through any chain of them.
- *  3. Every other live node starts as its own group (union-find), with a
- *     kind from its category; a Transpose read only by one MatMul joins it.
- *  4. In topological order, each consumer tries to absorb the groups of its
- *     producers.  A merge P -> C is allowed when the kinds combine by rules
- *     (1)-(5), the merged group's written tensors (those a node outside it
- *     reads, or graph outputs) all have one shape -- or, for a reduction
- *     group, are just the reduction's output -- and no path leads from P to
- *     C through a third group (depth-first search over the group graph).
- *  5. The groups are ordered topologically (Kahn, smallest node first) and
- *     their members, absorbed views, written and read tensors collected.
+ *  2. Views (Reshape, Identity) and Expands of a constant whose output is
+ *     not a graph output are "read through": they belong to no group,
+ *     every kernel that reads them recomputes them from their input as an
+ *     index remap, and every node that reads one is recorded as a reader of
+ *     its input too, so data flow between groups is seen through any chain
+ *     of them.
+ *  3. Every other live node starts as its own group (union-find) with a
+ *     kind from its op's category; the primitives of a compound op kept
+ *     whole start as one sealed group.
+ *  4. Merges (check_merge): for every producer -> consumer edge, consumers
+ *     in topological order, the consumer's group tries to absorb the
+ *     producer's; passes repeat until one merges nothing, so every edge
+ *     left between two groups fails some check -- the reason the explain
+ *     report gives.  In the first pass a matmul or conv does not yet join
+ *     an injective consumer, so that the injective op can first join the
+ *     group it feeds (a prologue, which saves its whole output).
+ *     Evaluation counts (eval_counts) model what the lowering recomputes:
+ *     E(t) is how many times the kernel evaluates elements of tensor t
+ *     (each written element once, plus what its readers in the group
+ *     evaluate times the elements each reads: K for a matmul operand, the
+ *     reduced count for a reduction, one for elementwise and index maps).
+ *     A matmul or conv must be evaluated once per element; a prologue may
+ *     add at most max_recompute evaluations per element.
+ *  5. Recompute (level apollo): a cheap group (elementwise, broadcast,
+ *     injective, transpose) whose results are read by groups it could not
+ *     join is duplicated into those consumers when the modelled bytes go
+ *     down: each consumer then reads the group's inputs instead of its
+ *     results, and the group's writes (and, once no consumer is left, its
+ *     reads) disappear.  Duplication rewrites the graph (clone nodes carry
+ *     the original names, clone tensors "NAME~k") and steps 1-5 run again,
+ *     until nothing is duplicated.
+ *  6. Sub-graphs: groups connected by edges that avoid opaque groups,
+ *     then strongly connected sets of those merged, so that the sub-graphs
+ *     form a DAG; waves are depths in it.
+ *  7. Every edge between two groups gets its reason; the groups are
+ *     ordered topologically (Kahn, smallest node first) and their members,
+ *     absorbed views, written and read tensors collected.
  */
 #include "partition.h"
 
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
+#define MAX_PASSES 32
+#define MAX_REWRITES 8
+#define MAX_CLONE_NODES 16
+
+struct ap_partition_priv {
+	ap_graph *owned;     /* the rewritten graph (recompute), or NULL */
+	bool *through;       /* per node: read through */
+	int *rd_off, *rd;    /* per tensor: readers (non-through nodes), CSR */
+};
+
 typedef struct pctx {
 	const ap_graph *g;
+	ap_fuse_level level;
+	unsigned max_nodes, max_recompute;
 	int N, T;
 	bool *live;
-	bool *through;       /* per node: a view read through */
-	int *rd_off, *rd;    /* per tensor: readers (non-through nodes), CSR */
+	bool *through;
+	bool *barrier;       /* per node: named in opt->barriers */
+	int *whole;          /* per node: "_whole" id, 0 if none */
+	int *rd_off, *rd;
 	int *uf;             /* union-find parent per node */
 	int *kind;           /* per union-find root */
 	int *head, *next;    /* member lists per root */
+	int *size;           /* members per root */
 	int *stamp;          /* DFS marks per root */
 	int *stack;
 	int cur_stamp;
+	int *mark;           /* per node scratch marks */
+	int mark_stamp;
+	double *E, *E2;      /* per tensor: evaluation counts (eval_counts) */
+	int *E_stamp;
+	int e_stamp;
+	int *list;           /* node scratch list */
+	int via;             /* a third group found on an indirect path */
+	int pass;
+	bool outputs_failed; /* the last check_merge failed on written tensors */
 } pctx;
+
+/* ---- names -------------------------------------------------------------------- */
 
 const char *ap_group_kind_name(ap_group_kind kind)
 {
@@ -49,10 +98,46 @@ const char *ap_group_kind_name(ap_group_kind kind)
 	case AP_GROUP_ELEMWISE: return "elementwise";
 	case AP_GROUP_BROADCAST: return "broadcast";
 	case AP_GROUP_REDUCTION: return "reduction";
-	case AP_GROUP_SINGLE: return "single";
+	case AP_GROUP_OPAQUE: return "opaque";
+	case AP_GROUP_INJECTIVE: return "injective";
+	case AP_GROUP_TRANSPOSE: return "transpose";
+	case AP_GROUP_MATMUL: return "matmul";
+	case AP_GROUP_CONV: return "conv";
+	case AP_GROUP_WHOLE: return "whole";
 	}
 	return "?";
 }
+
+const char *ap_boundary_reason_key(ap_boundary_reason r)
+{
+	switch (r) {
+	case AP_WHY_LEVEL: return "level";
+	case AP_WHY_OPAQUE: return "opaque";
+	case AP_WHY_WHOLE: return "keep-whole";
+	case AP_WHY_HINT: return "hint";
+	case AP_WHY_RULE: return "rule";
+	case AP_WHY_SHAPE: return "shape";
+	case AP_WHY_RECOMPUTE: return "recompute";
+	case AP_WHY_SIZE: return "size-cap";
+	case AP_WHY_CYCLE: return "cycle";
+	case AP_WHY_REFUSED: return "refused";
+	}
+	return "rule";
+}
+
+static void say(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *buf, size_t cap, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!buf || cap == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(buf, cap, fmt, ap);
+	va_end(ap);
+}
+
+/* ---- basics ------------------------------------------------------------------- */
 
 static int find(pctx *c, int n)
 {
@@ -73,28 +158,97 @@ static bool same_shape(const ap_tensor *a, const ap_tensor *b)
 	return true;
 }
 
-/* The tensor a node really reads for input `t`: t itself, and each tensor
- * a chain of read-through views leads back to. */
-static int view_source(const pctx *c, int t)
+static double numel(const ap_graph *g, int t)
 {
-	const ap_graph *g = c->g;
+	int64_t n = ap_tensor_numel(&g->tensors[t]);
+
+	return n > 0 ? (double)n : 0.0;
+}
+
+static uint64_t tensor_bytes(const ap_graph *g, int t)
+{
+	int64_t n = ap_tensor_numel(&g->tensors[t]);
+
+	return n > 0 ? (uint64_t)n * ap_dtype_size(g->tensors[t].dtype) : 0;
+}
+
+/* The tensor a read-through view of t reads, or -1 when t is not made by
+ * one. */
+static int view_source_of(const ap_graph *g, const bool *through, int t)
+{
 	int p = g->tensors[t].producer;
 
-	if (p >= 0 && c->through[p] && g->nodes[p].n_inputs > 0 && g->nodes[p].inputs[0] >= 0)
+	if (p >= 0 && through[p] && g->nodes[p].n_inputs > 0 && g->nodes[p].inputs[0] >= 0)
 		return g->nodes[p].inputs[0];
 	return -1;
 }
 
-static ap_group_kind initial_kind(const ap_node *n)
+/* The tensor in memory behind t: t with every read-through view undone. */
+static int source_of(const ap_graph *g, const bool *through, int t)
+{
+	int s;
+
+	while ((s = view_source_of(g, through, t)) >= 0)
+		t = s;
+	return t;
+}
+
+static bool is_anchor(int kind)
+{
+	return kind == AP_GROUP_REDUCTION || kind == AP_GROUP_MATMUL || kind == AP_GROUP_CONV;
+}
+
+static bool is_ewbc(int kind)
+{
+	return kind == AP_GROUP_ELEMWISE || kind == AP_GROUP_BROADCAST;
+}
+
+static bool is_inj(int kind)
+{
+	return kind == AP_GROUP_INJECTIVE || kind == AP_GROUP_TRANSPOSE;
+}
+
+static ap_group_kind node_kind(const ap_node *n)
 {
 	if (ap_op_is_view(n->op))
 		return AP_GROUP_ELEMWISE;    /* a copy for a graph output */
 	switch (ap_op_category_of(n->op)) {
 	case AP_CAT_ELEMWISE: return AP_GROUP_ELEMWISE;
 	case AP_CAT_BROADCAST: return AP_GROUP_BROADCAST;
+	case AP_CAT_INJECTIVE: return AP_GROUP_INJECTIVE;
+	case AP_CAT_TRANSPOSE: return AP_GROUP_TRANSPOSE;
 	case AP_CAT_REDUCTION: return AP_GROUP_REDUCTION;
-	default: return AP_GROUP_SINGLE;
+	case AP_CAT_MATMUL: return AP_GROUP_MATMUL;
+	case AP_CAT_CONV: return AP_GROUP_CONV;
+	default: return AP_GROUP_OPAQUE;
 	}
+}
+
+/* A primitive that costs arithmetic per element (not an index map). */
+static bool is_compute(const ap_node *n)
+{
+	ap_op_category cat = ap_op_category_of(n->op);
+
+	if (ap_op_is_view(n->op) || n->op == AP_OP_EXPAND)
+		return false;
+	return cat == AP_CAT_ELEMWISE || cat == AP_CAT_BROADCAST;
+}
+
+/* Kind of a set of nodes: its anchor's, else the widest index map's. */
+static ap_group_kind kind_of_nodes(const ap_graph *g, const int *nodes, int n)
+{
+	ap_group_kind k = AP_GROUP_ELEMWISE;
+
+	for (int i = 0; i < n; i++) {
+		ap_group_kind nk = node_kind(&g->nodes[nodes[i]]);
+
+		if (is_anchor(nk) || nk == AP_GROUP_OPAQUE)
+			return nk;
+		if (nk == AP_GROUP_TRANSPOSE || (nk == AP_GROUP_INJECTIVE && k != AP_GROUP_TRANSPOSE) ||
+		    (nk == AP_GROUP_BROADCAST && k == AP_GROUP_ELEMWISE))
+			k = nk;
+	}
+	return k;
 }
 
 static void unite(pctx *c, int a, int b, int kind)
@@ -105,7 +259,7 @@ static void unite(pctx *c, int a, int b, int kind)
 		return;
 	c->uf[rb] = ra;
 	c->kind[ra] = kind;
-	/* append rb's members to ra's list */
+	c->size[ra] += c->size[rb];
 	m = c->head[ra];
 	if (m < 0) {
 		c->head[ra] = c->head[rb];
@@ -117,7 +271,7 @@ static void unite(pctx *c, int a, int b, int kind)
 	c->head[rb] = -1;
 }
 
-/* Is tensor t written by the group made of roots p and q (q may be -1)? */
+/* Is tensor t needed outside the group made of roots p and q (q may be -1)? */
 static bool needed_outside(pctx *c, int t, int p, int q)
 {
 	if (c->g->tensors[t].is_output)
@@ -131,8 +285,237 @@ static bool needed_outside(pctx *c, int t, int p, int q)
 	return false;
 }
 
-/* Rule check on the tensors the merged group p+q would write. */
-static bool outputs_ok(pctx *c, int p, int q, int kind)
+static int cmp_int(const void *a, const void *b)
+{
+	int x = *(const int *)a, y = *(const int *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Members of roots a and b (b may be -1) into c->list, ascending; returns
+ * the count. */
+static int members(pctx *c, int a, int b)
+{
+	int n = 0;
+	int roots[2] = {a, b};
+
+	for (int s = 0; s < 2; s++) {
+		if (roots[s] < 0)
+			continue;
+		for (int m = c->head[roots[s]]; m >= 0; m = c->next[m])
+			c->list[n++] = m;
+	}
+	qsort(c->list, (size_t)n, sizeof(int), cmp_int);
+	return n;
+}
+
+/* ---- evaluation counts ------------------------------------------------------------ */
+
+static double *E_at(pctx *c, int t)
+{
+	if (c->E_stamp[t] != c->e_stamp) {
+		c->E_stamp[t] = c->e_stamp;
+		c->E[t] = 0;
+		c->E2[t] = 0;
+	}
+	return &c->E[t];
+}
+
+static double E_get(pctx *c, int t)
+{
+	return c->E_stamp[t] == c->e_stamp ? c->E[t] : 0.0;
+}
+
+/* Elements of input i that one output element of node n reads. */
+static double reads_per_element(const ap_graph *g, const ap_node *n, int i)
+{
+	int x = n->inputs[i], y = n->outputs[0];
+	double nx = x >= 0 ? numel(g, x) : 0, ny = y >= 0 ? numel(g, y) : 0;
+
+	switch (n->op) {
+	case AP_OP_MATMUL: {
+		const ap_tensor *a = &g->tensors[n->inputs[0]];
+
+		return a->rank > 0 ? (double)a->dims[a->rank - 1] : 1.0;
+	}
+	case AP_OP_CONV:
+	case AP_OP_CONV_TRANSPOSE: {
+		const ap_tensor *yt = &g->tensors[y];
+		double per = yt->rank > 1 && yt->dims[1] > 0 ? numel(g, n->inputs[1]) / (double)yt->dims[1]
+							     : 1.0;
+
+		return i == 2 ? 1.0 : per;
+	}
+	case AP_OP_CONCAT:
+	case AP_OP_PAD:
+		return ny > 0 ? nx / ny : 0;
+	default:
+		break;
+	}
+	if (ap_op_category_of(n->op) == AP_CAT_REDUCTION)
+		return ny > 0 ? nx / ny : 0;
+	return 1.0;
+}
+
+/* Does node n read input i at the very index of its output element (so a
+ * value shared with other such readers is computed once, as the lowering
+ * memoises values per index)? */
+static bool reads_in_place(pctx *c, const ap_node *n, int i)
+{
+	const ap_graph *g = c->g;
+	int x = n->inputs[i], y = n->outputs[0];
+	ap_op_category cat = ap_op_category_of(n->op);
+
+	if (x < 0 || y < 0 || source_of(g, c->through, x) != x)
+		return false;
+	if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST)
+		return false;
+	return same_shape(&g->tensors[x], &g->tensors[y]);
+}
+
+/* E(t) for every tensor read or made by the members of roots a and b (b
+ * may be -1), written tensors being those needed outside a + b: readers
+ * at the same index share one evaluation (the largest of theirs, a store
+ * included), every other reader adds its own.  Fills c->E under a fresh
+ * stamp (c->E holds the shared part while a sweep runs, c->E2 the rest);
+ * members are left in c->list (ascending), their count returned. */
+static int eval_counts(pctx *c, int a, int b)
+{
+	const ap_graph *g = c->g;
+	int n = members(c, a, b);
+
+	c->e_stamp++;
+	c->mark_stamp++;
+	for (int k = 0; k < n; k++)
+		c->mark[c->list[k]] = c->mark_stamp;
+	for (int k = n - 1; k >= 0; k--) {
+		const ap_node *node = &g->nodes[c->list[k]];
+		double eo = 0;
+
+		for (int o = 0; o < node->n_outputs; o++) {
+			int t = node->outputs[o];
+			double *e;
+
+			if (t < 0)
+				continue;
+			e = E_at(c, t);
+			if (needed_outside(c, t, a, b) && *e < numel(g, t))
+				*e = numel(g, t);
+			*e += c->E2[t];
+			c->E2[t] = 0;
+			eo += *e;
+		}
+		for (int i = 0; i < node->n_inputs; i++) {
+			int t = node->inputs[i], s;
+			double v, *e;
+
+			if (t < 0)
+				continue;
+			s = source_of(g, c->through, t);
+			v = eo * reads_per_element(g, node, i);
+			e = E_at(c, s);
+			if (reads_in_place(c, node, i)) {
+				if (v > *e)
+					*e = v;
+			} else {
+				c->E2[s] += v;
+			}
+		}
+	}
+	/* tensors made outside the set: fold the two parts */
+	for (int k = 0; k < n; k++) {
+		const ap_node *node = &g->nodes[c->list[k]];
+
+		for (int i = 0; i < node->n_inputs; i++) {
+			int t = node->inputs[i], s, u;
+
+			if (t < 0)
+				continue;
+			s = source_of(g, c->through, t);
+			u = g->tensors[s].producer;
+			if (u >= 0 && c->mark[u] == c->mark_stamp)
+				continue;
+			c->E[s] += c->E2[s];
+			c->E2[s] = 0;
+		}
+	}
+	return n;
+}
+
+/* ---- merge checks ---------------------------------------------------------------- */
+
+/* The kind of producer kind pk + consumer kind ck, or -1; *why explains. */
+static int merged_kind(int pk, int ck, ap_fuse_level lv, char *why, size_t cap)
+{
+	bool pe = is_ewbc(pk), ce = is_ewbc(ck), pi = is_inj(pk), ci = is_inj(ck);
+	bool pa = pk == AP_GROUP_MATMUL || pk == AP_GROUP_CONV;
+	bool ca = ck == AP_GROUP_MATMUL || ck == AP_GROUP_CONV;
+	bool apollo = lv == AP_FUSE_APOLLO;
+
+	if (pe && ce)
+		return pk == AP_GROUP_BROADCAST || ck == AP_GROUP_BROADCAST ? AP_GROUP_BROADCAST
+									    : AP_GROUP_ELEMWISE;  /* (1)-(3) */
+	if (pe && ck == AP_GROUP_REDUCTION)
+		return AP_GROUP_REDUCTION;                                                /* (4), (5) */
+	if (pk == AP_GROUP_REDUCTION) {
+		say(why, cap, "rule: a reduction ends its micro-graph");
+		return -1;
+	}
+	if (apollo) {
+		if ((pe || pi) && ci)        /* (6), and injective ops with their producers */
+			return pk == AP_GROUP_TRANSPOSE || ck == AP_GROUP_TRANSPOSE ? AP_GROUP_TRANSPOSE
+										     : AP_GROUP_INJECTIVE;
+		if (pi && (ce || ck == AP_GROUP_REDUCTION))   /* injective joins the group it feeds */
+			return ck == AP_GROUP_REDUCTION ? AP_GROUP_REDUCTION : pk;
+		if ((pe || pi) && ca)        /* prologue */
+			return ck;
+		if (pa && (ce || ci))        /* epilogue */
+			return pk;
+	}
+	if (!apollo && ((pe || pi) && (ci || ca || ck == AP_GROUP_REDUCTION)))
+		say(why, cap, "rule: fusion level %s has no rule for %s + %s (rules 1-5 only)",
+		    ap_fuse_level_name(lv), ap_group_kind_name(pk), ap_group_kind_name(ck));
+	else if (!apollo && pa && (ce || ci))
+		say(why, cap, "rule: fusion level %s has no epilogue rule (%s + %s)",
+		    ap_fuse_level_name(lv), ap_group_kind_name(pk), ap_group_kind_name(ck));
+	else if (pa && ck == AP_GROUP_REDUCTION)
+		say(why, cap, "rule: a reduction does not absorb a %s (no %s + reduction rule)",
+		    ap_group_kind_name(pk), ap_group_kind_name(pk));
+	else
+		say(why, cap, "rule: no aggregation rule fuses %s + %s", ap_group_kind_name(pk),
+		    ap_group_kind_name(ck));
+	return -1;
+}
+
+/* A member of q named as a barrier reads something group p makes. */
+static bool barrier_hit(pctx *c, int p, int q, char *why, size_t cap)
+{
+	const ap_graph *g = c->g;
+
+	for (int v = c->head[q]; v >= 0; v = c->next[v]) {
+		const ap_node *node = &g->nodes[v];
+
+		if (!c->barrier[v])
+			continue;
+		for (int i = 0; i < node->n_inputs; i++) {
+			int t = node->inputs[i], u;
+
+			if (t < 0)
+				continue;
+			u = g->tensors[source_of(g, c->through, t)].producer;
+			if (u >= 0 && find(c, u) == p && strcmp(g->nodes[u].name, node->name) != 0) {
+				say(why, cap, "hint: %s is a fusion barrier (it starts a new kernel)",
+				    node->name);
+				return true;
+			}
+		}
+	}
+	return false;
+}
+
+/* The tensors the merged group p + q would write: all of one shape, or for
+ * a reduction group only reductions' results. */
+static int outputs_check(pctx *c, int p, int q, int kind, char *why, size_t cap)
 {
 	const ap_graph *g = c->g;
 	const ap_tensor *first = NULL;
@@ -148,21 +531,81 @@ static bool outputs_ok(pctx *c, int p, int q, int kind)
 				if (t < 0 || !needed_outside(c, t, p, q))
 					continue;
 				if (kind == AP_GROUP_REDUCTION) {
-					if (ap_op_category_of(node->op) != AP_CAT_REDUCTION)
-						return false;
+					if (ap_op_category_of(node->op) != AP_CAT_REDUCTION) {
+						say(why, cap,
+						    "rule: a reduction micro-graph writes only its result, "
+						    "and %s is read outside it too", g->tensors[t].name);
+						return AP_WHY_RULE;
+					}
 					continue;
 				}
-				if (!first)
+				if (!first) {
 					first = &g->tensors[t];
-				else if (!same_shape(first, &g->tensors[t]))
-					return false;
+				} else if (!same_shape(first, &g->tensors[t])) {
+					say(why, cap,
+					    "shape: the merged kernel would write %s and %s, of two "
+					    "shapes (two iteration spaces)", first->name,
+					    g->tensors[t].name);
+					return AP_WHY_SHAPE;
+				}
 			}
 		}
 	}
-	return true;
+	return -1;
 }
 
-/* True when some path leads from group p to group q through another group. */
+/* A matmul or conv of the merged group evaluated more than once per element. */
+static bool anchor_recomputed(pctx *c, int p, int q, char *why, size_t cap)
+{
+	const ap_graph *g = c->g;
+	int n = eval_counts(c, p, q);
+
+	for (int k = 0; k < n; k++) {
+		const ap_node *node = &g->nodes[c->list[k]];
+		int t = node->outputs[0];
+		ap_op_category cat = ap_op_category_of(node->op);
+
+		if ((cat != AP_CAT_MATMUL && cat != AP_CAT_CONV) || t < 0 || numel(g, t) == 0)
+			continue;
+		if (E_get(c, t) > numel(g, t) * (1.0 + 1e-9)) {
+			say(why, cap, "rule: the %s result %s would be computed again for each element "
+				      "it is broadcast to", ap_op_name(node->op), g->tensors[t].name);
+			return true;
+		}
+	}
+	return false;
+}
+
+/* Evaluations per element of group p's results when q computes them itself:
+ * compute nodes of `nodes` (n of them) times the largest reuse, within q, of
+ * a tensor p writes that q reads. */
+static double recompute_cost(pctx *c, int p, int q, const int *nodes, int n)
+{
+	const ap_graph *g = c->g;
+	double reuse = 0;
+	int compute = 0;
+
+	for (int i = 0; i < n; i++)
+		if (is_compute(&g->nodes[nodes[i]]))
+			compute++;
+	if (compute == 0)
+		return 0;
+	eval_counts(c, q, -1);
+	for (int m = c->head[p]; m >= 0; m = c->next[m]) {
+		const ap_node *node = &g->nodes[m];
+
+		for (int o = 0; o < node->n_outputs; o++) {
+			int t = node->outputs[o];
+
+			if (t >= 0 && numel(g, t) > 0 && E_get(c, t) / numel(g, t) > reuse)
+				reuse = E_get(c, t) / numel(g, t);
+		}
+	}
+	return compute * (reuse > 1 ? reuse : 1);
+}
+
+/* True when some path leads from group p to group q through another group
+ * (c->via gets the first group on it). */
 static bool indirect_path(pctx *c, int p, int q)
 {
 	const ap_graph *g = c->g;
@@ -188,8 +631,10 @@ static bool indirect_path(pctx *c, int p, int q)
 					if (h == grp || c->stamp[h] == c->cur_stamp)
 						continue;
 					if (h == q) {
-						if (grp != p)
+						if (grp != p) {
+							c->via = grp;
 							return true;
+						}
 						continue;
 					}
 					c->stamp[h] = c->cur_stamp;
@@ -201,65 +646,751 @@ static bool indirect_path(pctx *c, int p, int q)
 	return false;
 }
 
-static int merged_kind(int pk, int ck)
+static const char *node_label(pctx *c, int root)
 {
-	if (pk != AP_GROUP_ELEMWISE && pk != AP_GROUP_BROADCAST)
-		return -1;
-	switch (ck) {
-	case AP_GROUP_ELEMWISE:
-		return pk;                              /* (1), (2) */
-	case AP_GROUP_BROADCAST:
-		return AP_GROUP_BROADCAST;              /* (2), (3) */
-	case AP_GROUP_REDUCTION:
-		return AP_GROUP_REDUCTION;              /* (4), (5) */
-	default:
-		return -1;
+	return c->g->nodes[root].name;
+}
+
+/* Can producer group p and consumer group q merge?  -1 with *kind_out, or
+ * the reason (ap_boundary_reason) with `why` filled. */
+static int check_merge(pctx *c, int p, int q, int *kind_out, char *why, size_t cap)
+{
+	const ap_graph *g = c->g;
+	int pk = c->kind[p], ck = c->kind[q], kind, r;
+
+	c->outputs_failed = false;
+	if (c->level == AP_FUSE_NONE) {
+		say(why, cap, "level: fusion level none (one kernel per primitive)");
+		return AP_WHY_LEVEL;
 	}
-}
+	if (pk == AP_GROUP_OPAQUE || ck == AP_GROUP_OPAQUE) {
+		int o = pk == AP_GROUP_OPAQUE ? p : q;
 
-static void try_merge(pctx *c, int producer, int consumer)
-{
-	int p = find(c, producer), q = find(c, consumer);
-	int kind;
+		say(why, cap, "opaque: %s (%s) is opaque: a kernel and a sub-graph boundary of its own",
+		    g->nodes[c->head[o]].name, ap_op_name(g->nodes[c->head[o]].op));
+		return AP_WHY_OPAQUE;
+	}
+	if (pk == AP_GROUP_WHOLE || ck == AP_GROUP_WHOLE) {
+		int o = pk == AP_GROUP_WHOLE ? p : q;
 
-	if (p == q)
-		return;
-	kind = merged_kind(c->kind[p], c->kind[q]);
+		say(why, cap, "keep-whole: %s is kept whole (keep_whole): a kernel of its own",
+		    g->nodes[c->head[o]].name);
+		return AP_WHY_WHOLE;
+	}
+	if (barrier_hit(c, p, q, why, cap))
+		return AP_WHY_HINT;
+	kind = merged_kind(pk, ck, c->level, why, cap);
 	if (kind < 0)
-		return;
-	if (!outputs_ok(c, p, q, kind))
-		return;
-	if (indirect_path(c, p, q))
-		return;
-	unite(c, q, p, kind);
+		return AP_WHY_RULE;
+	r = outputs_check(c, p, q, kind, why, cap);
+	c->outputs_failed = r >= 0;
+	if (r >= 0)
+		return r;
+	if (indirect_path(c, p, q)) {
+		say(why, cap, "cycle: a path leads from here through %s back into the consumer",
+		    g->nodes[c->via].name);
+		return AP_WHY_CYCLE;
+	}
+	if ((is_anchor(pk) || is_anchor(ck)) && anchor_recomputed(c, p, q, why, cap))
+		return AP_WHY_RULE;
+	if ((kind == AP_GROUP_MATMUL || kind == AP_GROUP_CONV) && !is_anchor(pk)) {
+		int n = members(c, p, -1);
+		double cost = recompute_cost(c, p, q, c->list, n);
+
+		if (cost > c->max_recompute) {
+			say(why, cap,
+			    "recompute: as a prologue of %s it would be evaluated %.0f times per element "
+			    "(cap %u)", node_label(c, q), cost, c->max_recompute);
+			return AP_WHY_RECOMPUTE;
+		}
+	}
+	if ((unsigned)(c->size[p] + c->size[q]) > c->max_nodes) {
+		say(why, cap, "size-cap: the merged micro-graph would hold %d nodes (cap %u)",
+		    c->size[p] + c->size[q], c->max_nodes);
+		return AP_WHY_SIZE;
+	}
+	*kind_out = kind;
+	return -1;
 }
+
+/* One pass of merges, consumers in topological order.  True if any. */
+static bool merge_pass(pctx *c)
+{
+	const ap_graph *g = c->g;
+	bool any = false;
+
+	for (int n = 0; n < c->N; n++) {
+		const ap_node *node = &g->nodes[n];
+
+		if (!c->live[n] || c->through[n])
+			continue;
+		for (int i = 0; i < node->n_inputs; i++) {
+			for (int t = node->inputs[i]; t >= 0; t = view_source_of(g, c->through, t)) {
+				int u = g->tensors[t].producer, p, q, kind;
+
+				if (u < 0 || !c->live[u] || c->through[u])
+					continue;
+				p = find(c, u);
+				q = find(c, n);
+				if (p == q)
+					continue;
+				/* first pass: an injective consumer waits for its own consumer */
+				if (c->pass == 1 && (c->kind[p] == AP_GROUP_MATMUL || c->kind[p] == AP_GROUP_CONV) &&
+				    is_inj(c->kind[q]))
+					continue;
+				if (check_merge(c, p, q, &kind, NULL, 0) < 0) {
+					unite(c, n, u, kind);
+					any = true;
+				}
+			}
+		}
+	}
+	return any;
+}
+
+/* ---- recompute: duplicating cheap producers --------------------------------------- */
+
+typedef struct dup {
+	int P, C;            /* roots */
+	int n_nodes;
+	int *nodes;          /* members of P that C needs, ascending */
+} dup;
+
+static bool cheap(pctx *c, int p)
+{
+	int k = c->kind[p];
+
+	return (is_ewbc(k) || is_inj(k)) && c->size[p] <= MAX_CLONE_NODES;
+}
+
+/* Members of P on which the tensors of P that group C reads depend, into
+ * out (ascending); returns the count. */
+static int slice_for(pctx *c, int P, int C, int *out)
+{
+	const ap_graph *g = c->g;
+	int n = members(c, P, -1), k = 0;
+
+	c->mark_stamp++;
+	/* seeds: members with an output C reads */
+	for (int i = 0; i < n; i++) {
+		const ap_node *node = &g->nodes[c->list[i]];
+
+		for (int o = 0; o < node->n_outputs; o++) {
+			int t = node->outputs[o];
+
+			if (t < 0)
+				continue;
+			for (int r = c->rd_off[t]; r < c->rd_off[t + 1]; r++)
+				if (find(c, c->rd[r]) == C)
+					c->mark[c->list[i]] = c->mark_stamp;
+		}
+	}
+	/* backwards through P */
+	for (int i = n - 1; i >= 0; i--) {
+		const ap_node *node = &g->nodes[c->list[i]];
+
+		if (c->mark[c->list[i]] != c->mark_stamp)
+			continue;
+		for (int in = 0; in < node->n_inputs; in++) {
+			int t = node->inputs[in], u;
+
+			if (t < 0)
+				continue;
+			u = g->tensors[source_of(g, c->through, t)].producer;
+			if (u >= 0 && find(c, u) == P)
+				c->mark[u] = c->mark_stamp;
+		}
+	}
+	for (int i = 0; i < n; i++)
+		if (c->mark[c->list[i]] == c->mark_stamp)
+			out[k++] = c->list[i];
+	return k;
+}
+
+/* Does group `grp` read tensor t (from memory)? */
+static bool group_reads(pctx *c, int grp, int t)
+{
+	for (int r = c->rd_off[t]; r < c->rd_off[t + 1]; r++)
+		if (find(c, c->rd[r]) == grp)
+			return true;
+	return false;
+}
+
+typedef enum clone_status { CLONE_OK, CLONE_RULE, CLONE_COST, CLONE_SIZE } clone_status;
+
+/* May group C compute the slice `nodes` of cheap group P itself?  *gain
+ * gets the bytes C saves (reads of P's results minus new reads of P's
+ * inputs), *cost the recompute cost. */
+static clone_status clone_check(pctx *c, int P, int C, const int *nodes, int n, int64_t *gain,
+				double *cost)
+{
+	const ap_graph *g = c->g;
+
+	*gain = 0;
+	*cost = 0;
+	if (c->level != AP_FUSE_APOLLO || !cheap(c, P))
+		return CLONE_RULE;
+	if (c->kind[C] == AP_GROUP_OPAQUE || c->kind[C] == AP_GROUP_WHOLE)
+		return CLONE_RULE;
+	if (merged_kind(c->kind[P], c->kind[C], c->level, NULL, 0) < 0)
+		return CLONE_RULE;
+	if (barrier_hit(c, P, C, NULL, 0))
+		return CLONE_RULE;
+	if ((unsigned)(c->size[C] + n) > c->max_nodes)
+		return CLONE_SIZE;
+	*cost = recompute_cost(c, P, C, nodes, n);
+	if (*cost > c->max_recompute)
+		return CLONE_COST;
+	/* bytes: P's results C stops reading, P's inputs it starts reading */
+	c->mark_stamp++;
+	for (int i = 0; i < n; i++)
+		c->mark[nodes[i]] = c->mark_stamp;
+	for (int i = 0; i < n; i++) {
+		const ap_node *node = &g->nodes[nodes[i]];
+
+		for (int o = 0; o < node->n_outputs; o++)
+			if (node->outputs[o] >= 0 && group_reads(c, C, node->outputs[o]))
+				*gain += (int64_t)tensor_bytes(g, node->outputs[o]);
+	}
+	c->e_stamp++;      /* E_stamp as a "seen" mark for the inputs */
+	for (int i = 0; i < n; i++) {
+		const ap_node *node = &g->nodes[nodes[i]];
+
+		for (int in = 0; in < node->n_inputs; in++) {
+			int t, u;
+
+			if (node->inputs[in] < 0)
+				continue;
+			t = source_of(g, c->through, node->inputs[in]);
+			u = g->tensors[t].producer;
+			if (g->tensors[t].kind == AP_TENSOR_CONST || (u >= 0 && c->mark[u] == c->mark_stamp))
+				continue;
+			if (c->E_stamp[t] == c->e_stamp || group_reads(c, C, t))
+				continue;
+			c->E_stamp[t] = c->e_stamp;
+			*gain -= (int64_t)tensor_bytes(g, t);
+		}
+	}
+	return CLONE_OK;
+}
+
+/* Bytes group P reads (distinct, from memory). */
+static int64_t group_read_bytes(pctx *c, int P)
+{
+	const ap_graph *g = c->g;
+	int64_t b = 0;
+
+	c->e_stamp++;
+	for (int m = c->head[P]; m >= 0; m = c->next[m]) {
+		const ap_node *node = &g->nodes[m];
+
+		for (int in = 0; in < node->n_inputs; in++) {
+			int t, u;
+
+			if (node->inputs[in] < 0)
+				continue;
+			t = source_of(g, c->through, node->inputs[in]);
+			u = g->tensors[t].producer;
+			if (g->tensors[t].kind == AP_TENSOR_CONST || (u >= 0 && find(c, u) == P) ||
+			    c->E_stamp[t] == c->e_stamp)
+				continue;
+			c->E_stamp[t] = c->e_stamp;
+			b += (int64_t)tensor_bytes(g, t);
+		}
+	}
+	return b;
+}
+
+/* Chooses the duplications of this round; returns how many (in *out). */
+static int choose_dups(pctx *c, dup **out, ap_error *err)
+{
+	const ap_graph *g = c->g;
+	int n_dup = 0, cap = 0;
+	dup *d = NULL;
+	int *flag = calloc((size_t)c->N + 1, sizeof(int));   /* 1 producer, 2 consumer */
+	int *cons = malloc(((size_t)c->N + 1) * sizeof(int));
+	int *slice = malloc(((size_t)c->N + 1) * sizeof(int));
+	int64_t *gain = malloc(((size_t)c->N + 1) * sizeof(int64_t));
+	bool *ok = malloc(((size_t)c->N + 1) * sizeof(bool));
+
+	*out = NULL;
+	if (!flag || !cons || !slice || !gain || !ok)
+		goto nomem;
+	for (int P = 0; P < c->N; P++) {
+		int n_cons = 0;
+		int64_t saved = 0;
+		bool remains = false, any = false;
+
+		if (c->head[P] < 0 || find(c, P) != P || flag[P] || !cheap(c, P))
+			continue;
+		/* consumer groups of P's written tensors */
+		c->cur_stamp++;
+		for (int m = c->head[P]; m >= 0; m = c->next[m]) {
+			const ap_node *node = &g->nodes[m];
+
+			for (int o = 0; o < node->n_outputs; o++) {
+				int t = node->outputs[o];
+
+				if (t < 0)
+					continue;
+				if (g->tensors[t].is_output)
+					remains = true;
+				for (int r = c->rd_off[t]; r < c->rd_off[t + 1]; r++) {
+					int h = find(c, c->rd[r]);
+
+					if (h != P && c->stamp[h] != c->cur_stamp) {
+						c->stamp[h] = c->cur_stamp;
+						cons[n_cons++] = h;
+					}
+				}
+			}
+		}
+		if (n_cons == 0)
+			continue;
+		for (int i = 0; i < n_cons; i++) {
+			double cost;
+			int n = slice_for(c, P, cons[i], slice);
+
+			ok[i] = flag[cons[i]] != 1 &&
+				clone_check(c, P, cons[i], slice, n, &gain[i], &cost) == CLONE_OK;
+		}
+		/* drop consumers that lose bytes, unless that keeps P alive */
+		for (int round = 0; round < 2; round++) {
+			bool all = !remains;
+			int64_t s = 0;
+
+			for (int i = 0; i < n_cons; i++) {
+				if (!ok[i])
+					all = false;
+				else
+					s += gain[i];
+			}
+			/* tensors no longer written: those only the absorbing consumers read */
+			for (int m = c->head[P]; m >= 0; m = c->next[m]) {
+				const ap_node *node = &g->nodes[m];
+
+				for (int o = 0; o < node->n_outputs; o++) {
+					int t = node->outputs[o];
+					bool keep = false, read = false;
+
+					if (t < 0)
+						continue;
+					if (g->tensors[t].is_output)
+						keep = true;
+					for (int r = c->rd_off[t]; r < c->rd_off[t + 1]; r++) {
+						int h = find(c, c->rd[r]);
+
+						if (h == P)
+							continue;
+						read = true;
+						for (int i = 0; i < n_cons; i++)
+							if (cons[i] == h && !ok[i])
+								keep = true;
+					}
+					if (read && !keep)
+						s += (int64_t)tensor_bytes(g, t);
+				}
+			}
+			if (all)
+				s += group_read_bytes(c, P);
+			saved = s;
+			if (saved > 0 || round == 1)
+				break;
+			for (int i = 0; i < n_cons; i++)
+				if (ok[i] && gain[i] <= 0)
+					ok[i] = false;
+		}
+		for (int i = 0; i < n_cons; i++)
+			if (ok[i])
+				any = true;
+		if (saved <= 0 || !any)
+			continue;
+		flag[P] = 1;
+		for (int i = 0; i < n_cons; i++) {
+			int n;
+
+			if (!ok[i])
+				continue;
+			if (n_dup == cap) {
+				int ncap = cap ? 2 * cap : 8;
+				dup *nd = realloc(d, (size_t)ncap * sizeof(*nd));
+
+				if (!nd)
+					goto nomem;
+				d = nd;
+				cap = ncap;
+			}
+			n = slice_for(c, P, cons[i], slice);
+			d[n_dup].P = P;
+			d[n_dup].C = cons[i];
+			d[n_dup].n_nodes = n;
+			d[n_dup].nodes = malloc(((size_t)n + 1) * sizeof(int));
+			if (!d[n_dup].nodes)
+				goto nomem;
+			memcpy(d[n_dup].nodes, slice, (size_t)n * sizeof(int));
+			n_dup++;
+			flag[cons[i]] = 2;
+		}
+	}
+	free(flag);
+	free(cons);
+	free(slice);
+	free(gain);
+	free(ok);
+	*out = d;
+	return n_dup;
+nomem:
+	for (int i = 0; i < n_dup; i++)
+		free(d[i].nodes);
+	free(d);
+	free(flag);
+	free(cons);
+	free(slice);
+	free(gain);
+	free(ok);
+	ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory choosing producers to recompute");
+	return AP_ENOMEM;
+}
+
+/* A copy of c->g in which each duplication's nodes (and the read-through
+ * views after them) are cloned right after their originals and the
+ * consumer group's members read the clones.  Sets *n_cloned. */
+static ap_graph *rewrite(pctx *c, const dup *d, int n_dup, int base, int *n_cloned, ap_error *err)
+{
+	const ap_graph *g = c->g;
+	ap_graph *ng = ap_graph_new(g->name);
+	int **map = calloc((size_t)n_dup + 1, sizeof(int *));
+	bool **clone = calloc((size_t)n_dup + 1, sizeof(bool *));
+	int *ins = malloc(((size_t)c->T + 1) * sizeof(int));
+	int *outs = malloc(((size_t)c->T + 1) * sizeof(int));
+	char name[400];
+
+	*n_cloned = 0;
+	if (!ng || !map || !clone || !ins || !outs)
+		goto nomem;
+	for (int t = 0; t < g->n_tensors; t++) {
+		const ap_tensor *x = &g->tensors[t];
+		int idx = ap_graph_add_tensor(ng, x->name, x->dtype, x->rank, x->dims, x->kind,
+					      x->kind == AP_TENSOR_CONST ? x->data : NULL,
+					      x->kind == AP_TENSOR_CONST ? x->nbytes : 0);
+
+		if (idx < 0)
+			goto nomem;
+		ng->tensors[idx].is_output = x->is_output;
+	}
+	ng->inputs = malloc(((size_t)g->n_inputs + 1) * sizeof(int));
+	ng->outputs = malloc(((size_t)g->n_outputs + 1) * sizeof(int));
+	if (!ng->inputs || !ng->outputs)
+		goto nomem;
+	memcpy(ng->inputs, g->inputs, (size_t)g->n_inputs * sizeof(int));
+	memcpy(ng->outputs, g->outputs, (size_t)g->n_outputs * sizeof(int));
+	ng->n_inputs = g->n_inputs;
+	ng->n_outputs = g->n_outputs;
+	ng->eager_kernels = g->eager_kernels;
+	/* clone sets: the slice, then read-through nodes reading a clone */
+	for (int k = 0; k < n_dup; k++) {
+		map[k] = malloc(((size_t)g->n_tensors + 1) * sizeof(int));
+		clone[k] = calloc((size_t)c->N + 1, sizeof(bool));
+		if (!map[k] || !clone[k])
+			goto nomem;
+		for (int t = 0; t < g->n_tensors; t++)
+			map[k][t] = -1;
+		for (int i = 0; i < d[k].n_nodes; i++)
+			clone[k][d[k].nodes[i]] = true;
+		for (int n = 0; n < c->N; n++) {
+			const ap_node *node = &g->nodes[n];
+			int src;
+
+			if (!c->through[n] || clone[k][n] || node->inputs[0] < 0)
+				continue;
+			src = g->tensors[node->inputs[0]].producer;
+			if (src >= 0 && clone[k][src])
+				clone[k][n] = true;
+		}
+		for (int n = 0; n < c->N; n++) {
+			const ap_node *node = &g->nodes[n];
+
+			if (!clone[k][n])
+				continue;
+			for (int o = 0; o < node->n_outputs; o++) {
+				int t = node->outputs[o], nt;
+				const ap_tensor *x;
+
+				if (t < 0)
+					continue;
+				x = &ng->tensors[t];
+				snprintf(name, sizeof(name), "%s~%d", x->name, base + k);
+				nt = ap_graph_add_tensor(ng, name, x->dtype, x->rank, x->dims, AP_TENSOR_VALUE,
+							 NULL, 0);
+				if (nt < 0)
+					goto nomem;
+				map[k][t] = nt;
+			}
+		}
+	}
+	for (int n = 0; n < c->N; n++) {
+		const ap_node *node = &g->nodes[n];
+		int r = find(c, n);
+
+		for (int i = 0; i < node->n_inputs; i++) {
+			ins[i] = node->inputs[i];
+			for (int k = 0; k < n_dup && ins[i] >= 0; k++) {
+				if (d[k].C == r && !c->through[n] && c->head[r] >= 0 && map[k][ins[i]] >= 0) {
+					ins[i] = map[k][ins[i]];
+					break;
+				}
+			}
+		}
+		if (ap__partition_copy_node(ng, node, ins, node->outputs) < 0)
+			goto nomem;
+		for (int k = 0; k < n_dup; k++) {
+			if (!clone[k][n])
+				continue;
+			for (int i = 0; i < node->n_inputs; i++)
+				ins[i] = node->inputs[i] >= 0 && map[k][node->inputs[i]] >= 0
+						 ? map[k][node->inputs[i]] : node->inputs[i];
+			for (int o = 0; o < node->n_outputs; o++)
+				outs[o] = node->outputs[o] >= 0 ? map[k][node->outputs[o]] : -1;
+			if (ap__partition_copy_node(ng, node, ins, outs) < 0)
+				goto nomem;
+			if (!c->through[n])
+				(*n_cloned)++;
+		}
+	}
+	for (int k = 0; k < n_dup; k++) {
+		free(map[k]);
+		free(clone[k]);
+	}
+	free(map);
+	free(clone);
+	free(ins);
+	free(outs);
+	return ng;
+nomem:
+	for (int k = 0; map && clone && k < n_dup; k++) {
+		free(map[k]);
+		free(clone[k]);
+	}
+	free(map);
+	free(clone);
+	free(ins);
+	free(outs);
+	ap_graph_free(ng);
+	ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory duplicating producers");
+	return NULL;
+}
+
+/* ---- one grouping of one graph -------------------------------------------------- */
 
 static void ctx_free(pctx *c)
 {
 	free(c->live);
 	free(c->through);
+	free(c->barrier);
+	free(c->whole);
 	free(c->rd_off);
 	free(c->rd);
 	free(c->uf);
 	free(c->kind);
 	free(c->head);
 	free(c->next);
+	free(c->size);
 	free(c->stamp);
 	free(c->stack);
+	free(c->mark);
+	free(c->E);
+	free(c->E2);
+	free(c->E_stamp);
+	free(c->list);
+	memset(c, 0, sizeof(*c));
+}
+
+/* Liveness, read-through nodes, readers, initial groups, merges to a
+ * fixpoint. */
+static int group(pctx *c, const ap_graph *g, const ap_partition_options *opt)
+{
+	int N = g->n_nodes, T = g->n_tensors, n_rd;
+	int *fill = NULL;
+	bool *needed = NULL;
+	ap_fuse_level lv = opt ? opt->level : AP_FUSE_DEFAULT;
+
+	memset(c, 0, sizeof(*c));
+	c->g = g;
+	c->N = N;
+	c->T = T;
+	c->level = lv == AP_FUSE_DEFAULT ? AP_FUSE_APOLLO : lv;
+	c->max_nodes = opt && opt->max_group_nodes ? opt->max_group_nodes : AP_PARTITION_MAX_GROUP_NODES;
+	c->max_recompute = opt && opt->max_recompute ? opt->max_recompute : AP_PARTITION_MAX_RECOMPUTE;
+	c->live = calloc((size_t)N + 1, sizeof(bool));
+	c->through = calloc((size_t)N + 1, sizeof(bool));
+	c->barrier = calloc((size_t)N + 1, sizeof(bool));
+	c->whole = calloc((size_t)N + 1, sizeof(int));
+	c->rd_off = calloc((size_t)T + 2, sizeof(int));
+	c->uf = malloc(((size_t)N + 1) * sizeof(int));
+	c->kind = malloc(((size_t)N + 1) * sizeof(int));
+	c->head = malloc(((size_t)N + 1) * sizeof(int));
+	c->next = malloc(((size_t)N + 1) * sizeof(int));
+	c->size = malloc(((size_t)N + 1) * sizeof(int));
+	c->stamp = calloc((size_t)N + 1, sizeof(int));
+	c->stack = malloc(((size_t)N + 1) * sizeof(int));
+	c->mark = calloc((size_t)N + 1, sizeof(int));
+	c->E = calloc((size_t)T + 1, sizeof(double));
+	c->E2 = calloc((size_t)T + 1, sizeof(double));
+	c->E_stamp = calloc((size_t)T + 1, sizeof(int));
+	c->list = malloc(((size_t)N + 1) * sizeof(int));
+	needed = calloc((size_t)T + 1, sizeof(bool));
+	fill = calloc((size_t)T + 1, sizeof(int));
+	if (!c->live || !c->through || !c->barrier || !c->whole || !c->rd_off || !c->uf || !c->kind ||
+	    !c->head || !c->next || !c->size || !c->stamp || !c->stack || !c->mark || !c->E || !c->E2 ||
+	    !c->E_stamp || !c->list || !needed || !fill)
+		goto nomem;
+
+	/* 1. liveness */
+	for (int t = 0; t < T; t++)
+		needed[t] = g->tensors[t].is_output;
+	for (int n = N - 1; n >= 0; n--) {
+		const ap_node *node = &g->nodes[n];
+
+		for (int o = 0; o < node->n_outputs; o++)
+			if (node->outputs[o] >= 0 && needed[node->outputs[o]])
+				c->live[n] = true;
+		if (!c->live[n])
+			continue;
+		for (int i = 0; i < node->n_inputs; i++)
+			if (node->inputs[i] >= 0)
+				needed[node->inputs[i]] = true;
+	}
+	/* 2. read-through nodes and readers */
+	for (int n = 0; n < N; n++) {
+		const ap_node *node = &g->nodes[n];
+
+		c->whole[n] = (int)ap_node_int(node, "_whole", 0);
+		for (int b = 0; opt && b < opt->n_barriers; b++)
+			if (opt->barriers[b] && strcmp(opt->barriers[b], node->name) == 0)
+				c->barrier[n] = true;
+		if (!c->live[n] || node->n_outputs != 1 || node->outputs[0] < 0 ||
+		    g->tensors[node->outputs[0]].is_output || node->n_inputs < 1 || node->inputs[0] < 0)
+			continue;
+		if (ap_op_is_view(node->op)) {
+			c->through[n] = true;
+		} else if (node->op == AP_OP_EXPAND) {
+			/* a constant fill: free to recompute wherever it is read */
+			int t = source_of(g, c->through, node->inputs[0]);
+
+			c->through[n] = g->tensors[t].kind == AP_TENSOR_CONST;
+		}
+	}
+	for (int pass = 0; pass < 2; pass++) {
+		for (int n = 0; n < N; n++) {
+			const ap_node *node = &g->nodes[n];
+
+			if (!c->live[n] || c->through[n])
+				continue;
+			for (int i = 0; i < node->n_inputs; i++) {
+				for (int t = node->inputs[i]; t >= 0; t = view_source_of(g, c->through, t)) {
+					if (pass == 0)
+						c->rd_off[t + 1]++;
+					else
+						c->rd[c->rd_off[t] + fill[t]++] = n;
+				}
+			}
+		}
+		if (pass == 0) {
+			for (int t = 0; t < T; t++)
+				c->rd_off[t + 1] += c->rd_off[t];
+			n_rd = c->rd_off[T];
+			c->rd = malloc(((size_t)n_rd + 1) * sizeof(int));
+			if (!c->rd)
+				goto nomem;
+		}
+	}
+
+	/* 3. initial groups; a compound op kept whole is one sealed group */
+	for (int n = 0; n < N; n++) {
+		c->uf[n] = n;
+		c->kind[n] = node_kind(&g->nodes[n]);
+		c->head[n] = (c->live[n] && !c->through[n]) ? n : -1;
+		c->next[n] = -1;
+		c->size[n] = 1;
+	}
+	for (int n = 0; n < N; n++) {
+		if (!c->live[n] || c->through[n] || !c->whole[n])
+			continue;
+		c->kind[find(c, n)] = AP_GROUP_WHOLE;
+		for (int m = n + 1; m < N; m++)
+			if (c->live[m] && !c->through[m] && c->whole[m] == c->whole[n] && find(c, m) != find(c, n))
+				unite(c, n, m, AP_GROUP_WHOLE);
+	}
+
+	/* a Transpose made by opening a Gemm (transA/transB) and read only by
+	 * its MatMul is that MatMul's operand layout, at every level */
+	for (int n = 0; n < N; n++) {
+		const ap_node *node = &g->nodes[n];
+		int t = node->outputs[0], reader = -1;
+		bool one = true;
+
+		if (!c->live[n] || c->through[n] || node->op != AP_OP_TRANSPOSE || t < 0 ||
+		    g->tensors[t].is_output)
+			continue;
+		for (int i = c->rd_off[t]; i < c->rd_off[t + 1]; i++) {
+			if (reader >= 0 && c->rd[i] != reader)
+				one = false;
+			reader = c->rd[i];
+		}
+		if (one && reader >= 0 && g->nodes[reader].op == AP_OP_MATMUL &&
+		    strcmp(g->nodes[reader].name, node->name) == 0 && !c->whole[n])
+			unite(c, reader, n, AP_GROUP_MATMUL);
+	}
+
+	/* 4. merges to a fixpoint */
+	for (c->pass = 1; c->pass <= MAX_PASSES; c->pass++)
+		if (!merge_pass(c) && c->pass > 1)
+			break;
+	free(needed);
+	free(fill);
+	return 0;
+nomem:
+	free(needed);
+	free(fill);
+	return AP_ENOMEM;
+}
+
+/* ---- results ------------------------------------------------------------------- */
+
+static void group_clear(ap_group *grp)
+{
+	free(grp->nodes);
+	free(grp->views);
+	free(grp->outputs);
+	free(grp->inputs);
+	free(grp->refusals);
+	memset(grp, 0, sizeof(*grp));
 }
 
 ap_partition *ap_partition_free(__ap_take ap_partition *p)
 {
 	if (!p)
 		return NULL;
-	for (int i = 0; i < p->n_groups; i++) {
-		free(p->groups[i].nodes);
-		free(p->groups[i].views);
-		free(p->groups[i].outputs);
-		free(p->groups[i].inputs);
-	}
+	for (int i = 0; i < p->n_groups; i++)
+		group_clear(&p->groups[i]);
 	free(p->groups);
 	free(p->group_of);
+	for (int i = 0; i < p->n_subgraphs; i++)
+		free(p->subgraphs[i].deps);
+	free(p->subgraphs);
+	for (int i = 0; i < p->n_boundaries; i++)
+		free(p->boundaries[i].detail);
+	free(p->boundaries);
+	for (int i = 0; i < p->n_refusals; i++)
+		free(p->refusals[i]);
+	free(p->refusals);
+	if (p->priv) {
+		ap_graph_free(p->priv->owned);
+		free(p->priv->through);
+		free(p->priv->rd_off);
+		free(p->priv->rd);
+		free(p->priv);
+	}
 	free(p);
 	return NULL;
 }
@@ -280,40 +1411,38 @@ static int set_add(int **arr, int *n, int v)
 	return 0;
 }
 
-static int cmp_int(const void *a, const void *b)
+/* Root, views, outputs and inputs of group gi from its members (sorted)
+ * and part->group_of. */
+static int fill_group(ap_partition *part, int gi)
 {
-	int x = *(const int *)a, y = *(const int *)b;
-
-	return (x > y) - (x < y);
-}
-
-/* Collects members (sorted), views, outputs, inputs and root of group gi
- * whose union-find root is r. */
-static int fill_group(pctx *c, ap_partition *part, int gi, int r)
-{
-	const ap_graph *g = c->g;
+	const ap_graph *g = part->g;
+	const ap_partition_priv *pv = part->priv;
 	ap_group *grp = &part->groups[gi];
 
-	grp->kind = (ap_group_kind)c->kind[r];
-	for (int m = c->head[r]; m >= 0; m = c->next[m])
-		if (set_add(&grp->nodes, &grp->n_nodes, m) < 0)
-			return AP_ENOMEM;
-	qsort(grp->nodes, (size_t)grp->n_nodes, sizeof(int), cmp_int);
+	free(grp->views);
+	free(grp->outputs);
+	free(grp->inputs);
+	grp->views = grp->outputs = grp->inputs = NULL;
+	grp->n_views = grp->n_outputs = grp->n_inputs = 0;
 	grp->root = grp->nodes[grp->n_nodes - 1];
 	for (int i = 0; i < grp->n_nodes; i++) {
 		int m = grp->nodes[i];
 		const ap_node *node = &g->nodes[m];
+		ap_group_kind nk = node_kind(node);
 
-		part->group_of[m] = gi;
-		if (grp->kind == AP_GROUP_REDUCTION && ap_op_category_of(node->op) == AP_CAT_REDUCTION)
-			grp->root = m;
-		if (grp->kind == AP_GROUP_SINGLE && node->op != AP_OP_TRANSPOSE)
+		if ((is_anchor(nk) || nk == AP_GROUP_OPAQUE) && grp->kind != AP_GROUP_WHOLE)
 			grp->root = m;
 		for (int o = 0; o < node->n_outputs; o++) {
 			int t = node->outputs[o];
+			bool out;
 
-			if (t >= 0 && needed_outside(c, t, r, -1) &&
-			    set_add(&grp->outputs, &grp->n_outputs, t) < 0)
+			if (t < 0)
+				continue;
+			out = g->tensors[t].is_output;
+			for (int r = pv->rd_off[t]; r < pv->rd_off[t + 1] && !out; r++)
+				if (part->group_of[pv->rd[r]] != gi)
+					out = true;
+			if (out && set_add(&grp->outputs, &grp->n_outputs, t) < 0)
 				return AP_ENOMEM;
 		}
 		for (int in = 0; in < node->n_inputs; in++) {
@@ -322,7 +1451,7 @@ static int fill_group(pctx *c, ap_partition *part, int gi, int r)
 			/* walk back through read-through views */
 			while (t >= 0) {
 				int p = g->tensors[t].producer;
-				int src = view_source(c, t);
+				int src = view_source_of(g, pv->through, t);
 
 				if (src >= 0) {
 					if (set_add(&grp->views, &grp->n_views, p) < 0)
@@ -331,255 +1460,578 @@ static int fill_group(pctx *c, ap_partition *part, int gi, int r)
 					continue;
 				}
 				if (g->tensors[t].kind != AP_TENSOR_CONST &&
-				    (p < 0 || find(c, p) != r) &&
+				    (p < 0 || part->group_of[p] != gi) &&
 				    set_add(&grp->inputs, &grp->n_inputs, t) < 0)
 					return AP_ENOMEM;
 				break;
 			}
 		}
 	}
+	if (grp->n_views > 1)
+		qsort(grp->views, (size_t)grp->n_views, sizeof(int), cmp_int);
 	return 0;
 }
 
-__ap_give ap_partition *ap_partition_build(__ap_keep const ap_graph *g, ap_error *err)
+static int add_boundary(ap_partition *part, int *cap, int u, int v, int t, ap_boundary_reason r,
+			const char *detail)
 {
-	pctx c;
-	ap_partition *part = NULL;
-	int N = g->n_nodes, T = g->n_tensors, n_rd = 0;
-	int *root_group = NULL, *indeg = NULL, *order = NULL, *fill = NULL;
-	bool *needed = NULL;
+	ap_boundary *b;
 
-	memset(&c, 0, sizeof(c));
-	c.g = g;
-	c.N = N;
-	c.T = T;
-	c.live = calloc((size_t)N + 1, sizeof(bool));
-	c.through = calloc((size_t)N + 1, sizeof(bool));
-	c.rd_off = calloc((size_t)T + 2, sizeof(int));
-	c.uf = malloc(((size_t)N + 1) * sizeof(int));
-	c.kind = malloc(((size_t)N + 1) * sizeof(int));
-	c.head = malloc(((size_t)N + 1) * sizeof(int));
-	c.next = malloc(((size_t)N + 1) * sizeof(int));
-	c.stamp = calloc((size_t)N + 1, sizeof(int));
-	c.stack = malloc(((size_t)N + 1) * sizeof(int));
-	part = calloc(1, sizeof(*part));
-	if (!c.live || !c.through || !c.rd_off || !c.uf || !c.kind || !c.head || !c.next ||
-	    !c.stamp || !c.stack || !part)
-		goto nomem;
-	part->g = g;
-	part->group_of = malloc(((size_t)N + 1) * sizeof(int));
-	if (!part->group_of)
-		goto nomem;
+	if (part->n_boundaries == *cap) {
+		int ncap = *cap ? 2 * *cap : 16;
+		ap_boundary *nb = realloc(part->boundaries, (size_t)ncap * sizeof(*nb));
 
-	/* 1. liveness: reverse sweep with a per-tensor "needed" mark */
-	needed = calloc((size_t)T + 1, sizeof(bool));
-	if (!needed)
-		goto nomem;
-	for (int t = 0; t < T; t++)
-		needed[t] = g->tensors[t].is_output;
-	for (int n = N - 1; n >= 0; n--) {
-		const ap_node *node = &g->nodes[n];
-
-		for (int o = 0; o < node->n_outputs; o++)
-			if (node->outputs[o] >= 0 && needed[node->outputs[o]])
-				c.live[n] = true;
-		if (!c.live[n])
-			continue;
-		for (int i = 0; i < node->n_inputs; i++)
-			if (node->inputs[i] >= 0)
-				needed[node->inputs[i]] = true;
+		if (!nb)
+			return AP_ENOMEM;
+		part->boundaries = nb;
+		*cap = ncap;
 	}
-	/* 2. read-through views, and readers of each tensor through them */
-	for (int n = 0; n < N; n++) {
-		const ap_node *node = &g->nodes[n];
+	b = &part->boundaries[part->n_boundaries];
+	b->producer = u;
+	b->consumer = v;
+	b->tensor = t;
+	b->reason = r;
+	b->detail = strdup(detail ? detail : "");
+	if (!b->detail)
+		return AP_ENOMEM;
+	part->n_boundaries++;
+	return 0;
+}
 
-		if (!c.live[n] || node->n_outputs != 1 || node->outputs[0] < 0 ||
-		    g->tensors[node->outputs[0]].is_output || node->n_inputs < 1 || node->inputs[0] < 0)
-			continue;
-		if (ap_op_is_view(node->op)) {
-			c.through[n] = true;
-		} else if (node->op == AP_OP_EXPAND) {
-			/* a constant fill: free to recompute wherever it is read */
-			int t = node->inputs[0];
+/* The reason the edge u -> v (u's group p, v's group q) was kept. */
+static ap_boundary_reason edge_reason(pctx *c, int p, int q, char *why, size_t cap)
+{
+	int kind, r, saved_pass = c->pass;
 
-			while (view_source(&c, t) >= 0)
-				t = view_source(&c, t);
-			c.through[n] = g->tensors[t].kind == AP_TENSOR_CONST;
+	c->pass = MAX_PASSES + 1;
+	why[0] = 0;
+	r = check_merge(c, p, q, &kind, why, cap);
+	c->pass = saved_pass;
+	if (r < 0) {
+		say(why, cap, "rule: no rule applies in the order the merges were made");
+		return AP_WHY_RULE;
+	}
+	/* a cheap producer read elsewhere: say why it was not recomputed here */
+	if (c->outputs_failed && c->level == AP_FUSE_APOLLO && cheap(c, p)) {
+		int *slice = malloc(((size_t)c->N + 1) * sizeof(int));
+		int64_t gain;
+		double cost;
+
+		if (slice) {
+			int n = slice_for(c, p, q, slice);
+			clone_status s = clone_check(c, p, q, slice, n, &gain, &cost);
+
+			if (s == CLONE_COST)
+				say(why, cap, "recompute: its producers are read elsewhere too, and "
+					      "recomputing them here would evaluate them %.0f times per "
+					      "element (cap %u)", cost, c->max_recompute);
+			else if (s == CLONE_OK)
+				say(why, cap, "recompute: its producers are read elsewhere too, and "
+					      "recomputing them here would not save global-memory bytes");
+			free(slice);
+			if (s == CLONE_COST || s == CLONE_OK)
+				return AP_WHY_RECOMPUTE;
 		}
 	}
-	for (int pass = 0; pass < 2; pass++) {
-		for (int n = 0; n < N; n++) {
-			const ap_node *node = &g->nodes[n];
+	return (ap_boundary_reason)r;
+}
 
-			if (!c.live[n] || c.through[n])
+static int cmp_bound(const void *a, const void *b)
+{
+	const ap_boundary *x = a, *y = b;
+
+	if (x->producer != y->producer)
+		return (x->producer > y->producer) - (x->producer < y->producer);
+	if (x->consumer != y->consumer)
+		return (x->consumer > y->consumer) - (x->consumer < y->consumer);
+	return (x->tensor > y->tensor) - (x->tensor < y->tensor);
+}
+
+/* Every edge between two groups, with its reason. */
+static int collect_boundaries(pctx *c, ap_partition *part)
+{
+	const ap_graph *g = c->g;
+	int cap = 0;
+	char why[400];
+
+	for (int v = 0; v < c->N; v++) {
+		const ap_node *node = &g->nodes[v];
+
+		if (!c->live[v] || c->through[v])
+			continue;
+		for (int i = 0; i < node->n_inputs; i++) {
+			int t, u, p, q;
+			ap_boundary_reason r;
+			bool dupl = false;
+
+			if (node->inputs[i] < 0)
 				continue;
-			for (int i = 0; i < node->n_inputs; i++) {
-				for (int t = node->inputs[i]; t >= 0; t = view_source(&c, t)) {
-					if (pass == 0) {
-						c.rd_off[t + 1]++;
-					} else {
-						c.rd[c.rd_off[t] + fill[t]++] = n;
-					}
+			t = source_of(g, c->through, node->inputs[i]);
+			u = g->tensors[t].producer;
+			if (u < 0 || !c->live[u] || c->through[u])
+				continue;
+			p = find(c, u);
+			q = find(c, v);
+			if (p == q)
+				continue;
+			for (int b = 0; b < part->n_boundaries && !dupl; b++)
+				if (part->boundaries[b].producer == u && part->boundaries[b].consumer == v &&
+				    part->boundaries[b].tensor == t)
+					dupl = true;
+			if (dupl)
+				continue;
+			r = edge_reason(c, p, q, why, sizeof(why));
+			if (add_boundary(part, &cap, u, v, t, r, why) < 0)
+				return AP_ENOMEM;
+		}
+	}
+	if (part->n_boundaries > 1)
+		qsort(part->boundaries, (size_t)part->n_boundaries, sizeof(ap_boundary), cmp_bound);
+	return 0;
+}
+
+/* Sub-graphs: connected groups (edges not touching an opaque group), with
+ * strongly connected sets of those components merged (Kosaraju) so that
+ * the sub-graphs form a DAG. */
+static int find_comp(int *uf, int x)
+{
+	while (uf[x] != x) {
+		uf[x] = uf[uf[x]];
+		x = uf[x];
+	}
+	return x;
+}
+
+/* Iterative DFS over CSR (off, adj) from `s`; appends nodes in finishing
+ * order to `order` (when not NULL) or labels them `label` in `out`. */
+static void dfs(const int *off, const int *adj, int s, bool *seen, int *stack, int *it,
+		int *order, int *n_order, int *out, int label)
+{
+	int sp = 0;
+
+	seen[s] = true;
+	stack[sp] = s;
+	it[sp++] = off[s];
+	if (out)
+		out[s] = label;
+	while (sp > 0) {
+		int v = stack[sp - 1];
+
+		if (it[sp - 1] < off[v + 1]) {
+			int w = adj[it[sp - 1]++];
+
+			if (!seen[w]) {
+				seen[w] = true;
+				if (out)
+					out[w] = label;
+				stack[sp] = w;
+				it[sp++] = off[w];
+			}
+			continue;
+		}
+		sp--;
+		if (order)
+			order[(*n_order)++] = v;
+	}
+}
+
+static int compute_subgraphs(ap_partition *part)
+{
+	const ap_partition_priv *pv = part->priv;
+	int G = part->n_groups, rc = AP_ENOMEM, ne = 0, cap = 0, nc = 0, n_order = 0, n_scc = 0;
+	int *uf = malloc(((size_t)G + 1) * sizeof(int));
+	int *comp = malloc(((size_t)G + 1) * sizeof(int));
+	int *eu = NULL, *ev = NULL;
+	int *off = calloc((size_t)G + 2, sizeof(int)), *roff = calloc((size_t)G + 2, sizeof(int));
+	int *adj = NULL, *radj = NULL, *fill = calloc((size_t)G + 1, sizeof(int));
+	int *stack = malloc(((size_t)G + 1) * sizeof(int)), *it = malloc(((size_t)G + 1) * sizeof(int));
+	int *order = malloc(((size_t)G + 1) * sizeof(int)), *scc = malloc(((size_t)G + 1) * sizeof(int));
+	int *num = malloc(((size_t)G + 1) * sizeof(int));
+	bool *seen = calloc((size_t)G + 1, sizeof(bool));
+
+	if (!uf || !comp || !off || !roff || !fill || !stack || !it || !order || !scc || !num || !seen)
+		goto out;
+	for (int i = 0; i < G; i++)
+		uf[i] = i;
+	for (int gi = 0; gi < G; gi++) {
+		const ap_group *grp = &part->groups[gi];
+
+		for (int j = 0; j < grp->n_outputs; j++) {
+			int t = grp->outputs[j];
+
+			for (int r = pv->rd_off[t]; r < pv->rd_off[t + 1]; r++) {
+				int h = part->group_of[pv->rd[r]];
+
+				if (h < 0 || h == gi)
+					continue;
+				if (ne == cap) {
+					int ncap = cap ? 2 * cap : 64;
+					int *nu = realloc(eu, (size_t)ncap * sizeof(int));
+					int *nv;
+
+					if (!nu)
+						goto out;
+					eu = nu;
+					nv = realloc(ev, (size_t)ncap * sizeof(int));
+					if (!nv)
+						goto out;
+					ev = nv;
+					cap = ncap;
+				}
+				eu[ne] = gi;
+				ev[ne++] = h;
+				if (grp->kind != AP_GROUP_OPAQUE && part->groups[h].kind != AP_GROUP_OPAQUE) {
+					int a = find_comp(uf, gi), b = find_comp(uf, h);
+
+					if (a != b)
+						uf[b] = a;
 				}
 			}
 		}
-		if (pass == 0) {
-			for (int t = 0; t < T; t++)
-				c.rd_off[t + 1] += c.rd_off[t];
-			n_rd = c.rd_off[T];
-			c.rd = malloc(((size_t)n_rd + 1) * sizeof(int));
-			fill = calloc((size_t)T + 1, sizeof(int));
-			if (!c.rd || !fill)
-				goto nomem;
-		}
 	}
-
-	/* 3. initial groups */
-	for (int n = 0; n < N; n++) {
-		c.uf[n] = n;
-		c.kind[n] = initial_kind(&g->nodes[n]);
-		c.head[n] = (c.live[n] && !c.through[n]) ? n : -1;
-		c.next[n] = -1;
+	/* components, numbered 0..nc-1; their graph in CSR, forward and reverse */
+	for (int i = 0; i < G; i++)
+		comp[i] = -1;
+	for (int i = 0; i < G; i++)
+		if (comp[find_comp(uf, i)] < 0)
+			comp[find_comp(uf, i)] = nc++;
+	for (int i = 0; i < G; i++)
+		comp[i] = comp[find_comp(uf, i)];
+	adj = malloc(((size_t)ne + 1) * sizeof(int));
+	radj = malloc(((size_t)ne + 1) * sizeof(int));
+	if (!adj || !radj)
+		goto out;
+	for (int e = 0; e < ne; e++) {
+		off[comp[eu[e]] + 1]++;
+		roff[comp[ev[e]] + 1]++;
 	}
-	for (int n = 0; n < N; n++) {
-		const ap_node *node = &g->nodes[n];
-		int t, reader = -1;
-		bool one = true;
-
-		if (!c.live[n] || c.through[n] || node->op != AP_OP_TRANSPOSE)
-			continue;
-		t = node->outputs[0];
-		if (t < 0 || g->tensors[t].is_output)
-			continue;
-		for (int i = c.rd_off[t]; i < c.rd_off[t + 1]; i++) {
-			if (reader >= 0 && c.rd[i] != reader)
-				one = false;
-			reader = c.rd[i];
-		}
-		if (one && reader >= 0 && g->nodes[reader].op == AP_OP_MATMUL)
-			unite(&c, reader, n, AP_GROUP_SINGLE);
+	for (int i = 0; i < nc; i++) {
+		off[i + 1] += off[i];
+		roff[i + 1] += roff[i];
 	}
+	for (int e = 0; e < ne; e++)
+		adj[off[comp[eu[e]]] + fill[comp[eu[e]]]++] = comp[ev[e]];
+	memset(fill, 0, ((size_t)G + 1) * sizeof(int));
+	for (int e = 0; e < ne; e++)
+		radj[roff[comp[ev[e]]] + fill[comp[ev[e]]]++] = comp[eu[e]];
+	/* Kosaraju: finishing order forward, then labels backward; labels come
+	 * out in a topological order of the condensed graph */
+	for (int v = 0; v < nc; v++)
+		if (!seen[v])
+			dfs(off, adj, v, seen, stack, it, order, &n_order, NULL, 0);
+	memset(seen, 0, ((size_t)G + 1) * sizeof(bool));
+	for (int k = n_order - 1; k >= 0; k--)
+		if (!seen[order[k]])
+			dfs(roff, radj, order[k], seen, stack, it, NULL, NULL, scc, n_scc++);
+	/* number sub-graphs by their first group */
+	for (int i = 0; i < n_scc; i++)
+		num[i] = -1;
+	part->n_subgraphs = 0;
+	for (int i = 0; i < G; i++) {
+		int s = scc[comp[i]];
 
-	/* 4. merges, consumers in topological order */
-	for (int n = 0; n < N; n++) {
-		const ap_node *node = &g->nodes[n];
-
-		if (!c.live[n] || c.through[n])
-			continue;
-		for (int i = 0; i < node->n_inputs; i++) {
-			for (int t = node->inputs[i]; t >= 0; t = view_source(&c, t)) {
-				int p = g->tensors[t].producer;
-
-				if (p >= 0 && c.live[p] && !c.through[p])
-					try_merge(&c, p, n);
-			}
-		}
+		if (num[s] < 0)
+			num[s] = part->n_subgraphs++;
+		part->groups[i].subgraph = num[s];
 	}
+	part->subgraphs = calloc((size_t)part->n_subgraphs + 1, sizeof(ap_subgraph));
+	if (!part->subgraphs)
+		goto out;
+	for (int e = 0; e < ne; e++) {
+		int a = part->groups[eu[e]].subgraph, b = part->groups[ev[e]].subgraph;
 
-	/* 5. groups in topological order */
-	root_group = malloc(((size_t)N + 1) * sizeof(int));
-	indeg = calloc((size_t)N + 1, sizeof(int));
-	order = malloc(((size_t)N + 1) * sizeof(int));
-	if (!root_group || !indeg || !order)
+		if (a != b && set_add(&part->subgraphs[b].deps, &part->subgraphs[b].n_deps, a) < 0)
+			goto out;
+	}
+	for (int s = 0; s < part->n_subgraphs; s++)
+		qsort(part->subgraphs[s].deps, (size_t)part->subgraphs[s].n_deps, sizeof(int), cmp_int);
+	/* waves, in the topological order of the Kosaraju labels */
+	for (int l = 0; l < n_scc; l++) {
+		ap_subgraph *sg = &part->subgraphs[num[l]];
+
+		for (int d = 0; d < sg->n_deps; d++)
+			if (part->subgraphs[sg->deps[d]].wave + 1 > sg->wave)
+				sg->wave = part->subgraphs[sg->deps[d]].wave + 1;
+	}
+	rc = 0;
+out:
+	free(uf);
+	free(comp);
+	free(eu);
+	free(ev);
+	free(off);
+	free(roff);
+	free(adj);
+	free(radj);
+	free(fill);
+	free(stack);
+	free(it);
+	free(order);
+	free(scc);
+	free(num);
+	free(seen);
+	return rc;
+}
+
+/* Turns the union-find groups of c into part's arrays. */
+static int finish(pctx *c, ap_partition *part, ap_error *err)
+{
+	const ap_graph *g = c->g;
+	int N = c->N, n_roots = 0;
+	int *root_group = malloc(((size_t)N + 1) * sizeof(int));
+	int *indeg = calloc((size_t)N + 1, sizeof(int));
+	int *roots = malloc(((size_t)N + 1) * sizeof(int));
+
+	if (!root_group || !indeg || !roots)
+		goto nomem;
+	part->group_of = malloc(((size_t)N + 1) * sizeof(int));
+	if (!part->group_of)
 		goto nomem;
 	for (int n = 0; n < N; n++) {
 		root_group[n] = -1;
 		part->group_of[n] = -1;
 	}
-	/* in-degrees over distinct group edges (counted with a stamp per source) */
-	{
-		int n_roots = 0;
+	for (int n = 0; n < N; n++)
+		if (c->head[n] >= 0 && find(c, n) == n)
+			roots[n_roots++] = n;
+	for (int i = 0; i < n_roots; i++) {
+		int r = roots[i];
 
-		for (int n = 0; n < N; n++)
-			if (c.head[n] >= 0 && find(&c, n) == n)
-				order[n_roots++] = n;
-		for (int i = 0; i < n_roots; i++) {
-			int r = order[i];
+		c->cur_stamp++;
+		for (int m = c->head[r]; m >= 0; m = c->next[m]) {
+			const ap_node *node = &g->nodes[m];
 
-			c.cur_stamp++;
-			for (int m = c.head[r]; m >= 0; m = c.next[m]) {
-				const ap_node *node = &g->nodes[m];
+			for (int o = 0; o < node->n_outputs; o++) {
+				int t = node->outputs[o];
 
-				for (int o = 0; o < node->n_outputs; o++) {
-					int t = node->outputs[o];
-
-					if (t < 0)
-						continue;
-					for (int k = c.rd_off[t]; k < c.rd_off[t + 1]; k++) {
-						int h = find(&c, c.rd[k]);
-
-						if (h != r && c.stamp[h] != c.cur_stamp) {
-							c.stamp[h] = c.cur_stamp;
-							indeg[h]++;
-						}
-					}
-				}
-			}
-		}
-		part->groups = calloc((size_t)n_roots + 1, sizeof(ap_group));
-		if (!part->groups)
-			goto nomem;
-		/* Kahn: repeatedly take the ready group holding the smallest node */
-		for (int gi = 0; gi < n_roots; gi++) {
-			int pick = -1;
-
-			for (int n = 0; n < N && pick < 0; n++) {
-				int r;
-
-				if (c.head[find(&c, n)] < 0 || !c.live[n] || c.through[n])
+				if (t < 0)
 					continue;
-				r = find(&c, n);
-				if (root_group[r] < 0 && indeg[r] == 0)
-					pick = r;
-			}
-			if (pick < 0) {
-				ap_error_set(err, AP_EINTERNAL, NULL, NULL,
-					     "partition: the group graph has a cycle");
-				goto fail;
-			}
-			root_group[pick] = gi;
-			part->n_groups = gi + 1;
-			if (fill_group(&c, part, gi, pick) < 0)
-				goto nomem;
-			c.cur_stamp++;
-			for (int m = c.head[pick]; m >= 0; m = c.next[m]) {
-				const ap_node *node = &g->nodes[m];
+				for (int k = c->rd_off[t]; k < c->rd_off[t + 1]; k++) {
+					int h = find(c, c->rd[k]);
 
-				for (int o = 0; o < node->n_outputs; o++) {
-					int t = node->outputs[o];
-
-					if (t < 0)
-						continue;
-					for (int k = c.rd_off[t]; k < c.rd_off[t + 1]; k++) {
-						int h = find(&c, c.rd[k]);
-
-						if (h != pick && c.stamp[h] != c.cur_stamp) {
-							c.stamp[h] = c.cur_stamp;
-							indeg[h]--;
-						}
+					if (h != r && c->stamp[h] != c->cur_stamp) {
+						c->stamp[h] = c->cur_stamp;
+						indeg[h]++;
 					}
 				}
 			}
 		}
 	}
+	part->groups = calloc((size_t)n_roots + 1, sizeof(ap_group));
+	if (!part->groups)
+		goto nomem;
+	/* Kahn: repeatedly take the ready group holding the smallest node */
+	for (int gi = 0; gi < n_roots; gi++) {
+		int pick = -1;
+		ap_group *grp = &part->groups[gi];
+
+		for (int n = 0; n < N && pick < 0; n++) {
+			int r;
+
+			if (!c->live[n] || c->through[n])
+				continue;
+			r = find(c, n);
+			if (root_group[r] < 0 && indeg[r] == 0)
+				pick = r;
+		}
+		if (pick < 0) {
+			ap_error_set(err, AP_EINTERNAL, NULL, NULL, "partition: the group graph has a cycle");
+			goto fail;
+		}
+		root_group[pick] = gi;
+		part->n_groups = gi + 1;
+		grp->kind = (ap_group_kind)c->kind[pick];
+		grp->n_nodes = members(c, pick, -1);
+		grp->nodes = malloc(((size_t)grp->n_nodes + 1) * sizeof(int));
+		if (!grp->nodes)
+			goto nomem;
+		memcpy(grp->nodes, c->list, (size_t)grp->n_nodes * sizeof(int));
+		for (int i = 0; i < grp->n_nodes; i++)
+			part->group_of[grp->nodes[i]] = gi;
+		c->cur_stamp++;
+		for (int m = c->head[pick]; m >= 0; m = c->next[m]) {
+			const ap_node *node = &g->nodes[m];
+
+			for (int o = 0; o < node->n_outputs; o++) {
+				int t = node->outputs[o];
+
+				if (t < 0)
+					continue;
+				for (int k = c->rd_off[t]; k < c->rd_off[t + 1]; k++) {
+					int h = find(c, c->rd[k]);
+
+					if (h != pick && c->stamp[h] != c->cur_stamp) {
+						c->stamp[h] = c->cur_stamp;
+						indeg[h]--;
+					}
+				}
+			}
+		}
+	}
+	for (int gi = 0; gi < part->n_groups; gi++)
+		if (fill_group(part, gi) < 0)
+			goto nomem;
+	if (collect_boundaries(c, part) < 0 || compute_subgraphs(part) < 0)
+		goto nomem;
 	free(root_group);
 	free(indeg);
-	free(order);
-	free(fill);
-	free(needed);
-	ctx_free(&c);
-	return part;
+	free(roots);
+	return 0;
 nomem:
 	ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory partitioning the graph");
 fail:
 	free(root_group);
 	free(indeg);
-	free(order);
-	free(fill);
-	free(needed);
+	free(roots);
+	return err ? err->code : AP_ENOMEM;
+}
+
+__ap_give ap_partition *ap_partition_build(__ap_keep const ap_graph *g,
+					   const ap_partition_options *opt, ap_error *err)
+{
+	pctx c;
+	ap_partition *part = calloc(1, sizeof(*part));
+	ap_graph *owned = NULL;
+	const ap_graph *cur = g;
+	int n_recomputed = 0, n_dups = 0, rc;
+
+	memset(&c, 0, sizeof(c));
+	if (!part || !(part->priv = calloc(1, sizeof(ap_partition_priv)))) {
+		free(part);
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory partitioning the graph");
+		return NULL;
+	}
+	for (int round = 0;; round++) {
+		dup *d = NULL;
+		int n_dup, n_cloned = 0;
+		ap_graph *ng;
+
+		if (group(&c, cur, opt) < 0) {
+			ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory partitioning the graph");
+			goto fail;
+		}
+		if (c.level != AP_FUSE_APOLLO || round >= MAX_REWRITES)
+			break;
+		n_dup = choose_dups(&c, &d, err);
+		if (n_dup < 0)
+			goto fail;
+		if (n_dup == 0)
+			break;
+		ng = rewrite(&c, d, n_dup, n_dups, &n_cloned, err);
+		n_dups += n_dup;
+		for (int i = 0; i < n_dup; i++)
+			free(d[i].nodes);
+		free(d);
+		if (!ng)
+			goto fail;
+		n_recomputed += n_cloned;
+		ctx_free(&c);
+		ap_graph_free(owned);
+		owned = ng;
+		cur = ng;
+	}
+	part->g = cur;
+	part->level = c.level;
+	part->n_recomputed = n_recomputed;
+	part->priv->owned = owned;
+	owned = NULL;
+	/* the partition keeps what fill_group and splitting need */
+	part->priv->through = c.through;
+	part->priv->rd_off = c.rd_off;
+	part->priv->rd = c.rd;
+	rc = finish(&c, part, err);
+	c.through = NULL;
+	c.rd_off = NULL;
+	c.rd = NULL;
+	ctx_free(&c);
+	if (rc < 0)
+		return ap_partition_free(part);
+	return part;
+fail:
+	ap_graph_free(owned);
 	ctx_free(&c);
 	return ap_partition_free(part);
 }
+
+/* ---- upward feedback ----------------------------------------------------------- */
+
+int ap_partition_split(ap_partition *p, int gi, const char *why)
+{
+	const ap_graph *g = p->g;
+	ap_group *ng, *a, *b;
+	char **nr;
+	int half, rid, bcap = p->n_boundaries;
+	char detail[512];
+
+	if (gi < 0 || gi >= p->n_groups || p->groups[gi].n_nodes < 2)
+		return AP_EINVAL;
+	ng = realloc(p->groups, (size_t)(p->n_groups + 1) * sizeof(*ng));
+	if (!ng)
+		return AP_ENOMEM;
+	p->groups = ng;
+	nr = realloc(p->refusals, (size_t)(p->n_refusals + 1) * sizeof(char *));
+	if (!nr)
+		return AP_ENOMEM;
+	p->refusals = nr;
+	nr[p->n_refusals] = strdup(why ? why : "");
+	if (!nr[p->n_refusals])
+		return AP_ENOMEM;
+	rid = p->n_refusals++;
+	memmove(&p->groups[gi + 2], &p->groups[gi + 1],
+		(size_t)(p->n_groups - gi - 1) * sizeof(ap_group));
+	p->n_groups++;
+	a = &p->groups[gi];
+	b = &p->groups[gi + 1];
+	memset(b, 0, sizeof(*b));
+	half = (a->n_nodes + 1) / 2;
+	b->n_nodes = a->n_nodes - half;
+	b->nodes = malloc((size_t)b->n_nodes * sizeof(int));
+	b->refusals = malloc(((size_t)a->n_refusals + 1) * sizeof(int));
+	{
+		int *ar = realloc(a->refusals, ((size_t)a->n_refusals + 1) * sizeof(int));
+
+		if (ar)
+			a->refusals = ar;
+		if (!b->nodes || !b->refusals || !ar)
+			return AP_ENOMEM;
+	}
+	memcpy(b->nodes, a->nodes + half, (size_t)b->n_nodes * sizeof(int));
+	a->n_nodes = half;
+	memcpy(b->refusals, a->refusals, (size_t)a->n_refusals * sizeof(int));
+	a->refusals[a->n_refusals++] = rid;
+	b->n_refusals = a->n_refusals;
+	b->refusals[b->n_refusals - 1] = rid;
+	b->subgraph = a->subgraph;
+	for (int n = 0; n < g->n_nodes; n++)
+		if (p->group_of[n] > gi)
+			p->group_of[n]++;
+	for (int i = 0; i < b->n_nodes; i++)
+		p->group_of[b->nodes[i]] = gi + 1;
+	a->kind = kind_of_nodes(g, a->nodes, a->n_nodes);
+	b->kind = kind_of_nodes(g, b->nodes, b->n_nodes);
+	if (fill_group(p, gi) < 0 || fill_group(p, gi + 1) < 0)
+		return AP_ENOMEM;
+	/* the edges between the halves */
+	snprintf(detail, sizeof(detail), "refused by lowering: %s", why ? why : "");
+	for (int i = 0; i < b->n_nodes; i++) {
+		const ap_node *node = &g->nodes[b->nodes[i]];
+
+		for (int in = 0; in < node->n_inputs; in++) {
+			int t, u;
+
+			if (node->inputs[in] < 0)
+				continue;
+			t = source_of(g, p->priv->through, node->inputs[in]);
+			u = g->tensors[t].producer;
+			if (u >= 0 && p->group_of[u] == gi &&
+			    add_boundary(p, &bcap, u, b->nodes[i], t, AP_WHY_REFUSED, detail) < 0)
+				return AP_ENOMEM;
+		}
+	}
+	return 0;
+}
+
+/* ---- dumps --------------------------------------------------------------------- */
 
 static void dump_tensor(FILE *f, const ap_graph *g, int t)
 {
@@ -598,8 +2050,8 @@ int ap_partition_dump(const ap_partition *p, FILE *f)
 	for (int i = 0; i < p->n_groups; i++) {
 		const ap_group *grp = &p->groups[i];
 
-		fprintf(f, "group %d %s root=%s(%s) nodes=[", i, ap_group_kind_name(grp->kind),
-			ap_op_name(g->nodes[grp->root].op), g->nodes[grp->root].name);
+		fprintf(f, "group %d %s sub=%d root=%s(%s) nodes=[", i, ap_group_kind_name(grp->kind),
+			grp->subgraph, ap_op_name(g->nodes[grp->root].op), g->nodes[grp->root].name);
 		for (int j = 0; j < grp->n_nodes; j++)
 			fprintf(f, "%s%s(%s)", j ? " " : "", ap_op_name(g->nodes[grp->nodes[j]].op),
 				g->nodes[grp->nodes[j]].name);
@@ -619,5 +2071,80 @@ int ap_partition_dump(const ap_partition *p, FILE *f)
 		}
 		fprintf(f, "]\n");
 	}
+	for (int i = 0; i < p->n_boundaries; i++) {
+		const ap_boundary *b = &p->boundaries[i];
+
+		fprintf(f, "edge %d -> %d %s: %s\n", p->group_of[b->producer], p->group_of[b->consumer],
+			g->tensors[b->tensor].name, b->detail);
+	}
+	return ferror(f) ? AP_EIO : 0;
+}
+
+void ap__json_string(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (; s && *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+
+		if (ch == '"' || ch == '\\')
+			fprintf(f, "\\%c", ch);
+		else if (ch < 0x20)
+			fprintf(f, "\\u%04x", ch);
+		else
+			fputc(ch, f);
+	}
+	fputc('"', f);
+}
+
+int ap_partition_dump_json(const ap_partition *p, FILE *f)
+{
+	const ap_graph *g = p->g;
+
+	fprintf(f, "{\"level\":\"%s\",\"groups\":[", ap_fuse_level_name(p->level));
+	for (int i = 0; i < p->n_groups; i++) {
+		const ap_group *grp = &p->groups[i];
+
+		fprintf(f, "%s{\"kind\":\"%s\",\"subgraph\":%d,\"root\":", i ? "," : "",
+			ap_group_kind_name(grp->kind), grp->subgraph);
+		ap__json_string(f, g->nodes[grp->root].name);
+		fprintf(f, ",\"nodes\":[");
+		for (int j = 0; j < grp->n_nodes; j++) {
+			fprintf(f, "%s", j ? "," : "");
+			ap__json_string(f, g->nodes[grp->nodes[j]].name);
+		}
+		fprintf(f, "],\"ops\":[");
+		for (int j = 0; j < grp->n_nodes; j++)
+			fprintf(f, "%s\"%s\"", j ? "," : "", ap_op_name(g->nodes[grp->nodes[j]].op));
+		fprintf(f, "],\"outputs\":[");
+		for (int j = 0; j < grp->n_outputs; j++) {
+			fprintf(f, "%s", j ? "," : "");
+			ap__json_string(f, g->tensors[grp->outputs[j]].name);
+		}
+		fprintf(f, "],\"inputs\":[");
+		for (int j = 0; j < grp->n_inputs; j++) {
+			fprintf(f, "%s", j ? "," : "");
+			ap__json_string(f, g->tensors[grp->inputs[j]].name);
+		}
+		fprintf(f, "]}");
+	}
+	fprintf(f, "],\"boundaries\":[");
+	for (int i = 0; i < p->n_boundaries; i++) {
+		const ap_boundary *b = &p->boundaries[i];
+
+		fprintf(f, "%s{\"producer\":%d,\"consumer\":%d,\"tensor\":", i ? "," : "",
+			p->group_of[b->producer], p->group_of[b->consumer]);
+		ap__json_string(f, g->tensors[b->tensor].name);
+		fprintf(f, ",\"reason\":\"%s\",\"detail\":", ap_boundary_reason_key(b->reason));
+		ap__json_string(f, b->detail);
+		fprintf(f, "}");
+	}
+	fprintf(f, "],\"subgraphs\":[");
+	for (int i = 0; i < p->n_subgraphs; i++) {
+		fprintf(f, "%s{\"wave\":%d,\"deps\":[", i ? "," : "", p->subgraphs[i].wave);
+		for (int j = 0; j < p->subgraphs[i].n_deps; j++)
+			fprintf(f, "%s%d", j ? "," : "", p->subgraphs[i].deps[j]);
+		fprintf(f, "]}");
+	}
+	fprintf(f, "]}\n");
 	return ferror(f) ? AP_EIO : 0;
 }

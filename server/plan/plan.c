@@ -1,9 +1,12 @@
 /* plan.c -- the compiler core's driver: graph in, ap_program out (see
  * program.h).
  *
- *   expand (compound ops opened)  -> partition (fusion groups)
- *   -> per group: lower to kernel IR -> print CUDA C and host C
- *   -> buffers, launch plan, workspace layout.
+ *   expand (compound ops opened or kept whole, per op)
+ *   -> partition (sub-graphs, micro-graphs, boundary reasons)
+ *   -> per group: lower to kernel IR -> print CUDA C and host C; when
+ *      lowering refuses a fused group, the partitioner splits it and the
+ *      halves are lowered instead (upward feedback)
+ *   -> buffers, launch plan, workspace layout, explain data.
  *
  * Kernels are named after their content (root op and a hash of both
  * printed sources), so a kernel that two graphs share has one name and one
@@ -20,12 +23,17 @@
  * reads it, and is placed at the lowest offset that overlaps no buffer
  * live at the same time (first fit, in order of definition).
  *
- * Traffic model (bytes): a kernel's global_bytes is the size of every
- * buffer it binds (each read once, each written once), and the program's
- * the sum over its launches; eager_bytes sums,
- * over the imported graph's non-view nodes, the sizes of their non-constant
- * inputs and outputs (an op-by-op runtime); min_bytes is the graph's inputs,
- * parameters and outputs, each touched once.
+ * Traffic model (bytes): a launch's global_bytes is the size of every
+ * distinct buffer it binds (each read once, each written once), and the
+ * program's the sum over its launches; eager_bytes sums, over the imported
+ * graph's non-view nodes (before expansion), the sizes of their distinct
+ * non-constant inputs and outputs (an op-by-op runtime); min_bytes is the
+ * graph's inputs, parameters and outputs, each touched once.
+ *
+ * Explain data: each launch lists the imported node names of its group
+ * (members and absorbed views), its kind and sub-graph; each edge between
+ * two groups that both have a launch becomes one boundary per (producer
+ * launch, consumer launch, tensor) with the partitioner's reason.
  */
 #include "program.h"
 
@@ -55,6 +63,15 @@ static uint64_t tensor_bytes(const ap_tensor *t)
 	return n > 0 ? (uint64_t)n * ap_dtype_size(t->dtype) : 0;
 }
 
+const char *ap_fuse_level_name(ap_fuse_level level)
+{
+	switch (level) {
+	case AP_FUSE_NONE: return "none";
+	case AP_FUSE_RULES: return "rules";
+	default: return "apollo";
+	}
+}
+
 static void kernel_clear(ap_kernel_src *k)
 {
 	free(k->name);
@@ -75,9 +92,24 @@ ap_program *ap_program_free(__ap_take ap_program *p)
 	for (int i = 0; i < p->n_kernels; i++)
 		kernel_clear(&p->kernels[i]);
 	free(p->kernels);
-	for (int i = 0; i < p->n_launches; i++)
+	for (int i = 0; i < p->n_launches; i++) {
 		free(p->launches[i].args);
+		for (int j = 0; j < p->launches[i].n_nodes; j++)
+			free(p->launches[i].nodes[j]);
+		free(p->launches[i].nodes);
+	}
 	free(p->launches);
+	for (int i = 0; i < p->n_boundaries; i++) {
+		free(p->boundaries[i].tensor);
+		free(p->boundaries[i].detail);
+	}
+	free(p->boundaries);
+	for (int i = 0; i < p->n_subgraphs; i++)
+		free(p->subgraphs[i].deps);
+	free(p->subgraphs);
+	for (int i = 0; i < p->n_ops; i++)
+		free(p->ops[i].node);
+	free(p->ops);
 	for (int i = 0; i < p->n_buffers; i++)
 		free(p->buffers[i].name);
 	free(p->buffers);
@@ -178,15 +210,23 @@ static int fill_launch(builder *b, const ap_kir_kernel *k, ap_launch *ln, int ke
 	return 0;
 }
 
-/* Adds the names of group gi's nodes to the kernel's list. */
-static int add_group_nodes(builder *b, const ap_group *grp, ap_kernel_src *ks)
+/* Adds the names of a group's nodes (members and absorbed views, in graph
+ * order) to a list of names. */
+static int add_group_nodes(builder *b, const ap_group *grp, char ***list, int *n)
 {
-	for (int i = 0; i < grp->n_nodes; i++)
-		if (add_name(&ks->nodes, &ks->n_nodes, b->g->nodes[grp->nodes[i]].name) < 0)
+	int i = 0, j = 0;
+
+	/* both lists are ascending: merge them */
+	while (i < grp->n_nodes || j < grp->n_views) {
+		int m;
+
+		if (j >= grp->n_views || (i < grp->n_nodes && grp->nodes[i] < grp->views[j]))
+			m = grp->nodes[i++];
+		else
+			m = grp->views[j++];
+		if (add_name(list, n, b->g->nodes[m].name) < 0)
 			return AP_ENOMEM;
-	for (int i = 0; i < grp->n_views; i++)
-		if (add_name(&ks->nodes, &ks->n_nodes, b->g->nodes[grp->views[i]].name) < 0)
-			return AP_ENOMEM;
+	}
 	return 0;
 }
 
@@ -339,6 +379,7 @@ static int layout_workspace(ap_program *p)
 	return 0;
 }
 
+/* eager_bytes and min_bytes; global_bytes summed over the launches. */
 static void traffic_model(const ap_graph *g, ap_program *p)
 {
 	unsigned eager = 0;
@@ -350,9 +391,16 @@ static void traffic_model(const ap_graph *g, ap_program *p)
 		if (ap_op_is_view(node->op))
 			continue;
 		eager++;
-		for (int i = 0; i < node->n_inputs; i++)
-			if (node->inputs[i] >= 0 && g->tensors[node->inputs[i]].kind != AP_TENSOR_CONST)
-				eb += tensor_bytes(&g->tensors[node->inputs[i]]);
+		for (int i = 0; i < node->n_inputs; i++) {
+			int t = node->inputs[i];
+			bool seen = false;
+
+			for (int j = 0; j < i; j++)
+				if (node->inputs[j] == t)
+					seen = true;
+			if (t >= 0 && !seen && g->tensors[t].kind != AP_TENSOR_CONST)
+				eb += tensor_bytes(&g->tensors[t]);
+		}
 		for (int i = 0; i < node->n_outputs; i++)
 			if (node->outputs[i] >= 0)
 				eb += tensor_bytes(&g->tensors[node->outputs[i]]);
@@ -365,7 +413,7 @@ static void traffic_model(const ap_graph *g, ap_program *p)
 	p->min_bytes = mb;
 	p->global_bytes = 0;
 	for (int i = 0; i < p->n_launches; i++)
-		p->global_bytes += p->kernels[p->launches[i].kernel].global_bytes;
+		p->global_bytes += p->launches[i].global_bytes;
 }
 
 static bool group_is_empty(const ap_graph *g, const ap_group *grp)
@@ -376,105 +424,344 @@ static bool group_is_empty(const ap_graph *g, const ap_group *grp)
 	return true;
 }
 
+/* Upward feedback test hook (ap_build_options.refuse_*): the reason to
+ * refuse group gi, or NULL. */
+static const char *hook_refuses(const ap_partition *part, int gi, const ap_build_options *opt,
+				char *buf, size_t cap)
+{
+	const ap_group *grp = &part->groups[gi];
+
+	if (!opt)
+		return NULL;
+	if (opt->refuse_group_nodes && (unsigned)grp->n_nodes > opt->refuse_group_nodes) {
+		snprintf(buf, cap, "test hook: groups of more than %u nodes are refused",
+			 opt->refuse_group_nodes);
+		return buf;
+	}
+	if (opt->refuse_op && grp->n_nodes >= 2) {
+		for (int i = 0; i < grp->n_nodes; i++) {
+			if (strcmp(ap_op_name(part->g->nodes[grp->nodes[i]].op), opt->refuse_op) == 0) {
+				snprintf(buf, cap, "test hook: a fused group holding %s is refused",
+					 opt->refuse_op);
+				return buf;
+			}
+		}
+	}
+	return NULL;
+}
+
+/* Launch of group gi's boundary edges, deduplicated by launch pair and
+ * tensor. */
+static int fill_boundaries(builder *b, const ap_partition *part, const int *launch_of)
+{
+	ap_program *prog = b->prog;
+
+	prog->boundaries = calloc((size_t)part->n_boundaries + 1, sizeof(ap_program_boundary));
+	if (!prog->boundaries)
+		return AP_ENOMEM;
+	for (int i = 0; i < part->n_boundaries; i++) {
+		const ap_boundary *bd = &part->boundaries[i];
+		int gp = part->group_of[bd->producer], gc = part->group_of[bd->consumer];
+		int lp = gp >= 0 ? launch_of[gp] : -1, lc = gc >= 0 ? launch_of[gc] : -1;
+		const char *tn = part->g->tensors[bd->tensor].name;
+		ap_program_boundary *pb;
+		bool dup = false;
+
+		if (lp < 0 || lc < 0 || lp == lc)
+			continue;
+		for (int j = 0; j < prog->n_boundaries && !dup; j++)
+			if (prog->boundaries[j].producer == lp && prog->boundaries[j].consumer == lc &&
+			    strcmp(prog->boundaries[j].tensor, tn) == 0)
+				dup = true;
+		if (dup)
+			continue;
+		pb = &prog->boundaries[prog->n_boundaries++];
+		pb->producer = lp;
+		pb->consumer = lc;
+		pb->tensor = dup_str(tn);
+		pb->reason = ap_boundary_reason_key(bd->reason);
+		pb->detail = dup_str(bd->detail);
+		if (!pb->tensor || !pb->detail)
+			return AP_ENOMEM;
+	}
+	return 0;
+}
+
+static int fill_explain(builder *b, const ap_graph *g, const ap_partition *part,
+			const ap_expand_choices *choices, const int *launch_of)
+{
+	ap_program *prog = b->prog;
+
+	prog->n_recomputed = part->n_recomputed;
+	prog->fusion = part->level;
+	prog->subgraphs = calloc((size_t)part->n_subgraphs + 1, sizeof(ap_program_subgraph));
+	prog->ops = calloc((size_t)choices->n + 1, sizeof(ap_program_op));
+	if (!prog->subgraphs || !prog->ops)
+		return AP_ENOMEM;
+	prog->n_subgraphs = part->n_subgraphs;
+	for (int s = 0; s < part->n_subgraphs; s++) {
+		const ap_subgraph *sg = &part->subgraphs[s];
+
+		prog->subgraphs[s].wave = sg->wave;
+		prog->subgraphs[s].deps = malloc(((size_t)sg->n_deps + 1) * sizeof(int));
+		if (!prog->subgraphs[s].deps)
+			return AP_ENOMEM;
+		memcpy(prog->subgraphs[s].deps, sg->deps, (size_t)sg->n_deps * sizeof(int));
+		prog->subgraphs[s].n_deps = sg->n_deps;
+	}
+	for (int i = 0; i < choices->n; i++) {
+		const ap_expand_choice *ch = &choices->items[i];
+		ap_program_op *op = &prog->ops[prog->n_ops++];
+
+		op->node = dup_str(g->nodes[ch->node].name);
+		op->op = ap_op_name(ch->op);
+		op->opened = ch->opened;
+		op->n_primitives = ch->n_primitives;
+		if (!op->node)
+			return AP_ENOMEM;
+	}
+	return fill_boundaries(b, part, launch_of);
+}
+
 __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 				       const ap_build_options *opt, ap_error *err)
 {
 	double t0 = ap_now_ms(), t1;
 	ap_graph *eg = NULL;
+	const ap_graph *pg;
 	ap_partition *part = NULL;
 	ap_program *prog = NULL;
 	builder b;
 	ap_lower_options lopt = {opt ? opt->max_block_threads : 0};
+	ap_expand_options xopt = {0};
+	ap_partition_options popt = {0};
+	ap_expand_choices choices = {0};
+	int *launch_of = NULL, cap_launches = 0;
 	int rc = 0;
+	char hook[160];
 
 	memset(&b, 0, sizeof(b));
 	b.err = err;
-	eg = ap_partition_expand(g, err);
+	if (opt) {
+		xopt.n_keep_whole = opt->n_keep_whole;
+		xopt.keep_whole = opt->keep_whole;
+		xopt.open_all = opt->open_all;
+		popt.level = opt->fusion;
+		popt.max_group_nodes = opt->max_group_nodes;
+		popt.max_recompute = opt->max_recompute;
+		popt.n_barriers = opt->n_fusion_barriers;
+		popt.barriers = opt->fusion_barriers;
+	}
+	eg = ap_partition_expand(g, &xopt, &choices, err);
 	if (!eg)
 		return NULL;
-	part = ap_partition_build(eg, err);
+	part = ap_partition_build(eg, &popt, err);
 	if (!part)
 		goto fail;
+	pg = part->g;
 	t1 = ap_now_ms();
 	prog = calloc(1, sizeof(*prog));
-	b.buf_of = malloc(((size_t)eg->n_tensors + 1) * sizeof(int));
+	b.buf_of = malloc(((size_t)pg->n_tensors + 1) * sizeof(int));
 	if (!prog || !b.buf_of)
 		goto nomem;
 	prog->partition_ms = t1 - t0;
-	b.g = eg;
+	b.g = pg;
 	b.prog = prog;
-	for (int t = 0; t < eg->n_tensors; t++)
+	for (int t = 0; t < pg->n_tensors; t++)
 		b.buf_of[t] = -1;
-	for (int i = 0; i < eg->n_inputs; i++) {
-		int t = eg->inputs[i], bi;
+	for (int i = 0; i < pg->n_inputs; i++) {
+		int t = pg->inputs[i], bi;
 
-		if (t < 0 || t >= eg->n_tensors)
+		if (t < 0 || t >= pg->n_tensors)
 			continue;
 		bi = add_buffer(&b, t, AP_BUF_INPUT, i);
 		if (bi < 0)
 			goto nomem;
 		b.buf_of[t] = bi;
 	}
-	for (int i = 0; i < eg->n_outputs; i++) {
-		int t = eg->outputs[i], bi;
+	for (int i = 0; i < pg->n_outputs; i++) {
+		int t = pg->outputs[i], bi;
 
-		if (t < 0 || t >= eg->n_tensors || b.buf_of[t] >= 0)
+		if (t < 0 || t >= pg->n_tensors || b.buf_of[t] >= 0)
 			continue;
 		bi = add_buffer(&b, t, AP_BUF_OUTPUT, i);
 		if (bi < 0)
 			goto nomem;
 		b.buf_of[t] = bi;
 	}
-	prog->kernels = calloc((size_t)part->n_groups + 1, sizeof(ap_kernel_src));
-	prog->launches = calloc((size_t)part->n_groups + 1, sizeof(ap_launch));
-	if (!prog->kernels || !prog->launches)
-		goto nomem;
-	for (int gi = 0; gi < part->n_groups; gi++) {
+	for (int gi = 0; gi < part->n_groups;) {
 		const ap_group *grp = &part->groups[gi];
-		const char *op = ap_op_name(eg->nodes[grp->root].op);
-		ap_kir_kernel *k;
-		ap_launch *ln = &prog->launches[prog->n_launches];
+		const char *op = ap_op_name(pg->nodes[grp->root].op), *why;
+		ap_kir_kernel *k = NULL;
+		ap_launch *ln;
+		ap_error lerr;
 		int ki;
 
-		if (group_is_empty(eg, grp))
+		if (part->n_groups > cap_launches) {
+			int ncap = part->n_groups + 16;
+			ap_kernel_src *nk = realloc(prog->kernels, (size_t)ncap * sizeof(*nk));
+			ap_launch *nl;
+			int *nlo;
+
+			if (!nk)
+				goto nomem;
+			prog->kernels = nk;
+			nl = realloc(prog->launches, (size_t)ncap * sizeof(*nl));
+			if (!nl)
+				goto nomem;
+			prog->launches = nl;
+			nlo = realloc(launch_of, (size_t)ncap * sizeof(int));
+			if (!nlo)
+				goto nomem;
+			launch_of = nlo;
+			memset(prog->kernels + cap_launches, 0, (size_t)(ncap - cap_launches) * sizeof(*nk));
+			memset(prog->launches + cap_launches, 0, (size_t)(ncap - cap_launches) * sizeof(*nl));
+			cap_launches = ncap;
+		}
+		launch_of[gi] = -1;
+		if (group_is_empty(pg, grp)) {
+			gi++;
 			continue;
-		k = ap_lower_group(part, gi, "apollo_kernel", &lopt, err);
-		if (!k)
-			goto fail;
-		rc = name_by_content(&b, k, op);
+		}
+		ap_error_clear(&lerr);
+		why = hook_refuses(part, gi, opt, hook, sizeof(hook));
+		if (!why) {
+			k = ap_lower_group(part, gi, "apollo_kernel", &lopt, &lerr);
+			rc = k ? name_by_content(&(builder){.err = &lerr}, k, op) : lerr.code;
+			if (rc < 0 && rc != AP_ENOMEM)
+				why = lerr.msg;
+		}
+		if (why) {
+			/* upward feedback: split the fused group and lower the halves */
+			ap_kir_kernel_free(k);
+			if (grp->n_nodes < 2) {
+				if (err)
+					*err = lerr;
+				goto fail;
+			}
+			rc = ap_partition_split(part, gi, why);
+			if (rc < 0)
+				goto nomem;
+			prog->n_refused++;
+			continue;
+		}
+		if (rc == AP_ENOMEM) {
+			ap_kir_kernel_free(k);
+			goto nomem;
+		}
+		ln = &prog->launches[prog->n_launches];
 		/* the same kernel twice in one program is one kernel, launched twice */
-		for (ki = 0; rc == 0 && ki < prog->n_kernels; ki++)
+		for (ki = 0; ki < prog->n_kernels; ki++)
 			if (strcmp(prog->kernels[ki].name, k->name) == 0)
 				break;
-		if (rc == 0)
-			rc = fill_launch(&b, k, ln, ki);
-		if (rc == 0)
+		rc = fill_launch(&b, k, ln, ki);
+		if (rc == 0) {
+			launch_of[gi] = prog->n_launches;
 			prog->n_launches++;
+			ln->category = ap_group_kind_name(grp->kind);
+			ln->subgraph = grp->subgraph;
+			for (int a = 0; a < ln->n_args; a++) {
+				bool seen = false;
+
+				for (int a2 = 0; a2 < a; a2++)
+					if (ln->args[a2] == ln->args[a])
+						seen = true;
+				if (!seen)
+					ln->global_bytes += prog->buffers[ln->args[a]].nbytes;
+			}
+			rc = add_group_nodes(&b, grp, &ln->nodes, &ln->n_nodes);
+		}
 		if (rc == 0 && ki == prog->n_kernels) {
 			prog->n_kernels++;
 			rc = fill_kernel(&b, k, &prog->kernels[ki], ln);
 		}
 		if (rc == 0)
-			rc = add_group_nodes(&b, grp, &prog->kernels[ki]);
+			rc = add_group_nodes(&b, grp, &prog->kernels[ki].nodes, &prog->kernels[ki].n_nodes);
 		ap_kir_kernel_free(k);
 		if (rc == AP_ENOMEM)
 			goto nomem;
 		if (rc < 0)
 			goto fail;
+		gi++;
 	}
 	if (layout_workspace(prog) < 0)
 		goto nomem;
 	traffic_model(g, prog);
+	if (fill_explain(&b, g, part, &choices, launch_of) < 0)
+		goto nomem;
 	prog->codegen_ms = ap_now_ms() - t1;
+	free(launch_of);
 	free(b.buf_of);
+	ap_expand_choices_clear(&choices);
 	ap_partition_free(part);
 	ap_graph_free(eg);
 	return prog;
 nomem:
 	ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory building the program");
 fail:
+	free(launch_of);
 	free(b.buf_of);
+	ap_expand_choices_clear(&choices);
 	ap_partition_free(part);
 	ap_graph_free(eg);
 	return ap_program_free(prog);
+}
+
+/* ---- explain ------------------------------------------------------------------ */
+
+int ap_program_explain(const ap_program *p, FILE *f, bool json)
+{
+	if (!json) {
+		fprintf(f, "fusion %s: %d launches of %d kernels, %u eager\n",
+			ap_fuse_level_name(p->fusion), p->n_launches, p->n_kernels, p->eager_kernels);
+		for (int l = 0; l < p->n_launches; l++) {
+			const ap_launch *ln = &p->launches[l];
+
+			fprintf(f, "launch %d %s sub=%d kernel=%s bytes=%llu nodes=[", l,
+				ln->category ? ln->category : "?", ln->subgraph, p->kernels[ln->kernel].name,
+				(unsigned long long)ln->global_bytes);
+			for (int i = 0; i < ln->n_nodes; i++)
+				fprintf(f, "%s%s", i ? " " : "", ln->nodes[i]);
+			fprintf(f, "]\n");
+		}
+		for (int i = 0; i < p->n_boundaries; i++) {
+			const ap_program_boundary *b = &p->boundaries[i];
+
+			fprintf(f, "boundary %d -> %d %s: %s\n", b->producer, b->consumer, b->tensor, b->detail);
+		}
+		fprintf(f, "global_bytes %llu eager_bytes %llu min_bytes %llu\n",
+			(unsigned long long)p->global_bytes, (unsigned long long)p->eager_bytes,
+			(unsigned long long)p->min_bytes);
+		return ferror(f) ? AP_EIO : 0;
+	}
+	fprintf(f, "{\"fusion\":\"%s\",\"launches\":[", ap_fuse_level_name(p->fusion));
+	for (int l = 0; l < p->n_launches; l++) {
+		const ap_launch *ln = &p->launches[l];
+
+		fprintf(f, "%s{\"kernel\":", l ? "," : "");
+		ap__json_string(f, p->kernels[ln->kernel].name);
+		fprintf(f, ",\"category\":\"%s\",\"subgraph\":%d,\"global_bytes\":%llu,\"nodes\":[",
+			ln->category ? ln->category : "?", ln->subgraph, (unsigned long long)ln->global_bytes);
+		for (int i = 0; i < ln->n_nodes; i++) {
+			fprintf(f, "%s", i ? "," : "");
+			ap__json_string(f, ln->nodes[i]);
+		}
+		fprintf(f, "]}");
+	}
+	fprintf(f, "],\"boundaries\":[");
+	for (int i = 0; i < p->n_boundaries; i++) {
+		const ap_program_boundary *b = &p->boundaries[i];
+
+		fprintf(f, "%s{\"producer\":%d,\"consumer\":%d,\"tensor\":", i ? "," : "", b->producer,
+			b->consumer);
+		ap__json_string(f, b->tensor);
+		fprintf(f, ",\"reason\":\"%s\",\"detail\":", b->reason);
+		ap__json_string(f, b->detail);
+		fprintf(f, "}");
+	}
+	fprintf(f, "],\"stats\":{\"kernels\":%d,\"distinct_kernels\":%d,\"eager_kernels\":%u,"
+		   "\"global_bytes\":%llu,\"eager_bytes\":%llu,\"min_bytes\":%llu}}\n",
+		p->n_launches, p->n_kernels, p->eager_kernels, (unsigned long long)p->global_bytes,
+		(unsigned long long)p->eager_bytes, (unsigned long long)p->min_bytes);
+	return ferror(f) ? AP_EIO : 0;
 }

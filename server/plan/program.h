@@ -20,7 +20,17 @@
 #ifndef AP_PROGRAM_H
 #define AP_PROGRAM_H
 
+#include <stdio.h>
+
 #include "../../common/graph.h"
+
+/* How much the partitioner may fuse; numbered as apollo.FusionLevel. */
+typedef enum ap_fuse_level {
+	AP_FUSE_DEFAULT = 0,   /* the default: apollo */
+	AP_FUSE_NONE = 1,      /* one kernel per primitive */
+	AP_FUSE_RULES = 2,     /* rules (1)-(5): elementwise, broadcast, reduction */
+	AP_FUSE_APOLLO = 3,    /* every rule, injective joins, recompute */
+} ap_fuse_level;
 
 typedef enum ap_buffer_kind {
 	AP_BUF_INPUT = 0,
@@ -55,42 +65,141 @@ typedef struct ap_kernel_src {
 	int n_params;
 	ap_kernel_param *params;
 	int n_nodes;
-	char **nodes;            /* names of the graph nodes fused into it */
-	uint64_t global_bytes;   /* modelled traffic: bytes of every distinct
-				    global buffer read plus every one written */
+	char **nodes;            /* names of the graph nodes fused into it, over
+				    every launch of it (a kernel is shared by
+				    content: see ap_launch.nodes for one launch) */
+	uint64_t global_bytes;   /* modelled traffic of one launch: bytes of every
+				    distinct global buffer read plus every one
+				    written */
 } ap_kernel_src;
 
 typedef struct ap_launch {
 	int kernel;              /* index into kernels */
 	int n_args;
 	int *args;               /* buffer index per kernel param */
+	/* --explain data (Bundle.plan[i], apollo.Launch): */
+	int n_nodes;
+	char **nodes;            /* -> Launch.nodes: the imported (ONNX) node names
+				    this launch computes, in graph order, each once
+				    (nodes duplicated into several launches --
+				    recompute -- appear in each) */
+	const char *category;    /* -> Launch.category: the micro-graph's kind
+				    ("elementwise", "broadcast", "reduction",
+				    "injective", "transpose", "matmul", "conv",
+				    "opaque", "whole"); static string */
+	int subgraph;            /* index into ap_program.subgraphs */
+	uint64_t global_bytes;   /* this launch's modelled traffic (bytes) */
 } ap_launch;
 
+/* Why two launches were not fused (-> apollo.Boundary, Bundle.boundaries):
+ * one per (producer launch, consumer launch, tensor). */
+typedef struct ap_program_boundary {
+	int producer;            /* -> Boundary.producer: launch index */
+	int consumer;            /* -> Boundary.consumer: launch index */
+	char *tensor;            /* -> Boundary.tensor: the tensor crossing */
+	const char *reason;      /* -> Boundary.reason: short key, static:
+				    "level", "opaque", "keep-whole", "hint",
+				    "rule", "shape", "recompute", "size-cap",
+				    "cycle", "refused" (never "unknown") */
+	char *detail;            /* -> Boundary.detail: one sentence */
+} ap_program_boundary;
+
+/* A region between opaque ops (APOLLO's sub-graph): its launches may run
+ * as soon as the sub-graphs in deps are done; sub-graphs of one wave are
+ * independent of each other. */
+typedef struct ap_program_subgraph {
+	int n_deps;
+	int *deps;               /* sub-graph indices, ascending */
+	int wave;
+} ap_program_subgraph;
+
+/* The expansion registry's choice for one imported node. */
+typedef struct ap_program_op {
+	char *node;              /* imported (ONNX) node name */
+	const char *op;          /* op type, static ("Softmax") */
+	bool opened;             /* opened into primitives (else kept whole) */
+	int n_primitives;        /* nodes it became */
+} ap_program_op;
+
 typedef struct ap_program {
-	int n_kernels;
+	int n_kernels;           /* -> Stats.distinct_kernels */
 	ap_kernel_src *kernels;
-	int n_launches;
+	int n_launches;          /* -> Stats.kernels (launches, to compare with
+				    eager_kernels) */
 	ap_launch *launches;     /* run in order */
 	int n_buffers;
 	ap_buffer *buffers;
 	uint64_t workspace_bytes;
-	unsigned eager_kernels;  /* one per imported node, views free */
+	unsigned eager_kernels;  /* -> Stats.eager_kernels: one per imported node,
+				    views free */
+	/* Measured fusion quality (bytes of modelled global-memory traffic):
+	 *   global_bytes -> Stats.global_bytes: sum over launches of each
+	 *     launch's distinct buffers, read or written;
+	 *   eager_bytes  -> Stats.eager_bytes: the same for one kernel per node
+	 *     of the imported graph before expansion (views free, constants
+	 *     baked in);
+	 *   min_bytes    -> Stats.min_bytes: graph inputs, parameters and
+	 *     outputs, each touched once (the floor). */
 	uint64_t global_bytes, eager_bytes, min_bytes;
 	double partition_ms, codegen_ms;
+	/* --explain */
+	ap_fuse_level fusion;  /* the level used (never DEFAULT) */
+	int n_boundaries;
+	ap_program_boundary *boundaries;
+	int n_subgraphs;
+	ap_program_subgraph *subgraphs;
+	int n_ops;
+	ap_program_op *ops;      /* one per imported node the registry could open */
+	int n_recomputed;        /* primitive nodes duplicated into consumers */
+	int n_refused;           /* groups lowering refused and the partitioner split */
 } ap_program;
 
 typedef struct ap_build_options {
 	unsigned max_block_threads;  /* 0 = default (256) */
+	/* partition (CompileOptions.fusion, fusion_barriers, keep_whole): */
+	ap_fuse_level fusion;      /* 0 = AP_FUSE_DEFAULT (apollo) */
+	int n_fusion_barriers;
+	char *const *fusion_barriers;  /* node names that start a new kernel */
+	int n_keep_whole;
+	char *const *keep_whole;             /* op types never to open */
+	unsigned max_group_nodes;    /* size cap (member nodes); 0 = default (64) */
+	unsigned max_recompute;      /* recompute cap; 0 = default (256) */
+	/* test hooks (upward feedback): lowering refuses any group of more than
+	 * refuse_group_nodes members (0 = off), and any group of two or more
+	 * members holding an op of type refuse_op (NULL = off) */
+	unsigned refuse_group_nodes;
+	const char *refuse_op;
+	bool open_all;               /* tests: open elementwise activations too */
 } ap_build_options;
 
-/* Partitions a validated graph into fusion groups (APOLLO's rules, paper
+/* Opens compound ops (keep_whole aside), partitions the primitive graph
+ * into micro-graphs at the chosen fusion level (APOLLO's rules, paper
  * section 3), lowers each group to one kernel through the kernel IR and
  * prints it for CUDA and for the host, then lays out the launch plan and
- * workspace.  Every graph output is written by some launch.  Returns NULL
- * with `err` set: AP_EUNSUPPORTED (an op or dtype lowering cannot handle,
- * naming the node), AP_ENOMEM, AP_EINTERNAL. */
+ * workspace.  When lowering refuses a fused group, the group is split and
+ * lowered again (upward feedback): fusion never fails a request.  Every
+ * graph output is written by some launch.  `opt` may be NULL.  Returns
+ * NULL with `err` set: AP_EUNSUPPORTED (an op or dtype lowering cannot
+ * handle even alone, naming the node), AP_ENOMEM, AP_EINTERNAL. */
 __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 				       const ap_build_options *opt, ap_error *err);
 ap_program *ap_program_free(__ap_take ap_program *p);  /* accepts NULL */
+
+/* The --explain report of a program: per launch its kernel, category,
+ * sub-graph, bytes and member nodes, then every boundary with its reason,
+ * then the totals.  Text:
+ *   launch 3 reduction sub=0 kernel=ap_ReduceSum_... bytes=1024 nodes=[a b]
+ *   boundary 2 -> 3 t: rule: a reduction ends its micro-graph
+ *   kernels 5 (distinct 4) eager 9 global_bytes ... eager_bytes ... min_bytes ...
+ * JSON (json = true): {"fusion":"apollo","launches":[{"kernel":..,
+ * "category":..,"subgraph":..,"global_bytes":..,"nodes":[..]}],
+ * "boundaries":[{"producer":..,"consumer":..,"tensor":..,"reason":..,
+ * "detail":..}],"stats":{"kernels":..,"distinct_kernels":..,
+ * "eager_kernels":..,"global_bytes":..,"eager_bytes":..,"min_bytes":..}}.
+ * Returns 0 or AP_EIO. */
+int ap_program_explain(const ap_program *p, FILE *f, bool json);
+
+/* "none", "rules", "apollo" ("apollo" for AP_FUSE_DEFAULT). */
+const char *ap_fuse_level_name(ap_fuse_level level);
 
 #endif
