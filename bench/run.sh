@@ -9,7 +9,9 @@
 # eager_kernels, and where the cold time went (import, partition, codegen,
 # backend, cache, as the daemon measured them).  Times are the client's
 # round trip for the submit (the local ONNX import is shown apart: it is
-# the same cold or warm).  Prints numbers, asserts nothing.
+# the same cold or warm).  Then the fusion table (bench/fusion.sh: launches
+# and modelled bytes at each fusion level, beside onnxruntime's optimized
+# graph).  Prints numbers, asserts nothing.
 #   TARGET: default sm_90 when the daemon has NVRTC, else cpu.
 #   env: APOLLO_BUILD, WARM_RUNS (default 5)
 cd "$(dirname "$0")/.." || exit 1
@@ -52,3 +54,5 @@ for d in $(ap_test_dirs models); do
 	ap_stop
 done
 "$PY" bench/summary.py "$out"
+echo
+sh bench/fusion.sh
