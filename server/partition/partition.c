@@ -1118,7 +1118,7 @@ static ap_graph *rewrite(pctx *c, const dup *d, int n_dup, int base, int *n_clon
 
 				if (t < 0)
 					continue;
-				x = &ng->tensors[t];
+				x = &g->tensors[t];   /* ng's array moves as it grows */
 				snprintf(name, sizeof(name), "%s~%d", x->name, base + k);
 				nt = ap_graph_add_tensor(ng, name, x->dtype, x->rank, x->dims, AP_TENSOR_VALUE,
 							 NULL, 0);
