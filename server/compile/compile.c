@@ -482,18 +482,34 @@ static Apollo__Bundle *build_bundle(const ap_program *p, struct kblob *blobs, co
 			for (int a = 0; a < l->n_args; a++)
 				pl->args[a] = (uint32_t)l->args[a];
 		}
-		/* The nodes this launch computes: its kernel's (program.h keeps
-		 * them per kernel). */
-		if (l->kernel >= 0 && l->kernel < p->n_kernels) {
-			const ap_kernel_src *ks = &p->kernels[l->kernel];
-			pl->nodes = xcalloc((size_t)ks->n_nodes, sizeof(char *), oom);
-			for (int a = 0; pl->nodes && a < ks->n_nodes; a++) {
-				pl->nodes[a] = xstrdup(ks->nodes[a], oom);
-				if (!pl->nodes[a])
-					break;
-				pl->n_nodes = (size_t)a + 1;
-			}
+		/* The imported nodes this launch computes and its micro-graph's
+		 * kind (a kernel may be shared by several launches). */
+		pl->nodes = xcalloc((size_t)l->n_nodes, sizeof(char *), oom);
+		for (int a = 0; pl->nodes && a < l->n_nodes; a++) {
+			pl->nodes[a] = xstrdup(l->nodes[a], oom);
+			if (!pl->nodes[a])
+				break;
+			pl->n_nodes = (size_t)a + 1;
 		}
+		if (l->category)
+			pl->category = xstrdup(l->category, oom);
+	}
+
+	/* Why launches were not fused: the --explain report. */
+	b->boundaries = xcalloc((size_t)p->n_boundaries, sizeof(*b->boundaries), oom);
+	for (i = 0; b->boundaries && i < p->n_boundaries; i++) {
+		const ap_program_boundary *pb = &p->boundaries[i];
+		Apollo__Boundary *bd = xcalloc(1, sizeof(*bd), oom);
+		if (!bd)
+			break;
+		apollo__boundary__init(bd);
+		b->boundaries[i] = bd;
+		b->n_boundaries = (size_t)i + 1;
+		bd->producer = (uint32_t)pb->producer;
+		bd->consumer = (uint32_t)pb->consumer;
+		bd->tensor = xstrdup(pb->tensor ? pb->tensor : "", oom);
+		bd->reason = xstrdup(pb->reason ? pb->reason : "", oom);
+		bd->detail = xstrdup(pb->detail ? pb->detail : "", oom);
 	}
 
 	b->buffers = xcalloc((size_t)p->n_buffers, sizeof(*b->buffers), oom);
@@ -920,7 +936,24 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		goto done;
 	}
 
-	prog = ap_program_build(g, &(ap_build_options){ .max_block_threads = r->mbt }, err);
+	{
+		const Apollo__CompileOptions *o = req->options;
+		ap_build_options bo = {
+			.max_block_threads = r->mbt,
+			.fusion = o ? (ap_fuse_level)o->fusion : AP_FUSE_DEFAULT,
+			.n_fusion_barriers = o ? (int)o->n_fusion_barriers : 0,
+			.fusion_barriers = o ? o->fusion_barriers : NULL,
+			.n_keep_whole = o ? (int)o->n_keep_whole : 0,
+			.keep_whole = o ? o->keep_whole : NULL,
+		};
+		if (bo.fusion > AP_FUSE_APOLLO) {
+			rc = ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+					  "unknown fusion level %d (none=1, rules=2, apollo=3)",
+					  (int)bo.fusion);
+			goto done;
+		}
+		prog = ap_program_build(g, &bo, err);
+	}
 	if (!prog) {
 		rc = err->code ? err->code : AP_EINTERNAL;
 		goto done;
