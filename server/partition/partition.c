@@ -16,7 +16,8 @@
  *     of them.
  *  3. Every other live node starts as its own group (union-find) with a
  *     kind from its op's category; the primitives of a compound op kept
- *     whole start as one sealed group.
+ *     whole start as one sealed group; a Gemm's transposed operand starts
+ *     in its MatMul's group.
  *  4. Merges (check_merge): for every producer -> consumer edge, consumers
  *     in topological order, the consumer's group tries to absorb the
  *     producer's; passes repeat until one merges nothing, so every edge

@@ -208,7 +208,9 @@ typedef struct ap_partition_options {
  *   injective ops (slice, concat, gather, pad, tile, split, transpose) join
  *   the group they feed, as index maps.
  * Level AP_FUSE_NONE makes one group per primitive, AP_FUSE_RULES uses
- * (1)-(5) only (XLA's and TVM's default), AP_FUSE_APOLLO everything.
+ * (1)-(5) only (XLA's and TVM's default), AP_FUSE_APOLLO everything.  At
+ * every level a Transpose made by opening a Gemm (transA/transB) and read
+ * only by its MatMul stays with it: it is the MatMul's operand layout.
  * A reduction ends its group.  Merges are tried for every producer ->
  * consumer edge, consumers in topological order, until none applies; a
  * merge is made only if
