@@ -4,6 +4,9 @@
 # cpu):
 #   1. `apollo-client check` at --fusion none, rules and apollo against the
 #      reference data (rtol 1e-3, atol 1e-5, as conformance.sh for models);
+#      then every other backend-test folder conformance.sh runs (known gaps
+#      aside, its tolerances) at none and rules -- conformance.sh itself is
+#      the apollo run; APOLLO_FUSION_CORPUS=0 skips this part;
 #   2. a differential between levels on fresh random inputs (a new seed each
 #      run, printed; APOLLO_SEED replays one): tests/ort_diff.py draws the
 #      inputs (its onnxruntime outputs check the `none` run, rtol 1e-3,
@@ -16,7 +19,9 @@
 #      global bytes; the issue's targets on bert_like_2l and mlp_gelu_ln),
 #      and that --fusion-barrier and --keep-whole reach the partitioner.
 # Value checks on the compiler's output, no timings.  Exits non-zero on any
-# failure.   env: APOLLO_BUILD, APOLLO_JOBS (parallel checks, default 2)
+# failure.
+#   env: APOLLO_BUILD, APOLLO_JOBS (parallel checks, default 2),
+#        APOLLO_SEED, APOLLO_FUSION_CORPUS
 cd "$(dirname "$0")/.." || exit 1
 . tests/daemon.inc
 
@@ -35,7 +40,8 @@ fi
 ap_start
 status=0
 
-# check LABEL ARGS...: one `apollo-client check`, its lines prefixed.
+# check LABEL ARGS...: one `apollo-client check`, its lines prefixed
+# (with QUIET=1 only what did not pass, and the count).
 check() {
 	label=$1; shift
 	if "$CLIENT" check --jobs "$JOBS" "$@" >"$AP_TMP/check.log" 2>&1; then
@@ -43,7 +49,11 @@ check() {
 	else
 		rc=1
 	fi
-	sed "s/^/$label: /" "$AP_TMP/check.log"
+	if [ "${QUIET:-0}" = 1 ]; then
+		grep -v '^PASS ' "$AP_TMP/check.log" | sed "s/^/$label: /"
+	else
+		sed "s/^/$label: /" "$AP_TMP/check.log"
+	fi
 	return $rc
 }
 
@@ -52,6 +62,27 @@ for lv in none rules apollo; do
 	# shellcheck disable=SC2086
 	check "reference --fusion $lv" --rtol 1e-3 --atol 1e-5 --fusion "$lv" $dirs || status=1
 done
+
+if [ "${APOLLO_FUSION_CORPUS:-1}" != 0 ]; then
+	ap_known_gaps | sort -u >"$AP_TMP/gaps"
+	: >"$AP_TMP/corpus"; : >"$AP_TMP/densenet"
+	for d in $(ap_test_dirs onnx-node onnx-simple onnx-pytorch-converted onnx-pytorch-operator onnx-light); do
+		rel=${d#"$TESTDATA"/}
+		grep -qxF "$rel" "$AP_TMP/gaps" && continue
+		case $rel in
+		*/test_densenet121) echo "$d" >>"$AP_TMP/densenet" ;;
+		*) echo "$d" >>"$AP_TMP/corpus" ;;
+		esac
+	done
+	for lv in none rules; do
+		# shellcheck disable=SC2046
+		[ -s "$AP_TMP/corpus" ] && { QUIET=1 check "corpus --fusion $lv" --fusion "$lv" \
+			$(cat "$AP_TMP/corpus") || status=1; }
+		# shellcheck disable=SC2046
+		[ -s "$AP_TMP/densenet" ] && { QUIET=1 check "corpus --fusion $lv" --rtol 2e-3 \
+			--fusion "$lv" $(cat "$AP_TMP/densenet") || status=1; }
+	done
+fi
 
 # 2. none vs rules and apollo on fresh inputs.
 echo "fusion_levels: differential seed $seed (APOLLO_SEED=$seed replays this run)"
