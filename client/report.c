@@ -310,8 +310,14 @@ void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info)
 				continue;
 			fprintf(f, "  launch %u -> launch %u via %s: %s", x.producer, x.consumer,
 				x.tensor[0] ? x.tensor : "?", x.reason[0] ? x.reason : "(no reason)");
-			if (x.detail[0])
-				fprintf(f, " (%s)", x.detail);
+			/* A detail that opens with its own reason key ("rule: ...")
+			 * is shown without the repetition. */
+			const char *d = x.detail;
+			size_t rl = strlen(x.reason);
+			if (rl && !strncmp(d, x.reason, rl) && d[rl] == ':' && d[rl + 1] == ' ' && d[rl + 2])
+				d += rl + 2;
+			if (d[0])
+				fprintf(f, " (%s)", d);
 			fputc('\n', f);
 		}
 	}

@@ -1057,7 +1057,7 @@ static ap_bundle *explain_bundle(void)
 	l[1].category = "reduction";
 	l[2].kernel = 1; l[2].n_args = 3; l[2].args = a2; l[2].n_nodes = 1; l[2].nodes = n2;
 	bd[0].producer = 0; bd[0].consumer = 1; bd[0].tensor = "t"; bd[0].reason = "rule";
-	bd[0].detail = "a reduction ends its micro-graph";
+	bd[0].detail = "rule: a reduction ends its micro-graph";   /* repeats its key */
 	bd[1].producer = 1; bd[1].consumer = 2; bd[1].tensor = "u\"q"; bd[1].reason = "hint";
 	bd[1].detail = "line1\nline2 \\ back";
 	bd[2].producer = 1; bd[2].consumer = 2; bd[2].tensor = "u"; bd[2].reason = "rule";
@@ -1104,7 +1104,8 @@ START_TEST(explain_text)
 	ck_assert_ptr_nonnull(strstr(text, "\n  launch 0 kA elementwise: n0 n1 n2 n3 n4 n5 n6 n7\n"));
 	ck_assert_ptr_nonnull(strstr(text, "\n  launch 1 kA reduction: r\"1\n"));
 	ck_assert_ptr_nonnull(strstr(text, "\n  launch 2 kB -: z\n"));
-	/* Boundaries counted by reason, then one a line. */
+	/* Boundaries counted by reason, then one a line (a detail that repeats
+	 * its reason key is shown without it; the JSON keeps it as sent). */
 	ck_assert_ptr_nonnull(strstr(text, "\n3 boundaries between launches (rule 2, hint 1):\n"));
 	ck_assert_ptr_nonnull(strstr(text, "\n  launch 0 -> launch 1 via t: rule (a reduction ends its micro-graph)\n"));
 	ck_assert_ptr_nonnull(strstr(text, "\n  launch 1 -> launch 2 via u\"q: hint (line1\nline2 \\ back)\n"));
@@ -1148,7 +1149,7 @@ START_TEST(explain_json)
 	/* One row per boundary, strings escaped. */
 	ck_assert_ptr_nonnull(strstr(text,
 		"\"boundary_list\":[{\"producer\":0,\"consumer\":1,\"tensor\":\"t\",\"reason\":\"rule\","
-		"\"detail\":\"a reduction ends its micro-graph\"},"
+		"\"detail\":\"rule: a reduction ends its micro-graph\"},"
 		"{\"producer\":1,\"consumer\":2,\"tensor\":\"u\\\"q\",\"reason\":\"hint\","
 		"\"detail\":\"line1\\nline2 \\\\ back\"},"
 		"{\"producer\":1,\"consumer\":2,\"tensor\":\"u\",\"reason\":\"rule\",\"detail\":\"\"}]"));
