@@ -1213,25 +1213,52 @@ static int imp_layer_norm(imp *im, const Onnx__NodeProto *n)
 	return 0;
 }
 
+/* BatchNormalization.  Training mode is training_mode=1 at opset 14+; for
+ * older opsets it is what the outputs say (ONNX's "output case #1": Y,
+ * mean, var, saved_mean, saved_var), and at opset < 7 an explicit is_test
+ * decides.  Training mode keeps Y, the running mean and the running var
+ * (ops.def); the legacy saved_mean / saved_var outputs are refused if used
+ * (runtimes disagree on what saved_var holds: onnxruntime gives the
+ * inverse standard deviation). */
 static int imp_batch_norm(imp *im, const Onnx__NodeProto *n)
 {
-	ival *in[5], *y;
+	ival *in[5], *outs[3];
+	const char *names[3] = { out_name(n, 0), out_name(n, 1), out_name(n, 2) };
+	bool train;
+	int n_out = 1;
 	abuf A;
 
 	A.n = 0;
 	for (int i = 0; i < 5; i++)
 		TRY(get_in(im, n, (size_t)i, true, &in[i]));
-	if (aint(n, "training_mode", 0) != 0)
-		return fail(im, AP_EUNSUPPORTED, NULL, "BatchNormalization in training mode");
-	if (im->opset < 7 && attr(n, "is_test") && aint(n, "is_test", 0) == 0)
-		return fail(im, AP_EUNSUPPORTED, NULL, "BatchNormalization with is_test=0 (training)");
+	if (im->opset >= 14) {
+		int64_t tm = aint(n, "training_mode", 0);
+
+		if (tm != 0 && tm != 1)
+			return fail(im, AP_EINVAL, NULL, "BatchNormalization: training_mode %lld",
+				    (long long)tm);
+		train = tm == 1;
+	} else if (im->opset < 7 && attr(n, "is_test")) {
+		train = aint(n, "is_test", 0) == 0;
+	} else {
+		train = n->n_output > 1;
+	}
 	if (im->opset < 9 && aint(n, "spatial", 1) == 0 && in[1]->sh.rank != 1)
 		return fail(im, AP_EUNSUPPORTED, NULL, "BatchNormalization with spatial=0");
 	ab_float(&A, "epsilon", afloat(n, "epsilon", 1e-5));
-	TRY(emit1(im, AP_OP_BATCH_NORM, &A, 5, in, out_name(n, 0), NULL, &y));
-	for (size_t k = 1; k < n->n_output; k++)
-		TRY(poison_out(im, n, k, "a training-mode statistics output"));
-	return bind(im, out_name(n, 0), y);
+	if (train) {
+		ab_int(&A, "training_mode", 1);
+		ab_float(&A, "momentum", afloat(n, "momentum", 0.9));
+		n_out = n->n_output < 3 ? (int)n->n_output : 3;
+	}
+	TRY(emit(im, AP_OP_BATCH_NORM, &A, 5, in, n_out, names, NULL, outs));
+	for (int k = 0; k < n_out; k++)
+		if (outs[k])
+			TRY(bind(im, names[k], outs[k]));
+	for (size_t k = (size_t)n_out; k < n->n_output; k++)
+		TRY(poison_out(im, n, k, train ? "a legacy saved_mean/saved_var output"
+					       : "a training-mode statistics output"));
+	return 0;
 }
 
 static int imp_instance_norm(imp *im, const Onnx__NodeProto *n)

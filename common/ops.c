@@ -208,7 +208,7 @@ static void arity(ap_op op, int *min_in, int *max_in, int *min_out, int *max_out
 	case AP_OP_WHERE: *min_in = *max_in = 3; break;
 	case AP_OP_EXPAND: *min_in = *max_in = 1; break;
 	case AP_OP_LAYER_NORM: *min_in = 2; *max_in = 3; *max_out = 3; break;
-	case AP_OP_BATCH_NORM: *min_in = *max_in = 5; break;
+	case AP_OP_BATCH_NORM: *min_in = *max_in = 5; *max_out = 3; break;
 	case AP_OP_INSTANCE_NORM: *min_in = *max_in = 3; break;
 	case AP_OP_MATMUL: *min_in = *max_in = 2; break;
 	case AP_OP_GEMM: *min_in = 2; *max_in = 3; break;
@@ -402,6 +402,33 @@ static int infer_channel_norm(const ap_node *node, const ap_shape *const *in, in
 			return bad_dtype(node, nm(names, i), err, in[i]->dtype);
 	}
 	*y = *x;
+	return 0;
+}
+
+/* BatchNormalization: Y as X; in training mode (training_mode=1) the
+ * optional running_mean and running_var outputs, [C] of X's dtype. */
+static int infer_batch_norm(const ap_node *node, const ap_shape *const *in, int n_in,
+			    ap_shape *out, int n_out, const char *const *names, ap_error *err)
+{
+	int64_t tm = ap_node_int(node, "training_mode", 0);
+	int rc;
+
+	if (tm != 0 && tm != 1)
+		return ap_error_set(err, AP_EINVAL, node->name, NULL,
+				    "BatchNormalization: training_mode %lld is not 0 or 1",
+				    (long long)tm);
+	if (n_out > 1 && tm == 0)
+		return ap_error_set(err, AP_EINVAL, node->name, NULL,
+				    "BatchNormalization: running_mean/running_var outputs need "
+				    "training_mode=1");
+	rc = infer_channel_norm(node, in, n_in, &out[0], names, err);
+	if (rc < 0)
+		return rc;
+	for (int k = 1; k < n_out; k++) {
+		out[k].dtype = in[0]->dtype;
+		out[k].rank = 1;
+		out[k].dims[0] = in[0]->dims[1];
+	}
 	return 0;
 }
 
@@ -836,7 +863,9 @@ int ap__op_infer(const ap_node *node, const ap_shape *const *in, int n_in,
 		return infer_softmax(node, in[0], &out[0], err);
 	case AP_OP_LAYER_NORM:
 		return infer_layer_norm(node, in, n_in, out, n_out, in_names, err);
-	case AP_OP_BATCH_NORM: case AP_OP_INSTANCE_NORM:
+	case AP_OP_BATCH_NORM:
+		return infer_batch_norm(node, in, n_in, out, n_out, in_names, err);
+	case AP_OP_INSTANCE_NORM:
 		return infer_channel_norm(node, in, n_in, &out[0], in_names, err);
 	case AP_OP_LRN:
 		if (ap_node_int(node, "size", 0) <= 0)

@@ -196,6 +196,47 @@ START_TEST(shape_inference)
 }
 END_TEST
 
+/* BatchNormalization's outputs: running_mean / running_var ([C], X's
+ * dtype) exist only in training mode. */
+static int check_bn(int64_t training_mode, int64_t stat_len, bool with_stats, ap_error *err)
+{
+	int64_t dx[4] = { 2, 3, 4, 5 }, dc[1] = { 3 }, ds[1] = { stat_len };
+	ap_graph *g = ap_graph_new("bn");
+	int in[5], out[3], n, rc;
+
+	in[0] = tensor(g, "x", AP_DT_F32, 4, dx, AP_TENSOR_INPUT);
+	for (int i = 1; i < 5; i++) {
+		char name[8];
+
+		snprintf(name, sizeof(name), "p%d", i);
+		in[i] = tensor(g, name, AP_DT_F32, 1, dc, AP_TENSOR_PARAM);
+	}
+	out[0] = tensor(g, "y", AP_DT_F32, 4, dx, AP_TENSOR_VALUE);
+	out[1] = with_stats ? tensor(g, "rm", AP_DT_F32, 1, ds, AP_TENSOR_VALUE) : -1;
+	out[2] = with_stats ? tensor(g, "rv", AP_DT_F32, 1, dc, AP_TENSOR_VALUE) : -1;
+	n = node(g, "bn", AP_OP_BATCH_NORM, 5, in, 3, out);
+	if (training_mode >= 0)
+		ap_node_set_int(g, n, "training_mode", training_mode);
+	rc = ap_op_check(g, n, err);
+	ap_graph_free(g);
+	return rc;
+}
+
+START_TEST(batchnorm_training_outputs)
+{
+	ap_error err;
+
+	ck_assert_int_eq(check_bn(1, 3, true, &err), 0);
+	ck_assert_int_eq(check_bn(1, 3, false, &err), 0);
+	ck_assert_int_eq(check_bn(1, 4, true, &err), AP_ESHAPE);
+	ck_assert_str_eq(err.tensor, "rm");
+	ck_assert_int_eq(check_bn(-1, 3, true, &err), AP_EINVAL);
+	ck_assert_int_eq(check_bn(0, 3, true, &err), AP_EINVAL);
+	ck_assert_int_eq(check_bn(2, 3, true, &err), AP_EINVAL);
+	ck_assert_str_eq(err.node, "bn");
+}
+END_TEST
+
 /* ---- validation errors ---------------------------------------------------- */
 
 START_TEST(valid_graph_sorts)
@@ -706,6 +747,7 @@ static Suite *graph_suite(void)
 
 	tcase_add_test(tc, registry);
 	tcase_add_test(tc, shape_inference);
+	tcase_add_test(tc, batchnorm_training_outputs);
 	tcase_add_test(tc, valid_graph_sorts);
 	tcase_add_test(tc, dangling_reference);
 	tcase_add_test(tc, cycle);

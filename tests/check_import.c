@@ -9,10 +9,11 @@
  *    mlp_gelu_ln's eager kernel count, onnx-light's ConstantOfShape weights)
  *    and on small models built here with protobuf-c (legacy broadcast, old
  *    Softmax axes, integer inputs that become constants, error naming,
- *    float64 intermediates).
+ *    float64 intermediates, BatchNormalization's training forms).
  */
 #include <check.h>
 #include <dirent.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -576,6 +577,14 @@ static void mb_ints(mb *b, Onnx__NodeProto *n, const char *name, int cnt, ...)
 	va_end(ap);
 }
 
+static void mb_float(mb *b, Onnx__NodeProto *n, const char *name, float v)
+{
+	Onnx__AttributeProto *a = mb_attr(b, n, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT);
+
+	a->has_f = 1;
+	a->f = v;
+}
+
 /* A tensor value info; a negative dim is symbolic ("N"). */
 static Onnx__ValueInfoProto *mb_vi(mb *b, const char *name, int elem, int rank, const int64_t *dims)
 {
@@ -1042,6 +1051,153 @@ START_TEST(float64_intermediates)
 }
 END_TEST
 
+/* One BatchNormalization model: x [4,3,5,6] input, scale/B/mean/var [3]
+ * initializers, node outputs `outs` (comma list, "" for one left out), graph
+ * outputs `graph_outs`; training_mode / is_test / momentum set when >= 0. */
+static ap_graph *bn_model(int64_t opset, const char *outs, const char *graph_outs, int train,
+			  int is_test, float momentum, ap_error *err)
+{
+	mb b;
+	int64_t dx[4] = { 4, 3, 5, 6 }, dc[1] = { 3 };
+	float sc[3] = { 1, 2, 0.5f }, bi[3] = { 0, 1, -1 }, mu[3] = { 0.1f, 0.2f, 0.3f };
+	float va[3] = { 1, 2, 3 };
+	Onnx__NodeProto *n;
+	ap_graph *g;
+	size_t cnt;
+	char **names;
+
+	mb_init(&b, opset);
+	mb_input(&b, "x", 1, 4, dx);
+	mb_init_tensor(&b, "scale", 1, 1, dc, sc, sizeof(sc));
+	mb_init_tensor(&b, "B", 1, 1, dc, bi, sizeof(bi));
+	mb_init_tensor(&b, "input_mean", 1, 1, dc, mu, sizeof(mu));
+	mb_init_tensor(&b, "input_var", 1, 1, dc, va, sizeof(va));
+	n = mb_node(&b, "BatchNormalization", "x,scale,B,input_mean,input_var", outs, "bn");
+	mb_float(&b, n, "epsilon", 1e-3f);
+	if (train >= 0)
+		mb_int(&b, n, "training_mode", train);
+	if (is_test >= 0)
+		mb_int(&b, n, "is_test", is_test);
+	if (momentum >= 0)
+		mb_float(&b, n, "momentum", momentum);
+	names = mb_list(&b, graph_outs, &cnt);
+	for (size_t i = 0; i < cnt; i++)
+		mb_output(&b, names[i]);
+	g = mb_import(&b, NULL, 0, NULL, err);
+	mb_free(&b);
+	return g;
+}
+
+static const ap_node *only_bn(const ap_graph *g)
+{
+	const ap_node *bn = NULL;
+
+	for (int i = 0; i < g->n_nodes; i++)
+		if (g->nodes[i].op == AP_OP_BATCH_NORM) {
+			ck_assert_ptr_null(bn);
+			bn = &g->nodes[i];
+		}
+	ck_assert_ptr_nonnull(bn);
+	return bn;
+}
+
+/* BatchNormalization in training mode: opset 15 training_mode=1 (all
+ * outputs, one left out, Y only), the legacy forms (opset 9 with five
+ * outputs, opset 6 is_test=0), the inference form left as it was, and the
+ * refusals (saved_var, statistics outputs in inference mode, a bad
+ * training_mode). */
+START_TEST(batchnorm_training_mode)
+{
+	ap_error err;
+	ap_graph *g;
+	const ap_node *bn;
+
+	g = bn_model(15, "y,rm,rv", "y,rm,rv", 1, -1, 0.8f, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	bn = only_bn(g);
+	ck_assert_int_eq(ap_node_int(bn, "training_mode", 0), 1);
+	ck_assert(fabs(ap_node_float(bn, "momentum", 0) - 0.8) < 1e-6);
+	ck_assert(fabs(ap_node_float(bn, "epsilon", 0) - 1e-3) < 1e-9);
+	ck_assert_int_eq(bn->n_inputs, 5);
+	ck_assert_int_eq(bn->n_outputs, 3);
+	ck_assert_int_eq(g->n_outputs, 3);
+	for (int k = 0; k < 3; k++)
+		ck_assert_int_eq(g->outputs[k], bn->outputs[k]);
+	ck_assert_int_eq(g->tensors[bn->outputs[0]].rank, 4);
+	ck_assert_int_eq(g->tensors[bn->outputs[0]].dims[3], 6);
+	for (int k = 1; k < 3; k++) {
+		ck_assert_int_eq(g->tensors[bn->outputs[k]].rank, 1);
+		ck_assert_int_eq(g->tensors[bn->outputs[k]].dims[0], 3);
+		ck_assert_int_eq(g->tensors[bn->outputs[k]].dtype, AP_DT_F32);
+	}
+	ck_assert_str_eq(g->tensors[bn->outputs[2]].name, "rv");
+	ck_assert_uint_eq(g->eager_kernels, 1);
+	ap_graph_free(g);
+
+	/* running_mean left out; momentum defaults to 0.9 */
+	g = bn_model(14, "y,,rv", "y,rv", 1, -1, -1, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	bn = only_bn(g);
+	ck_assert_int_eq(bn->n_outputs, 3);
+	ck_assert_int_eq(bn->outputs[1], -1);
+	ck_assert_int_eq(g->tensors[bn->outputs[2]].dims[0], 3);
+	ck_assert(fabs(ap_node_float(bn, "momentum", 0) - 0.9) < 1e-6);
+	ap_graph_free(g);
+
+	/* Y only, training: the batch statistics still normalise */
+	g = bn_model(15, "y", "y", 1, -1, -1, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	bn = only_bn(g);
+	ck_assert_int_eq(bn->n_outputs, 1);
+	ck_assert_int_eq(ap_node_int(bn, "training_mode", 0), 1);
+	ap_graph_free(g);
+
+	/* inference mode stays the plain form: no training attributes */
+	g = bn_model(15, "y", "y", 0, -1, -1, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	bn = only_bn(g);
+	ck_assert_int_eq(bn->n_outputs, 1);
+	ck_assert_ptr_null(ap_node_attr(bn, "training_mode"));
+	ck_assert_ptr_null(ap_node_attr(bn, "momentum"));
+	ap_graph_free(g);
+
+	/* opsets 7-13: five outputs mean training; mean/var are the running ones */
+	g = bn_model(9, "y,m,v,sm,sv", "y,m,v", -1, -1, 0.7f, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	bn = only_bn(g);
+	ck_assert_int_eq(ap_node_int(bn, "training_mode", 0), 1);
+	ck_assert(fabs(ap_node_float(bn, "momentum", 0) - 0.7) < 1e-6);
+	ck_assert_int_eq(bn->n_outputs, 3);
+	ck_assert_int_eq(g->tensors[g->outputs[1]].dims[0], 3);
+	ap_graph_free(g);
+
+	/* ... but saved_var is refused (runtimes disagree on its meaning) */
+	g = bn_model(9, "y,m,v,sm,sv", "y,sv", -1, -1, -1, &err);
+	ck_assert_ptr_null(g);
+	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+
+	/* opset 6: an explicit is_test decides */
+	g = bn_model(6, "y", "y", -1, 0, -1, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_node_int(only_bn(g), "training_mode", 0), 1);
+	ap_graph_free(g);
+	g = bn_model(6, "y", "y", -1, 1, -1, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	ck_assert_ptr_null(ap_node_attr(only_bn(g), "training_mode"));
+	ap_graph_free(g);
+
+	/* statistics outputs in inference mode are invalid if used */
+	g = bn_model(15, "y,rm,rv", "y,rm", 0, -1, -1, &err);
+	ck_assert_ptr_null(g);
+	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+	/* training_mode other than 0 / 1 */
+	g = bn_model(15, "y", "y", 2, -1, -1, &err);
+	ck_assert_ptr_null(g);
+	ck_assert_int_eq(err.code, AP_EINVAL);
+	ck_assert_str_eq(err.node, "bn");
+}
+END_TEST
+
 static Suite *import_suite(void)
 {
 	Suite *s = suite_create("import");
@@ -1065,6 +1221,7 @@ static Suite *import_suite(void)
 	tcase_add_test(tc, errors_name_the_node);
 	tcase_add_test(tc, large_constant_becomes_param);
 	tcase_add_test(tc, float64_intermediates);
+	tcase_add_test(tc, batchnorm_training_mode);
 	suite_add_tcase(s, all);
 	suite_add_tcase(s, tc);
 	return s;
