@@ -1584,19 +1584,23 @@ END_TEST
 
 /* ---- the expansion registry ------------------------------------------------------------ */
 
-/* Builds and runs g (one output, n elements) twice -- every op with an
- * expansion opened (open_all), and `op` kept whole -- and checks both
- * against `ref`; the choice is recorded per op. */
-static void expansion_case(ap_graph *g, ap_op op, const void *const *inputs, const named *pr,
-			   int n_pr, const double *ref, int64_t n)
+/* Builds and runs g (n_out outputs, output k of n[k] elements) twice --
+ * every op with an expansion opened (open_all), and `op` kept whole -- and
+ * checks both against ref[k]; the choice is recorded per op. */
+static void expansion_case_outs(ap_graph *g, ap_op op, const void *const *inputs, const named *pr,
+				int n_pr, const double *const *ref, const int64_t *n, int n_out)
 {
 	char *keep[] = {(char *)ap_op_name(op)};
 	ap_build_options open = {.open_all = true};
 	ap_build_options whole = {.n_keep_whole = 1, .keep_whole = keep};
-	void *oa[1], *ob[1];
+	void *oa[4], *ob[4];
 	char what[64];
-	ap_program *pa = build_and_run_opt(g, &open, inputs, pr, n_pr, oa);
-	ap_program *pb = build_and_run_opt(g, &whole, inputs, pr, n_pr, ob);
+	ap_program *pa, *pb;
+
+	ck_assert_int_le(n_out, 4);
+	ck_assert_int_eq(g->n_outputs, n_out);
+	pa = build_and_run_opt(g, &open, inputs, pr, n_pr, oa);
+	pb = build_and_run_opt(g, &whole, inputs, pr, n_pr, ob);
 
 	ck_assert_int_eq(pa->n_ops, 1);
 	ck_assert_str_eq(pa->ops[0].op, ap_op_name(op));
@@ -1605,14 +1609,22 @@ static void expansion_case(ap_graph *g, ap_op op, const void *const *inputs, con
 	ck_assert(!pb->ops[0].opened);
 	/* kept whole: one kernel computes the whole op */
 	ck_assert_int_eq(pb->n_launches, 1);
-	snprintf(what, sizeof(what), "%s opened", ap_op_name(op));
-	expect_close(what, oa[0], ref, n);
-	snprintf(what, sizeof(what), "%s whole", ap_op_name(op));
-	expect_close(what, ob[0], ref, n);
-	free_outs(oa, 1);
-	free_outs(ob, 1);
+	for (int k = 0; k < n_out; k++) {
+		snprintf(what, sizeof(what), "%s opened, output %d", ap_op_name(op), k);
+		expect_close(what, oa[k], ref[k], n[k]);
+		snprintf(what, sizeof(what), "%s whole, output %d", ap_op_name(op), k);
+		expect_close(what, ob[k], ref[k], n[k]);
+	}
+	free_outs(oa, n_out);
+	free_outs(ob, n_out);
 	ap_program_free(pa);
 	ap_program_free(pb);
+}
+
+static void expansion_case(ap_graph *g, ap_op op, const void *const *inputs, const named *pr,
+			   int n_pr, const double *ref, int64_t n)
+{
+	expansion_case_outs(g, op, inputs, pr, n_pr, (const double *const[]){ref}, &n, 1);
 }
 
 static double gelu_ref(double v, bool tanh_form)
@@ -1770,6 +1782,65 @@ START_TEST(expansions_compound)
 		expansion_case(g, inst ? AP_OP_INSTANCE_NORM : AP_OP_BATCH_NORM, (const void *[]){x4}, pr,
 			       inst ? 2 : 4, ref, B * CH * HW);
 		ap_graph_free(g);
+	}
+	/* BatchNormalization in training mode on [4, 3, 5, 6]: batch statistics
+	 * over axes 0, 2, 3 (population variance), with and without the running
+	 * statistics outputs, and on a rank-2 input */
+	for (int form = 0; form < 3; form++) {
+		enum { TN = 4, TC = 3, TH = 5, TW = 6, TS = TH * TW };
+		const int64_t nx = form == 2 ? TN * TC : TN * TC * TS;
+		const int64_t sp = form == 2 ? 1 : TS;
+		ap_graph *g = ap_graph_new("bn_train");
+		int x = form == 2 ? input(g, "x", AP_DT_F32, DIMS(TN, TC))
+				  : input(g, "x", AP_DT_F32, DIMS(TN, TC, TH, TW));
+		int y = form == 2 ? value(g, "y", AP_DT_F32, DIMS(TN, TC))
+				  : value(g, "y", AP_DT_F32, DIMS(TN, TC, TH, TW));
+		int s_ = param(g, "sc", AP_DT_F32, DIMS(TC)), b_ = param(g, "bi", AP_DT_F32, DIMS(TC));
+		int m_ = param(g, "mu", AP_DT_F32, DIMS(TC)), v_ = param(g, "va", AP_DT_F32, DIMS(TC));
+		int rm = form == 1 ? -1 : value(g, "running_mean", AP_DT_F32, DIMS(TC));
+		int rv = form == 1 ? -1 : value(g, "running_var", AP_DT_F32, DIMS(TC));
+		float *xt = randv(nx, -2, 3);
+		named pr[] = {{"sc", cs}, {"bi", cb}, {"mu", cm}, {"va", cv}};
+		double *ry = malloc((size_t)nx * sizeof(double)), rmean[TC], rvar[TC];
+		const double mom = 0.8, eps = 1e-3;
+		int n = form == 1 ? node(g, "bn", AP_OP_BATCH_NORM, LIST(x, s_, b_, m_, v_), LIST(y))
+				  : node(g, "bn", AP_OP_BATCH_NORM, LIST(x, s_, b_, m_, v_), LIST(y, rm, rv));
+
+		ap_node_set_float(g, n, "epsilon", eps);
+		ap_node_set_int(g, n, "training_mode", 1);
+		ap_node_set_float(g, n, "momentum", mom);
+		output(g, y);
+		if (form != 1) {
+			output(g, rm);
+			output(g, rv);
+		}
+		for (int c = 0; c < TC; c++) {
+			double m = 0, v = 0, cnt = (double)TN * (double)sp;
+
+			for (int nn = 0; nn < TN; nn++)
+				for (int i = 0; i < sp; i++)
+					m += xt[(nn * TC + c) * sp + i];
+			m /= cnt;
+			for (int nn = 0; nn < TN; nn++)
+				for (int i = 0; i < sp; i++) {
+					double d = xt[(nn * TC + c) * sp + i] - m;
+					v += d * d;
+				}
+			v /= cnt;
+			for (int nn = 0; nn < TN; nn++)
+				for (int i = 0; i < sp; i++) {
+					int64_t k = (nn * TC + c) * sp + i;
+					ry[k] = (xt[k] - m) / sqrt(v + eps) * cs[c] + cb[c];
+				}
+			rmean[c] = cm[c] * mom + m * (1 - mom);
+			rvar[c] = cv[c] * mom + v * (1 - mom);
+		}
+		expansion_case_outs(g, AP_OP_BATCH_NORM, (const void *[]){xt}, pr, 4,
+				    (const double *const[]){ry, rmean, rvar},
+				    (const int64_t[]){nx, TC, TC}, form == 1 ? 1 : 3);
+		ap_graph_free(g);
+		free(xt);
+		free(ry);
 	}
 	/* ReduceMean, ReduceL2, ReduceSumSquare over axis 1 of [R, C];
 	 * ReduceLogSumExp of large values (stable form) */

@@ -28,7 +28,14 @@
  *   InstanceNorm    the same over the spatial axes 2..r-1, scale and B
  *                   reshaped to [C, 1, ...]
  *   BatchNorm       y = (x - mean) * (scale / Sqrt(var + eps)) + B, the
- *                   per-channel vectors reshaped to [C, 1, ...]
+ *                   per-channel vectors reshaped to [C, 1, ...];
+ *                   in training mode mean and var are the batch's,
+ *                   computed as for LayerNorm over A = {0, 2, ..., r-1}
+ *                   (keepdims, population variance):
+ *                   y = d * inv * scale + B, and when asked
+ *                   running_mean = input_mean * momentum +
+ *                   Reshape(mean, [C]) * (1 - momentum), running_var the
+ *                   same with var
  *   Gemm            y = MatMul(A', B') (* alpha) (+ C (* beta)), with
  *                   A' = Transpose(A) when transA, B' likewise
  * and, when asked (open_all), the elementwise activations the lowering
@@ -42,8 +49,6 @@
  *   HardSwish       x * Clip(x / 6 + 1/2, 0, 1)
  *   Elu             Relu(x) + alpha * (Exp(Min(x, 0)) - 1)
  *   Selu            gamma * (Relu(x) + alpha * (Exp(Min(x, 0)) - 1))
- * (BatchNormalization in training mode never reaches here: the importer
- * rejects it.)
  *
  * The registry (`registry` below) says, per op, whether it is opened by
  * default; opt->keep_whole overrides it.  A compound op kept whole is
@@ -344,10 +349,11 @@ static int per_channel(ex *e, int v, int r)
 	return reshape(e, v, r - 1, dims, -1);
 }
 
-/* mean, d = x - mean, inv = 1/sqrt(var + eps) over `axes`; returns d and
- * sets *mean_t / *inv_t (writing into the given outputs when >= 0). */
+/* mean, d = x - mean, var = mean of d * d, inv = 1/sqrt(var + eps) over
+ * `axes` (keepdims); returns d and sets *inv_t, and *mean_t / *var_t when
+ * not NULL (writing mean and inv into the given outputs when >= 0). */
 static int normalise(ex *e, int x, const int64_t *axes, int n_axes, double eps, int mean_out,
-		     int inv_out, int *inv_t)
+		     int inv_out, int *inv_t, int *mean_t, int *var_t)
 {
 	ap_dtype dt = T(e, x)->dtype;
 	double n = (double)count_over(T(e, x), axes, n_axes);
@@ -363,6 +369,10 @@ static int normalise(ex *e, int x, const int64_t *axes, int n_axes, double eps, 
 		    unary(e, AP_OP_SQRT, binary(e, AP_OP_ADD, var, scalar_const(e, dt, eps), -1), -1),
 		    inv_out);
 	*inv_t = inv;
+	if (mean_t)
+		*mean_t = mean;
+	if (var_t)
+		*var_t = var;
 	return d;
 }
 
@@ -385,7 +395,7 @@ static void expand_layer_norm(ex *e, const ap_node *node)
 		fail(e, AP_EUNSUPPORTED, "LayerNormalization: Mean dtype differs from X");
 		return;
 	}
-	d = normalise(e, x, axes, n_axes, eps, mean_out, inv_out, &inv);
+	d = normalise(e, x, axes, n_axes, eps, mean_out, inv_out, &inv, NULL, NULL);
 	sc = binary(e, AP_OP_MUL, binary(e, AP_OP_MUL, d, inv, -1), scale, b >= 0 ? -1 : y);
 	if (b >= 0)
 		binary(e, AP_OP_ADD, sc, b, y);
@@ -406,10 +416,25 @@ static void expand_instance_norm(ex *e, const ap_node *node)
 	}
 	for (int a = 2; a < r; a++)
 		axes[n_axes++] = a;
-	d = normalise(e, x, axes, n_axes, eps, -1, -1, &inv);
+	d = normalise(e, x, axes, n_axes, eps, -1, -1, &inv, NULL, NULL);
 	binary(e, AP_OP_ADD,
 	       binary(e, AP_OP_MUL, binary(e, AP_OP_MUL, d, inv, -1), per_channel(e, scale, r), -1),
 	       per_channel(e, b, r), y);
+}
+
+/* running = input * momentum + Reshape(current, [C]) * (1 - momentum),
+ * written into `out` (a [C] tensor). */
+static void running_stat(ex *e, int input, int current, double momentum, int out)
+{
+	ap_dtype dt;
+	int cur;
+
+	if (e->rc || out < 0 || current < 0)
+		return;
+	dt = T(e, out)->dtype;
+	cur = reshape(e, current, 1, T(e, out)->dims, -1);
+	binary(e, AP_OP_ADD, binary(e, AP_OP_MUL, input, scalar_const(e, dt, momentum), -1),
+	       binary(e, AP_OP_MUL, cur, scalar_const(e, dt, 1.0 - momentum), -1), out);
 }
 
 static void expand_batch_norm(ex *e, const ap_node *node)
@@ -419,9 +444,25 @@ static void expand_batch_norm(ex *e, const ap_node *node)
 	ap_dtype dt = T(e, x)->dtype;
 	double eps = ap_node_float(node, "epsilon", 1e-5);
 	int scale = per_channel(e, in_at(node, 1), r), b = per_channel(e, in_at(node, 2), r);
-	int mean = per_channel(e, in_at(node, 3), r), var = per_channel(e, in_at(node, 4), r);
-	int a;
+	int mean, var, a;
 
+	if (ap_node_int(node, "training_mode", 0) == 1) {
+		double momentum = ap_node_float(node, "momentum", 0.9);
+		int64_t axes[AP_MAX_RANK];
+		int n_axes = 0, d, inv;
+
+		axes[n_axes++] = 0;
+		for (int i = 2; i < r; i++)
+			axes[n_axes++] = i;
+		d = normalise(e, x, axes, n_axes, eps, -1, -1, &inv, &mean, &var);
+		binary(e, AP_OP_ADD, binary(e, AP_OP_MUL, binary(e, AP_OP_MUL, d, inv, -1), scale, -1),
+		       b, y);
+		running_stat(e, in_at(node, 3), mean, momentum, out_at(node, 1));
+		running_stat(e, in_at(node, 4), var, momentum, out_at(node, 2));
+		return;
+	}
+	mean = per_channel(e, in_at(node, 3), r);
+	var = per_channel(e, in_at(node, 4), r);
 	a = binary(e, AP_OP_DIV, scale,
 		   unary(e, AP_OP_SQRT, binary(e, AP_OP_ADD, var, scalar_const(e, dt, eps), -1), -1),
 		   -1);
