@@ -314,7 +314,7 @@ static int handshake(ap_client *c, const char *token, ap_error *err)
 			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 		}
 		for (size_t i = 0; i < hr->n_targets; i++) {
-			c->targets[i] = strdup(hr->targets[i] ? hr->targets[i] : "");
+			c->targets[i] = ap_strdup(hr->targets[i]);
 			if (!c->targets[i]) {
 				apollo__envelope__free_unpacked(rep, NULL);
 				return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");

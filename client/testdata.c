@@ -97,7 +97,7 @@ ap_host_tensor *ap_host_tensor_copy(const ap_host_tensor *t, const char *name)
 
 	if (!c)
 		return NULL;
-	c->name = strdup(name ? name : t->name ? t->name : "");
+	c->name = ap_strdup(name ? name : t->name);
 	c->data = malloc(t->nbytes ? t->nbytes : 1);
 	if (!c->name || !c->data)
 		return ap_host_tensor_free(c);

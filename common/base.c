@@ -1,8 +1,9 @@
-/* base.c -- error records and the monotonic clock (see base.h). */
+/* base.c -- error records, string copies and the monotonic clock (see base.h). */
 #include "base.h"
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -72,6 +73,20 @@ int ap_error_wire_code(int code)
 	case AP_EVERSION: return 10;
 	default: return 8;
 	}
+}
+
+__ap_give char *ap_strdup(__ap_keep const char *s)
+{
+	size_t n;
+	char *d;
+
+	if (!s)
+		s = "";
+	n = strlen(s) + 1;
+	d = malloc(n);
+	if (d)
+		memcpy(d, s, n);
+	return d;
 }
 
 double ap_now_ms(void)

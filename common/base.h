@@ -59,6 +59,12 @@ const char *ap_error_name(int code);
 /* The apollo.ErrorCode value (proto/apollo.proto) for an AP_E* code. */
 int ap_error_wire_code(int code);
 
+/* A malloc'd copy of the NUL-terminated string `s`; a NULL `s` is copied
+ * as "" (so the result is never NULL for lack of input).  The caller owns
+ * the result and frees it with free().  Returns NULL only when the
+ * allocation fails (ENOMEM). */
+__ap_give char *ap_strdup(__ap_keep const char *s);
+
 /* Monotonic clock in milliseconds (CLOCK_MONOTONIC). */
 double ap_now_ms(void);
 

@@ -10,20 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *dup_str(const char *s)
-{
-	size_t n;
-	char *d;
-
-	if (!s)
-		s = "";
-	n = strlen(s) + 1;
-	d = malloc(n);
-	if (d)
-		memcpy(d, s, n);
-	return d;
-}
-
 /* Grows *arr (of *cap elements of `size` bytes) to hold at least `need`. */
 static int grow(void **arr, int *cap, int need, size_t size)
 {
@@ -96,7 +82,7 @@ __ap_give ap_graph *ap_graph_new(const char *name)
 
 	if (!g)
 		return NULL;
-	g->name = dup_str(name);
+	g->name = ap_strdup(name);
 	if (!g->name)
 		return ap_graph_free(g);
 	return g;
@@ -153,8 +139,8 @@ static int *dup_ints(const int *v, int n)
 static int attr_copy(ap_attr *dst, const ap_attr *src)
 {
 	*dst = *src;
-	dst->name = dup_str(src->name);
-	dst->s = src->s ? dup_str(src->s) : NULL;
+	dst->name = ap_strdup(src->name);
+	dst->s = src->s ? ap_strdup(src->s) : NULL;
 	dst->ints = NULL;
 	dst->floats = NULL;
 	if (src->n_ints > 0) {
@@ -234,7 +220,7 @@ int ap_graph_add_tensor(ap_graph *g, const char *name, ap_dtype dt, int rank,
 		return AP_ENOMEM;
 	t = &g->tensors[g->n_tensors];
 	memset(t, 0, sizeof(*t));
-	t->name = dup_str(name);
+	t->name = ap_strdup(name);
 	if (!t->name)
 		return AP_ENOMEM;
 	if (data && nbytes > 0) {
@@ -268,7 +254,7 @@ int ap_graph_add_node(ap_graph *g, const char *name, ap_op op,
 		return AP_ENOMEM;
 	n = &g->nodes[g->n_nodes];
 	memset(n, 0, sizeof(*n));
-	n->name = dup_str(name);
+	n->name = ap_strdup(name);
 	n->inputs = dup_ints(inputs, n_inputs);
 	n->outputs = dup_ints(outputs, n_outputs);
 	if (!n->name || !n->inputs || !n->outputs) {
@@ -305,7 +291,7 @@ static ap_attr *attr_slot(ap_graph *g, int n, const char *attr)
 			return a;
 		}
 	}
-	name = dup_str(attr);
+	name = ap_strdup(attr);
 	if (!name)
 		return NULL;
 	p = realloc(node->attrs, (size_t)(node->n_attrs + 1) * sizeof(ap_attr));
@@ -349,7 +335,7 @@ int ap_node_set_string(ap_graph *g, int n, const char *attr, const char *v)
 	if (!a)
 		return AP_ENOMEM;
 	a->type = AP_ATTR_STRING;
-	a->s = dup_str(v);
+	a->s = ap_strdup(v);
 	return a->s ? 0 : AP_ENOMEM;
 }
 

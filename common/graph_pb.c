@@ -196,16 +196,6 @@ nomem:
 
 /* ---- encoding ---------------------------------------------------------------- */
 
-static char *dup_str(const char *s)
-{
-	size_t n = strlen(s ? s : "") + 1;
-	char *d = malloc(n);
-
-	if (d)
-		memcpy(d, s ? s : "", n);
-	return d;
-}
-
 static void *dup_mem(const void *p, size_t n)
 {
 	void *d = malloc(n ? n : 1);
@@ -273,8 +263,8 @@ static Apollo__Attribute *attr_to_pb(const ap_attr *a)
 	if (!pa)
 		return NULL;
 	apollo__attribute__init(pa);
-	pa->name = dup_str(a->name);
-	pa->s = dup_str(a->type == AP_ATTR_STRING ? a->s : "");
+	pa->name = ap_strdup(a->name);
+	pa->s = ap_strdup(a->type == AP_ATTR_STRING ? a->s : "");
 	pa->ints = dup_mem(a->ints, (size_t)a->n_ints * sizeof(int64_t));
 	pa->floats = dup_mem(a->floats, (size_t)a->n_floats * sizeof(double));
 	if (!pa->name || !pa->s || !pa->ints || !pa->floats) {
@@ -296,8 +286,8 @@ static Apollo__Node *node_to_pb(const ap_node *n)
 	if (!pn)
 		return NULL;
 	apollo__node__init(pn);
-	pn->name = dup_str(n->name);
-	pn->op_type = dup_str(ap_op_name(n->op));
+	pn->name = ap_strdup(n->name);
+	pn->op_type = ap_strdup(ap_op_name(n->op));
 	pn->inputs = malloc(((size_t)n->n_inputs + 1) * sizeof(int32_t));
 	pn->outputs = malloc(((size_t)n->n_outputs + 1) * sizeof(int32_t));
 	pn->attrs = calloc((size_t)n->n_attrs + 1, sizeof(*pn->attrs));
@@ -330,7 +320,7 @@ static Apollo__Tensor *tensor_to_pb(const ap_tensor *t)
 	if (!pt)
 		return NULL;
 	apollo__tensor__init(pt);
-	pt->name = dup_str(t->name);
+	pt->name = ap_strdup(t->name);
 	pt->dims = dup_mem(t->dims, (size_t)t->rank * sizeof(int64_t));
 	pt->data.data = with_data ? dup_mem(t->data, t->nbytes) : NULL;
 	if (!pt->name || !pt->dims || (with_data && !pt->data.data)) {
@@ -351,7 +341,7 @@ __ap_give struct Apollo__Graph *ap_graph_to_pb(__ap_keep const ap_graph *g)
 	if (!pb)
 		return NULL;
 	apollo__graph__init(pb);
-	pb->name = dup_str(g->name);
+	pb->name = ap_strdup(g->name);
 	pb->tensors = calloc((size_t)g->n_tensors + 1, sizeof(*pb->tensors));
 	pb->nodes = calloc((size_t)g->n_nodes + 1, sizeof(*pb->nodes));
 	pb->inputs = malloc(((size_t)g->n_inputs + 1) * sizeof(int32_t));

@@ -96,16 +96,6 @@ static uint64_t fnv(const char *s)
 	return h;
 }
 
-static char *dup_str(const char *s)
-{
-	size_t n = strlen(s ? s : "") + 1;
-	char *d = malloc(n);
-
-	if (d)
-		memcpy(d, s ? s : "", n);
-	return d;
-}
-
 static int fail(imp *im, int code, const char *tensor, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
@@ -172,7 +162,7 @@ static int ss_add(strset *s, const char *name)
 			return 0;
 		i = (i + 1) & (s->cap - 1);
 	}
-	s->slots[i] = dup_str(name);
+	s->slots[i] = ap_strdup(name);
 	if (!s->slots[i])
 		return AP_ENOMEM;
 	s->n++;
@@ -249,7 +239,7 @@ static int bind(imp *im, const char *name, ival *v)
 		}
 		i = (i + 1) & (im->map_cap - 1);
 	}
-	im->map[i].key = dup_str(name);
+	im->map[i].key = ap_strdup(name);
 	if (!im->map[i].key)
 		return nomem(im);
 	im->map[i].v = v;
@@ -273,7 +263,7 @@ static ival *new_val(imp *im, const char *name)
 		im->cap_all = ncap;
 	}
 	v = calloc(1, sizeof(*v));
-	if (!v || !(v->name = dup_str(name))) {
+	if (!v || !(v->name = ap_strdup(name))) {
 		free(v);
 		nomem(im);
 		return NULL;
@@ -444,7 +434,7 @@ static int materialise(imp *im, ival *v)
 						AP_TENSOR_CONST, d->data, d->nbytes);
 		} else {
 			ap_host_tensor *p = v->data;
-			char *pn = dup_str(name);
+			char *pn = ap_strdup(name);
 
 			if (!pn)
 				return nomem(im);
@@ -2485,7 +2475,7 @@ static int import_outputs(imp *im, const Onnx__GraphProto *g)
 			t = y->tensor;
 		} else if (strcmp(im->g->tensors[t].name, name) != 0 && !ss_has(&im->tnames, name)) {
 			/* name the output tensor as the model does */
-			char *nn = dup_str(name);
+			char *nn = ap_strdup(name);
 
 			if (!nn || ss_add(&im->tnames, name) < 0) {
 				free(nn);

@@ -15,16 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *dup_str(const char *s)
-{
-	size_t n = strlen(s ? s : "") + 1;
-	char *d = malloc(n);
-
-	if (d)
-		memcpy(d, s ? s : "", n);
-	return d;
-}
-
 ap_host_tensor *ap_host_tensor_free(__ap_take ap_host_tensor *t)
 {
 	if (!t)
@@ -67,7 +57,7 @@ __ap_give ap_host_tensor *ap__host_tensor_new(const char *name, ap_dtype dt, int
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		return NULL;
-	t->name = dup_str(name);
+	t->name = ap_strdup(name);
 	if (!t->name)
 		return ap_host_tensor_free(t);
 	t->dtype = dt;

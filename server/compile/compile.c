@@ -371,7 +371,7 @@ static void *xcalloc(size_t n, size_t size, bool *oom)
 
 static char *xstrdup(const char *s, bool *oom)
 {
-	char *p = strdup(s ? s : "");
+	char *p = ap_strdup(s);
 
 	if (!p)
 		*oom = true;

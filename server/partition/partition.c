@@ -1492,7 +1492,7 @@ static int add_boundary(ap_partition *part, int *cap, int u, int v, int t, ap_bo
 	b->consumer = v;
 	b->tensor = t;
 	b->reason = r;
-	b->detail = strdup(detail ? detail : "");
+	b->detail = ap_strdup(detail);
 	if (!b->detail)
 		return AP_ENOMEM;
 	part->n_boundaries++;
@@ -1974,7 +1974,7 @@ int ap_partition_split(ap_partition *p, int gi, const char *why)
 	if (!nr)
 		return AP_ENOMEM;
 	p->refusals = nr;
-	nr[p->n_refusals] = strdup(why ? why : "");
+	nr[p->n_refusals] = ap_strdup(why);
 	if (!nr[p->n_refusals])
 		return AP_ENOMEM;
 	rid = p->n_refusals++;

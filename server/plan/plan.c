@@ -46,16 +46,6 @@
 
 #define WORKSPACE_ALIGN 256
 
-static char *dup_str(const char *s)
-{
-	size_t n = strlen(s ? s : "") + 1;
-	char *d = malloc(n);
-
-	if (d)
-		memcpy(d, s ? s : "", n);
-	return d;
-}
-
 static uint64_t tensor_bytes(const ap_tensor *t)
 {
 	int64_t n = ap_tensor_numel(t);
@@ -142,7 +132,7 @@ static int add_buffer(builder *b, int t, ap_buffer_kind kind, int index)
 	}
 	bf = &p->buffers[p->n_buffers];
 	memset(bf, 0, sizeof(*bf));
-	bf->name = dup_str(x->name);
+	bf->name = ap_strdup(x->name);
 	if (!bf->name)
 		return AP_ENOMEM;
 	bf->kind = kind;
@@ -181,7 +171,7 @@ static int add_name(char ***list, int *n, const char *name)
 	if (!p)
 		return AP_ENOMEM;
 	*list = p;
-	p[*n] = dup_str(name);
+	p[*n] = ap_strdup(name);
 	if (!p[*n])
 		return AP_ENOMEM;
 	(*n)++;
@@ -235,7 +225,7 @@ static int fill_kernel(builder *b, const ap_kir_kernel *k, ap_kernel_src *ks, co
 	const ap_graph *g = b->g;
 	ap_error perr;
 
-	ks->name = dup_str(k->name);
+	ks->name = ap_strdup(k->name);
 	ks->cuda_src = ap_kir_print(k, AP_KIR_CUDA, &perr);
 	if (ks->cuda_src)
 		ks->host_src = ap_kir_print(k, AP_KIR_HOST, &perr);
@@ -258,7 +248,7 @@ static int fill_kernel(builder *b, const ap_kir_kernel *k, ap_kernel_src *ks, co
 
 		if (a->space != AP_KIR_GLOBAL || a->param < 0 || a->param >= k->n_params)
 			continue;
-		ks->params[a->param].name = dup_str(g->tensors[a->tensor].name);
+		ks->params[a->param].name = ap_strdup(g->tensors[a->tensor].name);
 		if (!ks->params[a->param].name)
 			return AP_ENOMEM;
 		ks->params[a->param].dtype = a->type;
@@ -478,9 +468,9 @@ static int fill_boundaries(builder *b, const ap_partition *part, const int *laun
 		pb = &prog->boundaries[prog->n_boundaries++];
 		pb->producer = lp;
 		pb->consumer = lc;
-		pb->tensor = dup_str(tn);
+		pb->tensor = ap_strdup(tn);
 		pb->reason = ap_boundary_reason_key(bd->reason);
-		pb->detail = dup_str(bd->detail);
+		pb->detail = ap_strdup(bd->detail);
 		if (!pb->tensor || !pb->detail)
 			return AP_ENOMEM;
 	}
@@ -513,7 +503,7 @@ static int fill_explain(builder *b, const ap_graph *g, const ap_partition *part,
 		const ap_expand_choice *ch = &choices->items[i];
 		ap_program_op *op = &prog->ops[prog->n_ops++];
 
-		op->node = dup_str(g->nodes[ch->node].name);
+		op->node = ap_strdup(g->nodes[ch->node].name);
 		op->op = ap_op_name(ch->op);
 		op->opened = ch->opened;
 		op->n_primitives = ch->n_primitives;
