@@ -1774,10 +1774,37 @@ out:
 	return rc;
 }
 
+/* Adds `delta` to indeg[h] once for every group h (a union-find root) other
+ * than the group rooted at `r` that reads a tensor some member of `r`
+ * produces: r's edges in the group graph, each counted once. */
+static void add_to_successors(pctx *c, int r, int *indeg, int delta)
+{
+	const ap_graph *g = c->g;
+
+	c->cur_stamp++;
+	for (int m = c->head[r]; m >= 0; m = c->next[m]) {
+		const ap_node *node = &g->nodes[m];
+
+		for (int o = 0; o < node->n_outputs; o++) {
+			int t = node->outputs[o];
+
+			if (t < 0)
+				continue;
+			for (int k = c->rd_off[t]; k < c->rd_off[t + 1]; k++) {
+				int h = find(c, c->rd[k]);
+
+				if (h != r && c->stamp[h] != c->cur_stamp) {
+					c->stamp[h] = c->cur_stamp;
+					indeg[h] += delta;
+				}
+			}
+		}
+	}
+}
+
 /* Turns the union-find groups of c into part's arrays. */
 static int finish(pctx *c, ap_partition *part, ap_error *err)
 {
-	const ap_graph *g = c->g;
 	int N = c->N, n_roots = 0;
 	int *root_group = malloc(((size_t)N + 1) * sizeof(int));
 	int *indeg = calloc((size_t)N + 1, sizeof(int));
@@ -1795,29 +1822,8 @@ static int finish(pctx *c, ap_partition *part, ap_error *err)
 	for (int n = 0; n < N; n++)
 		if (c->head[n] >= 0 && find(c, n) == n)
 			roots[n_roots++] = n;
-	for (int i = 0; i < n_roots; i++) {
-		int r = roots[i];
-
-		c->cur_stamp++;
-		for (int m = c->head[r]; m >= 0; m = c->next[m]) {
-			const ap_node *node = &g->nodes[m];
-
-			for (int o = 0; o < node->n_outputs; o++) {
-				int t = node->outputs[o];
-
-				if (t < 0)
-					continue;
-				for (int k = c->rd_off[t]; k < c->rd_off[t + 1]; k++) {
-					int h = find(c, c->rd[k]);
-
-					if (h != r && c->stamp[h] != c->cur_stamp) {
-						c->stamp[h] = c->cur_stamp;
-						indeg[h]++;
-					}
-				}
-			}
-		}
-	}
+	for (int i = 0; i < n_roots; i++)
+		add_to_successors(c, roots[i], indeg, 1);
 	part->groups = calloc((size_t)n_roots + 1, sizeof(ap_group));
 	if (!part->groups)
 		goto nomem;
@@ -1849,25 +1855,7 @@ static int finish(pctx *c, ap_partition *part, ap_error *err)
 		memcpy(grp->nodes, c->list, (size_t)grp->n_nodes * sizeof(int));
 		for (int i = 0; i < grp->n_nodes; i++)
 			part->group_of[grp->nodes[i]] = gi;
-		c->cur_stamp++;
-		for (int m = c->head[pick]; m >= 0; m = c->next[m]) {
-			const ap_node *node = &g->nodes[m];
-
-			for (int o = 0; o < node->n_outputs; o++) {
-				int t = node->outputs[o];
-
-				if (t < 0)
-					continue;
-				for (int k = c->rd_off[t]; k < c->rd_off[t + 1]; k++) {
-					int h = find(c, c->rd[k]);
-
-					if (h != pick && c->stamp[h] != c->cur_stamp) {
-						c->stamp[h] = c->cur_stamp;
-						indeg[h]--;
-					}
-				}
-			}
-		}
+		add_to_successors(c, pick, indeg, -1);
 	}
 	for (int gi = 0; gi < part->n_groups; gi++)
 		if (fill_group(part, gi) < 0)
