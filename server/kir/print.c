@@ -390,6 +390,33 @@ static void print_for_head(printer *p, const ap_kir_stmt *s)
 	sb_printf(b, "; %s += %lld) {\n", s->var->name, (long long)s->step);
 }
 
+/* A FOR or IF statement at `depth`: its head, its body (and else branch)
+ * printed by `block` at depth + 1 -- print_block_thread in thread mode,
+ * print_block_host in block mode -- and the closing brace. */
+static void print_control(printer *p, const ap_kir_stmt *s, int depth,
+			  void (*block)(printer *, const ap_kir_block *, int))
+{
+	sbuf *b = &p->out;
+
+	sb_indent(b, depth);
+	if (s->kind == AP_KIR_S_FOR) {
+		print_for_head(p, s);
+		block(p, &s->body, depth + 1);
+	} else {
+		sb_printf(b, "if (");
+		print_expr(p, s->cond);
+		sb_printf(b, ") {\n");
+		block(p, &s->body, depth + 1);
+		if (s->orelse.first) {
+			sb_indent(b, depth);
+			sb_printf(b, "} else {\n");
+			block(p, &s->orelse, depth + 1);
+		}
+	}
+	sb_indent(b, depth);
+	sb_printf(b, "}\n");
+}
+
 /* One statement in thread mode (CUDA, or inside a host phase). */
 static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
 {
@@ -397,25 +424,8 @@ static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
 
 	switch (s->kind) {
 	case AP_KIR_S_FOR:
-		sb_indent(b, depth);
-		print_for_head(p, s);
-		print_block_thread(p, &s->body, depth + 1);
-		sb_indent(b, depth);
-		sb_printf(b, "}\n");
-		break;
 	case AP_KIR_S_IF:
-		sb_indent(b, depth);
-		sb_printf(b, "if (");
-		print_expr(p, s->cond);
-		sb_printf(b, ") {\n");
-		print_block_thread(p, &s->body, depth + 1);
-		if (s->orelse.first) {
-			sb_indent(b, depth);
-			sb_printf(b, "} else {\n");
-			print_block_thread(p, &s->orelse, depth + 1);
-		}
-		sb_indent(b, depth);
-		sb_printf(b, "}\n");
+		print_control(p, s, depth, print_block_thread);
 		break;
 	case AP_KIR_S_LET:
 		if (p->target == AP_KIR_HOST && p->per_thread[s->var->id]) {
@@ -551,25 +561,8 @@ static void print_block_host(printer *p, const ap_kir_block *blk, int depth)
 			sb_printf(b, "/* barrier: next phase */\n");
 			break;
 		case AP_KIR_S_FOR:
-			sb_indent(b, depth);
-			print_for_head(p, s);
-			print_block_host(p, &s->body, depth + 1);
-			sb_indent(b, depth);
-			sb_printf(b, "}\n");
-			break;
 		case AP_KIR_S_IF:
-			sb_indent(b, depth);
-			sb_printf(b, "if (");
-			print_expr(p, s->cond);
-			sb_printf(b, ") {\n");
-			print_block_host(p, &s->body, depth + 1);
-			if (s->orelse.first) {
-				sb_indent(b, depth);
-				sb_printf(b, "} else {\n");
-				print_block_host(p, &s->orelse, depth + 1);
-			}
-			sb_indent(b, depth);
-			sb_printf(b, "}\n");
+			print_control(p, s, depth, print_block_host);
 			break;
 		default:
 			break;
