@@ -87,15 +87,6 @@ typedef struct imp {
 
 /* ---- small utilities ----------------------------------------------------------- */
 
-static uint64_t fnv(const char *s)
-{
-	uint64_t h = 1469598103934665603ull;
-
-	while (*s)
-		h = (h ^ (uint8_t)*s++) * 1099511628211ull;
-	return h;
-}
-
 static int fail(imp *im, int code, const char *tensor, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
@@ -125,7 +116,7 @@ static bool ss_has(const strset *s, const char *name)
 
 	if (!s->cap)
 		return false;
-	i = (size_t)fnv(name) & (s->cap - 1);
+	i = (size_t)ap__fnv1a(name) & (s->cap - 1);
 	while (s->slots[i]) {
 		if (strcmp(s->slots[i], name) == 0)
 			return true;
@@ -147,7 +138,7 @@ static int ss_add(strset *s, const char *name)
 		for (size_t j = 0; j < s->cap; j++) {
 			if (!s->slots[j])
 				continue;
-			i = (size_t)fnv(s->slots[j]) & (ncap - 1);
+			i = (size_t)ap__fnv1a(s->slots[j]) & (ncap - 1);
 			while (slots[i])
 				i = (i + 1) & (ncap - 1);
 			slots[i] = s->slots[j];
@@ -156,7 +147,7 @@ static int ss_add(strset *s, const char *name)
 		s->slots = slots;
 		s->cap = ncap;
 	}
-	i = (size_t)fnv(name) & (s->cap - 1);
+	i = (size_t)ap__fnv1a(name) & (s->cap - 1);
 	while (s->slots[i]) {
 		if (strcmp(s->slots[i], name) == 0)
 			return 0;
@@ -197,7 +188,7 @@ static ival *lookup(imp *im, const char *name)
 
 	if (!im->map_cap)
 		return NULL;
-	i = (size_t)fnv(name) & (im->map_cap - 1);
+	i = (size_t)ap__fnv1a(name) & (im->map_cap - 1);
 	while (im->map[i].key) {
 		if (strcmp(im->map[i].key, name) == 0)
 			return im->map[i].v;
@@ -222,7 +213,7 @@ static int bind(imp *im, const char *name, ival *v)
 		for (size_t j = 0; j < im->map_cap; j++) {
 			if (!im->map[j].key)
 				continue;
-			i = (size_t)fnv(im->map[j].key) & (ncap - 1);
+			i = (size_t)ap__fnv1a(im->map[j].key) & (ncap - 1);
 			while (m[i].key)
 				i = (i + 1) & (ncap - 1);
 			m[i] = im->map[j];
@@ -231,7 +222,7 @@ static int bind(imp *im, const char *name, ival *v)
 		im->map = m;
 		im->map_cap = ncap;
 	}
-	i = (size_t)fnv(name) & (im->map_cap - 1);
+	i = (size_t)ap__fnv1a(name) & (im->map_cap - 1);
 	while (im->map[i].key) {
 		if (strcmp(im->map[i].key, name) == 0) {
 			im->map[i].v = v;

@@ -1,7 +1,8 @@
 /* ops_internal.h -- shape inference and reference evaluation of single
- * normalised nodes, shared by ops.c, validate.c and the ONNX importer;
- * not part of the public API.  Both work on a node that need not be part
- * of a graph (the importer infers and folds nodes before adding them). */
+ * normalised nodes, shared by ops.c, validate.c and the ONNX importer,
+ * with the small helpers those files share; not part of the public API.
+ * Both work on a node that need not be part of a graph (the importer
+ * infers and folds nodes before adding them). */
 #ifndef AP_OPS_INTERNAL_H
 #define AP_OPS_INTERNAL_H
 
@@ -45,5 +46,13 @@ int64_t ap__shape_numel(int rank, const int64_t *dims);
 /* numpy (multidirectional) broadcast of a and b into r; AP_ESHAPE when the
  * shapes do not broadcast. */
 int ap__broadcast(const ap_shape *a, const ap_shape *b, ap_shape *r);
+
+/* 64-bit FNV-1a-style hash of the NUL-terminated string `s` (not NULL):
+ * per byte, xor then multiply by the FNV prime 1099511628211 (Fowler, Noll,
+ * Vo), starting from 1469598103934665603 (not the published offset basis;
+ * that only moves names between slots).  For the open-addressing name
+ * tables of validate.c, where it is defined, and the ONNX importer; not
+ * for anything that must resist collisions (cache keys use SHA-256). */
+uint64_t ap__fnv1a(const char *s);
 
 #endif

@@ -30,7 +30,8 @@ typedef struct name_set {
 	size_t cap;
 } name_set;
 
-static uint64_t fnv(const char *s)
+/* FNV-1a-style string hash (see ops_internal.h). */
+uint64_t ap__fnv1a(const char *s)
 {
 	uint64_t h = 1469598103934665603ull;
 
@@ -51,7 +52,7 @@ static int set_init(name_set *s, size_t n)
 /* Inserts `name`; returns 1 when it was already there. */
 static int set_add(name_set *s, const char *name)
 {
-	size_t i = (size_t)fnv(name) & (s->cap - 1);
+	size_t i = (size_t)ap__fnv1a(name) & (s->cap - 1);
 
 	while (s->slots[i]) {
 		if (strcmp(s->slots[i], name) == 0)
