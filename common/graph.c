@@ -76,6 +76,16 @@ int64_t ap_tensor_numel(const ap_tensor *t)
 	return n;
 }
 
+bool ap_dims_equal(int rank_a, const int64_t *dims_a, int rank_b, const int64_t *dims_b)
+{
+	if (rank_a != rank_b)
+		return false;
+	for (int i = 0; i < rank_a; i++)
+		if (dims_a[i] != dims_b[i])
+			return false;
+	return true;
+}
+
 __ap_give ap_graph *ap_graph_new(const char *name)
 {
 	ap_graph *g = calloc(1, sizeof(*g));

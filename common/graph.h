@@ -138,6 +138,10 @@ size_t ap_dtype_size(ap_dtype dt);           /* bytes per element; 0 if unknown 
 const char *ap_dtype_name(ap_dtype dt);      /* "float32", ... */
 /* Element count, or -1 when it exceeds AP_MAX_ELEMENTS or a dim is < 0. */
 int64_t ap_tensor_numel(const ap_tensor *t);
+/* True when two shapes are the same: equal ranks (0..AP_MAX_RANK) and
+ * equal dims, position by position (rank_a dims in dims_a, rank_b in
+ * dims_b; dtypes are not compared).  No broadcasting: [1,4] is not [4]. */
+bool ap_dims_equal(int rank_a, const int64_t *dims_a, int rank_b, const int64_t *dims_b);
 
 __ap_give ap_graph *ap_graph_new(const char *name);
 ap_graph *ap_graph_free(__ap_take ap_graph *g);   /* accepts NULL, returns NULL */

@@ -106,22 +106,12 @@ int ap__broadcast(const ap_shape *a, const ap_shape *b, ap_shape *r)
 	return 0;
 }
 
-static bool same_dims(const ap_shape *a, const ap_shape *b)
-{
-	if (a->rank != b->rank)
-		return false;
-	for (int i = 0; i < a->rank; i++)
-		if (a->dims[i] != b->dims[i])
-			return false;
-	return true;
-}
-
 /* b broadcasts into a without changing a (ONNX "unidirectional"). */
 static bool unidir(const ap_shape *a, const ap_shape *b)
 {
 	ap_shape r;
 
-	return ap__broadcast(a, b, &r) == 0 && same_dims(&r, a);
+	return ap__broadcast(a, b, &r) == 0 && ap_dims_equal(r.rank, r.dims, a->rank, a->dims);
 }
 
 static bool is_float(ap_dtype dt)
@@ -282,7 +272,7 @@ static int infer_binary(const ap_node *node, const ap_shape *a, const ap_shape *
 	}
 	if (ap__broadcast(a, b, y) < 0)
 		return bad_shape(node, nm(names, 1), err, "shapes do not broadcast", a, b);
-	if (node->op == AP_OP_PRELU && !same_dims(y, a))
+	if (node->op == AP_OP_PRELU && !ap_dims_equal(y->rank, y->dims, a->rank, a->dims))
 		return bad_shape(node, nm(names, 1), err, "slope does not broadcast to the input", a, b);
 	y->dtype = (cmp || logic) ? AP_DT_BOOL : a->dtype;
 	return 0;
@@ -748,7 +738,8 @@ static int check_given(const ap_node *node, const ap_shape *x, ap_shape *out, in
 	case AP_OP_EXPAND: {
 		ap_shape r;
 
-		if (ap__broadcast(x, &out[0], &r) < 0 || !same_dims(&r, &out[0]))
+		if (ap__broadcast(x, &out[0], &r) < 0 ||
+		    !ap_dims_equal(r.rank, r.dims, out[0].rank, out[0].dims))
 			return bad_shape(node, NULL, err, "input does not expand to", x, &out[0]);
 		break;
 	}

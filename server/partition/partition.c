@@ -149,16 +149,6 @@ static int find(pctx *c, int n)
 	return n;
 }
 
-static bool same_shape(const ap_tensor *a, const ap_tensor *b)
-{
-	if (a->rank != b->rank)
-		return false;
-	for (int i = 0; i < a->rank; i++)
-		if (a->dims[i] != b->dims[i])
-			return false;
-	return true;
-}
-
 static double numel(const ap_graph *g, int t)
 {
 	int64_t n = ap_tensor_numel(&g->tensors[t]);
@@ -371,7 +361,8 @@ static bool reads_in_place(pctx *c, const ap_node *n, int i)
 		return false;
 	if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST)
 		return false;
-	return same_shape(&g->tensors[x], &g->tensors[y]);
+	return ap_dims_equal(g->tensors[x].rank, g->tensors[x].dims,
+			     g->tensors[y].rank, g->tensors[y].dims);
 }
 
 /* E(t) for every tensor read or made by the members of roots a and b (b
@@ -542,7 +533,8 @@ static int outputs_check(pctx *c, int p, int q, int kind, char *why, size_t cap)
 				}
 				if (!first) {
 					first = &g->tensors[t];
-				} else if (!same_shape(first, &g->tensors[t])) {
+				} else if (!ap_dims_equal(first->rank, first->dims,
+							  g->tensors[t].rank, g->tensors[t].dims)) {
 					say(why, cap,
 					    "shape: the merged kernel would write %s and %s, of two "
 					    "shapes (two iteration spaces)", first->name,
