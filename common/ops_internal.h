@@ -49,8 +49,8 @@ int ap__broadcast(const ap_shape *a, const ap_shape *b, ap_shape *r);
 
 /* 64-bit FNV-1a-style hash of the NUL-terminated string `s` (not NULL):
  * per byte, xor then multiply by the FNV prime 1099511628211 (Fowler, Noll,
- * Vo), starting from 1469598103934665603 (not the published offset basis;
- * that only moves names between slots).  For the open-addressing name
+ * Vo), starting from the offset basis 14695981039346656037.  For the
+ * open-addressing name
  * tables of validate.c, where it is defined, and the ONNX importer; not
  * for anything that must resist collisions (cache keys use SHA-256). */
 uint64_t ap__fnv1a(const char *s);

@@ -33,7 +33,7 @@ typedef struct name_set {
 /* FNV-1a-style string hash (see ops_internal.h). */
 uint64_t ap__fnv1a(const char *s)
 {
-	uint64_t h = 1469598103934665603ull;
+	uint64_t h = 14695981039346656037ull;
 
 	while (*s)
 		h = (h ^ (uint8_t)*s++) * 1099511628211ull;
