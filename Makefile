@@ -37,6 +37,8 @@ TESTS       := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 LIBS := $(BUILD)/libapserver.a $(BUILD)/libapollo-client.a $(BUILD)/libapcommon.a
 
 .PHONY: all deps check check-unit check-scripts demo bench clean help
+# Keep generated headers and test objects: they are not throw-away intermediates.
+.SECONDARY:
 all: $(BUILD)/apollod $(BUILD)/apollo-client $(TESTS)
 
 help:
