@@ -2026,6 +2026,122 @@ START_TEST(feedback_split_on_refusal)
 }
 END_TEST
 
+/* A backend hook for feedback_backend_refusal: refuses any kernel of more
+ * than max_nodes node names, any fused kernel holding node `fused_node`,
+ * and any kernel at all holding node `any_node`; counts its calls. */
+typedef struct refuse_hook {
+	int max_nodes;            /* 0 = off */
+	const char *fused_node;   /* NULL = off */
+	const char *any_node;     /* NULL = off */
+	int calls, refusals;
+} refuse_hook;
+
+static bool kernel_has_node(const ap_kernel_src *k, const char *name)
+{
+	for (int i = 0; i < k->n_nodes; i++)
+		if (strcmp(k->nodes[i], name) == 0)
+			return true;
+	return false;
+}
+
+static int on_refuse_hook(const ap_kernel_src *k, void *user, ap_error *why)
+{
+	refuse_hook *h = user;
+
+	h->calls++;
+	ck_assert_ptr_nonnull(k->cuda_src);
+	ck_assert_ptr_nonnull(k->host_src);
+	ck_assert_int_gt(k->n_nodes, 0);
+	if ((h->max_nodes && k->n_nodes > h->max_nodes) ||
+	    (h->fused_node && k->n_nodes > 1 && kernel_has_node(k, h->fused_node)) ||
+	    (h->any_node && kernel_has_node(k, h->any_node))) {
+		h->refusals++;
+		return ap_error_set(why, AP_ECOMPILE, NULL, NULL, "hook says no to %d nodes",
+				    k->n_nodes);
+	}
+	return 0;
+}
+
+/* Upward feedback from the backend (ap_build_options.accept_kernel): a
+ * refused fused kernel splits its group, the program still computes the
+ * same values, and a refused single-node kernel is an AP_ECOMPILE error
+ * naming the node. */
+START_TEST(feedback_backend_refusal)
+{
+	enum { N = 32 };
+	ap_graph *g = ap_graph_new("fbb");
+	int x = input(g, "x", AP_DT_F32, DIMS(4, N)), prev = x;
+	float *xs = randv(4 * N, -1, 1);
+	double ref[4 * N];
+	void *o0[1], *o1[1], *o2[1];
+	static const ap_op ops[] = {AP_OP_EXP, AP_OP_TANH, AP_OP_NEG, AP_OP_SIGMOID, AP_OP_ABS};
+	refuse_hook h1 = {.max_nodes = 2}, h2 = {.fused_node = "n1"}, h3 = {.any_node = "n2"};
+	ap_error err;
+
+	for (int i = 0; i < 5; i++) {
+		char name[8];
+		int t;
+
+		snprintf(name, sizeof(name), "t%d", i);
+		t = value(g, name, AP_DT_F32, DIMS(4, N));
+		snprintf(name, sizeof(name), "n%d", i);
+		node(g, name, ops[i], LIST(prev), LIST(t));
+		prev = t;
+	}
+	output(g, prev);
+	for (int i = 0; i < 4 * N; i++)
+		ref[i] = fabs(1 / (1 + exp(tanh(exp(xs[i])))));
+	/* unrefused: one kernel */
+	ap_program *p0 = build_and_run_opt(g, NULL, (const void *[]){xs}, NULL, 0, o0);
+	ck_assert_int_eq(p0->n_launches, 1);
+	ck_assert_int_eq(p0->n_refused, 0);
+	expect_close("one kernel", o0[0], ref, 4 * N);
+	/* kernels of more than 2 nodes refused: 5 -> 3 + 2 -> 2 + 1 + 2 */
+	ap_program *p1 = build_and_run_opt(
+		g, &(ap_build_options){.accept_kernel = on_refuse_hook, .accept_user = &h1},
+		(const void *[]){xs}, NULL, 0, o1);
+	ck_assert_int_eq(p1->n_launches, 3);
+	ck_assert_int_eq(p1->n_refused, 2);
+	ck_assert_int_eq(h1.refusals, 2);
+	ck_assert_int_eq(h1.calls, 2 + p1->n_kernels);   /* every kept kernel offered */
+	ck_assert_int_eq(p1->n_boundaries, 2);
+	for (int i = 0; i < p1->n_boundaries; i++) {
+		ck_assert_str_eq(p1->boundaries[i].reason, "refused");
+		ck_assert_ptr_nonnull(strstr(p1->boundaries[i].detail, "the backend refused kernel"));
+		ck_assert_ptr_nonnull(strstr(p1->boundaries[i].detail, "hook says no to"));
+	}
+	for (int k = 0; k < p1->n_kernels; k++)
+		ck_assert_int_le(p1->kernels[k].n_nodes, 2);
+	expect_close("backend split", o1[0], ref, 4 * N);
+	/* a fused kernel holding n1 refused: n1 ends up alone */
+	ap_program *p2 = build_and_run_opt(
+		g, &(ap_build_options){.accept_kernel = on_refuse_hook, .accept_user = &h2},
+		(const void *[]){xs}, NULL, 0, o2);
+	ck_assert_int_ge(p2->n_refused, 1);
+	ck_assert_int_gt(p2->n_launches, 1);
+	for (int l = 0; l < p2->n_launches; l++)
+		for (int i = 0; i < p2->launches[l].n_nodes; i++)
+			if (strcmp(p2->launches[l].nodes[i], "n1") == 0)
+				ck_assert_int_eq(p2->launches[l].n_nodes, 1);
+	expect_close("n1 alone", o2[0], ref, 4 * N);
+	/* n2 refused even alone: a real error naming it */
+	ap_error_clear(&err);
+	ck_assert_ptr_null(ap_program_build(
+		g, &(ap_build_options){.accept_kernel = on_refuse_hook, .accept_user = &h3}, &err));
+	ck_assert_int_eq(err.code, AP_ECOMPILE);
+	ck_assert_str_eq(err.node, "n2");
+	ck_assert_ptr_nonnull(strstr(err.msg, "hook says no to 1 nodes"));
+	free_outs(o0, 1);
+	free_outs(o1, 1);
+	free_outs(o2, 1);
+	ap_program_free(p0);
+	ap_program_free(p1);
+	ap_program_free(p2);
+	ap_graph_free(g);
+	free(xs);
+}
+END_TEST
+
 START_TEST(explain_report)
 {
 	ap_graph *g = ap_graph_new("ex");
@@ -2449,6 +2565,7 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, expansions_compound);
 	tcase_add_test(tc, epilogue_and_prologue_in_one_kernel);
 	tcase_add_test(tc, feedback_split_on_refusal);
+	tcase_add_test(tc, feedback_backend_refusal);
 	tcase_add_test(tc, explain_report);
 	tcase_add_test(tc, onnx_node_tests);
 	tcase_add_test(tc, fusion_levels_on_models);

@@ -3,9 +3,10 @@
  *
  *   expand (compound ops opened or kept whole, per op)
  *   -> partition (sub-graphs, micro-graphs, boundary reasons)
- *   -> per group: lower to kernel IR -> print CUDA C and host C; when
- *      lowering refuses a fused group, the partitioner splits it and the
- *      halves are lowered instead (upward feedback)
+ *   -> per group: lower to kernel IR -> print CUDA C and host C -> offer
+ *      the kernel to the backend hook (opt->accept_kernel); when lowering
+ *      or the backend refuses a fused group, the partitioner splits it and
+ *      the halves are lowered instead (upward feedback)
  *   -> buffers, launch plan, workspace layout, explain data.
  *
  * Kernels are named after their content (root op and a hash of both
@@ -45,6 +46,7 @@
 #include "../partition/partition.h"
 
 #define WORKSPACE_ALIGN 256
+#define REFUSED 1   /* internal: opt->accept_kernel refused a kernel */
 
 static uint64_t tensor_bytes(const ap_tensor *t)
 {
@@ -526,9 +528,10 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 	ap_expand_options xopt = {0};
 	ap_partition_options popt = {0};
 	ap_expand_choices choices = {0};
-	int *launch_of = NULL, cap_launches = 0;
+	int *launch_of = NULL, cap_launches = 0, nb0;
 	int rc = 0;
-	char hook[160];
+	char hook[160], refusal[sizeof(((ap_error *)0)->msg) + 160];
+	double hook_ms = 0;   /* in opt->accept_kernel: the backend's time */
 
 	memset(&b, 0, sizeof(b));
 	b.err = err;
@@ -644,7 +647,37 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 		for (ki = 0; ki < prog->n_kernels; ki++)
 			if (strcmp(prog->kernels[ki].name, k->name) == 0)
 				break;
+		nb0 = prog->n_buffers;
 		rc = fill_launch(&b, k, ln, ki);
+		if (rc == 0 && ki == prog->n_kernels) {
+			/* a new kernel: built in place, kept only once the backend
+			 * hook accepts it */
+			ap_kernel_src *ks = &prog->kernels[ki];
+
+			rc = fill_kernel(&b, k, ks, ln);
+			if (rc == 0)
+				rc = add_group_nodes(&b, grp, &ks->nodes, &ks->n_nodes);
+			if (rc == 0 && opt && opt->accept_kernel) {
+				double th = ap_now_ms();
+
+				ap_error_clear(&lerr);
+				rc = opt->accept_kernel(ks, opt->accept_user, &lerr);
+				hook_ms += ap_now_ms() - th;
+				if (rc != 0 && rc != AP_ENOMEM) {
+					if (!lerr.msg[0])
+						snprintf(lerr.msg, sizeof(lerr.msg), "no reason given");
+					snprintf(refusal, sizeof(refusal), "the backend refused kernel %s: %s",
+						 ks->name, lerr.msg);
+					rc = REFUSED;
+				}
+			}
+			if (rc == 0) {
+				prog->n_kernels++;
+			} else {
+				kernel_clear(ks);
+				memset(ks, 0, sizeof(*ks));
+			}
+		}
 		if (rc == 0) {
 			launch_of[gi] = prog->n_launches;
 			prog->n_launches++;
@@ -660,14 +693,32 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 					ln->global_bytes += prog->buffers[ln->args[a]].nbytes;
 			}
 			rc = add_group_nodes(&b, grp, &ln->nodes, &ln->n_nodes);
+			if (rc == 0)
+				rc = add_group_nodes(&b, grp, &prog->kernels[ki].nodes,
+						     &prog->kernels[ki].n_nodes);
+		} else {
+			free(ln->args);
+			memset(ln, 0, sizeof(*ln));
 		}
-		if (rc == 0 && ki == prog->n_kernels) {
-			prog->n_kernels++;
-			rc = fill_kernel(&b, k, &prog->kernels[ki], ln);
-		}
-		if (rc == 0)
-			rc = add_group_nodes(&b, grp, &prog->kernels[ki].nodes, &prog->kernels[ki].n_nodes);
 		ap_kir_kernel_free(k);
+		if (rc == REFUSED) {
+			/* upward feedback from the backend: forget the buffers this
+			 * group created, then split it (or fail a single node) */
+			for (int t = 0; t < pg->n_tensors; t++)
+				if (b.buf_of[t] >= nb0)
+					b.buf_of[t] = -1;
+			while (prog->n_buffers > nb0)
+				free(prog->buffers[--prog->n_buffers].name);
+			if (grp->n_nodes < 2) {
+				ap_error_set(err, AP_ECOMPILE, pg->nodes[grp->root].name, NULL, "%s",
+					     refusal);
+				goto fail;
+			}
+			if (ap_partition_split(part, gi, refusal) < 0)
+				goto nomem;
+			prog->n_refused++;
+			continue;
+		}
 		if (rc == AP_ENOMEM)
 			goto nomem;
 		if (rc < 0)
@@ -679,7 +730,7 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 	traffic_model(g, prog);
 	if (fill_explain(&b, g, part, &choices, launch_of) < 0)
 		goto nomem;
-	prog->codegen_ms = ap_now_ms() - t1;
+	prog->codegen_ms = ap_now_ms() - t1 - hook_ms;
 	free(launch_of);
 	free(b.buf_of);
 	ap_expand_choices_clear(&choices);

@@ -170,6 +170,22 @@ typedef struct ap_build_options {
 	unsigned refuse_group_nodes;
 	const char *refuse_op;
 	bool open_all;               /* tests: open elementwise activations too */
+	/* Backend hook (upward feedback from the layer below the printers):
+	 * called by ap_program_build for every distinct kernel it is about to
+	 * keep, with `k` complete (sources, params, grid/block, and `nodes`:
+	 * the node names of the group being lowered) and borrowed for the call
+	 * only.  Returns 0 to accept it; AP_ENOMEM to fail the build
+	 * (AP_ENOMEM); any other non-zero value refuses it, with the reason in
+	 * `why->msg`.  A refused kernel of a fused group (two or more member
+	 * nodes) splits that group (ap_partition_split, boundary reason
+	 * "refused", detail naming the reason) and its halves are lowered and
+	 * offered again; a refused single-node kernel fails the build with
+	 * AP_ECOMPILE naming the node.  A kernel shared by content is offered
+	 * once.  Called on the thread running ap_program_build (a daemon
+	 * worker), never concurrently within one build.  NULL = every kernel
+	 * accepted.  Time spent in the hook is not counted in codegen_ms. */
+	int (*accept_kernel)(const ap_kernel_src *k, void *user, ap_error *why);
+	void *accept_user;           /* passed to accept_kernel, borrowed */
 } ap_build_options;
 
 /* Opens compound ops (keep_whole aside), partitions the primitive graph
@@ -177,10 +193,13 @@ typedef struct ap_build_options {
  * section 3), lowers each group to one kernel through the kernel IR and
  * prints it for CUDA and for the host, then lays out the launch plan and
  * workspace.  When lowering refuses a fused group, the group is split and
- * lowered again (upward feedback): fusion never fails a request.  Every
+ * lowered again (upward feedback): fusion never fails a request; the same
+ * holds for a kernel opt->accept_kernel (the backend) refuses.  Every
  * graph output is written by some launch.  `opt` may be NULL.  Returns
  * NULL with `err` set: AP_EUNSUPPORTED (an op or dtype lowering cannot
- * handle even alone, naming the node), AP_ENOMEM, AP_EINTERNAL. */
+ * handle even alone, naming the node), AP_ECOMPILE (accept_kernel refused
+ * a single-node kernel: its message, naming the node), AP_ENOMEM,
+ * AP_EINTERNAL. */
 __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 				       const ap_build_options *opt, ap_error *err);
 ap_program *ap_program_free(__ap_take ap_program *p);  /* accepts NULL */
