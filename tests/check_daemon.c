@@ -1717,6 +1717,102 @@ START_TEST(onnx_in_the_daemon)
 }
 END_TEST
 
+/* out = Abs(Sigmoid(Neg(Tanh(Exp(x))))) on [4, 32], nodes n0..n4: one
+ * fused kernel when nothing is refused. */
+static Apollo__Graph *chain5(void)
+{
+	static const char *const ops[] = { "Exp", "Tanh", "Neg", "Sigmoid", "Abs" };
+	Apollo__Graph *g = graph_new("chain5");
+	int64_t dims[2] = { 4, 32 };
+	int prev = graph_tensor(g, "x", APOLLO__TENSOR_KIND__TENSOR_INPUT, 2, dims);
+
+	for (int i = 0; i < 5; i++) {
+		char name[8];
+		int t;
+
+		snprintf(name, sizeof(name), "t%d", i);
+		t = graph_tensor(g, name, APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, dims);
+		snprintf(name, sizeof(name), "n%d", i);
+		graph_node(g, name, ops[i], 1, (int32_t[]){ prev }, t);
+		prev = t;
+	}
+	graph_output(g, prev);
+	return g;
+}
+
+/* Upward feedback from the backend: with the test hook
+ * APOLLO_TEST_REFUSE_KERNEL_NODES=2 the host compiler "rejects" every
+ * kernel of more than 2 nodes; the fused groups are split (boundaries
+ * "refused"), no kernel is compiled twice, the answer is cached, and a
+ * real model still runs correctly (apollo-client check). */
+START_TEST(backend_refusal_splits)
+{
+	daemon_t d;
+	const char *env[] = { "APOLLO_TEST_REFUSE_KERNEL_NODES=2", NULL };
+	const char *build = getenv("APOLLO_BUILD");
+	Apollo__Graph *g = chain5();
+	Apollo__Envelope *r;
+	Apollo__Bundle *b;
+	char client[4096], model[4096], cmd[12288];
+	struct stat st;
+	int fd, refused = 0;
+
+	daemon_start_in(&d, NULL, env, NULL);
+	fd = connect_unix(d.sock);
+	r = compile(fd, 1, g, NULL);
+	b = bundle_ok(r, "cpu");
+	/* 5 -> 3 + 2 -> 2 + 1 + 2 */
+	ck_assert_uint_eq(b->n_plan, 3);
+	ck_assert_uint_eq(b->n_kernels, 3);
+	for (size_t k = 0; k < b->n_kernels; k++)
+		ck_assert_uint_le(b->kernels[k]->n_nodes, 2);
+	for (size_t i = 0; i < b->n_boundaries; i++) {
+		if (strcmp(b->boundaries[i]->reason, "refused") != 0)
+			continue;
+		refused++;
+		ck_assert_ptr_nonnull(strstr(b->boundaries[i]->detail, "backend refused kernel"));
+		ck_assert_ptr_nonnull(strstr(b->boundaries[i]->detail, "APOLLO_TEST_REFUSE_KERNEL_NODES"));
+	}
+	ck_assert_int_eq(refused, 2);
+	ck_assert_uint_eq(b->stats->kernels_compiled, b->n_kernels);
+	ck_assert_int_eq(b->stats->cache_hit, 0);
+	apollo__envelope__free_unpacked(r, NULL);
+	r = compile(fd, 2, g, NULL);
+	b = bundle_ok(r, "cpu");
+	ck_assert_int_eq(b->stats->cache_hit, 1);
+	ck_assert_uint_eq(b->n_plan, 3);
+	apollo__envelope__free_unpacked(r, NULL);
+	{
+		Apollo__StatsReply *s = get_stats(fd);
+		ck_assert_uint_eq(s->kernels_compiled, 3);
+		apollo__stats_reply__free_unpacked(s, NULL);
+	}
+	close(fd);
+
+	/* the bundle of a real model, split by the backend, runs correctly */
+	snprintf(client, sizeof(client), "%s/apollo-client", build && *build ? build : "build");
+	snprintf(model, sizeof(model), "%s/../../shared/testdata/models/mlp_gelu_ln",
+		 build && *build ? build : "build");
+	if (stat(model, &st) != 0)
+		snprintf(model, sizeof(model), "../shared/testdata/models/mlp_gelu_ln");
+	if (stat(model, &st) != 0 || stat(client, &st) != 0) {
+		printf("SKIP backend_refusal_splits (model run): %s or %s not found\n", model, client);
+	} else {
+		snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' check '%s' >> '%s/client.log' 2>&1",
+			 client, d.sock, model, d.dir);
+		ck_assert_msg(system(cmd) == 0, "%s failed: see %s/client.log", cmd, d.dir);
+		snprintf(cmd, sizeof(cmd),
+			 "'%s' --socket '%s' submit '%s/model.onnx' --explain 2>&1 | grep -q "
+			 "'refused (refused by lowering: the backend refused kernel'",
+			 client, d.sock, model);
+		ck_assert_msg(system(cmd) == 0, "no refused boundary in: %s", cmd);
+	}
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
 /* The connection limit: one more client gets ERR_BUSY and is closed. */
 START_TEST(max_clients)
 {
@@ -1776,6 +1872,7 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, tcp_needs_token);
 	tcase_add_test(tc, gpu_target_without_nvrtc);
 	tcase_add_test(tc, backend_failure);
+	tcase_add_test(tc, backend_refusal_splits);
 	tcase_add_test(tc, onnx_in_the_daemon);
 	tcase_add_test(tc, gpu_targets);
 	tcase_add_test(tc, max_clients);

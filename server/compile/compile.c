@@ -19,6 +19,18 @@
  * are independent.  The compiler owns `threads - 1` helper threads, started
  * once; a request queues its kernels for them and compiles its share on
  * its own worker thread, so it never waits on helpers busy elsewhere.
+ *
+ * Backend refusals (upward feedback, issue 3): a kernel NVRTC or cc
+ * rejects (AP_ECOMPILE) does not fail the request.  The parallel round
+ * still compiles every other kernel; then the program is built again with
+ * a backend hook (ap_build_options.accept_kernel) that answers from the
+ * blobs of that round by kernel name and compiles only new kernels (the
+ * halves of split groups), so a fused group the backend rejects is split
+ * and no kernel is compiled twice.  Only a single-node kernel that does
+ * not compile fails the request.  Test hook:
+ * $APOLLO_TEST_REFUSE_KERNEL_NODES=N (read once, when the compiler is
+ * created) makes the backend reject every kernel of more than N node
+ * names, as $APOLLO_TEST_COMPILE_DELAY_MS=MS delays every request.
  */
 #include "compile.h"
 
@@ -48,6 +60,7 @@ struct ap_compiler {
 	unsigned n_helpers;
 	pthread_t *helpers;
 	unsigned delay_ms;       /* $APOLLO_TEST_COMPILE_DELAY_MS: tests only */
+	unsigned refuse_nodes;   /* $APOLLO_TEST_REFUSE_KERNEL_NODES: tests only */
 	char cc_id[256];
 	char nvrtc_id[64];
 	char build_id[64];       /* "apollod 0.1.0 exe <sha256 prefix>" */
@@ -106,6 +119,7 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 {
 	ap_compiler *c = calloc(1, sizeof(*c));
 	const char *delay = getenv("APOLLO_TEST_COMPILE_DELAY_MS");
+	const char *refuse = getenv("APOLLO_TEST_REFUSE_KERNEL_NODES");
 	const char *nv;
 
 	if (!c)
@@ -116,6 +130,8 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 		c->threads = 256;
 	if (delay && *delay)
 		c->delay_ms = (unsigned)strtoul(delay, NULL, 10);
+	if (refuse && *refuse)
+		c->refuse_nodes = (unsigned)strtoul(refuse, NULL, 10);
 	host_cc_identity(c->cc_id, sizeof(c->cc_id));
 	build_identity(c->build_id, sizeof(c->build_id));
 	nv = ap_nvrtc_version();
@@ -592,10 +608,14 @@ struct kernel_batch {
 	pthread_cond_t finished;
 };
 
-static void compile_one(struct kernel_batch *kb, int i)
+/* Compiles one kernel for the batch's target into `out` (rc 0 and the
+ * blob, from the kernel cache or the backend; or rc and err, AP_ECOMPILE
+ * when the backend rejects the source).  The test hook
+ * $APOLLO_TEST_REFUSE_KERNEL_NODES=N makes the backend reject, with
+ * AP_ECOMPILE, every kernel of more than N node names, cached or not. */
+static void compile_kernel(const struct kernel_batch *kb, const ap_kernel_src *ks,
+			   struct kblob *out)
 {
-	const ap_kernel_src *ks = &kb->p->kernels[i];
-	struct kblob *out = &kb->blobs[i];
 	const char *src = kb->gpu ? ks->cuda_src : ks->host_src;
 	const char *bid = ap_compiler_backend_id(kb->c, kb->gpu);
 	uint8_t key[32];
@@ -605,6 +625,12 @@ static void compile_one(struct kernel_batch *kb, int i)
 	if (!src) {
 		out->rc = ap_error_set(&out->err, AP_EINTERNAL, ks->n_nodes ? ks->nodes[0] : NULL, NULL,
 				       "kernel %s has no %s source", ks->name, kb->gpu ? "CUDA" : "host");
+		return;
+	}
+	if (kb->c->refuse_nodes && (unsigned)ks->n_nodes > kb->c->refuse_nodes) {
+		out->rc = ap_error_set(&out->err, AP_ECOMPILE, ks->nodes[0], NULL,
+				       "test hook APOLLO_TEST_REFUSE_KERNEL_NODES=%u: a kernel of %d "
+				       "nodes does not compile", kb->c->refuse_nodes, ks->n_nodes);
 		return;
 	}
 	ap_compile_kernel_key(src, ks->name, kb->target, kb->output, bid, key);
@@ -626,6 +652,11 @@ static void compile_one(struct kernel_batch *kb, int i)
 	out->compiled = true;
 	ap_sha256(out->data, out->len, out->digest);
 	ap_cache_kernel_put(kb->c->cache, key, out->data, out->len, NULL);
+}
+
+static void compile_one(struct kernel_batch *kb, int i)
+{
+	compile_kernel(kb, &kb->p->kernels[i], &kb->blobs[i]);
 }
 
 /* Removes `kb` from the queue of batches with work left (under c->mu). */
@@ -668,7 +699,9 @@ static void run_index(ap_compiler *c, struct kernel_batch *kb, int i)
 	pthread_mutex_unlock(&c->mu);
 	compile_one(kb, i);
 	pthread_mutex_lock(&c->mu);
-	if (kb->blobs[i].rc)
+	/* a kernel the backend rejects is refused (see run), not fatal:
+	 * the others are still compiled */
+	if (kb->blobs[i].rc && kb->blobs[i].rc != AP_ECOMPILE)
 		kb->failed = true;
 	kb->done++;
 	if (kb->failed && kb->next < kb->p->n_kernels)
@@ -704,11 +737,18 @@ static void *helper_main(void *arg)
 
 /* Compiles (or fetches) every kernel of `kb` with the helpers' help, the
  * calling worker taking its share; 0, or the first failure's code with
- * `err` copied from it. */
-static int compile_kernels(ap_compiler *c, struct kernel_batch *kb, ap_error *err)
+ * `err` copied from it, a failure other than AP_ECOMPILE first: after an
+ * AP_ECOMPILE every kernel has still been tried. */
+static int compile_kernels(ap_compiler *c, struct kernel_batch *kb, const ap_program *p,
+			   struct kblob *blobs, ap_error *err)
 {
 	int i;
 
+	kb->p = p;
+	kb->blobs = blobs;
+	kb->next = kb->done = 0;
+	kb->failed = false;
+	kb->queue_next = NULL;
 	if (kb->p->n_kernels == 0)
 		return 0;
 	pthread_cond_init(&kb->finished, NULL);
@@ -728,12 +768,106 @@ static int compile_kernels(ap_compiler *c, struct kernel_batch *kb, ap_error *er
 	pthread_mutex_unlock(&c->mu);
 	pthread_cond_destroy(&kb->finished);
 	for (i = 0; i < kb->p->n_kernels; i++) {
+		if (kb->blobs[i].rc && kb->blobs[i].rc != AP_ECOMPILE) {
+			*err = kb->blobs[i].err;
+			return kb->blobs[i].rc;
+		}
+	}
+	for (i = 0; i < kb->p->n_kernels; i++) {
 		if (kb->blobs[i].rc) {
 			*err = kb->blobs[i].err;
 			return kb->blobs[i].rc;
 		}
 	}
 	return 0;
+}
+
+/* ---- backend refusals (upward feedback) ------------------------------------ */
+
+/* Every kernel one request has offered the backend, by name (a kernel's
+ * name hashes its sources, so one name is one source), with its result:
+ * the blob, or the backend's error.  Owned by the request's worker. */
+struct kmemo {
+	struct kernel_batch *kb;     /* target, output, cache use; kb->p unused */
+	int n, cap;
+	char **names;
+	struct kblob *blobs;
+	double ms;                   /* time spent compiling in accept_kernel */
+};
+
+static void kmemo_clear(struct kmemo *m)
+{
+	for (int i = 0; i < m->n; i++) {
+		free(m->names[i]);
+		free(m->blobs[i].data);
+	}
+	free(m->names);
+	free(m->blobs);
+	memset(m, 0, sizeof(*m));
+}
+
+static int kmemo_find(const struct kmemo *m, const char *name)
+{
+	for (int i = 0; i < m->n; i++)
+		if (strcmp(m->names[i], name) == 0)
+			return i;
+	return -1;
+}
+
+/* Appends (name, *b), taking b's data; 0 or AP_ENOMEM (b's data freed). */
+static int kmemo_add(struct kmemo *m, const char *name, struct kblob *b)
+{
+	char *nm = strdup(name);
+
+	if (m->n == m->cap) {
+		int ncap = m->cap ? 2 * m->cap : 16;
+		char **nn = realloc(m->names, (size_t)ncap * sizeof(*nn));
+		struct kblob *nb = nn ? realloc(m->blobs, (size_t)ncap * sizeof(*nb)) : NULL;
+
+		if (nn)
+			m->names = nn;
+		if (nb)
+			m->blobs = nb;
+		if (!nn || !nb) {
+			free(nm);
+			free(b->data), b->data = NULL;
+			return AP_ENOMEM;
+		}
+		m->cap = ncap;
+	}
+	if (!nm) {
+		free(b->data), b->data = NULL;
+		return AP_ENOMEM;
+	}
+	m->names[m->n] = nm;
+	m->blobs[m->n++] = *b;
+	b->data = NULL;
+	return 0;
+}
+
+/* ap_build_options.accept_kernel: the backend's verdict on kernel k, from
+ * the memo or compiled now (through the kernel cache) and remembered, so
+ * that a kernel is compiled once per request.  0, AP_ENOMEM, or the
+ * backend's error code with its message in `why`. */
+static int on_accept_kernel(const ap_kernel_src *k, void *user, ap_error *why)
+{
+	struct kmemo *m = user;
+	int i = kmemo_find(m, k->name);
+	struct kblob b;
+
+	if (i < 0) {
+		double t = ap_now_ms();
+
+		memset(&b, 0, sizeof(b));
+		compile_kernel(m->kb, k, &b);
+		m->ms += ap_now_ms() - t;
+		if (kmemo_add(m, k->name, &b) < 0)
+			return AP_ENOMEM;
+		i = m->n - 1;
+	}
+	if (m->blobs[i].rc && why)
+		*why = m->blobs[i].err;
+	return m->blobs[i].rc;
 }
 
 /* ---- the job --------------------------------------------------------------- */
@@ -846,6 +980,73 @@ static int convert_bindings(const Apollo__CompileRequest *req, ap_host_tensor *h
 	return 0;
 }
 
+/* After the parallel compile of *progp rejected a kernel (AP_ECOMPILE):
+ * remembers every blob by kernel name, builds the program again with
+ * on_accept_kernel as the backend hook, and replaces *progp and *blobsp
+ * by the new program and its blobs.  *compiled counts the backend compiles
+ * of both rounds, *backend_ms adds the hook's compile time.  0, or an
+ * error with `err` set (AP_ECOMPILE when a single-node kernel does not
+ * compile, from ap_program_build). */
+static int rebuild_refused(ap_compiler *c, const ap_graph *g, ap_build_options *bo,
+			   struct kernel_batch *kb, ap_program **progp, struct kblob **blobsp,
+			   unsigned *compiled, double *backend_ms, ap_error *err)
+{
+	ap_program *prog = *progp;
+	struct kblob *blobs = *blobsp;
+	struct kmemo m;
+	int rc = 0, n = prog->n_kernels;
+
+	memset(&m, 0, sizeof(m));
+	m.kb = kb;
+	kb->p = NULL;
+	for (int i = 0; i < n && rc == 0; i++)
+		rc = kmemo_add(&m, prog->kernels[i].name, &blobs[i]);
+	for (int i = 0; i < n; i++)
+		free(blobs[i].data);
+	free(blobs);
+	*blobsp = NULL;
+	*progp = ap_program_free(prog);
+	if (rc) {
+		kmemo_clear(&m);
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	}
+	bo->accept_kernel = on_accept_kernel;
+	bo->accept_user = &m;
+	ap_error_clear(err);
+	prog = ap_program_build(g, bo, err);
+	bo->accept_kernel = NULL;
+	bo->accept_user = NULL;
+	*backend_ms += m.ms;
+	for (int i = 0; i < m.n; i++)
+		*compiled += m.blobs[i].compiled;
+	if (!prog) {
+		kmemo_clear(&m);
+		return err->code ? err->code : AP_EINTERNAL;
+	}
+	*progp = prog;
+	blobs = calloc((size_t)prog->n_kernels + 1, sizeof(*blobs));
+	if (!blobs) {
+		kmemo_clear(&m);
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	}
+	*blobsp = blobs;
+	for (int i = 0; i < prog->n_kernels; i++) {
+		int j = kmemo_find(&m, prog->kernels[i].name);
+
+		/* every kept kernel was offered to on_accept_kernel and accepted */
+		if (j < 0 || m.blobs[j].rc || !m.blobs[j].data) {
+			kmemo_clear(&m);
+			return ap_error_set(err, AP_EINTERNAL, NULL, NULL,
+					    "kernel %s was kept without the backend's blob",
+					    prog->kernels[i].name);
+		}
+		blobs[i] = m.blobs[j];
+		m.blobs[j].data = NULL;
+	}
+	kmemo_clear(&m);
+	return 0;
+}
+
 /* The job proper: 0 and *out, or an error code with `err` set. */
 static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error *err)
 {
@@ -857,7 +1058,10 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	uint8_t graph_hash[32], gkey[32], rkey[32];
 	bool have_rkey = false, oom = false;
 	char bid[400];
-	double t;
+	double t, backend_ms;
+	unsigned compiled = 0;
+	ap_build_options bo;
+	struct kernel_batch kb;
 	int rc;
 
 	rc = ap_compile_parse_target(req->target, req->output, &r->gpu, &r->output, err);
@@ -873,8 +1077,14 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	/* Graph and request keys also name this build (see build_identity);
 	 * kernel keys do not: they hash the kernel source itself. */
 	snprintf(bid, sizeof(bid), "%s | %s", ap_compiler_backend_id(c, r->gpu), c->build_id);
+	memset(&kb, 0, sizeof(kb));
+	kb.c = c;
+	kb.target = r->target;
+	kb.gpu = r->gpu;
+	kb.output = r->output;
 	r->mbt = req->options ? req->options->max_block_threads : 0;
 	r->use_cache = ap_cache_enabled(c->cache) && !(req->options && req->options->no_cache);
+	kb.use_cache = r->use_cache;
 
 	t = ap_now_ms();
 	switch (req->source_case) {
@@ -936,24 +1146,22 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		goto done;
 	}
 
-	{
-		const Apollo__CompileOptions *o = req->options;
-		ap_build_options bo = {
-			.max_block_threads = r->mbt,
-			.fusion = o ? (ap_fuse_level)o->fusion : AP_FUSE_DEFAULT,
-			.n_fusion_barriers = o ? (int)o->n_fusion_barriers : 0,
-			.fusion_barriers = o ? o->fusion_barriers : NULL,
-			.n_keep_whole = o ? (int)o->n_keep_whole : 0,
-			.keep_whole = o ? o->keep_whole : NULL,
-		};
-		if (bo.fusion > AP_FUSE_APOLLO) {
-			rc = ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
-					  "unknown fusion level %d (none=1, rules=2, apollo=3)",
-					  (int)bo.fusion);
-			goto done;
-		}
-		prog = ap_program_build(g, &bo, err);
+	bo = (ap_build_options){
+		.max_block_threads = r->mbt,
+		.fusion = req->options ? (ap_fuse_level)req->options->fusion : AP_FUSE_DEFAULT,
+		.n_fusion_barriers = req->options ? (int)req->options->n_fusion_barriers : 0,
+		.fusion_barriers = req->options ? req->options->fusion_barriers : NULL,
+		.n_keep_whole = req->options ? (int)req->options->n_keep_whole : 0,
+		.keep_whole = req->options ? req->options->keep_whole : NULL,
+	};
+	if (bo.fusion > AP_FUSE_APOLLO) {
+		rc = ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				  "unknown fusion level %d (none=1, rules=2, apollo=3)", (int)bo.fusion);
+		goto done;
 	}
+	/* Optimistic: build with no backend hook and compile every kernel in
+	 * parallel; the backend rejects a kernel almost never. */
+	prog = ap_program_build(g, &bo, err);
 	if (!prog) {
 		rc = err->code ? err->code : AP_EINTERNAL;
 		goto done;
@@ -965,19 +1173,22 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 		goto done;
 	}
-	{
-		struct kernel_batch kb = {
-			.c = c, .p = prog, .target = r->target, .gpu = r->gpu,
-			.use_cache = r->use_cache, .output = r->output, .blobs = blobs,
-		};
-		rc = compile_kernels(c, &kb, err);
-	}
-	if (rc)
+	rc = compile_kernels(c, &kb, prog, blobs, err);
+	backend_ms = ap_now_ms() - t;
+	if (rc == AP_ECOMPILE) {
+		/* Upward feedback: the backend rejected a kernel.  Build again,
+		 * the backend judging each kernel (rejected ones refused, so
+		 * their fused groups are split), then take the blobs from the
+		 * memo: every kernel is compiled once. */
+		rc = rebuild_refused(c, g, &bo, &kb, &prog, &blobs, &compiled, &backend_ms, err);
+		if (rc)
+			goto done;
+	} else if (rc) {
 		goto done;
-	double backend_ms = ap_now_ms() - t;
-	unsigned compiled = 0;
-	for (int i = 0; i < prog->n_kernels; i++)
-		compiled += blobs[i].compiled;
+	} else {
+		for (int i = 0; i < prog->n_kernels; i++)
+			compiled += blobs[i].compiled;
+	}
 	atomic_fetch_add(&c->kernels_compiled, compiled);
 
 	b = build_bundle(prog, blobs, r->target, r->output, graph_hash, &oom);

@@ -12,6 +12,10 @@
  *   per kernel: kernel key -> kernel cache, else the backend (NVRTC for
  *     sm_XX / compute_XX, the host C compiler for cpu), run on up to
  *     `threads` threads at once, then stored
+ *   a kernel the backend rejects: the program is built again with the
+ *     backend as ap_build_options.accept_kernel, which splits the fused
+ *     group it came from (boundary reason "refused"); only a single-node
+ *     kernel that does not compile is an error (ERR_COMPILE)
  *   apollo.Bundle assembled, stored (kernel blobs replaced by their
  *     digests), returned.
  * Every failure becomes CompileResponse.error with the code, message, node
