@@ -17,9 +17,26 @@
  * Envelope is answered with ERR_BAD_MESSAGE and the connection stays open:
  * the framing is still intact.
  *
+ * Decoding: a payload of at most DECODE_INLINE_MAX bytes is unpacked on
+ * the loop thread (microseconds).  A larger one (up to max_frame_bytes,
+ * 64 MiB by default: a big Graph takes tens of milliseconds to unpack) is
+ * unpacked by a decode job on the worker pool, so that one client's big
+ * compile request does not delay every other client's ping.  While that
+ * job runs the connection reads nothing more: the bytes already received
+ * after the frame wait in `backlog`, and reading resumes once the decoded
+ * Envelope has been dispatched.  So the frames of one connection are still
+ * dispatched one at a time in arrival order, exactly as when everything
+ * was decoded inline: ping / hello / stats replies keep their order, a TCP
+ * client's Hello is checked before its next frame, and compile jobs are
+ * queued in arrival order (their replies, as before, come when they are
+ * done).  A decode job holds a connection reference like a compile job.
+ * A compile job frees its Envelope on the worker too.
+ *
  * Shutdown: the first SIGTERM / SIGINT closes the listeners and removes the
  * socket file; requests already running finish and are answered, new
- * compile requests get ERR_BUSY; when none is left, every connection is
+ * compile requests get ERR_BUSY (frames are decoded inline from then on,
+ * and the decode jobs already running finish and are answered first, so a
+ * client cannot stretch the drain); when none is left, every connection is
  * shut down (pending writes flushed first, at most GRACE_MS), the signal
  * handles close, and uv_run returns.
  */
@@ -46,6 +63,9 @@
 #define WRITE_HIGH ((size_t)64 << 20)
 #define WRITE_LOW ((size_t)16 << 20)
 #define GRACE_MS 5000
+/* Frames with a payload above this many bytes are decoded on the worker
+ * pool (see "Decoding" above); smaller ones on the loop thread. */
+#define DECODE_INLINE_MAX ((uint32_t)64 * 1024)
 #define SERVER_NAME "apollod " AP_VERSION
 
 typedef struct conn conn;
@@ -67,6 +87,7 @@ struct ap_server {
 	ap_cache *cache;
 	conn *conns;                  /* every open connection */
 	unsigned n_clients, in_flight;
+	unsigned decoding;            /* decode jobs running (not in in_flight) */
 	uint64_t requests, errors;    /* frames answered outside the compiler */
 	double start_ms;
 	size_t n_targets;
@@ -87,6 +108,9 @@ struct conn {
 	unsigned jobs;        /* compile jobs that will answer here */
 	bool is_tcp, authed, closing, shutting, eof;
 	bool paused;          /* reading stopped: too many unread replies */
+	bool decoding;        /* reading stopped: a decode job runs for us */
+	uint8_t *backlog;     /* bytes received after the frame being decoded */
+	size_t backlog_len;
 	uint8_t hdr[AP_FRAME_HEADER_BYTES];
 	unsigned hdr_have;
 	uint8_t *payload;     /* allocated once the length passed the check */
@@ -104,15 +128,26 @@ struct job {
 	uv_work_t req;
 	conn *c;
 	ap_compiler *compiler;
-	Apollo__Envelope *env;   /* the request, unpacked */
+	uint64_t id;             /* the request's id */
+	Apollo__Envelope *env;   /* the request, unpacked; the worker frees it */
 	uint8_t *frame;          /* the reply, packed by the worker */
 	size_t frame_len;
+};
+
+/* A frame payload above DECODE_INLINE_MAX, unpacked on the worker pool. */
+struct decode {
+	uv_work_t req;
+	conn *c;
+	uint8_t *payload;        /* freed by the worker */
+	uint32_t len;
+	Apollo__Envelope *env;   /* the result; NULL when it does not decode */
 };
 
 static void conn_close(conn *c);
 static void maybe_finish_drain(ap_server *s);
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
+static void consume(conn *c, const uint8_t *p, size_t n);
 
 /* ---- frames ------------------------------------------------------------- */
 
@@ -145,7 +180,7 @@ static void on_write(uv_write_t *req, int status)
 		conn_close(c);
 		return;
 	}
-	if (c->paused && !c->closing && !c->shutting && !c->eof &&
+	if (c->paused && !c->closing && !c->shutting && !c->eof && !c->decoding &&
 	    uv_stream_get_write_queue_size(&c->h.stream) < WRITE_LOW) {
 		c->paused = false;
 		if (uv_read_start(&c->h.stream, on_alloc, on_read))
@@ -223,6 +258,7 @@ static void conn_unref(conn *c)
 {
 	if (--c->refs == 0) {
 		free(c->payload);
+		free(c->backlog);
 		free(c);
 	}
 }
@@ -278,9 +314,12 @@ static void work_compile(uv_work_t *req)
 	Apollo__CompileResponse *resp = ap_compile_run(j->compiler, j->env->compile);
 	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
 
+	/* Freeing a big request is slow too: done here, not on the loop. */
+	apollo__envelope__free_unpacked(j->env, NULL);
+	j->env = NULL;
 	if (!resp)
 		return;   /* out of memory: after_compile answers */
-	env.id = j->env->id;
+	env.id = j->id;
 	env.msg_case = APOLLO__ENVELOPE__MSG_COMPILED;
 	env.compiled = resp;
 	j->frame = pack_frame(&env, &j->frame_len);
@@ -297,16 +336,16 @@ static void after_compile(uv_work_t *req, int status)
 	c->jobs--;
 	if (c->closing || c->shutting) {
 		ap_log(AP_LOG_DEBUG, "request %llu: the client left before its reply",
-		       (unsigned long long)j->env->id);
+		       (unsigned long long)j->id);
 		free(j->frame);
 	} else if (!j->frame) {
-		send_error(c, j->env->id, AP_ENOMEM, "out of memory building the reply");
+		send_error(c, j->id, AP_ENOMEM, "out of memory building the reply");
 	} else {
 		send_frame(c, j->frame, j->frame_len);
 	}
 	if (c->eof && !c->jobs)
 		conn_shutdown(c);
-	apollo__envelope__free_unpacked(j->env, NULL);
+	apollo__envelope__free_unpacked(j->env, NULL);   /* NULL unless cancelled */
 	free(j);
 	conn_unref(c);
 	maybe_finish_drain(s);
@@ -357,6 +396,7 @@ static void handle_compile(conn *c, Apollo__Envelope *env)
 	}
 	j->c = c;
 	j->compiler = s->compiler;
+	j->id = env->id;
 	j->env = env;
 	j->req.data = j;
 	r = uv_queue_work(&s->loop, &j->req, work_compile, after_compile);
@@ -467,14 +507,13 @@ static void handle_ping(conn *c, uint64_t id)
 	send_packed(c, &env);
 }
 
-/* One complete frame payload (consumed). */
-static void handle_frame(conn *c, uint8_t *payload, uint32_t len)
+/* One decoded frame of `len` payload bytes: `env` (consumed), NULL when the
+ * payload did not decode as an Envelope. */
+static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len)
 {
 	ap_server *s = c->srv;
-	Apollo__Envelope *env = apollo__envelope__unpack(NULL, len, payload);
 	char msg[200];
 
-	free(payload);
 	s->requests++;
 	if (!env) {
 		snprintf(msg, sizeof(msg),
@@ -514,12 +553,114 @@ static void handle_frame(conn *c, uint8_t *payload, uint32_t len)
 	apollo__envelope__free_unpacked(env, NULL);
 }
 
-/* Feeds `n` received bytes through the frame state machine. */
+static void work_decode(uv_work_t *req)
+{
+	struct decode *d = req->data;
+
+	d->env = apollo__envelope__unpack(NULL, d->len, d->payload);
+	free(d->payload);
+	d->payload = NULL;
+}
+
+/* Starts reading again after a decode job: first the bytes that arrived
+ * behind the decoded frame, then the socket. */
+static void conn_resume(conn *c)
+{
+	uint8_t *b = c->backlog;
+
+	c->backlog = NULL;
+	if (b) {
+		consume(c, b, c->backlog_len);   /* may start the next decode job */
+		free(b);
+	}
+	if (c->decoding || c->closing || c->shutting || c->eof || c->paused)
+		return;
+	if (uv_read_start(&c->h.stream, on_alloc, on_read))
+		conn_close(c);
+}
+
+static void after_decode(uv_work_t *req, int status)
+{
+	struct decode *d = req->data;
+	conn *c = d->c;
+	ap_server *s = c->srv;
+
+	s->decoding--;
+	c->decoding = false;
+	free(d->payload);   /* NULL unless the job was cancelled */
+	if (c->closing || c->shutting) {
+		ap_log(AP_LOG_DEBUG, "a frame of %u bytes: the client left while it was decoded",
+		       d->len);
+		apollo__envelope__free_unpacked(d->env, NULL);
+	} else {
+		dispatch(c, d->env, d->len);
+	}
+	free(d);
+	/* Before resuming: once draining, frames are decoded inline, so the
+	 * last decode job ends the wait. */
+	maybe_finish_drain(s);
+	if (!c->closing && !c->shutting)
+		conn_resume(c);
+	conn_unref(c);
+}
+
+/* One complete frame payload (consumed): decoded here when small or when
+ * the daemon is draining, else by a decode job (false when none could be
+ * queued: the caller then decodes inline). */
+static bool start_decode(conn *c, uint8_t *payload, uint32_t len)
+{
+	ap_server *s = c->srv;
+	struct decode *d;
+
+	if (len <= DECODE_INLINE_MAX || s->draining)
+		return false;
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return false;
+	d->c = c;
+	d->payload = payload;
+	d->len = len;
+	d->req.data = d;
+	if (uv_queue_work(&s->loop, &d->req, work_decode, after_decode)) {
+		free(d);
+		return false;
+	}
+	uv_read_stop(&c->h.stream);
+	c->decoding = true;
+	c->refs++;
+	s->decoding++;
+	return true;
+}
+
+static void handle_frame(conn *c, uint8_t *payload, uint32_t len)
+{
+	Apollo__Envelope *env;
+
+	if (start_decode(c, payload, len))
+		return;
+	env = apollo__envelope__unpack(NULL, len, payload);
+	free(payload);
+	dispatch(c, env, len);
+}
+
+/* Feeds `n` received bytes through the frame state machine.  When a frame
+ * goes to a decode job, the bytes after it are kept in c->backlog. */
 static void consume(conn *c, const uint8_t *p, size_t n)
 {
 	ap_server *s = c->srv;
 
 	while (n > 0 && !c->closing && !c->shutting) {
+		if (c->decoding) {
+			c->backlog = malloc(n);
+			if (!c->backlog) {
+				ap_log(AP_LOG_ERROR, "out of memory holding a client's requests");
+				conn_close(c);
+				return;
+			}
+			memcpy(c->backlog, p, n);
+			c->backlog_len = n;
+			return;
+		}
 		if (c->hdr_have < AP_FRAME_HEADER_BYTES) {
 			size_t take = AP_FRAME_HEADER_BYTES - c->hdr_have;
 			ap_error err;
@@ -667,7 +808,7 @@ static void on_grace(uv_timer_t *t)
 
 static void maybe_finish_drain(ap_server *s)
 {
-	if (!s->draining || s->in_flight > 0 || s->closing_all)
+	if (!s->draining || s->in_flight > 0 || s->decoding > 0 || s->closing_all)
 		return;
 	s->closing_all = true;
 	ap_log(AP_LOG_INFO, "no request in flight: closing %u connections", s->n_clients);

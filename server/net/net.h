@@ -3,10 +3,12 @@
  *
  * One loop thread owns every socket.  Frames (common/frame.h) are read
  * incrementally; each length is checked against max_frame_bytes before
- * anything is allocated.  Ping, Hello and Stats are answered on the loop
- * thread; each CompileRequest goes to a worker thread (libuv's pool, sized
- * by `workers`) and its reply is written from the loop thread when it is
- * done.  SIGTERM / SIGINT stop the listeners, let the requests in flight
+ * anything is allocated.  A payload over 64 KiB is unpacked on a worker
+ * thread (libuv's pool, sized by `workers`), smaller ones on the loop
+ * thread; a connection's frames are dispatched one at a time in arrival
+ * order either way.  Ping, Hello and Stats are answered on the loop
+ * thread; each CompileRequest goes to a worker thread and its reply is
+ * written from the loop thread when it is done.  SIGTERM / SIGINT stop the listeners, let the requests in flight
  * finish and be answered, close the connections, remove the socket file
  * and make ap_server_run return 0.
  */
