@@ -2110,8 +2110,11 @@ START_TEST(feedback_backend_refusal)
 		ck_assert_ptr_nonnull(strstr(p1->boundaries[i].detail, "the backend refused kernel"));
 		ck_assert_ptr_nonnull(strstr(p1->boundaries[i].detail, "hook says no to"));
 	}
-	for (int k = 0; k < p1->n_kernels; k++)
+	for (int k = 0; k < p1->n_kernels; k++) {
 		ck_assert_int_le(p1->kernels[k].n_nodes, 2);
+		ck_assert_int_eq(p1->kernels[k].n_members, p1->kernels[k].n_nodes);
+	}
+	ck_assert_int_eq(p0->kernels[0].n_members, 5);
 	expect_close("backend split", o1[0], ref, 4 * N);
 	/* a fused kernel holding n1 refused: n1 ends up alone */
 	ap_program *p2 = build_and_run_opt(

@@ -29,8 +29,8 @@
  * and no kernel is compiled twice.  Only a single-node kernel that does
  * not compile fails the request.  Test hook:
  * $APOLLO_TEST_REFUSE_KERNEL_NODES=N (read once, when the compiler is
- * created) makes the backend reject every kernel of more than N node
- * names, as $APOLLO_TEST_COMPILE_DELAY_MS=MS delays every request.
+ * created) makes the backend reject every kernel of more than N member
+ * nodes, as $APOLLO_TEST_COMPILE_DELAY_MS=MS delays every request.
  */
 #include "compile.h"
 
@@ -612,7 +612,8 @@ struct kernel_batch {
  * blob, from the kernel cache or the backend; or rc and err, AP_ECOMPILE
  * when the backend rejects the source).  The test hook
  * $APOLLO_TEST_REFUSE_KERNEL_NODES=N makes the backend reject, with
- * AP_ECOMPILE, every kernel of more than N node names, cached or not. */
+ * AP_ECOMPILE, every kernel of more than N member nodes
+ * (ap_kernel_src.n_members), cached or not. */
 static void compile_kernel(const struct kernel_batch *kb, const ap_kernel_src *ks,
 			   struct kblob *out)
 {
@@ -627,10 +628,12 @@ static void compile_kernel(const struct kernel_batch *kb, const ap_kernel_src *k
 				       "kernel %s has no %s source", ks->name, kb->gpu ? "CUDA" : "host");
 		return;
 	}
-	if (kb->c->refuse_nodes && (unsigned)ks->n_nodes > kb->c->refuse_nodes) {
-		out->rc = ap_error_set(&out->err, AP_ECOMPILE, ks->nodes[0], NULL,
+	if (kb->c->refuse_nodes && ks->n_members > 0 &&
+	    (unsigned)ks->n_members > kb->c->refuse_nodes) {
+		out->rc = ap_error_set(&out->err, AP_ECOMPILE, ks->n_nodes ? ks->nodes[0] : NULL, NULL,
 				       "test hook APOLLO_TEST_REFUSE_KERNEL_NODES=%u: a kernel of %d "
-				       "nodes does not compile", kb->c->refuse_nodes, ks->n_nodes);
+				       "member nodes does not compile", kb->c->refuse_nodes,
+				       ks->n_members);
 		return;
 	}
 	ap_compile_kernel_key(src, ks->name, kb->target, kb->output, bid, key);

@@ -655,6 +655,7 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 			ap_kernel_src *ks = &prog->kernels[ki];
 
 			rc = fill_kernel(&b, k, ks, ln);
+			ks->n_members = grp->n_nodes;
 			if (rc == 0)
 				rc = add_group_nodes(&b, grp, &ks->nodes, &ks->n_nodes);
 			if (rc == 0 && opt && opt->accept_kernel) {

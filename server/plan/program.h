@@ -71,6 +71,9 @@ typedef struct ap_kernel_src {
 	uint64_t global_bytes;   /* modelled traffic of one launch: bytes of every
 				    distinct global buffer read plus every one
 				    written */
+	int n_members;           /* member (primitive) nodes of the group it was
+				    first lowered from, views not counted: 1 =
+				    not fused, so a refusal cannot split it */
 } ap_kernel_src;
 
 typedef struct ap_launch {
