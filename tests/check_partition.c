@@ -836,15 +836,15 @@ START_TEST(split_on_refusal)
 	out(g, zo);
 	bt = build_opt(g, NULL, NULL);
 	expect_summary(&bt, "ew:n0,n1,n2,n3,n4>t4 | ew:neg>zo");
-	ck_assert_int_eq(ap_partition_split(bt.p, 0, "too big"), 0);
+	ck_assert_int_eq(ap_partition_split(bt.p, 0, "lowering", "too big"), 0);
 	expect_summary(&bt, "ew:n0,n1,n2>t2 | ew:n3,n4>t4 | ew:neg>zo");
 	ck_assert_str_eq(reason_of(bt.p, "t2"), "refused");
 	ck_assert_ptr_nonnull(strstr(bt.p->boundaries[0].detail, "refused by lowering: too big"));
-	ck_assert_int_eq(ap_partition_split(bt.p, 0, "still"), 0);
+	ck_assert_int_eq(ap_partition_split(bt.p, 0, "lowering", "still"), 0);
 	expect_summary(&bt, "ew:n0,n1>t1 | ew:n2>t2 | ew:n3,n4>t4 | ew:neg>zo");
 	ck_assert_int_eq(bt.p->groups[1].n_refusals, 2);
-	ck_assert_int_eq(ap_partition_split(bt.p, 3, "single"), AP_EINVAL);
-	ck_assert_int_eq(ap_partition_split(bt.p, 9, "none"), AP_EINVAL);
+	ck_assert_int_eq(ap_partition_split(bt.p, 3, "lowering", "single"), AP_EINVAL);
+	ck_assert_int_eq(ap_partition_split(bt.p, 9, "lowering", "none"), AP_EINVAL);
 	check_invariants(bt.p);
 	built_free(&bt);
 }

@@ -2107,7 +2107,7 @@ START_TEST(feedback_backend_refusal)
 	ck_assert_int_eq(p1->n_boundaries, 2);
 	for (int i = 0; i < p1->n_boundaries; i++) {
 		ck_assert_str_eq(p1->boundaries[i].reason, "refused");
-		ck_assert_ptr_nonnull(strstr(p1->boundaries[i].detail, "the backend refused kernel"));
+		ck_assert_ptr_nonnull(strstr(p1->boundaries[i].detail, "refused by the backend: kernel "));
 		ck_assert_ptr_nonnull(strstr(p1->boundaries[i].detail, "hook says no to"));
 	}
 	for (int k = 0; k < p1->n_kernels; k++) {

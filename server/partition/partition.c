@@ -1936,7 +1936,7 @@ fail:
 
 /* ---- upward feedback ----------------------------------------------------------- */
 
-int ap_partition_split(ap_partition *p, int gi, const char *why)
+int ap_partition_split(ap_partition *p, int gi, const char *who, const char *why)
 {
 	const ap_graph *g = p->g;
 	ap_group *ng, *a, *b;
@@ -1993,7 +1993,8 @@ int ap_partition_split(ap_partition *p, int gi, const char *why)
 	if (fill_group(p, gi) < 0 || fill_group(p, gi + 1) < 0)
 		return AP_ENOMEM;
 	/* the edges between the halves */
-	snprintf(detail, sizeof(detail), "refused by lowering: %s", why ? why : "");
+	snprintf(detail, sizeof(detail), "refused by %s: %s", who ? who : "lowering",
+		 why ? why : "");
 	for (int i = 0; i < b->n_nodes; i++) {
 		const ap_node *node = &g->nodes[b->nodes[i]];
 

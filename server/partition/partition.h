@@ -246,9 +246,10 @@ ap_partition *ap_partition_free(__ap_take ap_partition *p);  /* accepts NULL */
  * members in topological order, first half and second half -- inserted at
  * gi and gi + 1 (later groups move up by one), so the order stays
  * topological; every edge between the halves gets a boundary with reason
- * AP_WHY_REFUSED and detail "refused by lowering: WHY".  Returns 0,
+ * AP_WHY_REFUSED and detail "refused by WHO: WHY" (`who` names the layer
+ * that refused: "lowering", "the backend"; NULL = "lowering").  Returns 0,
  * AP_EINVAL (gi out of range or a single node), AP_ENOMEM. */
-int ap_partition_split(ap_partition *p, int gi, const char *why);
+int ap_partition_split(ap_partition *p, int gi, const char *who, const char *why);
 
 /* "elementwise", "broadcast", "reduction", "opaque", "injective",
  * "transpose", "matmul", "conv", "whole". */

@@ -632,7 +632,7 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 					*err = lerr;
 				goto fail;
 			}
-			rc = ap_partition_split(part, gi, why);
+			rc = ap_partition_split(part, gi, "lowering", why);
 			if (rc < 0)
 				goto nomem;
 			prog->n_refused++;
@@ -667,7 +667,7 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 				if (rc != 0 && rc != AP_ENOMEM) {
 					if (!lerr.msg[0])
 						snprintf(lerr.msg, sizeof(lerr.msg), "no reason given");
-					snprintf(refusal, sizeof(refusal), "the backend refused kernel %s: %s",
+					snprintf(refusal, sizeof(refusal), "kernel %s: %s",
 						 ks->name, lerr.msg);
 					rc = REFUSED;
 				}
@@ -715,7 +715,7 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 					     refusal);
 				goto fail;
 			}
-			if (ap_partition_split(part, gi, refusal) < 0)
+			if (ap_partition_split(part, gi, "the backend", refusal) < 0)
 				goto nomem;
 			prog->n_refused++;
 			continue;
