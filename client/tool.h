@@ -55,11 +55,10 @@ typedef struct ap_onnx_io {
 	char **outputs;
 } ap_onnx_io;
 
-/* Walks a serialized ONNX ModelProto (ONNX IR field numbers: ModelProto.graph
- * 7; GraphProto.initializer 5, input 11, output 12, sparse_initializer 15;
- * TensorProto.name 8; ValueInfoProto.name 1, type 2) without decoding the
- * weights.  Every length is checked against the bytes left.  Returns 0 with
- * *out, or AP_EMESSAGE (not a ModelProto / truncated), AP_ENOMEM. */
+/* Reads the input and output lists of a serialized ONNX ModelProto,
+ * decoded with protobuf-c from proto/onnx.proto (the importer's decoder).
+ * Returns 0 with *out, or AP_EMESSAGE (not a ModelProto / truncated),
+ * AP_ENOMEM. */
 int ap_onnx_io_read(const uint8_t *buf, size_t len, __ap_give ap_onnx_io **out, ap_error *err);
 ap_onnx_io *ap_onnx_io_free(__ap_take ap_onnx_io *io);
 /* Position of input `name` among io's inputs, or -1. */
