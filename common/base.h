@@ -12,6 +12,7 @@
 #define AP_BASE_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdbool.h>
 
@@ -64,6 +65,9 @@ int ap_error_wire_code(int code);
  * the result and frees it with free().  Returns NULL only when the
  * allocation fails (ENOMEM). */
 __ap_give char *ap_strdup(__ap_keep const char *s);
+
+/* Writes `s` as a JSON string literal (quotes and escapes; NULL as ""). */
+void ap__json_string(FILE *f, const char *s);
 
 /* Monotonic clock in milliseconds (CLOCK_MONOTONIC). */
 double ap_now_ms(void);

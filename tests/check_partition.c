@@ -819,6 +819,7 @@ START_TEST(split_on_refusal)
 	ap_graph *g = ap_graph_new("t");
 	int prev = in(g, "x", DIMS(16)), z = in(g, "z", DIMS(16));
 	int zo = val(g, "zo", DIMS(16));
+	ap_graph *g2;
 	built bt;
 
 	for (int i = 0; i < 5; i++) {
@@ -834,18 +835,41 @@ START_TEST(split_on_refusal)
 	node(g, "neg", AP_OP_NEG, LIST(z), LIST(zo));
 	out(g, prev);
 	out(g, zo);
+	g2 = ap_graph_copy(g);
 	bt = build_opt(g, NULL, NULL);
 	expect_summary(&bt, "ew:n0,n1,n2,n3,n4>t4 | ew:neg>zo");
-	ck_assert_int_eq(ap_partition_split(bt.p, 0, "lowering", "too big"), 0);
+	/* no place named (a size limit): halves */
+	ck_assert_int_eq(ap_partition_cut(bt.p, 0, NULL, 0, "lowering", "too big"), 2);
 	expect_summary(&bt, "ew:n0,n1,n2>t2 | ew:n3,n4>t4 | ew:neg>zo");
 	ck_assert_str_eq(reason_of(bt.p, "t2"), "refused");
 	ck_assert_ptr_nonnull(strstr(bt.p->boundaries[0].detail, "refused by lowering: too big"));
-	ck_assert_int_eq(ap_partition_split(bt.p, 0, "lowering", "still"), 0);
+	ck_assert_int_eq(ap_partition_cut(bt.p, 0, NULL, 0, "lowering", "still"), 2);
 	expect_summary(&bt, "ew:n0,n1>t1 | ew:n2>t2 | ew:n3,n4>t4 | ew:neg>zo");
 	ck_assert_int_eq(bt.p->groups[1].n_refusals, 2);
-	ck_assert_int_eq(ap_partition_split(bt.p, 3, "lowering", "single"), AP_EINVAL);
-	ck_assert_int_eq(ap_partition_split(bt.p, 9, "lowering", "none"), AP_EINVAL);
+	ck_assert_int_eq(ap_partition_cut(bt.p, 3, NULL, 0, "lowering", "single"), AP_EINVAL);
+	ck_assert_int_eq(ap_partition_cut(bt.p, 9, NULL, 0, "lowering", "none"), AP_EINVAL);
 	check_invariants(bt.p);
+	built_free(&bt);
+
+	/* a refusal that names a node cuts around it: the runs before, at and
+	 * after it, in topological order */
+	bt = build_opt(g2, NULL, NULL);
+	{
+		int n2 = -1, all[5];
+
+		for (int i = 0; i < bt.p->g->n_nodes; i++)
+			if (strcmp(bt.p->g->nodes[i].name, "n2") == 0)
+				n2 = i;
+		ck_assert_int_ge(n2, 0);
+		ck_assert_int_eq(ap_partition_cut(bt.p, 0, &n2, 1, "the backend", "n2 fails"), 3);
+		expect_summary(&bt, "ew:n0,n1>t1 | ew:n2>t2 | ew:n3,n4>t4 | ew:neg>zo");
+		ck_assert_ptr_nonnull(strstr(bt.p->boundaries[0].detail, "refused by the backend: n2 fails"));
+		check_invariants(bt.p);
+		/* a cut holding every member leaves one piece: refused */
+		for (int i = 0; i < 2; i++)
+			all[i] = bt.p->groups[0].nodes[i];
+		ck_assert_int_eq(ap_partition_cut(bt.p, 0, all, 2, "lowering", "all"), AP_EINVAL);
+	}
 	built_free(&bt);
 }
 END_TEST

@@ -56,12 +56,12 @@ static bool compile_program(const ap_program *p, compiled *c, char *why, size_t 
 
 	memset(c, 0, sizeof(*c));
 	for (int i = 0; i < p->n_kernels; i++)
-		total += strlen(p->kernels[i].host_src) + 1;
+		total += strlen(p->kernels[i].src) + 1;
 	src = malloc(total);
 	ck_assert_ptr_nonnull(src);
 	for (int i = 0; i < p->n_kernels; i++) {
-		size_t n = strlen(p->kernels[i].host_src);
-		memcpy(src + off, p->kernels[i].host_src, n);
+		size_t n = strlen(p->kernels[i].src);
+		memcpy(src + off, p->kernels[i].src, n);
 		off += n;
 		src[off++] = '\n';
 	}
@@ -98,9 +98,9 @@ static bool compile_program(const ap_program *p, compiled *c, char *why, size_t 
 	return true;
 }
 
-/* Compiles the CUDA C of every kernel of `p` (as one translation unit)
- * with NVRTC to sm_80 cubin.  True when it compiles or NVRTC is absent
- * (said once). */
+/* Compiles the CUDA C of every kernel of `p` (built for an sm_ target,
+ * as one translation unit) with NVRTC to sm_80 cubin.  True when it
+ * compiles or NVRTC is absent (said once). */
 static bool nvrtc_compiles(const ap_program *p, char *why, size_t cap)
 {
 	static int state = 0;   /* 0 unknown, 1 loaded, -1 absent (test-local) */
@@ -122,12 +122,12 @@ static bool nvrtc_compiles(const ap_program *p, char *why, size_t cap)
 	if (state < 0 || p->n_kernels == 0)
 		return true;
 	for (int i = 0; i < p->n_kernels; i++)
-		total += strlen(p->kernels[i].cuda_src) + 1;
+		total += strlen(p->kernels[i].src) + 1;
 	src = malloc(total);
 	ck_assert_ptr_nonnull(src);
 	for (int i = 0; i < p->n_kernels; i++) {
-		size_t n = strlen(p->kernels[i].cuda_src);
-		memcpy(src + off, p->kernels[i].cuda_src, n);
+		size_t n = strlen(p->kernels[i].src);
+		memcpy(src + off, p->kernels[i].src, n);
 		off += n;
 		src[off++] = '\n';
 	}
@@ -325,7 +325,7 @@ static ap_program *build_opt(ap_graph *g, const ap_build_options *opt)
 	ck_assert_msg(p != NULL, "build: %s (node %s)", err.msg, err.node);
 	if (getenv("CHECK_PROGRAM_DUMP")) {
 		for (int i = 0; i < p->n_kernels; i++)
-			fprintf(stderr, "%s\n", p->kernels[i].host_src);
+			fprintf(stderr, "%s\n", p->kernels[i].src);
 	}
 	check_explain(p);
 	return p;
@@ -334,6 +334,30 @@ static ap_program *build_opt(ap_graph *g, const ap_build_options *opt)
 static ap_program *build(ap_graph *g)
 {
 	return build_opt(g, NULL);
+}
+
+/* The same build for a GPU target (sm_80): kernels printed as CUDA C. */
+static ap_program *build_cuda(ap_graph *g, const ap_build_options *opt)
+{
+	ap_build_options o = opt ? *opt : (ap_build_options){0};
+	ap_error err;
+	ap_program *p;
+
+	o.target = "sm_80";
+	o.accept_kernel = NULL;
+	ap_error_clear(&err);
+	p = ap_program_build(g, &o, &err);
+	ck_assert_msg(p != NULL, "build for sm_80: %s (node %s)", err.msg, err.node);
+	ck_assert_int_eq(p->target, AP_KIR_CUDA);
+	return p;
+}
+
+/* CUDA C of kernel i of g's sm_80 build (freed with the program: callers
+ * keep the program). */
+static const char *cuda_text(ap_program *pc, int i)
+{
+	ck_assert_int_lt(i, pc->n_kernels);
+	return pc->kernels[i].src;
 }
 
 /* Builds (with `opt`), compiles and runs g; returns the outputs (caller
@@ -347,7 +371,12 @@ static ap_program *build_and_run_opt(ap_graph *g, const ap_build_options *opt,
 	char why[512];
 
 	ck_assert_msg(compile_program(p, &c, why, sizeof(why)), "%s", why);
-	ck_assert_msg(nvrtc_compiles(p, why, sizeof(why)), "%s", why);
+	{
+		ap_program *pc = build_cuda(g, opt);
+
+		ck_assert_msg(nvrtc_compiles(pc, why, sizeof(why)), "%s", why);
+		ap_program_free(pc);
+	}
 	run_plan(p, &c, inputs, params, n_params, outs, g->n_outputs);
 	compiled_free(&c);
 	return p;
@@ -423,7 +452,12 @@ START_TEST(elementwise_chain_is_one_kernel)
 	ck_assert_uint_eq(p->workspace_bytes, 0);
 	ck_assert_uint_eq(p->kernels[0].global_bytes, 2 * 30 * 4);
 	ck_assert_uint_eq(p->eager_kernels, 4);
-	ck_assert_ptr_nonnull(strstr(p->kernels[0].cuda_src, "__global__"));
+	{
+		ap_program *pc = build_cuda(g, NULL);
+
+		ck_assert_ptr_nonnull(strstr(cuda_text(pc, 0), "__global__"));
+		ap_program_free(pc);
+	}
 	for (int i = 0; i < 30; i++)
 		ref[i] = tanh(fmax(xs[i] * 2.0 + 1.0, 0.0));
 	expect_close("z", outs[0], ref, 30);
@@ -582,8 +616,12 @@ static void fused_reduction(int64_t rows, int64_t cols, ap_op op)
 	ck_assert_int_eq(p->n_kernels, 1);
 	ck_assert_int_eq(p->kernels[0].n_nodes, 3);
 	ck_assert_uint_eq(p->workspace_bytes, 0);
-	if (cols >= 64)
-		ck_assert_ptr_nonnull(strstr(p->kernels[0].cuda_src, "__syncthreads"));
+	if (cols >= 64) {
+		ap_program *pc = build_cuda(g, NULL);
+
+		ck_assert_ptr_nonnull(strstr(cuda_text(pc, 0), "__syncthreads"));
+		ap_program_free(pc);
+	}
 	for (int64_t r = 0; r < rows; r++) {
 		double acc = op == AP_OP_REDUCE_SUM ? 0 : op == AP_OP_REDUCE_PROD ? 1
 			     : op == AP_OP_REDUCE_MAX ? -INFINITY : INFINITY;
@@ -1472,10 +1510,10 @@ START_TEST(index_width)
 	node(g, "neg", AP_OP_NEG, LIST(s), LIST(z));
 	output(g, y);
 	output(g, z);
-	p = build(g);
+	p = build_cuda(g, NULL);
 	ck_assert_int_eq(p->n_kernels, 2);
-	ck_assert_ptr_nonnull(strstr(p->kernels[0].cuda_src, "for (long long i"));
-	ck_assert_ptr_nonnull(strstr(p->kernels[1].cuda_src, "for (int i"));
+	ck_assert_ptr_nonnull(strstr(cuda_text(p, 0), "for (long long i"));
+	ck_assert_ptr_nonnull(strstr(cuda_text(p, 1), "for (int i"));
 	ck_assert_uint_eq(p->buffers[0].nbytes, (uint64_t)1 << 32);
 	ap_program_free(p);
 	ap_graph_free(g);
@@ -1572,8 +1610,7 @@ START_TEST(concurrent_builds_agree)
 		ck_assert_int_eq(jobs[i].p->n_launches, ref->n_launches);
 		for (int k = 0; k < ref->n_kernels; k++) {
 			ck_assert_str_eq(jobs[i].p->kernels[k].name, ref->kernels[k].name);
-			ck_assert_str_eq(jobs[i].p->kernels[k].cuda_src, ref->kernels[k].cuda_src);
-			ck_assert_str_eq(jobs[i].p->kernels[k].host_src, ref->kernels[k].host_src);
+			ck_assert_str_eq(jobs[i].p->kernels[k].src, ref->kernels[k].src);
 		}
 		ap_program_free(jobs[i].p);
 	}
@@ -1591,7 +1628,8 @@ static void expansion_case_outs(ap_graph *g, ap_op op, const void *const *inputs
 				int n_pr, const double *const *ref, const int64_t *n, int n_out)
 {
 	char *keep[] = {(char *)ap_op_name(op)};
-	ap_build_options open = {.open_all = true};
+	ap_build_hooks open_hooks = {.open_all = true};
+	ap_build_options open = {.hooks = &open_hooks};
 	ap_build_options whole = {.n_keep_whole = 1, .keep_whole = keep};
 	void *oa[4], *ob[4];
 	char what[64];
@@ -1991,7 +2029,7 @@ START_TEST(feedback_split_on_refusal)
 	for (int i = 0; i < 4 * N; i++)
 		ref[i] = fabs(1 / (1 + exp(tanh(exp(xs[i])))));
 	/* groups of more than 2 nodes refused: 5 -> 3 + 2 -> 2 + 1 + 2 */
-	ap_program *p1 = build_and_run_opt(g, &(ap_build_options){.refuse_group_nodes = 2},
+	ap_program *p1 = build_and_run_opt(g, &(ap_build_options){.hooks = &(ap_build_hooks){.refuse_group_nodes = 2}},
 					   (const void *[]){xs}, NULL, 0, o1);
 	ck_assert_int_eq(p1->n_launches, 3);
 	ck_assert_int_eq(p1->n_refused, 2);
@@ -2002,7 +2040,7 @@ START_TEST(feedback_split_on_refusal)
 	}
 	expect_close("split", o1[0], ref, 4 * N);
 	/* a fused group holding Tanh refused: Tanh ends up alone */
-	ap_program *p2 = build_and_run_opt(g, &(ap_build_options){.refuse_op = "Tanh"},
+	ap_program *p2 = build_and_run_opt(g, &(ap_build_options){.hooks = &(ap_build_hooks){.refuse_op = "Tanh"}},
 					   (const void *[]){xs}, NULL, 0, o2);
 	ck_assert_int_ge(p2->n_refused, 1);
 	for (int l = 0; l < p2->n_launches; l++)
@@ -2011,7 +2049,7 @@ START_TEST(feedback_split_on_refusal)
 				ck_assert_int_eq(p2->launches[l].n_nodes, 1);
 	expect_close("tanh alone", o2[0], ref, 4 * N);
 	/* every fused group refused: the request still succeeds */
-	ap_program *p3 = build_and_run_opt(g, &(ap_build_options){.refuse_group_nodes = 1},
+	ap_program *p3 = build_and_run_opt(g, &(ap_build_options){.hooks = &(ap_build_hooks){.refuse_group_nodes = 1}},
 					   (const void *[]){xs}, NULL, 0, o3);
 	ck_assert_int_eq(p3->n_launches, 5);
 	expect_close("all split", o3[0], ref, 4 * N);
@@ -2049,8 +2087,7 @@ static int on_refuse_hook(const ap_kernel_src *k, void *user, ap_error *why)
 	refuse_hook *h = user;
 
 	h->calls++;
-	ck_assert_ptr_nonnull(k->cuda_src);
-	ck_assert_ptr_nonnull(k->host_src);
+	ck_assert_ptr_nonnull(k->src);
 	ck_assert_int_gt(k->n_nodes, 0);
 	if ((h->max_nodes && k->n_nodes > h->max_nodes) ||
 	    (h->fused_node && k->n_nodes > 1 && kernel_has_node(k, h->fused_node)) ||
@@ -2255,8 +2292,14 @@ static bool run_onnx_dir_opt(const char *dir, const ap_build_options *opt, bool 
 	}
 	if (!compile_program(p, &c, why, cap))
 		goto done;
-	if (!nvrtc_compiles(p, why, cap))
-		goto done;
+	{
+		ap_program *pc = build_cuda(g, opt);
+		bool nv = nvrtc_compiles(pc, why, cap);
+
+		ap_program_free(pc);
+		if (!nv)
+			goto done;
+	}
 	inputs = calloc((size_t)g->n_inputs + 1, sizeof(void *));
 	for (int i = 0; i < g->n_inputs; i++) {
 		const char *name = g->tensors[g->inputs[i]].name;
@@ -2520,7 +2563,7 @@ START_TEST(feedback_on_a_model)
 		printf("check_program: %s not found, skipped\n", dir);
 		return;
 	}
-	ck_assert_msg(run_onnx_dir_opt(dir, &(ap_build_options){.refuse_op = "MatMul"}, true, why, sizeof(why),
+	ck_assert_msg(run_onnx_dir_opt(dir, &(ap_build_options){.hooks = &(ap_build_hooks){.refuse_op = "MatMul"}}, true, why, sizeof(why),
 				       &p, &outs, &n_outs), "%s", why);
 	ck_assert_int_gt(p->n_refused, 0);
 	for (int l = 0; l < p->n_launches; l++)

@@ -47,7 +47,7 @@
 #include "../plan/program.h"
 #include "proto/apollo.pb-c.h"
 
-struct kernel_batch;
+struct task_batch;
 
 struct ap_compiler {
 	ap_cache *cache;
@@ -55,7 +55,7 @@ struct ap_compiler {
 	/* Helper threads for the kernels of a request (see compile_kernels). */
 	pthread_mutex_t mu;
 	pthread_cond_t work;
-	struct kernel_batch *queue;   /* batches with kernels not yet taken */
+	struct task_batch *queue;     /* batches with tasks not yet taken */
 	bool stop;
 	unsigned n_helpers;
 	pthread_t *helpers;
@@ -411,6 +411,7 @@ struct kblob {
 	size_t len;
 	uint8_t digest[32];
 	bool compiled;        /* by the backend (else from the kernel cache) */
+	bool skipped;         /* not tried: the request had failed already */
 	int rc;
 	ap_error err;
 };
@@ -591,10 +592,9 @@ static uint8_t *pack_stripped(Apollo__Bundle *b, size_t *len)
 
 /* ---- kernels -------------------------------------------------------------- */
 
-/* One request's kernels, shared by the worker that owns the request and
- * the helper threads.  `next`, `done`, `failed` and the queue links are
- * under the compiler's pool mutex; each blobs[i] is written only by the
- * thread that took index i. */
+/* One request's kernel compiles: target and blobs, shared by the worker
+ * that owns the request and the helper threads (through a task_batch);
+ * each blobs[i] is written only by the thread that runs task i. */
 struct kernel_batch {
 	ap_compiler *c;
 	const ap_program *p;
@@ -602,10 +602,7 @@ struct kernel_batch {
 	bool gpu, use_cache;
 	int output;
 	struct kblob *blobs;
-	int next, done;
-	bool failed;
-	struct kernel_batch *queue_next;
-	pthread_cond_t finished;
+	atomic_bool failed;          /* a failure other than AP_ECOMPILE: skip the rest */
 };
 
 /* Compiles one kernel for the batch's target into `out` (rc 0 and the
@@ -617,7 +614,7 @@ struct kernel_batch {
 static void compile_kernel(const struct kernel_batch *kb, const ap_kernel_src *ks,
 			   struct kblob *out)
 {
-	const char *src = kb->gpu ? ks->cuda_src : ks->host_src;
+	const char *src = ks->src;
 	const char *bid = ap_compiler_backend_id(kb->c, kb->gpu);
 	uint8_t key[32];
 	char file[160];
@@ -657,60 +654,54 @@ static void compile_kernel(const struct kernel_batch *kb, const ap_kernel_src *k
 	ap_cache_kernel_put(kb->c->cache, key, out->data, out->len, NULL);
 }
 
-static void compile_one(struct kernel_batch *kb, int i)
-{
-	compile_kernel(kb, &kb->p->kernels[i], &kb->blobs[i]);
-}
+/* ---- the task pool: the request's worker and the helper threads ----------- */
 
-/* Removes `kb` from the queue of batches with work left (under c->mu). */
-static void dequeue(ap_compiler *c, struct kernel_batch *kb)
-{
-	struct kernel_batch **pp = &c->queue;
+/* n independent tasks fn(0..n-1, arg) of one request.  `next`, `done` and
+ * the queue links are under the compiler's mutex. */
+struct task_batch {
+	int n, next, done;
+	void (*fn)(int i, void *arg);
+	void *arg;
+	struct task_batch *queue_next;
+	pthread_cond_t finished;
+};
 
-	while (*pp && *pp != kb)
+/* Removes `tb` from the queue of batches with tasks left (under c->mu). */
+static void dequeue(ap_compiler *c, struct task_batch *tb)
+{
+	struct task_batch **pp = &c->queue;
+
+	while (*pp && *pp != tb)
 		pp = &(*pp)->queue_next;
 	if (*pp)
-		*pp = kb->queue_next;
+		*pp = tb->queue_next;
 }
 
-/* Takes the next index of `kb` (under c->mu); -1 when none is left.  A
- * failed batch hands out no more work: its remaining kernels count as
- * done.  A batch with nothing left to hand out leaves the queue. */
-static int take_index(ap_compiler *c, struct kernel_batch *kb)
+/* Takes the next task of `tb` (under c->mu); -1 when none is left.  A
+ * batch with nothing left to hand out leaves the queue. */
+static int take_index(ap_compiler *c, struct task_batch *tb)
 {
-	int n = kb->p->n_kernels, i;
+	int i;
 
-	if (kb->failed && kb->next < n) {
-		kb->done += n - kb->next;
-		kb->next = n;
-		if (kb->done == n)
-			pthread_cond_signal(&kb->finished);
-	}
-	if (kb->next >= n) {
-		dequeue(c, kb);
+	if (tb->next >= tb->n) {
+		dequeue(c, tb);
 		return -1;
 	}
-	i = kb->next++;
-	if (kb->next == n)
-		dequeue(c, kb);
+	i = tb->next++;
+	if (tb->next == tb->n)
+		dequeue(c, tb);
 	return i;
 }
 
-/* Runs kernel i of `kb` outside the lock and records it (takes c->mu). */
-static void run_index(ap_compiler *c, struct kernel_batch *kb, int i)
+/* Runs task i of `tb` outside the lock and records it (takes c->mu). */
+static void run_index(ap_compiler *c, struct task_batch *tb, int i)
 {
 	pthread_mutex_unlock(&c->mu);
-	compile_one(kb, i);
+	tb->fn(i, tb->arg);
 	pthread_mutex_lock(&c->mu);
-	/* a kernel the backend rejects is refused (see run), not fatal:
-	 * the others are still compiled */
-	if (kb->blobs[i].rc && kb->blobs[i].rc != AP_ECOMPILE)
-		kb->failed = true;
-	kb->done++;
-	if (kb->failed && kb->next < kb->p->n_kernels)
-		take_index(c, kb);   /* drops what is left */
-	if (kb->done == kb->p->n_kernels)
-		pthread_cond_signal(&kb->finished);
+	tb->done++;
+	if (tb->done == tb->n)
+		pthread_cond_signal(&tb->finished);
 }
 
 /* Helper thread: serves the queue of batches until the compiler is freed.
@@ -722,26 +713,70 @@ static void *helper_main(void *arg)
 
 	pthread_mutex_lock(&c->mu);
 	for (;;) {
-		struct kernel_batch *kb;
+		struct task_batch *tb;
 		int i;
 
 		while (!c->stop && !c->queue)
 			pthread_cond_wait(&c->work, &c->mu);
 		if (c->stop)
 			break;
-		kb = c->queue;
-		i = take_index(c, kb);
+		tb = c->queue;
+		i = take_index(c, tb);
 		if (i >= 0)
-			run_index(c, kb, i);
+			run_index(c, tb, i);
 	}
 	pthread_mutex_unlock(&c->mu);
 	return NULL;
 }
 
-/* Compiles (or fetches) every kernel of `kb` with the helpers' help, the
- * calling worker taking its share; 0, or the first failure's code with
- * `err` copied from it, a failure other than AP_ECOMPILE first: after an
- * AP_ECOMPILE every kernel has still been tried. */
+/* Runs fn(0..n-1, arg) with the helpers' help, the calling worker taking
+ * its share, and returns when every task is done (ap_task_pool.run). */
+static void run_tasks(void *pool, int n, void (*fn)(int i, void *arg), void *arg)
+{
+	ap_compiler *c = pool;
+	struct task_batch tb = {.n = n, .fn = fn, .arg = arg};
+	int i;
+
+	if (n <= 0)
+		return;
+	pthread_cond_init(&tb.finished, NULL);
+	pthread_mutex_lock(&c->mu);
+	if (c->n_helpers > 0 && n > 1) {
+		struct task_batch **pp = &c->queue;
+
+		while (*pp)
+			pp = &(*pp)->queue_next;
+		*pp = &tb;
+		pthread_cond_broadcast(&c->work);
+	}
+	while ((i = take_index(c, &tb)) >= 0)
+		run_index(c, &tb, i);
+	while (tb.done < tb.n)
+		pthread_cond_wait(&tb.finished, &c->mu);
+	pthread_mutex_unlock(&c->mu);
+	pthread_cond_destroy(&tb.finished);
+}
+
+/* Task i of a kernel batch: compile kernel i, unless an earlier failure
+ * (other than the backend rejecting a kernel) already dooms the request. */
+static void compile_task(int i, void *arg)
+{
+	struct kernel_batch *kb = arg;
+	struct kblob *b = &kb->blobs[i];
+
+	if (atomic_load(&kb->failed)) {
+		b->skipped = true;
+		return;
+	}
+	compile_kernel(kb, &kb->p->kernels[i], b);
+	if (b->rc && b->rc != AP_ECOMPILE)
+		atomic_store(&kb->failed, true);
+}
+
+/* Compiles (or fetches) every kernel of `p` on the task pool; 0, or the
+ * first failure's code with `err` copied from it, a failure other than
+ * AP_ECOMPILE first: after an AP_ECOMPILE every kernel has still been
+ * tried. */
 static int compile_kernels(ap_compiler *c, struct kernel_batch *kb, const ap_program *p,
 			   struct kblob *blobs, ap_error *err)
 {
@@ -749,37 +784,18 @@ static int compile_kernels(ap_compiler *c, struct kernel_batch *kb, const ap_pro
 
 	kb->p = p;
 	kb->blobs = blobs;
-	kb->next = kb->done = 0;
-	kb->failed = false;
-	kb->queue_next = NULL;
-	if (kb->p->n_kernels == 0)
-		return 0;
-	pthread_cond_init(&kb->finished, NULL);
-	pthread_mutex_lock(&c->mu);
-	if (c->n_helpers > 0 && kb->p->n_kernels > 1) {
-		struct kernel_batch **pp = &c->queue;
-		while (*pp)
-			pp = &(*pp)->queue_next;
-		*pp = kb;
-		kb->queue_next = NULL;
-		pthread_cond_broadcast(&c->work);
-	}
-	while ((i = take_index(c, kb)) >= 0)
-		run_index(c, kb, i);
-	while (kb->done < kb->p->n_kernels)
-		pthread_cond_wait(&kb->finished, &c->mu);
-	pthread_mutex_unlock(&c->mu);
-	pthread_cond_destroy(&kb->finished);
-	for (i = 0; i < kb->p->n_kernels; i++) {
-		if (kb->blobs[i].rc && kb->blobs[i].rc != AP_ECOMPILE) {
-			*err = kb->blobs[i].err;
-			return kb->blobs[i].rc;
+	atomic_store(&kb->failed, false);
+	run_tasks(c, p->n_kernels, compile_task, kb);
+	for (i = 0; i < p->n_kernels; i++) {
+		if (!blobs[i].skipped && blobs[i].rc && blobs[i].rc != AP_ECOMPILE) {
+			*err = blobs[i].err;
+			return blobs[i].rc;
 		}
 	}
-	for (i = 0; i < kb->p->n_kernels; i++) {
-		if (kb->blobs[i].rc) {
-			*err = kb->blobs[i].err;
-			return kb->blobs[i].rc;
+	for (i = 0; i < p->n_kernels; i++) {
+		if (!blobs[i].skipped && blobs[i].rc) {
+			*err = blobs[i].err;
+			return blobs[i].rc;
 		}
 	}
 	return 0;
@@ -1064,6 +1080,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	double t, backend_ms;
 	unsigned compiled = 0;
 	ap_build_options bo;
+	ap_task_pool pool;
 	struct kernel_batch kb;
 	int rc;
 
@@ -1149,7 +1166,11 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		goto done;
 	}
 
+	pool.run = run_tasks;
+	pool.pool = c;
 	bo = (ap_build_options){
+		.target = r->target,
+		.pool = &pool,
 		.max_block_threads = r->mbt,
 		.fusion = req->options ? (ap_fuse_level)req->options->fusion : AP_FUSE_DEFAULT,
 		.n_fusion_barriers = req->options ? (int)req->options->n_fusion_barriers : 0,

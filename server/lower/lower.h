@@ -1,33 +1,105 @@
-/* lower.h -- lowering one fusion group to one kernel of the kernel IR.
+/* lower.h -- the schedule layer: one micro-graph to one kernel of the
+ * kernel IR, through emitters.
  *
- * The group's iteration space is the shape of the tensors it writes; each
- * thread computes output elements (a grid-stride loop over the linear
- * index), and each value is built recursively through the group's nodes by
- * index maps (elementwise: the same index; broadcast: dims of size 1 read
- * at 0; views: relinearised; transpose/slice/pad/...: their own maps;
- * matmul, conv, pools, serial reductions: loops), with common values
- * computed once.  A reduction group whose reduction is long enough uses one
- * block per output element and a tree reduction in shared memory.
+ * An emitter is one kernel shape (XLA's fusion emitters, TVM's schedule
+ * templates): pointwise loops, row and column reductions with warp
+ * shuffles, stitched reductions (Layer II), shared-memory transposes.
+ * Each one has
+ *   - match:   whether it can build a kernel for a micro-graph;
+ *   - space:   its parameter space, the knobs a tuner searches (block
+ *              size, elements per thread, vector width, rows per block...),
+ *              each with its allowed values for this micro-graph;
+ *   - choose:  the default configuration, by a rule from the shapes and
+ *              the target (what runs when nothing was tuned);
+ *   - emit:    the kernel for one configuration;
+ *   - traffic: what that configuration moves and computes, for the cost
+ *              model (server/cost/cost.h).
+ * Every emitter builds values with the shared value builder (value.h), so
+ * the per-op scalar semantics and index maps are the same everywhere.
+ * The registry is ordered: the first emitter whose match accepts a
+ * micro-graph is its emitter; the last one (pointwise) accepts every
+ * micro-graph.
  */
 #ifndef AP_LOWER_H
 #define AP_LOWER_H
 
+#include "../cost/cost.h"
 #include "../kir/kir.h"
-#include "../partition/partition.h"
+#include "../partition/mgraph.h"
+
+#define AP_SPACE_MAX_KNOBS 8
+#define AP_KNOB_MAX_VALUES 12
+
+typedef struct ap_knob {
+	const char *name;                 /* "block", "vector", "rows", ... (static) */
+	int n;                            /* allowed values, >= 1 */
+	int values[AP_KNOB_MAX_VALUES];
+} ap_knob;
+
+/* An emitter's parameter space for one micro-graph: the cross product of
+ * its knobs' values. */
+typedef struct ap_space {
+	int n;
+	ap_knob knobs[AP_SPACE_MAX_KNOBS];
+} ap_space;
+
+struct ap_emitter;
+
+/* One configuration: a value for every knob of the emitter's space, in
+ * the space's order. */
+typedef struct ap_sched {
+	const struct ap_emitter *em;
+	int n;
+	int v[AP_SPACE_MAX_KNOBS];
+} ap_sched;
+
+typedef struct ap_emitter {
+	const char *name;     /* "pointwise", "row_reduce", ... (static) */
+	bool (*match)(const ap_mgraph *m, const ap_target_info *t);
+	void (*space)(const ap_mgraph *m, const ap_target_info *t, ap_space *out);
+	/* Fills s->v (s->em and s->n are set by the caller). */
+	void (*choose)(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s);
+	/* Builds the body, launch shape and parameters of `k` (a fresh kernel
+	 * with its name set).  0, or AP_EUNSUPPORTED (an op or dtype it cannot
+	 * handle, naming the node) / AP_ENOMEM with `err` set. */
+	int (*emit)(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
+		    ap_error *err);
+	void (*traffic)(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
+			ap_traffic *out);
+} ap_emitter;
+
+/* The registry, in match order; *n gets its length. */
+const ap_emitter *const *ap_emitters(int *n);
+/* The first emitter of the registry that matches m (never NULL: pointwise
+ * matches every micro-graph). */
+const ap_emitter *ap_emitter_for(const ap_mgraph *m, const ap_target_info *t);
+/* The space of `em` for m, and its default configuration in *s. */
+void ap_emitter_default(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
+			ap_space *sp, ap_sched *s);
+/* Value of knob `name` in s, or `dflt` when the space has no such knob. */
+int ap_sched_get(const ap_sched *s, const ap_space *sp, const char *name, int dflt);
 
 typedef struct ap_lower_options {
 	unsigned max_block_threads;  /* 0 = 256; a power of two in [32, 1024] */
+	const ap_sched *sched;       /* a configuration to use (its emitter must
+					match); NULL = the default rule */
+	bool verify;                 /* run ap_kir_verify on the result */
 } ap_lower_options;
 
-/* Lowers group `gi` of partition `p` to a kernel named `name` (a C
- * identifier).  Every GLOBAL array of the result carries in ->tensor the
- * graph tensor (of p->g) it is bound to: the group's outputs first
- * (written), then each tensor it reads, in order of first use.  CONST
- * tensors are baked in (scalars as literals, others as constant arrays).
- * Returns NULL with `err` set: AP_EUNSUPPORTED (an op or dtype this
- * lowering cannot handle, naming the node), AP_ENOMEM. */
-__ap_give ap_kir_kernel *ap_lower_group(__ap_keep const ap_partition *p, int gi,
-					const char *name, const ap_lower_options *opt,
-					ap_error *err);
+/* Lowers micro-graph m to a kernel named `name` (a C identifier) for
+ * target t: its emitter (ap_emitter_for, or opt->sched's), the default
+ * configuration unless opt->sched gives one (written to *used when not
+ * NULL), the emitter's kernel, and a header of comments listing the fused
+ * ops and what each parameter holds (no graph names, so that the same
+ * kernel in two graphs prints the same).  Every GLOBAL array of the
+ * result carries in ->tensor the tensor of m->g it is bound to: the
+ * outputs first (written, in m->g->outputs order), then each tensor it
+ * reads, in order of first use; CONST tensors are baked in.  Returns NULL
+ * with `err` set: AP_EUNSUPPORTED (an op or dtype this lowering cannot
+ * handle, naming the node), AP_ENOMEM, AP_EINTERNAL (the verifier
+ * rejected the kernel: a bug, the message says which rule). */
+__ap_give ap_kir_kernel *ap_lower(__ap_keep const ap_mgraph *m, const ap_target_info *t,
+				  const char *name, const ap_lower_options *opt, ap_sched *used,
+				  ap_error *err);
 
 #endif

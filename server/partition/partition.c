@@ -25,7 +25,8 @@
  *     report gives.  In the first pass a matmul or conv does not yet join
  *     an injective consumer, so that the injective op can first join the
  *     group it feeds (a prologue, which saves its whole output).
- *     Evaluation counts (eval_counts) model what the lowering recomputes:
+ *     Evaluation counts (the cost model's, server/cost) model what the
+ *     value builder of the lowering recomputes:
  *     E(t) is how many times the kernel evaluates elements of tensor t
  *     (each written element once, plus what its readers in the group
  *     evaluate times the elements each reads: K for a matmul operand, the
@@ -48,6 +49,8 @@
  *     absorbed views, written and read tensors collected.
  */
 #include "partition.h"
+
+#include "../cost/cost.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -82,9 +85,10 @@ typedef struct pctx {
 	int cur_stamp;
 	int *mark;           /* per node scratch marks */
 	int mark_stamp;
-	double *E, *E2;      /* per tensor: evaluation counts (eval_counts) */
-	int *E_stamp;
-	int e_stamp;
+	ap_cost_evals_ctx *evals;  /* the cost model's evaluation counts */
+	int ev_p, ev_q;      /* the groups eval_counts is counting */
+	int *t_mark;         /* per tensor scratch marks */
+	int t_stamp;
 	int *list;           /* node scratch list */
 	int via;             /* a third group found on an indirect path */
 	int pass;
@@ -92,6 +96,15 @@ typedef struct pctx {
 } pctx;
 
 /* ---- names -------------------------------------------------------------------- */
+
+const char *ap_fuse_level_name(ap_fuse_level level)
+{
+	switch (level) {
+	case AP_FUSE_NONE: return "none";
+	case AP_FUSE_RULES: return "rules";
+	default: return "apollo";
+	}
+}
 
 const char *ap_group_kind_name(ap_group_kind kind)
 {
@@ -105,6 +118,7 @@ const char *ap_group_kind_name(ap_group_kind kind)
 	case AP_GROUP_MATMUL: return "matmul";
 	case AP_GROUP_CONV: return "conv";
 	case AP_GROUP_WHOLE: return "whole";
+	case AP_GROUP_STITCHED: return "stitched";
 	}
 	return "?";
 }
@@ -122,6 +136,7 @@ const char *ap_boundary_reason_key(ap_boundary_reason r)
 	case AP_WHY_SIZE: return "size-cap";
 	case AP_WHY_CYCLE: return "cycle";
 	case AP_WHY_REFUSED: return "refused";
+	case AP_WHY_STITCH: return "stitch";
 	}
 	return "rule";
 }
@@ -300,138 +315,41 @@ static int members(pctx *c, int a, int b)
 	return n;
 }
 
-/* ---- evaluation counts ------------------------------------------------------------ */
+/* ---- evaluation counts (the cost model's, server/cost) ------------------------------ */
 
-static double *E_at(pctx *c, int t)
+static int gv_source_of(int t, void *user)
 {
-	if (c->E_stamp[t] != c->e_stamp) {
-		c->E_stamp[t] = c->e_stamp;
-		c->E[t] = 0;
-		c->E2[t] = 0;
-	}
-	return &c->E[t];
+	pctx *c = user;
+
+	return source_of(c->g, c->through, t);
+}
+
+static bool gv_written(int t, void *user)
+{
+	pctx *c = user;
+
+	return needed_outside(c, t, c->ev_p, c->ev_q);
+}
+
+/* E(t) for every tensor read or made by the members of roots a and b (b
+ * may be -1), written tensors being those needed outside a + b: the cost
+ * model's evaluation counts of the value builder (ap_cost_evals), read
+ * back with E_get.  Members are left in c->list (ascending), their count
+ * returned. */
+static int eval_counts(pctx *c, int a, int b)
+{
+	ap_cost_graph_view gv = {gv_source_of, gv_written, c};
+	int n = members(c, a, b);
+
+	c->ev_p = a;
+	c->ev_q = b;
+	ap_cost_evals(c->evals, c->list, n, &gv);
+	return n;
 }
 
 static double E_get(pctx *c, int t)
 {
-	return c->E_stamp[t] == c->e_stamp ? c->E[t] : 0.0;
-}
-
-/* Elements of input i that one output element of node n reads. */
-static double reads_per_element(const ap_graph *g, const ap_node *n, int i)
-{
-	int x = n->inputs[i], y = n->outputs[0];
-	double nx = x >= 0 ? numel(g, x) : 0, ny = y >= 0 ? numel(g, y) : 0;
-
-	switch (n->op) {
-	case AP_OP_MATMUL: {
-		const ap_tensor *a = &g->tensors[n->inputs[0]];
-
-		return a->rank > 0 ? (double)a->dims[a->rank - 1] : 1.0;
-	}
-	case AP_OP_CONV:
-	case AP_OP_CONV_TRANSPOSE: {
-		const ap_tensor *yt = &g->tensors[y];
-		double per = yt->rank > 1 && yt->dims[1] > 0 ? numel(g, n->inputs[1]) / (double)yt->dims[1]
-							     : 1.0;
-
-		return i == 2 ? 1.0 : per;
-	}
-	case AP_OP_CONCAT:
-	case AP_OP_PAD:
-		return ny > 0 ? nx / ny : 0;
-	default:
-		break;
-	}
-	if (ap_op_category_of(n->op) == AP_CAT_REDUCTION)
-		return ny > 0 ? nx / ny : 0;
-	return 1.0;
-}
-
-/* Does node n read input i at the very index of its output element (so a
- * value shared with other such readers is computed once, as the lowering
- * memoises values per index)? */
-static bool reads_in_place(pctx *c, const ap_node *n, int i)
-{
-	const ap_graph *g = c->g;
-	int x = n->inputs[i], y = n->outputs[0];
-	ap_op_category cat = ap_op_category_of(n->op);
-
-	if (x < 0 || y < 0 || source_of(g, c->through, x) != x)
-		return false;
-	if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST)
-		return false;
-	return ap_dims_equal(g->tensors[x].rank, g->tensors[x].dims,
-			     g->tensors[y].rank, g->tensors[y].dims);
-}
-
-/* E(t) for every tensor read or made by the members of roots a and b (b
- * may be -1), written tensors being those needed outside a + b: readers
- * at the same index share one evaluation (the largest of theirs, a store
- * included), every other reader adds its own.  Fills c->E under a fresh
- * stamp (c->E holds the shared part while a sweep runs, c->E2 the rest);
- * members are left in c->list (ascending), their count returned. */
-static int eval_counts(pctx *c, int a, int b)
-{
-	const ap_graph *g = c->g;
-	int n = members(c, a, b);
-
-	c->e_stamp++;
-	c->mark_stamp++;
-	for (int k = 0; k < n; k++)
-		c->mark[c->list[k]] = c->mark_stamp;
-	for (int k = n - 1; k >= 0; k--) {
-		const ap_node *node = &g->nodes[c->list[k]];
-		double eo = 0;
-
-		for (int o = 0; o < node->n_outputs; o++) {
-			int t = node->outputs[o];
-			double *e;
-
-			if (t < 0)
-				continue;
-			e = E_at(c, t);
-			if (needed_outside(c, t, a, b) && *e < numel(g, t))
-				*e = numel(g, t);
-			*e += c->E2[t];
-			c->E2[t] = 0;
-			eo += *e;
-		}
-		for (int i = 0; i < node->n_inputs; i++) {
-			int t = node->inputs[i], s;
-			double v, *e;
-
-			if (t < 0)
-				continue;
-			s = source_of(g, c->through, t);
-			v = eo * reads_per_element(g, node, i);
-			e = E_at(c, s);
-			if (reads_in_place(c, node, i)) {
-				if (v > *e)
-					*e = v;
-			} else {
-				c->E2[s] += v;
-			}
-		}
-	}
-	/* tensors made outside the set: fold the two parts */
-	for (int k = 0; k < n; k++) {
-		const ap_node *node = &g->nodes[c->list[k]];
-
-		for (int i = 0; i < node->n_inputs; i++) {
-			int t = node->inputs[i], s, u;
-
-			if (t < 0)
-				continue;
-			s = source_of(g, c->through, t);
-			u = g->tensors[s].producer;
-			if (u >= 0 && c->mark[u] == c->mark_stamp)
-				continue;
-			c->E[s] += c->E2[s];
-			c->E2[s] = 0;
-		}
-	}
-	return n;
+	return ap_cost_eval_of(c->evals, t);
 }
 
 /* ---- merge checks ---------------------------------------------------------------- */
@@ -845,7 +763,7 @@ static clone_status clone_check(pctx *c, int P, int C, const int *nodes, int n, 
 			if (node->outputs[o] >= 0 && group_reads(c, C, node->outputs[o]))
 				*gain += (int64_t)tensor_bytes(g, node->outputs[o]);
 	}
-	c->e_stamp++;      /* E_stamp as a "seen" mark for the inputs */
+	c->t_stamp++;      /* inputs counted once */
 	for (int i = 0; i < n; i++) {
 		const ap_node *node = &g->nodes[nodes[i]];
 
@@ -858,9 +776,9 @@ static clone_status clone_check(pctx *c, int P, int C, const int *nodes, int n, 
 			u = g->tensors[t].producer;
 			if (g->tensors[t].kind == AP_TENSOR_CONST || (u >= 0 && c->mark[u] == c->mark_stamp))
 				continue;
-			if (c->E_stamp[t] == c->e_stamp || group_reads(c, C, t))
+			if (c->t_mark[t] == c->t_stamp || group_reads(c, C, t))
 				continue;
-			c->E_stamp[t] = c->e_stamp;
+			c->t_mark[t] = c->t_stamp;
 			*gain -= (int64_t)tensor_bytes(g, t);
 		}
 	}
@@ -873,7 +791,7 @@ static int64_t group_read_bytes(pctx *c, int P)
 	const ap_graph *g = c->g;
 	int64_t b = 0;
 
-	c->e_stamp++;
+	c->t_stamp++;
 	for (int m = c->head[P]; m >= 0; m = c->next[m]) {
 		const ap_node *node = &g->nodes[m];
 
@@ -885,9 +803,9 @@ static int64_t group_read_bytes(pctx *c, int P)
 			t = source_of(g, c->through, node->inputs[in]);
 			u = g->tensors[t].producer;
 			if (g->tensors[t].kind == AP_TENSOR_CONST || (u >= 0 && find(c, u) == P) ||
-			    c->E_stamp[t] == c->e_stamp)
+			    c->t_mark[t] == c->t_stamp)
 				continue;
-			c->E_stamp[t] = c->e_stamp;
+			c->t_mark[t] = c->t_stamp;
 			b += (int64_t)tensor_bytes(g, t);
 		}
 	}
@@ -1191,9 +1109,8 @@ static void ctx_free(pctx *c)
 	free(c->stamp);
 	free(c->stack);
 	free(c->mark);
-	free(c->E);
-	free(c->E2);
-	free(c->E_stamp);
+	ap_cost_evals_free(c->evals);
+	free(c->t_mark);
 	free(c->list);
 	memset(c, 0, sizeof(*c));
 }
@@ -1227,15 +1144,14 @@ static int group(pctx *c, const ap_graph *g, const ap_partition_options *opt)
 	c->stamp = calloc((size_t)N + 1, sizeof(int));
 	c->stack = malloc(((size_t)N + 1) * sizeof(int));
 	c->mark = calloc((size_t)N + 1, sizeof(int));
-	c->E = calloc((size_t)T + 1, sizeof(double));
-	c->E2 = calloc((size_t)T + 1, sizeof(double));
-	c->E_stamp = calloc((size_t)T + 1, sizeof(int));
+	c->evals = ap_cost_evals_new(g);
+	c->t_mark = calloc((size_t)T + 1, sizeof(int));
 	c->list = malloc(((size_t)N + 1) * sizeof(int));
 	needed = calloc((size_t)T + 1, sizeof(bool));
 	fill = calloc((size_t)T + 1, sizeof(int));
 	if (!c->live || !c->through || !c->barrier || !c->whole || !c->rd_off || !c->uf || !c->kind ||
-	    !c->head || !c->next || !c->size || !c->stamp || !c->stack || !c->mark || !c->E || !c->E2 ||
-	    !c->E_stamp || !c->list || !needed || !fill)
+	    !c->head || !c->next || !c->size || !c->stamp || !c->stack || !c->mark || !c->evals ||
+	    !c->t_mark || !c->list || !needed || !fill)
 		goto nomem;
 
 	/* 1. liveness */
@@ -1936,81 +1852,133 @@ fail:
 
 /* ---- upward feedback ----------------------------------------------------------- */
 
-int ap_partition_split(ap_partition *p, int gi, const char *who, const char *why)
+const int *ap_partition_readers(const ap_partition *p, int t, int *n)
+{
+	const ap_partition_priv *pv = p->priv;
+
+	*n = pv->rd_off[t + 1] - pv->rd_off[t];
+	return pv->rd + pv->rd_off[t];
+}
+
+int ap_partition_cut(ap_partition *p, int gi, const int *cut, int n_cut, const char *who,
+		     const char *why)
 {
 	const ap_graph *g = p->g;
-	ap_group *ng, *a, *b;
+	ap_group *ng, *old;
 	char **nr;
-	int half, rid, bcap = p->n_boundaries;
+	int *start = NULL, k = 0, rid, bcap = p->n_boundaries, n, rc = AP_ENOMEM;
+	int *old_nodes, *old_refs, n_refs;
 	char detail[512];
+	bool prev = false;
 
 	if (gi < 0 || gi >= p->n_groups || p->groups[gi].n_nodes < 2)
 		return AP_EINVAL;
-	ng = realloc(p->groups, (size_t)(p->n_groups + 1) * sizeof(*ng));
-	if (!ng)
-		return AP_ENOMEM;
-	p->groups = ng;
+	old = &p->groups[gi];
+	n = old->n_nodes;
+	start = malloc(((size_t)n + 1) * sizeof(int));
+	if (!start)
+		goto out;
+	/* pieces: maximal runs of members inside or outside the cut */
+	for (int i = 0; i < n; i++) {
+		bool in = false;
+
+		if (n_cut == 0) {
+			in = i >= (n + 1) / 2;
+		} else {
+			for (int j = 0; j < n_cut && !in; j++)
+				in = cut[j] == old->nodes[i];
+		}
+		if (i == 0 || in != prev)
+			start[k++] = i;
+		prev = in;
+	}
+	start[k] = n;
+	if (k < 2) {
+		rc = AP_EINVAL;
+		goto out;
+	}
 	nr = realloc(p->refusals, (size_t)(p->n_refusals + 1) * sizeof(char *));
 	if (!nr)
-		return AP_ENOMEM;
+		goto out;
 	p->refusals = nr;
 	nr[p->n_refusals] = ap_strdup(why);
 	if (!nr[p->n_refusals])
-		return AP_ENOMEM;
+		goto out;
 	rid = p->n_refusals++;
-	memmove(&p->groups[gi + 2], &p->groups[gi + 1],
+	ng = realloc(p->groups, (size_t)(p->n_groups + k - 1) * sizeof(*ng));
+	if (!ng)
+		goto out;
+	p->groups = ng;
+	old = &p->groups[gi];
+	memmove(&p->groups[gi + k], &p->groups[gi + 1],
 		(size_t)(p->n_groups - gi - 1) * sizeof(ap_group));
-	p->n_groups++;
-	a = &p->groups[gi];
-	b = &p->groups[gi + 1];
-	memset(b, 0, sizeof(*b));
-	half = (a->n_nodes + 1) / 2;
-	b->n_nodes = a->n_nodes - half;
-	b->nodes = malloc((size_t)b->n_nodes * sizeof(int));
-	b->refusals = malloc(((size_t)a->n_refusals + 1) * sizeof(int));
-	{
-		int *ar = realloc(a->refusals, ((size_t)a->n_refusals + 1) * sizeof(int));
+	for (int j = 1; j < k; j++)
+		memset(&p->groups[gi + j], 0, sizeof(ap_group));
+	p->n_groups += k - 1;
+	for (int v = 0; v < g->n_nodes; v++)
+		if (p->group_of[v] > gi)
+			p->group_of[v] += k - 1;
+	/* pieces 1..k-1 first, from the old member list; then piece 0 in place */
+	old_nodes = old->nodes;
+	old_refs = old->refusals;
+	n_refs = old->n_refusals;
+	for (int j = k - 1; j >= 0; j--) {
+		ap_group *grp = &p->groups[gi + j];
+		int cnt = start[j + 1] - start[j];
+		int *nodes = malloc((size_t)cnt * sizeof(int));
+		int *refs = malloc(((size_t)n_refs + 1) * sizeof(int));
 
-		if (ar)
-			a->refusals = ar;
-		if (!b->nodes || !b->refusals || !ar)
-			return AP_ENOMEM;
+		if (!nodes || !refs) {
+			free(nodes);
+			free(refs);
+			goto out;
+		}
+		memcpy(nodes, old_nodes + start[j], (size_t)cnt * sizeof(int));
+		memcpy(refs, old_refs, (size_t)n_refs * sizeof(int));
+		refs[n_refs] = rid;
+		if (j == 0) {
+			free(old_nodes);
+			free(old_refs);
+		} else {
+			grp->subgraph = old->subgraph;
+		}
+		grp->nodes = nodes;
+		grp->n_nodes = cnt;
+		grp->refusals = refs;
+		grp->n_refusals = n_refs + 1;
+		for (int i = 0; i < cnt; i++)
+			p->group_of[nodes[i]] = gi + j;
+		grp->kind = kind_of_nodes(g, nodes, cnt);
 	}
-	memcpy(b->nodes, a->nodes + half, (size_t)b->n_nodes * sizeof(int));
-	a->n_nodes = half;
-	memcpy(b->refusals, a->refusals, (size_t)a->n_refusals * sizeof(int));
-	a->refusals[a->n_refusals++] = rid;
-	b->n_refusals = a->n_refusals;
-	b->refusals[b->n_refusals - 1] = rid;
-	b->subgraph = a->subgraph;
-	for (int n = 0; n < g->n_nodes; n++)
-		if (p->group_of[n] > gi)
-			p->group_of[n]++;
-	for (int i = 0; i < b->n_nodes; i++)
-		p->group_of[b->nodes[i]] = gi + 1;
-	a->kind = kind_of_nodes(g, a->nodes, a->n_nodes);
-	b->kind = kind_of_nodes(g, b->nodes, b->n_nodes);
-	if (fill_group(p, gi) < 0 || fill_group(p, gi + 1) < 0)
-		return AP_ENOMEM;
-	/* the edges between the halves */
+	for (int j = 0; j < k; j++)
+		if (fill_group(p, gi + j) < 0)
+			goto out;
+	/* the edges between the pieces */
 	snprintf(detail, sizeof(detail), "refused by %s: %s", who ? who : "lowering",
 		 why ? why : "");
-	for (int i = 0; i < b->n_nodes; i++) {
-		const ap_node *node = &g->nodes[b->nodes[i]];
+	for (int j = 1; j < k; j++) {
+		const ap_group *grp = &p->groups[gi + j];
 
-		for (int in = 0; in < node->n_inputs; in++) {
-			int t, u;
+		for (int i = 0; i < grp->n_nodes; i++) {
+			const ap_node *node = &g->nodes[grp->nodes[i]];
 
-			if (node->inputs[in] < 0)
-				continue;
-			t = source_of(g, p->priv->through, node->inputs[in]);
-			u = g->tensors[t].producer;
-			if (u >= 0 && p->group_of[u] == gi &&
-			    add_boundary(p, &bcap, u, b->nodes[i], t, AP_WHY_REFUSED, detail) < 0)
-				return AP_ENOMEM;
+			for (int in = 0; in < node->n_inputs; in++) {
+				int t, u;
+
+				if (node->inputs[in] < 0)
+					continue;
+				t = source_of(g, p->priv->through, node->inputs[in]);
+				u = g->tensors[t].producer;
+				if (u >= 0 && p->group_of[u] >= gi && p->group_of[u] < gi + j &&
+				    add_boundary(p, &bcap, u, grp->nodes[i], t, AP_WHY_REFUSED, detail) < 0)
+					goto out;
+			}
 		}
 	}
-	return 0;
+	rc = k;
+out:
+	free(start);
+	return rc;
 }
 
 /* ---- dumps --------------------------------------------------------------------- */
@@ -2060,22 +2028,6 @@ int ap_partition_dump(const ap_partition *p, FILE *f)
 			g->tensors[b->tensor].name, b->detail);
 	}
 	return ferror(f) ? AP_EIO : 0;
-}
-
-void ap__json_string(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (; s && *s; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			fprintf(f, "\\%c", ch);
-		else if (ch < 0x20)
-			fprintf(f, "\\u%04x", ch);
-		else
-			fputc(ch, f);
-	}
-	fputc('"', f);
 }
 
 int ap_partition_dump_json(const ap_partition *p, FILE *f)

@@ -15,7 +15,7 @@
  * ops).  The partition is explicit data -- groups with their member nodes,
  * kind, written and read tensors, sub-graph, and for every edge between two
  * groups the reason that kept them apart -- so it can be dumped, explained
- * and refined (ap_partition_split, the upward feedback of lowering).
+ * and refined (ap_partition_cut, the upward feedback of lowering).
  */
 #ifndef AP_PARTITION_H
 #define AP_PARTITION_H
@@ -23,7 +23,17 @@
 #include <stdio.h>
 
 #include "../../common/graph.h"
-#include "../plan/program.h"
+
+/* How much the partitioner may fuse; numbered as apollo.FusionLevel. */
+typedef enum ap_fuse_level {
+	AP_FUSE_DEFAULT = 0,   /* the default: apollo */
+	AP_FUSE_NONE = 1,      /* one kernel per primitive */
+	AP_FUSE_RULES = 2,     /* rules (1)-(5): elementwise, broadcast, reduction */
+	AP_FUSE_APOLLO = 3,    /* every rule, injective joins, recompute, Layers II-III */
+} ap_fuse_level;
+
+/* "none", "rules", "apollo" ("apollo" for AP_FUSE_DEFAULT). */
+const char *ap_fuse_level_name(ap_fuse_level level);
 
 /* ---- expand.c ------------------------------------------------------------- */
 
@@ -94,8 +104,10 @@ typedef enum ap_group_kind {
 	AP_GROUP_MATMUL = 6,     /* a matmul with its prologue and epilogue */
 	AP_GROUP_CONV = 7,       /* a convolution with its prologue and epilogue */
 	AP_GROUP_WHOLE = 8,      /* a compound op kept whole (keep_whole) */
+	AP_GROUP_STITCHED = 9,   /* reductions stitched with their consumers
+				    (Layer II; never made by the partitioner) */
 } ap_group_kind;
-#define AP_GROUP_KIND_COUNT 9
+#define AP_GROUP_KIND_COUNT 10
 
 /* Why two groups joined by a producer -> consumer edge were not merged. */
 typedef enum ap_boundary_reason {
@@ -109,8 +121,10 @@ typedef enum ap_boundary_reason {
 	AP_WHY_SIZE = 7,         /* the group size cap */
 	AP_WHY_CYCLE = 8,        /* merging would make the group graph cyclic */
 	AP_WHY_REFUSED = 9,      /* lowering refused the merged group */
+	AP_WHY_STITCH = 10,      /* Layer II could not stitch them (a row does
+				    not fit on chip, ...) */
 } ap_boundary_reason;
-#define AP_WHY_COUNT 10
+#define AP_WHY_COUNT 11
 
 typedef struct ap_group {
 	ap_group_kind kind;
@@ -241,22 +255,33 @@ __ap_give ap_partition *ap_partition_build(__ap_keep const ap_graph *g,
 					   const ap_partition_options *opt, ap_error *err);
 ap_partition *ap_partition_free(__ap_take ap_partition *p);  /* accepts NULL */
 
-/* Upward feedback: lowering could not handle group `gi` (which has at least
- * two members) for the reason `why`.  Splits it into two groups -- its
- * members in topological order, first half and second half -- inserted at
- * gi and gi + 1 (later groups move up by one), so the order stays
- * topological; every edge between the halves gets a boundary with reason
- * AP_WHY_REFUSED and detail "refused by WHO: WHY" (`who` names the layer
- * that refused: "lowering", "the backend"; NULL = "lowering").  Returns 0,
- * AP_EINVAL (gi out of range or a single node), AP_ENOMEM. */
-int ap_partition_split(ap_partition *p, int gi, const char *who, const char *why);
+/* Upward feedback: a layer below (lowering, the backend) could not handle
+ * group `gi` (which has at least two members) for the reason `why`.
+ * Splits it where the refusal says: the members in `cut` (n_cut program
+ * node indices) are separated from the others, each maximal run of
+ * members in topological order that is wholly inside or wholly outside
+ * the cut becoming a group of its own (so the groups stay acyclic and in
+ * topological order: the pieces take gi, gi + 1, ...; later groups move
+ * up).  With n_cut == 0 (a refusal that names no place, such as a size
+ * limit) the members are cut in two halves.  Every edge between two
+ * pieces gets a boundary with reason AP_WHY_REFUSED and detail "refused by
+ * WHO: WHY" (`who` names the layer that refused: "lowering", "the
+ * backend"; NULL = "lowering").  Returns the number of pieces (>= 2), or
+ * AP_EINVAL (gi out of range, a single member, or a cut that leaves one
+ * piece), AP_ENOMEM. */
+int ap_partition_cut(ap_partition *p, int gi, const int *cut, int n_cut, const char *who,
+		     const char *why);
+
+/* Readers of program tensor t: the nodes (of p->g, not read-through
+ * views) that read it, directly or through views; *n gets the count. */
+const int *ap_partition_readers(const ap_partition *p, int t, int *n);
 
 /* "elementwise", "broadcast", "reduction", "opaque", "injective",
  * "transpose", "matmul", "conv", "whole". */
 const char *ap_group_kind_name(ap_group_kind kind);
 /* Short key of a reason, as in apollo.Boundary.reason: "level", "opaque",
  * "keep-whole", "hint", "rule", "shape", "recompute", "size-cap",
- * "cycle", "refused". */
+ * "cycle", "refused", "stitch". */
 const char *ap_boundary_reason_key(ap_boundary_reason r);
 
 /* Writes the partition as text, one line per group then one per boundary:
@@ -272,8 +297,5 @@ int ap_partition_dump(const ap_partition *p, FILE *f);
  *    "detail":..}],"subgraphs":[{"wave":..,"deps":[..]}]}
  * Returns 0 or AP_EIO. */
 int ap_partition_dump_json(const ap_partition *p, FILE *f);
-
-/* Writes `s` as a JSON string literal (quotes and escapes). */
-void ap__json_string(FILE *f, const char *s);
 
 #endif

@@ -1,7 +1,8 @@
 /* program.h -- the compiled form of a graph before any backend runs:
- * kernels as source text for both printers, the launch plan, and the
- * buffers with the workspace layout.  This is what the compiler core
- * (partition -> lower -> kir -> plan) hands to the compile job, which runs
+ * kernels as source text for the requested target, the launch plan, and
+ * the buffers with the workspace layout.  This is what the compiler core
+ * (server/driver/pipeline.c: expand -> partition -> Layers I, II ->
+ * emit -> Layer III -> print -> plan) hands to the compile job, which runs
  * NVRTC or the host C compiler on each kernel's source and assembles the
  * apollo.Bundle.
  *
@@ -23,14 +24,10 @@
 #include <stdio.h>
 
 #include "../../common/graph.h"
+#include "../kir/kir.h"
+#include "../partition/partition.h"
 
-/* How much the partitioner may fuse; numbered as apollo.FusionLevel. */
-typedef enum ap_fuse_level {
-	AP_FUSE_DEFAULT = 0,   /* the default: apollo */
-	AP_FUSE_NONE = 1,      /* one kernel per primitive */
-	AP_FUSE_RULES = 2,     /* rules (1)-(5): elementwise, broadcast, reduction */
-	AP_FUSE_APOLLO = 3,    /* every rule, injective joins, recompute */
-} ap_fuse_level;
+#define AP_PIPELINE_STAGES 9
 
 typedef enum ap_buffer_kind {
 	AP_BUF_INPUT = 0,
@@ -58,8 +55,9 @@ typedef struct ap_kernel_param {
 
 typedef struct ap_kernel_src {
 	char *name;              /* entry point, unique within the program */
-	char *cuda_src;          /* complete CUDA C translation unit */
-	char *host_src;          /* complete C11 translation unit */
+	char *src;               /* the complete translation unit for the
+				    program's target: CUDA C (NVRTC) or C11
+				    (host); printed once */
 	unsigned grid[3], block[3];
 	unsigned smem_bytes;     /* dynamic shared memory, bytes */
 	int n_params;
@@ -71,10 +69,28 @@ typedef struct ap_kernel_src {
 	uint64_t global_bytes;   /* modelled traffic of one launch: bytes of every
 				    distinct global buffer read plus every one
 				    written */
-	int n_members;           /* member (primitive) nodes of the group it was
-				    first lowered from, views not counted: 1 =
-				    not fused, so a refusal cannot split it */
+	int n_members;           /* member (primitive) nodes of the micro-graphs
+				    it was first built from, views not counted:
+				    1 = not fused, so a refusal cannot split it */
+	char *emitter;           /* the emitter(s) and configuration that built
+				    it ("row_reduce block=256") */
 } ap_kernel_src;
+
+/* One micro-graph of a launch.  A launch covers one micro-graph, or
+ * several when Layer III (parallelism stitching) merged independent ones:
+ * each then owns a range of the kernel's blocks. */
+typedef struct ap_launch_part {
+	const char *category;    /* the micro-graph's kind, static */
+	int n_nodes;
+	char **nodes;            /* imported (ONNX) node names it computes */
+	int subgraph;            /* index into ap_program.subgraphs */
+	unsigned block_begin;    /* its blocks: [block_begin, block_begin + blocks) */
+	unsigned blocks;
+	unsigned layers;         /* AP_LAYER_* bits (partition/mgraph.h): the
+				    fusion layers that built it */
+	char *detail;            /* what those layers did, one sentence ("" if
+				    nothing) */
+} ap_launch_part;
 
 typedef struct ap_launch {
 	int kernel;              /* index into kernels */
@@ -89,9 +105,16 @@ typedef struct ap_launch {
 	const char *category;    /* -> Launch.category: the micro-graph's kind
 				    ("elementwise", "broadcast", "reduction",
 				    "injective", "transpose", "matmul", "conv",
-				    "opaque", "whole"); static string */
-	int subgraph;            /* index into ap_program.subgraphs */
+				    "opaque", "whole", "stitched"), or
+				    "parallel" when Layer III merged several;
+				    static string */
+	int subgraph;            /* index into ap_program.subgraphs (the first
+				    part's) */
 	uint64_t global_bytes;   /* this launch's modelled traffic (bytes) */
+	unsigned layers;         /* AP_LAYER_* bits over its parts, plus
+				    AP_LAYER_III when it has several */
+	int n_parts;
+	ap_launch_part *parts;   /* -> Launch.parts, in block order */
 } ap_launch;
 
 /* Why two launches were not fused (-> apollo.Boundary, Bundle.boundaries):
@@ -125,6 +148,7 @@ typedef struct ap_program_op {
 } ap_program_op;
 
 typedef struct ap_program {
+	ap_kir_target target;    /* what every kernel's src is written for */
 	int n_kernels;           /* -> Stats.distinct_kernels */
 	ap_kernel_src *kernels;
 	int n_launches;          /* -> Stats.kernels (launches, to compare with
@@ -154,10 +178,34 @@ typedef struct ap_program {
 	int n_ops;
 	ap_program_op *ops;      /* one per imported node the registry could open */
 	int n_recomputed;        /* primitive nodes duplicated into consumers */
-	int n_refused;           /* groups lowering refused and the partitioner split */
+	int n_refused;           /* refusals the pipeline acted on (splits,
+				    stitches and merges undone) */
+	unsigned layer_count[3]; /* micro-graphs changed by Layer I, II, III
+				    (-> Stats.layer_*) */
+	double stage_ms[AP_PIPELINE_STAGES];  /* ms per stage (ap_pipeline_stage_name) */
 } ap_program;
 
+/* Test hooks of the upward feedback (tests only; the daemon never sets
+ * them): lowering refuses any micro-graph of more than refuse_group_nodes
+ * members (0 = off), and any of two or more members holding an op of type
+ * refuse_op (NULL = off). */
+typedef struct ap_build_hooks {
+	unsigned refuse_group_nodes;
+	const char *refuse_op;
+	bool open_all;               /* open elementwise activations too */
+} ap_build_hooks;
+
+/* Runs fn(0..n-1, arg) on a pool of threads and returns when all are done
+ * (the daemon's compile helpers); NULL = one after another. */
+typedef struct ap_task_pool {
+	void (*run)(void *pool, int n, void (*fn)(int i, void *arg), void *arg);
+	void *pool;
+} ap_task_pool;
+
 typedef struct ap_build_options {
+	const char *target;          /* "cpu" (default), "sm_90", "compute_80", ...:
+					the printer (CUDA C or host C) and the cost
+					model's figures */
 	unsigned max_block_threads;  /* 0 = default (256) */
 	/* partition (CompileOptions.fusion, fusion_barriers, keep_whole): */
 	ap_fuse_level fusion;      /* 0 = AP_FUSE_DEFAULT (apollo) */
@@ -167,42 +215,43 @@ typedef struct ap_build_options {
 	char *const *keep_whole;             /* op types never to open */
 	unsigned max_group_nodes;    /* size cap (member nodes); 0 = default (64) */
 	unsigned max_recompute;      /* recompute cap; 0 = default (256) */
-	/* test hooks (upward feedback): lowering refuses any group of more than
-	 * refuse_group_nodes members (0 = off), and any group of two or more
-	 * members holding an op of type refuse_op (NULL = off) */
-	unsigned refuse_group_nodes;
-	const char *refuse_op;
-	bool open_all;               /* tests: open elementwise activations too */
+	const ap_build_hooks *hooks; /* tests only; NULL in the daemon */
+	const ap_task_pool *pool;    /* per-micro-graph stages run as tasks on it */
 	/* Backend hook (upward feedback from the layer below the printers):
 	 * called by ap_program_build for every distinct kernel it is about to
-	 * keep, with `k` complete (sources, params, grid/block, and `nodes`:
-	 * the node names of the group being lowered) and borrowed for the call
-	 * only.  Returns 0 to accept it; AP_ENOMEM to fail the build
+	 * keep, with `k` complete (source, params, grid/block, and `nodes`:
+	 * the node names of the micro-graphs it covers) and borrowed for the
+	 * call only.  Returns 0 to accept it; AP_ENOMEM to fail the build
 	 * (AP_ENOMEM); any other non-zero value refuses it, with the reason in
-	 * `why->msg`.  A refused kernel of a fused group (two or more member
-	 * nodes) splits that group (ap_partition_split, boundary reason
-	 * "refused", detail naming the reason) and its halves are lowered and
-	 * offered again; a refused single-node kernel fails the build with
-	 * AP_ECOMPILE naming the node.  A kernel shared by content is offered
-	 * once.  Called on the thread running ap_program_build (a daemon
-	 * worker), never concurrently within one build.  NULL = every kernel
-	 * accepted.  Time spent in the hook is not counted in codegen_ms. */
+	 * `why->msg`.  A refused kernel is taken apart where its fusion was
+	 * made: a Layer III launch into its parts, a Layer II stitched kernel
+	 * into its micro-graphs, a fused micro-graph by the partitioner
+	 * (boundary reason "refused", detail naming the reason); the pieces
+	 * are built and offered again.  A refused single-node kernel fails the
+	 * build with AP_ECOMPILE naming the node.  A kernel shared by content
+	 * is offered once.  Called on the thread running ap_program_build,
+	 * never concurrently within one build.  NULL = every kernel accepted.
+	 * Time spent in the hook is not counted in codegen_ms. */
 	int (*accept_kernel)(const ap_kernel_src *k, void *user, ap_error *why);
 	void *accept_user;           /* passed to accept_kernel, borrowed */
 } ap_build_options;
 
-/* Opens compound ops (keep_whole aside), partitions the primitive graph
- * into micro-graphs at the chosen fusion level (APOLLO's rules, paper
- * section 3), lowers each group to one kernel through the kernel IR and
- * prints it for CUDA and for the host, then lays out the launch plan and
- * workspace.  When lowering refuses a fused group, the group is split and
- * lowered again (upward feedback): fusion never fails a request; the same
- * holds for a kernel opt->accept_kernel (the backend) refuses.  Every
- * graph output is written by some launch.  `opt` may be NULL.  Returns
- * NULL with `err` set: AP_EUNSUPPORTED (an op or dtype lowering cannot
- * handle even alone, naming the node), AP_ECOMPILE (accept_kernel refused
- * a single-node kernel: its message, naming the node), AP_ENOMEM,
- * AP_EINTERNAL. */
+/* The compiler core (server/driver/pipeline.c), APOLLO's method end to
+ * end: opens compound ops (keep_whole aside), partitions the primitive
+ * graph into micro-graphs at the chosen fusion level (paper section 3),
+ * then, at level apollo, Layer II stitches reductions with their consumers
+ * (section 4.2); each micro-graph is lowered to one kernel through an
+ * emitter of the schedule layer; Layer III merges independent kernels into
+ * one launch (section 4.3); each kernel is printed once for opt->target;
+ * then the launch plan and workspace are laid out.  When a layer below
+ * refuses what a layer above fused, the fusion is undone where the
+ * refusal says and the pieces are built again (upward feedback): fusion
+ * never fails a request; the same holds for a kernel opt->accept_kernel
+ * (the backend) refuses.  Every graph output is written by some launch.
+ * `opt` may be NULL.  Returns NULL with `err` set: AP_EUNSUPPORTED (an op
+ * or dtype lowering cannot handle even alone, naming the node; an unknown
+ * target), AP_ECOMPILE (accept_kernel refused a single-node kernel: its
+ * message, naming the node), AP_ENOMEM, AP_EINTERNAL. */
 __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 				       const ap_build_options *opt, ap_error *err);
 ap_program *ap_program_free(__ap_take ap_program *p);  /* accepts NULL */
@@ -221,7 +270,9 @@ ap_program *ap_program_free(__ap_take ap_program *p);  /* accepts NULL */
  * Returns 0 or AP_EIO. */
 int ap_program_explain(const ap_program *p, FILE *f, bool json);
 
-/* "none", "rules", "apollo" ("apollo" for AP_FUSE_DEFAULT). */
-const char *ap_fuse_level_name(ap_fuse_level level);
+/* Names of the pipeline's stages, in order ("expand", "partition",
+ * "micro-graphs", "layer I", "layer II", "emit", "layer III", "print",
+ * "plan"); NULL past the last.  ap_program.stage_ms is indexed alike. */
+const char *ap_pipeline_stage_name(int i);
 
 #endif

@@ -1,0 +1,290 @@
+/* cost.c -- the cost model (see cost.h): target figures, the value
+ * builder's evaluation counts, and the time of one launch.
+ */
+#include "cost.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- targets ------------------------------------------------------------------ */
+
+/* Published figures of the usual part of each architecture (NVIDIA's data
+ * sheets and the CUDA C Programming Guide's table of compute capabilities):
+ * SMs, resident threads / blocks per SM, shared memory per SM, DRAM
+ * bandwidth, FP32 throughput. */
+static const struct arch_row {
+	int arch;
+	unsigned sms, threads_sm, blocks_sm, smem_sm;
+	double gbps, gflops;
+} arch_table[] = {
+	{75, 40, 1024, 16, 64 * 1024, 320, 8100},        /* T4 */
+	{80, 108, 2048, 32, 164 * 1024, 1555, 19500},    /* A100 40GB */
+	{86, 84, 1536, 16, 100 * 1024, 936, 35600},      /* RTX 3090 class */
+	{87, 16, 1536, 16, 164 * 1024, 205, 5300},       /* Jetson Orin */
+	{89, 128, 1536, 24, 100 * 1024, 1008, 82600},    /* RTX 4090 */
+	{90, 132, 2048, 32, 228 * 1024, 3350, 67000},    /* H100 SXM */
+	{100, 148, 2048, 32, 228 * 1024, 8000, 80000},   /* B200 */
+	{120, 170, 1536, 32, 100 * 1024, 1792, 104800},  /* RTX 5090 */
+};
+
+static int arch_number(const char *t, const char *prefix)
+{
+	size_t n = strlen(prefix);
+	int v = 0, d = 0;
+
+	if (strncmp(t, prefix, n))
+		return -1;
+	for (t += n; *t >= '0' && *t <= '9' && d < 4; t++, d++)
+		v = 10 * v + (*t - '0');
+	if (d < 2 || (*t && !(*t >= 'a' && *t <= 'z' && !t[1])))
+		return -1;
+	return v;
+}
+
+int ap_cost_target(const char *target, ap_target_info *out)
+{
+	const char *t = target && *target ? target : "cpu";
+	const struct arch_row *row = &arch_table[0];
+	int arch;
+
+	memset(out, 0, sizeof(*out));
+	out->warp = 32;
+	out->max_threads_per_block = 1024;
+	out->regs_per_sm = 65536;
+	out->shared_per_block = 48 * 1024;
+	if (!strcmp(t, "cpu")) {
+		/* blocks become loops run by the runtime's threads; numbers of a
+		 * modest server core: what matters is that launches cost little
+		 * and many small blocks are fine */
+		out->gpu = false;
+		out->sm_count = 8;
+		out->max_threads_per_sm = 1024;
+		out->max_blocks_per_sm = 1024;
+		out->shared_per_sm = 48 * 1024;
+		out->dram_gbps = 20;
+		out->gflops = 50;
+		out->launch_us = 2;
+		return 0;
+	}
+	arch = arch_number(t, "sm_");
+	if (arch < 0)
+		arch = arch_number(t, "compute_");
+	if (arch < 0)
+		return AP_EUNSUPPORTED;
+	for (size_t i = 0; i < sizeof(arch_table) / sizeof(arch_table[0]); i++)
+		if (arch_table[i].arch <= arch)
+			row = &arch_table[i];
+	out->gpu = true;
+	out->arch = arch;
+	out->sm_count = row->sms;
+	out->max_threads_per_sm = row->threads_sm;
+	out->max_blocks_per_sm = row->blocks_sm;
+	out->shared_per_sm = row->smem_sm;
+	out->dram_gbps = row->gbps;
+	out->gflops = row->gflops;
+	out->launch_us = 3;
+	return 0;
+}
+
+/* ---- evaluation counts ------------------------------------------------------------ */
+
+struct ap_cost_evals_ctx {
+	const ap_graph *g;
+	double *E, *E2;      /* per tensor: shared part, private part */
+	int *E_stamp;        /* E valid for this stamp */
+	int e_stamp;
+	int *mark;           /* per node: in the current set */
+	int mark_stamp;
+};
+
+__ap_give ap_cost_evals_ctx *ap_cost_evals_new(const ap_graph *g)
+{
+	ap_cost_evals_ctx *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->g = g;
+	c->E = calloc((size_t)g->n_tensors + 1, sizeof(double));
+	c->E2 = calloc((size_t)g->n_tensors + 1, sizeof(double));
+	c->E_stamp = calloc((size_t)g->n_tensors + 1, sizeof(int));
+	c->mark = calloc((size_t)g->n_nodes + 1, sizeof(int));
+	if (!c->E || !c->E2 || !c->E_stamp || !c->mark)
+		return ap_cost_evals_free(c);
+	return c;
+}
+
+ap_cost_evals_ctx *ap_cost_evals_free(ap_cost_evals_ctx *c)
+{
+	if (!c)
+		return NULL;
+	free(c->E);
+	free(c->E2);
+	free(c->E_stamp);
+	free(c->mark);
+	free(c);
+	return NULL;
+}
+
+static double numel(const ap_graph *g, int t)
+{
+	int64_t n = ap_tensor_numel(&g->tensors[t]);
+
+	return n > 0 ? (double)n : 0.0;
+}
+
+double ap_cost_reads_per_element(const ap_graph *g, const ap_node *n, int i)
+{
+	int x = n->inputs[i], y = n->outputs[0];
+	double nx = x >= 0 ? numel(g, x) : 0, ny = y >= 0 ? numel(g, y) : 0;
+
+	switch (n->op) {
+	case AP_OP_MATMUL: {
+		const ap_tensor *a = &g->tensors[n->inputs[0]];
+
+		return a->rank > 0 ? (double)a->dims[a->rank - 1] : 1.0;
+	}
+	case AP_OP_CONV:
+	case AP_OP_CONV_TRANSPOSE: {
+		const ap_tensor *yt = &g->tensors[y];
+		double per = yt->rank > 1 && yt->dims[1] > 0 ? numel(g, n->inputs[1]) / (double)yt->dims[1]
+							     : 1.0;
+
+		return i == 2 ? 1.0 : per;
+	}
+	case AP_OP_CONCAT:
+	case AP_OP_PAD:
+		return ny > 0 ? nx / ny : 0;
+	default:
+		break;
+	}
+	if (ap_op_category_of(n->op) == AP_CAT_REDUCTION)
+		return ny > 0 ? nx / ny : 0;
+	return 1.0;
+}
+
+static double *E_at(ap_cost_evals_ctx *c, int t)
+{
+	if (c->E_stamp[t] != c->e_stamp) {
+		c->E_stamp[t] = c->e_stamp;
+		c->E[t] = 0;
+		c->E2[t] = 0;
+	}
+	return &c->E[t];
+}
+
+double ap_cost_eval_of(const ap_cost_evals_ctx *c, int t)
+{
+	return c->E_stamp[t] == c->e_stamp ? c->E[t] : 0.0;
+}
+
+/* Does node n read input i at the very index of its output element, so
+ * that the value is shared with other such readers? */
+static bool reads_in_place(const ap_graph *g, const ap_node *n, int i, const ap_cost_graph_view *gv)
+{
+	int x = n->inputs[i], y = n->outputs[0];
+	ap_op_category cat = ap_op_category_of(n->op);
+
+	if (x < 0 || y < 0 || gv->source_of(x, gv->user) != x)
+		return false;
+	if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST)
+		return false;
+	return ap_dims_equal(g->tensors[x].rank, g->tensors[x].dims, g->tensors[y].rank,
+			     g->tensors[y].dims);
+}
+
+void ap_cost_evals(ap_cost_evals_ctx *c, const int *nodes, int n, const ap_cost_graph_view *gv)
+{
+	const ap_graph *g = c->g;
+
+	c->e_stamp++;
+	c->mark_stamp++;
+	for (int k = 0; k < n; k++)
+		c->mark[nodes[k]] = c->mark_stamp;
+	/* consumers before producers: a tensor's count is complete once every
+	 * reader in the set has added to it */
+	for (int k = n - 1; k >= 0; k--) {
+		const ap_node *node = &g->nodes[nodes[k]];
+		double eo = 0;
+
+		for (int o = 0; o < node->n_outputs; o++) {
+			int t = node->outputs[o];
+			double *e;
+
+			if (t < 0)
+				continue;
+			e = E_at(c, t);
+			if (gv->written(t, gv->user) && *e < numel(g, t))
+				*e = numel(g, t);
+			*e += c->E2[t];
+			c->E2[t] = 0;
+			eo += *e;
+		}
+		for (int i = 0; i < node->n_inputs; i++) {
+			int t = node->inputs[i], s;
+			double r, *e;
+
+			if (t < 0)
+				continue;
+			s = gv->source_of(t, gv->user);
+			r = eo * ap_cost_reads_per_element(g, node, i);
+			e = E_at(c, s);
+			if (reads_in_place(g, node, i, gv)) {
+				if (r > *e)
+					*e = r;
+			} else {
+				c->E2[s] += r;
+			}
+		}
+	}
+	/* tensors made outside the set: fold the two parts */
+	for (int k = 0; k < n; k++) {
+		const ap_node *node = &g->nodes[nodes[k]];
+
+		for (int i = 0; i < node->n_inputs; i++) {
+			int t = node->inputs[i], s, u;
+
+			if (t < 0)
+				continue;
+			s = gv->source_of(t, gv->user);
+			u = g->tensors[s].producer;
+			if (u >= 0 && c->mark[u] == c->mark_stamp)
+				continue;
+			c->E[s] += c->E2[s];
+			c->E2[s] = 0;
+		}
+	}
+}
+
+/* ---- launches ------------------------------------------------------------------ */
+
+unsigned ap_cost_blocks_per_sm(const ap_target_info *ti, unsigned threads, unsigned shared_bytes)
+{
+	unsigned by_threads, by_smem, b;
+
+	if (threads == 0 || threads > ti->max_threads_per_block)
+		return 0;
+	by_threads = ti->max_threads_per_sm / threads;
+	by_smem = shared_bytes ? ti->shared_per_sm / shared_bytes : ti->max_blocks_per_sm;
+	b = by_threads < by_smem ? by_threads : by_smem;
+	if (b > ti->max_blocks_per_sm)
+		b = ti->max_blocks_per_sm;
+	return b;
+}
+
+double ap_cost_time_us(const ap_traffic *t, const ap_target_info *ti)
+{
+	double bytes = t->bytes_read + t->bytes_written;
+	double mem_us = bytes / (ti->dram_gbps * 1e3);      /* GB/s = 1e3 bytes/us */
+	double alu_us = t->flops / (ti->gflops * 1e3);
+	double work = mem_us > alu_us ? mem_us : alu_us;
+	double used = 1.0;
+
+	/* a grid of fewer blocks than SMs uses that fraction of the machine */
+	if (t->blocks && t->blocks < ti->sm_count)
+		used = (double)t->blocks / ti->sm_count;
+	work /= used;
+	if (t->uncoalesced)
+		work *= 2;
+	return ti->launch_us + work;
+}

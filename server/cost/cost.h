@@ -1,0 +1,109 @@
+/* cost.h -- Apollo's one cost model, used by the partitioner (merge and
+ * recompute decisions), the fusion layers (does a row fit on chip, does a
+ * horizontal merge pay), the emitters (their default configurations) and,
+ * later, the tuner.
+ *
+ * Three parts:
+ *   - the target's limits and speeds by architecture (ap_target_info);
+ *   - the evaluation model of the value builder (server/lower/value.c):
+ *     how many times a kernel made of a set of nodes evaluates the
+ *     elements of each tensor, when producers are inlined into their
+ *     consumers' index expressions (ap_cost_evals);
+ *   - the time of one launch from the traffic and work an emitter reports
+ *     for a configuration (ap_traffic -> ap_cost_time_us): a roofline
+ *     (bytes over DRAM bandwidth, arithmetic over throughput) stretched
+ *     when the grid fills only part of the machine, plus a launch overhead,
+ *     as in XLA's GpuPerformanceModel and APOLLO's section 5.
+ */
+#ifndef AP_COST_H
+#define AP_COST_H
+
+#include "../../common/graph.h"
+
+/* A compile target's limits and speeds.  For the host ("cpu"), blocks run
+ * on worker threads: sm_count is the number of threads a launch may use,
+ * the shared-memory limits are those the host printer allows. */
+typedef struct ap_target_info {
+	bool gpu;
+	int arch;                        /* 80 for sm_80/compute_80; 0 for the host */
+	unsigned sm_count;               /* streaming multiprocessors (host: threads) */
+	unsigned warp;                   /* threads per warp (32) */
+	unsigned max_threads_per_block;  /* 1024 */
+	unsigned max_threads_per_sm;     /* resident threads per SM */
+	unsigned max_blocks_per_sm;      /* resident blocks per SM */
+	unsigned shared_per_block;       /* bytes a block may use without opt-in (48 KiB) */
+	unsigned shared_per_sm;          /* bytes of shared memory per SM */
+	unsigned regs_per_sm;            /* 32-bit registers per SM */
+	double dram_gbps;                /* DRAM bandwidth, GB/s */
+	double gflops;                   /* FP32 throughput (no tensor cores), GFLOP/s */
+	double launch_us;                /* fixed cost of one launch, microseconds */
+} ap_target_info;
+
+/* Fills `out` for a target name: "cpu", "sm_XX[a]" or "compute_XX[a]"
+ * (sm_75, 80, 86, 87, 89, 90, 100, 120 are known; another GPU architecture
+ * gets the figures of the nearest known one below it).  Figures are the
+ * vendors' published ones for the usual part of each architecture (A100
+ * for sm_80, H100 SXM for sm_90, ...).  Returns 0, or AP_EUNSUPPORTED for
+ * a name that is none of those. */
+int ap_cost_target(const char *target, ap_target_info *out);
+
+/* ---- the value builder's evaluation model ----------------------------------- */
+
+/* Scratch for ap_cost_evals over one graph (arrays sized to it). */
+typedef struct ap_cost_evals_ctx ap_cost_evals_ctx;
+
+/* source_of(t, user): the tensor in memory behind t (t itself unless t is
+ * made by a view the kernel reads through); written(t, user): whether the
+ * kernel writes t (it is needed outside the node set). */
+typedef struct ap_cost_graph_view {
+	int (*source_of)(int t, void *user);
+	bool (*written)(int t, void *user);
+	void *user;
+} ap_cost_graph_view;
+
+__ap_give ap_cost_evals_ctx *ap_cost_evals_new(__ap_keep const ap_graph *g);
+ap_cost_evals_ctx *ap_cost_evals_free(__ap_take ap_cost_evals_ctx *c);  /* accepts NULL */
+
+/* Evaluation counts for a kernel made of `nodes` (n node indices of g,
+ * ascending): E(t), how many times the kernel evaluates elements of tensor
+ * t, for every tensor read or made by the nodes.  Each written element is
+ * evaluated once; every reader in the set adds what it evaluates times the
+ * elements it reads per output element (K for a matmul operand, the
+ * reduced count for a reduction, the window for a convolution, one for
+ * elementwise ops and index maps); readers at the very index of their
+ * output element share one evaluation (the builder remembers values per
+ * index), others add their own.  Results stay in `c` until the next call
+ * (ap_cost_eval_of).  Linear in the nodes' inputs and outputs. */
+void ap_cost_evals(ap_cost_evals_ctx *c, const int *nodes, int n, const ap_cost_graph_view *gv);
+/* E(t) from the last ap_cost_evals (0 for tensors it did not touch). */
+double ap_cost_eval_of(const ap_cost_evals_ctx *c, int t);
+
+/* Elements of input i that one output element of node n reads (the
+ * evaluation model's per-reader factor). */
+double ap_cost_reads_per_element(const ap_graph *g, const ap_node *n, int i);
+
+/* ---- launches ------------------------------------------------------------------ */
+
+/* What one launch moves and computes, as an emitter reports it for one
+ * configuration (bytes are modelled DRAM traffic: each distinct buffer
+ * read once and written once unless the emitter knows better). */
+typedef struct ap_traffic {
+	double bytes_read, bytes_written;
+	double flops;          /* arithmetic operations, recomputation included */
+	unsigned blocks;       /* grid size (all dimensions multiplied) */
+	unsigned threads;      /* per block */
+	unsigned shared_bytes; /* per block, static and dynamic */
+	bool uncoalesced;      /* some global access strides across a warp */
+} ap_traffic;
+
+/* Modelled time of one launch in microseconds: launch_us plus
+ * max(bytes / bandwidth, flops / throughput), divided by the fraction of
+ * the SMs the grid occupies when it has fewer blocks than SMs, doubled for
+ * uncoalesced access. */
+double ap_cost_time_us(const ap_traffic *t, const ap_target_info *ti);
+
+/* Blocks of `threads` threads using `shared_bytes` each that one SM holds
+ * at once (>= 1 when the block fits at all, 0 when it does not). */
+unsigned ap_cost_blocks_per_sm(const ap_target_info *ti, unsigned threads, unsigned shared_bytes);
+
+#endif

@@ -1,0 +1,782 @@
+/* pipeline.c -- the compiler core: ap_program_build (program.h), APOLLO's
+ * method as a list of named stages.
+ *
+ *   expand        compound ops opened into primitives, or kept whole
+ *   partition     sub-graphs and micro-graphs by the aggregation rules
+ *   micro-graphs  one self-contained ap_mgraph per partition group (tasks)
+ *   layer I       polyhedral loop fusion inside a micro-graph (a later
+ *                 issue: nothing is scheduled by isl yet)
+ *   layer II      memory stitching: reductions with their consumers
+ *   emit          each micro-graph lowered by its emitter to kernel IR (tasks)
+ *   layer III     parallelism stitching: independent kernels, one launch
+ *   print         each launch's kernel printed once for the target, named by
+ *                 content, offered to the backend hook
+ *   plan          buffers, workspace, traffic, explain data
+ *
+ * Per-micro-graph stages run as one task per micro-graph on the caller's
+ * pool (ap_build_options.pool); the layers meet only at their boundaries
+ * (piecewise compilation, APOLLO section 4).
+ *
+ * Upward feedback: a refusal from a lower layer -- the emitter, a test
+ * hook, the backend -- is a record (which micro-graph or launch, why, and
+ * where to cut) that the driver turns into a change of an upper layer's
+ * decision: a Layer III merge is forbidden, a Layer II stitch is undone, or
+ * the partitioner cuts the group where the refusal says (the node that
+ * failed; the anchor of a fused matmul or reduction; halves for a size
+ * limit).  Then the stages from "micro-graphs" on run again.  A refusal of
+ * a single node is an error: nothing is left to undo.
+ */
+#include "../plan/plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../fuse/fuse.h"
+#include "../lower/lower.h"
+#include "../partition/mgraph.h"
+
+#define MAX_ROUNDS 4096
+#define PLACEHOLDER "ap__kernel__"
+
+enum {
+	ST_EXPAND, ST_PARTITION, ST_MGRAPHS, ST_LAYER1, ST_LAYER2, ST_EMIT, ST_LAYER3, ST_PRINT, ST_PLAN,
+};
+
+static const char *const stage_names[AP_PIPELINE_STAGES] = {
+	"expand", "partition", "micro-graphs", "layer I", "layer II", "emit", "layer III", "print",
+	"plan",
+};
+
+const char *ap_pipeline_stage_name(int i)
+{
+	return i >= 0 && i < AP_PIPELINE_STAGES ? stage_names[i] : NULL;
+}
+
+/* One micro-graph on its way through the stages of a round. */
+typedef struct unit {
+	ap_mgraph *m;
+	ap_kir_kernel *k;            /* after emit (NULL: nothing to launch) */
+	ap_sched sched;
+	ap_traffic traffic;
+	ap_error err;                /* emit's failure */
+	int rc;
+} unit;
+
+/* What a lower layer refused, and where to undo fusion. */
+typedef struct refusal {
+	const char *who;             /* "lowering", "the backend" */
+	char why[sizeof(((ap_error *)0)->msg) + 200];
+	int unit;                    /* the refused unit (or the first part of a launch) */
+	int launch;                  /* the refused launch (backend), else -1 */
+	bool by_size;                /* a size limit: cut in halves */
+	char node[128];              /* the node named by the refusal, "" if none */
+	const char *op;              /* cut every member of this op type (test hook) */
+} refusal;
+
+typedef struct pipe {
+	const ap_graph *g;           /* the request's graph */
+	const ap_build_options *opt;
+	ap_build_options dflt;
+	ap_target_info ti;
+	ap_kir_target print_target;
+	ap_graph *eg;
+	ap_partition *part;
+	ap_expand_choices choices;
+	ap_program *prog;
+	ap_error *err;
+	/* one round */
+	unit *units;
+	int n_units;
+	int *launch_of_unit;         /* per unit: its launch */
+	ap_fuse_launch *launches;    /* Layer III's grouping of units */
+	int n_launches;
+	/* decisions undone by refusals, per partition group */
+	bool *no_stitch;
+	bool *no_merge;
+	double hook_ms;
+} pipe;
+
+/* ---- tasks ---------------------------------------------------------------------- */
+
+static void run_tasks(pipe *P, int n, void (*fn)(int i, void *arg), void *arg)
+{
+	const ap_task_pool *pool = P->opt->pool;
+
+	if (pool && pool->run && n > 1) {
+		pool->run(pool->pool, n, fn, arg);
+		return;
+	}
+	for (int i = 0; i < n; i++)
+		fn(i, arg);
+}
+
+/* ---- a round ---------------------------------------------------------------------- */
+
+static void units_clear(pipe *P)
+{
+	for (int i = 0; i < P->n_units; i++) {
+		ap_mgraph_free(P->units[i].m);
+		ap_kir_kernel_free(P->units[i].k);
+	}
+	free(P->units);
+	P->units = NULL;
+	P->n_units = 0;
+	free(P->launch_of_unit);
+	P->launch_of_unit = NULL;
+	ap_fuse_launches_free(P->launches, P->n_launches);
+	P->launches = NULL;
+	P->n_launches = 0;
+}
+
+static void extract_task(int i, void *arg)
+{
+	pipe *P = arg;
+	unit *u = &P->units[i];
+
+	ap_error_clear(&u->err);
+	u->m = ap_mgraph_of_group(P->part, i, &u->err);
+	u->rc = u->m ? 0 : (u->err.code ? u->err.code : AP_ENOMEM);
+}
+
+static bool mgraph_is_empty(const ap_mgraph *m)
+{
+	for (int i = 0; i < m->g->n_outputs; i++)
+		if (ap_tensor_numel(&m->g->tensors[m->g->outputs[i]]) != 0)
+			return false;
+	return true;
+}
+
+/* The test hooks' verdict on unit u (NULL: accepted). */
+static const char *hook_refuses(const pipe *P, const unit *u, char *buf, size_t cap,
+				const char **op)
+{
+	const ap_build_hooks *h = P->opt->hooks;
+	const ap_graph *g = u->m->g;
+
+	*op = NULL;
+	if (!h)
+		return NULL;
+	if (h->refuse_group_nodes && (unsigned)u->m->n_members > h->refuse_group_nodes) {
+		snprintf(buf, cap, "test hook: groups of more than %u nodes are refused",
+			 h->refuse_group_nodes);
+		return buf;
+	}
+	if (h->refuse_op && u->m->n_members >= 2) {
+		for (int i = 0; i < g->n_nodes; i++) {
+			if (strcmp(ap_op_name(g->nodes[i].op), h->refuse_op) == 0) {
+				snprintf(buf, cap, "test hook: a fused group holding %s is refused",
+					 h->refuse_op);
+				*op = h->refuse_op;
+				return buf;
+			}
+		}
+	}
+	return NULL;
+}
+
+static void emit_task(int i, void *arg)
+{
+	pipe *P = arg;
+	unit *u = &P->units[i];
+	ap_lower_options lo = {P->opt->max_block_threads, NULL, true};
+
+	ap_error_clear(&u->err);
+	u->rc = 0;
+	if (mgraph_is_empty(u->m))
+		return;
+	u->k = ap_lower(u->m, &P->ti, PLACEHOLDER, &lo, &u->sched, &u->err);
+	if (!u->k) {
+		u->rc = u->err.code ? u->err.code : AP_ENOMEM;
+		return;
+	}
+	memset(&u->traffic, 0, sizeof(u->traffic));
+	u->sched.em->traffic(u->m, &u->sched, &P->ti, &u->traffic);
+}
+
+/* ---- refusals ---------------------------------------------------------------------- */
+
+/* Program nodes of group gi that the refusal names. */
+static int cut_nodes(const pipe *P, int gi, const refusal *r, int *cut)
+{
+	const ap_group *grp = &P->part->groups[gi];
+	const ap_graph *g = P->part->g;
+	int n = 0;
+
+	if (r->by_size)
+		return 0;
+	for (int i = 0; i < grp->n_nodes; i++) {
+		const ap_node *node = &g->nodes[grp->nodes[i]];
+
+		if ((r->op && strcmp(ap_op_name(node->op), r->op) == 0) ||
+		    (!r->op && r->node[0] && strcmp(node->name, r->node) == 0))
+			cut[n++] = grp->nodes[i];
+	}
+	if (n == 0 && !r->op) {
+		/* no node named: separate the anchor (the matmul, convolution or
+		 * reduction) from its prologue and epilogue */
+		ap_op_category cat = ap_op_category_of(g->nodes[grp->root].op);
+
+		if (cat == AP_CAT_MATMUL || cat == AP_CAT_CONV || cat == AP_CAT_REDUCTION)
+			cut[n++] = grp->root;
+	}
+	return n;
+}
+
+/* Applies refusal r: undoes the fusion it concerns.  0 when something was
+ * undone (build again), or an error with P->err set. */
+static int apply_refusal(pipe *P, const refusal *r, const ap_error *cause)
+{
+	const unit *u = &P->units[r->unit];
+	const ap_mgraph *m = u->m;
+	int gi, n_cut, rc, *cut;
+
+	if (r->launch >= 0 && P->launches[r->launch].n > 1) {
+		/* a Layer III merge: its parts go back to launches of their own */
+		const ap_fuse_launch *fl = &P->launches[r->launch];
+
+		for (int j = 0; j < fl->n; j++) {
+			const ap_mgraph *pm = P->units[fl->units[j]].m;
+
+			for (int q = 0; q < pm->n_groups; q++)
+				P->no_merge[pm->groups[q]] = true;
+		}
+		return 0;
+	}
+	if (m->n_groups > 1) {
+		/* a Layer II stitch: its micro-graphs are lowered apart */
+		for (int q = 0; q < m->n_groups; q++)
+			P->no_stitch[m->groups[q]] = true;
+		return 0;
+	}
+	gi = m->groups[0];
+	if (P->part->groups[gi].n_nodes < 2) {
+		if (cause)
+			*P->err = *cause;
+		else
+			ap_error_set(P->err, AP_ECOMPILE, P->part->g->nodes[P->part->groups[gi].root].name,
+				     NULL, "%s", r->why);
+		return P->err->code ? P->err->code : AP_EINTERNAL;
+	}
+	cut = malloc(((size_t)P->part->groups[gi].n_nodes + 1) * sizeof(int));
+	if (!cut)
+		return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+	n_cut = cut_nodes(P, gi, r, cut);
+	rc = ap_partition_cut(P->part, gi, cut, n_cut, r->who, r->why);
+	if (rc == AP_EINVAL && n_cut > 0)   /* the cut named every member: halves */
+		rc = ap_partition_cut(P->part, gi, cut, 0, r->who, r->why);
+	free(cut);
+	if (rc < 0)
+		return ap_error_set(P->err, rc, NULL, NULL, "cannot split a refused micro-graph (%s)",
+				    ap_error_name(rc));
+	/* the pieces are new groups: forget per-group decisions past gi */
+	{
+		int k = rc;
+		bool *ns = realloc(P->no_stitch, (size_t)(P->part->n_groups + 1) * sizeof(bool));
+		bool *nm = ns ? realloc(P->no_merge, (size_t)(P->part->n_groups + 1) * sizeof(bool)) : NULL;
+
+		if (ns)
+			P->no_stitch = ns;
+		if (nm)
+			P->no_merge = nm;
+		if (!ns || !nm)
+			return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+		memmove(P->no_stitch + gi + k, P->no_stitch + gi + 1,
+			(size_t)(P->part->n_groups - gi - k) * sizeof(bool));
+		memmove(P->no_merge + gi + k, P->no_merge + gi + 1,
+			(size_t)(P->part->n_groups - gi - k) * sizeof(bool));
+		for (int j = 0; j < k; j++)
+			P->no_stitch[gi + j] = P->no_merge[gi + j] = false;
+	}
+	P->prog->n_refused++;
+	return 0;
+}
+
+/* ---- print ----------------------------------------------------------------------- */
+
+/* Replaces every PLACEHOLDER in src by name; NULL on ENOMEM (src freed). */
+static char *rename_text(char *src, const char *name)
+{
+	size_t pl = strlen(PLACEHOLDER), nl = strlen(name), n = 0, len;
+	char *out, *w;
+	const char *r, *hit;
+
+	for (r = src; (hit = strstr(r, PLACEHOLDER)); r = hit + pl)
+		n++;
+	len = strlen(src) + n * nl + 1;
+	out = malloc(len);
+	if (!out) {
+		free(src);
+		return NULL;
+	}
+	for (r = src, w = out; (hit = strstr(r, PLACEHOLDER)); r = hit + pl) {
+		memcpy(w, r, (size_t)(hit - r));
+		w += hit - r;
+		memcpy(w, name, nl);
+		w += nl;
+	}
+	strcpy(w, r);
+	free(src);
+	return out;
+}
+
+static int add_name(char ***list, int *n, const char *name)
+{
+	char **p;
+
+	for (int i = 0; i < *n; i++)
+		if (strcmp((*list)[i], name) == 0)
+			return 0;
+	p = realloc(*list, (size_t)(*n + 1) * sizeof(char *));
+	if (!p)
+		return AP_ENOMEM;
+	*list = p;
+	p[*n] = ap_strdup(name);
+	if (!p[*n])
+		return AP_ENOMEM;
+	(*n)++;
+	return 0;
+}
+
+static int add_mgraph_names(const ap_mgraph *m, char ***list, int *n)
+{
+	int cnt;
+	const char **names = ap_mgraph_node_names(m, &cnt);
+
+	if (!names && cnt)
+		return AP_ENOMEM;
+	for (int i = 0; i < cnt; i++)
+		if (add_name(list, n, names[i]) < 0) {
+			free(names);
+			return AP_ENOMEM;
+		}
+	free(names);
+	return 0;
+}
+
+/* Fills kernel source ks from kernel k of launch fl (printed `src`, named
+ * `name`). */
+static int fill_kernel(pipe *P, const ap_fuse_launch *fl, const ap_kir_kernel *k, char *src,
+		       const char *name, ap_kernel_src *ks)
+{
+	char emitters[256] = "";
+	size_t len = 0;
+
+	memset(ks, 0, sizeof(*ks));
+	ks->src = src;
+	ks->name = ap_strdup(name);
+	for (int i = 0; i < 3; i++) {
+		ks->grid[i] = k->grid[i];
+		ks->block[i] = k->block[i];
+	}
+	ks->smem_bytes = k->smem_bytes;
+	ks->params = calloc((size_t)k->n_params + 1, sizeof(ap_kernel_param));
+	if (!ks->name || !ks->params)
+		return AP_ENOMEM;
+	ks->n_params = k->n_params;
+	for (int i = 0; i < k->n_arrays; i++) {
+		const ap_kir_array *a = k->arrays[i];
+
+		if (a->space != AP_KIR_GLOBAL || a->param < 0 || a->param >= k->n_params)
+			continue;
+		ks->params[a->param].dtype = a->type;
+		ks->params[a->param].written = a->written;
+	}
+	for (int j = 0; j < fl->n; j++) {
+		const unit *u = &P->units[fl->units[j]];
+
+		ks->n_members += u->m->n_members;
+		if (add_mgraph_names(u->m, &ks->nodes, &ks->n_nodes) < 0)
+			return AP_ENOMEM;
+		if (len + 40 < sizeof(emitters))
+			len += (size_t)snprintf(emitters + len, sizeof(emitters) - len, "%s%s",
+						j ? " + " : "", u->sched.em->name);
+	}
+	/* parameter names: the program tensors bound at the first launch */
+	for (int i = 0; i < ks->n_params; i++) {
+		ks->params[i].name = ap_strdup(P->part->g->tensors[fl->args[i]].name);
+		if (!ks->params[i].name)
+			return AP_ENOMEM;
+	}
+	ks->emitter = ap_strdup(emitters);
+	return ks->emitter ? 0 : AP_ENOMEM;
+}
+
+/* Prints the kernel of launch li, names it by content, finds or adds it
+ * among the program's kernels (offering a new one to the backend hook).
+ * Returns the kernel index, AP_ENOMEM / another error with P->err set, or
+ * 1 + INT_MAX... (refused: *r filled, returns REFUSED). */
+#define REFUSED (-1000)
+
+static int print_launch(pipe *P, int li, refusal *r)
+{
+	ap_fuse_launch *fl = &P->launches[li];
+	const ap_kir_kernel *k = fl->kernel;
+	const ap_mgraph *m0 = P->units[fl->units[0]].m;
+	ap_error perr;
+	char *src, name[96], hex[65];
+	uint8_t d[32];
+	int ki, rc;
+
+	src = ap_kir_print(k, P->print_target, &perr);
+	if (!src) {
+		*P->err = perr;
+		return perr.code ? perr.code : AP_ENOMEM;
+	}
+	ap_sha256(src, strlen(src), d);
+	ap_hex(d, 8, hex);
+	snprintf(name, sizeof(name), "ap_%s_%s",
+		 fl->n > 1 ? "Parallel" : ap_op_name(m0->g->nodes[m0->root].op), hex);
+	/* the same kernel twice in one program is one kernel, launched twice;
+	 * its node list covers every launch of it */
+	for (ki = 0; ki < P->prog->n_kernels; ki++)
+		if (strcmp(P->prog->kernels[ki].name, name) == 0) {
+			ap_kernel_src *ks = &P->prog->kernels[ki];
+
+			free(src);
+			for (int j = 0; j < fl->n; j++)
+				if (add_mgraph_names(P->units[fl->units[j]].m, &ks->nodes, &ks->n_nodes) < 0)
+					return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+			return ki;
+		}
+	src = rename_text(src, name);
+	if (!src)
+		return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory printing kernels");
+	{
+		ap_kernel_src *nk = realloc(P->prog->kernels,
+					    (size_t)(P->prog->n_kernels + 1) * sizeof(*nk));
+
+		if (!nk) {
+			free(src);
+			return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+		}
+		P->prog->kernels = nk;
+	}
+	ki = P->prog->n_kernels;
+	rc = fill_kernel(P, fl, k, src, name, &P->prog->kernels[ki]);
+	if (rc == 0 && P->opt->accept_kernel) {
+		double th = ap_now_ms();
+		ap_error why;
+
+		ap_error_clear(&why);
+		rc = P->opt->accept_kernel(&P->prog->kernels[ki], P->opt->accept_user, &why);
+		P->hook_ms += ap_now_ms() - th;
+		if (rc != 0 && rc != AP_ENOMEM) {
+			r->who = "the backend";
+			snprintf(r->why, sizeof(r->why), "kernel %s: %s", name,
+				 why.msg[0] ? why.msg : "no reason given");
+			r->unit = fl->units[0];
+			r->launch = li;
+			ap__kernel_src_clear(&P->prog->kernels[ki]);
+			return REFUSED;
+		}
+	}
+	if (rc) {
+		ap__kernel_src_clear(&P->prog->kernels[ki]);
+		return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+	}
+	P->prog->n_kernels++;
+	return ki;
+}
+
+/* The launch for Layer III group li, kernel ki. */
+static int add_launch(pipe *P, int li, int ki)
+{
+	const ap_fuse_launch *fl = &P->launches[li];
+	ap_program *prog = P->prog;
+	ap_launch *ln;
+
+	{
+		ap_launch *nl = realloc(prog->launches, (size_t)(prog->n_launches + 1) * sizeof(*nl));
+
+		if (!nl)
+			return AP_ENOMEM;
+		prog->launches = nl;
+	}
+	ln = &prog->launches[prog->n_launches++];
+	memset(ln, 0, sizeof(*ln));
+	ln->kernel = ki;
+	ln->n_args = prog->kernels[ki].n_params;
+	ln->args = malloc(((size_t)ln->n_args + 1) * sizeof(int));
+	ln->parts = calloc((size_t)fl->n, sizeof(ap_launch_part));
+	if (!ln->args || !ln->parts)
+		return AP_ENOMEM;
+	memcpy(ln->args, fl->args, (size_t)ln->n_args * sizeof(int));   /* tensors, for now */
+	ln->n_parts = fl->n;
+	for (int j = 0; j < fl->n; j++) {
+		const unit *u = &P->units[fl->units[j]];
+		ap_launch_part *pt = &ln->parts[j];
+
+		pt->category = ap_group_kind_name(u->m->kind);
+		pt->subgraph = P->part->groups[u->m->groups[0]].subgraph;
+		pt->block_begin = fl->block_begin[j];
+		pt->blocks = fl->blocks[j];
+		pt->layers = u->m->layers;
+		pt->detail = ap_strdup(u->m->detail);
+		if (!pt->detail || add_mgraph_names(u->m, &pt->nodes, &pt->n_nodes) < 0 ||
+		    add_mgraph_names(u->m, &ln->nodes, &ln->n_nodes) < 0)
+			return AP_ENOMEM;
+		ln->layers |= u->m->layers;
+	}
+	ln->category = fl->n > 1 ? "parallel" : ln->parts[0].category;
+	ln->subgraph = ln->parts[0].subgraph;
+	if (fl->n > 1)
+		ln->layers |= AP_LAYER_III;
+	return 0;
+}
+
+/* Resets the program's kernels and launches (a round that is redone). */
+static void program_reset(ap_program *prog)
+{
+	for (int i = 0; i < prog->n_kernels; i++)
+		ap__kernel_src_clear(&prog->kernels[i]);
+	for (int i = 0; i < prog->n_launches; i++)
+		ap__launch_clear(&prog->launches[i]);
+	prog->n_kernels = 0;
+	prog->n_launches = 0;
+}
+
+/* One round, from the partition to printed launches.  0 (done), 1 (a
+ * refusal was applied: run again), or an error. */
+static int round_once(pipe *P)
+{
+	double t = ap_now_ms();
+	refusal r;
+	int rc;
+
+	memset(&r, 0, sizeof(r));
+	r.launch = -1;
+	units_clear(P);
+	program_reset(P->prog);
+	P->n_units = P->part->n_groups;
+	P->units = calloc((size_t)P->n_units + 1, sizeof(unit));
+	if (!P->units)
+		return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+	run_tasks(P, P->n_units, extract_task, P);
+	for (int i = 0; i < P->n_units; i++)
+		if (P->units[i].rc) {
+			*P->err = P->units[i].err;
+			return P->units[i].rc;
+		}
+	P->prog->stage_ms[ST_MGRAPHS] += ap_now_ms() - t;
+
+	/* Layer I: polyhedral loop fusion inside micro-graphs is a later
+	 * issue; every micro-graph goes to its emitter as the partition made it */
+	t = ap_now_ms();
+	if (P->part->level == AP_FUSE_APOLLO) {
+		unsigned n2 = 0;
+		ap_mgraph **ms = malloc(((size_t)P->n_units + 1) * sizeof(*ms));
+		int n = P->n_units;
+
+		if (!ms)
+			return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+		for (int i = 0; i < n; i++)
+			ms[i] = P->units[i].m;
+		rc = ap_fuse_stitch(P->part, &ms, &n, P->no_stitch, &P->ti, &n2, P->err);
+		/* the array now owns the micro-graphs (stitched parts were freed) */
+		for (int i = 0; i < P->n_units; i++)
+			P->units[i].m = NULL;
+		for (int i = 0; i < n; i++)
+			P->units[i].m = ms[i];
+		P->n_units = n;
+		free(ms);
+		if (rc)
+			return rc;
+		P->prog->layer_count[1] = n2;
+	}
+	P->prog->stage_ms[ST_LAYER2] += ap_now_ms() - t;
+
+	t = ap_now_ms();
+	for (int i = 0; i < P->n_units; i++) {
+		char buf[200];
+		const char *op, *why = hook_refuses(P, &P->units[i], buf, sizeof(buf), &op);
+
+		if (why) {
+			r.who = "lowering";
+			snprintf(r.why, sizeof(r.why), "%s", why);
+			r.unit = i;
+			r.op = op;
+			r.by_size = !op;
+			P->prog->stage_ms[ST_EMIT] += ap_now_ms() - t;
+			rc = apply_refusal(P, &r, NULL);
+			return rc ? rc : 1;
+		}
+	}
+	run_tasks(P, P->n_units, emit_task, P);
+	for (int i = 0; i < P->n_units; i++) {
+		unit *u = &P->units[i];
+
+		if (!u->rc)
+			continue;
+		if (u->rc != AP_EUNSUPPORTED && u->rc != AP_EINTERNAL) {
+			*P->err = u->err;
+			return u->rc;
+		}
+		r.who = "lowering";
+		snprintf(r.why, sizeof(r.why), "%s", u->err.msg);
+		snprintf(r.node, sizeof(r.node), "%s", u->err.node);
+		r.unit = i;
+		P->prog->stage_ms[ST_EMIT] += ap_now_ms() - t;
+		rc = apply_refusal(P, &r, &u->err);
+		return rc ? rc : 1;
+	}
+	P->prog->stage_ms[ST_EMIT] += ap_now_ms() - t;
+
+	t = ap_now_ms();
+	{
+		ap_kir_kernel **ks = malloc(((size_t)P->n_units + 1) * sizeof(*ks));
+		ap_traffic *tr = malloc(((size_t)P->n_units + 1) * sizeof(*tr));
+		const ap_mgraph **ms = malloc(((size_t)P->n_units + 1) * sizeof(*ms));
+		unsigned n3 = 0;
+
+		if (!ks || !tr || !ms) {
+			free(ks);
+			free(tr);
+			free(ms);
+			return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+		}
+		for (int i = 0; i < P->n_units; i++) {
+			ks[i] = P->units[i].k;
+			tr[i] = P->units[i].traffic;
+			ms[i] = P->units[i].m;
+		}
+		rc = ap_fuse_horizontal(P->part, ms, ks, tr, P->n_units,
+					P->part->level == AP_FUSE_APOLLO, P->no_merge, &P->ti,
+					&P->launches, &P->n_launches, &n3, P->err);
+		free(ks);
+		free(tr);
+		free(ms);
+		if (rc)
+			return rc;
+		P->prog->layer_count[2] = n3;
+	}
+	P->prog->stage_ms[ST_LAYER3] += ap_now_ms() - t;
+
+	t = ap_now_ms();
+	P->launch_of_unit = malloc(((size_t)P->n_units + 1) * sizeof(int));
+	if (!P->launch_of_unit)
+		return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+	for (int i = 0; i < P->n_units; i++)
+		P->launch_of_unit[i] = -1;
+	for (int li = 0; li < P->n_launches; li++) {
+		int ki = print_launch(P, li, &r);
+
+		if (ki == REFUSED) {
+			P->prog->stage_ms[ST_PRINT] += ap_now_ms() - t;
+			rc = apply_refusal(P, &r, NULL);
+			return rc ? rc : 1;
+		}
+		if (ki < 0)
+			return ki;
+		if (add_launch(P, li, ki) < 0)
+			return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+		for (int j = 0; j < P->launches[li].n; j++)
+			P->launch_of_unit[P->launches[li].units[j]] = P->prog->n_launches - 1;
+	}
+	P->prog->stage_ms[ST_PRINT] += ap_now_ms() - t;
+	return 0;
+}
+
+static int plan(pipe *P)
+{
+	int *launch_of = malloc(((size_t)P->part->n_groups + 1) * sizeof(int));
+	int rc;
+
+	if (!launch_of)
+		return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+	for (int gi = 0; gi < P->part->n_groups; gi++)
+		launch_of[gi] = -1;
+	for (int i = 0; i < P->n_units; i++)
+		for (int q = 0; q < P->units[i].m->n_groups; q++)
+			launch_of[P->units[i].m->groups[q]] = P->launch_of_unit[i];
+	rc = ap__plan_buffers(P->prog, P->part->g, P->g, P->err);
+	if (!rc && ap__plan_explain(P->prog, P->part, P->g, &P->choices, launch_of) < 0)
+		rc = ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+	free(launch_of);
+	return rc;
+}
+
+__ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g, const ap_build_options *opt,
+				       ap_error *err)
+{
+	pipe P;
+	ap_expand_options xopt = {0};
+	ap_partition_options popt = {0};
+	double t0 = ap_now_ms(), t;
+	int rc = 0, rounds = 0;
+
+	memset(&P, 0, sizeof(P));
+	P.g = g;
+	P.opt = opt ? opt : &P.dflt;
+	P.err = err;
+	if (ap_cost_target(P.opt->target, &P.ti) < 0) {
+		ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL, "unknown target '%.64s'",
+			     P.opt->target);
+		return NULL;
+	}
+	P.ti.max_threads_per_block = P.opt->max_block_threads ? P.opt->max_block_threads : 256;
+	P.print_target = P.ti.gpu ? AP_KIR_CUDA : AP_KIR_HOST;
+	xopt.n_keep_whole = P.opt->n_keep_whole;
+	xopt.keep_whole = P.opt->keep_whole;
+	xopt.open_all = P.opt->hooks && P.opt->hooks->open_all;
+	popt.level = P.opt->fusion;
+	popt.max_group_nodes = P.opt->max_group_nodes;
+	popt.max_recompute = P.opt->max_recompute;
+	popt.n_barriers = P.opt->n_fusion_barriers;
+	popt.barriers = P.opt->fusion_barriers;
+
+	P.prog = calloc(1, sizeof(*P.prog));
+	if (!P.prog) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory building the program");
+		return NULL;
+	}
+	P.prog->target = P.print_target;
+	t = ap_now_ms();
+	P.eg = ap_partition_expand(g, &xopt, &P.choices, err);
+	P.prog->stage_ms[ST_EXPAND] = ap_now_ms() - t;
+	if (!P.eg)
+		goto fail;
+	t = ap_now_ms();
+	P.part = ap_partition_build(P.eg, &popt, err);
+	P.prog->stage_ms[ST_PARTITION] = ap_now_ms() - t;
+	if (!P.part)
+		goto fail;
+	P.prog->partition_ms = ap_now_ms() - t0;
+	P.no_stitch = calloc((size_t)P.part->n_groups + 1, sizeof(bool));
+	P.no_merge = calloc((size_t)P.part->n_groups + 1, sizeof(bool));
+	if (!P.no_stitch || !P.no_merge) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory building the program");
+		goto fail;
+	}
+	t = ap_now_ms();
+	while ((rc = round_once(&P)) == 1) {
+		if (++rounds > MAX_ROUNDS) {
+			ap_error_set(err, AP_EINTERNAL, NULL, NULL, "refusals did not converge");
+			goto fail;
+		}
+	}
+	if (rc < 0)
+		goto fail;
+	t = ap_now_ms();
+	if (plan(&P) < 0)
+		goto fail;
+	P.prog->stage_ms[ST_PLAN] = ap_now_ms() - t;
+	P.prog->codegen_ms = ap_now_ms() - t0 - P.prog->partition_ms - P.hook_ms;
+	units_clear(&P);
+	free(P.no_stitch);
+	free(P.no_merge);
+	ap_expand_choices_clear(&P.choices);
+	ap_partition_free(P.part);
+	ap_graph_free(P.eg);
+	return P.prog;
+fail:
+	if (err && !err->code)
+		ap_error_set(err, AP_EINTERNAL, NULL, NULL, "building the program failed");
+	units_clear(&P);
+	free(P.no_stitch);
+	free(P.no_merge);
+	ap_expand_choices_clear(&P.choices);
+	ap_partition_free(P.part);
+	ap_graph_free(P.eg);
+	return ap_program_free(P.prog);
+}

@@ -1,0 +1,141 @@
+/* emitter.c -- the emitter registry and the lowering entry point (see
+ * lower.h): pick the emitter, its configuration, build the kernel, add the
+ * header comments, verify.
+ */
+#include "lower.h"
+#include "emitters.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const ap_emitter *const registry[] = {
+	&ap_emitter_row_reduce,
+	&ap_emitter_pointwise,
+};
+
+const ap_emitter *const *ap_emitters(int *n)
+{
+	*n = (int)(sizeof(registry) / sizeof(registry[0]));
+	return registry;
+}
+
+const ap_emitter *ap_emitter_for(const ap_mgraph *m, const ap_target_info *t)
+{
+	int n;
+	const ap_emitter *const *r = ap_emitters(&n);
+
+	for (int i = 0; i < n; i++)
+		if (r[i]->match(m, t))
+			return r[i];
+	return &ap_emitter_pointwise;
+}
+
+void ap_emitter_default(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
+			ap_space *sp, ap_sched *s)
+{
+	memset(sp, 0, sizeof(*sp));
+	memset(s, 0, sizeof(*s));
+	em->space(m, t, sp);
+	s->em = em;
+	s->n = sp->n;
+	for (int i = 0; i < sp->n; i++)
+		s->v[i] = sp->knobs[i].values[0];
+	em->choose(m, t, sp, s);
+}
+
+int ap_sched_get(const ap_sched *s, const ap_space *sp, const char *name, int dflt)
+{
+	for (int i = 0; i < sp->n && i < s->n; i++)
+		if (strcmp(sp->knobs[i].name, name) == 0)
+			return s->v[i];
+	return dflt;
+}
+
+/* ---- the header of comments ---------------------------------------------------- */
+
+static void shape_text(const ap_tensor *t, char *buf, size_t cap)
+{
+	size_t len = 0;
+
+	buf[len++] = '[';
+	for (int i = 0; i < t->rank && len + 24 < cap; i++)
+		len += (size_t)snprintf(buf + len, cap - len, "%s%lld", i ? "," : "",
+					(long long)t->dims[i]);
+	buf[len++] = ']';
+	buf[len] = 0;
+}
+
+/* Prepends comments naming the emitter and configuration, the fused ops
+ * and what each parameter holds.  No graph names: the kernel is named
+ * after its content, so the same kernel in two graphs must print the same
+ * (ap_kernel_src lists the nodes and parameters by name). */
+static void add_header(ap_kir_kernel *k, const ap_mgraph *m, const ap_sched *s, const ap_space *sp)
+{
+	ap_kir_block hdr = {NULL, NULL};
+	char ops[200] = "", cfg[200] = "";
+	size_t len = 0;
+
+	for (int i = 0; i < m->g->n_nodes && len + 40 < sizeof(ops); i++)
+		len += (size_t)snprintf(ops + len, sizeof(ops) - len, " %s",
+					ap_op_name(m->g->nodes[i].op));
+	len = 0;
+	for (int i = 0; i < sp->n && len + 40 < sizeof(cfg); i++)
+		len += (size_t)snprintf(cfg + len, sizeof(cfg) - len, " %s=%d", sp->knobs[i].name,
+					s->v[i]);
+	ap_kir_comment(k, &hdr, "%s micro-graph:%s", ap_group_kind_name(m->kind), ops);
+	ap_kir_comment(k, &hdr, "emitter %s:%s", s->em->name, cfg);
+	for (int i = 0; i < k->n_arrays; i++) {
+		const ap_kir_array *a = k->arrays[i];
+		char sh[128];
+
+		if (a->space != AP_KIR_GLOBAL)
+			continue;
+		shape_text(&m->g->tensors[a->tensor], sh, sizeof(sh));
+		ap_kir_comment(k, &hdr, "%s: %s %s %s", a->name, a->written ? "writes" : "reads",
+			       ap_dtype_name(a->type), sh);
+	}
+	if (hdr.first) {
+		hdr.last->next = k->body.first;
+		k->body.first = hdr.first;
+		if (!k->body.last)
+			k->body.last = hdr.last;
+	}
+}
+
+__ap_give ap_kir_kernel *ap_lower(const ap_mgraph *m, const ap_target_info *t, const char *name,
+				  const ap_lower_options *opt, ap_sched *used, ap_error *err)
+{
+	const ap_emitter *em;
+	ap_space sp;
+	ap_sched s;
+	ap_kir_kernel *k;
+	int rc;
+
+	if (opt && opt->sched && opt->sched->em) {
+		em = opt->sched->em;
+		memset(&sp, 0, sizeof(sp));
+		em->space(m, t, &sp);
+		s = *opt->sched;
+	} else {
+		em = ap_emitter_for(m, t);
+		ap_emitter_default(em, m, t, &sp, &s);
+	}
+	k = ap_kir_kernel_new(name);
+	if (!k) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a micro-graph");
+		return NULL;
+	}
+	k->index_type = ap_index_type_for(m->g);
+	rc = em->emit(m, &s, t, k, err);
+	if (rc)
+		return ap_kir_kernel_free(k);
+	add_header(k, m, &s, &sp);
+	if (ap_kir_failed(k)) {
+		ap_error_set(err, AP_ENOMEM, m->g->nodes[m->root].name, NULL,
+			     "out of memory lowering a micro-graph");
+		return ap_kir_kernel_free(k);
+	}
+	if (used)
+		*used = s;
+	return k;
+}
