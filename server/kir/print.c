@@ -967,13 +967,16 @@ static void close_thread_loop(printer *p, int depth)
 	sb_printf(&p->out, "}\n");
 }
 
-/* A phase: the statements [first, end) run by every thread of the block. */
+/* A phase: the statements [first, end) run by every thread of the block.
+ * Comments and declarations of per-thread registers without a value (the
+ * slots are declared at function level) need no thread loop. */
 static void print_phase(printer *p, const ap_kir_stmt *first, const ap_kir_stmt *end, int depth)
 {
 	bool only_comments = true;
 
 	for (const ap_kir_stmt *s = first; s != end; s = s->next)
-		if (s->kind != AP_KIR_S_COMMENT)
+		if (s->kind != AP_KIR_S_COMMENT &&
+		    !(s->kind == AP_KIR_S_LET && !s->value && p->per_thread[s->var->id]))
 			only_comments = false;
 	if (only_comments) {
 		for (const ap_kir_stmt *s = first; s != end; s = s->next)
