@@ -776,7 +776,7 @@ static void run_half_arith(ap_dtype T)
 	k->grid[0] = N / NT;
 	k->block[0] = NT;
 	for (int j = 1; j < 8; j++) {
-		char name[8];
+		char name[32];
 
 		snprintf(name, sizeof(name), "o%d", j);
 		O[j] = ap_kir_param(k, name, otype[j] ? otype[j] : j == 6 ? other : T, true, -1);
@@ -1250,7 +1250,7 @@ START_TEST(vector_loads_stores)
 	g = ap_kir_bind(k, &k->body, AP_DT_I64, "g",
 			ap_kir_add(k, ap_kir_muli(k, ap_kir_index_of(k, AP_KIR_BLOCK_X), NT), lin));
 	for (int i = 0; i < N_VEC; i++) {
-		char name[16];
+		char name[32];
 		int w = vec_rows[i].width;
 
 		snprintf(name, sizeof(name), "o%d", i);
@@ -1440,7 +1440,7 @@ START_TEST(int_ops_host)
 	k->block[0] = 82;
 	for (int t = 0; t < 2; t++)
 		for (int o = 0; o < NOPS; o++) {
-			char name[16];
+			char name[32];
 
 			snprintf(name, sizeof(name), "o%d_%d", t, o);
 			O[t][o] = ap_kir_param(k, name, t ? AP_DT_I32 : AP_DT_I64, true, -1);
