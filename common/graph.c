@@ -40,6 +40,8 @@ size_t ap_dtype_size(ap_dtype dt)
 	case AP_DT_I64: return 8;
 	case AP_DT_BOOL: return 1;
 	case AP_DT_F64: return 8;
+	case AP_DT_F16: return 2;
+	case AP_DT_BF16: return 2;
 	default: return 0;
 	}
 }
@@ -54,8 +56,15 @@ const char *ap_dtype_name(ap_dtype dt)
 	case AP_DT_I64: return "int64";
 	case AP_DT_BOOL: return "bool";
 	case AP_DT_F64: return "float64";
+	case AP_DT_F16: return "float16";
+	case AP_DT_BF16: return "bfloat16";
 	default: return "undefined";
 	}
+}
+
+bool ap_dtype_in_graphs(ap_dtype dt)
+{
+	return ap_dtype_size(dt) > 0 && dt != AP_DT_F16 && dt != AP_DT_BF16;
 }
 
 int64_t ap_tensor_numel(const ap_tensor *t)

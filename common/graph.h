@@ -22,7 +22,10 @@
 /* Largest element count of any tensor: 2^36 (256 GiB of float32). */
 #define AP_MAX_ELEMENTS ((int64_t)1 << 36)
 
-/* Numbered as ONNX TensorProto.DataType and apollo.DataType. */
+/* Numbered as ONNX TensorProto.DataType and apollo.DataType.  F16 and
+ * BF16 (IEEE 754 binary16, bfloat16) are known to the kernel IR only so
+ * far: graphs (proto, ONNX import, Cast, validation) do not carry them
+ * yet, see ap_dtype_in_graphs. */
 typedef enum ap_dtype {
 	AP_DT_UNDEF = 0,
 	AP_DT_F32 = 1,
@@ -31,7 +34,9 @@ typedef enum ap_dtype {
 	AP_DT_I32 = 6,
 	AP_DT_I64 = 7,
 	AP_DT_BOOL = 9,
+	AP_DT_F16 = 10,
 	AP_DT_F64 = 11,
+	AP_DT_BF16 = 16,
 } ap_dtype;
 
 typedef enum ap_tensor_kind {
@@ -136,6 +141,10 @@ int ap_op_check(const ap_graph *g, int n, ap_error *err);
 
 size_t ap_dtype_size(ap_dtype dt);           /* bytes per element; 0 if unknown */
 const char *ap_dtype_name(ap_dtype dt);      /* "float32", ... */
+/* True for the dtypes a graph may carry today (wire format, ONNX import,
+ * Cast targets): every dtype with a size except F16 and BF16, which only
+ * the kernel IR handles so far. */
+bool ap_dtype_in_graphs(ap_dtype dt);
 /* Element count, or -1 when it exceeds AP_MAX_ELEMENTS or a dim is < 0. */
 int64_t ap_tensor_numel(const ap_tensor *t);
 /* True when two shapes are the same: equal ranks (0..AP_MAX_RANK) and

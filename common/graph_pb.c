@@ -20,7 +20,7 @@
 
 static bool dtype_known(int dt)
 {
-	return ap_dtype_size((ap_dtype)dt) > 0;
+	return ap_dtype_in_graphs((ap_dtype)dt);
 }
 
 static int check_tensor(const Apollo__Tensor *pt, int i, ap_error *err)

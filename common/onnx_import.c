@@ -946,7 +946,7 @@ static int imp_cast(imp *im, const Onnx__NodeProto *n, bool like)
 	} else {
 		to = aint(n, "to", 0);
 	}
-	if (ap_dtype_size((ap_dtype)to) == 0)
+	if (!ap_dtype_in_graphs((ap_dtype)to))
 		return fail(im, AP_EUNSUPPORTED, NULL, "%s to ONNX data type %lld is not supported",
 			    n->op_type, (long long)to);
 	if (to == x->sh.dtype)

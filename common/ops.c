@@ -224,7 +224,7 @@ static int infer_unary(const ap_node *node, const ap_shape *x, ap_shape *y,
 
 		if (need_int(node, "to", &to, err) < 0)
 			return err ? err->code : AP_EINVAL;
-		if (ap_dtype_size((ap_dtype)to) == 0)
+		if (!ap_dtype_in_graphs((ap_dtype)to))
 			return ap_error_set(err, AP_EUNSUPPORTED, node->name, NULL,
 					    "Cast: unsupported target dtype %lld", (long long)to);
 		y->dtype = (ap_dtype)to;

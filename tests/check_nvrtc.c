@@ -1,7 +1,7 @@
 /* check_nvrtc.c -- the NVRTC backend (server/backend/nvrtc.c): CUDA C to
  * PTX (compute_80, sm_90 asked for PTX) and cubin (sm_80, sm_90), compile
  * errors with the log, architectures refused, the thread's locale kept,
- * concurrent compiles.  No GPU is needed, only libnvrtc; where it cannot be
+ * concurrent compiles, the toolkit's <cuda_fp16.h> / <cuda_bf16.h> found.  No GPU is needed, only libnvrtc; where it cannot be
  * loaded every test prints why and is skipped. */
 #include <check.h>
 #include <locale.h>
@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "server/backend/backend.h"
 
@@ -79,6 +80,44 @@ START_TEST(ptx_for_sm_90)
 	ck_assert_msg(ap_nvrtc_compile(add_relu, "k.cu", "sm_90", false, &out, &len, &err) == 0,
 		      "%s", err.msg);
 	ck_assert_ptr_nonnull(strstr((char *)out, ".target sm_90"));
+	free(out);
+}
+END_TEST
+
+/* The include directory holds cuda_fp16.h and a kernel using __half and
+ * __nv_bfloat16 compiles. */
+START_TEST(fp16_headers_found)
+{
+	static const char src[] =
+		"#include <cuda_fp16.h>\n"
+		"#include <cuda_bf16.h>\n"
+		"extern \"C\" __global__ void h(__half *x, __nv_bfloat16 *y)\n"
+		"{\n"
+		"	x[threadIdx.x] = __float2half_rn(__half2float(x[threadIdx.x]) * 2.0f);\n"
+		"	y[threadIdx.x] = __float2bfloat16_rn(__bfloat162float(y[threadIdx.x]) + 1.0f);\n"
+		"}\n";
+	const char *dir, *home = getenv("CUDA_HOME");
+	char probe[4096];
+	uint8_t *out = NULL;
+	size_t len = 0;
+	ap_error err;
+
+	if (!have_nvrtc("fp16_headers_found"))
+		return;
+	dir = ap_nvrtc_include_dir();
+	snprintf(probe, sizeof(probe), "%s/include/cuda_fp16.h", home && *home ? home : "/usr/local/cuda");
+	if (!dir) {
+		/* only acceptable when no toolkit header is there to find */
+		ck_assert_msg(access(probe, R_OK) != 0, "%s exists but was not found", probe);
+		printf("SKIP fp16_headers_found: no cuda_fp16.h next to NVRTC, in $CUDA_HOME/include "
+		       "or in .venv\n");
+		return;
+	}
+	snprintf(probe, sizeof(probe), "%s/cuda_bf16.h", dir);
+	ck_assert_msg(access(probe, R_OK) == 0, "%s", probe);
+	ck_assert_msg(ap_nvrtc_compile(src, "h.cu", "compute_80", false, &out, &len, &err) == 0, "%s",
+		      err.msg);
+	ck_assert_ptr_nonnull(strstr((char *)out, ".entry h"));
 	free(out);
 }
 END_TEST
@@ -262,6 +301,7 @@ static Suite *nvrtc_suite(void)
 	tcase_add_test(tc, load_and_version);
 	tcase_add_test(tc, ptx_compute_80);
 	tcase_add_test(tc, ptx_for_sm_90);
+	tcase_add_test(tc, fp16_headers_found);
 	tcase_add_test(tc, cubin_sm_80_and_sm_90);
 	tcase_add_test(tc, syntax_error_gives_log);
 	tcase_add_test(tc, architectures_refused);

@@ -19,6 +19,11 @@
 int ap_nvrtc_load(ap_error *err);
 /* "13.0" once loaded, else NULL. */
 const char *ap_nvrtc_version(void);
+/* The directory every compile gets as -I (the first holding cuda_fp16.h of
+ * LIB/../include next to the loaded NVRTC, $CUDA_HOME/include, the .venv
+ * nvidia wheels' include directories), or NULL when NVRTC is not loaded or
+ * none holds it (kernels using float16 / bfloat16 then fail to compile). */
+const char *ap_nvrtc_include_dir(void);
 /* Compiles one CUDA C translation unit for `arch` ("sm_90", "sm_90a",
  * "compute_80"): cubin when `cubin` is true (needs an sm_ arch), else PTX
  * (NUL-terminated text).  Saves and restores the thread's locale around

@@ -15,10 +15,24 @@
  * table, or the error naming every place looked in) is kept for the life of
  * the process: that table is the only mutable state here, written once.
  *
+ * Headers: NVRTC has the CUDA builtins but not the toolkit's headers, and
+ * kernels with float16 / bfloat16 include <cuda_fp16.h> / <cuda_bf16.h>.
+ * At load, the first directory holding cuda_fp16.h among
+ *   1. the include directory next to the loaded library (LIB/../include:
+ *      /usr/local/cuda/include for /usr/local/cuda/lib64/libnvrtc.so.13);
+ *   2. $CUDA_HOME/include (default /usr/local/cuda/include);
+ *   3. .venv/lib/python3* /site-packages/nvidia/ * /include (the wheels'
+ *      headers; cuda_runtime ships them), beside the executable as above,
+ *      then in the current directory;
+ * becomes an -I option of every compile.  None found: no option, and a
+ * kernel that needs the header fails with NVRTC's own message ("could not
+ * open source file").
+ *
  * Compilation: one nvrtcProgram per call, so calls from several worker
  * threads run in parallel.  Options: -arch=sm_XX for cubin, -arch=
  * compute_XX for PTX (an sm_XX target asked for PTX gets compute_XX),
- * --std=c++17.  No fast-math: kernels must match the reference numerics.
+ * --std=c++17, and -I as above.  No fast-math: kernels must match the
+ * reference numerics.
  * NVRTC before 12.6.2 changes the locale of the calling thread, so each
  * compile runs with a private "C" locale installed by uselocale() and
  * restores the thread's previous one afterwards, and puts the global
@@ -67,6 +81,7 @@ struct nvrtc_api {
 	int major, minor;
 	char version[16];
 	char path[PATH_MAX];
+	char include_opt[PATH_MAX + 8];  /* "-I<dir>" holding cuda_fp16.h, or "" */
 	ap_error load_err;      /* AP_OK once loaded */
 };
 
@@ -143,7 +158,82 @@ static bool try_venv(const char *base)
 	return ok;
 }
 
-static void load(void)
+/* True when dir/cuda_fp16.h can be read; then it becomes the -I option. */
+static bool take_include(const char *dir)
+{
+	char file[PATH_MAX + 16];
+
+	if (snprintf(file, sizeof(file), "%s/cuda_fp16.h", dir) >= (int)sizeof(file) ||
+	    access(file, R_OK) != 0)
+		return false;
+	snprintf(api.include_opt, sizeof(api.include_opt), "-I%s", dir);
+	return true;
+}
+
+static bool venv_include(const char *base)
+{
+	char pattern[PATH_MAX];
+	glob_t g;
+	bool ok = false;
+
+	if (snprintf(pattern, sizeof(pattern),
+		     "%s/.venv/lib/python3*/site-packages/nvidia/*/include/cuda_fp16.h", base) >=
+	    (int)sizeof(pattern))
+		return false;
+	if (glob(pattern, 0, NULL, &g))
+		return false;
+	for (size_t i = g.gl_pathc; i-- > 0 && !ok;) {
+		char *slash = strrchr(g.gl_pathv[i], '/');
+
+		if (slash) {
+			*slash = '\0';
+			ok = take_include(g.gl_pathv[i]);
+		}
+	}
+	globfree(&g);
+	return ok;
+}
+
+/* The include directory (see the file comment), once NVRTC is loaded. */
+static void find_include(void)
+{
+	const char *cuda = getenv("CUDA_HOME");
+	char dir[PATH_MAX], exe[PATH_MAX], cwd[PATH_MAX];
+	char *slash;
+	ssize_t n;
+
+	snprintf(dir, sizeof(dir), "%s", api.path);
+	slash = strrchr(dir, '/');
+	if (slash) {
+		*slash = '\0';                         /* the library's directory */
+		slash = strrchr(dir, '/');
+		if (slash && strlen(dir) + 16 < sizeof(dir)) {
+			strcpy(slash, "/include");
+			if (take_include(dir))
+				return;
+		}
+	}
+	if (!cuda || !*cuda)
+		cuda = "/usr/local/cuda";
+	if (snprintf(dir, sizeof(dir), "%s/include", cuda) < (int)sizeof(dir) && take_include(dir))
+		return;
+	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n > 0) {
+		exe[n] = '\0';
+		for (int up = 0; up < 3; up++) {
+			slash = strrchr(exe, '/');
+			if (!slash || slash == exe)
+				break;
+			*slash = '\0';
+			if (venv_include(exe))
+				return;
+		}
+	}
+	if (getcwd(cwd, sizeof(cwd)))
+		venv_include(cwd);
+}
+
+static void load_library(void)
 {
 	const char *env = getenv("APOLLO_NVRTC");
 	const char *cuda = getenv("CUDA_HOME");
@@ -192,6 +282,13 @@ static void load(void)
 		     cuda);
 }
 
+static void load(void)
+{
+	load_library();
+	if (api.lib)
+		find_include();
+}
+
 int ap_nvrtc_load(ap_error *err)
 {
 	pthread_once(&load_once, load);
@@ -206,6 +303,12 @@ const char *ap_nvrtc_version(void)
 {
 	pthread_once(&load_once, load);
 	return api.lib ? api.version : NULL;
+}
+
+const char *ap_nvrtc_include_dir(void)
+{
+	pthread_once(&load_once, load);
+	return api.lib && api.include_opt[0] ? api.include_opt + 2 : NULL;
 }
 
 /* Internal: the architectures NVRTC can compile for (e.g. 75, 80, 90), at
@@ -288,7 +391,8 @@ int ap_nvrtc_compile(const char *src, const char *name, const char *arch, bool c
 {
 	nvrtcProgram prog = NULL;
 	char archopt[64];
-	const char *opts[2];
+	const char *opts[3];
+	int n_opts = 2;
 	char global_before[256];
 	locale_t saved, c_locale;
 	nvrtcResult r;
@@ -304,6 +408,8 @@ int ap_nvrtc_compile(const char *src, const char *name, const char *arch, bool c
 		return rc;
 	opts[0] = archopt;
 	opts[1] = "--std=c++17";
+	if (api.include_opt[0])
+		opts[n_opts++] = api.include_opt;
 
 	r = api.CreateProgram(&prog, src, name && *name ? name : "kernel.cu", 0, NULL, NULL);
 	if (r != NVRTC_SUCCESS)
@@ -318,7 +424,7 @@ int ap_nvrtc_compile(const char *src, const char *name, const char *arch, bool c
 	c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
 	if (c_locale)
 		uselocale(c_locale);
-	r = api.CompileProgram(prog, 2, opts);
+	r = api.CompileProgram(prog, n_opts, opts);
 	uselocale(saved);
 	if (c_locale)
 		freelocale(c_locale);

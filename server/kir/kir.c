@@ -7,11 +7,17 @@
  * every builder propagates; callers check ap_kir_failed() once.
  *
  * Integer index arithmetic is folded as it is built (constants, x+0, x*1,
- * x*0, x/1, x%1, (x+c1)+c2), because lowering produces a lot of it and the
- * printed kernels should stay readable.  Floating expressions are never
- * rewritten (x*0 is not 0 for NaN or infinity).
+ * x*0, x/1, x%1, (x+c1)+c2, x|0, x^0, x<<0, x>>0, floordiv(x, 1)), because
+ * lowering produces a lot of it and the printed kernels should stay
+ * readable.  Floating expressions are never rewritten (x*0 is not 0 for
+ * NaN or infinity); float16 / bfloat16 constants are rounded to their type
+ * when built (half.c).
+ *
+ * Statement builders check what a statement needs to be printable (a
+ * positive step, a shuffle width, a vector width); the rules that depend
+ * on context (scopes, uniform control flow) are ap_kir_verify's.
  */
-#include "kir.h"
+#include "kir_internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -30,7 +36,7 @@ struct ap_kir_arena {
 	chunk *head;
 };
 
-static void *arena_alloc(ap_kir_kernel *k, size_t n)
+void *ap__kir_alloc(ap_kir_kernel *k, size_t n)
 {
 	chunk *c;
 
@@ -58,10 +64,10 @@ static void *arena_alloc(ap_kir_kernel *k, size_t n)
 	return p;
 }
 
-static char *arena_strdup(ap_kir_kernel *k, const char *s)
+char *ap__kir_strdup(ap_kir_kernel *k, const char *s)
 {
 	size_t n = strlen(s) + 1;
-	char *d = arena_alloc(k, n);
+	char *d = ap__kir_alloc(k, n);
 
 	if (d)
 		memcpy(d, s, n);
@@ -82,7 +88,7 @@ __ap_give ap_kir_kernel *ap_kir_kernel_new(const char *name)
 	for (int i = 0; i < 3; i++)
 		k->grid[i] = k->block[i] = 1;
 	k->index_type = AP_DT_I64;
-	k->name = arena_strdup(k, name);
+	k->name = ap__kir_strdup(k, name);
 	if (!k->name)
 		return ap_kir_kernel_free(k);
 	return k;
@@ -114,7 +120,7 @@ bool ap_kir_failed(const ap_kir_kernel *k)
 
 int ap_kir_kernel_rename(ap_kir_kernel *k, const char *name)
 {
-	char *n = arena_strdup(k, name);
+	char *n = ap__kir_strdup(k, name);
 
 	if (!n)
 		return AP_ENOMEM;
@@ -147,10 +153,10 @@ static ap_kir_array *array_new(ap_kir_kernel *k, const char *name, ap_dtype type
 		k->arrays = p;
 		k->cap_arrays = ncap;
 	}
-	a = arena_alloc(k, sizeof(*a));
+	a = ap__kir_alloc(k, sizeof(*a));
 	if (!a)
 		return NULL;
-	a->name = arena_strdup(k, name);
+	a->name = ap__kir_strdup(k, name);
 	if (!a->name)
 		return NULL;
 	a->id = k->n_arrays;
@@ -211,7 +217,7 @@ ap_kir_array *ap_kir_const_array(ap_kir_kernel *k, const char *name, ap_dtype ty
 	if (!a)
 		return NULL;
 	nbytes = (size_t)size * ap_dtype_size(type);
-	a->data = arena_alloc(k, nbytes);
+	a->data = ap__kir_alloc(k, nbytes);
 	if (!a->data)
 		return NULL;
 	memcpy(a->data, data, nbytes);
@@ -220,7 +226,7 @@ ap_kir_array *ap_kir_const_array(ap_kir_kernel *k, const char *name, ap_dtype ty
 
 ap_kir_var *ap_kir_var_new(ap_kir_kernel *k, ap_dtype type, const char *prefix)
 {
-	ap_kir_var *v = arena_alloc(k, sizeof(*v));
+	ap_kir_var *v = ap__kir_alloc(k, sizeof(*v));
 
 	if (!v)
 		return NULL;
@@ -232,9 +238,9 @@ ap_kir_var *ap_kir_var_new(ap_kir_kernel *k, ap_dtype type, const char *prefix)
 
 /* ---- expressions --------------------------------------------------------- */
 
-static ap_kir_expr *expr_new(ap_kir_kernel *k, ap_kir_expr_kind kind, ap_dtype type)
+ap_kir_expr *ap__kir_expr_new(ap_kir_kernel *k, ap_kir_expr_kind kind, ap_dtype type)
 {
-	ap_kir_expr *e = arena_alloc(k, sizeof(*e));
+	ap_kir_expr *e = ap__kir_alloc(k, sizeof(*e));
 
 	if (!e)
 		return NULL;
@@ -245,7 +251,7 @@ static ap_kir_expr *expr_new(ap_kir_kernel *k, ap_kir_expr_kind kind, ap_dtype t
 
 static bool is_float(ap_dtype t)
 {
-	return t == AP_DT_F32 || t == AP_DT_F64;
+	return ap_kir_is_float_type(t);
 }
 
 /* Wraps an integer value to the width of `type`. */
@@ -266,7 +272,7 @@ ap_kir_expr *ap_kir_int(ap_kir_kernel *k, ap_dtype type, int64_t v)
 
 	if (is_float(type))
 		return ap_kir_float(k, type, (double)v);
-	e = expr_new(k, AP_KIR_E_INT, type);
+	e = ap__kir_expr_new(k, AP_KIR_E_INT, type);
 	if (e)
 		e->ival = wrap_int(type, v);
 	return e;
@@ -288,9 +294,17 @@ ap_kir_expr *ap_kir_float(ap_kir_kernel *k, ap_dtype type, double v)
 
 	if (!is_float(type))
 		return ap_kir_const(k, type, v);
-	e = expr_new(k, AP_KIR_E_FLOAT, type);
-	if (e)
-		e->fval = type == AP_DT_F32 ? (double)(float)v : v;
+	e = ap__kir_expr_new(k, AP_KIR_E_FLOAT, type);
+	if (!e)
+		return NULL;
+	if (type == AP_DT_F32)
+		e->fval = (double)(float)v;
+	else if (type == AP_DT_F16)
+		e->fval = ap_kir_f16_to_f32(ap_kir_f32_to_f16((float)v));
+	else if (type == AP_DT_BF16)
+		e->fval = ap_kir_bf16_to_f32(ap_kir_f32_to_bf16((float)v));
+	else
+		e->fval = v;
 	return e;
 }
 
@@ -315,7 +329,7 @@ ap_kir_expr *ap_kir_ref(ap_kir_kernel *k, ap_kir_var *v)
 
 	if (!v)
 		return NULL;
-	e = expr_new(k, AP_KIR_E_VAR, v->type);
+	e = ap__kir_expr_new(k, AP_KIR_E_VAR, v->type);
 	if (e)
 		e->var = v;
 	return e;
@@ -323,7 +337,7 @@ ap_kir_expr *ap_kir_ref(ap_kir_kernel *k, ap_kir_var *v)
 
 ap_kir_expr *ap_kir_index_of(ap_kir_kernel *k, ap_kir_index which)
 {
-	ap_kir_expr *e = k ? expr_new(k, AP_KIR_E_INDEX, k->index_type) : NULL;
+	ap_kir_expr *e = k ? ap__kir_expr_new(k, AP_KIR_E_INDEX, k->index_type) : NULL;
 
 	if (e)
 		e->op = which;
@@ -352,7 +366,7 @@ ap_kir_expr *ap_kir_unary(ap_kir_kernel *k, ap_kir_unop op, ap_kir_expr *a)
 		if (op == AP_KIR_LNOT)
 			return ap_kir_int(k, AP_DT_BOOL, !v);
 	}
-	e = expr_new(k, AP_KIR_E_UNARY, op == AP_KIR_LNOT ? AP_DT_BOOL : a->type);
+	e = ap__kir_expr_new(k, AP_KIR_E_UNARY, op == AP_KIR_LNOT ? AP_DT_BOOL : a->type);
 	if (e) {
 		e->op = op;
 		e->a = a;
@@ -365,9 +379,20 @@ static bool result_is_bool(ap_kir_binop op)
 	return op >= AP_KIR_LT && op <= AP_KIR_LOR;
 }
 
-/* Folds two integer constants; false when it does not apply (division by
- * zero, overflow-prone cases are left to the compiler). */
-static bool fold_ints(ap_kir_binop op, int64_t x, int64_t y, int64_t *r)
+/* Bits of an integer type (shift counts must stay below it). */
+static int int_bits(ap_dtype t)
+{
+	switch (t) {
+	case AP_DT_I64: return 64;
+	case AP_DT_I32: return 32;
+	default: return 8;
+	}
+}
+
+/* Folds two integer constants of `type`; false when it does not apply
+ * (division by zero, shifts out of range; overflow-prone cases are left to
+ * the compiler).  The caller wraps the result to the type. */
+static bool fold_ints(ap_kir_binop op, ap_dtype type, int64_t x, int64_t y, int64_t *r)
 {
 	switch (op) {
 	case AP_KIR_ADD: *r = (int64_t)((uint64_t)x + (uint64_t)y); return true;
@@ -393,6 +418,26 @@ static bool fold_ints(ap_kir_binop op, int64_t x, int64_t y, int64_t *r)
 	case AP_KIR_LOR: *r = x || y; return true;
 	case AP_KIR_MIN: *r = x < y ? x : y; return true;
 	case AP_KIR_MAX: *r = x > y ? x : y; return true;
+	case AP_KIR_AND: *r = x & y; return true;
+	case AP_KIR_OR: *r = x | y; return true;
+	case AP_KIR_XOR: *r = x ^ y; return true;
+	case AP_KIR_SHL:
+		if (y < 0 || y >= int_bits(type))
+			return false;
+		*r = (int64_t)((uint64_t)x << y);
+		return true;
+	case AP_KIR_SHR:
+		if (y < 0 || y >= int_bits(type))
+			return false;
+		/* arithmetic, as C compilers do for signed types (U8 and
+		 * BOOL values are never negative) */
+		*r = x < 0 ? ~(~x >> y) : x >> y;
+		return true;
+	case AP_KIR_FLOORDIV:
+		if (y == 0 || (x == INT64_MIN && y == -1))
+			return false;
+		*r = x / y - ((x % y != 0) && ((x < 0) != (y < 0)));
+		return true;
 	}
 	return false;
 }
@@ -407,7 +452,7 @@ ap_kir_expr *ap_kir_binary(ap_kir_kernel *k, ap_kir_binop op, ap_kir_expr *a, ap
 		return NULL;
 	ca = ap_kir_is_int(a, &x);
 	cb = ap_kir_is_int(b, &y);
-	if (ca && cb && fold_ints(op, x, y, &r))
+	if (ca && cb && fold_ints(op, a->type, x, y, &r))
 		return ap_kir_int(k, result_is_bool(op) ? AP_DT_BOOL : a->type, r);
 	if (!is_float(a->type)) {
 		switch (op) {
@@ -461,11 +506,22 @@ ap_kir_expr *ap_kir_binary(ap_kir_kernel *k, ap_kir_binop op, ap_kir_expr *a, ap
 			if (cb)
 				return y ? b : a;
 			break;
+		case AP_KIR_OR:
+		case AP_KIR_XOR:
+		case AP_KIR_SHL:
+		case AP_KIR_SHR:
+			if (cb && y == 0)
+				return a;
+			break;
+		case AP_KIR_FLOORDIV:
+			if (cb && y == 1)
+				return a;
+			break;
 		default:
 			break;
 		}
 	}
-	e = expr_new(k, AP_KIR_E_BINARY, result_is_bool(op) ? AP_DT_BOOL : a->type);
+	e = ap__kir_expr_new(k, AP_KIR_E_BINARY, result_is_bool(op) ? AP_DT_BOOL : a->type);
 	if (e) {
 		e->op = op;
 		e->a = a;
@@ -483,7 +539,7 @@ ap_kir_expr *ap_kir_select(ap_kir_kernel *k, ap_kir_expr *c, ap_kir_expr *a, ap_
 		return NULL;
 	if (ap_kir_is_int(c, &v))
 		return v ? a : b;
-	e = expr_new(k, AP_KIR_E_SELECT, a->type);
+	e = ap__kir_expr_new(k, AP_KIR_E_SELECT, a->type);
 	if (e) {
 		e->a = c;
 		e->b = a;
@@ -498,7 +554,7 @@ ap_kir_expr *ap_kir_call(ap_kir_kernel *k, ap_kir_fn fn, ap_kir_expr *a, ap_kir_
 
 	if (!a || (fn >= AP_KIR_POW && !b))
 		return NULL;
-	e = expr_new(k, AP_KIR_E_CALL, a->type);
+	e = ap__kir_expr_new(k, AP_KIR_E_CALL, a->type);
 	if (e) {
 		e->op = fn;
 		e->a = a;
@@ -529,7 +585,7 @@ ap_kir_expr *ap_kir_cast(ap_kir_kernel *k, ap_dtype type, ap_kir_expr *a)
 		return ap_kir_int(k, type, v);
 	if (a->kind == AP_KIR_E_FLOAT && is_float(type))
 		return ap_kir_float(k, type, a->fval);
-	e = expr_new(k, AP_KIR_E_CAST, type);
+	e = ap__kir_expr_new(k, AP_KIR_E_CAST, type);
 	if (e)
 		e->a = a;
 	return e;
@@ -541,7 +597,7 @@ ap_kir_expr *ap_kir_load(ap_kir_kernel *k, ap_kir_array *arr, ap_kir_expr *index
 
 	if (!arr || !index)
 		return NULL;
-	e = expr_new(k, AP_KIR_E_LOAD, arr->type);
+	e = ap__kir_expr_new(k, AP_KIR_E_LOAD, arr->type);
 	if (e) {
 		e->arr = arr;
 		e->a = index;
@@ -594,13 +650,13 @@ bool ap_kir_expr_equal(const ap_kir_expr *a, const ap_kir_expr *b)
 
 /* ---- statements ---------------------------------------------------------- */
 
-static ap_kir_stmt *stmt_append(ap_kir_kernel *k, ap_kir_block *b, ap_kir_stmt_kind kind)
+ap_kir_stmt *ap__kir_stmt_append(ap_kir_kernel *k, ap_kir_block *b, ap_kir_stmt_kind kind)
 {
 	ap_kir_stmt *s;
 
 	if (!b)
 		return NULL;
-	s = arena_alloc(k, sizeof(*s));
+	s = ap__kir_alloc(k, sizeof(*s));
 	if (!s)
 		return NULL;
 	s->kind = kind;
@@ -624,16 +680,23 @@ static ap_kir_stmt *fail(ap_kir_kernel *k)
 ap_kir_stmt *ap_kir_for(ap_kir_kernel *k, ap_kir_block *b, ap_kir_var *var,
 			ap_kir_expr *lo, ap_kir_expr *hi, int64_t step)
 {
+	return ap_kir_for_unroll(k, b, var, lo, hi, step, 0);
+}
+
+ap_kir_stmt *ap_kir_for_unroll(ap_kir_kernel *k, ap_kir_block *b, ap_kir_var *var,
+			       ap_kir_expr *lo, ap_kir_expr *hi, int64_t step, int unroll)
+{
 	ap_kir_stmt *s;
 
-	if (!var || !lo || !hi || step <= 0)
+	if (!var || !lo || !hi || step <= 0 || unroll < -1)
 		return fail(k);
-	s = stmt_append(k, b, AP_KIR_S_FOR);
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_FOR);
 	if (s) {
 		s->var = var;
 		s->lo = lo;
 		s->hi = hi;
 		s->step = step;
+		s->unroll = unroll;
 	}
 	return s;
 }
@@ -644,7 +707,7 @@ ap_kir_stmt *ap_kir_if(ap_kir_kernel *k, ap_kir_block *b, ap_kir_expr *cond)
 
 	if (!cond)
 		return fail(k);
-	s = stmt_append(k, b, AP_KIR_S_IF);
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_IF);
 	if (s)
 		s->cond = cond;
 	return s;
@@ -656,7 +719,7 @@ ap_kir_stmt *ap_kir_let(ap_kir_kernel *k, ap_kir_block *b, ap_kir_var *var, ap_k
 
 	if (!var)
 		return fail(k);
-	s = stmt_append(k, b, AP_KIR_S_LET);
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_LET);
 	if (s) {
 		s->var = var;
 		s->value = value;
@@ -670,7 +733,7 @@ ap_kir_stmt *ap_kir_assign(ap_kir_kernel *k, ap_kir_block *b, ap_kir_var *var, a
 
 	if (!var || !value)
 		return fail(k);
-	s = stmt_append(k, b, AP_KIR_S_ASSIGN);
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_ASSIGN);
 	if (s) {
 		s->var = var;
 		s->value = value;
@@ -685,7 +748,7 @@ ap_kir_stmt *ap_kir_store(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *arr,
 
 	if (!arr || !index || !value)
 		return fail(k);
-	s = stmt_append(k, b, AP_KIR_S_STORE);
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_STORE);
 	if (s) {
 		s->arr = arr;
 		s->index = index;
@@ -696,7 +759,100 @@ ap_kir_stmt *ap_kir_store(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *arr,
 
 ap_kir_stmt *ap_kir_barrier(ap_kir_kernel *k, ap_kir_block *b)
 {
-	return stmt_append(k, b, AP_KIR_S_BARRIER);
+	return ap__kir_stmt_append(k, b, AP_KIR_S_BARRIER);
+}
+
+/* True when variable v occurs in e. */
+static bool expr_uses_var(const ap_kir_expr *e, const ap_kir_var *v)
+{
+	if (!e)
+		return false;
+	if (e->kind == AP_KIR_E_VAR)
+		return e->var == v;
+	return expr_uses_var(e->a, v) || expr_uses_var(e->b, v) || expr_uses_var(e->c, v);
+}
+
+static bool is_int_type(ap_dtype t)
+{
+	return t == AP_DT_I64 || t == AP_DT_I32 || t == AP_DT_I8 || t == AP_DT_U8;
+}
+
+ap_kir_stmt *ap_kir_shfl(ap_kir_kernel *k, ap_kir_block *b, ap_kir_var *dst,
+			 ap_kir_shfl_kind kind, ap_kir_expr *value, ap_kir_expr *lane,
+			 unsigned width)
+{
+	ap_kir_stmt *s;
+
+	if (!dst || !value || !lane || width < 1 || width > 32 || (width & (width - 1)) ||
+	    (unsigned)kind > AP_KIR_SHFL_IDX || !is_int_type(lane->type) ||
+	    value->type != dst->type || expr_uses_var(value, dst))
+		return fail(k);
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_SHFL);
+	if (s) {
+		s->var = dst;
+		s->shfl = kind;
+		s->value = value;
+		s->lane = lane;
+		s->width = (int)width;
+	}
+	return s;
+}
+
+bool ap_kir_vector_ok(ap_dtype type, int width)
+{
+	size_t es = ap_dtype_size(type), bytes = es * (size_t)(width > 0 ? width : 0);
+
+	if (width != 2 && width != 4 && width != 8)
+		return false;
+	if (width == 8 && es != 2)
+		return false;
+	return bytes == 4 || bytes == 8 || bytes == 16;
+}
+
+ap_kir_stmt *ap_kir_vload(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *arr,
+			  ap_kir_expr *index, int width, ap_kir_var *const *dst)
+{
+	ap_kir_stmt *s;
+
+	if (!arr || !index || !dst || !ap_kir_vector_ok(arr->type, width))
+		return fail(k);
+	for (int i = 0; i < width; i++)
+		if (!dst[i] || dst[i]->type != arr->type)
+			return fail(k);
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_VLOAD);
+	if (!s)
+		return NULL;
+	s->vars = ap__kir_alloc(k, (size_t)width * sizeof(*s->vars));
+	if (!s->vars)
+		return NULL;
+	memcpy(s->vars, dst, (size_t)width * sizeof(*s->vars));
+	s->arr = arr;
+	s->index = index;
+	s->width = width;
+	return s;
+}
+
+ap_kir_stmt *ap_kir_vstore(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *arr,
+			   ap_kir_expr *index, int width, ap_kir_expr *const *values)
+{
+	ap_kir_stmt *s;
+
+	if (!arr || !index || !values || !ap_kir_vector_ok(arr->type, width))
+		return fail(k);
+	for (int i = 0; i < width; i++)
+		if (!values[i] || values[i]->type != arr->type)
+			return fail(k);
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_VSTORE);
+	if (!s)
+		return NULL;
+	s->values = ap__kir_alloc(k, (size_t)width * sizeof(*s->values));
+	if (!s->values)
+		return NULL;
+	memcpy(s->values, values, (size_t)width * sizeof(*s->values));
+	s->arr = arr;
+	s->index = index;
+	s->width = width;
+	return s;
 }
 
 ap_kir_stmt *ap_kir_comment(ap_kir_kernel *k, ap_kir_block *b, const char *fmt, ...)
@@ -715,9 +871,9 @@ ap_kir_stmt *ap_kir_comment(ap_kir_kernel *k, ap_kir_block *b, const char *fmt, 
 		if ((unsigned char)*p < ' ')
 			*p = ' ';
 	}
-	s = stmt_append(k, b, AP_KIR_S_COMMENT);
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_COMMENT);
 	if (s) {
-		s->text = arena_strdup(k, buf);
+		s->text = ap__kir_strdup(k, buf);
 		if (!s->text)
 			return NULL;
 	}

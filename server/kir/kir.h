@@ -10,33 +10,56 @@
  *   - a body: a list of statements every thread runs (SPMD, as in CUDA).
  *
  * Statements: `for` (lower bound, exclusive upper bound, positive constant
- * step; bounds are expressions of enclosing loop variables, block and
- * thread indices and constants), `if`/`else`, `let` (declares a scalar
- * register, optionally with a value), `assign` (to a register), `store`
- * (to an array element), `barrier` (__syncthreads) and comments.  This is
- * the shape of isl's AST (for / if / block / user nodes), so a polyhedral
- * schedule can later be printed into it one node for one statement.
+ * step, an optional unroll hint; bounds are expressions of enclosing loop
+ * variables, block and thread indices and constants), `if`/`else`, `let`
+ * (declares a scalar register, optionally with a value), `assign` (to a
+ * register), `store` (to an array element), `barrier` (__syncthreads),
+ * warp shuffles (`shfl`, CUDA's __shfl_*_sync), vector loads and stores of
+ * 2, 4 or 8 consecutive elements (`vload`, `vstore`: one 4, 8 or 16-byte
+ * access on the GPU) and comments.  This is the shape of isl's AST (for /
+ * if / block / user nodes), so a polyhedral schedule can later be printed
+ * into it one node for one statement.
  *
  * Expressions are trees of typed nodes: integer and floating constants,
- * variables, block/thread indices, unary and binary operators, select,
+ * variables, block/thread indices, unary and binary operators (C's, plus
+ * min/max, bitwise operators, shifts and isl's floor division), select,
  * math calls, casts and loads.  Scalar types are ap_dtype values (bool is
  * one byte in memory, 0 or 1).  Builders fold integer constants (x+0, x*1,
  * 2*3) so that index arithmetic stays readable.
+ *
+ * float16 and bfloat16 (AP_DT_F16, AP_DT_BF16; IEEE 754 binary16 and
+ * Google's bfloat16) are storage types: every operation on them (arithmetic,
+ * math call, comparison) is computed in float32 and its result rounded to
+ * the type, round to nearest even; casts to and from every other type go
+ * through float32 (so f64 -> f16 rounds twice, f64 -> f32 -> f16).  For + -
+ * * / this is bit-exact with the GPU's native half arithmetic, as float32
+ * has more than twice the precision (CUDA: __float2half_rn(__half2float(a)
+ * OP __half2float(b))).  Constants of these types hold the value rounded to
+ * the type; in memory (arrays, constant data) they are the 16-bit patterns.
  *
  * Memory: every node of a kernel lives in the kernel's arena and is freed
  * with it.  Builders never fail loudly: an allocation failure returns NULL,
  * every builder given a NULL operand returns NULL, statement builders
  * ignore NULL, and the kernel remembers the failure (ap_kir_failed), which
  * the caller checks once at the end -- isl's convention of propagating
- * NULL.
+ * NULL.  A statement builder given arguments it cannot accept (a step <= 0,
+ * a bad shuffle or vector width) marks the kernel failed too.
  *
  * The host printer follows the ABI of server/plan/program.h: the blocks in
  * [block_begin, block_end) become a loop, threads become a loop, and each
- * barrier splits the thread loop into phases.  Statements that contain a
- * barrier must be uniform over the threads of a block (loop bounds and
- * conditions may use block indices, but not thread indices or registers),
- * as CUDA itself requires.  Registers declared directly in a statement list
- * that contains a barrier live across phases and get one slot per thread.
+ * collective -- a barrier or a shuffle -- splits the thread loop into
+ * phases (a shuffle is two loops: every thread's value, then every
+ * thread's result by CUDA's lane rules).  Statements that contain a
+ * collective must be uniform over the threads of a block (loop bounds and
+ * conditions may use block indices, but not thread indices or registers
+ * that differ between threads), as CUDA itself requires.  Registers
+ * declared directly in a statement list that contains a collective live
+ * across phases and get one slot per thread.
+ *
+ * Utilities (visit.c, clone.c, verify.c): a visitor over statements and
+ * expressions, deep copy of one kernel's body into another with block /
+ * thread indices and arrays substituted (to stitch kernels into one
+ * launch), and a verifier of the IR's rules.
  */
 #ifndef AP_KIR_H
 #define AP_KIR_H
@@ -99,6 +122,12 @@ typedef enum ap_kir_binop {
 	AP_KIR_LT, AP_KIR_LE, AP_KIR_GT, AP_KIR_GE, AP_KIR_EQ, AP_KIR_NE,  /* bool */
 	AP_KIR_LAND, AP_KIR_LOR,                                           /* bool */
 	AP_KIR_MIN, AP_KIR_MAX,  /* integers: a < b ? a : b (no NaN rules) */
+	/* integers only, on the type's two's complement bits (lane and tile
+	 * arithmetic, isl's AST) */
+	AP_KIR_AND, AP_KIR_OR, AP_KIR_XOR,
+	AP_KIR_SHL,        /* a << b, 0 <= b < bits of the type; wraps to the type */
+	AP_KIR_SHR,        /* a >> b, 0 <= b < bits; arithmetic for signed types */
+	AP_KIR_FLOORDIV,   /* floor(a / b), b != 0 of any sign: isl's fdiv_q */
 } ap_kir_binop;
 
 typedef enum ap_kir_fn {
@@ -131,7 +160,19 @@ typedef enum ap_kir_stmt_kind {
 	AP_KIR_S_STORE,    /* arr[index] = value */
 	AP_KIR_S_BARRIER,  /* __syncthreads() */
 	AP_KIR_S_COMMENT,  /* text */
+	AP_KIR_S_SHFL,     /* var = __shfl_<shfl>_sync(mask, value, lane, width) */
+	AP_KIR_S_VLOAD,    /* declares vars[i] = arr[index + i], i < width */
+	AP_KIR_S_VSTORE,   /* arr[index + i] = values[i], i < width */
 } ap_kir_stmt_kind;
+
+/* The four warp shuffles of the CUDA C Programming Guide ("Warp Shuffle
+ * Functions"): the `lane` operand is laneMask, delta, delta and srcLane. */
+typedef enum ap_kir_shfl_kind {
+	AP_KIR_SHFL_XOR,   /* __shfl_xor_sync */
+	AP_KIR_SHFL_DOWN,  /* __shfl_down_sync */
+	AP_KIR_SHFL_UP,    /* __shfl_up_sync */
+	AP_KIR_SHFL_IDX,   /* __shfl_sync */
+} ap_kir_shfl_kind;
 
 typedef struct ap_kir_stmt ap_kir_stmt;
 
@@ -143,16 +184,23 @@ typedef struct ap_kir_block {
 struct ap_kir_stmt {
 	ap_kir_stmt_kind kind;
 	ap_kir_stmt *next;
-	ap_kir_var *var;          /* FOR, LET, ASSIGN */
+	ap_kir_var *var;          /* FOR, LET, ASSIGN, SHFL (destination) */
 	ap_kir_expr *lo, *hi;     /* FOR */
 	int64_t step;             /* FOR, > 0 */
+	int unroll;               /* FOR: 0 no hint, -1 unroll fully, N > 0 by N */
 	ap_kir_expr *cond;        /* IF */
-	ap_kir_array *arr;        /* STORE */
-	ap_kir_expr *index;       /* STORE */
-	ap_kir_expr *value;       /* LET, ASSIGN, STORE */
+	ap_kir_array *arr;        /* STORE, VLOAD, VSTORE */
+	ap_kir_expr *index;       /* STORE, VLOAD, VSTORE (first element) */
+	ap_kir_expr *value;       /* LET, ASSIGN, STORE, SHFL */
 	ap_kir_block body;        /* FOR, IF (then) */
 	ap_kir_block orelse;      /* IF */
 	char *text;               /* COMMENT */
+	int shfl;                 /* SHFL: an ap_kir_shfl_kind */
+	ap_kir_expr *lane;        /* SHFL: laneMask, delta or srcLane (integer) */
+	int width;                /* SHFL: segment width (power of 2 in [1, 32]);
+				     VLOAD, VSTORE: elements (2, 4, 8) */
+	ap_kir_var **vars;        /* VLOAD: `width` registers it declares */
+	ap_kir_expr **values;     /* VSTORE: `width` values */
 };
 
 typedef struct ap_kir_arena ap_kir_arena;
@@ -213,6 +261,8 @@ ap_kir_expr *ap_kir_int(ap_kir_kernel *k, ap_dtype type, int64_t v);
 ap_kir_expr *ap_kir_i64(ap_kir_kernel *k, int64_t v);
 /* An integer constant of the kernel's index type. */
 ap_kir_expr *ap_kir_idx(ap_kir_kernel *k, int64_t v);
+/* A floating constant of `type`: v rounded to the type (F16 and BF16: to
+ * float32, then round to nearest even to the type). */
 ap_kir_expr *ap_kir_float(ap_kir_kernel *k, ap_dtype type, double v);
 /* A constant of `type` holding v (float types exact, integer types
  * truncated, bool v != 0). */
@@ -222,12 +272,16 @@ ap_kir_expr *ap_kir_ref(ap_kir_kernel *k, ap_kir_var *v);
 ap_kir_expr *ap_kir_index_of(ap_kir_kernel *k, ap_kir_index which);
 ap_kir_expr *ap_kir_unary(ap_kir_kernel *k, ap_kir_unop op, ap_kir_expr *a);
 /* Operands must have the same type (the result's, or bool for
- * comparisons and logic). Integer constants are folded. */
+ * comparisons and logic); AND .. FLOORDIV take integers only.  Integer
+ * constants are folded (not SHL / SHR by a count outside [0, bits), nor
+ * divisions by zero), as are x+0, x*1, x*0, x/1, x%1, x|0, x^0, x<<0,
+ * x>>0 and floordiv(x, 1). */
 ap_kir_expr *ap_kir_binary(ap_kir_kernel *k, ap_kir_binop op, ap_kir_expr *a, ap_kir_expr *b);
 ap_kir_expr *ap_kir_select(ap_kir_kernel *k, ap_kir_expr *c, ap_kir_expr *a, ap_kir_expr *b);
 /* Math call; b is NULL for one-argument functions.  Type is a's. */
 ap_kir_expr *ap_kir_call(ap_kir_kernel *k, ap_kir_fn fn, ap_kir_expr *a, ap_kir_expr *b);
-/* Conversion; identity when a already has `type`.  To bool: a != 0. */
+/* Conversion; identity when a already has `type`.  To bool: a != 0.
+ * To and from F16 / BF16 through float32 (see the file comment). */
 ap_kir_expr *ap_kir_cast(ap_kir_kernel *k, ap_dtype type, ap_kir_expr *a);
 ap_kir_expr *ap_kir_load(ap_kir_kernel *k, ap_kir_array *arr, ap_kir_expr *index);
 
@@ -247,6 +301,12 @@ bool ap_kir_expr_equal(const ap_kir_expr *a, const ap_kir_expr *b);
 /* for (var = lo; var < hi; var += step): fill ->body. */
 ap_kir_stmt *ap_kir_for(ap_kir_kernel *k, ap_kir_block *b, ap_kir_var *var,
 			ap_kir_expr *lo, ap_kir_expr *hi, int64_t step);
+/* The same loop with an unroll hint: 0 none, -1 unroll fully, N > 0 unroll
+ * by N (CUDA prints `#pragma unroll` / `#pragma unroll N` before the loop,
+ * the host printer nothing: a hint never changes what the loop computes).
+ * unroll < -1 fails. */
+ap_kir_stmt *ap_kir_for_unroll(ap_kir_kernel *k, ap_kir_block *b, ap_kir_var *var,
+			       ap_kir_expr *lo, ap_kir_expr *hi, int64_t step, int unroll);
 /* if (cond): fill ->body and ->orelse. */
 ap_kir_stmt *ap_kir_if(ap_kir_kernel *k, ap_kir_block *b, ap_kir_expr *cond);
 /* Declares var, with an initial value unless `value` is NULL. */
@@ -255,6 +315,51 @@ ap_kir_stmt *ap_kir_assign(ap_kir_kernel *k, ap_kir_block *b, ap_kir_var *var, a
 ap_kir_stmt *ap_kir_store(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *arr,
 			  ap_kir_expr *index, ap_kir_expr *value);
 ap_kir_stmt *ap_kir_barrier(ap_kir_kernel *k, ap_kir_block *b);
+/* Warp shuffle: dst = CUDA's __shfl_xor_sync / __shfl_down_sync /
+ * __shfl_up_sync / __shfl_sync (mask, value, lane, width), semantics as in
+ * the CUDA C Programming Guide, section "Warp Shuffle Functions", and, for
+ * the corner cases, PTX's `shfl.sync` pseudocode (PTX ISA):
+ *   - warps are the groups of 32 consecutive linear thread ids
+ *     x + bx * (y + by * z); a warp splits into segments of `width` lanes;
+ *   - `lane` (an integer expression, evaluated by each thread; only its
+ *     low 5 bits count) is laneMask for XOR (source lane ^ laneMask; a
+ *     source in a later segment gives the caller's own value), delta for
+ *     DOWN (own value when lane % width + delta >= width) and UP (own value
+ *     when lane % width < delta), srcLane for IDX (source = the caller's
+ *     segment start + srcLane % width);
+ *   - a source lane beyond the block's last thread (a partial last warp)
+ *     gives the caller's own value.
+ * `width` is a power of 2 in [1, 32].  `dst` is a register of value's type
+ * declared earlier (ap_kir_let(k, b, dst, NULL)) and must not appear in
+ * `value`.  The mask is 0xffffffff when the block's thread count is a
+ * multiple of 32, else (1 << threads) - 1 for blocks of fewer than 32
+ * threads (other counts are refused by ap_kir_verify).  Like a barrier, a
+ * shuffle must be reached by every thread of the block: only in
+ * block-uniform control flow.  Fails (NULL, kernel failed) on a NULL
+ * operand, a bad width or kind, a non-integer lane or a type mismatch. */
+ap_kir_stmt *ap_kir_shfl(ap_kir_kernel *k, ap_kir_block *b, ap_kir_var *dst,
+			 ap_kir_shfl_kind kind, ap_kir_expr *value, ap_kir_expr *lane,
+			 unsigned width);
+/* True when `width` elements of `type` make one vector access: width 2, 4
+ * or 8 (8 for 2-byte types only) and width * size 4, 8 or 16 bytes. */
+bool ap_kir_vector_ok(ap_dtype type, int width);
+/* Vector load: declares the `width` registers dst[0..width-1] (fresh
+ * variables of arr's type, like ap_kir_let) and sets dst[i] = arr[index +
+ * i].  Vector store: arr[index + i] = values[i] (values of arr's type, all
+ * evaluated before any element is stored).  The caller guarantees that
+ * `index` (elements) is a multiple of `width` and that the array's storage
+ * is 16-byte aligned (GLOBAL buffers and dynamic shared memory are; the
+ * printers align static shared, local and constant arrays that a vector
+ * access uses).  CUDA prints one access through the matching vector type
+ * (float2/float4, double2, int2/int4, longlong2, char4/uchar4, __half2 /
+ * __nv_bfloat162 for two 16-bit elements, uint2/uint4 holding 4 or 8 of
+ * them); the host prints scalar accesses.  Fails (NULL, kernel failed) on
+ * a NULL operand, a width refused by ap_kir_vector_ok or a type mismatch;
+ * `dst` / `values` hold `width` entries, copied. */
+ap_kir_stmt *ap_kir_vload(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *arr,
+			  ap_kir_expr *index, int width, ap_kir_var *const *dst);
+ap_kir_stmt *ap_kir_vstore(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *arr,
+			   ap_kir_expr *index, int width, ap_kir_expr *const *values);
 ap_kir_stmt *ap_kir_comment(ap_kir_kernel *k, ap_kir_block *b, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* Declares a fresh register of `type` initialised to `value` and returns a
@@ -262,19 +367,141 @@ ap_kir_stmt *ap_kir_comment(ap_kir_kernel *k, ap_kir_block *b, const char *fmt, 
 ap_kir_expr *ap_kir_bind(ap_kir_kernel *k, ap_kir_block *b, ap_dtype type,
 			 const char *prefix, ap_kir_expr *value);
 
+/* ---- float16 / bfloat16 (half.c) ----------------------------------------- */
+
+/* Bit-exact conversions between float32 and the 16-bit float types, the
+ * same functions the host printer emits.  f32 -> f16: IEEE 754 binary16,
+ * round to nearest even, subnormals, overflow to +-infinity (from 65520
+ * on), NaN kept a quiet NaN (top payload bits kept).  f32 -> bf16: the top
+ * 16 bits, round to nearest even, NaN kept a quiet NaN.  f16 / bf16 -> f32
+ * are exact. */
+bool ap_kir_is_float_type(ap_dtype t);   /* F32, F64, F16, BF16 */
+uint16_t ap_kir_f32_to_f16(float f);
+float ap_kir_f16_to_f32(uint16_t h);
+uint16_t ap_kir_f32_to_bf16(float f);
+float ap_kir_bf16_to_f32(uint16_t h);
+
+/* ---- utilities (visit.c, clone.c, verify.c) ------------------------------ */
+
+/* Callbacks of ap_kir_visit; either may be NULL.  A non-zero return stops
+ * the walk, and ap_kir_visit returns it. */
+typedef struct ap_kir_visitor {
+	/* every statement, in program order (pre-order); depth 0 for the
+	 * kernel's body, +1 inside each for / if */
+	int (*stmt)(const ap_kir_stmt *s, int depth, void *user);
+	/* every expression node of statement `s`, children before parents
+	 * (post-order), operands in field order (lo, hi; cond; index, value;
+	 * value, lane; values[0..]); a node shared by two trees is visited
+	 * once per occurrence */
+	int (*expr)(const ap_kir_expr *e, const ap_kir_stmt *s, void *user);
+} ap_kir_visitor;
+
+/* Walks `k`'s body: each statement's callback, then its expressions, then
+ * the statements nested in it (for body; if body, then else branch).
+ * Returns 0 or the first non-zero callback result. */
+int ap_kir_visit(const ap_kir_kernel *k, const ap_kir_visitor *v, void *user);
+
+/* What ap_kir_clone_into replaces.  `arrays` is indexed by the source
+ * array's id (src->n_arrays entries, owned by the caller; NULL = all
+ * cloned, no mapping returned). */
+typedef struct ap_kir_subst {
+	ap_kir_expr *index[6];   /* replacement per ap_kir_index (built in dst),
+				    NULL = keep */
+	ap_kir_array **arrays;   /* per src array id: the dst array to use;
+				    NULL entries are cloned and filled in */
+	const char *prefix;      /* prefix for names of cloned arrays and vars
+				    (NULL = "") */
+} ap_kir_subst;
+
+/* Deep-copies src's body to the end of `into` (a statement list of dst),
+ * for stitching several kernels into one launch whose blocks are split by
+ * block index ranges.  Every variable gets a fresh one in dst (named
+ * prefix + its name's letters).  Every block / thread index becomes
+ * s->index[which] when set (converted to the index's type in src if dst's
+ * index type differs); one whose extent in src is 1 becomes the constant 0
+ * (the printers print it so, and dst's extent may be larger); others stay
+ * indices of dst.  Every array becomes s->arrays[id]; each NULL entry is
+ * created in dst (name prefix + name) and written back: GLOBAL arrays as
+ * new parameters of dst (same type, written, tensor), appended in src's
+ * parameter order; SHARED, LOCAL and CONST (data copied) as new arrays of
+ * the same size; SHARED_DYN at dst's next dynamic offset (dst->smem_bytes
+ * grows).  The launch shape of dst is the caller's business.  Expression
+ * DAGs stay DAGs.  src is not modified.  Returns 0, or AP_ENOMEM (dst is
+ * then marked failed; also when dst had failed before, or src had). */
+int ap_kir_clone_into(ap_kir_kernel *dst, ap_kir_block *into, const ap_kir_kernel *src,
+		      ap_kir_subst *s);
+/* Copies one expression into dst with s's index and array substitutions;
+ * variables are kept (the same ap_kir_var), so this substitutes within
+ * one kernel (dst == the kernel of e) or copies variable-free
+ * expressions.  s may be NULL (plain copy).  NULL on ENOMEM. */
+ap_kir_expr *ap_kir_expr_clone(ap_kir_kernel *dst, const ap_kir_expr *e,
+			       const ap_kir_subst *s);
+
+/* Limits of the device a kernel is checked against. */
+typedef struct ap_kir_limits {
+	unsigned max_threads;       /* per block */
+	unsigned max_shared_bytes;  /* static + dynamic shared memory per block */
+} ap_kir_limits;
+
+/* Checks `k` against the IR's rules; `lim` NULL means 1024 threads and
+ * 48 KiB of shared memory (CUDA's default without opt-in).  Returns 0, or
+ * AP_EINTERNAL with err->msg "kernel NAME: rule RULE: what" for the first
+ * violation, RULE being one of
+ *   scope     a variable used, assigned or shuffled into outside the scope
+ *             of its declaration (LET earlier in the same or an enclosing
+ *             list, FOR variable of an enclosing loop, VLOAD registers), or
+ *             declared twice;
+ *   types     binary operands of different types, AND .. FLOORDIV / REM on
+ *             floats, a result type that does not follow (bool for
+ *             comparisons and logic), select branches of different types,
+ *             math calls on non-floats, an assigned / stored / shuffled
+ *             value of another type than its destination;
+ *   select    a select condition that is not bool;
+ *   loop      a loop variable that is not an integer, bounds of another
+ *             type than the variable, step <= 0, unroll < -1;
+ *   const     a store into a CONST array;
+ *   bounds    a constant index outside a LOCAL, SHARED, SHARED_DYN or
+ *             CONST array (vector accesses: any element);
+ *   uniform   a barrier or shuffle under control flow that is not
+ *             block-uniform: conditions and loop bounds may use constants,
+ *             block indices and uniform registers (loop variables of
+ *             uniform loops; registers only ever given uniform values in
+ *             uniform context), loads of SHARED, SHARED_DYN and CONST
+ *             arrays at uniform indices; never thread indices;
+ *   launch    a grid or block extent of 0, or more threads per block than
+ *             lim->max_threads;
+ *   shared    static shared arrays plus smem_bytes above
+ *             lim->max_shared_bytes;
+ *   vector    a vector access refused by ap_kir_vector_ok, or a constant
+ *             index that is not a multiple of the width;
+ *   shuffle   a width that is not a power of 2 in [1, 32], a non-integer
+ *             lane, the destination used in the value, or a block of more
+ *             than 32 threads that is not a multiple of 32.
+ * Also AP_ENOMEM (out of memory) and AP_EINTERNAL for a kernel whose
+ * construction failed. */
+int ap_kir_verify(const ap_kir_kernel *k, const ap_kir_limits *lim, ap_error *err);
+
 /* ---- printers (print.c) -------------------------------------------------- */
 
 /* Prints `k` as one complete translation unit for `target`:
  *   AP_KIR_CUDA: extern "C" __global__ void NAME(T0 *__restrict__ p0, ...)
- *     for NVRTC (no #include; C++17 hex float literals);
+ *     for NVRTC (C++17 hex float literals; no #include, except
+ *     <cuda_fp16.h> / <cuda_bf16.h> in a kernel that uses F16 / BF16,
+ *     which NVRTC finds through the -I option of backend/nvrtc.c; those
+ *     types are __half / __nv_bfloat16, constant data of them unsigned
+ *     short bit patterns);
  *   AP_KIR_HOST: void NAME(void *const *args, unsigned block_begin,
- *     unsigned block_end), C11 with <math.h>, as program.h specifies.
+ *     unsigned block_end), C11 with <math.h>, as program.h specifies;
+ *     F16 / BF16 values are unsigned short bit patterns, converted by the
+ *     static inline functions of ap_kir_f32_to_f16 & co. that the prelude
+ *     defines when the kernel uses the type.
  * Returns a malloc'd string, or NULL on ENOMEM, on a kernel whose
- * construction failed, or when a barrier sits in non-uniform control flow
- * the host printer cannot split (err says which). */
+ * construction failed, or when a barrier or shuffle sits in non-uniform
+ * control flow the host printer cannot split (err says which). */
 __ap_give char *ap_kir_print(const ap_kir_kernel *k, ap_kir_target target, ap_error *err);
 
-/* C type name of a scalar type ("float", "long long", "unsigned char"). */
+/* C type name of a scalar type ("float", "long long", "unsigned char");
+ * "unsigned short" (the bit pattern, the host's type) for F16 and BF16. */
 const char *ap_kir_ctype(ap_dtype t);
 
 #endif

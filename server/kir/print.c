@@ -9,19 +9,33 @@
  * Host (ABI in server/plan/program.h):
  *   void NAME(void *const *args, unsigned block_begin, unsigned block_end)
  * The blocks of [block_begin, block_end) become a loop.  Inside a block the
- * body is printed in "block mode": a statement that contains no barrier is
- * collected into a run, and each maximal run becomes one loop over the
- * block's threads (a phase); a statement that contains a barrier (a uniform
- * `for` or `if`, or the barrier itself) is printed at block level and its
- * body again in block mode.  So a barrier ends one phase and the next
- * statement starts another, which is exactly __syncthreads' meaning when
- * all threads of a block reach it.  Registers declared directly in a
- * statement list that contains a barrier may be read in a later phase:
- * they become arrays with one slot per thread (`v3[ap_t]`); so do
- * register arrays of kernels with barriers.  Shared arrays are plain
- * arrays reused block after block.
+ * body is printed in "block mode": a statement that contains no collective
+ * (barrier or shuffle) is collected into a run, and each maximal run
+ * becomes one loop over the block's threads (a phase); a statement that
+ * contains a collective (a uniform `for` or `if`, or the collective
+ * itself) is printed at block level and its body again in block mode.  So
+ * a barrier ends one phase and the next statement starts another, which is
+ * exactly __syncthreads' meaning when all threads of a block reach it.  A
+ * shuffle is two thread loops of its own: the first stores every thread's
+ * value in a per-thread temporary (`ap_shfl_float[ap_t]`), the second
+ * gives each thread the temporary of its source lane, found by CUDA's
+ * rules (PTX shfl.sync's pseudocode, width segments included).  Registers
+ * declared directly in a statement list that contains a collective may be
+ * read in a later phase: they become arrays with one slot per thread
+ * (`v3[ap_t]`); so do register arrays of kernels with collectives.  Shared
+ * arrays are plain arrays reused block after block.
+ *
+ * float16 / bfloat16 are printed convert-compute-round: an operation on
+ * them converts its operands to float (__half2float / ap_f16_to_f32),
+ * computes in float and rounds the result back (__float2half_rn /
+ * ap_f32_to_f16); constants are their bit patterns.  CUDA includes
+ * <cuda_fp16.h> / <cuda_bf16.h>, the host prelude defines the conversion
+ * functions of half.c, each only when the kernel uses the type.
+ *
+ * Vector loads and stores are one access through a CUDA vector type on
+ * the GPU and scalar accesses on the host.
  */
-#include "kir.h"
+#include "kir_internal.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -92,10 +106,13 @@ typedef struct printer {
 	ap_kir_target target;
 	sbuf out;
 	unsigned char *per_thread;   /* host: per var id */
-	bool has_barrier;            /* host: anywhere in the kernel */
+	bool has_collective;         /* host: a barrier or shuffle anywhere */
 	bool block_mode;             /* host: printing at block level */
 	unsigned nt;                 /* threads per block */
-	bool bad;                    /* a barrier in non-uniform control flow */
+	bool uses_f16, uses_bf16;    /* a value, register or array of the type */
+	unsigned char *vec_array;    /* per array id: a vector access uses it */
+	uint32_t shfl_types;         /* host: 1 << dtype of every shuffled type */
+	bool bad;                    /* a collective in non-uniform control flow */
 	char bad_msg[160];
 } printer;
 
@@ -109,8 +126,52 @@ const char *ap_kir_ctype(ap_dtype t)
 	case AP_DT_I8: return "signed char";
 	case AP_DT_U8: return "unsigned char";
 	case AP_DT_BOOL: return "unsigned char";
+	case AP_DT_F16: return "unsigned short";
+	case AP_DT_BF16: return "unsigned short";
 	default: return "int";
 	}
+}
+
+/* The C type of `t` in the printed target: CUDA's own 16-bit float types,
+ * bit patterns on the host. */
+static const char *ctype(const printer *p, ap_dtype t)
+{
+	if (p->target == AP_KIR_CUDA && t == AP_DT_F16)
+		return "__half";
+	if (p->target == AP_KIR_CUDA && t == AP_DT_BF16)
+		return "__nv_bfloat16";
+	return ap_kir_ctype(t);
+}
+
+static bool is_half(ap_dtype t)
+{
+	return ap__kir_is_half(t);
+}
+
+/* 16-bit float -> float, and float -> 16-bit float rounding to nearest even. */
+static const char *half_to_f32(const printer *p, ap_dtype t)
+{
+	if (p->target == AP_KIR_CUDA)
+		return t == AP_DT_BF16 ? "__bfloat162float" : "__half2float";
+	return t == AP_DT_BF16 ? "ap_bf16_to_f32" : "ap_f16_to_f32";
+}
+
+static const char *f32_to_half(const printer *p, ap_dtype t)
+{
+	if (p->target == AP_KIR_CUDA)
+		return t == AP_DT_BF16 ? "__float2bfloat16_rn" : "__float2half_rn";
+	return t == AP_DT_BF16 ? "ap_f32_to_bf16" : "ap_f32_to_f16";
+}
+
+/* CUDA: a 16-bit pattern (unsigned short) as the type, and back. */
+static const char *ushort_as_half(ap_dtype t)
+{
+	return t == AP_DT_BF16 ? "__ushort_as_bfloat16" : "__ushort_as_half";
+}
+
+static const char *half_as_ushort(ap_dtype t)
+{
+	return t == AP_DT_BF16 ? "__bfloat16_as_ushort" : "__half_as_ushort";
 }
 
 static const char *fn_name(int fn, ap_dtype t, char *buf, size_t cap)
@@ -144,6 +205,10 @@ static const char *binop_text(int op)
 	case AP_KIR_NE: return "!=";
 	case AP_KIR_LAND: return "&&";
 	case AP_KIR_LOR: return "||";
+	case AP_KIR_AND: return "&";
+	case AP_KIR_OR: return "|";
+	case AP_KIR_XOR: return "^";
+	case AP_KIR_SHR: return ">>";
 	}
 	return "?";
 }
@@ -164,6 +229,17 @@ static void print_float(printer *p, ap_dtype t, double v)
 	} else {
 		sb_printf(b, "%a%s", v, f32 ? "f" : "");
 	}
+}
+
+/* A 16-bit float constant: its bit pattern, as the type. */
+static void print_half_const(printer *p, ap_dtype t, double v)
+{
+	unsigned bits = ap__kir_half_bits(t, v);
+
+	if (p->target == AP_KIR_CUDA)
+		sb_printf(&p->out, "%s((unsigned short)0x%04xu)", ushort_as_half(t), bits);
+	else
+		sb_printf(&p->out, "((unsigned short)0x%04xu)", bits);
 }
 
 static void print_int(printer *p, ap_dtype t, int64_t v)
@@ -222,7 +298,7 @@ static void print_index(printer *p, int which, ap_dtype type)
 	if (which >= AP_KIR_THREAD_X && p->block_mode && p->target == AP_KIR_HOST) {
 		p->bad = true;
 		snprintf(p->bad_msg, sizeof(p->bad_msg),
-			 "thread index in block-level control flow around a barrier");
+			 "thread index in block-level control flow around a barrier or shuffle");
 	}
 	sb_printf(&p->out, "((%s)%s)", ap_kir_ctype(type),
 		  p->target == AP_KIR_CUDA ? cuda[which] : host[which]);
@@ -238,18 +314,170 @@ static void print_array_ref(printer *p, const ap_kir_array *a)
 
 static void print_expr(printer *p, const ap_kir_expr *e);
 
-static void print_load_index(printer *p, const ap_kir_array *a, const ap_kir_expr *idx)
+/* `[index]`, or `[index + off]` for off > 0, where index is `idx` or, when
+ * idx is NULL, the text `idx_text`.  Host register arrays of kernels with
+ * collectives hold one slice per thread. */
+static void print_elem_index(printer *p, const ap_kir_array *a, const ap_kir_expr *idx,
+			     const char *idx_text, int off)
 {
-	if (p->target == AP_KIR_HOST && a->space == AP_KIR_LOCAL && p->has_barrier) {
+	if (p->target == AP_KIR_HOST && a->space == AP_KIR_LOCAL && p->has_collective)
 		sb_printf(&p->out, "[%s * %lldLL + ", p->block_mode ? "0" : "ap_t",
 			  (long long)a->size);
+	else
+		sb_printf(&p->out, "[");
+	if (idx)
 		print_expr(p, idx);
-		sb_printf(&p->out, "]");
+	else
+		sb_printf(&p->out, "%s", idx_text);
+	if (off > 0)
+		sb_printf(&p->out, " + %d", off);
+	sb_printf(&p->out, "]");
+}
+
+static void print_load_index(printer *p, const ap_kir_array *a, const ap_kir_expr *idx)
+{
+	print_elem_index(p, a, idx, NULL, 0);
+}
+
+/* The value of a 16-bit float expression as a float (constants as float
+ * literals: every 16-bit float value is one exactly). */
+static void print_half_as_f32(printer *p, const ap_kir_expr *e)
+{
+	if (e->kind == AP_KIR_E_FLOAT) {
+		print_float(p, AP_DT_F32, e->fval);
 		return;
 	}
-	sb_printf(&p->out, "[");
-	print_expr(p, idx);
-	sb_printf(&p->out, "]");
+	sb_printf(&p->out, "%s(", half_to_f32(p, e->type));
+	print_expr(p, e);
+	sb_printf(&p->out, ")");
+}
+
+/* e converted to `to` where one of the two is a 16-bit float type: through
+ * float, rounding to nearest even into a 16-bit type. */
+static void print_convert(printer *p, ap_dtype to, const ap_kir_expr *e)
+{
+	sbuf *b = &p->out;
+
+	if (is_half(to)) {
+		sb_printf(b, "%s(", f32_to_half(p, to));
+		if (is_half(e->type)) {
+			print_half_as_f32(p, e);
+		} else {
+			if (e->type != AP_DT_F32)
+				sb_printf(b, "(float)");
+			print_expr(p, e);
+		}
+		sb_printf(b, ")");
+		return;
+	}
+	if (to == AP_DT_F32) {
+		print_half_as_f32(p, e);
+		return;
+	}
+	sb_printf(b, "((%s)", ctype(p, to));
+	print_half_as_f32(p, e);
+	sb_printf(b, ")");
+}
+
+/* An operation on 16-bit floats: operands as float, the float result
+ * rounded back unless it is bool. */
+static void print_half_op(printer *p, const ap_kir_expr *e)
+{
+	sbuf *b = &p->out;
+	bool round = is_half(e->type);
+	char fbuf[16];
+
+	if (round)
+		sb_printf(b, "%s(", f32_to_half(p, e->type));
+	switch (e->kind) {
+	case AP_KIR_E_UNARY:
+		sb_printf(b, "(%s", e->op == AP_KIR_NEG ? "-" : "!");
+		print_half_as_f32(p, e->a);
+		sb_printf(b, ")");
+		break;
+	case AP_KIR_E_BINARY:
+		sb_printf(b, "(");
+		print_half_as_f32(p, e->a);
+		sb_printf(b, " %s ", binop_text(e->op));
+		print_half_as_f32(p, e->b);
+		sb_printf(b, ")");
+		break;
+	case AP_KIR_E_CALL:
+		sb_printf(b, "%s(", fn_name(e->op, AP_DT_F32, fbuf, sizeof(fbuf)));
+		print_half_as_f32(p, e->a);
+		if (e->b) {
+			sb_printf(b, ", ");
+			print_half_as_f32(p, e->b);
+		}
+		sb_printf(b, ")");
+		break;
+	default:
+		break;
+	}
+	if (round)
+		sb_printf(b, ")");
+}
+
+static void print_binary(printer *p, const ap_kir_expr *e)
+{
+	sbuf *b = &p->out;
+
+	if (e->op == AP_KIR_MIN || e->op == AP_KIR_MAX) {
+		sb_printf(b, "(");
+		if (is_half(e->a->type)) {
+			print_half_as_f32(p, e->a);
+			sb_printf(b, " %s ", e->op == AP_KIR_MIN ? "<" : ">");
+			print_half_as_f32(p, e->b);
+		} else {
+			print_expr(p, e->a);
+			sb_printf(b, " %s ", e->op == AP_KIR_MIN ? "<" : ">");
+			print_expr(p, e->b);
+		}
+		sb_printf(b, " ? ");
+		print_expr(p, e->a);
+		sb_printf(b, " : ");
+		print_expr(p, e->b);
+		sb_printf(b, ")");
+		return;
+	}
+	if (is_half(e->a->type)) {
+		print_half_op(p, e);
+		return;
+	}
+	if (e->op == AP_KIR_SHL) {
+		/* shift the unsigned bits: no undefined behaviour for negative
+		 * values or bits shifted into the sign */
+		sb_printf(b, "((%s)((%s)", ap_kir_ctype(e->type),
+			  e->type == AP_DT_I64 ? "unsigned long long" : "unsigned");
+		print_expr(p, e->a);
+		sb_printf(b, " << ");
+		print_expr(p, e->b);
+		sb_printf(b, "))");
+		return;
+	}
+	if (e->op == AP_KIR_FLOORDIV) {
+		/* truncating quotient, minus one when the remainder is non-zero
+		 * and the signs differ */
+		sb_printf(b, "(");
+		print_expr(p, e->a);
+		sb_printf(b, " / ");
+		print_expr(p, e->b);
+		sb_printf(b, " - ((");
+		print_expr(p, e->a);
+		sb_printf(b, " %% ");
+		print_expr(p, e->b);
+		sb_printf(b, " != 0) && ((");
+		print_expr(p, e->a);
+		sb_printf(b, " < 0) != (");
+		print_expr(p, e->b);
+		sb_printf(b, " < 0))))");
+		return;
+	}
+	sb_printf(b, "(");
+	print_expr(p, e->a);
+	sb_printf(b, " %s ", binop_text(e->op));
+	print_expr(p, e->b);
+	sb_printf(b, ")");
 }
 
 static void print_expr(printer *p, const ap_kir_expr *e)
@@ -262,7 +490,10 @@ static void print_expr(printer *p, const ap_kir_expr *e)
 		print_int(p, e->type, e->ival);
 		break;
 	case AP_KIR_E_FLOAT:
-		print_float(p, e->type, e->fval);
+		if (is_half(e->type))
+			print_half_const(p, e->type, e->fval);
+		else
+			print_float(p, e->type, e->fval);
 		break;
 	case AP_KIR_E_VAR:
 		print_var(p, e->var);
@@ -271,28 +502,16 @@ static void print_expr(printer *p, const ap_kir_expr *e)
 		print_index(p, e->op, e->type);
 		break;
 	case AP_KIR_E_UNARY:
+		if (is_half(e->a->type)) {
+			print_half_op(p, e);
+			break;
+		}
 		sb_printf(b, "(%s", e->op == AP_KIR_NEG ? "-" : "!");
 		print_expr(p, e->a);
 		sb_printf(b, ")");
 		break;
 	case AP_KIR_E_BINARY:
-		if (e->op == AP_KIR_MIN || e->op == AP_KIR_MAX) {
-			sb_printf(b, "(");
-			print_expr(p, e->a);
-			sb_printf(b, " %s ", e->op == AP_KIR_MIN ? "<" : ">");
-			print_expr(p, e->b);
-			sb_printf(b, " ? ");
-			print_expr(p, e->a);
-			sb_printf(b, " : ");
-			print_expr(p, e->b);
-			sb_printf(b, ")");
-			break;
-		}
-		sb_printf(b, "(");
-		print_expr(p, e->a);
-		sb_printf(b, " %s ", binop_text(e->op));
-		print_expr(p, e->b);
-		sb_printf(b, ")");
+		print_binary(p, e);
 		break;
 	case AP_KIR_E_SELECT:
 		sb_printf(b, "(");
@@ -304,6 +523,10 @@ static void print_expr(printer *p, const ap_kir_expr *e)
 		sb_printf(b, ")");
 		break;
 	case AP_KIR_E_CALL:
+		if (is_half(e->type)) {
+			print_half_op(p, e);
+			break;
+		}
 		sb_printf(b, "%s(", fn_name(e->op, e->type, fbuf, sizeof(fbuf)));
 		print_expr(p, e->a);
 		if (e->b) {
@@ -313,52 +536,66 @@ static void print_expr(printer *p, const ap_kir_expr *e)
 		sb_printf(b, ")");
 		break;
 	case AP_KIR_E_CAST:
+		if (is_half(e->type) || is_half(e->a->type)) {
+			print_convert(p, e->type, e->a);
+			break;
+		}
 		sb_printf(b, "((%s)", ap_kir_ctype(e->type));
 		print_expr(p, e->a);
 		sb_printf(b, ")");
 		break;
 	case AP_KIR_E_LOAD:
+		/* CUDA keeps 16-bit float constant data as unsigned short */
+		if (p->target == AP_KIR_CUDA && e->arr->space == AP_KIR_CONST && is_half(e->type))
+			sb_printf(b, "%s(", ushort_as_half(e->type));
 		print_array_ref(p, e->arr);
 		print_load_index(p, e->arr, e->a);
+		if (p->target == AP_KIR_CUDA && e->arr->space == AP_KIR_CONST && is_half(e->type))
+			sb_printf(b, ")");
 		break;
 	}
 }
 
 /* ---- statements ---------------------------------------------------------------- */
 
-static bool stmt_has_barrier(const ap_kir_stmt *s);
+static bool stmt_has_collective(const ap_kir_stmt *s);
 
-static bool block_has_barrier(const ap_kir_block *b)
+static bool block_has_collective(const ap_kir_block *b)
 {
 	for (const ap_kir_stmt *s = b->first; s; s = s->next)
-		if (stmt_has_barrier(s))
+		if (stmt_has_collective(s))
 			return true;
 	return false;
 }
 
-static bool stmt_has_barrier(const ap_kir_stmt *s)
+/* Barriers and shuffles: every thread of the block takes part. */
+static bool stmt_has_collective(const ap_kir_stmt *s)
 {
 	switch (s->kind) {
 	case AP_KIR_S_BARRIER:
+	case AP_KIR_S_SHFL:
 		return true;
 	case AP_KIR_S_FOR:
-		return block_has_barrier(&s->body);
+		return block_has_collective(&s->body);
 	case AP_KIR_S_IF:
-		return block_has_barrier(&s->body) || block_has_barrier(&s->orelse);
+		return block_has_collective(&s->body) || block_has_collective(&s->orelse);
 	default:
 		return false;
 	}
 }
 
-/* Host: registers declared directly in a list that contains a barrier get a
- * slot per thread. */
+/* Host: registers declared directly in a list that contains a collective
+ * get a slot per thread. */
 static void mark_per_thread(printer *p, const ap_kir_block *b)
 {
-	if (!block_has_barrier(b))
+	if (!block_has_collective(b))
 		return;
 	for (const ap_kir_stmt *s = b->first; s; s = s->next) {
 		if (s->kind == AP_KIR_S_LET)
 			p->per_thread[s->var->id] = 1;
+		if (s->kind == AP_KIR_S_VLOAD)
+			for (int i = 0; i < s->width; i++)
+				p->per_thread[s->vars[i]->id] = 1;
 		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF) {
 			mark_per_thread(p, &s->body);
 			mark_per_thread(p, &s->orelse);
@@ -370,6 +607,10 @@ static void print_block_thread(printer *p, const ap_kir_block *b, int depth);
 
 static void print_value_as(printer *p, ap_dtype t, const ap_kir_expr *v)
 {
+	if (v->type != t && (is_half(t) || is_half(v->type))) {
+		print_convert(p, t, v);
+		return;
+	}
 	if (v->type != t && !(t == AP_DT_BOOL && v->type == AP_DT_BOOL)) {
 		sb_printf(&p->out, "(%s)", ap_kir_ctype(t));
 		print_expr(p, v);
@@ -392,12 +633,20 @@ static void print_for_head(printer *p, const ap_kir_stmt *s)
 
 /* A FOR or IF statement at `depth`: its head, its body (and else branch)
  * printed by `block` at depth + 1 -- print_block_thread in thread mode,
- * print_block_host in block mode -- and the closing brace. */
+ * print_block_host in block mode -- and the closing brace.  CUDA prints a
+ * loop's unroll hint as a pragma; the host compiler is left to itself. */
 static void print_control(printer *p, const ap_kir_stmt *s, int depth,
 			  void (*block)(printer *, const ap_kir_block *, int))
 {
 	sbuf *b = &p->out;
 
+	if (s->kind == AP_KIR_S_FOR && s->unroll && p->target == AP_KIR_CUDA) {
+		sb_indent(b, depth);
+		if (s->unroll > 0)
+			sb_printf(b, "#pragma unroll %d\n", s->unroll);
+		else
+			sb_printf(b, "#pragma unroll\n");
+	}
 	sb_indent(b, depth);
 	if (s->kind == AP_KIR_S_FOR) {
 		print_for_head(p, s);
@@ -415,6 +664,168 @@ static void print_control(printer *p, const ap_kir_stmt *s, int depth,
 	}
 	sb_indent(b, depth);
 	sb_printf(b, "}\n");
+}
+
+/* The CUDA vector type that holds `width` elements of `t` (checked by
+ * ap_kir_vector_ok): a native one, or for 4 and 8 16-bit elements words
+ * holding two each. */
+static const char *vec_type(ap_dtype t, int width)
+{
+	switch (t) {
+	case AP_DT_F32: return width == 2 ? "float2" : "float4";
+	case AP_DT_F64: return "double2";
+	case AP_DT_I32: return width == 2 ? "int2" : "int4";
+	case AP_DT_I64: return "longlong2";
+	case AP_DT_I8: return "char4";
+	case AP_DT_F16: return width == 2 ? "__half2" : width == 4 ? "uint2" : "uint4";
+	case AP_DT_BF16: return width == 2 ? "__nv_bfloat162" : width == 4 ? "uint2" : "uint4";
+	default: return "uchar4";   /* U8, BOOL */
+	}
+}
+
+static bool vec_packed(ap_dtype t, int width)
+{
+	return is_half(t) && width > 2;
+}
+
+static const char *const vec_comp[] = {"x", "y", "z", "w"};
+
+/* CUDA: one vector load into the registers the statement declares. */
+static void print_vload_cuda(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+	const ap_kir_array *a = s->arr;
+	const char *vt = vec_type(a->type, s->width);
+
+	sb_indent(b, depth);
+	sb_printf(b, "%s", ctype(p, a->type));
+	for (int i = 0; i < s->width; i++)
+		sb_printf(b, "%s %s", i ? "," : "", s->vars[i]->name);
+	sb_printf(b, ";\n");
+	sb_indent(b, depth);
+	sb_printf(b, "{ const %s ap_vec = *(const %s *)(", vt, vt);
+	print_array_ref(p, a);
+	sb_printf(b, " + ");
+	print_expr(p, s->index);
+	sb_printf(b, ");");
+	for (int i = 0; i < s->width; i++) {
+		if (vec_packed(a->type, s->width))
+			sb_printf(b, " %s = %s((unsigned short)(ap_vec.%s%s));", s->vars[i]->name,
+				  ushort_as_half(a->type), vec_comp[i / 2], i % 2 ? " >> 16" : "");
+		else
+			sb_printf(b, " %s = ap_vec.%s;", s->vars[i]->name, vec_comp[i]);
+	}
+	sb_printf(b, " }\n");
+}
+
+/* CUDA: the values into a vector, then one vector store. */
+static void print_vstore_cuda(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+	const ap_kir_array *a = s->arr;
+	const char *vt = vec_type(a->type, s->width);
+
+	sb_indent(b, depth);
+	sb_printf(b, "{ %s ap_vec;", vt);
+	for (int i = 0; i < s->width; i++) {
+		if (!vec_packed(a->type, s->width)) {
+			sb_printf(b, " ap_vec.%s = ", vec_comp[i]);
+			print_value_as(p, a->type, s->values[i]);
+			sb_printf(b, ";");
+		} else if (i % 2 == 0) {
+			sb_printf(b, " ap_vec.%s = (unsigned int)%s(", vec_comp[i / 2],
+				  half_as_ushort(a->type));
+			print_value_as(p, a->type, s->values[i]);
+			sb_printf(b, ") | ((unsigned int)%s(", half_as_ushort(a->type));
+			print_value_as(p, a->type, s->values[i + 1]);
+			sb_printf(b, ") << 16);");
+		}
+	}
+	sb_printf(b, " *(%s *)(", vt);
+	print_array_ref(p, a);
+	sb_printf(b, " + ");
+	print_expr(p, s->index);
+	sb_printf(b, ") = ap_vec; }\n");
+}
+
+/* Host: a vector load is `width` scalar loads (nothing is stored between
+ * them, so the index may be evaluated each time). */
+static void print_vload_host(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+
+	for (int i = 0; i < s->width; i++) {
+		sb_indent(b, depth);
+		if (p->per_thread[s->vars[i]->id])
+			print_var(p, s->vars[i]);
+		else
+			sb_printf(b, "%s %s", ctype(p, s->arr->type), s->vars[i]->name);
+		sb_printf(b, " = ");
+		print_array_ref(p, s->arr);
+		print_elem_index(p, s->arr, s->index, NULL, i);
+		sb_printf(b, ";\n");
+	}
+}
+
+/* Host: the index and every value first, then the scalar stores, as one
+ * vector store would. */
+static void print_vstore_host(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+	const char *ty = ctype(p, s->arr->type);
+
+	sb_indent(b, depth);
+	sb_printf(b, "{\n");
+	sb_indent(b, depth + 1);
+	sb_printf(b, "const long long ap_vidx = ");
+	print_expr(p, s->index);
+	sb_printf(b, ";\n");
+	for (int i = 0; i < s->width; i++) {
+		sb_indent(b, depth + 1);
+		sb_printf(b, "const %s ap_vs%c = ", ty, 'a' + i);
+		print_value_as(p, s->arr->type, s->values[i]);
+		sb_printf(b, ";\n");
+	}
+	for (int i = 0; i < s->width; i++) {
+		sb_indent(b, depth + 1);
+		print_array_ref(p, s->arr);
+		print_elem_index(p, s->arr, NULL, "ap_vidx", i);
+		sb_printf(b, " = ap_vs%c;\n", 'a' + i);
+	}
+	sb_indent(b, depth);
+	sb_printf(b, "}\n");
+}
+
+static const char *shfl_fn(int kind)
+{
+	switch (kind) {
+	case AP_KIR_SHFL_XOR: return "__shfl_xor_sync";
+	case AP_KIR_SHFL_DOWN: return "__shfl_down_sync";
+	case AP_KIR_SHFL_UP: return "__shfl_up_sync";
+	default: return "__shfl_sync";
+	}
+}
+
+/* CUDA: dst = __shfl_*_sync(mask, value, lane, width).  One-byte values
+ * travel as int (the intrinsics have no char overloads). */
+static void print_shfl_cuda(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+	bool narrow = ap_dtype_size(s->var->type) == 1;
+	unsigned mask = p->nt % 32 == 0 || p->nt > 32 ? 0xffffffffu : (1u << p->nt) - 1u;
+
+	sb_indent(b, depth);
+	print_var(p, s->var);
+	sb_printf(b, " = ");
+	if (narrow)
+		sb_printf(b, "(%s)", ctype(p, s->var->type));
+	sb_printf(b, "%s(0x%xu, ", shfl_fn(s->shfl), mask);
+	if (narrow)
+		sb_printf(b, "(int)");
+	print_value_as(p, s->var->type, s->value);
+	sb_printf(b, ", (int)");
+	print_expr(p, s->lane);
+	sb_printf(b, ", %d);\n", s->width);
 }
 
 /* One statement in thread mode (CUDA, or inside a host phase). */
@@ -436,7 +847,7 @@ static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
 			sb_printf(b, " = ");
 		} else {
 			sb_indent(b, depth);
-			sb_printf(b, "%s %s", ap_kir_ctype(s->var->type), s->var->name);
+			sb_printf(b, "%s %s", ctype(p, s->var->type), s->var->name);
 			if (!s->value) {
 				sb_printf(b, ";\n");
 				break;
@@ -461,6 +872,18 @@ static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
 		print_value_as(p, s->arr->type, s->value);
 		sb_printf(b, ";\n");
 		break;
+	case AP_KIR_S_VLOAD:
+		if (p->target == AP_KIR_CUDA)
+			print_vload_cuda(p, s, depth);
+		else
+			print_vload_host(p, s, depth);
+		break;
+	case AP_KIR_S_VSTORE:
+		if (p->target == AP_KIR_CUDA)
+			print_vstore_cuda(p, s, depth);
+		else
+			print_vstore_host(p, s, depth);
+		break;
 	case AP_KIR_S_BARRIER:
 		sb_indent(b, depth);
 		if (p->target == AP_KIR_CUDA) {
@@ -468,6 +891,14 @@ static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
 		} else {
 			p->bad = true;
 			snprintf(p->bad_msg, sizeof(p->bad_msg), "barrier inside a thread phase");
+		}
+		break;
+	case AP_KIR_S_SHFL:
+		if (p->target == AP_KIR_CUDA) {
+			print_shfl_cuda(p, s, depth);
+		} else {
+			p->bad = true;
+			snprintf(p->bad_msg, sizeof(p->bad_msg), "shuffle inside a thread phase");
 		}
 		break;
 	case AP_KIR_S_COMMENT:
@@ -495,26 +926,19 @@ static void print_local_decls(printer *p, int depth, bool per_thread)
 		if (a->space != AP_KIR_LOCAL)
 			continue;
 		sb_indent(&p->out, depth);
-		sb_printf(&p->out, "%s %s[%lld];\n", ap_kir_ctype(a->type), a->name,
+		sb_printf(&p->out, "%s%s %s[%lld];\n",
+			  p->target == AP_KIR_CUDA && p->vec_array[a->id] ? "__align__(16) " : "",
+			  ctype(p, a->type), a->name,
 			  (long long)(per_thread ? a->size * p->nt : a->size));
 	}
 }
 
-/* A phase: the statements [first, end) run by every thread of the block. */
-static void print_phase(printer *p, const ap_kir_stmt *first, const ap_kir_stmt *end, int depth)
+/* Host: `for (ap_t ...) {` and the thread indices; then thread mode. */
+static void open_thread_loop(printer *p, int depth)
 {
 	const ap_kir_kernel *k = p->k;
 	sbuf *b = &p->out;
-	bool only_comments = true;
 
-	for (const ap_kir_stmt *s = first; s != end; s = s->next)
-		if (s->kind != AP_KIR_S_COMMENT)
-			only_comments = false;
-	if (only_comments) {
-		for (const ap_kir_stmt *s = first; s != end; s = s->next)
-			print_stmt_thread(p, s, depth);
-		return;
-	}
 	sb_indent(b, depth);
 	sb_printf(b, "for (unsigned ap_t = 0; ap_t < %uu; ap_t++) {\n", p->nt);
 	if (k->block[0] > 1) {
@@ -531,14 +955,115 @@ static void print_phase(printer *p, const ap_kir_stmt *first, const ap_kir_stmt 
 		sb_printf(b, "const long long ap_tz = (long long)(ap_t / %uu);\n",
 			  k->block[0] * k->block[1]);
 	}
-	if (!p->has_barrier)
+	if (!p->has_collective)
 		print_local_decls(p, depth + 1, false);
 	p->block_mode = false;
+}
+
+static void close_thread_loop(printer *p, int depth)
+{
+	p->block_mode = true;
+	sb_indent(&p->out, depth);
+	sb_printf(&p->out, "}\n");
+}
+
+/* A phase: the statements [first, end) run by every thread of the block.
+ * Comments and declarations of per-thread registers without a value (the
+ * slots are declared at function level) need no thread loop. */
+static void print_phase(printer *p, const ap_kir_stmt *first, const ap_kir_stmt *end, int depth)
+{
+	bool only_comments = true;
+
+	for (const ap_kir_stmt *s = first; s != end; s = s->next)
+		if (s->kind != AP_KIR_S_COMMENT &&
+		    !(s->kind == AP_KIR_S_LET && !s->value && p->per_thread[s->var->id]))
+			only_comments = false;
+	if (only_comments) {
+		for (const ap_kir_stmt *s = first; s != end; s = s->next)
+			print_stmt_thread(p, s, depth);
+		return;
+	}
+	open_thread_loop(p, depth);
 	for (const ap_kir_stmt *s = first; s != end; s = s->next)
 		print_stmt_thread(p, s, depth + 1);
-	p->block_mode = true;
+	close_thread_loop(p, depth);
+}
+
+/* Host: the per-thread temporary a shuffle of type t goes through. */
+static const char *shfl_tmp(ap_dtype t)
+{
+	switch (t) {
+	case AP_DT_F32: return "ap_shfl_float";
+	case AP_DT_F64: return "ap_shfl_double";
+	case AP_DT_I64: return "ap_shfl_llong";
+	case AP_DT_I32: return "ap_shfl_int";
+	case AP_DT_I8: return "ap_shfl_schar";
+	case AP_DT_U8: return "ap_shfl_uchar";
+	case AP_DT_BOOL: return "ap_shfl_bool";
+	case AP_DT_F16: return "ap_shfl_half";
+	case AP_DT_BF16: return "ap_shfl_bfloat";
+	default: return "ap_shfl_other";
+	}
+}
+
+/* Host: a shuffle at block level.  First loop: every thread's value into
+ * the temporary.  Second loop: each thread's source lane by PTX
+ * shfl.sync's rules (lane = ap_t % 32 within the warp ap_t / 32; only the
+ * low 5 bits of the lane operand count; segments of `width` lanes; a
+ * source outside the segment's rule -- or beyond the block -- gives the
+ * caller's own value). */
+static void print_shfl_host(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+	const char *tmp = shfl_tmp(s->var->type);
+	int w = s->width;
+
 	sb_indent(b, depth);
-	sb_printf(b, "}\n");
+	sb_printf(b, "/* %s, width %d: values, then each thread's source lane */\n",
+		  shfl_fn(s->shfl), w);
+	open_thread_loop(p, depth);
+	sb_indent(b, depth + 1);
+	sb_printf(b, "%s[ap_t] = ", tmp);
+	print_value_as(p, s->var->type, s->value);
+	sb_printf(b, ";\n");
+	close_thread_loop(p, depth);
+
+	open_thread_loop(p, depth);
+	sb_indent(b, depth + 1);
+	sb_printf(b, "const int ap_l = (int)(ap_t & 31u), ap_c = (int)");
+	print_expr(p, s->lane);
+	sb_printf(b, " & 31;\n");
+	sb_indent(b, depth + 1);
+	switch (s->shfl) {
+	case AP_KIR_SHFL_XOR:
+		sb_printf(b, "int ap_j = ap_l ^ ap_c;\n");
+		sb_indent(b, depth + 1);
+		sb_printf(b, "if (ap_j > (ap_l | %d))\n", w - 1);
+		break;
+	case AP_KIR_SHFL_DOWN:
+		sb_printf(b, "int ap_j = ap_l + ap_c;\n");
+		sb_indent(b, depth + 1);
+		sb_printf(b, "if (ap_j > (ap_l | %d))\n", w - 1);
+		break;
+	case AP_KIR_SHFL_UP:
+		sb_printf(b, "int ap_j = ap_l - ap_c;\n");
+		sb_indent(b, depth + 1);
+		sb_printf(b, "if (ap_j < (ap_l & ~%d))\n", w - 1);
+		break;
+	default:
+		sb_printf(b, "int ap_j = (ap_l & ~%d) | (ap_c & %d);\n", w - 1, w - 1);
+		sb_indent(b, depth + 1);
+		sb_printf(b, "if (0)\n");
+		break;
+	}
+	sb_indent(b, depth + 2);
+	sb_printf(b, "ap_j = ap_l;\n");
+	sb_indent(b, depth + 1);
+	sb_printf(b, "ap_j += (int)(ap_t & ~31u);\n");
+	sb_indent(b, depth + 1);
+	print_var(p, s->var);
+	sb_printf(b, " = ap_j < %d ? %s[ap_j] : %s[ap_t];\n", (int)p->nt, tmp, tmp);
+	close_thread_loop(p, depth);
 }
 
 static void print_block_host(printer *p, const ap_kir_block *blk, int depth)
@@ -547,7 +1072,7 @@ static void print_block_host(printer *p, const ap_kir_block *blk, int depth)
 	const ap_kir_stmt *run = NULL;
 
 	for (const ap_kir_stmt *s = blk->first; s; s = s->next) {
-		if (!stmt_has_barrier(s)) {
+		if (!stmt_has_collective(s)) {
 			if (!run)
 				run = s;
 			continue;
@@ -559,6 +1084,9 @@ static void print_block_host(printer *p, const ap_kir_block *blk, int depth)
 		case AP_KIR_S_BARRIER:
 			sb_indent(b, depth);
 			sb_printf(b, "/* barrier: next phase */\n");
+			break;
+		case AP_KIR_S_SHFL:
+			print_shfl_host(p, s, depth);
 			break;
 		case AP_KIR_S_FOR:
 		case AP_KIR_S_IF:
@@ -612,6 +1140,13 @@ static void print_const_data(printer *p, const ap_kir_array *a)
 		case AP_DT_I8:
 			sb_printf(b, "%d", (int)(int8_t)src[0]);
 			break;
+		case AP_DT_F16:
+		case AP_DT_BF16: {
+			uint16_t v;
+			memcpy(&v, src, 2);
+			sb_printf(b, "0x%04x", (unsigned)v);
+			break;
+		}
 		default:
 			sb_printf(b, "%d", (int)src[0]);
 			break;
@@ -630,6 +1165,10 @@ static void print_prelude(printer *p)
 		  p->target == AP_KIR_CUDA ? "CUDA" : "host", k->grid[0], k->grid[1], k->grid[2],
 		  k->block[0], k->block[1], k->block[2], k->smem_bytes);
 	if (p->target == AP_KIR_CUDA) {
+		if (p->uses_f16)
+			sb_printf(b, "#include <cuda_fp16.h>\n");
+		if (p->uses_bf16)
+			sb_printf(b, "#include <cuda_bf16.h>\n");
 		sb_printf(b, "#define AP_INFF __int_as_float(0x7f800000)\n"
 			  "#define AP_NANF __int_as_float(0x7fffffff)\n"
 			  "#define AP_INF __longlong_as_double(0x7ff0000000000000LL)\n"
@@ -640,13 +1179,19 @@ static void print_prelude(printer *p)
 			  "#define AP_NANF __builtin_nanf(\"\")\n"
 			  "#define AP_INF __builtin_inf()\n"
 			  "#define AP_NAN __builtin_nan(\"\")\n");
+		if (p->uses_f16)
+			sb_printf(b, "%s", ap__kir_host_f16_src);
+		if (p->uses_bf16)
+			sb_printf(b, "%s", ap__kir_host_bf16_src);
 	}
 	for (int i = 0; i < k->n_arrays; i++) {
 		const ap_kir_array *a = k->arrays[i];
 
 		if (a->space != AP_KIR_CONST)
 			continue;
-		sb_printf(b, "%s const %s %s_%s[%lld] = {", p->target == AP_KIR_CUDA ? "__device__" : "static",
+		sb_printf(b, "%s%s const %s %s_%s[%lld] = {",
+			  p->target == AP_KIR_CUDA ? "__device__" : "static",
+			  p->target == AP_KIR_CUDA && p->vec_array[a->id] ? " __align__(16)" : "",
 			  ap_kir_ctype(a->type), k->name, a->name, (long long)a->size);
 		print_const_data(p, a);
 		sb_printf(b, "\n};\n");
@@ -673,8 +1218,9 @@ static void print_shared_decls(printer *p, int depth)
 
 		if (a->space == AP_KIR_SHARED) {
 			sb_indent(b, depth);
-			sb_printf(b, "%s%s %s[%lld];\n", cuda ? "__shared__ " : "", ap_kir_ctype(a->type),
-				  a->name, (long long)(a->size > 0 ? a->size : 1));
+			sb_printf(b, "%s%s%s %s[%lld];\n", cuda ? "__shared__ " : "",
+				  cuda && p->vec_array[a->id] ? "__align__(16) " : "",
+				  ctype(p, a->type), a->name, (long long)(a->size > 0 ? a->size : 1));
 		}
 	}
 	if (k->smem_bytes > 0) {
@@ -690,8 +1236,8 @@ static void print_shared_decls(printer *p, int depth)
 			if (a->space != AP_KIR_SHARED_DYN)
 				continue;
 			sb_indent(b, depth);
-			sb_printf(b, "%s *%s = (%s *)(ap_smem + %llu);\n", ap_kir_ctype(a->type), a->name,
-				  ap_kir_ctype(a->type), (unsigned long long)a->offset);
+			sb_printf(b, "%s *%s = (%s *)(ap_smem + %llu);\n", ctype(p, a->type), a->name,
+				  ctype(p, a->type), (unsigned long long)a->offset);
 		}
 	}
 }
@@ -709,7 +1255,7 @@ static void print_cuda(printer *p)
 		if (!a)
 			continue;
 		sb_printf(b, "%s%s%s *__restrict__ %s", i ? ", " : "", a->written ? "" : "const ",
-			  ap_kir_ctype(a->type), a->name);
+			  ctype(p, a->type), a->name);
 	}
 	sb_printf(b, ")\n{\n");
 	print_shared_decls(p, 1);
@@ -724,8 +1270,13 @@ static void declare_per_thread(printer *p, const ap_kir_block *blk)
 {
 	for (const ap_kir_stmt *s = blk->first; s; s = s->next) {
 		if (s->kind == AP_KIR_S_LET && p->per_thread[s->var->id])
-			sb_printf(&p->out, "\t%s %s[%u];\n", ap_kir_ctype(s->var->type),
+			sb_printf(&p->out, "\t%s %s[%u];\n", ctype(p, s->var->type),
 				  s->var->name, p->nt);
+		if (s->kind == AP_KIR_S_VLOAD)
+			for (int i = 0; i < s->width; i++)
+				if (p->per_thread[s->vars[i]->id])
+					sb_printf(&p->out, "\t%s %s[%u];\n", ctype(p, s->arr->type),
+						  s->vars[i]->name, p->nt);
 		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF) {
 			declare_per_thread(p, &s->body);
 			declare_per_thread(p, &s->orelse);
@@ -753,7 +1304,11 @@ static void print_host(printer *p)
 			  ap_kir_ctype(a->type), i);
 	}
 	declare_per_thread(p, &k->body);
-	if (p->has_barrier)
+	for (int t = 0; t < 32; t++)
+		if (p->shfl_types & (1u << t))
+			sb_printf(b, "\t%s %s[%u];\n", ap_kir_ctype((ap_dtype)t),
+				  shfl_tmp((ap_dtype)t), p->nt);
+	if (p->has_collective)
 		print_local_decls(p, 1, true);
 	print_shared_decls(p, 1);
 	sb_printf(b, "\tfor (unsigned ap_b = block_begin; ap_b < block_end; ap_b++) {\n");
@@ -770,6 +1325,44 @@ static void print_host(printer *p)
 	sb_printf(b, "\t}\n}\n");
 }
 
+/* ---- what the kernel uses (one walk before printing) --------------------------------- */
+
+static void note_type(printer *p, ap_dtype t)
+{
+	if (t == AP_DT_F16)
+		p->uses_f16 = true;
+	if (t == AP_DT_BF16)
+		p->uses_bf16 = true;
+}
+
+static int scan_stmt(const ap_kir_stmt *s, int depth, void *user)
+{
+	printer *p = user;
+
+	if (s->var)
+		note_type(p, s->var->type);
+	if (s->kind == AP_KIR_S_SHFL && (unsigned)s->var->type < 32)
+		p->shfl_types |= 1u << s->var->type;
+	if (s->kind == AP_KIR_S_VLOAD || s->kind == AP_KIR_S_VSTORE)
+		p->vec_array[s->arr->id] = 1;
+	return 0;
+}
+
+static int scan_expr(const ap_kir_expr *e, const ap_kir_stmt *s, void *user)
+{
+	note_type(user, e->type);
+	return 0;
+}
+
+static void scan_kernel(printer *p)
+{
+	const ap_kir_visitor v = { scan_stmt, scan_expr };
+
+	for (int i = 0; i < p->k->n_arrays; i++)
+		note_type(p, p->k->arrays[i]->type);
+	ap_kir_visit(p->k, &v, p);
+}
+
 __ap_give char *ap_kir_print(const ap_kir_kernel *k, ap_kir_target target, ap_error *err)
 {
 	printer p;
@@ -783,11 +1376,15 @@ __ap_give char *ap_kir_print(const ap_kir_kernel *k, ap_kir_target target, ap_er
 	p.target = target;
 	p.nt = ap_kir_block_threads(k);
 	p.per_thread = calloc((size_t)k->n_vars + 1, 1);
-	if (!p.per_thread) {
+	p.vec_array = calloc((size_t)k->n_arrays + 1, 1);
+	if (!p.per_thread || !p.vec_array) {
+		free(p.per_thread);
+		free(p.vec_array);
 		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory printing %s", k->name);
 		return NULL;
 	}
-	p.has_barrier = block_has_barrier(&k->body);
+	p.has_collective = block_has_collective(&k->body);
+	scan_kernel(&p);
 	if (target == AP_KIR_HOST) {
 		mark_per_thread(&p, &k->body);
 		print_host(&p);
@@ -795,6 +1392,7 @@ __ap_give char *ap_kir_print(const ap_kir_kernel *k, ap_kir_target target, ap_er
 		print_cuda(&p);
 	}
 	free(p.per_thread);
+	free(p.vec_array);
 	if (p.bad) {
 		free(p.out.s);
 		ap_error_set(err, AP_EINTERNAL, NULL, NULL, "kernel %s: %s", k->name,

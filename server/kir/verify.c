@@ -1,0 +1,439 @@
+/* verify.c -- the kernel IR's rules, checked on a whole kernel (see
+ * ap_kir_verify in kir.h for the list).
+ *
+ * Builders check what they can see locally (a step, a width); the rules
+ * here need context: which variables are in scope, and which values are
+ * the same in every thread of a block.  Three steps:
+ *   1. the launch shape and the shared memory size;
+ *   2. uniformity, a fixed point: a register is thread-dependent when some
+ *      declaration or assignment gives it a thread-dependent value, or
+ *      happens under thread-dependent control flow; repeat until nothing
+ *      changes (the set only grows, so this ends after at most one round
+ *      per register);
+ *   3. one walk in program order with a scope (the registers declared so
+ *      far in the enclosing lists), checking every statement and
+ *      expression, each barrier and shuffle against the uniformity of
+ *      its control flow.
+ * The first violation is reported, as "kernel NAME: rule RULE: what".
+ */
+#include "kir_internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct vctx {
+	const ap_kir_kernel *k;
+	ap_kir_limits lim;
+	ap_error *err;
+	int rc;                      /* first violation (AP_EINTERNAL) */
+	unsigned char *in_scope;     /* per var id */
+	unsigned char *declared;     /* per var id: declared once already */
+	unsigned char *varying;      /* per var id: may differ between threads */
+	bool changed;
+} vctx;
+
+static void bad(vctx *v, const char *rule, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void bad(vctx *v, const char *rule, const char *fmt, ...)
+{
+	char what[384];
+	va_list ap;
+
+	if (v->rc)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	v->rc = ap_error_set(v->err, AP_EINTERNAL, NULL, NULL, "kernel %s: rule %s: %s",
+			     v->k->name, rule, what);
+}
+
+static bool is_int(ap_dtype t)
+{
+	return t == AP_DT_I64 || t == AP_DT_I32 || t == AP_DT_I8 || t == AP_DT_U8;
+}
+
+static bool var_ok(const vctx *v, const ap_kir_var *var)
+{
+	return var && var->id >= 0 && var->id < v->k->n_vars;
+}
+
+/* ---- 1. launch shape and shared memory --------------------------------------- */
+
+static void check_launch(vctx *v)
+{
+	const ap_kir_kernel *k = v->k;
+	uint64_t threads = 1, bytes = k->smem_bytes;
+
+	for (int i = 0; i < 3; i++) {
+		if (k->grid[i] < 1 || k->block[i] < 1) {
+			bad(v, "launch", "grid %ux%ux%u, block %ux%ux%u: every extent must be >= 1",
+			    k->grid[0], k->grid[1], k->grid[2], k->block[0], k->block[1], k->block[2]);
+			return;
+		}
+		threads *= k->block[i];
+	}
+	if (threads > v->lim.max_threads)
+		bad(v, "launch", "%llu threads per block, more than %u", (unsigned long long)threads,
+		    v->lim.max_threads);
+	for (int i = 0; i < k->n_arrays; i++) {
+		const ap_kir_array *a = k->arrays[i];
+		uint64_t es = ap_dtype_size(a->type);
+
+		if (a->space != AP_KIR_SHARED)
+			continue;
+		if (es)
+			bytes = (bytes + es - 1) / es * es;
+		bytes += (uint64_t)(a->size > 0 ? a->size : 1) * es;
+	}
+	if (bytes > v->lim.max_shared_bytes)
+		bad(v, "shared", "%llu bytes of shared memory (static and dynamic), more than %u",
+		    (unsigned long long)bytes, v->lim.max_shared_bytes);
+}
+
+/* ---- 2. uniformity ------------------------------------------------------------- */
+
+static bool uniform_space(ap_kir_space s)
+{
+	return s == AP_KIR_SHARED || s == AP_KIR_SHARED_DYN || s == AP_KIR_CONST;
+}
+
+/* The same value in every thread of a block (under uniform control flow). */
+static bool uniform(const vctx *v, const ap_kir_expr *e)
+{
+	if (!e)
+		return true;
+	switch (e->kind) {
+	case AP_KIR_E_INT:
+	case AP_KIR_E_FLOAT:
+		return true;
+	case AP_KIR_E_INDEX:
+		/* a thread index of extent 1 is printed as 0 */
+		return e->op < AP_KIR_THREAD_X || e->op > AP_KIR_THREAD_Z ||
+		       v->k->block[e->op - AP_KIR_THREAD_X] == 1;
+	case AP_KIR_E_VAR:
+		return var_ok(v, e->var) && !v->varying[e->var->id];
+	case AP_KIR_E_LOAD:
+		return uniform_space(e->arr->space) && uniform(v, e->a);
+	default:
+		return uniform(v, e->a) && uniform(v, e->b) && uniform(v, e->c);
+	}
+}
+
+static void mark_varying(vctx *v, const ap_kir_var *var)
+{
+	if (var_ok(v, var) && !v->varying[var->id]) {
+		v->varying[var->id] = 1;
+		v->changed = true;
+	}
+}
+
+static void find_varying(vctx *v, const ap_kir_block *b, bool ctx)
+{
+	for (const ap_kir_stmt *s = b->first; s; s = s->next) {
+		bool inner;
+
+		switch (s->kind) {
+		case AP_KIR_S_FOR:
+			inner = ctx && uniform(v, s->lo) && uniform(v, s->hi);
+			if (!inner)
+				mark_varying(v, s->var);
+			find_varying(v, &s->body, inner);
+			break;
+		case AP_KIR_S_IF:
+			inner = ctx && uniform(v, s->cond);
+			find_varying(v, &s->body, inner);
+			find_varying(v, &s->orelse, inner);
+			break;
+		case AP_KIR_S_LET:
+		case AP_KIR_S_ASSIGN:
+			if (!ctx || !uniform(v, s->value))
+				mark_varying(v, s->var);
+			break;
+		case AP_KIR_S_SHFL:
+			mark_varying(v, s->var);
+			break;
+		case AP_KIR_S_VLOAD:
+			inner = ctx && uniform_space(s->arr->space) && uniform(v, s->index);
+			for (int i = 0; !inner && s->vars && i < s->width; i++)
+				mark_varying(v, s->vars[i]);
+			break;
+		default:
+			break;
+		}
+	}
+}
+
+/* ---- 3. scopes, types and the rest ----------------------------------------------- */
+
+static void check_bounds(vctx *v, const ap_kir_array *a, const ap_kir_expr *index, int n)
+{
+	int64_t i;
+
+	if (a->space == AP_KIR_GLOBAL || !ap_kir_is_int(index, &i))
+		return;
+	if (i < 0 || i + n > a->size)
+		bad(v, "bounds", "constant index %lld%s outside %s[%lld]", (long long)i,
+		    n > 1 ? " (vector)" : "", a->name, (long long)a->size);
+}
+
+static void use_var(vctx *v, const ap_kir_var *var, const char *how)
+{
+	if (!var_ok(v, var) || !v->in_scope[var->id])
+		bad(v, "scope", "variable %s %s outside the scope of its declaration",
+		    var ? var->name : "(null)", how);
+}
+
+static void declare(vctx *v, const ap_kir_var *var)
+{
+	if (!var_ok(v, var)) {
+		bad(v, "scope", "variable %s does not belong to the kernel", var ? var->name : "(null)");
+		return;
+	}
+	if (v->declared[var->id])
+		bad(v, "scope", "variable %s declared twice", var->name);
+	v->declared[var->id] = 1;
+	v->in_scope[var->id] = 1;
+}
+
+static bool result_bool(int op)
+{
+	return op >= AP_KIR_LT && op <= AP_KIR_LOR;
+}
+
+static bool needs_int(int op)
+{
+	return op == AP_KIR_REM || op >= AP_KIR_AND;
+}
+
+static void check_expr(vctx *v, const ap_kir_expr *e)
+{
+	if (!e || v->rc)
+		return;
+	check_expr(v, e->a);
+	check_expr(v, e->b);
+	check_expr(v, e->c);
+	switch (e->kind) {
+	case AP_KIR_E_VAR:
+		use_var(v, e->var, "used");
+		break;
+	case AP_KIR_E_UNARY:
+		if (e->type != (e->op == AP_KIR_LNOT ? AP_DT_BOOL : e->a->type))
+			bad(v, "types", "unary operator %d of %s gives %s", e->op,
+			    ap_dtype_name(e->a->type), ap_dtype_name(e->type));
+		break;
+	case AP_KIR_E_BINARY:
+		if (e->a->type != e->b->type)
+			bad(v, "types", "binary operator %d on %s and %s", e->op,
+			    ap_dtype_name(e->a->type), ap_dtype_name(e->b->type));
+		else if (needs_int(e->op) && ap_kir_is_float_type(e->a->type))
+			bad(v, "types", "integer operator %d on %s", e->op, ap_dtype_name(e->a->type));
+		else if (e->type != (result_bool(e->op) ? AP_DT_BOOL : e->a->type))
+			bad(v, "types", "binary operator %d on %s gives %s", e->op,
+			    ap_dtype_name(e->a->type), ap_dtype_name(e->type));
+		break;
+	case AP_KIR_E_SELECT:
+		if (e->a->type != AP_DT_BOOL)
+			bad(v, "select", "condition of type %s, not bool", ap_dtype_name(e->a->type));
+		else if (e->b->type != e->c->type || e->type != e->b->type)
+			bad(v, "types", "select between %s and %s", ap_dtype_name(e->b->type),
+			    ap_dtype_name(e->c->type));
+		break;
+	case AP_KIR_E_CALL:
+		if (!ap_kir_is_float_type(e->a->type) || e->type != e->a->type ||
+		    (e->b && e->b->type != e->a->type))
+			bad(v, "types", "math function %d on %s", e->op, ap_dtype_name(e->a->type));
+		break;
+	case AP_KIR_E_LOAD:
+		if (!is_int(e->a->type))
+			bad(v, "types", "index of %s of type %s", e->arr->name, ap_dtype_name(e->a->type));
+		else if (e->type != e->arr->type)
+			bad(v, "types", "load of %s gives %s", e->arr->name, ap_dtype_name(e->type));
+		check_bounds(v, e->arr, e->a, 1);
+		break;
+	default:
+		break;
+	}
+}
+
+static void check_value(vctx *v, ap_dtype want, const ap_kir_expr *e, const char *what)
+{
+	check_expr(v, e);
+	if (e && e->type != want)
+		bad(v, "types", "%s of type %s gets a value of type %s", what, ap_dtype_name(want),
+		    ap_dtype_name(e->type));
+}
+
+static void check_vector(vctx *v, const ap_kir_stmt *s)
+{
+	int64_t i;
+
+	check_expr(v, s->index);
+	if (!is_int(s->index->type))
+		bad(v, "types", "vector index of type %s", ap_dtype_name(s->index->type));
+	if (!ap_kir_vector_ok(s->arr->type, s->width))
+		bad(v, "vector", "%d elements of %s are not a 4, 8 or 16-byte vector", s->width,
+		    ap_dtype_name(s->arr->type));
+	else if (ap_kir_is_int(s->index, &i) && i % s->width)
+		bad(v, "vector", "index %lld of %s is not a multiple of the width %d", (long long)i,
+		    s->arr->name, s->width);
+	else
+		check_bounds(v, s->arr, s->index, s->width);
+}
+
+static bool uses_var(const ap_kir_expr *e, const ap_kir_var *var)
+{
+	if (!e)
+		return false;
+	if (e->kind == AP_KIR_E_VAR)
+		return e->var == var;
+	return uses_var(e->a, var) || uses_var(e->b, var) || uses_var(e->c, var);
+}
+
+static void check_shfl(vctx *v, const ap_kir_stmt *s, bool ctx)
+{
+	unsigned nt = ap_kir_block_threads(v->k);
+
+	if (!ctx)
+		bad(v, "uniform", "shuffle under thread-dependent control flow");
+	use_var(v, s->var, "shuffled into");
+	check_value(v, s->var->type, s->value, "shuffle destination");
+	check_expr(v, s->lane);
+	if (s->width < 1 || s->width > 32 || (s->width & (s->width - 1)))
+		bad(v, "shuffle", "width %d is not a power of 2 in [1, 32]", s->width);
+	else if (!is_int(s->lane->type))
+		bad(v, "shuffle", "lane operand of type %s", ap_dtype_name(s->lane->type));
+	else if (uses_var(s->value, s->var))
+		bad(v, "shuffle", "destination %s used in the shuffled value", s->var->name);
+	else if (nt > 32 && nt % 32)
+		bad(v, "shuffle", "a block of %u threads: more than 32 and not whole warps", nt);
+}
+
+static void check_block(vctx *v, const ap_kir_block *b, bool ctx);
+
+static void check_stmt(vctx *v, const ap_kir_stmt *s, bool ctx)
+{
+	bool inner;
+
+	switch (s->kind) {
+	case AP_KIR_S_FOR:
+		check_expr(v, s->lo);
+		check_expr(v, s->hi);
+		if (!is_int(s->var->type))
+			bad(v, "loop", "loop variable %s of type %s", s->var->name,
+			    ap_dtype_name(s->var->type));
+		else if (s->lo->type != s->var->type || s->hi->type != s->var->type)
+			bad(v, "loop", "bounds of %s are %s and %s, not %s", s->var->name,
+			    ap_dtype_name(s->lo->type), ap_dtype_name(s->hi->type),
+			    ap_dtype_name(s->var->type));
+		else if (s->step <= 0)
+			bad(v, "loop", "step %lld of %s", (long long)s->step, s->var->name);
+		else if (s->unroll < -1)
+			bad(v, "loop", "unroll %d of %s", s->unroll, s->var->name);
+		inner = ctx && uniform(v, s->lo) && uniform(v, s->hi);
+		declare(v, s->var);
+		check_block(v, &s->body, inner);
+		if (var_ok(v, s->var))
+			v->in_scope[s->var->id] = 0;
+		break;
+	case AP_KIR_S_IF:
+		check_expr(v, s->cond);
+		inner = ctx && uniform(v, s->cond);
+		check_block(v, &s->body, inner);
+		check_block(v, &s->orelse, inner);
+		break;
+	case AP_KIR_S_LET:
+		if (s->value)
+			check_value(v, s->var->type, s->value, s->var->name);
+		declare(v, s->var);
+		break;
+	case AP_KIR_S_ASSIGN:
+		use_var(v, s->var, "assigned");
+		check_value(v, s->var->type, s->value, s->var->name);
+		break;
+	case AP_KIR_S_STORE:
+		check_expr(v, s->index);
+		if (s->arr->space == AP_KIR_CONST)
+			bad(v, "const", "store into constant array %s", s->arr->name);
+		else if (!is_int(s->index->type))
+			bad(v, "types", "index of %s of type %s", s->arr->name,
+			    ap_dtype_name(s->index->type));
+		check_value(v, s->arr->type, s->value, s->arr->name);
+		check_bounds(v, s->arr, s->index, 1);
+		break;
+	case AP_KIR_S_BARRIER:
+		if (!ctx)
+			bad(v, "uniform", "barrier under thread-dependent control flow");
+		break;
+	case AP_KIR_S_SHFL:
+		check_shfl(v, s, ctx);
+		break;
+	case AP_KIR_S_VLOAD:
+		check_vector(v, s);
+		for (int i = 0; i < s->width; i++) {
+			if (s->vars[i]->type != s->arr->type)
+				bad(v, "types", "vector load of %s into %s of type %s", s->arr->name,
+				    s->vars[i]->name, ap_dtype_name(s->vars[i]->type));
+			declare(v, s->vars[i]);
+		}
+		break;
+	case AP_KIR_S_VSTORE:
+		if (s->arr->space == AP_KIR_CONST)
+			bad(v, "const", "vector store into constant array %s", s->arr->name);
+		check_vector(v, s);
+		for (int i = 0; i < s->width; i++)
+			check_value(v, s->arr->type, s->values[i], s->arr->name);
+		break;
+	case AP_KIR_S_COMMENT:
+		break;
+	}
+}
+
+/* A statement list: its declarations go out of scope at its end. */
+static void check_block(vctx *v, const ap_kir_block *b, bool ctx)
+{
+	for (const ap_kir_stmt *s = b->first; s && !v->rc; s = s->next)
+		check_stmt(v, s, ctx);
+	for (const ap_kir_stmt *s = b->first; s; s = s->next) {
+		if (s->kind == AP_KIR_S_LET && var_ok(v, s->var))
+			v->in_scope[s->var->id] = 0;
+		for (int i = 0; s->kind == AP_KIR_S_VLOAD && i < s->width; i++)
+			if (var_ok(v, s->vars[i]))
+				v->in_scope[s->vars[i]->id] = 0;
+	}
+}
+
+int ap_kir_verify(const ap_kir_kernel *k, const ap_kir_limits *lim, ap_error *err)
+{
+	vctx v = { 0 };
+	size_t n;
+
+	if (!k || k->failed)
+		return ap_error_set(err, AP_EINTERNAL, NULL, NULL,
+				    "kernel IR incomplete (its construction failed)");
+	v.k = k;
+	v.err = err;
+	v.lim.max_threads = lim ? lim->max_threads : 1024;
+	v.lim.max_shared_bytes = lim ? lim->max_shared_bytes : 48 * 1024;
+	n = (size_t)k->n_vars + 1;
+	v.in_scope = calloc(n, 1);
+	v.declared = calloc(n, 1);
+	v.varying = calloc(n, 1);
+	if (!v.in_scope || !v.declared || !v.varying) {
+		v.rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory verifying %s", k->name);
+		goto done;
+	}
+	check_launch(&v);
+	do {
+		v.changed = false;
+		find_varying(&v, &k->body, true);
+	} while (v.changed);
+	if (!v.rc)
+		check_block(&v, &k->body, true);
+done:
+	free(v.in_scope);
+	free(v.declared);
+	free(v.varying);
+	return v.rc;
+}
