@@ -616,10 +616,11 @@ static void fused_reduction(int64_t rows, int64_t cols, ap_op op)
 	ck_assert_int_eq(p->n_kernels, 1);
 	ck_assert_int_eq(p->kernels[0].n_nodes, 3);
 	ck_assert_uint_eq(p->workspace_bytes, 0);
-	if (cols >= 64) {
+	{
+		/* every reduction kernel combines its lanes with warp shuffles */
 		ap_program *pc = build_cuda(g, NULL);
 
-		ck_assert_ptr_nonnull(strstr(cuda_text(pc, 0), "__syncthreads"));
+		ck_assert_ptr_nonnull(strstr(cuda_text(pc, 0), "__shfl_xor_sync(0xffffffff"));
 		ap_program_free(pc);
 	}
 	for (int64_t r = 0; r < rows; r++) {
@@ -1351,7 +1352,15 @@ START_TEST(activations)
 		output(g, y);
 	}
 	ap_program *p = build_and_run(g, (const void *[]){xs}, NULL, 0, outs);
-	ck_assert_int_eq(p->n_kernels, NA);   /* siblings are not merged */
+	/* the partition leaves the siblings apart; Layer III launches them
+	 * together, each on its own range of blocks */
+	ck_assert_int_eq(p->n_launches, 1);
+	ck_assert_int_eq(p->launches[0].n_parts, NA);
+	ck_assert_uint_eq(p->layer_count[2], NA);
+	ck_assert_str_eq(p->launches[0].category, "parallel");
+	for (int a = 1; a < NA; a++)
+		ck_assert_uint_eq(p->launches[0].parts[a].block_begin,
+				  p->launches[0].parts[a - 1].block_begin + p->launches[0].parts[a - 1].blocks);
 	for (int a = 0; a < NA; a++) {
 		double ref[N];
 
@@ -2198,9 +2207,10 @@ START_TEST(explain_report)
 	ap_node_set_int(g, n, "keepdims", 1);
 	node(g, "div", AP_OP_DIV, LIST(x, s), LIST(y));
 	output(g, y);
-	p = build(g);
+	/* level rules: the reduction ends its micro-graph, two launches */
+	p = build_opt(g, &(ap_build_options){.fusion = AP_FUSE_RULES});
 	ck_assert_int_eq(p->n_launches, 2);
-	ck_assert_int_eq(p->fusion, AP_FUSE_APOLLO);
+	ck_assert_int_eq(p->fusion, AP_FUSE_RULES);
 	ck_assert_int_eq(p->n_subgraphs, 1);
 	ck_assert_str_eq(p->launches[0].category, "reduction");
 	ck_assert_str_eq(p->launches[1].category, "broadcast");
@@ -2211,7 +2221,7 @@ START_TEST(explain_report)
 	f = open_memstream(&text, &len);
 	ck_assert_int_eq(ap_program_explain(p, f, false), 0);
 	fclose(f);
-	ck_assert_ptr_nonnull(strstr(text, "fusion apollo: 2 launches of 2 kernels, 2 eager\n"));
+	ck_assert_ptr_nonnull(strstr(text, "fusion rules: 2 launches of 2 kernels, 2 eager\n"));
 	ck_assert_ptr_nonnull(strstr(text, "launch 1 broadcast sub=0 kernel=ap_Div_"));
 	ck_assert_ptr_nonnull(strstr(text, "nodes=[div]\n"));
 	ck_assert_ptr_nonnull(strstr(text, "boundary 0 -> 1 s: rule: a reduction ends its micro-graph\n"));
@@ -2220,10 +2230,39 @@ START_TEST(explain_report)
 	f = open_memstream(&text, &len);
 	ck_assert_int_eq(ap_program_explain(p, f, true), 0);
 	fclose(f);
-	ck_assert_ptr_nonnull(strstr(text, "{\"fusion\":\"apollo\",\"launches\":[{\"kernel\":\"ap_ReduceSum_"));
-	ck_assert_ptr_nonnull(strstr(text, "\"category\":\"reduction\",\"subgraph\":0,\"global_bytes\":144,\"nodes\":[\"sum\"]}"));
+	ck_assert_ptr_nonnull(strstr(text, "{\"fusion\":\"rules\",\"launches\":[{\"kernel\":\"ap_ReduceSum_"));
+	ck_assert_ptr_nonnull(strstr(text, "\"category\":\"reduction\",\"subgraph\":0,\"global_bytes\":144,\"nodes\":[\"sum\"],\"layers\":[],\"parts\":[{\"category\":\"reduction\""));
 	ck_assert_ptr_nonnull(strstr(text, "\"boundaries\":[{\"producer\":0,\"consumer\":1,\"tensor\":\"s\",\"reason\":\"rule\","));
 	ck_assert_ptr_nonnull(strstr(text, "\"stats\":{\"kernels\":2,\"distinct_kernels\":2,\"eager_kernels\":2,"));
+	ck_assert_ptr_nonnull(strstr(text, "\"layers\":{\"I\":0,\"II\":0,\"III\":0}}}"));
+	free(text);
+	ap_program_free(p);
+	/* level apollo: Layer II stitches the reduction with its consumer */
+	p = build(g);
+	ck_assert_int_eq(p->n_launches, 1);
+	ck_assert_int_eq(p->fusion, AP_FUSE_APOLLO);
+	ck_assert_str_eq(p->launches[0].category, "stitched");
+	ck_assert_uint_eq(p->launches[0].layers, AP_LAYER_II);
+	ck_assert_uint_eq(p->layer_count[1], 1);
+	ck_assert_int_eq(p->n_boundaries, 0);
+	/* reads x once, writes y: the sum stays on chip */
+	ck_assert_uint_eq(p->launches[0].global_bytes, 2 * 4 * 8 * 4);
+	text = NULL;
+	f = open_memstream(&text, &len);
+	ck_assert_int_eq(ap_program_explain(p, f, false), 0);
+	fclose(f);
+	ck_assert_ptr_nonnull(strstr(text, "fusion apollo: 1 launches of 1 kernels, 2 eager\n"));
+	ck_assert_ptr_nonnull(strstr(text, "launch 0 stitched sub=0 kernel=ap_ReduceSum_"));
+	ck_assert_ptr_nonnull(strstr(text, " layers=II nodes=[sum div]\n"));
+	ck_assert_ptr_nonnull(strstr(text, "  stitched by Layer II: 2 micro-graphs, 1 reduction (ReduceSum)"));
+	ck_assert_ptr_nonnull(strstr(text, "layers I 0 II 1 III 0\n"));
+	free(text);
+	text = NULL;
+	f = open_memstream(&text, &len);
+	ck_assert_int_eq(ap_program_explain(p, f, true), 0);
+	fclose(f);
+	ck_assert_ptr_nonnull(strstr(text, "\"layers\":[\"II\"],\"parts\":[{\"category\":\"stitched\""));
+	ck_assert_ptr_nonnull(strstr(text, "\"layers\":{\"I\":0,\"II\":1,\"III\":0}}}"));
 	free(text);
 	ap_program_free(p);
 	ap_graph_free(g);
@@ -2455,7 +2494,7 @@ START_TEST(onnx_node_tests)
 				printf("ok   %s (%d launches)\n", dir, nk);
 		} else {
 			fail++;
-			printf("FAIL %s: %s\n", dir, why);
+			fprintf(stderr, "FAIL %s: %s\n", dir, why);
 		}
 		free(names[i]);
 	}

@@ -256,6 +256,37 @@ void ap_cost_evals(ap_cost_evals_ctx *c, const int *nodes, int n, const ap_cost_
 	}
 }
 
+static double touched_depth(const ap_graph *g, int t, int depth)
+{
+	double all = numel(g, t), sum = 0;
+
+	if (depth > 16)
+		return all;
+	for (int i = 0; i < g->n_nodes && sum < all; i++) {
+		const ap_node *n = &g->nodes[i];
+		bool reads = false;
+
+		for (int j = 0; j < n->n_inputs; j++)
+			if (n->inputs[j] == t)
+				reads = true;
+		if (!reads)
+			continue;
+		if ((n->op == AP_OP_SLICE || n->op == AP_OP_GATHER) && n->inputs[0] == t &&
+		    n->outputs[0] >= 0)
+			sum += numel(g, n->outputs[0]);
+		else if (ap_op_is_view(n->op) && n->outputs[0] >= 0)
+			sum += touched_depth(g, n->outputs[0], depth + 1);
+		else
+			sum = all;
+	}
+	return sum < all ? sum : all;
+}
+
+double ap_cost_touched(const ap_graph *g, int t)
+{
+	return touched_depth(g, t, 0);
+}
+
 /* ---- launches ------------------------------------------------------------------ */
 
 unsigned ap_cost_blocks_per_sm(const ap_target_info *ti, unsigned threads, unsigned shared_bytes)

@@ -82,6 +82,13 @@ double ap_cost_eval_of(const ap_cost_evals_ctx *c, int t);
  * evaluation model's per-reader factor). */
 double ap_cost_reads_per_element(const ap_graph *g, const ap_node *n, int i);
 
+/* Elements of tensor t that the nodes of g reading it touch: a Slice or a
+ * Gather reads only what it selects (its output's element count), a view
+ * passes on what its own readers touch, every other reader reads t whole;
+ * never more than t has.  For modelled bytes: a kernel reading the Q part
+ * of a fused QKV buffer moves a third of it.  Linear in g's nodes. */
+double ap_cost_touched(const ap_graph *g, int t);
+
 /* ---- launches ------------------------------------------------------------------ */
 
 /* What one launch moves and computes, as an emitter reports it for one

@@ -479,6 +479,48 @@ static int print_launch(pipe *P, int li, refusal *r)
 	return ki;
 }
 
+/* Modelled bytes of a launch (the cost model's, server/cost): every
+ * program tensor its parts read, counted once with the most elements any
+ * part touches of it (ap_cost_touched: a slice moves its part only), plus
+ * every tensor it writes. */
+static uint64_t launch_bytes(const pipe *P, const ap_fuse_launch *fl)
+{
+	int cap = 0, n = 0;
+	struct { int t; double bytes; } *seen = NULL;
+	double total = 0;
+
+	for (int j = 0; j < fl->n; j++)
+		cap += P->units[fl->units[j]].m->g->n_inputs + P->units[fl->units[j]].m->g->n_outputs;
+	seen = malloc(((size_t)cap + 1) * sizeof(*seen));
+	if (!seen)
+		return 0;
+	for (int j = 0; j < fl->n; j++) {
+		const ap_mgraph *m = P->units[fl->units[j]].m;
+
+		for (int i = 0; i < m->g->n_inputs + m->g->n_outputs; i++) {
+			bool in = i < m->g->n_inputs;
+			int lt = in ? m->g->inputs[i] : m->g->outputs[i - m->g->n_inputs];
+			const ap_tensor *x = &m->g->tensors[lt];
+			double elems = in ? ap_cost_touched(m->g, lt) : (double)ap_tensor_numel(x);
+			double b = (elems > 0 ? elems : 0) * (double)ap_dtype_size(x->dtype);
+			int k;
+
+			for (k = 0; k < n && seen[k].t != m->tensor_of[lt]; k++)
+				;
+			if (k == n) {
+				seen[n].t = m->tensor_of[lt];
+				seen[n++].bytes = b;
+			} else if (b > seen[k].bytes) {
+				seen[k].bytes = b;
+			}
+		}
+	}
+	for (int k = 0; k < n; k++)
+		total += seen[k].bytes;
+	free(seen);
+	return (uint64_t)total;
+}
+
 /* The launch for Layer III group li, kernel ki. */
 static int add_launch(pipe *P, int li, int ki)
 {
@@ -518,6 +560,7 @@ static int add_launch(pipe *P, int li, int ki)
 			return AP_ENOMEM;
 		ln->layers |= u->m->layers;
 	}
+	ln->global_bytes = launch_bytes(P, fl);
 	ln->category = fl->n > 1 ? "parallel" : ln->parts[0].category;
 	ln->subgraph = ln->parts[0].subgraph;
 	if (fl->n > 1)

@@ -79,4 +79,12 @@ int ap_fuse_horizontal(const ap_partition *p, const ap_mgraph *const *units,
 		       int *n_launches, unsigned *n_merged, ap_error *err);
 void ap_fuse_launches_free(ap_fuse_launch *l, int n);
 
+/* ---- shared (order.c) ------------------------------------------------------------- */
+
+/* Topological order of a graph of n nodes given as CSR (off[n + 1], adj:
+ * edges u -> adj[off[u] .. off[u + 1])), ties broken by the smallest
+ * key[] (Kahn's algorithm, A. B. Kahn, CACM 1962): order[0..n) receives
+ * the nodes.  0, AP_EINTERNAL (a cycle), AP_ENOMEM. */
+int ap__fuse_toposort(int n, const int *off, const int *adj, const int *key, int *order);
+
 #endif

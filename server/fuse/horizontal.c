@@ -85,16 +85,192 @@ static int launch_init(ap_fuse_launch *fl, int n, int n_params)
 }
 
 /* Static shared memory of a kernel (bytes). */
+static unsigned static_shared(const ap_kir_kernel *k)
+{
+	uint64_t b = 0;
+
+	for (int i = 0; i < k->n_arrays; i++)
+		if (k->arrays[i]->space == AP_KIR_SHARED)
+			b += (uint64_t)(k->arrays[i]->size > 0 ? k->arrays[i]->size : 1) *
+			     ap_dtype_size(k->arrays[i]->type);
+	return b > UINT32_MAX ? UINT32_MAX : (unsigned)b;
+}
 
 /* Can kernel k take part in a merge at all? */
+static bool mergeable(const ap_kir_kernel *k)
+{
+	return k->grid[1] == 1 && k->grid[2] == 1 && k->block[1] == 1 && k->block[2] == 1 &&
+	       k->smem_bytes == 0;
+}
 
 /* The merged kernel of the units pack[0..n): a uniform branch per part. */
+static ap_kir_kernel *merge_kernels(ap_kir_kernel *const *kernels, const int *pack, int n,
+				    unsigned *begin, ap_error *err)
+{
+	ap_kir_kernel *k = ap_kir_kernel_new(PLACEHOLDER);
+	ap_kir_block *cur;
+	unsigned total = 0;
+	bool wide = false;
+
+	if (!k) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory merging kernels");
+		return NULL;
+	}
+	for (int i = 0; i < n; i++)
+		if (kernels[pack[i]]->index_type == AP_DT_I64)
+			wide = true;
+	k->index_type = wide ? AP_DT_I64 : AP_DT_I32;
+	k->block[0] = kernels[pack[0]]->block[0];
+	for (int i = 0; i < n; i++) {
+		begin[i] = total;
+		total += grid_blocks(kernels[pack[i]]);
+	}
+	k->grid[0] = total;
+	ap_kir_comment(k, &k->body, "Layer III: %d independent kernels in one launch, split by "
+		       "blockIdx.x", n);
+	cur = &k->body;
+	for (int i = 0; i < n; i++) {
+		const ap_kir_kernel *src = kernels[pack[i]];
+		ap_kir_array **arrays = calloc((size_t)src->n_arrays + 1, sizeof(*arrays));
+		ap_kir_expr *bx = ap_kir_index_of(k, AP_KIR_BLOCK_X);
+		ap_kir_subst s;
+		ap_kir_block *body = cur;
+		char prefix[16];
+
+		if (!arrays) {
+			ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory merging kernels");
+			return ap_kir_kernel_free(k);
+		}
+		memset(&s, 0, sizeof(s));
+		snprintf(prefix, sizeof(prefix), "k%d_", i);
+		s.prefix = prefix;
+		s.arrays = arrays;
+		/* blockIdx.x of the part: the merged one less its first block,
+		 * in the part's index type */
+		s.index[AP_KIR_BLOCK_X] = ap_kir_cast(k, src->index_type,
+						      ap_kir_addi(k, bx, -(int64_t)begin[i]));
+		if (src->index_type != k->index_type)
+			s.index[AP_KIR_THREAD_X] = ap_kir_cast(k, src->index_type,
+							       ap_kir_index_of(k, AP_KIR_THREAD_X));
+		if (i + 1 < n) {
+			ap_kir_stmt *st = ap_kir_if(k, cur, ap_kir_binary(k, AP_KIR_LT, bx,
+									 ap_kir_idx(k, begin[i] + grid_blocks(src))));
+
+			if (!st) {
+				free(arrays);
+				break;
+			}
+			body = &st->body;
+			cur = &st->orelse;
+		}
+		ap_kir_comment(k, body, "part %d: blocks [%u, %u)", i, begin[i], begin[i] + grid_blocks(src));
+		if (ap_kir_clone_into(k, body, src, &s) < 0) {
+			free(arrays);
+			ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory merging kernels");
+			return ap_kir_kernel_free(k);
+		}
+		free(arrays);
+	}
+	if (ap_kir_failed(k)) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory merging kernels");
+		return ap_kir_kernel_free(k);
+	}
+	return k;
+}
 
 /* Levels: longest path from a source in the unit dependence graph. */
+static int unit_levels(const ap_partition *p, const ap_mgraph *const *units, int n, int *level,
+		       int **off_out, int **adj_out)
+{
+	const ap_graph *pg = p->g;
+	int *unit_of_tensor = malloc(((size_t)pg->n_tensors + 1) * sizeof(int));
+	int *off = calloc((size_t)n + 2, sizeof(int)), *fill = calloc((size_t)n + 1, sizeof(int));
+	int *adj = NULL;
 
+	if (!unit_of_tensor || !off || !fill)
+		goto nomem;
+	for (int t = 0; t < pg->n_tensors; t++)
+		unit_of_tensor[t] = -1;
+	for (int u = 0; u < n; u++)
+		for (int i = 0; i < units[u]->g->n_outputs; i++)
+			unit_of_tensor[units[u]->tensor_of[units[u]->g->outputs[i]]] = u;
+	for (int pass = 0; pass < 2; pass++) {
+		for (int u = 0; u < n; u++)
+			for (int i = 0; i < units[u]->g->n_inputs; i++) {
+				int s = unit_of_tensor[units[u]->tensor_of[units[u]->g->inputs[i]]];
+
+				if (s < 0 || s == u)
+					continue;
+				if (pass == 0)
+					off[s + 1]++;
+				else
+					adj[off[s] + fill[s]++] = u;
+			}
+		if (pass == 0) {
+			for (int u = 0; u < n; u++)
+				off[u + 1] += off[u];
+			adj = malloc(((size_t)off[n] + 1) * sizeof(int));
+			if (!adj)
+				goto nomem;
+		}
+	}
+	/* units are in topological order: one forward sweep */
+	for (int u = 0; u < n; u++)
+		level[u] = 0;
+	for (int u = 0; u < n; u++)
+		for (int e = off[u]; e < off[u + 1]; e++)
+			if (level[adj[e]] < level[u] + 1)
+				level[adj[e]] = level[u] + 1;
+	free(unit_of_tensor);
+	free(fill);
+	*off_out = off;
+	*adj_out = adj;
+	return 0;
+nomem:
+	free(unit_of_tensor);
+	free(off);
+	free(fill);
+	free(adj);
+	return AP_ENOMEM;
+}
+
+static bool excluded(const ap_mgraph *m, const bool *no_merge)
+{
+	for (int i = 0; i < m->n_groups; i++)
+		if (no_merge[m->groups[i]])
+			return true;
+	return false;
+}
 
 /* The traffic of a pack: the parts side by side in one grid. */
+static ap_traffic pack_traffic(const ap_traffic *tr, const int *pack, int n)
+{
+	ap_traffic s;
 
+	memset(&s, 0, sizeof(s));
+	for (int i = 0; i < n; i++) {
+		const ap_traffic *t = &tr[pack[i]];
+
+		s.bytes_read += t->bytes_read;
+		s.bytes_written += t->bytes_written;
+		s.flops += t->flops;
+		s.blocks += t->blocks;
+		s.threads = t->threads;
+		s.shared_bytes += t->shared_bytes;
+		s.uncoalesced |= t->uncoalesced;
+	}
+	return s;
+}
+
+static int cmp_level(const void *a, const void *b, void *lv)
+{
+	const int *level = lv;
+	int x = *(const int *)a, y = *(const int *)b;
+
+	if (level[x] != level[y])
+		return (level[x] > level[y]) - (level[x] < level[y]);
+	return (x > y) - (x < y);
+}
 
 int ap_fuse_horizontal(const ap_partition *p, const ap_mgraph *const *units,
 		       ap_kir_kernel *const *kernels, const ap_traffic *traffic, int n, bool enabled,
@@ -102,30 +278,161 @@ int ap_fuse_horizontal(const ap_partition *p, const ap_mgraph *const *units,
 		       int *n_launches, unsigned *n_merged, ap_error *err)
 {
 	ap_fuse_launch *out = calloc((size_t)n + 1, sizeof(*out));
-	int nl = 0;
+	int *level = malloc(((size_t)n + 1) * sizeof(int));
+	int *cand = malloc(((size_t)n + 1) * sizeof(int));
+	int *pack_of = malloc(((size_t)n + 1) * sizeof(int));   /* per unit: its launch */
+	int *off = NULL, *adj = NULL, *loff = NULL, *ladj = NULL, *key = NULL, *order = NULL;
+	ap_fuse_launch *sorted = NULL;
+	int nl = 0, nc = 0, rc = AP_ENOMEM;
 
 	*launches = NULL;
 	*n_launches = 0;
 	*n_merged = 0;
-	if (!out)
-		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	if (!out || !level || !cand || !pack_of)
+		goto out;
+	if (unit_levels(p, units, n, level, &off, &adj) < 0)
+		goto out;
 	for (int u = 0; u < n; u++) {
-		ap_fuse_launch *fl = &out[nl];
-
-		if (!kernels[u])
-			continue;
-		if (launch_init(fl, 1, kernels[u]->n_params) < 0) {
-			ap_fuse_launches_free(out, nl + 1);
-			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
-		}
-		nl++;
-		fl->units[0] = u;
-		fl->block_begin[0] = 0;
-		fl->blocks[0] = grid_blocks(kernels[u]);
-		fl->kernel = kernels[u];
-		bind_params(fl, units[u], kernels[u]);
+		pack_of[u] = -1;
+		if (kernels[u])
+			cand[nc++] = u;
 	}
+	qsort_r(cand, (size_t)nc, sizeof(int), cmp_level, level);
+	for (int i = 0; i < nc;) {
+		int u = cand[i], pack[MAX_PARTS], np = 1, params = kernels[u]->n_params;
+		unsigned smem = static_shared(kernels[u]);
+		int j = i + 1;
+
+		pack[0] = u;
+		/* the greedy pack: the same level, shape and limits, and faster */
+		if (enabled && mergeable(kernels[u]) && !excluded(units[u], no_merge)) {
+			for (; j < nc && level[cand[j]] == level[u] && np < MAX_PARTS; j++) {
+				int v = cand[j];
+				ap_traffic a, b;
+				double apart, together;
+
+				if (pack_of[v] >= 0 || !mergeable(kernels[v]) || excluded(units[v], no_merge) ||
+				    kernels[v]->block[0] != kernels[u]->block[0] ||
+				    params + kernels[v]->n_params > MAX_PARAMS ||
+				    smem + static_shared(kernels[v]) > t->shared_per_block)
+					continue;
+				a = pack_traffic(traffic, pack, np);
+				pack[np] = v;
+				b = pack_traffic(traffic, pack, np + 1);
+				apart = ap_cost_time_us(&a, t) + ap_cost_time_us(&traffic[v], t);
+				together = ap_cost_time_us(&b, t);
+				if (together >= apart)
+					continue;
+				np++;
+				params += kernels[v]->n_params;
+				smem += static_shared(kernels[v]);
+			}
+		}
+		/* the launch */
+		{
+			ap_fuse_launch *fl = &out[nl];
+			int total_params = 0;
+
+			for (int q = 0; q < np; q++)
+				total_params += kernels[pack[q]]->n_params;
+			if (launch_init(fl, np, total_params) < 0)
+				goto out;
+			nl++;
+			for (int q = 0; q < np; q++) {
+				fl->units[q] = pack[q];
+				fl->blocks[q] = grid_blocks(kernels[pack[q]]);
+				pack_of[pack[q]] = nl - 1;
+				bind_params(fl, units[pack[q]], kernels[pack[q]]);
+			}
+			if (np == 1) {
+				fl->block_begin[0] = 0;
+				fl->kernel = kernels[u];
+			} else {
+				fl->kernel = merge_kernels(kernels, pack, np, fl->block_begin, err);
+				if (!fl->kernel) {
+					rc = err && err->code ? err->code : AP_ENOMEM;
+					goto fail;
+				}
+				*n_merged += (unsigned)np;
+			}
+		}
+		/* the next unit not yet in a launch */
+		while (i < nc && pack_of[cand[i]] >= 0)
+			i++;
+	}
+	/* launches in topological order, ties by their first unit */
+	loff = calloc((size_t)nl + 2, sizeof(int));
+	key = malloc(((size_t)nl + 1) * sizeof(int));
+	order = malloc(((size_t)nl + 1) * sizeof(int));
+	sorted = malloc(((size_t)nl + 1) * sizeof(*sorted));
+	if (!loff || !key || !order || !sorted)
+		goto out;
+	for (int pass = 0; pass < 2; pass++) {
+		int *fill = pass ? calloc((size_t)nl + 1, sizeof(int)) : NULL;
+
+		if (pass && !fill)
+			goto out;
+		for (int u = 0; u < n; u++) {
+			if (pack_of[u] < 0)
+				continue;
+			for (int e = off[u]; e < off[u + 1]; e++) {
+				int a = pack_of[u], b = pack_of[adj[e]];
+
+				if (b < 0 || a == b)
+					continue;
+				if (pass == 0)
+					loff[a + 1]++;
+				else
+					ladj[loff[a] + fill[a]++] = b;
+			}
+		}
+		if (pass == 0) {
+			for (int l = 0; l < nl; l++)
+				loff[l + 1] += loff[l];
+			ladj = malloc(((size_t)loff[nl] + 1) * sizeof(int));
+			if (!ladj)
+				goto out;
+		}
+		free(fill);
+	}
+	for (int l = 0; l < nl; l++) {
+		key[l] = n;
+		for (int q = 0; q < out[l].n; q++)
+			if (out[l].units[q] < key[l])
+				key[l] = out[l].units[q];
+	}
+	rc = ap__fuse_toposort(nl, loff, ladj, key, order);
+	if (rc) {
+		ap_error_set(err, rc, NULL, NULL, rc == AP_EINTERNAL ?
+			     "Layer III: the merged launches form a cycle" : "out of memory");
+		goto fail;
+	}
+	for (int l = 0; l < nl; l++)
+		sorted[l] = out[order[l]];
+	free(out);
+	out = sorted;
+	sorted = NULL;
 	*launches = out;
 	*n_launches = nl;
-	return 0;
+	out = NULL;
+	rc = 0;
+	goto done;
+out:
+	ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory merging kernels");
+	rc = AP_ENOMEM;
+fail:
+	ap_fuse_launches_free(out, nl);
+	out = NULL;
+done:
+	free(level);
+	free(cand);
+	free(pack_of);
+	free(off);
+	free(adj);
+	free(loff);
+	free(ladj);
+	free(key);
+	free(order);
+	free(sorted);
+	return rc;
 }

@@ -9,7 +9,9 @@
 #include <string.h>
 
 static const ap_emitter *const registry[] = {
+	&ap_emitter_stitched,
 	&ap_emitter_row_reduce,
+	&ap_emitter_column_reduce,
 	&ap_emitter_pointwise,
 };
 
@@ -134,6 +136,16 @@ __ap_give ap_kir_kernel *ap_lower(const ap_mgraph *m, const ap_target_info *t, c
 		ap_error_set(err, AP_ENOMEM, m->g->nodes[m->root].name, NULL,
 			     "out of memory lowering a micro-graph");
 		return ap_kir_kernel_free(k);
+	}
+	if (opt && opt->verify) {
+		ap_kir_limits lim = {1024, t->shared_per_block};
+		ap_error verr;
+
+		if (ap_kir_verify(k, &lim, &verr)) {
+			ap_error_set(err, AP_EINTERNAL, m->g->nodes[m->root].name, NULL,
+				     "emitter %s built an invalid kernel: %s", em->name, verr.msg);
+			return ap_kir_kernel_free(k);
+		}
 	}
 	if (used)
 		*used = s;

@@ -11,7 +11,9 @@
  * grid-stride loops. */
 #define AP_MAX_GRID 65535u
 
-extern const ap_emitter ap_emitter_row_reduce;     /* reduce.c */
+extern const ap_emitter ap_emitter_stitched;       /* rows.c: Layer II */
+extern const ap_emitter ap_emitter_row_reduce;     /* rows.c */
+extern const ap_emitter ap_emitter_column_reduce;  /* rows.c */
 extern const ap_emitter ap_emitter_pointwise;      /* pointwise.c */
 
 /* Smallest power of two >= n within [lo, hi]. */

@@ -79,6 +79,13 @@ void ap_emitter_default(const ap_emitter *em, const ap_mgraph *m, const ap_targe
 /* Value of knob `name` in s, or `dflt` when the space has no such knob. */
 int ap_sched_get(const ap_sched *s, const ap_space *sp, const char *name, int dflt);
 
+/* Can the stitched-reduction emitter build one kernel for m on target t,
+ * holding each row on chip?  (Layer II asks before it stitches; *why, of
+ * `cap` bytes, gets the reason when not: reductions over different rows,
+ * an op after a reduction it cannot place, a row that fits neither in
+ * registers nor in shared memory.) */
+bool ap_lower_stitchable(const ap_mgraph *m, const ap_target_info *t, char *why, size_t cap);
+
 typedef struct ap_lower_options {
 	unsigned max_block_threads;  /* 0 = 256; a power of two in [32, 1024] */
 	const ap_sched *sched;       /* a configuration to use (its emitter must

@@ -166,7 +166,8 @@ static double tensor_bytes(const ap_tensor *t)
 	return n > 0 ? (double)n * (double)ap_dtype_size(t->dtype) : 0.0;
 }
 
-/* Bytes read and written (each input and output once) and arithmetic
+/* Bytes read (the elements of each input it touches, once) and written
+ * (each output once) and arithmetic
  * (every evaluation of a compute node's output, by the cost model's
  * evaluation counts) of micro-graph m when producers are inlined. */
 void ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out)
@@ -177,8 +178,11 @@ void ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out)
 	ap_cost_graph_view gv = {mg_source_of, mg_written, &mv};
 	int *nodes = malloc(((size_t)g->n_nodes + 1) * sizeof(int));
 
-	for (int i = 0; i < g->n_inputs; i++)
-		out->bytes_read += tensor_bytes(&g->tensors[g->inputs[i]]);
+	for (int i = 0; i < g->n_inputs; i++) {
+		const ap_tensor *x = &g->tensors[g->inputs[i]];
+
+		out->bytes_read += ap_cost_touched(g, g->inputs[i]) * (double)ap_dtype_size(x->dtype);
+	}
 	for (int i = 0; i < g->n_outputs; i++)
 		out->bytes_written += tensor_bytes(&g->tensors[g->outputs[i]]);
 	if (c && nodes) {

@@ -23,11 +23,6 @@
 
 #include "partition.h"
 
-/* Fusion layers (APOLLO section 4), as bits of ap_mgraph.layers. */
-#define AP_LAYER_I 1u    /* polyhedral loop fusion inside the micro-graph */
-#define AP_LAYER_II 2u   /* memory stitching: reductions with their consumers */
-#define AP_LAYER_III 4u  /* parallelism stitching: independent kernels, one launch */
-
 typedef struct ap_mgraph {
 	ap_graph *g;             /* owned; topologically sorted */
 	int *tensor_of;          /* per tensor of g: program-graph tensor index */

@@ -32,6 +32,12 @@ typedef enum ap_fuse_level {
 	AP_FUSE_APOLLO = 3,    /* every rule, injective joins, recompute, Layers II-III */
 } ap_fuse_level;
 
+/* Fusion layers (APOLLO section 4), as bits of ap_mgraph.layers and
+ * ap_launch.layers. */
+#define AP_LAYER_I 1u    /* polyhedral loop fusion inside the micro-graph */
+#define AP_LAYER_II 2u   /* memory stitching: reductions with their consumers */
+#define AP_LAYER_III 4u  /* parallelism stitching: independent kernels, one launch */
+
 /* "none", "rules", "apollo" ("apollo" for AP_FUSE_DEFAULT). */
 const char *ap_fuse_level_name(ap_fuse_level level);
 

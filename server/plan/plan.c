@@ -11,12 +11,14 @@
  * definition; only buffers still live are compared, so the cost is the
  * number of buffers times the number live at once).
  *
- * Traffic model (bytes): a launch's global_bytes is the size of every
- * distinct buffer it binds (each read once, each written once), and the
- * program's the sum over its launches; eager_bytes sums, over the imported
- * graph's non-view nodes (before expansion), the sizes of their distinct
- * non-constant inputs and outputs (an op-by-op runtime); min_bytes is the
- * graph's inputs, parameters and outputs, each touched once.
+ * Traffic model (bytes): a launch's global_bytes is what the driver
+ * modelled (each tensor it reads, the elements it touches, once; each
+ * tensor it writes, once), else the size of every distinct buffer it
+ * binds; the program's is the sum over its launches; eager_bytes sums,
+ * over the imported graph's non-view nodes (before expansion), the bytes
+ * of their distinct non-constant inputs (the part a Slice or Gather
+ * selects) and outputs (an op-by-op runtime); min_bytes is the graph's
+ * inputs, parameters and outputs, each touched once.
  *
  * Explain data: each launch lists its parts (micro-graphs) with the
  * imported node names they compute, their kinds and sub-graphs; each edge
@@ -267,7 +269,13 @@ static void traffic_model(const ap_graph *g, ap_program *p)
 			for (int j = 0; j < i; j++)
 				if (node->inputs[j] == t)
 					seen = true;
-			if (t >= 0 && !seen && g->tensors[t].kind != AP_TENSOR_CONST)
+			if (t < 0 || seen || g->tensors[t].kind == AP_TENSOR_CONST)
+				continue;
+			if ((node->op == AP_OP_SLICE || node->op == AP_OP_GATHER) && i == 0 &&
+			    node->outputs[0] >= 0 &&
+			    tensor_bytes(&g->tensors[node->outputs[0]]) < tensor_bytes(&g->tensors[t]))
+				eb += tensor_bytes(&g->tensors[node->outputs[0]]);
+			else
 				eb += tensor_bytes(&g->tensors[t]);
 		}
 		for (int i = 0; i < node->n_outputs; i++)
@@ -318,8 +326,8 @@ int ap__plan_buffers(ap_program *p, const ap_graph *pg, const ap_graph *orig, ap
 	for (int l = 0; l < p->n_launches; l++) {
 		ap_launch *ln = &p->launches[l];
 		ap_kernel_src *ks = &p->kernels[ln->kernel];
+		uint64_t whole = 0;
 
-		ln->global_bytes = 0;
 		for (int a = 0; a < ln->n_args; a++) {
 			int t = ln->args[a], bi = buffer_for(&b, t);
 
@@ -327,9 +335,13 @@ int ap__plan_buffers(ap_program *p, const ap_graph *pg, const ap_graph *orig, ap
 				goto out;
 			ln->args[a] = bi;
 			if (stamp[t] != l + 1)
-				ln->global_bytes += p->buffers[bi].nbytes;
+				whole += p->buffers[bi].nbytes;
 			stamp[t] = l + 1;
 		}
+		/* the driver's model (elements touched) when it gave one, else
+		 * every bound buffer whole */
+		if (!ln->global_bytes)
+			ln->global_bytes = whole;
 		if (!kernel_done[ln->kernel]) {
 			ks->global_bytes = ln->global_bytes;
 			kernel_done[ln->kernel] = true;
@@ -456,26 +468,86 @@ int ap__plan_explain(ap_program *prog, const ap_partition *part, const ap_graph 
 
 /* ---- explain ------------------------------------------------------------------ */
 
+/* "II", "II+III", ... ("" for none) into buf. */
+static const char *layer_names(unsigned layers, char *buf, size_t cap)
+{
+	static const char *const names[] = {"I", "II", "III"};
+	size_t len = 0;
+
+	buf[0] = 0;
+	for (int i = 0; i < 3; i++)
+		if (layers & (1u << i))
+			len += (size_t)snprintf(buf + len, cap - len, "%s%s", len ? "+" : "", names[i]);
+	return buf;
+}
+
+static void json_layers(FILE *f, unsigned layers)
+{
+	static const char *const names[] = {"I", "II", "III"};
+	bool first = true;
+
+	fputc('[', f);
+	for (int i = 0; i < 3; i++)
+		if (layers & (1u << i)) {
+			fprintf(f, "%s\"%s\"", first ? "" : ",", names[i]);
+			first = false;
+		}
+	fputc(']', f);
+}
+
+static void json_names(FILE *f, char *const *names, int n)
+{
+	fputc('[', f);
+	for (int i = 0; i < n; i++) {
+		fprintf(f, "%s", i ? "," : "");
+		ap__json_string(f, names[i]);
+	}
+	fputc(']', f);
+}
+
 int ap_program_explain(const ap_program *p, FILE *f, bool json)
 {
+	char lb[32];
+
 	if (!json) {
 		fprintf(f, "fusion %s: %d launches of %d kernels, %u eager\n",
 			ap_fuse_level_name(p->fusion), p->n_launches, p->n_kernels, p->eager_kernels);
 		for (int l = 0; l < p->n_launches; l++) {
 			const ap_launch *ln = &p->launches[l];
 
-			fprintf(f, "launch %d %s sub=%d kernel=%s bytes=%llu nodes=[", l,
+			fprintf(f, "launch %d %s sub=%d kernel=%s bytes=%llu", l,
 				ln->category ? ln->category : "?", ln->subgraph, p->kernels[ln->kernel].name,
 				(unsigned long long)ln->global_bytes);
+			if (ln->layers)
+				fprintf(f, " layers=%s", layer_names(ln->layers, lb, sizeof(lb)));
+			fprintf(f, " nodes=[");
 			for (int i = 0; i < ln->n_nodes; i++)
 				fprintf(f, "%s%s", i ? " " : "", ln->nodes[i]);
 			fprintf(f, "]\n");
+			if (ln->n_parts > 1)
+				fprintf(f, "  stitched: Layer III launches %d independent micro-graphs together, "
+					"blocks split by blockIdx ranges\n", ln->n_parts);
+			for (int j = 0; j < ln->n_parts; j++) {
+				const ap_launch_part *pt = &ln->parts[j];
+
+				if (ln->n_parts > 1) {
+					fprintf(f, "  part %d %s blocks=[%u,%u) nodes=[", j, pt->category,
+						pt->block_begin, pt->block_begin + pt->blocks);
+					for (int i = 0; i < pt->n_nodes; i++)
+						fprintf(f, "%s%s", i ? " " : "", pt->nodes[i]);
+					fprintf(f, "]\n");
+				}
+				if (pt->detail && pt->detail[0])
+					fprintf(f, "  %s%s\n", ln->n_parts > 1 ? "  " : "", pt->detail);
+			}
 		}
 		for (int i = 0; i < p->n_boundaries; i++) {
 			const ap_program_boundary *b = &p->boundaries[i];
 
 			fprintf(f, "boundary %d -> %d %s: %s\n", b->producer, b->consumer, b->tensor, b->detail);
 		}
+		fprintf(f, "layers I %u II %u III %u\n", p->layer_count[0], p->layer_count[1],
+			p->layer_count[2]);
 		fprintf(f, "global_bytes %llu eager_bytes %llu min_bytes %llu\n",
 			(unsigned long long)p->global_bytes, (unsigned long long)p->eager_bytes,
 			(unsigned long long)p->min_bytes);
@@ -487,11 +559,23 @@ int ap_program_explain(const ap_program *p, FILE *f, bool json)
 
 		fprintf(f, "%s{\"kernel\":", l ? "," : "");
 		ap__json_string(f, p->kernels[ln->kernel].name);
-		fprintf(f, ",\"category\":\"%s\",\"subgraph\":%d,\"global_bytes\":%llu,\"nodes\":[",
+		fprintf(f, ",\"category\":\"%s\",\"subgraph\":%d,\"global_bytes\":%llu,\"nodes\":",
 			ln->category ? ln->category : "?", ln->subgraph, (unsigned long long)ln->global_bytes);
-		for (int i = 0; i < ln->n_nodes; i++) {
-			fprintf(f, "%s", i ? "," : "");
-			ap__json_string(f, ln->nodes[i]);
+		json_names(f, ln->nodes, ln->n_nodes);
+		fprintf(f, ",\"layers\":");
+		json_layers(f, ln->layers);
+		fprintf(f, ",\"parts\":[");
+		for (int j = 0; j < ln->n_parts; j++) {
+			const ap_launch_part *pt = &ln->parts[j];
+
+			fprintf(f, "%s{\"category\":\"%s\",\"block_begin\":%u,\"blocks\":%u,\"nodes\":",
+				j ? "," : "", pt->category, pt->block_begin, pt->blocks);
+			json_names(f, pt->nodes, pt->n_nodes);
+			fprintf(f, ",\"layers\":");
+			json_layers(f, pt->layers);
+			fprintf(f, ",\"detail\":");
+			ap__json_string(f, pt->detail);
+			fprintf(f, "}");
 		}
 		fprintf(f, "]}");
 	}
@@ -507,8 +591,10 @@ int ap_program_explain(const ap_program *p, FILE *f, bool json)
 		fprintf(f, "}");
 	}
 	fprintf(f, "],\"stats\":{\"kernels\":%d,\"distinct_kernels\":%d,\"eager_kernels\":%u,"
-		   "\"global_bytes\":%llu,\"eager_bytes\":%llu,\"min_bytes\":%llu}}\n",
+		   "\"global_bytes\":%llu,\"eager_bytes\":%llu,\"min_bytes\":%llu,"
+		   "\"layers\":{\"I\":%u,\"II\":%u,\"III\":%u}}}\n",
 		p->n_launches, p->n_kernels, p->eager_kernels, (unsigned long long)p->global_bytes,
-		(unsigned long long)p->eager_bytes, (unsigned long long)p->min_bytes);
+		(unsigned long long)p->eager_bytes, (unsigned long long)p->min_bytes, p->layer_count[0],
+		p->layer_count[1], p->layer_count[2]);
 	return ferror(f) ? AP_EIO : 0;
 }

@@ -1,0 +1,994 @@
+/* rows.c -- reduction emitters: plain row and column reductions, and the
+ * stitched reductions of Layer II (APOLLO section 4.2, memory stitching),
+ * as one kernel shape: a "row group".
+ *
+ * Every reduction of the micro-graph reduces the same full tensor shape S
+ * over the same axes.  A row is one element of the kept axes (M rows), its
+ * columns the elements of the reduced axes (N per row).  A block holds
+ * `rows` rows; each row is reduced by `lanes` threads.  Two layouts:
+ *   - row form (the last axis of S is reduced, so a row's columns are
+ *     contiguous in memory): lanes are the fast thread index,
+ *     tid = lane + lanes * slot, and consecutive lanes read consecutive
+ *     columns;
+ *   - column form (the last axis is kept): rows are the fast index,
+ *     tid = slot + rows * lane, and consecutive threads read consecutive
+ *     rows (the kept elements), lanes stride over the reduced elements.
+ * Each thread folds its columns into a partial; a row's partials are
+ * combined by a butterfly of warp shuffles (__shfl_xor_sync) over the lane
+ * bits of the thread id, then, when a row spans several warps, through
+ * shared memory; every thread of the row ends with the row's value (the
+ * combination of XLA's row-reduction emitter and the warp-shuffle
+ * reductions of the CUDA Programming Guide, "Warp Shuffle Functions").
+ *
+ * A stitched micro-graph (Layer II) has several reductions in "levels" (a
+ * reduction whose input needs another's result is one level later), and
+ * consumers: tensors computed per element of the row from the row's
+ * reduced values (FULL) or per row (ROW).  The kernel makes one pass over
+ * the row per level, then a last pass writing the FULL outputs; ROW
+ * tensors are computed once per row, in registers, as soon as their
+ * reductions are known.  The row's input elements (leaves read at the
+ * element itself) are loaded from global memory once, in the first pass,
+ * and kept on chip for the later passes: in registers (each thread holds
+ * ceil(N / lanes) elements, the element loop fully unrolled) or, for long
+ * rows, in shared memory.  A row that fits neither is not stitched (the
+ * fusion layer falls back to separate kernels).
+ *
+ * Knobs: "lanes" (threads per row), "rows" (rows per block), "cache"
+ * (0 none, 1 registers, 2 shared memory).
+ */
+#include "emitters.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_LEVELS 8
+#define MAX_REDS 16
+#define REG_CACHE_MAX 64            /* cached values per thread in registers */
+#define CACHE_NONE 0
+#define CACHE_REG 1
+#define CACHE_SMEM 2
+
+enum { CL_OTHER = 0, CL_FULL, CL_ROW };
+
+typedef struct rows_plan {
+	int rank;
+	int64_t S[AP_MAX_RANK];         /* full shape */
+	bool red[AP_MAX_RANK];          /* reduced axes */
+	int64_t M, N;                   /* rows, columns */
+	bool column;                    /* the last axis (of size > 1) is kept */
+	int n_red;
+	int reds[MAX_REDS];             /* reduction nodes of m->g */
+	int level_of[MAX_REDS];         /* 1.. */
+	int n_levels;
+	unsigned char *cls;             /* per tensor: CL_* (tensors after a reduction) */
+	int *level;                     /* per tensor: the reductions it needs (0 none) */
+	bool *cached;                   /* per tensor: a leaf kept on chip */
+	int n_cached;
+	size_t cached_bytes;            /* per element, all cached leaves */
+	bool has_full_out;
+} rows_plan;
+
+static void plan_clear(rows_plan *p)
+{
+	free(p->cls);
+	free(p->level);
+	free(p->cached);
+	memset(p, 0, sizeof(*p));
+}
+
+static bool same_axes(const ap_graph *g, const ap_node *a, const ap_node *b)
+{
+	const ap_tensor *xa = &g->tensors[a->inputs[0]], *xb = &g->tensors[b->inputs[0]];
+	const ap_attr *aa = ap_node_attr(a, "axes"), *ab = ap_node_attr(b, "axes");
+	bool ra[AP_MAX_RANK] = {false}, rb[AP_MAX_RANK] = {false};
+
+	if (!ap_dims_equal(xa->rank, xa->dims, xb->rank, xb->dims))
+		return false;
+	for (int i = 0; aa && i < aa->n_ints; i++)
+		if (aa->ints[i] >= 0 && aa->ints[i] < xa->rank)
+			ra[aa->ints[i]] = true;
+	for (int i = 0; ab && i < ab->n_ints; i++)
+		if (ab->ints[i] >= 0 && ab->ints[i] < xb->rank)
+			rb[ab->ints[i]] = true;
+	for (int d = 0; d < xa->rank; d++)
+		if (xa->dims[d] > 1 && ra[d] != rb[d])
+			return false;
+	return true;
+}
+
+/* Is tensor t (of shape dims) a row-shaped tensor of the plan: the kept
+ * dims with the reduced ones set to 1 or left out? */
+static bool row_shaped(const rows_plan *p, const ap_tensor *t)
+{
+	int64_t n = ap_tensor_numel(t);
+	int j = 0;
+
+	if (n != p->M)
+		return false;
+	if (t->rank == p->rank) {
+		for (int d = 0; d < p->rank; d++)
+			if (t->dims[d] != (p->red[d] ? 1 : p->S[d]))
+				return false;
+		return true;
+	}
+	/* keepdims = 0: the kept dims only (dims of size 1 may differ) */
+	for (int d = 0; d < p->rank; d++) {
+		if (p->red[d] || p->S[d] == 1)
+			continue;
+		while (j < t->rank && t->dims[j] == 1)
+			j++;
+		if (j >= t->rank || t->dims[j] != p->S[d])
+			return false;
+		j++;
+	}
+	while (j < t->rank && t->dims[j] == 1)
+		j++;
+	return j == t->rank;
+}
+
+static bool full_shaped(const rows_plan *p, const ap_tensor *t)
+{
+	return ap_dims_equal(t->rank, t->dims, p->rank, p->S);
+}
+
+/* Marks, for every tensor read at the current element (the row's column
+ * being processed), whether all its reads are there: cur[t] = 1 read there
+ * only, 2 read elsewhere too. */
+static void mark_cur(const ap_graph *g, int t, unsigned char *cur, unsigned char *seen)
+{
+	int p;
+
+	if (t < 0)
+		return;
+	if (!cur[t])
+		cur[t] = 1;
+	if (seen[t])
+		return;
+	seen[t] = 1;
+	p = g->tensors[t].producer;
+	if (p < 0)
+		return;
+	{
+		const ap_node *n = &g->nodes[p];
+		ap_op_category cat = ap_op_category_of(n->op);
+
+		for (int i = 0; i < n->n_inputs; i++) {
+			int x = n->inputs[i];
+
+			if (x < 0)
+				continue;
+			if (cat == AP_CAT_REDUCTION) {
+				cur[x] = 2;   /* reduced: read at every column */
+				continue;
+			}
+			if (ap_op_is_view(n->op) || cat == AP_CAT_ELEMWISE ||
+			    (cat == AP_CAT_BROADCAST &&
+			     ap_dims_equal(g->tensors[x].rank, g->tensors[x].dims, g->tensors[t].rank,
+					   g->tensors[t].dims))) {
+				mark_cur(g, x, cur, seen);
+			} else {
+				cur[x] = 2;
+			}
+		}
+	}
+}
+
+/* Analyses micro-graph m as a row group; false with *why when it is not
+ * one (a reason for people, e.g. for the explain report). */
+static bool analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
+{
+	const ap_graph *g = m->g;
+	const ap_tensor *x0;
+	const ap_attr *ax;
+	unsigned char *cur = NULL, *seen = NULL;
+	int last = -1;
+
+	memset(p, 0, sizeof(*p));
+	for (int i = 0; i < g->n_nodes; i++) {
+		if (ap_op_category_of(g->nodes[i].op) != AP_CAT_REDUCTION)
+			continue;
+		if (p->n_red == MAX_REDS) {
+			snprintf(why, cap, "more than %d reductions", MAX_REDS);
+			return false;
+		}
+		if (p->n_red > 0 && !same_axes(g, &g->nodes[p->reds[0]], &g->nodes[i])) {
+			snprintf(why, cap, "its reductions reduce different rows");
+			return false;
+		}
+		p->reds[p->n_red++] = i;
+	}
+	if (p->n_red == 0) {
+		snprintf(why, cap, "no reduction");
+		return false;
+	}
+	x0 = &g->tensors[g->nodes[p->reds[0]].inputs[0]];
+	p->rank = x0->rank;
+	memcpy(p->S, x0->dims, sizeof(p->S));
+	ax = ap_node_attr(&g->nodes[p->reds[0]], "axes");
+	for (int i = 0; ax && i < ax->n_ints; i++)
+		if (ax->ints[i] >= 0 && ax->ints[i] < p->rank)
+			p->red[ax->ints[i]] = true;
+	p->M = p->N = 1;
+	for (int d = 0; d < p->rank; d++) {
+		if (p->red[d])
+			p->N *= p->S[d];
+		else
+			p->M *= p->S[d];
+		if (p->S[d] > 1)
+			last = d;
+	}
+	p->column = last >= 0 && !p->red[last];
+	p->cls = calloc((size_t)g->n_tensors + 1, 1);
+	p->level = calloc((size_t)g->n_tensors + 1, sizeof(int));
+	p->cached = calloc((size_t)g->n_tensors + 1, sizeof(bool));
+	cur = calloc((size_t)g->n_tensors + 1, 1);
+	seen = calloc((size_t)g->n_tensors + 1, 1);
+	if (!p->cls || !p->level || !p->cached || !cur || !seen) {
+		snprintf(why, cap, "out of memory");
+		goto fail;
+	}
+	/* levels and classes, nodes in topological order */
+	for (int i = 0; i < g->n_nodes; i++) {
+		const ap_node *n = &g->nodes[i];
+		ap_op_category cat = ap_op_category_of(n->op);
+		int lv = 0, o = n->outputs[0];
+		bool row_in = false, full_in = false;
+
+		for (int j = 0; j < n->n_inputs; j++) {
+			int x = n->inputs[j];
+
+			if (x < 0 || !p->level[x])
+				continue;
+			if (p->level[x] > lv)
+				lv = p->level[x];
+			if (p->cls[x] == CL_ROW)
+				row_in = true;
+			else
+				full_in = true;
+		}
+		if (cat == AP_CAT_REDUCTION) {
+			const ap_tensor *x = &g->tensors[n->inputs[0]];
+
+			if (!full_shaped(p, x)) {
+				snprintf(why, cap, "a reduction input of another shape");
+				goto fail;
+			}
+			if (row_in) {
+				snprintf(why, cap, "a reduction of a row value");
+				goto fail;
+			}
+			if (lv + 1 > MAX_LEVELS) {
+				snprintf(why, cap, "more than %d dependent reductions", MAX_LEVELS);
+				goto fail;
+			}
+			for (int r = 0; r < p->n_red; r++)
+				if (p->reds[r] == i)
+					p->level_of[r] = lv + 1;
+			if (lv + 1 > p->n_levels)
+				p->n_levels = lv + 1;
+			p->level[o] = lv + 1;
+			p->cls[o] = CL_ROW;
+			if (!row_shaped(p, &g->tensors[o])) {
+				snprintf(why, cap, "a reduction result of an unexpected shape");
+				goto fail;
+			}
+			continue;
+		}
+		if (!lv)
+			continue;   /* before every reduction: computed inline at any index */
+		if (n->n_outputs != 1 || o < 0) {
+			snprintf(why, cap, "%s after a reduction", ap_op_name(n->op));
+			goto fail;
+		}
+		if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST && !ap_op_is_view(n->op)) {
+			snprintf(why, cap, "%s after a reduction", ap_op_name(n->op));
+			goto fail;
+		}
+		p->level[o] = lv;
+		if (full_shaped(p, &g->tensors[o]) ||
+		    (ap_op_is_view(n->op) && p->cls[n->inputs[0]] == CL_FULL &&
+		     ap_tensor_numel(&g->tensors[o]) == p->M * p->N && !p->column &&
+		     full_shaped(p, &g->tensors[n->inputs[0]]))) {
+			p->cls[o] = CL_FULL;
+		} else if (!full_in && row_shaped(p, &g->tensors[o])) {
+			p->cls[o] = CL_ROW;
+		} else {
+			snprintf(why, cap, "%s after a reduction writes neither a row nor a full tensor",
+				 ap_op_name(n->op));
+			goto fail;
+		}
+	}
+	/* outputs: row values, or full tensors iterated element by element */
+	for (int i = 0; i < g->n_outputs; i++) {
+		int t = g->outputs[i];
+
+		if (p->cls[t] == CL_ROW)
+			continue;
+		if (p->cls[t] == CL_FULL || full_shaped(p, &g->tensors[t])) {
+			if (p->cls[t] != CL_FULL)
+				p->cls[t] = CL_FULL;
+			p->has_full_out = true;
+			continue;
+		}
+		snprintf(why, cap, "it writes %s, neither a row value nor a full tensor",
+			 g->tensors[t].name);
+		goto fail;
+	}
+	/* leaves read only at the current element can be kept on chip */
+	for (int r = 0; r < p->n_red; r++)
+		mark_cur(g, g->nodes[p->reds[r]].inputs[0], cur, seen);
+	for (int i = 0; i < g->n_outputs; i++)
+		if (p->cls[g->outputs[i]] == CL_FULL)
+			mark_cur(g, g->outputs[i], cur, seen);
+	for (int t = 0; t < g->n_tensors; t++) {
+		const ap_tensor *x = &g->tensors[t];
+
+		if (cur[t] == 1 && x->producer < 0 && x->kind != AP_TENSOR_CONST &&
+		    ap_tensor_numel(x) == p->M * p->N) {
+			p->cached[t] = true;
+			p->n_cached++;
+			p->cached_bytes += ap_dtype_size(x->dtype);
+		}
+	}
+	free(cur);
+	free(seen);
+	return true;
+fail:
+	free(cur);
+	free(seen);
+	plan_clear(p);
+	return false;
+}
+
+/* Passes over the row: one per level, plus one writing full outputs. */
+static int n_passes(const rows_plan *p)
+{
+	return p->n_levels + (p->has_full_out ? 1 : 0);
+}
+
+/* ---- layout ---------------------------------------------------------------------- */
+
+typedef struct layout {
+	unsigned lanes, rows, block;
+	int cache;
+	int64_t ept;                    /* elements per thread (register cache) */
+	unsigned grid;
+} layout;
+
+static unsigned block_threads(unsigned lanes, unsigned rows)
+{
+	return lanes * rows;
+}
+
+static size_t smem_cache_bytes(const rows_plan *p, unsigned rows)
+{
+	return (size_t)rows * (size_t)p->N * p->cached_bytes;
+}
+
+/* Smallest cache mode that works for (lanes, rows), or -1. */
+static int cache_for(const rows_plan *p, unsigned lanes, unsigned rows, const ap_target_info *t)
+{
+	int64_t ept = (p->N + lanes - 1) / lanes;
+
+	if (n_passes(p) <= 1 || p->n_cached == 0 || p->N == 0)
+		return CACHE_NONE;
+	if (ept * p->n_cached <= REG_CACHE_MAX)
+		return CACHE_REG;
+	if (smem_cache_bytes(p, rows) + 4096 <= t->shared_per_block)
+		return CACHE_SMEM;
+	return -1;
+}
+
+/* ---- the emitter interface ----------------------------------------------------------- */
+
+static bool is_plain_reduction(const ap_mgraph *m)
+{
+	const ap_graph *g = m->g;
+	const ap_node *root = &g->nodes[m->root];
+
+	return m->kind == AP_GROUP_REDUCTION && ap_op_category_of(root->op) == AP_CAT_REDUCTION;
+}
+
+static bool config_ok(const rows_plan *p, unsigned lanes, unsigned rows, int cache,
+		      const ap_target_info *t);
+
+/* The default configuration by rule: row form, about 8 columns per thread
+ * and enough rows per block for 128 threads; column form, up to 16
+ * consecutive kept elements per block, the rest of the block on the
+ * reduced elements; then the cheapest cache that holds the row on chip,
+ * fewer rows per block or more lanes when it does not.  False when no
+ * configuration holds the row. */
+static bool default_config(const rows_plan *p, const ap_target_info *t, unsigned *lanes_out,
+			   unsigned *rows_out, int *cache_out)
+{
+	unsigned cap = ap_block_cap(t), lanes, rows;
+	int cache;
+
+	if (p->column) {
+		int64_t inner = 1;
+
+		for (int d = p->rank - 1; d >= 0 && !p->red[d]; d--)
+			inner *= p->S[d];
+		rows = ap_pow2_at_least(inner, 1, 16);
+		lanes = ap_pow2_at_least(p->N, 2, cap / rows);
+		while (lanes * rows < 32)
+			lanes *= 2;
+	} else {
+		lanes = ap_pow2_at_least((p->N + 7) / 8, 2, cap);
+		rows = 1;
+		while (lanes * rows < 128 && (int64_t)rows < p->M && lanes * rows * 2 <= cap)
+			rows *= 2;
+		while (lanes * rows < 32)
+			rows *= 2;
+	}
+	cache = cache_for(p, lanes, rows, t);
+	while (cache < 0 && rows > 1 && !p->column) {
+		rows /= 2;
+		while (lanes * rows < 32)
+			lanes *= 2;
+		cache = cache_for(p, lanes, rows, t);
+	}
+	/* registers rather than shared memory when more lanes make it fit */
+	while (cache == CACHE_SMEM && lanes * 2 * rows <= cap &&
+	       ((p->N + lanes * 2 - 1) / (lanes * 2)) * p->n_cached <= REG_CACHE_MAX) {
+		lanes *= 2;
+		cache = cache_for(p, lanes, rows, t);
+	}
+	*lanes_out = lanes;
+	*rows_out = rows;
+	*cache_out = cache < 0 ? CACHE_NONE : cache;
+	return cache >= 0 && config_ok(p, lanes, rows, *cache_out, t);
+}
+
+bool ap_lower_stitchable(const ap_mgraph *m, const ap_target_info *t, char *why, size_t cap)
+{
+	rows_plan p;
+	unsigned lanes, rows;
+	int cache;
+	bool ok;
+
+	if (!analyze(m, &p, why, cap))
+		return false;
+	ok = default_config(&p, t, &lanes, &rows, &cache);
+	if (!ok)
+		snprintf(why, cap, "a row of %lld elements does not fit on chip (%d values per "
+			 "element held, %u bytes of shared memory per block)", (long long)p.N,
+			 p.n_cached, t->shared_per_block);
+	plan_clear(&p);
+	return ok;
+}
+
+static bool rr_match_form(const ap_mgraph *m, const ap_target_info *t, bool column, bool stitched)
+{
+	rows_plan p;
+	char why[160];
+	unsigned lanes, rows;
+	int cache;
+	bool ok;
+
+	if (stitched ? m->kind != AP_GROUP_STITCHED && m->kind != AP_GROUP_WHOLE
+		     : !is_plain_reduction(m))
+		return false;
+	if (!analyze(m, &p, why, sizeof(why)))
+		return false;
+	ok = stitched || p.column == column;
+	if (ok)
+		ok = default_config(&p, t, &lanes, &rows, &cache);
+	plan_clear(&p);
+	return ok;
+}
+
+static bool row_match(const ap_mgraph *m, const ap_target_info *t)
+{
+	return rr_match_form(m, t, false, false);
+}
+
+static bool col_match(const ap_mgraph *m, const ap_target_info *t)
+{
+	return rr_match_form(m, t, true, false);
+}
+
+static bool st_match(const ap_mgraph *m, const ap_target_info *t)
+{
+	return rr_match_form(m, t, false, true);
+}
+
+/* Space: lanes and rows powers of two with lanes * rows in [32, cap]
+ * (column form: rows <= 16, so a warp holds two lanes of a row at least);
+ * cache modes that fit. */
+static void rows_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+{
+	rows_plan p;
+	char why[160];
+	unsigned cap = ap_block_cap(t);
+
+	memset(sp, 0, sizeof(*sp));
+	sp->n = 3;
+	if (!analyze(m, &p, why, sizeof(why))) {
+		ap_knob_pow2(&sp->knobs[0], "lanes", 32, 32);
+		ap_knob_pow2(&sp->knobs[1], "rows", 1, 1);
+		sp->knobs[2] = (ap_knob){"cache", 1, {0}};
+		return;
+	}
+	if (p.column) {
+		ap_knob_pow2(&sp->knobs[0], "lanes", 2, cap);
+		ap_knob_pow2(&sp->knobs[1], "rows", 1, 16);
+	} else {
+		ap_knob_pow2(&sp->knobs[0], "lanes", 2, cap);
+		ap_knob_pow2(&sp->knobs[1], "rows", 1, cap / 2);
+	}
+	sp->knobs[2] = (ap_knob){"cache", 3, {CACHE_NONE, CACHE_REG, CACHE_SMEM}};
+	plan_clear(&p);
+}
+
+/* Is (lanes, rows, cache) a usable configuration of plan p? */
+static bool config_ok(const rows_plan *p, unsigned lanes, unsigned rows, int cache,
+		      const ap_target_info *t)
+{
+	unsigned bt = block_threads(lanes, rows);
+
+	if (bt < 32 || bt > ap_block_cap(t) || lanes < 2)
+		return false;
+	if (p->column && rows > 16)
+		return false;
+	if (n_passes(p) > 1 && p->n_cached > 0 && p->N > 0) {
+		if (cache == CACHE_NONE)
+			return false;
+		if (cache == CACHE_REG && ((p->N + lanes - 1) / lanes) * p->n_cached > REG_CACHE_MAX)
+			return false;
+		if (cache == CACHE_SMEM && smem_cache_bytes(p, rows) + 4096 > t->shared_per_block)
+			return false;
+	} else if (cache != CACHE_NONE) {
+		return false;
+	}
+	return true;
+}
+
+static void rows_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+{
+	rows_plan p;
+	char why[160];
+	unsigned lanes = 32, rows = 1;
+	int cache = CACHE_NONE;
+
+	if (analyze(m, &p, why, sizeof(why))) {
+		default_config(&p, t, &lanes, &rows, &cache);
+		plan_clear(&p);
+	}
+	s->v[0] = (int)lanes;
+	s->v[1] = (int)rows;
+	s->v[2] = cache;
+}
+
+/* ---- emission ---------------------------------------------------------------------- */
+
+typedef struct rows_ctx {
+	ap_vctx v;
+	rows_plan p;
+	layout L;
+	ap_kir_kernel *k;
+	ap_kir_expr **row_val;          /* per tensor: its value for the current row */
+	ap_kir_array **cache;           /* per tensor: on-chip copy of a cached leaf */
+	ap_kir_expr *slot_idx;          /* cache index of the current element */
+	ap_kir_expr *lane, *slot, *tid, *row, *valid;
+} rows_ctx;
+
+static ap_kir_expr *hook(ap_vctx *v, int t, ap_lidx *ix, void *user)
+{
+	rows_ctx *c = user;
+
+	if (c->row_val[t])
+		return c->row_val[t];
+	if (c->cache[t] && c->slot_idx)
+		return ap_kir_load(v->k, c->cache[t], c->slot_idx);
+	return NULL;
+}
+
+/* The full index of element (row, col): kept coordinates from the row,
+ * reduced ones from the column, each row-major. */
+static ap_lidx full_index(rows_ctx *c, ap_kir_expr *row, ap_kir_expr *col)
+{
+	ap_kir_kernel *k = c->k;
+	const rows_plan *p = &c->p;
+	ap_lidx ix;
+	int64_t ks = 1, rs = 1;
+
+	memset(&ix, 0, sizeof(ix));
+	ix.rank = p->rank;
+	for (int d = p->rank - 1; d >= 0; d--) {
+		ap_kir_expr *base = p->red[d] ? col : row;
+		int64_t *stride = p->red[d] ? &rs : &ks;
+		ap_kir_expr *e;
+
+		ix.dims[d] = p->S[d];
+		if (p->S[d] == 1) {
+			ix.c[d] = ap_kir_idx(k, 0);
+			continue;
+		}
+		e = *stride == 1 ? base : ap_kir_binary(k, AP_KIR_DIV, base, ap_kir_idx(k, *stride));
+		if (*stride * p->S[d] < (p->red[d] ? p->N : p->M))
+			e = ap_kir_binary(k, AP_KIR_REM, e, ap_kir_idx(k, p->S[d]));
+		ix.c[d] = ap_v_once(&c->v, e);
+		*stride *= p->S[d];
+	}
+	return ix;
+}
+
+/* Index of row tensor t for the current row (its linear index is the row). */
+static ap_lidx row_index(rows_ctx *c, int t)
+{
+	ap_lidx ix = ap_lidx_shape(&c->v.g->tensors[t]);
+
+	ix.lin = c->row;
+	return ix;
+}
+
+/* Combines the partials acc[0..n) of a row across its lanes: shuffle
+ * butterflies, then shared memory when the row spans several warps. */
+static void row_combine(rows_ctx *c, ap_kir_var *const *acc, const ap_op *ops, int n,
+			ap_kir_array *const *scratch, unsigned wp_count)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = &c->v;
+	const layout *L = &c->L;
+	unsigned first, last, width;
+
+	if (c->p.column) {
+		first = L->rows;                  /* lane bits above the row bits */
+		last = 16;
+		width = 32;
+	} else {
+		first = 1;
+		last = L->lanes > 32 ? 16 : L->lanes / 2;
+		width = L->lanes > 32 ? 32 : L->lanes;
+	}
+	for (unsigned msk = last; msk >= first && msk > 0; msk /= 2) {
+		for (int i = 0; i < n; i++) {
+			ap_kir_var *o = ap_kir_var_new(k, acc[i]->type, "sh");
+
+			ap_kir_let(k, v->cur, o, NULL);
+			ap_kir_shfl(k, v->cur, o, AP_KIR_SHFL_XOR, ap_kir_ref(k, acc[i]),
+				    ap_kir_int(k, AP_DT_I32, msk), width);
+			ap_kir_assign(k, v->cur, acc[i],
+				      ap_v_reduce_combine(v, ops[i], ap_kir_ref(k, acc[i]), ap_kir_ref(k, o)));
+		}
+		if (msk == first)
+			break;
+	}
+	if (wp_count <= 1)
+		return;
+	/* several warps: one partial per warp through shared memory */
+	{
+		ap_kir_expr *wp, *writer;
+		ap_kir_block *saved;
+		ap_kir_var *w;
+
+		if (c->p.column) {
+			wp = ap_kir_binary(k, AP_KIR_DIV, c->tid, ap_kir_idx(k, 32));
+			writer = ap_kir_binary(k, AP_KIR_LT, ap_kir_binary(k, AP_KIR_REM, c->tid, ap_kir_idx(k, 32)),
+					       ap_kir_idx(k, L->rows));
+		} else {
+			wp = ap_kir_binary(k, AP_KIR_DIV, c->lane, ap_kir_idx(k, 32));
+			writer = ap_kir_binary(k, AP_KIR_EQ, ap_kir_binary(k, AP_KIR_REM, c->lane, ap_kir_idx(k, 32)),
+					       ap_kir_idx(k, 0));
+		}
+		ap_v_if(v, writer, &saved, NULL);
+		for (int i = 0; i < n; i++)
+			ap_kir_store(k, v->cur, scratch[i],
+				     ap_kir_add(k, ap_kir_muli(k, c->slot, wp_count), wp),
+				     ap_kir_ref(k, acc[i]));
+		ap_v_close(v, saved);
+		ap_kir_barrier(k, v->cur);
+		for (int i = 0; i < n; i++)
+			ap_kir_assign(k, v->cur, acc[i], ap_v_reduce_identity(v, ops[i], acc[i]->type));
+		w = ap_v_loop(v, "w", ap_kir_idx(k, 0), ap_kir_idx(k, wp_count), 1, &saved);
+		for (int i = 0; i < n; i++)
+			ap_kir_assign(k, v->cur, acc[i],
+				      ap_v_reduce_combine(v, ops[i], ap_kir_ref(k, acc[i]),
+							  ap_kir_load(k, scratch[i],
+								      ap_kir_add(k, ap_kir_muli(k, c->slot, wp_count),
+										 ap_kir_ref(k, w)))));
+		ap_v_close(v, saved);
+		ap_kir_barrier(k, v->cur);   /* the scratch is reused by the next combine */
+	}
+}
+
+/* One pass over the current row's elements: for each element,
+ * body(c, pass, index) runs under `valid` with the element's cache slot
+ * set.  The first pass loads the cached leaves. */
+typedef void (*pass_body)(rows_ctx *c, int pass, ap_lidx *ix, void *arg);
+
+static void row_pass(rows_ctx *c, int pass, pass_body body, void *arg)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = &c->v;
+	const layout *L = &c->L;
+	ap_kir_block *sv_valid, *sv_loop, *sv_in;
+	ap_kir_expr *col, *in_range = NULL;
+	ap_kir_var *kv;
+	ap_lidx ix;
+
+	ap_v_if(v, c->valid, &sv_valid, NULL);
+	if (L->cache == CACHE_REG) {
+		ap_kir_stmt *f;
+
+		kv = ap_kir_var_new(k, k->index_type, "e");
+		f = ap_kir_for_unroll(k, v->cur, kv, ap_kir_idx(k, 0), ap_kir_idx(k, L->ept), 1, -1);
+		sv_loop = v->cur;
+		v->cur = f ? &f->body : NULL;
+		v->depth++;
+		col = ap_v_once(v, ap_kir_add(k, c->lane, ap_kir_muli(k, ap_kir_ref(k, kv), L->lanes)));
+		if (L->ept * L->lanes > c->p.N)
+			in_range = ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, c->p.N));
+		c->slot_idx = ap_kir_ref(k, kv);
+	} else {
+		kv = ap_v_loop(v, "col", c->lane, ap_kir_idx(k, c->p.N), L->lanes, &sv_loop);
+		col = ap_kir_ref(k, kv);
+		c->slot_idx = L->cache == CACHE_SMEM
+				      ? ap_kir_add(k, ap_kir_muli(k, c->slot, c->p.N), col) : NULL;
+	}
+	if (in_range)
+		ap_v_if(v, in_range, &sv_in, NULL);
+	ix = full_index(c, c->row, col);
+	if (pass == 0 && L->cache != CACHE_NONE) {
+		/* load the row's leaves once; later passes read them on chip */
+		ap_kir_expr *keep = c->slot_idx;
+
+		c->slot_idx = NULL;
+		for (int t = 0; t < v->g->n_tensors; t++) {
+			if (!c->p.cached[t])
+				continue;
+			{
+				ap_lidx r = ap_lidx_relin(v, &ix, t);
+
+				ap_kir_store(k, v->cur, c->cache[t], keep,
+					     ap_kir_load(k, ap_v_buffer(v, t), ap_lidx_linear(v, &r)));
+			}
+		}
+		c->slot_idx = keep;
+	}
+	body(c, pass, &ix, arg);
+	if (in_range)
+		ap_v_close(v, sv_in);
+	ap_v_close(v, sv_loop);
+	ap_v_close(v, sv_valid);
+	c->slot_idx = NULL;
+}
+
+typedef struct level_arg {
+	int n;
+	int idx[MAX_REDS];              /* plan reductions of this level */
+	ap_kir_var *acc[MAX_REDS];
+} level_arg;
+
+static void level_body(rows_ctx *c, int pass, ap_lidx *ix, void *arg)
+{
+	level_arg *la = arg;
+	ap_vctx *v = &c->v;
+
+	for (int i = 0; i < la->n; i++) {
+		const ap_node *node = &v->g->nodes[c->p.reds[la->idx[i]]];
+		ap_lidx r = *ix;
+
+		ap_kir_assign(c->k, v->cur, la->acc[i],
+			      ap_v_reduce_combine(v, node->op, ap_kir_ref(c->k, la->acc[i]),
+						  ap_kir_cast(c->k, la->acc[i]->type, ap_val(v, node->inputs[0], &r))));
+	}
+}
+
+static void output_body(rows_ctx *c, int pass, ap_lidx *ix, void *arg)
+{
+	ap_vctx *v = &c->v;
+	const ap_graph *g = v->g;
+
+	for (int i = 0; i < g->n_outputs; i++) {
+		int o = g->outputs[i];
+		ap_lidx r;
+
+		if (c->p.cls[o] != CL_FULL)
+			continue;
+		r = ap_lidx_relin(v, ix, o);
+		ap_kir_store(c->k, v->cur, ap_v_buffer(v, o), ap_lidx_linear(v, &r), ap_val(v, o, &r));
+	}
+}
+
+/* Computes, once per row, every row tensor that needs no reduction of a
+ * later level than `lv`. */
+static void row_values(rows_ctx *c, int lv)
+{
+	ap_vctx *v = &c->v;
+	const ap_graph *g = v->g;
+
+	for (int i = 0; i < g->n_nodes; i++) {
+		int o = g->nodes[i].outputs[0];
+		ap_lidx r;
+
+		if (o < 0 || c->p.cls[o] != CL_ROW || c->row_val[o] || c->p.level[o] > lv)
+			continue;
+		if (ap_op_category_of(g->nodes[i].op) == AP_CAT_REDUCTION)
+			continue;
+		r = row_index(c, o);
+		c->row_val[o] = ap_kir_bind(c->k, v->cur, g->tensors[o].dtype, "rv", ap_val(v, o, &r));
+	}
+}
+
+static int rows_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
+		     ap_kir_kernel *k, ap_error *err)
+{
+	rows_ctx c;
+	ap_vctx *v = &c.v;
+	const ap_graph *g = m->g;
+	char why[200];
+	ap_kir_block *sv_rows, *sv;
+	ap_kir_var *r0;
+	ap_kir_array *scratch[MAX_LEVELS][MAX_REDS];
+	unsigned wp_count;
+	int rc;
+
+	memset(&c, 0, sizeof(c));
+	if (!analyze(m, &c.p, why, sizeof(why)))
+		return ap_error_set(err, AP_EUNSUPPORTED, g->nodes[m->root].name, NULL,
+				    "reduction emitter: %s", why);
+	c.k = k;
+	c.L.lanes = (unsigned)s->v[0];
+	c.L.rows = (unsigned)s->v[1];
+	c.L.cache = s->v[2];
+	if (!config_ok(&c.p, c.L.lanes, c.L.rows, c.L.cache, t)) {
+		plan_clear(&c.p);
+		return ap_error_set(err, AP_EUNSUPPORTED, g->nodes[m->root].name, NULL,
+				    "reduction emitter: configuration lanes=%u rows=%u cache=%d does not fit",
+				    c.L.lanes, c.L.rows, c.L.cache);
+	}
+	c.L.block = block_threads(c.L.lanes, c.L.rows);
+	c.L.ept = (c.p.N + c.L.lanes - 1) / c.L.lanes;
+	c.L.grid = ap_grid_for(c.p.M, c.L.rows);
+	if ((rc = ap_vctx_init(v, m, k, err))) {
+		plan_clear(&c.p);
+		return rc;
+	}
+	c.row_val = calloc((size_t)g->n_tensors + 1, sizeof(*c.row_val));
+	c.cache = calloc((size_t)g->n_tensors + 1, sizeof(*c.cache));
+	if (!c.row_val || !c.cache) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a micro-graph");
+		goto out;
+	}
+	v->leaf = hook;
+	v->leaf_user = &c;
+	k->grid[0] = c.L.grid;
+	k->block[0] = c.L.block;
+	c.tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
+	if (c.p.column) {
+		c.slot = ap_kir_binary(k, AP_KIR_REM, c.tid, ap_kir_idx(k, c.L.rows));
+		c.lane = ap_kir_binary(k, AP_KIR_DIV, c.tid, ap_kir_idx(k, c.L.rows));
+		wp_count = c.L.block / 32;
+	} else {
+		c.lane = ap_kir_binary(k, AP_KIR_REM, c.tid, ap_kir_idx(k, c.L.lanes));
+		c.slot = ap_kir_binary(k, AP_KIR_DIV, c.tid, ap_kir_idx(k, c.L.lanes));
+		wp_count = c.L.lanes > 32 ? c.L.lanes / 32 : 1;
+	}
+	c.lane = ap_kir_bind(k, v->cur, k->index_type, "lane", c.lane);
+	c.slot = ap_kir_bind(k, v->cur, k->index_type, "slot", c.slot);
+	/* on-chip copies of the row's leaves */
+	for (int t2 = 0; t2 < g->n_tensors && c.L.cache != CACHE_NONE; t2++) {
+		char name[32];
+
+		if (!c.p.cached[t2])
+			continue;
+		snprintf(name, sizeof(name), "cache_%d", t2);
+		c.cache[t2] = c.L.cache == CACHE_REG
+				      ? ap_kir_local(k, name, g->tensors[t2].dtype, c.L.ept)
+				      : ap_kir_shared(k, name, g->tensors[t2].dtype,
+						      (int64_t)c.L.rows * c.p.N);
+	}
+	for (int lv = 1; lv <= c.p.n_levels; lv++)
+		for (int i = 0, j = 0; i < c.p.n_red; i++) {
+			char name[32];
+
+			if (c.p.level_of[i] != lv || wp_count <= 1)
+				continue;
+			snprintf(name, sizeof(name), "scr_%d_%d", lv, j++);
+			scratch[lv - 1][i] = ap_kir_shared(k, name,
+							   g->tensors[g->nodes[c.p.reds[i]].outputs[0]].dtype,
+							   (int64_t)c.L.rows * wp_count);
+		}
+	/* the rows of this block, grid-stride (uniform per block) */
+	r0 = ap_v_loop(v, "r", ap_kir_muli(k, ap_kir_index_of(k, AP_KIR_BLOCK_X), c.L.rows),
+		       ap_kir_idx(k, c.p.M), (int64_t)c.L.grid * c.L.rows, &sv_rows);
+	{
+		/* threads past the last row compute on the last row (never
+		 * stored), so that no index leaves its tensor */
+		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "rw",
+					       ap_kir_add(k, ap_kir_ref(k, r0), c.slot));
+
+		c.valid = ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, c.p.M));
+		c.row = ap_kir_bind(k, v->cur, k->index_type, "row",
+				    ap_kir_binary(k, AP_KIR_MIN, row, ap_kir_idx(k, c.p.M - 1)));
+	}
+	for (int lv = 1; lv <= c.p.n_levels && !v->rc; lv++) {
+		level_arg la;
+		ap_op ops[MAX_REDS];
+		ap_kir_array *scr[MAX_REDS];
+
+		memset(&la, 0, sizeof(la));
+		for (int i = 0; i < c.p.n_red; i++) {
+			const ap_node *node = &g->nodes[c.p.reds[i]];
+			ap_dtype dt = g->tensors[node->outputs[0]].dtype;
+
+			if (c.p.level_of[i] != lv)
+				continue;
+			la.idx[la.n] = i;
+			la.acc[la.n] = ap_kir_var_new(k, dt, "acc");
+			ap_kir_let(k, v->cur, la.acc[la.n], ap_v_reduce_identity(v, node->op, dt));
+			ops[la.n] = node->op;
+			scr[la.n] = wp_count > 1 ? scratch[lv - 1][i] : NULL;
+			la.n++;
+		}
+		row_pass(&c, lv - 1, level_body, &la);
+		row_combine(&c, la.acc, ops, la.n, scr, wp_count);
+		for (int i = 0; i < la.n; i++)
+			c.row_val[g->nodes[c.p.reds[la.idx[i]]].outputs[0]] = ap_kir_ref(k, la.acc[i]);
+		row_values(&c, lv);
+	}
+	if (c.p.has_full_out)
+		row_pass(&c, c.p.n_levels, output_body, NULL);
+	/* row outputs: the first lane of the row writes them */
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, c.valid,
+				 ap_kir_binary(k, AP_KIR_EQ, c.lane, ap_kir_idx(k, 0))), &sv, NULL);
+	for (int i = 0; i < g->n_outputs; i++) {
+		int o = g->outputs[i];
+		ap_lidx r;
+
+		if (c.p.cls[o] != CL_ROW)
+			continue;
+		r = row_index(&c, o);
+		ap_kir_store(k, v->cur, ap_v_buffer(v, o), c.row, ap_val(v, o, &r));
+	}
+	ap_v_close(v, sv);
+	if (c.L.cache == CACHE_SMEM)
+		ap_kir_barrier(k, v->cur);   /* the cache is reused by the next rows */
+	ap_v_close(v, sv_rows);
+	rc = v->rc;
+out:
+	free(c.row_val);
+	free(c.cache);
+	ap_vctx_clear(v);
+	plan_clear(&c.p);
+	return rc;
+}
+
+static void rows_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
+			 ap_traffic *out)
+{
+	rows_plan p;
+	char why[160];
+	unsigned lanes = (unsigned)s->v[0], rows = (unsigned)s->v[1];
+
+	memset(out, 0, sizeof(*out));
+	ap__lower_inline_traffic(m, out);
+	out->threads = lanes * rows;
+	if (analyze(m, &p, why, sizeof(why))) {
+		unsigned wp = p.column ? out->threads / 32 : (lanes > 32 ? lanes / 32 : 1);
+
+		out->blocks = ap_grid_for(p.M, rows);
+		out->flops *= n_passes(&p) > 0 ? n_passes(&p) : 1;
+		if (s->v[2] == CACHE_SMEM)
+			out->shared_bytes += (unsigned)smem_cache_bytes(&p, rows);
+		if (wp > 1)
+			out->shared_bytes += rows * wp * 8u * (unsigned)p.n_red;
+		out->uncoalesced = p.column && rows < 8;
+		plan_clear(&p);
+	}
+}
+
+const ap_emitter ap_emitter_row_reduce = {
+	"row_reduce", row_match, rows_space, rows_choose, rows_emit, rows_traffic,
+};
+
+const ap_emitter ap_emitter_column_reduce = {
+	"column_reduce", col_match, rows_space, rows_choose, rows_emit, rows_traffic,
+};
+
+const ap_emitter ap_emitter_stitched = {
+	"stitched", st_match, rows_space, rows_choose, rows_emit, rows_traffic,
+};
