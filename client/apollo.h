@@ -191,6 +191,10 @@ typedef struct ap_bundle_buffer {
  * shared between launches). */
 typedef struct ap_bundle_stats {
 	unsigned kernels, eager_kernels, nodes, kernels_compiled, distinct_kernels;
+	/* micro-graphs changed by the fusion layers: I (polyhedral loop
+	 * fusion), II (memory stitching: stitched micro-graphs made), III
+	 * (parallelism stitching: micro-graphs put in shared launches) */
+	unsigned layer1, layer2, layer3;
 	uint64_t global_bytes, eager_bytes, min_bytes;
 	double import_ms, partition_ms, codegen_ms, backend_ms, cache_ms, compile_ms;
 	bool cache_hit;
@@ -226,6 +230,32 @@ int ap_bundle_launch(const ap_bundle *b, int i, unsigned *kernel, int *n_args,
  * when the daemon gave none).  0 or AP_EINVAL. */
 int ap_bundle_launch_nodes(const ap_bundle *b, int i, int *n, const char *const **nodes,
 			   const char **category);
+
+/* Fusion layers as bits of ap_bundle_launch_part.layers and
+ * ap_bundle_launch_layers(). */
+#define AP_BUNDLE_LAYER_I 1u
+#define AP_BUNDLE_LAYER_II 2u
+#define AP_BUNDLE_LAYER_III 4u
+
+/* One micro-graph of a launch (apollo.LaunchPart; borrowed strings): a
+ * launch covers one, or several when Layer III launched independent ones
+ * together, each on its range of blocks. */
+typedef struct ap_bundle_launch_part {
+	const char *category;            /* its kind ("reduction", "stitched", ...) */
+	int n_nodes;
+	const char *const *nodes;        /* imported node names it computes */
+	unsigned block_begin, blocks;    /* its blocks: [block_begin, block_begin + blocks) */
+	unsigned layers;                 /* AP_BUNDLE_LAYER_* bits */
+	const char *detail;              /* what those layers did ("" if nothing) */
+} ap_bundle_launch_part;
+/* Parts of launch `i` (0 when the daemon gave none, or i is out of range). */
+int ap_bundle_launch_n_parts(const ap_bundle *b, int i);
+/* Part `j` of launch `i`; 0 or AP_EINVAL. */
+int ap_bundle_launch_part_get(const ap_bundle *b, int i, int j, ap_bundle_launch_part *out);
+/* The fusion layers that built launch `i` (AP_BUNDLE_LAYER_* bits), and
+ * its modelled global-memory bytes in *bytes when not NULL; 0 when i is out
+ * of range. */
+unsigned ap_bundle_launch_layers(const ap_bundle *b, int i, uint64_t *bytes);
 
 /* Why two launches were not fused: one row per producer/consumer edge
  * between launches (borrowed strings). */

@@ -836,6 +836,65 @@ int ap_bundle_launch_nodes(const ap_bundle *b, int i, int *n, const char *const 
 	return 0;
 }
 
+static unsigned layer_bits(char *const *names, size_t n)
+{
+	unsigned bits = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		if (!names[i])
+			continue;
+		if (!strcmp(names[i], "I"))
+			bits |= AP_BUNDLE_LAYER_I;
+		else if (!strcmp(names[i], "II"))
+			bits |= AP_BUNDLE_LAYER_II;
+		else if (!strcmp(names[i], "III"))
+			bits |= AP_BUNDLE_LAYER_III;
+	}
+	return bits;
+}
+
+int ap_bundle_launch_n_parts(const ap_bundle *b, int i)
+{
+	const Apollo__Launch *l;
+
+	if (i < 0 || (size_t)i >= b->pb->n_plan || !(l = b->pb->plan[i]) || l->n_parts > INT32_MAX)
+		return 0;
+	return (int)l->n_parts;
+}
+
+int ap_bundle_launch_part_get(const ap_bundle *b, int i, int j, ap_bundle_launch_part *out)
+{
+	const Apollo__Launch *l;
+	const Apollo__LaunchPart *p;
+
+	memset(out, 0, sizeof(*out));
+	out->category = out->detail = "";
+	if (i < 0 || (size_t)i >= b->pb->n_plan || !(l = b->pb->plan[i]) || j < 0 ||
+	    (size_t)j >= l->n_parts || !(p = l->parts[j]) || p->n_nodes > INT32_MAX)
+		return AP_EINVAL;
+	out->category = p->category ? p->category : "";
+	out->n_nodes = (int)p->n_nodes;
+	out->nodes = (const char *const *)p->nodes;
+	out->block_begin = p->block_begin;
+	out->blocks = p->blocks;
+	out->layers = layer_bits(p->layers, p->n_layers);
+	out->detail = p->detail ? p->detail : "";
+	return 0;
+}
+
+unsigned ap_bundle_launch_layers(const ap_bundle *b, int i, uint64_t *bytes)
+{
+	const Apollo__Launch *l;
+
+	if (bytes)
+		*bytes = 0;
+	if (i < 0 || (size_t)i >= b->pb->n_plan || !(l = b->pb->plan[i]))
+		return 0;
+	if (bytes)
+		*bytes = l->global_bytes;
+	return layer_bits(l->layers, l->n_layers);
+}
+
 int ap_bundle_n_boundaries(const ap_bundle *b)
 {
 	return b->pb->n_boundaries > INT32_MAX ? INT32_MAX : (int)b->pb->n_boundaries;
@@ -896,6 +955,9 @@ void ap_bundle_stats_get(const ap_bundle *b, ap_bundle_stats *out)
 	out->nodes = s->nodes;
 	out->kernels_compiled = s->kernels_compiled;
 	out->distinct_kernels = s->distinct_kernels;
+	out->layer1 = s->layer1_changed;
+	out->layer2 = s->layer2_stitched;
+	out->layer3 = s->layer3_merged;
 	out->global_bytes = s->global_bytes;
 	out->eager_bytes = s->eager_bytes;
 	out->min_bytes = s->min_bytes;

@@ -109,6 +109,21 @@ static uint64_t blob_total(const ap_bundle *b)
 	return total;
 }
 
+/* ["II","III"] for layer bits. */
+static void json_layers(FILE *f, unsigned layers)
+{
+	static const char *const names[] = {"I", "II", "III"};
+	bool first = true;
+
+	fputc('[', f);
+	for (int i = 0; i < 3; i++)
+		if (layers & (1u << i)) {
+			fprintf(f, "%s\"%s\"", first ? "" : ",", names[i]);
+			first = false;
+		}
+	fputc(']', f);
+}
+
 void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 {
 	ap_bundle_stats s;
@@ -136,6 +151,7 @@ void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 	json_num(f, "client_import_ms", info ? info->import_ms : 0);
 	json_num(f, "round_trip_ms", info ? info->round_trip_ms : 0);
 	fprintf(f, ",\"kernels_compiled\":%u", s.kernels_compiled);
+	fprintf(f, ",\"layers\":{\"I\":%u,\"II\":%u,\"III\":%u}", s.layer1, s.layer2, s.layer3);
 	fprintf(f, ",\"global_bytes\":%llu,\"eager_bytes\":%llu,\"min_bytes\":%llu",
 		(unsigned long long)s.global_bytes, (unsigned long long)s.eager_bytes,
 		(unsigned long long)s.min_bytes);
@@ -173,8 +189,35 @@ void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 		ap_json_string(f, cat);
 		fputs(",\"nodes\":", f);
 		json_strings(f, n_nodes, nodes);
-		if (info && info->explain)
+		{
+			uint64_t bytes;
+			unsigned layers = ap_bundle_launch_layers(b, i, &bytes);
+
+			fputs(",\"layers\":", f);
+			json_layers(f, layers);
+			fprintf(f, ",\"global_bytes\":%llu", (unsigned long long)bytes);
+		}
+		if (info && info->explain) {
 			json_launch_buffers(f, b, kernel, n_args, args);
+			fputs(",\"parts\":[", f);
+			for (int j = 0; j < ap_bundle_launch_n_parts(b, i); j++) {
+				ap_bundle_launch_part pt;
+
+				if (ap_bundle_launch_part_get(b, i, j, &pt) < 0)
+					continue;
+				fputs(j ? ",{\"category\":" : "{\"category\":", f);
+				ap_json_string(f, pt.category);
+				fprintf(f, ",\"block_begin\":%u,\"blocks\":%u,\"nodes\":", pt.block_begin,
+					pt.blocks);
+				json_strings(f, pt.n_nodes, pt.nodes);
+				fputs(",\"layers\":", f);
+				json_layers(f, pt.layers);
+				fputs(",\"detail\":", f);
+				ap_json_string(f, pt.detail);
+				fputc('}', f);
+			}
+			fputc(']', f);
+		}
 		fputc('}', f);
 	}
 	fputc(']', f);
@@ -250,6 +293,32 @@ static void text_reason_counts(FILE *f, const ap_bundle *b)
 		fprintf(f, "%sother %d", n ? ", " : "", other);
 }
 
+/* Under a launch of the explain report: which fusion layer stitched it
+ * and how ("    stitched by Layer II: ..." / "    stitched: Layer III ...",
+ * then its parts). */
+static void text_layers(FILE *f, const ap_bundle *b, int i)
+{
+	int np = ap_bundle_launch_n_parts(b, i);
+
+	if (np > 1)
+		fprintf(f, "    stitched: Layer III launches %d independent micro-graphs together, "
+			"split by blockIdx ranges:\n", np);
+	for (int j = 0; j < np; j++) {
+		ap_bundle_launch_part pt;
+
+		if (ap_bundle_launch_part_get(b, i, j, &pt) < 0)
+			continue;
+		if (np > 1) {
+			fprintf(f, "      blocks [%u, %u) %s: ", pt.block_begin, pt.block_begin + pt.blocks,
+				pt.category[0] ? pt.category : "-");
+			text_names(f, pt.n_nodes, pt.nodes, -1);
+			fputc('\n', f);
+		}
+		if (pt.detail[0])
+			fprintf(f, "    %s%s\n", np > 1 ? "  " : "", pt.detail);
+	}
+}
+
 void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info)
 {
 	ap_bundle_stats s;
@@ -283,6 +352,8 @@ void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info)
 		else
 			text_names(f, k.n_nodes, k.nodes, explain ? -1 : 6);
 		fputs(explain ? "\n" : "]\n", f);
+		if (explain)
+			text_layers(f, b, i);
 	}
 	fprintf(f, "cache %s; compile %.1f ms in the daemon (import %.1f, partition %.1f, "
 		   "codegen %.1f, backend %.1f, cache %.1f); %u kernels compiled\n",
@@ -291,6 +362,8 @@ void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info)
 	if (info)
 		fprintf(f, "client: import %.1f ms, round trip %.1f ms\n", info->import_ms,
 			info->round_trip_ms);
+	fprintf(f, "fusion layers: II stitched %u micro-graphs, III launched %u micro-graphs "
+		   "together\n", s.layer2, s.layer3);
 	fprintf(f, "modelled global memory: %llu B fused, %llu B eager, %llu B minimum; "
 		   "workspace %llu B; %d buffers, %llu B of blobs\n",
 		(unsigned long long)s.global_bytes, (unsigned long long)s.eager_bytes,

@@ -1521,8 +1521,9 @@ START_TEST(index_width)
 	output(g, z);
 	p = build_cuda(g, NULL);
 	ck_assert_int_eq(p->n_kernels, 2);
-	ck_assert_ptr_nonnull(strstr(cuda_text(p, 0), "for (long long i"));
-	ck_assert_ptr_nonnull(strstr(cuda_text(p, 1), "for (int i"));
+	ck_assert_ptr_nonnull(strstr(cuda_text(p, 0), "for (long long "));
+	ck_assert_ptr_nonnull(strstr(cuda_text(p, 1), "for (int "));
+	ck_assert_ptr_null(strstr(cuda_text(p, 1), "long long"));
 	ck_assert_uint_eq(p->buffers[0].nbytes, (uint64_t)1 << 32);
 	ap_program_free(p);
 	ap_graph_free(g);
@@ -2504,6 +2505,123 @@ START_TEST(onnx_node_tests)
 }
 END_TEST
 
+/* Imports DIR/model.onnx with test_data_set_0's inputs as bindings;
+ * NULL (with a message) when the folder cannot be read or imported. */
+static ap_graph *import_dir(const char *dir)
+{
+	char path[1024], set[1024];
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	ap_onnx_io *io = NULL;
+	ap_host_tensor **ins = NULL, **bind;
+	int n_in = 0;
+	ap_params *params = NULL;
+	ap_graph *g = NULL;
+	ap_error err;
+
+	snprintf(path, sizeof(path), "%s/model.onnx", dir);
+	snprintf(set, sizeof(set), "%s/test_data_set_0", dir);
+	if (ap_file_read(path, (size_t)1 << 30, &buf, &len, &err) < 0 ||
+	    ap_onnx_io_read(buf, len, &io, &err) < 0 ||
+	    ap_testdata_load(set, "input", &ins, &n_in, &err) < 0) {
+		fprintf(stderr, "check_program: %s: %s\n", dir, err.msg);
+		free(buf);
+		return NULL;
+	}
+	bind = calloc((size_t)n_in + 1, sizeof(*bind));
+	for (int i = 0; i < n_in; i++)
+		bind[i] = ap_host_tensor_copy(ins[i], i < io->n_inputs ? io->inputs[i] : NULL);
+	g = ap_onnx_import(buf, len, (const ap_host_tensor *const *)bind, n_in, &params, &err);
+	if (!g)
+		fprintf(stderr, "check_program: %s: import: %s\n", dir, err.msg);
+	for (int i = 0; i < n_in; i++) {
+		ap_host_tensor_free(ins[i]);
+		ap_host_tensor_free(bind[i]);
+	}
+	free(ins);
+	free(bind);
+	ap_params_free(params);
+	ap_onnx_io_free(io);
+	free(buf);
+	return g;
+}
+
+static bool has_prefix(const char *s, const char *p)
+{
+	return strncmp(s, p, strlen(p)) == 0;
+}
+
+/* Layer II on the real node tests: every Softmax, LogSoftmax,
+ * LayerNormalization and BatchNormalization test of ../shared/testdata
+ * (plain and _expanded) is one launch at level apollo; and every launch of
+ * them whose micro-graph holds a reduction combines its lanes with warp
+ * shuffles: its PTX (compute_80, NVRTC) contains shfl.sync. */
+START_TEST(normalizations_are_one_launch)
+{
+	static const char *const families[] = {"test_softmax", "test_logsoftmax",
+					       "test_layer_normalization", "test_batchnorm"};
+	char dir[800], why[700];
+	DIR *d = opendir(TESTDATA "/onnx-node");
+	struct dirent *de;
+	int n_tests = 0, n_ptx = 0;
+	ap_error err;
+	bool nvrtc = getenv("APOLLO_CHECK_NVRTC") == NULL || strcmp(getenv("APOLLO_CHECK_NVRTC"), "0");
+
+	if (!d) {
+		printf("check_program: %s/onnx-node not found, skipped\n", TESTDATA);
+		return;
+	}
+	if (nvrtc && ap_nvrtc_load(&err) != 0) {
+		printf("check_program: NVRTC not loaded, PTX not checked (%s)\n", err.msg);
+		nvrtc = false;
+	}
+	while ((de = readdir(d))) {
+		bool fam = false;
+		ap_graph *g;
+		ap_program *p;
+
+		for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
+			if (has_prefix(de->d_name, families[i]))
+				fam = true;
+		if (!fam)
+			continue;
+		snprintf(dir, sizeof(dir), "%s/onnx-node/%s", TESTDATA, de->d_name);
+		g = import_dir(dir);
+		ck_assert_msg(g != NULL, "%s: import failed", dir);
+		p = ap_program_build(g, &(ap_build_options){.target = "compute_80"}, &err);
+		ck_assert_msg(p != NULL, "%s: build: %s", dir, err.msg);
+		ck_assert_msg(p->n_launches == 1, "%s: %d launches, not one", de->d_name, p->n_launches);
+		for (int l = 0; nvrtc && l < p->n_launches; l++) {
+			const ap_launch *ln = &p->launches[l];
+			const ap_kernel_src *ks = &p->kernels[ln->kernel];
+			bool red = false;
+			uint8_t *ptx = NULL;
+			size_t len = 0;
+
+			for (int j = 0; j < ln->n_parts; j++)
+				red |= !strcmp(ln->parts[j].category, "reduction") ||
+				       !strcmp(ln->parts[j].category, "stitched");
+			if (!red)
+				continue;
+			ck_assert_msg(ap_nvrtc_compile(ks->src, "k.cu", "compute_80", false, &ptx, &len, &err) == 0,
+				      "%s: NVRTC: %s", de->d_name, err.msg);
+			ck_assert_msg(strstr((const char *)ptx, "shfl.sync") != NULL,
+				      "%s: reduction kernel %s without shfl.sync in its PTX", de->d_name, ks->name);
+			free(ptx);
+			n_ptx++;
+		}
+		(void)why;
+		n_tests++;
+		ap_program_free(p);
+		ap_graph_free(g);
+	}
+	closedir(d);
+	printf("check_program: %d normalization tests, one launch each; %d reduction PTX with shfl.sync\n",
+	       n_tests, n_ptx);
+	ck_assert_int_gt(n_tests, 40);
+}
+END_TEST
+
 /* Every real model and training step at the three fusion levels: each
  * matches its reference (none and apollo run; rules is built); the
  * outputs of none and apollo agree with each
@@ -2653,6 +2771,7 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, feedback_backend_refusal);
 	tcase_add_test(tc, explain_report);
 	tcase_add_test(tc, onnx_node_tests);
+	tcase_add_test(tc, normalizations_are_one_launch);
 	tcase_add_test(tc, fusion_levels_on_models);
 	tcase_add_test(tc, feedback_on_a_model);
 	suite_add_tcase(s, tc);

@@ -405,6 +405,24 @@ static void *xmemdup(const void *src, size_t n, bool *oom)
 	return p;
 }
 
+/* The names ("I", "II", "III") of the fusion layers in `layers`
+ * (AP_LAYER_* bits), malloc'd; *n gets the count. */
+static char **layer_names(unsigned layers, size_t *n, bool *oom)
+{
+	static const char *const names[] = {"I", "II", "III"};
+	char **v = xcalloc(3, sizeof(char *), oom);
+
+	*n = 0;
+	for (int i = 0; v && i < 3; i++)
+		if (layers & (1u << i)) {
+			v[*n] = xstrdup(names[i], oom);
+			if (!v[*n])
+				break;
+			(*n)++;
+		}
+	return v;
+}
+
 /* A compiled kernel blob, before it goes into the bundle. */
 struct kblob {
 	uint8_t *data;
@@ -510,6 +528,31 @@ static Apollo__Bundle *build_bundle(const ap_program *p, struct kblob *blobs, co
 		}
 		if (l->category)
 			pl->category = xstrdup(l->category, oom);
+		pl->global_bytes = l->global_bytes;
+		pl->layers = layer_names(l->layers, &pl->n_layers, oom);
+		pl->parts = xcalloc((size_t)l->n_parts, sizeof(*pl->parts), oom);
+		for (int j = 0; pl->parts && j < l->n_parts; j++) {
+			const ap_launch_part *pt = &l->parts[j];
+			Apollo__LaunchPart *pp = xcalloc(1, sizeof(*pp), oom);
+
+			if (!pp)
+				break;
+			apollo__launch_part__init(pp);
+			pl->parts[j] = pp;
+			pl->n_parts = (size_t)j + 1;
+			pp->category = xstrdup(pt->category ? pt->category : "", oom);
+			pp->block_begin = pt->block_begin;
+			pp->blocks = pt->blocks;
+			pp->detail = xstrdup(pt->detail ? pt->detail : "", oom);
+			pp->layers = layer_names(pt->layers, &pp->n_layers, oom);
+			pp->nodes = xcalloc((size_t)pt->n_nodes, sizeof(char *), oom);
+			for (int a = 0; pp->nodes && a < pt->n_nodes; a++) {
+				pp->nodes[a] = xstrdup(pt->nodes[a], oom);
+				if (!pp->nodes[a])
+					break;
+				pp->n_nodes = (size_t)a + 1;
+			}
+		}
 	}
 
 	/* Why launches were not fused: the --explain report. */
@@ -1223,6 +1266,9 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	}
 	b->stats->kernels = (uint32_t)prog->n_launches;
 	b->stats->distinct_kernels = (uint32_t)prog->n_kernels;
+	b->stats->layer1_changed = prog->layer_count[0];
+	b->stats->layer2_stitched = prog->layer_count[1];
+	b->stats->layer3_merged = prog->layer_count[2];
 	b->stats->eager_kernels = prog->eager_kernels ? prog->eager_kernels : g->eager_kernels;
 	b->stats->nodes = (uint32_t)g->n_nodes;
 	b->stats->global_bytes = prog->global_bytes;

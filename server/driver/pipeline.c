@@ -791,6 +791,15 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g, const ap_bui
 		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory building the program");
 		goto fail;
 	}
+	/* a fusion barrier (a user's hint) starts a new kernel at every layer:
+	 * its group is neither stitched nor launched with others */
+	for (int i = 0; i < P.part->n_boundaries; i++) {
+		const ap_boundary *bd = &P.part->boundaries[i];
+		int gc = P.part->group_of[bd->consumer];
+
+		if (bd->reason == AP_WHY_HINT && gc >= 0)
+			P.no_stitch[gc] = P.no_merge[gc] = true;
+	}
 	t = ap_now_ms();
 	while ((rc = round_once(&P)) == 1) {
 		if (++rounds > MAX_ROUNDS) {

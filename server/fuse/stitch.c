@@ -13,15 +13,16 @@
  * group order):
  *   1. for each reduction micro-graph not yet stitched, a candidate set C
  *      starts with it;
- *   2. the consumer micro-graphs of C (readers of a tensor C writes) are
- *      tried in increasing order: elementwise, broadcast and reduction
- *      ones that no refusal excluded (no_stitch);
- *   3. adding consumer Q keeps the micro-graph graph acyclic unless a path
- *      leads from C to Q through a micro-graph outside C.  Because members
- *      are added in increasing topological position, every member precedes
- *      Q, so only that direction can close a cycle; it is searched forward
- *      from C, among micro-graphs positioned before Q (a path to Q passes
- *      only there), within a budget (past it, Q is not added);
+ *   2. candidates are tried in increasing position: the consumer
+ *      micro-graphs of C (readers of a tensor C writes) -- elementwise,
+ *      broadcast and reduction ones -- and the reduction micro-graphs C
+ *      reads (a sibling reduction over the same rows, as E[x^2] beside
+ *      E[x]), unless a refusal excluded them (no_stitch);
+ *   3. adding candidate Q keeps the micro-graph graph acyclic unless a
+ *      path leads from C to Q, or from Q to C, through a micro-graph
+ *      outside both; each direction is searched forward among the
+ *      micro-graphs positioned before the target (positions rise along
+ *      every path), within a budget (past it, Q is not added);
  *   4. the union is extracted and asked to the emitter
  *      (ap_lower_stitchable): its reductions must reduce the same rows,
  *      what follows them must be per element or per row, and a row must
@@ -54,6 +55,7 @@ typedef struct sctx {
 	int *set_of;                 /* per micro-graph: its stitched set (root index), -1 */
 	int *set_next;               /* per micro-graph: next member of its set, -1 */
 	int *succ_off, *succ;        /* micro-graph successors, CSR, ascending */
+	int *pred_off, *pred;        /* micro-graph predecessors, CSR */
 	int *mark;                   /* scratch stamps per micro-graph */
 	int stamp;
 	int *stack;
@@ -119,50 +121,87 @@ static int build_successors(sctx *c)
 	for (int u = 0; u < c->n; u++)
 		qsort(c->succ + c->succ_off[u], (size_t)(c->succ_off[u + 1] - c->succ_off[u]),
 		      sizeof(int), cmp_int);
+	/* predecessors: the same edges reversed */
+	c->pred_off = calloc((size_t)c->n + 2, sizeof(int));
+	c->pred = malloc(((size_t)total + 1) * sizeof(int));
+	if (!c->pred_off || !c->pred) {
+		free(cnt);
+		return AP_ENOMEM;
+	}
+	for (int u = 0; u < c->n; u++)
+		for (int e = c->succ_off[u]; e < c->succ_off[u + 1]; e++)
+			c->pred_off[c->succ[e] + 1]++;
+	for (int u = 0; u < c->n; u++) {
+		c->pred_off[u + 1] += c->pred_off[u];
+		cnt[u] = 0;
+	}
+	for (int u = 0; u < c->n; u++)
+		for (int e = c->succ_off[u]; e < c->succ_off[u + 1]; e++) {
+			int v = c->succ[e];
+
+			c->pred[c->pred_off[v] + cnt[v]++] = u;
+		}
 	free(cnt);
 	return 0;
 }
 
-/* Pushes micro-graph v (positioned before q) for the search, and, when an
- * earlier stitch made it part of a set, every member of that set before q:
- * a stitched set is one node, whatever reaches one member reaches all. */
-static void push(sctx *c, int v, int q, int *sp)
+/* Pushes micro-graph v (positioned before `bound`) for the search, and,
+ * when an earlier stitch made it part of a set, every member of that set
+ * before `bound`: a stitched set is one node, whatever reaches one member
+ * reaches all. */
+static void push(sctx *c, int v, int bound, int *sp)
 {
-	if (v > q || c->mark[v] == c->stamp)
+	if (v > bound || c->mark[v] == c->stamp)
 		return;
 	c->mark[v] = c->stamp;
 	c->stack[(*sp)++] = v;
 	if (c->set_of[v] >= 0)
 		for (int w = c->set_of[v]; w >= 0; w = c->set_next[w])
-			push(c, w, q, sp);
+			push(c, w, bound, sp);
 }
 
-/* True when a path leads from a member of `set` (n members, all before q)
- * to q through a micro-graph outside the set, or when the search runs out
- * of budget (then q is not added: the safe answer). */
-static bool indirect_path(sctx *c, const int *set, int n, int q)
+/* Does a path lead from one of `from` (n_from micro-graphs) to one of `to`
+ * (n_to) through micro-graphs outside both?  Only micro-graphs positioned
+ * before the last target are searched (positions rise along every path);
+ * past the budget the answer is yes, the safe one. */
+static bool path_outside(sctx *c, const int *from, int n_from, const int *to, int n_to)
 {
-	int sp = 0, visited = 0;
+	int sp = 0, visited = 0, bound = -1;
 
 	c->stamp++;
-	for (int i = 0; i < n; i++)
-		c->mark[set[i]] = c->stamp;
-	for (int i = 0; i < n; i++)
-		for (int e = c->succ_off[set[i]]; e < c->succ_off[set[i] + 1]; e++)
-			if (c->succ[e] != q)
-				push(c, c->succ[e], q, &sp);
+	for (int i = 0; i < n_to; i++)
+		if (to[i] > bound)
+			bound = to[i];
+	for (int i = 0; i < n_from; i++)
+		c->mark[from[i]] = c->stamp;
+	for (int i = 0; i < n_to; i++)
+		c->mark[to[i]] = c->stamp;   /* targets are not walked through */
+	for (int i = 0; i < n_from; i++)
+		for (int e = c->succ_off[from[i]]; e < c->succ_off[from[i] + 1]; e++)
+			push(c, c->succ[e], bound, &sp);
 	while (sp > 0) {
 		int x = c->stack[--sp];
 
 		if (++visited > SEARCH_BUDGET)
 			return true;
 		for (int e = c->succ_off[x]; e < c->succ_off[x + 1]; e++) {
-			if (c->succ[e] == q)
-				return true;
-			push(c, c->succ[e], q, &sp);
+			int v = c->succ[e];
+
+			for (int i = 0; i < n_to; i++)
+				if (v == to[i])
+					return true;
+			push(c, v, bound, &sp);
 		}
 	}
 	return false;
+}
+
+/* Would adding q to the stitched set (n members) close a cycle?  The set
+ * is acyclic as it is; a new cycle passes through q: a path from the set
+ * to q, or from q to the set, through a micro-graph outside. */
+static bool closes_cycle(sctx *c, const int *set, int n, int q)
+{
+	return path_outside(c, set, n, &q, 1) || path_outside(c, &q, 1, set, n);
 }
 
 /* ---- unions ------------------------------------------------------------------------ */
@@ -338,18 +377,28 @@ static int grow(sctx *c, int r, ap_mgraph **stitched, int **members, int *n_memb
 	for (;;) {
 		int q = -1;
 
-		/* the smallest consumer of the set not yet tried */
-		for (int i = 0; i < n; i++)
+		/* the first untried candidate: a consumer of the set, or a
+		 * reduction the set reads (a sibling over the same rows, as
+		 * E[x^2] beside E[x]) */
+		for (int i = 0; i < n; i++) {
 			for (int e = c->succ_off[set[i]]; e < c->succ_off[set[i] + 1]; e++) {
 				int v = c->succ[e];
 
 				if (!tried[v] && !in_set(set, n, v) && c->set_of[v] < 0 && (q < 0 || v < q))
 					q = v;
 			}
+			for (int e = c->pred_off[set[i]]; e < c->pred_off[set[i] + 1]; e++) {
+				int v = c->pred[e];
+
+				if (!tried[v] && !in_set(set, n, v) && c->set_of[v] < 0 &&
+				    is_reduction_unit(c->ms[v]) && (q < 0 || v < q))
+					q = v;
+			}
+		}
 		if (q < 0)
 			break;
 		tried[q] = 1;
-		if (!consumer_kind_ok(c->ms[q]) || unit_excluded(c, q) || indirect_path(c, set, n, q))
+		if (!consumer_kind_ok(c->ms[q]) || unit_excluded(c, q) || closes_cycle(c, set, n, q))
 			continue;
 		set[n++] = q;
 		{
@@ -549,6 +598,8 @@ out:
 	free(c.stack);
 	free(c.succ_off);
 	free(c.succ);
+	free(c.pred_off);
+	free(c.pred);
 	free(first);
 	return rc;
 }

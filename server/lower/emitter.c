@@ -12,6 +12,8 @@ static const ap_emitter *const registry[] = {
 	&ap_emitter_stitched,
 	&ap_emitter_row_reduce,
 	&ap_emitter_column_reduce,
+	&ap_emitter_transpose,
+	&ap_emitter_movement,
 	&ap_emitter_pointwise,
 };
 

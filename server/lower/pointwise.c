@@ -8,7 +8,19 @@
  *
  * The written tensors are split into classes of equal shape; each class
  * is one grid-stride loop over its linear index i, whose coordinates are
- * named once.  Knobs: "block" (threads per block).
+ * named once.
+ *
+ * Vectors: when every output has one shape whose last dimension is a
+ * multiple of `vector` (2 or 4), each thread takes `vector` consecutive
+ * elements: the outputs are written with one vector store, and every leaf
+ * read at the element itself (the same linear index: elementwise chains,
+ * views) or as a trailing broadcast (a bias [N] under [M, N]: linear index
+ * modulo its size, a multiple of `vector`) is read with one vector load
+ * (ld.global.v4 on a GPU; the host prints scalar accesses).  Buffers are
+ * 16-byte aligned (ap_kernel_src.align tells the runtime).  The elements
+ * of a vector are still computed one by one.
+ *
+ * Knobs: "block" (threads per block), "vector" (elements per thread).
  */
 #include "emitters.h"
 
@@ -72,15 +84,249 @@ static bool pw_match(const ap_mgraph *m, const ap_target_info *t)
 	return true;
 }
 
-static void pw_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+/* ---- vector access analysis --------------------------------------------------- */
+
+/* How a tensor is read relative to the linear index L of the element the
+ * kernel computes: at L itself, at L modulo its element count (a
+ * trailing broadcast), or otherwise. */
+enum { VD_NONE = 0, VD_SAME, VD_MOD, VD_OTHER };
+
+typedef struct vdesc {
+	unsigned char kind;
+	int64_t mod;                     /* VD_MOD: the modulus */
+} vdesc;
+
+static void vd_meet(const ap_graph *g, int t, vdesc d, vdesc *vd);
+
+/* Marks t and everything it is computed from as read otherwise. */
+static void vd_other(const ap_graph *g, int t, vdesc *vd)
 {
-	sp->n = 1;
-	ap_knob_pow2(&sp->knobs[0], "block", 32, ap_block_cap(t));
+	vd_meet(g, t, (vdesc){VD_OTHER, 0}, vd);
 }
 
+/* Records that t is read as d, and propagates to its producer's inputs. */
+static void vd_meet(const ap_graph *g, int t, vdesc d, vdesc *vd)
+{
+	vdesc *cur;
+	int p;
+
+	if (t < 0)
+		return;
+	cur = &vd[t];
+	if (cur->kind == VD_OTHER)
+		return;
+	if (cur->kind != VD_NONE) {
+		if (cur->kind == d.kind && cur->mod == d.mod)
+			return;   /* seen with the same reads */
+		d = (vdesc){VD_OTHER, 0};
+	}
+	*cur = d;
+	p = g->tensors[t].producer;
+	if (p < 0)
+		return;
+	{
+		const ap_node *n = &g->nodes[p];
+		ap_op_category cat = ap_op_category_of(n->op);
+		int64_t nt = ap_tensor_numel(&g->tensors[t]);
+
+		for (int i = 0; i < n->n_inputs; i++) {
+			int x = n->inputs[i];
+			const ap_tensor *xt;
+			int64_t nx;
+
+			if (x < 0)
+				continue;
+			xt = &g->tensors[x];
+			nx = ap_tensor_numel(xt);
+			if (d.kind == VD_OTHER) {
+				vd_other(g, x, vd);
+			} else if (ap_op_is_view(n->op) || cat == AP_CAT_ELEMWISE ||
+				   (cat == AP_CAT_BROADCAST && ap_dims_equal(xt->rank, xt->dims,
+									       g->tensors[t].rank,
+									       g->tensors[t].dims))) {
+				vd_meet(g, x, nx == nt ? d : (vdesc){VD_OTHER, 0}, vd);
+			} else if (cat == AP_CAT_BROADCAST && nx > 0 && nt % nx == 0 &&
+				   (d.kind == VD_SAME || d.mod % nx == 0)) {
+				/* x's dims, leading ones dropped, are t's trailing dims:
+				 * its linear index is t's modulo its size */
+				int j = xt->rank - 1, k = g->tensors[t].rank - 1;
+				bool trailing = true;
+
+				for (; j >= 0; j--, k--) {
+					if (k < 0 || xt->dims[j] != g->tensors[t].dims[k]) {
+						for (; j >= 0; j--)
+							if (xt->dims[j] != 1)
+								trailing = false;
+						break;
+					}
+				}
+				vd_meet(g, x, trailing ? (vdesc){VD_MOD, nx} : (vdesc){VD_OTHER, 0}, vd);
+			} else {
+				vd_other(g, x, vd);
+			}
+		}
+	}
+}
+
+/* Vector width `w` is usable for m: one output shape, its last dimension a
+ * multiple of w, every output's dtype with a w-wide vector type.  When
+ * `vd` is not NULL it receives each tensor's reads. */
+static bool vector_ok(const ap_mgraph *m, int w, vdesc *vd)
+{
+	const ap_graph *g = m->g;
+	const ap_tensor *o0;
+
+	if (g->n_outputs == 0)
+		return false;
+	o0 = &g->tensors[g->outputs[0]];
+	if (o0->rank < 1 || o0->dims[o0->rank - 1] % w != 0 || ap_tensor_numel(o0) < w)
+		return false;
+	for (int i = 0; i < g->n_outputs; i++) {
+		const ap_tensor *o = &g->tensors[g->outputs[i]];
+
+		if (!ap_dims_equal(o->rank, o->dims, o0->rank, o0->dims) || !ap_kir_vector_ok(o->dtype, w))
+			return false;
+	}
+	if (vd)
+		for (int i = 0; i < g->n_outputs; i++)
+			vd_meet(g, g->outputs[i], (vdesc){VD_SAME, 0}, vd);
+	return true;
+}
+
+/* A leaf of m read as a vector of width w. */
+static bool vector_leaf(const ap_graph *g, int t, const vdesc *vd, int w)
+{
+	const ap_tensor *x = &g->tensors[t];
+
+	if (x->producer >= 0 || x->kind == AP_TENSOR_CONST || !ap_kir_vector_ok(x->dtype, w))
+		return false;
+	return vd[t].kind == VD_SAME || (vd[t].kind == VD_MOD && vd[t].mod % w == 0);
+}
+
+static void pw_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+{
+	sp->n = 2;
+	ap_knob_pow2(&sp->knobs[0], "block", 32, ap_block_cap(t));
+	sp->knobs[1] = (ap_knob){"vector", 1, {1}};
+	for (int w = 2; w <= 4; w *= 2)
+		if (vector_ok(m, w, NULL))
+			sp->knobs[1].values[sp->knobs[1].n++] = w;
+}
+
+/* Default: the widest vector that is allowed and leaves a block's worth of
+ * work per block; the block as large as the elements (cap). */
 static void pw_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
 {
-	s->v[0] = (int)ap_pow2_at_least(max_output_numel(m), 32, ap_block_cap(t));
+	int64_t n = max_output_numel(m);
+	int w = 1;
+
+	for (int i = 0; i < sp->knobs[1].n; i++)
+		if (sp->knobs[1].values[i] > w && n / sp->knobs[1].values[i] >= 32)
+			w = sp->knobs[1].values[i];
+	s->v[0] = (int)ap_pow2_at_least(n / w, 32, ap_block_cap(t));
+	s->v[1] = w;
+}
+
+typedef struct vec_hook {
+	ap_kir_var ***lanes;             /* per tensor: its w loaded elements, or NULL */
+	int w, lane;
+} vec_hook;
+
+static ap_kir_expr *vec_leaf(ap_vctx *v, int t, ap_lidx *ix, void *user)
+{
+	vec_hook *h = user;
+
+	return h->lanes[t] ? ap_kir_ref(v->k, h->lanes[t][h->lane]) : NULL;
+}
+
+/* The vector form: one grid-stride loop over groups of w elements of the
+ * outputs' single shape. */
+static int emit_vector(const ap_mgraph *m, ap_vctx *v, unsigned bs, int w)
+{
+	const ap_graph *g = m->g;
+	ap_kir_kernel *k = v->k;
+	const ap_tensor *o0 = &g->tensors[g->outputs[0]];
+	int64_t groups = ap_tensor_numel(o0) / w;
+	unsigned grid = ap_grid_for(groups, bs);
+	vdesc *vd = calloc((size_t)g->n_tensors + 1, sizeof(*vd));
+	ap_kir_var ***vals = calloc((size_t)g->n_outputs + 1, sizeof(*vals));
+	vec_hook h = {calloc((size_t)g->n_tensors + 1, sizeof(ap_kir_var **)), w, 0};
+	ap_kir_block *saved;
+	ap_kir_var *q;
+	ap_kir_expr *base;
+
+	if (!vd || !vals || !h.lanes) {
+		free(vd);
+		free(vals);
+		free(h.lanes);
+		ap_v_fail(v, AP_ENOMEM, NULL, "out of memory");
+		return AP_ENOMEM;
+	}
+	vector_ok(m, w, vd);
+	k->grid[0] = grid;
+	k->block[0] = bs;
+	q = ap_v_loop(v, "q",
+		      ap_kir_add(k, ap_kir_muli(k, ap_kir_index_of(k, AP_KIR_BLOCK_X), bs),
+				 ap_kir_index_of(k, AP_KIR_THREAD_X)),
+		      ap_kir_idx(k, groups), (int64_t)grid * bs, &saved);
+	base = ap_kir_bind(k, v->cur, k->index_type, "i", ap_kir_muli(k, ap_kir_ref(k, q), w));
+	/* one vector load per leaf read at the element or as a trailing broadcast */
+	for (int t = 0; t < g->n_tensors; t++) {
+		ap_kir_var **lane;
+		ap_kir_expr *idx;
+
+		if (!vector_leaf(g, t, vd, w))
+			continue;
+		lane = calloc((size_t)w, sizeof(*lane));
+		if (!lane) {
+			ap_v_fail(v, AP_ENOMEM, NULL, "out of memory");
+			break;
+		}
+		for (int j = 0; j < w; j++)
+			lane[j] = ap_kir_var_new(k, g->tensors[t].dtype, "e");
+		idx = vd[t].kind == VD_SAME ? base
+					    : ap_kir_binary(k, AP_KIR_REM, base, ap_kir_idx(k, vd[t].mod));
+		ap_kir_vload(k, v->cur, ap_v_buffer(v, t), idx, w, lane);
+		h.lanes[t] = lane;
+	}
+	v->leaf = vec_leaf;
+	v->leaf_user = &h;
+	for (int i = 0; i < g->n_outputs; i++)
+		vals[i] = calloc((size_t)w, sizeof(ap_kir_var *));
+	for (int j = 0; j < w && !v->rc; j++) {
+		ap_lidx ix = ap_lidx_shape(o0);
+
+		h.lane = j;
+		ix.lin = ap_kir_addi(k, base, j);
+		for (int i = 0; i < g->n_outputs && !v->rc; i++) {
+			ap_lidx r = ix;
+			ap_kir_expr *e = ap_val(v, g->outputs[i], &r);
+
+			if (!vals[i]) {
+				ap_v_fail(v, AP_ENOMEM, NULL, "out of memory");
+				break;
+			}
+			vals[i][j] = ap_kir_var_new(k, g->tensors[g->outputs[i]].dtype, "w");
+			ap_kir_let(k, v->cur, vals[i][j], e);
+		}
+	}
+	for (int i = 0; i < g->n_outputs && !v->rc; i++) {
+		ap_kir_expr *es[4];
+
+		for (int j = 0; j < w; j++)
+			es[j] = ap_kir_ref(k, vals[i][j]);
+		ap_kir_vstore(k, v->cur, ap_v_buffer(v, g->outputs[i]), base, w, es);
+	}
+	ap_v_close(v, saved);
+	v->leaf = NULL;
+	for (int t = 0; t < g->n_tensors; t++)
+		free(h.lanes[t]);
+	free(h.lanes);
+	for (int i = 0; i < g->n_outputs; i++)
+		free(vals[i]);
+	free(vals);
+	free(vd);
+	return v->rc;
 }
 
 static int pw_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
@@ -95,6 +341,12 @@ static int pw_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	if (!done)
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a micro-graph");
 	if ((rc = ap_vctx_init(&v, m, k, err))) {
+		free(done);
+		return rc;
+	}
+	if (s->n > 1 && s->v[1] > 1) {
+		rc = emit_vector(m, &v, bs, s->v[1]);
+		ap_vctx_clear(&v);
 		free(done);
 		return rc;
 	}
@@ -211,7 +463,7 @@ static void pw_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_in
 	memset(out, 0, sizeof(*out));
 	ap__lower_inline_traffic(m, out);
 	out->threads = (unsigned)s->v[0];
-	out->blocks = ap_grid_for(max_output_numel(m), s->v[0]);
+	out->blocks = ap_grid_for(max_output_numel(m) / (s->n > 1 ? s->v[1] : 1), s->v[0]);
 }
 
 const ap_emitter ap_emitter_pointwise = {

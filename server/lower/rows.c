@@ -132,48 +132,6 @@ static bool full_shaped(const rows_plan *p, const ap_tensor *t)
 	return ap_dims_equal(t->rank, t->dims, p->rank, p->S);
 }
 
-/* Marks, for every tensor read at the current element (the row's column
- * being processed), whether all its reads are there: cur[t] = 1 read there
- * only, 2 read elsewhere too. */
-static void mark_cur(const ap_graph *g, int t, unsigned char *cur, unsigned char *seen)
-{
-	int p;
-
-	if (t < 0)
-		return;
-	if (!cur[t])
-		cur[t] = 1;
-	if (seen[t])
-		return;
-	seen[t] = 1;
-	p = g->tensors[t].producer;
-	if (p < 0)
-		return;
-	{
-		const ap_node *n = &g->nodes[p];
-		ap_op_category cat = ap_op_category_of(n->op);
-
-		for (int i = 0; i < n->n_inputs; i++) {
-			int x = n->inputs[i];
-
-			if (x < 0)
-				continue;
-			if (cat == AP_CAT_REDUCTION) {
-				cur[x] = 2;   /* reduced: read at every column */
-				continue;
-			}
-			if (ap_op_is_view(n->op) || cat == AP_CAT_ELEMWISE ||
-			    (cat == AP_CAT_BROADCAST &&
-			     ap_dims_equal(g->tensors[x].rank, g->tensors[x].dims, g->tensors[t].rank,
-					   g->tensors[t].dims))) {
-				mark_cur(g, x, cur, seen);
-			} else {
-				cur[x] = 2;
-			}
-		}
-	}
-}
-
 /* Analyses micro-graph m as a row group; false with *why when it is not
  * one (a reason for people, e.g. for the explain report). */
 static bool analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
@@ -291,7 +249,9 @@ static bool analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
 		     ap_tensor_numel(&g->tensors[o]) == p->M * p->N && !p->column &&
 		     full_shaped(p, &g->tensors[n->inputs[0]]))) {
 			p->cls[o] = CL_FULL;
-		} else if (!full_in && row_shaped(p, &g->tensors[o])) {
+		} else if (!full_in && (row_shaped(p, &g->tensors[o]) ||
+					(ap_op_is_view(n->op) && ap_tensor_numel(&g->tensors[o]) == p->M))) {
+			/* a row value (a view of one keeps its linear index: the row) */
 			p->cls[o] = CL_ROW;
 		} else {
 			snprintf(why, cap, "%s after a reduction writes neither a row nor a full tensor",
@@ -317,10 +277,10 @@ static bool analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
 	}
 	/* leaves read only at the current element can be kept on chip */
 	for (int r = 0; r < p->n_red; r++)
-		mark_cur(g, g->nodes[p->reds[r]].inputs[0], cur, seen);
+		ap_v_mark_current(g, g->nodes[p->reds[r]].inputs[0], true, cur, seen);
 	for (int i = 0; i < g->n_outputs; i++)
 		if (p->cls[g->outputs[i]] == CL_FULL)
-			mark_cur(g, g->outputs[i], cur, seen);
+			ap_v_mark_current(g, g->outputs[i], true, cur, seen);
 	for (int t = 0; t < g->n_tensors; t++) {
 		const ap_tensor *x = &g->tensors[t];
 
@@ -933,18 +893,27 @@ static int rows_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info
 	if (c.p.has_full_out)
 		row_pass(&c, c.p.n_levels, output_body, NULL);
 	/* row outputs: the first lane of the row writes them */
-	ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, c.valid,
-				 ap_kir_binary(k, AP_KIR_EQ, c.lane, ap_kir_idx(k, 0))), &sv, NULL);
-	for (int i = 0; i < g->n_outputs; i++) {
-		int o = g->outputs[i];
-		ap_lidx r;
+	{
+		bool any = false;
 
-		if (c.p.cls[o] != CL_ROW)
-			continue;
-		r = row_index(&c, o);
-		ap_kir_store(k, v->cur, ap_v_buffer(v, o), c.row, ap_val(v, o, &r));
+		for (int i = 0; i < g->n_outputs; i++)
+			any |= c.p.cls[g->outputs[i]] == CL_ROW;
+		if (any) {
+			ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, c.valid,
+						 ap_kir_binary(k, AP_KIR_EQ, c.lane, ap_kir_idx(k, 0))),
+				&sv, NULL);
+			for (int i = 0; i < g->n_outputs; i++) {
+				int o = g->outputs[i];
+				ap_lidx r;
+
+				if (c.p.cls[o] != CL_ROW)
+					continue;
+				r = row_index(&c, o);
+				ap_kir_store(k, v->cur, ap_v_buffer(v, o), c.row, ap_val(v, o, &r));
+			}
+			ap_v_close(v, sv);
+		}
 	}
-	ap_v_close(v, sv);
 	if (c.L.cache == CACHE_SMEM)
 		ap_kir_barrier(k, v->cur);   /* the cache is reused by the next rows */
 	ap_v_close(v, sv_rows);

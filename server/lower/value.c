@@ -634,6 +634,65 @@ ap_kir_expr *ap_val(ap_vctx *v, int t, ap_lidx *ix)
 	return r;
 }
 
+/* t is read at another index than the current one: so is everything it
+ * is computed from. */
+static void mark_other(const ap_graph *g, int t, unsigned char *cur, bool rows)
+{
+	int p;
+
+	if (t < 0 || cur[t] == 2)
+		return;
+	cur[t] = 2;
+	p = g->tensors[t].producer;
+	if (p < 0 || (rows && ap_op_category_of(g->nodes[p].op) == AP_CAT_REDUCTION))
+		return;
+	for (int i = 0; i < g->nodes[p].n_inputs; i++)
+		mark_other(g, g->nodes[p].inputs[i], cur, rows);
+}
+
+void ap_v_mark_current(const ap_graph *g, int t, bool rows, unsigned char *cur,
+		       unsigned char *seen)
+{
+	int p;
+
+	if (t < 0)
+		return;
+	if (!cur[t])
+		cur[t] = 1;
+	if (seen[t])
+		return;
+	seen[t] = 1;
+	p = g->tensors[t].producer;
+	if (p < 0)
+		return;
+	{
+		const ap_node *n = &g->nodes[p];
+		ap_op_category cat = ap_op_category_of(n->op);
+
+		for (int i = 0; i < n->n_inputs; i++) {
+			int x = n->inputs[i];
+
+			if (x < 0)
+				continue;
+			if (cat == AP_CAT_REDUCTION) {
+				/* reduced: read at every column (with `rows`, the
+				 * caller marks the reduction's own pass) */
+				if (!rows)
+					mark_other(g, x, cur, rows);
+				continue;
+			}
+			if (ap_op_is_view(n->op) || cat == AP_CAT_ELEMWISE ||
+			    (cat == AP_CAT_BROADCAST &&
+			     ap_dims_equal(g->tensors[x].rank, g->tensors[x].dims, g->tensors[t].rank,
+					   g->tensors[t].dims))) {
+				ap_v_mark_current(g, x, rows, cur, seen);
+			} else {
+				mark_other(g, x, cur, rows);
+			}
+		}
+	}
+}
+
 ap_dtype ap_index_type_for(const ap_graph *g)
 {
 	const int64_t lim = (int64_t)1 << 30;

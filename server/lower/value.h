@@ -150,6 +150,19 @@ ap_lidx ap_reduce_in_idx(ap_vctx *v, const ap_node *node, int x, ap_lidx *out, a
 ap_kir_expr *ap_v_loop_op(ap_vctx *v, const ap_node *node, int t, ap_lidx *ix);
 int64_t ap_node_attr_at(const ap_node *node, const char *name, int i, int64_t dflt);
 
+/* Marks, starting from tensor t read at "the current element" (the index
+ * the kernel iterates), every tensor the value builder reads at that very
+ * element through elementwise ops, same-shape broadcasts and views:
+ * cur[x] = 1 while every read of x seen is there, 2 once x is read at
+ * another index too (a reduction's input, an index map, a broadcast from
+ * another shape) -- and so, then, is everything it is computed from.
+ * With `rows` (a kernel holding each reduction's result per row, whose
+ * caller marks the reductions' inputs itself) nothing is marked through a
+ * reduction.  `seen` (per tensor, zeroed by the caller) stops revisits.
+ * Call once per tensor the kernel iterates. */
+void ap_v_mark_current(const ap_graph *g, int t, bool rows, unsigned char *cur,
+		       unsigned char *seen);
+
 /* 32-bit index arithmetic (much cheaper on a GPU) when every tensor of g
  * has fewer than 2^30 elements: linear indices, coordinates and a
  * grid-stride step (< 2^26) then stay below 2^31; else 64-bit. */

@@ -1,0 +1,208 @@
+/* movement.c -- the data-movement emitter: a micro-graph that writes one
+ * Concat (with the slices, views, pads, gathers and elementwise ops that
+ * feed it).
+ *
+ * The pointwise emitter computes a concatenation element by element,
+ * choosing the operand with a branch per element.  This emitter peels it
+ * (the operand-by-operand loop of XLA's concatenate emitter): one
+ * grid-stride loop per operand over that operand's own elements, each
+ * written at its place in the output -- no branch, and every operand's
+ * reads and writes are contiguous runs.  The operand's value comes from
+ * the value builder, so whatever feeds it (a slice, a view, elementwise
+ * ops) is computed on the way.  When an operand's region is a multiple of
+ * `vector` long on the last axis and starts at a multiple of it (always so
+ * for a concatenation on another axis), each thread copies `vector`
+ * consecutive elements: the operand, when it is a leaf, with one vector
+ * load, and the output with one vector store.
+ *
+ * Knobs: "block" (threads per block), "vector" (1, 2, 4).
+ */
+#include "emitters.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The Concat node writing m's only output, or -1. */
+static int concat_root(const ap_mgraph *m)
+{
+	const ap_graph *g = m->g;
+	int o, p;
+
+	if (g->n_outputs != 1)
+		return -1;
+	o = g->outputs[0];
+	p = g->tensors[o].producer;
+	if (p < 0 || g->nodes[p].op != AP_OP_CONCAT)
+		return -1;
+	return p;
+}
+
+static bool mv_match(const ap_mgraph *m, const ap_target_info *t)
+{
+	int c = concat_root(m);
+
+	return c >= 0 && ap_node_int(&m->g->nodes[c], "axis", 0) >= 0;
+}
+
+/* Can every operand region of the concatenation be copied w elements at a
+ * time? */
+static bool regions_allow(const ap_mgraph *m, int w)
+{
+	const ap_graph *g = m->g;
+	const ap_node *c = &g->nodes[concat_root(m)];
+	const ap_tensor *o = &g->tensors[c->outputs[0]];
+	int64_t axis = ap_node_int(c, "axis", 0), off = 0;
+
+	if (o->rank < 1 || !ap_kir_vector_ok(o->dtype, w) || o->dims[o->rank - 1] % w)
+		return false;
+	for (int i = 0; i < c->n_inputs; i++) {
+		const ap_tensor *x;
+
+		if (c->inputs[i] < 0)
+			continue;
+		x = &g->tensors[c->inputs[i]];
+		if (x->dims[x->rank - 1] % w || (axis == o->rank - 1 && off % w))
+			return false;
+		off += x->dims[axis];
+	}
+	return true;
+}
+
+static void mv_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+{
+	sp->n = 2;
+	ap_knob_pow2(&sp->knobs[0], "block", 32, ap_block_cap(t));
+	sp->knobs[1] = (ap_knob){"vector", 1, {1}};
+	for (int w = 2; w <= 4; w *= 2)
+		if (regions_allow(m, w))
+			sp->knobs[1].values[sp->knobs[1].n++] = w;
+}
+
+static void mv_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+{
+	int64_t n = ap_tensor_numel(&m->g->tensors[m->g->outputs[0]]);
+	int w = sp->knobs[1].values[sp->knobs[1].n - 1];
+
+	s->v[0] = (int)ap_pow2_at_least(n / w, 32, ap_block_cap(t));
+	s->v[1] = w;
+}
+
+typedef struct mv_hook {
+	int leaf;                        /* the operand's tensor when it is a vector-loaded leaf */
+	ap_kir_var *lanes[4];
+	int lane;
+} mv_hook;
+
+static ap_kir_expr *mv_leaf(ap_vctx *v, int t, ap_lidx *ix, void *user)
+{
+	mv_hook *h = user;
+
+	return t == h->leaf ? ap_kir_ref(v->k, h->lanes[h->lane]) : NULL;
+}
+
+static int mv_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
+		   ap_error *err)
+{
+	const ap_graph *g = m->g;
+	int ci = concat_root(m), rc;
+	const ap_node *c;
+	const ap_tensor *ot;
+	unsigned bs = (unsigned)s->v[0], grid;
+	int w = s->v[1];
+	int64_t axis, off = 0, biggest = 1;
+	mv_hook h;
+	ap_vctx v;
+
+	if (ci < 0 || (w > 1 && !regions_allow(m, w)))
+		return ap_error_set(err, AP_EUNSUPPORTED, g->nodes[m->root].name, NULL,
+				    "movement emitter: not a concatenation copied %d at a time", w);
+	c = &g->nodes[ci];
+	ot = &g->tensors[c->outputs[0]];
+	axis = ap_node_int(c, "axis", 0);
+	if ((rc = ap_vctx_init(&v, m, k, err)))
+		return rc;
+	for (int i = 0; i < c->n_inputs; i++)
+		if (c->inputs[i] >= 0 && ap_tensor_numel(&g->tensors[c->inputs[i]]) > biggest)
+			biggest = ap_tensor_numel(&g->tensors[c->inputs[i]]);
+	grid = ap_grid_for(biggest / w, bs);
+	k->grid[0] = grid;
+	k->block[0] = bs;
+	memset(&h, 0, sizeof(h));
+	v.leaf = mv_leaf;
+	v.leaf_user = &h;
+	for (int i = 0; i < c->n_inputs && !v.rc; i++) {
+		int in = c->inputs[i];
+		const ap_tensor *xt;
+		int64_t n;
+		ap_kir_block *saved;
+		ap_kir_var *q;
+		ap_kir_expr *base, *vals[4];
+
+		if (in < 0)
+			continue;
+		xt = &g->tensors[in];
+		n = ap_tensor_numel(xt);
+		if (n <= 0) {
+			off += xt->dims[axis];
+			continue;
+		}
+		ap_kir_comment(k, v.cur, "operand %d: %lld elements at offset %lld on axis %lld", i,
+			       (long long)n, (long long)off, (long long)axis);
+		q = ap_v_loop(&v, "q",
+			      ap_kir_add(k, ap_kir_muli(k, ap_kir_index_of(k, AP_KIR_BLOCK_X), bs),
+					 ap_kir_index_of(k, AP_KIR_THREAD_X)),
+			      ap_kir_idx(k, n / w), (int64_t)grid * bs, &saved);
+		base = ap_kir_bind(k, v.cur, k->index_type, "i", ap_kir_muli(k, ap_kir_ref(k, q), w));
+		/* an operand read straight from memory: one vector load */
+		h.leaf = -1;
+		if (w > 1 && xt->producer < 0 && xt->kind != AP_TENSOR_CONST &&
+		    ap_kir_vector_ok(xt->dtype, w)) {
+			for (int j = 0; j < w; j++)
+				h.lanes[j] = ap_kir_var_new(k, xt->dtype, "e");
+			ap_kir_vload(k, v.cur, ap_v_buffer(&v, in), base, w, h.lanes);
+			h.leaf = in;
+		}
+		{
+			ap_lidx o0 = ap_lidx_shape(ot);
+
+			for (int j = 0; j < w && !v.rc; j++) {
+				ap_lidx xi = ap_lidx_shape(xt);
+
+				h.lane = j;
+				xi.lin = ap_kir_addi(k, base, j);
+				vals[j] = ap_kir_bind(k, v.cur, ot->dtype, "w",
+						      ap_kir_cast(k, ot->dtype, ap_val(&v, in, &xi)));
+				if (j == 0) {
+					/* the output element of the first lane: the
+					 * operand's coordinates, shifted on the axis */
+					for (int d = 0; d < ot->rank; d++)
+						o0.c[d] = d == axis ? ap_kir_addi(k, ap_lidx_coord(&v, &xi, d), off)
+								    : ap_lidx_coord(&v, &xi, d);
+				}
+			}
+			if (w == 1)
+				ap_kir_store(k, v.cur, ap_v_buffer(&v, c->outputs[0]), ap_lidx_linear(&v, &o0),
+					     vals[0]);
+			else
+				ap_kir_vstore(k, v.cur, ap_v_buffer(&v, c->outputs[0]),
+					      ap_lidx_linear(&v, &o0), w, vals);
+		}
+		ap_v_close(&v, saved);
+		off += xt->dims[axis];
+	}
+	rc = v.rc;
+	ap_vctx_clear(&v);
+	return rc;
+}
+
+static void mv_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
+{
+	memset(out, 0, sizeof(*out));
+	ap__lower_inline_traffic(m, out);
+	out->threads = (unsigned)s->v[0];
+	out->blocks = ap_grid_for(ap_tensor_numel(&m->g->tensors[m->g->outputs[0]]) / s->v[1], s->v[0]);
+}
+
+const ap_emitter ap_emitter_movement = {
+	"movement", mv_match, mv_space, mv_choose, mv_emit, mv_traffic,
+};

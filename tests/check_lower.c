@@ -1,0 +1,770 @@
+/* check_lower.c -- the schedule layer: every emitter, on small micro-graphs
+ * built here, for every configuration of its parameter space.
+ *
+ * For each case: the micro-graph is matched by the emitter the case names;
+ * every combination of the emitter's knobs is lowered (a combination the
+ * emitter cannot build is refused with AP_EUNSUPPORTED, and at least one
+ * must build); all kernels of the case are printed as host C into one
+ * translation unit, compiled, loaded and run over every block on random
+ * inputs, and each output is compared with a reference computed here.
+ * The default configuration's CUDA C is compared with a golden file under
+ * tests/golden/lower/ (APOLLO_UPDATE_GOLDEN=1 rewrites them), checked for
+ * the constructs the emitter exists for (warp shuffles, shared-memory
+ * tiles, vector accesses), and compiled with NVRTC when it is present,
+ * whose PTX must hold the matching instructions (shfl.sync, ld.shared,
+ * ld.global.v4).  The kernel IR verifier runs on every kernel.
+ */
+#include <check.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "server/backend/backend.h"
+#include "server/lower/lower.h"
+
+#define MAX_CFG 512
+#define GOLDEN_DIR "tests/golden/lower"
+
+typedef void (*host_fn)(void *const *args, unsigned block_begin, unsigned block_end);
+
+static unsigned long long g_seed = 0x9e3779b97f4a7c15ull;
+
+static float frand(float lo, float hi)
+{
+	g_seed ^= g_seed << 13;
+	g_seed ^= g_seed >> 7;
+	g_seed ^= g_seed << 17;
+	return lo + (hi - lo) * (float)((g_seed >> 11) % 1000000) / 1000000.0f;
+}
+
+/* ---- building micro-graphs ---------------------------------------------------------- */
+
+#define DIMS(...) ((const int64_t[]){__VA_ARGS__}), (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
+#define LIST(...) (int)(sizeof((const int[]){__VA_ARGS__}) / sizeof(int)), ((const int[]){__VA_ARGS__})
+
+static int tensor(ap_graph *g, const char *name, const int64_t *dims, int rank, ap_tensor_kind kind)
+{
+	int t = ap_graph_add_tensor(g, name, AP_DT_F32, rank, dims, kind, NULL, 0);
+
+	ck_assert_int_ge(t, 0);
+	if (kind == AP_TENSOR_INPUT) {
+		g->inputs = realloc(g->inputs, (size_t)(g->n_inputs + 1) * sizeof(int));
+		g->inputs[g->n_inputs++] = t;
+	}
+	return t;
+}
+
+static int scalar(ap_graph *g, const char *name, float v)
+{
+	int t = ap_graph_add_tensor(g, name, AP_DT_F32, 0, NULL, AP_TENSOR_CONST, &v, sizeof(v));
+
+	ck_assert_int_ge(t, 0);
+	return t;
+}
+
+static int node(ap_graph *g, const char *name, ap_op op, int n_in, const int *in, int n_out,
+		const int *out)
+{
+	int n = ap_graph_add_node(g, name, op, n_in, in, n_out, out);
+
+	ck_assert_int_ge(n, 0);
+	return n;
+}
+
+static void reduce_axes(ap_graph *g, int n, const int64_t *axes, int n_axes, int keep)
+{
+	ap_node_set_ints(g, n, "axes", axes, n_axes);
+	ap_node_set_int(g, n, "keepdims", keep);
+}
+
+static void output(ap_graph *g, int t)
+{
+	g->tensors[t].is_output = true;
+	g->outputs = realloc(g->outputs, (size_t)(g->n_outputs + 1) * sizeof(int));
+	g->outputs[g->n_outputs++] = t;
+}
+
+/* The micro-graph of all of g's nodes (all members) writing g's outputs. */
+static ap_mgraph *whole(ap_graph *g, ap_group_kind kind)
+{
+	ap_error err;
+	int *nodes = malloc(((size_t)g->n_nodes + 1) * sizeof(int));
+	bool *member = malloc(((size_t)g->n_nodes + 1) * sizeof(bool));
+	int root = 0, gi = 0;
+	ap_mgraph *m;
+
+	ck_assert_msg(ap_graph_validate(g, &err) == 0, "validate: %s", err.msg);
+	for (int i = 0; i < g->n_nodes; i++) {
+		nodes[i] = i;
+		member[i] = true;
+		if (ap_op_category_of(g->nodes[i].op) == AP_CAT_REDUCTION ||
+		    g->nodes[i].op == AP_OP_TRANSPOSE || g->nodes[i].op == AP_OP_CONCAT)
+			root = i;
+	}
+	m = ap_mgraph_extract(g, nodes, member, g->n_nodes, g->outputs, g->n_outputs, kind, root, &gi,
+			      1, &err);
+	ck_assert_msg(m != NULL, "extract: %s", err.msg);
+	free(nodes);
+	free(member);
+	return m;
+}
+
+/* ---- running kernels on the host ------------------------------------------------------ */
+
+typedef struct buffers {
+	int n;
+	float **data;                    /* per tensor of m->g (NULL when not a buffer) */
+} buffers;
+
+static void buffers_init(buffers *b, const ap_mgraph *m)
+{
+	b->n = m->g->n_tensors;
+	b->data = calloc((size_t)b->n, sizeof(float *));
+	for (int i = 0; i < m->g->n_inputs; i++) {
+		int t = m->g->inputs[i];
+		int64_t n = ap_tensor_numel(&m->g->tensors[t]);
+
+		b->data[t] = malloc((size_t)(n ? n : 1) * sizeof(float));
+		for (int64_t j = 0; j < n; j++)
+			b->data[t][j] = frand(-2, 2);
+	}
+}
+
+static void buffers_free(buffers *b)
+{
+	for (int i = 0; i < b->n; i++)
+		free(b->data[i]);
+	free(b->data);
+}
+
+/* Runs kernel k (entry f) over all its blocks, split into two ranges;
+ * returns the outputs (malloc'd, in m->g->outputs order). */
+static float **run(host_fn f, const ap_kir_kernel *k, const ap_mgraph *m, const buffers *in)
+{
+	void **args = calloc((size_t)k->n_params + 1, sizeof(void *));
+	float **outs = calloc((size_t)m->g->n_outputs + 1, sizeof(float *));
+	unsigned blocks = k->grid[0] * k->grid[1] * k->grid[2];
+
+	for (int i = 0; i < m->g->n_outputs; i++) {
+		int64_t n = ap_tensor_numel(&m->g->tensors[m->g->outputs[i]]);
+
+		outs[i] = malloc((size_t)(n ? n : 1) * sizeof(float));
+		for (int64_t j = 0; j < n; j++)
+			outs[i][j] = NAN;
+	}
+	for (int a = 0; a < k->n_arrays; a++) {
+		const ap_kir_array *arr = k->arrays[a];
+
+		if (arr->space != AP_KIR_GLOBAL)
+			continue;
+		if (arr->written) {
+			for (int i = 0; i < m->g->n_outputs; i++)
+				if (m->g->outputs[i] == arr->tensor)
+					args[arr->param] = outs[i];
+		} else {
+			args[arr->param] = in->data[arr->tensor];
+		}
+		ck_assert_ptr_nonnull(args[arr->param]);
+	}
+	f(args, 0, blocks / 2);
+	f(args, blocks / 2, blocks);
+	free(args);
+	return outs;
+}
+
+static void expect_close(const char *what, const float *got, const double *want, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++) {
+		double err = fabs(got[i] - want[i]);
+
+		ck_assert_msg(err <= 1e-4 + 1e-4 * fabs(want[i]) || (isnan(got[i]) && isnan(want[i])),
+			      "%s: element %lld: got %.9g, want %.9g", what, (long long)i, got[i], want[i]);
+	}
+}
+
+/* ---- golden text ------------------------------------------------------------------------ */
+
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	long n;
+	char *s;
+
+	if (!f)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	s = malloc((size_t)n + 1);
+	if (fread(s, 1, (size_t)n, f) != (size_t)n) {
+		free(s);
+		fclose(f);
+		return NULL;
+	}
+	s[n] = 0;
+	fclose(f);
+	return s;
+}
+
+/* Compares `text` with tests/golden/lower/NAME.cu (rewritten when
+ * APOLLO_UPDATE_GOLDEN is set). */
+static void golden(const char *name, const char *text)
+{
+	char path[256];
+	char *want;
+
+	snprintf(path, sizeof(path), GOLDEN_DIR "/%s.cu", name);
+	if (getenv("APOLLO_UPDATE_GOLDEN")) {
+		FILE *f;
+
+		mkdir("tests/golden", 0755);
+		mkdir(GOLDEN_DIR, 0755);
+		f = fopen(path, "wb");
+		ck_assert_ptr_nonnull(f);
+		fputs(text, f);
+		fclose(f);
+		return;
+	}
+	want = slurp(path);
+	ck_assert_msg(want != NULL, "no golden file %s (APOLLO_UPDATE_GOLDEN=1 writes it)", path);
+	ck_assert_msg(strcmp(want, text) == 0,
+		      "%s differs from the kernel printed now (APOLLO_UPDATE_GOLDEN=1 after reviewing "
+		      "the change):\n%s", path, text);
+	free(want);
+}
+
+static int nvrtc_state;   /* 0 unknown, 1 loaded, -1 absent */
+
+static char *nvrtc_ptx(const char *src, const char *name)
+{
+	ap_error err;
+	uint8_t *out = NULL;
+	size_t len = 0;
+
+	if (nvrtc_state == 0) {
+		nvrtc_state = ap_nvrtc_load(&err) == 0 ? 1 : -1;
+		if (nvrtc_state < 0)
+			printf("check_lower: NVRTC not loaded, CUDA text not compiled (%s)\n", err.msg);
+	}
+	if (nvrtc_state < 0)
+		return NULL;
+	ck_assert_msg(ap_nvrtc_compile(src, name, "compute_80", false, &out, &len, &err) == 0,
+		      "NVRTC: %s\n%s", err.msg, src);
+	return (char *)out;
+}
+
+/* ---- one case: every configuration ------------------------------------------------------- */
+
+typedef void (*reference_fn)(const ap_mgraph *m, const buffers *in, double **want);
+
+typedef struct lcase {
+	const char *name;                /* golden file stem */
+	const char *emitter;             /* the emitter that must match */
+	const char *cuda_has[4];         /* substrings of the default CUDA text */
+	const char *ptx_has[4];          /* substrings of its PTX */
+} lcase;
+
+static int next_config(const ap_space *sp, int *idx)
+{
+	for (int i = 0; i < sp->n; i++) {
+		if (++idx[i] < sp->knobs[i].n)
+			return 1;
+		idx[i] = 0;
+	}
+	return 0;
+}
+
+static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
+{
+	ap_target_info ti;
+	const ap_emitter *em;
+	ap_space sp;
+	ap_sched dflt;
+	ap_kir_kernel *ks[MAX_CFG];
+	int n_k = 0, n_refused = 0, idx[AP_SPACE_MAX_KNOBS] = {0};
+	size_t total = 1, off = 0;
+	char *src, so_path[] = "/tmp/check_lower_XXXXXX";
+	uint8_t *so = NULL;
+	size_t so_len = 0;
+	ap_error err;
+	void *h;
+	buffers in;
+	double **want;
+	int fd;
+
+	ck_assert_int_eq(ap_cost_target("cpu", &ti), 0);
+	ti.max_threads_per_block = 256;
+	em = ap_emitter_for(m, &ti);
+	ck_assert_msg(strcmp(em->name, lc->emitter) == 0, "%s: matched by %s, not %s", lc->name,
+		      em->name, lc->emitter);
+	ap_emitter_default(em, m, &ti, &sp, &dflt);
+	ck_assert_int_ge(sp.n, 1);
+	/* the default configuration: golden CUDA text and its constructs */
+	{
+		ap_target_info gi;
+		ap_lower_options lo = {256, NULL, true};
+		ap_kir_kernel *k;
+		char *cuda, *ptx;
+
+		ck_assert_int_eq(ap_cost_target("sm_80", &gi), 0);
+		gi.max_threads_per_block = 256;
+		k = ap_lower(m, &gi, lc->name, &lo, NULL, &err);
+		ck_assert_msg(k != NULL, "%s default: %s", lc->name, err.msg);
+		cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
+		ck_assert_ptr_nonnull(cuda);
+		golden(lc->name, cuda);
+		for (int i = 0; i < 4 && lc->cuda_has[i]; i++)
+			ck_assert_msg(strstr(cuda, lc->cuda_has[i]), "%s: no '%s' in\n%s", lc->name,
+				      lc->cuda_has[i], cuda);
+		ptx = nvrtc_ptx(cuda, lc->name);
+		for (int i = 0; ptx && i < 4 && lc->ptx_has[i]; i++)
+			ck_assert_msg(strstr(ptx, lc->ptx_has[i]), "%s: no '%s' in its PTX", lc->name,
+				      lc->ptx_has[i]);
+		free(ptx);
+		free(cuda);
+		ap_kir_kernel_free(k);
+	}
+	/* every configuration of the space */
+	do {
+		ap_sched s = {em, sp.n, {0}};
+		ap_lower_options lo = {256, &s, true};
+		char name[64];
+		ap_kir_kernel *k;
+
+		for (int i = 0; i < sp.n; i++)
+			s.v[i] = sp.knobs[i].values[idx[i]];
+		snprintf(name, sizeof(name), "%s_%d", lc->name, n_k + n_refused);
+		ap_error_clear(&err);
+		k = ap_lower(m, &ti, name, &lo, NULL, &err);
+		if (!k) {
+			ck_assert_msg(err.code == AP_EUNSUPPORTED, "%s %s: %s", lc->name, name, err.msg);
+			n_refused++;
+			continue;
+		}
+		ck_assert_int_lt(n_k, MAX_CFG);
+		ks[n_k++] = k;
+	} while (next_config(&sp, idx));
+	ck_assert_msg(n_k >= 1, "%s: no configuration builds", lc->name);
+	/* one shared object for all of them */
+	{
+		char **texts = calloc((size_t)n_k, sizeof(char *));
+
+		for (int i = 0; i < n_k; i++) {
+			texts[i] = ap_kir_print(ks[i], AP_KIR_HOST, &err);
+			ck_assert_msg(texts[i] != NULL, "%s: host print: %s", lc->name, err.msg);
+			total += strlen(texts[i]) + 1;
+		}
+		src = malloc(total);
+		for (int i = 0; i < n_k; i++) {
+			size_t n = strlen(texts[i]);
+
+			memcpy(src + off, texts[i], n);
+			off += n;
+			src[off++] = '\n';
+			free(texts[i]);
+		}
+		src[off] = 0;
+		free(texts);
+	}
+	ck_assert_msg(ap_hostcc_compile(src, &so, &so_len, &err) == 0, "%s: cc: %.600s", lc->name,
+		      err.msg);
+	free(src);
+	fd = mkstemp(so_path);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, so, so_len), (ssize_t)so_len);
+	close(fd);
+	free(so);
+	h = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
+	unlink(so_path);
+	ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
+	buffers_init(&in, m);
+	want = calloc((size_t)m->g->n_outputs, sizeof(double *));
+	for (int i = 0; i < m->g->n_outputs; i++)
+		want[i] = calloc((size_t)ap_tensor_numel(&m->g->tensors[m->g->outputs[i]]) + 1,
+				 sizeof(double));
+	ref(m, &in, want);
+	for (int c = 0; c < n_k; c++) {
+		host_fn f = (host_fn)dlsym(h, ks[c]->name);
+		float **outs;
+
+		ck_assert_msg(f != NULL, "no symbol %s", ks[c]->name);
+		outs = run(f, ks[c], m, &in);
+		for (int i = 0; i < m->g->n_outputs; i++) {
+			char what[96];
+
+			snprintf(what, sizeof(what), "%s output %d", ks[c]->name, i);
+			expect_close(what, outs[i], want[i],
+				     ap_tensor_numel(&m->g->tensors[m->g->outputs[i]]));
+			free(outs[i]);
+		}
+		free(outs);
+		ap_kir_kernel_free(ks[c]);
+	}
+	printf("check_lower: %s (%s): %d configurations run, %d refused\n", lc->name, em->name, n_k,
+	       n_refused);
+	for (int i = 0; i < m->g->n_outputs; i++)
+		free(want[i]);
+	free(want);
+	buffers_free(&in);
+	dlclose(h);
+}
+
+/* ---- the cases ---------------------------------------------------------------------------- */
+
+/* y = tanh(2x + b), x [6, 40], b [40]: pointwise, b a trailing broadcast. */
+static void ref_bias_tanh(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *x = in->data[m->g->inputs[0]], *b = in->data[m->g->inputs[1]];
+
+	for (int i = 0; i < 6 * 40; i++)
+		want[0][i] = tanh(2.0 * x[i] + b[i % 40]);
+}
+
+START_TEST(pointwise_vector)
+{
+	ap_graph *g = ap_graph_new("pw");
+	int x = tensor(g, "x", DIMS(6, 40), AP_TENSOR_INPUT), b = tensor(g, "b", DIMS(40), AP_TENSOR_INPUT);
+	int two = scalar(g, "two", 2.0f);
+	int a = tensor(g, "a", DIMS(6, 40), AP_TENSOR_VALUE), c = tensor(g, "c", DIMS(6, 40), AP_TENSOR_VALUE);
+	int y = tensor(g, "y", DIMS(6, 40), AP_TENSOR_VALUE);
+	lcase lc = {"pointwise_bias_tanh", "pointwise", {"float4", "tanhf"}, {".v4.f32", "st.global.v4.f32"}};
+	ap_mgraph *m;
+
+	node(g, "mul", AP_OP_MUL, LIST(x, two), LIST(a));
+	node(g, "add", AP_OP_ADD, LIST(a, b), LIST(c));
+	node(g, "tanh", AP_OP_TANH, LIST(c), LIST(y));
+	output(g, y);
+	m = whole(g, AP_GROUP_BROADCAST);
+	run_case(&lc, m, ref_bias_tanh);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* s = sum(exp(x), axis 1), m = max(x, axis 1): x [7, 300] (row form). */
+static void ref_rowsum(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *x = in->data[m->g->inputs[0]];
+
+	for (int r = 0; r < 7; r++) {
+		double s = 0;
+
+		for (int c = 0; c < 300; c++)
+			s += exp(x[r * 300 + c]);
+		want[0][r] = s;
+	}
+}
+
+START_TEST(row_reduce)
+{
+	ap_graph *g = ap_graph_new("rr");
+	int x = tensor(g, "x", DIMS(7, 300), AP_TENSOR_INPUT);
+	int e = tensor(g, "e", DIMS(7, 300), AP_TENSOR_VALUE), s = tensor(g, "s", DIMS(7, 1), AP_TENSOR_VALUE);
+	lcase lc = {"row_reduce_sum_exp", "row_reduce", {"__shfl_xor_sync(0xffffffff"}, {"shfl.sync.bfly"}};
+	ap_mgraph *m;
+	int n;
+
+	node(g, "exp", AP_OP_EXP, LIST(x), LIST(e));
+	n = node(g, "sum", AP_OP_REDUCE_SUM, LIST(e), LIST(s));
+	reduce_axes(g, n, (const int64_t[]){1}, 1, 1);
+	output(g, s);
+	m = whole(g, AP_GROUP_REDUCTION);
+	run_case(&lc, m, ref_rowsum);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* max over axis 0 of x [50, 3, 24] -> [3, 24] (column form). */
+static void ref_colmax(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *x = in->data[m->g->inputs[0]];
+
+	for (int k = 0; k < 3 * 24; k++) {
+		double v = -INFINITY;
+
+		for (int r = 0; r < 50; r++)
+			v = fmax(v, x[r * 72 + k]);
+		want[0][k] = v;
+	}
+}
+
+START_TEST(column_reduce)
+{
+	ap_graph *g = ap_graph_new("cr");
+	int x = tensor(g, "x", DIMS(50, 3, 24), AP_TENSOR_INPUT);
+	int s = tensor(g, "s", DIMS(3, 24), AP_TENSOR_VALUE);
+	lcase lc = {"column_reduce_max", "column_reduce", {"__shfl_xor_sync(0xffffffff"}, {"shfl.sync.bfly"}};
+	ap_mgraph *m;
+	int n;
+
+	n = node(g, "max", AP_OP_REDUCE_MAX, LIST(x), LIST(s));
+	reduce_axes(g, n, (const int64_t[]){0}, 1, 0);
+	output(g, s);
+	m = whole(g, AP_GROUP_REDUCTION);
+	run_case(&lc, m, ref_colmax);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* Softmax over the last axis of x [9, 257]: max, exp(x - max), sum, div:
+ * one stitched kernel (Layer II), the row kept on chip. */
+static void ref_softmax_rows(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *x = in->data[m->g->inputs[0]];
+
+	for (int r = 0; r < 9; r++) {
+		double mx = -INFINITY, s = 0;
+
+		for (int c = 0; c < 257; c++)
+			mx = fmax(mx, x[r * 257 + c]);
+		for (int c = 0; c < 257; c++)
+			s += exp(x[r * 257 + c] - mx);
+		for (int c = 0; c < 257; c++)
+			want[0][r * 257 + c] = exp(x[r * 257 + c] - mx) / s;
+	}
+}
+
+static ap_graph *softmax_graph(const int64_t *dims, int rank, int64_t axis)
+{
+	ap_graph *g = ap_graph_new("sm");
+	int64_t rd[AP_MAX_RANK];
+	int x, mx, d, e, s, y, n;
+
+	memcpy(rd, dims, (size_t)rank * sizeof(int64_t));
+	rd[axis] = 1;
+	x = tensor(g, "x", dims, rank, AP_TENSOR_INPUT);
+	mx = tensor(g, "mx", rd, rank, AP_TENSOR_VALUE);
+	d = tensor(g, "d", dims, rank, AP_TENSOR_VALUE);
+	e = tensor(g, "e", dims, rank, AP_TENSOR_VALUE);
+	s = tensor(g, "s", rd, rank, AP_TENSOR_VALUE);
+	y = tensor(g, "y", dims, rank, AP_TENSOR_VALUE);
+	n = node(g, "max", AP_OP_REDUCE_MAX, LIST(x), LIST(mx));
+	reduce_axes(g, n, &axis, 1, 1);
+	node(g, "sub", AP_OP_SUB, LIST(x, mx), LIST(d));
+	node(g, "exp", AP_OP_EXP, LIST(d), LIST(e));
+	n = node(g, "sum", AP_OP_REDUCE_SUM, LIST(e), LIST(s));
+	reduce_axes(g, n, &axis, 1, 1);
+	node(g, "div", AP_OP_DIV, LIST(e, s), LIST(y));
+	output(g, y);
+	return g;
+}
+
+START_TEST(stitched_softmax_rows)
+{
+	ap_graph *g = softmax_graph((const int64_t[]){9, 257}, 2, 1);
+	lcase lc = {"stitched_softmax_rows", "stitched", {"__shfl_xor_sync(0xffffffff", "#pragma unroll"},
+		    {"shfl.sync.bfly"}};
+	ap_mgraph *m = whole(g, AP_GROUP_STITCHED);
+
+	run_case(&lc, m, ref_softmax_rows);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* Softmax over axis 0 of x [13, 6] (column form). */
+static void ref_softmax_cols(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *x = in->data[m->g->inputs[0]];
+
+	for (int c = 0; c < 6; c++) {
+		double mx = -INFINITY, s = 0;
+
+		for (int r = 0; r < 13; r++)
+			mx = fmax(mx, x[r * 6 + c]);
+		for (int r = 0; r < 13; r++)
+			s += exp(x[r * 6 + c] - mx);
+		for (int r = 0; r < 13; r++)
+			want[0][r * 6 + c] = exp(x[r * 6 + c] - mx) / s;
+	}
+}
+
+START_TEST(stitched_softmax_columns)
+{
+	ap_graph *g = softmax_graph((const int64_t[]){13, 6}, 2, 0);
+	lcase lc = {"stitched_softmax_columns", "stitched", {"__shfl_xor_sync(0xffffffff"}, {"shfl.sync.bfly"}};
+	ap_mgraph *m = whole(g, AP_GROUP_STITCHED);
+
+	run_case(&lc, m, ref_softmax_cols);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* LayerNorm of x [5, 2100] with gamma [2100]: mean, variance (two levels),
+ * normalise; also writes the row's inverse deviation.  A row of 2100
+ * floats: registers or shared memory. */
+static void ref_layernorm(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *x = in->data[m->g->inputs[0]], *gm = in->data[m->g->inputs[1]];
+	const int N = 2100;
+
+	for (int r = 0; r < 5; r++) {
+		double mean = 0, var = 0;
+
+		for (int c = 0; c < N; c++)
+			mean += x[r * N + c];
+		mean /= N;
+		for (int c = 0; c < N; c++)
+			var += (x[r * N + c] - mean) * (x[r * N + c] - mean);
+		var /= N;
+		for (int c = 0; c < N; c++)
+			want[0][r * N + c] = (x[r * N + c] - mean) / sqrt(var + 1e-5) * gm[c];
+		want[1][r] = 1 / sqrt(var + 1e-5);
+	}
+}
+
+START_TEST(stitched_layernorm)
+{
+	ap_graph *g = ap_graph_new("ln");
+	int x = tensor(g, "x", DIMS(5, 2100), AP_TENSOR_INPUT), gm = tensor(g, "gm", DIMS(2100), AP_TENSOR_INPUT);
+	int inv_n = scalar(g, "inv_n", 1.0f / 2100), eps = scalar(g, "eps", 1e-5f);
+	int sum = tensor(g, "sum", DIMS(5, 1), AP_TENSOR_VALUE), mean = tensor(g, "mean", DIMS(5, 1), AP_TENSOR_VALUE);
+	int d = tensor(g, "d", DIMS(5, 2100), AP_TENSOR_VALUE), d2 = tensor(g, "d2", DIMS(5, 2100), AP_TENSOR_VALUE);
+	int ss = tensor(g, "ss", DIMS(5, 1), AP_TENSOR_VALUE), var = tensor(g, "var", DIMS(5, 1), AP_TENSOR_VALUE);
+	int ve = tensor(g, "ve", DIMS(5, 1), AP_TENSOR_VALUE), sd = tensor(g, "sd", DIMS(5, 1), AP_TENSOR_VALUE);
+	int inv = tensor(g, "inv", DIMS(5, 1), AP_TENSOR_VALUE), nrm = tensor(g, "nrm", DIMS(5, 2100), AP_TENSOR_VALUE);
+	int y = tensor(g, "y", DIMS(5, 2100), AP_TENSOR_VALUE);
+	lcase lc = {"stitched_layernorm", "stitched", {"__shfl_xor_sync(0xffffffff", "__syncthreads"},
+		    {"shfl.sync.bfly"}};
+	ap_mgraph *m;
+	int n;
+
+	n = node(g, "sum", AP_OP_REDUCE_SUM, LIST(x), LIST(sum));
+	reduce_axes(g, n, (const int64_t[]){1}, 1, 1);
+	node(g, "mean", AP_OP_MUL, LIST(sum, inv_n), LIST(mean));
+	node(g, "sub", AP_OP_SUB, LIST(x, mean), LIST(d));
+	node(g, "sq", AP_OP_MUL, LIST(d, d), LIST(d2));
+	n = node(g, "ss", AP_OP_REDUCE_SUM, LIST(d2), LIST(ss));
+	reduce_axes(g, n, (const int64_t[]){1}, 1, 1);
+	node(g, "var", AP_OP_MUL, LIST(ss, inv_n), LIST(var));
+	node(g, "ve", AP_OP_ADD, LIST(var, eps), LIST(ve));
+	node(g, "sd", AP_OP_SQRT, LIST(ve), LIST(sd));
+	node(g, "inv", AP_OP_RECIPROCAL, LIST(sd), LIST(inv));
+	node(g, "nrm", AP_OP_MUL, LIST(d, inv), LIST(nrm));
+	node(g, "y", AP_OP_MUL, LIST(nrm, gm), LIST(y));
+	output(g, y);
+	output(g, inv);
+	m = whole(g, AP_GROUP_STITCHED);
+	run_case(&lc, m, ref_layernorm);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* y = 2 * transpose(x + 1, [1, 0]), x [40, 70]. */
+static void ref_transpose(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *x = in->data[m->g->inputs[0]];
+
+	for (int i = 0; i < 70; i++)
+		for (int j = 0; j < 40; j++)
+			want[0][i * 40 + j] = 2.0 * (x[j * 70 + i] + 1.0);
+}
+
+START_TEST(transpose_tiles)
+{
+	ap_graph *g = ap_graph_new("tr");
+	int x = tensor(g, "x", DIMS(40, 70), AP_TENSOR_INPUT), one = scalar(g, "one", 1.0f);
+	int two = scalar(g, "two", 2.0f);
+	int a = tensor(g, "a", DIMS(40, 70), AP_TENSOR_VALUE), t = tensor(g, "t", DIMS(70, 40), AP_TENSOR_VALUE);
+	int y = tensor(g, "y", DIMS(70, 40), AP_TENSOR_VALUE);
+	lcase lc = {"transpose_tiles", "transpose", {"__shared__ float tile_0[1056]", "__syncthreads"},
+		    {"st.shared.f32", "ld.shared.f32"}};
+	ap_mgraph *m;
+	int n;
+
+	node(g, "add", AP_OP_ADD, LIST(x, one), LIST(a));
+	n = node(g, "tr", AP_OP_TRANSPOSE, LIST(a), LIST(t));
+	ap_node_set_ints(g, n, "perm", (const int64_t[]){1, 0}, 2);
+	node(g, "mul", AP_OP_MUL, LIST(t, two), LIST(y));
+	output(g, y);
+	m = whole(g, AP_GROUP_TRANSPOSE);
+	run_case(&lc, m, ref_transpose);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* y = concat([a, relu(b)], axis 1), a [5, 8], b [5, 12]. */
+static void ref_concat(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *a = in->data[m->g->inputs[0]], *b = in->data[m->g->inputs[1]];
+
+	for (int r = 0; r < 5; r++) {
+		for (int c = 0; c < 8; c++)
+			want[0][r * 20 + c] = a[r * 8 + c];
+		for (int c = 0; c < 12; c++)
+			want[0][r * 20 + 8 + c] = fmax(b[r * 12 + c], 0.0);
+	}
+}
+
+START_TEST(movement_concat)
+{
+	ap_graph *g = ap_graph_new("mv");
+	int a = tensor(g, "a", DIMS(5, 8), AP_TENSOR_INPUT), b = tensor(g, "b", DIMS(5, 12), AP_TENSOR_INPUT);
+	int rb = tensor(g, "rb", DIMS(5, 12), AP_TENSOR_VALUE), y = tensor(g, "y", DIMS(5, 20), AP_TENSOR_VALUE);
+	lcase lc = {"movement_concat", "movement", {"float4", "operand 1"}, {".v4.f32", "st.global.v4.f32"}};
+	ap_mgraph *m;
+	int n;
+
+	node(g, "relu", AP_OP_RELU, LIST(b), LIST(rb));
+	n = node(g, "cat", AP_OP_CONCAT, LIST(a, rb), LIST(y));
+	ap_node_set_int(g, n, "axis", 1);
+	output(g, y);
+	m = whole(g, AP_GROUP_INJECTIVE);
+	run_case(&lc, m, ref_concat);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* Every emitter of the registry has a case above. */
+START_TEST(registry_covered)
+{
+	static const char *const covered[] = {"stitched", "row_reduce", "column_reduce", "transpose",
+					      "movement", "pointwise"};
+	int n;
+	const ap_emitter *const *r = ap_emitters(&n);
+
+	ck_assert_int_eq(n, (int)(sizeof(covered) / sizeof(covered[0])));
+	for (int i = 0; i < n; i++)
+		ck_assert_str_eq(r[i]->name, covered[i]);
+}
+END_TEST
+
+static Suite *lower_suite(void)
+{
+	Suite *s = suite_create("lower");
+	TCase *tc = tcase_create("core");
+
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, registry_covered);
+	tcase_add_test(tc, pointwise_vector);
+	tcase_add_test(tc, row_reduce);
+	tcase_add_test(tc, column_reduce);
+	tcase_add_test(tc, stitched_softmax_rows);
+	tcase_add_test(tc, stitched_softmax_columns);
+	tcase_add_test(tc, stitched_layernorm);
+	tcase_add_test(tc, transpose_tiles);
+	tcase_add_test(tc, movement_concat);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(lower_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
