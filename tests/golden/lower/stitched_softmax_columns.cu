@@ -85,7 +85,5 @@ extern "C" __global__ void __launch_bounds__(128) stitched_softmax_columns(float
 				}
 			}
 		}
-		if (((rw3 < 6) && (lane0 == 0))) {
-		}
 	}
 }

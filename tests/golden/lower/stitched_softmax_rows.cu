@@ -103,7 +103,5 @@ extern "C" __global__ void __launch_bounds__(128) stitched_softmax_rows(float *_
 				}
 			}
 		}
-		if (((rw3 < 9) && (lane0 == 0))) {
-		}
 	}
 }
