@@ -275,7 +275,7 @@ static void *fake_main(void *arg)
 		switch (req->msg_case) {
 		case APOLLO__ENVELOPE__MSG_HELLO:
 			snprintf(f->hello_client, sizeof(f->hello_client), "%s", req->hello->client);
-			hr.schema_version = f->mode == FAKE_OLD_SCHEMA ? 7 : 1;
+			hr.schema_version = f->mode == FAKE_OLD_SCHEMA ? 7 : APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
 			hr.server = "fake 1.0";
 			hr.nvrtc_version = "12.4";
 			hr.n_targets = 2;
@@ -685,7 +685,7 @@ START_TEST(json_report)
 	ck_assert_int_eq(text[tlen - 1], '\n');
 	ck_assert_ptr_null(memchr(text, '\n', tlen - 1));
 	ck_assert_ptr_nonnull(strstr(text, "\"kernels\":1,\"distinct_kernels\":1,"));
-	ck_assert_ptr_nonnull(strstr(text, "\"launch_list\":[{\"kernel\":0,\"name\":\"fused_add_relu\",\"category\":\"elementwise\",\"nodes\":[\"Add_0\",\"Relu_1\"]}]"));
+	ck_assert_ptr_nonnull(strstr(text, "\"launch_list\":[{\"kernel\":0,\"name\":\"fused_add_relu\",\"category\":\"elementwise\",\"nodes\":[\"Add_0\",\"Relu_1\"],\"layers\":[],\"global_bytes\":0}]"));
 	ck_assert_ptr_null(strstr(text, "buffer_list"));
 	ck_assert_ptr_nonnull(strstr(text, "\"boundaries\":1,"));
 	ck_assert_ptr_null(strstr(text, "boundary_list"));
@@ -731,7 +731,8 @@ START_TEST(json_report)
 	fclose(f);
 	ck_assert_ptr_nonnull(strstr(text, "\"cache\":\"hit\""));
 	ck_assert_ptr_nonnull(strstr(text, "\"boundary_list\":[{\"producer\":0,\"consumer\":0,\"tensor\":\"t1\",\"reason\":\"opaque\""));
-	ck_assert_ptr_nonnull(strstr(text, "\"nodes\":[\"Add_0\",\"Relu_1\"],\"reads\":[0],\"writes\":[1]}"));
+	ck_assert_ptr_nonnull(strstr(text, "\"nodes\":[\"Add_0\",\"Relu_1\"],\"layers\":[],\"global_bytes\":0,"
+				   "\"reads\":[0],\"writes\":[1],\"parts\":[]}"));
 	ck_assert_ptr_nonnull(strstr(text, "\"buffer_list\":[{\"name\":\"x\",\"kind\":\"input\",\"bytes\":2048},{\"name\":\"y\",\"kind\":\"output\",\"bytes\":2048}]"));
 	free(text);
 	/* The text summary names the kernel and the cache state. */
@@ -1020,6 +1021,8 @@ static ap_bundle *explain_bundle(void)
 	Apollo__KernelParam kp[5], *ka_p[2], *kb_p[3];
 	Apollo__Kernel ka = APOLLO__KERNEL__INIT, kb = APOLLO__KERNEL__INIT, *ks[2];
 	Apollo__Launch l[3], *plan[3];
+	static char *l2[1] = { "II" }, *l3[1] = { "III" }, *pn2a[1] = { "z" }, *pn2b[1] = { "w0" };
+	static Apollo__LaunchPart pt[3], *pts1[1], *pts2[2];
 	Apollo__Buffer bf[5], *bufs[5];
 	Apollo__Boundary bd[3], *bds[3];
 	Apollo__Stats st = APOLLO__STATS__INIT;
@@ -1056,6 +1059,18 @@ static ap_bundle *explain_bundle(void)
 	l[1].kernel = 0; l[1].n_args = 2; l[1].args = a1; l[1].n_nodes = 1; l[1].nodes = n1;
 	l[1].category = "reduction";
 	l[2].kernel = 1; l[2].n_args = 3; l[2].args = a2; l[2].n_nodes = 1; l[2].nodes = n2;
+	/* launch 1 stitched by Layer II; launch 2 two micro-graphs (Layer III) */
+	for (int i = 0; i < 3; i++)
+		apollo__launch_part__init(&pt[i]);
+	pt[0].category = "stitched"; pt[0].n_nodes = 1; pt[0].nodes = n1; pt[0].blocks = 4;
+	pt[0].n_layers = 1; pt[0].layers = l2; pt[0].detail = "stitched by Layer II: one row";
+	pt[1].category = "elementwise"; pt[1].n_nodes = 1; pt[1].nodes = pn2a; pt[1].blocks = 3;
+	pt[2].category = "reduction"; pt[2].n_nodes = 1; pt[2].nodes = pn2b; pt[2].block_begin = 3;
+	pt[2].blocks = 5;
+	pts1[0] = &pt[0]; pts2[0] = &pt[1]; pts2[1] = &pt[2];
+	l[1].n_parts = 1; l[1].parts = pts1; l[1].n_layers = 1; l[1].layers = l2; l[1].global_bytes = 64;
+	l[2].n_parts = 2; l[2].parts = pts2; l[2].n_layers = 1; l[2].layers = l3;
+	st.layer2_stitched = 1; st.layer3_merged = 2;
 	bd[0].producer = 0; bd[0].consumer = 1; bd[0].tensor = "t"; bd[0].reason = "rule";
 	bd[0].detail = "rule: a reduction ends its micro-graph";   /* repeats its key */
 	bd[1].producer = 1; bd[1].consumer = 2; bd[1].tensor = "u\"q"; bd[1].reason = "hint";
@@ -1104,6 +1119,13 @@ START_TEST(explain_text)
 	ck_assert_ptr_nonnull(strstr(text, "\n  launch 0 kA elementwise: n0 n1 n2 n3 n4 n5 n6 n7\n"));
 	ck_assert_ptr_nonnull(strstr(text, "\n  launch 1 kA reduction: r\"1\n"));
 	ck_assert_ptr_nonnull(strstr(text, "\n  launch 2 kB -: z\n"));
+	/* the layer that stitched each launch */
+	ck_assert_ptr_nonnull(strstr(text, "\n  launch 1 kA reduction: r\"1\n    stitched by Layer II: one row\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\n    stitched: Layer III launches 2 independent micro-graphs together, "
+				   "split by blockIdx ranges:\n      blocks [0, 3) elementwise: z\n"
+				   "      blocks [3, 8) reduction: w0\n"));
+	ck_assert_ptr_nonnull(strstr(text, "fusion layers: II stitched 1 micro-graphs, III launched 2 "
+				   "micro-graphs together\n"));
 	/* Boundaries counted by reason, then one a line (a detail that repeats
 	 * its reason key is shown without it; the JSON keeps it as sent). */
 	ck_assert_ptr_nonnull(strstr(text, "\n3 boundaries between launches (rule 2, hint 1):\n"));
@@ -1136,10 +1158,18 @@ START_TEST(explain_json)
 	 * written (by the written flag; a buffer bound twice listed once). */
 	ck_assert_ptr_nonnull(strstr(text,
 		"\"launch_list\":[{\"kernel\":0,\"name\":\"kA\",\"category\":\"elementwise\","
-		"\"nodes\":[\"n0\",\"n1\",\"n2\",\"n3\",\"n4\",\"n5\",\"n6\",\"n7\"],\"reads\":[0],\"writes\":[2]},"
+		"\"nodes\":[\"n0\",\"n1\",\"n2\",\"n3\",\"n4\",\"n5\",\"n6\",\"n7\"],\"layers\":[],"
+		"\"global_bytes\":0,\"reads\":[0],\"writes\":[2],\"parts\":[]},"
 		"{\"kernel\":0,\"name\":\"kA\",\"category\":\"reduction\",\"nodes\":[\"r\\\"1\"],"
-		"\"reads\":[2],\"writes\":[3]},"
-		"{\"kernel\":1,\"name\":\"kB\",\"category\":\"\",\"nodes\":[\"z\"],\"reads\":[3],\"writes\":[1]}]"));
+		"\"layers\":[\"II\"],\"global_bytes\":64,\"reads\":[2],\"writes\":[3],"
+		"\"parts\":[{\"category\":\"stitched\",\"block_begin\":0,\"blocks\":4,\"nodes\":[\"r\\\"1\"],"
+		"\"layers\":[\"II\"],\"detail\":\"stitched by Layer II: one row\"}]},"
+		"{\"kernel\":1,\"name\":\"kB\",\"category\":\"\",\"nodes\":[\"z\"],\"layers\":[\"III\"],"
+		"\"global_bytes\":0,\"reads\":[3],\"writes\":[1],\"parts\":[{\"category\":\"elementwise\","
+		"\"block_begin\":0,\"blocks\":3,\"nodes\":[\"z\"],\"layers\":[],\"detail\":\"\"},"
+		"{\"category\":\"reduction\",\"block_begin\":3,\"blocks\":5,\"nodes\":[\"w0\"],"
+		"\"layers\":[],\"detail\":\"\"}]}]"));
+	ck_assert_ptr_nonnull(strstr(text, "\"layers\":{\"I\":0,\"II\":1,\"III\":2}"));
 	ck_assert_ptr_nonnull(strstr(text,
 		"\"buffer_list\":[{\"name\":\"x\",\"kind\":\"input\",\"bytes\":16},"
 		"{\"name\":\"y\",\"kind\":\"output\",\"bytes\":17},"
@@ -1157,7 +1187,8 @@ START_TEST(explain_json)
 	/* Without --explain: the launches, but no buffers, reads or boundaries. */
 	text = report(b, true, false, &tlen);
 	assert_json_line(text, tlen);
-	ck_assert_ptr_nonnull(strstr(text, "{\"kernel\":1,\"name\":\"kB\",\"category\":\"\",\"nodes\":[\"z\"]}]"));
+	ck_assert_ptr_nonnull(strstr(text, "{\"kernel\":1,\"name\":\"kB\",\"category\":\"\",\"nodes\":[\"z\"],"
+				   "\"layers\":[\"III\"],\"global_bytes\":0}]"));
 	ck_assert_ptr_null(strstr(text, "\"reads\""));
 	ck_assert_ptr_null(strstr(text, "buffer_list"));
 	ck_assert_ptr_null(strstr(text, "boundary_list"));

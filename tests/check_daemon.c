@@ -550,7 +550,7 @@ START_TEST(ping_hello_stats)
 	ck_assert_ptr_nonnull(r);
 	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_HELLO_REPLY);
 	ck_assert_uint_eq(r->id, 2);
-	ck_assert_uint_eq(r->hello_reply->schema_version, 1);
+	ck_assert_uint_eq(r->hello_reply->schema_version, APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT);
 	ck_assert_str_eq(r->hello_reply->server, "apollod " AP_VERSION);
 	for (size_t i = 0; i < r->hello_reply->n_targets; i++) {
 		has_cpu |= !strcmp(r->hello_reply->targets[i], "cpu");
@@ -1395,7 +1395,7 @@ static Apollo__Envelope *hello(int fd, const char *client)
 	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
 	Apollo__Hello h = APOLLO__HELLO__INIT;
 
-	h.schema_version = 1;
+	h.schema_version = APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
 	h.client = (char *)client;
 	env.id = 7;
 	env.msg_case = APOLLO__ENVELOPE__MSG_HELLO;
