@@ -87,21 +87,24 @@ def main():
             counts[d] = ort_counts(os.path.join(d, "model.onnx"))
             if counts[d][2]:
                 notes.append("%s: %s" % (os.path.basename(d), counts[d][2]))
-    fmt = "%-24s %-6s %7s %6s %8s %12s %12s %12s %10s %7s %6s %6s %8s"
+    fmt = "%-24s %-6s %7s %6s %8s %12s %12s %12s %10s %7s %7s %6s %6s %8s"
     print(fmt % ("model", "level", "kernels", "eager", "k/eager", "global B", "eager B", "min B",
-                 "global/min", "avoid.", "onnx", "ort", "ort/onnx"))
+                 "global/min", "avoid.", "II/III", "onnx", "ort", "ort/onnx"))
     for r in rows:
         x = r["result"]
         g, e, m = x.get("global_bytes", 0), x.get("eager_bytes", 0), x.get("min_bytes", 0)
         k, ek = x.get("kernels", 0), x.get("eager_kernels", 0)
         onnx_n, ort_n, _ = counts[r["dir"]]
+        ly = x.get("layers", {})
         print(fmt % (os.path.basename(r["dir"]), r["level"], k, ek, ratio(k, ek), g, e, m,
                      ratio(g, m), ratio(g - m, e - m) if e > m else "-",
+                     "%d/%d" % (ly.get("II", 0), ly.get("III", 0)),
                      "-" if onnx_n is None else onnx_n, "-" if ort_n is None else ort_n,
                      ratio(ort_n, onnx_n) if onnx_n and ort_n is not None else "-"))
     print("kernels: launches in the plan; eager: one kernel per imported node (views free);")
     print("global/eager/min B: modelled global-memory traffic of the plan, of eager, and the floor;")
     print("avoid.: (global - min) / (eager - min), the share of eager's avoidable traffic left;")
+    print("II/III: micro-graphs stitched by Layer II (stitched kernels made) / launched together by Layer III;")
     print("onnx / ort: nodes of the ONNX graph / of onnxruntime %s's ORT_ENABLE_EXTENDED graph "
           "(views and Constant not counted;" % ort_version)
     print("  an If counts as its larger branch, a Loop/Scan as its body once).")

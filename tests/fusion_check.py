@@ -16,9 +16,13 @@ and checks:
   - figures: min_bytes > 0, and min_bytes <= global_bytes, eager_bytes;
   - at level apollo, against rules on the same model: no more launches and
     no more global bytes;
-  - the issue's targets at level apollo, on bert_like_2l and mlp_gelu_ln:
-    launches <= 0.45 x eager_kernels, and
+  - the partition issue's targets at level apollo, on bert_like_2l and
+    mlp_gelu_ln: launches <= 0.45 x eager_kernels, and
     global_bytes - min_bytes <= 0.5 x (eager_bytes - min_bytes);
+  - the fusion-phase issue's targets at level apollo (Layers II and III):
+    launches at most LAUNCH_TARGETS[model], and no model with more launches
+    or more global bytes than BEFORE_LAYERS (the same measure before the
+    fusion layers existed);
   - hints travel (mlp_gelu_ln, level apollo): --fusion-barrier on a node
     that shares a launch with an earlier node gives a boundary with reason
     "hint" into a launch holding that node; --keep-whole ReduceMean puts all
@@ -38,6 +42,15 @@ LEVELS = ("none", "rules", "apollo")
 TARGET_MODELS = ("bert_like_2l", "mlp_gelu_ln")
 KERNEL_RATIO = 0.45
 TRAFFIC_RATIO = 0.5
+# Launches at --fusion apollo the fusion layers must reach.
+LAUNCH_TARGETS = {"bert_like_2l": 18, "mlp_gelu_ln": 6, "squeezenet1_1": 25,
+                  "prenorm_layer_train": 40, "mlp_residual_train": 22,
+                  "small_convnet_train": 25}
+# (launches, global bytes) at --fusion apollo before the fusion layers.
+BEFORE_LAYERS = {"bert_like_2l": (28, 16021504), "mlp_gelu_ln": (8, 6547328),
+                 "ppocr_mobile_v2_cls": (103, 6430444), "silero_vad_op18_ifless": (11, 1251884),
+                 "squeezenet1_1": (31, 31904800), "mlp_residual_train": (29, 1394764),
+                 "prenorm_layer_train": (55, 1470196), "small_convnet_train": (30, 831532)}
 
 
 class Checker:
@@ -206,13 +219,24 @@ def main():
             ck.check(g - m <= TRAFFIC_RATIO * (eb - m),
                      "%s --fusion apollo: avoidable traffic %d B > %.1f x eager's %d B" % (
                          name, g - m, TRAFFIC_RATIO, eb - m))
+        if ap_ and name in LAUNCH_TARGETS:
+            ck.check(ap_["kernels"] <= LAUNCH_TARGETS[name],
+                     "%s --fusion apollo: %d launches, target %d" % (name, ap_["kernels"], LAUNCH_TARGETS[name]))
+        if ap_ and name in BEFORE_LAYERS:
+            k0, g0 = BEFORE_LAYERS[name]
+            ck.check(ap_["kernels"] <= k0 and ap_["global_bytes"] <= g0,
+                     "%s --fusion apollo: %d launches / %d B, more than before the fusion layers (%d / %d)" % (
+                         name, ap_["kernels"], ap_["global_bytes"], k0, g0))
+            layers = ap_.get("layers", {})
+            ck.check(layers.get("II", 0) + layers.get("III", 0) > 0,
+                     "%s --fusion apollo: no micro-graph changed by Layer II or III" % name)
         if ap_ and name == "mlp_gelu_ln":
             hint_checks(ck, a.client, d, ap_)
     if out:
         out.close()
-    fmt = "%-24s %-6s %7s %6s %9s %12s %12s %12s %10s %9s  %s"
+    fmt = "%-24s %-6s %7s %6s %9s %12s %12s %12s %10s %9s %6s  %s"
     print(fmt % ("model", "level", "kernels", "eager", "k/eager", "global B", "eager B", "min B",
-                 "global/min", "avoid.", "boundaries by reason"))
+                 "global/min", "avoid.", "II/III", "boundaries by reason"))
     for d in a.dirs:
         name = os.path.basename(d.rstrip("/"))
         for level in LEVELS:
@@ -221,8 +245,10 @@ def main():
                 continue
             g, eb, m = r["global_bytes"], r["eager_bytes"], r["min_bytes"]
             reasons = ", ".join("%s %d" % (k or "(none)", v) for k, v in sorted(r["_reasons"].items()))
+            ly = r.get("layers", {})
             print(fmt % (name, level, r["kernels"], r["eager_kernels"], ratio(r["kernels"], r["eager_kernels"]),
-                         g, eb, m, ratio(g, m), ratio(g - m, eb - m) if eb > m else "-", reasons or "-"))
+                         g, eb, m, ratio(g, m), ratio(g - m, eb - m) if eb > m else "-",
+                         "%d/%d" % (ly.get("II", 0), ly.get("III", 0)), reasons or "-"))
     print("avoid.: (global - min) / (eager - min), the share of eager's avoidable traffic left")
     print("fusion_check: %d checks, %d failed" % (ck.n, ck.failed))
     return 1 if ck.failed else 0
