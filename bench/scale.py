@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """scale.py SCALE.jsonl -- the table bench/scale.sh prints: one row per graph
 size from the JSON lines `apollo-client submit --json` wrote (wrapped with
-"layers"), the median of each size's repetitions, then the ratio
-time(512) / time(64) of partition + codegen.  Standard library only."""
+"layers"), the fastest of each size's repetitions (partition, codegen and
+their sum each), then the ratio time(512) / time(64) of partition +
+codegen.  Standard library only."""
 import json
-import statistics
 import sys
 
 
@@ -22,9 +22,9 @@ def main():
     total = {}
     for layers in sorted(runs):
         rs = runs[layers]
-        part = statistics.median(r["partition_ms"] for r in rs)
-        cg = statistics.median(r["codegen_ms"] for r in rs)
-        both = statistics.median(r["partition_ms"] + r["codegen_ms"] for r in rs)
+        part = min(r["partition_ms"] for r in rs)
+        cg = min(r["codegen_ms"] for r in rs)
+        both = min(r["partition_ms"] + r["codegen_ms"] for r in rs)
         nodes = rs[0]["nodes"]
         total[layers] = both
         print(fmt % (layers, nodes, rs[0]["kernels"], "%.1f" % part, "%.1f" % cg, "%.1f" % both,

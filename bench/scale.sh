@@ -4,18 +4,19 @@
 # bert_like_2l), each submitted once per repetition to one apollod with
 # --no-cache.  Prints, per size, the imported nodes, the launches, the
 # daemon's own partition_ms (expand + partition) and codegen_ms (lowering,
-# printing, launch plan; the backend compiler excluded) -- the median over
-# the repetitions -- their sum per node, and the ratio
+# printing, launch plan; the backend compiler excluded) -- the fastest of
+# the repetitions, the one least disturbed by other load -- their sum per
+# node, and the ratio
 # time(512) / time(64) of partition + codegen (8x the nodes: near 8 when
 # the time grows linearly).  Prints numbers, asserts nothing.
 #   LAYERS: default 8 16 32 64 128 256 512
-#   env: APOLLO_BUILD, SCALE_REPS (default 3), SCALE_TARGET (default cpu:
+#   env: APOLLO_BUILD, SCALE_REPS (default 5), SCALE_TARGET (default cpu:
 #   identical layers share their kernels, so the host compiler builds a
 #   dozen whatever the size)
 cd "$(dirname "$0")/.." || exit 1
 . tests/daemon.inc
 
-REPS=${SCALE_REPS:-3}
+REPS=${SCALE_REPS:-5}
 TARGET=${SCALE_TARGET:-cpu}
 PY=$REPO/.venv/bin/python
 if [ ! -x "$PY" ]; then
@@ -25,23 +26,27 @@ fi
 sizes=${*:-8 16 32 64 128 256 512}
 out=$AP_TMP/scale.jsonl
 : >"$out"
-ap_start >/dev/null
-echo "bench/scale: target $TARGET, $REPS repetitions, median shown"
 for n in $sizes; do
-	model=$AP_TMP/encoder_$n.onnx
-	if ! "$PY" bench/scale_graph.py "$n" "$model"; then
+	if ! "$PY" bench/scale_graph.py "$n" "$AP_TMP/encoder_$n.onnx"; then
 		echo "bench/scale: generating $n layers failed"
-		continue
+		exit 1
 	fi
-	i=0
-	while [ $i -lt "$REPS" ]; do
-		if ! j=$("$CLIENT" submit "$model" --target "$TARGET" --json --no-cache 2>"$AP_TMP/err"); then
+done
+ap_start >/dev/null
+echo "bench/scale: target $TARGET, fastest of $REPS repetitions"
+# the sizes in turn, REPS times over, so that other load on the machine
+# falls on every size alike
+i=0
+while [ $i -lt "$REPS" ]; do
+	for n in $sizes; do
+		if ! j=$("$CLIENT" submit "$AP_TMP/encoder_$n.onnx" --target "$TARGET" --json --no-cache \
+			2>"$AP_TMP/err"); then
 			echo "bench/scale: $n layers: $(cat "$AP_TMP/err")"
-			break
+			continue
 		fi
 		printf '{"layers":%d,"result":%s}\n' "$n" "$j" >>"$out"
-		i=$((i + 1))
 	done
+	i=$((i + 1))
 done
 ap_stop
 "$PY" bench/scale.py "$out"

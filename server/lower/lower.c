@@ -55,6 +55,11 @@ typedef struct memo_ent {
 	int depth;
 } memo_ent;
 
+typedef struct arr_ent {
+	int key;                       /* tensor + 1; 0: a free slot */
+	ap_kir_array *arr;
+} arr_ent;
+
 typedef struct lctx {
 	const ap_graph *g;
 	const ap_partition *p;
@@ -64,7 +69,9 @@ typedef struct lctx {
 	int depth;
 	memo_ent *memo;
 	int n_memo, cap_memo;
-	ap_kir_array **arr_of;         /* per tensor: its parameter or constant array */
+	arr_ent *arrs;                 /* tensor -> its parameter or constant array (arr_of) */
+	int cap_arrs, n_arrs;
+	ap_kir_array *no_arr;          /* arr_of's answer when out of memory */
 	int n_consts;
 	unsigned max_threads;
 	int rc;
@@ -89,6 +96,48 @@ static ap_kir_expr *unsupported(lctx *L, const ap_node *n, const char *fmt, ...)
 	ap_error_set(L->err, AP_EUNSUPPORTED, n ? n->name : NULL, NULL, "%s%s%s",
 		     n ? ap_op_name(n->op) : "", n ? ": " : "", buf);
 	return NULL;
+}
+
+/* ---- arrays ------------------------------------------------------------------- */
+
+/* The slot of tensor t's parameter or constant array, NULL in it until one
+ * is made.  An open-addressing table on the tensor index: a kernel uses a
+ * few of the graph's tensors, and an array over all of them for every
+ * kernel would make lowering a graph quadratic in its size. */
+static ap_kir_array **arr_of(lctx *L, int t)
+{
+	unsigned i;
+
+	if (2 * (L->n_arrs + 1) > L->cap_arrs) {
+		int ncap = L->cap_arrs ? 2 * L->cap_arrs : 64;
+		arr_ent *na = calloc((size_t)ncap, sizeof(*na));
+
+		if (!na) {
+			if (!L->rc)
+				ap_error_set(L->err, AP_ENOMEM, NULL, NULL, "out of memory lowering a group");
+			L->rc = AP_ENOMEM;
+			L->no_arr = NULL;
+			return &L->no_arr;
+		}
+		for (int j = 0; j < L->cap_arrs; j++) {
+			if (!L->arrs[j].key)
+				continue;
+			for (i = (unsigned)(L->arrs[j].key - 1) * 2654435761u & (unsigned)(ncap - 1);
+			     na[i].key; i = (i + 1) & (unsigned)(ncap - 1))
+				;
+			na[i] = L->arrs[j];
+		}
+		free(L->arrs);
+		L->arrs = na;
+		L->cap_arrs = ncap;
+	}
+	for (i = (unsigned)t * 2654435761u & (unsigned)(L->cap_arrs - 1); L->arrs[i].key;
+	     i = (i + 1) & (unsigned)(L->cap_arrs - 1))
+		if (L->arrs[i].key == t + 1)
+			return &L->arrs[i].arr;
+	L->arrs[i].key = t + 1;
+	L->n_arrs++;
+	return &L->arrs[i].arr;
 }
 
 /* ---- indices ------------------------------------------------------------------ */
@@ -324,6 +373,7 @@ static ap_kir_expr *const_value(lctx *L, int t, lidx *ix)
 	const ap_tensor *x = &L->g->tensors[t];
 	int64_t n = ap_tensor_numel(x), i;
 	ap_kir_expr *lin;
+	ap_kir_array **a;
 
 	if (n == 1 || const_uniform(x, n))
 		return const_elem(L, x, 0);
@@ -332,26 +382,29 @@ static ap_kir_expr *const_value(lctx *L, int t, lidx *ix)
 	lin = linear(L, ix);
 	if (ap_kir_is_int(lin, &i) && i >= 0 && i < n)
 		return const_elem(L, x, i);
-	if (!L->arr_of[t]) {
+	a = arr_of(L, t);
+	if (!*a) {
 		char name[96];
 
 		if (!x->data || x->nbytes < (size_t)n * ap_dtype_size(x->dtype))
 			return unsupported(L, NULL, "constant %s is missing its data", x->name);
 		snprintf(name, sizeof(name), "c%d", L->n_consts++);
-		L->arr_of[t] = ap_kir_const_array(L->k, name, x->dtype, n, x->data);
+		*a = ap_kir_const_array(L->k, name, x->dtype, n, x->data);
 	}
-	return ap_kir_load(L->k, L->arr_of[t], lin);
+	return ap_kir_load(L->k, *a, lin);
 }
 
 static ap_kir_array *buffer_of(lctx *L, int t)
 {
-	if (!L->arr_of[t]) {
+	ap_kir_array **a = arr_of(L, t);
+
+	if (!*a) {
 		char name[32];
 
 		snprintf(name, sizeof(name), "p%d", L->k->n_params);
-		L->arr_of[t] = ap_kir_param(L->k, name, L->g->tensors[t].dtype, false, t);
+		*a = ap_kir_param(L->k, name, L->g->tensors[t].dtype, false, t);
 	}
-	return L->arr_of[t];
+	return *a;
 }
 
 /* ---- values -------------------------------------------------------------------- */
@@ -1362,7 +1415,7 @@ static void lower_pointwise(lctx *L, const ap_group *grp)
 				continue;
 			done[j] = true;
 			r = ix;
-			ap_kir_store(k, L->cur, L->arr_of[t], ix.lin, val(L, t, &r));
+			ap_kir_store(k, L->cur, *arr_of(L, t), ix.lin, val(L, t, &r));
 		}
 		scope_close(L, saved);
 	}
@@ -1419,7 +1472,7 @@ static void lower_reduce_block(lctx *L, const ap_group *grp)
 		ap_kir_block *sv;
 
 		if_open(L, bin(L, AP_KIR_EQ, tx, ap_kir_idx(k, 0)), &sv, &st);
-		ap_kir_store(k, L->cur, L->arr_of[y], ap_kir_ref(k, o), ap_kir_load(k, sh, ap_kir_idx(k, 0)));
+		ap_kir_store(k, L->cur, *arr_of(L, y), ap_kir_ref(k, o), ap_kir_load(k, sh, ap_kir_idx(k, 0)));
 		scope_close(L, sv);
 	}
 	ap_kir_barrier(k, L->cur);   /* `red` is reused by the next element */
@@ -1473,10 +1526,7 @@ __ap_give ap_kir_kernel *ap_lower_group(__ap_keep const ap_partition *p, int gi,
 	L.err = err;
 	L.max_threads = mt;
 	k = ap_kir_kernel_new(name);
-	L.arr_of = calloc((size_t)g->n_tensors + 1, sizeof(*L.arr_of));
-	if (!k || !L.arr_of) {
-		free(L.arr_of);
-		ap_kir_kernel_free(k);
+	if (!k) {
 		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a group");
 		return NULL;
 	}
@@ -1488,7 +1538,7 @@ __ap_give ap_kir_kernel *ap_lower_group(__ap_keep const ap_partition *p, int gi,
 		char pname[32];
 
 		snprintf(pname, sizeof(pname), "p%d", k->n_params);
-		L.arr_of[t] = ap_kir_param(k, pname, g->tensors[t].dtype, true, t);
+		*arr_of(&L, t) = ap_kir_param(k, pname, g->tensors[t].dtype, true, t);
 	}
 	if (grp->kind == AP_GROUP_REDUCTION && grp->n_outputs == 1 &&
 	    ap_op_category_of(g->nodes[grp->root].op) == AP_CAT_REDUCTION &&
@@ -1525,7 +1575,7 @@ __ap_give ap_kir_kernel *ap_lower_group(__ap_keep const ap_partition *p, int gi,
 		}
 	}
 	free(L.memo);
-	free(L.arr_of);
+	free(L.arrs);
 	if (L.rc)
 		return ap_kir_kernel_free(k);
 	if (ap_kir_failed(k)) {

@@ -161,23 +161,92 @@ static int buffer_for(builder *b, int t)
 	return idx;
 }
 
-/* Adds name to a list of strings unless present. */
-static int add_name(char ***list, int *n, const char *name)
-{
-	char **p;
+/* ---- name sets: (owner, name) -> value, open addressing ------------------------ */
 
-	for (int i = 0; i < *n; i++)
-		if (strcmp((*list)[i], name) == 0)
-			return 0;
-	p = realloc(*list, (size_t)(*n + 1) * sizeof(char *));
-	if (!p)
-		return AP_ENOMEM;
-	*list = p;
-	p[*n] = ap_strdup(name);
-	if (!p[*n])
+/* Kernels by name, and the node names of a list, without a scan of all
+ * entries per lookup.  Names are borrowed (they belong to the lists or
+ * kernels); `owner` tells lists apart. */
+typedef struct name_entry {
+	const char *name;            /* NULL: a free slot */
+	int owner, value;
+} name_entry;
+
+typedef struct name_set {
+	name_entry *slots;
+	size_t cap, n;               /* cap: a power of two, over twice n */
+} name_set;
+
+/* FNV-1a (Fowler, Noll, Vo) over the owner's bytes, then the name's. */
+static size_t name_hash(int owner, const char *name, size_t cap)
+{
+	uint64_t h = 14695981039346656037ull;
+	unsigned o = (unsigned)owner;
+
+	for (int i = 0; i < 4; i++, o >>= 8)
+		h = (h ^ (o & 0xff)) * 1099511628211ull;
+	for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+		h = (h ^ *c) * 1099511628211ull;
+	return (size_t)h & (cap - 1);
+}
+
+static name_entry *name_find(const name_set *s, int owner, const char *name)
+{
+	size_t i;
+
+	if (s->cap == 0)
+		return NULL;
+	for (i = name_hash(owner, name, s->cap); s->slots[i].name; i = (i + 1) & (s->cap - 1))
+		if (s->slots[i].owner == owner && strcmp(s->slots[i].name, name) == 0)
+			return &s->slots[i];
+	return NULL;
+}
+
+/* Adds (owner, name) -> value; the pair must not be in the set yet. */
+static int name_put(name_set *s, int owner, const char *name, int value)
+{
+	size_t i;
+
+	if (2 * (s->n + 1) >= s->cap) {
+		name_set grown = {NULL, s->cap ? 2 * s->cap : 64, 0};
+
+		grown.slots = calloc(grown.cap, sizeof(name_entry));
+		if (!grown.slots)
+			return AP_ENOMEM;
+		for (size_t j = 0; j < s->cap; j++)
+			if (s->slots[j].name)
+				name_put(&grown, s->slots[j].owner, s->slots[j].name, s->slots[j].value);
+		free(s->slots);
+		*s = grown;
+	}
+	for (i = name_hash(owner, name, s->cap); s->slots[i].name; i = (i + 1) & (s->cap - 1))
+		;
+	s->slots[i].name = name;
+	s->slots[i].owner = owner;
+	s->slots[i].value = value;
+	s->n++;
+	return 0;
+}
+
+/* Adds name to a list of strings (*cap slots, grown by doubling) unless
+ * `seen` has it under `owner`. */
+static int add_name(char ***list, int *n, int *cap, const char *name, name_set *seen, int owner)
+{
+	if (name_find(seen, owner, name))
+		return 0;
+	if (*n == *cap) {
+		int ncap = *cap ? 2 * *cap : 8;
+		char **p = realloc(*list, (size_t)ncap * sizeof(char *));
+
+		if (!p)
+			return AP_ENOMEM;
+		*list = p;
+		*cap = ncap;
+	}
+	(*list)[*n] = ap_strdup(name);
+	if (!(*list)[*n])
 		return AP_ENOMEM;
 	(*n)++;
-	return 0;
+	return name_put(seen, owner, (*list)[*n - 1], 0);
 }
 
 /* Binds every parameter of kernel k to its buffer for launch `ln`. */
@@ -202,24 +271,53 @@ static int fill_launch(builder *b, const ap_kir_kernel *k, ap_launch *ln, int ke
 	return 0;
 }
 
-/* Adds the names of a group's nodes (members and absorbed views, in graph
- * order) to a list of names. */
+/* Fills an empty list with the names of a group's nodes (members and
+ * absorbed views, in graph order), each once. */
 static int add_group_nodes(builder *b, const ap_group *grp, char ***list, int *n)
 {
-	int i = 0, j = 0;
+	name_set seen = {NULL, 0, 0};
+	int i = 0, j = 0, rc = 0, cap = *n;
 
 	/* both lists are ascending: merge them */
-	while (i < grp->n_nodes || j < grp->n_views) {
+	while (rc == 0 && (i < grp->n_nodes || j < grp->n_views)) {
 		int m;
 
 		if (j >= grp->n_views || (i < grp->n_nodes && grp->nodes[i] < grp->views[j]))
 			m = grp->nodes[i++];
 		else
 			m = grp->views[j++];
-		if (add_name(list, n, b->g->nodes[m].name) < 0)
-			return AP_ENOMEM;
+		rc = add_name(list, n, &cap, b->g->nodes[m].name, &seen, 0);
 	}
-	return 0;
+	free(seen.slots);
+	return rc;
+}
+
+/* Each kernel's node names: those of its first group (there since the
+ * kernel was made), then those of every launch of it, in launch order,
+ * each once. */
+static int kernel_nodes(ap_program *prog)
+{
+	name_set seen = {NULL, 0, 0};
+	int *cap = malloc(((size_t)prog->n_kernels + 1) * sizeof(int));   /* per kernel: slots */
+	int rc = cap ? 0 : AP_ENOMEM;
+
+	for (int ki = 0; ki < prog->n_kernels && rc == 0; ki++) {
+		cap[ki] = prog->kernels[ki].n_nodes;
+		for (int i = 0; i < prog->kernels[ki].n_nodes && rc == 0; i++)
+			if (!name_find(&seen, ki, prog->kernels[ki].nodes[i]))
+				rc = name_put(&seen, ki, prog->kernels[ki].nodes[i], 0);
+	}
+	for (int l = 0; l < prog->n_launches && rc == 0; l++) {
+		const ap_launch *ln = &prog->launches[l];
+		ap_kernel_src *ks = &prog->kernels[ln->kernel];
+
+		for (int i = 0; i < ln->n_nodes && rc == 0; i++)
+			rc = add_name(&ks->nodes, &ks->n_nodes, &cap[ln->kernel], ln->nodes[i], &seen,
+				      ln->kernel);
+	}
+	free(seen.slots);
+	free(cap);
+	return rc;
 }
 
 static int fill_kernel(builder *b, const ap_kir_kernel *k, ap_kernel_src *ks, const ap_launch *ln)
@@ -310,16 +408,26 @@ static int cmp_def(const void *a, const void *b)
 	return (x->buf > y->buf) - (x->buf < y->buf);
 }
 
-/* First-fit placement of intermediates by liveness over the launches. */
+/* First-fit placement of intermediates by liveness over the launches.
+ * Intervals are placed in order of definition, so one that ended before
+ * the current one starts can never overlap a later one either: only the
+ * intervals still live (`active`, in placement order) are looked at. */
 static int layout_workspace(ap_program *p)
 {
 	interval *iv = calloc((size_t)p->n_buffers + 1, sizeof(*iv));
-	int n = 0;
+	int *iv_of = malloc(((size_t)p->n_buffers + 1) * sizeof(int));   /* per buffer */
+	int *active = malloc(((size_t)p->n_buffers + 1) * sizeof(int));
+	int n = 0, n_active = 0;
 	uint64_t top = 0;
 
-	if (!iv)
+	if (!iv || !iv_of || !active) {
+		free(iv);
+		free(iv_of);
+		free(active);
 		return AP_ENOMEM;
+	}
 	for (int bi = 0; bi < p->n_buffers; bi++) {
+		iv_of[bi] = -1;
 		if (p->buffers[bi].kind != AP_BUF_INTERMEDIATE)
 			continue;
 		iv[n].buf = bi;
@@ -327,36 +435,45 @@ static int layout_workspace(ap_program *p)
 		iv[n].last = -1;
 		iv[n].size = (p->buffers[bi].nbytes + WORKSPACE_ALIGN - 1) / WORKSPACE_ALIGN *
 			     WORKSPACE_ALIGN;
-		for (int l = 0; l < p->n_launches; l++) {
-			const ap_launch *ln = &p->launches[l];
-			const ap_kernel_src *ks = &p->kernels[ln->kernel];
-
-			for (int a = 0; a < ln->n_args; a++) {
-				if (ln->args[a] != bi)
-					continue;
-				if (ks->params[a].written && l < iv[n].def)
-					iv[n].def = l;
-				if (l > iv[n].last)
-					iv[n].last = l;
-			}
-		}
-		if (iv[n].def > iv[n].last)
-			iv[n].def = iv[n].last;
-		n++;
+		iv_of[bi] = n++;
 	}
+	for (int l = 0; l < p->n_launches; l++) {
+		const ap_launch *ln = &p->launches[l];
+		const ap_kernel_src *ks = &p->kernels[ln->kernel];
+
+		for (int a = 0; a < ln->n_args; a++) {
+			interval *v = iv_of[ln->args[a]] >= 0 ? &iv[iv_of[ln->args[a]]] : NULL;
+
+			if (!v)
+				continue;
+			if (ks->params[a].written && l < v->def)
+				v->def = l;
+			if (l > v->last)
+				v->last = l;
+		}
+	}
+	for (int i = 0; i < n; i++)
+		if (iv[i].def > iv[i].last)
+			iv[i].def = iv[i].last;
 	qsort(iv, (size_t)n, sizeof(*iv), cmp_def);
 	for (int i = 0; i < n; i++) {
 		uint64_t off = 0;
 		bool moved = true;
+		int k = 0;
 
+		/* drop the intervals that ended before this one starts */
+		for (int a = 0; a < n_active; a++)
+			if (iv[active[a]].last >= iv[i].def)
+				active[k++] = active[a];
+		n_active = k;
 		/* lowest offset clear of every placed interval live at the same time */
 		while (moved) {
 			moved = false;
-			for (int j = 0; j < i; j++) {
-				if (iv[j].last < iv[i].def || iv[j].def > iv[i].last)
-					continue;
-				if (off < iv[j].off + iv[j].size && iv[j].off < off + iv[i].size) {
-					off = iv[j].off + iv[j].size;
+			for (int a = 0; a < n_active; a++) {
+				const interval *v = &iv[active[a]];
+
+				if (off < v->off + v->size && v->off < off + iv[i].size) {
+					off = v->off + v->size;
 					moved = true;
 				}
 			}
@@ -365,9 +482,12 @@ static int layout_workspace(ap_program *p)
 		p->buffers[iv[i].buf].offset = off;
 		if (off + iv[i].size > top)
 			top = off + iv[i].size;
+		active[n_active++] = i;
 	}
 	p->workspace_bytes = top;
 	free(iv);
+	free(iv_of);
+	free(active);
 	return 0;
 }
 
@@ -442,41 +562,77 @@ static const char *hook_refuses(const ap_partition *part, int gi, const ap_build
 	return NULL;
 }
 
-/* Launch of group gi's boundary edges, deduplicated by launch pair and
- * tensor. */
+/* One partition boundary as a candidate program boundary. */
+typedef struct launch_edge {
+	int producer, consumer;      /* launches */
+	const char *tensor;
+	int index;                   /* in part->boundaries */
+} launch_edge;
+
+static int cmp_launch_edge(const void *a, const void *b)
+{
+	const launch_edge *x = a, *y = b;
+	int c;
+
+	if (x->producer != y->producer)
+		return (x->producer > y->producer) - (x->producer < y->producer);
+	if (x->consumer != y->consumer)
+		return (x->consumer > y->consumer) - (x->consumer < y->consumer);
+	if ((c = strcmp(x->tensor, y->tensor)) != 0)
+		return c;
+	return (x->index > y->index) - (x->index < y->index);
+}
+
+/* The partition's boundaries between two launches, one per (producer
+ * launch, consumer launch, tensor): the first of each in the partition's
+ * order (repeats found by sorting). */
 static int fill_boundaries(builder *b, const ap_partition *part, const int *launch_of)
 {
 	ap_program *prog = b->prog;
+	launch_edge *e = malloc(((size_t)part->n_boundaries + 1) * sizeof(*e));
+	bool *keep = calloc((size_t)part->n_boundaries + 1, sizeof(bool));
+	int ne = 0, rc = AP_ENOMEM;
 
 	prog->boundaries = calloc((size_t)part->n_boundaries + 1, sizeof(ap_program_boundary));
-	if (!prog->boundaries)
-		return AP_ENOMEM;
+	if (!prog->boundaries || !e || !keep)
+		goto out;
 	for (int i = 0; i < part->n_boundaries; i++) {
 		const ap_boundary *bd = &part->boundaries[i];
 		int gp = part->group_of[bd->producer], gc = part->group_of[bd->consumer];
 		int lp = gp >= 0 ? launch_of[gp] : -1, lc = gc >= 0 ? launch_of[gc] : -1;
-		const char *tn = part->g->tensors[bd->tensor].name;
-		ap_program_boundary *pb;
-		bool dup = false;
 
 		if (lp < 0 || lc < 0 || lp == lc)
 			continue;
-		for (int j = 0; j < prog->n_boundaries && !dup; j++)
-			if (prog->boundaries[j].producer == lp && prog->boundaries[j].consumer == lc &&
-			    strcmp(prog->boundaries[j].tensor, tn) == 0)
-				dup = true;
-		if (dup)
+		e[ne].producer = lp;
+		e[ne].consumer = lc;
+		e[ne].tensor = part->g->tensors[bd->tensor].name;
+		e[ne++].index = i;
+	}
+	qsort(e, (size_t)ne, sizeof(*e), cmp_launch_edge);
+	for (int j = 0; j < ne; j++)
+		if (j == 0 || e[j].producer != e[j - 1].producer || e[j].consumer != e[j - 1].consumer ||
+		    strcmp(e[j].tensor, e[j - 1].tensor) != 0)
+			keep[e[j].index] = true;
+	for (int i = 0; i < part->n_boundaries; i++) {
+		const ap_boundary *bd = &part->boundaries[i];
+		ap_program_boundary *pb;
+
+		if (!keep[i])
 			continue;
 		pb = &prog->boundaries[prog->n_boundaries++];
-		pb->producer = lp;
-		pb->consumer = lc;
-		pb->tensor = ap_strdup(tn);
+		pb->producer = launch_of[part->group_of[bd->producer]];
+		pb->consumer = launch_of[part->group_of[bd->consumer]];
+		pb->tensor = ap_strdup(part->g->tensors[bd->tensor].name);
 		pb->reason = ap_boundary_reason_key(bd->reason);
 		pb->detail = ap_strdup(bd->detail);
 		if (!pb->tensor || !pb->detail)
-			return AP_ENOMEM;
+			goto out;
 	}
-	return 0;
+	rc = 0;
+out:
+	free(e);
+	free(keep);
+	return rc;
 }
 
 static int fill_explain(builder *b, const ap_graph *g, const ap_partition *part,
@@ -532,6 +688,7 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 	int rc = 0;
 	char hook[160], refusal[sizeof(((ap_error *)0)->msg) + 160];
 	double hook_ms = 0;   /* in opt->accept_kernel: the backend's time */
+	name_set kernel_of = {NULL, 0, 0};   /* kept kernels by name */
 
 	memset(&b, 0, sizeof(b));
 	b.err = err;
@@ -644,9 +801,11 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 		}
 		ln = &prog->launches[prog->n_launches];
 		/* the same kernel twice in one program is one kernel, launched twice */
-		for (ki = 0; ki < prog->n_kernels; ki++)
-			if (strcmp(prog->kernels[ki].name, k->name) == 0)
-				break;
+		{
+			const name_entry *e = name_find(&kernel_of, 0, k->name);
+
+			ki = e ? e->value : prog->n_kernels;
+		}
 		nb0 = prog->n_buffers;
 		rc = fill_launch(&b, k, ln, ki);
 		if (rc == 0 && ki == prog->n_kernels) {
@@ -672,6 +831,8 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 					rc = REFUSED;
 				}
 			}
+			if (rc == 0)
+				rc = name_put(&kernel_of, 0, ks->name, ki);
 			if (rc == 0) {
 				prog->n_kernels++;
 			} else {
@@ -694,9 +855,6 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 					ln->global_bytes += prog->buffers[ln->args[a]].nbytes;
 			}
 			rc = add_group_nodes(&b, grp, &ln->nodes, &ln->n_nodes);
-			if (rc == 0)
-				rc = add_group_nodes(&b, grp, &prog->kernels[ki].nodes,
-						     &prog->kernels[ki].n_nodes);
 		} else {
 			free(ln->args);
 			memset(ln, 0, sizeof(*ln));
@@ -726,12 +884,13 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 			goto fail;
 		gi++;
 	}
-	if (layout_workspace(prog) < 0)
+	if (kernel_nodes(prog) < 0 || layout_workspace(prog) < 0)
 		goto nomem;
 	traffic_model(g, prog);
 	if (fill_explain(&b, g, part, &choices, launch_of) < 0)
 		goto nomem;
 	prog->codegen_ms = ap_now_ms() - t1 - hook_ms;
+	free(kernel_of.slots);
 	free(launch_of);
 	free(b.buf_of);
 	ap_expand_choices_clear(&choices);
@@ -741,6 +900,7 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 nomem:
 	ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory building the program");
 fail:
+	free(kernel_of.slots);
 	free(launch_of);
 	free(b.buf_of);
 	ap_expand_choices_clear(&choices);
