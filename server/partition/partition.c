@@ -24,7 +24,10 @@
  *     left between two groups fails some check -- the reason the explain
  *     report gives.  In the first pass a matmul or conv does not yet join
  *     an injective consumer, so that the injective op can first join the
- *     group it feeds (a prologue, which saves its whole output).
+ *     group it feeds (a prologue, which saves its whole output).  The
+ *     cycle check searches only between the two groups' places in a
+ *     topological order of the group graph that every merge repairs
+ *     locally (Pearce and Kelly; see indirect_path and merge).
  *     Evaluation counts (eval_counts) model what the lowering recomputes:
  *     E(t) is how many times the kernel evaluates elements of tensor t
  *     (each written element once, plus what its readers in the group
