@@ -10,13 +10,13 @@
 # time(512) / time(64) of partition + codegen (8x the nodes: near 8 when
 # the time grows linearly).  Prints numbers, asserts nothing.
 #   LAYERS: default 8 16 32 64 128 256 512
-#   env: APOLLO_BUILD, SCALE_REPS (default 5), SCALE_TARGET (default cpu:
+#   env: APOLLO_BUILD, SCALE_REPS (default 7), SCALE_TARGET (default cpu:
 #   identical layers share their kernels, so the host compiler builds a
 #   dozen whatever the size)
 cd "$(dirname "$0")/.." || exit 1
 . tests/daemon.inc
 
-REPS=${SCALE_REPS:-5}
+REPS=${SCALE_REPS:-7}
 TARGET=${SCALE_TARGET:-cpu}
 PY=$REPO/.venv/bin/python
 if [ ! -x "$PY" ]; then

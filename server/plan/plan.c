@@ -113,6 +113,7 @@ typedef struct builder {
 	const ap_graph *g;           /* the expanded graph */
 	ap_program *prog;
 	int *buf_of;                 /* per tensor of g: buffer index or -1 */
+	int *tensor_of;              /* per buffer: its tensor of g */
 	int cap_buffers;
 	ap_error *err;
 } builder;
@@ -126,12 +127,18 @@ static int add_buffer(builder *b, int t, ap_buffer_kind kind, int index)
 	if (p->n_buffers == b->cap_buffers) {
 		int ncap = b->cap_buffers ? 2 * b->cap_buffers : 16;
 		ap_buffer *nb = realloc(p->buffers, (size_t)ncap * sizeof(*nb));
+		int *nt;
 
 		if (!nb)
 			return AP_ENOMEM;
 		p->buffers = nb;
+		nt = realloc(b->tensor_of, (size_t)ncap * sizeof(int));
+		if (!nt)
+			return AP_ENOMEM;
+		b->tensor_of = nt;
 		b->cap_buffers = ncap;
 	}
+	b->tensor_of[p->n_buffers] = t;
 	bf = &p->buffers[p->n_buffers];
 	memset(bf, 0, sizeof(*bf));
 	bf->name = ap_strdup(x->name);
@@ -863,11 +870,12 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 		if (rc == REFUSED) {
 			/* upward feedback from the backend: forget the buffers this
 			 * group created, then split it (or fail a single node) */
-			for (int t = 0; t < pg->n_tensors; t++)
-				if (b.buf_of[t] >= nb0)
-					b.buf_of[t] = -1;
-			while (prog->n_buffers > nb0)
-				free(prog->buffers[--prog->n_buffers].name);
+			while (prog->n_buffers > nb0) {
+				int bi = --prog->n_buffers;
+
+				b.buf_of[b.tensor_of[bi]] = -1;
+				free(prog->buffers[bi].name);
+			}
 			if (grp->n_nodes < 2) {
 				ap_error_set(err, AP_ECOMPILE, pg->nodes[grp->root].name, NULL, "%s",
 					     refusal);
@@ -893,6 +901,7 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 	free(kernel_of.slots);
 	free(launch_of);
 	free(b.buf_of);
+	free(b.tensor_of);
 	ap_expand_choices_clear(&choices);
 	ap_partition_free(part);
 	ap_graph_free(eg);
@@ -903,6 +912,7 @@ fail:
 	free(kernel_of.slots);
 	free(launch_of);
 	free(b.buf_of);
+	free(b.tensor_of);
 	ap_expand_choices_clear(&choices);
 	ap_partition_free(part);
 	ap_graph_free(eg);
