@@ -11,7 +11,9 @@
 # round trip for the submit (the local ONNX import is shown apart: it is
 # the same cold or warm).  Then the fusion table (bench/fusion.sh: launches
 # and modelled bytes at each fusion level, beside onnxruntime's optimized
-# graph).  Prints numbers, asserts nothing.
+# graph), and the scale table (bench/scale.sh: partition and codegen time
+# of transformer encoders of 8 ... 512 layers).  Prints numbers, asserts
+# nothing.
 #   TARGET: default sm_90 when the daemon has NVRTC, else cpu.
 #   env: APOLLO_BUILD, WARM_RUNS (default 5)
 cd "$(dirname "$0")/.." || exit 1
@@ -56,3 +58,5 @@ done
 "$PY" bench/summary.py "$out"
 echo
 sh bench/fusion.sh
+echo
+sh bench/scale.sh

@@ -503,6 +503,107 @@ START_TEST(acyclic_guard)
 }
 END_TEST
 
+/* Random DAGs of elementwise, broadcast, reduction and matmul nodes, with
+ * edges to recent and to distant producers: every partition is built
+ * (the group graph stays acyclic, so the final topological sort succeeds)
+ * and keeps its invariants, at each level and with a small size cap.  The
+ * cycle check searches within a topological order of the groups that
+ * every merge repairs (Pearce-Kelly): an order gone wrong would let a
+ * merge close a cycle.  Deterministic (a fixed linear congruential
+ * generator). */
+static unsigned lcg(unsigned *s)
+{
+	*s = *s * 1103515245u + 12345u;
+	return (*s >> 16) & 0x7fff;
+}
+
+static ap_graph *random_dag(unsigned seed, int n_nodes)
+{
+	ap_graph *g = ap_graph_new("random");
+	int *full = malloc((size_t)n_nodes * sizeof(int)), n_full = 0;   /* [4, 8] values */
+	int *row = malloc((size_t)n_nodes * sizeof(int)), n_row = 0;     /* [4, 1] values */
+	bool *read = calloc((size_t)n_nodes * 3 + 8, sizeof(bool));
+	int w;
+	char name[32];
+
+	full[n_full++] = in(g, "x", DIMS(4, 8));
+	w = in(g, "w", DIMS(8, 8));
+	for (int i = 0; i < n_nodes; i++) {
+		unsigned r = lcg(&seed) % 100;
+		/* mostly a recent value, sometimes any earlier one */
+		int a = lcg(&seed) % 4 ? full[n_full - 1 - (int)(lcg(&seed) % (n_full < 3 ? n_full : 3))]
+				       : full[lcg(&seed) % n_full];
+		int b = full[lcg(&seed) % n_full], t, n;
+
+		snprintf(name, sizeof(name), "t%d", i);
+		if (r < 20 && n_row > 0) {
+			t = val(g, name, DIMS(4, 8));
+			snprintf(name, sizeof(name), "n%d", i);
+			node(g, name, AP_OP_ADD, LIST(a, row[lcg(&seed) % n_row]), LIST(t));
+			full[n_full++] = t;
+		} else if (r < 40) {
+			t = val(g, name, DIMS(4, 1));
+			snprintf(name, sizeof(name), "n%d", i);
+			n = node(g, name, AP_OP_REDUCE_SUM, LIST(a), LIST(t));
+			reduce_attrs(g, n, 1, 1);
+			row[n_row++] = t;
+		} else if (r < 55) {
+			t = val(g, name, DIMS(4, 8));
+			snprintf(name, sizeof(name), "n%d", i);
+			node(g, name, AP_OP_MATMUL, LIST(a, w), LIST(t));
+			full[n_full++] = t;
+		} else if (r < 75) {
+			t = val(g, name, DIMS(4, 8));
+			snprintf(name, sizeof(name), "n%d", i);
+			node(g, name, AP_OP_MUL, LIST(a, b), LIST(t));
+			full[n_full++] = t;
+		} else {
+			t = val(g, name, DIMS(4, 8));
+			snprintf(name, sizeof(name), "n%d", i);
+			node(g, name, r < 88 ? AP_OP_EXP : AP_OP_TANH, LIST(a), LIST(t));
+			full[n_full++] = t;
+		}
+	}
+	/* outputs: every value nobody reads, and a few more */
+	for (int n = 0; n < g->n_nodes; n++)
+		for (int i = 0; i < g->nodes[n].n_inputs; i++)
+			read[g->nodes[n].inputs[i]] = true;
+	for (int t = 0; t < g->n_tensors; t++)
+		if (g->tensors[t].kind == AP_TENSOR_VALUE && (!read[t] || lcg(&seed) % 16 == 0))
+			out(g, t);
+	free(full);
+	free(row);
+	free(read);
+	return g;
+}
+
+START_TEST(random_dags_stay_acyclic)
+{
+	const ap_partition_options opts[] = {
+		{.level = AP_FUSE_APOLLO}, {.level = AP_FUSE_RULES},
+		{.level = AP_FUSE_APOLLO, .max_group_nodes = 4},
+	};
+	int cycles = 0;
+
+	for (unsigned seed = 1; seed <= 60; seed++) {
+		ap_graph *g = random_dag(seed, 20 + (int)(seed * 7 % 90));
+
+		for (size_t o = 0; o < sizeof(opts) / sizeof(opts[0]); o++) {
+			built b = build_opt(g, &opts[o], NULL);
+
+			for (int i = 0; i < b.p->n_boundaries; i++)
+				if (b.p->boundaries[i].reason == AP_WHY_CYCLE)
+					cycles++;
+			ap_partition_free(b.p);
+			ap_graph_free(b.eg);
+			ap_expand_choices_clear(&b.choices);
+		}
+		ap_graph_free(g);
+	}
+	ck_assert_int_gt(cycles, 0);   /* the guard had work to do */
+}
+END_TEST
+
 /* Groups stay within max_group_nodes members. */
 START_TEST(size_cap)
 {
@@ -937,6 +1038,7 @@ static Suite *partition_suite(void)
 	tcase_add_test(tc, rule6_conv);
 	tcase_add_test(tc, injective_join_consumers);
 	tcase_add_test(tc, acyclic_guard);
+	tcase_add_test(tc, random_dags_stay_acyclic);
 	tcase_add_test(tc, size_cap);
 	tcase_add_test(tc, barrier_hint);
 	tcase_add_test(tc, recompute_saves_bytes);

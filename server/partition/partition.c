@@ -24,7 +24,10 @@
  *     left between two groups fails some check -- the reason the explain
  *     report gives.  In the first pass a matmul or conv does not yet join
  *     an injective consumer, so that the injective op can first join the
- *     group it feeds (a prologue, which saves its whole output).
+ *     group it feeds (a prologue, which saves its whole output).  The
+ *     cycle check searches only between the two groups' places in a
+ *     topological order of the group graph that every merge repairs
+ *     locally (Pearce and Kelly; see indirect_path and merge).
  *     Evaluation counts (the cost model's, server/cost) model what the
  *     value builder of the lowering recomputes:
  *     E(t) is how many times the kernel evaluates elements of tensor t
@@ -52,6 +55,7 @@
 
 #include "../cost/cost.h"
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +68,8 @@ struct ap_partition_priv {
 	ap_graph *owned;     /* the rewritten graph (recompute), or NULL */
 	bool *through;       /* per node: read through */
 	int *rd_off, *rd;    /* per tensor: readers (non-through nodes), CSR */
+	int *tmark, *nmark;  /* per tensor, per node: scratch marks (fill_group) */
+	int mark_stamp;
 };
 
 typedef struct pctx {
@@ -89,7 +95,21 @@ typedef struct pctx {
 	int ev_p, ev_q;      /* the groups eval_counts is counting */
 	int *t_mark;         /* per tensor scratch marks */
 	int t_stamp;
+	int *tmark;          /* per tensor scratch marks (reads_mark) */
+	int tmark_stamp;
 	int *list;           /* node scratch list */
+	int *slice;          /* node scratch list (edge_reason) */
+	/* the group graph's topological order (see indirect_path, merge) */
+	int *ord;            /* per root: its place; producers have smaller ones */
+	int *at;             /* per place: the root there, -1 for none */
+	int *fwd, n_fwd;     /* the groups the last indirect_path search reached */
+	int fwd_p, fwd_q;    /* ... and its producer and consumer (-1: none) */
+	int *bwd;            /* scratch: groups a merge moves down */
+	int *pos, *pool;     /* scratch: places a merge hands out */
+	int *low;            /* per root: its smallest member (topo_groups) */
+	int *indeg;          /* per root: unplaced producers (topo_groups) */
+	int *heap;           /* ready roots' smallest members (topo_groups) */
+	int *succ;           /* scratch: a group's consumers (successors) */
 	int via;             /* a third group found on an indirect path */
 	int pass;
 	bool outputs_failed; /* the last check_merge failed on written tensors */
@@ -515,13 +535,153 @@ static double recompute_cost(pctx *c, int p, int q, const int *nodes, int n)
 	return compute * (reuse > 1 ? reuse : 1);
 }
 
+/* ---- the group graph's topological order ------------------------------------------- */
+
+/* The merge checks ask, for a producer group p and a consumer group q
+ * joined by an edge, whether another path leads from p to q (merging them
+ * would then make the group graph cyclic).  Searching all of p's
+ * descendants for every check costs time quadratic in the graph, so the
+ * partition keeps a topological order of the group graph, c->ord, and
+ * bounds the search by it, as in Pearce and Kelly's dynamic topological
+ * sort (D. J. Pearce, P. H. J. Kelly, "A dynamic topological sort algorithm
+ * for directed acyclic graphs", ACM JEA 11, 2006):
+ *   - every group on a path from p to q has a place between ord[p] and
+ *     ord[q], so the search from p skips groups placed after q;
+ *   - merging p into q (no other path between them) keeps q's place for
+ *     the merged group; p's consumers reached by that search, F (all
+ *     placed before q), must now follow it.  Pearce-Kelly moves them: B
+ *     is the merged group and the groups placed after min ord(F) from
+ *     which a path leads into it; B (in its old order) then F (in its old
+ *     order) take the places B and F held, sorted.  Only groups of F and B
+ *     move, and each keeps the order of its set, so every edge still goes
+ *     from a smaller place to a larger one.
+ * The places are 0 .. groups-1 at the start, with holes where merged
+ * groups were; c->at maps a place back to its root. */
+
+/* The consumers of group r (roots other than r reading a tensor some member
+ * of r writes), each once, into c->succ; returns their count. */
+static int successors(pctx *c, int r)
+{
+	const ap_graph *g = c->g;
+	int n = 0;
+
+	c->cur_stamp++;
+	for (int m = c->head[r]; m >= 0; m = c->next[m]) {
+		const ap_node *node = &g->nodes[m];
+
+		for (int o = 0; o < node->n_outputs; o++) {
+			int t = node->outputs[o];
+
+			if (t < 0)
+				continue;
+			for (int k = c->rd_off[t]; k < c->rd_off[t + 1]; k++) {
+				int h = find(c, c->rd[k]);
+
+				if (h != r && c->stamp[h] != c->cur_stamp) {
+					c->stamp[h] = c->cur_stamp;
+					c->succ[n++] = h;
+				}
+			}
+		}
+	}
+	return n;
+}
+
+/* A binary min-heap of node indices. */
+static void heap_push(int *heap, int *n, int v)
+{
+	int i = (*n)++;
+
+	while (i > 0 && heap[(i - 1) / 2] > v) {
+		heap[i] = heap[(i - 1) / 2];
+		i = (i - 1) / 2;
+	}
+	heap[i] = v;
+}
+
+static int heap_pop(int *heap, int *n)
+{
+	int top = heap[0], v = heap[--(*n)], i = 0;
+
+	for (;;) {
+		int k = 2 * i + 1;
+
+		if (k >= *n)
+			break;
+		if (k + 1 < *n && heap[k + 1] < heap[k])
+			k++;
+		if (heap[k] >= v)
+			break;
+		heap[i] = heap[k];
+		i = k;
+	}
+	if (*n > 0)
+		heap[i] = v;
+	return top;
+}
+
+/* The groups (roots with members) in a topological order of the group
+ * graph, into `out`: Kahn's algorithm, taking among the ready groups the
+ * one that holds the smallest node (a heap keyed by that node).  Returns
+ * how many were placed; fewer than there are groups when the group graph
+ * has a cycle.  O((groups + edges) log groups) plus O(nodes). */
+static int topo_groups(pctx *c, int *out, int *n_groups)
+{
+	int n_roots = 0, n_heap = 0, k = 0;
+
+	for (int n = 0; n < c->N; n++) {
+		c->low[n] = -1;
+		c->indeg[n] = 0;
+	}
+	for (int n = 0; n < c->N; n++) {
+		int r;
+
+		if (!c->live[n] || c->through[n])
+			continue;
+		r = find(c, n);
+		if (c->low[r] < 0) {
+			c->low[r] = n;
+			n_roots++;
+		}
+	}
+	for (int r = 0; r < c->N; r++) {
+		int ns;
+
+		if (c->head[r] < 0)
+			continue;
+		ns = successors(c, r);
+		for (int i = 0; i < ns; i++)
+			c->indeg[c->succ[i]]++;
+	}
+	for (int r = 0; r < c->N; r++)
+		if (c->head[r] >= 0 && c->indeg[r] == 0)
+			heap_push(c->heap, &n_heap, c->low[r]);
+	while (n_heap > 0) {
+		int r = find(c, heap_pop(c->heap, &n_heap)), ns;
+
+		out[k++] = r;
+		ns = successors(c, r);
+		for (int i = 0; i < ns; i++)
+			if (--c->indeg[c->succ[i]] == 0)
+				heap_push(c->heap, &n_heap, c->low[c->succ[i]]);
+	}
+	*n_groups = n_roots;
+	return k;
+}
+
 /* True when some path leads from group p to group q through another group
- * (c->via gets the first group on it). */
+ * (c->via gets the last group before q on the first one found).  A
+ * depth-first search from p over groups placed before q; when it finds no
+ * path, c->fwd holds every group it reached (the set F of merge). */
 static bool indirect_path(pctx *c, int p, int q)
 {
 	const ap_graph *g = c->g;
 	int sp = 0;
 
+	assert(c->ord[p] < c->ord[q]);
+	c->n_fwd = 0;
+	c->fwd_p = p;
+	c->fwd_q = q;
 	c->cur_stamp++;
 	c->stamp[p] = c->cur_stamp;
 	c->stack[sp++] = p;
@@ -544,17 +704,103 @@ static bool indirect_path(pctx *c, int p, int q)
 					if (h == q) {
 						if (grp != p) {
 							c->via = grp;
+							c->fwd_p = c->fwd_q = -1;
 							return true;
 						}
 						continue;
 					}
+					if (c->ord[h] > c->ord[q])
+						continue;    /* placed after q: no path back into it */
 					c->stamp[h] = c->cur_stamp;
 					c->stack[sp++] = h;
+					c->fwd[c->n_fwd++] = h;
 				}
 			}
 		}
 	}
 	return false;
+}
+
+/* Puts the roots of `set` (n of them) in the order of their places; `pos`
+ * receives those places, ascending. */
+static void sort_by_place(pctx *c, int *set, int n, int *pos)
+{
+	for (int i = 0; i < n; i++)
+		pos[i] = c->ord[set[i]];
+	qsort(pos, (size_t)n, sizeof(int), cmp_int);
+	for (int i = 0; i < n; i++)
+		set[i] = c->at[pos[i]];
+}
+
+/* Merges producer group p into consumer group q, which passed check_merge
+ * (so no path leads from p to q through a third group), by uniting node n
+ * (in q) with node u (in p); the merged group keeps root q and its place,
+ * and the groups of F and B move as explained above. */
+static void merge(pctx *c, int p, int q, int n, int u, int kind)
+{
+	const ap_graph *g = c->g;
+	int nb = 0, nf, sp = 0, lb = c->N, i = 0, j = 0;
+
+	if (c->fwd_p != p || c->fwd_q != q)
+		indirect_path(c, p, q);     /* F of this edge (check_merge ran it last) */
+	unite(c, n, u, kind);
+	assert(find(c, n) == q);
+	c->at[c->ord[p]] = -1;
+	c->fwd_p = c->fwd_q = -1;
+	nf = c->n_fwd;
+	if (nf == 0)
+		return;
+	for (int k = 0; k < nf; k++)
+		if (c->ord[c->fwd[k]] < lb)
+			lb = c->ord[c->fwd[k]];
+	/* B: q and the groups placed after lb with a path into q, backwards
+	 * over the producers of the members' inputs */
+	c->cur_stamp++;
+	c->stamp[q] = c->cur_stamp;
+	c->bwd[nb++] = q;
+	c->stack[sp++] = q;
+	while (sp > 0) {
+		int grp = c->stack[--sp];
+
+		for (int m = c->head[grp]; m >= 0; m = c->next[m]) {
+			const ap_node *node = &g->nodes[m];
+
+			for (int in = 0; in < node->n_inputs; in++) {
+				int t, w, h;
+
+				if (node->inputs[in] < 0)
+					continue;
+				t = source_of(g, c->through, node->inputs[in]);
+				w = g->tensors[t].producer;
+				if (w < 0)
+					continue;
+				h = find(c, w);
+				if (h == grp || c->stamp[h] == c->cur_stamp || c->ord[h] <= lb)
+					continue;
+				c->stamp[h] = c->cur_stamp;
+				c->stack[sp++] = h;
+				c->bwd[nb++] = h;
+			}
+		}
+	}
+	/* B then F, each in its old order, over the places they held */
+	sort_by_place(c, c->bwd, nb, c->pos);
+	sort_by_place(c, c->fwd, nf, c->pos + nb);
+	while (i < nb || j < nf) {       /* merge the two sorted place lists */
+		if (j >= nf || (i < nb && c->pos[i] < c->pos[nb + j])) {
+			c->pool[i + j] = c->pos[i];
+			i++;
+		} else {
+			c->pool[i + j] = c->pos[nb + j];
+			j++;
+		}
+	}
+	for (int k = 0; k < nb + nf; k++) {
+		int r = k < nb ? c->bwd[k] : c->fwd[k - nb];
+
+		c->ord[r] = c->pool[k];
+		c->at[c->pool[k]] = r;
+	}
 }
 
 static const char *node_label(pctx *c, int root)
@@ -650,7 +896,7 @@ static bool merge_pass(pctx *c)
 				    is_inj(c->kind[q]))
 					continue;
 				if (check_merge(c, p, q, &kind, NULL, 0) < 0) {
-					unite(c, n, u, kind);
+					merge(c, p, q, n, u, kind);
 					any = true;
 				}
 			}
@@ -718,13 +964,21 @@ static int slice_for(pctx *c, int P, int C, int *out)
 	return k;
 }
 
-/* Does group `grp` read tensor t (from memory)? */
-static bool group_reads(pctx *c, int grp, int t)
+/* Marks in c->tmark, under a fresh c->tmark_stamp, every tensor group
+ * `grp` reads: its members' inputs and the tensors read-through views of
+ * them read (t is marked exactly when a member is among t's readers). */
+static void reads_mark(pctx *c, int grp)
 {
-	for (int r = c->rd_off[t]; r < c->rd_off[t + 1]; r++)
-		if (find(c, c->rd[r]) == grp)
-			return true;
-	return false;
+	const ap_graph *g = c->g;
+
+	c->tmark_stamp++;
+	for (int m = c->head[grp]; m >= 0; m = c->next[m]) {
+		const ap_node *node = &g->nodes[m];
+
+		for (int i = 0; i < node->n_inputs; i++)
+			for (int t = node->inputs[i]; t >= 0; t = view_source_of(g, c->through, t))
+				c->tmark[t] = c->tmark_stamp;
+	}
 }
 
 typedef enum clone_status { CLONE_OK, CLONE_RULE, CLONE_COST, CLONE_SIZE } clone_status;
@@ -753,6 +1007,7 @@ static clone_status clone_check(pctx *c, int P, int C, const int *nodes, int n, 
 	if (*cost > c->max_recompute)
 		return CLONE_COST;
 	/* bytes: P's results C stops reading, P's inputs it starts reading */
+	reads_mark(c, C);
 	c->mark_stamp++;
 	for (int i = 0; i < n; i++)
 		c->mark[nodes[i]] = c->mark_stamp;
@@ -760,7 +1015,7 @@ static clone_status clone_check(pctx *c, int P, int C, const int *nodes, int n, 
 		const ap_node *node = &g->nodes[nodes[i]];
 
 		for (int o = 0; o < node->n_outputs; o++)
-			if (node->outputs[o] >= 0 && group_reads(c, C, node->outputs[o]))
+			if (node->outputs[o] >= 0 && c->tmark[node->outputs[o]] == c->tmark_stamp)
 				*gain += (int64_t)tensor_bytes(g, node->outputs[o]);
 	}
 	c->t_stamp++;      /* inputs counted once */
@@ -776,7 +1031,7 @@ static clone_status clone_check(pctx *c, int P, int C, const int *nodes, int n, 
 			u = g->tensors[t].producer;
 			if (g->tensors[t].kind == AP_TENSOR_CONST || (u >= 0 && c->mark[u] == c->mark_stamp))
 				continue;
-			if (c->t_mark[t] == c->t_stamp || group_reads(c, C, t))
+			if (c->t_mark[t] == c->t_stamp || c->tmark[t] == c->tmark_stamp)
 				continue;
 			c->t_mark[t] = c->t_stamp;
 			*gain -= (int64_t)tensor_bytes(g, t);
@@ -963,21 +1218,73 @@ nomem:
 	return AP_ENOMEM;
 }
 
+/* What one rewrite clones: per node, the duplications that clone it
+ * (ascending) as "slots", and per slot the tensors the clone writes. */
+typedef struct clones {
+	int *off;            /* per node, + 1: its slots (CSR) */
+	int *dup_of;         /* per slot: the duplication */
+	int *out_off;        /* per slot: where its tensors start in `outs` */
+	int *outs;           /* per slot and output of the node: the clone's tensor
+				(in the new graph), -1 for an absent output */
+} clones;
+
+/* The tensor duplication k's clone of t's producer writes in t's place, or
+ * -1 when k does not clone that producer. */
+static int clone_tensor(const ap_graph *g, const clones *cl, int k, int t)
+{
+	int p = g->tensors[t].producer;
+
+	if (p < 0)
+		return -1;
+	for (int s = cl->off[p]; s < cl->off[p + 1]; s++) {
+		if (cl->dup_of[s] != k)
+			continue;
+		for (int o = 0; o < g->nodes[p].n_outputs; o++)
+			if (g->nodes[p].outputs[o] == t)
+				return cl->outs[cl->out_off[s] + o];
+	}
+	return -1;
+}
+
+/* Appends v to a list that grows by doubling. */
+static int push_int(int **arr, int *n, int *cap, int v)
+{
+	if (*n == *cap) {
+		int ncap = *cap ? 2 * *cap : 64;
+		int *na = realloc(*arr, (size_t)ncap * sizeof(int));
+
+		if (!na)
+			return AP_ENOMEM;
+		*arr = na;
+		*cap = ncap;
+	}
+	(*arr)[(*n)++] = v;
+	return 0;
+}
+
 /* A copy of c->g in which each duplication's nodes (and the read-through
  * views after them) are cloned right after their originals and the
- * consumer group's members read the clones.  Sets *n_cloned. */
+ * consumer group's members read the clones.  Sets *n_cloned.  Linear in
+ * the graph plus the clones. */
 static ap_graph *rewrite(pctx *c, const dup *d, int n_dup, int base, int *n_cloned, ap_error *err)
 {
 	const ap_graph *g = c->g;
 	ap_graph *ng = ap_graph_new(g->name);
-	int **map = calloc((size_t)n_dup + 1, sizeof(int *));
-	bool **clone = calloc((size_t)n_dup + 1, sizeof(bool *));
-	int *ins = malloc(((size_t)c->T + 1) * sizeof(int));
-	int *outs = malloc(((size_t)c->T + 1) * sizeof(int));
+	clones cl = {0};
+	int N = c->N, T = c->T, n_set = 0, cap_set = 0, n_slots, n_outs = 0;
+	int *vr_off = calloc((size_t)T + 2, sizeof(int));     /* per tensor: through readers, CSR */
+	int *vr = malloc(((size_t)N + 1) * sizeof(int));
+	int *set = NULL;                                      /* clone sets, one after another */
+	int *set_off = malloc(((size_t)n_dup + 1) * sizeof(int));
+	int *slot_of = NULL;                                  /* per entry of `set`: its slot */
+	int *fill = calloc((size_t)(N > T ? N : T) + 1, sizeof(int));   /* CSR fill, per tensor or node */
+	int *ins = malloc(((size_t)T + 1) * sizeof(int));
+	int *outs = malloc(((size_t)T + 1) * sizeof(int));
 	char name[400];
 
 	*n_cloned = 0;
-	if (!ng || !map || !clone || !ins || !outs)
+	cl.off = calloc((size_t)N + 2, sizeof(int));
+	if (!ng || !vr_off || !vr || !set_off || !fill || !ins || !outs || !cl.off)
 		goto nomem;
 	for (int t = 0; t < g->n_tensors; t++) {
 		const ap_tensor *x = &g->tensors[t];
@@ -998,97 +1305,149 @@ static ap_graph *rewrite(pctx *c, const dup *d, int n_dup, int base, int *n_clon
 	ng->n_inputs = g->n_inputs;
 	ng->n_outputs = g->n_outputs;
 	ng->eager_kernels = g->eager_kernels;
+	/* read-through nodes by the tensor they read */
+	for (int n = 0; n < N; n++)
+		if (c->through[n])
+			vr_off[g->nodes[n].inputs[0] + 1]++;
+	for (int t = 0; t < T; t++)
+		vr_off[t + 1] += vr_off[t];
+	for (int n = 0; n < N; n++)
+		if (c->through[n])
+			vr[vr_off[g->nodes[n].inputs[0]] + fill[g->nodes[n].inputs[0]]++] = n;
 	/* clone sets: the slice, then read-through nodes reading a clone */
 	for (int k = 0; k < n_dup; k++) {
-		map[k] = malloc(((size_t)g->n_tensors + 1) * sizeof(int));
-		clone[k] = calloc((size_t)c->N + 1, sizeof(bool));
-		if (!map[k] || !clone[k])
-			goto nomem;
-		for (int t = 0; t < g->n_tensors; t++)
-			map[k][t] = -1;
-		for (int i = 0; i < d[k].n_nodes; i++)
-			clone[k][d[k].nodes[i]] = true;
-		for (int n = 0; n < c->N; n++) {
-			const ap_node *node = &g->nodes[n];
-			int src;
-
-			if (!c->through[n] || clone[k][n] || node->inputs[0] < 0)
-				continue;
-			src = g->tensors[node->inputs[0]].producer;
-			if (src >= 0 && clone[k][src])
-				clone[k][n] = true;
+		set_off[k] = n_set;
+		c->mark_stamp++;
+		for (int i = 0; i < d[k].n_nodes; i++) {
+			c->mark[d[k].nodes[i]] = c->mark_stamp;
+			if (push_int(&set, &n_set, &cap_set, d[k].nodes[i]) < 0)
+				goto nomem;
 		}
-		for (int n = 0; n < c->N; n++) {
-			const ap_node *node = &g->nodes[n];
+		for (int i = set_off[k]; i < n_set; i++) {
+			const ap_node *node = &g->nodes[set[i]];
 
-			if (!clone[k][n])
-				continue;
 			for (int o = 0; o < node->n_outputs; o++) {
-				int t = node->outputs[o], nt;
-				const ap_tensor *x;
+				int t = node->outputs[o];
 
 				if (t < 0)
 					continue;
-				x = &g->tensors[t];   /* ng's array moves as it grows */
-				snprintf(name, sizeof(name), "%s~%d", x->name, base + k);
-				nt = ap_graph_add_tensor(ng, name, x->dtype, x->rank, x->dims, AP_TENSOR_VALUE,
-							 NULL, 0);
-				if (nt < 0)
-					goto nomem;
-				map[k][t] = nt;
+				for (int r = vr_off[t]; r < vr_off[t + 1]; r++) {
+					if (c->mark[vr[r]] == c->mark_stamp)
+						continue;
+					c->mark[vr[r]] = c->mark_stamp;
+					if (push_int(&set, &n_set, &cap_set, vr[r]) < 0)
+						goto nomem;
+				}
+			}
+		}
+		qsort(set + set_off[k], (size_t)(n_set - set_off[k]), sizeof(int), cmp_int);
+	}
+	set_off[n_dup] = n_set;
+	/* slots: per node, its duplications in ascending order */
+	n_slots = n_set;
+	cl.dup_of = malloc(((size_t)n_slots + 1) * sizeof(int));
+	cl.out_off = malloc(((size_t)n_slots + 1) * sizeof(int));
+	slot_of = malloc(((size_t)n_slots + 1) * sizeof(int));
+	if (!cl.dup_of || !cl.out_off || !slot_of)
+		goto nomem;
+	for (int i = 0; i < n_set; i++)
+		cl.off[set[i] + 1]++;
+	for (int n = 0; n < N; n++)
+		cl.off[n + 1] += cl.off[n];
+	memset(fill, 0, ((size_t)N + 1) * sizeof(int));
+	for (int k = 0; k < n_dup; k++) {
+		for (int i = set_off[k]; i < set_off[k + 1]; i++) {
+			int s = cl.off[set[i]] + fill[set[i]]++;
+
+			cl.dup_of[s] = k;
+			slot_of[i] = s;
+		}
+	}
+	for (int n = 0; n < N; n++) {
+		for (int s = cl.off[n]; s < cl.off[n + 1]; s++) {
+			cl.out_off[s] = n_outs;
+			n_outs += g->nodes[n].n_outputs;
+		}
+	}
+	cl.outs = malloc(((size_t)n_outs + 1) * sizeof(int));
+	if (!cl.outs)
+		goto nomem;
+	/* the clones' tensors, duplication by duplication, in node order */
+	for (int k = 0; k < n_dup; k++) {
+		for (int i = set_off[k]; i < set_off[k + 1]; i++) {
+			const ap_node *node = &g->nodes[set[i]];
+
+			for (int o = 0; o < node->n_outputs; o++) {
+				int t = node->outputs[o], nt = -1;
+
+				if (t >= 0) {
+					const ap_tensor *x = &g->tensors[t];
+
+					snprintf(name, sizeof(name), "%s~%d", x->name, base + k);
+					nt = ap_graph_add_tensor(ng, name, x->dtype, x->rank, x->dims,
+								 AP_TENSOR_VALUE, NULL, 0);
+					if (nt < 0)
+						goto nomem;
+				}
+				cl.outs[cl.out_off[slot_of[i]] + o] = nt;
 			}
 		}
 	}
-	for (int n = 0; n < c->N; n++) {
+	for (int n = 0; n < N; n++) {
 		const ap_node *node = &g->nodes[n];
 		int r = find(c, n);
 
 		for (int i = 0; i < node->n_inputs; i++) {
-			ins[i] = node->inputs[i];
-			for (int k = 0; k < n_dup && ins[i] >= 0; k++) {
-				if (d[k].C == r && !c->through[n] && c->head[r] >= 0 && map[k][ins[i]] >= 0) {
-					ins[i] = map[k][ins[i]];
+			int t = node->inputs[i], p = t >= 0 ? g->tensors[t].producer : -1;
+
+			ins[i] = t;
+			if (p < 0 || c->through[n] || c->head[r] < 0)
+				continue;
+			/* the first duplication into n's group that clones t's producer */
+			for (int s = cl.off[p]; s < cl.off[p + 1]; s++) {
+				if (d[cl.dup_of[s]].C == r) {
+					ins[i] = clone_tensor(g, &cl, cl.dup_of[s], t);
 					break;
 				}
 			}
 		}
 		if (ap__partition_copy_node(ng, node, ins, node->outputs) < 0)
 			goto nomem;
-		for (int k = 0; k < n_dup; k++) {
-			if (!clone[k][n])
-				continue;
-			for (int i = 0; i < node->n_inputs; i++)
-				ins[i] = node->inputs[i] >= 0 && map[k][node->inputs[i]] >= 0
-						 ? map[k][node->inputs[i]] : node->inputs[i];
+		for (int s = cl.off[n]; s < cl.off[n + 1]; s++) {
+			int k = cl.dup_of[s];
+
+			for (int i = 0; i < node->n_inputs; i++) {
+				int t = node->inputs[i], ct = t >= 0 ? clone_tensor(g, &cl, k, t) : -1;
+
+				ins[i] = ct >= 0 ? ct : t;
+			}
 			for (int o = 0; o < node->n_outputs; o++)
-				outs[o] = node->outputs[o] >= 0 ? map[k][node->outputs[o]] : -1;
+				outs[o] = node->outputs[o] >= 0 ? cl.outs[cl.out_off[s] + o] : -1;
 			if (ap__partition_copy_node(ng, node, ins, outs) < 0)
 				goto nomem;
 			if (!c->through[n])
 				(*n_cloned)++;
 		}
 	}
-	for (int k = 0; k < n_dup; k++) {
-		free(map[k]);
-		free(clone[k]);
-	}
-	free(map);
-	free(clone);
-	free(ins);
-	free(outs);
-	return ng;
+	goto out;
 nomem:
-	for (int k = 0; map && clone && k < n_dup; k++) {
-		free(map[k]);
-		free(clone[k]);
-	}
-	free(map);
-	free(clone);
+	ap_graph_free(ng);
+	ng = NULL;
+	ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory duplicating producers");
+out:
+	free(vr_off);
+	free(vr);
+	free(set);
+	free(set_off);
+	free(slot_of);
+	free(fill);
 	free(ins);
 	free(outs);
-	ap_graph_free(ng);
-	ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory duplicating producers");
-	return NULL;
+	free(cl.off);
+	free(cl.dup_of);
+	free(cl.out_off);
+	free(cl.outs);
+	return ng;
 }
 
 /* ---- one grouping of one graph -------------------------------------------------- */
@@ -1112,14 +1471,69 @@ static void ctx_free(pctx *c)
 	ap_cost_evals_free(c->evals);
 	free(c->t_mark);
 	free(c->list);
+	free(c->tmark);
+	free(c->slice);
+	free(c->ord);
+	free(c->at);
+	free(c->fwd);
+	free(c->bwd);
+	free(c->pos);
+	free(c->pool);
+	free(c->low);
+	free(c->indeg);
+	free(c->heap);
+	free(c->succ);
 	memset(c, 0, sizeof(*c));
 }
 
-/* Liveness, read-through nodes, readers, initial groups, merges to a
- * fixpoint. */
-static int group(pctx *c, const ap_graph *g, const ap_partition_options *opt)
+typedef struct whole_member {
+	int id, node;
+} whole_member;
+
+static int cmp_whole(const void *a, const void *b)
 {
-	int N = g->n_nodes, T = g->n_tensors, n_rd;
+	const whole_member *x = a, *y = b;
+
+	if (x->id != y->id)
+		return (x->id > y->id) - (x->id < y->id);
+	return (x->node > y->node) - (x->node < y->node);
+}
+
+/* Seals the primitives of each compound op kept whole into one group of
+ * kind AP_GROUP_WHOLE, rooted at its first node, the others appended in
+ * node order: the members sorted by (whole id, node). */
+static int seal_whole(pctx *c)
+{
+	int n_whole = 0;
+	whole_member *w = malloc(((size_t)c->N + 1) * sizeof(*w));
+
+	if (!w)
+		return AP_ENOMEM;
+	for (int n = 0; n < c->N; n++) {
+		if (c->live[n] && !c->through[n] && c->whole[n]) {
+			w[n_whole].id = c->whole[n];
+			w[n_whole++].node = n;
+		}
+	}
+	qsort(w, (size_t)n_whole, sizeof(*w), cmp_whole);
+	for (int i = 0, first = 0; i < n_whole; i++) {
+		if (i == 0 || w[i].id != w[i - 1].id) {
+			first = w[i].node;
+			c->kind[first] = AP_GROUP_WHOLE;
+		} else {
+			unite(c, first, w[i].node, AP_GROUP_WHOLE);
+		}
+	}
+	free(w);
+	return 0;
+}
+
+/* Liveness, read-through nodes, readers, initial groups, merges to a
+ * fixpoint.  0, or AP_ENOMEM, AP_EINTERNAL (the initial groups form a
+ * cycle) with `err` set. */
+static int group(pctx *c, const ap_graph *g, const ap_partition_options *opt, ap_error *err)
+{
+	int N = g->n_nodes, T = g->n_tensors, n_rd, n_placed, n_groups;
 	int *fill = NULL;
 	bool *needed = NULL;
 	ap_fuse_level lv = opt ? opt->level : AP_FUSE_DEFAULT;
@@ -1147,11 +1561,26 @@ static int group(pctx *c, const ap_graph *g, const ap_partition_options *opt)
 	c->evals = ap_cost_evals_new(g);
 	c->t_mark = calloc((size_t)T + 1, sizeof(int));
 	c->list = malloc(((size_t)N + 1) * sizeof(int));
+	c->tmark = calloc((size_t)T + 1, sizeof(int));
+	c->slice = malloc(((size_t)N + 1) * sizeof(int));
+	c->ord = malloc(((size_t)N + 1) * sizeof(int));
+	c->at = malloc(((size_t)N + 1) * sizeof(int));
+	c->fwd = malloc(((size_t)N + 1) * sizeof(int));
+	c->bwd = malloc(((size_t)N + 1) * sizeof(int));
+	c->pos = malloc(((size_t)N + 1) * sizeof(int));
+	c->pool = malloc(((size_t)N + 1) * sizeof(int));
+	c->low = malloc(((size_t)N + 1) * sizeof(int));
+	c->indeg = malloc(((size_t)N + 1) * sizeof(int));
+	c->heap = malloc(((size_t)N + 1) * sizeof(int));
+	c->succ = malloc(((size_t)N + 1) * sizeof(int));
+	c->fwd_p = c->fwd_q = -1;
 	needed = calloc((size_t)T + 1, sizeof(bool));
 	fill = calloc((size_t)T + 1, sizeof(int));
 	if (!c->live || !c->through || !c->barrier || !c->whole || !c->rd_off || !c->uf || !c->kind ||
 	    !c->head || !c->next || !c->size || !c->stamp || !c->stack || !c->mark || !c->evals ||
-	    !c->t_mark || !c->list || !needed || !fill)
+	    !c->t_mark || !c->list || !c->tmark || !c->slice || !c->ord || !c->at || !c->fwd ||
+	    !c->bwd || !c->pos || !c->pool || !c->low || !c->indeg || !c->heap || !c->succ || !needed ||
+	    !fill)
 		goto nomem;
 
 	/* 1. liveness */
@@ -1222,14 +1651,8 @@ static int group(pctx *c, const ap_graph *g, const ap_partition_options *opt)
 		c->next[n] = -1;
 		c->size[n] = 1;
 	}
-	for (int n = 0; n < N; n++) {
-		if (!c->live[n] || c->through[n] || !c->whole[n])
-			continue;
-		c->kind[find(c, n)] = AP_GROUP_WHOLE;
-		for (int m = n + 1; m < N; m++)
-			if (c->live[m] && !c->through[m] && c->whole[m] == c->whole[n] && find(c, m) != find(c, n))
-				unite(c, n, m, AP_GROUP_WHOLE);
-	}
+	if (seal_whole(c) < 0)
+		goto nomem;
 
 	/* a Transpose made by opening a Gemm (transA/transB) and read only by
 	 * its MatMul is that MatMul's operand layout, at every level */
@@ -1251,6 +1674,20 @@ static int group(pctx *c, const ap_graph *g, const ap_partition_options *opt)
 			unite(c, reader, n, AP_GROUP_MATMUL);
 	}
 
+	/* a topological order of the initial groups, kept by the merges */
+	n_placed = topo_groups(c, c->bwd, &n_groups);
+	if (n_placed < n_groups) {
+		free(needed);
+		free(fill);
+		return ap_error_set(err, AP_EINTERNAL, NULL, NULL, "partition: the group graph has a cycle");
+	}
+	for (int n = 0; n < N; n++)
+		c->at[n] = -1;
+	for (int k = 0; k < n_placed; k++) {
+		c->ord[c->bwd[k]] = k;
+		c->at[k] = c->bwd[k];
+	}
+
 	/* 4. merges to a fixpoint */
 	for (c->pass = 1; c->pass <= MAX_PASSES; c->pass++)
 		if (!merge_pass(c) && c->pass > 1)
@@ -1261,7 +1698,7 @@ static int group(pctx *c, const ap_graph *g, const ap_partition_options *opt)
 nomem:
 	free(needed);
 	free(fill);
-	return AP_ENOMEM;
+	return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory partitioning the graph");
 }
 
 /* ---- results ------------------------------------------------------------------- */
@@ -1298,35 +1735,24 @@ ap_partition *ap_partition_free(__ap_take ap_partition *p)
 		free(p->priv->through);
 		free(p->priv->rd_off);
 		free(p->priv->rd);
+		free(p->priv->tmark);
+		free(p->priv->nmark);
 		free(p->priv);
 	}
 	free(p);
 	return NULL;
 }
 
-/* Appends v to a set held as an array (linear membership test). */
-static int set_add(int **arr, int *n, int v)
-{
-	int *p;
-
-	for (int i = 0; i < *n; i++)
-		if ((*arr)[i] == v)
-			return 0;
-	p = realloc(*arr, (size_t)(*n + 1) * sizeof(int));
-	if (!p)
-		return AP_ENOMEM;
-	p[(*n)++] = v;
-	*arr = p;
-	return 0;
-}
-
 /* Root, views, outputs and inputs of group gi from its members (sorted)
- * and part->group_of. */
+ * and part->group_of.  Sets are kept free of repeats by marks (a fresh
+ * stamp per call: written and read tensors never coincide, as the ones
+ * have their producer inside the group and the others outside). */
 static int fill_group(ap_partition *part, int gi)
 {
 	const ap_graph *g = part->g;
-	const ap_partition_priv *pv = part->priv;
+	ap_partition_priv *pv = part->priv;
 	ap_group *grp = &part->groups[gi];
+	int max_out = 0, max_in = 0, max_views = 0, stamp = ++pv->mark_stamp;
 
 	free(grp->views);
 	free(grp->outputs);
@@ -1334,6 +1760,22 @@ static int fill_group(ap_partition *part, int gi)
 	grp->views = grp->outputs = grp->inputs = NULL;
 	grp->n_views = grp->n_outputs = grp->n_inputs = 0;
 	grp->root = grp->nodes[grp->n_nodes - 1];
+	/* room for the most each set can hold */
+	for (int i = 0; i < grp->n_nodes; i++) {
+		const ap_node *node = &g->nodes[grp->nodes[i]];
+
+		max_out += node->n_outputs;
+		max_in += node->n_inputs;
+		for (int in = 0; in < node->n_inputs; in++)
+			for (int t = node->inputs[in]; t >= 0; t = view_source_of(g, pv->through, t))
+				max_views++;
+	}
+	if (max_out > 0 && !(grp->outputs = malloc((size_t)max_out * sizeof(int))))
+		return AP_ENOMEM;
+	if (max_in > 0 && !(grp->inputs = malloc((size_t)max_in * sizeof(int))))
+		return AP_ENOMEM;
+	if (max_views > 0 && !(grp->views = malloc((size_t)max_views * sizeof(int))))
+		return AP_ENOMEM;
 	for (int i = 0; i < grp->n_nodes; i++) {
 		int m = grp->nodes[i];
 		const ap_node *node = &g->nodes[m];
@@ -1351,8 +1793,10 @@ static int fill_group(ap_partition *part, int gi)
 			for (int r = pv->rd_off[t]; r < pv->rd_off[t + 1] && !out; r++)
 				if (part->group_of[pv->rd[r]] != gi)
 					out = true;
-			if (out && set_add(&grp->outputs, &grp->n_outputs, t) < 0)
-				return AP_ENOMEM;
+			if (out && pv->tmark[t] != stamp) {
+				pv->tmark[t] = stamp;
+				grp->outputs[grp->n_outputs++] = t;
+			}
 		}
 		for (int in = 0; in < node->n_inputs; in++) {
 			int t = node->inputs[in];
@@ -1363,15 +1807,18 @@ static int fill_group(ap_partition *part, int gi)
 				int src = view_source_of(g, pv->through, t);
 
 				if (src >= 0) {
-					if (set_add(&grp->views, &grp->n_views, p) < 0)
-						return AP_ENOMEM;
+					if (pv->nmark[p] != stamp) {
+						pv->nmark[p] = stamp;
+						grp->views[grp->n_views++] = p;
+					}
 					t = src;
 					continue;
 				}
 				if (g->tensors[t].kind != AP_TENSOR_CONST &&
-				    (p < 0 || part->group_of[p] != gi) &&
-				    set_add(&grp->inputs, &grp->n_inputs, t) < 0)
-					return AP_ENOMEM;
+				    (p < 0 || part->group_of[p] != gi) && pv->tmark[t] != stamp) {
+					pv->tmark[t] = stamp;
+					grp->inputs[grp->n_inputs++] = t;
+				}
 				break;
 			}
 		}
@@ -1422,25 +1869,20 @@ static ap_boundary_reason edge_reason(pctx *c, int p, int q, char *why, size_t c
 	}
 	/* a cheap producer read elsewhere: say why it was not recomputed here */
 	if (c->outputs_failed && c->level == AP_FUSE_APOLLO && cheap(c, p)) {
-		int *slice = malloc(((size_t)c->N + 1) * sizeof(int));
 		int64_t gain;
 		double cost;
+		int n = slice_for(c, p, q, c->slice);
+		clone_status s = clone_check(c, p, q, c->slice, n, &gain, &cost);
 
-		if (slice) {
-			int n = slice_for(c, p, q, slice);
-			clone_status s = clone_check(c, p, q, slice, n, &gain, &cost);
-
-			if (s == CLONE_COST)
-				say(why, cap, "recompute: its producers are read elsewhere too, and "
-					      "recomputing them here would evaluate them %.0f times per "
-					      "element (cap %u)", cost, c->max_recompute);
-			else if (s == CLONE_OK)
-				say(why, cap, "recompute: its producers are read elsewhere too, and "
-					      "recomputing them here would not save global-memory bytes");
-			free(slice);
-			if (s == CLONE_COST || s == CLONE_OK)
-				return AP_WHY_RECOMPUTE;
-		}
+		if (s == CLONE_COST)
+			say(why, cap, "recompute: its producers are read elsewhere too, and "
+				      "recomputing them here would evaluate them %.0f times per "
+				      "element (cap %u)", cost, c->max_recompute);
+		else if (s == CLONE_OK)
+			say(why, cap, "recompute: its producers are read elsewhere too, and "
+				      "recomputing them here would not save global-memory bytes");
+		if (s == CLONE_COST || s == CLONE_OK)
+			return AP_WHY_RECOMPUTE;
 	}
 	return (ap_boundary_reason)r;
 }
@@ -1456,7 +1898,9 @@ static int cmp_bound(const void *a, const void *b)
 	return (x->tensor > y->tensor) - (x->tensor < y->tensor);
 }
 
-/* Every edge between two groups, with its reason. */
+/* Every edge between two groups, with its reason.  An edge (u, v, t) can
+ * repeat only among the inputs of v, so repeats are looked for among the
+ * boundaries of v. */
 static int collect_boundaries(pctx *c, ap_partition *part)
 {
 	const ap_graph *g = c->g;
@@ -1465,6 +1909,7 @@ static int collect_boundaries(pctx *c, ap_partition *part)
 
 	for (int v = 0; v < c->N; v++) {
 		const ap_node *node = &g->nodes[v];
+		int first = part->n_boundaries;
 
 		if (!c->live[v] || c->through[v])
 			continue;
@@ -1483,9 +1928,8 @@ static int collect_boundaries(pctx *c, ap_partition *part)
 			q = find(c, v);
 			if (p == q)
 				continue;
-			for (int b = 0; b < part->n_boundaries && !dupl; b++)
-				if (part->boundaries[b].producer == u && part->boundaries[b].consumer == v &&
-				    part->boundaries[b].tensor == t)
+			for (int b = first; b < part->n_boundaries && !dupl; b++)
+				if (part->boundaries[b].producer == u && part->boundaries[b].tensor == t)
 					dupl = true;
 			if (dupl)
 				continue;
@@ -1542,6 +1986,55 @@ static void dfs(const int *off, const int *adj, int s, bool *seen, int *stack, i
 		if (order)
 			order[(*n_order)++] = v;
 	}
+}
+
+typedef struct sub_edge {
+	int sub, dep;
+} sub_edge;
+
+static int cmp_sub_edge(const void *a, const void *b)
+{
+	const sub_edge *x = a, *y = b;
+
+	if (x->sub != y->sub)
+		return (x->sub > y->sub) - (x->sub < y->sub);
+	return (x->dep > y->dep) - (x->dep < y->dep);
+}
+
+/* Each sub-graph's deps (ascending, no repeats) from the group edges
+ * eu[e] -> ev[e] (ne of them): sorted pairs (sub-graph, dependency). */
+static int sub_deps(ap_partition *part, const int *eu, const int *ev, int ne)
+{
+	sub_edge *se = malloc(((size_t)ne + 1) * sizeof(*se));
+	int n = 0;
+
+	if (!se)
+		return AP_ENOMEM;
+	for (int e = 0; e < ne; e++) {
+		int a = part->groups[eu[e]].subgraph, b = part->groups[ev[e]].subgraph;
+
+		if (a != b) {
+			se[n].sub = b;
+			se[n++].dep = a;
+		}
+	}
+	qsort(se, (size_t)n, sizeof(*se), cmp_sub_edge);
+	for (int i = 0, j; i < n; i = j) {
+		ap_subgraph *sg = &part->subgraphs[se[i].sub];
+
+		for (j = i; j < n && se[j].sub == se[i].sub; j++)
+			;
+		sg->deps = malloc((size_t)(j - i) * sizeof(int));
+		if (!sg->deps) {
+			free(se);
+			return AP_ENOMEM;
+		}
+		for (int k = i; k < j; k++)
+			if (k == i || se[k].dep != se[k - 1].dep)
+				sg->deps[sg->n_deps++] = se[k].dep;
+	}
+	free(se);
+	return 0;
 }
 
 static int compute_subgraphs(ap_partition *part)
@@ -1646,14 +2139,8 @@ static int compute_subgraphs(ap_partition *part)
 	part->subgraphs = calloc((size_t)part->n_subgraphs + 1, sizeof(ap_subgraph));
 	if (!part->subgraphs)
 		goto out;
-	for (int e = 0; e < ne; e++) {
-		int a = part->groups[eu[e]].subgraph, b = part->groups[ev[e]].subgraph;
-
-		if (a != b && set_add(&part->subgraphs[b].deps, &part->subgraphs[b].n_deps, a) < 0)
-			goto out;
-	}
-	for (int s = 0; s < part->n_subgraphs; s++)
-		qsort(part->subgraphs[s].deps, (size_t)part->subgraphs[s].n_deps, sizeof(int), cmp_int);
+	if (sub_deps(part, eu, ev, ne) < 0)
+		goto out;
 	/* waves, in the topological order of the Kosaraju labels */
 	for (int l = 0; l < n_scc; l++) {
 		ap_subgraph *sg = &part->subgraphs[num[l]];
@@ -1682,103 +2169,54 @@ out:
 	return rc;
 }
 
-/* Adds `delta` to indeg[h] once for every group h (a union-find root) other
- * than the group rooted at `r` that reads a tensor some member of `r`
- * produces: r's edges in the group graph, each counted once. */
-static void add_to_successors(pctx *c, int r, int *indeg, int delta)
-{
-	const ap_graph *g = c->g;
-
-	c->cur_stamp++;
-	for (int m = c->head[r]; m >= 0; m = c->next[m]) {
-		const ap_node *node = &g->nodes[m];
-
-		for (int o = 0; o < node->n_outputs; o++) {
-			int t = node->outputs[o];
-
-			if (t < 0)
-				continue;
-			for (int k = c->rd_off[t]; k < c->rd_off[t + 1]; k++) {
-				int h = find(c, c->rd[k]);
-
-				if (h != r && c->stamp[h] != c->cur_stamp) {
-					c->stamp[h] = c->cur_stamp;
-					indeg[h] += delta;
-				}
-			}
-		}
-	}
-}
-
-/* Turns the union-find groups of c into part's arrays. */
+/* Turns the union-find groups of c into part's arrays: groups in a
+ * topological order that takes, among the ready groups, the one holding the
+ * smallest node (topo_groups). */
 static int finish(pctx *c, ap_partition *part, ap_error *err)
 {
-	int N = c->N, n_roots = 0;
-	int *root_group = malloc(((size_t)N + 1) * sizeof(int));
-	int *indeg = calloc((size_t)N + 1, sizeof(int));
+	int N = c->N, n_roots = 0, n_placed;
 	int *roots = malloc(((size_t)N + 1) * sizeof(int));
 
-	if (!root_group || !indeg || !roots)
+	if (!roots)
 		goto nomem;
 	part->group_of = malloc(((size_t)N + 1) * sizeof(int));
-	if (!part->group_of)
+	part->priv->tmark = calloc((size_t)c->T + 1, sizeof(int));
+	part->priv->nmark = calloc((size_t)N + 1, sizeof(int));
+	if (!part->group_of || !part->priv->tmark || !part->priv->nmark)
 		goto nomem;
-	for (int n = 0; n < N; n++) {
-		root_group[n] = -1;
-		part->group_of[n] = -1;
-	}
 	for (int n = 0; n < N; n++)
-		if (c->head[n] >= 0 && find(c, n) == n)
-			roots[n_roots++] = n;
-	for (int i = 0; i < n_roots; i++)
-		add_to_successors(c, roots[i], indeg, 1);
+		part->group_of[n] = -1;
+	n_placed = topo_groups(c, roots, &n_roots);
 	part->groups = calloc((size_t)n_roots + 1, sizeof(ap_group));
 	if (!part->groups)
 		goto nomem;
-	/* Kahn: repeatedly take the ready group holding the smallest node */
-	for (int gi = 0; gi < n_roots; gi++) {
-		int pick = -1;
+	for (int gi = 0; gi < n_placed; gi++) {
 		ap_group *grp = &part->groups[gi];
 
-		for (int n = 0; n < N && pick < 0; n++) {
-			int r;
-
-			if (!c->live[n] || c->through[n])
-				continue;
-			r = find(c, n);
-			if (root_group[r] < 0 && indeg[r] == 0)
-				pick = r;
-		}
-		if (pick < 0) {
-			ap_error_set(err, AP_EINTERNAL, NULL, NULL, "partition: the group graph has a cycle");
-			goto fail;
-		}
-		root_group[pick] = gi;
 		part->n_groups = gi + 1;
-		grp->kind = (ap_group_kind)c->kind[pick];
-		grp->n_nodes = members(c, pick, -1);
+		grp->kind = (ap_group_kind)c->kind[roots[gi]];
+		grp->n_nodes = members(c, roots[gi], -1);
 		grp->nodes = malloc(((size_t)grp->n_nodes + 1) * sizeof(int));
 		if (!grp->nodes)
 			goto nomem;
 		memcpy(grp->nodes, c->list, (size_t)grp->n_nodes * sizeof(int));
 		for (int i = 0; i < grp->n_nodes; i++)
 			part->group_of[grp->nodes[i]] = gi;
-		add_to_successors(c, pick, indeg, -1);
+	}
+	if (n_placed < n_roots) {
+		ap_error_set(err, AP_EINTERNAL, NULL, NULL, "partition: the group graph has a cycle");
+		goto fail;
 	}
 	for (int gi = 0; gi < part->n_groups; gi++)
 		if (fill_group(part, gi) < 0)
 			goto nomem;
 	if (collect_boundaries(c, part) < 0 || compute_subgraphs(part) < 0)
 		goto nomem;
-	free(root_group);
-	free(indeg);
 	free(roots);
 	return 0;
 nomem:
 	ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory partitioning the graph");
 fail:
-	free(root_group);
-	free(indeg);
 	free(roots);
 	return err ? err->code : AP_ENOMEM;
 }
@@ -1803,10 +2241,8 @@ __ap_give ap_partition *ap_partition_build(__ap_keep const ap_graph *g,
 		int n_dup, n_cloned = 0;
 		ap_graph *ng;
 
-		if (group(&c, cur, opt) < 0) {
-			ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory partitioning the graph");
+		if (group(&c, cur, opt, err) < 0)
 			goto fail;
-		}
 		if (c.level != AP_FUSE_APOLLO || round >= MAX_REWRITES)
 			break;
 		n_dup = choose_dups(&c, &d, err);

@@ -243,8 +243,9 @@ typedef struct ap_partition_options {
  *     opt->max_recompute evaluations per element of a primitive;
  *   - the group stays within opt->max_group_nodes members;
  *   - the group graph stays acyclic: no path leads from the producer group
- *     to the consumer group through a third group (reachability, by
- *     depth-first search).
+ *     to the consumer group through a third group (reachability, by a
+ *     depth-first search bounded by a topological order of the groups that
+ *     each merge updates locally, after Pearce and Kelly, JEA 2006).
  * Then (level apollo) a cheap producer group (elementwise, broadcast,
  * injective; no reduction, matmul or conv) read by consumers it may not
  * join -- because its results are read elsewhere -- is duplicated into
