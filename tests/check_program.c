@@ -708,7 +708,9 @@ START_TEST(reduction_axes_and_nan)
 END_TEST
 
 /* e = exp(x) and y = e + 1 are both graph outputs and share one kernel;
- * s = ReduceSum(e) reads e from memory. */
+ * s = ReduceSum(e) reads e from memory (level rules); at level apollo
+ * Layer II stitches the producers into the reduction's kernel, which then
+ * writes all three. */
 START_TEST(multi_output_group)
 {
 	ap_graph *g = ap_graph_new("multi");
@@ -729,9 +731,17 @@ START_TEST(multi_output_group)
 	output(g, e);
 	output(g, y);
 	output(g, s);
-	ap_program *p = build_and_run(g, (const void *[]){xs}, NULL, 0, outs);
+	ap_program *p = build_and_run_opt(g, &(ap_build_options){.fusion = AP_FUSE_RULES},
+					  (const void *[]){xs}, NULL, 0, outs);
+	ap_program *pa;
+	void *outa[3];
+
 	ck_assert_int_eq(p->n_kernels, 2);
 	ck_assert_int_eq(p->kernels[0].n_params, 3);   /* writes e and y, reads x */
+	pa = build_and_run(g, (const void *[]){xs}, NULL, 0, outa);
+	ck_assert_int_eq(pa->n_launches, 1);
+	ck_assert_int_eq(pa->kernels[0].n_params, 4);  /* writes e, y and s, reads x */
+	ck_assert_str_eq(pa->launches[0].category, "stitched");
 	for (int r = 0; r < 8; r++) {
 		rs[r] = 0;
 		for (int c = 0; c < 9; c++) {
@@ -743,9 +753,14 @@ START_TEST(multi_output_group)
 	expect_close("e", outs[0], re, 72);
 	expect_close("y", outs[1], ry, 72);
 	expect_close("s", outs[2], rs, 8);
+	expect_close("e (apollo)", outa[0], re, 72);
+	expect_close("y (apollo)", outa[1], ry, 72);
+	expect_close("s (apollo)", outa[2], rs, 8);
 	free_outs(outs, 3);
+	free_outs(outa, 3);
 	free(xs);
 	ap_program_free(p);
+	ap_program_free(pa);
 	ap_graph_free(g);
 }
 END_TEST

@@ -53,6 +53,8 @@ const char *ap_pipeline_stage_name(int i)
 	return i >= 0 && i < AP_PIPELINE_STAGES ? stage_names[i] : NULL;
 }
 
+typedef struct name_index name_index;
+
 /* One micro-graph on its way through the stages of a round. */
 typedef struct unit {
 	ap_mgraph *m;
@@ -95,6 +97,8 @@ typedef struct pipe {
 	bool *no_stitch;
 	bool *no_merge;
 	double hook_ms;
+	name_index *kernel_names;    /* per kernel of the program: its names' index */
+	int cap_kernel_names;
 } pipe;
 
 /* ---- tasks ---------------------------------------------------------------------- */
@@ -354,6 +358,88 @@ static int add_mgraph_names(const ap_mgraph *m, char ***list, int *n)
 	return 0;
 }
 
+/* A kernel's node names, over every launch of it, can run to thousands
+ * (a kernel every layer of a deep model shares): they are added through a
+ * hash index of the list (open addressing over positions, FNV-1a), and the
+ * list grows by doubling. */
+struct name_index {
+	int cap_list;
+	int cap;                 /* slots, a power of two; 0 = none yet */
+	int *pos;                /* list position + 1, 0 = empty */
+};
+
+static unsigned name_hash(const char *s)
+{
+	unsigned h = 2166136261u;
+
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 16777619u;
+	return h;
+}
+
+static int index_grow(name_index *ix, char **list, int n)
+{
+	int cap = ix->cap ? 2 * ix->cap : 64;
+	int *pos = calloc((size_t)cap, sizeof(int));
+
+	if (!pos)
+		return AP_ENOMEM;
+	for (int i = 0; i < n; i++) {
+		unsigned s = name_hash(list[i]) & (unsigned)(cap - 1);
+
+		while (pos[s])
+			s = (s + 1) & (unsigned)(cap - 1);
+		pos[s] = i + 1;
+	}
+	free(ix->pos);
+	ix->pos = pos;
+	ix->cap = cap;
+	return 0;
+}
+
+static int add_name_indexed(char ***list, int *n, name_index *ix, const char *name)
+{
+	unsigned s;
+
+	if (2 * (*n + 1) > ix->cap && index_grow(ix, *list, *n) < 0)
+		return AP_ENOMEM;
+	for (s = name_hash(name) & (unsigned)(ix->cap - 1); ix->pos[s];
+	     s = (s + 1) & (unsigned)(ix->cap - 1))
+		if (strcmp((*list)[ix->pos[s] - 1], name) == 0)
+			return 0;
+	if (*n == ix->cap_list) {
+		int ncap = ix->cap_list ? 2 * ix->cap_list : 16;
+		char **p = realloc(*list, (size_t)ncap * sizeof(char *));
+
+		if (!p)
+			return AP_ENOMEM;
+		*list = p;
+		ix->cap_list = ncap;
+	}
+	(*list)[*n] = ap_strdup(name);
+	if (!(*list)[*n])
+		return AP_ENOMEM;
+	ix->pos[s] = ++(*n);
+	return 0;
+}
+
+static int add_kernel_names(pipe *P, int ki, const ap_mgraph *m)
+{
+	ap_kernel_src *ks = &P->prog->kernels[ki];
+	int cnt;
+	const char **names = ap_mgraph_node_names(m, &cnt);
+
+	if (!names && cnt)
+		return AP_ENOMEM;
+	for (int i = 0; i < cnt; i++)
+		if (add_name_indexed(&ks->nodes, &ks->n_nodes, &P->kernel_names[ki], names[i]) < 0) {
+			free(names);
+			return AP_ENOMEM;
+		}
+	free(names);
+	return 0;
+}
+
 /* Fills kernel source ks from kernel k of launch fl (printed `src`, named
  * `name`). */
 static int fill_kernel(pipe *P, const ap_fuse_launch *fl, const ap_kir_kernel *k, char *src,
@@ -386,7 +472,7 @@ static int fill_kernel(pipe *P, const ap_fuse_launch *fl, const ap_kir_kernel *k
 		const unit *u = &P->units[fl->units[j]];
 
 		ks->n_members += u->m->n_members;
-		if (add_mgraph_names(u->m, &ks->nodes, &ks->n_nodes) < 0)
+		if (add_kernel_names(P, (int)(ks - P->prog->kernels), u->m) < 0)
 			return AP_ENOMEM;
 		if (len + 40 < sizeof(emitters))
 			len += (size_t)snprintf(emitters + len, sizeof(emitters) - len, "%s%s",
@@ -434,8 +520,9 @@ static int print_launch(pipe *P, int li, refusal *r)
 			ap_kernel_src *ks = &P->prog->kernels[ki];
 
 			free(src);
+			(void)ks;
 			for (int j = 0; j < fl->n; j++)
-				if (add_mgraph_names(P->units[fl->units[j]].m, &ks->nodes, &ks->n_nodes) < 0)
+				if (add_kernel_names(P, ki, P->units[fl->units[j]].m) < 0)
 					return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
 			return ki;
 		}
@@ -453,6 +540,20 @@ static int print_launch(pipe *P, int li, refusal *r)
 		P->prog->kernels = nk;
 	}
 	ki = P->prog->n_kernels;
+	if (ki >= P->cap_kernel_names) {
+		int ncap = P->cap_kernel_names ? 2 * P->cap_kernel_names : 16;
+		name_index *ni = realloc(P->kernel_names, (size_t)ncap * sizeof(*ni));
+
+		if (!ni) {
+			free(src);
+			return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+		}
+		memset(ni + P->cap_kernel_names, 0, (size_t)(ncap - P->cap_kernel_names) * sizeof(*ni));
+		P->kernel_names = ni;
+		P->cap_kernel_names = ncap;
+	}
+	free(P->kernel_names[ki].pos);
+	memset(&P->kernel_names[ki], 0, sizeof(P->kernel_names[ki]));
 	rc = fill_kernel(P, fl, k, src, name, &P->prog->kernels[ki]);
 	if (rc == 0 && P->opt->accept_kernel) {
 		double th = ap_now_ms();
@@ -568,6 +669,15 @@ static int add_launch(pipe *P, int li, int ki)
 	return 0;
 }
 
+static void kernel_names_free(pipe *P)
+{
+	for (int i = 0; i < P->cap_kernel_names; i++)
+		free(P->kernel_names[i].pos);
+	free(P->kernel_names);
+	P->kernel_names = NULL;
+	P->cap_kernel_names = 0;
+}
+
 /* Resets the program's kernels and launches (a round that is redone). */
 static void program_reset(ap_program *prog)
 {
@@ -591,6 +701,7 @@ static int round_once(pipe *P)
 	r.launch = -1;
 	units_clear(P);
 	program_reset(P->prog);
+	kernel_names_free(P);
 	P->n_units = P->part->n_groups;
 	P->units = calloc((size_t)P->n_units + 1, sizeof(unit));
 	if (!P->units)
@@ -815,6 +926,7 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g, const ap_bui
 	P.prog->stage_ms[ST_PLAN] = ap_now_ms() - t;
 	P.prog->codegen_ms = ap_now_ms() - t0 - P.prog->partition_ms - P.hook_ms;
 	units_clear(&P);
+	kernel_names_free(&P);
 	free(P.no_stitch);
 	free(P.no_merge);
 	ap_expand_choices_clear(&P.choices);
@@ -825,6 +937,7 @@ fail:
 	if (err && !err->code)
 		ap_error_set(err, AP_EINTERNAL, NULL, NULL, "building the program failed");
 	units_clear(&P);
+	kernel_names_free(&P);
 	free(P.no_stitch);
 	free(P.no_merge);
 	ap_expand_choices_clear(&P.choices);

@@ -14,10 +14,12 @@
  *   1. for each reduction micro-graph not yet stitched, a candidate set C
  *      starts with it;
  *   2. candidates are tried in increasing position: the consumer
- *      micro-graphs of C (readers of a tensor C writes) -- elementwise,
- *      broadcast and reduction ones -- and the reduction micro-graphs C
- *      reads (a sibling reduction over the same rows, as E[x^2] beside
- *      E[x]), unless a refusal excluded them (no_stitch);
+ *      micro-graphs of C (readers of a tensor C writes) and its cheap
+ *      producers (the micro-graphs C reads: a sibling reduction over the
+ *      same rows, as E[x^2] beside E[x], or the scaling that turns a sum
+ *      into a mean) -- elementwise, broadcast and reduction ones, and
+ *      transposes of the result -- unless a refusal excluded them
+ *      (no_stitch);
  *   3. adding candidate Q keeps the micro-graph graph acyclic unless a
  *      path leads from C to Q, or from Q to C, through a micro-graph
  *      outside both; each direction is searched forward among the
@@ -59,6 +61,9 @@ typedef struct sctx {
 	int *mark;                   /* scratch stamps per micro-graph */
 	int stamp;
 	int *stack;
+	int *tried;                  /* per micro-graph: the grow (1 + root) that tried it */
+	int *node_seen;              /* per program node: the union stamp that took it */
+	int node_stamp;
 } sctx;
 
 /* ---- the micro-graph graph --------------------------------------------------------- */
@@ -222,7 +227,7 @@ static ap_mgraph *extract_union(sctx *c, const int *set, int n, ap_error *err)
 	const ap_graph *pg = c->p->g;
 	int total = 0, k = 0, n_out = 0, n_groups = 0, root = -1;
 	int *nodes, *outs, *groups;
-	bool *member, *seen_node = NULL;
+	bool *member;
 	ap_mgraph *m = NULL;
 
 	for (int i = 0; i < n; i++) {
@@ -233,8 +238,8 @@ static ap_mgraph *extract_union(sctx *c, const int *set, int n, ap_error *err)
 	member = malloc(((size_t)total + 1) * sizeof(bool));
 	outs = malloc(((size_t)total + 1) * sizeof(int) * 4);
 	groups = malloc(((size_t)n_groups + 1) * sizeof(int));
-	seen_node = calloc((size_t)pg->n_nodes + 1, sizeof(bool));
-	if (!nodes || !member || !outs || !groups || !seen_node) {
+	c->node_stamp++;
+	if (!nodes || !member || !outs || !groups) {
 		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory stitching micro-graphs");
 		goto out;
 	}
@@ -247,7 +252,7 @@ static ap_mgraph *extract_union(sctx *c, const int *set, int n, ap_error *err)
 		for (int j = 0; j < pm->g->n_nodes; j++) {
 			int v = pm->node_of[j];
 
-			if (seen_node[v]) {
+			if (c->node_seen[v] == c->node_stamp) {
 				/* a view both read through: a member wins */
 				if (pm->member[j])
 					for (int q = 0; q < k; q++)
@@ -255,7 +260,7 @@ static ap_mgraph *extract_union(sctx *c, const int *set, int n, ap_error *err)
 							member[q] = true;
 				continue;
 			}
-			seen_node[v] = true;
+			c->node_seen[v] = c->node_stamp;
 			nodes[k] = v;
 			member[k++] = pm->member[j];
 		}
@@ -302,7 +307,6 @@ out:
 	free(member);
 	free(outs);
 	free(groups);
-	free(seen_node);
 	return m;
 }
 
@@ -351,7 +355,7 @@ static bool is_reduction_unit(const ap_mgraph *m)
 static bool consumer_kind_ok(const ap_mgraph *m)
 {
 	return m->kind == AP_GROUP_ELEMWISE || m->kind == AP_GROUP_BROADCAST ||
-	       m->kind == AP_GROUP_REDUCTION;
+	       m->kind == AP_GROUP_REDUCTION || m->kind == AP_GROUP_TRANSPOSE;
 }
 
 /* Grows a stitched set from reduction micro-graph r; its members (>= 2)
@@ -359,20 +363,15 @@ static bool consumer_kind_ok(const ap_mgraph *m)
  * first member's slot of *out (the others become NULL).  0 or an error. */
 static int grow(sctx *c, int r, ap_mgraph **stitched, int **members, int *n_members, ap_error *err)
 {
-	int *set = malloc(((size_t)c->n + 1) * sizeof(int));
-	int n = 1, *tried;
+	int cap = 16, n = 1, *set = malloc((size_t)cap * sizeof(int));
 	ap_mgraph *best = NULL;
 	char why[300];
 
 	*stitched = NULL;
 	*members = NULL;
 	*n_members = 0;
-	tried = calloc((size_t)c->n + 1, sizeof(int));
-	if (!set || !tried) {
-		free(set);
-		free(tried);
+	if (!set)
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory stitching micro-graphs");
-	}
 	set[0] = r;
 	for (;;) {
 		int q = -1;
@@ -384,22 +383,34 @@ static int grow(sctx *c, int r, ap_mgraph **stitched, int **members, int *n_memb
 			for (int e = c->succ_off[set[i]]; e < c->succ_off[set[i] + 1]; e++) {
 				int v = c->succ[e];
 
-				if (!tried[v] && !in_set(set, n, v) && c->set_of[v] < 0 && (q < 0 || v < q))
+				if (c->tried[v] != r + 1 && !in_set(set, n, v) && c->set_of[v] < 0 &&
+				    (q < 0 || v < q))
 					q = v;
 			}
 			for (int e = c->pred_off[set[i]]; e < c->pred_off[set[i] + 1]; e++) {
 				int v = c->pred[e];
 
-				if (!tried[v] && !in_set(set, n, v) && c->set_of[v] < 0 &&
-				    is_reduction_unit(c->ms[v]) && (q < 0 || v < q))
+				if (c->tried[v] != r + 1 && !in_set(set, n, v) && c->set_of[v] < 0 &&
+				    (q < 0 || v < q))
 					q = v;
 			}
 		}
 		if (q < 0)
 			break;
-		tried[q] = 1;
+		c->tried[q] = r + 1;
 		if (!consumer_kind_ok(c->ms[q]) || unit_excluded(c, q) || closes_cycle(c, set, n, q))
 			continue;
+		if (n == cap) {
+			int *ns = realloc(set, (size_t)(2 * cap) * sizeof(int));
+
+			if (!ns) {
+				ap_mgraph_free(best);
+				free(set);
+				return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory stitching micro-graphs");
+			}
+			set = ns;
+			cap *= 2;
+		}
 		set[n++] = q;
 		{
 			ap_error e2;
@@ -410,7 +421,6 @@ static int grow(sctx *c, int r, ap_mgraph **stitched, int **members, int *n_memb
 					*err = e2;
 					ap_mgraph_free(best);
 					free(set);
-					free(tried);
 					return AP_ENOMEM;
 				}
 				n--;
@@ -427,7 +437,6 @@ static int grow(sctx *c, int r, ap_mgraph **stitched, int **members, int *n_memb
 			best = u;
 		}
 	}
-	free(tried);
 	if (!best) {
 		free(set);
 		return 0;
@@ -540,8 +549,11 @@ int ap_fuse_stitch(ap_partition *p, ap_mgraph ***msp, int *np, const bool *no_st
 	c.set_next = malloc(((size_t)n + 1) * sizeof(int));
 	c.mark = calloc((size_t)n + 1, sizeof(int));
 	c.stack = malloc(((size_t)n + 1) * sizeof(int));
+	c.tried = calloc((size_t)n + 1, sizeof(int));
+	c.node_seen = calloc((size_t)p->g->n_nodes + 1, sizeof(int));
 	first = malloc(((size_t)n + 1) * sizeof(int));
-	if (!c.unit_of_group || !c.set_of || !c.set_next || !c.mark || !c.stack || !first)
+	if (!c.unit_of_group || !c.set_of || !c.set_next || !c.mark || !c.stack || !c.tried ||
+	    !c.node_seen || !first)
 		goto nomem;
 	for (int u = 0; u < n; u++) {
 		c.set_of[u] = c.set_next[u] = -1;
@@ -596,6 +608,8 @@ out:
 	free(c.set_next);
 	free(c.mark);
 	free(c.stack);
+	free(c.tried);
+	free(c.node_seen);
 	free(c.succ_off);
 	free(c.succ);
 	free(c.pred_off);

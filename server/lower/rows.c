@@ -49,7 +49,10 @@
 #define CACHE_REG 1
 #define CACHE_SMEM 2
 
-enum { CL_OTHER = 0, CL_FULL, CL_ROW };
+/* Tensor classes: computed per element of the row (FULL), per row (ROW),
+ * or a FULL tensor transposed, written through the permutation (FULLT:
+ * only as an output). */
+enum { CL_OTHER = 0, CL_FULL, CL_ROW, CL_FULLT };
 
 typedef struct rows_plan {
 	int rank;
@@ -233,6 +236,18 @@ static bool analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
 			}
 			continue;
 		}
+		for (int j = 0; j < n->n_inputs; j++)
+			if (n->inputs[j] >= 0 && p->cls[n->inputs[j]] == CL_FULLT) {
+				snprintf(why, cap, "a transposed value read again");
+				goto fail;
+			}
+		if (n->op == AP_OP_TRANSPOSE && o >= 0 && g->tensors[o].is_output &&
+		    full_shaped(p, &g->tensors[n->inputs[0]]) && (lv == 0 || p->cls[n->inputs[0]] == CL_FULL)) {
+			/* written through the permutation */
+			p->level[o] = lv;
+			p->cls[o] = CL_FULLT;
+			continue;
+		}
 		if (!lv)
 			continue;   /* before every reduction: computed inline at any index */
 		if (n->n_outputs != 1 || o < 0) {
@@ -265,6 +280,10 @@ static bool analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
 
 		if (p->cls[t] == CL_ROW)
 			continue;
+		if (p->cls[t] == CL_FULLT) {
+			p->has_full_out = true;
+			continue;
+		}
 		if (p->cls[t] == CL_FULL || full_shaped(p, &g->tensors[t])) {
 			if (p->cls[t] != CL_FULL)
 				p->cls[t] = CL_FULL;
@@ -278,9 +297,14 @@ static bool analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
 	/* leaves read only at the current element can be kept on chip */
 	for (int r = 0; r < p->n_red; r++)
 		ap_v_mark_current(g, g->nodes[p->reds[r]].inputs[0], true, cur, seen);
-	for (int i = 0; i < g->n_outputs; i++)
-		if (p->cls[g->outputs[i]] == CL_FULL)
-			ap_v_mark_current(g, g->outputs[i], true, cur, seen);
+	for (int i = 0; i < g->n_outputs; i++) {
+		int o = g->outputs[i];
+
+		if (p->cls[o] == CL_FULL)
+			ap_v_mark_current(g, o, true, cur, seen);
+		else if (p->cls[o] == CL_FULLT)
+			ap_v_mark_current(g, g->nodes[g->tensors[o].producer].inputs[0], true, cur, seen);
+	}
 	for (int t = 0; t < g->n_tensors; t++) {
 		const ap_tensor *x = &g->tensors[t];
 
@@ -746,10 +770,23 @@ static void output_body(rows_ctx *c, int pass, ap_lidx *ix, void *arg)
 		int o = g->outputs[i];
 		ap_lidx r;
 
-		if (c->p.cls[o] != CL_FULL)
-			continue;
-		r = ap_lidx_relin(v, ix, o);
-		ap_kir_store(c->k, v->cur, ap_v_buffer(v, o), ap_lidx_linear(v, &r), ap_val(v, o, &r));
+		if (c->p.cls[o] == CL_FULL) {
+			r = ap_lidx_relin(v, ix, o);
+			ap_kir_store(c->k, v->cur, ap_v_buffer(v, o), ap_lidx_linear(v, &r),
+				     ap_val(v, o, &r));
+		} else if (c->p.cls[o] == CL_FULLT) {
+			/* the element of the transposed output: out[d] = in[perm[d]] */
+			const ap_node *tn = &g->nodes[g->tensors[o].producer];
+			ap_lidx in = *ix, out = ap_lidx_shape(&g->tensors[o]);
+
+			for (int d = 0; d < out.rank; d++) {
+				int64_t pd = ap_node_attr_at(tn, "perm", d, out.rank - 1 - d);
+
+				out.c[d] = ap_lidx_coord(v, &in, (int)pd);
+			}
+			ap_kir_store(c->k, v->cur, ap_v_buffer(v, o), ap_lidx_linear(v, &out),
+				     ap_kir_cast(c->k, g->tensors[o].dtype, ap_val(v, tn->inputs[0], &in)));
+		}
 	}
 }
 

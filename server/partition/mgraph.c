@@ -6,7 +6,8 @@
  * a chosen node as values, every other tensor as an input of the
  * micro-graph (kind kept: INPUT, PARAM, or VALUE for an intermediate
  * another micro-graph writes).  Work and memory are linear in the size of
- * the chosen nodes.
+ * the chosen nodes, not of the program graph: program tensors are mapped
+ * to local ones through a small open-addressing table.
  */
 #include "mgraph.h"
 
@@ -27,12 +28,55 @@ ap_mgraph *ap_mgraph_free(ap_mgraph *m)
 	return NULL;
 }
 
+/* A map from program tensors to (local index, produced here), open
+ * addressing with linear probing, sized to twice the tensors the chosen
+ * nodes name. */
+typedef struct tmap {
+	int cap;                /* a power of two */
+	int *key;               /* program tensor, -1 = empty */
+	int *local;             /* local index, -1 = not created yet */
+	bool *produced;
+} tmap;
+
+static int tmap_init(tmap *m, int n)
+{
+	m->cap = 16;
+	while (m->cap < 2 * n)
+		m->cap *= 2;
+	m->key = malloc((size_t)m->cap * sizeof(int));
+	m->local = malloc((size_t)m->cap * sizeof(int));
+	m->produced = calloc((size_t)m->cap, sizeof(bool));
+	if (!m->key || !m->local || !m->produced)
+		return AP_ENOMEM;
+	for (int i = 0; i < m->cap; i++)
+		m->key[i] = m->local[i] = -1;
+	return 0;
+}
+
+static void tmap_free(tmap *m)
+{
+	free(m->key);
+	free(m->local);
+	free(m->produced);
+}
+
+/* The slot of program tensor t (t >= 0), inserted when absent. */
+static int tmap_slot(tmap *m, int t)
+{
+	unsigned h = (unsigned)t * 2654435761u;
+	int i = (int)(h & (unsigned)(m->cap - 1));
+
+	while (m->key[i] != -1 && m->key[i] != t)
+		i = (i + 1) & (m->cap - 1);
+	m->key[i] = t;
+	return i;
+}
+
 typedef struct xctx {
 	const ap_graph *pg;
 	ap_mgraph *m;
-	int *local;       /* per program tensor: local index + 1, 0 = not yet */
+	tmap map;
 	int cap_tensors;
-	const bool *produced;  /* per program tensor: made by a chosen node */
 } xctx;
 
 /* The local tensor for program tensor t, created on first use. */
@@ -40,15 +84,16 @@ static int local_tensor(xctx *x, int t)
 {
 	const ap_tensor *pt;
 	ap_tensor_kind kind;
-	int idx;
+	int idx, slot;
 
 	if (t < 0)
 		return -1;
-	if (x->local[t])
-		return x->local[t] - 1;
+	slot = tmap_slot(&x->map, t);
+	if (x->map.local[slot] >= 0)
+		return x->map.local[slot];
 	pt = &x->pg->tensors[t];
 	kind = pt->kind;
-	if (x->produced[t])
+	if (x->map.produced[slot])
 		kind = AP_TENSOR_VALUE;
 	else if (kind == AP_TENSOR_VALUE)
 		kind = AP_TENSOR_INPUT;   /* written by another micro-graph */
@@ -70,8 +115,24 @@ static int local_tensor(xctx *x, int t)
 		x->cap_tensors = ncap;
 	}
 	x->m->tensor_of[idx] = t;
-	x->local[t] = idx + 1;
+	x->map.local[slot] = idx;
 	return idx;
+}
+
+/* g->inputs ordered by program tensor index (insertion sort: few). */
+static void sort_by_program_order(ap_mgraph *m)
+{
+	int *a = m->g->inputs;
+
+	for (int i = 1; i < m->g->n_inputs; i++) {
+		int v = a[i], j = i - 1;
+
+		while (j >= 0 && m->tensor_of[a[j]] > m->tensor_of[v]) {
+			a[j + 1] = a[j];
+			j--;
+		}
+		a[j + 1] = v;
+	}
 }
 
 static int append_int(int **arr, int *n, int v)
@@ -91,12 +152,12 @@ __ap_give ap_mgraph *ap_mgraph_extract(const ap_graph *pg, const int *nodes, con
 {
 	xctx x;
 	ap_mgraph *m = calloc(1, sizeof(*m));
-	bool *produced = calloc((size_t)pg->n_tensors + 1, sizeof(bool));
-	int *ins = NULL, *outs = NULL, max_io = 1;
+	int *ins = NULL, *outs = NULL, max_io = 1, n_refs = 0;
 
 	memset(&x, 0, sizeof(x));
-	x.local = calloc((size_t)pg->n_tensors + 1, sizeof(int));
-	if (!m || !produced || !x.local)
+	for (int i = 0; i < n; i++)
+		n_refs += pg->nodes[nodes[i]].n_inputs + pg->nodes[nodes[i]].n_outputs;
+	if (!m || tmap_init(&x.map, n_refs) < 0)
 		goto nomem;
 	m->root = -1;
 	m->kind = kind;
@@ -111,13 +172,12 @@ __ap_give ap_mgraph *ap_mgraph_extract(const ap_graph *pg, const int *nodes, con
 	m->n_groups = n_groups;
 	x.pg = pg;
 	x.m = m;
-	x.produced = produced;
 	for (int i = 0; i < n; i++) {
 		const ap_node *node = &pg->nodes[nodes[i]];
 
 		for (int o = 0; o < node->n_outputs; o++)
 			if (node->outputs[o] >= 0)
-				produced[node->outputs[o]] = true;
+				x.map.produced[tmap_slot(&x.map, node->outputs[o])] = true;
 		if (node->n_inputs > max_io)
 			max_io = node->n_inputs;
 		if (node->n_outputs > max_io)
@@ -153,36 +213,35 @@ __ap_give ap_mgraph *ap_mgraph_extract(const ap_graph *pg, const int *nodes, con
 		return ap_mgraph_free(m);
 	}
 	for (int i = 0; i < n_outputs; i++) {
-		int t = outputs[i];
+		int t = outputs[i], slot = t >= 0 && t < pg->n_tensors ? tmap_slot(&x.map, t) : -1;
 
-		if (t < 0 || t >= pg->n_tensors || !produced[t]) {
+		if (slot < 0 || !x.map.produced[slot] || x.map.local[slot] < 0) {
 			ap_error_set(err, AP_EINTERNAL, NULL, t >= 0 && t < pg->n_tensors ?
 				     pg->tensors[t].name : NULL,
 				     "micro-graph: a written tensor is not made by its nodes");
 			return ap_mgraph_free(m);
 		}
-		t = x.local[t] - 1;
+		t = x.map.local[slot];
 		m->g->tensors[t].is_output = true;
 		if (append_int(&m->g->outputs, &m->g->n_outputs, t) < 0)
 			goto nomem;
 	}
 	/* inputs: tensors read from memory, in program order */
-	for (int t = 0; t < pg->n_tensors; t++) {
-		int lt = x.local[t] - 1;
+	for (int lt = 0; lt < m->g->n_tensors; lt++) {
+		const ap_tensor *x0 = &m->g->tensors[lt];
 
-		if (lt < 0 || produced[t] || pg->tensors[t].kind == AP_TENSOR_CONST)
+		if (x0->kind == AP_TENSOR_VALUE || x0->kind == AP_TENSOR_CONST)
 			continue;
 		if (append_int(&m->g->inputs, &m->g->n_inputs, lt) < 0)
 			goto nomem;
 	}
-	free(produced);
-	free(x.local);
+	sort_by_program_order(m);
+	tmap_free(&x.map);
 	free(ins);
 	free(outs);
 	return m;
 nomem:
-	free(produced);
-	free(x.local);
+	tmap_free(&x.map);
 	free(ins);
 	free(outs);
 	ap_mgraph_free(m);
