@@ -2574,7 +2574,8 @@ static bool has_prefix(const char *s, const char *p)
 START_TEST(normalizations_are_one_launch)
 {
 	static const char *const families[] = {"test_softmax", "test_logsoftmax",
-					       "test_layer_normalization", "test_batchnorm"};
+					       "test_layer_normalization", "test_batchnorm",
+					       "test_instancenorm"};
 	char dir[800], why[700];
 	DIR *d = opendir(TESTDATA "/onnx-node");
 	struct dirent *de;
@@ -2634,6 +2635,79 @@ START_TEST(normalizations_are_one_launch)
 	printf("check_program: %d normalization tests, one launch each; %d reduction PTX with shfl.sync\n",
 	       n_tests, n_ptx);
 	ck_assert_int_gt(n_tests, 40);
+}
+END_TEST
+
+/* The launch of program p computing imported node `name`, -1 if none. */
+static int launch_of_node(const ap_program *p, const char *name)
+{
+	for (int l = 0; l < p->n_launches; l++)
+		for (int j = 0; j < p->launches[l].n_parts; j++)
+			for (int k = 0; k < p->launches[l].parts[j].n_nodes; k++)
+				if (!strcmp(p->launches[l].parts[j].nodes[k], name))
+					return l;
+	return -1;
+}
+
+/* The normalisation patterns of the training steps, forward and backward,
+ * as PyTorch's decompositions trace them: each named chain is computed by
+ * one launch (Layer II), the nodes being the first and last of the chain
+ * and the reductions between them.  (The column sums of a LayerNorm's
+ * weight/bias gradients reduce other rows: a launch of their own.) */
+START_TEST(training_normalizations_are_one_launch)
+{
+	static const struct {
+		const char *dir, *what, *nodes[8];
+	} cases[] = {
+		{"training/small_convnet_train", "BatchNorm forward (mean, variance, normalise, ReLU)",
+		 {"mean", "var__t1", "var", "rsqrt", "mul_6", "relu"}},
+		{"training/small_convnet_train", "BatchNorm backward (dbias, dweight, dx statistics)",
+		 {"grad.bn.bias", "sum_6", "grad.bn.weight", "mul_19"}},
+		{"training/small_convnet_train", "log-softmax + loss backward",
+		 {"amax", "sum_1", "log", "sum_2", "sum_3", "sub_3"}},
+		{"training/prenorm_layer_train", "LayerNorm 1 forward",
+		 {"var_mean__t2", "var_mean__t3", "rsqrt", "add_1"}},
+		{"training/prenorm_layer_train", "LayerNorm 2 forward",
+		 {"var_mean_1__t2", "var_mean_1__t3", "rsqrt_1", "add_6"}},
+		{"training/prenorm_layer_train", "LayerNorm 2 backward (dx)",
+		 {"mul_16", "sum_8", "sum_9", "div_4", "add_11"}},
+		{"training/prenorm_layer_train", "attention softmax forward", {"amax", "sum_1"}},
+		{"training/mlp_residual_train", "LayerNorm forward", {"var_mean__t2", "var_mean__t3", "rsqrt"}},
+	};
+	char dir[400], why[700];
+
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		ap_program *p = NULL;
+		void **outs = NULL;
+		int n_outs = 0, l0;
+
+		snprintf(dir, sizeof(dir), "%s/%s", TESTDATA, cases[c].dir);
+		if (access(dir, R_OK) != 0) {
+			printf("check_program: %s not found, skipped\n", dir);
+			continue;
+		}
+		ck_assert_msg(run_onnx_dir_opt(dir, &(ap_build_options){.fusion = AP_FUSE_APOLLO}, true, why,
+					       sizeof(why), &p, &outs, &n_outs),
+			      "%s: %s", cases[c].dir, why);
+		l0 = launch_of_node(p, cases[c].nodes[0]);
+		ck_assert_msg(l0 >= 0, "%s: node %s in no launch", cases[c].dir, cases[c].nodes[0]);
+		for (int k = 1; k < 8 && cases[c].nodes[k]; k++)
+			ck_assert_msg(launch_of_node(p, cases[c].nodes[k]) == l0,
+				      "%s, %s: %s in launch %d, %s in launch %d", cases[c].dir, cases[c].what,
+				      cases[c].nodes[0], l0, cases[c].nodes[k],
+				      launch_of_node(p, cases[c].nodes[k]));
+		{
+			unsigned layers = 0;
+
+			for (int j = 0; j < p->launches[l0].n_parts; j++)
+				layers |= p->launches[l0].parts[j].layers;
+			ck_assert_msg(layers & AP_LAYER_II, "%s, %s: launch %d not stitched by Layer II",
+				      cases[c].dir, cases[c].what, l0);
+		}
+		free_outs(outs, n_outs);
+		free(outs);
+		ap_program_free(p);
+	}
 }
 END_TEST
 
@@ -2787,6 +2861,7 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, explain_report);
 	tcase_add_test(tc, onnx_node_tests);
 	tcase_add_test(tc, normalizations_are_one_launch);
+	tcase_add_test(tc, training_normalizations_are_one_launch);
 	tcase_add_test(tc, fusion_levels_on_models);
 	tcase_add_test(tc, feedback_on_a_model);
 	suite_add_tcase(s, tc);

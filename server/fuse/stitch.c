@@ -30,6 +30,11 @@
  *      what follows them must be per element or per row, and a row must
  *      fit in registers or shared memory of the target.  A consumer that
  *      would fit but for the row size gets the boundary reason "stitch";
+ *      a refused candidate is asked once more together with the
+ *      reductions it reads that are in no set yet (BatchNorm's mean,
+ *      re-read by the variance's pass: without its reduction it would be
+ *      a value the kernel computes before every reduction and cannot
+ *      write);
  *   5. a set of two or more becomes one stitched micro-graph; afterwards
  *      the list is sorted topologically again (Kahn's algorithm, ties by
  *      first position), since a stitched micro-graph takes the place of
@@ -358,12 +363,80 @@ static bool consumer_kind_ok(const ap_mgraph *m)
 	       m->kind == AP_GROUP_REDUCTION || m->kind == AP_GROUP_TRANSPOSE;
 }
 
+/* Appends micro-graph u to the set (growing it); false on ENOMEM. */
+static bool set_push(int **set, int *n, int *cap, int u)
+{
+	if (*n == *cap) {
+		int *ns = realloc(*set, (size_t)(2 * *cap) * sizeof(int));
+
+		if (!ns)
+			return false;
+		*set = ns;
+		*cap *= 2;
+	}
+	(*set)[(*n)++] = u;
+	return true;
+}
+
+/* Asks the emitter whether set[0..n) is one stitched kernel; on yes the
+ * union replaces *best.  1 yes, 0 no (why holds the reason), AP_ENOMEM. */
+static int try_union(sctx *c, const int *set, int n, ap_mgraph **best, char *why, size_t cap,
+		     ap_error *err)
+{
+	ap_error e2;
+	ap_mgraph *u = extract_union(c, set, n, &e2);
+
+	if (!u) {
+		if (e2.code == AP_ENOMEM) {
+			*err = e2;
+			return AP_ENOMEM;
+		}
+		snprintf(why, cap, "%.200s", e2.msg);
+		return 0;
+	}
+	if (!ap_lower_stitchable(u, c->t, why, cap)) {
+		ap_mgraph_free(u);
+		return 0;
+	}
+	ap_mgraph_free(*best);
+	*best = u;
+	return 1;
+}
+
+/* After candidate q (already the last of set[0..*n)) was refused: adds
+ * the reductions q reads that are outside every set, then asks again.
+ * This takes in a statistic whose row a later pass re-reads -- BatchNorm's
+ * mean, read by both the variance's own mean-centred pass and the
+ * normalisation -- which alone (without its reduction) is a value the
+ * stitched kernel cannot write.  1 taken, 0 not (set restored), AP_ENOMEM. */
+static int try_with_producers(sctx *c, int **set, int *n, int *cap, ap_mgraph **best, char *why,
+			      size_t why_cap, ap_error *err)
+{
+	int n0 = *n, q = (*set)[*n - 1], rc;
+
+	for (int e = c->pred_off[q]; e < c->pred_off[q + 1]; e++) {
+		int v = c->pred[e];
+
+		if (in_set(*set, *n, v) || c->set_of[v] >= 0 || !is_reduction_unit(c->ms[v]) ||
+		    unit_excluded(c, v) || closes_cycle(c, *set, *n, v))
+			continue;
+		if (!set_push(set, n, cap, v))
+			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory stitching micro-graphs");
+	}
+	if (*n == n0)
+		return 0;
+	rc = try_union(c, *set, *n, best, why, why_cap, err);
+	if (rc <= 0)
+		*n = n0;
+	return rc;
+}
+
 /* Grows a stitched set from reduction micro-graph r; its members (>= 2)
  * are recorded in c->set_of, and the stitched micro-graph replaces the
  * first member's slot of *out (the others become NULL).  0 or an error. */
 static int grow(sctx *c, int r, ap_mgraph **stitched, int **members, int *n_members, ap_error *err)
 {
-	int cap = 16, n = 1, *set = malloc((size_t)cap * sizeof(int));
+	int cap = 16, n = 1, rc = 0, *set = malloc((size_t)cap * sizeof(int));
 	ap_mgraph *best = NULL;
 	char why[300];
 
@@ -400,42 +473,24 @@ static int grow(sctx *c, int r, ap_mgraph **stitched, int **members, int *n_memb
 		c->tried[q] = r + 1;
 		if (!consumer_kind_ok(c->ms[q]) || unit_excluded(c, q) || closes_cycle(c, set, n, q))
 			continue;
-		if (n == cap) {
-			int *ns = realloc(set, (size_t)(2 * cap) * sizeof(int));
-
-			if (!ns) {
-				ap_mgraph_free(best);
-				free(set);
-				return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory stitching micro-graphs");
-			}
-			set = ns;
-			cap *= 2;
+		if (!set_push(&set, &n, &cap, q)) {
+			rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory stitching micro-graphs");
+			goto fail;
 		}
-		set[n++] = q;
-		{
-			ap_error e2;
-			ap_mgraph *u = extract_union(c, set, n, &e2);
+		rc = try_union(c, set, n, &best, why, sizeof(why), err);
+		if (rc == 0) {
+			char why_alone[300];
 
-			if (!u) {
-				if (e2.code == AP_ENOMEM) {
-					*err = e2;
-					ap_mgraph_free(best);
-					free(set);
-					return AP_ENOMEM;
-				}
+			memcpy(why_alone, why, sizeof(why));
+			rc = try_with_producers(c, &set, &n, &cap, &best, why, sizeof(why), err);
+			if (rc == 0) {
+				if (strstr(why_alone, "does not fit"))
+					note_refusal(c, set[0], q, why_alone);
 				n--;
-				continue;
 			}
-			if (!ap_lower_stitchable(u, c->t, why, sizeof(why))) {
-				if (strstr(why, "does not fit"))
-					note_refusal(c, set[0], q, why);
-				ap_mgraph_free(u);
-				n--;
-				continue;
-			}
-			ap_mgraph_free(best);
-			best = u;
 		}
+		if (rc < 0)
+			goto fail;
 	}
 	if (!best) {
 		free(set);
@@ -445,6 +500,10 @@ static int grow(sctx *c, int r, ap_mgraph **stitched, int **members, int *n_memb
 	*members = set;
 	*n_members = n;
 	return 0;
+fail:
+	ap_mgraph_free(best);
+	free(set);
+	return rc;
 }
 
 /* Topological order of the micro-graphs after stitching (ties by the
