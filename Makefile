@@ -39,7 +39,7 @@ LIBS := $(BUILD)/libapserver.a $(BUILD)/libapollo-client.a $(BUILD)/libapcommon.
 .PHONY: all deps check check-unit check-scripts demo bench clean help
 # Keep generated headers and test objects: they are not throw-away intermediates.
 .SECONDARY:
-all: $(BUILD)/apollod $(BUILD)/apollo-client $(TESTS)
+all: $(BUILD)/apollod $(BUILD)/apollo-client $(BUILD)/apollo-kernels $(TESTS)
 
 help:
 	@echo "make deps    install what is missing (apt-get, .venv with onnx/onnxruntime/numpy)"
@@ -79,6 +79,9 @@ $(BUILD)/libapollo-client.a: $(CLIENT_OBJ)
 $(BUILD)/apollod: $(call obj,server/main.c) $(LIBS)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 $(BUILD)/apollo-client: $(call obj,client/apollo-client.c) $(LIBS)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
+
+$(BUILD)/apollo-kernels: $(call obj,tools/apollo-kernels.c) $(LIBS)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)

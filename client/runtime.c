@@ -113,6 +113,7 @@ struct ap_runtime {
 	int max_args;
 	void **argv;             /* host: scratch argument array */
 	pool *pool;
+	double *launch_ms;       /* profile: per launch of the plan, summed over runs */
 	/* GPU */
 	cuda_api cu;
 	bool cu_ready;
@@ -749,6 +750,7 @@ ap_runtime *ap_runtime_free(ap_runtime *rt)
 	free(rt->libs);
 	free(rt->lib_fds);
 	free(rt->argv);
+	free(rt->launch_ms);
 	free(rt->kernels);
 	free(rt->buffers);
 	free(rt);
@@ -780,7 +782,9 @@ ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *op
 	rt->n_buffers = (int)b->n_buffers;
 	rt->kernels = calloc(b->n_kernels ? b->n_kernels : 1, sizeof(rt_kernel));
 	rt->buffers = calloc(b->n_buffers ? b->n_buffers : 1, sizeof(rt_buffer));
-	if (!rt->kernels || !rt->buffers) {
+	if (opt && opt->profile)
+		rt->launch_ms = calloc(b->n_plan ? b->n_plan : 1, sizeof(double));
+	if (!rt->kernels || !rt->buffers || (opt && opt->profile && !rt->launch_ms)) {
 		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 		return ap_runtime_free(rt);
 	}
@@ -959,9 +963,13 @@ static int run_gpu(ap_runtime *rt, ap_error *err)
 			vals[a] = rt->buffers[la->args[a]].dev;
 			pp[a] = &vals[a];
 		}
+		double t0 = rt->launch_ms ? ap_now_ms() : 0;
+
 		r = cu->cuLaunchKernel(k->cufn, kk->grid[0], kk->grid[1], kk->grid[2], kk->block[0],
 				       kk->block[1], kk->block[2], kk->dynamic_shared_bytes, NULL,
 				       pp, NULL);
+		if (r == 0 && rt->launch_ms && (r = cu->cuCtxSynchronize()) == 0)
+			rt->launch_ms[l] += ap_now_ms() - t0;
 		if (r != 0) {
 			rc = ap_error_set(err, AP_EIO, kk->name, NULL,
 					  "launch %zu of kernel '%s' failed: %s", l, kk->name,
@@ -989,11 +997,22 @@ int ap_runtime_run(ap_runtime *rt, ap_error *err)
 	for (size_t l = 0; l < rt->b->n_plan; l++) {
 		const Apollo__Launch *la = rt->b->plan[l];
 		const rt_kernel *k = &rt->kernels[la->kernel];
+		double t0 = rt->launch_ms ? ap_now_ms() : 0;
+
 		for (size_t a = 0; a < la->n_args; a++)
 			rt->argv[a] = rt->buffers[la->args[a]].host;
 		pool_launch(rt->pool, k->fn, rt->argv, (unsigned)k->blocks);
+		if (rt->launch_ms)
+			rt->launch_ms[l] += ap_now_ms() - t0;
 	}
 	return 0;
+}
+
+double ap_runtime_launch_ms(const ap_runtime *rt, int i)
+{
+	if (!rt->launch_ms || i < 0 || (size_t)i >= rt->b->n_plan)
+		return -1;
+	return rt->launch_ms[i];
 }
 
 ap_host_tensor *ap_runtime_output(ap_runtime *rt, int index, ap_error *err)

@@ -36,6 +36,7 @@ typedef struct ap_runtime ap_runtime;
 typedef struct ap_runtime_options {
 	int threads;   /* host threads per launch; 0 = min(online CPUs, 8) */
 	int device;    /* CUDA device ordinal for GPU targets */
+	bool profile;  /* time every launch (GPU: synchronising after each one) */
 } ap_runtime_options;
 
 /* Checks the bundle (every kernel, launch argument and buffer index in
@@ -82,6 +83,12 @@ int ap_runtime_bind_consts(ap_runtime *rt, __ap_keep const ap_graph *g, ap_error
 /* Runs the plan once.  AP_EINVAL when an INPUT or PARAM buffer was never
  * bound (naming it); AP_EIO when a CUDA launch fails. */
 int ap_runtime_run(ap_runtime *rt, ap_error *err);
+
+/* With ap_runtime_options.profile: the milliseconds launch `i` of the plan
+ * took, summed over every run so far (host: the wall time of its blocks on
+ * the runtime's threads; GPU: from the launch until the device finished
+ * it).  -1 when profiling is off or i is not a launch of the plan. */
+double ap_runtime_launch_ms(const ap_runtime *rt, int i);
 
 /* A host copy of the OUTPUT buffer with Buffer.index `index` (name, dtype,
  * dims, data).  NULL with `err` (AP_EINVAL: no such output; AP_ENOMEM;

@@ -322,7 +322,8 @@ static ap_kir_array *clone_array(cloner *c, const ap_kir_array *a)
 		r = ap_kir_shared_dyn(c->dst, name, a->type, a->size);
 		break;
 	case AP_KIR_LOCAL:
-		r = ap_kir_local(c->dst, name, a->type, a->size);
+		r = a->scratch ? ap_kir_local_scratch(c->dst, name, a->type, a->size)
+			       : ap_kir_local(c->dst, name, a->type, a->size);
 		break;
 	case AP_KIR_CONST:
 		r = ap_kir_const_array(c->dst, name, a->type, a->size, a->data);

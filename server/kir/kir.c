@@ -205,6 +205,15 @@ ap_kir_array *ap_kir_local(ap_kir_kernel *k, const char *name, ap_dtype type, in
 	return array_new(k, name, type, AP_KIR_LOCAL, size);
 }
 
+ap_kir_array *ap_kir_local_scratch(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size)
+{
+	ap_kir_array *a = array_new(k, name, type, AP_KIR_LOCAL, size);
+
+	if (a)
+		a->scratch = true;
+	return a;
+}
+
 ap_kir_array *ap_kir_const_array(ap_kir_kernel *k, const char *name, ap_dtype type,
 				 int64_t size, const void *data)
 {

@@ -84,6 +84,11 @@ typedef struct ap_kir_array {
 	bool written;          /* GLOBAL: the kernel stores to it */
 	int tensor;            /* GLOBAL: graph tensor bound to it (-1 if none) */
 	uint64_t offset;       /* SHARED_DYN: byte offset in dynamic shared memory */
+	bool scratch;          /* LOCAL: no value lives across a barrier or other
+				  collective (each use is preceded by a store in
+				  the same stretch between collectives); the
+				  host then keeps it per thread loop, not in
+				  per-thread slots */
 	void *data;            /* CONST: `size` elements, row-major, owned by the arena */
 } ap_kir_array;
 
@@ -282,6 +287,11 @@ ap_kir_array *ap_kir_shared(ap_kir_kernel *k, const char *name, ap_dtype type, i
  * memory and grows k->smem_bytes. */
 ap_kir_array *ap_kir_shared_dyn(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size);
 ap_kir_array *ap_kir_local(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size);
+/* A LOCAL array marked scratch (see ap_kir_array.scratch): the caller
+ * promises that every element read was stored earlier in the same
+ * stretch of statements between collectives.  Not for ldmatrix / mma
+ * fragments (those read other lanes' registers). */
+ap_kir_array *ap_kir_local_scratch(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size);
 /* `data`: size elements of `type` (copied).  size must be >= 1.  Printed
  * as NAME_<name>, NAME being the kernel's, so kernels can share a
  * translation unit. */

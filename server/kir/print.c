@@ -323,7 +323,7 @@ static void print_expr(printer *p, const ap_kir_expr *e);
 static void print_elem_index(printer *p, const ap_kir_array *a, const ap_kir_expr *idx,
 			     const char *idx_text, int off)
 {
-	if (p->target == AP_KIR_HOST && a->space == AP_KIR_LOCAL && p->has_collective)
+	if (p->target == AP_KIR_HOST && a->space == AP_KIR_LOCAL && p->has_collective && !a->scratch)
 		sb_printf(&p->out, "[%s * %lldLL + ", p->block_mode ? "0" : "ap_t",
 			  (long long)a->size);
 	else
@@ -1080,14 +1080,21 @@ static void print_block_thread(printer *p, const ap_kir_block *blk, int depth)
 
 /* ---- host: block mode ------------------------------------------------------------ */
 
-static void print_local_decls(printer *p, int depth, bool per_thread)
+/* Register arrays: all of them (LD_ALL), the per-thread slots of the
+ * non-scratch ones in a host kernel with collectives (LD_SLOTS), or only
+ * the scratch ones, inside one host thread loop (LD_SCRATCH). */
+enum { LD_ALL, LD_SLOTS, LD_SCRATCH };
+
+static void print_local_decls(printer *p, int depth, int mode)
 {
 	const ap_kir_kernel *k = p->k;
+	bool per_thread = mode == LD_SLOTS;
 
 	for (int i = 0; i < k->n_arrays; i++) {
 		const ap_kir_array *a = k->arrays[i];
 
-		if (a->space != AP_KIR_LOCAL)
+		if (a->space != AP_KIR_LOCAL || (mode == LD_SLOTS && a->scratch) ||
+		    (mode == LD_SCRATCH && !a->scratch))
 			continue;
 		sb_indent(&p->out, depth);
 		sb_printf(&p->out, "%s%s %s[%lld];\n",
@@ -1119,8 +1126,7 @@ static void open_thread_loop(printer *p, int depth)
 		sb_printf(b, "const long long ap_tz = (long long)(ap_t / %uu);\n",
 			  k->block[0] * k->block[1]);
 	}
-	if (!p->has_collective)
-		print_local_decls(p, depth + 1, false);
+	print_local_decls(p, depth + 1, p->has_collective ? LD_SCRATCH : LD_ALL);
 	p->block_mode = false;
 }
 
@@ -1495,21 +1501,26 @@ static void print_prelude(printer *p)
 			  "#define AP_INF __longlong_as_double(0x7ff0000000000000LL)\n"
 			  "#define AP_NAN __longlong_as_double(0x7fffffffffffffffLL)\n");
 		if (p->uses_tf32)
-			sb_printf(b, "static __device__ __forceinline__ float ap_tf32f(float x)\n"
+			sb_printf(b, "#ifndef AP_TF32_DEFINED\n#define AP_TF32_DEFINED\n"
+				  "static __device__ __forceinline__ float ap_tf32f(float x)\n"
 				  "{ unsigned r; asm(\"cvt.rna.tf32.f32 %%0, %%1;\" : \"=r\"(r) : \"f\"(x)); "
-				  "return __uint_as_float(r); }\n");
+				  "return __uint_as_float(r); }\n#endif\n");
 	} else {
 		sb_printf(b, "#include <math.h>\n"
 			  "#define AP_INFF __builtin_inff()\n"
 			  "#define AP_NANF __builtin_nanf(\"\")\n"
 			  "#define AP_INF __builtin_inf()\n"
 			  "#define AP_NAN __builtin_nan(\"\")\n");
+		/* guarded: several kernels may share one translation unit */
 		if (p->uses_f16)
-			sb_printf(b, "%s", ap__kir_host_f16_src);
+			sb_printf(b, "#ifndef AP_F16_DEFINED\n#define AP_F16_DEFINED\n%s#endif\n",
+				  ap__kir_host_f16_src);
 		if (p->uses_bf16)
-			sb_printf(b, "%s", ap__kir_host_bf16_src);
+			sb_printf(b, "#ifndef AP_BF16_DEFINED\n#define AP_BF16_DEFINED\n%s#endif\n",
+				  ap__kir_host_bf16_src);
 		if (p->uses_tf32 || p->uses_mma)
-			sb_printf(b, "%s", ap__kir_host_tf32_src);
+			sb_printf(b, "#ifndef AP_TF32_DEFINED\n#define AP_TF32_DEFINED\n%s#endif\n",
+				  ap__kir_host_tf32_src);
 	}
 	for (int i = 0; i < k->n_arrays; i++) {
 		const ap_kir_array *a = k->arrays[i];
@@ -1586,7 +1597,7 @@ static void print_cuda(printer *p)
 	}
 	sb_printf(b, ")\n{\n");
 	print_shared_decls(p, 1);
-	print_local_decls(p, 1, false);
+	print_local_decls(p, 1, LD_ALL);
 	print_block_thread(p, &k->body, 1);
 	sb_printf(b, "}\n");
 }
@@ -1641,7 +1652,7 @@ static void print_host(printer *p)
 		sb_printf(b, "\tfloat ap_mma_a[%u][16][16], ap_mma_b[%u][16][8], ap_mma_c[%u][16][8];\n",
 			  p->nt / 32 ? p->nt / 32 : 1, p->nt / 32 ? p->nt / 32 : 1, p->nt / 32 ? p->nt / 32 : 1);
 	if (p->has_collective)
-		print_local_decls(p, 1, true);
+		print_local_decls(p, 1, LD_SLOTS);
 	print_shared_decls(p, 1);
 	sb_printf(b, "\tfor (unsigned ap_b = block_begin; ap_b < block_end; ap_b++) {\n");
 	if (k->grid[0] > 1)

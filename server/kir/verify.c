@@ -362,7 +362,8 @@ static void check_ldmatrix(vctx *v, const ap_kir_stmt *s, bool ctx)
 	int per = es == 2 ? 2 : 1;
 
 	check_warp_collective(v, "ldmatrix", ctx);
-	if (s->arr->space != AP_KIR_LOCAL || (s->src->space != AP_KIR_SHARED && s->src->space != AP_KIR_SHARED_DYN))
+	if (s->arr->space != AP_KIR_LOCAL || s->arr->scratch ||
+	    (s->src->space != AP_KIR_SHARED && s->src->space != AP_KIR_SHARED_DYN))
 		bad(v, "matrix", "ldmatrix from %s into %s: needs a shared source and a register array",
 		    s->src->name, s->arr->name);
 	else if (s->arr->type != s->src->type || (es != 2 && es != 4) || (s->trans && es != 2))
@@ -389,8 +390,9 @@ static void check_mma(vctx *v, const ap_kir_stmt *s, bool ctx)
 	for (int i = 0; i < 4; i++) {
 		ap_dtype want = i == 1 || i == 2 ? ap__kir_mma_in_type(s->mma) : AP_DT_F32;
 
-		if (s->frag[i]->space != AP_KIR_LOCAL)
-			bad(v, "matrix", "mma %s fragment %s is not a register array", role[i], s->frag[i]->name);
+		if (s->frag[i]->space != AP_KIR_LOCAL || s->frag[i]->scratch)
+			bad(v, "matrix", "mma %s fragment %s is not a (non-scratch) register array", role[i],
+			    s->frag[i]->name);
 		else if (s->frag[i]->type != want)
 			bad(v, "types", "mma %s fragment %s of type %s, not %s", role[i], s->frag[i]->name,
 			    ap_dtype_name(s->frag[i]->type), ap_dtype_name(want));

@@ -14,6 +14,7 @@ static const ap_emitter *const registry[] = {
 	&ap_emitter_column_reduce,
 	&ap_emitter_transpose,
 	&ap_emitter_movement,
+	&ap_emitter_gemm,
 	&ap_emitter_pointwise,
 };
 
@@ -140,7 +141,8 @@ __ap_give ap_kir_kernel *ap_lower(const ap_mgraph *m, const ap_target_info *t, c
 		return ap_kir_kernel_free(k);
 	}
 	if (opt && opt->verify) {
-		ap_kir_limits lim = {1024, t->shared_per_block};
+		ap_kir_limits lim = {1024, t->shared_optin_per_block > t->shared_per_block
+					   ? t->shared_optin_per_block : t->shared_per_block};
 		ap_error verr;
 
 		if (ap_kir_verify(k, &lim, &verr)) {

@@ -16,6 +16,7 @@ extern const ap_emitter ap_emitter_row_reduce;     /* rows.c */
 extern const ap_emitter ap_emitter_column_reduce;  /* rows.c */
 extern const ap_emitter ap_emitter_transpose;      /* transpose.c */
 extern const ap_emitter ap_emitter_movement;       /* movement.c */
+extern const ap_emitter ap_emitter_gemm;           /* gemm.c: MatMul on tiles */
 extern const ap_emitter ap_emitter_pointwise;      /* pointwise.c */
 
 /* Smallest power of two >= n within [lo, hi]. */

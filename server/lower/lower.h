@@ -13,7 +13,9 @@
  *              the target (what runs when nothing was tuned);
  *   - emit:    the kernel for one configuration;
  *   - traffic: what that configuration moves and computes, for the cost
- *              model (server/cost/cost.h).
+ *              model (server/cost/cost.h);
+ *   - valid:   which points of the space can be built (the space is a
+ *              cross product; a tile may not fit the target).
  * Every emitter builds values with the shared value builder (value.h), so
  * the per-op scalar semantics and index maps are the same everywhere.
  * The registry is ordered: the first emitter whose match accepts a
@@ -66,6 +68,9 @@ typedef struct ap_emitter {
 		    ap_error *err);
 	void (*traffic)(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
 			ap_traffic *out);
+	/* Whether configuration s can be built for m on t (threads, shared
+	 * memory, tile divisibility); NULL: every point of the space can. */
+	bool (*valid)(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t);
 } ap_emitter;
 
 /* The registry, in match order; *n gets its length. */

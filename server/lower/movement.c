@@ -204,5 +204,5 @@ static void mv_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_in
 }
 
 const ap_emitter ap_emitter_movement = {
-	"movement", mv_match, mv_space, mv_choose, mv_emit, mv_traffic,
+	"movement", mv_match, mv_space, mv_choose, mv_emit, mv_traffic, NULL,
 };

@@ -467,5 +467,5 @@ static void pw_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_in
 }
 
 const ap_emitter ap_emitter_pointwise = {
-	"pointwise", pw_match, pw_space, pw_choose, pw_emit, pw_traffic,
+	"pointwise", pw_match, pw_space, pw_choose, pw_emit, pw_traffic, NULL,
 };

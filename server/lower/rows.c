@@ -988,13 +988,13 @@ static void rows_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_
 }
 
 const ap_emitter ap_emitter_row_reduce = {
-	"row_reduce", row_match, rows_space, rows_choose, rows_emit, rows_traffic,
+	"row_reduce", row_match, rows_space, rows_choose, rows_emit, rows_traffic, NULL,
 };
 
 const ap_emitter ap_emitter_column_reduce = {
-	"column_reduce", col_match, rows_space, rows_choose, rows_emit, rows_traffic,
+	"column_reduce", col_match, rows_space, rows_choose, rows_emit, rows_traffic, NULL,
 };
 
 const ap_emitter ap_emitter_stitched = {
-	"stitched", st_match, rows_space, rows_choose, rows_emit, rows_traffic,
+	"stitched", st_match, rows_space, rows_choose, rows_emit, rows_traffic, NULL,
 };

@@ -287,5 +287,5 @@ static void tr_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_in
 }
 
 const ap_emitter ap_emitter_transpose = {
-	"transpose", tr_match, tr_space, tr_choose, tr_emit, tr_traffic,
+	"transpose", tr_match, tr_space, tr_choose, tr_emit, tr_traffic, NULL,
 };
