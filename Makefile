@@ -36,7 +36,7 @@ TESTS       := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
 LIBS := $(BUILD)/libapserver.a $(BUILD)/libapollo-client.a $(BUILD)/libapcommon.a
 
-.PHONY: all deps check check-unit check-scripts demo bench clean help
+.PHONY: all deps check check-unit check-scripts check-ub check-asan san-all demo bench clean help
 # Keep generated headers and test objects: they are not throw-away intermediates.
 .SECONDARY:
 all: $(BUILD)/apollod $(BUILD)/apollo-client $(TESTS)
@@ -45,6 +45,7 @@ help:
 	@echo "make deps    install what is missing (apt-get, .venv with onnx/onnxruntime/numpy)"
 	@echo "make all     build apollod, apollo-client and the test suites into $(BUILD)/"
 	@echo "make check   deps + build + every test (unit suites, integration, conformance)"
+	@echo "make check-asan  build into $(SAN_BUILD)/ with AddressSanitizer + UBSan, run the suites and conformance"
 	@echo "make demo    deps + build + start apollod + submit a real model twice"
 	@echo "make bench   cold/warm compile benchmark over ../shared/testdata/models"
 	@echo "make clean   remove $(BUILD)/"
@@ -91,6 +92,7 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
 check: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@$(MAKE) --no-print-directory check-unit
+	@$(MAKE) --no-print-directory check-ub
 	@$(MAKE) --no-print-directory check-scripts
 
 check-unit: $(TESTS)
@@ -98,6 +100,34 @@ check-unit: $(TESTS)
 
 check-scripts: all
 	@APOLLO_BUILD=$(abspath $(BUILD)) sh tools/run-scripts.sh
+
+# --- sanitizers ------------------------------------------------------------------
+# The same sources built into $(SAN_BUILD) with AddressSanitizer (and
+# LeakSanitizer) plus UndefinedBehaviorSanitizer, every report fatal.
+# GCC leaves float-cast-overflow out of -fsanitize=undefined: named here.
+SAN_BUILD ?= build-asan
+SAN_OPT   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow \
+	     -fno-sanitize-recover=all
+SAN_WARN  := $(WARN) -Wno-format-truncation
+SAN_MAKE  := $(MAKE) --no-print-directory -j$(JOBS) BUILD=$(SAN_BUILD) OPT="$(SAN_OPT)" WARN="$(SAN_WARN)"
+SAN_ENV   := ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:abort_on_error=0:strict_string_checks=1 \
+	     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	     APOLLO_BUILD=$(abspath $(SAN_BUILD))
+
+san-all:
+	@$(SAN_MAKE) all
+
+# Undefined behaviour has no visible effect in an optimised build: the
+# regression suite for it (tests/check_undefined.c) runs sanitized.
+check-ub:
+	@$(SAN_MAKE) $(SAN_BUILD)/tests/check_undefined
+	@$(SAN_ENV) sh tools/run-suites.sh $(SAN_BUILD)/tests/check_undefined
+
+# Every unit / integration suite and the conformance script, sanitized.
+check-asan: deps
+	@$(MAKE) --no-print-directory san-all
+	@$(SAN_ENV) sh tools/run-suites.sh $(patsubst $(BUILD)/%,$(SAN_BUILD)/%,$(TESTS))
+	@$(SAN_ENV) sh tests/conformance.sh
 
 demo: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all
@@ -107,6 +137,6 @@ bench: all
 	@APOLLO_BUILD=$(abspath $(BUILD)) sh bench/run.sh
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -706,7 +706,7 @@ static int64_t aint(const Onnx__NodeProto *n, const char *name, int64_t dflt)
 	if (a->has_i)
 		return a->i;
 	if (a->has_f)
-		return (int64_t)a->f;
+		return ap_f64_to_i64(a->f);
 	return dflt;
 }
 
@@ -1986,8 +1986,8 @@ static int imp_constant_of_shape(imp *im, const Onnx__NodeProto *n)
 		}
 		if (dt != AP_DT_F32 && dt != AP_DT_F64)
 			f = (double)iv;
-		else
-			iv = (int64_t)f;
+		else   /* iv is unused for float fills; NaN / out of range would be UB */
+			iv = ap_f64_to_i64(f);
 		ap_host_tensor_free(t);
 	}
 	for (int i = 0; i < cnt; i++)
@@ -2067,7 +2067,7 @@ static int imp_range(imp *im, const Onnx__NodeProto *n)
 	TRY(get_scalar(im, in[2], "Range delta", &d));
 	if (d == 0)
 		return fail(im, AP_EINVAL, in[2]->name, "Range: delta 0");
-	cnt = (int64_t)ceil((l - s) / d);
+	cnt = ap_f64_to_i64(ceil((l - s) / d));
 	if (cnt < 0)
 		cnt = 0;
 	if (cnt > MAX_RANGE_ELEMS)
@@ -2082,8 +2082,11 @@ static int imp_range(imp *im, const Onnx__NodeProto *n)
 		switch (t->dtype) {
 		case AP_DT_F32: ((float *)t->data)[i] = (float)x; break;
 		case AP_DT_F64: ((double *)t->data)[i] = x; break;
-		case AP_DT_I32: ((int32_t *)t->data)[i] = (int32_t)x; break;
-		case AP_DT_I64: ((int64_t *)t->data)[i] = (int64_t)s + i * (int64_t)d; break;
+		case AP_DT_I32: ((int32_t *)t->data)[i] = (int32_t)ap_f64_to_i64(x); break;
+		case AP_DT_I64:
+			((int64_t *)t->data)[i] = (int64_t)((uint64_t)ap_f64_to_i64(s) +
+							    (uint64_t)i * (uint64_t)ap_f64_to_i64(d));
+			break;
 		default: break;
 		}
 	}

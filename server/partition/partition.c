@@ -1737,7 +1737,9 @@ static int compute_subgraphs(ap_partition *part)
 			goto out;
 	}
 	for (int s = 0; s < part->n_subgraphs; s++)
-		qsort(part->subgraphs[s].deps, (size_t)part->subgraphs[s].n_deps, sizeof(int), cmp_int);
+		if (part->subgraphs[s].n_deps > 1)
+			qsort(part->subgraphs[s].deps, (size_t)part->subgraphs[s].n_deps, sizeof(int),
+			      cmp_int);
 	/* waves, in the topological order of the Kosaraju labels */
 	for (int l = 0; l < n_scc; l++) {
 		ap_subgraph *sg = &part->subgraphs[num[l]];

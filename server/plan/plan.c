@@ -498,7 +498,8 @@ static int fill_explain(builder *b, const ap_graph *g, const ap_partition *part,
 		prog->subgraphs[s].deps = malloc(((size_t)sg->n_deps + 1) * sizeof(int));
 		if (!prog->subgraphs[s].deps)
 			return AP_ENOMEM;
-		memcpy(prog->subgraphs[s].deps, sg->deps, (size_t)sg->n_deps * sizeof(int));
+		if (sg->n_deps > 0)
+			memcpy(prog->subgraphs[s].deps, sg->deps, (size_t)sg->n_deps * sizeof(int));
 		prog->subgraphs[s].n_deps = sg->n_deps;
 	}
 	for (int i = 0; i < choices->n; i++) {
