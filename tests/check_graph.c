@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "common/graph.h"
 #include "proto/apollo.pb-c.h"
@@ -740,6 +741,68 @@ START_TEST(tensor_decode)
 }
 END_TEST
 
+/* Issue 11, item 7: a TensorProto's element count comes from a few bytes
+ * of dims; its buffer must not be allocated before the values are known
+ * to be there.  An 8-byte TensorProto (dims [2^35], float, no data) asked
+ * for 128 GiB and answered "out of memory".  Address space is capped at
+ * 2 GiB above what the test uses (this runs in check's forked child), so
+ * an allocation of the claimed size fails the test on any machine. */
+START_TEST(tensor_values_checked_before_allocation)
+{
+	Onnx__TensorProto tp = ONNX__TENSOR_PROTO__INIT;
+	int64_t dims[2] = { 1LL << 35, 1 };
+	int64_t one = 5;
+	uint8_t buf[64];
+	size_t len;
+	ap_error err;
+
+#if !defined(__SANITIZE_ADDRESS__)
+	{	/* ASan reserves terabytes of shadow: no cap under it */
+		struct rlimit rl;
+		FILE *f = fopen("/proc/self/statm", "r");
+		unsigned long pages = 0;
+
+		ck_assert_ptr_nonnull(f);
+		ck_assert_int_eq(fscanf(f, "%lu", &pages), 1);
+		fclose(f);
+		rl.rlim_cur = rl.rlim_max = (rlim_t)pages * 4096 + (2ULL << 30);
+		ck_assert_int_eq(setrlimit(RLIMIT_AS, &rl), 0);
+	}
+#endif
+	tp.n_dims = 1;
+	tp.dims = dims;
+	tp.has_data_type = 1;
+	tp.data_type = AP_DT_F32;
+	len = onnx__tensor_proto__pack(&tp, buf);
+	ck_assert_uint_le(len, 11);
+	ck_assert_ptr_null(ap_onnx_tensor_decode(buf, len, &err));
+	ck_assert_msg(err.code == AP_EINVAL, "%s (%s)", err.msg, ap_error_name(err.code));
+	ck_assert_ptr_nonnull(strstr(err.msg, "0 values for 34359738368 elements"));
+
+	/* typed data of the wrong count: 1 int64 value for 2^31 elements
+	 * (16 GiB) */
+	dims[0] = 1LL << 31;
+	tp.data_type = AP_DT_I64;
+	tp.n_int64_data = 1;
+	tp.int64_data = &one;
+	len = onnx__tensor_proto__pack(&tp, buf);
+	ck_assert_ptr_null(ap_onnx_tensor_decode(buf, len, &err));
+	ck_assert_msg(err.code == AP_EINVAL, "%s (%s)", err.msg, ap_error_name(err.code));
+
+	/* the same dims with no elements at all are fine */
+	dims[1] = 0;
+	tp.n_dims = 2;
+	tp.n_int64_data = 0;
+	len = onnx__tensor_proto__pack(&tp, buf);
+	{
+		ap_host_tensor *t = ap_onnx_tensor_decode(buf, len, &err);
+		ck_assert_msg(t != NULL, "%s", err.msg);
+		ck_assert_uint_eq(t->nbytes, 0);
+		ap_host_tensor_free(t);
+	}
+}
+END_TEST
+
 static Suite *graph_suite(void)
 {
 	Suite *s = suite_create("graph");
@@ -761,6 +824,7 @@ static Suite *graph_suite(void)
 	tcase_add_test(tc, hash_invariance);
 	tcase_add_test(tc, sha256_vectors);
 	tcase_add_test(tc, tensor_decode);
+	tcase_add_test(tc, tensor_values_checked_before_allocation);
 	suite_add_tcase(s, tc);
 	return s;
 }
