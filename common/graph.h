@@ -178,11 +178,17 @@ int ap_graph_find_tensor(const ap_graph *g, const char *name);
 int ap_graph_validate(ap_graph *g, ap_error *err);
 
 /* Canonical SHA-256 of the graph: independent of node order, tensor order
- * and every name except graph input/param names' *positions*: tensors are
- * identified by their producer's structure, inputs by position, params by
- * (name-free) position among params sorted by first use.  CONST data is
- * hashed by value.  `out` receives 32 bytes.  Requires a validated graph. */
-void ap_graph_hash(const ap_graph *g, uint8_t out[32]);
+ * and every name: tensors are identified by their producer's structure,
+ * inputs by position, params by (name-free) position among params sorted
+ * by first use.  CONST data is hashed by value.  `out` receives 32 bytes.
+ * Requires a validated graph.  Returns 0, or AP_ENOMEM (then `out` is all
+ * zero and must not be used as a key). */
+int ap_graph_hash(const ap_graph *g, uint8_t out[32]);
+/* As ap_graph_hash, with the name of every tensor and node hashed too: two
+ * graphs hash alike only when a bundle compiled for one serves the other
+ * (bundles bind params and inputs by name and list node names).  This is
+ * what cache keys use.  0 or AP_ENOMEM. */
+int ap_graph_hash_named(const ap_graph *g, uint8_t out[32]);
 
 /* ---- protobuf (graph_pb.c) ---------------------------------------------- */
 

@@ -1978,6 +1978,109 @@ START_TEST(daemon_import_counts_before_allocating)
 }
 END_TEST
 
+/* out = Add(Mul(x, A), B) on [4, 8]: A and B are same-shaped weights
+ * (PARAM) named `a` and `b`. */
+static Apollo__Graph *mul_add_params(const char *a, const char *b)
+{
+	Apollo__Graph *g = graph_new("mul_add");
+	int64_t dims[2] = { 4, 8 };
+	int x = graph_tensor(g, "x", APOLLO__TENSOR_KIND__TENSOR_INPUT, 2, dims);
+	int pa = graph_tensor(g, a, APOLLO__TENSOR_KIND__TENSOR_PARAM, 2, dims);
+	int pb = graph_tensor(g, b, APOLLO__TENSOR_KIND__TENSOR_PARAM, 2, dims);
+	int t = graph_tensor(g, "t", APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, dims);
+	int o = graph_tensor(g, "out", APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, dims);
+
+	graph_node(g, "mul", "Mul", 2, (int32_t[]){ x, pa }, t);
+	graph_node(g, "add", "Add", 2, (int32_t[]){ t, pb }, o);
+	graph_output(g, o);
+	return g;
+}
+
+/* The name of the PARAM buffer bound by the launch computing node
+ * `node` (fusion none: one launch per node). */
+static const char *param_of_launch(const Apollo__Bundle *b, const char *node)
+{
+	for (size_t l = 0; l < b->n_plan; l++) {
+		const Apollo__Launch *la = b->plan[l];
+		bool ours = false;
+
+		for (size_t k = 0; k < la->n_nodes; k++)
+			ours |= !strcmp(la->nodes[k], node);
+		if (!ours)
+			continue;
+		for (size_t a = 0; a < la->n_args; a++) {
+			const Apollo__Buffer *bf = b->buffers[la->args[a]];
+			if (bf->kind == APOLLO__BUFFER_KIND__BUF_PARAM)
+				return bf->name;
+		}
+	}
+	ck_abort_msg("no launch of node %s binds a param", node);
+	return NULL;
+}
+
+/* Issue 11, item 1: the bundle binds weights by name, so the cache key
+ * must cover their names.  Two graphs identical but for swapped weight
+ * names shared a key: the second got the first's bundle and bound its
+ * weights the other way round (wrong output, no error); other names gave
+ * "no data for param".  And no_cache still wrote the entry. */
+START_TEST(cache_key_covers_weight_names)
+{
+	daemon_t d;
+	const compile_opts none = { .target = "cpu", .fusion = APOLLO__FUSION_LEVEL__FUSION_NONE };
+	const compile_opts none_fresh = { .target = "cpu", .no_cache = true,
+					  .fusion = APOLLO__FUSION_LEVEL__FUSION_NONE };
+	Apollo__Graph *g1 = mul_add_params("w0", "w1"), *g2 = mul_add_params("w1", "w0");
+	Apollo__Graph *g3 = mul_add_params("p", "q");
+	Apollo__Envelope *r;
+	Apollo__Bundle *b;
+	int fd;
+
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+
+	/* no_cache neither reads nor writes */
+	r = compile(fd, 1, g1, &none_fresh);
+	ck_assert(!bundle_ok(r, "cpu")->stats->cache_hit);
+	apollo__envelope__free_unpacked(r, NULL);
+	r = compile(fd, 2, g1, &none);
+	ck_assert_msg(!bundle_ok(r, "cpu")->stats->cache_hit, "no_cache wrote the cache");
+	apollo__envelope__free_unpacked(r, NULL);
+	r = compile(fd, 3, g1, &none);
+	b = bundle_ok(r, "cpu");
+	ck_assert(b->stats->cache_hit);
+	ck_assert_str_eq(param_of_launch(b, "mul"), "w0");
+	ck_assert_str_eq(param_of_launch(b, "add"), "w1");
+	apollo__envelope__free_unpacked(r, NULL);
+
+	/* swapped names: Mul must read w1 */
+	r = compile(fd, 4, g2, &none);
+	b = bundle_ok(r, "cpu");
+	ck_assert_str_eq(param_of_launch(b, "mul"), "w1");
+	ck_assert_str_eq(param_of_launch(b, "add"), "w0");
+	apollo__envelope__free_unpacked(r, NULL);
+
+	/* other names: the bundle names p and q */
+	r = compile(fd, 5, g3, &none);
+	b = bundle_ok(r, "cpu");
+	ck_assert_str_eq(param_of_launch(b, "mul"), "p");
+	ck_assert_str_eq(param_of_launch(b, "add"), "q");
+	apollo__envelope__free_unpacked(r, NULL);
+
+	/* the same graph again is still a hit */
+	r = compile(fd, 6, g2, &none);
+	b = bundle_ok(r, "cpu");
+	ck_assert(b->stats->cache_hit);
+	ck_assert_str_eq(param_of_launch(b, "mul"), "w1");
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+	graph_free(g1);
+	graph_free(g2);
+	graph_free(g3);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
 static Suite *daemon_suite(void)
 {
 	Suite *s = suite_create("daemon");
@@ -2012,6 +2115,7 @@ static Suite *daemon_suite(void)
 	tc = tcase_create("hardening");
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, daemon_import_counts_before_allocating);
+	tcase_add_test(tc, cache_key_covers_weight_names);
 	suite_add_tcase(s, tc);
 	return s;
 }

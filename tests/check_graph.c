@@ -741,6 +741,63 @@ START_TEST(tensor_decode)
 }
 END_TEST
 
+static void named_hash_of(ap_graph *g, uint8_t out[32])
+{
+	ap_error err;
+
+	ck_assert_int_eq(ap_graph_validate(g, &err), 0);
+	ck_assert_int_eq(ap_graph_hash_named(g, out), 0);
+	ap_graph_free(g);
+}
+
+/* The named hash (cache keys, issue 11 item 1): names count, order does
+ * not; structurally tied params are ranked by name, so the tensor order
+ * of two such params does not matter either. */
+START_TEST(hash_named)
+{
+	uint8_t a[32], b[32], s1[32], s2[32];
+	ap_graph *g;
+
+	named_hash_of(mlp("a", false, 0.5f, 16), a);
+	named_hash_of(mlp("a", true, 0.5f, 16), b);   /* node order */
+	ck_assert_mem_eq(a, b, 32);
+	named_hash_of(mlp("zz", false, 0.5f, 16), b); /* node and tensor names */
+	ck_assert(memcmp(a, b, 32) != 0);
+	g = mlp("a", false, 0.5f, 16);                 /* a weight's name */
+	free(g->tensors[1].name);
+	g->tensors[1].name = strdup("other_W");
+	ck_assert_int_eq(ap_graph_validate(g, NULL), 0);
+	ck_assert_int_eq(ap_graph_hash(g, s1), 0);
+	named_hash_of(g, b);
+	ck_assert(memcmp(a, b, 32) != 0);
+	g = mlp("a", false, 0.5f, 16);
+	ck_assert_int_eq(ap_graph_validate(g, NULL), 0);
+	ck_assert_int_eq(ap_graph_hash(g, s2), 0);
+	ap_graph_free(g);
+	ck_assert_mem_eq(s1, s2, 32);                  /* the structural hash ignores it */
+	/* two same-shaped weights swapped: y = x*p + q vs y = x*q + p */
+	for (int swap = 0; swap < 2; swap++) {
+		int64_t d[1] = { 4 };
+		int x, p, q, t, y;
+
+		g = ap_graph_new("pq");
+		x = tensor(g, "x", AP_DT_F32, 1, d, AP_TENSOR_INPUT);
+		p = tensor(g, swap ? "q" : "p", AP_DT_F32, 1, d, AP_TENSOR_PARAM);
+		q = tensor(g, swap ? "p" : "q", AP_DT_F32, 1, d, AP_TENSOR_PARAM);
+		t = tensor(g, "t", AP_DT_F32, 1, d, AP_TENSOR_VALUE);
+		y = tensor(g, "y", AP_DT_F32, 1, d, AP_TENSOR_VALUE);
+		node(g, "mul", AP_OP_MUL, 2, (int[]){ x, p }, 1, &t);
+		node(g, "add", AP_OP_ADD, 2, (int[]){ t, q }, 1, &y);
+		set_io(g, 1, &x, 1, &y);
+		ck_assert_int_eq(ap_graph_validate(g, NULL), 0);
+		ck_assert_int_eq(ap_graph_hash(g, swap ? s2 : s1), 0);
+		named_hash_of(g, swap ? b : a);
+	}
+	ck_assert_mem_eq(s1, s2, 32);
+	ck_assert(memcmp(a, b, 32) != 0);
+}
+END_TEST
+
 /* Issue 11, item 7: a TensorProto's element count comes from a few bytes
  * of dims; its buffer must not be allocated before the values are known
  * to be there.  An 8-byte TensorProto (dims [2^35], float, no data) asked
@@ -822,6 +879,7 @@ static Suite *graph_suite(void)
 	tcase_add_test(tc, pb_bad_input);
 	tcase_add_test(tc, float64_graph);
 	tcase_add_test(tc, hash_invariance);
+	tcase_add_test(tc, hash_named);
 	tcase_add_test(tc, sha256_vectors);
 	tcase_add_test(tc, tensor_decode);
 	tcase_add_test(tc, tensor_values_checked_before_allocation);

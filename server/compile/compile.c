@@ -654,7 +654,8 @@ static void compile_kernel(const struct kernel_batch *kb, const ap_kernel_src *k
 	}
 	out->compiled = true;
 	ap_sha256(out->data, out->len, out->digest);
-	ap_cache_kernel_put(kb->c->cache, key, out->data, out->len, NULL);
+	if (kb->use_cache)
+		ap_cache_kernel_put(kb->c->cache, key, out->data, out->len, NULL);
 }
 
 static void compile_one(struct kernel_batch *kb, int i)
@@ -1058,7 +1059,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	ap_program *prog = NULL;
 	struct kblob *blobs = NULL;
 	Apollo__Bundle *b = NULL;
-	uint8_t graph_hash[32], gkey[32], rkey[32];
+	uint8_t graph_hash[32], named_hash[32], gkey[32], rkey[32];
 	bool have_rkey = false, oom = false;
 	char bid[400];
 	double t, backend_ms;
@@ -1132,8 +1133,12 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	}
 	r->import_ms = ap_now_ms() - t;
 
-	ap_graph_hash(g, graph_hash);
-	ap_compile_graph_key(graph_hash, r->target, r->output, req->options, bid, gkey);
+	/* The key hashes names too: the bundle binds params by name. */
+	if (ap_graph_hash(g, graph_hash) || ap_graph_hash_named(g, named_hash)) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory hashing the graph");
+		goto done;
+	}
+	ap_compile_graph_key(named_hash, r->target, r->output, req->options, bid, gkey);
 	if ((b = lookup(c, r, gkey))) {
 		if (have_rkey) {
 			size_t len = 0;
@@ -1214,7 +1219,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	b->stats->kernels_compiled = compiled;
 	b->stats->cache_hit = 0;
 
-	if (ap_cache_enabled(c->cache)) {
+	if (r->use_cache) {   /* no_cache: neither read nor write */
 		size_t len = 0;
 		uint8_t *val;
 

@@ -5,7 +5,8 @@
  *   target + output kind checked  -> ERR_UNSUPPORTED for anything else
  *   graph: ap_graph_from_pb + ap_graph_validate
  *   onnx_model: ap_onnx_import with the request's bindings
- *   graph key (inputs only, see ap_compile_graph_key) -> action cache:
+ *   graph key (inputs only, names included, see ap_compile_graph_key)
+ *     -> action cache (not read nor written with options.no_cache):
  *     hit: the stored bundle, kernel blobs fetched by digest and verified,
  *          stats.cache_hit = true, nothing compiled
  *   ap_program_build (partition, fuse, lower, print, plan)
@@ -69,7 +70,8 @@ void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out);
  * keys hash the kernel source itself and are shared across builds. */
 const char *ap_compiler_backend_id(const ap_compiler *c, bool gpu);
 
-/* Graph key: canonical graph hash, target ("sm_90a"), output kind
+/* Graph key: the graph's named canonical hash (ap_graph_hash_named: a
+ * bundle binds params by name), target ("sm_90a"), output kind
  * (resolved: never OUTPUT_DEFAULT), backend id, AP_VERSION, the schema
  * version and every option that can change the answer (cache_namespace,
  * max_block_threads, fusion level, fusion_barriers and keep_whole as
