@@ -44,7 +44,9 @@ static const ap_config_option options[] = {
 	{ "cache", STR(cache), "", 0, 0, NULL,
 	  "SQLite cache file (created with its directories).  Empty: "
 	  "$XDG_CACHE_HOME/apollo/cache.db, else ~/.cache/apollo/cache.db.  \"off\": "
-	  "no cache.  A cache that cannot be opened only disables caching." },
+	  "no cache.  A cache that cannot be opened only disables caching; a file that "
+	  "is not a database (garbage, truncated, corrupt) is moved aside as "
+	  "PATH.corrupt-TIME and replaced by a new cache." },
 	{ "workers", NUM(AP_CFG_INT, workers), "0", 0, 256, NULL,
 	  "Worker threads that run compile jobs (also the NVRTC / cc processes one "
 	  "request runs in parallel).  0: one per CPU." },

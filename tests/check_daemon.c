@@ -2081,6 +2081,43 @@ START_TEST(cache_key_covers_weight_names)
 }
 END_TEST
 
+/* Issue 11, item 9: a cache file that is not a database left the daemon
+ * without a cache on every restart until someone removed it. */
+START_TEST(garbage_cache_file_replaced_on_start)
+{
+	daemon_t d;
+	char dir[64], path[160];
+	Apollo__Graph *g = add_relu(28);
+	Apollo__Envelope *r;
+	FILE *f;
+	int fd;
+
+	snprintf(dir, sizeof(dir), "/tmp/apollo-daemon-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/cache", dir);
+	ck_assert_int_eq(mkdir(path, 0700), 0);
+	snprintf(path, sizeof(path), "%s/cache/cache.db", dir);
+	f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	for (int i = 0; i < 10000; i++)
+		fputc("garbage! "[i % 9], f);
+	fclose(f);
+	daemon_start_in(&d, dir, NULL, NULL);
+	fd = connect_unix(d.sock);
+	r = compile(fd, 1, g, NULL);
+	ck_assert(!bundle_ok(r, "cpu")->stats->cache_hit);
+	apollo__envelope__free_unpacked(r, NULL);
+	r = compile(fd, 2, g, NULL);
+	ck_assert_msg(bundle_ok(r, "cpu")->stats->cache_hit, "the daemon runs without a cache");
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+	ck_assert(log_has(&d, "moved it to"));
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
 static Suite *daemon_suite(void)
 {
 	Suite *s = suite_create("daemon");
@@ -2116,6 +2153,7 @@ static Suite *daemon_suite(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, daemon_import_counts_before_allocating);
 	tcase_add_test(tc, cache_key_covers_weight_names);
+	tcase_add_test(tc, garbage_cache_file_replaced_on_start);
 	suite_add_tcase(s, tc);
 	return s;
 }
