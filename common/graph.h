@@ -260,5 +260,13 @@ void ap_sha256_update(ap_sha256_ctx *c, const void *buf, size_t len);
 void ap_sha256_final(__ap_take ap_sha256_ctx *c, uint8_t out[32]);
 /* 64 lowercase hex chars + NUL. */
 void ap_hex(const uint8_t *in, size_t n, char *out);
+/* HMAC-SHA256 of the concatenated parts (n of them) with `key`: 0 or
+ * AP_ENOMEM; see hash.c. */
+int ap_hmac_sha256(const void *key, size_t key_len, const void *const *parts,
+		   const size_t *lens, int n, uint8_t out[32]);
+/* `n` random bytes (OS CSPRNG): 0 or AP_EIO. */
+int ap_random_bytes(uint8_t *buf, size_t n);
+/* Constant-time equality of n bytes. */
+bool ap_mem_equal_ct(const void *a, const void *b, size_t n);
 
 #endif
