@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "client/apollo.h"
@@ -521,6 +522,88 @@ START_TEST(busy_reason_after_broken_pipe)
 	ck_assert_int_eq(ap_client_ping(r.c, NULL, 0, &err), AP_EBUSY);
 	ck_assert_str_eq(err.msg, "apollod serves at most 1 clients at once");
 	r.c = ap_client_free(r.c);
+}
+END_TEST
+
+/* A listener that serves each connection one Hello and one more request,
+ * then closes it, as apollod does with a connection idle for too long. */
+struct idle_server {
+	int listener, accepted;
+};
+
+static void *idle_server_main(void *arg)
+{
+	struct idle_server *sv = arg;
+
+	for (int k = 0; k < 2; k++) {
+		int c = accept(sv->listener, NULL, NULL);
+
+		if (c < 0)
+			break;
+		sv->accepted++;
+		for (int i = 0; i < 2; i++) {
+			uint8_t *buf;
+			uint32_t len;
+			Apollo__Envelope *req, rep = APOLLO__ENVELOPE__INIT;
+			Apollo__HelloReply hr = APOLLO__HELLO_REPLY__INIT;
+			Apollo__PingReply pr = APOLLO__PING_REPLY__INIT;
+
+			if (ap_client_read_frame(c, 1 << 20, &buf, &len, NULL) < 0)
+				break;
+			req = apollo__envelope__unpack(NULL, len, buf);
+			free(buf);
+			rep.id = req->id;
+			if (req->msg_case == APOLLO__ENVELOPE__MSG_HELLO) {
+				hr.schema_version = 1;
+				hr.server = "idle";
+				rep.msg_case = APOLLO__ENVELOPE__MSG_HELLO_REPLY;
+				rep.hello_reply = &hr;
+			} else {
+				pr.server = "idle";
+				rep.msg_case = APOLLO__ENVELOPE__MSG_PONG;
+				rep.pong = &pr;
+			}
+			apollo__envelope__free_unpacked(req, NULL);
+			send_env(c, &rep);
+		}
+		close(c);
+	}
+	return NULL;
+}
+
+/* The daemon closes a connection idle for idle_timeout_ms; the next call
+ * opens a new one by itself and repeats its request. */
+START_TEST(reconnects_after_idle_close)
+{
+	char dir[] = "/tmp/apollo-client-XXXXXX", path[96];
+	struct sockaddr_un a;
+	struct idle_server sv = { 0 };
+	pthread_t tid;
+	ap_client *c;
+	ap_error err;
+	char server[32];
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/s", dir);
+	memset(&a, 0, sizeof(a));
+	a.sun_family = AF_UNIX;
+	memcpy(a.sun_path, path, strlen(path) + 1);
+	sv.listener = socket(AF_UNIX, SOCK_STREAM, 0);
+	ck_assert_int_eq(bind(sv.listener, (struct sockaddr *)&a, sizeof(a)), 0);
+	ck_assert_int_eq(listen(sv.listener, 4), 0);
+	ck_assert_int_eq(pthread_create(&tid, NULL, idle_server_main, &sv), 0);
+	c = ap_client_connect(path, &err);
+	ck_assert_msg(c != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_client_ping(c, server, sizeof(server), &err), 0);
+	/* the server has closed the connection now; the next ping reconnects */
+	ck_assert_msg(ap_client_ping(c, server, sizeof(server), &err) == 0, "%s", err.msg);
+	ck_assert_str_eq(server, "idle");
+	ap_client_free(c);
+	pthread_join(tid, NULL);
+	ck_assert_int_eq(sv.accepted, 2);
+	close(sv.listener);
+	unlink(path);
+	rmdir(dir);
 }
 END_TEST
 
@@ -1347,6 +1430,7 @@ static Suite *client_suite(void)
 	tcase_add_test(tc, version_mismatch);
 	tcase_add_test(tc, token_handshake);
 	tcase_add_test(tc, busy_reason_after_broken_pipe);
+	tcase_add_test(tc, reconnects_after_idle_close);
 	tcase_add_test(tc, submit_graph_and_accessors);
 	tcase_add_test(tc, submit_error_reply);
 	tcase_add_test(tc, bad_replies);
