@@ -82,9 +82,12 @@ $(BUILD)/apollod: $(call obj,server/main.c) $(LIBS)
 $(BUILD)/apollo-client: $(call obj,client/apollo-client.c) $(LIBS)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
+# check_faults fails allocations on purpose: Apollo's own calls go through
+# its __wrap_* functions (tests/check_faults.c).
+$(BUILD)/tests/check_faults: TEST_LDFLAGS = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=strdup
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(CHECK_LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $(TEST_LDFLAGS) -o $@ $< $(LIBS) $(CHECK_LIBS) $(LDLIBS_ALL)
 
 # --- tests ------------------------------------------------------------------
 # Unit and integration suites (check), then the script tests under tests/

@@ -32,6 +32,7 @@
  * wrong; no state outlives a call, so concurrent imports are independent.
  */
 #include "onnx_internal.h"
+#include "pb_budget.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -42,6 +43,11 @@
 #define NAME_CAP 256
 #define MAX_INTS 16          /* longest INTS attribute the importer builds */
 #define MAX_RANGE_ELEMS ((int64_t)1 << 20)   /* a Range is data: 8 MiB at most */
+/* A model may take this many times its size once decoded, plus 16 MiB:
+ * weights decode at 1x, structure at 2-18x (the backend-test models);
+ * crafted bytes would take much more (issue 11, item 6). */
+#define MODEL_DECODE_RATIO 16
+#define MODEL_DECODE_FLOOR ((size_t)16 << 20)
 
 /* ---- what the importer knows of an ONNX value ---------------------------- */
 
@@ -2412,8 +2418,10 @@ static int import_inputs(imp *im, const Onnx__GraphProto *g, const ap_host_tenso
 				return AP_ENOMEM;
 			t = ap_graph_add_tensor(im->g, tn, sh.dtype, sh.rank, sh.dims, AP_TENSOR_INPUT,
 						NULL, 0);
+			if (t < 0)
+				return nomem(im);
 			p = realloc(im->g->inputs, (size_t)(im->g->n_inputs + 1) * sizeof(int));
-			if (t < 0 || !p)
+			if (!p)
 				return nomem(im);
 			im->g->inputs = p;
 			im->g->inputs[im->g->n_inputs++] = t;
@@ -2508,6 +2516,7 @@ __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
 				   __ap_give ap_params **params, ap_error *err)
 {
 	Onnx__ModelProto *m;
+	ap_pb_budget budget;
 	imp im;
 	ap_error local;
 	int rc;
@@ -2519,7 +2528,14 @@ __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
 	ap_error_clear(err);
 	memset(&im, 0, sizeof(im));
 	im.err = err;
-	m = onnx__model_proto__unpack(NULL, len, buf);
+	ap_pb_budget_init(&budget, ap_pb_decode_limit(len, MODEL_DECODE_RATIO, MODEL_DECODE_FLOOR));
+	m = onnx__model_proto__unpack(&budget.allocator, len, buf);
+	if (!m && budget.exceeded) {
+		ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
+			     "a %zu-byte ONNX model would take more than %zu bytes to decode", len,
+			     budget.limit);
+		return NULL;
+	}
 	if (!m) {
 		ap_error_set(err, AP_EMESSAGE, NULL, NULL,
 			     "%zu bytes do not decode as an ONNX ModelProto", len);

@@ -12,6 +12,7 @@
  * bytes received.
  */
 #include "onnx_internal.h"
+#include "pb_budget.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -187,9 +188,19 @@ __ap_give ap_host_tensor *ap__onnx_tensor_from_proto(const Onnx__TensorProto *tp
  * external data), AP_EINVAL (data does not match dims), AP_ETOOLARGE. */
 __ap_give ap_host_tensor *ap_onnx_tensor_decode(const uint8_t *buf, size_t len, ap_error *err)
 {
-	Onnx__TensorProto *tp = onnx__tensor_proto__unpack(NULL, len, buf);
+	ap_pb_budget budget;
+	Onnx__TensorProto *tp;
 	ap_host_tensor *t;
 
+	/* typed values decode at up to 8x (one byte of varint per int64) */
+	ap_pb_budget_init(&budget, ap_pb_decode_limit(len, 16, (size_t)1 << 20));
+	tp = onnx__tensor_proto__unpack(&budget.allocator, len, buf);
+	if (!tp && budget.exceeded) {
+		ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
+			     "a %zu-byte TensorProto would take more than %zu bytes to decode", len,
+			     budget.limit);
+		return NULL;
+	}
 	if (!tp) {
 		ap_error_set(err, AP_EMESSAGE, NULL, NULL,
 			     "%zu bytes do not decode as an onnx.TensorProto", len);

@@ -1728,8 +1728,10 @@ static int compute_subgraphs(ap_partition *part)
 		part->groups[i].subgraph = num[s];
 	}
 	part->subgraphs = calloc((size_t)part->n_subgraphs + 1, sizeof(ap_subgraph));
-	if (!part->subgraphs)
+	if (!part->subgraphs) {
+		part->n_subgraphs = 0;
 		goto out;
+	}
 	for (int e = 0; e < ne; e++) {
 		int a = part->groups[eu[e]].subgraph, b = part->groups[ev[e]].subgraph;
 
