@@ -36,7 +36,8 @@ TESTS       := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
 LIBS := $(BUILD)/libapserver.a $(BUILD)/libapollo-client.a $(BUILD)/libapcommon.a
 
-.PHONY: all deps check check-unit check-scripts check-ub check-asan san-all demo bench clean help
+.PHONY: all deps check check-unit check-scripts check-ub check-asan san-all fuzz fuzz-build \
+	demo bench clean help
 # Keep generated headers and test objects: they are not throw-away intermediates.
 .SECONDARY:
 all: $(BUILD)/apollod $(BUILD)/apollo-client $(TESTS)
@@ -46,6 +47,7 @@ help:
 	@echo "make all     build apollod, apollo-client and the test suites into $(BUILD)/"
 	@echo "make check   deps + build + every test (unit suites, integration, conformance)"
 	@echo "make check-asan  build into $(SAN_BUILD)/ with AddressSanitizer + UBSan, run the suites and conformance"
+	@echo "make fuzz    build the libFuzzer harnesses (clang) into $(FUZZ_BUILD)/, run each $(FUZZ_SECONDS) s"
 	@echo "make demo    deps + build + start apollod + submit a real model twice"
 	@echo "make bench   cold/warm compile benchmark over ../shared/testdata/models"
 	@echo "make clean   remove $(BUILD)/"
@@ -132,6 +134,32 @@ check-asan: deps
 	@$(SAN_ENV) sh tools/run-suites.sh $(patsubst $(BUILD)/%,$(SAN_BUILD)/%,$(TESTS))
 	@$(SAN_ENV) sh tests/conformance.sh
 
+# --- fuzzing ------------------------------------------------------------------------
+# libFuzzer harnesses (tests/fuzz/fuzz_*.c) over the same sources, built by
+# clang into $(FUZZ_BUILD) with AddressSanitizer + UBSan; seeds from
+# ../shared/testdata (tests/fuzz/make-seeds.sh); each runs FUZZ_SECONDS.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_OPT := -O1 -g -fno-omit-frame-pointer \
+	    -fsanitize=fuzzer-no-link,address,undefined,float-cast-overflow -fno-sanitize-recover=all
+FUZZERS := envelope onnx tensor bundle compile
+
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(LIBS)
+	$(CC) $(CFLAGS_ALL) -fsanitize=fuzzer -o $@ $< $(LIBS) $(LDLIBS_ALL)
+$(BUILD)/fuzz-seeds: tests/fuzz/seeds.c $(LIBS)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
+
+fuzz-build:
+	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) OPT="$(FUZZ_OPT)" \
+		$(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZERS))
+
+fuzz: deps
+	@$(MAKE) --no-print-directory -j$(JOBS) all $(BUILD)/fuzz-seeds
+	@$(MAKE) --no-print-directory fuzz-build
+	@APOLLO_BUILD=$(abspath $(BUILD)) sh tests/fuzz/make-seeds.sh $(FUZZ_BUILD)/seeds
+	@sh tools/run-fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZERS)
+
 demo: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@APOLLO_BUILD=$(abspath $(BUILD)) sh tools/demo.sh
@@ -140,6 +168,6 @@ bench: all
 	@APOLLO_BUILD=$(abspath $(BUILD)) sh bench/run.sh
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) $(FUZZ_BUILD)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -289,6 +289,11 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 	return 0;
 }
 
+int ap_runtime_check(const ap_bundle *bundle, ap_error *err)
+{
+	return check_bundle(ap_bundle_pb(bundle), err);
+}
+
 /* ---- host: loading shared objects ------------------------------------------------ */
 
 /* Loads one shared object from memory.  The memfd stays open (returned in
@@ -777,7 +782,7 @@ ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *op
 	ap_runtime *rt;
 	int threads = opt ? opt->threads : 0;
 
-	if (check_bundle(b, err) < 0)
+	if (ap_runtime_check(bundle, err) < 0)
 		return NULL;
 	if (strcmp(target, "cpu") != 0 && !is_gpu_target(target)) {
 		ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,

@@ -60,6 +60,7 @@ struct ap_compiler {
 	unsigned n_helpers;
 	pthread_t *helpers;
 	unsigned delay_ms;       /* $APOLLO_TEST_COMPILE_DELAY_MS: tests only */
+	bool stop_before_backend;   /* tests and fuzzing only (compile.h) */
 	unsigned refuse_nodes;   /* $APOLLO_TEST_REFUSE_KERNEL_NODES: tests only */
 	char cc_id[256];
 	char nvrtc_id[64];
@@ -126,6 +127,7 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 		return NULL;
 	c->cache = cache;
 	c->threads = opt && opt->threads ? opt->threads : 1;
+	c->stop_before_backend = opt && opt->stop_before_backend;
 	if (c->threads > 256)
 		c->threads = 256;
 	if (delay && *delay)
@@ -1172,6 +1174,10 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	prog = ap_program_build(g, &bo, err);
 	if (!prog) {
 		rc = err->code ? err->code : AP_EINTERNAL;
+		goto done;
+	}
+	if (c->stop_before_backend) {
+		rc = ap_error_set(err, AP_EINTERNAL, NULL, NULL, "stopped before the backend");
 		goto done;
 	}
 

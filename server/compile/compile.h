@@ -38,6 +38,10 @@ typedef struct ap_compiler ap_compiler;
 
 typedef struct ap_compiler_options {
 	unsigned threads;    /* backend compiles one request runs at once; 0 = 1 */
+	bool stop_before_backend;  /* tests and fuzzing: end each request after
+				      ap_program_build (kernel IR and sources
+				      made, nothing compiled or stored) with
+				      ERR_INTERNAL "stopped before the backend" */
 } ap_compiler_options;
 
 /* Creates the compiler over `cache` (borrowed; must outlive the compiler;
