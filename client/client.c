@@ -28,7 +28,6 @@
 #include "apollo.h"
 
 #include <errno.h>
-#include <limits.h>
 #include <netdb.h>
 #include <pwd.h>
 #include <netinet/in.h>
