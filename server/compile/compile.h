@@ -79,15 +79,16 @@ const char *ap_compiler_backend_id(const ap_compiler *c, bool gpu);
  * (resolved: never OUTPUT_DEFAULT), backend id, AP_VERSION, the schema
  * version and every option that can change the answer (cache_namespace,
  * max_block_threads, fusion level, fusion_barriers and keep_whole as
- * sets; not no_cache), each length-prefixed.  `opt` may be NULL. */
+ * sets; not no_cache), each length-prefixed.  `opt` may be NULL.
+ * 0, or AP_ENOMEM (no key: it must not be used). */
 struct Apollo__CompileOptions;
-void ap_compile_graph_key(const uint8_t graph_hash[32], const char *target, int output,
-			  const struct Apollo__CompileOptions *opt, const char *backend_id,
-			  uint8_t key[32]);
+int ap_compile_graph_key(const uint8_t graph_hash[32], const char *target, int output,
+			 const struct Apollo__CompileOptions *opt, const char *backend_id,
+			 uint8_t key[32]);
 /* Kernel key: kernel source, entry name, target, output kind, backend id
- * and AP_VERSION, each length-prefixed. */
-void ap_compile_kernel_key(const char *src, const char *entry, const char *target, int output,
-			   const char *backend_id, uint8_t key[32]);
+ * and AP_VERSION, each length-prefixed.  0 or AP_ENOMEM. */
+int ap_compile_kernel_key(const char *src, const char *entry, const char *target, int output,
+			  const char *backend_id, uint8_t key[32]);
 
 /* Parses a target: 0 and *gpu / *output_resolved set, or AP_EUNSUPPORTED
  * with `err` saying why ("cpu"; "sm_NN[a-z]" cubin or ptx; "compute_NN[a-z]"

@@ -30,7 +30,8 @@ static void key_of(const ap_graph *g, const Apollo__CompileRequest *req, uint8_t
 		memset(key, 0, 32);
 		return;
 	}
-	ap_compile_graph_key(named, "cpu", 3, req->options, "fuzz", key);
+	if (ap_compile_graph_key(named, "cpu", 3, req->options, "fuzz", key))
+		memset(key, 0, 32);
 }
 
 static void one_graph(const Apollo__CompileRequest *req)
