@@ -266,6 +266,9 @@ static int read_envelope(ap_client *c, Apollo__Envelope **out, ap_error *err, bo
 		return ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
 				    "apollod's reply (%u bytes) would take more than %zu bytes to decode",
 				    len, budget.limit);
+	if (!*out && budget.out_of_memory)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL,
+				    "out of memory decoding apollod's %u-byte reply", len);
 	if (!*out)
 		return ap_error_set(err, AP_EMESSAGE, NULL, NULL,
 				    "apollod's reply (%u bytes) does not decode as an apollo.Envelope",

@@ -2530,6 +2530,10 @@ __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
 	im.err = err;
 	ap_pb_budget_init(&budget, ap_pb_decode_limit(len, MODEL_DECODE_RATIO, MODEL_DECODE_FLOOR));
 	m = onnx__model_proto__unpack(&budget.allocator, len, buf);
+	if (!m && budget.out_of_memory) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory decoding the ONNX model");
+		return NULL;
+	}
 	if (!m && budget.exceeded) {
 		ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
 			     "a %zu-byte ONNX model would take more than %zu bytes to decode", len,

@@ -17,8 +17,13 @@ static void *budget_alloc(void *data, size_t size)
 		b->exceeded = true;
 		return NULL;
 	}
+	void *p;
+
 	b->used += cost;
-	return malloc(size);
+	p = malloc(size);
+	if (!p)
+		b->out_of_memory = true;
+	return p;
 }
 
 static void budget_free(void *data, void *p)
@@ -34,6 +39,7 @@ void ap_pb_budget_init(ap_pb_budget *b, size_t limit)
 	b->limit = limit;
 	b->used = 0;
 	b->exceeded = false;
+	b->out_of_memory = false;
 }
 
 size_t ap_pb_decode_limit(size_t len, unsigned ratio, size_t floor)

@@ -7,7 +7,7 @@
  * allocator's own overhead per block) and refuses the allocation that
  * would exceed its limit: the unpacker then frees what it built and
  * returns NULL, and `exceeded` tells that apart from bytes that do not
- * decode.  So decoding costs at most `limit`, checked as it goes, before
+ * decode (as `out_of_memory` tells a failing malloc).  So decoding costs at most `limit`, checked as it goes, before
  * the rest is allocated.  Messages decoded with it are freed with
  * free_unpacked(msg, NULL) as usual (the blocks are plain malloc blocks).
  * One budget per decode call; not thread-safe.
@@ -24,6 +24,7 @@ typedef struct ap_pb_budget {
 	size_t limit;                  /* bytes */
 	size_t used;                   /* bytes asked for so far, overhead included */
 	bool exceeded;                 /* an allocation was refused for the limit */
+	bool out_of_memory;            /* malloc itself failed */
 } ap_pb_budget;
 
 /* A budget of `limit` bytes. */

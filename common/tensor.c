@@ -195,6 +195,10 @@ __ap_give ap_host_tensor *ap_onnx_tensor_decode(const uint8_t *buf, size_t len, 
 	/* typed values decode at up to 8x (one byte of varint per int64) */
 	ap_pb_budget_init(&budget, ap_pb_decode_limit(len, 16, (size_t)1 << 20));
 	tp = onnx__tensor_proto__unpack(&budget.allocator, len, buf);
+	if (!tp && budget.out_of_memory) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory decoding a TensorProto");
+		return NULL;
+	}
 	if (!tp && budget.exceeded) {
 		ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
 			     "a %zu-byte TensorProto would take more than %zu bytes to decode", len,

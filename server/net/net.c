@@ -202,7 +202,7 @@ struct decode {
 	uint32_t len;
 	unsigned ratio;          /* decode_memory_ratio */
 	Apollo__Envelope *env;   /* the result; NULL when it does not decode */
-	bool too_large;          /* ... because it would take more memory */
+	int why;                 /* ... and why (decode_envelope) */
 };
 
 static void conn_close(conn *c);
@@ -231,17 +231,18 @@ static uint8_t *pack_frame(const Apollo__Envelope *env, size_t *len)
 }
 
 /* Decodes an Envelope of `len` bytes within the daemon's decode budget;
- * NULL when it does not decode, with *too_large when that is for want of
- * budget.  Called on the loop or a worker thread. */
+ * NULL when it does not, with *why AP_ETOOLARGE (the budget ran out),
+ * AP_ENOMEM or AP_EMESSAGE (bytes that do not decode).  Called on the
+ * loop or a worker thread. */
 static Apollo__Envelope *decode_envelope(const uint8_t *payload, uint32_t len, unsigned ratio,
-					 bool *too_large)
+					 int *why)
 {
 	ap_pb_budget b;
 	Apollo__Envelope *env;
 
 	ap_pb_budget_init(&b, ap_pb_decode_limit(len, ratio, DECODE_FLOOR));
 	env = apollo__envelope__unpack(&b.allocator, len, payload);
-	*too_large = !env && b.exceeded;
+	*why = env ? 0 : b.exceeded ? AP_ETOOLARGE : b.out_of_memory ? AP_ENOMEM : AP_EMESSAGE;
 	return env;
 }
 
@@ -662,9 +663,9 @@ static void handle_ping(conn *c, uint64_t id)
 }
 
 /* One decoded frame of `len` payload bytes: `env` (consumed), NULL when the
- * payload did not decode as an Envelope (`too_large`: within the decode
- * budget). */
-static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, bool too_large)
+ * payload did not decode as an Envelope, for the reason `why`
+ * (decode_envelope). */
+static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why)
 {
 	ap_server *s = c->srv;
 	char msg[200];
@@ -672,16 +673,18 @@ static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, bool too_larg
 	s->requests++;
 	c->t_active = uv_now(&s->loop);
 	if (!env) {
-		if (too_large)
+		if (why == AP_ETOOLARGE)
 			snprintf(msg, sizeof(msg),
 				 "a frame of %u bytes would take more than %zu bytes of memory once "
 				 "decoded (decode_memory_ratio %u)", len,
 				 ap_pb_decode_limit(len, s->decode_ratio, DECODE_FLOOR), s->decode_ratio);
+		else if (why == AP_ENOMEM)
+			snprintf(msg, sizeof(msg), "out of memory decoding a frame of %u bytes", len);
 		else
 			snprintf(msg, sizeof(msg),
 				 "a frame of %u bytes does not decode as an apollo.Envelope", len);
-		send_error(c, 0, too_large ? AP_ETOOLARGE : AP_EMESSAGE, msg);
-		if (too_large)
+		send_error(c, 0, why, msg);
+		if (why != AP_EMESSAGE)
 			trim_heap();
 		if (c->is_tcp && !c->authed)
 			conn_shutdown(c);
@@ -723,7 +726,7 @@ static void work_decode(uv_work_t *req)
 {
 	struct decode *d = req->data;
 
-	d->env = decode_envelope(d->payload, d->len, d->ratio, &d->too_large);
+	d->env = decode_envelope(d->payload, d->len, d->ratio, &d->why);
 	free(d->payload);
 	d->payload = NULL;
 }
@@ -760,7 +763,7 @@ static void after_decode(uv_work_t *req, int status)
 		       d->len);
 		apollo__envelope__free_unpacked(d->env, NULL);
 	} else {
-		dispatch(c, d->env, d->len, d->too_large);
+		dispatch(c, d->env, d->len, d->why);
 	}
 	free(d);
 	/* Before resuming: once draining, frames are decoded inline, so the
@@ -803,13 +806,13 @@ static bool start_decode(conn *c, uint8_t *payload, uint32_t len)
 static void handle_frame(conn *c, uint8_t *payload, uint32_t len)
 {
 	Apollo__Envelope *env;
-	bool too_large;
+	int why;
 
 	if (start_decode(c, payload, len))
 		return;
-	env = decode_envelope(payload, len, c->srv->decode_ratio, &too_large);
+	env = decode_envelope(payload, len, c->srv->decode_ratio, &why);
 	free(payload);
-	dispatch(c, env, len, too_large);
+	dispatch(c, env, len, why);
 }
 
 /* Feeds `n` received bytes through the frame state machine.  When a frame
