@@ -50,7 +50,7 @@ help:
 	@echo "make fuzz    build the libFuzzer harnesses (clang) into $(FUZZ_BUILD)/, run each $(FUZZ_SECONDS) s"
 	@echo "make demo    deps + build + start apollod + submit a real model twice"
 	@echo "make bench   cold/warm compile benchmark over ../shared/testdata/models"
-	@echo "make clean   remove $(BUILD)/"
+	@echo "make clean   remove $(BUILD)/, $(SAN_BUILD)/ and $(FUZZ_BUILD)/"
 
 deps:
 	@sh tools/deps.sh
