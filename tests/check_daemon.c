@@ -2636,6 +2636,7 @@ START_TEST(foreign_daemon_refused)
 		struct sockaddr_un a;
 		int l;
 
+		alarm(120);   /* never outlives the test, whatever happens to it */
 		if (setgid(65534) || setuid(65534))
 			_exit(3);
 		l = socket(AF_UNIX, SOCK_STREAM, 0);
