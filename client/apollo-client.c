@@ -14,7 +14,9 @@
  *   apollo-client stats
  * Every subcommand takes --socket PATH (else $APOLLO_SOCKET, else the
  * default socket; "HOST:PORT" for TCP, with --token SECRET or
- * $APOLLO_TOKEN when the daemon wants one).
+ * $APOLLO_TOKEN, which TCP requires) and --daemon-user USER (else
+ * $APOLLO_DAEMON_USER): on a Unix socket the daemon must run as you, as
+ * root, or as that user, or the client refuses it (issue 11).
  *
  * An ONNX model is imported here, on the client (ap_onnx_import): its
  * weights stay in this process and only the Graph travels.  `check` runs the
@@ -48,6 +50,7 @@
 
 static const char *g_socket;   /* --socket; NULL = default */
 static const char *g_token;    /* --token, else $APOLLO_TOKEN (TCP) */
+static const char *g_daemon_user; /* --daemon-user; NULL = $APOLLO_DAEMON_USER */
 
 static void usage(FILE *f)
 {
@@ -63,8 +66,10 @@ static void usage(FILE *f)
 	      "  apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n"
 	      "  apollo-client ping\n"
 	      "  apollo-client stats\n"
-	      "every subcommand takes --socket PATH (default $APOLLO_SOCKET, else /tmp/apollod-<uid>.sock;\n"
-	      "HOST:PORT for TCP, with --token SECRET or $APOLLO_TOKEN)\n",
+	      "every subcommand takes --socket PATH (default $APOLLO_SOCKET, else\n"
+	      "$XDG_RUNTIME_DIR/apollod.sock, else /tmp/apollod-<uid>/apollod.sock; HOST:PORT for TCP,\n"
+	      "with --token SECRET or $APOLLO_TOKEN) and --daemon-user USER (default $APOLLO_DAEMON_USER:\n"
+	      "a daemon on a Unix socket must run as you, as root or as USER)\n",
 	      f);
 }
 
@@ -293,7 +298,9 @@ static ap_graph *import_model(const uint8_t *buf, size_t len, const bindings *b,
 
 static ap_client *connect_daemon(ap_error *err)
 {
-	return ap_client_connect_token(g_socket, g_token, err);
+	ap_connect_options o = { .token = g_token, .daemon_user = g_daemon_user };
+
+	return ap_client_connect_opts(g_socket, &o, err);
 }
 
 /* ---- submit / convert ---------------------------------------------------------------- */
@@ -1264,6 +1271,12 @@ int main(int argc, char **argv)
 				return usage_error("--token wants a value");
 			}
 			g_token = argv[++i];
+		} else if (!strcmp(argv[i], "--daemon-user")) {
+			if (i + 1 >= argc) {
+				free(rest);
+				return usage_error("--daemon-user wants a user name or uid");
+			}
+			g_daemon_user = argv[++i];
 		} else if (!cmd && (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))) {
 			usage(stdout);
 			free(rest);

@@ -2,8 +2,10 @@
  * through the driver API loaded with dlopen (see runtime.h).
  *
  * ap_runtime_new first checks the whole bundle against itself (indices,
- * counts, dtypes, sizes, workspace bounds) so that running it can only fail
- * in a kernel; then it loads the kernels and allocates the buffers.  The
+ * counts, dtypes, sizes, workspace bounds, and every kernel blob against
+ * its SHA-256 digest, before anything is loaded: a blob is native code) so
+ * that running it can only fail in a kernel; then it loads the kernels and
+ * allocates the buffers.  The
  * host path keeps one pointer per buffer (intermediates point into the one
  * workspace) and a small thread pool: for each launch the main thread and
  * the workers take chunks of the block range from an atomic counter until
@@ -233,6 +235,19 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 		if (kk->blob.len == 0)
 			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
 					    "kernel '%s' has an empty blob", kk->name);
+		{
+			uint8_t d[32];
+
+			if (kk->digest.len != 32)
+				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+						    "kernel '%s' carries no SHA-256 digest of its blob",
+						    kk->name);
+			ap_sha256(kk->blob.data, kk->blob.len, d);
+			if (memcmp(d, kk->digest.data, 32))
+				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+						    "kernel '%s': its blob does not match its digest; "
+						    "not loading it", kk->name);
+		}
 		for (size_t p = 0; p < kk->n_params; p++)
 			if (!kk->params[p])
 				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
@@ -273,6 +288,11 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 		}
 	}
 	return 0;
+}
+
+int ap_runtime_check(const ap_bundle *bundle, ap_error *err)
+{
+	return check_bundle(ap_bundle_pb(bundle), err);
 }
 
 /* ---- host: loading shared objects ------------------------------------------------ */
@@ -764,7 +784,7 @@ ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *op
 	ap_runtime *rt;
 	int threads = opt ? opt->threads : 0;
 
-	if (check_bundle(b, err) < 0)
+	if (ap_runtime_check(bundle, err) < 0)
 		return NULL;
 	if (strcmp(target, "cpu") != 0 && !is_gpu_target(target)) {
 		ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,

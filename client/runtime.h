@@ -39,15 +39,23 @@ typedef struct ap_runtime_options {
 	bool profile;  /* time every launch (GPU: synchronising after each one) */
 } ap_runtime_options;
 
-/* Checks the bundle (every kernel, launch argument and buffer index in
- * range; grid/block of 3 values each and non-zero; kernel parameter count
- * equal to each launch's argument count; argument dtype equal to the
- * buffer's; intermediates inside the workspace; buffer bytes equal to dims x
- * dtype size), loads its kernels and allocates its buffers.  `opt` may be
- * NULL.  Returns NULL with `err`: AP_EINVAL (a malformed bundle, naming the
- * kernel or buffer), AP_EUNSUPPORTED (a target this runtime cannot run, or
- * no CUDA driver / device: the message says which), AP_ECOMPILE (dlopen,
- * dlsym or cuModuleLoadData failed), AP_ETOOLARGE, AP_ENOMEM, AP_EIO. */
+/* Checks the bundle against itself, loading nothing: every kernel, launch
+ * argument and buffer index in range; grid/block of 3 values each and
+ * non-zero; kernel parameter count equal to each launch's argument count;
+ * argument dtype equal to the buffer's; intermediates inside the
+ * workspace; buffer bytes equal to dims x dtype size; every blob equal to
+ * its SHA-256 digest (a blob is native code: one that is not the bytes the
+ * daemon named is never loaded; the digest proves integrity, not who made
+ * the bundle -- that is the connection's business, see apollo.h).
+ * 0, or AP_EINVAL / AP_ETOOLARGE naming the kernel or buffer. */
+int ap_runtime_check(__ap_keep const ap_bundle *b, ap_error *err);
+
+/* ap_runtime_check, then loads the bundle's kernels and allocates its
+ * buffers.  `opt` may be NULL.  Returns NULL with `err`: AP_EINVAL (a
+ * malformed bundle, naming the kernel or buffer), AP_EUNSUPPORTED (a target
+ * this runtime cannot run, or no CUDA driver / device: the message says
+ * which), AP_ECOMPILE (dlopen, dlsym or cuModuleLoadData failed),
+ * AP_ETOOLARGE, AP_ENOMEM, AP_EIO. */
 __ap_give ap_runtime *ap_runtime_new(__ap_keep const ap_bundle *b,
 				     const ap_runtime_options *opt, ap_error *err);
 ap_runtime *ap_runtime_free(__ap_take ap_runtime *rt);   /* accepts NULL */

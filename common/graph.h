@@ -187,11 +187,17 @@ int ap_graph_find_tensor(const ap_graph *g, const char *name);
 int ap_graph_validate(ap_graph *g, ap_error *err);
 
 /* Canonical SHA-256 of the graph: independent of node order, tensor order
- * and every name except graph input/param names' *positions*: tensors are
- * identified by their producer's structure, inputs by position, params by
- * (name-free) position among params sorted by first use.  CONST data is
- * hashed by value.  `out` receives 32 bytes.  Requires a validated graph. */
-void ap_graph_hash(const ap_graph *g, uint8_t out[32]);
+ * and every name: tensors are identified by their producer's structure,
+ * inputs by position, params by (name-free) position among params sorted
+ * by first use.  CONST data is hashed by value.  `out` receives 32 bytes.
+ * Requires a validated graph.  Returns 0, or AP_ENOMEM (then `out` is all
+ * zero and must not be used as a key). */
+int ap_graph_hash(const ap_graph *g, uint8_t out[32]);
+/* As ap_graph_hash, with the name of every tensor and node hashed too: two
+ * graphs hash alike only when a bundle compiled for one serves the other
+ * (bundles bind params and inputs by name and list node names).  This is
+ * what cache keys use.  0 or AP_ENOMEM. */
+int ap_graph_hash_named(const ap_graph *g, uint8_t out[32]);
 
 /* ---- protobuf (graph_pb.c) ---------------------------------------------- */
 
@@ -263,5 +269,13 @@ void ap_sha256_update(ap_sha256_ctx *c, const void *buf, size_t len);
 void ap_sha256_final(__ap_take ap_sha256_ctx *c, uint8_t out[32]);
 /* 64 lowercase hex chars + NUL. */
 void ap_hex(const uint8_t *in, size_t n, char *out);
+/* HMAC-SHA256 of the concatenated parts (n of them) with `key`: 0 or
+ * AP_ENOMEM; see hash.c. */
+int ap_hmac_sha256(const void *key, size_t key_len, const void *const *parts,
+		   const size_t *lens, int n, uint8_t out[32]);
+/* `n` random bytes (OS CSPRNG): 0 or AP_EIO. */
+int ap_random_bytes(uint8_t *buf, size_t n);
+/* Constant-time equality of n bytes. */
+bool ap_mem_equal_ct(const void *a, const void *b, size_t n);
 
 #endif
