@@ -317,14 +317,14 @@ static char *program_text(const ap_program *p)
 	char *s;
 
 	for (int k = 0; k < p->n_kernels; k++)
-		n += strlen(p->kernels[k].host_src) + strlen(p->kernels[k].name) + 2;
+		n += strlen(p->kernels[k].src) + strlen(p->kernels[k].name) + 2;
 	s = malloc(n);
 	ck_assert_ptr_nonnull(s);
 	snprintf(s, n, "%d launches %d buffers\n", p->n_launches, p->n_buffers);
 	for (int k = 0; k < p->n_kernels; k++) {
 		strcat(s, p->kernels[k].name);
 		strcat(s, "\n");
-		strcat(s, p->kernels[k].host_src);
+		strcat(s, p->kernels[k].src);
 	}
 	return s;
 }
