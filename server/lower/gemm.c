@@ -363,8 +363,8 @@ static bool is_float(ap_dtype t)
  * convolution node of a float type, groups of at least 8 output channels
  * (depthwise convolutions are left to the pointwise emitter), every
  * output an element-for-element function of its result. */
-static bool analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, int node, char *why,
-			 size_t cap)
+static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, int node, char *why,
+			size_t cap)
 {
 	const ap_graph *g = m->g;
 	const ap_node *n = &g->nodes[node];
@@ -438,7 +438,7 @@ static bool analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan 
 	p->maps = calloc((size_t)g->n_tensors + 1, sizeof(emap));
 	if (!p->maps) {
 		snprintf(why, cap, "out of memory");
-		return false;
+		return AP_ENOMEM;
 	}
 	if (!epilogue_maps(g, p->y, p->maps, why, cap)) {
 		plan_clear(p);
@@ -485,7 +485,7 @@ static bool analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan 
 /* The MatMul micro-graphs this emitter builds: one MatMul of two operands
  * of rank >= 2 and a float type, every output an element-for-element
  * function of its product. */
-static bool analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, char *why, size_t cap)
+static int analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, char *why, size_t cap)
 {
 	const ap_graph *g = m->g;
 	const ap_tensor *at, *bt, *yt;
@@ -555,7 +555,7 @@ static bool analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, c
 	p->maps = calloc((size_t)g->n_tensors + 1, sizeof(emap));
 	if (!p->maps) {
 		snprintf(why, cap, "out of memory");
-		return false;
+		return AP_ENOMEM;
 	}
 	if (!epilogue_maps(g, p->y, p->maps, why, cap)) {
 		plan_clear(p);
@@ -667,14 +667,14 @@ static bool cfg_valid(const gemm_plan *p, const gemm_cfg *c, const ap_target_inf
 	return c->bm % c->tm == 0 && c->bn % c->tn == 0 && c->tm * c->tn <= 64;
 }
 
-static bool gm_match(const ap_mgraph *m, const ap_target_info *t)
+static int gm_match(const ap_mgraph *m, const ap_target_info *t)
 {
 	gemm_plan p;
 	char why[160];
-	bool ok = analyze(m, t, &p, why, sizeof(why));
+	int rc = analyze(m, t, &p, why, sizeof(why));
 
 	plan_clear(&p);
-	return ok;
+	return rc;
 }
 
 static void knob(ap_knob *kb, const char *name, const int *vals, int n)
@@ -684,7 +684,7 @@ static void knob(ap_knob *kb, const char *name, const int *vals, int n)
 	memcpy(kb->values, vals, (size_t)n * sizeof(int));
 }
 
-static void gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 {
 	static const int tiles[] = {16, 32, 64, 128}, bk_simt[] = {8, 16, 32}, bk_tc[] = {16, 32, 64};
 	static const int thr[] = {1, 2, 4, 8}, warps[] = {1, 2, 4}, st_async[] = {2, 3, 4}, st_sync[] = {1, 2};
@@ -692,9 +692,10 @@ static void gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 	char why[160];
 	bool tc;
 
-	int nm = 4, nn = 4, nk = 3;
+	int nm = 4, nn = 4, nk = 3, rc;
 
-	analyze(m, t, &p, why, sizeof(why));
+	if ((rc = analyze(m, t, &p, why, sizeof(why))) < 0)
+		return rc;
 	tc = p.tc;
 	/* no tile beyond the next power of two of the problem (at least 16) */
 	while (nm > 1 && tiles[nm - 2] >= p.Mr)
@@ -714,18 +715,20 @@ static void gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 		knob(&sp->knobs[K_STAGES], "stages", st_async, 3);
 	else
 		knob(&sp->knobs[K_STAGES], "stages", st_sync, 2);
+	return 0;
 }
 
 /* Default: the tile from the cost model, the rest by rule. */
-static void gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
 {
 	gemm_plan p;
 	char why[160];
 	ap_cost_gemm_tile tile;
 	gemm_cfg c;
+	int rc;
 
-	if (!analyze(m, t, &p, why, sizeof(why)))
-		return;
+	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
+		return rc;
 	ap_cost_gemm_default(t, p.tb, p.Mr, p.N, p.K, ap_dtype_size(p.in_t), p.tc, &tile);
 	c = (gemm_cfg){tile.bm, tile.bn, tile.bk, tile.tm, tile.tn, tile.stages};
 	/* shrink what the target cannot hold */
@@ -740,17 +743,19 @@ static void gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_spac
 	s->v[K_TN] = c.tn;
 	s->v[K_STAGES] = c.stages;
 	plan_clear(&p);
+	return 0;
 }
 
-static bool gm_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+static int gm_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
 {
 	gemm_plan p;
 	char why[160];
 	gemm_cfg c = cfg_of(s);
 	bool ok;
+	int rc;
 
-	if (!analyze(m, t, &p, why, sizeof(why)))
-		return false;
+	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
+		return rc;
 	ok = cfg_valid(&p, &c, t);
 	plan_clear(&p);
 	return ok;
@@ -1410,8 +1415,8 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	ap_kir_array *fa, *fb;
 	size_t smem;
 
-	if (!analyze(m, t, &p, why, sizeof(why)))
-		return ap_error_set(err, AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
+	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
+		return ap_error_set(err, rc < 0 ? AP_ENOMEM : AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
 				    "gemm emitter: %s", why);
 	memset(&c, 0, sizeof(c));
 	c.m = m;
@@ -1482,6 +1487,10 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 				 ap_kir_binary(k, AP_KIR_REM, c.tid, I(&c, c.c.bn / c.c.tn)));
 		ty = ap_kir_bind(k, v.cur, k->index_type, "ty",
 				 ap_kir_binary(k, AP_KIR_DIV, c.tid, I(&c, c.c.bn / c.c.tn)));
+	}
+	if (ap_kir_failed(k) || !c.sa || !c.sb || !fa || !fb || !c.acc) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");
+		goto done;
 	}
 	/* registers of register-staged loads, declared here so that they live
 	 * from the issue to the store */
@@ -1674,16 +1683,18 @@ done:
 
 /* ---- traffic --------------------------------------------------------------------------- */
 
-static void gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
+static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
 {
 	gemm_plan p;
 	char why[160];
 	gemm_cfg c = cfg_of(s);
+	int rc;
 
 	memset(out, 0, sizeof(*out));
-	ap__lower_inline_traffic(m, out);
-	if (!analyze(m, t, &p, why, sizeof(why)))
-		return;
+	if (ap__lower_inline_traffic(m, out) < 0)
+		return AP_ENOMEM;
+	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
+		return rc;
 	/* the inline model counts a prologue once per multiply; tiles evaluate
 	 * it once per block column (A) or block row (B) */
 	out->flops = 2.0 * (double)p.tb * (double)p.Mr * (double)p.N * (double)p.K;
@@ -1692,6 +1703,7 @@ static void gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_in
 	out->shared_bytes = (unsigned)smem_bytes(&p, &c);
 	out->tensor_cores = p.tc;
 	plan_clear(&p);
+	return 0;
 }
 
 const ap_emitter ap_emitter_gemm = {
