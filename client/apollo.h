@@ -139,6 +139,8 @@ typedef struct ap_submit_options {
 	const char *const *fusion_barriers;
 	int n_keep_whole;            /* op types never to open into primitives */
 	const char *const *keep_whole;
+	bool allow_tf32;             /* float32 products may run on TF32 tensor cores
+					(10-bit mantissa operands); off by default */
 } ap_submit_options;
 
 /* Sends graph `g` (its structure: PARAM tensors travel as shape and dtype

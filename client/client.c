@@ -846,6 +846,7 @@ static ap_bundle *submit(ap_client *c, Apollo__CompileRequest *cr, const ap_subm
 		co.fusion_barriers = (char **)opt->fusion_barriers;
 		co.n_keep_whole = opt->n_keep_whole > 0 ? (size_t)opt->n_keep_whole : 0;
 		co.keep_whole = (char **)opt->keep_whole;
+		co.allow_tf32 = opt->allow_tf32;
 	}
 	cr->options = &co;
 	req.msg_case = APOLLO__ENVELOPE__MSG_COMPILE;

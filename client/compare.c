@@ -18,21 +18,10 @@ bool ap_compare_close(double a, double b, double rtol, double atol)
 	return fabs(a - b) <= atol + rtol * fabs(b);
 }
 
-/* Element `i` of a tensor as a double, and whether the dtype is integral. */
+/* Element `i` of a tensor as a double (NaN for a type without a size). */
 static double elem(const ap_host_tensor *t, int64_t i)
 {
-	const uint8_t *p = t->data;
-
-	switch (t->dtype) {
-	case AP_DT_F32: { float v; memcpy(&v, p + i * 4, 4); return v; }
-	case AP_DT_F64: { double v; memcpy(&v, p + i * 8, 8); return v; }
-	case AP_DT_I32: { int32_t v; memcpy(&v, p + i * 4, 4); return v; }
-	case AP_DT_I64: { int64_t v; memcpy(&v, p + i * 8, 8); return (double)v; }
-	case AP_DT_U8: return p[i];
-	case AP_DT_I8: return (int8_t)p[i];
-	case AP_DT_BOOL: return p[i] != 0;
-	default: return NAN;
-	}
+	return ap_dtype_size(t->dtype) ? ap_elem_get(t->data, t->dtype, i) : NAN;
 }
 
 static bool exact_i64(const ap_host_tensor *t, int64_t i, int64_t *out)
@@ -56,7 +45,7 @@ static int64_t numel(int rank, const int64_t *dims)
 bool ap_compare_tensors(const ap_host_tensor *got, const ap_host_tensor *want, double rtol,
 			double atol, ap_compare_result *r)
 {
-	bool floating = want->dtype == AP_DT_F32 || want->dtype == AP_DT_F64;
+	bool floating = ap_dtype_is_floating(want->dtype);
 	size_t es = ap_dtype_size(want->dtype);
 	int64_t n;
 

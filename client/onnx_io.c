@@ -20,7 +20,7 @@ static ap_dtype onnx_dtype(int32_t t)
 {
 	switch (t) {
 	case AP_DT_F32: case AP_DT_U8: case AP_DT_I8: case AP_DT_I32:
-	case AP_DT_I64: case AP_DT_BOOL: case AP_DT_F64:
+	case AP_DT_I64: case AP_DT_BOOL: case AP_DT_F64: case AP_DT_F16: case AP_DT_BF16:
 		return (ap_dtype)t;
 	default:
 		return AP_DT_UNDEF;

@@ -64,7 +64,7 @@ const char *ap_dtype_name(ap_dtype dt)
 
 bool ap_dtype_in_graphs(ap_dtype dt)
 {
-	return ap_dtype_size(dt) > 0 && dt != AP_DT_F16 && dt != AP_DT_BF16;
+	return ap_dtype_size(dt) > 0;
 }
 
 int64_t ap_tensor_numel(const ap_tensor *t)

@@ -23,9 +23,9 @@
 #define AP_MAX_ELEMENTS ((int64_t)1 << 36)
 
 /* Numbered as ONNX TensorProto.DataType and apollo.DataType.  F16 and
- * BF16 (IEEE 754 binary16, bfloat16) are known to the kernel IR only so
- * far: graphs (proto, ONNX import, Cast, validation) do not carry them
- * yet, see ap_dtype_in_graphs. */
+ * BF16 are IEEE 754 binary16 and bfloat16: storage types whose arithmetic
+ * is done in float32 and rounded (kernels accumulate reductions and
+ * products in float32, as frameworks do). */
 typedef enum ap_dtype {
 	AP_DT_UNDEF = 0,
 	AP_DT_F32 = 1,
@@ -141,10 +141,29 @@ int ap_op_check(const ap_graph *g, int n, ap_error *err);
 
 size_t ap_dtype_size(ap_dtype dt);           /* bytes per element; 0 if unknown */
 const char *ap_dtype_name(ap_dtype dt);      /* "float32", ... */
-/* True for the dtypes a graph may carry today (wire format, ONNX import,
- * Cast targets): every dtype with a size except F16 and BF16, which only
- * the kernel IR handles so far. */
+/* True for the dtypes a graph may carry (wire format, ONNX import, Cast
+ * targets): every dtype with a size. */
 bool ap_dtype_in_graphs(ap_dtype dt);
+/* F32, F64, F16 and BF16. */
+bool ap_dtype_is_floating(ap_dtype dt);
+
+/* ---- 16-bit floats and typed elements (half.c) ---------------------------- */
+
+/* Bit-exact conversions (IEEE 754 binary16, Google's bfloat16): float32 ->
+ * 16 bits rounds to nearest, ties to even (f16: overflow to infinity from
+ * 65520 on, subnormals kept; NaN stays a quiet NaN); 16 bits -> float32 is
+ * exact. */
+uint16_t ap_f32_to_f16(float f);
+float ap_f16_to_f32(uint16_t h);
+uint16_t ap_f32_to_bf16(float f);
+float ap_bf16_to_f32(uint16_t h);
+/* Element i of a buffer of type dt as a double (16-bit floats widened
+ * exactly, bool 0 or 1); 0 for a type without a size. */
+double ap_elem_get(const void *data, ap_dtype dt, int64_t i);
+/* Stores v as element i of a buffer of type dt: floats rounded to the
+ * type (16-bit ones through float32), integers truncated toward zero and
+ * saturated to the type, bool v != 0. */
+void ap_elem_set(void *data, ap_dtype dt, int64_t i, double v);
 /* Element count, or -1 when it exceeds AP_MAX_ELEMENTS or a dim is < 0. */
 int64_t ap_tensor_numel(const ap_tensor *t);
 /* True when two shapes are the same: equal ranks (0..AP_MAX_RANK) and

@@ -20,7 +20,7 @@
 
 static bool fdt(ap_dtype dt)
 {
-	return dt == AP_DT_F32 || dt == AP_DT_F64;
+	return ap_dtype_is_floating(dt);
 }
 
 static int64_t numel(const ap_host_tensor *t)
@@ -35,6 +35,7 @@ static double ld(const ap_host_tensor *t, int64_t i)
 	switch (t->dtype) {
 	case AP_DT_F32: return ((const float *)t->data)[i];
 	case AP_DT_F64: return ((const double *)t->data)[i];
+	case AP_DT_F16: case AP_DT_BF16: return ap_elem_get(t->data, t->dtype, i);
 	case AP_DT_I32: return ((const int32_t *)t->data)[i];
 	case AP_DT_I64: return (double)((const int64_t *)t->data)[i];
 	case AP_DT_I8: return ((const int8_t *)t->data)[i];
@@ -52,6 +53,7 @@ static int64_t li(const ap_host_tensor *t, int64_t i)
 	switch (t->dtype) {
 	case AP_DT_F32: return f2i(((const float *)t->data)[i]);
 	case AP_DT_F64: return f2i(((const double *)t->data)[i]);
+	case AP_DT_F16: case AP_DT_BF16: return f2i(ap_elem_get(t->data, t->dtype, i));
 	case AP_DT_I32: return ((const int32_t *)t->data)[i];
 	case AP_DT_I64: return ((const int64_t *)t->data)[i];
 	case AP_DT_I8: return ((const int8_t *)t->data)[i];
@@ -64,6 +66,7 @@ static void si(ap_host_tensor *t, int64_t i, int64_t v)
 	switch (t->dtype) {
 	case AP_DT_F32: ((float *)t->data)[i] = (float)v; break;
 	case AP_DT_F64: ((double *)t->data)[i] = (double)v; break;
+	case AP_DT_F16: case AP_DT_BF16: ap_elem_set(t->data, t->dtype, i, (double)v); break;
 	case AP_DT_I32: ((int32_t *)t->data)[i] = (int32_t)v; break;
 	case AP_DT_I64: ((int64_t *)t->data)[i] = v; break;
 	case AP_DT_I8: ((int8_t *)t->data)[i] = (int8_t)v; break;
@@ -77,6 +80,7 @@ static void sd(ap_host_tensor *t, int64_t i, double v)
 	switch (t->dtype) {
 	case AP_DT_F32: ((float *)t->data)[i] = (float)v; break;
 	case AP_DT_F64: ((double *)t->data)[i] = v; break;
+	case AP_DT_F16: case AP_DT_BF16: ap_elem_set(t->data, t->dtype, i, v); break;
 	case AP_DT_BOOL: ((uint8_t *)t->data)[i] = v != 0; break;
 	default: si(t, i, f2i(v)); break;
 	}

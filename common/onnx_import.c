@@ -287,8 +287,8 @@ static int64_t sh_bytes(const ap_shape *s)
 /* The dtypes a graph tensor may have (validate.c accepts the same). */
 static bool graph_dtype(ap_dtype dt)
 {
-	return dt == AP_DT_F32 || dt == AP_DT_F64 || dt == AP_DT_I32 || dt == AP_DT_I64 ||
-	       dt == AP_DT_BOOL;
+	return dt == AP_DT_F32 || dt == AP_DT_F64 || dt == AP_DT_F16 || dt == AP_DT_BF16 ||
+	       dt == AP_DT_I32 || dt == AP_DT_I64 || dt == AP_DT_BOOL;
 }
 
 static bool int_dtype(ap_dtype dt)
@@ -367,6 +367,7 @@ static ival *scalar_val(imp *im, const char *name, ap_dtype dt, double f, int64_
 	switch (dt) {
 	case AP_DT_F32: *(float *)t->data = (float)f; break;
 	case AP_DT_F64: *(double *)t->data = f; break;
+	case AP_DT_F16: case AP_DT_BF16: ap_elem_set(t->data, dt, 0, f); break;
 	case AP_DT_I32: *(int32_t *)t->data = (int32_t)i; break;
 	case AP_DT_I64: *(int64_t *)t->data = i; break;
 	case AP_DT_I8: *(int8_t *)t->data = (int8_t)i; break;
@@ -831,6 +832,7 @@ static int get_scalar(imp *im, ival *v, const char *what, double *out)
 	switch (d->dtype) {
 	case AP_DT_F32: *out = *(float *)d->data; break;
 	case AP_DT_F64: *out = *(double *)d->data; break;
+	case AP_DT_F16: case AP_DT_BF16: *out = ap_elem_get(d->data, d->dtype, 0); break;
 	case AP_DT_I32: *out = *(int32_t *)d->data; break;
 	case AP_DT_I64: *out = (double)*(int64_t *)d->data; break;
 	case AP_DT_I8: *out = *(int8_t *)d->data; break;
@@ -1985,12 +1987,13 @@ static int imp_constant_of_shape(imp *im, const Onnx__NodeProto *n)
 		switch (dt) {
 		case AP_DT_F32: f = *(float *)t->data; break;
 		case AP_DT_F64: f = *(double *)t->data; break;
+		case AP_DT_F16: case AP_DT_BF16: f = ap_elem_get(t->data, dt, 0); break;
 		case AP_DT_I32: iv = *(int32_t *)t->data; break;
 		case AP_DT_I64: iv = *(int64_t *)t->data; break;
 		case AP_DT_I8: iv = *(int8_t *)t->data; break;
 		default: iv = *(uint8_t *)t->data; break;
 		}
-		if (dt != AP_DT_F32 && dt != AP_DT_F64)
+		if (!ap_dtype_is_floating(dt))
 			f = (double)iv;
 		else   /* iv is unused for float fills; NaN / out of range would be UB */
 			iv = ap_f64_to_i64(f);
@@ -2015,6 +2018,7 @@ static int imp_constant_of_shape(imp *im, const Onnx__NodeProto *n)
 			switch (dt) {
 			case AP_DT_F32: ((float *)t->data)[i] = (float)f; break;
 			case AP_DT_F64: ((double *)t->data)[i] = f; break;
+			case AP_DT_F16: case AP_DT_BF16: ap_elem_set(t->data, dt, i, f); break;
 			case AP_DT_I32: ((int32_t *)t->data)[i] = (int32_t)iv; break;
 			case AP_DT_I64: ((int64_t *)t->data)[i] = iv; break;
 			case AP_DT_I8: ((int8_t *)t->data)[i] = (int8_t)iv; break;
@@ -2088,6 +2092,7 @@ static int imp_range(imp *im, const Onnx__NodeProto *n)
 		switch (t->dtype) {
 		case AP_DT_F32: ((float *)t->data)[i] = (float)x; break;
 		case AP_DT_F64: ((double *)t->data)[i] = x; break;
+		case AP_DT_F16: case AP_DT_BF16: ap_elem_set(t->data, t->dtype, i, x); break;
 		case AP_DT_I32: ((int32_t *)t->data)[i] = (int32_t)ap_f64_to_i64(x); break;
 		case AP_DT_I64:
 			((int64_t *)t->data)[i] = (int64_t)((uint64_t)ap_f64_to_i64(s) +

@@ -116,7 +116,7 @@ static bool unidir(const ap_shape *a, const ap_shape *b)
 
 static bool is_float(ap_dtype dt)
 {
-	return dt == AP_DT_F32 || dt == AP_DT_F64;
+	return ap_dtype_is_floating(dt);
 }
 
 static bool is_int(ap_dtype dt)

@@ -6,7 +6,8 @@
  * A TensorProto holds its data either in raw_data (little-endian,
  * row-major) or in one typed repeated field chosen by data_type (ONNX IR
  * spec, "Tensor data"): float_data for float32, double_data for float64,
- * int64_data for int64, int32_data for int32, int8, uint8 and bool.  The
+ * int64_data for int64, int32_data for int32, int8, uint8 and bool, and
+ * for float16 / bfloat16 (each int32 holding the 16-bit pattern).  The
  * data (raw bytes or typed values) is always checked against dims before
  * the tensor's buffer is allocated, so the memory used is bounded by the
  * bytes received.
@@ -79,7 +80,7 @@ static bool dtype_supported(int dt)
 {
 	switch (dt) {
 	case AP_DT_F32: case AP_DT_F64: case AP_DT_I32: case AP_DT_I64:
-	case AP_DT_U8: case AP_DT_I8: case AP_DT_BOOL:
+	case AP_DT_U8: case AP_DT_I8: case AP_DT_BOOL: case AP_DT_F16: case AP_DT_BF16:
 		return true;
 	}
 	return false;
@@ -106,6 +107,8 @@ static void fill_typed(ap_host_tensor *t, const Onnx__TensorProto *tp, int64_t n
 		case AP_DT_I64: ((int64_t *)t->data)[i] = tp->int64_data[i]; break;
 		case AP_DT_I32: ((int32_t *)t->data)[i] = tp->int32_data[i]; break;
 		case AP_DT_I8: ((int8_t *)t->data)[i] = (int8_t)tp->int32_data[i]; break;
+		/* 16-bit floats: the bit pattern in the low half of each int32 */
+		case AP_DT_F16: case AP_DT_BF16: ((uint16_t *)t->data)[i] = (uint16_t)tp->int32_data[i]; break;
 		case AP_DT_BOOL: ((uint8_t *)t->data)[i] = tp->int32_data[i] != 0; break;
 		default: ((uint8_t *)t->data)[i] = (uint8_t)tp->int32_data[i]; break;
 		}

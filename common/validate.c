@@ -65,8 +65,8 @@ static int set_add(name_set *s, const char *name)
 
 static bool dtype_ok(ap_dtype dt)
 {
-	return dt == AP_DT_F32 || dt == AP_DT_F64 || dt == AP_DT_I32 || dt == AP_DT_I64 ||
-	       dt == AP_DT_BOOL;
+	return dt == AP_DT_F32 || dt == AP_DT_F64 || dt == AP_DT_F16 || dt == AP_DT_BF16 ||
+	       dt == AP_DT_I32 || dt == AP_DT_I64 || dt == AP_DT_BOOL;
 }
 
 static int check_tensors(const ap_graph *g, ap_error *err)

@@ -130,11 +130,15 @@ int ap_hostcc_compile(const char *src, __ap_give uint8_t **out, size_t *out_len,
 
 	snprintf(ccbuf, sizeof(ccbuf), "%s", cc);
 	for (char *save = NULL, *tok = strtok_r(ccbuf, " \t", &save); tok && argc < MAX_CC_ARGS;
-	     tok = strtok_r(NULL, " \t", &save))
+	     tok = strtok_r(NULL, " \t", &save)) {
 		argv[argc++] = tok;
-	if (argc == 0)
+		if (argc == 1)
+			argv[argc++] = "-O2";   /* before the user's own flags, which may override it */
+	}
+	if (argc == 0) {
 		argv[argc++] = "cc";
-	argv[argc++] = "-O2";
+		argv[argc++] = "-O2";
+	}
 	argv[argc++] = "-shared";
 	argv[argc++] = "-fPIC";
 	argv[argc++] = "-o";

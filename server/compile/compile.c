@@ -270,6 +270,8 @@ static void key_options(ap_sha256_ctx *h, const Apollo__CompileOptions *opt)
 	key_str_set(h, "fusion_barrier", opt ? opt->fusion_barriers : NULL,
 		    opt ? opt->n_fusion_barriers : 0);
 	key_str_set(h, "keep_whole", opt ? opt->keep_whole : NULL, opt ? opt->n_keep_whole : 0);
+	if (opt && opt->allow_tf32)   /* only when set: earlier keys stay what they were */
+		key_uint(h, "allow_tf32", 1);
 }
 
 /* A key can only be had whole: without a hash context it would be all
@@ -1244,6 +1246,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		.fusion_barriers = req->options ? req->options->fusion_barriers : NULL,
 		.n_keep_whole = req->options ? (int)req->options->n_keep_whole : 0,
 		.keep_whole = req->options ? req->options->keep_whole : NULL,
+		.allow_tf32 = req->options && req->options->allow_tf32,
 	};
 	if (bo.fusion > AP_FUSE_APOLLO) {
 		rc = ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,

@@ -2,11 +2,11 @@
  * bfloat16 conversions, bit-exact, by integer bit manipulation (no
  * _Float16, no FPU rounding mode).
  *
- * Each conversion exists twice: as C functions used while building the IR
- * (constants rounded to the type, constant data) and as the text the host
- * printer puts into a kernel's prelude.  The two copies sit next to each
- * other below and must stay identical; check_kir compares them on every
- * 16-bit pattern and on a sweep of float32 patterns.
+ * Each conversion exists twice: as C functions (common/half.c, used while
+ * building the IR: constants rounded to the type, constant data) and as
+ * the text the host printer puts into a kernel's prelude (below).  The
+ * two must stay identical; check_kir compares them on every 16-bit pattern
+ * and on a sweep of float32 patterns.
  *
  * binary16: 1 sign, 5 exponent (bias 15), 10 fraction bits; largest finite
  * 65504, smallest normal 2^-14, smallest subnormal 2^-24.  float32 -> f16
@@ -22,80 +22,24 @@
 
 #include <string.h>
 
-static uint32_t f32_bits(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, 4);
-	return u;
-}
-
-static float bits_f32(uint32_t u)
-{
-	float f;
-
-	memcpy(&f, &u, 4);
-	return f;
-}
-
 float ap_kir_f16_to_f32(uint16_t h)
 {
-	uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
-
-	if (e == 0x1fu) {
-		u = 0x7f800000u | (m << 13);            /* infinity, NaN (payload kept) */
-	} else if (e) {
-		u = ((e + 112u) << 23) | (m << 13);     /* rebias 15 -> 127 */
-	} else if (m) {
-		e = 113u;                               /* subnormal m * 2^-24: normalise */
-		while (!(m & 0x400u)) {
-			m <<= 1;
-			e--;
-		}
-		u = (e << 23) | ((m & 0x3ffu) << 13);
-	} else {
-		u = 0;
-	}
-	return bits_f32(u | (uint32_t)(h & 0x8000u) << 16);
+	return ap_f16_to_f32(h);
 }
 
 uint16_t ap_kir_f32_to_f16(float f)
 {
-	uint32_t u = f32_bits(f), sign = (u >> 16) & 0x8000u, x = u & 0x7fffffffu;
-	uint32_t m, shift, rem, half;
-
-	if (x > 0x7f800000u)                            /* NaN: quiet, top payload bits */
-		return (uint16_t)(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
-	if (x >= 0x477ff000u)                           /* >= 65520: infinity */
-		return (uint16_t)(sign | 0x7c00u);
-	if (x >= 0x38800000u) {                         /* normal: rebias, round to even */
-		x -= 0x38000000u;
-		return (uint16_t)(sign | ((x + 0xfffu + ((x >> 13) & 1u)) >> 13));
-	}
-	if (x <= 0x33000000u)                           /* <= 2^-25: signed zero */
-		return (uint16_t)sign;
-	shift = 126u - (x >> 23);                       /* subnormal m * 2^-24, shift 14..24 */
-	m = (x & 0x7fffffu) | 0x800000u;
-	rem = m & ((1u << shift) - 1u);
-	half = 1u << (shift - 1u);
-	m >>= shift;
-	if (rem > half || (rem == half && (m & 1u)))
-		m++;
-	return (uint16_t)(sign | m);
+	return ap_f32_to_f16(f);
 }
 
 float ap_kir_bf16_to_f32(uint16_t h)
 {
-	return bits_f32((uint32_t)h << 16);
+	return ap_bf16_to_f32(h);
 }
 
 uint16_t ap_kir_f32_to_bf16(float f)
 {
-	uint32_t u = f32_bits(f);
-
-	if ((u & 0x7fffffffu) > 0x7f800000u)            /* NaN: stays a quiet NaN */
-		return (uint16_t)((u >> 16) | 0x40u);
-	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+	return ap_f32_to_bf16(f);
 }
 
 /* The same four functions as host C text (unsigned int is 32 bits on every

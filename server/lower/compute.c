@@ -66,19 +66,20 @@ int64_t ap_reduced_count(const ap_graph *g, const ap_node *node)
 static ap_kir_expr *reduce_serial(ap_vctx *v, const ap_node *node, int t, ap_lidx *ix)
 {
 	ap_kir_kernel *k = v->k;
-	ap_dtype dt = v->g->tensors[t].dtype;
+	ap_dtype dt = v->g->tensors[t].dtype, at = ap_acc_type(dt);
 	int x = node->inputs[0];
 	int64_t R = ap_reduced_count(v->g, node);
-	ap_kir_var *acc = ap_kir_var_new(k, dt, "acc"), *r;
+	ap_kir_var *acc = ap_kir_var_new(k, at, "acc"), *r;
 	ap_kir_block *saved;
 	ap_lidx in;
 
-	ap_kir_let(k, v->cur, acc, ap_v_reduce_identity(v, node->op, dt));
+	ap_kir_let(k, v->cur, acc, ap_v_reduce_identity(v, node->op, at));
 	r = ap_v_loop(v, "r", ap_kir_idx(k, 0), ap_kir_idx(k, R), 1, &saved);
 	in = ap_reduce_in_idx(v, node, x, ix, ap_kir_ref(k, r));
-	ap_kir_assign(k, v->cur, acc, ap_v_reduce_combine(v, node->op, ap_kir_ref(k, acc), ap_val(v, x, &in)));
+	ap_kir_assign(k, v->cur, acc, ap_v_reduce_combine(v, node->op, ap_kir_ref(k, acc),
+							  ap_kir_cast(k, at, ap_val(v, x, &in))));
 	ap_v_close(v, saved);
-	return ap_kir_ref(k, acc);
+	return ap_kir_cast(k, dt, ap_kir_ref(k, acc));
 }
 
 /* ---- matmul, convolution, pooling ------------------------------------------------------- */
@@ -89,13 +90,13 @@ static ap_kir_expr *matmul_value(ap_vctx *v, const ap_node *node, int t, ap_lidx
 	const ap_graph *g = v->g;
 	int a = node->inputs[0], b = node->inputs[1];
 	const ap_tensor *at = &g->tensors[a], *bt = &g->tensors[b];
-	ap_dtype dt = g->tensors[t].dtype;
+	ap_dtype dt = g->tensors[t].dtype, acct = ap_acc_type(dt);
 	int ra = at->rank, rb = bt->rank, ro = ix->rank;
 	bool a1 = ra == 1, b1 = rb == 1;
 	int nb = ro - (a1 ? 0 : 1) - (b1 ? 0 : 1);
 	int64_t K = at->dims[ra - 1];
 	ap_kir_expr *i = NULL, *j = NULL;
-	ap_kir_var *acc = ap_kir_var_new(k, dt, "acc"), *kv;
+	ap_kir_var *acc = ap_kir_var_new(k, acct, "acc"), *kv;
 	ap_kir_block *saved;
 	ap_lidx ai = ap_lidx_shape(at), bi = ap_lidx_shape(bt);
 
@@ -114,7 +115,7 @@ static ap_kir_expr *matmul_value(ap_vctx *v, const ap_node *node, int t, ap_lidx
 
 		bi.c[d] = (bt->dims[d] == 1 || od < 0) ? ap_kir_idx(k, 0) : ap_lidx_coord(v, ix, od);
 	}
-	ap_kir_let(k, v->cur, acc, ap_v_const(v, dt, 0));
+	ap_kir_let(k, v->cur, acc, ap_v_const(v, acct, 0));
 	kv = ap_v_loop(v, "k", ap_kir_idx(k, 0), ap_kir_idx(k, K), 1, &saved);
 	if (a1) {
 		ai.c[0] = ap_kir_ref(k, kv);
@@ -130,9 +131,10 @@ static ap_kir_expr *matmul_value(ap_vctx *v, const ap_node *node, int t, ap_lidx
 	}
 	ap_kir_assign(k, v->cur, acc,
 		      ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, acc),
-			  ap_kir_binary(k, AP_KIR_MUL, ap_val(v, a, &ai), ap_val(v, b, &bi))));
+			  ap_kir_binary(k, AP_KIR_MUL, ap_kir_cast(k, acct, ap_val(v, a, &ai)),
+					ap_kir_cast(k, acct, ap_val(v, b, &bi)))));
 	ap_v_close(v, saved);
-	return ap_kir_ref(k, acc);
+	return ap_kir_cast(k, dt, ap_kir_ref(k, acc));
 }
 
 int64_t ap_node_attr_at(const ap_node *node, const char *name, int i, int64_t dflt)
@@ -176,13 +178,13 @@ static ap_kir_expr *conv_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *
 	m = ap_lidx_coord(v, ix, 1);
 	gi = ap_v_once(v, ap_kir_binary(k, AP_KIR_DIV, m, ap_kir_idx(k, Mg)));
 	mm = tr ? ap_v_once(v, ap_kir_binary(k, AP_KIR_REM, m, ap_kir_idx(k, Mg))) : NULL;
-	acc = ap_kir_var_new(k, dt, "acc");
+	acc = ap_kir_var_new(k, ap_acc_type(dt), "acc");
 	if (bias >= 0) {
 		bi = ap_lidx_shape(&g->tensors[bias]);
 		bi.c[0] = m;
-		ap_kir_let(k, v->cur, acc, ap_val(v, bias, &bi));
+		ap_kir_let(k, v->cur, acc, ap_kir_cast(k, ap_acc_type(dt), ap_val(v, bias, &bi)));
 	} else {
-		ap_kir_let(k, v->cur, acc, ap_v_const(v, dt, 0));
+		ap_kir_let(k, v->cur, acc, ap_v_const(v, ap_acc_type(dt), 0));
 	}
 	cv = ap_v_loop(v, "c", ap_kir_idx(k, 0), ap_kir_idx(k, Cg), 1, &saved);
 	saves[ns_saves++] = saved;
@@ -230,10 +232,11 @@ static ap_kir_expr *conv_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *
 	}
 	ap_kir_assign(k, v->cur, acc,
 		      ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, acc),
-			  ap_kir_binary(k, AP_KIR_MUL, ap_val(v, x, &xi), ap_val(v, w, &wi))));
+			  ap_kir_binary(k, AP_KIR_MUL, ap_kir_cast(k, acc->type, ap_val(v, x, &xi)),
+					ap_kir_cast(k, acc->type, ap_val(v, w, &wi)))));
 	while (ns_saves > 0)
 		ap_v_close(v, saves[--ns_saves]);
-	return ap_kir_ref(k, acc);
+	return ap_kir_cast(k, dt, ap_kir_ref(k, acc));
 }
 
 /* MaxPool / AveragePool over the window o*s - pb + k*d, k < kernel_shape. */
@@ -247,7 +250,7 @@ static ap_kir_expr *pool_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *
 	const ap_tensor *xt = &g->tensors[x];
 	ap_dtype dt = g->tensors[t].dtype;
 	int ns = xt->rank - 2;
-	ap_kir_var *acc = ap_kir_var_new(k, dt, "acc"), *cnt = NULL;
+	ap_kir_var *acc = ap_kir_var_new(k, avg ? ap_acc_type(dt) : dt, "acc"), *cnt = NULL;
 	ap_kir_block *saves[AP_MAX_RANK + 2];
 	int n_saves = 0;
 	ap_kir_expr *valid = NULL, *inpad = NULL;
@@ -258,7 +261,7 @@ static ap_kir_expr *pool_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *
 		return ap_v_fail(v, AP_EUNSUPPORTED, node, "input rank %d", xt->rank);
 	if (avg && !ap_dtype_is_float(dt))
 		return ap_v_fail(v, AP_EUNSUPPORTED, node, "dtype %s", ap_dtype_name(dt));
-	ap_kir_let(k, v->cur, acc, avg ? ap_v_const(v, dt, 0) : ap_v_const(v, dt, ap_dtype_lowest(dt)));
+	ap_kir_let(k, v->cur, acc, avg ? ap_v_const(v, acc->type, 0) : ap_v_const(v, dt, ap_dtype_lowest(dt)));
 	if (avg) {
 		cnt = ap_kir_var_new(k, AP_DT_I64, "cnt");
 		ap_kir_let(k, v->cur, cnt, ap_kir_i64(k, 0));
@@ -297,7 +300,8 @@ static ap_kir_expr *pool_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *
 		ap_kir_expr *xv = ap_val(v, x, &xi);
 
 		ap_kir_assign(k, v->cur, acc,
-			      avg ? ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, acc), xv) : ap_v_max(v, xv, ap_kir_ref(k, acc)));
+			      avg ? ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, acc), ap_kir_cast(k, acc->type, xv))
+				  : ap_v_max(v, xv, ap_kir_ref(k, acc)));
 	}
 	while (n_saves > 0)
 		ap_v_close(v, saves[--n_saves]);
@@ -318,7 +322,8 @@ static ap_kir_expr *lrn_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *i
 	int64_t size = ap_node_int(node, "size", 1);
 	int64_t before = (size - 1) / 2, after = size - 1 - before;
 	ap_kir_expr *c, *lo, *hi, *xv;
-	ap_kir_var *acc = ap_kir_var_new(k, dt, "acc"), *j;
+	ap_dtype at = ap_acc_type(dt);
+	ap_kir_var *acc = ap_kir_var_new(k, at, "acc"), *j;
 	ap_kir_block *saved;
 	ap_lidx xi;
 
@@ -329,24 +334,24 @@ static ap_kir_expr *lrn_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *i
 	lo = ap_kir_binary(k, AP_KIR_MAX, ap_kir_addi(k, c, -before), ap_kir_idx(k, 0));
 	hi = ap_kir_binary(k, AP_KIR_MIN, ap_kir_addi(k, c, after + 1), ap_kir_idx(k, xt->dims[1]));
 	xv = ap_val(v, x, ix);
-	ap_kir_let(k, v->cur, acc, ap_v_const(v, dt, 0));
+	ap_kir_let(k, v->cur, acc, ap_v_const(v, at, 0));
 	j = ap_v_loop(v, "j", lo, hi, 1, &saved);
 	xi = *ix;
 	xi.lin = NULL;
 	for (int d = 0; d < xi.rank; d++)
 		xi.c[d] = d == 1 ? ap_kir_ref(k, j) : ap_lidx_coord(v, ix, d);
 	{
-		ap_kir_expr *e = ap_val(v, x, &xi);
+		ap_kir_expr *e = ap_kir_cast(k, at, ap_val(v, x, &xi));
 
 		ap_kir_assign(k, v->cur, acc, ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, acc),
 							    ap_kir_binary(k, AP_KIR_MUL, e, e)));
 	}
 	ap_v_close(v, saved);
-	return ap_kir_binary(k, AP_KIR_DIV, xv,
+	return ap_kir_cast(k, dt, ap_kir_binary(k, AP_KIR_DIV, ap_kir_cast(k, at, xv),
 		   ap_kir_call(k, AP_KIR_POW,
-			       ap_kir_binary(k, AP_KIR_ADD, ap_v_const(v, dt, bias),
-				   ap_kir_binary(k, AP_KIR_MUL, ap_v_const(v, dt, alpha / (double)size), ap_kir_ref(k, acc))),
-			       ap_v_const(v, dt, beta)));
+			       ap_kir_binary(k, AP_KIR_ADD, ap_v_const(v, at, bias),
+				   ap_kir_binary(k, AP_KIR_MUL, ap_v_const(v, at, alpha / (double)size), ap_kir_ref(k, acc))),
+			       ap_v_const(v, at, beta))));
 }
 
 

@@ -75,6 +75,7 @@ typedef struct emap {
 typedef struct sview {
 	int rank;
 	int64_t dims[AP_MAX_RANK], str[AP_MAX_RANK];
+	int64_t off;                    /* element of index 0 */
 } sview;
 
 typedef struct gemm_opnd {
@@ -82,6 +83,7 @@ typedef struct gemm_opnd {
 	bool plain;                     /* a buffer read through views / transposes */
 	int leaf;                       /* plain: the buffer's tensor */
 	int64_t s_outer, s_k;           /* plain: strides of the outer (M or N) and K coordinates */
+	int64_t s_base;                 /* plain: element of index 0 (a slice's start) */
 	int64_t s_batch[AP_MAX_RANK];   /* plain: per output batch dim (0: broadcast) */
 	bool k_fast;                    /* K is the contiguous coordinate (plain), or assumed so */
 	int vec;                        /* plain: elements per cp.async along the contiguous
@@ -206,6 +208,7 @@ static void sv_rowmajor(sview *v, const ap_tensor *t)
 	int64_t s = 1;
 
 	v->rank = t->rank;
+	v->off = 0;
 	for (int d = t->rank - 1; d >= 0; d--) {
 		v->dims[d] = t->dims[d];
 		v->str[d] = s;
@@ -271,7 +274,8 @@ static bool operand_view(const ap_graph *g, int t, sview *out, int *leaf)
 	while (g->tensors[x].producer >= 0) {
 		const ap_node *p = &g->nodes[g->tensors[x].producer];
 
-		if ((!ap_op_is_view(p->op) && p->op != AP_OP_TRANSPOSE) || n == 32 || p->inputs[0] < 0)
+		if ((!ap_op_is_view(p->op) && p->op != AP_OP_TRANSPOSE && p->op != AP_OP_SLICE &&
+		     p->op != AP_OP_SPLIT) || n == 32 || p->inputs[0] < 0)
 			return false;
 		chain[n++] = x;
 		x = p->inputs[0];
@@ -297,6 +301,24 @@ static bool operand_view(const ap_graph *g, int t, sview *out, int *leaf)
 				out->str[d] = in.str[pd];
 			}
 			out->rank = yt->rank;
+		} else if (p->op == AP_OP_SLICE) {
+			/* element c of the slice: start + c * step of its input */
+			for (int d = 0; d < out->rank; d++) {
+				out->off += ap_node_attr_at(p, "starts", d, 0) * out->str[d];
+				out->str[d] *= ap_node_attr_at(p, "steps", d, 1);
+				out->dims[d] = yt->dims[d];
+			}
+		} else if (p->op == AP_OP_SPLIT) {
+			/* this output: the input from the sizes of the outputs before it */
+			int64_t axis = ap_node_int(p, "axis", 0), start = 0;
+
+			if (axis < 0 || axis >= out->rank)
+				return false;
+			for (int o = 0; o < p->n_outputs && p->outputs[o] != y; o++)
+				if (p->outputs[o] >= 0)
+					start += g->tensors[p->outputs[o]].dims[axis];
+			out->off += start * out->str[axis];
+			out->dims[axis] = yt->dims[axis];
 		} else if (!sv_reshape(out, yt->rank, yt->dims)) {
 			return false;
 		}
@@ -312,7 +334,7 @@ static int copy_width(const gemm_opnd *o, int64_t contig_extent, int64_t other_s
 	for (int bytes = 16; bytes >= 4; bytes /= 2) {
 		int w = (int)(bytes / (int)es);
 		bool ok = w >= 1 && (size_t)w * es == (size_t)bytes && contig_extent % w == 0 &&
-			  other_stride % w == 0;
+			  other_stride % w == 0 && o->s_base % w == 0;
 
 		for (int d = 0; ok && d < nb; d++)
 			ok = o->s_batch[d] % w == 0;
@@ -336,6 +358,7 @@ static void analyze_operand(const ap_graph *g, const gemm_plan *p, int role, gem
 	if (!operand_view(g, o->t, &sv, &o->leaf) || sv.rank != r)
 		return;
 	o->plain = true;
+	o->s_base = sv.off;
 	o->s_outer = role == 0 ? sv.str[r - 2] : sv.str[r - 1];
 	o->s_k = role == 0 ? sv.str[r - 1] : sv.str[r - 2];
 	for (int d = 0; d < p->nb; d++) {
@@ -859,13 +882,15 @@ static ap_kir_expr *plain_offset(gctx *c, int role, ap_kir_expr *o, ap_kir_expr 
 				  ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, c->tb_index, p->Cg), kk), p->ohw));
 	}
 	if (role == 0 && c->p->a_linear)
-		return ap_kir_add(k, ap_kir_muli(k, o, op->s_outer), ap_kir_muli(k, kk, op->s_k));
+		return ap_kir_addi(k, ap_kir_add(k, ap_kir_muli(k, o, op->s_outer), ap_kir_muli(k, kk, op->s_k)),
+				   op->s_base);
 	if (role == 0)
 		o = row_split(c, o, bc);
 	else
 		for (int d = 0; d < c->p->nb; d++)
 			bc[d] = c->bcoord[d];
-	e = ap_kir_add(k, ap_kir_muli(k, o, op->s_outer), ap_kir_muli(k, kk, op->s_k));
+	e = ap_kir_addi(k, ap_kir_add(k, ap_kir_muli(k, o, op->s_outer), ap_kir_muli(k, kk, op->s_k)),
+			op->s_base);
 	for (int d = 0; d < c->p->nb; d++)
 		if (op->s_batch[d])
 			e = ap_kir_add(k, e, ap_kir_muli(k, bc[d], op->s_batch[d]));

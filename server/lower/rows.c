@@ -896,7 +896,7 @@ static int rows_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info
 				continue;
 			snprintf(name, sizeof(name), "scr_%d_%d", lv, j++);
 			scratch[lv - 1][i] = ap_kir_shared(k, name,
-							   g->tensors[g->nodes[c.p.reds[i]].outputs[0]].dtype,
+							   ap_acc_type(g->tensors[g->nodes[c.p.reds[i]].outputs[0]].dtype),
 							   (int64_t)c.L.rows * wp_count);
 		}
 	/* the rows of this block, grid-stride (uniform per block) */
@@ -920,7 +920,7 @@ static int rows_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info
 		memset(&la, 0, sizeof(la));
 		for (int i = 0; i < c.p.n_red; i++) {
 			const ap_node *node = &g->nodes[c.p.reds[i]];
-			ap_dtype dt = g->tensors[node->outputs[0]].dtype;
+			ap_dtype dt = ap_acc_type(g->tensors[node->outputs[0]].dtype);   /* float32 for 16-bit */
 
 			if (c.p.level_of[i] != lv)
 				continue;
@@ -937,8 +937,11 @@ static int rows_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info
 		}
 		row_pass(&c, lv - 1, level_body, &la);
 		row_combine(&c, la.acc, ops, la.n, scr, wp_count);
-		for (int i = 0; i < la.n; i++)
-			c.row_val[g->nodes[c.p.reds[la.idx[i]]].outputs[0]] = ap_kir_ref(k, la.acc[i]);
+		for (int i = 0; i < la.n; i++) {
+			int o = g->nodes[c.p.reds[la.idx[i]]].outputs[0];
+
+			c.row_val[o] = ap_kir_cast(k, g->tensors[o].dtype, ap_kir_ref(k, la.acc[i]));
+		}
 		row_values(&c, lv);
 	}
 	if (c.p.has_full_out)

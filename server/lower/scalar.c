@@ -16,7 +16,12 @@
 
 bool ap_dtype_is_float(ap_dtype t)
 {
-	return t == AP_DT_F32 || t == AP_DT_F64;
+	return ap_dtype_is_floating(t);
+}
+
+ap_dtype ap_acc_type(ap_dtype t)
+{
+	return t == AP_DT_F16 || t == AP_DT_BF16 ? AP_DT_F32 : t;
 }
 
 /* ---- helpers ------------------------------------------------------------------ */
@@ -74,7 +79,7 @@ ap_kir_expr *ap_v_min(ap_vctx *v, ap_kir_expr *a, ap_kir_expr *b)
 double ap_dtype_lowest(ap_dtype t)
 {
 	switch (t) {
-	case AP_DT_F32: case AP_DT_F64: return -INFINITY;
+	case AP_DT_F32: case AP_DT_F64: case AP_DT_F16: case AP_DT_BF16: return -INFINITY;
 	case AP_DT_I64: return -9.2233720368547758e18;
 	case AP_DT_I32: return -2147483648.0;
 	case AP_DT_I8: return -128;
@@ -85,7 +90,7 @@ double ap_dtype_lowest(ap_dtype t)
 double ap_dtype_highest(ap_dtype t)
 {
 	switch (t) {
-	case AP_DT_F32: case AP_DT_F64: return INFINITY;
+	case AP_DT_F32: case AP_DT_F64: case AP_DT_F16: case AP_DT_BF16: return INFINITY;
 	case AP_DT_I64: return 9.2233720368547758e18;
 	case AP_DT_I32: return 2147483647.0;
 	case AP_DT_I8: return 127;

@@ -267,6 +267,7 @@ static ap_kir_expr *const_elem(ap_vctx *v, const ap_tensor *x, int64_t i)
 	switch (x->dtype) {
 	case AP_DT_F32: { float f; memcpy(&f, src, 4); return ap_kir_float(k, AP_DT_F32, f); }
 	case AP_DT_F64: { double d; memcpy(&d, src, 8); return ap_kir_float(k, AP_DT_F64, d); }
+	case AP_DT_F16: case AP_DT_BF16: return ap_kir_float(k, x->dtype, ap_elem_get(src, x->dtype, 0));
 	case AP_DT_I64: { int64_t q; memcpy(&q, src, 8); return ap_kir_int(k, AP_DT_I64, q); }
 	case AP_DT_I32: { int32_t q; memcpy(&q, src, 4); return ap_kir_int(k, AP_DT_I32, q); }
 	case AP_DT_I8: return ap_kir_int(k, AP_DT_I8, (int8_t)src[0]);

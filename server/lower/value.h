@@ -121,6 +121,9 @@ ap_kir_expr *ap_v_once(ap_vctx *v, ap_kir_expr *e);
 /* ---- per-op scalar semantics (scalar.c) -------------------------------------- */
 
 bool ap_dtype_is_float(ap_dtype t);
+/* The type a reduction or a product over values of type t accumulates in:
+ * float32 for float16 / bfloat16 (as frameworks do), t otherwise. */
+ap_dtype ap_acc_type(ap_dtype t);
 ap_kir_expr *ap_v_const(ap_vctx *v, ap_dtype t, double x);
 /* NaN-propagating maximum / minimum for floats, plain for integers. */
 ap_kir_expr *ap_v_max(ap_vctx *v, ap_kir_expr *a, ap_kir_expr *b);

@@ -111,6 +111,7 @@ static int scalar_const(ex *e, ap_dtype dt, double v)
 	switch (dt) {
 	case AP_DT_F32: { float f = (float)v; memcpy(buf, &f, 4); break; }
 	case AP_DT_F64: memcpy(buf, &v, 8); break;
+	case AP_DT_F16: case AP_DT_BF16: ap_elem_set(buf, dt, 0, v); break;
 	case AP_DT_I64: { int64_t i = (int64_t)v; memcpy(buf, &i, 8); break; }
 	case AP_DT_I32: { int32_t i = (int32_t)v; memcpy(buf, &i, 4); break; }
 	default: buf[0] = (unsigned char)(int)v; break;

@@ -1,0 +1,40 @@
+#!/bin/sh
+# precision.sh -- every model under ../shared/testdata/models and training/
+# in float16 and in bfloat16 (tools/convert_precision.py: weights and every
+# value of the graph in the 16-bit type, inputs and outputs float32),
+# checked on target cpu against onnxruntime running the original float32
+# model on the same inputs.  Tolerances (README, "Tests"): float16 rtol
+# 1e-2, atol 1e-2; bfloat16 (8 bits of mantissa) rtol 5e-2, atol 5e-2; and
+# at most 1% of an output's elements outside them, since a ReLU whose
+# input is within rounding of 0 takes the other side in 16 bits, which
+# moves the gradients of that unit in a training step (onnxruntime's own
+# float16 run of the same graphs shows it too).
+cd "$(dirname "$0")/.." || exit 1
+. tests/daemon.inc
+
+PY=$REPO/.venv/bin/python
+if ! "$PY" -c 'import onnx, onnxruntime, numpy' 2>/dev/null; then
+	echo "precision: needs onnx, onnxruntime and numpy in $REPO/.venv (make deps)"
+	exit 1
+fi
+dirs=$(ap_test_dirs models training)
+status=0
+for dt in float16 bfloat16; do
+	# shellcheck disable=SC2086
+	if ! "$PY" tools/convert_precision.py --dtype $dt --out "$AP_TMP/prec" $dirs 2>"$AP_TMP/convert.log"; then
+		grep -v "W:onnxruntime" "$AP_TMP/convert.log"
+		echo "precision: converting to $dt failed"
+		exit 1
+	fi
+done
+ap_start
+# shellcheck disable=SC2046
+"$CLIENT" check --jobs "${APOLLO_JOBS:-2}" --rtol 1e-2 --atol 1e-2 --mismatch 0.01 \
+	$(ls -d "$AP_TMP"/prec/float16__*/) >"$AP_TMP/f16.out" || status=1
+sed 's/^/float16 /' "$AP_TMP/f16.out"
+# shellcheck disable=SC2046
+"$CLIENT" check --jobs "${APOLLO_JOBS:-2}" --rtol 5e-2 --atol 5e-2 --mismatch 0.01 \
+	$(ls -d "$AP_TMP"/prec/bfloat16__*/) >"$AP_TMP/bf16.out" || status=1
+sed 's/^/bfloat16 /' "$AP_TMP/bf16.out"
+[ $status -eq 0 ] || echo "precision: FAILED"
+exit $status
