@@ -227,13 +227,19 @@ static bool in_set(const int *set, int n, int u)
 /* The micro-graph of the union of micro-graphs set[0..n), writing what is
  * read outside the union or is a graph output.  NULL on ENOMEM (err set)
  * or an extraction failure. */
-static ap_mgraph *extract_union(sctx *c, const int *set, int n, ap_error *err)
+/* The micro-graph of the union of micro-graphs units[0..nu) (each holding
+ * its stitched set, if any), writing what is read outside the members
+ * (members[0..nm), original positions) or is a graph output, of `kind`. */
+static ap_mgraph *extract_units(sctx *c, const int *units, int nu, const int *members, int nm,
+				ap_group_kind kind, ap_error *err)
 {
 	const ap_graph *pg = c->p->g;
 	int total = 0, k = 0, n_out = 0, n_groups = 0, root = -1;
 	int *nodes, *outs, *groups;
 	bool *member;
 	ap_mgraph *m = NULL;
+	const int *set = units;
+	int n = nu;
 
 	for (int i = 0; i < n; i++) {
 		total += c->ms[set[i]]->g->n_nodes;
@@ -277,7 +283,7 @@ static ap_mgraph *extract_union(sctx *c, const int *set, int n, ap_error *err)
 			for (int r = 0; r < nr && !keep; r++) {
 				int gi = c->p->group_of[rd[r]];
 
-				if (gi < 0 || !in_set(set, n, c->unit_of_group[gi]))
+				if (gi < 0 || !in_set(members, nm, c->unit_of_group[gi]))
 					keep = true;
 			}
 			if (keep)
@@ -305,14 +311,18 @@ static ap_mgraph *extract_union(sctx *c, const int *set, int n, ap_error *err)
 			root = nodes[i];
 	if (root < 0)
 		root = nodes[k - 1];
-	m = ap_mgraph_extract(pg, nodes, member, k, outs, n_out, AP_GROUP_STITCHED, root, groups,
-			      n_groups, err);
+	m = ap_mgraph_extract(pg, nodes, member, k, outs, n_out, kind, root, groups, n_groups, err);
 out:
 	free(nodes);
 	free(member);
 	free(outs);
 	free(groups);
 	return m;
+}
+
+static ap_mgraph *extract_union(sctx *c, const int *set, int n, ap_error *err)
+{
+	return extract_units(c, set, n, set, n, AP_GROUP_STITCHED, err);
 }
 
 /* Gives the partition's boundaries from micro-graph a to micro-graph b
@@ -594,6 +604,131 @@ static char *describe(const ap_mgraph *m, int n_parts)
 	return ap_strdup(buf);
 }
 
+/* ---- attention ------------------------------------------------------------------- */
+
+/* The set root of micro-graph u (u itself when it is in no set). */
+static int root_of(const sctx *c, int u)
+{
+	return c->set_of[u] >= 0 ? c->set_of[u] : u;
+}
+
+/* Members of the set whose root is r (r alone when it is in no set). */
+static int members_of(const sctx *c, int r, int *out)
+{
+	int n = 0;
+
+	if (c->set_of[r] < 0) {
+		out[n++] = r;
+		return n;
+	}
+	for (int w = r; w >= 0; w = c->set_next[w])
+		out[n++] = w;
+	return n;
+}
+
+/* The matmul micro-graphs next to set r: its producers (pred) or
+ * consumers, as distinct roots, at most cap of them. */
+static int matmul_neighbours(const sctx *c, int r, bool pred, int *out, int cap)
+{
+	int n = 0;
+
+	for (int w = r; w >= 0; w = c->set_of[r] >= 0 ? c->set_next[w] : -1) {
+		const int *off = pred ? c->pred_off : c->succ_off, *adj = pred ? c->pred : c->succ;
+
+		for (int e = off[w]; e < off[w + 1]; e++) {
+			int x = root_of(c, adj[e]);
+			bool seen = false;
+
+			if (x == r || !c->ms[x] || c->ms[x]->kind != AP_GROUP_MATMUL || unit_excluded(c, x))
+				continue;
+			for (int i = 0; i < n; i++)
+				seen = seen || out[i] == x;
+			if (!seen && n < cap)
+				out[n++] = x;
+		}
+	}
+	return n;
+}
+
+/* Attention (an extension of memory stitching, as FlashAttention): a
+ * softmax's statistics (a stitched micro-graph) with the product that
+ * makes its scores and the product of its probabilities with V become one
+ * micro-graph of kind "attention" when the attention emitter can build it
+ * (ap_lower_attention_ok) and the result stays acyclic.  *n_stitched
+ * counts each.  0 or AP_ENOMEM. */
+static int stitch_attention(sctx *c, unsigned *n_stitched, ap_error *err)
+{
+	int *mem = malloc(((size_t)c->n + 1) * sizeof(int));
+	char why[300];
+	int rc = 0;
+
+	if (!mem)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory stitching attention");
+	for (int u = 0; u < c->n && rc == 0; u++) {
+		int preds[4], succs[4], np, ns;
+		bool done = false;
+
+		if (!c->ms[u] || c->ms[u]->kind != AP_GROUP_STITCHED || unit_excluded(c, u))
+			continue;
+		np = matmul_neighbours(c, u, true, preds, 4);
+		ns = matmul_neighbours(c, u, false, succs, 4);
+		for (int i = 0; i < np && !done && rc == 0; i++)
+			for (int j = 0; j < ns && !done && rc == 0; j++) {
+				int a = preds[i], b = succs[j], nm = 0, units[3] = {a, u, b}, lo;
+				ap_mgraph *un;
+				ap_error e2;
+
+				nm = members_of(c, u, mem);
+				mem[nm++] = a;
+				if (closes_cycle(c, mem, nm - 1, a) || closes_cycle(c, mem, nm, b))
+					continue;
+				mem[nm++] = b;
+				un = extract_units(c, units, 3, mem, nm, AP_GROUP_ATTENTION, &e2);
+				if (!un) {
+					if (e2.code == AP_ENOMEM) {
+						*err = e2;
+						rc = AP_ENOMEM;
+					}
+					continue;
+				}
+				why[0] = 0;
+				rc = ap_lower_attention_ok(un, c->t, why, sizeof(why));
+				if (rc <= 0) {
+					ap_mgraph_free(un);
+					if (rc < 0)
+						rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory stitching attention");
+					continue;
+				}
+				rc = 0;
+				free(un->detail);
+				un->detail = ap_strdup("stitched by Layer II: attention -- QK^T, softmax and PV in one "
+						       "kernel, the scores kept on chip (online softmax)");
+				un->layers |= AP_LAYER_II;
+				if (!un->detail) {
+					ap_mgraph_free(un);
+					rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory stitching attention");
+					break;
+				}
+				/* one set, rooted at its smallest member */
+				qsort(mem, (size_t)nm, sizeof(int), cmp_int);
+				lo = mem[0];
+				for (int q = 0; q < nm; q++) {
+					c->set_of[mem[q]] = lo;
+					c->set_next[mem[q]] = q + 1 < nm ? mem[q + 1] : -1;
+				}
+				for (int q = 0; q < 3; q++) {
+					ap_mgraph_free(c->ms[units[q]]);
+					c->ms[units[q]] = NULL;
+				}
+				c->ms[lo] = un;
+				(*n_stitched)++;
+				done = true;
+			}
+	}
+	free(mem);
+	return rc;
+}
+
 int ap_fuse_stitch(ap_partition *p, ap_mgraph ***msp, int *np, const bool *no_stitch,
 		   const ap_target_info *t, unsigned *n_stitched, ap_error *err)
 {
@@ -655,6 +790,8 @@ int ap_fuse_stitch(ap_partition *p, ap_mgraph ***msp, int *np, const bool *no_st
 		(*n_stitched)++;
 		free(set);
 	}
+	if ((rc = stitch_attention(&c, n_stitched, err)) < 0)
+		goto out;
 	/* compact, remembering each survivor's first position */
 	for (int u = 0; u < n; u++) {
 		if (!ms[u])

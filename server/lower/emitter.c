@@ -14,6 +14,7 @@ static const ap_emitter *const registry[] = {
 	&ap_emitter_column_reduce,
 	&ap_emitter_transpose,
 	&ap_emitter_movement,
+	&ap_emitter_attention,
 	&ap_emitter_gemm,
 	&ap_emitter_pointwise,
 };

@@ -16,6 +16,7 @@ extern const ap_emitter ap_emitter_row_reduce;     /* rows.c */
 extern const ap_emitter ap_emitter_column_reduce;  /* rows.c */
 extern const ap_emitter ap_emitter_transpose;      /* transpose.c */
 extern const ap_emitter ap_emitter_movement;       /* movement.c */
+extern const ap_emitter ap_emitter_attention;      /* attention.c: QK^T, softmax, PV */
 extern const ap_emitter ap_emitter_gemm;           /* gemm.c: MatMul on tiles */
 extern const ap_emitter ap_emitter_pointwise;      /* pointwise.c */
 
@@ -34,5 +35,37 @@ unsigned ap_grid_for(int64_t work, int64_t per_block);
  * bytes of every input and output once, arithmetic from the cost model's
  * evaluation counts.  Adds to *out.  0 or AP_ENOMEM. */
 int ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out);
+
+/* ---- epilogues of products (epilogue.c) ------------------------------------- */
+
+#define AP_EMAP_STEPS 12
+
+/* One view or transpose on the way from a product Y to an output. */
+typedef struct ap_emap_step {
+	unsigned char perm;             /* 1: a transpose, 0: a view */
+	int rank;
+	int64_t dims[AP_MAX_RANK];      /* the resulting tensor's */
+	int p[AP_MAX_RANK];             /* transpose: output dim d = input dim p[d] */
+} ap_emap_step;
+
+/* How a tensor computed from Y is indexed by Y's element. */
+typedef struct ap_emap {
+	bool derived;                   /* computed from Y, element for element */
+	int n;
+	ap_emap_step s[AP_EMAP_STEPS];
+} ap_emap;
+
+/* Fills maps[] (one per tensor of g, zeroed by the caller) for the tensors
+ * computed from tensor y of g.  False with *why when a tensor depends on y
+ * otherwise than element for element (a broadcast of it, an op that is not
+ * elementwise, a view or a transpose, two different elements of y in one
+ * node), or, with all_outputs, when an output of g is not computed from
+ * y. */
+bool ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs, char *why,
+		       size_t cap);
+/* Stores every output of v->g that maps[] derives from y, for the element
+ * of y at y_ix (the caller's leaf hook gives y's value there): each at the
+ * index its views and transposes lead to, its value built by v. */
+void ap__epilogue_store(ap_vctx *v, const ap_emap *maps, ap_lidx y_ix);
 
 #endif

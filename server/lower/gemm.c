@@ -54,22 +54,6 @@
 
 /* ---- analysis: the operands and the epilogue ----------------------------------- */
 
-#define EMAP_STEPS 12
-
-/* How a tensor derived from Y is indexed by Y's element: a chain of
- * relinearisations (views) and permutations (transposes). */
-typedef struct emap_step {
-	unsigned char perm;             /* 1: a transpose, 0: a view */
-	int rank;
-	int64_t dims[AP_MAX_RANK];      /* the resulting tensor's */
-	int p[AP_MAX_RANK];             /* transpose: output dim d = input dim p[d] */
-} emap_step;
-
-typedef struct emap {
-	bool derived;
-	int n;
-	emap_step s[EMAP_STEPS];
-} emap;
 
 /* A strided view of a buffer: element (c0, c1, ...) at sum c_d * str_d. */
 typedef struct sview {
@@ -103,7 +87,7 @@ typedef struct gemm_plan {
 	gemm_opnd a, b;                 /* b is described as [N][K] */
 	bool tc;                        /* tensor cores */
 	ap_kir_mma_kind mma;
-	emap *maps;                     /* per tensor of m->g */
+	ap_emap *maps;                  /* per tensor of m->g */
 	/* convolution as an implicit GEMM: rows (n, output position), columns
 	 * the output channels of a group, K (input channel of the group,
 	 * kernel position); tile batches are the groups */
@@ -120,87 +104,6 @@ static void plan_clear(gemm_plan *p)
 {
 	free(p->maps);
 	p->maps = NULL;
-}
-
-static bool emap_equal(const emap *a, const emap *b)
-{
-	if (a->n != b->n)
-		return false;
-	for (int i = 0; i < a->n; i++) {
-		const emap_step *x = &a->s[i], *y = &b->s[i];
-
-		if (x->perm != y->perm || !ap_dims_equal(x->rank, x->dims, y->rank, y->dims))
-			return false;
-		for (int d = 0; x->perm && d < x->rank; d++)
-			if (x->p[d] != y->p[d])
-				return false;
-	}
-	return true;
-}
-
-/* The forward maps from Y to every tensor computed from it; false when a
- * tensor depends on Y otherwise than element for element. */
-static bool epilogue_maps(const ap_graph *g, int y, emap *maps, char *why, size_t cap)
-{
-	maps[y].derived = true;
-	for (int i = 0; i < g->n_nodes; i++) {
-		const ap_node *n = &g->nodes[i];
-		ap_op_category cat = ap_op_category_of(n->op);
-		const emap *src = NULL;
-		int o = n->outputs[0];
-
-		for (int j = 0; j < n->n_inputs; j++) {
-			int x = n->inputs[j];
-
-			if (x < 0 || !maps[x].derived)
-				continue;
-			if (!ap_dims_equal(g->tensors[x].rank, g->tensors[x].dims, g->tensors[o].rank,
-					   g->tensors[o].dims) && !ap_op_is_view(n->op) && n->op != AP_OP_TRANSPOSE) {
-				snprintf(why, cap, "%s broadcasts the product", ap_op_name(n->op));
-				return false;
-			}
-			if (src && !emap_equal(src, &maps[x])) {
-				snprintf(why, cap, "%s reads the product at two different elements", ap_op_name(n->op));
-				return false;
-			}
-			src = &maps[x];
-		}
-		if (!src || o < 0)
-			continue;
-		if (n->n_outputs != 1) {
-			snprintf(why, cap, "%s after the product has several outputs", ap_op_name(n->op));
-			return false;
-		}
-		maps[o] = *src;
-		if (cat == AP_CAT_ELEMWISE || cat == AP_CAT_BROADCAST)
-			continue;
-		if (!ap_op_is_view(n->op) && n->op != AP_OP_TRANSPOSE) {
-			snprintf(why, cap, "%s after the product", ap_op_name(n->op));
-			return false;
-		}
-		if (maps[o].n == EMAP_STEPS) {
-			snprintf(why, cap, "too many views after the product");
-			return false;
-		}
-		{
-			emap_step *st = &maps[o].s[maps[o].n++];
-			const ap_tensor *ot = &g->tensors[o];
-
-			memset(st, 0, sizeof(*st));
-			st->perm = n->op == AP_OP_TRANSPOSE;
-			st->rank = ot->rank;
-			memcpy(st->dims, ot->dims, sizeof(st->dims));
-			for (int d = 0; st->perm && d < ot->rank; d++)
-				st->p[d] = (int)ap_node_attr_at(n, "perm", d, ot->rank - 1 - d);
-		}
-	}
-	for (int i = 0; i < g->n_outputs; i++)
-		if (!maps[g->outputs[i]].derived) {
-			snprintf(why, cap, "it writes %s, which is not computed from the product",
-				 g->tensors[g->outputs[i]].name);
-			return false;
-		}
-	return true;
 }
 
 static void sv_rowmajor(sview *v, const ap_tensor *t)
@@ -458,12 +361,12 @@ static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *
 		snprintf(why, cap, "an empty convolution");
 		return false;
 	}
-	p->maps = calloc((size_t)g->n_tensors + 1, sizeof(emap));
+	p->maps = calloc((size_t)g->n_tensors + 1, sizeof(ap_emap));
 	if (!p->maps) {
 		snprintf(why, cap, "out of memory");
 		return AP_ENOMEM;
 	}
-	if (!epilogue_maps(g, p->y, p->maps, why, cap)) {
+	if (!ap__epilogue_maps(g, p->y, p->maps, true, why, cap)) {
 		plan_clear(p);
 		return false;
 	}
@@ -575,12 +478,12 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, ch
 	p->fold = p->nb > 0 && bt->rank == 2;
 	p->Mr = p->fold ? p->batch * p->M : p->M;
 	p->tb = p->fold ? 1 : p->batch;
-	p->maps = calloc((size_t)g->n_tensors + 1, sizeof(emap));
+	p->maps = calloc((size_t)g->n_tensors + 1, sizeof(ap_emap));
 	if (!p->maps) {
 		snprintf(why, cap, "out of memory");
 		return AP_ENOMEM;
 	}
-	if (!epilogue_maps(g, p->y, p->maps, why, cap)) {
+	if (!ap__epilogue_maps(g, p->y, p->maps, true, why, cap)) {
 		plan_clear(p);
 		return false;
 	}
@@ -1393,33 +1296,8 @@ static ap_lidx y_index(gctx *c, ap_kir_expr *row, ap_kir_expr *col)
  * Y[batch][row][col] (inside the problem: the caller checks). */
 static void store_outputs(gctx *c, ap_kir_expr *ai, ap_kir_expr *row, ap_kir_expr *col)
 {
-	const ap_graph *g = c->g;
-	ap_vctx *v = c->v;
-
 	c->acc_index = ai;
-	for (int i = 0; i < g->n_outputs && !v->rc; i++) {
-		int o = g->outputs[i];
-		const emap *mp = &c->p->maps[o];
-		ap_lidx ix = y_index(c, row, col), val_ix;
-
-		for (int s = 0; s < mp->n; s++) {
-			const emap_step *st = &mp->s[s];
-			ap_lidx nx;
-
-			memset(&nx, 0, sizeof(nx));
-			nx.rank = st->rank;
-			memcpy(nx.dims, st->dims, sizeof(nx.dims));
-			if (st->perm) {
-				for (int d = 0; d < st->rank; d++)
-					nx.c[d] = ap_lidx_coord(v, &ix, st->p[d]);
-			} else {
-				nx.lin = ap_lidx_linear(v, &ix);
-			}
-			ix = nx;
-		}
-		val_ix = ix;
-		ap_kir_store(c->k, v->cur, ap_v_buffer(v, o), ap_lidx_linear(v, &ix), ap_val(v, o, &val_ix));
-	}
+	ap__epilogue_store(c->v, c->p->maps, y_index(c, row, col));
 }
 
 /* ---- the skeleton ---------------------------------------------------------------------- */

@@ -99,6 +99,12 @@ int ap_sched_get(const ap_sched *s, const ap_space *sp, const char *name, int df
  * registers nor in shared memory.) */
 int ap_lower_stitchable(const ap_mgraph *m, const ap_target_info *t, char *why, size_t cap);
 
+/* Can the attention emitter build m (the union of a QK^T product, the
+ * softmax over its last axis and the product of the probabilities with V,
+ * server/lower/attention.c) as one kernel on t?  1 yes, 0 no (*why says
+ * why), AP_ENOMEM. */
+int ap_lower_attention_ok(const ap_mgraph *m, const ap_target_info *t, char *why, size_t cap);
+
 typedef struct ap_lower_options {
 	unsigned max_block_threads;  /* 0 = 256; a power of two in [32, 1024] */
 	const ap_sched *sched;       /* a configuration to use (its emitter must

@@ -139,6 +139,7 @@ const char *ap_group_kind_name(ap_group_kind kind)
 	case AP_GROUP_CONV: return "conv";
 	case AP_GROUP_WHOLE: return "whole";
 	case AP_GROUP_STITCHED: return "stitched";
+	case AP_GROUP_ATTENTION: return "attention";
 	}
 	return "?";
 }

@@ -112,8 +112,10 @@ typedef enum ap_group_kind {
 	AP_GROUP_WHOLE = 8,      /* a compound op kept whole (keep_whole) */
 	AP_GROUP_STITCHED = 9,   /* reductions stitched with their consumers
 				    (Layer II; never made by the partitioner) */
+	AP_GROUP_ATTENTION = 10, /* QK^T -> softmax -> PV stitched into one
+				    (Layer II; never made by the partitioner) */
 } ap_group_kind;
-#define AP_GROUP_KIND_COUNT 10
+#define AP_GROUP_KIND_COUNT 11
 
 /* Why two groups joined by a producer -> consumer edge were not merged. */
 typedef enum ap_boundary_reason {
