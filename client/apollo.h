@@ -269,6 +269,9 @@ typedef struct ap_bundle_launch_part {
 	unsigned block_begin, blocks;    /* its blocks: [block_begin, block_begin + blocks) */
 	unsigned layers;                 /* AP_BUNDLE_LAYER_* bits */
 	const char *detail;              /* what those layers did ("" if nothing) */
+	const char *emitter;             /* the kernel shape that built it ("gemm",
+					    "attention", "stitched", ...; "" if none) */
+	const char *schedule;            /* its configuration, "knob=value ..." */
 } ap_bundle_launch_part;
 /* Parts of launch `i` (0 when the daemon gave none, or i is out of range). */
 int ap_bundle_launch_n_parts(const ap_bundle *b, int i);

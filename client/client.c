@@ -1140,7 +1140,7 @@ int ap_bundle_launch_part_get(const ap_bundle *b, int i, int j, ap_bundle_launch
 	const Apollo__LaunchPart *p;
 
 	memset(out, 0, sizeof(*out));
-	out->category = out->detail = "";
+	out->category = out->detail = out->emitter = out->schedule = "";
 	if (i < 0 || (size_t)i >= b->pb->n_plan || !(l = b->pb->plan[i]) || j < 0 ||
 	    (size_t)j >= l->n_parts || !(p = l->parts[j]) || p->n_nodes > INT32_MAX)
 		return AP_EINVAL;
@@ -1151,6 +1151,8 @@ int ap_bundle_launch_part_get(const ap_bundle *b, int i, int j, ap_bundle_launch
 	out->blocks = p->blocks;
 	out->layers = layer_bits(p->layers, p->n_layers);
 	out->detail = p->detail ? p->detail : "";
+	out->emitter = p->emitter ? p->emitter : "";
+	out->schedule = p->schedule ? p->schedule : "";
 	return 0;
 }
 

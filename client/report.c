@@ -214,6 +214,10 @@ void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 				json_layers(f, pt.layers);
 				fputs(",\"detail\":", f);
 				ap_json_string(f, pt.detail);
+				fputs(",\"emitter\":", f);
+				ap_json_string(f, pt.emitter);
+				fputs(",\"schedule\":", f);
+				ap_json_string(f, pt.schedule);
 				fputc('}', f);
 			}
 			fputc(']', f);
@@ -316,6 +320,8 @@ static void text_layers(FILE *f, const ap_bundle *b, int i)
 		}
 		if (pt.detail[0])
 			fprintf(f, "    %s%s\n", np > 1 ? "  " : "", pt.detail);
+		if (pt.emitter[0])
+			fprintf(f, "    %semitter %s: %s\n", np > 1 ? "  " : "", pt.emitter, pt.schedule);
 	}
 }
 

@@ -1227,6 +1227,7 @@ static ap_bundle *explain_bundle(void)
 		apollo__launch_part__init(&pt[i]);
 	pt[0].category = "stitched"; pt[0].n_nodes = 1; pt[0].nodes = n1; pt[0].blocks = 4;
 	pt[0].n_layers = 1; pt[0].layers = l2; pt[0].detail = "stitched by Layer II: one row";
+	pt[0].emitter = "stitched"; pt[0].schedule = "rows=1 cache=registers";
 	pt[1].category = "elementwise"; pt[1].n_nodes = 1; pt[1].nodes = pn2a; pt[1].blocks = 3;
 	pt[2].category = "reduction"; pt[2].n_nodes = 1; pt[2].nodes = pn2b; pt[2].block_begin = 3;
 	pt[2].blocks = 5;
@@ -1283,7 +1284,8 @@ START_TEST(explain_text)
 	ck_assert_ptr_nonnull(strstr(text, "\n  launch 1 kA reduction: r\"1\n"));
 	ck_assert_ptr_nonnull(strstr(text, "\n  launch 2 kB -: z\n"));
 	/* the layer that stitched each launch */
-	ck_assert_ptr_nonnull(strstr(text, "\n  launch 1 kA reduction: r\"1\n    stitched by Layer II: one row\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\n  launch 1 kA reduction: r\"1\n    stitched by Layer II: one row\n"
+				   "    emitter stitched: rows=1 cache=registers\n"));
 	ck_assert_ptr_nonnull(strstr(text, "\n    stitched: Layer III launches 2 independent micro-graphs together, "
 				   "split by blockIdx ranges:\n      blocks [0, 3) elementwise: z\n"
 				   "      blocks [3, 8) reduction: w0\n"));
@@ -1326,12 +1328,14 @@ START_TEST(explain_json)
 		"{\"kernel\":0,\"name\":\"kA\",\"category\":\"reduction\",\"nodes\":[\"r\\\"1\"],"
 		"\"layers\":[\"II\"],\"global_bytes\":64,\"reads\":[2],\"writes\":[3],"
 		"\"parts\":[{\"category\":\"stitched\",\"block_begin\":0,\"blocks\":4,\"nodes\":[\"r\\\"1\"],"
-		"\"layers\":[\"II\"],\"detail\":\"stitched by Layer II: one row\"}]},"
+		"\"layers\":[\"II\"],\"detail\":\"stitched by Layer II: one row\",\"emitter\":\"stitched\","
+		"\"schedule\":\"rows=1 cache=registers\"}]},"
 		"{\"kernel\":1,\"name\":\"kB\",\"category\":\"\",\"nodes\":[\"z\"],\"layers\":[\"III\"],"
 		"\"global_bytes\":0,\"reads\":[3],\"writes\":[1],\"parts\":[{\"category\":\"elementwise\","
-		"\"block_begin\":0,\"blocks\":3,\"nodes\":[\"z\"],\"layers\":[],\"detail\":\"\"},"
+		"\"block_begin\":0,\"blocks\":3,\"nodes\":[\"z\"],\"layers\":[],\"detail\":\"\",\"emitter\":\"\","
+		"\"schedule\":\"\"},"
 		"{\"category\":\"reduction\",\"block_begin\":3,\"blocks\":5,\"nodes\":[\"w0\"],"
-		"\"layers\":[],\"detail\":\"\"}]}]"));
+		"\"layers\":[],\"detail\":\"\",\"emitter\":\"\",\"schedule\":\"\"}]}]"));
 	ck_assert_ptr_nonnull(strstr(text, "\"layers\":{\"I\":0,\"II\":1,\"III\":2}"));
 	ck_assert_ptr_nonnull(strstr(text,
 		"\"buffer_list\":[{\"name\":\"x\",\"kind\":\"input\",\"bytes\":16},"

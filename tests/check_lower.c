@@ -136,6 +136,9 @@ static void buffers_init(buffers *b, const ap_mgraph *m)
 	}
 }
 
+/* A case's own touch on its random inputs (NULL: none). */
+static void (*g_fill)(const ap_mgraph *m, buffers *b);
+
 static void buffers_free(buffers *b)
 {
 	for (int i = 0; i < b->n; i++)
@@ -234,9 +237,23 @@ static void golden(const char *name, const char *text)
 	}
 	want = slurp(path);
 	ck_assert_msg(want != NULL, "no golden file %s (APOLLO_UPDATE_GOLDEN=1 writes it)", path);
-	ck_assert_msg(strcmp(want, text) == 0,
-		      "%s differs from the kernel printed now (APOLLO_UPDATE_GOLDEN=1 after reviewing "
-		      "the change):\n%s", path, text);
+	if (strcmp(want, text) != 0) {
+		/* the first line that differs (the whole text is too long for a
+		 * message) */
+		const char *a = want, *b = text;
+		int line = 1;
+
+		while (*a && *a == *b) {
+			line += *a == '\n';
+			a++, b++;
+		}
+		while (a > want && a[-1] != '\n')
+			a--, b--;
+		ck_abort_msg("%s differs from the kernel printed now at line %d (APOLLO_UPDATE_GOLDEN=1 "
+			     "after reviewing the change):\n- %.*s\n+ %.*s", path, line,
+			     (int)strcspn(a, "\n") > 300 ? 300 : (int)strcspn(a, "\n"), a,
+			     (int)strcspn(b, "\n") > 300 ? 300 : (int)strcspn(b, "\n"), b);
+	}
 	free(want);
 }
 
@@ -400,6 +417,8 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 	unlink(so_path);
 	ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
 	buffers_init(&in, m);
+	if (g_fill)
+		g_fill(m, &in);
 	want = calloc((size_t)m->g->n_outputs, sizeof(double *));
 	for (int i = 0; i < m->g->n_outputs; i++)
 		want[i] = calloc((size_t)ap_tensor_numel(&m->g->tensors[m->g->outputs[i]]) + 1,
@@ -877,11 +896,100 @@ START_TEST(gemm_batched)
 }
 END_TEST
 
+/* ---- attention ---------------------------------------------------------------------- */
+
+/* o = softmax(q k^T / 4 + mask) v, transposed to [2, 37, 3, 12]: q [2, 3, 37, 16],
+ * k [2, 3, 45, 16] (read transposed), v [2, 3, 45, 12], mask [37, 45]
+ * broadcast over batches and heads; 45 keys (a partial second tile), the
+ * mask taking every key of the first tile of row 0 away (-inf) so that the
+ * online softmax starts from nothing there. */
+static void ref_attention(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *q = in->data[m->g->inputs[0]], *kk = in->data[m->g->inputs[1]];
+	const float *v = in->data[m->g->inputs[2]], *mask = in->data[m->g->inputs[3]];
+
+	for (int b = 0; b < 2; b++)
+		for (int h = 0; h < 3; h++)
+			for (int i = 0; i < 37; i++) {
+				double sc[45], mx = -INFINITY, sum = 0;
+
+				for (int j = 0; j < 45; j++) {
+					double d = 0;
+
+					for (int e = 0; e < 16; e++)
+						d += (double)q[((b * 3 + h) * 37 + i) * 16 + e] *
+						     kk[((b * 3 + h) * 45 + j) * 16 + e];
+					sc[j] = (float)((float)d / 4.0f) + mask[i * 45 + j];
+					if (sc[j] > mx)
+						mx = sc[j];
+				}
+				for (int j = 0; j < 45; j++)
+					sum += exp(sc[j] - mx);
+				for (int c = 0; c < 12; c++) {
+					double o = 0;
+
+					for (int j = 0; j < 45; j++)
+						o += exp(sc[j] - mx) / sum * v[((b * 3 + h) * 45 + j) * 12 + c];
+					want[0][((b * 37 + i) * 3 + h) * 12 + c] = o;
+				}
+			}
+}
+
+/* Row 0 of the mask takes the first 32 keys away. */
+static void mask_first_tile(const ap_mgraph *m, buffers *b)
+{
+	float *mask = b->data[m->g->inputs[3]];
+
+	for (int j = 0; j < 32; j++)
+		mask[j] = -INFINITY;
+}
+
+START_TEST(attention_online_softmax)
+{
+	ap_graph *g = ap_graph_new("att");
+	int q = tensor(g, "q", DIMS(2, 3, 37, 16), AP_TENSOR_INPUT), kk = tensor(g, "k", DIMS(2, 3, 45, 16), AP_TENSOR_INPUT);
+	int v = tensor(g, "v", DIMS(2, 3, 45, 12), AP_TENSOR_INPUT), mask = tensor(g, "mask", DIMS(37, 45), AP_TENSOR_INPUT);
+	int four = scalar(g, "four", 4.0f);
+	int kt = tensor(g, "kt", DIMS(2, 3, 16, 45), AP_TENSOR_VALUE), y1 = tensor(g, "y1", DIMS(2, 3, 37, 45), AP_TENSOR_VALUE);
+	int sc = tensor(g, "sc", DIMS(2, 3, 37, 45), AP_TENSOR_VALUE), s2 = tensor(g, "s2", DIMS(2, 3, 37, 45), AP_TENSOR_VALUE);
+	int mx = tensor(g, "mx", DIMS(2, 3, 37, 1), AP_TENSOR_VALUE), d = tensor(g, "d", DIMS(2, 3, 37, 45), AP_TENSOR_VALUE);
+	int e = tensor(g, "e", DIMS(2, 3, 37, 45), AP_TENSOR_VALUE), l = tensor(g, "l", DIMS(2, 3, 37, 1), AP_TENSOR_VALUE);
+	int pr = tensor(g, "p", DIMS(2, 3, 37, 45), AP_TENSOR_VALUE), o = tensor(g, "o", DIMS(2, 3, 37, 12), AP_TENSOR_VALUE);
+	int ot = tensor(g, "ot", DIMS(2, 37, 3, 12), AP_TENSOR_VALUE);
+	lcase lc = {"attention_online_softmax", "attention", {"__shfl_xor_sync", "__syncthreads"}, {"shfl.sync.bfly"}};
+	ap_mgraph *m;
+	int n;
+
+	n = node(g, "kt", AP_OP_TRANSPOSE, LIST(kk), LIST(kt));
+	ap_node_set_ints(g, n, "perm", (const int64_t[]){0, 1, 3, 2}, 4);
+	node(g, "qk", AP_OP_MATMUL, LIST(q, kt), LIST(y1));
+	node(g, "scale", AP_OP_DIV, LIST(y1, four), LIST(sc));
+	node(g, "mask", AP_OP_ADD, LIST(sc, mask), LIST(s2));
+	n = node(g, "max", AP_OP_REDUCE_MAX, LIST(s2), LIST(mx));
+	reduce_axes(g, n, (const int64_t[]){3}, 1, 1);
+	node(g, "sub", AP_OP_SUB, LIST(s2, mx), LIST(d));
+	node(g, "exp", AP_OP_EXP, LIST(d), LIST(e));
+	n = node(g, "sum", AP_OP_REDUCE_SUM, LIST(e), LIST(l));
+	reduce_axes(g, n, (const int64_t[]){3}, 1, 1);
+	node(g, "div", AP_OP_DIV, LIST(e, l), LIST(pr));
+	node(g, "pv", AP_OP_MATMUL, LIST(pr, v), LIST(o));
+	n = node(g, "tr", AP_OP_TRANSPOSE, LIST(o), LIST(ot));
+	ap_node_set_ints(g, n, "perm", (const int64_t[]){0, 2, 1, 3}, 4);
+	output(g, ot);
+	m = whole(g, AP_GROUP_ATTENTION);
+	g_fill = mask_first_tile;
+	run_case(&lc, m, ref_attention);
+	g_fill = NULL;
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
 /* Every emitter of the registry has a case above. *//* Every emitter of the registry has a case above. */
 START_TEST(registry_covered)
 {
 	static const char *const covered[] = {"stitched", "row_reduce", "column_reduce", "transpose",
-					      "movement", "gemm", "pointwise"};
+					      "movement", "attention", "gemm", "pointwise"};
 	int n;
 	const ap_emitter *const *r = ap_emitters(&n);
 
@@ -909,6 +1017,7 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, gemm_simt);
 	tcase_add_test(tc, gemm_tf32);
 	tcase_add_test(tc, gemm_batched);
+	tcase_add_test(tc, attention_online_softmax);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -157,9 +157,11 @@ typedef struct named {
 	const void *data;
 } named;
 
-/* Runs the plan.  inputs[i]: data of graph input i; params: by name;
- * outs[i] receives a malloc'd copy of graph output i. */
-static void run_plan(const ap_program *p, const compiled *c, const void *const *inputs,
+/* Runs the plan.  inputs[i]: data of graph input i; params: by name, and
+ * a constant of g that a kernel reads from memory by its name (as
+ * ap_runtime_bind_consts does); outs[i] receives a malloc'd copy of graph
+ * output i. */
+static void run_plan(const ap_program *p, const ap_graph *g, const compiled *c, const void *const *inputs,
 		     const named *params, int n_params, void **outs, int n_outs)
 {
 	void **ptr = calloc((size_t)p->n_buffers + 1, sizeof(void *));
@@ -181,6 +183,12 @@ static void run_plan(const ap_program *p, const compiled *c, const void *const *
 			for (int j = 0; j < n_params; j++)
 				if (strcmp(params[j].name, bf->name) == 0)
 					ptr[b] = (void *)params[j].data;
+			if (!ptr[b]) {
+				int t = ap_graph_find_tensor(g, bf->name);
+
+				if (t >= 0 && g->tensors[t].kind == AP_TENSOR_CONST)
+					ptr[b] = (void *)g->tensors[t].data;
+			}
 			ck_assert_msg(ptr[b] != NULL || bf->nbytes == 0, "no data for param %s", bf->name);
 			break;
 		case AP_BUF_OUTPUT:
@@ -377,7 +385,7 @@ static ap_program *build_and_run_opt(ap_graph *g, const ap_build_options *opt,
 		ck_assert_msg(nvrtc_compiles(pc, why, sizeof(why)), "%s", why);
 		ap_program_free(pc);
 	}
-	run_plan(p, &c, inputs, params, n_params, outs, g->n_outputs);
+	run_plan(p, g, &c, inputs, params, n_params, outs, g->n_outputs);
 	compiled_free(&c);
 	return p;
 }
@@ -2376,7 +2384,7 @@ static bool run_onnx_dir_opt(const char *dir, const ap_build_options *opt, bool 
 		goto done;
 	}
 	outs = calloc((size_t)g->n_outputs + 1, sizeof(void *));
-	run_plan(p, &c, inputs, pr, params ? params->n : 0, outs, g->n_outputs);
+	run_plan(p, g, &c, inputs, pr, params ? params->n : 0, outs, g->n_outputs);
 	ok = true;
 	for (int o = 0; o < g->n_outputs && ok; o++) {
 		const ap_tensor *t = &g->tensors[g->outputs[o]];

@@ -3,8 +3,10 @@
 # in float16 and in bfloat16 (tools/convert_precision.py: weights and every
 # value of the graph in the 16-bit type, inputs and outputs float32),
 # checked on target cpu against onnxruntime running the original float32
-# model on the same inputs.  Tolerances (README, "Tests"): float16 rtol
-# 1e-2, atol 1e-2; bfloat16 (8 bits of mantissa) rtol 5e-2, atol 5e-2; and
+# model on the same inputs; then their kernels for sm_90 through
+# build/tests/check_gemm (tensor-core PTX, no spills).  Tolerances
+# (README, "Tests"): float16 rtol 1e-2, atol 1e-2; bfloat16 (8 bits of
+# mantissa) rtol 5e-2, atol 5e-2; and
 # at most 1% of an output's elements outside them, since a ReLU whose
 # input is within rounding of 0 takes the other side in 16 bits, which
 # moves the gradients of that unit in a training step (onnxruntime's own
@@ -36,5 +38,10 @@ sed 's/^/float16 /' "$AP_TMP/f16.out"
 "$CLIENT" check --jobs "${APOLLO_JOBS:-2}" --rtol 5e-2 --atol 5e-2 --mismatch 0.01 \
 	$(ls -d "$AP_TMP"/prec/bfloat16__*/) >"$AP_TMP/bf16.out" || status=1
 sed 's/^/bfloat16 /' "$AP_TMP/bf16.out"
+# the same 16-bit graphs for sm_90: every GEMM kernel holds mma.sync and
+# ldmatrix (and cp.async where an operand is copied so), no spills
+# shellcheck disable=SC2046
+"$APOLLO_BUILD/tests/check_gemm" $(ls -d "$AP_TMP"/prec/*__*/) >"$AP_TMP/gemm.out" 2>&1 || status=1
+grep -E "check_gemm:|Checks:|:F:|:E:" "$AP_TMP/gemm.out" | sed 's/^/16-bit sm_90 /'
 [ $status -eq 0 ] || echo "precision: FAILED"
 exit $status

@@ -6,7 +6,12 @@
  * (CUDA C or host C, as NVRTC or the host compiler would get it).
  *
  *   apollo-kernels MODEL.onnx [--target T] [--data DIR] [--fusion none|rules|apollo]
- *                  [--allow-tf32] [--only NAME]
+ *                  [--allow-tf32] [--only NAME] [--ptxas]
+ *
+ * --ptxas (CUDA targets): instead of the source, one line per kernel with
+ * what ptxas reports for it through NVRTC (-Xptxas -v): registers per
+ * thread, spill stores / loads (bytes), static shared memory (bytes), and
+ * the emitter's schedule line.
  *
  * Output goes to stdout; errors to stderr with exit status 1.  This is
  * the same build the daemon runs (ap_program_build), so what it prints is
@@ -18,13 +23,41 @@
 
 #include "client/tool.h"
 #include "common/graph.h"
+#include "server/backend/backend.h"
 #include "server/plan/program.h"
 
 static int usage(void)
 {
 	fprintf(stderr, "usage: apollo-kernels MODEL.onnx [--target T] [--data DIR] "
-			"[--fusion none|rules|apollo] [--allow-tf32] [--only NAME]\n");
+			"[--fusion none|rules|apollo] [--allow-tf32] [--only NAME] [--ptxas]\n");
 	return 1;
+}
+
+/* One line: the kernel's name, ptxas's figures for `arch`, its schedule. */
+static void print_ptxas(const ap_kernel_src *k, const char *arch)
+{
+	static const char *const v[] = {"--ptxas-options=-v"};
+	uint8_t *out = NULL;
+	size_t len = 0;
+	char *log = NULL, sched[160] = "";
+	const char *e = strstr(k->src, "emitter ");
+	ap_ptxas_stats st;
+	ap_error err;
+
+	if (e) {
+		size_t n = strcspn(e, "*\n");
+
+		snprintf(sched, sizeof(sched), "%.*s", (int)(n > 0 && e[n - 1] == ' ' ? n - 1 : n), e);
+	}
+	if (ap_nvrtc_compile_ex(k->src, k->name, arch, true, v, 1, &out, &len, &log, &err) != 0)
+		printf("%s: NVRTC failed: %s\n", k->name, err.msg);
+	else if (!ap_ptxas_parse(log, k->name, &st))
+		printf("%s: no ptxas report\n", k->name);
+	else
+		printf("%s: %d registers, spills %d / %d bytes, shared %d bytes; %s\n", k->name, st.registers,
+		       st.spill_store_bytes, st.spill_load_bytes, st.shared_bytes, sched[0] ? sched : "-");
+	free(out);
+	free(log);
 }
 
 int main(int argc, char **argv)
@@ -39,6 +72,7 @@ int main(int argc, char **argv)
 	ap_graph *g;
 	ap_program *p;
 	ap_error err;
+	bool ptxas = false;
 
 	memset(&opt, 0, sizeof(opt));
 	for (int i = 1; i < argc; i++) {
@@ -48,6 +82,8 @@ int main(int argc, char **argv)
 			data = argv[++i];
 		else if (!strcmp(argv[i], "--only") && i + 1 < argc)
 			only = argv[++i];
+		else if (!strcmp(argv[i], "--ptxas"))
+			ptxas = true;
 		else if (!strcmp(argv[i], "--allow-tf32"))
 			opt.allow_tf32 = true;
 		else if (!strcmp(argv[i], "--fusion") && i + 1 < argc) {
@@ -80,6 +116,11 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	opt.target = target;
+	if (ptxas && (!strcmp(target, "cpu") || ap_nvrtc_load(&err) != 0)) {
+		fprintf(stderr, "apollo-kernels: --ptxas needs a CUDA target and NVRTC%s%s\n",
+			err.msg[0] ? ": " : "", err.msg);
+		return 1;
+	}
 	p = ap_program_build(g, &opt, &err);
 	if (!p) {
 		fprintf(stderr, "apollo-kernels: build: %s\n", err.msg);
@@ -92,6 +133,10 @@ int main(int argc, char **argv)
 
 		if (only && strcmp(only, k->name))
 			continue;
+		if (ptxas) {
+			print_ptxas(k, target);
+			continue;
+		}
 		printf("\n/* ==== %s: grid %u x %u x %u, block %u x %u x %u, dynamic shared %u bytes; nodes:",
 		       k->name, k->grid[0], k->grid[1], k->grid[2], k->block[0], k->block[1], k->block[2],
 		       k->smem_bytes);

@@ -33,6 +33,25 @@ const char *ap_nvrtc_include_dir(void);
  * NVRTC log in err->msg), AP_ENOMEM. */
 int ap_nvrtc_compile(const char *src, const char *name, const char *arch, bool cubin,
 		     __ap_give uint8_t **out, size_t *out_len, ap_error *err);
+/* As ap_nvrtc_compile, with up to 16 more NVRTC options (e.g.
+ * "--ptxas-options=-v", whose report of registers, spills and shared
+ * memory per kernel lands in the log when compiling to cubin) and, when
+ * `log` is not NULL, the program log in *log (malloc'd, caller frees; ""
+ * when empty).  Errors as ap_nvrtc_compile, and AP_EINVAL for more than 16
+ * options. */
+int ap_nvrtc_compile_ex(const char *src, const char *name, const char *arch, bool cubin,
+			const char *const *extra, int n_extra, __ap_give uint8_t **out, size_t *out_len,
+			__ap_give char **log, ap_error *err);
+
+/* What ptxas -v said of kernel `name` in an NVRTC log: registers per
+ * thread, spill stores and loads (bytes), static shared memory (bytes).
+ * True when the log has the kernel's "Used N registers" line. */
+typedef struct ap_ptxas_stats {
+	int registers;
+	int spill_store_bytes, spill_load_bytes;
+	int shared_bytes;
+} ap_ptxas_stats;
+bool ap_ptxas_parse(const char *log, const char *name, ap_ptxas_stats *out);
 
 /* ---- host C compiler (hostcc.c) ----------------------------------------- */
 

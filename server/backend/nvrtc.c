@@ -389,9 +389,16 @@ static void take_log(nvrtcProgram prog, const char *prefix, const char *arch, ap
 int ap_nvrtc_compile(const char *src, const char *name, const char *arch, bool cubin,
 		     uint8_t **out, size_t *out_len, ap_error *err)
 {
+	return ap_nvrtc_compile_ex(src, name, arch, cubin, NULL, 0, out, out_len, NULL, err);
+}
+
+int ap_nvrtc_compile_ex(const char *src, const char *name, const char *arch, bool cubin,
+			const char *const *extra, int n_extra, uint8_t **out, size_t *out_len,
+			char **log, ap_error *err)
+{
 	nvrtcProgram prog = NULL;
 	char archopt[64];
-	const char *opts[3];
+	const char *opts[3 + 16];
 	int n_opts = 2;
 	char global_before[256];
 	locale_t saved, c_locale;
@@ -410,6 +417,12 @@ int ap_nvrtc_compile(const char *src, const char *name, const char *arch, bool c
 	opts[1] = "--std=c++17";
 	if (api.include_opt[0])
 		opts[n_opts++] = api.include_opt;
+	if (log)
+		*log = NULL;
+	if (n_extra < 0 || n_extra > 16)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "%d extra NVRTC options (at most 16)", n_extra);
+	for (int i = 0; i < n_extra; i++)
+		opts[n_opts++] = extra[i];
 
 	r = api.CreateProgram(&prog, src, name && *name ? name : "kernel.cu", 0, NULL, NULL);
 	if (r != NVRTC_SUCCESS)
@@ -471,10 +484,80 @@ int ap_nvrtc_compile(const char *src, const char *name, const char *arch, bool c
 		 * cuModuleLoadData needs it. */
 		buf[size - 1] = '\0';
 	}
+	if (log) {
+		size_t ls = 0;
+
+		if (api.GetProgramLogSize(prog, &ls) == NVRTC_SUCCESS && (*log = malloc(ls + 1)) != NULL) {
+			if (api.GetProgramLog(prog, *log) != NVRTC_SUCCESS)
+				(*log)[0] = 0;
+			(*log)[ls] = 0;
+		}
+		if (!*log) {
+			free(buf);
+			rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory for the NVRTC log");
+			goto done;
+		}
+	}
 	*out = buf;
 	*out_len = size;
 	rc = 0;
 done:
 	api.DestroyProgram(&prog);
 	return rc;
+}
+
+/* ---- ptxas -v ------------------------------------------------------------ */
+
+/* The number just before `what` in [from, to), or -1. */
+static int number_before(const char *from, const char *to, const char *what)
+{
+	const char *p = strstr(from, what);
+	const char *q;
+
+	if (!p || p >= to)
+		return -1;
+	q = p;
+	while (q > from && q[-1] == ' ')
+		q--;
+	while (q > from && q[-1] >= '0' && q[-1] <= '9')
+		q--;
+	return q < p && *q >= '0' && *q <= '9' ? atoi(q) : -1;
+}
+
+bool ap_ptxas_parse(const char *log, const char *name, ap_ptxas_stats *out)
+{
+	char key[300];
+	const char *entry, *props, *end;
+
+	memset(out, 0, sizeof(*out));
+	if (!log || !name)
+		return false;
+	/* ptxas: "Compiling entry function 'NAME' for 'sm_XX'", then "Function
+	 * properties for NAME" with the stack and spill bytes, then "Used N
+	 * registers, ... M bytes smem" */
+	snprintf(key, sizeof(key), "entry function '%s'", name);
+	entry = strstr(log, key);
+	if (!entry)
+		return false;
+	end = strstr(entry + 1, "entry function '");
+	if (!end)
+		end = entry + strlen(entry);
+	snprintf(key, sizeof(key), "Function properties for %s", name);
+	props = strstr(entry, key);
+	if (props && props < end) {
+		const char *nl = strchr(props, '\n');
+		const char *eol = nl ? strchr(nl + 1, '\n') : NULL;
+
+		if (nl) {
+			if (!eol)
+				eol = nl + strlen(nl);
+			out->spill_store_bytes = number_before(nl, eol, "bytes spill stores");
+			out->spill_load_bytes = number_before(nl, eol, "bytes spill loads");
+		}
+	}
+	out->registers = number_before(entry, end, "registers");
+	out->shared_bytes = number_before(entry, end, "bytes smem");
+	if (out->shared_bytes < 0)
+		out->shared_bytes = 0;
+	return out->registers >= 0;
 }

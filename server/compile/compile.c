@@ -561,6 +561,8 @@ static Apollo__Bundle *build_bundle(const ap_program *p, struct kblob *blobs, co
 			pp->block_begin = pt->block_begin;
 			pp->blocks = pt->blocks;
 			pp->detail = xstrdup(pt->detail ? pt->detail : "", oom);
+			pp->emitter = xstrdup(pt->emitter ? pt->emitter : "", oom);
+			pp->schedule = xstrdup(pt->schedule ? pt->schedule : "", oom);
 			pp->layers = layer_names(pt->layers, &pp->n_layers, oom);
 			pp->nodes = xcalloc((size_t)pt->n_nodes, sizeof(char *), oom);
 			for (int a = 0; pp->nodes && a < pt->n_nodes; a++) {

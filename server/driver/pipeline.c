@@ -659,6 +659,11 @@ static int add_launch(pipe *P, int li, int ki)
 		pt->blocks = fl->blocks[j];
 		pt->layers = u->m->layers;
 		pt->detail = ap_strdup(u->m->detail);
+		if (u->k && u->sched.em) {
+			pt->emitter = u->sched.em->name;
+			if (!(pt->schedule = ap_sched_describe(u->sched.em, u->m, &P->ti, &u->sched)))
+				return AP_ENOMEM;
+		}
 		if (!pt->detail || add_mgraph_names(u->m, &pt->nodes, &pt->n_nodes) < 0 ||
 		    add_mgraph_names(u->m, &ln->nodes, &ln->n_nodes) < 0)
 			return AP_ENOMEM;

@@ -78,8 +78,15 @@ static int launch_init(ap_fuse_launch *fl, int n, int n_params)
 	fl->block_begin = malloc((size_t)n * sizeof(unsigned));
 	fl->blocks = malloc((size_t)n * sizeof(unsigned));
 	fl->args = malloc(((size_t)n_params + 1) * sizeof(int));
-	if (!fl->units || !fl->block_begin || !fl->blocks || !fl->args)
+	if (!fl->units || !fl->block_begin || !fl->blocks || !fl->args) {
+		/* the caller counts only launches that were made: free the rest */
+		free(fl->units);
+		free(fl->block_begin);
+		free(fl->blocks);
+		free(fl->args);
+		memset(fl, 0, sizeof(*fl));
 		return AP_ENOMEM;
+	}
 	fl->n = n;
 	return 0;
 }

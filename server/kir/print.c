@@ -890,32 +890,66 @@ static void print_cp_async(printer *p, const ap_kir_stmt *s, int depth)
 	sb_printf(b, "[ap_cs + ap_e] : (%s)0; }\n", ctype(p, s->arr->type));
 }
 
-/* `*(unsigned *)&arr[off + i]`: a 32-bit register of a fragment. */
-static void print_reg32(printer *p, const char *cast, const ap_kir_array *a, const ap_kir_expr *off, int i)
+/* `arr[off + i]` (thread mode). */
+static void print_frag_elem_cuda(printer *p, const ap_kir_array *a, const ap_kir_expr *off, int i)
 {
-	sb_printf(&p->out, "*(%s *)", cast);
-	print_elem_addr(p, a, off, i);
+	print_array_ref(p, a);
+	print_elem_index(p, a, off, NULL, i);
 }
 
+/* The 32-bit register of fragment elements off + i (and off + i + 1 for
+ * 16-bit types), as a value: no address of the register array is taken,
+ * so that it stays in registers. */
+static void print_reg32_value(printer *p, const ap_kir_array *a, const ap_kir_expr *off, int i)
+{
+	sbuf *b = &p->out;
+
+	if (ap_dtype_size(a->type) == 4) {
+		sb_printf(b, "__float_as_uint(");
+		print_frag_elem_cuda(p, a, off, i);
+		sb_printf(b, ")");
+		return;
+	}
+	sb_printf(b, "((unsigned)%s(", half_as_ushort(a->type));
+	print_frag_elem_cuda(p, a, off, i);
+	sb_printf(b, ") | ((unsigned)%s(", half_as_ushort(a->type));
+	print_frag_elem_cuda(p, a, off, i + 1);
+	sb_printf(b, ") << 16))");
+}
+
+/* ldmatrix into 32-bit temporaries ap_r0.., then into the fragment's
+ * elements by value. */
 static void print_ldmatrix_cuda(printer *p, const ap_kir_stmt *s, int depth)
 {
 	sbuf *b = &p->out;
 	bool wide = ap_dtype_size(s->src->type) == 4;
 
 	sb_indent(b, depth);
-	sb_printf(b, "{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(");
+	sb_printf(b, "{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(");
 	print_elem_addr(p, s->src, s->src_index, 0);
 	sb_printf(b, "); asm volatile(\"ldmatrix.sync.aligned.m8n8.x%d%s.shared.b16 {", s->width,
 		  s->trans ? ".trans" : "");
 	for (int j = 0; j < s->width; j++)
 		sb_printf(b, "%s%%%d", j ? ", " : "", j);
 	sb_printf(b, "}, [%%%d];\\n\" : ", s->width);
+	for (int j = 0; j < s->width; j++)
+		sb_printf(b, "%s\"=r\"(ap_r%d)", j ? ", " : "", j);
+	sb_printf(b, " : \"r\"(ap_sa));");
 	for (int j = 0; j < s->width; j++) {
-		sb_printf(b, "%s\"=r\"(", j ? ", " : "");
-		print_reg32(p, "unsigned", s->arr, s->index, wide ? j : 2 * j);
-		sb_printf(b, ")");
+		if (wide) {
+			sb_printf(b, " ");
+			print_frag_elem_cuda(p, s->arr, s->index, j);
+			sb_printf(b, " = __uint_as_float(ap_r%d);", j);
+		} else {
+			sb_printf(b, " ");
+			print_frag_elem_cuda(p, s->arr, s->index, 2 * j);
+			sb_printf(b, " = %s((unsigned short)(ap_r%d & 0xffffu));", ushort_as_half(s->arr->type), j);
+			sb_printf(b, " ");
+			print_frag_elem_cuda(p, s->arr, s->index, 2 * j + 1);
+			sb_printf(b, " = %s((unsigned short)(ap_r%d >> 16));", ushort_as_half(s->arr->type), j);
+		}
 	}
-	sb_printf(b, " : \"r\"(ap_sa)); }\n");
+	sb_printf(b, " }\n");
 }
 
 static void print_mma_cuda(printer *p, const ap_kir_stmt *s, int depth)
@@ -944,21 +978,19 @@ static void print_mma_cuda(printer *p, const ap_kir_stmt *s, int depth)
 	sb_printf(b, "};\\n\" : ");
 	for (int i = 0; i < 4; i++) {
 		sb_printf(b, "%s\"=f\"(", i ? ", " : "");
-		print_array_ref(p, s->frag[0]);
-		print_elem_index(p, s->frag[0], s->frag_off[0], NULL, i);
+		print_frag_elem_cuda(p, s->frag[0], s->frag_off[0], i);
 		sb_printf(b, ")");
 	}
 	sb_printf(b, " : ");
 	for (int f = 1; f <= 2; f++)
 		for (int i = 0; i < (f == 1 ? na : nb); i += step) {
 			sb_printf(b, "\"r\"(");
-			print_reg32(p, "const unsigned", s->frag[f], s->frag_off[f], i);
+			print_reg32_value(p, s->frag[f], s->frag_off[f], i);
 			sb_printf(b, "), ");
 		}
 	for (int i = 0; i < 4; i++) {
 		sb_printf(b, "%s\"f\"(", i ? ", " : "");
-		print_array_ref(p, s->frag[3]);
-		print_elem_index(p, s->frag[3], s->frag_off[3], NULL, i);
+		print_frag_elem_cuda(p, s->frag[3], s->frag_off[3], i);
 		sb_printf(b, ")");
 	}
 	sb_printf(b, ");\n");
@@ -1586,7 +1618,7 @@ static void print_cuda(printer *p)
 	sbuf *b = &p->out;
 
 	print_prelude(p);
-	sb_printf(b, "extern \"C\" __global__ void __launch_bounds__(%u) %s(", p->nt, k->name);
+	sb_printf(b, "extern \"C\" __global__ void __launch_bounds__(%u, 1) %s(", p->nt, k->name);
 	for (int i = 0; i < k->n_params; i++) {
 		const ap_kir_array *a = param_at(k, i);
 

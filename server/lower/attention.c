@@ -155,6 +155,13 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, cha
 		return 0;
 	}
 	p->acc = ap_acc_type(p->t);
+	if (t->gpu && t->arch >= 80 &&
+	    (p->t == AP_DT_F16 || p->t == AP_DT_BF16 || (p->t == AP_DT_F32 && t->allow_tf32))) {
+		/* tensor-core products stay the GEMM emitter's (mma.sync), until
+		 * this emitter has a tensor-core form */
+		snprintf(why, cap, "%s products on sm_%d go to tensor cores", ap_dtype_name(p->t), t->arch);
+		return 0;
+	}
 	p->nb = st->rank - 2;
 	p->Nq = st->dims[p->nb];
 	p->Nk = st->dims[p->nb + 1];

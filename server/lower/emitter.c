@@ -67,6 +67,22 @@ int ap_emitter_default(const ap_emitter *em, const ap_mgraph *m, const ap_target
 	return 0;
 }
 
+char *ap_sched_describe(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
+			const ap_sched *s)
+{
+	ap_space sp;
+	char buf[256] = "";
+	size_t len = 0;
+
+	memset(&sp, 0, sizeof(sp));
+	if (em->space(m, t, &sp) < 0)
+		return NULL;
+	for (int i = 0; i < sp.n && i < s->n && len + 32 < sizeof(buf); i++)
+		len += (size_t)snprintf(buf + len, sizeof(buf) - len, "%s%s=%d", i ? " " : "",
+					sp.knobs[i].name, s->v[i]);
+	return ap_strdup(buf);
+}
+
 int ap_sched_get(const ap_sched *s, const ap_space *sp, const char *name, int dflt)
 {
 	for (int i = 0; i < sp->n && i < s->n; i++)

@@ -55,23 +55,47 @@
 /* ---- analysis: the operands and the epilogue ----------------------------------- */
 
 
-/* A strided view of a buffer: element (c0, c1, ...) at sum c_d * str_d. */
+/* A mixed-radix strided view of a buffer: each dim d is a run of factors
+ * (extent, stride), outer to inner, factors [first[d], first[d + 1]); a
+ * coordinate c of it is at sum_i ((c / inner_i) % extent_i) * stride_i,
+ * inner_i the product of the extents after factor i.  Every chain of
+ * reshapes and transposes of a buffer is such a view (a reshape regroups
+ * the factors, splitting one where a new dim ends inside it); slices and
+ * splits of a dim of one factor are too (an offset and a scaled stride).
+ * A dim of size 1 has no factor. */
+#define SV_FACTORS 16
+
 typedef struct sview {
-	int rank;
-	int64_t dims[AP_MAX_RANK], str[AP_MAX_RANK];
+	int rank, nf;
+	int first[AP_MAX_RANK + 1];
+	int64_t fe[SV_FACTORS], fs[SV_FACTORS];
 	int64_t off;                    /* element of index 0 */
 } sview;
+
+/* What a GEMM keeps of one batch dim of a plain operand: its factors. */
+#define BATCH_FACTORS 4
+
+typedef struct bdim {
+	int n;                          /* 0: broadcast (stride 0) */
+	int64_t e[BATCH_FACTORS], s[BATCH_FACTORS];
+} bdim;
 
 typedef struct gemm_opnd {
 	int t;                          /* the MatMul input */
 	bool plain;                     /* a buffer read through views / transposes */
 	int leaf;                       /* plain: the buffer's tensor */
 	int64_t s_outer, s_k;           /* plain: strides of the outer (M or N) and K coordinates */
+	bool composite;                 /* plain: the outer or K dim is mixed-radix (fo, fk) */
+	bdim fo, fk;                    /* plain, composite: their factors */
 	int64_t s_base;                 /* plain: element of index 0 (a slice's start) */
-	int64_t s_batch[AP_MAX_RANK];   /* plain: per output batch dim (0: broadcast) */
+	bdim batch[AP_MAX_RANK];        /* plain: per output batch dim */
 	bool k_fast;                    /* K is the contiguous coordinate (plain), or assumed so */
 	int vec;                        /* plain: elements per cp.async along the contiguous
 					   coordinate (0: none possible) */
+	bool gather;                    /* convolution, not plain: the im2col element (or a
+					   weight through transposes) is one element of `leaf`
+					   at `gv`, copied one by one (4- and 8-byte types) */
+	sview gv;                       /* gather: the convolution input as a view of leaf */
 } gemm_opnd;
 
 typedef struct gemm_plan {
@@ -108,64 +132,88 @@ static void plan_clear(gemm_plan *p)
 
 static void sv_rowmajor(sview *v, const ap_tensor *t)
 {
-	int64_t s = 1;
+	int64_t st = 1;
 
 	v->rank = t->rank;
 	v->off = 0;
-	for (int d = t->rank - 1; d >= 0; d--) {
-		v->dims[d] = t->dims[d];
-		v->str[d] = s;
-		s *= t->dims[d];
+	v->nf = 0;
+	/* factors outer to inner: count first, then fill from the inside */
+	for (int d = 0; d < t->rank; d++) {
+		v->first[d] = v->nf;
+		if (t->dims[d] != 1)
+			v->nf++;
 	}
+	v->first[t->rank] = v->nf;
+	for (int d = t->rank - 1, f = v->nf - 1; d >= 0; d--)
+		if (t->dims[d] != 1) {
+			v->fe[f] = t->dims[d];
+			v->fs[f--] = st;
+			st *= t->dims[d];
+		}
 }
 
-/* A view to `rank` x `dims` of the same elements without a copy (numpy's
- * rule for reshaping strided arrays: each group of old dims that makes up
- * a group of new dims must be contiguous among itself).  False when it
- * would need a copy. */
+/* The same elements as `rank` x `dims`: adjacent factors that are
+ * contiguous with each other merge, then each new dim takes factors from
+ * the outside until their extents multiply to its size, splitting a
+ * factor whose extent the remainder divides.  False when it cannot (a
+ * reshape that is no view of the buffer, or too many factors). */
 static bool sv_reshape(sview *v, int rank, const int64_t *dims)
 {
-	int64_t od[AP_MAX_RANK], os[AP_MAX_RANK], ns[AP_MAX_RANK];
-	int on = 0, oi = 0, oj, ni = 0, nj;
+	int64_t fe[SV_FACTORS], fs[SV_FACTORS];
+	int nf = 0, at = 0;
+	sview out;
 
-	for (int d = 0; d < v->rank; d++)
-		if (v->dims[d] != 1) {
-			od[on] = v->dims[d];
-			os[on++] = v->str[d];
+	for (int i = 0; i < v->nf; i++) {
+		if (nf > 0 && fs[nf - 1] == v->fe[i] * v->fs[i]) {
+			fe[nf - 1] *= v->fe[i];
+			fs[nf - 1] = v->fs[i];
+			continue;
 		}
-	for (int d = 0; d < rank; d++)
-		ns[d] = 1;
-	while (ni < rank && oi < on) {
-		int64_t np = dims[ni], op = od[oi];
+		fe[nf] = v->fe[i];
+		fs[nf++] = v->fs[i];
+	}
+	memset(&out, 0, sizeof(out));
+	out.rank = rank;
+	out.off = v->off;
+	for (int d = 0; d < rank; d++) {
+		int64_t need = dims[d];
 
-		nj = ni + 1;
-		oj = oi + 1;
-		while (np != op) {
-			if (np < op) {
-				if (nj >= rank)
+		out.first[d] = out.nf;
+		while (need > 1) {
+			if (at >= nf || out.nf == SV_FACTORS)
+				return false;
+			if (fe[at] <= need) {
+				if (need % fe[at])
 					return false;
-				np *= dims[nj++];
+				out.fe[out.nf] = fe[at];
+				out.fs[out.nf++] = fs[at];
+				need /= fe[at++];
 			} else {
-				if (oj >= on)
+				/* the outer `need` of this factor; the rest stays */
+				if (fe[at] % need)
 					return false;
-				op *= od[oj++];
+				out.fe[out.nf] = need;
+				out.fs[out.nf++] = fs[at] * (fe[at] / need);
+				fe[at] /= need;
+				need = 1;
 			}
 		}
-		for (int k = oi; k < oj - 1; k++)
-			if (os[k] != od[k + 1] * os[k + 1])
-				return false;
-		ns[nj - 1] = os[oj - 1];
-		for (int k = nj - 1; k > ni; k--)
-			ns[k - 1] = ns[k] * dims[k];
-		ni = nj;
-		oi = oj;
 	}
-	v->rank = rank;
-	for (int d = 0; d < rank; d++) {
-		v->dims[d] = dims[d];
-		v->str[d] = dims[d] == 1 ? 0 : ns[d];
-	}
+	out.first[rank] = out.nf;
+	if (at != nf)
+		return false;
+	*v = out;
 	return true;
+}
+
+/* The stride of dim d when it has at most one factor (0 for none); false
+ * for a composite dim. */
+static bool sv_stride(const sview *v, int d, int64_t *s)
+{
+	int n = v->first[d + 1] - v->first[d];
+
+	*s = n ? v->fs[v->first[d]] : 0;
+	return n <= 1;
 }
 
 /* Operand `t` of the MatMul as a strided view of a buffer, when it is one:
@@ -183,7 +231,9 @@ static bool operand_view(const ap_graph *g, int t, sview *out, int *leaf)
 		chain[n++] = x;
 		x = p->inputs[0];
 	}
-	if (g->tensors[x].kind == AP_TENSOR_CONST)
+	/* a constant of a few elements is baked into the kernel; a larger one
+	 * (a small convolution's weights) is read from a buffer like a weight */
+	if (g->tensors[x].kind == AP_TENSOR_CONST && ap_tensor_numel(&g->tensors[x]) <= 16)
 		return false;
 	*leaf = x;
 	sv_rowmajor(out, &g->tensors[x]);
@@ -195,33 +245,56 @@ static bool operand_view(const ap_graph *g, int t, sview *out, int *leaf)
 		if (p->op == AP_OP_TRANSPOSE) {
 			sview in = *out;
 
+			out->nf = 0;
 			for (int d = 0; d < yt->rank; d++) {
 				int64_t pd = ap_node_attr_at(p, "perm", d, yt->rank - 1 - d);
 
 				if (pd < 0 || pd >= in.rank)
 					return false;
-				out->dims[d] = in.dims[pd];
-				out->str[d] = in.str[pd];
+				out->first[d] = out->nf;
+				for (int f = in.first[pd]; f < in.first[pd + 1]; f++) {
+					out->fe[out->nf] = in.fe[f];
+					out->fs[out->nf++] = in.fs[f];
+				}
 			}
+			out->first[yt->rank] = out->nf;
 			out->rank = yt->rank;
 		} else if (p->op == AP_OP_SLICE) {
-			/* element c of the slice: start + c * step of its input */
+			/* element c of the slice: start + c * step of its input (dims of
+			 * one factor only) */
 			for (int d = 0; d < out->rank; d++) {
-				out->off += ap_node_attr_at(p, "starts", d, 0) * out->str[d];
-				out->str[d] *= ap_node_attr_at(p, "steps", d, 1);
-				out->dims[d] = yt->dims[d];
+				int64_t st, start = ap_node_attr_at(p, "starts", d, 0), step = ap_node_attr_at(p, "steps", d, 1);
+				int f = out->first[d];
+
+				if (!sv_stride(out, d, &st))
+					return false;
+				out->off += start * st;
+				if (yt->dims[d] == 1 && out->first[d + 1] > f) {
+					/* a single element: the dim's factor goes */
+					memmove(&out->fe[f], &out->fe[f + 1], (size_t)(out->nf - f - 1) * sizeof(int64_t));
+					memmove(&out->fs[f], &out->fs[f + 1], (size_t)(out->nf - f - 1) * sizeof(int64_t));
+					out->nf--;
+					for (int q = d + 1; q <= out->rank; q++)
+						out->first[q]--;
+				} else if (out->first[d + 1] > f) {
+					out->fe[f] = yt->dims[d];
+					out->fs[f] = st * step;
+				}
 			}
 		} else if (p->op == AP_OP_SPLIT) {
 			/* this output: the input from the sizes of the outputs before it */
-			int64_t axis = ap_node_int(p, "axis", 0), start = 0;
+			int64_t axis = ap_node_int(p, "axis", 0), start = 0, st;
 
-			if (axis < 0 || axis >= out->rank)
+			if (axis < 0 || axis >= out->rank || !sv_stride(out, (int)axis, &st) ||
+			    out->first[axis + 1] == out->first[axis])
 				return false;
 			for (int o = 0; o < p->n_outputs && p->outputs[o] != y; o++)
 				if (p->outputs[o] >= 0)
 					start += g->tensors[p->outputs[o]].dims[axis];
-			out->off += start * out->str[axis];
-			out->dims[axis] = yt->dims[axis];
+			out->off += start * st;
+			out->fe[out->first[axis]] = yt->dims[axis];
+			if (yt->dims[axis] == 1)
+				return false;   /* keep it simple: a one-element split is rare */
 		} else if (!sv_reshape(out, yt->rank, yt->dims)) {
 			return false;
 		}
@@ -240,7 +313,8 @@ static int copy_width(const gemm_opnd *o, int64_t contig_extent, int64_t other_s
 			  other_stride % w == 0 && o->s_base % w == 0;
 
 		for (int d = 0; ok && d < nb; d++)
-			ok = o->s_batch[d] % w == 0;
+			for (int f = 0; ok && f < o->batch[d].n; f++)
+				ok = o->batch[d].s[f] % w == 0;
 		if (ok)
 			return w;
 	}
@@ -260,14 +334,42 @@ static void analyze_operand(const ap_graph *g, const gemm_plan *p, int role, gem
 	o->vec = 0;
 	if (!operand_view(g, o->t, &sv, &o->leaf) || sv.rank != r)
 		return;
-	o->plain = true;
-	o->s_base = sv.off;
-	o->s_outer = role == 0 ? sv.str[r - 2] : sv.str[r - 1];
-	o->s_k = role == 0 ? sv.str[r - 1] : sv.str[r - 2];
+	o->composite = !sv_stride(&sv, r - 2, role == 0 ? &o->s_outer : &o->s_k) ||
+		       !sv_stride(&sv, r - 1, role == 0 ? &o->s_k : &o->s_outer);
+	if (o->composite) {
+		/* a mixed-radix row or k dim (a weight read transposed through a
+		 * reshape): addressed factor by factor, copied element by element */
+		for (int which = 0; which < 2; which++) {
+			int d = which == (role == 0 ? 0 : 1) ? r - 2 : r - 1;
+			bdim *f = which ? &o->fk : &o->fo;
+
+			if (sv.first[d + 1] - sv.first[d] > BATCH_FACTORS)
+				return;
+			f->n = 0;
+			for (int q = sv.first[d]; q < sv.first[d + 1]; q++) {
+				f->e[f->n] = sv.fe[q];
+				f->s[f->n++] = sv.fs[q];
+			}
+		}
+	}
 	for (int d = 0; d < p->nb; d++) {
 		int j = d - (p->nb - (r - 2));
 
-		o->s_batch[d] = j < 0 || t->dims[j] == 1 ? 0 : sv.str[j];
+		o->batch[d].n = 0;
+		if (j < 0 || t->dims[j] == 1)
+			continue;
+		if (sv.first[j + 1] - sv.first[j] > BATCH_FACTORS)
+			return;
+		for (int f = sv.first[j]; f < sv.first[j + 1]; f++) {
+			o->batch[d].e[o->batch[d].n] = sv.fe[f];
+			o->batch[d].s[o->batch[d].n++] = sv.fs[f];
+		}
+	}
+	o->plain = true;
+	o->s_base = sv.off;
+	if (o->composite) {
+		o->vec = es >= 4 ? 1 : 0;
+		return;
 	}
 	if (o->s_k == 1 && (p->K > 1 || o->s_outer != 1)) {
 		o->k_fast = true;
@@ -391,15 +493,34 @@ static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *
 			if ((size_t)w * ap_dtype_size(p->in_t) >= 4 && p->ohw % w == 0)
 				p->a.vec = w;
 	}
-	if (!p->convt && g->tensors[p->w].producer < 0 && g->tensors[p->w].kind != AP_TENSOR_CONST) {
+	/* ConvTranspose's W[g * Cg + c][m][kpos]: K = (c, kpos) is two
+	 * factors apart, so plain but composite, copied element by element
+	 * (4- and 8-byte types; 16-bit ones go through registers) */
+	if (g->tensors[p->w].producer < 0 &&
+	    (g->tensors[p->w].kind != AP_TENSOR_CONST || ap_tensor_numel(&g->tensors[p->w]) > 16) &&
+	    (!p->convt || ap_dtype_size(p->in_t) >= 4)) {
 		p->b.plain = true;
 		p->b.leaf = p->w;
-		p->b.s_outer = p->K;
+		p->b.composite = p->convt;
+		p->b.s_outer = p->convt ? p->kk : p->K;
 		p->b.s_k = 1;
-		p->b.vec = 0;
+		p->b.vec = p->convt ? 1 : 0;
 		for (int w = (int)(16 / ap_dtype_size(p->in_t)); w >= 1 && !p->b.vec; w /= 2)
 			if ((size_t)w * ap_dtype_size(p->in_t) >= 4 && p->K % w == 0)
 				p->b.vec = w;
+	}
+	/* the rest, for 4- and 8-byte types: an operand that is a view of a
+	 * buffer (X for the im2col rows; X or W through the transposes of a
+	 * weight gradient) is gathered by cp.async one element a copy, the
+	 * padding zero-filled by the copy's source size */
+	for (int role = 0; role < 2 && ap_dtype_size(p->in_t) >= 4; role++) {
+		gemm_opnd *op = role ? &p->b : &p->a;
+
+		if (op->plain || !operand_view(g, op->t, &op->gv, &op->leaf) ||
+		    g->tensors[op->leaf].kind == AP_TENSOR_CONST || op->gv.rank != g->tensors[op->t].rank)
+			continue;
+		op->gather = true;
+		op->vec = 1;
 	}
 	p->tc = t->gpu && t->arch >= 80 &&
 		(p->in_t == AP_DT_F16 || p->in_t == AP_DT_BF16 || (p->in_t == AP_DT_F32 && t->allow_tf32));
@@ -489,11 +610,14 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, ch
 	}
 	analyze_operand(g, p, 0, &p->a);
 	analyze_operand(g, p, 1, &p->b);
-	p->a_linear = p->fold && p->a.plain;
+	p->a_linear = p->fold && p->a.plain && !p->a.composite;
 	for (int d = p->nb - 1; p->a_linear && d >= 0; d--) {
-		int64_t want = d == p->nb - 1 ? p->M * p->a.s_outer : p->bdims[d + 1] * p->a.s_batch[d + 1];
+		/* one factor per batch dim, each one stride past the next */
+		const bdim *b = &p->a.batch[d];
+		int64_t want = d == p->nb - 1 ? p->M * p->a.s_outer
+			       : p->bdims[d + 1] * (p->a.batch[d + 1].n ? p->a.batch[d + 1].s[0] : 0);
 
-		if (p->bdims[d] > 1 && p->a.s_batch[d] != want)
+		if (p->bdims[d] > 1 && (b->n != 1 || b->s[0] != want))
 			p->a_linear = false;
 	}
 	p->tc = t->gpu && t->arch >= 80 &&
@@ -541,6 +665,8 @@ static void tile_layouts(const gemm_plan *p, bool *a_rowk, bool *b_rowk)
 		 * fragments read element by element; the others go [outer][k] */
 		*a_rowk = !(p->a.plain && !p->a.k_fast);
 		*b_rowk = !(p->b.plain && !p->b.k_fast);
+		if (!*a_rowk && !*b_rowk)
+			*a_rowk = true;   /* A through registers into rows: one operand by ldmatrix */
 		return;
 	}
 	/* 16-bit: follow the global layout (cp.async copies rows as they are;
@@ -593,6 +719,30 @@ static bool cfg_valid(const gemm_plan *p, const gemm_cfg *c, const ap_target_inf
 	return c->bm % c->tm == 0 && c->bn % c->tn == 0 && c->tm * c->tn <= 64;
 }
 
+/* Values a thread keeps live across the main loop, roughly: its share of
+ * the accumulator, plus twice its share of each register-staged operand
+ * tile (the value, and the index arithmetic of a gathered or computed
+ * element).  Operands cp.async copies cost nothing here. */
+static int64_t live_values(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t)
+{
+	int64_t nt = threads_of(p, c), v = (int64_t)c->bm * c->bn / nt;
+
+	for (int role = 0; role < 2; role++) {
+		const gemm_opnd *op = role ? &p->b : &p->a;
+		bool copied = (!t->gpu || t->arch >= 80) && (op->plain || op->gather) && op->vec > 0 &&
+			      (ap_dtype_size(p->in_t) >= 4 || !op->composite);
+
+		if (!copied)
+			v += 2 * ((int64_t)(role ? c->bn : c->bm) * c->bk + nt - 1) / nt;
+	}
+	return v;
+}
+
+/* What the default rule lets a thread keep live (measured with ptxas on
+ * the models: about 64 such values stay under 255 registers without
+ * spilling, with the fragments and addresses beside them). */
+#define LIVE_BUDGET 64
+
 static int gm_match(const ap_mgraph *m, const ap_target_info *t)
 {
 	gemm_plan p;
@@ -612,7 +762,9 @@ static void knob(ap_knob *kb, const char *name, const int *vals, int n)
 
 static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 {
-	static const int tiles[] = {16, 32, 64, 128}, bk_simt[] = {8, 16, 32}, bk_tc[] = {16, 32, 64};
+	/* bk[tc]: one array, indexed (a choice between two arrays by ?: reads
+	 * as an overflow to GCC's object-size sanitizer) */
+	static const int tiles[] = {16, 32, 64, 128}, bk[2][3] = {{8, 16, 32}, {16, 32, 64}};
 	static const int thr[] = {1, 2, 4, 8}, warps[] = {1, 2, 4}, st_async[] = {2, 3, 4}, st_sync[] = {1, 2};
 	gemm_plan p;
 	char why[160];
@@ -628,13 +780,13 @@ static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 		nm--;
 	while (nn > 1 && tiles[nn - 2] >= p.N)
 		nn--;
-	while (nk > 1 && (tc ? bk_tc : bk_simt)[nk - 2] >= p.K)
+	while (nk > 1 && bk[tc][nk - 2] >= p.K)
 		nk--;
 	plan_clear(&p);
 	sp->n = 6;
 	knob(&sp->knobs[K_BM], "bm", tiles, nm);
 	knob(&sp->knobs[K_BN], "bn", tiles, nn);
-	knob(&sp->knobs[K_BK], "bk", tc ? bk_tc : bk_simt, nk);
+	knob(&sp->knobs[K_BK], "bk", bk[tc], nk);
 	knob(&sp->knobs[K_TM], tc ? "wm" : "tm", tc ? warps : thr, tc ? 3 : 4);
 	knob(&sp->knobs[K_TN], tc ? "wn" : "tn", tc ? warps : thr, tc ? 3 : 4);
 	if (t->gpu && t->arch >= 80)
@@ -662,6 +814,23 @@ static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
 		c.stages--;
 	while (!cfg_valid(&p, &c, t) && c.bk > (p.tc ? 16 : 8))
 		c.bk /= 2;
+	/* register pressure: more warps (tensor cores) while the warp tile
+	 * allows, then a shorter K tile */
+	while (p.tc && live_values(&p, &c, t) > LIVE_BUDGET) {
+		gemm_cfg d = c;
+
+		if (c.bm / c.tm >= 32 && c.tm * c.tn < 4)
+			d.tm *= 2;
+		else if (c.bn / c.tn >= 16 && c.tm * c.tn < 4)
+			d.tn *= 2;
+		else if (c.bk > 16)
+			d.bk /= 2;
+		else
+			break;
+		if (!cfg_valid(&p, &d, t))
+			break;
+		c = d;
+	}
 	s->v[K_BM] = c.bm;
 	s->v[K_BN] = c.bn;
 	s->v[K_BK] = c.bk;
@@ -700,6 +869,7 @@ typedef struct gctx {
 	unsigned nt;
 	bool a_rowk, b_rowk;            /* shared tiles with K contiguous */
 	bool a_async, b_async;          /* loaded by cp.async */
+	int a_w, b_w;                   /* elements per cp.async */
 	int lda, ldb;                   /* shared row lengths (elements) */
 	int64_t a_stage, b_stage;       /* elements per stage */
 	ap_kir_array *sa, *sb;
@@ -718,6 +888,17 @@ typedef struct gctx {
 static ap_kir_expr *I(gctx *c, int64_t v)
 {
 	return ap_kir_idx(c->k, v);
+}
+
+/* ap_v_loop, fully unrolled (register arrays indexed by its variable must
+ * see constants, or they leave the registers for local memory). */
+static ap_kir_var *loop_unrolled(ap_vctx *v, const char *prefix, int64_t n, ap_kir_block **saved)
+{
+	ap_kir_var *var = ap_v_loop(v, prefix, ap_kir_idx(v->k, 0), ap_kir_idx(v->k, n), 1, saved);
+
+	if (*saved && (*saved)->last && (*saved)->last->kind == AP_KIR_S_FOR)
+		(*saved)->last->unroll = -1;
+	return var;
 }
 
 /* Row `row` of the product as Y's batch coordinates (bc) and its row m:
@@ -767,6 +948,26 @@ static ap_lidx operand_index(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk)
 	return ix;
 }
 
+/* sum_i ((x / inner_i) % e_i) * s_i over the factors of f (outer to inner). */
+static ap_kir_expr *factor_offset(gctx *c, ap_kir_expr *x, const bdim *f)
+{
+	ap_kir_kernel *k = c->k;
+	ap_kir_expr *e = I(c, 0);
+	int64_t inner = 1;
+
+	for (int q = f->n - 1; q >= 0; q--) {
+		ap_kir_expr *cf = x;
+
+		if (inner > 1)
+			cf = ap_kir_binary(k, AP_KIR_DIV, cf, I(c, inner));
+		if (q > 0)
+			cf = ap_kir_binary(k, AP_KIR_REM, cf, I(c, f->e[q]));
+		e = ap_kir_add(k, e, ap_kir_muli(k, cf, f->s[q]));
+		inner *= f->e[q];
+	}
+	return e;
+}
+
 /* The element of a plain operand's buffer at outer coordinate o and k. */
 static ap_kir_expr *plain_offset(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk)
 {
@@ -777,6 +978,12 @@ static ap_kir_expr *plain_offset(gctx *c, int role, ap_kir_expr *o, ap_kir_expr 
 	if (c->p->conv) {
 		const gemm_plan *p = c->p;
 
+		if (role == 1 && p->convt) {   /* W[g * Cg + k / kk][o][k % kk] */
+			ap_kir_expr *ch = ap_kir_binary(k, AP_KIR_DIV, kk, I(c, p->kk));
+
+			return ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, c->tb_index, p->Cg), ch), p->Mg), o), p->kk),
+					  ap_kir_binary(k, AP_KIR_REM, kk, I(c, p->kk)));
+		}
 		if (role == 1)   /* W[g * Mg + o][k] */
 			return ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, c->tb_index, p->Mg), o), p->K), kk);
 		/* X[n][g * Cg + k][position]: n = o / ohw, position = o % ohw */
@@ -792,11 +999,14 @@ static ap_kir_expr *plain_offset(gctx *c, int role, ap_kir_expr *o, ap_kir_expr 
 	else
 		for (int d = 0; d < c->p->nb; d++)
 			bc[d] = c->bcoord[d];
-	e = ap_kir_addi(k, ap_kir_add(k, ap_kir_muli(k, o, op->s_outer), ap_kir_muli(k, kk, op->s_k)),
-			op->s_base);
+	if (op->composite)
+		e = ap_kir_addi(k, ap_kir_add(k, factor_offset(c, o, &op->fo), factor_offset(c, kk, &op->fk)),
+				op->s_base);
+	else
+		e = ap_kir_addi(k, ap_kir_add(k, ap_kir_muli(k, o, op->s_outer), ap_kir_muli(k, kk, op->s_k)),
+				op->s_base);
 	for (int d = 0; d < c->p->nb; d++)
-		if (op->s_batch[d])
-			e = ap_kir_add(k, e, ap_kir_muli(k, bc[d], op->s_batch[d]));
+		e = ap_kir_add(k, e, factor_offset(c, bc[d], &op->batch[d]));
 	return e;
 }
 
@@ -820,7 +1030,7 @@ static void split_linear(gctx *c, ap_kir_expr *lin, const int64_t *dims, int n, 
  * -- or 0 outside X (ONNX Conv / ConvTranspose); B (column m of group g,
  * k) is W[g * Mg + m][c][kpos] (Conv) or W[g * Cg + c][m][kpos]
  * (ConvTranspose). */
-static ap_kir_expr *conv_element(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk)
+static void conv_index(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk, ap_lidx *ixp, ap_kir_expr **validp)
 {
 	const gemm_plan *p = c->p;
 	ap_kir_kernel *k = c->k;
@@ -838,12 +1048,12 @@ static ap_kir_expr *conv_element(gctx *c, int role, ap_kir_expr *o, ap_kir_expr 
 		ix.c[1] = p->convt ? o : ch;
 		for (int d = 0; d < p->ns; d++)
 			ix.c[2 + d] = kp[d];
-		return ap_val(v, p->w, &ix);
+		*ixp = ix;
+		*validp = NULL;
+		return;
 	}
 	{
 		ap_kir_expr *op[3], *n = ap_kir_binary(k, AP_KIR_DIV, o, I(c, p->ohw));
-		ap_kir_var *r;
-		ap_kir_block *saved;
 
 		split_linear(c, ap_kir_binary(k, AP_KIR_REM, o, I(c, p->ohw)), p->O, p->ns, op);
 		ix = ap_lidx_shape(xt);
@@ -877,18 +1087,60 @@ static ap_kir_expr *conv_element(gctx *c, int role, ap_kir_expr *o, ap_kir_expr 
 			if (ok)
 				valid = valid ? ap_kir_binary(k, AP_KIR_LAND, valid, ok) : ok;
 		}
-		if (!valid)
-			return ap_val(v, p->x, &ix);
-		r = ap_kir_var_new(k, p->in_t, "x");
-		ap_kir_let(k, v->cur, r, ap_v_const(v, p->in_t, 0));
-		ap_v_if(v, valid, &saved, NULL);
-		ap_kir_assign(k, v->cur, r, ap_val(v, p->x, &ix));
-		ap_v_close(v, saved);
-		return ap_kir_ref(k, r);
+		*ixp = ix;
+		*validp = valid;
 	}
 }
 
-/* Shared-memory index of (outer, k) in stage `st` of operand `role`. *//* Shared-memory index of (outer, k) in stage `st` of operand `role`. */
+/* The element of a convolution operand at (o, kk): W[..] for role 1, the
+ * im2col element of X (0 in the padding) for role 0, through the value
+ * builder. */
+static ap_kir_expr *conv_element(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	int t = role ? c->p->w : c->p->x;
+	ap_kir_expr *valid;
+	ap_kir_var *r;
+	ap_kir_block *saved;
+	ap_lidx ix;
+
+	conv_index(c, role, o, kk, &ix, &valid);
+	if (!valid)
+		return ap_val(v, t, &ix);
+	r = ap_kir_var_new(k, c->p->in_t, "x");
+	ap_kir_let(k, v->cur, r, ap_v_const(v, c->p->in_t, 0));
+	ap_v_if(v, valid, &saved, NULL);
+	ap_kir_assign(k, v->cur, r, ap_val(v, t, &ix));
+	ap_v_close(v, saved);
+	return ap_kir_ref(k, r);
+}
+
+/* Offset in the leaf buffer of element ix of a view: per dim, its factors'
+ * coordinates (outermost without a remainder) times their strides. */
+static ap_kir_expr *view_offset(gctx *c, const sview *sv, const ap_lidx *ix)
+{
+	ap_kir_kernel *k = c->k;
+	ap_kir_expr *e = I(c, sv->off);
+
+	for (int d = 0; d < sv->rank; d++) {
+		int64_t inner = 1;
+
+		for (int q = sv->first[d + 1] - 1; q >= sv->first[d]; q--) {
+			ap_kir_expr *cf = ix->c[d];
+
+			if (inner > 1)
+				cf = ap_kir_binary(k, AP_KIR_DIV, cf, I(c, inner));
+			if (q > sv->first[d])
+				cf = ap_kir_binary(k, AP_KIR_REM, cf, I(c, sv->fe[q]));
+			e = ap_kir_add(k, e, ap_kir_muli(k, cf, sv->fs[q]));
+			inner *= sv->fe[q];
+		}
+	}
+	return e;
+}
+
+/* Shared-memory index of (outer, k) in stage `st` of operand `role`. */
 static ap_kir_expr *smem_index(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *o, ap_kir_expr *kk)
 {
 	ap_kir_kernel *k = c->k;
@@ -914,7 +1166,7 @@ static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 	const gemm_opnd *op = role ? &c->p->b : &c->p->a;
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
-	int rows, w = op->vec;
+	int rows, w = role ? c->b_w : c->a_w;
 	int64_t total, fast_ext, slow_ext, copies;
 	ap_kir_block *saved;
 	ap_kir_var *i;
@@ -938,9 +1190,20 @@ static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 
 		pred = pred ? ap_kir_binary(k, AP_KIR_LAND, pred, pk) : pk;
 	}
-	ap_kir_cp_async(k, v->cur, role ? c->sb : c->sa, smem_index(c, role, st, o, kk),
-			ap_v_buffer(v, role ? c->p->b.leaf : c->p->a.leaf),
-			plain_offset(c, role, og, kg), w, pred);
+	if (op->gather) {
+		ap_kir_expr *valid;
+		ap_lidx ix;
+
+		/* a padding element is a copy of size 0: zero-filled */
+		conv_index(c, role, og, kg, &ix, &valid);
+		if (valid)
+			pred = pred ? ap_kir_binary(k, AP_KIR_LAND, pred, valid) : valid;
+		ap_kir_cp_async(k, v->cur, role ? c->sb : c->sa, smem_index(c, role, st, o, kk),
+				ap_v_buffer(v, op->leaf), view_offset(c, &op->gv, &ix), 1, pred);
+	} else {
+		ap_kir_cp_async(k, v->cur, role ? c->sb : c->sa, smem_index(c, role, st, o, kk),
+				ap_v_buffer(v, op->leaf), plain_offset(c, role, og, kg), w, pred);
+	}
 	ap_v_close(v, saved);
 }
 
@@ -1343,10 +1606,41 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	tile_layouts(&p, &c.a_rowk, &c.b_rowk);
 	/* cp.async where the global contiguous coordinate is the tile's (the
 	 * host copies: the same statement, printed as a copy) */
-	c.a_async = (!t->gpu || t->arch >= 80) && p.a.plain && p.a.vec > 0 && p.a.k_fast == c.a_rowk &&
-		    (c.a_rowk ? c.c.bk : c.c.bm) % p.a.vec == 0;
-	c.b_async = (!t->gpu || t->arch >= 80) && p.b.plain && p.b.vec > 0 && p.b.k_fast == c.b_rowk &&
-		    (c.b_rowk ? c.c.bk : c.c.bn) % p.b.vec == 0;
+	for (int role = 0; role < 2; role++) {
+		const gemm_opnd *op = role ? &p.b : &p.a;
+		bool rowk = role ? c.b_rowk : c.a_rowk;
+		int ext = rowk ? c.c.bk : (role ? c.c.bn : c.c.bm), w = 0;
+
+		/* vectors along the contiguous coordinate when the tile keeps it
+		 * contiguous too; else, for 4- and 8-byte elements, one element a
+		 * copy (cp.async's smallest size) */
+		if ((!t->gpu || t->arch >= 80) && (op->plain || op->gather) && op->vec > 0) {
+			if (!op->composite && !op->gather && op->k_fast == rowk && ext % op->vec == 0)
+				w = op->vec;
+			else if (ap_dtype_size(p.in_t) >= 4)
+				w = 1;
+		}
+		if (role) {
+			c.b_w = w;
+			c.b_async = w > 0;
+		} else {
+			c.a_w = w;
+			c.a_async = w > 0;
+		}
+	}
+	/* how each operand reaches shared memory, for readers of the source
+	 * (tests/check_gemm.c requires cp.async in the PTX when one is) */
+	for (int role = 0; role < 2; role++) {
+		int w = role ? c.b_w : c.a_w;
+
+		if (w > 0)
+			ap_kir_comment(k, v.cur, "operand %c: cp.async, %d bytes a copy", role ? 'B' : 'A',
+				       w * (int)ap_dtype_size(p.in_t));
+		else
+			ap_kir_comment(k, v.cur, "operand %c: through registers (%s)", role ? 'B' : 'A',
+				       !(role ? p.b : p.a).plain && !(role ? p.b : p.a).gather ? "computed on the way"
+				       : "no cp.async here");
+	}
 	c.lda = (c.a_rowk ? c.c.bk : c.c.bm) + pad_of(p.in_t);
 	c.ldb = (c.b_rowk ? c.c.bk : c.c.bn) + pad_of(p.in_t);
 	c.a_stage = (int64_t)c.lda * (c.a_rowk ? c.c.bm : c.c.bk);
@@ -1518,9 +1812,9 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		ap_kir_expr *q4 = ap_kir_binary(k, AP_KIR_AND, lane, I(&c, 3));
 
 		ap_kir_mma_frag_sizes(p.mma, &na, &nb, &nc);
-		mi = ap_v_loop(&v, "mi", I(&c, 0), I(&c, MI), 1, &s1);
-		ni = ap_v_loop(&v, "ni", I(&c, 0), I(&c, NI), 1, &s2);
-		e = ap_v_loop(&v, "e", I(&c, 0), I(&c, 4), 1, &s3);
+		mi = loop_unrolled(&v, "mi", MI, &s1);
+		ni = loop_unrolled(&v, "ni", NI, &s2);
+		e = loop_unrolled(&v, "e", 4, &s3);
 		{
 			ap_kir_expr *row = ap_kir_add(k, ap_kir_add(k, c.m0, wm0),
 					    ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), 16),
@@ -1547,8 +1841,8 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		ap_kir_var *i, *j;
 		ap_kir_block *s1, *s2, *s3;
 
-		i = ap_v_loop(&v, "i", I(&c, 0), I(&c, c.c.tm), 1, &s1);
-		j = ap_v_loop(&v, "j", I(&c, 0), I(&c, c.c.tn), 1, &s2);
+		i = loop_unrolled(&v, "i", c.c.tm, &s1);
+		j = loop_unrolled(&v, "j", c.c.tn, &s2);
 		{
 			ap_kir_expr *row = ap_kir_bind(k, v.cur, k->index_type, "row",
 					    ap_kir_add(k, c.m0, ap_kir_add(k, ap_kir_muli(k, ty, c.c.tm), ap_kir_ref(k, i))));

@@ -89,6 +89,10 @@ int ap_emitter_for(const ap_mgraph *m, const ap_target_info *t, const ap_emitter
  * AP_ENOMEM with `err` set. */
 int ap_emitter_default(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
 		       ap_space *sp, ap_sched *s, ap_error *err);
+/* "knob=value knob=value ..." for configuration s of em on m (a malloc'd
+ * string), or NULL on ENOMEM. */
+__ap_give char *ap_sched_describe(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
+				  const ap_sched *s);
 /* Value of knob `name` in s, or `dflt` when the space has no such knob. */
 int ap_sched_get(const ap_sched *s, const ap_space *sp, const char *name, int dflt);
 

@@ -2373,7 +2373,8 @@ int ap_partition_cut(ap_partition *p, int gi, const int *cut, int n_cut, const c
 			goto out;
 		}
 		memcpy(nodes, old_nodes + start[j], (size_t)cnt * sizeof(int));
-		memcpy(refs, old_refs, (size_t)n_refs * sizeof(int));
+		if (n_refs > 0)   /* old_refs is NULL before the first refusal */
+			memcpy(refs, old_refs, (size_t)n_refs * sizeof(int));
 		refs[n_refs] = rid;
 		if (j == 0) {
 			free(old_nodes);

@@ -67,6 +67,7 @@ void ap__launch_clear(ap_launch *l)
 	for (int i = 0; i < l->n_parts; i++) {
 		free_names(l->parts[i].nodes, l->parts[i].n_nodes);
 		free(l->parts[i].detail);
+		free(l->parts[i].schedule);
 	}
 	free(l->parts);
 	memset(l, 0, sizeof(*l));
@@ -140,13 +141,17 @@ static int add_buffer(builder *b, int t, ap_buffer_kind kind, int index)
 	return p->n_buffers++;
 }
 
-/* Buffer of tensor t, created on first use (PARAM or INTERMEDIATE). */
+/* Buffer of tensor t, created on first use: PARAM for a weight and for a
+ * constant a kernel reads from memory (the client binds it from the graph,
+ * ap_runtime_bind_consts), else INTERMEDIATE. */
 static int buffer_for(builder *b, int t)
 {
+	ap_tensor_kind kind = b->g->tensors[t].kind;
+
 	if (b->buf_of[t] >= 0)
 		return b->buf_of[t];
-	return add_buffer(b, t, b->g->tensors[t].kind == AP_TENSOR_PARAM ? AP_BUF_PARAM
-									 : AP_BUF_INTERMEDIATE, -1);
+	return add_buffer(b, t, kind == AP_TENSOR_PARAM || kind == AP_TENSOR_CONST ? AP_BUF_PARAM
+										 : AP_BUF_INTERMEDIATE, -1);
 }
 
 typedef struct interval {
@@ -540,6 +545,9 @@ int ap_program_explain(const ap_program *p, FILE *f, bool json)
 				}
 				if (pt->detail && pt->detail[0])
 					fprintf(f, "  %s%s\n", ln->n_parts > 1 ? "  " : "", pt->detail);
+				if (pt->emitter)
+					fprintf(f, "  %semitter %s: %s\n", ln->n_parts > 1 ? "  " : "", pt->emitter,
+						pt->schedule ? pt->schedule : "");
 			}
 		}
 		for (int i = 0; i < p->n_boundaries; i++) {
@@ -576,6 +584,10 @@ int ap_program_explain(const ap_program *p, FILE *f, bool json)
 			json_layers(f, pt->layers);
 			fprintf(f, ",\"detail\":");
 			ap__json_string(f, pt->detail);
+			fprintf(f, ",\"emitter\":");
+			ap__json_string(f, pt->emitter ? pt->emitter : "");
+			fprintf(f, ",\"schedule\":");
+			ap__json_string(f, pt->schedule ? pt->schedule : "");
 			fprintf(f, "}");
 		}
 		fprintf(f, "]}");

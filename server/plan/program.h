@@ -90,6 +90,9 @@ typedef struct ap_launch_part {
 				    fusion layers that built it */
 	char *detail;            /* what those layers did, one sentence ("" if
 				    nothing) */
+	const char *emitter;     /* the emitter that built it (static; NULL when
+				    it launches nothing) */
+	char *schedule;          /* its configuration, "knob=value ..." (owned) */
 } ap_launch_part;
 
 typedef struct ap_launch {

@@ -3,9 +3,9 @@
 #define AP_NANF __int_as_float(0x7fffffff)
 #define AP_INF __longlong_as_double(0x7ff0000000000000LL)
 #define AP_NAN __longlong_as_double(0x7fffffffffffffffLL)
-extern "C" __global__ void __launch_bounds__(256) gemm_batched(float *__restrict__ p0, const float *__restrict__ p1, const float *__restrict__ p2)
+extern "C" __global__ void __launch_bounds__(256, 1) gemm_batched(float *__restrict__ p0, const float *__restrict__ p1, const float *__restrict__ p2)
 {
-	__shared__ float sa[960];
+	__shared__ __align__(16) float sa[960];
 	__shared__ __align__(16) float sb[960];
 	float fa[1];
 	float fb[1];
@@ -15,6 +15,8 @@ extern "C" __global__ void __launch_bounds__(256) gemm_batched(float *__restrict
 	/* p0: writes float32 [3,2,16,28] */
 	/* p1: reads float32 [3,1,16,40] */
 	/* p2: reads float32 [1,2,40,28] */
+	/* operand A: cp.async, 4 bytes a copy */
+	/* operand B: cp.async, 16 bytes a copy */
 	int tx0 = (((int)threadIdx.x) % 16);
 	int ty1 = (((int)threadIdx.x) / 16);
 	for (int tile2 = ((int)blockIdx.x); tile2 < 12; tile2 += 12) {
@@ -24,76 +26,69 @@ extern "C" __global__ void __launch_bounds__(256) gemm_batched(float *__restrict
 		int n05 = (((tile2 % 2) % 2) * 16);
 		int b6 = (bi3 % 2);
 		int b7 = ((bi3 / 2) % 3);
-		float ra8;
 		#pragma unroll
-		for (int z9 = 0; z9 < 1; z9 += 1) {
-			acc[z9] = 0x0p+0f;
+		for (int z8 = 0; z8 < 1; z8 += 1) {
+			acc[z8] = 0x0p+0f;
 		}
-		ra8 = 0x0p+0f;
-		if (((((int)threadIdx.x) % 16) < 40)) {
-			ra8 = p1[((((m04 + (((int)threadIdx.x) / 16)) * 40) + (((int)threadIdx.x) % 16)) + (b7 * 640))];
+		for (int c9 = ((int)threadIdx.x); c9 < 256; c9 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(((c9 % 16) * 20) + (c9 / 16))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((c9 % 16) < 40)) ? &p1[((((m04 + (c9 / 16)) * 40) + (c9 % 16)) + (b7 * 640))] : p1), "r"((((c9 % 16) < 40)) ? 4 : 0) : "memory"); }
 		}
 		for (int c10 = ((int)threadIdx.x); c10 < 64; c10 += 256) {
 			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c10 / 4) * 20) + ((c10 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c10 % 4) * 4)) < 28) && ((c10 / 4) < 40))) ? &p2[(((n05 + ((c10 % 4) * 4)) + ((c10 / 4) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c10 % 4) * 4)) < 28) && ((c10 / 4) < 40))) ? 16 : 0) : "memory"); }
 		}
-		sa[(((((int)threadIdx.x) % 16) * 20) + (((int)threadIdx.x) / 16))] = ra8;
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		ra8 = 0x0p+0f;
-		if (((16 + (((int)threadIdx.x) % 16)) < 40)) {
-			ra8 = p1[((((m04 + (((int)threadIdx.x) / 16)) * 40) + (16 + (((int)threadIdx.x) % 16))) + (b7 * 640))];
+		for (int c11 = ((int)threadIdx.x); c11 < 256; c11 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(320 + (((c11 % 16) * 20) + (c11 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((16 + (c11 % 16)) < 40)) ? &p1[((((m04 + (c11 / 16)) * 40) + (16 + (c11 % 16))) + (b7 * 640))] : p1), "r"((((16 + (c11 % 16)) < 40)) ? 4 : 0) : "memory"); }
 		}
-		for (int c11 = ((int)threadIdx.x); c11 < 64; c11 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((c11 / 4) * 20) + ((c11 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c11 % 4) * 4)) < 28) && ((16 + (c11 / 4)) < 40))) ? &p2[(((n05 + ((c11 % 4) * 4)) + ((16 + (c11 / 4)) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c11 % 4) * 4)) < 28) && ((16 + (c11 / 4)) < 40))) ? 16 : 0) : "memory"); }
+		for (int c12 = ((int)threadIdx.x); c12 < 64; c12 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((c12 / 4) * 20) + ((c12 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c12 % 4) * 4)) < 28) && ((16 + (c12 / 4)) < 40))) ? &p2[(((n05 + ((c12 % 4) * 4)) + ((16 + (c12 / 4)) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c12 % 4) * 4)) < 28) && ((16 + (c12 / 4)) < 40))) ? 16 : 0) : "memory"); }
 		}
-		sa[(320 + (((((int)threadIdx.x) % 16) * 20) + (((int)threadIdx.x) / 16)))] = ra8;
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int kt12 = 0; kt12 < 3; kt12 += 1) {
+		for (int kt13 = 0; kt13 < 3; kt13 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int st13 = (kt12 % 3);
-			int nx14 = (kt12 + 2);
-			int ns15 = (nx14 % 3);
-			if ((nx14 < 3)) {
-				ra8 = 0x0p+0f;
-				if ((((nx14 * 16) + (((int)threadIdx.x) % 16)) < 40)) {
-					ra8 = p1[((((m04 + (((int)threadIdx.x) / 16)) * 40) + ((nx14 * 16) + (((int)threadIdx.x) % 16))) + (b7 * 640))];
+			int st14 = (kt13 % 3);
+			int nx15 = (kt13 + 2);
+			int ns16 = (nx15 % 3);
+			if ((nx15 < 3)) {
+				for (int c17 = ((int)threadIdx.x); c17 < 256; c17 += 256) {
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((ns16 * 320) + (((c17 % 16) * 20) + (c17 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((nx15 * 16) + (c17 % 16)) < 40)) ? &p1[((((m04 + (c17 / 16)) * 40) + ((nx15 * 16) + (c17 % 16))) + (b7 * 640))] : p1), "r"(((((nx15 * 16) + (c17 % 16)) < 40)) ? 4 : 0) : "memory"); }
 				}
-				for (int c16 = ((int)threadIdx.x); c16 < 64; c16 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns15 * 320) + (((c16 / 4) * 20) + ((c16 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c16 % 4) * 4)) < 28) && (((nx14 * 16) + (c16 / 4)) < 40))) ? &p2[(((n05 + ((c16 % 4) * 4)) + (((nx14 * 16) + (c16 / 4)) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c16 % 4) * 4)) < 28) && (((nx14 * 16) + (c16 / 4)) < 40))) ? 16 : 0) : "memory"); }
+				for (int c18 = ((int)threadIdx.x); c18 < 64; c18 += 256) {
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns16 * 320) + (((c18 / 4) * 20) + ((c18 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c18 % 4) * 4)) < 28) && (((nx15 * 16) + (c18 / 4)) < 40))) ? &p2[(((n05 + ((c18 % 4) * 4)) + (((nx15 * 16) + (c18 / 4)) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c18 % 4) * 4)) < 28) && (((nx15 * 16) + (c18 / 4)) < 40))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int kk17 = 0; kk17 < 16; kk17 += 1) {
+			for (int kk19 = 0; kk19 < 16; kk19 += 1) {
 				#pragma unroll
-				for (int f18 = 0; f18 < 1; f18 += 1) {
-					fa[f18] = sa[((st13 * 320) + ((kk17 * 20) + (ty1 + f18)))];
+				for (int f20 = 0; f20 < 1; f20 += 1) {
+					fa[f20] = sa[((st14 * 320) + ((kk19 * 20) + (ty1 + f20)))];
 				}
 				#pragma unroll
-				for (int f19 = 0; f19 < 1; f19 += 1) {
-					fb[f19] = sb[((st13 * 320) + ((kk17 * 20) + (tx0 + f19)))];
+				for (int f21 = 0; f21 < 1; f21 += 1) {
+					fb[f21] = sb[((st14 * 320) + ((kk19 * 20) + (tx0 + f21)))];
 				}
 				#pragma unroll
-				for (int i20 = 0; i20 < 1; i20 += 1) {
+				for (int i22 = 0; i22 < 1; i22 += 1) {
 					#pragma unroll
-					for (int j21 = 0; j21 < 1; j21 += 1) {
-						acc[(i20 + j21)] = (acc[(i20 + j21)] + (fa[i20] * fb[j21]));
+					for (int j23 = 0; j23 < 1; j23 += 1) {
+						acc[(i22 + j23)] = (acc[(i22 + j23)] + (fa[i22] * fb[j23]));
 					}
 				}
 			}
-			if ((nx14 < 3)) {
-				sa[((ns15 * 320) + (((((int)threadIdx.x) % 16) * 20) + (((int)threadIdx.x) / 16)))] = ra8;
-			}
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-		for (int i22 = 0; i22 < 1; i22 += 1) {
-			for (int j23 = 0; j23 < 1; j23 += 1) {
-				int row24 = (m04 + (ty1 + i22));
-				int col25 = (n05 + (tx0 + j23));
-				if ((col25 < 28)) {
-					float v26 = acc[(i22 + j23)];
-					float v27 = tanhf(v26);
-					p0[((((bi3 * 16) + row24) * 28) + col25)] = v27;
+		#pragma unroll
+		for (int i24 = 0; i24 < 1; i24 += 1) {
+			#pragma unroll
+			for (int j25 = 0; j25 < 1; j25 += 1) {
+				int row26 = (m04 + (ty1 + i24));
+				int col27 = (n05 + (tx0 + j25));
+				if ((col27 < 28)) {
+					float v28 = acc[(i24 + j25)];
+					float v29 = tanhf(v28);
+					p0[((((bi3 * 16) + row26) * 28) + col27)] = v29;
 				}
 			}
 		}

@@ -3,7 +3,7 @@
 #define AP_NANF __int_as_float(0x7fffffff)
 #define AP_INF __longlong_as_double(0x7ff0000000000000LL)
 #define AP_NAN __longlong_as_double(0x7fffffffffffffffLL)
-extern "C" __global__ void __launch_bounds__(256) gemm_simt(float *__restrict__ p0, float *__restrict__ p1, const float *__restrict__ p2, const float *__restrict__ p3, const float *__restrict__ p4, const float *__restrict__ p5)
+extern "C" __global__ void __launch_bounds__(256, 1) gemm_simt(float *__restrict__ p0, float *__restrict__ p1, const float *__restrict__ p2, const float *__restrict__ p3, const float *__restrict__ p4, const float *__restrict__ p5)
 {
 	__shared__ float sa[960];
 	__shared__ __align__(16) float sb[960];
@@ -18,6 +18,8 @@ extern "C" __global__ void __launch_bounds__(256) gemm_simt(float *__restrict__ 
 	/* p3: reads float32 [36,24] */
 	/* p4: reads float32 [24] */
 	/* p5: reads float32 [2,20,24] */
+	/* operand A: through registers (computed on the way) */
+	/* operand B: cp.async, 16 bytes a copy */
 	int tx0 = (((int)threadIdx.x) % 16);
 	int ty1 = (((int)threadIdx.x) / 16);
 	for (int tile2 = ((int)blockIdx.x); tile2 < 6; tile2 += 6) {
@@ -93,7 +95,9 @@ extern "C" __global__ void __launch_bounds__(256) gemm_simt(float *__restrict__ 
 			}
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+		#pragma unroll
 		for (int i26 = 0; i26 < 1; i26 += 1) {
+			#pragma unroll
 			for (int j27 = 0; j27 < 1; j27 += 1) {
 				int row28 = (m04 + (ty1 + i26));
 				int col29 = (n05 + (tx0 + j27));

@@ -8,7 +8,7 @@
 static __device__ __forceinline__ float ap_tf32f(float x)
 { unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return __uint_as_float(r); }
 #endif
-extern "C" __global__ void __launch_bounds__(64) gemm_tf32(float *__restrict__ p0, float *__restrict__ p1, const float *__restrict__ p2, const float *__restrict__ p3, const float *__restrict__ p4, const float *__restrict__ p5)
+extern "C" __global__ void __launch_bounds__(64, 1) gemm_tf32(float *__restrict__ p0, float *__restrict__ p1, const float *__restrict__ p2, const float *__restrict__ p3, const float *__restrict__ p4, const float *__restrict__ p5)
 {
 	__shared__ __align__(16) float sa[960];
 	__shared__ __align__(16) float sb[960];
@@ -23,6 +23,8 @@ extern "C" __global__ void __launch_bounds__(64) gemm_tf32(float *__restrict__ p
 	/* p3: reads float32 [36,24] */
 	/* p4: reads float32 [24] */
 	/* p5: reads float32 [2,20,24] */
+	/* operand A: through registers (computed on the way) */
+	/* operand B: cp.async, 16 bytes a copy */
 	int lane0 = (((int)threadIdx.x) & 31);
 	int wm1 = (((((int)threadIdx.x) >> 5) / 2) * 16);
 	int wn2 = (((((int)threadIdx.x) >> 5) % 2) * 8);
@@ -143,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(64) gemm_tf32(float *__restrict__ p
 			for (int ks43 = 0; ks43 < 16; ks43 += 8) {
 				#pragma unroll
 				for (int mi44 = 0; mi44 < 1; mi44 += 1) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((st31 * 320) + ((((wm1 + (mi44 * 16)) + (lane0 & 15)) * 20) + (ks43 + ((lane0 >> 4) * 4))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(*(unsigned *)&fa[(mi44 * 4)]), "=r"(*(unsigned *)&fa[(mi44 * 4) + 1]), "=r"(*(unsigned *)&fa[(mi44 * 4) + 2]), "=r"(*(unsigned *)&fa[(mi44 * 4) + 3]) : "r"(ap_sa)); }
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((st31 * 320) + ((((wm1 + (mi44 * 16)) + (lane0 & 15)) * 20) + (ks43 + ((lane0 >> 4) * 4))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi44 * 4)] = __uint_as_float(ap_r0); fa[(mi44 * 4) + 1] = __uint_as_float(ap_r1); fa[(mi44 * 4) + 2] = __uint_as_float(ap_r2); fa[(mi44 * 4) + 3] = __uint_as_float(ap_r3); }
 				}
 				#pragma unroll
 				for (int ni45 = 0; ni45 < 1; ni45 += 1) {
@@ -158,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(64) gemm_tf32(float *__restrict__ p
 				for (int mi47 = 0; mi47 < 1; mi47 += 1) {
 					#pragma unroll
 					for (int ni48 = 0; ni48 < 1; ni48 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi47 + ni48) * 4)]), "=f"(acc[((mi47 + ni48) * 4) + 1]), "=f"(acc[((mi47 + ni48) * 4) + 2]), "=f"(acc[((mi47 + ni48) * 4) + 3]) : "r"(*(const unsigned *)&fa[(mi47 * 4)]), "r"(*(const unsigned *)&fa[(mi47 * 4) + 1]), "r"(*(const unsigned *)&fa[(mi47 * 4) + 2]), "r"(*(const unsigned *)&fa[(mi47 * 4) + 3]), "r"(*(const unsigned *)&fb[(ni48 * 2)]), "r"(*(const unsigned *)&fb[(ni48 * 2) + 1]), "f"(acc[((mi47 + ni48) * 4)]), "f"(acc[((mi47 + ni48) * 4) + 1]), "f"(acc[((mi47 + ni48) * 4) + 2]), "f"(acc[((mi47 + ni48) * 4) + 3]));
+						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi47 + ni48) * 4)]), "=f"(acc[((mi47 + ni48) * 4) + 1]), "=f"(acc[((mi47 + ni48) * 4) + 2]), "=f"(acc[((mi47 + ni48) * 4) + 3]) : "r"(__float_as_uint(fa[(mi47 * 4)])), "r"(__float_as_uint(fa[(mi47 * 4) + 1])), "r"(__float_as_uint(fa[(mi47 * 4) + 2])), "r"(__float_as_uint(fa[(mi47 * 4) + 3])), "r"(__float_as_uint(fb[(ni48 * 2)])), "r"(__float_as_uint(fb[(ni48 * 2) + 1])), "f"(acc[((mi47 + ni48) * 4)]), "f"(acc[((mi47 + ni48) * 4) + 1]), "f"(acc[((mi47 + ni48) * 4) + 2]), "f"(acc[((mi47 + ni48) * 4) + 3]));
 					}
 				}
 			}
@@ -170,8 +172,11 @@ extern "C" __global__ void __launch_bounds__(64) gemm_tf32(float *__restrict__ p
 			}
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+		#pragma unroll
 		for (int mi49 = 0; mi49 < 1; mi49 += 1) {
+			#pragma unroll
 			for (int ni50 = 0; ni50 < 1; ni50 += 1) {
+				#pragma unroll
 				for (int e51 = 0; e51 < 4; e51 += 1) {
 					int row52 = ((m05 + wm1) + ((mi49 * 16) + ((lane0 >> 2) + ((e51 >> 1) * 8))));
 					int col53 = ((n06 + wn2) + ((ni50 * 8) + (((lane0 & 3) * 2) + (e51 & 1))));

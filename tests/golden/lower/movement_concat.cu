@@ -3,7 +3,7 @@
 #define AP_NANF __int_as_float(0x7fffffff)
 #define AP_INF __longlong_as_double(0x7ff0000000000000LL)
 #define AP_NAN __longlong_as_double(0x7fffffffffffffffLL)
-extern "C" __global__ void __launch_bounds__(32) movement_concat(float *__restrict__ p0, const float *__restrict__ p1, const float *__restrict__ p2)
+extern "C" __global__ void __launch_bounds__(32, 1) movement_concat(float *__restrict__ p0, const float *__restrict__ p1, const float *__restrict__ p2)
 {
 	/* injective micro-graph: Relu Concat */
 	/* emitter movement: block=32 vector=4 */

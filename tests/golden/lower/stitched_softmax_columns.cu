@@ -3,7 +3,7 @@
 #define AP_NANF __int_as_float(0x7fffffff)
 #define AP_INF __longlong_as_double(0x7ff0000000000000LL)
 #define AP_NAN __longlong_as_double(0x7fffffffffffffffLL)
-extern "C" __global__ void __launch_bounds__(128) stitched_softmax_columns(float *__restrict__ p0, const float *__restrict__ p1)
+extern "C" __global__ void __launch_bounds__(128, 1) stitched_softmax_columns(float *__restrict__ p0, const float *__restrict__ p1)
 {
 	__shared__ float scr_1_0[32];
 	__shared__ float scr_2_0[32];

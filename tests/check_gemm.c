@@ -1,0 +1,200 @@
+/* check_gemm.c -- the GEMM and attention kernels the compiler makes for the
+ * real models, checked statically (no GPU needed):
+ *   - with allow_tf32 on sm_90, every kernel the GEMM emitter built (every
+ *     MatMul, Gemm and convolution with at least 8 output channels per
+ *     group) holds mma.sync and ldmatrix in its PTX for compute_80 and
+ *     compute_90, and cp.async where the kernel says an operand is copied
+ *     so (an operand computed on the way, an im2col gather, goes through
+ *     registers);
+ *   - ptxas (through NVRTC, --ptxas-options=-v) reports no spill stores or
+ *     loads for any GEMM or attention kernel of the default configurations,
+ *     tensor-core (allow_tf32) and SIMT alike, on sm_90.
+ * With directories as arguments (tests/precision.sh passes the float16 and
+ * bfloat16 versions of the models), those are checked instead, tensor
+ * cores expected without --allow-tf32.  Skipped (with a message) when
+ * NVRTC cannot be loaded.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/tool.h"
+#include "common/graph.h"
+#include "server/backend/backend.h"
+#include "server/plan/program.h"
+
+#define TESTDATA "../shared/testdata"
+
+static const char *const dirs[] = {
+	"models/bert_like_2l", "models/mlp_gelu_ln", "models/ppocr_mobile_v2_cls",
+	"models/silero_vad_op18_ifless", "models/squeezenet1_1", "training/mlp_residual_train",
+	"training/prenorm_layer_train", "training/small_convnet_train",
+};
+
+/* argv's directories, when given (absolute or relative paths) */
+static char **arg_dirs;
+static int n_arg_dirs;
+
+static ap_graph *import_dir(const char *dir)
+{
+	char path[1024], set[1024];
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	ap_host_tensor **ins = NULL;
+	int n_in = 0;
+	ap_params *params = NULL;
+	ap_graph *g;
+	ap_error err;
+
+	snprintf(path, sizeof(path), "%s/model.onnx", dir);
+	snprintf(set, sizeof(set), "%s/test_data_set_0", dir);
+	if (ap_file_read(path, (size_t)1 << 30, &buf, &len, &err) < 0 ||
+	    ap_testdata_load(set, "input", &ins, &n_in, &err) < 0)
+		return NULL;
+	g = ap_onnx_import(buf, len, (const ap_host_tensor *const *)ins, n_in, &params, &err);
+	for (int i = 0; i < n_in; i++)
+		ap_host_tensor_free(ins[i]);
+	free(ins);
+	ap_params_free(params);
+	free(buf);
+	return g;
+}
+
+static bool emitter_is(const ap_kernel_src *k, const char *name)
+{
+	char key[64];
+
+	snprintf(key, sizeof(key), "emitter %s:", name);
+	return strstr(k->src, key) != NULL;
+}
+
+/* One model at one setting: counts GEMM kernels, checks what it should. */
+static void check_model(const char *dir, bool tf32, int *n_gemm, int *n_async, int *n_spill_checked)
+{
+	ap_build_options o = {.target = "sm_90", .allow_tf32 = tf32};
+	ap_error err;
+	ap_graph *g = import_dir(dir);
+	ap_program *p;
+
+	ck_assert_msg(g != NULL, "%s: import failed", dir);
+	p = ap_program_build(g, &o, &err);
+	ck_assert_msg(p != NULL, "%s: build: %s", dir, err.msg);
+	for (int i = 0; i < p->n_kernels; i++) {
+		const ap_kernel_src *k = &p->kernels[i];
+		bool gemm = emitter_is(k, "gemm"), att = emitter_is(k, "attention");
+		static const char *const v[] = {"--ptxas-options=-v"};
+		uint8_t *out = NULL;
+		size_t len = 0;
+		char *log = NULL;
+		ap_ptxas_stats st;
+
+		if (!gemm && !att)
+			continue;
+		if (gemm && tf32) {
+			static const char *const archs[] = {"compute_80", "compute_90"};
+
+			for (int a = 0; a < 2; a++) {
+				ck_assert_msg(ap_nvrtc_compile(k->src, k->name, archs[a], false, &out, &len, &err) == 0,
+					      "%s %s: %s", dir, k->name, err.msg);
+				ck_assert_msg(strstr((char *)out, "mma.sync.aligned") && strstr((char *)out, "ldmatrix") &&
+					      (!strstr(k->src, ": cp.async,") || strstr((char *)out, "cp.async")),
+					      "%s: kernel %s (%s) lacks mma.sync, ldmatrix or cp.async in its PTX", dir,
+					      k->name, archs[a]);
+				free(out);
+			}
+			(*n_gemm)++;
+			*n_async += strstr(k->src, ": cp.async,") != NULL;
+		}
+		ck_assert_msg(ap_nvrtc_compile_ex(k->src, k->name, "sm_90", true, v, 1, &out, &len, &log, &err) == 0,
+			      "%s %s: %s", dir, k->name, err.msg);
+		ck_assert_msg(ap_ptxas_parse(log, k->name, &st), "%s %s: no ptxas report in\n%s", dir, k->name, log);
+		ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0,
+			      "%s: kernel %s (%s) spills %d / %d bytes (%d registers)", dir, k->name,
+			      tf32 ? "tensor cores" : "SIMT", st.spill_store_bytes, st.spill_load_bytes, st.registers);
+		(*n_spill_checked)++;
+		free(out);
+		free(log);
+	}
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+
+START_TEST(models_tensor_cores_and_spills)
+{
+	ap_error err;
+	int n_gemm = 0, n_async = 0, n_spill = 0;
+	char dir[512];
+
+	if (ap_nvrtc_load(&err) != 0) {
+		printf("check_gemm: NVRTC not loaded, skipped (%s)\n", err.msg);
+		return;
+	}
+	for (int d = 0; d < n_arg_dirs; d++) {
+		/* 16-bit graphs: tensor cores whatever allow_tf32 says */
+		check_model(arg_dirs[d], true, &n_gemm, &n_async, &n_spill);
+	}
+	for (size_t d = 0; d < sizeof(dirs) / sizeof(dirs[0]) && n_arg_dirs == 0; d++) {
+		snprintf(dir, sizeof(dir), "%s/%s", TESTDATA, dirs[d]);
+		if (access(dir, R_OK) != 0) {
+			printf("check_gemm: %s not found, skipped\n", dir);
+			continue;
+		}
+		check_model(dir, true, &n_gemm, &n_async, &n_spill);
+		check_model(dir, false, &n_gemm, &n_async, &n_spill);
+	}
+	printf("check_gemm: %d tensor-core GEMM kernels with mma.sync and ldmatrix, %d of them with cp.async; "
+	       "%d kernels without spills\n", n_gemm, n_async, n_spill);
+	ck_assert_int_gt(n_gemm, n_arg_dirs ? 2 * n_arg_dirs : 20);
+	ck_assert_int_gt(n_async, n_gemm / 2);
+}
+END_TEST
+
+/* The ptxas report parser on a log as NVRTC gives it. */
+START_TEST(ptxas_parse)
+{
+	static const char log[] =
+		"ptxas info    : 0 bytes gmem\n"
+		"ptxas info    : Compiling entry function 'ka' for 'sm_90'\n"
+		"ptxas info    : Function properties for ka\n"
+		"    0 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
+		"ptxas info    : Used 40 registers, used 1 barriers, 2048 bytes smem, 400 bytes cmem[0]\n"
+		"ptxas info    : Compiling entry function 'kb' for 'sm_90'\n"
+		"ptxas info    : Function properties for kb\n"
+		"    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+		"ptxas info    : Used 255 registers, used 0 barriers, 384 bytes cmem[0]\n";
+	ap_ptxas_stats s;
+
+	ck_assert(ap_ptxas_parse(log, "ka", &s));
+	ck_assert_int_eq(s.registers, 40);
+	ck_assert_int_eq(s.spill_store_bytes, 8);
+	ck_assert_int_eq(s.spill_load_bytes, 12);
+	ck_assert_int_eq(s.shared_bytes, 2048);
+	ck_assert(ap_ptxas_parse(log, "kb", &s));
+	ck_assert_int_eq(s.registers, 255);
+	ck_assert_int_eq(s.spill_store_bytes, 0);
+	ck_assert_int_eq(s.shared_bytes, 0);
+	ck_assert(!ap_ptxas_parse(log, "kc", &s));
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+	Suite *s = suite_create("gemm");
+	TCase *tc = tcase_create("static");
+	SRunner *sr;
+	int failed;
+
+	arg_dirs = argv + 1;
+	n_arg_dirs = argc - 1;
+	tcase_set_timeout(tc, 1800);
+	tcase_add_test(tc, ptxas_parse);
+	tcase_add_test(tc, models_tensor_cores_and_spills);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
