@@ -87,6 +87,10 @@ $(BUILD)/apollo-client: $(call obj,client/apollo-client.c) $(LIBS)
 $(BUILD)/apollo-kernels: $(call obj,tools/apollo-kernels.c) $(LIBS)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
+# bench/warm.sh's measuring client (kept connections, the daemon's CPU time).
+$(BUILD)/bench_warm: $(call obj,bench/warm.c) $(LIBS)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
+
 # check_faults fails allocations on purpose: Apollo's own calls go through
 # its __wrap_* functions (tests/check_faults.c).
 $(BUILD)/tests/check_faults: TEST_LDFLAGS = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=strdup
