@@ -1415,7 +1415,7 @@ static Apollo__Envelope *tcp_auth(int fd, const char *token, bool *server_ok)
 	uint8_t nc[AP_AUTH_NONCE_BYTES], ns[AP_AUTH_NONCE_BYTES], proof[AP_AUTH_PROOF_BYTES];
 
 	ck_assert_int_eq(ap_random_bytes(nc, sizeof(nc)), 0);
-	h.schema_version = 1;
+	h.schema_version = APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
 	h.client = "check_daemon";
 	h.auth_nonce.data = nc;
 	h.auth_nonce.len = sizeof(nc);
@@ -2658,7 +2658,7 @@ START_TEST(foreign_daemon_refused)
 
 				rep.id = q->id;
 				if (q->msg_case == APOLLO__ENVELOPE__MSG_HELLO) {
-					hr.schema_version = 1;
+					hr.schema_version = APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
 					hr.server = "impostor";
 					rep.msg_case = APOLLO__ENVELOPE__MSG_HELLO_REPLY;
 					rep.hello_reply = &hr;

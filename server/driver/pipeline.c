@@ -702,10 +702,10 @@ static int round_once(pipe *P)
 	units_clear(P);
 	program_reset(P->prog);
 	kernel_names_free(P);
-	P->n_units = P->part->n_groups;
-	P->units = calloc((size_t)P->n_units + 1, sizeof(unit));
+	P->units = calloc((size_t)P->part->n_groups + 1, sizeof(unit));
 	if (!P->units)
 		return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+	P->n_units = P->part->n_groups;
 	run_tasks(P, P->n_units, extract_task, P);
 	for (int i = 0; i < P->n_units; i++)
 		if (P->units[i].rc) {
