@@ -121,6 +121,7 @@ int main(int argc, char **argv)
 		ap_log(AP_LOG_INFO, "cache %s", ap_cache_path(cache));
 	else
 		ap_log(AP_LOG_INFO, "cache off");
+	ap_cache_set_limits(cache, (uint64_t)cfg.cache_max_bytes, (uint64_t)cfg.cache_memory_bytes);
 
 	cpus = sysconf(_SC_NPROCESSORS_ONLN);
 	copt.threads = cfg.workers ? (unsigned)cfg.workers : (unsigned)(cpus > 0 ? cpus : 1);
