@@ -10,7 +10,7 @@
 CC      ?= cc
 BUILD   ?= build
 CUDA_HOME ?= /usr/local/cuda
-PKGS    := libuv libprotobuf-c sqlite3 isl libcrypto
+PKGS    := libuv libprotobuf-c sqlite3 isl libcrypto hiredis
 CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 OPT     ?= -O2 -g

@@ -205,6 +205,14 @@ typedef struct ap_bundle_buffer {
 	int index;               /* INPUT/OUTPUT: position among graph inputs/outputs */
 } ap_bundle_buffer;
 
+/* Where an answer came from, numbered as apollo.CacheTier. */
+typedef enum ap_cache_tier {
+	AP_TIER_COMPILED = 0,   /* compiled for this request */
+	AP_TIER_L1 = 1,         /* the daemon's local cache */
+	AP_TIER_L2 = 2,         /* the shared cache (Redis): a remote hit */
+	AP_TIER_SHARED = 3,     /* an identical request in flight compiled it */
+} ap_cache_tier;
+
 /* apollo.Stats: sizes in bytes, times in milliseconds (daemon wall time).
  * `kernels` counts launches in the plan (compare with eager_kernels);
  * `distinct_kernels` the entries of Bundle.kernels (identical kernels are
@@ -217,8 +225,14 @@ typedef struct ap_bundle_stats {
 	unsigned layer1, layer2, layer3;
 	uint64_t global_bytes, eager_bytes, min_bytes;
 	double import_ms, partition_ms, codegen_ms, backend_ms, cache_ms, compile_ms;
-	bool cache_hit;
+	bool cache_hit;              /* answered from a cache tier or a flight */
+	ap_cache_tier cache_tier;    /* where the answer came from */
+	unsigned kernels_remote;     /* a compiled answer's kernels taken from L2 */
+	unsigned kernels_shared;     /* ... compiled for another request in flight */
 } ap_bundle_stats;
+
+/* The name of a tier: "compiled", "l1", "l2", "shared". */
+const char *ap_cache_tier_name(ap_cache_tier t);
 
 ap_bundle *ap_bundle_free(__ap_take ap_bundle *b);   /* accepts NULL, returns NULL */
 

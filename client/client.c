@@ -1239,4 +1239,16 @@ void ap_bundle_stats_get(const ap_bundle *b, ap_bundle_stats *out)
 	out->cache_ms = s->cache_ms;
 	out->compile_ms = s->compile_ms;
 	out->cache_hit = s->cache_hit;
+	/* a hit names its tier; a daemon before issue 10 named none: its own cache */
+	out->cache_tier = !s->cache_hit ? AP_TIER_COMPILED
+		: s->cache_tier ? (ap_cache_tier)(s->cache_tier & 3) : AP_TIER_L1;
+	out->kernels_remote = s->kernels_remote;
+	out->kernels_shared = s->kernels_shared;
+}
+
+const char *ap_cache_tier_name(ap_cache_tier t)
+{
+	static const char *const names[] = { "compiled", "l1", "l2", "shared" };
+
+	return names[(unsigned)t & 3];
 }

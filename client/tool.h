@@ -116,9 +116,12 @@ typedef struct ap_report_info {
 void ap_json_string(FILE *f, const char *s);
 /* One JSON object on one line, ended by a newline: model, target, format,
  * kernels (launches in the plan), distinct_kernels (entries of
- * Bundle.kernels), eager_kernels, nodes, cache ("hit"/"miss"), compile_ms,
- * import_ms, partition_ms, codegen_ms, backend_ms, cache_ms (daemon side),
- * client_import_ms, round_trip_ms, kernels_compiled, global_bytes,
+ * Bundle.kernels), eager_kernels, nodes, cache ("miss", "hit",
+ * "remote-hit" from the shared cache, "shared-hit" from an identical
+ * request in flight), cache_tier ("compiled", "l1", "l2", "shared"),
+ * compile_ms, import_ms, partition_ms, codegen_ms, backend_ms, cache_ms
+ * (daemon side), client_import_ms, round_trip_ms, kernels_compiled,
+ * kernels_remote, kernels_shared, global_bytes,
  * eager_bytes, min_bytes (bytes), workspace_bytes, buffers, blob_bytes,
  * boundaries, graph_hash, kernel_list (name, nodes, grid, block,
  * smem_bytes, blob_bytes, params), launch_list (kernel index, name,

@@ -892,11 +892,19 @@ START_TEST(json_report)
 	info.explain = true;
 	ap_report_json(f, b, &info);
 	fclose(f);
-	ck_assert_ptr_nonnull(strstr(text, "\"cache\":\"hit\""));
+	ck_assert_ptr_nonnull(strstr(text, "\"cache\":\"hit\",\"cache_tier\":\"l1\""));
 	ck_assert_ptr_nonnull(strstr(text, "\"boundary_list\":[{\"producer\":0,\"consumer\":0,\"tensor\":\"t1\",\"reason\":\"opaque\""));
 	ck_assert_ptr_nonnull(strstr(text, "\"nodes\":[\"Add_0\",\"Relu_1\"],\"layers\":[],\"global_bytes\":0,"
 				   "\"reads\":[0],\"writes\":[1],\"parts\":[]}"));
 	ck_assert_ptr_nonnull(strstr(text, "\"buffer_list\":[{\"name\":\"x\",\"kind\":\"input\",\"bytes\":2048},{\"name\":\"y\",\"kind\":\"output\",\"bytes\":2048}]"));
+	free(text);
+	/* A hit from the shared cache is a remote hit. */
+	((Apollo__Bundle *)ap_bundle_pb(b))->stats->cache_tier = APOLLO__CACHE_TIER__CACHE_L2;
+	text = NULL;
+	f = open_memstream(&text, &tlen);
+	ap_report_json(f, b, &info);
+	fclose(f);
+	ck_assert_ptr_nonnull(strstr(text, "\"cache\":\"remote-hit\",\"cache_tier\":\"l2\""));
 	free(text);
 	/* The text summary names the kernel and the cache state. */
 	text = NULL;
@@ -905,7 +913,7 @@ START_TEST(json_report)
 	fclose(f);
 	ck_assert_ptr_nonnull(strstr(text, "fused_add_relu"));
 	ck_assert_ptr_nonnull(strstr(text, "Add_0 Relu_1"));
-	ck_assert_ptr_nonnull(strstr(text, "cache hit"));
+	ck_assert_ptr_nonnull(strstr(text, "cache remote-hit;"));
 	ck_assert_ptr_nonnull(strstr(text, "  launch 0 -> launch 0 via t1: opaque (MatMul keeps its own kernel)\n"));
 	ck_assert_ptr_nonnull(strstr(text, "1 boundaries between launches (opaque 1):\n"));
 	free(text);

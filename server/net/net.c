@@ -91,6 +91,7 @@
 #include "../../common/frame.h"
 #include "../../common/graph.h"
 #include "../../common/pb_budget.h"
+#include "../../common/pb_wire.h"
 #include "../backend/backend.h"
 #include "proto/apollo.pb-c.h"
 
@@ -190,6 +191,8 @@ struct job {
 	uint64_t id;             /* the request's id */
 	uint32_t req_len;        /* its frame's payload bytes */
 	Apollo__Envelope *env;   /* the request, unpacked; the worker frees it */
+	bool has_digest;
+	uint8_t digest[32];      /* of the CompileRequest's bytes (compile.h) */
 	uint8_t *frame;          /* the reply, packed by the worker */
 	size_t frame_len;
 };
@@ -203,6 +206,8 @@ struct decode {
 	unsigned ratio;          /* decode_memory_ratio */
 	Apollo__Envelope *env;   /* the result; NULL when it does not decode */
 	int why;                 /* ... and why (decode_envelope) */
+	bool has_digest;         /* a CompileRequest: the digest of its bytes */
+	uint8_t digest[32];
 };
 
 static void conn_close(conn *c);
@@ -244,6 +249,23 @@ static Apollo__Envelope *decode_envelope(const uint8_t *payload, uint32_t len, u
 	env = apollo__envelope__unpack(&b.allocator, len, payload);
 	*why = env ? 0 : b.exceeded ? AP_ETOOLARGE : b.out_of_memory ? AP_ENOMEM : AP_EMESSAGE;
 	return env;
+}
+
+/* The SHA-256 of the bytes of the one CompileRequest field of an
+ * Envelope that decoded as a compile request: what names the request in
+ * the compiler's memo (compile.h).  False (no digest) when the field is
+ * not there exactly once. */
+static bool request_digest(const uint8_t *payload, uint32_t len, const Apollo__Envelope *env,
+			   uint8_t digest[32])
+{
+	const uint8_t *v;
+	size_t n;
+
+	if (!env || env->msg_case != APOLLO__ENVELOPE__MSG_COMPILE ||
+	    ap_pbw_single_field(payload, len, 8, &v, &n) != 1)
+		return false;
+	ap_sha256(v, n, digest);
+	return true;
 }
 
 /* Gives freed heap memory back to the system (glibc keeps it otherwise:
@@ -424,7 +446,8 @@ static void conn_shutdown(conn *c)
 static void work_compile(uv_work_t *req)
 {
 	struct job *j = req->data;
-	Apollo__CompileResponse *resp = ap_compile_run(j->compiler, j->env->compile);
+	Apollo__CompileResponse *resp = ap_compile_run_digest(j->compiler, j->env->compile,
+							      j->has_digest ? j->digest : NULL);
 	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
 
 	/* Freeing a big request is slow too: done here, not on the loop. */
@@ -485,7 +508,7 @@ static void send_compile_error(conn *c, uint64_t id, int code, const char *msg)
 	send_packed(c, &env);
 }
 
-static void handle_compile(conn *c, Apollo__Envelope *env, uint32_t len)
+static void handle_compile(conn *c, Apollo__Envelope *env, uint32_t len, const uint8_t *digest)
 {
 	ap_server *s = c->srv;
 	struct job *j;
@@ -515,6 +538,10 @@ static void handle_compile(conn *c, Apollo__Envelope *env, uint32_t len)
 	j->id = env->id;
 	j->req_len = len;
 	j->env = env;
+	if (digest) {
+		j->has_digest = true;
+		memcpy(j->digest, digest, 32);
+	}
 	j->req.data = j;
 	r = uv_queue_work(&s->loop, &j->req, work_compile, after_compile);
 	if (r) {
@@ -664,8 +691,9 @@ static void handle_ping(conn *c, uint64_t id)
 
 /* One decoded frame of `len` payload bytes: `env` (consumed), NULL when the
  * payload did not decode as an Envelope, for the reason `why`
- * (decode_envelope). */
-static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why)
+ * (decode_envelope); `digest` names a compile request's bytes (or NULL). */
+static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why,
+		     const uint8_t *digest)
 {
 	ap_server *s = c->srv;
 	char msg[200];
@@ -708,7 +736,7 @@ static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why)
 		handle_stats(c, env->id);
 		break;
 	case APOLLO__ENVELOPE__MSG_COMPILE:
-		handle_compile(c, env, len);   /* takes env */
+		handle_compile(c, env, len, digest);   /* takes env */
 		return;
 	case APOLLO__ENVELOPE__MSG__NOT_SET:
 		send_error(c, env->id, AP_EMESSAGE, "the Envelope carries no message");
@@ -727,6 +755,7 @@ static void work_decode(uv_work_t *req)
 	struct decode *d = req->data;
 
 	d->env = decode_envelope(d->payload, d->len, d->ratio, &d->why);
+	d->has_digest = request_digest(d->payload, d->len, d->env, d->digest);
 	free(d->payload);
 	d->payload = NULL;
 }
@@ -763,7 +792,7 @@ static void after_decode(uv_work_t *req, int status)
 		       d->len);
 		apollo__envelope__free_unpacked(d->env, NULL);
 	} else {
-		dispatch(c, d->env, d->len, d->why);
+		dispatch(c, d->env, d->len, d->why, d->has_digest ? d->digest : NULL);
 	}
 	free(d);
 	/* Before resuming: once draining, frames are decoded inline, so the
@@ -806,13 +835,16 @@ static bool start_decode(conn *c, uint8_t *payload, uint32_t len)
 static void handle_frame(conn *c, uint8_t *payload, uint32_t len)
 {
 	Apollo__Envelope *env;
+	uint8_t digest[32];
+	bool has_digest;
 	int why;
 
 	if (start_decode(c, payload, len))
 		return;
 	env = decode_envelope(payload, len, c->srv->decode_ratio, &why);
+	has_digest = request_digest(payload, len, env, digest);
 	free(payload);
-	dispatch(c, env, len, why);
+	dispatch(c, env, len, why, has_digest ? digest : NULL);
 }
 
 /* Feeds `n` received bytes through the frame state machine.  When a frame
