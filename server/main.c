@@ -14,6 +14,7 @@
  * bad command line or config file.
  */
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,6 +170,7 @@ int main(int argc, char **argv)
 		break;
 	}
 	ap_log_set_level((ap_log_level)cfg.log_level);
+	signal(SIGPIPE, SIG_IGN);   /* a peer gone (client, Redis) is an error, not the end */
 	if (!cfg.foreground) {
 		ready_fd = detach();
 		if (ready_fd < 0) {

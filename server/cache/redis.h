@@ -27,7 +27,9 @@
  *
  * Thread safety: every function may be called from any thread at once; a
  * pool of connections (one per calling thread at a time) and the breaker
- * sit behind one mutex.  Calls block for at most about the timeouts.
+ * sit behind one mutex.  Calls block for at most about the timeouts.  The
+ * process must ignore SIGPIPE (apollod does, net.c): a write to a Redis
+ * that went away is then an error, not the end of the process.
  */
 #ifndef AP_CACHE_REDIS_H
 #define AP_CACHE_REDIS_H
