@@ -65,7 +65,7 @@ static void usage(FILE *f)
 	      "                [--fusion-barrier NODE ...] [--keep-whole OP ...] [--save-outputs DIR]\n"
 	      "  apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n"
 	      "  apollo-client ping\n"
-	      "  apollo-client stats\n"
+	      "  apollo-client stats [--json]\n"
 	      "every subcommand takes --socket PATH (default $APOLLO_SOCKET, else\n"
 	      "$XDG_RUNTIME_DIR/apollod.sock, else /tmp/apollod-<uid>/apollod.sock; HOST:PORT for TCP,\n"
 	      "with --token SECRET or $APOLLO_TOKEN) and --daemon-user USER (default $APOLLO_DAEMON_USER:\n"
@@ -1217,18 +1217,30 @@ static int cmd_stats(int argc, char **argv)
 {
 	ap_client *c;
 	ap_server_stats s;
+	ap_metrics *m = NULL;
 	ap_error err;
+	bool json = false;
+	double v;
 
-	(void)argv;
-	if (argc > 0)
-		return usage_error("stats takes no arguments");
+	for (int i = 0; i < argc; i++) {
+		if (!strcmp(argv[i], "--json"))
+			json = true;
+		else
+			return usage_error("stats: unknown option '%s' (--json)", argv[i]);
+	}
 	ap_error_clear(&err);
 	c = connect_daemon(&err);
 	if (!c)
 		return fail("stats", &err);
-	if (ap_client_stats(c, &s, &err) < 0) {
+	if (ap_client_stats_metrics(c, &s, &m, &err) < 0) {
 		ap_client_free(c);
 		return fail("stats", &err);
+	}
+	if (json) {
+		ap_report_stats_json(stdout, ap_client_server(c), &s, m);
+		ap_metrics_free(m);
+		ap_client_free(c);
+		return 0;
 	}
 	printf("server:           %s\n", ap_client_server(c));
 	printf("uptime_s:         %.1f\n", s.uptime_s);
@@ -1241,6 +1253,23 @@ static int cmd_stats(int argc, char **argv)
 	printf("cache_blob_bytes: %llu\n", (unsigned long long)s.cache_blob_bytes);
 	printf("clients:          %u\n", s.clients);
 	printf("in_flight:        %u\n", s.in_flight);
+	{
+		static const char *const tiers[] = { "compiled", "l1", "l2", "shared" };
+
+		printf("answers:         ");
+		for (int t = 0; t < 4; t++) {
+			char l[32];
+
+			snprintf(l, sizeof(l), "tier=%s", tiers[t]);
+			if (!ap_metrics_value(m, "apollo_compile_answers_total", l, &v))
+				printf(" %s %.0f", tiers[t], v);
+		}
+		printf("\n");
+	}
+	if (!ap_metrics_value(m, "apollo_redis_circuit_state", NULL, &v))
+		printf("redis breaker:    %s\n", v == 0 ? "closed" : v == 1 ? "open" : "half-open");
+	printf("(every metric: apollo-client stats --json)\n");
+	ap_metrics_free(m);
 	ap_client_free(c);
 	return 0;
 }

@@ -118,6 +118,22 @@ typedef struct ap_server_stats {
 /* Fills `out`.  Errors as ap_client_ping. */
 int ap_client_stats(ap_client *c, ap_server_stats *out, ap_error *err);
 
+/* Every metric of the daemon (StatsReply.metrics): the same families and
+ * numbers its Prometheus endpoint (apollod --metrics) shows. */
+typedef struct ap_metrics ap_metrics;
+/* As ap_client_stats, also giving the metrics in *metrics (free with
+ * ap_metrics_free).  Errors as ap_client_ping. */
+int ap_client_stats_metrics(ap_client *c, ap_server_stats *out, __ap_give ap_metrics **metrics,
+			    ap_error *err);
+ap_metrics *ap_metrics_free(__ap_take ap_metrics *m);   /* accepts NULL, returns NULL */
+/* The value of one sample: `name` is the family's name with a histogram
+ * sample's suffix ("apollo_compile_duration_seconds_count"), `labels` its
+ * labels as "k=v,k=v" in the daemon's order (NULL or "" for none).  0 and
+ * *value, or AP_EINVAL when there is no such sample. */
+int ap_metrics_value(const ap_metrics *m, const char *name, const char *labels, double *value);
+/* The underlying apollo.StatsReply (for code that links protobuf-c). */
+const struct Apollo__StatsReply *ap_metrics_pb(const ap_metrics *m);
+
 /* ---- compiling ------------------------------------------------------------ */
 
 /* How much the partitioner may fuse, numbered as apollo.FusionLevel. */

@@ -794,7 +794,12 @@ int ap_client_ping(ap_client *c, char *server, size_t cap, ap_error *err)
 	return 0;
 }
 
-int ap_client_stats(ap_client *c, ap_server_stats *out, ap_error *err)
+struct ap_metrics {
+	Apollo__Envelope *env;   /* owns the StatsReply */
+};
+
+int ap_client_stats_metrics(ap_client *c, ap_server_stats *out, ap_metrics **metrics,
+			    ap_error *err)
 {
 	Apollo__Envelope req = APOLLO__ENVELOPE__INIT, *rep;
 	Apollo__StatsRequest st = APOLLO__STATS_REQUEST__INIT;
@@ -802,6 +807,8 @@ int ap_client_stats(ap_client *c, ap_server_stats *out, ap_error *err)
 	int rc;
 
 	memset(out, 0, sizeof(*out));
+	if (metrics)
+		*metrics = NULL;
 	req.msg_case = APOLLO__ENVELOPE__MSG_STATS;
 	req.stats = &st;
 	rc = call(c, &req, APOLLO__ENVELOPE__MSG_STATS_REPLY, &rep, err);
@@ -820,8 +827,77 @@ int ap_client_stats(ap_client *c, ap_server_stats *out, ap_error *err)
 		out->in_flight = r->in_flight;
 		out->uptime_s = r->uptime_s;
 	}
+	if (metrics && r) {
+		*metrics = malloc(sizeof(**metrics));
+		if (!*metrics) {
+			apollo__envelope__free_unpacked(rep, NULL);
+			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		}
+		(*metrics)->env = rep;
+		return 0;
+	}
 	apollo__envelope__free_unpacked(rep, NULL);
 	return 0;
+}
+
+int ap_client_stats(ap_client *c, ap_server_stats *out, ap_error *err)
+{
+	return ap_client_stats_metrics(c, out, NULL, err);
+}
+
+ap_metrics *ap_metrics_free(ap_metrics *m)
+{
+	if (m) {
+		apollo__envelope__free_unpacked(m->env, NULL);
+		free(m);
+	}
+	return NULL;
+}
+
+const struct Apollo__StatsReply *ap_metrics_pb(const ap_metrics *m)
+{
+	return m->env->stats_reply;
+}
+
+/* True when a sample's labels, written "k=v,k=v", are `want`. */
+static bool labels_are(const Apollo__MetricSample *s, const char *want)
+{
+	const char *p = want ? want : "";
+
+	for (size_t k = 0; k < s->n_labels; k++) {
+		const char *n = s->labels[k]->name ? s->labels[k]->name : "";
+		const char *v = s->labels[k]->value ? s->labels[k]->value : "";
+		size_t nl = strlen(n), vl = strlen(v);
+
+		if (k && *p++ != ',')
+			return false;
+		if (strncmp(p, n, nl) || p[nl] != '=' || strncmp(p + nl + 1, v, vl))
+			return false;
+		p += nl + 1 + vl;
+	}
+	return *p == '\0';
+}
+
+int ap_metrics_value(const ap_metrics *m, const char *name, const char *labels, double *value)
+{
+	const Apollo__StatsReply *r = m ? m->env->stats_reply : NULL;
+
+	for (size_t i = 0; r && i < r->n_metrics; i++) {
+		const Apollo__MetricFamily *f = r->metrics[i];
+		size_t fl = f->name ? strlen(f->name) : 0;
+
+		if (!f->name || strncmp(name, f->name, fl))
+			continue;
+		for (size_t j = 0; j < f->n_samples; j++) {
+			const Apollo__MetricSample *s = f->samples[j];
+
+			if (!strcmp(name + fl, s->suffix ? s->suffix : "") && labels_are(s, labels)) {
+				*value = s->value;
+				return 0;
+			}
+		}
+	}
+	return AP_EINVAL;
 }
 
 /* ---- submit ---------------------------------------------------------------- */

@@ -8,6 +8,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "proto/apollo.pb-c.h"
+
 void ap_json_string(FILE *f, const char *s)
 {
 	fputc('"', f);
@@ -406,4 +408,59 @@ void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info)
 			fputc('\n', f);
 		}
 	}
+}
+
+void ap_report_stats_json(FILE *f, const char *server, const ap_server_stats *s,
+			  const ap_metrics *m)
+{
+	const Apollo__StatsReply *r = m ? ap_metrics_pb(m) : NULL;
+
+	fputs("{\"server\":", f);
+	ap_json_string(f, server);
+	json_num(f, "uptime_s", s->uptime_s);
+	fprintf(f, ",\"requests\":%llu,\"errors\":%llu,\"cache_hits\":%llu,\"cache_misses\":%llu,"
+		"\"kernels_compiled\":%llu,\"cache_entries\":%llu,\"cache_blob_bytes\":%llu,"
+		"\"clients\":%u,\"in_flight\":%u", (unsigned long long)s->requests,
+		(unsigned long long)s->errors, (unsigned long long)s->cache_hits,
+		(unsigned long long)s->cache_misses, (unsigned long long)s->kernels_compiled,
+		(unsigned long long)s->cache_entries, (unsigned long long)s->cache_blob_bytes,
+		s->clients, s->in_flight);
+	fputs(",\"metrics\":{", f);
+	for (size_t i = 0; r && i < r->n_metrics; i++) {
+		const Apollo__MetricFamily *fam = r->metrics[i];
+
+		fputs(i ? "," : "", f);
+		ap_json_string(f, fam->name);
+		fputs(":{\"type\":", f);
+		ap_json_string(f, fam->type);
+		fputs(",\"help\":", f);
+		ap_json_string(f, fam->help);
+		fputs(",\"samples\":[", f);
+		for (size_t j = 0; j < fam->n_samples; j++) {
+			const Apollo__MetricSample *sm = fam->samples[j];
+			char name[256];
+
+			snprintf(name, sizeof(name), "%s%s", fam->name ? fam->name : "",
+				 sm->suffix ? sm->suffix : "");
+			fputs(j ? ",{\"name\":" : "{\"name\":", f);
+			ap_json_string(f, name);
+			fputs(",\"labels\":{", f);
+			for (size_t k = 0; k < sm->n_labels; k++) {
+				fputs(k ? "," : "", f);
+				ap_json_string(f, sm->labels[k]->name);
+				fputc(':', f);
+				ap_json_string(f, sm->labels[k]->value);
+			}
+			fputs("},\"value\":", f);
+			if (!isfinite(sm->value))
+				fputs("null", f);
+			else if (sm->value == floor(sm->value) && fabs(sm->value) < 9e15)
+				fprintf(f, "%.0f", sm->value);
+			else
+				fprintf(f, "%.9g", sm->value);
+			fputc('}', f);
+		}
+		fputs("]}", f);
+	}
+	fputs("}}\n", f);
 }

@@ -131,6 +131,15 @@ void ap_json_string(FILE *f, const char *s);
  * input/output/param/intermediate, bytes) and boundary_list (producer,
  * consumer: launch indices; tensor, reason, detail). */
 void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info);
+/* `apollo-client stats --json`: one JSON object on one line, ended by a
+ * newline: server, uptime_s, the counters of `s` (requests, errors,
+ * cache_hits, cache_misses, kernels_compiled, cache_entries,
+ * cache_blob_bytes, clients, in_flight), and "metrics": one entry per
+ * family, keyed by its name, {"type", "help", "samples": [{"name" (with a
+ * histogram sample's suffix), "labels": {k: v}, "value"}]} -- the numbers
+ * of the daemon's Prometheus endpoint. */
+void ap_report_stats_json(FILE *f, const char *server, const ap_server_stats *s,
+			  const ap_metrics *m);
 /* A human-readable summary: one line per launch (kernel, category, grid,
  * block, blob size, up to 6 fused nodes), then the stats.  With
  * info->explain the launches are listed as
