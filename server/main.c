@@ -9,7 +9,8 @@
  * database is moved aside and replaced, see cache.h) with its limits; the
  * shared cache when `redis` is set (a missing or unsafe secret file stops
  * the start; an unreachable Redis is only a warning: it is fail-open); the
- * server.  Exit
+ * server (its listeners from systemd when socket-activated, notify.h);
+ * READY=1 to systemd once it listens (Type=notify).  Exit
  * status: 0 after a clean SIGTERM / SIGINT, 1 when start-up failed, 2 for a
  * bad command line or config file.
  */
@@ -28,6 +29,7 @@
 #include "server/compile/compile.h"
 #include "server/config.h"
 #include "server/net/net.h"
+#include "server/notify.h"
 
 /* Forks; the parent waits for one status byte from the child on a pipe and
  * exits with it.  Returns the write end of the pipe in the child, -1 when
@@ -226,6 +228,15 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	report_ready(ready_fd, 0);
+	{
+		char status[200];
+
+		snprintf(status, sizeof(status), "READY=1\nSTATUS=listening on %s",
+			 ap_server_socket_path(server));
+		if (ap_notify(status) < 0)
+			ap_log(AP_LOG_WARN, "cannot tell the service manager that apollod is ready "
+			       "($NOTIFY_SOCKET)");
+	}
 	rc = ap_server_run(server);
 	ap_server_free(server);
 	ap_compiler_free(compiler);

@@ -285,6 +285,14 @@ static void settle(ap_redis *r, bool ok, const char *why)
 			r->state = AP_REDIS_OPEN;
 			r->open_until = ap_now_ms() + r->breaker_open_ms;
 			r->n.opens++;
+			/* the pooled connections are as dead as this one */
+			while (r->pool) {
+				struct rconn *c = r->pool;
+
+				r->pool = c->next;
+				redisFree(c->ctx);
+				free(c);
+			}
 		}
 	}
 	pthread_mutex_unlock(&r->mu);
@@ -368,18 +376,21 @@ static redisReply *command(ap_redis *r, struct rconn *c, int argc, const char **
 	}
 }
 
-/* A pooled connection, or a new one (connected, timeouts set, AUTH sent):
- * NULL with `why` filled. */
-static struct rconn *acquire(ap_redis *r, char *why, size_t cap)
+/* A pooled connection (*pooled set), or a new one (connected, timeouts
+ * set, AUTH sent): NULL with `why` filled. */
+static struct rconn *acquire(ap_redis *r, bool fresh, bool *pooled, char *why, size_t cap)
 {
-	struct rconn *c;
+	struct rconn *c = NULL;
 	redisContext *ctx;
 
-	pthread_mutex_lock(&r->mu);
-	c = r->pool;
-	if (c)
-		r->pool = c->next;
-	pthread_mutex_unlock(&r->mu);
+	if (!fresh) {
+		pthread_mutex_lock(&r->mu);
+		c = r->pool;
+		if (c)
+			r->pool = c->next;
+		pthread_mutex_unlock(&r->mu);
+	}
+	*pooled = c != NULL;
 	if (c)
 		return c;
 	ctx = r->port ? redisConnectWithTimeout(r->host, r->port, tv_ms(r->connect_ms))
@@ -427,19 +438,30 @@ static void release(ap_redis *r, struct rconn *c)
 	pthread_mutex_unlock(&r->mu);
 }
 
-/* An allowed call: one command on a pooled connection.  The reply (caller
- * frees), or NULL after settling the failure. */
+/* An allowed call: one command on a pooled connection.  A pooled
+ * connection that fails (Redis restarted since it was opened) is dropped
+ * and the command tried once more on a new one (GET and SET may be
+ * repeated).  The reply (caller frees), or NULL after settling the
+ * failure. */
 static redisReply *call(ap_redis *r, int argc, const char **argv, const size_t *lens)
 {
 	char why[300];
-	struct rconn *c = acquire(r, why, sizeof(why));
-	redisReply *rep;
+	bool pooled;
+	struct rconn *c = acquire(r, false, &pooled, why, sizeof(why));
+	redisReply *rep = NULL;
 
+	if (c)
+		rep = command(r, c, argc, argv, lens, why, sizeof(why));
+	if (c && !rep && pooled) {
+		discard(c);
+		c = acquire(r, true, &pooled, why, sizeof(why));
+		if (c)
+			rep = command(r, c, argc, argv, lens, why, sizeof(why));
+	}
 	if (!c) {
 		settle(r, false, why);
 		return NULL;
 	}
-	rep = command(r, c, argc, argv, lens, why, sizeof(why));
 	if (!rep) {
 		discard(c);
 		settle(r, false, why);

@@ -1528,6 +1528,8 @@ int ap_server_new(const ap_config *cfg, ap_compiler *compiler, ap_cache *cache,
 	if (cfg->metrics[0] &&
 	    (rc = ap_http_start(&s->loop, cfg->metrics, render_metrics, s, &s->metrics, err)))
 		goto error;
+	if (s->metrics)
+		ap_log(AP_LOG_INFO, "metrics on port %d (%s)", ap_http_port(s->metrics), cfg->metrics);
 	watchdog_usec = ap_notify_watchdog_usec();
 	if (watchdog_usec) {
 		/* ping at half the interval, as sd_watchdog_enabled(3) advises */
@@ -1562,8 +1564,6 @@ int ap_server_run(ap_server *s)
 {
 	int r;
 
-	if (s->metrics)
-		ap_log(AP_LOG_INFO, "metrics on port %d", ap_http_port(s->metrics));
 	ap_log(AP_LOG_INFO, "listening on %s%s", s->socket_path, s->tcp_open ? " and TCP" : "");
 	r = uv_run(&s->loop, UV_RUN_DEFAULT);
 	remove_socket_file(s);
