@@ -311,17 +311,18 @@ typedef struct model_args {
 	const char *data_dir;
 } model_args;
 
-/* Loads the model file and the bindings; for ONNX also its io lists.  A
- * file is ONNX when it ends in .onnx or walks as a ModelProto with a graph;
- * anything else is sent as an apollo.Graph. */
-static int load_model(model_args *m, uint8_t **buf, size_t *len, ap_onnx_io **io, bool *is_onnx,
-		      ap_error *err)
+/* Maps the model file (ap_file_map: the pages of weights that only their
+ * structure is needed of are never read) and loads the bindings; for ONNX
+ * also its io lists.  A file is ONNX when it ends in .onnx or walks as a
+ * ModelProto with a graph; anything else is sent as an apollo.Graph. */
+static int load_model(model_args *m, const uint8_t **buf, size_t *len, ap_onnx_io **io,
+		      bool *is_onnx, ap_error *err)
 {
 	int rc;
 
 	*io = NULL;
 	*is_onnx = false;
-	rc = ap_file_read(m->model, MAX_MODEL_BYTES, buf, len, err);
+	rc = ap_file_map(m->model, MAX_MODEL_BYTES, buf, len, err);
 	if (rc < 0)
 		return rc;
 	if (ends_with(m->model, ".onnx")) {
@@ -349,11 +350,10 @@ static int cmd_submit(int argc, char **argv)
 	ap_submit_options opt = {0};
 	const char *out = NULL;
 	bool json = false, daemon_import = false;
-	uint8_t *buf = NULL;
+	const uint8_t *buf = NULL;
 	size_t len = 0;
 	ap_onnx_io *io = NULL;
 	ap_graph *g = NULL;
-	ap_params *params = NULL;
 	ap_client *c = NULL;
 	ap_bundle *bundle = NULL;
 	ap_report_info info = {0};
@@ -446,7 +446,8 @@ static int cmd_submit(int argc, char **argv)
 		goto out;
 	}
 	if (is_onnx && !daemon_import) {
-		g = import_model(buf, len, &m.b, &params, &info.import_ms, &err);
+		/* the structure only: a submit never sends the weights */
+		g = import_model(buf, len, &m.b, NULL, &info.import_ms, &err);
 		if (!g) {
 			fail("submit", &err);
 			goto out;
@@ -495,13 +496,12 @@ out:
 	fflush(stdout);
 	ap_bundle_free(bundle);
 	ap_client_free(c);
-	ap_params_free(params);
 	ap_graph_free(g);
 	ap_onnx_io_free(io);
 	bindings_clear(&m.b);
 	free((void *)barriers);
 	free((void *)whole);
-	free(buf);
+	ap_file_unmap(buf, len);
 	return rc;
 }
 
@@ -509,7 +509,8 @@ static int cmd_convert(int argc, char **argv)
 {
 	model_args m = {0};
 	const char *out = NULL;
-	uint8_t *buf = NULL, *pk = NULL;
+	const uint8_t *buf = NULL;
+	uint8_t *pk = NULL;
 	size_t len = 0;
 	ap_onnx_io *io = NULL;
 	ap_graph *g = NULL;
@@ -589,7 +590,7 @@ out:
 	ap_graph_free(g);
 	ap_onnx_io_free(io);
 	bindings_clear(&m.b);
-	free(buf);
+	ap_file_unmap(buf, len);
 	return rc;
 }
 

@@ -11,6 +11,30 @@
  * opaque ap_bundle; accessors hand out borrowed views into it (valid until
  * ap_bundle_free), so no protobuf type is needed to use the API.
  *
+ * Keeping a connection.  An ap_client is a kept connection: connect once
+ * (socket, handshake, peer check), submit every graph of the job through
+ * it, free it at the end.  A warm submit through a kept connection costs
+ * the daemon a cache lookup and one round trip, about 0.1 ms of CPU
+ * (bench/warm.sh); a new process and connection per submit costs
+ * milliseconds.  If the daemon closes the connection while it is idle
+ * (its idle_timeout_ms) or restarts, the next call connects again once
+ * and repeats its request (every request is idempotent), so a job may
+ * keep one client for its whole life:
+ *
+ *     ap_client *c = ap_client_connect(NULL, &err);      // once per job
+ *     for (int i = 0; i < n_graphs; i++) {
+ *             ap_bundle *b = ap_client_submit_onnx_file(c, path[i], NULL, 0,
+ *                                                       &opt, &err);
+ *             ... run it, or keep it ...
+ *             ap_bundle_free(b);
+ *     }
+ *     ap_client_free(c);
+ *
+ * ap_client_submit_onnx_file reads only the model's structure (the file
+ * is mapped; the weights' pages are never touched), which is the fast
+ * warm path; ap_client_submit_graph / _graph_pb send a graph already in
+ * memory.
+ *
  * Errors: every function that can fail returns a negative AP_E* code (or
  * NULL) and fills the caller's ap_error (which may be NULL) with what went
  * wrong and, for an error the daemon sent, the node/tensor it names.
@@ -180,6 +204,29 @@ __ap_give ap_bundle *ap_client_submit_graph_pb(ap_client *c, const uint8_t *buf,
 __ap_give ap_bundle *ap_client_submit_onnx(ap_client *c, const uint8_t *buf, size_t len,
 					   const ap_host_tensor *const *bindings, int n_bindings,
 					   const ap_submit_options *opt, ap_error *err);
+
+/* Imports the ONNX model in the file at `path` here, from its structure
+ * alone (the file is mapped, not read: ap_file_map; the weights' bytes are
+ * never read, decoded nor copied -- ap_onnx_import without a parameter
+ * store), and submits the graph as ap_client_submit_graph.  Bindings as
+ * for ap_onnx_import.  The warm path of a training job: with one ap_client
+ * kept for the job's life and used for each of its graphs, a warm submit
+ * costs the import of the structure (about 0.1 ms for a 6 MB model) and
+ * one round trip.  Errors: the file's (AP_EIO, AP_ETOOLARGE over 4 GiB),
+ * the importer's, or as ap_client_submit_graph. */
+__ap_give ap_bundle *ap_client_submit_onnx_file(ap_client *c, const char *path,
+						const ap_host_tensor *const *bindings,
+						int n_bindings, const ap_submit_options *opt,
+						ap_error *err);
+
+/* Maps a whole file of at most `max` bytes read-only into memory (pages
+ * are read only when touched).  0 with *buf and *len (an empty file: a
+ * valid empty buffer), or AP_EIO (cannot open or map it, not a regular
+ * file), AP_ETOOLARGE (over `max`).  Release with ap_file_unmap.  As with
+ * any mapping, a file truncated by someone else while mapped makes a read
+ * past its new end fault (SIGBUS): map files that are not being rewritten. */
+int ap_file_map(const char *path, size_t max, const uint8_t **buf, size_t *len, ap_error *err);
+void ap_file_unmap(const uint8_t *buf, size_t len);
 
 /* ---- bundles ---------------------------------------------------------------- */
 

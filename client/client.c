@@ -28,13 +28,16 @@
 #include "apollo.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <pwd.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -1034,6 +1037,70 @@ out:
 }
 
 /* ---- bundles ------------------------------------------------------------------ */
+
+/* ---- models from files ------------------------------------------------------- */
+
+int ap_file_map(const char *path, size_t max, const uint8_t **buf, size_t *len, ap_error *err)
+{
+	struct stat st;
+	void *p;
+	int fd;
+
+	*buf = NULL;
+	*len = 0;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot open %s: %s", path,
+				    strerror(errno));
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return ap_error_set(err, AP_EIO, NULL, NULL, "%s is not a regular file", path);
+	}
+	if ((uint64_t)st.st_size > max) {
+		close(fd);
+		return ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
+				    "%s has %lld bytes, more than the limit of %zu", path,
+				    (long long)st.st_size, max);
+	}
+	if (st.st_size == 0) {   /* nothing to map; an empty buffer */
+		close(fd);
+		*buf = (const uint8_t *)"";
+		return 0;
+	}
+	p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+	close(fd);
+	if (p == MAP_FAILED)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot map %s: %s", path,
+				    strerror(errno));
+	*buf = p;
+	*len = (size_t)st.st_size;
+	return 0;
+}
+
+void ap_file_unmap(const uint8_t *buf, size_t len)
+{
+	if (buf && len)
+		munmap((void *)buf, len);
+}
+
+ap_bundle *ap_client_submit_onnx_file(ap_client *c, const char *path,
+				      const ap_host_tensor *const *bindings, int n_bindings,
+				      const ap_submit_options *opt, ap_error *err)
+{
+	const uint8_t *buf = NULL;
+	size_t len = 0;
+	ap_graph *g;
+	ap_bundle *b = NULL;
+
+	if (ap_file_map(path, (size_t)4 << 30, &buf, &len, err) < 0)
+		return NULL;
+	g = ap_onnx_import(buf, len, bindings, n_bindings, NULL, err);
+	ap_file_unmap(buf, len);
+	if (g)
+		b = ap_client_submit_graph(c, g, opt, err);
+	ap_graph_free(g);
+	return b;
+}
 
 ap_bundle *ap_bundle_free(ap_bundle *b)
 {

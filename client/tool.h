@@ -55,10 +55,12 @@ typedef struct ap_onnx_io {
 	char **outputs;
 } ap_onnx_io;
 
-/* Reads the input and output lists of a serialized ONNX ModelProto,
- * decoded with protobuf-c from proto/onnx.proto (the importer's decoder).
- * Returns 0 with *out, or AP_EMESSAGE (not a ModelProto / truncated),
- * AP_ENOMEM. */
+/* Reads the input and output lists of a serialized ONNX ModelProto from
+ * its structure alone (ap_onnx_skeleton: the weights' bytes are never
+ * read), decoded with protobuf-c from proto/onnx.proto (the importer's
+ * decoder).  Returns 0 with *out, or AP_EMESSAGE (not a ModelProto /
+ * truncated), ap_onnx_skeleton's AP_EINVAL / AP_EUNSUPPORTED naming a
+ * tensor, AP_ENOMEM. */
 int ap_onnx_io_read(const uint8_t *buf, size_t len, __ap_give ap_onnx_io **out, ap_error *err);
 ap_onnx_io *ap_onnx_io_free(__ap_take ap_onnx_io *io);
 /* Position of input `name` among io's inputs, or -1. */
