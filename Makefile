@@ -49,7 +49,8 @@ help:
 	@echo "make check-asan  build into $(SAN_BUILD)/ with AddressSanitizer + UBSan, run the suites and conformance"
 	@echo "make fuzz    build the libFuzzer harnesses (clang) into $(FUZZ_BUILD)/, run each $(FUZZ_SECONDS) s"
 	@echo "make demo    deps + build + start apollod + submit a real model twice"
-	@echo "make bench   cold/warm compile benchmark over ../shared/testdata/models"
+	@echo "make bench   cold/warm compile benchmark over ../shared/testdata/models, the warm path"
+	@echo "             (bench/warm.sh: whole-process cold/warm submit, daemon CPU, req/s)"
 	@echo "make clean   remove $(BUILD)/, $(SAN_BUILD)/ and $(FUZZ_BUILD)/"
 
 deps:
@@ -87,7 +88,8 @@ $(BUILD)/apollo-client: $(call obj,client/apollo-client.c) $(LIBS)
 $(BUILD)/apollo-kernels: $(call obj,tools/apollo-kernels.c) $(LIBS)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
-# bench/warm.sh's measuring client (kept connections, the daemon's CPU time).
+# bench/warm.sh's measuring client (kept connections, the daemon's CPU time,
+# whole apollo-client processes timed).
 $(BUILD)/bench_warm: $(call obj,bench/warm.c) $(LIBS)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
@@ -171,7 +173,7 @@ demo: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@APOLLO_BUILD=$(abspath $(BUILD)) sh tools/demo.sh
 
-bench: all
+bench: all $(BUILD)/bench_warm
 	@APOLLO_BUILD=$(abspath $(BUILD)) sh bench/run.sh
 
 clean:

@@ -1,8 +1,9 @@
-/* warm.c -- warm submits through kept connections (built by the Makefile as
+/* warm.c -- the warm path, measured (built by the Makefile as
  * build/bench_warm, run by bench/warm.sh).
  *
  *   bench_warm SOCKET GRAPH.pb DAEMON_PID [--target T] [-n N] [--clients K...]
  *             [--seconds S]
+ *   bench_warm process RUNS OUT.json PROGRAM [ARG...]
  *
  * GRAPH.pb is an apollo.Graph (`apollo-client convert` makes one from an
  * ONNX model), already in the daemon's cache.  Two measurements:
@@ -16,15 +17,23 @@
  *        own kept connection submit for S seconds (default 2); prints the
  *        warm submits answered per second.
  *
+ * `process` runs PROGRAM (an absolute path) RUNS times one after the
+ * other, its stdout appended to OUT.json, and times each run from fork to
+ * exit (wall clock, milliseconds): a submit as a whole apollo-client
+ * process, cold or warm.  Any run that does not exit 0 is an error.
+ *
  * One JSON object per line on stdout, for bench/warm.sh to print.  Every
  * answer must be a cache hit; anything else is an error (exit 1).
  */
 #include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "client/apollo.h"
 #include "client/tool.h"
@@ -148,6 +157,72 @@ static int run_rps(int k)
 	return atomic_load(&g_failed);
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* bench_warm process RUNS OUT PROGRAM [ARG...] */
+static int run_process(int argc, char **argv)
+{
+	long runs;
+	double *ms, *sorted;
+
+	if (argc < 5) {
+		fprintf(stderr, "usage: bench_warm process RUNS OUT.json PROGRAM [ARG...]\n");
+		return 2;
+	}
+	runs = strtol(argv[2], NULL, 10);
+	if (runs < 1 || runs > 10000) {
+		fprintf(stderr, "bench_warm: RUNS is 1 ... 10000, not '%s'\n", argv[2]);
+		return 2;
+	}
+	ms = calloc((size_t)runs, sizeof(*ms));
+	sorted = calloc((size_t)runs, sizeof(*sorted));
+	if (!ms || !sorted)
+		return 1;
+	for (long i = 0; i < runs; i++) {
+		double t0 = ap_now_ms();
+		pid_t pid = fork();
+		int st;
+
+		if (pid < 0) {
+			perror("bench_warm: fork");
+			return 1;
+		}
+		if (pid == 0) {
+			int fd = open(argv[3], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+
+			if (fd < 0 || dup2(fd, 1) < 0)
+				_exit(126);
+			execv(argv[4], argv + 4);
+			_exit(127);
+		}
+		if (waitpid(pid, &st, 0) < 0) {
+			perror("bench_warm: waitpid");
+			return 1;
+		}
+		ms[i] = ap_now_ms() - t0;
+		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+			fprintf(stderr, "bench_warm: %s exited with status %d\n", argv[4],
+				WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+			return 1;
+		}
+	}
+	memcpy(sorted, ms, (size_t)runs * sizeof(*ms));
+	qsort(sorted, (size_t)runs, sizeof(*sorted), cmp_double);
+	printf("{\"bench\":\"process\",\"runs\":%ld,\"min_ms\":%.3f,\"median_ms\":%.3f,"
+	       "\"max_ms\":%.3f,\"ms\":[", runs, sorted[0], sorted[runs / 2], sorted[runs - 1]);
+	for (long i = 0; i < runs; i++)
+		printf("%s%.3f", i ? "," : "", ms[i]);
+	printf("]}\n");
+	free(ms);
+	free(sorted);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	int clients[16], n_clients = 0;
@@ -158,9 +233,12 @@ int main(int argc, char **argv)
 	long long cpu0, cpu1;
 	double t0, t1;
 
+	if (argc > 1 && !strcmp(argv[1], "process"))
+		return run_process(argc, argv);
 	if (argc < 4) {
 		fprintf(stderr, "usage: bench_warm SOCKET GRAPH.pb DAEMON_PID [--target T] [-n N] "
-				"[--clients K...] [--seconds S]\n");
+				"[--clients K...] [--seconds S]\n"
+				"       bench_warm process RUNS OUT.json PROGRAM [ARG...]\n");
 		return 2;
 	}
 	g_socket = argv[1];
