@@ -311,10 +311,10 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 	ck_assert_int_eq(ap_cost_target(g_opts && g_opts->target ? g_opts->target : "cpu", &ti), 0);
 	ti.max_threads_per_block = 256;
 	ti.allow_tf32 = g_opts && g_opts->allow_tf32;
-	em = ap_emitter_for(m, &ti);
+	ck_assert_int_eq(ap_emitter_for(m, &ti, &em, &err), 0);
 	ck_assert_msg(strcmp(em->name, lc->emitter) == 0, "%s: matched by %s, not %s", lc->name,
 		      em->name, lc->emitter);
-	ap_emitter_default(em, m, &ti, &sp, &dflt);
+	ck_assert_int_eq(ap_emitter_default(em, m, &ti, &sp, &dflt, &err), 0);
 	ck_assert_int_ge(sp.n, 1);
 	/* the default configuration: golden CUDA text and its constructs */
 	{
@@ -351,7 +351,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 
 		for (int i = 0; i < sp.n; i++)
 			s.v[i] = sp.knobs[i].values[idx[i]];
-		if (em->valid && !em->valid(m, &s, &ti)) {
+		if (em->valid && em->valid(m, &s, &ti) <= 0) {
 			n_invalid++;
 			continue;
 		}

@@ -195,7 +195,10 @@ static void emit_task(int i, void *arg)
 		return;
 	}
 	memset(&u->traffic, 0, sizeof(u->traffic));
-	u->sched.em->traffic(u->m, &u->sched, &P->ti, &u->traffic);
+	if (u->sched.em->traffic(u->m, &u->sched, &P->ti, &u->traffic) < 0) {
+		u->k = ap_kir_kernel_free(u->k);
+		u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory modelling a kernel");
+	}
 }
 
 /* ---- refusals ---------------------------------------------------------------------- */

@@ -32,7 +32,7 @@ unsigned ap_grid_for(int64_t work, int64_t per_block);
 
 /* Traffic of a micro-graph whose producers are inlined (pointwise.c):
  * bytes of every input and output once, arithmetic from the cost model's
- * evaluation counts.  Adds to *out. */
-void ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out);
+ * evaluation counts.  Adds to *out.  0 or AP_ENOMEM. */
+int ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out);
 
 #endif

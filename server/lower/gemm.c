@@ -102,6 +102,16 @@ typedef struct gemm_plan {
 	bool tc;                        /* tensor cores */
 	ap_kir_mma_kind mma;
 	emap *maps;                     /* per tensor of m->g */
+	/* convolution as an implicit GEMM: rows (n, output position), columns
+	 * the output channels of a group, K (input channel of the group,
+	 * kernel position); tile batches are the groups */
+	bool conv, convt;               /* Conv / ConvTranspose */
+	int ns;                         /* spatial dims */
+	int x, w, bias;                 /* the node's inputs (bias -1 when none) */
+	int64_t C, groups, Cg, Mg, ohw, kk;
+	int64_t D[3], O[3], KS[3], st[3], pd[3], dl[3];
+	bool a_1x1;                     /* Conv 1x1, stride 1, no padding: A is
+					   X itself, rows contiguous per image */
 } gemm_plan;
 
 static void plan_clear(gemm_plan *p)
@@ -347,18 +357,158 @@ static bool is_float(ap_dtype t)
 	return t == AP_DT_F32 || t == AP_DT_F64 || t == AP_DT_F16 || t == AP_DT_BF16;
 }
 
+/* A Conv / ConvTranspose micro-graph as an implicit GEMM (the im2col
+ * product formed tile by tile in shared memory, never in memory; Chetlur
+ * et al., "cuDNN: Efficient Primitives for Deep Learning", 2014): one
+ * convolution node of a float type, groups of at least 8 output channels
+ * (depthwise convolutions are left to the pointwise emitter), every
+ * output an element-for-element function of its result. */
+static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, int node, char *why,
+			size_t cap)
+{
+	const ap_graph *g = m->g;
+	const ap_node *n = &g->nodes[node];
+	const ap_tensor *xt, *wt, *yt;
+	bool one = true;
+
+	p->conv = true;
+	p->convt = n->op == AP_OP_CONV_TRANSPOSE;
+	p->node = node;
+	p->x = n->inputs[0];
+	p->w = n->inputs[1];
+	p->bias = n->n_inputs > 2 ? n->inputs[2] : -1;
+	p->y = n->outputs[0];
+	xt = &g->tensors[p->x];
+	wt = &g->tensors[p->w];
+	yt = &g->tensors[p->y];
+	p->ns = xt->rank - 2;
+	if (p->ns < 1 || p->ns > 3 || wt->rank != xt->rank || yt->rank != xt->rank) {
+		snprintf(why, cap, "a convolution of rank %d", xt->rank);
+		return false;
+	}
+	if (!is_float(xt->dtype) || wt->dtype != xt->dtype || yt->dtype != xt->dtype ||
+	    (p->bias >= 0 && g->tensors[p->bias].dtype != xt->dtype)) {
+		snprintf(why, cap, "operands of type %s", ap_dtype_name(xt->dtype));
+		return false;
+	}
+	p->in_t = xt->dtype;
+	p->acc_t = xt->dtype == AP_DT_F64 ? AP_DT_F64 : AP_DT_F32;
+	p->C = xt->dims[1];
+	p->groups = ap_node_int(n, "group", 1);
+	if (p->groups < 1 || p->C % p->groups || yt->dims[1] % p->groups) {
+		snprintf(why, cap, "group %lld", (long long)p->groups);
+		return false;
+	}
+	p->Cg = p->C / p->groups;
+	p->Mg = yt->dims[1] / p->groups;
+	if (p->Mg < 8) {
+		snprintf(why, cap, "%lld output channels per group: a depthwise-like convolution",
+			 (long long)p->Mg);
+		return false;
+	}
+	p->ohw = 1;
+	p->kk = 1;
+	for (int d = 0; d < p->ns; d++) {
+		p->D[d] = xt->dims[2 + d];
+		p->O[d] = yt->dims[2 + d];
+		p->KS[d] = wt->dims[2 + d];
+		p->st[d] = ap_node_attr_at(n, "strides", d, 1);
+		p->dl[d] = ap_node_attr_at(n, "dilations", d, 1);
+		p->pd[d] = ap_node_attr_at(n, "pads", d, 0);
+		if (p->st[d] < 1 || p->dl[d] < 1) {
+			snprintf(why, cap, "stride %lld, dilation %lld", (long long)p->st[d], (long long)p->dl[d]);
+			return false;
+		}
+		p->ohw *= p->O[d];
+		p->kk *= p->KS[d];
+		one = one && p->KS[d] == 1 && p->st[d] == 1 && p->pd[d] == 0 &&
+		      ap_node_attr_at(n, "pads", p->ns + d, 0) == 0;
+	}
+	p->batch = 1;
+	p->nb = 0;
+	p->M = p->ohw;
+	p->Mr = xt->dims[0] * p->ohw;
+	p->N = p->Mg;
+	p->K = p->Cg * p->kk;
+	p->tb = p->groups;
+	if (p->Mr < 1 || p->K < 1) {
+		snprintf(why, cap, "an empty convolution");
+		return false;
+	}
+	p->maps = calloc((size_t)g->n_tensors + 1, sizeof(emap));
+	if (!p->maps) {
+		snprintf(why, cap, "out of memory");
+		return AP_ENOMEM;
+	}
+	if (!epilogue_maps(g, p->y, p->maps, why, cap)) {
+		plan_clear(p);
+		return false;
+	}
+	/* A: X itself for a 1x1 convolution with unit stride and no padding
+	 * (rows contiguous within an image); B: the weights as they are for a
+	 * Conv ([M][Cg * kernel], K contiguous) */
+	p->a.t = p->x;
+	p->b.t = p->w;
+	p->a.plain = false;
+	p->b.plain = false;
+	p->a.k_fast = true;
+	p->b.k_fast = true;
+	if (!p->convt && one && g->tensors[p->x].producer < 0 && g->tensors[p->x].kind != AP_TENSOR_CONST) {
+		p->a_1x1 = true;
+		p->a.plain = true;
+		p->a.leaf = p->x;
+		p->a.k_fast = false;
+		p->a.s_outer = 1;
+		p->a.s_k = p->ohw;
+		p->a.vec = 0;
+		for (int w = (int)(16 / ap_dtype_size(p->in_t)); w >= 1 && !p->a.vec; w /= 2)
+			if ((size_t)w * ap_dtype_size(p->in_t) >= 4 && p->ohw % w == 0)
+				p->a.vec = w;
+	}
+	if (!p->convt && g->tensors[p->w].producer < 0 && g->tensors[p->w].kind != AP_TENSOR_CONST) {
+		p->b.plain = true;
+		p->b.leaf = p->w;
+		p->b.s_outer = p->K;
+		p->b.s_k = 1;
+		p->b.vec = 0;
+		for (int w = (int)(16 / ap_dtype_size(p->in_t)); w >= 1 && !p->b.vec; w /= 2)
+			if ((size_t)w * ap_dtype_size(p->in_t) >= 4 && p->K % w == 0)
+				p->b.vec = w;
+	}
+	p->tc = t->gpu && t->arch >= 80 &&
+		(p->in_t == AP_DT_F16 || p->in_t == AP_DT_BF16 || (p->in_t == AP_DT_F32 && t->allow_tf32));
+	p->mma = p->in_t == AP_DT_F16 ? AP_KIR_MMA_F16_16816
+		 : p->in_t == AP_DT_BF16 ? AP_KIR_MMA_BF16_16816 : AP_KIR_MMA_TF32_1688;
+	return true;
+}
+
 /* The MatMul micro-graphs this emitter builds: one MatMul of two operands
  * of rank >= 2 and a float type, every output an element-for-element
  * function of its product. */
-static bool analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, char *why, size_t cap)
+static int analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, char *why, size_t cap)
 {
 	const ap_graph *g = m->g;
 	const ap_tensor *at, *bt, *yt;
 	int n_mm = 0;
 
 	memset(p, 0, sizeof(*p));
+	p->bias = -1;
+	if (m->kind == AP_GROUP_CONV) {
+		int n_conv = 0, node = -1;
+
+		for (int i = 0; i < g->n_nodes; i++)
+			if (g->nodes[i].op == AP_OP_CONV || g->nodes[i].op == AP_OP_CONV_TRANSPOSE) {
+				node = i;
+				n_conv++;
+			}
+		if (n_conv != 1) {
+			snprintf(why, cap, "%d convolutions", n_conv);
+			return false;
+		}
+		return analyze_conv(m, t, p, node, why, cap);
+	}
 	if (m->kind != AP_GROUP_MATMUL) {
-		snprintf(why, cap, "not a matmul micro-graph");
+		snprintf(why, cap, "not a matmul or convolution micro-graph");
 		return false;
 	}
 	for (int i = 0; i < g->n_nodes; i++)
@@ -405,7 +555,7 @@ static bool analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, c
 	p->maps = calloc((size_t)g->n_tensors + 1, sizeof(emap));
 	if (!p->maps) {
 		snprintf(why, cap, "out of memory");
-		return false;
+		return AP_ENOMEM;
 	}
 	if (!epilogue_maps(g, p->y, p->maps, why, cap)) {
 		plan_clear(p);
@@ -517,14 +667,14 @@ static bool cfg_valid(const gemm_plan *p, const gemm_cfg *c, const ap_target_inf
 	return c->bm % c->tm == 0 && c->bn % c->tn == 0 && c->tm * c->tn <= 64;
 }
 
-static bool gm_match(const ap_mgraph *m, const ap_target_info *t)
+static int gm_match(const ap_mgraph *m, const ap_target_info *t)
 {
 	gemm_plan p;
 	char why[160];
-	bool ok = analyze(m, t, &p, why, sizeof(why));
+	int rc = analyze(m, t, &p, why, sizeof(why));
 
 	plan_clear(&p);
-	return ok;
+	return rc;
 }
 
 static void knob(ap_knob *kb, const char *name, const int *vals, int n)
@@ -534,7 +684,7 @@ static void knob(ap_knob *kb, const char *name, const int *vals, int n)
 	memcpy(kb->values, vals, (size_t)n * sizeof(int));
 }
 
-static void gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 {
 	static const int tiles[] = {16, 32, 64, 128}, bk_simt[] = {8, 16, 32}, bk_tc[] = {16, 32, 64};
 	static const int thr[] = {1, 2, 4, 8}, warps[] = {1, 2, 4}, st_async[] = {2, 3, 4}, st_sync[] = {1, 2};
@@ -542,9 +692,10 @@ static void gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 	char why[160];
 	bool tc;
 
-	int nm = 4, nn = 4, nk = 3;
+	int nm = 4, nn = 4, nk = 3, rc;
 
-	analyze(m, t, &p, why, sizeof(why));
+	if ((rc = analyze(m, t, &p, why, sizeof(why))) < 0)
+		return rc;
 	tc = p.tc;
 	/* no tile beyond the next power of two of the problem (at least 16) */
 	while (nm > 1 && tiles[nm - 2] >= p.Mr)
@@ -564,18 +715,20 @@ static void gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 		knob(&sp->knobs[K_STAGES], "stages", st_async, 3);
 	else
 		knob(&sp->knobs[K_STAGES], "stages", st_sync, 2);
+	return 0;
 }
 
 /* Default: the tile from the cost model, the rest by rule. */
-static void gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
 {
 	gemm_plan p;
 	char why[160];
 	ap_cost_gemm_tile tile;
 	gemm_cfg c;
+	int rc;
 
-	if (!analyze(m, t, &p, why, sizeof(why)))
-		return;
+	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
+		return rc;
 	ap_cost_gemm_default(t, p.tb, p.Mr, p.N, p.K, ap_dtype_size(p.in_t), p.tc, &tile);
 	c = (gemm_cfg){tile.bm, tile.bn, tile.bk, tile.tm, tile.tn, tile.stages};
 	/* shrink what the target cannot hold */
@@ -590,17 +743,19 @@ static void gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_spac
 	s->v[K_TN] = c.tn;
 	s->v[K_STAGES] = c.stages;
 	plan_clear(&p);
+	return 0;
 }
 
-static bool gm_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+static int gm_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
 {
 	gemm_plan p;
 	char why[160];
 	gemm_cfg c = cfg_of(s);
 	bool ok;
+	int rc;
 
-	if (!analyze(m, t, &p, why, sizeof(why)))
-		return false;
+	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
+		return rc;
 	ok = cfg_valid(&p, &c, t);
 	plan_clear(&p);
 	return ok;
@@ -693,6 +848,16 @@ static ap_kir_expr *plain_offset(gctx *c, int role, ap_kir_expr *o, ap_kir_expr 
 	ap_kir_kernel *k = c->k;
 	ap_kir_expr *bc[AP_MAX_RANK], *e;
 
+	if (c->p->conv) {
+		const gemm_plan *p = c->p;
+
+		if (role == 1)   /* W[g * Mg + o][k] */
+			return ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, c->tb_index, p->Mg), o), p->K), kk);
+		/* X[n][g * Cg + k][position]: n = o / ohw, position = o % ohw */
+		return ap_kir_add(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, o, I(c, p->ohw)), p->C * p->ohw),
+						ap_kir_binary(k, AP_KIR_REM, o, I(c, p->ohw))),
+				  ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, c->tb_index, p->Cg), kk), p->ohw));
+	}
 	if (role == 0 && c->p->a_linear)
 		return ap_kir_add(k, ap_kir_muli(k, o, op->s_outer), ap_kir_muli(k, kk, op->s_k));
 	if (role == 0)
@@ -707,7 +872,95 @@ static ap_kir_expr *plain_offset(gctx *c, int role, ap_kir_expr *o, ap_kir_expr 
 	return e;
 }
 
-/* Shared-memory index of (outer, k) in stage `st` of operand `role`. */
+/* Splits a linear index over dims[0..n) (row-major) into coordinates. */
+static void split_linear(gctx *c, ap_kir_expr *lin, const int64_t *dims, int n, ap_kir_expr **out)
+{
+	ap_kir_kernel *k = c->k;
+
+	for (int d = n - 1; d >= 0; d--) {
+		out[d] = d == 0 ? lin : ap_kir_binary(k, AP_KIR_REM, lin, I(c, dims[d]));
+		if (d > 0)
+			lin = ap_kir_binary(k, AP_KIR_DIV, lin, I(c, dims[d]));
+	}
+}
+
+/* The implicit-GEMM element of a convolution's operand, emitting its
+ * statements into v->cur: A (row = (n, output position), k = (input
+ * channel in the group, kernel position)) is X at the input position the
+ * kernel position meets -- Conv: o * stride - pad + kpos * dilation;
+ * ConvTranspose: (o + pad - kpos * dilation) / stride where that divides
+ * -- or 0 outside X (ONNX Conv / ConvTranspose); B (column m of group g,
+ * k) is W[g * Mg + m][c][kpos] (Conv) or W[g * Cg + c][m][kpos]
+ * (ConvTranspose). */
+static ap_kir_expr *conv_element(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk)
+{
+	const gemm_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	const ap_tensor *xt = &c->g->tensors[p->x], *wt = &c->g->tensors[p->w];
+	ap_kir_expr *kp[3], *ch, *valid = NULL;
+	ap_lidx ix;
+
+	ch = ap_kir_binary(k, AP_KIR_DIV, kk, I(c, p->kk));
+	split_linear(c, ap_kir_binary(k, AP_KIR_REM, kk, I(c, p->kk)), p->KS, p->ns, kp);
+	if (role == 1) {
+		ix = ap_lidx_shape(wt);
+		ix.c[0] = p->convt ? ap_kir_add(k, ap_kir_muli(k, c->tb_index, p->Cg), ch)
+				   : ap_kir_add(k, ap_kir_muli(k, c->tb_index, p->Mg), o);
+		ix.c[1] = p->convt ? o : ch;
+		for (int d = 0; d < p->ns; d++)
+			ix.c[2 + d] = kp[d];
+		return ap_val(v, p->w, &ix);
+	}
+	{
+		ap_kir_expr *op[3], *n = ap_kir_binary(k, AP_KIR_DIV, o, I(c, p->ohw));
+		ap_kir_var *r;
+		ap_kir_block *saved;
+
+		split_linear(c, ap_kir_binary(k, AP_KIR_REM, o, I(c, p->ohw)), p->O, p->ns, op);
+		ix = ap_lidx_shape(xt);
+		ix.c[0] = n;
+		ix.c[1] = ap_kir_add(k, ap_kir_muli(k, c->tb_index, p->Cg), ch);
+		for (int d = 0; d < p->ns; d++) {
+			ap_kir_expr *pos, *ok;
+
+			if (!p->convt) {
+				pos = ap_kir_bind(k, v->cur, k->index_type, "ip",
+						  ap_kir_add(k, ap_kir_addi(k, ap_kir_muli(k, op[d], p->st[d]), -p->pd[d]),
+							     ap_kir_muli(k, kp[d], p->dl[d])));
+				ix.c[2 + d] = pos;
+				ok = ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_GE, pos, I(c, 0)),
+						   ap_kir_binary(k, AP_KIR_LT, pos, I(c, p->D[d])));
+				if (p->pd[d] == 0 && (p->O[d] - 1) * p->st[d] + (p->KS[d] - 1) * p->dl[d] < p->D[d])
+					ok = NULL;   /* always inside */
+			} else {
+				pos = ap_kir_bind(k, v->cur, k->index_type, "ip",
+						  ap_kir_add(k, ap_kir_addi(k, op[d], p->pd[d]),
+							     ap_kir_muli(k, kp[d], -p->dl[d])));
+				ix.c[2 + d] = p->st[d] == 1 ? pos : ap_kir_binary(k, AP_KIR_DIV, pos, I(c, p->st[d]));
+				ok = ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_GE, pos, I(c, 0)),
+						   ap_kir_binary(k, AP_KIR_LT, pos, I(c, p->D[d] * p->st[d])));
+				if (p->st[d] != 1)
+					ok = ap_kir_binary(k, AP_KIR_LAND, ok,
+							   ap_kir_binary(k, AP_KIR_EQ,
+									 ap_kir_binary(k, AP_KIR_REM, pos, I(c, p->st[d])),
+									 I(c, 0)));
+			}
+			if (ok)
+				valid = valid ? ap_kir_binary(k, AP_KIR_LAND, valid, ok) : ok;
+		}
+		if (!valid)
+			return ap_val(v, p->x, &ix);
+		r = ap_kir_var_new(k, p->in_t, "x");
+		ap_kir_let(k, v->cur, r, ap_v_const(v, p->in_t, 0));
+		ap_v_if(v, valid, &saved, NULL);
+		ap_kir_assign(k, v->cur, r, ap_val(v, p->x, &ix));
+		ap_v_close(v, saved);
+		return ap_kir_ref(k, r);
+	}
+}
+
+/* Shared-memory index of (outer, k) in stage `st` of operand `role`. *//* Shared-memory index of (outer, k) in stage `st` of operand `role`. */
 static ap_kir_expr *smem_index(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *o, ap_kir_expr *kk)
 {
 	ap_kir_kernel *k = c->k;
@@ -827,6 +1080,8 @@ static void issue_regs(gctx *c, int role, ap_kir_expr *kt)
 
 			ap_kir_assign(k, v->cur, regs[r],
 				      ap_kir_load(k, ap_v_buffer(v, leaf), plain_offset(c, role, og, kg)));
+		} else if (c->p->conv) {
+			ap_kir_assign(k, v->cur, regs[r], conv_element(c, role, og, kg));
 		} else {
 			ix = operand_index(c, role, og, kg);
 			ap_kir_assign(k, v->cur, regs[r], ap_val(v, role ? c->p->b.t : c->p->a.t, &ix));
@@ -1060,9 +1315,19 @@ static ap_kir_expr *acc_leaf(ap_vctx *v, int t, ap_lidx *ix, void *user)
 {
 	gctx *c = user;
 
+	ap_kir_expr *a;
+
 	if (t != c->p->y)
 		return NULL;
-	return ap_kir_cast(v->k, v->g->tensors[t].dtype, ap_kir_load(v->k, c->acc, c->acc_index));
+	a = ap_kir_load(v->k, c->acc, c->acc_index);
+	if (c->p->bias >= 0) {
+		/* the convolution's bias, per output channel */
+		ap_lidx bi = ap_lidx_shape(&v->g->tensors[c->p->bias]);
+
+		bi.c[0] = ap_lidx_coord(v, ix, 1);
+		a = ap_kir_binary(v->k, AP_KIR_ADD, a, ap_kir_cast(v->k, c->acc->type, ap_val(v, c->p->bias, &bi)));
+	}
+	return ap_kir_cast(v->k, v->g->tensors[t].dtype, a);
 }
 
 /* Y's index for element (row, col) of the tile's batch. */
@@ -1071,6 +1336,20 @@ static ap_lidx y_index(gctx *c, ap_kir_expr *row, ap_kir_expr *col)
 	ap_lidx ix = ap_lidx_shape(&c->g->tensors[c->p->y]);
 	ap_kir_expr *bc[AP_MAX_RANK];
 
+	if (c->p->conv) {
+		/* Y[n][g * Mg + col][position], row = (n, position) */
+		const gemm_plan *p = c->p;
+		ap_kir_kernel *k = c->k;
+		ap_kir_expr *n = ap_kir_binary(k, AP_KIR_DIV, row, I(c, p->ohw));
+		ap_kir_expr *pos = ap_kir_binary(k, AP_KIR_REM, row, I(c, p->ohw));
+		ap_kir_expr *m = ap_kir_add(k, ap_kir_muli(k, c->tb_index, p->Mg), col);
+
+		ix.c[0] = n;
+		ix.c[1] = m;
+		split_linear(c, pos, p->O, p->ns, &ix.c[2]);
+		ix.lin = ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, n, p->groups * p->Mg), m), p->ohw), pos);
+		return ix;
+	}
 	/* the linear index of a row-major Y: (batch, row) * N + col */
 	if (c->p->fold || c->p->nb == 0)
 		ix.lin = ap_kir_add(c->k, ap_kir_muli(c->k, row, c->p->N), col);
@@ -1136,8 +1415,8 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	ap_kir_array *fa, *fb;
 	size_t smem;
 
-	if (!analyze(m, t, &p, why, sizeof(why)))
-		return ap_error_set(err, AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
+	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
+		return ap_error_set(err, rc < 0 ? AP_ENOMEM : AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
 				    "gemm emitter: %s", why);
 	memset(&c, 0, sizeof(c));
 	c.m = m;
@@ -1208,6 +1487,10 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 				 ap_kir_binary(k, AP_KIR_REM, c.tid, I(&c, c.c.bn / c.c.tn)));
 		ty = ap_kir_bind(k, v.cur, k->index_type, "ty",
 				 ap_kir_binary(k, AP_KIR_DIV, c.tid, I(&c, c.c.bn / c.c.tn)));
+	}
+	if (ap_kir_failed(k) || !c.sa || !c.sb || !fa || !fb || !c.acc) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");
+		goto done;
 	}
 	/* registers of register-staged loads, declared here so that they live
 	 * from the issue to the store */
@@ -1400,24 +1683,27 @@ done:
 
 /* ---- traffic --------------------------------------------------------------------------- */
 
-static void gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
+static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
 {
 	gemm_plan p;
 	char why[160];
 	gemm_cfg c = cfg_of(s);
+	int rc;
 
 	memset(out, 0, sizeof(*out));
-	ap__lower_inline_traffic(m, out);
-	if (!analyze(m, t, &p, why, sizeof(why)))
-		return;
+	if (ap__lower_inline_traffic(m, out) < 0)
+		return AP_ENOMEM;
+	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
+		return rc;
 	/* the inline model counts a prologue once per multiply; tiles evaluate
 	 * it once per block column (A) or block row (B) */
-	out->flops = 2.0 * (double)p.batch * (double)p.M * (double)p.N * (double)p.K;
+	out->flops = 2.0 * (double)p.tb * (double)p.Mr * (double)p.N * (double)p.K;
 	out->threads = threads_of(&p, &c);
 	out->blocks = ap_grid_for(p.tb * ((p.Mr + c.bm - 1) / c.bm) * ((p.N + c.bn - 1) / c.bn), 1);
 	out->shared_bytes = (unsigned)smem_bytes(&p, &c);
 	out->tensor_cores = p.tc;
 	plan_clear(&p);
+	return 0;
 }
 
 const ap_emitter ap_emitter_gemm = {
