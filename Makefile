@@ -10,7 +10,7 @@
 CC      ?= cc
 BUILD   ?= build
 CUDA_HOME ?= /usr/local/cuda
-PKGS    := libuv libprotobuf-c sqlite3 isl libcrypto
+PKGS    := libuv libprotobuf-c sqlite3 isl libcrypto hiredis
 CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 OPT     ?= -O2 -g
@@ -49,7 +49,8 @@ help:
 	@echo "make check-asan  build into $(SAN_BUILD)/ with AddressSanitizer + UBSan, run the suites and conformance"
 	@echo "make fuzz    build the libFuzzer harnesses (clang) into $(FUZZ_BUILD)/, run each $(FUZZ_SECONDS) s"
 	@echo "make demo    deps + build + start apollod + submit a real model twice"
-	@echo "make bench   cold/warm compile benchmark over ../shared/testdata/models"
+	@echo "make bench   cold/warm compile benchmark over ../shared/testdata/models, the warm path"
+	@echo "             (bench/warm.sh: whole-process cold/warm submit, daemon CPU, req/s)"
 	@echo "make clean   remove $(BUILD)/, $(SAN_BUILD)/ and $(FUZZ_BUILD)/"
 
 deps:
@@ -85,6 +86,11 @@ $(BUILD)/apollo-client: $(call obj,client/apollo-client.c) $(LIBS)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
 $(BUILD)/apollo-kernels: $(call obj,tools/apollo-kernels.c) $(LIBS)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
+
+# bench/warm.sh's measuring client (kept connections, the daemon's CPU time,
+# whole apollo-client processes timed).
+$(BUILD)/bench_warm: $(call obj,bench/warm.c) $(LIBS)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
 # check_faults fails allocations on purpose: Apollo's own calls go through
@@ -167,7 +173,7 @@ demo: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@APOLLO_BUILD=$(abspath $(BUILD)) sh tools/demo.sh
 
-bench: all
+bench: all $(BUILD)/bench_warm
 	@APOLLO_BUILD=$(abspath $(BUILD)) sh bench/run.sh
 
 clean:

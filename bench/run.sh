@@ -9,7 +9,10 @@
 # eager_kernels, and where the cold time went (import, partition, codegen,
 # backend, cache, as the daemon measured them).  Times are the client's
 # round trip for the submit (the local ONNX import is shown apart: it is
-# the same cold or warm).  Then the fusion table (bench/fusion.sh: launches
+# the same cold or warm).  Then the warm path of the largest model
+# (bench/warm.sh: cold and warm submits as whole apollo-client processes,
+# the daemon's CPU per warm submit through a kept connection, warm submits
+# per second with 1, 4 and 16 clients), the fusion table (bench/fusion.sh: launches
 # and modelled bytes at each fusion level, beside onnxruntime's optimized
 # graph), and the scale table (bench/scale.sh: partition and codegen time
 # of transformer encoders of 8 ... 512 layers).  Prints numbers, asserts
@@ -56,6 +59,8 @@ for d in $(ap_test_dirs models); do
 	ap_stop
 done
 "$PY" bench/summary.py "$out"
+echo
+sh bench/warm.sh ${targets%% *}
 echo
 sh bench/fusion.sh
 echo

@@ -68,7 +68,7 @@ static void usage(FILE *f)
 	      "                [--fusion-barrier NODE ...] [--keep-whole OP ...] [--save-outputs DIR]\n"
 	      "  apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n"
 	      "  apollo-client ping\n"
-	      "  apollo-client stats\n"
+	      "  apollo-client stats [--json]\n"
 	      "every subcommand takes --socket PATH (default $APOLLO_SOCKET, else\n"
 	      "$XDG_RUNTIME_DIR/apollod.sock, else /tmp/apollod-<uid>/apollod.sock; HOST:PORT for TCP,\n"
 	      "with --token SECRET or $APOLLO_TOKEN) and --daemon-user USER (default $APOLLO_DAEMON_USER:\n"
@@ -314,17 +314,18 @@ typedef struct model_args {
 	const char *data_dir;
 } model_args;
 
-/* Loads the model file and the bindings; for ONNX also its io lists.  A
- * file is ONNX when it ends in .onnx or walks as a ModelProto with a graph;
- * anything else is sent as an apollo.Graph. */
-static int load_model(model_args *m, uint8_t **buf, size_t *len, ap_onnx_io **io, bool *is_onnx,
-		      ap_error *err)
+/* Maps the model file (ap_file_map: the pages of weights that only their
+ * structure is needed of are never read) and loads the bindings; for ONNX
+ * also its io lists.  A file is ONNX when it ends in .onnx or walks as a
+ * ModelProto with a graph; anything else is sent as an apollo.Graph. */
+static int load_model(model_args *m, const uint8_t **buf, size_t *len, ap_onnx_io **io,
+		      bool *is_onnx, ap_error *err)
 {
 	int rc;
 
 	*io = NULL;
 	*is_onnx = false;
-	rc = ap_file_read(m->model, MAX_MODEL_BYTES, buf, len, err);
+	rc = ap_file_map(m->model, MAX_MODEL_BYTES, buf, len, err);
 	if (rc < 0)
 		return rc;
 	if (ends_with(m->model, ".onnx")) {
@@ -377,11 +378,10 @@ static int cmd_submit(int argc, char **argv)
 	ap_submit_options opt = {0};
 	const char *out = NULL, *dump = NULL;
 	bool json = false, daemon_import = false;
-	uint8_t *buf = NULL;
+	const uint8_t *buf = NULL;
 	size_t len = 0;
 	ap_onnx_io *io = NULL;
 	ap_graph *g = NULL;
-	ap_params *params = NULL;
 	ap_client *c = NULL;
 	ap_bundle *bundle = NULL;
 	ap_report_info info = {0};
@@ -479,7 +479,8 @@ static int cmd_submit(int argc, char **argv)
 		goto out;
 	}
 	if (is_onnx && !daemon_import) {
-		g = import_model(buf, len, &m.b, &params, &info.import_ms, &err);
+		/* the structure only: a submit never sends the weights */
+		g = import_model(buf, len, &m.b, NULL, &info.import_ms, &err);
 		if (!g) {
 			fail("submit", &err);
 			goto out;
@@ -532,13 +533,12 @@ out:
 	fflush(stdout);
 	ap_bundle_free(bundle);
 	ap_client_free(c);
-	ap_params_free(params);
 	ap_graph_free(g);
 	ap_onnx_io_free(io);
 	bindings_clear(&m.b);
 	free((void *)barriers);
 	free((void *)whole);
-	free(buf);
+	ap_file_unmap(buf, len);
 	return rc;
 }
 
@@ -546,7 +546,8 @@ static int cmd_convert(int argc, char **argv)
 {
 	model_args m = {0};
 	const char *out = NULL;
-	uint8_t *buf = NULL, *pk = NULL;
+	const uint8_t *buf = NULL;
+	uint8_t *pk = NULL;
 	size_t len = 0;
 	ap_onnx_io *io = NULL;
 	ap_graph *g = NULL;
@@ -626,7 +627,7 @@ out:
 	ap_graph_free(g);
 	ap_onnx_io_free(io);
 	bindings_clear(&m.b);
-	free(buf);
+	ap_file_unmap(buf, len);
 	return rc;
 }
 
@@ -1258,18 +1259,30 @@ static int cmd_stats(int argc, char **argv)
 {
 	ap_client *c;
 	ap_server_stats s;
+	ap_metrics *m = NULL;
 	ap_error err;
+	bool json = false;
+	double v;
 
-	(void)argv;
-	if (argc > 0)
-		return usage_error("stats takes no arguments");
+	for (int i = 0; i < argc; i++) {
+		if (!strcmp(argv[i], "--json"))
+			json = true;
+		else
+			return usage_error("stats: unknown option '%s' (--json)", argv[i]);
+	}
 	ap_error_clear(&err);
 	c = connect_daemon(&err);
 	if (!c)
 		return fail("stats", &err);
-	if (ap_client_stats(c, &s, &err) < 0) {
+	if (ap_client_stats_metrics(c, &s, &m, &err) < 0) {
 		ap_client_free(c);
 		return fail("stats", &err);
+	}
+	if (json) {
+		ap_report_stats_json(stdout, ap_client_server(c), &s, m);
+		ap_metrics_free(m);
+		ap_client_free(c);
+		return 0;
 	}
 	printf("server:           %s\n", ap_client_server(c));
 	printf("uptime_s:         %.1f\n", s.uptime_s);
@@ -1282,6 +1295,23 @@ static int cmd_stats(int argc, char **argv)
 	printf("cache_blob_bytes: %llu\n", (unsigned long long)s.cache_blob_bytes);
 	printf("clients:          %u\n", s.clients);
 	printf("in_flight:        %u\n", s.in_flight);
+	{
+		static const char *const tiers[] = { "compiled", "l1", "l2", "shared" };
+
+		printf("answers:         ");
+		for (int t = 0; t < 4; t++) {
+			char l[32];
+
+			snprintf(l, sizeof(l), "tier=%s", tiers[t]);
+			if (!ap_metrics_value(m, "apollo_compile_answers_total", l, &v))
+				printf(" %s %.0f", tiers[t], v);
+		}
+		printf("\n");
+	}
+	if (!ap_metrics_value(m, "apollo_redis_circuit_state", NULL, &v))
+		printf("redis breaker:    %s\n", v == 0 ? "closed" : v == 1 ? "open" : "half-open");
+	printf("(every metric: apollo-client stats --json)\n");
+	ap_metrics_free(m);
 	ap_client_free(c);
 	return 0;
 }

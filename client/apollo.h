@@ -11,6 +11,30 @@
  * opaque ap_bundle; accessors hand out borrowed views into it (valid until
  * ap_bundle_free), so no protobuf type is needed to use the API.
  *
+ * Keeping a connection.  An ap_client is a kept connection: connect once
+ * (socket, handshake, peer check), submit every graph of the job through
+ * it, free it at the end.  A warm submit through a kept connection costs
+ * the daemon a cache lookup and one round trip, about 0.1 ms of CPU
+ * (bench/warm.sh); a new process and connection per submit costs
+ * milliseconds.  If the daemon closes the connection while it is idle
+ * (its idle_timeout_ms) or restarts, the next call connects again once
+ * and repeats its request (every request is idempotent), so a job may
+ * keep one client for its whole life:
+ *
+ *     ap_client *c = ap_client_connect(NULL, &err);      // once per job
+ *     for (int i = 0; i < n_graphs; i++) {
+ *             ap_bundle *b = ap_client_submit_onnx_file(c, path[i], NULL, 0,
+ *                                                       &opt, &err);
+ *             ... run it, or keep it ...
+ *             ap_bundle_free(b);
+ *     }
+ *     ap_client_free(c);
+ *
+ * ap_client_submit_onnx_file reads only the model's structure (the file
+ * is mapped; the weights' pages are never touched), which is the fast
+ * warm path; ap_client_submit_graph / _graph_pb send a graph already in
+ * memory.
+ *
  * Errors: every function that can fail returns a negative AP_E* code (or
  * NULL) and fills the caller's ap_error (which may be NULL) with what went
  * wrong and, for an error the daemon sent, the node/tensor it names.
@@ -118,6 +142,22 @@ typedef struct ap_server_stats {
 /* Fills `out`.  Errors as ap_client_ping. */
 int ap_client_stats(ap_client *c, ap_server_stats *out, ap_error *err);
 
+/* Every metric of the daemon (StatsReply.metrics): the same families and
+ * numbers its Prometheus endpoint (apollod --metrics) shows. */
+typedef struct ap_metrics ap_metrics;
+/* As ap_client_stats, also giving the metrics in *metrics (free with
+ * ap_metrics_free).  Errors as ap_client_ping. */
+int ap_client_stats_metrics(ap_client *c, ap_server_stats *out, __ap_give ap_metrics **metrics,
+			    ap_error *err);
+ap_metrics *ap_metrics_free(__ap_take ap_metrics *m);   /* accepts NULL, returns NULL */
+/* The value of one sample: `name` is the family's name with a histogram
+ * sample's suffix ("apollo_compile_duration_seconds_count"), `labels` its
+ * labels as "k=v,k=v" in the daemon's order (NULL or "" for none).  0 and
+ * *value, or AP_EINVAL when there is no such sample. */
+int ap_metrics_value(const ap_metrics *m, const char *name, const char *labels, double *value);
+/* The underlying apollo.StatsReply (for code that links protobuf-c). */
+const struct Apollo__StatsReply *ap_metrics_pb(const ap_metrics *m);
+
 /* ---- compiling ------------------------------------------------------------ */
 
 /* How much the partitioner may fuse, numbered as apollo.FusionLevel. */
@@ -167,6 +207,29 @@ __ap_give ap_bundle *ap_client_submit_onnx(ap_client *c, const uint8_t *buf, siz
 					   const ap_host_tensor *const *bindings, int n_bindings,
 					   const ap_submit_options *opt, ap_error *err);
 
+/* Imports the ONNX model in the file at `path` here, from its structure
+ * alone (the file is mapped, not read: ap_file_map; the weights' bytes are
+ * never read, decoded nor copied -- ap_onnx_import without a parameter
+ * store), and submits the graph as ap_client_submit_graph.  Bindings as
+ * for ap_onnx_import.  The warm path of a training job: with one ap_client
+ * kept for the job's life and used for each of its graphs, a warm submit
+ * costs the import of the structure (about 0.1 ms for a 6 MB model) and
+ * one round trip.  Errors: the file's (AP_EIO, AP_ETOOLARGE over 4 GiB),
+ * the importer's, or as ap_client_submit_graph. */
+__ap_give ap_bundle *ap_client_submit_onnx_file(ap_client *c, const char *path,
+						const ap_host_tensor *const *bindings,
+						int n_bindings, const ap_submit_options *opt,
+						ap_error *err);
+
+/* Maps a whole file of at most `max` bytes read-only into memory (pages
+ * are read only when touched).  0 with *buf and *len (an empty file: a
+ * valid empty buffer), or AP_EIO (cannot open or map it, not a regular
+ * file), AP_ETOOLARGE (over `max`).  Release with ap_file_unmap.  As with
+ * any mapping, a file truncated by someone else while mapped makes a read
+ * past its new end fault (SIGBUS): map files that are not being rewritten. */
+int ap_file_map(const char *path, size_t max, const uint8_t **buf, size_t *len, ap_error *err);
+void ap_file_unmap(const uint8_t *buf, size_t len);
+
 /* ---- bundles ---------------------------------------------------------------- */
 
 /* A kernel of a bundle (borrowed views, valid until ap_bundle_free). */
@@ -207,6 +270,14 @@ typedef struct ap_bundle_buffer {
 	int index;               /* INPUT/OUTPUT: position among graph inputs/outputs */
 } ap_bundle_buffer;
 
+/* Where an answer came from, numbered as apollo.CacheTier. */
+typedef enum ap_cache_tier {
+	AP_TIER_COMPILED = 0,   /* compiled for this request */
+	AP_TIER_L1 = 1,         /* the daemon's local cache */
+	AP_TIER_L2 = 2,         /* the shared cache (Redis): a remote hit */
+	AP_TIER_SHARED = 3,     /* an identical request in flight compiled it */
+} ap_cache_tier;
+
 /* apollo.Stats: sizes in bytes, times in milliseconds (daemon wall time).
  * `kernels` counts launches in the plan (compare with eager_kernels);
  * `distinct_kernels` the entries of Bundle.kernels (identical kernels are
@@ -219,8 +290,14 @@ typedef struct ap_bundle_stats {
 	unsigned layer1, layer2, layer3;
 	uint64_t global_bytes, eager_bytes, min_bytes;
 	double import_ms, partition_ms, codegen_ms, backend_ms, cache_ms, compile_ms;
-	bool cache_hit;
+	bool cache_hit;              /* answered from a cache tier or a flight */
+	ap_cache_tier cache_tier;    /* where the answer came from */
+	unsigned kernels_remote;     /* a compiled answer's kernels taken from L2 */
+	unsigned kernels_shared;     /* ... compiled for another request in flight */
 } ap_bundle_stats;
+
+/* The name of a tier: "compiled", "l1", "l2", "shared". */
+const char *ap_cache_tier_name(ap_cache_tier t);
 
 ap_bundle *ap_bundle_free(__ap_take ap_bundle *b);   /* accepts NULL, returns NULL */
 

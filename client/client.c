@@ -28,13 +28,16 @@
 #include "apollo.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <pwd.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -794,7 +797,12 @@ int ap_client_ping(ap_client *c, char *server, size_t cap, ap_error *err)
 	return 0;
 }
 
-int ap_client_stats(ap_client *c, ap_server_stats *out, ap_error *err)
+struct ap_metrics {
+	Apollo__Envelope *env;   /* owns the StatsReply */
+};
+
+int ap_client_stats_metrics(ap_client *c, ap_server_stats *out, ap_metrics **metrics,
+			    ap_error *err)
 {
 	Apollo__Envelope req = APOLLO__ENVELOPE__INIT, *rep;
 	Apollo__StatsRequest st = APOLLO__STATS_REQUEST__INIT;
@@ -802,6 +810,8 @@ int ap_client_stats(ap_client *c, ap_server_stats *out, ap_error *err)
 	int rc;
 
 	memset(out, 0, sizeof(*out));
+	if (metrics)
+		*metrics = NULL;
 	req.msg_case = APOLLO__ENVELOPE__MSG_STATS;
 	req.stats = &st;
 	rc = call(c, &req, APOLLO__ENVELOPE__MSG_STATS_REPLY, &rep, err);
@@ -820,8 +830,77 @@ int ap_client_stats(ap_client *c, ap_server_stats *out, ap_error *err)
 		out->in_flight = r->in_flight;
 		out->uptime_s = r->uptime_s;
 	}
+	if (metrics && r) {
+		*metrics = malloc(sizeof(**metrics));
+		if (!*metrics) {
+			apollo__envelope__free_unpacked(rep, NULL);
+			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		}
+		(*metrics)->env = rep;
+		return 0;
+	}
 	apollo__envelope__free_unpacked(rep, NULL);
 	return 0;
+}
+
+int ap_client_stats(ap_client *c, ap_server_stats *out, ap_error *err)
+{
+	return ap_client_stats_metrics(c, out, NULL, err);
+}
+
+ap_metrics *ap_metrics_free(ap_metrics *m)
+{
+	if (m) {
+		apollo__envelope__free_unpacked(m->env, NULL);
+		free(m);
+	}
+	return NULL;
+}
+
+const struct Apollo__StatsReply *ap_metrics_pb(const ap_metrics *m)
+{
+	return m->env->stats_reply;
+}
+
+/* True when a sample's labels, written "k=v,k=v", are `want`. */
+static bool labels_are(const Apollo__MetricSample *s, const char *want)
+{
+	const char *p = want ? want : "";
+
+	for (size_t k = 0; k < s->n_labels; k++) {
+		const char *n = s->labels[k]->name ? s->labels[k]->name : "";
+		const char *v = s->labels[k]->value ? s->labels[k]->value : "";
+		size_t nl = strlen(n), vl = strlen(v);
+
+		if (k && *p++ != ',')
+			return false;
+		if (strncmp(p, n, nl) || p[nl] != '=' || strncmp(p + nl + 1, v, vl))
+			return false;
+		p += nl + 1 + vl;
+	}
+	return *p == '\0';
+}
+
+int ap_metrics_value(const ap_metrics *m, const char *name, const char *labels, double *value)
+{
+	const Apollo__StatsReply *r = m ? m->env->stats_reply : NULL;
+
+	for (size_t i = 0; r && i < r->n_metrics; i++) {
+		const Apollo__MetricFamily *f = r->metrics[i];
+		size_t fl = f->name ? strlen(f->name) : 0;
+
+		if (!f->name || strncmp(name, f->name, fl))
+			continue;
+		for (size_t j = 0; j < f->n_samples; j++) {
+			const Apollo__MetricSample *s = f->samples[j];
+
+			if (!strcmp(name + fl, s->suffix ? s->suffix : "") && labels_are(s, labels)) {
+				*value = s->value;
+				return 0;
+			}
+		}
+	}
+	return AP_EINVAL;
 }
 
 /* ---- submit ---------------------------------------------------------------- */
@@ -959,6 +1038,70 @@ out:
 }
 
 /* ---- bundles ------------------------------------------------------------------ */
+
+/* ---- models from files ------------------------------------------------------- */
+
+int ap_file_map(const char *path, size_t max, const uint8_t **buf, size_t *len, ap_error *err)
+{
+	struct stat st;
+	void *p;
+	int fd;
+
+	*buf = NULL;
+	*len = 0;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot open %s: %s", path,
+				    strerror(errno));
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return ap_error_set(err, AP_EIO, NULL, NULL, "%s is not a regular file", path);
+	}
+	if ((uint64_t)st.st_size > max) {
+		close(fd);
+		return ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
+				    "%s has %lld bytes, more than the limit of %zu", path,
+				    (long long)st.st_size, max);
+	}
+	if (st.st_size == 0) {   /* nothing to map; an empty buffer */
+		close(fd);
+		*buf = (const uint8_t *)"";
+		return 0;
+	}
+	p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+	close(fd);
+	if (p == MAP_FAILED)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot map %s: %s", path,
+				    strerror(errno));
+	*buf = p;
+	*len = (size_t)st.st_size;
+	return 0;
+}
+
+void ap_file_unmap(const uint8_t *buf, size_t len)
+{
+	if (buf && len)
+		munmap((void *)buf, len);
+}
+
+ap_bundle *ap_client_submit_onnx_file(ap_client *c, const char *path,
+				      const ap_host_tensor *const *bindings, int n_bindings,
+				      const ap_submit_options *opt, ap_error *err)
+{
+	const uint8_t *buf = NULL;
+	size_t len = 0;
+	ap_graph *g;
+	ap_bundle *b = NULL;
+
+	if (ap_file_map(path, (size_t)4 << 30, &buf, &len, err) < 0)
+		return NULL;
+	g = ap_onnx_import(buf, len, bindings, n_bindings, NULL, err);
+	ap_file_unmap(buf, len);
+	if (g)
+		b = ap_client_submit_graph(c, g, opt, err);
+	ap_graph_free(g);
+	return b;
+}
 
 ap_bundle *ap_bundle_free(ap_bundle *b)
 {
@@ -1242,4 +1385,16 @@ void ap_bundle_stats_get(const ap_bundle *b, ap_bundle_stats *out)
 	out->cache_ms = s->cache_ms;
 	out->compile_ms = s->compile_ms;
 	out->cache_hit = s->cache_hit;
+	/* a hit names its tier; a daemon before issue 10 named none: its own cache */
+	out->cache_tier = !s->cache_hit ? AP_TIER_COMPILED
+		: s->cache_tier ? (ap_cache_tier)(s->cache_tier & 3) : AP_TIER_L1;
+	out->kernels_remote = s->kernels_remote;
+	out->kernels_shared = s->kernels_shared;
+}
+
+const char *ap_cache_tier_name(ap_cache_tier t)
+{
+	static const char *const names[] = { "compiled", "l1", "l2", "shared" };
+
+	return names[(unsigned)t & 3];
 }

@@ -4,8 +4,10 @@
  * inputs that are not initializers (old IR 3 models list their initializers
  * among the inputs); the .pb's own name may be empty or different.  The
  * command needs that list to rename bindings to the real input names and to
- * say which input of a model has symbolic dims.  The model is decoded with
- * the same protobuf-c decoder (proto/onnx.proto) the importer uses.
+ * say which input of a model has symbolic dims.  Only the model's structure
+ * is decoded (ap_onnx_skeleton: the weights' bytes are skipped, never
+ * read), with the same protobuf-c decoder (proto/onnx.proto) the importer
+ * uses.
  */
 #include "tool.h"
 
@@ -100,10 +102,18 @@ int ap_onnx_io_read(const uint8_t *buf, size_t len, ap_onnx_io **out, ap_error *
 	Onnx__ModelProto *m;
 	const Onnx__GraphProto *g;
 	ap_onnx_io *io;
+	uint8_t *sk = NULL;
+	size_t sl = 0;
 	bool oom = false;
+	int rc;
 
 	*out = NULL;
-	m = onnx__model_proto__unpack(NULL, len, buf);
+	/* the structure is enough: the weights' bytes are never read */
+	rc = ap_onnx_skeleton(buf, len, &sk, &sl, err);
+	if (rc < 0)
+		return rc;
+	m = onnx__model_proto__unpack(NULL, sl, sk);
+	free(sk);
 	if (!m || !m->graph) {
 		if (m)
 			onnx__model_proto__free_unpacked(m, NULL);

@@ -8,6 +8,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "proto/apollo.pb-c.h"
+
 void ap_json_string(FILE *f, const char *s)
 {
 	fputc('"', f);
@@ -124,6 +126,16 @@ static void json_layers(FILE *f, unsigned layers)
 	fputc(']', f);
 }
 
+/* The report's word for where the answer came from: "miss" (compiled),
+ * "hit" (the daemon's own cache), "remote-hit" (the shared cache),
+ * "shared-hit" (an identical request compiled it). */
+static const char *cache_word(const ap_bundle_stats *s)
+{
+	static const char *const words[] = { "miss", "hit", "remote-hit", "shared-hit" };
+
+	return words[s->cache_tier & 3];
+}
+
 void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 {
 	ap_bundle_stats s;
@@ -141,7 +153,8 @@ void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 	fprintf(f, ",\"format\":\"%s\"", format_name(ap_bundle_format(b)));
 	fprintf(f, ",\"kernels\":%d,\"distinct_kernels\":%d,\"eager_kernels\":%u,\"nodes\":%u",
 		ap_bundle_n_launches(b), ap_bundle_n_kernels(b), s.eager_kernels, s.nodes);
-	fprintf(f, ",\"cache\":\"%s\"", s.cache_hit ? "hit" : "miss");
+	fprintf(f, ",\"cache\":\"%s\",\"cache_tier\":\"%s\"", cache_word(&s),
+		ap_cache_tier_name(s.cache_tier));
 	json_num(f, "compile_ms", s.compile_ms);
 	json_num(f, "import_ms", s.import_ms);
 	json_num(f, "partition_ms", s.partition_ms);
@@ -150,7 +163,8 @@ void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 	json_num(f, "cache_ms", s.cache_ms);
 	json_num(f, "client_import_ms", info ? info->import_ms : 0);
 	json_num(f, "round_trip_ms", info ? info->round_trip_ms : 0);
-	fprintf(f, ",\"kernels_compiled\":%u", s.kernels_compiled);
+	fprintf(f, ",\"kernels_compiled\":%u,\"kernels_remote\":%u,\"kernels_shared\":%u",
+		s.kernels_compiled, s.kernels_remote, s.kernels_shared);
 	fprintf(f, ",\"layers\":{\"I\":%u,\"II\":%u,\"III\":%u}", s.layer1, s.layer2, s.layer3);
 	fprintf(f, ",\"global_bytes\":%llu,\"eager_bytes\":%llu,\"min_bytes\":%llu",
 		(unsigned long long)s.global_bytes, (unsigned long long)s.eager_bytes,
@@ -363,7 +377,7 @@ void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info)
 	}
 	fprintf(f, "cache %s; compile %.1f ms in the daemon (import %.1f, partition %.1f, "
 		   "codegen %.1f, backend %.1f, cache %.1f); %u kernels compiled\n",
-		s.cache_hit ? "hit" : "miss", s.compile_ms, s.import_ms, s.partition_ms,
+		cache_word(&s), s.compile_ms, s.import_ms, s.partition_ms,
 		s.codegen_ms, s.backend_ms, s.cache_ms, s.kernels_compiled);
 	if (info)
 		fprintf(f, "client: import %.1f ms, round trip %.1f ms\n", info->import_ms,
@@ -400,4 +414,59 @@ void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info)
 			fputc('\n', f);
 		}
 	}
+}
+
+void ap_report_stats_json(FILE *f, const char *server, const ap_server_stats *s,
+			  const ap_metrics *m)
+{
+	const Apollo__StatsReply *r = m ? ap_metrics_pb(m) : NULL;
+
+	fputs("{\"server\":", f);
+	ap_json_string(f, server);
+	json_num(f, "uptime_s", s->uptime_s);
+	fprintf(f, ",\"requests\":%llu,\"errors\":%llu,\"cache_hits\":%llu,\"cache_misses\":%llu,"
+		"\"kernels_compiled\":%llu,\"cache_entries\":%llu,\"cache_blob_bytes\":%llu,"
+		"\"clients\":%u,\"in_flight\":%u", (unsigned long long)s->requests,
+		(unsigned long long)s->errors, (unsigned long long)s->cache_hits,
+		(unsigned long long)s->cache_misses, (unsigned long long)s->kernels_compiled,
+		(unsigned long long)s->cache_entries, (unsigned long long)s->cache_blob_bytes,
+		s->clients, s->in_flight);
+	fputs(",\"metrics\":{", f);
+	for (size_t i = 0; r && i < r->n_metrics; i++) {
+		const Apollo__MetricFamily *fam = r->metrics[i];
+
+		fputs(i ? "," : "", f);
+		ap_json_string(f, fam->name);
+		fputs(":{\"type\":", f);
+		ap_json_string(f, fam->type);
+		fputs(",\"help\":", f);
+		ap_json_string(f, fam->help);
+		fputs(",\"samples\":[", f);
+		for (size_t j = 0; j < fam->n_samples; j++) {
+			const Apollo__MetricSample *sm = fam->samples[j];
+			char name[256];
+
+			snprintf(name, sizeof(name), "%s%s", fam->name ? fam->name : "",
+				 sm->suffix ? sm->suffix : "");
+			fputs(j ? ",{\"name\":" : "{\"name\":", f);
+			ap_json_string(f, name);
+			fputs(",\"labels\":{", f);
+			for (size_t k = 0; k < sm->n_labels; k++) {
+				fputs(k ? "," : "", f);
+				ap_json_string(f, sm->labels[k]->name);
+				fputc(':', f);
+				ap_json_string(f, sm->labels[k]->value);
+			}
+			fputs("},\"value\":", f);
+			if (!isfinite(sm->value))
+				fputs("null", f);
+			else if (sm->value == floor(sm->value) && fabs(sm->value) < 9e15)
+				fprintf(f, "%.0f", sm->value);
+			else
+				fprintf(f, "%.9g", sm->value);
+			fputc('}', f);
+		}
+		fputs("]}", f);
+	}
+	fputs("}}\n", f);
 }

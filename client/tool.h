@@ -55,10 +55,12 @@ typedef struct ap_onnx_io {
 	char **outputs;
 } ap_onnx_io;
 
-/* Reads the input and output lists of a serialized ONNX ModelProto,
- * decoded with protobuf-c from proto/onnx.proto (the importer's decoder).
- * Returns 0 with *out, or AP_EMESSAGE (not a ModelProto / truncated),
- * AP_ENOMEM. */
+/* Reads the input and output lists of a serialized ONNX ModelProto from
+ * its structure alone (ap_onnx_skeleton: the weights' bytes are never
+ * read), decoded with protobuf-c from proto/onnx.proto (the importer's
+ * decoder).  Returns 0 with *out, or AP_EMESSAGE (not a ModelProto /
+ * truncated), ap_onnx_skeleton's AP_EINVAL / AP_EUNSUPPORTED naming a
+ * tensor, AP_ENOMEM. */
 int ap_onnx_io_read(const uint8_t *buf, size_t len, __ap_give ap_onnx_io **out, ap_error *err);
 ap_onnx_io *ap_onnx_io_free(__ap_take ap_onnx_io *io);
 /* Position of input `name` among io's inputs, or -1. */
@@ -116,9 +118,12 @@ typedef struct ap_report_info {
 void ap_json_string(FILE *f, const char *s);
 /* One JSON object on one line, ended by a newline: model, target, format,
  * kernels (launches in the plan), distinct_kernels (entries of
- * Bundle.kernels), eager_kernels, nodes, cache ("hit"/"miss"), compile_ms,
- * import_ms, partition_ms, codegen_ms, backend_ms, cache_ms (daemon side),
- * client_import_ms, round_trip_ms, kernels_compiled, global_bytes,
+ * Bundle.kernels), eager_kernels, nodes, cache ("miss", "hit",
+ * "remote-hit" from the shared cache, "shared-hit" from an identical
+ * request in flight), cache_tier ("compiled", "l1", "l2", "shared"),
+ * compile_ms, import_ms, partition_ms, codegen_ms, backend_ms, cache_ms
+ * (daemon side), client_import_ms, round_trip_ms, kernels_compiled,
+ * kernels_remote, kernels_shared, global_bytes,
  * eager_bytes, min_bytes (bytes), workspace_bytes, buffers, blob_bytes,
  * boundaries, graph_hash, kernel_list (name, nodes, grid, block,
  * smem_bytes, blob_bytes, params), launch_list (kernel index, name,
@@ -128,6 +133,15 @@ void ap_json_string(FILE *f, const char *s);
  * input/output/param/intermediate, bytes) and boundary_list (producer,
  * consumer: launch indices; tensor, reason, detail). */
 void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info);
+/* `apollo-client stats --json`: one JSON object on one line, ended by a
+ * newline: server, uptime_s, the counters of `s` (requests, errors,
+ * cache_hits, cache_misses, kernels_compiled, cache_entries,
+ * cache_blob_bytes, clients, in_flight), and "metrics": one entry per
+ * family, keyed by its name, {"type", "help", "samples": [{"name" (with a
+ * histogram sample's suffix), "labels": {k: v}, "value"}]} -- the numbers
+ * of the daemon's Prometheus endpoint. */
+void ap_report_stats_json(FILE *f, const char *server, const ap_server_stats *s,
+			  const ap_metrics *m);
 /* A human-readable summary: one line per launch (kernel, category, grid,
  * block, blob size, up to 6 fused nodes), then the stats.  With
  * info->explain the launches are listed as

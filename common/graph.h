@@ -269,12 +269,28 @@ const ap_host_tensor *ap_params_find(const ap_params *p, const char *name);
  * becomes a CONST (or a PARAM with data in *params when large) instead of
  * a graph input.
  * On success returns the validated graph and, when `params` is not NULL,
- * the data of every PARAM tensor.  Errors: AP_EMESSAGE (bytes that do not
+ * the data of every PARAM tensor.  With `params` NULL the import reads
+ * the model's structure only (ap_onnx_skeleton): the data of a tensor
+ * larger than AP_CONST_MAX_BYTES is never read, decoded nor copied, and
+ * its PARAM comes from its dims and dtype -- the same graph as with the
+ * data.  Errors: AP_EMESSAGE (bytes that do not
  * decode), AP_EUNSUPPORTED (op/dtype/opset), AP_EINVAL, AP_ESHAPE,
  * AP_ETOOLARGE, with `err` naming the ONNX node. */
 __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
 				   const ap_host_tensor *const *bindings, int n_bindings,
 				   __ap_give ap_params **params, ap_error *err);
+
+/* The serialized ModelProto in `len` bytes at `buf` without the data of
+ * its tensors larger than AP_CONST_MAX_BYTES (by dims and data_type:
+ * initializers, Constant values, tensor attributes, in subgraphs too),
+ * every other byte as it was: 0 with *out (malloc'd, at most `len` bytes)
+ * and *out_len; AP_EMESSAGE (not the wire format, or nested over 64
+ * deep), AP_EINVAL (a large tensor's data does not match its dims, by
+ * length), AP_EUNSUPPORTED (external data), AP_ENOMEM; `err` names the
+ * tensor.  The data's bytes are skipped, never read (see
+ * onnx_skeleton.c). */
+int ap_onnx_skeleton(const uint8_t *buf, size_t len, __ap_give uint8_t **out, size_t *out_len,
+		     ap_error *err);
 
 /* ---- hashing (hash.c) ---------------------------------------------------- */
 

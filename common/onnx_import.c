@@ -77,6 +77,7 @@ typedef struct strset {
 typedef struct imp {
 	ap_graph *g;
 	ap_params *params;
+	bool shape_only;                 /* no parameter store: large data never read */
 	int params_cap;
 	int64_t opset;
 	ap_error *err;
@@ -420,6 +421,17 @@ static int materialise(imp *im, ival *v)
 			    "constant '%s' has dtype %s, which Apollo does not compute with "
 			    "(float32, float64, int32, int64, bool)", v->name, ap_dtype_name(v->sh.dtype));
 	bytes = sh_bytes(&v->sh);
+	if (im->shape_only && !v->data && v->lazy && (bytes < 0 || bytes > AP_CONST_MAX_BYTES)) {
+		/* a weight: its dims and dtype are the PARAM (ap_onnx_skeleton) */
+		if (uniq(im, &im->tnames, v->name, name) < 0)
+			return AP_ENOMEM;
+		t = ap_graph_add_tensor(im->g, name, v->sh.dtype, v->sh.rank, v->sh.dims,
+					AP_TENSOR_PARAM, NULL, 0);
+		if (t < 0)
+			return nomem(im);
+		v->tensor = t;
+		return t;
+	}
 	if (known(v)) {
 		const ap_host_tensor *d = val_data(im, v);
 
@@ -1927,8 +1939,9 @@ static int imp_constant(imp *im, const Onnx__NodeProto *n)
 			v->sh.dims[d] = a->t->dims[d];
 		if (sh_numel(&v->sh) < 0)
 			return fail(im, AP_ETOOLARGE, o, "Constant '%s' too large", o);
-		/* decode now: a Constant is usually small and used soon */
-		if (!val_data(im, v))
+		/* decode now: a Constant is usually small and used soon (a
+		 * large one without a parameter store is never decoded) */
+		if (!(im->shape_only && !known_small(v)) && !val_data(im, v))
 			return im->err ? im->err->code : AP_EINVAL;
 	} else if ((a = attr(n, "value_float"))) {
 		v = scalar_val(im, o, AP_DT_F32, a->f, 0);
@@ -2524,6 +2537,7 @@ __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
 	ap_pb_budget budget;
 	imp im;
 	ap_error local;
+	uint8_t *skeleton = NULL;
 	int rc;
 
 	if (params)
@@ -2533,8 +2547,18 @@ __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
 	ap_error_clear(err);
 	memset(&im, 0, sizeof(im));
 	im.err = err;
+	if (!params) {   /* structure only: the weights' bytes are never read */
+		size_t n = 0;
+
+		if (ap_onnx_skeleton(buf, len, &skeleton, &n, err))
+			return NULL;
+		buf = skeleton;
+		len = n;
+		im.shape_only = true;
+	}
 	ap_pb_budget_init(&budget, ap_pb_decode_limit(len, MODEL_DECODE_RATIO, MODEL_DECODE_FLOOR));
 	m = onnx__model_proto__unpack(&budget.allocator, len, buf);
+	free(skeleton);   /* protobuf-c copied what it kept */
 	if (!m && budget.out_of_memory) {
 		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory decoding the ONNX model");
 		return NULL;

@@ -109,6 +109,61 @@ static const ap_config_option options[] = {
 	  "Stay in the foreground.  false (--no-foreground): detach once the "
 	  "socket is listening, so that the starting command returns when the "
 	  "daemon is ready." },
+	{ "cache_max_bytes", NUM(AP_CFG_SIZE, cache_max_bytes), "8G", 0, 1LL << 40, NULL,
+	  "Largest size of the blobs (bundles and kernels) in the cache file, bytes.  "
+	  "Past it the least recently used blobs are deleted, with the entries that "
+	  "name them, down to 90% of it.  0: no limit." },
+	{ "cache_memory_bytes", NUM(AP_CFG_SIZE, cache_memory_bytes), "64M", 0, 1LL << 36, NULL,
+	  "Blobs read from the cache file and verified are kept in memory up to this "
+	  "many bytes (least recently used out), so that a warm request neither reads "
+	  "nor hashes them again.  0: none." },
+	{ "flight_wait_ms", NUM(AP_CFG_INT, flight_wait_ms), "600000", 0, 86400000LL, NULL,
+	  "Single-flight: a request identical to one being compiled (same cache key) "
+	  "waits for that compile and is answered from it, for at most this many "
+	  "milliseconds from its own arrival; then it compiles by itself.  The same "
+	  "holds for one kernel needed by two requests.  0: never wait." },
+	{ "redis", STR(redis), "", 0, 0, NULL,
+	  "Shared cache (L2) in Redis, looked up after the local cache and before "
+	  "compiling, and written with every new entry: HOST:PORT, [IPv6]:PORT, or "
+	  "unix:PATH.  Several daemons pointed at one Redis share what each compiles "
+	  "(Redis Cluster: through a proxy that routes single-key commands).  Needs "
+	  "redis_secret_file.  Empty: no shared cache." },
+	{ "redis_secret_file", STR(redis_secret_file), "", 0, 0, NULL,
+	  "File holding the cluster secret (at least 16 bytes, the same on every "
+	  "daemon of the cluster; a trailing newline is ignored).  Every entry "
+	  "written to Redis is signed with HMAC-SHA256 under it and verified on every "
+	  "read: an entry that fails is a miss, logged, never served.  The file must "
+	  "not be readable by others (chmod 600)." },
+	{ "redis_password_file", STR(redis_password_file), "", 0, 0, NULL,
+	  "File holding the password sent with AUTH after connecting (Redis "
+	  "requirepass); a trailing newline is ignored.  Empty: no AUTH." },
+	{ "redis_namespace", STR(redis_namespace), "apollo", 0, 0, NULL,
+	  "First part of every Redis key (NAMESPACE:s<schema>.<format>:a|k:<key>): "
+	  "daemons share entries only within one namespace; a new one starts an "
+	  "empty shared cache." },
+	{ "redis_ttl_s", NUM(AP_CFG_INT, redis_ttl_s), "604800", 0, 315360000LL, NULL,
+	  "Seconds an entry written to Redis lives (SET ... EX).  0: no expiry (let "
+	  "Redis's maxmemory policy evict)." },
+	{ "redis_connect_timeout_ms", NUM(AP_CFG_INT, redis_connect_timeout_ms), "200", 1, 60000,
+	  NULL, "Milliseconds to connect to Redis before the attempt counts as a failure." },
+	{ "redis_timeout_ms", NUM(AP_CFG_INT, redis_timeout_ms), "500", 1, 60000, NULL,
+	  "Milliseconds one Redis command may take (sending the request, reading the "
+	  "reply) before it counts as a failure and the connection is dropped." },
+	{ "redis_breaker_failures", NUM(AP_CFG_INT, redis_breaker_failures), "3", 1, 1000, NULL,
+	  "Redis failures in a row that open the circuit breaker: while it is open "
+	  "nothing is sent to Redis (requests go on from the local cache or by "
+	  "compiling, with no Redis delay)." },
+	{ "redis_breaker_open_ms", NUM(AP_CFG_INT, redis_breaker_open_ms), "5000", 10, 3600000,
+	  NULL, "Milliseconds the breaker stays open; then one request tries Redis again "
+	  "(half-open): success closes the breaker, failure opens it again." },
+	{ "redis_max_value_bytes", NUM(AP_CFG_SIZE, redis_max_value_bytes), "64M", 1024,
+	  1LL << 30, NULL,
+	  "Largest entry written to or read from Redis, bytes.  A larger reply is "
+	  "refused as it arrives (before it is all buffered) and counts as a miss." },
+	{ "metrics", STR(metrics), "", 0, 0, NULL,
+	  "Prometheus metrics over HTTP at [HOST:]PORT (GET /metrics); a bare PORT "
+	  "or :PORT listens on 127.0.0.1 only.  Empty: no metrics endpoint.  The "
+	  "numbers are also in `apollo-client stats --json`." },
 };
 
 #define N_OPTIONS ((int)(sizeof(options) / sizeof(options[0])))

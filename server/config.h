@@ -48,6 +48,22 @@ typedef struct ap_config {
 	long long decode_memory_ratio;   /* decoded request <= ratio x frame + 4 MiB */
 	long long log_level;       /* ap_log_level */
 	int foreground;            /* 0: detach (fork, setsid) once listening */
+	/* issue 10: the local cache's limits, single-flight, the shared
+	 * cache in Redis, metrics */
+	long long cache_max_bytes; /* blob bytes in the SQLite file; 0 = no limit */
+	long long cache_memory_bytes; /* verified blobs kept in memory */
+	long long flight_wait_ms;  /* wait for an identical request's compile */
+	char redis[256];           /* "HOST:PORT", "unix:PATH" or ""; see redis.h */
+	char redis_secret_file[1024];   /* the cluster secret (HMAC key) */
+	char redis_password_file[1024]; /* Redis AUTH password, "" = none */
+	char redis_namespace[64];  /* first part of every key */
+	long long redis_ttl_s;     /* expiry of written entries; 0 = none */
+	long long redis_connect_timeout_ms;
+	long long redis_timeout_ms;     /* one command */
+	long long redis_breaker_failures; /* failures in a row that open the breaker */
+	long long redis_breaker_open_ms;  /* how long it stays open */
+	long long redis_max_value_bytes;  /* largest entry read or written */
+	char metrics[256];         /* Prometheus endpoint "[HOST:]PORT" or "" */
 } ap_config;
 
 typedef enum ap_config_type {

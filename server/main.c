@@ -6,11 +6,16 @@
  * returns once the daemon is ready, with the child's status); NVRTC (its
  * absence is a warning: target cpu is still served); the cache (its failure
  * is a warning: requests are then compiled every time; a file that is not a
- * database is moved aside and replaced, see cache.h); the server.  Exit
+ * database is moved aside and replaced, see cache.h) with its limits; the
+ * shared cache when `redis` is set (a missing or unsafe secret file stops
+ * the start; an unreachable Redis is only a warning: it is fail-open); the
+ * server (its listeners from systemd when socket-activated, notify.h);
+ * READY=1 to systemd once it listens (Type=notify).  Exit
  * status: 0 after a clean SIGTERM / SIGINT, 1 when start-up failed, 2 for a
  * bad command line or config file.
  */
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,9 +25,11 @@
 #include "common/base.h"
 #include "server/backend/backend.h"
 #include "server/cache/cache.h"
+#include "server/cache/redis.h"
 #include "server/compile/compile.h"
 #include "server/config.h"
 #include "server/net/net.h"
+#include "server/notify.h"
 
 /* Forks; the parent waits for one status byte from the child on a pipe and
  * exits with it.  Returns the write end of the pipe in the child, -1 when
@@ -49,6 +56,73 @@ static int detach(void)
 	return fds[1];
 }
 
+/* The shared cache of `cfg` (NULL in *out when `redis` is empty): reads
+ * the secret and password files, creates the client and tries it once
+ * (its absence is only a warning: it is optional and fail-open).  0, or
+ * AP_EINVAL / AP_EIO / AP_ENOMEM with `err` (start-up must stop). */
+static int open_redis(const ap_config *cfg, ap_redis **out, ap_error *err)
+{
+	ap_redis_options o = { 0 };
+	uint8_t *secret = NULL, *password = NULL;
+	char *pw = NULL;
+	size_t secret_len = 0, password_len = 0;
+	ap_error why;
+	int rc;
+
+	*out = NULL;
+	if (!cfg->redis[0])
+		return 0;
+	if (!cfg->redis_secret_file[0])
+		return ap_error_set(err, AP_EINVAL, NULL, NULL,
+				    "redis is set but redis_secret_file is not: entries in the shared "
+				    "cache must be signed");
+	rc = ap_redis_read_secret_file(cfg->redis_secret_file, true, &secret, &secret_len, err);
+	if (!rc && cfg->redis_password_file[0])
+		rc = ap_redis_read_secret_file(cfg->redis_password_file, true, &password,
+					       &password_len, err);
+	if (!rc && password && memchr(password, 0, password_len))
+		rc = ap_error_set(err, AP_EINVAL, NULL, NULL, "%s holds a NUL byte",
+				  cfg->redis_password_file);
+	if (!rc && password && !(pw = calloc(1, password_len + 1)))
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	if (!rc) {
+		if (pw)
+			memcpy(pw, password, password_len);
+		o.addr = cfg->redis;
+		o.secret = secret;
+		o.secret_len = secret_len;
+		o.password = pw;
+		o.ns = cfg->redis_namespace;
+		o.ttl_s = (unsigned)cfg->redis_ttl_s;
+		o.connect_timeout_ms = (unsigned)cfg->redis_connect_timeout_ms;
+		o.timeout_ms = (unsigned)cfg->redis_timeout_ms;
+		o.breaker_failures = (unsigned)cfg->redis_breaker_failures;
+		o.breaker_open_ms = (unsigned)cfg->redis_breaker_open_ms;
+		o.max_value_bytes = (size_t)cfg->redis_max_value_bytes;
+		rc = ap_redis_new(&o, out, err);
+	}
+	if (pw) {
+		memset(pw, 0, password_len);
+		free(pw);
+	}
+	if (secret) {
+		memset(secret, 0, secret_len);
+		free(secret);
+	}
+	if (password) {
+		memset(password, 0, password_len);
+		free(password);
+	}
+	if (rc)
+		return rc;
+	if (ap_redis_ping(*out, &why))
+		ap_log(AP_LOG_WARN, "%s; serving without it until it answers", why.msg);
+	else
+		ap_log(AP_LOG_INFO, "shared cache: redis %s, namespace %s", cfg->redis,
+		       cfg->redis_namespace);
+	return 0;
+}
+
 static void report_ready(int fd, unsigned char status)
 {
 	if (fd < 0)
@@ -72,6 +146,7 @@ int main(int argc, char **argv)
 	ap_config_action action;
 	ap_compiler_options copt = { 0 };
 	ap_cache *cache = NULL;
+	ap_redis *redis = NULL;
 	ap_compiler *compiler = NULL;
 	ap_server *server = NULL;
 	ap_error err;
@@ -97,6 +172,7 @@ int main(int argc, char **argv)
 		break;
 	}
 	ap_log_set_level((ap_log_level)cfg.log_level);
+	signal(SIGPIPE, SIG_IGN);   /* a peer gone (client, Redis) is an error, not the end */
 	if (!cfg.foreground) {
 		ready_fd = detach();
 		if (ready_fd < 0) {
@@ -121,12 +197,23 @@ int main(int argc, char **argv)
 		ap_log(AP_LOG_INFO, "cache %s", ap_cache_path(cache));
 	else
 		ap_log(AP_LOG_INFO, "cache off");
+	ap_cache_set_limits(cache, (uint64_t)cfg.cache_max_bytes, (uint64_t)cfg.cache_memory_bytes);
+	if (open_redis(&cfg, &redis, &err)) {
+		ap_log(AP_LOG_ERROR, "%s", err.msg);
+		ap_cache_free(cache);
+		report_ready(ready_fd, 1);
+		return 1;
+	}
 
 	cpus = sysconf(_SC_NPROCESSORS_ONLN);
 	copt.threads = cfg.workers ? (unsigned)cfg.workers : (unsigned)(cpus > 0 ? cpus : 1);
+	copt.redis = redis;
+	copt.no_flight = cfg.flight_wait_ms == 0;
+	copt.flight_wait_ms = (unsigned)cfg.flight_wait_ms;
 	compiler = ap_compiler_new(cache, &copt);
 	if (!compiler) {
 		ap_log(AP_LOG_ERROR, "out of memory");
+		ap_redis_free(redis);
 		ap_cache_free(cache);
 		report_ready(ready_fd, 1);
 		return 1;
@@ -135,14 +222,25 @@ int main(int argc, char **argv)
 	if (rc) {
 		ap_log(AP_LOG_ERROR, "%s", err.msg);
 		ap_compiler_free(compiler);
+		ap_redis_free(redis);
 		ap_cache_free(cache);
 		report_ready(ready_fd, 1);
 		return 1;
 	}
 	report_ready(ready_fd, 0);
+	{
+		char status[200];
+
+		snprintf(status, sizeof(status), "READY=1\nSTATUS=listening on %s",
+			 ap_server_socket_path(server));
+		if (ap_notify(status) < 0)
+			ap_log(AP_LOG_WARN, "cannot tell the service manager that apollod is ready "
+			       "($NOTIFY_SOCKET)");
+	}
 	rc = ap_server_run(server);
 	ap_server_free(server);
 	ap_compiler_free(compiler);
+	ap_redis_free(redis);
 	ap_cache_free(cache);
 	return rc ? 1 : 0;
 }

@@ -2,10 +2,12 @@
  * content-addressed blobs verified on read, the kernel cache, concurrent
  * writers, persistence, a cache that cannot work turning itself off, and a
  * file that is not a database (garbage, truncated, broken at run time)
- * replaced by a fresh one at the next open. */
+ * replaced by a fresh one at the next open; the size limit with least
+ * recently used eviction, the schema 1 upgrade and the memory tier. */
 #include <check.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -414,6 +416,153 @@ START_TEST(io_error_at_run_time_degrades)
 }
 END_TEST
 
+/* A value of `n` bytes, all `fill`. */
+static void put_sized(ap_cache *c, const char *key, int fill, size_t n)
+{
+	uint8_t k[32], *v = malloc(n);
+
+	ck_assert_ptr_nonnull(v);
+	memset(v, fill, n);
+	key_of(key, k);
+	ck_assert_int_eq(ap_cache_put(c, k, v, n), 0);
+	free(v);
+}
+
+static int has(ap_cache *c, const char *key)
+{
+	uint8_t k[32], *v = NULL;
+	size_t len = 0;
+	int found;
+
+	key_of(key, k);
+	found = ap_cache_get(c, k, &v, &len);
+	free(v);
+	return found;
+}
+
+/* Past max_bytes the least recently used blobs go, with the keys naming
+ * them; a read makes a blob recent again (at most once a minute). */
+START_TEST(lru_eviction)
+{
+	ap_cache *c = open_ok();
+	ap_cache_counts n;
+
+	ap_cache_set_limits(c, 1000, 0);
+	ap__cache_set_time(c, 1000);
+	put_sized(c, "a", 'a', 400);
+	ap__cache_set_time(c, 1001);
+	put_sized(c, "b", 'b', 400);
+	ap__cache_set_time(c, 1030);
+	ck_assert_int_eq(has(c, "a"), 1);          /* 29 s later: not marked again */
+	ap__cache_set_time(c, 1100);
+	ck_assert_int_eq(has(c, "a"), 1);          /* marked used at 1100 */
+	ap_cache_get_counts(c, &n);
+	ck_assert_uint_eq(n.blob_bytes, 800);
+	ck_assert_uint_eq(n.evicted_blobs, 0);
+
+	ap__cache_set_time(c, 1101);
+	put_sized(c, "c", 'c', 400);               /* 1200 > 1000: b is the oldest */
+	ck_assert_int_eq(has(c, "b"), 0);
+	ck_assert_int_eq(has(c, "a"), 1);
+	ck_assert_int_eq(has(c, "c"), 1);
+	ap_cache_get_counts(c, &n);
+	ck_assert_uint_eq(n.blob_bytes, 800);
+	ck_assert_uint_eq(n.blobs, 2);
+	ck_assert_uint_eq(n.actions, 2);
+	ck_assert_uint_eq(n.evicted_blobs, 1);
+	ck_assert_uint_eq(n.evicted_bytes, 400);
+	ck_assert_uint_eq(n.max_bytes, 1000);
+
+	/* Lowering the limit evicts at once, down to 90% of it. */
+	ap_cache_set_limits(c, 500, 0);
+	ap_cache_get_counts(c, &n);
+	ck_assert_uint_eq(n.blob_bytes, 400);
+	ck_assert_int_eq(has(c, "a"), 0);          /* a: used at 1100, c at 1101 */
+	ck_assert_int_eq(has(c, "c"), 1);
+	ap_cache_free(c);
+
+	/* The order is in the file: another process sees it. */
+	c = open_ok();
+	ap_cache_get_counts(c, &n);
+	ck_assert_uint_eq(n.blobs, 1);
+	ck_assert_uint_eq(n.actions, 1);
+	ap_cache_free(c);
+}
+END_TEST
+
+/* A schema 1 file (before the size limit) is upgraded in place. */
+START_TEST(schema_1_upgraded)
+{
+	sqlite3 *db1;
+	ap_cache *c;
+	uint8_t k[32], d[32], *val = NULL;
+	size_t len = 0;
+	char sql[1024], kh[65], dh[65];
+
+	c = open_ok();   /* creates the directories */
+	ap_cache_free(c);
+	unlink(db);
+	key_of("old key", k);
+	ap_sha256("old value", 9, d);
+	ap_hex(k, 32, kh);
+	ap_hex(d, 32, dh);
+	snprintf(sql, sizeof(sql),
+		 "CREATE TABLE meta(k TEXT PRIMARY KEY, v TEXT NOT NULL);"
+		 "CREATE TABLE blobs(digest BLOB PRIMARY KEY, size INTEGER NOT NULL, data BLOB NOT NULL);"
+		 "CREATE TABLE actions(key BLOB PRIMARY KEY, digest BLOB NOT NULL, created INTEGER NOT NULL);"
+		 "CREATE TABLE kernels(key BLOB PRIMARY KEY, digest BLOB NOT NULL, created INTEGER NOT NULL);"
+		 "INSERT INTO meta VALUES ('schema', '1');"
+		 "INSERT INTO blobs VALUES (x'%s', 9, CAST('old value' AS BLOB));"
+		 "INSERT INTO actions VALUES (x'%s', x'%s', 1);", dh, kh, dh);
+	ck_assert_int_eq(sqlite3_open(db, &db1), SQLITE_OK);
+	ck_assert_int_eq(sqlite3_exec(db1, sql, NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(db1);
+
+	c = open_ok();
+	ck_assert_int_eq(ap_cache_get(c, k, &val, &len), 1);
+	ck_assert_uint_eq(len, 9);
+	ck_assert_int_eq(memcmp(val, "old value", 9), 0);
+	free(val);
+	ap_cache_set_limits(c, 1, 0);   /* the index and the column work */
+	ck_assert_int_eq(ap_cache_get(c, k, &val, &len), 0);
+	ap_cache_free(c);
+}
+END_TEST
+
+/* Blobs read (and verified) once are served from memory; a cache without
+ * the memory tier reads and verifies the file every time. */
+START_TEST(memory_tier)
+{
+	ap_cache *c = open_ok(), *plain = open_ok();
+	uint8_t k[32], d[32], *val = NULL;
+	size_t len = 0;
+	ap_cache_counts n;
+
+	ap_cache_set_limits(c, 0, 1 << 20);
+	key_of("hot", k);
+	ck_assert_int_eq(ap_cache_put(c, k, (const uint8_t *)"hot bundle", 10), 0);
+	ap_cache_get_counts(c, &n);
+	ck_assert_uint_eq(n.memory_blobs, 0);      /* stores do not fill it */
+	ck_assert_int_eq(ap_cache_get(c, k, &val, &len), 1);
+	free(val);
+	ap_cache_get_counts(c, &n);
+	ck_assert_uint_eq(n.memory_blobs, 1);
+	ck_assert_uint_eq(n.memory_bytes, 10);
+	ck_assert_uint_eq(n.memory_hits, 0);
+
+	ap_sha256("hot bundle", 10, d);
+	ck_assert_int_eq(ap__cache_blob_overwrite(c, d, (const uint8_t *)"hot bundlX", 10), 0);
+	ck_assert_int_eq(ap_cache_get(c, k, &val, &len), 1);
+	ck_assert_int_eq(memcmp(val, "hot bundle", 10), 0);   /* the verified bytes */
+	free(val);
+	ap_cache_get_counts(c, &n);
+	ck_assert_uint_eq(n.memory_hits, 1);
+	ck_assert_int_eq(ap_cache_get(plain, k, &val, &len), 0);   /* the file is verified */
+	ap_cache_free(plain);
+	ap_cache_free(c);
+}
+END_TEST
+
 START_TEST(off_and_default_path)
 {
 	ap_cache *c = NULL;
@@ -453,6 +602,9 @@ static Suite *cache_suite(void)
 	tcase_add_test(tc, truncated_file_is_replaced);
 	tcase_add_test(tc, io_error_at_run_time_degrades);
 	tcase_add_test(tc, off_and_default_path);
+	tcase_add_test(tc, lru_eviction);
+	tcase_add_test(tc, schema_1_upgraded);
+	tcase_add_test(tc, memory_tier);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -162,6 +162,21 @@ START_TEST(frame_closed_without_reply)
 }
 END_TEST
 
+/* A family as the daemon sends one: two samples, labels in its order. */
+static Apollo__MetricLabel lab_a = { PROTOBUF_C_MESSAGE_INIT(&apollo__metric_label__descriptor),
+				     "tier", "l1" };
+static Apollo__MetricLabel lab_b = { PROTOBUF_C_MESSAGE_INIT(&apollo__metric_label__descriptor),
+				     "tier", "l2" };
+static Apollo__MetricLabel *labs_a[1] = { &lab_a }, *labs_b[1] = { &lab_b };
+static Apollo__MetricSample smp[2] = {
+	{ PROTOBUF_C_MESSAGE_INIT(&apollo__metric_sample__descriptor), 1, labs_a, 7, "" },
+	{ PROTOBUF_C_MESSAGE_INIT(&apollo__metric_sample__descriptor), 1, labs_b, 3, "" },
+};
+static Apollo__MetricSample *smps[2] = { &smp[0], &smp[1] };
+static Apollo__MetricFamily fam = { PROTOBUF_C_MESSAGE_INIT(&apollo__metric_family__descriptor),
+				    "apollo_compile_answers_total", "counter", "answers", 2, smps };
+static Apollo__MetricFamily *fams[1] = { &fam };
+
 /* ---- a scripted fake daemon ---------------------------------------------------------- */
 
 enum fake_mode {
@@ -185,6 +200,8 @@ typedef struct fake {
 	int served;
 	char last_target[32];
 	int last_graph_tensors;
+	uint8_t last_graph_hash[32];   /* ap_graph_hash_named of the graph sent */
+	size_t last_graph_data;        /* bytes of tensor data the graph carried */
 	int last_source;
 	int last_bindings;
 	bool last_no_cache;
@@ -332,6 +349,8 @@ static void *fake_main(void *arg)
 			}
 			break;
 		case APOLLO__ENVELOPE__MSG_STATS:
+			sr.n_metrics = 1;
+			sr.metrics = fams;
 			sr.requests = 42;
 			sr.cache_hits = 40;
 			sr.cache_misses = 2;
@@ -347,6 +366,17 @@ static void *fake_main(void *arg)
 							APOLLO__COMPILE_REQUEST__SOURCE_GRAPH
 						? (int)req->compile->graph->n_tensors
 						: -1;
+			memset(f->last_graph_hash, 0, sizeof(f->last_graph_hash));
+			f->last_graph_data = 0;
+			if (req->compile->source_case == APOLLO__COMPILE_REQUEST__SOURCE_GRAPH) {
+				ap_graph *sent = ap_graph_from_pb(req->compile->graph, NULL);
+
+				if (sent)
+					ap_graph_hash_named(sent, f->last_graph_hash);
+				ap_graph_free(sent);
+				for (size_t t = 0; t < req->compile->graph->n_tensors; t++)
+					f->last_graph_data += req->compile->graph->tensors[t]->data.len;
+			}
 			f->last_bindings = (int)req->compile->n_bindings;
 			f->last_no_cache = req->compile->options && req->compile->options->no_cache;
 			if (req->compile->options) {
@@ -446,11 +476,31 @@ START_TEST(handshake_ping_stats)
 	ck_assert_uint_eq(st.cache_hits, 40);
 	ck_assert_uint_eq(st.clients, 3);
 	ck_assert_double_eq_tol(st.uptime_s, 1.5, 1e-12);
+	/* The metrics, by family, suffix and labels. */
+	{
+		ap_metrics *m = NULL;
+		double v = 0;
+
+		ck_assert_int_eq(ap_client_stats_metrics(r.c, &st, &m, &err), 0);
+		ck_assert_uint_eq(st.requests, 42);
+		ck_assert_int_eq(ap_metrics_value(m, "apollo_compile_answers_total", "tier=l2", &v), 0);
+		ck_assert_double_eq(v, 3);
+		ck_assert_int_eq(ap_metrics_value(m, "apollo_compile_answers_total", "tier=l1", &v), 0);
+		ck_assert_double_eq(v, 7);
+		ck_assert_int_eq(ap_metrics_value(m, "apollo_compile_answers_total", "tier=l3", &v),
+				 AP_EINVAL);
+		ck_assert_int_eq(ap_metrics_value(m, "apollo_compile_answers_total", NULL, &v),
+				 AP_EINVAL);
+		ck_assert_int_eq(ap_metrics_value(m, "apollo_compile_answers_total_count", "tier=l1",
+						  &v), AP_EINVAL);
+		ck_assert_int_eq(ap_metrics_value(m, "apollo_compile", "tier=l1", &v), AP_EINVAL);
+		ap_metrics_free(m);
+	}
 	/* Several calls on one connection. */
 	for (int i = 0; i < 5; i++)
 		ck_assert_int_eq(ap_client_ping(r.c, NULL, 0, &err), 0);
 	fake_stop(&r);
-	ck_assert_int_eq(r.f.served, 8);
+	ck_assert_int_eq(r.f.served, 9);
 }
 END_TEST
 
@@ -748,6 +798,67 @@ START_TEST(submit_graph_and_accessors)
 }
 END_TEST
 
+/* A model file submitted from its structure alone (mapped, weights never
+ * read): the graph sent is the one a full import makes. */
+START_TEST(submit_onnx_file)
+{
+	const char *td = getenv("APOLLO_TESTDATA");
+	char path[1024], empty[64];
+	const uint8_t *buf;
+	size_t len;
+	fake_run r;
+	ap_error err;
+	ap_bundle *b;
+	ap_graph *g;
+	ap_params *params = NULL;
+	uint8_t want[32];
+	size_t weights = 0;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/models/mlp_gelu_ln/model.onnx",
+		 td && *td ? td : "../shared/testdata");
+	ck_assert_int_eq(ap_file_map(path, 1 << 30, &buf, &len, &err), 0);
+	ck_assert_uint_gt(len, 6000000);
+	g = ap_onnx_import(buf, len, NULL, 0, &params, &err);
+	ck_assert_ptr_nonnull(g);
+	ck_assert_int_gt(params->n, 0);
+	ap_file_unmap(buf, len);
+	ck_assert_int_eq(ap_file_map(path, 1000, &buf, &len, &err), AP_ETOOLARGE);
+	ck_assert_int_eq(ap_file_map("/nonexistent/model.onnx", 1000, &buf, &len, &err), AP_EIO);
+	snprintf(empty, sizeof(empty), "/tmp/apollo-empty-XXXXXX");
+	fd = mkstemp(empty);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	ck_assert_int_eq(ap_file_map(empty, 1000, &buf, &len, &err), 0);
+	ck_assert_uint_eq(len, 0);
+	ap_file_unmap(buf, len);
+	unlink(empty);
+
+	/* The graph sent is the full import's, hash for hash, and carries
+	 * only the small constants by value: none of the weights' 6 MB. */
+	ck_assert_int_eq(ap_graph_hash_named(g, want), 0);
+	for (int i = 0; i < params->n; i++)
+		weights += params->items[i]->nbytes;
+	ck_assert_uint_gt(weights, 6000000);
+	fake_start(&r, FAKE_OK, true, &err);
+	for (int k = 0; k < 3; k++) {   /* one kept connection, several submits */
+		b = ap_client_submit_onnx_file(r.c, path, NULL, 0, NULL, &err);
+		ck_assert_msg(b != NULL, "%s", err.msg);
+		ck_assert_int_eq(r.f.last_source, APOLLO__COMPILE_REQUEST__SOURCE_GRAPH);
+		ck_assert_int_eq(r.f.last_graph_tensors, g->n_tensors);
+		ck_assert(!memcmp(r.f.last_graph_hash, want, sizeof(want)));
+		ck_assert_uint_le(r.f.last_graph_data, 64 * AP_CONST_MAX_BYTES);
+		ap_bundle_free(b);
+	}
+	ck_assert_ptr_null(ap_client_submit_onnx_file(r.c, "/nonexistent.onnx", NULL, 0, NULL, &err));
+	ck_assert_int_eq(err.code, AP_EIO);
+	fake_stop(&r);
+	ck_assert_int_eq(r.f.served, 1 + 3);   /* one hello, three submits on it */
+	ap_params_free(params);
+	ap_graph_free(g);
+}
+END_TEST
+
 START_TEST(submit_error_reply)
 {
 	fake_run r;
@@ -892,11 +1003,19 @@ START_TEST(json_report)
 	info.explain = true;
 	ap_report_json(f, b, &info);
 	fclose(f);
-	ck_assert_ptr_nonnull(strstr(text, "\"cache\":\"hit\""));
+	ck_assert_ptr_nonnull(strstr(text, "\"cache\":\"hit\",\"cache_tier\":\"l1\""));
 	ck_assert_ptr_nonnull(strstr(text, "\"boundary_list\":[{\"producer\":0,\"consumer\":0,\"tensor\":\"t1\",\"reason\":\"opaque\""));
 	ck_assert_ptr_nonnull(strstr(text, "\"nodes\":[\"Add_0\",\"Relu_1\"],\"layers\":[],\"global_bytes\":0,"
 				   "\"reads\":[0],\"writes\":[1],\"parts\":[]}"));
 	ck_assert_ptr_nonnull(strstr(text, "\"buffer_list\":[{\"name\":\"x\",\"kind\":\"input\",\"bytes\":2048},{\"name\":\"y\",\"kind\":\"output\",\"bytes\":2048}]"));
+	free(text);
+	/* A hit from the shared cache is a remote hit. */
+	((Apollo__Bundle *)ap_bundle_pb(b))->stats->cache_tier = APOLLO__CACHE_TIER__CACHE_L2;
+	text = NULL;
+	f = open_memstream(&text, &tlen);
+	ap_report_json(f, b, &info);
+	fclose(f);
+	ck_assert_ptr_nonnull(strstr(text, "\"cache\":\"remote-hit\",\"cache_tier\":\"l2\""));
 	free(text);
 	/* The text summary names the kernel and the cache state. */
 	text = NULL;
@@ -905,7 +1024,7 @@ START_TEST(json_report)
 	fclose(f);
 	ck_assert_ptr_nonnull(strstr(text, "fused_add_relu"));
 	ck_assert_ptr_nonnull(strstr(text, "Add_0 Relu_1"));
-	ck_assert_ptr_nonnull(strstr(text, "cache hit"));
+	ck_assert_ptr_nonnull(strstr(text, "cache remote-hit;"));
 	ck_assert_ptr_nonnull(strstr(text, "  launch 0 -> launch 0 via t1: opaque (MatMul keeps its own kernel)\n"));
 	ck_assert_ptr_nonnull(strstr(text, "1 boundaries between launches (opaque 1):\n"));
 	free(text);
@@ -1467,6 +1586,7 @@ static Suite *client_suite(void)
 	tcase_add_test(tc, busy_reason_after_broken_pipe);
 	tcase_add_test(tc, reconnects_after_idle_close);
 	tcase_add_test(tc, submit_graph_and_accessors);
+	tcase_add_test(tc, submit_onnx_file);
 	tcase_add_test(tc, submit_error_reply);
 	tcase_add_test(tc, bad_replies);
 	tcase_add_test(tc, connect_errors);

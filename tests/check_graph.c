@@ -664,6 +664,88 @@ START_TEST(sha256_vectors)
 }
 END_TEST
 
+/* Contexts are reused per thread (hash.c): many digests, nested and
+ * interleaved, long and short updates, must each equal the one-shot hash. */
+START_TEST(sha256_context_reuse)
+{
+	static uint8_t big[10000];
+	uint8_t a[32], b[32];
+	ap_sha256_ctx *c[6];
+
+	for (size_t i = 0; i < sizeof(big); i++)
+		big[i] = (uint8_t)(i * 7 + 3);
+	for (int round = 0; round < 50; round++) {
+		for (int k = 0; k < 6; k++) {
+			c[k] = ap_sha256_new();
+			ck_assert_ptr_nonnull(c[k]);
+		}
+		for (int k = 0; k < 6; k++) {
+			size_t n = (size_t)(round * 97 + k * 1301) % sizeof(big);
+
+			/* short pieces (collected) and long ones (straight through) */
+			for (size_t off = 0; off < n;) {
+				size_t step = (off / 3) % 2 ? 5 : 400;
+
+				if (step > n - off)
+					step = n - off;
+				ap_sha256_update(c[k], big + off, step);
+				off += step;
+			}
+			ap_sha256_final(c[k], a);
+			ap_sha256(big, n, b);
+			ck_assert_mem_eq(a, b, 32);
+		}
+	}
+}
+END_TEST
+
+/* RFC 4231, test cases 1, 2, 4 and 6 (a key longer than the block). */
+START_TEST(hmac_vectors)
+{
+	static const struct {
+		const char *key_hex, *data, *mac;
+		size_t key_len, data_len;
+	} v[] = {
+		{ "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b", "Hi There",
+		  "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7", 20, 8 },
+		{ NULL, "what do ya want for nothing?",
+		  "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843", 4, 28 },
+		{ "0102030405060708090a0b0c0d0e0f10111213141516171819", NULL,
+		  "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b", 25, 50 },
+		{ "", "Test Using Larger Than Block-Size Key - Hash Key First",
+		  "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54", 131, 54 },
+	};
+	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+		uint8_t key[131], data[64], out[32];
+		const void *parts[2];
+		size_t lens[2];
+		char hex[65];
+
+		for (size_t k = 0; k < v[i].key_len; k++) {
+			unsigned x = 0xaa;
+
+			if (v[i].key_hex && v[i].key_hex[0])
+				sscanf(v[i].key_hex + 2 * k, "%2x", &x);
+			key[k] = (uint8_t)x;
+		}
+		if (!v[i].key_hex)
+			memcpy(key, "Jefe", 4);
+		if (v[i].data)
+			memcpy(data, v[i].data, v[i].data_len);
+		else
+			memset(data, 0xcd, v[i].data_len);
+		/* the message in two parts, split anywhere */
+		parts[0] = data;
+		lens[0] = 3;
+		parts[1] = data + 3;
+		lens[1] = v[i].data_len - 3;
+		ck_assert_int_eq(ap_hmac_sha256(key, v[i].key_len, parts, lens, 2, out), 0);
+		ap_hex(out, 32, hex);
+		ck_assert_str_eq(hex, v[i].mac);
+	}
+}
+END_TEST
+
 START_TEST(tensor_decode)
 {
 	Onnx__TensorProto tp = ONNX__TENSOR_PROTO__INIT;
@@ -881,6 +963,8 @@ static Suite *graph_suite(void)
 	tcase_add_test(tc, hash_invariance);
 	tcase_add_test(tc, hash_named);
 	tcase_add_test(tc, sha256_vectors);
+	tcase_add_test(tc, sha256_context_reuse);
+	tcase_add_test(tc, hmac_vectors);
 	tcase_add_test(tc, tensor_decode);
 	tcase_add_test(tc, tensor_values_checked_before_allocation);
 	suite_add_tcase(s, tc);

@@ -5,11 +5,18 @@
  *    graph output's dtype and shape must equal output_K.pb's.  Folders that
  *    are known not to import are listed below with the reason, and must
  *    fail with the stated error code (so that the list stays honest).
+ *    Each is imported a second time from its structure alone (no
+ *    parameter store: ap_onnx_skeleton) and must give the same graph.
  * 2. Targeted cases on real models (silero's If, ppocr's symbolic dims,
  *    mlp_gelu_ln's eager kernel count, onnx-light's ConstantOfShape weights)
  *    and on small models built here with protobuf-c (legacy broadcast, old
  *    Softmax axes, integer inputs that become constants, error naming,
  *    float64 intermediates, BatchNormalization's training forms).
+ * 3. The structure alone: the weights' pages of every model made
+ *    unreadable (PROT_NONE) while the importer and the client's io reader
+ *    read it, and ap_onnx_skeleton's cases (data that does not match its
+ *    dims, external data, typed values, a large Constant, bytes that do
+ *    not walk, nesting too deep), each against the full import.
  */
 #include <check.h>
 #include <dirent.h>
@@ -18,9 +25,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "client/tool.h"
 #include "common/graph.h"
+#include "common/pb_wire.h"
 #include "proto/onnx.pb-c.h"
 
 /* ---- files ------------------------------------------------------------------ */
@@ -112,6 +123,26 @@ static ap_graph *import_dir(const char *dir, ap_params **params, ap_error *err, 
 	return g;
 }
 
+/* The same model imported from its structure alone (no parameter store:
+ * ap_onnx_skeleton), with the bindings already in `l`.  *skeleton_len
+ * gets the skeleton's size. */
+static ap_graph *import_structure(const char *dir, const loaded *l, size_t *model_len,
+				  size_t *skeleton_len, ap_error *err)
+{
+	char p[1800];
+	uint8_t *buf, *sk = NULL;
+	ap_graph *g;
+
+	snprintf(p, sizeof(p), "%s/model.onnx", dir);
+	buf = slurp(p, model_len);
+	ck_assert_msg(buf != NULL, "cannot read %s", p);
+	ck_assert_int_eq(ap_onnx_skeleton(buf, *model_len, &sk, skeleton_len, err), 0);
+	free(sk);
+	g = ap_onnx_import(buf, *model_len, (const ap_host_tensor *const *)l->in, l->n_in, NULL, err);
+	free(buf);
+	return g;
+}
+
 static ap_graph *import_named(const char *rel, ap_params **params, ap_error *err, loaded *l)
 {
 	char dir[1200];
@@ -159,7 +190,8 @@ START_TEST(import_every_test)
 {
 	static const char *folders[] = { "onnx-node", "onnx-simple", "onnx-pytorch-converted",
 					 "onnx-pytorch-operator", "onnx-light", "models", "training" };
-	int ok = 0, gaps = 0, total = 0, failed = 0;
+	int ok = 0, gaps = 0, total = 0, failed = 0, same = 0;
+	size_t model_bytes = 0, skeleton_bytes = 0;
 	char first_fail[2400] = "";
 
 	for (size_t f = 0; f < sizeof(folders) / sizeof(folders[0]); f++) {
@@ -236,8 +268,24 @@ START_TEST(import_every_test)
 					ck_assert_uint_eq(h->nbytes, (size_t)ap_tensor_numel(ten) *
 							  ap_dtype_size(ten->dtype));
 				}
-				if (good)
+				if (good) {   /* the structure alone is the same graph */
+					uint8_t h1[32], h2[32];
+					size_t ml = 0, sl = 0;
+					ap_graph *s2 = import_structure(sub, &l, &ml, &sl, &err);
+
+					ck_assert_msg(s2 != NULL, "%s: the structure alone does not import: %s",
+						      sub, err.msg);
+					ck_assert_int_eq(ap_graph_hash_named(g, h1), 0);
+					ck_assert_int_eq(ap_graph_hash_named(s2, h2), 0);
+					ck_assert_msg(!memcmp(h1, h2, 32),
+						      "%s: imported from its structure alone, another graph", sub);
+					ck_assert_int_eq(s2->eager_kernels, g->eager_kernels);
+					ap_graph_free(s2);
+					model_bytes += ml;
+					skeleton_bytes += sl;
+					same++;
 					ok++;
+				}
 			}
 			if (!good) {
 				failed++;
@@ -251,6 +299,8 @@ START_TEST(import_every_test)
 	}
 	printf("import: %d of %d test folders imported with matching output shapes, "
 	       "%d known gaps, %d failed\n", ok, total, gaps, failed);
+	printf("import: %d imported from their structure alone to the same graph; %zu bytes of "
+	       "models, %zu of skeletons\n", same, model_bytes, skeleton_bytes);
 	ck_assert_msg(failed == 0, "%d folders failed; first: %s", failed, first_fail);
 	ck_assert_int_gt(ok, 450);
 }
@@ -1198,6 +1248,383 @@ START_TEST(batchnorm_training_mode)
 }
 END_TEST
 
+/* ---- the structure alone (ap_onnx_skeleton) ---------------------------------------- */
+
+enum { SK_MODEL, SK_GRAPH, SK_NODE, SK_ATTR, SK_TENSOR };
+
+/* Makes every whole page inside the raw_data of a large tensor
+ * (initializers, Constant values, in subgraphs too) of the message of
+ * kind `k` in `n` bytes at `p` unreadable; returns the bytes protected.
+ * Field numbers from onnx.proto, walked by hand as the skeleton does. */
+static size_t protect_weights(int k, const uint8_t *p, size_t n, size_t page)
+{
+	ap_pbw r;
+	ap_pbw_field f;
+	size_t done = 0;
+
+	ap_pbw_init(&r, p, n);
+	while (ap_pbw_next(&r, &f) == 1) {
+		int child = -1;
+
+		if (f.wire != 2)
+			continue;
+		if (k == SK_TENSOR && f.number == 9 && f.len > AP_CONST_MAX_BYTES) {
+			uintptr_t a = ((uintptr_t)f.data + page - 1) & ~(uintptr_t)(page - 1);
+			uintptr_t b = ((uintptr_t)f.data + f.len) & ~(uintptr_t)(page - 1);
+
+			if (b > a) {
+				ck_assert_int_eq(mprotect((void *)a, b - a, PROT_NONE), 0);
+				done += b - a;
+			}
+			continue;
+		}
+		switch (k) {
+		case SK_MODEL: child = f.number == 7 ? SK_GRAPH : -1; break;
+		case SK_GRAPH: child = f.number == 1 ? SK_NODE : f.number == 5 ? SK_TENSOR : -1; break;
+		case SK_NODE: child = f.number == 5 ? SK_ATTR : -1; break;
+		case SK_ATTR:
+			child = f.number == 5 || f.number == 10 ? SK_TENSOR
+				: f.number == 6 || f.number == 11 ? SK_GRAPH : -1;
+			break;
+		}
+		if (child >= 0)
+			done += protect_weights(child, f.data, f.len, page);
+	}
+	return done;
+}
+
+/* Every model under models/: a copy whose weights' pages cannot be read
+ * (a read would end the test with SIGSEGV) imports from its structure
+ * alone to the full import's graph, every weight a PARAM without data,
+ * and the client's io lists read from it too. */
+START_TEST(structure_never_reads_weights)
+{
+	static const char *models[] = { "mlp_gelu_ln", "bert_like_2l", "squeezenet1_1",
+					"silero_vad_op18_ifless", "ppocr_mobile_v2_cls" };
+	size_t page = (size_t)sysconf(_SC_PAGESIZE), all = 0, all_guarded = 0;
+
+	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
+		char dir[1200], p[1300];
+		uint8_t *buf, *region, *sk = NULL, h1[32], h2[32];
+		size_t len, map_len, guarded, sl = 0;
+		ap_params *params = NULL;
+		ap_onnx_io *io = NULL;
+		ap_graph *full, *g;
+		ap_error err;
+		loaded l;
+		int n_param = 0;
+
+		snprintf(dir, sizeof(dir), "%s/models/%s", td(), models[i]);
+		snprintf(p, sizeof(p), "%s/model.onnx", dir);
+		buf = slurp(p, &len);
+		ck_assert_msg(buf != NULL, "cannot read %s", p);
+		load_all(dir, &l);
+		full = ap_onnx_import(buf, len, (const ap_host_tensor *const *)l.in, l.n_in, &params,
+				      &err);
+		ck_assert_msg(full != NULL, "%s: %s", models[i], err.msg);
+		ck_assert_int_eq(ap_graph_hash_named(full, h1), 0);
+
+		map_len = (len + page - 1) / page * page;
+		region = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		ck_assert(region != MAP_FAILED);
+		memcpy(region, buf, len);
+		guarded = protect_weights(SK_MODEL, region, len, page);
+
+		ck_assert_int_eq(ap_onnx_skeleton(region, len, &sk, &sl, &err), 0);
+		ck_assert_uint_le(sl, len - guarded);
+		free(sk);
+		g = ap_onnx_import(region, len, (const ap_host_tensor *const *)l.in, l.n_in, NULL, &err);
+		ck_assert_msg(g != NULL, "%s from its structure: %s", models[i], err.msg);
+		ck_assert_int_eq(ap_graph_hash_named(g, h2), 0);
+		ck_assert_msg(!memcmp(h1, h2, 32), "%s: another graph from its structure", models[i]);
+		for (int t = 0; t < g->n_tensors; t++)
+			if (g->tensors[t].kind == AP_TENSOR_PARAM) {
+				ck_assert_ptr_null(g->tensors[t].data);
+				ck_assert_ptr_nonnull(ap_params_find(params, g->tensors[t].name));
+				n_param++;
+			}
+		ck_assert_int_eq(n_param, params->n);
+		ck_assert_int_eq(ap_onnx_io_read(region, len, &io, &err), 0);
+		ck_assert_int_gt(io->n_inputs, 0);
+		printf("structure: %s: %zu bytes, %zu of them unreadable, skeleton %zu bytes, "
+		       "%d weights\n", models[i], len, guarded, sl, n_param);
+		if (!strcmp(models[i], "mlp_gelu_ln"))
+			ck_assert_uint_gt(guarded, len / 10 * 9);
+		all += len;
+		all_guarded += guarded;
+		ap_onnx_io_free(io);
+		ck_assert_int_eq(munmap(region, map_len), 0);
+		ap_graph_free(g);
+		ap_graph_free(full);
+		ap_params_free(params);
+		free_all(&l);
+		free(buf);
+	}
+	ck_assert_uint_gt(all_guarded, all / 10 * 8);
+}
+END_TEST
+
+/* ap_onnx_skeleton on one initializer W (dims [n], dtype dt) added to an
+ * input x of the same shape: its data as raw_data, as typed values, or in
+ * an external file.  The skeleton, the full import and the import from
+ * the structure alone must agree: the same error code, or the same graph
+ * with W's data gone from the skeleton. */
+enum sk_data { SK_RAW, SK_TYPED, SK_EXTERNAL };
+
+static const struct sk_case {
+	const char *what;
+	int dtype;
+	int64_t n;          /* W's dims: [n] */
+	enum sk_data how;
+	int64_t values;     /* values (or raw elements) actually present */
+	int want;           /* 0 or the error code */
+} sk_cases[] = {
+	{ "large raw float", AP_DT_F32, 4096, SK_RAW, 4096, 0 },
+	{ "small raw float kept", AP_DT_F32, 16, SK_RAW, 16, 0 },
+	{ "large raw float, too few bytes", AP_DT_F32, 4096, SK_RAW, 4000, AP_EINVAL },
+	{ "large raw float, too many bytes", AP_DT_F32, 4096, SK_RAW, 4097, AP_EINVAL },
+	{ "large typed float", AP_DT_F32, 2000, SK_TYPED, 2000, 0 },
+	{ "large typed float, one short", AP_DT_F32, 2000, SK_TYPED, 1999, AP_EINVAL },
+	{ "large typed double", AP_DT_F64, 600, SK_TYPED, 600, 0 },
+	{ "large typed int64", AP_DT_I64, 600, SK_TYPED, 600, 0 },
+	{ "large typed int64, one over", AP_DT_I64, 600, SK_TYPED, 601, AP_EINVAL },
+	{ "large typed int32", AP_DT_I32, 1500, SK_TYPED, 1500, 0 },
+	{ "large external", AP_DT_F32, 4096, SK_EXTERNAL, 0, AP_EUNSUPPORTED },
+};
+
+static uint8_t *sk_model(const struct sk_case *c, size_t *len)
+{
+	mb b;
+	int64_t d[1] = { c->n };
+	size_t es = ap_dtype_size((ap_dtype)c->dtype), nv = (size_t)c->values;
+	uint8_t *data = calloc(nv + 1, es), *buf;
+	Onnx__TensorProto *w;
+	Onnx__StringStringEntryProto *loc;
+
+	for (size_t k = 0; k < nv * es; k++)
+		data[k] = (uint8_t)(k * 7 + 1);
+	mb_init(&b, 13);
+	mb_input(&b, "x", c->dtype, 1, d);
+	mb_init_tensor(&b, "W", c->dtype, 1, d, data, nv * es);
+	w = b.inits[0];
+	if (c->how != SK_RAW) {
+		w->has_raw_data = 0;
+		w->raw_data.len = 0;
+	}
+	if (c->how == SK_TYPED) {
+		switch (c->dtype) {
+		case AP_DT_F32:
+			w->float_data = mb_alloc(&b, nv * sizeof(float));
+			w->n_float_data = nv;
+			for (size_t k = 0; k < nv; k++)
+				w->float_data[k] = (float)k * 0.5f;
+			break;
+		case AP_DT_F64:
+			w->double_data = mb_alloc(&b, nv * sizeof(double));
+			w->n_double_data = nv;
+			for (size_t k = 0; k < nv; k++)
+				w->double_data[k] = (double)k * 0.25;
+			break;
+		case AP_DT_I64:
+			w->int64_data = mb_alloc(&b, nv * sizeof(int64_t));
+			w->n_int64_data = nv;
+			for (size_t k = 0; k < nv; k++)   /* short, long and negative varints */
+				w->int64_data[k] = k % 3 ? (int64_t)k << 40 : -(int64_t)k;
+			break;
+		default:
+			w->int32_data = mb_alloc(&b, nv * sizeof(int32_t));
+			w->n_int32_data = nv;
+			for (size_t k = 0; k < nv; k++)
+				w->int32_data[k] = k % 2 ? (int32_t)k * 1000 : -(int32_t)k;
+			break;
+		}
+	}
+	if (c->how == SK_EXTERNAL) {
+		loc = mb_alloc(&b, sizeof(*loc));
+		onnx__string_string_entry_proto__init(loc);
+		loc->key = "location";
+		loc->value = "weights.bin";
+		w->external_data = mb_alloc(&b, sizeof(*w->external_data));
+		w->external_data[0] = loc;
+		w->n_external_data = 1;
+		w->has_data_location = 1;
+		w->data_location = ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
+	}
+	mb_node(&b, "Add", "x,W", "y", "add");
+	mb_output(&b, "y");
+	*len = onnx__model_proto__get_packed_size(&b.m);
+	buf = malloc(*len + 1);
+	onnx__model_proto__pack(&b.m, buf);
+	mb_free(&b);
+	free(data);
+	return buf;
+}
+
+START_TEST(skeleton_cases)
+{
+	for (size_t i = 0; i < sizeof(sk_cases) / sizeof(sk_cases[0]); i++) {
+		const struct sk_case *c = &sk_cases[i];
+		size_t len = 0, sl = 0, es = ap_dtype_size((ap_dtype)c->dtype);
+		uint8_t *buf = sk_model(c, &len), *sk = NULL, h1[32], h2[32];
+		bool large = (size_t)c->n * es > AP_CONST_MAX_BYTES;
+		ap_params *params = NULL;
+		ap_graph *full, *g;
+		ap_error e1, e2, e3;
+		int rc;
+
+		rc = ap_onnx_skeleton(buf, len, &sk, &sl, &e1);
+		full = ap_onnx_import(buf, len, NULL, 0, &params, &e2);
+		g = ap_onnx_import(buf, len, NULL, 0, NULL, &e3);
+		ck_assert_msg(rc == c->want, "%s: skeleton %d, want %d", c->what, rc, c->want);
+		if (c->want) {
+			ck_assert_ptr_null(sk);
+			ck_assert_str_eq(e1.tensor, "W");
+			ck_assert_msg(!full && e2.code == c->want, "%s: the full import: %d", c->what,
+				      full ? 0 : e2.code);
+			ck_assert_msg(!g && e3.code == c->want, "%s: the structure: %d", c->what,
+				      g ? 0 : e3.code);
+			ck_assert_str_eq(e3.tensor, "W");
+		} else {
+			Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, sl, sk);
+			const Onnx__TensorProto *w;
+			const ap_tensor *tw;
+
+			ck_assert_msg(full != NULL, "%s: %s", c->what, e2.msg);
+			ck_assert_msg(g != NULL, "%s: %s", c->what, e3.msg);
+			ck_assert_int_eq(ap_graph_hash_named(full, h1), 0);
+			ck_assert_int_eq(ap_graph_hash_named(g, h2), 0);
+			ck_assert_msg(!memcmp(h1, h2, 32), "%s: another graph", c->what);
+			ck_assert_ptr_nonnull(m);
+			w = m->graph->initializer[0];
+			ck_assert_str_eq(w->name, "W");
+			ck_assert_uint_eq(w->n_dims, 1);
+			ck_assert_int_eq(w->dims[0], c->n);
+			ck_assert_int_eq(w->data_type, c->dtype);
+			/* data gone when large, every byte kept when small */
+			ck_assert_int_eq(w->has_raw_data || w->n_float_data || w->n_double_data ||
+					 w->n_int64_data || w->n_int32_data, !large);
+			if (large)
+				ck_assert_uint_lt(sl + (size_t)c->n, len);
+			else
+				ck_assert(sl == len && !memcmp(sk, buf, len));
+			tw = &g->tensors[ap_graph_find_tensor(g, "W")];
+			ck_assert_int_eq(tw->kind, large ? AP_TENSOR_PARAM : AP_TENSOR_CONST);
+			if (large)
+				ck_assert_ptr_nonnull(ap_params_find(params, "W"));
+			onnx__model_proto__free_unpacked(m, NULL);
+		}
+		free(sk);
+		ap_graph_free(full);
+		ap_graph_free(g);
+		ap_params_free(params);
+		free(buf);
+	}
+}
+END_TEST
+
+/* A ModelProto whose graph holds a node whose attribute holds a graph
+ * ... `levels` messages below the model, built inside out into `out`
+ * (1100 bytes); returns its length. */
+static size_t nested(uint8_t *out, int levels)
+{
+	static const uint8_t tags[3] = { (6 << 3) | 2, (1 << 3) | 2, (5 << 3) | 2 };
+	uint8_t tmp[1100];
+	size_t len = 0;
+
+	for (int k = levels - 1; k >= 0; k--) {
+		size_t hl = 0;
+		uint8_t tag = k == 0 ? (7 << 3) | 2 : tags[k % 3];
+
+		tmp[hl++] = tag;
+		hl += ap_pbw_put_varint(tmp + hl, len);
+		ck_assert_uint_lt(hl + len, sizeof(tmp));
+		memcpy(tmp + hl, out, len);
+		len += hl;
+		memcpy(out, tmp, len);
+	}
+	return len;
+}
+
+/* A large Constant's value, bytes that do not walk, and nesting (If
+ * branches inside If branches) deeper than the skeleton follows. */
+START_TEST(skeleton_constant_and_bad_bytes)
+{
+	mb b;
+	int64_t d[1] = { 2048 };
+	float *v = calloc(2048, sizeof(float));
+	Onnx__NodeProto *n;
+	Onnx__AttributeProto *a;
+	Onnx__TensorProto *t;
+	ap_params *params = NULL;
+	ap_graph *full, *g;
+	ap_error err;
+	uint8_t *buf, *sk = NULL, h1[32], h2[32], deep[1100];
+	size_t len, sl = 0, dl = 0;
+
+	mb_init(&b, 13);
+	mb_input(&b, "x", AP_DT_F32, 1, d);
+	n = mb_node(&b, "Constant", "", "c", "const");
+	a = mb_attr(&b, n, "value", ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR);
+	t = mb_alloc(&b, sizeof(*t));
+	onnx__tensor_proto__init(t);
+	t->has_data_type = 1;
+	t->data_type = AP_DT_F32;
+	t->dims = d;
+	t->n_dims = 1;
+	t->has_raw_data = 1;
+	t->raw_data.data = (uint8_t *)v;
+	t->raw_data.len = 2048 * sizeof(float);
+	a->t = t;
+	mb_node(&b, "Mul", "x,c", "y", "mul");
+	mb_output(&b, "y");
+	len = onnx__model_proto__get_packed_size(&b.m);
+	buf = malloc(len);
+	onnx__model_proto__pack(&b.m, buf);
+	ck_assert_int_eq(ap_onnx_skeleton(buf, len, &sk, &sl, &err), 0);
+	ck_assert_uint_lt(sl + 8192, len);
+	full = ap_onnx_import(buf, len, NULL, 0, &params, &err);
+	ck_assert_msg(full != NULL, "%s", err.msg);
+	g = ap_onnx_import(buf, len, NULL, 0, NULL, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_graph_hash_named(full, h1), 0);
+	ck_assert_int_eq(ap_graph_hash_named(g, h2), 0);
+	ck_assert(!memcmp(h1, h2, 32));
+	ck_assert_int_eq(g->tensors[ap_graph_find_tensor(g, "c")].kind, AP_TENSOR_PARAM);
+	free(sk);
+	sk = NULL;
+
+	/* truncated: the last byte of the model missing */
+	ck_assert_int_eq(ap_onnx_skeleton(buf, len - 1, &sk, &sl, &err), AP_EMESSAGE);
+	ck_assert_ptr_null(sk);
+	/* a length past the end */
+	ck_assert_int_eq(ap_onnx_skeleton((const uint8_t *)"\x3a\x7f\x0a", 3, &sk, &sl, &err),
+			 AP_EMESSAGE);
+	/* no bytes at all: an empty model, which the importer refuses */
+	ck_assert_int_eq(ap_onnx_skeleton(buf, 0, &sk, &sl, &err), 0);
+	ck_assert_uint_eq(sl, 0);
+	free(sk);
+	sk = NULL;
+
+	/* graph -> node -> attribute g -> graph ...: 30 messages deep walks,
+	 * 100 deep is refused before the importer decodes it */
+	ck_assert_int_eq(ap_onnx_skeleton(deep, nested(deep, 30), &sk, &sl, &err), 0);
+	free(sk);
+	sk = NULL;
+	dl = nested(deep, 100);
+	ck_assert_int_eq(ap_onnx_skeleton(deep, dl, &sk, &sl, &err), AP_EMESSAGE);
+	ck_assert_ptr_null(sk);
+	ck_assert_ptr_null(ap_onnx_import(deep, dl, NULL, 0, NULL, &err));
+	ck_assert_int_eq(err.code, AP_EMESSAGE);
+
+	ap_graph_free(full);
+	ap_graph_free(g);
+	ap_params_free(params);
+	mb_free(&b);
+	free(buf);
+	free(v);
+}
+END_TEST
+
 static Suite *import_suite(void)
 {
 	Suite *s = suite_create("import");
@@ -1222,6 +1649,9 @@ static Suite *import_suite(void)
 	tcase_add_test(tc, large_constant_becomes_param);
 	tcase_add_test(tc, float64_intermediates);
 	tcase_add_test(tc, batchnorm_training_mode);
+	tcase_add_test(tc, structure_never_reads_weights);
+	tcase_add_test(tc, skeleton_cases);
+	tcase_add_test(tc, skeleton_constant_and_bad_bytes);
 	suite_add_tcase(s, all);
 	suite_add_tcase(s, tc);
 	return s;

@@ -21,6 +21,21 @@
  * Corruption that shows only at run time (a page read long after the
  * open) leaves a marker, PATH.corrupt, so that the next open does the
  * same even when its own checks pass.
+ *
+ * Size limit (issue 10): every blob row carries `last_used` (seconds), set
+ * when it is stored and again when it is read, at most once a minute per
+ * blob (TOUCH_S) so that a warm read rarely writes.  When the blobs' bytes
+ * pass max_bytes, the least recently used blobs are deleted, with the
+ * action and kernel rows that name them, until they are under 90% of it
+ * (one transaction; the freed pages go back to the file system through
+ * incremental auto-vacuum in files created since).  A bundle whose kernel
+ * blob was evicted reads as a miss (its blobs are fetched by digest and one
+ * is missing) and is compiled and stored again.  Schema 1 files gain the
+ * column and the indexes at the first open (schema 2).
+ *
+ * The memory tier (hot.h) holds blobs read and verified from the file, so
+ * that a hot bundle is not read and hashed again on every request; reads
+ * served from it still mark the file's row used (once a minute).
  */
 #include "cache.h"
 
@@ -39,15 +54,19 @@
 
 #include "../../common/graph.h"
 #include "../config.h"
+#include "hot.h"
 
-#define SCHEMA_VERSION "1"
+#define SCHEMA_VERSION "2"
 #define BUSY_TIMEOUT_MS 10000
+#define TOUCH_S 60          /* a blob's last_used is rewritten at most this often */
+#define EVICT_BATCH 32      /* LRU rows looked at per query while evicting */
 
 enum {
 	ST_BEGIN, ST_COMMIT, ST_ROLLBACK,
-	ST_BLOB_GET, ST_BLOB_PUT, ST_BLOB_DEL, ST_BLOB_SET,
-	ST_ACTION_GET, ST_ACTION_PUT,
-	ST_KERNEL_GET, ST_KERNEL_PUT,
+	ST_BLOB_GET, ST_BLOB_PUT, ST_BLOB_DEL, ST_BLOB_SET, ST_BLOB_TOUCH,
+	ST_ACTION_GET, ST_ACTION_PUT, ST_ACTION_DEL_DIGEST,
+	ST_KERNEL_GET, ST_KERNEL_PUT, ST_KERNEL_DEL_DIGEST,
+	ST_LRU, ST_TOTAL,
 	ST_COUNT
 };
 
@@ -55,25 +74,42 @@ static const char *const stmt_sql[ST_COUNT] = {
 	[ST_BEGIN] = "BEGIN IMMEDIATE",
 	[ST_COMMIT] = "COMMIT",
 	[ST_ROLLBACK] = "ROLLBACK",
-	[ST_BLOB_GET] = "SELECT data FROM blobs WHERE digest = ?1",
-	[ST_BLOB_PUT] = "INSERT OR IGNORE INTO blobs(digest, size, data) VALUES (?1, ?2, ?3)",
+	[ST_BLOB_GET] = "SELECT data, last_used FROM blobs WHERE digest = ?1",
+	[ST_BLOB_PUT] = "INSERT OR IGNORE INTO blobs(digest, size, data, last_used)"
+			" VALUES (?1, ?2, ?3, ?4)",
 	[ST_BLOB_DEL] = "DELETE FROM blobs WHERE digest = ?1",
 	[ST_BLOB_SET] = "UPDATE blobs SET data = ?2 WHERE digest = ?1",
+	[ST_BLOB_TOUCH] = "UPDATE blobs SET last_used = ?2 WHERE digest = ?1",
 	[ST_ACTION_GET] = "SELECT digest FROM actions WHERE key = ?1",
 	[ST_ACTION_PUT] = "INSERT OR REPLACE INTO actions(key, digest, created) VALUES (?1, ?2, ?3)",
+	[ST_ACTION_DEL_DIGEST] = "DELETE FROM actions WHERE digest = ?1",
 	[ST_KERNEL_GET] = "SELECT digest FROM kernels WHERE key = ?1",
 	[ST_KERNEL_PUT] = "INSERT OR REPLACE INTO kernels(key, digest, created) VALUES (?1, ?2, ?3)",
+	[ST_KERNEL_DEL_DIGEST] = "DELETE FROM kernels WHERE digest = ?1",
+	[ST_LRU] = "SELECT digest, size FROM blobs ORDER BY last_used, rowid LIMIT 32",
+	[ST_TOTAL] = "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM blobs",
 };
 
 static const char schema_sql[] =
 	"CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v TEXT NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS blobs(digest BLOB PRIMARY KEY, size INTEGER NOT NULL,"
-	" data BLOB NOT NULL);"
+	" data BLOB NOT NULL, last_used INTEGER NOT NULL DEFAULT 0);"
 	"CREATE TABLE IF NOT EXISTS actions(key BLOB PRIMARY KEY, digest BLOB NOT NULL,"
 	" created INTEGER NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS kernels(key BLOB PRIMARY KEY, digest BLOB NOT NULL,"
 	" created INTEGER NOT NULL);"
 	"INSERT OR IGNORE INTO meta(k, v) VALUES ('schema', '" SCHEMA_VERSION "');";
+
+/* Schema 1 -> 2: blobs gain last_used (0: used before anything else). */
+static const char upgrade_1_sql[] =
+	"ALTER TABLE blobs ADD COLUMN last_used INTEGER NOT NULL DEFAULT 0;"
+	"UPDATE meta SET v = '2' WHERE k = 'schema';";
+
+/* Every schema: the indexes eviction needs. */
+static const char index_sql[] =
+	"CREATE INDEX IF NOT EXISTS blobs_lru ON blobs(last_used);"
+	"CREATE INDEX IF NOT EXISTS actions_digest ON actions(digest);"
+	"CREATE INDEX IF NOT EXISTS kernels_digest ON kernels(digest);";
 
 struct conn {
 	sqlite3 *db;
@@ -87,7 +123,19 @@ struct ap_cache {
 	struct conn *pool;           /* idle connections, under mu */
 	atomic_bool enabled;
 	atomic_uint_fast64_t actions, kernels, blobs, blob_bytes;
+	atomic_uint_fast64_t evicted_blobs, evicted_bytes;
+	atomic_uint_fast64_t max_bytes;     /* 0: no limit */
+	atomic_int_fast64_t fake_now;       /* tests: the clock, when not 0 */
+	ap_hot *hot;                 /* memory tier; NULL: none */
 };
+
+/* Seconds, for last_used. */
+static int64_t now_s(ap_cache *c)
+{
+	int64_t t = atomic_load(&c->fake_now);
+
+	return t ? t : (int64_t)time(NULL);
+}
 
 int ap_cache_default_path(char *buf, size_t cap)
 {
@@ -219,6 +267,37 @@ static int exec_simple(struct conn *co, const char *sql, char **errmsg)
 	return sqlite3_exec(co->db, sql, NULL, NULL, errmsg);
 }
 
+/* Inside a transaction: creates the tables, upgrades schema 1, adds the
+ * indexes.  An SQLite result, or AP_EINVAL with `why` set when the file
+ * holds a schema this build does not know. */
+static int setup_schema(struct conn *co, char *why, size_t cap, char **msg)
+{
+	sqlite3_stmt *st = NULL;
+	char version[16] = "";
+	int rc = exec_simple(co, schema_sql, msg);
+
+	if (rc != SQLITE_OK)
+		return rc;
+	rc = sqlite3_prepare_v2(co->db, "SELECT v FROM meta WHERE k = 'schema'", -1, &st, NULL);
+	if (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
+		const unsigned char *v = sqlite3_column_text(st, 0);
+
+		snprintf(version, sizeof(version), "%s", v ? (const char *)v : "");
+	}
+	sqlite3_finalize(st);
+	if (rc != SQLITE_OK)
+		return rc;
+	if (!strcmp(version, "1"))
+		rc = exec_simple(co, upgrade_1_sql, msg);
+	else if (strcmp(version, SCHEMA_VERSION)) {
+		snprintf(why, cap, "schema version '%.15s' is not " SCHEMA_VERSION, version);
+		return AP_EINVAL;
+	}
+	if (rc == SQLITE_OK)
+		rc = exec_simple(co, index_sql, msg);
+	return rc;
+}
+
 /* Opens one connection; `setup` creates the schema (first connection).
  * On failure returns NULL with `why` filled and *code the SQLite result
  * (0 when the failure was not SQLite's). */
@@ -242,33 +321,25 @@ static struct conn *conn_open(const char *path, bool setup, char *why, size_t ca
 	sqlite3_busy_timeout(co->db, BUSY_TIMEOUT_MS);
 	sqlite3_extended_result_codes(co->db, 1);
 	if (setup) {
-		sqlite3_stmt *st = NULL;
-		bool ok = false;
-
-		rc = exec_simple(co, "PRAGMA journal_mode=WAL", &msg);
+		/* auto_vacuum only takes in a file that has no table yet */
+		rc = exec_simple(co, "PRAGMA auto_vacuum=INCREMENTAL", &msg);
+		if (rc == SQLITE_OK)
+			rc = exec_simple(co, "PRAGMA journal_mode=WAL", &msg);
 		if (rc == SQLITE_OK)
 			rc = exec_simple(co, "BEGIN IMMEDIATE", &msg);
 		if (rc == SQLITE_OK) {
-			rc = exec_simple(co, schema_sql, &msg);
+			rc = setup_schema(co, why, cap, &msg);
 			if (rc == SQLITE_OK)
 				rc = exec_simple(co, "COMMIT", &msg);
 			else
 				exec_simple(co, "ROLLBACK", NULL);
 		}
-		if (rc != SQLITE_OK) {
-			snprintf(why, cap, "cannot set up: %s", msg ? msg : sqlite3_errstr(rc));
+		if (rc == AP_EINVAL) {   /* `why` says it */
+			rc = SQLITE_OK;
 			goto error;
 		}
-		rc = sqlite3_prepare_v2(co->db, "SELECT v FROM meta WHERE k = 'schema'", -1, &st,
-					NULL);
-		if (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
-			const unsigned char *v = sqlite3_column_text(st, 0);
-			ok = v && !strcmp((const char *)v, SCHEMA_VERSION);
-		}
-		sqlite3_finalize(st);
-		if (!ok) {
-			rc = SQLITE_OK;
-			snprintf(why, cap, "schema version is not " SCHEMA_VERSION);
+		if (rc != SQLITE_OK) {
+			snprintf(why, cap, "cannot set up: %s", msg ? msg : sqlite3_errstr(rc));
 			goto error;
 		}
 	}
@@ -379,6 +450,7 @@ ap_cache *ap_cache_free(ap_cache *c)
 		c->pool = co->next;
 		conn_close(co);
 	}
+	ap_hot_free(c->hot);
 	pthread_mutex_destroy(&c->mu);
 	free(c);
 	return NULL;
@@ -405,6 +477,17 @@ void ap_cache_get_counts(const ap_cache *c, ap_cache_counts *out)
 	out->kernels = atomic_load(&m->kernels);
 	out->blobs = atomic_load(&m->blobs);
 	out->blob_bytes = atomic_load(&m->blob_bytes);
+	out->max_bytes = atomic_load(&m->max_bytes);
+	out->evicted_blobs = atomic_load(&m->evicted_blobs);
+	out->evicted_bytes = atomic_load(&m->evicted_bytes);
+	if (m->hot) {
+		ap_hot_counts h;
+
+		ap_hot_get_counts(m->hot, &h);
+		out->memory_blobs = h.blobs;
+		out->memory_bytes = h.bytes;
+		out->memory_hits = h.hits;
+	}
 }
 
 /* Takes an idle connection or opens one; NULL when the cache is off. */
@@ -525,21 +608,47 @@ static void remove_blob(ap_cache *c, struct conn *co, const uint8_t digest[32], 
 	rollback(co, 0);
 }
 
-/* Reads and verifies a blob on `co`: 1 found (and *data set), 0 miss. */
+/* Marks `digest`'s row used now (its own transaction; a lost lock race
+ * only skips it). */
+static void touch(ap_cache *c, struct conn *co, const uint8_t digest[32], int64_t now)
+{
+	sqlite3_stmt *st = co->st[ST_BLOB_TOUCH];
+	int rc;
+
+	if (begin(c, co))
+		return;
+	sqlite3_bind_blob(st, 1, digest, 32, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 2, now);
+	rc = sqlite3_step(st);
+	reset(co, ST_BLOB_TOUCH);
+	if (check(c, co, rc, "marking a blob used") || commit(c, co))
+		rollback(co, 0);
+	ap_hot_touched(c->hot, digest, now);
+}
+
+/* Reads and verifies a blob: from the memory tier, else from the file on
+ * `co` (then kept in the memory tier).  1 found (and *data set), 0 miss. */
 static int blob_get(ap_cache *c, struct conn *co, const uint8_t digest[32], uint8_t **data,
 		    size_t *len)
 {
 	sqlite3_stmt *st = co->st[ST_BLOB_GET];
+	int64_t now = now_s(c), used = 0;
 	uint8_t actual[32];
 	uint8_t *copy = NULL;
 	size_t n = 0;
 	int rc;
 
+	if (ap_hot_get(c->hot, digest, data, len, &used)) {
+		if (now - used >= TOUCH_S)
+			touch(c, co, digest, now);
+		return 1;
+	}
 	sqlite3_bind_blob(st, 1, digest, 32, SQLITE_STATIC);
 	rc = sqlite3_step(st);
 	if (rc == SQLITE_ROW) {
 		const void *p = sqlite3_column_blob(st, 0);
 		n = (size_t)sqlite3_column_bytes(st, 0);
+		used = sqlite3_column_int64(st, 1);
 		copy = malloc(n ? n : 1);
 		if (copy && n)
 			memcpy(copy, p, n);
@@ -561,21 +670,29 @@ static int blob_get(ap_cache *c, struct conn *co, const uint8_t digest[32], uint
 		remove_blob(c, co, digest, n);
 		return 0;
 	}
+	if (now - used >= TOUCH_S) {
+		touch(c, co, digest, now);
+		used = now;
+	}
+	ap_hot_put(c->hot, digest, copy, n, used);
 	*data = copy;
 	*len = n;
 	return 1;
 }
 
-/* Inserts a blob inside an open transaction; 0 or negative. */
+/* Inserts a blob inside an open transaction (a blob already there is only
+ * marked used); 0 or negative. */
 static int blob_insert(ap_cache *c, struct conn *co, const uint8_t digest[32],
 		       const uint8_t *data, size_t len)
 {
 	sqlite3_stmt *st = co->st[ST_BLOB_PUT];
+	int64_t now = now_s(c);
 	int rc;
 
 	sqlite3_bind_blob(st, 1, digest, 32, SQLITE_STATIC);
 	sqlite3_bind_int64(st, 2, (sqlite3_int64)len);
 	sqlite3_bind_blob64(st, 3, data ? (const void *)data : (const void *)"", len, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 4, now);
 	rc = sqlite3_step(st);
 	reset(co, ST_BLOB_PUT);
 	if ((rc = check(c, co, rc, "storing a blob")))
@@ -583,8 +700,14 @@ static int blob_insert(ap_cache *c, struct conn *co, const uint8_t digest[32],
 	if (sqlite3_changes(co->db) > 0) {
 		atomic_fetch_add(&c->blobs, 1);
 		atomic_fetch_add(&c->blob_bytes, len);
+		return 0;
 	}
-	return 0;
+	st = co->st[ST_BLOB_TOUCH];
+	sqlite3_bind_blob(st, 1, digest, 32, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 2, now);
+	rc = sqlite3_step(st);
+	reset(co, ST_BLOB_TOUCH);
+	return check(c, co, rc, "marking a blob used");
 }
 
 /* Points `key` at `digest` in the actions or kernels table, inside an open
@@ -611,6 +734,113 @@ static int key_insert(ap_cache *c, struct conn *co, int get, int put, const uint
 	return 0;
 }
 
+/* ---- the size limit ------------------------------------------------------- */
+
+/* Runs `which` with `digest` bound to ?1 and returns the rows it changed
+ * (negative on error). */
+static int64_t delete_by_digest(ap_cache *c, struct conn *co, int which, const uint8_t digest[32])
+{
+	int rc;
+
+	sqlite3_bind_blob(co->st[which], 1, digest, 32, SQLITE_TRANSIENT);
+	rc = sqlite3_step(co->st[which]);
+	reset(co, which);
+	if ((rc = check(c, co, rc, "evicting")))
+		return rc;
+	return sqlite3_changes(co->db);
+}
+
+/* Reads the file's real blob count and bytes (other daemons write it too)
+ * into the counters; 0 or negative. */
+static int recount(ap_cache *c, struct conn *co, uint64_t *bytes)
+{
+	sqlite3_stmt *st = co->st[ST_TOTAL];
+	int rc = sqlite3_step(st);
+
+	if (rc == SQLITE_ROW) {
+		atomic_store(&c->blobs, (uint64_t)sqlite3_column_int64(st, 0));
+		*bytes = (uint64_t)sqlite3_column_int64(st, 1);
+		atomic_store(&c->blob_bytes, *bytes);
+	}
+	reset(co, ST_TOTAL);
+	return rc == SQLITE_ROW ? 0 : check(c, co, rc, "counting blobs");
+}
+
+/* Deletes least recently used blobs, and the rows naming them, until the
+ * blobs take at most 90% of max_bytes; one transaction.  0 or negative. */
+static int evict(ap_cache *c, struct conn *co, uint64_t max)
+{
+	uint64_t bytes = 0, low = max - max / 10, n_blobs = 0, n_bytes = 0;
+	int64_t actions = 0, kernels = 0;
+	int rc = begin(c, co);
+
+	if (rc)
+		return rc;
+	if ((rc = recount(c, co, &bytes)))
+		return rollback(co, rc);
+	while (bytes > low && !rc) {
+		uint8_t digests[EVICT_BATCH][32];
+		int64_t sizes[EVICT_BATCH];
+		int n = 0;
+		sqlite3_stmt *st = co->st[ST_LRU];
+
+		while (n < EVICT_BATCH && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+			if (sqlite3_column_bytes(st, 0) != 32)
+				continue;
+			memcpy(digests[n], sqlite3_column_blob(st, 0), 32);
+			sizes[n++] = sqlite3_column_int64(st, 1);
+		}
+		reset(co, ST_LRU);
+		rc = rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : check(c, co, rc, "listing blobs");
+		if (rc || n == 0)
+			break;
+		for (int i = 0; i < n && bytes > low && !rc; i++) {
+			int64_t a = delete_by_digest(c, co, ST_ACTION_DEL_DIGEST, digests[i]);
+			int64_t k = a < 0 ? a : delete_by_digest(c, co, ST_KERNEL_DEL_DIGEST, digests[i]);
+			int64_t b = k < 0 ? k : delete_by_digest(c, co, ST_BLOB_DEL, digests[i]);
+
+			if (a < 0 || k < 0 || b < 0) {
+				rc = (int)(b < 0 ? b : k < 0 ? k : a);
+				break;
+			}
+			actions += a;
+			kernels += k;
+			n_blobs += (uint64_t)b;
+			n_bytes += b ? (uint64_t)sizes[i] : 0;
+			bytes -= b && (uint64_t)sizes[i] <= bytes ? (uint64_t)sizes[i] : 0;
+		}
+	}
+	if (rc || (rc = commit(c, co)))
+		return rollback(co, rc);
+	atomic_fetch_sub(&c->actions, (uint64_t)actions <= atomic_load(&c->actions) ?
+				      (uint64_t)actions : atomic_load(&c->actions));
+	atomic_fetch_sub(&c->kernels, (uint64_t)kernels <= atomic_load(&c->kernels) ?
+				      (uint64_t)kernels : atomic_load(&c->kernels));
+	atomic_fetch_sub(&c->blobs, n_blobs <= atomic_load(&c->blobs) ? n_blobs
+								    : atomic_load(&c->blobs));
+	atomic_store(&c->blob_bytes, bytes);
+	atomic_fetch_add(&c->evicted_blobs, n_blobs);
+	atomic_fetch_add(&c->evicted_bytes, n_bytes);
+	if (n_blobs) {
+		ap_log(AP_LOG_INFO, "cache %s: evicted %llu blobs (%llu bytes) to stay under %llu "
+		       "bytes", c->path, (unsigned long long)n_blobs, (unsigned long long)n_bytes,
+		       (unsigned long long)max);
+		exec_simple(co, "PRAGMA incremental_vacuum", NULL);
+	}
+	return 0;
+}
+
+/* After a write: evicts when the blobs are over the limit. */
+static void maybe_evict(ap_cache *c, struct conn *co)
+{
+	uint64_t max = atomic_load(&c->max_bytes);
+
+	if (max && atomic_load(&c->blob_bytes) > max)
+		evict(c, co, max);
+}
+
+/* ---- the public functions ------------------------------------------------- */
+
 int ap_cache_blob_get(ap_cache *c, const uint8_t digest[32], uint8_t **data, size_t *len)
 {
 	struct conn *co = acquire(c);
@@ -623,16 +853,12 @@ int ap_cache_blob_get(ap_cache *c, const uint8_t digest[32], uint8_t **data, siz
 	return found;
 }
 
-int ap_cache_blob_put(ap_cache *c, const uint8_t *data, size_t len, uint8_t digest[32])
+/* Stores a blob whose digest is known; 0 or negative. */
+static int blob_put(ap_cache *c, const uint8_t *data, size_t len, const uint8_t d[32])
 {
-	uint8_t d[32];
-	struct conn *co;
+	struct conn *co = acquire(c);
 	int rc;
 
-	ap_sha256(data, len, d);
-	if (digest)
-		memcpy(digest, d, 32);
-	co = acquire(c);
 	if (!co)
 		return AP_EIO;
 	rc = begin(c, co);
@@ -640,8 +866,26 @@ int ap_cache_blob_put(ap_cache *c, const uint8_t *data, size_t len, uint8_t dige
 		rc = blob_insert(c, co, d, data, len);
 		rc = rc ? rollback(co, rc) : commit(c, co);
 	}
+	if (!rc)
+		maybe_evict(c, co);
 	release(c, co);
 	return rc;
+}
+
+int ap_cache_blob_put(ap_cache *c, const uint8_t *data, size_t len, uint8_t digest[32])
+{
+	uint8_t d[32];
+
+	ap_sha256(data, len, d);
+	if (digest)
+		memcpy(digest, d, 32);
+	return blob_put(c, data, len, d);
+}
+
+int ap_cache_blob_put_known(ap_cache *c, const uint8_t *data, size_t len,
+			    const uint8_t digest[32])
+{
+	return blob_put(c, data, len, digest);
 }
 
 /* Shared by ap_cache_get / ap_cache_kernel_get. */
@@ -663,17 +907,14 @@ static int get_by_key(ap_cache *c, int which, const uint8_t key[32], uint8_t **v
 	return found == 1;
 }
 
+/* Stores `val` (whose SHA-256 is `digest`) and points `key` at it. */
 static int put_by_key(ap_cache *c, int get, int put, atomic_uint_fast64_t *counter,
-		      const uint8_t key[32], const uint8_t *val, size_t len, uint8_t *digest_out)
+		      const uint8_t key[32], const uint8_t *val, size_t len,
+		      const uint8_t digest[32])
 {
-	uint8_t digest[32];
-	struct conn *co;
+	struct conn *co = acquire(c);
 	int rc;
 
-	ap_sha256(val, len, digest);
-	if (digest_out)
-		memcpy(digest_out, digest, 32);
-	co = acquire(c);
 	if (!co)
 		return AP_EIO;
 	rc = begin(c, co);
@@ -683,6 +924,8 @@ static int put_by_key(ap_cache *c, int get, int put, atomic_uint_fast64_t *count
 			rc = key_insert(c, co, get, put, key, digest, counter);
 		rc = rc ? rollback(co, rc) : commit(c, co);
 	}
+	if (!rc)
+		maybe_evict(c, co);
 	release(c, co);
 	return rc;
 }
@@ -694,7 +937,10 @@ int ap_cache_get(ap_cache *c, const uint8_t key[32], uint8_t **val, size_t *len)
 
 int ap_cache_put(ap_cache *c, const uint8_t key[32], const uint8_t *val, size_t len)
 {
-	return put_by_key(c, ST_ACTION_GET, ST_ACTION_PUT, &c->actions, key, val, len, NULL);
+	uint8_t digest[32];
+
+	ap_sha256(val, len, digest);
+	return put_by_key(c, ST_ACTION_GET, ST_ACTION_PUT, &c->actions, key, val, len, digest);
 }
 
 int ap_cache_kernel_get(ap_cache *c, const uint8_t key[32], uint8_t **data, size_t *len,
@@ -706,7 +952,39 @@ int ap_cache_kernel_get(ap_cache *c, const uint8_t key[32], uint8_t **data, size
 int ap_cache_kernel_put(ap_cache *c, const uint8_t key[32], const uint8_t *data, size_t len,
 			uint8_t digest[32])
 {
+	uint8_t d[32];
+
+	ap_sha256(data, len, d);
+	if (digest)
+		memcpy(digest, d, 32);
+	return put_by_key(c, ST_KERNEL_GET, ST_KERNEL_PUT, &c->kernels, key, data, len, d);
+}
+
+int ap_cache_kernel_put_known(ap_cache *c, const uint8_t key[32], const uint8_t *data,
+			      size_t len, const uint8_t digest[32])
+{
 	return put_by_key(c, ST_KERNEL_GET, ST_KERNEL_PUT, &c->kernels, key, data, len, digest);
+}
+
+void ap_cache_set_limits(ap_cache *c, uint64_t max_bytes, uint64_t memory_bytes)
+{
+	struct conn *co;
+
+	if (!c)
+		return;
+	atomic_store(&c->max_bytes, max_bytes);
+	if (!c->hot && memory_bytes)
+		c->hot = ap_hot_new(memory_bytes);
+	co = acquire(c);
+	if (co) {
+		maybe_evict(c, co);
+		release(c, co);
+	}
+}
+
+void ap__cache_set_time(ap_cache *c, int64_t now)
+{
+	atomic_store(&c->fake_now, now);
 }
 
 int ap__cache_blob_overwrite(ap_cache *c, const uint8_t digest[32], const uint8_t *data,

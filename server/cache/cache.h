@@ -22,6 +22,11 @@
  * A write that loses a lock race (SQLITE_BUSY after busy_timeout) is only
  * skipped.
  *
+ * Size limit and memory tier (issue 10, ap_cache_set_limits): blobs carry
+ * the time they were last used; past max_bytes the least recently used go,
+ * with the rows that name them (cache.c).  Blobs read and verified once are
+ * kept in memory (hot.h) and served from there.
+ *
  * Thread safety: all functions may be called from any number of threads at
  * once.  The cache keeps a pool of SQLite connections (one per concurrently
  * calling thread) behind a mutex; the file is in WAL mode, writes use
@@ -73,6 +78,11 @@ int ap_cache_put(ap_cache *c, const uint8_t key[32], const uint8_t *val, size_t 
 int ap_cache_blob_get(ap_cache *c, const uint8_t digest[32], __ap_give uint8_t **data,
 		      size_t *len);
 int ap_cache_blob_put(ap_cache *c, const uint8_t *data, size_t len, uint8_t digest[32]);
+/* As ap_cache_blob_put for bytes whose SHA-256 the caller computed (or
+ * verified) moments ago: `digest` is trusted, the bytes are not hashed
+ * again.  0 or negative. */
+int ap_cache_blob_put_known(ap_cache *c, const uint8_t *data, size_t len,
+			    const uint8_t digest[32]);
 
 /* Kernel cache: `key` (hash of the kernel's inputs) -> compiled blob.
  * kernel_get: 1 with the verified blob (and its digest when `digest` is not
@@ -82,14 +92,35 @@ int ap_cache_kernel_get(ap_cache *c, const uint8_t key[32], __ap_give uint8_t **
 			size_t *len, uint8_t digest[32]);
 int ap_cache_kernel_put(ap_cache *c, const uint8_t key[32], const uint8_t *data, size_t len,
 			uint8_t digest[32]);
+/* As ap_cache_kernel_put with the blob's SHA-256 known to the caller
+ * (trusted, not computed again).  0 or negative. */
+int ap_cache_kernel_put_known(ap_cache *c, const uint8_t key[32], const uint8_t *data,
+			      size_t len, const uint8_t digest[32]);
+
+/* Limits, in bytes: `max_bytes` of blob data in the file (0: no limit;
+ * when over it, least recently used blobs are evicted with the action and
+ * kernel rows naming them, down to 90%, at once and after every write),
+ * and `memory_bytes` of verified blobs kept in memory (0: none; set once,
+ * later calls do not resize it).  A fresh cache has neither. */
+void ap_cache_set_limits(ap_cache *c, uint64_t max_bytes, uint64_t memory_bytes);
 
 /* Entry counts for the Stats reply, kept in memory (counted at open,
- * updated on every insert and delete by this process): action entries,
- * kernel entries, blobs and the sum of blob sizes in bytes. */
+ * updated on every insert and delete by this process, and counted again
+ * whenever eviction runs): action entries, kernel entries, blobs and the
+ * sum of blob sizes in bytes; the limit, what it evicted, the memory
+ * tier. */
 typedef struct ap_cache_counts {
 	uint64_t actions, kernels, blobs, blob_bytes;
+	uint64_t max_bytes;                     /* the limit (0: none) */
+	uint64_t evicted_blobs, evicted_bytes;  /* by the limit, since open */
+	uint64_t memory_blobs, memory_bytes;    /* in the memory tier now */
+	uint64_t memory_hits;                   /* blob reads it answered */
 } ap_cache_counts;
 void ap_cache_get_counts(const ap_cache *c, ap_cache_counts *out);
+
+/* Tests only: makes the cache's clock (seconds, for least-recently-used
+ * order) read `now`; 0 gives the real clock back. */
+void ap__cache_set_time(ap_cache *c, int64_t now);
 
 /* Tests only: overwrites the bytes stored for `digest` with `data`, keeping
  * the digest, to simulate a corrupted row.  Returns 0 or negative. */

@@ -31,9 +31,35 @@
  * $APOLLO_TEST_REFUSE_KERNEL_NODES=N (read once, when the compiler is
  * created) makes the backend reject every kernel of more than N member
  * nodes, as $APOLLO_TEST_COMPILE_DELAY_MS=MS delays every request.
+ *
+ * Cache tiers (issue 10): L1 is the SQLite file (cache.h), L2 the shared
+ * Redis (redis.h).  A request looks in L1, then L2; an L2 hit (the
+ * stripped bundle and its blobs, signed; every blob checked against the
+ * digest its kernel names, once) is copied into L1 with those digests, so
+ * nothing is hashed twice.  A bundle compiled here goes to L1 and, with
+ * its blobs, to L2; each kernel compiled here goes to both too.  Kernels
+ * look in L1, then L2, before compiling.
+ *
+ * Single-flight (flight.h): after missing both tiers a request joins the
+ * flight of its graph key.  The leader looks in L1 once more (a flight may
+ * have finished between its miss and its join), compiles, stores, and
+ * publishes the whole bundle packed; followers unpack their own copy
+ * (cache_tier SHARED).  A follower whose wait (flight_wait_ms from its
+ * arrival) runs out compiles by itself.  Kernels have flights of their own
+ * by kernel key, so two different graphs needing one missing kernel
+ * compile it once; a kernel flight publishes the digest and the blob.
+ * no_cache requests take part in neither.
+ *
+ * Warm path: the daemon remembers, for the digest of a request's bytes
+ * (net.c), the graph key it computed (a direct-mapped table of MEMO_SLOTS
+ * entries, last writer wins).  A request seen before goes straight to the
+ * cache tiers with that key; only a miss decodes, validates and hashes its
+ * graph.  The key is a function of the request bytes and this build, so
+ * the memo needs no invalidation.
  */
 #include "compile.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -43,11 +69,26 @@
 
 #include "../../common/graph.h"
 #include "../backend/backend.h"
+#include "../cache/redis.h"
 #include "../config.h"
 #include "../plan/program.h"
+#include "flight.h"
 #include "proto/apollo.pb-c.h"
 
 struct task_batch;
+
+#define MEMO_SLOTS 4096
+#define DEFAULT_FLIGHT_WAIT_MS 600000
+
+/* Request digest -> graph key (see the file comment). */
+struct memo_slot {
+	bool used;
+	uint8_t digest[32], key[32];
+};
+
+const double ap_compile_bucket_s[AP_COMPILE_BUCKETS] = {
+	0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+};
 
 struct ap_compiler {
 	ap_cache *cache;
@@ -65,7 +106,17 @@ struct ap_compiler {
 	char cc_id[256];
 	char nvrtc_id[64];
 	char build_id[64];       /* "apollod 0.1.0 exe <sha256 prefix>" */
-	atomic_uint_fast64_t requests, errors, hits, misses, kernels_compiled;
+	ap_redis *redis;         /* L2; NULL: none */
+	ap_flights *flights;     /* requests by graph key; NULL: no single-flight */
+	ap_flights *kflights;    /* kernels by kernel key */
+	unsigned flight_wait_ms;
+	pthread_mutex_t memo_mu;
+	struct memo_slot *memo;  /* MEMO_SLOTS */
+	atomic_uint_fast64_t requests, errors, hits, misses, kernels_compiled, memo_hits;
+	atomic_uint_fast64_t tier[4], kernel_tier[4], errors_by_code[16];
+	pthread_mutex_t hist_mu;
+	uint64_t hist[AP_COMPILE_BUCKETS + 1];
+	double hist_sum;
 };
 
 /* ---- set-up -------------------------------------------------------------- */
@@ -127,6 +178,15 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 	if (!c)
 		return NULL;
 	c->cache = cache;
+	c->redis = opt ? opt->redis : NULL;
+	c->flight_wait_ms = opt && opt->flight_wait_ms ? opt->flight_wait_ms : DEFAULT_FLIGHT_WAIT_MS;
+	pthread_mutex_init(&c->memo_mu, NULL);
+	pthread_mutex_init(&c->hist_mu, NULL);
+	c->memo = calloc(MEMO_SLOTS, sizeof(*c->memo));
+	if (!(opt && opt->no_flight)) {
+		c->flights = ap_flights_new();
+		c->kflights = ap_flights_new();
+	}
 	c->threads = opt && opt->threads ? opt->threads : 1;
 	c->stop_before_backend = opt && opt->stop_before_backend;
 	if (c->threads > 256)
@@ -148,7 +208,7 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->work, NULL);
 	c->helpers = calloc(c->threads, sizeof(pthread_t));
-	if (!c->helpers)
+	if (!c->helpers || !c->memo || (!(opt && opt->no_flight) && (!c->flights || !c->kflights)))
 		return ap_compiler_free(c);
 	for (unsigned t = 1; t < c->threads; t++) {
 		if (pthread_create(&c->helpers[c->n_helpers], NULL, helper_main, c))
@@ -171,6 +231,11 @@ ap_compiler *ap_compiler_free(ap_compiler *c)
 	free(c->helpers);
 	pthread_cond_destroy(&c->work);
 	pthread_mutex_destroy(&c->mu);
+	ap_flights_free(c->flights);
+	ap_flights_free(c->kflights);
+	free(c->memo);
+	pthread_mutex_destroy(&c->memo_mu);
+	pthread_mutex_destroy(&c->hist_mu);
 	free(c);
 	return NULL;
 }
@@ -192,6 +257,64 @@ void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out)
 	out->cache_hits = atomic_load(&m->hits);
 	out->cache_misses = atomic_load(&m->misses);
 	out->kernels_compiled = atomic_load(&m->kernels_compiled);
+	out->memo_hits = atomic_load(&m->memo_hits);
+	for (int i = 0; i < 4; i++) {
+		out->tier[i] = atomic_load(&m->tier[i]);
+		out->kernel_tier[i] = atomic_load(&m->kernel_tier[i]);
+	}
+	for (int i = 0; i < 16; i++)
+		out->errors_by_code[i] = atomic_load(&m->errors_by_code[i]);
+	for (int i = 0; i < 2; i++) {
+		ap_flight_counts f;
+
+		ap_flights_get_counts(i ? m->kflights : m->flights, &f);
+		out->flight_timeouts += f.timeouts;
+		out->flight_waiting += f.waiting;
+	}
+	pthread_mutex_lock(&m->hist_mu);
+	memcpy(out->compile_hist, m->hist, sizeof(out->compile_hist));
+	out->compile_sum_s = m->hist_sum;
+	pthread_mutex_unlock(&m->hist_mu);
+}
+
+struct ap_redis *ap_compiler_redis(const ap_compiler *c)
+{
+	return c ? c->redis : NULL;
+}
+
+/* ---- the request memo ------------------------------------------------------ */
+
+static struct memo_slot *memo_slot(ap_compiler *c, const uint8_t digest[32])
+{
+	uint32_t i;
+
+	memcpy(&i, digest, sizeof(i));
+	return &c->memo[i % MEMO_SLOTS];
+}
+
+/* The graph key remembered for a request digest: true and key[] set. */
+static bool memo_get(ap_compiler *c, const uint8_t digest[32], uint8_t key[32])
+{
+	struct memo_slot *m = memo_slot(c, digest);
+	bool found;
+
+	pthread_mutex_lock(&c->memo_mu);
+	found = m->used && !memcmp(m->digest, digest, 32);
+	if (found)
+		memcpy(key, m->key, 32);
+	pthread_mutex_unlock(&c->memo_mu);
+	return found;
+}
+
+static void memo_put(ap_compiler *c, const uint8_t digest[32], const uint8_t key[32])
+{
+	struct memo_slot *m = memo_slot(c, digest);
+
+	pthread_mutex_lock(&c->memo_mu);
+	m->used = true;
+	memcpy(m->digest, digest, 32);
+	memcpy(m->key, key, 32);
+	pthread_mutex_unlock(&c->memo_mu);
 }
 
 /* ---- keys ---------------------------------------------------------------- */
@@ -445,7 +568,8 @@ struct kblob {
 	uint8_t *data;
 	size_t len;
 	uint8_t digest[32];
-	bool compiled;        /* by the backend (else from the kernel cache) */
+	bool compiled;        /* by the backend (else from a cache or a flight) */
+	int tier;             /* where it came from: apollo.CacheTier */
 	bool skipped;         /* not tried: the request had failed already */
 	int rc;
 	ap_error err;
@@ -663,13 +787,115 @@ struct kernel_batch {
 	const char *target;
 	bool gpu, use_cache;
 	int output;
+	double deadline;             /* ap_now_ms(): a kernel flight's wait ends */
 	struct kblob *blobs;
 	atomic_bool failed;          /* a failure other than AP_ECOMPILE: skip the rest */
 };
 
+/* Kernel `key` from L1, else from L2 (then copied into L1): true with
+ * out's blob, digest and tier. */
+static bool kernel_cached(const struct kernel_batch *kb, const uint8_t key[32], struct kblob *out)
+{
+	ap_compiler *c = kb->c;
+	ap_redis_entry e;
+
+	if (ap_cache_kernel_get(c->cache, key, &out->data, &out->len, out->digest) == 1) {
+		out->tier = APOLLO__CACHE_TIER__CACHE_L1;
+		return true;
+	}
+	if (!c->redis || ap_redis_get(c->redis, AP_REDIS_KERNEL, key, &e) != 1)
+		return false;
+	if (e.n == 1 && (out->data = malloc(e.part_len[0] ? e.part_len[0] : 1))) {
+		memcpy(out->data, e.part[0], e.part_len[0]);
+		out->len = e.part_len[0];
+		ap_sha256(out->data, out->len, out->digest);
+		ap_cache_kernel_put_known(c->cache, key, out->data, out->len, out->digest);
+		out->tier = APOLLO__CACHE_TIER__CACHE_L2;
+	}
+	ap_redis_entry_clear(&e);
+	return out->data != NULL;
+}
+
+/* Runs the backend on kernel `ks` into `out` and stores the blob in L1
+ * and L2 (with use_cache). */
+static void kernel_backend(const struct kernel_batch *kb, const ap_kernel_src *ks,
+			   const uint8_t key[32], struct kblob *out)
+{
+	char file[160];
+
+	snprintf(file, sizeof(file), "%s.cu", ks->name);
+	if (kb->gpu)
+		out->rc = ap_nvrtc_compile(ks->src, file, kb->target,
+					   kb->output == APOLLO__OUTPUT_KIND__OUTPUT_CUBIN, &out->data,
+					   &out->len, &out->err);
+	else
+		out->rc = ap_hostcc_compile(ks->src, &out->data, &out->len, &out->err);
+	if (out->rc) {
+		if (!out->err.node[0] && ks->n_nodes > 0)
+			snprintf(out->err.node, sizeof(out->err.node), "%s", ks->nodes[0]);
+		return;
+	}
+	out->compiled = true;
+	out->tier = APOLLO__CACHE_TIER__CACHE_COMPILED;
+	ap_sha256(out->data, out->len, out->digest);
+	if (kb->use_cache) {
+		const uint8_t *parts[1] = { out->data };
+		size_t lens[1] = { out->len };
+
+		ap_cache_kernel_put_known(kb->c->cache, key, out->data, out->len, out->digest);
+		if (kb->c->redis)
+			ap_redis_put(kb->c->redis, AP_REDIS_KERNEL, key, 1, parts, lens);
+	}
+}
+
+/* A kernel flight's leader publishes `out`: its digest and blob, or its
+ * error. */
+static void kernel_publish(ap_compiler *c, ap_flight *f, const struct kblob *out)
+{
+	uint8_t *bytes = out->rc ? NULL : malloc(32 + out->len);
+
+	if (!out->rc && !bytes) {
+		ap_error e;
+
+		ap_flight_finish(c->kflights, f, ap_error_set(&e, AP_ENOMEM, NULL, NULL, "out of memory"),
+				 &e, NULL, 0);
+		return;
+	}
+	if (bytes) {
+		memcpy(bytes, out->digest, 32);
+		memcpy(bytes + 32, out->data, out->len);
+	}
+	ap_flight_finish(c->kflights, f, out->rc, &out->err, bytes, 32 + out->len);
+}
+
+/* A follower of a kernel flight: true when the leader's outcome (blob or
+ * error) is now out's; false when the wait ran out (compile alone). */
+static bool kernel_follow(const struct kernel_batch *kb, ap_flight *f, struct kblob *out)
+{
+	uint8_t *bytes = NULL;
+	size_t len = 0;
+	int rc = 0;
+
+	if (!ap_flight_wait(kb->c->kflights, f, kb->deadline, &rc, &out->err, &bytes, &len))
+		return false;
+	if (rc || len < 32) {
+		out->rc = rc ? rc : ap_error_set(&out->err, AP_EINTERNAL, NULL, NULL,
+						 "a kernel flight published nothing");
+		free(bytes);
+		return true;
+	}
+	memcpy(out->digest, bytes, 32);
+	memmove(bytes, bytes + 32, len - 32);
+	out->data = bytes;
+	out->len = len - 32;
+	out->tier = APOLLO__CACHE_TIER__CACHE_SHARED;
+	return true;
+}
+
 /* Compiles one kernel for the batch's target into `out` (rc 0 and the
- * blob, from the kernel cache or the backend; or rc and err, AP_ECOMPILE
- * when the backend rejects the source).  The test hook
+ * blob, from L1, L2, another request's flight or the backend, out->tier
+ * saying which; or rc and err, AP_ECOMPILE when the backend rejects the
+ * source, also when a flight's leader had it rejected).  The test hook
  * $APOLLO_TEST_REFUSE_KERNEL_NODES=N makes the backend reject, with
  * AP_ECOMPILE, every kernel of more than N member nodes
  * (ap_kernel_src.n_members), cached or not. */
@@ -679,7 +905,6 @@ static void compile_kernel(const struct kernel_batch *kb, const ap_kernel_src *k
 	const char *src = ks->src;
 	const char *bid = ap_compiler_backend_id(kb->c, kb->gpu);
 	uint8_t key[32];
-	char file[160];
 
 	ap_error_clear(&out->err);
 	if (!src) {
@@ -699,25 +924,26 @@ static void compile_kernel(const struct kernel_batch *kb, const ap_kernel_src *k
 		out->rc = ap_error_set(&out->err, AP_ENOMEM, NULL, NULL, "out of memory");
 		return;
 	}
-	if (kb->use_cache &&
-	    ap_cache_kernel_get(kb->c->cache, key, &out->data, &out->len, out->digest) == 1)
+	if (kb->use_cache && kernel_cached(kb, key, out))
 		return;
-	snprintf(file, sizeof(file), "%s.cu", ks->name);
-	if (kb->gpu)
-		out->rc = ap_nvrtc_compile(src, file, kb->target,
-					   kb->output == APOLLO__OUTPUT_KIND__OUTPUT_CUBIN, &out->data,
-					   &out->len, &out->err);
-	else
-		out->rc = ap_hostcc_compile(src, &out->data, &out->len, &out->err);
-	if (out->rc) {
-		if (!out->err.node[0] && ks->n_nodes > 0)
-			snprintf(out->err.node, sizeof(out->err.node), "%s", ks->nodes[0]);
-		return;
+	if (kb->use_cache && kb->c->kflights) {
+		ap_flight *f = NULL;
+		int role = ap_flight_join(kb->c->kflights, key, &f);
+
+		if (role == AP_FLIGHT_FOLLOW && kernel_follow(kb, f, out))
+			return;
+		if (role == AP_FLIGHT_LEAD) {
+			/* a flight may have stored it between our miss and our join */
+			if (ap_cache_kernel_get(kb->c->cache, key, &out->data, &out->len,
+						out->digest) == 1)
+				out->tier = APOLLO__CACHE_TIER__CACHE_L1;
+			else
+				kernel_backend(kb, ks, key, out);
+			kernel_publish(kb->c, f, out);
+			return;
+		}
 	}
-	out->compiled = true;
-	ap_sha256(out->data, out->len, out->digest);
-	if (kb->use_cache)
-		ap_cache_kernel_put(kb->c->cache, key, out->data, out->len, NULL);
+	kernel_backend(kb, ks, key, out);
 }
 
 /* ---- the task pool: the request's worker and the helper threads ----------- */
@@ -959,11 +1185,13 @@ static int on_accept_kernel(const ap_kernel_src *k, void *user, ap_error *why)
 
 struct request {
 	const Apollo__CompileRequest *req;
+	const uint8_t *digest;     /* of the request's bytes; NULL: unknown */
 	const char *target;
 	bool gpu, use_cache;
 	int output;
 	unsigned mbt;
 	double t0, import_ms, cache_ms;
+	unsigned kernel_tier[4];   /* of a compiled request's kernels */
 };
 
 /* Rebuilds a reply from a stored (stripped) bundle: every kernel blob is
@@ -994,30 +1222,164 @@ static Apollo__Bundle *from_cache(ap_compiler *c, const uint8_t *val, size_t len
 	return b;
 }
 
-/* Looks `key` up; on a hit returns the bundle with this request's stats. */
-static Apollo__Bundle *lookup(ap_compiler *c, struct request *r, const uint8_t key[32])
+/* An L2 action entry (the stripped bundle, then one blob per kernel in
+ * order) as a bundle: every blob checked once against its kernel's digest,
+ * then stored in L1 with that digest, and the action under `key`.  NULL
+ * when anything does not fit (a miss). */
+static Apollo__Bundle *from_l2(ap_compiler *c, const uint8_t key[32], const ap_redis_entry *e)
 {
-	double t = ap_now_ms();
-	uint8_t *val = NULL;
-	size_t len = 0;
-	Apollo__Bundle *b = NULL;
+	Apollo__Bundle *b;
 
-	if (r->use_cache && ap_cache_get(c->cache, key, &val, &len) == 1) {
-		b = from_cache(c, val, len);
-		free(val);
-	}
-	r->cache_ms += ap_now_ms() - t;
-	if (!b)
+	if (e->n < 1)
 		return NULL;
+	b = apollo__bundle__unpack(NULL, e->part_len[0], e->part[0]);
+	if (!b || b->n_kernels != (size_t)(e->n - 1))
+		return bundle_free(b);
+	for (size_t i = 0; i < b->n_kernels; i++) {
+		Apollo__Kernel *k = b->kernels[i];
+		uint8_t d[32], *copy;
+
+		ap_sha256(e->part[i + 1], e->part_len[i + 1], d);
+		if (k->digest.len != 32 || memcmp(d, k->digest.data, 32)) {
+			ap_log(AP_LOG_WARN, "shared cache: kernel %zu of a signed bundle does not match "
+			       "its digest; not served", i);
+			return bundle_free(b);
+		}
+		copy = malloc(e->part_len[i + 1] ? e->part_len[i + 1] : 1);
+		if (!copy)
+			return bundle_free(b);
+		memcpy(copy, e->part[i + 1], e->part_len[i + 1]);
+		free(k->blob.data);
+		k->blob.data = copy;
+		k->blob.len = e->part_len[i + 1];
+		ap_cache_blob_put_known(c->cache, copy, k->blob.len, d);
+	}
+	ap_cache_put(c->cache, key, e->part[0], e->part_len[0]);
+	if (!b->stats) {
+		b->stats = malloc(sizeof(*b->stats));
+		if (!b->stats)
+			return bundle_free(b);
+		apollo__stats__init(b->stats);
+	}
+	return b;
+}
+
+/* Sets a cached bundle's stats for this request (a hit from `tier`). */
+static void hit_stats(Apollo__Bundle *b, const struct request *r, int tier)
+{
 	b->stats->cache_hit = 1;
+	b->stats->cache_tier = (Apollo__CacheTier)tier;
 	b->stats->kernels_compiled = 0;
+	b->stats->kernels_remote = 0;
+	b->stats->kernels_shared = 0;
 	b->stats->import_ms = r->import_ms;
 	b->stats->partition_ms = 0;
 	b->stats->codegen_ms = 0;
 	b->stats->backend_ms = 0;
 	b->stats->cache_ms = r->cache_ms;
 	b->stats->compile_ms = ap_now_ms() - r->t0;
+}
+
+/* Looks `key` up in L1, then (with `l2`) in L2; on a hit returns the
+ * bundle with this request's stats. */
+static Apollo__Bundle *lookup(ap_compiler *c, struct request *r, const uint8_t key[32], bool l2)
+{
+	double t = ap_now_ms();
+	uint8_t *val = NULL;
+	size_t len = 0;
+	Apollo__Bundle *b = NULL;
+	int tier = APOLLO__CACHE_TIER__CACHE_L1;
+
+	if (!r->use_cache)
+		return NULL;
+	if (ap_cache_get(c->cache, key, &val, &len) == 1) {
+		b = from_cache(c, val, len);
+		free(val);
+	}
+	if (!b && l2 && c->redis) {
+		ap_redis_entry e;
+
+		if (ap_redis_get(c->redis, AP_REDIS_ACTION, key, &e) == 1) {
+			b = from_l2(c, key, &e);
+			tier = APOLLO__CACHE_TIER__CACHE_L2;
+			ap_redis_entry_clear(&e);
+		}
+	}
+	r->cache_ms += ap_now_ms() - t;
+	if (b)
+		hit_stats(b, r, tier);
 	return b;
+}
+
+/* Writes a bundle compiled here to L2: the stripped bundle `val` and the
+ * blob of every kernel. */
+static void store_l2(ap_compiler *c, const uint8_t key[32], const Apollo__Bundle *b,
+		     const uint8_t *val, size_t len)
+{
+	const uint8_t **parts = calloc(b->n_kernels + 1, sizeof(*parts));
+	size_t *lens = calloc(b->n_kernels + 1, sizeof(*lens));
+
+	if (parts && lens && b->n_kernels < INT_MAX) {
+		parts[0] = val;
+		lens[0] = len;
+		for (size_t i = 0; i < b->n_kernels; i++) {
+			parts[i + 1] = b->kernels[i]->blob.data;
+			lens[i + 1] = b->kernels[i]->blob.len;
+		}
+		ap_redis_put(c->redis, AP_REDIS_ACTION, key, (int)b->n_kernels + 1, parts, lens);
+	}
+	free(parts);
+	free(lens);
+}
+
+/* A follower of a request flight: 1 with *out (the leader's bundle,
+ * unpacked for us) or a negative rc (the leader's error, in `err`); 0
+ * when the wait ran out (compile alone). */
+static int follow(ap_compiler *c, struct request *r, ap_flight *f, Apollo__Bundle **out,
+		  ap_error *err)
+{
+	uint8_t *bytes = NULL;
+	size_t len = 0;
+	int rc = 0;
+	double t = ap_now_ms();
+
+	if (!ap_flight_wait(c->flights, f, r->t0 + c->flight_wait_ms, &rc, err, &bytes, &len)) {
+		ap_log(AP_LOG_INFO, "an identical request did not finish within %u ms: compiling "
+		       "this one too", c->flight_wait_ms);
+		return 0;
+	}
+	r->cache_ms += ap_now_ms() - t;
+	if (rc)
+		return rc;
+	*out = apollo__bundle__unpack(NULL, len, bytes);
+	free(bytes);
+	if (!*out || !(*out)->stats) {
+		*out = bundle_free(*out);
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory unpacking a bundle");
+	}
+	hit_stats(*out, r, APOLLO__CACHE_TIER__CACHE_SHARED);
+	return 1;
+}
+
+/* The leader of a request flight publishes its outcome (the bundle
+ * packed, or its error) and leaves. */
+static void publish(ap_compiler *c, ap_flight *f, int rc, const ap_error *err,
+		    const Apollo__Bundle *b)
+{
+	uint8_t *bytes = NULL;
+	size_t len = 0;
+
+	if (!rc && b) {
+		len = apollo__bundle__get_packed_size(b);
+		bytes = malloc(len ? len : 1);
+		if (bytes)
+			apollo__bundle__pack(b, bytes);
+		else
+			rc = AP_ENOMEM;
+	}
+	if (!rc && !b)
+		rc = AP_EINTERNAL;
+	ap_flight_finish(c->flights, f, rc, err, bytes, len);
 }
 
 /* Converts the request's bindings for ap_onnx_import (borrowing their
@@ -1142,6 +1504,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	Apollo__Bundle *b = NULL;
 	uint8_t graph_hash[32], named_hash[32], gkey[32], rkey[32];
 	bool have_rkey = false, oom = false;
+	ap_flight *flight = NULL;     /* the request flight this request leads */
 	char bid[400];
 	double t, backend_ms;
 	unsigned compiled = 0;
@@ -1171,6 +1534,14 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	r->mbt = req->options ? req->options->max_block_threads : 0;
 	r->use_cache = ap_cache_enabled(c->cache) && !(req->options && req->options->no_cache);
 	kb.use_cache = r->use_cache;
+	kb.deadline = r->t0 + c->flight_wait_ms;
+
+	/* Warm path: a request seen before names its key; no graph needed. */
+	if (r->use_cache && r->digest && memo_get(c, r->digest, gkey) &&
+	    (*out = lookup(c, r, gkey, true))) {
+		atomic_fetch_add(&c->memo_hits, 1);
+		return 0;
+	}
 
 	t = ap_now_ms();
 	switch (req->source_case) {
@@ -1188,7 +1559,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		if (onnx_request_key(req, r->target, r->output, bid, rkey))
 			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 		have_rkey = true;
-		if ((*out = lookup(c, r, rkey)))
+		if ((*out = lookup(c, r, rkey, false)))
 			return 0;
 		hts = calloc(req->n_bindings + 1, sizeof(*hts));
 		ptrs = calloc(req->n_bindings + 1, sizeof(*ptrs));
@@ -1222,7 +1593,9 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory hashing the graph");
 		goto done;
 	}
-	if ((b = lookup(c, r, gkey))) {
+	if (r->use_cache && r->digest)
+		memo_put(c, r->digest, gkey);
+	if ((b = lookup(c, r, gkey, true))) {
 		if (have_rkey) {
 			size_t len = 0;
 			uint8_t *val = pack_stripped(b, &len);
@@ -1235,6 +1608,23 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		*out = b;
 		rc = 0;
 		goto done;
+	}
+
+	/* Single-flight: wait for an identical request compiling now, or lead. */
+	if (r->use_cache && c->flights) {
+		int role = ap_flight_join(c->flights, gkey, &flight);
+
+		if (role == AP_FLIGHT_FOLLOW) {
+			rc = follow(c, r, flight, out, err);
+			flight = NULL;
+			if (rc) {
+				rc = rc > 0 ? 0 : rc;
+				goto done;
+			}
+		} else if (role == AP_FLIGHT_LEAD && (*out = lookup(c, r, gkey, false))) {
+			rc = 0;   /* a flight stored it between our miss and our join */
+			goto done;
+		}
 	}
 
 	pool.run = run_tasks;
@@ -1290,6 +1680,8 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 			compiled += blobs[i].compiled;
 	}
 	atomic_fetch_add(&c->kernels_compiled, compiled);
+	for (int i = 0; i < prog->n_kernels; i++)
+		r->kernel_tier[blobs[i].tier & 3]++;
 
 	b = build_bundle(prog, blobs, r->target, r->output, graph_hash, &oom);
 	if (oom || !b) {
@@ -1312,7 +1704,10 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	b->stats->codegen_ms = prog->codegen_ms;
 	b->stats->backend_ms = backend_ms;
 	b->stats->kernels_compiled = compiled;
+	b->stats->kernels_remote = r->kernel_tier[APOLLO__CACHE_TIER__CACHE_L2];
+	b->stats->kernels_shared = r->kernel_tier[APOLLO__CACHE_TIER__CACHE_SHARED];
 	b->stats->cache_hit = 0;
+	b->stats->cache_tier = APOLLO__CACHE_TIER__CACHE_COMPILED;
 
 	if (r->use_cache) {   /* no_cache: neither read nor write */
 		size_t len = 0;
@@ -1326,6 +1721,8 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 			ap_cache_put(c->cache, gkey, val, len);
 			if (have_rkey)
 				ap_cache_put(c->cache, rkey, val, len);
+			if (c->redis)
+				store_l2(c, gkey, b, val, len);
 		}
 		free(val);
 		r->cache_ms += ap_now_ms() - t;
@@ -1335,6 +1732,8 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	*out = b;
 	rc = 0;
 done:
+	if (flight)
+		publish(c, flight, rc, err, rc ? NULL : *out);
 	if (blobs && prog)
 		for (int i = 0; i < prog->n_kernels; i++)
 			free(blobs[i].data);
@@ -1346,7 +1745,44 @@ done:
 
 Apollo__CompileResponse *ap_compile_run(ap_compiler *c, const Apollo__CompileRequest *req)
 {
-	struct request r = { .req = req, .t0 = ap_now_ms() };
+	return ap_compile_run_digest(c, req, NULL);
+}
+
+/* Counts an answer: its tier and kernels, or its error code. */
+static void count_answer(ap_compiler *c, const struct request *r, const Apollo__Bundle *b, int rc)
+{
+	int tier;
+
+	if (rc || !b) {
+		atomic_fetch_add(&c->errors, 1);
+		if (rc < 0 && rc > -16)
+			atomic_fetch_add(&c->errors_by_code[-rc], 1);
+		return;
+	}
+	tier = b->stats->cache_hit ? (int)b->stats->cache_tier & 3 : APOLLO__CACHE_TIER__CACHE_COMPILED;
+	atomic_fetch_add(b->stats->cache_hit ? &c->hits : &c->misses, 1);
+	atomic_fetch_add(&c->tier[tier], 1);
+	if (tier != APOLLO__CACHE_TIER__CACHE_COMPILED)
+		return;
+	for (int i = 0; i < 4; i++)
+		atomic_fetch_add(&c->kernel_tier[i], r->kernel_tier[i]);
+	pthread_mutex_lock(&c->hist_mu);
+	{
+		double sec = b->stats->compile_ms / 1e3;
+		int k = 0;
+
+		while (k < AP_COMPILE_BUCKETS && sec > ap_compile_bucket_s[k])
+			k++;
+		c->hist[k]++;
+		c->hist_sum += sec;
+	}
+	pthread_mutex_unlock(&c->hist_mu);
+}
+
+Apollo__CompileResponse *ap_compile_run_digest(ap_compiler *c, const Apollo__CompileRequest *req,
+					       const uint8_t *digest)
+{
+	struct request r = { .req = req, .digest = digest, .t0 = ap_now_ms() };
 	Apollo__CompileResponse *resp = malloc(sizeof(*resp));
 	Apollo__Bundle *b = NULL;
 	ap_error err;
@@ -1362,15 +1798,14 @@ Apollo__CompileResponse *ap_compile_run(ap_compiler *c, const Apollo__CompileReq
 		nanosleep(&ts, NULL);
 	}
 	rc = run(c, &r, &b, &err);
+	count_answer(c, &r, b, rc ? rc : b ? 0 : AP_EINTERNAL);
 	if (rc == 0 && b) {
-		atomic_fetch_add(b->stats->cache_hit ? &c->hits : &c->misses, 1);
 		resp->result_case = APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE;
 		resp->bundle = b;
 		ap_log(AP_LOG_DEBUG, "compiled %zu kernels for %s in %.1f ms%s", b->n_kernels,
 		       b->target, b->stats->compile_ms, b->stats->cache_hit ? " (cache hit)" : "");
 		return resp;
 	}
-	atomic_fetch_add(&c->errors, 1);
 	if (!rc)
 		rc = ap_error_set(&err, AP_EINTERNAL, NULL, NULL, "no bundle and no error");
 	{

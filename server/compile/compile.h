@@ -5,20 +5,29 @@
  *   target + output kind checked  -> ERR_UNSUPPORTED for anything else
  *   graph: ap_graph_from_pb + ap_graph_validate
  *   onnx_model: ap_onnx_import with the request's bindings
- *   graph key (inputs only, names included, see ap_compile_graph_key)
- *     -> action cache (not read nor written with options.no_cache):
+ *   graph key (inputs only, names included, see ap_compile_graph_key;
+ *     a request whose bytes were seen before skips decoding, validating
+ *     and hashing its graph: the request digest names its key)
+ *     -> local cache L1, then the shared cache L2 (Redis, redis.h; a hit
+ *        is copied into L1); neither is read nor written with
+ *        options.no_cache:
  *     hit: the stored bundle, kernel blobs fetched by digest and verified,
- *          stats.cache_hit = true, nothing compiled
+ *          stats.cache_hit = true, cache_tier L1 or L2, nothing compiled
+ *     single-flight (flight.h): an identical request already compiling
+ *          is waited for (flight_wait_ms from arrival) and its bundle
+ *          answers, cache_tier SHARED
  *   ap_program_build (partition, fuse, lower, print, plan)
- *   per kernel: kernel key -> kernel cache, else the backend (NVRTC for
- *     sm_XX / compute_XX, the host C compiler for cpu), run on up to
- *     `threads` threads at once, then stored
+ *   per kernel: kernel key -> L1 kernel cache, L2, a flight for the same
+ *     kernel, else the backend (NVRTC for sm_XX / compute_XX, the host C
+ *     compiler for cpu), run on up to `threads` threads at once, then
+ *     stored in L1 and L2
  *   a kernel the backend rejects: the program is built again with the
  *     backend as ap_build_options.accept_kernel, which splits the fused
  *     group it came from (boundary reason "refused"); only a single-node
  *     kernel that does not compile is an error (ERR_COMPILE)
- *   apollo.Bundle assembled, stored (kernel blobs replaced by their
- *     digests), returned.
+ *   apollo.Bundle assembled, stored in L1 (kernel blobs replaced by their
+ *     digests) and in L2 (with the blobs), handed to the requests that
+ *     waited for it, returned.
  * Every failure becomes CompileResponse.error with the code, message, node
  * and tensor of the ap_error that stopped it.
  *
@@ -36,8 +45,16 @@ struct Apollo__CompileResponse;
 
 typedef struct ap_compiler ap_compiler;
 
+struct ap_redis;
+
 typedef struct ap_compiler_options {
 	unsigned threads;    /* backend compiles one request runs at once; 0 = 1 */
+	struct ap_redis *redis;    /* the shared cache (borrowed; must outlive the
+				      compiler); NULL = none */
+	bool no_flight;            /* no single-flight: identical requests each
+				      compile (and kernels alike) */
+	unsigned flight_wait_ms;   /* how long a request waits for an identical
+				      one in flight, from its arrival; 0 = 10 min */
 	bool stop_before_backend;  /* tests and fuzzing: end each request after
 				      ap_program_build (kernel IR and sources
 				      made, nothing compiled or stored) with
@@ -54,16 +71,46 @@ ap_compiler *ap_compiler_free(__ap_take ap_compiler *c);   /* accepts NULL */
  * of memory; free the result with ap_compile_response_free. */
 __ap_give struct Apollo__CompileResponse *ap_compile_run(ap_compiler *c,
 							 __ap_keep const struct Apollo__CompileRequest *req);
+/* As ap_compile_run, with `digest` (may be NULL) the SHA-256 of the
+ * request's serialized bytes, exactly as they decoded to `req` (net.c
+ * takes it from the Envelope's one CompileRequest field).  A request whose
+ * digest the compiler has seen before, and whose graph key is remembered
+ * for it (in memory, at most 4096, newest first), is looked up by that key
+ * without decoding, validating or hashing its graph. */
+__ap_give struct Apollo__CompileResponse *ap_compile_run_digest(
+	ap_compiler *c, __ap_keep const struct Apollo__CompileRequest *req,
+	const uint8_t *digest);
 void ap_compile_response_free(__ap_take struct Apollo__CompileResponse *r);
+
+/* Upper bounds (seconds) of the compile time histogram's buckets; the last
+ * bucket is +Inf. */
+#define AP_COMPILE_BUCKETS 12
+extern const double ap_compile_bucket_s[AP_COMPILE_BUCKETS];
 
 /* Totals since the compiler was created. */
 typedef struct ap_compile_counters {
 	uint64_t requests;          /* compile requests run */
 	uint64_t errors;            /* of those, answered with an error */
-	uint64_t cache_hits, cache_misses;
+	uint64_t cache_hits, cache_misses;   /* hits: tiers L1 + L2 + SHARED */
 	uint64_t kernels_compiled;  /* backend compiles (kernel-cache misses) */
+	/* answers by tier (apollo.CacheTier): compiled, L1, L2, SHARED */
+	uint64_t tier[4];
+	/* kernels needed by compiled requests, by where they came from:
+	 * compiled, L1, L2, SHARED (another request's compile in flight) */
+	uint64_t kernel_tier[4];
+	uint64_t memo_hits;         /* requests that skipped decoding their graph */
+	uint64_t flight_timeouts;   /* waits (requests and kernels) that gave up */
+	uint64_t flight_waiting;    /* requests and kernels waiting now */
+	/* compile time (request wall time, seconds) of requests answered by
+	 * compiling: count per bucket (not cumulative; the last is +Inf), sum */
+	uint64_t compile_hist[AP_COMPILE_BUCKETS + 1];
+	double compile_sum_s;
+	/* errors answered, by -code (AP_E*: 1 .. 12) */
+	uint64_t errors_by_code[16];
 } ap_compile_counters;
 void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out);
+/* The shared cache the compiler was created with (NULL: none). */
+struct ap_redis *ap_compiler_redis(const ap_compiler *c);
 
 /* ---- cache keys: SHA-256 over the inputs of a compilation only ---------- */
 

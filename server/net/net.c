@@ -78,6 +78,7 @@
 
 #include <errno.h>
 #include <malloc.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,7 +92,11 @@
 #include "../../common/frame.h"
 #include "../../common/graph.h"
 #include "../../common/pb_budget.h"
+#include "../../common/pb_wire.h"
 #include "../backend/backend.h"
+#include "../notify.h"
+#include "http.h"
+#include "metrics.h"
 #include "proto/apollo.pb-c.h"
 
 #define READ_CHUNK (64 * 1024)
@@ -136,6 +141,13 @@ struct ap_server {
 	unsigned n_unauth;            /* TCP, not authenticated yet */
 	unsigned decoding;            /* decode jobs running (not in in_flight) */
 	uint64_t requests, errors;    /* frames answered outside the compiler */
+	uint64_t by_kind[AP_KINDS][2];     /* frames by kind, ok / error (metrics.h) */
+	uint64_t errors_by_code[16];  /* errors answered here, by -code */
+	atomic_uint queued;           /* compile jobs not started by a worker yet */
+	ap_http *metrics;             /* the metrics endpoint; NULL: none */
+	uv_timer_t watchdog;          /* systemd's watchdog pings; see notify.h */
+	bool watchdog_open;
+	bool activated;               /* the listeners came from systemd */
 	double start_ms;
 	size_t n_targets;
 	char **targets;               /* for HelloReply */
@@ -190,8 +202,11 @@ struct job {
 	uint64_t id;             /* the request's id */
 	uint32_t req_len;        /* its frame's payload bytes */
 	Apollo__Envelope *env;   /* the request, unpacked; the worker frees it */
+	bool has_digest;
+	uint8_t digest[32];      /* of the CompileRequest's bytes (compile.h) */
 	uint8_t *frame;          /* the reply, packed by the worker */
 	size_t frame_len;
+	bool ok;                 /* the reply is a bundle */
 };
 
 /* A frame payload above DECODE_INLINE_MAX, unpacked on the worker pool. */
@@ -203,6 +218,8 @@ struct decode {
 	unsigned ratio;          /* decode_memory_ratio */
 	Apollo__Envelope *env;   /* the result; NULL when it does not decode */
 	int why;                 /* ... and why (decode_envelope) */
+	bool has_digest;         /* a CompileRequest: the digest of its bytes */
+	uint8_t digest[32];
 };
 
 static void conn_close(conn *c);
@@ -244,6 +261,23 @@ static Apollo__Envelope *decode_envelope(const uint8_t *payload, uint32_t len, u
 	env = apollo__envelope__unpack(&b.allocator, len, payload);
 	*why = env ? 0 : b.exceeded ? AP_ETOOLARGE : b.out_of_memory ? AP_ENOMEM : AP_EMESSAGE;
 	return env;
+}
+
+/* The SHA-256 of the bytes of the one CompileRequest field of an
+ * Envelope that decoded as a compile request: what names the request in
+ * the compiler's memo (compile.h).  False (no digest) when the field is
+ * not there exactly once. */
+static bool request_digest(const uint8_t *payload, uint32_t len, const Apollo__Envelope *env,
+			   uint8_t digest[32])
+{
+	const uint8_t *v;
+	size_t n;
+
+	if (!env || env->msg_case != APOLLO__ENVELOPE__MSG_COMPILE ||
+	    ap_pbw_single_field(payload, len, 8, &v, &n) != 1)
+		return false;
+	ap_sha256(v, n, digest);
+	return true;
 }
 
 /* Gives freed heap memory back to the system (glibc keeps it otherwise:
@@ -340,6 +374,14 @@ static void send_packed(conn *c, const Apollo__Envelope *env)
 	send_frame(c, frame, len);
 }
 
+/* Counts an error answered by the front (not by a compile job). */
+static void count_error(ap_server *s, int code)
+{
+	s->errors++;
+	if (code < 0 && code > -16)
+		s->errors_by_code[-code]++;
+}
+
 /* Replies with Envelope.error. */
 static void send_error(conn *c, uint64_t id, int code, const char *msg)
 {
@@ -351,7 +393,7 @@ static void send_error(conn *c, uint64_t id, int code, const char *msg)
 	env.id = id;
 	env.msg_case = APOLLO__ENVELOPE__MSG_ERROR;
 	env.error = &e;
-	c->srv->errors++;
+	count_error(c->srv, code);
 	ap_log(AP_LOG_DEBUG, "error reply (%s): %s", ap_error_name(code), msg);
 	send_packed(c, &env);
 }
@@ -424,8 +466,12 @@ static void conn_shutdown(conn *c)
 static void work_compile(uv_work_t *req)
 {
 	struct job *j = req->data;
-	Apollo__CompileResponse *resp = ap_compile_run(j->compiler, j->env->compile);
+	Apollo__CompileResponse *resp;
 	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+
+	atomic_fetch_sub(&j->c->srv->queued, 1);
+	resp = ap_compile_run_digest(j->compiler, j->env->compile,
+							      j->has_digest ? j->digest : NULL);
 
 	/* Freeing a big request is slow too: done here, not on the loop. */
 	apollo__envelope__free_unpacked(j->env, NULL);
@@ -434,6 +480,7 @@ static void work_compile(uv_work_t *req)
 		trim_heap();
 	if (!resp)
 		return;   /* out of memory: after_compile answers */
+	j->ok = resp->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE;
 	env.id = j->id;
 	env.msg_case = APOLLO__ENVELOPE__MSG_COMPILED;
 	env.compiled = resp;
@@ -450,6 +497,9 @@ static void after_compile(uv_work_t *req, int status)
 	s->in_flight--;
 	c->jobs--;
 	c->t_active = uv_now(&s->loop);
+	if (status == UV_ECANCELED)
+		atomic_fetch_sub(&s->queued, 1);
+	s->by_kind[AP_KIND_COMPILE][!j->ok || !j->frame]++;
 	if (c->closing || c->shutting) {
 		ap_log(AP_LOG_DEBUG, "request %llu: the client left before its reply",
 		       (unsigned long long)j->id);
@@ -481,11 +531,11 @@ static void send_compile_error(conn *c, uint64_t id, int code, const char *msg)
 	env.id = id;
 	env.msg_case = APOLLO__ENVELOPE__MSG_COMPILED;
 	env.compiled = &r;
-	c->srv->errors++;
+	count_error(c->srv, code);
 	send_packed(c, &env);
 }
 
-static void handle_compile(conn *c, Apollo__Envelope *env, uint32_t len)
+static void handle_compile(conn *c, Apollo__Envelope *env, uint32_t len, const uint8_t *digest)
 {
 	ap_server *s = c->srv;
 	struct job *j;
@@ -515,6 +565,10 @@ static void handle_compile(conn *c, Apollo__Envelope *env, uint32_t len)
 	j->id = env->id;
 	j->req_len = len;
 	j->env = env;
+	if (digest) {
+		j->has_digest = true;
+		memcpy(j->digest, digest, 32);
+	}
 	j->req.data = j;
 	r = uv_queue_work(&s->loop, &j->req, work_compile, after_compile);
 	if (r) {
@@ -526,6 +580,7 @@ static void handle_compile(conn *c, Apollo__Envelope *env, uint32_t len)
 	c->refs++;
 	c->jobs++;
 	s->in_flight++;
+	atomic_fetch_add(&s->queued, 1);
 }
 
 /* Refuses an unauthenticated TCP client (AP_EVERSION) and closes. */
@@ -624,6 +679,49 @@ static void handle_hello(conn *c, Apollo__Envelope *req)
 	send_packed(c, &env);
 }
 
+/* A snapshot of every metric (metrics.h); NULL when out of memory. */
+static ap_metrics_snapshot *snapshot(ap_server *s, ap_compile_counters *cc, ap_cache_counts *kc)
+{
+	ap_metrics_input in;
+	ap_redis_counts rc;
+	ap_redis *redis = ap_compiler_redis(s->compiler);
+
+	memset(&in, 0, sizeof(in));
+	ap_compiler_get_counters(s->compiler, cc);
+	ap_cache_get_counts(s->cache, kc);
+	if (redis)
+		ap_redis_get_counts(redis, &rc);
+	in.compile = cc;
+	in.cache = kc;
+	in.redis = redis ? &rc : NULL;
+	memcpy(in.requests, s->by_kind, sizeof(in.requests));
+	memcpy(in.net_errors_by_code, s->errors_by_code, sizeof(in.net_errors_by_code));
+	in.clients = s->n_clients;
+	in.in_flight = s->in_flight;
+	in.queued = atomic_load(&s->queued);
+	in.decoding = s->decoding;
+	in.uptime_s = (ap_now_ms() - s->start_ms) / 1e3;
+	return ap_metrics_build(&in);
+}
+
+/* The metrics endpoint's body (http.h): the snapshot as Prometheus text. */
+static char *render_metrics(void *arg, size_t *len)
+{
+	ap_compile_counters cc;
+	ap_cache_counts kc;
+	ap_metrics_snapshot *m = snapshot(arg, &cc, &kc);
+	Apollo__MetricFamily **f;
+	size_t n;
+	char *text;
+
+	if (!m)
+		return NULL;
+	f = ap_metrics_families(m, &n);
+	text = ap_metrics_text(f, n, len);
+	ap_metrics_snapshot_free(m);
+	return text;
+}
+
 static void handle_stats(conn *c, uint64_t id)
 {
 	ap_server *s = c->srv;
@@ -631,9 +729,10 @@ static void handle_stats(conn *c, uint64_t id)
 	Apollo__StatsReply r = APOLLO__STATS_REPLY__INIT;
 	ap_compile_counters cc;
 	ap_cache_counts kc;
+	ap_metrics_snapshot *m = snapshot(s, &cc, &kc);
 
-	ap_compiler_get_counters(s->compiler, &cc);
-	ap_cache_get_counts(s->cache, &kc);
+	if (m)
+		r.metrics = ap_metrics_families(m, &r.n_metrics);
 	r.requests = s->requests;
 	r.errors = s->errors + cc.errors;
 	r.cache_hits = cc.cache_hits;
@@ -648,6 +747,7 @@ static void handle_stats(conn *c, uint64_t id)
 	env.msg_case = APOLLO__ENVELOPE__MSG_STATS_REPLY;
 	env.stats_reply = &r;
 	send_packed(c, &env);
+	ap_metrics_snapshot_free(m);
 }
 
 static void handle_ping(conn *c, uint64_t id)
@@ -664,14 +764,26 @@ static void handle_ping(conn *c, uint64_t id)
 
 /* One decoded frame of `len` payload bytes: `env` (consumed), NULL when the
  * payload did not decode as an Envelope, for the reason `why`
- * (decode_envelope). */
-static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why)
+ * (decode_envelope); `digest` names a compile request's bytes (or NULL). */
+static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why,
+		     const uint8_t *digest)
 {
 	ap_server *s = c->srv;
+	uint64_t errors = s->errors;
+	int kind = AP_KIND_OTHER;
 	char msg[200];
 
 	s->requests++;
 	c->t_active = uv_now(&s->loop);
+	if (env) {
+		switch (env->msg_case) {
+		case APOLLO__ENVELOPE__MSG_COMPILE: kind = AP_KIND_COMPILE; break;
+		case APOLLO__ENVELOPE__MSG_PING: kind = AP_KIND_PING; break;
+		case APOLLO__ENVELOPE__MSG_HELLO: kind = AP_KIND_HELLO; break;
+		case APOLLO__ENVELOPE__MSG_STATS: kind = AP_KIND_STATS; break;
+		default: break;
+		}
+	}
 	if (!env) {
 		if (why == AP_ETOOLARGE)
 			snprintf(msg, sizeof(msg),
@@ -684,6 +796,7 @@ static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why)
 			snprintf(msg, sizeof(msg),
 				 "a frame of %u bytes does not decode as an apollo.Envelope", len);
 		send_error(c, 0, why, msg);
+		s->by_kind[kind][1]++;
 		if (why != AP_EMESSAGE)
 			trim_heap();
 		if (c->is_tcp && !c->authed)
@@ -693,6 +806,7 @@ static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why)
 	if (c->is_tcp && !c->authed && env->msg_case != APOLLO__ENVELOPE__MSG_HELLO) {
 		send_error(c, env->id, AP_EVERSION,
 			   "a TCP client's first message must be a Hello carrying the token");
+		s->by_kind[kind][1]++;
 		apollo__envelope__free_unpacked(env, NULL);
 		conn_shutdown(c);
 		return;
@@ -708,7 +822,9 @@ static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why)
 		handle_stats(c, env->id);
 		break;
 	case APOLLO__ENVELOPE__MSG_COMPILE:
-		handle_compile(c, env, len);   /* takes env */
+		handle_compile(c, env, len, digest);   /* takes env */
+		if (s->errors != errors)   /* refused; else counted when answered */
+			s->by_kind[kind][1]++;
 		return;
 	case APOLLO__ENVELOPE__MSG__NOT_SET:
 		send_error(c, env->id, AP_EMESSAGE, "the Envelope carries no message");
@@ -719,6 +835,7 @@ static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why)
 		send_error(c, env->id, AP_EMESSAGE, msg);
 		break;
 	}
+	s->by_kind[kind][s->errors != errors]++;
 	apollo__envelope__free_unpacked(env, NULL);
 }
 
@@ -727,6 +844,7 @@ static void work_decode(uv_work_t *req)
 	struct decode *d = req->data;
 
 	d->env = decode_envelope(d->payload, d->len, d->ratio, &d->why);
+	d->has_digest = request_digest(d->payload, d->len, d->env, d->digest);
 	free(d->payload);
 	d->payload = NULL;
 }
@@ -763,7 +881,7 @@ static void after_decode(uv_work_t *req, int status)
 		       d->len);
 		apollo__envelope__free_unpacked(d->env, NULL);
 	} else {
-		dispatch(c, d->env, d->len, d->why);
+		dispatch(c, d->env, d->len, d->why, d->has_digest ? d->digest : NULL);
 	}
 	free(d);
 	/* Before resuming: once draining, frames are decoded inline, so the
@@ -806,13 +924,16 @@ static bool start_decode(conn *c, uint8_t *payload, uint32_t len)
 static void handle_frame(conn *c, uint8_t *payload, uint32_t len)
 {
 	Apollo__Envelope *env;
+	uint8_t digest[32];
+	bool has_digest;
 	int why;
 
 	if (start_decode(c, payload, len))
 		return;
 	env = decode_envelope(payload, len, c->srv->decode_ratio, &why);
+	has_digest = request_digest(payload, len, env, digest);
 	free(payload);
-	dispatch(c, env, len, why);
+	dispatch(c, env, len, why, has_digest ? digest : NULL);
 }
 
 /* Feeds `n` received bytes through the frame state machine.  When a frame
@@ -1112,6 +1233,12 @@ static void maybe_finish_drain(ap_server *s)
 		uv_close((uv_handle_t *)&s->sweep, NULL);
 		s->sweep_open = false;
 	}
+	if (s->watchdog_open) {
+		uv_close((uv_handle_t *)&s->watchdog, NULL);
+		s->watchdog_open = false;
+	}
+	ap_http_close(s->metrics);
+	s->metrics = NULL;
 	if (s->conns && uv_timer_init(&s->loop, &s->grace) == 0) {
 		s->grace.data = s;
 		s->grace_open = true;
@@ -1138,6 +1265,7 @@ static void on_signal(uv_signal_t *h, int signum)
 		return;
 	}
 	s->draining = true;
+	ap_notify("STOPPING=1\nSTATUS=finishing the requests in flight");
 	ap_log(AP_LOG_INFO, "%s: no new connections; finishing %u requests in flight",
 	       strsignal(signum), s->in_flight);
 	if (s->pipe_open) {
@@ -1193,46 +1321,6 @@ static int claim_socket_path(const char *path, ap_error *err)
 	return 0;
 }
 
-static int parse_host_port(const char *spec, struct sockaddr_storage *addr, ap_error *err)
-{
-	char host[256];
-	const char *colon, *port_s;
-	char *end;
-	long port;
-	bool v6 = false;
-
-	if (spec[0] == '[') {
-		const char *rb = strchr(spec, ']');
-		if (!rb || rb[1] != ':')
-			goto bad;
-		if ((size_t)(rb - spec - 1) >= sizeof(host))
-			goto bad;
-		memcpy(host, spec + 1, (size_t)(rb - spec - 1));
-		host[rb - spec - 1] = '\0';
-		port_s = rb + 2;
-		v6 = true;
-	} else {
-		colon = strrchr(spec, ':');
-		if (!colon || (size_t)(colon - spec) >= sizeof(host))
-			goto bad;
-		memcpy(host, spec, (size_t)(colon - spec));
-		host[colon - spec] = '\0';
-		port_s = colon + 1;
-	}
-	port = strtol(port_s, &end, 10);
-	if (end == port_s || *end || port < 0 || port > 65535)
-		goto bad;
-	if (!*host)
-		snprintf(host, sizeof(host), "0.0.0.0");
-	if (v6 ? uv_ip6_addr(host, (int)port, (struct sockaddr_in6 *)addr)
-	       : uv_ip4_addr(host, (int)port, (struct sockaddr_in *)addr))
-		goto bad;
-	return 0;
-bad:
-	return ap_error_set(err, AP_EINVAL, NULL, NULL,
-			    "tcp: '%s' is not HOST:PORT (an IPv4 address, or [IPv6]:PORT)", spec);
-}
-
 static int make_targets(ap_server *s)
 {
 	int archs[64];
@@ -1261,13 +1349,127 @@ static int make_targets(ap_server *s)
 	return 0;
 }
 
+/* Binds and listens on the Unix socket of `cfg` (s->socket_path): its
+ * directory checked, a stale socket removed, mode socket_mode. */
+static int bind_unix(ap_server *s, const ap_config *cfg, ap_error *err)
+{
+	mode_t old_mask;
+	int r, rc;
+
+	rc = ap_socket_dir_check(s->socket_path, err);
+	if (rc)
+		return rc;
+	rc = claim_socket_path(s->socket_path, err);
+	if (rc)
+		return rc;
+	uv_pipe_init(&s->loop, &s->pipe, 0);
+	s->pipe.data = s;
+	s->pipe_open = true;
+	old_mask = umask(~(mode_t)cfg->socket_mode & 0777);
+	r = uv_pipe_bind(&s->pipe, s->socket_path);
+	umask(old_mask);
+	if (r)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot bind %s: %s", s->socket_path,
+				    uv_strerror(r));
+	s->own_socket_file = true;
+	chmod(s->socket_path, (mode_t)cfg->socket_mode);
+	r = uv_listen((uv_stream_t *)&s->pipe, 128, on_connection);
+	if (r)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot listen on %s: %s",
+				    s->socket_path, uv_strerror(r));
+	return 0;
+}
+
+static int bind_tcp(ap_server *s, const ap_config *cfg, ap_error *err)
+{
+	struct sockaddr_storage addr;
+	int r, rc;
+
+	if ((rc = ap__net_parse_host_port(cfg->tcp, "0.0.0.0", false, "tcp", &addr, err)))
+		return rc;
+	uv_tcp_init(&s->loop, &s->tcp);
+	s->tcp.data = s;
+	s->tcp_open = true;
+	r = uv_tcp_bind(&s->tcp, (const struct sockaddr *)&addr, 0);
+	if (!r)
+		r = uv_listen((uv_stream_t *)&s->tcp, 128, on_connection);
+	if (r)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot listen on TCP %s: %s", cfg->tcp,
+				    uv_strerror(r));
+	return 0;
+}
+
+/* Socket activation (notify.h): takes the listening sockets systemd
+ * passed as descriptors 3 .. 3+n-1 -- at most one Unix and one TCP
+ * socket, both stream sockets already listening.  The Unix socket's file
+ * belongs to systemd: apollod does not check its directory and never
+ * removes it.  A TCP socket needs tcp_token like a configured one. */
+static int adopt_listeners(ap_server *s, const ap_config *cfg, int n, ap_error *err)
+{
+	for (int fd = 3; fd < 3 + n; fd++) {
+		struct sockaddr_storage addr;
+		socklen_t alen = sizeof(addr);
+		int type = 0, listening = 0, r;
+		socklen_t olen = sizeof(int);
+
+		memset(&addr, 0, sizeof(addr));
+		if (getsockname(fd, (struct sockaddr *)&addr, &alen) ||
+		    getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &olen) ||
+		    getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &olen) ||
+		    type != SOCK_STREAM || !listening)
+			return ap_error_set(err, AP_EINVAL, NULL, NULL,
+					    "socket activation: descriptor %d is not a listening stream "
+					    "socket (ListenStream= in the .socket unit)", fd);
+		if (addr.ss_family == AF_UNIX && !s->pipe_open) {
+			const struct sockaddr_un *un = (const struct sockaddr_un *)&addr;
+
+			uv_pipe_init(&s->loop, &s->pipe, 0);
+			s->pipe.data = s;
+			s->pipe_open = true;
+			snprintf(s->socket_path, sizeof(s->socket_path), "%.*s",
+				 (int)sizeof(s->socket_path) - 1,
+				 un->sun_path[0] ? un->sun_path : "(abstract)");
+			r = uv_pipe_open(&s->pipe, fd);
+		} else if ((addr.ss_family == AF_INET || addr.ss_family == AF_INET6) && !s->tcp_open) {
+			if (!cfg->tcp_token[0])
+				return ap_error_set(err, AP_EINVAL, NULL, NULL,
+						    "socket activation passed a TCP socket but tcp_token "
+						    "is empty: TCP clients must authenticate");
+			uv_tcp_init(&s->loop, &s->tcp);
+			s->tcp.data = s;
+			s->tcp_open = true;
+			r = uv_tcp_open(&s->tcp, fd);
+		} else {
+			return ap_error_set(err, AP_EINVAL, NULL, NULL,
+					    "socket activation: descriptor %d is a second socket of "
+					    "its kind or neither Unix nor TCP", fd);
+		}
+		if (!r)
+			r = uv_listen(addr.ss_family == AF_UNIX ? (uv_stream_t *)&s->pipe
+								: (uv_stream_t *)&s->tcp, 128, on_connection);
+		if (r)
+			return ap_error_set(err, AP_EIO, NULL, NULL,
+					    "socket activation: cannot listen on descriptor %d: %s", fd,
+					    uv_strerror(r));
+	}
+	s->activated = true;
+	ap_log(AP_LOG_INFO, "socket activation: %d listening sockets from systemd", n);
+	return 0;
+}
+
+/* systemd's watchdog: the loop is alive. */
+static void on_watchdog(uv_timer_t *t)
+{
+	ap_notify("WATCHDOG=1");
+}
+
 int ap_server_new(const ap_config *cfg, ap_compiler *compiler, ap_cache *cache,
 		  ap_server **out, ap_error *err)
 {
 	ap_server *s;
 	char threads[16];
-	mode_t old_mask;
-	int r, rc;
+	uint64_t watchdog_usec;
+	int r, rc, n_fds;
 
 	*out = NULL;
 	if (cfg->tcp[0] && !cfg->tcp_token[0])
@@ -1316,47 +1518,28 @@ int ap_server_new(const ap_config *cfg, ap_compiler *compiler, ap_cache *cache,
 	}
 	s->loop_ready = true;
 
-	rc = ap_socket_dir_check(s->socket_path, err);
-	if (rc)
+	n_fds = ap_listen_fds();
+	if (n_fds > 0 && (rc = adopt_listeners(s, cfg, n_fds, err)))
 		goto error;
-	rc = claim_socket_path(s->socket_path, err);
-	if (rc)
+	if (!s->pipe_open && (rc = bind_unix(s, cfg, err)))
 		goto error;
-	uv_pipe_init(&s->loop, &s->pipe, 0);
-	s->pipe.data = s;
-	s->pipe_open = true;
-	old_mask = umask(~(mode_t)cfg->socket_mode & 0777);
-	r = uv_pipe_bind(&s->pipe, s->socket_path);
-	umask(old_mask);
-	if (r) {
-		rc = ap_error_set(err, AP_EIO, NULL, NULL, "cannot bind %s: %s", s->socket_path,
-				  uv_strerror(r));
+	if (cfg->tcp[0] && !s->tcp_open && (rc = bind_tcp(s, cfg, err)))
 		goto error;
-	}
-	s->own_socket_file = true;
-	chmod(s->socket_path, (mode_t)cfg->socket_mode);
-	r = uv_listen((uv_stream_t *)&s->pipe, 128, on_connection);
-	if (r) {
-		rc = ap_error_set(err, AP_EIO, NULL, NULL, "cannot listen on %s: %s", s->socket_path,
-				  uv_strerror(r));
+	if (cfg->metrics[0] &&
+	    (rc = ap_http_start(&s->loop, cfg->metrics, render_metrics, s, &s->metrics, err)))
 		goto error;
-	}
+	if (s->metrics)
+		ap_log(AP_LOG_INFO, "metrics on port %d (%s)", ap_http_port(s->metrics), cfg->metrics);
+	watchdog_usec = ap_notify_watchdog_usec();
+	if (watchdog_usec) {
+		/* ping at half the interval, as sd_watchdog_enabled(3) advises */
+		uint64_t ms = watchdog_usec / 2000 ? watchdog_usec / 2000 : 1;
 
-	if (cfg->tcp[0]) {
-		struct sockaddr_storage addr;
-		if ((rc = parse_host_port(cfg->tcp, &addr, err)))
-			goto error;
-		uv_tcp_init(&s->loop, &s->tcp);
-		s->tcp.data = s;
-		s->tcp_open = true;
-		r = uv_tcp_bind(&s->tcp, (const struct sockaddr *)&addr, 0);
-		if (!r)
-			r = uv_listen((uv_stream_t *)&s->tcp, 128, on_connection);
-		if (r) {
-			rc = ap_error_set(err, AP_EIO, NULL, NULL, "cannot listen on TCP %s: %s", cfg->tcp,
-					  uv_strerror(r));
-			goto error;
-		}
+		uv_timer_init(&s->loop, &s->watchdog);
+		s->watchdog.data = s;
+		s->watchdog_open = true;
+		uv_timer_start(&s->watchdog, on_watchdog, ms, ms);
+		uv_unref((uv_handle_t *)&s->watchdog);
 	}
 
 	uv_signal_init(&s->loop, &s->sigterm);
@@ -1400,7 +1583,8 @@ static void close_any(uv_handle_t *h, void *arg)
 	ap_server *s = arg;
 	bool server_handle = h == (uv_handle_t *)&s->pipe || h == (uv_handle_t *)&s->tcp ||
 			     h == (uv_handle_t *)&s->sigterm || h == (uv_handle_t *)&s->sigint ||
-			     h == (uv_handle_t *)&s->grace || h == (uv_handle_t *)&s->sweep;
+			     h == (uv_handle_t *)&s->grace || h == (uv_handle_t *)&s->sweep ||
+			     h == (uv_handle_t *)&s->watchdog;
 
 	if (uv_is_closing(h))
 		return;
@@ -1415,6 +1599,8 @@ ap_server *ap_server_free(ap_server *s)
 	if (!s)
 		return NULL;
 	if (s->loop_ready) {
+		ap_http_close(s->metrics);   /* its handles are not connections */
+		s->metrics = NULL;
 		uv_walk(&s->loop, close_any, s);
 		uv_run(&s->loop, UV_RUN_DEFAULT);
 		if (uv_loop_close(&s->loop))

@@ -1,0 +1,407 @@
+/* check_redis.c -- the shared cache client (server/cache/redis.c) against a
+ * real redis-server (Debian's, started by the fixture on a private Unix
+ * socket, no persistence): entries round-trip with their parts, key and
+ * TTL; an entry altered in Redis, moved to another key or written under
+ * another secret is a miss and counted, never served; a reply whose
+ * announced length is over the limit is refused before it is buffered (a
+ * fake server); the breaker opens after the configured failures, sends
+ * nothing while open, and closes again once Redis is back; secret files
+ * are checked. */
+#include <check.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/graph.h"
+#include "server/cache/redis.h"
+#include "server/config.h"
+
+static char dir[64], sock[96];
+static pid_t redis_pid;
+static const uint8_t secret[] = "a cluster secret of some length";
+
+/* Starts redis-server on `sock`; waits until it answers. */
+static void redis_start(void)
+{
+	char sockopt[200];
+
+	redis_pid = fork();
+	ck_assert_int_ge(redis_pid, 0);
+	if (redis_pid == 0) {
+		int null = open("/dev/null", O_WRONLY);
+
+		dup2(null, 1);
+		dup2(null, 2);
+		execlp("redis-server", "redis-server", "--port", "0", "--unixsocket", sock,
+		       "--save", "", "--appendonly", "no", (char *)NULL);
+		_exit(127);
+	}
+	snprintf(sockopt, sizeof(sockopt), "redis-cli -s %s ping >/dev/null 2>&1", sock);
+	for (int i = 0; i < 200; i++) {
+		int st;
+
+		if (access(sock, F_OK) == 0 && system(sockopt) == 0)
+			return;
+		ck_assert_msg(waitpid(redis_pid, &st, WNOHANG) == 0,
+			      "redis-server did not start (is it installed? make deps)");
+		usleep(20000);
+	}
+	ck_abort_msg("redis-server did not answer on %s", sock);
+}
+
+static void redis_stop(void)
+{
+	if (redis_pid > 0) {
+		kill(redis_pid, SIGKILL);
+		waitpid(redis_pid, NULL, 0);
+		redis_pid = 0;
+		unlink(sock);
+	}
+}
+
+static void setup(void)
+{
+	snprintf(dir, sizeof(dir), "/tmp/apollo-redis-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/redis.sock", dir);
+	ap_log_set_level(AP_LOG_ERROR);
+	signal(SIGPIPE, SIG_IGN);   /* as apollod: a write to a Redis gone is an error */
+	redis_start();
+}
+
+static void teardown(void)
+{
+	char cmd[128];
+
+	redis_stop();
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "cannot remove %s\n", dir);
+}
+
+static ap_redis *client(const uint8_t *sec, size_t sec_len, size_t max_value, unsigned fails)
+{
+	char addr[160];
+	ap_redis_options o = {
+		.addr = addr, .secret = sec, .secret_len = sec_len, .ns = "t", .ttl_s = 100,
+		.connect_timeout_ms = 200, .timeout_ms = 500, .breaker_failures = fails,
+		.breaker_open_ms = 300, .max_value_bytes = max_value,
+	};
+	ap_redis *r = NULL;
+	ap_error err;
+
+	snprintf(addr, sizeof(addr), "unix:%s", sock);
+	ck_assert_msg(ap_redis_new(&o, &r, &err) == 0, "%s", err.msg);
+	return r;
+}
+
+static void key_of(const char *s, uint8_t key[32])
+{
+	ap_sha256(s, strlen(s), key);
+}
+
+/* redis-cli's one-line answer to `args`. */
+static void cli(char *out, size_t cap, const char *args)
+{
+	char cmd[512];
+	FILE *p;
+
+	snprintf(cmd, sizeof(cmd), "redis-cli -s %s %s", sock, args);
+	p = popen(cmd, "r");
+	ck_assert_ptr_nonnull(p);
+	if (!fgets(out, (int)cap, p))
+		out[0] = '\0';
+	out[strcspn(out, "\n")] = '\0';
+	pclose(p);
+}
+
+START_TEST(round_trip)
+{
+	ap_redis *r = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	const uint8_t *parts[3] = { (const uint8_t *)"bundle", (const uint8_t *)"",
+				    (const uint8_t *)"kernel blob" };
+	size_t lens[3] = { 6, 0, 11 };
+	uint8_t k[32];
+	char ks[200], out[200], cmd[300];
+	ap_redis_entry e;
+	ap_redis_counts n;
+
+	key_of("graph", k);
+	ck_assert_int_eq(ap_redis_get(r, AP_REDIS_ACTION, k, &e), 0);
+	ck_assert_int_eq(ap_redis_put(r, AP_REDIS_ACTION, k, 3, parts, lens), 0);
+	ck_assert_int_eq(ap_redis_get(r, AP_REDIS_ACTION, k, &e), 1);
+	ck_assert_int_eq(e.n, 3);
+	for (int i = 0; i < 3; i++) {
+		ck_assert_uint_eq(e.part_len[i], lens[i]);
+		ck_assert_int_eq(memcmp(e.part[i], parts[i], lens[i]), 0);
+	}
+	ap_redis_entry_clear(&e);
+	/* a kernel entry under the same 32 bytes is another key */
+	ck_assert_int_eq(ap_redis_get(r, AP_REDIS_KERNEL, k, &e), 0);
+
+	ap_redis_key_string(r, AP_REDIS_ACTION, k, ks, sizeof(ks));
+	ck_assert_int_eq(strncmp(ks, "t:s2.1:a:", 9), 0);
+	ck_assert_uint_eq(strlen(ks), 9 + 64);
+	snprintf(cmd, sizeof(cmd), "TTL %s", ks);
+	cli(out, sizeof(out), cmd);
+	ck_assert_int_gt(atoi(out), 90);
+	ck_assert_int_le(atoi(out), 100);
+
+	ap_redis_get_counts(r, &n);
+	ck_assert_uint_eq(n.gets, 3);
+	ck_assert_uint_eq(n.hits, 1);
+	ck_assert_uint_eq(n.misses, 2);
+	ck_assert_uint_eq(n.puts, 1);
+	ck_assert_uint_eq(n.failures, 0);
+	ck_assert_uint_eq(n.verify_failures, 0);
+	ck_assert_uint_eq(n.bytes_written, 10 + 3 * 8 + 17 + 32);
+	ck_assert_uint_eq(n.bytes_read, n.bytes_written);
+	ck_assert_int_eq(n.state, AP_REDIS_CLOSED);
+	ap_redis_free(r);
+}
+END_TEST
+
+/* Altered bytes, another key, another secret: misses, counted, logged. */
+START_TEST(tampering_is_a_miss)
+{
+	static const uint8_t other[] = "another cluster's secret, as long";
+	ap_redis *r = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	ap_redis *stranger = client(other, sizeof(other) - 1, 1 << 20, 3);
+	const uint8_t *parts[1] = { (const uint8_t *)"the kernel's bytes" };
+	size_t lens[1] = { 18 };
+	uint8_t k[32], k2[32];
+	char ks[200], ks2[200], out[200], cmd[600];
+	ap_redis_entry e;
+	ap_redis_counts n;
+
+	key_of("kernel", k);
+	key_of("kernel two", k2);
+	ck_assert_int_eq(ap_redis_put(r, AP_REDIS_KERNEL, k, 1, parts, lens), 0);
+	ap_redis_key_string(r, AP_REDIS_KERNEL, k, ks, sizeof(ks));
+	ap_redis_key_string(r, AP_REDIS_KERNEL, k2, ks2, sizeof(ks2));
+
+	/* the same entry under another key does not verify */
+	snprintf(cmd, sizeof(cmd), "COPY %s %s", ks, ks2);
+	cli(out, sizeof(out), cmd);
+	ck_assert_str_eq(out, "1");
+	ck_assert_int_eq(ap_redis_get(r, AP_REDIS_KERNEL, k2, &e), 0);
+	/* another secret does not verify */
+	ck_assert_int_eq(ap_redis_get(stranger, AP_REDIS_KERNEL, k, &e), 0);
+	/* one byte of the blob changed does not verify */
+	snprintf(cmd, sizeof(cmd), "SETRANGE %s 22 X", ks);
+	cli(out, sizeof(out), cmd);
+	ck_assert_int_eq(ap_redis_get(r, AP_REDIS_KERNEL, k, &e), 0);
+	ck_assert_ptr_null(e.buf);
+	/* truncated: too short to be an entry */
+	snprintf(cmd, sizeof(cmd), "SET %s short", ks);
+	cli(out, sizeof(out), cmd);
+	ck_assert_int_eq(ap_redis_get(r, AP_REDIS_KERNEL, k, &e), 0);
+	ap_redis_get_counts(r, &n);
+	ck_assert_uint_eq(n.verify_failures, 3);
+	ck_assert_uint_eq(n.hits, 0);
+	ck_assert_uint_eq(n.failures, 0);      /* Redis itself is fine */
+	ap_redis_get_counts(stranger, &n);
+	ck_assert_uint_eq(n.verify_failures, 1);
+	/* writing it again repairs it */
+	ck_assert_int_eq(ap_redis_put(r, AP_REDIS_KERNEL, k, 1, parts, lens), 0);
+	ck_assert_int_eq(ap_redis_get(r, AP_REDIS_KERNEL, k, &e), 1);
+	ap_redis_entry_clear(&e);
+	ap_redis_free(stranger);
+	ap_redis_free(r);
+}
+END_TEST
+
+/* Values over max_value_bytes: not written; a longer reply is refused as
+ * it arrives (its announced length), the connection dropped. */
+START_TEST(value_limit)
+{
+	ap_redis *big = client(secret, sizeof(secret) - 1, 1 << 20, 100);
+	ap_redis *small = client(secret, sizeof(secret) - 1, 4096, 100);
+	uint8_t *blob = calloc(1, 65536), k[32];
+	const uint8_t *parts[1] = { blob };
+	size_t lens[1] = { 65536 };
+	ap_redis_entry e;
+	ap_redis_counts n;
+
+	key_of("big", k);
+	ck_assert_int_eq(ap_redis_put(small, AP_REDIS_KERNEL, k, 1, parts, lens), AP_ETOOLARGE);
+	ck_assert_int_eq(ap_redis_put(big, AP_REDIS_KERNEL, k, 1, parts, lens), 0);
+	ck_assert_int_eq(ap_redis_get(big, AP_REDIS_KERNEL, k, &e), 1);
+	ap_redis_entry_clear(&e);
+	ck_assert_int_eq(ap_redis_get(small, AP_REDIS_KERNEL, k, &e), 0);
+	ap_redis_get_counts(small, &n);
+	ck_assert_uint_eq(n.failures, 1);   /* the connection was dropped */
+	ck_assert_uint_eq(n.bytes_read, 0);
+	free(blob);
+	ap_redis_free(small);
+	ap_redis_free(big);
+}
+END_TEST
+
+/* A server that announces a 1 GiB reply and then sends bytes forever. */
+static void *liar_main(void *arg)
+{
+	int lfd = *(int *)arg, fd = accept(lfd, NULL, NULL);
+	char buf[4096], chunk[65536];
+
+	if (fd < 0)
+		return NULL;
+	memset(chunk, 'x', sizeof(chunk));
+	if (read(fd, buf, sizeof(buf)) > 0 && write(fd, "$1073741824\r\n", 13) == 13)
+		for (int i = 0; i < 64 && send(fd, chunk, sizeof(chunk), MSG_NOSIGNAL) > 0; i++)
+			;
+	close(fd);
+	return NULL;
+}
+
+START_TEST(announced_length_checked_first)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+	ap_redis *r;
+	pthread_t th;
+	uint8_t k[32];
+	ap_redis_entry e;
+	ap_redis_counts n;
+
+	redis_stop();   /* the liar takes the socket */
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", sock);
+	ck_assert_int_eq(bind(lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	ck_assert_int_eq(listen(lfd, 4), 0);
+	pthread_create(&th, NULL, liar_main, &lfd);
+	r = client(secret, sizeof(secret) - 1, 1 << 20, 100);
+	key_of("anything", k);
+	ck_assert_int_eq(ap_redis_get(r, AP_REDIS_KERNEL, k, &e), 0);
+	ap_redis_get_counts(r, &n);
+	ck_assert_uint_eq(n.failures, 1);
+	ck_assert_uint_eq(n.bytes_read, 0);
+	ap_redis_free(r);
+	pthread_join(th, NULL);
+	close(lfd);
+	unlink(sock);
+}
+END_TEST
+
+/* Redis gone: failures open the breaker, which then sends nothing; once
+ * Redis is back the half-open probe closes it. */
+START_TEST(breaker)
+{
+	ap_redis *r = client(secret, sizeof(secret) - 1, 1 << 20, 2);
+	const uint8_t *parts[1] = { (const uint8_t *)"blob" };
+	size_t lens[1] = { 4 };
+	uint8_t k[32];
+	ap_redis_entry e;
+	ap_redis_counts n;
+	double t;
+
+	key_of("k", k);
+	ck_assert_int_eq(ap_redis_put(r, AP_REDIS_KERNEL, k, 1, parts, lens), 0);
+	redis_stop();
+	ck_assert_int_eq(ap_redis_get(r, AP_REDIS_KERNEL, k, &e), 0);   /* pooled: dropped */
+	ap_redis_get_counts(r, &n);
+	ck_assert_int_eq(n.state, AP_REDIS_CLOSED);
+	ck_assert_int_eq(ap_redis_get(r, AP_REDIS_KERNEL, k, &e), 0);   /* cannot connect */
+	ap_redis_get_counts(r, &n);
+	ck_assert_int_eq(n.state, AP_REDIS_OPEN);
+	ck_assert_uint_eq(n.failures, 2);
+	ck_assert_uint_eq(n.opens, 1);
+	t = ap_now_ms();
+	for (int i = 0; i < 100; i++)
+		ck_assert_int_eq(ap_redis_get(r, AP_REDIS_KERNEL, k, &e), 0);
+	ck_assert_int_eq(ap_redis_put(r, AP_REDIS_KERNEL, k, 1, parts, lens), AP_EBUSY);
+	ck_assert_double_lt(ap_now_ms() - t, 250);   /* nothing was tried */
+	ap_redis_get_counts(r, &n);
+	ck_assert_uint_eq(n.skipped, 101);
+	ck_assert_uint_eq(n.failures, 2);
+
+	usleep(350 * 1000);   /* open_ms 300: the next call probes, fails, opens again */
+	ck_assert_int_eq(ap_redis_get(r, AP_REDIS_KERNEL, k, &e), 0);
+	ap_redis_get_counts(r, &n);
+	ck_assert_int_eq(n.state, AP_REDIS_OPEN);
+	ck_assert_uint_eq(n.opens, 2);
+
+	redis_start();   /* empty: the entry is gone with the process */
+	usleep(350 * 1000);
+	ck_assert_int_eq(ap_redis_put(r, AP_REDIS_KERNEL, k, 1, parts, lens), 0);
+	ap_redis_get_counts(r, &n);
+	ck_assert_int_eq(n.state, AP_REDIS_CLOSED);
+	ck_assert_int_eq(ap_redis_get(r, AP_REDIS_KERNEL, k, &e), 1);
+	ap_redis_entry_clear(&e);
+	ap_redis_free(r);
+}
+END_TEST
+
+START_TEST(secret_files)
+{
+	char path[128];
+	uint8_t *s = NULL;
+	size_t len = 0;
+	ap_error err;
+	FILE *f;
+	ap_redis *r = NULL;
+	ap_redis_options o = { .addr = "127.0.0.1:6379", .secret = (const uint8_t *)"short",
+			       .secret_len = 5 };
+
+	snprintf(path, sizeof(path), "%s/secret", dir);
+	f = fopen(path, "w");
+	fputs("0123456789abcdef0123\n", f);
+	fclose(f);
+	chmod(path, 0644);
+	ck_assert_int_eq(ap_redis_read_secret_file(path, true, &s, &len, &err), AP_EIO);
+	ck_assert_ptr_nonnull(strstr(err.msg, "chmod 600"));
+	chmod(path, 0600);
+	ck_assert_int_eq(ap_redis_read_secret_file(path, true, &s, &len, &err), 0);
+	ck_assert_uint_eq(len, 20);   /* without the newline */
+	ck_assert_int_eq(memcmp(s, "0123456789abcdef0123", 20), 0);
+	free(s);
+	ck_assert_int_eq(ap_redis_read_secret_file("/nonexistent/x", true, &s, &len, &err), AP_EIO);
+	/* a short secret, a bad address, a bad namespace */
+	ck_assert_int_eq(ap_redis_new(&o, &r, &err), AP_EINVAL);
+	o.secret = secret;
+	o.secret_len = sizeof(secret) - 1;
+	o.addr = "nohostport";
+	ck_assert_int_eq(ap_redis_new(&o, &r, &err), AP_EINVAL);
+	o.addr = "[::1]:6379";
+	o.ns = "a:b";
+	ck_assert_int_eq(ap_redis_new(&o, &r, &err), AP_EINVAL);
+	o.ns = "ok";
+	ck_assert_int_eq(ap_redis_new(&o, &r, &err), 0);
+	ap_redis_free(r);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("redis");
+	TCase *tc = tcase_create("redis");
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 30);
+	tcase_add_test(tc, round_trip);
+	tcase_add_test(tc, tampering_is_a_miss);
+	tcase_add_test(tc, value_limit);
+	tcase_add_test(tc, announced_length_checked_first);
+	tcase_add_test(tc, breaker);
+	tcase_add_test(tc, secret_files);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
