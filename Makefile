@@ -49,7 +49,7 @@ help:
 	@echo "make check-asan  build into $(SAN_BUILD)/ with AddressSanitizer + UBSan, run the suites and conformance"
 	@echo "make fuzz    build the libFuzzer harnesses (clang) into $(FUZZ_BUILD)/, run each $(FUZZ_SECONDS) s"
 	@echo "make demo    deps + build + start apollod + submit a real model twice"
-	@echo "make bench   cold/warm compile benchmark over ../shared/testdata/models"
+	@echo "make bench   compile time, fusion, scale, GEMM (ptxas, host) and host-vs-onnxruntime benchmarks"
 	@echo "make clean   remove $(BUILD)/, $(SAN_BUILD)/ and $(FUZZ_BUILD)/"
 
 deps:
