@@ -49,8 +49,8 @@ help:
 	@echo "make check-asan  build into $(SAN_BUILD)/ with AddressSanitizer + UBSan, run the suites and conformance"
 	@echo "make fuzz    build the libFuzzer harnesses (clang) into $(FUZZ_BUILD)/, run each $(FUZZ_SECONDS) s"
 	@echo "make demo    deps + build + start apollod + submit a real model twice"
-	@echo "make bench   cold/warm compile benchmark over ../shared/testdata/models, the warm path"
-	@echo "             (bench/warm.sh: whole-process cold/warm submit, daemon CPU, req/s)"
+	@echo "make bench   compile time (cold/warm), the warm path (bench/warm.sh), fusion, scale,"
+	@echo "             GEMM (ptxas, host) and host-vs-onnxruntime benchmarks"
 	@echo "make clean   remove $(BUILD)/, $(SAN_BUILD)/ and $(FUZZ_BUILD)/"
 
 deps:

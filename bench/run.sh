@@ -14,9 +14,12 @@
 # the daemon's CPU per warm submit through a kept connection, warm submits
 # per second with 1, 4 and 16 clients), the fusion table (bench/fusion.sh: launches
 # and modelled bytes at each fusion level, beside onnxruntime's optimized
-# graph), and the scale table (bench/scale.sh: partition and codegen time
-# of transformer encoders of 8 ... 512 layers).  Prints numbers, asserts
-# nothing.
+# graph), the scale table (bench/scale.sh: partition and codegen time of
+# transformer encoders of 8 ... 512 layers), the GEMM table (bench/gemm.sh:
+# the models' GEMM, convolution and attention shapes -- FLOPs, bytes,
+# ptxas's registers, spills and shared memory for sm_90, host time beside
+# onnxruntime's) and the host table (bench/host.sh: every model on target
+# cpu beside onnxruntime).  Prints numbers, asserts nothing.
 #   TARGET: default sm_90 when the daemon has NVRTC, else cpu.
 #   env: APOLLO_BUILD, WARM_RUNS (default 5)
 cd "$(dirname "$0")/.." || exit 1
@@ -65,3 +68,7 @@ echo
 sh bench/fusion.sh
 echo
 sh bench/scale.sh
+echo
+sh bench/gemm.sh
+echo
+sh bench/host.sh
