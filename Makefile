@@ -4,6 +4,7 @@
 #   common/*.c + generated proto  -> build/libapcommon.a
 #   server/*/*.c, server/*.c (not main.c) -> build/libapserver.a
 #   client/*.c (not apollo-client.c) -> build/libapollo-client.a
+#   the same + common -> build/libapollo-client.so (for the Python package)
 #   tests/check_*.c -> build/tests/check_*  (one check suite each)
 # Generated protobuf-c sources go to build/proto, never into git.
 
@@ -39,7 +40,7 @@ LIBS := $(BUILD)/libapserver.a $(BUILD)/libapollo-client.a $(BUILD)/libapcommon.
 .PHONY: all deps check check-unit check-scripts demo bench clean help
 # Keep generated headers and test objects: they are not throw-away intermediates.
 .SECONDARY:
-all: $(BUILD)/apollod $(BUILD)/apollo-client $(TESTS)
+all: $(BUILD)/apollod $(BUILD)/apollo-client $(BUILD)/libapollo-client.so $(TESTS)
 
 help:
 	@echo "make deps    install what is missing (apt-get, .venv with onnx/onnxruntime/numpy)"
@@ -75,6 +76,11 @@ $(BUILD)/libapserver.a: $(SERVER_OBJ)
 	@rm -f $@; ar rcs $@ $^ $(if $(SERVER_OBJ),,)
 $(BUILD)/libapollo-client.a: $(CLIENT_OBJ)
 	@rm -f $@; ar rcs $@ $^
+
+# The client library and what it needs from common/, as one shared object:
+# client/python (ctypes) loads it.  Only protobuf-c and libcrypto outside.
+$(BUILD)/libapollo-client.so: $(CLIENT_OBJ) $(COMMON_OBJ)
+	$(CC) -shared -o $@ $^ $(shell pkg-config --libs libprotobuf-c libcrypto 2>/dev/null) -ldl -lm -pthread
 
 $(BUILD)/apollod: $(call obj,server/main.c) $(LIBS)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)

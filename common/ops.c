@@ -889,10 +889,11 @@ int ap__op_infer(const ap_node *node, const ap_shape *const *in, int n_in,
 	return infer_unary(node, in[0], &out[0], in_names, err);
 }
 
-/* ap_op_check: infer node n of g from its input tensors and compare with its
- * output tensors.  Indices must already be in range (ap_graph_validate
- * checks them first). */
-int ap_op_check(const ap_graph *g, int n, ap_error *err)
+/* Infers node n of g from its input tensors and either compares the result
+ * with its output tensors (ap_op_check: `write` false, g untouched) or
+ * writes it into them (ap_graph_infer_node).  Indices must already be in
+ * range (ap_graph_validate checks them first). */
+static int infer_node(ap_graph *g, int n, bool write, ap_error *err)
 {
 	const ap_node *node = &g->nodes[n];
 	ap_shape ins_buf[8], outs_buf[8];
@@ -950,6 +951,8 @@ int ap_op_check(const ap_graph *g, int n, ap_error *err)
 		if (t < 0)
 			continue;
 		ten = &g->tensors[t];
+		if (write)
+			continue;
 		if (ten->dtype != outs[k].dtype) {
 			rc = ap_error_set(err, AP_ESHAPE, node->name, ten->name,
 					  "%s: output '%s' has dtype %s, the op gives %s",
@@ -972,6 +975,15 @@ int ap_op_check(const ap_graph *g, int n, ap_error *err)
 			goto done;
 		}
 	}
+	for (int k = 0; write && k < node->n_outputs; k++) {
+		ap_tensor *ten = node->outputs[k] >= 0 ? &g->tensors[node->outputs[k]] : NULL;
+
+		if (!ten)
+			continue;
+		ten->dtype = outs[k].dtype;
+		ten->rank = outs[k].rank;
+		memcpy(ten->dims, outs[k].dims, sizeof(ten->dims));
+	}
 	rc = 0;
 done:
 	if (ins != ins_buf)
@@ -981,4 +993,25 @@ done:
 	free(inp);
 	free(names);
 	return rc;
+}
+
+int ap_op_check(const ap_graph *g, int n, ap_error *err)
+{
+	return infer_node((ap_graph *)g, n, false, err);
+}
+
+int ap_graph_infer_node(ap_graph *g, int n, ap_error *err)
+{
+	const ap_node *node;
+
+	if (n < 0 || n >= g->n_nodes)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "node %d out of range", n);
+	node = &g->nodes[n];
+	for (int i = 0; i < node->n_inputs; i++)
+		if (node->inputs[i] >= g->n_tensors || node->inputs[i] < -1)
+			return ap_error_set(err, AP_EINVAL, node->name, NULL, "input %d out of range", i);
+	for (int k = 0; k < node->n_outputs; k++)
+		if (node->outputs[k] >= g->n_tensors || node->outputs[k] < -1)
+			return ap_error_set(err, AP_EINVAL, node->name, NULL, "output %d out of range", k);
+	return infer_node(g, n, true, err);
 }
