@@ -169,6 +169,17 @@ static double unary_f(const ap_node *n, double x)
 		return 0.5 * x * (1 + erf(x / 1.4142135623730951));
 	case AP_OP_CLIP:
 		return fmin(fmax(x, ap_node_float(n, "min", -INFINITY)), ap_node_float(n, "max", INFINITY));
+	case AP_OP_SIN: return sin(x);
+	case AP_OP_COS: return cos(x);
+	case AP_OP_IS_NAN: return isnan(x);
+	case AP_OP_IS_INF:
+		return (isinf(x) && x > 0 && ap_node_int(n, "detect_positive", 1)) ||
+		       (isinf(x) && x < 0 && ap_node_int(n, "detect_negative", 1));
+	case AP_OP_SHRINK: {
+		double l = ap_node_float(n, "lambd", 0.5), b = ap_node_float(n, "bias", 0.0);
+
+		return x < -l ? x + b : x > l ? x - b : 0;
+	}
 	default: return NAN;
 	}
 }
@@ -673,6 +684,180 @@ static int eval_matmul(const ap_host_tensor *a, const ap_host_tensor *b, ap_host
 	return 0;
 }
 
+/* ---- index maps with data: gather/scatter by elements, ScatterND, Trilu, scans ---- */
+
+/* Index value k of an axis of size D, negative counting from the end;
+ * AP_EINVAL when out of range. */
+static int wrap(int64_t k, int64_t D, int64_t *out)
+{
+	if (k < 0)
+		k += D;
+	if (k < 0 || k >= D)
+		return AP_EINVAL;
+	*out = k;
+	return 0;
+}
+
+static int64_t offset_of(const ap_host_tensor *t, const int64_t *c)
+{
+	int64_t off = 0;
+
+	for (int d = 0; d < t->rank; d++)
+		off = off * t->dims[d] + c[d];
+	return off;
+}
+
+static double combine(const char *red, double acc, double u)
+{
+	if (!strcmp(red, "add"))
+		return acc + u;
+	if (!strcmp(red, "mul"))
+		return acc * u;
+	if (!strcmp(red, "max"))
+		return isnan(acc) || isnan(u) ? NAN : fmax(acc, u);
+	if (!strcmp(red, "min"))
+		return isnan(acc) || isnan(u) ? NAN : fmin(acc, u);
+	return u;
+}
+
+/* Writes element j of src, combined by `red` with what y holds at i. */
+static void put(ap_host_tensor *y, int64_t i, const ap_host_tensor *src, int64_t j, const char *red)
+{
+	if (!strcmp(red, "none"))
+		cp(y, i, src, j);
+	else if (fdt(y->dtype))
+		sd(y, i, combine(red, ld(y, i), ld(src, j)));
+	else
+		si(y, i, f2i(combine(red, (double)li(y, i), (double)li(src, j))));
+}
+
+static int eval_elements(const ap_node *n, const ap_host_tensor *x, const ap_host_tensor *idx,
+			 const ap_host_tensor *upd, ap_host_tensor *y)
+{
+	int64_t axis = ap_node_int(n, "axis", 0), cnt = numel(idx), c[AP_MAX_RANK], k;
+	const char *red = ap_node_string(n, "reduction", "none");
+	bool gather = n->op == AP_OP_GATHER_ELEMENTS;
+
+	if (!gather && y->nbytes)
+		memcpy(y->data, x->data, y->nbytes);
+	for (int64_t i = 0; i < cnt; i++) {
+		coords(i, idx->rank, idx->dims, c);
+		if (wrap(li(idx, i), x->dims[axis], &k) < 0)
+			return AP_EINVAL;
+		c[axis] = k;
+		if (gather)
+			cp(y, i, x, offset_of(x, c));
+		else
+			put(y, offset_of(y, c), upd, i, red);
+	}
+	return 0;
+}
+
+static int eval_scatter_nd(const ap_node *n, const ap_host_tensor *x, const ap_host_tensor *idx,
+			   const ap_host_tensor *upd, ap_host_tensor *y)
+{
+	int64_t K = idx->dims[idx->rank - 1], N = K > 0 ? numel(idx) / K : 0, inner = 1;
+	const char *red = ap_node_string(n, "reduction", "none");
+
+	if (y->nbytes)
+		memcpy(y->data, x->data, y->nbytes);
+	for (int d = (int)K; d < x->rank; d++)
+		inner *= x->dims[d];
+	for (int64_t r = 0; r < N; r++) {
+		int64_t base = 0, k;
+
+		for (int j = 0; j < K; j++) {
+			if (wrap(li(idx, r * K + j), x->dims[j], &k) < 0)
+				return AP_EINVAL;
+			base = base * x->dims[j] + k;
+		}
+		for (int64_t e = 0; e < inner; e++)
+			put(y, base * inner + e, upd, r * inner + e, red);
+	}
+	return 0;
+}
+
+static int eval_trilu(const ap_node *n, const ap_host_tensor *x, ap_host_tensor *y)
+{
+	int64_t cnt = numel(y), c[AP_MAX_RANK], k = ap_node_int(n, "k", 0);
+	bool upper = ap_node_int(n, "upper", 1) != 0;
+	int r = x->rank;
+
+	for (int64_t i = 0; i < cnt; i++) {
+		int64_t diff;
+
+		coords(i, r, x->dims, c);
+		diff = c[r - 1] - c[r - 2];
+		if (upper ? diff >= k : diff <= k)
+			cp(y, i, x, i);
+	}
+	return 0;
+}
+
+static int eval_cumsum(const ap_node *n, const ap_host_tensor *x, ap_host_tensor *y)
+{
+	int64_t axis = ap_node_int(n, "axis", 0), cnt = numel(y), L = x->dims[axis], c[AP_MAX_RANK];
+	bool excl = ap_node_int(n, "exclusive", 0) != 0, rev = ap_node_int(n, "reverse", 0) != 0;
+	int64_t st[AP_MAX_RANK];
+
+	strides_of(x, st);
+	for (int64_t i = 0; i < cnt; i++) {
+		double sf = 0;
+		int64_t sn = 0, lo, hi;
+
+		coords(i, x->rank, x->dims, c);
+		lo = rev ? c[axis] + excl : 0;
+		hi = rev ? L : c[axis] + !excl;
+		for (int64_t j = lo; j < hi; j++) {
+			int64_t o = i + (j - c[axis]) * st[axis];
+
+			sf += ld(x, o);
+			sn += li(x, o);
+		}
+		if (fdt(y->dtype))
+			sd(y, i, sf);
+		else
+			si(y, i, sn);
+	}
+	return 0;
+}
+
+static int eval_argext(const ap_node *n, const ap_host_tensor *x, ap_host_tensor *y)
+{
+	int64_t axis = ap_node_int(n, "axis", 0), L = x->dims[axis], cnt = numel(y), c[AP_MAX_RANK];
+	bool keep = ap_node_int(n, "keepdims", 1) != 0, last = ap_node_int(n, "select_last_index", 0);
+	bool amax = n->op == AP_OP_ARG_MAX;
+	int64_t st[AP_MAX_RANK], xc[AP_MAX_RANK];
+
+	strides_of(x, st);
+	for (int64_t i = 0; i < cnt; i++) {
+		int64_t best = 0, base;
+		double bv;
+
+		coords(i, y->rank, y->dims, c);
+		for (int d = 0, od = 0; d < x->rank; d++) {
+			if (d == axis) {
+				xc[d] = 0;
+				od += keep;
+			} else {
+				xc[d] = c[od++];
+			}
+		}
+		base = offset_of(x, xc);
+		bv = ld(x, base);
+		for (int64_t j = 1; j < L; j++) {
+			double v = ld(x, base + j * st[axis]);
+
+			if (amax ? (last ? v >= bv : v > bv) : (last ? v <= bv : v < bv)) {
+				bv = v;
+				best = j;
+			}
+		}
+		si(y, i, best);
+	}
+	return 0;
+}
+
 int ap__op_eval(const ap_node *node, const ap_host_tensor *const *in, int n_in,
 		ap_host_tensor *const *out, int n_out, ap_error *err)
 {
@@ -702,6 +887,19 @@ int ap__op_eval(const ap_node *node, const ap_host_tensor *const *in, int n_in,
 		return eval_pad(node, in[0], out[0]);
 	case AP_OP_WHERE:
 		return eval_where(in[0], in[1], in[2], out[0]);
+	case AP_OP_GATHER_ELEMENTS: case AP_OP_SCATTER_ELEMENTS: case AP_OP_SCATTER_ND:
+		rc = node->op == AP_OP_SCATTER_ND ? eval_scatter_nd(node, in[0], in[1], in[2], out[0])
+			: eval_elements(node, in[0], in[1], n_in > 2 ? in[2] : NULL, out[0]);
+		if (rc < 0)
+			return ap_error_set(err, rc, node->name, NULL, "%s: index out of range",
+					    ap_op_name(node->op));
+		return 0;
+	case AP_OP_TRILU:
+		return eval_trilu(node, in[0], out[0]);
+	case AP_OP_CUM_SUM:
+		return eval_cumsum(node, in[0], out[0]);
+	case AP_OP_ARG_MAX: case AP_OP_ARG_MIN:
+		return eval_argext(node, in[0], out[0]);
 	case AP_OP_MATMUL:
 		return eval_matmul(in[0], in[1], out[0]);
 	case AP_OP_SOFTMAX: case AP_OP_LOG_SOFTMAX:

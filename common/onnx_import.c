@@ -879,7 +879,8 @@ static const struct { const char *onnx; ap_op op; } unary_ops[] = {
 	{ "Sigmoid", AP_OP_SIGMOID }, { "Relu", AP_OP_RELU }, { "Erf", AP_OP_ERF },
 	{ "Sign", AP_OP_SIGN }, { "Floor", AP_OP_FLOOR }, { "Ceil", AP_OP_CEIL },
 	{ "Not", AP_OP_NOT }, { "Softsign", AP_OP_SOFTSIGN }, { "HardSwish", AP_OP_HARD_SWISH },
-	{ "Mish", AP_OP_MISH }, { "Softplus", AP_OP_SOFTPLUS },
+	{ "Mish", AP_OP_MISH }, { "Softplus", AP_OP_SOFTPLUS }, { "Sin", AP_OP_SIN },
+	{ "Cos", AP_OP_COS }, { "IsNaN", AP_OP_IS_NAN },
 };
 
 static const struct { const char *onnx; ap_op op; } binary_ops[] = {
@@ -2151,6 +2152,731 @@ static int imp_if(imp *im, const Onnx__NodeProto *n)
 	return 0;
 }
 
+/* ---- ops of issue 12: elementwise tests, gather/scatter by elements, scans --------- */
+
+static int imp_is_inf(imp *im, const Onnx__NodeProto *n)
+{
+	ival *x, *y;
+	abuf A;
+
+	A.n = 0;
+	TRY(get_in(im, n, 0, true, &x));
+	ab_int(&A, "detect_negative", aint(n, "detect_negative", 1) ? 1 : 0);
+	ab_int(&A, "detect_positive", aint(n, "detect_positive", 1) ? 1 : 0);
+	TRY(emit1(im, AP_OP_IS_INF, &A, 1, &x, out_name(n, 0), NULL, &y));
+	return bind(im, out_name(n, 0), y);
+}
+
+static int imp_shrink(imp *im, const Onnx__NodeProto *n)
+{
+	ival *x, *y;
+	abuf A;
+
+	A.n = 0;
+	TRY(get_in(im, n, 0, true, &x));
+	ab_float(&A, "bias", afloat(n, "bias", 0.0));
+	ab_float(&A, "lambd", afloat(n, "lambd", 0.5));
+	TRY(emit1(im, AP_OP_SHRINK, &A, 1, &x, out_name(n, 0), NULL, &y));
+	return bind(im, out_name(n, 0), y);
+}
+
+/* GatherElements, ScatterElements (and opset 9-10 Scatter), ScatterND. */
+static int imp_elements(imp *im, const Onnx__NodeProto *n, ap_op op)
+{
+	ival *in[3], *y;
+	int n_in = op == AP_OP_GATHER_ELEMENTS ? 2 : 3;
+	char buf[16];
+	const char *red = astr(n, "reduction", "none", buf, sizeof(buf));
+	int64_t axis;
+	abuf A;
+
+	A.n = 0;
+	for (int i = 0; i < n_in; i++)
+		TRY(get_in(im, n, (size_t)i, true, &in[i]));
+	if (op != AP_OP_SCATTER_ND) {
+		TRY(norm_axis(im, aint(n, "axis", 0), in[0]->sh.rank, &axis));
+		ab_int(&A, "axis", axis);
+	}
+	if (op != AP_OP_GATHER_ELEMENTS)
+		ab_str(&A, "reduction", red);
+	TRY(emit1(im, op, &A, n_in, in, out_name(n, 0), NULL, &y));
+	return bind(im, out_name(n, 0), y);
+}
+
+static int imp_trilu(imp *im, const Onnx__NodeProto *n)
+{
+	ival *x, *kv = NULL, *y;
+	double k = 0;
+	abuf A;
+
+	A.n = 0;
+	TRY(get_in(im, n, 0, true, &x));
+	TRY(get_in(im, n, 1, false, &kv));
+	if (kv)
+		TRY(get_scalar(im, kv, "Trilu k", &k));
+	ab_int(&A, "upper", aint(n, "upper", 1) ? 1 : 0);
+	ab_int(&A, "k", (int64_t)k);
+	TRY(emit1(im, AP_OP_TRILU, &A, 1, &x, out_name(n, 0), NULL, &y));
+	return bind(im, out_name(n, 0), y);
+}
+
+static int imp_cumsum(imp *im, const Onnx__NodeProto *n)
+{
+	ival *x, *av, *y;
+	double a;
+	int64_t axis;
+	abuf A;
+
+	A.n = 0;
+	TRY(get_in(im, n, 0, true, &x));
+	TRY(get_in(im, n, 1, true, &av));
+	TRY(get_scalar(im, av, "CumSum axis", &a));
+	TRY(norm_axis(im, (int64_t)a, x->sh.rank, &axis));
+	ab_int(&A, "axis", axis);
+	ab_int(&A, "exclusive", aint(n, "exclusive", 0) ? 1 : 0);
+	ab_int(&A, "reverse", aint(n, "reverse", 0) ? 1 : 0);
+	TRY(emit1(im, AP_OP_CUM_SUM, &A, 1, &x, out_name(n, 0), NULL, &y));
+	return bind(im, out_name(n, 0), y);
+}
+
+static int imp_argext(imp *im, const Onnx__NodeProto *n, ap_op op)
+{
+	ival *x, *y;
+	int64_t axis;
+	abuf A;
+
+	A.n = 0;
+	TRY(get_in(im, n, 0, true, &x));
+	TRY(norm_axis(im, aint(n, "axis", 0), x->sh.rank, &axis));
+	ab_int(&A, "axis", axis);
+	ab_int(&A, "keepdims", aint(n, "keepdims", 1) ? 1 : 0);
+	ab_int(&A, "select_last_index", aint(n, "select_last_index", 0) ? 1 : 0);
+	TRY(emit1(im, op, &A, 1, &x, out_name(n, 0), NULL, &y));
+	return bind(im, out_name(n, 0), y);
+}
+
+/* ---- ops imported as other ops ------------------------------------------------------ */
+
+/* x transposed by perm (rank values); x itself when perm is the identity. */
+static int transpose_to(imp *im, ival *x, const int64_t *perm, const char *name, ival **out)
+{
+	bool ident = true;
+	abuf A;
+
+	for (int d = 0; d < x->sh.rank; d++)
+		if (perm[d] != d)
+			ident = false;
+	if (ident) {
+		*out = x;
+		return 0;
+	}
+	A.n = 0;
+	ab_ints(&A, "perm", perm, x->sh.rank);
+	return emit1(im, AP_OP_TRANSPOSE, &A, 1, &x, name, NULL, out);
+}
+
+/* DepthToSpace (DCR or CRD) and SpaceToDepth on [N, C, H, W]: a reshape to
+ * rank 6, a transpose, a reshape back (ONNX operator specification). */
+static int imp_depth_space(imp *im, const Onnx__NodeProto *n, bool to_space)
+{
+	ival *x, *a, *b, *y;
+	int64_t bs = aint(n, "blocksize", 0), d6[6], perm[6], d4[4], N, C, H, W;
+	char buf[8], nm[NAME_CAP];
+	bool crd = strcmp(astr(n, "mode", "DCR", buf, sizeof(buf)), "CRD") == 0;
+
+	TRY(get_in(im, n, 0, true, &x));
+	if (x->sh.rank != 4 || bs < 1)
+		return fail(im, AP_EINVAL, x->name, "%s needs a rank-4 input and blocksize >= 1 (%lld)",
+			    n->op_type, (long long)bs);
+	N = x->sh.dims[0];
+	C = x->sh.dims[1];
+	H = x->sh.dims[2];
+	W = x->sh.dims[3];
+	if (to_space) {
+		if (C % (bs * bs))
+			return fail(im, AP_ESHAPE, x->name, "DepthToSpace: %lld channels for blocksize %lld",
+				    (long long)C, (long long)bs);
+		if (crd) {
+			int64_t s[6] = { N, C / (bs * bs), bs, bs, H, W }, p[6] = { 0, 1, 4, 2, 5, 3 };
+			memcpy(d6, s, sizeof(s));
+			memcpy(perm, p, sizeof(p));
+		} else {
+			int64_t s[6] = { N, bs, bs, C / (bs * bs), H, W }, p[6] = { 0, 3, 4, 1, 5, 2 };
+			memcpy(d6, s, sizeof(s));
+			memcpy(perm, p, sizeof(p));
+		}
+		d4[0] = N; d4[1] = C / (bs * bs); d4[2] = H * bs; d4[3] = W * bs;
+	} else {
+		int64_t s[6] = { N, C, H / bs, bs, W / bs, bs }, p[6] = { 0, 3, 5, 1, 2, 4 };
+
+		if (crd) {
+			/* channel, then row and column offsets within the block */
+			p[1] = 1; p[2] = 3; p[3] = 5; p[4] = 2; p[5] = 4;
+		}
+		if (H % bs || W % bs)
+			return fail(im, AP_ESHAPE, x->name, "SpaceToDepth: %lldx%lld for blocksize %lld",
+				    (long long)H, (long long)W, (long long)bs);
+		memcpy(d6, s, sizeof(s));
+		memcpy(perm, p, sizeof(p));
+		d4[0] = N; d4[1] = C * bs * bs; d4[2] = H / bs; d4[3] = W / bs;
+	}
+	snprintf(nm, sizeof(nm), "%.200s_split", out_name(n, 0));
+	TRY(reshape_to(im, x, 6, d6, nm, &a));
+	snprintf(nm, sizeof(nm), "%.200s_perm", out_name(n, 0));
+	TRY(transpose_to(im, a, perm, nm, &b));
+	TRY(reshape_to(im, b, 4, d4, out_name(n, 0), &y));
+	return bind(im, out_name(n, 0), y);
+}
+
+/* Einsum as a plain contraction (ONNX Einsum; numpy.einsum's rules): one or
+ * two operands, no label repeated within an operand, "..." allowed.  Labels
+ * only one operand has and the output lacks are summed first; then the
+ * operands are transposed to [batch, free, contracted] / [batch,
+ * contracted, free], reshaped to 3 groups, multiplied (MatMul) and the
+ * result reshaped and transposed to the output's order. */
+#define EIN_MAX (2 * AP_MAX_RANK)
+typedef struct ein_op {
+	char lab[EIN_MAX];
+	int n;
+} ein_op;
+
+/* Parses one operand's labels (letters; "..." becomes the ellipsis labels
+ * '0'.. right-aligned over `ell` dims) for an operand of rank `rank`. */
+static int ein_parse(imp *im, const char *s, size_t len, int rank, int ell, ein_op *o)
+{
+	int explicit_n = 0;
+	bool has_ell = false;
+
+	o->n = 0;
+	for (size_t i = 0; i < len; i++) {
+		if (s[i] == '.') {
+			if (i + 2 >= len + 0 || s[i + 1] != '.' || s[i + 2] != '.' || has_ell)
+				return fail(im, AP_EINVAL, NULL, "Einsum: bad ellipsis");
+			has_ell = true;
+			i += 2;
+			continue;
+		}
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z')))
+			return fail(im, AP_EINVAL, NULL, "Einsum: bad label '%c'", s[i]);
+		explicit_n++;
+	}
+	if (rank >= 0 && (has_ell ? explicit_n > rank : explicit_n != rank))
+		return fail(im, AP_ESHAPE, NULL, "Einsum: %d labels for an operand of rank %d",
+			    explicit_n, rank);
+	for (size_t i = 0; i < len; i++) {
+		if (s[i] == '.') {
+			int e = rank >= 0 ? rank - explicit_n : ell;
+
+			for (int k = 0; k < e; k++)
+				o->lab[o->n++] = (char)('0' + (ell - e) + k);
+			i += 2;
+			continue;
+		}
+		for (int k = 0; k < o->n; k++)
+			if (o->lab[k] == s[i])
+				return fail(im, AP_EUNSUPPORTED, NULL,
+					    "Einsum: label '%c' repeated in one operand (a diagonal)", s[i]);
+		o->lab[o->n++] = s[i];
+	}
+	return 0;
+}
+
+static int ein_find(const ein_op *o, char c)
+{
+	for (int k = 0; k < o->n; k++)
+		if (o->lab[k] == c)
+			return k;
+	return -1;
+}
+
+/* Sums x (labels o) over the labels that `keep` does not mark. */
+static int ein_sum_out(imp *im, ival **x, ein_op *o, const bool *keep, const char *base)
+{
+	ival *s;
+	int64_t axes[EIN_MAX];
+	int na = 0, m = 0;
+	char nm[NAME_CAP];
+	abuf A;
+
+	for (int k = 0; k < o->n; k++)
+		if (!keep[k])
+			axes[na++] = k;
+	if (!na)
+		return 0;
+	A.n = 0;
+	ab_ints(&A, "axes", axes, na);
+	ab_int(&A, "keepdims", 0);
+	snprintf(nm, sizeof(nm), "%.200s_sum", base);
+	TRY(emit1(im, AP_OP_REDUCE_SUM, &A, 1, x, nm, NULL, &s));
+	*x = s;
+	for (int k = 0; k < o->n; k++)
+		if (keep[k])
+			o->lab[m++] = o->lab[k];
+	o->n = m;
+	return 0;
+}
+
+static int imp_einsum(imp *im, const Onnx__NodeProto *n)
+{
+	char eq[256], cleaned[256];
+	const char *arrow, *comma;
+	ein_op op[2], out;
+	ival *x[2], *y;
+	int n_ops = (int)n->n_input, ell = 0, m = 0;
+	const char *base = out_name(n, 0);
+	char nm[NAME_CAP];
+
+	if (n_ops < 1 || n_ops > 2)
+		return fail(im, AP_EUNSUPPORTED, NULL, "Einsum of %d operands (1 or 2 supported)", n_ops);
+	astr(n, "equation", "", eq, sizeof(eq));
+	for (size_t i = 0, j = 0; i <= strlen(eq); i++)
+		if (eq[i] != ' ')
+			cleaned[j++] = eq[i];
+	arrow = strstr(cleaned, "->");
+	comma = strchr(cleaned, ',');
+	if ((n_ops == 2) != (comma != NULL && (!arrow || comma < arrow)))
+		return fail(im, AP_EINVAL, NULL, "Einsum: equation '%s' for %d operands", eq, n_ops);
+	for (int i = 0; i < n_ops; i++) {
+		TRY(get_in(im, n, (size_t)i, true, &x[i]));
+		if (x[i]->sh.rank > ell)
+			ell = x[i]->sh.rank;
+	}
+	{
+		const char *s = cleaned;
+		int maxe = 0;
+
+		for (int i = 0; i < n_ops; i++) {
+			const char *e = i == 0 && n_ops == 2 ? comma : arrow ? arrow : cleaned + strlen(cleaned);
+			int cnt = 0;
+			bool has = false;
+
+			for (const char *p = s; p < e; p++) {
+				if (*p == '.') {
+					has = true;
+					p += 2;
+				} else {
+					cnt++;
+				}
+			}
+			if (has && x[i]->sh.rank - cnt > maxe)
+				maxe = x[i]->sh.rank - cnt;
+			s = e + 1;
+		}
+		ell = maxe;
+		s = cleaned;
+		for (int i = 0; i < n_ops; i++) {
+			const char *e = i == 0 && n_ops == 2 ? comma : arrow ? arrow : cleaned + strlen(cleaned);
+
+			TRY(ein_parse(im, s, (size_t)(e - s), x[i]->sh.rank, ell, &op[i]));
+			s = e + 1;
+		}
+	}
+	if (arrow) {
+		TRY(ein_parse(im, arrow + 2, strlen(arrow + 2), -1, ell, &out));
+	} else {
+		/* implicit: the ellipsis, then the labels seen once, sorted */
+		out.n = 0;
+		for (int k = 0; k < ell; k++)
+			out.lab[out.n++] = (char)('0' + k);
+		for (char c = 'A'; c <= 'z'; c++) {
+			int seen = 0;
+
+			if (c > 'Z' && c < 'a')
+				continue;
+			for (int i = 0; i < n_ops; i++)
+				seen += ein_find(&op[i], c) >= 0;
+			if (seen == 1)
+				out.lab[out.n++] = c;
+		}
+	}
+	for (int k = 0; k < out.n; k++) {
+		bool found = false;
+
+		for (int i = 0; i < n_ops; i++)
+			found |= ein_find(&op[i], out.lab[k]) >= 0;
+		if (!found)
+			return fail(im, AP_EINVAL, NULL, "Einsum: output label '%c' is in no operand",
+				    out.lab[k]);
+	}
+	/* sizes must agree */
+	for (int k = 0; n_ops == 2 && k < op[0].n; k++) {
+		int j = ein_find(&op[1], op[0].lab[k]);
+
+		if (j >= 0 && x[0]->sh.dims[k] != x[1]->sh.dims[j])
+			return fail(im, AP_ESHAPE, x[1]->name, "Einsum: label '%c' is %lld and %lld",
+				    op[0].lab[k], (long long)x[0]->sh.dims[k], (long long)x[1]->sh.dims[j]);
+	}
+	/* labels only one operand has and the output lacks: summed first */
+	for (int i = 0; i < n_ops; i++) {
+		bool keep[EIN_MAX];
+
+		for (int k = 0; k < op[i].n; k++)
+			keep[k] = ein_find(&out, op[i].lab[k]) >= 0 ||
+				  (n_ops == 2 && ein_find(&op[1 - i], op[i].lab[k]) >= 0);
+		snprintf(nm, sizeof(nm), "%.200s_%d", base, i);
+		TRY(ein_sum_out(im, &x[i], &op[i], keep, nm));
+	}
+	if (n_ops == 1) {
+		int64_t perm[EIN_MAX];
+
+		for (int k = 0; k < out.n; k++)
+			perm[k] = ein_find(&op[0], out.lab[k]);
+		if (out.n != op[0].n)
+			return fail(im, AP_EINTERNAL, NULL, "Einsum: labels lost");
+		TRY(transpose_to(im, x[0], perm, base, &y));
+		if (y == x[0]) {
+			TRY(emit1(im, AP_OP_IDENTITY, NULL, 1, &x[0], base, NULL, &y));
+		}
+		return bind(im, base, y);
+	}
+	{
+		/* batch: in both and the output; free: one operand and the
+		 * output; contracted: both, not the output */
+		char bat[EIN_MAX], fa[EIN_MAX], fb[EIN_MAX], con[EIN_MAX];
+		int nb = 0, nfa = 0, nfb = 0, nc = 0;
+		int64_t pa[EIN_MAX], pb[EIN_MAX], da[AP_MAX_RANK], db[AP_MAX_RANK], dc[EIN_MAX];
+		int64_t M = 1, N = 1, K = 1, pc[EIN_MAX];
+		ival *a, *b, *c, *pair[2];
+		ein_op res;
+
+		for (int k = 0; k < out.n; k++) {
+			bool ia = ein_find(&op[0], out.lab[k]) >= 0, ib = ein_find(&op[1], out.lab[k]) >= 0;
+
+			if (ia && ib)
+				bat[nb++] = out.lab[k];
+		}
+		for (int k = 0; k < op[0].n; k++) {
+			char l = op[0].lab[k];
+
+			if (ein_find(&op[1], l) < 0)
+				fa[nfa++] = l;
+			else if (ein_find(&out, l) < 0)
+				con[nc++] = l;
+		}
+		for (int k = 0; k < op[1].n; k++)
+			if (ein_find(&op[0], op[1].lab[k]) < 0)
+				fb[nfb++] = op[1].lab[k];
+		if (nb + 2 > AP_MAX_RANK || nb + nfa + nfb > AP_MAX_RANK)
+			return fail(im, AP_EUNSUPPORTED, NULL, "Einsum: too many dimensions");
+		for (int k = 0; k < nb; k++) {
+			pa[m] = ein_find(&op[0], bat[k]);
+			pb[m] = ein_find(&op[1], bat[k]);
+			da[m] = db[m] = x[0]->sh.dims[pa[m]];
+			m++;
+		}
+		for (int k = 0; k < nfa; k++) {
+			pa[nb + k] = ein_find(&op[0], fa[k]);
+			M *= x[0]->sh.dims[pa[nb + k]];
+		}
+		for (int k = 0; k < nc; k++) {
+			pa[nb + nfa + k] = ein_find(&op[0], con[k]);
+			pb[nb + k] = ein_find(&op[1], con[k]);
+			K *= x[0]->sh.dims[pa[nb + nfa + k]];
+		}
+		for (int k = 0; k < nfb; k++) {
+			pb[nb + nc + k] = ein_find(&op[1], fb[k]);
+			N *= x[1]->sh.dims[pb[nb + nc + k]];
+		}
+		snprintf(nm, sizeof(nm), "%.200s_a", base);
+		TRY(transpose_to(im, x[0], pa, nm, &a));
+		da[nb] = M;
+		da[nb + 1] = K;
+		snprintf(nm, sizeof(nm), "%.200s_a2", base);
+		TRY(reshape_to(im, a, nb + 2, da, nm, &a));
+		snprintf(nm, sizeof(nm), "%.200s_b", base);
+		TRY(transpose_to(im, x[1], pb, nm, &b));
+		db[nb] = K;
+		db[nb + 1] = N;
+		snprintf(nm, sizeof(nm), "%.200s_b2", base);
+		TRY(reshape_to(im, b, nb + 2, db, nm, &b));
+		pair[0] = a;
+		pair[1] = b;
+		snprintf(nm, sizeof(nm), "%.200s_mm", base);
+		TRY(emit1(im, AP_OP_MATMUL, NULL, 2, pair, nm, NULL, &c));
+		/* [batch, free a, free b] */
+		res.n = 0;
+		for (int k = 0; k < nb; k++) {
+			dc[res.n] = da[k];
+			res.lab[res.n++] = bat[k];
+		}
+		for (int k = 0; k < nfa; k++) {
+			dc[res.n] = x[0]->sh.dims[ein_find(&op[0], fa[k])];
+			res.lab[res.n++] = fa[k];
+		}
+		for (int k = 0; k < nfb; k++) {
+			dc[res.n] = x[1]->sh.dims[ein_find(&op[1], fb[k])];
+			res.lab[res.n++] = fb[k];
+		}
+		snprintf(nm, sizeof(nm), "%.200s_c", base);
+		TRY(reshape_to(im, c, res.n, dc, nm, &c));
+		for (int k = 0; k < out.n; k++)
+			pc[k] = ein_find(&res, out.lab[k]);
+		TRY(transpose_to(im, c, pc, base, &y));
+		return bind(im, base, y);
+	}
+}
+
+/* A new known tensor of dtype dt and shape (rank, dims) holding vals
+ * (numel of them, converted). */
+static ival *array_val(imp *im, const char *name, ap_dtype dt, int rank, const int64_t *dims,
+		       const double *vals)
+{
+	ap_host_tensor *t = ap__host_tensor_new(name, dt, rank, dims);
+	int64_t cnt = ap__shape_numel(rank, dims);
+
+	if (!t) {
+		nomem(im);
+		return NULL;
+	}
+	for (int64_t i = 0; i < cnt; i++) {
+		switch (dt) {
+		case AP_DT_F32: ((float *)t->data)[i] = (float)vals[i]; break;
+		case AP_DT_F64: ((double *)t->data)[i] = vals[i]; break;
+		default: ((int64_t *)t->data)[i] = (int64_t)vals[i]; break;
+		}
+	}
+	return const_val(im, name, t);
+}
+
+/* Resize (opsets 10-19) and Upsample (7-9) in nearest and linear modes:
+ * separable, one resized axis at a time.  For output coordinate x the
+ * input coordinate comes from coordinate_transformation_mode (computed in
+ * float32, as onnxruntime does); nearest rounds it by nearest_mode and
+ * gathers; linear gathers the two neighbours (clamped to the edge) and
+ * weighs them.  Cubic, antialias, tf_crop_and_resize and a
+ * keep_aspect_ratio_policy other than stretch are refused. */
+static int imp_resize(imp *im, const Onnx__NodeProto *n, bool upsample)
+{
+	ival *x, *roi = NULL, *sc = NULL, *sz = NULL, *y;
+	char mb[16], cb[32], nb[32], kb[16];
+	const char *mode = astr(n, "mode", "nearest", mb, sizeof(mb));
+	bool old = upsample || im->opset < 11;
+	const char *ctm = old ? "asymmetric" : astr(n, "coordinate_transformation_mode", "half_pixel", cb, sizeof(cb));
+	const char *nmode = old ? "simple" : astr(n, "nearest_mode", "round_prefer_floor", nb, sizeof(nb));
+	double scales[AP_MAX_RANK];
+	int64_t sizes[AP_MAX_RANK], axes[AP_MAX_RANK], raw[AP_MAX_RANK];
+	int r, na = 0, cnt;
+	bool linear;
+	const char *base = out_name(n, 0);
+
+	TRY(get_in(im, n, 0, true, &x));
+	r = x->sh.rank;
+	linear = !strcmp(mode, "linear") || !strcmp(mode, "bilinear");
+	if (!linear && strcmp(mode, "nearest"))
+		return fail(im, AP_EUNSUPPORTED, NULL, "%s: mode '%s' (nearest and linear supported)",
+			    n->op_type, mode);
+	if (aint(n, "antialias", 0))
+		return fail(im, AP_EUNSUPPORTED, NULL, "%s: antialias", n->op_type);
+	if (!strcmp(ctm, "tf_crop_and_resize"))
+		return fail(im, AP_EUNSUPPORTED, NULL, "%s: tf_crop_and_resize", n->op_type);
+	if (strcmp(astr(n, "keep_aspect_ratio_policy", "stretch", kb, sizeof(kb)), "stretch"))
+		return fail(im, AP_EUNSUPPORTED, NULL, "%s: keep_aspect_ratio_policy '%s'", n->op_type, kb);
+	if (linear && x->sh.dtype != AP_DT_F32 && x->sh.dtype != AP_DT_F64)
+		return fail(im, AP_EUNSUPPORTED, x->name, "%s: linear mode on %s", n->op_type,
+			    ap_dtype_name(x->sh.dtype));
+	TRY(aints(im, n, "axes", raw, AP_MAX_RANK, &na));
+	if (!na)
+		for (int d = 0; d < r; d++)
+			raw[na++] = d;
+	for (int i = 0; i < na; i++)
+		TRY(norm_axis(im, raw[i], r, &axes[i]));
+	for (int d = 0; d < r; d++) {
+		scales[d] = 1;
+		sizes[d] = x->sh.dims[d];
+	}
+	if (upsample && im->opset < 9) {
+		const Onnx__AttributeProto *a = attr(n, "scales");
+
+		if (!a || a->n_floats != (size_t)r)
+			return fail(im, AP_EINVAL, NULL, "Upsample: scales must have %d values", r);
+		for (int d = 0; d < r; d++)
+			scales[d] = a->floats[d];
+	} else {
+		size_t si = upsample || im->opset < 11 ? 1 : 2;
+
+		if (!old)
+			TRY(get_in(im, n, 1, false, &roi));
+		TRY(get_in(im, n, si, false, &sc));
+		if (!old)
+			TRY(get_in(im, n, 3, false, &sz));
+		if (sc && sh_numel(&sc->sh) == 0)
+			sc = NULL;
+		if (sz && sh_numel(&sz->sh) == 0)
+			sz = NULL;
+		if (!sc == !sz)
+			return fail(im, AP_EINVAL, NULL, "%s: exactly one of scales and sizes", n->op_type);
+		if (sz) {
+			TRY(get_ints(im, sz, "Resize sizes", raw, AP_MAX_RANK, &cnt));
+			if (cnt != na)
+				return fail(im, AP_EINVAL, sz->name, "Resize: %d sizes for %d axes", cnt, na);
+			for (int i = 0; i < na; i++) {
+				if (raw[i] < 0)
+					return fail(im, AP_EINVAL, sz->name, "Resize: negative size");
+				sizes[axes[i]] = raw[i];
+				scales[axes[i]] = x->sh.dims[axes[i]] ? (double)raw[i] / (double)x->sh.dims[axes[i]] : 1;
+			}
+		} else {
+			const ap_host_tensor *d;
+
+			if (!known(sc) || sh_numel(&sc->sh) != na ||
+			    (sc->sh.dtype != AP_DT_F32 && sc->sh.dtype != AP_DT_F64))
+				return fail(im, AP_EUNSUPPORTED, sc->name,
+					    "%s: scales must be a constant float vector of %d values", n->op_type, na);
+			d = val_data(im, sc);
+			if (!d)
+				return im->err ? im->err->code : AP_EINVAL;
+			for (int i = 0; i < na; i++)
+				scales[axes[i]] = d->dtype == AP_DT_F32 ? ((float *)d->data)[i] : ((double *)d->data)[i];
+		}
+	}
+	for (int d = 0; d < r; d++) {
+		if (!(scales[d] > 0) || !isfinite(scales[d]))
+			return fail(im, AP_EINVAL, NULL, "%s: scale %g on axis %d", n->op_type, scales[d], d);
+		if (!sz) {
+			double o = floor((double)x->sh.dims[d] * (double)(float)scales[d]);
+
+			if (o > (double)AP_MAX_ELEMENTS)
+				return fail(im, AP_ETOOLARGE, base, "%s: output too large", n->op_type);
+			sizes[d] = (int64_t)o;
+		}
+	}
+	{
+		ap_shape o = x->sh;
+
+		for (int d = 0; d < r; d++)
+			o.dims[d] = sizes[d];
+		if (sh_bytes(&o) < 0)
+			return fail(im, AP_ETOOLARGE, base, "%s: output too large", n->op_type);
+	}
+	y = x;
+	for (int d = 0; d < r; d++) {
+		int64_t in = x->sh.dims[d], out = sizes[d], bdims[AP_MAX_RANK];
+		float s = (float)scales[d];
+		float len = (float)in * s;   /* the resized length, fractional from a scale */
+		double *i1, *i2 = NULL, *w1 = NULL, *w2 = NULL;
+		ival *c1, *pair[2], *g1, *g2, *t1, *t2;
+		bool last = true;
+		char nm[NAME_CAP];
+		abuf A;
+
+		if (out == in && s == 1.0f)
+			continue;
+		if (in == 0 || out == 0)
+			return fail(im, AP_EUNSUPPORTED, x->name, "%s of an empty axis", n->op_type);
+		for (int e = d + 1; e < r; e++)
+			if (sizes[e] != x->sh.dims[e] || (float)scales[e] != 1.0f)
+				last = false;
+		i1 = calloc((size_t)out, sizeof(double));
+		if (linear) {
+			i2 = calloc((size_t)out, sizeof(double));
+			w1 = calloc((size_t)out, sizeof(double));
+			w2 = calloc((size_t)out, sizeof(double));
+		}
+		if (!i1 || (linear && (!i2 || !w1 || !w2))) {
+			free(i1); free(i2); free(w1); free(w2);
+			return nomem(im);
+		}
+		for (int64_t o = 0; o < out; o++) {
+			float xo = (float)o, xi;
+
+			if (!strcmp(ctm, "half_pixel"))
+				xi = (xo + 0.5f) / s - 0.5f;
+			else if (!strcmp(ctm, "pytorch_half_pixel"))
+				xi = len > 1.0f ? (xo + 0.5f) / s - 0.5f : 0.0f;
+			else if (!strcmp(ctm, "align_corners"))
+				xi = len == 1.0f ? 0.0f : xo * (float)(in - 1) / (len - 1.0f);
+			else if (!strcmp(ctm, "tf_half_pixel_for_nn"))
+				xi = (xo + 0.5f) / s;
+			else if (!strcmp(ctm, "half_pixel_symmetric")) {
+				float adj = (float)out / (s * (float)in), ctr = (float)in / 2.0f;
+
+				xi = ctr * (1.0f - adj) + (xo + 0.5f) / s - 0.5f;
+			} else if (!strcmp(ctm, "asymmetric"))
+				xi = xo / s;
+			else {
+				free(i1); free(i2); free(w1); free(w2);
+				return fail(im, AP_EUNSUPPORTED, NULL, "%s: coordinate_transformation_mode '%s'",
+					    n->op_type, ctm);
+			}
+			if (!linear) {
+				double k;
+
+				if (!strcmp(nmode, "simple"))
+					k = s < 1.0f ? ceilf(xi) : (double)(int64_t)xi;
+				else if (!strcmp(nmode, "floor"))
+					k = floorf(xi);
+				else if (!strcmp(nmode, "ceil"))
+					k = ceilf(xi);
+				else if (!strcmp(nmode, "round_prefer_ceil"))
+					k = xi == (float)(int64_t)xi + 0.5f ? ceilf(xi) : roundf(xi);
+				else
+					k = xi == (float)(int64_t)xi + 0.5f ? floorf(xi) : roundf(xi);
+				i1[o] = k < 0 ? 0 : k > (double)(in - 1) ? (double)(in - 1) : k;
+			} else {
+				int64_t a, b;
+
+				xi = xi < 0 ? 0 : xi > (float)(in - 1) ? (float)(in - 1) : xi;
+				a = (int64_t)xi < in - 1 ? (int64_t)xi : in - 1;
+				b = a + 1 < in - 1 ? a + 1 : in - 1;
+				i1[o] = (double)a;
+				i2[o] = (double)b;
+				w1[o] = a == b ? 0.5 : fabsf(xi - (float)b);
+				w2[o] = a == b ? 0.5 : fabsf(xi - (float)a);
+			}
+		}
+		A.n = 0;
+		ab_int(&A, "axis", d);
+		snprintf(nm, sizeof(nm), "%.200s_idx%d", base, d);
+		c1 = array_val(im, nm, AP_DT_I64, 1, &out, i1);
+		pair[0] = y;
+		pair[1] = c1;
+		snprintf(nm, sizeof(nm), "%.200s_axis%d", base, d);
+		if (!c1 || emit1(im, AP_OP_GATHER, &A, 2, pair, linear || !last ? nm : base, NULL, &g1) < 0) {
+			free(i1); free(i2); free(w1); free(w2);
+			return im->err && im->err->code ? im->err->code : AP_ENOMEM;
+		}
+		if (!linear) {
+			free(i1);
+			y = g1;
+			continue;
+		}
+		for (int e = 0; e < r; e++)
+			bdims[e] = e == d ? out : 1;
+		snprintf(nm, sizeof(nm), "%.200s_idx%d_hi", base, d);
+		c1 = array_val(im, nm, AP_DT_I64, 1, &out, i2);
+		pair[1] = c1;
+		snprintf(nm, sizeof(nm), "%.200s_axis%d_hi", base, d);
+		if (!c1 || emit1(im, AP_OP_GATHER, &A, 2, pair, nm, NULL, &g2) < 0)
+			goto lin_fail;
+		snprintf(nm, sizeof(nm), "%.200s_w%d", base, d);
+		pair[0] = g1;
+		pair[1] = array_val(im, nm, x->sh.dtype, r, bdims, w1);
+		snprintf(nm, sizeof(nm), "%.200s_lo%d", base, d);
+		if (!pair[1] || emit1(im, AP_OP_MUL, NULL, 2, pair, nm, NULL, &t1) < 0)
+			goto lin_fail;
+		snprintf(nm, sizeof(nm), "%.200s_w%d_hi", base, d);
+		pair[0] = g2;
+		pair[1] = array_val(im, nm, x->sh.dtype, r, bdims, w2);
+		snprintf(nm, sizeof(nm), "%.200s_hi%d", base, d);
+		if (!pair[1] || emit1(im, AP_OP_MUL, NULL, 2, pair, nm, NULL, &t2) < 0)
+			goto lin_fail;
+		pair[0] = t1;
+		pair[1] = t2;
+		snprintf(nm, sizeof(nm), "%.200s_axis%d_mix", base, d);
+		if (emit1(im, AP_OP_ADD, NULL, 2, pair, last ? base : nm, NULL, &y) < 0)
+			goto lin_fail;
+		free(i1); free(i2); free(w1); free(w2);
+		continue;
+lin_fail:
+		free(i1); free(i2); free(w1); free(w2);
+		return im->err && im->err->code ? im->err->code : AP_ENOMEM;
+	}
+	(void)roi;
+	if (y == x)
+		TRY(emit1(im, AP_OP_IDENTITY, NULL, 1, &x, base, NULL, &y));
+	return bind(im, base, y);
+}
+
 /* ---- dispatch ------------------------------------------------------------------------ */
 
 static bool is_view_op(const char *op)
@@ -2230,6 +2956,21 @@ static int import_node(imp *im, const Onnx__NodeProto *n)
 	if (!strcmp(op, "Size")) return imp_shape(im, n, true);
 	if (!strcmp(op, "Range")) return imp_range(im, n);
 	if (!strcmp(op, "If")) return imp_if(im, n);
+	if (!strcmp(op, "IsInf")) return imp_is_inf(im, n);
+	if (!strcmp(op, "Shrink")) return imp_shrink(im, n);
+	if (!strcmp(op, "GatherElements")) return imp_elements(im, n, AP_OP_GATHER_ELEMENTS);
+	if (!strcmp(op, "ScatterElements") || !strcmp(op, "Scatter"))
+		return imp_elements(im, n, AP_OP_SCATTER_ELEMENTS);
+	if (!strcmp(op, "ScatterND")) return imp_elements(im, n, AP_OP_SCATTER_ND);
+	if (!strcmp(op, "Trilu")) return imp_trilu(im, n);
+	if (!strcmp(op, "CumSum")) return imp_cumsum(im, n);
+	if (!strcmp(op, "ArgMax")) return imp_argext(im, n, AP_OP_ARG_MAX);
+	if (!strcmp(op, "ArgMin")) return imp_argext(im, n, AP_OP_ARG_MIN);
+	if (!strcmp(op, "DepthToSpace")) return imp_depth_space(im, n, true);
+	if (!strcmp(op, "SpaceToDepth")) return imp_depth_space(im, n, false);
+	if (!strcmp(op, "Einsum")) return imp_einsum(im, n);
+	if (!strcmp(op, "Resize")) return imp_resize(im, n, false);
+	if (!strcmp(op, "Upsample")) return imp_resize(im, n, true);
 	return fail(im, AP_EUNSUPPORTED, NULL, "op '%s' is not supported", op);
 }
 

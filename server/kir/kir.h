@@ -135,6 +135,7 @@ typedef enum ap_kir_fn {
 	AP_KIR_EXP, AP_KIR_LOG, AP_KIR_SQRT, AP_KIR_TANH, AP_KIR_ERF,
 	AP_KIR_FLOOR, AP_KIR_CEIL, AP_KIR_FABS, AP_KIR_LOG1P, AP_KIR_EXPM1,
 	AP_KIR_ROUND,      /* rint: round half to even */
+	AP_KIR_SIN, AP_KIR_COS,
 	/* two arguments */
 	AP_KIR_POW, AP_KIR_FMAX, AP_KIR_FMIN, AP_KIR_FMOD,
 	AP_KIR_FN_COUNT

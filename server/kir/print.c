@@ -182,6 +182,7 @@ static const char *fn_name(int fn, ap_dtype t, char *buf, size_t cap)
 		[AP_KIR_CEIL] = "ceil", [AP_KIR_FABS] = "fabs", [AP_KIR_LOG1P] = "log1p",
 		[AP_KIR_EXPM1] = "expm1", [AP_KIR_ROUND] = "rint", [AP_KIR_POW] = "pow",
 		[AP_KIR_FMAX] = "fmax", [AP_KIR_FMIN] = "fmin", [AP_KIR_FMOD] = "fmod",
+		[AP_KIR_SIN] = "sin", [AP_KIR_COS] = "cos",
 	};
 	const char *n = fn >= 0 && fn < AP_KIR_FN_COUNT && names[fn] ? names[fn] : "exp";
 
