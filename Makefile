@@ -40,7 +40,8 @@ LIBS := $(BUILD)/libapserver.a $(BUILD)/libapollo-client.a $(BUILD)/libapcommon.
 .PHONY: all deps check check-unit check-scripts demo bench clean help
 # Keep generated headers and test objects: they are not throw-away intermediates.
 .SECONDARY:
-all: $(BUILD)/apollod $(BUILD)/apollo-client $(BUILD)/libapollo-client.so $(TESTS)
+STANDIN := $(BUILD)/tests/libcuda-standin.so
+all: $(BUILD)/apollod $(BUILD)/apollo-client $(BUILD)/libapollo-client.so $(TESTS) $(STANDIN)
 
 help:
 	@echo "make deps    install what is missing (apt-get, .venv with onnx/onnxruntime/numpy)"
@@ -90,6 +91,11 @@ $(BUILD)/apollo-client: $(call obj,client/apollo-client.c) $(LIBS)
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(CHECK_LIBS) $(LDLIBS_ALL)
+
+# A stand-in CUDA driver for the GPU path's tests where no GPU exists.
+$(STANDIN): tests/cuda_standin.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -O1 -Wall -Werror -shared -fPIC -o $@ $<
 
 # --- tests ------------------------------------------------------------------
 # Unit and integration suites (check), then the script tests under tests/
