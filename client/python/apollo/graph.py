@@ -111,6 +111,9 @@ class Graph:
     def shape(self, t):
         return self.tensor(t)[2]
 
+    def is_output(self, t):
+        return bool(self._g.contents.tensors[t].is_output)
+
     def dtype(self, t):
         return self.tensor(t)[1]
 
