@@ -206,6 +206,13 @@ int ap_graph_validate(ap_graph *g, ap_error *err);
  * (name-free) position among params sorted by first use.  CONST data is
  * hashed by value.  `out` receives 32 bytes.  Requires a validated graph. */
 void ap_graph_hash(const ap_graph *g, uint8_t out[32]);
+/* The canonical rank ap_graph_hash gives each PARAM tensor (by first use,
+ * independent of names and order): rank[t] for PARAM t, -1 for every other
+ * tensor (`rank` holds n_tensors ints).  Two graphs with the same hash
+ * give corresponding params the same rank, which is how a cached bundle's
+ * params are named after the graph of a later request.  Returns the
+ * number of params, or AP_ENOMEM.  Requires a validated graph. */
+int ap_graph_param_ranks(const ap_graph *g, int *rank);
 
 /* ---- protobuf (graph_pb.c) ---------------------------------------------- */
 

@@ -190,35 +190,17 @@ static int cmp_hbuf(const void *a, const void *b)
 	return memcmp(a, b, 32);
 }
 
-void ap_graph_hash(const ap_graph *g, uint8_t out[32])
+/* Pass 1 (params anonymous), then each PARAM's rank by its first use into
+ * param_rank[] (-1 for other tensors).  input_pos[] must be filled. */
+static int rank_params(const ap_graph *g, const int *input_pos, int *param_rank, hbuf *th,
+		       hbuf *nh, param_key *pk, const ap_attr **scratch)
 {
-	int *input_pos = calloc((size_t)g->n_tensors + 1, sizeof(int));
-	int *param_rank = calloc((size_t)g->n_tensors + 1, sizeof(int));
-	hbuf *th = calloc((size_t)g->n_tensors + 1, sizeof(hbuf));
-	hbuf *nh = calloc((size_t)g->n_nodes + 1, sizeof(hbuf));
-	param_key *pk = calloc((size_t)g->n_tensors + 1, sizeof(param_key));
-	int max_attrs = 1, n_params = 0;
-	const ap_attr **scratch;
-	ap_sha256_ctx *c;
+	int n_params = 0;
 
-	for (int n = 0; n < g->n_nodes; n++)
-		if (g->nodes[n].n_attrs > max_attrs)
-			max_attrs = g->nodes[n].n_attrs;
-	scratch = calloc((size_t)max_attrs, sizeof(*scratch));
-	memset(out, 0, 32);
-	if (!input_pos || !param_rank || !th || !nh || !pk || !scratch)
-		goto done;
-	for (int t = 0; t < g->n_tensors; t++) {
-		input_pos[t] = -1;
+	for (int t = 0; t < g->n_tensors; t++)
 		param_rank[t] = -1;
-	}
-	for (int i = 0; i < g->n_inputs; i++)
-		if (g->inputs[i] >= 0 && g->inputs[i] < g->n_tensors)
-			input_pos[g->inputs[i]] = i;
-
-	/* pass 1: anonymous params; rank them by first use */
 	if (hash_pass(g, input_pos, param_rank, th, nh, scratch) < 0)
-		goto done;
+		return AP_ENOMEM;
 	for (int t = 0; t < g->n_tensors; t++) {
 		if (g->tensors[t].kind != AP_TENSOR_PARAM)
 			continue;
@@ -247,9 +229,81 @@ void ap_graph_hash(const ap_graph *g, uint8_t out[32])
 	qsort(pk, (size_t)n_params, sizeof(*pk), cmp_param);
 	for (int r = 0; r < n_params; r++)
 		param_rank[pk[r].tensor] = r;
+	return n_params;
+}
 
+/* The scratch both entry points need. */
+typedef struct hash_work {
+	int *input_pos, *param_rank;
+	hbuf *th, *nh;
+	param_key *pk;
+	const ap_attr **scratch;
+} hash_work;
+
+static void work_free(hash_work *w)
+{
+	free(w->input_pos);
+	free(w->param_rank);
+	free(w->th);
+	free(w->nh);
+	free(w->pk);
+	free(w->scratch);
+}
+
+static int work_init(const ap_graph *g, hash_work *w)
+{
+	int max_attrs = 1;
+
+	for (int n = 0; n < g->n_nodes; n++)
+		if (g->nodes[n].n_attrs > max_attrs)
+			max_attrs = g->nodes[n].n_attrs;
+	w->input_pos = calloc((size_t)g->n_tensors + 1, sizeof(int));
+	w->param_rank = calloc((size_t)g->n_tensors + 1, sizeof(int));
+	w->th = calloc((size_t)g->n_tensors + 1, sizeof(hbuf));
+	w->nh = calloc((size_t)g->n_nodes + 1, sizeof(hbuf));
+	w->pk = calloc((size_t)g->n_tensors + 1, sizeof(param_key));
+	w->scratch = calloc((size_t)max_attrs, sizeof(*w->scratch));
+	if (!w->input_pos || !w->param_rank || !w->th || !w->nh || !w->pk || !w->scratch) {
+		work_free(w);
+		return AP_ENOMEM;
+	}
+	for (int t = 0; t < g->n_tensors; t++)
+		w->input_pos[t] = -1;
+	for (int i = 0; i < g->n_inputs; i++)
+		if (g->inputs[i] >= 0 && g->inputs[i] < g->n_tensors)
+			w->input_pos[g->inputs[i]] = i;
+	return 0;
+}
+
+int ap_graph_param_ranks(const ap_graph *g, int *rank)
+{
+	hash_work w;
+	int n;
+
+	if (work_init(g, &w) < 0)
+		return AP_ENOMEM;
+	n = rank_params(g, w.input_pos, w.param_rank, w.th, w.nh, w.pk, w.scratch);
+	if (n >= 0)
+		memcpy(rank, w.param_rank, (size_t)g->n_tensors * sizeof(int));
+	work_free(&w);
+	return n;
+}
+
+void ap_graph_hash(const ap_graph *g, uint8_t out[32])
+{
+	hash_work w;
+	int n_params;
+	ap_sha256_ctx *c;
+
+	memset(out, 0, 32);
+	if (work_init(g, &w) < 0)
+		return;
+	/* pass 1: anonymous params; rank them by first use */
+	n_params = rank_params(g, w.input_pos, w.param_rank, w.th, w.nh, w.pk, w.scratch);
+	if (n_params < 0)
+		goto done;
 	/* pass 2: with the ranks */
-	if (hash_pass(g, input_pos, param_rank, th, nh, scratch) < 0)
+	if (hash_pass(g, w.input_pos, w.param_rank, w.th, w.nh, w.scratch) < 0)
 		goto done;
 	c = ap_sha256_new();
 	if (!c)
@@ -258,22 +312,17 @@ void ap_graph_hash(const ap_graph *g, uint8_t out[32])
 	put_i64(c, g->n_inputs);
 	for (int i = 0; i < g->n_inputs; i++)
 		if (g->inputs[i] >= 0 && g->inputs[i] < g->n_tensors)
-			ap_sha256_update(c, th[g->inputs[i]].h, 32);
+			ap_sha256_update(c, w.th[g->inputs[i]].h, 32);
 	put_i64(c, g->n_outputs);
 	for (int i = 0; i < g->n_outputs; i++)
 		if (g->outputs[i] >= 0 && g->outputs[i] < g->n_tensors)
-			ap_sha256_update(c, th[g->outputs[i]].h, 32);
+			ap_sha256_update(c, w.th[g->outputs[i]].h, 32);
 	put_i64(c, n_params);
-	qsort(nh, (size_t)g->n_nodes, sizeof(hbuf), cmp_hbuf);
+	qsort(w.nh, (size_t)g->n_nodes, sizeof(hbuf), cmp_hbuf);
 	put_i64(c, g->n_nodes);
 	for (int n = 0; n < g->n_nodes; n++)
-		ap_sha256_update(c, nh[n].h, 32);
+		ap_sha256_update(c, w.nh[n].h, 32);
 	ap_sha256_final(c, out);
 done:
-	free(input_pos);
-	free(param_rank);
-	free(th);
-	free(nh);
-	free(pk);
-	free(scratch);
+	work_free(&w);
 }

@@ -239,6 +239,13 @@ def random_cases(rng):
     rep = numpy_helper.from_array(np.array([2, 1, 3], dtype=np.int64), "r")
     add("test_rand_tile", helper.make_node("Tile", ["x", "r"], ["y"]), [vi("x", F, (2, 3, 4))],
         [rng.standard_normal((2, 3, 4)).astype(np.float32)], [vi("y", F, (4, 3, 12))], inits=[rep])
+    # A constant array holding -inf and NaN (an attention mask folded at
+    # import): CUDA needs them spelled as constant initializers.
+    mask = np.where(rng.random((4, 64)) > 0.5, 0.0, -np.inf).astype(np.float32)
+    mask[0, 0] = np.nan
+    add("test_rand_const_inf_mask", helper.make_node("Add", ["x", "m"], ["y"]), [vi("x", F, (4, 64))],
+        [rng.standard_normal((4, 64)).astype(np.float32)], [vi("y", F, (4, 64))],
+        inits=[numpy_helper.from_array(mask, "m")])
     return cases
 
 

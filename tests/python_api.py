@@ -93,6 +93,21 @@ def main():
     check(b2.stats["cache_hit"], "the same graph again is answered from the cache")
     check(apollo.Bundle.unpack(b.pack()).n_launches == b.n_launches, "bundle pack / unpack")
 
+    # The cache key leaves names out; a hit still names params after the
+    # request's own graph (they are bound by name).
+    def named(wname):
+        gg = apollo.Graph("named")
+        xx = gg.input("x", apollo.FLOAT32, [2, 3])
+        ww = gg.param(wname, apollo.FLOAT32, [3, 3])
+        bb = gg.param(wname + "_bias", apollo.FLOAT32, [3])
+        gg.output(gg.node1("Add", [gg.node1("MatMul", [xx, ww]), bb]))
+        return gg
+    c.submit(named("first"), namespace="names")
+    hit = c.submit(named("second"), namespace="names")
+    names = sorted(bf["name"] for bf in hit.buffers if bf["kind"] == "param")
+    check(hit.stats["cache_hit"] and names == ["second", "second_bias"],
+          "a cache hit names the params after the request: %s" % names)
+
     # Errors: local (shape inference) and the daemon's (constant indices).
     g3 = apollo.Graph("bad")
     a = g3.input("a", apollo.FLOAT32, [3])

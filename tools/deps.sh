@@ -30,14 +30,15 @@ fi
 # PyTorch for the PyTorch backend's tests (tests/torch.sh) and the ONNX
 # exports of real architectures (tests/export_models.py): torch and
 # torchvision from PyTorch's CPU wheel index (small), else from PyPI;
-# transformers from PyPI.  Only the tests use them.
-if ! .venv/bin/python -c "import torch, torchvision, transformers" 2>/dev/null; then
-	echo "deps: installing torch, torchvision, transformers into .venv (the PyTorch tests and model exports)"
+# transformers and onnxscript (torch.onnx's newer exporter) from PyPI.
+# Only the tests use them.
+if ! .venv/bin/python -c "import torch, torchvision, transformers, onnxscript" 2>/dev/null; then
+	echo "deps: installing torch, torchvision, transformers, onnxscript into .venv (the PyTorch tests and model exports)"
 	if ! .venv/bin/python -c "import torch, torchvision" 2>/dev/null; then
 		.venv/bin/pip install -q --retries 1 --timeout 30 --index-url https://download.pytorch.org/whl/cpu \
 			torch torchvision 2>/dev/null || .venv/bin/pip install -q torch torchvision
 	fi
-	.venv/bin/pip install -q transformers
+	.venv/bin/pip install -q transformers onnxscript
 fi
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 if ! ls "$CUDA_HOME"/lib64/libnvrtc.so.* >/dev/null 2>&1; then

@@ -609,9 +609,56 @@ static Apollo__Bundle *bundle_free(Apollo__Bundle *b)
 	return NULL;
 }
 
+/* PARAM buffers are bound by name, but a graph's cache key leaves names
+ * out: a hit may answer a request whose params are named otherwise.  So a
+ * bundle stored under a graph key names its params by canonical rank
+ * ("#param<rank>", ap_graph_param_ranks) and each answer takes the names
+ * of the request's own graph back.  `to_canonical`: request names ->
+ * ranks; else ranks -> the names of g.  Names it cannot map stay. */
+#define PARAM_RANK_PREFIX "#param"
+
+static void name_params(Apollo__Bundle *b, const ap_graph *g, bool to_canonical)
+{
+	int *rank = g ? calloc((size_t)g->n_tensors + 1, sizeof(int)) : NULL;
+	int n;
+
+	if (!rank)
+		return;
+	n = ap_graph_param_ranks(g, rank);
+	for (size_t i = 0; n > 0 && i < b->n_buffers; i++) {
+		Apollo__Buffer *bf = b->buffers[i];
+		char buf[32], *nn = NULL;
+
+		if (bf->kind != APOLLO__BUFFER_KIND__BUF_PARAM || !bf->name)
+			continue;
+		if (to_canonical) {
+			int t = ap_graph_find_tensor(g, bf->name);
+
+			if (t < 0 || rank[t] < 0)
+				continue;
+			snprintf(buf, sizeof(buf), PARAM_RANK_PREFIX "%d", rank[t]);
+			nn = ap_strdup(buf);
+		} else if (!strncmp(bf->name, PARAM_RANK_PREFIX, strlen(PARAM_RANK_PREFIX))) {
+			int r = atoi(bf->name + strlen(PARAM_RANK_PREFIX));
+
+			for (int t = 0; t < g->n_tensors && !nn; t++)
+				if (rank[t] == r)
+					nn = ap_strdup(g->tensors[t].name);
+		}
+		if (nn) {
+			/* protobuf-c frees unpacked strings with the message's
+			 * allocator (malloc): replacing one is safe */
+			free(bf->name);
+			bf->name = nn;
+		}
+	}
+	free(rank);
+}
+
 /* Serializes `b` with every kernel blob left out (digests kept): what the
- * action cache stores.  NULL when out of memory. */
-static uint8_t *pack_stripped(Apollo__Bundle *b, size_t *len)
+ * action cache stores; with `g`, its params named by canonical rank (see
+ * name_params) for a graph key.  NULL when out of memory. */
+static uint8_t *pack_stripped(Apollo__Bundle *b, const ap_graph *g, size_t *len)
 {
 	ProtobufCBinaryData *saved = calloc(b->n_kernels ? b->n_kernels : 1, sizeof(*saved));
 	uint8_t *out = NULL;
@@ -623,10 +670,14 @@ static uint8_t *pack_stripped(Apollo__Bundle *b, size_t *len)
 		b->kernels[i]->blob.data = NULL;
 		b->kernels[i]->blob.len = 0;
 	}
+	if (g)
+		name_params(b, g, true);
 	*len = apollo__bundle__get_packed_size(b);
 	out = malloc(*len ? *len : 1);
 	if (out)
 		apollo__bundle__pack(b, out);
+	if (g)
+		name_params(b, g, false);
 	for (size_t i = 0; i < b->n_kernels; i++)
 		b->kernels[i]->blob = saved[i];
 	free(saved);
@@ -1195,9 +1246,10 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	ap_graph_hash(g, graph_hash);
 	ap_compile_graph_key(graph_hash, r->target, r->output, req->options, bid, gkey);
 	if ((b = lookup(c, r, gkey))) {
+		name_params(b, g, false);
 		if (have_rkey) {
 			size_t len = 0;
-			uint8_t *val = pack_stripped(b, &len);
+			uint8_t *val = pack_stripped(b, NULL, &len);
 			t = ap_now_ms();
 			if (val)
 				ap_cache_put(c->cache, rkey, val, len);
@@ -1288,12 +1340,14 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		t = ap_now_ms();
 		b->stats->cache_ms = r->cache_ms;
 		b->stats->compile_ms = ap_now_ms() - r->t0;
-		val = pack_stripped(b, &len);
-		if (val) {
+		val = pack_stripped(b, g, &len);
+		if (val)
 			ap_cache_put(c->cache, gkey, val, len);
-			if (have_rkey)
-				ap_cache_put(c->cache, rkey, val, len);
-		}
+		free(val);
+		val = NULL;
+		/* the request key is the model's exact bytes: its own names */
+		if (have_rkey && (val = pack_stripped(b, NULL, &len)))
+			ap_cache_put(c->cache, rkey, val, len);
 		free(val);
 		r->cache_ms += ap_now_ms() - t;
 	}

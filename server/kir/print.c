@@ -113,6 +113,7 @@ typedef struct printer {
 	unsigned char *vec_array;    /* per array id: a vector access uses it */
 	uint32_t shfl_types;         /* host: 1 << dtype of every shuffled type */
 	bool bad;                    /* a collective in non-uniform control flow */
+	bool const_init;             /* printing a constant array's initializer */
 	char bad_msg[160];
 } printer;
 
@@ -219,7 +220,12 @@ static void print_float(printer *p, ap_dtype t, double v)
 	sbuf *b = &p->out;
 	bool f32 = t != AP_DT_F64;
 
-	if (isnan(v)) {
+	if (!isfinite(v) && p->target == AP_KIR_CUDA && p->const_init) {
+		/* a __device__ array needs constant initializers: NVRTC folds
+		 * these, not __int_as_float */
+		sb_printf(b, "(%s%s/0.0%s)", isnan(v) ? "0.0" : v < 0 ? "-1.0" : "1.0", f32 ? "f" : "",
+			  f32 ? "f" : "");
+	} else if (isnan(v)) {
 		sb_printf(b, f32 ? "AP_NANF" : "AP_NAN");
 	} else if (isinf(v)) {
 		sb_printf(b, "%s%s", v < 0 ? "(-" : "", f32 ? "AP_INFF" : "AP_INF");
@@ -1194,7 +1200,9 @@ static void print_prelude(printer *p)
 			  p->target == AP_KIR_CUDA ? "__device__" : "static",
 			  p->target == AP_KIR_CUDA && p->vec_array[a->id] ? " __align__(16)" : "",
 			  ap_kir_ctype(a->type), k->name, a->name, (long long)a->size);
+		p->const_init = true;
 		print_const_data(p, a);
+		p->const_init = false;
 		sb_printf(b, "\n};\n");
 	}
 }
