@@ -17,9 +17,11 @@
  * broadcast=1 into a Reshape of the second operand, variadic Sum/Max/Min/
  * Mean into chains, Flatten/Squeeze/Unsqueeze into Reshape, Global*Pool
  * into reductions.  Every normalised node goes through emit(): its output
- * shapes come from ap__op_infer (ops.c), and when all its inputs are small
- * known constants and its outputs are small it is evaluated on the spot by
- * the reference evaluator (onnx_fold.c) instead of being added.  Shape,
+ * shapes come from ap__op_infer (ops.c), and when all its inputs are known
+ * constants (any op: the reference evaluator, onnx_fold.c, implements them
+ * all) and its outputs and the work are bounded (FOLD_MAX_BYTES,
+ * FOLD_MAX_WORK) it is evaluated on the spot instead of being added, so
+ * subgraphs that compute masks and tables from constants disappear.  Shape,
  * Size, ConstantOfShape and Range are answered from static shapes and
  * constants directly, and an If whose condition is known is replaced by
  * the nodes of the branch it takes.
@@ -42,6 +44,12 @@
 #define NAME_CAP 256
 #define MAX_INTS 16          /* longest INTS attribute the importer builds */
 #define MAX_RANGE_ELEMS ((int64_t)1 << 20)   /* a Range is data: 8 MiB at most */
+/* Constant folding: a node whose inputs are all known is evaluated at
+ * import when each output is at most FOLD_MAX_BYTES and the evaluation
+ * visits at most FOLD_MAX_WORK elements (fold_work); its results become
+ * CONSTs, or PARAMs with data when larger than AP_CONST_MAX_BYTES. */
+#define FOLD_MAX_BYTES ((int64_t)16 << 20)
+#define FOLD_MAX_WORK ((int64_t)1 << 27)
 
 /* ---- what the importer knows of an ONNX value ---------------------------- */
 
@@ -295,13 +303,6 @@ static bool known(const ival *v)
 	return v && (v->data || v->lazy);
 }
 
-static bool known_small(const ival *v)
-{
-	int64_t b = v ? sh_bytes(&v->sh) : -1;
-
-	return known(v) && b >= 0 && b <= AP_CONST_MAX_BYTES;
-}
-
 /* The data of a known value, decoding it on first use. */
 static const ap_host_tensor *val_data(imp *im, ival *v)
 {
@@ -542,6 +543,84 @@ static void ab_ints(abuf *b, const char *name, const int64_t *v, int n)
 
 /* ---- emit: one normalised node, folded or added ------------------------------- */
 
+/* Elements the reference evaluator visits for `op` (an estimate, to bound
+ * folding): multiply-adds for the contractions and windows, the elements
+ * read and written otherwise.  Saturates at INT64_MAX / 2. */
+static int64_t fold_work(ap_op op, const abuf *A, int n_in, ival *const *ins, int n_out,
+			 const ap_shape *out)
+{
+	int64_t w = 0, per = 1;
+	const int64_t cap = INT64_MAX / 2;
+
+	for (int k = 0; k < n_out; k++)
+		w += sh_numel(&out[k]) > 0 ? sh_numel(&out[k]) : 0;
+	switch (op) {
+	case AP_OP_MATMUL:
+		per = ins[0]->sh.rank ? ins[0]->sh.dims[ins[0]->sh.rank - 1] : 1;
+		break;
+	case AP_OP_GEMM:
+		per = ins[0]->sh.dims[0] * ins[0]->sh.dims[1] / (out[0].dims[0] ? out[0].dims[0] : 1);
+		break;
+	case AP_OP_CONV: case AP_OP_CONV_TRANSPOSE:
+		/* every weight against every output element (the evaluator's loops) */
+		per = sh_numel(&ins[1]->sh);
+		if (op == AP_OP_CONV_TRANSPOSE && sh_numel(&out[0]) > 0)
+			per = per * sh_numel(&ins[0]->sh) / sh_numel(&out[0]);
+		break;
+	case AP_OP_MAX_POOL: case AP_OP_AVERAGE_POOL: case AP_OP_LRN:
+		for (int i = 0; A && i < A->n; i++)
+			if (!strcmp(A->a[i].name, "kernel_shape"))
+				for (int d = 0; d < A->a[i].n_ints; d++)
+					per *= A->a[i].ints[d] > 0 ? A->a[i].ints[d] : 1;
+		if (op == AP_OP_LRN)
+			per = 16;
+		break;
+	default:
+		break;
+	}
+	if (per > 1 && w > cap / per)
+		return cap;
+	w *= per;
+	for (int i = 0; i < n_in; i++) {
+		int64_t m = ins[i] ? sh_numel(&ins[i]->sh) : 0;
+
+		if (m > 0)
+			w = w > cap - m ? cap : w + m;
+	}
+	return w;
+}
+
+/* A known value's data for the evaluator: its own, or a fill spelled out
+ * into *tmp (freed by the caller).  NULL with the error set. */
+static const ap_host_tensor *fold_input(imp *im, ival *v, ap_host_tensor **tmp)
+{
+	int64_t m;
+
+	*tmp = NULL;
+	if (!v->fill)
+		return val_data(im, v);
+	*tmp = ap__host_tensor_new(v->name, v->sh.dtype, v->sh.rank, v->sh.dims);
+	if (!*tmp) {
+		nomem(im);
+		return NULL;
+	}
+	m = sh_numel(&v->sh);
+	for (int64_t i = 0; i < m; i++) {
+		void *d = (*tmp)->data;
+
+		switch (v->sh.dtype) {
+		case AP_DT_F32: ((float *)d)[i] = (float)v->fill_f; break;
+		case AP_DT_F64: ((double *)d)[i] = v->fill_f; break;
+		case AP_DT_I32: ((int32_t *)d)[i] = (int32_t)v->fill_i; break;
+		case AP_DT_I64: ((int64_t *)d)[i] = v->fill_i; break;
+		case AP_DT_I8: ((int8_t *)d)[i] = (int8_t)v->fill_i; break;
+		case AP_DT_BOOL: ((uint8_t *)d)[i] = v->fill_i != 0; break;
+		default: ((uint8_t *)d)[i] = (uint8_t)v->fill_i; break;
+		}
+	}
+	return *tmp;
+}
+
 /* Lowers one normalised node.  ins[i] may be NULL (optional input left
  * out); out_names[k] NULL or "" = output not produced.  given: output
  * shapes of the ops whose output shape is not inferred (ap__op_shape_given).
@@ -573,7 +652,8 @@ static int emit(imp *im, ap_op op, abuf *A, int n_in, ival *const *ins, int n_ou
 			return fail(im, AP_EUNSUPPORTED, ins[i]->name,
 				    "'%s' (%s of node '%s') is not supported", ins[i]->name,
 				    ins[i]->poison, ins[i]->poison_node);
-		if (ins[i] && !known_small(ins[i]))
+		if (ins[i] && !known(ins[i]) &&
+		    !(ins[i]->fill && sh_bytes(&ins[i]->sh) >= 0 && sh_bytes(&ins[i]->sh) <= FOLD_MAX_BYTES))
 			fold = false;
 	}
 	for (int k = 0; k < n_out; k++) {
@@ -591,17 +671,25 @@ static int emit(imp *im, ap_op op, abuf *A, int n_in, ival *const *ins, int n_ou
 	for (int k = 0; k < n_out && fold; k++) {
 		int64_t b = sh_bytes(&out_sh[k]);
 
-		if (b < 0 || b > AP_CONST_MAX_BYTES)
+		if (b < 0 || b > FOLD_MAX_BYTES)
 			fold = false;
 	}
+	if (fold && fold_work(op, A, n_in, ins, n_out, out_sh) > FOLD_MAX_WORK)
+		fold = false;
 	if (fold) {
 		const ap_host_tensor *in_d[64];
-		ap_host_tensor *out_d[64];
+		ap_host_tensor *out_d[64], *tmp[64];
 
-		for (int i = 0; i < n_in; i++) {
-			in_d[i] = ins[i] ? val_data(im, ins[i]) : NULL;
+		memset(tmp, 0, sizeof(tmp));
+		for (int i = 0; i < n_in && rc == 0; i++) {
+			in_d[i] = ins[i] ? fold_input(im, ins[i], &tmp[i]) : NULL;
 			if (ins[i] && !in_d[i])
-				return im->err ? im->err->code : AP_EINVAL;
+				rc = im->err && im->err->code ? im->err->code : AP_EINVAL;
+		}
+		if (rc) {
+			for (int i = 0; i < n_in; i++)
+				ap_host_tensor_free(tmp[i]);
+			return rc;
 		}
 		memset(out_d, 0, sizeof(out_d));
 		for (int k = 0; k < n_out; k++) {
@@ -622,6 +710,8 @@ static int emit(imp *im, ap_op op, abuf *A, int n_in, ival *const *ins, int n_ou
 		}
 		for (int k = 0; k < n_out; k++)
 			ap_host_tensor_free(out_d[k]);
+		for (int i = 0; i < n_in; i++)
+			ap_host_tensor_free(tmp[i]);
 		if (rc != AP_EUNSUPPORTED)
 			return rc;
 		ap_error_clear(im->err);

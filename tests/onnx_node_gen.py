@@ -6,8 +6,11 @@ fresh random-input cases checked against onnxruntime.
 
     onnx_node_gen.py --out DIR [--seed S]
 
-Writes DIR/<test name>/model.onnx + test_data_set_N/{input,output}_K.pb,
-the layout `apollo-client check` reads, and prints one line per folder.
+Writes DIR/{spec,random}/<test name>/model.onnx +
+test_data_set_N/{input,output}_K.pb, the layout `apollo-client check`
+reads, and DIR/fold/<name>/, models whose mask and table subgraphs are
+computed from constants only, with the number of nodes that must remain
+after import in expect_nodes.
 Cases Apollo refuses by design (listed in REFUSED with the reason) are
 written under DIR/refused/ so the caller can check that each is refused
 with a clear error rather than a wrong answer.
@@ -249,6 +252,113 @@ def random_cases(rng):
     return cases
 
 
+def fold_cases(rng):
+    """Models whose mask and table subgraphs are computed from constants
+    only: after import only the data path must be left (expected node
+    counts), and the results must still match onnxruntime."""
+    F, I = TensorProto.FLOAT, TensorProto.INT64
+    cases = []
+
+    def c(name, vals):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(vals), name))
+
+    # Rotary tables (LLaMA): positions x inverse frequencies, cos and sin.
+    T, D = 64, 32
+    inv = (1.0 / (10000 ** (np.arange(0, D, 2) / D))).astype(np.float32)
+    nodes = [c("start", np.array(0, np.int64)), c("limit", np.array(T, np.int64)), c("delta", np.array(1, np.int64)),
+             helper.make_node("Range", ["start", "limit", "delta"], ["pos"]),
+             helper.make_node("Cast", ["pos"], ["posf"], to=TensorProto.FLOAT),
+             c("ax1", np.array([1], np.int64)),
+             helper.make_node("Unsqueeze", ["posf", "ax1"], ["pos2"]),
+             helper.make_node("Mul", ["pos2", "inv"], ["freqs"]),
+             helper.make_node("Concat", ["freqs", "freqs"], ["emb"], axis=1),
+             helper.make_node("Cos", ["emb"], ["cos"]), helper.make_node("Sin", ["emb"], ["sin"]),
+             helper.make_node("Mul", ["x", "cos"], ["a"]), helper.make_node("Mul", ["x", "sin"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    g = helper.make_graph(nodes, "rotary", [vi("x", F, (1, T, D))], [vi("y", F, (1, T, D))],
+                          [numpy_helper.from_array(inv, "inv")])
+    cases.append(("test_fold_rotary_tables", g, [rng.standard_normal((1, T, D)).astype(np.float32)], 3))
+
+    # A shifted-window mask (Swin): regions written by ScatterND into a
+    # zero image, compared pairwise, turned into -100 / 0 by Where.
+    H = 40   # the zero image (6400 bytes) is a fill, the mask 10 MB
+    rows = np.array([[r, c_, 0] for r in range(H - 8, H) for c_ in range(H)], np.int64).reshape(8, H, 3)
+    nodes = [c("shape", np.array([H, H, 1], np.int64)),
+             helper.make_node("ConstantOfShape", ["shape"], ["img"], value=numpy_helper.from_array(np.array([0.0], np.float32))),
+             c("idx", rows), c("upd", np.ones((8, H), np.float32)),
+             helper.make_node("ScatterND", ["img", "idx", "upd"], ["regions"]),
+             c("flat", np.array([1, H * H], np.int64)),
+             helper.make_node("Reshape", ["regions", "flat"], ["r1"]),
+             c("col", np.array([H * H, 1], np.int64)),
+             helper.make_node("Reshape", ["regions", "col"], ["r2"]),
+             helper.make_node("Sub", ["r2", "r1"], ["d"]),
+             c("zero", np.array(0.0, np.float32)), c("neg", np.array(-100.0, np.float32)),
+             helper.make_node("Equal", ["d", "zero"], ["same"]),
+             helper.make_node("Where", ["same", "zero", "neg"], ["mask"]),
+             helper.make_node("Add", ["x", "mask"], ["y"])]
+    g = helper.make_graph(nodes, "swin_mask", [vi("x", F, (1, H * H, H * H))], [vi("y", F, (1, H * H, H * H))])
+    cases.append(("test_fold_window_mask", g, [rng.standard_normal((1, H * H, H * H)).astype(np.float32)], 1))
+
+    # GatherElements of constants beside IsNaN / Where on the data path.
+    tab = rng.standard_normal((4, 8)).astype(np.float32)
+    gi = rng.integers(0, 8, size=(4, 8)).astype(np.int64)
+    nodes = [c("tab", tab), c("gi", gi), helper.make_node("GatherElements", ["tab", "gi"], ["bias"], axis=1),
+             helper.make_node("Softmax", ["x"], ["p"], axis=-1), helper.make_node("IsNaN", ["p"], ["nan"]),
+             c("z", np.array(0.0, np.float32)), helper.make_node("Where", ["nan", "z", "p"], ["q"]),
+             helper.make_node("Add", ["q", "bias"], ["y"])]
+    g = helper.make_graph(nodes, "gather_consts", [vi("x", F, (4, 8))], [vi("y", F, (4, 8))])
+    cases.append(("test_fold_gather_elements_consts", g, [rng.standard_normal((4, 8)).astype(np.float32)], 4))
+    out = []
+    for name, graph, feeds, expect in cases:
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        out.append((name, m, feeds, expect))
+    return out
+
+
+# Node tests of ../shared/testdata whose every input, made an initializer,
+# lets the importer fold the whole node: the reference evaluator's
+# convolutions, pools, normalisations and Gemm against the official outputs.
+CONST_FROM = ("test_conv", "test_convtranspose", "test_averagepool", "test_maxpool", "test_batchnorm",
+              "test_instancenorm", "test_layer_normalization", "test_gemm", "test_lrn",
+              "test_globalaveragepool", "test_globalmaxpool", "test_matmul", "test_softmax")
+
+
+def constant_variants(testdata, root):
+    """Writes DIR/consts/<test>: the test with its inputs made initializers."""
+    src = os.path.join(testdata, "onnx-node")
+    n = 0
+    for name in sorted(os.listdir(src)) if os.path.isdir(src) else []:
+        if not name.startswith(CONST_FROM) or "expanded" in name:
+            continue
+        d = os.path.join(src, name)
+        m = onnx.load(os.path.join(d, "model.onnx"))
+        inits = {t.name for t in m.graph.initializer}
+        feed = [i.name for i in m.graph.input if i.name not in inits]
+        ds = os.path.join(d, "test_data_set_0")
+        ins, outs = [], []
+        for k in range(len(feed)):
+            t = onnx.TensorProto()
+            with open(os.path.join(ds, "input_%d.pb" % k), "rb") as f:
+                t.ParseFromString(f.read())
+            ins.append(numpy_helper.to_array(t))
+        k = 0
+        while os.path.exists(os.path.join(ds, "output_%d.pb" % k)):
+            t = onnx.TensorProto()
+            with open(os.path.join(ds, "output_%d.pb" % k), "rb") as f:
+                t.ParseFromString(f.read())
+            outs.append(numpy_helper.to_array(t))
+            k += 1
+        for nm, a in zip(feed, ins):
+            m.graph.initializer.append(numpy_helper.from_array(a, nm))
+        for i in reversed(range(len(m.graph.input))):
+            if m.graph.input[i].name in feed:
+                del m.graph.input[i]
+        write_case(root, name + "_consts", m, [([], outs)])
+        n += 1
+    return n
+
+
 def with_ort(root, cases):
     import onnxruntime as ort
     so = ort.SessionOptions()
@@ -265,13 +375,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--testdata", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                        "..", "..", "shared", "testdata"))
     a = ap.parse_args()
     refused = os.path.join(a.out, "refused")
     n = official(os.path.join(a.out, "spec"), refused)
     cases = random_cases(np.random.default_rng(a.seed))
     with_ort(os.path.join(a.out, "random"), cases)
-    print("onnx_node_gen: %d specification cases, %d random cases (seed %d) against onnxruntime"
-          % (n, len(cases), a.seed))
+    folds = fold_cases(np.random.default_rng(a.seed))
+    with_ort(os.path.join(a.out, "fold"), [(nm, m, f) for nm, m, f, _ in folds])
+    for nm, _, _, expect in folds:
+        with open(os.path.join(a.out, "fold", nm, "expect_nodes"), "w") as f:
+            f.write("%d\n" % expect)
+    nc = constant_variants(a.testdata, os.path.join(a.out, "consts"))
+    print("onnx_node_gen: %d specification cases, %d random cases (seed %d) against onnxruntime, "
+          "%d folding cases, %d node tests folded whole" % (n, len(cases), a.seed, len(folds), nc))
     return 0
 
 

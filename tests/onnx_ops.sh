@@ -8,7 +8,12 @@
 # it), checked by `apollo-client check` on target cpu.  The specification's
 # cases Apollo refuses by design (cubic, antialias, tf_crop_and_resize,
 # diagonals, 16-bit floats) must each be refused with an error, never
-# answered wrongly.  The same cases also compile for sm_90 with NVRTC
+# answered wrongly.  Models whose mask and table subgraphs (rotary
+# tables, a shifted-window mask, gathers of constants) use constants only
+# must keep only their data path after import (constant folding), and
+# still match onnxruntime; node tests of ../shared/testdata (convolutions,
+# pools, normalisations, Gemm, ...) with their inputs made initializers
+# are folded whole and must give the official outputs.  The same cases also compile for sm_90 with NVRTC
 # (skipped, saying so, where the daemon has no NVRTC).
 cd "$(dirname "$0")/.." || exit 1
 . tests/daemon.inc
@@ -23,10 +28,20 @@ echo "onnx_ops: seed $seed (APOLLO_SEED=$seed replays this run)"
 "$PY" tests/onnx_node_gen.py --seed "$seed" --out "$AP_TMP/ops" | grep -v 'refused by design' || exit 1
 ap_start
 # shellcheck disable=SC2046
-"$CLIENT" check --jobs "${APOLLO_JOBS:-2}" $(ls -d "$AP_TMP"/ops/spec/*/ "$AP_TMP"/ops/random/*/) >"$AP_TMP/check.log" 2>&1
+"$CLIENT" check --jobs "${APOLLO_JOBS:-2}" $(ls -d "$AP_TMP"/ops/spec/*/ "$AP_TMP"/ops/random/*/ "$AP_TMP"/ops/fold/*/ "$AP_TMP"/ops/consts/*/ 2>/dev/null) >"$AP_TMP/check.log" 2>&1
 rc=$?
 grep -v '^PASS' "$AP_TMP/check.log"
 bad=0
+# Constant folding: the mask and table subgraphs are gone after import.
+for d in "$AP_TMP"/ops/fold/*/; do
+	want=$(cat "$d/expect_nodes")
+	got=$("$CLIENT" submit "$d/model.onnx" --data "$d" --json 2>&1 | sed -n 's/.*"eager_kernels":[0-9]*,"nodes":\([0-9]*\).*/\1/p' | head -1)
+	if [ "$got" = "$want" ]; then
+		echo "onnx_ops: $(basename "$d"): $got nodes left after folding"
+	else
+		echo "onnx_ops: $(basename "$d"): $got nodes after import, $want expected"; bad=1
+	fi
+done
 for d in "$AP_TMP"/ops/refused/*/; do
 	out=$("$CLIENT" check "$d" 2>&1)
 	case $out in
