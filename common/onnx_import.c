@@ -44,6 +44,9 @@
 #define NAME_CAP 256
 #define MAX_INTS 16          /* longest INTS attribute the importer builds */
 #define MAX_RANGE_ELEMS ((int64_t)1 << 20)   /* a Range is data: 8 MiB at most */
+/* Resize/Upsample become Gathers over per-axis index and weight tables
+ * (constants built here): an axis of the output may be at most this long. */
+#define MAX_RESIZE_AXIS ((int64_t)1 << 20)
 /* Constant folding: a node whose inputs are all known is evaluated at
  * import when each output is at most FOLD_MAX_BYTES and the evaluation
  * visits at most FOLD_MAX_WORK elements (fold_work); its results become
@@ -1757,6 +1760,9 @@ static int imp_tile(imp *im, const Onnx__NodeProto *n)
 			return fail(im, AP_ETOOLARGE, out_name(n, 0), "Tile: result too large");
 		r.dims[d] = x->sh.dims[d] * rep[d];
 	}
+	if (sh_numel(&r) < 0)
+		return fail(im, AP_ETOOLARGE, out_name(n, 0), "Tile: result of more than %lld elements",
+			    (long long)AP_MAX_ELEMENTS);
 	TRY(emit1(im, AP_OP_TILE, NULL, 1, &x, out_name(n, 0), &r, &y));
 	return bind(im, out_name(n, 0), y);
 }
@@ -2158,11 +2164,16 @@ static int imp_range(imp *im, const Onnx__NodeProto *n)
 	TRY(get_scalar(im, in[2], "Range delta", &d));
 	if (d == 0)
 		return fail(im, AP_EINVAL, in[2]->name, "Range: delta 0");
-	cnt = (int64_t)ceil((l - s) / d);
-	if (cnt < 0)
-		cnt = 0;
-	if (cnt > MAX_RANGE_ELEMS)
-		return fail(im, AP_ETOOLARGE, out_name(n, 0), "Range of %lld elements", (long long)cnt);
+	if (!isfinite(s) || !isfinite(l) || !isfinite(d))
+		return fail(im, AP_EINVAL, out_name(n, 0), "Range from %g to %g by %g", s, l, d);
+	{
+		double c = ceil((l - s) / d);   /* compared as a double: it may not fit an int64 */
+
+		if (c > (double)MAX_RANGE_ELEMS)
+			return fail(im, AP_ETOOLARGE, out_name(n, 0), "Range of %.0f elements (at most %lld)",
+				    c, (long long)MAX_RANGE_ELEMS);
+		cnt = c < 0 ? 0 : (int64_t)c;
+	}
 	t = ap__host_tensor_new(out_name(n, 0), in[0]->sh.dtype, 1, &cnt);
 	if (!t)
 		return fail(im, AP_EUNSUPPORTED, in[0]->name, "Range of dtype %s",
@@ -2434,13 +2445,13 @@ typedef struct ein_op {
  * '0'.. right-aligned over `ell` dims) for an operand of rank `rank`. */
 static int ein_parse(imp *im, const char *s, size_t len, int rank, int ell, ein_op *o)
 {
-	int explicit_n = 0;
+	int explicit_n = 0, total;
 	bool has_ell = false;
 
 	o->n = 0;
 	for (size_t i = 0; i < len; i++) {
 		if (s[i] == '.') {
-			if (i + 2 >= len + 0 || s[i + 1] != '.' || s[i + 2] != '.' || has_ell)
+			if (i + 2 >= len || s[i + 1] != '.' || s[i + 2] != '.' || has_ell)
 				return fail(im, AP_EINVAL, NULL, "Einsum: bad ellipsis");
 			has_ell = true;
 			i += 2;
@@ -2453,6 +2464,11 @@ static int ein_parse(imp *im, const char *s, size_t len, int rank, int ell, ein_
 	if (rank >= 0 && (has_ell ? explicit_n > rank : explicit_n != rank))
 		return fail(im, AP_ESHAPE, NULL, "Einsum: %d labels for an operand of rank %d",
 			    explicit_n, rank);
+	/* the labels this term will hold: o->lab has room for EIN_MAX */
+	total = explicit_n + (has_ell ? (rank >= 0 ? rank - explicit_n : ell) : 0);
+	if (total > AP_MAX_RANK)
+		return fail(im, AP_EUNSUPPORTED, NULL, "Einsum: %d labels in one term (at most %d)",
+			    total, AP_MAX_RANK);
 	for (size_t i = 0; i < len; i++) {
 		if (s[i] == '.') {
 			int e = rank >= 0 ? rank - explicit_n : ell;
@@ -2838,6 +2854,10 @@ static int imp_resize(imp *im, const Onnx__NodeProto *n, bool upsample)
 		if (sh_bytes(&o) < 0)
 			return fail(im, AP_ETOOLARGE, base, "%s: output too large", n->op_type);
 	}
+	for (int d = 0; d < r; d++)
+		if (sizes[d] > MAX_RESIZE_AXIS && (sizes[d] != x->sh.dims[d] || (float)scales[d] != 1.0f))
+			return fail(im, AP_ETOOLARGE, base, "%s: output axis %d of %lld elements (at most %lld)",
+				    n->op_type, d, (long long)sizes[d], (long long)MAX_RESIZE_AXIS);
 	y = x;
 	for (int d = 0; d < r; d++) {
 		int64_t in = x->sh.dims[d], out = sizes[d], bdims[AP_MAX_RANK];

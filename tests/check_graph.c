@@ -837,6 +837,8 @@ START_TEST(new_ops_checked)
 		  2, false, AP_EINVAL, 0, { 0 }, 0 },
 		{ "CumSum exclusive 2", AP_OP_CUM_SUM, 1, 0, { 0 }, NULL, 0, { 0 }, NULL, NULL, "exclusive",
 		  2, false, AP_EINVAL, 0, { 0 }, 0 },
+		{ "CumSum axis 7 of rank 2", AP_OP_CUM_SUM, 1, 0, { 0 }, NULL, 0, { 0 }, NULL, NULL, "axis",
+		  7, false, AP_EINVAL, 0, { 0 }, 0 },
 		{ "CumSum of int64", AP_OP_CUM_SUM, 1, 0, { 0 }, NULL, 0, { 0 }, NULL, NULL, NULL, 0, true,
 		  0, 2, { 3, 4 }, AP_DT_I64 },
 		{ "Trilu upper 3", AP_OP_TRILU, 1, 0, { 0 }, NULL, 0, { 0 }, NULL, NULL, "upper", 3, false,

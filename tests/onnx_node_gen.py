@@ -13,7 +13,10 @@ computed from constants only, with the number of nodes that must remain
 after import in expect_nodes.
 Cases Apollo refuses by design (listed in REFUSED with the reason) are
 written under DIR/refused/ so the caller can check that each is refused
-with a clear error rather than a wrong answer.
+with a clear error rather than a wrong answer; so are hostile models
+(hostile_cases: huge Range/Tile/Resize, out-of-range constant indices,
+malformed Einsum, CumSum and Trilu), each with the words its error must
+carry in expect_error.
 """
 import argparse
 import os
@@ -252,6 +255,56 @@ def random_cases(rng):
     return cases
 
 
+def hostile_cases():
+    """Models a client must not be able to hurt the importer or the daemon
+    with: each must be refused with an error before anything large is
+    allocated.  Yields (name, model, feeds, why, expected words of the
+    error), the words written to expect_error for the caller to match."""
+    F, I = TensorProto.FLOAT, TensorProto.INT64
+    out = []
+
+    def one(name, nodes, inputs, outputs, inits, why, feeds, expect):
+        g = helper.make_graph(nodes, name, inputs, outputs, inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+        m.ir_version = 8
+        out.append((name, m, feeds, why, expect))
+
+    i64 = lambda n, v: numpy_helper.from_array(np.array(v, np.int64), n)
+    f32 = lambda n, v: numpy_helper.from_array(np.array(v, np.float32), n)
+    x = np.zeros((2, 3), np.float32)
+    X = lambda: [vi("x", F, (2, 3))]
+    one("test_hostile_range_2e12", [helper.make_node("Range", ["s", "l", "d"], ["y"])], [], [vi("y", I, None)],
+        [i64("s", 0), i64("l", 2 * 10 ** 12), i64("d", 1)], "a Range of 2e12 elements", [],
+        "Range of 2000000000000 elements")
+    one("test_hostile_range_inf", [helper.make_node("Range", ["s", "l", "d"], ["y"])], [], [vi("y", F, None)],
+        [f32("s", 0), f32("l", np.inf), f32("d", 1)], "a Range up to infinity", [], "Range from 0 to inf")
+    one("test_hostile_tile_huge", [helper.make_node("Tile", ["x", "r"], ["y"])], X(),
+        [vi("y", F, None)], [i64("r", [1 << 30, 1 << 30])], "a Tile of 2^61 elements", [x],
+        "Tile: result of more than")
+    one("test_hostile_resize_huge", [helper.make_node("Resize", ["x", "", "sc"], ["y"])], X(),
+        [vi("y", F, None)], [f32("sc", [1e9, 1e9])], "a Resize to 2e9 x 3e9", [x], "Resize: output too large")
+    one("test_hostile_resize_long_axis", [helper.make_node("Resize", ["x", "", "sc"], ["y"])], X(),
+        [vi("y", F, None)], [f32("sc", [1e9, 1])], "a Resize to 2e9 x 3 (index tables of 2e9)", [x],
+        "Resize: output axis 0 of 2000000000 elements")
+    one("test_hostile_gather_elements_index", [helper.make_node("GatherElements", ["x", "i"], ["y"], axis=1)],
+        X(), [vi("y", F, (2, 2))], [i64("i", [[0, 1], [2, 99]])], "an index of 99 for 3", [x],
+        "GatherElements: index 99")
+    one("test_hostile_scatternd_index", [helper.make_node("ScatterND", ["x", "i", "u"], ["y"])],
+        X(), [vi("y", F, (2, 3))], [i64("i", [[5]]), f32("u", np.ones((1, 3)))], "row 5 of 2", [x],
+        "ScatterND: index 5")
+    one("test_hostile_einsum_labels", [helper.make_node("Einsum", ["x"], ["y"], equation="ab->abcdefghij")],
+        X(), [vi("y", F, None)], [], "10 output labels, more than a term can hold", [x],
+        "Einsum: 10 labels in one term")
+    one("test_hostile_einsum_label_nowhere", [helper.make_node("Einsum", ["x"], ["y"], equation="ab->abc")],
+        X(), [vi("y", F, None)], [], "an output label in no operand", [x],
+        "Einsum: output label 'c' is in no operand")
+    one("test_hostile_cumsum_axis", [helper.make_node("CumSum", ["x", "a"], ["y"])], X(),
+        [vi("y", F, (2, 3))], [i64("a", 7)], "axis 7 of rank 2", [x], "axis 7 out of range for rank 2")
+    one("test_hostile_trilu_rank1", [helper.make_node("Trilu", ["x"], ["y"])], [vi("x", F, (3,))],
+        [vi("y", F, (3,))], [], "Trilu of a vector", [np.zeros(3, np.float32)], "Trilu: input needs rank >= 2")
+    return out
+
+
 def fold_cases(rng):
     """Models whose mask and table subgraphs are computed from constants
     only: after import only the data path must be left (expected node
@@ -387,6 +440,11 @@ def main():
     for nm, _, _, expect in folds:
         with open(os.path.join(a.out, "fold", nm, "expect_nodes"), "w") as f:
             f.write("%d\n" % expect)
+    for nm, m, feeds, why, expect in hostile_cases():
+        write_case(refused, nm, m, [(feeds, [])])
+        with open(os.path.join(refused, nm, "expect_error"), "w") as f:
+            f.write(expect + "\n")
+        print("onnx_node_gen: %s: refused by design (%s)" % (nm, why))
     nc = constant_variants(a.testdata, os.path.join(a.out, "consts"))
     print("onnx_node_gen: %d specification cases, %d random cases (seed %d) against onnxruntime, "
           "%d folding cases, %d node tests folded whole" % (n, len(cases), a.seed, len(folds), nc))

@@ -8,7 +8,10 @@
 # it), checked by `apollo-client check` on target cpu.  The specification's
 # cases Apollo refuses by design (cubic, antialias, tf_crop_and_resize,
 # diagonals, 16-bit floats) must each be refused with an error, never
-# answered wrongly.  Models whose mask and table subgraphs (rotary
+# answered wrongly; hostile models (a Range of 2e12 elements, a Tile of
+# 2^61, a Resize to 2e9 rows, out-of-range constant indices, a malformed
+# Einsum, CumSum or Trilu) must be refused with the error that names the
+# problem, before anything large is allocated.  Models whose mask and table subgraphs (rotary
 # tables, a shifted-window mask, gathers of constants) use constants only
 # must keep only their data path after import (constant folding), and
 # still match onnxruntime; node tests of ../shared/testdata (convolutions,
@@ -42,14 +45,25 @@ for d in "$AP_TMP"/ops/fold/*/; do
 		echo "onnx_ops: $(basename "$d"): $got nodes after import, $want expected"; bad=1
 	fi
 done
+hostile=0
 for d in "$AP_TMP"/ops/refused/*/; do
 	out=$("$CLIENT" check "$d" 2>&1)
 	case $out in
 	*"import: "*|*"unsupported data type"*) ;;
 	*) echo "onnx_ops: $(basename "$d") should be refused at import, got: $out"; bad=1 ;;
 	esac
+	# hostile models: refused with the error that names what is wrong
+	if [ -f "$d/expect_error" ]; then
+		hostile=$((hostile + 1))
+		want=$(cat "$d/expect_error")
+		case $out in
+		*"import: "*"$want"*) ;;
+		*) echo "onnx_ops: $(basename "$d"): the error should say '$want', got: $out"; bad=1 ;;
+		esac
+	fi
 done
-echo "onnx_ops: $(ls -d "$AP_TMP"/ops/refused/*/ | wc -l) cases refused by design, each with an error"
+echo "onnx_ops: $(ls -d "$AP_TMP"/ops/refused/*/ | wc -l) cases refused by design, each with an error" \
+	"($hostile hostile models, each with the expected message)"
 case $("$CLIENT" ping) in
 *"NVRTC none"*) echo "onnx_ops: sm_90: SKIPPED: the daemon reports no NVRTC" ;;
 *)
