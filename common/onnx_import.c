@@ -21,7 +21,12 @@
  * constants (any op: the reference evaluator, onnx_fold.c, implements them
  * all) and its outputs and the work are bounded (FOLD_MAX_BYTES,
  * FOLD_MAX_WORK) it is evaluated on the spot instead of being added, so
- * subgraphs that compute masks and tables from constants disappear.  Shape,
+ * subgraphs that compute masks and tables from constants disappear.
+ * Weights are not constants here: a floating-point initializer too large
+ * to travel by value (AP_CONST_MAX_BYTES) is a PARAM that the client binds
+ * at launch (a training job's weights change every step), so nothing that
+ * reads one is folded, and a model whose integer inputs are given still
+ * compiles its data path instead of collapsing into the evaluator.  Shape,
  * Size, ConstantOfShape and Range are answered from static shapes and
  * constants directly, and an If whose condition is known is replaced by
  * the nodes of the branch it takes.
@@ -63,6 +68,7 @@ typedef struct ival {
 	ap_host_tensor *data;            /* known value (owned) */
 	const Onnx__TensorProto *lazy;   /* known value not yet decoded */
 	bool fill;                       /* every element equals fill_f / fill_i */
+	bool weight;                     /* a large float initializer: never folded into */
 	double fill_f;
 	int64_t fill_i;
 	const char *poison;              /* why this value must not be used */
@@ -299,6 +305,11 @@ static bool graph_dtype(ap_dtype dt)
 static bool int_dtype(ap_dtype dt)
 {
 	return dt == AP_DT_I32 || dt == AP_DT_I64 || dt == AP_DT_I8 || dt == AP_DT_U8;
+}
+
+static bool float_dtype(ap_dtype dt)
+{
+	return dt == AP_DT_F32 || dt == AP_DT_F64 || dt == AP_DT_F16 || dt == AP_DT_BF16;
 }
 
 static bool known(const ival *v)
@@ -655,8 +666,9 @@ static int emit(imp *im, ap_op op, abuf *A, int n_in, ival *const *ins, int n_ou
 			return fail(im, AP_EUNSUPPORTED, ins[i]->name,
 				    "'%s' (%s of node '%s') is not supported", ins[i]->name,
 				    ins[i]->poison, ins[i]->poison_node);
-		if (ins[i] && !known(ins[i]) &&
-		    !(ins[i]->fill && sh_bytes(&ins[i]->sh) >= 0 && sh_bytes(&ins[i]->sh) <= FOLD_MAX_BYTES))
+		if (ins[i] && ((!known(ins[i]) &&
+		     !(ins[i]->fill && sh_bytes(&ins[i]->sh) >= 0 && sh_bytes(&ins[i]->sh) <= FOLD_MAX_BYTES)) ||
+		    ins[i]->weight))
 			fold = false;
 	}
 	for (int k = 0; k < n_out; k++) {
@@ -3113,6 +3125,7 @@ static int import_nodes(imp *im, const Onnx__GraphProto *g)
 				return fail(im, AP_ETOOLARGE, name, "initializer '%s' has a negative or "
 					    "too large dimension", name);
 			}
+			v->weight = float_dtype(v->sh.dtype) && sh_bytes(&v->sh) > AP_CONST_MAX_BYTES;
 		}
 		TRY(bind(im, name, v));
 	}

@@ -378,7 +378,10 @@ CONST_FROM = ("test_conv", "test_convtranspose", "test_averagepool", "test_maxpo
 
 
 def constant_variants(testdata, root):
-    """Writes DIR/consts/<test>: the test with its inputs made initializers."""
+    """Writes DIR/consts/<test>: the test with its inputs made Constant
+    nodes (not initializers: a large float initializer is a weight, bound
+    at launch and never folded), so the whole test folds at import; the
+    nodes left (one Identity per output) go to expect_nodes."""
     src = os.path.join(testdata, "onnx-node")
     n = 0
     for name in sorted(os.listdir(src)) if os.path.isdir(src) else []:
@@ -402,12 +405,17 @@ def constant_variants(testdata, root):
                 t.ParseFromString(f.read())
             outs.append(numpy_helper.to_array(t))
             k += 1
-        for nm, a in zip(feed, ins):
-            m.graph.initializer.append(numpy_helper.from_array(a, nm))
+        consts = [helper.make_node("Constant", [], [nm], value=numpy_helper.from_array(a, nm))
+                  for nm, a in zip(feed, ins)]
+        nodes = consts + list(m.graph.node)
+        del m.graph.node[:]
+        m.graph.node.extend(nodes)
         for i in reversed(range(len(m.graph.input))):
             if m.graph.input[i].name in feed:
                 del m.graph.input[i]
         write_case(root, name + "_consts", m, [([], outs)])
+        with open(os.path.join(root, name + "_consts", "expect_nodes"), "w") as f:
+            f.write("%d\n" % len(m.graph.output))
         n += 1
     return n
 

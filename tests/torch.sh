@@ -41,10 +41,23 @@ for m in gpt cnn; do
 		grep -v '^step  *[1-9]' "$AP_TMP/$m.$run.log"
 	done
 	[ -f "$AP_TMP/$m.warm.json" ] || continue
+	# the whole model through Apollo: a forward and a backward graph, no
+	# break, nothing left to eager PyTorch
+	for run in cold warm; do
+		j=$AP_TMP/$m.$run.json
+		if [ "$(field "$j" graphs)" -lt 2 ] || [ "$(field "$j" graph_breaks)" != "[]" ] ||
+		   [ "$(field "$j" eager_graphs)" != 0 ]; then
+			echo "torch: FAILED: $m ($run): $(field "$j" graphs) graphs, breaks $(field "$j" graph_breaks)," \
+				"$(field "$j" eager_graphs) eager"; fail=1
+		fi
+	done
 	g=$(field "$AP_TMP/$m.warm.json" graphs); h=$(field "$AP_TMP/$m.warm.json" cache_hits)
 	c=$(field "$AP_TMP/$m.cold.json" startup_s); w=$(field "$AP_TMP/$m.warm.json" startup_s)
-	printf 'torch: %s: second process: %s of %s graphs from the cache; start-up %.2f s cold, %.2f s warm\n' \
-		"$m" "$h" "$g" "$c" "$w"
+	printf 'torch: %s: %s parameters; worst loss difference %.1e relative over %s steps, parameters within %.1e\n' \
+		"$m" "$(field "$AP_TMP/$m.cold.json" params)" "$(field "$AP_TMP/$m.cold.json" worst_loss_rel)" \
+		"$(field "$AP_TMP/$m.cold.json" steps)" "$(field "$AP_TMP/$m.cold.json" param_diff)"
+	printf 'torch: %s: second process: %s of %s graphs from the cache; start-up %.2f s cold, %.2f s warm (%.1fx)\n' \
+		"$m" "$h" "$g" "$c" "$w" "$("$PY" -c "print($c / max($w, 1e-9))")"
 	if [ "$g" -lt 1 ] || [ "$g" != "$h" ]; then echo "torch: FAILED: $m: not every graph came from the cache"; fail=1; fi
 done
 
@@ -58,8 +71,8 @@ else
 fi
 if "$PY" tests/torch_train.py break --steps 1 --strict >"$AP_TMP/strict.log" 2>&1; then
 	echo "torch: FAILED: strict mode ran past an unsupported op"; fail=1
-elif grep -q "unsupported op.*atan2" "$AP_TMP/strict.log"; then
-	echo "torch: strict mode: $(grep -o 'unsupported op in the .*' "$AP_TMP/strict.log" | head -1)"
+elif grep -q "^ApolloError: .*unsupported op in the forward graph: aten.atan2" "$AP_TMP/strict.log"; then
+	echo "torch: strict mode: $(grep '^ApolloError: ' "$AP_TMP/strict.log" | head -1)"
 else
 	tail -5 "$AP_TMP/strict.log"; echo "torch: FAILED: strict mode failed for another reason"; fail=1
 fi

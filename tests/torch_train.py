@@ -164,7 +164,8 @@ def main():
           % (st["graphs"], st["cache_hits"], st["kernels"], st["compile_ms"], len(st["graph_breaks"])))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"model": a.model, "params": n_params, "worst_loss_rel": worst, "param_diff": pdiff,
+            json.dump({"model": a.model, "params": n_params, "steps": a.steps, "worst_loss_rel": worst,
+                       "param_diff": pdiff,
                        "startup_s": startup, "ok": ok, **st}, f)
     return 0 if ok else 1
 

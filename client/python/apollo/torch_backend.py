@@ -50,7 +50,7 @@ from torch.fx.passes.operator_support import OperatorSupport
 
 from . import fx as afx
 from .client import Client
-from .errors import ApolloError, DaemonUnavailable, EUNSUPPORTED
+from .errors import ApolloError, EUNSUPPORTED
 from .runtime import Runtime
 
 aten = torch.ops.aten
@@ -310,7 +310,7 @@ def _compile_graph(gm, example_inputs, opts, kind, params):
         try:
             return make_boxed_func(_submit(gm, params, device, opts, name))
         except (afx.Unsupported, ApolloError) as e:
-            if opts.strict or isinstance(e, DaemonUnavailable) and opts.strict:
+            if opts.strict:
                 raise
             _say(opts, "apollo: %s graph runs in eager PyTorch: %s" % (kind, e))
             return _eager(gm)
