@@ -37,19 +37,23 @@ TESTS       := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
 LIBS := $(BUILD)/libapserver.a $(BUILD)/libapollo-client.a $(BUILD)/libapcommon.a
 
-.PHONY: all deps check check-unit check-scripts demo bench clean help
+.PHONY: all deps check check-unit check-scripts check-ub check-asan san-all fuzz fuzz-build \
+	demo bench clean help
 # Keep generated headers and test objects: they are not throw-away intermediates.
 .SECONDARY:
 STANDIN := $(BUILD)/tests/libcuda-standin.so
-all: $(BUILD)/apollod $(BUILD)/apollo-client $(BUILD)/libapollo-client.so $(TESTS) $(STANDIN)
+all: $(BUILD)/apollod $(BUILD)/apollo-client $(BUILD)/apollo-kernels $(BUILD)/libapollo-client.so \
+	$(TESTS) $(STANDIN)
 
 help:
 	@echo "make deps    install what is missing (apt-get, .venv with onnx/onnxruntime/numpy)"
 	@echo "make all     build apollod, apollo-client and the test suites into $(BUILD)/"
 	@echo "make check   deps + build + every test (unit suites, integration, conformance)"
+	@echo "make check-asan  build into $(SAN_BUILD)/ with AddressSanitizer + UBSan, run the suites and conformance"
+	@echo "make fuzz    build the libFuzzer harnesses (clang) into $(FUZZ_BUILD)/, run each $(FUZZ_SECONDS) s"
 	@echo "make demo    deps + build + start apollod + submit a real model twice"
 	@echo "make bench   cold/warm compile benchmark over ../shared/testdata/models"
-	@echo "make clean   remove $(BUILD)/"
+	@echo "make clean   remove $(BUILD)/, $(SAN_BUILD)/ and $(FUZZ_BUILD)/"
 
 deps:
 	@sh tools/deps.sh
@@ -88,9 +92,15 @@ $(BUILD)/apollod: $(call obj,server/main.c) $(LIBS)
 $(BUILD)/apollo-client: $(call obj,client/apollo-client.c) $(LIBS)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
+$(BUILD)/apollo-kernels: $(call obj,tools/apollo-kernels.c) $(LIBS)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
+
+# check_faults fails allocations on purpose: Apollo's own calls go through
+# its __wrap_* functions (tests/check_faults.c).
+$(BUILD)/tests/check_faults: TEST_LDFLAGS = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=strdup
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(CHECK_LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $(TEST_LDFLAGS) -o $@ $< $(LIBS) $(CHECK_LIBS) $(LDLIBS_ALL)
 
 # A stand-in CUDA driver for the GPU path's tests where no GPU exists.
 $(STANDIN): tests/cuda_standin.c
@@ -103,6 +113,7 @@ $(STANDIN): tests/cuda_standin.c
 check: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@$(MAKE) --no-print-directory check-unit
+	@$(MAKE) --no-print-directory check-ub
 	@$(MAKE) --no-print-directory check-scripts
 
 check-unit: $(TESTS)
@@ -110,6 +121,60 @@ check-unit: $(TESTS)
 
 check-scripts: all
 	@APOLLO_BUILD=$(abspath $(BUILD)) sh tools/run-scripts.sh
+
+# --- sanitizers ------------------------------------------------------------------
+# The same sources built into $(SAN_BUILD) with AddressSanitizer (and
+# LeakSanitizer) plus UndefinedBehaviorSanitizer, every report fatal.
+# GCC leaves float-cast-overflow out of -fsanitize=undefined: named here.
+SAN_BUILD ?= build-asan
+SAN_OPT   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow \
+	     -fno-sanitize-recover=all
+SAN_WARN  := $(WARN) -Wno-format-truncation
+SAN_MAKE  := $(MAKE) --no-print-directory -j$(JOBS) BUILD=$(SAN_BUILD) OPT="$(SAN_OPT)" WARN="$(SAN_WARN)"
+SAN_ENV   := ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:abort_on_error=0:strict_string_checks=1 \
+	     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	     APOLLO_BUILD=$(abspath $(SAN_BUILD))
+
+san-all:
+	@$(SAN_MAKE) all
+
+# Undefined behaviour has no visible effect in an optimised build: the
+# regression suite for it (tests/check_undefined.c) runs sanitized.
+check-ub:
+	@$(SAN_MAKE) $(SAN_BUILD)/tests/check_undefined
+	@$(SAN_ENV) sh tools/run-suites.sh $(SAN_BUILD)/tests/check_undefined
+
+# Every unit / integration suite and the conformance script, sanitized.
+check-asan: deps
+	@$(MAKE) --no-print-directory san-all
+	@$(SAN_ENV) sh tools/run-suites.sh $(patsubst $(BUILD)/%,$(SAN_BUILD)/%,$(TESTS))
+	@$(SAN_ENV) sh tests/conformance.sh
+
+# --- fuzzing ------------------------------------------------------------------------
+# libFuzzer harnesses (tests/fuzz/fuzz_*.c) over the same sources, built by
+# clang into $(FUZZ_BUILD) with AddressSanitizer + UBSan; seeds from
+# ../shared/testdata (tests/fuzz/make-seeds.sh); each runs FUZZ_SECONDS.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_OPT := -O1 -g -fno-omit-frame-pointer \
+	    -fsanitize=fuzzer-no-link,address,undefined,float-cast-overflow -fno-sanitize-recover=all
+FUZZERS := envelope onnx tensor bundle compile
+
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(LIBS)
+	$(CC) $(CFLAGS_ALL) -fsanitize=fuzzer -o $@ $< $(LIBS) $(LDLIBS_ALL)
+$(BUILD)/fuzz-seeds: tests/fuzz/seeds.c $(LIBS)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
+
+fuzz-build:
+	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) OPT="$(FUZZ_OPT)" \
+		$(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZERS))
+
+fuzz: deps
+	@$(MAKE) --no-print-directory -j$(JOBS) all $(BUILD)/fuzz-seeds
+	@$(MAKE) --no-print-directory fuzz-build
+	@APOLLO_BUILD=$(abspath $(BUILD)) sh tests/fuzz/make-seeds.sh $(FUZZ_BUILD)/seeds
+	@sh tools/run-fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZERS)
 
 demo: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all
@@ -119,6 +184,6 @@ bench: all
 	@APOLLO_BUILD=$(abspath $(BUILD)) sh bench/run.sh
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) $(FUZZ_BUILD)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -8,13 +8,15 @@
  *   apollo-client check DIR... [--target cpu] [--rtol R] [--atol A] [--jobs N]
  *                 [--threads N] [--timeout S] [--no-fork] [--no-cache]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
- *                 [--keep-whole OP ...] [--save-outputs DIR]
+ *                 [--keep-whole OP ...] [--save-outputs DIR] [--repeat N [--profile]]
  *   apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]
  *   apollo-client ping
  *   apollo-client stats
  * Every subcommand takes --socket PATH (else $APOLLO_SOCKET, else the
  * default socket; "HOST:PORT" for TCP, with --token SECRET or
- * $APOLLO_TOKEN when the daemon wants one).
+ * $APOLLO_TOKEN, which TCP requires) and --daemon-user USER (else
+ * $APOLLO_DAEMON_USER): on a Unix socket the daemon must run as you, as
+ * root, or as that user, or the client refuses it (issue 11).
  *
  * An ONNX model is imported here, on the client (ap_onnx_import): its
  * weights stay in this process and only the Graph travels.  `check` runs the
@@ -48,6 +50,7 @@
 
 static const char *g_socket;   /* --socket; NULL = default */
 static const char *g_token;    /* --token, else $APOLLO_TOKEN (TCP) */
+static const char *g_daemon_user; /* --daemon-user; NULL = $APOLLO_DAEMON_USER */
 
 static void usage(FILE *f)
 {
@@ -58,12 +61,15 @@ static void usage(FILE *f)
 	      "                [--fusion none|rules|apollo] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n"
 	      "  apollo-client check DIR... [--target cpu] [--rtol R] [--atol A] [--jobs N] [--threads N]\n"
 	      "                [--timeout S] [--no-fork] [--no-cache] [--fusion none|rules|apollo]\n"
+	      "                [--repeat N [--profile]]\n"
 	      "                [--fusion-barrier NODE ...] [--keep-whole OP ...] [--save-outputs DIR]\n"
 	      "  apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n"
 	      "  apollo-client ping\n"
 	      "  apollo-client stats\n"
-	      "every subcommand takes --socket PATH (default $APOLLO_SOCKET, else /tmp/apollod-<uid>.sock;\n"
-	      "HOST:PORT for TCP, with --token SECRET or $APOLLO_TOKEN)\n",
+	      "every subcommand takes --socket PATH (default $APOLLO_SOCKET, else\n"
+	      "$XDG_RUNTIME_DIR/apollod.sock, else /tmp/apollod-<uid>/apollod.sock; HOST:PORT for TCP,\n"
+	      "with --token SECRET or $APOLLO_TOKEN) and --daemon-user USER (default $APOLLO_DAEMON_USER:\n"
+	      "a daemon on a Unix socket must run as you, as root or as USER)\n",
 	      f);
 }
 
@@ -292,7 +298,9 @@ static ap_graph *import_model(const uint8_t *buf, size_t len, const bindings *b,
 
 static ap_client *connect_daemon(ap_error *err)
 {
-	return ap_client_connect_token(g_socket, g_token, err);
+	ap_connect_options o = { .token = g_token, .daemon_user = g_daemon_user };
+
+	return ap_client_connect_opts(g_socket, &o, err);
 }
 
 /* ---- submit / convert ---------------------------------------------------------------- */
@@ -596,6 +604,8 @@ typedef struct check_opts {
 	bool no_fork;      /* run in this process (for a debugger) */
 	const char *save_dir;  /* --save-outputs: write each folder's inputs and
 				  computed outputs as SAVE_DIR/<folder name>/ */
+	int repeat;        /* --repeat: runs timed after the checked one */
+	bool profile;      /* --profile: per launch times of those runs */
 } check_opts;
 
 /* The worst output seen so far in one test folder. */
@@ -634,9 +644,64 @@ static const ap_host_tensor *input_data(const char *name, int index, const ap_on
 
 /* Runs one data set of a test folder.  Returns 0 when every output is
  * within tolerance, else a negative code with `msg` saying what. */
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Runs the plan `n` more times; *median_ms gets the median time of one
+ * run (the plan alone: inputs stay bound, outputs are not read). */
+static int time_runs(ap_runtime *rt, int n, double *median_ms, ap_error *err)
+{
+	double *t = calloc((size_t)n, sizeof(double));
+	int rc = 0;
+
+	if (!t)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	for (int i = 0; i < n && rc == 0; i++) {
+		double t0 = ap_now_ms();
+
+		rc = ap_runtime_run(rt, err);
+		t[i] = ap_now_ms() - t0;
+	}
+	qsort(t, (size_t)n, sizeof(double), cmp_double);
+	*median_ms = t[n / 2];
+	free(t);
+	return rc;
+}
+
+/* The launches of the plan by time per run, with their kernels and nodes. */
+static void print_profile(const ap_bundle *b, const ap_runtime *rt, int runs)
+{
+	int n = ap_bundle_n_launches(b);
+	double total = 0;
+
+	for (int i = 0; i < n; i++)
+		total += ap_runtime_launch_ms(rt, i);
+	printf("profile: %d launches, %.3f ms per run\n", n, total / runs);
+	for (int i = 0; i < n; i++) {
+		unsigned kern = 0;
+		int n_args = 0, n_nodes = 0;
+		const uint32_t *args;
+		const char *const *nodes = NULL;
+		const char *cat = "";
+		ap_bundle_kernel kk = {0};
+		double ms = ap_runtime_launch_ms(rt, i) / runs;
+
+		ap_bundle_launch(b, i, &kern, &n_args, &args);
+		ap_bundle_launch_nodes(b, i, &n_nodes, &nodes, &cat);
+		ap_bundle_kernel_get(b, (int)kern, &kk);
+		printf("  launch %3d %9.3f ms %5.1f%%  %-32s %-11s %s%s\n", i, ms,
+		       total > 0 ? 100 * ms * runs / total : 0, kk.name ? kk.name : "?", cat,
+		       n_nodes > 0 ? nodes[n_nodes - 1] : "", n_nodes > 1 ? " ..." : "");
+	}
+}
+
 static int check_set(ap_client **cp, const char *setdir, const uint8_t *model, size_t model_len,
 		     const ap_onnx_io *io, const check_opts *o, const char *save_set, worst *w,
-		     int *n_kernels, unsigned *n_eager, bool *hit, char *msg, size_t cap)
+		     int *n_kernels, unsigned *n_eager, bool *hit, double *run_ms, char *msg, size_t cap)
 {
 	ap_host_tensor **in = NULL, **want = NULL, *got = NULL;
 	int n_in = 0, n_want = 0, rc;
@@ -687,6 +752,7 @@ static int check_set(ap_client **cp, const char *setdir, const uint8_t *model, s
 	*n_eager = st.eager_kernels;
 	*hit = st.cache_hit;
 	ro.threads = o->threads;
+	ro.profile = o->profile && o->repeat > 0;
 	rt = ap_runtime_new(bundle, &ro, &err);
 	if (!rt) {
 		rc = err.code;
@@ -719,6 +785,12 @@ static int check_set(ap_client **cp, const char *setdir, const uint8_t *model, s
 		error_message(&err, "run");
 		goto error;
 	}
+	if (o->repeat > 0 && (rc = time_runs(rt, o->repeat, run_ms, &err)) < 0) {
+		error_message(&err, "run");
+		goto error;
+	}
+	if (ro.profile)
+		print_profile(bundle, rt, o->repeat);
 	if (ap_runtime_n_outputs(rt) != n_want) {
 		rc = ap_error_set(&err, AP_ESHAPE, NULL, NULL,
 				  "the bundle has %d outputs, the test data %d",
@@ -810,6 +882,7 @@ static bool check_dir(ap_client **cp, const char *dir_arg, const check_opts *o)
 	int n_sets = 0, n_kernels = 0, failed_set = -1;
 	unsigned n_eager = 0;
 	bool hit = false, ok = false;
+	double run_ms = 0;
 	worst w = {0};
 	ap_error err;
 	double t0 = ap_now_ms();
@@ -847,7 +920,7 @@ static bool check_dir(ap_client **cp, const char *dir_arg, const check_opts *o)
 		if (o->save_dir)
 			snprintf(save_set, sizeof(save_set), "%s/%s", save, sb ? sb + 1 : sets[s]);
 		if (check_set(cp, sets[s], model, model_len, io, o, o->save_dir ? save_set : NULL, &w,
-			      &n_kernels, &n_eager, &hit, msg, sizeof(msg)) < 0) {
+			      &n_kernels, &n_eager, &hit, &run_ms, msg, sizeof(msg)) < 0) {
 			failed_set = s;
 			goto done;
 		}
@@ -855,9 +928,13 @@ static bool check_dir(ap_client **cp, const char *dir_arg, const check_opts *o)
 	ok = true;
 done:
 	if (ok) {
-		printf("PASS %s  (%d set%s, %d kernels / %u eager, cache %s, %.0f ms) max abs err %.3g%s%s\n",
+		char runs[64] = "";
+
+		if (o->repeat > 0)
+			snprintf(runs, sizeof(runs), ", run %.3f ms median of %d", run_ms, o->repeat);
+		printf("PASS %s  (%d set%s, %d kernels / %u eager, cache %s, %.0f ms%s) max abs err %.3g%s%s\n",
 		       dir, n_sets, n_sets == 1 ? "" : "s", n_kernels, n_eager, hit ? "hit" : "miss",
-		       ap_now_ms() - t0, w.err, w.where[0] ? " at " : "", w.where);
+		       ap_now_ms() - t0, runs, w.err, w.where[0] ? " at " : "", w.where);
 	} else {
 		const char *sn = failed_set >= 0 ? strrchr(sets[failed_set], '/') : NULL;
 		if (w.where[0])
@@ -1070,6 +1147,14 @@ static int cmd_check(int argc, char **argv)
 			i++;
 		} else if (!strcmp(a, "--no-fork")) {
 			o.no_fork = true;
+		} else if (!strcmp(a, "--profile")) {
+			o.profile = true;
+		} else if (!strcmp(a, "--repeat") && v) {
+			if (!parse_int(v, &o.repeat) || o.repeat < 1) {
+				rc = usage_error("--repeat wants a count >= 1, not '%s'", v);
+				goto out;
+			}
+			i++;
 		} else if (a[0] == '-' && a[1]) {
 			rc = usage_error("check: unknown or incomplete option '%s'", a);
 			goto out;
@@ -1186,6 +1271,12 @@ int main(int argc, char **argv)
 				return usage_error("--token wants a value");
 			}
 			g_token = argv[++i];
+		} else if (!strcmp(argv[i], "--daemon-user")) {
+			if (i + 1 >= argc) {
+				free(rest);
+				return usage_error("--daemon-user wants a user name or uid");
+			}
+			g_daemon_user = argv[++i];
 		} else if (!cmd && (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))) {
 			usage(stdout);
 			free(rest);

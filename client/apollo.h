@@ -41,28 +41,48 @@ typedef struct ap_bundle ap_bundle;
 
 /* ---- connection ---------------------------------------------------------- */
 
+/* How to reach and whom to trust (ap_client_connect_opts). */
+typedef struct ap_connect_options {
+	const char *token;        /* TCP: the daemon's tcp_token (required there);
+				     never sent: both sides prove they know it */
+	const char *daemon_user;  /* Unix: also accept a daemon running as this
+				     user (name or uid); NULL = $APOLLO_DAEMON_USER */
+} ap_connect_options;
+
 /* Connects to apollod and performs the version handshake (Hello ->
  * HelloReply, schema version 1).  `addr`:
- *   NULL or ""          the default socket (ap_default_socket_path: $APOLLO_SOCKET,
- *                       else /tmp/apollod-<uid>.sock);
+ *   NULL or ""          the default socket (ap_default_socket_path:
+ *                       $APOLLO_SOCKET, else $XDG_RUNTIME_DIR/apollod.sock,
+ *                       else /tmp/apollod-<uid>/apollod.sock);
  *   "unix:PATH" or any string holding a '/': a Unix socket path;
- *   "tcp:HOST:PORT" or "HOST:PORT": TCP (the daemon must have TCP enabled).
+ *   "tcp:HOST:PORT" or "HOST:PORT": TCP (the daemon must have TCP enabled,
+ *                       and opt->token is required).
+ * On a Unix socket the daemon must run as this user, as root or as
+ * opt->daemon_user (SO_PEERCRED): a socket someone else created is
+ * refused before anything is sent.  Over TCP the token handshake
+ * (common/frame.h) authenticates both sides.  `opt` may be NULL.
+ * If the daemon later closes the connection while it is idle, the next
+ * call opens it again (once) and repeats its request.
  * Returns NULL with `err`: AP_ETOOLARGE (path longer than a Unix socket
- * holds), AP_EIO (cannot connect, with the address and errno text),
- * AP_EVERSION (the daemon speaks another schema), AP_EFRAME/AP_EMESSAGE (a
- * reply that is not a HelloReply), AP_ENOMEM. */
+ * holds), AP_EIO (cannot connect, with the address and errno text; a
+ * daemon of another user), AP_EINVAL (TCP without a token, unknown
+ * daemon_user), AP_EVERSION (the daemon speaks another schema, or fails or
+ * refuses the token handshake), AP_EBUSY (it serves too many clients),
+ * AP_EFRAME/AP_EMESSAGE (a reply that is not a HelloReply), AP_ENOMEM. */
+__ap_give ap_client *ap_client_connect_opts(const char *addr, const ap_connect_options *opt,
+					    ap_error *err);
+/* ap_client_connect_opts with no options. */
 __ap_give ap_client *ap_client_connect(const char *addr, ap_error *err);
-
-/* As ap_client_connect, sending `token` (may be NULL) in the Hello as the
- * word "token=TOKEN" of its client field: a daemon listening on TCP
- * (apollod tcp_token) closes connections that do not carry its secret. */
+/* ap_client_connect_opts with opt->token = token (may be NULL). */
 __ap_give ap_client *ap_client_connect_token(const char *addr, const char *token, ap_error *err);
 
 /* Wraps an already connected stream socket `fd` (consumed: closed by
- * ap_client_free, and on failure).  With `handshake` false no Hello is
- * sent (for tests with a fake server).  Errors as ap_client_connect. */
+ * ap_client_free, and on failure); no peer check, no reconnection.  With
+ * `handshake` false no Hello is sent (for tests with a fake server).
+ * Errors as ap_client_connect. */
 __ap_give ap_client *ap_client_from_fd(__ap_take int fd, bool handshake, ap_error *err);
-/* As ap_client_from_fd with a token for the Hello (see ap_client_connect_token). */
+/* As ap_client_from_fd; with a token the handshake is the authenticating
+ * one (the peer must prove it knows the token). */
 __ap_give ap_client *ap_client_from_fd_token(__ap_take int fd, bool handshake, const char *token,
 					     ap_error *err);
 

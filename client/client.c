@@ -9,11 +9,27 @@
  * is not the expected one, is an error: the client never guesses.  An
  * Envelope.error or CompileResponse.error from the daemon becomes the
  * caller's ap_error with the daemon's code, message, node and tensor.
+ *
+ * Whom the client talks to (issue 11): on a Unix socket the daemon's uid
+ * (SO_PEERCRED) must be this user's, root's, or the one the caller trusts
+ * (ap_connect_options.daemon_user, $APOLLO_DAEMON_USER) -- anybody else
+ * could have created the socket first and would be handed native code to
+ * run.  Over TCP with a token both sides prove they know it (the
+ * handshake in common/frame.h), so a server that does not is refused
+ * before anything is sent.  A reply is decoded within a memory budget
+ * (common/pb_budget.h), and the runtime verifies every blob's digest.
+ *
+ * When a request cannot be sent because the daemon closed the connection,
+ * the reason it left in the socket (ERR_BUSY when it refused us) is read
+ * and reported; a connection the daemon closed while idle (idle_timeout_ms)
+ * is opened again, once, and the request re-sent (every request is
+ * idempotent).
  */
 #include "apollo.h"
 
 #include <errno.h>
 #include <netdb.h>
+#include <pwd.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
@@ -24,16 +40,29 @@
 #include <unistd.h>
 
 #include "../common/frame.h"
+#include "../common/pb_budget.h"
 #include "proto/apollo.pb-c.h"
+
+/* A reply may take this many times its size once decoded, plus 4 MiB. */
+#define REPLY_DECODE_RATIO 16
+#define REPLY_DECODE_FLOOR ((size_t)4 << 20)
 
 struct ap_client {
 	int fd;
 	uint64_t next_id;
 	uint32_t max_frame;
+	unsigned timeout_ms;
 	char server[128];
 	char nvrtc[64];
 	int n_targets;
 	char **targets;
+	/* to open the connection again (ap_client_connect* only) */
+	bool can_reconnect;
+	bool in_handshake;
+	unsigned calls;          /* requests answered on this connection */
+	char *addr;
+	char *token;
+	long trust_uid;          /* -1: none beyond this user and root */
 };
 
 struct ap_bundle {
@@ -43,7 +72,8 @@ struct ap_bundle {
 
 /* ---- frames ---------------------------------------------------------------- */
 
-int ap_client_write_frame(int fd, const uint8_t *buf, size_t len, ap_error *err)
+/* ap_client_write_frame, also giving the errno of a failed send. */
+static int write_frame(int fd, const uint8_t *buf, size_t len, ap_error *err, int *sys_err)
 {
 	uint8_t hdr[AP_FRAME_HEADER_BYTES];
 	struct iovec iov[2];
@@ -74,15 +104,23 @@ int ap_client_write_frame(int fd, const uint8_t *buf, size_t len, ap_error *err)
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
+			*sys_err = errno;
 			if (errno == EAGAIN || errno == EWOULDBLOCK)
 				return ap_error_set(err, AP_EIO, NULL, NULL,
 						    "timed out sending a request to apollod");
 			return ap_error_set(err, AP_EIO, NULL, NULL,
-					    "sending to apollod failed: %s", strerror(errno));
+					    "sending to apollod failed: %s", strerror(*sys_err));
 		}
 		sent += (size_t)n;
 	}
 	return 0;
+}
+
+int ap_client_write_frame(int fd, const uint8_t *buf, size_t len, ap_error *err)
+{
+	int sys_err = 0;
+
+	return write_frame(fd, buf, len, err, &sys_err);
 }
 
 /* Reads exactly `len` bytes.  Returns bytes read before EOF (< len) or -1
@@ -114,7 +152,10 @@ static int read_error(ap_error *err, const char *what)
 			    what, strerror(errno));
 }
 
-int ap_client_read_frame(int fd, uint32_t max, uint8_t **out, uint32_t *len, ap_error *err)
+/* ap_client_read_frame; *closed when the connection ended (EOF or reset)
+ * before the first byte of the reply. */
+static int read_frame(int fd, uint32_t max, uint8_t **out, uint32_t *len, ap_error *err,
+		      bool *closed)
 {
 	uint8_t hdr[AP_FRAME_HEADER_BYTES];
 	uint8_t *buf;
@@ -124,12 +165,17 @@ int ap_client_read_frame(int fd, uint32_t max, uint8_t **out, uint32_t *len, ap_
 
 	*out = NULL;
 	*len = 0;
+	*closed = false;
 	got = read_full(fd, hdr, sizeof(hdr));
-	if (got < 0)
+	if (got < 0) {
+		*closed = errno == ECONNRESET;
 		return read_error(err, "reply header");
-	if (got == 0)
+	}
+	if (got == 0) {
+		*closed = true;
 		return ap_error_set(err, AP_EIO, NULL, NULL,
 				    "apollod closed the connection without a reply");
+	}
 	if ((size_t)got < sizeof(hdr))
 		return ap_error_set(err, AP_EFRAME, NULL, NULL,
 				    "truncated reply: connection closed after %zd of 4 header bytes",
@@ -156,6 +202,13 @@ int ap_client_read_frame(int fd, uint32_t max, uint8_t **out, uint32_t *len, ap_
 	*out = buf;
 	*len = n;
 	return 0;
+}
+
+int ap_client_read_frame(int fd, uint32_t max, uint8_t **out, uint32_t *len, ap_error *err)
+{
+	bool closed;
+
+	return read_frame(fd, max, out, len, err, &closed);
 }
 
 int ap_client_error_from_wire(int wire_code)
@@ -193,19 +246,69 @@ static const char *msg_name(int c)
 	}
 }
 
-/* Sends `req` (its id is set here) and reads the reply, which must carry
- * `want` (or an Error, returned as the daemon's error).  On success *reply
- * is the decoded Envelope (free with apollo__envelope__free_unpacked). */
-static int call(ap_client *c, Apollo__Envelope *req, int want, Apollo__Envelope **reply,
-		ap_error *err)
+/* Reads one reply frame and decodes it within the reply budget; *closed
+ * as read_frame. */
+static int read_envelope(ap_client *c, Apollo__Envelope **out, ap_error *err, bool *closed)
+{
+	ap_pb_budget budget;
+	uint8_t *buf;
+	uint32_t len;
+	int rc;
+
+	*out = NULL;
+	rc = read_frame(c->fd, c->max_frame, &buf, &len, err, closed);
+	if (rc < 0)
+		return rc;
+	ap_pb_budget_init(&budget, ap_pb_decode_limit(len, REPLY_DECODE_RATIO, REPLY_DECODE_FLOOR));
+	*out = apollo__envelope__unpack(&budget.allocator, len, buf);
+	free(buf);
+	if (!*out && budget.exceeded)
+		return ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
+				    "apollod's reply (%u bytes) would take more than %zu bytes to decode",
+				    len, budget.limit);
+	if (!*out && budget.out_of_memory)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL,
+				    "out of memory decoding apollod's %u-byte reply", len);
+	if (!*out)
+		return ap_error_set(err, AP_EMESSAGE, NULL, NULL,
+				    "apollod's reply (%u bytes) does not decode as an apollo.Envelope",
+				    len);
+	return 0;
+}
+
+/* After a send failed because the daemon had closed the connection: the
+ * Error it wrote before closing (ERR_BUSY: too many clients) is still in
+ * our receive buffer.  Returns its code with `err` set, or 0 when there is
+ * none (the peer is gone, so reading does not block). */
+static int pending_error(ap_client *c, ap_error *err)
+{
+	Apollo__Envelope *env = NULL;
+	ap_error e;
+	bool closed;
+	int rc = 0;
+
+	if (read_envelope(c, &env, &e, &closed) < 0)
+		return 0;
+	if (env->msg_case == APOLLO__ENVELOPE__MSG_ERROR)
+		rc = wire_error(err, env->error);
+	apollo__envelope__free_unpacked(env, NULL);
+	return rc;
+}
+
+static int reconnect(ap_client *c, ap_error *err);
+
+/* One attempt of call(); *retry when the daemon had closed the connection
+ * before it could read the request (worth one new connection). */
+static int call_once(ap_client *c, Apollo__Envelope *req, int want, Apollo__Envelope **reply,
+		     ap_error *err, bool *retry)
 {
 	Apollo__Envelope *env;
 	uint8_t *buf;
-	uint32_t len;
 	size_t n;
-	int rc;
+	int rc, sys_err = 0;
 
 	*reply = NULL;
+	*retry = false;
 	if (c->fd < 0)
 		return ap_error_set(err, AP_EIO, NULL, NULL,
 				    "connection to apollod is closed after an earlier error");
@@ -219,21 +322,21 @@ static int call(ap_client *c, Apollo__Envelope *req, int want, Apollo__Envelope 
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL,
 				    "out of memory packing a %zu-byte request", n);
 	apollo__envelope__pack(req, buf);
-	rc = ap_client_write_frame(c->fd, buf, n, err);
+	rc = write_frame(c->fd, buf, n, err, &sys_err);
 	free(buf);
-	if (rc < 0)
-		goto broken;
-	rc = ap_client_read_frame(c->fd, c->max_frame, &buf, &len, err);
-	if (rc < 0)
-		goto broken;
-	env = apollo__envelope__unpack(NULL, len, buf);
-	free(buf);
-	if (!env) {
-		rc = ap_error_set(err, AP_EMESSAGE, NULL, NULL,
-				  "apollod's reply (%u bytes) does not decode as an apollo.Envelope",
-				  len);
+	if (rc < 0) {
+		if (sys_err == EPIPE || sys_err == ECONNRESET) {
+			int why = pending_error(c, err);
+			if (why < 0)
+				rc = why;
+			else
+				*retry = true;
+		}
 		goto broken;
 	}
+	rc = read_envelope(c, &env, err, retry);
+	if (rc < 0)
+		goto broken;
 	if (env->msg_case == APOLLO__ENVELOPE__MSG_ERROR) {
 		rc = wire_error(err, env->error);
 		/* An error for a frame the daemon could not read (bad frame,
@@ -258,11 +361,28 @@ static int call(ap_client *c, Apollo__Envelope *req, int want, Apollo__Envelope 
 		goto broken;
 	}
 	*reply = env;
+	c->calls++;
 	return 0;
 broken:
 	/* The stream may be mid-frame: never read from it again. */
 	close(c->fd);
 	c->fd = -1;
+	return rc;
+}
+
+/* Sends `req` (its id is set here) and reads the reply, which must carry
+ * `want` (or an Error, returned as the daemon's error).  On success *reply
+ * is the decoded Envelope (free with apollo__envelope__free_unpacked).
+ * A connection the daemon closed while it was idle is opened again once. */
+static int call(ap_client *c, Apollo__Envelope *req, int want, Apollo__Envelope **reply,
+		ap_error *err)
+{
+	bool retry = false;
+	int rc = call_once(c, req, want, reply, err, &retry);
+
+	if (rc < 0 && retry && c->can_reconnect && !c->in_handshake && c->calls > 0 &&
+	    reconnect(c, NULL) == 0)
+		rc = call_once(c, req, want, reply, err, &retry);
 	return rc;
 }
 
@@ -273,27 +393,75 @@ static void copy_str(char *dst, size_t cap, const char *src)
 	snprintf(dst, cap, "%s", src ? src : "");
 }
 
+/* The token handshake (common/frame.h), up to and including sending the
+ * client's proof; *rep is then the daemon's full HelloReply. */
+static int authenticate(ap_client *c, Apollo__Envelope *req, Apollo__Hello *hello,
+			const char *token, Apollo__Envelope **rep, ap_error *err)
+{
+	uint8_t nc[AP_AUTH_NONCE_BYTES], ns[AP_AUTH_NONCE_BYTES], proof[AP_AUTH_PROOF_BYTES];
+	Apollo__HelloReply *hr;
+	int rc;
+
+	if (ap_random_bytes(nc, sizeof(nc)))
+		return ap_error_set(err, AP_EIO, NULL, NULL, "no random bytes for the handshake");
+	hello->auth_nonce.data = nc;
+	hello->auth_nonce.len = sizeof(nc);
+	rc = call(c, req, APOLLO__ENVELOPE__MSG_HELLO_REPLY, rep, err);
+	if (rc < 0)
+		return rc;
+	hr = (*rep)->hello_reply;
+	if (!hr || hr->auth_nonce.len != AP_AUTH_NONCE_BYTES ||
+	    !ap_auth_check(token, AP_AUTH_SERVER, nc, hr->auth_nonce.data, hr->auth_proof.data,
+			   hr->auth_proof.len)) {
+		apollo__envelope__free_unpacked(*rep, NULL);
+		*rep = NULL;
+		close(c->fd);
+		c->fd = -1;
+		return ap_error_set(err, AP_EVERSION, NULL, NULL,
+				    "the server did not prove that it knows the token: it is not the "
+				    "apollod you meant (or the token differs); refusing it");
+	}
+	memcpy(ns, hr->auth_nonce.data, sizeof(ns));
+	apollo__envelope__free_unpacked(*rep, NULL);
+	*rep = NULL;
+	if (ap_auth_proof(token, AP_AUTH_CLIENT, nc, ns, proof))
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	hello->auth_nonce.data = NULL;
+	hello->auth_nonce.len = 0;
+	hello->auth_proof.data = proof;
+	hello->auth_proof.len = sizeof(proof);
+	return call(c, req, APOLLO__ENVELOPE__MSG_HELLO_REPLY, rep, err);
+}
+
+static void free_targets(ap_client *c)
+{
+	for (int i = 0; i < c->n_targets; i++)
+		free(c->targets[i]);
+	free(c->targets);
+	c->targets = NULL;
+	c->n_targets = 0;
+}
+
+/* Hello -> HelloReply; with a token (TCP) the authenticating handshake. */
 static int handshake(ap_client *c, const char *token, ap_error *err)
 {
 	Apollo__Envelope req = APOLLO__ENVELOPE__INIT, *rep;
 	Apollo__Hello hello = APOLLO__HELLO__INIT;
 	Apollo__HelloReply *hr;
-	char who[512];
+	char who[64];
 	int rc;
 
 	hello.schema_version = APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
-	if (token && *token) {
-		if (strlen(token) > 256 || strpbrk(token, " \t\n"))
-			return ap_error_set(err, AP_EINVAL, NULL, NULL,
-					    "a token is at most 256 bytes without blanks");
-		snprintf(who, sizeof(who), "libapollo-client %s token=%s", AP_VERSION, token);
-	} else {
-		snprintf(who, sizeof(who), "libapollo-client %s", AP_VERSION);
-	}
+	snprintf(who, sizeof(who), "libapollo-client %s", AP_VERSION);
 	hello.client = who;
 	req.msg_case = APOLLO__ENVELOPE__MSG_HELLO;
 	req.hello = &hello;
-	rc = call(c, &req, APOLLO__ENVELOPE__MSG_HELLO_REPLY, &rep, err);
+	c->in_handshake = true;
+	if (token && *token)
+		rc = authenticate(c, &req, &hello, token, &rep, err);
+	else
+		rc = call(c, &req, APOLLO__ENVELOPE__MSG_HELLO_REPLY, &rep, err);
+	c->in_handshake = false;
 	if (rc < 0)
 		return rc;
 	hr = rep->hello_reply;
@@ -307,6 +475,7 @@ static int handshake(ap_client *c, const char *token, ap_error *err)
 	}
 	copy_str(c->server, sizeof(c->server), hr->server);
 	copy_str(c->nvrtc, sizeof(c->nvrtc), hr->nvrtc_version);
+	free_targets(c);
 	if (hr->n_targets > 0 && hr->n_targets < 1024) {
 		c->targets = calloc(hr->n_targets, sizeof(char *));
 		if (!c->targets) {
@@ -343,12 +512,50 @@ ap_client *ap_client_from_fd_token(int fd, bool do_handshake, const char *token,
 	c->fd = fd;
 	c->next_id = 1;
 	c->max_frame = AP_CLIENT_DEFAULT_MAX_FRAME;
+	c->trust_uid = -1;
 	if (do_handshake && handshake(c, token, err) < 0)
 		return ap_client_free(c);
 	return c;
 }
 
-static int connect_unix(const char *path, ap_error *err)
+/* A user name or decimal uid as a uid; -1 when there is no such user. */
+static long parse_user(const char *s)
+{
+	struct passwd pw, *res = NULL;
+	char buf[2048], *end;
+	long v;
+
+	if (!s || !*s)
+		return -1;
+	v = strtol(s, &end, 10);
+	if (!*end && v >= 0)
+		return v;
+	if (getpwnam_r(s, &pw, buf, sizeof(buf), &res) || !res)
+		return -1;
+	return (long)res->pw_uid;
+}
+
+/* The uid a daemon on a Unix socket runs as must be ours, root's, or the
+ * one we were told to trust: anyone else may have put a socket there. */
+static int check_peer(int fd, const char *path, long trust_uid, ap_error *err)
+{
+	struct ucred cr;
+	socklen_t n = sizeof(cr);
+	uid_t me = geteuid();
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &n) < 0)
+		return ap_error_set(err, AP_EIO, NULL, NULL,
+				    "cannot tell who runs the daemon at %s: %s", path, strerror(errno));
+	if (cr.uid == me || cr.uid == 0 || (trust_uid >= 0 && cr.uid == (uid_t)trust_uid))
+		return 0;
+	return ap_error_set(err, AP_EIO, NULL, NULL,
+			    "refusing the daemon at %s: it runs as uid %u, not as you (uid %u) or "
+			    "root, and it would hand you native code to run; if that is your "
+			    "apollod's account, say so with --daemon-user %u (APOLLO_DAEMON_USER)",
+			    path, (unsigned)cr.uid, (unsigned)me, (unsigned)cr.uid);
+}
+
+static int connect_unix(const char *path, long trust_uid, ap_error *err)
 {
 	struct sockaddr_un sa;
 	int fd;
@@ -374,6 +581,10 @@ static int connect_unix(const char *path, ap_error *err)
 			     "cannot connect to apollod at %s: %s (is the daemon running? "
 			     "--socket PATH or APOLLO_SOCKET select another)",
 			     path, strerror(errno));
+		close(fd);
+		return -1;
+	}
+	if (check_peer(fd, path, trust_uid, err) < 0) {
 		close(fd);
 		return -1;
 	}
@@ -438,33 +649,92 @@ static int connect_tcp(const char *hostport, ap_error *err)
 
 ap_client *ap_client_connect(const char *addr, ap_error *err)
 {
-	return ap_client_connect_token(addr, NULL, err);
+	return ap_client_connect_opts(addr, NULL, err);
 }
 
 ap_client *ap_client_connect_token(const char *addr, const char *token, ap_error *err)
 {
-	char path[128];
-	int fd;
+	ap_connect_options o = { .token = token };
 
+	return ap_client_connect_opts(addr, &o, err);
+}
+
+/* Opens the socket of `addr` (see ap_client_connect); *is_tcp says which
+ * kind.  The fd, or -1 with `err`. */
+static int open_socket(const char *addr, long trust_uid, bool *is_tcp, ap_error *err)
+{
+	char path[128];
+
+	*is_tcp = false;
 	if (!addr || !*addr) {
 		if (ap_default_socket_path(path, sizeof(path)) < 0) {
 			ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
 				     "default socket path ($APOLLO_SOCKET) is too long");
-			return NULL;
+			return -1;
 		}
-		fd = connect_unix(path, err);
-	} else if (!strncmp(addr, "unix:", 5)) {
-		fd = connect_unix(addr + 5, err);
-	} else if (!strncmp(addr, "tcp:", 4)) {
-		fd = connect_tcp(addr + 4, err);
-	} else if (strchr(addr, '/') || !strchr(addr, ':')) {
-		fd = connect_unix(addr, err);
-	} else {
-		fd = connect_tcp(addr, err);
+		return connect_unix(path, trust_uid, err);
 	}
+	if (!strncmp(addr, "unix:", 5))
+		return connect_unix(addr + 5, trust_uid, err);
+	if (strchr(addr, '/') || (!strchr(addr, ':') && strncmp(addr, "tcp:", 4)))
+		return connect_unix(addr, trust_uid, err);
+	*is_tcp = true;
+	return connect_tcp(!strncmp(addr, "tcp:", 4) ? addr + 4 : addr, err);
+}
+
+ap_client *ap_client_connect_opts(const char *addr, const ap_connect_options *opt,
+				  ap_error *err)
+{
+	const char *token = opt ? opt->token : NULL;
+	const char *user = opt && opt->daemon_user ? opt->daemon_user : getenv("APOLLO_DAEMON_USER");
+	long trust_uid = parse_user(user);
+	bool is_tcp;
+	ap_client *c;
+	int fd;
+
+	if (user && *user && trust_uid < 0) {
+		ap_error_set(err, AP_EINVAL, NULL, NULL, "daemon user '%s' does not exist", user);
+		return NULL;
+	}
+	if (token && strlen(token) > 256) {
+		ap_error_set(err, AP_EINVAL, NULL, NULL, "a token is at most 256 bytes");
+		return NULL;
+	}
+	fd = open_socket(addr, trust_uid, &is_tcp, err);
 	if (fd < 0)
 		return NULL;
-	return ap_client_from_fd_token(fd, true, token, err);
+	if (is_tcp && !(token && *token)) {
+		close(fd);
+		ap_error_set(err, AP_EINVAL, NULL, NULL,
+			     "a TCP connection to apollod needs the daemon's token (--token, "
+			     "APOLLO_TOKEN)");
+		return NULL;
+	}
+	c = ap_client_from_fd_token(fd, true, is_tcp ? token : NULL, err);
+	if (!c)
+		return NULL;
+	c->trust_uid = trust_uid;
+	c->addr = addr ? strdup(addr) : NULL;
+	c->token = is_tcp ? strdup(token) : NULL;
+	c->can_reconnect = (!addr || c->addr) && (!is_tcp || c->token);
+	return c;
+}
+
+/* Opens the connection again after the daemon closed it (idle). */
+static int reconnect(ap_client *c, ap_error *err)
+{
+	bool is_tcp;
+	int fd = open_socket(c->addr, c->trust_uid, &is_tcp, err);
+
+	if (fd < 0)
+		return AP_EIO;
+	if (c->fd >= 0)
+		close(c->fd);
+	c->fd = fd;
+	c->calls = 0;
+	if (c->timeout_ms && ap_client_set_timeout_ms(c, c->timeout_ms) < 0)
+		return AP_EIO;
+	return handshake(c, c->token, err);
 }
 
 ap_client *ap_client_free(ap_client *c)
@@ -473,9 +743,9 @@ ap_client *ap_client_free(ap_client *c)
 		return NULL;
 	if (c->fd >= 0)
 		close(c->fd);
-	for (int i = 0; i < c->n_targets; i++)
-		free(c->targets[i]);
-	free(c->targets);
+	free_targets(c);
+	free(c->addr);
+	free(c->token);
 	free(c);
 	return NULL;
 }
@@ -489,6 +759,7 @@ int ap_client_set_timeout_ms(ap_client *c, unsigned ms)
 {
 	struct timeval tv;
 
+	c->timeout_ms = ms;
 	tv.tv_sec = ms / 1000;
 	tv.tv_usec = (ms % 1000) * 1000;
 	if (c->fd < 0 ||

@@ -2,8 +2,10 @@
  * through the driver API loaded with dlopen (see runtime.h).
  *
  * ap_runtime_new first checks the whole bundle against itself (indices,
- * counts, dtypes, sizes, workspace bounds) so that running it can only fail
- * in a kernel; then it loads the kernels and allocates the buffers.  The
+ * counts, dtypes, sizes, workspace bounds, and every kernel blob against
+ * its SHA-256 digest, before anything is loaded: a blob is native code) so
+ * that running it can only fail in a kernel; then it loads the kernels and
+ * allocates the buffers.  The
  * host path keeps one pointer per buffer (intermediates point into the one
  * workspace) and a small thread pool: for each launch the main thread and
  * the workers take chunks of the block range from an atomic counter until
@@ -122,6 +124,7 @@ struct ap_runtime {
 	int max_args;
 	void **argv;             /* host: scratch argument array */
 	pool *pool;
+	double *launch_ms;       /* profile: per launch of the plan, summed over runs */
 	/* GPU */
 	cuda_api cu;
 	bool cu_ready;
@@ -241,6 +244,19 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 		if (kk->blob.len == 0)
 			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
 					    "kernel '%s' has an empty blob", kk->name);
+		{
+			uint8_t d[32];
+
+			if (kk->digest.len != 32)
+				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+						    "kernel '%s' carries no SHA-256 digest of its blob",
+						    kk->name);
+			ap_sha256(kk->blob.data, kk->blob.len, d);
+			if (memcmp(d, kk->digest.data, 32))
+				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+						    "kernel '%s': its blob does not match its digest; "
+						    "not loading it", kk->name);
+		}
 		for (size_t p = 0; p < kk->n_params; p++)
 			if (!kk->params[p])
 				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
@@ -281,6 +297,11 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 		}
 	}
 	return 0;
+}
+
+int ap_runtime_check(const ap_bundle *bundle, ap_error *err)
+{
+	return check_bundle(ap_bundle_pb(bundle), err);
 }
 
 /* ---- host: loading shared objects ------------------------------------------------ */
@@ -799,6 +820,7 @@ ap_runtime *ap_runtime_free(ap_runtime *rt)
 	free(rt->libs);
 	free(rt->lib_fds);
 	free(rt->argv);
+	free(rt->launch_ms);
 	free(rt->kernels);
 	free(rt->buffers);
 	free(rt);
@@ -812,7 +834,7 @@ ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *op
 	ap_runtime *rt;
 	int threads = opt ? opt->threads : 0;
 
-	if (check_bundle(b, err) < 0)
+	if (ap_runtime_check(bundle, err) < 0)
 		return NULL;
 	if (strcmp(target, "cpu") != 0 && !is_gpu_target(target)) {
 		ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
@@ -831,7 +853,9 @@ ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *op
 	rt->n_buffers = (int)b->n_buffers;
 	rt->kernels = calloc(b->n_kernels ? b->n_kernels : 1, sizeof(rt_kernel));
 	rt->buffers = calloc(b->n_buffers ? b->n_buffers : 1, sizeof(rt_buffer));
-	if (!rt->kernels || !rt->buffers) {
+	if (opt && opt->profile)
+		rt->launch_ms = calloc(b->n_plan ? b->n_plan : 1, sizeof(double));
+	if (!rt->kernels || !rt->buffers || (opt && opt->profile && !rt->launch_ms)) {
 		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 		return ap_runtime_free(rt);
 	}
@@ -1013,9 +1037,13 @@ static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 			vals[a] = rt->buffers[la->args[a]].dev;
 			pp[a] = &vals[a];
 		}
+		double t0 = rt->launch_ms ? ap_now_ms() : 0;
+
 		r = cu->cuLaunchKernel(k->cufn, kk->grid[0], kk->grid[1], kk->grid[2], kk->block[0],
 				       kk->block[1], kk->block[2], kk->dynamic_shared_bytes, stream,
 				       pp, NULL);
+		if (r == 0 && rt->launch_ms && (r = cu->cuCtxSynchronize()) == 0)
+			rt->launch_ms[l] += ap_now_ms() - t0;
 		if (r != 0) {
 			rc = ap_error_set(err, AP_EIO, kk->name, NULL,
 					  "launch %zu of kernel '%s' failed: %s", l, kk->name,
@@ -1095,11 +1123,22 @@ int ap_runtime_run_stream(ap_runtime *rt, void *stream, ap_error *err)
 	for (size_t l = 0; l < rt->b->n_plan; l++) {
 		const Apollo__Launch *la = rt->b->plan[l];
 		const rt_kernel *k = &rt->kernels[la->kernel];
+		double t0 = rt->launch_ms ? ap_now_ms() : 0;
+
 		for (size_t a = 0; a < la->n_args; a++)
 			rt->argv[a] = rt->buffers[la->args[a]].host;
 		pool_launch(rt->pool, k->fn, rt->argv, (unsigned)k->blocks);
+		if (rt->launch_ms)
+			rt->launch_ms[l] += ap_now_ms() - t0;
 	}
 	return 0;
+}
+
+double ap_runtime_launch_ms(const ap_runtime *rt, int i)
+{
+	if (!rt->launch_ms || i < 0 || (size_t)i >= rt->b->n_plan)
+		return -1;
+	return rt->launch_ms[i];
 }
 
 ap_host_tensor *ap_runtime_output(ap_runtime *rt, int index, ap_error *err)

@@ -43,17 +43,26 @@ typedef struct ap_runtime_options {
 			  caller binds each to its own memory (ap_runtime_bind_ptr);
 			  one bound by copy, or an output never bound, gets its own
 			  allocation when first needed */
+	bool profile;  /* time every launch (GPU: synchronising after each one) */
 } ap_runtime_options;
 
-/* Checks the bundle (every kernel, launch argument and buffer index in
- * range; grid/block of 3 values each and non-zero; kernel parameter count
- * equal to each launch's argument count; argument dtype equal to the
- * buffer's; intermediates inside the workspace; buffer bytes equal to dims x
- * dtype size), loads its kernels and allocates its buffers.  `opt` may be
- * NULL.  Returns NULL with `err`: AP_EINVAL (a malformed bundle, naming the
- * kernel or buffer), AP_EUNSUPPORTED (a target this runtime cannot run, or
- * no CUDA driver / device: the message says which), AP_ECOMPILE (dlopen,
- * dlsym or cuModuleLoadData failed), AP_ETOOLARGE, AP_ENOMEM, AP_EIO. */
+/* Checks the bundle against itself, loading nothing: every kernel, launch
+ * argument and buffer index in range; grid/block of 3 values each and
+ * non-zero; kernel parameter count equal to each launch's argument count;
+ * argument dtype equal to the buffer's; intermediates inside the
+ * workspace; buffer bytes equal to dims x dtype size; every blob equal to
+ * its SHA-256 digest (a blob is native code: one that is not the bytes the
+ * daemon named is never loaded; the digest proves integrity, not who made
+ * the bundle -- that is the connection's business, see apollo.h).
+ * 0, or AP_EINVAL / AP_ETOOLARGE naming the kernel or buffer. */
+int ap_runtime_check(__ap_keep const ap_bundle *b, ap_error *err);
+
+/* ap_runtime_check, then loads the bundle's kernels and allocates its
+ * buffers.  `opt` may be NULL.  Returns NULL with `err`: AP_EINVAL (a
+ * malformed bundle, naming the kernel or buffer), AP_EUNSUPPORTED (a target
+ * this runtime cannot run, or no CUDA driver / device: the message says
+ * which), AP_ECOMPILE (dlopen, dlsym or cuModuleLoadData failed),
+ * AP_ETOOLARGE, AP_ENOMEM, AP_EIO. */
 __ap_give ap_runtime *ap_runtime_new(__ap_keep const ap_bundle *b,
 				     const ap_runtime_options *opt, ap_error *err);
 ap_runtime *ap_runtime_free(__ap_take ap_runtime *rt);   /* accepts NULL */
@@ -114,6 +123,12 @@ int ap_runtime_run(ap_runtime *rt, ap_error *err);
  * overlap (same stream, or the caller waits).  The host target ignores
  * `stream` and returns when the plan has run.  Errors as ap_runtime_run. */
 int ap_runtime_run_stream(ap_runtime *rt, void *stream, ap_error *err);
+
+/* With ap_runtime_options.profile: the milliseconds launch `i` of the plan
+ * took, summed over every run so far (host: the wall time of its blocks on
+ * the runtime's threads; GPU: from the launch until the device finished
+ * it).  -1 when profiling is off or i is not a launch of the plan. */
+double ap_runtime_launch_ms(const ap_runtime *rt, int i);
 
 /* A host copy of the OUTPUT buffer with Buffer.index `index` (name, dtype,
  * dims, data).  NULL with `err` (AP_EINVAL: no such output; AP_ENOMEM;

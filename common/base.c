@@ -89,6 +89,17 @@ __ap_give char *ap_strdup(__ap_keep const char *s)
 	return d;
 }
 
+int64_t ap_f64_to_i64(double v)
+{
+	if (v != v)
+		return 0;
+	if (v >= 0x1p63)
+		return INT64_MAX;
+	if (v <= -0x1p63)
+		return INT64_MIN;
+	return (int64_t)v;
+}
+
 double ap_now_ms(void)
 {
 	struct timespec ts;

@@ -69,6 +69,11 @@ __ap_give char *ap_strdup(__ap_keep const char *s);
 /* Writes `s` as a JSON string literal (quotes and escapes; NULL as ""). */
 void ap__json_string(FILE *f, const char *s);
 
+/* `v` converted to int64 without undefined behaviour (C11 6.3.1.4): NaN
+ * gives 0, values beyond the int64 range saturate, others truncate toward
+ * zero. */
+int64_t ap_f64_to_i64(double v);
+
 /* Monotonic clock in milliseconds (CLOCK_MONOTONIC). */
 double ap_now_ms(void);
 

@@ -407,7 +407,7 @@ int64_t ap_node_int(const ap_node *node, const char *attr, int64_t dflt)
 	if (a->type == AP_ATTR_INT)
 		return a->i;
 	if (a->type == AP_ATTR_FLOAT)
-		return (int64_t)a->f;
+		return ap_f64_to_i64(a->f);
 	return dflt;
 }
 

@@ -201,18 +201,17 @@ int ap_graph_infer_node(ap_graph *g, int n, ap_error *err);
 int ap_graph_validate(ap_graph *g, ap_error *err);
 
 /* Canonical SHA-256 of the graph: independent of node order, tensor order
- * and every name except graph input/param names' *positions*: tensors are
- * identified by their producer's structure, inputs by position, params by
- * (name-free) position among params sorted by first use.  CONST data is
- * hashed by value.  `out` receives 32 bytes.  Requires a validated graph. */
-void ap_graph_hash(const ap_graph *g, uint8_t out[32]);
-/* The canonical rank ap_graph_hash gives each PARAM tensor (by first use,
- * independent of names and order): rank[t] for PARAM t, -1 for every other
- * tensor (`rank` holds n_tensors ints).  Two graphs with the same hash
- * give corresponding params the same rank, which is how a cached bundle's
- * params are named after the graph of a later request.  Returns the
- * number of params, or AP_ENOMEM.  Requires a validated graph. */
-int ap_graph_param_ranks(const ap_graph *g, int *rank);
+ * and every name: tensors are identified by their producer's structure,
+ * inputs by position, params by (name-free) position among params sorted
+ * by first use.  CONST data is hashed by value.  `out` receives 32 bytes.
+ * Requires a validated graph.  Returns 0, or AP_ENOMEM (then `out` is all
+ * zero and must not be used as a key). */
+int ap_graph_hash(const ap_graph *g, uint8_t out[32]);
+/* As ap_graph_hash, with the name of every tensor and node hashed too: two
+ * graphs hash alike only when a bundle compiled for one serves the other
+ * (bundles bind params and inputs by name and list node names).  This is
+ * what cache keys use.  0 or AP_ENOMEM. */
+int ap_graph_hash_named(const ap_graph *g, uint8_t out[32]);
 
 /* ---- protobuf (graph_pb.c) ---------------------------------------------- */
 
@@ -284,5 +283,13 @@ void ap_sha256_update(ap_sha256_ctx *c, const void *buf, size_t len);
 void ap_sha256_final(__ap_take ap_sha256_ctx *c, uint8_t out[32]);
 /* 64 lowercase hex chars + NUL. */
 void ap_hex(const uint8_t *in, size_t n, char *out);
+/* HMAC-SHA256 of the concatenated parts (n of them) with `key`: 0 or
+ * AP_ENOMEM; see hash.c. */
+int ap_hmac_sha256(const void *key, size_t key_len, const void *const *parts,
+		   const size_t *lens, int n, uint8_t out[32]);
+/* `n` random bytes (OS CSPRNG): 0 or AP_EIO. */
+int ap_random_bytes(uint8_t *buf, size_t n);
+/* Constant-time equality of n bytes. */
+bool ap_mem_equal_ct(const void *a, const void *b, size_t n);
 
 #endif

@@ -1,5 +1,8 @@
-/* graph_hash.c -- ap_graph_hash: the canonical SHA-256 of a graph, the part
- * of every cache key that says "the same computation".
+/* graph_hash.c -- ap_graph_hash: the canonical SHA-256 of a graph, "the
+ * same computation"; ap_graph_hash_named: the same with every tensor and
+ * node name in it, the part of every cache key that says "the same
+ * bundle" (a bundle binds params and inputs by name and names nodes in its
+ * plan: two graphs may share a bundle only when those names agree).
  *
  * A Merkle hash over the graph's structure, with no name in it:
  *   - a node hashes its op, its attributes (sorted by name, so their order
@@ -10,7 +13,9 @@
  *     rank among the params sorted by first use (below);
  *   - the graph hashes its input and output tensors in order, then the
  *     sorted multiset of all node hashes (so dead nodes count too).
- * Node order and tensor order never enter, and neither do names.
+ * Node order and tensor order never enter, and neither do names -- unless
+ * `named`: then every tensor's hash and every node's hash also holds its
+ * name, and params that tie on structure are ranked by name.
  *
  * "First use" of a param must itself be free of order and names: pass 1
  * hashes with all params anonymous (dtype and shape only) and gives each
@@ -91,8 +96,9 @@ static void put_attr(ap_sha256_ctx *c, const ap_attr *a)
 	}
 }
 
-/* Hash of every tensor and node; param_rank[t] = rank of PARAM t or -1. */
-static int hash_pass(const ap_graph *g, const int *input_pos, const int *param_rank,
+/* Hash of every tensor and node; param_rank[t] = rank of PARAM t or -1;
+ * with `named` the names too. */
+static int hash_pass(const ap_graph *g, bool named, const int *input_pos, const int *param_rank,
 		     hbuf *th, hbuf *nh, const ap_attr **scratch)
 {
 	static const hbuf zero;
@@ -125,6 +131,8 @@ static int hash_pass(const ap_graph *g, const int *input_pos, const int *param_r
 			put_shape(c, ten);
 			break;
 		}
+		if (named)
+			put_str(c, ten->name);
 		ap_sha256_final(c, th[t].h);
 	}
 	for (int n = 0; n < g->n_nodes; n++) {
@@ -135,6 +143,8 @@ static int hash_pass(const ap_graph *g, const int *input_pos, const int *param_r
 			return AP_ENOMEM;
 		put_str(c, "node");
 		put_str(c, ap_op_name(node->op));
+		if (named)
+			put_str(c, node->name);
 		for (int a = 0; a < node->n_attrs; a++)
 			scratch[a] = &node->attrs[a];
 		qsort(scratch, (size_t)node->n_attrs, sizeof(*scratch), cmp_attr);
@@ -165,6 +175,8 @@ static int hash_pass(const ap_graph *g, const int *input_pos, const int *param_r
 			ap_sha256_update(c, nh[n].h, 32);
 			put_i64(c, k);
 			put_shape(c, &g->tensors[t]);
+			if (named)
+				put_str(c, g->tensors[t].name);
 			ap_sha256_final(c, th[t].h);
 		}
 	}
@@ -175,6 +187,7 @@ typedef struct param_key {
 	int tensor;
 	uint8_t key[33];   /* consumer hash + slot (0xff... when unused) */
 	uint8_t self[32];  /* the param's own anonymous hash */
+	const char *name;  /* named hashes: breaks ties; else NULL */
 } param_key;
 
 static int cmp_param(const void *a, const void *b)
@@ -182,7 +195,11 @@ static int cmp_param(const void *a, const void *b)
 	const param_key *x = a, *y = b;
 	int r = memcmp(x->key, y->key, sizeof(x->key));
 
-	return r ? r : memcmp(x->self, y->self, sizeof(x->self));
+	if (!r)
+		r = memcmp(x->self, y->self, sizeof(x->self));
+	if (!r && x->name && y->name)
+		r = strcmp(x->name, y->name);
+	return r;
 }
 
 static int cmp_hbuf(const void *a, const void *b)
@@ -190,23 +207,43 @@ static int cmp_hbuf(const void *a, const void *b)
 	return memcmp(a, b, 32);
 }
 
-/* Pass 1 (params anonymous), then each PARAM's rank by its first use into
- * param_rank[] (-1 for other tensors).  input_pos[] must be filled. */
-static int rank_params(const ap_graph *g, const int *input_pos, int *param_rank, hbuf *th,
-		       hbuf *nh, param_key *pk, const ap_attr **scratch)
+static int graph_hash(const ap_graph *g, bool named, uint8_t out[32])
 {
-	int n_params = 0;
+	int *input_pos = calloc((size_t)g->n_tensors + 1, sizeof(int));
+	int *param_rank = calloc((size_t)g->n_tensors + 1, sizeof(int));
+	hbuf *th = calloc((size_t)g->n_tensors + 1, sizeof(hbuf));
+	hbuf *nh = calloc((size_t)g->n_nodes + 1, sizeof(hbuf));
+	param_key *pk = calloc((size_t)g->n_tensors + 1, sizeof(param_key));
+	int max_attrs = 1, n_params = 0;
+	const ap_attr **scratch;
+	ap_sha256_ctx *c;
+	int rc = AP_ENOMEM;
 
-	for (int t = 0; t < g->n_tensors; t++)
+	for (int n = 0; n < g->n_nodes; n++)
+		if (g->nodes[n].n_attrs > max_attrs)
+			max_attrs = g->nodes[n].n_attrs;
+	scratch = calloc((size_t)max_attrs, sizeof(*scratch));
+	memset(out, 0, 32);
+	if (!input_pos || !param_rank || !th || !nh || !pk || !scratch)
+		goto done;
+	for (int t = 0; t < g->n_tensors; t++) {
+		input_pos[t] = -1;
 		param_rank[t] = -1;
-	if (hash_pass(g, input_pos, param_rank, th, nh, scratch) < 0)
-		return AP_ENOMEM;
+	}
+	for (int i = 0; i < g->n_inputs; i++)
+		if (g->inputs[i] >= 0 && g->inputs[i] < g->n_tensors)
+			input_pos[g->inputs[i]] = i;
+
+	/* pass 1: anonymous params; rank them by first use */
+	if (hash_pass(g, named, input_pos, param_rank, th, nh, scratch) < 0)
+		goto done;
 	for (int t = 0; t < g->n_tensors; t++) {
 		if (g->tensors[t].kind != AP_TENSOR_PARAM)
 			continue;
 		pk[n_params].tensor = t;
 		memset(pk[n_params].key, 0xff, sizeof(pk[n_params].key));
 		memcpy(pk[n_params].self, th[t].h, 32);
+		pk[n_params].name = named ? (g->tensors[t].name ? g->tensors[t].name : "") : NULL;
 		param_rank[t] = n_params++;
 	}
 	for (int n = 0; n < g->n_nodes; n++) {
@@ -229,100 +266,45 @@ static int rank_params(const ap_graph *g, const int *input_pos, int *param_rank,
 	qsort(pk, (size_t)n_params, sizeof(*pk), cmp_param);
 	for (int r = 0; r < n_params; r++)
 		param_rank[pk[r].tensor] = r;
-	return n_params;
-}
 
-/* The scratch both entry points need. */
-typedef struct hash_work {
-	int *input_pos, *param_rank;
-	hbuf *th, *nh;
-	param_key *pk;
-	const ap_attr **scratch;
-} hash_work;
-
-static void work_free(hash_work *w)
-{
-	free(w->input_pos);
-	free(w->param_rank);
-	free(w->th);
-	free(w->nh);
-	free(w->pk);
-	free(w->scratch);
-}
-
-static int work_init(const ap_graph *g, hash_work *w)
-{
-	int max_attrs = 1;
-
-	for (int n = 0; n < g->n_nodes; n++)
-		if (g->nodes[n].n_attrs > max_attrs)
-			max_attrs = g->nodes[n].n_attrs;
-	w->input_pos = calloc((size_t)g->n_tensors + 1, sizeof(int));
-	w->param_rank = calloc((size_t)g->n_tensors + 1, sizeof(int));
-	w->th = calloc((size_t)g->n_tensors + 1, sizeof(hbuf));
-	w->nh = calloc((size_t)g->n_nodes + 1, sizeof(hbuf));
-	w->pk = calloc((size_t)g->n_tensors + 1, sizeof(param_key));
-	w->scratch = calloc((size_t)max_attrs, sizeof(*w->scratch));
-	if (!w->input_pos || !w->param_rank || !w->th || !w->nh || !w->pk || !w->scratch) {
-		work_free(w);
-		return AP_ENOMEM;
-	}
-	for (int t = 0; t < g->n_tensors; t++)
-		w->input_pos[t] = -1;
-	for (int i = 0; i < g->n_inputs; i++)
-		if (g->inputs[i] >= 0 && g->inputs[i] < g->n_tensors)
-			w->input_pos[g->inputs[i]] = i;
-	return 0;
-}
-
-int ap_graph_param_ranks(const ap_graph *g, int *rank)
-{
-	hash_work w;
-	int n;
-
-	if (work_init(g, &w) < 0)
-		return AP_ENOMEM;
-	n = rank_params(g, w.input_pos, w.param_rank, w.th, w.nh, w.pk, w.scratch);
-	if (n >= 0)
-		memcpy(rank, w.param_rank, (size_t)g->n_tensors * sizeof(int));
-	work_free(&w);
-	return n;
-}
-
-void ap_graph_hash(const ap_graph *g, uint8_t out[32])
-{
-	hash_work w;
-	int n_params;
-	ap_sha256_ctx *c;
-
-	memset(out, 0, 32);
-	if (work_init(g, &w) < 0)
-		return;
-	/* pass 1: anonymous params; rank them by first use */
-	n_params = rank_params(g, w.input_pos, w.param_rank, w.th, w.nh, w.pk, w.scratch);
-	if (n_params < 0)
-		goto done;
 	/* pass 2: with the ranks */
-	if (hash_pass(g, w.input_pos, w.param_rank, w.th, w.nh, w.scratch) < 0)
+	if (hash_pass(g, named, input_pos, param_rank, th, nh, scratch) < 0)
 		goto done;
 	c = ap_sha256_new();
 	if (!c)
 		goto done;
-	put_str(c, "apollo-graph-v1");
+	put_str(c, named ? "apollo-graph-named-v1" : "apollo-graph-v1");
 	put_i64(c, g->n_inputs);
 	for (int i = 0; i < g->n_inputs; i++)
 		if (g->inputs[i] >= 0 && g->inputs[i] < g->n_tensors)
-			ap_sha256_update(c, w.th[g->inputs[i]].h, 32);
+			ap_sha256_update(c, th[g->inputs[i]].h, 32);
 	put_i64(c, g->n_outputs);
 	for (int i = 0; i < g->n_outputs; i++)
 		if (g->outputs[i] >= 0 && g->outputs[i] < g->n_tensors)
-			ap_sha256_update(c, w.th[g->outputs[i]].h, 32);
+			ap_sha256_update(c, th[g->outputs[i]].h, 32);
 	put_i64(c, n_params);
-	qsort(w.nh, (size_t)g->n_nodes, sizeof(hbuf), cmp_hbuf);
+	qsort(nh, (size_t)g->n_nodes, sizeof(hbuf), cmp_hbuf);
 	put_i64(c, g->n_nodes);
 	for (int n = 0; n < g->n_nodes; n++)
-		ap_sha256_update(c, w.nh[n].h, 32);
+		ap_sha256_update(c, nh[n].h, 32);
 	ap_sha256_final(c, out);
+	rc = 0;
 done:
-	work_free(&w);
+	free(input_pos);
+	free(param_rank);
+	free(th);
+	free(nh);
+	free(pk);
+	free(scratch);
+	return rc;
+}
+
+int ap_graph_hash(const ap_graph *g, uint8_t out[32])
+{
+	return graph_hash(g, false, out);
+}
+
+int ap_graph_hash_named(const ap_graph *g, uint8_t out[32])
+{
+	return graph_hash(g, true, out);
 }

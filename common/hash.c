@@ -1,4 +1,6 @@
-/* hash.c -- SHA-256 through OpenSSL's EVP interface, and hex printing.
+/* hash.c -- SHA-256 through OpenSSL's EVP interface, hex printing, and the
+ * few other things Apollo takes from libcrypto: HMAC-SHA256, random bytes
+ * and a constant-time comparison (the TCP handshake, common/frame.h).
  *
  * Everything Apollo hashes (canonical graphs, cache keys, kernel blobs) goes
  * through these few functions, so the digest algorithm is chosen in one
@@ -6,7 +8,10 @@
  */
 #include "graph.h"
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,4 +78,49 @@ void ap_hex(const uint8_t *in, size_t n, char *out)
 		out[2 * i + 1] = digits[in[i] & 15];
 	}
 	out[2 * n] = '\0';
+}
+
+/* HMAC-SHA256 (RFC 2104) with `key` over the concatenation of the `n`
+ * byte strings parts[i] (lens[i] bytes each), into `out` (32 bytes).
+ * 0, or AP_ENOMEM (OpenSSL failed; `out` is then all zero and must not be
+ * compared with anything). */
+int ap_hmac_sha256(const void *key, size_t key_len, const void *const *parts,
+		   const size_t *lens, int n, uint8_t out[32])
+{
+	uint8_t *msg;
+	size_t total = 0, off = 0;
+	unsigned int olen = 32;
+	int rc = 0;
+
+	memset(out, 0, 32);
+	for (int i = 0; i < n; i++)
+		total += lens[i];
+	msg = malloc(total ? total : 1);
+	if (!msg)
+		return AP_ENOMEM;
+	for (int i = 0; i < n; i++) {
+		if (lens[i])
+			memcpy(msg + off, parts[i], lens[i]);
+		off += lens[i];
+	}
+	if (!HMAC(EVP_sha256(), key, (int)key_len, msg, total, out, &olen)) {
+		memset(out, 0, 32);
+		rc = AP_ENOMEM;
+	}
+	free(msg);
+	return rc;
+}
+
+/* `n` bytes from the operating system's CSPRNG (through OpenSSL).  0, or
+ * AP_EIO when none could be had. */
+int ap_random_bytes(uint8_t *buf, size_t n)
+{
+	return RAND_bytes(buf, (int)n) == 1 ? 0 : AP_EIO;
+}
+
+/* True when the `n` bytes at a and b are equal; the time taken does not
+ * depend on where they differ. */
+bool ap_mem_equal_ct(const void *a, const void *b, size_t n)
+{
+	return CRYPTO_memcmp(a, b, n) == 0;
 }

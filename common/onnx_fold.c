@@ -45,13 +45,7 @@ static double ld(const ap_host_tensor *t, int64_t i)
 
 static int64_t f2i(double v)
 {
-	if (isnan(v))
-		return 0;
-	if (v >= 9.2233720368547758e18)
-		return INT64_MAX;
-	if (v <= -9.2233720368547758e18)
-		return INT64_MIN;
-	return (int64_t)v;
+	return ap_f64_to_i64(v);
 }
 
 static int64_t li(const ap_host_tensor *t, int64_t i)

@@ -39,6 +39,7 @@
  * wrong; no state outlives a call, so concurrent imports are independent.
  */
 #include "onnx_internal.h"
+#include "pb_budget.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -58,6 +59,11 @@
  * CONSTs, or PARAMs with data when larger than AP_CONST_MAX_BYTES. */
 #define FOLD_MAX_BYTES ((int64_t)16 << 20)
 #define FOLD_MAX_WORK ((int64_t)1 << 27)
+/* A model may take this many times its size once decoded, plus 16 MiB:
+ * weights decode at 1x, structure at 2-18x (the backend-test models);
+ * crafted bytes would take much more (issue 11, item 6). */
+#define MODEL_DECODE_RATIO 16
+#define MODEL_DECODE_FLOOR ((size_t)16 << 20)
 
 /* ---- what the importer knows of an ONNX value ---------------------------- */
 
@@ -811,7 +817,7 @@ static int64_t aint(const Onnx__NodeProto *n, const char *name, int64_t dflt)
 	if (a->has_i)
 		return a->i;
 	if (a->has_f)
-		return (int64_t)a->f;
+		return ap_f64_to_i64(a->f);
 	return dflt;
 }
 
@@ -2095,8 +2101,8 @@ static int imp_constant_of_shape(imp *im, const Onnx__NodeProto *n)
 		}
 		if (dt != AP_DT_F32 && dt != AP_DT_F64)
 			f = (double)iv;
-		else
-			iv = (int64_t)f;
+		else   /* iv is unused for float fills; NaN / out of range would be UB */
+			iv = ap_f64_to_i64(f);
 		ap_host_tensor_free(t);
 	}
 	for (int i = 0; i < cnt; i++)
@@ -2196,8 +2202,11 @@ static int imp_range(imp *im, const Onnx__NodeProto *n)
 		switch (t->dtype) {
 		case AP_DT_F32: ((float *)t->data)[i] = (float)x; break;
 		case AP_DT_F64: ((double *)t->data)[i] = x; break;
-		case AP_DT_I32: ((int32_t *)t->data)[i] = (int32_t)x; break;
-		case AP_DT_I64: ((int64_t *)t->data)[i] = (int64_t)s + i * (int64_t)d; break;
+		case AP_DT_I32: ((int32_t *)t->data)[i] = (int32_t)ap_f64_to_i64(x); break;
+		case AP_DT_I64:
+			((int64_t *)t->data)[i] = (int64_t)((uint64_t)ap_f64_to_i64(s) +
+							    (uint64_t)i * (uint64_t)ap_f64_to_i64(d));
+			break;
 		default: break;
 		}
 	}
@@ -3273,8 +3282,10 @@ static int import_inputs(imp *im, const Onnx__GraphProto *g, const ap_host_tenso
 				return AP_ENOMEM;
 			t = ap_graph_add_tensor(im->g, tn, sh.dtype, sh.rank, sh.dims, AP_TENSOR_INPUT,
 						NULL, 0);
+			if (t < 0)
+				return nomem(im);
 			p = realloc(im->g->inputs, (size_t)(im->g->n_inputs + 1) * sizeof(int));
-			if (t < 0 || !p)
+			if (!p)
 				return nomem(im);
 			im->g->inputs = p;
 			im->g->inputs[im->g->n_inputs++] = t;
@@ -3369,6 +3380,7 @@ __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
 				   __ap_give ap_params **params, ap_error *err)
 {
 	Onnx__ModelProto *m;
+	ap_pb_budget budget;
 	imp im;
 	ap_error local;
 	int rc;
@@ -3380,7 +3392,18 @@ __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
 	ap_error_clear(err);
 	memset(&im, 0, sizeof(im));
 	im.err = err;
-	m = onnx__model_proto__unpack(NULL, len, buf);
+	ap_pb_budget_init(&budget, ap_pb_decode_limit(len, MODEL_DECODE_RATIO, MODEL_DECODE_FLOOR));
+	m = onnx__model_proto__unpack(&budget.allocator, len, buf);
+	if (!m && budget.out_of_memory) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory decoding the ONNX model");
+		return NULL;
+	}
+	if (!m && budget.exceeded) {
+		ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
+			     "a %zu-byte ONNX model would take more than %zu bytes to decode", len,
+			     budget.limit);
+		return NULL;
+	}
 	if (!m) {
 		ap_error_set(err, AP_EMESSAGE, NULL, NULL,
 			     "%zu bytes do not decode as an ONNX ModelProto", len);

@@ -7,10 +7,12 @@
  * row-major) or in one typed repeated field chosen by data_type (ONNX IR
  * spec, "Tensor data"): float_data for float32, double_data for float64,
  * int64_data for int64, int32_data for int32, int8, uint8 and bool.  The
- * data is always checked against dims before anything is allocated, so the
- * memory used is bounded by the bytes received.
+ * data (raw bytes or typed values) is always checked against dims before
+ * the tensor's buffer is allocated, so the memory used is bounded by the
+ * bytes received.
  */
 #include "onnx_internal.h"
+#include "pb_budget.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -83,22 +85,20 @@ static bool dtype_supported(int dt)
 	return false;
 }
 
-/* Copies `count` typed values of a repeated field into t->data. */
-static int fill_typed(ap_host_tensor *t, const Onnx__TensorProto *tp, int64_t numel,
-		      const char *name, ap_error *err)
+/* How many values the typed field that holds data of type `dt` carries. */
+static size_t typed_count(const Onnx__TensorProto *tp, ap_dtype dt)
 {
-	size_t have;
-
-	switch (t->dtype) {
-	case AP_DT_F32: have = tp->n_float_data; break;
-	case AP_DT_F64: have = tp->n_double_data; break;
-	case AP_DT_I64: have = tp->n_int64_data; break;
-	default: have = tp->n_int32_data; break;
+	switch (dt) {
+	case AP_DT_F32: return tp->n_float_data;
+	case AP_DT_F64: return tp->n_double_data;
+	case AP_DT_I64: return tp->n_int64_data;
+	default: return tp->n_int32_data;
 	}
-	if (have != (size_t)numel)
-		return ap_error_set(err, AP_EINVAL, NULL, name,
-				    "tensor '%s' has %zu values for %lld elements",
-				    name, have, (long long)numel);
+}
+
+/* Copies the `numel` typed values (counted by the caller) into t->data. */
+static void fill_typed(ap_host_tensor *t, const Onnx__TensorProto *tp, int64_t numel)
+{
 	for (int64_t i = 0; i < numel; i++) {
 		switch (t->dtype) {
 		case AP_DT_F32: ((float *)t->data)[i] = tp->float_data[i]; break;
@@ -110,7 +110,6 @@ static int fill_typed(ap_host_tensor *t, const Onnx__TensorProto *tp, int64_t nu
 		default: ((uint8_t *)t->data)[i] = (uint8_t)tp->int32_data[i]; break;
 		}
 	}
-	return 0;
 }
 
 __ap_give ap_host_tensor *ap__onnx_tensor_from_proto(const Onnx__TensorProto *tp,
@@ -159,6 +158,13 @@ __ap_give ap_host_tensor *ap__onnx_tensor_from_proto(const Onnx__TensorProto *tp
 			     (size_t)numel * ap_dtype_size(dt));
 		return NULL;
 	}
+	/* The values must be there before their buffer is: a few bytes of
+	 * dims must not buy gigabytes. */
+	if (!tp->has_raw_data && numel > 0 && typed_count(tp, dt) != (size_t)numel) {
+		ap_error_set(err, AP_EINVAL, NULL, name, "tensor '%s' has %zu values for %lld elements",
+			     name, typed_count(tp, dt), (long long)numel);
+		return NULL;
+	}
 	t = ap__host_tensor_new(name, dt, (int)tp->n_dims, tp->dims);
 	if (!t) {
 		ap_error_set(err, AP_ENOMEM, NULL, name, "out of memory decoding tensor '%s'", name);
@@ -173,8 +179,7 @@ __ap_give ap_host_tensor *ap__onnx_tensor_from_proto(const Onnx__TensorProto *tp
 				((uint8_t *)t->data)[i] = ((uint8_t *)t->data)[i] != 0;
 		return t;
 	}
-	if (fill_typed(t, tp, numel, name, err) < 0)
-		return ap_host_tensor_free(t);
+	fill_typed(t, tp, numel);
 	return t;
 }
 
@@ -183,9 +188,23 @@ __ap_give ap_host_tensor *ap__onnx_tensor_from_proto(const Onnx__TensorProto *tp
  * external data), AP_EINVAL (data does not match dims), AP_ETOOLARGE. */
 __ap_give ap_host_tensor *ap_onnx_tensor_decode(const uint8_t *buf, size_t len, ap_error *err)
 {
-	Onnx__TensorProto *tp = onnx__tensor_proto__unpack(NULL, len, buf);
+	ap_pb_budget budget;
+	Onnx__TensorProto *tp;
 	ap_host_tensor *t;
 
+	/* typed values decode at up to 8x (one byte of varint per int64) */
+	ap_pb_budget_init(&budget, ap_pb_decode_limit(len, 16, (size_t)1 << 20));
+	tp = onnx__tensor_proto__unpack(&budget.allocator, len, buf);
+	if (!tp && budget.out_of_memory) {
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory decoding a TensorProto");
+		return NULL;
+	}
+	if (!tp && budget.exceeded) {
+		ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
+			     "a %zu-byte TensorProto would take more than %zu bytes to decode", len,
+			     budget.limit);
+		return NULL;
+	}
 	if (!tp) {
 		ap_error_set(err, AP_EMESSAGE, NULL, NULL,
 			     "%zu bytes do not decode as an onnx.TensorProto", len);

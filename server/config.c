@@ -30,8 +30,11 @@ static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL
 static const ap_config_option options[] = {
 	{ "socket", STR(socket), "", 0, 0, NULL,
 	  "Unix socket the daemon listens on.  Empty: $APOLLO_SOCKET when set, "
-	  "else /tmp/apollod-<uid>.sock.  A stale socket file is removed at start; "
-	  "when a live daemon answers on it, apollod refuses to start." },
+	  "else $XDG_RUNTIME_DIR/apollod.sock, else /tmp/apollod-<uid>/apollod.sock "
+	  "(a private directory, created mode 0700).  The socket's directory must "
+	  "belong to this user or root and not be writable by others unless sticky; "
+	  "apollod refuses to start otherwise.  A stale socket file is removed at "
+	  "start; when a live daemon answers on it, apollod refuses to start." },
 	{ "socket_mode", NUM(AP_CFG_INT, socket_mode), "0600", 0, 0777, NULL,
 	  "Permission bits of the socket file (octal with a leading 0).  0660 lets "
 	  "the socket's group connect." },
@@ -39,12 +42,16 @@ static const ap_config_option options[] = {
 	  "Also listen on TCP at HOST:PORT, e.g. 0.0.0.0:7070 or [::1]:7070.  Empty: "
 	  "no TCP listener.  Needs tcp_token." },
 	{ "tcp_token", STR(tcp_token), "", 0, 0, NULL,
-	  "Secret a TCP client must send in its first message, a Hello whose client "
-	  "field contains the word token=SECRET; anything else closes the connection." },
+	  "Secret shared with TCP clients.  Client and daemon each prove they know "
+	  "it (HMAC-SHA256 over fresh nonces) before anything else is served; it is "
+	  "never sent.  Use a long random value (openssl rand -hex 32): a recorded "
+	  "handshake allows guessing a short one offline." },
 	{ "cache", STR(cache), "", 0, 0, NULL,
 	  "SQLite cache file (created with its directories).  Empty: "
 	  "$XDG_CACHE_HOME/apollo/cache.db, else ~/.cache/apollo/cache.db.  \"off\": "
-	  "no cache.  A cache that cannot be opened only disables caching." },
+	  "no cache.  A cache that cannot be opened only disables caching; a file that "
+	  "is not a database (garbage, truncated, corrupt) is moved aside as "
+	  "PATH.corrupt-TIME and replaced by a new cache." },
 	{ "workers", NUM(AP_CFG_INT, workers), "0", 0, 256, NULL,
 	  "Worker threads that run compile jobs (also the NVRTC / cc processes one "
 	  "request runs in parallel).  0: one per CPU." },
@@ -53,9 +60,49 @@ static const ap_config_option options[] = {
 	  "answered with ERR_TOO_LARGE and the connection is closed, before "
 	  "anything is allocated." },
 	{ "max_clients", NUM(AP_CFG_INT, max_clients), "256", 1, 65536, NULL,
-	  "Connections served at once; one more is answered ERR_BUSY and closed." },
+	  "Connections served at once (Unix, and TCP once authenticated); one more "
+	  "is answered ERR_BUSY and closed." },
+	{ "max_clients_per_user", NUM(AP_CFG_INT, max_clients_per_user), "64", 1, 65536, NULL,
+	  "Unix connections of one user (the peer's uid) at once, so that one user "
+	  "cannot take every slot; one more is answered ERR_BUSY and closed." },
 	{ "max_pending", NUM(AP_CFG_INT, max_pending), "1024", 1, 1000000, NULL,
 	  "Compile requests queued or running at once; more are answered ERR_BUSY." },
+	{ "max_unauth_clients", NUM(AP_CFG_INT, max_unauth_clients), "16", 1, 65536, NULL,
+	  "TCP connections that have not authenticated yet, at once: a budget of "
+	  "their own, apart from max_clients, so that unauthenticated clients cannot "
+	  "lock anyone out.  One more is answered ERR_BUSY and closed." },
+	{ "max_unauth_frame_bytes", NUM(AP_CFG_SIZE, max_unauth_frame_bytes), "4K", 256,
+	  1LL << 20, NULL,
+	  "Largest frame payload accepted from a TCP client before it has "
+	  "authenticated (a Hello is about 100 bytes).  A longer length prefix is "
+	  "answered ERR_TOO_LARGE and the connection is closed." },
+	{ "auth_timeout_ms", NUM(AP_CFG_INT, auth_timeout_ms), "10000", 10, 3600000, NULL,
+	  "Milliseconds a TCP client has, from connecting, to complete the token "
+	  "handshake; then it is disconnected.  A frame that does not decode also "
+	  "ends an unauthenticated connection." },
+	{ "idle_timeout_ms", NUM(AP_CFG_INT, idle_timeout_ms), "600000", 0, 86400000LL, NULL,
+	  "Milliseconds a connection may stay open with nothing to do (no frame "
+	  "arriving, no request running, no reply queued) before it is closed.  "
+	  "libapollo-client reconnects by itself.  0: never." },
+	{ "frame_timeout_ms", NUM(AP_CFG_INT, frame_timeout_ms), "60000", 10, 3600000, NULL,
+	  "Milliseconds from the first byte of a frame to its last (slow-loris "
+	  "clients); a frame not complete by then is answered ERR_BAD_FRAME and "
+	  "the connection is closed.  64 MiB in 60 s needs about 1.1 MB/s." },
+	{ "send_timeout_ms", NUM(AP_CFG_INT, send_timeout_ms), "60000", 10, 3600000, NULL,
+	  "Milliseconds a client may leave its replies unread (no write progress) "
+	  "before it is disconnected." },
+	{ "max_reply_queue_bytes", NUM(AP_CFG_SIZE, max_reply_queue_bytes), "64M", 64LL << 10,
+	  4LL << 30, NULL,
+	  "Memory one client's unread replies may take, counting what each queued "
+	  "reply really costs (payload, header, bookkeeping).  Above it the daemon "
+	  "stops reading that client's requests until the queue is down to a "
+	  "quarter; a client whose queue grows past twice this is disconnected." },
+	{ "decode_memory_ratio", NUM(AP_CFG_INT, decode_memory_ratio), "16", 1, 1024, NULL,
+	  "A request may take at most this many times its frame size, plus 4 MiB, "
+	  "once decoded (a Graph's tensors and nodes cost more in memory than on "
+	  "the wire: real graphs 2-10x, crafted ones 50x and more).  Decoding "
+	  "stops and the request is answered ERR_TOO_LARGE when it would need "
+	  "more." },
 	{ "log_level", NUM(AP_CFG_ENUM, log_level), "info", 0, 0, log_levels,
 	  "Least severe messages written to stderr." },
 	{ "foreground", NUM(AP_CFG_BOOL, foreground), "true", 0, 0, NULL,

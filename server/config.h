@@ -36,7 +36,16 @@ typedef struct ap_config {
 	long long workers;         /* worker threads; 0 = one per CPU */
 	long long max_frame_bytes; /* largest accepted frame payload, bytes */
 	long long max_clients;     /* simultaneous connections */
+	long long max_clients_per_user; /* Unix connections of one peer uid */
 	long long max_pending;     /* compile requests queued or running */
+	long long max_unauth_clients;   /* TCP connections not yet authenticated */
+	long long max_unauth_frame_bytes; /* largest frame before authentication */
+	long long auth_timeout_ms; /* TCP: time to authenticate */
+	long long idle_timeout_ms; /* a connection with nothing to do; 0 = never */
+	long long frame_timeout_ms;/* a frame from its first byte to its last */
+	long long send_timeout_ms; /* queued replies without progress */
+	long long max_reply_queue_bytes; /* memory of one client's unread replies */
+	long long decode_memory_ratio;   /* decoded request <= ratio x frame + 4 MiB */
 	long long log_level;       /* ap_log_level */
 	int foreground;            /* 0: detach (fork, setsid) once listening */
 } ap_config;

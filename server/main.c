@@ -5,7 +5,8 @@
  * waits on a pipe until the child listens, so `apollod --no-foreground`
  * returns once the daemon is ready, with the child's status); NVRTC (its
  * absence is a warning: target cpu is still served); the cache (its failure
- * is a warning: requests are then compiled every time); the server.  Exit
+ * is a warning: requests are then compiled every time; a file that is not a
+ * database is moved aside and replaced, see cache.h); the server.  Exit
  * status: 0 after a clean SIGTERM / SIGINT, 1 when start-up failed, 2 for a
  * bad command line or config file.
  */

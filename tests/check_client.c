@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "client/apollo.h"
@@ -173,6 +174,9 @@ enum fake_mode {
 	FAKE_OLD_SCHEMA,    /* HelloReply with schema 7 */
 	FAKE_HUGE,          /* a reply header over the client's limit */
 	FAKE_HANGUP,        /* closes after reading the request */
+	FAKE_AUTH,          /* the token handshake, knowing "s3cret" */
+	FAKE_AUTH_WRONG,    /* the token handshake, knowing another token */
+	FAKE_BUSY,          /* writes ERR_BUSY and closes, reading nothing */
 };
 
 typedef struct fake {
@@ -188,6 +192,8 @@ typedef struct fake {
 	int last_fusion;
 	char last_barrier[32];
 	char last_keep_whole[32];
+	uint8_t nc[AP_AUTH_NONCE_BYTES], ns[AP_AUTH_NONCE_BYTES], proof[AP_AUTH_PROOF_BYTES];
+	int auth_ok;        /* client proofs that passed */
 } fake;
 
 static Apollo__Bundle *fake_bundle(void)
@@ -249,6 +255,18 @@ static void *fake_main(void *arg)
 {
 	fake *f = arg;
 
+	if (f->mode == FAKE_BUSY) {
+		Apollo__Envelope rep = APOLLO__ENVELOPE__INIT;
+		Apollo__Error e = APOLLO__ERROR__INIT;
+
+		e.code = APOLLO__ERROR_CODE__ERR_BUSY;
+		e.message = "apollod serves at most 1 clients at once";
+		rep.msg_case = APOLLO__ENVELOPE__MSG_ERROR;
+		rep.error = &e;
+		send_env(f->fd, &rep);
+		close(f->fd);
+		return NULL;
+	}
 	for (;;) {
 		uint8_t *buf;
 		uint32_t len;
@@ -275,6 +293,26 @@ static void *fake_main(void *arg)
 		switch (req->msg_case) {
 		case APOLLO__ENVELOPE__MSG_HELLO:
 			snprintf(f->hello_client, sizeof(f->hello_client), "%s", req->hello->client);
+			if ((f->mode == FAKE_AUTH || f->mode == FAKE_AUTH_WRONG) &&
+			    req->hello->auth_nonce.len == AP_AUTH_NONCE_BYTES) {
+				const char *tok = f->mode == FAKE_AUTH ? "s3cret" : "guess";
+				memcpy(f->nc, req->hello->auth_nonce.data, AP_AUTH_NONCE_BYTES);
+				ck_assert_int_eq(ap_random_bytes(f->ns, AP_AUTH_NONCE_BYTES), 0);
+				ck_assert_int_eq(ap_auth_proof(tok, AP_AUTH_SERVER, f->nc, f->ns, f->proof), 0);
+				hr.schema_version = APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
+				hr.server = "fake 1.0";
+				hr.auth_nonce.data = f->ns;
+				hr.auth_nonce.len = AP_AUTH_NONCE_BYTES;
+				hr.auth_proof.data = f->proof;
+				hr.auth_proof.len = AP_AUTH_PROOF_BYTES;
+				rep.msg_case = APOLLO__ENVELOPE__MSG_HELLO_REPLY;
+				rep.hello_reply = &hr;
+				break;
+			}
+			if (f->mode == FAKE_AUTH &&
+			    ap_auth_check("s3cret", AP_AUTH_CLIENT, f->nc, f->ns,
+					  req->hello->auth_proof.data, req->hello->auth_proof.len))
+				f->auth_ok++;
 			hr.schema_version = f->mode == FAKE_OLD_SCHEMA ? 7 : APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
 			hr.server = "fake 1.0";
 			hr.nvrtc_version = "12.4";
@@ -416,31 +454,156 @@ START_TEST(handshake_ping_stats)
 }
 END_TEST
 
-START_TEST(hello_carries_token)
+/* Issue 11, item 2: with a token the client and the daemon prove to each
+ * other that they know it; the token itself never travels. */
+START_TEST(token_handshake)
 {
 	fake_run r;
 	ap_error err;
 	int fds[2];
 
-	fake_start(&r, FAKE_OK, true, &err);
-	ck_assert_ptr_nonnull(r.c);
-	ck_assert_ptr_null(strstr(r.f.hello_client, "token="));
+	/* the fake knows the token: connected, and it saw a valid proof */
+	memset(&r, 0, sizeof(r));
+	pair(fds);
+	r.f.fd = fds[1];
+	r.f.mode = FAKE_AUTH;
+	ck_assert_int_eq(pthread_create(&r.tid, NULL, fake_main, &r.f), 0);
+	r.c = ap_client_from_fd_token(fds[0], true, "s3cret", &err);
+	ck_assert_msg(r.c != NULL, "%s", err.msg);
+	ck_assert_ptr_null(strstr(r.f.hello_client, "s3cret"));
+	ck_assert_int_eq(ap_client_ping(r.c, NULL, 0, &err), 0);
 	fake_stop(&r);
+	ck_assert_int_eq(r.f.auth_ok, 1);
+	ck_assert_int_eq(r.f.served, 3);   /* Hello, Hello with the proof, ping */
 
+	/* a server that does not know the token is refused before anything
+	 * else is sent to it */
+	memset(&r, 0, sizeof(r));
+	pair(fds);
+	r.f.fd = fds[1];
+	r.f.mode = FAKE_AUTH_WRONG;
+	ck_assert_int_eq(pthread_create(&r.tid, NULL, fake_main, &r.f), 0);
+	r.c = ap_client_from_fd_token(fds[0], true, "s3cret", &err);
+	ck_assert_ptr_null(r.c);
+	ck_assert_int_eq(err.code, AP_EVERSION);
+	ck_assert_ptr_nonnull(strstr(err.msg, "did not prove"));
+	fake_stop(&r);
+	ck_assert_int_eq(r.f.served, 1);
+
+	/* ... and so is a plain daemon that answers without a proof */
 	memset(&r, 0, sizeof(r));
 	pair(fds);
 	r.f.fd = fds[1];
 	ck_assert_int_eq(pthread_create(&r.tid, NULL, fake_main, &r.f), 0);
 	r.c = ap_client_from_fd_token(fds[0], true, "s3cret", &err);
-	ck_assert_ptr_nonnull(r.c);
-	ck_assert_ptr_nonnull(strstr(r.f.hello_client, " token=s3cret"));
+	ck_assert_ptr_null(r.c);
+	ck_assert_int_eq(err.code, AP_EVERSION);
 	fake_stop(&r);
 
-	/* A token with blanks would split the word: refused before sending. */
-	pair(fds);
-	ck_assert_ptr_null(ap_client_from_fd_token(fds[0], true, "a b", &err));
-	ck_assert_int_eq(err.code, AP_EINVAL);
-	close(fds[1]);
+	/* without a token: a plain Hello */
+	fake_start(&r, FAKE_OK, true, &err);
+	ck_assert_ptr_nonnull(r.c);
+	fake_stop(&r);
+}
+END_TEST
+
+/* Issue 11, item 10: a daemon that refuses a client (too many clients)
+ * writes ERR_BUSY and closes before reading anything; the client's next
+ * write fails with EPIPE, and it printed "Broken pipe" instead of the
+ * daemon's reason, which is waiting in its receive buffer. */
+START_TEST(busy_reason_after_broken_pipe)
+{
+	fake_run r;
+	ap_error err;
+
+	fake_start(&r, FAKE_BUSY, false, &err);
+	ck_assert_ptr_nonnull(r.c);
+	pthread_join(r.tid, NULL);   /* it has written and closed */
+	ck_assert_int_eq(ap_client_ping(r.c, NULL, 0, &err), AP_EBUSY);
+	ck_assert_str_eq(err.msg, "apollod serves at most 1 clients at once");
+	r.c = ap_client_free(r.c);
+}
+END_TEST
+
+/* A listener that serves each connection one Hello and one more request,
+ * then closes it, as apollod does with a connection idle for too long. */
+struct idle_server {
+	int listener, accepted;
+};
+
+static void *idle_server_main(void *arg)
+{
+	struct idle_server *sv = arg;
+
+	for (int k = 0; k < 2; k++) {
+		int c = accept(sv->listener, NULL, NULL);
+
+		if (c < 0)
+			break;
+		sv->accepted++;
+		for (int i = 0; i < 2; i++) {
+			uint8_t *buf;
+			uint32_t len;
+			Apollo__Envelope *req, rep = APOLLO__ENVELOPE__INIT;
+			Apollo__HelloReply hr = APOLLO__HELLO_REPLY__INIT;
+			Apollo__PingReply pr = APOLLO__PING_REPLY__INIT;
+
+			if (ap_client_read_frame(c, 1 << 20, &buf, &len, NULL) < 0)
+				break;
+			req = apollo__envelope__unpack(NULL, len, buf);
+			free(buf);
+			rep.id = req->id;
+			if (req->msg_case == APOLLO__ENVELOPE__MSG_HELLO) {
+				hr.schema_version = APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
+				hr.server = "idle";
+				rep.msg_case = APOLLO__ENVELOPE__MSG_HELLO_REPLY;
+				rep.hello_reply = &hr;
+			} else {
+				pr.server = "idle";
+				rep.msg_case = APOLLO__ENVELOPE__MSG_PONG;
+				rep.pong = &pr;
+			}
+			apollo__envelope__free_unpacked(req, NULL);
+			send_env(c, &rep);
+		}
+		close(c);
+	}
+	return NULL;
+}
+
+/* The daemon closes a connection idle for idle_timeout_ms; the next call
+ * opens a new one by itself and repeats its request. */
+START_TEST(reconnects_after_idle_close)
+{
+	char dir[] = "/tmp/apollo-client-XXXXXX", path[96];
+	struct sockaddr_un a;
+	struct idle_server sv = { 0 };
+	pthread_t tid;
+	ap_client *c;
+	ap_error err;
+	char server[32];
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/s", dir);
+	memset(&a, 0, sizeof(a));
+	a.sun_family = AF_UNIX;
+	memcpy(a.sun_path, path, strlen(path) + 1);
+	sv.listener = socket(AF_UNIX, SOCK_STREAM, 0);
+	ck_assert_int_eq(bind(sv.listener, (struct sockaddr *)&a, sizeof(a)), 0);
+	ck_assert_int_eq(listen(sv.listener, 4), 0);
+	ck_assert_int_eq(pthread_create(&tid, NULL, idle_server_main, &sv), 0);
+	c = ap_client_connect(path, &err);
+	ck_assert_msg(c != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_client_ping(c, server, sizeof(server), &err), 0);
+	/* the server has closed the connection now; the next ping reconnects */
+	ck_assert_msg(ap_client_ping(c, server, sizeof(server), &err) == 0, "%s", err.msg);
+	ck_assert_str_eq(server, "idle");
+	ap_client_free(c);
+	pthread_join(tid, NULL);
+	ck_assert_int_eq(sv.accepted, 2);
+	close(sv.listener);
+	unlink(path);
+	rmdir(dir);
 }
 END_TEST
 
@@ -1296,7 +1459,9 @@ static Suite *client_suite(void)
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, handshake_ping_stats);
 	tcase_add_test(tc, version_mismatch);
-	tcase_add_test(tc, hello_carries_token);
+	tcase_add_test(tc, token_handshake);
+	tcase_add_test(tc, busy_reason_after_broken_pipe);
+	tcase_add_test(tc, reconnects_after_idle_close);
 	tcase_add_test(tc, submit_graph_and_accessors);
 	tcase_add_test(tc, submit_error_reply);
 	tcase_add_test(tc, bad_replies);

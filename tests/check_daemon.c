@@ -34,6 +34,7 @@
 #include "common/frame.h"
 #include "common/graph.h"
 #include "proto/apollo.pb-c.h"
+#include "proto/onnx.pb-c.h"
 
 typedef struct daemon {
 	pid_t pid;
@@ -1404,23 +1405,76 @@ static Apollo__Envelope *hello(int fd, const char *client)
 	return recv_env(fd);
 }
 
-/* TCP is off by default and asks for the token when on. */
-START_TEST(tcp_needs_token)
+/* The token handshake over `fd` (common/frame.h) with `token`: returns the
+ * reply to the second Hello (NULL when the daemon closed after the first);
+ * *server_ok says whether the daemon's proof checked out for `token`. */
+static Apollo__Envelope *tcp_auth(int fd, const char *token, bool *server_ok)
 {
-	daemon_t d;
-	char spec[32];
-	const char *extra[] = { "--tcp", spec, "--tcp-token", "s3cret", NULL };
-	Apollo__Envelope *r;
-	int port = 20000 + (int)(getpid() % 20000), fd = -1;
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT, *r;
+	Apollo__Hello h = APOLLO__HELLO__INIT;
+	uint8_t nc[AP_AUTH_NONCE_BYTES], ns[AP_AUTH_NONCE_BYTES], proof[AP_AUTH_PROOF_BYTES];
 
-	snprintf(spec, sizeof(spec), "127.0.0.1:%d", port);
-	daemon_start_in(&d, NULL, NULL, extra);
+	ck_assert_int_eq(ap_random_bytes(nc, sizeof(nc)), 0);
+	h.schema_version = APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
+	h.client = "check_daemon";
+	h.auth_nonce.data = nc;
+	h.auth_nonce.len = sizeof(nc);
+	env.id = 7;
+	env.msg_case = APOLLO__ENVELOPE__MSG_HELLO;
+	env.hello = &h;
+	send_env(fd, &env);
+	r = recv_env(fd);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_HELLO_REPLY);
+	ck_assert_uint_eq(r->hello_reply->n_targets, 0);   /* nothing before authentication */
+	ck_assert_uint_eq(r->hello_reply->auth_nonce.len, AP_AUTH_NONCE_BYTES);
+	memcpy(ns, r->hello_reply->auth_nonce.data, sizeof(ns));
+	*server_ok = ap_auth_check(token, AP_AUTH_SERVER, nc, ns, r->hello_reply->auth_proof.data,
+				   r->hello_reply->auth_proof.len);
+	apollo__envelope__free_unpacked(r, NULL);
+	ck_assert_int_eq(ap_auth_proof(token, AP_AUTH_CLIENT, nc, ns, proof), 0);
+	h.auth_nonce.len = 0;
+	h.auth_nonce.data = NULL;
+	h.auth_proof.data = proof;
+	h.auth_proof.len = sizeof(proof);
+	env.id = 8;
+	send_env(fd, &env);
+	return recv_env(fd);
+}
+
+static int tcp_port(void)
+{
+	return 20000 + (int)(getpid() % 20000);
+}
+
+/* Connects to the daemon's TCP port, retrying while it starts. */
+static int tcp_connect_retry(int port)
+{
+	int fd = -1;
+
 	for (int i = 0; i < 100 && fd < 0; i++) {
 		fd = connect_tcp(port);
 		if (fd < 0)
 			sleep_ms(10);
 	}
 	ck_assert_int_ge(fd, 0);
+	return fd;
+}
+
+/* TCP is off by default and, when on, serves only clients that prove they
+ * know the token (and proves it knows it too); the token never travels. */
+START_TEST(tcp_needs_token)
+{
+	daemon_t d;
+	char spec[32];
+	const char *extra[] = { "--tcp", spec, "--tcp-token", "s3cret", NULL };
+	Apollo__Envelope *r;
+	bool server_ok;
+	int port = tcp_port(), fd;
+
+	snprintf(spec, sizeof(spec), "127.0.0.1:%d", port);
+	daemon_start_in(&d, NULL, NULL, extra);
+	fd = tcp_connect_retry(port);
 	/* Anything before the Hello: refused and closed. */
 	{
 		Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
@@ -1435,19 +1489,33 @@ START_TEST(tcp_needs_token)
 		ck_assert(closed_by_peer(fd));
 		close(fd);
 	}
-	/* A wrong token. */
+	/* The old form, the token in clear in Hello.client: refused. */
 	fd = connect_tcp(port);
-	r = hello(fd, "trainer token=guess");
+	r = hello(fd, "trainer token=s3cret");
 	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_ERROR);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_VERSION);
+	apollo__envelope__free_unpacked(r, NULL);
+	ck_assert(closed_by_peer(fd));
+	close(fd);
+	/* A wrong token: the daemon's proof does not check out for it, and
+	 * our proof is refused. */
+	fd = connect_tcp(port);
+	r = tcp_auth(fd, "guess", &server_ok);
+	ck_assert(!server_ok);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_ERROR);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_VERSION);
 	apollo__envelope__free_unpacked(r, NULL);
 	ck_assert(closed_by_peer(fd));
 	close(fd);
 	/* The right one; then the connection is served. */
 	fd = connect_tcp(port);
-	r = hello(fd, "trainer token=s3cret");
+	r = tcp_auth(fd, "s3cret", &server_ok);
+	ck_assert(server_ok);
 	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_HELLO_REPLY);
+	ck_assert_uint_gt(r->hello_reply->n_targets, 0);
 	apollo__envelope__free_unpacked(r, NULL);
-	ping_ok(fd, 8);
+	ping_ok(fd, 9);
 	close(fd);
 	daemon_stop(&d);
 	daemon_cleanup(&d);
@@ -1846,6 +1914,802 @@ START_TEST(max_clients)
 }
 END_TEST
 
+/* ---- hardening (issue 11) ---------------------------------------------------- */
+
+/* Memory figures of the daemon cannot be asserted under AddressSanitizer
+ * (shadow memory, quarantine, its own allocator). */
+#if defined(__SANITIZE_ADDRESS__)
+#define MEMORY_FIGURES 0
+#else
+#define MEMORY_FIGURES 1
+#endif
+
+/* A field of /proc/PID/status in KiB ("VmPeak", "VmHWM", "VmRSS"). */
+static long long proc_kb(pid_t pid, const char *key)
+{
+	char path[64], line[256];
+	size_t kl = strlen(key);
+	long long v = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, key, kl) && line[kl] == ':')
+			v = atoll(line + kl + 1);
+	fclose(f);
+	ck_assert_int_ge(v, 0);
+	return v;
+}
+
+/* A 60-odd-byte model, y = Add(x, W), x and W [2^31] float, W an
+ * initializer whose dims promise 8 GiB and which carries no data. */
+static uint8_t *huge_initializer_model(size_t *len)
+{
+	Onnx__ModelProto m = ONNX__MODEL_PROTO__INIT;
+	Onnx__GraphProto g = ONNX__GRAPH_PROTO__INIT;
+	Onnx__OperatorSetIdProto os = ONNX__OPERATOR_SET_ID_PROTO__INIT, *osp[1] = { &os };
+	Onnx__NodeProto n = ONNX__NODE_PROTO__INIT, *np[1] = { &n };
+	Onnx__TensorProto w = ONNX__TENSOR_PROTO__INIT, *inits[1] = { &w };
+	Onnx__ValueInfoProto x = ONNX__VALUE_INFO_PROTO__INIT, y = ONNX__VALUE_INFO_PROTO__INIT;
+	Onnx__ValueInfoProto *ins[1] = { &x }, *outs[1] = { &y };
+	Onnx__TypeProto tp = ONNX__TYPE_PROTO__INIT;
+	Onnx__TypeProto__Tensor tt = ONNX__TYPE_PROTO__TENSOR__INIT;
+	Onnx__TensorShapeProto sh = ONNX__TENSOR_SHAPE_PROTO__INIT;
+	Onnx__TensorShapeProto__Dimension dim = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__INIT;
+	Onnx__TensorShapeProto__Dimension *dims[1] = { &dim };
+	int64_t wd[1] = { 1LL << 31 };
+	char *in_names[2] = { "x", "W" }, *out_names[1] = { "y" };
+	uint8_t *buf;
+
+	os.domain = "";
+	os.has_version = 1;
+	os.version = 13;
+	m.has_ir_version = 1;
+	m.ir_version = 7;
+	m.n_opset_import = 1;
+	m.opset_import = osp;
+	m.graph = &g;
+	w.name = "W";
+	w.has_data_type = 1;
+	w.data_type = ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT;
+	w.n_dims = 1;
+	w.dims = wd;
+	g.n_initializer = 1;
+	g.initializer = inits;
+	dim.value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
+	dim.dim_value = 1LL << 31;
+	sh.n_dim = 1;
+	sh.dim = dims;
+	tt.has_elem_type = 1;
+	tt.elem_type = ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT;
+	tt.shape = &sh;
+	tp.value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
+	tp.tensor_type = &tt;
+	x.name = "x";
+	x.type = &tp;
+	y.name = "y";
+	g.n_input = 1;
+	g.input = ins;
+	g.n_output = 1;
+	g.output = outs;
+	n.op_type = "Add";
+	n.n_input = 2;
+	n.input = in_names;
+	n.n_output = 1;
+	n.output = out_names;
+	g.n_node = 1;
+	g.node = np;
+	*len = onnx__model_proto__get_packed_size(&m);
+	buf = malloc(*len);
+	ck_assert_ptr_nonnull(buf);
+	onnx__model_proto__pack(&m, buf);
+	return buf;
+}
+
+/* Issue 11, item 7: an ONNX initializer's buffer was allocated before its
+ * data was known to be there: a tiny model made the importing daemon
+ * reserve 8 GiB (VmPeak), and where that failed it answered a misleading
+ * "out of memory".  Now: ERR_INVALID_GRAPH naming W, nothing reserved. */
+START_TEST(daemon_import_counts_before_allocating)
+{
+	daemon_t d;
+	size_t len = 0;
+	uint8_t *model = huge_initializer_model(&len);
+	Apollo__Envelope *r;
+	Apollo__Error *e;
+	long long before, after;
+	int fd;
+
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+	ping_ok(fd, 1);
+	before = proc_kb(d.pid, "VmPeak");
+	r = compile_onnx(fd, 2, model, len, NULL, 0);
+	e = compile_error(r, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH);
+	ck_assert_str_eq(e->tensor, "W");
+	ck_assert_ptr_null(strstr(e->message, "out of memory"));
+	apollo__envelope__free_unpacked(r, NULL);
+	after = proc_kb(d.pid, "VmPeak");
+	printf("daemon_import_counts_before_allocating: a %zu-byte model; VmPeak %lld -> %lld KiB\n",
+	       len, before, after);
+	fflush(stdout);
+	if (MEMORY_FIGURES)
+		ck_assert_msg(after - before < (1LL << 20), "the daemon reserved %lld MiB",
+			      (after - before) >> 10);
+	ping_ok(fd, 3);
+	close(fd);
+	free(model);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* out = Add(Mul(x, A), B) on [4, 8]: A and B are same-shaped weights
+ * (PARAM) named `a` and `b`. */
+static Apollo__Graph *mul_add_params(const char *a, const char *b)
+{
+	Apollo__Graph *g = graph_new("mul_add");
+	int64_t dims[2] = { 4, 8 };
+	int x = graph_tensor(g, "x", APOLLO__TENSOR_KIND__TENSOR_INPUT, 2, dims);
+	int pa = graph_tensor(g, a, APOLLO__TENSOR_KIND__TENSOR_PARAM, 2, dims);
+	int pb = graph_tensor(g, b, APOLLO__TENSOR_KIND__TENSOR_PARAM, 2, dims);
+	int t = graph_tensor(g, "t", APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, dims);
+	int o = graph_tensor(g, "out", APOLLO__TENSOR_KIND__TENSOR_VALUE, 2, dims);
+
+	graph_node(g, "mul", "Mul", 2, (int32_t[]){ x, pa }, t);
+	graph_node(g, "add", "Add", 2, (int32_t[]){ t, pb }, o);
+	graph_output(g, o);
+	return g;
+}
+
+/* The name of the PARAM buffer bound by the launch computing node
+ * `node` (fusion none: one launch per node). */
+static const char *param_of_launch(const Apollo__Bundle *b, const char *node)
+{
+	for (size_t l = 0; l < b->n_plan; l++) {
+		const Apollo__Launch *la = b->plan[l];
+		bool ours = false;
+
+		for (size_t k = 0; k < la->n_nodes; k++)
+			ours |= !strcmp(la->nodes[k], node);
+		if (!ours)
+			continue;
+		for (size_t a = 0; a < la->n_args; a++) {
+			const Apollo__Buffer *bf = b->buffers[la->args[a]];
+			if (bf->kind == APOLLO__BUFFER_KIND__BUF_PARAM)
+				return bf->name;
+		}
+	}
+	ck_abort_msg("no launch of node %s binds a param", node);
+	return NULL;
+}
+
+/* Issue 11, item 1: the bundle binds weights by name, so the cache key
+ * must cover their names.  Two graphs identical but for swapped weight
+ * names shared a key: the second got the first's bundle and bound its
+ * weights the other way round (wrong output, no error); other names gave
+ * "no data for param".  And no_cache still wrote the entry. */
+START_TEST(cache_key_covers_weight_names)
+{
+	daemon_t d;
+	const compile_opts none = { .target = "cpu", .fusion = APOLLO__FUSION_LEVEL__FUSION_NONE };
+	const compile_opts none_fresh = { .target = "cpu", .no_cache = true,
+					  .fusion = APOLLO__FUSION_LEVEL__FUSION_NONE };
+	Apollo__Graph *g1 = mul_add_params("w0", "w1"), *g2 = mul_add_params("w1", "w0");
+	Apollo__Graph *g3 = mul_add_params("p", "q");
+	Apollo__Envelope *r;
+	Apollo__Bundle *b;
+	int fd;
+
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+
+	/* no_cache neither reads nor writes */
+	r = compile(fd, 1, g1, &none_fresh);
+	ck_assert(!bundle_ok(r, "cpu")->stats->cache_hit);
+	apollo__envelope__free_unpacked(r, NULL);
+	r = compile(fd, 2, g1, &none);
+	ck_assert_msg(!bundle_ok(r, "cpu")->stats->cache_hit, "no_cache wrote the cache");
+	apollo__envelope__free_unpacked(r, NULL);
+	r = compile(fd, 3, g1, &none);
+	b = bundle_ok(r, "cpu");
+	ck_assert(b->stats->cache_hit);
+	ck_assert_str_eq(param_of_launch(b, "mul"), "w0");
+	ck_assert_str_eq(param_of_launch(b, "add"), "w1");
+	apollo__envelope__free_unpacked(r, NULL);
+
+	/* swapped names: Mul must read w1 */
+	r = compile(fd, 4, g2, &none);
+	b = bundle_ok(r, "cpu");
+	ck_assert_str_eq(param_of_launch(b, "mul"), "w1");
+	ck_assert_str_eq(param_of_launch(b, "add"), "w0");
+	apollo__envelope__free_unpacked(r, NULL);
+
+	/* other names: the bundle names p and q */
+	r = compile(fd, 5, g3, &none);
+	b = bundle_ok(r, "cpu");
+	ck_assert_str_eq(param_of_launch(b, "mul"), "p");
+	ck_assert_str_eq(param_of_launch(b, "add"), "q");
+	apollo__envelope__free_unpacked(r, NULL);
+
+	/* the same graph again is still a hit */
+	r = compile(fd, 6, g2, &none);
+	b = bundle_ok(r, "cpu");
+	ck_assert(b->stats->cache_hit);
+	ck_assert_str_eq(param_of_launch(b, "mul"), "w1");
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+	graph_free(g1);
+	graph_free(g2);
+	graph_free(g3);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* Issue 11, item 9: a cache file that is not a database left the daemon
+ * without a cache on every restart until someone removed it. */
+START_TEST(garbage_cache_file_replaced_on_start)
+{
+	daemon_t d;
+	char dir[64], path[160];
+	Apollo__Graph *g = add_relu(28);
+	Apollo__Envelope *r;
+	FILE *f;
+	int fd;
+
+	snprintf(dir, sizeof(dir), "/tmp/apollo-daemon-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/cache", dir);
+	ck_assert_int_eq(mkdir(path, 0700), 0);
+	snprintf(path, sizeof(path), "%s/cache/cache.db", dir);
+	f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	for (int i = 0; i < 10000; i++)
+		fputc("garbage! "[i % 9], f);
+	fclose(f);
+	daemon_start_in(&d, dir, NULL, NULL);
+	fd = connect_unix(d.sock);
+	r = compile(fd, 1, g, NULL);
+	ck_assert(!bundle_ok(r, "cpu")->stats->cache_hit);
+	apollo__envelope__free_unpacked(r, NULL);
+	r = compile(fd, 2, g, NULL);
+	ck_assert_msg(bundle_ok(r, "cpu")->stats->cache_hit, "the daemon runs without a cache");
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+	ck_assert(log_has(&d, "moved it to"));
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* Sends `n` bytes, giving up (false) when the daemon has not taken any of
+ * them for `ms` milliseconds (it stopped reading). */
+static bool send_until_stalled(int fd, const uint8_t *p, size_t n, int ms)
+{
+	struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
+
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	while (n > 0) {
+		ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+		if (w <= 0)
+			return false;
+		p += w;
+		n -= (size_t)w;
+	}
+	return true;
+}
+
+/* A frame of `n` Ping requests, back to back (8 bytes each). */
+static uint8_t *ping_frames(size_t n, size_t *len)
+{
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	Apollo__PingRequest ping = APOLLO__PING_REQUEST__INIT;
+	uint8_t one[16], *buf;
+	size_t k;
+
+	env.id = 1000;
+	env.msg_case = APOLLO__ENVELOPE__MSG_PING;
+	env.ping = &ping;
+	k = apollo__envelope__pack(&env, one + 4);
+	ap_frame_put_len(one, (uint32_t)k);
+	*len = n * (k + 4);
+	buf = malloc(*len);
+	ck_assert_ptr_nonnull(buf);
+	for (size_t i = 0; i < n; i++)
+		memcpy(buf + i * (k + 4), one, k + 4);
+	return buf;
+}
+
+/* Polls until the daemon counts `n` clients (a fresh connection each
+ * time, itself included). */
+static void wait_clients_fresh(const daemon_t *d, unsigned n)
+{
+	for (int i = 0; i < 1000; i++) {
+		int fd = connect_unix(d->sock);
+		Apollo__StatsReply *s;
+		unsigned have;
+
+		if (fd < 0) {
+			sleep_ms(10);
+			continue;
+		}
+		s = get_stats(fd);
+		have = s->clients;
+		apollo__stats_reply__free_unpacked(s, NULL);
+		close(fd);
+		if (have == n)
+			return;
+		sleep_ms(10);
+	}
+	ck_abort_msg("the daemon never counted %u clients", n);
+}
+
+/* Issue 11, item 3: a client that never reads its replies cost the daemon
+ * about 700 MB, kept after it left: the 64 MiB threshold counted reply
+ * payload bytes (8 + 15 per ping reply) while a queued reply costs about
+ * 240 bytes.  Real memory is counted now, and given back. */
+START_TEST(unread_replies_cost_bounded_memory)
+{
+	daemon_t d;
+	size_t len;
+	uint8_t *pings = ping_frames((size_t)3 << 20, &len);   /* 3 Mi pings, 24 MiB */
+	long long hwm0, hwm1, rss0, rss1;
+	int fd;
+
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+	ping_ok(fd, 1);
+	hwm0 = proc_kb(d.pid, "VmHWM");
+	rss0 = proc_kb(d.pid, "VmRSS");
+	/* the daemon stops reading: the send stalls before all is sent */
+	ck_assert_msg(!send_until_stalled(fd, pings, len, 3000),
+		      "the daemon read 3 Mi pings without their replies being read");
+	ck_assert(log_has(&d, "pausing its requests"));
+	hwm1 = proc_kb(d.pid, "VmHWM");
+	close(fd);
+	wait_clients_fresh(&d, 1);
+	rss1 = proc_kb(d.pid, "VmRSS");
+	printf("unread_replies_cost_bounded_memory: VmHWM +%lld KiB while paused, VmRSS %+lld KiB "
+	       "after the client left\n", hwm1 - hwm0, rss1 - rss0);
+	fflush(stdout);
+	if (MEMORY_FIGURES) {
+		ck_assert_msg(hwm1 - hwm0 < 200 * 1024, "the unread replies took %lld MiB",
+			      (hwm1 - hwm0) >> 10);
+		ck_assert_msg(rss1 - rss0 < 48 * 1024, "%lld MiB kept after the client left",
+			      (rss1 - rss0) >> 10);
+	}
+	fd = connect_unix(d.sock);
+	ping_ok(fd, 2);
+	close(fd);
+	free(pings);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* ... and such a client is dropped: after send_timeout_ms without any
+ * progress, or once its queue is twice the limit. */
+START_TEST(unread_replies_drop_the_client)
+{
+	daemon_t d;
+	const char *extra[] = { "--send-timeout-ms", "300", "--max-reply-queue-bytes", "1M", NULL };
+	size_t len;
+	uint8_t *pings = ping_frames(200000, &len);
+	int fd;
+
+	daemon_start_in(&d, NULL, NULL, extra);
+	fd = connect_unix(d.sock);
+	ping_ok(fd, 1);
+	(void)send_until_stalled(fd, pings, len, 1000);
+	wait_clients_fresh(&d, 1);   /* dropped */
+	ck_assert(log_has(&d, "disconnecting it"));
+	close(fd);
+	free(pings);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* Issue 11, item 4: unauthenticated TCP clients could hold every slot
+ * (256, locking out Unix users too), make the daemon allocate up to the
+ * frame limit each before authenticating, and send undecodable frames
+ * without being disconnected.  Defaults: 16 unauthenticated slots of
+ * their own, 4 KiB frames before authentication. */
+START_TEST(unauthenticated_tcp_limits)
+{
+	daemon_t d;
+	char spec[32];
+	const char *extra[] = { "--tcp", spec, "--tcp-token", "s3cret", NULL };
+	static int fds[256];
+	int port = tcp_port() + 1, held = 0, refused = 0, fd;
+	const uint8_t not_env[] = { 0, 0, 0, 3, 0x22, 0x05, 0x01 };
+	struct timeval tv = { 3, 0 };
+	Apollo__Envelope *r;
+	uint8_t hdr[4];
+
+	snprintf(spec, sizeof(spec), "127.0.0.1:%d", port);
+	daemon_start_in(&d, NULL, NULL, extra);
+	fds[0] = tcp_connect_retry(port);
+	for (int i = 1; i < 256; i++)
+		fds[i] = connect_tcp(port);
+	/* the daemon answers the ones over its budget ERR_BUSY and closes */
+	for (int i = 0; i < 256; i++) {
+		struct timeval shortv = { 0, 200000 };
+		uint8_t b;
+		ssize_t n;
+
+		setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &shortv, sizeof(shortv));
+		n = recv(fds[i], &b, 1, MSG_PEEK);
+		if (n > 0) {
+			setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+			r = recv_env(fds[i]);
+			ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_BUSY);
+			apollo__envelope__free_unpacked(r, NULL);
+			refused++;
+		} else {
+			held++;
+		}
+	}
+	printf("unauthenticated_tcp_limits: %d held, %d refused\n", held, refused);
+	fflush(stdout);
+	ck_assert_int_le(held, 16);
+	/* a Unix client is still served */
+	fd = connect_unix(d.sock);
+	ck_assert_int_ge(fd, 0);
+	ping_ok(fd, 1);
+	close(fd);
+	for (int i = 0; i < 256; i++)
+		close(fds[i]);
+	wait_clients_fresh(&d, 1);
+
+	/* a 64 MiB length prefix before authenticating: refused at once */
+	fd = connect_tcp(port);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	ap_frame_put_len(hdr, 64u << 20);
+	send_all(fd, hdr, 4);
+	r = recv_env(fd);
+	ck_assert_msg(r != NULL, "no answer to a 64 MiB length prefix before authentication");
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_TOO_LARGE);
+	apollo__envelope__free_unpacked(r, NULL);
+	ck_assert(closed_by_peer(fd));
+	close(fd);
+
+	/* an undecodable frame before authenticating: answered and closed */
+	fd = connect_tcp(port);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	send_all(fd, not_env, sizeof(not_env));
+	r = recv_env(fd);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_BAD_MESSAGE);
+	apollo__envelope__free_unpacked(r, NULL);
+	ck_assert_msg(closed_by_peer(fd), "an unauthenticated client may go on sending garbage");
+	close(fd);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* Issue 11, items 4 and 5: time limits.  A TCP client that does not
+ * authenticate in time, a slow-loris frame, an idle connection: each is
+ * closed, so none can hold a slot forever. */
+START_TEST(time_limits)
+{
+	daemon_t d;
+	char spec[32];
+	const char *extra[] = { "--tcp", spec, "--tcp-token", "s3cret", "--auth-timeout-ms", "300",
+				"--frame-timeout-ms", "300", "--idle-timeout-ms", "600", NULL };
+	int port = tcp_port() + 2, tfd, slow, idle;
+	Apollo__Envelope *r;
+	double t0;
+
+	snprintf(spec, sizeof(spec), "127.0.0.1:%d", port);
+	daemon_start_in(&d, NULL, NULL, extra);
+	t0 = ap_now_ms();
+	tfd = tcp_connect_retry(port);
+	slow = connect_unix(d.sock);
+	idle = connect_unix(d.sock);
+	ping_ok(slow, 1);
+	send_all(slow, "\0\0", 2);   /* half a header, then nothing */
+	r = recv_env(tfd);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_VERSION);
+	ck_assert_ptr_nonnull(strstr(r->error->message, "auth_timeout_ms"));
+	apollo__envelope__free_unpacked(r, NULL);
+	ck_assert(closed_by_peer(tfd));
+	r = recv_env(slow);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_BAD_FRAME);
+	ck_assert_ptr_nonnull(strstr(r->error->message, "frame_timeout_ms"));
+	apollo__envelope__free_unpacked(r, NULL);
+	ck_assert(closed_by_peer(slow));
+	ck_assert(closed_by_peer(idle));
+	ck_assert_double_ge(ap_now_ms() - t0, 300);
+	close(tfd);
+	close(slow);
+	close(idle);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* A child that connects to `sock` as uid 65534 (nobody) and pings; its
+ * exit status: 0 pong, 1 error reply, 2 no connection, 3 other. */
+static int ping_as_nobody(const char *sock)
+{
+	pid_t pid = fork();
+	int status = 0;
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		Apollo__Envelope env = APOLLO__ENVELOPE__INIT, *r;
+		Apollo__PingRequest ping = APOLLO__PING_REQUEST__INIT;
+		int fd, code;
+
+		if (setgid(65534) || setuid(65534))
+			_exit(3);
+		fd = connect_unix(sock);
+		if (fd < 0)
+			_exit(2);
+		env.id = 5;
+		env.msg_case = APOLLO__ENVELOPE__MSG_PING;
+		env.ping = &ping;
+		send_env(fd, &env);
+		r = recv_env(fd);
+		code = r && r->msg_case == APOLLO__ENVELOPE__MSG_PONG ? 0 : r ? 1 : 3;
+		_exit(code);
+	}
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 4;
+}
+
+/* Issue 11, item 5: 256 idle (or slow-loris) Unix connections of one user
+ * locked out every other client.  Now one user holds at most
+ * max_clients_per_user (64) of them, and another user is still served. */
+START_TEST(one_user_cannot_take_every_slot)
+{
+	daemon_t d;
+	const char *extra[] = { "--socket-mode", "0666", NULL };
+	static int fds[256];
+	int refused = 0, rc;
+	char dir_mode_cmd[160];
+
+	daemon_start_in(&d, NULL, NULL, extra);
+	wait_clients_fresh(&d, 1);
+	for (int i = 0; i < 256; i++) {
+		struct timeval shortv = { 0, 100000 };
+		uint8_t b;
+
+		fds[i] = connect_unix(d.sock);
+		ck_assert_int_ge(fds[i], 0);
+		setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &shortv, sizeof(shortv));
+		if (recv(fds[i], &b, 1, MSG_PEEK) > 0)
+			refused++;
+	}
+	printf("one_user_cannot_take_every_slot: %d of 256 connections refused\n", refused);
+	fflush(stdout);
+	ck_assert_int_eq(refused, 256 - 64);
+	{
+		Apollo__Envelope *r;
+		struct timeval tv = { 3, 0 };
+		setsockopt(fds[255], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+		r = recv_env(fds[255]);
+		ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_BUSY);
+		ck_assert_ptr_nonnull(strstr(r->error->message, "max_clients_per_user"));
+		apollo__envelope__free_unpacked(r, NULL);
+	}
+	if (geteuid() == 0) {
+		snprintf(dir_mode_cmd, sizeof(dir_mode_cmd), "chmod 0755 '%s'", d.dir);
+		ck_assert_int_eq(system(dir_mode_cmd), 0);
+		rc = ping_as_nobody(d.sock);
+		ck_assert_msg(rc == 0, "another user was not served (%d)", rc);
+	} else {
+		printf("one_user_cannot_take_every_slot: serving another user needs root: skipped\n");
+		fflush(stdout);
+	}
+	for (int i = 0; i < 256; i++)
+		close(fds[i]);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* Memory per idle connection: each one held a 64 KiB read buffer; now the
+ * server has one. */
+START_TEST(idle_connection_memory)
+{
+	daemon_t d;
+	enum { N = 60 };
+	static int fds[N];
+	long long rss0, rss1;
+
+	daemon_start(&d);
+	wait_clients_fresh(&d, 1);
+	rss0 = proc_kb(d.pid, "VmRSS");
+	for (int i = 0; i < N; i++) {
+		fds[i] = connect_unix(d.sock);
+		ping_ok(fds[i], (uint64_t)i);
+	}
+	rss1 = proc_kb(d.pid, "VmRSS");
+	printf("idle_connection_memory: %lld bytes per idle connection\n", (rss1 - rss0) * 1024 / N);
+	fflush(stdout);
+	if (MEMORY_FIGURES)
+		ck_assert_int_lt((rss1 - rss0) * 1024 / N, 16 * 1024);
+	for (int i = 0; i < N; i++)
+		close(fds[i]);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* Issue 11, item 6: decoding a graph cost about 60x its size, kept
+ * afterwards.  A 32 MiB frame of 16 Mi empty tensors (2 bytes each on the
+ * wire) now stops at decode_memory_ratio (16) x 32 MiB + 4 MiB with
+ * ERR_TOO_LARGE, and the memory goes back. */
+START_TEST(decode_memory_bounded)
+{
+	daemon_t d;
+	const size_t n = (size_t)16 << 20;
+	size_t glen = 2 * n, len = 0;
+	uint8_t *frame = malloc(glen + 64), *p;
+	long long hwm0, hwm1, rss0, rss1;
+	Apollo__Envelope *r;
+	int fd;
+
+	/* Envelope { compile (8) { graph (1) { tensors (2): "" x n } } } */
+	p = frame + 4;
+	*p++ = 0x42;
+	{
+		size_t inner = 1 + 4 + glen, v = inner;   /* CompileRequest */
+		while (v >= 0x80) { *p++ = (uint8_t)(v | 0x80); v >>= 7; }
+		*p++ = (uint8_t)v;
+		*p++ = 0x0a;
+		v = glen;
+		*p++ = (uint8_t)(v | 0x80); v >>= 7;
+		*p++ = (uint8_t)(v | 0x80); v >>= 7;
+		*p++ = (uint8_t)(v | 0x80); v >>= 7;
+		*p++ = (uint8_t)v;
+	}
+	for (size_t i = 0; i < n; i++) {
+		*p++ = 0x12;
+		*p++ = 0x00;
+	}
+	len = (size_t)(p - frame) - 4;
+	ap_frame_put_len(frame, (uint32_t)len);
+
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+	ping_ok(fd, 1);
+	hwm0 = proc_kb(d.pid, "VmHWM");
+	rss0 = proc_kb(d.pid, "VmRSS");
+	send_all(fd, frame, len + 4);
+	r = recv_env(fd);
+	ck_assert_ptr_nonnull(r);
+	hwm1 = proc_kb(d.pid, "VmHWM");
+	rss1 = proc_kb(d.pid, "VmRSS");
+	printf("decode_memory_bounded: a %zu-byte frame; VmHWM +%lld MiB, VmRSS after %+lld MiB\n",
+	       len, (hwm1 - hwm0) >> 10, (rss1 - rss0) >> 10);
+	fflush(stdout);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_ERROR);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_TOO_LARGE);
+	apollo__envelope__free_unpacked(r, NULL);
+	if (MEMORY_FIGURES) {
+		ck_assert_msg(hwm1 - hwm0 < 700 * 1024, "decoding took %lld MiB", (hwm1 - hwm0) >> 10);
+		ck_assert_msg(rss1 - rss0 < 64 * 1024, "%lld MiB kept", (rss1 - rss0) >> 10);
+	}
+	ping_ok(fd, 2);
+	close(fd);
+	free(frame);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* Issue 11, item 2: a socket created by another user is refused by the
+ * client before it sends anything (it would be handed native code to
+ * run), unless told to trust that user; and the daemon refuses a socket
+ * directory that another user owns.  Needs root (to be another user). */
+START_TEST(foreign_daemon_refused)
+{
+	char dir[] = "/tmp/apollo-foreign-XXXXXX", sock[64], cmd[4400], out[1024];
+	const char *build = getenv("APOLLO_BUILD");
+	pid_t pid;
+	int status, pfd[2];
+	FILE *f;
+
+	if (geteuid() != 0) {
+		printf("foreign_daemon_refused: impersonating another user needs root: skipped\n");
+		fflush(stdout);
+		return;
+	}
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	ck_assert_int_eq(chmod(dir, 0777), 0);
+	snprintf(sock, sizeof(sock), "%s/apollod.sock", dir);
+	ck_assert_int_eq(pipe(pfd), 0);
+	/* a "daemon" run by nobody: answers a Hello and a ping, forever */
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct sockaddr_un a;
+		int l;
+
+		alarm(120);   /* never outlives the test, whatever happens to it */
+		if (setgid(65534) || setuid(65534))
+			_exit(3);
+		l = socket(AF_UNIX, SOCK_STREAM, 0);
+		memset(&a, 0, sizeof(a));
+		a.sun_family = AF_UNIX;
+		memcpy(a.sun_path, sock, strlen(sock) + 1);
+		if (bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 8))
+			_exit(4);
+		if (write(pfd[1], "r", 1) != 1)
+			_exit(5);
+		for (;;) {
+			int c = accept(l, NULL, NULL);
+			Apollo__Envelope *q;
+
+			while (c >= 0 && (q = recv_env(c))) {
+				Apollo__Envelope rep = APOLLO__ENVELOPE__INIT;
+				Apollo__HelloReply hr = APOLLO__HELLO_REPLY__INIT;
+				Apollo__PingReply pr = APOLLO__PING_REPLY__INIT;
+
+				rep.id = q->id;
+				if (q->msg_case == APOLLO__ENVELOPE__MSG_HELLO) {
+					hr.schema_version = APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
+					hr.server = "impostor";
+					rep.msg_case = APOLLO__ENVELOPE__MSG_HELLO_REPLY;
+					rep.hello_reply = &hr;
+				} else {
+					pr.server = "impostor";
+					rep.msg_case = APOLLO__ENVELOPE__MSG_PONG;
+					rep.pong = &pr;
+				}
+				apollo__envelope__free_unpacked(q, NULL);
+				send_env(c, &rep);
+			}
+			close(c);
+		}
+	}
+	ck_assert_int_eq(read(pfd[0], out, 1), 1);
+	snprintf(cmd, sizeof(cmd), "APOLLO_DAEMON_USER= '%s/apollo-client' ping --socket '%s' 2>&1",
+		 build && *build ? build : "build", sock);
+	f = popen(cmd, "r");
+	ck_assert_ptr_nonnull(f);
+	out[fread(out, 1, sizeof(out) - 1, f)] = 0;
+	status = pclose(f);
+	ck_assert_msg(WEXITSTATUS(status) == 1, "apollo-client talked to the impostor: %s", out);
+	ck_assert_ptr_nonnull(strstr(out, "runs as uid 65534"));
+	/* told to trust that user: served */
+	snprintf(cmd, sizeof(cmd), "'%s/apollo-client' ping --socket '%s' --daemon-user 65534 2>&1",
+		 build && *build ? build : "build", sock);
+	f = popen(cmd, "r");
+	out[fread(out, 1, sizeof(out) - 1, f)] = 0;
+	status = pclose(f);
+	ck_assert_msg(WEXITSTATUS(status) == 0, "%s", out);
+	ck_assert_ptr_nonnull(strstr(out, "impostor"));
+	kill(pid, SIGKILL);
+	waitpid(pid, &status, 0);
+
+	/* the daemon will not listen in a directory another user owns */
+	ck_assert_int_eq(chown(dir, 65534, 65534), 0);
+	ck_assert_int_eq(chmod(dir, 0755), 0);
+	unlink(sock);
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' --cache off 2>&1", apollod_path(), sock);
+	f = popen(cmd, "r");
+	out[fread(out, 1, sizeof(out) - 1, f)] = 0;
+	status = pclose(f);
+	ck_assert_int_eq(WEXITSTATUS(status), 1);
+	ck_assert_msg(strstr(out, "belongs to uid 65534") != NULL, "%s", out);
+	close(pfd[0]);
+	close(pfd[1]);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 static Suite *daemon_suite(void)
 {
 	Suite *s = suite_create("daemon");
@@ -1876,6 +2740,20 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, onnx_in_the_daemon);
 	tcase_add_test(tc, gpu_targets);
 	tcase_add_test(tc, max_clients);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("hardening");
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, daemon_import_counts_before_allocating);
+	tcase_add_test(tc, cache_key_covers_weight_names);
+	tcase_add_test(tc, garbage_cache_file_replaced_on_start);
+	tcase_add_test(tc, unread_replies_cost_bounded_memory);
+	tcase_add_test(tc, unread_replies_drop_the_client);
+	tcase_add_test(tc, unauthenticated_tcp_limits);
+	tcase_add_test(tc, time_limits);
+	tcase_add_test(tc, one_user_cannot_take_every_slot);
+	tcase_add_test(tc, idle_connection_memory);
+	tcase_add_test(tc, decode_memory_bounded);
+	tcase_add_test(tc, foreign_daemon_refused);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "common/graph.h"
 #include "proto/apollo.pb-c.h"
@@ -869,6 +870,125 @@ START_TEST(new_ops_checked)
 }
 END_TEST
 
+static void named_hash_of(ap_graph *g, uint8_t out[32])
+{
+	ap_error err;
+
+	ck_assert_int_eq(ap_graph_validate(g, &err), 0);
+	ck_assert_int_eq(ap_graph_hash_named(g, out), 0);
+	ap_graph_free(g);
+}
+
+/* The named hash (cache keys, issue 11 item 1): names count, order does
+ * not; structurally tied params are ranked by name, so the tensor order
+ * of two such params does not matter either. */
+START_TEST(hash_named)
+{
+	uint8_t a[32], b[32], s1[32], s2[32];
+	ap_graph *g;
+
+	named_hash_of(mlp("a", false, 0.5f, 16), a);
+	named_hash_of(mlp("a", true, 0.5f, 16), b);   /* node order */
+	ck_assert_mem_eq(a, b, 32);
+	named_hash_of(mlp("zz", false, 0.5f, 16), b); /* node and tensor names */
+	ck_assert(memcmp(a, b, 32) != 0);
+	g = mlp("a", false, 0.5f, 16);                 /* a weight's name */
+	free(g->tensors[1].name);
+	g->tensors[1].name = strdup("other_W");
+	ck_assert_int_eq(ap_graph_validate(g, NULL), 0);
+	ck_assert_int_eq(ap_graph_hash(g, s1), 0);
+	named_hash_of(g, b);
+	ck_assert(memcmp(a, b, 32) != 0);
+	g = mlp("a", false, 0.5f, 16);
+	ck_assert_int_eq(ap_graph_validate(g, NULL), 0);
+	ck_assert_int_eq(ap_graph_hash(g, s2), 0);
+	ap_graph_free(g);
+	ck_assert_mem_eq(s1, s2, 32);                  /* the structural hash ignores it */
+	/* two same-shaped weights swapped: y = x*p + q vs y = x*q + p */
+	for (int swap = 0; swap < 2; swap++) {
+		int64_t d[1] = { 4 };
+		int x, p, q, t, y;
+
+		g = ap_graph_new("pq");
+		x = tensor(g, "x", AP_DT_F32, 1, d, AP_TENSOR_INPUT);
+		p = tensor(g, swap ? "q" : "p", AP_DT_F32, 1, d, AP_TENSOR_PARAM);
+		q = tensor(g, swap ? "p" : "q", AP_DT_F32, 1, d, AP_TENSOR_PARAM);
+		t = tensor(g, "t", AP_DT_F32, 1, d, AP_TENSOR_VALUE);
+		y = tensor(g, "y", AP_DT_F32, 1, d, AP_TENSOR_VALUE);
+		node(g, "mul", AP_OP_MUL, 2, (int[]){ x, p }, 1, &t);
+		node(g, "add", AP_OP_ADD, 2, (int[]){ t, q }, 1, &y);
+		set_io(g, 1, &x, 1, &y);
+		ck_assert_int_eq(ap_graph_validate(g, NULL), 0);
+		ck_assert_int_eq(ap_graph_hash(g, swap ? s2 : s1), 0);
+		named_hash_of(g, swap ? b : a);
+	}
+	ck_assert_mem_eq(s1, s2, 32);
+	ck_assert(memcmp(a, b, 32) != 0);
+}
+END_TEST
+
+/* Issue 11, item 7: a TensorProto's element count comes from a few bytes
+ * of dims; its buffer must not be allocated before the values are known
+ * to be there.  An 8-byte TensorProto (dims [2^35], float, no data) asked
+ * for 128 GiB and answered "out of memory".  Address space is capped at
+ * 2 GiB above what the test uses (this runs in check's forked child), so
+ * an allocation of the claimed size fails the test on any machine. */
+START_TEST(tensor_values_checked_before_allocation)
+{
+	Onnx__TensorProto tp = ONNX__TENSOR_PROTO__INIT;
+	int64_t dims[2] = { 1LL << 35, 1 };
+	int64_t one = 5;
+	uint8_t buf[64];
+	size_t len;
+	ap_error err;
+
+#if !defined(__SANITIZE_ADDRESS__)
+	{	/* ASan reserves terabytes of shadow: no cap under it */
+		struct rlimit rl;
+		FILE *f = fopen("/proc/self/statm", "r");
+		unsigned long pages = 0;
+
+		ck_assert_ptr_nonnull(f);
+		ck_assert_int_eq(fscanf(f, "%lu", &pages), 1);
+		fclose(f);
+		rl.rlim_cur = rl.rlim_max = (rlim_t)pages * 4096 + (2ULL << 30);
+		ck_assert_int_eq(setrlimit(RLIMIT_AS, &rl), 0);
+	}
+#endif
+	tp.n_dims = 1;
+	tp.dims = dims;
+	tp.has_data_type = 1;
+	tp.data_type = AP_DT_F32;
+	len = onnx__tensor_proto__pack(&tp, buf);
+	ck_assert_uint_le(len, 11);
+	ck_assert_ptr_null(ap_onnx_tensor_decode(buf, len, &err));
+	ck_assert_msg(err.code == AP_EINVAL, "%s (%s)", err.msg, ap_error_name(err.code));
+	ck_assert_ptr_nonnull(strstr(err.msg, "0 values for 34359738368 elements"));
+
+	/* typed data of the wrong count: 1 int64 value for 2^31 elements
+	 * (16 GiB) */
+	dims[0] = 1LL << 31;
+	tp.data_type = AP_DT_I64;
+	tp.n_int64_data = 1;
+	tp.int64_data = &one;
+	len = onnx__tensor_proto__pack(&tp, buf);
+	ck_assert_ptr_null(ap_onnx_tensor_decode(buf, len, &err));
+	ck_assert_msg(err.code == AP_EINVAL, "%s (%s)", err.msg, ap_error_name(err.code));
+
+	/* the same dims with no elements at all are fine */
+	dims[1] = 0;
+	tp.n_dims = 2;
+	tp.n_int64_data = 0;
+	len = onnx__tensor_proto__pack(&tp, buf);
+	{
+		ap_host_tensor *t = ap_onnx_tensor_decode(buf, len, &err);
+		ck_assert_msg(t != NULL, "%s", err.msg);
+		ck_assert_uint_eq(t->nbytes, 0);
+		ap_host_tensor_free(t);
+	}
+}
+END_TEST
+
 static Suite *graph_suite(void)
 {
 	Suite *s = suite_create("graph");
@@ -888,9 +1008,11 @@ static Suite *graph_suite(void)
 	tcase_add_test(tc, pb_bad_input);
 	tcase_add_test(tc, float64_graph);
 	tcase_add_test(tc, hash_invariance);
+	tcase_add_test(tc, hash_named);
 	tcase_add_test(tc, sha256_vectors);
 	tcase_add_test(tc, tensor_decode);
 	tcase_add_test(tc, new_ops_checked);
+	tcase_add_test(tc, tensor_values_checked_before_allocation);
 	suite_add_tcase(s, tc);
 	return s;
 }

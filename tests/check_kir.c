@@ -2010,6 +2010,327 @@ START_TEST(verify_rules)
 }
 END_TEST
 
+/* ---- tensor cores: cp.async, ldmatrix, mma ------------------------------------- */
+
+/* Each of two warps multiplies its own tiles: D = A * B + C, A [16][K]
+ * row-major, B given as [8][K] (n rows, k contiguous) or, with btrans, as
+ * [K][8] (k rows); C, D [16][8] float32.  The tiles go through shared
+ * memory by cp.async (16-byte chunks, rows padded by 16 bytes), into
+ * fragments by ldmatrix (A x4; B x2, .trans for a [K][8] tile), C and D
+ * by the accumulator layout of the PTX ISA; TF32 operands are rounded
+ * with AP_KIR_TF32 first.  The host's emulation must give A * B + C
+ * (products exact in float, only the order of the float sum may differ). */
+static void run_mma(ap_kir_mma_kind kind, bool btrans)
+{
+	enum { NW = 2, NT = 64 };
+	ap_dtype T = kind == AP_KIR_MMA_F16_16816 ? AP_DT_F16 : kind == AP_KIR_MMA_BF16_16816 ? AP_DT_BF16 : AP_DT_F32;
+	int es = (int)ap_dtype_size(T), E = 16 / es, K = kind == AP_KIR_MMA_TF32_1688 ? 8 : 16;
+	int LDA = K + E, LDB = btrans ? 8 + E : K + E, brows = btrans ? K : 8, bcols = btrans ? 8 : K;
+	int na, nb, nc;
+	ap_kir_kernel *k = ap_kir_kernel_new(btrans ? "mma_bt" : "mma_b");
+	ap_kir_array *gA, *gB, *gC, *gD, *sA, *sB, *fa, *fb, *fc;
+	ap_kir_expr *t, *w, *l, *g, *q, *c;
+	ap_kir_var *i;
+	ap_kir_stmt *loop;
+	static uint16_t a16[NW * 16 * 16], b16[NW * 16 * 16];
+	static float a32[NW * 16 * 16], b32[NW * 16 * 16], cv[NW * 128], dv[NW * 128];
+	double ref;
+	void *args[4];
+	char *host, *cuda, *ptx;
+	void *h = NULL;
+	host_fn f;
+
+	ap_kir_mma_frag_sizes(kind, &na, &nb, &nc);
+	k->block[0] = NT;
+	k->index_type = AP_DT_I32;
+	gD = ap_kir_param(k, "d", AP_DT_F32, true, -1);
+	gA = ap_kir_param(k, "a", T, false, -1);
+	gB = ap_kir_param(k, "b", T, false, -1);
+	gC = ap_kir_param(k, "c", AP_DT_F32, false, -1);
+	sA = ap_kir_shared(k, "sa", T, NW * 16 * LDA);
+	sB = ap_kir_shared(k, "sb", T, NW * brows * LDB);
+	fa = ap_kir_local(k, "fa", T, na);
+	fb = ap_kir_local(k, "fb", T, nb);
+	fc = ap_kir_local(k, "fc", AP_DT_F32, nc);
+	t = ap_kir_index_of(k, AP_KIR_THREAD_X);
+	w = ap_kir_bind(k, &k->body, AP_DT_I32, "w", ap_kir_binary(k, AP_KIR_SHR, t, ap_kir_idx(k, 5)));
+	l = ap_kir_bind(k, &k->body, AP_DT_I32, "l", ap_kir_binary(k, AP_KIR_AND, t, ap_kir_idx(k, 31)));
+	g = ap_kir_bind(k, &k->body, AP_DT_I32, "g", ap_kir_binary(k, AP_KIR_SHR, l, ap_kir_idx(k, 2)));
+	q = ap_kir_bind(k, &k->body, AP_DT_I32, "q", ap_kir_binary(k, AP_KIR_AND, l, ap_kir_idx(k, 3)));
+	/* A: NW*16 rows of K/E chunks; B: NW*brows rows of bcols/E chunks */
+	for (int op = 0; op < 2; op++) {
+		int rows = op ? NW * brows : NW * 16, cols = op ? bcols : K, ld = op ? LDB : LDA;
+		int chunks = rows * (cols / E);
+		ap_kir_expr *row, *ch;
+
+		i = ap_kir_var_new(k, AP_DT_I32, "i");
+		loop = ap_kir_for(k, &k->body, i, t, ap_kir_idx(k, chunks), NT);
+		row = ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, i), ap_kir_idx(k, cols / E));
+		ch = ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, i), ap_kir_idx(k, cols / E));
+		ap_kir_cp_async(k, &loop->body, op ? sB : sA,
+				ap_kir_add(k, ap_kir_muli(k, row, ld), ap_kir_muli(k, ch, E)), op ? gB : gA,
+				ap_kir_add(k, ap_kir_muli(k, row, cols), ap_kir_muli(k, ch, E)), E, NULL);
+	}
+	ap_kir_cp_commit(k, &k->body);
+	ap_kir_cp_wait(k, &k->body, 0);
+	ap_kir_barrier(k, &k->body);
+	/* A: matrix j = l / 8 has rows (j % 2) * 8 + l % 8 and columns from (j / 2) * E */
+	ap_kir_ldmatrix(k, &k->body, fa, ap_kir_idx(k, 0), sA,
+			ap_kir_add(k, ap_kir_muli(k, w, 16 * LDA),
+				   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_binary(k, AP_KIR_AND,
+						ap_kir_binary(k, AP_KIR_SHR, l, ap_kir_idx(k, 3)), ap_kir_idx(k, 1)), 8),
+						ap_kir_binary(k, AP_KIR_AND, l, ap_kir_idx(k, 7))), LDA),
+					      ap_kir_muli(k, ap_kir_binary(k, AP_KIR_SHR, l, ap_kir_idx(k, 4)), E))),
+			4, false);
+	/* B, two matrices: j = (l / 8) % 2, row l % 8 of [n][k] (columns from j * E), or
+	 * row j * 8 + l % 8 of [k][n] */
+	{
+		ap_kir_expr *j = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, l, ap_kir_idx(k, 3)),
+					       ap_kir_idx(k, 1));
+		ap_kir_expr *r = ap_kir_binary(k, AP_KIR_AND, l, ap_kir_idx(k, 7));
+		ap_kir_expr *row = btrans ? ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, j, 8), r), LDB)
+					  : ap_kir_add(k, ap_kir_muli(k, r, LDB), ap_kir_muli(k, j, E));
+
+		ap_kir_ldmatrix(k, &k->body, fb, ap_kir_idx(k, 0), sB,
+				ap_kir_add(k, ap_kir_muli(k, w, brows * LDB), row), 2, btrans);
+	}
+	if (kind == AP_KIR_MMA_TF32_1688) {
+		for (int e = 0; e < na; e++)
+			ap_kir_store(k, &k->body, fa, ap_kir_idx(k, e),
+				     ap_kir_call(k, AP_KIR_TF32, ap_kir_load(k, fa, ap_kir_idx(k, e)), NULL));
+		for (int e = 0; e < nb; e++)
+			ap_kir_store(k, &k->body, fb, ap_kir_idx(k, e),
+				     ap_kir_call(k, AP_KIR_TF32, ap_kir_load(k, fb, ap_kir_idx(k, e)), NULL));
+	}
+	/* C / D element e: row g + 8 (e / 2), column 2 q + e % 2 */
+	for (int e = 0; e < 4; e++) {
+		c = ap_kir_add(k, ap_kir_muli(k, w, 128),
+			       ap_kir_add(k, ap_kir_muli(k, ap_kir_addi(k, g, 8 * (e / 2)), 8),
+					  ap_kir_addi(k, ap_kir_muli(k, q, 2), e % 2)));
+		ap_kir_store(k, &k->body, fc, ap_kir_idx(k, e), ap_kir_load(k, gC, c));
+	}
+	ap_kir_mma(k, &k->body, kind, fc, ap_kir_idx(k, 0), fa, ap_kir_idx(k, 0), fb, ap_kir_idx(k, 0), fc,
+		   ap_kir_idx(k, 0));
+	for (int e = 0; e < 4; e++) {
+		c = ap_kir_add(k, ap_kir_muli(k, w, 128),
+			       ap_kir_add(k, ap_kir_muli(k, ap_kir_addi(k, g, 8 * (e / 2)), 8),
+					  ap_kir_addi(k, ap_kir_muli(k, q, 2), e % 2)));
+		ap_kir_store(k, &k->body, gD, c, ap_kir_load(k, fc, ap_kir_idx(k, e)));
+	}
+	f = print_and_load(k, &host, &cuda, &h);
+	ck_assert_ptr_nonnull(strstr(cuda, "mma.sync.aligned"));
+	ck_assert_ptr_nonnull(strstr(cuda, "ldmatrix.sync.aligned"));
+	ck_assert_ptr_nonnull(strstr(cuda, "cp.async.cg.shared.global"));
+	/* data: small integers and halves, so that each value is exact in every type */
+	srand(7 + kind * 2 + btrans);
+	for (int x = 0; x < NW * 16 * K; x++) {
+		float v = (float)(rand() % 17 - 8) / 4 + (kind == AP_KIR_MMA_TF32_1688 ? 1e-4f * (rand() % 7) : 0);
+
+		a32[x] = v;
+		a16[x] = T == AP_DT_BF16 ? ap_kir_f32_to_bf16(v) : ap_kir_f32_to_f16(v);
+	}
+	for (int x = 0; x < NW * K * 8; x++) {
+		float v = (float)(rand() % 13 - 6) / 8 + (kind == AP_KIR_MMA_TF32_1688 ? 1e-4f * (rand() % 5) : 0);
+
+		b32[x] = v;
+		b16[x] = T == AP_DT_BF16 ? ap_kir_f32_to_bf16(v) : ap_kir_f32_to_f16(v);
+	}
+	for (int x = 0; x < NW * 128; x++)
+		cv[x] = (float)(rand() % 9 - 4) / 2;
+	memset(dv, 0, sizeof(dv));
+	args[0] = dv;
+	args[1] = T == AP_DT_F32 ? (void *)a32 : (void *)a16;
+	args[2] = T == AP_DT_F32 ? (void *)b32 : (void *)b16;
+	args[3] = cv;
+	f(args, 0, 1);
+	for (int ww = 0; ww < NW; ww++)
+		for (int r = 0; r < 16; r++)
+			for (int n = 0; n < 8; n++) {
+				ref = cv[ww * 128 + r * 8 + n];
+				for (int kk = 0; kk < K; kk++) {
+					/* B element (k, n): [n][k] or [k][n] per warp */
+					int bi = ww * K * 8 + (btrans ? kk * 8 + n : n * K + kk);
+					float av = a32[ww * 16 * K + r * K + kk], bv = b32[bi];
+
+					if (T == AP_DT_F32) {
+						uint32_t ua = ap_kir_tf32_bits(fbits(av)), ub = ap_kir_tf32_bits(fbits(bv));
+
+						av = bitsf(ua);
+						bv = bitsf(ub);
+					}
+					ref += (double)av * bv;
+				}
+				ck_assert_msg(fabs(dv[ww * 128 + r * 8 + n] - ref) <= 1e-5 * (fabs(ref) + 1),
+					      "kind %d trans %d warp %d D[%d][%d] = %.9g, want %.9g", kind, btrans,
+					      ww, r, n, (double)dv[ww * 128 + r * 8 + n], ref);
+			}
+	ptx = nvrtc_ptx(cuda, k->name, T != AP_DT_F32);
+	if (ptx) {
+		ck_assert_ptr_nonnull(strstr(ptx, "mma.sync.aligned"));
+		ck_assert_ptr_nonnull(strstr(ptx, "ldmatrix.sync.aligned"));
+		ck_assert_ptr_nonnull(strstr(ptx, "cp.async"));
+		if (T == AP_DT_F32)
+			ck_assert_ptr_nonnull(strstr(ptx, "cvt.rna.tf32.f32"));
+		free(ptx);
+	}
+	free(host);
+	free(cuda);
+	dlclose(h);
+	ap_kir_kernel_free(k);
+}
+
+START_TEST(mma_f16) { run_mma(AP_KIR_MMA_F16_16816, false); run_mma(AP_KIR_MMA_F16_16816, true); }
+END_TEST
+
+START_TEST(mma_bf16) { run_mma(AP_KIR_MMA_BF16_16816, false); run_mma(AP_KIR_MMA_BF16_16816, true); }
+END_TEST
+
+START_TEST(mma_tf32) { run_mma(AP_KIR_MMA_TF32_1688, false); }
+END_TEST
+
+/* TF32 rounding against a reference written from the definition: the
+ * value of the 10-bit mantissa nearest to x, ties away from zero. */
+START_TEST(tf32_rounding)
+{
+	static const float cases[] = {1.0f, 1.00048828125f /* 1 + 2^-11: a tie */, 1.0004883f, 1.0004882f,
+				      -1.00048828125f, 3.14159265f, 1e-40f, -2.5e-38f, 3.4028235e38f, 65504.0f,
+				      0.1f, -0.3f, 1.99951171875f};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		double x = cases[i], m, ref;
+		int e;
+
+		m = frexp(fabs(x), &e);   /* x = m 2^e, m in [0.5, 1) */
+		if (e < -125)
+			e = -125;         /* subnormals: the same absolute step as the smallest normal */
+		ref = floor(ldexp(fabs(x), 11 - e) + 0.5);   /* 11 bits: 1 + 10 */
+		ref = ldexp(ref, e - 11);
+		if (ref > 3.4028234663852886e38)
+			ref = INFINITY;
+		ref = x < 0 ? -ref : ref;
+		(void)m;
+		ck_assert_msg(bitsf(ap_kir_tf32_bits(fbits(cases[i]))) == (float)ref,
+			      "tf32(%.9g) = %.9g, want %.9g", x, (double)bitsf(ap_kir_tf32_bits(fbits(cases[i]))), ref);
+	}
+	ck_assert_uint_eq(ap_kir_tf32_bits(0x7f800000u), 0x7f800000u);
+	ck_assert_uint_eq(ap_kir_tf32_bits(0xff800000u), 0xff800000u);
+	ck_assert_uint_eq(ap_kir_tf32_bits(0x7f800001u), 0x7fffffffu);
+}
+END_TEST
+
+/* A predicated cp.async fills zeros; 4- and 8-byte copies of float32. */
+START_TEST(cp_async_zero_fill)
+{
+	enum { NT = 32 };
+	ap_kir_kernel *k = ap_kir_kernel_new("cpz");
+	ap_kir_array *in, *out, *sh;
+	ap_kir_expr *t;
+	static float x[2 * NT], y[2 * NT];
+	void *args[2];
+	char *host, *cuda, *ptx;
+	void *h = NULL;
+	host_fn f;
+
+	k->block[0] = NT;
+	out = ap_kir_param(k, "y", AP_DT_F32, true, -1);
+	in = ap_kir_param(k, "x", AP_DT_F32, false, -1);
+	sh = ap_kir_shared(k, "s", AP_DT_F32, 2 * NT);
+	t = ap_kir_index_of(k, AP_KIR_THREAD_X);
+	/* thread t copies x[2t..2t+1] (8 bytes) when t is even, else zeros */
+	ap_kir_cp_async(k, &k->body, sh, ap_kir_muli(k, t, 2), in, ap_kir_muli(k, t, 2), 2,
+			ap_kir_binary(k, AP_KIR_EQ, ap_kir_binary(k, AP_KIR_REM, t, ap_kir_idx(k, 2)),
+				      ap_kir_idx(k, 0)));
+	ap_kir_cp_commit(k, &k->body);
+	ap_kir_cp_wait(k, &k->body, 0);
+	ap_kir_barrier(k, &k->body);
+	ap_kir_store(k, &k->body, out, t, ap_kir_load(k, sh, ap_kir_binary(k, AP_KIR_SUB, ap_kir_idx(k, 2 * NT - 1), t)));
+	ap_kir_store(k, &k->body, out, ap_kir_addi(k, t, NT), ap_kir_load(k, sh, ap_kir_binary(k, AP_KIR_SUB, ap_kir_idx(k, NT - 1), t)));
+	f = print_and_load(k, &host, &cuda, &h);
+	for (int i = 0; i < 2 * NT; i++) {
+		x[i] = (float)i + 0.5f;
+		y[i] = -1;
+	}
+	args[0] = y;
+	args[1] = x;
+	f(args, 0, 1);
+	for (int i = 0; i < 2 * NT; i++) {
+		int src = i < NT ? 2 * NT - 1 - i : NT - 1 - (i - NT);   /* the shared element read */
+		float want = (src / 2) % 2 == 0 ? x[src] : 0.0f;
+
+		ck_assert_msg(y[i] == want, "y[%d] = %g, want %g", i, (double)y[i], (double)want);
+	}
+	ck_assert_ptr_nonnull(strstr(cuda, "cp.async.ca.shared.global"));
+	ptx = nvrtc_ptx(cuda, k->name, false);
+	if (ptx) {
+		ck_assert_ptr_nonnull(strstr(ptx, "cp.async.ca.shared.global"));
+		ck_assert_ptr_nonnull(strstr(ptx, "cp.async.wait_group"));
+		free(ptx);
+	}
+	free(host);
+	free(cuda);
+	dlclose(h);
+	ap_kir_kernel_free(k);
+}
+END_TEST
+
+/* The verifier's rules for the tensor-core statements. */
+START_TEST(matrix_rules)
+{
+	ap_error err;
+
+	for (int c = 0; c < 4; c++) {
+		ap_kir_kernel *k = ap_kir_kernel_new("bad");
+		ap_kir_array *sh, *fa, *fb, *fc, *out;
+		const char *rule;
+
+		k->block[0] = c == 0 ? 48 : 64;
+		out = ap_kir_param(k, "y", AP_DT_F32, true, -1);
+		sh = ap_kir_shared(k, "s", AP_DT_F16, 512);
+		fa = ap_kir_local(k, "fa", AP_DT_F16, 8);
+		fb = ap_kir_local(k, "fb", AP_DT_F16, 4);
+		fc = ap_kir_local(k, "fc", AP_DT_F32, 4);
+		switch (c) {
+		case 0:   /* 48 threads: not whole warps */
+			ap_kir_ldmatrix(k, &k->body, fa, ap_kir_idx(k, 0), sh, ap_kir_idx(k, 0), 4, false);
+			rule = "rule warp";
+			break;
+		case 1: { /* under a thread-dependent branch */
+			ap_kir_stmt *s = ap_kir_if(k, &k->body, ap_kir_binary(k, AP_KIR_LT,
+						ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, 32)));
+			ap_kir_mma(k, &s->body, AP_KIR_MMA_F16_16816, fc, ap_kir_idx(k, 0), fa, ap_kir_idx(k, 0), fb,
+				   ap_kir_idx(k, 0), fc, ap_kir_idx(k, 0));
+			rule = "rule uniform";
+			break;
+		}
+		case 2:   /* a constant fragment offset past the register array */
+			ap_kir_mma(k, &k->body, AP_KIR_MMA_F16_16816, fc, ap_kir_idx(k, 2), fa, ap_kir_idx(k, 0), fb,
+				   ap_kir_idx(k, 0), fc, ap_kir_idx(k, 0));
+			rule = "rule bounds";
+			break;
+		default:  /* cp.async at an index that is not a multiple of its width */
+			ap_kir_cp_async(k, &k->body, sh, ap_kir_idx(k, 3), ap_kir_param(k, "x", AP_DT_F16, false, -1),
+					ap_kir_idx(k, 0), 8, NULL);
+			rule = "rule async";
+			break;
+		}
+		ap_kir_store(k, &k->body, out, ap_kir_idx(k, 0), ap_kir_float(k, AP_DT_F32, 1));
+		ck_assert(!ap_kir_failed(k));
+		ck_assert_int_eq(ap_kir_verify(k, NULL, &err), AP_EINTERNAL);
+		ck_assert_msg(strstr(err.msg, rule) != NULL, "case %d: %s (want %s)", c, err.msg, rule);
+		ap_kir_kernel_free(k);
+	}
+	/* builders refuse what no kernel could mean */
+	{
+		ap_kir_kernel *k = ap_kir_kernel_new("refused");
+		ap_kir_array *sh32 = ap_kir_shared(k, "s", AP_DT_F32, 64), *f32 = ap_kir_local(k, "f", AP_DT_F32, 4);
+
+		ck_assert_ptr_null(ap_kir_ldmatrix(k, &k->body, f32, ap_kir_idx(k, 0), sh32, ap_kir_idx(k, 0), 2, true));
+		ck_assert(ap_kir_failed(k));
+		ap_kir_kernel_free(k);
+	}
+}
+END_TEST
+
 static Suite *kir_suite(void)
 {
 	Suite *s = suite_create("kir");
@@ -2048,6 +2369,16 @@ static Suite *kir_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, vector_width_rules);
 	tcase_add_test(tc, vector_loads_stores);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("tensor_cores");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, mma_f16);
+	tcase_add_test(tc, mma_bf16);
+	tcase_add_test(tc, mma_tf32);
+	tcase_add_test(tc, tf32_rounding);
+	tcase_add_test(tc, cp_async_zero_fill);
+	tcase_add_test(tc, matrix_rules);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("utilities");

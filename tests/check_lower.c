@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "server/backend/backend.h"
+#include "server/kir/kir.h"
 #include "server/lower/lower.h"
 
 #define MAX_CFG 512
@@ -102,7 +103,8 @@ static ap_mgraph *whole(ap_graph *g, ap_group_kind kind)
 		nodes[i] = i;
 		member[i] = true;
 		if (ap_op_category_of(g->nodes[i].op) == AP_CAT_REDUCTION ||
-		    g->nodes[i].op == AP_OP_TRANSPOSE || g->nodes[i].op == AP_OP_CONCAT)
+		    g->nodes[i].op == AP_OP_TRANSPOSE || g->nodes[i].op == AP_OP_CONCAT ||
+		    g->nodes[i].op == AP_OP_MATMUL)
 			root = i;
 	}
 	m = ap_mgraph_extract(g, nodes, member, g->n_nodes, g->outputs, g->n_outputs, kind, root, &gi,
@@ -176,12 +178,13 @@ static float **run(host_fn f, const ap_kir_kernel *k, const ap_mgraph *m, const 
 	return outs;
 }
 
-static void expect_close(const char *what, const float *got, const double *want, int64_t n)
+static void expect_close_tol(const char *what, const float *got, const double *want, int64_t n,
+			     double tol)
 {
 	for (int64_t i = 0; i < n; i++) {
 		double err = fabs(got[i] - want[i]);
 
-		ck_assert_msg(err <= 1e-4 + 1e-4 * fabs(want[i]) || (isnan(got[i]) && isnan(want[i])),
+		ck_assert_msg(err <= tol + tol * fabs(want[i]) || (isnan(got[i]) && isnan(want[i])),
 			      "%s: element %lld: got %.9g, want %.9g", what, (long long)i, got[i], want[i]);
 	}
 }
@@ -252,8 +255,9 @@ static char *nvrtc_ptx(const char *src, const char *name)
 	}
 	if (nvrtc_state < 0)
 		return NULL;
-	ck_assert_msg(ap_nvrtc_compile(src, name, "compute_80", false, &out, &len, &err) == 0,
-		      "NVRTC: %s\n%s", err.msg, src);
+	if (ap_nvrtc_compile(src, name, "compute_80", false, &out, &len, &err) != 0)
+		fprintf(stderr, "NVRTC failed on %s:\n%s\n%s\n", name, err.msg, src);
+	ck_assert_msg(out != NULL, "NVRTC: %.300s", err.msg);
 	return (char *)out;
 }
 
@@ -278,6 +282,14 @@ static int next_config(const ap_space *sp, int *idx)
 	return 0;
 }
 
+typedef struct case_opts {
+	const char *target;              /* "cpu" when NULL: the target of every configuration */
+	bool allow_tf32;
+	double rtol;                     /* 1e-4 when 0 */
+} case_opts;
+
+static const case_opts *g_opts;      /* set around run_case_opts */
+
 static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 {
 	ap_target_info ti;
@@ -285,7 +297,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 	ap_space sp;
 	ap_sched dflt;
 	ap_kir_kernel *ks[MAX_CFG];
-	int n_k = 0, n_refused = 0, idx[AP_SPACE_MAX_KNOBS] = {0};
+	int n_k = 0, n_refused = 0, n_invalid = 0, idx[AP_SPACE_MAX_KNOBS] = {0};
 	size_t total = 1, off = 0;
 	char *src, so_path[] = "/tmp/check_lower_XXXXXX";
 	uint8_t *so = NULL;
@@ -296,12 +308,13 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 	double **want;
 	int fd;
 
-	ck_assert_int_eq(ap_cost_target("cpu", &ti), 0);
+	ck_assert_int_eq(ap_cost_target(g_opts && g_opts->target ? g_opts->target : "cpu", &ti), 0);
 	ti.max_threads_per_block = 256;
-	em = ap_emitter_for(m, &ti);
+	ti.allow_tf32 = g_opts && g_opts->allow_tf32;
+	ck_assert_int_eq(ap_emitter_for(m, &ti, &em, &err), 0);
 	ck_assert_msg(strcmp(em->name, lc->emitter) == 0, "%s: matched by %s, not %s", lc->name,
 		      em->name, lc->emitter);
-	ap_emitter_default(em, m, &ti, &sp, &dflt);
+	ck_assert_int_eq(ap_emitter_default(em, m, &ti, &sp, &dflt, &err), 0);
 	ck_assert_int_ge(sp.n, 1);
 	/* the default configuration: golden CUDA text and its constructs */
 	{
@@ -312,6 +325,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 
 		ck_assert_int_eq(ap_cost_target("sm_80", &gi), 0);
 		gi.max_threads_per_block = 256;
+		gi.allow_tf32 = ti.allow_tf32;
 		k = ap_lower(m, &gi, lc->name, &lo, NULL, &err);
 		ck_assert_msg(k != NULL, "%s default: %s", lc->name, err.msg);
 		cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
@@ -337,6 +351,10 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 
 		for (int i = 0; i < sp.n; i++)
 			s.v[i] = sp.knobs[i].values[idx[i]];
+		if (em->valid && em->valid(m, &s, &ti) <= 0) {
+			n_invalid++;
+			continue;
+		}
 		snprintf(name, sizeof(name), "%s_%d", lc->name, n_k + n_refused);
 		ap_error_clear(&err);
 		k = ap_lower(m, &ti, name, &lo, NULL, &err);
@@ -397,15 +415,16 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 			char what[96];
 
 			snprintf(what, sizeof(what), "%s output %d", ks[c]->name, i);
-			expect_close(what, outs[i], want[i],
-				     ap_tensor_numel(&m->g->tensors[m->g->outputs[i]]));
+			expect_close_tol(what, outs[i], want[i],
+					 ap_tensor_numel(&m->g->tensors[m->g->outputs[i]]),
+					 g_opts && g_opts->rtol > 0 ? g_opts->rtol : 1e-4);
 			free(outs[i]);
 		}
 		free(outs);
 		ap_kir_kernel_free(ks[c]);
 	}
-	printf("check_lower: %s (%s): %d configurations run, %d refused\n", lc->name, em->name, n_k,
-	       n_refused);
+	printf("check_lower: %s (%s, %s): %d configurations run, %d refused, %d outside the target\n",
+	       lc->name, em->name, ti.gpu ? "sm_80" : "cpu", n_k, n_refused, n_invalid);
 	for (int i = 0; i < m->g->n_outputs; i++)
 		free(want[i]);
 	free(want);
@@ -725,11 +744,144 @@ START_TEST(movement_concat)
 }
 END_TEST
 
-/* Every emitter of the registry has a case above. */
+/* ---- GEMM ------------------------------------------------------------------------------ */
+
+static bool g_tf32;   /* the reference rounds matmul operands to TF32 */
+
+static double tf32_or_not(double v)
+{
+	float f = (float)v;
+	uint32_t u;
+
+	if (!g_tf32)
+		return v;
+	memcpy(&u, &f, 4);
+	u = ap_kir_tf32_bits(u);
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* y = relu(x) @ W + b + r, x [2, 20, 36], W [36, 24], b [24], r [2, 20, 24];
+ * outputs y and transpose(y, [0, 2, 1]).  W has no batch dims: the two
+ * batches fold into 40 rows; relu is a prologue (register-staged loads),
+ * W a plain buffer (copied), the output written both ways. */
+static void ref_gemm_fold(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *x = in->data[m->g->inputs[0]], *w = in->data[m->g->inputs[1]];
+	const float *b = in->data[m->g->inputs[2]], *r = in->data[m->g->inputs[3]];
+
+	for (int bb = 0; bb < 2; bb++)
+		for (int i = 0; i < 20; i++)
+			for (int j = 0; j < 24; j++) {
+				double acc = 0;
+
+				for (int k = 0; k < 36; k++)
+					acc += tf32_or_not(fmax(x[(bb * 20 + i) * 36 + k], 0.0)) *
+					       tf32_or_not(w[k * 24 + j]);
+				acc = (float)acc + b[j];
+				acc = (float)acc + r[(bb * 20 + i) * 24 + j];
+				want[0][(bb * 20 + i) * 24 + j] = acc;
+				want[1][(bb * 24 + j) * 20 + i] = acc;
+			}
+}
+
+static ap_graph *gemm_fold_graph(void)
+{
+	ap_graph *g = ap_graph_new("gemm");
+	int x = tensor(g, "x", DIMS(2, 20, 36), AP_TENSOR_INPUT), w = tensor(g, "w", DIMS(36, 24), AP_TENSOR_INPUT);
+	int b = tensor(g, "b", DIMS(24), AP_TENSOR_INPUT), r = tensor(g, "r", DIMS(2, 20, 24), AP_TENSOR_INPUT);
+	int rx = tensor(g, "rx", DIMS(2, 20, 36), AP_TENSOR_VALUE), mm = tensor(g, "mm", DIMS(2, 20, 24), AP_TENSOR_VALUE);
+	int yb = tensor(g, "yb", DIMS(2, 20, 24), AP_TENSOR_VALUE), y = tensor(g, "y", DIMS(2, 20, 24), AP_TENSOR_VALUE);
+	int yt = tensor(g, "yt", DIMS(2, 24, 20), AP_TENSOR_VALUE);
+	int n;
+
+	node(g, "relu", AP_OP_RELU, LIST(x), LIST(rx));
+	node(g, "mm", AP_OP_MATMUL, LIST(rx, w), LIST(mm));
+	node(g, "bias", AP_OP_ADD, LIST(mm, b), LIST(yb));
+	node(g, "res", AP_OP_ADD, LIST(yb, r), LIST(y));
+	n = node(g, "tr", AP_OP_TRANSPOSE, LIST(y), LIST(yt));
+	ap_node_set_ints(g, n, "perm", (const int64_t[]){0, 2, 1}, 3);
+	output(g, y);
+	output(g, yt);
+	return g;
+}
+
+START_TEST(gemm_simt)
+{
+	ap_graph *g = gemm_fold_graph();
+	lcase lc = {"gemm_simt", "gemm", {"cp.async.cg.shared.global", "__syncthreads"},
+		    {"cp.async.cg.shared.global", "ld.shared.f32"}};
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL);
+
+	g_tf32 = false;
+	run_case(&lc, m, ref_gemm_fold);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* The same micro-graph on sm_80 with TF32 allowed: tensor cores, every
+ * configuration run on the host through the emulated ldmatrix / mma. */
+START_TEST(gemm_tf32)
+{
+	ap_graph *g = gemm_fold_graph();
+	lcase lc = {"gemm_tf32", "gemm", {"mma.sync.aligned.m16n8k8", "ldmatrix.sync.aligned", "cvt.rna.tf32.f32"},
+		    {"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "ldmatrix.sync.aligned", "cp.async"}};
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL);
+	case_opts o = {"sm_80", true, 1e-4};
+
+	g_tf32 = true;
+	g_opts = &o;
+	run_case(&lc, m, ref_gemm_fold);
+	g_opts = NULL;
+	g_tf32 = false;
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* y = tanh(a @ b), a [3, 1, 16, 40] and b [1, 2, 40, 28] broadcast to
+ * [3, 2, 16, 28]: batches of tiles, each operand broadcast over one
+ * batch dim (stride 0). */
+static void ref_gemm_batched(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *a = in->data[m->g->inputs[0]], *b = in->data[m->g->inputs[1]];
+
+	for (int p = 0; p < 3; p++)
+		for (int q = 0; q < 2; q++)
+			for (int i = 0; i < 16; i++)
+				for (int j = 0; j < 28; j++) {
+					double acc = 0;
+
+					for (int k = 0; k < 40; k++)
+						acc += (double)a[(p * 16 + i) * 40 + k] * b[(q * 40 + k) * 28 + j];
+					want[0][((p * 2 + q) * 16 + i) * 28 + j] = tanh((float)acc);
+				}
+}
+
+START_TEST(gemm_batched)
+{
+	ap_graph *g = ap_graph_new("bmm");
+	int a = tensor(g, "a", DIMS(3, 1, 16, 40), AP_TENSOR_INPUT), b = tensor(g, "b", DIMS(1, 2, 40, 28), AP_TENSOR_INPUT);
+	int mm = tensor(g, "mm", DIMS(3, 2, 16, 28), AP_TENSOR_VALUE), y = tensor(g, "y", DIMS(3, 2, 16, 28), AP_TENSOR_VALUE);
+	lcase lc = {"gemm_batched", "gemm", {"__syncthreads"}, {"ld.shared.f32"}};
+	ap_mgraph *m;
+
+	node(g, "mm", AP_OP_MATMUL, LIST(a, b), LIST(mm));
+	node(g, "tanh", AP_OP_TANH, LIST(mm), LIST(y));
+	output(g, y);
+	m = whole(g, AP_GROUP_MATMUL);
+	run_case(&lc, m, ref_gemm_batched);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* Every emitter of the registry has a case above. *//* Every emitter of the registry has a case above. */
 START_TEST(registry_covered)
 {
 	static const char *const covered[] = {"stitched", "row_reduce", "column_reduce", "transpose",
-					      "movement", "pointwise"};
+					      "movement", "gemm", "pointwise"};
 	int n;
 	const ap_emitter *const *r = ap_emitters(&n);
 
@@ -754,6 +906,9 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, stitched_layernorm);
 	tcase_add_test(tc, transpose_tiles);
 	tcase_add_test(tc, movement_concat);
+	tcase_add_test(tc, gemm_simt);
+	tcase_add_test(tc, gemm_tf32);
+	tcase_add_test(tc, gemm_batched);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -162,13 +162,33 @@ static void hb_init(hb *h, const char *target, const uint8_t *blob, size_t blob_
 }
 
 /* Packs the hand-made bundle and unpacks it as a client would receive it. */
+/* Gives every kernel without a digest the SHA-256 of its blob, as the
+ * daemon does (the runtime loads nothing else). */
+static void sign(const Apollo__Bundle *bb)
+{
+	static uint8_t digests[16][32];
+
+	ck_assert_uint_le(bb->n_kernels, 16);
+	for (size_t k = 0; k < bb->n_kernels; k++) {
+		Apollo__Kernel *kk = bb->kernels[k];
+		if (kk->digest.len)
+			continue;
+		ap_sha256(kk->blob.data, kk->blob.len, digests[k]);
+		kk->digest.data = digests[k];
+		kk->digest.len = 32;
+	}
+}
+
 static ap_bundle *hb_bundle(const hb *h)
 {
-	size_t n = apollo__bundle__get_packed_size(&h->b);
-	uint8_t *buf = malloc(n);
+	size_t n;
 	ap_bundle *b;
 	ap_error err;
+	uint8_t *buf;
 
+	sign(&h->b);
+	n = apollo__bundle__get_packed_size(&h->b);
+	buf = malloc(n);
 	apollo__bundle__pack(&h->b, buf);
 	b = ap_bundle_unpack(buf, n, &err);
 	free(buf);
@@ -461,7 +481,7 @@ END_TEST
 enum breakage {
 	BR_KERNEL_INDEX, BR_ARG_INDEX, BR_ARG_COUNT, BR_GRID_ZERO, BR_GRID_VALUES,
 	BR_WORKSPACE, BR_BYTES, BR_DTYPE, BR_DUP_OUTPUT, BR_WRITES_INPUT, BR_TARGET,
-	BR_NO_SYMBOL, BR_BAD_BLOB, BR_EMPTY_BLOB,
+	BR_NO_SYMBOL, BR_BAD_BLOB, BR_EMPTY_BLOB, BR_DIGEST, BR_NO_DIGEST,
 };
 
 START_TEST(malformed_bundles)
@@ -477,8 +497,10 @@ START_TEST(malformed_bundles)
 		{ BR_DUP_OUTPUT, AP_EINVAL },   { BR_WRITES_INPUT, AP_EINVAL },
 		{ BR_TARGET, AP_EUNSUPPORTED }, { BR_NO_SYMBOL, AP_ECOMPILE },
 		{ BR_BAD_BLOB, AP_ECOMPILE },   { BR_EMPTY_BLOB, AP_EINVAL },
+		{ BR_DIGEST, AP_EINVAL },       { BR_NO_DIGEST, AP_EINVAL },
 	};
 	static const uint8_t junk[16] = "not an ELF file";
+	static uint8_t zero32[32];
 
 	build_so();
 	if (!so_blob) {
@@ -507,6 +529,10 @@ START_TEST(malformed_bundles)
 		case BR_NO_SYMBOL: h.k[1].name = "missing_kernel"; break;
 		case BR_BAD_BLOB: h.k[1].blob.data = (uint8_t *)junk; h.k[1].blob.len = sizeof(junk); break;
 		case BR_EMPTY_BLOB: h.k[0].blob.len = 0; break;
+		/* issue 11, item 2: a blob that is not the one its digest names
+		 * (another shared object) is never loaded */
+		case BR_DIGEST: h.k[1].digest.data = zero32; h.k[1].digest.len = 32; break;
+		case BR_NO_DIGEST: h.k[1].digest.data = zero32; h.k[1].digest.len = 31; break;
 		}
 		b = hb_bundle(&h);
 		rt = ap_runtime_new(b, NULL, &err);
@@ -619,6 +645,7 @@ START_TEST(gpu_runs_ptx)
 	bb.target = "compute_50"; bb.format = APOLLO__OUTPUT_KIND__OUTPUT_PTX;
 	bb.n_kernels = 1; bb.kernels = kp; bb.n_plan = 1; bb.plan = lp;
 	bb.n_buffers = 2; bb.buffers = bp;
+	sign(&bb);
 	n = apollo__bundle__get_packed_size(&bb);
 	buf = malloc(n);
 	apollo__bundle__pack(&bb, buf);
@@ -659,10 +686,13 @@ static const char *standin_path(char *buf, size_t cap)
 
 static ap_bundle *pack_bundle(const Apollo__Bundle *bb)
 {
-	size_t n = apollo__bundle__get_packed_size(bb);
-	uint8_t *buf = malloc(n);
+	size_t n;
+	uint8_t *buf;
 	ap_bundle *b;
 
+	sign(bb);
+	n = apollo__bundle__get_packed_size(bb);
+	buf = malloc(n);
 	apollo__bundle__pack(bb, buf);
 	b = ap_bundle_unpack(buf, n, NULL);
 	free(buf);
@@ -776,6 +806,7 @@ START_TEST(gpu_path_with_fake_driver)
 	ap_bundle_free(b);
 	k.blob.data = (uint8_t *)"FAKEPTX other";
 	k.blob.len = 13;
+	k.digest.len = 0;
 	b = pack_bundle(&bb);
 	ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
 	ck_assert_int_eq(err.code, AP_ECOMPILE);
@@ -784,6 +815,7 @@ START_TEST(gpu_path_with_fake_driver)
 	ap_bundle_free(b);
 	k.blob.data = (uint8_t *)"garbage";
 	k.blob.len = 7;
+	k.digest.len = 0;
 	b = pack_bundle(&bb);
 	ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
 	ck_assert_int_eq(err.code, AP_ECOMPILE);

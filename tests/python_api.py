@@ -93,20 +93,25 @@ def main():
     check(b2.stats["cache_hit"], "the same graph again is answered from the cache")
     check(apollo.Bundle.unpack(b.pack()).n_launches == b.n_launches, "bundle pack / unpack")
 
-    # The cache key leaves names out; a hit still names params after the
-    # request's own graph (they are bound by name).
+    # The cache key holds names (params are bound by name): the same graph
+    # with its weights renamed is the same computation but another bundle.
     def named(wname):
         gg = apollo.Graph("named")
         xx = gg.input("x", apollo.FLOAT32, [2, 3])
         ww = gg.param(wname, apollo.FLOAT32, [3, 3])
         bb = gg.param(wname + "_bias", apollo.FLOAT32, [3])
         gg.output(gg.node1("Add", [gg.node1("MatMul", [xx, ww]), bb]))
+        gg.validate()
         return gg
-    c.submit(named("first"), namespace="names")
-    hit = c.submit(named("second"), namespace="names")
-    names = sorted(bf["name"] for bf in hit.buffers if bf["kind"] == "param")
-    check(hit.stats["cache_hit"] and names == ["second", "second_bias"],
-          "a cache hit names the params after the request: %s" % names)
+    g1, g2 = named("first"), named("second")
+    check(g1.hash() == g2.hash() and g1.hash(named=True) != g2.hash(named=True),
+          "renamed weights: the same structural hash, another named hash")
+    c.submit(g1, namespace="names")
+    again = c.submit(named("first"), namespace="names")
+    other = c.submit(g2, namespace="names")
+    names = sorted(bf["name"] for bf in other.buffers if bf["kind"] == "param")
+    check(again.stats["cache_hit"] and not other.stats["cache_hit"] and names == ["second", "second_bias"],
+          "renamed weights are compiled for their own names, not answered with another's: %s" % names)
 
     # Errors: local (shape inference) and the daemon's (constant indices).
     g3 = apollo.Graph("bad")

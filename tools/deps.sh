@@ -7,7 +7,7 @@
 # dlopen NVRTC.
 set -e
 cd "$(dirname "$0")/.."
-PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler libisl-dev libsqlite3-dev check libssl-dev libhiredis-dev python3-venv"
+PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler libisl-dev libsqlite3-dev check libssl-dev libhiredis-dev python3-venv clang libclang-rt-dev"
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -14,6 +14,13 @@
  * not a database, disk full, read-only, a missing table) switches the
  * cache off for the rest of the process, with one warning: a broken cache
  * costs speed, never a request.
+ *
+ * A file that is not a database or is corrupt (garbage, truncated) must
+ * not cost every later start its cache too: ap_cache_open moves such a
+ * file aside (PATH.corrupt-TIME, with its -wal) and creates a fresh one.
+ * Corruption that shows only at run time (a page read long after the
+ * open) leaves a marker, PATH.corrupt, so that the next open does the
+ * same even when its own checks pass.
  */
 #include "cache.h"
 
@@ -134,6 +141,53 @@ static void conn_close(struct conn *co)
 	free(co);
 }
 
+static bool is_corruption(int rc)
+{
+	return (rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB;
+}
+
+/* PATH + suffix into buf; false when it does not fit. */
+static bool path_with(char *buf, size_t cap, const char *path, const char *suffix)
+{
+	int n = snprintf(buf, cap, "%s%s", path, suffix);
+
+	return n > 0 && (size_t)n < cap;
+}
+
+/* Leaves the marker that makes the next open replace the file. */
+static void mark_corrupt(const char *path)
+{
+	char marker[PATH_MAX + 16];
+	FILE *f;
+
+	if (path_with(marker, sizeof(marker), path, ".corrupt") && (f = fopen(marker, "w")))
+		fclose(f);
+}
+
+/* Moves a broken database (and its write-ahead log) aside as
+ * PATH.corrupt-TIME[-wal], drops its shared-memory index and the marker.
+ * 0, or -errno when the database itself could not be moved. */
+static int quarantine(const char *path, const char *why)
+{
+	char dst[PATH_MAX + 48], src[PATH_MAX + 16], suffix[40], wal_suffix[48];
+
+	snprintf(suffix, sizeof(suffix), ".corrupt-%lld", (long long)time(NULL));
+	snprintf(wal_suffix, sizeof(wal_suffix), "%s-wal", suffix);
+	if (!path_with(dst, sizeof(dst), path, suffix))
+		return -ENAMETOOLONG;
+	if (rename(path, dst) && errno != ENOENT)
+		return -errno;
+	ap_log(AP_LOG_WARN, "cache %s: %s; moved it to %s and starting a new cache", path, why, dst);
+	if (path_with(src, sizeof(src), path, "-wal") &&
+	    path_with(dst, sizeof(dst), path, wal_suffix))
+		rename(src, dst);
+	if (path_with(src, sizeof(src), path, "-shm"))
+		unlink(src);
+	if (path_with(src, sizeof(src), path, ".corrupt"))
+		unlink(src);
+	return 0;
+}
+
 /* Turns the cache off, logging why once. */
 static void turn_off(ap_cache *c, const char *what, const char *why)
 {
@@ -154,6 +208,8 @@ static int check(ap_cache *c, struct conn *co, int rc, const char *what)
 		ap_log(AP_LOG_DEBUG, "cache %s: %s: busy, skipped", c->path, what);
 		return AP_EBUSY;
 	}
+	if (is_corruption(rc))
+		mark_corrupt(c->path);
 	turn_off(c, what, co ? sqlite3_errmsg(co->db) : sqlite3_errstr(rc));
 	return AP_EIO;
 }
@@ -164,12 +220,13 @@ static int exec_simple(struct conn *co, const char *sql, char **errmsg)
 }
 
 /* Opens one connection; `setup` creates the schema (first connection).
- * On failure returns NULL with `why` filled. */
-static struct conn *conn_open(const char *path, bool setup, char *why, size_t cap)
+ * On failure returns NULL with `why` filled and *code the SQLite result
+ * (0 when the failure was not SQLite's). */
+static struct conn *conn_open(const char *path, bool setup, char *why, size_t cap, int *code)
 {
 	struct conn *co = calloc(1, sizeof(*co));
 	char *msg = NULL;
-	int rc;
+	int rc = SQLITE_OK;
 
 	if (!co) {
 		snprintf(why, cap, "out of memory");
@@ -210,6 +267,7 @@ static struct conn *conn_open(const char *path, bool setup, char *why, size_t ca
 		}
 		sqlite3_finalize(st);
 		if (!ok) {
+			rc = SQLITE_OK;
 			snprintf(why, cap, "schema version is not " SCHEMA_VERSION);
 			goto error;
 		}
@@ -229,6 +287,7 @@ static struct conn *conn_open(const char *path, bool setup, char *why, size_t ca
 	}
 	return co;
 error:
+	*code = rc;
 	sqlite3_free(msg);
 	conn_close(co);
 	return NULL;
@@ -258,7 +317,7 @@ int ap_cache_open(const char *path, ap_cache **out, ap_error *err)
 {
 	ap_cache *c = calloc(1, sizeof(*c));
 	struct conn *co;
-	char why[600];
+	char why[600], marker[PATH_MAX + 16];
 	int rc;
 
 	*out = NULL;
@@ -283,15 +342,28 @@ int ap_cache_open(const char *path, ap_cache **out, ap_error *err)
 	if (rc)
 		return ap_error_set(err, AP_EIO, NULL, NULL, "cache %s: cannot create its directory: %s",
 				    c->path, strerror(-rc));
-	co = conn_open(c->path, true, why, sizeof(why));
-	if (!co)
-		return ap_error_set(err, AP_EIO, NULL, NULL, "cache %s: %s", c->path, why);
-	rc = count_rows(c, co);
-	if (rc != SQLITE_OK) {
-		ap_error_set(err, AP_EIO, NULL, NULL, "cache %s: cannot count entries: %s", c->path,
-			     sqlite3_errmsg(co->db));
-		conn_close(co);
-		return AP_EIO;
+	/* A broken file found now, or marked at run time, is replaced once. */
+	if (path_with(marker, sizeof(marker), c->path, ".corrupt") && access(marker, F_OK) == 0 &&
+	    (rc = quarantine(c->path, "marked corrupt by an earlier run")))
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cache %s: cannot move it aside: %s",
+				    c->path, strerror(-rc));
+	for (int attempt = 0;; attempt++) {
+		int code = SQLITE_OK;
+
+		co = conn_open(c->path, true, why, sizeof(why), &code);
+		if (co && (code = count_rows(c, co)) != SQLITE_OK) {
+			snprintf(why, sizeof(why), "cannot count entries: %s", sqlite3_errmsg(co->db));
+			conn_close(co);
+			co = NULL;
+		}
+		if (co)
+			break;
+		if (attempt > 0 || !is_corruption(code))
+			return ap_error_set(err, AP_EIO, NULL, NULL, "cache %s: %s", c->path, why);
+		if ((rc = quarantine(c->path, why)))
+			return ap_error_set(err, AP_EIO, NULL, NULL,
+					    "cache %s: %s; cannot move it aside: %s", c->path, why,
+					    strerror(-rc));
 	}
 	c->pool = co;
 	atomic_store(&c->enabled, true);
@@ -340,6 +412,7 @@ static struct conn *acquire(ap_cache *c)
 {
 	struct conn *co;
 	char why[600];
+	int rc;
 
 	if (!ap_cache_enabled(c))
 		return NULL;
@@ -350,7 +423,7 @@ static struct conn *acquire(ap_cache *c)
 	pthread_mutex_unlock(&c->mu);
 	if (co)
 		return co;
-	co = conn_open(c->path, false, why, sizeof(why));
+	co = conn_open(c->path, false, why, sizeof(why), &rc);
 	if (!co)
 		turn_off(c, "opening a connection", why);
 	return co;

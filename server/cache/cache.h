@@ -17,6 +17,8 @@
  * Failure never fails a request: a cache that cannot be opened, or whose
  * file gives an I/O or corruption error, turns itself off (one warning in
  * the log) and from then on every lookup is a miss and every store a no-op.
+ * A file that is not a database or is corrupt is moved aside at the next
+ * open (PATH.corrupt-TIME) and replaced by a new cache.
  * A write that loses a lock race (SQLITE_BUSY after busy_timeout) is only
  * skipped.
  *
@@ -39,10 +41,13 @@ int ap_cache_default_path(char *buf, size_t cap);
 
 /* Opens (creating the file and its directories, mode 0700) the cache at
  * `path` ("" or NULL: ap_cache_default_path; "off": a cache that is off
- * from the start, with no warning).  Always sets *out to a usable cache
- * unless out of memory.  Returns 0; AP_EIO when the file cannot be opened
- * or set up (*out is then a cache that is off, `err` says why); AP_ENOMEM
- * (*out NULL). */
+ * from the start, with no warning).  A file that is not an SQLite
+ * database, is corrupt, or was marked corrupt at run time (PATH.corrupt)
+ * is renamed PATH.corrupt-TIME (its -wal too) and a new cache created in
+ * its place, with a warning.  Always sets *out to a usable cache unless
+ * out of memory.  Returns 0; AP_EIO when the file cannot be opened or set
+ * up (*out is then a cache that is off, `err` says why); AP_ENOMEM (*out
+ * NULL). */
 int ap_cache_open(const char *path, __ap_give ap_cache **out, ap_error *err);
 /* Closes every connection.  Accepts NULL, returns NULL. */
 ap_cache *ap_cache_free(__ap_take ap_cache *c);

@@ -60,6 +60,7 @@ struct ap_compiler {
 	unsigned n_helpers;
 	pthread_t *helpers;
 	unsigned delay_ms;       /* $APOLLO_TEST_COMPILE_DELAY_MS: tests only */
+	bool stop_before_backend;   /* tests and fuzzing only (compile.h) */
 	unsigned refuse_nodes;   /* $APOLLO_TEST_REFUSE_KERNEL_NODES: tests only */
 	char cc_id[256];
 	char nvrtc_id[64];
@@ -99,10 +100,10 @@ static void *helper_main(void *arg);
 static void build_identity(char *buf, size_t cap)
 {
 	FILE *f = fopen("/proc/self/exe", "rb");
+	ap_sha256_ctx *h = f ? ap_sha256_new() : NULL;
 	char hex[65] = "unknown";
 
-	if (f) {
-		ap_sha256_ctx *h = ap_sha256_new();
+	if (h) {
 		uint8_t chunk[65536], d[32];
 		size_t n;
 
@@ -110,8 +111,9 @@ static void build_identity(char *buf, size_t cap)
 			ap_sha256_update(h, chunk, n);
 		ap_sha256_final(h, d);
 		ap_hex(d, 8, hex);
-		fclose(f);
 	}
+	if (f)
+		fclose(f);
 	snprintf(buf, cap, "apollod %s exe %s", AP_VERSION, hex);
 }
 
@@ -126,6 +128,7 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 		return NULL;
 	c->cache = cache;
 	c->threads = opt && opt->threads ? opt->threads : 1;
+	c->stop_before_backend = opt && opt->stop_before_backend;
 	if (c->threads > 256)
 		c->threads = 256;
 	if (delay && *delay)
@@ -269,36 +272,47 @@ static void key_options(ap_sha256_ctx *h, const Apollo__CompileOptions *opt)
 	key_str_set(h, "keep_whole", opt ? opt->keep_whole : NULL, opt ? opt->n_keep_whole : 0);
 }
 
-void ap_compile_graph_key(const uint8_t graph_hash[32], const char *target, int output,
-			  const struct Apollo__CompileOptions *opt, const char *backend_id,
-			  uint8_t key[32])
+/* A key can only be had whole: without a hash context it would be all
+ * zero, and every request that ran out of memory there would share one
+ * cache entry. */
+int ap_compile_graph_key(const uint8_t graph_hash[32], const char *target, int output,
+			 const struct Apollo__CompileOptions *opt, const char *backend_id,
+			 uint8_t key[32])
 {
 	ap_sha256_ctx *h = ap_sha256_new();
 
+	if (!h)
+		return AP_ENOMEM;
 	key_common(h, "graph", target, output, backend_id);
 	key_field(h, "graph_hash", graph_hash, 32);
 	key_options(h, opt);
 	ap_sha256_final(h, key);
+	return 0;
 }
 
-void ap_compile_kernel_key(const char *src, const char *entry, const char *target, int output,
-			   const char *backend_id, uint8_t key[32])
+int ap_compile_kernel_key(const char *src, const char *entry, const char *target, int output,
+			  const char *backend_id, uint8_t key[32])
 {
 	ap_sha256_ctx *h = ap_sha256_new();
 
+	if (!h)
+		return AP_ENOMEM;
 	key_common(h, "kernel", target, output, backend_id);
 	key_str(h, "source", src);
 	key_str(h, "entry", entry);
 	ap_sha256_final(h, key);
+	return 0;
 }
 
 /* Key of an ONNX request, before import: the model bytes and bindings as
- * sent, so that a warm ONNX submit skips the import too. */
-static void onnx_request_key(const Apollo__CompileRequest *req, const char *target, int output,
-			     const char *backend_id, uint8_t key[32])
+ * sent, so that a warm ONNX submit skips the import too.  0 or AP_ENOMEM. */
+static int onnx_request_key(const Apollo__CompileRequest *req, const char *target, int output,
+			    const char *backend_id, uint8_t key[32])
 {
 	ap_sha256_ctx *h = ap_sha256_new();
 
+	if (!h)
+		return AP_ENOMEM;
 	key_common(h, "onnx", target, output, backend_id);
 	key_field(h, "model", req->onnx_model.data, req->onnx_model.len);
 	key_uint(h, "bindings", req->n_bindings);
@@ -313,6 +327,7 @@ static void onnx_request_key(const Apollo__CompileRequest *req, const char *targ
 	}
 	key_options(h, req->options);
 	ap_sha256_final(h, key);
+	return 0;
 }
 
 /* ---- targets ------------------------------------------------------------- */
@@ -609,56 +624,9 @@ static Apollo__Bundle *bundle_free(Apollo__Bundle *b)
 	return NULL;
 }
 
-/* PARAM buffers are bound by name, but a graph's cache key leaves names
- * out: a hit may answer a request whose params are named otherwise.  So a
- * bundle stored under a graph key names its params by canonical rank
- * ("#param<rank>", ap_graph_param_ranks) and each answer takes the names
- * of the request's own graph back.  `to_canonical`: request names ->
- * ranks; else ranks -> the names of g.  Names it cannot map stay. */
-#define PARAM_RANK_PREFIX "#param"
-
-static void name_params(Apollo__Bundle *b, const ap_graph *g, bool to_canonical)
-{
-	int *rank = g ? calloc((size_t)g->n_tensors + 1, sizeof(int)) : NULL;
-	int n;
-
-	if (!rank)
-		return;
-	n = ap_graph_param_ranks(g, rank);
-	for (size_t i = 0; n > 0 && i < b->n_buffers; i++) {
-		Apollo__Buffer *bf = b->buffers[i];
-		char buf[32], *nn = NULL;
-
-		if (bf->kind != APOLLO__BUFFER_KIND__BUF_PARAM || !bf->name)
-			continue;
-		if (to_canonical) {
-			int t = ap_graph_find_tensor(g, bf->name);
-
-			if (t < 0 || rank[t] < 0)
-				continue;
-			snprintf(buf, sizeof(buf), PARAM_RANK_PREFIX "%d", rank[t]);
-			nn = ap_strdup(buf);
-		} else if (!strncmp(bf->name, PARAM_RANK_PREFIX, strlen(PARAM_RANK_PREFIX))) {
-			int r = atoi(bf->name + strlen(PARAM_RANK_PREFIX));
-
-			for (int t = 0; t < g->n_tensors && !nn; t++)
-				if (rank[t] == r)
-					nn = ap_strdup(g->tensors[t].name);
-		}
-		if (nn) {
-			/* protobuf-c frees unpacked strings with the message's
-			 * allocator (malloc): replacing one is safe */
-			free(bf->name);
-			bf->name = nn;
-		}
-	}
-	free(rank);
-}
-
 /* Serializes `b` with every kernel blob left out (digests kept): what the
- * action cache stores; with `g`, its params named by canonical rank (see
- * name_params) for a graph key.  NULL when out of memory. */
-static uint8_t *pack_stripped(Apollo__Bundle *b, const ap_graph *g, size_t *len)
+ * action cache stores.  NULL when out of memory. */
+static uint8_t *pack_stripped(Apollo__Bundle *b, size_t *len)
 {
 	ProtobufCBinaryData *saved = calloc(b->n_kernels ? b->n_kernels : 1, sizeof(*saved));
 	uint8_t *out = NULL;
@@ -670,14 +638,10 @@ static uint8_t *pack_stripped(Apollo__Bundle *b, const ap_graph *g, size_t *len)
 		b->kernels[i]->blob.data = NULL;
 		b->kernels[i]->blob.len = 0;
 	}
-	if (g)
-		name_params(b, g, true);
 	*len = apollo__bundle__get_packed_size(b);
 	out = malloc(*len ? *len : 1);
 	if (out)
 		apollo__bundle__pack(b, out);
-	if (g)
-		name_params(b, g, false);
 	for (size_t i = 0; i < b->n_kernels; i++)
 		b->kernels[i]->blob = saved[i];
 	free(saved);
@@ -727,7 +691,10 @@ static void compile_kernel(const struct kernel_batch *kb, const ap_kernel_src *k
 				       ks->n_members);
 		return;
 	}
-	ap_compile_kernel_key(src, ks->name, kb->target, kb->output, bid, key);
+	if (ap_compile_kernel_key(src, ks->name, kb->target, kb->output, bid, key)) {
+		out->rc = ap_error_set(&out->err, AP_ENOMEM, NULL, NULL, "out of memory");
+		return;
+	}
 	if (kb->use_cache &&
 	    ap_cache_kernel_get(kb->c->cache, key, &out->data, &out->len, out->digest) == 1)
 		return;
@@ -745,7 +712,8 @@ static void compile_kernel(const struct kernel_batch *kb, const ap_kernel_src *k
 	}
 	out->compiled = true;
 	ap_sha256(out->data, out->len, out->digest);
-	ap_cache_kernel_put(kb->c->cache, key, out->data, out->len, NULL);
+	if (kb->use_cache)
+		ap_cache_kernel_put(kb->c->cache, key, out->data, out->len, NULL);
 }
 
 /* ---- the task pool: the request's worker and the helper threads ----------- */
@@ -1168,7 +1136,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	ap_program *prog = NULL;
 	struct kblob *blobs = NULL;
 	Apollo__Bundle *b = NULL;
-	uint8_t graph_hash[32], gkey[32], rkey[32];
+	uint8_t graph_hash[32], named_hash[32], gkey[32], rkey[32];
 	bool have_rkey = false, oom = false;
 	char bid[400];
 	double t, backend_ms;
@@ -1213,7 +1181,8 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		ap_host_tensor *hts;
 		const ap_host_tensor **ptrs;
 
-		onnx_request_key(req, r->target, r->output, bid, rkey);
+		if (onnx_request_key(req, r->target, r->output, bid, rkey))
+			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 		have_rkey = true;
 		if ((*out = lookup(c, r, rkey)))
 			return 0;
@@ -1243,13 +1212,16 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	}
 	r->import_ms = ap_now_ms() - t;
 
-	ap_graph_hash(g, graph_hash);
-	ap_compile_graph_key(graph_hash, r->target, r->output, req->options, bid, gkey);
+	/* The key hashes names too: the bundle binds params by name. */
+	if (ap_graph_hash(g, graph_hash) || ap_graph_hash_named(g, named_hash) ||
+	    ap_compile_graph_key(named_hash, r->target, r->output, req->options, bid, gkey)) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory hashing the graph");
+		goto done;
+	}
 	if ((b = lookup(c, r, gkey))) {
-		name_params(b, g, false);
 		if (have_rkey) {
 			size_t len = 0;
-			uint8_t *val = pack_stripped(b, NULL, &len);
+			uint8_t *val = pack_stripped(b, &len);
 			t = ap_now_ms();
 			if (val)
 				ap_cache_put(c->cache, rkey, val, len);
@@ -1283,6 +1255,10 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	prog = ap_program_build(g, &bo, err);
 	if (!prog) {
 		rc = err->code ? err->code : AP_EINTERNAL;
+		goto done;
+	}
+	if (c->stop_before_backend) {
+		rc = ap_error_set(err, AP_EINTERNAL, NULL, NULL, "stopped before the backend");
 		goto done;
 	}
 
@@ -1333,21 +1309,19 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	b->stats->kernels_compiled = compiled;
 	b->stats->cache_hit = 0;
 
-	if (ap_cache_enabled(c->cache)) {
+	if (r->use_cache) {   /* no_cache: neither read nor write */
 		size_t len = 0;
 		uint8_t *val;
 
 		t = ap_now_ms();
 		b->stats->cache_ms = r->cache_ms;
 		b->stats->compile_ms = ap_now_ms() - r->t0;
-		val = pack_stripped(b, g, &len);
-		if (val)
+		val = pack_stripped(b, &len);
+		if (val) {
 			ap_cache_put(c->cache, gkey, val, len);
-		free(val);
-		val = NULL;
-		/* the request key is the model's exact bytes: its own names */
-		if (have_rkey && (val = pack_stripped(b, NULL, &len)))
-			ap_cache_put(c->cache, rkey, val, len);
+			if (have_rkey)
+				ap_cache_put(c->cache, rkey, val, len);
+		}
 		free(val);
 		r->cache_ms += ap_now_ms() - t;
 	}

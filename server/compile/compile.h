@@ -5,7 +5,8 @@
  *   target + output kind checked  -> ERR_UNSUPPORTED for anything else
  *   graph: ap_graph_from_pb + ap_graph_validate
  *   onnx_model: ap_onnx_import with the request's bindings
- *   graph key (inputs only, see ap_compile_graph_key) -> action cache:
+ *   graph key (inputs only, names included, see ap_compile_graph_key)
+ *     -> action cache (not read nor written with options.no_cache):
  *     hit: the stored bundle, kernel blobs fetched by digest and verified,
  *          stats.cache_hit = true, nothing compiled
  *   ap_program_build (partition, fuse, lower, print, plan)
@@ -37,6 +38,10 @@ typedef struct ap_compiler ap_compiler;
 
 typedef struct ap_compiler_options {
 	unsigned threads;    /* backend compiles one request runs at once; 0 = 1 */
+	bool stop_before_backend;  /* tests and fuzzing: end each request after
+				      ap_program_build (kernel IR and sources
+				      made, nothing compiled or stored) with
+				      ERR_INTERNAL "stopped before the backend" */
 } ap_compiler_options;
 
 /* Creates the compiler over `cache` (borrowed; must outlive the compiler;
@@ -69,19 +74,21 @@ void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out);
  * keys hash the kernel source itself and are shared across builds. */
 const char *ap_compiler_backend_id(const ap_compiler *c, bool gpu);
 
-/* Graph key: canonical graph hash, target ("sm_90a"), output kind
+/* Graph key: the graph's named canonical hash (ap_graph_hash_named: a
+ * bundle binds params by name), target ("sm_90a"), output kind
  * (resolved: never OUTPUT_DEFAULT), backend id, AP_VERSION, the schema
  * version and every option that can change the answer (cache_namespace,
  * max_block_threads, fusion level, fusion_barriers and keep_whole as
- * sets; not no_cache), each length-prefixed.  `opt` may be NULL. */
+ * sets; not no_cache), each length-prefixed.  `opt` may be NULL.
+ * 0, or AP_ENOMEM (no key: it must not be used). */
 struct Apollo__CompileOptions;
-void ap_compile_graph_key(const uint8_t graph_hash[32], const char *target, int output,
-			  const struct Apollo__CompileOptions *opt, const char *backend_id,
-			  uint8_t key[32]);
+int ap_compile_graph_key(const uint8_t graph_hash[32], const char *target, int output,
+			 const struct Apollo__CompileOptions *opt, const char *backend_id,
+			 uint8_t key[32]);
 /* Kernel key: kernel source, entry name, target, output kind, backend id
- * and AP_VERSION, each length-prefixed. */
-void ap_compile_kernel_key(const char *src, const char *entry, const char *target, int output,
-			   const char *backend_id, uint8_t key[32]);
+ * and AP_VERSION, each length-prefixed.  0 or AP_ENOMEM. */
+int ap_compile_kernel_key(const char *src, const char *entry, const char *target, int output,
+			  const char *backend_id, uint8_t key[32]);
 
 /* Parses a target: 0 and *gpu / *output_resolved set, or AP_EUNSUPPORTED
  * with `err` saying why ("cpu"; "sm_NN[a-z]" cubin or ptx; "compute_NN[a-z]"

@@ -15,17 +15,17 @@
  * bandwidth, FP32 throughput. */
 static const struct arch_row {
 	int arch;
-	unsigned sms, threads_sm, blocks_sm, smem_sm;
-	double gbps, gflops;
+	unsigned sms, threads_sm, blocks_sm, smem_sm, smem_optin;
+	double gbps, gflops, tc_gflops, tf32_gflops;
 } arch_table[] = {
-	{75, 40, 1024, 16, 64 * 1024, 320, 8100},        /* T4 */
-	{80, 108, 2048, 32, 164 * 1024, 1555, 19500},    /* A100 40GB */
-	{86, 84, 1536, 16, 100 * 1024, 936, 35600},      /* RTX 3090 class */
-	{87, 16, 1536, 16, 164 * 1024, 205, 5300},       /* Jetson Orin */
-	{89, 128, 1536, 24, 100 * 1024, 1008, 82600},    /* RTX 4090 */
-	{90, 132, 2048, 32, 228 * 1024, 3350, 67000},    /* H100 SXM */
-	{100, 148, 2048, 32, 228 * 1024, 8000, 80000},   /* B200 */
-	{120, 170, 1536, 32, 100 * 1024, 1792, 104800},  /* RTX 5090 */
+	{75, 40, 1024, 16, 64 * 1024, 64 * 1024, 320, 8100, 65000, 0},                /* T4 */
+	{80, 108, 2048, 32, 164 * 1024, 163 * 1024, 1555, 19500, 312000, 156000},     /* A100 40GB */
+	{86, 84, 1536, 16, 100 * 1024, 99 * 1024, 936, 35600, 71000, 35600},          /* RTX 3090 class */
+	{87, 16, 1536, 16, 164 * 1024, 163 * 1024, 205, 5300, 42500, 21250},          /* Jetson Orin */
+	{89, 128, 1536, 24, 100 * 1024, 99 * 1024, 1008, 82600, 165000, 82600},       /* RTX 4090 */
+	{90, 132, 2048, 32, 228 * 1024, 227 * 1024, 3350, 67000, 989000, 494000},     /* H100 SXM */
+	{100, 148, 2048, 32, 228 * 1024, 227 * 1024, 8000, 80000, 2250000, 1100000},  /* B200 */
+	{120, 170, 1536, 32, 100 * 1024, 99 * 1024, 1792, 104800, 209000, 104800},    /* RTX 5090 */
 };
 
 static int arch_number(const char *t, const char *prefix)
@@ -53,6 +53,7 @@ int ap_cost_target(const char *target, ap_target_info *out)
 	out->max_threads_per_block = 1024;
 	out->regs_per_sm = 65536;
 	out->shared_per_block = 48 * 1024;
+	out->shared_optin_per_block = 48 * 1024;
 	if (!strcmp(t, "cpu")) {
 		/* blocks become loops run by the runtime's threads; numbers of a
 		 * modest server core: what matters is that launches cost little
@@ -83,8 +84,68 @@ int ap_cost_target(const char *target, ap_target_info *out)
 	out->shared_per_sm = row->smem_sm;
 	out->dram_gbps = row->gbps;
 	out->gflops = row->gflops;
+	out->shared_optin_per_block = row->smem_optin;
+	/* mma.sync m16n8k16 for float16 / bfloat16 and TF32 need sm_80 */
+	out->tc_gflops = arch >= 80 ? row->tc_gflops : 0;
+	out->tf32_gflops = arch >= 80 ? row->tf32_gflops : 0;
 	out->launch_us = 3;
 	return 0;
+}
+
+/* ---- GEMM tiles ------------------------------------------------------------------- */
+
+static int64_t ceil_div(int64_t a, int64_t b)
+{
+	return (a + b - 1) / b;
+}
+
+void ap_cost_gemm_default(const ap_target_info *t, int64_t batch, int64_t M, int64_t N, int64_t K,
+			  size_t elem_bytes, bool tensor_cores, ap_cost_gemm_tile *out)
+{
+	/* candidate block tiles, largest first: (bm, bn, tm, tn) */
+	static const int simt[][4] = {
+		{128, 128, 8, 8}, {128, 64, 8, 4}, {64, 128, 4, 8}, {64, 64, 4, 4},
+		{64, 32, 4, 2}, {32, 64, 2, 4}, {32, 32, 2, 2}, {16, 32, 1, 2}, {16, 16, 1, 1},
+	};
+	static const int tc[][4] = {   /* tm, tn: warps */
+		{128, 128, 2, 2}, {128, 64, 2, 2}, {64, 128, 2, 2}, {64, 64, 2, 2},
+		{64, 32, 2, 1}, {32, 64, 1, 2}, {32, 32, 1, 1}, {16, 32, 1, 2}, {16, 16, 1, 2},
+	};
+	/* the host runs a block's threads one after the other: few threads
+	 * with large register tiles (the C compiler vectorises a row of TN) */
+	static const int host[][4] = {
+		{64, 64, 8, 8}, {64, 64, 8, 8}, {64, 64, 8, 8}, {64, 64, 8, 8},
+		{32, 64, 4, 8}, {64, 32, 8, 4}, {32, 32, 4, 4}, {16, 32, 2, 4}, {16, 16, 2, 2},
+	};
+	const int (*cand)[4] = tensor_cores ? tc : t->gpu ? simt : host;
+	int n = 9, pick = n - 1;
+	unsigned want = t->gpu ? t->sm_count : t->sm_count * 2;
+
+	for (int i = 0; i < n; i++) {
+		int64_t blocks = batch * ceil_div(M, cand[i][0]) * ceil_div(N, cand[i][1]);
+
+		/* no tile twice the problem's size in either direction */
+		if (cand[i][0] >= 2 * M && cand[i][0] > 16)
+			continue;
+		if (cand[i][1] >= 2 * N && cand[i][1] > 16)
+			continue;
+		if (blocks >= want) {
+			pick = i;
+			break;
+		}
+		pick = i;   /* else the smallest that is not oversized */
+	}
+	out->bm = cand[pick][0];
+	out->bn = cand[pick][1];
+	out->tm = cand[pick][2];
+	out->tn = cand[pick][3];
+	if (tensor_cores)
+		out->bk = elem_bytes == 4 ? 16 : 32;
+	else
+		out->bk = elem_bytes >= 8 ? 8 : 16;
+	while (out->bk > 8 && out->bk >= 2 * K && !(tensor_cores && out->bk <= (elem_bytes == 4 ? 8 : 16)))
+		out->bk /= 2;
+	out->stages = !t->gpu ? 1 : t->arch >= 80 ? 3 : 2;
 }
 
 /* ---- evaluation counts ------------------------------------------------------------ */
@@ -307,7 +368,8 @@ double ap_cost_time_us(const ap_traffic *t, const ap_target_info *ti)
 {
 	double bytes = t->bytes_read + t->bytes_written;
 	double mem_us = bytes / (ti->dram_gbps * 1e3);      /* GB/s = 1e3 bytes/us */
-	double alu_us = t->flops / (ti->gflops * 1e3);
+	double peak = t->tensor_cores && ti->tc_gflops > 0 ? ti->tc_gflops : ti->gflops;
+	double alu_us = t->flops / (peak * 1e3);
 	double work = mem_us > alu_us ? mem_us : alu_us;
 	double used = 1.0;
 

@@ -32,10 +32,17 @@ typedef struct ap_target_info {
 	unsigned max_threads_per_sm;     /* resident threads per SM */
 	unsigned max_blocks_per_sm;      /* resident blocks per SM */
 	unsigned shared_per_block;       /* bytes a block may use without opt-in (48 KiB) */
+	unsigned shared_optin_per_block; /* bytes a block may use with the opt-in
+					    (cuFuncSetAttribute), >= shared_per_block */
 	unsigned shared_per_sm;          /* bytes of shared memory per SM */
 	unsigned regs_per_sm;            /* 32-bit registers per SM */
 	double dram_gbps;                /* DRAM bandwidth, GB/s */
 	double gflops;                   /* FP32 throughput (no tensor cores), GFLOP/s */
+	double tc_gflops;                /* dense float16 tensor-core throughput with float32
+					    accumulation, GFLOP/s (0: none usable) */
+	double tf32_gflops;              /* dense TF32 tensor-core throughput (0: none) */
+	bool allow_tf32;                 /* the request's numerics: float32 products may run
+					    on TF32 tensor cores (off by default, as in PyTorch) */
 	double launch_us;                /* fixed cost of one launch, microseconds */
 } ap_target_info;
 
@@ -101,13 +108,34 @@ typedef struct ap_traffic {
 	unsigned threads;      /* per block */
 	unsigned shared_bytes; /* per block, static and dynamic */
 	bool uncoalesced;      /* some global access strides across a warp */
+	bool tensor_cores;     /* the arithmetic runs on tensor cores (mma.sync) */
 } ap_traffic;
 
 /* Modelled time of one launch in microseconds: launch_us plus
- * max(bytes / bandwidth, flops / throughput), divided by the fraction of
+ * max(bytes / bandwidth, flops / throughput) -- the tensor-core
+ * throughput for a launch that uses tensor cores -- divided by the fraction of
  * the SMs the grid occupies when it has fewer blocks than SMs, doubled for
  * uncoalesced access. */
 double ap_cost_time_us(const ap_traffic *t, const ap_target_info *ti);
+
+/* ---- GEMM tiles ---------------------------------------------------------------- */
+
+/* A tile configuration of the GEMM emitter (server/lower/gemm.c): block
+ * tile bm x bn, K step bk, pipeline stages; SIMT: a tm x tn register tile
+ * per thread; tensor cores: tm x tn warps per block. */
+typedef struct ap_cost_gemm_tile {
+	int bm, bn, bk, tm, tn, stages;
+} ap_cost_gemm_tile;
+
+/* The default tile for `batch` products of M x K by K x N of elem_bytes
+ * elements on t, on tensor cores or not: the largest block tile whose
+ * grid still fills the target's SMs (or worker threads), no larger than
+ * the problem needs; a K step that keeps a stage's tiles small; three
+ * stages where cp.async exists, else two.  The partitioner's evaluation
+ * model reads the same rule (a prologue of A is evaluated once per block
+ * column, ceil(N / bn) times per element). */
+void ap_cost_gemm_default(const ap_target_info *t, int64_t batch, int64_t M, int64_t N, int64_t K,
+			  size_t elem_bytes, bool tensor_cores, ap_cost_gemm_tile *out);
 
 /* Blocks of `threads` threads using `shared_bytes` each that one SM holds
  * at once (>= 1 when the block fits at all, 0 when it does not). */

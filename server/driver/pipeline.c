@@ -195,7 +195,10 @@ static void emit_task(int i, void *arg)
 		return;
 	}
 	memset(&u->traffic, 0, sizeof(u->traffic));
-	u->sched.em->traffic(u->m, &u->sched, &P->ti, &u->traffic);
+	if (u->sched.em->traffic(u->m, &u->sched, &P->ti, &u->traffic) < 0) {
+		u->k = ap_kir_kernel_free(u->k);
+		u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory modelling a kernel");
+	}
 }
 
 /* ---- refusals ---------------------------------------------------------------------- */
@@ -702,10 +705,10 @@ static int round_once(pipe *P)
 	units_clear(P);
 	program_reset(P->prog);
 	kernel_names_free(P);
-	P->n_units = P->part->n_groups;
-	P->units = calloc((size_t)P->n_units + 1, sizeof(unit));
+	P->units = calloc((size_t)P->part->n_groups + 1, sizeof(unit));
 	if (!P->units)
 		return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+	P->n_units = P->part->n_groups;
 	run_tasks(P, P->n_units, extract_task, P);
 	for (int i = 0; i < P->n_units; i++)
 		if (P->units[i].rc) {
@@ -869,6 +872,7 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g, const ap_bui
 		return NULL;
 	}
 	P.ti.max_threads_per_block = P.opt->max_block_threads ? P.opt->max_block_threads : 256;
+	P.ti.allow_tf32 = P.opt->allow_tf32;
 	P.print_target = P.ti.gpu ? AP_KIR_CUDA : AP_KIR_HOST;
 	xopt.n_keep_whole = P.opt->n_keep_whole;
 	xopt.keep_whole = P.opt->keep_whole;

@@ -394,9 +394,15 @@ static int try_union(sctx *c, const int *set, int n, ap_mgraph **best, char *why
 		snprintf(why, cap, "%.200s", e2.msg);
 		return 0;
 	}
-	if (!ap_lower_stitchable(u, c->t, why, cap)) {
-		ap_mgraph_free(u);
-		return 0;
+	{
+		int rc = ap_lower_stitchable(u, c->t, why, cap);
+
+		if (rc <= 0) {
+			ap_mgraph_free(u);
+			if (rc < 0)
+				return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory stitching micro-graphs");
+			return 0;
+		}
 	}
 	ap_mgraph_free(*best);
 	*best = u;

@@ -272,7 +272,25 @@ static void clone_stmt(cloner *c, ap_kir_block *into, const ap_kir_stmt *s)
 		if (!n->text)
 			c->failed = true;
 		break;
+	case AP_KIR_S_CP_ASYNC:
+	case AP_KIR_S_LDMATRIX:
+		n->arr = map_array(c, s->arr);
+		n->index = clone_expr(c, s->index);
+		n->src = map_array(c, s->src);
+		n->src_index = clone_expr(c, s->src_index);
+		n->cond = opt_expr(c, s->cond);
+		n->trans = s->trans;
+		break;
+	case AP_KIR_S_MMA:
+		n->mma = s->mma;
+		for (int i = 0; i < 4; i++) {
+			n->frag[i] = map_array(c, s->frag[i]);
+			n->frag_off[i] = clone_expr(c, s->frag_off[i]);
+		}
+		break;
 	case AP_KIR_S_BARRIER:
+	case AP_KIR_S_CP_COMMIT:
+	case AP_KIR_S_CP_WAIT:
 		break;
 	}
 }
@@ -304,7 +322,8 @@ static ap_kir_array *clone_array(cloner *c, const ap_kir_array *a)
 		r = ap_kir_shared_dyn(c->dst, name, a->type, a->size);
 		break;
 	case AP_KIR_LOCAL:
-		r = ap_kir_local(c->dst, name, a->type, a->size);
+		r = a->scratch ? ap_kir_local_scratch(c->dst, name, a->type, a->size)
+			       : ap_kir_local(c->dst, name, a->type, a->size);
 		break;
 	case AP_KIR_CONST:
 		r = ap_kir_const_array(c->dst, name, a->type, a->size, a->data);

@@ -169,6 +169,35 @@ const char ap__kir_host_bf16_src[] =
 	"\treturn (unsigned short)((c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16);\n"
 	"}\n";
 
+uint32_t ap_kir_tf32_bits(uint32_t u)
+{
+	if ((u & 0x7f800000u) == 0x7f800000u)
+		return (u & 0x007fffffu) ? 0x7fffffffu : u;   /* NaN canonical, infinities kept */
+	return (u + 0x1000u) & 0xffffe000u;                   /* half a TF32 ulp, then truncate */
+}
+
+const char ap__kir_host_tf32_src[] =
+	"static inline float ap_tf32f(float f)\n"
+	"{\n"
+	"\tunion { unsigned int u; float f; } c;\n"
+	"\n"
+	"\tc.f = f;\n"
+	"\tif ((c.u & 0x7f800000u) == 0x7f800000u)\n"
+	"\t\tc.u = (c.u & 0x007fffffu) ? 0x7fffffffu : c.u;\n"
+	"\telse\n"
+	"\t\tc.u = (c.u + 0x1000u) & 0xffffe000u;\n"
+	"\treturn c.f;\n"
+	"}\n"
+	"static inline float ap_tf32_trunc(float f)\n"
+	"{\n"
+	"\tunion { unsigned int u; float f; } c;\n"
+	"\n"
+	"\tc.f = f;\n"
+	"\tif ((c.u & 0x7f800000u) != 0x7f800000u)\n"
+	"\t\tc.u &= 0xffffe000u;\n"
+	"\treturn c.f;\n"
+	"}\n";
+
 bool ap_kir_is_float_type(ap_dtype t)
 {
 	return t == AP_DT_F32 || t == AP_DT_F64 || t == AP_DT_F16 || t == AP_DT_BF16;

@@ -205,6 +205,15 @@ ap_kir_array *ap_kir_local(ap_kir_kernel *k, const char *name, ap_dtype type, in
 	return array_new(k, name, type, AP_KIR_LOCAL, size);
 }
 
+ap_kir_array *ap_kir_local_scratch(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size)
+{
+	ap_kir_array *a = array_new(k, name, type, AP_KIR_LOCAL, size);
+
+	if (a)
+		a->scratch = true;
+	return a;
+}
+
 ap_kir_array *ap_kir_const_array(ap_kir_kernel *k, const char *name, ap_dtype type,
 				 int64_t size, const void *data)
 {
@@ -554,6 +563,10 @@ ap_kir_expr *ap_kir_call(ap_kir_kernel *k, ap_kir_fn fn, ap_kir_expr *a, ap_kir_
 
 	if (!a || (fn >= AP_KIR_POW && !b))
 		return NULL;
+	if (fn == AP_KIR_TF32 && a->type != AP_DT_F32) {
+		k->failed = true;
+		return NULL;
+	}
 	e = ap__kir_expr_new(k, AP_KIR_E_CALL, a->type);
 	if (e) {
 		e->op = fn;
@@ -852,6 +865,125 @@ ap_kir_stmt *ap_kir_vstore(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *arr,
 	s->arr = arr;
 	s->index = index;
 	s->width = width;
+	return s;
+}
+
+static bool is_shared_space(ap_kir_space sp)
+{
+	return sp == AP_KIR_SHARED || sp == AP_KIR_SHARED_DYN;
+}
+
+ap_kir_stmt *ap_kir_cp_async(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *arr,
+			     ap_kir_expr *index, ap_kir_array *src, ap_kir_expr *src_index,
+			     int width, ap_kir_expr *cond)
+{
+	size_t bytes;
+	ap_kir_stmt *s;
+
+	if (!arr || !index || !src || !src_index || !is_shared_space(arr->space) ||
+	    src->space != AP_KIR_GLOBAL || src->type != arr->type || !is_int_type(index->type) ||
+	    !is_int_type(src_index->type) || (cond && cond->type != AP_DT_BOOL) || width < 1)
+		return fail(k);
+	bytes = ap_dtype_size(arr->type) * (size_t)width;
+	if (bytes != 4 && bytes != 8 && bytes != 16)
+		return fail(k);
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_CP_ASYNC);
+	if (s) {
+		s->arr = arr;
+		s->index = index;
+		s->src = src;
+		s->src_index = src_index;
+		s->width = width;
+		s->cond = cond;
+	}
+	return s;
+}
+
+ap_kir_stmt *ap_kir_cp_commit(ap_kir_kernel *k, ap_kir_block *b)
+{
+	return ap__kir_stmt_append(k, b, AP_KIR_S_CP_COMMIT);
+}
+
+ap_kir_stmt *ap_kir_cp_wait(ap_kir_kernel *k, ap_kir_block *b, int n)
+{
+	ap_kir_stmt *s;
+
+	if (n < 0)
+		return fail(k);
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_CP_WAIT);
+	if (s)
+		s->step = n;
+	return s;
+}
+
+ap_kir_stmt *ap_kir_ldmatrix(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *dst,
+			     ap_kir_expr *off, ap_kir_array *src, ap_kir_expr *row, int num,
+			     bool trans)
+{
+	size_t es;
+	ap_kir_stmt *s;
+
+	if (!dst || !off || !src || !row || dst->space != AP_KIR_LOCAL || !is_shared_space(src->space) ||
+	    dst->type != src->type || !is_int_type(off->type) || !is_int_type(row->type) ||
+	    (num != 1 && num != 2 && num != 4))
+		return fail(k);
+	es = ap_dtype_size(src->type);
+	if ((es != 2 && es != 4) || (trans && es != 2))
+		return fail(k);
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_LDMATRIX);
+	if (s) {
+		s->arr = dst;
+		s->index = off;
+		s->src = src;
+		s->src_index = row;
+		s->width = num;
+		s->trans = trans;
+	}
+	return s;
+}
+
+void ap_kir_mma_frag_sizes(ap_kir_mma_kind kind, int *a, int *b, int *c)
+{
+	bool tf32 = kind == AP_KIR_MMA_TF32_1688;
+
+	*a = tf32 ? 4 : 8;
+	*b = tf32 ? 2 : 4;
+	*c = 4;
+}
+
+/* The input type of an mma kind's A and B fragments. */
+ap_dtype ap__kir_mma_in_type(int kind)
+{
+	switch (kind) {
+	case AP_KIR_MMA_F16_16816: return AP_DT_F16;
+	case AP_KIR_MMA_BF16_16816: return AP_DT_BF16;
+	default: return AP_DT_F32;
+	}
+}
+
+ap_kir_stmt *ap_kir_mma(ap_kir_kernel *k, ap_kir_block *b, ap_kir_mma_kind kind,
+			ap_kir_array *d, ap_kir_expr *d_off, ap_kir_array *a, ap_kir_expr *a_off,
+			ap_kir_array *bb, ap_kir_expr *b_off, ap_kir_array *c, ap_kir_expr *c_off)
+{
+	ap_kir_array *fr[4] = {d, a, bb, c};
+	ap_kir_expr *off[4] = {d_off, a_off, b_off, c_off};
+	ap_kir_stmt *s;
+
+	if ((unsigned)kind > AP_KIR_MMA_TF32_1688)
+		return fail(k);
+	for (int i = 0; i < 4; i++) {
+		ap_dtype want = i == 1 || i == 2 ? ap__kir_mma_in_type(kind) : AP_DT_F32;
+
+		if (!fr[i] || !off[i] || fr[i]->space != AP_KIR_LOCAL || fr[i]->type != want ||
+		    !is_int_type(off[i]->type))
+			return fail(k);
+	}
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_MMA);
+	if (s) {
+		s->mma = kind;
+		memcpy(s->frag, fr, sizeof(fr));
+		memcpy(s->frag_off, off, sizeof(off));
+	}
 	return s;
 }
 

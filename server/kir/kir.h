@@ -84,6 +84,11 @@ typedef struct ap_kir_array {
 	bool written;          /* GLOBAL: the kernel stores to it */
 	int tensor;            /* GLOBAL: graph tensor bound to it (-1 if none) */
 	uint64_t offset;       /* SHARED_DYN: byte offset in dynamic shared memory */
+	bool scratch;          /* LOCAL: no value lives across a barrier or other
+				  collective (each use is preceded by a store in
+				  the same stretch between collectives); the
+				  host then keeps it per thread loop, not in
+				  per-thread slots */
 	void *data;            /* CONST: `size` elements, row-major, owned by the arena */
 } ap_kir_array;
 
@@ -136,6 +141,9 @@ typedef enum ap_kir_fn {
 	AP_KIR_FLOOR, AP_KIR_CEIL, AP_KIR_FABS, AP_KIR_LOG1P, AP_KIR_EXPM1,
 	AP_KIR_ROUND,      /* rint: round half to even */
 	AP_KIR_SIN, AP_KIR_COS,
+	AP_KIR_TF32,       /* float32 only: rounded to TF32 (10 mantissa bits),
+			      to nearest, ties away from zero -- PTX's
+			      cvt.rna.tf32.f32; NaN and infinities kept */
 	/* two arguments */
 	AP_KIR_POW, AP_KIR_FMAX, AP_KIR_FMIN, AP_KIR_FMOD,
 	AP_KIR_FN_COUNT
@@ -164,7 +172,31 @@ typedef enum ap_kir_stmt_kind {
 	AP_KIR_S_SHFL,     /* var = __shfl_<shfl>_sync(mask, value, lane, width) */
 	AP_KIR_S_VLOAD,    /* declares vars[i] = arr[index + i], i < width */
 	AP_KIR_S_VSTORE,   /* arr[index + i] = values[i], i < width */
+	AP_KIR_S_CP_ASYNC, /* arr[index + i] = cond ? src[src_index + i] : 0, i < width,
+			      asynchronously (cp.async) */
+	AP_KIR_S_CP_COMMIT,/* cp.async.commit_group */
+	AP_KIR_S_CP_WAIT,  /* cp.async.wait_group step */
+	AP_KIR_S_LDMATRIX, /* warp: ldmatrix.sync.aligned.m8n8.x<width>[.trans] */
+	AP_KIR_S_MMA,      /* warp: mma.sync.aligned (ap_kir_mma_kind) */
 } ap_kir_stmt_kind;
+
+/* The warp-level matrix multiply-accumulates of PTX (ISA, "Warp-level
+ * matrix instructions: mma"), D = A * B + C with A row-major and B
+ * column-major, C and D float32, each operand a fragment spread over the
+ * 32 lanes of a warp by the ISA's layouts (g = lane / 4, t = lane % 4):
+ *   m16n8k16 (A, B float16 or bfloat16): A 16x16, 8 elements per lane:
+ *     a0,a1 = A[g][2t, 2t+1], a2,a3 = A[g+8][2t, 2t+1],
+ *     a4,a5 = A[g][2t+8, 2t+9], a6,a7 = A[g+8][2t+8, 2t+9];
+ *     B 16x8, 4 per lane: b0,b1 = B[2t, 2t+1][g], b2,b3 = B[2t+8, 2t+9][g];
+ *   m16n8k8 (A, B float32 arrays holding TF32 values): A 16x8, 4 per lane:
+ *     a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4];
+ *     B 8x8, 2 per lane: b0 = B[t][g], b1 = B[t+4][g];
+ *   C and D 16x8, 4 per lane: c0,c1 = C[g][2t, 2t+1], c2,c3 = C[g+8][2t, 2t+1]. */
+typedef enum ap_kir_mma_kind {
+	AP_KIR_MMA_F16_16816 = 0,
+	AP_KIR_MMA_BF16_16816 = 1,
+	AP_KIR_MMA_TF32_1688 = 2,
+} ap_kir_mma_kind;
 
 /* The four warp shuffles of the CUDA C Programming Guide ("Warp Shuffle
  * Functions"): the `lane` operand is laneMask, delta, delta and srcLane. */
@@ -202,6 +234,13 @@ struct ap_kir_stmt {
 				     VLOAD, VSTORE: elements (2, 4, 8) */
 	ap_kir_var **vars;        /* VLOAD: `width` registers it declares */
 	ap_kir_expr **values;     /* VSTORE: `width` values */
+	ap_kir_array *src;        /* CP_ASYNC (GLOBAL), LDMATRIX (shared) */
+	ap_kir_expr *src_index;   /* CP_ASYNC: first element; LDMATRIX: this
+				     lane's row (first element) */
+	bool trans;               /* LDMATRIX: .trans */
+	int mma;                  /* MMA: an ap_kir_mma_kind */
+	ap_kir_array *frag[4];    /* MMA: D, A, B, C (LOCAL arrays) */
+	ap_kir_expr *frag_off[4]; /* MMA: first element of each fragment */
 };
 
 typedef struct ap_kir_arena ap_kir_arena;
@@ -249,6 +288,11 @@ ap_kir_array *ap_kir_shared(ap_kir_kernel *k, const char *name, ap_dtype type, i
  * memory and grows k->smem_bytes. */
 ap_kir_array *ap_kir_shared_dyn(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size);
 ap_kir_array *ap_kir_local(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size);
+/* A LOCAL array marked scratch (see ap_kir_array.scratch): the caller
+ * promises that every element read was stored earlier in the same
+ * stretch of statements between collectives.  Not for ldmatrix / mma
+ * fragments (those read other lanes' registers). */
+ap_kir_array *ap_kir_local_scratch(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size);
 /* `data`: size elements of `type` (copied).  size must be >= 1.  Printed
  * as NAME_<name>, NAME being the kernel's, so kernels can share a
  * translation unit. */
@@ -361,6 +405,56 @@ ap_kir_stmt *ap_kir_vload(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *arr,
 			  ap_kir_expr *index, int width, ap_kir_var *const *dst);
 ap_kir_stmt *ap_kir_vstore(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *arr,
 			   ap_kir_expr *index, int width, ap_kir_expr *const *values);
+/* Asynchronous copy (PTX cp.async, sm_80 and later): arr[index + i] =
+ * src[src_index + i] for i < width when `cond` holds (NULL: always), else
+ * arr[index + i] = 0 (the src-size 0 form: nothing is read).  arr is a
+ * SHARED or SHARED_DYN array, src a GLOBAL one of the same type; width *
+ * element size is 4, 8 or 16 bytes and both indices are multiples of
+ * width (the caller guarantees it for non-constant ones).  The copy is
+ * complete for the issuing thread after a later ap_kir_cp_wait that
+ * covers its group, and visible to the block after a barrier that
+ * follows.  The host copies at once (a correct program cannot tell).
+ * Fails on a NULL operand, a bad width, or arrays of the wrong spaces or
+ * types. */
+ap_kir_stmt *ap_kir_cp_async(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *arr,
+			     ap_kir_expr *index, ap_kir_array *src, ap_kir_expr *src_index,
+			     int width, ap_kir_expr *cond);
+/* cp.async.commit_group: the thread's copies issued since the last commit
+ * form one group. */
+ap_kir_stmt *ap_kir_cp_commit(ap_kir_kernel *k, ap_kir_block *b);
+/* cp.async.wait_group n: waits until at most n of the thread's groups are
+ * still pending (n >= 0). */
+ap_kir_stmt *ap_kir_cp_wait(ap_kir_kernel *k, ap_kir_block *b, int n);
+/* Warp-collective matrix load (PTX ldmatrix.sync.aligned.m8n8.x<num>
+ * [.trans].shared.b16): `num` (1, 2, 4) 8x8 matrices of 16-bit elements,
+ * each row 16 contiguous bytes of the shared array `src`.  Lane j*8 + r
+ * gives, in `row` (an element index into src, 16-byte aligned), the
+ * address of row r of matrix j.  Each lane l receives, of matrix j, the
+ * two elements at row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 -- with
+ * `trans`, the elements at rows 2 (l % 4) and 2 (l % 4) + 1, column l / 4
+ * -- into dst[off + 2j] and dst[off + 2j + 1].  For 32-bit element types
+ * (float32 holding TF32 values; not with `trans`) a row is 4 elements and
+ * lane l receives the one at row l / 4, column l % 4 into dst[off + j].
+ * dst is a LOCAL array of src's type.  Every lane of every warp of the
+ * block takes part (block-uniform control flow, whole warps).  Fails on a
+ * NULL operand, a bad num, spaces or types, or `trans` on 32-bit
+ * elements. */
+ap_kir_stmt *ap_kir_ldmatrix(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *dst,
+			     ap_kir_expr *off, ap_kir_array *src, ap_kir_expr *row, int num,
+			     bool trans);
+/* Warp-collective D = A * B + C (ap_kir_mma_kind gives the shape, types
+ * and fragment layouts): each fragment is a LOCAL array and the index of
+ * its first element in it (d, a, b, c and their offsets); D may be C (the
+ * same array and offset).  Every lane of every warp of the block takes
+ * part.  float16 / bfloat16 products are exact in float32; the host sums
+ * them in order of k, the tensor core in an order of its own (results may
+ * differ by float32 rounding).  Fails on a NULL operand, a bad kind or
+ * fragment types (A and B of the kind's input type, C and D float32). */
+ap_kir_stmt *ap_kir_mma(ap_kir_kernel *k, ap_kir_block *b, ap_kir_mma_kind kind,
+			ap_kir_array *d, ap_kir_expr *d_off, ap_kir_array *a, ap_kir_expr *a_off,
+			ap_kir_array *bb, ap_kir_expr *b_off, ap_kir_array *c, ap_kir_expr *c_off);
+/* Elements per lane of the fragments of `kind`: A, B and C/D. */
+void ap_kir_mma_frag_sizes(ap_kir_mma_kind kind, int *a, int *b, int *c);
 ap_kir_stmt *ap_kir_comment(ap_kir_kernel *k, ap_kir_block *b, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* Declares a fresh register of `type` initialised to `value` and returns a
@@ -381,6 +475,10 @@ uint16_t ap_kir_f32_to_f16(float f);
 float ap_kir_f16_to_f32(uint16_t h);
 uint16_t ap_kir_f32_to_bf16(float f);
 float ap_kir_bf16_to_f32(uint16_t h);
+/* The float32 bit pattern u rounded to TF32 as PTX cvt.rna.tf32.f32 does
+ * (AP_KIR_TF32): to nearest, ties away from zero, 13 low bits zero;
+ * infinities kept, NaN the canonical 0x7fffffff. */
+uint32_t ap_kir_tf32_bits(uint32_t u);
 
 /* ---- utilities (visit.c, clone.c, verify.c) ------------------------------ */
 
@@ -477,7 +575,15 @@ typedef struct ap_kir_limits {
  *             index that is not a multiple of the width;
  *   shuffle   a width that is not a power of 2 in [1, 32], a non-integer
  *             lane, the destination used in the value, or a block of more
- *             than 32 threads that is not a multiple of 32.
+ *             than 32 threads that is not a multiple of 32;
+ *   async     cp.async between arrays of the wrong spaces, of a size that
+ *             is not 4, 8 or 16 bytes, at a constant index that is not a
+ *             multiple of its width; a negative wait_group count;
+ *   matrix    ldmatrix or mma fragments that are not register arrays,
+ *             an ldmatrix without a shared source or of another count
+ *             than 1, 2, 4; an mma kind out of range;
+ *   warp      ldmatrix or mma in a block that is not whole warps (they
+ *             also count as collectives for the uniform rule).
  * Also AP_ENOMEM (out of memory) and AP_EINTERNAL for a kernel whose
  * construction failed. */
 int ap_kir_verify(const ap_kir_kernel *k, const ap_kir_limits *lim, ap_error *err);

@@ -15,6 +15,8 @@ ap_kir_expr *ap__kir_expr_new(ap_kir_kernel *k, ap_kir_expr_kind kind, ap_dtype 
 /* A statement of `kind` appended to b, every other field zero. */
 ap_kir_stmt *ap__kir_stmt_append(ap_kir_kernel *k, ap_kir_block *b, ap_kir_stmt_kind kind);
 
+/* The type of the A and B fragments of an ap_kir_mma_kind. */
+ap_dtype ap__kir_mma_in_type(int kind);
 /* True for AP_DT_F16 and AP_DT_BF16. */
 bool ap__kir_is_half(ap_dtype t);
 /* The bit pattern of a 16-bit float value (already rounded to the type). */
@@ -25,5 +27,8 @@ uint16_t ap__kir_half_bits(ap_dtype t, double v);
  * next to the C functions they copy. */
 extern const char ap__kir_host_f16_src[];
 extern const char ap__kir_host_bf16_src[];
+/* Host C text of ap_tf32f (AP_KIR_TF32) and ap_tf32_trunc (how the tensor
+ * core reads a TF32 operand: the 13 low mantissa bits dropped). */
+extern const char ap__kir_host_tf32_src[];
 
 #endif

@@ -112,6 +112,8 @@ typedef struct printer {
 	bool uses_f16, uses_bf16;    /* a value, register or array of the type */
 	unsigned char *vec_array;    /* per array id: a vector access uses it */
 	uint32_t shfl_types;         /* host: 1 << dtype of every shuffled type */
+	bool uses_tf32;              /* the TF32 rounding function */
+	bool uses_ldmatrix, uses_mma;
 	bool bad;                    /* a collective in non-uniform control flow */
 	bool const_init;             /* printing a constant array's initializer */
 	char bad_msg[160];
@@ -181,7 +183,8 @@ static const char *fn_name(int fn, ap_dtype t, char *buf, size_t cap)
 		[AP_KIR_EXP] = "exp", [AP_KIR_LOG] = "log", [AP_KIR_SQRT] = "sqrt",
 		[AP_KIR_TANH] = "tanh", [AP_KIR_ERF] = "erf", [AP_KIR_FLOOR] = "floor",
 		[AP_KIR_CEIL] = "ceil", [AP_KIR_FABS] = "fabs", [AP_KIR_LOG1P] = "log1p",
-		[AP_KIR_EXPM1] = "expm1", [AP_KIR_ROUND] = "rint", [AP_KIR_POW] = "pow",
+		[AP_KIR_EXPM1] = "expm1", [AP_KIR_ROUND] = "rint", [AP_KIR_TF32] = "ap_tf32",
+		[AP_KIR_POW] = "pow",
 		[AP_KIR_FMAX] = "fmax", [AP_KIR_FMIN] = "fmin", [AP_KIR_FMOD] = "fmod",
 		[AP_KIR_SIN] = "sin", [AP_KIR_COS] = "cos",
 	};
@@ -327,7 +330,7 @@ static void print_expr(printer *p, const ap_kir_expr *e);
 static void print_elem_index(printer *p, const ap_kir_array *a, const ap_kir_expr *idx,
 			     const char *idx_text, int off)
 {
-	if (p->target == AP_KIR_HOST && a->space == AP_KIR_LOCAL && p->has_collective)
+	if (p->target == AP_KIR_HOST && a->space == AP_KIR_LOCAL && p->has_collective && !a->scratch)
 		sb_printf(&p->out, "[%s * %lldLL + ", p->block_mode ? "0" : "ap_t",
 			  (long long)a->size);
 	else
@@ -575,12 +578,15 @@ static bool block_has_collective(const ap_kir_block *b)
 	return false;
 }
 
-/* Barriers and shuffles: every thread of the block takes part. */
+/* Barriers, shuffles, ldmatrix and mma: every thread of the block (or of
+ * each warp) takes part. */
 static bool stmt_has_collective(const ap_kir_stmt *s)
 {
 	switch (s->kind) {
 	case AP_KIR_S_BARRIER:
 	case AP_KIR_S_SHFL:
+	case AP_KIR_S_LDMATRIX:
+	case AP_KIR_S_MMA:
 		return true;
 	case AP_KIR_S_FOR:
 		return block_has_collective(&s->body);
@@ -835,6 +841,136 @@ static void print_shfl_cuda(printer *p, const ap_kir_stmt *s, int depth)
 	sb_printf(b, ", %d);\n", s->width);
 }
 
+/* `&arr[index]` (host register arrays of kernels with collectives: this
+ * thread's slice). */
+static void print_elem_addr(printer *p, const ap_kir_array *a, const ap_kir_expr *idx, int off)
+{
+	sb_printf(&p->out, "&");
+	print_array_ref(p, a);
+	print_elem_index(p, a, idx, NULL, off);
+}
+
+/* cp.async: CUDA, one asynchronous copy of 4, 8 or 16 bytes (.cg, which
+ * bypasses L1, needs 16), zero-filled when the predicate fails (src-size
+ * 0, the source pointer then the buffer's start); host, a copy now. */
+static void print_cp_async(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+	size_t bytes = ap_dtype_size(s->arr->type) * (size_t)s->width;
+
+	sb_indent(b, depth);
+	if (p->target == AP_KIR_CUDA) {
+		sb_printf(b, "{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(");
+		print_elem_addr(p, s->arr, s->index, 0);
+		sb_printf(b, "); asm volatile(\"cp.async.%s.shared.global [%%0], [%%1], %zu, %%2;\\n\" :: "
+			  "\"r\"(ap_sa), \"l\"(", bytes == 16 ? "cg" : "ca", bytes);
+		if (s->cond) {
+			sb_printf(b, "(");
+			print_expr(p, s->cond);
+			sb_printf(b, ") ? ");
+			print_elem_addr(p, s->src, s->src_index, 0);
+			sb_printf(b, " : ");
+			print_array_ref(p, s->src);
+			sb_printf(b, "), \"r\"((");
+			print_expr(p, s->cond);
+			sb_printf(b, ") ? %zu : 0) : \"memory\"); }\n", bytes);
+		} else {
+			print_elem_addr(p, s->src, s->src_index, 0);
+			sb_printf(b, "), \"r\"(%zu) : \"memory\"); }\n", bytes);
+		}
+		return;
+	}
+	sb_printf(b, "{ /* cp.async */ const long long ap_ci = ");
+	print_expr(p, s->index);
+	sb_printf(b, ", ap_cs = ");
+	print_expr(p, s->src_index);
+	sb_printf(b, "; const int ap_cp = ");
+	if (s->cond)
+		print_expr(p, s->cond);
+	else
+		sb_printf(b, "1");
+	sb_printf(b, "; for (int ap_e = 0; ap_e < %d; ap_e++) ", s->width);
+	print_array_ref(p, s->arr);
+	print_elem_index(p, s->arr, NULL, "ap_ci + ap_e", 0);
+	sb_printf(b, " = ap_cp ? ");
+	print_array_ref(p, s->src);
+	sb_printf(b, "[ap_cs + ap_e] : (%s)0; }\n", ctype(p, s->arr->type));
+}
+
+/* `*(unsigned *)&arr[off + i]`: a 32-bit register of a fragment. */
+static void print_reg32(printer *p, const char *cast, const ap_kir_array *a, const ap_kir_expr *off, int i)
+{
+	sb_printf(&p->out, "*(%s *)", cast);
+	print_elem_addr(p, a, off, i);
+}
+
+static void print_ldmatrix_cuda(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+	bool wide = ap_dtype_size(s->src->type) == 4;
+
+	sb_indent(b, depth);
+	sb_printf(b, "{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(");
+	print_elem_addr(p, s->src, s->src_index, 0);
+	sb_printf(b, "); asm volatile(\"ldmatrix.sync.aligned.m8n8.x%d%s.shared.b16 {", s->width,
+		  s->trans ? ".trans" : "");
+	for (int j = 0; j < s->width; j++)
+		sb_printf(b, "%s%%%d", j ? ", " : "", j);
+	sb_printf(b, "}, [%%%d];\\n\" : ", s->width);
+	for (int j = 0; j < s->width; j++) {
+		sb_printf(b, "%s\"=r\"(", j ? ", " : "");
+		print_reg32(p, "unsigned", s->arr, s->index, wide ? j : 2 * j);
+		sb_printf(b, ")");
+	}
+	sb_printf(b, " : \"r\"(ap_sa)); }\n");
+}
+
+static void print_mma_cuda(printer *p, const ap_kir_stmt *s, int depth)
+{
+	static const char *const ty[] = {"f16", "bf16", "tf32"};
+	sbuf *b = &p->out;
+	int na, nb, nc, r = 0;
+	bool tf32 = s->mma == AP_KIR_MMA_TF32_1688;
+	int step = tf32 ? 1 : 2;
+
+	ap_kir_mma_frag_sizes((ap_kir_mma_kind)s->mma, &na, &nb, &nc);
+	sb_indent(b, depth);
+	sb_printf(b, "asm volatile(\"mma.sync.aligned.%s.row.col.f32.%s.%s.f32 {", tf32 ? "m16n8k8" : "m16n8k16",
+		  ty[s->mma], ty[s->mma]);
+	for (int i = 0; i < 4; i++)
+		sb_printf(b, "%s%%%d", i ? ", " : "", r++);
+	sb_printf(b, "}, {");
+	for (int i = 0; i < na / step; i++)
+		sb_printf(b, "%s%%%d", i ? ", " : "", r++);
+	sb_printf(b, "}, {");
+	for (int i = 0; i < nb / step; i++)
+		sb_printf(b, "%s%%%d", i ? ", " : "", r++);
+	sb_printf(b, "}, {");
+	for (int i = 0; i < 4; i++)
+		sb_printf(b, "%s%%%d", i ? ", " : "", r++);
+	sb_printf(b, "};\\n\" : ");
+	for (int i = 0; i < 4; i++) {
+		sb_printf(b, "%s\"=f\"(", i ? ", " : "");
+		print_array_ref(p, s->frag[0]);
+		print_elem_index(p, s->frag[0], s->frag_off[0], NULL, i);
+		sb_printf(b, ")");
+	}
+	sb_printf(b, " : ");
+	for (int f = 1; f <= 2; f++)
+		for (int i = 0; i < (f == 1 ? na : nb); i += step) {
+			sb_printf(b, "\"r\"(");
+			print_reg32(p, "const unsigned", s->frag[f], s->frag_off[f], i);
+			sb_printf(b, "), ");
+		}
+	for (int i = 0; i < 4; i++) {
+		sb_printf(b, "%s\"f\"(", i ? ", " : "");
+		print_array_ref(p, s->frag[3]);
+		print_elem_index(p, s->frag[3], s->frag_off[3], NULL, i);
+		sb_printf(b, ")");
+	}
+	sb_printf(b, ");\n");
+}
+
 /* One statement in thread mode (CUDA, or inside a host phase). */
 static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
 {
@@ -912,6 +1048,34 @@ static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
 		sb_indent(b, depth);
 		sb_printf(b, "/* %s */\n", s->text ? s->text : "");
 		break;
+	case AP_KIR_S_CP_ASYNC:
+		print_cp_async(p, s, depth);
+		break;
+	case AP_KIR_S_CP_COMMIT:
+		sb_indent(b, depth);
+		sb_printf(b, p->target == AP_KIR_CUDA ? "asm volatile(\"cp.async.commit_group;\\n\" ::: \"memory\");\n"
+						     : "/* cp.async.commit_group: the host copied at once */\n");
+		break;
+	case AP_KIR_S_CP_WAIT:
+		sb_indent(b, depth);
+		if (p->target == AP_KIR_CUDA)
+			sb_printf(b, "asm volatile(\"cp.async.wait_group %lld;\\n\" ::: \"memory\");\n",
+				  (long long)s->step);
+		else
+			sb_printf(b, "/* cp.async.wait_group %lld */\n", (long long)s->step);
+		break;
+	case AP_KIR_S_LDMATRIX:
+	case AP_KIR_S_MMA:
+		if (p->target == AP_KIR_CUDA) {
+			if (s->kind == AP_KIR_S_LDMATRIX)
+				print_ldmatrix_cuda(p, s, depth);
+			else
+				print_mma_cuda(p, s, depth);
+		} else {
+			p->bad = true;
+			snprintf(p->bad_msg, sizeof(p->bad_msg), "warp matrix statement inside a thread phase");
+		}
+		break;
 	}
 }
 
@@ -923,14 +1087,21 @@ static void print_block_thread(printer *p, const ap_kir_block *blk, int depth)
 
 /* ---- host: block mode ------------------------------------------------------------ */
 
-static void print_local_decls(printer *p, int depth, bool per_thread)
+/* Register arrays: all of them (LD_ALL), the per-thread slots of the
+ * non-scratch ones in a host kernel with collectives (LD_SLOTS), or only
+ * the scratch ones, inside one host thread loop (LD_SCRATCH). */
+enum { LD_ALL, LD_SLOTS, LD_SCRATCH };
+
+static void print_local_decls(printer *p, int depth, int mode)
 {
 	const ap_kir_kernel *k = p->k;
+	bool per_thread = mode == LD_SLOTS;
 
 	for (int i = 0; i < k->n_arrays; i++) {
 		const ap_kir_array *a = k->arrays[i];
 
-		if (a->space != AP_KIR_LOCAL)
+		if (a->space != AP_KIR_LOCAL || (mode == LD_SLOTS && a->scratch) ||
+		    (mode == LD_SCRATCH && !a->scratch))
 			continue;
 		sb_indent(&p->out, depth);
 		sb_printf(&p->out, "%s%s %s[%lld];\n",
@@ -962,8 +1133,7 @@ static void open_thread_loop(printer *p, int depth)
 		sb_printf(b, "const long long ap_tz = (long long)(ap_t / %uu);\n",
 			  k->block[0] * k->block[1]);
 	}
-	if (!p->has_collective)
-		print_local_decls(p, depth + 1, false);
+	print_local_decls(p, depth + 1, p->has_collective ? LD_SCRATCH : LD_ALL);
 	p->block_mode = false;
 }
 
@@ -1073,6 +1243,157 @@ static void print_shfl_host(printer *p, const ap_kir_stmt *s, int depth)
 	close_thread_loop(p, depth);
 }
 
+/* Host: an element of this thread's slice of register array `a` (in a
+ * kernel with collectives), at `idx` + off. */
+static void print_slot(printer *p, const ap_kir_array *a, const ap_kir_expr *idx, const char *plus)
+{
+	sb_printf(&p->out, "%s[ap_t * %lldLL + (", a->name, (long long)a->size);
+	print_expr(p, idx);
+	sb_printf(&p->out, ")%s]", plus);
+}
+
+/* Host ldmatrix: every lane's row index into ap_lm_row, then each lane
+ * takes its elements from the rows of the lanes of its warp that the PTX
+ * ISA names (see ap_kir_ldmatrix). */
+static void print_ldmatrix_host(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+	bool wide = ap_dtype_size(s->src->type) == 4;
+
+	sb_indent(b, depth);
+	sb_printf(b, "/* ldmatrix x%d%s: rows of every lane, then each lane's elements */\n", s->width,
+		  s->trans ? ".trans" : "");
+	open_thread_loop(p, depth);
+	sb_indent(b, depth + 1);
+	sb_printf(b, "ap_lm_row[ap_t] = (long long)(");
+	print_expr(p, s->src_index);
+	sb_printf(b, ");\n");
+	close_thread_loop(p, depth);
+	open_thread_loop(p, depth);
+	sb_indent(b, depth + 1);
+	sb_printf(b, "const unsigned ap_l = ap_t & 31u, ap_w = ap_t & ~31u;\n");
+	sb_indent(b, depth + 1);
+	sb_printf(b, "for (unsigned ap_j = 0; ap_j < %du; ap_j++) {\n", s->width);
+	if (wide) {
+		sb_indent(b, depth + 2);
+		print_slot(p, s->arr, s->index, " + ap_j");
+		sb_printf(b, " = ");
+		print_array_ref(p, s->src);
+		sb_printf(b, "[ap_lm_row[ap_w + ap_j * 8u + (ap_l >> 2)] + (ap_l & 3u)];\n");
+	} else {
+		sb_indent(b, depth + 2);
+		sb_printf(b, "for (unsigned ap_e = 0; ap_e < 2u; ap_e++)\n");
+		sb_indent(b, depth + 3);
+		print_slot(p, s->arr, s->index, " + 2 * ap_j + ap_e");
+		sb_printf(b, " = ");
+		print_array_ref(p, s->src);
+		if (s->trans)
+			sb_printf(b, "[ap_lm_row[ap_w + ap_j * 8u + 2u * (ap_l & 3u) + ap_e] + (ap_l >> 2)];\n");
+		else
+			sb_printf(b, "[ap_lm_row[ap_w + ap_j * 8u + (ap_l >> 2)] + 2u * (ap_l & 3u) + ap_e];\n");
+	}
+	sb_indent(b, depth + 1);
+	sb_printf(b, "}\n");
+	close_thread_loop(p, depth);
+}
+
+/* Host: fragment element `i` of a lane as a float (16-bit types
+ * converted; TF32 operands with the 13 low bits dropped, as the tensor
+ * core reads them). */
+static void print_frag_elem(printer *p, const ap_kir_stmt *s, int f, int i)
+{
+	sbuf *b = &p->out;
+	char plus[16];
+	ap_dtype t = s->frag[f]->type;
+
+	snprintf(plus, sizeof(plus), " + %d", i);
+	if (is_half(t))
+		sb_printf(b, "%s(", half_to_f32(p, t));
+	else if (s->mma == AP_KIR_MMA_TF32_1688 && (f == 1 || f == 2))
+		sb_printf(b, "ap_tf32_trunc(");
+	else
+		sb_printf(b, "(");
+	print_slot(p, s->frag[f], s->frag_off[f], plus);
+	sb_printf(b, ")");
+}
+
+/* Host mma: each lane's fragments into the warp's matrices by the PTX
+ * ISA's layouts, D = A * B + C per warp (products exact in float, summed
+ * in order of k), then each lane's part of D. */
+static void print_mma_host(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+	bool tf32 = s->mma == AP_KIR_MMA_TF32_1688;
+	int K = tf32 ? 8 : 16;
+	/* (row, column) of each fragment element, in terms of g and t */
+	static const char *const a16[8][2] = {
+		{"ap_g", "2*ap_q"}, {"ap_g", "2*ap_q+1"}, {"ap_g+8", "2*ap_q"}, {"ap_g+8", "2*ap_q+1"},
+		{"ap_g", "2*ap_q+8"}, {"ap_g", "2*ap_q+9"}, {"ap_g+8", "2*ap_q+8"}, {"ap_g+8", "2*ap_q+9"}};
+	static const char *const b16[4][2] = {
+		{"2*ap_q", "ap_g"}, {"2*ap_q+1", "ap_g"}, {"2*ap_q+8", "ap_g"}, {"2*ap_q+9", "ap_g"}};
+	static const char *const a8[4][2] = {{"ap_g", "ap_q"}, {"ap_g+8", "ap_q"}, {"ap_g", "ap_q+4"},
+					     {"ap_g+8", "ap_q+4"}};
+	static const char *const b8[2][2] = {{"ap_q", "ap_g"}, {"ap_q+4", "ap_g"}};
+	static const char *const c4[4][2] = {{"ap_g", "2*ap_q"}, {"ap_g", "2*ap_q+1"}, {"ap_g+8", "2*ap_q"},
+					     {"ap_g+8", "2*ap_q+1"}};
+	int na, nb, nc;
+
+	ap_kir_mma_frag_sizes((ap_kir_mma_kind)s->mma, &na, &nb, &nc);
+	sb_indent(b, depth);
+	sb_printf(b, "/* mma %s: fragments in, D = A * B + C per warp, fragments out */\n",
+		  tf32 ? "m16n8k8 tf32" : "m16n8k16");
+	open_thread_loop(p, depth);
+	sb_indent(b, depth + 1);
+	sb_printf(b, "const unsigned ap_g = (ap_t & 31u) >> 2, ap_q = ap_t & 3u, ap_wi = ap_t >> 5;\n");
+	for (int i = 0; i < na; i++) {
+		sb_indent(b, depth + 1);
+		sb_printf(b, "ap_mma_a[ap_wi][%s][%s] = ", tf32 ? a8[i][0] : a16[i][0], tf32 ? a8[i][1] : a16[i][1]);
+		print_frag_elem(p, s, 1, i);
+		sb_printf(b, ";\n");
+	}
+	for (int i = 0; i < nb; i++) {
+		sb_indent(b, depth + 1);
+		sb_printf(b, "ap_mma_b[ap_wi][%s][%s] = ", tf32 ? b8[i][0] : b16[i][0], tf32 ? b8[i][1] : b16[i][1]);
+		print_frag_elem(p, s, 2, i);
+		sb_printf(b, ";\n");
+	}
+	for (int i = 0; i < nc; i++) {
+		sb_indent(b, depth + 1);
+		sb_printf(b, "ap_mma_c[ap_wi][%s][%s] = ", c4[i][0], c4[i][1]);
+		print_frag_elem(p, s, 3, i);
+		sb_printf(b, ";\n");
+	}
+	close_thread_loop(p, depth);
+	sb_indent(b, depth);
+	sb_printf(b, "for (unsigned ap_wi = 0; ap_wi < %uu; ap_wi++)\n", p->nt / 32);
+	sb_indent(b, depth + 1);
+	sb_printf(b, "for (int ap_i = 0; ap_i < 16; ap_i++)\n");
+	sb_indent(b, depth + 2);
+	sb_printf(b, "for (int ap_n = 0; ap_n < 8; ap_n++) {\n");
+	sb_indent(b, depth + 3);
+	sb_printf(b, "float ap_s = ap_mma_c[ap_wi][ap_i][ap_n];\n");
+	sb_indent(b, depth + 3);
+	sb_printf(b, "for (int ap_k = 0; ap_k < %d; ap_k++)\n", K);
+	sb_indent(b, depth + 4);
+	sb_printf(b, "ap_s += ap_mma_a[ap_wi][ap_i][ap_k] * ap_mma_b[ap_wi][ap_k][ap_n];\n");
+	sb_indent(b, depth + 3);
+	sb_printf(b, "ap_mma_c[ap_wi][ap_i][ap_n] = ap_s;\n");
+	sb_indent(b, depth + 2);
+	sb_printf(b, "}\n");
+	open_thread_loop(p, depth);
+	sb_indent(b, depth + 1);
+	sb_printf(b, "const unsigned ap_g = (ap_t & 31u) >> 2, ap_q = ap_t & 3u, ap_wi = ap_t >> 5;\n");
+	for (int i = 0; i < nc; i++) {
+		char plus[16];
+
+		snprintf(plus, sizeof(plus), " + %d", i);
+		sb_indent(b, depth + 1);
+		print_slot(p, s->frag[0], s->frag_off[0], plus);
+		sb_printf(b, " = ap_mma_c[ap_wi][%s][%s];\n", c4[i][0], c4[i][1]);
+	}
+	close_thread_loop(p, depth);
+}
+
 static void print_block_host(printer *p, const ap_kir_block *blk, int depth)
 {
 	sbuf *b = &p->out;
@@ -1094,6 +1415,12 @@ static void print_block_host(printer *p, const ap_kir_block *blk, int depth)
 			break;
 		case AP_KIR_S_SHFL:
 			print_shfl_host(p, s, depth);
+			break;
+		case AP_KIR_S_LDMATRIX:
+			print_ldmatrix_host(p, s, depth);
+			break;
+		case AP_KIR_S_MMA:
+			print_mma_host(p, s, depth);
 			break;
 		case AP_KIR_S_FOR:
 		case AP_KIR_S_IF:
@@ -1180,16 +1507,27 @@ static void print_prelude(printer *p)
 			  "#define AP_NANF __int_as_float(0x7fffffff)\n"
 			  "#define AP_INF __longlong_as_double(0x7ff0000000000000LL)\n"
 			  "#define AP_NAN __longlong_as_double(0x7fffffffffffffffLL)\n");
+		if (p->uses_tf32)
+			sb_printf(b, "#ifndef AP_TF32_DEFINED\n#define AP_TF32_DEFINED\n"
+				  "static __device__ __forceinline__ float ap_tf32f(float x)\n"
+				  "{ unsigned r; asm(\"cvt.rna.tf32.f32 %%0, %%1;\" : \"=r\"(r) : \"f\"(x)); "
+				  "return __uint_as_float(r); }\n#endif\n");
 	} else {
 		sb_printf(b, "#include <math.h>\n"
 			  "#define AP_INFF __builtin_inff()\n"
 			  "#define AP_NANF __builtin_nanf(\"\")\n"
 			  "#define AP_INF __builtin_inf()\n"
 			  "#define AP_NAN __builtin_nan(\"\")\n");
+		/* guarded: several kernels may share one translation unit */
 		if (p->uses_f16)
-			sb_printf(b, "%s", ap__kir_host_f16_src);
+			sb_printf(b, "#ifndef AP_F16_DEFINED\n#define AP_F16_DEFINED\n%s#endif\n",
+				  ap__kir_host_f16_src);
 		if (p->uses_bf16)
-			sb_printf(b, "%s", ap__kir_host_bf16_src);
+			sb_printf(b, "#ifndef AP_BF16_DEFINED\n#define AP_BF16_DEFINED\n%s#endif\n",
+				  ap__kir_host_bf16_src);
+		if (p->uses_tf32 || p->uses_mma)
+			sb_printf(b, "#ifndef AP_TF32_DEFINED\n#define AP_TF32_DEFINED\n%s#endif\n",
+				  ap__kir_host_tf32_src);
 	}
 	for (int i = 0; i < k->n_arrays; i++) {
 		const ap_kir_array *a = k->arrays[i];
@@ -1268,7 +1606,7 @@ static void print_cuda(printer *p)
 	}
 	sb_printf(b, ")\n{\n");
 	print_shared_decls(p, 1);
-	print_local_decls(p, 1, false);
+	print_local_decls(p, 1, LD_ALL);
 	print_block_thread(p, &k->body, 1);
 	sb_printf(b, "}\n");
 }
@@ -1317,8 +1655,13 @@ static void print_host(printer *p)
 		if (p->shfl_types & (1u << t))
 			sb_printf(b, "\t%s %s[%u];\n", ap_kir_ctype((ap_dtype)t),
 				  shfl_tmp((ap_dtype)t), p->nt);
+	if (p->uses_ldmatrix)
+		sb_printf(b, "\tlong long ap_lm_row[%u];\n", p->nt);
+	if (p->uses_mma)
+		sb_printf(b, "\tfloat ap_mma_a[%u][16][16], ap_mma_b[%u][16][8], ap_mma_c[%u][16][8];\n",
+			  p->nt / 32 ? p->nt / 32 : 1, p->nt / 32 ? p->nt / 32 : 1, p->nt / 32 ? p->nt / 32 : 1);
 	if (p->has_collective)
-		print_local_decls(p, 1, true);
+		print_local_decls(p, 1, LD_SLOTS);
 	print_shared_decls(p, 1);
 	sb_printf(b, "\tfor (unsigned ap_b = block_begin; ap_b < block_end; ap_b++) {\n");
 	if (k->grid[0] > 1)
@@ -1354,12 +1697,31 @@ static int scan_stmt(const ap_kir_stmt *s, int depth, void *user)
 		p->shfl_types |= 1u << s->var->type;
 	if (s->kind == AP_KIR_S_VLOAD || s->kind == AP_KIR_S_VSTORE)
 		p->vec_array[s->arr->id] = 1;
+	if (s->kind == AP_KIR_S_LDMATRIX) {
+		p->uses_ldmatrix = true;
+		p->vec_array[s->arr->id] = 1;
+		p->vec_array[s->src->id] = 1;
+		note_type(p, s->arr->type);
+	}
+	if (s->kind == AP_KIR_S_MMA) {
+		p->uses_mma = true;
+		for (int i = 0; i < 4; i++) {
+			p->vec_array[s->frag[i]->id] = 1;
+			note_type(p, s->frag[i]->type);
+		}
+	}
+	if (s->kind == AP_KIR_S_CP_ASYNC)
+		p->vec_array[s->arr->id] = 1;
 	return 0;
 }
 
 static int scan_expr(const ap_kir_expr *e, const ap_kir_stmt *s, void *user)
 {
-	note_type(user, e->type);
+	printer *p = user;
+
+	note_type(p, e->type);
+	if (e->kind == AP_KIR_E_CALL && e->op == AP_KIR_TF32)
+		p->uses_tf32 = true;
 	return 0;
 }
 

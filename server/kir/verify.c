@@ -310,6 +310,96 @@ static void check_shfl(vctx *v, const ap_kir_stmt *s, bool ctx)
 		bad(v, "shuffle", "a block of %u threads: more than 32 and not whole warps", nt);
 }
 
+/* A warp-collective matrix statement (ldmatrix, mma): block-uniform
+ * control flow, whole warps. */
+static void check_warp_collective(vctx *v, const char *what, bool ctx)
+{
+	unsigned nt = ap_kir_block_threads(v->k);
+
+	if (!ctx)
+		bad(v, "uniform", "%s under thread-dependent control flow", what);
+	else if (nt % 32)
+		bad(v, "warp", "%s in a block of %u threads, not whole warps", what, nt);
+}
+
+static void check_index(vctx *v, const ap_kir_array *a, const ap_kir_expr *index, int n)
+{
+	check_expr(v, index);
+	if (!is_int(index->type))
+		bad(v, "types", "index of %s of type %s", a->name, ap_dtype_name(index->type));
+	else
+		check_bounds(v, a, index, n);
+}
+
+static void check_cp_async(vctx *v, const ap_kir_stmt *s)
+{
+	size_t bytes = ap_dtype_size(s->arr->type) * (size_t)s->width;
+	int64_t i;
+
+	if (s->arr->space != AP_KIR_SHARED && s->arr->space != AP_KIR_SHARED_DYN)
+		bad(v, "async", "cp.async into %s, not a shared array", s->arr->name);
+	else if (s->src->space != AP_KIR_GLOBAL)
+		bad(v, "async", "cp.async from %s, not a global buffer", s->src->name);
+	else if (s->src->type != s->arr->type)
+		bad(v, "types", "cp.async from %s into %s of another type", s->src->name, s->arr->name);
+	else if (bytes != 4 && bytes != 8 && bytes != 16)
+		bad(v, "async", "cp.async of %zu bytes", bytes);
+	else if ((ap_kir_is_int(s->index, &i) && i % s->width) ||
+		 (ap_kir_is_int(s->src_index, &i) && i % s->width))
+		bad(v, "async", "cp.async index not a multiple of its %d elements", s->width);
+	if (s->cond) {
+		check_expr(v, s->cond);
+		if (s->cond->type != AP_DT_BOOL)
+			bad(v, "types", "cp.async predicate of type %s", ap_dtype_name(s->cond->type));
+	}
+	check_index(v, s->arr, s->index, s->width);
+	check_index(v, s->src, s->src_index, s->width);
+}
+
+static void check_ldmatrix(vctx *v, const ap_kir_stmt *s, bool ctx)
+{
+	size_t es = ap_dtype_size(s->src->type);
+	int per = es == 2 ? 2 : 1;
+
+	check_warp_collective(v, "ldmatrix", ctx);
+	if (s->arr->space != AP_KIR_LOCAL || s->arr->scratch ||
+	    (s->src->space != AP_KIR_SHARED && s->src->space != AP_KIR_SHARED_DYN))
+		bad(v, "matrix", "ldmatrix from %s into %s: needs a shared source and a register array",
+		    s->src->name, s->arr->name);
+	else if (s->arr->type != s->src->type || (es != 2 && es != 4) || (s->trans && es != 2))
+		bad(v, "types", "ldmatrix of %s into %s", ap_dtype_name(s->src->type),
+		    ap_dtype_name(s->arr->type));
+	else if (s->width != 1 && s->width != 2 && s->width != 4)
+		bad(v, "matrix", "ldmatrix of %d matrices", s->width);
+	check_index(v, s->arr, s->index, s->width * per);
+	check_index(v, s->src, s->src_index, (int)(16 / es));
+}
+
+static void check_mma(vctx *v, const ap_kir_stmt *s, bool ctx)
+{
+	static const char *const role[4] = {"D", "A", "B", "C"};
+	int n[4];
+
+	check_warp_collective(v, "mma", ctx);
+	if ((unsigned)s->mma > AP_KIR_MMA_TF32_1688) {
+		bad(v, "matrix", "mma kind %d", s->mma);
+		return;
+	}
+	ap_kir_mma_frag_sizes((ap_kir_mma_kind)s->mma, &n[1], &n[2], &n[0]);
+	n[3] = n[0];
+	for (int i = 0; i < 4; i++) {
+		ap_dtype want = i == 1 || i == 2 ? ap__kir_mma_in_type(s->mma) : AP_DT_F32;
+
+		if (s->frag[i]->space != AP_KIR_LOCAL || s->frag[i]->scratch)
+			bad(v, "matrix", "mma %s fragment %s is not a (non-scratch) register array", role[i],
+			    s->frag[i]->name);
+		else if (s->frag[i]->type != want)
+			bad(v, "types", "mma %s fragment %s of type %s, not %s", role[i], s->frag[i]->name,
+			    ap_dtype_name(s->frag[i]->type), ap_dtype_name(want));
+		check_index(v, s->frag[i], s->frag_off[i], n[i]);
+	}
+}
+
 static void check_block(vctx *v, const ap_kir_block *b, bool ctx);
 
 static void check_stmt(vctx *v, const ap_kir_stmt *s, bool ctx)
@@ -385,6 +475,20 @@ static void check_stmt(vctx *v, const ap_kir_stmt *s, bool ctx)
 		for (int i = 0; i < s->width; i++)
 			check_value(v, s->arr->type, s->values[i], s->arr->name);
 		break;
+	case AP_KIR_S_CP_ASYNC:
+		check_cp_async(v, s);
+		break;
+	case AP_KIR_S_LDMATRIX:
+		check_ldmatrix(v, s, ctx);
+		break;
+	case AP_KIR_S_MMA:
+		check_mma(v, s, ctx);
+		break;
+	case AP_KIR_S_CP_WAIT:
+		if (s->step < 0)
+			bad(v, "async", "cp.async.wait_group %lld", (long long)s->step);
+		break;
+	case AP_KIR_S_CP_COMMIT:
 	case AP_KIR_S_COMMENT:
 		break;
 	}

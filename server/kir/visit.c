@@ -54,8 +54,22 @@ static int visit_stmt_exprs(const ap_kir_stmt *s, const ap_kir_visitor *v, void 
 		for (int i = 0; !rc && s->values && i < s->width; i++)
 			rc = visit_expr(s->values[i], s, v, user);
 		break;
+	case AP_KIR_S_CP_ASYNC:
+		if (!(rc = visit_expr(s->index, s, v, user)) && !(rc = visit_expr(s->src_index, s, v, user)))
+			rc = visit_expr(s->cond, s, v, user);
+		break;
+	case AP_KIR_S_LDMATRIX:
+		if (!(rc = visit_expr(s->index, s, v, user)))
+			rc = visit_expr(s->src_index, s, v, user);
+		break;
+	case AP_KIR_S_MMA:
+		for (int i = 0; !rc && i < 4; i++)
+			rc = visit_expr(s->frag_off[i], s, v, user);
+		break;
 	case AP_KIR_S_BARRIER:
 	case AP_KIR_S_COMMENT:
+	case AP_KIR_S_CP_COMMIT:
+	case AP_KIR_S_CP_WAIT:
 		break;
 	}
 	return rc;

@@ -14,6 +14,7 @@ static const ap_emitter *const registry[] = {
 	&ap_emitter_column_reduce,
 	&ap_emitter_transpose,
 	&ap_emitter_movement,
+	&ap_emitter_gemm,
 	&ap_emitter_pointwise,
 };
 
@@ -23,28 +24,46 @@ const ap_emitter *const *ap_emitters(int *n)
 	return registry;
 }
 
-const ap_emitter *ap_emitter_for(const ap_mgraph *m, const ap_target_info *t)
+static int oom(ap_error *err, const ap_mgraph *m)
+{
+	return ap_error_set(err, AP_ENOMEM, m->g->n_nodes ? m->g->nodes[m->root].name : NULL, NULL,
+			    "out of memory lowering a micro-graph");
+}
+
+int ap_emitter_for(const ap_mgraph *m, const ap_target_info *t, const ap_emitter **out,
+		   ap_error *err)
 {
 	int n;
 	const ap_emitter *const *r = ap_emitters(&n);
 
-	for (int i = 0; i < n; i++)
-		if (r[i]->match(m, t))
-			return r[i];
-	return &ap_emitter_pointwise;
+	for (int i = 0; i < n; i++) {
+		int rc = r[i]->match(m, t);
+
+		if (rc < 0)
+			return oom(err, m);
+		if (rc > 0) {
+			*out = r[i];
+			return 0;
+		}
+	}
+	*out = &ap_emitter_pointwise;
+	return 0;
 }
 
-void ap_emitter_default(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
-			ap_space *sp, ap_sched *s)
+int ap_emitter_default(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
+		       ap_space *sp, ap_sched *s, ap_error *err)
 {
 	memset(sp, 0, sizeof(*sp));
 	memset(s, 0, sizeof(*s));
-	em->space(m, t, sp);
+	if (em->space(m, t, sp) < 0)
+		return oom(err, m);
 	s->em = em;
 	s->n = sp->n;
 	for (int i = 0; i < sp->n; i++)
 		s->v[i] = sp->knobs[i].values[0];
-	em->choose(m, t, sp, s);
+	if (em->choose(m, t, sp, s) < 0)
+		return oom(err, m);
+	return 0;
 }
 
 int ap_sched_get(const ap_sched *s, const ap_space *sp, const char *name, int dflt)
@@ -118,11 +137,13 @@ __ap_give ap_kir_kernel *ap_lower(const ap_mgraph *m, const ap_target_info *t, c
 	if (opt && opt->sched && opt->sched->em) {
 		em = opt->sched->em;
 		memset(&sp, 0, sizeof(sp));
-		em->space(m, t, &sp);
+		if (em->space(m, t, &sp) < 0) {
+			oom(err, m);
+			return NULL;
+		}
 		s = *opt->sched;
-	} else {
-		em = ap_emitter_for(m, t);
-		ap_emitter_default(em, m, t, &sp, &s);
+	} else if (ap_emitter_for(m, t, &em, err) < 0 || ap_emitter_default(em, m, t, &sp, &s, err) < 0) {
+		return NULL;
 	}
 	k = ap_kir_kernel_new(name);
 	if (!k) {
@@ -140,12 +161,16 @@ __ap_give ap_kir_kernel *ap_lower(const ap_mgraph *m, const ap_target_info *t, c
 		return ap_kir_kernel_free(k);
 	}
 	if (opt && opt->verify) {
-		ap_kir_limits lim = {1024, t->shared_per_block};
+		ap_kir_limits lim = {1024, t->shared_optin_per_block > t->shared_per_block
+					   ? t->shared_optin_per_block : t->shared_per_block};
 		ap_error verr;
 
-		if (ap_kir_verify(k, &lim, &verr)) {
-			ap_error_set(err, AP_EINTERNAL, m->g->nodes[m->root].name, NULL,
-				     "emitter %s built an invalid kernel: %s", em->name, verr.msg);
+		if ((rc = ap_kir_verify(k, &lim, &verr)) != 0) {
+			if (rc == AP_ENOMEM)
+				oom(err, m);
+			else
+				ap_error_set(err, AP_EINTERNAL, m->g->nodes[m->root].name, NULL,
+					     "emitter %s built an invalid kernel: %s", em->name, verr.msg);
 			return ap_kir_kernel_free(k);
 		}
 	}

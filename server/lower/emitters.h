@@ -16,6 +16,7 @@ extern const ap_emitter ap_emitter_row_reduce;     /* rows.c */
 extern const ap_emitter ap_emitter_column_reduce;  /* rows.c */
 extern const ap_emitter ap_emitter_transpose;      /* transpose.c */
 extern const ap_emitter ap_emitter_movement;       /* movement.c */
+extern const ap_emitter ap_emitter_gemm;           /* gemm.c: MatMul on tiles */
 extern const ap_emitter ap_emitter_pointwise;      /* pointwise.c */
 
 /* Smallest power of two >= n within [lo, hi]. */
@@ -31,7 +32,7 @@ unsigned ap_grid_for(int64_t work, int64_t per_block);
 
 /* Traffic of a micro-graph whose producers are inlined (pointwise.c):
  * bytes of every input and output once, arithmetic from the cost model's
- * evaluation counts.  Adds to *out. */
-void ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out);
+ * evaluation counts.  Adds to *out.  0 or AP_ENOMEM. */
+int ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out);
 
 #endif

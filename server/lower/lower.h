@@ -13,7 +13,9 @@
  *              the target (what runs when nothing was tuned);
  *   - emit:    the kernel for one configuration;
  *   - traffic: what that configuration moves and computes, for the cost
- *              model (server/cost/cost.h).
+ *              model (server/cost/cost.h);
+ *   - valid:   which points of the space can be built (the space is a
+ *              cross product; a tile may not fit the target).
  * Every emitter builds values with the shared value builder (value.h), so
  * the per-op scalar semantics and index maps are the same everywhere.
  * The registry is ordered: the first emitter whose match accepts a
@@ -55,36 +57,47 @@ typedef struct ap_sched {
 
 typedef struct ap_emitter {
 	const char *name;     /* "pointwise", "row_reduce", ... (static) */
-	bool (*match)(const ap_mgraph *m, const ap_target_info *t);
-	void (*space)(const ap_mgraph *m, const ap_target_info *t, ap_space *out);
-	/* Fills s->v (s->em and s->n are set by the caller). */
-	void (*choose)(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s);
+	/* 1 when it builds a kernel for m, 0 when not, AP_ENOMEM (every
+	 * function below also gives AP_ENOMEM when its analysis could not
+	 * allocate: an allocation failure never reads as "no") */
+	int (*match)(const ap_mgraph *m, const ap_target_info *t);
+	/* 0 or AP_ENOMEM */
+	int (*space)(const ap_mgraph *m, const ap_target_info *t, ap_space *out);
+	/* Fills s->v (s->em and s->n are set by the caller).  0 or AP_ENOMEM. */
+	int (*choose)(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s);
 	/* Builds the body, launch shape and parameters of `k` (a fresh kernel
 	 * with its name set).  0, or AP_EUNSUPPORTED (an op or dtype it cannot
 	 * handle, naming the node) / AP_ENOMEM with `err` set. */
 	int (*emit)(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
 		    ap_error *err);
-	void (*traffic)(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
-			ap_traffic *out);
+	/* 0 or AP_ENOMEM */
+	int (*traffic)(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
+		       ap_traffic *out);
+	/* Whether configuration s can be built for m on t (threads, shared
+	 * memory, tile divisibility): 1, 0 or AP_ENOMEM; NULL: every point of
+	 * the space can. */
+	int (*valid)(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t);
 } ap_emitter;
 
 /* The registry, in match order; *n gets its length. */
 const ap_emitter *const *ap_emitters(int *n);
-/* The first emitter of the registry that matches m (never NULL: pointwise
- * matches every micro-graph). */
-const ap_emitter *ap_emitter_for(const ap_mgraph *m, const ap_target_info *t);
-/* The space of `em` for m, and its default configuration in *s. */
-void ap_emitter_default(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
-			ap_space *sp, ap_sched *s);
+/* The first emitter of the registry that matches m, in *out (pointwise
+ * matches every micro-graph).  0, or AP_ENOMEM with `err` set. */
+int ap_emitter_for(const ap_mgraph *m, const ap_target_info *t, const ap_emitter **out,
+		   ap_error *err);
+/* The space of `em` for m, and its default configuration in *s.  0, or
+ * AP_ENOMEM with `err` set. */
+int ap_emitter_default(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
+		       ap_space *sp, ap_sched *s, ap_error *err);
 /* Value of knob `name` in s, or `dflt` when the space has no such knob. */
 int ap_sched_get(const ap_sched *s, const ap_space *sp, const char *name, int dflt);
 
 /* Can the stitched-reduction emitter build one kernel for m on target t,
- * holding each row on chip?  (Layer II asks before it stitches; *why, of
+ * holding each row on chip?  1 yes, 0 no, AP_ENOMEM.  (Layer II asks before it stitches; *why, of
  * `cap` bytes, gets the reason when not: reductions over different rows,
  * an op after a reduction it cannot place, a row that fits neither in
  * registers nor in shared memory.) */
-bool ap_lower_stitchable(const ap_mgraph *m, const ap_target_info *t, char *why, size_t cap);
+int ap_lower_stitchable(const ap_mgraph *m, const ap_target_info *t, char *why, size_t cap);
 
 typedef struct ap_lower_options {
 	unsigned max_block_threads;  /* 0 = 256; a power of two in [32, 1024] */

@@ -37,7 +37,7 @@ static int concat_root(const ap_mgraph *m)
 	return p;
 }
 
-static bool mv_match(const ap_mgraph *m, const ap_target_info *t)
+static int mv_match(const ap_mgraph *m, const ap_target_info *t)
 {
 	int c = concat_root(m);
 
@@ -68,7 +68,7 @@ static bool regions_allow(const ap_mgraph *m, int w)
 	return true;
 }
 
-static void mv_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+static int mv_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 {
 	sp->n = 2;
 	ap_knob_pow2(&sp->knobs[0], "block", 32, ap_block_cap(t));
@@ -76,15 +76,17 @@ static void mv_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 	for (int w = 2; w <= 4; w *= 2)
 		if (regions_allow(m, w))
 			sp->knobs[1].values[sp->knobs[1].n++] = w;
+	return 0;
 }
 
-static void mv_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+static int mv_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
 {
 	int64_t n = ap_tensor_numel(&m->g->tensors[m->g->outputs[0]]);
 	int w = sp->knobs[1].values[sp->knobs[1].n - 1];
 
 	s->v[0] = (int)ap_pow2_at_least(n / w, 32, ap_block_cap(t));
 	s->v[1] = w;
+	return 0;
 }
 
 typedef struct mv_hook {
@@ -195,14 +197,14 @@ static int mv_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	return rc;
 }
 
-static void mv_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
+static int mv_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
 {
 	memset(out, 0, sizeof(*out));
-	ap__lower_inline_traffic(m, out);
 	out->threads = (unsigned)s->v[0];
 	out->blocks = ap_grid_for(ap_tensor_numel(&m->g->tensors[m->g->outputs[0]]) / s->v[1], s->v[0]);
+	return ap__lower_inline_traffic(m, out);
 }
 
 const ap_emitter ap_emitter_movement = {
-	"movement", mv_match, mv_space, mv_choose, mv_emit, mv_traffic,
+	"movement", mv_match, mv_space, mv_choose, mv_emit, mv_traffic, NULL,
 };

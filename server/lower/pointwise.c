@@ -79,9 +79,9 @@ static int64_t max_output_numel(const ap_mgraph *m)
 	return max_n;
 }
 
-static bool pw_match(const ap_mgraph *m, const ap_target_info *t)
+static int pw_match(const ap_mgraph *m, const ap_target_info *t)
 {
-	return true;
+	return 1;
 }
 
 /* ---- vector access analysis --------------------------------------------------- */
@@ -203,7 +203,7 @@ static bool vector_leaf(const ap_graph *g, int t, const vdesc *vd, int w)
 	return vd[t].kind == VD_SAME || (vd[t].kind == VD_MOD && vd[t].mod % w == 0);
 }
 
-static void pw_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+static int pw_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 {
 	sp->n = 2;
 	ap_knob_pow2(&sp->knobs[0], "block", 32, ap_block_cap(t));
@@ -211,11 +211,12 @@ static void pw_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 	for (int w = 2; w <= 4; w *= 2)
 		if (vector_ok(m, w, NULL))
 			sp->knobs[1].values[sp->knobs[1].n++] = w;
+	return 0;
 }
 
 /* Default: the widest vector that is allowed and leaves a block's worth of
  * work per block; the block as large as the elements (cap). */
-static void pw_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+static int pw_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
 {
 	int64_t n = max_output_numel(m);
 	int w = 1;
@@ -225,6 +226,7 @@ static void pw_choose(const ap_mgraph *m, const ap_target_info *t, const ap_spac
 			w = sp->knobs[1].values[i];
 	s->v[0] = (int)ap_pow2_at_least(n / w, 32, ap_block_cap(t));
 	s->v[1] = w;
+	return 0;
 }
 
 typedef struct vec_hook {
@@ -422,7 +424,7 @@ static double tensor_bytes(const ap_tensor *t)
  * (each output once) and arithmetic
  * (every evaluation of a compute node's output, by the cost model's
  * evaluation counts) of micro-graph m when producers are inlined. */
-void ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out)
+int ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out)
 {
 	const ap_graph *g = m->g;
 	ap_cost_evals_ctx *c = ap_cost_evals_new(g);
@@ -456,16 +458,17 @@ void ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out)
 	}
 	free(nodes);
 	ap_cost_evals_free(c);
+	return c && nodes ? 0 : AP_ENOMEM;
 }
 
-static void pw_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
+static int pw_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
 {
 	memset(out, 0, sizeof(*out));
-	ap__lower_inline_traffic(m, out);
 	out->threads = (unsigned)s->v[0];
 	out->blocks = ap_grid_for(max_output_numel(m) / (s->n > 1 ? s->v[1] : 1), s->v[0]);
+	return ap__lower_inline_traffic(m, out);
 }
 
 const ap_emitter ap_emitter_pointwise = {
-	"pointwise", pw_match, pw_space, pw_choose, pw_emit, pw_traffic,
+	"pointwise", pw_match, pw_space, pw_choose, pw_emit, pw_traffic, NULL,
 };

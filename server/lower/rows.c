@@ -135,9 +135,9 @@ static bool full_shaped(const rows_plan *p, const ap_tensor *t)
 	return ap_dims_equal(t->rank, t->dims, p->rank, p->S);
 }
 
-/* Analyses micro-graph m as a row group; false with *why when it is not
- * one (a reason for people, e.g. for the explain report). */
-static bool analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
+/* Analyses micro-graph m as a row group: 1 when it is one, 0 with *why
+ * when not (a reason for people, e.g. for the explain report), AP_ENOMEM. */
+static int analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
 {
 	const ap_graph *g = m->g;
 	const ap_tensor *x0;
@@ -187,7 +187,10 @@ static bool analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
 	seen = calloc((size_t)g->n_tensors + 1, 1);
 	if (!p->cls || !p->level || !p->cached || !cur || !seen) {
 		snprintf(why, cap, "out of memory");
-		goto fail;
+		free(cur);
+		free(seen);
+		plan_clear(p);
+		return AP_ENOMEM;
 	}
 	/* levels and classes, nodes in topological order */
 	for (int i = 0; i < g->n_nodes; i++) {
@@ -317,12 +320,12 @@ static bool analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
 	}
 	free(cur);
 	free(seen);
-	return true;
+	return 1;
 fail:
 	free(cur);
 	free(seen);
 	plan_clear(p);
-	return false;
+	return 0;
 }
 
 /* Passes over the row: one per level, plus one writing full outputs. */
@@ -425,15 +428,15 @@ static bool default_config(const rows_plan *p, const ap_target_info *t, unsigned
 	return cache >= 0 && config_ok(p, lanes, rows, *cache_out, t);
 }
 
-bool ap_lower_stitchable(const ap_mgraph *m, const ap_target_info *t, char *why, size_t cap)
+int ap_lower_stitchable(const ap_mgraph *m, const ap_target_info *t, char *why, size_t cap)
 {
 	rows_plan p;
 	unsigned lanes, rows;
-	int cache;
+	int cache, rc;
 	bool ok;
 
-	if (!analyze(m, &p, why, cap))
-		return false;
+	if ((rc = analyze(m, &p, why, cap)) <= 0)
+		return rc;
 	ok = default_config(&p, t, &lanes, &rows, &cache);
 	if (!ok)
 		snprintf(why, cap, "a row of %lld elements does not fit on chip (%d values per "
@@ -443,19 +446,19 @@ bool ap_lower_stitchable(const ap_mgraph *m, const ap_target_info *t, char *why,
 	return ok;
 }
 
-static bool rr_match_form(const ap_mgraph *m, const ap_target_info *t, bool column, bool stitched)
+static int rr_match_form(const ap_mgraph *m, const ap_target_info *t, bool column, bool stitched)
 {
 	rows_plan p;
 	char why[160];
 	unsigned lanes, rows;
-	int cache;
+	int cache, rc;
 	bool ok;
 
 	if (stitched ? m->kind != AP_GROUP_STITCHED && m->kind != AP_GROUP_WHOLE
 		     : !is_plain_reduction(m))
-		return false;
-	if (!analyze(m, &p, why, sizeof(why)))
-		return false;
+		return 0;
+	if ((rc = analyze(m, &p, why, sizeof(why))) <= 0)
+		return rc;
 	ok = stitched || p.column == column;
 	if (ok)
 		ok = default_config(&p, t, &lanes, &rows, &cache);
@@ -463,17 +466,17 @@ static bool rr_match_form(const ap_mgraph *m, const ap_target_info *t, bool colu
 	return ok;
 }
 
-static bool row_match(const ap_mgraph *m, const ap_target_info *t)
+static int row_match(const ap_mgraph *m, const ap_target_info *t)
 {
 	return rr_match_form(m, t, false, false);
 }
 
-static bool col_match(const ap_mgraph *m, const ap_target_info *t)
+static int col_match(const ap_mgraph *m, const ap_target_info *t)
 {
 	return rr_match_form(m, t, true, false);
 }
 
-static bool st_match(const ap_mgraph *m, const ap_target_info *t)
+static int st_match(const ap_mgraph *m, const ap_target_info *t)
 {
 	return rr_match_form(m, t, false, true);
 }
@@ -481,19 +484,20 @@ static bool st_match(const ap_mgraph *m, const ap_target_info *t)
 /* Space: lanes and rows powers of two with lanes * rows in [32, cap]
  * (column form: rows <= 16, so a warp holds two lanes of a row at least);
  * cache modes that fit. */
-static void rows_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+static int rows_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 {
 	rows_plan p;
 	char why[160];
 	unsigned cap = ap_block_cap(t);
+	int rc;
 
 	memset(sp, 0, sizeof(*sp));
 	sp->n = 3;
-	if (!analyze(m, &p, why, sizeof(why))) {
+	if ((rc = analyze(m, &p, why, sizeof(why))) <= 0) {
 		ap_knob_pow2(&sp->knobs[0], "lanes", 32, 32);
 		ap_knob_pow2(&sp->knobs[1], "rows", 1, 1);
 		sp->knobs[2] = (ap_knob){"cache", 1, {0}};
-		return;
+		return rc;
 	}
 	if (p.column) {
 		ap_knob_pow2(&sp->knobs[0], "lanes", 2, cap);
@@ -504,6 +508,7 @@ static void rows_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp
 	}
 	sp->knobs[2] = (ap_knob){"cache", 3, {CACHE_NONE, CACHE_REG, CACHE_SMEM}};
 	plan_clear(&p);
+	return 0;
 }
 
 /* Is (lanes, rows, cache) a usable configuration of plan p? */
@@ -529,20 +534,23 @@ static bool config_ok(const rows_plan *p, unsigned lanes, unsigned rows, int cac
 	return true;
 }
 
-static void rows_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+static int rows_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
 {
 	rows_plan p;
 	char why[160];
 	unsigned lanes = 32, rows = 1;
-	int cache = CACHE_NONE;
+	int cache = CACHE_NONE, rc;
 
-	if (analyze(m, &p, why, sizeof(why))) {
+	if ((rc = analyze(m, &p, why, sizeof(why))) < 0)
+		return rc;
+	if (rc) {
 		default_config(&p, t, &lanes, &rows, &cache);
 		plan_clear(&p);
 	}
 	s->v[0] = (int)lanes;
 	s->v[1] = (int)rows;
 	s->v[2] = cache;
+	return 0;
 }
 
 /* ---- emission ---------------------------------------------------------------------- */
@@ -755,6 +763,8 @@ static void level_body(rows_ctx *c, int pass, ap_lidx *ix, void *arg)
 		const ap_node *node = &v->g->nodes[c->p.reds[la->idx[i]]];
 		ap_lidx r = *ix;
 
+		if (!la->acc[i])
+			continue;   /* out of memory: the kernel is marked failed */
 		ap_kir_assign(c->k, v->cur, la->acc[i],
 			      ap_v_reduce_combine(v, node->op, ap_kir_ref(c->k, la->acc[i]),
 						  ap_kir_cast(c->k, la->acc[i]->type, ap_val(v, node->inputs[0], &r))));
@@ -824,8 +834,8 @@ static int rows_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info
 	int rc;
 
 	memset(&c, 0, sizeof(c));
-	if (!analyze(m, &c.p, why, sizeof(why)))
-		return ap_error_set(err, AP_EUNSUPPORTED, g->nodes[m->root].name, NULL,
+	if ((rc = analyze(m, &c.p, why, sizeof(why))) <= 0)
+		return ap_error_set(err, rc < 0 ? AP_ENOMEM : AP_EUNSUPPORTED, g->nodes[m->root].name, NULL,
 				    "reduction emitter: %s", why);
 	c.k = k;
 	c.L.lanes = (unsigned)s->v[0];
@@ -921,6 +931,10 @@ static int rows_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info
 			scr[la.n] = wp_count > 1 ? scratch[lv - 1][i] : NULL;
 			la.n++;
 		}
+		if (ap_kir_failed(k)) {
+			ap_v_fail(v, AP_ENOMEM, NULL, "out of memory");
+			break;
+		}
 		row_pass(&c, lv - 1, level_body, &la);
 		row_combine(&c, la.acc, ops, la.n, scr, wp_count);
 		for (int i = 0; i < la.n; i++)
@@ -963,17 +977,21 @@ out:
 	return rc;
 }
 
-static void rows_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
-			 ap_traffic *out)
+static int rows_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
+			ap_traffic *out)
 {
 	rows_plan p;
 	char why[160];
 	unsigned lanes = (unsigned)s->v[0], rows = (unsigned)s->v[1];
+	int rc;
 
 	memset(out, 0, sizeof(*out));
-	ap__lower_inline_traffic(m, out);
+	if (ap__lower_inline_traffic(m, out) < 0)
+		return AP_ENOMEM;
 	out->threads = lanes * rows;
-	if (analyze(m, &p, why, sizeof(why))) {
+	if ((rc = analyze(m, &p, why, sizeof(why))) < 0)
+		return rc;
+	if (rc) {
 		unsigned wp = p.column ? out->threads / 32 : (lanes > 32 ? lanes / 32 : 1);
 
 		out->blocks = ap_grid_for(p.M, rows);
@@ -985,16 +1003,17 @@ static void rows_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_
 		out->uncoalesced = p.column && rows < 8;
 		plan_clear(&p);
 	}
+	return 0;
 }
 
 const ap_emitter ap_emitter_row_reduce = {
-	"row_reduce", row_match, rows_space, rows_choose, rows_emit, rows_traffic,
+	"row_reduce", row_match, rows_space, rows_choose, rows_emit, rows_traffic, NULL,
 };
 
 const ap_emitter ap_emitter_column_reduce = {
-	"column_reduce", col_match, rows_space, rows_choose, rows_emit, rows_traffic,
+	"column_reduce", col_match, rows_space, rows_choose, rows_emit, rows_traffic, NULL,
 };
 
 const ap_emitter ap_emitter_stitched = {
-	"stitched", st_match, rows_space, rows_choose, rows_emit, rows_traffic,
+	"stitched", st_match, rows_space, rows_choose, rows_emit, rows_traffic, NULL,
 };

@@ -47,7 +47,8 @@ static bool perm_of(const ap_node *n, int rank, int64_t *perm)
 	return true;
 }
 
-static bool analyze(const ap_mgraph *m, tr_plan *p)
+/* 1 when m is a tiled transpose (p filled), 0 when not, AP_ENOMEM. */
+static int analyze(const ap_mgraph *m, tr_plan *p)
 {
 	const ap_graph *g = m->g;
 	int64_t perm0[AP_MAX_RANK] = {0};
@@ -98,6 +99,12 @@ static bool analyze(const ap_mgraph *m, tr_plan *p)
 		unsigned char *seen = calloc((size_t)g->n_tensors + 1, 1);
 		bool ok = cur && seen;
 
+		if (!ok) {
+			free(cur);
+			free(seen);
+			return AP_ENOMEM;
+		}
+
 		for (int i = 0; ok && i < g->n_outputs; i++)
 			ap_v_mark_current(g, g->outputs[i], false, cur, seen);
 		for (int i = 0; ok && i < p->n_staged; i++)
@@ -112,24 +119,26 @@ static bool analyze(const ap_mgraph *m, tr_plan *p)
 	return p->dims[p->a] >= 8 && p->dims[p->b] >= 8;
 }
 
-static bool tr_match(const ap_mgraph *m, const ap_target_info *t)
+static int tr_match(const ap_mgraph *m, const ap_target_info *t)
 {
 	tr_plan p;
 
 	return analyze(m, &p);
 }
 
-static void tr_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+static int tr_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 {
 	sp->n = 2;
 	sp->knobs[0] = (ap_knob){"tile", 2, {16, 32}};
 	ap_knob_pow2(&sp->knobs[1], "rows", 2, 32);
+	return 0;
 }
 
-static void tr_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+static int tr_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
 {
 	s->v[0] = 32;
 	s->v[1] = 8;
+	return 0;
 }
 
 static bool tr_config_ok(const ap_sched *s, const ap_target_info *t)
@@ -172,7 +181,9 @@ static int tr_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	ap_kir_var *tv;
 
 	memset(&c, 0, sizeof(c));
-	if (!analyze(m, &c.p) || !tr_config_ok(s, t))
+	if ((rc = analyze(m, &c.p)) < 0)
+		return ap_error_set(err, AP_ENOMEM, g->nodes[m->root].name, NULL, "out of memory");
+	if (!rc || !tr_config_ok(s, t))
 		return ap_error_set(err, AP_EUNSUPPORTED, g->nodes[m->root].name, NULL,
 				    "transpose emitter: not a tiled transpose (tile %d, rows %d)", tile, rows);
 	if ((rc = ap_vctx_init(&v, m, k, err)))
@@ -269,14 +280,18 @@ static int tr_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	return rc;
 }
 
-static void tr_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
+static int tr_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
 {
 	tr_plan p;
+	int rc;
 
 	memset(out, 0, sizeof(*out));
-	ap__lower_inline_traffic(m, out);
+	if (ap__lower_inline_traffic(m, out) < 0)
+		return AP_ENOMEM;
 	out->threads = (unsigned)(s->v[0] * s->v[1]);
-	if (analyze(m, &p)) {
+	if ((rc = analyze(m, &p)) < 0)
+		return AP_ENOMEM;
+	if (rc) {
 		int64_t tiles = 1;
 
 		for (int d = 0; d < p.rank; d++)
@@ -284,8 +299,9 @@ static void tr_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_in
 		out->blocks = ap_grid_for(tiles, 1);
 		out->shared_bytes = (unsigned)(p.n_staged * s->v[0] * (s->v[0] + 1) * 4);
 	}
+	return 0;
 }
 
 const ap_emitter ap_emitter_transpose = {
-	"transpose", tr_match, tr_space, tr_choose, tr_emit, tr_traffic,
+	"transpose", tr_match, tr_space, tr_choose, tr_emit, tr_traffic, NULL,
 };

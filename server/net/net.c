@@ -11,11 +11,45 @@
  *
  * Reading: a connection is a small state machine: 4 header bytes, then the
  * payload.  The length is checked with ap_frame_check_len before the
- * payload buffer is allocated; a bad length is answered with an Error
- * (ERR_BAD_FRAME / ERR_TOO_LARGE) and the connection is shut down after
- * the reply has been flushed.  A payload that does not decode as an
- * Envelope is answered with ERR_BAD_MESSAGE and the connection stays open:
- * the framing is still intact.
+ * payload buffer is allocated (against max_unauth_frame_bytes until a TCP
+ * client has authenticated, max_frame_bytes after); a bad length is
+ * answered with an Error (ERR_BAD_FRAME / ERR_TOO_LARGE) and the
+ * connection is shut down after the reply has been flushed.  A payload
+ * that does not decode as an Envelope is answered with ERR_BAD_MESSAGE;
+ * the connection stays open (the framing is still intact) unless it is an
+ * unauthenticated TCP one.  Every connection reads into the server's one
+ * read buffer (the loop reads one socket at a time and consume() copies
+ * what it keeps), so an idle connection costs its struct, not 64 KiB.
+ *
+ * Decode memory: an Envelope is unpacked through an ap_pb_budget of
+ * decode_memory_ratio x its length + 4 MiB (common/pb_budget.h): a frame
+ * whose decoded form would need more is answered ERR_TOO_LARGE as soon as
+ * the budget runs out, not after gigabytes.  After a request over 1 MiB is
+ * done, and after a connection that queued over 1 MiB of replies closes,
+ * malloc_trim gives the freed memory back to the system.
+ *
+ * Writing: each queued reply is counted at what it really costs (payload,
+ * header, write request, allocator overhead), not by its payload alone (a
+ * ping reply is 23 bytes of payload and about 240 of memory).  Above
+ * max_reply_queue_bytes the connection's reading stops until the queue is
+ * down to a quarter; a queue past twice that, or one that makes no
+ * progress for send_timeout_ms, drops the client.
+ *
+ * Admission and time limits (issue 11): Unix connections count against
+ * max_clients and max_clients_per_user (by the peer's uid,
+ * SO_PEERCRED); a TCP connection first counts against max_unauth_clients
+ * only, and against max_clients once it has authenticated, so that
+ * unauthenticated clients cannot lock anybody out.  A sweep timer closes
+ * connections that have not authenticated within auth_timeout_ms, that
+ * leave a frame incomplete for frame_timeout_ms (while the daemon is
+ * reading), that leave replies unread for send_timeout_ms, that have done
+ * nothing for idle_timeout_ms, or that were shut down and still have not
+ * gone after GRACE_MS.
+ *
+ * TCP authentication (common/frame.h): Hello with the client's nonce ->
+ * HelloReply with the daemon's nonce and proof -> Hello with the client's
+ * proof -> the full HelloReply.  Nothing else is served before; proofs are
+ * compared in constant time; a wrong one closes the connection.
  *
  * Decoding: a payload of at most DECODE_INLINE_MAX bytes is unpacked on
  * the loop thread (microseconds).  A larger one (up to max_frame_bytes,
@@ -43,6 +77,7 @@
 #include "net.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,15 +89,20 @@
 #include <uv.h>
 
 #include "../../common/frame.h"
+#include "../../common/graph.h"
+#include "../../common/pb_budget.h"
 #include "../backend/backend.h"
 #include "proto/apollo.pb-c.h"
 
 #define READ_CHUNK (64 * 1024)
-/* Replies queued for a client that does not read them: above HIGH bytes
- * the daemon stops reading its requests until the queue is below LOW. */
-#define WRITE_HIGH ((size_t)64 << 20)
-#define WRITE_LOW ((size_t)16 << 20)
 #define GRACE_MS 5000
+/* What a queued reply costs beside its frame and its write_req: the two
+ * blocks' allocator headers and alignment. */
+#define REPLY_OVERHEAD 32
+/* Requests and reply queues above this size are followed by malloc_trim. */
+#define TRIM_BYTES ((size_t)1 << 20)
+/* Added to decode_memory_ratio x frame length: small frames always decode. */
+#define DECODE_FLOOR ((size_t)4 << 20)
 /* Frames with a payload above this many bytes are decoded on the worker
  * pool (see "Decoding" above); smaller ones on the loop thread. */
 #define DECODE_INLINE_MAX ((uint32_t)64 * 1024)
@@ -78,20 +118,28 @@ struct ap_server {
 	uv_timer_t grace;
 	bool loop_ready, pipe_open, tcp_open, signals_open, grace_open;
 	bool draining, closing_all;
+	uv_timer_t sweep;             /* the time limits of every connection */
+	bool sweep_open;
 	char socket_path[108];
 	bool own_socket_file;         /* we bound it: remove it at the end */
-	uint32_t max_frame;
-	unsigned max_clients, max_pending;
+	uint32_t max_frame, max_unauth_frame;
+	unsigned max_clients, max_per_user, max_unauth, max_pending;
+	uint64_t auth_timeout, idle_timeout, frame_timeout, send_timeout;   /* ms */
+	size_t max_queue;             /* max_reply_queue_bytes */
+	unsigned decode_ratio;
 	char tcp_token[256];
 	ap_compiler *compiler;
 	ap_cache *cache;
 	conn *conns;                  /* every open connection */
 	unsigned n_clients, in_flight;
+	unsigned n_served;            /* counted against max_clients */
+	unsigned n_unauth;            /* TCP, not authenticated yet */
 	unsigned decoding;            /* decode jobs running (not in in_flight) */
 	uint64_t requests, errors;    /* frames answered outside the compiler */
 	double start_ms;
 	size_t n_targets;
 	char **targets;               /* for HelloReply */
+	uint8_t rbuf[READ_CHUNK];     /* every connection reads into this one */
 };
 
 struct conn {
@@ -109,18 +157,29 @@ struct conn {
 	bool is_tcp, authed, closing, shutting, eof;
 	bool paused;          /* reading stopped: too many unread replies */
 	bool decoding;        /* reading stopped: a decode job runs for us */
+	bool served;          /* counted in srv->n_served */
+	bool unauth;          /* counted in srv->n_unauth */
+	bool has_uid;         /* Unix: the peer's uid is known */
+	bool challenged;      /* TCP: nonces exchanged, the client's proof is due */
+	uid_t uid;
+	uint8_t nonce_c[AP_AUTH_NONCE_BYTES], nonce_s[AP_AUTH_NONCE_BYTES];
 	uint8_t *backlog;     /* bytes received after the frame being decoded */
 	size_t backlog_len;
 	uint8_t hdr[AP_FRAME_HEADER_BYTES];
 	unsigned hdr_have;
 	uint8_t *payload;     /* allocated once the length passed the check */
 	uint32_t want, have;
-	char rbuf[READ_CHUNK];
+	size_t queued;        /* memory of the replies queued, REPLY_OVERHEAD in */
+	size_t queued_peak;
+	/* uv_now() times, ms: connected, first byte of the frame being read,
+	 * last activity, last write progress (or the queue's start), shutdown */
+	uint64_t t_accept, t_frame, t_active, t_write, t_shut;
 };
 
 struct write_req {
 	uv_write_t req;
 	uint8_t *data;
+	size_t cost;          /* what it adds to c->queued */
 	conn *c;
 };
 
@@ -129,6 +188,7 @@ struct job {
 	conn *c;
 	ap_compiler *compiler;
 	uint64_t id;             /* the request's id */
+	uint32_t req_len;        /* its frame's payload bytes */
 	Apollo__Envelope *env;   /* the request, unpacked; the worker frees it */
 	uint8_t *frame;          /* the reply, packed by the worker */
 	size_t frame_len;
@@ -140,7 +200,9 @@ struct decode {
 	conn *c;
 	uint8_t *payload;        /* freed by the worker */
 	uint32_t len;
+	unsigned ratio;          /* decode_memory_ratio */
 	Apollo__Envelope *env;   /* the result; NULL when it does not decode */
+	int why;                 /* ... and why (decode_envelope) */
 };
 
 static void conn_close(conn *c);
@@ -168,11 +230,38 @@ static uint8_t *pack_frame(const Apollo__Envelope *env, size_t *len)
 	return f;
 }
 
+/* Decodes an Envelope of `len` bytes within the daemon's decode budget;
+ * NULL when it does not, with *why AP_ETOOLARGE (the budget ran out),
+ * AP_ENOMEM or AP_EMESSAGE (bytes that do not decode).  Called on the
+ * loop or a worker thread. */
+static Apollo__Envelope *decode_envelope(const uint8_t *payload, uint32_t len, unsigned ratio,
+					 int *why)
+{
+	ap_pb_budget b;
+	Apollo__Envelope *env;
+
+	ap_pb_budget_init(&b, ap_pb_decode_limit(len, ratio, DECODE_FLOOR));
+	env = apollo__envelope__unpack(&b.allocator, len, payload);
+	*why = env ? 0 : b.exceeded ? AP_ETOOLARGE : b.out_of_memory ? AP_ENOMEM : AP_EMESSAGE;
+	return env;
+}
+
+/* Gives freed heap memory back to the system (glibc keeps it otherwise:
+ * a big request's thousands of small blocks would stay with the process). */
+static void trim_heap(void)
+{
+#ifdef __GLIBC__
+	malloc_trim(0);
+#endif
+}
+
 static void on_write(uv_write_t *req, int status)
 {
 	struct write_req *w = req->data;
 	conn *c = w->c;
 
+	c->queued -= w->cost;
+	c->t_write = c->t_active = uv_now(c->h.handle.loop);
 	free(w->data);
 	free(w);
 	if (status < 0 && status != UV_ECANCELED) {
@@ -181,8 +270,9 @@ static void on_write(uv_write_t *req, int status)
 		return;
 	}
 	if (c->paused && !c->closing && !c->shutting && !c->eof && !c->decoding &&
-	    uv_stream_get_write_queue_size(&c->h.stream) < WRITE_LOW) {
+	    c->queued < c->srv->max_queue / 4) {
 		c->paused = false;
+		c->t_frame = c->t_write;   /* the frame clock stood still */
 		if (uv_read_start(&c->h.stream, on_alloc, on_read))
 			conn_close(c);
 	}
@@ -210,6 +300,7 @@ static void send_frame(conn *c, uint8_t *frame, size_t len)
 	}
 	w->data = frame;
 	w->c = c;
+	w->cost = len + sizeof(*w) + REPLY_OVERHEAD;
 	w->req.data = w;
 	buf = uv_buf_init((char *)frame, (unsigned)len);
 	r = uv_write(&w->req, &c->h.stream, &buf, 1, on_write);
@@ -220,7 +311,20 @@ static void send_frame(conn *c, uint8_t *frame, size_t len)
 		conn_close(c);
 		return;
 	}
-	if (!c->paused && uv_stream_get_write_queue_size(&c->h.stream) > WRITE_HIGH) {
+	if (!c->queued)
+		c->t_write = uv_now(c->h.handle.loop);
+	c->queued += w->cost;
+	if (c->queued > c->queued_peak)
+		c->queued_peak = c->queued;
+	/* A queue that was already full and still grows: the client is not
+	 * reading.  (One big reply alone may exceed the limit: it goes.) */
+	if (c->queued - w->cost > c->srv->max_queue && c->queued > 2 * c->srv->max_queue) {
+		ap_log(AP_LOG_WARN, "a client left %zu bytes of replies unread: disconnecting it",
+		       c->queued);
+		conn_close(c);
+		return;
+	}
+	if (!c->paused && c->queued > c->srv->max_queue) {
 		ap_log(AP_LOG_DEBUG, "client does not read its replies: pausing its requests");
 		c->paused = true;
 		uv_read_stop(&c->h.stream);
@@ -267,6 +371,7 @@ static void on_conn_close(uv_handle_t *h)
 {
 	conn *c = h->data;
 	ap_server *s = c->srv;
+	bool trim = c->queued_peak > TRIM_BYTES;
 
 	if (c->prev)
 		c->prev->next = c->next;
@@ -275,7 +380,14 @@ static void on_conn_close(uv_handle_t *h)
 	if (c->next)
 		c->next->prev = c->prev;
 	s->n_clients--;
+	if (c->served)
+		s->n_served--;
+	if (c->unauth)
+		s->n_unauth--;
+	c->served = c->unauth = false;
 	conn_unref(c);
+	if (trim)
+		trim_heap();
 	if (s->closing_all && !s->conns && s->grace_open && !uv_is_closing((uv_handle_t *)&s->grace))
 		uv_close((uv_handle_t *)&s->grace, NULL);
 }
@@ -300,6 +412,7 @@ static void conn_shutdown(conn *c)
 	if (c->closing || c->shutting)
 		return;
 	c->shutting = true;
+	c->t_shut = uv_now(c->h.handle.loop);
 	uv_read_stop(&c->h.stream);
 	c->shutdown_req.data = c;
 	if (uv_shutdown(&c->shutdown_req, &c->h.stream, on_shutdown))
@@ -317,6 +430,8 @@ static void work_compile(uv_work_t *req)
 	/* Freeing a big request is slow too: done here, not on the loop. */
 	apollo__envelope__free_unpacked(j->env, NULL);
 	j->env = NULL;
+	if (j->req_len > TRIM_BYTES)
+		trim_heap();
 	if (!resp)
 		return;   /* out of memory: after_compile answers */
 	env.id = j->id;
@@ -334,6 +449,7 @@ static void after_compile(uv_work_t *req, int status)
 
 	s->in_flight--;
 	c->jobs--;
+	c->t_active = uv_now(&s->loop);
 	if (c->closing || c->shutting) {
 		ap_log(AP_LOG_DEBUG, "request %llu: the client left before its reply",
 		       (unsigned long long)j->id);
@@ -369,7 +485,7 @@ static void send_compile_error(conn *c, uint64_t id, int code, const char *msg)
 	send_packed(c, &env);
 }
 
-static void handle_compile(conn *c, Apollo__Envelope *env)
+static void handle_compile(conn *c, Apollo__Envelope *env, uint32_t len)
 {
 	ap_server *s = c->srv;
 	struct job *j;
@@ -397,6 +513,7 @@ static void handle_compile(conn *c, Apollo__Envelope *env)
 	j->c = c;
 	j->compiler = s->compiler;
 	j->id = env->id;
+	j->req_len = len;
 	j->env = env;
 	j->req.data = j;
 	r = uv_queue_work(&s->loop, &j->req, work_compile, after_compile);
@@ -411,26 +528,71 @@ static void handle_compile(conn *c, Apollo__Envelope *env)
 	s->in_flight++;
 }
 
-/* True when the Hello's client string holds the word "token=TOKEN". */
-static bool token_ok(const char *client, const char *token)
+/* Refuses an unauthenticated TCP client (AP_EVERSION) and closes. */
+static void auth_fail(conn *c, uint64_t id, const char *why)
 {
-	size_t tn = strlen(token);
+	send_error(c, id, AP_EVERSION, why);
+	conn_shutdown(c);
+}
 
-	for (const char *p = client; (p = strstr(p, "token=")); p++) {
-		const char *v = p + 6;
-		size_t n = strcspn(v, " \t");
-		unsigned diff = 0;
+/* TCP: one step of the token handshake (common/frame.h).  True when the
+ * client has now proved it knows the token (the full HelloReply is due);
+ * false when a challenge was sent or the connection is being closed. */
+static bool tcp_auth_step(conn *c, const Apollo__Hello *h, uint64_t id)
+{
+	ap_server *s = c->srv;
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	Apollo__HelloReply r = APOLLO__HELLO_REPLY__INIT;
+	uint8_t proof[AP_AUTH_PROOF_BYTES];
 
-		if (p != client && p[-1] != ' ' && p[-1] != '\t')
-			continue;
-		if (n != tn)
-			continue;
-		for (size_t i = 0; i < n; i++)
-			diff |= (unsigned char)v[i] ^ (unsigned char)token[i];
-		if (!diff)
-			return true;
+	if (!c->challenged) {
+		if (h->auth_nonce.len != AP_AUTH_NONCE_BYTES) {
+			auth_fail(c, id, "TCP clients must authenticate with the token: send a Hello "
+				  "with a 32-byte auth_nonce (libapollo-client with a token does)");
+			return false;
+		}
+		memcpy(c->nonce_c, h->auth_nonce.data, AP_AUTH_NONCE_BYTES);
+		if (ap_random_bytes(c->nonce_s, AP_AUTH_NONCE_BYTES) ||
+		    ap_auth_proof(s->tcp_token, AP_AUTH_SERVER, c->nonce_c, c->nonce_s, proof)) {
+			send_error(c, id, AP_EINTERNAL, "cannot compute the handshake");
+			conn_shutdown(c);
+			return false;
+		}
+		c->challenged = true;
+		r.schema_version = APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
+		r.server = SERVER_NAME;
+		r.nvrtc_version = "";
+		r.auth_nonce.data = c->nonce_s;
+		r.auth_nonce.len = AP_AUTH_NONCE_BYTES;
+		r.auth_proof.data = proof;
+		r.auth_proof.len = AP_AUTH_PROOF_BYTES;
+		env.id = id;
+		env.msg_case = APOLLO__ENVELOPE__MSG_HELLO_REPLY;
+		env.hello_reply = &r;
+		send_packed(c, &env);
+		return false;
 	}
-	return false;
+	if (!ap_auth_check(s->tcp_token, AP_AUTH_CLIENT, c->nonce_c, c->nonce_s,
+			   h->auth_proof.data, h->auth_proof.len)) {
+		ap_log(AP_LOG_WARN, "a TCP client failed the token handshake");
+		auth_fail(c, id, "authentication failed: the client does not know the token");
+		return false;
+	}
+	c->authed = true;
+	if (c->unauth) {
+		c->unauth = false;
+		s->n_unauth--;
+	}
+	if (s->n_served >= s->max_clients) {
+		char msg[96];
+		snprintf(msg, sizeof(msg), "apollod serves at most %u clients at once", s->max_clients);
+		send_error(c, id, AP_EBUSY, msg);
+		conn_shutdown(c);
+		return false;
+	}
+	c->served = true;
+	s->n_served++;
+	return true;
 }
 
 static void handle_hello(conn *c, Apollo__Envelope *req)
@@ -449,15 +611,8 @@ static void handle_hello(conn *c, Apollo__Envelope *req)
 			conn_shutdown(c);
 		return;
 	}
-	if (c->is_tcp && !c->authed) {
-		if (!token_ok(req->hello->client, s->tcp_token)) {
-			send_error(c, req->id, AP_EVERSION,
-				   "TCP clients must send the token (Hello.client containing token=SECRET)");
-			conn_shutdown(c);
-			return;
-		}
-		c->authed = true;
-	}
+	if (c->is_tcp && !c->authed && !tcp_auth_step(c, req->hello, req->id))
+		return;
 	r.schema_version = APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT;
 	r.server = SERVER_NAME;
 	r.nvrtc_version = (char *)(nv ? nv : "");
@@ -508,17 +663,31 @@ static void handle_ping(conn *c, uint64_t id)
 }
 
 /* One decoded frame of `len` payload bytes: `env` (consumed), NULL when the
- * payload did not decode as an Envelope. */
-static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len)
+ * payload did not decode as an Envelope, for the reason `why`
+ * (decode_envelope). */
+static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why)
 {
 	ap_server *s = c->srv;
 	char msg[200];
 
 	s->requests++;
+	c->t_active = uv_now(&s->loop);
 	if (!env) {
-		snprintf(msg, sizeof(msg),
-			 "a frame of %u bytes does not decode as an apollo.Envelope", len);
-		send_error(c, 0, AP_EMESSAGE, msg);
+		if (why == AP_ETOOLARGE)
+			snprintf(msg, sizeof(msg),
+				 "a frame of %u bytes would take more than %zu bytes of memory once "
+				 "decoded (decode_memory_ratio %u)", len,
+				 ap_pb_decode_limit(len, s->decode_ratio, DECODE_FLOOR), s->decode_ratio);
+		else if (why == AP_ENOMEM)
+			snprintf(msg, sizeof(msg), "out of memory decoding a frame of %u bytes", len);
+		else
+			snprintf(msg, sizeof(msg),
+				 "a frame of %u bytes does not decode as an apollo.Envelope", len);
+		send_error(c, 0, why, msg);
+		if (why != AP_EMESSAGE)
+			trim_heap();
+		if (c->is_tcp && !c->authed)
+			conn_shutdown(c);
 		return;
 	}
 	if (c->is_tcp && !c->authed && env->msg_case != APOLLO__ENVELOPE__MSG_HELLO) {
@@ -539,7 +708,7 @@ static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len)
 		handle_stats(c, env->id);
 		break;
 	case APOLLO__ENVELOPE__MSG_COMPILE:
-		handle_compile(c, env);   /* takes env */
+		handle_compile(c, env, len);   /* takes env */
 		return;
 	case APOLLO__ENVELOPE__MSG__NOT_SET:
 		send_error(c, env->id, AP_EMESSAGE, "the Envelope carries no message");
@@ -557,7 +726,7 @@ static void work_decode(uv_work_t *req)
 {
 	struct decode *d = req->data;
 
-	d->env = apollo__envelope__unpack(NULL, d->len, d->payload);
+	d->env = decode_envelope(d->payload, d->len, d->ratio, &d->why);
 	free(d->payload);
 	d->payload = NULL;
 }
@@ -575,6 +744,7 @@ static void conn_resume(conn *c)
 	}
 	if (c->decoding || c->closing || c->shutting || c->eof || c->paused)
 		return;
+	c->t_frame = uv_now(c->h.handle.loop);   /* the frame clock stood still */
 	if (uv_read_start(&c->h.stream, on_alloc, on_read))
 		conn_close(c);
 }
@@ -593,7 +763,7 @@ static void after_decode(uv_work_t *req, int status)
 		       d->len);
 		apollo__envelope__free_unpacked(d->env, NULL);
 	} else {
-		dispatch(c, d->env, d->len);
+		dispatch(c, d->env, d->len, d->why);
 	}
 	free(d);
 	/* Before resuming: once draining, frames are decoded inline, so the
@@ -620,6 +790,7 @@ static bool start_decode(conn *c, uint8_t *payload, uint32_t len)
 	d->c = c;
 	d->payload = payload;
 	d->len = len;
+	d->ratio = s->decode_ratio;
 	d->req.data = d;
 	if (uv_queue_work(&s->loop, &d->req, work_decode, after_decode)) {
 		free(d);
@@ -635,12 +806,13 @@ static bool start_decode(conn *c, uint8_t *payload, uint32_t len)
 static void handle_frame(conn *c, uint8_t *payload, uint32_t len)
 {
 	Apollo__Envelope *env;
+	int why;
 
 	if (start_decode(c, payload, len))
 		return;
-	env = apollo__envelope__unpack(NULL, len, payload);
+	env = decode_envelope(payload, len, c->srv->decode_ratio, &why);
 	free(payload);
-	dispatch(c, env, len);
+	dispatch(c, env, len, why);
 }
 
 /* Feeds `n` received bytes through the frame state machine.  When a frame
@@ -668,6 +840,8 @@ static void consume(conn *c, const uint8_t *p, size_t n)
 
 			if (take > n)
 				take = n;
+			if (c->hdr_have == 0)
+				c->t_frame = uv_now(&s->loop);
 			memcpy(c->hdr + c->hdr_have, p, take);
 			c->hdr_have += (unsigned)take;
 			p += take;
@@ -675,7 +849,9 @@ static void consume(conn *c, const uint8_t *p, size_t n)
 			if (c->hdr_have < AP_FRAME_HEADER_BYTES)
 				return;
 			c->want = ap_frame_get_len(c->hdr);
-			rc = ap_frame_check_len(c->want, s->max_frame, &err);
+			rc = ap_frame_check_len(c->want,
+						c->is_tcp && !c->authed ? s->max_unauth_frame : s->max_frame,
+						&err);
 			if (rc) {
 				s->requests++;
 				send_error(c, 0, rc, err.msg);
@@ -708,12 +884,14 @@ static void consume(conn *c, const uint8_t *p, size_t n)
 	}
 }
 
+/* Every connection reads into the server's buffer: libuv reads one
+ * stream at a time and on_read's consume() copies whatever it keeps. */
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
 	conn *c = h->data;
 
-	buf->base = c->rbuf;
-	buf->len = sizeof(c->rbuf);
+	buf->base = (char *)c->srv->rbuf;
+	buf->len = sizeof(c->srv->rbuf);
 }
 
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
@@ -743,6 +921,59 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 		conn_shutdown(c);
 	else
 		conn_close(c);
+}
+
+/* Unix: the peer's uid (SO_PEERCRED), for max_clients_per_user. */
+static void peer_uid(conn *c)
+{
+	struct ucred cr;
+	socklen_t n = sizeof(cr);
+	uv_os_fd_t fd;
+
+	if (uv_fileno(&c->h.handle, &fd) == 0 &&
+	    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &n) == 0) {
+		c->uid = cr.uid;
+		c->has_uid = true;
+	}
+}
+
+/* Admission: counts a new connection against its budget, or answers
+ * ERR_BUSY and shuts it down (false).  Unix connections count against
+ * max_clients and max_clients_per_user; TCP ones against
+ * max_unauth_clients until they authenticate (tcp_auth_step), and are
+ * refused at once when max_clients is full anyway. */
+static bool admit(conn *c)
+{
+	ap_server *s = c->srv;
+	char msg[160];
+	unsigned same = 0;
+
+	if (s->n_served >= s->max_clients) {
+		snprintf(msg, sizeof(msg), "apollod serves at most %u clients at once", s->max_clients);
+	} else if (c->is_tcp && s->n_unauth >= s->max_unauth) {
+		snprintf(msg, sizeof(msg),
+			 "apollod has %u TCP connections waiting to authenticate (max_unauth_clients)",
+			 s->n_unauth);
+	} else {
+		if (c->has_uid)
+			for (conn *o = s->conns; o; o = o->next)
+				same += o->served && o->has_uid && o->uid == c->uid;
+		if (same >= s->max_per_user) {
+			snprintf(msg, sizeof(msg),
+				 "uid %u already has %u connections to apollod (max_clients_per_user)",
+				 (unsigned)c->uid, same);
+		} else {
+			if (c->is_tcp)
+				c->unauth = true, s->n_unauth++;
+			else
+				c->served = true, s->n_served++;
+			return true;
+		}
+	}
+	ap_log(AP_LOG_DEBUG, "refusing a client: %s", msg);
+	send_error(c, 0, AP_EBUSY, msg);
+	conn_shutdown(c);
+	return false;
 }
 
 static void on_connection(uv_stream_t *listener, int status)
@@ -775,23 +1006,79 @@ static void on_connection(uv_stream_t *listener, int status)
 		s->conns->prev = c;
 	s->conns = c;
 	s->n_clients++;
+	c->t_accept = c->t_active = c->t_frame = uv_now(&s->loop);
 	r = uv_accept(listener, &c->h.stream);
 	if (r) {
 		ap_log(AP_LOG_WARN, "accept: %s", uv_strerror(r));
 		conn_close(c);
 		return;
 	}
-	if (s->n_clients > s->max_clients) {
-		char msg[96];
-		snprintf(msg, sizeof(msg), "apollod serves at most %u clients at once", s->max_clients);
-		send_error(c, 0, AP_EBUSY, msg);
-		conn_shutdown(c);
+	if (!is_tcp)
+		peer_uid(c);
+	if (!admit(c))
 		return;
-	}
 	r = uv_read_start(&c->h.stream, on_alloc, on_read);
 	if (r)
 		conn_close(c);
 	ap_log(AP_LOG_DEBUG, "client connected (%u open)", s->n_clients);
+}
+
+/* ---- time limits ----------------------------------------------------------- */
+
+/* Applies every connection's time limits (see the file comment). */
+static void on_sweep(uv_timer_t *t)
+{
+	ap_server *s = t->data;
+	uint64_t now = uv_now(&s->loop);
+
+	for (conn *c = s->conns, *next; c; c = next) {
+		char msg[160];
+
+		next = c->next;
+		if (c->closing)
+			continue;
+		if (c->shutting) {
+			if (now - c->t_shut > GRACE_MS)
+				conn_close(c);   /* it does not take its last reply */
+			continue;
+		}
+		if (c->queued && now - c->t_write > s->send_timeout) {
+			ap_log(AP_LOG_INFO, "a client left its replies unread for %llu ms: "
+			       "disconnecting it", (unsigned long long)(now - c->t_write));
+			conn_close(c);
+		} else if (c->is_tcp && !c->authed && now - c->t_accept > s->auth_timeout) {
+			snprintf(msg, sizeof(msg), "not authenticated within %llu ms (auth_timeout_ms)",
+				 (unsigned long long)s->auth_timeout);
+			auth_fail(c, 0, msg);
+		} else if (c->hdr_have && !c->paused && !c->decoding &&
+			   now - c->t_frame > s->frame_timeout) {
+			snprintf(msg, sizeof(msg),
+				 "a frame was not complete %llu ms after its first byte (frame_timeout_ms)",
+				 (unsigned long long)s->frame_timeout);
+			send_error(c, 0, AP_EFRAME, msg);
+			conn_shutdown(c);
+		} else if (s->idle_timeout && !c->hdr_have && !c->jobs && !c->decoding &&
+			   !c->queued && now - c->t_active > s->idle_timeout) {
+			ap_log(AP_LOG_DEBUG, "closing a connection idle for %llu ms",
+			       (unsigned long long)(now - c->t_active));
+			conn_close(c);
+		}
+	}
+}
+
+/* The sweep's period: a quarter of the shortest limit, 10 ms to 1 s. */
+static uint64_t sweep_period(const ap_server *s)
+{
+	uint64_t p = s->auth_timeout;
+
+	if (s->frame_timeout < p)
+		p = s->frame_timeout;
+	if (s->send_timeout < p)
+		p = s->send_timeout;
+	if (s->idle_timeout && s->idle_timeout < p)
+		p = s->idle_timeout;
+	p /= 4;
+	return p < 10 ? 10 : p > 1000 ? 1000 : p;
 }
 
 /* ---- shutdown ------------------------------------------------------------ */
@@ -820,6 +1107,10 @@ static void maybe_finish_drain(ap_server *s)
 		uv_close((uv_handle_t *)&s->sigterm, NULL);
 		uv_close((uv_handle_t *)&s->sigint, NULL);
 		s->signals_open = false;
+	}
+	if (s->sweep_open) {
+		uv_close((uv_handle_t *)&s->sweep, NULL);
+		s->sweep_open = false;
 	}
 	if (s->conns && uv_timer_init(&s->loop, &s->grace) == 0) {
 		s->grace.data = s;
@@ -988,8 +1279,17 @@ int ap_server_new(const ap_config *cfg, ap_compiler *compiler, ap_cache *cache,
 	s->compiler = compiler;
 	s->cache = cache;
 	s->max_frame = (uint32_t)cfg->max_frame_bytes;
+	s->max_unauth_frame = (uint32_t)cfg->max_unauth_frame_bytes;
 	s->max_clients = (unsigned)cfg->max_clients;
+	s->max_per_user = (unsigned)cfg->max_clients_per_user;
+	s->max_unauth = (unsigned)cfg->max_unauth_clients;
 	s->max_pending = (unsigned)cfg->max_pending;
+	s->auth_timeout = (uint64_t)cfg->auth_timeout_ms;
+	s->idle_timeout = (uint64_t)cfg->idle_timeout_ms;
+	s->frame_timeout = (uint64_t)cfg->frame_timeout_ms;
+	s->send_timeout = (uint64_t)cfg->send_timeout_ms;
+	s->max_queue = (size_t)cfg->max_reply_queue_bytes;
+	s->decode_ratio = (unsigned)cfg->decode_memory_ratio;
 	snprintf(s->tcp_token, sizeof(s->tcp_token), "%s", cfg->tcp_token);
 	s->start_ms = ap_now_ms();
 	if (cfg->socket[0])
@@ -1016,6 +1316,9 @@ int ap_server_new(const ap_config *cfg, ap_compiler *compiler, ap_cache *cache,
 	}
 	s->loop_ready = true;
 
+	rc = ap_socket_dir_check(s->socket_path, err);
+	if (rc)
+		goto error;
 	rc = claim_socket_path(s->socket_path, err);
 	if (rc)
 		goto error;
@@ -1062,6 +1365,11 @@ int ap_server_new(const ap_config *cfg, ap_compiler *compiler, ap_cache *cache,
 	s->signals_open = true;
 	uv_signal_start(&s->sigterm, on_signal, SIGTERM);
 	uv_signal_start(&s->sigint, on_signal, SIGINT);
+	uv_timer_init(&s->loop, &s->sweep);
+	s->sweep.data = s;
+	s->sweep_open = true;
+	uv_timer_start(&s->sweep, on_sweep, sweep_period(s), sweep_period(s));
+	uv_unref((uv_handle_t *)&s->sweep);
 	*out = s;
 	return 0;
 error:
@@ -1092,7 +1400,7 @@ static void close_any(uv_handle_t *h, void *arg)
 	ap_server *s = arg;
 	bool server_handle = h == (uv_handle_t *)&s->pipe || h == (uv_handle_t *)&s->tcp ||
 			     h == (uv_handle_t *)&s->sigterm || h == (uv_handle_t *)&s->sigint ||
-			     h == (uv_handle_t *)&s->grace;
+			     h == (uv_handle_t *)&s->grace || h == (uv_handle_t *)&s->sweep;
 
 	if (uv_is_closing(h))
 		return;

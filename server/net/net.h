@@ -2,8 +2,12 @@
  * connections, and the dispatch of each request frame.
  *
  * One loop thread owns every socket.  Frames (common/frame.h) are read
- * incrementally; each length is checked against max_frame_bytes before
- * anything is allocated.  A payload over 64 KiB is unpacked on a worker
+ * incrementally; each length is checked against max_frame_bytes
+ * (max_unauth_frame_bytes before a TCP client has authenticated) before
+ * anything is allocated, and decoding has a memory budget
+ * (decode_memory_ratio).  Admission, authentication, time limits and the
+ * memory of queued replies are net.c's (see its file comment and the
+ * README's Security model).  A payload over 64 KiB is unpacked on a worker
  * thread (libuv's pool, sized by `workers`), smaller ones on the loop
  * thread; a connection's frames are dispatched one at a time in arrival
  * order either way.  Ping, Hello and Stats are answered on the loop
@@ -23,8 +27,9 @@
 typedef struct ap_server ap_server;
 
 /* Creates the loop and binds the listeners of `cfg`: the Unix socket
- * (cfg->socket, else ap_default_socket_path; a stale socket file is
- * removed, a live daemon on it is AP_EBUSY) and the TCP listener when
+ * (cfg->socket, else ap_default_socket_path; its directory must pass
+ * ap_socket_dir_check, else AP_EIO; a stale socket file is removed, a
+ * live daemon on it is AP_EBUSY) and the TCP listener when
  * cfg->tcp is set (needs cfg->tcp_token).  Sets the worker pool size.
  * `compiler` and `cache` are borrowed and must outlive the server.
  * Returns 0 and *out, or AP_EBUSY / AP_EINVAL / AP_EIO / AP_ENOMEM with

@@ -2137,8 +2137,10 @@ static int compute_subgraphs(ap_partition *part)
 		part->groups[i].subgraph = num[s];
 	}
 	part->subgraphs = calloc((size_t)part->n_subgraphs + 1, sizeof(ap_subgraph));
-	if (!part->subgraphs)
+	if (!part->subgraphs) {
+		part->n_subgraphs = 0;
 		goto out;
+	}
 	if (sub_deps(part, eu, ev, ne) < 0)
 		goto out;
 	/* waves, in the topological order of the Kosaraju labels */

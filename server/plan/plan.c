@@ -449,7 +449,8 @@ int ap__plan_explain(ap_program *prog, const ap_partition *part, const ap_graph 
 		prog->subgraphs[s].deps = malloc(((size_t)sg->n_deps + 1) * sizeof(int));
 		if (!prog->subgraphs[s].deps)
 			return AP_ENOMEM;
-		memcpy(prog->subgraphs[s].deps, sg->deps, (size_t)sg->n_deps * sizeof(int));
+		if (sg->n_deps > 0)
+			memcpy(prog->subgraphs[s].deps, sg->deps, (size_t)sg->n_deps * sizeof(int));
 		prog->subgraphs[s].n_deps = sg->n_deps;
 	}
 	for (int i = 0; i < choices->n; i++) {

@@ -207,6 +207,9 @@ typedef struct ap_build_options {
 					the printer (CUDA C or host C) and the cost
 					model's figures */
 	unsigned max_block_threads;  /* 0 = default (256) */
+	bool allow_tf32;             /* float32 products may run on TF32 tensor
+					cores (CompileOptions.allow_tf32; off by
+					default, as in PyTorch) */
 	/* partition (CompileOptions.fusion, fusion_barriers, keep_whole): */
 	ap_fuse_level fusion;      /* 0 = AP_FUSE_DEFAULT (apollo) */
 	int n_fusion_barriers;

@@ -73,7 +73,8 @@ class ap_bundle_buffer(ctypes.Structure):
 
 
 class ap_runtime_options(ctypes.Structure):
-    _fields_ = [("threads", ctypes.c_int), ("device", ctypes.c_int), ("external", ctypes.c_bool)]
+    _fields_ = [("threads", ctypes.c_int), ("device", ctypes.c_int), ("external", ctypes.c_bool),
+                ("profile", ctypes.c_bool)]
 
 
 _P = ctypes.c_void_p
@@ -94,7 +95,8 @@ _PROTOS = {
     "ap_graph_add_output": (ctypes.c_int, [_P, ctypes.c_int]),
     "ap_graph_infer_node": (ctypes.c_int, [_P, ctypes.c_int, _E]),
     "ap_graph_validate": (ctypes.c_int, [_P, _E]),
-    "ap_graph_hash": (None, [_P, ctypes.c_char_p]),
+    "ap_graph_hash": (ctypes.c_int, [_P, ctypes.c_char_p]),
+    "ap_graph_hash_named": (ctypes.c_int, [_P, ctypes.c_char_p]),
     "ap_node_set_int": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_char_p, ctypes.c_int64]),
     "ap_node_set_float": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_char_p, ctypes.c_double]),
     "ap_node_set_string": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p]),

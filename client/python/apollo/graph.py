@@ -185,9 +185,12 @@ class Graph:
         if lib.ap_graph_validate(self._g, ctypes.byref(err)) < 0:
             raise_error(err)
 
-    def hash(self):
-        """Canonical SHA-256 (hex) of a validated graph: what the cache key
-        is built from, independent of names and node order."""
+    def hash(self, named=False):
+        """Canonical SHA-256 (hex) of a validated graph, independent of node
+        order; of names too unless `named` (the cache key is built from the
+        named hash: a bundle binds params and inputs by name)."""
         out = ctypes.create_string_buffer(32)
-        lib.ap_graph_hash(self._g, out)
+        fn = lib.ap_graph_hash_named if named else lib.ap_graph_hash
+        if fn(self._g, out) < 0:
+            raise ApolloError(ENOMEM, "out of memory hashing the graph")
         return out.raw.hex()

@@ -1,0 +1,1711 @@
+/* gemm.c -- the tiled GEMM emitter: a MatMul micro-graph (batched MatMul
+ * with numpy batch broadcasting; Gemm, which expand.c opens into a MatMul
+ * of transposed views with its alpha / beta / C as epilogue ops) with its
+ * prologue and epilogue, as one kernel of block tiles staged through
+ * shared memory.  Two forms over one skeleton:
+ *
+ *   SIMT (float32 without TF32, float64, targets without tensor cores,
+ *   and the host): a block computes a BM x BN tile of the output with
+ *   (BM/TM) x (BN/TN) threads, each holding a TM x TN register tile; per
+ *   K step of BK, the A and B tiles are staged in shared memory k-major
+ *   (As[k][m], Bs[k][n]) and every thread reads its TM + TN operands per k
+ *   and does TM * TN multiply-adds (the register-blocked SGEMM of Volkov
+ *   and Demmel, and of CUTLASS's SIMT path).
+ *
+ *   Tensor cores (float16 / bfloat16 on sm_80 and later, float32 with
+ *   allow_tf32): a block of WM x WN warps, each warp a (BM/WM) x (BN/WN)
+ *   tile of 16 x 8 mma.sync tiles (m16n8k16, or m16n8k8 for TF32) fed by
+ *   ldmatrix from shared tiles: A row-major [m][k] (or k-major with
+ *   ldmatrix .trans), B as [n][k] (or k-major [k][n] with .trans); float32
+ *   accumulators in registers (the warp-level GEMM of the PTX ISA's mma
+ *   and CUTLASS's "multistage" mainloop).
+ *
+ * Staging (both forms): a multi-stage pipeline over the K tiles: stage
+ * s of S holds K tile kt with s = kt % S; loads for tile kt + S - 1 are
+ * issued before tile kt is computed.  An operand that is a buffer read
+ * through views and transposes ("plain"), aligned, whose contiguous
+ * dimension is the one the shared tile keeps contiguous, is copied with
+ * cp.async (sm_80 and later; 4, 8 or 16 bytes per copy, zero-filled past
+ * the edges); any other operand -- a prologue of elementwise ops, a
+ * strided or transposing read -- is loaded into registers by the value
+ * builder (so the prologue is computed once per element and block
+ * column, not once per multiply) and stored to shared memory after the
+ * current tile's arithmetic, which hides the global latency behind it.
+ * The host runs the same kernel: cp.async is a copy, barriers split the
+ * thread loops, ldmatrix / mma are emulated lane by lane (server/kir).
+ *
+ * Epilogue: every tensor the micro-graph writes is computed from the
+ * MatMul output Y element by element (elementwise and broadcast ops,
+ * views and transposes of Y); each accumulator element is cast to Y's
+ * type, handed to the value builder as Y's value (a leaf hook), and each
+ * output is stored at the index its views and transposes map Y's element
+ * to.  Micro-graphs whose outputs are not all of that form are left to
+ * the pointwise emitter (one thread per output element).
+ *
+ * Knobs: SIMT "bm", "bn", "bk", "tm", "tn", "stages"; tensor cores "bm",
+ * "bn", "bk", "wm", "wn" (warps along M and N), "stages".  The default
+ * configuration comes from the cost model (ap_cost_gemm_tile).
+ */
+#include "emitters.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- analysis: the operands and the epilogue ----------------------------------- */
+
+#define EMAP_STEPS 12
+
+/* How a tensor derived from Y is indexed by Y's element: a chain of
+ * relinearisations (views) and permutations (transposes). */
+typedef struct emap_step {
+	unsigned char perm;             /* 1: a transpose, 0: a view */
+	int rank;
+	int64_t dims[AP_MAX_RANK];      /* the resulting tensor's */
+	int p[AP_MAX_RANK];             /* transpose: output dim d = input dim p[d] */
+} emap_step;
+
+typedef struct emap {
+	bool derived;
+	int n;
+	emap_step s[EMAP_STEPS];
+} emap;
+
+/* A strided view of a buffer: element (c0, c1, ...) at sum c_d * str_d. */
+typedef struct sview {
+	int rank;
+	int64_t dims[AP_MAX_RANK], str[AP_MAX_RANK];
+} sview;
+
+typedef struct gemm_opnd {
+	int t;                          /* the MatMul input */
+	bool plain;                     /* a buffer read through views / transposes */
+	int leaf;                       /* plain: the buffer's tensor */
+	int64_t s_outer, s_k;           /* plain: strides of the outer (M or N) and K coordinates */
+	int64_t s_batch[AP_MAX_RANK];   /* plain: per output batch dim (0: broadcast) */
+	bool k_fast;                    /* K is the contiguous coordinate (plain), or assumed so */
+	int vec;                        /* plain: elements per cp.async along the contiguous
+					   coordinate (0: none possible) */
+} gemm_opnd;
+
+typedef struct gemm_plan {
+	int node, y;
+	ap_dtype in_t, acc_t;
+	int nb;                         /* Y's batch dims */
+	int64_t bdims[AP_MAX_RANK], batch, M, N, K;
+	bool fold;                      /* B has no batch dims: the batch dims are
+					   folded into the rows, Mr = batch * M */
+	int64_t Mr, tb;                 /* rows of the product; batches of tiles */
+	bool a_linear;                  /* folded, and A's rows are one stride apart
+					   across batches too: offset row * s_outer */
+	gemm_opnd a, b;                 /* b is described as [N][K] */
+	bool tc;                        /* tensor cores */
+	ap_kir_mma_kind mma;
+	emap *maps;                     /* per tensor of m->g */
+	/* convolution as an implicit GEMM: rows (n, output position), columns
+	 * the output channels of a group, K (input channel of the group,
+	 * kernel position); tile batches are the groups */
+	bool conv, convt;               /* Conv / ConvTranspose */
+	int ns;                         /* spatial dims */
+	int x, w, bias;                 /* the node's inputs (bias -1 when none) */
+	int64_t C, groups, Cg, Mg, ohw, kk;
+	int64_t D[3], O[3], KS[3], st[3], pd[3], dl[3];
+	bool a_1x1;                     /* Conv 1x1, stride 1, no padding: A is
+					   X itself, rows contiguous per image */
+} gemm_plan;
+
+static void plan_clear(gemm_plan *p)
+{
+	free(p->maps);
+	p->maps = NULL;
+}
+
+static bool emap_equal(const emap *a, const emap *b)
+{
+	if (a->n != b->n)
+		return false;
+	for (int i = 0; i < a->n; i++) {
+		const emap_step *x = &a->s[i], *y = &b->s[i];
+
+		if (x->perm != y->perm || !ap_dims_equal(x->rank, x->dims, y->rank, y->dims))
+			return false;
+		for (int d = 0; x->perm && d < x->rank; d++)
+			if (x->p[d] != y->p[d])
+				return false;
+	}
+	return true;
+}
+
+/* The forward maps from Y to every tensor computed from it; false when a
+ * tensor depends on Y otherwise than element for element. */
+static bool epilogue_maps(const ap_graph *g, int y, emap *maps, char *why, size_t cap)
+{
+	maps[y].derived = true;
+	for (int i = 0; i < g->n_nodes; i++) {
+		const ap_node *n = &g->nodes[i];
+		ap_op_category cat = ap_op_category_of(n->op);
+		const emap *src = NULL;
+		int o = n->outputs[0];
+
+		for (int j = 0; j < n->n_inputs; j++) {
+			int x = n->inputs[j];
+
+			if (x < 0 || !maps[x].derived)
+				continue;
+			if (!ap_dims_equal(g->tensors[x].rank, g->tensors[x].dims, g->tensors[o].rank,
+					   g->tensors[o].dims) && !ap_op_is_view(n->op) && n->op != AP_OP_TRANSPOSE) {
+				snprintf(why, cap, "%s broadcasts the product", ap_op_name(n->op));
+				return false;
+			}
+			if (src && !emap_equal(src, &maps[x])) {
+				snprintf(why, cap, "%s reads the product at two different elements", ap_op_name(n->op));
+				return false;
+			}
+			src = &maps[x];
+		}
+		if (!src || o < 0)
+			continue;
+		if (n->n_outputs != 1) {
+			snprintf(why, cap, "%s after the product has several outputs", ap_op_name(n->op));
+			return false;
+		}
+		maps[o] = *src;
+		if (cat == AP_CAT_ELEMWISE || cat == AP_CAT_BROADCAST)
+			continue;
+		if (!ap_op_is_view(n->op) && n->op != AP_OP_TRANSPOSE) {
+			snprintf(why, cap, "%s after the product", ap_op_name(n->op));
+			return false;
+		}
+		if (maps[o].n == EMAP_STEPS) {
+			snprintf(why, cap, "too many views after the product");
+			return false;
+		}
+		{
+			emap_step *st = &maps[o].s[maps[o].n++];
+			const ap_tensor *ot = &g->tensors[o];
+
+			memset(st, 0, sizeof(*st));
+			st->perm = n->op == AP_OP_TRANSPOSE;
+			st->rank = ot->rank;
+			memcpy(st->dims, ot->dims, sizeof(st->dims));
+			for (int d = 0; st->perm && d < ot->rank; d++)
+				st->p[d] = (int)ap_node_attr_at(n, "perm", d, ot->rank - 1 - d);
+		}
+	}
+	for (int i = 0; i < g->n_outputs; i++)
+		if (!maps[g->outputs[i]].derived) {
+			snprintf(why, cap, "it writes %s, which is not computed from the product",
+				 g->tensors[g->outputs[i]].name);
+			return false;
+		}
+	return true;
+}
+
+static void sv_rowmajor(sview *v, const ap_tensor *t)
+{
+	int64_t s = 1;
+
+	v->rank = t->rank;
+	for (int d = t->rank - 1; d >= 0; d--) {
+		v->dims[d] = t->dims[d];
+		v->str[d] = s;
+		s *= t->dims[d];
+	}
+}
+
+/* A view to `rank` x `dims` of the same elements without a copy (numpy's
+ * rule for reshaping strided arrays: each group of old dims that makes up
+ * a group of new dims must be contiguous among itself).  False when it
+ * would need a copy. */
+static bool sv_reshape(sview *v, int rank, const int64_t *dims)
+{
+	int64_t od[AP_MAX_RANK], os[AP_MAX_RANK], ns[AP_MAX_RANK];
+	int on = 0, oi = 0, oj, ni = 0, nj;
+
+	for (int d = 0; d < v->rank; d++)
+		if (v->dims[d] != 1) {
+			od[on] = v->dims[d];
+			os[on++] = v->str[d];
+		}
+	for (int d = 0; d < rank; d++)
+		ns[d] = 1;
+	while (ni < rank && oi < on) {
+		int64_t np = dims[ni], op = od[oi];
+
+		nj = ni + 1;
+		oj = oi + 1;
+		while (np != op) {
+			if (np < op) {
+				if (nj >= rank)
+					return false;
+				np *= dims[nj++];
+			} else {
+				if (oj >= on)
+					return false;
+				op *= od[oj++];
+			}
+		}
+		for (int k = oi; k < oj - 1; k++)
+			if (os[k] != od[k + 1] * os[k + 1])
+				return false;
+		ns[nj - 1] = os[oj - 1];
+		for (int k = nj - 1; k > ni; k--)
+			ns[k - 1] = ns[k] * dims[k];
+		ni = nj;
+		oi = oj;
+	}
+	v->rank = rank;
+	for (int d = 0; d < rank; d++) {
+		v->dims[d] = dims[d];
+		v->str[d] = dims[d] == 1 ? 0 : ns[d];
+	}
+	return true;
+}
+
+/* Operand `t` of the MatMul as a strided view of a buffer, when it is one:
+ * views and transposes back to a leaf of the micro-graph. */
+static bool operand_view(const ap_graph *g, int t, sview *out, int *leaf)
+{
+	int chain[32], n = 0, x = t;
+
+	while (g->tensors[x].producer >= 0) {
+		const ap_node *p = &g->nodes[g->tensors[x].producer];
+
+		if ((!ap_op_is_view(p->op) && p->op != AP_OP_TRANSPOSE) || n == 32 || p->inputs[0] < 0)
+			return false;
+		chain[n++] = x;
+		x = p->inputs[0];
+	}
+	if (g->tensors[x].kind == AP_TENSOR_CONST)
+		return false;
+	*leaf = x;
+	sv_rowmajor(out, &g->tensors[x]);
+	while (n > 0) {
+		int y = chain[--n];
+		const ap_node *p = &g->nodes[g->tensors[y].producer];
+		const ap_tensor *yt = &g->tensors[y];
+
+		if (p->op == AP_OP_TRANSPOSE) {
+			sview in = *out;
+
+			for (int d = 0; d < yt->rank; d++) {
+				int64_t pd = ap_node_attr_at(p, "perm", d, yt->rank - 1 - d);
+
+				if (pd < 0 || pd >= in.rank)
+					return false;
+				out->dims[d] = in.dims[pd];
+				out->str[d] = in.str[pd];
+			}
+			out->rank = yt->rank;
+		} else if (!sv_reshape(out, yt->rank, yt->dims)) {
+			return false;
+		}
+	}
+	return true;
+}
+
+/* Elements per cp.async for a plain operand: 16 bytes' worth, or fewer,
+ * such that every copy stays aligned and inside its row. */
+static int copy_width(const gemm_opnd *o, int64_t contig_extent, int64_t other_stride, int nb,
+		      size_t es)
+{
+	for (int bytes = 16; bytes >= 4; bytes /= 2) {
+		int w = (int)(bytes / (int)es);
+		bool ok = w >= 1 && (size_t)w * es == (size_t)bytes && contig_extent % w == 0 &&
+			  other_stride % w == 0;
+
+		for (int d = 0; ok && d < nb; d++)
+			ok = o->s_batch[d] % w == 0;
+		if (ok)
+			return w;
+	}
+	return 0;
+}
+
+/* Fills o (role 0: A as [M][K]; 1: B, described as [N][K]). */
+static void analyze_operand(const ap_graph *g, const gemm_plan *p, int role, gemm_opnd *o)
+{
+	const ap_tensor *t = &g->tensors[o->t];
+	sview sv;
+	int r = t->rank;
+	size_t es = ap_dtype_size(t->dtype);
+
+	o->plain = false;
+	o->k_fast = role == 0;   /* activations [M, K]; weights [K, N] */
+	o->vec = 0;
+	if (!operand_view(g, o->t, &sv, &o->leaf) || sv.rank != r)
+		return;
+	o->plain = true;
+	o->s_outer = role == 0 ? sv.str[r - 2] : sv.str[r - 1];
+	o->s_k = role == 0 ? sv.str[r - 1] : sv.str[r - 2];
+	for (int d = 0; d < p->nb; d++) {
+		int j = d - (p->nb - (r - 2));
+
+		o->s_batch[d] = j < 0 || t->dims[j] == 1 ? 0 : sv.str[j];
+	}
+	if (o->s_k == 1 && (p->K > 1 || o->s_outer != 1)) {
+		o->k_fast = true;
+		o->vec = copy_width(o, p->K, o->s_outer, p->nb, es);
+	} else if (o->s_outer == 1) {
+		o->k_fast = false;
+		o->vec = copy_width(o, role == 0 ? p->M : p->N, o->s_k, p->nb, es);
+	}
+}
+
+static bool is_float(ap_dtype t)
+{
+	return t == AP_DT_F32 || t == AP_DT_F64 || t == AP_DT_F16 || t == AP_DT_BF16;
+}
+
+/* A Conv / ConvTranspose micro-graph as an implicit GEMM (the im2col
+ * product formed tile by tile in shared memory, never in memory; Chetlur
+ * et al., "cuDNN: Efficient Primitives for Deep Learning", 2014): one
+ * convolution node of a float type, groups of at least 8 output channels
+ * (depthwise convolutions are left to the pointwise emitter), every
+ * output an element-for-element function of its result. */
+static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, int node, char *why,
+			size_t cap)
+{
+	const ap_graph *g = m->g;
+	const ap_node *n = &g->nodes[node];
+	const ap_tensor *xt, *wt, *yt;
+	bool one = true;
+
+	p->conv = true;
+	p->convt = n->op == AP_OP_CONV_TRANSPOSE;
+	p->node = node;
+	p->x = n->inputs[0];
+	p->w = n->inputs[1];
+	p->bias = n->n_inputs > 2 ? n->inputs[2] : -1;
+	p->y = n->outputs[0];
+	xt = &g->tensors[p->x];
+	wt = &g->tensors[p->w];
+	yt = &g->tensors[p->y];
+	p->ns = xt->rank - 2;
+	if (p->ns < 1 || p->ns > 3 || wt->rank != xt->rank || yt->rank != xt->rank) {
+		snprintf(why, cap, "a convolution of rank %d", xt->rank);
+		return false;
+	}
+	if (!is_float(xt->dtype) || wt->dtype != xt->dtype || yt->dtype != xt->dtype ||
+	    (p->bias >= 0 && g->tensors[p->bias].dtype != xt->dtype)) {
+		snprintf(why, cap, "operands of type %s", ap_dtype_name(xt->dtype));
+		return false;
+	}
+	p->in_t = xt->dtype;
+	p->acc_t = xt->dtype == AP_DT_F64 ? AP_DT_F64 : AP_DT_F32;
+	p->C = xt->dims[1];
+	p->groups = ap_node_int(n, "group", 1);
+	if (p->groups < 1 || p->C % p->groups || yt->dims[1] % p->groups) {
+		snprintf(why, cap, "group %lld", (long long)p->groups);
+		return false;
+	}
+	p->Cg = p->C / p->groups;
+	p->Mg = yt->dims[1] / p->groups;
+	if (p->Mg < 8) {
+		snprintf(why, cap, "%lld output channels per group: a depthwise-like convolution",
+			 (long long)p->Mg);
+		return false;
+	}
+	p->ohw = 1;
+	p->kk = 1;
+	for (int d = 0; d < p->ns; d++) {
+		p->D[d] = xt->dims[2 + d];
+		p->O[d] = yt->dims[2 + d];
+		p->KS[d] = wt->dims[2 + d];
+		p->st[d] = ap_node_attr_at(n, "strides", d, 1);
+		p->dl[d] = ap_node_attr_at(n, "dilations", d, 1);
+		p->pd[d] = ap_node_attr_at(n, "pads", d, 0);
+		if (p->st[d] < 1 || p->dl[d] < 1) {
+			snprintf(why, cap, "stride %lld, dilation %lld", (long long)p->st[d], (long long)p->dl[d]);
+			return false;
+		}
+		p->ohw *= p->O[d];
+		p->kk *= p->KS[d];
+		one = one && p->KS[d] == 1 && p->st[d] == 1 && p->pd[d] == 0 &&
+		      ap_node_attr_at(n, "pads", p->ns + d, 0) == 0;
+	}
+	p->batch = 1;
+	p->nb = 0;
+	p->M = p->ohw;
+	p->Mr = xt->dims[0] * p->ohw;
+	p->N = p->Mg;
+	p->K = p->Cg * p->kk;
+	p->tb = p->groups;
+	if (p->Mr < 1 || p->K < 1) {
+		snprintf(why, cap, "an empty convolution");
+		return false;
+	}
+	p->maps = calloc((size_t)g->n_tensors + 1, sizeof(emap));
+	if (!p->maps) {
+		snprintf(why, cap, "out of memory");
+		return AP_ENOMEM;
+	}
+	if (!epilogue_maps(g, p->y, p->maps, why, cap)) {
+		plan_clear(p);
+		return false;
+	}
+	/* A: X itself for a 1x1 convolution with unit stride and no padding
+	 * (rows contiguous within an image); B: the weights as they are for a
+	 * Conv ([M][Cg * kernel], K contiguous) */
+	p->a.t = p->x;
+	p->b.t = p->w;
+	p->a.plain = false;
+	p->b.plain = false;
+	p->a.k_fast = true;
+	p->b.k_fast = true;
+	if (!p->convt && one && g->tensors[p->x].producer < 0 && g->tensors[p->x].kind != AP_TENSOR_CONST) {
+		p->a_1x1 = true;
+		p->a.plain = true;
+		p->a.leaf = p->x;
+		p->a.k_fast = false;
+		p->a.s_outer = 1;
+		p->a.s_k = p->ohw;
+		p->a.vec = 0;
+		for (int w = (int)(16 / ap_dtype_size(p->in_t)); w >= 1 && !p->a.vec; w /= 2)
+			if ((size_t)w * ap_dtype_size(p->in_t) >= 4 && p->ohw % w == 0)
+				p->a.vec = w;
+	}
+	if (!p->convt && g->tensors[p->w].producer < 0 && g->tensors[p->w].kind != AP_TENSOR_CONST) {
+		p->b.plain = true;
+		p->b.leaf = p->w;
+		p->b.s_outer = p->K;
+		p->b.s_k = 1;
+		p->b.vec = 0;
+		for (int w = (int)(16 / ap_dtype_size(p->in_t)); w >= 1 && !p->b.vec; w /= 2)
+			if ((size_t)w * ap_dtype_size(p->in_t) >= 4 && p->K % w == 0)
+				p->b.vec = w;
+	}
+	p->tc = t->gpu && t->arch >= 80 &&
+		(p->in_t == AP_DT_F16 || p->in_t == AP_DT_BF16 || (p->in_t == AP_DT_F32 && t->allow_tf32));
+	p->mma = p->in_t == AP_DT_F16 ? AP_KIR_MMA_F16_16816
+		 : p->in_t == AP_DT_BF16 ? AP_KIR_MMA_BF16_16816 : AP_KIR_MMA_TF32_1688;
+	return true;
+}
+
+/* The MatMul micro-graphs this emitter builds: one MatMul of two operands
+ * of rank >= 2 and a float type, every output an element-for-element
+ * function of its product. */
+static int analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, char *why, size_t cap)
+{
+	const ap_graph *g = m->g;
+	const ap_tensor *at, *bt, *yt;
+	int n_mm = 0;
+
+	memset(p, 0, sizeof(*p));
+	p->bias = -1;
+	if (m->kind == AP_GROUP_CONV) {
+		int n_conv = 0, node = -1;
+
+		for (int i = 0; i < g->n_nodes; i++)
+			if (g->nodes[i].op == AP_OP_CONV || g->nodes[i].op == AP_OP_CONV_TRANSPOSE) {
+				node = i;
+				n_conv++;
+			}
+		if (n_conv != 1) {
+			snprintf(why, cap, "%d convolutions", n_conv);
+			return false;
+		}
+		return analyze_conv(m, t, p, node, why, cap);
+	}
+	if (m->kind != AP_GROUP_MATMUL) {
+		snprintf(why, cap, "not a matmul or convolution micro-graph");
+		return false;
+	}
+	for (int i = 0; i < g->n_nodes; i++)
+		if (g->nodes[i].op == AP_OP_MATMUL) {
+			p->node = i;
+			n_mm++;
+		}
+	if (n_mm != 1) {
+		snprintf(why, cap, "%d matmuls", n_mm);
+		return false;
+	}
+	p->y = g->nodes[p->node].outputs[0];
+	p->a.t = g->nodes[p->node].inputs[0];
+	p->b.t = g->nodes[p->node].inputs[1];
+	at = &g->tensors[p->a.t];
+	bt = &g->tensors[p->b.t];
+	yt = &g->tensors[p->y];
+	if (at->rank < 2 || bt->rank < 2) {
+		snprintf(why, cap, "a vector operand");
+		return false;
+	}
+	if (!is_float(at->dtype) || at->dtype != bt->dtype || yt->dtype != at->dtype) {
+		snprintf(why, cap, "operands of type %s", ap_dtype_name(at->dtype));
+		return false;
+	}
+	p->in_t = at->dtype;
+	p->acc_t = at->dtype == AP_DT_F64 ? AP_DT_F64 : AP_DT_F32;
+	p->M = at->dims[at->rank - 2];
+	p->K = at->dims[at->rank - 1];
+	p->N = bt->dims[bt->rank - 1];
+	p->nb = yt->rank - 2;
+	p->batch = 1;
+	for (int d = 0; d < p->nb; d++) {
+		p->bdims[d] = yt->dims[d];
+		p->batch *= yt->dims[d];
+	}
+	if (p->M < 1 || p->N < 1 || p->K < 1 || p->batch < 1) {
+		snprintf(why, cap, "an empty product");
+		return false;
+	}
+	p->fold = p->nb > 0 && bt->rank == 2;
+	p->Mr = p->fold ? p->batch * p->M : p->M;
+	p->tb = p->fold ? 1 : p->batch;
+	p->maps = calloc((size_t)g->n_tensors + 1, sizeof(emap));
+	if (!p->maps) {
+		snprintf(why, cap, "out of memory");
+		return AP_ENOMEM;
+	}
+	if (!epilogue_maps(g, p->y, p->maps, why, cap)) {
+		plan_clear(p);
+		return false;
+	}
+	analyze_operand(g, p, 0, &p->a);
+	analyze_operand(g, p, 1, &p->b);
+	p->a_linear = p->fold && p->a.plain;
+	for (int d = p->nb - 1; p->a_linear && d >= 0; d--) {
+		int64_t want = d == p->nb - 1 ? p->M * p->a.s_outer : p->bdims[d + 1] * p->a.s_batch[d + 1];
+
+		if (p->bdims[d] > 1 && p->a.s_batch[d] != want)
+			p->a_linear = false;
+	}
+	p->tc = t->gpu && t->arch >= 80 &&
+		(p->in_t == AP_DT_F16 || p->in_t == AP_DT_BF16 || (p->in_t == AP_DT_F32 && t->allow_tf32));
+	p->mma = p->in_t == AP_DT_F16 ? AP_KIR_MMA_F16_16816
+		 : p->in_t == AP_DT_BF16 ? AP_KIR_MMA_BF16_16816 : AP_KIR_MMA_TF32_1688;
+	return true;
+}
+
+/* ---- configuration ---------------------------------------------------------------- */
+
+enum { K_BM, K_BN, K_BK, K_TM, K_TN, K_STAGES };   /* SIMT order; tensor cores: tm = wm, tn = wn */
+
+typedef struct gemm_cfg {
+	int bm, bn, bk, tm, tn, stages;   /* tensor cores: tm, tn = warps along M, N */
+} gemm_cfg;
+
+static gemm_cfg cfg_of(const ap_sched *s)
+{
+	gemm_cfg c = {s->v[K_BM], s->v[K_BN], s->v[K_BK], s->v[K_TM], s->v[K_TN], s->v[K_STAGES]};
+
+	return c;
+}
+
+/* Shared-memory padding (elements) of a tile row: 16 bytes keeps rows
+ * 16-byte aligned for vector and ldmatrix accesses and spreads
+ * consecutive rows over the banks. */
+static int pad_of(ap_dtype t)
+{
+	return (int)(16 / ap_dtype_size(t));
+}
+
+/* Shared tile layouts: for each operand, whether its tile is kept with K
+ * contiguous ([outer][k]) -- else k-major ([k][outer]). */
+static void tile_layouts(const gemm_plan *p, bool *a_rowk, bool *b_rowk)
+{
+	if (!p->tc) {
+		*a_rowk = false;   /* SIMT: both k-major */
+		*b_rowk = false;
+		return;
+	}
+	if (p->mma == AP_KIR_MMA_TF32_1688) {
+		/* ldmatrix of 32-bit elements has no .trans: a plain operand whose
+		 * outer coordinate is contiguous stays k-major (cp.async), its
+		 * fragments read element by element; the others go [outer][k] */
+		*a_rowk = !(p->a.plain && !p->a.k_fast);
+		*b_rowk = !(p->b.plain && !p->b.k_fast);
+		return;
+	}
+	/* 16-bit: follow the global layout (cp.async copies rows as they are;
+	 * ldmatrix .trans adapts); prologue operands go row-major */
+	*a_rowk = !p->a.plain || p->a.k_fast;
+	*b_rowk = p->b.plain ? p->b.k_fast : false;
+}
+
+static size_t smem_bytes(const gemm_plan *p, const gemm_cfg *c)
+{
+	bool ar, br;
+	size_t es = ap_dtype_size(p->in_t), pad = (size_t)pad_of(p->in_t);
+	size_t a, b;
+
+	tile_layouts(p, &ar, &br);
+	a = ar ? (size_t)c->bm * ((size_t)c->bk + pad) : (size_t)c->bk * ((size_t)c->bm + pad);
+	b = br ? (size_t)c->bn * ((size_t)c->bk + pad) : (size_t)c->bk * ((size_t)c->bn + pad);
+	return (a + b) * es * (size_t)c->stages;
+}
+
+static unsigned threads_of(const gemm_plan *p, const gemm_cfg *c)
+{
+	if (p->tc)
+		return 32u * (unsigned)(c->tm * c->tn);
+	return (unsigned)((c->bm / c->tm) * (c->bn / c->tn));
+}
+
+/* Largest dynamic shared memory a block may ask for on t. */
+static size_t smem_limit(const ap_target_info *t)
+{
+	return t->shared_optin_per_block > t->shared_per_block ? t->shared_optin_per_block
+							       : t->shared_per_block;
+}
+
+static bool cfg_valid(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t)
+{
+	unsigned nt = threads_of(p, c);
+
+	if (c->stages < 1 || nt < 32 || nt > ap_block_cap(t) || nt % 32)
+		return false;
+	if (smem_bytes(p, c) > smem_limit(t))
+		return false;
+	if (p->tc) {
+		int ks = p->mma == AP_KIR_MMA_TF32_1688 ? 8 : 16;
+		int wtm = c->bm / c->tm, wtn = c->bn / c->tn;
+
+		return c->bm % c->tm == 0 && c->bn % c->tn == 0 && wtm % 16 == 0 && wtn % 8 == 0 &&
+		       c->bk % ks == 0 && wtm / 16 * (wtn / 8) <= 32;
+	}
+	return c->bm % c->tm == 0 && c->bn % c->tn == 0 && c->tm * c->tn <= 64;
+}
+
+static int gm_match(const ap_mgraph *m, const ap_target_info *t)
+{
+	gemm_plan p;
+	char why[160];
+	int rc = analyze(m, t, &p, why, sizeof(why));
+
+	plan_clear(&p);
+	return rc;
+}
+
+static void knob(ap_knob *kb, const char *name, const int *vals, int n)
+{
+	kb->name = name;
+	kb->n = n;
+	memcpy(kb->values, vals, (size_t)n * sizeof(int));
+}
+
+static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+{
+	static const int tiles[] = {16, 32, 64, 128}, bk_simt[] = {8, 16, 32}, bk_tc[] = {16, 32, 64};
+	static const int thr[] = {1, 2, 4, 8}, warps[] = {1, 2, 4}, st_async[] = {2, 3, 4}, st_sync[] = {1, 2};
+	gemm_plan p;
+	char why[160];
+	bool tc;
+
+	int nm = 4, nn = 4, nk = 3, rc;
+
+	if ((rc = analyze(m, t, &p, why, sizeof(why))) < 0)
+		return rc;
+	tc = p.tc;
+	/* no tile beyond the next power of two of the problem (at least 16) */
+	while (nm > 1 && tiles[nm - 2] >= p.Mr)
+		nm--;
+	while (nn > 1 && tiles[nn - 2] >= p.N)
+		nn--;
+	while (nk > 1 && (tc ? bk_tc : bk_simt)[nk - 2] >= p.K)
+		nk--;
+	plan_clear(&p);
+	sp->n = 6;
+	knob(&sp->knobs[K_BM], "bm", tiles, nm);
+	knob(&sp->knobs[K_BN], "bn", tiles, nn);
+	knob(&sp->knobs[K_BK], "bk", tc ? bk_tc : bk_simt, nk);
+	knob(&sp->knobs[K_TM], tc ? "wm" : "tm", tc ? warps : thr, tc ? 3 : 4);
+	knob(&sp->knobs[K_TN], tc ? "wn" : "tn", tc ? warps : thr, tc ? 3 : 4);
+	if (t->gpu && t->arch >= 80)
+		knob(&sp->knobs[K_STAGES], "stages", st_async, 3);
+	else
+		knob(&sp->knobs[K_STAGES], "stages", st_sync, 2);
+	return 0;
+}
+
+/* Default: the tile from the cost model, the rest by rule. */
+static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+{
+	gemm_plan p;
+	char why[160];
+	ap_cost_gemm_tile tile;
+	gemm_cfg c;
+	int rc;
+
+	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
+		return rc;
+	ap_cost_gemm_default(t, p.tb, p.Mr, p.N, p.K, ap_dtype_size(p.in_t), p.tc, &tile);
+	c = (gemm_cfg){tile.bm, tile.bn, tile.bk, tile.tm, tile.tn, tile.stages};
+	/* shrink what the target cannot hold */
+	while (!cfg_valid(&p, &c, t) && c.stages > 1)
+		c.stages--;
+	while (!cfg_valid(&p, &c, t) && c.bk > (p.tc ? 16 : 8))
+		c.bk /= 2;
+	s->v[K_BM] = c.bm;
+	s->v[K_BN] = c.bn;
+	s->v[K_BK] = c.bk;
+	s->v[K_TM] = c.tm;
+	s->v[K_TN] = c.tn;
+	s->v[K_STAGES] = c.stages;
+	plan_clear(&p);
+	return 0;
+}
+
+static int gm_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+{
+	gemm_plan p;
+	char why[160];
+	gemm_cfg c = cfg_of(s);
+	bool ok;
+	int rc;
+
+	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
+		return rc;
+	ok = cfg_valid(&p, &c, t);
+	plan_clear(&p);
+	return ok;
+}
+
+/* ---- the kernel ---------------------------------------------------------------------- */
+
+typedef struct gctx {
+	const ap_mgraph *m;
+	const ap_graph *g;
+	const gemm_plan *p;
+	gemm_cfg c;
+	const ap_target_info *t;
+	ap_vctx *v;
+	ap_kir_kernel *k;
+	unsigned nt;
+	bool a_rowk, b_rowk;            /* shared tiles with K contiguous */
+	bool a_async, b_async;          /* loaded by cp.async */
+	int lda, ldb;                   /* shared row lengths (elements) */
+	int64_t a_stage, b_stage;       /* elements per stage */
+	ap_kir_array *sa, *sb;
+	ap_kir_expr *bcoord[AP_MAX_RANK]; /* Y's batch coordinates of the tile */
+	ap_kir_expr *tb_index;          /* the tile's linear batch (not folded) */
+	ap_kir_expr *m0, *n0;           /* the tile's first row and column */
+	ap_kir_expr *tid;
+	/* register-staged loads: per operand, the registers of one tile */
+	int a_regs, b_regs;
+	ap_kir_var **a_reg, **b_reg;
+	/* the accumulator the epilogue hands out as Y */
+	ap_kir_array *acc;
+	ap_kir_expr *acc_index;
+} gctx;
+
+static ap_kir_expr *I(gctx *c, int64_t v)
+{
+	return ap_kir_idx(c->k, v);
+}
+
+/* Row `row` of the product as Y's batch coordinates (bc) and its row m:
+ * folded batches are split off the row, else the tile's own. */
+static ap_kir_expr *row_split(gctx *c, ap_kir_expr *row, ap_kir_expr **bc)
+{
+	ap_kir_kernel *k = c->k;
+	const gemm_plan *p = c->p;
+	ap_kir_expr *rest;
+
+	if (!p->fold) {
+		for (int d = 0; d < p->nb; d++)
+			bc[d] = c->bcoord[d];
+		return row;
+	}
+	rest = ap_kir_binary(k, AP_KIR_DIV, row, I(c, p->M));
+	for (int d = p->nb - 1; d >= 0; d--) {
+		bc[d] = p->bdims[d] == 1 ? I(c, 0) : ap_kir_binary(k, AP_KIR_REM, rest, I(c, p->bdims[d]));
+		if (d > 0)
+			rest = ap_kir_binary(k, AP_KIR_DIV, rest, I(c, p->bdims[d]));
+	}
+	return p->M == 1 ? I(c, 0) : ap_kir_binary(k, AP_KIR_REM, row, I(c, p->M));
+}
+
+/* Index into operand `role`'s tensor for batch coordinates c->bcoord,
+ * outer coordinate `o` (row of A, column of B) and k. */
+static ap_lidx operand_index(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk)
+{
+	const gemm_opnd *op = role ? &c->p->b : &c->p->a;
+	const ap_tensor *t = &c->g->tensors[op->t];
+	ap_lidx ix = ap_lidx_shape(t);
+	int r = t->rank, nb = c->p->nb;
+	ap_kir_expr *bc[AP_MAX_RANK];
+
+	if (role == 0)
+		o = row_split(c, o, bc);
+	else
+		for (int d = 0; d < nb; d++)
+			bc[d] = c->bcoord[d];
+	for (int j = 0; j < r - 2; j++) {
+		int d = j + nb - (r - 2);
+
+		ix.c[j] = d < 0 || t->dims[j] == 1 ? I(c, 0) : bc[d];
+	}
+	ix.c[r - 2] = role ? kk : o;
+	ix.c[r - 1] = role ? o : kk;
+	return ix;
+}
+
+/* The element of a plain operand's buffer at outer coordinate o and k. */
+static ap_kir_expr *plain_offset(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk)
+{
+	const gemm_opnd *op = role ? &c->p->b : &c->p->a;
+	ap_kir_kernel *k = c->k;
+	ap_kir_expr *bc[AP_MAX_RANK], *e;
+
+	if (c->p->conv) {
+		const gemm_plan *p = c->p;
+
+		if (role == 1)   /* W[g * Mg + o][k] */
+			return ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, c->tb_index, p->Mg), o), p->K), kk);
+		/* X[n][g * Cg + k][position]: n = o / ohw, position = o % ohw */
+		return ap_kir_add(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, o, I(c, p->ohw)), p->C * p->ohw),
+						ap_kir_binary(k, AP_KIR_REM, o, I(c, p->ohw))),
+				  ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, c->tb_index, p->Cg), kk), p->ohw));
+	}
+	if (role == 0 && c->p->a_linear)
+		return ap_kir_add(k, ap_kir_muli(k, o, op->s_outer), ap_kir_muli(k, kk, op->s_k));
+	if (role == 0)
+		o = row_split(c, o, bc);
+	else
+		for (int d = 0; d < c->p->nb; d++)
+			bc[d] = c->bcoord[d];
+	e = ap_kir_add(k, ap_kir_muli(k, o, op->s_outer), ap_kir_muli(k, kk, op->s_k));
+	for (int d = 0; d < c->p->nb; d++)
+		if (op->s_batch[d])
+			e = ap_kir_add(k, e, ap_kir_muli(k, bc[d], op->s_batch[d]));
+	return e;
+}
+
+/* Splits a linear index over dims[0..n) (row-major) into coordinates. */
+static void split_linear(gctx *c, ap_kir_expr *lin, const int64_t *dims, int n, ap_kir_expr **out)
+{
+	ap_kir_kernel *k = c->k;
+
+	for (int d = n - 1; d >= 0; d--) {
+		out[d] = d == 0 ? lin : ap_kir_binary(k, AP_KIR_REM, lin, I(c, dims[d]));
+		if (d > 0)
+			lin = ap_kir_binary(k, AP_KIR_DIV, lin, I(c, dims[d]));
+	}
+}
+
+/* The implicit-GEMM element of a convolution's operand, emitting its
+ * statements into v->cur: A (row = (n, output position), k = (input
+ * channel in the group, kernel position)) is X at the input position the
+ * kernel position meets -- Conv: o * stride - pad + kpos * dilation;
+ * ConvTranspose: (o + pad - kpos * dilation) / stride where that divides
+ * -- or 0 outside X (ONNX Conv / ConvTranspose); B (column m of group g,
+ * k) is W[g * Mg + m][c][kpos] (Conv) or W[g * Cg + c][m][kpos]
+ * (ConvTranspose). */
+static ap_kir_expr *conv_element(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk)
+{
+	const gemm_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	const ap_tensor *xt = &c->g->tensors[p->x], *wt = &c->g->tensors[p->w];
+	ap_kir_expr *kp[3], *ch, *valid = NULL;
+	ap_lidx ix;
+
+	ch = ap_kir_binary(k, AP_KIR_DIV, kk, I(c, p->kk));
+	split_linear(c, ap_kir_binary(k, AP_KIR_REM, kk, I(c, p->kk)), p->KS, p->ns, kp);
+	if (role == 1) {
+		ix = ap_lidx_shape(wt);
+		ix.c[0] = p->convt ? ap_kir_add(k, ap_kir_muli(k, c->tb_index, p->Cg), ch)
+				   : ap_kir_add(k, ap_kir_muli(k, c->tb_index, p->Mg), o);
+		ix.c[1] = p->convt ? o : ch;
+		for (int d = 0; d < p->ns; d++)
+			ix.c[2 + d] = kp[d];
+		return ap_val(v, p->w, &ix);
+	}
+	{
+		ap_kir_expr *op[3], *n = ap_kir_binary(k, AP_KIR_DIV, o, I(c, p->ohw));
+		ap_kir_var *r;
+		ap_kir_block *saved;
+
+		split_linear(c, ap_kir_binary(k, AP_KIR_REM, o, I(c, p->ohw)), p->O, p->ns, op);
+		ix = ap_lidx_shape(xt);
+		ix.c[0] = n;
+		ix.c[1] = ap_kir_add(k, ap_kir_muli(k, c->tb_index, p->Cg), ch);
+		for (int d = 0; d < p->ns; d++) {
+			ap_kir_expr *pos, *ok;
+
+			if (!p->convt) {
+				pos = ap_kir_bind(k, v->cur, k->index_type, "ip",
+						  ap_kir_add(k, ap_kir_addi(k, ap_kir_muli(k, op[d], p->st[d]), -p->pd[d]),
+							     ap_kir_muli(k, kp[d], p->dl[d])));
+				ix.c[2 + d] = pos;
+				ok = ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_GE, pos, I(c, 0)),
+						   ap_kir_binary(k, AP_KIR_LT, pos, I(c, p->D[d])));
+				if (p->pd[d] == 0 && (p->O[d] - 1) * p->st[d] + (p->KS[d] - 1) * p->dl[d] < p->D[d])
+					ok = NULL;   /* always inside */
+			} else {
+				pos = ap_kir_bind(k, v->cur, k->index_type, "ip",
+						  ap_kir_add(k, ap_kir_addi(k, op[d], p->pd[d]),
+							     ap_kir_muli(k, kp[d], -p->dl[d])));
+				ix.c[2 + d] = p->st[d] == 1 ? pos : ap_kir_binary(k, AP_KIR_DIV, pos, I(c, p->st[d]));
+				ok = ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_GE, pos, I(c, 0)),
+						   ap_kir_binary(k, AP_KIR_LT, pos, I(c, p->D[d] * p->st[d])));
+				if (p->st[d] != 1)
+					ok = ap_kir_binary(k, AP_KIR_LAND, ok,
+							   ap_kir_binary(k, AP_KIR_EQ,
+									 ap_kir_binary(k, AP_KIR_REM, pos, I(c, p->st[d])),
+									 I(c, 0)));
+			}
+			if (ok)
+				valid = valid ? ap_kir_binary(k, AP_KIR_LAND, valid, ok) : ok;
+		}
+		if (!valid)
+			return ap_val(v, p->x, &ix);
+		r = ap_kir_var_new(k, p->in_t, "x");
+		ap_kir_let(k, v->cur, r, ap_v_const(v, p->in_t, 0));
+		ap_v_if(v, valid, &saved, NULL);
+		ap_kir_assign(k, v->cur, r, ap_val(v, p->x, &ix));
+		ap_v_close(v, saved);
+		return ap_kir_ref(k, r);
+	}
+}
+
+/* Shared-memory index of (outer, k) in stage `st` of operand `role`. *//* Shared-memory index of (outer, k) in stage `st` of operand `role`. */
+static ap_kir_expr *smem_index(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *o, ap_kir_expr *kk)
+{
+	ap_kir_kernel *k = c->k;
+	bool rowk = role ? c->b_rowk : c->a_rowk;
+	int ld = role ? c->ldb : c->lda;
+	int64_t stage = role ? c->b_stage : c->a_stage;
+	ap_kir_expr *e = rowk ? ap_kir_add(k, ap_kir_muli(k, o, ld), kk) : ap_kir_add(k, ap_kir_muli(k, kk, ld), o);
+
+	return ap_kir_add(k, ap_kir_mul(k, st, I(c, stage)), e);
+}
+
+/* Tile extents of operand `role`: outer rows and the problem's extent. */
+static void extents(gctx *c, int role, int *rows, int64_t *total)
+{
+	*rows = role ? c->c.bn : c->c.bm;
+	*total = role ? c->p->N : c->p->Mr;
+}
+
+/* cp.async of operand `role`'s K tile `kt` into stage `st`: each copy
+ * moves `vec` elements along the contiguous coordinate. */
+static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
+{
+	const gemm_opnd *op = role ? &c->p->b : &c->p->a;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	int rows, w = op->vec;
+	int64_t total, fast_ext, slow_ext, copies;
+	ap_kir_block *saved;
+	ap_kir_var *i;
+	ap_kir_expr *fast, *slow, *o, *kk, *og, *kg, *pred = NULL;
+
+	extents(c, role, &rows, &total);
+	fast_ext = op->k_fast ? c->c.bk : rows;
+	slow_ext = op->k_fast ? rows : c->c.bk;
+	copies = fast_ext / w * slow_ext;
+	i = ap_v_loop(v, "c", c->tid, I(c, copies), c->nt, &saved);
+	fast = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, i), I(c, fast_ext / w)), w);
+	slow = ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, i), I(c, fast_ext / w));
+	o = op->k_fast ? slow : fast;
+	kk = op->k_fast ? fast : slow;
+	og = ap_kir_add(k, role ? c->n0 : c->m0, o);
+	kg = ap_kir_add(k, ap_kir_muli(k, kt, c->c.bk), kk);
+	if (total % rows)
+		pred = ap_kir_binary(k, AP_KIR_LT, og, I(c, total));
+	if (c->p->K % c->c.bk) {
+		ap_kir_expr *pk = ap_kir_binary(k, AP_KIR_LT, kg, I(c, c->p->K));
+
+		pred = pred ? ap_kir_binary(k, AP_KIR_LAND, pred, pk) : pk;
+	}
+	ap_kir_cp_async(k, v->cur, role ? c->sb : c->sa, smem_index(c, role, st, o, kk),
+			ap_v_buffer(v, role ? c->p->b.leaf : c->p->a.leaf),
+			plain_offset(c, role, og, kg), w, pred);
+	ap_v_close(v, saved);
+}
+
+/* Elements per thread of a register-staged tile load. */
+static int reg_count(gctx *c, int role)
+{
+	int rows = role ? c->c.bn : c->c.bm;
+
+	return (int)((rows * c->c.bk + c->nt - 1) / c->nt);
+}
+
+/* The (outer, k) of register slot r of this thread, along the operand's
+ * fast coordinate, and whether the slot is inside the tile. */
+static void reg_slot(gctx *c, int role, int r, ap_kir_expr **o, ap_kir_expr **kk, ap_kir_expr **in_tile)
+{
+	const gemm_opnd *op = role ? &c->p->b : &c->p->a;
+	ap_kir_kernel *k = c->k;
+	int rows = role ? c->c.bn : c->c.bm;
+	int64_t fast_ext = op->k_fast ? c->c.bk : rows, total = (int64_t)rows * c->c.bk;
+	ap_kir_expr *e = ap_kir_addi(k, c->tid, (int64_t)r * c->nt);
+	ap_kir_expr *fast = ap_kir_binary(k, AP_KIR_REM, e, I(c, fast_ext));
+	ap_kir_expr *slow = ap_kir_binary(k, AP_KIR_DIV, e, I(c, fast_ext));
+
+	*o = op->k_fast ? slow : fast;
+	*kk = op->k_fast ? fast : slow;
+	*in_tile = ((int64_t)(r + 1) * c->nt <= total) ? NULL : ap_kir_binary(k, AP_KIR_LT, e, I(c, total));
+}
+
+/* Register-staged load of operand `role`'s K tile `kt`: each register
+ * gets the element's value (0 outside the problem), through the value
+ * builder. */
+static void issue_regs(gctx *c, int role, ap_kir_expr *kt)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	int n = role ? c->b_regs : c->a_regs;
+	ap_kir_var **regs = role ? c->b_reg : c->a_reg;
+	int64_t total = role ? c->p->N : c->p->Mr;
+	int rows = role ? c->c.bn : c->c.bm;
+	ap_dtype T = c->p->in_t;
+
+	for (int r = 0; r < n; r++) {
+		ap_kir_expr *o, *kk, *in_tile, *og, *kg, *pred = NULL;
+		ap_kir_block *saved;
+		ap_lidx ix;
+
+		reg_slot(c, role, r, &o, &kk, &in_tile);
+		og = ap_kir_add(k, role ? c->n0 : c->m0, o);
+		kg = ap_kir_add(k, ap_kir_muli(k, kt, c->c.bk), kk);
+		if (total % rows)
+			pred = ap_kir_binary(k, AP_KIR_LT, og, I(c, total));
+		if (c->p->K % c->c.bk) {
+			ap_kir_expr *pk = ap_kir_binary(k, AP_KIR_LT, kg, I(c, c->p->K));
+
+			pred = pred ? ap_kir_binary(k, AP_KIR_LAND, pred, pk) : pk;
+		}
+		if (in_tile)
+			pred = pred ? ap_kir_binary(k, AP_KIR_LAND, in_tile, pred) : in_tile;
+		ap_kir_assign(k, v->cur, regs[r], ap_v_const(v, T, 0));
+		if (pred)
+			ap_v_if(v, pred, &saved, NULL);
+		if ((role ? &c->p->b : &c->p->a)->plain) {
+			/* a buffer read through views: its element directly */
+			int leaf = role ? c->p->b.leaf : c->p->a.leaf;
+
+			ap_kir_assign(k, v->cur, regs[r],
+				      ap_kir_load(k, ap_v_buffer(v, leaf), plain_offset(c, role, og, kg)));
+		} else if (c->p->conv) {
+			ap_kir_assign(k, v->cur, regs[r], conv_element(c, role, og, kg));
+		} else {
+			ix = operand_index(c, role, og, kg);
+			ap_kir_assign(k, v->cur, regs[r], ap_val(v, role ? c->p->b.t : c->p->a.t, &ix));
+		}
+		if (pred)
+			ap_v_close(v, saved);
+	}
+}
+
+/* Stores the registers of a register-staged load into stage `st`. */
+static void complete_regs(gctx *c, int role, ap_kir_expr *st)
+{
+	ap_kir_kernel *k = c->k;
+	int n = role ? c->b_regs : c->a_regs;
+	ap_kir_var **regs = role ? c->b_reg : c->a_reg;
+	ap_dtype T = c->p->in_t;
+
+	for (int r = 0; r < n; r++) {
+		ap_kir_expr *o, *kk, *in_tile, *val = ap_kir_ref(k, regs[r]);
+		ap_kir_block *saved;
+
+		reg_slot(c, role, r, &o, &kk, &in_tile);
+		if (c->p->tc && c->p->mma == AP_KIR_MMA_TF32_1688)
+			val = ap_kir_call(k, AP_KIR_TF32, val, NULL);
+		(void)T;
+		if (in_tile)
+			ap_v_if(c->v, in_tile, &saved, NULL);
+		ap_kir_store(k, c->v->cur, role ? c->sb : c->sa, smem_index(c, role, st, o, kk), val);
+		if (in_tile)
+			ap_v_close(c->v, saved);
+	}
+}
+
+/* Issues the loads of K tile kt into stage st (cp.async, or registers). */
+static void issue_tile(gctx *c, ap_kir_expr *st, ap_kir_expr *kt)
+{
+	if (c->a_async)
+		issue_async(c, 0, st, kt);
+	else
+		issue_regs(c, 0, kt);
+	if (c->b_async)
+		issue_async(c, 1, st, kt);
+	else
+		issue_regs(c, 1, kt);
+}
+
+static void complete_tile(gctx *c, ap_kir_expr *st)
+{
+	if (!c->a_async)
+		complete_regs(c, 0, st);
+	if (!c->b_async)
+		complete_regs(c, 1, st);
+}
+
+/* ---- SIMT arithmetic ---- */
+
+/* acc[i][j] += A[k][ty*TM + i] * B[k][tx*TN + j] over the K tile in stage st. */
+static void compute_simt(gctx *c, ap_kir_expr *st, ap_kir_array *fa, ap_kir_array *fb,
+			 ap_kir_expr *ty, ap_kir_expr *tx)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_dtype A = c->p->acc_t;
+	int TM = c->c.tm, TN = c->c.tn;
+	ap_kir_stmt *lk, *li, *lj;
+	ap_kir_var *kk = ap_kir_var_new(k, k->index_type, "kk"), *i, *j;
+
+	lk = ap_kir_for_unroll(k, v->cur, kk, I(c, 0), I(c, c->c.bk), 1, -1);
+	if (!lk)
+		return;
+	for (int role = 0; role < 2; role++) {
+		int n = role ? TN : TM;
+		ap_kir_expr *base = ap_kir_muli(k, role ? tx : ty, n);
+
+		i = ap_kir_var_new(k, k->index_type, "f");
+		li = ap_kir_for_unroll(k, &lk->body, i, I(c, 0), I(c, n), 1, -1);
+		if (!li)
+			return;
+		ap_kir_store(k, &li->body, role ? fb : fa, ap_kir_ref(k, i),
+			     ap_kir_cast(k, A, ap_kir_load(k, role ? c->sb : c->sa,
+					 smem_index(c, role, st, ap_kir_add(k, base, ap_kir_ref(k, i)),
+						    ap_kir_ref(k, kk)))));
+	}
+	i = ap_kir_var_new(k, k->index_type, "i");
+	li = ap_kir_for_unroll(k, &lk->body, i, I(c, 0), I(c, TM), 1, -1);
+	if (!li)
+		return;
+	j = ap_kir_var_new(k, k->index_type, "j");
+	lj = ap_kir_for_unroll(k, &li->body, j, I(c, 0), I(c, TN), 1, -1);
+	if (!lj)
+		return;
+	{
+		ap_kir_expr *ai = ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, i), TN), ap_kir_ref(k, j));
+
+		ap_kir_store(k, &lj->body, c->acc, ai,
+			     ap_kir_binary(k, AP_KIR_ADD, ap_kir_load(k, c->acc, ai),
+					   ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, fa, ap_kir_ref(k, i)),
+							 ap_kir_load(k, fb, ap_kir_ref(k, j)))));
+	}
+}
+
+/* ---- tensor-core arithmetic ---- */
+
+/* Per k step of the K tile in stage st: A fragments of the warp's MI row
+ * tiles and B fragments of its NI column tiles by ldmatrix, then MI x NI
+ * mma.sync into the accumulators. */
+static void compute_tc(gctx *c, ap_kir_expr *st, ap_kir_array *fa, ap_kir_array *fb,
+		       ap_kir_expr *wm0, ap_kir_expr *wn0, ap_kir_expr *lane)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	bool tf32 = c->p->mma == AP_KIR_MMA_TF32_1688;
+	int ks = tf32 ? 8 : 16, es = (int)ap_dtype_size(c->p->in_t), E = 16 / es;
+	int MI = c->c.bm / c->c.tm / 16, NI = c->c.bn / c->c.tn / 8;
+	int na, nb, nc;
+	ap_kir_var *kk = ap_kir_var_new(k, k->index_type, "ks"), *mi, *ni;
+	ap_kir_stmt *lk, *lm, *ln;
+	ap_kir_expr *l16 = ap_kir_binary(k, AP_KIR_AND, lane, I(c, 15));
+	ap_kir_expr *l8 = ap_kir_binary(k, AP_KIR_AND, lane, I(c, 7));
+	ap_kir_expr *hi = ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 4));                 /* lane / 16 */
+	ap_kir_expr *j2 = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 3)), I(c, 1));
+
+	ap_kir_mma_frag_sizes(c->p->mma, &na, &nb, &nc);
+	lk = ap_kir_for_unroll(k, v->cur, kk, I(c, 0), I(c, c->c.bk), ks, -1);
+	if (!lk)
+		return;
+	/* A: matrix j = lane / 8 covers rows (j % 2) * 8.. and k (j / 2) * E..; in
+	 * lane terms row lane % 16, k (lane / 16) * E.  k-major tiles (.trans):
+	 * rows of the shared tile are k: k (j / 2) * 8 + lane % 8, m (j % 2) * 8. */
+	mi = ap_kir_var_new(k, k->index_type, "mi");
+	lm = ap_kir_for_unroll(k, &lk->body, mi, I(c, 0), I(c, MI), 1, -1);
+	if (!lm)
+		return;
+	{
+		ap_kir_expr *row0 = ap_kir_add(k, wm0, ap_kir_muli(k, ap_kir_ref(k, mi), 16));
+		ap_kir_expr *o, *kx;
+
+		if (tf32 && !c->a_rowk) {
+			/* a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4] */
+			ap_kir_expr *g4 = ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 2));
+			ap_kir_expr *q4 = ap_kir_binary(k, AP_KIR_AND, lane, I(c, 3));
+
+			for (int e = 0; e < 4; e++)
+				ap_kir_store(k, &lm->body, fa,
+					     ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, mi), na), e),
+					     ap_kir_load(k, c->sa, smem_index(c, 0, st,
+							ap_kir_add(k, row0, ap_kir_addi(k, g4, 8 * (e & 1))),
+							ap_kir_add(k, ap_kir_ref(k, kk), ap_kir_addi(k, q4, 4 * (e >> 1))))));
+		} else {
+			if (c->a_rowk) {
+				o = ap_kir_add(k, row0, l16);
+				kx = ap_kir_add(k, ap_kir_ref(k, kk), ap_kir_muli(k, hi, E));
+			} else {
+				o = ap_kir_add(k, row0, ap_kir_muli(k, j2, 8));
+				kx = ap_kir_add(k, ap_kir_ref(k, kk),
+						ap_kir_add(k, ap_kir_muli(k, hi, 8), l8));
+			}
+			ap_kir_ldmatrix(k, &lm->body, fa, ap_kir_muli(k, ap_kir_ref(k, mi), na), c->sa,
+					smem_index(c, 0, st, o, kx), 4, !c->a_rowk);
+		}
+	}
+	/* B, one n8 tile (x2): [n][k] tiles, matrix j = (lane / 8) % 2 covers
+	 * n lane % 8, k j * E..; k-major tiles (.trans): k j * 8 + lane % 8. */
+	ni = ap_kir_var_new(k, k->index_type, "ni");
+	ln = ap_kir_for_unroll(k, &lk->body, ni, I(c, 0), I(c, NI), 1, -1);
+	if (!ln)
+		return;
+	{
+		ap_kir_expr *col0 = ap_kir_add(k, wn0, ap_kir_muli(k, ap_kir_ref(k, ni), 8));
+		ap_kir_expr *o, *kx;
+
+		if (tf32 && !c->b_rowk) {
+			/* b0 = B[k=t][n=g], b1 = B[k=t+4][n=g] */
+			ap_kir_expr *g4 = ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 2));
+			ap_kir_expr *q4 = ap_kir_binary(k, AP_KIR_AND, lane, I(c, 3));
+
+			for (int e = 0; e < 2; e++)
+				ap_kir_store(k, &ln->body, fb,
+					     ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), nb), e),
+					     ap_kir_load(k, c->sb, smem_index(c, 1, st, ap_kir_add(k, col0, g4),
+							ap_kir_add(k, ap_kir_ref(k, kk), ap_kir_addi(k, q4, 4 * e)))));
+		} else {
+			if (c->b_rowk) {
+				o = ap_kir_add(k, col0, l8);
+				kx = ap_kir_add(k, ap_kir_ref(k, kk), ap_kir_muli(k, j2, E));
+			} else {
+				o = col0;
+				kx = ap_kir_add(k, ap_kir_ref(k, kk), ap_kir_add(k, ap_kir_muli(k, j2, 8), l8));
+			}
+			ap_kir_ldmatrix(k, &ln->body, fb, ap_kir_muli(k, ap_kir_ref(k, ni), nb), c->sb,
+					smem_index(c, 1, st, o, kx), 2, !c->b_rowk);
+		}
+	}
+	if (tf32 && (c->a_async || c->b_async)) {
+		/* operands copied as they are: round to TF32 in the registers */
+		for (int role = 0; role < 2; role++) {
+			ap_kir_var *e;
+			ap_kir_stmt *le;
+			int n = role ? NI * nb : MI * na;
+
+			if (!(role ? c->b_async : c->a_async))
+				continue;
+			e = ap_kir_var_new(k, k->index_type, "r");
+			le = ap_kir_for_unroll(k, &lk->body, e, I(c, 0), I(c, n), 1, -1);
+			if (le)
+				ap_kir_store(k, &le->body, role ? fb : fa, ap_kir_ref(k, e),
+					     ap_kir_call(k, AP_KIR_TF32,
+							 ap_kir_load(k, role ? fb : fa, ap_kir_ref(k, e)), NULL));
+		}
+	}
+	mi = ap_kir_var_new(k, k->index_type, "mi");
+	lm = ap_kir_for_unroll(k, &lk->body, mi, I(c, 0), I(c, MI), 1, -1);
+	if (!lm)
+		return;
+	ni = ap_kir_var_new(k, k->index_type, "ni");
+	ln = ap_kir_for_unroll(k, &lm->body, ni, I(c, 0), I(c, NI), 1, -1);
+	if (!ln)
+		return;
+	{
+		ap_kir_expr *ai = ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), NI),
+							    ap_kir_ref(k, ni)), nc);
+
+		ap_kir_mma(k, &ln->body, c->p->mma, c->acc, ai, fa, ap_kir_muli(k, ap_kir_ref(k, mi), na), fb,
+			   ap_kir_muli(k, ap_kir_ref(k, ni), nb), c->acc, ai);
+	}
+}
+
+/* ---- epilogue ---- */
+
+static ap_kir_expr *acc_leaf(ap_vctx *v, int t, ap_lidx *ix, void *user)
+{
+	gctx *c = user;
+
+	ap_kir_expr *a;
+
+	if (t != c->p->y)
+		return NULL;
+	a = ap_kir_load(v->k, c->acc, c->acc_index);
+	if (c->p->bias >= 0) {
+		/* the convolution's bias, per output channel */
+		ap_lidx bi = ap_lidx_shape(&v->g->tensors[c->p->bias]);
+
+		bi.c[0] = ap_lidx_coord(v, ix, 1);
+		a = ap_kir_binary(v->k, AP_KIR_ADD, a, ap_kir_cast(v->k, c->acc->type, ap_val(v, c->p->bias, &bi)));
+	}
+	return ap_kir_cast(v->k, v->g->tensors[t].dtype, a);
+}
+
+/* Y's index for element (row, col) of the tile's batch. */
+static ap_lidx y_index(gctx *c, ap_kir_expr *row, ap_kir_expr *col)
+{
+	ap_lidx ix = ap_lidx_shape(&c->g->tensors[c->p->y]);
+	ap_kir_expr *bc[AP_MAX_RANK];
+
+	if (c->p->conv) {
+		/* Y[n][g * Mg + col][position], row = (n, position) */
+		const gemm_plan *p = c->p;
+		ap_kir_kernel *k = c->k;
+		ap_kir_expr *n = ap_kir_binary(k, AP_KIR_DIV, row, I(c, p->ohw));
+		ap_kir_expr *pos = ap_kir_binary(k, AP_KIR_REM, row, I(c, p->ohw));
+		ap_kir_expr *m = ap_kir_add(k, ap_kir_muli(k, c->tb_index, p->Mg), col);
+
+		ix.c[0] = n;
+		ix.c[1] = m;
+		split_linear(c, pos, p->O, p->ns, &ix.c[2]);
+		ix.lin = ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, n, p->groups * p->Mg), m), p->ohw), pos);
+		return ix;
+	}
+	/* the linear index of a row-major Y: (batch, row) * N + col */
+	if (c->p->fold || c->p->nb == 0)
+		ix.lin = ap_kir_add(c->k, ap_kir_muli(c->k, row, c->p->N), col);
+	else
+		ix.lin = ap_kir_add(c->k, ap_kir_muli(c->k, ap_kir_add(c->k, ap_kir_muli(c->k, c->tb_index, c->p->M), row),
+						      c->p->N), col);
+	row = row_split(c, row, bc);
+	for (int d = 0; d < c->p->nb; d++)
+		ix.c[d] = bc[d];
+	ix.c[c->p->nb] = row;
+	ix.c[c->p->nb + 1] = col;
+	return ix;
+}
+
+/* Stores every output for the accumulator element acc[ai], which holds
+ * Y[batch][row][col] (inside the problem: the caller checks). */
+static void store_outputs(gctx *c, ap_kir_expr *ai, ap_kir_expr *row, ap_kir_expr *col)
+{
+	const ap_graph *g = c->g;
+	ap_vctx *v = c->v;
+
+	c->acc_index = ai;
+	for (int i = 0; i < g->n_outputs && !v->rc; i++) {
+		int o = g->outputs[i];
+		const emap *mp = &c->p->maps[o];
+		ap_lidx ix = y_index(c, row, col), val_ix;
+
+		for (int s = 0; s < mp->n; s++) {
+			const emap_step *st = &mp->s[s];
+			ap_lidx nx;
+
+			memset(&nx, 0, sizeof(nx));
+			nx.rank = st->rank;
+			memcpy(nx.dims, st->dims, sizeof(nx.dims));
+			if (st->perm) {
+				for (int d = 0; d < st->rank; d++)
+					nx.c[d] = ap_lidx_coord(v, &ix, st->p[d]);
+			} else {
+				nx.lin = ap_lidx_linear(v, &ix);
+			}
+			ix = nx;
+		}
+		val_ix = ix;
+		ap_kir_store(c->k, v->cur, ap_v_buffer(v, o), ap_lidx_linear(v, &ix), ap_val(v, o, &val_ix));
+	}
+}
+
+/* ---- the skeleton ---------------------------------------------------------------------- */
+
+static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
+		   ap_error *err)
+{
+	gemm_plan p;
+	gctx c;
+	ap_vctx v;
+	char why[200];
+	int rc, S, KT, tiles_m, tiles_n;
+	int64_t tiles;
+	unsigned grid;
+	ap_kir_var *tile, *kt;
+	ap_kir_block *tsaved, *ksaved, *saved;
+	ap_kir_expr *r, *ty = NULL, *tx = NULL, *lane = NULL, *wm0 = NULL, *wn0 = NULL, *stage, *nxt;
+	ap_kir_array *fa, *fb;
+	size_t smem;
+
+	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
+		return ap_error_set(err, rc < 0 ? AP_ENOMEM : AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
+				    "gemm emitter: %s", why);
+	memset(&c, 0, sizeof(c));
+	c.m = m;
+	c.g = m->g;
+	c.p = &p;
+	c.c = cfg_of(s);
+	c.t = t;
+	c.k = k;
+	if (!cfg_valid(&p, &c.c, t)) {
+		plan_clear(&p);
+		return ap_error_set(err, AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
+				    "gemm emitter: configuration %dx%dx%d/%dx%d/%d does not fit the target",
+				    c.c.bm, c.c.bn, c.c.bk, c.c.tm, c.c.tn, c.c.stages);
+	}
+	if ((rc = ap_vctx_init(&v, m, k, err))) {
+		plan_clear(&p);
+		return rc;
+	}
+	c.v = &v;
+	c.nt = threads_of(&p, &c.c);
+	tile_layouts(&p, &c.a_rowk, &c.b_rowk);
+	/* cp.async where the global contiguous coordinate is the tile's (the
+	 * host copies: the same statement, printed as a copy) */
+	c.a_async = (!t->gpu || t->arch >= 80) && p.a.plain && p.a.vec > 0 && p.a.k_fast == c.a_rowk &&
+		    (c.a_rowk ? c.c.bk : c.c.bm) % p.a.vec == 0;
+	c.b_async = (!t->gpu || t->arch >= 80) && p.b.plain && p.b.vec > 0 && p.b.k_fast == c.b_rowk &&
+		    (c.b_rowk ? c.c.bk : c.c.bn) % p.b.vec == 0;
+	c.lda = (c.a_rowk ? c.c.bk : c.c.bm) + pad_of(p.in_t);
+	c.ldb = (c.b_rowk ? c.c.bk : c.c.bn) + pad_of(p.in_t);
+	c.a_stage = (int64_t)c.lda * (c.a_rowk ? c.c.bm : c.c.bk);
+	c.b_stage = (int64_t)c.ldb * (c.b_rowk ? c.c.bn : c.c.bk);
+	S = c.c.stages;
+	smem = (size_t)(c.a_stage + c.b_stage) * (size_t)S * ap_dtype_size(p.in_t);
+	if (smem <= t->shared_per_block) {
+		c.sa = ap_kir_shared(k, "sa", p.in_t, c.a_stage * S);
+		c.sb = ap_kir_shared(k, "sb", p.in_t, c.b_stage * S);
+	} else {
+		c.sa = ap_kir_shared_dyn(k, "sa", p.in_t, c.a_stage * S);
+		c.sb = ap_kir_shared_dyn(k, "sb", p.in_t, c.b_stage * S);
+	}
+	tiles_m = (int)((p.Mr + c.c.bm - 1) / c.c.bm);
+	tiles_n = (int)((p.N + c.c.bn - 1) / c.c.bn);
+	tiles = p.tb * tiles_m * tiles_n;
+	grid = ap_grid_for(tiles, 1);
+	k->grid[0] = grid;
+	k->block[0] = c.nt;
+	KT = (int)((p.K + c.c.bk - 1) / c.c.bk);
+	c.tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
+	if (p.tc) {
+		int na, nb, nc, MI = c.c.bm / c.c.tm / 16, NI = c.c.bn / c.c.tn / 8;
+		ap_kir_expr *warp = ap_kir_binary(k, AP_KIR_SHR, c.tid, I(&c, 5));
+
+		ap_kir_mma_frag_sizes(p.mma, &na, &nb, &nc);
+		fa = ap_kir_local(k, "fa", p.in_t, (int64_t)MI * na);
+		fb = ap_kir_local(k, "fb", p.in_t, (int64_t)NI * nb);
+		c.acc = ap_kir_local(k, "acc", AP_DT_F32, (int64_t)MI * NI * nc);
+		lane = ap_kir_bind(k, v.cur, k->index_type, "lane", ap_kir_binary(k, AP_KIR_AND, c.tid, I(&c, 31)));
+		/* warp (wm, wn), wn fastest */
+		wm0 = ap_kir_bind(k, v.cur, k->index_type, "wm",
+				  ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, warp, I(&c, c.c.tn)), c.c.bm / c.c.tm));
+		wn0 = ap_kir_bind(k, v.cur, k->index_type, "wn",
+				  ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, warp, I(&c, c.c.tn)), c.c.bn / c.c.tn));
+	} else {
+		fa = ap_kir_local_scratch(k, "fa", p.acc_t, c.c.tm);
+		fb = ap_kir_local_scratch(k, "fb", p.acc_t, c.c.tn);
+		c.acc = ap_kir_local(k, "acc", p.acc_t, (int64_t)c.c.tm * c.c.tn);
+		tx = ap_kir_bind(k, v.cur, k->index_type, "tx",
+				 ap_kir_binary(k, AP_KIR_REM, c.tid, I(&c, c.c.bn / c.c.tn)));
+		ty = ap_kir_bind(k, v.cur, k->index_type, "ty",
+				 ap_kir_binary(k, AP_KIR_DIV, c.tid, I(&c, c.c.bn / c.c.tn)));
+	}
+	if (ap_kir_failed(k) || !c.sa || !c.sb || !fa || !fb || !c.acc) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");
+		goto done;
+	}
+	/* registers of register-staged loads, declared here so that they live
+	 * from the issue to the store */
+	c.a_regs = c.a_async ? 0 : reg_count(&c, 0);
+	c.b_regs = c.b_async ? 0 : reg_count(&c, 1);
+	c.a_reg = calloc((size_t)c.a_regs + 1, sizeof(*c.a_reg));
+	c.b_reg = calloc((size_t)c.b_regs + 1, sizeof(*c.b_reg));
+	if (!c.a_reg || !c.b_reg) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");
+		goto done;
+	}
+	/* for each tile of the output (a grid-stride loop; usually one pass) */
+	tile = ap_v_loop(&v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), I(&c, tiles), grid, &tsaved);
+	ap_kir_barrier(k, v.cur);   /* the previous tile's last stage is read by everyone */
+	r = ap_kir_ref(k, tile);
+	{
+		ap_kir_expr *bi = ap_kir_bind(k, v.cur, k->index_type, "bi",
+					      ap_kir_binary(k, AP_KIR_DIV, r, I(&c, (int64_t)tiles_m * tiles_n)));
+		ap_kir_expr *rest = ap_kir_binary(k, AP_KIR_REM, r, I(&c, (int64_t)tiles_m * tiles_n));
+		int64_t stride = 1;
+
+		c.m0 = ap_kir_bind(k, v.cur, k->index_type, "m0",
+				   ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, rest, I(&c, tiles_n)), c.c.bm));
+		c.n0 = ap_kir_bind(k, v.cur, k->index_type, "n0",
+				   ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, rest, I(&c, tiles_n)), c.c.bn));
+		c.tb_index = bi;
+		for (int d = p.nb - 1; d >= 0 && !p.fold; d--) {
+			c.bcoord[d] = p.bdims[d] == 1 ? I(&c, 0)
+				      : ap_kir_bind(k, v.cur, k->index_type, "b",
+						    ap_kir_binary(k, AP_KIR_REM,
+								  ap_kir_binary(k, AP_KIR_DIV, bi, I(&c, stride)),
+								  I(&c, p.bdims[d])));
+			stride *= p.bdims[d];
+		}
+	}
+	for (int i = 0; i < c.a_regs; i++) {
+		c.a_reg[i] = ap_kir_var_new(k, p.in_t, "ra");
+		ap_kir_let(k, v.cur, c.a_reg[i], NULL);
+	}
+	for (int i = 0; i < c.b_regs; i++) {
+		c.b_reg[i] = ap_kir_var_new(k, p.in_t, "rb");
+		ap_kir_let(k, v.cur, c.b_reg[i], NULL);
+	}
+	{
+		ap_kir_var *e = ap_kir_var_new(k, k->index_type, "z");
+		ap_kir_stmt *lz = ap_kir_for_unroll(k, v.cur, e, I(&c, 0), I(&c, c.acc->size), 1, -1);
+
+		if (lz)
+			ap_kir_store(k, &lz->body, c.acc, ap_kir_ref(k, e), ap_kir_const(k, c.acc->type, 0));
+	}
+	if (S == 1) {
+		/* one stage: load, wait, compute (the host's default: its threads
+		 * run one after the other, there is no latency to hide) */
+		kt = ap_v_loop(&v, "kt", I(&c, 0), I(&c, KT), 1, &ksaved);
+		ap_kir_barrier(k, v.cur);
+		issue_tile(&c, I(&c, 0), ap_kir_ref(k, kt));
+		complete_tile(&c, I(&c, 0));
+		if (c.a_async || c.b_async) {
+			ap_kir_cp_commit(k, v.cur);
+			ap_kir_cp_wait(k, v.cur, 0);
+		}
+		ap_kir_barrier(k, v.cur);
+		if (p.tc)
+			compute_tc(&c, I(&c, 0), fa, fb, wm0, wn0, lane);
+		else
+			compute_simt(&c, I(&c, 0), fa, fb, ty, tx);
+		ap_v_close(&v, ksaved);
+	} else {
+		/* prologue: stages 0 .. S-2 */
+		for (int st = 0; st < S - 1; st++) {
+			if (st < KT) {
+				issue_tile(&c, I(&c, st), I(&c, st));
+				complete_tile(&c, I(&c, st));
+			}
+			if (c.a_async || c.b_async)
+				ap_kir_cp_commit(k, v.cur);
+		}
+		/* main loop: wait for tile kt, issue tile kt + S - 1 into the stage
+		 * tile kt - 1 used, compute tile kt, store the registers of the
+		 * register-staged loads */
+		kt = ap_v_loop(&v, "kt", I(&c, 0), I(&c, KT), 1, &ksaved);
+		if (c.a_async || c.b_async)
+			ap_kir_cp_wait(k, v.cur, S - 2);
+		ap_kir_barrier(k, v.cur);
+		stage = S == 2 ? ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), I(&c, 1))
+			       : ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, kt), I(&c, S));
+		stage = ap_kir_bind(k, v.cur, k->index_type, "st", stage);
+		nxt = ap_kir_bind(k, v.cur, k->index_type, "nx", ap_kir_addi(k, ap_kir_ref(k, kt), S - 1));
+		{
+			ap_kir_expr *nst = ap_kir_bind(k, v.cur, k->index_type, "ns",
+						       S == 2 ? ap_kir_binary(k, AP_KIR_AND, nxt, I(&c, 1))
+							      : ap_kir_binary(k, AP_KIR_REM, nxt, I(&c, S)));
+			ap_kir_expr *more = ap_kir_binary(k, AP_KIR_LT, nxt, I(&c, KT));
+
+			ap_v_if(&v, more, &saved, NULL);
+			issue_tile(&c, nst, nxt);
+			ap_v_close(&v, saved);
+			if (c.a_async || c.b_async)
+				ap_kir_cp_commit(k, v.cur);
+			if (p.tc)
+				compute_tc(&c, stage, fa, fb, wm0, wn0, lane);
+			else
+				compute_simt(&c, stage, fa, fb, ty, tx);
+			if (!c.a_async || !c.b_async) {
+				ap_v_if(&v, more, &saved, NULL);
+				complete_tile(&c, nst);
+				ap_v_close(&v, saved);
+			}
+		}
+		ap_v_close(&v, ksaved);
+		if (c.a_async || c.b_async)
+			ap_kir_cp_wait(k, v.cur, 0);
+	}
+	/* epilogue */
+	v.leaf = acc_leaf;
+	v.leaf_user = &c;
+	if (p.tc) {
+		int na, nb, nc, MI = c.c.bm / c.c.tm / 16, NI = c.c.bn / c.c.tn / 8;
+		ap_kir_var *mi, *ni, *e;
+		ap_kir_block *s1, *s2, *s3, *s4;
+		ap_kir_expr *g4 = ap_kir_binary(k, AP_KIR_SHR, lane, I(&c, 2));
+		ap_kir_expr *q4 = ap_kir_binary(k, AP_KIR_AND, lane, I(&c, 3));
+
+		ap_kir_mma_frag_sizes(p.mma, &na, &nb, &nc);
+		mi = ap_v_loop(&v, "mi", I(&c, 0), I(&c, MI), 1, &s1);
+		ni = ap_v_loop(&v, "ni", I(&c, 0), I(&c, NI), 1, &s2);
+		e = ap_v_loop(&v, "e", I(&c, 0), I(&c, 4), 1, &s3);
+		{
+			ap_kir_expr *row = ap_kir_add(k, ap_kir_add(k, c.m0, wm0),
+					    ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), 16),
+						       ap_kir_add(k, g4, ap_kir_muli(k, ap_kir_binary(k, AP_KIR_SHR,
+									ap_kir_ref(k, e), I(&c, 1)), 8))));
+			ap_kir_expr *col = ap_kir_add(k, ap_kir_add(k, c.n0, wn0),
+					    ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8),
+						       ap_kir_add(k, ap_kir_muli(k, q4, 2),
+								  ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, e), I(&c, 1)))));
+			ap_kir_expr *ai = ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), NI),
+									  ap_kir_ref(k, ni)), nc), ap_kir_ref(k, e));
+
+			row = ap_kir_bind(k, v.cur, k->index_type, "row", row);
+			col = ap_kir_bind(k, v.cur, k->index_type, "col", col);
+			ap_v_if(&v, ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, row, I(&c, p.Mr)),
+						  ap_kir_binary(k, AP_KIR_LT, col, I(&c, p.N))), &s4, NULL);
+			store_outputs(&c, ai, row, col);
+			ap_v_close(&v, s4);
+		}
+		ap_v_close(&v, s3);
+		ap_v_close(&v, s2);
+		ap_v_close(&v, s1);
+	} else {
+		ap_kir_var *i, *j;
+		ap_kir_block *s1, *s2, *s3;
+
+		i = ap_v_loop(&v, "i", I(&c, 0), I(&c, c.c.tm), 1, &s1);
+		j = ap_v_loop(&v, "j", I(&c, 0), I(&c, c.c.tn), 1, &s2);
+		{
+			ap_kir_expr *row = ap_kir_bind(k, v.cur, k->index_type, "row",
+					    ap_kir_add(k, c.m0, ap_kir_add(k, ap_kir_muli(k, ty, c.c.tm), ap_kir_ref(k, i))));
+			ap_kir_expr *col = ap_kir_bind(k, v.cur, k->index_type, "col",
+					    ap_kir_add(k, c.n0, ap_kir_add(k, ap_kir_muli(k, tx, c.c.tn), ap_kir_ref(k, j))));
+			ap_kir_expr *ai = ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, i), c.c.tn), ap_kir_ref(k, j));
+			ap_kir_expr *in = NULL;
+
+			if (p.Mr % c.c.bm)
+				in = ap_kir_binary(k, AP_KIR_LT, row, I(&c, p.Mr));
+			if (p.N % c.c.bn) {
+				ap_kir_expr *cn = ap_kir_binary(k, AP_KIR_LT, col, I(&c, p.N));
+
+				in = in ? ap_kir_binary(k, AP_KIR_LAND, in, cn) : cn;
+			}
+			if (in)
+				ap_v_if(&v, in, &s3, NULL);
+			store_outputs(&c, ai, row, col);
+			if (in)
+				ap_v_close(&v, s3);
+		}
+		ap_v_close(&v, s2);
+		ap_v_close(&v, s1);
+	}
+	v.leaf = NULL;
+	ap_v_close(&v, tsaved);
+	rc = v.rc;
+done:
+	free(c.a_reg);
+	free(c.b_reg);
+	ap_vctx_clear(&v);
+	plan_clear(&p);
+	return rc;
+}
+
+/* ---- traffic --------------------------------------------------------------------------- */
+
+static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
+{
+	gemm_plan p;
+	char why[160];
+	gemm_cfg c = cfg_of(s);
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if (ap__lower_inline_traffic(m, out) < 0)
+		return AP_ENOMEM;
+	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
+		return rc;
+	/* the inline model counts a prologue once per multiply; tiles evaluate
+	 * it once per block column (A) or block row (B) */
+	out->flops = 2.0 * (double)p.tb * (double)p.Mr * (double)p.N * (double)p.K;
+	out->threads = threads_of(&p, &c);
+	out->blocks = ap_grid_for(p.tb * ((p.Mr + c.bm - 1) / c.bm) * ((p.N + c.bn - 1) / c.bn), 1);
+	out->shared_bytes = (unsigned)smem_bytes(&p, &c);
+	out->tensor_cores = p.tc;
+	plan_clear(&p);
+	return 0;
+}
+
+const ap_emitter ap_emitter_gemm = {
+	"gemm", gm_match, gm_space, gm_choose, gm_emit, gm_traffic, gm_valid,
+};

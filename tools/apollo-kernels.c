@@ -1,0 +1,110 @@
+/* apollo-kernels -- a developer's view of what the compiler makes of a
+ * model, without a daemon: imports MODEL.onnx (binding inputs from a
+ * backend-test data folder when given), builds the program for a target
+ * in this process, and prints every distinct kernel: its name, launch
+ * shape, dynamic shared memory, the nodes it computes, and its source
+ * (CUDA C or host C, as NVRTC or the host compiler would get it).
+ *
+ *   apollo-kernels MODEL.onnx [--target T] [--data DIR] [--fusion none|rules|apollo]
+ *                  [--allow-tf32] [--only NAME]
+ *
+ * Output goes to stdout; errors to stderr with exit status 1.  This is
+ * the same build the daemon runs (ap_program_build), so what it prints is
+ * what a submit compiles.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/tool.h"
+#include "common/graph.h"
+#include "server/plan/program.h"
+
+static int usage(void)
+{
+	fprintf(stderr, "usage: apollo-kernels MODEL.onnx [--target T] [--data DIR] "
+			"[--fusion none|rules|apollo] [--allow-tf32] [--only NAME]\n");
+	return 1;
+}
+
+int main(int argc, char **argv)
+{
+	const char *model = NULL, *target = "cpu", *data = NULL, *only = NULL;
+	ap_build_options opt;
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	ap_host_tensor **ins = NULL;
+	int n_in = 0;
+	ap_params *params = NULL;
+	ap_graph *g;
+	ap_program *p;
+	ap_error err;
+
+	memset(&opt, 0, sizeof(opt));
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--target") && i + 1 < argc)
+			target = argv[++i];
+		else if (!strcmp(argv[i], "--data") && i + 1 < argc)
+			data = argv[++i];
+		else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+			only = argv[++i];
+		else if (!strcmp(argv[i], "--allow-tf32"))
+			opt.allow_tf32 = true;
+		else if (!strcmp(argv[i], "--fusion") && i + 1 < argc) {
+			const char *f = argv[++i];
+
+			if (!strcmp(f, "none"))
+				opt.fusion = AP_FUSE_NONE;
+			else if (!strcmp(f, "rules"))
+				opt.fusion = AP_FUSE_RULES;
+			else if (!strcmp(f, "apollo"))
+				opt.fusion = AP_FUSE_APOLLO;
+			else
+				return usage();
+		} else if (argv[i][0] != '-' && !model)
+			model = argv[i];
+		else
+			return usage();
+	}
+	if (!model)
+		return usage();
+	ap_error_clear(&err);
+	if (ap_file_read(model, (size_t)4 << 30, &buf, &len, &err) < 0 ||
+	    (data && ap_testdata_load(data, "input", &ins, &n_in, &err) < 0)) {
+		fprintf(stderr, "apollo-kernels: %s\n", err.msg);
+		return 1;
+	}
+	g = ap_onnx_import(buf, len, (const ap_host_tensor *const *)ins, n_in, &params, &err);
+	if (!g) {
+		fprintf(stderr, "apollo-kernels: import: %s\n", err.msg);
+		return 1;
+	}
+	opt.target = target;
+	p = ap_program_build(g, &opt, &err);
+	if (!p) {
+		fprintf(stderr, "apollo-kernels: build: %s\n", err.msg);
+		return 1;
+	}
+	printf("/* %s for %s: %d launches, %d distinct kernels */\n", model, target, p->n_launches,
+	       p->n_kernels);
+	for (int i = 0; i < p->n_kernels; i++) {
+		const ap_kernel_src *k = &p->kernels[i];
+
+		if (only && strcmp(only, k->name))
+			continue;
+		printf("\n/* ==== %s: grid %u x %u x %u, block %u x %u x %u, dynamic shared %u bytes; nodes:",
+		       k->name, k->grid[0], k->grid[1], k->grid[2], k->block[0], k->block[1], k->block[2],
+		       k->smem_bytes);
+		for (int j = 0; j < k->n_nodes; j++)
+			printf(" %s", k->nodes[j]);
+		printf(" */\n%s", k->src);
+	}
+	ap_program_free(p);
+	ap_graph_free(g);
+	ap_params_free(params);
+	for (int i = 0; i < n_in; i++)
+		ap_host_tensor_free(ins[i]);
+	free(ins);
+	free(buf);
+	return 0;
+}
