@@ -4,6 +4,7 @@
 #   common/*.c + generated proto  -> build/libapcommon.a
 #   server/*/*.c, server/*.c (not main.c) -> build/libapserver.a
 #   client/*.c (not apollo-client.c) -> build/libapollo-client.a
+#   the same + common -> build/libapollo-client.so (for the Python package)
 #   tests/check_*.c -> build/tests/check_*  (one check suite each)
 # Generated protobuf-c sources go to build/proto, never into git.
 
@@ -40,7 +41,9 @@ LIBS := $(BUILD)/libapserver.a $(BUILD)/libapollo-client.a $(BUILD)/libapcommon.
 	demo bench clean help
 # Keep generated headers and test objects: they are not throw-away intermediates.
 .SECONDARY:
-all: $(BUILD)/apollod $(BUILD)/apollo-client $(BUILD)/apollo-kernels $(TESTS)
+STANDIN := $(BUILD)/tests/libcuda-standin.so
+all: $(BUILD)/apollod $(BUILD)/apollo-client $(BUILD)/apollo-kernels $(BUILD)/libapollo-client.so \
+	$(TESTS) $(STANDIN)
 
 help:
 	@echo "make deps    install what is missing (apt-get, .venv with onnx/onnxruntime/numpy)"
@@ -80,6 +83,11 @@ $(BUILD)/libapserver.a: $(SERVER_OBJ)
 $(BUILD)/libapollo-client.a: $(CLIENT_OBJ)
 	@rm -f $@; ar rcs $@ $^
 
+# The client library and what it needs from common/, as one shared object:
+# client/python (ctypes) loads it.  Only protobuf-c and libcrypto outside.
+$(BUILD)/libapollo-client.so: $(CLIENT_OBJ) $(COMMON_OBJ)
+	$(CC) -shared -o $@ $^ $(shell pkg-config --libs libprotobuf-c libcrypto 2>/dev/null) -ldl -lm -pthread
+
 $(BUILD)/apollod: $(call obj,server/main.c) $(LIBS)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 $(BUILD)/apollo-client: $(call obj,client/apollo-client.c) $(LIBS)
@@ -99,6 +107,11 @@ $(BUILD)/tests/check_faults: TEST_LDFLAGS = -Wl,--wrap=malloc,--wrap=calloc,--wr
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(TEST_LDFLAGS) -o $@ $< $(LIBS) $(CHECK_LIBS) $(LDLIBS_ALL)
+
+# A stand-in CUDA driver for the GPU path's tests where no GPU exists.
+$(STANDIN): tests/cuda_standin.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -O1 -Wall -Werror -shared -fPIC -o $@ $<
 
 # --- tests ------------------------------------------------------------------
 # Unit and integration suites (check), then the script tests under tests/

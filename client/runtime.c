@@ -12,7 +12,14 @@
  * it is exhausted, then the main thread waits for all of them before the
  * next launch (launches are ordered; blocks within one are independent).
  * The CUDA path keeps one CUdeviceptr per buffer and launches on the null
- * stream, synchronising at the end of ap_runtime_run.
+ * stream, synchronising at the end of ap_runtime_run, or on the caller's
+ * stream without waiting (ap_runtime_run_stream).
+ *
+ * A buffer's storage is either the runtime's own (allocated zeroed, freed
+ * with the runtime) or the caller's (ap_runtime_bind_ptr: never freed
+ * here).  With ap_runtime_options.external no input, param or output is
+ * allocated up front; own storage is then made when a buffer is bound by
+ * copy or an output was never bound.
  */
 #include "runtime.h"
 
@@ -81,6 +88,7 @@ typedef struct rt_buffer {
 	bool host_owned;
 	CUdeviceptr dev;         /* GPU */
 	bool dev_owned;
+	bool has_storage;        /* host / dev points at memory (own or the caller's) */
 	bool bound;              /* INPUT/PARAM: data was given */
 } rt_buffer;
 
@@ -102,6 +110,7 @@ typedef struct pool {
 struct ap_runtime {
 	const Apollo__Bundle *b;
 	bool host;
+	bool external;           /* no I/O buffer allocated up front */
 	int n_kernels;
 	rt_kernel *kernels;
 	int n_libs;
@@ -411,6 +420,8 @@ static void *host_alloc(uint64_t bytes)
 	return p;
 }
 
+static int own_storage(ap_runtime *rt, rt_buffer *bf, ap_error *err);
+
 static int host_alloc_all(ap_runtime *rt, ap_error *err)
 {
 	rt->workspace = host_alloc(rt->b->workspace_bytes);
@@ -422,14 +433,11 @@ static int host_alloc_all(ap_runtime *rt, ap_error *err)
 		rt_buffer *bf = &rt->buffers[i];
 		if (bf->pb->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE) {
 			bf->host = (uint8_t *)rt->workspace + bf->pb->offset;
+			bf->has_storage = true;
 			continue;
 		}
-		bf->host = host_alloc(bf->pb->bytes);
-		if (!bf->host)
-			return ap_error_set(err, AP_ENOMEM, NULL, bf->pb->name,
-					    "out of memory for buffer '%s' (%llu bytes)",
-					    bf->pb->name, (unsigned long long)bf->pb->bytes);
-		bf->host_owned = true;
+		if (!rt->external && own_storage(rt, bf, err) < 0)
+			return err ? err->code : AP_ENOMEM;
 	}
 	rt->argv = calloc(rt->max_args ? (size_t)rt->max_args : 1, sizeof(void *));
 	if (!rt->argv)
@@ -710,19 +718,61 @@ static int gpu_setup(ap_runtime *rt, int device, ap_error *err)
 	}
 	for (int i = 0; i < rt->n_buffers; i++) {
 		rt_buffer *bf = &rt->buffers[i];
-		uint64_t n = bf->pb->bytes ? bf->pb->bytes : 256;
 		if (bf->pb->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE) {
 			bf->dev = rt->dev_workspace + bf->pb->offset;
+			bf->has_storage = true;
 			continue;
 		}
-		if ((r = cu->cuMemAlloc(&bf->dev, (size_t)n)) != 0)
+		if (!rt->external && own_storage(rt, bf, err) < 0)
+			return err ? err->code : AP_ENOMEM;
+	}
+	return 0;
+}
+
+/* Gives buffer bf zeroed storage of its own (host or device), unless it has
+ * its own already; storage the caller bound is forgotten, not freed. */
+static int own_storage(ap_runtime *rt, rt_buffer *bf, ap_error *err)
+{
+	if (rt->host ? bf->host_owned : bf->dev_owned)
+		return 0;
+	bf->has_storage = false;
+	if (rt->host) {
+		bf->host = host_alloc(bf->pb->bytes);
+		if (!bf->host)
+			return ap_error_set(err, AP_ENOMEM, NULL, bf->pb->name,
+					    "out of memory for buffer '%s' (%llu bytes)",
+					    bf->pb->name, (unsigned long long)bf->pb->bytes);
+		bf->host_owned = true;
+	} else {
+		cuda_api *cu = &rt->cu;
+		uint64_t n = bf->pb->bytes ? bf->pb->bytes : 256;
+		CUresult r;
+
+		cu->cuCtxSetCurrent(rt->ctx);
+		if ((r = cu->cuMemAlloc(&bf->dev, (size_t)n)) != 0) {
+			bf->dev = 0;
 			return ap_error_set(err, AP_ENOMEM, NULL, bf->pb->name,
 					    "cuMemAlloc for buffer '%s' (%llu bytes): %s",
 					    bf->pb->name, (unsigned long long)n, cu_err(cu, r));
+		}
 		bf->dev_owned = true;
 		cu->cuMemsetD8(bf->dev, 0, (size_t)n);
 	}
+	bf->has_storage = true;
 	return 0;
+}
+
+/* Frees the buffer's own storage, if any (the caller's is left alone). */
+static void drop_storage(ap_runtime *rt, rt_buffer *bf)
+{
+	if (bf->host_owned)
+		free(bf->host);
+	if (bf->dev_owned && rt->cu_ready)
+		rt->cu.cuMemFree(bf->dev);
+	bf->host = NULL;
+	bf->dev = 0;
+	bf->host_owned = bf->dev_owned = false;
+	bf->has_storage = false;
 }
 
 static void gpu_teardown(ap_runtime *rt)
@@ -798,6 +848,7 @@ ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *op
 	}
 	rt->b = b;
 	rt->host = strcmp(target, "cpu") == 0;
+	rt->external = opt && opt->external;
 	rt->n_kernels = (int)b->n_kernels;
 	rt->n_buffers = (int)b->n_buffers;
 	rt->kernels = calloc(b->n_kernels ? b->n_kernels : 1, sizeof(rt_kernel));
@@ -859,6 +910,8 @@ static int bind(ap_runtime *rt, rt_buffer *bf, const ap_host_tensor *t, ap_error
 		return ap_error_set(err, AP_ESHAPE, NULL, pb->name,
 				    "%s '%s' holds %llu bytes but the data given has %zu", what,
 				    pb->name, (unsigned long long)pb->bytes, t->nbytes);
+	if (own_storage(rt, bf, err) < 0)
+		return err ? err->code : AP_ENOMEM;
 	if (rt->host) {
 		if (t->nbytes)
 			memcpy(bf->host, t->data, t->nbytes);
@@ -962,7 +1015,8 @@ static int check_bound(ap_runtime *rt, ap_error *err)
 	return 0;
 }
 
-static int run_gpu(ap_runtime *rt, ap_error *err)
+/* Queues the plan on `stream`; with no stream (NULL) waits for it. */
+static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 {
 	cuda_api *cu = &rt->cu;
 	CUdeviceptr *vals = calloc(rt->max_args ? (size_t)rt->max_args : 1, sizeof(CUdeviceptr));
@@ -986,7 +1040,7 @@ static int run_gpu(ap_runtime *rt, ap_error *err)
 		double t0 = rt->launch_ms ? ap_now_ms() : 0;
 
 		r = cu->cuLaunchKernel(k->cufn, kk->grid[0], kk->grid[1], kk->grid[2], kk->block[0],
-				       kk->block[1], kk->block[2], kk->dynamic_shared_bytes, NULL,
+				       kk->block[1], kk->block[2], kk->dynamic_shared_bytes, stream,
 				       pp, NULL);
 		if (r == 0 && rt->launch_ms && (r = cu->cuCtxSynchronize()) == 0)
 			rt->launch_ms[l] += ap_now_ms() - t0;
@@ -997,7 +1051,7 @@ static int run_gpu(ap_runtime *rt, ap_error *err)
 			goto out;
 		}
 	}
-	if ((r = cu->cuCtxSynchronize()) != 0)
+	if (!stream && (r = cu->cuCtxSynchronize()) != 0)
 		rc = ap_error_set(err, AP_EIO, NULL, NULL, "running the plan failed: %s",
 				  cu_err(cu, r));
 out:
@@ -1006,14 +1060,66 @@ out:
 	return rc;
 }
 
+int ap_runtime_bind_ptr(ap_runtime *rt, int buffer, void *ptr, uint64_t bytes, ap_error *err)
+{
+	rt_buffer *bf;
+	const Apollo__Buffer *pb;
+
+	if (buffer < 0 || buffer >= rt->n_buffers)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "the bundle has no buffer %d", buffer);
+	bf = &rt->buffers[buffer];
+	pb = bf->pb;
+	if (pb->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE)
+		return ap_error_set(err, AP_EINVAL, NULL, pb->name,
+				    "buffer '%s' is an intermediate: it lives in the workspace",
+				    pb->name);
+	if (bytes != pb->bytes)
+		return ap_error_set(err, AP_ESHAPE, NULL, pb->name,
+				    "buffer '%s' holds %llu bytes but the memory given has %llu",
+				    pb->name, (unsigned long long)pb->bytes,
+				    (unsigned long long)bytes);
+	if (!ptr && bytes > 0)
+		return ap_error_set(err, AP_EINVAL, NULL, pb->name,
+				    "buffer '%s': NULL memory for %llu bytes", pb->name,
+				    (unsigned long long)bytes);
+	if ((uintptr_t)ptr % 16 != 0)
+		return ap_error_set(err, AP_EINVAL, NULL, pb->name,
+				    "buffer '%s': memory at %p is not 16-byte aligned", pb->name, ptr);
+	drop_storage(rt, bf);
+	if (rt->host)
+		bf->host = ptr;
+	else
+		bf->dev = (CUdeviceptr)(uintptr_t)ptr;
+	bf->has_storage = true;
+	bf->bound = true;
+	return 0;
+}
+
+/* Outputs nobody bound get storage of their own before a run. */
+static int outputs_ready(ap_runtime *rt, ap_error *err)
+{
+	for (int i = 0; i < rt->n_buffers; i++) {
+		rt_buffer *bf = &rt->buffers[i];
+
+		if (!bf->has_storage && own_storage(rt, bf, err) < 0)
+			return err ? err->code : AP_ENOMEM;
+	}
+	return 0;
+}
+
 int ap_runtime_run(ap_runtime *rt, ap_error *err)
+{
+	return ap_runtime_run_stream(rt, NULL, err);
+}
+
+int ap_runtime_run_stream(ap_runtime *rt, void *stream, ap_error *err)
 {
 	int rc = check_bound(rt, err);
 
-	if (rc < 0)
+	if (rc < 0 || (rc = outputs_ready(rt, err)) < 0)
 		return rc;
 	if (!rt->host)
-		return run_gpu(rt, err);
+		return run_gpu(rt, stream, err);
 	for (size_t l = 0; l < rt->b->n_plan; l++) {
 		const Apollo__Launch *la = rt->b->plan[l];
 		const rt_kernel *k = &rt->kernels[la->kernel];
@@ -1037,7 +1143,7 @@ double ap_runtime_launch_ms(const ap_runtime *rt, int i)
 
 ap_host_tensor *ap_runtime_output(ap_runtime *rt, int index, ap_error *err)
 {
-	const rt_buffer *bf = NULL;
+	rt_buffer *bf = NULL;
 	ap_host_tensor *t;
 
 	for (int i = 0; i < rt->n_buffers; i++)
@@ -1048,6 +1154,8 @@ ap_host_tensor *ap_runtime_output(ap_runtime *rt, int index, ap_error *err)
 		ap_error_set(err, AP_EINVAL, NULL, NULL, "the bundle has no output %d", index);
 		return NULL;
 	}
+	if (!bf->has_storage && own_storage(rt, bf, err) < 0)
+		return NULL;
 	t = calloc(1, sizeof(*t));
 	if (!t || !(t->name = strdup(bf->pb->name)) ||
 	    !(t->data = malloc(bf->pb->bytes ? (size_t)bf->pb->bytes : 1))) {

@@ -21,7 +21,10 @@
  * name, parameters by name (e.g. every PARAM of an ap_params from
  * ap_onnx_import).  Data is copied at bind time, so the caller's tensor need
  * not outlive the call.  The dtype and the byte size must equal the
- * buffer's.  Outputs and the workspace start zeroed.
+ * buffer's.  Outputs and the workspace start zeroed.  Or, without a copy,
+ * any input, param or output is bound to the caller's own memory
+ * (ap_runtime_bind_ptr: a framework's tensors, host or device), and the
+ * plan runs on the caller's CUDA stream (ap_runtime_run_stream).
  *
  * A runtime borrows its bundle: the bundle must outlive it.  One runtime is
  * not thread-safe; several may run at once.
@@ -36,6 +39,10 @@ typedef struct ap_runtime ap_runtime;
 typedef struct ap_runtime_options {
 	int threads;   /* host threads per launch; 0 = min(online CPUs, 8) */
 	int device;    /* CUDA device ordinal for GPU targets */
+	bool external; /* allocate no INPUT, PARAM or OUTPUT buffer up front: the
+			  caller binds each to its own memory (ap_runtime_bind_ptr);
+			  one bound by copy, or an output never bound, gets its own
+			  allocation when first needed */
 	bool profile;  /* time every launch (GPU: synchronising after each one) */
 } ap_runtime_options;
 
@@ -88,9 +95,34 @@ int ap_runtime_bind_params(ap_runtime *rt, __ap_keep const ap_params *params, ap
  * ap_runtime_bind_input. */
 int ap_runtime_bind_consts(ap_runtime *rt, __ap_keep const ap_graph *g, ap_error *err);
 
+/* Binds buffer `buffer` -- its index among the bundle's buffers
+ * (ap_bundle_buffer_get), of kind INPUT, PARAM or OUTPUT -- to the caller's
+ * memory, without a copy: `ptr` is a host address for target cpu and a
+ * CUdeviceptr (device address) for GPU targets, row-major data of the
+ * buffer's dtype and dims, `bytes` long.  The memory must stay valid, and
+ * inputs unchanged, until a run using it has finished (on a GPU: until the
+ * stream it ran on has reached that point); it is never freed by the
+ * runtime.  An OUTPUT bound this way is not zeroed first (every element is
+ * written by the plan).  A later bind of the same buffer replaces this one.
+ * Errors: AP_EINVAL (no such buffer; an intermediate; ptr NULL while bytes
+ * > 0; ptr not 16-byte aligned, as vector loads and stores need),
+ * AP_ESHAPE (bytes differ from the buffer's, the message gives both). */
+int ap_runtime_bind_ptr(ap_runtime *rt, int buffer, void *ptr, uint64_t bytes, ap_error *err);
+
 /* Runs the plan once.  AP_EINVAL when an INPUT or PARAM buffer was never
- * bound (naming it); AP_EIO when a CUDA launch fails. */
+ * bound (naming it); AP_ENOMEM when an unbound output cannot be allocated;
+ * AP_EIO when a CUDA launch fails.  On a GPU it waits for the launches
+ * (cuCtxSynchronize). */
 int ap_runtime_run(ap_runtime *rt, ap_error *err);
+
+/* As ap_runtime_run, but on a GPU the launches are queued on `stream` (a
+ * CUstream of the runtime's device's primary context; NULL = the legacy
+ * default stream) and the call returns without waiting: the caller orders
+ * later work on that stream, as with any CUDA library call.  The runtime's
+ * one workspace is reused by every run, so two runs of one runtime must not
+ * overlap (same stream, or the caller waits).  The host target ignores
+ * `stream` and returns when the plan has run.  Errors as ap_runtime_run. */
+int ap_runtime_run_stream(ap_runtime *rt, void *stream, ap_error *err);
 
 /* With ap_runtime_options.profile: the milliseconds launch `i` of the plan
  * took, summed over every run so far (host: the wall time of its blocks on

@@ -438,3 +438,32 @@ int ap_graph_find_tensor(const ap_graph *g, const char *name)
 			return i;
 	return -1;
 }
+
+/* Appends t to *list (*n entries). */
+static int list_add(int **list, int *n, int t)
+{
+	int *p = realloc(*list, (size_t)(*n + 1) * sizeof(int));
+
+	if (!p)
+		return AP_ENOMEM;
+	p[(*n)++] = t;
+	*list = p;
+	return 0;
+}
+
+int ap_graph_add_input(ap_graph *g, int t)
+{
+	if (t < 0 || t >= g->n_tensors)
+		return AP_EINVAL;
+	return list_add(&g->inputs, &g->n_inputs, t);
+}
+
+int ap_graph_add_output(ap_graph *g, int t)
+{
+	if (t < 0 || t >= g->n_tensors)
+		return AP_EINVAL;
+	if (list_add(&g->outputs, &g->n_outputs, t) < 0)
+		return AP_ENOMEM;
+	g->tensors[t].is_output = true;
+	return 0;
+}

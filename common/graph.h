@@ -196,6 +196,20 @@ double ap_node_float(const ap_node *node, const char *attr, double dflt);
 const char *ap_node_string(const ap_node *node, const char *attr, const char *dflt);
 /* Index of the tensor named `name`, or -1. */
 int ap_graph_find_tensor(const ap_graph *g, const char *name);
+/* Appends tensor t to the graph inputs (binding order) / outputs.  The
+ * tensor's kind is not checked here (ap_graph_validate does).  0,
+ * AP_EINVAL (t out of range) or AP_ENOMEM; the graph is unchanged on error. */
+int ap_graph_add_input(ap_graph *g, int t);
+int ap_graph_add_output(ap_graph *g, int t);
+/* Infers the dtype and shape of every output tensor of node n from its
+ * inputs' tensors and its normalised attributes (ops.def) and writes them
+ * into those tensors, so a graph can be built without spelling out each
+ * shape.  For the ops whose output shape is carried by the output tensor
+ * (Reshape, Expand, Tile, Slice, Split) the tensor must already hold it:
+ * it is checked and only the dtype is set.  Indices must be in range.
+ * Returns 0, or as ap_op_check (AP_ESHAPE, AP_EINVAL, AP_EUNSUPPORTED,
+ * AP_ENOMEM) naming the node; the tensors are unchanged on error. */
+int ap_graph_infer_node(ap_graph *g, int n, ap_error *err);
 
 /* Checks the whole graph and sorts its nodes topologically: every index in
  * range, each VALUE tensor produced exactly once, INPUT/PARAM/CONST never

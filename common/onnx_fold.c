@@ -9,8 +9,9 @@
  * Float results are computed in double precision and rounded once on
  * store; integer results in int64.  The meaning of each op is ONNX's
  * (https://onnx.ai/onnx/operators/) with ops.def's normalised attributes.
- * Ops it does not implement (convolutions, pools, normalisations, LRN,
- * Gemm) answer AP_EUNSUPPORTED and the importer keeps them as nodes.
+ * It implements every op of ops.def, so any node whose inputs are all
+ * known can be folded (the importer bounds the sizes and the work); a dtype
+ * it does not handle answers AP_EUNSUPPORTED and the node is kept.
  */
 #include "onnx_internal.h"
 
@@ -94,6 +95,14 @@ static void cp(ap_host_tensor *dst, int64_t i, const ap_host_tensor *src, int64_
 	memcpy((char *)dst->data + (size_t)i * es, (const char *)src->data + (size_t)j * es, es);
 }
 
+/* Element i of INTS attribute `name`, else dflt. */
+static int64_t ap_node_attr_i(const ap_node *n, const char *name, int i, int64_t dflt)
+{
+	const ap_attr *a = ap_node_attr(n, name);
+
+	return a && a->type == AP_ATTR_INTS && i < a->n_ints ? a->ints[i] : dflt;
+}
+
 /* Row-major strides of t. */
 static void strides_of(const ap_host_tensor *t, int64_t *st)
 {
@@ -167,6 +176,17 @@ static double unary_f(const ap_node *n, double x)
 		return 0.5 * x * (1 + erf(x / 1.4142135623730951));
 	case AP_OP_CLIP:
 		return fmin(fmax(x, ap_node_float(n, "min", -INFINITY)), ap_node_float(n, "max", INFINITY));
+	case AP_OP_SIN: return sin(x);
+	case AP_OP_COS: return cos(x);
+	case AP_OP_IS_NAN: return isnan(x);
+	case AP_OP_IS_INF:
+		return (isinf(x) && x > 0 && ap_node_int(n, "detect_positive", 1)) ||
+		       (isinf(x) && x < 0 && ap_node_int(n, "detect_negative", 1));
+	case AP_OP_SHRINK: {
+		double l = ap_node_float(n, "lambd", 0.5), b = ap_node_float(n, "bias", 0.0);
+
+		return x < -l ? x + b : x > l ? x - b : 0;
+	}
 	default: return NAN;
 	}
 }
@@ -671,6 +691,449 @@ static int eval_matmul(const ap_host_tensor *a, const ap_host_tensor *b, ap_host
 	return 0;
 }
 
+/* ---- index maps with data: gather/scatter by elements, ScatterND, Trilu, scans ---- */
+
+/* Index value k of an axis of size D, negative counting from the end;
+ * AP_EINVAL when out of range. */
+static int wrap(int64_t k, int64_t D, int64_t *out)
+{
+	if (k < 0)
+		k += D;
+	if (k < 0 || k >= D)
+		return AP_EINVAL;
+	*out = k;
+	return 0;
+}
+
+static int64_t offset_of(const ap_host_tensor *t, const int64_t *c)
+{
+	int64_t off = 0;
+
+	for (int d = 0; d < t->rank; d++)
+		off = off * t->dims[d] + c[d];
+	return off;
+}
+
+static double combine(const char *red, double acc, double u)
+{
+	if (!strcmp(red, "add"))
+		return acc + u;
+	if (!strcmp(red, "mul"))
+		return acc * u;
+	if (!strcmp(red, "max"))
+		return isnan(acc) || isnan(u) ? NAN : fmax(acc, u);
+	if (!strcmp(red, "min"))
+		return isnan(acc) || isnan(u) ? NAN : fmin(acc, u);
+	return u;
+}
+
+/* Writes element j of src, combined by `red` with what y holds at i. */
+static void put(ap_host_tensor *y, int64_t i, const ap_host_tensor *src, int64_t j, const char *red)
+{
+	if (!strcmp(red, "none"))
+		cp(y, i, src, j);
+	else if (fdt(y->dtype))
+		sd(y, i, combine(red, ld(y, i), ld(src, j)));
+	else
+		si(y, i, f2i(combine(red, (double)li(y, i), (double)li(src, j))));
+}
+
+static int eval_elements(const ap_node *n, const ap_host_tensor *x, const ap_host_tensor *idx,
+			 const ap_host_tensor *upd, ap_host_tensor *y)
+{
+	int64_t axis = ap_node_int(n, "axis", 0), cnt = numel(idx), c[AP_MAX_RANK], k;
+	const char *red = ap_node_string(n, "reduction", "none");
+	bool gather = n->op == AP_OP_GATHER_ELEMENTS;
+
+	if (!gather && y->nbytes)
+		memcpy(y->data, x->data, y->nbytes);
+	for (int64_t i = 0; i < cnt; i++) {
+		coords(i, idx->rank, idx->dims, c);
+		if (wrap(li(idx, i), x->dims[axis], &k) < 0)
+			return AP_EINVAL;
+		c[axis] = k;
+		if (gather)
+			cp(y, i, x, offset_of(x, c));
+		else
+			put(y, offset_of(y, c), upd, i, red);
+	}
+	return 0;
+}
+
+static int eval_scatter_nd(const ap_node *n, const ap_host_tensor *x, const ap_host_tensor *idx,
+			   const ap_host_tensor *upd, ap_host_tensor *y)
+{
+	int64_t K = idx->dims[idx->rank - 1], N = K > 0 ? numel(idx) / K : 0, inner = 1;
+	const char *red = ap_node_string(n, "reduction", "none");
+
+	if (y->nbytes)
+		memcpy(y->data, x->data, y->nbytes);
+	for (int d = (int)K; d < x->rank; d++)
+		inner *= x->dims[d];
+	for (int64_t r = 0; r < N; r++) {
+		int64_t base = 0, k;
+
+		for (int j = 0; j < K; j++) {
+			if (wrap(li(idx, r * K + j), x->dims[j], &k) < 0)
+				return AP_EINVAL;
+			base = base * x->dims[j] + k;
+		}
+		for (int64_t e = 0; e < inner; e++)
+			put(y, base * inner + e, upd, r * inner + e, red);
+	}
+	return 0;
+}
+
+static int eval_trilu(const ap_node *n, const ap_host_tensor *x, ap_host_tensor *y)
+{
+	int64_t cnt = numel(y), c[AP_MAX_RANK], k = ap_node_int(n, "k", 0);
+	bool upper = ap_node_int(n, "upper", 1) != 0;
+	int r = x->rank;
+
+	for (int64_t i = 0; i < cnt; i++) {
+		int64_t diff;
+
+		coords(i, r, x->dims, c);
+		diff = c[r - 1] - c[r - 2];
+		if (upper ? diff >= k : diff <= k)
+			cp(y, i, x, i);
+	}
+	return 0;
+}
+
+static int eval_cumsum(const ap_node *n, const ap_host_tensor *x, ap_host_tensor *y)
+{
+	int64_t axis = ap_node_int(n, "axis", 0), cnt = numel(y), L = x->dims[axis], c[AP_MAX_RANK];
+	bool excl = ap_node_int(n, "exclusive", 0) != 0, rev = ap_node_int(n, "reverse", 0) != 0;
+	int64_t st[AP_MAX_RANK];
+
+	strides_of(x, st);
+	for (int64_t i = 0; i < cnt; i++) {
+		double sf = 0;
+		int64_t sn = 0, lo, hi;
+
+		coords(i, x->rank, x->dims, c);
+		lo = rev ? c[axis] + excl : 0;
+		hi = rev ? L : c[axis] + !excl;
+		for (int64_t j = lo; j < hi; j++) {
+			int64_t o = i + (j - c[axis]) * st[axis];
+
+			sf += ld(x, o);
+			sn += li(x, o);
+		}
+		if (fdt(y->dtype))
+			sd(y, i, sf);
+		else
+			si(y, i, sn);
+	}
+	return 0;
+}
+
+static int eval_argext(const ap_node *n, const ap_host_tensor *x, ap_host_tensor *y)
+{
+	int64_t axis = ap_node_int(n, "axis", 0), L = x->dims[axis], cnt = numel(y), c[AP_MAX_RANK];
+	bool keep = ap_node_int(n, "keepdims", 1) != 0, last = ap_node_int(n, "select_last_index", 0);
+	bool amax = n->op == AP_OP_ARG_MAX;
+	int64_t st[AP_MAX_RANK], xc[AP_MAX_RANK];
+
+	strides_of(x, st);
+	for (int64_t i = 0; i < cnt; i++) {
+		int64_t best = 0, base;
+		double bv;
+
+		coords(i, y->rank, y->dims, c);
+		for (int d = 0, od = 0; d < x->rank; d++) {
+			if (d == axis) {
+				xc[d] = 0;
+				od += keep;
+			} else {
+				xc[d] = c[od++];
+			}
+		}
+		base = offset_of(x, xc);
+		bv = ld(x, base);
+		for (int64_t j = 1; j < L; j++) {
+			double v = ld(x, base + j * st[axis]);
+
+			if (amax ? (last ? v >= bv : v > bv) : (last ? v <= bv : v < bv)) {
+				bv = v;
+				best = j;
+			}
+		}
+		si(y, i, best);
+	}
+	return 0;
+}
+
+/* ---- normalisations, Gemm, convolutions, pools, LRN ------------------------------- */
+
+/* LayerNormalization over axes axis..r-1: Y, and when asked Mean and
+ * InvStdDev (shape [d0..d(axis-1), 1...]). */
+static int eval_layer_norm(const ap_node *n, const ap_host_tensor *const *in, int n_in,
+			   ap_host_tensor *const *out, int n_out)
+{
+	const ap_host_tensor *x = in[0], *sc = in[1], *b = n_in > 2 ? in[2] : NULL;
+	int64_t axis = ap_node_int(n, "axis", -1), inner = 1, outer = 1, c[AP_MAX_RANK];
+	double eps = ap_node_float(n, "epsilon", 1e-5);
+
+	for (int d = 0; d < x->rank; d++) {
+		if (d < axis)
+			outer *= x->dims[d];
+		else
+			inner *= x->dims[d];
+	}
+	for (int64_t o = 0; o < outer; o++) {
+		double mean = 0, var = 0, inv;
+
+		for (int64_t i = 0; i < inner; i++)
+			mean += ld(x, o * inner + i);
+		mean /= inner ? (double)inner : 1;
+		for (int64_t i = 0; i < inner; i++) {
+			double dv = ld(x, o * inner + i) - mean;
+
+			var += dv * dv;
+		}
+		var /= inner ? (double)inner : 1;
+		inv = 1.0 / sqrt(var + eps);
+		for (int64_t i = 0; i < inner; i++) {
+			int64_t e = o * inner + i;
+			double v;
+
+			coords(e, x->rank, x->dims, c);
+			v = (ld(x, e) - mean) * inv * ld(sc, bcast_off(sc, x->rank, c));
+			if (b)
+				v += ld(b, bcast_off(b, x->rank, c));
+			sd(out[0], e, v);
+		}
+		if (n_out > 1)
+			sd(out[1], o, mean);
+		if (n_out > 2)
+			sd(out[2], o, inv);
+	}
+	return 0;
+}
+
+/* Mean and biased variance of x over all axes but 1, channel ch. */
+static void channel_stats(const ap_host_tensor *x, int64_t ch, double *mean, double *var)
+{
+	int64_t cnt = numel(x), C = x->dims[1], inner = x->dims[0] * C != 0 ? cnt / (x->dims[0] * C) : 0, k = 0;
+	double s = 0, q = 0;
+
+	for (int64_t nn = 0; nn < x->dims[0]; nn++)
+		for (int64_t i = 0; i < inner; i++, k++)
+			s += ld(x, (nn * C + ch) * inner + i);
+	*mean = k ? s / (double)k : 0;
+	for (int64_t nn = 0; nn < x->dims[0]; nn++)
+		for (int64_t i = 0; i < inner; i++) {
+			double dv = ld(x, (nn * C + ch) * inner + i) - *mean;
+
+			q += dv * dv;
+		}
+	*var = k ? q / (double)k : 0;
+}
+
+/* BatchNormalization (inference: the given statistics; training: the
+ * batch's, and the running statistics as outputs 1 and 2) and
+ * InstanceNormalization (each sample's and channel's own statistics). */
+static int eval_channel_norm(const ap_node *n, const ap_host_tensor *const *in,
+			     ap_host_tensor *const *out, int n_out)
+{
+	const ap_host_tensor *x = in[0];
+	int64_t cnt = numel(x), C = x->dims[1], N = x->dims[0];
+	int64_t inner = N * C != 0 ? cnt / (N * C) : 0;
+	double eps = ap_node_float(n, "epsilon", 1e-5), mom = ap_node_float(n, "momentum", 0.9);
+	bool inst = n->op == AP_OP_INSTANCE_NORM, train = ap_node_int(n, "training_mode", 0) != 0;
+
+	for (int64_t ch = 0; ch < C; ch++) {
+		double scale = ld(in[1], ch), bias = ld(in[2], ch), mean = 0, var = 0;
+
+		if (!inst && !train) {
+			mean = ld(in[3], ch);
+			var = ld(in[4], ch);
+		} else if (train) {
+			channel_stats(x, ch, &mean, &var);
+			if (n_out > 1)
+				sd(out[1], ch, ld(in[3], ch) * mom + mean * (1 - mom));
+			if (n_out > 2)
+				sd(out[2], ch, ld(in[4], ch) * mom + var * (1 - mom));
+		}
+		for (int64_t nn = 0; nn < N; nn++) {
+			int64_t base = (nn * C + ch) * inner;
+
+			if (inst) {
+				double s = 0, q = 0;
+
+				for (int64_t i = 0; i < inner; i++)
+					s += ld(x, base + i);
+				mean = inner ? s / (double)inner : 0;
+				for (int64_t i = 0; i < inner; i++)
+					q += (ld(x, base + i) - mean) * (ld(x, base + i) - mean);
+				var = inner ? q / (double)inner : 0;
+			}
+			for (int64_t i = 0; i < inner; i++)
+				sd(out[0], base + i, (ld(x, base + i) - mean) / sqrt(var + eps) * scale + bias);
+		}
+	}
+	return 0;
+}
+
+static int eval_gemm(const ap_node *n, const ap_host_tensor *const *in, int n_in, ap_host_tensor *y)
+{
+	const ap_host_tensor *a = in[0], *b = in[1], *cc = n_in > 2 ? in[2] : NULL;
+	bool ta = ap_node_int(n, "transA", 0) != 0, tb = ap_node_int(n, "transB", 0) != 0;
+	double alpha = ap_node_float(n, "alpha", 1.0), beta = ap_node_float(n, "beta", 1.0);
+	int64_t M = y->dims[0], N = y->dims[1], K = ta ? a->dims[0] : a->dims[1], c[2];
+
+	for (int64_t i = 0; i < M; i++)
+		for (int64_t j = 0; j < N; j++) {
+			double s = 0;
+
+			for (int64_t k = 0; k < K; k++)
+				s += ld(a, ta ? k * M + i : i * K + k) * ld(b, tb ? j * K + k : k * N + j);
+			s *= alpha;
+			if (cc) {
+				c[0] = i;
+				c[1] = j;
+				s += beta * ld(cc, bcast_off(cc, 2, c));
+			}
+			sd(y, i * N + j, s);
+		}
+	return 0;
+}
+
+/* Conv: y[n, m, o...] = B[m] + sum over c, k... of X[n, g*Cg + c, o*s - pb
+ * + k*d] * W[m, c, k...].  ConvTranspose scatters each input element:
+ * y[n, g*Mg + m, i*s - pb + k*d] += X[n, ci, i...] * W[ci, m, k...]. */
+static int eval_conv(const ap_node *n, const ap_host_tensor *const *in, int n_in, ap_host_tensor *y)
+{
+	const ap_host_tensor *x = in[0], *w = in[1], *b = n_in > 2 ? in[2] : NULL;
+	bool tr = n->op == AP_OP_CONV_TRANSPOSE;
+	int ns = x->rank - 2;
+	int64_t group = ap_node_int(n, "group", 1), cnt_w = numel(w), xc[AP_MAX_RANK], wc[AP_MAX_RANK];
+	int64_t yc[AP_MAX_RANK], cnt_y = numel(y), cnt_x = numel(x);
+	int64_t Cg = x->dims[1] / (group ? group : 1), Mg = y->dims[1] / (group ? group : 1);
+	double *acc = calloc((size_t)cnt_y + 1, sizeof(double));
+
+	if (!acc)
+		return AP_ENOMEM;
+	if (!tr) {
+		for (int64_t e = 0; e < cnt_y; e++) {
+			coords(e, y->rank, y->dims, yc);
+			for (int64_t we = 0; we < cnt_w; we++) {
+				bool inside = true;
+
+				coords(we, w->rank, w->dims, wc);
+				if (wc[0] != yc[1])
+					continue;
+				xc[0] = yc[0];
+				xc[1] = (yc[1] / Mg) * Cg + wc[1];
+				for (int d = 0; d < ns && inside; d++) {
+					xc[2 + d] = yc[2 + d] * ap_node_attr_i(n, "strides", d, 1) -
+						    ap_node_attr_i(n, "pads", d, 0) +
+						    wc[2 + d] * ap_node_attr_i(n, "dilations", d, 1);
+					inside = xc[2 + d] >= 0 && xc[2 + d] < x->dims[2 + d];
+				}
+				if (inside)
+					acc[e] += ld(x, offset_of(x, xc)) * ld(w, we);
+			}
+		}
+	} else {
+		for (int64_t e = 0; e < cnt_x; e++) {
+			coords(e, x->rank, x->dims, xc);
+			for (int64_t we = 0; we < cnt_w; we++) {
+				bool inside = true;
+
+				coords(we, w->rank, w->dims, wc);
+				if (wc[0] != xc[1])
+					continue;
+				yc[0] = xc[0];
+				yc[1] = (xc[1] / Cg) * Mg + wc[1];
+				for (int d = 0; d < ns && inside; d++) {
+					yc[2 + d] = xc[2 + d] * ap_node_attr_i(n, "strides", d, 1) -
+						    ap_node_attr_i(n, "pads", d, 0) +
+						    wc[2 + d] * ap_node_attr_i(n, "dilations", d, 1);
+					inside = yc[2 + d] >= 0 && yc[2 + d] < y->dims[2 + d];
+				}
+				if (inside)
+					acc[offset_of(y, yc)] += ld(x, e) * ld(w, we);
+			}
+		}
+	}
+	for (int64_t e = 0; e < cnt_y; e++) {
+		coords(e, y->rank, y->dims, yc);
+		sd(y, e, acc[e] + (b ? ld(b, yc[1]) : 0));
+	}
+	free(acc);
+	return 0;
+}
+
+/* MaxPool / AveragePool over the window o*s - pb + k*d (ONNX's
+ * count_include_pad counts the padding inside pads, not beyond). */
+static int eval_pool(const ap_node *n, const ap_host_tensor *x, ap_host_tensor *y)
+{
+	int ns = x->rank - 2;
+	bool avg = n->op == AP_OP_AVERAGE_POOL, incl = ap_node_int(n, "count_include_pad", 0) != 0;
+	int64_t cnt = numel(y), yc[AP_MAX_RANK], xc[AP_MAX_RANK], kc[AP_MAX_RANK], win = 1;
+
+	for (int d = 0; d < ns; d++)
+		win *= ap_node_attr_i(n, "kernel_shape", d, 1);
+	for (int64_t e = 0; e < cnt; e++) {
+		double accv = avg ? 0 : -INFINITY;
+		int64_t count = 0;
+
+		coords(e, y->rank, y->dims, yc);
+		xc[0] = yc[0];
+		xc[1] = yc[1];
+		for (int64_t k = 0; k < win; k++) {
+			bool inside = true, inpad = true;
+			int64_t kdims[AP_MAX_RANK];
+
+			for (int d = 0; d < ns; d++)
+				kdims[d] = ap_node_attr_i(n, "kernel_shape", d, 1);
+			coords(k, ns, kdims, kc);
+			for (int d = 0; d < ns; d++) {
+				int64_t pb = ap_node_attr_i(n, "pads", d, 0), pe = ap_node_attr_i(n, "pads", ns + d, 0);
+				int64_t pos = yc[2 + d] * ap_node_attr_i(n, "strides", d, 1) - pb +
+					      kc[d] * ap_node_attr_i(n, "dilations", d, 1);
+
+				xc[2 + d] = pos;
+				inside &= pos >= 0 && pos < x->dims[2 + d];
+				inpad &= pos >= -pb && pos < x->dims[2 + d] + pe;
+			}
+			if (avg && (incl ? inpad : inside))
+				count++;
+			if (!inside)
+				continue;
+			if (avg)
+				accv += ld(x, offset_of(x, xc));
+			else if (isnan(ld(x, offset_of(x, xc))) || ld(x, offset_of(x, xc)) > accv)
+				accv = ld(x, offset_of(x, xc));
+		}
+		sd(y, e, avg ? (count ? accv / (double)count : NAN) : accv);
+	}
+	return 0;
+}
+
+static int eval_lrn(const ap_node *n, const ap_host_tensor *x, ap_host_tensor *y)
+{
+	double alpha = ap_node_float(n, "alpha", 1e-4), beta = ap_node_float(n, "beta", 0.75);
+	double bias = ap_node_float(n, "bias", 1.0);
+	int64_t size = ap_node_int(n, "size", 1), cnt = numel(x), c[AP_MAX_RANK], st[AP_MAX_RANK];
+	int64_t lo_off = (size - 1) / 2, hi_off = size - 1 - lo_off;
+
+	strides_of(x, st);
+	for (int64_t e = 0; e < cnt; e++) {
+		double sq = 0;
+
+		coords(e, x->rank, x->dims, c);
+		for (int64_t j = c[1] - lo_off; j <= c[1] + hi_off; j++)
+			if (j >= 0 && j < x->dims[1])
+				sq += ld(x, e + (j - c[1]) * st[1]) * ld(x, e + (j - c[1]) * st[1]);
+		sd(y, e, ld(x, e) / pow(bias + alpha / (double)size * sq, beta));
+	}
+	return 0;
+}
+
 int ap__op_eval(const ap_node *node, const ap_host_tensor *const *in, int n_in,
 		ap_host_tensor *const *out, int n_out, ap_error *err)
 {
@@ -700,6 +1163,19 @@ int ap__op_eval(const ap_node *node, const ap_host_tensor *const *in, int n_in,
 		return eval_pad(node, in[0], out[0]);
 	case AP_OP_WHERE:
 		return eval_where(in[0], in[1], in[2], out[0]);
+	case AP_OP_GATHER_ELEMENTS: case AP_OP_SCATTER_ELEMENTS: case AP_OP_SCATTER_ND:
+		rc = node->op == AP_OP_SCATTER_ND ? eval_scatter_nd(node, in[0], in[1], in[2], out[0])
+			: eval_elements(node, in[0], in[1], n_in > 2 ? in[2] : NULL, out[0]);
+		if (rc < 0)
+			return ap_error_set(err, rc, node->name, NULL, "%s: index out of range",
+					    ap_op_name(node->op));
+		return 0;
+	case AP_OP_TRILU:
+		return eval_trilu(node, in[0], out[0]);
+	case AP_OP_CUM_SUM:
+		return eval_cumsum(node, in[0], out[0]);
+	case AP_OP_ARG_MAX: case AP_OP_ARG_MIN:
+		return eval_argext(node, in[0], out[0]);
 	case AP_OP_MATMUL:
 		return eval_matmul(in[0], in[1], out[0]);
 	case AP_OP_SOFTMAX: case AP_OP_LOG_SOFTMAX:
@@ -709,10 +1185,18 @@ int ap__op_eval(const ap_node *node, const ap_host_tensor *const *in, int n_in,
 	case AP_OP_REDUCE_L1: case AP_OP_REDUCE_L2: case AP_OP_REDUCE_LOG_SUM:
 	case AP_OP_REDUCE_LOG_SUM_EXP:
 		return eval_reduce(node, in[0], out[0]);
-	case AP_OP_LAYER_NORM: case AP_OP_BATCH_NORM: case AP_OP_INSTANCE_NORM: case AP_OP_LRN:
-	case AP_OP_GEMM: case AP_OP_CONV: case AP_OP_CONV_TRANSPOSE: case AP_OP_MAX_POOL:
-	case AP_OP_AVERAGE_POOL:
-		return AP_EUNSUPPORTED;
+	case AP_OP_LAYER_NORM:
+		return eval_layer_norm(node, in, n_in, out, n_out);
+	case AP_OP_BATCH_NORM: case AP_OP_INSTANCE_NORM:
+		return eval_channel_norm(node, in, out, n_out);
+	case AP_OP_LRN:
+		return eval_lrn(node, in[0], out[0]);
+	case AP_OP_GEMM:
+		return eval_gemm(node, in, n_in, out[0]);
+	case AP_OP_CONV: case AP_OP_CONV_TRANSPOSE:
+		return eval_conv(node, in, n_in, out[0]);
+	case AP_OP_MAX_POOL: case AP_OP_AVERAGE_POOL:
+		return eval_pool(node, in[0], out[0]);
 	default:
 		break;
 	}

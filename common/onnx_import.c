@@ -17,9 +17,16 @@
  * broadcast=1 into a Reshape of the second operand, variadic Sum/Max/Min/
  * Mean into chains, Flatten/Squeeze/Unsqueeze into Reshape, Global*Pool
  * into reductions.  Every normalised node goes through emit(): its output
- * shapes come from ap__op_infer (ops.c), and when all its inputs are small
- * known constants and its outputs are small it is evaluated on the spot by
- * the reference evaluator (onnx_fold.c) instead of being added.  Shape,
+ * shapes come from ap__op_infer (ops.c), and when all its inputs are known
+ * constants (any op: the reference evaluator, onnx_fold.c, implements them
+ * all) and its outputs and the work are bounded (FOLD_MAX_BYTES,
+ * FOLD_MAX_WORK) it is evaluated on the spot instead of being added, so
+ * subgraphs that compute masks and tables from constants disappear.
+ * Weights are not constants here: a floating-point initializer too large
+ * to travel by value (AP_CONST_MAX_BYTES) is a PARAM that the client binds
+ * at launch (a training job's weights change every step), so nothing that
+ * reads one is folded, and a model whose integer inputs are given still
+ * compiles its data path instead of collapsing into the evaluator.  Shape,
  * Size, ConstantOfShape and Range are answered from static shapes and
  * constants directly, and an If whose condition is known is replaced by
  * the nodes of the branch it takes.
@@ -43,6 +50,15 @@
 #define NAME_CAP 256
 #define MAX_INTS 16          /* longest INTS attribute the importer builds */
 #define MAX_RANGE_ELEMS ((int64_t)1 << 20)   /* a Range is data: 8 MiB at most */
+/* Resize/Upsample become Gathers over per-axis index and weight tables
+ * (constants built here): an axis of the output may be at most this long. */
+#define MAX_RESIZE_AXIS ((int64_t)1 << 20)
+/* Constant folding: a node whose inputs are all known is evaluated at
+ * import when each output is at most FOLD_MAX_BYTES and the evaluation
+ * visits at most FOLD_MAX_WORK elements (fold_work); its results become
+ * CONSTs, or PARAMs with data when larger than AP_CONST_MAX_BYTES. */
+#define FOLD_MAX_BYTES ((int64_t)16 << 20)
+#define FOLD_MAX_WORK ((int64_t)1 << 27)
 /* A model may take this many times its size once decoded, plus 16 MiB:
  * weights decode at 1x, structure at 2-18x (the backend-test models);
  * crafted bytes would take much more (issue 11, item 6). */
@@ -58,6 +74,7 @@ typedef struct ival {
 	ap_host_tensor *data;            /* known value (owned) */
 	const Onnx__TensorProto *lazy;   /* known value not yet decoded */
 	bool fill;                       /* every element equals fill_f / fill_i */
+	bool weight;                     /* a large float initializer: never folded into */
 	double fill_f;
 	int64_t fill_i;
 	const char *poison;              /* why this value must not be used */
@@ -297,16 +314,14 @@ static bool int_dtype(ap_dtype dt)
 	return dt == AP_DT_I32 || dt == AP_DT_I64 || dt == AP_DT_I8 || dt == AP_DT_U8;
 }
 
+static bool float_dtype(ap_dtype dt)
+{
+	return dt == AP_DT_F32 || dt == AP_DT_F64 || dt == AP_DT_F16 || dt == AP_DT_BF16;
+}
+
 static bool known(const ival *v)
 {
 	return v && (v->data || v->lazy);
-}
-
-static bool known_small(const ival *v)
-{
-	int64_t b = v ? sh_bytes(&v->sh) : -1;
-
-	return known(v) && b >= 0 && b <= AP_CONST_MAX_BYTES;
 }
 
 /* The data of a known value, decoding it on first use. */
@@ -561,6 +576,84 @@ static void ab_ints(abuf *b, const char *name, const int64_t *v, int n)
 
 /* ---- emit: one normalised node, folded or added ------------------------------- */
 
+/* Elements the reference evaluator visits for `op` (an estimate, to bound
+ * folding): multiply-adds for the contractions and windows, the elements
+ * read and written otherwise.  Saturates at INT64_MAX / 2. */
+static int64_t fold_work(ap_op op, const abuf *A, int n_in, ival *const *ins, int n_out,
+			 const ap_shape *out)
+{
+	int64_t w = 0, per = 1;
+	const int64_t cap = INT64_MAX / 2;
+
+	for (int k = 0; k < n_out; k++)
+		w += sh_numel(&out[k]) > 0 ? sh_numel(&out[k]) : 0;
+	switch (op) {
+	case AP_OP_MATMUL:
+		per = ins[0]->sh.rank ? ins[0]->sh.dims[ins[0]->sh.rank - 1] : 1;
+		break;
+	case AP_OP_GEMM:
+		per = ins[0]->sh.dims[0] * ins[0]->sh.dims[1] / (out[0].dims[0] ? out[0].dims[0] : 1);
+		break;
+	case AP_OP_CONV: case AP_OP_CONV_TRANSPOSE:
+		/* every weight against every output element (the evaluator's loops) */
+		per = sh_numel(&ins[1]->sh);
+		if (op == AP_OP_CONV_TRANSPOSE && sh_numel(&out[0]) > 0)
+			per = per * sh_numel(&ins[0]->sh) / sh_numel(&out[0]);
+		break;
+	case AP_OP_MAX_POOL: case AP_OP_AVERAGE_POOL: case AP_OP_LRN:
+		for (int i = 0; A && i < A->n; i++)
+			if (!strcmp(A->a[i].name, "kernel_shape"))
+				for (int d = 0; d < A->a[i].n_ints; d++)
+					per *= A->a[i].ints[d] > 0 ? A->a[i].ints[d] : 1;
+		if (op == AP_OP_LRN)
+			per = 16;
+		break;
+	default:
+		break;
+	}
+	if (per > 1 && w > cap / per)
+		return cap;
+	w *= per;
+	for (int i = 0; i < n_in; i++) {
+		int64_t m = ins[i] ? sh_numel(&ins[i]->sh) : 0;
+
+		if (m > 0)
+			w = w > cap - m ? cap : w + m;
+	}
+	return w;
+}
+
+/* A known value's data for the evaluator: its own, or a fill spelled out
+ * into *tmp (freed by the caller).  NULL with the error set. */
+static const ap_host_tensor *fold_input(imp *im, ival *v, ap_host_tensor **tmp)
+{
+	int64_t m;
+
+	*tmp = NULL;
+	if (!v->fill)
+		return val_data(im, v);
+	*tmp = ap__host_tensor_new(v->name, v->sh.dtype, v->sh.rank, v->sh.dims);
+	if (!*tmp) {
+		nomem(im);
+		return NULL;
+	}
+	m = sh_numel(&v->sh);
+	for (int64_t i = 0; i < m; i++) {
+		void *d = (*tmp)->data;
+
+		switch (v->sh.dtype) {
+		case AP_DT_F32: ((float *)d)[i] = (float)v->fill_f; break;
+		case AP_DT_F64: ((double *)d)[i] = v->fill_f; break;
+		case AP_DT_I32: ((int32_t *)d)[i] = (int32_t)v->fill_i; break;
+		case AP_DT_I64: ((int64_t *)d)[i] = v->fill_i; break;
+		case AP_DT_I8: ((int8_t *)d)[i] = (int8_t)v->fill_i; break;
+		case AP_DT_BOOL: ((uint8_t *)d)[i] = v->fill_i != 0; break;
+		default: ((uint8_t *)d)[i] = (uint8_t)v->fill_i; break;
+		}
+	}
+	return *tmp;
+}
+
 /* Lowers one normalised node.  ins[i] may be NULL (optional input left
  * out); out_names[k] NULL or "" = output not produced.  given: output
  * shapes of the ops whose output shape is not inferred (ap__op_shape_given).
@@ -592,7 +685,9 @@ static int emit(imp *im, ap_op op, abuf *A, int n_in, ival *const *ins, int n_ou
 			return fail(im, AP_EUNSUPPORTED, ins[i]->name,
 				    "'%s' (%s of node '%s') is not supported", ins[i]->name,
 				    ins[i]->poison, ins[i]->poison_node);
-		if (ins[i] && !known_small(ins[i]))
+		if (ins[i] && ((!known(ins[i]) &&
+		     !(ins[i]->fill && sh_bytes(&ins[i]->sh) >= 0 && sh_bytes(&ins[i]->sh) <= FOLD_MAX_BYTES)) ||
+		    ins[i]->weight))
 			fold = false;
 	}
 	for (int k = 0; k < n_out; k++) {
@@ -610,17 +705,25 @@ static int emit(imp *im, ap_op op, abuf *A, int n_in, ival *const *ins, int n_ou
 	for (int k = 0; k < n_out && fold; k++) {
 		int64_t b = sh_bytes(&out_sh[k]);
 
-		if (b < 0 || b > AP_CONST_MAX_BYTES)
+		if (b < 0 || b > FOLD_MAX_BYTES)
 			fold = false;
 	}
+	if (fold && fold_work(op, A, n_in, ins, n_out, out_sh) > FOLD_MAX_WORK)
+		fold = false;
 	if (fold) {
 		const ap_host_tensor *in_d[64];
-		ap_host_tensor *out_d[64];
+		ap_host_tensor *out_d[64], *tmp[64];
 
-		for (int i = 0; i < n_in; i++) {
-			in_d[i] = ins[i] ? val_data(im, ins[i]) : NULL;
+		memset(tmp, 0, sizeof(tmp));
+		for (int i = 0; i < n_in && rc == 0; i++) {
+			in_d[i] = ins[i] ? fold_input(im, ins[i], &tmp[i]) : NULL;
 			if (ins[i] && !in_d[i])
-				return im->err ? im->err->code : AP_EINVAL;
+				rc = im->err && im->err->code ? im->err->code : AP_EINVAL;
+		}
+		if (rc) {
+			for (int i = 0; i < n_in; i++)
+				ap_host_tensor_free(tmp[i]);
+			return rc;
 		}
 		memset(out_d, 0, sizeof(out_d));
 		for (int k = 0; k < n_out; k++) {
@@ -641,6 +744,8 @@ static int emit(imp *im, ap_op op, abuf *A, int n_in, ival *const *ins, int n_ou
 		}
 		for (int k = 0; k < n_out; k++)
 			ap_host_tensor_free(out_d[k]);
+		for (int i = 0; i < n_in; i++)
+			ap_host_tensor_free(tmp[i]);
 		if (rc != AP_EUNSUPPORTED)
 			return rc;
 		ap_error_clear(im->err);
@@ -899,7 +1004,8 @@ static const struct { const char *onnx; ap_op op; } unary_ops[] = {
 	{ "Sigmoid", AP_OP_SIGMOID }, { "Relu", AP_OP_RELU }, { "Erf", AP_OP_ERF },
 	{ "Sign", AP_OP_SIGN }, { "Floor", AP_OP_FLOOR }, { "Ceil", AP_OP_CEIL },
 	{ "Not", AP_OP_NOT }, { "Softsign", AP_OP_SOFTSIGN }, { "HardSwish", AP_OP_HARD_SWISH },
-	{ "Mish", AP_OP_MISH }, { "Softplus", AP_OP_SOFTPLUS },
+	{ "Mish", AP_OP_MISH }, { "Softplus", AP_OP_SOFTPLUS }, { "Sin", AP_OP_SIN },
+	{ "Cos", AP_OP_COS }, { "IsNaN", AP_OP_IS_NAN },
 };
 
 static const struct { const char *onnx; ap_op op; } binary_ops[] = {
@@ -1686,6 +1792,9 @@ static int imp_tile(imp *im, const Onnx__NodeProto *n)
 			return fail(im, AP_ETOOLARGE, out_name(n, 0), "Tile: result too large");
 		r.dims[d] = x->sh.dims[d] * rep[d];
 	}
+	if (sh_numel(&r) < 0)
+		return fail(im, AP_ETOOLARGE, out_name(n, 0), "Tile: result of more than %lld elements",
+			    (long long)AP_MAX_ELEMENTS);
 	TRY(emit1(im, AP_OP_TILE, NULL, 1, &x, out_name(n, 0), &r, &y));
 	return bind(im, out_name(n, 0), y);
 }
@@ -2090,11 +2199,16 @@ static int imp_range(imp *im, const Onnx__NodeProto *n)
 	TRY(get_scalar(im, in[2], "Range delta", &d));
 	if (d == 0)
 		return fail(im, AP_EINVAL, in[2]->name, "Range: delta 0");
-	cnt = ap_f64_to_i64(ceil((l - s) / d));
-	if (cnt < 0)
-		cnt = 0;
-	if (cnt > MAX_RANGE_ELEMS)
-		return fail(im, AP_ETOOLARGE, out_name(n, 0), "Range of %lld elements", (long long)cnt);
+	if (!isfinite(s) || !isfinite(l) || !isfinite(d))
+		return fail(im, AP_EINVAL, out_name(n, 0), "Range from %g to %g by %g", s, l, d);
+	{
+		double c = ceil((l - s) / d);   /* compared as a double: it may not fit an int64 */
+
+		if (c > (double)MAX_RANGE_ELEMS)
+			return fail(im, AP_ETOOLARGE, out_name(n, 0), "Range of %.0f elements (at most %lld)",
+				    c, (long long)MAX_RANGE_ELEMS);
+		cnt = c < 0 ? 0 : (int64_t)c;
+	}
 	t = ap__host_tensor_new(out_name(n, 0), in[0]->sh.dtype, 1, &cnt);
 	if (!t)
 		return fail(im, AP_EUNSUPPORTED, in[0]->name, "Range of dtype %s",
@@ -2178,6 +2292,740 @@ static int imp_if(imp *im, const Onnx__NodeProto *n)
 	return 0;
 }
 
+/* ---- ops of issue 12: elementwise tests, gather/scatter by elements, scans --------- */
+
+static int imp_is_inf(imp *im, const Onnx__NodeProto *n)
+{
+	ival *x, *y;
+	abuf A;
+
+	A.n = 0;
+	TRY(get_in(im, n, 0, true, &x));
+	ab_int(&A, "detect_negative", aint(n, "detect_negative", 1) ? 1 : 0);
+	ab_int(&A, "detect_positive", aint(n, "detect_positive", 1) ? 1 : 0);
+	TRY(emit1(im, AP_OP_IS_INF, &A, 1, &x, out_name(n, 0), NULL, &y));
+	return bind(im, out_name(n, 0), y);
+}
+
+static int imp_shrink(imp *im, const Onnx__NodeProto *n)
+{
+	ival *x, *y;
+	abuf A;
+
+	A.n = 0;
+	TRY(get_in(im, n, 0, true, &x));
+	ab_float(&A, "bias", afloat(n, "bias", 0.0));
+	ab_float(&A, "lambd", afloat(n, "lambd", 0.5));
+	TRY(emit1(im, AP_OP_SHRINK, &A, 1, &x, out_name(n, 0), NULL, &y));
+	return bind(im, out_name(n, 0), y);
+}
+
+/* GatherElements, ScatterElements (and opset 9-10 Scatter), ScatterND. */
+static int imp_elements(imp *im, const Onnx__NodeProto *n, ap_op op)
+{
+	ival *in[3], *y;
+	int n_in = op == AP_OP_GATHER_ELEMENTS ? 2 : 3;
+	char buf[16];
+	const char *red = astr(n, "reduction", "none", buf, sizeof(buf));
+	int64_t axis;
+	abuf A;
+
+	A.n = 0;
+	for (int i = 0; i < n_in; i++)
+		TRY(get_in(im, n, (size_t)i, true, &in[i]));
+	if (op != AP_OP_SCATTER_ND) {
+		TRY(norm_axis(im, aint(n, "axis", 0), in[0]->sh.rank, &axis));
+		ab_int(&A, "axis", axis);
+	}
+	if (op != AP_OP_GATHER_ELEMENTS)
+		ab_str(&A, "reduction", red);
+	TRY(emit1(im, op, &A, n_in, in, out_name(n, 0), NULL, &y));
+	return bind(im, out_name(n, 0), y);
+}
+
+static int imp_trilu(imp *im, const Onnx__NodeProto *n)
+{
+	ival *x, *kv = NULL, *y;
+	double k = 0;
+	abuf A;
+
+	A.n = 0;
+	TRY(get_in(im, n, 0, true, &x));
+	TRY(get_in(im, n, 1, false, &kv));
+	if (kv)
+		TRY(get_scalar(im, kv, "Trilu k", &k));
+	ab_int(&A, "upper", aint(n, "upper", 1) ? 1 : 0);
+	ab_int(&A, "k", (int64_t)k);
+	TRY(emit1(im, AP_OP_TRILU, &A, 1, &x, out_name(n, 0), NULL, &y));
+	return bind(im, out_name(n, 0), y);
+}
+
+static int imp_cumsum(imp *im, const Onnx__NodeProto *n)
+{
+	ival *x, *av, *y;
+	double a;
+	int64_t axis;
+	abuf A;
+
+	A.n = 0;
+	TRY(get_in(im, n, 0, true, &x));
+	TRY(get_in(im, n, 1, true, &av));
+	TRY(get_scalar(im, av, "CumSum axis", &a));
+	TRY(norm_axis(im, (int64_t)a, x->sh.rank, &axis));
+	ab_int(&A, "axis", axis);
+	ab_int(&A, "exclusive", aint(n, "exclusive", 0) ? 1 : 0);
+	ab_int(&A, "reverse", aint(n, "reverse", 0) ? 1 : 0);
+	TRY(emit1(im, AP_OP_CUM_SUM, &A, 1, &x, out_name(n, 0), NULL, &y));
+	return bind(im, out_name(n, 0), y);
+}
+
+static int imp_argext(imp *im, const Onnx__NodeProto *n, ap_op op)
+{
+	ival *x, *y;
+	int64_t axis;
+	abuf A;
+
+	A.n = 0;
+	TRY(get_in(im, n, 0, true, &x));
+	TRY(norm_axis(im, aint(n, "axis", 0), x->sh.rank, &axis));
+	ab_int(&A, "axis", axis);
+	ab_int(&A, "keepdims", aint(n, "keepdims", 1) ? 1 : 0);
+	ab_int(&A, "select_last_index", aint(n, "select_last_index", 0) ? 1 : 0);
+	TRY(emit1(im, op, &A, 1, &x, out_name(n, 0), NULL, &y));
+	return bind(im, out_name(n, 0), y);
+}
+
+/* ---- ops imported as other ops ------------------------------------------------------ */
+
+/* x transposed by perm (rank values); x itself when perm is the identity. */
+static int transpose_to(imp *im, ival *x, const int64_t *perm, const char *name, ival **out)
+{
+	bool ident = true;
+	abuf A;
+
+	for (int d = 0; d < x->sh.rank; d++)
+		if (perm[d] != d)
+			ident = false;
+	if (ident) {
+		*out = x;
+		return 0;
+	}
+	A.n = 0;
+	ab_ints(&A, "perm", perm, x->sh.rank);
+	return emit1(im, AP_OP_TRANSPOSE, &A, 1, &x, name, NULL, out);
+}
+
+/* DepthToSpace (DCR or CRD) and SpaceToDepth on [N, C, H, W]: a reshape to
+ * rank 6, a transpose, a reshape back (ONNX operator specification). */
+static int imp_depth_space(imp *im, const Onnx__NodeProto *n, bool to_space)
+{
+	ival *x, *a, *b, *y;
+	int64_t bs = aint(n, "blocksize", 0), d6[6], perm[6], d4[4], N, C, H, W;
+	char buf[8], nm[NAME_CAP];
+	bool crd = strcmp(astr(n, "mode", "DCR", buf, sizeof(buf)), "CRD") == 0;
+
+	TRY(get_in(im, n, 0, true, &x));
+	if (x->sh.rank != 4 || bs < 1)
+		return fail(im, AP_EINVAL, x->name, "%s needs a rank-4 input and blocksize >= 1 (%lld)",
+			    n->op_type, (long long)bs);
+	N = x->sh.dims[0];
+	C = x->sh.dims[1];
+	H = x->sh.dims[2];
+	W = x->sh.dims[3];
+	if (to_space) {
+		if (C % (bs * bs))
+			return fail(im, AP_ESHAPE, x->name, "DepthToSpace: %lld channels for blocksize %lld",
+				    (long long)C, (long long)bs);
+		if (crd) {
+			int64_t s[6] = { N, C / (bs * bs), bs, bs, H, W }, p[6] = { 0, 1, 4, 2, 5, 3 };
+			memcpy(d6, s, sizeof(s));
+			memcpy(perm, p, sizeof(p));
+		} else {
+			int64_t s[6] = { N, bs, bs, C / (bs * bs), H, W }, p[6] = { 0, 3, 4, 1, 5, 2 };
+			memcpy(d6, s, sizeof(s));
+			memcpy(perm, p, sizeof(p));
+		}
+		d4[0] = N; d4[1] = C / (bs * bs); d4[2] = H * bs; d4[3] = W * bs;
+	} else {
+		int64_t s[6] = { N, C, H / bs, bs, W / bs, bs }, p[6] = { 0, 3, 5, 1, 2, 4 };
+
+		if (crd) {
+			/* channel, then row and column offsets within the block */
+			p[1] = 1; p[2] = 3; p[3] = 5; p[4] = 2; p[5] = 4;
+		}
+		if (H % bs || W % bs)
+			return fail(im, AP_ESHAPE, x->name, "SpaceToDepth: %lldx%lld for blocksize %lld",
+				    (long long)H, (long long)W, (long long)bs);
+		memcpy(d6, s, sizeof(s));
+		memcpy(perm, p, sizeof(p));
+		d4[0] = N; d4[1] = C * bs * bs; d4[2] = H / bs; d4[3] = W / bs;
+	}
+	snprintf(nm, sizeof(nm), "%.200s_split", out_name(n, 0));
+	TRY(reshape_to(im, x, 6, d6, nm, &a));
+	snprintf(nm, sizeof(nm), "%.200s_perm", out_name(n, 0));
+	TRY(transpose_to(im, a, perm, nm, &b));
+	TRY(reshape_to(im, b, 4, d4, out_name(n, 0), &y));
+	return bind(im, out_name(n, 0), y);
+}
+
+/* Einsum as a plain contraction (ONNX Einsum; numpy.einsum's rules): one or
+ * two operands, no label repeated within an operand, "..." allowed.  Labels
+ * only one operand has and the output lacks are summed first; then the
+ * operands are transposed to [batch, free, contracted] / [batch,
+ * contracted, free], reshaped to 3 groups, multiplied (MatMul) and the
+ * result reshaped and transposed to the output's order. */
+#define EIN_MAX (2 * AP_MAX_RANK)
+typedef struct ein_op {
+	char lab[EIN_MAX];
+	int n;
+} ein_op;
+
+/* Parses one operand's labels (letters; "..." becomes the ellipsis labels
+ * '0'.. right-aligned over `ell` dims) for an operand of rank `rank`. */
+static int ein_parse(imp *im, const char *s, size_t len, int rank, int ell, ein_op *o)
+{
+	int explicit_n = 0, total;
+	bool has_ell = false;
+
+	o->n = 0;
+	for (size_t i = 0; i < len; i++) {
+		if (s[i] == '.') {
+			if (i + 2 >= len || s[i + 1] != '.' || s[i + 2] != '.' || has_ell)
+				return fail(im, AP_EINVAL, NULL, "Einsum: bad ellipsis");
+			has_ell = true;
+			i += 2;
+			continue;
+		}
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z')))
+			return fail(im, AP_EINVAL, NULL, "Einsum: bad label '%c'", s[i]);
+		explicit_n++;
+	}
+	if (rank >= 0 && (has_ell ? explicit_n > rank : explicit_n != rank))
+		return fail(im, AP_ESHAPE, NULL, "Einsum: %d labels for an operand of rank %d",
+			    explicit_n, rank);
+	/* the labels this term will hold: o->lab has room for EIN_MAX */
+	total = explicit_n + (has_ell ? (rank >= 0 ? rank - explicit_n : ell) : 0);
+	if (total > AP_MAX_RANK)
+		return fail(im, AP_EUNSUPPORTED, NULL, "Einsum: %d labels in one term (at most %d)",
+			    total, AP_MAX_RANK);
+	for (size_t i = 0; i < len; i++) {
+		if (s[i] == '.') {
+			int e = rank >= 0 ? rank - explicit_n : ell;
+
+			for (int k = 0; k < e; k++)
+				o->lab[o->n++] = (char)('0' + (ell - e) + k);
+			i += 2;
+			continue;
+		}
+		for (int k = 0; k < o->n; k++)
+			if (o->lab[k] == s[i])
+				return fail(im, AP_EUNSUPPORTED, NULL,
+					    "Einsum: label '%c' repeated in one operand (a diagonal)", s[i]);
+		o->lab[o->n++] = s[i];
+	}
+	return 0;
+}
+
+static int ein_find(const ein_op *o, char c)
+{
+	for (int k = 0; k < o->n; k++)
+		if (o->lab[k] == c)
+			return k;
+	return -1;
+}
+
+/* Sums x (labels o) over the labels that `keep` does not mark. */
+static int ein_sum_out(imp *im, ival **x, ein_op *o, const bool *keep, const char *base)
+{
+	ival *s;
+	int64_t axes[EIN_MAX];
+	int na = 0, m = 0;
+	char nm[NAME_CAP];
+	abuf A;
+
+	for (int k = 0; k < o->n; k++)
+		if (!keep[k])
+			axes[na++] = k;
+	if (!na)
+		return 0;
+	A.n = 0;
+	ab_ints(&A, "axes", axes, na);
+	ab_int(&A, "keepdims", 0);
+	snprintf(nm, sizeof(nm), "%.200s_sum", base);
+	TRY(emit1(im, AP_OP_REDUCE_SUM, &A, 1, x, nm, NULL, &s));
+	*x = s;
+	for (int k = 0; k < o->n; k++)
+		if (keep[k])
+			o->lab[m++] = o->lab[k];
+	o->n = m;
+	return 0;
+}
+
+static int imp_einsum(imp *im, const Onnx__NodeProto *n)
+{
+	char eq[256], cleaned[256];
+	const char *arrow, *comma;
+	ein_op op[2], out;
+	ival *x[2], *y;
+	int n_ops = (int)n->n_input, ell = 0, m = 0;
+	const char *base = out_name(n, 0);
+	char nm[NAME_CAP];
+
+	if (n_ops < 1 || n_ops > 2)
+		return fail(im, AP_EUNSUPPORTED, NULL, "Einsum of %d operands (1 or 2 supported)", n_ops);
+	astr(n, "equation", "", eq, sizeof(eq));
+	for (size_t i = 0, j = 0; i <= strlen(eq); i++)
+		if (eq[i] != ' ')
+			cleaned[j++] = eq[i];
+	arrow = strstr(cleaned, "->");
+	comma = strchr(cleaned, ',');
+	if ((n_ops == 2) != (comma != NULL && (!arrow || comma < arrow)))
+		return fail(im, AP_EINVAL, NULL, "Einsum: equation '%s' for %d operands", eq, n_ops);
+	for (int i = 0; i < n_ops; i++) {
+		TRY(get_in(im, n, (size_t)i, true, &x[i]));
+		if (x[i]->sh.rank > ell)
+			ell = x[i]->sh.rank;
+	}
+	{
+		const char *s = cleaned;
+		int maxe = 0;
+
+		for (int i = 0; i < n_ops; i++) {
+			const char *e = i == 0 && n_ops == 2 ? comma : arrow ? arrow : cleaned + strlen(cleaned);
+			int cnt = 0;
+			bool has = false;
+
+			for (const char *p = s; p < e; p++) {
+				if (*p == '.') {
+					has = true;
+					p += 2;
+				} else {
+					cnt++;
+				}
+			}
+			if (has && x[i]->sh.rank - cnt > maxe)
+				maxe = x[i]->sh.rank - cnt;
+			s = e + 1;
+		}
+		ell = maxe;
+		s = cleaned;
+		for (int i = 0; i < n_ops; i++) {
+			const char *e = i == 0 && n_ops == 2 ? comma : arrow ? arrow : cleaned + strlen(cleaned);
+
+			TRY(ein_parse(im, s, (size_t)(e - s), x[i]->sh.rank, ell, &op[i]));
+			s = e + 1;
+		}
+	}
+	if (arrow) {
+		TRY(ein_parse(im, arrow + 2, strlen(arrow + 2), -1, ell, &out));
+	} else {
+		/* implicit: the ellipsis, then the labels seen once, sorted */
+		out.n = 0;
+		for (int k = 0; k < ell; k++)
+			out.lab[out.n++] = (char)('0' + k);
+		for (char c = 'A'; c <= 'z'; c++) {
+			int seen = 0;
+
+			if (c > 'Z' && c < 'a')
+				continue;
+			for (int i = 0; i < n_ops; i++)
+				seen += ein_find(&op[i], c) >= 0;
+			if (seen == 1)
+				out.lab[out.n++] = c;
+		}
+	}
+	for (int k = 0; k < out.n; k++) {
+		bool found = false;
+
+		for (int i = 0; i < n_ops; i++)
+			found |= ein_find(&op[i], out.lab[k]) >= 0;
+		if (!found)
+			return fail(im, AP_EINVAL, NULL, "Einsum: output label '%c' is in no operand",
+				    out.lab[k]);
+	}
+	/* sizes must agree */
+	for (int k = 0; n_ops == 2 && k < op[0].n; k++) {
+		int j = ein_find(&op[1], op[0].lab[k]);
+
+		if (j >= 0 && x[0]->sh.dims[k] != x[1]->sh.dims[j])
+			return fail(im, AP_ESHAPE, x[1]->name, "Einsum: label '%c' is %lld and %lld",
+				    op[0].lab[k], (long long)x[0]->sh.dims[k], (long long)x[1]->sh.dims[j]);
+	}
+	/* labels only one operand has and the output lacks: summed first */
+	for (int i = 0; i < n_ops; i++) {
+		bool keep[EIN_MAX];
+
+		for (int k = 0; k < op[i].n; k++)
+			keep[k] = ein_find(&out, op[i].lab[k]) >= 0 ||
+				  (n_ops == 2 && ein_find(&op[1 - i], op[i].lab[k]) >= 0);
+		snprintf(nm, sizeof(nm), "%.200s_%d", base, i);
+		TRY(ein_sum_out(im, &x[i], &op[i], keep, nm));
+	}
+	if (n_ops == 1) {
+		int64_t perm[EIN_MAX];
+
+		for (int k = 0; k < out.n; k++)
+			perm[k] = ein_find(&op[0], out.lab[k]);
+		if (out.n != op[0].n)
+			return fail(im, AP_EINTERNAL, NULL, "Einsum: labels lost");
+		TRY(transpose_to(im, x[0], perm, base, &y));
+		if (y == x[0]) {
+			TRY(emit1(im, AP_OP_IDENTITY, NULL, 1, &x[0], base, NULL, &y));
+		}
+		return bind(im, base, y);
+	}
+	{
+		/* batch: in both and the output; free: one operand and the
+		 * output; contracted: both, not the output */
+		char bat[EIN_MAX], fa[EIN_MAX], fb[EIN_MAX], con[EIN_MAX];
+		int nb = 0, nfa = 0, nfb = 0, nc = 0;
+		int64_t pa[EIN_MAX], pb[EIN_MAX], da[AP_MAX_RANK], db[AP_MAX_RANK], dc[EIN_MAX];
+		int64_t M = 1, N = 1, K = 1, pc[EIN_MAX];
+		ival *a, *b, *c, *pair[2];
+		ein_op res;
+
+		for (int k = 0; k < out.n; k++) {
+			bool ia = ein_find(&op[0], out.lab[k]) >= 0, ib = ein_find(&op[1], out.lab[k]) >= 0;
+
+			if (ia && ib)
+				bat[nb++] = out.lab[k];
+		}
+		for (int k = 0; k < op[0].n; k++) {
+			char l = op[0].lab[k];
+
+			if (ein_find(&op[1], l) < 0)
+				fa[nfa++] = l;
+			else if (ein_find(&out, l) < 0)
+				con[nc++] = l;
+		}
+		for (int k = 0; k < op[1].n; k++)
+			if (ein_find(&op[0], op[1].lab[k]) < 0)
+				fb[nfb++] = op[1].lab[k];
+		if (nb + 2 > AP_MAX_RANK || nb + nfa + nfb > AP_MAX_RANK)
+			return fail(im, AP_EUNSUPPORTED, NULL, "Einsum: too many dimensions");
+		for (int k = 0; k < nb; k++) {
+			pa[m] = ein_find(&op[0], bat[k]);
+			pb[m] = ein_find(&op[1], bat[k]);
+			da[m] = db[m] = x[0]->sh.dims[pa[m]];
+			m++;
+		}
+		for (int k = 0; k < nfa; k++) {
+			pa[nb + k] = ein_find(&op[0], fa[k]);
+			M *= x[0]->sh.dims[pa[nb + k]];
+		}
+		for (int k = 0; k < nc; k++) {
+			pa[nb + nfa + k] = ein_find(&op[0], con[k]);
+			pb[nb + k] = ein_find(&op[1], con[k]);
+			K *= x[0]->sh.dims[pa[nb + nfa + k]];
+		}
+		for (int k = 0; k < nfb; k++) {
+			pb[nb + nc + k] = ein_find(&op[1], fb[k]);
+			N *= x[1]->sh.dims[pb[nb + nc + k]];
+		}
+		snprintf(nm, sizeof(nm), "%.200s_a", base);
+		TRY(transpose_to(im, x[0], pa, nm, &a));
+		da[nb] = M;
+		da[nb + 1] = K;
+		snprintf(nm, sizeof(nm), "%.200s_a2", base);
+		TRY(reshape_to(im, a, nb + 2, da, nm, &a));
+		snprintf(nm, sizeof(nm), "%.200s_b", base);
+		TRY(transpose_to(im, x[1], pb, nm, &b));
+		db[nb] = K;
+		db[nb + 1] = N;
+		snprintf(nm, sizeof(nm), "%.200s_b2", base);
+		TRY(reshape_to(im, b, nb + 2, db, nm, &b));
+		pair[0] = a;
+		pair[1] = b;
+		snprintf(nm, sizeof(nm), "%.200s_mm", base);
+		TRY(emit1(im, AP_OP_MATMUL, NULL, 2, pair, nm, NULL, &c));
+		/* [batch, free a, free b] */
+		res.n = 0;
+		for (int k = 0; k < nb; k++) {
+			dc[res.n] = da[k];
+			res.lab[res.n++] = bat[k];
+		}
+		for (int k = 0; k < nfa; k++) {
+			dc[res.n] = x[0]->sh.dims[ein_find(&op[0], fa[k])];
+			res.lab[res.n++] = fa[k];
+		}
+		for (int k = 0; k < nfb; k++) {
+			dc[res.n] = x[1]->sh.dims[ein_find(&op[1], fb[k])];
+			res.lab[res.n++] = fb[k];
+		}
+		snprintf(nm, sizeof(nm), "%.200s_c", base);
+		TRY(reshape_to(im, c, res.n, dc, nm, &c));
+		for (int k = 0; k < out.n; k++)
+			pc[k] = ein_find(&res, out.lab[k]);
+		TRY(transpose_to(im, c, pc, base, &y));
+		return bind(im, base, y);
+	}
+}
+
+/* A new known tensor of dtype dt and shape (rank, dims) holding vals
+ * (numel of them, converted). */
+static ival *array_val(imp *im, const char *name, ap_dtype dt, int rank, const int64_t *dims,
+		       const double *vals)
+{
+	ap_host_tensor *t = ap__host_tensor_new(name, dt, rank, dims);
+	int64_t cnt = ap__shape_numel(rank, dims);
+
+	if (!t) {
+		nomem(im);
+		return NULL;
+	}
+	for (int64_t i = 0; i < cnt; i++) {
+		switch (dt) {
+		case AP_DT_F32: ((float *)t->data)[i] = (float)vals[i]; break;
+		case AP_DT_F64: ((double *)t->data)[i] = vals[i]; break;
+		default: ((int64_t *)t->data)[i] = (int64_t)vals[i]; break;
+		}
+	}
+	return const_val(im, name, t);
+}
+
+/* Resize (opsets 10-19) and Upsample (7-9) in nearest and linear modes:
+ * separable, one resized axis at a time.  For output coordinate x the
+ * input coordinate comes from coordinate_transformation_mode (computed in
+ * float32, as onnxruntime does); nearest rounds it by nearest_mode and
+ * gathers; linear gathers the two neighbours (clamped to the edge) and
+ * weighs them.  Cubic, antialias, tf_crop_and_resize and a
+ * keep_aspect_ratio_policy other than stretch are refused. */
+static int imp_resize(imp *im, const Onnx__NodeProto *n, bool upsample)
+{
+	ival *x, *roi = NULL, *sc = NULL, *sz = NULL, *y;
+	char mb[16], cb[32], nb[32], kb[16];
+	const char *mode = astr(n, "mode", "nearest", mb, sizeof(mb));
+	bool old = upsample || im->opset < 11;
+	const char *ctm = old ? "asymmetric" : astr(n, "coordinate_transformation_mode", "half_pixel", cb, sizeof(cb));
+	const char *nmode = old ? "simple" : astr(n, "nearest_mode", "round_prefer_floor", nb, sizeof(nb));
+	double scales[AP_MAX_RANK];
+	int64_t sizes[AP_MAX_RANK], axes[AP_MAX_RANK], raw[AP_MAX_RANK];
+	int r, na = 0, cnt;
+	bool linear;
+	const char *base = out_name(n, 0);
+
+	TRY(get_in(im, n, 0, true, &x));
+	r = x->sh.rank;
+	linear = !strcmp(mode, "linear") || !strcmp(mode, "bilinear");
+	if (!linear && strcmp(mode, "nearest"))
+		return fail(im, AP_EUNSUPPORTED, NULL, "%s: mode '%s' (nearest and linear supported)",
+			    n->op_type, mode);
+	if (aint(n, "antialias", 0))
+		return fail(im, AP_EUNSUPPORTED, NULL, "%s: antialias", n->op_type);
+	if (!strcmp(ctm, "tf_crop_and_resize"))
+		return fail(im, AP_EUNSUPPORTED, NULL, "%s: tf_crop_and_resize", n->op_type);
+	if (strcmp(astr(n, "keep_aspect_ratio_policy", "stretch", kb, sizeof(kb)), "stretch"))
+		return fail(im, AP_EUNSUPPORTED, NULL, "%s: keep_aspect_ratio_policy '%s'", n->op_type, kb);
+	if (linear && x->sh.dtype != AP_DT_F32 && x->sh.dtype != AP_DT_F64)
+		return fail(im, AP_EUNSUPPORTED, x->name, "%s: linear mode on %s", n->op_type,
+			    ap_dtype_name(x->sh.dtype));
+	TRY(aints(im, n, "axes", raw, AP_MAX_RANK, &na));
+	if (!na)
+		for (int d = 0; d < r; d++)
+			raw[na++] = d;
+	for (int i = 0; i < na; i++)
+		TRY(norm_axis(im, raw[i], r, &axes[i]));
+	for (int d = 0; d < r; d++) {
+		scales[d] = 1;
+		sizes[d] = x->sh.dims[d];
+	}
+	if (upsample && im->opset < 9) {
+		const Onnx__AttributeProto *a = attr(n, "scales");
+
+		if (!a || a->n_floats != (size_t)r)
+			return fail(im, AP_EINVAL, NULL, "Upsample: scales must have %d values", r);
+		for (int d = 0; d < r; d++)
+			scales[d] = a->floats[d];
+	} else {
+		size_t si = upsample || im->opset < 11 ? 1 : 2;
+
+		if (!old)
+			TRY(get_in(im, n, 1, false, &roi));
+		TRY(get_in(im, n, si, false, &sc));
+		if (!old)
+			TRY(get_in(im, n, 3, false, &sz));
+		if (sc && sh_numel(&sc->sh) == 0)
+			sc = NULL;
+		if (sz && sh_numel(&sz->sh) == 0)
+			sz = NULL;
+		if (!sc == !sz)
+			return fail(im, AP_EINVAL, NULL, "%s: exactly one of scales and sizes", n->op_type);
+		if (sz) {
+			TRY(get_ints(im, sz, "Resize sizes", raw, AP_MAX_RANK, &cnt));
+			if (cnt != na)
+				return fail(im, AP_EINVAL, sz->name, "Resize: %d sizes for %d axes", cnt, na);
+			for (int i = 0; i < na; i++) {
+				if (raw[i] < 0)
+					return fail(im, AP_EINVAL, sz->name, "Resize: negative size");
+				sizes[axes[i]] = raw[i];
+				scales[axes[i]] = x->sh.dims[axes[i]] ? (double)raw[i] / (double)x->sh.dims[axes[i]] : 1;
+			}
+		} else {
+			const ap_host_tensor *d;
+
+			if (!known(sc) || sh_numel(&sc->sh) != na ||
+			    (sc->sh.dtype != AP_DT_F32 && sc->sh.dtype != AP_DT_F64))
+				return fail(im, AP_EUNSUPPORTED, sc->name,
+					    "%s: scales must be a constant float vector of %d values", n->op_type, na);
+			d = val_data(im, sc);
+			if (!d)
+				return im->err ? im->err->code : AP_EINVAL;
+			for (int i = 0; i < na; i++)
+				scales[axes[i]] = d->dtype == AP_DT_F32 ? ((float *)d->data)[i] : ((double *)d->data)[i];
+		}
+	}
+	for (int d = 0; d < r; d++) {
+		if (!(scales[d] > 0) || !isfinite(scales[d]))
+			return fail(im, AP_EINVAL, NULL, "%s: scale %g on axis %d", n->op_type, scales[d], d);
+		if (!sz) {
+			double o = floor((double)x->sh.dims[d] * (double)(float)scales[d]);
+
+			if (o > (double)AP_MAX_ELEMENTS)
+				return fail(im, AP_ETOOLARGE, base, "%s: output too large", n->op_type);
+			sizes[d] = (int64_t)o;
+		}
+	}
+	{
+		ap_shape o = x->sh;
+
+		for (int d = 0; d < r; d++)
+			o.dims[d] = sizes[d];
+		if (sh_bytes(&o) < 0)
+			return fail(im, AP_ETOOLARGE, base, "%s: output too large", n->op_type);
+	}
+	for (int d = 0; d < r; d++)
+		if (sizes[d] > MAX_RESIZE_AXIS && (sizes[d] != x->sh.dims[d] || (float)scales[d] != 1.0f))
+			return fail(im, AP_ETOOLARGE, base, "%s: output axis %d of %lld elements (at most %lld)",
+				    n->op_type, d, (long long)sizes[d], (long long)MAX_RESIZE_AXIS);
+	y = x;
+	for (int d = 0; d < r; d++) {
+		int64_t in = x->sh.dims[d], out = sizes[d], bdims[AP_MAX_RANK];
+		float s = (float)scales[d];
+		float len = (float)in * s;   /* the resized length, fractional from a scale */
+		double *i1, *i2 = NULL, *w1 = NULL, *w2 = NULL;
+		ival *c1, *pair[2], *g1, *g2, *t1, *t2;
+		bool last = true;
+		char nm[NAME_CAP];
+		abuf A;
+
+		if (out == in && s == 1.0f)
+			continue;
+		if (in == 0 || out == 0)
+			return fail(im, AP_EUNSUPPORTED, x->name, "%s of an empty axis", n->op_type);
+		for (int e = d + 1; e < r; e++)
+			if (sizes[e] != x->sh.dims[e] || (float)scales[e] != 1.0f)
+				last = false;
+		i1 = calloc((size_t)out, sizeof(double));
+		if (linear) {
+			i2 = calloc((size_t)out, sizeof(double));
+			w1 = calloc((size_t)out, sizeof(double));
+			w2 = calloc((size_t)out, sizeof(double));
+		}
+		if (!i1 || (linear && (!i2 || !w1 || !w2))) {
+			free(i1); free(i2); free(w1); free(w2);
+			return nomem(im);
+		}
+		for (int64_t o = 0; o < out; o++) {
+			float xo = (float)o, xi;
+
+			if (!strcmp(ctm, "half_pixel"))
+				xi = (xo + 0.5f) / s - 0.5f;
+			else if (!strcmp(ctm, "pytorch_half_pixel"))
+				xi = len > 1.0f ? (xo + 0.5f) / s - 0.5f : 0.0f;
+			else if (!strcmp(ctm, "align_corners"))
+				xi = len == 1.0f ? 0.0f : xo * (float)(in - 1) / (len - 1.0f);
+			else if (!strcmp(ctm, "tf_half_pixel_for_nn"))
+				xi = (xo + 0.5f) / s;
+			else if (!strcmp(ctm, "half_pixel_symmetric")) {
+				float adj = (float)out / (s * (float)in), ctr = (float)in / 2.0f;
+
+				xi = ctr * (1.0f - adj) + (xo + 0.5f) / s - 0.5f;
+			} else if (!strcmp(ctm, "asymmetric"))
+				xi = xo / s;
+			else {
+				free(i1); free(i2); free(w1); free(w2);
+				return fail(im, AP_EUNSUPPORTED, NULL, "%s: coordinate_transformation_mode '%s'",
+					    n->op_type, ctm);
+			}
+			if (!linear) {
+				double k;
+
+				if (!strcmp(nmode, "simple"))
+					k = s < 1.0f ? ceilf(xi) : (double)(int64_t)xi;
+				else if (!strcmp(nmode, "floor"))
+					k = floorf(xi);
+				else if (!strcmp(nmode, "ceil"))
+					k = ceilf(xi);
+				else if (!strcmp(nmode, "round_prefer_ceil"))
+					k = xi == (float)(int64_t)xi + 0.5f ? ceilf(xi) : roundf(xi);
+				else
+					k = xi == (float)(int64_t)xi + 0.5f ? floorf(xi) : roundf(xi);
+				i1[o] = k < 0 ? 0 : k > (double)(in - 1) ? (double)(in - 1) : k;
+			} else {
+				int64_t a, b;
+
+				xi = xi < 0 ? 0 : xi > (float)(in - 1) ? (float)(in - 1) : xi;
+				a = (int64_t)xi < in - 1 ? (int64_t)xi : in - 1;
+				b = a + 1 < in - 1 ? a + 1 : in - 1;
+				i1[o] = (double)a;
+				i2[o] = (double)b;
+				w1[o] = a == b ? 0.5 : fabsf(xi - (float)b);
+				w2[o] = a == b ? 0.5 : fabsf(xi - (float)a);
+			}
+		}
+		A.n = 0;
+		ab_int(&A, "axis", d);
+		snprintf(nm, sizeof(nm), "%.200s_idx%d", base, d);
+		c1 = array_val(im, nm, AP_DT_I64, 1, &out, i1);
+		pair[0] = y;
+		pair[1] = c1;
+		snprintf(nm, sizeof(nm), "%.200s_axis%d", base, d);
+		if (!c1 || emit1(im, AP_OP_GATHER, &A, 2, pair, linear || !last ? nm : base, NULL, &g1) < 0) {
+			free(i1); free(i2); free(w1); free(w2);
+			return im->err && im->err->code ? im->err->code : AP_ENOMEM;
+		}
+		if (!linear) {
+			free(i1);
+			y = g1;
+			continue;
+		}
+		for (int e = 0; e < r; e++)
+			bdims[e] = e == d ? out : 1;
+		snprintf(nm, sizeof(nm), "%.200s_idx%d_hi", base, d);
+		c1 = array_val(im, nm, AP_DT_I64, 1, &out, i2);
+		pair[1] = c1;
+		snprintf(nm, sizeof(nm), "%.200s_axis%d_hi", base, d);
+		if (!c1 || emit1(im, AP_OP_GATHER, &A, 2, pair, nm, NULL, &g2) < 0)
+			goto lin_fail;
+		snprintf(nm, sizeof(nm), "%.200s_w%d", base, d);
+		pair[0] = g1;
+		pair[1] = array_val(im, nm, x->sh.dtype, r, bdims, w1);
+		snprintf(nm, sizeof(nm), "%.200s_lo%d", base, d);
+		if (!pair[1] || emit1(im, AP_OP_MUL, NULL, 2, pair, nm, NULL, &t1) < 0)
+			goto lin_fail;
+		snprintf(nm, sizeof(nm), "%.200s_w%d_hi", base, d);
+		pair[0] = g2;
+		pair[1] = array_val(im, nm, x->sh.dtype, r, bdims, w2);
+		snprintf(nm, sizeof(nm), "%.200s_hi%d", base, d);
+		if (!pair[1] || emit1(im, AP_OP_MUL, NULL, 2, pair, nm, NULL, &t2) < 0)
+			goto lin_fail;
+		pair[0] = t1;
+		pair[1] = t2;
+		snprintf(nm, sizeof(nm), "%.200s_axis%d_mix", base, d);
+		if (emit1(im, AP_OP_ADD, NULL, 2, pair, last ? base : nm, NULL, &y) < 0)
+			goto lin_fail;
+		free(i1); free(i2); free(w1); free(w2);
+		continue;
+lin_fail:
+		free(i1); free(i2); free(w1); free(w2);
+		return im->err && im->err->code ? im->err->code : AP_ENOMEM;
+	}
+	(void)roi;
+	if (y == x)
+		TRY(emit1(im, AP_OP_IDENTITY, NULL, 1, &x, base, NULL, &y));
+	return bind(im, base, y);
+}
+
 /* ---- dispatch ------------------------------------------------------------------------ */
 
 static bool is_view_op(const char *op)
@@ -2257,6 +3105,21 @@ static int import_node(imp *im, const Onnx__NodeProto *n)
 	if (!strcmp(op, "Size")) return imp_shape(im, n, true);
 	if (!strcmp(op, "Range")) return imp_range(im, n);
 	if (!strcmp(op, "If")) return imp_if(im, n);
+	if (!strcmp(op, "IsInf")) return imp_is_inf(im, n);
+	if (!strcmp(op, "Shrink")) return imp_shrink(im, n);
+	if (!strcmp(op, "GatherElements")) return imp_elements(im, n, AP_OP_GATHER_ELEMENTS);
+	if (!strcmp(op, "ScatterElements") || !strcmp(op, "Scatter"))
+		return imp_elements(im, n, AP_OP_SCATTER_ELEMENTS);
+	if (!strcmp(op, "ScatterND")) return imp_elements(im, n, AP_OP_SCATTER_ND);
+	if (!strcmp(op, "Trilu")) return imp_trilu(im, n);
+	if (!strcmp(op, "CumSum")) return imp_cumsum(im, n);
+	if (!strcmp(op, "ArgMax")) return imp_argext(im, n, AP_OP_ARG_MAX);
+	if (!strcmp(op, "ArgMin")) return imp_argext(im, n, AP_OP_ARG_MIN);
+	if (!strcmp(op, "DepthToSpace")) return imp_depth_space(im, n, true);
+	if (!strcmp(op, "SpaceToDepth")) return imp_depth_space(im, n, false);
+	if (!strcmp(op, "Einsum")) return imp_einsum(im, n);
+	if (!strcmp(op, "Resize")) return imp_resize(im, n, false);
+	if (!strcmp(op, "Upsample")) return imp_resize(im, n, true);
 	return fail(im, AP_EUNSUPPORTED, NULL, "op '%s' is not supported", op);
 }
 
@@ -2289,6 +3152,7 @@ static int import_nodes(imp *im, const Onnx__GraphProto *g)
 				return fail(im, AP_ETOOLARGE, name, "initializer '%s' has a negative or "
 					    "too large dimension", name);
 			}
+			v->weight = float_dtype(v->sh.dtype) && sh_bytes(&v->sh) > AP_CONST_MAX_BYTES;
 		}
 		TRY(bind(im, name, v));
 	}

@@ -205,7 +205,8 @@ static void arity(ap_op op, int *min_in, int *max_in, int *min_out, int *max_out
 	case AP_OP_CONV: case AP_OP_CONV_TRANSPOSE: *min_in = 2; *max_in = 3; break;
 	case AP_OP_CONCAT: *max_in = 1 << 20; break;
 	case AP_OP_SPLIT: *max_out = 1 << 20; break;
-	case AP_OP_GATHER: *min_in = *max_in = 2; break;
+	case AP_OP_GATHER: case AP_OP_GATHER_ELEMENTS: *min_in = *max_in = 2; break;
+	case AP_OP_SCATTER_ELEMENTS: case AP_OP_SCATTER_ND: *min_in = *max_in = 3; break;
 	default: break;
 	}
 }
@@ -237,6 +238,11 @@ static int infer_unary(const ap_node *node, const ap_shape *x, ap_shape *y,
 	case AP_OP_NEG: case AP_OP_ABS: case AP_OP_SIGN: case AP_OP_RELU: case AP_OP_CLIP:
 		if (!is_numeric(x->dtype))
 			return bad_dtype(node, nm(names, 0), err, x->dtype);
+		return 0;
+	case AP_OP_IS_NAN: case AP_OP_IS_INF:
+		if (!is_float(x->dtype))
+			return bad_dtype(node, nm(names, 0), err, x->dtype);
+		y->dtype = AP_DT_BOOL;
 		return 0;
 	default:
 		if (!is_float(x->dtype))
@@ -723,6 +729,135 @@ static int infer_pad(const ap_node *node, const ap_shape *x, ap_shape *y, ap_err
 	return 0;
 }
 
+/* An int attribute that must be one of `lo`..`hi` (absent: dflt). */
+static int int_in(const ap_node *node, const char *attr, int64_t dflt, int64_t lo, int64_t hi,
+		  int64_t *v, ap_error *err)
+{
+	*v = ap_node_int(node, attr, dflt);
+	if (*v < lo || *v > hi)
+		return ap_error_set(err, AP_EINVAL, node->name, NULL, "%s: %s %lld out of [%lld,%lld]",
+				    ap_op_name(node->op), attr, (long long)*v, (long long)lo,
+				    (long long)hi);
+	return 0;
+}
+
+static bool index_dtype(ap_dtype dt)
+{
+	return dt == AP_DT_I32 || dt == AP_DT_I64;
+}
+
+/* GatherElements (2 inputs) and ScatterElements (3): indices of data's
+ * rank, no larger than data off the axis; updates shaped as indices. */
+static int infer_elements(const ap_node *node, const ap_shape *const *in, int n_in, ap_shape *y,
+			  const char *const *names, ap_error *err)
+{
+	const ap_shape *x = in[0], *idx = in[1];
+	int64_t axis;
+	const char *red = ap_node_string(node, "reduction", "none");
+
+	if (x->rank < 1 || idx->rank != x->rank)
+		return bad_shape(node, nm(names, 1), err, "indices need the rank of data", idx, x);
+	if (int_in(node, "axis", 0, 0, x->rank - 1, &axis, err) < 0)
+		return AP_EINVAL;
+	if (!index_dtype(idx->dtype))
+		return bad_dtype(node, nm(names, 1), err, idx->dtype);
+	for (int d = 0; d < x->rank; d++)
+		if (d != axis && idx->dims[d] > x->dims[d])
+			return bad_shape(node, nm(names, 1), err,
+					 "indices are larger than data off the axis", idx, x);
+	if (node->op == AP_OP_GATHER_ELEMENTS) {
+		*y = *idx;
+		y->dtype = x->dtype;
+		return 0;
+	}
+	if (strcmp(red, "none") && strcmp(red, "add") && strcmp(red, "mul") && strcmp(red, "max") &&
+	    strcmp(red, "min"))
+		return ap_error_set(err, AP_EINVAL, node->name, NULL, "%s: reduction '%s'",
+				    ap_op_name(node->op), red);
+	if (n_in < 3 || in[2]->dtype != x->dtype)
+		return bad_dtype(node, nm(names, 2), err, in[2]->dtype);
+	if (!ap_dims_equal(in[2]->rank, in[2]->dims, idx->rank, idx->dims))
+		return bad_shape(node, nm(names, 2), err, "updates must have the shape of indices",
+				 in[2], idx);
+	*y = *x;
+	return 0;
+}
+
+/* ScatterND: indices [..., k] address data's first k dims; updates are
+ * indices' leading dims then data's dims from k on. */
+static int infer_scatter_nd(const ap_node *node, const ap_shape *const *in, ap_shape *y,
+			    const char *const *names, ap_error *err)
+{
+	const ap_shape *x = in[0], *idx = in[1], *up = in[2];
+	const char *red = ap_node_string(node, "reduction", "none");
+	ap_shape want;
+	int64_t k;
+
+	if (idx->rank < 1 || !index_dtype(idx->dtype))
+		return bad_shape(node, nm(names, 1), err, "indices must be int32/int64 of rank >= 1",
+				 idx, NULL);
+	k = idx->dims[idx->rank - 1];
+	if (k < 1 || k > x->rank)
+		return bad_shape(node, nm(names, 1), err, "the last dim of indices must be in [1, rank of data]",
+				 idx, x);
+	if (strcmp(red, "none") && strcmp(red, "add") && strcmp(red, "mul") && strcmp(red, "max") &&
+	    strcmp(red, "min"))
+		return ap_error_set(err, AP_EINVAL, node->name, NULL, "ScatterND: reduction '%s'", red);
+	if (idx->rank - 1 + x->rank - k > AP_MAX_RANK)
+		return bad_shape(node, nm(names, 2), err, "updates rank too large", idx, x);
+	want.dtype = x->dtype;
+	want.rank = 0;
+	for (int d = 0; d < idx->rank - 1; d++)
+		want.dims[want.rank++] = idx->dims[d];
+	for (int d = (int)k; d < x->rank; d++)
+		want.dims[want.rank++] = x->dims[d];
+	if (up->dtype != x->dtype)
+		return bad_dtype(node, nm(names, 2), err, up->dtype);
+	if (!ap_dims_equal(up->rank, up->dims, want.rank, want.dims))
+		return bad_shape(node, nm(names, 2), err, "updates must be indices[:-1] + data[k:]", up,
+				 &want);
+	*y = *x;
+	return 0;
+}
+
+/* CumSum, ArgMax, ArgMin, Trilu: one input, attributes checked. */
+static int infer_axis_op(const ap_node *node, const ap_shape *x, ap_shape *y,
+			 const char *const *names, ap_error *err)
+{
+	int64_t axis, flag;
+
+	*y = *x;
+	if (node->op == AP_OP_TRILU) {
+		if (x->rank < 2)
+			return bad_shape(node, nm(names, 0), err, "input needs rank >= 2", x, NULL);
+		if (int_in(node, "upper", 1, 0, 1, &flag, err) < 0)
+			return AP_EINVAL;
+		return 0;
+	}
+	if (!is_numeric(x->dtype))
+		return bad_dtype(node, nm(names, 0), err, x->dtype);
+	if (x->rank < 1 || int_in(node, "axis", 0, 0, x->rank - 1, &axis, err) < 0)
+		return x->rank < 1 ? bad_shape(node, nm(names, 0), err, "input needs rank >= 1", x, NULL)
+				   : AP_EINVAL;
+	if (node->op == AP_OP_CUM_SUM)
+		return int_in(node, "exclusive", 0, 0, 1, &flag, err) < 0 ||
+		       int_in(node, "reverse", 0, 0, 1, &flag, err) < 0 ? AP_EINVAL : 0;
+	if (int_in(node, "keepdims", 1, 0, 1, &flag, err) < 0 ||
+	    int_in(node, "select_last_index", 0, 0, 1, &flag, err) < 0)
+		return AP_EINVAL;
+	y->dtype = AP_DT_I64;
+	if (ap_node_int(node, "keepdims", 1)) {
+		y->dims[axis] = 1;
+	} else {
+		for (int d = (int)axis; d + 1 < x->rank; d++)
+			y->dims[d] = x->dims[d + 1];
+		y->rank--;
+	}
+	if (x->dims[axis] == 0)
+		return bad_shape(node, nm(names, 0), err, "cannot take the arg of an empty axis", x, NULL);
+	return 0;
+}
+
 /* Checks the outputs of the shape-given ops against their inputs. */
 static int check_given(const ap_node *node, const ap_shape *x, ap_shape *out, int n_out,
 		       const char *const *names, ap_error *err)
@@ -881,6 +1016,12 @@ int ap__op_infer(const ap_node *node, const ap_shape *const *in, int n_in,
 		return infer_gather(node, in[0], in[1], &out[0], in_names, err);
 	case AP_OP_PAD:
 		return infer_pad(node, in[0], &out[0], err);
+	case AP_OP_GATHER_ELEMENTS: case AP_OP_SCATTER_ELEMENTS:
+		return infer_elements(node, in, n_in, &out[0], in_names, err);
+	case AP_OP_SCATTER_ND:
+		return infer_scatter_nd(node, in, &out[0], in_names, err);
+	case AP_OP_TRILU: case AP_OP_CUM_SUM: case AP_OP_ARG_MAX: case AP_OP_ARG_MIN:
+		return infer_axis_op(node, in[0], &out[0], in_names, err);
 	default:
 		break;
 	}
@@ -889,10 +1030,51 @@ int ap__op_infer(const ap_node *node, const ap_shape *const *in, int n_in,
 	return infer_unary(node, in[0], &out[0], in_names, err);
 }
 
-/* ap_op_check: infer node n of g from its input tensors and compare with its
- * output tensors.  Indices must already be in range (ap_graph_validate
- * checks them first). */
-int ap_op_check(const ap_graph *g, int n, ap_error *err)
+/* Index values of a CONST indices tensor must lie in range: a client's
+ * graph is untrusted, and a kernel clamps (Gather*) or skips (Scatter*)
+ * what it cannot refuse at run time.  Gather, GatherElements and
+ * ScatterElements: [-D, D) with D data's size on the axis; ScatterND:
+ * component j of each tuple in [-dims[j], dims[j]). */
+static int check_const_indices(const ap_graph *g, const ap_node *node, ap_error *err)
+{
+	const ap_tensor *x, *idx;
+	int64_t n, k = 1;
+
+	if (node->op != AP_OP_GATHER && node->op != AP_OP_GATHER_ELEMENTS &&
+	    node->op != AP_OP_SCATTER_ELEMENTS && node->op != AP_OP_SCATTER_ND)
+		return 0;
+	if (node->n_inputs < 2 || node->inputs[0] < 0 || node->inputs[1] < 0)
+		return 0;
+	x = &g->tensors[node->inputs[0]];
+	idx = &g->tensors[node->inputs[1]];
+	if (idx->kind != AP_TENSOR_CONST || !idx->data)
+		return 0;
+	n = ap_tensor_numel(idx);
+	if (n < 0 || (size_t)n * ap_dtype_size(idx->dtype) > idx->nbytes)
+		return 0;   /* check_tensors reports a short CONST */
+	if (node->op == AP_OP_SCATTER_ND)
+		k = idx->rank > 0 ? idx->dims[idx->rank - 1] : 1;
+	for (int64_t i = 0; i < n; i++) {
+		int64_t v = idx->dtype == AP_DT_I64 ? ((const int64_t *)idx->data)[i]
+						    : ((const int32_t *)idx->data)[i];
+		int64_t axis = node->op == AP_OP_SCATTER_ND ? i % k : ap_node_int(node, "axis", 0);
+		int64_t D = axis >= 0 && axis < x->rank ? x->dims[axis] : 0;
+
+		if (v < -D || v >= D)
+			return ap_error_set(err, AP_EINVAL, node->name, idx->name,
+					    "%s: index %lld (element %lld of '%s') out of range [%lld,%lld) "
+					    "for dim %lld of '%s'", ap_op_name(node->op), (long long)v,
+					    (long long)i, idx->name, (long long)-D, (long long)D,
+					    (long long)axis, x->name);
+	}
+	return 0;
+}
+
+/* Infers node n of g from its input tensors and either compares the result
+ * with its output tensors (ap_op_check: `write` false, g untouched) or
+ * writes it into them (ap_graph_infer_node).  Indices must already be in
+ * range (ap_graph_validate checks them first). */
+static int infer_node(ap_graph *g, int n, bool write, ap_error *err)
 {
 	const ap_node *node = &g->nodes[n];
 	ap_shape ins_buf[8], outs_buf[8];
@@ -941,6 +1123,8 @@ int ap_op_check(const ap_graph *g, int n, ap_error *err)
 		memcpy(outs[k].dims, g->tensors[t].dims, sizeof(outs[k].dims));
 	}
 	rc = ap__op_infer(node, inp, node->n_inputs, outs, node->n_outputs, names, err);
+	if (rc == 0)
+		rc = check_const_indices(g, node, err);
 	if (rc < 0)
 		goto done;
 	for (int k = 0; k < node->n_outputs; k++) {
@@ -950,6 +1134,8 @@ int ap_op_check(const ap_graph *g, int n, ap_error *err)
 		if (t < 0)
 			continue;
 		ten = &g->tensors[t];
+		if (write)
+			continue;
 		if (ten->dtype != outs[k].dtype) {
 			rc = ap_error_set(err, AP_ESHAPE, node->name, ten->name,
 					  "%s: output '%s' has dtype %s, the op gives %s",
@@ -972,6 +1158,15 @@ int ap_op_check(const ap_graph *g, int n, ap_error *err)
 			goto done;
 		}
 	}
+	for (int k = 0; write && k < node->n_outputs; k++) {
+		ap_tensor *ten = node->outputs[k] >= 0 ? &g->tensors[node->outputs[k]] : NULL;
+
+		if (!ten)
+			continue;
+		ten->dtype = outs[k].dtype;
+		ten->rank = outs[k].rank;
+		memcpy(ten->dims, outs[k].dims, sizeof(ten->dims));
+	}
 	rc = 0;
 done:
 	if (ins != ins_buf)
@@ -981,4 +1176,25 @@ done:
 	free(inp);
 	free(names);
 	return rc;
+}
+
+int ap_op_check(const ap_graph *g, int n, ap_error *err)
+{
+	return infer_node((ap_graph *)g, n, false, err);
+}
+
+int ap_graph_infer_node(ap_graph *g, int n, ap_error *err)
+{
+	const ap_node *node;
+
+	if (n < 0 || n >= g->n_nodes)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "node %d out of range", n);
+	node = &g->nodes[n];
+	for (int i = 0; i < node->n_inputs; i++)
+		if (node->inputs[i] >= g->n_tensors || node->inputs[i] < -1)
+			return ap_error_set(err, AP_EINVAL, node->name, NULL, "input %d out of range", i);
+	for (int k = 0; k < node->n_outputs; k++)
+		if (node->outputs[k] >= g->n_tensors || node->outputs[k] < -1)
+			return ap_error_set(err, AP_EINVAL, node->name, NULL, "output %d out of range", k);
+	return infer_node(g, n, true, err);
 }

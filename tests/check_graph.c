@@ -823,6 +823,135 @@ START_TEST(tensor_decode)
 }
 END_TEST
 
+/* ---- the ops of issue 12: inference and what validation refuses ------------- */
+
+/* One node of `op` over data x [3,4] (float32, or int64 with `int_x`), an
+ * optional int64 indices tensor (CONST with `idx_vals`, else an INPUT) and
+ * an optional updates input, output shape inferred by ap_graph_infer_node;
+ * then the whole graph validated.  Returns the first failure's code. */
+typedef struct new_case {
+	const char *what;
+	ap_op op;
+	int n_in;                  /* 1: x; 2: x, indices; 3: x, indices, updates */
+	int idx_rank;
+	int64_t idx_dims[2];
+	const int64_t *idx_vals;   /* CONST indices when not NULL */
+	int upd_rank;
+	int64_t upd_dims[2];
+	const char *str_attr, *str_val;
+	const char *int_attr;
+	int64_t int_val;
+	bool int_x;
+	int want;                  /* 0 or the AP_E* code */
+	int out_rank;              /* expected inferred rank when want == 0 */
+	int64_t out_dims[2];
+	ap_dtype out_dtype;
+} new_case;
+
+static int run_new_case(const new_case *c, ap_error *err)
+{
+	ap_graph *g = ap_graph_new("new");
+	int64_t dx[2] = { 3, 4 };
+	int in[3], y, n, rc;
+
+	in[0] = tensor(g, "x", c->int_x ? AP_DT_I64 : AP_DT_F32, 2, dx, AP_TENSOR_INPUT);
+	ck_assert_int_eq(ap_graph_add_input(g, in[0]), 0);
+	if (c->n_in > 1) {
+		int64_t cnt = c->idx_dims[0] * (c->idx_rank > 1 ? c->idx_dims[1] : 1);
+
+		in[1] = c->idx_vals ? ap_graph_add_tensor(g, "idx", AP_DT_I64, c->idx_rank, c->idx_dims,
+							  AP_TENSOR_CONST, c->idx_vals,
+							  (size_t)cnt * sizeof(int64_t))
+				    : tensor(g, "idx", AP_DT_I64, c->idx_rank, c->idx_dims, AP_TENSOR_INPUT);
+		if (!c->idx_vals)
+			ck_assert_int_eq(ap_graph_add_input(g, in[1]), 0);
+	}
+	if (c->n_in > 2) {
+		in[2] = tensor(g, "upd", AP_DT_F32, c->upd_rank, c->upd_dims, AP_TENSOR_INPUT);
+		ck_assert_int_eq(ap_graph_add_input(g, in[2]), 0);
+	}
+	y = tensor(g, "y", AP_DT_UNDEF, 0, NULL, AP_TENSOR_VALUE);
+	n = node(g, "the_node", c->op, c->n_in, in, 1, &y);
+	if (c->str_attr)
+		ck_assert_int_eq(ap_node_set_string(g, n, c->str_attr, c->str_val), 0);
+	if (c->int_attr)
+		ck_assert_int_eq(ap_node_set_int(g, n, c->int_attr, c->int_val), 0);
+	ck_assert_int_eq(ap_graph_add_output(g, y), 0);
+	rc = ap_graph_infer_node(g, n, err);
+	if (rc == 0) {
+		ck_assert_int_eq(g->tensors[y].rank, c->out_rank);
+		for (int d = 0; d < c->out_rank; d++)
+			ck_assert_int_eq(g->tensors[y].dims[d], c->out_dims[d]);
+		ck_assert_int_eq(g->tensors[y].dtype, c->out_dtype);
+		rc = ap_graph_validate(g, err);
+	}
+	ap_graph_free(g);
+	return rc;
+}
+
+START_TEST(new_ops_checked)
+{
+	static const int64_t in_range[6] = { 0, 3, -4, 1, 2, 0 }, past_end[6] = { 0, 3, 4, 1, 2, 0 };
+	static const int64_t nd_ok[2] = { 2, -3 }, nd_bad[2] = { 1, 3 };
+	const new_case cases[] = {
+		{ "GatherElements", AP_OP_GATHER_ELEMENTS, 2, 2, { 3, 2 }, in_range, 0, { 0 }, NULL, NULL,
+		  "axis", 1, false, 0, 2, { 3, 2 }, AP_DT_F32 },
+		{ "GatherElements index 4 of 4", AP_OP_GATHER_ELEMENTS, 2, 2, { 3, 2 }, past_end, 0, { 0 },
+		  NULL, NULL, "axis", 1, false, AP_EINVAL, 0, { 0 }, 0 },
+		{ "GatherElements indices larger off the axis", AP_OP_GATHER_ELEMENTS, 2, 2, { 4, 2 }, NULL,
+		  0, { 0 }, NULL, NULL, "axis", 1, false, AP_ESHAPE, 0, { 0 }, 0 },
+		{ "ScatterElements add", AP_OP_SCATTER_ELEMENTS, 3, 2, { 3, 2 }, in_range, 2, { 3, 2 },
+		  "reduction", "add", "axis", 1, false, 0, 2, { 3, 4 }, AP_DT_F32 },
+		{ "ScatterElements reduction avg", AP_OP_SCATTER_ELEMENTS, 3, 2, { 3, 2 }, NULL, 2, { 3, 2 },
+		  "reduction", "avg", "axis", 1, false, AP_EINVAL, 0, { 0 }, 0 },
+		{ "ScatterElements updates misshapen", AP_OP_SCATTER_ELEMENTS, 3, 2, { 3, 2 }, NULL, 2,
+		  { 3, 3 }, NULL, NULL, "axis", 1, false, AP_ESHAPE, 0, { 0 }, 0 },
+		{ "ScatterND rows", AP_OP_SCATTER_ND, 3, 2, { 2, 1 }, nd_ok, 2, { 2, 4 }, "reduction", "add",
+		  NULL, 0, false, 0, 2, { 3, 4 }, AP_DT_F32 },
+		{ "ScatterND row 3 of 3", AP_OP_SCATTER_ND, 3, 2, { 2, 1 }, nd_bad, 2, { 2, 4 }, NULL, NULL,
+		  NULL, 0, false, AP_EINVAL, 0, { 0 }, 0 },
+		{ "ScatterND updates misshapen", AP_OP_SCATTER_ND, 3, 2, { 2, 1 }, NULL, 2, { 2, 3 }, NULL,
+		  NULL, NULL, 0, false, AP_ESHAPE, 0, { 0 }, 0 },
+		{ "ScatterND tuple longer than the rank", AP_OP_SCATTER_ND, 3, 2, { 2, 3 }, NULL, 1, { 2 },
+		  NULL, NULL, NULL, 0, false, AP_ESHAPE, 0, { 0 }, 0 },
+		{ "ArgMax", AP_OP_ARG_MAX, 1, 0, { 0 }, NULL, 0, { 0 }, NULL, NULL, "axis", 1, false, 0, 2,
+		  { 3, 1 }, AP_DT_I64 },
+		{ "ArgMin axis 2 of rank 2", AP_OP_ARG_MIN, 1, 0, { 0 }, NULL, 0, { 0 }, NULL, NULL, "axis",
+		  2, false, AP_EINVAL, 0, { 0 }, 0 },
+		{ "CumSum exclusive 2", AP_OP_CUM_SUM, 1, 0, { 0 }, NULL, 0, { 0 }, NULL, NULL, "exclusive",
+		  2, false, AP_EINVAL, 0, { 0 }, 0 },
+		{ "CumSum axis 7 of rank 2", AP_OP_CUM_SUM, 1, 0, { 0 }, NULL, 0, { 0 }, NULL, NULL, "axis",
+		  7, false, AP_EINVAL, 0, { 0 }, 0 },
+		{ "CumSum of int64", AP_OP_CUM_SUM, 1, 0, { 0 }, NULL, 0, { 0 }, NULL, NULL, NULL, 0, true,
+		  0, 2, { 3, 4 }, AP_DT_I64 },
+		{ "Trilu upper 3", AP_OP_TRILU, 1, 0, { 0 }, NULL, 0, { 0 }, NULL, NULL, "upper", 3, false,
+		  AP_EINVAL, 0, { 0 }, 0 },
+		{ "IsNaN", AP_OP_IS_NAN, 1, 0, { 0 }, NULL, 0, { 0 }, NULL, NULL, NULL, 0, false, 0, 2,
+		  { 3, 4 }, AP_DT_BOOL },
+		{ "IsInf of int64", AP_OP_IS_INF, 1, 0, { 0 }, NULL, 0, { 0 }, NULL, NULL, NULL, 0, true,
+		  AP_EUNSUPPORTED, 0, { 0 }, 0 },
+		{ "Sin of int64", AP_OP_SIN, 1, 0, { 0 }, NULL, 0, { 0 }, NULL, NULL, NULL, 0, true,
+		  AP_EUNSUPPORTED, 0, { 0 }, 0 },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		ap_error err;
+		int rc;
+
+		ap_error_clear(&err);
+		rc = run_new_case(&cases[i], &err);
+		ck_assert_msg(rc == cases[i].want, "%s: got %d (%s), want %d", cases[i].what, rc, err.msg,
+			      cases[i].want);
+		if (rc)
+			ck_assert_msg(!strcmp(err.node, "the_node"), "%s: names node '%s'", cases[i].what,
+				      err.node);
+		if (rc && cases[i].idx_vals)
+			ck_assert_msg(!strcmp(err.tensor, "idx") && strstr(err.msg, "out of range"),
+				      "%s: '%s' (tensor '%s')", cases[i].what, err.msg, err.tensor);
+	}
+}
+END_TEST
+
 static void named_hash_of(ap_graph *g, uint8_t out[32])
 {
 	ap_error err;
@@ -966,6 +1095,7 @@ static Suite *graph_suite(void)
 	tcase_add_test(tc, sha256_context_reuse);
 	tcase_add_test(tc, hmac_vectors);
 	tcase_add_test(tc, tensor_decode);
+	tcase_add_test(tc, new_ops_checked);
 	tcase_add_test(tc, tensor_values_checked_before_allocation);
 	suite_add_tcase(s, tc);
 	return s;

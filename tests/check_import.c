@@ -1037,6 +1037,45 @@ START_TEST(large_constant_becomes_param)
 }
 END_TEST
 
+/* Weights are not constants: an embedding gathered with token ids given
+ * at import (integer inputs become constants) stays a Gather over a PARAM,
+ * while a small table computed from a small initializer folds away. */
+START_TEST(weights_are_not_folded)
+{
+	mb b;
+	int64_t de[2] = { 64, 32 }, dt[1] = { 32 }, di[1] = { 4 }, ids[4] = { 3, 0, 63, 7 };
+	float *e = calloc(64 * 32, sizeof(float)), t[32];
+	ap_host_tensor x = { "ids", AP_DT_I64, 1, { 4 }, ids, sizeof(ids) };
+	const ap_host_tensor *bind[1] = { &x };
+	ap_params *params = NULL;
+	ap_error err;
+	ap_graph *g;
+
+	for (int i = 0; i < 32; i++)
+		t[i] = 0.1f * (float)i;
+	mb_init(&b, 17);
+	mb_input(&b, "ids", 7, 1, di);
+	mb_init_tensor(&b, "E", 1, 2, de, e, 64 * 32 * sizeof(float));   /* 8 KiB: a weight */
+	mb_init_tensor(&b, "T", 1, 1, dt, t, sizeof(t));                 /* 128 B: a constant */
+	mb_node(&b, "Gather", "E,ids", "emb", "embed");
+	mb_node(&b, "Sin", "T", "table", "sin");
+	mb_node(&b, "Mul", "emb,table", "y", "scale");
+	mb_output(&b, "y");
+	g = mb_import(&b, bind, 1, &params, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	ck_assert_msg(ap_graph_find_tensor(g, "E") >= 0, "the weight was folded away");
+	ck_assert_int_eq(g->tensors[ap_graph_find_tensor(g, "E")].kind, AP_TENSOR_PARAM);
+	ck_assert_int_eq(count_op(g, AP_OP_GATHER), 1);
+	ck_assert_int_eq(count_op(g, AP_OP_SIN), 0);
+	ck_assert_int_eq(count_op(g, AP_OP_MUL), 1);
+	ck_assert_int_eq(g->n_nodes, 2);
+	ap_graph_free(g);
+	ap_params_free(params);
+	mb_free(&b);
+	free(e);
+}
+END_TEST
+
 /* float64 intermediates: ONNX function bodies (ReduceLogSumExp's, among
  * others) cast to double, reduce and cast back.  The tensors keep float64;
  * constants are folded in double and stored as 8-byte CONSTs. */
@@ -1644,6 +1683,7 @@ static Suite *import_suite(void)
 	tcase_add_test(tc, old_softmax_axes);
 	tcase_add_test(tc, old_attribute_forms);
 	tcase_add_test(tc, shape_arithmetic_folded);
+	tcase_add_test(tc, weights_are_not_folded);
 	tcase_add_test(tc, outputs_are_values);
 	tcase_add_test(tc, errors_name_the_node);
 	tcase_add_test(tc, large_constant_becomes_param);

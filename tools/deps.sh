@@ -1,9 +1,10 @@
 #!/bin/sh
 # deps.sh -- install what Apollo needs and is missing; do nothing when all is
 # there.  Debian packages through apt-get; Python tooling for the tests
-# (onnx, onnxruntime, numpy) into the project's own virtual environment
-# .venv; where no CUDA toolkit is present, the nvidia-cuda-nvrtc wheel into
-# the same .venv so that apollod can still dlopen NVRTC.
+# (onnx, onnxruntime, numpy; torch, torchvision, transformers) into the
+# project's own virtual environment .venv; where no CUDA toolkit is present,
+# the nvidia-cuda-nvrtc wheel into the same .venv so that apollod can still
+# dlopen NVRTC.
 set -e
 cd "$(dirname "$0")/.."
 PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler libisl-dev libsqlite3-dev check libssl-dev libhiredis-dev redis-server curl python3-venv clang libclang-rt-dev"
@@ -25,6 +26,19 @@ fi
 if ! .venv/bin/python -c "import onnx, onnxruntime, numpy" 2>/dev/null; then
 	echo "deps: installing onnx onnxruntime numpy into .venv"
 	.venv/bin/pip install -q onnx onnxruntime numpy
+fi
+# PyTorch for the PyTorch backend's tests (tests/torch.sh) and the ONNX
+# exports of real architectures (tests/export_models.py): torch and
+# torchvision from PyTorch's CPU wheel index (small), else from PyPI;
+# transformers and onnxscript (torch.onnx's newer exporter) from PyPI.
+# Only the tests use them.
+if ! .venv/bin/python -c "import torch, torchvision, transformers, onnxscript" 2>/dev/null; then
+	echo "deps: installing torch, torchvision, transformers, onnxscript into .venv (the PyTorch tests and model exports)"
+	if ! .venv/bin/python -c "import torch, torchvision" 2>/dev/null; then
+		.venv/bin/pip install -q --retries 1 --timeout 30 --index-url https://download.pytorch.org/whl/cpu \
+			torch torchvision 2>/dev/null || .venv/bin/pip install -q torch torchvision
+	fi
+	.venv/bin/pip install -q transformers onnxscript
 fi
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 if ! ls "$CUDA_HOME"/lib64/libnvrtc.so.* >/dev/null 2>&1; then

@@ -140,6 +140,7 @@ typedef enum ap_kir_fn {
 	AP_KIR_EXP, AP_KIR_LOG, AP_KIR_SQRT, AP_KIR_TANH, AP_KIR_ERF,
 	AP_KIR_FLOOR, AP_KIR_CEIL, AP_KIR_FABS, AP_KIR_LOG1P, AP_KIR_EXPM1,
 	AP_KIR_ROUND,      /* rint: round half to even */
+	AP_KIR_SIN, AP_KIR_COS,
 	AP_KIR_TF32,       /* float32 only: rounded to TF32 (10 mantissa bits),
 			      to nearest, ties away from zero -- PTX's
 			      cvt.rna.tf32.f32; NaN and infinities kept */

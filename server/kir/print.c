@@ -115,6 +115,7 @@ typedef struct printer {
 	bool uses_tf32;              /* the TF32 rounding function */
 	bool uses_ldmatrix, uses_mma;
 	bool bad;                    /* a collective in non-uniform control flow */
+	bool const_init;             /* printing a constant array's initializer */
 	char bad_msg[160];
 } printer;
 
@@ -185,6 +186,7 @@ static const char *fn_name(int fn, ap_dtype t, char *buf, size_t cap)
 		[AP_KIR_EXPM1] = "expm1", [AP_KIR_ROUND] = "rint", [AP_KIR_TF32] = "ap_tf32",
 		[AP_KIR_POW] = "pow",
 		[AP_KIR_FMAX] = "fmax", [AP_KIR_FMIN] = "fmin", [AP_KIR_FMOD] = "fmod",
+		[AP_KIR_SIN] = "sin", [AP_KIR_COS] = "cos",
 	};
 	const char *n = fn >= 0 && fn < AP_KIR_FN_COUNT && names[fn] ? names[fn] : "exp";
 
@@ -221,7 +223,12 @@ static void print_float(printer *p, ap_dtype t, double v)
 	sbuf *b = &p->out;
 	bool f32 = t != AP_DT_F64;
 
-	if (isnan(v)) {
+	if (!isfinite(v) && p->target == AP_KIR_CUDA && p->const_init) {
+		/* a __device__ array needs constant initializers: NVRTC folds
+		 * these, not __int_as_float */
+		sb_printf(b, "(%s%s/0.0%s)", isnan(v) ? "0.0" : v < 0 ? "-1.0" : "1.0", f32 ? "f" : "",
+			  f32 ? "f" : "");
+	} else if (isnan(v)) {
 		sb_printf(b, f32 ? "AP_NANF" : "AP_NAN");
 	} else if (isinf(v)) {
 		sb_printf(b, "%s%s", v < 0 ? "(-" : "", f32 ? "AP_INFF" : "AP_INF");
@@ -1563,7 +1570,9 @@ static void print_prelude(printer *p)
 			  p->target == AP_KIR_CUDA ? "__device__" : "static",
 			  p->target == AP_KIR_CUDA && p->vec_array[a->id] ? " __align__(16)" : "",
 			  ap_kir_ctype(a->type), k->name, a->name, (long long)a->size);
+		p->const_init = true;
 		print_const_data(p, a);
+		p->const_init = false;
 		sb_printf(b, "\n};\n");
 	}
 }

@@ -2,10 +2,19 @@
  * reductions computed serially by one thread, MatMul (batched, with
  * broadcast batch dims and vector operands), Conv and ConvTranspose
  * (groups, strides, dilations, pads), MaxPool / AveragePool (pads,
- * count_include_pad, dilations) and LRN, each as the loop nest that
- * computes one output element from the values of its inputs (ONNX
- * operator specifications).  Emitters that tile these ops replace them;
- * this is the form every emitter can fall back on.
+ * count_include_pad, dilations), LRN, CumSum, ArgMax / ArgMin and the
+ * scatters, each as the loop nest that computes one output element from
+ * the values of its inputs (ONNX operator specifications).  Emitters that
+ * tile these ops replace them; this is the form every emitter can fall
+ * back on.
+ *
+ * The scatters are computed by pulling, not pushing: each output element
+ * starts from data and visits every update that could address it, in
+ * order (ScatterElements: those along the axis at its other coordinates;
+ * ScatterND: all index tuples), so no two threads write one element and
+ * duplicates combine in index order (reduction "none": the last wins).
+ * The cost is the number of candidate updates per element.  An index out
+ * of range addresses nothing (CONST indices are refused by validation).
  */
 #include "value.h"
 
@@ -355,6 +364,177 @@ static ap_kir_expr *lrn_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *i
 }
 
 
+/* ---- scans, arg-reductions, scatters ---------------------------------------------------- */
+
+/* CumSum: sum of x along the axis up to (reverse: from) the element,
+ * itself included unless exclusive. */
+static ap_kir_expr *cumsum_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *ix)
+{
+	ap_kir_kernel *k = v->k;
+	int x = node->inputs[0];
+	int64_t axis = ap_node_int(node, "axis", 0), L = ix->dims[axis];
+	bool excl = ap_node_int(node, "exclusive", 0) != 0, rev = ap_node_int(node, "reverse", 0) != 0;
+	ap_dtype dt = v->g->tensors[t].dtype;
+	ap_kir_expr *c = ap_lidx_coord(v, ix, (int)axis), *lo, *hi;
+	ap_kir_var *acc = ap_kir_var_new(k, dt, "acc"), *j;
+	ap_kir_block *saved;
+	ap_lidx xi = *ix;
+
+	if (rev) {
+		lo = excl ? ap_kir_addi(k, c, 1) : c;
+		hi = ap_kir_idx(k, L);
+	} else {
+		lo = ap_kir_idx(k, 0);
+		hi = excl ? c : ap_kir_addi(k, c, 1);
+	}
+	ap_kir_let(k, v->cur, acc, ap_v_const(v, dt, 0));
+	j = ap_v_loop(v, "j", lo, hi, 1, &saved);
+	xi.lin = NULL;
+	for (int d = 0; d < xi.rank; d++)
+		xi.c[d] = d == axis ? ap_kir_ref(k, j) : ap_lidx_coord(v, ix, d);
+	ap_kir_assign(k, v->cur, acc, ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, acc), ap_val(v, x, &xi)));
+	ap_v_close(v, saved);
+	return ap_kir_ref(k, acc);
+}
+
+/* ArgMax / ArgMin: the first (select_last_index: the last) position of the
+ * largest / smallest value along the axis, as int64. */
+static ap_kir_expr *argext_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *ix)
+{
+	ap_kir_kernel *k = v->k;
+	int x = node->inputs[0];
+	const ap_tensor *xt = &v->g->tensors[x];
+	int64_t axis = ap_node_int(node, "axis", 0), L = xt->dims[axis];
+	bool keep = ap_node_int(node, "keepdims", 1) != 0;
+	bool last = ap_node_int(node, "select_last_index", 0) != 0;
+	ap_kir_binop cmp = node->op == AP_OP_ARG_MAX ? (last ? AP_KIR_GE : AP_KIR_GT)
+						     : (last ? AP_KIR_LE : AP_KIR_LT);
+	ap_kir_var *best = ap_kir_var_new(k, xt->dtype, "best"), *arg = ap_kir_var_new(k, AP_DT_I64, "arg");
+	ap_kir_var *j;
+	ap_kir_block *saved, *saved_if;
+	ap_lidx xi = ap_lidx_shape(xt);
+	ap_kir_expr *xv;
+
+	for (int d = 0, od = 0; d < xt->rank; d++) {
+		if (d == axis) {
+			xi.c[d] = ap_kir_idx(k, 0);
+			if (keep)
+				od++;
+			continue;
+		}
+		xi.c[d] = ap_lidx_coord(v, ix, od++);
+	}
+	ap_kir_let(k, v->cur, best, ap_val(v, x, &xi));
+	ap_kir_let(k, v->cur, arg, ap_kir_i64(k, 0));
+	j = ap_v_loop(v, "j", ap_kir_idx(k, 1), ap_kir_idx(k, L), 1, &saved);
+	xi.c[axis] = ap_kir_ref(k, j);
+	xi.lin = NULL;   /* ap_val derived it for element 0 */
+	xv = ap_val(v, x, &xi);
+	ap_v_if(v, ap_kir_binary(k, cmp, xv, ap_kir_ref(k, best)), &saved_if, NULL);
+	ap_kir_assign(k, v->cur, best, xv);
+	ap_kir_assign(k, v->cur, arg, ap_kir_cast(k, AP_DT_I64, ap_kir_ref(k, j)));
+	ap_v_close(v, saved_if);
+	ap_v_close(v, saved);
+	return ap_kir_ref(k, arg);
+}
+
+/* acc combined with an update by the scatter's reduction. */
+static ap_kir_expr *scatter_combine(ap_vctx *v, const char *red, ap_kir_expr *acc, ap_kir_expr *u)
+{
+	if (!strcmp(red, "add"))
+		return ap_kir_binary(v->k, AP_KIR_ADD, acc, u);
+	if (!strcmp(red, "mul"))
+		return ap_kir_binary(v->k, AP_KIR_MUL, acc, u);
+	if (!strcmp(red, "max"))
+		return ap_v_max(v, acc, u);
+	if (!strcmp(red, "min"))
+		return ap_v_min(v, acc, u);
+	return u;
+}
+
+/* ScatterElements: out[i...] = data[i...] combined, for every j along the
+ * axis with indices[i... with i_axis = j] addressing i_axis, with
+ * updates[same]. */
+static ap_kir_expr *scatter_elements_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *ix)
+{
+	ap_kir_kernel *k = v->k;
+	int data = node->inputs[0], ind = node->inputs[1], upd = node->inputs[2];
+	const ap_tensor *it = &v->g->tensors[ind];
+	int64_t axis = ap_node_int(node, "axis", 0), D = ix->dims[axis];
+	const char *red = ap_node_string(node, "reduction", "none");
+	ap_dtype dt = v->g->tensors[t].dtype;
+	ap_kir_var *acc = ap_kir_var_new(k, dt, "acc"), *j;
+	ap_kir_block *saved_in = NULL, *saved, *saved_if;
+	ap_kir_expr *inside = NULL, *here, *q;
+	ap_lidx ii = ap_lidx_shape(it);
+
+	ap_kir_let(k, v->cur, acc, ap_val(v, data, ix));
+	for (int d = 0; d < ix->rank; d++) {
+		ap_kir_expr *c;
+
+		if (d == axis || it->dims[d] >= ix->dims[d])
+			continue;
+		c = ap_kir_binary(k, AP_KIR_LT, ap_lidx_coord(v, ix, d), ap_kir_idx(k, it->dims[d]));
+		inside = inside ? ap_kir_binary(k, AP_KIR_LAND, inside, c) : c;
+	}
+	if (inside)
+		ap_v_if(v, inside, &saved_in, NULL);
+	here = ap_v_once(v, ap_kir_cast(k, AP_DT_I64, ap_lidx_coord(v, ix, (int)axis)));
+	j = ap_v_loop(v, "j", ap_kir_idx(k, 0), ap_kir_idx(k, it->dims[axis]), 1, &saved);
+	for (int d = 0; d < ii.rank; d++)
+		ii.c[d] = d == axis ? ap_kir_ref(k, j) : ap_lidx_coord(v, ix, d);
+	q = ap_v_wrap_index(v, ap_val(v, ind, &ii), D);
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_EQ, q, here), &saved_if, NULL);
+	ap_kir_assign(k, v->cur, acc, scatter_combine(v, red, ap_kir_ref(k, acc), ap_val(v, upd, &ii)));
+	ap_v_close(v, saved_if);
+	ap_v_close(v, saved);
+	if (inside)
+		ap_v_close(v, saved_in);
+	return ap_kir_ref(k, acc);
+}
+
+/* ScatterND: out[i...] = data[i...] combined, for every index tuple n of
+ * indices [N, K] (flattened) whose K components address i's first K
+ * coordinates, with updates[n, i_K...]. */
+static ap_kir_expr *scatter_nd_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *ix)
+{
+	ap_kir_kernel *k = v->k;
+	int data = node->inputs[0], ind = node->inputs[1], upd = node->inputs[2];
+	const ap_tensor *it = &v->g->tensors[ind], *ut = &v->g->tensors[upd];
+	const char *red = ap_node_string(node, "reduction", "none");
+	ap_dtype dt = v->g->tensors[t].dtype;
+	int64_t K = it->dims[it->rank - 1], N = 1, inner = 1;
+	ap_kir_var *acc = ap_kir_var_new(k, dt, "acc"), *n;
+	ap_kir_block *saved, *saved_if;
+	ap_kir_expr *match = NULL, *tail = ap_kir_idx(k, 0);
+	ap_lidx ui = ap_lidx_shape(ut);
+
+	for (int d = 0; d + 1 < it->rank; d++)
+		N *= it->dims[d];
+	for (int d = ix->rank - 1; d >= (int)K; d--) {
+		tail = ap_kir_add(k, tail, ap_kir_muli(k, ap_lidx_coord(v, ix, d), inner));
+		inner *= ix->dims[d];
+	}
+	tail = ap_v_once(v, tail);
+	ap_kir_let(k, v->cur, acc, ap_val(v, data, ix));
+	n = ap_v_loop(v, "n", ap_kir_idx(k, 0), ap_kir_idx(k, N), 1, &saved);
+	for (int j = 0; j < K; j++) {
+		ap_lidx ii = ap_lidx_shape(it);
+		ap_kir_expr *q, *c;
+
+		ii.lin = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, n), K), j);
+		q = ap_v_wrap_index(v, ap_val(v, ind, &ii), ix->dims[j]);
+		c = ap_kir_binary(k, AP_KIR_EQ, q, ap_kir_cast(k, AP_DT_I64, ap_lidx_coord(v, ix, j)));
+		match = match ? ap_kir_binary(k, AP_KIR_LAND, match, c) : c;
+	}
+	ap_v_if(v, match, &saved_if, NULL);
+	ui.lin = ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, n), inner), tail);
+	ap_kir_assign(k, v->cur, acc, scatter_combine(v, red, ap_kir_ref(k, acc), ap_val(v, upd, &ui)));
+	ap_v_close(v, saved_if);
+	ap_v_close(v, saved);
+	return ap_kir_ref(k, acc);
+}
+
 ap_kir_expr *ap_v_loop_op(ap_vctx *v, const ap_node *node, int t, ap_lidx *ix)
 {
 	if (ap_op_category_of(node->op) == AP_CAT_REDUCTION)
@@ -370,6 +550,15 @@ ap_kir_expr *ap_v_loop_op(ap_vctx *v, const ap_node *node, int t, ap_lidx *ix)
 		return pool_value(v, node, t, ix);
 	case AP_OP_LRN:
 		return lrn_value(v, node, t, ix);
+	case AP_OP_CUM_SUM:
+		return cumsum_value(v, node, t, ix);
+	case AP_OP_ARG_MAX:
+	case AP_OP_ARG_MIN:
+		return argext_value(v, node, t, ix);
+	case AP_OP_SCATTER_ELEMENTS:
+		return scatter_elements_value(v, node, t, ix);
+	case AP_OP_SCATTER_ND:
+		return scatter_nd_value(v, node, t, ix);
 	default:
 		return ap_v_fail(v, AP_EUNSUPPORTED, node, "not a loop-shaped op");
 	}

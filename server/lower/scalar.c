@@ -186,6 +186,26 @@ ap_kir_expr *ap_v_unary(ap_vctx *v, const ap_node *node, ap_kir_expr *x, ap_dtyp
 		return sel(v, bin(v, AP_KIR_GT, x, C(v, t, 0)), C(v, t, 1),
 			   sel(v, bin(v, AP_KIR_LT, x, C(v, t, 0)), C(v, t, -1),
 			       ap_dtype_is_float(t) ? bin(v, AP_KIR_MUL, x, C(v, t, 0)) : C(v, t, 0)));
+	case AP_OP_SIN: return fn1(v, AP_KIR_SIN, x);
+	case AP_OP_COS: return fn1(v, AP_KIR_COS, x);
+	case AP_OP_IS_NAN: return bin(v, AP_KIR_NE, x, x);
+	case AP_OP_IS_INF: {
+		bool neg = ap_node_int(node, "detect_negative", 1) != 0;
+		bool pos = ap_node_int(node, "detect_positive", 1) != 0;
+		ap_kir_expr *p = bin(v, AP_KIR_EQ, x, C(v, t, INFINITY));
+		ap_kir_expr *n = bin(v, AP_KIR_EQ, x, C(v, t, -INFINITY));
+
+		if (neg && pos)
+			return bin(v, AP_KIR_LOR, p, n);
+		return neg ? n : pos ? p : ap_kir_int(k, AP_DT_BOOL, 0);
+	}
+	case AP_OP_SHRINK: {
+		double bias = ap_node_float(node, "bias", 0.0), l = ap_node_float(node, "lambd", 0.5);
+
+		return sel(v, bin(v, AP_KIR_LT, x, C(v, t, -l)), bin(v, AP_KIR_ADD, x, C(v, t, bias)),
+			   sel(v, bin(v, AP_KIR_GT, x, C(v, t, l)), bin(v, AP_KIR_SUB, x, C(v, t, bias)),
+			       C(v, t, 0)));
+	}
 	case AP_OP_FLOOR: return fn1(v, AP_KIR_FLOOR, x);
 	case AP_OP_CEIL: return fn1(v, AP_KIR_CEIL, x);
 	case AP_OP_NOT: return ap_kir_unary(k, AP_KIR_LNOT, x);

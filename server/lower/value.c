@@ -1,6 +1,7 @@
 /* value.c -- the value builder (see value.h): indices, the scoped memo,
  * leaves (constants and buffers), and the index maps of views, broadcasts
- * and data movement (transpose, slice, tile, split, concat, gather, pad).
+ * and data movement (transpose, slice, tile, split, concat, gather,
+ * gather-elements, pad, trilu).
  * The element semantics live in scalar.c, loop-shaped ops in compute.c.
  */
 #include "value.h"
@@ -329,6 +330,14 @@ ap_kir_array *ap_v_buffer(ap_vctx *v, int t)
 
 /* ---- data movement ------------------------------------------------------------------ */
 
+ap_kir_expr *ap_v_wrap_index(ap_vctx *v, ap_kir_expr *q, int64_t D)
+{
+	ap_kir_kernel *k = v->k;
+	ap_kir_expr *x = ap_v_once(v, ap_kir_cast(k, AP_DT_I64, q));
+
+	return ap_kir_select(k, ap_kir_binary(k, AP_KIR_LT, x, ap_kir_i64(k, 0)), ap_kir_addi(k, x, D), x);
+}
+
 /* Concat: one guarded assignment per input, `if (lo <= c < hi) x = in[...]`,
  * flat rather than nested so any number of inputs is fine. */
 static ap_kir_expr *concat_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *ix)
@@ -415,6 +424,50 @@ static ap_kir_expr *gather_value(ap_vctx *v, const ap_node *node, int t, ap_lidx
 			di.c[d] = ap_lidx_coord(v, ix, d + q - 1);
 	}
 	return ap_val(v, data, &di);
+}
+
+/* GatherElements: out[i...] = data[i... with i_axis = indices[i...]],
+ * the index wrapped (negative counts from the end) and clamped as Gather's. */
+static ap_kir_expr *gather_elements_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *ix)
+{
+	ap_kir_kernel *k = v->k;
+	int data = node->inputs[0], ind = node->inputs[1];
+	const ap_tensor *dt = &v->g->tensors[data];
+	int64_t axis = ap_node_int(node, "axis", 0), D;
+	ap_lidx di = ap_lidx_shape(dt), ii = *ix;
+	ap_kir_expr *x;
+
+	if (axis < 0 || axis >= dt->rank)
+		return ap_v_fail(v, AP_EUNSUPPORTED, node, "axis %lld", (long long)axis);
+	D = dt->dims[axis];
+	x = ap_v_wrap_index(v, ap_val(v, ind, &ii), D);
+	x = ap_v_once(v, ap_kir_cast(k, k->index_type,
+				     ap_kir_binary(k, AP_KIR_MIN,
+						   ap_kir_binary(k, AP_KIR_MAX, x, ap_kir_i64(k, 0)),
+						   ap_kir_i64(k, D > 0 ? D - 1 : 0))));
+	for (int d = 0; d < dt->rank; d++)
+		di.c[d] = d == axis ? x : ap_lidx_coord(v, ix, d);
+	return ap_val(v, data, &di);
+}
+
+/* Trilu: keeps x where j - i >= k (upper) or j - i <= k (lower) over the
+ * last two coordinates (i, j), else 0. */
+static ap_kir_expr *trilu_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *ix)
+{
+	ap_kir_kernel *k = v->k;
+	int r = ix->rank;
+	int64_t kk = ap_node_int(node, "k", 0);
+	bool upper = ap_node_int(node, "upper", 1) != 0;
+	ap_kir_expr *diff, *keep;
+	ap_lidx xi = *ix;
+
+	if (r < 2)
+		return ap_v_fail(v, AP_EUNSUPPORTED, node, "rank %d", r);
+	diff = ap_kir_binary(k, AP_KIR_SUB, ap_kir_cast(k, AP_DT_I64, ap_lidx_coord(v, ix, r - 1)),
+			     ap_kir_cast(k, AP_DT_I64, ap_lidx_coord(v, ix, r - 2)));
+	keep = ap_kir_binary(k, upper ? AP_KIR_GE : AP_KIR_LE, diff, ap_kir_i64(k, kk));
+	return ap_kir_select(k, keep, ap_val(v, node->inputs[0], &xi),
+			     ap_v_const(v, v->g->tensors[t].dtype, 0));
 }
 
 static ap_kir_expr *pad_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *ix)
@@ -534,7 +587,16 @@ static ap_kir_expr *op_value(ap_vctx *v, int n, int t, ap_lidx *ix)
 	case AP_OP_MAX_POOL:
 	case AP_OP_AVERAGE_POOL:
 	case AP_OP_LRN:
+	case AP_OP_SCATTER_ELEMENTS:
+	case AP_OP_SCATTER_ND:
+	case AP_OP_CUM_SUM:
+	case AP_OP_ARG_MAX:
+	case AP_OP_ARG_MIN:
 		return ap_v_loop_op(v, node, t, ix);
+	case AP_OP_GATHER_ELEMENTS:
+		return gather_elements_value(v, node, t, ix);
+	case AP_OP_TRILU:
+		return trilu_value(v, node, t, ix);
 	case AP_OP_TRANSPOSE: {
 		int x = node->inputs[0];
 		ap_lidx r = ap_lidx_shape(&g->tensors[x]);

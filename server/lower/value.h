@@ -117,6 +117,9 @@ ap_kir_array *ap_v_buffer(ap_vctx *v, int t);
 void ap_v_remember(ap_vctx *v, int t, const ap_lidx *ix, ap_kir_expr *val);
 /* Binds an intermediate so it is evaluated once. */
 ap_kir_expr *ap_v_once(ap_vctx *v, ap_kir_expr *e);
+/* An index value q (any integer dtype) as int64, a negative one counted
+ * from the end of a dimension of size D (q + D), bound once; not clamped. */
+ap_kir_expr *ap_v_wrap_index(ap_vctx *v, ap_kir_expr *q, int64_t D);
 
 /* ---- per-op scalar semantics (scalar.c) -------------------------------------- */
 
@@ -149,7 +152,7 @@ int64_t ap_reduced_count(const ap_graph *g, const ap_node *node);
 ap_lidx ap_reduce_in_idx(ap_vctx *v, const ap_node *node, int x, ap_lidx *out, ap_kir_expr *r);
 /* Value of tensor t made by node n (of a loop-shaped op: reduction
  * computed serially, MatMul, Conv, ConvTranspose, MaxPool, AveragePool,
- * LRN) at ix. */
+ * LRN, ScatterElements, ScatterND, CumSum, ArgMax, ArgMin) at ix. */
 ap_kir_expr *ap_v_loop_op(ap_vctx *v, const ap_node *node, int t, ap_lidx *ix);
 int64_t ap_node_attr_at(const ap_node *node, const char *name, int i, int64_t dflt);
 

@@ -1,0 +1,162 @@
+"""_lib.py -- the one place that talks to libapollo-client.so (ctypes).
+
+Apollo's wire format has one definition, proto/apollo.proto, compiled into
+the C library (protobuf-c); this package never encodes a message itself.
+It loads build/libapollo-client.so -- framing, handshake, submit, bundles,
+the graph IR with shape inference and validation, the runtime that runs a
+bundle on the host or through the CUDA driver API -- and declares the
+prototypes and structs it uses, mirrored from client/apollo.h,
+client/runtime.h, common/graph.h and common/base.h.
+
+Where the library is found, first hit wins: $APOLLO_LIB; the copy installed
+inside this package; ../../build/ of a source checkout (client/python/apollo
+-> the repository root).
+"""
+import ctypes
+import os
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+MAX_RANK = 8
+
+c_int64_p = ctypes.POINTER(ctypes.c_int64)
+c_int_p = ctypes.POINTER(ctypes.c_int)
+
+
+class ap_error(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_int), ("msg", ctypes.c_char * 512),
+                ("node", ctypes.c_char * 128), ("tensor", ctypes.c_char * 128)]
+
+
+class ap_tensor(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int), ("rank", ctypes.c_int),
+                ("dims", ctypes.c_int64 * MAX_RANK), ("kind", ctypes.c_int),
+                ("data", ctypes.c_void_p), ("nbytes", ctypes.c_size_t),
+                ("producer", ctypes.c_int), ("is_output", ctypes.c_bool)]
+
+
+class ap_graph(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("n_tensors", ctypes.c_int), ("cap_tensors", ctypes.c_int),
+                ("tensors", ctypes.POINTER(ap_tensor)), ("n_nodes", ctypes.c_int),
+                ("cap_nodes", ctypes.c_int), ("nodes", ctypes.c_void_p),
+                ("n_inputs", ctypes.c_int), ("inputs", c_int_p),
+                ("n_outputs", ctypes.c_int), ("outputs", c_int_p),
+                ("eager_kernels", ctypes.c_uint)]
+
+
+class ap_submit_options(ctypes.Structure):
+    _fields_ = [("target", ctypes.c_char_p), ("output", ctypes.c_int), ("no_cache", ctypes.c_bool),
+                ("cache_namespace", ctypes.c_char_p), ("max_block_threads", ctypes.c_uint),
+                ("fusion", ctypes.c_int), ("n_fusion_barriers", ctypes.c_int),
+                ("fusion_barriers", ctypes.POINTER(ctypes.c_char_p)), ("n_keep_whole", ctypes.c_int),
+                ("keep_whole", ctypes.POINTER(ctypes.c_char_p))]
+
+
+class ap_server_stats(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ("requests", "errors", "cache_hits", "cache_misses",
+                                               "kernels_compiled", "cache_entries", "cache_blob_bytes")] + \
+               [("clients", ctypes.c_uint), ("in_flight", ctypes.c_uint), ("uptime_s", ctypes.c_double)]
+
+
+class ap_bundle_stats(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint) for n in ("kernels", "eager_kernels", "nodes", "kernels_compiled",
+                                             "distinct_kernels", "layer1", "layer2", "layer3")] + \
+               [(n, ctypes.c_uint64) for n in ("global_bytes", "eager_bytes", "min_bytes")] + \
+               [(n, ctypes.c_double) for n in ("import_ms", "partition_ms", "codegen_ms", "backend_ms",
+                                               "cache_ms", "compile_ms")] + \
+               [("cache_hit", ctypes.c_bool)]
+
+
+class ap_bundle_buffer(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("kind", ctypes.c_int), ("dtype", ctypes.c_int),
+                ("rank", ctypes.c_int), ("dims", ctypes.c_int64 * MAX_RANK), ("bytes", ctypes.c_uint64),
+                ("offset", ctypes.c_uint64), ("index", ctypes.c_int)]
+
+
+class ap_runtime_options(ctypes.Structure):
+    _fields_ = [("threads", ctypes.c_int), ("device", ctypes.c_int), ("external", ctypes.c_bool),
+                ("profile", ctypes.c_bool)]
+
+
+_P = ctypes.c_void_p
+_E = ctypes.POINTER(ap_error)
+# name: (restype, argtypes)
+_PROTOS = {
+    "ap_error_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "ap_dtype_in_graphs": (ctypes.c_bool, [ctypes.c_int]),
+    "ap_dtype_size": (ctypes.c_size_t, [ctypes.c_int]),
+    "ap_op_lookup": (ctypes.c_int, [ctypes.c_char_p]),
+    "ap_graph_new": (ctypes.POINTER(ap_graph), [ctypes.c_char_p]),
+    "ap_graph_free": (_P, [_P]),
+    "ap_graph_add_tensor": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_int, ctypes.c_int, c_int64_p,
+                                           ctypes.c_int, _P, ctypes.c_size_t]),
+    "ap_graph_add_node": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_int, ctypes.c_int, c_int_p,
+                                         ctypes.c_int, c_int_p]),
+    "ap_graph_add_input": (ctypes.c_int, [_P, ctypes.c_int]),
+    "ap_graph_add_output": (ctypes.c_int, [_P, ctypes.c_int]),
+    "ap_graph_infer_node": (ctypes.c_int, [_P, ctypes.c_int, _E]),
+    "ap_graph_validate": (ctypes.c_int, [_P, _E]),
+    "ap_graph_hash": (ctypes.c_int, [_P, ctypes.c_char_p]),
+    "ap_graph_hash_named": (ctypes.c_int, [_P, ctypes.c_char_p]),
+    "ap_node_set_int": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_char_p, ctypes.c_int64]),
+    "ap_node_set_float": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_char_p, ctypes.c_double]),
+    "ap_node_set_string": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p]),
+    "ap_node_set_ints": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_char_p, c_int64_p, ctypes.c_int]),
+    "ap_node_set_floats": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_char_p,
+                                          ctypes.POINTER(ctypes.c_double), ctypes.c_int]),
+    "ap_client_connect_token": (_P, [ctypes.c_char_p, ctypes.c_char_p, _E]),
+    "ap_client_free": (_P, [_P]),
+    "ap_client_set_timeout_ms": (ctypes.c_int, [_P, ctypes.c_uint]),
+    "ap_client_server": (ctypes.c_char_p, [_P]),
+    "ap_client_nvrtc_version": (ctypes.c_char_p, [_P]),
+    "ap_client_n_targets": (ctypes.c_int, [_P]),
+    "ap_client_target": (ctypes.c_char_p, [_P, ctypes.c_int]),
+    "ap_client_ping": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_size_t, _E]),
+    "ap_client_stats": (ctypes.c_int, [_P, ctypes.POINTER(ap_server_stats), _E]),
+    "ap_client_submit_graph": (_P, [_P, _P, ctypes.POINTER(ap_submit_options), _E]),
+    "ap_bundle_free": (_P, [_P]),
+    "ap_bundle_unpack": (_P, [ctypes.c_char_p, ctypes.c_size_t, _E]),
+    "ap_bundle_pack": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]),
+    "ap_bundle_target": (ctypes.c_char_p, [_P]),
+    "ap_bundle_workspace_bytes": (ctypes.c_uint64, [_P]),
+    "ap_bundle_n_kernels": (ctypes.c_int, [_P]),
+    "ap_bundle_n_launches": (ctypes.c_int, [_P]),
+    "ap_bundle_n_buffers": (ctypes.c_int, [_P]),
+    "ap_bundle_buffer_get": (ctypes.c_int, [_P, ctypes.c_int, ctypes.POINTER(ap_bundle_buffer)]),
+    "ap_bundle_stats_get": (None, [_P, ctypes.POINTER(ap_bundle_stats)]),
+    "ap_runtime_new": (_P, [_P, ctypes.POINTER(ap_runtime_options), _E]),
+    "ap_runtime_free": (_P, [_P]),
+    "ap_runtime_bind_ptr": (ctypes.c_int, [_P, ctypes.c_int, _P, ctypes.c_uint64, _E]),
+    "ap_runtime_run_stream": (ctypes.c_int, [_P, _P, _E]),
+    "ap_runtime_cuda_available": (ctypes.c_bool, [ctypes.c_char_p, ctypes.c_size_t]),
+}
+
+
+def _candidates():
+    env = os.environ.get("APOLLO_LIB")
+    if env:
+        yield env
+    yield os.path.join(_HERE, "libapollo-client.so")
+    yield os.path.normpath(os.path.join(_HERE, "..", "..", "..", "build", "libapollo-client.so"))
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if not os.path.exists(path):
+            tried.append(path)
+            continue
+        lib = ctypes.CDLL(path)
+        for name, (res, args) in _PROTOS.items():
+            fn = getattr(lib, name)
+            fn.restype = res
+            fn.argtypes = args
+        lib.path = path
+        return lib
+    raise ImportError("apollo: libapollo-client.so not found (tried %s); build it with `make` "
+                      "in the Apollo repository or set APOLLO_LIB" % ", ".join(tried))
+
+
+lib = _load()
+free = ctypes.CDLL(None).free
+free.argtypes = [ctypes.c_void_p]
+free.restype = None

@@ -1,0 +1,175 @@
+"""client.py -- apollo.Client: one blocking connection to apollod (Unix
+socket by default, TCP with a token when asked) through libapollo-client,
+and apollo.Bundle, the compiled answer.
+
+    c = apollo.Client()                         # $APOLLO_SOCKET or the default socket
+    c = apollo.Client("host:7070", token="s3cret")
+    b = c.submit(graph, target="cpu", fusion="apollo", namespace="")
+    b.stats["cache_hit"], b.stats["kernels"]
+
+Errors raise ApolloError carrying the daemon's code, message, node and
+tensor; a daemon that cannot be reached raises DaemonUnavailable.  A client
+is not thread-safe: use one per thread.
+"""
+import ctypes
+import os
+
+from ._lib import (ap_bundle_buffer, ap_bundle_stats, ap_server_stats, ap_submit_options, free,
+                   lib)
+from .errors import ApolloError, DaemonUnavailable, EINVAL, ENOMEM, EIO, new_error, raise_error
+
+FUSION_LEVELS = {None: 0, "": 0, "default": 0, "none": 1, "rules": 2, "apollo": 3}
+BUFFER_KINDS = ("input", "output", "param", "intermediate")
+
+
+class Bundle:
+    """A compiled graph: kernels, launch plan, buffers and stats (apollo.Bundle)."""
+
+    def __init__(self, handle):
+        self._b = handle
+
+    def __del__(self):
+        if getattr(self, "_b", None):
+            lib.ap_bundle_free(self._b)
+            self._b = None
+
+    @property
+    def handle(self):
+        return self._b
+
+    @classmethod
+    def unpack(cls, data):
+        err = new_error()
+        h = lib.ap_bundle_unpack(bytes(data), len(data), ctypes.byref(err))
+        if not h:
+            raise_error(err)
+        return cls(h)
+
+    def pack(self):
+        out = ctypes.c_void_p()
+        n = ctypes.c_size_t()
+        if lib.ap_bundle_pack(self._b, ctypes.byref(out), ctypes.byref(n)) < 0:
+            raise ApolloError(ENOMEM, "out of memory")
+        try:
+            return ctypes.string_at(out, n.value)
+        finally:
+            free(out)
+
+    @property
+    def target(self):
+        return lib.ap_bundle_target(self._b).decode()
+
+    @property
+    def n_kernels(self):
+        return lib.ap_bundle_n_kernels(self._b)
+
+    @property
+    def n_launches(self):
+        return lib.ap_bundle_n_launches(self._b)
+
+    @property
+    def workspace_bytes(self):
+        return int(lib.ap_bundle_workspace_bytes(self._b))
+
+    @property
+    def stats(self):
+        s = ap_bundle_stats()
+        lib.ap_bundle_stats_get(self._b, ctypes.byref(s))
+        return {name: getattr(s, name) for name, _ in s._fields_}
+
+    @property
+    def buffers(self):
+        """One dict per buffer, in bundle order: name, kind ("input",
+        "output", "param", "intermediate"), dtype, shape, bytes, index."""
+        out = []
+        for i in range(lib.ap_bundle_n_buffers(self._b)):
+            b = ap_bundle_buffer()
+            if lib.ap_bundle_buffer_get(self._b, i, ctypes.byref(b)) < 0:
+                raise ApolloError(EINVAL, "bundle buffer %d" % i)
+            out.append({"name": b.name.decode(), "kind": BUFFER_KINDS[b.kind] if b.kind < 4 else "?",
+                        "dtype": b.dtype, "shape": tuple(b.dims[d] for d in range(max(b.rank, 0))),
+                        "bytes": int(b.bytes), "index": b.index})
+        return out
+
+
+class Client:
+    def __init__(self, address=None, token=None, timeout_ms=0):
+        """`address`: None (the default socket: $APOLLO_SOCKET, else
+        /tmp/apollod-<uid>.sock), a Unix socket path, "unix:PATH",
+        "HOST:PORT" or "tcp:HOST:PORT"; `token` (else $APOLLO_TOKEN) for a
+        daemon listening on TCP."""
+        err = new_error()
+        token = token if token is not None else os.environ.get("APOLLO_TOKEN")
+        self._c = lib.ap_client_connect_token(address.encode() if address else None,
+                                              token.encode() if token else None, ctypes.byref(err))
+        if not self._c:
+            raise_error(err, cls=DaemonUnavailable if err.code == EIO else ApolloError)
+        if timeout_ms:
+            lib.ap_client_set_timeout_ms(self._c, timeout_ms)
+
+    def __del__(self):
+        self.close()
+
+    def close(self):
+        if getattr(self, "_c", None):
+            lib.ap_client_free(self._c)
+            self._c = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def server(self):
+        return lib.ap_client_server(self._c).decode()
+
+    @property
+    def nvrtc_version(self):
+        return lib.ap_client_nvrtc_version(self._c).decode()
+
+    @property
+    def targets(self):
+        return [lib.ap_client_target(self._c, i).decode() for i in range(lib.ap_client_n_targets(self._c))]
+
+    def ping(self):
+        buf = ctypes.create_string_buffer(256)
+        err = new_error()
+        if lib.ap_client_ping(self._c, buf, 256, ctypes.byref(err)) < 0:
+            raise_error(err)
+        return buf.value.decode()
+
+    def stats(self):
+        s = ap_server_stats()
+        err = new_error()
+        if lib.ap_client_stats(self._c, ctypes.byref(s), ctypes.byref(err)) < 0:
+            raise_error(err)
+        return {name: getattr(s, name) for name, _ in s._fields_}
+
+    def submit(self, graph, target="cpu", fusion=None, namespace="", no_cache=False,
+               fusion_barriers=(), keep_whole=(), max_block_threads=0):
+        """Sends `graph` (an apollo.Graph; PARAMs travel as shape and dtype
+        only) and waits for the bundle.  `fusion`: None (the daemon's
+        default), "none", "rules" or "apollo"."""
+        if fusion not in FUSION_LEVELS:
+            raise ApolloError(EINVAL, "fusion level %r (none, rules, apollo)" % (fusion,))
+        o = ap_submit_options()
+        o.target = target.encode()
+        o.no_cache = bool(no_cache)
+        o.cache_namespace = (namespace or "").encode()
+        o.max_block_threads = max_block_threads
+        o.fusion = FUSION_LEVELS[fusion]
+        keep = [ctypes.c_char_p(s.encode()) for s in fusion_barriers]
+        whole = [ctypes.c_char_p(s.encode()) for s in keep_whole]
+        if keep:
+            o.n_fusion_barriers = len(keep)
+            o.fusion_barriers = (ctypes.c_char_p * len(keep))(*keep)
+        if whole:
+            o.n_keep_whole = len(whole)
+            o.keep_whole = (ctypes.c_char_p * len(whole))(*whole)
+        err = new_error()
+        h = lib.ap_client_submit_graph(self._c, graph.handle, ctypes.byref(o), ctypes.byref(err))
+        if not h:
+            raise_error(err)
+        return Bundle(h)

@@ -1,0 +1,1064 @@
+"""fx.py -- PyTorch FX graphs in ATen's core op set (after PyTorch's
+standard decompositions, as AOTAutograd hands them to a compiler) into
+apollo.Graph.
+
+Shapes and dtypes come from each node's example value (node.meta["val"],
+the fake tensors AOTAutograd traced with).  Placeholders become INPUT
+tensors, bound by position, or -- those named in `params` -- PARAM tensors
+(weights: shape and dtype only on the wire, bound by name at run time).
+Constants the graph makes (full, arange, scalar_tensor) travel by value
+when small (apollo.CONST_MAX_BYTES) and otherwise become PARAMs whose data
+the converter keeps for the runner.  Each ATen op is rewritten into
+Apollo's op set (common/ops.def); a Python number operand becomes a scalar
+CONST of the computation's dtype; operands of another dtype are Cast first
+(ATen's type promotion, read off the node's result dtype).
+
+`unsupported(node)` says, without converting anything, why a node cannot
+be converted (None when it can): an op with no rewrite, a dtype Apollo
+graphs do not carry (ap_dtype_in_graphs), a
+symbolic (dynamic) shape, an argument form the rewrite does not cover.
+The backend splits the graph there.  `convert()` raises Unsupported with
+the node's name and the reason for anything it still cannot do.
+"""
+import math
+import operator
+import struct
+
+import torch
+
+from . import graph as G
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+TORCH_DTYPES = {torch.float32: G.FLOAT32, torch.float64: G.FLOAT64, torch.int64: G.INT64,
+                torch.int32: G.INT32, torch.bool: G.BOOL, torch.uint8: G.UINT8, torch.int8: G.INT8,
+                torch.float16: G.FLOAT16, torch.bfloat16: G.BFLOAT16}
+FROM_APOLLO = {v: k for k, v in TORCH_DTYPES.items()}
+_STRUCT = {G.FLOAT32: "f", G.FLOAT64: "d", G.INT64: "q", G.INT32: "i", G.BOOL: "?", G.UINT8: "B",
+           G.INT8: "b", G.FLOAT16: "e", G.BFLOAT16: "f"}
+
+
+def _bfloat16_bytes(values):
+    """bfloat16 little-endian: float32's upper half, rounded to nearest
+    even (NaN kept quiet)."""
+    out = bytearray()
+    for v in values:
+        u = struct.unpack("<I", struct.pack("<f", v))[0]
+        if (u & 0x7fffffff) > 0x7f800000:
+            h = (u >> 16) | 0x40
+        else:
+            h = (u + 0x7fff + ((u >> 16) & 1)) >> 16
+        out += struct.pack("<H", h & 0xffff)
+    return bytes(out)
+
+
+class Unsupported(Exception):
+    def __init__(self, node, reason):
+        self.node = node
+        self.reason = reason
+        super().__init__("%s (%s): %s" % (op_name(node), getattr(node, "name", "?"), reason))
+
+
+def op_name(node):
+    t = getattr(node, "target", None)
+    return str(t) if t is not None else "?"
+
+
+def apollo_dtype(dt):
+    """The Apollo dtype of torch dtype `dt`, or None when graphs cannot carry it."""
+    a = TORCH_DTYPES.get(dt)
+    return a if a is not None and G.dtype_supported(a) else None
+
+
+def _val(x):
+    return x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+
+
+def _static_shape(v):
+    try:
+        return tuple(int(d) for d in v.shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def _vals(node):
+    v = _val(node)
+    if isinstance(v, (list, tuple)):
+        return [x for x in v if isinstance(x, torch.Tensor)]
+    return [v] if isinstance(v, torch.Tensor) else []
+
+
+def _tensor_args(node):
+    out = []
+    for a in list(node.args) + list(node.kwargs.values()):
+        if isinstance(a, torch.fx.Node):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(x for x in a if isinstance(x, torch.fx.Node))
+    return out
+
+
+# ---- the rewrites -----------------------------------------------------------
+
+class _Ctx:
+    """One conversion: the graph under construction and the FX values it holds."""
+
+    def __init__(self, name):
+        self.g = G.Graph(name)
+        self.env = {}
+        self.consts = {}          # PARAM name -> torch tensor (constants too large for CONST)
+        self.n_const = 0
+
+    # values
+    def t(self, a, dtype=None):
+        """The Apollo tensor of FX argument `a` (a Node, or a Python number
+        made a scalar CONST of `dtype`), Cast to `dtype` when given."""
+        if isinstance(a, torch.fx.Node):
+            t = self.env[a]
+            if isinstance(t, tuple):
+                raise TypeError("a tuple value used as a tensor")
+            return self.cast(t, dtype) if dtype is not None else t
+        if isinstance(a, (bool, int, float)):
+            return self.scalar(a, dtype if dtype is not None else
+                               (G.BOOL if isinstance(a, bool) else G.INT64 if isinstance(a, int) else G.FLOAT32))
+        raise TypeError("argument %r is not a tensor or a number" % (a,))
+
+    def scalar(self, v, dtype):
+        return self.const_values([v], dtype, ())
+
+    def const_values(self, values, dtype, shape):
+        """A constant of Apollo dtype `dtype` and `shape` holding `values`
+        (row-major): CONST when small, else a PARAM whose bytes the
+        converter keeps (no torch tensor is made: the compiler may run
+        under fake tensors)."""
+        fmt = _STRUCT[dtype]
+        if fmt in "qibB":
+            values = [int(v) for v in values]
+        elif fmt == "?":
+            values = [bool(v) for v in values]
+        else:
+            values = [float(v) for v in values]
+        if dtype == G.BFLOAT16:
+            data = _bfloat16_bytes(values)
+        else:
+            data = struct.pack("<%d%s" % (len(values), fmt), *values)
+        self.n_const += 1
+        name = "const%d" % self.n_const
+        if len(data) <= G.CONST_MAX_BYTES:
+            return self.g.const(name, dtype, shape, data)
+        t = self.g.param(name, dtype, shape)
+        self.consts[self.g.tensor(t)[0]] = (data, dtype, tuple(shape))
+        return t
+
+    def cast(self, t, dtype):
+        if dtype is None or self.g.dtype(t) == dtype:
+            return t
+        return self.g.node1("Cast", [t], {"to": dtype})
+
+    def shape(self, t):
+        return self.g.shape(t)
+
+    def op(self, op, ins, attrs=None, shape=None):
+        return self.g.node1(op, ins, attrs, shape=shape)
+
+    def reshape(self, t, shape):
+        shape = tuple(int(d) for d in shape)
+        if self.shape(t) == shape:
+            return t
+        return self.op("Reshape", [t], shape=shape)
+
+    def expand(self, t, shape):
+        shape = tuple(int(d) for d in shape)
+        if self.shape(t) == shape:
+            return t
+        return self.op("Expand", [t], shape=shape)
+
+
+def _meta(node):
+    v = _val(node)
+    return _static_shape(v), apollo_dtype(v.dtype)
+
+
+def _axes(dims, rank):
+    if dims is None:
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({d % rank if rank else 0 for d in dims})
+
+
+def _unary(op):
+    def f(c, n):
+        shape, dt = _meta(n)
+        return c.op(op, [c.t(n.args[0], dt)])
+    return f
+
+
+def _binary(op, alpha=False, rsub=False):
+    def f(c, n):
+        shape, dt = _meta(n)
+        a, b = c.t(n.args[0], dt), c.t(n.args[1], dt)
+        al = n.kwargs.get("alpha", n.args[2] if len(n.args) > 2 else 1) if alpha else 1
+        if al != 1:
+            b = c.op("Mul", [b, c.scalar(al, dt)])
+        if rsub:
+            a, b = b, a
+        return c.op(op, [a, b])
+    return f
+
+
+def _promoted(n):
+    """The dtype both operands of a comparison are computed in."""
+    a, b = n.args[0], n.args[1]
+    va, vb = _val(a), _val(b)
+    ta = va if isinstance(va, torch.Tensor) else a
+    tb = vb if isinstance(vb, torch.Tensor) else b
+    return apollo_dtype(torch.result_type(ta, tb))
+
+
+def _compare(op, negate=False):
+    def f(c, n):
+        dt = _promoted(n)
+        y = c.op(op, [c.t(n.args[0], dt), c.t(n.args[1], dt)])
+        return c.op("Not", [y]) if negate else y
+    return f
+
+
+def _compare_swapped(op):
+    def f(c, n):
+        dt = _promoted(n)
+        return c.op(op, [c.t(n.args[1], dt), c.t(n.args[0], dt)])
+    return f
+
+
+def _logic(op):
+    def f(c, n):
+        return c.op(op, [c.t(n.args[0], G.BOOL), c.t(n.args[1], G.BOOL)])
+    return f
+
+
+def _identity(c, n):
+    shape, dt = _meta(n)
+    x = c.t(n.args[0], dt)
+    return c.op("Identity", [x])
+
+
+def _to_copy(c, n):
+    shape, dt = _meta(n)
+    return c.op("Identity", [c.t(n.args[0], dt)])
+
+
+def _rsqrt(c, n):
+    shape, dt = _meta(n)
+    return c.op("Reciprocal", [c.op("Sqrt", [c.t(n.args[0], dt)])])
+
+
+def _expm1(c, n):
+    shape, dt = _meta(n)
+    return c.op("Sub", [c.op("Exp", [c.t(n.args[0], dt)]), c.scalar(1.0, dt)])
+
+
+def _log1p(c, n):
+    shape, dt = _meta(n)
+    return c.op("Log", [c.op("Add", [c.t(n.args[0], dt), c.scalar(1.0, dt)])])
+
+
+def _gelu(c, n):
+    shape, dt = _meta(n)
+    return c.op("Gelu", [c.t(n.args[0], dt)], {"approximate": n.kwargs.get("approximate", "none")})
+
+
+def _silu(c, n):
+    shape, dt = _meta(n)
+    x = c.t(n.args[0], dt)
+    return c.op("Mul", [x, c.op("Sigmoid", [x])])
+
+
+def _leaky_relu(c, n):
+    shape, dt = _meta(n)
+    slope = n.args[1] if len(n.args) > 1 else 0.01
+    return c.op("LeakyRelu", [c.t(n.args[0], dt)], {"alpha": float(slope)})
+
+
+def _clamp(c, n):
+    shape, dt = _meta(n)
+    lo = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
+    hi = n.args[2] if len(n.args) > 2 else n.kwargs.get("max")
+    if n.target == aten.clamp_min.default:
+        lo, hi = n.args[1], None
+    if n.target == aten.clamp_max.default:
+        lo, hi = None, n.args[1]
+    x = c.t(n.args[0], dt)
+    if isinstance(lo, torch.fx.Node) or isinstance(hi, torch.fx.Node):
+        if lo is not None:
+            x = c.op("Max", [x, c.t(lo, dt)])
+        if hi is not None:
+            x = c.op("Min", [x, c.t(hi, dt)])
+        return x
+    return c.op("Clip", [x], {"min": float(lo) if lo is not None else -math.inf,
+                              "max": float(hi) if hi is not None else math.inf})
+
+
+def _hardtanh(c, n):
+    shape, dt = _meta(n)
+    lo = n.args[1] if len(n.args) > 1 else -1.0
+    hi = n.args[2] if len(n.args) > 2 else 1.0
+    return c.op("Clip", [c.t(n.args[0], dt)], {"min": float(lo), "max": float(hi)})
+
+
+def _pow(c, n):
+    shape, dt = _meta(n)
+    base, e = n.args[0], n.args[1]
+    if isinstance(e, (int, float)) and not isinstance(base, (int, float)):
+        x = c.t(base, dt)
+        if e == 2:
+            return c.op("Mul", [x, x])
+        if e == 1:
+            return c.op("Identity", [x])
+        if e == 0.5:
+            return c.op("Sqrt", [x])
+        if e == -1:
+            return c.op("Reciprocal", [x])
+        if e == -0.5:
+            return c.op("Reciprocal", [c.op("Sqrt", [x])])
+    return c.op("Pow", [c.t(base, dt), c.t(e, dt)])
+
+
+def _div_mode(c, n):
+    shape, dt = _meta(n)
+    mode = n.kwargs.get("rounding_mode")
+    q = c.op("Div", [c.t(n.args[0], dt), c.t(n.args[1], dt)])
+    if mode == "floor" and dt in (G.FLOAT32, G.FLOAT64):
+        return c.op("Floor", [q])
+    if mode is None:
+        return q
+    raise Unsupported(n, "div with rounding_mode=%r on %s" % (mode, G.DTYPE_NAMES.get(dt)))
+
+
+def _fmod(fmod):
+    def f(c, n):
+        shape, dt = _meta(n)
+        return c.op("Mod", [c.t(n.args[0], dt), c.t(n.args[1], dt)], {"fmod": fmod})
+    return f
+
+
+def _where(c, n):
+    shape, dt = _meta(n)
+    return c.op("Where", [c.t(n.args[0], G.BOOL), c.t(n.args[1], dt), c.t(n.args[2], dt)])
+
+
+def _reduce(op):
+    def f(c, n):
+        shape, dt = _meta(n)
+        x = n.args[0]
+        xs = c.shape(c.t(x))
+        dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+        keep = n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False)
+        if n.target in (aten.sum.default, aten.mean.default, aten.prod.default, aten.amax.default,
+                        aten.amin.default) and len(n.args) < 2:
+            dims, keep = None, False
+        axes = _axes(dims if dims not in ([], ()) else None, len(xs))
+        xt = c.t(x, dt)
+        if not xs or not axes:
+            return c.reshape(c.op("Identity", [xt]), shape)
+        return c.reshape(c.op(op, [xt], {"axes": axes, "keepdims": 1 if keep else 0}), shape)
+    return f
+
+
+def _var_mean(c, n):
+    """var_mean(x, dims, correction, keepdim): the mean, and the sum of
+    squared deviations over (count - correction)."""
+    vals = _val(n)
+    dt = apollo_dtype(vals[0].dtype)
+    x = c.t(n.args[0], dt)
+    xs = c.shape(x)
+    dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+    corr = n.kwargs.get("correction", 1)
+    corr = 1 if corr is None else corr
+    keep = n.kwargs.get("keepdim", False)
+    axes = _axes(dims if dims not in ([], ()) else None, len(xs))
+    cnt = 1
+    for a in axes:
+        cnt *= xs[a]
+    mean = c.op("ReduceMean", [x], {"axes": axes, "keepdims": 1})
+    d = c.op("Sub", [x, mean])
+    ss = c.op("ReduceSum", [c.op("Mul", [d, d])], {"axes": axes, "keepdims": 1})
+    var = c.op("Div", [ss, c.scalar(max(cnt - corr, 0), dt)])
+    return (c.reshape(var, vals[0].shape), c.reshape(mean, vals[1].shape))
+
+
+def _argext(op):
+    def f(c, n):
+        shape, dt = _meta(n)
+        x = c.t(n.args[0])
+        dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+        keep = n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False)
+        if dim is None:
+            x = c.reshape(x, (int(torch.Size(c.shape(x)).numel()),))
+            dim = 0
+        r = len(c.shape(x))
+        return c.reshape(c.op(op, [x], {"axis": dim % r, "keepdims": 1 if keep else 0}), shape)
+    return f
+
+
+def _max_dim(op, arg):
+    def f(c, n):
+        vals = _val(n)
+        x = c.t(n.args[0])
+        r = len(c.shape(x))
+        dim = n.args[1] % r
+        keep = n.args[2] if len(n.args) > 2 else False
+        v = c.op(op, [x], {"axes": [dim], "keepdims": 1 if keep else 0})
+        i = c.op(arg, [x], {"axis": dim, "keepdims": 1 if keep else 0})
+        return (c.reshape(v, vals[0].shape), c.reshape(i, vals[1].shape))
+    return f
+
+
+def _softmax(op):
+    def f(c, n):
+        shape, dt = _meta(n)
+        x = c.t(n.args[0], dt)
+        r = len(c.shape(x))
+        if r == 0:
+            return c.op("Identity", [c.scalar(0.0 if op == "LogSoftmax" else 1.0, dt)])
+        return c.op(op, [x], {"axes": [n.args[1] % r]})
+    return f
+
+
+def _layer_norm(c, n):
+    x, nshape, w, b, eps = n.args[:5]
+    vals = _val(n)
+    dt = apollo_dtype(vals[0].dtype)
+    xt = c.t(x, dt)
+    r = len(c.shape(xt))
+    axis = r - len(nshape)
+    scale = c.t(w, dt) if w is not None else c.expand(c.scalar(1.0, dt), nshape)
+    ins = [xt, scale] + ([c.t(b, dt)] if b is not None else [])
+    outs = c.g.node("LayerNormalization", ins, {"axis": axis, "epsilon": float(eps)}, n_outputs=3)
+    return (outs[0], c.cast(outs[1], apollo_dtype(vals[1].dtype)), c.cast(outs[2], apollo_dtype(vals[2].dtype)))
+
+
+def _mm(c, n):
+    shape, dt = _meta(n)
+    return c.op("MatMul", [c.t(n.args[0], dt), c.t(n.args[1], dt)])
+
+
+def _addmm(c, n):
+    shape, dt = _meta(n)
+    bias, a, b = n.args[:3]
+    beta = n.kwargs.get("beta", 1)
+    alpha = n.kwargs.get("alpha", 1)
+    y = c.op("MatMul", [c.t(a, dt), c.t(b, dt)])
+    if alpha != 1:
+        y = c.op("Mul", [y, c.scalar(alpha, dt)])
+    bt = c.t(bias, dt)
+    if beta != 1:
+        bt = c.op("Mul", [bt, c.scalar(beta, dt)])
+    return c.op("Add", [y, bt]) if beta != 0 else y
+
+
+def _conv_attrs(n, k, first=3):
+    """stride, padding, dilation (args first..first+2), k values each."""
+    stride, padding, dilation = [list(n.args[i]) for i in (first, first + 1, first + 2)]
+    stride = stride * k if len(stride) == 1 else stride
+    padding = padding * k if len(padding) == 1 else padding
+    dilation = dilation * k if len(dilation) == 1 else dilation
+    return stride, padding, dilation
+
+
+def _convolution(c, n):
+    shape, dt = _meta(n)
+    x, w, b = n.args[:3]
+    transposed, out_pad, groups = n.args[6], list(n.args[7]), n.args[8]
+    xt = c.t(x, dt)
+    k = len(c.shape(xt)) - 2
+    stride, padding, dilation = _conv_attrs(n, k)
+    attrs = {"strides": stride, "pads": padding + padding, "dilations": dilation, "group": int(groups)}
+    ins = [xt, c.t(w, dt)] + ([c.t(b, dt)] if b is not None else [])
+    if transposed:
+        attrs["output_padding"] = (out_pad * k if len(out_pad) == 1 else out_pad) or [0] * k
+        return c.op("ConvTranspose", ins, attrs)
+    return c.op("Conv", ins, attrs)
+
+
+def _convolution_backward(c, n):
+    """grad_input = ConvTranspose(grad_out, W) sized back to the input;
+    grad_weight[m, ch, k] = sum over n, o of grad_out[n, m, o] * x[n, ch,
+    o*s - p + k*d]: a Conv of x with channels and batch swapped and grad_out
+    as the weight, strides and dilations exchanged, cut to the kernel
+    size; grad_bias = ReduceSum of grad_out over all but the channels."""
+    gout, x, w, bias_sizes = n.args[:4]
+    mask = n.args[10]
+    vals = _val(n)
+    dt = apollo_dtype(_val(x).dtype)
+    go, xt, wt = c.t(gout, dt), c.t(x, dt), c.t(w, dt)
+    xs, ws, gs = c.shape(xt), c.shape(wt), c.shape(go)
+    k = len(xs) - 2
+    stride, padding, dilation = _conv_attrs(n, k, 4)
+    res = [None, None, None]
+    if mask[0]:
+        opad = [xs[2 + i] - ((gs[2 + i] - 1) * stride[i] + (ws[2 + i] - 1) * dilation[i] + 1 - 2 * padding[i])
+                for i in range(k)]
+        res[0] = c.op("ConvTranspose", [go, wt], {"strides": stride, "pads": padding + padding,
+                                                  "dilations": dilation, "group": 1, "output_padding": opad})
+    if mask[1]:
+        perm = [1, 0] + list(range(2, 2 + k))
+        xsw = c.op("Transpose", [xt], {"perm": perm})
+        gsw = c.op("Transpose", [go], {"perm": perm})
+        ends = []
+        for i in range(k):
+            span = xs[2 + i] + 2 * padding[i] - ((gs[2 + i] - 1) * stride[i] + 1)
+            full = span // dilation[i] + 1
+            ends.append(padding[i] - (full - ws[2 + i]) * dilation[i] if full > ws[2 + i] else padding[i])
+        gw = c.op("Conv", [xsw, gsw], {"strides": dilation, "pads": padding + ends, "dilations": stride,
+                                       "group": 1})
+        kshape = c.shape(gw)
+        if tuple(kshape[2:]) != tuple(ws[2:]):
+            gw = c.op("Slice", [gw], {"starts": [0] * (k + 2), "steps": [1] * (k + 2)},
+                      shape=tuple(kshape[:2]) + tuple(ws[2:]))
+        res[1] = c.op("Transpose", [gw], {"perm": perm})
+    if mask[2]:
+        res[2] = c.op("ReduceSum", [go], {"axes": [0] + list(range(2, 2 + k)), "keepdims": 0})
+    for i in range(3):
+        if res[i] is not None and tuple(c.shape(res[i])) != tuple(vals[i].shape):
+            res[i] = c.reshape(res[i], vals[i].shape)
+    return tuple(res)
+
+
+def _avg_pool(c, n):
+    shape, dt = _meta(n)
+    x = c.t(n.args[0], dt)
+    k = len(c.shape(x)) - 2
+    ks = list(n.args[1])
+    ks = ks * k if len(ks) == 1 else ks
+    st = list(n.args[2]) if len(n.args) > 2 and n.args[2] else ks
+    st = st * k if len(st) == 1 else st
+    pad = list(n.args[3]) if len(n.args) > 3 else [0]
+    pad = pad * k if len(pad) == 1 else pad
+    ceil = n.args[4] if len(n.args) > 4 else False
+    incl = n.args[5] if len(n.args) > 5 else True
+    return c.op("AveragePool", [x], {"kernel_shape": ks, "strides": st, "pads": pad + pad,
+                                     "dilations": [1] * k, "ceil_mode": int(bool(ceil)),
+                                     "count_include_pad": int(bool(incl))})
+
+
+def _max_pool(c, n):
+    vals = _val(n)
+    dt = apollo_dtype(vals[0].dtype)
+    x = c.t(n.args[0], dt)
+    k = len(c.shape(x)) - 2
+    ks = list(n.args[1])
+    ks = ks * k if len(ks) == 1 else ks
+    st = list(n.args[2]) if len(n.args) > 2 and n.args[2] else ks
+    st = st * k if len(st) == 1 else st
+    pad = list(n.args[3]) if len(n.args) > 3 else [0]
+    pad = pad * k if len(pad) == 1 else pad
+    dil = list(n.args[4]) if len(n.args) > 4 else [1]
+    dil = dil * k if len(dil) == 1 else dil
+    ceil = n.args[5] if len(n.args) > 5 else False
+    y = c.op("MaxPool", [x], {"kernel_shape": ks, "strides": st, "pads": pad + pad, "dilations": dil,
+                              "ceil_mode": int(bool(ceil))})
+    return (y, None)
+
+
+def _view(c, n):
+    shape, dt = _meta(n)
+    return c.reshape(c.t(n.args[0]), shape)
+
+
+def _permute(c, n):
+    x = c.t(n.args[0])
+    r = len(c.shape(x))
+    perm = [p % r for p in n.args[1]]
+    if perm == list(range(r)):
+        return c.op("Identity", [x])
+    return c.op("Transpose", [x], {"perm": perm})
+
+
+def _t(c, n):
+    x = c.t(n.args[0])
+    if len(c.shape(x)) < 2:
+        return c.op("Identity", [x])
+    return c.op("Transpose", [x], {"perm": [1, 0]})
+
+
+def _transpose(c, n):
+    x = c.t(n.args[0])
+    r = len(c.shape(x))
+    a, b = n.args[1] % r, n.args[2] % r
+    perm = list(range(r))
+    perm[a], perm[b] = perm[b], perm[a]
+    return c.op("Transpose", [x], {"perm": perm}) if a != b else c.op("Identity", [x])
+
+
+def _expand(c, n):
+    shape, dt = _meta(n)
+    x = c.t(n.args[0])
+    return c.expand(x, shape) if tuple(c.shape(x)) != shape else c.op("Identity", [x])
+
+
+def _slice(c, n):
+    shape, dt = _meta(n)
+    x = c.t(n.args[0])
+    xs = c.shape(x)
+    r = len(xs)
+    dim = (n.args[1] if len(n.args) > 1 else 0) % r
+    start = n.args[2] if len(n.args) > 2 else None
+    step = n.args[4] if len(n.args) > 4 else 1
+    start = 0 if start is None else start
+    if start < 0:
+        start += xs[dim]
+    start = min(max(start, 0), xs[dim])
+    starts = [0] * r
+    steps = [1] * r
+    starts[dim] = start if shape[dim] else 0
+    steps[dim] = step
+    if tuple(shape) == tuple(xs):
+        return c.op("Identity", [x])
+    return c.op("Slice", [x], {"starts": starts, "steps": steps}, shape=shape)
+
+
+def _select(c, n):
+    shape, dt = _meta(n)
+    x = c.t(n.args[0])
+    xs = c.shape(x)
+    dim = n.args[1] % len(xs)
+    idx = n.args[2] % xs[dim]
+    starts = [0] * len(xs)
+    starts[dim] = idx
+    part = list(xs)
+    part[dim] = 1
+    y = c.op("Slice", [x], {"starts": starts, "steps": [1] * len(xs)}, shape=tuple(part))
+    return c.reshape(y, shape)
+
+
+def _cat(c, n):
+    shape, dt = _meta(n)
+    ts = [c.t(a, dt) for a in n.args[0] if int(torch.Size(_static_shape(_val(a))).numel()) > 0
+          or len(_static_shape(_val(a))) == len(shape)]
+    dim = (n.args[1] if len(n.args) > 1 else 0) % len(shape)
+    ts = [t for t in ts if len(c.shape(t)) == len(shape)]
+    if len(ts) == 1:
+        return c.op("Identity", ts)
+    return c.op("Concat", ts, {"axis": dim})
+
+
+def _split(c, n):
+    vals = _val(n)
+    x = c.t(n.args[0])
+    xs = c.shape(x)
+    dim = (n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0)) % len(xs)
+    shapes = [tuple(int(d) for d in v.shape) for v in vals]
+    if len(shapes) == 1:
+        return (c.op("Identity", [x]),)
+    return tuple(c.g.node("Split", [x], {"axis": dim}, n_outputs=len(shapes), shapes=shapes))
+
+
+def _embedding(c, n):
+    w, idx = n.args[0], n.args[1]
+    return c.op("Gather", [c.t(w), c.t(idx)], {"axis": 0})
+
+
+def _index_select(c, n):
+    x = c.t(n.args[0])
+    dim = n.args[1] % len(c.shape(x))
+    return c.op("Gather", [x, c.t(n.args[2])], {"axis": dim})
+
+
+def _index(c, n):
+    """x[..., idx, ...] with one index tensor (the others None): a Gather."""
+    x = c.t(n.args[0])
+    idxs = n.args[1]
+    pos = [i for i, a in enumerate(idxs) if a is not None]
+    if len(pos) != 1:
+        raise Unsupported(n, "indexing with %d index tensors (one supported)" % len(pos))
+    it = c.t(idxs[pos[0]])
+    if c.g.dtype(it) == G.BOOL:
+        raise Unsupported(n, "indexing with a boolean mask (a data-dependent shape)")
+    return c.op("Gather", [x, it], {"axis": pos[0]})
+
+
+def _gather(c, n):
+    x = c.t(n.args[0])
+    return c.op("GatherElements", [x, c.t(n.args[2])], {"axis": n.args[1] % len(c.shape(x))})
+
+
+def _scatter(reduction):
+    def f(c, n):
+        shape, dt = _meta(n)
+        x = c.t(n.args[0], dt)
+        dim = n.args[1] % len(c.shape(x))
+        idx = c.t(n.args[2])
+        src = n.args[3]
+        ishape = c.shape(idx)
+        if isinstance(src, torch.fx.Node):
+            u = c.t(src, dt)
+            if tuple(c.shape(u)) != tuple(ishape):
+                u = c.op("Slice", [u], {"starts": [0] * len(ishape), "steps": [1] * len(ishape)},
+                         shape=ishape)
+        else:
+            u = c.expand(c.scalar(src, dt), ishape)
+        red = n.kwargs.get("reduce", reduction)
+        red = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min", "multiply": "mul"}.get(red, red)
+        return c.op("ScatterElements", [x, idx, u], {"axis": dim, "reduction": red})
+    return f
+
+
+def _index_put(c, n):
+    """x[idx] = values (accumulate: +=) with one index tensor on dim 0."""
+    shape, dt = _meta(n)
+    x = c.t(n.args[0], dt)
+    idxs = n.args[1]
+    acc = n.args[3] if len(n.args) > 3 else n.kwargs.get("accumulate", False)
+    if len(idxs) != 1 or idxs[0] is None:
+        raise Unsupported(n, "index_put with %d index tensors (one, on the first dim, supported)" % len(idxs))
+    it = c.t(idxs[0])
+    if c.g.dtype(it) == G.BOOL:
+        raise Unsupported(n, "index_put with a boolean mask")
+    ishape = tuple(c.shape(it))
+    xs = c.shape(x)
+    it = c.reshape(c.cast(it, G.INT64), ishape + (1,))
+    ushape = ishape + tuple(xs[1:])
+    u = c.expand(c.t(n.args[2], dt), ushape)
+    return c.op("ScatterND", [x, it, u], {"reduction": "add" if acc else "none"})
+
+
+def _constant_pad(c, n):
+    shape, dt = _meta(n)
+    x = c.t(n.args[0], dt)
+    r = len(c.shape(x))
+    pad = list(n.args[1])
+    value = n.args[2] if len(n.args) > 2 else 0
+    begins, ends = [0] * r, [0] * r
+    for i in range(len(pad) // 2):
+        d = r - 1 - i
+        begins[d], ends[d] = pad[2 * i], pad[2 * i + 1]
+    return c.op("Pad", [x], {"pads": begins + ends, "mode": "constant", "value": float(value)})
+
+
+def _trilu(upper):
+    def f(c, n):
+        k = n.args[1] if len(n.args) > 1 else n.kwargs.get("diagonal", 0)
+        return c.op("Trilu", [c.t(n.args[0])], {"upper": int(upper), "k": int(k)})
+    return f
+
+
+def _cumsum(c, n):
+    shape, dt = _meta(n)
+    x = c.t(n.args[0], dt)
+    return c.op("CumSum", [x], {"axis": n.args[1] % max(1, len(c.shape(x))), "exclusive": 0, "reverse": 0})
+
+
+def _repeat(c, n):
+    shape, dt = _meta(n)
+    x = c.t(n.args[0])
+    reps = list(n.args[1])
+    xs = c.shape(x)
+    x = c.reshape(x, (1,) * (len(reps) - len(xs)) + tuple(xs))
+    return c.op("Tile", [x], shape=shape)
+
+
+def _flip(c, n):
+    shape, dt = _meta(n)
+    x = c.t(n.args[0])
+    r = len(shape)
+    starts, steps = [0] * r, [1] * r
+    for d in n.args[1]:
+        d %= r
+        starts[d], steps[d] = shape[d] - 1, -1
+    return c.op("Slice", [x], {"starts": starts, "steps": steps}, shape=shape)
+
+
+def _full(c, n):
+    shape, dt = _meta(n)
+    value = n.args[1] if n.target in (aten.full.default, aten.full_like.default) else \
+        (1 if n.target in (aten.ones.default, aten.ones_like.default) else 0)
+    return c.expand(c.scalar(value, dt), shape) if shape else c.op("Identity", [c.scalar(value, dt)])
+
+
+def _scalar_tensor(c, n):
+    shape, dt = _meta(n)
+    return c.op("Identity", [c.scalar(n.args[0], dt)])
+
+
+def _arange(c, n):
+    shape, dt = _meta(n)
+    args = list(n.args)
+    if n.target == aten.arange.default:
+        start, end, step = 0, args[0], 1
+    elif n.target == aten.arange.start:
+        start, end, step = args[0], args[1], 1
+    else:
+        start, end, step = args[0], args[1], args[2] if len(args) > 2 else 1
+    vals = [start + i * step for i in range(shape[0])]
+    return c.op("Identity", [c.const_values(vals, dt, shape)])
+
+
+def _copy(c, n):
+    shape, dt = _meta(n)
+    return c.expand(c.t(n.args[1], dt), shape) if tuple(c.shape(c.t(n.args[1]))) != shape else \
+        c.op("Identity", [c.t(n.args[1], dt)])
+
+
+def _fill(c, n):
+    shape, dt = _meta(n)
+    v = n.args[1]
+    return c.expand(c.t(v, dt), shape) if shape else c.op("Identity", [c.t(v, dt)])
+
+
+def _masked_fill(c, n):
+    shape, dt = _meta(n)
+    return c.op("Where", [c.t(n.args[1], G.BOOL), c.t(n.args[2], dt), c.t(n.args[0], dt)])
+
+
+def _dropout(c, n):
+    p, train = n.args[1], n.args[2]
+    if train and p > 0:
+        raise Unsupported(n, "dropout with p=%g in training (random numbers)" % p)
+    x = c.t(n.args[0])
+    return (c.op("Identity", [x]), c.expand(c.scalar(True, G.BOOL), c.shape(x)))
+
+
+HANDLERS = {
+    aten.abs.default: _unary("Abs"), aten.neg.default: _unary("Neg"), aten.exp.default: _unary("Exp"),
+    aten.log.default: _unary("Log"), aten.sqrt.default: _unary("Sqrt"), aten.rsqrt.default: _rsqrt,
+    aten.reciprocal.default: _unary("Reciprocal"), aten.tanh.default: _unary("Tanh"),
+    aten.sigmoid.default: _unary("Sigmoid"), aten.relu.default: _unary("Relu"),
+    aten.erf.default: _unary("Erf"), aten.sign.default: _unary("Sign"), aten.floor.default: _unary("Floor"),
+    aten.ceil.default: _unary("Ceil"), aten.sin.default: _unary("Sin"), aten.cos.default: _unary("Cos"),
+    aten.isnan.default: lambda c, n: c.op("IsNaN", [c.t(n.args[0])]),
+    aten.isinf.default: lambda c, n: c.op("IsInf", [c.t(n.args[0])]),
+    aten.logical_not.default: lambda c, n: c.op("Not", [c.t(n.args[0], G.BOOL)]),
+    aten.bitwise_not.default: lambda c, n: c.op("Not", [c.t(n.args[0], G.BOOL)]),
+    aten.expm1.default: _expm1, aten.log1p.default: _log1p, aten.gelu.default: _gelu,
+    aten.silu.default: _silu, aten.leaky_relu.default: _leaky_relu, aten.hardtanh.default: _hardtanh,
+    aten.mish.default: _unary("Mish"), aten.softplus.default: _unary("Softplus"),
+    aten.hardswish.default: _unary("HardSwish"),
+    aten.clamp.default: _clamp, aten.clamp.Tensor: _clamp, aten.clamp_min.default: _clamp,
+    aten.clamp_max.default: _clamp,
+    aten.clone.default: _identity, aten.alias.default: _identity, aten.lift_fresh_copy.default: _identity,
+    aten.detach.default: _identity, aten._to_copy.default: _to_copy,
+    aten.add.Tensor: _binary("Add", alpha=True), aten.add.Scalar: _binary("Add", alpha=True),
+    aten.sub.Tensor: _binary("Sub", alpha=True), aten.sub.Scalar: _binary("Sub", alpha=True),
+    aten.rsub.Scalar: _binary("Sub", alpha=True, rsub=True), aten.rsub.Tensor: _binary("Sub", alpha=True, rsub=True),
+    aten.mul.Tensor: _binary("Mul"), aten.mul.Scalar: _binary("Mul"),
+    aten.div.Tensor: _binary("Div"), aten.div.Scalar: _binary("Div"), aten.div.Tensor_mode: _div_mode,
+    aten.pow.Tensor_Scalar: _pow, aten.pow.Tensor_Tensor: _pow, aten.pow.Scalar: _pow,
+    aten.maximum.default: _binary("Max"), aten.minimum.default: _binary("Min"),
+    aten.fmod.Tensor: _fmod(1), aten.fmod.Scalar: _fmod(1),
+    aten.remainder.Tensor: _fmod(0), aten.remainder.Scalar: _fmod(0),
+    aten.eq.Tensor: _compare("Equal"), aten.eq.Scalar: _compare("Equal"),
+    aten.ne.Tensor: _compare("Equal", True), aten.ne.Scalar: _compare("Equal", True),
+    aten.lt.Tensor: _compare("Less"), aten.lt.Scalar: _compare("Less"),
+    aten.gt.Tensor: _compare("Greater"), aten.gt.Scalar: _compare("Greater"),
+    aten.le.Tensor: _compare("LessOrEqual"), aten.le.Scalar: _compare("LessOrEqual"),
+    aten.ge.Tensor: _compare("GreaterOrEqual"), aten.ge.Scalar: _compare("GreaterOrEqual"),
+    aten.logical_and.default: _logic("And"), aten.logical_or.default: _logic("Or"),
+    aten.logical_xor.default: _logic("Xor"), aten.bitwise_and.Tensor: _logic("And"),
+    aten.bitwise_or.Tensor: _logic("Or"), aten.bitwise_xor.Tensor: _logic("Xor"),
+    aten.where.self: _where, aten.masked_fill.Scalar: _masked_fill, aten.masked_fill.Tensor: _masked_fill,
+    aten.sum.dim_IntList: _reduce("ReduceSum"), aten.sum.default: _reduce("ReduceSum"),
+    aten.mean.dim: _reduce("ReduceMean"), aten.mean.default: _reduce("ReduceMean"),
+    aten.amax.default: _reduce("ReduceMax"), aten.amin.default: _reduce("ReduceMin"),
+    aten.prod.dim_int: _reduce("ReduceProd"), aten.prod.default: _reduce("ReduceProd"),
+    aten.var_mean.correction: _var_mean,
+    aten.argmax.default: _argext("ArgMax"), aten.argmin.default: _argext("ArgMin"),
+    aten.max.dim: _max_dim("ReduceMax", "ArgMax"), aten.min.dim: _max_dim("ReduceMin", "ArgMin"),
+    aten._softmax.default: _softmax("Softmax"), aten._log_softmax.default: _softmax("LogSoftmax"),
+    aten.native_layer_norm.default: _layer_norm,
+    aten.mm.default: _mm, aten.bmm.default: _mm, aten.matmul.default: _mm, aten.addmm.default: _addmm,
+    aten.convolution.default: _convolution, aten.convolution_backward.default: _convolution_backward,
+    aten.avg_pool2d.default: _avg_pool, aten.max_pool2d_with_indices.default: _max_pool,
+    aten.view.default: _view, aten._unsafe_view.default: _view, aten.reshape.default: _view,
+    aten.squeeze.dim: _view, aten.squeeze.dims: _view, aten.squeeze.default: _view,
+    aten.unsqueeze.default: _view, aten.flatten.using_ints: _view,
+    aten.permute.default: _permute, aten.t.default: _t, aten.transpose.int: _transpose,
+    aten.expand.default: _expand, aten.slice.Tensor: _slice, aten.select.int: _select,
+    aten.cat.default: _cat, aten.split_with_sizes.default: _split, aten.split.Tensor: _split,
+    aten.embedding.default: _embedding, aten.index_select.default: _index_select,
+    aten.index.Tensor: _index, aten.gather.default: _gather,
+    aten.scatter.value: _scatter("none"), aten.scatter.src: _scatter("none"),
+    aten.scatter_add.default: _scatter("add"), aten.scatter_reduce.two: _scatter("none"),
+    aten.index_put.default: _index_put, aten.constant_pad_nd.default: _constant_pad,
+    aten.tril.default: _trilu(False), aten.triu.default: _trilu(True), aten.cumsum.default: _cumsum,
+    aten.repeat.default: _repeat, aten.flip.default: _flip,
+    aten.full.default: _full, aten.full_like.default: _full, aten.zeros.default: _full,
+    aten.zeros_like.default: _full, aten.ones.default: _full, aten.ones_like.default: _full,
+    aten.new_zeros.default: _full, aten.new_ones.default: _full,
+    aten.scalar_tensor.default: _scalar_tensor,
+    aten.arange.start_step: _arange, aten.arange.default: _arange, aten.arange.start: _arange,
+    aten.copy.default: _copy, aten.fill.Scalar: _fill, aten.fill.Tensor: _fill,
+    aten.native_dropout.default: _dropout,
+}
+
+
+# ---- what can be converted ----------------------------------------------------
+
+def _precheck(node):
+    """Argument forms a rewrite does not cover, seen before converting."""
+    t = node.target
+    if t == aten.convolution_backward.default and node.args[9] != 1:
+        return "convolution_backward with groups=%s (groups=1 supported)" % node.args[9]
+    if t == aten.convolution_backward.default and node.args[7]:
+        return "convolution_backward of a transposed convolution"
+    if t == aten.max_pool2d_with_indices.default:
+        for u in node.users:
+            if u.target == operator.getitem and u.args[1] == 1 and u.users:
+                return "max_pool2d indices are used (by its backward)"
+    if t == aten.native_dropout.default and node.args[2] and node.args[1] > 0:
+        return "dropout with p=%g in training (random numbers)" % node.args[1]
+    if t == aten.index.Tensor:
+        idx = [a for a in node.args[1] if a is not None]
+        if len(idx) != 1:
+            return "indexing with %d index tensors (one supported)" % len(idx)
+    if t == aten.index_put.default and (len(node.args[1]) != 1 or node.args[1][0] is None):
+        return "index_put with %d index tensors (one, on the first dim, supported)" % len(node.args[1])
+    if t == aten.div.Tensor_mode and node.kwargs.get("rounding_mode") not in (None, "floor"):
+        return "div with rounding_mode=%r" % node.kwargs.get("rounding_mode")
+    if t == aten.avg_pool2d.default and len(node.args) > 6 and node.args[6] is not None:
+        return "avg_pool2d with divisor_override"
+    if t in (aten.scatter_reduce.two,) and node.kwargs.get("include_self", True) is False:
+        return "scatter_reduce with include_self=False"
+    if t == aten.scatter_reduce.two and node.args[4] == "mean":
+        return "scatter_reduce with reduce='mean'"
+    return None
+
+
+def unsupported(node):
+    """Why FX node `node` (call_function) cannot be converted, or None."""
+    if node.op != "call_function":
+        return None
+    if node.target == operator.getitem:
+        return None
+    if node.target not in HANDLERS:
+        return "no Apollo rewrite for this op"
+    for v in _vals(node) + [_val(a) for a in _tensor_args(node)]:
+        if not isinstance(v, torch.Tensor):
+            continue
+        if _static_shape(v) is None:
+            return "a dynamic (symbolic) shape"
+        if apollo_dtype(v.dtype) is None:
+            return "dtype %s is not carried by Apollo graphs" % str(v.dtype).replace("torch.", "")
+        if v.dim() > 8:
+            return "rank %d (at most 8)" % v.dim()
+        if v.device.type not in ("cpu", "cuda"):
+            return "device %s" % v.device
+    return _precheck(node)
+
+
+# ---- a whole graph ------------------------------------------------------------------
+
+class Converted:
+    """The result of converting one FX graph.
+
+    graph      the apollo.Graph (validated)
+    inputs     for each INPUT, in binding order: the placeholder position
+    params     {PARAM name: placeholder position} (weights bound by name)
+    consts     {PARAM name: (bytes, Apollo dtype, shape)} (constants kept by
+               the converter, bound by the runner)
+    outputs    per FX output: ("out", k) the graph's output k, ("arg", i)
+               placeholder i returned as it is, ("none",) None
+    out_meta   per graph output: (shape, torch dtype)
+    """
+
+    def __init__(self):
+        self.graph = None
+        self.inputs = []
+        self.params = {}
+        self.consts = {}
+        self.outputs = []
+        self.out_meta = []
+
+
+def _param_name(name):
+    out = "".join(ch if ch.isalnum() or ch in "._" else "_" for ch in name)
+    return out or "param"
+
+
+def convert(gm, params=None, name="fx"):
+    """Converts GraphModule `gm` (every call_function node supported, see
+    unsupported()); `params` maps placeholder positions to parameter names
+    (those become PARAM tensors).  Returns a Converted; raises Unsupported
+    or apollo.ApolloError."""
+    params = params or {}
+    c = _Ctx(name)
+    res = Converted()
+    pos = 0
+    seen_param = set()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            v = _val(node)
+            if not isinstance(v, torch.Tensor):
+                raise Unsupported(node, "a placeholder that is not a tensor (%s)" % type(v).__name__)
+            shape, dt = _static_shape(v), apollo_dtype(v.dtype)
+            if shape is None:
+                raise Unsupported(node, "a dynamic (symbolic) shape")
+            if dt is None:
+                raise Unsupported(node, "dtype %s is not carried by Apollo graphs" % v.dtype)
+            if pos in params:
+                pname = _param_name(params[pos])
+                while pname in seen_param:
+                    pname += "_"
+                seen_param.add(pname)
+                t = c.g.param(pname, dt, shape)
+                res.params[c.g.tensor(t)[0]] = pos
+            else:
+                t = c.g.input(node.name, dt, shape)
+                res.inputs.append(pos)
+            c.env[node] = t
+            pos += 1
+        elif node.op == "call_function":
+            if node.target == operator.getitem:
+                base = c.env.get(node.args[0])
+                c.env[node] = base[node.args[1]] if isinstance(base, tuple) else None
+                continue
+            why = unsupported(node)
+            if why:
+                raise Unsupported(node, why)
+            try:
+                c.env[node] = HANDLERS[node.target](c, node)
+            except Unsupported:
+                raise
+            except (TypeError, ValueError, KeyError, IndexError) as e:
+                raise Unsupported(node, "cannot convert: %s" % e)
+        elif node.op == "output":
+            outs = node.args[0]
+            outs = outs if isinstance(outs, (list, tuple)) else [outs]
+            placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+            made = {}
+            for o in outs:
+                if o is None:
+                    res.outputs.append(("none",))
+                    continue
+                if not isinstance(o, torch.fx.Node):
+                    raise Unsupported(node, "a graph output that is not a tensor (%r)" % (o,))
+                if o.op == "placeholder":
+                    res.outputs.append(("arg", placeholders.index(o)))
+                    continue
+                t = c.env.get(o)
+                if t is None:
+                    raise Unsupported(o, "an output with no value")
+                if t in made:
+                    res.outputs.append(("out", made[t]))
+                    continue
+                _, _, _, kind = c.g.tensor(t)
+                if kind != G.VALUE or c.g.is_output(t):
+                    t = c.g.node1("Identity", [t])
+                v = _val(o)
+                shape = tuple(int(d) for d in v.shape)
+                if tuple(c.g.shape(t)) != shape:
+                    t = c.reshape(t, shape)
+                dt = apollo_dtype(v.dtype)
+                if c.g.dtype(t) != dt:
+                    t = c.cast(t, dt)
+                c.g.output(t)
+                made[t] = len(res.out_meta)
+                res.outputs.append(("out", made[t]))
+                res.out_meta.append((shape, v.dtype))
+        elif node.op in ("get_attr", "call_module", "call_method"):
+            raise Unsupported(node, "%s nodes are not converted" % node.op)
+    c.g.validate()
+    res.graph = c.g
+    res.consts = c.consts
+    return res

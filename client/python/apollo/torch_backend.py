@@ -1,0 +1,410 @@
+"""torch_backend.py -- torch.compile(model, backend="apollo").
+
+    model = torch.compile(model, backend="apollo", options={"target": "cpu"})
+
+Dynamo captures the model's graph; AOTAutograd (with PyTorch's core ATen
+decompositions) splits it into a forward and a backward graph in ATen's
+core op set; each of them is converted (fx.py) and submitted to apollod
+when the compiled model first runs, so a training job's start-up is a set
+of submits that the daemon's cache answers on the next run.  The bundles
+run through apollo.Runtime: target "cpu" runs the host kernels on the
+CPU tensors themselves, CUDA targets launch on the current stream of the
+tensors' device; inputs, weights and outputs are bound by their data
+pointers, without copies.
+
+Ops the converter cannot take split the graph: the parts Apollo can take
+are compiled, the rest runs in eager PyTorch between them, and one line per
+op says why ("apollo: graph break at aten.atan2.default (atan2): no Apollo
+rewrite for this op").  With no daemon reachable the model runs eagerly
+after a warning.  In strict mode both are errors instead.
+
+Options (torch.compile(..., options={...}), else the environment, else the
+default):
+    socket     APOLLO_SOCKET     the daemon's address ("HOST:PORT" for TCP)
+    token      APOLLO_TOKEN      TCP token
+    target     APOLLO_TARGET     "cpu", "sm_90", ...; default: cpu for CPU
+                                 tensors, sm_<capability> for CUDA tensors
+    fusion     APOLLO_FUSION     none | rules | apollo (the daemon's default)
+    namespace  APOLLO_NAMESPACE  cache namespace (part of the cache key)
+    strict     APOLLO_STRICT     1: unsupported ops and no daemon raise
+    no_cache   APOLLO_NO_CACHE   1: compile even when the cache has it
+    threads    APOLLO_THREADS    host threads per launch (0: the runtime's)
+    quiet      APOLLO_QUIET      1: no graph-break lines
+
+stats() counts, for the process: graphs submitted, answered from the cache,
+kernels, daemon compile time, graph breaks and graphs run eagerly.
+"""
+import operator
+import os
+import sys
+import threading
+import warnings
+
+import torch
+import torch.fx
+from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._dynamo.backends.common import aot_autograd
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupport
+
+from . import fx as afx
+from .client import Client
+from .errors import ApolloError, EUNSUPPORTED
+from .runtime import Runtime
+
+aten = torch.ops.aten
+
+_OPTIONS = {  # name: (environment variable, default, parser)
+    "socket": ("APOLLO_SOCKET", None, str),
+    "token": ("APOLLO_TOKEN", None, str),
+    "target": ("APOLLO_TARGET", None, str),
+    "fusion": ("APOLLO_FUSION", None, str),
+    "namespace": ("APOLLO_NAMESPACE", "", str),
+    "strict": ("APOLLO_STRICT", False, lambda s: s not in ("", "0", "false", "no")),
+    "no_cache": ("APOLLO_NO_CACHE", False, lambda s: s not in ("", "0", "false", "no")),
+    "threads": ("APOLLO_THREADS", 0, int),
+    "quiet": ("APOLLO_QUIET", False, lambda s: s not in ("", "0", "false", "no")),
+}
+
+
+class Options:
+    def __init__(self, given=None):
+        given = dict(given or {})
+        unknown = set(given) - set(_OPTIONS)
+        if unknown:
+            raise ApolloError(-3, "unknown apollo option(s): %s (known: %s)" %
+                              (", ".join(sorted(unknown)), ", ".join(sorted(_OPTIONS))))
+        for name, (env, default, parse) in _OPTIONS.items():
+            if name in given:
+                val = given[name]
+            elif os.environ.get(env) not in (None, ""):
+                val = parse(os.environ[env])
+            else:
+                val = default
+            setattr(self, name, val)
+        if self.fusion not in (None, "", "none", "rules", "apollo"):
+            raise ApolloError(-3, "fusion %r (none, rules, apollo)" % (self.fusion,))
+
+
+# ---- process-wide counters ---------------------------------------------------------
+
+_lock = threading.Lock()
+_stats = {}
+
+
+def reset_stats():
+    with _lock:
+        _stats.clear()
+        _stats.update(graphs=0, cache_hits=0, cache_misses=0, kernels=0, compile_ms=0.0,
+                      graph_breaks=[], eager_graphs=0, submit_s=0.0)
+
+
+def stats():
+    """Counters since the last reset_stats(): graphs (submitted), cache_hits,
+    cache_misses, kernels (launches), compile_ms (daemon time), submit_s
+    (wall time of submits), graph_breaks (one "op (node): reason" per op
+    that ran eagerly), eager_graphs (graphs run wholly in PyTorch)."""
+    with _lock:
+        out = dict(_stats)
+        out["graph_breaks"] = list(_stats["graph_breaks"])
+        return out
+
+
+reset_stats()
+
+
+def _say(opts, line):
+    if not opts.quiet:
+        print(line, file=sys.stderr, flush=True)
+
+
+# ---- daemon connections -----------------------------------------------------------
+
+_clients = {}
+
+
+def _client(opts):
+    """A connected client for opts' address (one per address and thread)."""
+    key = (opts.socket, opts.token, threading.get_ident())
+    c = _clients.get(key)
+    if c is not None:
+        try:
+            c.ping()
+            return c
+        except ApolloError:
+            c.close()
+    c = Client(opts.socket, opts.token)
+    _clients[key] = c
+    return c
+
+
+# ---- one compiled graph -----------------------------------------------------------------
+
+def _target_for(device, opts):
+    if opts.target:
+        return opts.target
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return "sm_%d%d" % (major, minor)
+    return "cpu"
+
+
+def _ready(t, dtype):
+    """t as a contiguous, 16-byte aligned tensor of `dtype` (a copy only
+    when t is not one already)."""
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.numel() and t.data_ptr() % 16:
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+class _Compiled:
+    """A converted graph's bundle, bound to the tensors of each call."""
+
+    def __init__(self, conv, bundle, device, opts):
+        self.conv = conv
+        self.bundle = bundle
+        self.device = device
+        self.rt = Runtime(bundle, threads=opts.threads,
+                          device=device.index or 0 if device.type == "cuda" else 0)
+        self.in_binds = []      # (buffer, placeholder position, torch dtype)
+        self.out_binds = []     # (buffer, shape, torch dtype)
+        self._const_keep = []
+        by_out = {}
+        inputs = conv.inputs
+        for i, b in enumerate(bundle.buffers):
+            if b["kind"] == "input":
+                pos = inputs[b["index"]]
+                self.in_binds.append((i, pos, afx.FROM_APOLLO[b["dtype"]]))
+            elif b["kind"] == "param":
+                if b["name"] in conv.params:
+                    self.in_binds.append((i, conv.params[b["name"]], afx.FROM_APOLLO[b["dtype"]]))
+                elif b["name"] in conv.consts:
+                    data, dt, shape = conv.consts[b["name"]]
+                    with unset_fake_temporarily():
+                        t = torch.frombuffer(bytearray(data), dtype=afx.FROM_APOLLO[dt]).reshape(shape)
+                        t = _ready(t.to(device), afx.FROM_APOLLO[b["dtype"]])
+                    self._const_keep.append(t)
+                    self.rt.bind(i, t.data_ptr(), t.numel() * t.element_size())
+                else:
+                    raise ApolloError(-3, "bundle param '%s' is neither a weight nor a constant" % b["name"])
+            elif b["kind"] == "output":
+                by_out[b["index"]] = i
+        for k, (shape, dt) in enumerate(conv.out_meta):
+            self.out_binds.append((by_out[k], shape, dt))
+
+    def __call__(self, *args):
+        keep = []
+        rt = self.rt
+        for buf, pos, dt in self.in_binds:
+            t = _ready(args[pos], dt)
+            keep.append(t)
+            rt.bind(buf, t.data_ptr(), t.numel() * t.element_size())
+        outs = []
+        for buf, shape, dt in self.out_binds:
+            o = torch.empty(shape, dtype=dt, device=self.device)
+            outs.append(o)
+            rt.bind(buf, o.data_ptr(), o.numel() * o.element_size())
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+        rt.run(stream)
+        res = []
+        for spec in self.conv.outputs:
+            if spec[0] == "out":
+                res.append(outs[spec[1]])
+            elif spec[0] == "arg":
+                res.append(args[spec[1]])
+            else:
+                res.append(None)
+        return res
+
+
+def _device_of(gm, example_inputs):
+    devs = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            devs.add(v.device)
+    devs = {d for d in devs if d.type != "meta"}
+    if len(devs) > 1:
+        return None
+    return devs.pop() if devs else torch.device("cpu")
+
+
+def _submit(gm, params, device, opts, name):
+    """Converts and submits one FX graph; returns a _Compiled."""
+    conv = afx.convert(gm, params, name)
+    target = _target_for(device, opts)
+    import time
+    t0 = time.perf_counter()
+    bundle = _client(opts).submit(conv.graph, target=target, fusion=opts.fusion or None,
+                                  namespace=opts.namespace or "", no_cache=opts.no_cache)
+    dt = time.perf_counter() - t0
+    st = bundle.stats
+    with _lock:
+        _stats["graphs"] += 1
+        _stats["cache_hits" if st["cache_hit"] else "cache_misses"] += 1
+        _stats["kernels"] += st["kernels"]
+        _stats["compile_ms"] += st["compile_ms"]
+        _stats["submit_s"] += dt
+    return _Compiled(conv, bundle, device, opts)
+
+
+class _Support(OperatorSupport):
+    def is_node_supported(self, submodules, node):
+        return node.op == "call_function" and afx.unsupported(node) is None
+
+
+_TRIVIAL = {operator.getitem, aten.view.default, aten._unsafe_view.default, aten.alias.default,
+            aten.reshape.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims,
+            aten.t.default, aten.permute.default, aten.expand.default, aten.detach.default}
+
+
+class _Part(torch.nn.Module):
+    """A fused partition compiled by Apollo, called from the eager graph."""
+
+    def __init__(self, compiled, tuple_out):
+        super().__init__()
+        self.compiled = compiled
+        self.tuple_out = tuple_out
+
+    def forward(self, *args):
+        outs = self.compiled(*args)
+        return tuple(outs) if self.tuple_out else outs[0]
+
+
+def _eager(gm):
+    from functorch.compile import make_boxed_func
+    with _lock:
+        _stats["eager_graphs"] += 1
+    return make_boxed_func(gm.forward)
+
+
+def _compile_graph(gm, example_inputs, opts, kind, params):
+    """AOTAutograd's forward / backward compiler."""
+    from functorch.compile import make_boxed_func
+    device = _device_of(gm, example_inputs)
+    breaks = []
+    for n in gm.graph.nodes:
+        why = afx.unsupported(n)
+        if why:
+            breaks.append((n, why))
+    if device is None:
+        why = "tensors on several devices"
+        if opts.strict:
+            raise ApolloError(EUNSUPPORTED, "apollo: %s graph: %s" % (kind, why))
+        _say(opts, "apollo: %s graph runs in eager PyTorch: %s" % (kind, why))
+        return _eager(gm)
+    for n, why in breaks:
+        line = "%s (%s): %s" % (afx.op_name(n), n.name, why)
+        with _lock:
+            _stats["graph_breaks"].append(line)
+        if opts.strict:
+            raise ApolloError(EUNSUPPORTED, "apollo: unsupported op in the %s graph: %s" % (kind, line))
+        _say(opts, "apollo: graph break at %s" % line)
+    name = "%s_%d" % (kind, stats()["graphs"])
+    if not breaks:
+        try:
+            return make_boxed_func(_submit(gm, params, device, opts, name))
+        except (afx.Unsupported, ApolloError) as e:
+            if opts.strict:
+                raise
+            _say(opts, "apollo: %s graph runs in eager PyTorch: %s" % (kind, e))
+            return _eager(gm)
+    # Split: the supported parts compiled, eager PyTorch between them.
+    part = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
+    parts = [p for p in part.propose_partitions()
+             if any(n.target not in _TRIVIAL for n in p.nodes)]
+    fused = part.fuse_partitions(parts)
+    for node in list(fused.graph.nodes):
+        if node.op != "call_module" or not node.target.startswith("fused_"):
+            continue
+        sub = getattr(fused, node.target)
+        # the submodule's placeholders take the meta of the values fed in
+        for ph, arg in zip([n for n in sub.graph.nodes if n.op == "placeholder"], node.args):
+            if isinstance(arg, torch.fx.Node) and "val" in arg.meta:
+                ph.meta["val"] = arg.meta["val"]
+        out = [n for n in sub.graph.nodes if n.op == "output"][0]
+        tuple_out = isinstance(out.args[0], (list, tuple))
+        try:
+            compiled = _submit(sub, {}, device, opts, "%s_%s" % (name, node.target))
+        except (afx.Unsupported, ApolloError) as e:
+            if opts.strict:
+                raise
+            _say(opts, "apollo: part %s of the %s graph runs in eager PyTorch: %s" % (node.target, kind, e))
+            continue
+        setattr(fused, node.target, _Part(compiled, tuple_out))
+    fused.recompile()
+    return make_boxed_func(fused.forward)
+
+
+# ---- the dynamo backend ----------------------------------------------------------------
+
+def _decompositions():
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions([
+        aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit,
+        aten._native_batch_norm_legit_no_training, aten.native_batch_norm,
+        aten.native_batch_norm_backward, aten.native_layer_norm_backward,
+        aten._softmax_backward_data, aten._log_softmax_backward_data, aten.embedding_dense_backward,
+        aten.nll_loss_forward, aten.nll_loss_backward, aten.gelu_backward, aten.silu,
+        aten.hardswish, aten.addmm, aten.linear]))
+    for op in (aten.native_layer_norm.default, aten.addmm.default):
+        table.pop(op, None)      # converted whole: LayerNormalization, MatMul + Add
+    return table
+
+
+def _param_positions(gm, example_inputs):
+    """{position: name} of the inputs that are the module's parameters and
+    buffers (dynamo lifts them into graph inputs)."""
+    out = {}
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, (ph, x) in enumerate(zip(phs, example_inputs)):
+        if isinstance(x, torch.nn.Parameter) or "_parameters_" in ph.name or "_buffers_" in ph.name:
+            nm = ph.name
+            for pre in ("L_self_modules_", "L_self_", "L_"):
+                if nm.startswith(pre):
+                    nm = nm[len(pre):]
+            out[i] = nm.replace("_modules_", ".").replace("_parameters_", ".").replace("_buffers_", ".").strip("_")
+    return out
+
+
+def apollo_backend(gm, example_inputs, options=None, **_ignored):
+    """The "apollo" backend of torch.compile (see the module comment)."""
+    opts = Options(options)
+    try:
+        _client(opts)
+    except ApolloError as e:
+        if opts.strict:
+            raise
+        warnings.warn("apollo: no apollod reachable (%s): running the model in eager PyTorch" % e.message,
+                      RuntimeWarning, stacklevel=2)
+        with _lock:
+            _stats["eager_graphs"] += 1
+        return gm.forward
+    params = _param_positions(gm, example_inputs)
+
+    def fw(g, ex):
+        return _compile_graph(g, ex, opts, "forward", params)
+
+    def bw(g, ex):
+        return _compile_graph(g, ex, opts, "backward", {})
+
+    return aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=fw,
+                        decompositions=_decompositions())(gm, example_inputs)
+
+
+def _register():
+    try:
+        from torch._dynamo.backends import registry
+    except ImportError:
+        return
+    if "apollo" in registry._COMPILER_FNS or registry._BACKENDS.get("apollo") is not None:
+        return   # registered, or about to be through the package's entry point
+    registry.register_backend(apollo_backend, name="apollo")
+
+
+_register()

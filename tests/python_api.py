@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""python_api.py -- the apollo Python package against a running apollod
+($APOLLO_SOCKET): client calls, graphs built through the C graph IR,
+submits, the bundle runner on the host (numpy arrays bound by address, no
+copies), errors carrying the daemon's code, message and node, TCP with a
+token (a second apollod started here), and the CUDA path of the runner
+against the stand-in driver ($APOLLO_BUILD/tests/libcuda-standin.so): a
+PTX bundle's launches go to the caller's stream with the caller's device
+addresses.  Prints one line per check; exits 1 on the first failure.
+
+    python_api.py APOLLOD
+"""
+import ctypes
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import apollo
+from apollo import errors
+
+NP = {apollo.FLOAT32: np.float32, apollo.INT64: np.int64, apollo.BOOL: np.bool_}
+
+
+def check(cond, what):
+    print("python_api: %s: %s" % ("ok" if cond else "FAILED", what), flush=True)
+    if not cond:
+        sys.exit(1)
+
+
+def run_host(bundle, arrays):
+    """Runs `bundle` with arrays bound by kind and index / name; returns
+    the outputs (numpy), allocated here and written in place."""
+    rt = apollo.Runtime(bundle)
+    outs = {}
+    keep = []
+    for i, b in enumerate(bundle.buffers):
+        if b["kind"] == "input":
+            a = np.ascontiguousarray(arrays["in"][b["index"]])
+        elif b["kind"] == "param":
+            a = np.ascontiguousarray(arrays["param"][b["name"]])
+        elif b["kind"] == "output":
+            a = np.empty(b["shape"], dtype=NP[b["dtype"]])
+            outs[b["index"]] = a
+        else:
+            continue
+        keep.append(a)
+        rt.bind(i, a.ctypes.data, a.nbytes)
+    rt.run()
+    return [outs[k] for k in sorted(outs)]
+
+
+def main():
+    apollod = sys.argv[1]
+    c = apollo.Client()
+    check(c.ping().startswith("apollod"), "ping answers '%s'" % c.server)
+    check("cpu" in c.targets, "the daemon lists target cpu")
+    s0 = c.stats()
+    check(s0["requests"] >= 1 and "uptime_s" in s0, "stats: %d requests" % s0["requests"])
+
+    # A graph with issue 12's ops, run on the host against numpy.
+    rng = np.random.default_rng(3)
+    g = apollo.Graph("api")
+    x = g.input("x", apollo.FLOAT32, [4, 6])
+    idx = g.input("idx", apollo.INT64, [4, 2])
+    w = g.param("w", apollo.FLOAT32, [6, 6])
+    h = g.node1("MatMul", [x, w])
+    sel = g.node1("GatherElements", [h, idx], {"axis": 1})
+    cs = g.node1("CumSum", [h], {"axis": 1, "exclusive": 0, "reverse": 0})
+    up = g.node1("Trilu", [cs], {"upper": 1, "k": 0})
+    am = g.node1("ArgMax", [h], {"axis": 1, "keepdims": 0, "select_last_index": 0})
+    g.output(sel)
+    g.output(up)
+    g.output(am)
+    g.validate()
+    check(g.shape(sel) == (4, 2) and g.dtype(am) == apollo.INT64, "shapes inferred by the C library")
+    b = c.submit(g, target="cpu")
+    check(b.stats["kernels"] >= 1 and b.target == "cpu", "submitted: %d launches" % b.stats["kernels"])
+    X = rng.standard_normal((4, 6)).astype(np.float32)
+    W = rng.standard_normal((6, 6)).astype(np.float32)
+    I = rng.integers(-6, 6, size=(4, 2)).astype(np.int64)
+    got = run_host(b, {"in": [X, I], "param": {"w": W}})
+    H = X @ W
+    want = [np.take_along_axis(H, np.where(I < 0, I + 6, I), axis=1), np.triu(np.cumsum(H, axis=1)),
+            np.argmax(H, axis=1)]
+    check(all(np.allclose(a, e, rtol=1e-4, atol=1e-5) for a, e in zip(got, want)),
+          "host run matches numpy (GatherElements, CumSum, Trilu, ArgMax)")
+    b2 = c.submit(g, target="cpu")
+    check(b2.stats["cache_hit"], "the same graph again is answered from the cache")
+    check(apollo.Bundle.unpack(b.pack()).n_launches == b.n_launches, "bundle pack / unpack")
+
+    # The cache key holds names (params are bound by name): the same graph
+    # with its weights renamed is the same computation but another bundle.
+    def named(wname):
+        gg = apollo.Graph("named")
+        xx = gg.input("x", apollo.FLOAT32, [2, 3])
+        ww = gg.param(wname, apollo.FLOAT32, [3, 3])
+        bb = gg.param(wname + "_bias", apollo.FLOAT32, [3])
+        gg.output(gg.node1("Add", [gg.node1("MatMul", [xx, ww]), bb]))
+        gg.validate()
+        return gg
+    g1, g2 = named("first"), named("second")
+    check(g1.hash() == g2.hash() and g1.hash(named=True) != g2.hash(named=True),
+          "renamed weights: the same structural hash, another named hash")
+    c.submit(g1, namespace="names")
+    again = c.submit(named("first"), namespace="names")
+    other = c.submit(g2, namespace="names")
+    names = sorted(bf["name"] for bf in other.buffers if bf["kind"] == "param")
+    check(again.stats["cache_hit"] and not other.stats["cache_hit"] and names == ["second", "second_bias"],
+          "renamed weights are compiled for their own names, not answered with another's: %s" % names)
+
+    # Errors: local (shape inference) and the daemon's (constant indices).
+    g3 = apollo.Graph("bad")
+    a = g3.input("a", apollo.FLOAT32, [3])
+    try:
+        g3.node1("Add", [a, g3.input("b", apollo.FLOAT32, [4])], name="misfit")
+        check(False, "mismatched shapes refused locally")
+    except apollo.ApolloError as e:
+        check(e.code == errors.ESHAPE and e.node == "misfit", "mismatched shapes: %s" % e)
+    g4 = apollo.Graph("oob")
+    d = g4.input("d", apollo.FLOAT32, [5, 4])
+    ii = g4.const("ii", apollo.INT64, [2, 1], np.array([[1], [7]], dtype=np.int64).tobytes())
+    u = g4.input("u", apollo.FLOAT32, [2, 4])
+    try:
+        g4.node1("ScatterND", [d, ii, u], {"reduction": "add"}, name="scatter_rows")
+        check(False, "an out-of-range constant index is refused")
+    except apollo.ApolloError as e:
+        check(e.code == errors.EINVAL and e.node == "scatter_rows" and e.tensor == "ii" and
+              "out of range" in e.message, "out-of-range constant index: %s" % e)
+    # What only validation sees goes to the daemon, which answers with an error.
+    g5 = apollo.Graph("half")
+    hv = g5.input("h", apollo.FLOAT16, [4])
+    g5.output(g5.node1("Identity", [hv], name="copy_h"))
+    try:
+        c.submit(g5, target="cpu")
+        check(False, "the daemon refuses a float16 tensor")
+    except apollo.ApolloError as e:
+        check(e.code in (errors.EUNSUPPORTED, errors.EMESSAGE) and e.message,
+              "the daemon's error: code %d (%s): %s (tensor '%s')" % (e.code, e.name, e.message, e.tensor))
+    check(c.ping().startswith("apollod"), "the daemon serves on after the bad graph")
+    try:
+        apollo.Client("/nonexistent/apollod.sock")
+        check(False, "no daemon: DaemonUnavailable")
+    except apollo.DaemonUnavailable as e:
+        check(e.code == errors.EIO, "no daemon: DaemonUnavailable (%s)" % e.message)
+
+    # TCP with a token, on a daemon of our own.
+    with tempfile.TemporaryDirectory() as tmp:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        p = subprocess.Popen([apollod, "--socket", os.path.join(tmp, "d.sock"), "--cache", "off",
+                              "--tcp", "127.0.0.1:%d" % port, "--tcp-token", "s3cret"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            tc = None
+            for _ in range(100):
+                try:
+                    tc = apollo.Client("127.0.0.1:%d" % port, token="s3cret")
+                    break
+                except apollo.ApolloError:
+                    time.sleep(0.1)
+            check(tc is not None and tc.ping().startswith("apollod"), "TCP with the token")
+            try:
+                apollo.Client("127.0.0.1:%d" % port, token="wrong").ping()
+                check(False, "TCP with a wrong token is refused")
+            except apollo.ApolloError as e:
+                check(True, "TCP with a wrong token is refused (%s)" % e.name)
+        finally:
+            p.terminate()
+            p.wait()
+
+    # The CUDA path against the stand-in driver: a PTX bundle.
+    standin = os.path.join(os.environ.get("APOLLO_BUILD", "build"), "tests", "libcuda-standin.so")
+    if "NVRTC none" in c.ping() or not os.path.exists(standin):
+        print("python_api: SKIPPED: the CUDA path (no NVRTC in the daemon or no stand-in driver)")
+        return 0
+    bp = c.submit(g, target="compute_90")
+    os.environ["APOLLO_LIBCUDA"] = standin
+    drv = ctypes.CDLL(standin)
+    ok, why = apollo.cuda_available()
+    check(ok, "the stand-in driver answers as a CUDA driver")
+    rt = apollo.Runtime(bp)
+    allocs = ctypes.c_int.in_dll(drv, "fake_allocs")
+    check(allocs.value == 1, "only the workspace is allocated on the device (%d)" % allocs.value)
+    bound = {}
+    keep = []
+    for i, bf in enumerate(bp.buffers):
+        if bf["kind"] == "intermediate":
+            continue
+        arr = np.zeros(bf["shape"], dtype=NP[bf["dtype"]])
+        keep.append(arr)
+        rt.bind(i, arr.ctypes.data, arr.nbytes)
+        bound[arr.ctypes.data] = bf["name"]
+    n0 = ctypes.c_int.in_dll(drv, "fake_log_n").value
+    rt.run(stream=0x5EED)
+
+    class Launch(ctypes.Structure):
+        _fields_ = [("kernel", ctypes.c_char * 128), ("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                    ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p), ("n_params", ctypes.c_int),
+                    ("params", ctypes.c_ulonglong * 64)]
+    log = (Launch * 4096).in_dll(drv, "fake_log")
+    n1 = ctypes.c_int.in_dll(drv, "fake_log_n").value
+    launches = [log[k] for k in range(n0, n1)]
+    check(len(launches) == bp.n_launches, "%d launches of a %d-launch plan" % (len(launches), bp.n_launches))
+    check(all(l.stream == 0x5EED for l in launches), "every launch on the caller's stream")
+    seen = {l.params[j] for l in launches for j in range(l.n_params)}
+    check(all(addr in seen for addr in bound),
+          "the caller's addresses reach the kernels (%s)" % ", ".join(sorted(bound.values())))
+    del rt
+    check(allocs.value == 0, "the runtime frees what it allocated, never the caller's memory")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

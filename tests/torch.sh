@@ -1,0 +1,94 @@
+#!/bin/sh
+# torch.sh -- the Python package and the PyTorch backend, end to end:
+#   * client/python installed with pip (into a temporary target), so the
+#     backend is found by name through its entry point;
+#   * tests/python_api.py: client, graphs, runner (host, and the CUDA path
+#     against the stand-in driver), errors, TCP with a token;
+#   * tests/torch_train.py gpt and cnn: 20 AdamW steps with
+#     torch.compile(backend="apollo") on target cpu against eager PyTorch
+#     (loss within 1e-4 relative at every step, parameters within 1e-4),
+#     then the same script in a second process: every graph must come from
+#     the daemon's cache, and both start-up times are printed;
+#   * the model with an op Apollo lacks (torch.atan2): the graph splits and
+#     the break is reported; strict mode turns it into an error;
+#   * no daemon: a warning and eager PyTorch; strict mode: an error.
+# Needs torch in .venv (make deps).
+cd "$(dirname "$0")/.." || exit 1
+. tests/daemon.inc
+
+PY=$REPO/.venv/bin/python
+if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
+	echo "torch: needs torch and numpy in $REPO/.venv (make deps)"
+	exit 1
+fi
+ap_start
+fail=0
+APOLLO_LIB=$APOLLO_BUILD/libapollo-client.so "$PY" -m pip install -q --no-deps --no-build-isolation \
+	--target "$AP_TMP/py" ./client/python >"$AP_TMP/pip.log" 2>&1 || { cat "$AP_TMP/pip.log"; exit 1; }
+rm -rf client/python/build client/python/apollo.egg-info
+export PYTHONPATH="$AP_TMP/py" APOLLO_BUILD
+echo "torch: client/python installed with pip ($("$PY" -c 'import apollo, torch; print("apollo", apollo.__version__, "torch", torch.__version__)'))"
+
+"$PY" tests/python_api.py "$APOLLOD" || fail=1
+
+field() { "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+for m in gpt cnn; do
+	for run in cold warm; do
+		echo "== $m, $run process"
+		if ! "$PY" tests/torch_train.py "$m" --json "$AP_TMP/$m.$run.json" >"$AP_TMP/$m.$run.log" 2>&1; then
+			cat "$AP_TMP/$m.$run.log"; echo "torch: FAILED: $m ($run)"; fail=1; continue
+		fi
+		grep -v '^step  *[1-9]' "$AP_TMP/$m.$run.log"
+	done
+	[ -f "$AP_TMP/$m.warm.json" ] || continue
+	# the whole model through Apollo: a forward and a backward graph, no
+	# break, nothing left to eager PyTorch
+	for run in cold warm; do
+		j=$AP_TMP/$m.$run.json
+		if [ "$(field "$j" graphs)" -lt 2 ] || [ "$(field "$j" graph_breaks)" != "[]" ] ||
+		   [ "$(field "$j" eager_graphs)" != 0 ]; then
+			echo "torch: FAILED: $m ($run): $(field "$j" graphs) graphs, breaks $(field "$j" graph_breaks)," \
+				"$(field "$j" eager_graphs) eager"; fail=1
+		fi
+	done
+	g=$(field "$AP_TMP/$m.warm.json" graphs); h=$(field "$AP_TMP/$m.warm.json" cache_hits)
+	c=$(field "$AP_TMP/$m.cold.json" startup_s); w=$(field "$AP_TMP/$m.warm.json" startup_s)
+	printf 'torch: %s: %s parameters; worst loss difference %.1e relative over %s steps, parameters within %.1e\n' \
+		"$m" "$(field "$AP_TMP/$m.cold.json" params)" "$(field "$AP_TMP/$m.cold.json" worst_loss_rel)" \
+		"$(field "$AP_TMP/$m.cold.json" steps)" "$(field "$AP_TMP/$m.cold.json" param_diff)"
+	printf 'torch: %s: second process: %s of %s graphs from the cache; start-up %.2f s cold, %.2f s warm (%.1fx)\n' \
+		"$m" "$h" "$g" "$c" "$w" "$("$PY" -c "print($c / max($w, 1e-9))")"
+	if [ "$g" -lt 1 ] || [ "$g" != "$h" ]; then echo "torch: FAILED: $m: not every graph came from the cache"; fail=1; fi
+done
+
+echo "== graph break"
+if "$PY" tests/torch_train.py break --json "$AP_TMP/break.json" >"$AP_TMP/break.log" 2>&1; then
+	grep -E '^apollo: graph break|^params|^apollo:' "$AP_TMP/break.log"
+	n=$(field "$AP_TMP/break.json" graph_breaks | grep -c atan2)
+	[ "$n" -ge 1 ] || { echo "torch: FAILED: the atan2 break was not reported"; fail=1; }
+else
+	cat "$AP_TMP/break.log"; echo "torch: FAILED: break"; fail=1
+fi
+if "$PY" tests/torch_train.py break --steps 1 --strict >"$AP_TMP/strict.log" 2>&1; then
+	echo "torch: FAILED: strict mode ran past an unsupported op"; fail=1
+elif grep -q "^ApolloError: .*unsupported op in the forward graph: aten.atan2" "$AP_TMP/strict.log"; then
+	echo "torch: strict mode: $(grep '^ApolloError: ' "$AP_TMP/strict.log" | head -1)"
+else
+	tail -5 "$AP_TMP/strict.log"; echo "torch: FAILED: strict mode failed for another reason"; fail=1
+fi
+
+echo "== no daemon"
+if APOLLO_SOCKET=$AP_TMP/nobody.sock "$PY" tests/torch_train.py cnn --steps 2 >"$AP_TMP/nod.log" 2>&1 &&
+   grep -q "no apollod reachable" "$AP_TMP/nod.log"; then
+	echo "torch: no daemon: $(grep -o 'no apollod reachable[^:]*' "$AP_TMP/nod.log" | head -1): eager PyTorch, results as eager"
+else
+	cat "$AP_TMP/nod.log"; echo "torch: FAILED: no daemon"; fail=1
+fi
+if APOLLO_SOCKET=$AP_TMP/nobody.sock "$PY" tests/torch_train.py cnn --steps 1 --strict >"$AP_TMP/nod2.log" 2>&1; then
+	echo "torch: FAILED: strict mode without a daemon ran"; fail=1
+elif grep -q 'DaemonUnavailable: ' "$AP_TMP/nod2.log"; then
+	echo "torch: no daemon, strict: $(grep -o 'DaemonUnavailable: .*' "$AP_TMP/nod2.log" | head -1 | cut -c1-120)"
+else
+	tail -5 "$AP_TMP/nod2.log"; echo "torch: FAILED: strict mode without a daemon failed for another reason"; fail=1
+fi
+[ $fail -eq 0 ]
