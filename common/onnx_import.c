@@ -324,6 +324,15 @@ static bool known(const ival *v)
 	return v && (v->data || v->lazy);
 }
 
+/* Known, and small enough to travel as a CONST (a structure-only import
+ * decodes only these). */
+static bool known_small(const ival *v)
+{
+	int64_t b = v ? sh_bytes(&v->sh) : -1;
+
+	return known(v) && b >= 0 && b <= AP_CONST_MAX_BYTES;
+}
+
 /* The data of a known value, decoding it on first use. */
 static const ap_host_tensor *val_data(imp *im, ival *v)
 {
