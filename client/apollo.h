@@ -158,6 +158,13 @@ int ap_metrics_value(const ap_metrics *m, const char *name, const char *labels, 
 /* The underlying apollo.StatsReply (for code that links protobuf-c). */
 const struct Apollo__StatsReply *ap_metrics_pb(const ap_metrics *m);
 
+/* sizeof the struct named `name` (ap_error, ap_tensor, ap_graph,
+ * ap_submit_options, ap_server_stats, ap_bundle_stats, ap_bundle_buffer,
+ * ap_runtime_options), 0 for any other name: language bindings that
+ * mirror these structs check their copies against it at load time
+ * (client/abi.c). */
+size_t ap_abi_sizeof(const char *name);
+
 /* ---- compiling ------------------------------------------------------------ */
 
 /* How much the partitioner may fuse, numbered as apollo.FusionLevel. */

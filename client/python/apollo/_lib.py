@@ -48,7 +48,7 @@ class ap_submit_options(ctypes.Structure):
                 ("cache_namespace", ctypes.c_char_p), ("max_block_threads", ctypes.c_uint),
                 ("fusion", ctypes.c_int), ("n_fusion_barriers", ctypes.c_int),
                 ("fusion_barriers", ctypes.POINTER(ctypes.c_char_p)), ("n_keep_whole", ctypes.c_int),
-                ("keep_whole", ctypes.POINTER(ctypes.c_char_p))]
+                ("keep_whole", ctypes.POINTER(ctypes.c_char_p)), ("allow_tf32", ctypes.c_bool)]
 
 
 class ap_server_stats(ctypes.Structure):
@@ -63,7 +63,8 @@ class ap_bundle_stats(ctypes.Structure):
                [(n, ctypes.c_uint64) for n in ("global_bytes", "eager_bytes", "min_bytes")] + \
                [(n, ctypes.c_double) for n in ("import_ms", "partition_ms", "codegen_ms", "backend_ms",
                                                "cache_ms", "compile_ms")] + \
-               [("cache_hit", ctypes.c_bool)]
+               [("cache_hit", ctypes.c_bool), ("cache_tier", ctypes.c_int), ("kernels_remote", ctypes.c_uint),
+                ("kernels_shared", ctypes.c_uint)]
 
 
 class ap_bundle_buffer(ctypes.Structure):
@@ -81,6 +82,7 @@ _P = ctypes.c_void_p
 _E = ctypes.POINTER(ap_error)
 # name: (restype, argtypes)
 _PROTOS = {
+    "ap_abi_sizeof": (ctypes.c_size_t, [ctypes.c_char_p]),
     "ap_error_name": (ctypes.c_char_p, [ctypes.c_int]),
     "ap_dtype_in_graphs": (ctypes.c_bool, [ctypes.c_int]),
     "ap_dtype_size": (ctypes.c_size_t, [ctypes.c_int]),
@@ -139,6 +141,19 @@ def _candidates():
     yield os.path.normpath(os.path.join(_HERE, "..", "..", "..", "build", "libapollo-client.so"))
 
 
+def _check_abi(lib, path):
+    """Each struct mirrored here has the size the library was built with:
+    a field added on one side only would have C read or write past the end
+    of a buffer allocated here."""
+    for st in (ap_error, ap_tensor, ap_graph, ap_submit_options, ap_server_stats, ap_bundle_stats,
+               ap_bundle_buffer, ap_runtime_options):
+        want = lib.ap_abi_sizeof(st.__name__.encode())
+        if want != ctypes.sizeof(st):
+            raise ImportError("apollo: %s is %d bytes in %s but %d in this package: the library and "
+                              "the package come from different versions" % (st.__name__, want, path,
+                                                                            ctypes.sizeof(st)))
+
+
 def _load():
     tried = []
     for path in _candidates():
@@ -151,6 +166,7 @@ def _load():
             fn.restype = res
             fn.argtypes = args
         lib.path = path
+        _check_abi(lib, path)
         return lib
     raise ImportError("apollo: libapollo-client.so not found (tried %s); build it with `make` "
                       "in the Apollo repository or set APOLLO_LIB" % ", ".join(tried))

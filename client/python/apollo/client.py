@@ -148,10 +148,11 @@ class Client:
         return {name: getattr(s, name) for name, _ in s._fields_}
 
     def submit(self, graph, target="cpu", fusion=None, namespace="", no_cache=False,
-               fusion_barriers=(), keep_whole=(), max_block_threads=0):
+               fusion_barriers=(), keep_whole=(), max_block_threads=0, allow_tf32=False):
         """Sends `graph` (an apollo.Graph; PARAMs travel as shape and dtype
         only) and waits for the bundle.  `fusion`: None (the daemon's
-        default), "none", "rules" or "apollo"."""
+        default), "none", "rules" or "apollo"; `allow_tf32`: float32
+        products may run on TF32 tensor cores (part of the cache key)."""
         if fusion not in FUSION_LEVELS:
             raise ApolloError(EINVAL, "fusion level %r (none, rules, apollo)" % (fusion,))
         o = ap_submit_options()
@@ -160,6 +161,7 @@ class Client:
         o.cache_namespace = (namespace or "").encode()
         o.max_block_threads = max_block_threads
         o.fusion = FUSION_LEVELS[fusion]
+        o.allow_tf32 = bool(allow_tf32)
         keep = [ctypes.c_char_p(s.encode()) for s in fusion_barriers]
         whole = [ctypes.c_char_p(s.encode()) for s in keep_whole]
         if keep:

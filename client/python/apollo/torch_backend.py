@@ -28,6 +28,7 @@ default):
     namespace  APOLLO_NAMESPACE  cache namespace (part of the cache key)
     strict     APOLLO_STRICT     1: unsupported ops and no daemon raise
     no_cache   APOLLO_NO_CACHE   1: compile even when the cache has it
+    allow_tf32 APOLLO_ALLOW_TF32 1: float32 products may use TF32 tensor cores
     threads    APOLLO_THREADS    host threads per launch (0: the runtime's)
     quiet      APOLLO_QUIET      1: no graph-break lines
 
@@ -63,6 +64,7 @@ _OPTIONS = {  # name: (environment variable, default, parser)
     "namespace": ("APOLLO_NAMESPACE", "", str),
     "strict": ("APOLLO_STRICT", False, lambda s: s not in ("", "0", "false", "no")),
     "no_cache": ("APOLLO_NO_CACHE", False, lambda s: s not in ("", "0", "false", "no")),
+    "allow_tf32": ("APOLLO_ALLOW_TF32", False, lambda s: s not in ("", "0", "false", "no")),
     "threads": ("APOLLO_THREADS", 0, int),
     "quiet": ("APOLLO_QUIET", False, lambda s: s not in ("", "0", "false", "no")),
 }
@@ -241,7 +243,8 @@ def _submit(gm, params, device, opts, name):
     import time
     t0 = time.perf_counter()
     bundle = _client(opts).submit(conv.graph, target=target, fusion=opts.fusion or None,
-                                  namespace=opts.namespace or "", no_cache=opts.no_cache)
+                                  namespace=opts.namespace or "", no_cache=opts.no_cache,
+                                  allow_tf32=opts.allow_tf32)
     dt = time.perf_counter() - t0
     st = bundle.stats
     with _lock:
