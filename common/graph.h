@@ -284,10 +284,10 @@ const ap_host_tensor *ap_params_find(const ap_params *p, const char *name);
  * a graph input.
  * On success returns the validated graph and, when `params` is not NULL,
  * the data of every PARAM tensor.  With `params` NULL the import reads
- * the model's structure only (ap_onnx_skeleton): the data of a tensor
- * larger than AP_CONST_MAX_BYTES is never read, decoded nor copied, and
- * its PARAM comes from its dims and dtype -- the same graph as with the
- * data.  Errors: AP_EMESSAGE (bytes that do not
+ * the model's structure only (ap_onnx_skeleton): the data of a
+ * floating-point tensor larger than AP_CONST_MAX_BYTES (a weight) is never
+ * read, decoded nor copied, and its PARAM comes from its dims and dtype --
+ * the same graph as with the data (weights are never folded into).  Errors: AP_EMESSAGE (bytes that do not
  * decode), AP_EUNSUPPORTED (op/dtype/opset), AP_EINVAL, AP_ESHAPE,
  * AP_ETOOLARGE, with `err` naming the ONNX node. */
 __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
@@ -295,8 +295,9 @@ __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
 				   __ap_give ap_params **params, ap_error *err);
 
 /* The serialized ModelProto in `len` bytes at `buf` without the data of
- * its tensors larger than AP_CONST_MAX_BYTES (by dims and data_type:
- * initializers, Constant values, tensor attributes, in subgraphs too),
+ * its floating-point tensors larger than AP_CONST_MAX_BYTES (by dims and
+ * data_type: initializers, Constant values, tensor attributes, in
+ * subgraphs too; integer and bool tensors keep theirs),
  * every other byte as it was: 0 with *out (malloc'd, at most `len` bytes)
  * and *out_len; AP_EMESSAGE (not the wire format, or nested over 64
  * deep), AP_EINVAL (a large tensor's data does not match its dims, by

@@ -22,11 +22,14 @@
  * all) and its outputs and the work are bounded (FOLD_MAX_BYTES,
  * FOLD_MAX_WORK) it is evaluated on the spot instead of being added, so
  * subgraphs that compute masks and tables from constants disappear.
- * Weights are not constants here: a floating-point initializer too large
- * to travel by value (AP_CONST_MAX_BYTES) is a PARAM that the client binds
- * at launch (a training job's weights change every step), so nothing that
- * reads one is folded, and a model whose integer inputs are given still
- * compiles its data path instead of collapsing into the evaluator.  Shape,
+ * Weights are not constants here: floating-point data too large to travel
+ * by value (AP_CONST_MAX_BYTES), an initializer's or a Constant's, is a
+ * PARAM that the client binds at launch (a training job's weights change
+ * every step), so nothing that reads one is folded, and a model whose
+ * integer inputs are given still compiles its data path instead of
+ * collapsing into the evaluator.  This also makes the structure-only
+ * import (no parameter store: ap_onnx_skeleton drops exactly those bytes)
+ * fold what the full import folds, so both give one graph.  Shape,
  * Size, ConstantOfShape and Range are answered from static shapes and
  * constants directly, and an If whose condition is known is replaced by
  * the nodes of the branch it takes.
@@ -74,7 +77,7 @@ typedef struct ival {
 	ap_host_tensor *data;            /* known value (owned) */
 	const Onnx__TensorProto *lazy;   /* known value not yet decoded */
 	bool fill;                       /* every element equals fill_f / fill_i */
-	bool weight;                     /* a large float initializer: never folded into */
+	bool weight;                     /* large float data: never folded into */
 	double fill_f;
 	int64_t fill_i;
 	const char *poison;              /* why this value must not be used */
@@ -331,6 +334,14 @@ static bool known_small(const ival *v)
 	int64_t b = v ? sh_bytes(&v->sh) : -1;
 
 	return known(v) && b >= 0 && b <= AP_CONST_MAX_BYTES;
+}
+
+/* Known and readable: a structure-only import (no parameter store) lacks
+ * the bytes of large floating-point tensors (ap_onnx_skeleton drops them;
+ * they are weights, never folded into, so both imports give one graph). */
+static bool readable(const imp *im, const ival *v)
+{
+	return known(v) && (v->data || !im->shape_only || known_small(v) || !float_dtype(v->sh.dtype));
 }
 
 /* The data of a known value, decoding it on first use. */
@@ -694,7 +705,7 @@ static int emit(imp *im, ap_op op, abuf *A, int n_in, ival *const *ins, int n_ou
 			return fail(im, AP_EUNSUPPORTED, ins[i]->name,
 				    "'%s' (%s of node '%s') is not supported", ins[i]->name,
 				    ins[i]->poison, ins[i]->poison_node);
-		if (ins[i] && ((!known(ins[i]) &&
+		if (ins[i] && ((!readable(im, ins[i]) &&
 		     !(ins[i]->fill && sh_bytes(&ins[i]->sh) >= 0 && sh_bytes(&ins[i]->sh) <= FOLD_MAX_BYTES)) ||
 		    ins[i]->weight))
 			fold = false;
@@ -2057,6 +2068,8 @@ static int imp_constant(imp *im, const Onnx__NodeProto *n)
 			v->sh.dims[d] = a->t->dims[d];
 		if (sh_numel(&v->sh) < 0)
 			return fail(im, AP_ETOOLARGE, o, "Constant '%s' too large", o);
+		/* large floating-point data is a weight, as an initializer's */
+		v->weight = float_dtype(v->sh.dtype) && sh_bytes(&v->sh) > AP_CONST_MAX_BYTES;
 		/* decode now: a Constant is usually small and used soon (a
 		 * large one without a parameter store is never decoded) */
 		if (!(im->shape_only && !known_small(v)) && !val_data(im, v))

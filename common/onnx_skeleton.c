@@ -9,11 +9,15 @@
  * tensors -- ModelProto.graph, GraphProto.node and .initializer,
  * NodeProto.attribute, AttributeProto.t/.g/.tensors/.graphs (subgraphs:
  * If branches) -- which are rewritten recursively and written back with
- * their new length.  A TensorProto whose element count times element size
+ * their new length.  A TensorProto of floating-point data (float, double,
+ * float16, bfloat16: weights) whose element count times element size
  * (from its dims and data_type, as the importer computes them) is more
  * than AP_CONST_MAX_BYTES loses its data fields (float_data, int32_data,
  * string_data, int64_data, raw_data, double_data, uint64_data) and keeps
- * the rest.  Those bytes are skipped by their length, never read: a model
+ * the rest.  Integer and bool tensors keep their data whatever their size:
+ * they are indices and masks, which the importer may fold (a shifted-window
+ * mask scattered at constant indices), never weights, and rarely large.
+ * Those bytes are skipped by their length, never read: a model
  * mapped into memory has the pages of its weights never touched.  The
  * importer, told to (ap_onnx_import with no parameter store), makes every
  * such tensor a PARAM from its dims and dtype alone, exactly as it does
@@ -92,24 +96,25 @@ static uint32_t typed_field(uint64_t dtype)
 	return dtype == AP_DT_F32 ? 4 : dtype == AP_DT_F64 ? 10 : dtype == AP_DT_I64 ? 7 : 5;
 }
 
-/* Looks at a TensorProto: *large when its data is larger than a graph
- * constant may be, by its dims (packed or not) and data_type.  A large
+/* Looks at a TensorProto: *strip when its data is floating-point and
+ * larger than a graph constant may be, by its dims (packed or not) and
+ * data_type (a weight, see above).  A large
  * one's data must match its dims, as the full import checks it, by the
  * lengths alone (raw_data's bytes, or the values of its typed field: a
  * packed float or double run's length, a packed varint run's
  * terminators); external data is refused as the full import refuses it.
  * 0, or AP_EINVAL / AP_EUNSUPPORTED naming the tensor. */
-static int tensor_examine(const uint8_t *p, size_t n, bool *large, ap_error *err)
+static int tensor_examine(const uint8_t *p, size_t n, bool *strip, ap_error *err)
 {
 	ap_pbw r;
 	ap_pbw_field f;
 	uint64_t numel = 1, dtype = 0, values = 0, raw_len = 0;
-	bool overflow = false, negative = false, raw = false, external = false;
+	bool overflow = false, negative = false, raw = false, external = false, large;
 	const uint8_t *name = (const uint8_t *)"";
 	size_t name_len = 0, es;
 	char nm[128];
 
-	*large = false;
+	*strip = false;
 	ap_pbw_init(&r, p, n);
 	while (ap_pbw_next(&r, &f) == 1) {
 		if (f.number == 2 && f.wire == 0)
@@ -144,8 +149,10 @@ static int tensor_examine(const uint8_t *p, size_t n, bool *large, ap_error *err
 		return 0;   /* the importer reports it, from the whole tensor */
 	snprintf(nm, sizeof(nm), "%.*s", (int)(name_len < sizeof(nm) - 1 ? name_len : sizeof(nm) - 1),
 		 (const char *)name);
-	*large = overflow || numel > (uint64_t)AP_CONST_MAX_BYTES / es;
-	if (!*large || overflow || numel > (uint64_t)AP_MAX_ELEMENTS)
+	large = overflow || numel > (uint64_t)AP_CONST_MAX_BYTES / es;
+	*strip = large && (dtype == AP_DT_F32 || dtype == AP_DT_F64 || dtype == AP_DT_F16 ||
+			   dtype == AP_DT_BF16);
+	if (!large || overflow || numel > (uint64_t)AP_MAX_ELEMENTS)
 		return 0;   /* too many elements: the importer says so from the dims */
 	if (external)
 		return ap_error_set(err, AP_EUNSUPPORTED, NULL, nm,

@@ -1039,27 +1039,40 @@ END_TEST
 
 /* Weights are not constants: an embedding gathered with token ids given
  * at import (integer inputs become constants) stays a Gather over a PARAM,
- * while a small table computed from a small initializer folds away. */
+ * while a small table computed from a small initializer, and a sum of a
+ * large integer initializer (indices, not a weight), fold away -- in the
+ * structure-only import too (no parameter store: the skeleton keeps
+ * integer data), which must give the very same graph. */
 START_TEST(weights_are_not_folded)
 {
 	mb b;
-	int64_t de[2] = { 64, 32 }, dt[1] = { 32 }, di[1] = { 4 }, ids[4] = { 3, 0, 63, 7 };
+	int64_t de[2] = { 64, 32 }, dt[1] = { 32 }, di[1] = { 4 }, dn[1] = { 600 };
+	int64_t ids[4] = { 3, 0, 63, 7 }, *idx = calloc(600, sizeof(int64_t));
 	float *e = calloc(64 * 32, sizeof(float)), t[32];
 	ap_host_tensor x = { "ids", AP_DT_I64, 1, { 4 }, ids, sizeof(ids) };
 	const ap_host_tensor *bind[1] = { &x };
 	ap_params *params = NULL;
 	ap_error err;
-	ap_graph *g;
+	ap_graph *g, *s;
+	uint8_t h1[32], h2[32];
+	Onnx__NodeProto *n;
 
 	for (int i = 0; i < 32; i++)
 		t[i] = 0.1f * (float)i;
+	for (int i = 0; i < 600; i++)
+		idx[i] = i % 5;
 	mb_init(&b, 17);
 	mb_input(&b, "ids", 7, 1, di);
 	mb_init_tensor(&b, "E", 1, 2, de, e, 64 * 32 * sizeof(float));   /* 8 KiB: a weight */
 	mb_init_tensor(&b, "T", 1, 1, dt, t, sizeof(t));                 /* 128 B: a constant */
+	mb_init_tensor(&b, "I", 7, 1, dn, idx, 600 * sizeof(int64_t));   /* 4.7 KiB of indices */
 	mb_node(&b, "Gather", "E,ids", "emb", "embed");
 	mb_node(&b, "Sin", "T", "table", "sin");
-	mb_node(&b, "Mul", "emb,table", "y", "scale");
+	mb_node(&b, "ReduceSum", "I", "isum", "count");
+	n = mb_node(&b, "Cast", "isum", "fsum", "to_float");
+	mb_int(&b, n, "to", 1);
+	mb_node(&b, "Mul", "emb,table", "m", "scale");
+	mb_node(&b, "Mul", "m,fsum", "y", "scale_sum");
 	mb_output(&b, "y");
 	g = mb_import(&b, bind, 1, &params, &err);
 	ck_assert_msg(g != NULL, "%s", err.msg);
@@ -1067,12 +1080,21 @@ START_TEST(weights_are_not_folded)
 	ck_assert_int_eq(g->tensors[ap_graph_find_tensor(g, "E")].kind, AP_TENSOR_PARAM);
 	ck_assert_int_eq(count_op(g, AP_OP_GATHER), 1);
 	ck_assert_int_eq(count_op(g, AP_OP_SIN), 0);
-	ck_assert_int_eq(count_op(g, AP_OP_MUL), 1);
-	ck_assert_int_eq(g->n_nodes, 2);
+	ck_assert_int_eq(count_op(g, AP_OP_REDUCE_SUM), 0);
+	ck_assert_int_eq(count_op(g, AP_OP_MUL), 2);
+	ck_assert_int_eq(g->n_nodes, 3);
+	s = mb_import(&b, bind, 1, NULL, &err);
+	ck_assert_msg(s != NULL, "structure only: %s", err.msg);
+	ck_assert_int_eq(ap_graph_hash_named(g, h1), 0);
+	ck_assert_int_eq(ap_graph_hash_named(s, h2), 0);
+	ck_assert_msg(!memcmp(h1, h2, 32), "the structure-only import gives another graph (%d nodes)",
+		      s->n_nodes);
 	ap_graph_free(g);
+	ap_graph_free(s);
 	ap_params_free(params);
 	mb_free(&b);
 	free(e);
+	free(idx);
 }
 END_TEST
 
@@ -1506,6 +1528,7 @@ START_TEST(skeleton_cases)
 		size_t len = 0, sl = 0, es = ap_dtype_size((ap_dtype)c->dtype);
 		uint8_t *buf = sk_model(c, &len), *sk = NULL, h1[32], h2[32];
 		bool large = (size_t)c->n * es > AP_CONST_MAX_BYTES;
+		bool strip = large && (c->dtype == AP_DT_F32 || c->dtype == AP_DT_F64);
 		ap_params *params = NULL;
 		ap_graph *full, *g;
 		ap_error e1, e2, e3;
@@ -1539,10 +1562,11 @@ START_TEST(skeleton_cases)
 			ck_assert_uint_eq(w->n_dims, 1);
 			ck_assert_int_eq(w->dims[0], c->n);
 			ck_assert_int_eq(w->data_type, c->dtype);
-			/* data gone when large, every byte kept when small */
+			/* a weight's data gone when large; every byte kept when
+			 * small, or integers (indices the importer may fold) */
 			ck_assert_int_eq(w->has_raw_data || w->n_float_data || w->n_double_data ||
-					 w->n_int64_data || w->n_int32_data, !large);
-			if (large)
+					 w->n_int64_data || w->n_int32_data, !strip);
+			if (strip)
 				ck_assert_uint_lt(sl + (size_t)c->n, len);
 			else
 				ck_assert(sl == len && !memcmp(sk, buf, len));

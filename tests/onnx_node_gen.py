@@ -106,8 +106,6 @@ def official(out, refused_dir):
             if not c.model.graph.node or c.model.graph.node[0].op_type not in OPS:
                 continue
             why = next((r for p, r in REFUSED.items() if c.name.startswith(p)), None)
-            if not why and any(t in c.name for t in ("float16", "bfloat16", "_fp16", "_bf16")):
-                why = "16-bit floats (issue 8)"
             data_sets = constant_inputs(c.model, c.data_sets)
             if why:
                 write_case(refused_dir, c.name, c.model, data_sets)
@@ -379,9 +377,10 @@ CONST_FROM = ("test_conv", "test_convtranspose", "test_averagepool", "test_maxpo
 
 def constant_variants(testdata, root):
     """Writes DIR/consts/<test>: the test with its inputs made Constant
-    nodes (not initializers: a large float initializer is a weight, bound
-    at launch and never folded), so the whole test folds at import; the
-    nodes left (one Identity per output) go to expect_nodes."""
+    nodes, so the whole test folds at import -- unless one of them is
+    floating-point data over 4 KiB, a weight (bound at launch, never folded
+    into), and the test is compiled instead.  expect_fold says which:
+    "fold N" (N nodes left, one Identity per output) or "weights"."""
     src = os.path.join(testdata, "onnx-node")
     n = 0
     for name in sorted(os.listdir(src)) if os.path.isdir(src) else []:
@@ -414,8 +413,9 @@ def constant_variants(testdata, root):
             if m.graph.input[i].name in feed:
                 del m.graph.input[i]
         write_case(root, name + "_consts", m, [([], outs)])
-        with open(os.path.join(root, name + "_consts", "expect_nodes"), "w") as f:
-            f.write("%d\n" % len(m.graph.output))
+        weights = any(a.dtype.kind == "f" and a.nbytes > 4096 for a in ins)
+        with open(os.path.join(root, name + "_consts", "expect_fold"), "w") as f:
+            f.write("weights\n" if weights else "fold %d\n" % len(m.graph.output))
         n += 1
     return n
 
