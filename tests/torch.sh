@@ -9,6 +9,7 @@
 #     (loss within 1e-4 relative at every step, parameters within 1e-4),
 #     then the same script in a second process: every graph must come from
 #     the daemon's cache, and both start-up times are printed;
+#   * both models in bfloat16 for 5 steps (loss and parameters within 1e-2);
 #   * the model with an op Apollo lacks (torch.atan2): the graph splits and
 #     the break is reported; strict mode turns it into an error;
 #   * no daemon: a warning and eager PyTorch; strict mode: an error.
@@ -59,6 +60,22 @@ for m in gpt cnn; do
 	printf 'torch: %s: second process: %s of %s graphs from the cache; start-up %.2f s cold, %.2f s warm (%.1fx)\n' \
 		"$m" "$h" "$g" "$c" "$w" "$("$PY" -c "print($c / max($w, 1e-9))")"
 	if [ "$g" -lt 1 ] || [ "$g" != "$h" ]; then echo "torch: FAILED: $m: not every graph came from the cache"; fail=1; fi
+done
+
+# bfloat16 (graphs carry it since issue 8): both copies in bfloat16, 5
+# steps; Apollo computes in float32 and rounds each result, as PyTorch's CPU
+# kernels do, so the two agree to a rounding step or two.
+for m in gpt cnn; do
+	echo "== $m, bfloat16"
+	if "$PY" tests/torch_train.py "$m" --steps 5 --dtype bfloat16 --rtol 1e-2 --atol 1e-2 \
+		--json "$AP_TMP/$m.bf16.json" >"$AP_TMP/$m.bf16.log" 2>&1 &&
+	   [ "$(field "$AP_TMP/$m.bf16.json" graph_breaks)" = "[]" ] &&
+	   [ "$(field "$AP_TMP/$m.bf16.json" eager_graphs)" = 0 ]; then
+		printf 'torch: %s bfloat16: worst loss difference %.1e relative over 5 steps, parameters within %.1e\n' \
+			"$m" "$(field "$AP_TMP/$m.bf16.json" worst_loss_rel)" "$(field "$AP_TMP/$m.bf16.json" param_diff)"
+	else
+		cat "$AP_TMP/$m.bf16.log"; echo "torch: FAILED: $m in bfloat16"; fail=1
+	fi
 done
 
 echo "== graph break"

@@ -218,6 +218,26 @@ static int reshape(ex *e, int x, int rank, const int64_t *dims, int out)
 	return add_node(e, AP_OP_RESHAPE, 1, &x, out) < 0 ? -1 : out;
 }
 
+/* x converted to dtype `to` (a Cast node; x itself when it has that dtype
+ * and no `out` is given). */
+static int cast(ex *e, int x, ap_dtype to, int out)
+{
+	int n;
+
+	if (e->rc || x < 0)
+		return -1;
+	if (out < 0 && T(e, x)->dtype == to)
+		return x;
+	if (out < 0)
+		out = new_tensor(e, "Cast", to, T(e, x)->rank, T(e, x)->dims);
+	n = add_node(e, AP_OP_CAST, 1, &x, out);
+	if (n < 0)
+		return -1;
+	if (ap_node_set_int(e->ng, n, "to", to) < 0)
+		return fail(e, AP_ENOMEM, "out of memory setting attributes");
+	return out;
+}
+
 static int transpose2d(ex *e, int x)
 {
 	int64_t dims[2], perm[2] = {1, 0};
@@ -392,14 +412,34 @@ static void expand_layer_norm(ex *e, const ap_node *node)
 	}
 	for (int64_t a = axis; a < T(e, x)->rank; a++)
 		axes[n_axes++] = a;
-	if (mean_out >= 0 && T(e, mean_out)->dtype != T(e, x)->dtype) {
-		fail(e, AP_EUNSUPPORTED, "LayerNormalization: Mean dtype differs from X");
-		return;
+	{
+		/* Mean and InvStdDev in float32 over 16-bit X (ONNX's stash_type
+		 * 1, ATen's native_layer_norm): the whole normalisation runs in
+		 * float32 and Y is rounded once, as PyTorch computes it. */
+		ap_dtype xt = T(e, x)->dtype;
+		ap_dtype st = mean_out >= 0 ? T(e, mean_out)->dtype : inv_out >= 0 ? T(e, inv_out)->dtype : xt;
+
+		if ((mean_out >= 0 && T(e, mean_out)->dtype != st) ||
+		    (inv_out >= 0 && T(e, inv_out)->dtype != st) ||
+		    (st != xt && !(st == AP_DT_F32 && (xt == AP_DT_F16 || xt == AP_DT_BF16)))) {
+			fail(e, AP_EUNSUPPORTED, "LayerNormalization: Mean/InvStdDev dtype neither X's "
+			     "nor float32 over 16-bit X");
+			return;
+		}
+		if (st != xt) {
+			x = cast(e, x, st, -1);
+			scale = cast(e, scale, st, -1);
+			if (b >= 0)
+				b = cast(e, b, st, -1);
+		}
+		d = normalise(e, x, axes, n_axes, eps, mean_out, inv_out, &inv, NULL, NULL);
+		sc = binary(e, AP_OP_MUL, binary(e, AP_OP_MUL, d, inv, -1), scale,
+			    b >= 0 || st != xt ? -1 : y);
+		if (b >= 0)
+			sc = binary(e, AP_OP_ADD, sc, b, st != xt ? -1 : y);
+		if (st != xt)
+			cast(e, sc, xt, y);
 	}
-	d = normalise(e, x, axes, n_axes, eps, mean_out, inv_out, &inv, NULL, NULL);
-	sc = binary(e, AP_OP_MUL, binary(e, AP_OP_MUL, d, inv, -1), scale, b >= 0 ? -1 : y);
-	if (b >= 0)
-		binary(e, AP_OP_ADD, sc, b, y);
 }
 
 static void expand_instance_norm(ex *e, const ap_node *node)
