@@ -95,12 +95,19 @@ int cuModuleGetFunction(void **f, void *m, const char *name)
 	} else if ((n = ptx_params(m, name)) < 0) {
 		return 500;
 	}
-	fn = calloc(1, sizeof(*fn));
-	if (!fn)
-		return 2;
+	/* from a fixed pool (nothing to leak): a test gets few functions */
+	{
+		static fake_fn pool[256];
+		static int used;
+
+		if (used == 256)
+			return 2;
+		fn = &pool[used++];
+		memset(fn, 0, sizeof(*fn));
+	}
 	strncpy(fn->name, name, sizeof(fn->name) - 1);
 	fn->n_params = n;
-	*f = fn;   /* leaked with the module: a test's lifetime */
+	*f = fn;
 	return 0;
 }
 
