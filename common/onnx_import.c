@@ -3415,34 +3415,9 @@ static void imp_clear(imp *im)
 	ss_free(&im->nnames);
 }
 
-static ap_graph *import_model(const uint8_t *buf, size_t len, const ap_host_tensor *const *bindings,
-			      int n_bindings, ap_params **params, ap_error *err);
-
-/* Structure only (params NULL) first; a model whose folding needs the data
- * of a tensor the skeleton left out (a large integer index table, a large
- * constant input of a folded node) is imported again in full, its store
- * dropped: the same graph either way. */
 __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
 				   const ap_host_tensor *const *bindings, int n_bindings,
 				   __ap_give ap_params **params, ap_error *err)
-{
-	ap_error local;
-	ap_params *store = NULL;
-	ap_graph *g;
-
-	if (!err)
-		err = &local;
-	g = import_model(buf, len, bindings, n_bindings, params, err);
-	if (g || params || err->code == AP_ENOMEM || err->code == AP_ETOOLARGE || err->code == AP_EMESSAGE)
-		return g;
-	ap_error_clear(err);
-	g = import_model(buf, len, bindings, n_bindings, &store, err);
-	ap_params_free(store);
-	return g;
-}
-
-static ap_graph *import_model(const uint8_t *buf, size_t len, const ap_host_tensor *const *bindings,
-			      int n_bindings, ap_params **params, ap_error *err)
 {
 	Onnx__ModelProto *m;
 	ap_pb_budget budget;

@@ -84,10 +84,8 @@ static void check_model(const char *dir, bool tf32, int *n_gemm, int *n_async, i
 	for (int i = 0; i < p->n_kernels; i++) {
 		const ap_kernel_src *k = &p->kernels[i];
 		bool gemm = emitter_is(k, "gemm"), att = emitter_is(k, "attention");
-		static const char *const v[] = {"--ptxas-options=-v"};
 		uint8_t *out = NULL;
 		size_t len = 0;
-		char *log = NULL;
 		ap_ptxas_stats st;
 
 		if (!gemm && !att)
@@ -107,15 +105,12 @@ static void check_model(const char *dir, bool tf32, int *n_gemm, int *n_async, i
 			(*n_gemm)++;
 			*n_async += strstr(k->src, ": cp.async,") != NULL;
 		}
-		ck_assert_msg(ap_nvrtc_compile_ex(k->src, k->name, "sm_90", true, v, 1, &out, &len, &log, &err) == 0,
-			      "%s %s: %s", dir, k->name, err.msg);
-		ck_assert_msg(ap_ptxas_parse(log, k->name, &st), "%s %s: no ptxas report in\n%s", dir, k->name, log);
+		ck_assert_msg(ap_nvrtc_ptxas_stats(k->src, k->name, "sm_90", &st, &err) == 0, "%s %s: %s", dir,
+			      k->name, err.msg);
 		ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0,
 			      "%s: kernel %s (%s) spills %d / %d bytes (%d registers)", dir, k->name,
 			      tf32 ? "tensor cores" : "SIMT", st.spill_store_bytes, st.spill_load_bytes, st.registers);
 		(*n_spill_checked)++;
-		free(out);
-		free(log);
 	}
 	ap_program_free(p);
 	ap_graph_free(g);

@@ -36,10 +36,7 @@ static int usage(void)
 /* One line: the kernel's name, ptxas's figures for `arch`, its schedule. */
 static void print_ptxas(const ap_kernel_src *k, const char *arch)
 {
-	static const char *const v[] = {"--ptxas-options=-v"};
-	uint8_t *out = NULL;
-	size_t len = 0;
-	char *log = NULL, sched[160] = "";
+	char sched[160] = "";
 	const char *e = strstr(k->src, "emitter ");
 	ap_ptxas_stats st;
 	ap_error err;
@@ -49,15 +46,11 @@ static void print_ptxas(const ap_kernel_src *k, const char *arch)
 
 		snprintf(sched, sizeof(sched), "%.*s", (int)(n > 0 && e[n - 1] == ' ' ? n - 1 : n), e);
 	}
-	if (ap_nvrtc_compile_ex(k->src, k->name, arch, true, v, 1, &out, &len, &log, &err) != 0)
-		printf("%s: NVRTC failed: %s\n", k->name, err.msg);
-	else if (!ap_ptxas_parse(log, k->name, &st))
-		printf("%s: no ptxas report\n", k->name);
+	if (ap_nvrtc_ptxas_stats(k->src, k->name, arch, &st, &err) != 0)
+		printf("%s: %s\n", k->name, err.msg);
 	else
 		printf("%s: %d registers, spills %d / %d bytes, shared %d bytes; %s\n", k->name, st.registers,
 		       st.spill_store_bytes, st.spill_load_bytes, st.shared_bytes, sched[0] ? sched : "-");
-	free(out);
-	free(log);
 }
 
 int main(int argc, char **argv)

@@ -52,6 +52,12 @@ typedef struct ap_ptxas_stats {
 	int shared_bytes;
 } ap_ptxas_stats;
 bool ap_ptxas_parse(const char *log, const char *name, ap_ptxas_stats *out);
+/* Compiles `src` to a cubin for `arch` with ptxas -v and reads kernel
+ * `name`'s figures into *out.  Errors: those of ap_nvrtc_compile_ex, and
+ * AP_EINTERNAL when the log has no report for the kernel (the log's start
+ * in err->msg). */
+int ap_nvrtc_ptxas_stats(const char *src, const char *name, const char *arch, ap_ptxas_stats *out,
+			 ap_error *err);
 
 /* ---- host C compiler (hostcc.c) ----------------------------------------- */
 

@@ -524,6 +524,23 @@ static int number_before(const char *from, const char *to, const char *what)
 	return q < p && *q >= '0' && *q <= '9' ? atoi(q) : -1;
 }
 
+int ap_nvrtc_ptxas_stats(const char *src, const char *name, const char *arch, ap_ptxas_stats *out,
+			 ap_error *err)
+{
+	static const char *const v[] = {"--ptxas-options=-v"};
+	uint8_t *bin = NULL;
+	size_t len = 0;
+	char *log = NULL;
+	int rc = ap_nvrtc_compile_ex(src, name, arch, true, v, 1, &bin, &len, &log, err);
+
+	if (rc == 0 && !ap_ptxas_parse(log, name, out))
+		rc = ap_error_set(err, AP_EINTERNAL, name, NULL, "no ptxas report for %s in: %.200s", name,
+				  log ? log : "");
+	free(bin);
+	free(log);
+	return rc;
+}
+
 bool ap_ptxas_parse(const char *log, const char *name, ap_ptxas_stats *out)
 {
 	char key[300];

@@ -1288,7 +1288,6 @@ static void complete_regs(gctx *c, int role, ap_kir_expr *st)
 	ap_kir_kernel *k = c->k;
 	int n = role ? c->b_regs : c->a_regs;
 	ap_kir_var **regs = role ? c->b_reg : c->a_reg;
-	ap_dtype T = c->p->in_t;
 
 	for (int r = 0; r < n; r++) {
 		ap_kir_expr *o, *kk, *in_tile, *val = ap_kir_ref(k, regs[r]);
@@ -1297,7 +1296,6 @@ static void complete_regs(gctx *c, int role, ap_kir_expr *st)
 		reg_slot(c, role, r, &o, &kk, &in_tile);
 		if (c->p->tc && c->p->mma == AP_KIR_MMA_TF32_1688)
 			val = ap_kir_call(k, AP_KIR_TF32, val, NULL);
-		(void)T;
 		if (in_tile)
 			ap_v_if(c->v, in_tile, &saved, NULL);
 		ap_kir_store(k, c->v->cur, role ? c->sb : c->sa, smem_index(c, role, st, o, kk), val);
