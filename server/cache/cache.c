@@ -75,8 +75,7 @@ static const char *const stmt_sql[ST_COUNT] = {
 	[ST_COMMIT] = "COMMIT",
 	[ST_ROLLBACK] = "ROLLBACK",
 	[ST_BLOB_GET] = "SELECT data, last_used FROM blobs WHERE digest = ?1",
-	[ST_BLOB_PUT] = "INSERT OR IGNORE INTO blobs(digest, size, data, last_used)"
-			" VALUES (?1, ?2, ?3, ?4)",
+	[ST_BLOB_PUT] = "INSERT OR IGNORE INTO blobs(digest, size, data, last_used) VALUES (?1, ?2, ?3, ?4)",
 	[ST_BLOB_DEL] = "DELETE FROM blobs WHERE digest = ?1",
 	[ST_BLOB_SET] = "UPDATE blobs SET data = ?2 WHERE digest = ?1",
 	[ST_BLOB_TOUCH] = "UPDATE blobs SET last_used = ?2 WHERE digest = ?1",
