@@ -2,7 +2,7 @@
  *
  *   apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]
  *                 [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]
- *                 [--dump DIR] [--allow-tf32]
+ *                 [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1]
  *                 [--no-cache] [--namespace NS] [--daemon-import] [--explain]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
  *                 [--keep-whole OP ...]
@@ -59,7 +59,7 @@ static void usage(FILE *f)
 	fputs("usage:\n"
 	      "  apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]\n"
 	      "                [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]\n"
-	      "                [--dump DIR] [--allow-tf32]\n"
+	      "                [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1]\n"
 	      "                [--no-cache] [--namespace NS] [--daemon-import] [--explain]\n"
 	      "                [--fusion none|rules|apollo] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n"
 	      "  apollo-client check DIR... [--target cpu] [--rtol R] [--atol A] [--jobs N] [--threads N]\n"
@@ -372,11 +372,41 @@ static int dump_kernels(const ap_bundle *b, const char *dir, ap_error *err)
 	return 0;
 }
 
+/* Writes Layer I's plan of every micro-graph it scheduled to
+ * DIR/launch<L>_part<P>.isl (creating DIR): tile and threads, then isl's
+ * text forms of the domain, the read and write accesses and the schedule
+ * tree, one "key: value" per line (what ap_fuse_layer1_load replays).
+ * Prints how many it wrote to stderr.  0, or AP_EIO with `err`. */
+static int dump_schedules(const ap_bundle *b, const char *dir, ap_error *err)
+{
+	char path[4096];
+	int n = 0;
+
+	if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "--dump-schedules: cannot create %s: %s",
+				    dir, strerror(errno));
+	for (int i = 0; i < ap_bundle_n_launches(b); i++)
+		for (int j = 0; j < ap_bundle_launch_n_parts(b, i); j++) {
+			ap_bundle_launch_part pt;
+
+			if (ap_bundle_launch_part_get(b, i, j, &pt) < 0 || !pt.layer1[0])
+				continue;
+			if ((size_t)snprintf(path, sizeof(path), "%s/launch%d_part%d.isl", dir, i, j) >=
+			    sizeof(path))
+				return ap_error_set(err, AP_EIO, NULL, NULL, "--dump-schedules: path too long");
+			if (ap_file_write(path, (const uint8_t *)pt.layer1, strlen(pt.layer1), err) < 0)
+				return err->code;
+			n++;
+		}
+	fprintf(stderr, "apollo-client: %d Layer I schedules written to %s\n", n, dir);
+	return 0;
+}
+
 static int cmd_submit(int argc, char **argv)
 {
 	model_args m = {0};
 	ap_submit_options opt = {0};
-	const char *out = NULL, *dump = NULL;
+	const char *out = NULL, *dump = NULL, *dump_sched = NULL;
 	bool json = false, daemon_import = false;
 	const uint8_t *buf = NULL;
 	size_t len = 0;
@@ -428,6 +458,11 @@ static int cmd_submit(int argc, char **argv)
 		} else if (!strcmp(a, "--dump") && v) {
 			dump = v;
 			i++;
+		} else if (!strcmp(a, "--dump-schedules") && v) {
+			dump_sched = v;
+			i++;
+		} else if (!strcmp(a, "--no-layer1")) {
+			opt.no_layer1 = true;
 		} else if (!strcmp(a, "--fusion") && v) {
 			if (!parse_fusion(v, &opt.fusion)) {
 				bindings_clear(&m.b);
@@ -504,7 +539,8 @@ static int cmd_submit(int argc, char **argv)
 		fail("submit", &err);
 		goto out;
 	}
-	if (dump && dump_kernels(bundle, dump, &err) < 0) {
+	if ((dump && dump_kernels(bundle, dump, &err) < 0) ||
+	    (dump_sched && dump_schedules(bundle, dump_sched, &err) < 0)) {
 		fail("submit", &err);
 		goto out;
 	}

@@ -188,6 +188,8 @@ typedef struct ap_submit_options {
 	const char *const *keep_whole;
 	bool allow_tf32;             /* float32 products may run on TF32 tensor cores
 					(10-bit mantissa operands); off by default */
+	bool no_layer1;              /* Layer I off: pooling windows stay kernels of
+					their own (to compare with it on) */
 } ap_submit_options;
 
 /* Sends graph `g` (its structure: PARAM tensors travel as shape and dtype
@@ -301,6 +303,7 @@ typedef struct ap_bundle_stats {
 	ap_cache_tier cache_tier;    /* where the answer came from */
 	unsigned kernels_remote;     /* a compiled answer's kernels taken from L2 */
 	unsigned kernels_shared;     /* ... compiled for another request in flight */
+	double layer1_ms;            /* Layer I (isl), part of codegen_ms */
 } ap_bundle_stats;
 
 /* The name of a tier: "compiled", "l1", "l2", "shared". */
@@ -356,6 +359,11 @@ typedef struct ap_bundle_launch_part {
 	const char *emitter;             /* the kernel shape that built it ("gemm",
 					    "attention", "stitched", ...; "" if none) */
 	const char *schedule;            /* its configuration, "knob=value ..." */
+	double recompute;                /* modelled evaluations per element of its most
+					    recomputed intermediate (0: not modelled) */
+	const char *layer1;              /* Layer I's plan as text ("" when Layer I did
+					    not schedule it): tile, threads, and isl's
+					    domain, reads, writes, schedule tree */
 } ap_bundle_launch_part;
 /* Parts of launch `i` (0 when the daemon gave none, or i is out of range). */
 int ap_bundle_launch_n_parts(const ap_bundle *b, int i);

@@ -926,6 +926,7 @@ static ap_bundle *submit(ap_client *c, Apollo__CompileRequest *cr, const ap_subm
 		co.n_keep_whole = opt->n_keep_whole > 0 ? (size_t)opt->n_keep_whole : 0;
 		co.keep_whole = (char **)opt->keep_whole;
 		co.allow_tf32 = opt->allow_tf32;
+		co.no_layer1 = opt->no_layer1;
 	}
 	cr->options = &co;
 	req.msg_case = APOLLO__ENVELOPE__MSG_COMPILE;
@@ -1283,7 +1284,7 @@ int ap_bundle_launch_part_get(const ap_bundle *b, int i, int j, ap_bundle_launch
 	const Apollo__LaunchPart *p;
 
 	memset(out, 0, sizeof(*out));
-	out->category = out->detail = out->emitter = out->schedule = "";
+	out->category = out->detail = out->emitter = out->schedule = out->layer1 = "";
 	if (i < 0 || (size_t)i >= b->pb->n_plan || !(l = b->pb->plan[i]) || j < 0 ||
 	    (size_t)j >= l->n_parts || !(p = l->parts[j]) || p->n_nodes > INT32_MAX)
 		return AP_EINVAL;
@@ -1296,6 +1297,8 @@ int ap_bundle_launch_part_get(const ap_bundle *b, int i, int j, ap_bundle_launch
 	out->detail = p->detail ? p->detail : "";
 	out->emitter = p->emitter ? p->emitter : "";
 	out->schedule = p->schedule ? p->schedule : "";
+	out->recompute = p->recompute_ratio;
+	out->layer1 = p->layer1_schedule ? p->layer1_schedule : "";
 	return 0;
 }
 
@@ -1390,6 +1393,7 @@ void ap_bundle_stats_get(const ap_bundle *b, ap_bundle_stats *out)
 		: s->cache_tier ? (ap_cache_tier)(s->cache_tier & 3) : AP_TIER_L1;
 	out->kernels_remote = s->kernels_remote;
 	out->kernels_shared = s->kernels_shared;
+	out->layer1_ms = s->layer1_ms;
 }
 
 const char *ap_cache_tier_name(ap_cache_tier t)

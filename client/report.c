@@ -136,6 +136,23 @@ static const char *cache_word(const ap_bundle_stats *s)
 	return words[s->cache_tier & 3];
 }
 
+/* The most recomputed intermediate's modelled evaluations per element,
+ * over launch `i`'s parts (every launch when i < 0); 1 when none is
+ * modelled. */
+static double bundle_recompute(const ap_bundle *b, int i)
+{
+	double worst = 1;
+
+	for (int l = i < 0 ? 0 : i; l < (i < 0 ? ap_bundle_n_launches(b) : i + 1); l++)
+		for (int j = 0; j < ap_bundle_launch_n_parts(b, l); j++) {
+			ap_bundle_launch_part pt;
+
+			if (ap_bundle_launch_part_get(b, l, j, &pt) == 0 && pt.recompute > worst)
+				worst = pt.recompute;
+		}
+	return worst;
+}
+
 void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 {
 	ap_bundle_stats s;
@@ -166,6 +183,8 @@ void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 	fprintf(f, ",\"kernels_compiled\":%u,\"kernels_remote\":%u,\"kernels_shared\":%u",
 		s.kernels_compiled, s.kernels_remote, s.kernels_shared);
 	fprintf(f, ",\"layers\":{\"I\":%u,\"II\":%u,\"III\":%u}", s.layer1, s.layer2, s.layer3);
+	json_num(f, "layer1_ms", s.layer1_ms);
+	json_num(f, "recompute_ratio", bundle_recompute(b, -1));
 	fprintf(f, ",\"global_bytes\":%llu,\"eager_bytes\":%llu,\"min_bytes\":%llu",
 		(unsigned long long)s.global_bytes, (unsigned long long)s.eager_bytes,
 		(unsigned long long)s.min_bytes);
@@ -210,6 +229,7 @@ void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 			fputs(",\"layers\":", f);
 			json_layers(f, layers);
 			fprintf(f, ",\"global_bytes\":%llu", (unsigned long long)bytes);
+			json_num(f, "recompute_ratio", bundle_recompute(b, i));
 		}
 		if (info && info->explain) {
 			json_launch_buffers(f, b, kernel, n_args, args);
@@ -232,6 +252,8 @@ void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 				ap_json_string(f, pt.emitter);
 				fputs(",\"schedule\":", f);
 				ap_json_string(f, pt.schedule);
+				json_num(f, "recompute_ratio", pt.recompute);
+				fprintf(f, ",\"layer1\":%s", pt.layer1[0] ? "true" : "false");
 				fputc('}', f);
 			}
 			fputc(']', f);
@@ -336,6 +358,13 @@ static void text_layers(FILE *f, const ap_bundle *b, int i)
 			fprintf(f, "    %s%s\n", np > 1 ? "  " : "", pt.detail);
 		if (pt.emitter[0])
 			fprintf(f, "    %semitter %s: %s\n", np > 1 ? "  " : "", pt.emitter, pt.schedule);
+		if (pt.layer1[0])
+			fprintf(f, "    %sLayer I: scheduled by isl (%.2f evaluations per staged element)\n",
+				np > 1 ? "  " : "", pt.recompute);
+		else if (pt.emitter[0])
+			fprintf(f, "    %sLayer I: not scheduled (%s)\n", np > 1 ? "  " : "",
+				!strcmp(pt.category, "window") ? "the pooled tensor is read from memory"
+							       : "not a window micro-graph");
 	}
 }
 
@@ -382,8 +411,8 @@ void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info)
 	if (info)
 		fprintf(f, "client: import %.1f ms, round trip %.1f ms\n", info->import_ms,
 			info->round_trip_ms);
-	fprintf(f, "fusion layers: II stitched %u micro-graphs, III launched %u micro-graphs "
-		   "together\n", s.layer2, s.layer3);
+	fprintf(f, "fusion layers: I scheduled %u micro-graphs (%.1f ms), II stitched %u micro-graphs, "
+		   "III launched %u micro-graphs together\n", s.layer1, s.layer1_ms, s.layer2, s.layer3);
 	fprintf(f, "modelled global memory: %llu B fused, %llu B eager, %llu B minimum; "
 		   "workspace %llu B; %d buffers, %llu B of blobs\n",
 		(unsigned long long)s.global_bytes, (unsigned long long)s.eager_bytes,

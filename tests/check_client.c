@@ -959,7 +959,7 @@ START_TEST(json_report)
 	ck_assert_int_eq(text[tlen - 1], '\n');
 	ck_assert_ptr_null(memchr(text, '\n', tlen - 1));
 	ck_assert_ptr_nonnull(strstr(text, "\"kernels\":1,\"distinct_kernels\":1,"));
-	ck_assert_ptr_nonnull(strstr(text, "\"launch_list\":[{\"kernel\":0,\"name\":\"fused_add_relu\",\"category\":\"elementwise\",\"nodes\":[\"Add_0\",\"Relu_1\"],\"layers\":[],\"global_bytes\":0}]"));
+	ck_assert_ptr_nonnull(strstr(text, "\"launch_list\":[{\"kernel\":0,\"name\":\"fused_add_relu\",\"category\":\"elementwise\",\"nodes\":[\"Add_0\",\"Relu_1\"],\"layers\":[],\"global_bytes\":0,\"recompute_ratio\":1.000}]"));
 	ck_assert_ptr_null(strstr(text, "buffer_list"));
 	ck_assert_ptr_nonnull(strstr(text, "\"boundaries\":1,"));
 	ck_assert_ptr_null(strstr(text, "boundary_list"));
@@ -1006,7 +1006,7 @@ START_TEST(json_report)
 	ck_assert_ptr_nonnull(strstr(text, "\"cache\":\"hit\",\"cache_tier\":\"l1\""));
 	ck_assert_ptr_nonnull(strstr(text, "\"boundary_list\":[{\"producer\":0,\"consumer\":0,\"tensor\":\"t1\",\"reason\":\"opaque\""));
 	ck_assert_ptr_nonnull(strstr(text, "\"nodes\":[\"Add_0\",\"Relu_1\"],\"layers\":[],\"global_bytes\":0,"
-				   "\"reads\":[0],\"writes\":[1],\"parts\":[]}"));
+				   "\"recompute_ratio\":1.000,\"reads\":[0],\"writes\":[1],\"parts\":[]}"));
 	ck_assert_ptr_nonnull(strstr(text, "\"buffer_list\":[{\"name\":\"x\",\"kind\":\"input\",\"bytes\":2048},{\"name\":\"y\",\"kind\":\"output\",\"bytes\":2048}]"));
 	free(text);
 	/* A hit from the shared cache is a remote hit. */
@@ -1408,8 +1408,8 @@ START_TEST(explain_text)
 	ck_assert_ptr_nonnull(strstr(text, "\n    stitched: Layer III launches 2 independent micro-graphs together, "
 				   "split by blockIdx ranges:\n      blocks [0, 3) elementwise: z\n"
 				   "      blocks [3, 8) reduction: w0\n"));
-	ck_assert_ptr_nonnull(strstr(text, "fusion layers: II stitched 1 micro-graphs, III launched 2 "
-				   "micro-graphs together\n"));
+	ck_assert_ptr_nonnull(strstr(text, "fusion layers: I scheduled 0 micro-graphs (0.0 ms), II stitched 1 micro-graphs, "
+				   "III launched 2 micro-graphs together\n"));
 	/* Boundaries counted by reason, then one a line (a detail that repeats
 	 * its reason key is shown without it; the JSON keeps it as sent). */
 	ck_assert_ptr_nonnull(strstr(text, "\n3 boundaries between launches (rule 2, hint 1):\n"));
@@ -1443,18 +1443,18 @@ START_TEST(explain_json)
 	ck_assert_ptr_nonnull(strstr(text,
 		"\"launch_list\":[{\"kernel\":0,\"name\":\"kA\",\"category\":\"elementwise\","
 		"\"nodes\":[\"n0\",\"n1\",\"n2\",\"n3\",\"n4\",\"n5\",\"n6\",\"n7\"],\"layers\":[],"
-		"\"global_bytes\":0,\"reads\":[0],\"writes\":[2],\"parts\":[]},"
+		"\"global_bytes\":0,\"recompute_ratio\":1.000,\"reads\":[0],\"writes\":[2],\"parts\":[]},"
 		"{\"kernel\":0,\"name\":\"kA\",\"category\":\"reduction\",\"nodes\":[\"r\\\"1\"],"
-		"\"layers\":[\"II\"],\"global_bytes\":64,\"reads\":[2],\"writes\":[3],"
+		"\"layers\":[\"II\"],\"global_bytes\":64,\"recompute_ratio\":1.000,\"reads\":[2],\"writes\":[3],"
 		"\"parts\":[{\"category\":\"stitched\",\"block_begin\":0,\"blocks\":4,\"nodes\":[\"r\\\"1\"],"
 		"\"layers\":[\"II\"],\"detail\":\"stitched by Layer II: one row\",\"emitter\":\"stitched\","
-		"\"schedule\":\"rows=1 cache=registers\"}]},"
+		"\"schedule\":\"rows=1 cache=registers\",\"recompute_ratio\":0.000,\"layer1\":false}]},"
 		"{\"kernel\":1,\"name\":\"kB\",\"category\":\"\",\"nodes\":[\"z\"],\"layers\":[\"III\"],"
-		"\"global_bytes\":0,\"reads\":[3],\"writes\":[1],\"parts\":[{\"category\":\"elementwise\","
+		"\"global_bytes\":0,\"recompute_ratio\":1.000,\"reads\":[3],\"writes\":[1],\"parts\":[{\"category\":\"elementwise\","
 		"\"block_begin\":0,\"blocks\":3,\"nodes\":[\"z\"],\"layers\":[],\"detail\":\"\",\"emitter\":\"\","
-		"\"schedule\":\"\"},"
+		"\"schedule\":\"\",\"recompute_ratio\":0.000,\"layer1\":false},"
 		"{\"category\":\"reduction\",\"block_begin\":3,\"blocks\":5,\"nodes\":[\"w0\"],"
-		"\"layers\":[],\"detail\":\"\",\"emitter\":\"\",\"schedule\":\"\"}]}]"));
+		"\"layers\":[],\"detail\":\"\",\"emitter\":\"\",\"schedule\":\"\",\"recompute_ratio\":0.000,\"layer1\":false}]}]"));
 	ck_assert_ptr_nonnull(strstr(text, "\"layers\":{\"I\":0,\"II\":1,\"III\":2}"));
 	ck_assert_ptr_nonnull(strstr(text,
 		"\"buffer_list\":[{\"name\":\"x\",\"kind\":\"input\",\"bytes\":16},"
@@ -1474,7 +1474,7 @@ START_TEST(explain_json)
 	text = report(b, true, false, &tlen);
 	assert_json_line(text, tlen);
 	ck_assert_ptr_nonnull(strstr(text, "{\"kernel\":1,\"name\":\"kB\",\"category\":\"\",\"nodes\":[\"z\"],"
-				   "\"layers\":[\"III\"],\"global_bytes\":0}]"));
+				   "\"layers\":[\"III\"],\"global_bytes\":0,\"recompute_ratio\":1.000}]"));
 	ck_assert_ptr_null(strstr(text, "\"reads\""));
 	ck_assert_ptr_null(strstr(text, "buffer_list"));
 	ck_assert_ptr_null(strstr(text, "boundary_list"));

@@ -89,7 +89,8 @@ static void conv_attrs(ap_graph *g, int n)
 }
 
 static const char *const kinds[AP_GROUP_KIND_COUNT] = {"ew", "bc", "red", "opaque", "inj", "tr",
-							"mm", "conv", "whole"};
+							"mm", "conv", "whole", "stitched", "attention",
+							"win"};
 
 /* "kind:a,b>t,u" per group, joined by " | ". */
 static char *summary(const ap_partition *p)
@@ -848,23 +849,28 @@ END_TEST
 
 /* ---- sub-graphs --------------------------------------------------------------------------- */
 
+static void lrn_attrs(ap_graph *g, int n)
+{
+	ap_node_set_int(g, n, "size", 3);
+	ap_node_set_float(g, n, "alpha", 1e-4);
+	ap_node_set_float(g, n, "beta", 0.75);
+	ap_node_set_float(g, n, "bias", 1.0);
+}
+
 /* Opaque ops split sub-graphs; an independent branch is its own sub-graph
  * in wave 0. */
 START_TEST(subgraphs)
 {
 	ap_graph *g = ap_graph_new("t");
 	int x = in(g, "x", DIMS(1, 2, 4, 4)), z = in(g, "z", DIMS(8));
-	int r = val(g, "r", DIMS(1, 2, 4, 4)), p = val(g, "p", DIMS(1, 2, 2, 2));
-	int y = val(g, "y", DIMS(1, 2, 2, 2)), e = val(g, "e", DIMS(8));
+	int r = val(g, "r", DIMS(1, 2, 4, 4)), p = val(g, "p", DIMS(1, 2, 4, 4));
+	int y = val(g, "y", DIMS(1, 2, 4, 4)), e = val(g, "e", DIMS(8));
 	built bt;
 	int n;
 
 	node(g, "relu", AP_OP_RELU, LIST(x), LIST(r));
-	n = node(g, "pool", AP_OP_MAX_POOL, LIST(r), LIST(p));
-	ap_node_set_ints(g, n, "kernel_shape", (int64_t[]){2, 2}, 2);
-	ap_node_set_ints(g, n, "strides", (int64_t[]){2, 2}, 2);
-	ap_node_set_ints(g, n, "pads", (int64_t[]){0, 0, 0, 0}, 4);
-	ap_node_set_ints(g, n, "dilations", (int64_t[]){1, 1}, 2);
+	n = node(g, "pool", AP_OP_LRN, LIST(r), LIST(p));   /* opaque */
+	lrn_attrs(g, n);
 	node(g, "sig", AP_OP_SIGMOID, LIST(p), LIST(y));
 	node(g, "exp", AP_OP_EXP, LIST(z), LIST(e));
 	out(g, y);
@@ -899,11 +905,8 @@ START_TEST(subgraph_around_opaque)
 	int n;
 
 	node(g, "relu", AP_OP_RELU, LIST(x), LIST(r));
-	n = node(g, "pool", AP_OP_MAX_POOL, LIST(r), LIST(p));
-	ap_node_set_ints(g, n, "kernel_shape", (int64_t[]){1, 1}, 2);
-	ap_node_set_ints(g, n, "strides", (int64_t[]){1, 1}, 2);
-	ap_node_set_ints(g, n, "pads", (int64_t[]){0, 0, 0, 0}, 4);
-	ap_node_set_ints(g, n, "dilations", (int64_t[]){1, 1}, 2);
+	n = node(g, "pool", AP_OP_LRN, LIST(r), LIST(p));   /* opaque */
+	lrn_attrs(g, n);
 	node(g, "add", AP_OP_ADD, LIST(r, p), LIST(y));
 	out(g, y);
 	bt = build_opt(g, NULL, NULL);

@@ -30,6 +30,7 @@
 
 #include "client/tool.h"
 #include "server/backend/backend.h"
+#include "server/fuse/fuse.h"
 #include "server/partition/partition.h"
 #include "server/plan/program.h"
 
@@ -2832,6 +2833,331 @@ START_TEST(feedback_on_a_model)
 }
 END_TEST
 
+
+/* ---- Layer I: polyhedral loop fusion of pooling windows ---------------------------------------- */
+
+enum { L1_BIAS, L1_RELU, L1_CONV };
+
+typedef struct l1_shape {
+	int prod;          /* L1_BIAS: x + b[c]; L1_RELU: relu(x); L1_CONV: relu(conv3x3(x) + b) */
+	int C, H, W;       /* the pooled tensor's channels and plane */
+	int CI;            /* L1_CONV: input channels */
+	int K, S, P;       /* the pooling window, stride, pads */
+	bool avg;
+} l1_shape;
+
+typedef struct l1_built {
+	ap_graph *g;
+	float *xs, *ws, *bs;
+	double *ref;
+	int OH, OW, pool;
+} l1_built;
+
+/* x -> producer -> pooling, with its reference computed here. */
+static l1_built l1_graph(const l1_shape *sh)
+{
+	l1_built b;
+	int C = sh->C, H = sh->H, W = sh->W, CI = sh->prod == L1_CONV ? sh->CI : C;
+	int IH = sh->prod == L1_CONV ? H + 2 : H, IW = sh->prod == L1_CONV ? W + 2 : W;   /* conv: no pads */
+	int x, t, y, n;
+	double *pv = calloc((size_t)C * H * W, sizeof(double));
+
+	memset(&b, 0, sizeof(b));
+	b.OH = (H + 2 * sh->P - sh->K) / sh->S + 1;
+	b.OW = (W + 2 * sh->P - sh->K) / sh->S + 1;
+	b.g = ap_graph_new("layer1");
+	x = input(b.g, "x", AP_DT_F32, DIMS(1, CI, IH, IW));
+	t = value(b.g, "t", AP_DT_F32, DIMS(1, C, H, W));
+	y = value(b.g, "y", AP_DT_F32, DIMS(1, C, b.OH, b.OW));
+	b.xs = randv((int64_t)CI * IH * IW, -2, 2);
+	b.bs = randv(C, -1, 1);
+	if (sh->prod == L1_BIAS) {
+		int bb = param(b.g, "b", AP_DT_F32, DIMS(1, C, 1, 1));
+
+		node(b.g, "bias", AP_OP_ADD, LIST(x, bb), LIST(t));
+		for (int c = 0; c < C; c++)
+			for (int i = 0; i < H * W; i++)
+				pv[c * H * W + i] = (double)b.xs[c * H * W + i] + b.bs[c];
+	} else if (sh->prod == L1_RELU) {
+		node(b.g, "relu", AP_OP_RELU, LIST(x), LIST(t));
+		for (int i = 0; i < C * H * W; i++)
+			pv[i] = b.xs[i] > 0 ? b.xs[i] : 0;
+	} else {
+		int w = param(b.g, "w", AP_DT_F32, DIMS(C, CI, 3, 3));
+		int bb = param(b.g, "b", AP_DT_F32, DIMS(C));
+		int cv = value(b.g, "cv", AP_DT_F32, DIMS(1, C, H, W));
+
+		b.ws = randv((int64_t)C * CI * 9, -1, 1);
+		n = node(b.g, "conv", AP_OP_CONV, LIST(x, w, bb), LIST(cv));
+		ap_node_set_int(b.g, n, "group", 1);
+		ap_node_set_ints(b.g, n, "strides", (int64_t[]){1, 1}, 2);
+		ap_node_set_ints(b.g, n, "pads", (int64_t[]){0, 0, 0, 0}, 4);
+		ap_node_set_ints(b.g, n, "dilations", (int64_t[]){1, 1}, 2);
+		ap_node_set_ints(b.g, n, "kernel_shape", (int64_t[]){3, 3}, 2);
+		node(b.g, "relu", AP_OP_RELU, LIST(cv), LIST(t));
+		for (int c = 0; c < C; c++)
+			for (int h = 0; h < H; h++)
+				for (int ww = 0; ww < W; ww++) {
+					double acc = b.bs[c];
+
+					for (int ci = 0; ci < CI; ci++)
+						for (int kh = 0; kh < 3; kh++)
+							for (int kw = 0; kw < 3; kw++)
+								acc += (double)b.xs[(ci * IH + h + kh) * IW + ww + kw] *
+								       b.ws[((c * CI + ci) * 3 + kh) * 3 + kw];
+					pv[(c * H + h) * W + ww] = acc > 0 ? acc : 0;
+				}
+	}
+	n = node(b.g, "pool", sh->avg ? AP_OP_AVERAGE_POOL : AP_OP_MAX_POOL, LIST(t), LIST(y));
+	ap_node_set_ints(b.g, n, "kernel_shape", (int64_t[]){sh->K, sh->K}, 2);
+	ap_node_set_ints(b.g, n, "strides", (int64_t[]){sh->S, sh->S}, 2);
+	ap_node_set_ints(b.g, n, "pads", (int64_t[]){sh->P, sh->P, sh->P, sh->P}, 4);
+	ap_node_set_ints(b.g, n, "dilations", (int64_t[]){1, 1}, 2);
+	b.pool = n;
+	output(b.g, y);
+	b.ref = calloc((size_t)C * b.OH * b.OW, sizeof(double));
+	for (int c = 0; c < C; c++)
+		for (int oh = 0; oh < b.OH; oh++)
+			for (int ow = 0; ow < b.OW; ow++) {
+				double acc = sh->avg ? 0 : -INFINITY;
+
+				for (int kh = 0; kh < sh->K; kh++)
+					for (int kw = 0; kw < sh->K; kw++) {
+						int ih = oh * sh->S - sh->P + kh, iw = ow * sh->S - sh->P + kw;
+
+						if (ih < 0 || ih >= H || iw < 0 || iw >= W)
+							continue;
+						acc = sh->avg ? acc + pv[(c * H + ih) * W + iw]
+							      : fmax(acc, pv[(c * H + ih) * W + iw]);
+					}
+				/* count_include_pad 0: the window's elements inside */
+				if (sh->avg) {
+					int cnt = 0;
+
+					for (int kh = 0; kh < sh->K; kh++)
+						for (int kw = 0; kw < sh->K; kw++) {
+							int ih = oh * sh->S - sh->P + kh, iw = ow * sh->S - sh->P + kw;
+
+							cnt += ih >= 0 && ih < H && iw >= 0 && iw < W;
+						}
+					acc /= cnt;
+				}
+				b.ref[(c * b.OH + oh) * b.OW + ow] = acc;
+			}
+	free(pv);
+	return b;
+}
+
+static void l1_free(l1_built *b)
+{
+	free(b->xs);
+	free(b->ws);
+	free(b->bs);
+	free(b->ref);
+	ap_graph_free(b->g);
+}
+
+/* Builds and runs the case on the host (and NVRTC for sm_80); returns the
+ * program.  *recompute gets the window launch's modelled recomputation. */
+static ap_program *l1_run(l1_built *b, const ap_build_options *opt, int prod)
+{
+	void *outs[1];
+	named pr[2] = {{"b", b->bs}, {"w", b->ws}};
+	ap_program *p = build_and_run_opt(b->g, opt, (const void *[]){b->xs}, pr,
+					  prod == L1_RELU ? 0 : prod == L1_BIAS ? 1 : 2, outs);
+	int64_t n = 1;
+
+	for (int d = 0; d < b->g->tensors[b->g->outputs[0]].rank; d++)
+		n *= b->g->tensors[b->g->outputs[0]].dims[d];
+	expect_close("layer I", outs[0], b->ref, n);
+	free_outs(outs, 1);
+	return p;
+}
+
+/* The launch computing the pooling. */
+static const ap_launch *l1_window_launch(const ap_program *p)
+{
+	for (int i = 0; i < p->n_launches; i++)
+		for (int j = 0; j < p->launches[i].n_nodes; j++)
+			if (!strcmp(p->launches[i].nodes[j], "pool"))
+				return &p->launches[i];
+	ck_abort_msg("no launch computes the pooling");
+	return NULL;
+}
+
+/* APOLLO's own example (section 4.1): a bias add followed by 2x2 max
+ * pooling is one kernel, Layer I scheduling it, the sum evaluated once per
+ * element; and an elementwise op before a 3x3 stride-1 pooling (inlined, 9
+ * evaluations per element) likewise.  Layer I off, the pooling is a kernel
+ * of its own. */
+START_TEST(layer1_pooling_windows)
+{
+	static const l1_shape cases[] = {
+		{L1_BIAS, 8, 32, 48, 0, 2, 2, 0, false},
+		{L1_RELU, 4, 40, 40, 0, 3, 1, 1, false},
+		{L1_RELU, 3, 19, 23, 0, 3, 1, 1, true},
+		{L1_BIAS, 2, 70, 130, 0, 3, 2, 1, false},
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		l1_built b = l1_graph(&cases[i]);
+		ap_build_options off = {0};
+		ap_program *p = l1_run(&b, NULL, cases[i].prod), *p0;
+		const ap_launch *ln = l1_window_launch(p);
+
+		ck_assert_int_eq(p->n_launches, 1);
+		ck_assert_int_eq(p->layer_count[0], 1);
+		ck_assert(ln->layers & AP_LAYER_I);
+		ck_assert_str_eq(ln->parts[0].emitter, "layer1");
+		ck_assert_msg(ln->parts[0].recompute >= 1.0 && ln->parts[0].recompute <= 1.1,
+			      "case %zu: recompute %.3f", i, ln->parts[0].recompute);
+		ck_assert_ptr_nonnull(ln->parts[0].layer1);
+		ck_assert_ptr_nonnull(strstr(ln->parts[0].layer1, "schedule: "));
+		{
+			ap_program *pc = build_cuda(b.g, NULL);
+
+			ck_assert_ptr_nonnull(strstr(cuda_text(pc, 0), "__shared__"));
+			ck_assert_ptr_nonnull(strstr(cuda_text(pc, 0), "__syncthreads()"));
+			ap_program_free(pc);
+		}
+		/* the issue's starting point: two kernels, inlining would evaluate
+		 * the producer K*K/S^2 times */
+		off.no_layer1 = true;
+		p0 = l1_run(&b, &off, cases[i].prod);
+		ck_assert_int_eq(p0->n_launches, 2);
+		ck_assert_int_eq(p0->layer_count[0], 0);
+		ck_assert_uint_gt(p0->global_bytes, p->global_bytes);
+		ap_program_free(p0);
+		ap_program_free(p);
+		l1_free(&b);
+	}
+}
+END_TEST
+
+/* Convolution -> activation -> pooling: one kernel where the cost model
+ * says it pays (3 input channels: 27 multiply-adds per element, memory
+ * bound), two where it does not (64 input channels), the boundary saying
+ * why. */
+START_TEST(layer1_conv_activation_pooling)
+{
+	l1_shape small = {L1_CONV, 8, 30, 30, 3, 3, 2, 1, false};
+	l1_shape big = {L1_CONV, 8, 12, 12, 64, 3, 2, 1, false};
+	l1_built b = l1_graph(&small);
+	ap_program *p = l1_run(&b, NULL, L1_CONV);
+	bool said = false;
+
+	ck_assert_int_eq(p->n_launches, 1);
+	ck_assert(l1_window_launch(p)->layers & AP_LAYER_I);
+	ck_assert_double_le(l1_window_launch(p)->parts[0].recompute, 1.1);
+	ap_program_free(p);
+	l1_free(&b);
+
+	b = l1_graph(&big);
+	p = l1_run(&b, NULL, L1_CONV);
+	ck_assert_int_eq(p->n_launches, 2);
+	for (int i = 0; i < p->n_boundaries; i++)
+		said |= p->boundaries[i].detail && strstr(p->boundaries[i].detail, "cost model") != NULL;
+	ck_assert_msg(said, "no boundary names the cost model");
+	ap_program_free(p);
+	l1_free(&b);
+}
+END_TEST
+
+/* The micro-graph of the whole case graph (every node a member). */
+static ap_mgraph *l1_mgraph(const l1_built *b)
+{
+	int nodes[8];
+	bool member[8];
+	int groups[1] = {0};
+	ap_error err;
+	ap_mgraph *m;
+
+	ck_assert_int_le(b->g->n_nodes, 8);
+	for (int i = 0; i < b->g->n_nodes; i++) {
+		nodes[i] = i;
+		member[i] = true;
+	}
+	m = ap_mgraph_extract(b->g, nodes, member, b->g->n_nodes, b->g->outputs, b->g->n_outputs,
+			      AP_GROUP_WINDOW, b->pool, groups, 1, &err);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	return m;
+}
+
+static char *l1_cuda(const ap_mgraph *m, const ap_layer1 *l, const ap_target_info *ti, ap_error *err)
+{
+	ap_kir_kernel *k = ap_fuse_layer1_emit(m, l, ti, "k", err);
+	char *src;
+
+	if (!k)
+		return NULL;
+	src = ap_kir_print(k, AP_KIR_CUDA, err);
+	ap_kir_kernel_free(k);
+	return src;
+}
+
+/* A dumped schedule replays to the same kernel; a schedule whose order is
+ * reversed, or without the barrier statement, is refused by the legality
+ * check. */
+START_TEST(layer1_replay_and_legality)
+{
+	l1_shape sh = {L1_RELU, 4, 40, 40, 0, 3, 1, 1, false};
+	l1_built b = l1_graph(&sh);
+	ap_mgraph *m = l1_mgraph(&b);
+	ap_target_info ti;
+	ap_layer1 *l = NULL, *l2 = NULL;
+	char why[300], *text, *src, *src2, *bad;
+	const char *s, *fill, *sync, *out;
+	ap_error err;
+	size_t n;
+
+	ck_assert_int_eq(ap_cost_target("sm_80", &ti), 0);
+	ck_assert(ap_fuse_layer1_wanted(m));
+	ck_assert_int_eq(ap_fuse_layer1_plan(m, &ti, 0, &l, why, sizeof(why)), 1);
+	text = ap_fuse_layer1_text(l);
+	ck_assert_ptr_nonnull(text);
+	ck_assert_ptr_nonnull(strstr(text, "domain: "));
+	ck_assert_ptr_nonnull(strstr(text, "reads: "));
+	ck_assert_ptr_nonnull(strstr(text, "writes: "));
+	src = l1_cuda(m, l, &ti, &err);
+	ck_assert_msg(src != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_fuse_layer1_load(m, &ti, text, &l2, why, sizeof(why)), 1);
+	src2 = l1_cuda(m, l2, &ti, &err);
+	ck_assert_msg(src2 != NULL, "%s", err.msg);
+	ck_assert_str_eq(src, src2);
+	free(src2);
+
+	/* reversed: S_out's child first, then the barrier, then S_fill's */
+	s = ap_fuse_layer1_schedule(l);
+	fill = strstr(s, "{ filter: \"{ S_fill[");
+	sync = strstr(s, "{ filter: \"{ S_sync[] }\" }");
+	out = strstr(s, "{ filter: \"{ S_out[");
+	n = strlen(s);
+	ck_assert(fill && sync && out && fill < sync && sync < out);
+	ck_assert(n > 6 && !strcmp(s + n - 6, " ] } }"));
+	bad = malloc(n + 16);
+	snprintf(bad, n + 16, "%.*s%.*s, %.*s, %.*s ] } }", (int)(fill - s), s,
+		 (int)(s + n - 6 - out), out, (int)(out - sync - 2), sync, (int)(sync - fill - 2), fill);
+	ck_assert_int_eq(ap_fuse_layer1_set_schedule(l2, bad), 0);
+	src2 = l1_cuda(m, l2, &ti, &err);
+	ck_assert_ptr_null(src2);
+	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+	ck_assert_msg(strstr(err.msg, "illegal schedule") != NULL, "%s", err.msg);
+	/* no barrier between the stage's writes and reads */
+	snprintf(bad, n + 16, "%.*s%s", (int)(sync - s), s, out);
+	ck_assert_int_eq(ap_fuse_layer1_set_schedule(l2, bad), 0);
+	src2 = l1_cuda(m, l2, &ti, &err);
+	ck_assert_ptr_null(src2);
+	ck_assert_msg(strstr(err.msg, "layer I") != NULL, "%s", err.msg);
+	free(bad);
+	free(src);
+	free(text);
+	ap_fuse_layer1_free(l);
+	ap_fuse_layer1_free(l2);
+	ap_mgraph_free(m);
+	l1_free(&b);
+}
+END_TEST
+
 static Suite *program_suite(void)
 {
 	Suite *s = suite_create("program");
@@ -2872,6 +3198,9 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, training_normalizations_are_one_launch);
 	tcase_add_test(tc, fusion_levels_on_models);
 	tcase_add_test(tc, feedback_on_a_model);
+	tcase_add_test(tc, layer1_pooling_windows);
+	tcase_add_test(tc, layer1_conv_activation_pooling);
+	tcase_add_test(tc, layer1_replay_and_legality);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -395,6 +395,8 @@ static void key_options(ap_sha256_ctx *h, const Apollo__CompileOptions *opt)
 	key_str_set(h, "keep_whole", opt ? opt->keep_whole : NULL, opt ? opt->n_keep_whole : 0);
 	if (opt && opt->allow_tf32)   /* only when set: earlier keys stay what they were */
 		key_uint(h, "allow_tf32", 1);
+	if (opt && opt->no_layer1)
+		key_uint(h, "no_layer1", 1);
 }
 
 /* A key can only be had whole: without a hash context it would be all
@@ -687,6 +689,8 @@ static Apollo__Bundle *build_bundle(const ap_program *p, struct kblob *blobs, co
 			pp->detail = xstrdup(pt->detail ? pt->detail : "", oom);
 			pp->emitter = xstrdup(pt->emitter ? pt->emitter : "", oom);
 			pp->schedule = xstrdup(pt->schedule ? pt->schedule : "", oom);
+			pp->recompute_ratio = pt->recompute;
+			pp->layer1_schedule = xstrdup(pt->layer1 ? pt->layer1 : "", oom);
 			pp->layers = layer_names(pt->layers, &pp->n_layers, oom);
 			pp->nodes = xcalloc((size_t)pt->n_nodes, sizeof(char *), oom);
 			for (int a = 0; pp->nodes && a < pt->n_nodes; a++) {
@@ -1275,6 +1279,7 @@ static void hit_stats(Apollo__Bundle *b, const struct request *r, int tier)
 	b->stats->import_ms = r->import_ms;
 	b->stats->partition_ms = 0;
 	b->stats->codegen_ms = 0;
+	b->stats->layer1_ms = 0;
 	b->stats->backend_ms = 0;
 	b->stats->cache_ms = r->cache_ms;
 	b->stats->compile_ms = ap_now_ms() - r->t0;
@@ -1639,6 +1644,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		.n_keep_whole = req->options ? (int)req->options->n_keep_whole : 0,
 		.keep_whole = req->options ? req->options->keep_whole : NULL,
 		.allow_tf32 = req->options && req->options->allow_tf32,
+		.no_layer1 = req->options && req->options->no_layer1,
 	};
 	if (bo.fusion > AP_FUSE_APOLLO) {
 		rc = ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
@@ -1702,6 +1708,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	b->stats->import_ms = r->import_ms;
 	b->stats->partition_ms = prog->partition_ms;
 	b->stats->codegen_ms = prog->codegen_ms;
+	b->stats->layer1_ms = prog->layer1_ms;
 	b->stats->backend_ms = backend_ms;
 	b->stats->kernels_compiled = compiled;
 	b->stats->kernels_remote = r->kernel_tier[APOLLO__CACHE_TIER__CACHE_L2];

@@ -381,3 +381,16 @@ double ap_cost_time_us(const ap_traffic *t, const ap_target_info *ti)
 		work *= 2;
 	return ti->launch_us + work;
 }
+
+bool ap_cost_staged_product_pays(const ap_target_info *t, double k_macs, double elem_bytes,
+				 double halo, bool tensor_cores)
+{
+	double split_peak = tensor_cores && t->tc_gflops > 0 ? t->tc_gflops : t->gflops;
+	double fused_us, split_us;
+
+	if (t->gflops <= 0 || t->dram_gbps <= 0 || halo < 1)
+		return false;
+	fused_us = 2 * k_macs * halo / (t->gflops * 1e3);
+	split_us = 2 * k_macs / (split_peak * 1e3) + 2 * elem_bytes / (t->dram_gbps * 1e3);
+	return fused_us < split_us;
+}

@@ -4,8 +4,8 @@
  *   expand        compound ops opened into primitives, or kept whole
  *   partition     sub-graphs and micro-graphs by the aggregation rules
  *   micro-graphs  one self-contained ap_mgraph per partition group (tasks)
- *   layer I       polyhedral loop fusion inside a micro-graph (a later
- *                 issue: nothing is scheduled by isl yet)
+ *   layer I       polyhedral loop fusion inside a micro-graph with isl
+ *                 (server/fuse/layer1.c; window micro-graphs)
  *   layer II      memory stitching: reductions with their consumers
  *   emit          each micro-graph lowered by its emitter to kernel IR (tasks)
  *   layer III     parallelism stitching: independent kernels, one launch
@@ -60,6 +60,9 @@ typedef struct unit {
 	ap_mgraph *m;
 	ap_kir_kernel *k;            /* after emit (NULL: nothing to launch) */
 	ap_sched sched;
+	ap_layer1 *l1;               /* Layer I's plan (NULL: an emitter builds it) */
+	char l1_why[300];            /* why Layer I refused a micro-graph it was wanted for */
+	double l1_ms;                /* Layer I's emission time */
 	ap_traffic traffic;
 	ap_error err;                /* emit's failure */
 	int rc;
@@ -122,6 +125,7 @@ static void units_clear(pipe *P)
 	for (int i = 0; i < P->n_units; i++) {
 		ap_mgraph_free(P->units[i].m);
 		ap_kir_kernel_free(P->units[i].k);
+		ap_fuse_layer1_free(P->units[i].l1);
 	}
 	free(P->units);
 	P->units = NULL;
@@ -179,6 +183,27 @@ static const char *hook_refuses(const pipe *P, const unit *u, char *buf, size_t 
 	return NULL;
 }
 
+/* Layer I for unit i: a plan for a window micro-graph whose pooled tensor
+ * it computes; u->l1_why when Layer I was wanted and refused (the driver
+ * then cuts the window out of the group), u->rc on ENOMEM. */
+static void layer1_task(int i, void *arg)
+{
+	pipe *P = arg;
+	unit *u = &P->units[i];
+	int rc;
+
+	u->l1_why[0] = 0;
+	u->rc = 0;
+	if (!ap_fuse_layer1_wanted(u->m) || mgraph_is_empty(u->m))
+		return;
+	rc = ap_fuse_layer1_plan(u->m, &P->ti, P->opt->max_block_threads, &u->l1, u->l1_why,
+				 sizeof(u->l1_why));
+	if (rc < 0)
+		u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory in Layer I");
+	else if (rc > 0 && !ap_fuse_layer1_pays(u->m, u->l1, &P->ti, u->l1_why, sizeof(u->l1_why)))
+		u->l1 = ap_fuse_layer1_free(u->l1);
+}
+
 static void emit_task(int i, void *arg)
 {
 	pipe *P = arg;
@@ -189,6 +214,23 @@ static void emit_task(int i, void *arg)
 	u->rc = 0;
 	if (mgraph_is_empty(u->m))
 		return;
+	if (u->l1) {
+		memset(&u->sched, 0, sizeof(u->sched));
+		u->sched.em = &ap_fuse_layer1_emitter;
+		double t0 = ap_now_ms();
+
+		u->k = ap_fuse_layer1_emit(u->m, u->l1, &P->ti, PLACEHOLDER, &u->err);
+		u->l1_ms = ap_now_ms() - t0;
+		if (!u->k) {
+			u->rc = u->err.code ? u->err.code : AP_ENOMEM;
+			return;
+		}
+		if (ap_fuse_layer1_traffic(u->m, u->l1, &u->traffic) < 0) {
+			u->k = ap_kir_kernel_free(u->k);
+			u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory modelling a kernel");
+		}
+		return;
+	}
 	u->k = ap_lower(u->m, &P->ti, PLACEHOLDER, &lo, &u->sched, &u->err);
 	if (!u->k) {
 		u->rc = u->err.code ? u->err.code : AP_ENOMEM;
@@ -659,8 +701,16 @@ static int add_launch(pipe *P, int li, int ki)
 		pt->blocks = fl->blocks[j];
 		pt->layers = u->m->layers;
 		pt->detail = ap_strdup(u->m->detail);
-		if (u->k && u->sched.em) {
+		if (u->k && u->l1) {
+			pt->emitter = ap_fuse_layer1_emitter.name;
+			pt->recompute = ap_fuse_layer1_recompute(u->l1);
+			if (!(pt->schedule = ap_fuse_layer1_describe(u->l1)) ||
+			    !(pt->layer1 = ap_fuse_layer1_text(u->l1)))
+				return AP_ENOMEM;
+		} else if (u->k && u->sched.em) {
 			pt->emitter = u->sched.em->name;
+			pt->recompute = strcmp(u->sched.em->name, "gemm") && strcmp(u->sched.em->name, "attention")
+					? ap_lower_recompute(u->m) : 0;
 			if (!(pt->schedule = ap_sched_describe(u->sched.em, u->m, &P->ti, &u->sched)))
 				return AP_ENOMEM;
 		}
@@ -722,26 +772,86 @@ static int round_once(pipe *P)
 		}
 	P->prog->stage_ms[ST_MGRAPHS] += ap_now_ms() - t;
 
-	/* Layer I: polyhedral loop fusion inside micro-graphs is a later
-	 * issue; every micro-graph goes to its emitter as the partition made it */
+	/* Layer I: window micro-graphs scheduled with isl; one that Layer I
+	 * wanted and refused (or the cost model turned down) is cut at its
+	 * pooling, with the reason in the explain report */
+	t = ap_now_ms();
+	if (P->part->level == AP_FUSE_APOLLO && !P->opt->no_layer1) {
+		unsigned n1 = 0;
+
+		run_tasks(P, P->n_units, layer1_task, P);
+		for (int i = 0; i < P->n_units; i++) {
+			unit *u = &P->units[i];
+
+			if (u->rc) {
+				*P->err = u->err;
+				return u->rc;
+			}
+			if (u->l1) {
+				char *d = NULL;
+
+				n1++;
+				u->m->layers |= AP_LAYER_I;
+				if (asprintf(&d, "Layer I: the pooled tensor is staged in shared memory per tile "
+					     "(%.2f evaluations per element)", ap_fuse_layer1_recompute(u->l1)) < 0)
+					return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+				free(u->m->detail);
+				u->m->detail = d;
+				continue;
+			}
+			if (!u->l1_why[0])
+				continue;
+			r.who = "layer I";
+			snprintf(r.why, sizeof(r.why), "layer I: %s", u->l1_why);
+			snprintf(r.node, sizeof(r.node), "%s", ap_fuse_layer1_window_name(u->m));
+			r.unit = i;
+			P->prog->stage_ms[ST_LAYER1] += ap_now_ms() - t;
+			rc = apply_refusal(P, &r, NULL);
+			return rc ? rc : 1;
+		}
+		P->prog->layer_count[0] = n1;
+	}
+	P->prog->stage_ms[ST_LAYER1] += ap_now_ms() - t;
+	P->prog->layer1_ms += ap_now_ms() - t;
 	t = ap_now_ms();
 	if (P->part->level == AP_FUSE_APOLLO) {
 		unsigned n2 = 0;
 		ap_mgraph **ms = malloc(((size_t)P->n_units + 1) * sizeof(*ms));
 		int n = P->n_units;
+		ap_layer1 **l1 = malloc(((size_t)P->n_units + 1) * sizeof(*l1));
+		const ap_mgraph **was = malloc(((size_t)P->n_units + 1) * sizeof(*was));
 
-		if (!ms)
+		if (!ms || !l1 || !was) {
+			free(ms);
+			free(l1);
+			free(was);
 			return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
-		for (int i = 0; i < n; i++)
+		}
+		for (int i = 0; i < n; i++) {
 			ms[i] = P->units[i].m;
+			was[i] = ms[i];
+			l1[i] = P->units[i].l1;
+			P->units[i].l1 = NULL;
+		}
 		rc = ap_fuse_stitch(P->part, &ms, &n, P->no_stitch, &P->ti, &n2, P->err);
-		/* the array now owns the micro-graphs (stitched parts were freed) */
+		/* the array now owns the micro-graphs (stitched parts were freed);
+		 * Layer I's plans follow the micro-graphs Layer II left alone */
 		for (int i = 0; i < P->n_units; i++)
 			P->units[i].m = NULL;
-		for (int i = 0; i < n; i++)
+		for (int i = 0; i < n; i++) {
 			P->units[i].m = ms[i];
+			for (int j = 0; j < P->n_units; j++)
+				if (was[j] == ms[i]) {
+					P->units[i].l1 = l1[j];
+					l1[j] = NULL;
+				}
+		}
+		for (int j = 0; j < P->n_units; j++)
+			ap_fuse_layer1_free(l1[j]);
 		P->n_units = n;
 		free(ms);
+		free(l1);
+		free(was);
 		if (rc)
 			return rc;
 		P->prog->layer_count[1] = n2;
@@ -765,6 +875,8 @@ static int round_once(pipe *P)
 		}
 	}
 	run_tasks(P, P->n_units, emit_task, P);
+	for (int i = 0; i < P->n_units; i++)
+		P->prog->layer1_ms += P->units[i].l1_ms;
 	for (int i = 0; i < P->n_units; i++) {
 		unit *u = &P->units[i];
 
@@ -887,6 +999,8 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g, const ap_bui
 	popt.max_recompute = P.opt->max_recompute;
 	popt.n_barriers = P.opt->n_fusion_barriers;
 	popt.barriers = P.opt->fusion_barriers;
+	popt.target = &P.ti;
+	popt.no_layer1 = P.opt->no_layer1;
 
 	P.prog = calloc(1, sizeof(*P.prog));
 	if (!P.prog) {

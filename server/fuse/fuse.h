@@ -1,8 +1,11 @@
 /* fuse.h -- APOLLO's fusion layers over micro-graphs (MLSys 2022,
  * section 4).
  *
- *   Layer I   (a later issue) polyhedral loop fusion inside one
- *             micro-graph, with isl; the only folder that will include it.
+ *   Layer I   polyhedral loop fusion inside one micro-graph, with isl
+ *             (layer1.c, the only file that includes it): a window
+ *             micro-graph's pooled tensor gets a statement of its own, and
+ *             the loop nests are fused at the tile level with the tensor's
+ *             footprint staged in shared memory.
  *   Layer II  memory stitching (stitch.c): a reduction micro-graph is
  *             stitched with the micro-graphs that consume its result (and
  *             other reductions over the same rows) into one micro-graph of
@@ -22,6 +25,88 @@
 #include "../cost/cost.h"
 #include "../kir/kir.h"
 #include "../partition/mgraph.h"
+
+/* ---- Layer I (layer1.c) ------------------------------------------------------------ */
+
+/* isl operations one plan or one emission may spend
+ * (isl_ctx_set_max_operations); beyond, Layer I refuses the micro-graph. */
+#define AP_LAYER1_MAX_OPERATIONS 4000000
+
+/* A Layer I plan for one micro-graph: its polyhedral model (domains,
+ * accesses) and chosen schedule tree as isl text, tile and thread grid,
+ * the staged box.  Plain data: usable on any thread. */
+typedef struct ap_layer1 ap_layer1;
+
+/* Plans micro-graph m (kind AP_GROUP_WINDOW) for target t with blocks of
+ * at most max_threads threads (0: 256): builds the model (statements
+ * S_fill for the pooled tensor P and S_out for the window's output space;
+ * domains from the static shapes; the read relation from the value
+ * builder's index expressions, see layer1.c), a tile of the output whose
+ * footprint in P has the least recomputation within the shared-memory
+ * budget, the footprint's box by isl_set_get_simple_fixed_box_hull, the
+ * schedule tree, and checks it legal by isl's dataflow analysis (method:
+ * APOLLO section 4.1; PPCG's tiling and shared-memory promotion, Verdoolaege
+ * et al., TACO 2013).  Returns 1 with *out (free with ap_fuse_layer1_free),
+ * 0 when Layer I does not apply or refuses (`why`, `cap` bytes, says why:
+ * nothing to stage, a non-affine read, no fixed box, isl's operation bound,
+ * an illegal schedule), or AP_ENOMEM. */
+int ap_fuse_layer1_plan(__ap_keep const ap_mgraph *m, __ap_keep const ap_target_info *t,
+			unsigned max_threads, ap_layer1 **out, char *why, size_t cap);
+/* The kernel of plan l for m (the plan's schedule parsed again on this
+ * thread, checked legal, isl's AST converted to kernel IR one node for one
+ * node), named `name`, verified (ap_kir_verify).  NULL with `err`:
+ * AP_EUNSUPPORTED (the schedule does not parse or is illegal -- the message
+ * says which dependence rule failed -- or isl's AST has a form the
+ * converter does not take), AP_EINTERNAL (the verifier refused the kernel),
+ * AP_ENOMEM. */
+__ap_give ap_kir_kernel *ap_fuse_layer1_emit(__ap_keep const ap_mgraph *m, __ap_keep const ap_layer1 *l,
+					     __ap_keep const ap_target_info *t, const char *name,
+					     ap_error *err);
+/* Modelled evaluations of the staged tensor per element (>= 1: the halo
+ * of overlapping tiles). */
+double ap_fuse_layer1_recompute(__ap_keep const ap_layer1 *l);
+/* Milliseconds the plan spent (isl included). */
+double ap_fuse_layer1_ms(__ap_keep const ap_layer1 *l);
+/* The launch's traffic for the cost model: every input and output once,
+ * grid, block and shared memory of the plan.  0 or AP_ENOMEM. */
+int ap_fuse_layer1_traffic(__ap_keep const ap_mgraph *m, __ap_keep const ap_layer1 *l,
+			   ap_traffic *out);
+/* The plan as text: tile, threads, recompute, then isl's forms of the
+ * domain, reads, writes and schedule tree, one "key: value" per line.
+ * Malloc'd; NULL on ENOMEM. */
+__ap_give char *ap_fuse_layer1_text(__ap_keep const ap_layer1 *l);
+/* A plan for m whose schedule is the "schedule:" line of `text` (as
+ * ap_fuse_layer1_text writes it; PPCG's --load-schedule): the model is
+ * built again and the schedule is checked when the kernel is emitted.
+ * 1 with *out, 0 with why (Layer I does not apply to m, no schedule line),
+ * AP_ENOMEM. */
+int ap_fuse_layer1_load(__ap_keep const ap_mgraph *m, __ap_keep const ap_target_info *t,
+			const char *text, ap_layer1 **out, char *why, size_t cap);
+/* The schedule tree's text (borrowed), and a replacement for it (copied;
+ * 0 or AP_ENOMEM). */
+const char *ap_fuse_layer1_schedule(__ap_keep const ap_layer1 *l);
+int ap_fuse_layer1_set_schedule(ap_layer1 *l, const char *schedule);
+ap_layer1 *ap_fuse_layer1_free(__ap_take ap_layer1 *l);   /* accepts NULL */
+/* Whether Layer I is wanted for m: a window micro-graph that computes the
+ * tensor its pooling reads (else the pooling reads memory and the
+ * pointwise emitter builds it). */
+bool ap_fuse_layer1_wanted(__ap_keep const ap_mgraph *m);
+/* The name of m's pooling node ("" when none), for the driver's cut. */
+const char *ap_fuse_layer1_window_name(__ap_keep const ap_mgraph *m);
+/* Does plan l pay by the cost model?  A product (convolution, matmul)
+ * computed inside the window's kernel is weighed by
+ * ap_cost_staged_product_pays with the plan's own recomputation; anything
+ * else always pays (it only saves the pooled tensor's write and read).
+ * True, or false with why. */
+bool ap_fuse_layer1_pays(__ap_keep const ap_mgraph *m, __ap_keep const ap_layer1 *l,
+			 __ap_keep const ap_target_info *t, char *why, size_t cap);
+/* "tile=1x1x8x32 box=... threads=32x8" (malloc'd; NULL on ENOMEM). */
+__ap_give char *ap_fuse_layer1_describe(__ap_keep const ap_layer1 *l);
+
+struct ap_emitter;
+/* The emitter record launches built by Layer I carry (name "layer1"; its
+ * space is empty: the plan is Layer I's, not an emitter configuration). */
+extern const struct ap_emitter ap_fuse_layer1_emitter;
 
 /* ---- Layer II (stitch.c) ---------------------------------------------------------- */
 

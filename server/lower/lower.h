@@ -109,6 +109,14 @@ int ap_lower_stitchable(const ap_mgraph *m, const ap_target_info *t, char *why, 
  * why), AP_ENOMEM. */
 int ap_lower_attention_ok(const ap_mgraph *m, const ap_target_info *t, char *why, size_t cap);
 
+/* Modelled evaluations per element of the most recomputed tensor that a
+ * kernel built by inlining (producers evaluated in their consumers' index
+ * expressions) computes without writing it, among those at least as large
+ * as its largest output (smaller ones are broadcast operands): the cost
+ * model's evaluation counts (ap_cost_evals) over m, E(t) / elements(t); 1
+ * when nothing is recomputed (or there is no such tensor), 0 on ENOMEM. */
+double ap_lower_recompute(__ap_keep const ap_mgraph *m);
+
 typedef struct ap_lower_options {
 	unsigned max_block_threads;  /* 0 = 256; a power of two in [32, 1024] */
 	const ap_sched *sched;       /* a configuration to use (its emitter must

@@ -424,6 +424,44 @@ static double tensor_bytes(const ap_tensor *t)
  * (each output once) and arithmetic
  * (every evaluation of a compute node's output, by the cost model's
  * evaluation counts) of micro-graph m when producers are inlined. */
+double ap_lower_recompute(const ap_mgraph *m)
+{
+	const ap_graph *g = m->g;
+	ap_cost_evals_ctx *c = ap_cost_evals_new(g);
+	mg_view mv = {g};
+	ap_cost_graph_view gv = {mg_source_of, mg_written, &mv};
+	int *nodes = malloc(((size_t)g->n_nodes + 1) * sizeof(int));
+	double worst = 1;
+	int64_t space = 0;
+
+	if (!c || !nodes) {
+		ap_cost_evals_free(c);
+		free(nodes);
+		return 0;
+	}
+	for (int i = 0; i < g->n_nodes; i++)
+		nodes[i] = i;
+	ap_cost_evals(c, nodes, g->n_nodes, &gv);
+	for (int i = 0; i < g->n_outputs; i++)
+		if (ap_tensor_numel(&g->tensors[g->outputs[i]]) > space)
+			space = ap_tensor_numel(&g->tensors[g->outputs[i]]);
+	for (int i = 0; i < g->n_nodes; i++) {
+		const ap_node *node = &g->nodes[i];
+		int t = node->n_outputs > 0 ? node->outputs[0] : -1;
+		int64_t n = t >= 0 ? ap_tensor_numel(&g->tensors[t]) : 0;
+
+		/* intermediates of the iteration space's size or larger: a smaller
+		 * one is a broadcast operand, evaluated per use by design */
+		if (t < 0 || n <= 0 || n < space || g->tensors[t].is_output || ap_op_is_view(node->op))
+			continue;
+		if (ap_cost_eval_of(c, t) / (double)n > worst)
+			worst = ap_cost_eval_of(c, t) / (double)n;
+	}
+	ap_cost_evals_free(c);
+	free(nodes);
+	return worst;
+}
+
 int ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out)
 {
 	const ap_graph *g = m->g;

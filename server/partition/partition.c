@@ -76,6 +76,8 @@ typedef struct pctx {
 	const ap_graph *g;
 	ap_fuse_level level;
 	unsigned max_nodes, max_recompute;
+	const ap_target_info *target;   /* NULL: no product joins a pooling window */
+	bool no_layer1;                 /* no pooling window joins a group */
 	int N, T;
 	bool *live;
 	bool *through;
@@ -140,6 +142,7 @@ const char *ap_group_kind_name(ap_group_kind kind)
 	case AP_GROUP_WHOLE: return "whole";
 	case AP_GROUP_STITCHED: return "stitched";
 	case AP_GROUP_ATTENTION: return "attention";
+	case AP_GROUP_WINDOW: return "window";
 	}
 	return "?";
 }
@@ -239,6 +242,8 @@ static ap_group_kind node_kind(const ap_node *n)
 {
 	if (ap_op_is_view(n->op))
 		return AP_GROUP_ELEMWISE;    /* a copy for a graph output */
+	if (n->op == AP_OP_MAX_POOL || n->op == AP_OP_AVERAGE_POOL)
+		return AP_GROUP_WINDOW;
 	switch (ap_op_category_of(n->op)) {
 	case AP_CAT_ELEMWISE: return AP_GROUP_ELEMWISE;
 	case AP_CAT_BROADCAST: return AP_GROUP_BROADCAST;
@@ -269,7 +274,7 @@ static ap_group_kind kind_of_nodes(const ap_graph *g, const int *nodes, int n)
 	for (int i = 0; i < n; i++) {
 		ap_group_kind nk = node_kind(&g->nodes[nodes[i]]);
 
-		if (is_anchor(nk) || nk == AP_GROUP_OPAQUE)
+		if (is_anchor(nk) || nk == AP_GROUP_OPAQUE || nk == AP_GROUP_WINDOW)
 			return nk;
 		if (nk == AP_GROUP_TRANSPOSE || (nk == AP_GROUP_INJECTIVE && k != AP_GROUP_TRANSPOSE) ||
 		    (nk == AP_GROUP_BROADCAST && k == AP_GROUP_ELEMWISE))
@@ -402,6 +407,15 @@ static int merged_kind(int pk, int ck, ap_fuse_level lv, char *why, size_t cap)
 			return ck;
 		if (pa && (ce || ci))        /* epilogue */
 			return pk;
+		/* Layer I: a pooling window with its producers, staged on chip
+		 * (elementwise ones, or a convolution / matmul whose output
+		 * tile Layer I recomputes with its halo), and its elementwise
+		 * consumers; the driver asks the cost model whether the staged
+		 * kernel pays and cuts the group where it does not */
+		if ((pe || pa) && ck == AP_GROUP_WINDOW)
+			return AP_GROUP_WINDOW;
+		if (pk == AP_GROUP_WINDOW && ce)
+			return AP_GROUP_WINDOW;
 	}
 	if (!apollo && ((pe || pi) && (ci || ca || ck == AP_GROUP_REDUCTION)))
 		say(why, cap, "rule: fusion level %s has no rule for %s + %s (rules 1-5 only)",
@@ -809,6 +823,92 @@ static const char *node_label(pctx *c, int root)
 	return c->g->nodes[root].name;
 }
 
+/* Does group q hold a convolution or a matmul? */
+static bool group_has_product(pctx *c, int q)
+{
+	for (int m = c->head[q]; m >= 0; m = c->next[m]) {
+		ap_op_category cat = ap_op_category_of(c->g->nodes[m].op);
+
+		if (cat == AP_CAT_MATMUL || cat == AP_CAT_CONV)
+			return true;
+	}
+	return false;
+}
+
+/* A product (group p's convolution or matmul) inside a pooling window's
+ * Layer I kernel: computed tile by tile with its halo, on the SIMT units,
+ * instead of by its own tiled kernel.  Asks the cost model with an
+ * estimated halo of 1.1 (Layer I picks tiles to stay near it). */
+static bool window_product_pays(pctx *c, int p, char *why, size_t cap)
+{
+	const ap_graph *g = c->g;
+	int anchors = 0;
+
+	/* one product and its epilogue: every other member reads something the
+	 * group makes (a prologue would be recomputed for every output channel
+	 * inside the window's kernel) */
+	for (int m = c->head[p]; m >= 0; m = c->next[m]) {
+		const ap_node *node = &g->nodes[m];
+		ap_op_category cat = ap_op_category_of(node->op);
+		bool inner = false;
+
+		if (cat == AP_CAT_MATMUL || cat == AP_CAT_CONV) {
+			anchors++;
+			continue;
+		}
+		for (int i = 0; i < node->n_inputs && !inner; i++) {
+			int t = node->inputs[i] >= 0 ? source_of(g, c->through, node->inputs[i]) : -1;
+			int u = t >= 0 ? g->tensors[t].producer : -1;
+
+			inner = u >= 0 && find(c, u) == p;
+		}
+		if (!inner || !is_compute(node)) {
+			say(why, cap, "rule: only a product with its elementwise epilogue joins a pooling "
+				      "window (%s is not one)", node->name);
+			return false;
+		}
+	}
+	if (anchors != 1) {
+		say(why, cap, "rule: a group of %d products does not join a pooling window", anchors);
+		return false;
+	}
+
+	for (int m = c->head[p]; m >= 0; m = c->next[m]) {
+		const ap_node *node = &g->nodes[m];
+		ap_op_category cat = ap_op_category_of(node->op);
+		double k = 1;
+		const ap_tensor *y, *w;
+		bool tc;
+
+		if (cat != AP_CAT_MATMUL && cat != AP_CAT_CONV)
+			continue;
+		if (node->n_inputs < 2 || node->inputs[1] < 0 || node->outputs[0] < 0)
+			return false;
+		y = &g->tensors[node->outputs[0]];
+		w = &g->tensors[node->inputs[1]];
+		if (cat == AP_CAT_CONV && node->op == AP_OP_CONV) {
+			for (int d = 1; d < w->rank; d++)
+				k *= (double)w->dims[d];
+		} else if (cat == AP_CAT_MATMUL && w->rank >= 2) {
+			k = (double)w->dims[w->rank - 2];
+		} else {
+			say(why, cap, "rule: a %s does not join a pooling window", ap_op_name(node->op));
+			return false;
+		}
+		tc = c->target && ((ap_dtype_size(y->dtype) == 2 && c->target->tc_gflops > 0) ||
+				   (y->dtype == AP_DT_F32 && c->target->allow_tf32 &&
+				    c->target->tf32_gflops > 0));
+		if (!c->target ||
+		    !ap_cost_staged_product_pays(c->target, k, (double)ap_dtype_size(y->dtype), 1.1, tc)) {
+			say(why, cap, "recompute: the cost model keeps %s (%.0f multiply-adds per element) "
+				      "in its own kernel rather than inside the pooling window's",
+			    node->name, k);
+			return false;
+		}
+	}
+	return true;
+}
+
 /* Can producer group p and consumer group q merge?  -1 with *kind_out, or
  * the reason (ap_boundary_reason) with `why` filled. */
 static int check_merge(pctx *c, int p, int q, int *kind_out, char *why, size_t cap)
@@ -837,6 +937,10 @@ static int check_merge(pctx *c, int p, int q, int *kind_out, char *why, size_t c
 	}
 	if (barrier_hit(c, p, q, why, cap))
 		return AP_WHY_HINT;
+	if (c->no_layer1 && (pk == AP_GROUP_WINDOW || ck == AP_GROUP_WINDOW)) {
+		say(why, cap, "level: Layer I is off, a pooling window is a kernel of its own");
+		return AP_WHY_LEVEL;
+	}
 	kind = merged_kind(pk, ck, c->level, why, cap);
 	if (kind < 0)
 		return AP_WHY_RULE;
@@ -849,7 +953,15 @@ static int check_merge(pctx *c, int p, int q, int *kind_out, char *why, size_t c
 		    g->nodes[c->via].name);
 		return AP_WHY_CYCLE;
 	}
-	if ((is_anchor(pk) || is_anchor(ck)) && anchor_recomputed(c, p, q, why, cap))
+	if (kind == AP_GROUP_WINDOW && (is_anchor(pk) || is_ewbc(pk)) && group_has_product(c, q)) {
+		say(why, cap, "rule: the pooling window already computes a product: its producers "
+			      "stay outside");
+		return AP_WHY_RULE;
+	}
+	if (kind == AP_GROUP_WINDOW && is_anchor(pk) && !window_product_pays(c, p, why, cap))
+		return AP_WHY_RECOMPUTE;
+	if (kind != AP_GROUP_WINDOW && (is_anchor(pk) || is_anchor(ck)) &&
+	    anchor_recomputed(c, p, q, why, cap))
 		return AP_WHY_RULE;
 	if ((kind == AP_GROUP_MATMUL || kind == AP_GROUP_CONV) && !is_anchor(pk)) {
 		int n = members(c, p, -1);
@@ -996,7 +1108,8 @@ static clone_status clone_check(pctx *c, int P, int C, const int *nodes, int n, 
 	*cost = 0;
 	if (c->level != AP_FUSE_APOLLO || !cheap(c, P))
 		return CLONE_RULE;
-	if (c->kind[C] == AP_GROUP_OPAQUE || c->kind[C] == AP_GROUP_WHOLE)
+	if (c->kind[C] == AP_GROUP_OPAQUE || c->kind[C] == AP_GROUP_WHOLE ||
+	    (c->kind[C] == AP_GROUP_WINDOW && c->no_layer1))
 		return CLONE_RULE;
 	if (merged_kind(c->kind[P], c->kind[C], c->level, NULL, 0) < 0)
 		return CLONE_RULE;
@@ -1546,6 +1659,8 @@ static int group(pctx *c, const ap_graph *g, const ap_partition_options *opt, ap
 	c->level = lv == AP_FUSE_DEFAULT ? AP_FUSE_APOLLO : lv;
 	c->max_nodes = opt && opt->max_group_nodes ? opt->max_group_nodes : AP_PARTITION_MAX_GROUP_NODES;
 	c->max_recompute = opt && opt->max_recompute ? opt->max_recompute : AP_PARTITION_MAX_RECOMPUTE;
+	c->target = opt ? opt->target : NULL;
+	c->no_layer1 = opt && opt->no_layer1;
 	c->live = calloc((size_t)N + 1, sizeof(bool));
 	c->through = calloc((size_t)N + 1, sizeof(bool));
 	c->barrier = calloc((size_t)N + 1, sizeof(bool));
@@ -1782,7 +1897,8 @@ static int fill_group(ap_partition *part, int gi)
 		const ap_node *node = &g->nodes[m];
 		ap_group_kind nk = node_kind(node);
 
-		if ((is_anchor(nk) || nk == AP_GROUP_OPAQUE) && grp->kind != AP_GROUP_WHOLE)
+		if ((is_anchor(nk) || nk == AP_GROUP_OPAQUE || nk == AP_GROUP_WINDOW) &&
+		    grp->kind != AP_GROUP_WHOLE && (grp->kind != AP_GROUP_WINDOW || nk == AP_GROUP_WINDOW))
 			grp->root = m;
 		for (int o = 0; o < node->n_outputs; o++) {
 			int t = node->outputs[o];

@@ -103,7 +103,7 @@ typedef enum ap_group_kind {
 	AP_GROUP_ELEMWISE = 0,   /* elementwise chain, one iteration space */
 	AP_GROUP_BROADCAST = 1,  /* elementwise + broadcast ops */
 	AP_GROUP_REDUCTION = 2,  /* producers + one reduction that ends the group */
-	AP_GROUP_OPAQUE = 3,     /* one opaque op (pools, LRN): a sub-graph boundary */
+	AP_GROUP_OPAQUE = 3,     /* one opaque op (LRN, ...): a sub-graph boundary */
 	AP_GROUP_INJECTIVE = 4,  /* slice, concat, gather, pad, tile, split, expand
 				    (+ elementwise producers) */
 	AP_GROUP_TRANSPOSE = 5,  /* elementwise/broadcast + transpose (rule 6) */
@@ -114,8 +114,12 @@ typedef enum ap_group_kind {
 				    (Layer II; never made by the partitioner) */
 	AP_GROUP_ATTENTION = 10, /* QK^T -> softmax -> PV stitched into one
 				    (Layer II; never made by the partitioner) */
+	AP_GROUP_WINDOW = 11,    /* a pooling window (MaxPool, AveragePool) with its
+				    producers and elementwise consumers, at level
+				    apollo; scheduled by Layer I (server/fuse/layer1.c),
+				    which stages the pooled tensor on chip */
 } ap_group_kind;
-#define AP_GROUP_KIND_COUNT 11
+#define AP_GROUP_KIND_COUNT 12
 
 /* Why two groups joined by a producer -> consumer edge were not merged. */
 typedef enum ap_boundary_reason {
@@ -210,6 +214,11 @@ typedef struct ap_partition_options {
 					0 = AP_PARTITION_MAX_RECOMPUTE */
 	int n_barriers;
 	char *const *barriers;       /* node names that must start a new kernel */
+	const struct ap_target_info *target;  /* the compile target: whether a
+					product pays inside a pooling window's
+					Layer I kernel (ap_cost_staged_product_pays);
+					NULL: never */
+	bool no_layer1;              /* no pooling window joins a group (Layer I off) */
 } ap_partition_options;
 
 #define AP_PARTITION_MAX_GROUP_NODES 64

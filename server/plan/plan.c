@@ -68,6 +68,7 @@ void ap__launch_clear(ap_launch *l)
 		free_names(l->parts[i].nodes, l->parts[i].n_nodes);
 		free(l->parts[i].detail);
 		free(l->parts[i].schedule);
+		free(l->parts[i].layer1);
 	}
 	free(l->parts);
 	memset(l, 0, sizeof(*l));

@@ -93,6 +93,13 @@ typedef struct ap_launch_part {
 	const char *emitter;     /* the emitter that built it (static; NULL when
 				    it launches nothing) */
 	char *schedule;          /* its configuration, "knob=value ..." (owned) */
+	double recompute;        /* modelled evaluations per element of the
+				    intermediates it computes (the most
+				    recomputed one; 1 = each once; 0 = not
+				    modelled: products on tiles) */
+	char *layer1;            /* Layer I's plan as text (domain, accesses,
+				    schedule tree; ap_fuse_layer1_text), NULL
+				    when Layer I did not schedule it (owned) */
 } ap_launch_part;
 
 typedef struct ap_launch {
@@ -172,6 +179,7 @@ typedef struct ap_program {
 	 *     outputs, each touched once (the floor). */
 	uint64_t global_bytes, eager_bytes, min_bytes;
 	double partition_ms, codegen_ms;
+	double layer1_ms;        /* Layer I (isl): plans and its kernels' emission, in codegen_ms */
 	/* --explain */
 	ap_fuse_level fusion;  /* the level used (never DEFAULT) */
 	int n_boundaries;
@@ -221,6 +229,9 @@ typedef struct ap_build_options {
 	char *const *keep_whole;             /* op types never to open */
 	unsigned max_group_nodes;    /* size cap (member nodes); 0 = default (64) */
 	unsigned max_recompute;      /* recompute cap; 0 = default (256) */
+	bool no_layer1;              /* Layer I off: pooling windows stay kernels of
+					their own (this issue's starting point, for
+					benchmarks and tests) */
 	const ap_build_hooks *hooks; /* tests only; NULL in the daemon */
 	const ap_task_pool *pool;    /* per-micro-graph stages run as tasks on it */
 	/* Backend hook (upward feedback from the layer below the printers):
