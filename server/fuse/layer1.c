@@ -459,6 +459,7 @@ static int reads_text(const ap_mgraph *m, ap_layer1 *l, tbuf *out, char *why, si
 	int rc = 1;
 
 	memset(&p, 0, sizeof(p));
+	ap_error_clear(&err);
 	if (!k)
 		return AP_ENOMEM;
 	k->index_type = ap_index_type_for(g);
