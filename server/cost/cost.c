@@ -382,15 +382,33 @@ double ap_cost_time_us(const ap_traffic *t, const ap_target_info *ti)
 	return ti->launch_us + work;
 }
 
-bool ap_cost_staged_product_pays(const ap_target_info *t, double k_macs, double elem_bytes,
-				 double halo, bool tensor_cores)
+bool ap_cost_staged_product_pays(const ap_target_info *t, const ap_graph *g, const ap_node *n,
+				 double halo, double *k_macs)
 {
-	double split_peak = tensor_cores && t->tc_gflops > 0 ? t->tc_gflops : t->gflops;
-	double fused_us, split_us;
+	ap_op_category cat = ap_op_category_of(n->op);
+	const ap_tensor *y, *w;
+	double k = 1, es, split_peak, fused_us, split_us;
+	bool tc;
 
+	*k_macs = 0;
+	if (n->n_inputs < 2 || n->inputs[1] < 0 || n->n_outputs < 1 || n->outputs[0] < 0)
+		return false;
+	y = &g->tensors[n->outputs[0]];
+	w = &g->tensors[n->inputs[1]];
+	if (n->op == AP_OP_CONV)
+		for (int d = 1; d < w->rank; d++)
+			k *= (double)w->dims[d];
+	else if (cat == AP_CAT_MATMUL && w->rank >= 2)
+		k = (double)w->dims[w->rank - 2];
+	else
+		return false;
+	*k_macs = k;
+	es = (double)ap_dtype_size(y->dtype);
+	tc = (es == 2 && t->tc_gflops > 0) || (y->dtype == AP_DT_F32 && t->allow_tf32 && t->tf32_gflops > 0);
+	split_peak = tc && t->tc_gflops > 0 ? t->tc_gflops : t->gflops;
 	if (t->gflops <= 0 || t->dram_gbps <= 0 || halo < 1)
 		return false;
-	fused_us = 2 * k_macs * halo / (t->gflops * 1e3);
-	split_us = 2 * k_macs / (split_peak * 1e3) + 2 * elem_bytes / (t->dram_gbps * 1e3);
+	fused_us = 2 * k * halo / (t->gflops * 1e3);
+	split_us = 2 * k / (split_peak * 1e3) + 2 * es / (t->dram_gbps * 1e3);
 	return fused_us < split_us;
 }

@@ -137,18 +137,22 @@ typedef struct ap_cost_gemm_tile {
 void ap_cost_gemm_default(const ap_target_info *t, int64_t batch, int64_t M, int64_t N, int64_t K,
 			  size_t elem_bytes, bool tensor_cores, ap_cost_gemm_tile *out);
 
-/* Layer I's question for a pooling window over a product (a convolution
- * or a matmul, `k_macs` multiply-adds per element of its output P, of
- * elem_bytes bytes): does computing P inside the pooling kernel -- tile by
- * tile into shared memory, `halo` evaluations per element (>= 1), on the
- * SIMT units with a direct loop -- beat two kernels, the product on its
- * tiled emitter (tensor cores when `tensor_cores`) writing P and the
- * pooling reading it back?  Per element of P: fused 2 k halo / gflops
- * against 2 k / (product throughput) + 2 elem_bytes / bandwidth (the
+/* Layer I's question for a pooling window over product node n of g (a
+ * Conv, or a MatMul/Gemm): does computing its output P inside the pooling
+ * kernel -- tile by tile into shared memory, `halo` evaluations per
+ * element (>= 1), on the SIMT units with a direct loop -- beat two
+ * kernels, the product on its tiled emitter (tensor cores when t has them
+ * for P's dtype: 16-bit, or float32 with allow_tf32) writing P and the
+ * pooling reading it back?  Per element of P, with k multiply-adds (a
+ * Conv: input channels per group times the kernel window; a matmul: the
+ * second operand's rows): fused 2 k halo / gflops against
+ * 2 k / (product throughput) + 2 bytes(P's dtype) / bandwidth (the
  * roofline of ap_cost_time_us; APOLLO section 4.1 weighs recomputation
- * against memory traffic the same way). */
-bool ap_cost_staged_product_pays(const ap_target_info *t, double k_macs, double elem_bytes,
-				 double halo, bool tensor_cores);
+ * against memory traffic the same way).  *k_macs receives k, 0 for a node
+ * this does not size (another op, a ConvTranspose, missing operands), for
+ * which the answer is false. */
+bool ap_cost_staged_product_pays(const ap_target_info *t, const ap_graph *g, const ap_node *n,
+				 double halo, double *k_macs);
 
 /* Blocks of `threads` threads using `shared_bytes` each that one SM holds
  * at once (>= 1 when the block fits at all, 0 when it does not). */

@@ -219,26 +219,30 @@ static bool is_pool(const ap_node *n)
 	return n->op == AP_OP_MAX_POOL || n->op == AP_OP_AVERAGE_POOL;
 }
 
+/* The first pooling node that is a member of m (-1 when none); *count
+ * gets how many there are. */
+static int find_window(const ap_mgraph *m, int *count)
+{
+	int first = -1;
+
+	*count = 0;
+	for (int i = 0; i < m->g->n_nodes; i++)
+		if (is_pool(&m->g->nodes[i]) && m->member[i] && (*count)++ == 0)
+			first = i;
+	return first;
+}
+
 /* Fills l->window, staged, iter and the shapes.  1 when Layer I applies,
  * 0 (why) when not, AP_ENOMEM. */
 static int analyze(const ap_mgraph *m, ap_layer1 *l, char *why, size_t cap)
 {
 	const ap_graph *g = m->g;
 	unsigned char *cur, *seen;
-	int rc = 1;
+	int rc = 1, n_windows;
 
-	l->window = -1;
-	for (int i = 0; i < g->n_nodes; i++) {
-		if (!is_pool(&g->nodes[i]) || !m->member[i])
-			continue;
-		if (l->window >= 0) {
-			snprintf(why, cap, "two pooling windows in one micro-graph");
-			return 0;
-		}
-		l->window = i;
-	}
-	if (l->window < 0) {
-		snprintf(why, cap, "no pooling window");
+	l->window = find_window(m, &n_windows);
+	if (n_windows != 1) {
+		snprintf(why, cap, n_windows ? "two pooling windows in one micro-graph" : "no pooling window");
 		return 0;
 	}
 	l->staged = g->nodes[l->window].inputs[0];
@@ -1525,8 +1529,8 @@ static int emit_kernel(const ap_mgraph *m, const ap_layer1 *l, const ap_target_i
 	c.k = k;
 	v.leaf = stage_leaf;
 	v.leaf_user = &c;
-	ap_kir_comment(k, &k->body, "window micro-graph, Layer I: %s staged in shared memory per tile",
-		       g->tensors[l->staged].name[0] ? "the pooled tensor" : "the pooled tensor");
+	ap_kir_comment(k, &k->body, "window micro-graph, Layer I: the pooled tensor staged in shared memory "
+		       "per tile");
 	{
 		char txt[200];
 		size_t len = 0;
@@ -1716,23 +1720,17 @@ int ap_fuse_layer1_set_schedule(ap_layer1 *l, const char *schedule)
 
 bool ap_fuse_layer1_wanted(const ap_mgraph *m)
 {
-	const ap_graph *g = m->g;
+	int n, w = find_window(m, &n);
+	int x = w >= 0 ? m->g->nodes[w].inputs[0] : -1;
 
-	if (m->kind != AP_GROUP_WINDOW)
-		return false;
-	for (int i = 0; i < g->n_nodes; i++)
-		if (is_pool(&g->nodes[i]) && m->member[i] && g->nodes[i].inputs[0] >= 0 &&
-		    g->tensors[g->nodes[i].inputs[0]].producer >= 0)
-			return true;
-	return false;
+	return m->kind == AP_GROUP_WINDOW && x >= 0 && m->g->tensors[x].producer >= 0;
 }
 
 const char *ap_fuse_layer1_window_name(const ap_mgraph *m)
 {
-	for (int i = 0; i < m->g->n_nodes; i++)
-		if (is_pool(&m->g->nodes[i]) && m->member[i])
-			return m->g->nodes[i].name;
-	return "";
+	int n, w = find_window(m, &n);
+
+	return w >= 0 ? m->g->nodes[w].name : "";
 }
 
 bool ap_fuse_layer1_pays(const ap_mgraph *m, const ap_layer1 *l, const ap_target_info *t, char *why,
@@ -1743,24 +1741,11 @@ bool ap_fuse_layer1_pays(const ap_mgraph *m, const ap_layer1 *l, const ap_target
 	for (int i = 0; i < g->n_nodes; i++) {
 		const ap_node *n = &g->nodes[i];
 		ap_op_category cat = ap_op_category_of(n->op);
-		const ap_tensor *y, *w;
-		double k = 1;
-		bool tc;
+		double k;
 
 		if ((cat != AP_CAT_CONV && cat != AP_CAT_MATMUL) || !m->member[i])
 			continue;
-		if (n->n_inputs < 2 || n->inputs[1] < 0 || n->outputs[0] < 0)
-			return false;
-		y = &g->tensors[n->outputs[0]];
-		w = &g->tensors[n->inputs[1]];
-		if (cat == AP_CAT_CONV)
-			for (int d = 1; d < w->rank; d++)
-				k *= (double)w->dims[d];
-		else if (w->rank >= 2)
-			k = (double)w->dims[w->rank - 2];
-		tc = (ap_dtype_size(y->dtype) == 2 && t->tc_gflops > 0) ||
-		     (y->dtype == AP_DT_F32 && t->allow_tf32 && t->tf32_gflops > 0);
-		if (!ap_cost_staged_product_pays(t, k, (double)ap_dtype_size(y->dtype), l->recompute, tc)) {
+		if (!ap_cost_staged_product_pays(t, g, n, l->recompute, &k)) {
 			snprintf(why, cap, "the cost model keeps %s (%.0f multiply-adds per element, %.2f "
 					   "evaluations per element staged) in its own kernel",
 				 n->name, k, l->recompute);

@@ -876,30 +876,17 @@ static bool window_product_pays(pctx *c, int p, char *why, size_t cap)
 	for (int m = c->head[p]; m >= 0; m = c->next[m]) {
 		const ap_node *node = &g->nodes[m];
 		ap_op_category cat = ap_op_category_of(node->op);
-		double k = 1;
-		const ap_tensor *y, *w;
-		bool tc;
+		double k = 0;
+		bool pays;
 
 		if (cat != AP_CAT_MATMUL && cat != AP_CAT_CONV)
 			continue;
-		if (node->n_inputs < 2 || node->inputs[1] < 0 || node->outputs[0] < 0)
-			return false;
-		y = &g->tensors[node->outputs[0]];
-		w = &g->tensors[node->inputs[1]];
-		if (cat == AP_CAT_CONV && node->op == AP_OP_CONV) {
-			for (int d = 1; d < w->rank; d++)
-				k *= (double)w->dims[d];
-		} else if (cat == AP_CAT_MATMUL && w->rank >= 2) {
-			k = (double)w->dims[w->rank - 2];
-		} else {
+		pays = c->target && ap_cost_staged_product_pays(c->target, g, node, 1.1, &k);
+		if (c->target && k == 0) {
 			say(why, cap, "rule: a %s does not join a pooling window", ap_op_name(node->op));
 			return false;
 		}
-		tc = c->target && ((ap_dtype_size(y->dtype) == 2 && c->target->tc_gflops > 0) ||
-				   (y->dtype == AP_DT_F32 && c->target->allow_tf32 &&
-				    c->target->tf32_gflops > 0));
-		if (!c->target ||
-		    !ap_cost_staged_product_pays(c->target, k, (double)ap_dtype_size(y->dtype), 1.1, tc)) {
+		if (!pays) {
 			say(why, cap, "recompute: the cost model keeps %s (%.0f multiply-adds per element) "
 				      "in its own kernel rather than inside the pooling window's",
 			    node->name, k);
