@@ -6,8 +6,8 @@
  *                 [--no-cache] [--namespace NS] [--daemon-import] [--explain]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
  *                 [--keep-whole OP ...]
- *   apollo-client check DIR... [--target cpu] [--rtol R] [--atol A] [--jobs N]
- *                 [--threads N] [--timeout S] [--no-fork] [--no-cache]
+ *   apollo-client check DIR... [--target T] [--rtol R] [--atol A] [--jobs N]
+ *                 [--threads N] [--timeout S] [--no-fork] [--no-cache] [--allow-tf32]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
  *                 [--keep-whole OP ...] [--save-outputs DIR] [--repeat N [--profile]]
  *                 [--mismatch FRACTION]
@@ -62,8 +62,8 @@ static void usage(FILE *f)
 	      "                [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1]\n"
 	      "                [--no-cache] [--namespace NS] [--daemon-import] [--explain]\n"
 	      "                [--fusion none|rules|apollo] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n"
-	      "  apollo-client check DIR... [--target cpu] [--rtol R] [--atol A] [--jobs N] [--threads N]\n"
-	      "                [--timeout S] [--no-fork] [--no-cache] [--fusion none|rules|apollo]\n"
+	      "  apollo-client check DIR... [--target T] [--rtol R] [--atol A] [--jobs N] [--threads N]\n"
+	      "                [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--fusion none|rules|apollo]\n"
 	      "                [--repeat N [--profile]] [--mismatch FRACTION]\n"
 	      "                [--fusion-barrier NODE ...] [--keep-whole OP ...] [--save-outputs DIR]\n"
 	      "  apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n"

@@ -2844,13 +2844,15 @@ typedef struct l1_shape {
 	int CI;            /* L1_CONV: input channels */
 	int K, S, P;       /* the pooling window, stride, pads */
 	bool avg;
+	bool global;       /* a global pooling: ReduceMean (avg) / ReduceMax over H, W */
+	bool keep_t;       /* the pooled tensor t is a graph output too */
 } l1_shape;
 
 typedef struct l1_built {
 	ap_graph *g;
 	float *xs, *ws, *bs;
-	double *ref;
-	int OH, OW, pool;
+	double *ref, *pv;  /* the pooling's and the pooled tensor's values */
+	int C, H, W, OH, OW, pool;
 } l1_built;
 
 /* x -> producer -> pooling, with its reference computed here. */
@@ -2863,8 +2865,9 @@ static l1_built l1_graph(const l1_shape *sh)
 	double *pv = calloc((size_t)C * H * W, sizeof(double));
 
 	memset(&b, 0, sizeof(b));
-	b.OH = (H + 2 * sh->P - sh->K) / sh->S + 1;
-	b.OW = (W + 2 * sh->P - sh->K) / sh->S + 1;
+	b.C = C, b.H = H, b.W = W;
+	b.OH = sh->global ? 1 : (H + 2 * sh->P - sh->K) / sh->S + 1;
+	b.OW = sh->global ? 1 : (W + 2 * sh->P - sh->K) / sh->S + 1;
 	b.g = ap_graph_new("layer1");
 	x = input(b.g, "x", AP_DT_F32, DIMS(1, CI, IH, IW));
 	t = value(b.g, "t", AP_DT_F32, DIMS(1, C, H, W));
@@ -2908,14 +2911,34 @@ static l1_built l1_graph(const l1_shape *sh)
 					pv[(c * H + h) * W + ww] = acc > 0 ? acc : 0;
 				}
 	}
-	n = node(b.g, "pool", sh->avg ? AP_OP_AVERAGE_POOL : AP_OP_MAX_POOL, LIST(t), LIST(y));
-	ap_node_set_ints(b.g, n, "kernel_shape", (int64_t[]){sh->K, sh->K}, 2);
-	ap_node_set_ints(b.g, n, "strides", (int64_t[]){sh->S, sh->S}, 2);
-	ap_node_set_ints(b.g, n, "pads", (int64_t[]){sh->P, sh->P, sh->P, sh->P}, 4);
-	ap_node_set_ints(b.g, n, "dilations", (int64_t[]){1, 1}, 2);
+	if (sh->global) {
+		/* GlobalAveragePool / GlobalMaxPool as imported */
+		n = node(b.g, "pool", sh->avg ? AP_OP_REDUCE_MEAN : AP_OP_REDUCE_MAX, LIST(t), LIST(y));
+		ap_node_set_ints(b.g, n, "axes", (int64_t[]){2, 3}, 2);
+		ap_node_set_int(b.g, n, "keepdims", 1);
+	} else {
+		n = node(b.g, "pool", sh->avg ? AP_OP_AVERAGE_POOL : AP_OP_MAX_POOL, LIST(t), LIST(y));
+		ap_node_set_ints(b.g, n, "kernel_shape", (int64_t[]){sh->K, sh->K}, 2);
+		ap_node_set_ints(b.g, n, "strides", (int64_t[]){sh->S, sh->S}, 2);
+		ap_node_set_ints(b.g, n, "pads", (int64_t[]){sh->P, sh->P, sh->P, sh->P}, 4);
+		ap_node_set_ints(b.g, n, "dilations", (int64_t[]){1, 1}, 2);
+	}
 	b.pool = n;
 	output(b.g, y);
+	if (sh->keep_t)
+		output(b.g, t);
 	b.ref = calloc((size_t)C * b.OH * b.OW, sizeof(double));
+	if (sh->global) {
+		for (int c = 0; c < C; c++) {
+			double acc = sh->avg ? 0 : -INFINITY;
+
+			for (int i = 0; i < H * W; i++)
+				acc = sh->avg ? acc + pv[c * H * W + i] : fmax(acc, pv[c * H * W + i]);
+			b.ref[c] = sh->avg ? acc / (H * W) : acc;
+		}
+		b.pv = pv;
+		return b;
+	}
 	for (int c = 0; c < C; c++)
 		for (int oh = 0; oh < b.OH; oh++)
 			for (int ow = 0; ow < b.OW; ow++) {
@@ -2944,7 +2967,7 @@ static l1_built l1_graph(const l1_shape *sh)
 				}
 				b.ref[(c * b.OH + oh) * b.OW + ow] = acc;
 			}
-	free(pv);
+	b.pv = pv;
 	return b;
 }
 
@@ -2954,6 +2977,7 @@ static void l1_free(l1_built *b)
 	free(b->ws);
 	free(b->bs);
 	free(b->ref);
+	free(b->pv);
 	ap_graph_free(b->g);
 }
 
@@ -2961,7 +2985,7 @@ static void l1_free(l1_built *b)
  * program.  *recompute gets the window launch's modelled recomputation. */
 static ap_program *l1_run(l1_built *b, const ap_build_options *opt, int prod)
 {
-	void *outs[1];
+	void *outs[2];
 	named pr[2] = {{"b", b->bs}, {"w", b->ws}};
 	ap_program *p = build_and_run_opt(b->g, opt, (const void *[]){b->xs}, pr,
 					  prod == L1_RELU ? 0 : prod == L1_BIAS ? 1 : 2, outs);
@@ -2970,7 +2994,9 @@ static ap_program *l1_run(l1_built *b, const ap_build_options *opt, int prod)
 	for (int d = 0; d < b->g->tensors[b->g->outputs[0]].rank; d++)
 		n *= b->g->tensors[b->g->outputs[0]].dims[d];
 	expect_close("layer I", outs[0], b->ref, n);
-	free_outs(outs, 1);
+	if (b->g->n_outputs > 1)   /* the pooled tensor, written beside the pooling */
+		expect_close("layer I, the pooled tensor", outs[1], b->pv, (int64_t)b->C * b->H * b->W);
+	free_outs(outs, b->g->n_outputs);
 	return p;
 }
 
@@ -2993,10 +3019,10 @@ static const ap_launch *l1_window_launch(const ap_program *p)
 START_TEST(layer1_pooling_windows)
 {
 	static const l1_shape cases[] = {
-		{L1_BIAS, 8, 32, 48, 0, 2, 2, 0, false},
-		{L1_RELU, 4, 40, 40, 0, 3, 1, 1, false},
-		{L1_RELU, 3, 19, 23, 0, 3, 1, 1, true},
-		{L1_BIAS, 2, 70, 130, 0, 3, 2, 1, false},
+		{L1_BIAS, 8, 32, 48, 0, 2, 2, 0, false, false, false},
+		{L1_RELU, 4, 40, 40, 0, 3, 1, 1, false, false, false},
+		{L1_RELU, 3, 19, 23, 0, 3, 1, 1, true, false, false},
+		{L1_BIAS, 2, 70, 130, 0, 3, 2, 1, false, false, false},
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -3040,8 +3066,8 @@ END_TEST
  * why. */
 START_TEST(layer1_conv_activation_pooling)
 {
-	l1_shape small = {L1_CONV, 8, 30, 30, 3, 3, 2, 1, false};
-	l1_shape big = {L1_CONV, 8, 12, 12, 64, 3, 2, 1, false};
+	l1_shape small = {L1_CONV, 8, 30, 30, 3, 3, 2, 1, false, false, false};
+	l1_shape big = {L1_CONV, 8, 12, 12, 64, 3, 2, 1, false, false, false};
 	l1_built b = l1_graph(&small);
 	ap_program *p = l1_run(&b, NULL, L1_CONV);
 	bool said = false;
@@ -3058,6 +3084,106 @@ START_TEST(layer1_conv_activation_pooling)
 	for (int i = 0; i < p->n_boundaries; i++)
 		said |= p->boundaries[i].detail && strstr(p->boundaries[i].detail, "cost model") != NULL;
 	ck_assert_msg(said, "no boundary names the cost model");
+	ap_program_free(p);
+	l1_free(&b);
+}
+END_TEST
+
+/* Global pooling (GlobalAveragePool / GlobalMaxPool, a training step's
+ * mean over H and W) after convolution -> activation: one kernel, each
+ * block staging one (batch, channel) plane of the activation and reducing
+ * it, so the activation never goes to memory -- and, when the activation
+ * is needed elsewhere too, written by the fill once per element.  Without
+ * a convolution (elementwise producers only) the reduction keeps its own
+ * kind (rule 4); a plane larger than the stage stays two kernels. */
+START_TEST(layer1_global_pooling)
+{
+	static const l1_shape cases[] = {
+		{L1_CONV, 8, 12, 12, 3, 0, 0, 0, true, true, false},
+		{L1_CONV, 6, 9, 14, 4, 0, 0, 0, false, true, true},
+	};
+	l1_shape relu_only = {L1_RELU, 4, 10, 10, 0, 0, 0, 0, true, true, false};
+	l1_shape big = {L1_CONV, 2, 70, 70, 2, 0, 0, 0, true, true, false};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		l1_built b = l1_graph(&cases[i]);
+		ap_build_options off = {0};
+		ap_program *p = l1_run(&b, NULL, L1_CONV), *p0;
+		const ap_launch *ln = l1_window_launch(p);
+
+		ck_assert_int_eq(p->n_launches, 1);
+		ck_assert_int_eq(p->layer_count[0], 1);
+		ck_assert(ln->layers & AP_LAYER_I);
+		ck_assert_str_eq(ln->parts[0].emitter, "layer1");
+		ck_assert_double_eq_tol(ln->parts[0].recompute, 1.0, 1e-9);
+		ck_assert_ptr_nonnull(strstr(ln->parts[0].schedule, "box=1x1x"));
+		{
+			ap_program *pc = build_cuda(b.g, NULL);
+
+			ck_assert_ptr_nonnull(strstr(cuda_text(pc, 0), "__shared__"));
+			ck_assert_ptr_nonnull(strstr(cuda_text(pc, 0), "__syncthreads()"));
+			ap_program_free(pc);
+		}
+		off.no_layer1 = true;
+		p0 = l1_run(&b, &off, L1_CONV);
+		ck_assert_int_eq(p0->n_launches, 2);
+		ck_assert_int_eq(p0->layer_count[0], 0);
+		ck_assert_uint_gt(p0->global_bytes, p->global_bytes);
+		ap_program_free(p0);
+		ap_program_free(p);
+		l1_free(&b);
+	}
+	{
+		l1_built b = l1_graph(&relu_only);
+		ap_program *p = l1_run(&b, NULL, L1_RELU);
+
+		ck_assert_int_eq(p->n_launches, 1);
+		ck_assert_int_eq(p->layer_count[0], 0);
+		ap_program_free(p);
+		l1_free(&b);
+	}
+	{
+		l1_built b = l1_graph(&big);   /* 70 x 70 floats: 19600 bytes > 16 KiB */
+		ap_program *p = l1_run(&b, NULL, L1_CONV);
+
+		ck_assert_int_eq(p->n_launches, 2);
+		ck_assert_int_eq(p->layer_count[0], 0);
+		ap_program_free(p);
+		l1_free(&b);
+	}
+}
+END_TEST
+
+/* The pooled tensor needed by another kernel too: written by the fill
+ * when the windows tile it (2x2 stride 2: one kernel, both outputs right);
+ * overlapping windows (3x3 stride 2) would compute it twice where tiles
+ * meet, so the pooling stays a kernel of its own reading it back. */
+START_TEST(layer1_pooled_tensor_written)
+{
+	l1_shape tiles = {L1_BIAS, 4, 16, 24, 0, 2, 2, 0, false, false, true};
+	l1_shape overlap = {L1_BIAS, 4, 17, 17, 0, 3, 2, 1, false, false, true};
+	l1_built b = l1_graph(&tiles);
+	ap_program *p = l1_run(&b, NULL, L1_BIAS);
+	bool said = false;
+
+	ck_assert_int_eq(p->n_launches, 1);
+	ck_assert_int_eq(p->layer_count[0], 1);
+	ck_assert_double_eq_tol(l1_window_launch(p)->parts[0].recompute, 1.0, 1e-9);
+	ap_program_free(p);
+	l1_free(&b);
+
+	b = l1_graph(&overlap);
+	p = l1_run(&b, NULL, L1_BIAS);
+	ck_assert_int_eq(p->n_launches, 2);
+	ck_assert_int_eq(p->layer_count[0], 0);
+	/* the merge check's "overlap or leave gaps", refined by the recompute
+	 * pass (cloning the bias add into the pooling saves no bytes) */
+	for (int i = 0; i < p->n_boundaries; i++)
+		said |= p->boundaries[i].detail &&
+			(strstr(p->boundaries[i].detail, "overlap or leave gaps") ||
+			 strstr(p->boundaries[i].detail, "would not save global-memory bytes"));
+	ck_assert_msg(said, "no boundary says why the pooling stays apart (%d boundaries, the first: %s)",
+		      p->n_boundaries, p->n_boundaries ? p->boundaries[0].detail : "-");
 	ap_program_free(p);
 	l1_free(&b);
 }
@@ -3100,7 +3226,7 @@ static char *l1_cuda(const ap_mgraph *m, const ap_layer1 *l, const ap_target_inf
  * check. */
 START_TEST(layer1_replay_and_legality)
 {
-	l1_shape sh = {L1_RELU, 4, 40, 40, 0, 3, 1, 1, false};
+	l1_shape sh = {L1_RELU, 4, 40, 40, 0, 3, 1, 1, false, false, false};
 	l1_built b = l1_graph(&sh);
 	ap_mgraph *m = l1_mgraph(&b);
 	ap_target_info ti;
@@ -3200,6 +3326,8 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, feedback_on_a_model);
 	tcase_add_test(tc, layer1_pooling_windows);
 	tcase_add_test(tc, layer1_conv_activation_pooling);
+	tcase_add_test(tc, layer1_global_pooling);
+	tcase_add_test(tc, layer1_pooled_tensor_written);
 	tcase_add_test(tc, layer1_replay_and_legality);
 	suite_add_tcase(s, tc);
 	return s;

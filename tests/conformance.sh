@@ -5,11 +5,13 @@
 # rtol 1e-3 / atol 1e-7; models/ and training/ atol 1e-5; test_densenet121
 # rtol 2e-3.  Fails on any failure outside the known gaps, and when fewer
 # than 95% of all tests (known gaps included) pass.
-#   env: APOLLO_BUILD (build dir), APOLLO_JOBS (parallel checks, default 2)
+#   env: APOLLO_BUILD (build dir), APOLLO_JOBS (parallel checks, default 2),
+#        APOLLO_TARGET (default cpu; tests/gpu.sh runs it on a device)
 cd "$(dirname "$0")/.." || exit 1
 . tests/daemon.inc
 
 JOBS=${APOLLO_JOBS:-2}
+TARGET=${APOLLO_TARGET:-cpu}
 ap_start
 gaps=$AP_TMP/gaps
 ap_known_gaps | sort -u >"$gaps"
@@ -31,7 +33,7 @@ for d in $(ap_test_dirs onnx-node onnx-simple onnx-pytorch-converted onnx-pytorc
 	*) echo "$d" >>"$AP_TMP/default" ;;
 	esac
 done
-echo "conformance: $total test folders, $n_gaps known gaps (tests/known_gaps.txt)"
+echo "conformance: target $TARGET, $total test folders, $n_gaps known gaps (tests/known_gaps.txt)"
 
 log=$AP_TMP/check.log
 : >"$log"
@@ -39,7 +41,7 @@ run_group() {
 	list=$1; shift
 	[ -s "$list" ] || return 0
 	# shellcheck disable=SC2046
-	"$CLIENT" check --jobs "$JOBS" "$@" $(cat "$list") 2>&1 | tee -a "$log" | grep -v '^[0-9]* passed, [0-9]* failed$'
+	"$CLIENT" check --target "$TARGET" --jobs "$JOBS" "$@" $(cat "$list") 2>&1 | tee -a "$log" | grep -v '^[0-9]* passed, [0-9]* failed$'
 }
 t0=$(date +%s)
 run_group "$AP_TMP/default"
@@ -49,7 +51,7 @@ t1=$(date +%s)
 # Known gaps run too, apart: one that passes now should leave the list.
 if [ -s "$AP_TMP/gapdirs" ]; then
 	# shellcheck disable=SC2046
-	"$CLIENT" check --jobs "$JOBS" $(cat "$AP_TMP/gapdirs") >"$AP_TMP/gaps.log" 2>&1
+	"$CLIENT" check --target "$TARGET" --jobs "$JOBS" $(cat "$AP_TMP/gapdirs") >"$AP_TMP/gaps.log" 2>&1
 	grep '^PASS ' "$AP_TMP/gaps.log" | while read -r _ d _; do
 		echo "conformance: known gap ${d#"$TESTDATA"/} passes now: remove it from tests/known_gaps.txt"
 	done

@@ -30,12 +30,13 @@ for dt in float16 bfloat16; do
 	fi
 done
 ap_start
+TARGET=${APOLLO_TARGET:-cpu}
 # shellcheck disable=SC2046
-"$CLIENT" check --jobs "${APOLLO_JOBS:-2}" --rtol 1e-2 --atol 1e-2 --mismatch 0.01 \
+"$CLIENT" check --target "$TARGET" --jobs "${APOLLO_JOBS:-2}" --rtol 1e-2 --atol 1e-2 --mismatch 0.01 \
 	$(ls -d "$AP_TMP"/prec/float16__*/) >"$AP_TMP/f16.out" || status=1
 sed 's/^/float16 /' "$AP_TMP/f16.out"
 # shellcheck disable=SC2046
-"$CLIENT" check --jobs "${APOLLO_JOBS:-2}" --rtol 5e-2 --atol 5e-2 --mismatch 0.01 \
+"$CLIENT" check --target "$TARGET" --jobs "${APOLLO_JOBS:-2}" --rtol 5e-2 --atol 5e-2 --mismatch 0.01 \
 	$(ls -d "$AP_TMP"/prec/bfloat16__*/) >"$AP_TMP/bf16.out" || status=1
 sed 's/^/bfloat16 /' "$AP_TMP/bf16.out"
 # the same 16-bit graphs for sm_90: every GEMM kernel holds mma.sync and

@@ -12,14 +12,22 @@
  * output tile in P once into shared memory, then the pooling (and its
  * consumers) read it from there.  Tiles overlap only by the window's halo,
  * so P is evaluated (box of a tile / tile's share of P) ~ 1 times per
- * element.
+ * element.  The second kind of window is a global pooling written as a
+ * reduction over all spatial axes (GlobalAveragePool, a training step's
+ * mean over H and W) of a convolution's output: the iteration space is the
+ * reduction's keepdims shape, a tile one (batch, channel) plane, so P never
+ * goes to memory.  Outputs of the micro-graph in P's space (the activation
+ * a backward pass reads again, SE-blocks' x * gate(pool(x))) are written
+ * by S_fill, when isl shows that the tiles' footprints cover P exactly
+ * once (exact_cover).
  *
  * The polyhedral model (one per micro-graph):
  *   statements  S_out[i]  one output element of the window's iteration
  *                         space (the pooling, the ops after it, every
- *                         output of the micro-graph);
+ *                         output of the micro-graph in that space);
  *               S_fill[j] one element of P (P's producers, inlined as an
- *                         expression tree, as PPCG and AKG treat them);
+ *                         expression tree, as PPCG and AKG treat them, and
+ *                         the outputs in P's space);
  *   domains     boxes from the static shapes;
  *   accesses    S_fill[j] -> P[j] (write), S_out[i] -> P[...] (read):
  *               the read is derived from the index expressions the value
@@ -94,12 +102,17 @@
 
 #define L1_MAX_LOOPS 16
 #define L1_MAX_READS 8
-#define L1_SMEM_CAP (16u * 1024u)   /* staged bytes per block: several blocks per SM */
+#define L1_MAX_POUT 8
+#define L1_SMEM_CAP ((unsigned)AP_WINDOW_STAGE_BYTES)
 
 struct ap_layer1 {
 	int staged;                        /* P: tensor of m->g staged in shared memory */
-	int window;                        /* the pooling node of m->g */
+	int window;                        /* the window node of m->g (ap_node_is_window) */
 	int iter;                          /* its output: the space the kernel iterates */
+	bool reduce;                       /* the window is a global-pooling reduction: the
+					      iteration space is its keepdims shape */
+	int n_pout;                        /* outputs in P's space, written by S_fill */
+	int pout[L1_MAX_POUT];
 	int rank, prank;
 	int64_t dims[AP_MAX_RANK], pdims[AP_MAX_RANK];
 	int64_t tile[AP_MAX_RANK], ntiles[AP_MAX_RANK];
@@ -214,22 +227,41 @@ static void tb_free(tbuf *b)
 
 /* ---- the micro-graph's shape: which window, which tensor to stage ------------------------ */
 
-static bool is_pool(const ap_node *n)
-{
-	return n->op == AP_OP_MAX_POOL || n->op == AP_OP_AVERAGE_POOL;
-}
-
-/* The first pooling node that is a member of m (-1 when none); *count
- * gets how many there are. */
+/* The first window node (a pooling, or a global-pooling reduction) that
+ * is a member of m (-1 when none); *count gets how many there are. */
 static int find_window(const ap_mgraph *m, int *count)
 {
 	int first = -1;
 
 	*count = 0;
 	for (int i = 0; i < m->g->n_nodes; i++)
-		if (is_pool(&m->g->nodes[i]) && m->member[i] && (*count)++ == 0)
+		if (m->member[i] && ap_node_is_window(m->g, &m->g->nodes[i]) && (*count)++ == 0)
 			first = i;
 	return first;
+}
+
+/* Marks what output o reads at its own element (ap_v_mark_current);
+ * cur and seen have g->n_tensors + 1 entries, cleared here. */
+static void mark_from(const ap_graph *g, int o, unsigned char *cur, unsigned char *seen)
+{
+	memset(cur, 0, (size_t)g->n_tensors + 1);
+	memset(seen, 0, (size_t)g->n_tensors + 1);
+	ap_v_mark_current(g, o, false, cur, seen);
+}
+
+/* Does computing tensor t read tensor x (through any producers of g)? */
+static bool depends_on(const ap_graph *g, int t, int x, int depth)
+{
+	int p = t >= 0 ? g->tensors[t].producer : -1;
+
+	if (t == x)
+		return true;
+	if (p < 0 || depth > 4096)
+		return false;
+	for (int j = 0; j < g->nodes[p].n_inputs; j++)
+		if (depends_on(g, g->nodes[p].inputs[j], x, depth + 1))
+			return true;
+	return false;
 }
 
 /* Fills l->window, staged, iter and the shapes.  1 when Layer I applies,
@@ -245,38 +277,28 @@ static int analyze(const ap_mgraph *m, ap_layer1 *l, char *why, size_t cap)
 		snprintf(why, cap, n_windows ? "two pooling windows in one micro-graph" : "no pooling window");
 		return 0;
 	}
+	l->reduce = ap_op_category_of(g->nodes[l->window].op) == AP_CAT_REDUCTION;
 	l->staged = g->nodes[l->window].inputs[0];
 	l->iter = g->nodes[l->window].outputs[0];
 	if (l->staged < 0 || l->iter < 0 || g->tensors[l->staged].producer < 0) {
 		snprintf(why, cap, "the pooled tensor is read from memory: nothing to stage");
 		return 0;
 	}
-	if (g->tensors[l->staged].is_output) {
-		snprintf(why, cap, "the pooled tensor %s is also written for another kernel",
-			 g->tensors[l->staged].name);
-		return 0;
-	}
-	for (int i = 0; i < g->n_nodes; i++)
-		for (int j = 0; j < g->nodes[i].n_inputs; j++)
-			if (g->nodes[i].inputs[j] == l->staged && i != l->window) {
-				snprintf(why, cap, "%s reads the pooled tensor besides the window",
-					 g->nodes[i].name);
-				return 0;
-			}
-	l->rank = g->tensors[l->iter].rank;
 	l->prank = g->tensors[l->staged].rank;
-	if (l->rank < 3 || l->prank != l->rank) {
-		snprintf(why, cap, "a pooling of rank %d", l->rank);
+	l->rank = l->prank;
+	if (l->prank < 3 || (!l->reduce && g->tensors[l->iter].rank != l->prank)) {
+		snprintf(why, cap, "a pooling of rank %d", g->tensors[l->iter].rank);
 		return 0;
 	}
-	memcpy(l->dims, g->tensors[l->iter].dims, sizeof(l->dims));
 	memcpy(l->pdims, g->tensors[l->staged].dims, sizeof(l->pdims));
-	for (int i = 0; i < g->n_outputs; i++)
-		if (ap_tensor_numel(&g->tensors[g->outputs[i]]) != ap_tensor_numel(&g->tensors[l->iter])) {
-			snprintf(why, cap, "output %s is not in the window's iteration space",
-				 g->tensors[g->outputs[i]].name);
-			return 0;
-		}
+	if (l->reduce) {
+		/* the keepdims shape: N, C, then 1 per reduced (spatial) axis */
+		memcpy(l->dims, l->pdims, sizeof(l->dims));
+		for (int d = 2; d < l->prank; d++)
+			l->dims[d] = 1;
+	} else {
+		memcpy(l->dims, g->tensors[l->iter].dims, sizeof(l->dims));
+	}
 	cur = calloc((size_t)g->n_tensors + 1, 1);
 	seen = calloc((size_t)g->n_tensors + 1, 1);
 	if (!cur || !seen) {
@@ -284,15 +306,61 @@ static int analyze(const ap_mgraph *m, ap_layer1 *l, char *why, size_t cap)
 		free(seen);
 		return AP_ENOMEM;
 	}
-	for (int i = 0; i < g->n_outputs; i++)
-		ap_v_mark_current(g, g->outputs[i], false, cur, seen);
-	if (cur[l->iter] != 1) {
-		snprintf(why, cap, "an output reads the pooling at another element than its own");
-		rc = 0;
+	/* every output lies in the window's iteration space (it reads the
+	 * window's result at its own element), or in P's (it does not read
+	 * the window's result and reads P at its own element: S_fill writes
+	 * it, once the tiles are known to cover P exactly once) */
+	for (int i = 0; i < g->n_outputs && rc == 1; i++) {
+		int o = g->outputs[i];
+		int64_t n = ap_tensor_numel(&g->tensors[o]);
+
+		mark_from(g, o, cur, seen);
+		if (n == ap_tensor_numel(&g->tensors[l->iter]) && depends_on(g, o, l->iter, 0)) {
+			if (cur[l->iter] != 1) {
+				snprintf(why, cap, "output %s reads the pooling at another element than its own",
+					 g->tensors[o].name);
+				rc = 0;
+			}
+		} else if (n == ap_tensor_numel(&g->tensors[l->staged]) && !depends_on(g, o, l->iter, 0) &&
+			   cur[l->staged] == 1) {
+			if (l->n_pout == L1_MAX_POUT) {
+				snprintf(why, cap, "more than %d outputs beside the pooling", L1_MAX_POUT);
+				rc = 0;
+			} else {
+				l->pout[l->n_pout++] = o;
+			}
+		} else {
+			snprintf(why, cap, "output %s is neither in the window's iteration space nor in the "
+				 "pooled tensor's", g->tensors[o].name);
+			rc = 0;
+		}
 	}
 	free(cur);
 	free(seen);
 	return rc;
+}
+
+static bool is_pout(const ap_layer1 *l, int t)
+{
+	for (int i = 0; i < l->n_pout; i++)
+		if (l->pout[i] == t)
+			return true;
+	return false;
+}
+
+/* The window's output seen through the iteration space's shape (the
+ * keepdims shape of a reduction window) at coordinates c. */
+static ap_lidx iter_index(ap_vctx *v, const ap_layer1 *l, ap_kir_expr *const *c)
+{
+	ap_lidx ix;
+
+	memset(&ix, 0, sizeof(ix));
+	ix.rank = l->rank;
+	for (int d = 0; d < l->rank; d++) {
+		ix.dims[d] = l->dims[d];
+		ix.c[d] = c[d];
+	}
+	return l->reduce ? ap_lidx_relin(v, &ix, l->iter) : ix;
 }
 
 /* ---- read accesses: the value builder's index expressions in isl's text --------------- */
@@ -475,10 +543,14 @@ static int reads_text(const ap_mgraph *m, ap_layer1 *l, tbuf *out, char *why, si
 	p.rank = l->rank;
 	v.leaf = probe_leaf;
 	v.leaf_user = &p;
-	ix = ap_lidx_shape(&g->tensors[l->iter]);
-	for (int d = 0; d < l->rank; d++) {
-		p.it[d] = ap_kir_var_new(k, k->index_type, "i");
-		ix.c[d] = ap_kir_ref(k, p.it[d]);
+	{
+		ap_kir_expr *c[AP_MAX_RANK];
+
+		for (int d = 0; d < l->rank; d++) {
+			p.it[d] = ap_kir_var_new(k, k->index_type, "i");
+			c[d] = ap_kir_ref(k, p.it[d]);
+		}
+		ix = iter_index(&v, l, c);
 	}
 	(void)ap_val(&v, l->iter, &ix);
 	if (v.rc || ap_kir_failed(k)) {
@@ -571,8 +643,10 @@ static int64_t dim_fill(int64_t O, int64_t D, int64_t T, int64_t s, int64_t pb, 
 
 /* The tile of the two innermost output dimensions: the one whose staged
  * box fits L1_SMEM_CAP (and the target) and recomputes least, then the
- * smaller (more blocks). */
-static void choose_tile(const ap_graph *g, ap_layer1 *l, const ap_target_info *t)
+ * smaller (more blocks).  A reduction window's iteration space has extent
+ * 1 there: its one tile's window is the whole plane.  False when no tile
+ * fits. */
+static bool choose_tile(const ap_graph *g, ap_layer1 *l, const ap_target_info *t)
 {
 	const ap_node *w = &g->nodes[l->window];
 	int r = l->rank, ns = r - 2;
@@ -588,8 +662,9 @@ static void choose_tile(const ap_graph *g, ap_layer1 *l, const ap_target_info *t
 	for (int q = 0; q < 2; q++) {
 		int sd = ns - 2 + q;   /* spatial index of output dim r-2+q */
 
-		if (sd < 0) {
-			attr[q][0] = 1, attr[q][1] = 0, attr[q][2] = 1, attr[q][3] = 1;
+		if (sd < 0 || l->reduce) {
+			attr[q][0] = 1, attr[q][1] = 0, attr[q][3] = 1;
+			attr[q][2] = sd >= 0 ? l->pdims[r - 2 + q] : 1;
 			continue;
 		}
 		attr[q][0] = ap_node_attr_at(w, "strides", sd, 1);
@@ -634,6 +709,7 @@ static void choose_tile(const ap_graph *g, ap_layer1 *l, const ap_target_info *t
 		l->ntiles[d] = (l->dims[d] + l->tile[d] - 1) / l->tile[d];
 		l->n_tiles *= l->ntiles[d];
 	}
+	return best < 1e300;
 }
 
 /* ---- sets and the schedule tree as isl text ---------------------------------------------------- */
@@ -965,6 +1041,59 @@ out:
 	return rc;
 }
 
+/* Outputs in P's space are written by S_fill, so the tiles' footprints
+ * must cover P and each element of P must lie in one footprint only: the
+ * relation { T[p] -> P[o] } (tile origin to the elements its fill
+ * computes) must reach all of P and be injective.  0, or -1 with why. */
+static int exact_cover(isl_ctx *ctx, const ap_layer1 *l, char *why, size_t cap)
+{
+	tbuf t = {0}, a = {0};
+	isl_map *tiles, *fill;
+	isl_set *all, *range;
+	isl_bool inj, eq;
+
+	tb_printf(&t, "{ T[");
+	dims_text(&t, "p", l->rank);
+	tb_printf(&t, "] -> S_out[");
+	dims_text(&t, "i", l->rank);
+	tb_printf(&t, "] : ");
+	for (int d = 0; d < l->rank; d++)
+		tb_printf(&t, "0 <= p%d < %lld and exists (e%d : p%d = %lld e%d) and ", d,
+			  (long long)l->dims[d], d, d, (long long)l->tile[d], d);
+	tile_constraints(&t, l);
+	tb_printf(&t, " }");
+	tb_printf(&a, "{ P[");
+	dims_text(&a, "o", l->prank);
+	tb_printf(&a, "] : ");
+	for (int d = 0; d < l->prank; d++)
+		tb_printf(&a, "%s0 <= o%d < %lld", d ? " and " : "", d, (long long)l->pdims[d]);
+	tb_printf(&a, " }");
+	if (t.oom || a.oom) {
+		tb_free(&t);
+		tb_free(&a);
+		snprintf(why, cap, "out of memory");
+		return -1;
+	}
+	tiles = isl_map_read_from_str(ctx, t.s);
+	all = isl_set_read_from_str(ctx, a.s);
+	tb_free(&t);
+	tb_free(&a);
+	fill = isl_map_apply_range(tiles, isl_map_from_union_map(isl_union_map_read_from_str(ctx, l->reads)));
+	range = fill ? isl_map_range(isl_map_copy(fill)) : NULL;
+	inj = fill ? isl_map_is_injective(fill) : isl_bool_error;
+	eq = range && all ? isl_set_is_equal(range, all) : isl_bool_error;
+	isl_map_free(fill);
+	isl_set_free(range);
+	isl_set_free(all);
+	if (inj == isl_bool_true && eq == isl_bool_true)
+		return 0;
+	snprintf(why, cap, "%s",
+		 inj < 0 || eq < 0 ? isl_failure(ctx)
+		 : "an output beside the pooling needs every element of the pooled tensor computed "
+		   "once, and the tiles' footprints overlap or leave gaps");
+	return -1;
+}
+
 /* Builds the domain (thread view), writes and schedule texts of l. */
 static int model_text(isl_ctx *ctx, ap_layer1 *l)
 {
@@ -1076,12 +1205,17 @@ int ap_fuse_layer1_plan(const ap_mgraph *m, const ap_target_info *t, unsigned ma
 		rc = AP_ENOMEM;
 		goto fail;
 	}
-	choose_tile(m->g, l, t);
+	if (!choose_tile(m->g, l, t)) {
+		snprintf(why, cap, "no tile's staged box fits in %u bytes of shared memory",
+			 t->shared_per_block < L1_SMEM_CAP ? t->shared_per_block : L1_SMEM_CAP);
+		rc = 0;
+		goto fail;
+	}
 	if (!(ctx = thread_ctx())) {
 		rc = AP_ENOMEM;
 		goto fail;
 	}
-	if (box_of(ctx, l, why, cap) < 0) {
+	if (box_of(ctx, l, why, cap) < 0 || (l->n_pout > 0 && exact_cover(ctx, l, why, cap) < 0)) {
 		rc = 0;
 		goto fail;
 	}
@@ -1329,14 +1463,24 @@ static int user_stmt(astc *c, __isl_keep isl_ast_node *n)
 		for (int d = 0; d < l->rank; d++)
 			ix.c[d] = coord[d];
 		ap_kir_store(k, c->v->cur, c->stage, stage_index(c, coord), ap_val(c->v, l->staged, &ix));
+		/* the outputs in P's space: exact_cover made each element's
+		 * fill happen in one tile only */
+		for (int q = 0; q < l->n_pout; q++) {
+			ap_lidx oi = ap_lidx_relin(c->v, &ix, l->pout[q]);
+
+			ap_kir_store(k, c->v->cur, ap_v_buffer(c->v, l->pout[q]), ap_lidx_linear(c->v, &oi),
+				     ap_val(c->v, l->pout[q], &oi));
+		}
 	} else {
-		ix = ap_lidx_shape(&g->tensors[l->iter]);
-		for (int d = 0; d < l->rank; d++)
-			ix.c[d] = coord[d];
+		ix = iter_index(c->v, l, coord);
 		c->in_out = true;
 		for (int q = 0; q < g->n_outputs; q++) {
 			int o = g->outputs[q];
-			ap_lidx oi = ap_lidx_relin(c->v, &ix, o);
+			ap_lidx oi;
+
+			if (is_pout(l, o))
+				continue;
+			oi = ap_lidx_relin(c->v, &ix, o);
 
 			ap_kir_store(k, c->v->cur, ap_v_buffer(c->v, o), ap_lidx_linear(c->v, &oi),
 				     ap_val(c->v, o, &oi));

@@ -460,11 +460,73 @@ static bool barrier_hit(pctx *c, int p, int q, char *why, size_t cap)
 
 /* The tensors the merged group p + q would write: all of one shape, or for
  * a reduction group only reductions' results. */
+/* In the window group of p and q: marks (c->mark == c->mark_stamp) the
+ * members that compute from the window node's result, the window node
+ * included, and returns the window node (-1: none). */
+static int window_downstream(pctx *c, int p, int q)
+{
+	const ap_graph *g = c->g;
+	int n = members(c, p, q), w = -1;
+
+	c->mark_stamp++;
+	for (int i = 0; i < n; i++) {
+		int m = c->list[i];
+		const ap_node *node = &g->nodes[m];
+		bool down = false;
+
+		if (w < 0 && ap_node_is_window(g, node)) {
+			w = m;
+			down = true;
+		}
+		for (int j = 0; j < node->n_inputs && !down && w >= 0; j++) {
+			int t = node->inputs[j] >= 0 ? source_of(g, c->through, node->inputs[j]) : -1;
+			int u = t >= 0 ? g->tensors[t].producer : -1;
+
+			down = u >= 0 && c->mark[u] == c->mark_stamp;
+		}
+		if (down)
+			c->mark[m] = c->mark_stamp;
+	}
+	return w;
+}
+
+/* Do the windows of window node w tile its input exactly (each element
+ * read by one window, none left out)?  Then Layer I computes the pooled
+ * tensor once per element and can write it, or what is computed from it,
+ * for other kernels too.  A global pooling always does; a pooling when
+ * its windows are as large as its strides, undilated and unpadded, and
+ * divide the input. */
+static int64_t attr_at(const ap_node *n, const char *name, int i, int64_t dflt)
+{
+	const ap_attr *a = ap_node_attr(n, name);
+
+	return a && a->type == AP_ATTR_INTS && i >= 0 && i < a->n_ints ? a->ints[i] : dflt;
+}
+
+static bool window_tiles_input(const ap_graph *g, const ap_node *w)
+{
+	const ap_tensor *x = &g->tensors[w->inputs[0]];
+
+	if (ap_op_category_of(w->op) == AP_CAT_REDUCTION)
+		return true;
+	for (int d = 2; d < x->rank; d++) {
+		int64_t k = attr_at(w, "kernel_shape", d - 2, 1);
+
+		if (attr_at(w, "strides", d - 2, 1) != k || k < 1 || x->dims[d] % k != 0 ||
+		    attr_at(w, "dilations", d - 2, 1) != 1 ||
+		    attr_at(w, "pads", d - 2, 0) != 0 ||
+		    attr_at(w, "pads", d - 2 + x->rank - 2, 0) != 0)
+			return false;
+	}
+	return true;
+}
+
 static int outputs_check(pctx *c, int p, int q, int kind, char *why, size_t cap)
 {
 	const ap_graph *g = c->g;
 	const ap_tensor *first = NULL;
 	int roots[2] = {p, q};
+	int w = kind == AP_GROUP_WINDOW ? window_downstream(c, p, q) : -1;
 
 	for (int s = 0; s < 2; s++) {
 		for (int m = c->head[roots[s]]; m >= 0; m = c->next[m]) {
@@ -475,6 +537,28 @@ static int outputs_check(pctx *c, int p, int q, int kind, char *why, size_t cap)
 
 				if (t < 0 || !needed_outside(c, t, p, q))
 					continue;
+				if (w >= 0 && c->mark[m] != c->mark_stamp) {
+					/* before the window: the pooled tensor's space,
+					 * written by Layer I's fill */
+					const ap_tensor *x = &g->tensors[g->nodes[w].inputs[0]];
+
+					if (!ap_dims_equal(x->rank, x->dims, g->tensors[t].rank,
+							   g->tensors[t].dims)) {
+						say(why, cap, "shape: %s is read outside the window micro-graph "
+							      "and has neither its shape nor the pooled tensor's",
+						    g->tensors[t].name);
+						return AP_WHY_SHAPE;
+					}
+					if (!window_tiles_input(g, &g->nodes[w])) {
+						say(why, cap, "shape: %s is read outside the window micro-graph, and "
+							      "the windows of %s overlap or leave gaps (Layer I "
+							      "computes the pooled tensor once per element only "
+							      "where the windows tile it)",
+						    g->tensors[t].name, g->nodes[w].name);
+						return AP_WHY_SHAPE;
+					}
+					continue;
+				}
 				if (kind == AP_GROUP_REDUCTION) {
 					if (ap_op_category_of(node->op) != AP_CAT_REDUCTION) {
 						say(why, cap,
@@ -823,6 +907,53 @@ static const char *node_label(pctx *c, int root)
 	return c->g->nodes[root].name;
 }
 
+bool ap_node_is_window(const ap_graph *g, const ap_node *n)
+{
+	const ap_attr *ax;
+	const ap_tensor *x;
+	uint64_t mask = 0, spatial;
+
+	if (n->op == AP_OP_MAX_POOL || n->op == AP_OP_AVERAGE_POOL)
+		return true;
+	if (n->op != AP_OP_REDUCE_SUM && n->op != AP_OP_REDUCE_MAX && n->op != AP_OP_REDUCE_MIN)
+		return false;
+	if (n->n_inputs < 1 || n->inputs[0] < 0 || n->n_outputs < 1 || n->outputs[0] < 0)
+		return false;
+	x = &g->tensors[n->inputs[0]];
+	ax = ap_node_attr(n, "axes");
+	if (!ax || x->rank < 3 || x->rank > 63)
+		return false;
+	for (int i = 0; i < ax->n_ints; i++) {
+		if (ax->ints[i] < 2 || ax->ints[i] >= x->rank)
+			return false;
+		mask |= UINT64_C(1) << ax->ints[i];
+	}
+	spatial = ((UINT64_C(1) << x->rank) - 1) & ~UINT64_C(3);
+	return mask == spatial;
+}
+
+/* Layer I's second kind of window: group q is one global-pooling
+ * reduction (ap_node_is_window) and p a convolution's group -- ResNet's and
+ * SqueezeNet's convolution -> activation -> global average pooling, a
+ * training step's mean over H and W.  Staged per (batch, channel) plane,
+ * the product's output never goes to memory. */
+static bool reduction_window(pctx *c, int p, int q)
+{
+	const ap_graph *g = c->g;
+	const ap_node *r = &g->nodes[c->head[q]];
+	const ap_tensor *x;
+	int64_t plane = 1;
+
+	if (c->level != AP_FUSE_APOLLO || c->no_layer1 || c->size[q] != 1 ||
+	    c->kind[p] != AP_GROUP_CONV || c->kind[q] != AP_GROUP_REDUCTION || !ap_node_is_window(g, r))
+		return false;
+	/* one (batch, channel) plane is Layer I's smallest tile */
+	x = &g->tensors[r->inputs[0]];
+	for (int d = 2; d < x->rank; d++)
+		plane *= x->dims[d];
+	return plane * (int64_t)ap_dtype_size(x->dtype) <= AP_WINDOW_STAGE_BYTES;
+}
+
 /* Does group q hold a convolution or a matmul? */
 static bool group_has_product(pctx *c, int q)
 {
@@ -837,10 +968,15 @@ static bool group_has_product(pctx *c, int q)
 
 /* A product (group p's convolution or matmul) inside a pooling window's
  * Layer I kernel: computed tile by tile with its halo, on the SIMT units,
- * instead of by its own tiled kernel.  Asks the cost model with an
- * estimated halo of 1.1 (Layer I picks tiles to stay near it). */
+ * by a direct loop, instead of by its own tiled kernel.  Asks the cost
+ * model with an estimated halo of 1.1 (Layer I picks tiles to stay near
+ * it; a global pooling's tiles are exact, and the 10% then stands for
+ * the direct loop's lack of register blocking: a product with a long
+ * reduction, such as SqueezeNet's 512-channel classifier convolution,
+ * stays on its tiled kernel).  Layer I asks again with its own tiles. */
 static bool window_product_pays(pctx *c, int p, char *why, size_t cap)
 {
+	const double halo = 1.1;
 	const ap_graph *g = c->g;
 	int anchors = 0;
 
@@ -862,9 +998,11 @@ static bool window_product_pays(pctx *c, int p, char *why, size_t cap)
 
 			inner = u >= 0 && find(c, u) == p;
 		}
-		if (!inner || !is_compute(node)) {
-			say(why, cap, "rule: only a product with its elementwise epilogue joins a pooling "
-				      "window (%s is not one)", node->name);
+		/* an index map before the product (a Concat, a Pad) costs nothing
+		 * to recompute; arithmetic would run once per output channel */
+		if (inner != is_compute(node)) {
+			say(why, cap, "rule: only a product with its elementwise epilogue (and index maps "
+				      "before it) joins a pooling window (%s is not one)", node->name);
 			return false;
 		}
 	}
@@ -881,7 +1019,7 @@ static bool window_product_pays(pctx *c, int p, char *why, size_t cap)
 
 		if (cat != AP_CAT_MATMUL && cat != AP_CAT_CONV)
 			continue;
-		pays = c->target && ap_cost_staged_product_pays(c->target, g, node, 1.1, &k);
+		pays = c->target && ap_cost_staged_product_pays(c->target, g, node, halo, &k);
 		if (c->target && k == 0) {
 			say(why, cap, "rule: a %s does not join a pooling window", ap_op_name(node->op));
 			return false;
@@ -929,6 +1067,8 @@ static int check_merge(pctx *c, int p, int q, int *kind_out, char *why, size_t c
 		return AP_WHY_LEVEL;
 	}
 	kind = merged_kind(pk, ck, c->level, why, cap);
+	if (kind < 0 && reduction_window(c, p, q))
+		kind = AP_GROUP_WINDOW;
 	if (kind < 0)
 		return AP_WHY_RULE;
 	r = outputs_check(c, p, q, kind, why, cap);
@@ -1884,8 +2024,8 @@ static int fill_group(ap_partition *part, int gi)
 		const ap_node *node = &g->nodes[m];
 		ap_group_kind nk = node_kind(node);
 
-		if ((is_anchor(nk) || nk == AP_GROUP_OPAQUE || nk == AP_GROUP_WINDOW) &&
-		    grp->kind != AP_GROUP_WHOLE && (grp->kind != AP_GROUP_WINDOW || nk == AP_GROUP_WINDOW))
+		if (grp->kind == AP_GROUP_WINDOW ? ap_node_is_window(g, node)
+		    : (is_anchor(nk) || nk == AP_GROUP_OPAQUE) && grp->kind != AP_GROUP_WHOLE)
 			grp->root = m;
 		for (int o = 0; o < node->n_outputs; o++) {
 			int t = node->outputs[o];

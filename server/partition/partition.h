@@ -114,9 +114,11 @@ typedef enum ap_group_kind {
 				    (Layer II; never made by the partitioner) */
 	AP_GROUP_ATTENTION = 10, /* QK^T -> softmax -> PV stitched into one
 				    (Layer II; never made by the partitioner) */
-	AP_GROUP_WINDOW = 11,    /* a pooling window (MaxPool, AveragePool) with its
-				    producers and elementwise consumers, at level
-				    apollo; scheduled by Layer I (server/fuse/layer1.c),
+	AP_GROUP_WINDOW = 11,    /* a pooling window (MaxPool, AveragePool, or a
+				    global pooling reduction over a product's
+				    output: ap_node_is_window) with its producers
+				    and elementwise consumers, at level apollo;
+				    scheduled by Layer I (server/fuse/layer1.c),
 				    which stages the pooled tensor on chip */
 } ap_group_kind;
 #define AP_GROUP_KIND_COUNT 12
@@ -293,6 +295,18 @@ int ap_partition_cut(ap_partition *p, int gi, const int *cut, int n_cut, const c
 /* Readers of program tensor t: the nodes (of p->g, not read-through
  * views) that read it, directly or through views; *n gets the count. */
 const int *ap_partition_readers(const ap_partition *p, int t, int *n);
+
+/* Is node n of g the window op of a window micro-graph (Layer I)?  A
+ * MaxPool or AveragePool, or a global pooling written as a reduction:
+ * ReduceSum, ReduceMax or ReduceMin over exactly the spatial axes 2..r-1
+ * of an NCHW-like input of rank r >= 3 (what GlobalAveragePool and
+ * GlobalMaxPool import as, and a framework's mean over H and W).  A
+ * pooling always starts a window group; a global-pooling reduction
+ * becomes one only when it joins a product's group (check_merge). */
+bool ap_node_is_window(const ap_graph *g, const ap_node *n);
+/* Shared memory one block of a Layer I kernel stages at most (bytes): small
+ * enough for several blocks per SM. */
+#define AP_WINDOW_STAGE_BYTES (16 * 1024)
 
 /* "elementwise", "broadcast", "reduction", "opaque", "injective",
  * "transpose", "matmul", "conv", "whole". */
