@@ -15,7 +15,9 @@
 # per second with 1, 4 and 16 clients), the fusion table (bench/fusion.sh: launches
 # and modelled bytes at each fusion level, beside onnxruntime's optimized
 # graph), the Layer I table (bench/layer1.sh: launches, modelled bytes
-# with Layer I off and on, Layer I's time beside NVRTC's), the scale table (bench/scale.sh: partition and codegen time of
+# with Layer I off and on, Layer I's time beside NVRTC's), the compile
+# table (bench/compile.sh: cold compile beside the NVRTC floor, distinct
+# kernels of 1 ... 32-layer encoders), the scale table (bench/scale.sh: partition and codegen time of
 # transformer encoders of 8 ... 512 layers), the GEMM table (bench/gemm.sh:
 # the models' GEMM, convolution and attention shapes -- FLOPs, bytes,
 # ptxas's registers, spills and shared memory for sm_90, host time beside
@@ -69,6 +71,8 @@ echo
 sh bench/fusion.sh
 echo
 sh bench/layer1.sh ${targets%% *}
+echo
+sh bench/compile.sh ${targets%% *}
 echo
 sh bench/scale.sh
 echo

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""bench/scale_graph.py LAYERS OUT.onnx -- a transformer-encoder ONNX model of
-LAYERS layers, for bench/scale.sh (compile time against graph size).
+"""bench/scale_graph.py LAYERS OUT.onnx [--initializers] -- a
+transformer-encoder ONNX model of LAYERS layers, for bench/scale.sh (compile
+time against graph size) and bench/compile.sh (distinct kernels against
+layers).
 
 Each layer has the shape of ../shared/testdata/models/bert_like_2l (PyTorch's
 nn.TransformerEncoderLayer as exported, sequence first, post-norm):
@@ -17,8 +19,12 @@ Sizes are small (batch 2, seq 16, d_model 64, 2 heads, FFN 256) so that
 code generation stays cheap; every layer has the same shapes, so the
 kernels of all layers are the same and shared by content.  The weights of
 each layer are graph inputs (no data in the file), the small constants
-Constant nodes, as PyTorch exports them.
+Constant nodes, as PyTorch exports them; with --initializers they are
+initializers holding random values of their own per layer (seeded by
+name), as a model exported with its weights is: the biases and LayerNorm
+weights (at most 4 KiB) then import as constants of the graph.
 """
+import zlib
 import sys
 
 import numpy as np
@@ -30,9 +36,11 @@ HD = D // H
 
 
 class Builder:
-    def __init__(self):
+    def __init__(self, initializers=False):
         self.nodes = []
         self.inputs = []
+        self.inits = []
+        self.initializers = initializers
         self.n = 0
 
     def name(self, base):
@@ -53,7 +61,12 @@ class Builder:
         return out
 
     def weight(self, name, shape):
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+        if self.initializers:
+            rng = np.random.default_rng(zlib.crc32(name.encode()))
+            arr = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+            self.inits.append(numpy_helper.from_array(arr, name))
+        else:
+            self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
         return name
 
 
@@ -114,23 +127,25 @@ def encoder_layer(b, x, l):
     return layer_norm(b, b.node("Add", [h, f2], p), p + "/norm2", g2, be2)
 
 
-def model(layers):
-    b = Builder()
+def model(layers, initializers=False):
+    b = Builder(initializers)
     x = "input_0"
     xin = helper.make_tensor_value_info(x, TensorProto.FLOAT, [B, S, D])
     for l in range(layers):
         x = encoder_layer(b, x, l)
     out = helper.make_tensor_value_info(x, TensorProto.FLOAT, [B, S, D])
-    g = helper.make_graph(b.nodes, f"encoder_{layers}l", [xin] + b.inputs, [out])
+    g = helper.make_graph(b.nodes, f"encoder_{layers}l", [xin] + b.inputs, [out],
+                          initializer=b.inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)], producer_name="apollo-bench")
     m.ir_version = 7
     return m
 
 
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: scale_graph.py LAYERS OUT.onnx")
-    m = model(int(sys.argv[1]))
+    args = [a for a in sys.argv[1:] if a != "--initializers"]
+    if len(args) != 2:
+        sys.exit("usage: scale_graph.py LAYERS OUT.onnx [--initializers]")
+    m = model(int(args[0]), "--initializers" in sys.argv[1:])
     onnx.checker.check_model(m)
     onnx.save(m, sys.argv[2])
 

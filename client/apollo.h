@@ -266,6 +266,8 @@ typedef enum ap_bundle_buffer_kind {
 	AP_BUNDLE_BUF_OUTPUT = 1,
 	AP_BUNDLE_BUF_PARAM = 2,
 	AP_BUNDLE_BUF_INTERMEDIATE = 3,
+	AP_BUNDLE_BUF_CONST = 4,   /* a graph constant whose bytes the bundle carries;
+				      the runtime binds it itself */
 } ap_bundle_buffer_kind;  /* numbered as apollo.BufferKind */
 
 typedef struct ap_bundle_buffer {

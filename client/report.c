@@ -68,6 +68,7 @@ static const char *buffer_kind_name(ap_bundle_buffer_kind k)
 	case AP_BUNDLE_BUF_INPUT: return "input";
 	case AP_BUNDLE_BUF_OUTPUT: return "output";
 	case AP_BUNDLE_BUF_PARAM: return "param";
+	case AP_BUNDLE_BUF_CONST: return "const";
 	case AP_BUNDLE_BUF_INTERMEDIATE: return "intermediate";
 	default: return "unknown";
 	}

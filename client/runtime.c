@@ -156,7 +156,7 @@ static int check_buffer(const Apollo__Bundle *b, size_t i, ap_error *err)
 
 	if (!bf)
 		return ap_error_set(err, AP_EINVAL, NULL, NULL, "bundle buffer %zu is empty", i);
-	if (bf->kind > APOLLO__BUFFER_KIND__BUF_INTERMEDIATE)
+	if (bf->kind > APOLLO__BUFFER_KIND__BUF_CONST)
 		return ap_error_set(err, AP_EINVAL, NULL, bf->name,
 				    "buffer %zu has unknown kind %d", i, (int)bf->kind);
 	es = ap_dtype_size((ap_dtype)bf->dtype);
@@ -181,6 +181,13 @@ static int check_buffer(const Apollo__Bundle *b, size_t i, ap_error *err)
 				    "buffer '%s' says %llu bytes but its shape and dtype make %llu",
 				    bf->name, (unsigned long long)bf->bytes,
 				    (unsigned long long)(n * es));
+	if (bf->kind != APOLLO__BUFFER_KIND__BUF_CONST && bf->data.len > 0)
+		return ap_error_set(err, AP_EINVAL, NULL, bf->name,
+				    "buffer '%s' carries data but is not a constant", bf->name);
+	if (bf->kind == APOLLO__BUFFER_KIND__BUF_CONST && bf->data.len != bf->bytes)
+		return ap_error_set(err, AP_EINVAL, NULL, bf->name,
+				    "constant '%s' carries %zu bytes of data for %llu", bf->name,
+				    bf->data.len, (unsigned long long)bf->bytes);
 	if (bf->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE &&
 	    (bf->offset > b->workspace_bytes || bf->bytes > b->workspace_bytes - bf->offset))
 		return ap_error_set(err, AP_EINVAL, NULL, bf->name,
@@ -289,11 +296,13 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 						    ap_dtype_name((ap_dtype)pp->dtype), bf->name,
 						    ap_dtype_name((ap_dtype)bf->dtype));
 			if (pp->written && (bf->kind == APOLLO__BUFFER_KIND__BUF_INPUT ||
-					    bf->kind == APOLLO__BUFFER_KIND__BUF_PARAM))
+					    bf->kind == APOLLO__BUFFER_KIND__BUF_PARAM ||
+					    bf->kind == APOLLO__BUFFER_KIND__BUF_CONST))
 				return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
 						    "kernel '%s' writes %s buffer '%s'", kk->name,
-						    bf->kind == APOLLO__BUFFER_KIND__BUF_INPUT ? "input" : "param",
-						    bf->name);
+						    bf->kind == APOLLO__BUFFER_KIND__BUF_INPUT ? "input"
+						    : bf->kind == APOLLO__BUFFER_KIND__BUF_PARAM ? "param"
+						    : "constant", bf->name);
 		}
 	}
 	return 0;
@@ -827,6 +836,8 @@ ap_runtime *ap_runtime_free(ap_runtime *rt)
 	return NULL;
 }
 
+static int bind(ap_runtime *rt, rt_buffer *bf, const ap_host_tensor *t, ap_error *err);
+
 ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *opt, ap_error *err)
 {
 	const Apollo__Bundle *b = ap_bundle_pb(bundle);
@@ -890,6 +901,21 @@ ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *op
 		if (gpu_setup(rt, opt ? opt->device : 0, err) < 0)
 			return ap_runtime_free(rt);
 	}
+	/* the bundle's constants: bound here, once, whatever the client */
+	for (int i = 0; i < rt->n_buffers; i++) {
+		rt_buffer *bf = &rt->buffers[i];
+		ap_host_tensor t;
+
+		if (bf->pb->kind != APOLLO__BUFFER_KIND__BUF_CONST)
+			continue;
+		memset(&t, 0, sizeof(t));
+		t.name = bf->pb->name;
+		t.dtype = (ap_dtype)bf->pb->dtype;
+		t.data = bf->pb->data.data;
+		t.nbytes = bf->pb->data.len;
+		if (bind(rt, bf, &t, err) < 0)
+			return ap_runtime_free(rt);
+	}
 	return rt;
 }
 
@@ -900,7 +926,8 @@ int ap_runtime_n_outputs(const ap_runtime *rt) { return rt->n_outputs; }
 static int bind(ap_runtime *rt, rt_buffer *bf, const ap_host_tensor *t, ap_error *err)
 {
 	const Apollo__Buffer *pb = bf->pb;
-	const char *what = pb->kind == APOLLO__BUFFER_KIND__BUF_INPUT ? "input" : "param";
+	const char *what = pb->kind == APOLLO__BUFFER_KIND__BUF_INPUT ? "input"
+			   : pb->kind == APOLLO__BUFFER_KIND__BUF_CONST ? "constant" : "param";
 
 	if ((int)t->dtype != (int)pb->dtype)
 		return ap_error_set(err, AP_ESHAPE, NULL, pb->name,
@@ -1072,6 +1099,10 @@ int ap_runtime_bind_ptr(ap_runtime *rt, int buffer, void *ptr, uint64_t bytes, a
 	if (pb->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE)
 		return ap_error_set(err, AP_EINVAL, NULL, pb->name,
 				    "buffer '%s' is an intermediate: it lives in the workspace",
+				    pb->name);
+	if (pb->kind == APOLLO__BUFFER_KIND__BUF_CONST)
+		return ap_error_set(err, AP_EINVAL, NULL, pb->name,
+				    "buffer '%s' is a constant: the runtime binds it from the bundle",
 				    pb->name);
 	if (bytes != pb->bytes)
 		return ap_error_set(err, AP_ESHAPE, NULL, pb->name,

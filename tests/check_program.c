@@ -33,6 +33,7 @@
 #include "server/fuse/fuse.h"
 #include "server/partition/partition.h"
 #include "server/plan/program.h"
+#include "server/lower/value.h"
 
 typedef void (*host_fn)(void *const *args, unsigned block_begin, unsigned block_end);
 
@@ -159,8 +160,8 @@ typedef struct named {
 } named;
 
 /* Runs the plan.  inputs[i]: data of graph input i; params: by name, and
- * a constant of g that a kernel reads from memory by its name (as
- * ap_runtime_bind_consts does); outs[i] receives a malloc'd copy of graph
+ * a constant of g that a kernel reads from memory from the plan's own copy
+ * (what the bundle carries); outs[i] receives a malloc'd copy of graph
  * output i. */
 static void run_plan(const ap_program *p, const ap_graph *g, const compiled *c, const void *const *inputs,
 		     const named *params, int n_params, void **outs, int n_outs)
@@ -184,14 +185,18 @@ static void run_plan(const ap_program *p, const ap_graph *g, const compiled *c, 
 			for (int j = 0; j < n_params; j++)
 				if (strcmp(params[j].name, bf->name) == 0)
 					ptr[b] = (void *)params[j].data;
-			if (!ptr[b]) {
-				int t = ap_graph_find_tensor(g, bf->name);
-
-				if (t >= 0 && g->tensors[t].kind == AP_TENSOR_CONST)
-					ptr[b] = (void *)g->tensors[t].data;
-			}
 			ck_assert_msg(ptr[b] != NULL || bf->nbytes == 0, "no data for param %s", bf->name);
 			break;
+		case AP_BUF_CONST: {
+			int t = ap_graph_find_tensor(g, bf->name);
+
+			ck_assert_msg(bf->data != NULL, "constant %s without its bytes", bf->name);
+			ck_assert_int_ge(t, 0);
+			ck_assert_int_eq(g->tensors[t].kind, AP_TENSOR_CONST);
+			ck_assert_mem_eq(bf->data, g->tensors[t].data, (size_t)bf->nbytes);
+			ptr[b] = bf->data;
+			break;
+		}
 		case AP_BUF_OUTPUT:
 			ptr[b] = malloc(bf->nbytes + 1);
 			memset(ptr[b], 0xFF, bf->nbytes + 1);
@@ -2834,6 +2839,71 @@ START_TEST(feedback_on_a_model)
 END_TEST
 
 
+/* Two identical layers h = relu(h W_i + b_i), the biases constants of the
+ * graph (initializers) with different values: with biases of 32 elements,
+ * read from BUF_CONST buffers whose bytes travel in the bundle, both layers
+ * run one kernel; biases of 16 elements are baked into the source, so
+ * each layer has its own.  Values checked on the host either way. */
+START_TEST(identical_layers_share_kernels)
+{
+	static const int widths[] = {32, 16};
+
+	for (size_t c = 0; c < sizeof(widths) / sizeof(widths[0]); c++) {
+		const int R = 8, N = widths[c];
+		ap_graph *g = ap_graph_new("layers");
+		float *xs = randv((int64_t)R * N, -1, 1), *w1 = randv((int64_t)N * N, -1, 1);
+		float *w2 = randv((int64_t)N * N, -1, 1), *b1 = randv(N, -1, 1), *b2 = randv(N, -1, 1);
+		double *h1 = calloc((size_t)R * N, sizeof(double)), *h2 = calloc((size_t)R * N, sizeof(double));
+		int x = input(g, "x", AP_DT_F32, DIMS(R, N));
+		int W1 = param(g, "w1", AP_DT_F32, DIMS(N, N)), W2 = param(g, "w2", AP_DT_F32, DIMS(N, N));
+		int B1 = tensor(g, "b1", AP_DT_F32, AP_TENSOR_CONST, b1, DIMS(N));
+		int B2 = tensor(g, "b2", AP_DT_F32, AP_TENSOR_CONST, b2, DIMS(N));
+		int m1 = value(g, "m1", AP_DT_F32, DIMS(R, N)), a1 = value(g, "a1", AP_DT_F32, DIMS(R, N));
+		int r1 = value(g, "r1", AP_DT_F32, DIMS(R, N)), m2 = value(g, "m2", AP_DT_F32, DIMS(R, N));
+		int a2 = value(g, "a2", AP_DT_F32, DIMS(R, N)), r2 = value(g, "r2", AP_DT_F32, DIMS(R, N));
+		named pr[2] = {{"w1", w1}, {"w2", w2}};
+		void *outs[1];
+		ap_program *p;
+		int consts = 0;
+
+		node(g, "mm1", AP_OP_MATMUL, LIST(x, W1), LIST(m1));
+		node(g, "add1", AP_OP_ADD, LIST(m1, B1), LIST(a1));
+		node(g, "relu1", AP_OP_RELU, LIST(a1), LIST(r1));
+		node(g, "mm2", AP_OP_MATMUL, LIST(r1, W2), LIST(m2));
+		node(g, "add2", AP_OP_ADD, LIST(m2, B2), LIST(a2));
+		node(g, "relu2", AP_OP_RELU, LIST(a2), LIST(r2));
+		output(g, r2);
+		for (int i = 0; i < R; i++)
+			for (int j = 0; j < N; j++) {
+				double acc = b1[j];
+
+				for (int k = 0; k < N; k++)
+					acc += (double)xs[i * N + k] * w1[k * N + j];
+				h1[i * N + j] = acc > 0 ? acc : 0;
+			}
+		for (int i = 0; i < R; i++)
+			for (int j = 0; j < N; j++) {
+				double acc = b2[j];
+
+				for (int k = 0; k < N; k++)
+					acc += h1[i * N + k] * w2[k * N + j];
+				h2[i * N + j] = acc > 0 ? acc : 0;
+			}
+		p = build_and_run(g, (const void *[]){xs}, pr, 2, outs);
+		expect_close("layers", outs[0], h2, (int64_t)R * N);
+		ck_assert_int_eq(p->n_launches, 2);
+		ck_assert_int_eq(p->n_kernels, N > AP_CONST_BAKE_MAX ? 1 : 2);
+		for (int b = 0; b < p->n_buffers; b++)
+			consts += p->buffers[b].kind == AP_BUF_CONST;
+		ck_assert_int_eq(consts, N > AP_CONST_BAKE_MAX ? 2 : 0);
+		free_outs(outs, 1);
+		ap_program_free(p);
+		ap_graph_free(g);
+		free(xs), free(w1), free(w2), free(b1), free(b2), free(h1), free(h2);
+	}
+}
+END_TEST
+
 /* ---- Layer I: polyhedral loop fusion of pooling windows ---------------------------------------- */
 
 enum { L1_BIAS, L1_RELU, L1_CONV };
@@ -3324,6 +3394,7 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, training_normalizations_are_one_launch);
 	tcase_add_test(tc, fusion_levels_on_models);
 	tcase_add_test(tc, feedback_on_a_model);
+	tcase_add_test(tc, identical_layers_share_kernels);
 	tcase_add_test(tc, layer1_pooling_windows);
 	tcase_add_test(tc, layer1_conv_activation_pooling);
 	tcase_add_test(tc, layer1_global_pooling);

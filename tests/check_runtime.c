@@ -477,11 +477,53 @@ START_TEST(params_from_graph_consts)
 }
 END_TEST
 
+/* A constant the kernels read from memory travels in the bundle
+ * (BUF_CONST, its bytes in Buffer.data): the runtime binds it itself, no
+ * client binding, and refuses to have it rebound. */
+START_TEST(consts_from_the_bundle)
+{
+	hb h;
+	ap_bundle *b;
+	ap_runtime *rt;
+	ap_error err;
+	ap_host_tensor *x, *w, *z;
+	int dummy = 0;
+
+	build_so();
+	if (!so_blob) {
+		printf("consts_from_the_bundle: SKIPPED: %s\n", so_why);
+		return;
+	}
+	x = make_f32("x", 2, ROWS, COLS, 1.0f);
+	w = make_f32("w", 1, COLS, 0, 3.0f);
+	hb_init(&h, "cpu", so_blob, so_len);
+	h.buf[1].kind = APOLLO__BUFFER_KIND__BUF_CONST;
+	h.buf[1].data.data = w->data;
+	h.buf[1].data.len = w->nbytes;
+	b = hb_bundle(&h);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_runtime_bind_input(rt, 0, x, &err), 0);
+	ck_assert_int_eq(ap_runtime_bind_params(rt, NULL, &err), 0);   /* nothing to bind */
+	ck_assert_int_eq(ap_runtime_bind_ptr(rt, 1, &dummy, COLS * 4, &err), AP_EINVAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "constant"));
+	ck_assert_int_eq(ap_runtime_run(rt, &err), 0);
+	z = ap_runtime_output(rt, 0, &err);
+	expect_rowsum(x, w, z);
+	ap_host_tensor_free(z);
+	ap_host_tensor_free(x);
+	ap_host_tensor_free(w);
+	ap_runtime_free(rt);
+	ap_bundle_free(b);
+}
+END_TEST
+
 /* Each case breaks the hand-made bundle in one way. */
 enum breakage {
 	BR_KERNEL_INDEX, BR_ARG_INDEX, BR_ARG_COUNT, BR_GRID_ZERO, BR_GRID_VALUES,
 	BR_WORKSPACE, BR_BYTES, BR_DTYPE, BR_DUP_OUTPUT, BR_WRITES_INPUT, BR_TARGET,
 	BR_NO_SYMBOL, BR_BAD_BLOB, BR_EMPTY_BLOB, BR_DIGEST, BR_NO_DIGEST,
+	BR_CONST_SHORT, BR_DATA_NOT_CONST, BR_WRITES_CONST, BR_KIND,
 };
 
 START_TEST(malformed_bundles)
@@ -498,9 +540,12 @@ START_TEST(malformed_bundles)
 		{ BR_TARGET, AP_EUNSUPPORTED }, { BR_NO_SYMBOL, AP_ECOMPILE },
 		{ BR_BAD_BLOB, AP_ECOMPILE },   { BR_EMPTY_BLOB, AP_EINVAL },
 		{ BR_DIGEST, AP_EINVAL },       { BR_NO_DIGEST, AP_EINVAL },
+		{ BR_CONST_SHORT, AP_EINVAL },  { BR_DATA_NOT_CONST, AP_EINVAL },
+		{ BR_WRITES_CONST, AP_EINVAL }, { BR_KIND, AP_EINVAL },
 	};
 	static const uint8_t junk[16] = "not an ELF file";
 	static uint8_t zero32[32];
+	static uint8_t wbytes[COLS * 4];
 
 	build_so();
 	if (!so_blob) {
@@ -533,6 +578,15 @@ START_TEST(malformed_bundles)
 		 * (another shared object) is never loaded */
 		case BR_DIGEST: h.k[1].digest.data = zero32; h.k[1].digest.len = 32; break;
 		case BR_NO_DIGEST: h.k[1].digest.data = zero32; h.k[1].digest.len = 31; break;
+		/* a constant whose bytes do not fill it; bytes on a buffer that is
+		 * not a constant; a kernel writing a constant; an unknown kind */
+		case BR_CONST_SHORT: h.buf[1].kind = APOLLO__BUFFER_KIND__BUF_CONST;
+			h.buf[1].data.data = wbytes; h.buf[1].data.len = sizeof(wbytes) - 4; break;
+		case BR_DATA_NOT_CONST: h.buf[1].data.data = wbytes; h.buf[1].data.len = sizeof(wbytes); break;
+		case BR_WRITES_CONST: h.buf[1].kind = APOLLO__BUFFER_KIND__BUF_CONST;
+			h.buf[1].data.data = wbytes; h.buf[1].data.len = sizeof(wbytes);
+			h.p[1].written = 1; break;
+		case BR_KIND: h.buf[1].kind = (Apollo__BufferKind)5; break;
 		}
 		b = hb_bundle(&h);
 		rt = ap_runtime_new(b, NULL, &err);
@@ -865,6 +919,7 @@ static Suite *runtime_suite(void)
 	tcase_add_test(tc, host_runs_plan);
 	tcase_add_test(tc, binding_errors);
 	tcase_add_test(tc, params_from_graph_consts);
+	tcase_add_test(tc, consts_from_the_bundle);
 	tcase_add_test(tc, malformed_bundles);
 	tcase_add_test(tc, empty_shapes);
 	tcase_add_test(tc, zero_copy_binding);

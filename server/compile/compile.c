@@ -739,6 +739,10 @@ static Apollo__Bundle *build_bundle(const ap_program *p, struct kblob *blobs, co
 		bb->bytes = bs->nbytes;
 		bb->offset = bs->offset;
 		bb->index = bs->index;
+		if (bs->kind == AP_BUF_CONST && bs->data) {
+			bb->data.data = xmemdup(bs->data, (size_t)bs->nbytes, oom);
+			bb->data.len = bb->data.data ? (size_t)bs->nbytes : 0;
+		}
 	}
 	b->workspace_bytes = p->workspace_bytes;
 	b->graph_hash.data = xmemdup(graph_hash, 32, oom);

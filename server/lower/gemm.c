@@ -233,7 +233,7 @@ static bool operand_view(const ap_graph *g, int t, sview *out, int *leaf)
 	}
 	/* a constant of a few elements is baked into the kernel; a larger one
 	 * (a small convolution's weights) is read from a buffer like a weight */
-	if (g->tensors[x].kind == AP_TENSOR_CONST && ap_tensor_numel(&g->tensors[x]) <= 16)
+	if (g->tensors[x].kind == AP_TENSOR_CONST && ap_tensor_numel(&g->tensors[x]) <= AP_CONST_BAKE_MAX)
 		return false;
 	*leaf = x;
 	sv_rowmajor(out, &g->tensors[x]);

@@ -305,6 +305,10 @@ static ap_kir_expr *const_value(ap_vctx *v, int t, ap_lidx *ix)
 	lin = ap_lidx_linear(v, ix);
 	if (ap_kir_is_int(lin, &i) && i >= 0 && i < n)
 		return const_elem(v, x, i);
+	if (n > AP_CONST_BAKE_MAX)
+		/* read from a buffer, as a weight: kernels of identical layers
+		 * with different constants stay one kernel */
+		return ap_kir_load(v->k, ap_v_buffer(v, t), lin);
 	if (!v->arr_of[t]) {
 		char name[32];
 

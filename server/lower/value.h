@@ -5,8 +5,12 @@
  *   - the emitter's leaf hook is asked first (a value it holds itself: a
  *     tile staged in shared memory, a row statistic in a register, a
  *     vector-loaded element);
- *   - CONST tensors are literals (one element, or all elements equal) or
- *     loads from a constant array baked into the source;
+ *   - CONST tensors are literals (one element, all elements equal, or an
+ *     element at a constant index), loads from a constant array baked into
+ *     the source (at most AP_CONST_BAKE_MAX elements), or loads from a
+ *     buffer (larger ones: a BUF_CONST buffer whose bytes travel in the
+ *     bundle, so kernels of identical layers with different constants are
+ *     one kernel);
  *   - views (Reshape, Identity) relinearise ix onto their input;
  *   - a tensor made by a node of the micro-graph is computed from its
  *     inputs' values at the indices its op maps ix to (per-op scalar
@@ -31,6 +35,10 @@
 
 #include "../kir/kir.h"
 #include "../partition/mgraph.h"
+
+/* Constants of at most this many elements (not all equal) are baked into
+ * a kernel's source; larger ones are read from a buffer. */
+#define AP_CONST_BAKE_MAX 16
 
 typedef struct ap_lidx {
 	int rank;

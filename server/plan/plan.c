@@ -95,8 +95,10 @@ ap_program *ap_program_free(__ap_take ap_program *p)
 	for (int i = 0; i < p->n_ops; i++)
 		free(p->ops[i].node);
 	free(p->ops);
-	for (int i = 0; i < p->n_buffers; i++)
+	for (int i = 0; i < p->n_buffers; i++) {
 		free(p->buffers[i].name);
+		free(p->buffers[i].data);
+	}
 	free(p->buffers);
 	free(p);
 	return NULL;
@@ -138,21 +140,32 @@ static int add_buffer(builder *b, int t, ap_buffer_kind kind, int index)
 		bf->dims[i] = x->dims[i];
 	bf->nbytes = tensor_bytes(x);
 	bf->index = index;
+	if (kind == AP_BUF_CONST) {
+		/* the bundle carries it: every client runs the kernels unchanged */
+		if (!x->data || x->nbytes < bf->nbytes)
+			return AP_EINVAL;
+		bf->data = malloc(bf->nbytes ? (size_t)bf->nbytes : 1);
+		if (!bf->data) {
+			free(bf->name);
+			return AP_ENOMEM;
+		}
+		memcpy(bf->data, x->data, (size_t)bf->nbytes);
+	}
 	b->buf_of[t] = p->n_buffers;
 	return p->n_buffers++;
 }
 
-/* Buffer of tensor t, created on first use: PARAM for a weight and for a
- * constant a kernel reads from memory (the client binds it from the graph,
- * ap_runtime_bind_consts), else INTERMEDIATE. */
+/* Buffer of tensor t, created on first use: PARAM for a weight, CONST for
+ * a constant a kernel reads from memory (its bytes travel in the bundle),
+ * else INTERMEDIATE. */
 static int buffer_for(builder *b, int t)
 {
 	ap_tensor_kind kind = b->g->tensors[t].kind;
 
 	if (b->buf_of[t] >= 0)
 		return b->buf_of[t];
-	return add_buffer(b, t, kind == AP_TENSOR_PARAM || kind == AP_TENSOR_CONST ? AP_BUF_PARAM
-										 : AP_BUF_INTERMEDIATE, -1);
+	return add_buffer(b, t, kind == AP_TENSOR_PARAM ? AP_BUF_PARAM
+				: kind == AP_TENSOR_CONST ? AP_BUF_CONST : AP_BUF_INTERMEDIATE, -1);
 }
 
 typedef struct interval {

@@ -34,6 +34,7 @@ typedef enum ap_buffer_kind {
 	AP_BUF_OUTPUT = 1,
 	AP_BUF_PARAM = 2,
 	AP_BUF_INTERMEDIATE = 3,
+	AP_BUF_CONST = 4,        /* a CONST tensor read from memory: `data` travels in the bundle */
 } ap_buffer_kind;            /* numbered as apollo.BufferKind */
 
 typedef struct ap_buffer {
@@ -45,6 +46,7 @@ typedef struct ap_buffer {
 	uint64_t nbytes;
 	uint64_t offset;         /* INTERMEDIATE: byte offset in the workspace (256-aligned) */
 	int index;               /* INPUT/OUTPUT: position among graph inputs/outputs; else -1 */
+	uint8_t *data;           /* CONST: a copy of the tensor's nbytes bytes (owned); else NULL */
 } ap_buffer;
 
 typedef struct ap_kernel_param {

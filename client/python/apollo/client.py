@@ -19,7 +19,7 @@ from ._lib import (ap_bundle_buffer, ap_bundle_stats, ap_server_stats, ap_submit
 from .errors import ApolloError, DaemonUnavailable, EINVAL, ENOMEM, EIO, new_error, raise_error
 
 FUSION_LEVELS = {None: 0, "": 0, "default": 0, "none": 1, "rules": 2, "apollo": 3}
-BUFFER_KINDS = ("input", "output", "param", "intermediate")
+BUFFER_KINDS = ("input", "output", "param", "intermediate", "const")
 
 
 class Bundle:
@@ -80,7 +80,8 @@ class Bundle:
     @property
     def buffers(self):
         """One dict per buffer, in bundle order: name, kind ("input",
-        "output", "param", "intermediate"), dtype, shape, bytes, index."""
+        "output", "param", "intermediate", or "const": bound by the runtime
+        from the bundle), dtype, shape, bytes, index."""
         out = []
         for i in range(lib.ap_bundle_n_buffers(self._b)):
             b = ap_bundle_buffer()
