@@ -395,6 +395,11 @@ void ap_bundle_stats_get(const ap_bundle *b, ap_bundle_stats *out);
 
 /* The underlying apollo.Bundle message (for code that links protobuf-c). */
 const struct Apollo__Bundle *ap_bundle_pb(const ap_bundle *b);
+/* The blob kernel k of `pb` runs from: its own, or, when its blob_of is
+ * set, that of the earlier kernel it names (kernels compiled as one
+ * program share one blob).  NULL when k is out of range or blob_of does
+ * not name an earlier kernel with a blob of its own. */
+const struct ProtobufCBinaryData *ap_bundle_pb_kernel_blob(const struct Apollo__Bundle *pb, size_t k);
 /* Wraps a decoded apollo.Bundle; `pb` is consumed (freed with
  * apollo__bundle__free_unpacked, so it must come from apollo__bundle__unpack). */
 __ap_give ap_bundle *ap_bundle_from_pb(__ap_take struct Apollo__Bundle *pb);

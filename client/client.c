@@ -1178,9 +1178,23 @@ int ap_bundle_n_kernels(const ap_bundle *b)
 	return b->pb->n_kernels > INT32_MAX ? INT32_MAX : (int)b->pb->n_kernels;
 }
 
+const ProtobufCBinaryData *ap_bundle_pb_kernel_blob(const Apollo__Bundle *pb, size_t k)
+{
+	const Apollo__Kernel *kk, *o;
+
+	if (k >= pb->n_kernels || !(kk = pb->kernels[k]))
+		return NULL;
+	if (!kk->blob_of)
+		return &kk->blob;
+	if (kk->blob_of > k || !(o = pb->kernels[kk->blob_of - 1]) || o->blob_of)
+		return NULL;
+	return &o->blob;
+}
+
 int ap_bundle_kernel_get(const ap_bundle *b, int i, ap_bundle_kernel *out)
 {
 	const Apollo__Kernel *k;
+	const ProtobufCBinaryData *blob;
 
 	memset(out, 0, sizeof(*out));
 	if (i < 0 || (size_t)i >= b->pb->n_kernels || !b->pb->kernels[i])
@@ -1189,8 +1203,9 @@ int ap_bundle_kernel_get(const ap_bundle *b, int i, ap_bundle_kernel *out)
 	out->name = k->name ? k->name : "";
 	out->target = k->target ? k->target : "";
 	out->format = (ap_output_kind)k->format;
-	out->blob = k->blob.data;
-	out->blob_bytes = k->blob.len;
+	blob = ap_bundle_pb_kernel_blob(b->pb, (size_t)i);
+	out->blob = blob ? blob->data : NULL;
+	out->blob_bytes = blob ? blob->len : 0;
 	for (int d = 0; d < 3; d++) {
 		out->grid[d] = (size_t)d < k->n_grid ? k->grid[d] : 1;
 		out->block[d] = (size_t)d < k->n_block ? k->block[d] : 1;

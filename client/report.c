@@ -101,14 +101,16 @@ static void json_launch_buffers(FILE *f, const ap_bundle *b, unsigned kernel, in
 	}
 }
 
+/* Bytes of the bundle's blobs, a blob several kernels share (one program)
+ * counted once. */
 static uint64_t blob_total(const ap_bundle *b)
 {
+	const Apollo__Bundle *pb = ap_bundle_pb(b);
 	uint64_t total = 0;
-	ap_bundle_kernel k;
 
-	for (int i = 0; i < ap_bundle_n_kernels(b); i++)
-		if (ap_bundle_kernel_get(b, i, &k) == 0)
-			total += k.blob_bytes;
+	for (size_t i = 0; i < pb->n_kernels; i++)
+		if (pb->kernels[i] && !pb->kernels[i]->blob_of)
+			total += pb->kernels[i]->blob.len;
 	return total;
 }
 

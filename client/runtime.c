@@ -248,18 +248,27 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 		if (blocks > UINT32_MAX)
 			return ap_error_set(err, AP_ETOOLARGE, kk->name, NULL,
 					    "kernel '%s' has %llu blocks", kk->name, blocks);
-		if (kk->blob.len == 0)
+		if (kk->blob_of && (kk->blob.len || !ap_bundle_pb_kernel_blob(b, k)))
+			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+					    "kernel '%s' shares the blob of kernel %u, which is not an "
+					    "earlier kernel with a blob of its own", kk->name,
+					    kk->blob_of - 1);
+		if (ap_bundle_pb_kernel_blob(b, k)->len == 0)
 			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
 					    "kernel '%s' has an empty blob", kk->name);
 		{
+			const ProtobufCBinaryData *blob = ap_bundle_pb_kernel_blob(b, k);
 			uint8_t d[32];
 
 			if (kk->digest.len != 32)
 				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
 						    "kernel '%s' carries no SHA-256 digest of its blob",
 						    kk->name);
-			ap_sha256(kk->blob.data, kk->blob.len, d);
-			if (memcmp(d, kk->digest.data, 32))
+			/* a shared blob is hashed once, with its owner */
+			if (!kk->blob_of)
+				ap_sha256(blob->data, blob->len, d);
+			if (memcmp(kk->blob_of ? b->kernels[kk->blob_of - 1]->digest.data : d,
+				   kk->digest.data, 32))
 				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
 						    "kernel '%s': its blob does not match its digest; "
 						    "not loading it", kk->name);
@@ -383,19 +392,19 @@ static int host_load(ap_runtime *rt, ap_error *err)
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 	for (int k = 0; k < rt->n_kernels; k++) {
 		const Apollo__Kernel *kk = b->kernels[k];
+		const ProtobufCBinaryData *blob = ap_bundle_pb_kernel_blob(b, (size_t)k);
 		int lib = -1;
 		void *sym;
 		/* Kernels sharing one blob share one loaded object. */
 		for (int j = 0; j < k && lib < 0; j++) {
-			const Apollo__Kernel *o = b->kernels[j];
-			if (o->blob.len == kk->blob.len &&
-			    (o->blob.data == kk->blob.data ||
-			     !memcmp(o->blob.data, kk->blob.data, kk->blob.len)))
+			const ProtobufCBinaryData *o = ap_bundle_pb_kernel_blob(b, (size_t)j);
+			if (o->len == blob->len &&
+			    (o->data == blob->data || !memcmp(o->data, blob->data, blob->len)))
 				lib = rt->kernels[j].lib;
 		}
 		if (lib < 0) {
 			int fd;
-			void *h = load_so(kk->blob.data, kk->blob.len, kk->name, &fd, err);
+			void *h = load_so(blob->data, blob->len, kk->name, &fd, err);
 			if (!h)
 				return err ? err->code : AP_ECOMPILE;
 			lib = rt->n_libs;
@@ -678,21 +687,21 @@ static int gpu_setup(ap_runtime *rt, int device, ap_error *err)
 
 	for (int k = 0; k < rt->n_kernels; k++) {
 		const Apollo__Kernel *kk = rt->b->kernels[k];
+		const ProtobufCBinaryData *blob = ap_bundle_pb_kernel_blob(rt->b, (size_t)k);
 		rt_kernel *rk = &rt->kernels[k];
 		/* Kernels sharing one blob share one module. */
 		for (int j = 0; j < k && !rk->cumod; j++) {
-			const Apollo__Kernel *o = rt->b->kernels[j];
-			if (o->blob.len == kk->blob.len &&
-			    !memcmp(o->blob.data, kk->blob.data, kk->blob.len))
+			const ProtobufCBinaryData *o = ap_bundle_pb_kernel_blob(rt->b, (size_t)j);
+			if (o->len == blob->len && (o->data == blob->data || !memcmp(o->data, blob->data, blob->len)))
 				rk->cumod = rt->kernels[j].cumod;
 		}
 		if (!rk->cumod) {
 			/* PTX must be NUL-terminated; a cubin does not mind. */
-			uint8_t *img = malloc(kk->blob.len + 1);
+			uint8_t *img = malloc(blob->len + 1);
 			if (!img)
 				return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
-			memcpy(img, kk->blob.data, kk->blob.len);
-			img[kk->blob.len] = 0;
+			memcpy(img, blob->data, blob->len);
+			img[blob->len] = 0;
 			r = cu->cuModuleLoadData(&rk->cumod, img);
 			free(img);
 			if (r != 0) {

@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/apollo.h"
 #include "common/frame.h"
 #include "common/graph.h"
 #include "proto/apollo.pb-c.h"
@@ -351,10 +352,12 @@ static Apollo__Bundle *bundle_ok(Apollo__Envelope *r, const char *target)
 	ck_assert_uint_eq(b->graph_hash.len, 32);
 	for (size_t i = 0; i < b->n_kernels; i++) {
 		Apollo__Kernel *k = b->kernels[i];
+		const ProtobufCBinaryData *blob = ap_bundle_pb_kernel_blob(b, i);   /* own or shared */
 		uint8_t d[32];
-		ck_assert_uint_gt(k->blob.len, 0);
+		ck_assert_ptr_nonnull(blob);
+		ck_assert_uint_gt(blob->len, 0);
 		ck_assert_uint_eq(k->digest.len, 32);
-		ap_sha256(k->blob.data, k->blob.len, d);
+		ap_sha256(blob->data, blob->len, d);
 		ck_assert_msg(!memcmp(d, k->digest.data, 32), "kernel %s: digest mismatch", k->name);
 		ck_assert_uint_eq(k->n_grid, 3);
 		ck_assert_uint_eq(k->n_block, 3);
@@ -1657,6 +1660,73 @@ START_TEST(gpu_targets)
 }
 END_TEST
 
+static Apollo__Graph *chain5(void);
+
+/* The kernels a request compiles go to the backend as one program per
+ * compile worker (issue: cold compiles at the NVRTC floor): five distinct
+ * kernels (chain5 at fusion none) come back with fewer blobs than kernels
+ * -- a kernel sharing another's blob names it (Kernel.blob_of), carries no
+ * bytes and the same digest, and its entry is in that blob -- for the host
+ * target and, with NVRTC, for sm_90 cubin; answered again from the cache,
+ * the same sharing. */
+START_TEST(one_program_per_worker)
+{
+	static const char *const targets[] = { "cpu", "sm_90" };
+	daemon_t d;
+	Apollo__Graph *g = chain5();
+	Apollo__Envelope *r;
+	int fd;
+	bool nvrtc;
+
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+	r = hello(fd, "check_daemon");
+	nvrtc = r->hello_reply->nvrtc_version[0] != 0;
+	apollo__envelope__free_unpacked(r, NULL);
+	for (size_t t = 0; t < 2; t++) {
+		compile_opts o = { .target = targets[t], .fusion = APOLLO__FUSION_LEVEL__FUSION_NONE };
+
+		if (t == 1 && !nvrtc) {
+			printf("SKIP one_program_per_worker sm_90: the daemon has no NVRTC\n");
+			break;
+		}
+		for (int round = 0; round < 2; round++) {
+			Apollo__Bundle *b;
+			size_t own = 0;
+
+			r = compile(fd, 100 + 10 * t + (uint64_t)round, g, &o);
+			b = bundle_ok(r, targets[t]);
+			ck_assert_int_eq(b->stats->cache_hit, round == 1);
+			ck_assert_uint_eq(b->n_kernels, 5);
+			if (round == 0)
+				ck_assert_uint_eq(b->stats->kernels_compiled, 5);
+			for (size_t k = 0; k < b->n_kernels; k++) {
+				const Apollo__Kernel *kk = b->kernels[k], *o2;
+
+				if (!kk->blob_of) {
+					own++;
+					ck_assert_uint_gt(kk->blob.len, 0);
+					continue;
+				}
+				ck_assert_uint_le(kk->blob_of, k);
+				o2 = b->kernels[kk->blob_of - 1];
+				ck_assert_uint_eq(o2->blob_of, 0);
+				ck_assert_uint_eq(kk->blob.len, 0);
+				ck_assert_int_eq(memcmp(kk->digest.data, o2->digest.data, 32), 0);
+				ck_assert_ptr_nonnull(memmem(o2->blob.data, o2->blob.len, kk->name,
+							     strlen(kk->name)));
+			}
+			ck_assert_uint_lt(own, b->n_kernels);
+			apollo__envelope__free_unpacked(r, NULL);
+		}
+	}
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
 /* Reads ../shared/testdata/REL (found from $APOLLO_BUILD or the current
  * directory); NULL when absent. */
 static uint8_t *read_testdata(const char *rel, size_t *len)
@@ -2739,6 +2809,7 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, backend_refusal_splits);
 	tcase_add_test(tc, onnx_in_the_daemon);
 	tcase_add_test(tc, gpu_targets);
+	tcase_add_test(tc, one_program_per_worker);
 	tcase_add_test(tc, max_clients);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("hardening");

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "client/apollo.h"
 #include "common/graph.h"
 #include "server/cache/cache.h"
 #include "server/compile/compile.h"
@@ -215,7 +216,8 @@ static char *bundle_text(const Apollo__CompileResponse *r)
 	b = r->bundle;
 	for (size_t k = 0; k < b->n_kernels; k++) {
 		ck_assert_uint_eq(b->kernels[k]->digest.len, 32);
-		ck_assert_uint_gt(b->kernels[k]->blob.len, 0);
+		ck_assert_ptr_nonnull(ap_bundle_pb_kernel_blob(b, k));   /* own or shared */
+		ck_assert_uint_gt(ap_bundle_pb_kernel_blob(b, k)->len, 0);
 		ap_hex(b->kernels[k]->digest.data, 32, hex);
 		used += (size_t)snprintf(t + used, (1 << 16) - used, "%s %s\n", b->kernels[k]->name, hex);
 	}

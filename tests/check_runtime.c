@@ -518,12 +518,60 @@ START_TEST(consts_from_the_bundle)
 }
 END_TEST
 
+/* Kernels compiled as one program share one blob: the second kernel
+ * names the first's (Kernel.blob_of), carries no bytes and the same
+ * digest, and runs from the one loaded object. */
+START_TEST(shared_blob)
+{
+	hb h;
+	ap_bundle *b;
+	ap_runtime *rt;
+	ap_error err;
+	ap_host_tensor *x, *w, *z;
+	ap_params *params;
+	static uint8_t d[32];
+	ap_bundle_kernel k;
+
+	build_so();
+	if (!so_blob) {
+		printf("shared_blob: SKIPPED: %s\n", so_why);
+		return;
+	}
+	hb_init(&h, "cpu", so_blob, so_len);
+	ap_sha256(so_blob, so_len, d);
+	h.k[1].blob_of = 1;
+	h.k[1].blob.data = NULL;
+	h.k[1].blob.len = 0;
+	h.k[1].digest.data = d;
+	h.k[1].digest.len = 32;
+	b = hb_bundle(&h);
+	ck_assert_int_eq(ap_bundle_kernel_get(b, 1, &k), 0);
+	ck_assert_uint_eq(k.blob_bytes, so_len);   /* the shared blob */
+	x = make_f32("x", 2, ROWS, COLS, 1.0f);
+	w = make_f32("w", 1, COLS, 0, 0.5f);
+	params = make_params(w);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_runtime_bind_input(rt, 0, x, &err), 0);
+	ck_assert_int_eq(ap_runtime_bind_params(rt, params, &err), 0);
+	ck_assert_int_eq(ap_runtime_run(rt, &err), 0);
+	z = ap_runtime_output(rt, 0, &err);
+	expect_rowsum(x, w, z);
+	ap_host_tensor_free(z);
+	ap_runtime_free(rt);
+	ap_params_free(params);   /* frees w */
+	ap_host_tensor_free(x);
+	ap_bundle_free(b);
+}
+END_TEST
+
 /* Each case breaks the hand-made bundle in one way. */
 enum breakage {
 	BR_KERNEL_INDEX, BR_ARG_INDEX, BR_ARG_COUNT, BR_GRID_ZERO, BR_GRID_VALUES,
 	BR_WORKSPACE, BR_BYTES, BR_DTYPE, BR_DUP_OUTPUT, BR_WRITES_INPUT, BR_TARGET,
 	BR_NO_SYMBOL, BR_BAD_BLOB, BR_EMPTY_BLOB, BR_DIGEST, BR_NO_DIGEST,
 	BR_CONST_SHORT, BR_DATA_NOT_CONST, BR_WRITES_CONST, BR_KIND,
+	BR_SHARE_FORWARD, BR_SHARE_AND_OWN, BR_SHARE_DIGEST,
 };
 
 START_TEST(malformed_bundles)
@@ -542,6 +590,8 @@ START_TEST(malformed_bundles)
 		{ BR_DIGEST, AP_EINVAL },       { BR_NO_DIGEST, AP_EINVAL },
 		{ BR_CONST_SHORT, AP_EINVAL },  { BR_DATA_NOT_CONST, AP_EINVAL },
 		{ BR_WRITES_CONST, AP_EINVAL }, { BR_KIND, AP_EINVAL },
+		{ BR_SHARE_FORWARD, AP_EINVAL }, { BR_SHARE_AND_OWN, AP_EINVAL },
+		{ BR_SHARE_DIGEST, AP_EINVAL },
 	};
 	static const uint8_t junk[16] = "not an ELF file";
 	static uint8_t zero32[32];
@@ -587,6 +637,12 @@ START_TEST(malformed_bundles)
 			h.buf[1].data.data = wbytes; h.buf[1].data.len = sizeof(wbytes);
 			h.p[1].written = 1; break;
 		case BR_KIND: h.buf[1].kind = (Apollo__BufferKind)5; break;
+		/* Kernel.blob_of: naming itself or a later kernel; beside a blob
+		 * of its own; with a digest other than the blob's */
+		case BR_SHARE_FORWARD: h.k[0].blob_of = 2; h.k[0].blob.len = 0; break;
+		case BR_SHARE_AND_OWN: h.k[1].blob_of = 1; break;
+		case BR_SHARE_DIGEST: h.k[1].blob_of = 1; h.k[1].blob.len = 0;
+			h.k[1].digest.data = zero32; h.k[1].digest.len = 32; break;
 		}
 		b = hb_bundle(&h);
 		rt = ap_runtime_new(b, NULL, &err);
@@ -920,6 +976,7 @@ static Suite *runtime_suite(void)
 	tcase_add_test(tc, binding_errors);
 	tcase_add_test(tc, params_from_graph_consts);
 	tcase_add_test(tc, consts_from_the_bundle);
+	tcase_add_test(tc, shared_blob);
 	tcase_add_test(tc, malformed_bundles);
 	tcase_add_test(tc, empty_shapes);
 	tcase_add_test(tc, zero_copy_binding);

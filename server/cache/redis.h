@@ -6,9 +6,11 @@
  * entry is written to both (server/compile/compile.c).
  *
  * Entries: a value is a list of parts (an action: the stripped bundle and
- * then every kernel blob it names; a kernel: its blob), stored under
+ * then each distinct kernel blob it names, once; a kernel: the digest of
+ * its blob; a blob: its bytes, keyed by their SHA-256 -- kernels compiled
+ * as one program share one blob), stored under
  *   NAMESPACE:s<schema>.<format>:<kind>:<hex of the 32-byte key>
- * (kind 'a' action, 'k' kernel; schema = apollo.SchemaVersion, format =
+ * (kind 'a' action, 'k' kernel, 'b' blob; schema = apollo.SchemaVersion, format =
  * this file's value format), with a TTL, and signed: HMAC-SHA256 under a
  * key derived from the cluster secret, over the Redis key and the value.
  * Every read verifies the signature (constant time) before looking at any
@@ -71,7 +73,7 @@ int ap_redis_read_secret_file(const char *path, bool private_only, __ap_give uin
  * with `err`.  Counts like any call (a failure may open the breaker). */
 int ap_redis_ping(ap_redis *r, ap_error *err);
 
-enum { AP_REDIS_ACTION = 'a', AP_REDIS_KERNEL = 'k' };
+enum { AP_REDIS_ACTION = 'a', AP_REDIS_KERNEL = 'k', AP_REDIS_BLOB = 'b' };
 
 /* A verified entry: `n` parts, each a borrowed view into `buf`. */
 typedef struct ap_redis_entry {

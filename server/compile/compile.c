@@ -14,11 +14,19 @@
  * the content-addressed table, shared by every bundle and kernel key that
  * names them, and are verified on every read.
  *
- * Kernels of one request are compiled in parallel: NVRTC and cc take tens
- * to hundreds of milliseconds per kernel, and the kernels of one program
- * are independent.  The compiler owns `threads - 1` helper threads, started
- * once; a request queues its kernels for them and compiles its share on
- * its own worker thread, so it never waits on helpers busy elsewhere.
+ * Kernels of one request are compiled in parallel, and in few programs:
+ * NVRTC and cc cost tens of milliseconds per program before the first
+ * kernel (headers, start-up), and the kernels of one program are
+ * independent.  The compiler owns `threads - 1` helper threads, started
+ * once; a request first looks up every kernel (caches, flights), then
+ * deals the kernels it must compile to one translation unit per worker
+ * (the printers guard what kernels share), runs one backend compile per
+ * group -- its worker and the helpers each taking groups, so it never
+ * waits on helpers busy elsewhere -- and gives every kernel of a group the
+ * group's blob, found by entry name.  A blob is stored once
+ * (content-addressed in L1; by digest in L2) and carried once per bundle
+ * (Kernel.blob_of).  A group the backend rejects is compiled kernel by
+ * kernel, so the rejection names its kernel.
  *
  * Backend refusals (upward feedback, issue 3): a kernel NVRTC or cc
  * rejects (AP_ECOMPILE) does not fail the request.  The parallel round
@@ -798,14 +806,22 @@ struct kernel_batch {
 	double deadline;             /* ap_now_ms(): a kernel flight's wait ends */
 	struct kblob *blobs;
 	atomic_bool failed;          /* a failure other than AP_ECOMPILE: skip the rest */
+	/* grouped compiles (compile_kernels): per kernel its key, what the
+	 * probe found, its flight; the groups of misses, one program each */
+	uint8_t (*keys)[32];
+	enum { K_DONE, K_COMPILE, K_FOLLOW } *state;
+	ap_flight **flight;
+	int *group_of, n_groups;
 };
 
-/* Kernel `key` from L1, else from L2 (then copied into L1): true with
- * out's blob, digest and tier. */
+/* Kernel `key` from L1, else from L2 (its blob's digest, then the blob
+ * from L1 by that digest or from L2, verified; then copied into L1): true
+ * with out's blob, digest and tier. */
 static bool kernel_cached(const struct kernel_batch *kb, const uint8_t key[32], struct kblob *out)
 {
 	ap_compiler *c = kb->c;
 	ap_redis_entry e;
+	uint8_t d[32];
 
 	if (ap_cache_kernel_get(c->cache, key, &out->data, &out->len, out->digest) == 1) {
 		out->tier = APOLLO__CACHE_TIER__CACHE_L1;
@@ -813,47 +829,95 @@ static bool kernel_cached(const struct kernel_batch *kb, const uint8_t key[32], 
 	}
 	if (!c->redis || ap_redis_get(c->redis, AP_REDIS_KERNEL, key, &e) != 1)
 		return false;
-	if (e.n == 1 && (out->data = malloc(e.part_len[0] ? e.part_len[0] : 1))) {
-		memcpy(out->data, e.part[0], e.part_len[0]);
-		out->len = e.part_len[0];
-		ap_sha256(out->data, out->len, out->digest);
-		ap_cache_kernel_put_known(c->cache, key, out->data, out->len, out->digest);
-		out->tier = APOLLO__CACHE_TIER__CACHE_L2;
+	if (e.n != 1 || e.part_len[0] != 32) {
+		ap_redis_entry_clear(&e);
+		return false;
 	}
+	memcpy(out->digest, e.part[0], 32);
 	ap_redis_entry_clear(&e);
-	return out->data != NULL;
+	if (ap_cache_blob_get(c->cache, out->digest, &out->data, &out->len) != 1) {
+		if (ap_redis_get(c->redis, AP_REDIS_BLOB, out->digest, &e) != 1)
+			return false;
+		if (e.n == 1 && (out->data = malloc(e.part_len[0] ? e.part_len[0] : 1))) {
+			memcpy(out->data, e.part[0], e.part_len[0]);
+			out->len = e.part_len[0];
+		}
+		ap_redis_entry_clear(&e);
+		if (!out->data)
+			return false;
+		ap_sha256(out->data, out->len, d);
+		if (memcmp(d, out->digest, 32)) {
+			ap_log(AP_LOG_WARN, "shared cache: a signed blob does not match its digest; not "
+			       "served");
+			free(out->data), out->data = NULL;
+			return false;
+		}
+	}
+	ap_cache_kernel_put_known(c->cache, key, out->data, out->len, out->digest);
+	out->tier = APOLLO__CACHE_TIER__CACHE_L2;
+	return true;
 }
 
-/* Runs the backend on kernel `ks` into `out` and stores the blob in L1
- * and L2 (with use_cache). */
+/* Runs the backend on translation unit `src` (file name `file`) into
+ * `out`: its blob and digest, or rc and err. */
+static void backend_run(const struct kernel_batch *kb, const char *src, const char *file,
+			struct kblob *out)
+{
+	if (kb->gpu)
+		out->rc = ap_nvrtc_compile(src, file, kb->target,
+					   kb->output == APOLLO__OUTPUT_KIND__OUTPUT_CUBIN, &out->data,
+					   &out->len, &out->err);
+	else
+		out->rc = ap_hostcc_compile(src, &out->data, &out->len, &out->err);
+	if (out->rc)
+		return;
+	out->compiled = true;
+	out->tier = APOLLO__CACHE_TIER__CACHE_COMPILED;
+	ap_sha256(out->data, out->len, out->digest);
+}
+
+/* Stores the blob of `out` in L2 by its digest (once per backend run:
+ * every kernel of a program shares it). */
+static void blob_store(const struct kernel_batch *kb, const struct kblob *out)
+{
+	if (kb->use_cache && kb->c->redis) {
+		const uint8_t *parts[1] = { out->data };
+		size_t lens[1] = { out->len };
+
+		ap_redis_put(kb->c->redis, AP_REDIS_BLOB, out->digest, 1, parts, lens);
+	}
+}
+
+/* Stores kernel `key` -> out's blob in L1 (content-addressed: a blob
+ * several kernels share is stored once) and key -> its digest in L2 (the
+ * blob itself: blob_store). */
+static void kernel_store(const struct kernel_batch *kb, const uint8_t key[32], const struct kblob *out)
+{
+	if (kb->use_cache) {
+		const uint8_t *parts[1] = { out->digest };
+		size_t lens[1] = { 32 };
+
+		ap_cache_kernel_put_known(kb->c->cache, key, out->data, out->len, out->digest);
+		if (kb->c->redis)
+			ap_redis_put(kb->c->redis, AP_REDIS_KERNEL, key, 1, parts, lens);
+	}
+}
+
+/* Runs the backend on kernel `ks` alone into `out` and stores the blob. */
 static void kernel_backend(const struct kernel_batch *kb, const ap_kernel_src *ks,
 			   const uint8_t key[32], struct kblob *out)
 {
 	char file[160];
 
 	snprintf(file, sizeof(file), "%s.cu", ks->name);
-	if (kb->gpu)
-		out->rc = ap_nvrtc_compile(ks->src, file, kb->target,
-					   kb->output == APOLLO__OUTPUT_KIND__OUTPUT_CUBIN, &out->data,
-					   &out->len, &out->err);
-	else
-		out->rc = ap_hostcc_compile(ks->src, &out->data, &out->len, &out->err);
+	backend_run(kb, ks->src, file, out);
 	if (out->rc) {
 		if (!out->err.node[0] && ks->n_nodes > 0)
 			snprintf(out->err.node, sizeof(out->err.node), "%s", ks->nodes[0]);
 		return;
 	}
-	out->compiled = true;
-	out->tier = APOLLO__CACHE_TIER__CACHE_COMPILED;
-	ap_sha256(out->data, out->len, out->digest);
-	if (kb->use_cache) {
-		const uint8_t *parts[1] = { out->data };
-		size_t lens[1] = { out->len };
-
-		ap_cache_kernel_put_known(kb->c->cache, key, out->data, out->len, out->digest);
-		if (kb->c->redis)
-			ap_redis_put(kb->c->redis, AP_REDIS_KERNEL, key, 1, parts, lens);
-	}
+	blob_store(kb, out);
+	kernel_store(kb, key, out);
 }
 
 /* A kernel flight's leader publishes `out`: its digest and blob, or its
@@ -900,25 +964,26 @@ static bool kernel_follow(const struct kernel_batch *kb, ap_flight *f, struct kb
 	return true;
 }
 
-/* Compiles one kernel for the batch's target into `out` (rc 0 and the
- * blob, from L1, L2, another request's flight or the backend, out->tier
- * saying which; or rc and err, AP_ECOMPILE when the backend rejects the
- * source, also when a flight's leader had it rejected).  The test hook
+/* What must happen to a kernel before it can be compiled: its source and
+ * the test hook checked, its key made, L1 and L2 asked, its flight joined.
+ * K_DONE: `out` holds the blob (from L1, L2) or the failure; K_FOLLOW:
+ * another request compiles it, *f is the flight to wait on; K_COMPILE:
+ * this request compiles it, leading flight *f (NULL: none).  The test hook
  * $APOLLO_TEST_REFUSE_KERNEL_NODES=N makes the backend reject, with
  * AP_ECOMPILE, every kernel of more than N member nodes
  * (ap_kernel_src.n_members), cached or not. */
-static void compile_kernel(const struct kernel_batch *kb, const ap_kernel_src *ks,
-			   struct kblob *out)
+static int kernel_probe(const struct kernel_batch *kb, const ap_kernel_src *ks, uint8_t key[32],
+			struct kblob *out, ap_flight **f)
 {
 	const char *src = ks->src;
 	const char *bid = ap_compiler_backend_id(kb->c, kb->gpu);
-	uint8_t key[32];
 
+	*f = NULL;
 	ap_error_clear(&out->err);
 	if (!src) {
 		out->rc = ap_error_set(&out->err, AP_EINTERNAL, ks->n_nodes ? ks->nodes[0] : NULL, NULL,
 				       "kernel %s has no %s source", ks->name, kb->gpu ? "CUDA" : "host");
-		return;
+		return K_DONE;
 	}
 	if (kb->c->refuse_nodes && ks->n_members > 0 &&
 	    (unsigned)ks->n_members > kb->c->refuse_nodes) {
@@ -926,32 +991,156 @@ static void compile_kernel(const struct kernel_batch *kb, const ap_kernel_src *k
 				       "test hook APOLLO_TEST_REFUSE_KERNEL_NODES=%u: a kernel of %d "
 				       "member nodes does not compile", kb->c->refuse_nodes,
 				       ks->n_members);
-		return;
+		return K_DONE;
 	}
 	if (ap_compile_kernel_key(src, ks->name, kb->target, kb->output, bid, key)) {
 		out->rc = ap_error_set(&out->err, AP_ENOMEM, NULL, NULL, "out of memory");
-		return;
+		return K_DONE;
 	}
 	if (kb->use_cache && kernel_cached(kb, key, out))
-		return;
+		return K_DONE;
 	if (kb->use_cache && kb->c->kflights) {
-		ap_flight *f = NULL;
-		int role = ap_flight_join(kb->c->kflights, key, &f);
+		int role = ap_flight_join(kb->c->kflights, key, f);
 
-		if (role == AP_FLIGHT_FOLLOW && kernel_follow(kb, f, out))
-			return;
-		if (role == AP_FLIGHT_LEAD) {
-			/* a flight may have stored it between our miss and our join */
-			if (ap_cache_kernel_get(kb->c->cache, key, &out->data, &out->len,
-						out->digest) == 1)
-				out->tier = APOLLO__CACHE_TIER__CACHE_L1;
-			else
-				kernel_backend(kb, ks, key, out);
-			kernel_publish(kb->c, f, out);
-			return;
+		if (role == AP_FLIGHT_FOLLOW)
+			return K_FOLLOW;
+		if (role == AP_FLIGHT_LEAD &&
+		    ap_cache_kernel_get(kb->c->cache, key, &out->data, &out->len, out->digest) == 1) {
+			/* a flight stored it between our miss and our join */
+			out->tier = APOLLO__CACHE_TIER__CACHE_L1;
+			kernel_publish(kb->c, *f, out);
+			*f = NULL;
+			return K_DONE;
 		}
+		if (role != AP_FLIGHT_LEAD)
+			*f = NULL;
 	}
+	return K_COMPILE;
+}
+
+/* One kernel alone into `out` (the rebuild after a refusal asks kernel by
+ * kernel): probe, then its flight's outcome or the backend. */
+static void compile_kernel(const struct kernel_batch *kb, const ap_kernel_src *ks, struct kblob *out)
+{
+	uint8_t key[32];
+	ap_flight *f = NULL;
+	int st = kernel_probe(kb, ks, key, out, &f);
+
+	if (st == K_FOLLOW && kernel_follow(kb, f, out))
+		return;
+	if (st == K_DONE)
+		return;
 	kernel_backend(kb, ks, key, out);
+	if (f)
+		kernel_publish(kb->c, f, out);
+}
+
+static void probe_task(int i, void *arg)
+{
+	struct kernel_batch *kb = arg;
+	struct kblob *b = &kb->blobs[i];
+
+	kb->state[i] = kernel_probe(kb, &kb->p->kernels[i], kb->keys[i], b, &kb->flight[i]);
+	if (kb->state[i] == K_DONE && b->rc && b->rc != AP_ECOMPILE)
+		atomic_store(&kb->failed, true);
+}
+
+/* Group g of the kernels this request compiles: one translation unit
+ * (the printers guard what kernels share, so sources concatenate), one
+ * backend run -- NVRTC's and the host compiler's fixed cost once per
+ * worker, not per kernel (issue: cold compiles at the NVRTC floor).  Each
+ * kernel gets the whole blob (stored once, content-addressed; the bundle
+ * carries it once, Kernel.blob_of) and finds its entry by name.  When the
+ * backend rejects the group, each kernel is compiled alone, so the
+ * rejection names its kernel (the driver's refusal feedback). */
+static void group_task(int g, void *arg)
+{
+	struct kernel_batch *kb = arg;
+	const ap_program *p = kb->p;
+	struct kblob whole;
+	size_t len = 0;
+	int n = 0, first = -1;
+	char *src = NULL, file[48];
+
+	memset(&whole, 0, sizeof(whole));
+	for (int i = 0; i < p->n_kernels; i++)
+		if (kb->state[i] == K_COMPILE && kb->group_of[i] == g) {
+			len += strlen(p->kernels[i].src) + 1;
+			first = first < 0 ? i : first;
+			n++;
+		}
+	if (n == 0)
+		return;
+	if (atomic_load(&kb->failed)) {
+		whole.rc = ap_error_set(&whole.err, AP_EINTERNAL, NULL, NULL,
+					"not compiled: the request failed already");
+	} else if (n == 1) {
+		kernel_backend(kb, &p->kernels[first], kb->keys[first], &kb->blobs[first]);
+	} else if (!(src = malloc(len + 1))) {
+		whole.rc = ap_error_set(&whole.err, AP_ENOMEM, NULL, NULL, "out of memory");
+	} else {
+		size_t at = 0;
+
+		for (int i = 0; i < p->n_kernels; i++)
+			if (kb->state[i] == K_COMPILE && kb->group_of[i] == g) {
+				size_t l = strlen(p->kernels[i].src);
+
+				memcpy(src + at, p->kernels[i].src, l);
+				src[at + l] = '\n';
+				at += l + 1;
+			}
+		src[at] = 0;
+		snprintf(file, sizeof(file), "apollo_group%d.cu", g);
+		backend_run(kb, src, file, &whole);
+		free(src);
+		if (whole.rc == 0)
+			blob_store(kb, &whole);
+	}
+	for (int i = 0; i < p->n_kernels; i++) {
+		struct kblob *out = &kb->blobs[i];
+
+		if (kb->state[i] != K_COMPILE || kb->group_of[i] != g)
+			continue;
+		if (n > 1 || whole.rc) {
+			if (whole.rc == AP_ECOMPILE) {
+				kernel_backend(kb, &p->kernels[i], kb->keys[i], out);
+			} else if (whole.rc) {
+				out->rc = whole.rc;
+				out->err = whole.err;
+				out->skipped = atomic_load(&kb->failed);
+			} else if (!(out->data = malloc(whole.len ? whole.len : 1))) {
+				out->rc = ap_error_set(&out->err, AP_ENOMEM, NULL, NULL, "out of memory");
+			} else {
+				memcpy(out->data, whole.data, whole.len);
+				out->len = whole.len;
+				memcpy(out->digest, whole.digest, 32);
+				out->compiled = true;
+				out->tier = APOLLO__CACHE_TIER__CACHE_COMPILED;
+				kernel_store(kb, kb->keys[i], out);
+			}
+		}
+		if (kb->flight[i]) {
+			kernel_publish(kb->c, kb->flight[i], out);
+			kb->flight[i] = NULL;
+		}
+		if (out->rc && out->rc != AP_ECOMPILE)
+			atomic_store(&kb->failed, true);
+	}
+	free(whole.data);
+}
+
+/* A kernel another request compiles: its outcome, or, when the wait runs
+ * out, a compile of its own. */
+static void follow_task(int i, void *arg)
+{
+	struct kernel_batch *kb = arg;
+	struct kblob *out = &kb->blobs[i];
+
+	if (kb->state[i] != K_FOLLOW)
+		return;
+	if (!kernel_follow(kb, kb->flight[i], out))
+		kernel_backend(kb, &kb->p->kernels[i], kb->keys[i], out);
+	kb->flight[i] = NULL;
 }
 
 /* ---- the task pool: the request's worker and the helper threads ----------- */
@@ -1057,48 +1246,87 @@ static void run_tasks(void *pool, int n, void (*fn)(int i, void *arg), void *arg
 	pthread_cond_destroy(&tb.finished);
 }
 
-/* Task i of a kernel batch: compile kernel i, unless an earlier failure
- * (other than the backend rejecting a kernel) already dooms the request. */
-static void compile_task(int i, void *arg)
-{
-	struct kernel_batch *kb = arg;
-	struct kblob *b = &kb->blobs[i];
-
-	if (atomic_load(&kb->failed)) {
-		b->skipped = true;
-		return;
-	}
-	compile_kernel(kb, &kb->p->kernels[i], b);
-	if (b->rc && b->rc != AP_ECOMPILE)
-		atomic_store(&kb->failed, true);
-}
-
-/* Compiles (or fetches) every kernel of `p` on the task pool; 0, or the
- * first failure's code with `err` copied from it, a failure other than
- * AP_ECOMPILE first: after an AP_ECOMPILE every kernel has still been
- * tried. */
+/* Compiles (or fetches) every kernel of `p` on the task pool: first each
+ * kernel's key, caches and flight (probe_task); then the kernels this
+ * request compiles, dealt to one group per worker (the request's worker
+ * and the helpers), the largest sources first, each to the group with the
+ * fewest bytes so far, one backend run per group (group_task); last the
+ * kernels another request was compiling (follow_task) -- after this
+ * request has published its own, so two requests waiting on each other's
+ * flights never both wait.  0, or the first failure's code with `err`
+ * copied from it, a failure other than AP_ECOMPILE first: after an
+ * AP_ECOMPILE every kernel has still been tried. */
 static int compile_kernels(ap_compiler *c, struct kernel_batch *kb, const ap_program *p,
 			   struct kblob *blobs, ap_error *err)
 {
-	int i;
+	int i, n = p->n_kernels, rc = 0, workers = (int)c->n_helpers + 1, n_miss = 0;
+	size_t *load = NULL;
+	int *order = NULL;
 
 	kb->p = p;
 	kb->blobs = blobs;
 	atomic_store(&kb->failed, false);
-	run_tasks(c, p->n_kernels, compile_task, kb);
-	for (i = 0; i < p->n_kernels; i++) {
+	kb->keys = calloc((size_t)n + 1, sizeof(*kb->keys));
+	kb->state = calloc((size_t)n + 1, sizeof(*kb->state));
+	kb->flight = calloc((size_t)n + 1, sizeof(*kb->flight));
+	kb->group_of = calloc((size_t)n + 1, sizeof(*kb->group_of));
+	order = calloc((size_t)n + 1, sizeof(*order));
+	load = calloc((size_t)workers, sizeof(*load));
+	if (!kb->keys || !kb->state || !kb->flight || !kb->group_of || !order || !load) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		goto out;
+	}
+	run_tasks(c, n, probe_task, kb);
+	for (i = 0; i < n; i++)
+		if (kb->state[i] == K_COMPILE)
+			order[n_miss++] = i;
+	/* largest first (insertion sort: a request has tens of kernels) */
+	for (int a = 1; a < n_miss; a++)
+		for (int b = a; b > 0 && strlen(p->kernels[order[b]].src) >
+					   strlen(p->kernels[order[b - 1]].src); b--) {
+			int t = order[b];
+
+			order[b] = order[b - 1];
+			order[b - 1] = t;
+		}
+	kb->n_groups = n_miss < workers ? n_miss : workers;
+	for (int a = 0; a < n_miss; a++) {
+		int best = 0;
+
+		for (int g = 1; g < kb->n_groups; g++)
+			if (load[g] < load[best])
+				best = g;
+		kb->group_of[order[a]] = best;
+		load[best] += strlen(p->kernels[order[a]].src);
+	}
+	run_tasks(c, kb->n_groups, group_task, kb);
+	run_tasks(c, n, follow_task, kb);
+	for (i = 0; i < n; i++) {
 		if (!blobs[i].skipped && blobs[i].rc && blobs[i].rc != AP_ECOMPILE) {
 			*err = blobs[i].err;
-			return blobs[i].rc;
+			rc = blobs[i].rc;
+			goto out;
 		}
 	}
-	for (i = 0; i < p->n_kernels; i++) {
+	for (i = 0; i < n; i++) {
 		if (!blobs[i].skipped && blobs[i].rc) {
 			*err = blobs[i].err;
-			return blobs[i].rc;
+			rc = blobs[i].rc;
+			goto out;
 		}
 	}
-	return 0;
+out:
+	free(kb->keys);
+	free(kb->state);
+	free(kb->flight);
+	free(kb->group_of);
+	free(order);
+	free(load);
+	kb->keys = NULL;
+	kb->state = NULL;
+	kb->flight = NULL;
+	kb->group_of = NULL;
+	return rc;
 }
 
 /* ---- backend refusals (upward feedback) ------------------------------------ */
@@ -1241,26 +1469,41 @@ static Apollo__Bundle *from_l2(ap_compiler *c, const uint8_t key[32], const ap_r
 	if (e->n < 1)
 		return NULL;
 	b = apollo__bundle__unpack(NULL, e->part_len[0], e->part[0]);
-	if (!b || b->n_kernels != (size_t)(e->n - 1))
+	if (!b || (size_t)(e->n - 1) > b->n_kernels || (e->n == 1 && b->n_kernels > 0))
 		return bundle_free(b);
-	for (size_t i = 0; i < b->n_kernels; i++) {
-		Apollo__Kernel *k = b->kernels[i];
-		uint8_t d[32], *copy;
+	{
+		/* the distinct blobs, each verified once; kernels find theirs by digest */
+		uint8_t (*dg)[32] = calloc((size_t)e->n, 32);
 
-		ap_sha256(e->part[i + 1], e->part_len[i + 1], d);
-		if (k->digest.len != 32 || memcmp(d, k->digest.data, 32)) {
-			ap_log(AP_LOG_WARN, "shared cache: kernel %zu of a signed bundle does not match "
-			       "its digest; not served", i);
+		if (!dg)
 			return bundle_free(b);
+		for (int p = 1; p < e->n; p++)
+			ap_sha256(e->part[p], e->part_len[p], dg[p]);
+		for (size_t i = 0; i < b->n_kernels; i++) {
+			Apollo__Kernel *k = b->kernels[i];
+			uint8_t *copy;
+			int p = 1;
+
+			while (p < e->n && (k->digest.len != 32 || memcmp(dg[p], k->digest.data, 32)))
+				p++;
+			if (p == e->n) {
+				ap_log(AP_LOG_WARN, "shared cache: kernel %zu of a signed bundle has no blob "
+				       "matching its digest; not served", i);
+				free(dg);
+				return bundle_free(b);
+			}
+			copy = malloc(e->part_len[p] ? e->part_len[p] : 1);
+			if (!copy) {
+				free(dg);
+				return bundle_free(b);
+			}
+			memcpy(copy, e->part[p], e->part_len[p]);
+			free(k->blob.data);
+			k->blob.data = copy;
+			k->blob.len = e->part_len[p];
+			ap_cache_blob_put_known(c->cache, copy, k->blob.len, dg[p]);
 		}
-		copy = malloc(e->part_len[i + 1] ? e->part_len[i + 1] : 1);
-		if (!copy)
-			return bundle_free(b);
-		memcpy(copy, e->part[i + 1], e->part_len[i + 1]);
-		free(k->blob.data);
-		k->blob.data = copy;
-		k->blob.len = e->part_len[i + 1];
-		ap_cache_blob_put_known(c->cache, copy, k->blob.len, d);
+		free(dg);
 	}
 	ap_cache_put(c->cache, key, e->part[0], e->part_len[0]);
 	if (!b->stats) {
@@ -1329,13 +1572,23 @@ static void store_l2(ap_compiler *c, const uint8_t key[32], const Apollo__Bundle
 	size_t *lens = calloc(b->n_kernels + 1, sizeof(*lens));
 
 	if (parts && lens && b->n_kernels < INT_MAX) {
+		int n = 1;
+
 		parts[0] = val;
 		lens[0] = len;
+		/* each distinct blob once (kernels compiled as one program
+		 * share one); from_l2 matches them to kernels by digest */
 		for (size_t i = 0; i < b->n_kernels; i++) {
-			parts[i + 1] = b->kernels[i]->blob.data;
-			lens[i + 1] = b->kernels[i]->blob.len;
+			bool seen = false;
+
+			for (size_t j = 0; j < i && !seen; j++)
+				seen = !memcmp(b->kernels[j]->digest.data, b->kernels[i]->digest.data, 32);
+			if (seen)
+				continue;
+			parts[n] = b->kernels[i]->blob.data;
+			lens[n++] = b->kernels[i]->blob.len;
 		}
-		ap_redis_put(c->redis, AP_REDIS_ACTION, key, (int)b->n_kernels + 1, parts, lens);
+		ap_redis_put(c->redis, AP_REDIS_ACTION, key, n, parts, lens);
 	}
 	free(parts);
 	free(lens);
@@ -1790,6 +2043,29 @@ static void count_answer(ap_compiler *c, const struct request *r, const Apollo__
 	pthread_mutex_unlock(&c->hist_mu);
 }
 
+/* Kernels whose blobs are the same bytes (compiled as one program, or
+ * fetched so) carry them once: each later one keeps its digest and points
+ * at the first (Kernel.blob_of), its own copy freed. */
+static void share_blobs(Apollo__Bundle *b)
+{
+	for (size_t k = 1; k < b->n_kernels; k++) {
+		Apollo__Kernel *kk = b->kernels[k];
+
+		for (size_t j = 0; j < k; j++) {
+			const Apollo__Kernel *o = b->kernels[j];
+
+			if (o->blob_of || o->digest.len != 32 || kk->digest.len != 32 ||
+			    memcmp(o->digest.data, kk->digest.data, 32) || o->blob.len != kk->blob.len)
+				continue;
+			free(kk->blob.data);
+			kk->blob.data = NULL;
+			kk->blob.len = 0;
+			kk->blob_of = (uint32_t)j + 1;
+			break;
+		}
+	}
+}
+
 Apollo__CompileResponse *ap_compile_run_digest(ap_compiler *c, const Apollo__CompileRequest *req,
 					       const uint8_t *digest)
 {
@@ -1811,6 +2087,7 @@ Apollo__CompileResponse *ap_compile_run_digest(ap_compiler *c, const Apollo__Com
 	rc = run(c, &r, &b, &err);
 	count_answer(c, &r, b, rc ? rc : b ? 0 : AP_EINTERNAL);
 	if (rc == 0 && b) {
+		share_blobs(b);
 		resp->result_case = APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE;
 		resp->bundle = b;
 		ap_log(AP_LOG_DEBUG, "compiled %zu kernels for %s in %.1f ms%s", b->n_kernels,
