@@ -659,6 +659,30 @@ static bool choose_tile(const ap_graph *g, ap_layer1 *l, const ap_target_info *t
 
 	for (int d = 0; d < r; d++)
 		l->tile[d] = 1;
+	if (l->reduce) {
+		/* whole planes, as many channels as the stage holds (at most 32,
+		 * each reduced by a thread of its own in S_out), but no fewer
+		 * tiles (blocks) than the target has SMs while the planes allow */
+		int64_t plane = 1, tc, planes = l->pdims[0] * l->pdims[1];
+		int64_t want = planes < (int64_t)t->sm_count ? planes : (int64_t)t->sm_count;
+
+		for (int d = 2; d < r; d++)
+			plane *= l->pdims[d];
+		tc = (int64_t)smem_cap / (plane * (int64_t)es);
+		tc = tc > 32 ? 32 : tc > l->pdims[1] ? l->pdims[1] : tc;
+		if (tc < 1)
+			return false;
+		while (tc > 1 && l->pdims[0] * ((l->pdims[1] + tc - 1) / tc) < want)
+			tc--;
+		l->tile[1] = tc;
+		l->recompute = 1.0;
+		l->n_tiles = 1;
+		for (int d = 0; d < r; d++) {
+			l->ntiles[d] = (l->dims[d] + l->tile[d] - 1) / l->tile[d];
+			l->n_tiles *= l->ntiles[d];
+		}
+		return true;
+	}
 	for (int q = 0; q < 2; q++) {
 		int sd = ns - 2 + q;   /* spatial index of output dim r-2+q */
 
@@ -733,32 +757,44 @@ static void context_text(tbuf *b, const ap_layer1 *l)
 	tb_printf(b, " }");
 }
 
-/* A band over dimensions [d0, d1) of statement `stmt` (coordinates `v`). */
-static void band_text(tbuf *b, const ap_layer1 *l, const char *stmt, const char *v, int d0, int d1)
+/* A band over dimensions dims[0..n) of statement `stmt` (coordinates `v`). */
+static void band_text(tbuf *b, const ap_layer1 *l, const char *stmt, const char *v, const int *dims,
+		      int n)
 {
 	tb_printf(b, "{ schedule: \"");
 	params_text(b, l->rank);
 	tb_printf(b, " -> [");
-	for (int d = d0; d < d1; d++) {
-		tb_printf(b, "%s{ %s[", d > d0 ? ", " : "", stmt);
+	for (int q = 0; q < n; q++) {
+		tb_printf(b, "%s{ %s[", q ? ", " : "", stmt);
 		dims_text(b, v, l->rank);
-		tb_printf(b, "] -> [(%s%d)] }", v, d);
+		tb_printf(b, "] -> [(%s%d)] }", v, dims[q]);
 	}
 	tb_printf(b, "]\", coincident: [");
-	for (int d = d0; d < d1; d++)
-		tb_printf(b, "%s1", d > d0 ? ", " : "");
+	for (int q = 0; q < n; q++)
+		tb_printf(b, "%s1", q ? ", " : "");
 	tb_printf(b, "]");
 }
 
-/* A statement's bands: the outer dimensions, a "threads" mark, the two
- * innermost (mapped to the thread grid ty, tx when the kernel is built). */
+/* A statement's bands: the outer dimensions, a mark, and the dimensions
+ * the kernel maps to threads: under "threads" the two innermost, to the
+ * thread grid ty, tx; under "threads1" (a reduction window's S_out, whose
+ * spatial dimensions have extent 1) the channel dimension alone, to the
+ * block's threads in a row, so that each thread reduces planes of its own. */
 static void bands_text(tbuf *b, const ap_layer1 *l, const char *stmt, const char *v)
 {
-	int r = l->rank;
+	int r = l->rank, outer[AP_MAX_RANK], inner[2], n = 0, n_in = 2;
+	bool planes = l->reduce && !strcmp(stmt, "S_out");
 
-	band_text(b, l, stmt, v, 0, r - 2);
-	tb_printf(b, ", child: { mark: \"threads\", child: ");
-	band_text(b, l, stmt, v, r - 2, r);
+	for (int d = 0; d < r; d++)
+		if (planes ? d != 1 : d < r - 2)
+			outer[n++] = d;
+	inner[0] = planes ? 1 : r - 2;
+	inner[1] = r - 1;
+	if (planes)
+		n_in = 1;
+	band_text(b, l, stmt, v, outer, n);
+	tb_printf(b, ", child: { mark: \"%s\", child: ", planes ? "threads1" : "threads");
+	band_text(b, l, stmt, v, inner, n_in);
 	tb_printf(b, " } } }");
 }
 
@@ -1272,12 +1308,13 @@ typedef struct astc {
 	ap_vctx *v;
 	ap_kir_kernel *k;
 	ap_kir_array *stage;
-	ap_kir_expr *p[AP_MAX_RANK], *off[AP_MAX_RANK], *tx, *ty;
+	ap_kir_expr *p[AP_MAX_RANK], *off[AP_MAX_RANK], *tx, *ty, *tid;
 	int n_names;
 	char *names[64];
 	ap_kir_var *vars[64];
 	bool in_out;                      /* building S_out: P comes from the stage */
 	int map_level;                    /* loops met under a "threads" mark (-1: none) */
+	bool map_flat;                    /* under "threads1": the first loop takes every thread */
 	char why[200];
 } astc;
 
@@ -1513,16 +1550,22 @@ static int ast_node(astc *c, __isl_keep isl_ast_node *n)
 		return rc;
 	}
 	case isl_ast_node_mark: {
-		/* "threads": the loops of the band below go to the thread grid */
+		/* "threads": the loops of the band below go to the thread grid;
+		 * "threads1": its first loop to all the block's threads */
 		isl_id *id = isl_ast_node_mark_get_id(n);
 		bool thr = id && !strcmp(isl_id_get_name(id), "threads");
+		bool thr1 = id && !strcmp(isl_id_get_name(id), "threads1");
 		int saved = c->map_level, rc;
+		bool saved_flat = c->map_flat;
 
 		isl_id_free(id);
-		if (thr)
+		if (thr || thr1) {
 			c->map_level = 0;
+			c->map_flat = thr1;
+		}
 		rc = ast_child(c, isl_ast_node_mark_get_node(n));
 		c->map_level = saved;
+		c->map_flat = saved_flat;
 		return rc;
 	}
 	case isl_ast_node_user:
@@ -1557,8 +1600,10 @@ static int ast_node(astc *c, __isl_keep isl_ast_node *n)
 
 		/* under a "threads" mark the first loop goes to ty, the second to tx:
 		 * a coincident band, each thread takes every T-th iteration */
-		ap_kir_expr *tid = c->map_level == 0 ? c->ty : c->map_level == 1 ? c->tx : NULL;
-		int64_t nt = c->map_level == 0 ? c->l->ty : c->map_level == 1 ? c->l->tx : 1;
+		ap_kir_expr *tid = c->map_flat ? (c->map_level == 0 ? c->tid : NULL)
+				   : c->map_level == 0 ? c->ty : c->map_level == 1 ? c->tx : NULL;
+		int64_t nt = c->map_flat ? (c->map_level == 0 ? (int64_t)c->l->tx * c->l->ty : 1)
+			     : c->map_level == 0 ? c->l->ty : c->map_level == 1 ? c->l->tx : 1;
 		int saved_level = c->map_level;
 
 		if (!var || !lo)
@@ -1694,6 +1739,7 @@ static int emit_kernel(const ap_mgraph *m, const ap_layer1 *l, const ap_target_i
 			   ap_kir_binary(k, AP_KIR_REM, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, l->tx)));
 	c.ty = ap_kir_bind(k, v.cur, k->index_type, "ty",
 			   ap_kir_binary(k, AP_KIR_DIV, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, l->tx)));
+	c.tid = ap_kir_bind(k, v.cur, k->index_type, "tid", ap_kir_index_of(k, AP_KIR_THREAD_X));
 	{
 		ap_kir_block *sv;
 		ap_kir_var *tv = ap_v_loop(&v, "tl", ap_kir_index_of(k, AP_KIR_BLOCK_X),
