@@ -1878,6 +1878,46 @@ static Apollo__Graph *chain5(void)
 	return g;
 }
 
+/* A program of several kernels the backend rejects is compiled again
+ * kernel by kernel, so the refusal names its kernel: one compile worker
+ * (one program for every kernel of a request), chain5 cut by a fusion
+ * barrier at n3 into kernels of 3 and 2 nodes, the hook rejecting more
+ * than 2: the 2-node kernel is kept from that round, the 3-node one split;
+ * no kernel is compiled twice. */
+START_TEST(rejected_program_compiled_alone)
+{
+	daemon_t d;
+	const char *env[] = { "APOLLO_TEST_REFUSE_KERNEL_NODES=2", NULL };
+	const char *extra[] = { "--workers", "1", NULL };
+	compile_opts o = { .target = "cpu", .barriers = { "n3", NULL } };
+	Apollo__Graph *g = chain5();
+	Apollo__Envelope *r;
+	Apollo__Bundle *b;
+	int fd, refused = 0;
+
+	daemon_start_in(&d, NULL, env, extra);
+	fd = connect_unix(d.sock);
+	r = compile(fd, 1, g, &o);
+	b = bundle_ok(r, "cpu");
+	ck_assert_uint_eq(b->n_kernels, 3);
+	for (size_t k = 0; k < b->n_kernels; k++)
+		ck_assert_uint_le(b->kernels[k]->n_nodes, 2);
+	for (size_t i = 0; i < b->n_boundaries; i++)
+		if (!strcmp(b->boundaries[i]->reason, "refused")) {
+			refused++;
+			ck_assert_ptr_nonnull(strstr(b->boundaries[i]->detail,
+						     "APOLLO_TEST_REFUSE_KERNEL_NODES=2: a kernel of 3"));
+		}
+	ck_assert_int_eq(refused, 1);
+	ck_assert_uint_eq(b->stats->kernels_compiled, 3);
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
 /* Upward feedback from the backend: with the test hook
  * APOLLO_TEST_REFUSE_KERNEL_NODES=2 the host compiler "rejects" every
  * kernel of more than 2 nodes; the fused groups are split (boundaries
@@ -2810,6 +2850,7 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, onnx_in_the_daemon);
 	tcase_add_test(tc, gpu_targets);
 	tcase_add_test(tc, one_program_per_worker);
+	tcase_add_test(tc, rejected_program_compiled_alone);
 	tcase_add_test(tc, max_clients);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("hardening");

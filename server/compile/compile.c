@@ -38,7 +38,9 @@
  * not compile fails the request.  Test hook:
  * $APOLLO_TEST_REFUSE_KERNEL_NODES=N (read once, when the compiler is
  * created) makes the backend reject every kernel of more than N member
- * nodes, as $APOLLO_TEST_COMPILE_DELAY_MS=MS delays every request.
+ * nodes (an #error line after its source: NVRTC or cc rejects it, and the
+ * program it is in, for real), as $APOLLO_TEST_COMPILE_DELAY_MS=MS delays
+ * every request.
  *
  * Cache tiers (issue 10): L1 is the SQLite file (cache.h), L2 the shared
  * Redis (redis.h).  A request looks in L1, then L2; an L2 hit (the
@@ -903,14 +905,33 @@ static void kernel_store(const struct kernel_batch *kb, const uint8_t key[32], c
 	}
 }
 
+/* The test hook $APOLLO_TEST_REFUSE_KERNEL_NODES=N: the line that makes
+ * the backend itself reject a kernel of more than N member nodes
+ * (ap_kernel_src.n_members), written into `buf`; "" for any other kernel. */
+static const char *hook_line(const struct kernel_batch *kb, const ap_kernel_src *ks, char *buf,
+			     size_t cap)
+{
+	buf[0] = 0;
+	if (kb->c->refuse_nodes && ks->n_members > 0 && (unsigned)ks->n_members > kb->c->refuse_nodes)
+		snprintf(buf, cap, "\n#error \"test hook APOLLO_TEST_REFUSE_KERNEL_NODES=%u: a kernel of "
+			 "%d member nodes does not compile\"\n", kb->c->refuse_nodes, ks->n_members);
+	return buf;
+}
+
 /* Runs the backend on kernel `ks` alone into `out` and stores the blob. */
 static void kernel_backend(const struct kernel_batch *kb, const ap_kernel_src *ks,
 			   const uint8_t key[32], struct kblob *out)
 {
-	char file[160];
+	char file[160], hook[200];
+	char *src = NULL;
 
 	snprintf(file, sizeof(file), "%s.cu", ks->name);
-	backend_run(kb, ks->src, file, out);
+	if (*hook_line(kb, ks, hook, sizeof(hook)) && asprintf(&src, "%s%s", ks->src, hook) < 0) {
+		out->rc = ap_error_set(&out->err, AP_ENOMEM, NULL, NULL, "out of memory");
+		return;
+	}
+	backend_run(kb, src ? src : ks->src, file, out);
+	free(src);
 	if (out->rc) {
 		if (!out->err.node[0] && ks->n_nodes > 0)
 			snprintf(out->err.node, sizeof(out->err.node), "%s", ks->nodes[0]);
@@ -964,14 +985,11 @@ static bool kernel_follow(const struct kernel_batch *kb, ap_flight *f, struct kb
 	return true;
 }
 
-/* What must happen to a kernel before it can be compiled: its source and
- * the test hook checked, its key made, L1 and L2 asked, its flight joined.
- * K_DONE: `out` holds the blob (from L1, L2) or the failure; K_FOLLOW:
- * another request compiles it, *f is the flight to wait on; K_COMPILE:
- * this request compiles it, leading flight *f (NULL: none).  The test hook
- * $APOLLO_TEST_REFUSE_KERNEL_NODES=N makes the backend reject, with
- * AP_ECOMPILE, every kernel of more than N member nodes
- * (ap_kernel_src.n_members), cached or not. */
+/* What must happen to a kernel before it can be compiled: its source
+ * checked, its key made, L1 and L2 asked, its flight joined.  K_DONE:
+ * `out` holds the blob (from L1, L2) or the failure; K_FOLLOW: another
+ * request compiles it, *f is the flight to wait on; K_COMPILE: this
+ * request compiles it, leading flight *f (NULL: none). */
 static int kernel_probe(const struct kernel_batch *kb, const ap_kernel_src *ks, uint8_t key[32],
 			struct kblob *out, ap_flight **f)
 {
@@ -983,14 +1001,6 @@ static int kernel_probe(const struct kernel_batch *kb, const ap_kernel_src *ks, 
 	if (!src) {
 		out->rc = ap_error_set(&out->err, AP_EINTERNAL, ks->n_nodes ? ks->nodes[0] : NULL, NULL,
 				       "kernel %s has no %s source", ks->name, kb->gpu ? "CUDA" : "host");
-		return K_DONE;
-	}
-	if (kb->c->refuse_nodes && ks->n_members > 0 &&
-	    (unsigned)ks->n_members > kb->c->refuse_nodes) {
-		out->rc = ap_error_set(&out->err, AP_ECOMPILE, ks->n_nodes ? ks->nodes[0] : NULL, NULL,
-				       "test hook APOLLO_TEST_REFUSE_KERNEL_NODES=%u: a kernel of %d "
-				       "member nodes does not compile", kb->c->refuse_nodes,
-				       ks->n_members);
 		return K_DONE;
 	}
 	if (ap_compile_kernel_key(src, ks->name, kb->target, kb->output, bid, key)) {
@@ -1060,12 +1070,13 @@ static void group_task(int g, void *arg)
 	struct kblob whole;
 	size_t len = 0;
 	int n = 0, first = -1;
-	char *src = NULL, file[48];
+	char *src = NULL, file[48], hook[200];
 
 	memset(&whole, 0, sizeof(whole));
 	for (int i = 0; i < p->n_kernels; i++)
 		if (kb->state[i] == K_COMPILE && kb->group_of[i] == g) {
-			len += strlen(p->kernels[i].src) + 1;
+			len += strlen(p->kernels[i].src) + 1 + strlen(hook_line(kb, &p->kernels[i], hook,
+										 sizeof(hook)));
 			first = first < 0 ? i : first;
 			n++;
 		}
@@ -1083,11 +1094,14 @@ static void group_task(int g, void *arg)
 
 		for (int i = 0; i < p->n_kernels; i++)
 			if (kb->state[i] == K_COMPILE && kb->group_of[i] == g) {
-				size_t l = strlen(p->kernels[i].src);
+				size_t l = strlen(p->kernels[i].src), h;
 
 				memcpy(src + at, p->kernels[i].src, l);
 				src[at + l] = '\n';
 				at += l + 1;
+				h = strlen(hook_line(kb, &p->kernels[i], hook, sizeof(hook)));
+				memcpy(src + at, hook, h);
+				at += h;
 			}
 		src[at] = 0;
 		snprintf(file, sizeof(file), "apollo_group%d.cu", g);
