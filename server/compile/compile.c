@@ -1082,10 +1082,10 @@ static void group_task(int g, void *arg)
 		}
 	if (n == 0)
 		return;
-	if (atomic_load(&kb->failed)) {
-		whole.rc = ap_error_set(&whole.err, AP_EINTERNAL, NULL, NULL,
-					"not compiled: the request failed already");
-	} else if (n == 1) {
+	/* compiled even when the request has failed already: this request
+	 * leads these kernels' flights, and a follower elsewhere must get
+	 * the kernel, not this request's failure */
+	if (n == 1) {
 		kernel_backend(kb, &p->kernels[first], kb->keys[first], &kb->blobs[first]);
 	} else if (!(src = malloc(len + 1))) {
 		whole.rc = ap_error_set(&whole.err, AP_ENOMEM, NULL, NULL, "out of memory");
@@ -1121,7 +1121,6 @@ static void group_task(int g, void *arg)
 			} else if (whole.rc) {
 				out->rc = whole.rc;
 				out->err = whole.err;
-				out->skipped = atomic_load(&kb->failed);
 			} else if (!(out->data = malloc(whole.len ? whole.len : 1))) {
 				out->rc = ap_error_set(&out->err, AP_ENOMEM, NULL, NULL, "out of memory");
 			} else {
