@@ -248,31 +248,27 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 		if (blocks > UINT32_MAX)
 			return ap_error_set(err, AP_ETOOLARGE, kk->name, NULL,
 					    "kernel '%s' has %llu blocks", kk->name, blocks);
-		if (kk->blob_of && (kk->blob.len || !ap_bundle_pb_kernel_blob(b, k)))
+		const ProtobufCBinaryData *blob = ap_bundle_pb_kernel_blob(b, k);
+		uint8_t d[32];
+
+		if (!blob || (kk->blob_of && kk->blob.len))
 			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
 					    "kernel '%s' shares the blob of kernel %u, which is not an "
 					    "earlier kernel with a blob of its own", kk->name,
 					    kk->blob_of - 1);
-		if (ap_bundle_pb_kernel_blob(b, k)->len == 0)
+		if (blob->len == 0)
 			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
 					    "kernel '%s' has an empty blob", kk->name);
-		{
-			const ProtobufCBinaryData *blob = ap_bundle_pb_kernel_blob(b, k);
-			uint8_t d[32];
-
-			if (kk->digest.len != 32)
-				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
-						    "kernel '%s' carries no SHA-256 digest of its blob",
-						    kk->name);
-			/* a shared blob is hashed once, with its owner */
-			if (!kk->blob_of)
-				ap_sha256(blob->data, blob->len, d);
-			if (memcmp(kk->blob_of ? b->kernels[kk->blob_of - 1]->digest.data : d,
-				   kk->digest.data, 32))
-				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
-						    "kernel '%s': its blob does not match its digest; "
-						    "not loading it", kk->name);
-		}
+		if (kk->digest.len != 32)
+			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+					    "kernel '%s' carries no SHA-256 digest of its blob", kk->name);
+		/* a shared blob is hashed once, with its owner (checked before) */
+		if (!kk->blob_of)
+			ap_sha256(blob->data, blob->len, d);
+		if (memcmp(kk->blob_of ? b->kernels[kk->blob_of - 1]->digest.data : d, kk->digest.data, 32))
+			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+					    "kernel '%s': its blob does not match its digest; "
+					    "not loading it", kk->name);
 		for (size_t p = 0; p < kk->n_params; p++)
 			if (!kk->params[p])
 				return ap_error_set(err, AP_EINVAL, kk->name, NULL,

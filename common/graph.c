@@ -398,6 +398,15 @@ const ap_attr *ap_node_attr(const ap_node *node, const char *attr)
 	return NULL;
 }
 
+int64_t ap_node_attr_at(const ap_node *node, const char *attr, int i, int64_t dflt)
+{
+	const ap_attr *a = ap_node_attr(node, attr);
+
+	if (!a || a->type != AP_ATTR_INTS || i < 0 || i >= a->n_ints)
+		return dflt;
+	return a->ints[i];
+}
+
 int64_t ap_node_int(const ap_node *node, const char *attr, int64_t dflt)
 {
 	const ap_attr *a = ap_node_attr(node, attr);

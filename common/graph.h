@@ -192,6 +192,9 @@ int ap_node_set_floats(ap_graph *g, int n, const char *attr, const double *v, in
 /* Attribute look-ups; return NULL / `dflt` when absent. */
 const ap_attr *ap_node_attr(const ap_node *node, const char *attr);
 int64_t ap_node_int(const ap_node *node, const char *attr, int64_t dflt);
+/* Element i of an INTS attribute (strides, pads, kernel_shape ...), or
+ * `dflt` when the attribute is absent, of another type, or shorter. */
+int64_t ap_node_attr_at(const ap_node *node, const char *attr, int i, int64_t dflt);
 double ap_node_float(const ap_node *node, const char *attr, double dflt);
 const char *ap_node_string(const ap_node *node, const char *attr, const char *dflt);
 /* Index of the tensor named `name`, or -1. */

@@ -582,7 +582,6 @@ struct kblob {
 	uint8_t digest[32];
 	bool compiled;        /* by the backend (else from a cache or a flight) */
 	int tier;             /* where it came from: apollo.CacheTier */
-	bool skipped;         /* not tried: the request had failed already */
 	int rc;
 	ap_error err;
 };
@@ -807,7 +806,6 @@ struct kernel_batch {
 	int output;
 	double deadline;             /* ap_now_ms(): a kernel flight's wait ends */
 	struct kblob *blobs;
-	atomic_bool failed;          /* a failure other than AP_ECOMPILE: skip the rest */
 	/* grouped compiles (compile_kernels): per kernel its key, what the
 	 * probe found, its flight; the groups of misses, one program each */
 	uint8_t (*keys)[32];
@@ -905,32 +903,48 @@ static void kernel_store(const struct kernel_batch *kb, const uint8_t key[32], c
 	}
 }
 
-/* The test hook $APOLLO_TEST_REFUSE_KERNEL_NODES=N: the line that makes
- * the backend itself reject a kernel of more than N member nodes
- * (ap_kernel_src.n_members), written into `buf`; "" for any other kernel. */
-static const char *hook_line(const struct kernel_batch *kb, const ap_kernel_src *ks, char *buf,
-			     size_t cap)
+/* One translation unit of kernels ks[0..n) (the printers guard what
+ * kernels share, so sources concatenate), malloc'd; NULL when out of
+ * memory.  The test hook $APOLLO_TEST_REFUSE_KERNEL_NODES=N adds, after
+ * every kernel of more than N member nodes (ap_kernel_src.n_members), an
+ * #error line: the backend itself rejects it and the program it is in. */
+static char *program_src(const struct kernel_batch *kb, const ap_kernel_src *const *ks, int n)
 {
-	buf[0] = 0;
-	if (kb->c->refuse_nodes && ks->n_members > 0 && (unsigned)ks->n_members > kb->c->refuse_nodes)
-		snprintf(buf, cap, "\n#error \"test hook APOLLO_TEST_REFUSE_KERNEL_NODES=%u: a kernel of "
-			 "%d member nodes does not compile\"\n", kb->c->refuse_nodes, ks->n_members);
-	return buf;
+	char *src = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&src, &len);
+
+	if (!f)
+		return NULL;
+	for (int i = 0; i < n; i++) {
+		fprintf(f, "%s\n", ks[i]->src);
+		if (kb->c->refuse_nodes && ks[i]->n_members > 0 &&
+		    (unsigned)ks[i]->n_members > kb->c->refuse_nodes)
+			fprintf(f, "#error \"test hook APOLLO_TEST_REFUSE_KERNEL_NODES=%u: a kernel of %d "
+				"member nodes does not compile\"\n", kb->c->refuse_nodes, ks[i]->n_members);
+	}
+	if (ferror(f)) {
+		fclose(f);
+		free(src);
+		return NULL;
+	}
+	fclose(f);
+	return src;
 }
 
 /* Runs the backend on kernel `ks` alone into `out` and stores the blob. */
 static void kernel_backend(const struct kernel_batch *kb, const ap_kernel_src *ks,
 			   const uint8_t key[32], struct kblob *out)
 {
-	char file[160], hook[200];
-	char *src = NULL;
+	char file[160];
+	char *src = program_src(kb, &ks, 1);
 
-	snprintf(file, sizeof(file), "%s.cu", ks->name);
-	if (*hook_line(kb, ks, hook, sizeof(hook)) && asprintf(&src, "%s%s", ks->src, hook) < 0) {
+	if (!src) {
 		out->rc = ap_error_set(&out->err, AP_ENOMEM, NULL, NULL, "out of memory");
 		return;
 	}
-	backend_run(kb, src ? src : ks->src, file, out);
+	snprintf(file, sizeof(file), "%s.cu", ks->name);
+	backend_run(kb, src, file, out);
 	free(src);
 	if (out->rc) {
 		if (!out->err.node[0] && ks->n_nodes > 0)
@@ -1051,8 +1065,6 @@ static void probe_task(int i, void *arg)
 	struct kblob *b = &kb->blobs[i];
 
 	kb->state[i] = kernel_probe(kb, &kb->p->kernels[i], kb->keys[i], b, &kb->flight[i]);
-	if (kb->state[i] == K_DONE && b->rc && b->rc != AP_ECOMPILE)
-		atomic_store(&kb->failed, true);
 }
 
 /* Group g of the kernels this request compiles: one translation unit
@@ -1067,49 +1079,32 @@ static void group_task(int g, void *arg)
 {
 	struct kernel_batch *kb = arg;
 	const ap_program *p = kb->p;
+	const ap_kernel_src **ks = malloc(((size_t)p->n_kernels + 1) * sizeof(*ks));
 	struct kblob whole;
-	size_t len = 0;
 	int n = 0, first = -1;
-	char *src = NULL, file[48], hook[200];
+	char *src = NULL, file[48];
 
 	memset(&whole, 0, sizeof(whole));
-	for (int i = 0; i < p->n_kernels; i++)
+	for (int i = 0; ks && i < p->n_kernels; i++)
 		if (kb->state[i] == K_COMPILE && kb->group_of[i] == g) {
-			len += strlen(p->kernels[i].src) + 1 + strlen(hook_line(kb, &p->kernels[i], hook,
-										 sizeof(hook)));
 			first = first < 0 ? i : first;
-			n++;
+			ks[n++] = &p->kernels[i];
 		}
-	if (n == 0)
-		return;
 	/* compiled even when the request has failed already: this request
 	 * leads these kernels' flights, and a follower elsewhere must get
 	 * the kernel, not this request's failure */
 	if (n == 1) {
-		kernel_backend(kb, &p->kernels[first], kb->keys[first], &kb->blobs[first]);
-	} else if (!(src = malloc(len + 1))) {
+		kernel_backend(kb, ks[0], kb->keys[first], &kb->blobs[first]);
+	} else if (!ks || !(src = program_src(kb, ks, n))) {
 		whole.rc = ap_error_set(&whole.err, AP_ENOMEM, NULL, NULL, "out of memory");
 	} else {
-		size_t at = 0;
-
-		for (int i = 0; i < p->n_kernels; i++)
-			if (kb->state[i] == K_COMPILE && kb->group_of[i] == g) {
-				size_t l = strlen(p->kernels[i].src), h;
-
-				memcpy(src + at, p->kernels[i].src, l);
-				src[at + l] = '\n';
-				at += l + 1;
-				h = strlen(hook_line(kb, &p->kernels[i], hook, sizeof(hook)));
-				memcpy(src + at, hook, h);
-				at += h;
-			}
-		src[at] = 0;
 		snprintf(file, sizeof(file), "apollo_group%d.cu", g);
 		backend_run(kb, src, file, &whole);
 		free(src);
 		if (whole.rc == 0)
 			blob_store(kb, &whole);
 	}
+	free(ks);
 	for (int i = 0; i < p->n_kernels; i++) {
 		struct kblob *out = &kb->blobs[i];
 
@@ -1136,8 +1131,6 @@ static void group_task(int g, void *arg)
 			kernel_publish(kb->c, kb->flight[i], out);
 			kb->flight[i] = NULL;
 		}
-		if (out->rc && out->rc != AP_ECOMPILE)
-			atomic_store(&kb->failed, true);
 	}
 	free(whole.data);
 }
@@ -1280,7 +1273,6 @@ static int compile_kernels(ap_compiler *c, struct kernel_batch *kb, const ap_pro
 
 	kb->p = p;
 	kb->blobs = blobs;
-	atomic_store(&kb->failed, false);
 	kb->keys = calloc((size_t)n + 1, sizeof(*kb->keys));
 	kb->state = calloc((size_t)n + 1, sizeof(*kb->state));
 	kb->flight = calloc((size_t)n + 1, sizeof(*kb->flight));
@@ -1297,14 +1289,14 @@ static int compile_kernels(ap_compiler *c, struct kernel_batch *kb, const ap_pro
 	run_tasks(c, kb->n_groups, group_task, kb);
 	run_tasks(c, n, follow_task, kb);
 	for (i = 0; i < n; i++) {
-		if (!blobs[i].skipped && blobs[i].rc && blobs[i].rc != AP_ECOMPILE) {
+		if (blobs[i].rc && blobs[i].rc != AP_ECOMPILE) {
 			*err = blobs[i].err;
 			rc = blobs[i].rc;
 			goto out;
 		}
 	}
 	for (i = 0; i < n; i++) {
-		if (!blobs[i].skipped && blobs[i].rc) {
+		if (blobs[i].rc) {
 			*err = blobs[i].err;
 			rc = blobs[i].rc;
 			goto out;

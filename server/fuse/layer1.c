@@ -240,28 +240,14 @@ static int find_window(const ap_mgraph *m, int *count)
 	return first;
 }
 
-/* Marks what output o reads at its own element (ap_v_mark_current);
- * cur and seen have g->n_tensors + 1 entries, cleared here. */
+/* Marks what output o reads at its own element (ap_v_mark_current):
+ * cur[x] 1 there, 2 elsewhere, 0 when computing o never reads x; cur and
+ * seen have g->n_tensors + 1 entries, cleared here. */
 static void mark_from(const ap_graph *g, int o, unsigned char *cur, unsigned char *seen)
 {
 	memset(cur, 0, (size_t)g->n_tensors + 1);
 	memset(seen, 0, (size_t)g->n_tensors + 1);
 	ap_v_mark_current(g, o, false, cur, seen);
-}
-
-/* Does computing tensor t read tensor x (through any producers of g)? */
-static bool depends_on(const ap_graph *g, int t, int x, int depth)
-{
-	int p = t >= 0 ? g->tensors[t].producer : -1;
-
-	if (t == x)
-		return true;
-	if (p < 0 || depth > 4096)
-		return false;
-	for (int j = 0; j < g->nodes[p].n_inputs; j++)
-		if (depends_on(g, g->nodes[p].inputs[j], x, depth + 1))
-			return true;
-	return false;
 }
 
 /* Fills l->window, staged, iter and the shapes.  1 when Layer I applies,
@@ -315,13 +301,13 @@ static int analyze(const ap_mgraph *m, ap_layer1 *l, char *why, size_t cap)
 		int64_t n = ap_tensor_numel(&g->tensors[o]);
 
 		mark_from(g, o, cur, seen);
-		if (n == ap_tensor_numel(&g->tensors[l->iter]) && depends_on(g, o, l->iter, 0)) {
+		if (n == ap_tensor_numel(&g->tensors[l->iter]) && cur[l->iter]) {
 			if (cur[l->iter] != 1) {
 				snprintf(why, cap, "output %s reads the pooling at another element than its own",
 					 g->tensors[o].name);
 				rc = 0;
 			}
-		} else if (n == ap_tensor_numel(&g->tensors[l->staged]) && !depends_on(g, o, l->iter, 0) &&
+		} else if (n == ap_tensor_numel(&g->tensors[l->staged]) && !cur[l->iter] &&
 			   cur[l->staged] == 1) {
 			if (l->n_pout == L1_MAX_POUT) {
 				snprintf(why, cap, "more than %d outputs beside the pooling", L1_MAX_POUT);

@@ -146,15 +146,6 @@ static ap_kir_expr *matmul_value(ap_vctx *v, const ap_node *node, int t, ap_lidx
 	return ap_kir_cast(k, dt, ap_kir_ref(k, acc));
 }
 
-int64_t ap_node_attr_at(const ap_node *node, const char *name, int i, int64_t dflt)
-{
-	const ap_attr *a = ap_node_attr(node, name);
-
-	if (!a || a->type != AP_ATTR_INTS || i >= a->n_ints)
-		return dflt;
-	return a->ints[i];
-}
-
 /* Conv: out[n, m, o...] = B[m] + sum_{c, k...} X[n, g*Cg + c, o*s - pb + k*d] * W[m, c, k...]
  * ConvTranspose: out[n, m, o...] = B[m] + sum_{c, k...} X[n, ci, (o + pb - k*d) / s]
  *   * W[ci, m % Mg, k...] over ci = g*Cg + c where o + pb - k*d is a multiple of s. */

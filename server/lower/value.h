@@ -162,7 +162,6 @@ ap_lidx ap_reduce_in_idx(ap_vctx *v, const ap_node *node, int x, ap_lidx *out, a
  * computed serially, MatMul, Conv, ConvTranspose, MaxPool, AveragePool,
  * LRN, ScatterElements, ScatterND, CumSum, ArgMax, ArgMin) at ix. */
 ap_kir_expr *ap_v_loop_op(ap_vctx *v, const ap_node *node, int t, ap_lidx *ix);
-int64_t ap_node_attr_at(const ap_node *node, const char *name, int i, int64_t dflt);
 
 /* Marks, starting from tensor t read at "the current element" (the index
  * the kernel iterates), every tensor the value builder reads at that very

@@ -496,13 +496,6 @@ static int window_downstream(pctx *c, int p, int q)
  * for other kernels too.  A global pooling always does; a pooling when
  * its windows are as large as its strides, undilated and unpadded, and
  * divide the input. */
-static int64_t attr_at(const ap_node *n, const char *name, int i, int64_t dflt)
-{
-	const ap_attr *a = ap_node_attr(n, name);
-
-	return a && a->type == AP_ATTR_INTS && i >= 0 && i < a->n_ints ? a->ints[i] : dflt;
-}
-
 static bool window_tiles_input(const ap_graph *g, const ap_node *w)
 {
 	const ap_tensor *x = &g->tensors[w->inputs[0]];
@@ -510,12 +503,12 @@ static bool window_tiles_input(const ap_graph *g, const ap_node *w)
 	if (ap_op_category_of(w->op) == AP_CAT_REDUCTION)
 		return true;
 	for (int d = 2; d < x->rank; d++) {
-		int64_t k = attr_at(w, "kernel_shape", d - 2, 1);
+		int64_t k = ap_node_attr_at(w, "kernel_shape", d - 2, 1);
 
-		if (attr_at(w, "strides", d - 2, 1) != k || k < 1 || x->dims[d] % k != 0 ||
-		    attr_at(w, "dilations", d - 2, 1) != 1 ||
-		    attr_at(w, "pads", d - 2, 0) != 0 ||
-		    attr_at(w, "pads", d - 2 + x->rank - 2, 0) != 0)
+		if (ap_node_attr_at(w, "strides", d - 2, 1) != k || k < 1 || x->dims[d] % k != 0 ||
+		    ap_node_attr_at(w, "dilations", d - 2, 1) != 1 ||
+		    ap_node_attr_at(w, "pads", d - 2, 0) != 0 ||
+		    ap_node_attr_at(w, "pads", d - 2 + x->rank - 2, 0) != 0)
 			return false;
 	}
 	return true;
