@@ -2,12 +2,12 @@
  *
  *   apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]
  *                 [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]
- *                 [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1]
+ *                 [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1] [--no-tune]
  *                 [--no-cache] [--namespace NS] [--daemon-import] [--explain]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
  *                 [--keep-whole OP ...]
  *   apollo-client check DIR... [--target T] [--rtol R] [--atol A] [--jobs N]
- *                 [--threads N] [--timeout S] [--no-fork] [--no-cache] [--allow-tf32]
+ *                 [--threads N] [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--no-tune]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
  *                 [--keep-whole OP ...] [--save-outputs DIR] [--repeat N [--profile]]
  *                 [--mismatch FRACTION]
@@ -59,11 +59,11 @@ static void usage(FILE *f)
 	fputs("usage:\n"
 	      "  apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]\n"
 	      "                [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]\n"
-	      "                [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1]\n"
+	      "                [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1] [--no-tune]\n"
 	      "                [--no-cache] [--namespace NS] [--daemon-import] [--explain]\n"
 	      "                [--fusion none|rules|apollo] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n"
 	      "  apollo-client check DIR... [--target T] [--rtol R] [--atol A] [--jobs N] [--threads N]\n"
-	      "                [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--fusion none|rules|apollo]\n"
+	      "                [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--no-tune] [--fusion none|rules|apollo]\n"
 	      "                [--repeat N [--profile]] [--mismatch FRACTION]\n"
 	      "                [--fusion-barrier NODE ...] [--keep-whole OP ...] [--save-outputs DIR]\n"
 	      "  apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n"
@@ -463,6 +463,8 @@ static int cmd_submit(int argc, char **argv)
 			i++;
 		} else if (!strcmp(a, "--no-layer1")) {
 			opt.no_layer1 = true;
+		} else if (!strcmp(a, "--no-tune")) {
+			opt.no_tune = true;
 		} else if (!strcmp(a, "--fusion") && v) {
 			if (!parse_fusion(v, &opt.fusion)) {
 				bindings_clear(&m.b);
@@ -1200,6 +1202,8 @@ static int cmd_check(int argc, char **argv)
 			o.submit.no_cache = true;
 		} else if (!strcmp(a, "--allow-tf32")) {
 			o.submit.allow_tf32 = true;
+		} else if (!strcmp(a, "--no-tune")) {
+			o.submit.no_tune = true;
 		} else if (!strcmp(a, "--fusion") && v) {
 			if (!parse_fusion(v, &o.submit.fusion)) {
 				rc = usage_error("--fusion is none, rules or apollo, not '%s'", v);

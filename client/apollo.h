@@ -190,6 +190,8 @@ typedef struct ap_submit_options {
 					(10-bit mantissa operands); off by default */
 	bool no_layer1;              /* Layer I off: pooling windows stay kernels of
 					their own (to compare with it on) */
+	bool no_tune;                /* every kernel on its emitter's default rule
+					(no tuning record, no search) */
 } ap_submit_options;
 
 /* Sends graph `g` (its structure: PARAM tensors travel as shape and dtype
@@ -306,6 +308,11 @@ typedef struct ap_bundle_stats {
 	unsigned kernels_remote;     /* a compiled answer's kernels taken from L2 */
 	unsigned kernels_shared;     /* ... compiled for another request in flight */
 	double layer1_ms;            /* Layer I (isl), part of codegen_ms */
+	/* tuning (server/tune): kernels configured from a tuning record
+	 * (measured ones among them), kernels searched, configurations
+	 * evaluated, search time (part of codegen_ms) */
+	unsigned tune_hits, tune_measured, tune_searched, tune_tried;
+	double tune_ms;
 } ap_bundle_stats;
 
 /* The name of a tier: "compiled", "l1", "l2", "shared". */

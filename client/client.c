@@ -927,6 +927,7 @@ static ap_bundle *submit(ap_client *c, Apollo__CompileRequest *cr, const ap_subm
 		co.keep_whole = (char **)opt->keep_whole;
 		co.allow_tf32 = opt->allow_tf32;
 		co.no_layer1 = opt->no_layer1;
+		co.no_tune = opt->no_tune;
 	}
 	cr->options = &co;
 	req.msg_case = APOLLO__ENVELOPE__MSG_COMPILE;
@@ -1409,6 +1410,11 @@ void ap_bundle_stats_get(const ap_bundle *b, ap_bundle_stats *out)
 	out->kernels_remote = s->kernels_remote;
 	out->kernels_shared = s->kernels_shared;
 	out->layer1_ms = s->layer1_ms;
+	out->tune_hits = s->tune_hits;
+	out->tune_measured = s->tune_measured;
+	out->tune_searched = s->tune_searched;
+	out->tune_tried = s->tune_tried;
+	out->tune_ms = s->tune_ms;
 }
 
 const char *ap_cache_tier_name(ap_cache_tier t)

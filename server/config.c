@@ -122,6 +122,14 @@ static const ap_config_option options[] = {
 	  "waits for that compile and is answered from it, for at most this many "
 	  "milliseconds from its own arrival; then it compiles by itself.  The same "
 	  "holds for one kernel needed by two requests.  0: never wait." },
+	{ "tune_budget_ms", NUM(AP_CFG_INT, tune_budget_ms), "200", 0, 600000LL, NULL,
+	  "Tuning: the time one compile request may spend searching its kernels' "
+	  "configurations (tiles, stages, block sizes) under the cost model, all its "
+	  "kernels together; kernels past it take their emitter's default rule and "
+	  "are searched by a later request.  Results are kept as tuning records in "
+	  "the cache and reused by every graph holding the same kernel; measured "
+	  "records (apollo-client tune) win over modelled ones.  0: no search "
+	  "(records are still used)." },
 	{ "redis", STR(redis), "", 0, 0, NULL,
 	  "Shared cache (L2) in Redis, looked up after the local cache and before "
 	  "compiling, and written with every new entry: HOST:PORT, [IPv6]:PORT, or "

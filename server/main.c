@@ -210,6 +210,7 @@ int main(int argc, char **argv)
 	copt.redis = redis;
 	copt.no_flight = cfg.flight_wait_ms == 0;
 	copt.flight_wait_ms = (unsigned)cfg.flight_wait_ms;
+	copt.tune_budget_ms = cfg.tune_budget_ms > 0 ? (double)cfg.tune_budget_ms : -1;
 	compiler = ap_compiler_new(cache, &copt);
 	if (!compiler) {
 		ap_log(AP_LOG_ERROR, "out of memory");

@@ -67,8 +67,11 @@ enum {
 	ST_ACTION_GET, ST_ACTION_PUT, ST_ACTION_DEL_DIGEST,
 	ST_KERNEL_GET, ST_KERNEL_PUT, ST_KERNEL_DEL_DIGEST,
 	ST_LRU, ST_TOTAL,
+	ST_TUNE_GET_ANY, ST_TUNE_GET_DEV, ST_TUNE_PUT, ST_TUNE_GEN, ST_TUNE_BUMP,
 	ST_COUNT
 };
+
+#define TUNE_COLS "device, sms, emitter, config, modelled_us, measured_us, method, tried, candidates"
 
 static const char *const stmt_sql[ST_COUNT] = {
 	[ST_BEGIN] = "BEGIN IMMEDIATE",
@@ -87,6 +90,17 @@ static const char *const stmt_sql[ST_COUNT] = {
 	[ST_KERNEL_DEL_DIGEST] = "DELETE FROM kernels WHERE digest = ?1",
 	[ST_LRU] = "SELECT digest, size FROM blobs ORDER BY last_used, rowid LIMIT 32",
 	[ST_TOTAL] = "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM blobs",
+	/* a measured record before a modelled one; the newest measurement */
+	[ST_TUNE_GET_ANY] = "SELECT " TUNE_COLS " FROM tuning WHERE sig = ?1 AND target = ?2"
+			    " ORDER BY measured_us IS NULL, created DESC LIMIT 1",
+	[ST_TUNE_GET_DEV] = "SELECT " TUNE_COLS " FROM tuning WHERE sig = ?1 AND target = ?2"
+			    " AND device = ?3 ORDER BY created DESC LIMIT 1",
+	[ST_TUNE_PUT] = "INSERT OR REPLACE INTO tuning(sig, target, device, sms, emitter, config,"
+			" modelled_us, measured_us, method, tried, candidates, created)"
+			" VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+	[ST_TUNE_GEN] = "SELECT v FROM meta WHERE k = 'tuning_generation'",
+	[ST_TUNE_BUMP] = "INSERT INTO meta(k, v) VALUES ('tuning_generation', '1')"
+			 " ON CONFLICT(k) DO UPDATE SET v = CAST(CAST(v AS INTEGER) + 1 AS TEXT)",
 };
 
 static const char schema_sql[] =
@@ -97,6 +111,13 @@ static const char schema_sql[] =
 	" created INTEGER NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS kernels(key BLOB PRIMARY KEY, digest BLOB NOT NULL,"
 	" created INTEGER NOT NULL);"
+	/* tuning records (issue 9): a kernel signature's chosen configuration
+	 * per target; device '' and sms 0 for the cost model's record, a
+	 * device's name and SM count for a measured one */
+	"CREATE TABLE IF NOT EXISTS tuning(sig BLOB NOT NULL, target TEXT NOT NULL,"
+	" device TEXT NOT NULL, sms INTEGER NOT NULL, emitter TEXT NOT NULL, config TEXT NOT NULL,"
+	" modelled_us REAL NOT NULL, measured_us REAL, method TEXT NOT NULL, tried INTEGER NOT NULL,"
+	" candidates TEXT NOT NULL, created INTEGER NOT NULL, PRIMARY KEY(sig, target, device));"
 	"INSERT OR IGNORE INTO meta(k, v) VALUES ('schema', '" SCHEMA_VERSION "');";
 
 /* Schema 1 -> 2: blobs gain last_used (0: used before anything else). */
@@ -121,7 +142,7 @@ struct ap_cache {
 	pthread_mutex_t mu;
 	struct conn *pool;           /* idle connections, under mu */
 	atomic_bool enabled;
-	atomic_uint_fast64_t actions, kernels, blobs, blob_bytes;
+	atomic_uint_fast64_t actions, kernels, blobs, blob_bytes, tuning;
 	atomic_uint_fast64_t evicted_blobs, evicted_bytes;
 	atomic_uint_fast64_t max_bytes;     /* 0: no limit */
 	atomic_int_fast64_t fake_now;       /* tests: the clock, when not 0 */
@@ -363,12 +384,24 @@ error:
 	return NULL;
 }
 
+/* The tuning table's row count, after a write. */
+static void count_tuning(ap_cache *c, struct conn *co)
+{
+	sqlite3_stmt *st = NULL;
+
+	if (sqlite3_prepare_v2(co->db, "SELECT COUNT(*) FROM tuning", -1, &st, NULL) == SQLITE_OK &&
+	    sqlite3_step(st) == SQLITE_ROW)
+		atomic_store(&c->tuning, (uint64_t)sqlite3_column_int64(st, 0));
+	sqlite3_finalize(st);
+}
+
 static int count_rows(ap_cache *c, struct conn *co)
 {
 	sqlite3_stmt *st = NULL;
 	int rc = sqlite3_prepare_v2(co->db,
 				    "SELECT (SELECT COUNT(*) FROM actions), (SELECT COUNT(*) FROM kernels),"
-				    " (SELECT COUNT(*) FROM blobs), (SELECT COALESCE(SUM(size), 0) FROM blobs)",
+				    " (SELECT COUNT(*) FROM blobs), (SELECT COALESCE(SUM(size), 0) FROM blobs),"
+				    " (SELECT COUNT(*) FROM tuning)",
 				    -1, &st, NULL);
 	if (rc == SQLITE_OK)
 		rc = sqlite3_step(st);
@@ -377,6 +410,7 @@ static int count_rows(ap_cache *c, struct conn *co)
 		atomic_store(&c->kernels, (uint64_t)sqlite3_column_int64(st, 1));
 		atomic_store(&c->blobs, (uint64_t)sqlite3_column_int64(st, 2));
 		atomic_store(&c->blob_bytes, (uint64_t)sqlite3_column_int64(st, 3));
+		atomic_store(&c->tuning, (uint64_t)sqlite3_column_int64(st, 4));
 		rc = SQLITE_OK;
 	}
 	sqlite3_finalize(st);
@@ -476,6 +510,7 @@ void ap_cache_get_counts(const ap_cache *c, ap_cache_counts *out)
 	out->kernels = atomic_load(&m->kernels);
 	out->blobs = atomic_load(&m->blobs);
 	out->blob_bytes = atomic_load(&m->blob_bytes);
+	out->tuning = atomic_load(&m->tuning);
 	out->max_bytes = atomic_load(&m->max_bytes);
 	out->evicted_blobs = atomic_load(&m->evicted_blobs);
 	out->evicted_bytes = atomic_load(&m->evicted_bytes);
@@ -963,6 +998,109 @@ int ap_cache_kernel_put_known(ap_cache *c, const uint8_t key[32], const uint8_t 
 			      size_t len, const uint8_t digest[32])
 {
 	return put_by_key(c, ST_KERNEL_GET, ST_KERNEL_PUT, &c->kernels, key, data, len, digest);
+}
+
+/* ---- tuning records ------------------------------------------------------------ */
+
+static void text_col(sqlite3_stmt *st, int i, char *buf, size_t cap)
+{
+	const unsigned char *v = sqlite3_column_text(st, i);
+
+	snprintf(buf, cap, "%s", v ? (const char *)v : "");
+}
+
+int ap_cache_tuning_get(ap_cache *c, const uint8_t sig[32], const char *target,
+			const char *device, ap_tune_record *out)
+{
+	struct conn *co = acquire(c);
+	int which = device ? ST_TUNE_GET_DEV : ST_TUNE_GET_ANY, rc, found = 0;
+	sqlite3_stmt *st;
+
+	memset(out, 0, sizeof(*out));
+	if (!co)
+		return 0;
+	st = co->st[which];
+	sqlite3_bind_blob(st, 1, sig, 32, SQLITE_STATIC);
+	sqlite3_bind_text(st, 2, target, -1, SQLITE_STATIC);
+	if (device)
+		sqlite3_bind_text(st, 3, device, -1, SQLITE_STATIC);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW) {
+		text_col(st, 0, out->device, sizeof(out->device));
+		out->sms = (unsigned)sqlite3_column_int64(st, 1);
+		text_col(st, 2, out->emitter, sizeof(out->emitter));
+		text_col(st, 3, out->config, sizeof(out->config));
+		out->modelled_us = sqlite3_column_double(st, 4);
+		out->measured_us = sqlite3_column_type(st, 5) == SQLITE_NULL ? -1 : sqlite3_column_double(st, 5);
+		text_col(st, 6, out->method, sizeof(out->method));
+		out->tried = (unsigned)sqlite3_column_int64(st, 7);
+		text_col(st, 8, out->candidates, sizeof(out->candidates));
+		found = 1;
+	}
+	reset(co, which);
+	if (rc != SQLITE_ROW && (rc = check(c, co, rc, "tuning lookup")))
+		found = rc;
+	release(c, co);
+	return found;
+}
+
+int ap_cache_tuning_put(ap_cache *c, const uint8_t sig[32], const char *target,
+			const ap_tune_record *r)
+{
+	struct conn *co = acquire(c);
+	sqlite3_stmt *st;
+	bool measured = r->measured_us >= 0;
+	int rc;
+
+	if (!co)
+		return AP_EIO;
+	rc = begin(c, co);
+	if (!rc) {
+		st = co->st[ST_TUNE_PUT];
+		sqlite3_bind_blob(st, 1, sig, 32, SQLITE_STATIC);
+		sqlite3_bind_text(st, 2, target, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 3, measured ? r->device : "", -1, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 4, measured ? r->sms : 0);
+		sqlite3_bind_text(st, 5, r->emitter, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 6, r->config, -1, SQLITE_STATIC);
+		sqlite3_bind_double(st, 7, r->modelled_us);
+		if (measured)
+			sqlite3_bind_double(st, 8, r->measured_us);
+		sqlite3_bind_text(st, 9, r->method, -1, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 10, r->tried);
+		sqlite3_bind_text(st, 11, r->candidates, -1, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 12, now_s(c));
+		rc = run(c, co, ST_TUNE_PUT, "tuning insert");
+		/* a measurement changes what compiles produce: a new generation
+		 * keys the bundles made from now on (ap_cache_tuning_generation) */
+		if (!rc && measured)
+			rc = run(c, co, ST_TUNE_BUMP, "tuning generation");
+		rc = rc ? rollback(co, rc) : commit(c, co);
+	}
+	if (!rc)
+		count_tuning(c, co);
+	release(c, co);
+	return rc;
+}
+
+uint64_t ap_cache_tuning_generation(ap_cache *c)
+{
+	struct conn *co = acquire(c);
+	sqlite3_stmt *st;
+	uint64_t gen = 0;
+	int rc;
+
+	if (!co)
+		return 0;
+	st = co->st[ST_TUNE_GEN];
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		gen = (uint64_t)strtoull((const char *)sqlite3_column_text(st, 0), NULL, 10);
+	reset(co, ST_TUNE_GEN);
+	if (rc != SQLITE_ROW)
+		check(c, co, rc, "tuning generation");
+	release(c, co);
+	return gen;
 }
 
 void ap_cache_set_limits(ap_cache *c, uint64_t max_bytes, uint64_t memory_bytes)

@@ -97,6 +97,39 @@ int ap_cache_kernel_put(ap_cache *c, const uint8_t key[32], const uint8_t *data,
 int ap_cache_kernel_put_known(ap_cache *c, const uint8_t key[32], const uint8_t *data,
 			      size_t len, const uint8_t digest[32]);
 
+/* ---- tuning records (server/tune/tune.h) ------------------------------------- */
+
+/* One tuning result of a kernel signature (ap_tune_signature) on a target. */
+typedef struct ap_tune_record {
+	char emitter[32];          /* the emitter whose space `config` is a point of */
+	char config[256];          /* "knob=value ..." (ap_sched_describe) */
+	char method[16];           /* "exhaustive", "annealing", "measured" */
+	char device[128];          /* measured: the device's name; "" for the model's */
+	unsigned sms;              /* measured: its SM count; 0 for the model's */
+	double modelled_us;        /* the cost model's time of `config` */
+	double measured_us;        /* < 0: not measured */
+	unsigned tried;            /* configurations evaluated (measured: timed) */
+	char candidates[1024];     /* the model's record: the configurations offered
+				      for measurement, ';'-separated */
+} ap_tune_record;
+
+/* Looks up the record of `sig` for `target`: with device NULL, a measured
+ * record (the newest) before the model's; with device "", the model's
+ * only; else that device's measured record.  1 with *out set, 0 when
+ * there is none (also when the cache is off), negative on an SQLite
+ * error.  Strings are untrusted: callers parse `config` again. */
+int ap_cache_tuning_get(ap_cache *c, const uint8_t sig[32], const char *target,
+			const char *device, ap_tune_record *out);
+/* Stores r for (sig, target, r's device when measured_us >= 0, else ""),
+ * replacing the record it had; a measured record also advances the tuning
+ * generation.  0 or negative (off, busy, I/O). */
+int ap_cache_tuning_put(ap_cache *c, const uint8_t sig[32], const char *target,
+			const ap_tune_record *r);
+/* How many measured records were stored in this file so far: part of the
+ * graph key, so that bundles compiled before a measurement are not served
+ * after it.  0 when the cache is off. */
+uint64_t ap_cache_tuning_generation(ap_cache *c);
+
 /* Limits, in bytes: `max_bytes` of blob data in the file (0: no limit;
  * when over it, least recently used blobs are evicted with the action and
  * kernel rows naming them, down to 90%, at once and after every write),
@@ -111,6 +144,7 @@ void ap_cache_set_limits(ap_cache *c, uint64_t max_bytes, uint64_t memory_bytes)
  * tier. */
 typedef struct ap_cache_counts {
 	uint64_t actions, kernels, blobs, blob_bytes;
+	uint64_t tuning;                        /* tuning records */
 	uint64_t max_bytes;                     /* the limit (0: none) */
 	uint64_t evicted_blobs, evicted_bytes;  /* by the limit, since open */
 	uint64_t memory_blobs, memory_bytes;    /* in the memory tier now */

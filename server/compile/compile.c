@@ -82,6 +82,7 @@
 #include "../cache/redis.h"
 #include "../config.h"
 #include "../plan/program.h"
+#include "../tune/tune.h"
 #include "flight.h"
 #include "proto/apollo.pb-c.h"
 
@@ -93,6 +94,7 @@ struct task_batch;
 /* Request digest -> graph key (see the file comment). */
 struct memo_slot {
 	bool used;
+	uint64_t tuning;         /* the tuning generation the key was made under */
 	uint8_t digest[32], key[32];
 };
 
@@ -120,6 +122,7 @@ struct ap_compiler {
 	ap_flights *flights;     /* requests by graph key; NULL: no single-flight */
 	ap_flights *kflights;    /* kernels by kernel key */
 	unsigned flight_wait_ms;
+	double tune_budget_ms;   /* per request; <= 0: no search */
 	pthread_mutex_t memo_mu;
 	struct memo_slot *memo;  /* MEMO_SLOTS */
 	atomic_uint_fast64_t requests, errors, hits, misses, kernels_compiled, memo_hits;
@@ -190,6 +193,7 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 	c->cache = cache;
 	c->redis = opt ? opt->redis : NULL;
 	c->flight_wait_ms = opt && opt->flight_wait_ms ? opt->flight_wait_ms : DEFAULT_FLIGHT_WAIT_MS;
+	c->tune_budget_ms = opt && opt->tune_budget_ms ? opt->tune_budget_ms : AP_TUNE_BUDGET_MS;
 	pthread_mutex_init(&c->memo_mu, NULL);
 	pthread_mutex_init(&c->hist_mu, NULL);
 	c->memo = calloc(MEMO_SLOTS, sizeof(*c->memo));
@@ -303,28 +307,54 @@ static struct memo_slot *memo_slot(ap_compiler *c, const uint8_t digest[32])
 }
 
 /* The graph key remembered for a request digest: true and key[] set. */
-static bool memo_get(ap_compiler *c, const uint8_t digest[32], uint8_t key[32])
+static bool memo_get(ap_compiler *c, const uint8_t digest[32], uint64_t tuning, uint8_t key[32])
 {
 	struct memo_slot *m = memo_slot(c, digest);
 	bool found;
 
 	pthread_mutex_lock(&c->memo_mu);
-	found = m->used && !memcmp(m->digest, digest, 32);
+	found = m->used && !memcmp(m->digest, digest, 32) && m->tuning == tuning;
 	if (found)
 		memcpy(key, m->key, 32);
 	pthread_mutex_unlock(&c->memo_mu);
 	return found;
 }
 
-static void memo_put(ap_compiler *c, const uint8_t digest[32], const uint8_t key[32])
+static void memo_put(ap_compiler *c, const uint8_t digest[32], uint64_t tuning,
+		     const uint8_t key[32])
 {
 	struct memo_slot *m = memo_slot(c, digest);
 
 	pthread_mutex_lock(&c->memo_mu);
 	m->used = true;
+	m->tuning = tuning;
 	memcpy(m->digest, digest, 32);
 	memcpy(m->key, key, 32);
 	pthread_mutex_unlock(&c->memo_mu);
+}
+
+/* ---- tuning records (server/tune/tune.h) ----------------------------------- */
+
+/* ap_tune_hooks.user of one request. */
+struct tune_user {
+	ap_compiler *c;
+	const char *target;
+	bool records;            /* the cache is read and written (not no_cache) */
+};
+
+static int tune_lookup(void *user, const uint8_t sig[32], ap_tune_record *rec)
+{
+	struct tune_user *u = user;
+
+	return u->records ? ap_cache_tuning_get(u->c->cache, sig, u->target, NULL, rec) : 0;
+}
+
+static void tune_store(void *user, const uint8_t sig[32], const ap_tune_record *rec)
+{
+	struct tune_user *u = user;
+
+	if (u->records)
+		ap_cache_tuning_put(u->c->cache, sig, u->target, rec);
 }
 
 /* ---- keys ---------------------------------------------------------------- */
@@ -407,6 +437,10 @@ static void key_options(ap_sha256_ctx *h, const Apollo__CompileOptions *opt)
 		key_uint(h, "allow_tf32", 1);
 	if (opt && opt->no_layer1)
 		key_uint(h, "no_layer1", 1);
+	if (opt && opt->no_tune)
+		key_uint(h, "no_tune", 1);
+	if (opt && opt->tune_candidates)
+		key_uint(h, "tune_candidates", opt->tune_candidates);
 }
 
 /* A key can only be had whole: without a hash context it would be all
@@ -1756,6 +1790,9 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	double t, backend_ms;
 	unsigned compiled = 0;
 	ap_build_options bo;
+	ap_tune_hooks th;
+	struct tune_user tu;
+	uint64_t gen = 0;        /* the cache's tuning generation */
 	ap_task_pool pool;
 	struct kernel_batch kb;
 	int rc;
@@ -1773,18 +1810,26 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	/* Graph and request keys also name this build (see build_identity);
 	 * kernel keys do not: they hash the kernel source itself. */
 	snprintf(bid, sizeof(bid), "%s | %s", ap_compiler_backend_id(c, r->gpu), c->build_id);
+	r->use_cache = ap_cache_enabled(c->cache) && !(req->options && req->options->no_cache);
+	if (r->use_cache && !(req->options && req->options->no_tune)) {
+		/* measured tuning records change what a compile produces: keys
+		 * name how many there were (none: the keys of before) */
+		gen = ap_cache_tuning_generation(c->cache);
+		if (gen)
+			snprintf(bid + strlen(bid), sizeof(bid) - strlen(bid), " | tuning %llu",
+				 (unsigned long long)gen);
+	}
 	memset(&kb, 0, sizeof(kb));
 	kb.c = c;
 	kb.target = r->target;
 	kb.gpu = r->gpu;
 	kb.output = r->output;
 	r->mbt = req->options ? req->options->max_block_threads : 0;
-	r->use_cache = ap_cache_enabled(c->cache) && !(req->options && req->options->no_cache);
 	kb.use_cache = r->use_cache;
 	kb.deadline = r->t0 + c->flight_wait_ms;
 
 	/* Warm path: a request seen before names its key; no graph needed. */
-	if (r->use_cache && r->digest && memo_get(c, r->digest, gkey) &&
+	if (r->use_cache && r->digest && memo_get(c, r->digest, gen, gkey) &&
 	    (*out = lookup(c, r, gkey, true))) {
 		atomic_fetch_add(&c->memo_hits, 1);
 		return 0;
@@ -1841,7 +1886,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		goto done;
 	}
 	if (r->use_cache && r->digest)
-		memo_put(c, r->digest, gkey);
+		memo_put(c, r->digest, gen, gkey);
 	if ((b = lookup(c, r, gkey, true))) {
 		if (have_rkey) {
 			size_t len = 0;
@@ -1888,6 +1933,16 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		.allow_tf32 = req->options && req->options->allow_tf32,
 		.no_layer1 = req->options && req->options->no_layer1,
 	};
+	tu = (struct tune_user){c, r->target, r->use_cache};
+	th = (ap_tune_hooks){
+		.target = r->target,
+		.budget_ms = c->tune_budget_ms > 0 ? c->tune_budget_ms : 0,
+		.lookup = tune_lookup,
+		.store = tune_store,
+		.user = &tu,
+	};
+	if (!(req->options && req->options->no_tune))
+		bo.tune = &th;
 	if (bo.fusion > AP_FUSE_APOLLO) {
 		rc = ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
 				  "unknown fusion level %d (none=1, rules=2, apollo=3)", (int)bo.fusion);
@@ -1951,6 +2006,11 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	b->stats->partition_ms = prog->partition_ms;
 	b->stats->codegen_ms = prog->codegen_ms;
 	b->stats->layer1_ms = prog->layer1_ms;
+	b->stats->tune_hits = prog->tune_hits;
+	b->stats->tune_measured = prog->tune_measured;
+	b->stats->tune_searched = prog->tune_searched;
+	b->stats->tune_tried = prog->tune_tried;
+	b->stats->tune_ms = prog->tune_ms;
 	b->stats->backend_ms = backend_ms;
 	b->stats->kernels_compiled = compiled;
 	b->stats->kernels_remote = r->kernel_tier[APOLLO__CACHE_TIER__CACHE_L2];

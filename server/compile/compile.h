@@ -47,6 +47,10 @@ typedef struct ap_compiler ap_compiler;
 
 struct ap_redis;
 
+/* The default search time of one request, milliseconds (the daemon's
+ * tune_budget_ms). */
+#define AP_TUNE_BUDGET_MS 200
+
 typedef struct ap_compiler_options {
 	unsigned threads;    /* backend compiles one request runs at once; 0 = 1 */
 	struct ap_redis *redis;    /* the shared cache (borrowed; must outlive the
@@ -55,6 +59,9 @@ typedef struct ap_compiler_options {
 				      compile (and kernels alike) */
 	unsigned flight_wait_ms;   /* how long a request waits for an identical
 				      one in flight, from its arrival; 0 = 10 min */
+	double tune_budget_ms;     /* search time per request (server/tune/tune.h);
+				      0 = AP_TUNE_BUDGET_MS, < 0 = no search
+				      (records are still used) */
 	bool stop_before_backend;  /* tests and fuzzing: end each request after
 				      ap_program_build (kernel IR and sources
 				      made, nothing compiled or stored) with

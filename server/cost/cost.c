@@ -17,15 +17,16 @@ static const struct arch_row {
 	int arch;
 	unsigned sms, threads_sm, blocks_sm, smem_sm, smem_optin;
 	double gbps, gflops, tc_gflops, tf32_gflops;
+	double l2_gbps, clock_ghz;   /* L2 bandwidth (about 3x DRAM on these parts); boost clock */
 } arch_table[] = {
-	{75, 40, 1024, 16, 64 * 1024, 64 * 1024, 320, 8100, 65000, 0},                /* T4 */
-	{80, 108, 2048, 32, 164 * 1024, 163 * 1024, 1555, 19500, 312000, 156000},     /* A100 40GB */
-	{86, 84, 1536, 16, 100 * 1024, 99 * 1024, 936, 35600, 71000, 35600},          /* RTX 3090 class */
-	{87, 16, 1536, 16, 164 * 1024, 163 * 1024, 205, 5300, 42500, 21250},          /* Jetson Orin */
-	{89, 128, 1536, 24, 100 * 1024, 99 * 1024, 1008, 82600, 165000, 82600},       /* RTX 4090 */
-	{90, 132, 2048, 32, 228 * 1024, 227 * 1024, 3350, 67000, 989000, 494000},     /* H100 SXM */
-	{100, 148, 2048, 32, 228 * 1024, 227 * 1024, 8000, 80000, 2250000, 1100000},  /* B200 */
-	{120, 170, 1536, 32, 100 * 1024, 99 * 1024, 1792, 104800, 209000, 104800},    /* RTX 5090 */
+	{75, 40, 1024, 16, 64 * 1024, 64 * 1024, 320, 8100, 65000, 0, 1300, 1.59},                  /* T4 */
+	{80, 108, 2048, 32, 164 * 1024, 163 * 1024, 1555, 19500, 312000, 156000, 4800, 1.41},     /* A100 40GB */
+	{86, 84, 1536, 16, 100 * 1024, 99 * 1024, 936, 35600, 71000, 35600, 2800, 1.70},          /* RTX 3090 class */
+	{87, 16, 1536, 16, 164 * 1024, 163 * 1024, 205, 5300, 42500, 21250, 600, 1.30},           /* Jetson Orin */
+	{89, 128, 1536, 24, 100 * 1024, 99 * 1024, 1008, 82600, 165000, 82600, 5000, 2.52},       /* RTX 4090 */
+	{90, 132, 2048, 32, 228 * 1024, 227 * 1024, 3350, 67000, 989000, 494000, 10000, 1.98},    /* H100 SXM */
+	{100, 148, 2048, 32, 228 * 1024, 227 * 1024, 8000, 80000, 2250000, 1100000, 20000, 1.96}, /* B200 */
+	{120, 170, 1536, 32, 100 * 1024, 99 * 1024, 1792, 104800, 209000, 104800, 6000, 2.41},    /* RTX 5090 */
 };
 
 static int arch_number(const char *t, const char *prefix)
@@ -64,6 +65,8 @@ int ap_cost_target(const char *target, ap_target_info *out)
 		out->max_blocks_per_sm = 1024;
 		out->shared_per_sm = 48 * 1024;
 		out->dram_gbps = 20;
+		out->l2_gbps = 80;
+		out->shared_gbps = 400;
 		out->gflops = 50;
 		out->launch_us = 2;
 		return 0;
@@ -83,6 +86,8 @@ int ap_cost_target(const char *target, ap_target_info *out)
 	out->max_blocks_per_sm = row->blocks_sm;
 	out->shared_per_sm = row->smem_sm;
 	out->dram_gbps = row->gbps;
+	out->l2_gbps = row->l2_gbps;
+	out->shared_gbps = row->sms * 128.0 * row->clock_ghz;
 	out->gflops = row->gflops;
 	out->shared_optin_per_block = row->smem_optin;
 	/* mma.sync m16n8k16 for float16 / bfloat16 and TF32 need sm_80 */
@@ -362,6 +367,65 @@ unsigned ap_cost_blocks_per_sm(const ap_target_info *ti, unsigned threads, unsig
 	if (b > ti->max_blocks_per_sm)
 		b = ti->max_blocks_per_sm;
 	return b;
+}
+
+unsigned ap_cost_blocks_per_sm_regs(const ap_target_info *ti, unsigned threads,
+				    unsigned shared_bytes, unsigned regs)
+{
+	unsigned b = ap_cost_blocks_per_sm(ti, threads, shared_bytes);
+
+	if (b && regs && ti->gpu && ti->regs_per_sm) {
+		/* registers are allocated per warp, in units of 256 */
+		unsigned warps = (threads + ti->warp - 1) / ti->warp;
+		unsigned per_warp = (regs * ti->warp + 255) / 256 * 256;
+		unsigned by_regs = ti->regs_per_sm / (per_warp * warps);
+
+		if (by_regs < b)
+			b = by_regs;
+	}
+	return b;
+}
+
+double ap_cost_schedule_us(const ap_traffic *t, const ap_target_info *ti)
+{
+	double mem_us = (t->bytes_read + t->bytes_written) / (ti->dram_gbps * 1e3);
+	double l2_us = ti->l2_gbps > 0 ? t->tile_bytes / (ti->l2_gbps * 1e3) : 0;
+	double sh_us = ti->shared_gbps > 0 ? t->shared_read / (ti->shared_gbps * 1e3) : 0;
+	double peak = t->tensor_cores && ti->tc_gflops > 0 ? ti->tc_gflops : ti->gflops;
+	double alu_us = t->flops / (peak * 1e3) / (t->alu_fraction > 0 ? t->alu_fraction : 1);
+	unsigned threads = t->threads ? t->threads : 1, blocks = t->blocks ? t->blocks : 1;
+	unsigned per_sm = ap_cost_blocks_per_sm_regs(ti, threads, t->shared_bytes, t->regs);
+	double work, used = 1.0, slots, waves;
+
+	if (per_sm == 0 || t->regs > 255)   /* does not fit, or spills */
+		return INFINITY;
+	/* too few resident threads to keep enough loads in flight */
+	if (ti->gpu) {
+		double resident = (double)per_sm * threads / ti->max_threads_per_sm;
+
+		if (resident < 0.5)
+			mem_us *= 0.5 / resident;
+	}
+	work = mem_us;
+	if (l2_us > work)
+		work = l2_us;
+	if (sh_us > work)
+		work = sh_us;
+	if (alu_us > work)
+		work = alu_us;
+	if (blocks < ti->sm_count)
+		used = (double)blocks / ti->sm_count;
+	/* a host worker thread runs one block at a time */
+	slots = (double)ti->sm_count * (ti->gpu ? per_sm : 1);
+	if (blocks > slots) {
+		/* the tail: the last wave runs partly empty */
+		waves = ceil(blocks / slots);
+		used *= blocks / (waves * slots);
+	}
+	work /= used;
+	if (t->uncoalesced)
+		work *= 2;
+	return ti->launch_us + work;
 }
 
 double ap_cost_time_us(const ap_traffic *t, const ap_target_info *ti)

@@ -37,6 +37,10 @@ typedef struct ap_target_info {
 	unsigned shared_per_sm;          /* bytes of shared memory per SM */
 	unsigned regs_per_sm;            /* 32-bit registers per SM */
 	double dram_gbps;                /* DRAM bandwidth, GB/s */
+	double l2_gbps;                  /* L2 (host: last-level cache) bandwidth, GB/s: what
+					    tiles re-reading an operand draw on */
+	double shared_gbps;              /* shared-memory (host: L1) bandwidth of the whole
+					    chip, GB/s: SMs x 128 bytes per clock x clock */
 	double gflops;                   /* FP32 throughput (no tensor cores), GFLOP/s */
 	double tc_gflops;                /* dense float16 tensor-core throughput with float32
 					    accumulation, GFLOP/s (0: none usable) */
@@ -109,6 +113,18 @@ typedef struct ap_traffic {
 	unsigned shared_bytes; /* per block, static and dynamic */
 	bool uncoalesced;      /* some global access strides across a warp */
 	bool tensor_cores;     /* the arithmetic runs on tensor cores (mma.sync) */
+	/* What only a configuration changes (0 where an emitter does not
+	 * model it; ap_cost_schedule_us reads them, ap_cost_time_us does not): */
+	double tile_bytes;     /* global loads the blocks issue, re-reads of an
+				  operand by every block row / column included
+				  (served by L2 beyond the DRAM bytes) */
+	double shared_read;    /* bytes read from shared memory (or registers
+				  refilled) to feed the arithmetic */
+	unsigned regs;         /* 32-bit registers per thread: the emitter's
+				  estimate, or ptxas's count once compiled */
+	double alu_fraction;   /* of the arithmetic peak the inner loop can reach
+				  (host: the SIMD lanes a row of the register
+				  tile fills); 0 = all of it */
 } ap_traffic;
 
 /* Modelled time of one launch in microseconds: launch_us plus
@@ -117,6 +133,31 @@ typedef struct ap_traffic {
  * the SMs the grid occupies when it has fewer blocks than SMs, doubled for
  * uncoalesced access. */
 double ap_cost_time_us(const ap_traffic *t, const ap_target_info *ti);
+
+/* The time of one launch under configuration t, for ranking the
+ * configurations of one kernel (the tuner, server/tune/tune.h): the
+ * roofline of ap_cost_time_us over four resources -- DRAM bytes, L2 bytes
+ * (tile_bytes), shared-memory bytes (shared_read), arithmetic -- then
+ *   - occupancy: blocks one SM holds at once (threads, shared memory and
+ *     regs x threads against the SM's register file), and memory time
+ *     stretched when fewer than half the SM's threads are resident (too
+ *     few loads in flight to cover DRAM latency);
+ *   - waves: the grid runs in ceil(blocks / (SMs x blocks per SM)) waves
+ *     (host: worker threads x 1, a thread runs one block at a time),
+ *     the last one partly empty (the tail effect), and a grid smaller than
+ *     the SM count uses that fraction of the machine;
+ * plus launch_us.  Microseconds; a configuration whose block does not fit
+ * an SM (0 blocks per SM) or that needs more than 255 registers per thread
+ * (it would spill) costs INFINITY.  The method is the roofline with
+ * an occupancy and wave correction of XLA's GpuPerformanceModel and of
+ * APOLLO's section 5 cost model. */
+double ap_cost_schedule_us(const ap_traffic *t, const ap_target_info *ti);
+
+/* As ap_cost_blocks_per_sm, also limited by the register file: `regs`
+ * 32-bit registers per thread (0: not limiting), allocated per warp in
+ * units of 256. */
+unsigned ap_cost_blocks_per_sm_regs(const ap_target_info *ti, unsigned threads,
+				    unsigned shared_bytes, unsigned regs);
 
 /* ---- GEMM tiles ---------------------------------------------------------------- */
 

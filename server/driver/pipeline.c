@@ -35,6 +35,9 @@
 #include "../fuse/fuse.h"
 #include "../lower/lower.h"
 #include "../partition/mgraph.h"
+#include "../tune/tune.h"
+
+#include <stdatomic.h>
 
 #define MAX_ROUNDS 4096
 #define PLACEHOLDER "ap__kernel__"
@@ -64,6 +67,9 @@ typedef struct unit {
 	char l1_why[300];            /* why Layer I refused a micro-graph it was wanted for */
 	double l1_ms;                /* Layer I's emission time */
 	ap_traffic traffic;
+	ap_tune_kind tuned;          /* how its configuration was found */
+	unsigned tune_tried;
+	double tune_ms;
 	ap_error err;                /* emit's failure */
 	int rc;
 } unit;
@@ -100,6 +106,7 @@ typedef struct pipe {
 	bool *no_stitch;
 	bool *no_merge;
 	double hook_ms;
+	atomic_uint_fast64_t tune_used_us;   /* search time spent by this build */
 	name_index *kernel_names;    /* per kernel of the program: its names' index */
 	int cap_kernel_names;
 } pipe;
@@ -231,7 +238,36 @@ static void emit_task(int i, void *arg)
 		}
 		return;
 	}
+	u->tuned = AP_TUNE_DEFAULT;
+	u->tune_tried = 0;
+	u->tune_ms = 0;
+	if (P->opt->tune) {
+		const ap_tune_hooks *h = P->opt->tune;
+		const ap_emitter *em;
+		ap_tune_outcome to;
+		double left = h->budget_ms - (double)atomic_load(&P->tune_used_us) / 1000;
+
+		if (ap_emitter_for(u->m, &P->ti, &em, &u->err) < 0 ||
+		    ap_tune_unit(h, em, u->m, &P->ti, P->opt->max_block_threads, left, &u->sched, &to,
+				 &u->err) < 0) {
+			u->rc = u->err.code ? u->err.code : AP_ENOMEM;
+			return;
+		}
+		atomic_fetch_add(&P->tune_used_us, (uint64_t)(to.ms * 1000));
+		u->tuned = to.kind;
+		u->tune_tried = to.tried;
+		u->tune_ms = to.ms;
+		lo.sched = &u->sched;
+	}
 	u->k = ap_lower(u->m, &P->ti, PLACEHOLDER, &lo, &u->sched, &u->err);
+	if (!u->k && lo.sched && u->err.code == AP_EUNSUPPORTED) {
+		/* a tuned configuration the emitter refused after all (a record
+		 * of an older build): the default rule, never a fusion undone */
+		lo.sched = NULL;
+		u->tuned = AP_TUNE_DEFAULT;
+		ap_error_clear(&u->err);
+		u->k = ap_lower(u->m, &P->ti, PLACEHOLDER, &lo, &u->sched, &u->err);
+	}
 	if (!u->k) {
 		u->rc = u->err.code ? u->err.code : AP_ENOMEM;
 		return;
@@ -875,8 +911,18 @@ static int round_once(pipe *P)
 		}
 	}
 	run_tasks(P, P->n_units, emit_task, P);
-	for (int i = 0; i < P->n_units; i++)
-		P->prog->layer1_ms += P->units[i].l1_ms;
+	P->prog->tune_hits = P->prog->tune_measured = P->prog->tune_searched = 0;
+	P->prog->tune_tried = 0;
+	for (int i = 0; i < P->n_units; i++) {
+		const unit *u = &P->units[i];
+
+		P->prog->layer1_ms += u->l1_ms;
+		P->prog->tune_hits += u->tuned == AP_TUNE_RECORD || u->tuned == AP_TUNE_MEASURED;
+		P->prog->tune_measured += u->tuned == AP_TUNE_MEASURED;
+		P->prog->tune_searched += u->tuned == AP_TUNE_SEARCHED;
+		P->prog->tune_tried += u->tune_tried;
+		P->prog->tune_ms += u->tune_ms;
+	}
 	for (int i = 0; i < P->n_units; i++) {
 		unit *u = &P->units[i];
 

@@ -6,6 +6,7 @@
 #include "emitters.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const ap_emitter *const registry[] = {
@@ -81,6 +82,58 @@ char *ap_sched_describe(const ap_emitter *em, const ap_mgraph *m, const ap_targe
 		len += (size_t)snprintf(buf + len, sizeof(buf) - len, "%s%s=%d", i ? " " : "",
 					sp.knobs[i].name, s->v[i]);
 	return ap_strdup(buf);
+}
+
+int ap_sched_parse(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
+		   const char *text, ap_sched *s)
+{
+	ap_space sp;
+	bool set[AP_SPACE_MAX_KNOBS] = {false};
+	const char *p = text;
+	int rc;
+
+	memset(&sp, 0, sizeof(sp));
+	memset(s, 0, sizeof(*s));
+	if (!text || em->space(m, t, &sp) < 0)
+		return text ? AP_ENOMEM : 0;
+	s->em = em;
+	s->n = sp.n;
+	while (*p) {
+		const char *eq = strchr(p, '=');
+		char *end;
+		long v;
+		int k = -1;
+
+		if (*p == ' ') {
+			p++;
+			continue;
+		}
+		if (!eq)
+			return 0;
+		for (int i = 0; i < sp.n; i++)
+			if (strlen(sp.knobs[i].name) == (size_t)(eq - p) &&
+			    !strncmp(sp.knobs[i].name, p, (size_t)(eq - p)))
+				k = i;
+		if (k < 0 || set[k] || eq[1] < '0' || eq[1] > '9')
+			return 0;
+		v = strtol(eq + 1, &end, 10);
+		if (*end && *end != ' ')
+			return 0;
+		for (int j = 0; j < sp.knobs[k].n && !set[k]; j++)
+			if (sp.knobs[k].values[j] == v) {
+				s->v[k] = (int)v;
+				set[k] = true;
+			}
+		if (!set[k])
+			return 0;
+		p = end;
+	}
+	for (int i = 0; i < sp.n; i++)
+		if (!set[i])
+			return 0;
+	if (em->valid && (rc = em->valid(m, s, t)) <= 0)
+		return rc;
+	return 1;
 }
 
 int ap_sched_get(const ap_sched *s, const ap_space *sp, const char *name, int dflt)

@@ -48,6 +48,7 @@
  */
 #include "emitters.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1897,10 +1898,32 @@ static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 	out->blocks = ap_grid_for(p.tb * ((p.Mr + c.bm - 1) / c.bm) * ((p.N + c.bn - 1) / c.bn), 1);
 	out->shared_bytes = (unsigned)smem_bytes(&p, &c);
 	out->tensor_cores = p.tc;
+	{
+		/* what only the tile changes: every block column re-reads A's rows,
+		 * every block row B's columns (from L2); a SIMT thread reads tm + tn
+		 * values from shared memory per tm x tn multiply-adds, a warp of
+		 * tensor cores wtm + wtn per wtm x wtn; registers from the live
+		 * values of the default rule's estimate, plus addresses */
+		double es = (double)ap_dtype_size(p.in_t), macs = out->flops / 2;
+		double rows = (double)((p.Mr + c.bm - 1) / c.bm), cols = (double)((p.N + c.bn - 1) / c.bn);
+		double fm = p.tc ? (double)c.bm / c.tm : c.tm, fn = p.tc ? (double)c.bn / c.tn : c.tn;
+		int64_t live = live_values(&p, &c, t) + 32;
+
+		out->tile_bytes = es * (double)p.tb * (double)p.K * ((double)p.Mr * cols + (double)p.N * rows);
+		out->shared_read = es * macs * (1.0 / fm + 1.0 / fn);
+		/* past the default rule's budget ptxas spills (measured on the
+		 * models): more than a thread may hold */
+		out->regs = t->gpu && live - 32 > LIVE_BUDGET ? 256u : (unsigned)(live > 255 ? 255 : live);
+		/* the host's C compiler vectorises a thread's register tile,
+		 * roughly: the vector unit is busy from 16 accumulators on (the
+		 * tuner does not search host GEMMs: host_rule_only) */
+		if (!t->gpu && !p.tc)
+			out->alu_fraction = fmin(1.0, c.tm * c.tn / 16.0);
+	}
 	plan_clear(&p);
 	return 0;
 }
 
 const ap_emitter ap_emitter_gemm = {
-	"gemm", gm_match, gm_space, gm_choose, gm_emit, gm_traffic, gm_valid,
+	"gemm", gm_match, gm_space, gm_choose, gm_emit, gm_traffic, gm_valid, true,
 };

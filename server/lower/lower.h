@@ -77,6 +77,12 @@ typedef struct ap_emitter {
 	 * memory, tile divisibility): 1, 0 or AP_ENOMEM; NULL: every point of
 	 * the space can. */
 	int (*valid)(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t);
+	/* The cost model cannot rank its configurations on the host (the C
+	 * compiler's vectorisation of a register tile decides, and the
+	 * model's guesses ran slower than the default rule there): the
+	 * tuner's search keeps the default rule for the host target, where
+	 * only a measured record changes it. */
+	bool host_rule_only;
 } ap_emitter;
 
 /* The registry, in match order; *n gets its length. */
@@ -93,6 +99,15 @@ int ap_emitter_default(const ap_emitter *em, const ap_mgraph *m, const ap_target
  * string), or NULL on ENOMEM. */
 __ap_give char *ap_sched_describe(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
 				  const ap_sched *s);
+/* Parses "knob=value knob=value ..." (ap_sched_describe's text: every knob
+ * of em's space for m on t once, in any order, each value one of the
+ * knob's allowed values) into *s, then asks em->valid.  1 with *s set, 0
+ * when the text is not a buildable configuration (unknown or repeated
+ * knob, a value outside the space, a knob missing, a point the emitter
+ * refuses), AP_ENOMEM.  Text from a client or a record is untrusted: this
+ * is its check. */
+int ap_sched_parse(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
+		   const char *text, ap_sched *s);
 /* Value of knob `name` in s, or `dflt` when the space has no such knob. */
 int ap_sched_get(const ap_sched *s, const ap_space *sp, const char *name, int dflt);
 

@@ -102,6 +102,11 @@ static ap_kir_expr *mv_leaf(ap_vctx *v, int t, ap_lidx *ix, void *user)
 	return t == h->leaf ? ap_kir_ref(v->k, h->lanes[h->lane]) : NULL;
 }
 
+static int mv_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+{
+	return concat_root(m) >= 0 && (s->v[1] <= 1 || regions_allow(m, s->v[1]));
+}
+
 static int mv_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
 		   ap_error *err)
 {
@@ -206,5 +211,5 @@ static int mv_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 }
 
 const ap_emitter ap_emitter_movement = {
-	"movement", mv_match, mv_space, mv_choose, mv_emit, mv_traffic, NULL,
+	"movement", mv_match, mv_space, mv_choose, mv_emit, mv_traffic, mv_valid, false,
 };

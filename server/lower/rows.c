@@ -534,6 +534,19 @@ static bool config_ok(const rows_plan *p, unsigned lanes, unsigned rows, int cac
 	return true;
 }
 
+static int rows_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+{
+	rows_plan p;
+	char why[160];
+	int rc = analyze(m, &p, why, sizeof(why));
+
+	if (rc <= 0)
+		return rc;
+	rc = config_ok(&p, (unsigned)s->v[0], (unsigned)s->v[1], s->v[2], t);
+	plan_clear(&p);
+	return rc;
+}
+
 static int rows_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
 {
 	rows_plan p;
@@ -1010,13 +1023,13 @@ static int rows_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_i
 }
 
 const ap_emitter ap_emitter_row_reduce = {
-	"row_reduce", row_match, rows_space, rows_choose, rows_emit, rows_traffic, NULL,
+	"row_reduce", row_match, rows_space, rows_choose, rows_emit, rows_traffic, rows_valid, false,
 };
 
 const ap_emitter ap_emitter_column_reduce = {
-	"column_reduce", col_match, rows_space, rows_choose, rows_emit, rows_traffic, NULL,
+	"column_reduce", col_match, rows_space, rows_choose, rows_emit, rows_traffic, rows_valid, false,
 };
 
 const ap_emitter ap_emitter_stitched = {
-	"stitched", st_match, rows_space, rows_choose, rows_emit, rows_traffic, NULL,
+	"stitched", st_match, rows_space, rows_choose, rows_emit, rows_traffic, rows_valid, false,
 };

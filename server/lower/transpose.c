@@ -149,6 +149,11 @@ static bool tr_config_ok(const ap_sched *s, const ap_target_info *t)
 	       (unsigned)(tile * rows) <= ap_block_cap(t) && tile * rows >= 32;
 }
 
+static int tr_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+{
+	return tr_config_ok(s, t);
+}
+
 typedef struct tr_ctx {
 	tr_plan p;
 	ap_kir_array *tiles[MAX_STAGED];
@@ -303,5 +308,5 @@ static int tr_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 }
 
 const ap_emitter ap_emitter_transpose = {
-	"transpose", tr_match, tr_space, tr_choose, tr_emit, tr_traffic, NULL,
+	"transpose", tr_match, tr_space, tr_choose, tr_emit, tr_traffic, tr_valid, false,
 };

@@ -182,6 +182,11 @@ typedef struct ap_program {
 	uint64_t global_bytes, eager_bytes, min_bytes;
 	double partition_ms, codegen_ms;
 	double layer1_ms;        /* Layer I (isl): plans and its kernels' emission, in codegen_ms */
+	/* tuning (ap_build_options.tune), over the kernels of the last round:
+	 * configurations from records (measured among them), kernels
+	 * searched, configurations evaluated, search time (in codegen_ms) */
+	unsigned tune_hits, tune_measured, tune_searched, tune_tried;
+	double tune_ms;
 	/* --explain */
 	ap_fuse_level fusion;  /* the level used (never DEFAULT) */
 	int n_boundaries;
@@ -234,6 +239,9 @@ typedef struct ap_build_options {
 	bool no_layer1;              /* Layer I off: pooling windows stay kernels of
 					their own (this issue's starting point, for
 					benchmarks and tests) */
+	const struct ap_tune_hooks *tune;  /* tuning (server/tune/tune.h): records
+					      and a search budget; NULL = every
+					      kernel on its default rule */
 	const ap_build_hooks *hooks; /* tests only; NULL in the daemon */
 	const ap_task_pool *pool;    /* per-micro-graph stages run as tasks on it */
 	/* Backend hook (upward feedback from the layer below the printers):

@@ -49,7 +49,7 @@ class ap_submit_options(ctypes.Structure):
                 ("fusion", ctypes.c_int), ("n_fusion_barriers", ctypes.c_int),
                 ("fusion_barriers", ctypes.POINTER(ctypes.c_char_p)), ("n_keep_whole", ctypes.c_int),
                 ("keep_whole", ctypes.POINTER(ctypes.c_char_p)), ("allow_tf32", ctypes.c_bool),
-                ("no_layer1", ctypes.c_bool)]
+                ("no_layer1", ctypes.c_bool), ("no_tune", ctypes.c_bool)]
 
 
 class ap_server_stats(ctypes.Structure):
@@ -65,7 +65,9 @@ class ap_bundle_stats(ctypes.Structure):
                [(n, ctypes.c_double) for n in ("import_ms", "partition_ms", "codegen_ms", "backend_ms",
                                                "cache_ms", "compile_ms")] + \
                [("cache_hit", ctypes.c_bool), ("cache_tier", ctypes.c_int), ("kernels_remote", ctypes.c_uint),
-                ("kernels_shared", ctypes.c_uint), ("layer1_ms", ctypes.c_double)]
+                ("kernels_shared", ctypes.c_uint), ("layer1_ms", ctypes.c_double)] + \
+               [(n, ctypes.c_uint) for n in ("tune_hits", "tune_measured", "tune_searched", "tune_tried")] + \
+               [("tune_ms", ctypes.c_double)]
 
 
 class ap_bundle_buffer(ctypes.Structure):

@@ -1,0 +1,425 @@
+/* tune.c -- the tuner's search (see tune.h).
+ */
+#include "tune.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+double ap_tune_model_us(const ap_emitter *em, const ap_mgraph *m, const ap_sched *s,
+			const ap_target_info *t, void *user)
+{
+	ap_traffic tr;
+	int rc;
+
+	(void)user;
+	if (em->valid && (rc = em->valid(m, s, t)) <= 0)
+		return rc < 0 ? rc : INFINITY;
+	memset(&tr, 0, sizeof(tr));
+	if (em->traffic(m, s, t, &tr) < 0)
+		return AP_ENOMEM;
+	return ap_cost_schedule_us(&tr, t);
+}
+
+/* ---- points of the space ---------------------------------------------------------- */
+
+/* A point as knob value indices; its code is the mixed-radix number. */
+typedef struct point {
+	int ix[AP_SPACE_MAX_KNOBS];
+} point;
+
+static uint64_t code_of(const ap_space *sp, const point *p)
+{
+	uint64_t c = 0;
+
+	for (int i = 0; i < sp->n; i++)
+		c = c * (uint64_t)sp->knobs[i].n + (uint64_t)p->ix[i];
+	return c;
+}
+
+static void sched_of(const ap_emitter *em, const ap_space *sp, const point *p, ap_sched *s)
+{
+	memset(s, 0, sizeof(*s));
+	s->em = em;
+	s->n = sp->n;
+	for (int i = 0; i < sp->n; i++)
+		s->v[i] = sp->knobs[i].values[p->ix[i]];
+}
+
+/* The point of configuration s; false when a value is not in the space. */
+static bool point_of(const ap_space *sp, const ap_sched *s, point *p)
+{
+	for (int i = 0; i < sp->n; i++) {
+		p->ix[i] = -1;
+		for (int j = 0; j < sp->knobs[i].n; j++)
+			if (sp->knobs[i].values[j] == s->v[i])
+				p->ix[i] = j;
+		if (p->ix[i] < 0)
+			return false;
+	}
+	return true;
+}
+
+/* Codes already evaluated and their costs (open addressing; code + 1
+ * stored, 0 empty). */
+typedef struct seen {
+	uint64_t *slot;
+	double *cost;
+	size_t cap;
+} seen;
+
+/* The slot of `code`: *fresh when it was not there (now added). */
+static size_t seen_slot(seen *S, uint64_t code, bool *fresh)
+{
+	size_t h = (size_t)((code + 1) * 0x9e3779b97f4a7c15ull) & (S->cap - 1);
+
+	*fresh = false;
+	while (S->slot[h]) {
+		if (S->slot[h] == code + 1)
+			return h;
+		h = (h + 1) & (S->cap - 1);
+	}
+	S->slot[h] = code + 1;
+	*fresh = true;
+	return h;
+}
+
+static bool seen_add(seen *S, uint64_t code)
+{
+	bool fresh;
+
+	seen_slot(S, code, &fresh);
+	return fresh;
+}
+
+/* ---- the search --------------------------------------------------------------------- */
+
+typedef struct search {
+	const ap_emitter *em;
+	const ap_mgraph *m;
+	const ap_target_info *t;
+	const ap_space *sp;
+	ap_tune_cost_fn cost;
+	void *user;
+	ap_tune_result *r;
+	seen S;
+	unsigned max_points;
+	double deadline;             /* ap_now_ms() limit, 0 = none */
+	int rc;                      /* a cost function's error */
+} search;
+
+static bool out_of_budget(search *q)
+{
+	if (q->r->tried >= q->max_points || q->rc)
+		return true;
+	return q->deadline > 0 && (q->r->tried & 15) == 0 && ap_now_ms() > q->deadline;
+}
+
+/* Keeps s among the best AP_TUNE_TOP, sorted. */
+static void keep_top(ap_tune_result *r, const ap_sched *s, double us)
+{
+	int i;
+
+	if (r->n_top == AP_TUNE_TOP && us >= r->top_us[AP_TUNE_TOP - 1])
+		return;
+	i = r->n_top < AP_TUNE_TOP ? r->n_top++ : AP_TUNE_TOP - 1;
+	while (i > 0 && r->top_us[i - 1] > us) {
+		r->top[i] = r->top[i - 1];
+		r->top_us[i] = r->top_us[i - 1];
+		i--;
+	}
+	r->top[i] = *s;
+	r->top_us[i] = us;
+}
+
+/* The cost of point p (evaluated once: INFINITY again for a point seen
+ * before is never needed, callers keep what they got). */
+static double evaluate(search *q, const point *p)
+{
+	ap_sched s;
+	double us;
+
+	sched_of(q->em, q->sp, p, &s);
+	us = q->cost(q->em, q->m, &s, q->t, q->user);
+	q->r->tried++;
+	if (us < 0) {
+		q->rc = us <= -1 ? (int)us : AP_EINTERNAL;
+		return INFINITY;
+	}
+	if (isfinite(us))
+		keep_top(q->r, &s, us);
+	return us;
+}
+
+static void exhaustive(search *q, double total)
+{
+	point p;
+
+	for (uint64_t c = 0; c < (uint64_t)total && !out_of_budget(q); c++) {
+		uint64_t x = c;
+
+		for (int i = q->sp->n - 1; i >= 0; i--) {
+			p.ix[i] = (int)(x % (uint64_t)q->sp->knobs[i].n);
+			x /= (uint64_t)q->sp->knobs[i].n;
+		}
+		if (seen_add(&q->S, code_of(q->sp, &p)))
+			evaluate(q, &p);
+	}
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+static double rng_unit(uint64_t *s)
+{
+	return (double)(rng_next(s) >> 11) / 9007199254740992.0;
+}
+
+static void annealing(search *q, const point *start, double start_us, uint64_t seed)
+{
+	point cur = *start, best = *start;
+	double cur_us = start_us, best_us = start_us, temp = 0.1;
+	uint64_t rs = seed ? seed : 0x2545f4914f6cdd1dull;
+	unsigned moves = 0, stuck = 0;
+
+	while (!out_of_budget(q) && stuck < 4 * q->max_points) {
+		point nx = cur;
+		int k = (int)(rng_next(&rs) % (uint64_t)q->sp->n);
+		const ap_knob *kb = &q->sp->knobs[k];
+		double us;
+
+		if (kb->n < 2) {
+			stuck++;
+			continue;
+		}
+		if (rng_unit(&rs) < 0.2)           /* a jump: any value of the knob */
+			nx.ix[k] = (int)(rng_next(&rs) % (uint64_t)kb->n);
+		else                               /* a step to a neighbour */
+			nx.ix[k] += rng_next(&rs) & 1 ? 1 : -1;
+		if (nx.ix[k] < 0 || nx.ix[k] >= kb->n || nx.ix[k] == cur.ix[k]) {
+			stuck++;
+			continue;
+		}
+		{
+			/* a point seen before costs what it cost: moving there
+			 * evaluates nothing */
+			bool fresh;
+			size_t sl = seen_slot(&q->S, code_of(q->sp, &nx), &fresh);
+
+			if (fresh) {
+				us = evaluate(q, &nx);
+				q->S.cost[sl] = us;
+			} else {
+				us = q->S.cost[sl];
+				stuck++;
+			}
+		}
+		moves++;
+		if (isfinite(us) &&
+		    (!isfinite(cur_us) || us < cur_us ||
+		     rng_unit(&rs) < exp(-(us - cur_us) / cur_us / temp))) {
+			cur = nx;
+			cur_us = us;
+		}
+		if (us < best_us) {
+			best = nx;
+			best_us = us;
+		}
+		temp *= 0.99;                      /* geometric cooling */
+		if (moves % 64 == 0) {             /* restart from the best point */
+			cur = best;
+			cur_us = best_us;
+		}
+	}
+}
+
+int ap_tune_search(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
+		   const ap_tune_options *o, ap_tune_result *r, ap_error *err)
+{
+	ap_tune_options dflt = {0};
+	ap_space sp;
+	search q;
+	point p0;
+	double t0 = ap_now_ms(), total = 1, min_gain, us0;
+	unsigned exhaustive_max;
+	int rc;
+
+	if (!o)
+		o = &dflt;
+	memset(r, 0, sizeof(*r));
+	if ((rc = ap_emitter_default(em, m, t, &sp, &r->dflt, err)) < 0)
+		return rc;
+	for (int i = 0; i < sp.n; i++)
+		total *= sp.knobs[i].n;
+	r->space = total;
+	exhaustive_max = o->exhaustive_max ? o->exhaustive_max : 1024;
+	memset(&q, 0, sizeof(q));
+	q.em = em;
+	q.m = m;
+	q.t = t;
+	q.sp = &sp;
+	q.cost = o->cost ? o->cost : ap_tune_model_us;
+	q.user = o->user;
+	q.r = r;
+	q.max_points = o->max_points ? o->max_points : 2048;
+	q.deadline = o->budget_ms > 0 ? t0 + o->budget_ms : 0;
+	q.S.cap = 64;
+	while (q.S.cap < 2 * (size_t)q.max_points + 2 || (total <= exhaustive_max && q.S.cap < 2 * (size_t)total + 2))
+		q.S.cap *= 2;
+	q.S.slot = calloc(q.S.cap, sizeof(uint64_t));
+	q.S.cost = calloc(q.S.cap, sizeof(double));
+	if (!q.S.slot || !q.S.cost) {
+		free(q.S.slot);
+		free(q.S.cost);
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory tuning a kernel");
+	}
+	/* the default first: it is the answer unless a point beats it */
+	r->best = r->dflt;
+	r->method = total <= exhaustive_max ? "exhaustive" : "annealing";
+	if (point_of(&sp, &r->dflt, &p0)) {
+		bool fresh;
+		size_t sl = seen_slot(&q.S, code_of(&sp, &p0), &fresh);
+
+		us0 = q.S.cost[sl] = evaluate(&q, &p0);
+	} else {
+		/* a default outside its own space (a rule that shrank past the
+		 * knob's values): evaluated, kept, never searched from */
+		us0 = q.cost(em, m, &r->dflt, t, q.user);
+		r->tried++;
+		if (us0 < 0)
+			q.rc = us0 <= -1 ? (int)us0 : AP_EINTERNAL;
+		else if (isfinite(us0))
+			keep_top(r, &r->dflt, us0);
+		p0.ix[0] = -1;
+	}
+	r->default_us = us0;
+	r->best_us = us0;
+	if (total > 1 && !q.rc) {
+		if (total <= exhaustive_max)
+			exhaustive(&q, total);
+		else if (p0.ix[0] >= 0)
+			annealing(&q, &p0, us0, o->seed);
+	}
+	free(q.S.slot);
+	free(q.S.cost);
+	if (q.rc)
+		return ap_error_set(err, q.rc, m->g->n_nodes ? m->g->nodes[m->root].name : NULL, NULL,
+				    "the tuner's cost function failed (%s)", ap_error_name(q.rc));
+	min_gain = o->min_gain == 0 ? 0.03 : o->min_gain < 0 ? 0 : o->min_gain;
+	if (r->n_top > 0 && r->top_us[0] < (isfinite(us0) ? us0 * (1 - min_gain) : INFINITY)) {
+		r->best = r->top[0];
+		r->best_us = r->top_us[0];
+	}
+	/* the default is always a candidate: a measurement compares with it */
+	if (isfinite(us0)) {
+		bool in = false;
+
+		for (int i = 0; i < r->n_top; i++)
+			in = in || !memcmp(r->top[i].v, r->dflt.v, sizeof(r->dflt.v));
+		if (!in) {
+			int i = r->n_top < AP_TUNE_TOP ? r->n_top++ : AP_TUNE_TOP - 1;
+
+			r->top[i] = r->dflt;
+			r->top_us[i] = us0;
+		}
+	}
+	r->ms = ap_now_ms() - t0;
+	return 0;
+}
+
+int ap_tune_signature(const ap_emitter *em, const ap_mgraph *m, const char *target,
+		      const ap_target_info *t, unsigned max_block_threads, uint8_t sig[32])
+{
+	uint8_t gh[32];
+	char head[96];
+	ap_sha256_ctx *c;
+	int n;
+
+	if (ap_graph_hash(m->g, gh) < 0 || !(c = ap_sha256_new()))
+		return AP_ENOMEM;
+	n = snprintf(head, sizeof(head), "apollo tune v1|%d|%d|%u|%d|", (int)m->kind, m->n_members,
+		     max_block_threads, t->allow_tf32 ? 1 : 0);
+	ap_sha256_update(c, head, (size_t)n);
+	ap_sha256_update(c, em->name, strlen(em->name) + 1);
+	ap_sha256_update(c, target ? target : "cpu", strlen(target ? target : "cpu") + 1);
+	ap_sha256_update(c, gh, sizeof(gh));
+	ap_sha256_final(c, sig);
+	return 0;
+}
+
+/* "a;b;c": the candidates' descriptions, as many as fit. */
+static int describe_candidates(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
+			       const ap_tune_result *r, char *buf, size_t cap)
+{
+	size_t len = 0;
+
+	buf[0] = 0;
+	for (int i = 0; i < r->n_top; i++) {
+		char *d = ap_sched_describe(em, m, t, &r->top[i]);
+
+		if (!d)
+			return AP_ENOMEM;
+		if (len + strlen(d) + 2 < cap)
+			len += (size_t)snprintf(buf + len, cap - len, "%s%s", len ? ";" : "", d);
+		free(d);
+	}
+	return 0;
+}
+
+int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *m,
+		 const ap_target_info *t, unsigned max_block_threads, double budget_left_ms,
+		 ap_sched *s, ap_tune_outcome *out, ap_error *err)
+{
+	ap_tune_record rec;
+	ap_space sp;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if (ap_tune_signature(em, m, h->target, t, max_block_threads, out->sig) < 0)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory tuning a kernel");
+	if (h->lookup && h->lookup(h->user, out->sig, &rec) == 1 && !strcmp(rec.emitter, em->name)) {
+		rc = ap_sched_parse(em, m, t, rec.config, s);
+		if (rc < 0)
+			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory tuning a kernel");
+		if (rc == 1) {
+			out->kind = rec.measured_us >= 0 ? AP_TUNE_MEASURED : AP_TUNE_RECORD;
+			return 0;
+		}
+		/* a record this build cannot use (another space): searched again */
+	}
+	if (h->budget_ms > 0 && budget_left_ms > 0 && (t->gpu || !em->host_rule_only)) {
+		ap_tune_options o = h->search;
+		char *d;
+
+		o.budget_ms = budget_left_ms;
+		if ((rc = ap_tune_search(em, m, t, &o, &out->result, err)) < 0)
+			return rc;
+		*s = out->result.best;
+		out->kind = AP_TUNE_SEARCHED;
+		out->tried = out->result.tried;
+		out->ms = out->result.ms;
+		if (!h->store)
+			return 0;
+		memset(&rec, 0, sizeof(rec));
+		if (!(d = ap_sched_describe(em, m, t, s)))
+			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory tuning a kernel");
+		snprintf(rec.emitter, sizeof(rec.emitter), "%s", em->name);
+		snprintf(rec.config, sizeof(rec.config), "%s", d);
+		free(d);
+		snprintf(rec.method, sizeof(rec.method), "%s", out->result.method);
+		rec.modelled_us = out->result.best_us;
+		rec.measured_us = -1;
+		rec.tried = out->result.tried;
+		if (describe_candidates(em, m, t, &out->result, rec.candidates, sizeof(rec.candidates)) < 0)
+			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory tuning a kernel");
+		h->store(h->user, out->sig, &rec);
+		return 0;
+	}
+	return ap_emitter_default(em, m, t, &sp, s, err);
+}

@@ -1,0 +1,130 @@
+/* tune.h -- the tuner: a search over an emitter's parameter space under
+ * the cost model, for one micro-graph (APOLLO section 5: every fused
+ * kernel is tuned by a search guided by a cost model, made affordable by
+ * compiling micro-graphs apart).
+ *
+ * The space is the emitter's cross product of knob values (lower.h:
+ * tiles, stages, block size, vector width, rows or elements per thread);
+ * a point is a candidate when the emitter's `valid` accepts it.  Spaces of
+ * up to `exhaustive_max` points are enumerated (the GEMM's space is a few
+ * hundred points; evaluating one costs microseconds); larger ones are
+ * searched by simulated annealing from the default configuration (TVM's
+ * and APOLLO's choice for spaces too large to enumerate): a move changes
+ * one knob to a neighbouring value, a worse point is accepted with
+ * probability exp(-relative loss / temperature), the temperature cools
+ * geometrically, and the walk restarts from the best point seen every
+ * 64 moves.  The default rule's configuration is always evaluated first
+ * and is kept unless a candidate is at least `min_gain` faster under the
+ * cost model: a tuned kernel is never worse than the default under the
+ * model, and the model's noise does not churn kernels.
+ *
+ * Records of tuning results (the chosen configuration, its modelled and
+ * measured time, how it was found) live in the cache (cache.h,
+ * ap_cache_tuning_*), keyed by ap_tune_signature.
+ */
+#ifndef AP_TUNE_H
+#define AP_TUNE_H
+
+#include "../cache/cache.h"
+#include "../lower/lower.h"
+
+/* Configurations a search keeps, best first: the candidates a client may
+ * time on its GPU (apollo-client tune). */
+#define AP_TUNE_TOP 4
+
+/* Modelled microseconds of configuration s of em for m on t; INFINITY for
+ * a point the target cannot hold; a negative AP_E* code on failure. */
+typedef double (*ap_tune_cost_fn)(const ap_emitter *em, const ap_mgraph *m, const ap_sched *s,
+				  const ap_target_info *t, void *user);
+
+typedef struct ap_tune_options {
+	unsigned max_points;       /* evaluations at most; 0 = 2048 */
+	unsigned exhaustive_max;   /* enumerate spaces of at most this many
+				      points; 0 = 1024 */
+	double budget_ms;          /* wall-time limit of one search; 0 = none */
+	double min_gain;           /* relative gain needed to leave the default
+				      configuration; 0 = 0.03, < 0 = none */
+	uint64_t seed;             /* annealing's random stream (0 = fixed) */
+	ap_tune_cost_fn cost;      /* NULL = ap_tune_model_us */
+	void *user;                /* passed to cost */
+} ap_tune_options;
+
+typedef struct ap_tune_result {
+	ap_sched best;             /* the chosen configuration */
+	double best_us;            /* its modelled time */
+	ap_sched dflt;             /* the default rule's */
+	double default_us;
+	int n_top;                 /* candidates, best first (the default among them) */
+	ap_sched top[AP_TUNE_TOP];
+	double top_us[AP_TUNE_TOP];
+	unsigned tried;            /* configurations evaluated */
+	double space;              /* points in the cross product */
+	double ms;                 /* wall time of the search */
+	const char *method;        /* "exhaustive" or "annealing" (static) */
+} ap_tune_result;
+
+/* The cost model's time for configuration s (em->traffic, then
+ * ap_cost_schedule_us, which weighs tile re-reads, shared-memory traffic,
+ * occupancy and waves); INFINITY when em->valid refuses s; AP_ENOMEM. */
+double ap_tune_model_us(const ap_emitter *em, const ap_mgraph *m, const ap_sched *s,
+			const ap_target_info *t, void *user);
+
+/* Searches em's space for m on t (see the file comment); `o` may be NULL.
+ * Fills *r.  0, or AP_ENOMEM / the cost function's error with `err` set.
+ * A space with one valid point returns it without search. */
+int ap_tune_search(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
+		   const ap_tune_options *o, ap_tune_result *r, ap_error *err);
+
+/* The canonical signature of a tunable kernel: SHA-256 over the
+ * micro-graph's canonical hash (ap_graph_hash: structure, shapes, dtypes,
+ * baked constants; no names), its kind and member count, the emitter's
+ * name, the target name `target` ("sm_90", "cpu"), the block-size cap and
+ * the TF32 option.  Two graphs holding the same micro-graph share it.
+ * 0 or AP_ENOMEM. */
+int ap_tune_signature(const ap_emitter *em, const ap_mgraph *m, const char *target,
+		      const ap_target_info *t, unsigned max_block_threads, uint8_t sig[32]);
+
+/* ---- tuning inside a build (server/driver/pipeline.c) ------------------------ */
+
+/* How a build tunes its kernels (ap_build_options.tune).  The records'
+ * storage is the caller's: the daemon's cache, or a test's table. */
+typedef struct ap_tune_hooks {
+	const char *target;        /* the records' target name ("sm_90", "cpu") */
+	double budget_ms;          /* search time of one build, its kernels together;
+				      0 = no search (records and default rules only) */
+	ap_tune_options search;    /* each search's options (its budget_ms is
+				      what is left of the build's) */
+	/* The record of `sig`: 1 with *rec set, 0 none; negative = none. */
+	int (*lookup)(void *user, const uint8_t sig[32], ap_tune_record *rec);
+	/* Stores the cost model's record of a search; may be NULL. */
+	void (*store)(void *user, const uint8_t sig[32], const ap_tune_record *rec);
+	void *user;
+} ap_tune_hooks;
+
+/* What tuning did for one kernel. */
+typedef enum ap_tune_kind {
+	AP_TUNE_DEFAULT = 0,       /* the default rule (no record, no budget left) */
+	AP_TUNE_SEARCHED,          /* searched now, under the cost model */
+	AP_TUNE_RECORD,            /* a record of the cost model's */
+	AP_TUNE_MEASURED,          /* a measured record */
+} ap_tune_kind;
+
+typedef struct ap_tune_outcome {
+	ap_tune_kind kind;
+	unsigned tried;            /* configurations evaluated (searched) */
+	double ms;                 /* time spent searching */
+	uint8_t sig[32];
+	ap_tune_result result;     /* AP_TUNE_SEARCHED: the search's result */
+} ap_tune_outcome;
+
+/* The configuration for micro-graph m on emitter em: the record of its
+ * signature when h has one whose config parses (ap_sched_parse) for this
+ * emitter, else a search of at most budget_left_ms (stored through
+ * h->store, with its best AP_TUNE_TOP candidates; not for an emitter
+ * marked host_rule_only on the host), else the default rule.
+ * *s always gets a buildable configuration.  0, or AP_ENOMEM with `err`. */
+int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *m,
+		 const ap_target_info *t, unsigned max_block_threads, double budget_left_ms,
+		 ap_sched *s, ap_tune_outcome *out, ap_error *err);
+
+#endif

@@ -1,0 +1,521 @@
+/* check_tune.c -- the tuner (server/tune): the search over an emitter's
+ * parameter space, configurations parsed back from text, tuning records in
+ * the cache, and records used by builds.
+ *
+ *   search_finds_known_best  under a stand-in cost model whose optimum is
+ *                            known (a valid GEMM tile away from the default),
+ *                            the exhaustive search and simulated annealing
+ *                            both find it; a model within min_gain of the
+ *                            default keeps the default
+ *   never_worse_than_default under the real cost model, on GEMM, row
+ *                            reduction and pointwise micro-graphs for the
+ *                            host, sm_80 and sm_90: best <= default
+ *   sched_text               ap_sched_parse takes ap_sched_describe's text
+ *                            back and refuses every malformed variant
+ *   records_in_the_cache     measured beats modelled, targets apart, the
+ *                            generation moves only with measurements
+ *   records_reused_by_builds a second graph holding the same kernel takes
+ *                            its record (no search), a measured record's
+ *                            configuration is the one built, an sm_80 record
+ *                            is not used for sm_90
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "server/lower/emitters.h"
+#include "server/plan/program.h"
+#include "server/tune/tune.h"
+
+#define DIMS(...) ((const int64_t[]){__VA_ARGS__}), (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
+
+static int tensor(ap_graph *g, const char *name, const int64_t *dims, int rank, ap_tensor_kind kind)
+{
+	int t = ap_graph_add_tensor(g, name, AP_DT_F32, rank, dims, kind, NULL, 0);
+
+	ck_assert_int_ge(t, 0);
+	if (kind == AP_TENSOR_INPUT || kind == AP_TENSOR_PARAM) {
+		g->inputs = realloc(g->inputs, (size_t)(g->n_inputs + 1) * sizeof(int));
+		g->inputs[g->n_inputs++] = t;
+	}
+	return t;
+}
+
+static void output(ap_graph *g, int t)
+{
+	g->tensors[t].is_output = true;
+	g->outputs = realloc(g->outputs, (size_t)(g->n_outputs + 1) * sizeof(int));
+	g->outputs[g->n_outputs++] = t;
+}
+
+static void node(ap_graph *g, const char *name, ap_op op, int n_in, const int *in, int out)
+{
+	ck_assert_int_ge(ap_graph_add_node(g, name, op, n_in, in, 1, &out), 0);
+}
+
+/* relu(A[M,K] x B[K,N]) (+ extra: a second, separate kernel: exp(A)). */
+static ap_graph *matmul_graph(int64_t M, int64_t N, int64_t K, bool extra)
+{
+	ap_graph *g = ap_graph_new("mm");
+	int a = tensor(g, "a", DIMS(M, K), AP_TENSOR_INPUT);
+	int b = tensor(g, "b", DIMS(K, N), AP_TENSOR_INPUT);
+	int y = tensor(g, "y", DIMS(M, N), AP_TENSOR_VALUE);
+	int r = tensor(g, "r", DIMS(M, N), AP_TENSOR_VALUE);
+	ap_error err;
+
+	node(g, "mm", AP_OP_MATMUL, 2, (int[]){a, b}, y);
+	node(g, "relu", AP_OP_RELU, 1, (int[]){y}, r);
+	output(g, r);
+	if (extra) {
+		int e = tensor(g, "e", DIMS(M, K), AP_TENSOR_VALUE);
+
+		node(g, "exp", AP_OP_EXP, 1, (int[]){a}, e);
+		output(g, e);
+	}
+	ck_assert_msg(ap_graph_validate(g, &err) == 0, "validate: %s", err.msg);
+	return g;
+}
+
+/* The micro-graph of all of g's nodes, rooted at its first node of
+ * category `root_cat` (or node 0). */
+static ap_mgraph *whole(ap_graph *g, ap_group_kind kind, ap_op root_op)
+{
+	ap_error err;
+	int nodes[16], gi = 0, root = 0;
+	bool member[16];
+	ap_mgraph *m;
+
+	ck_assert_int_le(g->n_nodes, 16);
+	for (int i = 0; i < g->n_nodes; i++) {
+		nodes[i] = i;
+		member[i] = true;
+		if (g->nodes[i].op == root_op)
+			root = i;
+	}
+	m = ap_mgraph_extract(g, nodes, member, g->n_nodes, g->outputs, g->n_outputs, kind, root, &gi,
+			      1, &err);
+	ck_assert_msg(m != NULL, "extract: %s", err.msg);
+	return m;
+}
+
+static int knob_ix(const ap_space *sp, const char *name)
+{
+	for (int i = 0; i < sp->n; i++)
+		if (!strcmp(sp->knobs[i].name, name))
+			return i;
+	ck_abort_msg("no knob %s", name);
+	return -1;
+}
+
+/* ---- search ------------------------------------------------------------------------- */
+
+/* Stand-in cost: distance (in powers of two) from a target configuration,
+ * plus 10; invalid points INFINITY as the real model gives them. */
+static ap_sched g_want;
+
+static double standin_cost(const ap_emitter *em, const ap_mgraph *m, const ap_sched *s,
+			   const ap_target_info *t, void *user)
+{
+	double d = 10;
+	int rc = em->valid ? em->valid(m, s, t) : 1;
+
+	(void)user;
+	if (rc <= 0)
+		return rc < 0 ? rc : INFINITY;
+	for (int i = 0; i < s->n; i++)
+		d += fabs(log2((double)s->v[i]) - log2((double)g_want.v[i]));
+	return d;
+}
+
+START_TEST(search_finds_known_best)
+{
+	ap_graph *g = matmul_graph(256, 256, 256, false);
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+	ap_target_info t;
+	ap_space sp;
+	ap_sched dflt;
+	ap_tune_result r;
+	ap_tune_options o = {0};
+	ap_error err;
+
+	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
+	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+	/* the target: a valid tile that is not the default */
+	g_want = dflt;
+	g_want.v[knob_ix(&sp, "bm")] = 64;
+	g_want.v[knob_ix(&sp, "bn")] = 32;
+	g_want.v[knob_ix(&sp, "bk")] = 32;
+	g_want.v[knob_ix(&sp, "tm")] = 4;
+	g_want.v[knob_ix(&sp, "tn")] = 2;
+	g_want.v[knob_ix(&sp, "stages")] = 2;
+	ck_assert_int_eq(ap_emitter_gemm.valid(m, &g_want, &t), 1);
+	ck_assert(memcmp(g_want.v, dflt.v, sizeof(dflt.v)) != 0);
+	o.cost = standin_cost;
+
+	/* exhaustive: the space enumerated */
+	o.exhaustive_max = 100000;
+	o.max_points = 100000;
+	ck_assert_int_eq(ap_tune_search(&ap_emitter_gemm, m, &t, &o, &r, &err), 0);
+	ck_assert_str_eq(r.method, "exhaustive");
+	ck_assert_int_eq(memcmp(r.best.v, g_want.v, sizeof(g_want.v)), 0);
+	ck_assert(fabs(r.best_us - 10) < 1e-9);
+	ck_assert_uint_eq(r.tried, (unsigned)r.space);
+	ck_assert(r.default_us > r.best_us);
+	/* the candidates: best first, the default among them */
+	ck_assert_int_ge(r.n_top, 2);
+	ck_assert_int_eq(memcmp(r.top[0].v, g_want.v, sizeof(g_want.v)), 0);
+	{
+		bool has_default = false;
+
+		for (int i = 0; i < r.n_top; i++) {
+			has_default |= !memcmp(r.top[i].v, dflt.v, sizeof(dflt.v));
+			if (i)
+				ck_assert(r.top_us[i] >= r.top_us[i - 1] || !memcmp(r.top[i].v, dflt.v, sizeof(dflt.v)));
+		}
+		ck_assert(has_default);
+	}
+
+	/* simulated annealing: a bounded walk finds it too */
+	o.exhaustive_max = 1;
+	o.max_points = 600;
+	o.seed = 12345;
+	ck_assert_int_eq(ap_tune_search(&ap_emitter_gemm, m, &t, &o, &r, &err), 0);
+	ck_assert_str_eq(r.method, "annealing");
+	ck_assert_uint_le(r.tried, 600);
+	ck_assert_uint_lt(r.tried, (unsigned)r.space);
+	ck_assert_int_eq(memcmp(r.best.v, g_want.v, sizeof(g_want.v)), 0);
+
+	/* the default stays unless a point is min_gain better */
+	g_want = dflt;
+	o.exhaustive_max = 100000;
+	o.max_points = 100000;
+	ck_assert_int_eq(ap_tune_search(&ap_emitter_gemm, m, &t, &o, &r, &err), 0);
+	ck_assert_int_eq(memcmp(r.best.v, dflt.v, sizeof(dflt.v)), 0);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+START_TEST(never_worse_than_default)
+{
+	static const char *const targets[] = {"cpu", "sm_80", "sm_90"};
+	static const int64_t shapes[][3] = {{64, 64, 64}, {128, 768, 768}, {4096, 128, 64}, {16, 1000, 512}};
+
+	for (size_t ti = 0; ti < 3; ti++) {
+		ap_target_info t;
+
+		ck_assert_int_eq(ap_cost_target(targets[ti], &t), 0);
+		for (size_t si = 0; si < 4; si++) {
+			ap_graph *g = matmul_graph(shapes[si][0], shapes[si][1], shapes[si][2], false);
+			ap_mgraph *m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+			ap_tune_result r;
+			ap_error err;
+			ap_traffic tr;
+
+			ck_assert_int_eq(ap_tune_search(&ap_emitter_gemm, m, &t, NULL, &r, &err), 0);
+			ck_assert_msg(isfinite(r.default_us), "%s: the default is valid", targets[ti]);
+			ck_assert_msg(r.best_us <= r.default_us, "%s %lld: tuned %.3f us > default %.3f us",
+				      targets[ti], (long long)shapes[si][0], r.best_us, r.default_us);
+			ck_assert_uint_ge(r.tried, 2);
+			/* the chosen point builds, and its modelled time is what
+			 * the search reported */
+			ck_assert_int_eq(ap_emitter_gemm.valid(m, &r.best, &t), 1);
+			memset(&tr, 0, sizeof(tr));
+			ck_assert_int_eq(ap_emitter_gemm.traffic(m, &r.best, &t, &tr), 0);
+			ck_assert(fabs(ap_cost_schedule_us(&tr, &t) - r.best_us) < 1e-9);
+			ap_mgraph_free(m);
+			ap_graph_free(g);
+		}
+	}
+	/* the tile matters to the model: large products prefer large tiles on
+	 * the GPU (fewer operand re-reads per multiply) */
+	{
+		ap_target_info t;
+		ap_graph *g = matmul_graph(4096, 4096, 1024, false);
+		ap_mgraph *m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+		ap_sched s16, s128;
+		ap_space sp;
+		ap_error err;
+
+		ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
+		ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &s16, &err), 0);
+		s128 = s16;
+		s16.v[knob_ix(&sp, "bm")] = 16;
+		s16.v[knob_ix(&sp, "bn")] = 16;
+		s16.v[knob_ix(&sp, "tm")] = 1;
+		s16.v[knob_ix(&sp, "tn")] = 1;
+		s128.v[knob_ix(&sp, "bm")] = 128;
+		s128.v[knob_ix(&sp, "bn")] = 128;
+		s128.v[knob_ix(&sp, "tm")] = 8;
+		s128.v[knob_ix(&sp, "tn")] = 8;
+		ck_assert(ap_tune_model_us(&ap_emitter_gemm, m, &s128, &t, NULL) <
+			  ap_tune_model_us(&ap_emitter_gemm, m, &s16, &t, NULL));
+		ap_mgraph_free(m);
+		ap_graph_free(g);
+	}
+}
+END_TEST
+
+START_TEST(sched_text)
+{
+	ap_graph *g = matmul_graph(128, 128, 64, false);
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+	ap_target_info t;
+	ap_space sp;
+	ap_sched s, back;
+	ap_error err;
+	char *d;
+	static const char *const bad[] = {
+		"", "bm=64", "bm=64 bn=64 bk=16 tm=4 tn=4 stages=2 bm=64",   /* missing, repeated */
+		"bm=64 bn=64 bk=16 tm=4 tn=4 stages=9",                      /* outside the space */
+		"bm=64 bn=64 bk=16 tm=4 tn=4 stages=2x",                     /* trailing text */
+		"bm=64 bn=64 bk=16 tm=4 tn=4 stage=2",                       /* unknown knob */
+		"bm=-64 bn=64 bk=16 tm=4 tn=4 stages=2",
+		"bm=64 bn=64 bk=16 tm=4 tn=4 stages=2;drop table",
+		"bm=128 bn=128 bk=64 tm=1 tn=1 stages=3",                    /* 16384 threads: not valid */
+	};
+
+	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
+	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &s, &err), 0);
+	d = ap_sched_describe(&ap_emitter_gemm, m, &t, &s);
+	ck_assert_ptr_nonnull(d);
+	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, d, &back), 1);
+	ck_assert_int_eq(memcmp(back.v, s.v, sizeof(s.v)), 0);
+	ck_assert_ptr_eq(back.em, &ap_emitter_gemm);
+	free(d);
+	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 tm=2 bk=16 bn=32 bm=32", &back), 1);
+	ck_assert_int_eq(back.v[knob_ix(&sp, "bm")], 32);
+	ck_assert_int_eq(back.v[knob_ix(&sp, "stages")], 3);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		ck_assert_msg(ap_sched_parse(&ap_emitter_gemm, m, &t, bad[i], &back) == 0, "accepted '%s'",
+			      bad[i]);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* ---- records ------------------------------------------------------------------------ */
+
+static char g_dir[256];
+
+static ap_cache *fresh_cache(void)
+{
+	char path[300];
+	ap_cache *c;
+	ap_error err;
+
+	snprintf(g_dir, sizeof(g_dir), "/tmp/apollo-check-tune-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(g_dir));
+	snprintf(path, sizeof(path), "%s/cache.db", g_dir);
+	ck_assert_int_eq(ap_cache_open(path, &c, &err), 0);
+	return c;
+}
+
+static void drop_cache(ap_cache *c)
+{
+	char cmd[300];
+
+	ap_cache_free(c);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+static ap_tune_record record(const char *config, double modelled, double measured,
+			     const char *device)
+{
+	ap_tune_record r;
+
+	memset(&r, 0, sizeof(r));
+	snprintf(r.emitter, sizeof(r.emitter), "gemm");
+	snprintf(r.config, sizeof(r.config), "%s", config);
+	snprintf(r.method, sizeof(r.method), "%s", measured >= 0 ? "measured" : "exhaustive");
+	snprintf(r.device, sizeof(r.device), "%s", device);
+	r.sms = measured >= 0 ? 132 : 0;
+	r.modelled_us = modelled;
+	r.measured_us = measured;
+	r.tried = 7;
+	snprintf(r.candidates, sizeof(r.candidates), "%s;bm=16", config);
+	return r;
+}
+
+START_TEST(records_in_the_cache)
+{
+	ap_cache *c = fresh_cache();
+	uint8_t sig[32], other[32];
+	ap_tune_record r, got;
+	ap_cache_counts n;
+
+	memset(sig, 7, sizeof(sig));
+	memset(other, 8, sizeof(other));
+	ck_assert_int_eq(ap_cache_tuning_get(c, sig, "sm_90", NULL, &got), 0);
+	ck_assert_uint_eq(ap_cache_tuning_generation(c), 0);
+	r = record("bm=64", 5.0, -1, "");
+	ck_assert_int_eq(ap_cache_tuning_put(c, sig, "sm_90", &r), 0);
+	ck_assert_uint_eq(ap_cache_tuning_generation(c), 0);   /* modelled: no new generation */
+	ck_assert_int_eq(ap_cache_tuning_get(c, sig, "sm_90", NULL, &got), 1);
+	ck_assert_str_eq(got.config, "bm=64");
+	ck_assert(got.measured_us < 0);
+	ck_assert(fabs(got.modelled_us - 5.0) < 1e-12);
+	ck_assert_str_eq(got.candidates, "bm=64;bm=16");
+	ck_assert_uint_eq(got.tried, 7);
+	/* another target, another signature: not found */
+	ck_assert_int_eq(ap_cache_tuning_get(c, sig, "sm_80", NULL, &got), 0);
+	ck_assert_int_eq(ap_cache_tuning_get(c, other, "sm_90", NULL, &got), 0);
+	/* a measured record wins over the model's; the model's stays */
+	r = record("bm=32", 6.0, 3.5, "NVIDIA H100 80GB HBM3");
+	ck_assert_int_eq(ap_cache_tuning_put(c, sig, "sm_90", &r), 0);
+	ck_assert_uint_eq(ap_cache_tuning_generation(c), 1);
+	ck_assert_int_eq(ap_cache_tuning_get(c, sig, "sm_90", NULL, &got), 1);
+	ck_assert_str_eq(got.config, "bm=32");
+	ck_assert_str_eq(got.method, "measured");
+	ck_assert_str_eq(got.device, "NVIDIA H100 80GB HBM3");
+	ck_assert_uint_eq(got.sms, 132);
+	ck_assert(fabs(got.measured_us - 3.5) < 1e-12);
+	ck_assert_int_eq(ap_cache_tuning_get(c, sig, "sm_90", "", &got), 1);
+	ck_assert_str_eq(got.config, "bm=64");
+	ck_assert_int_eq(ap_cache_tuning_get(c, sig, "sm_90", "NVIDIA H100 80GB HBM3", &got), 1);
+	ck_assert_str_eq(got.config, "bm=32");
+	ap_cache_get_counts(c, &n);
+	ck_assert_uint_eq(n.tuning, 2);
+	drop_cache(c);
+}
+END_TEST
+
+/* ap_tune_hooks over an ap_cache, as the daemon's compile job does. */
+typedef struct store_ctx {
+	ap_cache *c;
+	const char *target;
+} store_ctx;
+
+static int lookup_rec(void *user, const uint8_t sig[32], ap_tune_record *rec)
+{
+	store_ctx *s = user;
+
+	return ap_cache_tuning_get(s->c, sig, s->target, NULL, rec);
+}
+
+static void store_rec(void *user, const uint8_t sig[32], const ap_tune_record *rec)
+{
+	store_ctx *s = user;
+
+	ck_assert_int_eq(ap_cache_tuning_put(s->c, sig, s->target, rec), 0);
+}
+
+/* Builds g for `target` with tuning hooks over c; the schedule text of
+ * the launch part computing node `name` goes to sched. */
+static ap_program *build(const ap_graph *g, const char *target, ap_cache *c, char *sched,
+			 size_t cap, const char *name)
+{
+	store_ctx sc = {c, target};
+	ap_tune_hooks h = {.target = target, .budget_ms = 1000, .lookup = lookup_rec,
+			   .store = store_rec, .user = &sc};
+	ap_build_options o = {.target = target, .tune = &h};
+	ap_error err;
+	ap_program *p = ap_program_build(g, &o, &err);
+
+	ck_assert_msg(p != NULL, "build: %s", err.msg);
+	sched[0] = 0;
+	for (int i = 0; i < p->n_launches; i++)
+		for (int j = 0; j < p->launches[i].n_parts; j++) {
+			const ap_launch_part *pt = &p->launches[i].parts[j];
+
+			for (int q = 0; q < pt->n_nodes; q++)
+				if (!strcmp(pt->nodes[q], name))
+					snprintf(sched, cap, "%s", pt->schedule ? pt->schedule : "");
+		}
+	ck_assert_msg(sched[0], "no launch computes %s", name);
+	return p;
+}
+
+START_TEST(records_reused_by_builds)
+{
+	ap_cache *c = fresh_cache();
+	ap_graph *g1 = matmul_graph(256, 512, 128, false), *g2 = matmul_graph(256, 512, 128, true);
+	char s1[256], s2[256], s3[256], want[256];
+	ap_program *p;
+	ap_mgraph *m;
+	ap_target_info t;
+	ap_tune_record r;
+	uint8_t sig[32];
+	ap_space sp;
+	ap_sched dflt, alt;
+	ap_error err;
+	char *d;
+
+	/* first build: searched, stored */
+	p = build(g1, "sm_90", c, s1, sizeof(s1), "mm");
+	ck_assert_uint_ge(p->tune_searched, 1);
+	ck_assert_uint_eq(p->tune_hits, 0);
+	ck_assert_uint_gt(p->tune_tried, 1);
+	ap_program_free(p);
+	/* a second graph with the same kernel: its record, no search for it */
+	p = build(g2, "sm_90", c, s2, sizeof(s2), "mm");
+	ck_assert_uint_eq(p->tune_hits, 1);
+	ck_assert_uint_eq(p->tune_measured, 0);
+	ck_assert_str_eq(s1, s2);
+	ap_program_free(p);
+
+	/* a measured record with another configuration wins */
+	m = whole(g1, AP_GROUP_MATMUL, AP_OP_MATMUL);
+	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
+	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+	alt = dflt;
+	alt.v[knob_ix(&sp, "stages")] = dflt.v[knob_ix(&sp, "stages")] == 2 ? 4 : 2;
+	ck_assert_int_eq(ap_emitter_gemm.valid(m, &alt, &t), 1);
+	d = ap_sched_describe(&ap_emitter_gemm, m, &t, &alt);
+	snprintf(want, sizeof(want), "%s", d);
+	free(d);
+	ck_assert_str_ne(want, s1);
+	ck_assert_int_eq(ap_tune_signature(&ap_emitter_gemm, m, "sm_90", &t, 0, sig), 0);
+	r = record(want, 9.0, 1.25, "test device");
+	ck_assert_int_eq(ap_cache_tuning_put(c, sig, "sm_90", &r), 0);
+	p = build(g2, "sm_90", c, s3, sizeof(s3), "mm");
+	ck_assert_uint_eq(p->tune_measured, 1);
+	ck_assert_str_eq(s3, want);
+	ap_program_free(p);
+
+	/* records of sm_90 are not used for sm_80 */
+	p = build(g1, "sm_80", c, s3, sizeof(s3), "mm");
+	ck_assert_uint_eq(p->tune_hits, 0);
+	ck_assert_uint_ge(p->tune_searched, 1);
+	ap_program_free(p);
+
+	/* a record naming a configuration this build cannot parse: the
+	 * search runs again, nothing fails */
+	r = record("bm=7 bn=7", 1.0, 0.5, "test device");
+	ck_assert_int_eq(ap_cache_tuning_put(c, sig, "sm_90", &r), 0);
+	p = build(g1, "sm_90", c, s3, sizeof(s3), "mm");
+	ck_assert_uint_eq(p->tune_hits, 0);
+	ck_assert_str_eq(s3, s1);
+	ap_program_free(p);
+
+	ap_mgraph_free(m);
+	ap_graph_free(g1);
+	ap_graph_free(g2);
+	drop_cache(c);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("tune");
+	TCase *tc = tcase_create("tune");
+	SRunner *sr;
+	int failed;
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, search_finds_known_best);
+	tcase_add_test(tc, never_worse_than_default);
+	tcase_add_test(tc, sched_text);
+	tcase_add_test(tc, records_in_the_cache);
+	tcase_add_test(tc, records_reused_by_builds);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
