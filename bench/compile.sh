@@ -16,7 +16,10 @@
 #    distinct kernels and cold compile time.  Constants of more than 16
 #    elements are read from buffers (BUF_CONST), so identical layers share
 #    kernels.
-# Every submit of 1. and 2. but the warm one is --no-cache; cold compiles
+# Every submit of 1. and 2. but the warm one is --no-cache; the cold compiles
+# of 1. are --no-tune, so that they build the kernels the floor compiles
+# (apollo-kernels builds on the default rules; bench/tune.sh compares the
+# cold compile with tuning and without); cold compiles
 # and floors are the median of REPEAT runs.  Prints numbers, asserts
 # nothing.
 #   TARGET: default sm_90 when the daemon has NVRTC (the floor needs it),
@@ -42,7 +45,7 @@ for d in $(ap_test_dirs models training); do
 	name=$(basename "$d")
 	i=0
 	while [ $i -lt "$REPEAT" ]; do
-		if ! cold=$("$CLIENT" submit "$d/model.onnx" --data "$d" --target "$t" --no-cache --json \
+		if ! cold=$("$CLIENT" submit "$d/model.onnx" --data "$d" --target "$t" --no-cache --no-tune --json \
 			2>"$AP_TMP/err"); then
 			echo "compile: $name: $(sed -n 1p "$AP_TMP/err")"
 			break
