@@ -99,8 +99,8 @@ static const char *const stmt_sql[ST_COUNT] = {
 			" modelled_us, measured_us, method, tried, candidates, created)"
 			" VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
 	[ST_TUNE_GEN] = "SELECT v FROM meta WHERE k = 'tuning_generation'",
-	[ST_TUNE_BUMP] = "INSERT INTO meta(k, v) VALUES ('tuning_generation', '1')"
-			 " ON CONFLICT(k) DO UPDATE SET v = CAST(CAST(v AS INTEGER) + 1 AS TEXT)",
+	[ST_TUNE_BUMP] = ("INSERT INTO meta(k, v) VALUES ('tuning_generation', '1')"
+			  " ON CONFLICT(k) DO UPDATE SET v = CAST(CAST(v AS INTEGER) + 1 AS TEXT)"),
 };
 
 static const char schema_sql[] =
