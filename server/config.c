@@ -128,7 +128,7 @@ static const ap_config_option options[] = {
 	  "kernels together; kernels past it take their emitter's default rule and "
 	  "are searched by a later request.  Results are kept as tuning records in "
 	  "the cache and reused by every graph holding the same kernel; measured "
-	  "records (apollo-client tune) win over modelled ones.  0: no search "
+	  "records win over modelled ones.  0: no search "
 	  "(records are still used)." },
 	{ "redis", STR(redis), "", 0, 0, NULL,
 	  "Shared cache (L2) in Redis, looked up after the local cache and before "

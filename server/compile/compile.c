@@ -339,22 +339,20 @@ static void memo_put(ap_compiler *c, const uint8_t digest[32], uint64_t tuning,
 struct tune_user {
 	ap_compiler *c;
 	const char *target;
-	bool records;            /* the cache is read and written (not no_cache) */
 };
 
 static int tune_lookup(void *user, const uint8_t sig[32], ap_tune_record *rec)
 {
 	struct tune_user *u = user;
 
-	return u->records ? ap_cache_tuning_get(u->c->cache, sig, u->target, NULL, rec) : 0;
+	return ap_cache_tuning_get(u->c->cache, sig, u->target, NULL, rec);
 }
 
 static void tune_store(void *user, const uint8_t sig[32], const ap_tune_record *rec)
 {
 	struct tune_user *u = user;
 
-	if (u->records)
-		ap_cache_tuning_put(u->c->cache, sig, u->target, rec);
+	ap_cache_tuning_put(u->c->cache, sig, u->target, rec);
 }
 
 /* ---- keys ---------------------------------------------------------------- */
@@ -1933,12 +1931,13 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		.allow_tf32 = req->options && req->options->allow_tf32,
 		.no_layer1 = req->options && req->options->no_layer1,
 	};
-	tu = (struct tune_user){c, r->target, r->use_cache};
+	/* records are read and written with the cache (not with no_cache) */
+	tu = (struct tune_user){c, r->target};
 	th = (ap_tune_hooks){
 		.target = r->target,
 		.budget_ms = c->tune_budget_ms > 0 ? c->tune_budget_ms : 0,
-		.lookup = tune_lookup,
-		.store = tune_store,
+		.lookup = r->use_cache ? tune_lookup : NULL,
+		.store = r->use_cache ? tune_store : NULL,
 		.user = &tu,
 	};
 	if (!(req->options && req->options->no_tune))

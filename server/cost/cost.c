@@ -369,6 +369,17 @@ unsigned ap_cost_blocks_per_sm(const ap_target_info *ti, unsigned threads, unsig
 	return b;
 }
 
+/* launch_us plus `work` (microseconds on the whole machine) spread over
+ * the fraction `used` of it, doubled for uncoalesced access: the end both
+ * launch models share. */
+static double launch_time(const ap_traffic *t, const ap_target_info *ti, double work, double used)
+{
+	work /= used;
+	if (t->uncoalesced)
+		work *= 2;
+	return ti->launch_us + work;
+}
+
 unsigned ap_cost_blocks_per_sm_regs(const ap_target_info *ti, unsigned threads,
 				    unsigned shared_bytes, unsigned regs)
 {
@@ -422,10 +433,7 @@ double ap_cost_schedule_us(const ap_traffic *t, const ap_target_info *ti)
 		waves = ceil(blocks / slots);
 		used *= blocks / (waves * slots);
 	}
-	work /= used;
-	if (t->uncoalesced)
-		work *= 2;
-	return ti->launch_us + work;
+	return launch_time(t, ti, work, used);
 }
 
 double ap_cost_time_us(const ap_traffic *t, const ap_target_info *ti)
@@ -440,10 +448,7 @@ double ap_cost_time_us(const ap_traffic *t, const ap_target_info *ti)
 	/* a grid of fewer blocks than SMs uses that fraction of the machine */
 	if (t->blocks && t->blocks < ti->sm_count)
 		used = (double)t->blocks / ti->sm_count;
-	work /= used;
-	if (t->uncoalesced)
-		work *= 2;
-	return ti->launch_us + work;
+	return launch_time(t, ti, work, used);
 }
 
 bool ap_cost_staged_product_pays(const ap_target_info *t, const ap_graph *g, const ap_node *n,

@@ -85,12 +85,9 @@ static size_t seen_slot(seen *S, uint64_t code, bool *fresh)
 	return h;
 }
 
-static bool seen_add(seen *S, uint64_t code)
+static int oom(ap_error *err)
 {
-	bool fresh;
-
-	seen_slot(S, code, &fresh);
-	return fresh;
+	return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory tuning a kernel");
 }
 
 /* ---- the search --------------------------------------------------------------------- */
@@ -133,23 +130,34 @@ static void keep_top(ap_tune_result *r, const ap_sched *s, double us)
 	r->top_us[i] = us;
 }
 
-/* The cost of point p (evaluated once: INFINITY again for a point seen
- * before is never needed, callers keep what they got). */
-static double evaluate(search *q, const point *p)
+/* The cost of configuration s, counted and kept among the best; a cost
+ * function's error ends the search (q->rc) and reads as INFINITY. */
+static double evaluate(search *q, const ap_sched *s)
 {
-	ap_sched s;
-	double us;
+	double us = q->cost(q->em, q->m, s, q->t, q->user);
 
-	sched_of(q->em, q->sp, p, &s);
-	us = q->cost(q->em, q->m, &s, q->t, q->user);
 	q->r->tried++;
 	if (us < 0) {
 		q->rc = us <= -1 ? (int)us : AP_EINTERNAL;
 		return INFINITY;
 	}
 	if (isfinite(us))
-		keep_top(q->r, &s, us);
+		keep_top(q->r, s, us);
 	return us;
+}
+
+/* The cost of point p: evaluated the first time, remembered after (*fresh
+ * says which). */
+static double visit(search *q, const point *p, bool *fresh)
+{
+	size_t sl = seen_slot(&q->S, code_of(q->sp, p), fresh);
+	ap_sched s;
+
+	if (*fresh) {
+		sched_of(q->em, q->sp, p, &s);
+		q->S.cost[sl] = evaluate(q, &s);
+	}
+	return q->S.cost[sl];
 }
 
 static void exhaustive(search *q, double total)
@@ -159,12 +167,13 @@ static void exhaustive(search *q, double total)
 	for (uint64_t c = 0; c < (uint64_t)total && !out_of_budget(q); c++) {
 		uint64_t x = c;
 
+		bool fresh;
+
 		for (int i = q->sp->n - 1; i >= 0; i--) {
 			p.ix[i] = (int)(x % (uint64_t)q->sp->knobs[i].n);
 			x /= (uint64_t)q->sp->knobs[i].n;
 		}
-		if (seen_add(&q->S, code_of(q->sp, &p)))
-			evaluate(q, &p);
+		visit(q, &p, &fresh);
 	}
 }
 
@@ -193,6 +202,7 @@ static void annealing(search *q, const point *start, double start_us, uint64_t s
 		int k = (int)(rng_next(&rs) % (uint64_t)q->sp->n);
 		const ap_knob *kb = &q->sp->knobs[k];
 		double us;
+		bool fresh;
 
 		if (kb->n < 2) {
 			stuck++;
@@ -206,20 +216,11 @@ static void annealing(search *q, const point *start, double start_us, uint64_t s
 			stuck++;
 			continue;
 		}
-		{
-			/* a point seen before costs what it cost: moving there
-			 * evaluates nothing */
-			bool fresh;
-			size_t sl = seen_slot(&q->S, code_of(q->sp, &nx), &fresh);
-
-			if (fresh) {
-				us = evaluate(q, &nx);
-				q->S.cost[sl] = us;
-			} else {
-				us = q->S.cost[sl];
-				stuck++;
-			}
-		}
+		/* a point seen before costs what it cost: moving there
+		 * evaluates nothing */
+		us = visit(q, &nx, &fresh);
+		if (!fresh)
+			stuck++;
 		moves++;
 		if (isfinite(us) &&
 		    (!isfinite(cur_us) || us < cur_us ||
@@ -277,25 +278,19 @@ int ap_tune_search(const ap_emitter *em, const ap_mgraph *m, const ap_target_inf
 	if (!q.S.slot || !q.S.cost) {
 		free(q.S.slot);
 		free(q.S.cost);
-		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory tuning a kernel");
+		return oom(err);
 	}
 	/* the default first: it is the answer unless a point beats it */
 	r->best = r->dflt;
 	r->method = total <= exhaustive_max ? "exhaustive" : "annealing";
 	if (point_of(&sp, &r->dflt, &p0)) {
 		bool fresh;
-		size_t sl = seen_slot(&q.S, code_of(&sp, &p0), &fresh);
 
-		us0 = q.S.cost[sl] = evaluate(&q, &p0);
+		us0 = visit(&q, &p0, &fresh);
 	} else {
 		/* a default outside its own space (a rule that shrank past the
 		 * knob's values): evaluated, kept, never searched from */
-		us0 = q.cost(em, m, &r->dflt, t, q.user);
-		r->tried++;
-		if (us0 < 0)
-			q.rc = us0 <= -1 ? (int)us0 : AP_EINTERNAL;
-		else if (isfinite(us0))
-			keep_top(r, &r->dflt, us0);
+		us0 = evaluate(&q, &r->dflt);
 		p0.ix[0] = -1;
 	}
 	r->default_us = us0;
@@ -382,11 +377,11 @@ int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *
 
 	memset(out, 0, sizeof(*out));
 	if (ap_tune_signature(em, m, h->target, t, max_block_threads, out->sig) < 0)
-		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory tuning a kernel");
+		return oom(err);
 	if (h->lookup && h->lookup(h->user, out->sig, &rec) == 1 && !strcmp(rec.emitter, em->name)) {
 		rc = ap_sched_parse(em, m, t, rec.config, s);
 		if (rc < 0)
-			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory tuning a kernel");
+			return oom(err);
 		if (rc == 1) {
 			out->kind = rec.measured_us >= 0 ? AP_TUNE_MEASURED : AP_TUNE_RECORD;
 			return 0;
@@ -408,7 +403,7 @@ int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *
 			return 0;
 		memset(&rec, 0, sizeof(rec));
 		if (!(d = ap_sched_describe(em, m, t, s)))
-			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory tuning a kernel");
+			return oom(err);
 		snprintf(rec.emitter, sizeof(rec.emitter), "%s", em->name);
 		snprintf(rec.config, sizeof(rec.config), "%s", d);
 		free(d);
@@ -417,7 +412,7 @@ int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *
 		rec.measured_us = -1;
 		rec.tried = out->result.tried;
 		if (describe_candidates(em, m, t, &out->result, rec.candidates, sizeof(rec.candidates)) < 0)
-			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory tuning a kernel");
+			return oom(err);
 		h->store(h->user, out->sig, &rec);
 		return 0;
 	}

@@ -94,7 +94,8 @@ typedef struct ap_tune_hooks {
 				      0 = no search (records and default rules only) */
 	ap_tune_options search;    /* each search's options (its budget_ms is
 				      what is left of the build's) */
-	/* The record of `sig`: 1 with *rec set, 0 none; negative = none. */
+	/* The record of `sig`: 1 with *rec set, 0 none; negative = none.  May
+	 * be NULL (no records). */
 	int (*lookup)(void *user, const uint8_t sig[32], ap_tune_record *rec);
 	/* Stores the cost model's record of a search; may be NULL. */
 	void (*store)(void *user, const uint8_t sig[32], const ap_tune_record *rec);
