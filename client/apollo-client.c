@@ -12,6 +12,8 @@
  *                 [--keep-whole OP ...] [--save-outputs DIR] [--repeat N [--profile]]
  *                 [--mismatch FRACTION]
  *   apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]
+ *   apollo-client tune GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin] [--runs N]
+ *                 [--warmup N] [--device I] [--dry-run] [--input NAME=FILE.pb ...] [--data DIR]
  *   apollo-client ping
  *   apollo-client stats
  * Every subcommand takes --socket PATH (else $APOLLO_SOCKET, else the
@@ -30,6 +32,16 @@
  * launch with its ONNX nodes and category, and every boundary between
  * launches with the reason they were not fused.  Errors go to stderr as "apollo-client: ..."
  * and make the command exit 1 (2 for a usage error).
+ *
+ * `tune` measures the candidates of a graph's tuned kernels on this
+ * machine's GPU: it compiles the graph once per candidate rank
+ * (CompileOptions.tune_variant 1..AP_TUNE_CANDIDATES: every tuned kernel on
+ * its record's i-th candidate, alone in its launch), runs each bundle with
+ * zeroed inputs (--warmup runs, then --runs timed with CUDA events), takes
+ * every tuned launch's median, prints the table (the fastest of each kernel
+ * starred) and sends the times to the daemon (TuneReport), which keeps the
+ * fastest of each kernel as a measured record for later builds.  With
+ * --dry-run nothing is sent.
  */
 #include <errno.h>
 #include <signal.h>
@@ -67,6 +79,8 @@ static void usage(FILE *f)
 	      "                [--repeat N [--profile]] [--mismatch FRACTION]\n"
 	      "                [--fusion-barrier NODE ...] [--keep-whole OP ...] [--save-outputs DIR]\n"
 	      "  apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n"
+	      "  apollo-client tune GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin] [--runs N]\n"
+	      "                [--warmup N] [--device I] [--dry-run] [--input NAME=FILE.pb ...] [--data DIR]\n"
 	      "  apollo-client ping\n"
 	      "  apollo-client stats [--json]\n"
 	      "every subcommand takes --socket PATH (default $APOLLO_SOCKET, else\n"
@@ -1265,6 +1279,320 @@ out:
 	return rc;
 }
 
+/* ---- tune ----------------------------------------------------------------------------- */
+
+/* One candidate timed by `tune`: a tuned kernel's signature and schedule. */
+typedef struct tune_row {
+	ap_tune_measurement m;
+	char *schedule;          /* owned (m.schedule points here) */
+	char emitter[32];
+	char node[96];           /* its last imported node, for people */
+	bool fastest;            /* the fastest of its signature */
+} tune_row;
+
+typedef struct tune_rows {
+	tune_row *r;
+	int n, cap;
+} tune_rows;
+
+static void tune_rows_clear(tune_rows *t)
+{
+	for (int i = 0; i < t->n; i++)
+		free(t->r[i].schedule);
+	free(t->r);
+	memset(t, 0, sizeof(*t));
+}
+
+/* Adds a timing of (signature, schedule), keeping the smaller of two
+ * medians of the same candidate (timed in two variants). */
+static int tune_rows_add(tune_rows *t, const ap_bundle_launch_part *pt, double us, unsigned runs)
+{
+	tune_row *r;
+
+	for (int i = 0; i < t->n; i++)
+		if (!memcmp(t->r[i].m.signature, pt->tune_signature, 32) &&
+		    !strcmp(t->r[i].schedule, pt->schedule)) {
+			if (us < t->r[i].m.time_us)
+				t->r[i].m.time_us = us;
+			return 0;
+		}
+	if (t->n == t->cap) {
+		int cap = t->cap ? 2 * t->cap : 16;
+		tune_row *nr = realloc(t->r, (size_t)cap * sizeof(*nr));
+		if (!nr)
+			return AP_ENOMEM;
+		t->r = nr;
+		t->cap = cap;
+	}
+	r = &t->r[t->n];
+	memset(r, 0, sizeof(*r));
+	if (!(r->schedule = strdup(pt->schedule)))
+		return AP_ENOMEM;
+	memcpy(r->m.signature, pt->tune_signature, 32);
+	r->m.schedule = r->schedule;
+	r->m.time_us = us;
+	r->m.runs = runs;
+	snprintf(r->emitter, sizeof(r->emitter), "%s", pt->emitter);
+	snprintf(r->node, sizeof(r->node), "%s", pt->n_nodes ? pt->nodes[pt->n_nodes - 1] : "");
+	t->n++;
+	return 0;
+}
+
+typedef struct tune_opts {
+	ap_submit_options submit;
+	int runs, warmup, device;
+} tune_opts;
+
+/* Runs one variant bundle: warm-up runs, then `runs` timed runs; the
+ * median time of every launch that runs one tuned kernel alone goes to
+ * `rows`.  The first variant also names the device. */
+static int tune_variant(ap_bundle *bundle, const ap_graph *g, const tune_opts *o,
+			tune_rows *rows, char *device, size_t cap, unsigned *sms, ap_error *err)
+{
+	ap_runtime_options ro = { .device = o->device, .profile = true };
+	int n = ap_bundle_n_launches(bundle), rc;
+	ap_runtime *rt = ap_runtime_new(bundle, &ro, err);
+	double *prev = NULL, *t = NULL;
+
+	if (!rt)
+		return err->code;
+	if (!device[0] && (rc = ap_runtime_device(rt, device, cap, sms, err)) < 0)
+		goto out;
+	if ((g && (rc = ap_runtime_bind_consts(rt, g, err)) < 0) ||
+	    (rc = ap_runtime_bind_zeros(rt, err)) < 0)
+		goto out;
+	prev = calloc((size_t)n + 1, sizeof(double));
+	t = calloc((size_t)n * (size_t)o->runs + 1, sizeof(double));
+	if (!prev || !t) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		goto out;
+	}
+	for (int w = 0; w < o->warmup; w++)
+		if ((rc = ap_runtime_run(rt, err)) < 0)
+			goto out;
+	for (int l = 0; l < n; l++)
+		prev[l] = ap_runtime_launch_ms(rt, l);
+	for (int r = 0; r < o->runs; r++) {
+		if ((rc = ap_runtime_run(rt, err)) < 0)
+			goto out;
+		for (int l = 0; l < n; l++) {
+			double now = ap_runtime_launch_ms(rt, l);
+
+			t[(size_t)l * (size_t)o->runs + (size_t)r] = now - prev[l];
+			prev[l] = now;
+		}
+	}
+	for (int l = 0; l < n; l++) {
+		ap_bundle_launch_part pt;
+		double *lt = &t[(size_t)l * (size_t)o->runs];
+
+		/* a launch of several micro-graphs times them together: skipped */
+		if (ap_bundle_launch_n_parts(bundle, l) != 1 ||
+		    ap_bundle_launch_part_get(bundle, l, 0, &pt) < 0 || !pt.tune_signature)
+			continue;
+		qsort(lt, (size_t)o->runs, sizeof(double), cmp_double);
+		if (lt[o->runs / 2] > 0 &&
+		    tune_rows_add(rows, &pt, lt[o->runs / 2] * 1e3, (unsigned)o->runs) < 0) {
+			rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+			goto out;
+		}
+	}
+	rc = 0;
+out:
+	free(prev);
+	free(t);
+	ap_runtime_free(rt);
+	return rc;
+}
+
+/* Rows grouped by kernel (in the order kernels were first timed), each
+ * kernel's fastest first. */
+static int cmp_tune_row(const void *a, const void *b, void *arg)
+{
+	const tune_row *x = a, *y = b;
+	const tune_rows *rows = arg;
+	int fx = 0, fy = 0;
+
+	while (memcmp(rows->r[fx].m.signature, x->m.signature, 32))
+		fx++;
+	while (memcmp(rows->r[fy].m.signature, y->m.signature, 32))
+		fy++;
+	if (fx != fy)
+		return fx < fy ? -1 : 1;
+	return (x->m.time_us > y->m.time_us) - (x->m.time_us < y->m.time_us);
+}
+
+static void tune_print(tune_rows *rows, const char *device, unsigned sms)
+{
+	tune_rows copy = *rows;
+
+	/* sorted on a copy: the comparison reads the first-seen order */
+	copy.r = malloc((size_t)(unsigned)rows->n * sizeof(tune_row) + 1);
+	if (copy.r) {
+		memcpy(copy.r, rows->r, (size_t)(unsigned)rows->n * sizeof(tune_row));
+		qsort_r(rows->r, (size_t)rows->n, sizeof(tune_row), cmp_tune_row, &copy);
+		free(copy.r);
+	}
+	printf("device: %s (%u SMs)\n", device, sms);
+	printf("  %-16s %-10s %10s  %-24s %s\n", "kernel", "emitter", "us", "node", "schedule");
+	for (int i = 0; i < rows->n; i++) {
+		tune_row *r = &rows->r[i];
+
+		r->fastest = true;
+		for (int j = 0; j < rows->n; j++)
+			if (j != i && !memcmp(rows->r[j].m.signature, r->m.signature, 32) &&
+			    (rows->r[j].m.time_us < r->m.time_us ||
+			     (rows->r[j].m.time_us == r->m.time_us && j < i)))
+				r->fastest = false;
+	}
+	for (int i = 0; i < rows->n; i++) {
+		const tune_row *r = &rows->r[i];
+		char hex[17];
+
+		for (int k = 0; k < 8; k++)
+			snprintf(hex + 2 * k, 3, "%02x", r->m.signature[k]);
+		printf("%c %-16s %-10s %10.3f  %-24.24s %s\n", r->fastest ? '*' : ' ', hex, r->emitter,
+		       r->m.time_us, r->node, r->schedule);
+	}
+}
+
+static int cmd_tune(int argc, char **argv)
+{
+	model_args m = {0};
+	tune_opts o = { .runs = 20, .warmup = 3 };
+	const uint8_t *buf = NULL;
+	size_t len = 0;
+	ap_onnx_io *io = NULL;
+	ap_graph *g = NULL;
+	ap_client *c = NULL;
+	tune_rows rows = {0};
+	char device[128] = "";
+	unsigned sms = 0, records = 0;
+	bool is_onnx = false, dry = false;
+	ap_error err;
+	double ms;
+	int rc = 1;
+
+	ap_error_clear(&err);
+	o.submit.target = "sm_90";
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!strcmp(a, "--target") && v) {
+			o.submit.target = argv[++i];
+		} else if (!strcmp(a, "--format") && v) {
+			if (strcmp(v, "ptx") && strcmp(v, "cubin")) {
+				bindings_clear(&m.b);
+				return usage_error("tune: --format is ptx or cubin, not '%s'", v);
+			}
+			o.submit.output = !strcmp(v, "ptx") ? AP_OUTPUT_PTX : AP_OUTPUT_CUBIN;
+			i++;
+		} else if ((!strcmp(a, "--runs") || !strcmp(a, "--warmup") || !strcmp(a, "--device")) &&
+			   v) {
+			int *dst = !strcmp(a, "--runs") ? &o.runs : !strcmp(a, "--warmup") ? &o.warmup
+											 : &o.device;
+			if (!parse_int(v, dst) || *dst < (dst == &o.runs) || *dst > 100000) {
+				bindings_clear(&m.b);
+				return usage_error("tune: %s wants a count, not '%s'", a, v);
+			}
+			i++;
+		} else if (!strcmp(a, "--dry-run")) {
+			dry = true;
+		} else if (!strcmp(a, "--data") && v) {
+			m.data_dir = v;
+			i++;
+		} else if (!strcmp(a, "--input") && v) {
+			if (add_input_file(&m.b, v, &err) < 0) {
+				bindings_clear(&m.b);
+				return fail("tune", &err);
+			}
+			i++;
+		} else if (a[0] == '-' && a[1]) {
+			bindings_clear(&m.b);
+			return usage_error("tune: unknown or incomplete option '%s'", a);
+		} else if (!m.model) {
+			m.model = a;
+		} else {
+			bindings_clear(&m.b);
+			return usage_error("tune takes one model, got '%s' too", a);
+		}
+	}
+	if (!m.model) {
+		bindings_clear(&m.b);
+		return usage_error("tune: which model?");
+	}
+	if (!strcmp(o.submit.target, "cpu")) {
+		bindings_clear(&m.b);
+		return usage_error("tune: the host target is tuned by the cost model alone; give a GPU "
+				   "target (--target sm_90)");
+	}
+	if (load_model(&m, &buf, &len, &io, &is_onnx, &err) < 0) {
+		fail("tune", &err);
+		goto out;
+	}
+	if (is_onnx && !(g = import_model(buf, len, &m.b, NULL, &ms, &err))) {
+		fail("tune", &err);
+		goto out;
+	}
+	if (!(c = connect_daemon(&err))) {
+		fail("tune", &err);
+		goto out;
+	}
+	/* one bundle per candidate rank: every tuned kernel on its i-th candidate */
+	for (unsigned v = 1; v <= AP_TUNE_CANDIDATES; v++) {
+		ap_bundle *bundle;
+		int r;
+
+		o.submit.tune_variant = v;
+		bundle = g ? ap_client_submit_graph(c, g, &o.submit, &err)
+			   : ap_client_submit_graph_pb(c, buf, len, &o.submit, &err);
+		if (!bundle) {
+			fail("tune: compile", &err);
+			goto out;
+		}
+		r = tune_variant(bundle, g, &o, &rows, device, sizeof(device), &sms, &err);
+		ap_bundle_free(bundle);
+		if (r < 0) {
+			fail("tune: run", &err);
+			goto out;
+		}
+	}
+	if (rows.n == 0) {
+		printf("no tuned kernel runs in a launch of its own: nothing to measure\n");
+		rc = 0;
+		goto out;
+	}
+	tune_print(&rows, device, sms);
+	if (!dry) {
+		ap_tune_measurement *ms_ = calloc((size_t)(unsigned)rows.n + 1, sizeof(*ms_));
+
+		if (!ms_) {
+			fprintf(stderr, "apollo-client: tune: out of memory\n");
+			goto out;
+		}
+		for (int i = 0; i < rows.n; i++)
+			ms_[i] = rows.r[i].m;
+		if (ap_client_tune_report(c, o.submit.target, device, sms, ms_, rows.n, &records,
+					  &err) < 0) {
+			free(ms_);
+			fail("tune: report", &err);
+			goto out;
+		}
+		free(ms_);
+		printf("%d measurements sent: %u measured records stored for %s on %s\n", rows.n,
+		       records, o.submit.target, device);
+	}
+	rc = 0;
+out:
+	fflush(stdout);
+	tune_rows_clear(&rows);
+	ap_client_free(c);
+	ap_graph_free(g);
+	ap_onnx_io_free(io);
+	bindings_clear(&m.b);
+	ap_file_unmap(buf, len);
+	return rc;
+}
+
 /* ---- ping / stats ----------------------------------------------------------------------- */
 
 static int cmd_ping(int argc, char **argv)
@@ -1350,6 +1678,24 @@ static int cmd_stats(int argc, char **argv)
 	}
 	if (!ap_metrics_value(m, "apollo_redis_circuit_state", NULL, &v))
 		printf("redis breaker:    %s\n", v == 0 ? "closed" : v == 1 ? "open" : "half-open");
+	{
+		double rec = 0, meas = 0, srch = 0, tried = 0, secs = 0, reps = 0, nm = 0, mrec = 0,
+		       held = 0;
+
+		if (!ap_metrics_value(m, "apollo_tuning_kernels_total", "source=record", &rec) &&
+		    !ap_metrics_value(m, "apollo_tuning_kernels_total", "source=measured", &meas) &&
+		    !ap_metrics_value(m, "apollo_tuning_kernels_total", "source=searched", &srch) &&
+		    !ap_metrics_value(m, "apollo_tuning_configurations_total", NULL, &tried) &&
+		    !ap_metrics_value(m, "apollo_tuning_seconds_total", NULL, &secs) &&
+		    !ap_metrics_value(m, "apollo_tuning_reports_total", NULL, &reps) &&
+		    !ap_metrics_value(m, "apollo_tuning_measurements_total", NULL, &nm) &&
+		    !ap_metrics_value(m, "apollo_tuning_measured_records_total", NULL, &mrec) &&
+		    !ap_metrics_value(m, "apollo_cache_entries", "kind=tuning", &held))
+			printf("tuning:           hits %.0f (measured %.0f), searched %.0f (%.0f "
+			       "configurations, %.1f ms); reports %.0f (%.0f measurements, %.0f "
+			       "records); %.0f records held\n",
+			       rec + meas, meas, srch, tried, secs * 1e3, reps, nm, mrec, held);
+	}
 	printf("(every metric: apollo-client stats --json)\n");
 	ap_metrics_free(m);
 	ap_client_free(c);
@@ -1412,6 +1758,8 @@ int main(int argc, char **argv)
 			rc = cmd_ping(n, rest);
 		else if (!strcmp(cmd, "stats"))
 			rc = cmd_stats(n, rest);
+		else if (!strcmp(cmd, "tune"))
+			rc = cmd_tune(n, rest);
 		else
 			rc = usage_error("unknown subcommand '%s'", cmd);
 		free(rest);

@@ -158,6 +158,33 @@ int ap_metrics_value(const ap_metrics *m, const char *name, const char *labels, 
 /* The underlying apollo.StatsReply (for code that links protobuf-c). */
 const struct Apollo__StatsReply *ap_metrics_pb(const ap_metrics *m);
 
+/* ---- tuning measurements (apollo-client tune) --------------------------- */
+
+/* Candidates a tuning record offers per kernel (apollod's AP_TUNE_TOP):
+ * the values of ap_submit_options.tune_variant are 1 to this. */
+#define AP_TUNE_CANDIDATES 4
+
+/* One timed candidate: a launch part's tuning signature and schedule
+ * (ap_bundle_launch_part of a bundle compiled with tune_variant), and the
+ * median time of its launch on the local GPU. */
+typedef struct ap_tune_measurement {
+	uint8_t signature[32];
+	const char *schedule;        /* borrowed */
+	double time_us;              /* median of `runs` timed launches, microseconds */
+	unsigned runs;
+} ap_tune_measurement;
+
+/* Sends measurements taken on the device named `device` (sm_count SMs)
+ * for bundles compiled for `target` (apollo.TuneReport); the daemon checks
+ * every one before storing any, then keeps the fastest schedule of each
+ * signature as a measured tuning record that later builds for `target`
+ * use.  *records (may be NULL) gets the records stored.  0, or the
+ * daemon's error (AP_EINVAL naming the refused measurement and why,
+ * AP_ETOOLARGE, AP_EUNSUPPORTED), or a transport error as ap_client_ping. */
+int ap_client_tune_report(ap_client *c, const char *target, const char *device,
+			  unsigned sm_count, const ap_tune_measurement *m, int n,
+			  unsigned *records, ap_error *err);
+
 /* sizeof the struct named `name` (ap_error, ap_tensor, ap_graph,
  * ap_submit_options, ap_server_stats, ap_bundle_stats, ap_bundle_buffer,
  * ap_runtime_options), 0 for any other name: language bindings that
@@ -192,6 +219,10 @@ typedef struct ap_submit_options {
 					their own (to compare with it on) */
 	bool no_tune;                /* every kernel on its emitter's default rule
 					(no tuning record, no search) */
+	unsigned tune_variant;       /* 1..4: every tuned kernel on the i-th candidate
+					of its tuning record, each in a launch of its
+					own, for timing (apollo-client tune); 0 = the
+					chosen configurations */
 } ap_submit_options;
 
 /* Sends graph `g` (its structure: PARAM tensors travel as shape and dtype
@@ -373,6 +404,8 @@ typedef struct ap_bundle_launch_part {
 	const char *layer1;              /* Layer I's plan as text ("" when Layer I did
 					    not schedule it): tile, threads, and isl's
 					    domain, reads, writes, schedule tree */
+	const uint8_t *tune_signature;   /* 32 bytes: its tuning signature when a tuning
+					    record or search chose `schedule`; NULL if not */
 } ap_bundle_launch_part;
 /* Parts of launch `i` (0 when the daemon gave none, or i is out of range). */
 int ap_bundle_launch_n_parts(const ap_bundle *b, int i);

@@ -245,6 +245,8 @@ static const char *msg_name(int c)
 	case APOLLO__ENVELOPE__MSG_COMPILE: return "CompileRequest";
 	case APOLLO__ENVELOPE__MSG_COMPILED: return "CompileResponse";
 	case APOLLO__ENVELOPE__MSG_ERROR: return "Error";
+	case APOLLO__ENVELOPE__MSG_TUNE_REPORT: return "TuneReport";
+	case APOLLO__ENVELOPE__MSG_TUNE_REPLY: return "TuneReply";
 	default: return "an empty Envelope";
 	}
 }
@@ -797,6 +799,51 @@ int ap_client_ping(ap_client *c, char *server, size_t cap, ap_error *err)
 	return 0;
 }
 
+int ap_client_tune_report(ap_client *c, const char *target, const char *device,
+			  unsigned sm_count, const ap_tune_measurement *m, int n,
+			  unsigned *records, ap_error *err)
+{
+	Apollo__Envelope req = APOLLO__ENVELOPE__INIT, *rep;
+	Apollo__TuneReport tr = APOLLO__TUNE_REPORT__INIT;
+	Apollo__TuneMeasurement *ms, **mp;
+	int rc;
+
+	if (n < 0)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "a negative count of measurements");
+	ms = calloc((size_t)n + 1, sizeof(*ms));
+	mp = calloc((size_t)n + 1, sizeof(*mp));
+	if (!ms || !mp) {
+		free(ms);
+		free(mp);
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	}
+	for (int i = 0; i < n; i++) {
+		apollo__tune_measurement__init(&ms[i]);
+		ms[i].signature.data = (uint8_t *)m[i].signature;
+		ms[i].signature.len = 32;
+		ms[i].schedule = (char *)(m[i].schedule ? m[i].schedule : "");
+		ms[i].time_us = m[i].time_us;
+		ms[i].runs = m[i].runs;
+		mp[i] = &ms[i];
+	}
+	tr.target = (char *)(target ? target : "");
+	tr.device = (char *)(device ? device : "");
+	tr.sm_count = sm_count;
+	tr.n_measurements = (size_t)n;
+	tr.measurements = mp;
+	req.msg_case = APOLLO__ENVELOPE__MSG_TUNE_REPORT;
+	req.tune_report = &tr;
+	rc = call(c, &req, APOLLO__ENVELOPE__MSG_TUNE_REPLY, &rep, err);
+	free(ms);
+	free(mp);
+	if (rc < 0)
+		return rc;
+	if (records)
+		*records = rep->tune_reply ? rep->tune_reply->records : 0;
+	apollo__envelope__free_unpacked(rep, NULL);
+	return 0;
+}
+
 struct ap_metrics {
 	Apollo__Envelope *env;   /* owns the StatsReply */
 };
@@ -928,6 +975,7 @@ static ap_bundle *submit(ap_client *c, Apollo__CompileRequest *cr, const ap_subm
 		co.allow_tf32 = opt->allow_tf32;
 		co.no_layer1 = opt->no_layer1;
 		co.no_tune = opt->no_tune;
+		co.tune_variant = opt->tune_variant;
 	}
 	cr->options = &co;
 	req.msg_case = APOLLO__ENVELOPE__MSG_COMPILE;
@@ -1315,6 +1363,7 @@ int ap_bundle_launch_part_get(const ap_bundle *b, int i, int j, ap_bundle_launch
 	out->schedule = p->schedule ? p->schedule : "";
 	out->recompute = p->recompute_ratio;
 	out->layer1 = p->layer1_schedule ? p->layer1_schedule : "";
+	out->tune_signature = p->tune_signature.len == 32 ? p->tune_signature.data : NULL;
 	return 0;
 }
 

@@ -24,6 +24,7 @@
 #include "runtime.h"
 
 #include <dlfcn.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -44,6 +45,7 @@ typedef void *CUcontext;
 typedef void *CUmodule;
 typedef void *CUfunction;
 typedef void *CUstream;
+typedef void *CUevent;
 typedef unsigned long long CUdeviceptr;
 #define AP_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 
@@ -68,6 +70,15 @@ typedef struct cuda_api {
 	CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
 				   unsigned, unsigned, CUstream, void **, void **);
 	CUresult (*cuGetErrorString)(CUresult, const char **);
+	/* optional: device facts (tuning reports) and event timing (profile);
+	 * NULL when the driver lacks them (then profile times on the host clock) */
+	CUresult (*cuDeviceGetName)(char *, int, CUdevice);
+	CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
+	CUresult (*cuEventCreate)(CUevent *, unsigned);
+	CUresult (*cuEventDestroy)(CUevent);
+	CUresult (*cuEventRecord)(CUevent, CUstream);
+	CUresult (*cuEventSynchronize)(CUevent);
+	CUresult (*cuEventElapsedTime)(float *, CUevent, CUevent);
 } cuda_api;
 
 /* ---- the runtime ---------------------------------------------------------------- */
@@ -130,6 +141,7 @@ struct ap_runtime {
 	bool cu_ready;
 	CUdevice dev;
 	CUcontext ctx;
+	CUevent ev[2];           /* profile: around each launch (NULL: host clock) */
 };
 
 static const char *cu_err(const cuda_api *cu, CUresult r)
@@ -624,6 +636,22 @@ static bool cuda_load(cuda_api *api, char *why, size_t cap)
 	CU_SYM(api, cuMemsetD8, "cuMemsetD8_v2");
 	CU_SYM(api, cuLaunchKernel, "cuLaunchKernel");
 	CU_SYM(api, cuGetErrorString, "cuGetErrorString");
+	{
+		static const struct { size_t off; const char *sym; } opt[] = {
+			{ offsetof(cuda_api, cuDeviceGetName), "cuDeviceGetName" },
+			{ offsetof(cuda_api, cuDeviceGetAttribute), "cuDeviceGetAttribute" },
+			{ offsetof(cuda_api, cuEventCreate), "cuEventCreate" },
+			{ offsetof(cuda_api, cuEventDestroy), "cuEventDestroy_v2" },
+			{ offsetof(cuda_api, cuEventRecord), "cuEventRecord" },
+			{ offsetof(cuda_api, cuEventSynchronize), "cuEventSynchronize" },
+			{ offsetof(cuda_api, cuEventElapsedTime), "cuEventElapsedTime" },
+		};
+
+		for (size_t i = 0; i < sizeof(opt) / sizeof(opt[0]); i++) {
+			s = dlsym(api->lib, opt[i].sym);
+			memcpy((char *)api + opt[i].off, &s, sizeof(s));
+		}
+	}
 	return true;
 fail:
 	if (why)
@@ -797,6 +825,9 @@ static void gpu_teardown(ap_runtime *rt)
 		return;
 	if (rt->cu_ready) {
 		cu->cuCtxSetCurrent(rt->ctx);
+		for (int e = 0; e < 2; e++)
+			if (rt->ev[e])
+				cu->cuEventDestroy(rt->ev[e]);
 		for (int i = 0; rt->buffers && i < rt->n_buffers; i++)
 			if (rt->buffers[i].dev_owned)
 				cu->cuMemFree(rt->buffers[i].dev);
@@ -1004,6 +1035,47 @@ int ap_runtime_bind_params(ap_runtime *rt, const ap_params *params, ap_error *er
 	return 0;
 }
 
+int ap_runtime_bind_zeros(ap_runtime *rt, ap_error *err)
+{
+	for (int i = 0; i < rt->n_buffers; i++) {
+		rt_buffer *bf = &rt->buffers[i];
+
+		if ((bf->pb->kind != APOLLO__BUFFER_KIND__BUF_INPUT &&
+		     bf->pb->kind != APOLLO__BUFFER_KIND__BUF_PARAM) || bf->bound)
+			continue;
+		/* own storage starts zeroed and was never written: nothing bound it */
+		if (own_storage(rt, bf, err) < 0)
+			return err ? err->code : AP_ENOMEM;
+		bf->bound = true;
+	}
+	return 0;
+}
+
+int ap_runtime_device(const ap_runtime *rt, char *name, size_t cap, unsigned *sms,
+		      ap_error *err)
+{
+	const cuda_api *cu = &rt->cu;
+	int n = 0;
+	CUresult r;
+
+	if (rt->host)
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "target %s runs on the host, not on a GPU", rt->b->target);
+	if (!cu->cuDeviceGetName || !cu->cuDeviceGetAttribute)
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "the CUDA driver lacks cuDeviceGetName or cuDeviceGetAttribute");
+	if (cap > INT32_MAX)
+		cap = INT32_MAX;
+	if ((r = cu->cuDeviceGetName(name, (int)cap, rt->dev)) != 0 ||
+	    (r = cu->cuDeviceGetAttribute(&n, 16 /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */,
+					  rt->dev)) != 0)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "device facts: %s", cu_err(cu, r));
+	if (cap)
+		name[cap - 1] = 0;
+	*sms = n > 0 ? (unsigned)n : 0;
+	return 0;
+}
+
 int ap_runtime_bind_consts(ap_runtime *rt, const ap_graph *g, ap_error *err)
 {
 	for (int i = 0; i < rt->n_buffers; i++) {
@@ -1061,6 +1133,13 @@ static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 		goto out;
 	}
 	cu->cuCtxSetCurrent(rt->ctx);
+	if (rt->launch_ms && !rt->ev[0] && cu->cuEventCreate && cu->cuEventRecord &&
+	    cu->cuEventSynchronize && cu->cuEventElapsedTime && cu->cuEventDestroy &&
+	    (cu->cuEventCreate(&rt->ev[0], 0) != 0 || cu->cuEventCreate(&rt->ev[1], 0) != 0)) {
+		if (rt->ev[0])
+			cu->cuEventDestroy(rt->ev[0]);
+		rt->ev[0] = rt->ev[1] = NULL;   /* the host clock, then */
+	}
 	for (size_t l = 0; l < rt->b->n_plan; l++) {
 		const Apollo__Launch *la = rt->b->plan[l];
 		const rt_kernel *k = &rt->kernels[la->kernel];
@@ -1070,12 +1149,24 @@ static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 			pp[a] = &vals[a];
 		}
 		double t0 = rt->launch_ms ? ap_now_ms() : 0;
+		bool events = rt->launch_ms && rt->ev[1];
 
-		r = cu->cuLaunchKernel(k->cufn, kk->grid[0], kk->grid[1], kk->grid[2], kk->block[0],
-				       kk->block[1], kk->block[2], kk->dynamic_shared_bytes, stream,
-				       pp, NULL);
-		if (r == 0 && rt->launch_ms && (r = cu->cuCtxSynchronize()) == 0)
+		r = events ? cu->cuEventRecord(rt->ev[0], stream) : 0;
+		if (r == 0)
+			r = cu->cuLaunchKernel(k->cufn, kk->grid[0], kk->grid[1], kk->grid[2],
+					       kk->block[0], kk->block[1], kk->block[2],
+					       kk->dynamic_shared_bytes, stream, pp, NULL);
+		if (r == 0 && events) {
+			/* the device's own clock: launch overhead left out */
+			float ms = 0;
+
+			if ((r = cu->cuEventRecord(rt->ev[1], stream)) == 0 &&
+			    (r = cu->cuEventSynchronize(rt->ev[1])) == 0 &&
+			    (r = cu->cuEventElapsedTime(&ms, rt->ev[0], rt->ev[1])) == 0)
+				rt->launch_ms[l] += ms;
+		} else if (r == 0 && rt->launch_ms && (r = cu->cuCtxSynchronize()) == 0) {
 			rt->launch_ms[l] += ap_now_ms() - t0;
+		}
 		if (r != 0) {
 			rc = ap_error_set(err, AP_EIO, kk->name, NULL,
 					  "launch %zu of kernel '%s' failed: %s", l, kk->name,

@@ -43,7 +43,8 @@ typedef struct ap_runtime_options {
 			  caller binds each to its own memory (ap_runtime_bind_ptr);
 			  one bound by copy, or an output never bound, gets its own
 			  allocation when first needed */
-	bool profile;  /* time every launch (GPU: synchronising after each one) */
+	bool profile;  /* time every launch (GPU: CUDA events around each launch,
+			  waiting for each one) */
 } ap_runtime_options;
 
 /* Checks the bundle against itself, loading nothing: every kernel, launch
@@ -95,6 +96,17 @@ int ap_runtime_bind_params(ap_runtime *rt, __ap_keep const ap_params *params, ap
  * ap_runtime_bind_input. */
 int ap_runtime_bind_consts(ap_runtime *rt, __ap_keep const ap_graph *g, ap_error *err);
 
+/* Binds every INPUT and PARAM buffer not bound yet to zeros, for runs
+ * whose results nobody reads (timing: apollo-client tune; zero indices
+ * are in range for every gather).  Errors: AP_ENOMEM (allocation). */
+int ap_runtime_bind_zeros(ap_runtime *rt, ap_error *err);
+
+/* The GPU a GPU runtime runs on: its name (cuDeviceGetName, NUL-terminated
+ * in `cap` bytes) and its multiprocessor count.  0, or AP_EUNSUPPORTED (the
+ * host target; a driver without those calls), AP_EIO. */
+int ap_runtime_device(const ap_runtime *rt, char *name, size_t cap, unsigned *sms,
+		      ap_error *err);
+
 /* Binds buffer `buffer` -- its index among the bundle's buffers
  * (ap_bundle_buffer_get), of kind INPUT, PARAM or OUTPUT -- to the caller's
  * memory, without a copy: `ptr` is a host address for target cpu and a
@@ -126,8 +138,9 @@ int ap_runtime_run_stream(ap_runtime *rt, void *stream, ap_error *err);
 
 /* With ap_runtime_options.profile: the milliseconds launch `i` of the plan
  * took, summed over every run so far (host: the wall time of its blocks on
- * the runtime's threads; GPU: from the launch until the device finished
- * it).  -1 when profiling is off or i is not a launch of the plan. */
+ * the runtime's threads; GPU: between CUDA events recorded around the
+ * launch on its stream, each launch waited for -- or, with a driver without
+ * events, from the launch until cuCtxSynchronize returned).  -1 when profiling is off or i is not a launch of the plan. */
 double ap_runtime_launch_ms(const ap_runtime *rt, int i);
 
 /* A host copy of the OUTPUT buffer with Buffer.index `index` (name, dtype,

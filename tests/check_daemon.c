@@ -15,6 +15,7 @@
  * live one; the TCP listener's token; a GPU target without NVRTC.
  */
 #include <check.h>
+#include <math.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -289,6 +290,7 @@ typedef struct compile_opts {
 	const char *cache_namespace;
 	int fusion;
 	const char *barriers[3];   /* NULL-terminated */
+	unsigned tune_variant;
 } compile_opts;
 
 static void send_compile(int fd, uint64_t id, Apollo__Graph *g, const compile_opts *o)
@@ -309,6 +311,7 @@ static void send_compile(int fd, uint64_t id, Apollo__Graph *g, const compile_op
 		while (opts.n_fusion_barriers < 3 && o->barriers[opts.n_fusion_barriers])
 			opts.n_fusion_barriers++;
 		opts.fusion_barriers = (char **)o->barriers;
+		opts.tune_variant = o->tune_variant;
 	}
 	req.options = &opts;
 	env.id = id;
@@ -937,6 +940,204 @@ START_TEST(second_submit_hits)
 	ck_assert_uint_ge(s->cache_entries, 1 + b1->n_kernels);
 	ck_assert_uint_gt(s->cache_blob_bytes, 0);
 	apollo__stats_reply__free_unpacked(s, NULL);
+	apollo__envelope__free_unpacked(r1, NULL);
+	apollo__envelope__free_unpacked(r2, NULL);
+	apollo__envelope__free_unpacked(r3, NULL);
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* ---- tuning reports (apollo-client tune) ---------------------------------- */
+
+/* The first launch part with a tuning signature: its signature and schedule. */
+static bool tuned_part(const Apollo__Bundle *b, uint8_t sig[32], char *sched, size_t cap)
+{
+	for (size_t i = 0; i < b->n_plan; i++)
+		for (size_t j = 0; j < b->plan[i]->n_parts; j++) {
+			const Apollo__LaunchPart *p = b->plan[i]->parts[j];
+
+			if (p->tune_signature.len != 32)
+				continue;
+			memcpy(sig, p->tune_signature.data, 32);
+			snprintf(sched, cap, "%s", p->schedule);
+			return true;
+		}
+	return false;
+}
+
+typedef struct meas {
+	const uint8_t *sig;
+	size_t sig_len;
+	const char *schedule;
+	double us;
+	unsigned runs;
+} meas;
+
+/* Sends a TuneReport and returns the reply envelope. */
+static Apollo__Envelope *tune_report(int fd, uint64_t id, const char *target, const char *device,
+				     unsigned sms, const meas *m, int n)
+{
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT, *r;
+	Apollo__TuneReport tr = APOLLO__TUNE_REPORT__INIT;
+	Apollo__TuneMeasurement tm[8], *tp[8];
+
+	ck_assert_int_le(n, 8);
+	for (int i = 0; i < n; i++) {
+		apollo__tune_measurement__init(&tm[i]);
+		tm[i].signature.data = (uint8_t *)m[i].sig;
+		tm[i].signature.len = m[i].sig_len;
+		tm[i].schedule = (char *)m[i].schedule;
+		tm[i].time_us = m[i].us;
+		tm[i].runs = m[i].runs;
+		tp[i] = &tm[i];
+	}
+	tr.target = (char *)target;
+	tr.device = (char *)device;
+	tr.sm_count = sms;
+	tr.n_measurements = (size_t)n;
+	tr.measurements = tp;
+	env.id = id;
+	env.msg_case = APOLLO__ENVELOPE__MSG_TUNE_REPORT;
+	env.tune_report = &tr;
+	send_env(fd, &env);
+	r = recv_env(fd);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_uint_eq(r->id, id);
+	return r;
+}
+
+/* A refused report: an Error with `code` whose message holds `what`. */
+static void tune_refused(int fd, const char *target, const char *device, unsigned sms,
+			 const meas *m, int n, int code, const char *what)
+{
+	static uint64_t id = 500;
+	Apollo__Envelope *r = tune_report(fd, ++id, target, device, sms, m, n);
+
+	ck_assert_msg(r->msg_case == APOLLO__ENVELOPE__MSG_ERROR, "a report with %s was accepted",
+		      what);
+	ck_assert_int_eq(r->error->code, code);
+	ck_assert_msg(strstr(r->error->message, what), "'%s' does not say '%s'", r->error->message,
+		      what);
+	apollo__envelope__free_unpacked(r, NULL);
+}
+
+/* Measured records: a client's measurements of the candidates (bundles of
+ * tune_variant 1 and 2) are checked one by one -- every malformed or
+ * unknown one refused with an error naming it, nothing stored, the daemon
+ * serving on -- then a good report stores the fastest schedule, which the
+ * next compile of the graph uses (a measured record). */
+START_TEST(tuning_reports)
+{
+	daemon_t d;
+	Apollo__Graph *g = add_relu(1 << 14);
+	compile_opts v1 = { .target = "cpu", .tune_variant = 1 }, v2 = v1, v9 = v1;
+	Apollo__Envelope *r1, *r2, *r3, *r;
+	uint8_t sig[32], sig2[32], zero[32] = {0};
+	char s1[256], s2[256], s3[256];
+	int fd;
+
+	v2.tune_variant = 2;
+	v9.tune_variant = 9;
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+	r1 = compile(fd, 1, g, &v1);
+	ck_assert_msg(tuned_part(bundle_ok(r1, "cpu"), sig, s1, sizeof(s1)),
+		      "no tuned kernel in the bundle");
+	r2 = compile(fd, 2, g, &v2);
+	ck_assert(tuned_part(bundle_ok(r2, "cpu"), sig2, s2, sizeof(s2)));
+	ck_assert_int_eq(memcmp(sig, sig2, 32), 0);   /* the same kernel, another candidate */
+	r = compile(fd, 3, g, &v9);
+	compile_error(r, APOLLO__ERROR_CODE__ERR_UNSUPPORTED);
+	apollo__envelope__free_unpacked(r, NULL);
+
+	{
+		meas good = { sig, 32, s1, 5.0, 10 }, m;
+
+		m = good; m.sig_len = 31;
+		tune_refused(fd, "cpu", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "signature is not 32 bytes");
+		m = good; m.sig = zero;
+		tune_refused(fd, "cpu", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "has no tuning record");
+		m = good; m.schedule = "vec=3 bogus=1";
+		tune_refused(fd, "cpu", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "is not a candidate");
+		m = good; m.us = NAN;
+		tune_refused(fd, "cpu", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "time is not in");
+		m = good; m.us = -1;
+		tune_refused(fd, "cpu", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "time is not in");
+		m = good; m.us = 1e9;
+		tune_refused(fd, "cpu", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "time is not in");
+		m = good; m.runs = 0;
+		tune_refused(fd, "cpu", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "no timed run");
+		tune_refused(fd, "cpu", "", 132, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "device name");
+		tune_refused(fd, "cpu", "GPU\nX", 132, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "device name");
+		tune_refused(fd, "cpu", "GPU X", 0, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "sm_count 0");
+		tune_refused(fd, "cpu", "GPU X", 5000, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "sm_count 5000");
+		tune_refused(fd, "tpu_1", "GPU X", 132, &good, 1, APOLLO__ERROR_CODE__ERR_UNSUPPORTED,
+			     "target 'tpu_1'");
+		/* records are per target: the cpu kernel has none for sm_90 */
+		tune_refused(fd, "sm_90", "GPU X", 132, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "no tuning record for sm_90");
+		tune_refused(fd, "cpu", "GPU X", 132, &good, 0, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "0 measurements");
+		/* all or nothing: a good measurement beside a bad one is not stored */
+		{
+			meas two[2] = { good, good };
+
+			two[1].us = INFINITY;
+			tune_refused(fd, "cpu", "GPU X", 132, two, 2,
+				     APOLLO__ERROR_CODE__ERR_INVALID_GRAPH, "measurement 1:");
+		}
+	}
+	/* nothing was stored: the graph still compiles from the model's record */
+	r = compile(fd, 4, g, NULL);
+	ck_assert_uint_eq(bundle_ok(r, "cpu")->stats->tune_measured, 0);
+	apollo__envelope__free_unpacked(r, NULL);
+	ping_ok(fd, 9);
+
+	/* a good report: candidate 2 timed faster than candidate 1 */
+	{
+		meas m[2] = { { sig, 32, s1, 9.5, 10 }, { sig, 32, s2, 4.25, 10 } };
+
+		r = tune_report(fd, 10, "cpu", "GPU X", 132, m, 2);
+		ck_assert_msg(r->msg_case == APOLLO__ENVELOPE__MSG_TUNE_REPLY, "refused: %s",
+			      r->msg_case == APOLLO__ENVELOPE__MSG_ERROR ? r->error->message : "?");
+		ck_assert_uint_eq(r->tune_reply->accepted, 2);
+		ck_assert_uint_eq(r->tune_reply->records, 1);
+		ck_assert_uint_ge(r->tune_reply->generation, 1);
+		apollo__envelope__free_unpacked(r, NULL);
+	}
+	/* the next compile takes the measured record: the faster schedule */
+	r3 = compile(fd, 11, g, NULL);
+	ck_assert_uint_ge(bundle_ok(r3, "cpu")->stats->tune_measured, 1);
+	ck_assert(tuned_part(r3->compiled->bundle, sig2, s3, sizeof(s3)));
+	ck_assert_str_eq(s3, s2);
+	{
+		Apollo__StatsReply *st = get_stats(fd);
+		double reports = -1, records = -1;
+
+		for (size_t i = 0; i < st->n_metrics; i++) {
+			if (!strcmp(st->metrics[i]->name, "apollo_tuning_reports_total"))
+				reports = st->metrics[i]->samples[0]->value;
+			if (!strcmp(st->metrics[i]->name, "apollo_tuning_measured_records_total"))
+				records = st->metrics[i]->samples[0]->value;
+		}
+		ck_assert(reports == 1);
+		ck_assert(records == 1);
+		apollo__stats_reply__free_unpacked(st, NULL);
+	}
 	apollo__envelope__free_unpacked(r1, NULL);
 	apollo__envelope__free_unpacked(r2, NULL);
 	apollo__envelope__free_unpacked(r3, NULL);
@@ -2827,6 +3028,7 @@ static Suite *daemon_suite(void)
 
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, ping_hello_stats);
+	tcase_add_test(tc, tuning_reports);
 	tcase_add_test(tc, garbage_bytes);
 	tcase_add_test(tc, truncated_frame);
 	tcase_add_test(tc, length_over_limit);

@@ -912,6 +912,35 @@ START_TEST(gpu_path_with_fake_driver)
 	ck_assert_int_eq(*allocs, 0);   /* everything freed */
 	ck_assert_int_eq(*ctx, 0);      /* context released */
 
+	/* Profiling times each launch between events on the device's clock
+	 * (the stand-in's: 2 us + 1 us per 1024 threads + 1 us per 4 KiB of
+	 * dynamic shared memory); zeros bind what nobody gave; the device
+	 * names itself. */
+	{
+		ap_runtime_options po = { .profile = true };
+		int *events = dlsym(drv, "fake_events");
+		char name[64];
+		unsigned sms = 0;
+
+		rt = ap_runtime_new(b, &po, &err);
+		ck_assert_msg(rt != NULL, "%s", err.msg);
+		ck_assert_int_eq(ap_runtime_device(rt, name, sizeof(name), &sms, &err), 0);
+		ck_assert_str_eq(name, "Apollo stand-in GPU");
+		ck_assert_uint_eq(sms, 132);
+		ck_assert_int_eq(ap_runtime_bind_zeros(rt, &err), 0);
+		ck_assert_int_eq(ap_runtime_run(rt, &err), 0);
+		ck_assert_int_eq(ap_runtime_run(rt, &err), 0);
+		ck_assert_int_eq(*events, 2);
+		ck_assert_msg(fabs(ap_runtime_launch_ms(rt, 0) - 2 * (2.0 + 256 / 1024.0 + 16) / 1000) < 1e-6,
+			      "launch time %g ms", ap_runtime_launch_ms(rt, 0));
+		y = ap_runtime_output(rt, 0, &err);   /* zeros in, ones out */
+		ck_assert_ptr_nonnull(y);
+		ck_assert(((float *)y->data)[0] == 1.0f && ((float *)y->data)[255] == 1.0f);
+		ap_host_tensor_free(y);
+		ap_runtime_free(rt);
+		ck_assert_int_eq(*events, 0);
+		ck_assert_int_eq(*allocs, 0);
+	}
 	/* A kernel the module does not hold: AP_ECOMPILE naming it. */
 	ap_bundle_free(b);
 	k.blob.data = (uint8_t *)"FAKEPTX other";

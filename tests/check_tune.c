@@ -29,6 +29,7 @@
 #include "server/lower/emitters.h"
 #include "server/plan/program.h"
 #include "server/tune/tune.h"
+#include "client/apollo.h"
 
 #define DIMS(...) ((const int64_t[]){__VA_ARGS__}), (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
 
@@ -397,6 +398,14 @@ static int lookup_rec(void *user, const uint8_t sig[32], ap_tune_record *rec)
 	return ap_cache_tuning_get(s->c, sig, s->target, NULL, rec);
 }
 
+/* As the daemon's lookup for a variant build: the model's record. */
+static int lookup_model_rec(void *user, const uint8_t sig[32], ap_tune_record *rec)
+{
+	store_ctx *s = user;
+
+	return ap_cache_tuning_get(s->c, sig, s->target, "", rec);
+}
+
 static void store_rec(void *user, const uint8_t sig[32], const ap_tune_record *rec)
 {
 	store_ctx *s = user;
@@ -429,6 +438,66 @@ static ap_program *build(const ap_graph *g, const char *target, ap_cache *c, cha
 	ck_assert_msg(sched[0], "no launch computes %s", name);
 	return p;
 }
+
+/* apollo-client tune's builds: variant i puts the kernel on the i-th
+ * candidate of the model's record (also when a measured record exists),
+ * marks the launch part with the kernel's signature, and a variant past
+ * the candidates falls back to the record's choice. */
+START_TEST(variants_take_candidates)
+{
+	ap_cache *c = fresh_cache();
+	ap_graph *g = matmul_graph(256, 512, 128, false);
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+	ap_target_info t;
+	ap_tune_record model, r;
+	uint8_t sig[32];
+	char s[256], cand[AP_TUNE_TOP][256], list[sizeof(model.candidates)];
+	int n_cand = 0;
+	ap_program *p;
+
+	ck_assert_int_eq(AP_TUNE_TOP, AP_TUNE_CANDIDATES);   /* client and daemon agree */
+	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
+	ck_assert_int_eq(ap_tune_signature(&ap_emitter_gemm, m, "sm_90", &t, 0, sig), 0);
+	p = build(g, "sm_90", c, s, sizeof(s), "mm");   /* searched: the model's record */
+	ap_program_free(p);
+	ck_assert_int_eq(ap_cache_tuning_get(c, sig, "sm_90", "", &model), 1);
+	snprintf(list, sizeof(list), "%s", model.candidates);
+	for (char *tok = strtok(list, ";"); tok && n_cand < AP_TUNE_TOP;
+	     tok = strtok(NULL, ";"))
+		snprintf(cand[n_cand++], sizeof(cand[0]), "%s", tok);
+	ck_assert_int_ge(n_cand, 2);
+	ck_assert_str_eq(cand[0], model.config);        /* best first */
+	/* a measured record does not hide the candidates from a variant build */
+	r = model;
+	snprintf(r.method, sizeof(r.method), "measured");
+	snprintf(r.device, sizeof(r.device), "test device");
+	r.sms = 132;
+	r.measured_us = 2.0;
+	memcpy(r.config, cand[n_cand - 1], sizeof(r.config));
+	ck_assert_int_eq(ap_cache_tuning_put(c, sig, "sm_90", &r), 0);
+	for (unsigned v = 1; v <= AP_TUNE_TOP; v++) {
+		store_ctx sc = {c, "sm_90"};
+		ap_tune_hooks h = {.target = "sm_90", .budget_ms = 1000, .variant = v,
+				   .lookup = lookup_model_rec, .store = store_rec, .user = &sc};
+		ap_build_options o = {.target = "sm_90", .tune = &h};
+		ap_error err;
+		const ap_launch_part *pt;
+
+		p = ap_program_build(g, &o, &err);
+		ck_assert_msg(p != NULL, "build: %s", err.msg);
+		pt = &p->launches[0].parts[0];
+		ck_assert(pt->tuned);
+		ck_assert_int_eq(memcmp(pt->tune_sig, sig, 32), 0);
+		ck_assert_str_eq(pt->schedule, (int)v <= n_cand ? cand[v - 1] : model.config);
+		ck_assert(ap_tune_is_candidate(&model, pt->schedule));
+		ap_program_free(p);
+	}
+	ck_assert(!ap_tune_is_candidate(&model, "bm=1"));
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+	drop_cache(c);
+}
+END_TEST
 
 START_TEST(records_reused_by_builds)
 {
@@ -512,6 +581,7 @@ int main(void)
 	tcase_add_test(tc, sched_text);
 	tcase_add_test(tc, records_in_the_cache);
 	tcase_add_test(tc, records_reused_by_builds);
+	tcase_add_test(tc, variants_take_candidates);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -33,6 +33,8 @@ typedef struct fake_fn {
 	int n_params;     /* -1: add_one */
 } fake_fn;
 
+double fake_launch_ms(unsigned blocks, unsigned threads, unsigned smem);
+extern double fake_clock_ms;
 int fake_launches, fake_allocs, fake_smem_attr, fake_ctx, fake_modules;
 unsigned fake_grid[3], fake_block[3], fake_smem;
 size_t fake_image_len;
@@ -160,7 +162,53 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
 			l->params[i] = *(dptr *)p[i];
 	}
 	fake_launches++;
+	fake_clock_ms += fake_launch_ms(gx * gy * gz, bx * by * bz, smem);
 	return 0;
 }
 
 int cuGetErrorString(int r, const char **s) { (void)r; *s = "fake driver error"; return 0; }
+
+/* Device facts, and events on a made-up device clock that each launch
+ * advances by a time fixed by its shape -- 2 us + 1 us per 1024 threads +
+ * 1 us per 4 KiB of dynamic shared memory -- so that timings are
+ * deterministic and differ between configurations (apollo-client tune's
+ * test predicts the winner from the launch log). */
+double fake_clock_ms;
+int fake_events;
+
+int cuDeviceGetName(char *name, int len, int d)
+{
+	(void)d;
+	strncpy(name, "Apollo stand-in GPU", (size_t)len);
+	return 0;
+}
+
+int cuDeviceGetAttribute(int *v, int attr, int d)
+{
+	(void)d;
+	*v = attr == 16 ? 132 : 0;   /* MULTIPROCESSOR_COUNT */
+	return 0;
+}
+
+int cuEventCreate(void **e, unsigned flags)
+{
+	(void)flags;
+	*e = calloc(1, sizeof(double));
+	fake_events++;
+	return *e ? 0 : 2;
+}
+
+int cuEventDestroy_v2(void *e) { free(e); fake_events--; return 0; }
+int cuEventRecord(void *e, void *st) { (void)st; *(double *)e = fake_clock_ms; return 0; }
+int cuEventSynchronize(void *e) { (void)e; return 0; }
+
+int cuEventElapsedTime(float *ms, void *a, void *b)
+{
+	*ms = (float)(*(double *)b - *(double *)a);
+	return 0;
+}
+
+double fake_launch_ms(unsigned blocks, unsigned threads, unsigned smem)
+{
+	return (2.0 + (double)blocks * threads / 1024.0 + smem / 4096.0) / 1000.0;
+}

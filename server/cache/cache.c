@@ -1044,36 +1044,44 @@ int ap_cache_tuning_get(ap_cache *c, const uint8_t sig[32], const char *target,
 	return found;
 }
 
-int ap_cache_tuning_put(ap_cache *c, const uint8_t sig[32], const char *target,
-			const ap_tune_record *r)
+int ap_cache_tuning_put_many(ap_cache *c, const uint8_t (*sigs)[32], const char *target,
+			     const ap_tune_record *recs, int n)
 {
 	struct conn *co = acquire(c);
 	sqlite3_stmt *st;
-	bool measured = r->measured_us >= 0;
+	bool any_measured = false;
 	int rc;
 
 	if (!co)
 		return AP_EIO;
 	rc = begin(c, co);
 	if (!rc) {
-		st = co->st[ST_TUNE_PUT];
-		sqlite3_bind_blob(st, 1, sig, 32, SQLITE_STATIC);
-		sqlite3_bind_text(st, 2, target, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 3, measured ? r->device : "", -1, SQLITE_STATIC);
-		sqlite3_bind_int64(st, 4, measured ? r->sms : 0);
-		sqlite3_bind_text(st, 5, r->emitter, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 6, r->config, -1, SQLITE_STATIC);
-		sqlite3_bind_double(st, 7, r->modelled_us);
-		if (measured)
-			sqlite3_bind_double(st, 8, r->measured_us);
-		sqlite3_bind_text(st, 9, r->method, -1, SQLITE_STATIC);
-		sqlite3_bind_int64(st, 10, r->tried);
-		sqlite3_bind_text(st, 11, r->candidates, -1, SQLITE_STATIC);
-		sqlite3_bind_int64(st, 12, now_s(c));
-		rc = run(c, co, ST_TUNE_PUT, "tuning insert");
+		for (int i = 0; !rc && i < n; i++) {
+			const ap_tune_record *r = &recs[i];
+			bool measured = r->measured_us >= 0;
+
+			any_measured |= measured;
+			st = co->st[ST_TUNE_PUT];
+			sqlite3_bind_blob(st, 1, sigs[i], 32, SQLITE_STATIC);
+			sqlite3_bind_text(st, 2, target, -1, SQLITE_STATIC);
+			sqlite3_bind_text(st, 3, measured ? r->device : "", -1, SQLITE_STATIC);
+			sqlite3_bind_int64(st, 4, measured ? r->sms : 0);
+			sqlite3_bind_text(st, 5, r->emitter, -1, SQLITE_STATIC);
+			sqlite3_bind_text(st, 6, r->config, -1, SQLITE_STATIC);
+			sqlite3_bind_double(st, 7, r->modelled_us);
+			if (measured)
+				sqlite3_bind_double(st, 8, r->measured_us);
+			else
+				sqlite3_bind_null(st, 8);
+			sqlite3_bind_text(st, 9, r->method, -1, SQLITE_STATIC);
+			sqlite3_bind_int64(st, 10, r->tried);
+			sqlite3_bind_text(st, 11, r->candidates, -1, SQLITE_STATIC);
+			sqlite3_bind_int64(st, 12, now_s(c));
+			rc = run(c, co, ST_TUNE_PUT, "tuning insert");
+		}
 		/* a measurement changes what compiles produce: a new generation
 		 * keys the bundles made from now on (ap_cache_tuning_generation) */
-		if (!rc && measured)
+		if (!rc && any_measured)
 			rc = run(c, co, ST_TUNE_BUMP, "tuning generation");
 		rc = rc ? rollback(co, rc) : commit(c, co);
 	}
@@ -1081,6 +1089,12 @@ int ap_cache_tuning_put(ap_cache *c, const uint8_t sig[32], const char *target,
 		count_tuning(c, co);
 	release(c, co);
 	return rc;
+}
+
+int ap_cache_tuning_put(ap_cache *c, const uint8_t sig[32], const char *target,
+			const ap_tune_record *r)
+{
+	return ap_cache_tuning_put_many(c, (const uint8_t (*)[32])sig, target, r, 1);
 }
 
 uint64_t ap_cache_tuning_generation(ap_cache *c)

@@ -125,6 +125,10 @@ int ap_cache_tuning_get(ap_cache *c, const uint8_t sig[32], const char *target,
  * generation.  0 or negative (off, busy, I/O). */
 int ap_cache_tuning_put(ap_cache *c, const uint8_t sig[32], const char *target,
 			const ap_tune_record *r);
+/* As ap_cache_tuning_put for n records in one transaction: all stored or
+ * none; the tuning generation advances once when any is measured. */
+int ap_cache_tuning_put_many(ap_cache *c, const uint8_t (*sigs)[32], const char *target,
+			     const ap_tune_record *recs, int n);
 /* How many measured records were stored in this file so far: part of the
  * graph key, so that bundles compiled before a measurement are not served
  * after it.  0 when the cache is off. */

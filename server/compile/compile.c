@@ -70,6 +70,7 @@
 #include "compile.h"
 
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -127,6 +128,8 @@ struct ap_compiler {
 	struct memo_slot *memo;  /* MEMO_SLOTS */
 	atomic_uint_fast64_t requests, errors, hits, misses, kernels_compiled, memo_hits;
 	atomic_uint_fast64_t tier[4], kernel_tier[4], errors_by_code[16];
+	atomic_uint_fast64_t tune_hits, tune_measured, tune_searched, tune_tried, tune_us;
+	atomic_uint_fast64_t tune_reports, tune_measurements, tune_records;
 	pthread_mutex_t hist_mu;
 	uint64_t hist[AP_COMPILE_BUCKETS + 1];
 	double hist_sum;
@@ -272,6 +275,14 @@ void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out)
 	out->cache_misses = atomic_load(&m->misses);
 	out->kernels_compiled = atomic_load(&m->kernels_compiled);
 	out->memo_hits = atomic_load(&m->memo_hits);
+	out->tune_hits = atomic_load(&m->tune_hits);
+	out->tune_measured = atomic_load(&m->tune_measured);
+	out->tune_searched = atomic_load(&m->tune_searched);
+	out->tune_tried = atomic_load(&m->tune_tried);
+	out->tune_s = (double)atomic_load(&m->tune_us) / 1e6;
+	out->tune_reports = atomic_load(&m->tune_reports);
+	out->tune_measurements = atomic_load(&m->tune_measurements);
+	out->tune_records = atomic_load(&m->tune_records);
 	for (int i = 0; i < 4; i++) {
 		out->tier[i] = atomic_load(&m->tier[i]);
 		out->kernel_tier[i] = atomic_load(&m->kernel_tier[i]);
@@ -339,13 +350,14 @@ static void memo_put(ap_compiler *c, const uint8_t digest[32], uint64_t tuning,
 struct tune_user {
 	ap_compiler *c;
 	const char *target;
+	bool variant;            /* the model's record (its candidates) */
 };
 
 static int tune_lookup(void *user, const uint8_t sig[32], ap_tune_record *rec)
 {
 	struct tune_user *u = user;
 
-	return ap_cache_tuning_get(u->c->cache, sig, u->target, NULL, rec);
+	return ap_cache_tuning_get(u->c->cache, sig, u->target, u->variant ? "" : NULL, rec);
 }
 
 static void tune_store(void *user, const uint8_t sig[32], const ap_tune_record *rec)
@@ -353,6 +365,163 @@ static void tune_store(void *user, const uint8_t sig[32], const ap_tune_record *
 	struct tune_user *u = user;
 
 	ap_cache_tuning_put(u->c->cache, sig, u->target, rec);
+}
+
+static bool printable(const char *s, size_t min, size_t max)
+{
+	size_t n = 0;
+
+	for (; s && s[n]; n++)
+		if ((unsigned char)s[n] < 0x20 || (unsigned char)s[n] > 0x7e || n >= max)
+			return false;
+	return s && n >= min;
+}
+
+/* Measurement indices ordered by signature, then time. */
+static int cmp_measurement(const void *a, const void *b, void *arg)
+{
+	Apollo__TuneMeasurement *const *ms = arg;
+	const Apollo__TuneMeasurement *x = ms[*(const int *)a], *y = ms[*(const int *)b];
+	int c = memcmp(x->signature.data, y->signature.data, 32);
+
+	if (c)
+		return c;
+	return (x->time_us > y->time_us) - (x->time_us < y->time_us);
+}
+
+int ap_compiler_tune_report(ap_compiler *c, const Apollo__TuneReport *rep, unsigned *records,
+			    uint64_t *generation, ap_error *err)
+{
+	size_t n = rep->n_measurements;
+	ap_tune_record *recs = NULL, *model = NULL;
+	uint8_t (*sigs)[32] = NULL;
+	int *order = NULL, n_recs = 0, rc = 0;
+	bool gpu;
+	int out_kind;
+	char hex[17];
+
+	*records = 0;
+	*generation = 0;
+	if (!ap_cache_enabled(c->cache))
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "tuning report: this daemon runs without a cache, so it keeps no "
+				    "tuning records");
+	if (!rep->target || !*rep->target || strlen(rep->target) > 31 ||
+	    ap_compile_parse_target(rep->target, 0, &gpu, &out_kind, err) < 0)
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "tuning report: target '%.32s' is not a target this daemon compiles for",
+				    rep->target ? rep->target : "");
+	if (!printable(rep->device, 1, 127))
+		return ap_error_set(err, AP_EINVAL, NULL, NULL,
+				    "tuning report: the device name must be 1 to 127 printable ASCII "
+				    "characters");
+	if (rep->sm_count < 1 || rep->sm_count > 1024)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL,
+				    "tuning report: sm_count %u is not in 1..1024", rep->sm_count);
+	if (n < 1 || n > AP_TUNE_REPORT_MAX)
+		return ap_error_set(err, n ? AP_ETOOLARGE : AP_EINVAL, NULL, NULL,
+				    "tuning report: %zu measurements (1 to %d accepted)", n,
+				    AP_TUNE_REPORT_MAX);
+	model = calloc(n, sizeof(*model));
+	order = calloc(n, sizeof(*order));
+	if (!model || !order) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		goto out;
+	}
+	/* every measurement checked before anything is stored */
+	for (size_t i = 0; i < n; i++) {
+		const Apollo__TuneMeasurement *m = rep->measurements[i];
+		const char *why = NULL;
+		int found;
+
+		order[i] = (int)i;
+		if (m->signature.len != 32)
+			why = "its signature is not 32 bytes";
+		else if (!printable(m->schedule, 1, sizeof(model->config) - 1))
+			why = "its schedule is not 1 to 255 printable ASCII characters";
+		else if (!isfinite(m->time_us) || m->time_us <= 0 || m->time_us >= 1e7)
+			why = "its time is not in (0, 1e7) microseconds";
+		else if (m->runs < 1)
+			why = "it names no timed run";
+		if (why) {
+			rc = ap_error_set(err, AP_EINVAL, NULL, NULL, "tuning report: measurement %zu: %s",
+					  i, why);
+			goto out;
+		}
+		for (int k = 0; k < 8; k++)
+			snprintf(hex + 2 * k, 3, "%02x", m->signature.data[k]);
+		found = ap_cache_tuning_get(c->cache, m->signature.data, rep->target, "", &model[i]);
+		if (found < 0) {
+			rc = ap_error_set(err, AP_EIO, NULL, NULL,
+					  "tuning report: the tuning records cannot be read");
+			goto out;
+		}
+		if (found == 0) {
+			rc = ap_error_set(err, AP_EINVAL, NULL, NULL,
+					  "tuning report: measurement %zu: kernel %s has no tuning record "
+					  "for %s (compile with tune_variant first)", i, hex, rep->target);
+			goto out;
+		}
+		if (!ap_tune_is_candidate(&model[i], m->schedule)) {
+			rc = ap_error_set(err, AP_EINVAL, NULL, NULL,
+					  "tuning report: measurement %zu: '%.200s' is not a candidate of "
+					  "kernel %s on %s", i, m->schedule, hex, rep->target);
+			goto out;
+		}
+	}
+	/* per signature, the fastest schedule becomes the measured record */
+	qsort_r(order, n, sizeof(*order), cmp_measurement, rep->measurements);
+	recs = calloc(n, sizeof(*recs));
+	sigs = calloc(n, sizeof(*sigs));
+	if (!recs || !sigs) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < n;) {
+		const Apollo__TuneMeasurement *best = rep->measurements[order[i]];
+		const ap_tune_record *mr = &model[order[i]];
+		ap_tune_record *r = &recs[n_recs];
+		size_t j = i;
+		unsigned distinct = 0;
+
+		for (; j < n && !memcmp(rep->measurements[order[j]]->signature.data,
+					best->signature.data, 32); j++) {
+			bool seen = false;
+
+			for (size_t k = i; k < j && !seen; k++)
+				seen = !strcmp(rep->measurements[order[k]]->schedule,
+					       rep->measurements[order[j]]->schedule);
+			distinct += !seen;
+		}
+		*r = *mr;
+		snprintf(r->config, sizeof(r->config), "%s", best->schedule);
+		snprintf(r->method, sizeof(r->method), "measured");
+		snprintf(r->device, sizeof(r->device), "%s", rep->device);
+		r->sms = rep->sm_count;
+		r->measured_us = best->time_us;
+		/* the model's time is known for its own choice only */
+		r->modelled_us = strcmp(mr->config, best->schedule) ? 0 : mr->modelled_us;
+		r->tried = distinct;
+		memcpy(sigs[n_recs++], best->signature.data, 32);
+		i = j;
+	}
+	if (ap_cache_tuning_put_many(c->cache, (const uint8_t (*)[32])sigs, rep->target, recs,
+				     n_recs) < 0) {
+		rc = ap_error_set(err, AP_EIO, NULL, NULL,
+				  "tuning report: the measured records could not be stored");
+		goto out;
+	}
+	*records = (unsigned)n_recs;
+	*generation = ap_cache_tuning_generation(c->cache);
+	atomic_fetch_add(&c->tune_reports, 1);
+	atomic_fetch_add(&c->tune_measurements, n);
+	atomic_fetch_add(&c->tune_records, (uint64_t)n_recs);
+out:
+	free(model);
+	free(order);
+	free(recs);
+	free(sigs);
+	return rc;
 }
 
 /* ---- keys ---------------------------------------------------------------- */
@@ -437,8 +606,8 @@ static void key_options(ap_sha256_ctx *h, const Apollo__CompileOptions *opt)
 		key_uint(h, "no_layer1", 1);
 	if (opt && opt->no_tune)
 		key_uint(h, "no_tune", 1);
-	if (opt && opt->tune_candidates)
-		key_uint(h, "tune_candidates", opt->tune_candidates);
+	if (opt && opt->tune_variant)
+		key_uint(h, "tune_variant", opt->tune_variant);
 }
 
 /* A key can only be had whole: without a hash context it would be all
@@ -732,6 +901,10 @@ static Apollo__Bundle *build_bundle(const ap_program *p, struct kblob *blobs, co
 			pp->schedule = xstrdup(pt->schedule ? pt->schedule : "", oom);
 			pp->recompute_ratio = pt->recompute;
 			pp->layer1_schedule = xstrdup(pt->layer1 ? pt->layer1 : "", oom);
+			if (pt->tuned) {
+				pp->tune_signature.data = xmemdup(pt->tune_sig, 32, oom);
+				pp->tune_signature.len = pp->tune_signature.data ? 32 : 0;
+			}
 			pp->layers = layer_names(pt->layers, &pp->n_layers, oom);
 			pp->nodes = xcalloc((size_t)pt->n_nodes, sizeof(char *), oom);
 			for (int a = 0; pp->nodes && a < pt->n_nodes; a++) {
@@ -1932,16 +2105,22 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		.no_layer1 = req->options && req->options->no_layer1,
 	};
 	/* records are read and written with the cache (not with no_cache) */
-	tu = (struct tune_user){c, r->target};
+	tu = (struct tune_user){c, r->target, req->options && req->options->tune_variant};
 	th = (ap_tune_hooks){
 		.target = r->target,
 		.budget_ms = c->tune_budget_ms > 0 ? c->tune_budget_ms : 0,
+		.variant = req->options ? req->options->tune_variant : 0,
 		.lookup = r->use_cache ? tune_lookup : NULL,
 		.store = r->use_cache ? tune_store : NULL,
 		.user = &tu,
 	};
 	if (!(req->options && req->options->no_tune))
 		bo.tune = &th;
+	if (th.variant > AP_TUNE_TOP) {
+		rc = ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				  "tune_variant %u: candidates are numbered 1 to %d", th.variant, AP_TUNE_TOP);
+		goto done;
+	}
 	if (bo.fusion > AP_FUSE_APOLLO) {
 		rc = ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
 				  "unknown fusion level %d (none=1, rules=2, apollo=3)", (int)bo.fusion);
@@ -2010,6 +2189,11 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	b->stats->tune_searched = prog->tune_searched;
 	b->stats->tune_tried = prog->tune_tried;
 	b->stats->tune_ms = prog->tune_ms;
+	atomic_fetch_add(&c->tune_hits, prog->tune_hits);
+	atomic_fetch_add(&c->tune_measured, prog->tune_measured);
+	atomic_fetch_add(&c->tune_searched, prog->tune_searched);
+	atomic_fetch_add(&c->tune_tried, prog->tune_tried);
+	atomic_fetch_add(&c->tune_us, (uint64_t)(prog->tune_ms * 1000));
 	b->stats->backend_ms = backend_ms;
 	b->stats->kernels_compiled = compiled;
 	b->stats->kernels_remote = r->kernel_tier[APOLLO__CACHE_TIER__CACHE_L2];

@@ -42,6 +42,7 @@
 
 struct Apollo__CompileRequest;
 struct Apollo__CompileResponse;
+struct Apollo__TuneReport;
 
 typedef struct ap_compiler ap_compiler;
 
@@ -89,6 +90,29 @@ __ap_give struct Apollo__CompileResponse *ap_compile_run_digest(
 	const uint8_t *digest);
 void ap_compile_response_free(__ap_take struct Apollo__CompileResponse *r);
 
+/* Measurements one tuning report may carry. */
+#define AP_TUNE_REPORT_MAX 4096
+
+/* Takes a client's measurements (apollo.TuneReport from apollo-client
+ * tune: median microseconds of the candidates of tuned kernels, timed on
+ * the client's GPU).  Every measurement is checked before anything is
+ * stored: a 32-byte signature with a cost-model tuning record for
+ * rep->target whose candidates (or choice) list the schedule exactly, a
+ * time in (0, 1e7) us, runs >= 1; the device name printable ASCII of 1-127
+ * bytes, sm_count 1..1024, 1..AP_TUNE_REPORT_MAX measurements.  Then, per
+ * signature, the fastest schedule is stored as a measured record for
+ * (signature, target, device) in one transaction (cache.h,
+ * ap_cache_tuning_put_many), which every later build for that target
+ * prefers to the model's record (measured records win; the tuning
+ * generation in graph keys retires bundles compiled before).
+ * 0 with *records (records stored) and *generation set; else nothing is
+ * stored and `err` names the measurement and the reason: AP_EINVAL (a
+ * malformed or unknown measurement), AP_ETOOLARGE (too many),
+ * AP_EUNSUPPORTED (unknown target; no cache), AP_EIO (SQLite), AP_ENOMEM.
+ * Thread-safe. */
+int ap_compiler_tune_report(ap_compiler *c, __ap_keep const struct Apollo__TuneReport *rep,
+			    unsigned *records, uint64_t *generation, ap_error *err);
+
 /* Upper bounds (seconds) of the compile time histogram's buckets; the last
  * bucket is +Inf. */
 #define AP_COMPILE_BUCKETS 12
@@ -112,6 +136,13 @@ typedef struct ap_compile_counters {
 	 * compiling: count per bucket (not cumulative; the last is +Inf), sum */
 	uint64_t compile_hist[AP_COMPILE_BUCKETS + 1];
 	double compile_sum_s;
+	/* tuning (server/tune/tune.h) in compiled requests: kernels whose
+	 * configuration came from a record (of those measured), kernels
+	 * searched, configurations evaluated, search time; client reports
+	 * (apollo-client tune) accepted, their measurements, records stored */
+	uint64_t tune_hits, tune_measured, tune_searched, tune_tried;
+	double tune_s;
+	uint64_t tune_reports, tune_measurements, tune_records;
 	/* errors answered, by -code (AP_E*: 1 .. 12) */
 	uint64_t errors_by_code[16];
 } ap_compile_counters;

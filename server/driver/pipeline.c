@@ -68,6 +68,7 @@ typedef struct unit {
 	double l1_ms;                /* Layer I's emission time */
 	ap_traffic traffic;
 	ap_tune_kind tuned;          /* how its configuration was found */
+	uint8_t tune_sig[32];        /* tuned != AP_TUNE_DEFAULT: its signature */
 	unsigned tune_tried;
 	double tune_ms;
 	ap_error err;                /* emit's failure */
@@ -255,6 +256,7 @@ static void emit_task(int i, void *arg)
 		}
 		atomic_fetch_add(&P->tune_used_us, (uint64_t)(to.ms * 1000));
 		u->tuned = to.kind;
+		memcpy(u->tune_sig, to.sig, sizeof(u->tune_sig));
 		u->tune_tried = to.tried;
 		u->tune_ms = to.ms;
 		lo.sched = &u->sched;
@@ -749,6 +751,8 @@ static int add_launch(pipe *P, int li, int ki)
 					? ap_lower_recompute(u->m) : 0;
 			if (!(pt->schedule = ap_sched_describe(u->sched.em, u->m, &P->ti, &u->sched)))
 				return AP_ENOMEM;
+			pt->tuned = u->tuned != AP_TUNE_DEFAULT;
+			memcpy(pt->tune_sig, u->tune_sig, sizeof(pt->tune_sig));
 		}
 		if (!pt->detail || add_mgraph_names(u->m, &pt->nodes, &pt->n_nodes) < 0 ||
 		    add_mgraph_names(u->m, &ln->nodes, &ln->n_nodes) < 0)
@@ -959,6 +963,11 @@ static int round_once(pipe *P)
 			ks[i] = P->units[i].k;
 			tr[i] = P->units[i].traffic;
 			ms[i] = P->units[i].m;
+			/* a build of candidates to time: each tuned kernel alone */
+			if (P->opt->tune && P->opt->tune->variant && P->units[i].k &&
+			    P->units[i].tuned != AP_TUNE_DEFAULT)
+				for (int q = 0; q < ms[i]->n_groups; q++)
+					P->no_merge[ms[i]->groups[q]] = true;
 		}
 		rc = ap_fuse_horizontal(P->part, ms, ks, tr, P->n_units,
 					P->part->level == AP_FUSE_APOLLO, P->no_merge, &P->ti,

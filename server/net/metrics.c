@@ -32,7 +32,8 @@ struct ap_metrics_snapshot {
 	size_t n_fam, n_smp, n_lab, used;
 };
 
-static const char *const kind_names[AP_KINDS] = { "compile", "ping", "hello", "stats", "other" };
+static const char *const kind_names[AP_KINDS] = { "compile", "ping", "hello", "stats", "tune",
+						   "other" };
 static const char *const tier_names[4] = { "compiled", "l1", "l2", "shared" };
 /* Error labels by -code (AP_E*). */
 static const char *const code_names[13] = {
@@ -164,6 +165,28 @@ static void build_requests(ap_metrics_snapshot *m, const ap_metrics_input *in)
 	single(m, "apollo_clients", "gauge", "Open client connections.", in->clients);
 }
 
+static void build_tuning(ap_metrics_snapshot *m, const ap_metrics_input *in)
+{
+	const ap_compile_counters *cc = in->compile;
+
+	family(m, "apollo_tuning_kernels_total", "counter",
+	       "Tunable kernels of compiled requests, by where their configuration came from: a "
+	       "cost-model record, a measured record, a search in that request.");
+	sample(m, NULL, (double)(cc->tune_hits - cc->tune_measured), 1, "source", "record");
+	sample(m, NULL, (double)cc->tune_measured, 1, "source", "measured");
+	sample(m, NULL, (double)cc->tune_searched, 1, "source", "searched");
+	single(m, "apollo_tuning_configurations_total", "counter",
+	       "Configurations the searches evaluated under the cost model.",
+	       (double)cc->tune_tried);
+	single(m, "apollo_tuning_seconds_total", "counter", "Time spent searching.", cc->tune_s);
+	single(m, "apollo_tuning_reports_total", "counter",
+	       "Tuning reports (apollo-client tune) accepted.", (double)cc->tune_reports);
+	single(m, "apollo_tuning_measurements_total", "counter",
+	       "Measurements those reports carried.", (double)cc->tune_measurements);
+	single(m, "apollo_tuning_measured_records_total", "counter",
+	       "Measured tuning records stored from them.", (double)cc->tune_records);
+}
+
 static void build_cache(ap_metrics_snapshot *m, const ap_metrics_input *in)
 {
 	const ap_cache_counts *kc = in->cache;
@@ -171,6 +194,7 @@ static void build_cache(ap_metrics_snapshot *m, const ap_metrics_input *in)
 	family(m, "apollo_cache_entries", "gauge", "Entries of the local cache (l1), by kind.");
 	sample(m, NULL, (double)kc->actions, 1, "kind", "action");
 	sample(m, NULL, (double)kc->kernels, 1, "kind", "kernel");
+	sample(m, NULL, (double)kc->tuning, 1, "kind", "tuning");
 	family(m, "apollo_cache_bytes", "gauge",
 	       "Bytes of blobs held: in the local cache file (l1) and in its memory tier "
 	       "(memory).");
@@ -226,6 +250,7 @@ ap_metrics_snapshot *ap_metrics_build(const ap_metrics_input *in)
 	if (!m)
 		return NULL;
 	build_requests(m, in);
+	build_tuning(m, in);
 	build_cache(m, in);
 	build_redis(m, in);
 	return m;

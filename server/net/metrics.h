@@ -18,7 +18,8 @@
 struct Apollo__MetricFamily;
 
 /* Request kinds and results counted by the network front. */
-enum { AP_KIND_COMPILE, AP_KIND_PING, AP_KIND_HELLO, AP_KIND_STATS, AP_KIND_OTHER, AP_KINDS };
+enum { AP_KIND_COMPILE, AP_KIND_PING, AP_KIND_HELLO, AP_KIND_STATS, AP_KIND_TUNE, AP_KIND_OTHER,
+       AP_KINDS };
 
 /* What a snapshot is made of (all borrowed for the call). */
 typedef struct ap_metrics_input {

@@ -206,7 +206,9 @@ struct job {
 	uint8_t digest[32];      /* of the CompileRequest's bytes (compile.h) */
 	uint8_t *frame;          /* the reply, packed by the worker */
 	size_t frame_len;
-	bool ok;                 /* the reply is a bundle */
+	bool ok;                 /* the reply is a bundle (a TuneReply) */
+	int kind;                /* AP_KIND_COMPILE or AP_KIND_TUNE */
+	int code;                /* a tuning report refused: its AP_E* code */
 };
 
 /* A frame payload above DECODE_INLINE_MAX, unpacked on the worker pool. */
@@ -488,6 +490,43 @@ static void work_compile(uv_work_t *req)
 	ap_compile_response_free(resp);
 }
 
+/* A tuning report (apollo-client tune), on a worker: the measurements are
+ * checked and stored by the compiler (ap_compiler_tune_report). */
+static void work_tune(uv_work_t *req)
+{
+	struct job *j = req->data;
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	Apollo__TuneReply r = APOLLO__TUNE_REPLY__INIT;
+	Apollo__Error e = APOLLO__ERROR__INIT;
+	ap_error err;
+	uint64_t gen = 0;
+	unsigned records = 0;
+
+	atomic_fetch_sub(&j->c->srv->queued, 1);
+	ap_error_clear(&err);
+	j->code = ap_compiler_tune_report(j->compiler, j->env->tune_report, &records, &gen, &err);
+	j->ok = j->code == 0;
+	env.id = j->id;
+	if (j->ok) {
+		r.accepted = (uint32_t)j->env->tune_report->n_measurements;
+		r.records = records;
+		r.generation = gen;
+		env.msg_case = APOLLO__ENVELOPE__MSG_TUNE_REPLY;
+		env.tune_reply = &r;
+		ap_log(AP_LOG_INFO, "tuning report: %u measurements from '%s', %u measured records",
+		       r.accepted, j->env->tune_report->device, records);
+	} else {
+		e.code = (Apollo__ErrorCode)ap_error_wire_code(j->code);
+		e.message = err.msg;
+		env.msg_case = APOLLO__ENVELOPE__MSG_ERROR;
+		env.error = &e;
+		ap_log(AP_LOG_DEBUG, "tuning report refused: %s", err.msg);
+	}
+	j->frame = pack_frame(&env, &j->frame_len);
+	apollo__envelope__free_unpacked(j->env, NULL);
+	j->env = NULL;
+}
+
 static void after_compile(uv_work_t *req, int status)
 {
 	struct job *j = req->data;
@@ -499,7 +538,9 @@ static void after_compile(uv_work_t *req, int status)
 	c->t_active = uv_now(&s->loop);
 	if (status == UV_ECANCELED)
 		atomic_fetch_sub(&s->queued, 1);
-	s->by_kind[AP_KIND_COMPILE][!j->ok || !j->frame]++;
+	if (j->code)
+		count_error(s, j->code);
+	s->by_kind[j->kind][!j->ok || !j->frame]++;
 	if (c->closing || c->shutting) {
 		ap_log(AP_LOG_DEBUG, "request %llu: the client left before its reply",
 		       (unsigned long long)j->id);
@@ -535,14 +576,19 @@ static void send_compile_error(conn *c, uint64_t id, int code, const char *msg)
 	send_packed(c, &env);
 }
 
+/* Queues a compile request or a tuning report (env, consumed) on the
+ * worker pool; refusals are answered as its reply kind says (a
+ * CompileResponse error, or an Envelope error for a report). */
 static void handle_compile(conn *c, Apollo__Envelope *env, uint32_t len, const uint8_t *digest)
 {
 	ap_server *s = c->srv;
+	bool tune = env->msg_case == APOLLO__ENVELOPE__MSG_TUNE_REPORT;
+	void (*refuse)(conn *, uint64_t, int, const char *) = tune ? send_error : send_compile_error;
 	struct job *j;
 	int r;
 
 	if (s->draining) {
-		send_compile_error(c, env->id, AP_EBUSY, "apollod is shutting down");
+		refuse(c, env->id, AP_EBUSY, "apollod is shutting down");
 		apollo__envelope__free_unpacked(env, NULL);
 		return;
 	}
@@ -550,13 +596,13 @@ static void handle_compile(conn *c, Apollo__Envelope *env, uint32_t len, const u
 		char msg[128];
 		snprintf(msg, sizeof(msg), "%u compile requests are pending (max_pending)",
 			 s->in_flight);
-		send_compile_error(c, env->id, AP_EBUSY, msg);
+		refuse(c, env->id, AP_EBUSY, msg);
 		apollo__envelope__free_unpacked(env, NULL);
 		return;
 	}
 	j = calloc(1, sizeof(*j));
 	if (!j) {
-		send_compile_error(c, env->id, AP_ENOMEM, "out of memory queueing the request");
+		refuse(c, env->id, AP_ENOMEM, "out of memory queueing the request");
 		apollo__envelope__free_unpacked(env, NULL);
 		return;
 	}
@@ -565,14 +611,15 @@ static void handle_compile(conn *c, Apollo__Envelope *env, uint32_t len, const u
 	j->id = env->id;
 	j->req_len = len;
 	j->env = env;
+	j->kind = tune ? AP_KIND_TUNE : AP_KIND_COMPILE;
 	if (digest) {
 		j->has_digest = true;
 		memcpy(j->digest, digest, 32);
 	}
 	j->req.data = j;
-	r = uv_queue_work(&s->loop, &j->req, work_compile, after_compile);
+	r = uv_queue_work(&s->loop, &j->req, tune ? work_tune : work_compile, after_compile);
 	if (r) {
-		send_compile_error(c, env->id, AP_EINTERNAL, uv_strerror(r));
+		refuse(c, env->id, AP_EINTERNAL, uv_strerror(r));
 		apollo__envelope__free_unpacked(env, NULL);
 		free(j);
 		return;
@@ -781,6 +828,7 @@ static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why,
 		case APOLLO__ENVELOPE__MSG_PING: kind = AP_KIND_PING; break;
 		case APOLLO__ENVELOPE__MSG_HELLO: kind = AP_KIND_HELLO; break;
 		case APOLLO__ENVELOPE__MSG_STATS: kind = AP_KIND_STATS; break;
+		case APOLLO__ENVELOPE__MSG_TUNE_REPORT: kind = AP_KIND_TUNE; break;
 		default: break;
 		}
 	}
@@ -822,6 +870,7 @@ static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why,
 		handle_stats(c, env->id);
 		break;
 	case APOLLO__ENVELOPE__MSG_COMPILE:
+	case APOLLO__ENVELOPE__MSG_TUNE_REPORT:
 		handle_compile(c, env, len, digest);   /* takes env */
 		if (s->errors != errors)   /* refused; else counted when answered */
 			s->by_kind[kind][1]++;

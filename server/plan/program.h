@@ -102,6 +102,8 @@ typedef struct ap_launch_part {
 	char *layer1;            /* Layer I's plan as text (domain, accesses,
 				    schedule tree; ap_fuse_layer1_text), NULL
 				    when Layer I did not schedule it (owned) */
+	bool tuned;              /* a tuning record or search chose `schedule`: */
+	uint8_t tune_sig[32];    /* its signature (ap_tune_signature) */
 } ap_launch_part;
 
 typedef struct ap_launch {

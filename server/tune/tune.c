@@ -367,6 +367,38 @@ static int describe_candidates(const ap_emitter *em, const ap_mgraph *m, const a
 	return 0;
 }
 
+/* Copies the i-th (from 0) of the ';'-separated configurations of `list`
+ * into out; false when the list has fewer or it does not fit. */
+static bool nth_candidate(const char *list, unsigned i, char *out, size_t cap)
+{
+	const char *p = list, *end;
+
+	for (; i > 0 && p; i--) {
+		p = strchr(p, ';');
+		p = p ? p + 1 : NULL;
+	}
+	if (!p || !*p)
+		return false;
+	end = strchr(p, ';');
+	if (!end)
+		end = p + strlen(p);
+	if ((size_t)(end - p) >= cap)
+		return false;
+	memcpy(out, p, (size_t)(end - p));
+	out[end - p] = 0;
+	return true;
+}
+
+bool ap_tune_is_candidate(const ap_tune_record *rec, const char *config)
+{
+	char c[sizeof(rec->config)];
+
+	for (unsigned i = 0; nth_candidate(rec->candidates, i, c, sizeof(c)); i++)
+		if (!strcmp(c, config))
+			return true;
+	return !strcmp(rec->config, config);
+}
+
 int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *m,
 		 const ap_target_info *t, unsigned max_block_threads, double budget_left_ms,
 		 ap_sched *s, ap_tune_outcome *out, ap_error *err)
@@ -379,6 +411,17 @@ int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *
 	if (ap_tune_signature(em, m, h->target, t, max_block_threads, out->sig) < 0)
 		return oom(err);
 	if (h->lookup && h->lookup(h->user, out->sig, &rec) == 1 && !strcmp(rec.emitter, em->name)) {
+		char cand[sizeof(rec.config)];
+
+		/* a variant: the record's candidate of that rank, when it has one
+		 * this build can use; else its choice */
+		if (h->variant && nth_candidate(rec.candidates, h->variant - 1, cand, sizeof(cand)) &&
+		    (rc = ap_sched_parse(em, m, t, cand, s)) != 0) {
+			if (rc < 0)
+				return oom(err);
+			out->kind = AP_TUNE_RECORD;
+			return 0;
+		}
 		rc = ap_sched_parse(em, m, t, rec.config, s);
 		if (rc < 0)
 			return oom(err);
@@ -396,6 +439,8 @@ int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *
 		if ((rc = ap_tune_search(em, m, t, &o, &out->result, err)) < 0)
 			return rc;
 		*s = out->result.best;
+		if (h->variant && (int)h->variant <= out->result.n_top)
+			*s = out->result.top[h->variant - 1];
 		out->kind = AP_TUNE_SEARCHED;
 		out->tried = out->result.tried;
 		out->ms = out->result.ms;

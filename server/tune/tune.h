@@ -30,7 +30,7 @@
 
 /* Configurations a search keeps, best first: the candidates a client may
  * time on its GPU (apollo-client tune). */
-#define AP_TUNE_TOP 4
+#define AP_TUNE_TOP 4   /* = AP_TUNE_CANDIDATES of client/apollo.h (check_tune asserts it) */
 
 /* Modelled microseconds of configuration s of em for m on t; INFINITY for
  * a point the target cannot hold; a negative AP_E* code on failure. */
@@ -92,10 +92,15 @@ typedef struct ap_tune_hooks {
 	const char *target;        /* the records' target name ("sm_90", "cpu") */
 	double budget_ms;          /* search time of one build, its kernels together;
 				      0 = no search (records and default rules only) */
+	unsigned variant;          /* 0: the chosen configuration; i in 1..AP_TUNE_TOP:
+				      the i-th candidate of the cost model's record
+				      (the record's choice when it has fewer), for
+				      timing on a GPU (apollo-client tune) */
 	ap_tune_options search;    /* each search's options (its budget_ms is
 				      what is left of the build's) */
 	/* The record of `sig`: 1 with *rec set, 0 none; negative = none.  May
-	 * be NULL (no records). */
+	 * be NULL (no records).  With `variant`, the cost model's record (the
+	 * one listing candidates), else a measured one first. */
 	int (*lookup)(void *user, const uint8_t sig[32], ap_tune_record *rec);
 	/* Stores the cost model's record of a search; may be NULL. */
 	void (*store)(void *user, const uint8_t sig[32], const ap_tune_record *rec);
@@ -120,12 +125,16 @@ typedef struct ap_tune_outcome {
 
 /* The configuration for micro-graph m on emitter em: the record of its
  * signature when h has one whose config parses (ap_sched_parse) for this
- * emitter, else a search of at most budget_left_ms (stored through
+ * emitter (with h->variant, its variant-th candidate), else a search of at most budget_left_ms (stored through
  * h->store, with its best AP_TUNE_TOP candidates; not for an emitter
  * marked host_rule_only on the host), else the default rule.
  * *s always gets a buildable configuration.  0, or AP_ENOMEM with `err`. */
 int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *m,
 		 const ap_target_info *t, unsigned max_block_threads, double budget_left_ms,
 		 ap_sched *s, ap_tune_outcome *out, ap_error *err);
+
+/* Whether `config` is one of rec's candidates or its chosen
+ * configuration (exact text): what a client may report a time for. */
+bool ap_tune_is_candidate(const ap_tune_record *rec, const char *config);
 
 #endif

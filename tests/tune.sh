@@ -1,0 +1,89 @@
+#!/bin/sh
+# tune.sh -- the client measurement path of the tuner (apollo-client tune),
+# run through the stand-in CUDA driver (tests/cuda_standin.c): its events
+# read a made-up device clock that each launch advances by a time fixed by
+# the launch's shape, so the timings are deterministic and differ between
+# candidates.  Checks, on bert_like_2l at sm_90 (PTX, which the stand-in
+# loads):
+#   1. `tune` times every tuned kernel's candidates, stars the fastest of
+#      each kernel, and the daemon stores one measured record per kernel;
+#   2. the next compile of the model takes its configurations from those
+#      measured records (submit --json: tuning.measured > 0), and `stats`
+#      counts the report;
+#   3. without a CUDA driver, and for the host target, `tune` refuses with
+#      a clear message (exit 1 and 2).
+# Skipped, saying so, when the daemon has no NVRTC or the stand-in was not
+# built.
+#   env: APOLLO_BUILD
+cd "$(dirname "$0")/.." || exit 1
+. tests/daemon.inc
+
+STANDIN=$APOLLO_BUILD/tests/libcuda-standin.so
+MODEL=$TESTDATA/models/bert_like_2l/model.onnx
+if [ ! -f "$STANDIN" ]; then
+	echo "tune: SKIPPED: no stand-in driver at $STANDIN (make all)"
+	exit 0
+fi
+ap_start
+case $("$CLIENT" ping) in
+*"NVRTC none"*)
+	echo "tune: SKIPPED: the daemon reports no NVRTC"
+	exit 0 ;;
+esac
+status=0
+fail() { echo "tune: FAIL: $*"; status=1; }
+
+# 1. measure and report
+if ! APOLLO_LIBCUDA=$STANDIN "$CLIENT" tune "$MODEL" --target sm_90 --format ptx --runs 5 \
+	--warmup 1 >"$AP_TMP/tune.out" 2>&1; then
+	fail "apollo-client tune exited with $?"
+	cat "$AP_TMP/tune.out"
+fi
+grep -q "^device: Apollo stand-in GPU (132 SMs)$" "$AP_TMP/tune.out" ||
+	fail "the device line is missing"
+# every kernel's starred row is its fastest, and exactly one row per kernel is starred
+awk '
+/^[* ] [0-9a-f]+ / {
+	star = ($1 == "*"); k = star ? $2 : $1; t = star ? $4 : $3
+	if (!(k in best) || t + 0 < best[k]) best[k] = t + 0
+	if (star) { if (k in starred) dup = 1; starred[k] = t + 0 }
+	rows++
+}
+END {
+	n = 0
+	for (k in best) {
+		n++
+		if (!(k in starred)) { print "kernel " k " has no starred row"; bad = 1 }
+		else if (starred[k] != best[k]) { print "kernel " k ": starred " starred[k] " us, fastest " best[k]; bad = 1 }
+	}
+	if (dup) { print "a kernel has two starred rows"; bad = 1 }
+	if (rows < 2 * n) { print rows " rows for " n " kernels: candidates were not timed"; bad = 1 }
+	print "kernels " n " rows " rows
+	exit bad
+}' "$AP_TMP/tune.out" >"$AP_TMP/check.out" || fail "$(cat "$AP_TMP/check.out")"
+kernels=$(sed -n 's/^kernels \([0-9]*\) rows.*/\1/p' "$AP_TMP/check.out")
+stored=$(sed -n 's/.* \([0-9]*\) measured records stored for sm_90 on Apollo stand-in GPU$/\1/p' \
+	"$AP_TMP/tune.out")
+[ -n "$stored" ] && [ "$stored" = "$kernels" ] ||
+	fail "records stored: '$stored', kernels timed: '$kernels'"
+echo "tune: $(tail -1 "$AP_TMP/tune.out") ($kernels kernels, $(grep -c '^[* ] [0-9a-f]' "$AP_TMP/tune.out") candidates timed)"
+
+# 2. the measured records are used
+"$CLIENT" submit "$MODEL" --target sm_90 --format ptx --json >"$AP_TMP/submit.json" 2>&1 ||
+	fail "submit after tune failed: $(cat "$AP_TMP/submit.json")"
+measured=$(sed -n 's/.*"tuning":{[^}]*"measured":\([0-9]*\).*/\1/p' "$AP_TMP/submit.json")
+[ -n "$measured" ] && [ "$measured" -ge "$kernels" ] ||
+	fail "the compile after tune used $measured measured records (want >= $kernels)"
+"$CLIENT" stats | grep -q "reports 1 " || fail "stats does not count the report: $("$CLIENT" stats | grep tuning)"
+
+# 3. refusals
+if APOLLO_LIBCUDA=$AP_TMP/no-such-driver.so "$CLIENT" tune "$MODEL" --target sm_90 --format ptx \
+	>"$AP_TMP/nodrv.out" 2>&1; then
+	fail "tune without a CUDA driver succeeded"
+fi
+grep -q "no CUDA driver" "$AP_TMP/nodrv.out" || fail "no driver: $(cat "$AP_TMP/nodrv.out")"
+"$CLIENT" tune "$MODEL" --target cpu >"$AP_TMP/cpu.out" 2>&1
+[ $? -eq 2 ] || fail "tune --target cpu did not exit 2"
+
+[ $status -eq 0 ] && echo "tune: PASS (measured on the stand-in, $measured kernels compiled from measured records)"
+exit $status
