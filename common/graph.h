@@ -234,6 +234,13 @@ int ap_graph_hash(const ap_graph *g, uint8_t out[32]);
  * (bundles bind params and inputs by name and list node names).  This is
  * what cache keys use.  0 or AP_ENOMEM. */
 int ap_graph_hash_named(const ap_graph *g, uint8_t out[32]);
+/* As ap_graph_hash, but a CONST's values count only when a kernel bakes
+ * them into its source -- at most `bake_max` elements (server/lower's
+ * AP_CONST_BAKE_MAX), or all elements equal --; larger ones, read from a
+ * buffer, count by dtype and shape: two micro-graphs that differ only in
+ * such values (the biases of two layers) hash alike, as their kernels are
+ * the same.  What tuning signatures use.  0 or AP_ENOMEM. */
+int ap_graph_hash_kernel(const ap_graph *g, int64_t bake_max, uint8_t out[32]);
 
 /* ---- protobuf (graph_pb.c) ---------------------------------------------- */
 

@@ -16,6 +16,8 @@
  * Node order and tensor order never enter, and neither do names -- unless
  * `named`: then every tensor's hash and every node's hash also holds its
  * name, and params that tie on structure are ranked by name.
+ * ap_graph_hash_kernel hashes a CONST's bytes only when a kernel bakes it
+ * in (small or uniform), else its dtype and shape: "the same kernel".
  *
  * "First use" of a param must itself be free of order and names: pass 1
  * hashes with all params anonymous (dtype and shape only) and gives each
@@ -96,10 +98,25 @@ static void put_attr(ap_sha256_ctx *c, const ap_attr *a)
 	}
 }
 
+/* Whether a kernel bakes CONST t into its source: at most bake_max
+ * elements, or every element the same (a scalar then). */
+static bool baked(const ap_tensor *t, int64_t bake_max)
+{
+	size_t es = ap_dtype_size(t->dtype);
+	const uint8_t *d = t->data;
+
+	if (ap_tensor_numel(t) <= bake_max || !es || !d)
+		return true;
+	for (size_t off = es; off + es <= t->nbytes; off += es)
+		if (memcmp(d, d + off, es))
+			return false;
+	return true;
+}
+
 /* Hash of every tensor and node; param_rank[t] = rank of PARAM t or -1;
  * with `named` the names too. */
-static int hash_pass(const ap_graph *g, bool named, const int *input_pos, const int *param_rank,
-		     hbuf *th, hbuf *nh, const ap_attr **scratch)
+static int hash_pass(const ap_graph *g, bool named, int64_t bake_max, const int *input_pos,
+		     const int *param_rank, hbuf *th, hbuf *nh, const ap_attr **scratch)
 {
 	static const hbuf zero;
 
@@ -120,6 +137,13 @@ static int hash_pass(const ap_graph *g, bool named, const int *input_pos, const 
 			put_shape(c, ten);
 			break;
 		case AP_TENSOR_CONST:
+			if (bake_max >= 0 && !baked(ten, bake_max)) {
+				/* a kernel reads it from a buffer: its values do not
+				 * change the kernel */
+				put_str(c, "const buffer");
+				put_shape(c, ten);
+				break;
+			}
 			put_str(c, "const");
 			put_shape(c, ten);
 			put_i64(c, (int64_t)ten->nbytes);
@@ -207,7 +231,7 @@ static int cmp_hbuf(const void *a, const void *b)
 	return memcmp(a, b, 32);
 }
 
-static int graph_hash(const ap_graph *g, bool named, uint8_t out[32])
+static int graph_hash(const ap_graph *g, bool named, int64_t bake_max, uint8_t out[32])
 {
 	int *input_pos = calloc((size_t)g->n_tensors + 1, sizeof(int));
 	int *param_rank = calloc((size_t)g->n_tensors + 1, sizeof(int));
@@ -235,7 +259,7 @@ static int graph_hash(const ap_graph *g, bool named, uint8_t out[32])
 			input_pos[g->inputs[i]] = i;
 
 	/* pass 1: anonymous params; rank them by first use */
-	if (hash_pass(g, named, input_pos, param_rank, th, nh, scratch) < 0)
+	if (hash_pass(g, named, bake_max, input_pos, param_rank, th, nh, scratch) < 0)
 		goto done;
 	for (int t = 0; t < g->n_tensors; t++) {
 		if (g->tensors[t].kind != AP_TENSOR_PARAM)
@@ -268,12 +292,13 @@ static int graph_hash(const ap_graph *g, bool named, uint8_t out[32])
 		param_rank[pk[r].tensor] = r;
 
 	/* pass 2: with the ranks */
-	if (hash_pass(g, named, input_pos, param_rank, th, nh, scratch) < 0)
+	if (hash_pass(g, named, bake_max, input_pos, param_rank, th, nh, scratch) < 0)
 		goto done;
 	c = ap_sha256_new();
 	if (!c)
 		goto done;
-	put_str(c, named ? "apollo-graph-named-v1" : "apollo-graph-v1");
+	put_str(c, named ? "apollo-graph-named-v1" : bake_max >= 0 ? "apollo-graph-kernel-v1"
+							      : "apollo-graph-v1");
 	put_i64(c, g->n_inputs);
 	for (int i = 0; i < g->n_inputs; i++)
 		if (g->inputs[i] >= 0 && g->inputs[i] < g->n_tensors)
@@ -301,10 +326,15 @@ done:
 
 int ap_graph_hash(const ap_graph *g, uint8_t out[32])
 {
-	return graph_hash(g, false, out);
+	return graph_hash(g, false, -1, out);
 }
 
 int ap_graph_hash_named(const ap_graph *g, uint8_t out[32])
 {
-	return graph_hash(g, true, out);
+	return graph_hash(g, true, -1, out);
+}
+
+int ap_graph_hash_kernel(const ap_graph *g, int64_t bake_max, uint8_t out[32])
+{
+	return graph_hash(g, false, bake_max < 0 ? 0 : bake_max, out);
 }

@@ -29,6 +29,7 @@
 #include "server/lower/emitters.h"
 #include "server/plan/program.h"
 #include "server/tune/tune.h"
+#include "server/lower/value.h"
 #include "client/apollo.h"
 
 #define DIMS(...) ((const int64_t[]){__VA_ARGS__}), (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
@@ -499,6 +500,60 @@ START_TEST(variants_take_candidates)
 }
 END_TEST
 
+/* y = x + c for a CONST c of n float32 values, value(i) each. */
+static ap_graph *add_const_graph(int n, float (*value)(int))
+{
+	ap_graph *g = ap_graph_new("addc");
+	float *d = calloc((size_t)n, sizeof(float));
+	int x = tensor(g, "x", DIMS(8, n), AP_TENSOR_INPUT), c, y;
+	ap_error err;
+
+	for (int i = 0; i < n; i++)
+		d[i] = value(i);
+	c = ap_graph_add_tensor(g, "c", AP_DT_F32, 1, (int64_t[]){n}, AP_TENSOR_CONST, d,
+				(size_t)n * sizeof(float));
+	ck_assert_int_ge(c, 0);
+	free(d);
+	y = tensor(g, "y", DIMS(8, n), AP_TENSOR_VALUE);
+	node(g, "add", AP_OP_ADD, 2, (int[]){x, c}, y);
+	output(g, y);
+	ck_assert_msg(ap_graph_validate(g, &err) == 0, "validate: %s", err.msg);
+	return g;
+}
+
+static float ramp(int i) { return (float)i; }
+static float ramp2(int i) { return (float)(2 * i + 1); }
+static float one(int i) { (void)i; return 1.0f; }
+static float two(int i) { (void)i; return 2.0f; }
+
+/* Signatures follow the kernel: two layers whose bias (a buffer the kernel
+ * reads) differs share one, while constants baked into the source -- at
+ * most AP_CONST_BAKE_MAX elements, or uniform -- still tell kernels apart. */
+START_TEST(signature_ignores_buffer_constants)
+{
+	static const struct { int n; float (*a)(int), (*b)(int); bool same; } cases[] = {
+		{ 64, ramp, ramp2, true },    /* read from a buffer */
+		{ 4, ramp, ramp2, false },    /* baked */
+		{ 64, one, two, false },      /* uniform: baked as a scalar */
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		ap_graph *ga = add_const_graph(cases[i].n, cases[i].a);
+		ap_graph *gb = add_const_graph(cases[i].n, cases[i].b);
+		uint8_t ha[32], hb[32], ka[32], kb[32];
+
+		ck_assert_int_eq(ap_graph_hash(ga, ha), 0);
+		ck_assert_int_eq(ap_graph_hash(gb, hb), 0);
+		ck_assert_int_ne(memcmp(ha, hb, 32), 0);   /* different computations */
+		ck_assert_int_eq(ap_graph_hash_kernel(ga, AP_CONST_BAKE_MAX, ka), 0);
+		ck_assert_int_eq(ap_graph_hash_kernel(gb, AP_CONST_BAKE_MAX, kb), 0);
+		ck_assert_msg((memcmp(ka, kb, 32) == 0) == cases[i].same, "case %zu", i);
+		ap_graph_free(ga);
+		ap_graph_free(gb);
+	}
+}
+END_TEST
+
 START_TEST(records_reused_by_builds)
 {
 	ap_cache *c = fresh_cache();
@@ -582,6 +637,7 @@ int main(void)
 	tcase_add_test(tc, records_in_the_cache);
 	tcase_add_test(tc, records_reused_by_builds);
 	tcase_add_test(tc, variants_take_candidates);
+	tcase_add_test(tc, signature_ignores_buffer_constants);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

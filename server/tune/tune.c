@@ -1,6 +1,7 @@
 /* tune.c -- the tuner's search (see tune.h).
  */
 #include "tune.h"
+#include "../lower/value.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -365,7 +366,7 @@ int ap_tune_signature(const ap_emitter *em, const ap_mgraph *m, const char *targ
 	ap_sha256_ctx *c;
 	int n;
 
-	if (ap_graph_hash(m->g, gh) < 0 || !(c = ap_sha256_new()))
+	if (ap_graph_hash_kernel(m->g, AP_CONST_BAKE_MAX, gh) < 0 || !(c = ap_sha256_new()))
 		return AP_ENOMEM;
 	n = snprintf(head, sizeof(head), "apollo tune v1|%d|%d|%u|%d|", (int)m->kind, m->n_members,
 		     max_block_threads, t->allow_tf32 ? 1 : 0);

@@ -79,8 +79,10 @@ int ap_tune_search(const ap_emitter *em, const ap_mgraph *m, const ap_target_inf
 		   const ap_tune_options *o, ap_tune_result *r, ap_error *err);
 
 /* The canonical signature of a tunable kernel: SHA-256 over the
- * micro-graph's canonical hash (ap_graph_hash: structure, shapes, dtypes,
- * baked constants; no names), its kind and member count, the emitter's
+ * micro-graph's canonical hash (ap_graph_hash_kernel: structure, shapes,
+ * dtypes, the values of constants baked into the source only -- a bias
+ * read from a buffer counts by shape, so identical layers share a
+ * signature; no names), its kind and member count, the emitter's
  * name, the target name `target` ("sm_90", "cpu"), the block-size cap and
  * the TF32 option.  Two graphs holding the same micro-graph share it.
  * 0 or AP_ENOMEM. */
