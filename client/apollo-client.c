@@ -1287,7 +1287,6 @@ typedef struct tune_row {
 	char *schedule;          /* owned (m.schedule points here) */
 	char emitter[32];
 	char node[96];           /* its last imported node, for people */
-	bool fastest;            /* the fastest of its signature */
 } tune_row;
 
 typedef struct tune_rows {
@@ -1436,22 +1435,13 @@ static void tune_print(tune_rows *rows, const char *device, unsigned sms)
 	printf("device: %s (%u SMs)\n", device, sms);
 	printf("  %-16s %-10s %10s  %-24s %s\n", "kernel", "emitter", "us", "node", "schedule");
 	for (int i = 0; i < rows->n; i++) {
-		tune_row *r = &rows->r[i];
-
-		r->fastest = true;
-		for (int j = 0; j < rows->n; j++)
-			if (j != i && !memcmp(rows->r[j].m.signature, r->m.signature, 32) &&
-			    (rows->r[j].m.time_us < r->m.time_us ||
-			     (rows->r[j].m.time_us == r->m.time_us && j < i)))
-				r->fastest = false;
-	}
-	for (int i = 0; i < rows->n; i++) {
 		const tune_row *r = &rows->r[i];
+		/* sorted: a kernel's first row is its fastest */
+		bool fastest = i == 0 || memcmp(rows->r[i - 1].m.signature, r->m.signature, 32);
 		char hex[17];
 
-		for (int k = 0; k < 8; k++)
-			snprintf(hex + 2 * k, 3, "%02x", r->m.signature[k]);
-		printf("%c %-16s %-10s %10.3f  %-24.24s %s\n", r->fastest ? '*' : ' ', hex, r->emitter,
+		ap_hex(r->m.signature, 8, hex);
+		printf("%c %-16s %-10s %10.3f  %-24.24s %s\n", fastest ? '*' : ' ', hex, r->emitter,
 		       r->m.time_us, r->node, r->schedule);
 	}
 }

@@ -448,8 +448,7 @@ int ap_compiler_tune_report(ap_compiler *c, const Apollo__TuneReport *rep, unsig
 					  i, why);
 			goto out;
 		}
-		for (int k = 0; k < 8; k++)
-			snprintf(hex + 2 * k, 3, "%02x", m->signature.data[k]);
+		ap_hex(m->signature.data, 8, hex);
 		found = ap_cache_tuning_get(c->cache, m->signature.data, rep->target, "", &model[i]);
 		if (found < 0) {
 			rc = ap_error_set(err, AP_EIO, NULL, NULL,
