@@ -1342,66 +1342,10 @@ typedef struct tune_opts {
 	int runs, warmup, device;
 } tune_opts;
 
-/* Runs one variant bundle: warm-up runs, then `runs` timed runs; the
- * median time of every launch that runs one tuned kernel alone goes to
- * `rows`.  The first variant also names the device. */
-static int tune_variant(ap_bundle *bundle, const ap_graph *g, const tune_opts *o,
-			tune_rows *rows, char *device, size_t cap, unsigned *sms, ap_error *err)
+/* ap_runtime_timing_fn of tune: one row per timed candidate. */
+static int tune_row_timed(void *user, const ap_bundle_launch_part *pt, double us, unsigned runs)
 {
-	ap_runtime_options ro = { .device = o->device, .profile = true };
-	int n = ap_bundle_n_launches(bundle), rc;
-	ap_runtime *rt = ap_runtime_new(bundle, &ro, err);
-	double *prev = NULL, *t = NULL;
-
-	if (!rt)
-		return err->code;
-	if (!device[0] && (rc = ap_runtime_device(rt, device, cap, sms, err)) < 0)
-		goto out;
-	if ((g && (rc = ap_runtime_bind_consts(rt, g, err)) < 0) ||
-	    (rc = ap_runtime_bind_zeros(rt, err)) < 0)
-		goto out;
-	prev = calloc((size_t)n + 1, sizeof(double));
-	t = calloc((size_t)n * (size_t)o->runs + 1, sizeof(double));
-	if (!prev || !t) {
-		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
-		goto out;
-	}
-	for (int w = 0; w < o->warmup; w++)
-		if ((rc = ap_runtime_run(rt, err)) < 0)
-			goto out;
-	for (int l = 0; l < n; l++)
-		prev[l] = ap_runtime_launch_ms(rt, l);
-	for (int r = 0; r < o->runs; r++) {
-		if ((rc = ap_runtime_run(rt, err)) < 0)
-			goto out;
-		for (int l = 0; l < n; l++) {
-			double now = ap_runtime_launch_ms(rt, l);
-
-			t[(size_t)l * (size_t)o->runs + (size_t)r] = now - prev[l];
-			prev[l] = now;
-		}
-	}
-	for (int l = 0; l < n; l++) {
-		ap_bundle_launch_part pt;
-		double *lt = &t[(size_t)l * (size_t)o->runs];
-
-		/* a launch of several micro-graphs times them together: skipped */
-		if (ap_bundle_launch_n_parts(bundle, l) != 1 ||
-		    ap_bundle_launch_part_get(bundle, l, 0, &pt) < 0 || !pt.tune_signature)
-			continue;
-		qsort(lt, (size_t)o->runs, sizeof(double), cmp_double);
-		if (lt[o->runs / 2] > 0 &&
-		    tune_rows_add(rows, &pt, lt[o->runs / 2] * 1e3, (unsigned)o->runs) < 0) {
-			rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
-			goto out;
-		}
-	}
-	rc = 0;
-out:
-	free(prev);
-	free(t);
-	ap_runtime_free(rt);
-	return rc;
+	return tune_rows_add(user, pt, us, runs);
 }
 
 /* Rows grouped by kernel (in the order kernels were first timed), each
@@ -1539,7 +1483,9 @@ static int cmd_tune(int argc, char **argv)
 			fail("tune: compile", &err);
 			goto out;
 		}
-		r = tune_variant(bundle, g, &o, &rows, device, sizeof(device), &sms, &err);
+		r = ap_runtime_time_tuned(bundle, g, o.device, o.warmup, o.runs,
+					  device[0] ? NULL : device, sizeof(device), &sms, tune_row_timed,
+					  &rows, &err);
 		ap_bundle_free(bundle);
 		if (r < 0) {
 			fail("tune: run", &err);
@@ -1685,6 +1631,25 @@ static int cmd_stats(int argc, char **argv)
 			       "configurations, %.1f ms); reports %.0f (%.0f measurements, %.0f "
 			       "records); %.0f records held\n",
 			       rec + meas, meas, srch, tried, secs * 1e3, reps, nm, mrec, held);
+	}
+	{
+		static const char *const ev[] = { "job", "compiled", "refined", "moved", "timed",
+						  "measured", "dropped", "failed" };
+		double v8[8];
+		int i = 0;
+
+		for (; i < 8; i++) {
+			char l[32];
+
+			snprintf(l, sizeof(l), "event=%s", ev[i]);
+			if (ap_metrics_value(m, "apollo_tuning_background_total", l, &v8[i]))
+				break;
+		}
+		if (i == 8)
+			printf("background tuner: %.0f requests, %.0f candidates compiled, %.0f records "
+			       "refined (%.0f moved), %.0f candidates timed, %.0f measured records; "
+			       "%.0f dropped, %.0f failed\n",
+			       v8[0], v8[1], v8[2], v8[3], v8[4], v8[5], v8[6], v8[7]);
 	}
 	printf("(every metric: apollo-client stats --json)\n");
 	ap_metrics_free(m);

@@ -1309,3 +1309,71 @@ ap_host_tensor *ap_runtime_output(ap_runtime *rt, int index, ap_error *err)
 	}
 	return t;
 }
+
+/* ---- timing tuned kernels ------------------------------------------------ */
+
+static int cmp_ms(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+int ap_runtime_time_tuned(const ap_bundle *b, const ap_graph *g, int device, int warmup, int runs,
+			  char *device_name, size_t cap, unsigned *sms, ap_runtime_timing_fn fn,
+			  void *user, ap_error *err)
+{
+	ap_runtime_options ro = { .device = device, .profile = true };
+	int n = ap_bundle_n_launches(b), rc;
+	ap_runtime *rt;
+	double *prev = NULL, *t = NULL;
+
+	if (runs < 1)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "timing wants at least one run");
+	if (!(rt = ap_runtime_new(b, &ro, err)))
+		return err->code ? err->code : AP_ENOMEM;
+	if (device_name && (rc = ap_runtime_device(rt, device_name, cap, sms, err)) < 0)
+		goto out;
+	if ((g && (rc = ap_runtime_bind_consts(rt, g, err)) < 0) ||
+	    (rc = ap_runtime_bind_zeros(rt, err)) < 0)
+		goto out;
+	prev = calloc((size_t)n + 1, sizeof(double));
+	t = calloc((size_t)n * (size_t)runs + 1, sizeof(double));
+	if (!prev || !t) {
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		goto out;
+	}
+	for (int w = 0; w < warmup; w++)
+		if ((rc = ap_runtime_run(rt, err)) < 0)
+			goto out;
+	for (int l = 0; l < n; l++)
+		prev[l] = ap_runtime_launch_ms(rt, l);
+	for (int r = 0; r < runs; r++) {
+		if ((rc = ap_runtime_run(rt, err)) < 0)
+			goto out;
+		for (int l = 0; l < n; l++) {
+			double now = ap_runtime_launch_ms(rt, l);
+
+			t[(size_t)l * (size_t)runs + (size_t)r] = now - prev[l];
+			prev[l] = now;
+		}
+	}
+	rc = 0;
+	for (int l = 0; l < n && !rc; l++) {
+		ap_bundle_launch_part pt;
+		double *lt = &t[(size_t)l * (size_t)runs];
+
+		/* a launch of several micro-graphs times them together: skipped */
+		if (ap_bundle_launch_n_parts(b, l) != 1 || ap_bundle_launch_part_get(b, l, 0, &pt) < 0 ||
+		    !pt.tune_signature)
+			continue;
+		qsort(lt, (size_t)runs, sizeof(double), cmp_ms);
+		if (lt[runs / 2] > 0 && (rc = fn(user, &pt, lt[runs / 2] * 1e3, (unsigned)runs)) < 0)
+			ap_error_set(err, rc, NULL, NULL, "timing stopped: %s", ap_error_name(rc));
+	}
+out:
+	free(prev);
+	free(t);
+	ap_runtime_free(rt);
+	return rc;
+}

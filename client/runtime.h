@@ -107,6 +107,28 @@ int ap_runtime_bind_zeros(ap_runtime *rt, ap_error *err);
 int ap_runtime_device(const ap_runtime *rt, char *name, size_t cap, unsigned *sms,
 		      ap_error *err);
 
+/* One timed candidate of ap_runtime_time_tuned: the launch part (borrowed
+ * for the call), the median of its launch's times in microseconds, and
+ * how many runs were timed.  Returns 0, or a negative AP_E* to stop. */
+typedef int (*ap_runtime_timing_fn)(void *user, const ap_bundle_launch_part *part,
+				    double median_us, unsigned runs);
+
+/* Times the tuned kernels of a bundle compiled with tune_variant (each
+ * tuned kernel alone in its launch): loads it on CUDA device `device`
+ * (profiling on), binds g's constants (g may be NULL: the bundle's own)
+ * and zeros everywhere else (ap_runtime_bind_zeros), runs the plan
+ * `warmup` times, then `runs` (>= 1) times timed, and calls fn once per
+ * launch that runs exactly one part carrying a tune_signature, with the
+ * median of its `runs` times (CUDA events, the device's clock).  When
+ * `device_name` is not NULL, it gets the device's name (cap bytes) and
+ * *sms its SM count.  Used by apollo-client tune and the daemon's
+ * background tuner.  0, fn's error, or those of ap_runtime_new,
+ * ap_runtime_run, ap_runtime_device (AP_EUNSUPPORTED without a CUDA driver
+ * or device), AP_ENOMEM. */
+int ap_runtime_time_tuned(__ap_keep const ap_bundle *b, __ap_keep const ap_graph *g, int device,
+			  int warmup, int runs, char *device_name, size_t cap, unsigned *sms,
+			  ap_runtime_timing_fn fn, void *user, ap_error *err);
+
 /* Binds buffer `buffer` -- its index among the bundle's buffers
  * (ap_bundle_buffer_get), of kind INPUT, PARAM or OUTPUT -- to the caller's
  * memory, without a copy: `ptr` is a host address for target cpu and a

@@ -130,6 +130,23 @@ static const ap_config_option options[] = {
 	  "the cache and reused by every graph holding the same kernel; measured "
 	  "records win over modelled ones.  0: no search "
 	  "(records are still used)." },
+	{ "tune_refine", NUM(AP_CFG_BOOL, tune_refine), "true", 0, 0, NULL,
+	  "Background tuning: after a compile for a GPU target that searched kernels, "
+	  "a thread at the lowest priority compiles each such kernel's candidates "
+	  "with ptxas -v and prices them again with the registers, shared memory "
+	  "and spills ptxas reports (occupancy from the real register count); a "
+	  "kernel's record moves to a candidate that is 3% faster or does not spill "
+	  "where the choice does, and later compiles build it.  false: records stay "
+	  "as the search left them." },
+	{ "tune_measure", NUM(AP_CFG_BOOL, tune_measure), "true", 0, 0, NULL,
+	  "Background tuning on this host's GPU: when a CUDA driver (libcuda.so.1, "
+	  "or $APOLLO_LIBCUDA) and device tune_device load, the candidates of the "
+	  "kernels a compile searched are also timed there (3 warm-up runs, median "
+	  "of 20) and the fastest of each kernel stored as a measured record for "
+	  "this device, as apollo-client tune does from a client.  Without a driver "
+	  "or device nothing is timed." },
+	{ "tune_device", NUM(AP_CFG_INT, tune_device), "0", 0, 1023, NULL,
+	  "CUDA device ordinal tune_measure times on." },
 	{ "redis", STR(redis), "", 0, 0, NULL,
 	  "Shared cache (L2) in Redis, looked up after the local cache and before "
 	  "compiling, and written with every new entry: HOST:PORT, [IPv6]:PORT, or "

@@ -54,6 +54,9 @@ typedef struct ap_config {
 	long long cache_memory_bytes; /* verified blobs kept in memory */
 	long long flight_wait_ms;  /* wait for an identical request's compile */
 	long long tune_budget_ms;  /* issue 9: search time per request; 0 = no search */
+	int tune_refine;           /* background tuner: ptxas -v refinement */
+	int tune_measure;          /* background tuner: timing on this host's GPU */
+	long long tune_device;     /* its CUDA ordinal */
 	char redis[256];           /* "HOST:PORT", "unix:PATH" or ""; see redis.h */
 	char redis_secret_file[1024];   /* the cluster secret (HMAC key) */
 	char redis_password_file[1024]; /* Redis AUTH password, "" = none */

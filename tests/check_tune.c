@@ -18,6 +18,19 @@
  *                            its record (no search), a measured record's
  *                            configuration is the one built, an sm_80 record
  *                            is not used for sm_90
+ *   refined_us_reads_ptxas   ap_tune_refined_us: ptxas's own register count
+ *                            gives the model's time back, more registers
+ *                            (fewer resident blocks), spills and shared
+ *                            memory past an SM's cost more or INFINITY
+ *   background_tuner         the daemon's background tuner after a compile
+ *                            that searched a GEMM for sm_90: the model's
+ *                            record re-priced with ptxas (method "ptxas", its
+ *                            time = ap_tune_refined_us of the chosen
+ *                            configuration's kernel compiled here), every
+ *                            candidate timed through the stand-in driver,
+ *                            the measured record = the candidate the stand-in
+ *                            times fastest, at exactly that time, and the
+ *                            next compile builds it
  */
 #include <check.h>
 #include <math.h>
@@ -26,6 +39,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <dlfcn.h>
+
+#include "proto/apollo.pb-c.h"
+#include "server/backend/backend.h"
+#include "server/compile/compile.h"
 #include "server/lower/emitters.h"
 #include "server/plan/program.h"
 #include "server/tune/tune.h"
@@ -623,6 +641,208 @@ START_TEST(records_reused_by_builds)
 }
 END_TEST
 
+
+/* ---- refinement with ptxas and the background tuner ---------------------------------- */
+
+START_TEST(refined_us_reads_ptxas)
+{
+	ap_graph *g = matmul_graph(4096, 4096, 32, false);
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+	ap_target_info ti;
+	const ap_emitter *em = &ap_emitter_gemm;
+	ap_space sp;
+	ap_sched s;
+	ap_traffic tr;
+	ap_ptxas_stats ps = {0};
+	ap_error err;
+	double base, more, spilled;
+
+	ck_assert_int_eq(ap_cost_target("sm_90", &ti), 0);
+	ck_assert_int_eq(ap_emitter_default(em, m, &ti, &sp, &s, &err), 0);
+	memset(&tr, 0, sizeof(tr));
+	ck_assert_int_eq(em->traffic(m, &s, &ti, &tr), 0);
+	ck_assert_uint_gt(tr.regs, 0);
+	base = ap_cost_schedule_us(&tr, &ti);
+	ck_assert(isfinite(base) && base > 0);
+	/* ptxas agreeing with the estimate: the model's own time */
+	ps.registers = (int)tr.regs;
+	ck_assert_double_eq_tol(ap_tune_refined_us(&tr, &ps, &ti), base, 1e-9 * base);
+	/* 255 registers: fewer blocks resident per SM, more waves */
+	ck_assert_uint_lt(ap_cost_blocks_per_sm_regs(&ti, tr.threads, tr.shared_bytes, 255),
+			  ap_cost_blocks_per_sm_regs(&ti, tr.threads, tr.shared_bytes, tr.regs));
+	more = ap_tune_refined_us(&tr, &(ap_ptxas_stats){ .registers = 255 }, &ti);
+	ck_assert_msg(more > base, "255 registers: %g us, estimate: %g us", more, base);
+	/* 64 KiB of spills per thread dominate every other resource */
+	spilled = ap_tune_refined_us(&tr, &(ap_ptxas_stats){ .registers = (int)tr.regs,
+							     .spill_store_bytes = 32768,
+							     .spill_load_bytes = 32768 }, &ti);
+	ck_assert_msg(spilled > 2 * base, "spilled %g us, base %g us", spilled, base);
+	/* static shared memory past the SM's: the block does not fit */
+	ck_assert(isinf(ap_tune_refined_us(&tr, &(ap_ptxas_stats){ .shared_bytes = 1 << 22 }, &ti)));
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* Compiles g for sm_90 (PTX) with tune_variant v: the response. */
+static Apollo__CompileResponse *compile_variant(ap_compiler *c, Apollo__Graph *pb, unsigned v)
+{
+	Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
+	Apollo__CompileOptions o = APOLLO__COMPILE_OPTIONS__INIT;
+	Apollo__CompileResponse *r;
+
+	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
+	req.graph = pb;
+	req.target = "sm_90";
+	req.output = APOLLO__OUTPUT_KIND__OUTPUT_PTX;
+	o.tune_variant = v;
+	req.options = &o;
+	r = ap_compile_run(c, &req);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_msg(r->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE, "compile: %s",
+		      r->result_case == APOLLO__COMPILE_RESPONSE__RESULT_ERROR ? r->error->message : "?");
+	return r;
+}
+
+/* The launch of bundle b running the tuned kernel `sig` alone: its index,
+ * or -1. */
+static int tuned_launch(const Apollo__Bundle *b, const uint8_t sig[32])
+{
+	for (size_t l = 0; l < b->n_plan; l++)
+		if (b->plan[l]->n_parts == 1 && b->plan[l]->parts[0]->tune_signature.len == 32 &&
+		    !memcmp(b->plan[l]->parts[0]->tune_signature.data, sig, 32))
+			return (int)l;
+	return -1;
+}
+
+START_TEST(background_tuner)
+{
+	char so[300];
+	const char *b = getenv("APOLLO_BUILD");
+	double (*fake_ms)(unsigned, unsigned, unsigned);
+	void *h;
+	ap_graph *g = matmul_graph(256, 256, 256, false);
+	Apollo__Graph *pb = ap_graph_to_pb(g);
+	ap_compiler_options co = { .threads = 1,
+				   .autotune = { .refine = true, .measure = true, .runs = 5,
+						 .warmup = 1 } };
+	Apollo__CompileResponse *r;
+	ap_compiler *c;
+	ap_cache *cache;
+	ap_compile_counters cc;
+	ap_tune_record model, meas;
+	uint8_t sig[32];
+	double best_us = INFINITY;
+	int l, n_cand = 1;
+	ap_error err;
+
+	if (ap_nvrtc_load(&err)) {
+		fprintf(stderr, "background_tuner: skipped, no NVRTC (%s)\n", err.msg);
+		goto out_graph;
+	}
+	snprintf(so, sizeof(so), "%s/tests/libcuda-standin.so", b && *b ? b : "build");
+	ck_assert_msg(access(so, R_OK) == 0, "no stand-in driver at %s", so);
+	setenv("APOLLO_LIBCUDA", so, 1);
+	h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+	ck_assert_ptr_nonnull(h);
+	*(void **)&fake_ms = dlsym(h, "fake_launch_ms");
+	ck_assert_ptr_nonnull(fake_ms);
+	cache = fresh_cache();
+	c = ap_compiler_new(cache, &co);
+	ck_assert_ptr_nonnull(c);
+
+	/* the first compile searches the GEMM: one job */
+	r = compile_variant(c, pb, 0);
+	ck_assert_uint_eq(r->bundle->stats->tune_searched, 1);
+	for (l = 0; l < (int)r->bundle->n_plan; l++)
+		if (r->bundle->plan[l]->parts[0]->tune_signature.len == 32)
+			break;
+	ck_assert_int_lt(l, (int)r->bundle->n_plan);
+	memcpy(sig, r->bundle->plan[l]->parts[0]->tune_signature.data, 32);
+	ap_compile_response_free(r);
+	ck_assert(ap_autotune_wait_idle(ap_compiler_autotune(c), 120000));
+	ap_compiler_get_counters(c, &cc);
+	ck_assert_uint_eq(cc.autotune.jobs, 1);
+	ck_assert_uint_eq(cc.autotune.failed, 0);
+	ck_assert_uint_eq(cc.autotune.refined, 1);
+	ck_assert_uint_eq(cc.autotune.measured, 1);
+
+	/* the model's record, refined: candidates as many as were compiled */
+	ck_assert_int_eq(ap_cache_tuning_get(cache, sig, "sm_90", "", &model), 1);
+	ck_assert_str_eq(model.method, "ptxas");
+	for (const char *p = model.candidates; *p; p++)
+		n_cand += *p == ';';
+	ck_assert_int_ge(n_cand, 2);
+	ck_assert_uint_eq(cc.autotune.compiled, (uint64_t)n_cand);
+	ck_assert_uint_ge(cc.autotune.timed, (uint64_t)n_cand);
+
+	/* its time: the chosen configuration's kernel, compiled here with ptxas */
+	for (unsigned v = 1; v <= AP_TUNE_TOP; v++) {
+		Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
+		Apollo__CompileOptions o = APOLLO__COMPILE_OPTIONS__INIT;
+		ap_graph *gg;
+		ap_program *p;
+
+		req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
+		req.graph = pb;
+		req.target = "sm_90";
+		o.tune_variant = v;
+		req.options = &o;
+		ck_assert_int_eq(ap_compiler_build_program(c, &req, &gg, &p, &err), 0);
+		for (int i = 0; i < p->n_launches; i++) {
+			const ap_launch_part *pt = &p->launches[i].parts[0];
+			ap_ptxas_stats ps;
+			const ap_kernel_src *k = &p->kernels[p->launches[i].kernel];
+			ap_target_info ti;
+
+			if (!pt->tuned || memcmp(pt->tune_sig, sig, 32) || strcmp(pt->schedule, model.config))
+				continue;
+			ck_assert_int_eq(ap_nvrtc_ptxas_stats(k->src, k->name, "sm_90", &ps, &err), 0);
+			ck_assert_int_eq(ap_cost_target("sm_90", &ti), 0);
+			ck_assert_double_eq_tol(model.modelled_us, ap_tune_refined_us(&pt->traffic, &ps, &ti),
+						1e-9 * model.modelled_us);
+			v = AP_TUNE_TOP;   /* found */
+		}
+		ap_program_free(p);
+		ap_graph_free(gg);
+	}
+
+	/* the measured record: the candidate the stand-in times fastest */
+	ck_assert_int_eq(ap_cache_tuning_get(cache, sig, "sm_90", "Apollo stand-in GPU", &meas), 1);
+	ck_assert_str_eq(meas.method, "measured");
+	for (unsigned v = 1; v <= AP_TUNE_TOP; v++) {
+		const Apollo__Kernel *k;
+		double us;
+
+		r = compile_variant(c, pb, v);
+		ck_assert_int_ge(l = tuned_launch(r->bundle, sig), 0);
+		k = r->bundle->kernels[r->bundle->plan[l]->kernel];
+		us = 1e3 * fake_ms(k->grid[0] * k->grid[1] * k->grid[2],
+				   k->block[0] * k->block[1] * k->block[2], k->dynamic_shared_bytes);
+		if (!strcmp(r->bundle->plan[l]->parts[0]->schedule, meas.config))
+			ck_assert_double_eq_tol(meas.measured_us, us, 1e-6 * us);
+		if (us < best_us)
+			best_us = us;
+		ap_compile_response_free(r);
+	}
+	ck_assert_double_eq_tol(meas.measured_us, best_us, 1e-6 * best_us);
+	/* and the next compile builds it */
+	r = compile_variant(c, pb, 0);
+	ck_assert_uint_eq(r->bundle->stats->tune_measured, 1);
+	ck_assert_int_ge(l = tuned_launch(r->bundle, sig), 0);
+	ck_assert_str_eq(r->bundle->plan[l]->parts[0]->schedule, meas.config);
+	ap_compile_response_free(r);
+
+	ap_compiler_free(c);
+	drop_cache(cache);
+	unsetenv("APOLLO_LIBCUDA");
+	dlclose(h);
+out_graph:
+	ap_graph_pb_free(pb);
+	ap_graph_free(g);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("tune");
@@ -638,6 +858,8 @@ int main(void)
 	tcase_add_test(tc, records_reused_by_builds);
 	tcase_add_test(tc, variants_take_candidates);
 	tcase_add_test(tc, signature_ignores_buffer_constants);
+	tcase_add_test(tc, refined_us_reads_ptxas);
+	tcase_add_test(tc, background_tuner);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

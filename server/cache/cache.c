@@ -1045,7 +1045,7 @@ int ap_cache_tuning_get(ap_cache *c, const uint8_t sig[32], const char *target,
 }
 
 int ap_cache_tuning_put_many(ap_cache *c, const uint8_t (*sigs)[32], const char *target,
-			     const ap_tune_record *recs, int n)
+			     const ap_tune_record *recs, int n, bool advance)
 {
 	struct conn *co = acquire(c);
 	sqlite3_stmt *st;
@@ -1081,7 +1081,7 @@ int ap_cache_tuning_put_many(ap_cache *c, const uint8_t (*sigs)[32], const char 
 		}
 		/* a measurement changes what compiles produce: a new generation
 		 * keys the bundles made from now on (ap_cache_tuning_generation) */
-		if (!rc && any_measured)
+		if (!rc && (any_measured || advance))
 			rc = run(c, co, ST_TUNE_BUMP, "tuning generation");
 		rc = rc ? rollback(co, rc) : commit(c, co);
 	}
@@ -1094,7 +1094,7 @@ int ap_cache_tuning_put_many(ap_cache *c, const uint8_t (*sigs)[32], const char 
 int ap_cache_tuning_put(ap_cache *c, const uint8_t sig[32], const char *target,
 			const ap_tune_record *r)
 {
-	return ap_cache_tuning_put_many(c, (const uint8_t (*)[32])sig, target, r, 1);
+	return ap_cache_tuning_put_many(c, (const uint8_t (*)[32])sig, target, r, 1, false);
 }
 
 uint64_t ap_cache_tuning_generation(ap_cache *c)

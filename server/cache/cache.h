@@ -126,9 +126,11 @@ int ap_cache_tuning_get(ap_cache *c, const uint8_t sig[32], const char *target,
 int ap_cache_tuning_put(ap_cache *c, const uint8_t sig[32], const char *target,
 			const ap_tune_record *r);
 /* As ap_cache_tuning_put for n records in one transaction: all stored or
- * none; the tuning generation advances once when any is measured. */
+ * none; the tuning generation advances once when any is measured or when
+ * `advance` (model records whose choice changed: the background tuner's
+ * refinement). */
 int ap_cache_tuning_put_many(ap_cache *c, const uint8_t (*sigs)[32], const char *target,
-			     const ap_tune_record *recs, int n);
+			     const ap_tune_record *recs, int n, bool advance);
 /* How many measured records were stored in this file so far: part of the
  * graph key, so that bundles compiled before a measurement are not served
  * after it.  0 when the cache is off. */

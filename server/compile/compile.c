@@ -68,6 +68,7 @@
  * the memo needs no invalidation.
  */
 #include "compile.h"
+#include "autotune.h"
 
 #include <limits.h>
 #include <math.h>
@@ -124,6 +125,7 @@ struct ap_compiler {
 	ap_flights *kflights;    /* kernels by kernel key */
 	unsigned flight_wait_ms;
 	double tune_budget_ms;   /* per request; <= 0: no search */
+	ap_autotune *autotune;   /* the background tuner; NULL: none */
 	pthread_mutex_t memo_mu;
 	struct memo_slot *memo;  /* MEMO_SLOTS */
 	atomic_uint_fast64_t requests, errors, hits, misses, kernels_compiled, memo_hits;
@@ -232,6 +234,9 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 			break;   /* fewer helpers: slower, still correct */
 		c->n_helpers++;
 	}
+	if (opt && (opt->autotune.refine || opt->autotune.measure) &&
+	    !(c->autotune = ap_autotune_new(c, &opt->autotune)))
+		ap_log(AP_LOG_WARN, "no background tuner: searched kernels keep the model's records");
 	return c;
 }
 
@@ -239,6 +244,7 @@ ap_compiler *ap_compiler_free(ap_compiler *c)
 {
 	if (!c)
 		return NULL;
+	c->autotune = ap_autotune_free(c->autotune);   /* it compiles through c */
 	pthread_mutex_lock(&c->mu);
 	c->stop = true;
 	pthread_cond_broadcast(&c->work);
@@ -289,6 +295,8 @@ void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out)
 	}
 	for (int i = 0; i < 16; i++)
 		out->errors_by_code[i] = atomic_load(&m->errors_by_code[i]);
+	if (m->autotune)
+		ap_autotune_get_counters(m->autotune, &out->autotune);
 	for (int i = 0; i < 2; i++) {
 		ap_flight_counts f;
 
@@ -305,6 +313,16 @@ void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out)
 struct ap_redis *ap_compiler_redis(const ap_compiler *c)
 {
 	return c ? c->redis : NULL;
+}
+
+ap_cache *ap_compiler_cache(const ap_compiler *c)
+{
+	return c ? c->cache : NULL;
+}
+
+ap_autotune *ap_compiler_autotune(const ap_compiler *c)
+{
+	return c ? c->autotune : NULL;
 }
 
 /* ---- the request memo ------------------------------------------------------ */
@@ -505,7 +523,7 @@ int ap_compiler_tune_report(ap_compiler *c, const Apollo__TuneReport *rep, unsig
 		i = j;
 	}
 	if (ap_cache_tuning_put_many(c->cache, (const uint8_t (*)[32])sigs, rep->target, recs,
-				     n_recs) < 0) {
+				     n_recs, true) < 0) {
 		rc = ap_error_set(err, AP_EIO, NULL, NULL,
 				  "tuning report: the measured records could not be stored");
 		goto out;
@@ -1946,6 +1964,88 @@ static int rebuild_refused(ap_compiler *c, const ap_graph *g, ap_build_options *
 }
 
 /* The job proper: 0 and *out, or an error code with `err` set. */
+/* The graph a request carries: decoded and validated, or imported from
+ * its ONNX model with its bindings.  0 with *g (caller frees), or the
+ * error (AP_EINVAL, AP_EMESSAGE, AP_ENOMEM, the importer's). */
+static int request_graph(const Apollo__CompileRequest *req, ap_graph **g, ap_error *err)
+{
+	ap_host_tensor *hts;
+	const ap_host_tensor **ptrs;
+	int rc;
+
+	*g = NULL;
+	switch (req->source_case) {
+	case APOLLO__COMPILE_REQUEST__SOURCE_GRAPH:
+		if (!(*g = ap_graph_from_pb(req->graph, err)))
+			return err->code ? err->code : AP_EINVAL;
+		if ((rc = ap_graph_validate(*g, err))) {
+			*g = ap_graph_free(*g);
+			return rc;
+		}
+		return 0;
+	case APOLLO__COMPILE_REQUEST__SOURCE_ONNX_MODEL:
+		hts = calloc(req->n_bindings + 1, sizeof(*hts));
+		ptrs = calloc(req->n_bindings + 1, sizeof(*ptrs));
+		if (!hts || !ptrs) {
+			free(hts);
+			free(ptrs);
+			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		}
+		rc = convert_bindings(req, hts, ptrs, err);
+		if (!rc && !(*g = ap_onnx_import(req->onnx_model.data, req->onnx_model.len, ptrs,
+						 (int)req->n_bindings, NULL, err)))
+			rc = err->code ? err->code : AP_EINVAL;
+		free(hts);
+		free(ptrs);
+		return rc;
+	default:
+		return ap_error_set(err, AP_EMESSAGE, NULL, NULL,
+				    "CompileRequest carries neither a graph nor an onnx_model");
+	}
+}
+
+/* A request's build options and tuning hooks (tuning records are read
+ * and written with the cache, not with no_cache).  0, or AP_EUNSUPPORTED
+ * for a tune_variant past the candidates or an unknown fusion level. */
+static int build_options(ap_compiler *c, const Apollo__CompileRequest *req, const char *target,
+			 bool use_cache, ap_task_pool *pool, ap_build_options *bo, ap_tune_hooks *th,
+			 struct tune_user *tu, ap_error *err)
+{
+	const Apollo__CompileOptions *o = req->options;
+
+	*bo = (ap_build_options){
+		.target = target,
+		.pool = pool,
+		.max_block_threads = o ? o->max_block_threads : 0,
+		.fusion = o ? (ap_fuse_level)o->fusion : AP_FUSE_DEFAULT,
+		.n_fusion_barriers = o ? (int)o->n_fusion_barriers : 0,
+		.fusion_barriers = o ? o->fusion_barriers : NULL,
+		.n_keep_whole = o ? (int)o->n_keep_whole : 0,
+		.keep_whole = o ? o->keep_whole : NULL,
+		.allow_tf32 = o && o->allow_tf32,
+		.no_layer1 = o && o->no_layer1,
+	};
+	*tu = (struct tune_user){c, target, o && o->tune_variant};
+	*th = (ap_tune_hooks){
+		.target = target,
+		.budget_ms = c->tune_budget_ms > 0 ? c->tune_budget_ms : 0,
+		.variant = o ? o->tune_variant : 0,
+		.lookup = use_cache ? tune_lookup : NULL,
+		.store = use_cache ? tune_store : NULL,
+		.user = tu,
+	};
+	if (!(o && o->no_tune))
+		bo->tune = th;
+	if (th->variant > AP_TUNE_TOP)
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "tune_variant %u: candidates are numbered 1 to %d", th->variant,
+				    AP_TUNE_TOP);
+	if (bo->fusion > AP_FUSE_APOLLO)
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "unknown fusion level %d (none=1, rules=2, apollo=3)", (int)bo->fusion);
+	return 0;
+}
+
 static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error *err)
 {
 	const Apollo__CompileRequest *req = r->req;
@@ -2006,47 +2106,15 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	}
 
 	t = ap_now_ms();
-	switch (req->source_case) {
-	case APOLLO__COMPILE_REQUEST__SOURCE_GRAPH:
-		g = ap_graph_from_pb(req->graph, err);
-		if (!g)
-			return err->code ? err->code : AP_EINVAL;
-		if ((rc = ap_graph_validate(g, err)))
-			goto done;
-		break;
-	case APOLLO__COMPILE_REQUEST__SOURCE_ONNX_MODEL: {
-		ap_host_tensor *hts;
-		const ap_host_tensor **ptrs;
-
+	if (req->source_case == APOLLO__COMPILE_REQUEST__SOURCE_ONNX_MODEL) {
 		if (onnx_request_key(req, r->target, r->output, bid, rkey))
 			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 		have_rkey = true;
 		if ((*out = lookup(c, r, rkey, false)))
 			return 0;
-		hts = calloc(req->n_bindings + 1, sizeof(*hts));
-		ptrs = calloc(req->n_bindings + 1, sizeof(*ptrs));
-		if (!hts || !ptrs) {
-			free(hts);
-			free(ptrs);
-			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
-		}
-		rc = convert_bindings(req, hts, ptrs, err);
-		if (!rc) {
-			g = ap_onnx_import(req->onnx_model.data, req->onnx_model.len, ptrs,
-					   (int)req->n_bindings, NULL, err);
-			if (!g)
-				rc = err->code ? err->code : AP_EINVAL;
-		}
-		free(hts);
-		free(ptrs);
-		if (rc)
-			return rc;
-		break;
 	}
-	default:
-		return ap_error_set(err, AP_EMESSAGE, NULL, NULL,
-				    "CompileRequest carries neither a graph nor an onnx_model");
-	}
+	if ((rc = request_graph(req, &g, err)))
+		return rc;
 	r->import_ms = ap_now_ms() - t;
 
 	/* The key hashes names too: the bundle binds params by name. */
@@ -2091,40 +2159,8 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 
 	pool.run = run_tasks;
 	pool.pool = c;
-	bo = (ap_build_options){
-		.target = r->target,
-		.pool = &pool,
-		.max_block_threads = r->mbt,
-		.fusion = req->options ? (ap_fuse_level)req->options->fusion : AP_FUSE_DEFAULT,
-		.n_fusion_barriers = req->options ? (int)req->options->n_fusion_barriers : 0,
-		.fusion_barriers = req->options ? req->options->fusion_barriers : NULL,
-		.n_keep_whole = req->options ? (int)req->options->n_keep_whole : 0,
-		.keep_whole = req->options ? req->options->keep_whole : NULL,
-		.allow_tf32 = req->options && req->options->allow_tf32,
-		.no_layer1 = req->options && req->options->no_layer1,
-	};
-	/* records are read and written with the cache (not with no_cache) */
-	tu = (struct tune_user){c, r->target, req->options && req->options->tune_variant};
-	th = (ap_tune_hooks){
-		.target = r->target,
-		.budget_ms = c->tune_budget_ms > 0 ? c->tune_budget_ms : 0,
-		.variant = req->options ? req->options->tune_variant : 0,
-		.lookup = r->use_cache ? tune_lookup : NULL,
-		.store = r->use_cache ? tune_store : NULL,
-		.user = &tu,
-	};
-	if (!(req->options && req->options->no_tune))
-		bo.tune = &th;
-	if (th.variant > AP_TUNE_TOP) {
-		rc = ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
-				  "tune_variant %u: candidates are numbered 1 to %d", th.variant, AP_TUNE_TOP);
+	if ((rc = build_options(c, req, r->target, r->use_cache, &pool, &bo, &th, &tu, err)))
 		goto done;
-	}
-	if (bo.fusion > AP_FUSE_APOLLO) {
-		rc = ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
-				  "unknown fusion level %d (none=1, rules=2, apollo=3)", (int)bo.fusion);
-		goto done;
-	}
 	/* Optimistic: build with no backend hook and compile every kernel in
 	 * parallel; the backend rejects a kernel almost never. */
 	prog = ap_program_build(g, &bo, err);
@@ -2293,6 +2329,48 @@ static void share_blobs(Apollo__Bundle *b)
 	}
 }
 
+int ap_compiler_build_program(ap_compiler *c, const Apollo__CompileRequest *req, ap_graph **g,
+			      ap_program **prog, ap_error *err)
+{
+	ap_build_options bo;
+	ap_tune_hooks th;
+	struct tune_user tu;
+	ap_task_pool pool = { .run = run_tasks, .pool = c };
+	bool gpu;
+	int output, rc;
+	const char *target = req->target && *req->target ? req->target : "cpu";
+
+	*g = NULL;
+	*prog = NULL;
+	if ((rc = ap_compile_parse_target(req->target, req->output, &gpu, &output, err)) ||
+	    (rc = request_graph(req, g, err)) ||
+	    (rc = build_options(c, req, target, ap_cache_enabled(c->cache), &pool, &bo, &th, &tu,
+				err)))
+		goto fail;
+	if ((*prog = ap_program_build(*g, &bo, err)))
+		return 0;
+	rc = err->code ? err->code : AP_EINTERNAL;
+fail:
+	*g = ap_graph_free(*g);
+	return rc;
+}
+
+int ap_compiler_compile_bundle(ap_compiler *c, const Apollo__CompileRequest *req,
+			       Apollo__Bundle **out, ap_error *err)
+{
+	struct request r = { .req = req, .t0 = ap_now_ms() };
+	int rc;
+
+	*out = NULL;
+	if ((rc = run(c, &r, out, err)))
+		return rc;
+	if (!*out)
+		return ap_error_set(err, AP_EINTERNAL, NULL, NULL, "no bundle and no error");
+	share_blobs(*out);
+	return 0;
+}
+
+
 Apollo__CompileResponse *ap_compile_run_digest(ap_compiler *c, const Apollo__CompileRequest *req,
 					       const uint8_t *digest)
 {
@@ -2314,6 +2392,11 @@ Apollo__CompileResponse *ap_compile_run_digest(ap_compiler *c, const Apollo__Com
 	rc = run(c, &r, &b, &err);
 	count_answer(c, &r, b, rc ? rc : b ? 0 : AP_EINTERNAL);
 	if (rc == 0 && b) {
+		/* kernels searched just now: their candidates are refined and
+		 * timed in the background (autotune.h) */
+		if (c->autotune && r.gpu && !b->stats->cache_hit && b->stats->tune_searched &&
+		    !(req->options && req->options->tune_variant))
+			ap_autotune_submit(c->autotune, req);
 		share_blobs(b);
 		resp->result_case = APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE;
 		resp->bundle = b;

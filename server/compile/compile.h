@@ -39,6 +39,7 @@
 
 #include "../../common/base.h"
 #include "../cache/cache.h"
+#include "autotune.h"
 
 struct Apollo__CompileRequest;
 struct Apollo__CompileResponse;
@@ -63,6 +64,9 @@ typedef struct ap_compiler_options {
 	double tune_budget_ms;     /* search time per request (server/tune/tune.h);
 				      0 = AP_TUNE_BUDGET_MS, < 0 = no search
 				      (records are still used) */
+	ap_autotune_options autotune;  /* the background tuner (autotune.h): runs
+				      when refine or measure is set; off by
+				      default */
 	bool stop_before_backend;  /* tests and fuzzing: end each request after
 				      ap_program_build (kernel IR and sources
 				      made, nothing compiled or stored) with
@@ -145,10 +149,36 @@ typedef struct ap_compile_counters {
 	uint64_t tune_reports, tune_measurements, tune_records;
 	/* errors answered, by -code (AP_E*: 1 .. 12) */
 	uint64_t errors_by_code[16];
+	ap_autotune_counters autotune;   /* the background tuner's (zero: none) */
 } ap_compile_counters;
 void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out);
 /* The shared cache the compiler was created with (NULL: none). */
 struct ap_redis *ap_compiler_redis(const ap_compiler *c);
+
+/* ---- for the background tuner (autotune.c) ---------------------------------- */
+
+struct Apollo__Bundle;
+struct ap_program;
+struct ap_graph;
+
+/* The cache the compiler was created with (may be NULL) and its
+ * background tuner (NULL: none). */
+ap_cache *ap_compiler_cache(const ap_compiler *c);
+ap_autotune *ap_compiler_autotune(const ap_compiler *c);
+
+/* Builds req's graph as a compile would (target, graph or ONNX import,
+ * options, tuning records and search), without the backend: *g and *prog
+ * (the kernels' sources, launches and parts) are the caller's to free.
+ * Counts nothing.  0, or the error a compile would answer. */
+int ap_compiler_build_program(ap_compiler *c, __ap_keep const struct Apollo__CompileRequest *req,
+			      __ap_give struct ap_graph **g, __ap_give struct ap_program **prog,
+			      ap_error *err);
+
+/* Compiles req as ap_compile_run would (caches, single-flight, backend),
+ * without counting it among the daemon's requests: 0 with *out (free with
+ * apollo__bundle__free_unpacked), or the error. */
+int ap_compiler_compile_bundle(ap_compiler *c, __ap_keep const struct Apollo__CompileRequest *req,
+			       __ap_give struct Apollo__Bundle **out, ap_error *err);
 
 /* ---- cache keys: SHA-256 over the inputs of a compilation only ---------- */
 

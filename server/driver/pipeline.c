@@ -753,6 +753,7 @@ static int add_launch(pipe *P, int li, int ki)
 				return AP_ENOMEM;
 			pt->tuned = u->tuned != AP_TUNE_DEFAULT;
 			memcpy(pt->tune_sig, u->tune_sig, sizeof(pt->tune_sig));
+			pt->traffic = u->traffic;
 		}
 		if (!pt->detail || add_mgraph_names(u->m, &pt->nodes, &pt->n_nodes) < 0 ||
 		    add_mgraph_names(u->m, &ln->nodes, &ln->n_nodes) < 0)

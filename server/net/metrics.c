@@ -185,6 +185,19 @@ static void build_tuning(ap_metrics_snapshot *m, const ap_metrics_input *in)
 	       "Measurements those reports carried.", (double)cc->tune_measurements);
 	single(m, "apollo_tuning_measured_records_total", "counter",
 	       "Measured tuning records stored from them.", (double)cc->tune_records);
+	family(m, "apollo_tuning_background_total", "counter",
+	       "The background tuner (tune_refine, tune_measure): requests tuned, requests "
+	       "dropped (queue full), jobs failed, candidates compiled with ptxas -v, "
+	       "records refined and of those whose choice moved, candidates timed on this "
+	       "host's GPU, measured records stored.");
+	sample(m, NULL, (double)cc->autotune.jobs, 1, "event", "job");
+	sample(m, NULL, (double)cc->autotune.dropped, 1, "event", "dropped");
+	sample(m, NULL, (double)cc->autotune.failed, 1, "event", "failed");
+	sample(m, NULL, (double)cc->autotune.compiled, 1, "event", "compiled");
+	sample(m, NULL, (double)cc->autotune.refined, 1, "event", "refined");
+	sample(m, NULL, (double)cc->autotune.moved, 1, "event", "moved");
+	sample(m, NULL, (double)cc->autotune.timed, 1, "event", "timed");
+	sample(m, NULL, (double)cc->autotune.measured, 1, "event", "measured");
 }
 
 static void build_cache(ap_metrics_snapshot *m, const ap_metrics_input *in)

@@ -24,6 +24,7 @@
 #include <stdio.h>
 
 #include "../../common/graph.h"
+#include "../cost/cost.h"
 #include "../kir/kir.h"
 #include "../partition/partition.h"
 
@@ -104,6 +105,10 @@ typedef struct ap_launch_part {
 				    when Layer I did not schedule it (owned) */
 	bool tuned;              /* a tuning record or search chose `schedule`: */
 	uint8_t tune_sig[32];    /* its signature (ap_tune_signature) */
+	ap_traffic traffic;      /* what the cost model expects of `schedule`
+				    (the emitter's ap_traffic; zero when it
+				    launches nothing): the background tuner
+				    re-prices it with ptxas's figures */
 } ap_launch_part;
 
 typedef struct ap_launch {

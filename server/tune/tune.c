@@ -23,6 +23,21 @@ double ap_tune_model_us(const ap_emitter *em, const ap_mgraph *m, const ap_sched
 	return ap_cost_schedule_us(&tr, t);
 }
 
+double ap_tune_refined_us(const ap_traffic *t, const ap_ptxas_stats *ps, const ap_target_info *ti)
+{
+	ap_traffic tr = *t;
+	double spill = (double)ps->spill_store_bytes + (double)ps->spill_load_bytes;
+
+	if (ps->registers > 0)
+		tr.regs = (unsigned)ps->registers;
+	if (ps->shared_bytes > 0 && (unsigned)ps->shared_bytes > tr.shared_bytes)
+		tr.shared_bytes = (unsigned)ps->shared_bytes;
+	/* local memory: every thread of every block moves its spill bytes at
+	 * least once, through L1 and L2 */
+	tr.tile_bytes += spill * (double)tr.threads * (double)tr.blocks;
+	return ap_cost_schedule_us(&tr, ti);
+}
+
 /* ---- points of the space ---------------------------------------------------------- */
 
 /* A point as knob value indices; its code is the mixed-radix number. */

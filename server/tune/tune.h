@@ -28,6 +28,7 @@
 #ifndef AP_TUNE_H
 #define AP_TUNE_H
 
+#include "../backend/backend.h"
 #include "../cache/cache.h"
 #include "../lower/lower.h"
 
@@ -71,6 +72,18 @@ typedef struct ap_tune_result {
  * occupancy and waves); INFINITY when em->valid refuses s; AP_ENOMEM. */
 double ap_tune_model_us(const ap_emitter *em, const ap_mgraph *m, const ap_sched *s,
 			const ap_target_info *t, void *user);
+
+/* The cost model's time of a compiled configuration: `t` (the emitter's
+ * ap_traffic for it, ap_launch_part.traffic) with ptxas's figures in
+ * place of the emitter's estimates -- registers per thread (occupancy
+ * against the register file), static shared memory when larger than the
+ * modelled (occupancy), and spill stores plus loads, moved once per
+ * thread of every block through the caches (tile_bytes; a lower bound:
+ * ptxas counts spill instructions, not their trips round a loop) -- then
+ * ap_cost_schedule_us.  Microseconds; INFINITY when the block no longer
+ * fits an SM.  This is issue 9's "model refined by what NVRTC reports for
+ * each candidate" (the background tuner, server/compile/autotune.h). */
+double ap_tune_refined_us(const ap_traffic *t, const ap_ptxas_stats *ps, const ap_target_info *ti);
 
 /* Searches em's space for m on t (see the file comment); `o` may be NULL.
  * Fills *r.  0, or AP_ENOMEM / the cost function's error with `err` set.
