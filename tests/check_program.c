@@ -34,6 +34,7 @@
 #include "server/partition/partition.h"
 #include "server/plan/program.h"
 #include "server/lower/value.h"
+#include "server/tune/tune.h"
 
 typedef void (*host_fn)(void *const *args, unsigned block_begin, unsigned block_end);
 
@@ -3308,7 +3309,7 @@ START_TEST(layer1_replay_and_legality)
 
 	ck_assert_int_eq(ap_cost_target("sm_80", &ti), 0);
 	ck_assert(ap_fuse_layer1_wanted(m));
-	ck_assert_int_eq(ap_fuse_layer1_plan(m, &ti, 0, &l, why, sizeof(why)), 1);
+	ck_assert_int_eq(ap_fuse_layer1_plan(m, &ti, 0, NULL, &l, why, sizeof(why)), 1);
 	text = ap_fuse_layer1_text(l);
 	ck_assert_ptr_nonnull(text);
 	ck_assert_ptr_nonnull(strstr(text, "domain: "));
@@ -3346,6 +3347,71 @@ START_TEST(layer1_replay_and_legality)
 	ck_assert_msg(strstr(err.msg, "layer I") != NULL, "%s", err.msg);
 	free(bad);
 	free(src);
+	free(text);
+	ap_fuse_layer1_free(l);
+	ap_fuse_layer1_free(l2);
+	ap_mgraph_free(m);
+	l1_free(&b);
+}
+END_TEST
+
+
+/* Layer I's tile is a tuner's knob: the space holds the rule's tile, a
+ * configuration's tile is the plan's, a tuned plan replays from its text
+ * with its own tile, a smaller tile models more arithmetic (its halo
+ * recomputed) by exactly the plan's recompute ratio, and the search never
+ * models worse than the rule. */
+START_TEST(layer1_tile_knobs)
+{
+	l1_shape sh = {L1_CONV, 8, 40, 40, 4, 3, 1, 1, false, false, false};
+	l1_built b = l1_graph(&sh);
+	ap_mgraph *m = l1_mgraph(&b);
+	const ap_emitter *em = &ap_fuse_layer1_emitter;
+	ap_target_info ti;
+	ap_space sp;
+	ap_sched d, small;
+	ap_traffic base, tr;
+	ap_layer1 *l = NULL, *l2 = NULL;
+	ap_tune_result r;
+	char why[300], want[64], *text, *desc, *desc2;
+	ap_error err;
+
+	ck_assert_int_eq(ap_cost_target("sm_80", &ti), 0);
+	ck_assert_int_eq(ap_emitter_default(em, m, &ti, &sp, &d, &err), 0);
+	ck_assert_int_eq(sp.n, 2);
+	ck_assert_str_eq(sp.knobs[0].name, "th");
+	ck_assert_str_eq(sp.knobs[1].name, "tw");
+	/* the rule's plan is the default configuration's */
+	ck_assert_int_eq(ap_fuse_layer1_plan(m, &ti, 0, NULL, &l, why, sizeof(why)), 1);
+	desc = ap_fuse_layer1_describe(l);
+	snprintf(want, sizeof(want), "tile=1x1x%dx%d ", d.v[0], d.v[1]);
+	ck_assert_msg(strstr(desc, want) == desc, "%s against %s", desc, want);
+	free(desc);
+	ap_fuse_layer1_free(l);
+	/* a 1 x 8 tile: planned as given, replayed from its text with it */
+	small = d;
+	small.v[0] = 1;
+	small.v[1] = 8;
+	ck_assert_int_eq(em->valid(m, &small, &ti), 1);
+	ck_assert_int_eq(ap_fuse_layer1_plan(m, &ti, 0, &small, &l, why, sizeof(why)), 1);
+	desc = ap_fuse_layer1_describe(l);
+	ck_assert_msg(strstr(desc, "tile=1x1x1x8 ") == desc, "%s", desc);
+	text = ap_fuse_layer1_text(l);
+	ck_assert_int_eq(ap_fuse_layer1_load(m, &ti, text, &l2, why, sizeof(why)), 1);
+	desc2 = ap_fuse_layer1_describe(l2);
+	ck_assert_str_eq(desc, desc2);
+	/* its arithmetic: the micro-graph's times the recompute ratio (> 1) */
+	ck_assert_int_eq(em->traffic(m, NULL, &ti, &base), 0);
+	ck_assert_int_eq(em->traffic(m, &small, &ti, &tr), 0);
+	ck_assert(ap_fuse_layer1_recompute(l) > 1.0);
+	ck_assert_double_eq_tol(tr.flops, base.flops * ap_fuse_layer1_recompute(l), 1e-6 * tr.flops);
+	ck_assert_uint_eq(tr.shared_bytes, 3 * 10 * sizeof(float));   /* (1-1)+3 rows, (8-1)+3 columns */
+	/* the search keeps the rule or beats it under the model */
+	ck_assert_int_eq(ap_tune_search(em, m, &ti, NULL, &r, &err), 0);
+	ck_assert(r.best_us <= r.default_us);
+	ck_assert_int_eq(em->valid(m, &r.best, &ti), 1);
+	free(desc);
+	free(desc2);
 	free(text);
 	ap_fuse_layer1_free(l);
 	ap_fuse_layer1_free(l2);
@@ -3400,6 +3466,7 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, layer1_global_pooling);
 	tcase_add_test(tc, layer1_pooled_tensor_written);
 	tcase_add_test(tc, layer1_replay_and_legality);
+	tcase_add_test(tc, layer1_tile_knobs);
 	suite_add_tcase(s, tc);
 	return s;
 }

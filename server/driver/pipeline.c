@@ -191,6 +191,32 @@ static const char *hook_refuses(const pipe *P, const unit *u, char *buf, size_t 
 	return NULL;
 }
 
+/* Tuning of unit u on emitter em (a no-op without P->opt->tune): u->sched
+ * from a record, a search within what is left of the build's budget, or
+ * the rule; u->tuned says which.  0, or u->rc set (AP_ENOMEM). */
+static int tune_unit(pipe *P, unit *u, const ap_emitter *em)
+{
+	const ap_tune_hooks *h = P->opt->tune;
+	ap_tune_outcome to;
+	double left;
+
+	u->tuned = AP_TUNE_DEFAULT;
+	u->tune_tried = 0;
+	u->tune_ms = 0;
+	if (!h)
+		return 0;
+	left = h->budget_ms - (double)atomic_load(&P->tune_used_us) / 1000;
+	if (ap_tune_unit(h, em, u->m, &P->ti, P->opt->max_block_threads, left, &u->sched, &to,
+			 &u->err) < 0)
+		return u->rc = u->err.code ? u->err.code : AP_ENOMEM;
+	atomic_fetch_add(&P->tune_used_us, (uint64_t)(to.ms * 1000));
+	u->tuned = to.kind;
+	memcpy(u->tune_sig, to.sig, sizeof(u->tune_sig));
+	u->tune_tried = to.tried;
+	u->tune_ms = to.ms;
+	return 0;
+}
+
 /* Layer I for unit i: a plan for a window micro-graph whose pooled tensor
  * it computes; u->l1_why when Layer I was wanted and refused (the driver
  * then cuts the window out of the group), u->rc on ENOMEM. */
@@ -204,7 +230,11 @@ static void layer1_task(int i, void *arg)
 	u->rc = 0;
 	if (!ap_fuse_layer1_wanted(u->m) || mgraph_is_empty(u->m))
 		return;
-	rc = ap_fuse_layer1_plan(u->m, &P->ti, P->opt->max_block_threads, &u->l1, u->l1_why,
+	/* the tile is a tuner's knob: a record, a search, or the rule */
+	if (tune_unit(P, u, &ap_fuse_layer1_emitter) < 0)
+		return;
+	rc = ap_fuse_layer1_plan(u->m, &P->ti, P->opt->max_block_threads,
+				 u->tuned != AP_TUNE_DEFAULT ? &u->sched : NULL, &u->l1, u->l1_why,
 				 sizeof(u->l1_why));
 	if (rc < 0)
 		u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory in Layer I");
@@ -223,8 +253,10 @@ static void emit_task(int i, void *arg)
 	if (mgraph_is_empty(u->m))
 		return;
 	if (u->l1) {
-		memset(&u->sched, 0, sizeof(u->sched));
-		u->sched.em = &ap_fuse_layer1_emitter;
+		if (u->tuned == AP_TUNE_DEFAULT) {
+			memset(&u->sched, 0, sizeof(u->sched));
+			u->sched.em = &ap_fuse_layer1_emitter;
+		}
 		double t0 = ap_now_ms();
 
 		u->k = ap_fuse_layer1_emit(u->m, u->l1, &P->ti, PLACEHOLDER, &u->err);
@@ -239,27 +271,18 @@ static void emit_task(int i, void *arg)
 		}
 		return;
 	}
-	u->tuned = AP_TUNE_DEFAULT;
-	u->tune_tried = 0;
-	u->tune_ms = 0;
 	if (P->opt->tune) {
-		const ap_tune_hooks *h = P->opt->tune;
 		const ap_emitter *em;
-		ap_tune_outcome to;
-		double left = h->budget_ms - (double)atomic_load(&P->tune_used_us) / 1000;
 
-		if (ap_emitter_for(u->m, &P->ti, &em, &u->err) < 0 ||
-		    ap_tune_unit(h, em, u->m, &P->ti, P->opt->max_block_threads, left, &u->sched, &to,
-				 &u->err) < 0) {
+		if (ap_emitter_for(u->m, &P->ti, &em, &u->err) < 0) {
 			u->rc = u->err.code ? u->err.code : AP_ENOMEM;
 			return;
 		}
-		atomic_fetch_add(&P->tune_used_us, (uint64_t)(to.ms * 1000));
-		u->tuned = to.kind;
-		memcpy(u->tune_sig, to.sig, sizeof(u->tune_sig));
-		u->tune_tried = to.tried;
-		u->tune_ms = to.ms;
+		if (tune_unit(P, u, em) < 0)
+			return;
 		lo.sched = &u->sched;
+	} else {
+		u->tuned = AP_TUNE_DEFAULT;
 	}
 	u->k = ap_lower(u->m, &P->ti, PLACEHOLDER, &lo, &u->sched, &u->err);
 	if (!u->k && lo.sched && u->err.code == AP_EUNSUPPORTED) {
@@ -742,9 +765,16 @@ static int add_launch(pipe *P, int li, int ki)
 		if (u->k && u->l1) {
 			pt->emitter = ap_fuse_layer1_emitter.name;
 			pt->recompute = ap_fuse_layer1_recompute(u->l1);
-			if (!(pt->schedule = ap_fuse_layer1_describe(u->l1)) ||
-			    !(pt->layer1 = ap_fuse_layer1_text(u->l1)))
+			/* a tuned tile is named by its knobs, as its record's
+			 * candidates are (what a measurement names) */
+			pt->schedule = u->tuned != AP_TUNE_DEFAULT
+					       ? ap_sched_describe(u->sched.em, u->m, &P->ti, &u->sched)
+					       : ap_fuse_layer1_describe(u->l1);
+			if (!pt->schedule || !(pt->layer1 = ap_fuse_layer1_text(u->l1)))
 				return AP_ENOMEM;
+			pt->tuned = u->tuned != AP_TUNE_DEFAULT;
+			memcpy(pt->tune_sig, u->tune_sig, sizeof(pt->tune_sig));
+			pt->traffic = u->traffic;
 		} else if (u->k && u->sched.em) {
 			pt->emitter = u->sched.em->name;
 			pt->recompute = strcmp(u->sched.em->name, "gemm") && strcmp(u->sched.em->name, "attention")

@@ -36,6 +36,7 @@
  * accesses) and chosen schedule tree as isl text, tile and thread grid,
  * the staged box.  Plain data: usable on any thread. */
 typedef struct ap_layer1 ap_layer1;
+struct ap_sched;
 
 /* Plans micro-graph m (kind AP_GROUP_WINDOW) for target t with blocks of
  * at most max_threads threads (0: 256): builds the model (statements
@@ -46,12 +47,15 @@ typedef struct ap_layer1 ap_layer1;
  * budget, the footprint's box by isl_set_get_simple_fixed_box_hull, the
  * schedule tree, and checks it legal by isl's dataflow analysis (method:
  * APOLLO section 4.1; PPCG's tiling and shared-memory promotion, Verdoolaege
- * et al., TACO 2013).  Returns 1 with *out (free with ap_fuse_layer1_free),
+ * et al., TACO 2013).  `tile` (may be NULL: the default rule) is a
+ * configuration of ap_fuse_layer1_emitter's space (th x tw, or planes),
+ * taken when its box fits; the tuner searches that space.  Returns 1 with *out (free with ap_fuse_layer1_free),
  * 0 when Layer I does not apply or refuses (`why`, `cap` bytes, says why:
  * nothing to stage, a non-affine read, no fixed box, isl's operation bound,
  * an illegal schedule), or AP_ENOMEM. */
 int ap_fuse_layer1_plan(__ap_keep const ap_mgraph *m, __ap_keep const ap_target_info *t,
-			unsigned max_threads, ap_layer1 **out, char *why, size_t cap);
+			unsigned max_threads, __ap_keep const struct ap_sched *tile, ap_layer1 **out,
+			char *why, size_t cap);
 /* The kernel of plan l for m (the plan's schedule parsed again on this
  * thread, checked legal, isl's AST converted to kernel IR one node for one
  * node), named `name`, verified (ap_kir_verify).  NULL with `err`:
@@ -68,7 +72,8 @@ double ap_fuse_layer1_recompute(__ap_keep const ap_layer1 *l);
 /* Milliseconds the plan spent (isl included). */
 double ap_fuse_layer1_ms(__ap_keep const ap_layer1 *l);
 /* The launch's traffic for the cost model: every input and output once,
- * grid, block and shared memory of the plan.  0 or AP_ENOMEM. */
+ * the arithmetic times the plan's recompute ratio, grid, block and shared
+ * memory of the plan.  0 or AP_ENOMEM. */
 int ap_fuse_layer1_traffic(__ap_keep const ap_mgraph *m, __ap_keep const ap_layer1 *l,
 			   ap_traffic *out);
 /* The plan as text: tile, threads, recompute, then isl's forms of the
@@ -104,8 +109,16 @@ bool ap_fuse_layer1_pays(__ap_keep const ap_mgraph *m, __ap_keep const ap_layer1
 __ap_give char *ap_fuse_layer1_describe(__ap_keep const ap_layer1 *l);
 
 struct ap_emitter;
-/* The emitter record launches built by Layer I carry (name "layer1"; its
- * space is empty: the plan is Layer I's, not an emitter configuration). */
+/* The emitter record of Layer I's launches (name "layer1"), whose space is
+ * the plan's tile: knobs "th" and "tw" (rows and columns of the two
+ * innermost output dimensions a block computes: powers of two and the
+ * whole extent) or, for a global-pooling window, "planes" (channels
+ * staged at once); `choose` is the plan's rule, `valid` the staged box
+ * within the shared-memory budget, `traffic` the micro-graph's with its
+ * arithmetic times the tile's recompute ratio, a block per tile.  The
+ * tuner (server/tune) searches it like an emitter's; it never matches by
+ * itself (the driver picks Layer I) and its `emit` refuses (kernels come
+ * from the plan).  host_rule_only: the host keeps the rule. */
 extern const struct ap_emitter ap_fuse_layer1_emitter;
 
 /* ---- Layer II (stitch.c) ---------------------------------------------------------- */

@@ -627,48 +627,13 @@ static int64_t dim_fill(int64_t O, int64_t D, int64_t T, int64_t s, int64_t pb, 
 	return sum;
 }
 
-/* The tile of the two innermost output dimensions: the one whose staged
- * box fits L1_SMEM_CAP (and the target) and recomputes least, then the
- * smaller (more blocks).  A reduction window's iteration space has extent
- * 1 there: its one tile's window is the whole plane.  False when no tile
- * fits. */
-static bool choose_tile(const ap_graph *g, ap_layer1 *l, const ap_target_info *t)
+/* The window's stride, begin pad, kernel extent and dilation along the two
+ * innermost output dimensions (attr[q]: q = 0 rows, 1 columns). */
+static void window_attrs(const ap_graph *g, const ap_layer1 *l, int64_t attr[2][4])
 {
 	const ap_node *w = &g->nodes[l->window];
 	int r = l->rank, ns = r - 2;
-	size_t es = ap_dtype_size(g->tensors[l->staged].dtype);
-	unsigned smem_cap = t->shared_per_block < L1_SMEM_CAP ? t->shared_per_block : L1_SMEM_CAP;
-	static const int64_t ths[] = {1, 2, 4, 8, 16, 32, 64};
-	static const int64_t tws[] = {8, 16, 32, 64};
-	double best = 1e300;
-	int64_t attr[2][4];   /* per tiled dim: s, pb, K, dil */
 
-	for (int d = 0; d < r; d++)
-		l->tile[d] = 1;
-	if (l->reduce) {
-		/* whole planes, as many channels as the stage holds (at most 32,
-		 * each reduced by a thread of its own in S_out), but no fewer
-		 * tiles (blocks) than the target has SMs while the planes allow */
-		int64_t plane = 1, tc, planes = l->pdims[0] * l->pdims[1];
-		int64_t want = planes < (int64_t)t->sm_count ? planes : (int64_t)t->sm_count;
-
-		for (int d = 2; d < r; d++)
-			plane *= l->pdims[d];
-		tc = (int64_t)smem_cap / (plane * (int64_t)es);
-		tc = tc > 32 ? 32 : tc > l->pdims[1] ? l->pdims[1] : tc;
-		if (tc < 1)
-			return false;
-		while (tc > 1 && l->pdims[0] * ((l->pdims[1] + tc - 1) / tc) < want)
-			tc--;
-		l->tile[1] = tc;
-		l->recompute = 1.0;
-		l->n_tiles = 1;
-		for (int d = 0; d < r; d++) {
-			l->ntiles[d] = (l->dims[d] + l->tile[d] - 1) / l->tile[d];
-			l->n_tiles *= l->ntiles[d];
-		}
-		return true;
-	}
 	for (int q = 0; q < 2; q++) {
 		int sd = ns - 2 + q;   /* spatial index of output dim r-2+q */
 
@@ -682,12 +647,165 @@ static bool choose_tile(const ap_graph *g, ap_layer1 *l, const ap_target_info *t
 		attr[q][2] = ap_node_attr_at(w, "kernel_shape", sd, 1);
 		attr[q][3] = ap_node_attr_at(w, "dilations", sd, 1);
 	}
+}
+
+static unsigned smem_cap_of(const ap_target_info *t)
+{
+	return t->shared_per_block < L1_SMEM_CAP ? t->shared_per_block : L1_SMEM_CAP;
+}
+
+/* The staged box's two innermost extents for tile th x tw (a reduction
+ * window: its whole plane), and its bytes (a reduction window: tw
+ * channels of whole planes, th unused). */
+static uint64_t tile_box(const ap_graph *g, const ap_layer1 *l, int64_t th, int64_t tw, int64_t *bh,
+			 int64_t *bw)
+{
+	int r = l->rank;
+	uint64_t es = ap_dtype_size(g->tensors[l->staged].dtype);
+	int64_t attr[2][4];
+
+	if (l->reduce) {
+		uint64_t plane = 1;
+
+		for (int d = 2; d < r; d++)
+			plane *= (uint64_t)l->pdims[d];
+		*bh = l->pdims[r - 2];
+		*bw = l->pdims[r - 1];
+		return plane * (uint64_t)tw * es;
+	}
+	window_attrs(g, l, attr);
+	*bh = (th - 1) * attr[0][0] + (attr[0][2] - 1) * attr[0][3] + 1;
+	*bw = (tw - 1) * attr[1][0] + (attr[1][2] - 1) * attr[1][3] + 1;
+	return (uint64_t)(*bh * *bw) * es;
+}
+
+static uint64_t tile_box_bytes(const ap_graph *g, const ap_layer1 *l, int64_t th, int64_t tw)
+{
+	int64_t bh, bw;
+
+	return tile_box(g, l, th, tw, &bh, &bw);
+}
+
+/* The thread grid of a box bh x bw: a thread per column up to a warp, rows
+ * up to `threads` in all, at least a warp. */
+static void thread_grid(int64_t bh, int64_t bw, unsigned threads, int *tx, int *ty)
+{
+	*tx = (int)ap_pow2_at_least(bw, 1, 32);
+	*ty = (int)ap_pow2_at_least(bh, 1, threads / (unsigned)*tx);
+	if (*tx * *ty < 32 && *tx < 32)
+		*tx = 32 / *ty > *tx ? 32 / *ty : *tx;
+}
+
+/* Evaluations of P per element with tile th x tw (1 for a reduction
+ * window: planes are whole). */
+static double tile_ratio(const ap_graph *g, const ap_layer1 *l, int64_t th, int64_t tw)
+{
+	int r = l->rank;
+	int64_t attr[2][4], fh, fw;
+
+	if (l->reduce)
+		return 1.0;
+	window_attrs(g, l, attr);
+	fh = dim_fill(l->dims[r - 2], l->pdims[r - 2], th, attr[0][0], attr[0][1], attr[0][2], attr[0][3]);
+	fw = dim_fill(l->dims[r - 1], l->pdims[r - 1], tw, attr[1][0], attr[1][1], attr[1][2], attr[1][3]);
+	return (double)fh * (double)fw / ((double)l->pdims[r - 2] * (double)l->pdims[r - 1]);
+}
+
+/* Sets the tile: th x tw of the two innermost output dimensions, or tw
+ * channels of whole planes for a reduction window; its recompute ratio
+ * and tile counts. */
+static void set_tile(const ap_graph *g, ap_layer1 *l, int64_t th, int64_t tw)
+{
+	int r = l->rank;
+
+	for (int d = 0; d < r; d++)
+		l->tile[d] = 1;
+	if (l->reduce) {
+		l->tile[1] = tw;
+	} else {
+		l->tile[r - 2] = th;
+		l->tile[r - 1] = tw;
+	}
+	l->recompute = tile_ratio(g, l, th, tw);
+	l->n_tiles = 1;
+	for (int d = 0; d < r; d++) {
+		l->ntiles[d] = (l->dims[d] + l->tile[d] - 1) / l->tile[d];
+		l->n_tiles *= l->ntiles[d];
+	}
+}
+
+/* Row heights and column widths a tile may take: powers of two, then the
+ * whole extent (clipped to it, without repeats); a reduction window's
+ * channel counts.  Returns how many (<= AP_KNOB_MAX_VALUES). */
+static const int64_t tile_ths[] = {1, 2, 4, 8, 16, 32, 64};
+static const int64_t tile_tws[] = {8, 16, 32, 64};
+
+static int add_value(int64_t *v, int n, int64_t x)
+{
+	for (int i = 0; i < n; i++)
+		if (v[i] == x)
+			return n;
+	if (n < AP_KNOB_MAX_VALUES)
+		v[n++] = x;
+	return n;
+}
+
+static int tile_values(const ap_layer1 *l, int q, int64_t *v)
+{
+	int r = l->rank, n = 0;
+	int64_t ext = l->dims[r - 2 + q];
+
+	if (l->reduce) {
+		static const int64_t planes[] = {1, 2, 4, 8, 16, 32};
+
+		for (size_t i = 0; i < sizeof(planes) / sizeof(planes[0]); i++)
+			if (planes[i] <= l->pdims[1])
+				n = add_value(v, n, planes[i]);
+		return n;
+	}
+	if (q == 0) {
+		for (size_t i = 0; i < sizeof(tile_ths) / sizeof(tile_ths[0]); i++)
+			if (tile_ths[i] <= ext)
+				n = add_value(v, n, tile_ths[i]);
+	} else {
+		for (size_t i = 0; i < sizeof(tile_tws) / sizeof(tile_tws[0]); i++)
+			n = add_value(v, n, tile_tws[i] < ext ? tile_tws[i] : ext);
+	}
+	return add_value(v, n, ext);
+}
+
+/* The default rule's tile.  Of the two innermost output dimensions: the
+ * tile whose staged box fits L1_SMEM_CAP (and the target) and recomputes
+ * least, then the smaller (more blocks).  A reduction window's iteration
+ * space has extent 1 there: its one tile's window is the whole plane, and
+ * it stages as many channels as fit (at most 32, each reduced by a thread
+ * of its own in S_out) but no fewer tiles (blocks) than the target has SMs
+ * while the planes allow.  False when no tile fits. */
+static bool choose_tile(const ap_graph *g, ap_layer1 *l, const ap_target_info *t)
+{
+	int r = l->rank;
+	unsigned smem_cap = smem_cap_of(t);
+	double best = 1e300;
+	int64_t bth = 1, btw = 1;
+
+	if (l->reduce) {
+		int64_t tc, planes = l->pdims[0] * l->pdims[1];
+		int64_t want = planes < (int64_t)t->sm_count ? planes : (int64_t)t->sm_count;
+
+		tc = (int64_t)(smem_cap / tile_box_bytes(g, l, 1, 1));
+		tc = tc > 32 ? 32 : tc > l->pdims[1] ? l->pdims[1] : tc;
+		if (tc < 1)
+			return false;
+		while (tc > 1 && l->pdims[0] * ((l->pdims[1] + tc - 1) / tc) < want)
+			tc--;
+		set_tile(g, l, 1, tc);
+		return true;
+	}
 	/* powers of two, then the whole extent */
-	for (size_t a = 0; a < sizeof(ths) / sizeof(ths[0]) + 1; a++) {
-		for (size_t b = 0; b < sizeof(tws) / sizeof(tws[0]) + 1; b++) {
-			int64_t th = a < sizeof(ths) / sizeof(ths[0]) ? ths[a] : l->dims[r - 2];
-			int64_t tw = b < sizeof(tws) / sizeof(tws[0]) ? tws[b] : l->dims[r - 1];
-			int64_t bh, bw, fh, fw;
+	for (size_t a = 0; a < sizeof(tile_ths) / sizeof(tile_ths[0]) + 1; a++) {
+		for (size_t b = 0; b < sizeof(tile_tws) / sizeof(tile_tws[0]) + 1; b++) {
+			int64_t th = a < sizeof(tile_ths) / sizeof(tile_ths[0]) ? tile_ths[a] : l->dims[r - 2];
+			int64_t tw = b < sizeof(tile_tws) / sizeof(tile_tws[0]) ? tile_tws[b] : l->dims[r - 1];
 			double ratio, score;
 
 			if (th > l->dims[r - 2] && a > 0)
@@ -695,30 +813,20 @@ static bool choose_tile(const ap_graph *g, ap_layer1 *l, const ap_target_info *t
 			if (tw > l->dims[r - 1])
 				tw = l->dims[r - 1];
 			th = th > l->dims[r - 2] ? l->dims[r - 2] : th;
-			bh = (th - 1) * attr[0][0] + (attr[0][2] - 1) * attr[0][3] + 1;
-			bw = (tw - 1) * attr[1][0] + (attr[1][2] - 1) * attr[1][3] + 1;
-			if ((uint64_t)(bh * bw) * es > smem_cap)
+			if (tile_box_bytes(g, l, th, tw) > smem_cap)
 				continue;
-			fh = dim_fill(l->dims[r - 2], l->pdims[r - 2], th, attr[0][0], attr[0][1], attr[0][2],
-				      attr[0][3]);
-			fw = dim_fill(l->dims[r - 1], l->pdims[r - 1], tw, attr[1][0], attr[1][1], attr[1][2],
-				      attr[1][3]);
-			ratio = (double)fh * (double)fw / ((double)l->pdims[r - 2] * (double)l->pdims[r - 1]);
+			ratio = tile_ratio(g, l, th, tw);
 			/* a tile smaller than a warp's row wastes threads: a mild preference */
 			score = ratio + (tw * th < 64 ? 0.05 : 0) + 1e-4 * (double)(th * tw) / 4096.0;
 			if (score < best) {
 				best = score;
-				l->tile[r - 2] = th;
-				l->tile[r - 1] = tw;
-				l->recompute = ratio;
+				bth = th;
+				btw = tw;
 			}
 		}
 	}
-	l->n_tiles = 1;
-	for (int d = 0; d < r; d++) {
-		l->ntiles[d] = (l->dims[d] + l->tile[d] - 1) / l->tile[d];
-		l->n_tiles *= l->ntiles[d];
-	}
+	if (best < 1e300)
+		set_tile(g, l, bth, btw);
 	return best < 1e300;
 }
 
@@ -1198,7 +1306,7 @@ static int model_text(isl_ctx *ctx, ap_layer1 *l)
 }
 
 int ap_fuse_layer1_plan(const ap_mgraph *m, const ap_target_info *t, unsigned max_threads,
-			ap_layer1 **out, char *why, size_t cap)
+			const ap_sched *tile, ap_layer1 **out, char *why, size_t cap)
 {
 	double t0 = ap_now_ms();
 	ap_layer1 *l;
@@ -1227,9 +1335,11 @@ int ap_fuse_layer1_plan(const ap_mgraph *m, const ap_target_info *t, unsigned ma
 		rc = AP_ENOMEM;
 		goto fail;
 	}
-	if (!choose_tile(m->g, l, t)) {
-		snprintf(why, cap, "no tile's staged box fits in %u bytes of shared memory",
-			 t->shared_per_block < L1_SMEM_CAP ? t->shared_per_block : L1_SMEM_CAP);
+	if (tile && tile->n == (l->reduce ? 1 : 2) &&
+	    tile_box_bytes(m->g, l, tile->v[0], tile->v[tile->n - 1]) <= smem_cap_of(t)) {
+		set_tile(m->g, l, tile->v[0], tile->v[tile->n - 1]);
+	} else if (!choose_tile(m->g, l, t)) {
+		snprintf(why, cap, "no tile's staged box fits in %u bytes of shared memory", smem_cap_of(t));
 		rc = 0;
 		goto fail;
 	}
@@ -1253,10 +1363,7 @@ int ap_fuse_layer1_plan(const ap_mgraph *m, const ap_target_info *t, unsigned ma
 			rc = 0;
 			goto fail;
 		}
-		l->tx = (int)ap_pow2_at_least(bw, 1, 32);
-		l->ty = (int)ap_pow2_at_least(bh, 1, threads / (unsigned)l->tx);
-		if (l->tx * l->ty < 32 && l->tx < 32)
-			l->tx = 32 / l->ty > l->tx ? 32 / l->ty : l->tx;
+		thread_grid(bh, bw, threads, &l->tx, &l->ty);
 	}
 	if ((rc = model_text(ctx, l)) < 0) {
 		if (rc != AP_ENOMEM) {
@@ -1815,6 +1922,7 @@ int ap_fuse_layer1_traffic(const ap_mgraph *m, const ap_layer1 *l, ap_traffic *o
 	out->blocks = ap_grid_for(l->n_tiles, 1);
 	out->threads = (unsigned)(l->tx * l->ty);
 	out->shared_bytes = l->smem_bytes;
+	out->flops *= l->recompute;   /* the halo's evaluations, as l1_traffic */
 	return 0;
 }
 
@@ -1861,9 +1969,30 @@ int ap_fuse_layer1_load(const ap_mgraph *m, const ap_target_info *t, const char 
 	int rc;
 
 	*out = NULL;
-	rc = ap_fuse_layer1_plan(m, t, 0, &l, why, cap);
+	rc = ap_fuse_layer1_plan(m, t, 0, NULL, &l, why, cap);
 	if (rc <= 0)
 		return rc;
+	/* the text's tile (a tuned one may differ from the rule's) */
+	if ((sched = field(text, "tile"))) {
+		int64_t tile[AP_MAX_RANK];
+		int n = 0;
+		char *p = sched, *end;
+
+		while (n < AP_MAX_RANK && (tile[n] = strtoll(p, &end, 10), end != p)) {
+			n++;
+			p = end;
+		}
+		free(sched);
+		if (n == l->rank && memcmp(tile, l->tile, (size_t)n * sizeof(tile[0]))) {
+			ap_sched ts = { &ap_fuse_layer1_emitter, l->reduce ? 1 : 2,
+					{ (int)(l->reduce ? tile[1] : tile[n - 2]), (int)tile[n - 1] } };
+
+			ap_fuse_layer1_free(l);
+			rc = ap_fuse_layer1_plan(m, t, 0, &ts, &l, why, cap);
+			if (rc <= 0)
+				return rc;
+		}
+	}
 	sched = field(text, "schedule");
 	if (!sched) {
 		snprintf(why, cap, "the text has no \"schedule:\" line");
@@ -1952,15 +2081,72 @@ static int l1_match(const ap_mgraph *m, const ap_target_info *t)
 	return 0;   /* Layer I is chosen by the driver, never by the registry */
 }
 
+/* The window analysis a configuration needs (no isl): 1 with *l filled,
+ * 0 when Layer I does not apply, AP_ENOMEM. */
+static int l1_analyze(const ap_mgraph *m, ap_layer1 *l)
+{
+	char why[160];
+
+	memset(l, 0, sizeof(*l));
+	if (m->kind != AP_GROUP_WINDOW)
+		return 0;
+	return analyze(m, l, why, sizeof(why));
+}
+
+/* The tile as knobs: "th" rows and "tw" columns of the two innermost
+ * output dimensions (powers of two, then the whole extent), or "planes"
+ * staged at once by a global-pooling window; the default rule's values
+ * are always among them. */
 static int l1_space(const ap_mgraph *m, const ap_target_info *t, ap_space *out)
 {
-	out->n = 0;
+	ap_layer1 l;
+	int64_t v[AP_KNOB_MAX_VALUES];
+	int rc = l1_analyze(m, &l);
+
+	memset(out, 0, sizeof(*out));
+	if (rc <= 0)
+		return rc;
+	out->n = l.reduce ? 1 : 2;
+	for (int q = 0; q < out->n; q++) {
+		ap_knob *k = &out->knobs[q];
+		int n = tile_values(&l, l.reduce ? 1 : q, v);
+
+		if (choose_tile(m->g, &l, t))
+			n = add_value(v, n, l.reduce ? l.tile[1] : l.tile[l.rank - 2 + q]);
+		k->name = l.reduce ? "planes" : q ? "tw" : "th";
+		k->n = n;
+		for (int i = 0; i < n; i++)
+			k->values[i] = (int)v[i];
+	}
 	return 0;
 }
 
 static int l1_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
 {
+	ap_layer1 l;
+	int rc = l1_analyze(m, &l);
+
+	if (rc < 0)
+		return rc;
+	for (int q = 0; q < sp->n; q++)
+		s->v[q] = sp->knobs[q].values[0];
+	if (rc > 0 && choose_tile(m->g, &l, t)) {
+		if (l.reduce)
+			s->v[0] = (int)l.tile[1];
+		else
+			s->v[0] = (int)l.tile[l.rank - 2], s->v[1] = (int)l.tile[l.rank - 1];
+	}
 	return 0;
+}
+
+static int l1_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+{
+	ap_layer1 l;
+	int rc = l1_analyze(m, &l);
+
+	if (rc <= 0 || s->n != (l.reduce ? 1 : 2))
+		return rc;
+	return tile_box_bytes(m->g, &l, s->v[0], s->v[s->n - 1]) <= smem_cap_of(t);
 }
 
 static int l1_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
@@ -1969,11 +2155,31 @@ static int l1_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL, "layer I kernels come from a plan");
 }
 
+/* A tile's launch for the cost model: the micro-graph's traffic (every
+ * input and output once) with its arithmetic repeated by the recompute
+ * ratio of the tile's halo (the staged tensor's producer, a convolution
+ * or product, dominates it), one block per tile, the box's thread grid
+ * (at most 256 threads) and its shared memory. */
 static int l1_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
 {
-	return ap__lower_inline_traffic(m, out);
+	ap_layer1 l;
+	int64_t bh, bw;
+	int tx, ty, rc = 0;
+
+	memset(out, 0, sizeof(*out));
+	if (ap__lower_inline_traffic(m, out) < 0)
+		return AP_ENOMEM;
+	if (!s || (rc = l1_analyze(m, &l)) <= 0 || s->n != (l.reduce ? 1 : 2))
+		return s && s->n && rc < 0 ? rc : 0;
+	out->shared_bytes = (unsigned)tile_box(m->g, &l, s->v[0], s->v[s->n - 1], &bh, &bw);
+	set_tile(m->g, &l, s->v[0], s->v[s->n - 1]);
+	thread_grid(bh, bw, 256, &tx, &ty);
+	out->blocks = ap_grid_for(l.n_tiles, 1);
+	out->threads = (unsigned)(tx * ty);
+	out->flops *= l.recompute;
+	return 0;
 }
 
 const ap_emitter ap_fuse_layer1_emitter = {
-	"layer1", l1_match, l1_space, l1_choose, l1_emit, l1_traffic, NULL, false,
+	"layer1", l1_match, l1_space, l1_choose, l1_emit, l1_traffic, l1_valid, true,
 };
