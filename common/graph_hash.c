@@ -17,7 +17,10 @@
  * `named`: then every tensor's hash and every node's hash also holds its
  * name, and params that tie on structure are ranked by name.
  * ap_graph_hash_kernel hashes a CONST's bytes only when a kernel bakes it
- * in (small or uniform), else its dtype and shape: "the same kernel".
+ * in (small or uniform), else its dtype and shape, and ranks INPUTs by
+ * first use like params (an extracted micro-graph lists its inputs in
+ * whatever order its producers came, so the same kernel of two layers
+ * would differ): "the same kernel".
  *
  * "First use" of a param must itself be free of order and names: pass 1
  * hashes with all params anonymous (dtype and shape only) and gives each
@@ -231,6 +234,47 @@ static int cmp_hbuf(const void *a, const void *b)
 	return memcmp(a, b, 32);
 }
 
+/* Ranks the tensors of `kind` by first use: the smallest (consumer node
+ * hash, slot) over their uses in pass 1's hashes, then their own hash
+ * (then their name when `named`); rank[t] gets each one's rank.  Returns
+ * how many there are.  pk has room for every tensor. */
+static int rank_by_first_use(const ap_graph *g, ap_tensor_kind kind, bool named, const hbuf *th,
+			     const hbuf *nh, param_key *pk, int *rank)
+{
+	int n = 0;
+
+	for (int t = 0; t < g->n_tensors; t++) {
+		if (g->tensors[t].kind != kind)
+			continue;
+		pk[n].tensor = t;
+		memset(pk[n].key, 0xff, sizeof(pk[n].key));
+		memcpy(pk[n].self, th[t].h, 32);
+		pk[n].name = named ? (g->tensors[t].name ? g->tensors[t].name : "") : NULL;
+		rank[t] = n++;
+	}
+	for (int nd = 0; nd < g->n_nodes; nd++) {
+		const ap_node *node = &g->nodes[nd];
+
+		for (int i = 0; i < node->n_inputs; i++) {
+			int t = node->inputs[i];
+			uint8_t key[33];
+			param_key *p;
+
+			if (t < 0 || t >= g->n_tensors || g->tensors[t].kind != kind)
+				continue;
+			p = &pk[rank[t]];
+			memcpy(key, nh[nd].h, 32);
+			key[32] = (uint8_t)(i < 255 ? i : 255);
+			if (memcmp(key, p->key, sizeof(key)) < 0)
+				memcpy(p->key, key, sizeof(key));
+		}
+	}
+	qsort(pk, (size_t)n, sizeof(*pk), cmp_param);
+	for (int r = 0; r < n; r++)
+		rank[pk[r].tensor] = r;
+	return n;
+}
+
 static int graph_hash(const ap_graph *g, bool named, int64_t bake_max, uint8_t out[32])
 {
 	int *input_pos = calloc((size_t)g->n_tensors + 1, sizeof(int));
@@ -239,6 +283,7 @@ static int graph_hash(const ap_graph *g, bool named, int64_t bake_max, uint8_t o
 	hbuf *nh = calloc((size_t)g->n_nodes + 1, sizeof(hbuf));
 	param_key *pk = calloc((size_t)g->n_tensors + 1, sizeof(param_key));
 	int max_attrs = 1, n_params = 0;
+	bool kernel = bake_max >= 0 && !named;   /* inputs by first use, not position */
 	const ap_attr **scratch;
 	ap_sha256_ctx *c;
 	int rc = AP_ENOMEM;
@@ -255,41 +300,16 @@ static int graph_hash(const ap_graph *g, bool named, int64_t bake_max, uint8_t o
 		param_rank[t] = -1;
 	}
 	for (int i = 0; i < g->n_inputs; i++)
-		if (g->inputs[i] >= 0 && g->inputs[i] < g->n_tensors)
+		if (!kernel && g->inputs[i] >= 0 && g->inputs[i] < g->n_tensors)
 			input_pos[g->inputs[i]] = i;
 
-	/* pass 1: anonymous params; rank them by first use */
+	/* pass 1: anonymous params (and, for a kernel, inputs); rank them by
+	 * first use */
 	if (hash_pass(g, named, bake_max, input_pos, param_rank, th, nh, scratch) < 0)
 		goto done;
-	for (int t = 0; t < g->n_tensors; t++) {
-		if (g->tensors[t].kind != AP_TENSOR_PARAM)
-			continue;
-		pk[n_params].tensor = t;
-		memset(pk[n_params].key, 0xff, sizeof(pk[n_params].key));
-		memcpy(pk[n_params].self, th[t].h, 32);
-		pk[n_params].name = named ? (g->tensors[t].name ? g->tensors[t].name : "") : NULL;
-		param_rank[t] = n_params++;
-	}
-	for (int n = 0; n < g->n_nodes; n++) {
-		const ap_node *node = &g->nodes[n];
-
-		for (int i = 0; i < node->n_inputs; i++) {
-			int t = node->inputs[i];
-			uint8_t key[33];
-			param_key *p;
-
-			if (t < 0 || t >= g->n_tensors || g->tensors[t].kind != AP_TENSOR_PARAM)
-				continue;
-			p = &pk[param_rank[t]];
-			memcpy(key, nh[n].h, 32);
-			key[32] = (uint8_t)(i < 255 ? i : 255);
-			if (memcmp(key, p->key, sizeof(key)) < 0)
-				memcpy(p->key, key, sizeof(key));
-		}
-	}
-	qsort(pk, (size_t)n_params, sizeof(*pk), cmp_param);
-	for (int r = 0; r < n_params; r++)
-		param_rank[pk[r].tensor] = r;
+	n_params = rank_by_first_use(g, AP_TENSOR_PARAM, named, th, nh, pk, param_rank);
+	if (kernel)
+		rank_by_first_use(g, AP_TENSOR_INPUT, false, th, nh, pk, input_pos);
 
 	/* pass 2: with the ranks */
 	if (hash_pass(g, named, bake_max, input_pos, param_rank, th, nh, scratch) < 0)
@@ -300,9 +320,27 @@ static int graph_hash(const ap_graph *g, bool named, int64_t bake_max, uint8_t o
 	put_str(c, named ? "apollo-graph-named-v1" : bake_max >= 0 ? "apollo-graph-kernel-v1"
 							      : "apollo-graph-v1");
 	put_i64(c, g->n_inputs);
-	for (int i = 0; i < g->n_inputs; i++)
-		if (g->inputs[i] >= 0 && g->inputs[i] < g->n_tensors)
-			ap_sha256_update(c, th[g->inputs[i]].h, 32);
+	if (kernel) {
+		/* each input's hash holds its rank: sorted, their order is gone */
+		int n = 0;
+
+		for (int i = 0; i < g->n_inputs; i++)
+			if (g->inputs[i] >= 0 && g->inputs[i] < g->n_tensors)
+				memcpy(pk[n++].key, th[g->inputs[i]].h, 32);
+		for (int i = 0; i < n; i++)
+			for (int j = i + 1; j < n; j++)
+				if (memcmp(pk[j].key, pk[i].key, 32) < 0) {
+					param_key tmp = pk[i];
+					pk[i] = pk[j];
+					pk[j] = tmp;
+				}
+		for (int i = 0; i < n; i++)
+			ap_sha256_update(c, pk[i].key, 32);
+	} else {
+		for (int i = 0; i < g->n_inputs; i++)
+			if (g->inputs[i] >= 0 && g->inputs[i] < g->n_tensors)
+				ap_sha256_update(c, th[g->inputs[i]].h, 32);
+	}
 	put_i64(c, g->n_outputs);
 	for (int i = 0; i < g->n_outputs; i++)
 		if (g->outputs[i] >= 0 && g->outputs[i] < g->n_tensors)

@@ -18,6 +18,8 @@
  *                            its record (no search), a measured record's
  *                            configuration is the one built, an sm_80 record
  *                            is not used for sm_90
+ *   signature_ignores_input_order  a kernel's signature does not depend on
+ *                            the order its micro-graph lists its inputs
  *   refined_us_reads_ptxas   ap_tune_refined_us: ptxas's own register count
  *                            gives the model's time back, more registers
  *                            (fewer resident blocks), spills and shared
@@ -572,6 +574,52 @@ START_TEST(signature_ignores_buffer_constants)
 }
 END_TEST
 
+
+/* relu(A[M,K] x B[K,N]) with its inputs listed B first when `swap`. */
+static ap_graph *matmul_inputs(int64_t M, int64_t N, int64_t K, bool swap)
+{
+	ap_graph *g = ap_graph_new("mm");
+	int b = swap ? tensor(g, "b", DIMS(K, N), AP_TENSOR_INPUT) : -1;
+	int a = tensor(g, "a", DIMS(M, K), AP_TENSOR_INPUT);
+	int y, r;
+	ap_error err;
+
+	if (!swap)
+		b = tensor(g, "b", DIMS(K, N), AP_TENSOR_INPUT);
+	y = tensor(g, "y", DIMS(M, N), AP_TENSOR_VALUE);
+	r = tensor(g, "r", DIMS(M, N), AP_TENSOR_VALUE);
+	node(g, "mm", AP_OP_MATMUL, 2, (int[]){a, b}, y);
+	node(g, "relu", AP_OP_RELU, 1, (int[]){y}, r);
+	output(g, r);
+	ck_assert_msg(ap_graph_validate(g, &err) == 0, "validate: %s", err.msg);
+	return g;
+}
+
+/* The same kernel whose micro-graph lists its inputs in another order (the
+ * layers of a transformer: the activation is a graph input in one, an
+ * intermediate in the next) has one signature; the graph hash, which a
+ * bundle's input positions depend on, still tells them apart; other
+ * shapes are another kernel. */
+START_TEST(signature_ignores_input_order)
+{
+	ap_graph *ga = matmul_inputs(128, 256, 64, false), *gb = matmul_inputs(128, 256, 64, true);
+	ap_graph *gc = matmul_inputs(128, 256, 32, true);
+	uint8_t ha[32], hb[32], ka[32], kb[32], kc[32];
+
+	ck_assert_int_eq(ap_graph_hash(ga, ha), 0);
+	ck_assert_int_eq(ap_graph_hash(gb, hb), 0);
+	ck_assert_int_ne(memcmp(ha, hb, 32), 0);
+	ck_assert_int_eq(ap_graph_hash_kernel(ga, AP_CONST_BAKE_MAX, ka), 0);
+	ck_assert_int_eq(ap_graph_hash_kernel(gb, AP_CONST_BAKE_MAX, kb), 0);
+	ck_assert_int_eq(ap_graph_hash_kernel(gc, AP_CONST_BAKE_MAX, kc), 0);
+	ck_assert_int_eq(memcmp(ka, kb, 32), 0);
+	ck_assert_int_ne(memcmp(ka, kc, 32), 0);
+	ap_graph_free(ga);
+	ap_graph_free(gb);
+	ap_graph_free(gc);
+}
+END_TEST
+
 START_TEST(records_reused_by_builds)
 {
 	ap_cache *c = fresh_cache();
@@ -858,6 +906,7 @@ int main(void)
 	tcase_add_test(tc, records_reused_by_builds);
 	tcase_add_test(tc, variants_take_candidates);
 	tcase_add_test(tc, signature_ignores_buffer_constants);
+	tcase_add_test(tc, signature_ignores_input_order);
 	tcase_add_test(tc, refined_us_reads_ptxas);
 	tcase_add_test(tc, background_tuner);
 	suite_add_tcase(s, tc);
