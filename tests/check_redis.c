@@ -6,7 +6,9 @@
  * announced length is over the limit is refused before it is buffered (a
  * fake server); the breaker opens after the configured failures, sends
  * nothing while open, and closes again once Redis is back; secret files
- * are checked. */
+ * are checked; tuning records travel between two compilers with their own
+ * local caches (a searched record, then a measured one, each found by the
+ * other compiler's build; a malformed record is ignored). */
 #include <check.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -21,7 +23,11 @@
 #include <unistd.h>
 
 #include "common/graph.h"
+#include "proto/apollo.pb-c.h"
+#include "server/cache/cache.h"
 #include "server/cache/redis.h"
+#include "server/compile/compile.h"
+#include "server/plan/program.h"
 #include "server/config.h"
 
 static char dir[64], sock[96];
@@ -378,6 +384,167 @@ START_TEST(secret_files)
 }
 END_TEST
 
+
+/* relu(A[256,128] x B[128,512]): one GEMM kernel the tuner searches. */
+static Apollo__Graph *gemm_pb(void)
+{
+	ap_graph *g = ap_graph_new("mm");
+	int a = ap_graph_add_tensor(g, "a", AP_DT_F32, 2, (const int64_t[]){256, 128},
+				    AP_TENSOR_INPUT, NULL, 0);
+	int b = ap_graph_add_tensor(g, "b", AP_DT_F32, 2, (const int64_t[]){128, 512},
+				    AP_TENSOR_INPUT, NULL, 0);
+	int y = ap_graph_add_tensor(g, "y", AP_DT_F32, 2, (const int64_t[]){256, 512},
+				    AP_TENSOR_VALUE, NULL, 0);
+	int r = ap_graph_add_tensor(g, "r", AP_DT_F32, 2, (const int64_t[]){256, 512},
+				    AP_TENSOR_VALUE, NULL, 0);
+	Apollo__Graph *pb;
+	ap_error err;
+
+	ap_graph_add_input(g, a);
+	ap_graph_add_input(g, b);
+	ap_graph_add_node(g, "mm", AP_OP_MATMUL, 2, (int[]){a, b}, 1, &y);
+	ap_graph_add_node(g, "relu", AP_OP_RELU, 1, (int[]){y}, 1, &r);
+	ap_graph_add_output(g, r);
+	ck_assert_msg(ap_graph_validate(g, &err) == 0, "%s", err.msg);
+	pb = ap_graph_to_pb(g);
+	ck_assert_ptr_nonnull(pb);
+	ap_graph_free(g);
+	return pb;
+}
+
+/* Builds pb for sm_90 on c (no backend): the program's tuning counts and
+ * its GEMM part's signature and schedule. */
+static void build_on(ap_compiler *c, Apollo__Graph *pb, unsigned *hits, unsigned *measured,
+		     unsigned *searched, uint8_t sig[32], char *sched, size_t cap)
+{
+	Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
+	ap_graph *g;
+	ap_program *p;
+	ap_error err;
+
+	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
+	req.graph = pb;
+	req.target = "sm_90";
+	ck_assert_msg(ap_compiler_build_program(c, &req, &g, &p, &err) == 0, "%s", err.msg);
+	*hits = p->tune_hits;
+	*measured = p->tune_measured;
+	*searched = p->tune_searched;
+	sched[0] = '\0';
+	for (int l = 0; l < p->n_launches; l++)
+		if (p->launches[l].parts[0].tuned) {
+			memcpy(sig, p->launches[l].parts[0].tune_sig, 32);
+			snprintf(sched, cap, "%s", p->launches[l].parts[0].schedule);
+		}
+	ck_assert_msg(sched[0], "no tuned launch");
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+
+static ap_cache *cache_at(const char *name)
+{
+	char path[160];
+	ap_cache *c;
+	ap_error err;
+
+	snprintf(path, sizeof(path), "%s/%s.db", dir, name);
+	ck_assert_msg(ap_cache_open(path, &c, &err) == 0, "%s", err.msg);
+	return c;
+}
+
+START_TEST(tuning_records_shared)
+{
+	ap_redis *r = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	ap_cache *ca = cache_at("a"), *cb = cache_at("b"), *cc = cache_at("c");
+	ap_compiler_options o = { .threads = 1, .redis = r };
+	ap_compiler *a = ap_compiler_new(ca, &o), *b = ap_compiler_new(cb, &o);
+	ap_compiler *c = ap_compiler_new(cc, &o);
+	Apollo__Graph *pb = gemm_pb();
+	unsigned hits, meas, searched, records = 0;
+	uint8_t sig[32], sig_b[32];
+	char sched[256], sched_b[256], other[256] = "", *tok, *save = NULL;
+	ap_tune_record rec;
+	uint64_t gen = 0;
+	ap_error err;
+
+	/* node a searches the kernel and publishes the record */
+	build_on(a, pb, &hits, &meas, &searched, sig, sched, sizeof(sched));
+	ck_assert_uint_eq(searched, 1);
+	/* node b has no record of its own: it takes a's, searching nothing */
+	ck_assert_int_eq(ap_cache_tuning_get(cb, sig, "sm_90", NULL, &rec), 0);
+	build_on(b, pb, &hits, &meas, &searched, sig_b, sched_b, sizeof(sched_b));
+	ck_assert_uint_eq(searched, 0);
+	ck_assert_uint_eq(hits, 1);
+	ck_assert_mem_eq(sig, sig_b, 32);
+	ck_assert_str_eq(sched, sched_b);
+	ck_assert_int_eq(ap_cache_tuning_get(cb, sig, "sm_90", "", &rec), 1);   /* copied into L1 */
+
+	/* a client measures another candidate on node a; node b builds it */
+	ck_assert_int_eq(ap_cache_tuning_get(ca, sig, "sm_90", "", &rec), 1);
+	for (tok = strtok_r(rec.candidates, ";", &save); tok; tok = strtok_r(NULL, ";", &save))
+		if (strcmp(tok, rec.config)) {
+			snprintf(other, sizeof(other), "%s", tok);
+			break;
+		}
+	ck_assert_msg(other[0], "one candidate only: %s", rec.candidates);
+	{
+		Apollo__TuneReport rep = APOLLO__TUNE_REPORT__INIT;
+		Apollo__TuneMeasurement m = APOLLO__TUNE_MEASUREMENT__INIT, *pm = &m;
+
+		m.signature.data = sig;
+		m.signature.len = 32;
+		m.schedule = other;
+		m.time_us = 12.5;
+		m.runs = 20;
+		rep.target = "sm_90";
+		rep.device = "Some GPU";
+		rep.sm_count = 132;
+		rep.n_measurements = 1;
+		rep.measurements = &pm;
+		ck_assert_msg(ap_compiler_tune_report(a, &rep, &records, &gen, &err) == 0, "%s", err.msg);
+		ck_assert_uint_eq(records, 1);
+	}
+	build_on(b, pb, &hits, &meas, &searched, sig_b, sched_b, sizeof(sched_b));
+	ck_assert_uint_eq(meas, 1);
+	ck_assert_str_eq(sched_b, other);
+	ck_assert_int_eq(ap_cache_tuning_get(cb, sig, "sm_90", "Some GPU", &rec), 1);
+	ck_assert_double_eq(rec.measured_us, 12.5);
+	ck_assert_uint_eq(rec.sms, 132);
+	ck_assert_uint_gt(ap_cache_tuning_generation(cb), 0);   /* b's bundles of before retire */
+
+	/* a signed but malformed record (its numbers part missing) is ignored:
+	 * node c searches for itself */
+	{
+		uint8_t k2[32];
+		const uint8_t *parts[1] = { (const uint8_t *)"gemm" };
+		size_t lens[1] = { 4 };
+		ap_sha256_ctx *h;
+		static const char tag[] = "apollo tuning record v1";
+
+		for (int m = 0; m < 2; m++) {
+			h = ap_sha256_new();
+			ap_sha256_update(h, tag, sizeof(tag));
+			ap_sha256_update(h, sig, 32);
+			ap_sha256_update(h, "sm_90", 6);
+			ap_sha256_update(h, m ? "m" : "c", 1);
+			ap_sha256_final(h, k2);
+			ck_assert_int_eq(ap_redis_put(r, AP_REDIS_TUNING, k2, 1, parts, lens), 0);
+		}
+	}
+	build_on(c, pb, &hits, &meas, &searched, sig_b, sched_b, sizeof(sched_b));
+	ck_assert_uint_eq(hits, 0);
+	ck_assert_uint_eq(searched, 1);
+
+	ap_graph_pb_free(pb);
+	ap_compiler_free(a);
+	ap_compiler_free(b);
+	ap_compiler_free(c);
+	ap_cache_free(ca);
+	ap_cache_free(cb);
+	ap_cache_free(cc);
+	ap_redis_free(r);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("redis");
@@ -391,6 +558,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, announced_length_checked_first);
 	tcase_add_test(tc, breaker);
 	tcase_add_test(tc, secret_files);
+	tcase_add_test(tc, tuning_records_shared);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -10,7 +10,7 @@
  * its blob; a blob: its bytes, keyed by their SHA-256 -- kernels compiled
  * as one program share one blob), stored under
  *   NAMESPACE:s<schema>.<format>:<kind>:<hex of the 32-byte key>
- * (kind 'a' action, 'k' kernel, 'b' blob; schema = apollo.SchemaVersion, format =
+ * (kind 'a' action, 'k' kernel, 'b' blob, 't' tuning record; schema = apollo.SchemaVersion, format =
  * this file's value format), with a TTL, and signed: HMAC-SHA256 under a
  * key derived from the cluster secret, over the Redis key and the value.
  * Every read verifies the signature (constant time) before looking at any
@@ -73,7 +73,7 @@ int ap_redis_read_secret_file(const char *path, bool private_only, __ap_give uin
  * with `err`.  Counts like any call (a failure may open the breaker). */
 int ap_redis_ping(ap_redis *r, ap_error *err);
 
-enum { AP_REDIS_ACTION = 'a', AP_REDIS_KERNEL = 'k', AP_REDIS_BLOB = 'b' };
+enum { AP_REDIS_ACTION = 'a', AP_REDIS_KERNEL = 'k', AP_REDIS_BLOB = 'b', AP_REDIS_TUNING = 't' };
 
 /* A verified entry: `n` parts, each a borrowed view into `buf`. */
 typedef struct ap_redis_entry {

@@ -239,6 +239,8 @@ static void store_refined(ap_autotune *a, const char *target, const cands *t)
 	}
 	if (n > 0 && ap_cache_tuning_put_many(cache, (const uint8_t (*)[32])sigs, target, recs, n,
 					      moved > 0) == 0) {
+		for (int i = 0; i < n; i++)
+			ap_compiler_tuning_publish(a->c, sigs[i], target, &recs[i]);
 		atomic_fetch_add(&a->refined, (uint64_t)n);
 		atomic_fetch_add(&a->moved, (uint64_t)moved);
 		ap_log(AP_LOG_INFO, "background tuner: %d %s kernels refined with ptxas, %d choices moved",

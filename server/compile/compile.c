@@ -371,11 +371,121 @@ struct tune_user {
 	bool variant;            /* the model's record (its candidates) */
 };
 
+/* Tuning records in the shared cache: kind 't', keyed by SHA-256 over
+ * (signature, target, measured or not): one model record and one measured
+ * record (the last stored by any node) per kernel and target.  The value's
+ * parts: emitter, config, method, device, candidates, then "sms modelled_us
+ * measured_us tried" as text. */
+static void tuning_l2_key(const uint8_t sig[32], const char *target, bool measured, uint8_t key[32])
+{
+	ap_sha256_ctx *h = ap_sha256_new();
+	static const char tag[] = "apollo tuning record v1";
+
+	if (!h) {
+		memset(key, 0, 32);   /* never read: the put and get below fail first */
+		return;
+	}
+	ap_sha256_update(h, tag, sizeof(tag));
+	ap_sha256_update(h, sig, 32);
+	ap_sha256_update(h, target, strlen(target) + 1);
+	ap_sha256_update(h, measured ? "m" : "c", 1);
+	ap_sha256_final(h, key);
+}
+
+void ap_compiler_tuning_publish(ap_compiler *c, const uint8_t sig[32], const char *target,
+				const ap_tune_record *r)
+{
+	char nums[128];
+	const uint8_t *parts[6];
+	size_t lens[6];
+	uint8_t key[32];
+
+	if (!c->redis)
+		return;
+	snprintf(nums, sizeof(nums), "%u %.17g %.17g %u", r->sms, r->modelled_us, r->measured_us,
+		 r->tried);
+	parts[0] = (const uint8_t *)r->emitter;
+	parts[1] = (const uint8_t *)r->config;
+	parts[2] = (const uint8_t *)r->method;
+	parts[3] = (const uint8_t *)r->device;
+	parts[4] = (const uint8_t *)r->candidates;
+	parts[5] = (const uint8_t *)nums;
+	for (int i = 0; i < 6; i++)
+		lens[i] = strnlen((const char *)parts[i], 1024);
+	tuning_l2_key(sig, target, r->measured_us >= 0, key);
+	ap_redis_put(c->redis, AP_REDIS_TUNING, key, 6, parts, lens);
+}
+
+/* Copies part i of e into dst (cap bytes) when it is printable text that
+ * fits. */
+static bool l2_text(const ap_redis_entry *e, int i, char *dst, size_t cap)
+{
+	if (e->part_len[i] >= cap)
+		return false;
+	for (size_t k = 0; k < e->part_len[i]; k++)
+		if (e->part[i][k] < 0x20 || e->part[i][k] > 0x7e)
+			return false;
+	memcpy(dst, e->part[i], e->part_len[i]);
+	dst[e->part_len[i]] = '\0';
+	return true;
+}
+
+/* The shared cache's record of (sig, target), measured or the model's: 1
+ * with *out (its strings checked printable and in bounds, its numbers
+ * finite; the config is parsed again by the tuner), 0 when absent or
+ * malformed. */
+static int tuning_l2_get(ap_compiler *c, const uint8_t sig[32], const char *target, bool measured,
+			 ap_tune_record *out)
+{
+	ap_redis_entry e = {0};
+	uint8_t key[32];
+	char nums[128];
+	int ok;
+
+	tuning_l2_key(sig, target, measured, key);
+	if (ap_redis_get(c->redis, AP_REDIS_TUNING, key, &e) != 1)
+		return 0;
+	memset(out, 0, sizeof(*out));
+	ok = e.n == 6 && l2_text(&e, 0, out->emitter, sizeof(out->emitter)) &&
+	     l2_text(&e, 1, out->config, sizeof(out->config)) &&
+	     l2_text(&e, 2, out->method, sizeof(out->method)) &&
+	     l2_text(&e, 3, out->device, sizeof(out->device)) &&
+	     l2_text(&e, 4, out->candidates, sizeof(out->candidates)) &&
+	     l2_text(&e, 5, nums, sizeof(nums)) &&
+	     sscanf(nums, "%u %lf %lf %u", &out->sms, &out->modelled_us, &out->measured_us,
+		    &out->tried) == 4 &&
+	     isfinite(out->modelled_us) && isfinite(out->measured_us) &&
+	     (out->measured_us >= 0) == measured && (!measured || out->device[0]);
+	ap_redis_entry_clear(&e);
+	if (!ok)
+		ap_log(AP_LOG_WARN, "shared cache: a malformed tuning record, ignored");
+	return ok;
+}
+
+/* A record: the local cache's; without a measured one there, the shared
+ * cache's measured record, then (with no local record at all) its model
+ * record; a record found in the shared cache is copied into the local
+ * one (a measured one advances the tuning generation). */
 static int tune_lookup(void *user, const uint8_t sig[32], ap_tune_record *rec)
 {
 	struct tune_user *u = user;
+	int rc = ap_cache_tuning_get(u->c->cache, sig, u->target, u->variant ? "" : NULL, rec);
+	ap_tune_record l2;
 
-	return ap_cache_tuning_get(u->c->cache, sig, u->target, u->variant ? "" : NULL, rec);
+	if (!u->c->redis || rc < 0)
+		return rc;
+	if (!u->variant && (rc == 0 || rec->measured_us < 0) &&
+	    tuning_l2_get(u->c, sig, u->target, true, &l2)) {
+		ap_cache_tuning_put(u->c->cache, sig, u->target, &l2);
+		*rec = l2;
+		return 1;
+	}
+	if (rc == 0 && tuning_l2_get(u->c, sig, u->target, false, &l2)) {
+		ap_cache_tuning_put(u->c->cache, sig, u->target, &l2);
+		*rec = l2;
+		return 1;
+	}
+	return rc;
 }
 
 static void tune_store(void *user, const uint8_t sig[32], const ap_tune_record *rec)
@@ -383,6 +493,7 @@ static void tune_store(void *user, const uint8_t sig[32], const ap_tune_record *
 	struct tune_user *u = user;
 
 	ap_cache_tuning_put(u->c->cache, sig, u->target, rec);
+	ap_compiler_tuning_publish(u->c, sig, u->target, rec);
 }
 
 static bool printable(const char *s, size_t min, size_t max)
@@ -528,6 +639,8 @@ int ap_compiler_tune_report(ap_compiler *c, const Apollo__TuneReport *rep, unsig
 				  "tuning report: the measured records could not be stored");
 		goto out;
 	}
+	for (int i = 0; i < n_recs; i++)
+		ap_compiler_tuning_publish(c, sigs[i], rep->target, &recs[i]);
 	*records = (unsigned)n_recs;
 	*generation = ap_cache_tuning_generation(c->cache);
 	atomic_fetch_add(&c->tune_reports, 1);

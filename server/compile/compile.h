@@ -166,6 +166,14 @@ struct ap_graph;
 ap_cache *ap_compiler_cache(const ap_compiler *c);
 ap_autotune *ap_compiler_autotune(const ap_compiler *c);
 
+/* Writes tuning record r of (sig, target) to the shared cache (Redis),
+ * where other daemons' builds find it when their local cache has no such
+ * record (a measured one: when theirs has no measured one); the last
+ * writer of a (kernel, target, measured or not) wins.  Nothing without a
+ * shared cache; failures cost nothing but the sharing (redis.h). */
+void ap_compiler_tuning_publish(ap_compiler *c, const uint8_t sig[32], const char *target,
+				__ap_keep const ap_tune_record *r);
+
 /* Builds req's graph as a compile would (target, graph or ONNX import,
  * options, tuning records and search), without the backend: *g and *prog
  * (the kernels' sources, launches and parts) are the caller's to free.
