@@ -18,7 +18,9 @@
 # with Layer I off and on, Layer I's time beside NVRTC's), the compile
 # table (bench/compile.sh: cold compile beside the NVRTC floor, distinct
 # kernels of 1 ... 32-layer encoders), the tuning table (bench/tune.sh: cold
-# compile with and without tuning, host run time of tuned and untuned kernels), the scale table (bench/scale.sh: partition and codegen time of
+# compile with and without tuning, host run time of tuned and untuned kernels), the
+# background tuner's table (bench/autotune.sh: what it compiles, refines and
+# times after one cold compile), the scale table (bench/scale.sh: partition and codegen time of
 # transformer encoders of 8 ... 512 layers), the GEMM table (bench/gemm.sh:
 # the models' GEMM, convolution and attention shapes -- FLOPs, bytes,
 # ptxas's registers, spills and shared memory for sm_90, host time beside
@@ -76,6 +78,8 @@ echo
 sh bench/compile.sh ${targets%% *}
 echo
 sh bench/tune.sh ${targets%% *}
+echo
+sh bench/autotune.sh
 echo
 sh bench/scale.sh
 echo
