@@ -64,8 +64,13 @@ print(f"{'graph':28} {'searched':>8} {'bg s':>6} {'compiled':>8} {'refined':>7} 
       f"{'timed':>5} {'measured':>8}  next compile")
 for r in rows:
     f, s = r["first"]["tuning"], r["second"]
-    nxt = "-" if not s else (f"{s['cache']}, {s['tuning']['hits']} from records "
-                             f"({s['tuning']['measured']} measured), {s['tuning']['searched']} searched")
+    if not s:
+        nxt = "-"
+    elif s["cache"] == "hit":
+        nxt = "cache hit (no record moved, no measurement: the bundle stands)"
+    else:
+        nxt = (f"recompiled: {s['tuning']['hits']} kernels from records "
+               f"({s['tuning']['measured']} measured), {s['tuning']['searched']} searched")
     print(f"{r['model']:28} {f['searched']:8d} {r['s']:6.1f} {r['compiled']:8d} {r['refined']:7d} "
           f"{r['moved']:5d} {r['timed']:5d} {r['measured']:8d}  {nxt}"
           + (f"  ({r['failed']} failed)" if r["failed"] else ""))

@@ -158,6 +158,12 @@ static int refine_variant(ap_autotune *a, const Apollo__CompileRequest *req, con
 		cd->compiled = true;
 		cd->refined_us = ap_tune_refined_us(&pt->traffic, &cd->ps, ti);
 		atomic_fetch_add(&a->compiled, 1);
+		ap_log(AP_LOG_DEBUG,
+		       "background tuner: %s %s: ptxas %d registers (modelled %u), %d+%d spill bytes, "
+		       "%d shared bytes: %.3f us (modelled %.3f)",
+		       k->name, pt->schedule, cd->ps.registers, pt->traffic.regs, cd->ps.spill_store_bytes,
+		       cd->ps.spill_load_bytes, cd->ps.shared_bytes, cd->refined_us,
+		       ap_cost_schedule_us(&pt->traffic, ti));
 	}
 	ap_program_free(p);
 	ap_graph_free(g);
