@@ -31,8 +31,9 @@
  *                            configuration's kernel compiled here), every
  *                            candidate timed through the stand-in driver,
  *                            the measured record = the candidate the stand-in
- *                            times fastest, at exactly that time, and the
- *                            next compile builds it
+ *                            times fastest, at exactly that time, the next
+ *                            compile builds it, and a refined record is not
+ *                            compiled again by a later job
  */
 #include <check.h>
 #include <math.h>
@@ -880,6 +881,31 @@ START_TEST(background_tuner)
 	ck_assert_int_ge(l = tuned_launch(r->bundle, sig), 0);
 	ck_assert_str_eq(r->bundle->plan[l]->parts[0]->schedule, meas.config);
 	ap_compile_response_free(r);
+	/* compiled again without the cache, the kernel is searched again and a
+	 * second job runs, but a refined record is not compiled again */
+	{
+		Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
+		Apollo__CompileOptions o = APOLLO__COMPILE_OPTIONS__INIT;
+
+		req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
+		req.graph = pb;
+		req.target = "sm_90";
+		req.output = APOLLO__OUTPUT_KIND__OUTPUT_PTX;
+		o.no_cache = true;
+		req.options = &o;
+		r = ap_compile_run(c, &req);
+		ck_assert_uint_eq(r->bundle->stats->tune_searched, 1);
+		ap_compile_response_free(r);
+	}
+	ck_assert(ap_autotune_wait_idle(ap_compiler_autotune(c), 120000));
+	{
+		ap_compile_counters c2;
+
+		ap_compiler_get_counters(c, &c2);
+		ck_assert_uint_eq(c2.autotune.jobs, 2);
+		ck_assert_uint_eq(c2.autotune.compiled, cc.autotune.compiled);
+		ck_assert_uint_eq(c2.autotune.failed, 0);
+	}
 
 	ap_compiler_free(c);
 	drop_cache(cache);

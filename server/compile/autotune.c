@@ -124,6 +124,16 @@ static bool ptxas_arch(const char *target, char *out, size_t cap)
 	return false;
 }
 
+/* Whether the model's record of `sig` was refined already (by an earlier
+ * job: a request compiled again with no_cache searches again). */
+static bool refined_before(ap_autotune *a, const char *target, const uint8_t sig[32])
+{
+	ap_tune_record rec;
+
+	return ap_cache_tuning_get(ap_compiler_cache(a->c), sig, target, "", &rec) == 1 &&
+	       !strcmp(rec.method, "ptxas");
+}
+
 /* Builds variant `req` and compiles each tuned kernel that runs alone in
  * its launch with ptxas -v, once per (signature, schedule). */
 static int refine_variant(ap_autotune *a, const Apollo__CompileRequest *req, const char *arch,
@@ -140,7 +150,7 @@ static int refine_variant(ap_autotune *a, const Apollo__CompileRequest *req, con
 		cand *cd;
 		ap_error why;
 
-		if (!pt || !pt->tuned || !pt->schedule)
+		if (!pt || !pt->tuned || !pt->schedule || refined_before(a, req->target, pt->tune_sig))
 			continue;
 		if (!(cd = cand_get(t, pt->tune_sig, pt->schedule))) {
 			rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");

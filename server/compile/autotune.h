@@ -30,7 +30,8 @@
  *            report would be (ap_compiler_tune_report).  A driver or
  *            device that does not load turns measuring off for the
  *            tuner's life (logged once).
- * A kernel whose candidates did not all compile keeps its record.
+ * A kernel whose candidates did not all compile keeps its record; one whose
+ * record was refined before (method "ptxas") is not compiled again.
  */
 #ifndef AP_AUTOTUNE_H
 #define AP_AUTOTUNE_H
