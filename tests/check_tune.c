@@ -32,8 +32,9 @@
  *                            candidate timed through the stand-in driver,
  *                            the measured record = the candidate the stand-in
  *                            times fastest, at exactly that time, the next
- *                            compile builds it, and a refined record is not
- *                            compiled again by a later job
+ *                            compile builds it, and a later job neither
+ *                            compiles a refined record again nor stores a
+ *                            kernel measured before
  */
 #include <check.h>
 #include <math.h>
@@ -905,6 +906,8 @@ START_TEST(background_tuner)
 		ck_assert_uint_eq(c2.autotune.jobs, 2);
 		ck_assert_uint_eq(c2.autotune.compiled, cc.autotune.compiled);
 		ck_assert_uint_eq(c2.autotune.failed, 0);
+		/* timed again, but measured before on this device: no new record */
+		ck_assert_uint_eq(c2.autotune.measured, 1);
 	}
 
 	ap_compiler_free(c);

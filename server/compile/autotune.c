@@ -331,7 +331,12 @@ static int report(ap_autotune *a, const char *target, const char *device, unsign
 		goto out;
 	}
 	for (int i = 0; i < t->n; i++) {
-		if (t->v[i].time_us <= 0)
+		ap_tune_record had;
+
+		/* a kernel measured on this device before keeps its record: no
+		 * new generation (every bundle retired) for the same numbers */
+		if (t->v[i].time_us <= 0 ||
+		    ap_cache_tuning_get(ap_compiler_cache(a->c), t->v[i].sig, target, device, &had) == 1)
 			continue;
 		apollo__tune_measurement__init(&ms[rep.n_measurements]);
 		ms[rep.n_measurements].signature.data = t->v[i].sig;

@@ -27,7 +27,9 @@
  *            median of `runs` CUDA-event timings per launch) and stores
  *            the fastest candidate of each kernel as a measured record
  *            for this device, exactly as a client's apollo-client tune
- *            report would be (ap_compiler_tune_report).  A driver or
+ *            report would be (ap_compiler_tune_report); kernels that
+ *            have a measured record for this device already are left
+ *            out (no new tuning generation for them).  A driver or
  *            device that does not load turns measuring off for the
  *            tuner's life (logged once).
  * A kernel whose candidates did not all compile keeps its record; one whose
