@@ -20,6 +20,8 @@
  *                            is not used for sm_90
  *   signature_ignores_input_order  a kernel's signature does not depend on
  *                            the order its micro-graph lists its inputs
+ *   stitched_flops_count_reductions_once  a stitched softmax's modelled
+ *                            arithmetic counts its reductions once per row
  *   refined_us_reads_ptxas   ap_tune_refined_us: ptxas's own register count
  *                            gives the model's time back, more registers
  *                            (fewer resident blocks), spills and shared
@@ -692,6 +694,52 @@ START_TEST(records_reused_by_builds)
 END_TEST
 
 
+
+/* A stitched softmax over R rows of N: its modelled arithmetic counts each
+ * value once per element of its own tensor (the row's maximum and sum once
+ * per row, read from registers by the elementwise ops), times the kernel's
+ * passes over the row -- not the inline model's re-evaluation of a
+ * reduction at every element that reads it (R N^2). */
+START_TEST(stitched_flops_count_reductions_once)
+{
+	enum { R = 64, N = 1024 };
+	ap_graph *g = ap_graph_new("softmax");
+	int x = tensor(g, "x", DIMS(R, N), AP_TENSOR_INPUT);
+	int mx = tensor(g, "mx", DIMS(R, 1), AP_TENSOR_VALUE);
+	int d = tensor(g, "d", DIMS(R, N), AP_TENSOR_VALUE);
+	int e = tensor(g, "e", DIMS(R, N), AP_TENSOR_VALUE);
+	int sm = tensor(g, "sm", DIMS(R, 1), AP_TENSOR_VALUE);
+	int y = tensor(g, "y", DIMS(R, N), AP_TENSOR_VALUE);
+	ap_target_info ti;
+	ap_mgraph *m;
+	ap_space sp;
+	ap_sched s;
+	ap_traffic tr;
+	ap_error err;
+
+	node(g, "max", AP_OP_REDUCE_MAX, 1, (int[]){x}, mx);
+	ap_node_set_ints(g, g->n_nodes - 1, "axes", (const int64_t[]){1}, 1);
+	node(g, "sub", AP_OP_SUB, 2, (int[]){x, mx}, d);
+	node(g, "exp", AP_OP_EXP, 1, (int[]){d}, e);
+	node(g, "sum", AP_OP_REDUCE_SUM, 1, (int[]){e}, sm);
+	ap_node_set_ints(g, g->n_nodes - 1, "axes", (const int64_t[]){1}, 1);
+	node(g, "div", AP_OP_DIV, 2, (int[]){e, sm}, y);
+	output(g, y);
+	ck_assert_msg(ap_graph_validate(g, &err) == 0, "validate: %s", err.msg);
+	m = whole(g, AP_GROUP_STITCHED, AP_OP_REDUCE_MAX);
+	ck_assert_int_eq(ap_cost_target("sm_90", &ti), 0);
+	ck_assert_int_eq(ap_emitter_stitched.match(m, &ti), 1);
+	ck_assert_int_eq(ap_emitter_default(&ap_emitter_stitched, m, &ti, &sp, &s, &err), 0);
+	ck_assert_int_eq(ap_emitter_stitched.traffic(m, &s, &ti, &tr), 0);
+	/* five ops of R x N evaluations each (the reductions read N per row),
+	 * times at most three passes (two reduction levels and the outputs') */
+	ck_assert_msg(tr.flops >= 5.0 * R * N && tr.flops <= 15.0 * R * N, "%g modelled operations",
+		      tr.flops);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
 /* ---- refinement with ptxas and the background tuner ---------------------------------- */
 
 START_TEST(refined_us_reads_ptxas)
@@ -937,6 +985,7 @@ int main(void)
 	tcase_add_test(tc, signature_ignores_buffer_constants);
 	tcase_add_test(tc, signature_ignores_input_order);
 	tcase_add_test(tc, refined_us_reads_ptxas);
+	tcase_add_test(tc, stitched_flops_count_reductions_once);
 	tcase_add_test(tc, background_tuner);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

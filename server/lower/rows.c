@@ -993,6 +993,27 @@ out:
 	return rc;
 }
 
+/* Arithmetic of g with every node evaluated once per output element: its
+ * inputs' reads per element (a reduction's reduced count), averaged over
+ * its inputs, twice for a product's multiply-adds; views cost nothing. */
+static double once_flops(const ap_graph *g)
+{
+	double f = 0;
+
+	for (int i = 0; i < g->n_nodes; i++) {
+		const ap_node *n = &g->nodes[i];
+		double per = ap_op_category_of(n->op) == AP_CAT_MATMUL ? 2.0 : 1.0, reads = 0;
+
+		if (ap_op_is_view(n->op) || n->n_outputs < 1 || n->outputs[0] < 0 || n->n_inputs < 1)
+			continue;
+		for (int j = 0; j < n->n_inputs; j++)
+			if (n->inputs[j] >= 0)
+				reads += ap_cost_reads_per_element(g, n, j);
+		f += per * (double)ap_tensor_numel(&g->tensors[n->outputs[0]]) * reads / n->n_inputs;
+	}
+	return f;
+}
+
 static int rows_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
 			ap_traffic *out)
 {
@@ -1004,6 +1025,10 @@ static int rows_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_i
 	memset(out, 0, sizeof(*out));
 	if (ap__lower_inline_traffic(m, out) < 0)
 		return AP_ENOMEM;
+	/* the kernel computes each value once per element of its own tensor
+	 * (a reduction once per row, its readers take it from a register),
+	 * not once per reader's element as the inline model counts */
+	out->flops = once_flops(m->g);
 	out->threads = lanes * rows;
 	if ((rc = analyze(m, &p, why, sizeof(why))) < 0)
 		return rc;
