@@ -416,18 +416,26 @@ void ap_compiler_tuning_publish(ap_compiler *c, const uint8_t sig[32], const cha
 	ap_redis_put(c->redis, AP_REDIS_TUNING, key, 6, parts, lens);
 }
 
+/* Whether s is min..max bytes of printable ASCII. */
+static bool printable(const char *s, size_t min, size_t max)
+{
+	size_t n = 0;
+
+	for (; s && s[n]; n++)
+		if ((unsigned char)s[n] < 0x20 || (unsigned char)s[n] > 0x7e || n >= max)
+			return false;
+	return s && n >= min;
+}
+
 /* Copies part i of e into dst (cap bytes) when it is printable text that
- * fits. */
+ * fits (no NUL inside: printable() would stop there). */
 static bool l2_text(const ap_redis_entry *e, int i, char *dst, size_t cap)
 {
-	if (e->part_len[i] >= cap)
+	if (e->part_len[i] >= cap || memchr(e->part[i], 0, e->part_len[i]))
 		return false;
-	for (size_t k = 0; k < e->part_len[i]; k++)
-		if (e->part[i][k] < 0x20 || e->part[i][k] > 0x7e)
-			return false;
 	memcpy(dst, e->part[i], e->part_len[i]);
 	dst[e->part_len[i]] = '\0';
-	return true;
+	return printable(dst, 0, cap - 1);
 }
 
 /* The shared cache's record of (sig, target), measured or the model's: 1
@@ -494,16 +502,6 @@ static void tune_store(void *user, const uint8_t sig[32], const ap_tune_record *
 
 	ap_cache_tuning_put(u->c->cache, sig, u->target, rec);
 	ap_compiler_tuning_publish(u->c, sig, u->target, rec);
-}
-
-static bool printable(const char *s, size_t min, size_t max)
-{
-	size_t n = 0;
-
-	for (; s && s[n]; n++)
-		if ((unsigned char)s[n] < 0x20 || (unsigned char)s[n] > 0x7e || n >= max)
-			return false;
-	return s && n >= min;
 }
 
 /* Measurement indices ordered by signature, then time. */

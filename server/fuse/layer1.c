@@ -2102,16 +2102,18 @@ static int l1_space(const ap_mgraph *m, const ap_target_info *t, ap_space *out)
 	ap_layer1 l;
 	int64_t v[AP_KNOB_MAX_VALUES];
 	int rc = l1_analyze(m, &l);
+	bool rule;
 
 	memset(out, 0, sizeof(*out));
 	if (rc <= 0)
 		return rc;
+	rule = choose_tile(m->g, &l, t);
 	out->n = l.reduce ? 1 : 2;
 	for (int q = 0; q < out->n; q++) {
 		ap_knob *k = &out->knobs[q];
 		int n = tile_values(&l, l.reduce ? 1 : q, v);
 
-		if (choose_tile(m->g, &l, t))
+		if (rule)
 			n = add_value(v, n, l.reduce ? l.tile[1] : l.tile[l.rank - 2 + q]);
 		k->name = l.reduce ? "planes" : q ? "tw" : "th";
 		k->n = n;

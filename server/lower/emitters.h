@@ -35,6 +35,10 @@ unsigned ap_grid_for(int64_t work, int64_t per_block);
  * bytes of every input and output once, arithmetic from the cost model's
  * evaluation counts.  Adds to *out.  0 or AP_ENOMEM. */
 int ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out);
+/* Arithmetic of node n of g evaluated `evals` times: its inputs' reads per
+ * element (a reduction's reduced count, K for a product), averaged over
+ * its inputs, twice for a product's multiply-adds; 0 for a view. */
+double ap__lower_node_flops(const ap_graph *g, const ap_node *n, double evals);
 
 /* ---- epilogues of products (epilogue.c) ------------------------------------- */
 

@@ -462,6 +462,18 @@ double ap_lower_recompute(const ap_mgraph *m)
 	return worst;
 }
 
+double ap__lower_node_flops(const ap_graph *g, const ap_node *n, double evals)
+{
+	double per = ap_op_category_of(n->op) == AP_CAT_MATMUL ? 2.0 : 1.0, f = 0;
+
+	if (ap_op_is_view(n->op) || n->n_outputs < 1 || n->outputs[0] < 0)
+		return 0;
+	for (int j = 0; j < n->n_inputs; j++)
+		if (n->inputs[j] >= 0)
+			f += per * evals * ap_cost_reads_per_element(g, n, j) / n->n_inputs;
+	return f;
+}
+
 int ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out)
 {
 	const ap_graph *g = m->g;
@@ -483,15 +495,10 @@ int ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out)
 		ap_cost_evals(c, nodes, g->n_nodes, &gv);
 		for (int i = 0; i < g->n_nodes; i++) {
 			const ap_node *node = &g->nodes[i];
-			double per = ap_op_category_of(node->op) == AP_CAT_MATMUL ? 2.0 : 1.0;
 
-			if (ap_op_is_view(node->op) || node->n_outputs < 1 || node->outputs[0] < 0)
-				continue;
-			for (int j = 0; j < node->n_inputs; j++)
-				if (node->inputs[j] >= 0)
-					out->flops += per * ap_cost_eval_of(c, node->outputs[0]) *
-						      ap_cost_reads_per_element(g, node, j) /
-						      node->n_inputs;
+			if (!ap_op_is_view(node->op) && node->n_outputs >= 1 && node->outputs[0] >= 0)
+				out->flops += ap__lower_node_flops(g, node,
+								   ap_cost_eval_of(c, node->outputs[0]));
 		}
 	}
 	free(nodes);

@@ -993,23 +993,17 @@ out:
 	return rc;
 }
 
-/* Arithmetic of g with every node evaluated once per output element: its
- * inputs' reads per element (a reduction's reduced count), averaged over
- * its inputs, twice for a product's multiply-adds; views cost nothing. */
+/* Arithmetic of g with every node evaluated once per element of its
+ * output (ap__lower_node_flops). */
 static double once_flops(const ap_graph *g)
 {
 	double f = 0;
 
 	for (int i = 0; i < g->n_nodes; i++) {
 		const ap_node *n = &g->nodes[i];
-		double per = ap_op_category_of(n->op) == AP_CAT_MATMUL ? 2.0 : 1.0, reads = 0;
 
-		if (ap_op_is_view(n->op) || n->n_outputs < 1 || n->outputs[0] < 0 || n->n_inputs < 1)
-			continue;
-		for (int j = 0; j < n->n_inputs; j++)
-			if (n->inputs[j] >= 0)
-				reads += ap_cost_reads_per_element(g, n, j);
-		f += per * (double)ap_tensor_numel(&g->tensors[n->outputs[0]]) * reads / n->n_inputs;
+		if (n->n_outputs >= 1 && n->outputs[0] >= 0)
+			f += ap__lower_node_flops(g, n, (double)ap_tensor_numel(&g->tensors[n->outputs[0]]));
 	}
 	return f;
 }
