@@ -1000,6 +1000,157 @@ START_TEST(conv_groups_strides_dilations_pads)
 }
 END_TEST
 
+/* 16-bit operands that cp.async cannot copy as vectors (an im2col gather;
+ * weights and a MatMul whose contiguous extents are odd) are pair-staged
+ * (server/lower/gemm.c, copy_mode): each element fetched as the aligned
+ * 4-byte pair holding it and extracted by its parity.  A wrong parity
+ * would read a neighbour: the results must match the definition within
+ * the 16-bit type's rounding, on the host, and the sm_80 build (tensor
+ * cores) must say so and compile with NVRTC. */
+static float h16(ap_dtype dt, uint16_t v)
+{
+	return dt == AP_DT_F16 ? ap_f16_to_f32(v) : ap_bf16_to_f32(v);
+}
+
+static uint16_t *rand16(ap_dtype dt, int64_t n, float **as_float)
+{
+	uint16_t *v = malloc((size_t)n * sizeof(uint16_t));
+	float *f = malloc((size_t)n * sizeof(float));
+
+	for (int64_t i = 0; i < n; i++) {
+		float r = frand(-1, 1);
+
+		v[i] = dt == AP_DT_F16 ? ap_f32_to_f16(r) : ap_f32_to_bf16(r);
+		f[i] = h16(dt, v[i]);
+	}
+	*as_float = f;
+	return v;
+}
+
+static void expect_close16(const char *what, ap_dtype dt, const uint16_t *got, const double *want, int64_t n)
+{
+	double tol = dt == AP_DT_F16 ? 2e-3 : 1.6e-2;
+
+	for (int64_t i = 0; i < n; i++)
+		ck_assert_msg(fabs((double)h16(dt, got[i]) - want[i]) <= tol * (1 + fabs(want[i])),
+			      "%s (%s)[%lld]: got %.6g want %.6g", what, ap_dtype_name(dt), (long long)i,
+			      (double)h16(dt, got[i]), want[i]);
+}
+
+/* The GEMM kernel of p says its operand `which` is pair-staged. */
+static bool pair_staged_text(const ap_program *p, char which)
+{
+	char key[64];
+
+	snprintf(key, sizeof(key), "operand %c: cp.async of the 4-byte pair", which);
+	for (int i = 0; i < p->n_kernels; i++)
+		if (strstr(p->kernels[i].src, key))
+			return true;
+	return false;
+}
+
+START_TEST(gemm_16bit_pair_staged)
+{
+	static const ap_dtype dts[] = {AP_DT_F16, AP_DT_BF16};
+
+	for (int d = 0; d < 2; d++) {
+		ap_dtype dt = dts[d];
+		/* a 3x3 convolution over 5 channels: K = 45, im2col gathered */
+		enum { N = 2, C = 5, H = 9, W = 11, M = 16, KH = 3, KW = 3 };
+		const int sh = 2, sw = 1, ph0 = 1, pw0 = 2, ph1 = 0, pw1 = 1;
+		const int OH = (H + ph0 + ph1 - KH) / sh + 1, OW = (W + pw0 + pw1 - KW) / sw + 1;
+		ap_graph *g = ap_graph_new("conv16");
+		int x = input(g, "x", dt, DIMS(N, C, H, W));
+		int w = param(g, "w", dt, DIMS(M, C, KH, KW));
+		int y = value(g, "y", dt, DIMS(N, M, OH, OW));
+		float *xf, *wf;
+		uint16_t *xs = rand16(dt, N * C * H * W, &xf), *ws = rand16(dt, M * C * KH * KW, &wf);
+		double *ref = calloc((size_t)(N * M * OH * OW), sizeof(double));
+		void *outs[1];
+		int n = node(g, "conv", AP_OP_CONV, LIST(x, w), LIST(y));
+
+		ap_node_set_ints(g, n, "strides", (int64_t[]){sh, sw}, 2);
+		ap_node_set_ints(g, n, "pads", (int64_t[]){ph0, pw0, ph1, pw1}, 4);
+		ap_node_set_ints(g, n, "kernel_shape", (int64_t[]){KH, KW}, 2);
+		ap_node_set_ints(g, n, "dilations", (int64_t[]){1, 1}, 2);
+		output(g, y);
+		named pr[] = {{"w", ws}};
+		ap_program *p = build_and_run(g, (const void *[]){xs}, pr, 1, outs);
+
+		for (int nn = 0; nn < N; nn++)
+			for (int m = 0; m < M; m++)
+				for (int oh = 0; oh < OH; oh++)
+					for (int ow = 0; ow < OW; ow++) {
+						double s = 0;
+
+						for (int c = 0; c < C; c++)
+							for (int kh = 0; kh < KH; kh++)
+								for (int kw = 0; kw < KW; kw++) {
+									int ih = oh * sh - ph0 + kh, iw = ow * sw - pw0 + kw;
+
+									if (ih >= 0 && ih < H && iw >= 0 && iw < W)
+										s += (double)xf[((nn * C + c) * H + ih) * W + iw] *
+										     wf[((m * C + c) * KH + kh) * KW + kw];
+								}
+						ref[((nn * M + m) * OH + oh) * OW + ow] = s;
+					}
+		ck_assert(pair_staged_text(p, 'A'));
+		ck_assert(pair_staged_text(p, 'B'));
+		expect_close16("conv", dt, outs[0], ref, N * M * OH * OW);
+		{
+			ap_program *pc = build_cuda(g, NULL);
+
+			ck_assert(pair_staged_text(pc, 'A') && pair_staged_text(pc, 'B'));
+			ap_program_free(pc);
+		}
+		free_outs(outs, 1);
+		free(xs);
+		free(ws);
+		free(xf);
+		free(wf);
+		free(ref);
+		ap_program_free(p);
+		ap_graph_free(g);
+	}
+	for (int d = 0; d < 2; d++) {
+		ap_dtype dt = dts[d];
+		/* a MatMul whose contiguous extents (K of A, N of B) are odd */
+		enum { M = 37, K = 23, N = 19 };
+		ap_graph *g = ap_graph_new("mm16");
+		int a = input(g, "a", dt, DIMS(M, K)), b = param(g, "b", dt, DIMS(K, N));
+		int y = value(g, "y", dt, DIMS(M, N));
+		float *af, *bf;
+		uint16_t *as = rand16(dt, M * K, &af), *bs = rand16(dt, K * N, &bf);
+		double ref[M * N];
+		void *outs[1];
+
+		node(g, "mm", AP_OP_MATMUL, LIST(a, b), LIST(y));
+		output(g, y);
+		named pr[] = {{"b", bs}};
+		ap_program *p = build_and_run(g, (const void *[]){as}, pr, 1, outs);
+
+		for (int i = 0; i < M; i++)
+			for (int j = 0; j < N; j++) {
+				double s = 0;
+
+				for (int q = 0; q < K; q++)
+					s += (double)af[i * K + q] * bf[q * N + j];
+				ref[i * N + j] = s;
+			}
+		ck_assert(pair_staged_text(p, 'A'));
+		ck_assert(pair_staged_text(p, 'B'));
+		expect_close16("matmul", dt, outs[0], ref, M * N);
+		free_outs(outs, 1);
+		free(as);
+		free(bs);
+		free(af);
+		free(bf);
+		ap_program_free(p);
+		ap_graph_free(g);
+	}
+}
+END_TEST
+
 /* ConvTranspose checked against the scatter form of its definition. */
 START_TEST(conv_transpose_scatter_reference)
 {
@@ -3467,6 +3618,11 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, layer1_pooled_tensor_written);
 	tcase_add_test(tc, layer1_replay_and_legality);
 	tcase_add_test(tc, layer1_tile_knobs);
+	suite_add_tcase(s, tc);
+	/* 16-bit GEMM operands through cp.async (run alone: CK_RUN_CASE=gemm16) */
+	tc = tcase_create("gemm16");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, gemm_16bit_pair_staged);
 	suite_add_tcase(s, tc);
 	return s;
 }

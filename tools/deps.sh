@@ -19,33 +19,41 @@ if [ -n "$missing" ]; then
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
 fi
 PY=${PYTHON:-python3}
+# pip keeps no copy of the wheels it downloads (PyPI's torch brings about
+# 3 GB of CUDA wheels; a cached copy would double what the install needs).
+PIP=".venv/bin/pip install -q --no-cache-dir"
+# Says how much room is left where the venv goes when an install fails.
+pip_failed() {
+	echo "deps: pip could not install $1; free space under $(pwd):" >&2
+	df -h . >&2 || true
+	exit 1
+}
 if [ ! -x .venv/bin/python ]; then
 	echo "deps: creating .venv"
 	$PY -m venv .venv
 fi
 if ! .venv/bin/python -c "import onnx, onnxruntime, numpy" 2>/dev/null; then
 	echo "deps: installing onnx onnxruntime numpy into .venv"
-	.venv/bin/pip install -q onnx onnxruntime numpy
+	$PIP onnx onnxruntime numpy || pip_failed "onnx onnxruntime numpy"
 fi
 # PyTorch for the PyTorch backend's tests (tests/torch.sh) and the ONNX
-# exports of real architectures (tests/export_models.py): torch and
-# torchvision from PyTorch's CPU wheel index (small), else from PyPI;
-# transformers and onnxscript (torch.onnx's newer exporter) from PyPI.
+# exports of real architectures (tests/export_models.py): torch,
+# torchvision, transformers and onnxscript (torch.onnx's newer exporter),
+# all from PyPI.
 # Only the tests use them.
 if ! .venv/bin/python -c "import torch, torchvision, transformers, onnxscript" 2>/dev/null; then
 	echo "deps: installing torch, torchvision, transformers, onnxscript into .venv (the PyTorch tests and model exports)"
 	if ! .venv/bin/python -c "import torch, torchvision" 2>/dev/null; then
-		.venv/bin/pip install -q --retries 1 --timeout 30 --index-url https://download.pytorch.org/whl/cpu \
-			torch torchvision 2>/dev/null || .venv/bin/pip install -q torch torchvision
+		$PIP torch torchvision || pip_failed "torch torchvision"
 	fi
-	.venv/bin/pip install -q transformers onnxscript
+	$PIP transformers onnxscript || pip_failed "transformers onnxscript"
 fi
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 if ! ls "$CUDA_HOME"/lib64/libnvrtc.so.* >/dev/null 2>&1; then
 	if ! ls .venv/lib/python3*/site-packages/nvidia/cu*/lib/libnvrtc.so.* >/dev/null 2>&1 &&
 	   ! ls .venv/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.* >/dev/null 2>&1; then
 		echo "deps: no CUDA toolkit at $CUDA_HOME: installing the nvidia-cuda-nvrtc wheel into .venv"
-		.venv/bin/pip install -q nvidia-cuda-nvrtc || echo "deps: nvidia-cuda-nvrtc unavailable; GPU targets will answer an error"
+		$PIP nvidia-cuda-nvrtc || echo "deps: nvidia-cuda-nvrtc unavailable; GPU targets will answer an error"
 	fi
 fi
 exit 0

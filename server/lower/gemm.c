@@ -87,6 +87,9 @@ typedef struct gemm_opnd {
 	int leaf;                       /* plain: the buffer's tensor */
 	int64_t s_outer, s_k;           /* plain: strides of the outer (M or N) and K coordinates */
 	bool composite;                 /* plain: the outer or K dim is mixed-radix (fo, fk) */
+	bool cvec;                      /* composite, yet copied `vec` elements at a time
+					   along the innermost factor of its contiguous
+					   coordinate (composite_vector) */
 	bdim fo, fk;                    /* plain, composite: their factors */
 	int64_t s_base;                 /* plain: element of index 0 (a slice's start) */
 	bdim batch[AP_MAX_RANK];        /* plain: per output batch dim */
@@ -95,7 +98,9 @@ typedef struct gemm_opnd {
 					   coordinate (0: none possible) */
 	bool gather;                    /* convolution, not plain: the im2col element (or a
 					   weight through transposes) is one element of `leaf`
-					   at `gv`, copied one by one (4- and 8-byte types) */
+					   at `gv`, copied one by one (4- and 8-byte types; a
+					   16-bit element by the 4-byte pair around it:
+					   pair_staged) */
 	sview gv;                       /* gather: the convolution input as a view of leaf */
 } gemm_opnd;
 
@@ -322,6 +327,40 @@ static int copy_width(const gemm_opnd *o, int64_t contig_extent, int64_t other_s
 	return 0;
 }
 
+/* A composite operand whose outer or K coordinate ends in a factor of
+ * stride 1 (the head dimension of attention heads merged back into rows,
+ * a weight read through a reshape) is contiguous along that factor: runs
+ * of `vec` elements copied by one cp.async stay inside it and aligned when
+ * the factor's extent, every other stride and the base are multiples of
+ * vec.  Sets k_fast, vec and cvec for the widest such run (K first). */
+static void composite_vector(gemm_opnd *o, int nb, size_t es)
+{
+	for (int which = 0; which < 2; which++) {
+		const bdim *f = which ? &o->fo : &o->fk;
+
+		if (f->n < 1 || f->s[f->n - 1] != 1)
+			continue;
+		for (int bytes = 16; bytes >= 4; bytes /= 2) {
+			int w = (int)(bytes / (int)es);
+			bool ok = w >= 2 && f->e[f->n - 1] % w == 0 && o->s_base % w == 0;
+
+			for (int q = 0; ok && q < o->fk.n; q++)
+				ok = (f == &o->fk && q == o->fk.n - 1) || o->fk.s[q] % w == 0;
+			for (int q = 0; ok && q < o->fo.n; q++)
+				ok = (f == &o->fo && q == o->fo.n - 1) || o->fo.s[q] % w == 0;
+			for (int d = 0; ok && d < nb; d++)
+				for (int q = 0; ok && q < o->batch[d].n; q++)
+					ok = o->batch[d].s[q] % w == 0;
+			if (ok) {
+				o->k_fast = f == &o->fk;
+				o->vec = w;
+				o->cvec = true;
+				return;
+			}
+		}
+	}
+}
+
 /* Fills o (role 0: A as [M][K]; 1: B, described as [N][K]). */
 static void analyze_operand(const ap_graph *g, const gemm_plan *p, int role, gemm_opnd *o)
 {
@@ -331,6 +370,7 @@ static void analyze_operand(const ap_graph *g, const gemm_plan *p, int role, gem
 	size_t es = ap_dtype_size(t->dtype);
 
 	o->plain = false;
+	o->cvec = false;
 	o->k_fast = role == 0;   /* activations [M, K]; weights [K, N] */
 	o->vec = 0;
 	if (!operand_view(g, o->t, &sv, &o->leaf) || sv.rank != r)
@@ -370,6 +410,7 @@ static void analyze_operand(const ap_graph *g, const gemm_plan *p, int role, gem
 	o->s_base = sv.off;
 	if (o->composite) {
 		o->vec = es >= 4 ? 1 : 0;
+		composite_vector(o, p->nb, es);
 		return;
 	}
 	if (o->s_k == 1 && (p->K > 1 || o->s_outer != 1)) {
@@ -510,11 +551,12 @@ static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *
 			if ((size_t)w * ap_dtype_size(p->in_t) >= 4 && p->K % w == 0)
 				p->b.vec = w;
 	}
-	/* the rest, for 4- and 8-byte types: an operand that is a view of a
-	 * buffer (X for the im2col rows; X or W through the transposes of a
-	 * weight gradient) is gathered by cp.async one element a copy, the
-	 * padding zero-filled by the copy's source size */
-	for (int role = 0; role < 2 && ap_dtype_size(p->in_t) >= 4; role++) {
+	/* the rest: an operand that is a view of a buffer (X for the im2col
+	 * rows; X or W through the transposes of a weight gradient) is
+	 * gathered by cp.async one element a copy (16-bit types: the aligned
+	 * pair holding it, see pair_staged), the padding zero-filled by the
+	 * copy's source size */
+	for (int role = 0; role < 2; role++) {
 		gemm_opnd *op = role ? &p->b : &p->a;
 
 		if (op->plain || !operand_view(g, op->t, &op->gv, &op->leaf) ||
@@ -676,16 +718,75 @@ static void tile_layouts(const gemm_plan *p, bool *a_rowk, bool *b_rowk)
 	*b_rowk = p->b.plain ? p->b.k_fast : false;
 }
 
-static size_t smem_bytes(const gemm_plan *p, const gemm_cfg *c)
+/* How operand `role` reaches shared memory in configuration c on t:
+ * returns the elements each cp.async copies (0: through registers, by the
+ * value builder), and *pair tells whether it is "pair-staged".
+ *   - A plain operand (a buffer read through views and transposes) whose
+ *     contiguous coordinate is the one its tile keeps contiguous is copied
+ *     in vectors of op->vec elements;
+ *   - else, for 4- and 8-byte elements, a plain or gathered operand is
+ *     copied one element a copy;
+ *   - else (16-bit), it is pair-staged: cp.async copies at least 4 bytes,
+ *     so each element is fetched as the 4-byte-aligned pair of elements
+ *     that holds it (into a pair buffer, one per stage), with the
+ *     element's place in the pair (its address's parity) in a byte beside
+ *     it; once the stage's copies are complete the block extracts each
+ *     element into the single tile that ldmatrix reads (extract_pairs).
+ *     The addresses and the global latency stay off the registers that
+ *     the register-staged path keeps live across the main loop, for
+ *     about twice the operand's shared memory and one more barrier per K
+ *     tile.
+ * Operands computed on the way (a prologue) go through registers, as do
+ * all operands on GPUs without cp.async (before sm_80). */
+static int copy_mode(const gemm_plan *p, int role, const gemm_cfg *c, const ap_target_info *t, bool *pair)
+{
+	const gemm_opnd *op = role ? &p->b : &p->a;
+	bool ar, br, rowk;
+	int ext;
+
+	*pair = false;
+	if ((t->gpu && t->arch < 80) || (!op->plain && !op->gather))
+		return 0;
+	tile_layouts(p, &ar, &br);
+	rowk = role ? br : ar;
+	ext = rowk ? c->bk : (role ? c->bn : c->bm);
+	if (op->vec > 0 && (!op->composite || op->cvec) && !op->gather && op->k_fast == rowk && ext % op->vec == 0)
+		return op->vec;
+	if (ap_dtype_size(p->in_t) >= 4)
+		return op->vec > 0 ? 1 : 0;
+	*pair = true;
+	return 1;
+}
+
+static bool pair_staged(const gemm_plan *p, int role, const gemm_cfg *c, const ap_target_info *t)
+{
+	bool pair;
+
+	copy_mode(p, role, c, t, &pair);
+	return pair;
+}
+
+/* Elements (pair-staged operands: bytes) of operand `role`'s shared
+ * buffers: the tile's stages, and a pair-staged operand's pairs and
+ * parity bytes. */
+static size_t smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t)
 {
 	bool ar, br;
-	size_t es = ap_dtype_size(p->in_t), pad = (size_t)pad_of(p->in_t);
+	size_t es = ap_dtype_size(p->in_t), pad = (size_t)pad_of(p->in_t), S = (size_t)c->stages;
 	size_t a, b;
 
 	tile_layouts(p, &ar, &br);
 	a = ar ? (size_t)c->bm * ((size_t)c->bk + pad) : (size_t)c->bk * ((size_t)c->bm + pad);
 	b = br ? (size_t)c->bn * ((size_t)c->bk + pad) : (size_t)c->bk * ((size_t)c->bn + pad);
-	return (a + b) * es * (size_t)c->stages;
+	a *= es * (pair_staged(p, 0, c, t) ? 1 : S);
+	b *= es * (pair_staged(p, 1, c, t) ? 1 : S);
+	/* pairs (2 elements) and parity bytes per tile element and stage,
+	 * each array 16-byte aligned */
+	if (pair_staged(p, 0, c, t))
+		a += 16 + S * (size_t)c->bm * (size_t)c->bk * (2 * es + 1) + 16;
+	if (pair_staged(p, 1, c, t))
+		b += 16 + S * (size_t)c->bn * (size_t)c->bk * (2 * es + 1) + 16;
+	return a + b;
 }
 
 static unsigned threads_of(const gemm_plan *p, const gemm_cfg *c)
@@ -708,7 +809,7 @@ static bool cfg_valid(const gemm_plan *p, const gemm_cfg *c, const ap_target_inf
 
 	if (c->stages < 1 || nt < 32 || nt > ap_block_cap(t) || nt % 32)
 		return false;
-	if (smem_bytes(p, c) > smem_limit(t))
+	if (smem_bytes(p, c, t) > smem_limit(t))
 		return false;
 	if (p->tc) {
 		int ks = p->mma == AP_KIR_MMA_TF32_1688 ? 8 : 16;
@@ -729,11 +830,9 @@ static int64_t live_values(const gemm_plan *p, const gemm_cfg *c, const ap_targe
 	int64_t nt = threads_of(p, c), v = (int64_t)c->bm * c->bn / nt;
 
 	for (int role = 0; role < 2; role++) {
-		const gemm_opnd *op = role ? &p->b : &p->a;
-		bool copied = (!t->gpu || t->arch >= 80) && (op->plain || op->gather) && op->vec > 0 &&
-			      (ap_dtype_size(p->in_t) >= 4 || !op->composite);
+		bool pair;
 
-		if (!copied)
+		if (copy_mode(p, role, c, t, &pair) == 0)
 			v += 2 * ((int64_t)(role ? c->bn : c->bm) * c->bk + nt - 1) / nt;
 	}
 	return v;
@@ -870,6 +969,10 @@ typedef struct gctx {
 	unsigned nt;
 	bool a_rowk, b_rowk;            /* shared tiles with K contiguous */
 	bool a_async, b_async;          /* loaded by cp.async */
+	bool a_pair, b_pair;            /* pair-staged (pair_staged): a single tile stage,
+					   filled from pa / pb by extract_pairs */
+	ap_kir_array *pa, *pb;          /* pair-staged: per stage, two elements a tile element */
+	ap_kir_array *qa, *qb;          /* pair-staged: per stage, the element's place in its pair */
 	int a_w, b_w;                   /* elements per cp.async */
 	int lda, ldb;                   /* shared row lengths (elements) */
 	int64_t a_stage, b_stage;       /* elements per stage */
@@ -1141,7 +1244,8 @@ static ap_kir_expr *view_offset(gctx *c, const sview *sv, const ap_lidx *ix)
 	return e;
 }
 
-/* Shared-memory index of (outer, k) in stage `st` of operand `role`. */
+/* Shared-memory index of (outer, k) in stage `st` of operand `role`'s
+ * tile (a pair-staged operand has one tile: st is ignored). */
 static ap_kir_expr *smem_index(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *o, ap_kir_expr *kk)
 {
 	ap_kir_kernel *k = c->k;
@@ -1150,6 +1254,8 @@ static ap_kir_expr *smem_index(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *
 	int64_t stage = role ? c->b_stage : c->a_stage;
 	ap_kir_expr *e = rowk ? ap_kir_add(k, ap_kir_muli(k, o, ld), kk) : ap_kir_add(k, ap_kir_muli(k, kk, ld), o);
 
+	if (role ? c->b_pair : c->a_pair)
+		return e;
 	return ap_kir_add(k, ap_kir_mul(k, st, I(c, stage)), e);
 }
 
@@ -1160,28 +1266,46 @@ static void extents(gctx *c, int role, int *rows, int64_t *total)
 	*total = role ? c->p->N : c->p->Mr;
 }
 
+/* Opens the loop over operand `role`'s copies of one K tile, dealt to the
+ * threads (copy i of `copies`, each `w` elements along the contiguous
+ * coordinate), and gives the copy's tile coordinates (*o, *kk); the
+ * caller closes the loop with ap_v_close(v, *saved). */
+static ap_kir_var *copy_loop(gctx *c, int role, int w, ap_kir_expr **o, ap_kir_expr **kk, int64_t *copies,
+			     ap_kir_block **saved)
+{
+	const gemm_opnd *op = role ? &c->p->b : &c->p->a;
+	ap_kir_kernel *k = c->k;
+	int rows = role ? c->c.bn : c->c.bm;
+	int64_t fast_ext = op->k_fast ? c->c.bk : rows, slow_ext = op->k_fast ? rows : c->c.bk;
+	ap_kir_var *i;
+	ap_kir_expr *fast, *slow;
+
+	*copies = fast_ext / w * slow_ext;
+	i = ap_v_loop(c->v, "c", c->tid, I(c, *copies), c->nt, saved);
+	fast = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, i), I(c, fast_ext / w)), w);
+	slow = ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, i), I(c, fast_ext / w));
+	*o = op->k_fast ? slow : fast;
+	*kk = op->k_fast ? fast : slow;
+	return i;
+}
+
 /* cp.async of operand `role`'s K tile `kt` into stage `st`: each copy
- * moves `vec` elements along the contiguous coordinate. */
+ * moves `vec` elements along the contiguous coordinate (a pair-staged
+ * operand: the pair holding its element, into stage st of the pairs,
+ * the element's place in the pair into its parity byte). */
 static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 {
 	const gemm_opnd *op = role ? &c->p->b : &c->p->a;
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
 	int rows, w = role ? c->b_w : c->a_w;
-	int64_t total, fast_ext, slow_ext, copies;
+	int64_t total, copies;
 	ap_kir_block *saved;
 	ap_kir_var *i;
-	ap_kir_expr *fast, *slow, *o, *kk, *og, *kg, *pred = NULL;
+	ap_kir_expr *o, *kk, *og, *kg, *src, *pred = NULL;
 
 	extents(c, role, &rows, &total);
-	fast_ext = op->k_fast ? c->c.bk : rows;
-	slow_ext = op->k_fast ? rows : c->c.bk;
-	copies = fast_ext / w * slow_ext;
-	i = ap_v_loop(v, "c", c->tid, I(c, copies), c->nt, &saved);
-	fast = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, i), I(c, fast_ext / w)), w);
-	slow = ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, i), I(c, fast_ext / w));
-	o = op->k_fast ? slow : fast;
-	kk = op->k_fast ? fast : slow;
+	i = copy_loop(c, role, w, &o, &kk, &copies, &saved);
 	og = ap_kir_add(k, role ? c->n0 : c->m0, o);
 	kg = ap_kir_add(k, ap_kir_muli(k, kt, c->c.bk), kk);
 	if (total % rows)
@@ -1199,13 +1323,56 @@ static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 		conv_index(c, role, og, kg, &ix, &valid);
 		if (valid)
 			pred = pred ? ap_kir_binary(k, AP_KIR_LAND, pred, valid) : valid;
-		ap_kir_cp_async(k, v->cur, role ? c->sb : c->sa, smem_index(c, role, st, o, kk),
-				ap_v_buffer(v, op->leaf), view_offset(c, &op->gv, &ix), 1, pred);
+		src = view_offset(c, &op->gv, &ix);
+	} else {
+		src = plain_offset(c, role, og, kg);
+	}
+	if (role ? c->b_pair : c->a_pair) {
+		ap_kir_expr *e = ap_kir_bind(k, v->cur, k->index_type, "e", src);
+		ap_kir_expr *slot = ap_kir_add(k, ap_kir_muli(k, st, copies), ap_kir_ref(k, i));
+
+		ap_kir_cp_async(k, v->cur, role ? c->pb : c->pa, ap_kir_muli(k, slot, 2), ap_v_buffer(v, op->leaf),
+				ap_kir_binary(k, AP_KIR_AND, e, I(c, -2)), 2, pred);
+		ap_kir_store(k, v->cur, role ? c->qb : c->qa, slot,
+			     ap_kir_cast(k, AP_DT_U8, ap_kir_binary(k, AP_KIR_AND, e, I(c, 1))));
 	} else {
 		ap_kir_cp_async(k, v->cur, role ? c->sb : c->sa, smem_index(c, role, st, o, kk),
-				ap_v_buffer(v, op->leaf), plain_offset(c, role, og, kg), w, pred);
+				ap_v_buffer(v, op->leaf), src, w, pred);
 	}
 	ap_v_close(v, saved);
+}
+
+/* A pair-staged operand's stage `st` into its tile: each element from its
+ * pair, at the place its parity byte gives (after the stage's copies are
+ * complete and a barrier; a barrier before the tile is read). */
+static void extract_pairs(gctx *c, int role, ap_kir_expr *st)
+{
+	ap_kir_kernel *k = c->k;
+	ap_kir_block *saved;
+	ap_kir_var *i;
+	ap_kir_expr *o, *kk, *slot;
+	int64_t copies;
+
+	i = copy_loop(c, role, 1, &o, &kk, &copies, &saved);
+	slot = ap_kir_bind(k, c->v->cur, k->index_type, "q", ap_kir_add(k, ap_kir_muli(k, st, copies), ap_kir_ref(k, i)));
+	ap_kir_store(k, c->v->cur, role ? c->sb : c->sa, smem_index(c, role, st, o, kk),
+		     ap_kir_load(k, role ? c->pb : c->pa,
+				 ap_kir_add(k, ap_kir_muli(k, slot, 2),
+					    ap_kir_cast(k, k->index_type, ap_kir_load(k, role ? c->qb : c->qa, slot)))));
+	ap_v_close(c->v, saved);
+}
+
+/* Every pair-staged operand's stage st into its tile, and the barrier
+ * before the tiles are read. */
+static void extract_tile(gctx *c, ap_kir_expr *st)
+{
+	if (!c->a_pair && !c->b_pair)
+		return;
+	if (c->a_pair)
+		extract_pairs(c, 0, st);
+	if (c->b_pair)
+		extract_pairs(c, 1, st);
+	ap_kir_barrier(c->k, c->v->cur);
 }
 
 /* Elements per thread of a register-staged tile load. */
@@ -1603,36 +1770,21 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	c.v = &v;
 	c.nt = threads_of(&p, &c.c);
 	tile_layouts(&p, &c.a_rowk, &c.b_rowk);
-	/* cp.async where the global contiguous coordinate is the tile's (the
-	 * host copies: the same statement, printed as a copy) */
-	for (int role = 0; role < 2; role++) {
-		const gemm_opnd *op = role ? &p.b : &p.a;
-		bool rowk = role ? c.b_rowk : c.a_rowk;
-		int ext = rowk ? c.c.bk : (role ? c.c.bn : c.c.bm), w = 0;
-
-		/* vectors along the contiguous coordinate when the tile keeps it
-		 * contiguous too; else, for 4- and 8-byte elements, one element a
-		 * copy (cp.async's smallest size) */
-		if ((!t->gpu || t->arch >= 80) && (op->plain || op->gather) && op->vec > 0) {
-			if (!op->composite && !op->gather && op->k_fast == rowk && ext % op->vec == 0)
-				w = op->vec;
-			else if (ap_dtype_size(p.in_t) >= 4)
-				w = 1;
-		}
-		if (role) {
-			c.b_w = w;
-			c.b_async = w > 0;
-		} else {
-			c.a_w = w;
-			c.a_async = w > 0;
-		}
-	}
+	/* cp.async where the operand is read as it is (copy_mode; the host
+	 * copies: the same statement, printed as a copy) */
+	c.a_w = copy_mode(&p, 0, &c.c, t, &c.a_pair);
+	c.b_w = copy_mode(&p, 1, &c.c, t, &c.b_pair);
+	c.a_async = c.a_w > 0;
+	c.b_async = c.b_w > 0;
 	/* how each operand reaches shared memory, for readers of the source
 	 * (tests/check_gemm.c requires cp.async in the PTX when one is) */
 	for (int role = 0; role < 2; role++) {
 		int w = role ? c.b_w : c.a_w;
 
-		if (w > 0)
+		if (role ? c.b_pair : c.a_pair)
+			ap_kir_comment(k, v.cur, "operand %c: cp.async of the 4-byte pair holding each "
+				       "gathered element, extracted into the tile", role ? 'B' : 'A');
+		else if (w > 0)
 			ap_kir_comment(k, v.cur, "operand %c: cp.async, %d bytes a copy", role ? 'B' : 'A',
 				       w * (int)ap_dtype_size(p.in_t));
 		else
@@ -1645,13 +1797,22 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	c.a_stage = (int64_t)c.lda * (c.a_rowk ? c.c.bm : c.c.bk);
 	c.b_stage = (int64_t)c.ldb * (c.b_rowk ? c.c.bn : c.c.bk);
 	S = c.c.stages;
-	smem = (size_t)(c.a_stage + c.b_stage) * (size_t)S * ap_dtype_size(p.in_t);
-	if (smem <= t->shared_per_block) {
-		c.sa = ap_kir_shared(k, "sa", p.in_t, c.a_stage * S);
-		c.sb = ap_kir_shared(k, "sb", p.in_t, c.b_stage * S);
-	} else {
-		c.sa = ap_kir_shared_dyn(k, "sa", p.in_t, c.a_stage * S);
-		c.sb = ap_kir_shared_dyn(k, "sb", p.in_t, c.b_stage * S);
+	smem = smem_bytes(&p, &c.c, t);
+	{
+		ap_kir_array *(*shared)(ap_kir_kernel *, const char *, ap_dtype, int64_t) =
+			smem <= t->shared_per_block ? ap_kir_shared : ap_kir_shared_dyn;
+		int64_t pairs_a = (int64_t)S * c.c.bm * c.c.bk, pairs_b = (int64_t)S * c.c.bn * c.c.bk;
+
+		c.sa = shared(k, "sa", p.in_t, c.a_stage * (c.a_pair ? 1 : S));
+		c.sb = shared(k, "sb", p.in_t, c.b_stage * (c.b_pair ? 1 : S));
+		if (c.a_pair) {
+			c.pa = shared(k, "pa", p.in_t, 2 * pairs_a);
+			c.qa = shared(k, "qa", AP_DT_U8, pairs_a);
+		}
+		if (c.b_pair) {
+			c.pb = shared(k, "pb", p.in_t, 2 * pairs_b);
+			c.qb = shared(k, "qb", AP_DT_U8, pairs_b);
+		}
 	}
 	tiles_m = (int)((p.Mr + c.c.bm - 1) / c.c.bm);
 	tiles_n = (int)((p.N + c.c.bn - 1) / c.c.bn);
@@ -1684,7 +1845,8 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		ty = ap_kir_bind(k, v.cur, k->index_type, "ty",
 				 ap_kir_binary(k, AP_KIR_DIV, c.tid, I(&c, c.c.bn / c.c.tn)));
 	}
-	if (ap_kir_failed(k) || !c.sa || !c.sb || !fa || !fb || !c.acc) {
+	if (ap_kir_failed(k) || !c.sa || !c.sb || !fa || !fb || !c.acc || (c.a_pair && (!c.pa || !c.qa)) ||
+	    (c.b_pair && (!c.pb || !c.qb))) {
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");
 		goto done;
 	}
@@ -1749,6 +1911,7 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 			ap_kir_cp_wait(k, v.cur, 0);
 		}
 		ap_kir_barrier(k, v.cur);
+		extract_tile(&c, I(&c, 0));
 		if (p.tc)
 			compute_tc(&c, I(&c, 0), fa, fb, wm0, wn0, lane);
 		else
@@ -1774,6 +1937,7 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		stage = S == 2 ? ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), I(&c, 1))
 			       : ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, kt), I(&c, S));
 		stage = ap_kir_bind(k, v.cur, k->index_type, "st", stage);
+		extract_tile(&c, stage);
 		nxt = ap_kir_bind(k, v.cur, k->index_type, "nx", ap_kir_addi(k, ap_kir_ref(k, kt), S - 1));
 		{
 			ap_kir_expr *nst = ap_kir_bind(k, v.cur, k->index_type, "ns",
@@ -1896,7 +2060,7 @@ static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 	out->flops = 2.0 * (double)p.tb * (double)p.Mr * (double)p.N * (double)p.K;
 	out->threads = threads_of(&p, &c);
 	out->blocks = ap_grid_for(p.tb * ((p.Mr + c.bm - 1) / c.bm) * ((p.N + c.bn - 1) / c.bn), 1);
-	out->shared_bytes = (unsigned)smem_bytes(&p, &c);
+	out->shared_bytes = (unsigned)smem_bytes(&p, &c, t);
 	out->tensor_cores = p.tc;
 	{
 		/* what only the tile changes: every block column re-reads A's rows,
