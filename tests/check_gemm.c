@@ -79,7 +79,7 @@ static bool emitter_is(const ap_kernel_src *k, const char *name)
 
 /* One model at one setting: counts GEMM kernels, checks what it should. */
 static void check_model(const char *dir, bool tf32, bool all_async, int *n_gemm, int *n_async,
-			int *n_prologue, int *n_spill_checked)
+			int *n_prologue, int *n_splitk, int *n_spill_checked)
 {
 	ap_build_options o = {.target = "sm_90", .allow_tf32 = tf32};
 	ap_error err;
@@ -101,7 +101,8 @@ static void check_model(const char *dir, bool tf32, bool all_async, int *n_gemm,
 		if (gemm && tf32) {
 			static const char *const archs[] = {"compute_80", "compute_90"};
 
-			for (int a = 0; a < 2; a++) {
+			/* split-K kernels are thread-block clusters: sm_90 and later */
+			for (int a = strstr(k->src, "__cluster_dims__") ? 1 : 0; a < 2; a++) {
 				ck_assert_msg(ap_nvrtc_compile(k->src, k->name, archs[a], false, &out, &len, &err) == 0,
 					      "%s %s: %s", dir, k->name, err.msg);
 				ck_assert_msg(strstr((char *)out, "mma.sync.aligned") && strstr((char *)out, "ldmatrix") &&
@@ -115,6 +116,7 @@ static void check_model(const char *dir, bool tf32, bool all_async, int *n_gemm,
 				free(out);
 			}
 			(*n_gemm)++;
+			*n_splitk += strstr(k->src, "__cluster_dims__") != NULL;
 			*n_async += says_async(k);
 			*n_prologue += !says_async(k);
 		}
@@ -132,7 +134,7 @@ static void check_model(const char *dir, bool tf32, bool all_async, int *n_gemm,
 START_TEST(models_tensor_cores_and_spills)
 {
 	ap_error err;
-	int n_gemm = 0, n_async = 0, n_prologue = 0, n_spill = 0;
+	int n_gemm = 0, n_async = 0, n_prologue = 0, n_splitk = 0, n_spill = 0;
 	char dir[512];
 
 	if (ap_nvrtc_load(&err) != 0) {
@@ -141,7 +143,7 @@ START_TEST(models_tensor_cores_and_spills)
 	}
 	for (int d = 0; d < n_arg_dirs; d++) {
 		/* 16-bit graphs: tensor cores whatever allow_tf32 says */
-		check_model(arg_dirs[d], true, true, &n_gemm, &n_async, &n_prologue, &n_spill);
+		check_model(arg_dirs[d], true, true, &n_gemm, &n_async, &n_prologue, &n_splitk, &n_spill);
 	}
 	for (size_t d = 0; d < sizeof(dirs) / sizeof(dirs[0]) && n_arg_dirs == 0; d++) {
 		snprintf(dir, sizeof(dir), "%s/%s", TESTDATA, dirs[d]);
@@ -149,12 +151,12 @@ START_TEST(models_tensor_cores_and_spills)
 			printf("check_gemm: %s not found, skipped\n", dir);
 			continue;
 		}
-		check_model(dir, true, true, &n_gemm, &n_async, &n_prologue, &n_spill);
-		check_model(dir, false, false, &n_gemm, &n_async, &n_prologue, &n_spill);
+		check_model(dir, true, true, &n_gemm, &n_async, &n_prologue, &n_splitk, &n_spill);
+		check_model(dir, false, false, &n_gemm, &n_async, &n_prologue, &n_splitk, &n_spill);
 	}
 	printf("check_gemm: %d tensor-core GEMM kernels with mma.sync and ldmatrix, %d of them with cp.async, "
-	       "%d with both operands computed on the way (prologues); %d kernels without spills\n", n_gemm,
-	       n_async, n_prologue, n_spill);
+	       "%d with both operands computed on the way (prologues), %d split-K (clusters); "
+	       "%d kernels without spills\n", n_gemm, n_async, n_prologue, n_splitk, n_spill);
 	ck_assert_int_gt(n_gemm, n_arg_dirs ? 2 * n_arg_dirs : 20);
 	ck_assert_int_gt(n_async, n_gemm / 2);
 }

@@ -487,6 +487,120 @@ static host_fn print_and_load(const ap_kir_kernel *k, char **host, char **cuda, 
 	return f;
 }
 
+/* ---- thread-block clusters ------------------------------------------------------ */
+
+/* A cluster of 4 blocks of 32 threads, 3 clusters: each block writes
+ * 100 * rank + tid into its shared array; after a cluster barrier each
+ * thread reads the value of the same thread in the next block of its
+ * cluster (distributed shared memory) and stores it with the cluster
+ * index.  On the host the blocks of a cluster run as one wide block,
+ * whatever range of blocks a call is given (a cluster runs in the call
+ * holding its first block). */
+static ap_kir_kernel *cluster_kernel(void)
+{
+	ap_kir_kernel *k = ap_kir_kernel_new("k_cluster");
+	ap_kir_array *out = ap_kir_param(k, "out", AP_DT_F32, true, -1);
+	ap_kir_array *sh = ap_kir_shared(k, "sh", AP_DT_F32, 32);
+	ap_kir_expr *tid = ap_kir_index_of(k, AP_KIR_THREAD_X), *rank = ap_kir_index_of(k, AP_KIR_CLUSTER_RANK);
+	ap_kir_expr *next = ap_kir_binary(k, AP_KIR_REM, ap_kir_addi(k, rank, 1), ap_kir_idx(k, 4));
+	ap_kir_expr *blk = ap_kir_add(k, ap_kir_muli(k, ap_kir_index_of(k, AP_KIR_CLUSTER_X), 4), rank);
+
+	k->grid[0] = 12;
+	k->block[0] = 32;
+	k->cluster = 4;
+	ap_kir_store(k, &k->body, sh, tid,
+		     ap_kir_cast(k, AP_DT_F32, ap_kir_add(k, ap_kir_muli(k, rank, 100), tid)));
+	ap_kir_cluster_barrier(k, &k->body);
+	ap_kir_store(k, &k->body, out, ap_kir_add(k, ap_kir_muli(k, blk, 32), tid),
+		     ap_kir_binary(k, AP_KIR_ADD, ap_kir_load_remote(k, sh, tid, next),
+				   ap_kir_cast(k, AP_DT_F32, ap_kir_muli(k, ap_kir_index_of(k, AP_KIR_CLUSTER_X), 1000))));
+	ap_kir_cluster_barrier(k, &k->body);
+	return k;
+}
+
+START_TEST(cluster_distributed_shared_memory)
+{
+	ap_kir_kernel *k = cluster_kernel();
+	char *host, *cuda, *ptx;
+	void *h;
+	host_fn f = print_and_load(k, &host, &cuda, &h);
+	float out[12 * 32];
+	void *args[] = {out};
+
+	/* ranges that cut clusters in two: each cluster still runs once */
+	memset(out, 0, sizeof(out));
+	f(args, 0, 5);
+	f(args, 5, 7);
+	f(args, 7, 12);
+	for (int b = 0; b < 12; b++)
+		for (int t = 0; t < 32; t++)
+			ck_assert_msg(out[b * 32 + t] == (float)(1000 * (b / 4) + 100 * ((b % 4 + 1) % 4) + t),
+				      "block %d thread %d: %g", b, t, (double)out[b * 32 + t]);
+	ck_assert_ptr_nonnull(strstr(cuda, "__cluster_dims__(4, 1, 1)"));
+	ck_assert_ptr_nonnull(strstr(cuda, "barrier.cluster.arrive.release.aligned"));
+	{
+		uint8_t *out_ptx = NULL;
+		size_t len = 0;
+		ap_error err;
+
+		if (ap_nvrtc_load(&err) == 0) {
+			ck_assert_msg(ap_nvrtc_compile(cuda, k->name, "compute_90", false, &out_ptx, &len, &err) == 0,
+				      "%s", err.msg);
+			ptx = (char *)out_ptx;
+			ck_assert_ptr_nonnull(strstr(ptx, "mapa.shared::cluster"));
+			ck_assert_ptr_nonnull(strstr(ptx, "ld.shared::cluster.f32"));
+			ck_assert_ptr_nonnull(strstr(ptx, "barrier.cluster.wait"));
+			free(ptx);
+		}
+	}
+	dlclose(h);
+	free(host);
+	free(cuda);
+	ap_kir_kernel_free(k);
+}
+END_TEST
+
+/* The verifier's cluster rules. */
+START_TEST(cluster_rules)
+{
+	ap_error err;
+	ap_kir_kernel *k;
+
+	/* a cluster barrier or a remote load without clusters */
+	k = cluster_kernel();
+	k->cluster = 1;
+	ck_assert_int_ne(ap_kir_verify(k, NULL, &err), 0);
+	ck_assert_ptr_nonnull(strstr(err.msg, "cluster"));
+	ap_kir_kernel_free(k);
+	/* a grid that is not a multiple of the cluster */
+	k = cluster_kernel();
+	k->grid[0] = 10;
+	ck_assert_int_ne(ap_kir_verify(k, NULL, &err), 0);
+	ap_kir_kernel_free(k);
+	/* blockIdx.x in a cluster kernel */
+	k = cluster_kernel();
+	ap_kir_store(k, &k->body, k->arrays[0], ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_float(k, AP_DT_F32, 1));
+	ck_assert_int_ne(ap_kir_verify(k, NULL, &err), 0);
+	ap_kir_kernel_free(k);
+	/* a cluster barrier under the rank (not uniform on the host) */
+	k = cluster_kernel();
+	{
+		ap_kir_stmt *s = ap_kir_if(k, &k->body, ap_kir_binary(k, AP_KIR_EQ, ap_kir_index_of(k, AP_KIR_CLUSTER_RANK),
+								     ap_kir_idx(k, 0)));
+
+		ck_assert_ptr_nonnull(s);
+		ap_kir_cluster_barrier(k, &s->body);
+	}
+	ck_assert_int_ne(ap_kir_verify(k, NULL, &err), 0);
+	ap_kir_kernel_free(k);
+	/* remote loads only from float shared arrays */
+	k = cluster_kernel();
+	ck_assert_ptr_null(ap_kir_load_remote(k, k->arrays[0], ap_kir_idx(k, 0), ap_kir_idx(k, 1)));
+	ck_assert(ap_kir_failed(k));
+	ap_kir_kernel_free(k);
+}
+END_TEST
+
 /* ---- float16 / bfloat16 ------------------------------------------------------- */
 
 static uint32_t fbits(float f)
@@ -2389,6 +2503,8 @@ static Suite *kir_suite(void)
 	tcase_add_test(tc, visitor_post_order);
 	tcase_add_test(tc, clone_stitch_two_kernels);
 	tcase_add_test(tc, verify_rules);
+	tcase_add_test(tc, cluster_distributed_shared_memory);
+	tcase_add_test(tc, cluster_rules);
 	suite_add_tcase(s, tc);
 	return s;
 }

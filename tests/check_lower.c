@@ -27,7 +27,7 @@
 #include "server/kir/kir.h"
 #include "server/lower/lower.h"
 
-#define MAX_CFG 512
+#define MAX_CFG 2048
 #define GOLDEN_DIR "tests/golden/lower"
 
 typedef void (*host_fn)(void *const *args, unsigned block_begin, unsigned block_end);
@@ -443,7 +443,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 		ap_kir_kernel_free(ks[c]);
 	}
 	printf("check_lower: %s (%s, %s): %d configurations run, %d refused, %d outside the target\n",
-	       lc->name, em->name, ti.gpu ? "sm_80" : "cpu", n_k, n_refused, n_invalid);
+	       lc->name, em->name, g_opts && g_opts->target ? g_opts->target : "cpu", n_k, n_refused, n_invalid);
 	for (int i = 0; i < m->g->n_outputs; i++)
 		free(want[i]);
 	free(want);
@@ -839,6 +839,94 @@ START_TEST(gemm_simt)
 }
 END_TEST
 
+/* Split-K (server/lower/gemm.c): y = x w + b with K = 512 on sm_90 with
+ * TF32, every configuration of the space (splitk 1, 2, 4, 8 among them:
+ * thread-block clusters, run on the host as one wide block per cluster,
+ * the partials summed through the emulated distributed shared memory)
+ * against the reference; the default rule splits K for this 4-tile
+ * product, and its CUDA compiles for sm_90 with cluster barriers and
+ * distributed shared-memory loads in the PTX and no spills. */
+static void ref_gemm_splitk(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *x = in->data[m->g->inputs[0]], *w = in->data[m->g->inputs[1]];
+	const float *b = in->data[m->g->inputs[2]];
+
+	for (int i = 0; i < 24; i++)
+		for (int j = 0; j < 20; j++) {
+			double acc = 0;
+
+			for (int k = 0; k < 512; k++)
+				acc += tf32_or_not(x[i * 512 + k]) * tf32_or_not(w[k * 20 + j]);
+			want[0][i * 20 + j] = (float)acc + b[j];
+		}
+}
+
+START_TEST(gemm_splitk)
+{
+	ap_graph *g = ap_graph_new("gemm_splitk");
+	int x = tensor(g, "x", DIMS(24, 512), AP_TENSOR_INPUT), w = tensor(g, "w", DIMS(512, 20), AP_TENSOR_INPUT);
+	int b = tensor(g, "b", DIMS(20), AP_TENSOR_INPUT);
+	int mm = tensor(g, "mm", DIMS(24, 20), AP_TENSOR_VALUE), y = tensor(g, "y", DIMS(24, 20), AP_TENSOR_VALUE);
+	lcase lc = {"gemm_splitk", "gemm", {"mma.sync.aligned.m16n8k8", "ldmatrix.sync.aligned", NULL},
+		    {"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "cp.async", NULL}};
+	case_opts o = {"sm_90", true, 1e-4};
+	ap_mgraph *m;
+	ap_target_info ti;
+	ap_space sp;
+	ap_sched s;
+	ap_error err;
+
+	node(g, "mm", AP_OP_MATMUL, LIST(x, w), LIST(mm));
+	node(g, "bias", AP_OP_ADD, LIST(mm, b), LIST(y));
+	output(g, y);
+	m = whole(g, AP_GROUP_MATMUL);
+	g_tf32 = true;
+	g_opts = &o;
+	run_case(&lc, m, ref_gemm_splitk);
+	g_opts = NULL;
+	g_tf32 = false;
+	/* the default rule on sm_90: a cluster per tile */
+	ck_assert_int_eq(ap_cost_target("sm_90", &ti), 0);
+	ti.allow_tf32 = true;
+	{
+		const ap_emitter *em;
+
+		ck_assert_int_eq(ap_emitter_for(m, &ti, &em, &err), 0);
+		ck_assert_str_eq(em->name, "gemm");
+		ck_assert_int_eq(ap_emitter_default(em, m, &ti, &sp, &s, &err), 0);
+	}
+	ck_assert_int_gt(ap_sched_get(&s, &sp, "splitk", 1), 1);
+	{
+		ap_lower_options lo = {0, NULL, true};
+		ap_kir_kernel *k = ap_lower(m, &ti, "gemm_splitk_sm90", &lo, NULL, &err);
+		char *cuda;
+		uint8_t *ptx = NULL;
+		size_t len = 0;
+		ap_ptxas_stats st;
+
+		ck_assert_msg(k != NULL, "%s", err.msg);
+		ck_assert_uint_gt(k->cluster, 1);
+		cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
+		ck_assert_ptr_nonnull(cuda);
+		ck_assert_ptr_nonnull(strstr(cuda, "__cluster_dims__"));
+		if (nvrtc_ptx("extern \"C\" __global__ void ap_probe() {}", "ap_probe") != NULL) {
+			ck_assert_msg(ap_nvrtc_compile(cuda, k->name, "compute_90", false, &ptx, &len, &err) == 0,
+				      "%s", err.msg);
+			ck_assert_ptr_nonnull(strstr((char *)ptx, "barrier.cluster.arrive"));
+			ck_assert_ptr_nonnull(strstr((char *)ptx, "mapa.shared::cluster"));
+			ck_assert_ptr_nonnull(strstr((char *)ptx, "ld.shared::cluster.f32"));
+			free(ptx);
+			ck_assert_int_eq(ap_nvrtc_ptxas_stats(cuda, k->name, "sm_90", &st, &err), 0);
+			ck_assert_int_eq(st.spill_store_bytes + st.spill_load_bytes, 0);
+		}
+		free(cuda);
+		ap_kir_kernel_free(k);
+	}
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
 /* The same micro-graph on sm_80 with TF32 allowed: tensor cores, every
  * configuration run on the host through the emulated ldmatrix / mma. */
 START_TEST(gemm_tf32)
@@ -1018,6 +1106,11 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, gemm_tf32);
 	tcase_add_test(tc, gemm_batched);
 	tcase_add_test(tc, attention_online_softmax);
+	suite_add_tcase(s, tc);
+	/* split-K on thread-block clusters (run alone: CK_RUN_CASE=splitk) */
+	tc = tcase_create("splitk");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, gemm_splitk);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -312,9 +312,16 @@ START_TEST(sched_text)
 	ck_assert_int_eq(memcmp(back.v, s.v, sizeof(s.v)), 0);
 	ck_assert_ptr_eq(back.em, &ap_emitter_gemm);
 	free(d);
-	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 tm=2 bk=16 bn=32 bm=32", &back), 1);
+	/* sm_90 has split-K for this K: a text without the knob is refused */
+	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 tm=2 bk=16 bn=32 bm=32", &back), 0);
+	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 splitk=2 tm=2 bk=16 bn=32 bm=32",
+					&back), 1);
 	ck_assert_int_eq(back.v[knob_ix(&sp, "bm")], 32);
 	ck_assert_int_eq(back.v[knob_ix(&sp, "stages")], 3);
+	ck_assert_int_eq(back.v[knob_ix(&sp, "splitk")], 2);
+	/* 4 blocks a cluster would leave each slice one K tile */
+	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 splitk=4 tm=2 bk=16 bn=32 bm=32",
+					&back), 0);
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		ck_assert_msg(ap_sched_parse(&ap_emitter_gemm, m, &t, bad[i], &back) == 0, "accepted '%s'",
 			      bad[i]);

@@ -107,7 +107,7 @@ static unsigned static_shared(const ap_kir_kernel *k)
 static bool mergeable(const ap_kir_kernel *k)
 {
 	return k->grid[1] == 1 && k->grid[2] == 1 && k->block[1] == 1 && k->block[2] == 1 &&
-	       k->smem_bytes == 0;
+	       k->smem_bytes == 0 && k->cluster == 1;   /* a cluster's blocks are one unit */
 }
 
 /* The merged kernel of the units pack[0..n): a uniform branch per part. */

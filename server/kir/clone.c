@@ -153,8 +153,14 @@ static ap_kir_expr *clone_index(cloner *c, const ap_kir_expr *e)
 	ap_kir_expr *r = NULL;
 	int which = e->op;
 
-	if (which < 0 || which > AP_KIR_THREAD_Z)
+	if (which < 0 || which > AP_KIR_CLUSTER_RANK)
 		return ap_kir_int(c->dst, e->type, 0);
+	if (which > AP_KIR_THREAD_Z) {   /* cluster kernels are not merged: kept as they are */
+		r = ap__kir_expr_new(c->dst, AP_KIR_E_INDEX, c->dst->index_type);
+		if (r)
+			r->op = which;
+		return ap_kir_cast(c->dst, e->type, r);
+	}
 	if (c->s && c->s->index[which]) {
 		r = c->s->index[which];
 	} else if (c->src && (which < AP_KIR_THREAD_X ? c->src->grid[which]
@@ -289,6 +295,7 @@ static void clone_stmt(cloner *c, ap_kir_block *into, const ap_kir_stmt *s)
 		}
 		break;
 	case AP_KIR_S_BARRIER:
+	case AP_KIR_S_CLUSTER_BARRIER:
 	case AP_KIR_S_CP_COMMIT:
 	case AP_KIR_S_CP_WAIT:
 		break;

@@ -88,6 +88,7 @@ __ap_give ap_kir_kernel *ap_kir_kernel_new(const char *name)
 	for (int i = 0; i < 3; i++)
 		k->grid[i] = k->block[i] = 1;
 	k->index_type = AP_DT_I64;
+	k->cluster = 1;
 	k->name = ap__kir_strdup(k, name);
 	if (!k->name)
 		return ap_kir_kernel_free(k);
@@ -618,6 +619,24 @@ ap_kir_expr *ap_kir_load(ap_kir_kernel *k, ap_kir_array *arr, ap_kir_expr *index
 	return e;
 }
 
+ap_kir_expr *ap_kir_load_remote(ap_kir_kernel *k, ap_kir_array *arr, ap_kir_expr *index, ap_kir_expr *rank)
+{
+	ap_kir_expr *e;
+
+	if (!rank)
+		return NULL;
+	if (!arr || (arr->space != AP_KIR_SHARED && arr->space != AP_KIR_SHARED_DYN) ||
+	    (arr->type != AP_DT_F32 && arr->type != AP_DT_F64)) {
+		if (k)
+			k->failed = true;
+		return NULL;
+	}
+	e = ap_kir_load(k, arr, index);
+	if (e)
+		e->c = rank;
+	return e;
+}
+
 ap_kir_expr *ap_kir_add(ap_kir_kernel *k, ap_kir_expr *a, ap_kir_expr *b)
 {
 	return ap_kir_binary(k, AP_KIR_ADD, a, b);
@@ -654,7 +673,7 @@ bool ap_kir_expr_equal(const ap_kir_expr *a, const ap_kir_expr *b)
 	case AP_KIR_E_INDEX:
 		return true;
 	case AP_KIR_E_LOAD:
-		return a->arr == b->arr && ap_kir_expr_equal(a->a, b->a);
+		return a->arr == b->arr && ap_kir_expr_equal(a->a, b->a) && ap_kir_expr_equal(a->c, b->c);
 	default:
 		return ap_kir_expr_equal(a->a, b->a) && ap_kir_expr_equal(a->b, b->b) &&
 		       ap_kir_expr_equal(a->c, b->c);
@@ -773,6 +792,11 @@ ap_kir_stmt *ap_kir_store(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *arr,
 ap_kir_stmt *ap_kir_barrier(ap_kir_kernel *k, ap_kir_block *b)
 {
 	return ap__kir_stmt_append(k, b, AP_KIR_S_BARRIER);
+}
+
+ap_kir_stmt *ap_kir_cluster_barrier(ap_kir_kernel *k, ap_kir_block *b)
+{
+	return ap__kir_stmt_append(k, b, AP_KIR_S_CLUSTER_BARRIER);
 }
 
 /* True when variable v occurs in e. */

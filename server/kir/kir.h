@@ -108,12 +108,22 @@ typedef enum ap_kir_expr_kind {
 	AP_KIR_E_SELECT,   /* a ? b : c */
 	AP_KIR_E_CALL,     /* op: an ap_kir_fn; a (, b) */
 	AP_KIR_E_CAST,     /* (type)a */
-	AP_KIR_E_LOAD,     /* arr[a] */
+	AP_KIR_E_LOAD,     /* arr[a]; with c (a SHARED / SHARED_DYN array of a
+			      cluster kernel): arr[a] in the shared memory of
+			      the cluster's block of rank c (distributed
+			      shared memory: mapa + ld.shared::cluster) */
 } ap_kir_expr_kind;
 
 typedef enum ap_kir_index {
 	AP_KIR_BLOCK_X, AP_KIR_BLOCK_Y, AP_KIR_BLOCK_Z,
 	AP_KIR_THREAD_X, AP_KIR_THREAD_Y, AP_KIR_THREAD_Z,
+	/* kernels with thread-block clusters (cluster > 1; sm_90, PTX ISA
+	 * "Cluster of Cooperative Thread Arrays"): the cluster's index along
+	 * x (blockIdx.x / cluster) and the block's rank in it (%cluster_ctarank:
+	 * blockIdx.x % cluster).  Such kernels use these instead of BLOCK_X,
+	 * and the rank only where a thread index could stand (the host runs
+	 * a cluster's blocks as one wide block, see ap_kir_kernel.cluster). */
+	AP_KIR_CLUSTER_X, AP_KIR_CLUSTER_RANK,
 } ap_kir_index;
 
 typedef enum ap_kir_unop {
@@ -178,6 +188,10 @@ typedef enum ap_kir_stmt_kind {
 	AP_KIR_S_CP_WAIT,  /* cp.async.wait_group step */
 	AP_KIR_S_LDMATRIX, /* warp: ldmatrix.sync.aligned.m8n8.x<width>[.trans] */
 	AP_KIR_S_MMA,      /* warp: mma.sync.aligned (ap_kir_mma_kind) */
+	AP_KIR_S_CLUSTER_BARRIER, /* every thread of the cluster (barrier.cluster
+				     arrive.release + wait.acquire): shared memory
+				     written before it is visible to the
+				     cluster's blocks after it */
 } ap_kir_stmt_kind;
 
 /* The warp-level matrix multiply-accumulates of PTX (ISA, "Warp-level
@@ -249,6 +263,14 @@ typedef struct ap_kir_kernel {
 	char *name;               /* entry point */
 	unsigned grid[3], block[3];
 	unsigned smem_bytes;      /* dynamic shared memory (bytes), grows with ap_kir_shared_dyn */
+	unsigned cluster;         /* blocks per thread-block cluster along x (grid[0] a
+				     multiple of it; CUDA: __cluster_dims__, sm_90
+				     and later); 1 = no cluster.  The host runs the
+				     blocks of a cluster together, as one block of
+				     cluster x block threads with one copy of each
+				     shared array per rank (program.h's ABI then
+				     runs the cluster whose first block lies in
+				     [block_begin, block_end)) */
 	ap_dtype index_type;      /* AP_DT_I64 (default) or AP_DT_I32: the type of
 				     block/thread indices and ap_kir_idx constants */
 	int n_arrays, cap_arrays;
@@ -332,6 +354,11 @@ ap_kir_expr *ap_kir_load(ap_kir_kernel *k, ap_kir_array *arr, ap_kir_expr *index
 
 /* Shorthands for index arithmetic (constants take a's type). */
 ap_kir_expr *ap_kir_add(ap_kir_kernel *k, ap_kir_expr *a, ap_kir_expr *b);
+/* arr[index] read from the shared memory of the block of rank `rank` of
+ * this block's cluster (an integer expression in [0, k->cluster)); arr a
+ * SHARED or SHARED_DYN float32 / float64 array.  Written before a cluster
+ * barrier, read after it. */
+ap_kir_expr *ap_kir_load_remote(ap_kir_kernel *k, ap_kir_array *arr, ap_kir_expr *index, ap_kir_expr *rank);
 ap_kir_expr *ap_kir_mul(ap_kir_kernel *k, ap_kir_expr *a, ap_kir_expr *b);
 ap_kir_expr *ap_kir_addi(ap_kir_kernel *k, ap_kir_expr *a, int64_t b);
 ap_kir_expr *ap_kir_muli(ap_kir_kernel *k, ap_kir_expr *a, int64_t b);
@@ -360,6 +387,9 @@ ap_kir_stmt *ap_kir_assign(ap_kir_kernel *k, ap_kir_block *b, ap_kir_var *var, a
 ap_kir_stmt *ap_kir_store(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *arr,
 			  ap_kir_expr *index, ap_kir_expr *value);
 ap_kir_stmt *ap_kir_barrier(ap_kir_kernel *k, ap_kir_block *b);
+/* Barrier of every thread of the cluster (uniform control flow, as a
+ * barrier); also a barrier of the block. */
+ap_kir_stmt *ap_kir_cluster_barrier(ap_kir_kernel *k, ap_kir_block *b);
 /* Warp shuffle: dst = CUDA's __shfl_xor_sync / __shfl_down_sync /
  * __shfl_up_sync / __shfl_sync (mask, value, lane, width), semantics as in
  * the CUDA C Programming Guide, section "Warp Shuffle Functions", and, for

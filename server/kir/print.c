@@ -108,7 +108,10 @@ typedef struct printer {
 	unsigned char *per_thread;   /* host: per var id */
 	bool has_collective;         /* host: a barrier or shuffle anywhere */
 	bool block_mode;             /* host: printing at block level */
-	unsigned nt;                 /* threads per block */
+	unsigned nt;                 /* threads per block (host, cluster kernels: per
+					cluster, the blocks of one run as one) */
+	unsigned bt;                 /* threads per block */
+	bool uses_dsmem;             /* a load from another block's shared memory */
 	bool uses_f16, uses_bf16;    /* a value, register or array of the type */
 	unsigned char *vec_array;    /* per array id: a vector access uses it */
 	uint32_t shfl_types;         /* host: 1 << dtype of every shuffled type */
@@ -296,6 +299,21 @@ static void print_index(printer *p, int which, ap_dtype type)
 	const ap_kir_kernel *k = p->k;
 	unsigned extent;
 
+	if (which == AP_KIR_CLUSTER_X || which == AP_KIR_CLUSTER_RANK) {
+		bool rank = which == AP_KIR_CLUSTER_RANK;
+
+		if (rank && p->block_mode && p->target == AP_KIR_HOST) {
+			p->bad = true;
+			snprintf(p->bad_msg, sizeof(p->bad_msg),
+				 "cluster rank in block-level control flow around a barrier or shuffle");
+		}
+		if (p->target == AP_KIR_CUDA)
+			sb_printf(&p->out, "((%s)(blockIdx.x %s %uu))", ap_kir_ctype(type), rank ? "%" : "/",
+				  k->cluster);
+		else
+			sb_printf(&p->out, "((%s)%s)", ap_kir_ctype(type), rank ? "ap_cr" : "ap_cx");
+		return;
+	}
 	if (which < 0 || which > AP_KIR_THREAD_Z) {
 		print_int(p, type, 0);
 		return;
@@ -558,6 +576,30 @@ static void print_expr(printer *p, const ap_kir_expr *e)
 		/* CUDA keeps 16-bit float constant data as unsigned short */
 		if (p->target == AP_KIR_CUDA && e->arr->space == AP_KIR_CONST && is_half(e->type))
 			sb_printf(b, "%s(", ushort_as_half(e->type));
+		if (e->c && p->target == AP_KIR_CUDA) {
+			/* distributed shared memory: the element's address mapped
+			 * into the other block's window */
+			sb_printf(b, "ap_dsmem_%s(&", e->type == AP_DT_F64 ? "f64" : "f32");
+			print_array_ref(p, e->arr);
+			print_load_index(p, e->arr, e->a);
+			sb_printf(b, ", (unsigned)(");
+			print_expr(p, e->c);
+			sb_printf(b, "))");
+			break;
+		}
+		if (e->c) {   /* host: the rank's copy of the array */
+			if (e->arr->space == AP_KIR_SHARED)
+				sb_printf(b, "%s_cl[", e->arr->name);
+			else
+				sb_printf(b, "((%s *)(ap_smem_cl[", ctype(p, e->arr->type));
+			print_expr(p, e->c);
+			if (e->arr->space == AP_KIR_SHARED)
+				sb_printf(b, "]");
+			else
+				sb_printf(b, "] + %lluu))", (unsigned long long)e->arr->offset);
+			print_load_index(p, e->arr, e->a);
+			break;
+		}
 		print_array_ref(p, e->arr);
 		print_load_index(p, e->arr, e->a);
 		if (p->target == AP_KIR_CUDA && e->arr->space == AP_KIR_CONST && is_half(e->type))
@@ -584,6 +626,7 @@ static bool stmt_has_collective(const ap_kir_stmt *s)
 {
 	switch (s->kind) {
 	case AP_KIR_S_BARRIER:
+	case AP_KIR_S_CLUSTER_BARRIER:
 	case AP_KIR_S_SHFL:
 	case AP_KIR_S_LDMATRIX:
 	case AP_KIR_S_MMA:
@@ -1059,6 +1102,16 @@ static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
 		else
 			print_vstore_host(p, s, depth);
 		break;
+	case AP_KIR_S_CLUSTER_BARRIER:
+		sb_indent(b, depth);
+		if (p->target == AP_KIR_CUDA) {
+			sb_printf(b, "asm volatile(\"barrier.cluster.arrive.release.aligned;\\n\\t"
+				  "barrier.cluster.wait.acquire.aligned;\" ::: \"memory\");\n");
+		} else {
+			p->bad = true;
+			snprintf(p->bad_msg, sizeof(p->bad_msg), "cluster barrier inside a thread phase");
+		}
+		break;
 	case AP_KIR_S_BARRIER:
 		sb_indent(b, depth);
 		if (p->target == AP_KIR_CUDA) {
@@ -1162,8 +1215,25 @@ static void open_thread_loop(printer *p, int depth)
 	}
 	if (k->block[2] > 1) {
 		sb_indent(b, depth + 1);
-		sb_printf(b, "const long long ap_tz = (long long)(ap_t / %uu);\n",
-			  k->block[0] * k->block[1]);
+		sb_printf(b, "const long long ap_tz = (long long)((ap_t / %uu) %% %uu);\n",
+			  k->block[0] * k->block[1], k->block[2]);
+	}
+	if (k->cluster > 1) {
+		/* this thread's block in the cluster, and that block's shared memory */
+		sb_indent(b, depth + 1);
+		sb_printf(b, "const long long ap_cr = (long long)(ap_t / %uu);\n", p->bt);
+		for (int i = 0; i < k->n_arrays; i++) {
+			const ap_kir_array *a = k->arrays[i];
+
+			if (a->space != AP_KIR_SHARED && a->space != AP_KIR_SHARED_DYN)
+				continue;
+			sb_indent(b, depth + 1);
+			if (a->space == AP_KIR_SHARED)
+				sb_printf(b, "%s *const %s = %s_cl[ap_cr];\n", ctype(p, a->type), a->name, a->name);
+			else
+				sb_printf(b, "%s *const %s = (%s *)(ap_smem_cl[ap_cr] + %lluu);\n", ctype(p, a->type),
+					  a->name, ctype(p, a->type), (unsigned long long)a->offset);
+		}
 	}
 	print_local_decls(p, depth + 1, p->has_collective ? LD_SCRATCH : LD_ALL);
 	p->block_mode = false;
@@ -1445,6 +1515,10 @@ static void print_block_host(printer *p, const ap_kir_block *blk, int depth)
 			sb_indent(b, depth);
 			sb_printf(b, "/* barrier: next phase */\n");
 			break;
+		case AP_KIR_S_CLUSTER_BARRIER:   /* the cluster's threads are this loop's */
+			sb_indent(b, depth);
+			sb_printf(b, "/* cluster barrier: next phase */\n");
+			break;
 		case AP_KIR_S_SHFL:
 			print_shfl_host(p, s, depth);
 			break;
@@ -1544,6 +1618,18 @@ static void print_prelude(printer *p)
 				  "static __device__ __forceinline__ float ap_tf32f(float x)\n"
 				  "{ unsigned r; asm(\"cvt.rna.tf32.f32 %%0, %%1;\" : \"=r\"(r) : \"f\"(x)); "
 				  "return __uint_as_float(r); }\n#endif\n");
+		if (p->uses_dsmem)   /* PTX ISA: mapa, ld.shared::cluster (sm_90) */
+			sb_printf(b, "#ifndef AP_DSMEM_DEFINED\n#define AP_DSMEM_DEFINED\n"
+				  "static __device__ __forceinline__ float ap_dsmem_f32(const float *p, unsigned r)\n"
+				  "{ unsigned a = (unsigned)__cvta_generic_to_shared(p), m; float v;\n"
+				  "  asm volatile(\"mapa.shared::cluster.u32 %%0, %%1, %%2;\" : \"=r\"(m) : \"r\"(a), \"r\"(r));\n"
+				  "  asm volatile(\"ld.shared::cluster.f32 %%0, [%%1];\" : \"=f\"(v) : \"r\"(m) : \"memory\");\n"
+				  "  return v; }\n"
+				  "static __device__ __forceinline__ double ap_dsmem_f64(const double *p, unsigned r)\n"
+				  "{ unsigned a = (unsigned)__cvta_generic_to_shared(p), m; double v;\n"
+				  "  asm volatile(\"mapa.shared::cluster.u32 %%0, %%1, %%2;\" : \"=r\"(m) : \"r\"(a), \"r\"(r));\n"
+				  "  asm volatile(\"ld.shared::cluster.f64 %%0, [%%1];\" : \"=d\"(v) : \"r\"(m) : \"memory\");\n"
+				  "  return v; }\n#endif\n");
 	} else {
 		sb_printf(b, "#include <math.h>\n"
 			  "#define AP_INFF __builtin_inff()\n"
@@ -1595,14 +1681,23 @@ static void print_shared_decls(printer *p, int depth)
 	for (int i = 0; i < k->n_arrays; i++) {
 		const ap_kir_array *a = k->arrays[i];
 
-		if (a->space == AP_KIR_SHARED) {
+		if (a->space == AP_KIR_SHARED && !cuda && k->cluster > 1) {
+			/* host: one copy per block of the cluster (open_thread_loop) */
+			sb_indent(b, depth);
+			sb_printf(b, "%s %s_cl[%u][%lld];\n", ctype(p, a->type), a->name, k->cluster,
+				  (long long)(a->size > 0 ? a->size : 1));
+		} else if (a->space == AP_KIR_SHARED) {
 			sb_indent(b, depth);
 			sb_printf(b, "%s%s%s %s[%lld];\n", cuda ? "__shared__ " : "",
 				  cuda && p->vec_array[a->id] ? "__align__(16) " : "",
 				  ctype(p, a->type), a->name, (long long)(a->size > 0 ? a->size : 1));
 		}
 	}
-	if (k->smem_bytes > 0) {
+	if (k->smem_bytes > 0 && !cuda && k->cluster > 1) {
+		sb_indent(b, depth);
+		sb_printf(b, "_Alignas(16) unsigned char ap_smem_cl[%u][%u];\n", k->cluster,
+			  (k->smem_bytes + 15u) / 16u * 16u);
+	} else if (k->smem_bytes > 0) {
 		sb_indent(b, depth);
 		if (cuda)
 			sb_printf(b, "extern __shared__ __align__(16) unsigned char ap_smem[];\n");
@@ -1627,7 +1722,11 @@ static void print_cuda(printer *p)
 	sbuf *b = &p->out;
 
 	print_prelude(p);
-	sb_printf(b, "extern \"C\" __global__ void __launch_bounds__(%u, 1) %s(", p->nt, k->name);
+	if (k->cluster > 1)
+		sb_printf(b, "extern \"C\" __global__ void __cluster_dims__(%u, 1, 1) __launch_bounds__(%u, 1) %s(",
+			  k->cluster, p->nt, k->name);
+	else
+		sb_printf(b, "extern \"C\" __global__ void __launch_bounds__(%u, 1) %s(", p->nt, k->name);
 	for (int i = 0; i < k->n_params; i++) {
 		const ap_kir_array *a = param_at(k, i);
 
@@ -1696,7 +1795,11 @@ static void print_host(printer *p)
 		print_local_decls(p, 1, LD_SLOTS);
 	print_shared_decls(p, 1);
 	sb_printf(b, "\tfor (unsigned ap_b = block_begin; ap_b < block_end; ap_b++) {\n");
-	if (k->grid[0] > 1)
+	if (k->cluster > 1) {
+		/* the cluster whose first block this is, all its blocks at once */
+		sb_printf(b, "\t\tif (ap_b %% %uu)\n\t\t\tcontinue;\n", k->cluster);
+		sb_printf(b, "\t\tconst long long ap_cx = (long long)(ap_b / %uu);\n", k->cluster);
+	} else if (k->grid[0] > 1)
 		sb_printf(b, "\t\tconst long long ap_bx = (long long)(ap_b %% %uu);\n", k->grid[0]);
 	if (k->grid[1] > 1)
 		sb_printf(b, "\t\tconst long long ap_by = (long long)((ap_b / %uu) %% %uu);\n",
@@ -1754,6 +1857,8 @@ static int scan_expr(const ap_kir_expr *e, const ap_kir_stmt *s, void *user)
 	note_type(p, e->type);
 	if (e->kind == AP_KIR_E_CALL && e->op == AP_KIR_TF32)
 		p->uses_tf32 = true;
+	if (e->kind == AP_KIR_E_LOAD && e->c)
+		p->uses_dsmem = true;
 	return 0;
 }
 
@@ -1777,7 +1882,8 @@ __ap_give char *ap_kir_print(const ap_kir_kernel *k, ap_kir_target target, ap_er
 	memset(&p, 0, sizeof(p));
 	p.k = k;
 	p.target = target;
-	p.nt = ap_kir_block_threads(k);
+	p.bt = ap_kir_block_threads(k);
+	p.nt = p.bt * (target == AP_KIR_HOST && k->cluster > 1 ? k->cluster : 1);
 	p.per_thread = calloc((size_t)k->n_vars + 1, 1);
 	p.vec_array = calloc((size_t)k->n_arrays + 1, 1);
 	if (!p.per_thread || !p.vec_array) {

@@ -74,6 +74,12 @@ static void check_launch(vctx *v)
 		}
 		threads *= k->block[i];
 	}
+	if (k->cluster < 1 || k->cluster > 8 || k->grid[0] % k->cluster ||
+	    (k->cluster > 1 && (k->grid[1] > 1 || k->grid[2] > 1))) {
+		bad(v, "launch", "cluster of %u blocks over a grid %ux%ux%u (1..8 along x, a divisor of grid x)",
+		    k->cluster, k->grid[0], k->grid[1], k->grid[2]);
+		return;
+	}
 	if (threads > v->lim.max_threads)
 		bad(v, "launch", "%llu threads per block, more than %u", (unsigned long long)threads,
 		    v->lim.max_threads);
@@ -109,13 +115,16 @@ static bool uniform(const vctx *v, const ap_kir_expr *e)
 	case AP_KIR_E_FLOAT:
 		return true;
 	case AP_KIR_E_INDEX:
-		/* a thread index of extent 1 is printed as 0 */
+		/* a thread index of extent 1 is printed as 0; a cluster rank is
+		 * the same in a block, but not in the host's wide block */
+		if (e->op == AP_KIR_CLUSTER_RANK)
+			return v->k->cluster == 1;
 		return e->op < AP_KIR_THREAD_X || e->op > AP_KIR_THREAD_Z ||
 		       v->k->block[e->op - AP_KIR_THREAD_X] == 1;
 	case AP_KIR_E_VAR:
 		return var_ok(v, e->var) && !v->varying[e->var->id];
 	case AP_KIR_E_LOAD:
-		return uniform_space(e->arr->space) && uniform(v, e->a);
+		return uniform_space(e->arr->space) && uniform(v, e->a) && uniform(v, e->c);
 	default:
 		return uniform(v, e->a) && uniform(v, e->b) && uniform(v, e->c);
 	}
@@ -245,7 +254,16 @@ static void check_expr(vctx *v, const ap_kir_expr *e)
 		    (e->b && e->b->type != e->a->type))
 			bad(v, "types", "math function %d on %s", e->op, ap_dtype_name(e->a->type));
 		break;
+	case AP_KIR_E_INDEX:
+		if (v->k->cluster > 1 && e->op == AP_KIR_BLOCK_X)
+			bad(v, "cluster", "blockIdx.x in a cluster kernel (use the cluster index and rank)");
+		if (v->k->cluster < 2 && e->op >= AP_KIR_CLUSTER_X)
+			bad(v, "cluster", "a cluster index in a kernel without clusters");
+		break;
 	case AP_KIR_E_LOAD:
+		if (e->c && (v->k->cluster < 2 || !is_int(e->c->type) ||
+			     (e->arr->space != AP_KIR_SHARED && e->arr->space != AP_KIR_SHARED_DYN)))
+			bad(v, "cluster", "load of %s from another block's shared memory", e->arr->name);
 		if (!is_int(e->a->type))
 			bad(v, "types", "index of %s of type %s", e->arr->name, ap_dtype_name(e->a->type));
 		else if (e->type != e->arr->type)
@@ -455,6 +473,12 @@ static void check_stmt(vctx *v, const ap_kir_stmt *s, bool ctx)
 	case AP_KIR_S_BARRIER:
 		if (!ctx)
 			bad(v, "uniform", "barrier under thread-dependent control flow");
+		break;
+	case AP_KIR_S_CLUSTER_BARRIER:
+		if (!ctx)
+			bad(v, "uniform", "cluster barrier under thread-dependent control flow");
+		if (v->k->cluster < 2)
+			bad(v, "cluster", "cluster barrier in a kernel without clusters");
 		break;
 	case AP_KIR_S_SHFL:
 		check_shfl(v, s, ctx);

@@ -67,6 +67,7 @@ static int visit_stmt_exprs(const ap_kir_stmt *s, const ap_kir_visitor *v, void 
 			rc = visit_expr(s->frag_off[i], s, v, user);
 		break;
 	case AP_KIR_S_BARRIER:
+	case AP_KIR_S_CLUSTER_BARRIER:
 	case AP_KIR_S_COMMENT:
 	case AP_KIR_S_CP_COMMIT:
 	case AP_KIR_S_CP_WAIT:

@@ -672,17 +672,42 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, ch
 
 /* ---- configuration ---------------------------------------------------------------- */
 
-enum { K_BM, K_BN, K_BK, K_TM, K_TN, K_STAGES };   /* SIMT order; tensor cores: tm = wm, tn = wn */
+/* SIMT order; tensor cores: tm = wm, tn = wn.  The space has K_SPLITK
+ * only where split-K can be built and has more than one value (see
+ * splitk_values), so other schedules read as they always did. */
+enum { K_BM, K_BN, K_BK, K_TM, K_TN, K_STAGES, K_SPLITK };
 
 typedef struct gemm_cfg {
 	int bm, bn, bk, tm, tn, stages;   /* tensor cores: tm, tn = warps along M, N */
+	int splitk;                       /* blocks (a thread-block cluster) sharing a tile's K */
 } gemm_cfg;
 
 static gemm_cfg cfg_of(const ap_sched *s)
 {
-	gemm_cfg c = {s->v[K_BM], s->v[K_BN], s->v[K_BK], s->v[K_TM], s->v[K_TN], s->v[K_STAGES]};
+	gemm_cfg c = {s->v[K_BM], s->v[K_BN], s->v[K_BK], s->v[K_TM], s->v[K_TN], s->v[K_STAGES],
+		      s->n > K_SPLITK ? s->v[K_SPLITK] : 1};
 
 	return c;
+}
+
+/* Split-K: the K tiles of one output tile dealt to the `splitk` blocks of
+ * a thread-block cluster (sm_90 and later; the host runs a cluster as one
+ * wide block), each accumulating its share; the partial accumulators are
+ * summed in a fixed order (deterministic) through distributed shared
+ * memory, each block summing and storing 1/splitk of the tile's elements
+ * through the epilogue (CUTLASS's split-K idea, on Hopper's clusters
+ * instead of a global workspace).  It pays when the tiles are far fewer
+ * than the SMs and K is long: a weight gradient's product over the batch
+ * and positions.  Values: 1, 2, 4, 8 (a portable cluster has at most 8
+ * blocks), each slice at least 2 K tiles of the smallest bk. */
+static int splitk_values(const gemm_plan *p, const ap_target_info *t, int *vals)
+{
+	int n = 0;
+
+	for (int sk = 1; sk <= 8; sk *= 2)
+		if (sk == 1 || ((!t->gpu || t->arch >= 90) && p->K >= (int64_t)sk * 2 * (p->tc ? 16 : 8)))
+			vals[n++] = sk;
+	return n;
 }
 
 /* Shared-memory padding (elements) of a tile row: 16 bytes keeps rows
@@ -786,6 +811,9 @@ static size_t smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_target_
 		a += 16 + S * (size_t)c->bm * (size_t)c->bk * (2 * es + 1) + 16;
 	if (pair_staged(p, 1, c, t))
 		b += 16 + S * (size_t)c->bn * (size_t)c->bk * (2 * es + 1) + 16;
+	/* split-K: every block's partial accumulator tile, for the cluster */
+	if (c->splitk > 1)
+		b += 16 + (size_t)c->bm * (size_t)c->bn * ap_dtype_size(p->acc_t);
 	return a + b;
 }
 
@@ -808,6 +836,11 @@ static bool cfg_valid(const gemm_plan *p, const gemm_cfg *c, const ap_target_inf
 	unsigned nt = threads_of(p, c);
 
 	if (c->stages < 1 || nt < 32 || nt > ap_block_cap(t) || nt % 32)
+		return false;
+	/* split-K: clusters exist from sm_90; each block sums an equal share of
+	 * the accumulators; each slice has at least two K tiles */
+	if (c->splitk > 1 && ((t->gpu && t->arch < 90) || ((int64_t)c->bm * c->bn / nt) % c->splitk ||
+			      (p->K + c->bk - 1) / c->bk < 2 * c->splitk))
 		return false;
 	if (smem_bytes(p, c, t) > smem_limit(t))
 		return false;
@@ -893,6 +926,14 @@ static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 		knob(&sp->knobs[K_STAGES], "stages", st_async, 3);
 	else
 		knob(&sp->knobs[K_STAGES], "stages", st_sync, 2);
+	{
+		int vals[4], n = splitk_values(&p, t, vals);
+
+		if (n > 1) {
+			sp->n = 7;
+			knob(&sp->knobs[K_SPLITK], "splitk", vals, n);
+		}
+	}
 	return 0;
 }
 
@@ -908,7 +949,7 @@ static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
 	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
 		return rc;
 	ap_cost_gemm_default(t, p.tb, p.Mr, p.N, p.K, ap_dtype_size(p.in_t), p.tc, &tile);
-	c = (gemm_cfg){tile.bm, tile.bn, tile.bk, tile.tm, tile.tn, tile.stages};
+	c = (gemm_cfg){tile.bm, tile.bn, tile.bk, tile.tm, tile.tn, tile.stages, 1};
 	/* shrink what the target cannot hold */
 	while (!cfg_valid(&p, &c, t) && c.stages > 1)
 		c.stages--;
@@ -937,6 +978,21 @@ static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
 	s->v[K_TM] = c.tm;
 	s->v[K_TN] = c.tn;
 	s->v[K_STAGES] = c.stages;
+	/* split-K on GPUs when the tiles leave most SMs idle: the most blocks
+	 * per tile that still fit the SMs, each slice at least 4 K tiles */
+	if (sp->n > K_SPLITK) {
+		int64_t tiles = p.tb * ((p.Mr + c.bm - 1) / c.bm) * ((p.N + c.bn - 1) / c.bn);
+		int64_t kt = (p.K + c.bk - 1) / c.bk;
+
+		s->v[K_SPLITK] = 1;
+		for (int i = 0; t->gpu && tiles * 2 <= (int64_t)t->sm_count && i < sp->knobs[K_SPLITK].n; i++) {
+			gemm_cfg d = c;
+
+			d.splitk = sp->knobs[K_SPLITK].values[i];
+			if (tiles * d.splitk <= (int64_t)t->sm_count && kt >= 4 * d.splitk && cfg_valid(&p, &d, t))
+				s->v[K_SPLITK] = d.splitk;
+		}
+	}
 	plan_clear(&p);
 	return 0;
 }
@@ -973,6 +1029,7 @@ typedef struct gctx {
 					   filled from pa / pb by extract_pairs */
 	ap_kir_array *pa, *pb;          /* pair-staged: per stage, two elements a tile element */
 	ap_kir_array *qa, *qb;          /* pair-staged: per stage, the element's place in its pair */
+	ap_kir_array *red;              /* split-K: the block's partial accumulators, for the cluster */
 	int a_w, b_w;                   /* elements per cp.async */
 	int lda, ldb;                   /* shared row lengths (elements) */
 	int64_t a_stage, b_stage;       /* elements per stage */
@@ -987,6 +1044,9 @@ typedef struct gctx {
 	/* the accumulator the epilogue hands out as Y */
 	ap_kir_array *acc;
 	ap_kir_expr *acc_index;
+	/* split-K: this block's rank in its cluster, its first K tile */
+	ap_kir_expr *rank, *kofs;
+	bool kpred;                     /* loads check k < K (a K tile may pass the end) */
 } gctx;
 
 static ap_kir_expr *I(gctx *c, int64_t v)
@@ -1310,7 +1370,7 @@ static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 	kg = ap_kir_add(k, ap_kir_muli(k, kt, c->c.bk), kk);
 	if (total % rows)
 		pred = ap_kir_binary(k, AP_KIR_LT, og, I(c, total));
-	if (c->p->K % c->c.bk) {
+	if (c->kpred) {
 		ap_kir_expr *pk = ap_kir_binary(k, AP_KIR_LT, kg, I(c, c->p->K));
 
 		pred = pred ? ap_kir_binary(k, AP_KIR_LAND, pred, pk) : pk;
@@ -1423,7 +1483,7 @@ static void issue_regs(gctx *c, int role, ap_kir_expr *kt)
 		kg = ap_kir_add(k, ap_kir_muli(k, kt, c->c.bk), kk);
 		if (total % rows)
 			pred = ap_kir_binary(k, AP_KIR_LT, og, I(c, total));
-		if (c->p->K % c->c.bk) {
+		if (c->kpred) {
 			ap_kir_expr *pk = ap_kir_binary(k, AP_KIR_LT, kg, I(c, c->p->K));
 
 			pred = pred ? ap_kir_binary(k, AP_KIR_LAND, pred, pk) : pk;
@@ -1666,6 +1726,55 @@ static void compute_tc(gctx *c, ap_kir_expr *st, ap_kir_array *fa, ap_kir_array 
 	}
 }
 
+/* ---- split-K ---- */
+
+/* Every block of the cluster leaves its partial accumulators in shared
+ * memory (red[e * nt + tid], coalesced); after a cluster barrier the block
+ * of rank r sums the elements e of its share (e / (n / splitk) == r) over
+ * the cluster's blocks in rank order -- the same order whichever block
+ * finished first: deterministic -- and the epilogue stores only those
+ * (own_element).  The caller ends the tile with a cluster barrier, so no
+ * block overwrites or leaves its partials while another still reads
+ * them. */
+static void splitk_reduce(gctx *c)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	int64_t n = c->acc->size, chunk = n / c->c.splitk;
+	ap_kir_block *s1, *s2;
+	ap_kir_var *e;
+	ap_kir_expr *slot;
+
+	e = loop_unrolled(v, "e", n, &s1);
+	slot = ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, e), c->nt), c->tid);
+	ap_kir_store(k, v->cur, c->red, slot, ap_kir_load(k, c->acc, ap_kir_ref(k, e)));
+	ap_v_close(v, s1);
+	ap_kir_cluster_barrier(k, v->cur);
+	e = loop_unrolled(v, "e", n, &s1);
+	slot = ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, e), c->nt), c->tid);
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_EQ, ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, e), I(c, chunk)), c->rank),
+		&s2, NULL);
+	{
+		ap_kir_expr *sum = ap_kir_load_remote(k, c->red, slot, I(c, 0));
+
+		for (int r = 1; r < c->c.splitk; r++)
+			sum = ap_kir_binary(k, AP_KIR_ADD, sum, ap_kir_load_remote(k, c->red, slot, I(c, r)));
+		ap_kir_store(k, v->cur, c->acc, ap_kir_ref(k, e), sum);
+	}
+	ap_v_close(v, s2);
+	ap_v_close(v, s1);
+}
+
+/* Split-K: whether accumulator element `ai` is this block's to store
+ * (NULL: every element is, no split). */
+static ap_kir_expr *own_element(gctx *c, ap_kir_expr *ai)
+{
+	if (c->c.splitk <= 1)
+		return NULL;
+	return ap_kir_binary(c->k, AP_KIR_EQ, ap_kir_binary(c->k, AP_KIR_DIV, ai, I(c, c->acc->size / c->c.splitk)),
+			     c->rank);
+}
+
 /* ---- epilogue ---- */
 
 static ap_kir_expr *acc_leaf(ap_vctx *v, int t, ap_lidx *ix, void *user)
@@ -1738,7 +1847,7 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	gctx c;
 	ap_vctx v;
 	char why[200];
-	int rc, S, KT, tiles_m, tiles_n;
+	int rc, S, KT, KTL, tiles_m, tiles_n;
 	int64_t tiles;
 	unsigned grid;
 	ap_kir_var *tile, *kt;
@@ -1813,14 +1922,34 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 			c.pb = shared(k, "pb", p.in_t, 2 * pairs_b);
 			c.qb = shared(k, "qb", AP_DT_U8, pairs_b);
 		}
+		if (c.c.splitk > 1)
+			c.red = shared(k, "red", p.acc_t, (int64_t)c.c.bm * c.c.bn);
 	}
 	tiles_m = (int)((p.Mr + c.c.bm - 1) / c.c.bm);
 	tiles_n = (int)((p.N + c.c.bn - 1) / c.c.bn);
 	tiles = p.tb * tiles_m * tiles_n;
-	grid = ap_grid_for(tiles, 1);
-	k->grid[0] = grid;
-	k->block[0] = c.nt;
 	KT = (int)((p.K + c.c.bk - 1) / c.c.bk);
+	c.kpred = p.K % c.c.bk != 0;
+	if (c.c.splitk > 1) {
+		/* a cluster of splitk blocks per tile, each KTL of its K tiles */
+		grid = ap_grid_for(tiles, 1);
+		if (grid > AP_MAX_GRID / (unsigned)c.c.splitk)
+			grid = AP_MAX_GRID / (unsigned)c.c.splitk;
+		k->cluster = (unsigned)c.c.splitk;
+		k->grid[0] = grid * k->cluster;
+		KTL = (KT + c.c.splitk - 1) / c.c.splitk;
+		c.rank = ap_kir_index_of(k, AP_KIR_CLUSTER_RANK);
+		c.kofs = ap_kir_muli(k, c.rank, KTL);
+		c.kpred = true;
+		ap_kir_comment(k, v.cur, "split-K: a cluster of %d blocks per tile, %d K tiles each, "
+			       "partial tiles summed through distributed shared memory", c.c.splitk, KTL);
+	} else {
+		grid = ap_grid_for(tiles, 1);
+		k->grid[0] = grid;
+		KTL = KT;
+		c.kofs = I(&c, 0);
+	}
+	k->block[0] = c.nt;
 	c.tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
 	if (p.tc) {
 		int na, nb, nc, MI = c.c.bm / c.c.tm / 16, NI = c.c.bn / c.c.tn / 8;
@@ -1846,7 +1975,7 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 				 ap_kir_binary(k, AP_KIR_DIV, c.tid, I(&c, c.c.bn / c.c.tn)));
 	}
 	if (ap_kir_failed(k) || !c.sa || !c.sb || !fa || !fb || !c.acc || (c.a_pair && (!c.pa || !c.qa)) ||
-	    (c.b_pair && (!c.pb || !c.qb))) {
+	    (c.b_pair && (!c.pb || !c.qb)) || (c.c.splitk > 1 && !c.red)) {
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");
 		goto done;
 	}
@@ -1861,7 +1990,8 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		goto done;
 	}
 	/* for each tile of the output (a grid-stride loop; usually one pass) */
-	tile = ap_v_loop(&v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), I(&c, tiles), grid, &tsaved);
+	tile = ap_v_loop(&v, "tile", ap_kir_index_of(k, c.c.splitk > 1 ? AP_KIR_CLUSTER_X : AP_KIR_BLOCK_X),
+			 I(&c, tiles), grid, &tsaved);
 	ap_kir_barrier(k, v.cur);   /* the previous tile's last stage is read by everyone */
 	r = ap_kir_ref(k, tile);
 	{
@@ -1902,9 +2032,9 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	if (S == 1) {
 		/* one stage: load, wait, compute (the host's default: its threads
 		 * run one after the other, there is no latency to hide) */
-		kt = ap_v_loop(&v, "kt", I(&c, 0), I(&c, KT), 1, &ksaved);
+		kt = ap_v_loop(&v, "kt", I(&c, 0), I(&c, KTL), 1, &ksaved);
 		ap_kir_barrier(k, v.cur);
-		issue_tile(&c, I(&c, 0), ap_kir_ref(k, kt));
+		issue_tile(&c, I(&c, 0), ap_kir_add(k, c.kofs, ap_kir_ref(k, kt)));
 		complete_tile(&c, I(&c, 0));
 		if (c.a_async || c.b_async) {
 			ap_kir_cp_commit(k, v.cur);
@@ -1920,8 +2050,8 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	} else {
 		/* prologue: stages 0 .. S-2 */
 		for (int st = 0; st < S - 1; st++) {
-			if (st < KT) {
-				issue_tile(&c, I(&c, st), I(&c, st));
+			if (st < KTL) {
+				issue_tile(&c, I(&c, st), ap_kir_addi(k, c.kofs, st));
 				complete_tile(&c, I(&c, st));
 			}
 			if (c.a_async || c.b_async)
@@ -1930,7 +2060,7 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		/* main loop: wait for tile kt, issue tile kt + S - 1 into the stage
 		 * tile kt - 1 used, compute tile kt, store the registers of the
 		 * register-staged loads */
-		kt = ap_v_loop(&v, "kt", I(&c, 0), I(&c, KT), 1, &ksaved);
+		kt = ap_v_loop(&v, "kt", I(&c, 0), I(&c, KTL), 1, &ksaved);
 		if (c.a_async || c.b_async)
 			ap_kir_cp_wait(k, v.cur, S - 2);
 		ap_kir_barrier(k, v.cur);
@@ -1943,10 +2073,10 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 			ap_kir_expr *nst = ap_kir_bind(k, v.cur, k->index_type, "ns",
 						       S == 2 ? ap_kir_binary(k, AP_KIR_AND, nxt, I(&c, 1))
 							      : ap_kir_binary(k, AP_KIR_REM, nxt, I(&c, S)));
-			ap_kir_expr *more = ap_kir_binary(k, AP_KIR_LT, nxt, I(&c, KT));
+			ap_kir_expr *more = ap_kir_binary(k, AP_KIR_LT, nxt, I(&c, KTL));
 
 			ap_v_if(&v, more, &saved, NULL);
-			issue_tile(&c, nst, nxt);
+			issue_tile(&c, nst, ap_kir_add(k, c.kofs, nxt));
 			ap_v_close(&v, saved);
 			if (c.a_async || c.b_async)
 				ap_kir_cp_commit(k, v.cur);
@@ -1964,6 +2094,8 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		if (c.a_async || c.b_async)
 			ap_kir_cp_wait(k, v.cur, 0);
 	}
+	if (c.c.splitk > 1)
+		splitk_reduce(&c);
 	/* epilogue */
 	v.leaf = acc_leaf;
 	v.leaf_user = &c;
@@ -1990,10 +2122,13 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 			ap_kir_expr *ai = ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), NI),
 									  ap_kir_ref(k, ni)), nc), ap_kir_ref(k, e));
 
+			ap_kir_expr *in, *own = own_element(&c, ai);
+
 			row = ap_kir_bind(k, v.cur, k->index_type, "row", row);
 			col = ap_kir_bind(k, v.cur, k->index_type, "col", col);
-			ap_v_if(&v, ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, row, I(&c, p.Mr)),
-						  ap_kir_binary(k, AP_KIR_LT, col, I(&c, p.N))), &s4, NULL);
+			in = ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, row, I(&c, p.Mr)),
+					   ap_kir_binary(k, AP_KIR_LT, col, I(&c, p.N)));
+			ap_v_if(&v, own ? ap_kir_binary(k, AP_KIR_LAND, own, in) : in, &s4, NULL);
 			store_outputs(&c, ai, row, col);
 			ap_v_close(&v, s4);
 		}
@@ -2012,10 +2147,13 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 			ap_kir_expr *col = ap_kir_bind(k, v.cur, k->index_type, "col",
 					    ap_kir_add(k, c.n0, ap_kir_add(k, ap_kir_muli(k, tx, c.c.tn), ap_kir_ref(k, j))));
 			ap_kir_expr *ai = ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, i), c.c.tn), ap_kir_ref(k, j));
-			ap_kir_expr *in = NULL;
+			ap_kir_expr *in = own_element(&c, ai);
 
-			if (p.Mr % c.c.bm)
-				in = ap_kir_binary(k, AP_KIR_LT, row, I(&c, p.Mr));
+			if (p.Mr % c.c.bm) {
+				ap_kir_expr *cm = ap_kir_binary(k, AP_KIR_LT, row, I(&c, p.Mr));
+
+				in = in ? ap_kir_binary(k, AP_KIR_LAND, in, cm) : cm;
+			}
 			if (p.N % c.c.bn) {
 				ap_kir_expr *cn = ap_kir_binary(k, AP_KIR_LT, col, I(&c, p.N));
 
@@ -2031,6 +2169,8 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		ap_v_close(&v, s1);
 	}
 	v.leaf = NULL;
+	if (c.c.splitk > 1)   /* the cluster's partials are read: the next tile may reuse them */
+		ap_kir_cluster_barrier(k, v.cur);
 	ap_v_close(&v, tsaved);
 	rc = v.rc;
 done:
@@ -2059,7 +2199,8 @@ static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 	 * it once per block column (A) or block row (B) */
 	out->flops = 2.0 * (double)p.tb * (double)p.Mr * (double)p.N * (double)p.K;
 	out->threads = threads_of(&p, &c);
-	out->blocks = ap_grid_for(p.tb * ((p.Mr + c.bm - 1) / c.bm) * ((p.N + c.bn - 1) / c.bn), 1);
+	out->blocks = ap_grid_for(p.tb * ((p.Mr + c.bm - 1) / c.bm) * ((p.N + c.bn - 1) / c.bn), 1) *
+		      (unsigned)c.splitk;
 	out->shared_bytes = (unsigned)smem_bytes(&p, &c, t);
 	out->tensor_cores = p.tc;
 	{
@@ -2075,6 +2216,10 @@ static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 
 		out->tile_bytes = es * (double)p.tb * (double)p.K * ((double)p.Mr * cols + (double)p.N * rows);
 		out->shared_read = es * macs * (1.0 / fm + 1.0 / fn);
+		/* split-K: each block writes its partial tile, and the cluster reads
+		 * them all back once */
+		if (c.splitk > 1)
+			out->shared_read += 2.0 * (double)out->blocks * c.bm * c.bn * (double)ap_dtype_size(p.acc_t);
 		/* past the default rule's budget ptxas spills (measured on the
 		 * models): more than a thread may hold */
 		out->regs = t->gpu && live - 32 > LIVE_BUDGET ? 256u : (unsigned)(live > 255 ? 255 : live);
