@@ -39,8 +39,8 @@
  * Knobs: "th", "tw" (the tile), "cols" (outputs per thread along W):
  * TH x TW / cols threads.  A configuration is buildable when its threads
  * are in [32, ap_block_cap], cols divides TW, the halo and the weights
- * fit the target's static shared memory (48 KiB) and a thread's strip
- * fits MAX_STRIP registers.
+ * fit the target's static shared memory (48 KiB), a thread's strip fits
+ * MAX_STRIP registers, and a 1-D convolution's tile is one row.
  */
 #include "emitters.h"
 
@@ -220,9 +220,10 @@ static bool cfg_valid(const dw_plan *p, const ap_sched *s, const ap_target_info 
 	dw_geom g;
 
 	geom_of(p, s, &g);
+	/* (1-D: one tile row, the others would compute nothing) */
 	return g.th >= 1 && g.cols >= 1 && g.tw >= g.cols && g.tw % g.cols == 0 && g.threads >= 32 &&
 	       (unsigned)g.threads <= ap_block_cap(t) && g.smem_bytes <= smem_limit(t) &&
-	       g.strip <= MAX_STRIP;
+	       g.strip <= MAX_STRIP && (p->ns == 2 || g.th == 1);
 }
 
 static int dw_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
@@ -238,15 +239,16 @@ static int dw_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
  * in [8, 64]), cols 4 / 2 / 1 for rows of 32+ / 16 / 8 (8 or 16 threads
  * along a row), as many tile rows as the plane has (a power of two) within
  * [32, ap_block_cap] threads; then fewer rows, narrower strips and
- * narrower tiles until the halo fits shared memory.  Leaves *s invalid
- * only for windows no configuration holds (the match refuses those). */
+ * narrower tiles until the halo fits shared memory.  1-D: one row of 64,
+ * 2 or 1 per thread.  Leaves *s invalid only for windows no configuration
+ * holds (the match refuses those). */
 static void choose_rule(const dw_plan *p, const ap_target_info *t, ap_sched *s)
 {
 	unsigned cap = ap_block_cap(t);
-	int tw = (int)ap_pow2_at_least(p->OW, 8, 64);
+	int tw = p->ns == 1 ? 64 : (int)ap_pow2_at_least(p->OW, 8, 64);
 
 	for (; tw >= 8; tw /= 2) {
-		for (int cols = tw >= 32 ? 4 : tw >= 16 ? 2 : 1; cols >= 1; cols /= 2) {
+		for (int cols = p->ns == 1 ? 2 : tw >= 32 ? 4 : tw >= 16 ? 2 : 1; cols >= 1; cols /= 2) {
 			int tx_n = tw / cols;
 			int lo = 32 / tx_n > 1 ? 32 / tx_n : 1, hi = (int)cap / tx_n;
 			int th = (int)ap_pow2_at_least(p->OH, 1, 32);

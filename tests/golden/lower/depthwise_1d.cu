@@ -5,106 +5,78 @@
 #define AP_NAN __longlong_as_double(0x7fffffffffffffffLL)
 extern "C" __global__ void __launch_bounds__(32, 1) depthwise_1d(float *__restrict__ p0, const float *__restrict__ p1, const float *__restrict__ p2, const float *__restrict__ p3)
 {
-	__shared__ float halo[144];
+	__shared__ float halo[68];
 	__shared__ float wts[5];
 	/* conv micro-graph: Conv HardSwish */
-	/* emitter depthwise: th=4 tw=32 cols=4 */
+	/* emitter depthwise: th=1 tw=64 cols=2 */
 	/* p0: writes float32 [2,4,28] */
 	/* p1: reads float32 [2,4,29] */
 	/* p2: reads float32 [4,1,5] */
 	/* p3: reads float32 [4] */
-	int tx0 = (((int)threadIdx.x) % 8);
-	int ty1 = (((int)threadIdx.x) / 8);
+	int tx0 = (((int)threadIdx.x) % 32);
+	int ty1 = (((int)threadIdx.x) / 32);
 	for (int tl2 = ((int)blockIdx.x); tl2 < 8; tl2 += 8) {
 		int mo3 = (tl2 % 4);
 		int n4 = (tl2 / 4);
 		float acc5 = 0x0p+0f;
 		float acc6 = 0x0p+0f;
-		float acc7 = 0x0p+0f;
-		float acc8 = 0x0p+0f;
-		for (int c9 = 0; c9 < 1; c9 += 1) {
-			int s10 = (mo3 + c9);
-			for (int hi11 = ((int)threadIdx.x); hi11 < 144; hi11 += 32) {
-				int s12 = (hi11 / 36);
-				int s13 = ((-2) + (hi11 % 36));
-				if (((s13 >= 0) && (s13 < 29))) {
-					float v14 = p1[(((n4 * 116) + (s10 * 29)) + s13)];
-					halo[hi11] = v14;
+		for (int c7 = 0; c7 < 1; c7 += 1) {
+			int s8 = (mo3 + c7);
+			for (int hi9 = ((int)threadIdx.x); hi9 < 68; hi9 += 32) {
+				int s10 = (hi9 / 68);
+				int s11 = ((-2) + (hi9 % 68));
+				if (((s11 >= 0) && (s11 < 29))) {
+					float v12 = p1[(((n4 * 116) + (s8 * 29)) + s11)];
+					halo[hi9] = v12;
 				} else {
-					halo[hi11] = 0x0p+0f;
+					halo[hi9] = 0x0p+0f;
 				}
 			}
-			for (int wi15 = ((int)threadIdx.x); wi15 < 5; wi15 += 32) {
-				float v16 = p2[(((mo3 + c9) * 5) + wi15)];
-				wts[wi15] = v16;
+			for (int wi13 = ((int)threadIdx.x); wi13 < 5; wi13 += 32) {
+				float v14 = p2[(((mo3 + c7) * 5) + wi13)];
+				wts[wi13] = v14;
 			}
 			__syncthreads();
 			#pragma unroll
-			for (int kh17 = 0; kh17 < 1; kh17 += 1) {
-				int s18 = (((ty1 + kh17) * 36) + (tx0 * 4));
-				float wv19 = wts[(kh17 * 5)];
-				float xs20 = halo[s18];
-				acc5 = (acc5 + (xs20 * wv19));
-				float xs21 = halo[(s18 + 1)];
-				acc6 = (acc6 + (xs21 * wv19));
-				float xs22 = halo[(s18 + 2)];
-				acc7 = (acc7 + (xs22 * wv19));
-				float xs23 = halo[(s18 + 3)];
-				acc8 = (acc8 + (xs23 * wv19));
-				float wv24 = wts[((kh17 * 5) + 1)];
-				acc5 = (acc5 + (xs21 * wv24));
-				acc6 = (acc6 + (xs22 * wv24));
-				acc7 = (acc7 + (xs23 * wv24));
-				float xs25 = halo[(s18 + 4)];
-				acc8 = (acc8 + (xs25 * wv24));
-				float wv26 = wts[((kh17 * 5) + 2)];
-				acc5 = (acc5 + (xs22 * wv26));
-				acc6 = (acc6 + (xs23 * wv26));
-				acc7 = (acc7 + (xs25 * wv26));
-				float xs27 = halo[(s18 + 5)];
-				acc8 = (acc8 + (xs27 * wv26));
-				float wv28 = wts[((kh17 * 5) + 3)];
-				acc5 = (acc5 + (xs23 * wv28));
-				acc6 = (acc6 + (xs25 * wv28));
-				acc7 = (acc7 + (xs27 * wv28));
-				float xs29 = halo[(s18 + 6)];
-				acc8 = (acc8 + (xs29 * wv28));
-				float wv30 = wts[((kh17 * 5) + 4)];
-				acc5 = (acc5 + (xs25 * wv30));
-				acc6 = (acc6 + (xs27 * wv30));
-				acc7 = (acc7 + (xs29 * wv30));
-				float xs31 = halo[(s18 + 7)];
-				acc8 = (acc8 + (xs31 * wv30));
+			for (int kh15 = 0; kh15 < 1; kh15 += 1) {
+				int s16 = (((ty1 + kh15) * 68) + (tx0 * 2));
+				float wv17 = wts[(kh15 * 5)];
+				float xs18 = halo[s16];
+				acc5 = (acc5 + (xs18 * wv17));
+				float xs19 = halo[(s16 + 1)];
+				acc6 = (acc6 + (xs19 * wv17));
+				float wv20 = wts[((kh15 * 5) + 1)];
+				acc5 = (acc5 + (xs19 * wv20));
+				float xs21 = halo[(s16 + 2)];
+				acc6 = (acc6 + (xs21 * wv20));
+				float wv22 = wts[((kh15 * 5) + 2)];
+				acc5 = (acc5 + (xs21 * wv22));
+				float xs23 = halo[(s16 + 3)];
+				acc6 = (acc6 + (xs23 * wv22));
+				float wv24 = wts[((kh15 * 5) + 3)];
+				acc5 = (acc5 + (xs23 * wv24));
+				float xs25 = halo[(s16 + 4)];
+				acc6 = (acc6 + (xs25 * wv24));
+				float wv26 = wts[((kh15 * 5) + 4)];
+				acc5 = (acc5 + (xs25 * wv26));
+				float xs27 = halo[(s16 + 5)];
+				acc6 = (acc6 + (xs27 * wv26));
 			}
 			__syncthreads();
 		}
-		if (((ty1 < 1) && ((tx0 * 4) < 28))) {
+		if (((ty1 < 1) && ((tx0 * 2) < 28))) {
+			float v28 = p3[mo3];
+			float v29 = (acc5 + v28);
+			float s30 = ((0x1.555556p-3f * v29) + 0x1p-1f);
+			float v31 = (v29 * ((s30 < 0x0p+0f) ? 0x0p+0f : ((s30 > 0x1p+0f) ? 0x1p+0f : s30)));
+			p0[(((n4 * 112) + (mo3 * 28)) + (tx0 * 2))] = v31;
+		}
+		if (((ty1 < 1) && (((tx0 * 2) + 1) < 28))) {
 			float v32 = p3[mo3];
-			float v33 = (acc5 + v32);
+			float v33 = (acc6 + v32);
 			float s34 = ((0x1.555556p-3f * v33) + 0x1p-1f);
 			float v35 = (v33 * ((s34 < 0x0p+0f) ? 0x0p+0f : ((s34 > 0x1p+0f) ? 0x1p+0f : s34)));
-			p0[(((n4 * 112) + (mo3 * 28)) + (tx0 * 4))] = v35;
-		}
-		if (((ty1 < 1) && (((tx0 * 4) + 1) < 28))) {
-			float v36 = p3[mo3];
-			float v37 = (acc6 + v36);
-			float s38 = ((0x1.555556p-3f * v37) + 0x1p-1f);
-			float v39 = (v37 * ((s38 < 0x0p+0f) ? 0x0p+0f : ((s38 > 0x1p+0f) ? 0x1p+0f : s38)));
-			p0[(((n4 * 112) + (mo3 * 28)) + ((tx0 * 4) + 1))] = v39;
-		}
-		if (((ty1 < 1) && (((tx0 * 4) + 2) < 28))) {
-			float v40 = p3[mo3];
-			float v41 = (acc7 + v40);
-			float s42 = ((0x1.555556p-3f * v41) + 0x1p-1f);
-			float v43 = (v41 * ((s42 < 0x0p+0f) ? 0x0p+0f : ((s42 > 0x1p+0f) ? 0x1p+0f : s42)));
-			p0[(((n4 * 112) + (mo3 * 28)) + ((tx0 * 4) + 2))] = v43;
-		}
-		if (((ty1 < 1) && (((tx0 * 4) + 3) < 28))) {
-			float v44 = p3[mo3];
-			float v45 = (acc8 + v44);
-			float s46 = ((0x1.555556p-3f * v45) + 0x1p-1f);
-			float v47 = (v45 * ((s46 < 0x0p+0f) ? 0x0p+0f : ((s46 > 0x1p+0f) ? 0x1p+0f : s46)));
-			p0[(((n4 * 112) + (mo3 * 28)) + ((tx0 * 4) + 3))] = v47;
+			p0[(((n4 * 112) + (mo3 * 28)) + ((tx0 * 2) + 1))] = v35;
 		}
 	}
 }
