@@ -174,9 +174,8 @@ END_TEST
 /* ppocr_mobile_v2_cls at the default fusion level: its depthwise
  * convolutions that Layer I does not stage into a global pooling (one
  * with stride (2, 1), one with stride 1, both with their BatchNorm and
- * HardSwish epilogue), and its squeeze convolution of two output
- * channels, are the depthwise emitter's -- on the host and on sm_90.  No
- * NVRTC needed. */
+ * activation epilogue) are the depthwise emitter's -- on the host and on
+ * sm_90.  No NVRTC needed. */
 START_TEST(ppocr_depthwise_launches)
 {
 	static const char *const targets[] = {"cpu", "sm_90"};
@@ -200,7 +199,7 @@ START_TEST(ppocr_depthwise_launches)
 		n = count_launches(p, "depthwise");
 		printf("check_gemm: ppocr_mobile_v2_cls for %s: %d depthwise launches of %d\n", targets[i], n,
 		       p->n_launches);
-		ck_assert_int_ge(n, 3);
+		ck_assert_int_ge(n, 2);
 		ap_program_free(p);
 	}
 	ap_graph_free(g);

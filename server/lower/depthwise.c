@@ -31,7 +31,9 @@
  * value builder as Y's value, every output stored at the index its views
  * and transposes map Y's element to.  Micro-graphs whose outputs are not
  * all element-for-element functions of Y stay with the pointwise emitter.
- * 2-D convolutions (NCHW) and 1-D ones (NCW, as one row) are built.
+ * 2-D convolutions (NCHW) and 1-D ones (NCW, as one row) are built;
+ * output planes of fewer than 8 elements (the 1x1 planes of a
+ * squeeze-excitation block) are left to the pointwise emitter.
  *
  * The host runs the same kernel: each barrier splits the thread loop
  * (server/kir/print.c), the accumulators live in per-thread slots.
@@ -162,6 +164,13 @@ static int analyze(const ap_mgraph *m, dw_plan *p, char *why, size_t cap)
 	if (p->N < 1 || p->M < 1 || p->Cg < 1 || p->H < 1 || p->W < 1 || p->OH < 1 || p->OW < 1 ||
 	    p->KH < 1 || p->KW < 1) {
 		snprintf(why, cap, "an empty convolution");
+		return 0;
+	}
+	if (p->OH * p->OW < 8) {
+		/* a squeeze-excitation's 1x1 planes: a block of 32+ threads per
+		 * plane would leave all but a few idle (pointwise: one thread
+		 * per output) */
+		snprintf(why, cap, "output planes of %lld elements", (long long)(p->OH * p->OW));
 		return 0;
 	}
 	p->maps = calloc((size_t)g->n_tensors + 1, sizeof(ap_emap));
