@@ -9,7 +9,12 @@
  *     gathers included: pair-staged, see server/lower/gemm.c);
  *   - ptxas (through NVRTC, --ptxas-options=-v) reports no spill stores or
  *     loads for any GEMM or attention kernel of the default configurations,
- *     tensor-core (allow_tf32) and SIMT alike, on sm_90.
+ *     tensor-core (allow_tf32) and SIMT alike, on sm_90;
+ *   - the depthwise emitter builds the convolutions of ppocr_mobile_v2_cls
+ *     that the default fusion level leaves on their own (those followed by
+ *     a global pooling are Layer I's), for the host and sm_90 alike, and
+ *     ptxas reports no spills for any depthwise kernel of the models on
+ *     sm_80 and sm_90.
  * With directories as arguments (tests/precision.sh passes the float16 and
  * bfloat16 versions of the models), those are checked instead, tensor
  * cores expected without --allow-tf32.  Skipped (with a message) when
@@ -77,6 +82,16 @@ static bool emitter_is(const ap_kernel_src *k, const char *name)
 	return strstr(k->src, key) != NULL;
 }
 
+/* Launches of p whose kernel the emitter `name` built. */
+static int count_launches(const ap_program *p, const char *name)
+{
+	int n = 0;
+
+	for (int l = 0; l < p->n_launches; l++)
+		n += emitter_is(&p->kernels[p->launches[l].kernel], name);
+	return n;
+}
+
 /* One model at one setting: counts GEMM kernels, checks what it should. */
 static void check_model(const char *dir, bool tf32, bool all_async, int *n_gemm, int *n_async,
 			int *n_prologue, int *n_splitk, int *n_spill_checked)
@@ -92,11 +107,21 @@ static void check_model(const char *dir, bool tf32, bool all_async, int *n_gemm,
 	for (int i = 0; i < p->n_kernels; i++) {
 		const ap_kernel_src *k = &p->kernels[i];
 		bool gemm = emitter_is(k, "gemm"), att = emitter_is(k, "attention");
+		bool dw = emitter_is(k, "depthwise");
 		uint8_t *out = NULL;
 		size_t len = 0;
 		ap_ptxas_stats st;
 
-		if (!gemm && !att)
+		if (dw) {
+			/* its kernel text is the same at both settings: sm_80 here */
+			ck_assert_msg(ap_nvrtc_ptxas_stats(k->src, k->name, "sm_80", &st, &err) == 0, "%s %s: %s",
+				      dir, k->name, err.msg);
+			ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0,
+				      "%s: depthwise kernel %s spills %d / %d bytes on sm_80 (%d registers)", dir,
+				      k->name, st.spill_store_bytes, st.spill_load_bytes, st.registers);
+			(*n_spill_checked)++;
+		}
+		if (!gemm && !att && !dw)
 			continue;
 		if (gemm && tf32) {
 			static const char *const archs[] = {"compute_80", "compute_90"};
@@ -162,6 +187,41 @@ START_TEST(models_tensor_cores_and_spills)
 }
 END_TEST
 
+/* ppocr_mobile_v2_cls at the default fusion level: its depthwise
+ * convolutions that Layer I does not stage into a global pooling (one
+ * with stride (2, 1), one with stride 1, both with their BatchNorm and
+ * activation epilogue) are the depthwise emitter's -- on the host and on
+ * sm_90.  No NVRTC needed. */
+START_TEST(ppocr_depthwise_launches)
+{
+	static const char *const targets[] = {"cpu", "sm_90"};
+	char dir[512];
+	ap_graph *g;
+
+	snprintf(dir, sizeof(dir), "%s/models/ppocr_mobile_v2_cls", TESTDATA);
+	if (access(dir, R_OK) != 0) {
+		printf("check_gemm: %s not found, skipped\n", dir);
+		return;
+	}
+	g = import_dir(dir);
+	ck_assert_msg(g != NULL, "%s: import failed", dir);
+	for (int i = 0; i < 2; i++) {
+		ap_build_options o = {.target = targets[i]};
+		ap_error err;
+		ap_program *p = ap_program_build(g, &o, &err);
+		int n;
+
+		ck_assert_msg(p != NULL, "%s: build: %s", dir, err.msg);
+		n = count_launches(p, "depthwise");
+		printf("check_gemm: ppocr_mobile_v2_cls for %s: %d depthwise launches of %d\n", targets[i], n,
+		       p->n_launches);
+		ck_assert_int_ge(n, 2);
+		ap_program_free(p);
+	}
+	ap_graph_free(g);
+}
+END_TEST
+
 /* The ptxas report parser on a log as NVRTC gives it. */
 START_TEST(ptxas_parse)
 {
@@ -201,6 +261,7 @@ int main(int argc, char **argv)
 	n_arg_dirs = argc - 1;
 	tcase_set_timeout(tc, 1800);
 	tcase_add_test(tc, ptxas_parse);
+	tcase_add_test(tc, ppocr_depthwise_launches);
 	tcase_add_test(tc, models_tensor_cores_and_spills);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

@@ -47,9 +47,13 @@ static float frand(float lo, float hi)
 #define DIMS(...) ((const int64_t[]){__VA_ARGS__}), (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
 #define LIST(...) (int)(sizeof((const int[]){__VA_ARGS__}) / sizeof(int)), ((const int[]){__VA_ARGS__})
 
+/* The element type of the tensors tensor() makes (float32 unless a case
+ * says otherwise: float16 buffers are converted by run()). */
+static ap_dtype g_dt = AP_DT_F32;
+
 static int tensor(ap_graph *g, const char *name, const int64_t *dims, int rank, ap_tensor_kind kind)
 {
-	int t = ap_graph_add_tensor(g, name, AP_DT_F32, rank, dims, kind, NULL, 0);
+	int t = ap_graph_add_tensor(g, name, g_dt, rank, dims, kind, NULL, 0);
 
 	ck_assert_int_ge(t, 0);
 	if (kind == AP_TENSOR_INPUT) {
@@ -104,7 +108,7 @@ static ap_mgraph *whole(ap_graph *g, ap_group_kind kind)
 		member[i] = true;
 		if (ap_op_category_of(g->nodes[i].op) == AP_CAT_REDUCTION ||
 		    g->nodes[i].op == AP_OP_TRANSPOSE || g->nodes[i].op == AP_OP_CONCAT ||
-		    g->nodes[i].op == AP_OP_MATMUL)
+		    g->nodes[i].op == AP_OP_MATMUL || g->nodes[i].op == AP_OP_CONV)
 			root = i;
 	}
 	m = ap_mgraph_extract(g, nodes, member, g->n_nodes, g->outputs, g->n_outputs, kind, root, &gi,
@@ -133,6 +137,10 @@ static void buffers_init(buffers *b, const ap_mgraph *m)
 		b->data[t] = malloc((size_t)(n ? n : 1) * sizeof(float));
 		for (int64_t j = 0; j < n; j++)
 			b->data[t][j] = frand(-2, 2);
+		/* float16 inputs: values the type holds, so the reference sees
+		 * what the kernel reads */
+		for (int64_t j = 0; m->g->tensors[t].dtype == AP_DT_F16 && j < n; j++)
+			b->data[t][j] = ap_kir_f16_to_f32(ap_kir_f32_to_f16(b->data[t][j]));
 	}
 }
 
@@ -146,12 +154,24 @@ static void buffers_free(buffers *b)
 	free(b->data);
 }
 
+/* A float16 copy of n floats (malloc'd). */
+static uint16_t *to_f16(const float *x, int64_t n)
+{
+	uint16_t *h = malloc((size_t)(n ? n : 1) * sizeof(uint16_t));
+
+	for (int64_t i = 0; i < n; i++)
+		h[i] = ap_kir_f32_to_f16(x[i]);
+	return h;
+}
+
 /* Runs kernel k (entry f) over all its blocks, split into two ranges;
- * returns the outputs (malloc'd, in m->g->outputs order). */
+ * returns the outputs (malloc'd, in m->g->outputs order) as floats.
+ * float16 buffers are converted on the way in and out. */
 static float **run(host_fn f, const ap_kir_kernel *k, const ap_mgraph *m, const buffers *in)
 {
 	void **args = calloc((size_t)k->n_params + 1, sizeof(void *));
 	float **outs = calloc((size_t)m->g->n_outputs + 1, sizeof(float *));
+	uint16_t **halves = calloc((size_t)k->n_params + 1, sizeof(uint16_t *));
 	unsigned blocks = k->grid[0] * k->grid[1] * k->grid[2];
 
 	for (int i = 0; i < m->g->n_outputs; i++) {
@@ -174,9 +194,26 @@ static float **run(host_fn f, const ap_kir_kernel *k, const ap_mgraph *m, const 
 			args[arr->param] = in->data[arr->tensor];
 		}
 		ck_assert_ptr_nonnull(args[arr->param]);
+		if (m->g->tensors[arr->tensor].dtype == AP_DT_F16) {
+			halves[arr->param] = to_f16(args[arr->param], ap_tensor_numel(&m->g->tensors[arr->tensor]));
+			args[arr->param] = halves[arr->param];
+		}
 	}
 	f(args, 0, blocks / 2);
 	f(args, blocks / 2, blocks);
+	for (int a = 0; a < k->n_arrays; a++) {
+		const ap_kir_array *arr = k->arrays[a];
+
+		if (arr->space != AP_KIR_GLOBAL || !arr->written || !halves[arr->param])
+			continue;
+		for (int i = 0; i < m->g->n_outputs; i++)
+			if (m->g->outputs[i] == arr->tensor)
+				for (int64_t j = 0; j < ap_tensor_numel(&m->g->tensors[arr->tensor]); j++)
+					outs[i][j] = ap_kir_f16_to_f32(halves[arr->param][j]);
+	}
+	for (int i = 0; i < k->n_params; i++)
+		free(halves[i]);
+	free(halves);
 	free(args);
 	return outs;
 }
@@ -1073,11 +1110,260 @@ START_TEST(attention_online_softmax)
 }
 END_TEST
 
+/* ---- depthwise and grouped convolutions -------------------------------------------------- */
+
+/* One convolution case: y = Conv(x or relu(x), w, b) with an epilogue
+ * (act 0: none, 1: HardSwish, 2: y * HardSigmoid(y), 3: Relu), plus a
+ * residual r of the output's shape when `residual`.  ns 1 is NCW (H = 1,
+ * KH = 1, pads[0] = pads[2] = 0). */
+typedef struct conv_case {
+	const char *name;
+	int ns;
+	int64_t N, C, H, W, M, G, KH, KW, sh, sw, dh, dw;
+	int64_t pads[4];                 /* begin h, begin w, end h, end w */
+	bool bias, prologue, residual;
+	int act;
+	ap_dtype dt;
+} conv_case;
+
+static const conv_case *g_cc;      /* the case ref_conv computes */
+
+static int64_t conv_oh(const conv_case *c)
+{
+	return (c->H + c->pads[0] + c->pads[2] - c->dh * (c->KH - 1) - 1) / c->sh + 1;
+}
+
+static int64_t conv_ow(const conv_case *c)
+{
+	return (c->W + c->pads[1] + c->pads[3] - c->dw * (c->KW - 1) - 1) / c->sw + 1;
+}
+
+/* The convolution from its definition (ONNX Conv), in double. */
+static void ref_conv(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const conv_case *c = g_cc;
+	const float *x = in->data[m->g->inputs[0]], *w = in->data[m->g->inputs[1]];
+	const float *b = c->bias ? in->data[m->g->inputs[2]] : NULL;
+	const float *r = c->residual ? in->data[m->g->inputs[c->bias ? 3 : 2]] : NULL;
+	int64_t OH = conv_oh(c), OW = conv_ow(c), Cg = c->C / c->G, Mg = c->M / c->G;
+
+	for (int64_t n = 0; n < c->N; n++)
+		for (int64_t mo = 0; mo < c->M; mo++)
+			for (int64_t oh = 0; oh < OH; oh++)
+				for (int64_t ow = 0; ow < OW; ow++) {
+					int64_t o = ((n * c->M + mo) * OH + oh) * OW + ow;
+					double s = b ? b[mo] : 0, y;
+
+					for (int64_t ci = 0; ci < Cg; ci++)
+						for (int64_t kh = 0; kh < c->KH; kh++)
+							for (int64_t kw = 0; kw < c->KW; kw++) {
+								int64_t ih = oh * c->sh - c->pads[0] + kh * c->dh;
+								int64_t iw = ow * c->sw - c->pads[1] + kw * c->dw;
+								double xv;
+
+								if (ih < 0 || ih >= c->H || iw < 0 || iw >= c->W)
+									continue;
+								xv = x[((n * c->C + mo / Mg * Cg + ci) * c->H + ih) * c->W + iw];
+								if (c->prologue)
+									xv = fmax(xv, 0.0);
+								s += xv * w[((mo * Cg + ci) * c->KH + kh) * c->KW + kw];
+							}
+					y = s;
+					if (c->act == 1)
+						y = s * fmin(fmax(s / 6 + 0.5, 0.0), 1.0);
+					else if (c->act == 2)
+						y = s * fmin(fmax(0.2 * s + 0.5, 0.0), 1.0);
+					else if (c->act == 3)
+						y = fmax(s, 0.0);
+					if (r)
+						y += r[o];
+					want[0][o] = y;
+				}
+}
+
+static ap_graph *conv_graph(const conv_case *c)
+{
+	ap_graph *g = ap_graph_new("dw");
+	int64_t OH = conv_oh(c), OW = conv_ow(c);
+	int64_t xd[4] = {c->N, c->C, c->H, c->W}, wd[4] = {c->M, c->C / c->G, c->KH, c->KW};
+	int64_t yd[4] = {c->N, c->M, OH, OW};
+	int rank = c->ns + 2, x, w, b = -1, r = -1, y, cur, n;
+	int in[3];
+
+	if (c->ns == 1) {
+		xd[2] = c->W;
+		wd[2] = c->KW;
+		yd[2] = OW;
+	}
+	g_dt = c->dt;
+	x = tensor(g, "x", xd, rank, AP_TENSOR_INPUT);
+	w = tensor(g, "w", wd, rank, AP_TENSOR_INPUT);
+	if (c->bias)
+		b = tensor(g, "b", DIMS(c->M), AP_TENSOR_INPUT);
+	if (c->residual)
+		r = tensor(g, "r", yd, rank, AP_TENSOR_INPUT);
+	cur = x;
+	if (c->prologue) {
+		int xr = tensor(g, "xr", xd, rank, AP_TENSOR_VALUE);
+
+		node(g, "relu_in", AP_OP_RELU, LIST(x), LIST(xr));
+		cur = xr;
+	}
+	y = tensor(g, "y", yd, rank, AP_TENSOR_VALUE);
+	in[0] = cur;
+	in[1] = w;
+	in[2] = b;
+	n = node(g, "conv", AP_OP_CONV, c->bias ? 3 : 2, in, LIST(y));
+	ap_node_set_int(g, n, "group", c->G);
+	if (c->ns == 2) {
+		ap_node_set_ints(g, n, "strides", (int64_t[]){c->sh, c->sw}, 2);
+		ap_node_set_ints(g, n, "dilations", (int64_t[]){c->dh, c->dw}, 2);
+		ap_node_set_ints(g, n, "pads", c->pads, 4);
+		ap_node_set_ints(g, n, "kernel_shape", (int64_t[]){c->KH, c->KW}, 2);
+	} else {
+		ap_node_set_ints(g, n, "strides", (int64_t[]){c->sw}, 1);
+		ap_node_set_ints(g, n, "dilations", (int64_t[]){c->dw}, 1);
+		ap_node_set_ints(g, n, "pads", (int64_t[]){c->pads[1], c->pads[3]}, 2);
+		ap_node_set_ints(g, n, "kernel_shape", (int64_t[]){c->KW}, 1);
+	}
+	cur = y;
+	if (c->act) {
+		int z = tensor(g, "z", yd, rank, AP_TENSOR_VALUE);
+
+		if (c->act == 1) {
+			node(g, "hswish", AP_OP_HARD_SWISH, LIST(y), LIST(z));
+		} else if (c->act == 3) {
+			node(g, "relu", AP_OP_RELU, LIST(y), LIST(z));
+		} else {
+			int hs = tensor(g, "hs", yd, rank, AP_TENSOR_VALUE);
+			int k = node(g, "hsig", AP_OP_HARD_SIGMOID, LIST(y), LIST(hs));
+
+			ap_node_set_float(g, k, "alpha", 0.2);
+			ap_node_set_float(g, k, "beta", 0.5);
+			node(g, "gate", AP_OP_MUL, LIST(y, hs), LIST(z));
+		}
+		cur = z;
+	}
+	if (c->residual) {
+		int o = tensor(g, "o", yd, rank, AP_TENSOR_VALUE);
+
+		node(g, "res", AP_OP_ADD, LIST(cur, r), LIST(o));
+		cur = o;
+	}
+	output(g, cur);
+	g_dt = AP_DT_F32;
+	return g;
+}
+
+/* ptxas's report of the default configuration for sm_80 and sm_90: no
+ * spill stores or loads (skipped without NVRTC). */
+static void expect_no_spills(const ap_mgraph *m, const char *name)
+{
+	static const char *const archs[] = {"sm_80", "sm_90"};
+	ap_error err;
+
+	if (nvrtc_state == 0)
+		nvrtc_state = ap_nvrtc_load(&err) == 0 ? 1 : -1;
+	for (int a = 0; a < 2 && nvrtc_state > 0; a++) {
+		ap_target_info ti;
+		ap_lower_options lo = {256, NULL, true};
+		ap_ptxas_stats st;
+		ap_kir_kernel *k;
+		char *cuda;
+
+		ck_assert_int_eq(ap_cost_target(archs[a], &ti), 0);
+		k = ap_lower(m, &ti, name, &lo, NULL, &err);
+		ck_assert_msg(k != NULL, "%s: %s", name, err.msg);
+		cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
+		ck_assert_ptr_nonnull(cuda);
+		ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, name, archs[a], &st, &err) == 0, "%s: %s", name, err.msg);
+		ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0,
+			      "%s (%s): spills %d / %d bytes, %d registers", name, archs[a], st.spill_store_bytes,
+			      st.spill_load_bytes, st.registers);
+		printf("check_lower: %s on %s: %d registers, no spills, %d bytes of shared memory\n", name,
+		       archs[a], st.registers, st.shared_bytes);
+		free(cuda);
+		ap_kir_kernel_free(k);
+	}
+}
+
+static void run_conv_case(const conv_case *c)
+{
+	ap_graph *g = conv_graph(c);
+	lcase lc = {c->name, "depthwise", {"__syncthreads", "__shared__"}, {"ld.shared", "bar.sync"}};
+	case_opts o = {NULL, false, c->dt == AP_DT_F16 ? 4e-3 : 1e-4};
+	ap_mgraph *m = whole(g, AP_GROUP_CONV);
+
+	g_cc = c;
+	g_opts = &o;
+	run_case(&lc, m, ref_conv);
+	g_opts = NULL;
+	expect_no_spills(m, c->name);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+
+/* Depthwise (Cg = 1, Mg = 1), stride 1, a 3x3 window, asymmetric pads,
+ * 13 x 19 input planes (no tile divides them), a ReLU prologue, bias,
+ * HardSwish and a residual add in the epilogue. */
+static const conv_case dw_s1 = {"depthwise_s1", 2, 2, 3, 13, 19, 3, 3, 3, 3, 1, 1, 1, 1, {1, 0, 2, 1},
+				true, true, true, 1, AP_DT_F32};
+/* Stride 2, dilation 2, 5x3 window, asymmetric pads, y * HardSigmoid(y). */
+static const conv_case dw_s2 = {"depthwise_s2_dilated", 2, 1, 4, 17, 23, 4, 4, 5, 3, 2, 2, 2, 2, {2, 1, 1, 2},
+				true, false, false, 2, AP_DT_F32};
+/* Grouped: 3 groups of 2 input and 4 output channels, a 3x2 window,
+ * strides (1, 2), no bias, ReLU. */
+static const conv_case grouped = {"grouped_cg2_mg4", 2, 2, 6, 11, 15, 12, 3, 3, 2, 1, 2, 1, 1, {1, 0, 1, 1},
+				  false, false, false, 3, AP_DT_F32};
+/* 1-D (NCW), window 5, stride 1, pads 2 / 1. */
+static const conv_case dw_1d = {"depthwise_1d", 1, 2, 4, 1, 29, 4, 4, 1, 5, 1, 1, 1, 1, {0, 2, 0, 1},
+				true, false, false, 1, AP_DT_F32};
+
+START_TEST(depthwise_stride1)
+{
+	run_conv_case(&dw_s1);
+}
+END_TEST
+
+START_TEST(depthwise_stride2_dilated)
+{
+	run_conv_case(&dw_s2);
+}
+END_TEST
+
+START_TEST(depthwise_grouped)
+{
+	run_conv_case(&grouped);
+}
+END_TEST
+
+START_TEST(depthwise_1d)
+{
+	run_conv_case(&dw_1d);
+}
+END_TEST
+
+/* The same three 2-D cases in float16 (accumulated in float32, the
+ * epilogue rounded to float16 at every op: relative tolerance 4e-3). */
+START_TEST(depthwise_f16)
+{
+	conv_case c[3] = {dw_s1, dw_s2, grouped};
+
+	c[0].name = "depthwise_s1_f16";
+	c[1].name = "depthwise_s2_dilated_f16";
+	c[2].name = "grouped_cg2_mg4_f16";
+	for (int i = 0; i < 3; i++) {
+		c[i].dt = AP_DT_F16;
+		run_conv_case(&c[i]);
+	}
+}
+END_TEST
+
 /* Every emitter of the registry has a case above. *//* Every emitter of the registry has a case above. */
 START_TEST(registry_covered)
 {
 	static const char *const covered[] = {"stitched", "row_reduce", "column_reduce", "transpose",
-					      "movement", "attention", "gemm", "pointwise"};
+					      "movement", "attention", "gemm", "depthwise", "pointwise"};
 	int n;
 	const ap_emitter *const *r = ap_emitters(&n);
 
@@ -1106,6 +1392,11 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, gemm_tf32);
 	tcase_add_test(tc, gemm_batched);
 	tcase_add_test(tc, attention_online_softmax);
+	tcase_add_test(tc, depthwise_stride1);
+	tcase_add_test(tc, depthwise_stride2_dilated);
+	tcase_add_test(tc, depthwise_grouped);
+	tcase_add_test(tc, depthwise_1d);
+	tcase_add_test(tc, depthwise_f16);
 	suite_add_tcase(s, tc);
 	/* split-K on thread-block clusters (run alone: CK_RUN_CASE=splitk) */
 	tc = tcase_create("splitk");

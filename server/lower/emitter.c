@@ -17,6 +17,7 @@ static const ap_emitter *const registry[] = {
 	&ap_emitter_movement,
 	&ap_emitter_attention,
 	&ap_emitter_gemm,
+	&ap_emitter_depthwise,
 	&ap_emitter_pointwise,
 };
 

@@ -18,6 +18,7 @@ extern const ap_emitter ap_emitter_transpose;      /* transpose.c */
 extern const ap_emitter ap_emitter_movement;       /* movement.c */
 extern const ap_emitter ap_emitter_attention;      /* attention.c: QK^T, softmax, PV */
 extern const ap_emitter ap_emitter_gemm;           /* gemm.c: MatMul on tiles */
+extern const ap_emitter ap_emitter_depthwise;      /* depthwise.c: convolutions of < 8 channels per group */
 extern const ap_emitter ap_emitter_pointwise;      /* pointwise.c */
 
 /* Smallest power of two >= n within [lo, hi]. */
