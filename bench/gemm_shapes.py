@@ -90,6 +90,9 @@ SHAPES = [
     dict(name="convnet_dW", src="small_convnet_train convolution_backward__t4 (weight gradient)",
          op="Conv", ins=[("x", [8, 4, 16, 16], False), ("dy", [16, 4, 16, 16], False)],
          attrs=dict(pads=[1, 1, 1, 1])),
+    dict(name="proj_dW_8k", src="a 256-wide projection's weight gradient at 8192 tokens (A^T)",
+         op="Gemm", ins=[("a", [8192, 256], False), ("b", [8192, 256], False)],
+         attrs=dict(transA=1)),
     dict(name="square_4096", src="square MatMul 4096 x 4096 x 4096", op="MatMul",
          ins=[("a", [4096, 4096], False), ("b", [4096, 4096], False)]),
 ]

@@ -936,7 +936,7 @@ START_TEST(gemm_splitk)
 	{
 		ap_lower_options lo = {0, NULL, true};
 		ap_kir_kernel *k = ap_lower(m, &ti, "gemm_splitk_sm90", &lo, NULL, &err);
-		char *cuda;
+		char *cuda, *probe;
 		uint8_t *ptx = NULL;
 		size_t len = 0;
 		ap_ptxas_stats st;
@@ -946,7 +946,9 @@ START_TEST(gemm_splitk)
 		cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
 		ck_assert_ptr_nonnull(cuda);
 		ck_assert_ptr_nonnull(strstr(cuda, "__cluster_dims__"));
-		if (nvrtc_ptx("extern \"C\" __global__ void ap_probe() {}", "ap_probe") != NULL) {
+		probe = nvrtc_ptx("extern \"C\" __global__ void ap_probe() {}", "ap_probe");
+		if (probe) {   /* NVRTC is there */
+			free(probe);
 			ck_assert_msg(ap_nvrtc_compile(cuda, k->name, "compute_90", false, &ptx, &len, &err) == 0,
 				      "%s", err.msg);
 			ck_assert_ptr_nonnull(strstr((char *)ptx, "barrier.cluster.arrive"));
