@@ -100,7 +100,7 @@ typedef struct gemm_opnd {
 					   weight through transposes) is one element of `leaf`
 					   at `gv`, copied one by one (4- and 8-byte types; a
 					   16-bit element by the 4-byte pair around it:
-					   pair_staged) */
+					   copy_mode) */
 	sview gv;                       /* gather: the convolution input as a view of leaf */
 } gemm_opnd;
 
@@ -554,7 +554,7 @@ static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *
 	/* the rest: an operand that is a view of a buffer (X for the im2col
 	 * rows; X or W through the transposes of a weight gradient) is
 	 * gathered by cp.async one element a copy (16-bit types: the aligned
-	 * pair holding it, see pair_staged), the padding zero-filled by the
+	 * pair holding it, see copy_mode), the padding zero-filled by the
 	 * copy's source size */
 	for (int role = 0; role < 2; role++) {
 		gemm_opnd *op = role ? &p->b : &p->a;
@@ -783,33 +783,27 @@ static int copy_mode(const gemm_plan *p, int role, const gemm_cfg *c, const ap_t
 	return 1;
 }
 
-static bool pair_staged(const gemm_plan *p, int role, const gemm_cfg *c, const ap_target_info *t)
-{
-	bool pair;
-
-	copy_mode(p, role, c, t, &pair);
-	return pair;
-}
-
-/* Elements (pair-staged operands: bytes) of operand `role`'s shared
- * buffers: the tile's stages, and a pair-staged operand's pairs and
- * parity bytes. */
+/* Bytes of shared memory of configuration c on t: each operand's tile
+ * stages (a pair-staged operand: one tile, plus per stage its pairs and
+ * parity bytes), and split-K's partial accumulator tile. */
 static size_t smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t)
 {
-	bool ar, br;
+	bool ar, br, pa, pb;
 	size_t es = ap_dtype_size(p->in_t), pad = (size_t)pad_of(p->in_t), S = (size_t)c->stages;
 	size_t a, b;
 
 	tile_layouts(p, &ar, &br);
+	copy_mode(p, 0, c, t, &pa);
+	copy_mode(p, 1, c, t, &pb);
 	a = ar ? (size_t)c->bm * ((size_t)c->bk + pad) : (size_t)c->bk * ((size_t)c->bm + pad);
 	b = br ? (size_t)c->bn * ((size_t)c->bk + pad) : (size_t)c->bk * ((size_t)c->bn + pad);
-	a *= es * (pair_staged(p, 0, c, t) ? 1 : S);
-	b *= es * (pair_staged(p, 1, c, t) ? 1 : S);
+	a *= es * (pa ? 1 : S);
+	b *= es * (pb ? 1 : S);
 	/* pairs (2 elements) and parity bytes per tile element and stage,
 	 * each array 16-byte aligned */
-	if (pair_staged(p, 0, c, t))
+	if (pa)
 		a += 16 + S * (size_t)c->bm * (size_t)c->bk * (2 * es + 1) + 16;
-	if (pair_staged(p, 1, c, t))
+	if (pb)
 		b += 16 + S * (size_t)c->bn * (size_t)c->bk * (2 * es + 1) + 16;
 	/* split-K: every block's partial accumulator tile, for the cluster */
 	if (c->splitk > 1)
@@ -1025,7 +1019,7 @@ typedef struct gctx {
 	unsigned nt;
 	bool a_rowk, b_rowk;            /* shared tiles with K contiguous */
 	bool a_async, b_async;          /* loaded by cp.async */
-	bool a_pair, b_pair;            /* pair-staged (pair_staged): a single tile stage,
+	bool a_pair, b_pair;            /* pair-staged (copy_mode): a single tile stage,
 					   filled from pa / pb by extract_pairs */
 	ap_kir_array *pa, *pb;          /* pair-staged: per stage, two elements a tile element */
 	ap_kir_array *qa, *qb;          /* pair-staged: per stage, the element's place in its pair */
