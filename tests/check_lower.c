@@ -121,6 +121,22 @@ static ap_mgraph *whole(ap_graph *g, ap_group_kind kind)
 
 /* ---- running kernels on the host ------------------------------------------------------ */
 
+static bool is_half(ap_dtype t)
+{
+	return t == AP_DT_F16 || t == AP_DT_BF16;
+}
+
+/* x rounded to the 16-bit type t (round to nearest even, as the kernels'
+ * conversions); x itself for other types. */
+static double half_round(ap_dtype t, double x)
+{
+	if (t == AP_DT_F16)
+		return ap_kir_f16_to_f32(ap_kir_f32_to_f16((float)x));
+	if (t == AP_DT_BF16)
+		return ap_kir_bf16_to_f32(ap_kir_f32_to_bf16((float)x));
+	return x;
+}
+
 typedef struct buffers {
 	int n;
 	float **data;                    /* per tensor of m->g (NULL when not a buffer) */
@@ -137,10 +153,10 @@ static void buffers_init(buffers *b, const ap_mgraph *m)
 		b->data[t] = malloc((size_t)(n ? n : 1) * sizeof(float));
 		for (int64_t j = 0; j < n; j++)
 			b->data[t][j] = frand(-2, 2);
-		/* float16 inputs: values the type holds, so the reference sees
+		/* 16-bit inputs: values the type holds, so the reference sees
 		 * what the kernel reads */
-		for (int64_t j = 0; m->g->tensors[t].dtype == AP_DT_F16 && j < n; j++)
-			b->data[t][j] = ap_kir_f16_to_f32(ap_kir_f32_to_f16(b->data[t][j]));
+		for (int64_t j = 0; is_half(m->g->tensors[t].dtype) && j < n; j++)
+			b->data[t][j] = (float)half_round(m->g->tensors[t].dtype, b->data[t][j]);
 	}
 }
 
@@ -154,13 +170,13 @@ static void buffers_free(buffers *b)
 	free(b->data);
 }
 
-/* A float16 copy of n floats (malloc'd). */
-static uint16_t *to_f16(const float *x, int64_t n)
+/* A float16 or bfloat16 copy of n floats (malloc'd). */
+static uint16_t *to_half(ap_dtype t, const float *x, int64_t n)
 {
 	uint16_t *h = malloc((size_t)(n ? n : 1) * sizeof(uint16_t));
 
 	for (int64_t i = 0; i < n; i++)
-		h[i] = ap_kir_f32_to_f16(x[i]);
+		h[i] = t == AP_DT_BF16 ? ap_kir_f32_to_bf16(x[i]) : ap_kir_f32_to_f16(x[i]);
 	return h;
 }
 
@@ -194,8 +210,9 @@ static float **run(host_fn f, const ap_kir_kernel *k, const ap_mgraph *m, const 
 			args[arr->param] = in->data[arr->tensor];
 		}
 		ck_assert_ptr_nonnull(args[arr->param]);
-		if (m->g->tensors[arr->tensor].dtype == AP_DT_F16) {
-			halves[arr->param] = to_f16(args[arr->param], ap_tensor_numel(&m->g->tensors[arr->tensor]));
+		if (is_half(m->g->tensors[arr->tensor].dtype)) {
+			halves[arr->param] = to_half(m->g->tensors[arr->tensor].dtype, args[arr->param],
+						     ap_tensor_numel(&m->g->tensors[arr->tensor]));
 			args[arr->param] = halves[arr->param];
 		}
 	}
@@ -209,7 +226,9 @@ static float **run(host_fn f, const ap_kir_kernel *k, const ap_mgraph *m, const 
 		for (int i = 0; i < m->g->n_outputs; i++)
 			if (m->g->outputs[i] == arr->tensor)
 				for (int64_t j = 0; j < ap_tensor_numel(&m->g->tensors[arr->tensor]); j++)
-					outs[i][j] = ap_kir_f16_to_f32(halves[arr->param][j]);
+					outs[i][j] = m->g->tensors[arr->tensor].dtype == AP_DT_BF16
+						     ? ap_kir_bf16_to_f32(halves[arr->param][j])
+						     : ap_kir_f16_to_f32(halves[arr->param][j]);
 	}
 	for (int i = 0; i < k->n_params; i++)
 		free(halves[i]);
@@ -224,7 +243,7 @@ static void expect_close_tol(const char *what, const float *got, const double *w
 	for (int64_t i = 0; i < n; i++) {
 		double err = fabs(got[i] - want[i]);
 
-		ck_assert_msg(err <= tol + tol * fabs(want[i]) || (isnan(got[i]) && isnan(want[i])),
+		ck_assert_msg(err <= tol + tol * fabs(want[i]) || (double)got[i] == want[i] || (isnan(got[i]) && isnan(want[i])),
 			      "%s: element %lld: got %.9g, want %.9g", what, (long long)i, got[i], want[i]);
 	}
 }
@@ -1030,39 +1049,71 @@ END_TEST
  * broadcast over batches and heads; 45 keys (a partial second tile), the
  * mask taking every key of the first tile of row 0 away (-inf) so that the
  * online softmax starts from nothing there. */
+/* An attention case: O = softmax(Q K^T / 4 + mask) V over B x H heads,
+ * written as O^T [B, Nq, H, Dv] (an epilogue transpose); with `stats`
+ * the scores S, the row maxima and sums are outputs too (a training
+ * step's backward reads them). */
+typedef struct att_case {
+	const char *name;
+	ap_dtype dt;
+	int64_t B, H, Nq, Nk, D, Dv;
+	bool stats;
+	const char *target;              /* configurations run for it (host-emulated) */
+	double rtol;
+} att_case;
+
+static const att_case *g_ac;
+
+static void expect_no_spills(const ap_mgraph *m, const char *name);
+
+/* The unfused graph's numbers: Y1, the scale and the mask each rounded to
+ * the operand type (the kernel rounds there too), the softmax and PV
+ * exact. */
 static void ref_attention(const ap_mgraph *m, const buffers *in, double **want)
 {
+	const att_case *c = g_ac;
 	const float *q = in->data[m->g->inputs[0]], *kk = in->data[m->g->inputs[1]];
 	const float *v = in->data[m->g->inputs[2]], *mask = in->data[m->g->inputs[3]];
+	double *sc = malloc((size_t)c->Nk * sizeof(double));
 
-	for (int b = 0; b < 2; b++)
-		for (int h = 0; h < 3; h++)
-			for (int i = 0; i < 37; i++) {
-				double sc[45], mx = -INFINITY, sum = 0;
+	for (int64_t b = 0; b < c->B; b++)
+		for (int64_t h = 0; h < c->H; h++)
+			for (int64_t i = 0; i < c->Nq; i++) {
+				int64_t bh = b * c->H + h, srow = (bh * c->Nq + i) * c->Nk;
+				double mx = -INFINITY, sum = 0;
 
-				for (int j = 0; j < 45; j++) {
+				for (int64_t j = 0; j < c->Nk; j++) {
 					double d = 0;
 
-					for (int e = 0; e < 16; e++)
-						d += (double)q[((b * 3 + h) * 37 + i) * 16 + e] *
-						     kk[((b * 3 + h) * 45 + j) * 16 + e];
-					sc[j] = (float)((float)d / 4.0f) + mask[i * 45 + j];
+					for (int64_t e = 0; e < c->D; e++)
+						d += (double)q[(bh * c->Nq + i) * c->D + e] * kk[(bh * c->Nk + j) * c->D + e];
+					d = half_round(c->dt, (float)d);
+					d = half_round(c->dt, (float)d / 4.0f);
+					sc[j] = half_round(c->dt, (float)d + mask[i * c->Nk + j]);
 					if (sc[j] > mx)
 						mx = sc[j];
 				}
-				for (int j = 0; j < 45; j++)
+				for (int64_t j = 0; j < c->Nk; j++)
 					sum += exp(sc[j] - mx);
-				for (int c = 0; c < 12; c++) {
+				for (int64_t dv = 0; dv < c->Dv; dv++) {
 					double o = 0;
 
-					for (int j = 0; j < 45; j++)
-						o += exp(sc[j] - mx) / sum * v[((b * 3 + h) * 45 + j) * 12 + c];
-					want[0][((b * 37 + i) * 3 + h) * 12 + c] = o;
+					for (int64_t j = 0; j < c->Nk; j++)
+						o += exp(sc[j] - mx) / sum * v[(bh * c->Nk + j) * c->Dv + dv];
+					want[0][((b * c->Nq + i) * c->H + h) * c->Dv + dv] = o;
+				}
+				if (c->stats) {
+					for (int64_t j = 0; j < c->Nk; j++)
+						want[1][srow + j] = sc[j];
+					want[2][bh * c->Nq + i] = mx;
+					want[3][bh * c->Nq + i] = sum;
 				}
 			}
+	free(sc);
 }
 
-/* Row 0 of the mask takes the first 32 keys away. */
+/* Row 0 of the mask takes the first 32 keys away (whole key tiles of 16
+ * and 32: the online softmax starts from rows of -inf). */
 static void mask_first_tile(const ap_mgraph *m, buffers *b)
 {
 	float *mask = b->data[m->g->inputs[3]];
@@ -1071,22 +1122,42 @@ static void mask_first_tile(const ap_mgraph *m, buffers *b)
 		mask[j] = -INFINITY;
 }
 
-START_TEST(attention_online_softmax)
+static int scalar_dt(ap_graph *g, const char *name, float v)
+{
+	uint16_t h = g_dt == AP_DT_BF16 ? ap_kir_f32_to_bf16(v) : ap_kir_f32_to_f16(v);
+	int t = is_half(g_dt) ? ap_graph_add_tensor(g, name, g_dt, 0, NULL, AP_TENSOR_CONST, &h, sizeof(h))
+		: scalar(g, name, v);
+
+	ck_assert_int_ge(t, 0);
+	return t;
+}
+
+static void run_attention_case(const att_case *c, const lcase *lc)
 {
 	ap_graph *g = ap_graph_new("att");
-	int q = tensor(g, "q", DIMS(2, 3, 37, 16), AP_TENSOR_INPUT), kk = tensor(g, "k", DIMS(2, 3, 45, 16), AP_TENSOR_INPUT);
-	int v = tensor(g, "v", DIMS(2, 3, 45, 12), AP_TENSOR_INPUT), mask = tensor(g, "mask", DIMS(37, 45), AP_TENSOR_INPUT);
-	int four = scalar(g, "four", 4.0f);
-	int kt = tensor(g, "kt", DIMS(2, 3, 16, 45), AP_TENSOR_VALUE), y1 = tensor(g, "y1", DIMS(2, 3, 37, 45), AP_TENSOR_VALUE);
-	int sc = tensor(g, "sc", DIMS(2, 3, 37, 45), AP_TENSOR_VALUE), s2 = tensor(g, "s2", DIMS(2, 3, 37, 45), AP_TENSOR_VALUE);
-	int mx = tensor(g, "mx", DIMS(2, 3, 37, 1), AP_TENSOR_VALUE), d = tensor(g, "d", DIMS(2, 3, 37, 45), AP_TENSOR_VALUE);
-	int e = tensor(g, "e", DIMS(2, 3, 37, 45), AP_TENSOR_VALUE), l = tensor(g, "l", DIMS(2, 3, 37, 1), AP_TENSOR_VALUE);
-	int pr = tensor(g, "p", DIMS(2, 3, 37, 45), AP_TENSOR_VALUE), o = tensor(g, "o", DIMS(2, 3, 37, 12), AP_TENSOR_VALUE);
-	int ot = tensor(g, "ot", DIMS(2, 37, 3, 12), AP_TENSOR_VALUE);
-	lcase lc = {"attention_online_softmax", "attention", {"__shfl_xor_sync", "__syncthreads"}, {"shfl.sync.bfly"}};
+	int64_t B = c->B, H = c->H, Nq = c->Nq, Nk = c->Nk, D = c->D, Dv = c->Dv;
+	int q, kk, v, mask, four, kt, y1, sc, s2, mx, d, e, l, pr, o, ot, n;
+	case_opts opts = {c->target, false, c->rtol};
 	ap_mgraph *m;
-	int n;
 
+	g_dt = c->dt;
+	q = tensor(g, "q", DIMS(B, H, Nq, D), AP_TENSOR_INPUT);
+	kk = tensor(g, "k", DIMS(B, H, Nk, D), AP_TENSOR_INPUT);
+	v = tensor(g, "v", DIMS(B, H, Nk, Dv), AP_TENSOR_INPUT);
+	mask = tensor(g, "mask", DIMS(Nq, Nk), AP_TENSOR_INPUT);
+	four = scalar_dt(g, "four", 4.0f);
+	kt = tensor(g, "kt", DIMS(B, H, D, Nk), AP_TENSOR_VALUE);
+	y1 = tensor(g, "y1", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
+	sc = tensor(g, "sc", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
+	s2 = tensor(g, "s2", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
+	mx = tensor(g, "mx", DIMS(B, H, Nq, 1), AP_TENSOR_VALUE);
+	d = tensor(g, "d", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
+	e = tensor(g, "e", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
+	l = tensor(g, "l", DIMS(B, H, Nq, 1), AP_TENSOR_VALUE);
+	pr = tensor(g, "p", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
+	o = tensor(g, "o", DIMS(B, H, Nq, Dv), AP_TENSOR_VALUE);
+	ot = tensor(g, "ot", DIMS(B, Nq, H, Dv), AP_TENSOR_VALUE);
+	g_dt = AP_DT_F32;
 	n = node(g, "kt", AP_OP_TRANSPOSE, LIST(kk), LIST(kt));
 	ap_node_set_ints(g, n, "perm", (const int64_t[]){0, 1, 3, 2}, 4);
 	node(g, "qk", AP_OP_MATMUL, LIST(q, kt), LIST(y1));
@@ -1103,12 +1174,51 @@ START_TEST(attention_online_softmax)
 	n = node(g, "tr", AP_OP_TRANSPOSE, LIST(o), LIST(ot));
 	ap_node_set_ints(g, n, "perm", (const int64_t[]){0, 2, 1, 3}, 4);
 	output(g, ot);
+	if (c->stats) {
+		output(g, s2);
+		output(g, mx);
+		output(g, l);
+	}
 	m = whole(g, AP_GROUP_ATTENTION);
+	g_ac = c;
 	g_fill = mask_first_tile;
-	run_case(&lc, m, ref_attention);
+	g_opts = &opts;
+	run_case(lc, m, ref_attention);
+	g_opts = NULL;
 	g_fill = NULL;
+	if (c->target)
+		expect_no_spills(m, c->name);
 	ap_mgraph_free(m);
 	ap_graph_free(g);
+}
+
+/* float32 on the host: the SIMT form (a query row a warp). */
+START_TEST(attention_online_softmax)
+{
+	static const att_case c = {"attention_online_softmax", AP_DT_F32, 2, 3, 37, 45, 16, 12, false, NULL, 0};
+	lcase lc = {c.name, "attention", {"__shfl_xor_sync", "__syncthreads"}, {"shfl.sync.bfly"}};
+
+	run_attention_case(&c, &lc);
+}
+END_TEST
+
+/* float16 and bfloat16 on sm_90: the tensor-core form, every
+ * configuration run on the host through the emulated ldmatrix and
+ * mma.sync.  Head dims that are not multiples of the mma shapes (12, 24,
+ * 20: padded with zeros), query and key counts that no tile divides, a
+ * row whose first 32 keys are masked out; the bfloat16 case also writes
+ * the scores and the row statistics.  Tolerances: half the operand
+ * type's epsilon for float16 (4e-3), bfloat16's 2e-2 (P is rounded to
+ * the operand type before PV, unnormalised). */
+START_TEST(attention_tensor_cores)
+{
+	static const att_case f16 = {"attention_tc_f16", AP_DT_F16, 2, 3, 37, 45, 16, 12, false, "sm_90", 4e-3};
+	static const att_case bf16 = {"attention_tc_bf16_stats", AP_DT_BF16, 2, 3, 37, 45, 24, 20, true, "sm_90", 2e-2};
+	lcase l1 = {f16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned.m8n8.x2.trans"}};
+	lcase l2 = {bf16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16.row.col.f32.bf16"}};
+
+	run_attention_case(&f16, &l1);
+	run_attention_case(&bf16, &l2);
 }
 END_TEST
 
@@ -1393,12 +1503,17 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, gemm_simt);
 	tcase_add_test(tc, gemm_tf32);
 	tcase_add_test(tc, gemm_batched);
-	tcase_add_test(tc, attention_online_softmax);
 	tcase_add_test(tc, depthwise_stride1);
 	tcase_add_test(tc, depthwise_stride2_dilated);
 	tcase_add_test(tc, depthwise_grouped);
 	tcase_add_test(tc, depthwise_1d);
 	tcase_add_test(tc, depthwise_f16);
+	suite_add_tcase(s, tc);
+	/* fused attention (run alone: CK_RUN_CASE=attention) */
+	tc = tcase_create("attention");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, attention_online_softmax);
+	tcase_add_test(tc, attention_tensor_cores);
 	suite_add_tcase(s, tc);
 	/* split-K on thread-block clusters (run alone: CK_RUN_CASE=splitk) */
 	tc = tcase_create("splitk");

@@ -37,7 +37,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KEYS 32                     /* keys per tile: one per lane */
+#define KEYS 32                     /* SIMT: keys per tile, one per lane */
+#define TC_HEAD_MAX 128             /* tensor cores: the largest head dim (registers) */
+#define TC_PAD 8                    /* tensor cores: elements padding a shared row (16 bytes:
+				       ldmatrix's eight rows fall in distinct banks) */
 
 typedef struct att_plan {
 	int mm1, mm2;                   /* the two products */
@@ -49,6 +52,8 @@ typedef struct att_plan {
 	ap_emap *maps;                  /* from O: its epilogue */
 	bool *dep;                      /* per tensor: computed from Y1 */
 	bool s_out, m_out, l_out;       /* written for other kernels */
+	bool tc;                        /* the tensor-core form (16-bit operands, sm_80 and later) */
+	ap_kir_mma_kind mma;            /* its mma.sync shape and types */
 } att_plan;
 
 static void plan_clear(att_plan *p)
@@ -155,11 +160,12 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, cha
 		return 0;
 	}
 	p->acc = ap_acc_type(p->t);
-	if (t->gpu && t->arch >= 80 &&
-	    (p->t == AP_DT_F16 || p->t == AP_DT_BF16 || (p->t == AP_DT_F32 && t->allow_tf32))) {
-		/* tensor-core products stay the GEMM emitter's (mma.sync), until
-		 * this emitter has a tensor-core form */
-		snprintf(why, cap, "%s products on sm_%d go to tensor cores", ap_dtype_name(p->t), t->arch);
+	p->tc = t->gpu && t->arch >= 80 && (p->t == AP_DT_F16 || p->t == AP_DT_BF16);
+	p->mma = p->t == AP_DT_BF16 ? AP_KIR_MMA_BF16_16816 : AP_KIR_MMA_F16_16816;
+	if (t->gpu && t->arch >= 80 && p->t == AP_DT_F32 && t->allow_tf32) {
+		/* TF32 products stay the GEMM emitter's (mma.sync m16n8k8): the
+		 * tensor-core form below is for 16-bit operands */
+		snprintf(why, cap, "float32 products on sm_%d go to TF32 tensor cores", t->arch);
 		return 0;
 	}
 	p->nb = st->rank - 2;
@@ -181,8 +187,14 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, cha
 		snprintf(why, cap, "shapes that do not chain");
 		return 0;
 	}
-	/* shared memory: the K and V tiles, the rows' queries and probabilities */
-	if ((size_t)(KEYS * (p->D + 1 + p->Dv) + 8 * (p->D + KEYS)) * ap_dtype_size(p->acc) >
+	if (p->tc && (p->D > TC_HEAD_MAX || p->Dv > TC_HEAD_MAX)) {
+		snprintf(why, cap, "head dims %lld and %lld: the tensor-core form holds at most %d in registers",
+			 (long long)p->D, (long long)p->Dv, TC_HEAD_MAX);
+		return 0;
+	}
+	/* shared memory: the K and V tiles, the rows' queries and probabilities
+	 * (SIMT, 8 rows); the tensor-core form's smallest tiles are smaller */
+	if (!p->tc && (size_t)(KEYS * (p->D + 1 + p->Dv) + 8 * (p->D + KEYS)) * ap_dtype_size(p->acc) >
 	    t->shared_per_block) {
 		snprintf(why, cap, "head dims %lld and %lld do not fit in shared memory", (long long)p->D,
 			 (long long)p->Dv);
@@ -272,19 +284,98 @@ static int at_match(const ap_mgraph *m, const ap_target_info *t)
 	return m->kind == AP_GROUP_ATTENTION ? ap_lower_attention_ok(m, t, why, sizeof(why)) : 0;
 }
 
+/* Tensor-core tiles: head dims padded to the mma shapes (k16 for QK^T,
+ * n8 for PV) and the shared bytes of W warps (16 query rows each) and BK
+ * keys a tile: Q, K and V tiles with TC_PAD elements of padding a row. */
+static int64_t tc_dpad(const att_plan *p)
+{
+	return (p->D + 15) / 16 * 16;
+}
+
+static int64_t tc_dvpad(const att_plan *p)
+{
+	return (p->Dv + 7) / 8 * 8;
+}
+
+static size_t tc_smem(const att_plan *p, int W, int BK)
+{
+	return (size_t)((16 * W + BK) * (tc_dpad(p) + TC_PAD) + BK * (tc_dvpad(p) + TC_PAD)) *
+	       ap_dtype_size(p->t);
+}
+
+static bool tc_fits(const att_plan *p, const ap_target_info *t, int W, int BK)
+{
+	return W >= 1 && (unsigned)W * 32u <= ap_block_cap(t) && BK % 16 == 0 && BK >= 16 &&
+	       tc_smem(p, W, BK) <= t->shared_per_block;
+}
+
+/* SIMT: "rows" (query rows a block, a warp each).  Tensor cores: "warps"
+ * (16 query rows each) and "keys" (a tile of K and V). */
 static int at_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 {
+	att_plan p;
+	char why[200];
+	int rc = analyze(m, t, &p, why, sizeof(why));
+
+	if (rc < 0)
+		return rc;
 	sp->n = 1;
-	ap_knob_pow2(&sp->knobs[0], "rows", 1, 8);
+	ap_knob_pow2(&sp->knobs[0], p.tc ? "warps" : "rows", 1, 8);
 	while (sp->knobs[0].n > 1 && (unsigned)sp->knobs[0].values[sp->knobs[0].n - 1] * 32u > ap_block_cap(t))
 		sp->knobs[0].n--;
+	if (rc > 0 && p.tc) {
+		sp->n = 2;
+		ap_knob_pow2(&sp->knobs[1], "keys", 16, 64);
+	}
+	plan_clear(&p);
 	return 0;
 }
 
+/* SIMT: 4 rows a block.  Tensor cores: 4 warps (64 query rows), fewer
+ * while the blocks leave SMs idle; 64 keys a tile (fewer for short
+ * sequences, 32 past head dim 64: the score and output fragments share
+ * the registers), and fewer warps while the tiles do not fit in shared
+ * memory. */
 static int at_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
 {
-	s->v[0] = sp->knobs[0].values[sp->knobs[0].n > 2 ? 2 : sp->knobs[0].n - 1];   /* 4 rows */
+	att_plan p;
+	char why[200];
+	int rc = analyze(m, t, &p, why, sizeof(why)), W, BK;
+
+	if (rc < 0)
+		return rc;
+	if (rc == 0 || !p.tc) {
+		s->v[0] = sp->knobs[0].values[sp->knobs[0].n > 2 ? 2 : sp->knobs[0].n - 1];   /* 4 rows */
+		plan_clear(&p);
+		return 0;
+	}
+	W = sp->knobs[0].values[sp->knobs[0].n > 2 ? 2 : sp->knobs[0].n - 1];
+	while (W > 1 && p.batch * ((p.Nq + 16 * W - 1) / (16 * W)) < (int64_t)t->sm_count)
+		W /= 2;
+	BK = p.Nk > 32 ? 64 : p.Nk > 16 ? 32 : 16;
+	if ((tc_dpad(&p) > 64 || tc_dvpad(&p) > 64) && BK > 32)
+		BK = 32;
+	while (W > 1 && !tc_fits(&p, t, W, BK))
+		W /= 2;
+	while (BK > 16 && !tc_fits(&p, t, W, BK))
+		BK /= 2;
+	s->v[0] = W;
+	s->v[1] = BK;
+	plan_clear(&p);
 	return 0;
+}
+
+static int at_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+{
+	att_plan p;
+	char why[200];
+	int rc = analyze(m, t, &p, why, sizeof(why));
+
+	if (rc <= 0)
+		return rc;
+	rc = !p.tc || tc_fits(&p, t, s->v[0], s->v[1]);
+	plan_clear(&p);
+	return rc;
 }
 
 /* ---- the kernel ---------------------------------------------------------------------- */
@@ -327,15 +418,16 @@ static ap_lidx idx2(actx *c, int x, ap_kir_expr *r, ap_kir_expr *col)
 	return ix;
 }
 
-/* Butterfly over the 32 lanes: every lane ends with the max (or sum) of v. */
-static ap_kir_expr *warp_reduce(actx *c, ap_kir_expr *v, bool max)
+/* Butterfly over groups of `lanes` consecutive lanes (a power of two):
+ * every lane ends with the max (or sum) of v over its group. */
+static ap_kir_expr *xor_reduce(actx *c, ap_kir_expr *v, bool max, int lanes)
 {
 	ap_kir_kernel *k = c->k;
 	ap_vctx *vc = c->v;
 	ap_kir_var *acc = ap_kir_var_new(k, v->type, max ? "wm" : "ws");
 
 	ap_kir_let(k, vc->cur, acc, v);
-	for (int off = 16; off >= 1; off /= 2) {
+	for (int off = lanes / 2; off >= 1; off /= 2) {
 		ap_kir_var *o = ap_kir_var_new(k, v->type, "sh");
 
 		ap_kir_let(k, vc->cur, o, NULL);
@@ -346,14 +438,96 @@ static ap_kir_expr *warp_reduce(actx *c, ap_kir_expr *v, bool max)
 	return ap_kir_ref(k, acc);
 }
 
-static int at_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
-		   ap_error *err)
+/* Stages rows [r0, r0 + n) of a tile into the shared array `arr` (row r
+ * at arr[r * ld], `cols` elements of arr's type), the block's threads
+ * striding over it: element (r, j) is x at (r0 + r, j) -- with `trans`,
+ * x at (j, r0 + r) -- read through the value builder (views and
+ * prologues in place) and zero past row `rows_ok` or column `cols_ok`. */
+static void stage_rows(actx *c, ap_kir_array *arr, int x, int64_t n, int64_t cols, int64_t ld,
+		       ap_kir_expr *r0, int64_t rows_ok, int64_t cols_ok, bool trans)
 {
-	att_plan p;
-	actx c;
-	ap_vctx v;
-	char why[200];
-	int rc, R = s->v[0], nc;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	unsigned nt = ap_kir_block_threads(k);
+	ap_kir_block *saved, *s2;
+	ap_kir_var *e = ap_v_loop(v, "e", ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, n * cols), nt, &saved);
+	ap_kir_expr *r = ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, e), ap_kir_idx(k, cols));
+	ap_kir_expr *j = ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, e), ap_kir_idx(k, cols));
+	ap_kir_expr *gr = ap_kir_bind(k, v->cur, k->index_type, "gr", ap_kir_add(k, r0, r));
+	ap_kir_var *val = ap_kir_var_new(k, arr->type, "x");
+	ap_kir_expr *ok = ap_kir_binary(k, AP_KIR_LT, gr, ap_kir_idx(k, rows_ok));
+	ap_lidx ix;
+
+	if (cols_ok < cols)
+		ok = ap_kir_binary(k, AP_KIR_LAND, ok, ap_kir_binary(k, AP_KIR_LT, j, ap_kir_idx(k, cols_ok)));
+	ap_kir_let(k, v->cur, val, ap_kir_float(k, arr->type, 0));
+	ap_v_if(v, ok, &s2, NULL);
+	ix = trans ? idx2(c, x, j, gr) : idx2(c, x, gr, j);
+	ap_kir_assign(k, v->cur, val, ap_kir_cast(k, arr->type, ap_val(v, x, &ix)));
+	ap_v_close(v, s2);
+	ap_kir_store(k, v->cur, arr, ap_kir_add(k, ap_kir_muli(k, r, ld), j), ap_kir_ref(k, val));
+	ap_v_close(v, saved);
+}
+
+/* sv = S at (row, key) (float32 or float64): the first product's
+ * epilogue on `dot`, Y1's value there; S is also stored when another
+ * kernel reads it and row < Nq (rows past it are read at the last row,
+ * never stored). */
+static void score(actx *c, ap_kir_var *sv, ap_kir_expr *dot, ap_kir_expr *row, ap_kir_expr *key)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	const att_plan *p = c->p;
+	ap_kir_expr *rowc = ap_kir_binary(k, AP_KIR_MIN, row, ap_kir_idx(k, p->Nq - 1));
+	ap_lidx ix;
+
+	c->dot = ap_kir_bind(k, v->cur, dot->type, "dot", dot);
+	ix = idx2(c, p->s, rowc, key);
+	ap_kir_assign(k, v->cur, sv, ap_kir_cast(k, sv->type, ap_val(v, p->s, &ix)));
+	if (p->s_out) {
+		ap_kir_block *s3;
+		ap_lidx ox = idx2(c, p->s, row, key);
+
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, p->Nq)), &s3, NULL);
+		ap_kir_store(k, v->cur, ap_v_buffer(v, p->s), ap_lidx_linear(v, &ox),
+			     ap_kir_cast(k, p->t, ap_kir_ref(k, sv)));
+		ap_v_close(v, s3);
+	}
+	c->dot = NULL;
+}
+
+/* The row statistics other kernels read (the max m and the sum l of
+ * row), stored when row < Nq and `cond`. */
+static void store_stats(actx *c, ap_kir_expr *row, ap_kir_expr *cond, ap_kir_var *m, ap_kir_var *l)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	const att_plan *p = c->p;
+	ap_kir_block *s2;
+
+	if (!p->m_out && !p->l_out)
+		return;
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, p->Nq)), cond), &s2, NULL);
+	for (int w = 0; w < 2; w++) {
+		int x = w ? p->l : p->m;
+		ap_lidx ix;
+
+		if (!(w ? p->l_out : p->m_out))
+			continue;
+		ix = idx2(c, x, row, ap_kir_idx(k, 0));
+		ap_kir_store(k, v->cur, ap_v_buffer(v, x), ap_lidx_linear(v, &ix),
+			     ap_kir_cast(k, v->g->tensors[x].dtype, ap_kir_ref(k, w ? l : m)));
+	}
+	ap_v_close(v, s2);
+}
+
+/* The SIMT form (the file comment): R warps a block, a query row each. */
+static int emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err)
+{
+	const att_plan *p = c->p;
+	ap_vctx *v = c->v;
+	ap_kir_kernel *k = c->k;
+	int nc;
 	unsigned nt = 32u * (unsigned)R;
 	int64_t qblocks, tiles, ntiles;
 	unsigned grid;
@@ -363,14 +537,449 @@ static int at_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	ap_kir_var *tile, *mrun, *lrun, *kt;
 	ap_kir_block *tsaved, *ksaved, *saved;
 
+	if (R < 1 || nt > ap_block_cap(t))
+		return ap_error_set(err, AP_EUNSUPPORTED, c->v->g->nodes[c->v->m->root].name, NULL,
+				    "attention emitter: %d rows per block", R);
+	A = p->acc;
+	nc = (int)((p->Dv + 31) / 32);
+	ks = ap_kir_shared(k, "ks", A, KEYS * (p->D + 1));
+	vs = ap_kir_shared(k, "vs", A, KEYS * p->Dv);
+	qs = ap_kir_shared(k, "qs", A, (int64_t)R * p->D);
+	ps = ap_kir_shared(k, "ps", A, (int64_t)R * KEYS);
+	acc = ap_kir_local(k, "acc", A, nc);
+	if (ap_kir_failed(k))
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention");
+	qblocks = (p->Nq + R - 1) / R;
+	tiles = p->batch * qblocks;
+	ntiles = (p->Nk + KEYS - 1) / KEYS;
+	grid = ap_grid_for(tiles, 1);
+	k->grid[0] = grid;
+	k->block[0] = nt;
+	tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
+	warp = ap_kir_bind(k, v->cur, k->index_type, "w", ap_kir_binary(k, AP_KIR_SHR, tid, ap_kir_idx(k, 5)));
+	lane = ap_kir_bind(k, v->cur, k->index_type, "ln", ap_kir_binary(k, AP_KIR_AND, tid, ap_kir_idx(k, 31)));
+	ninf = ap_kir_float(k, A, -INFINITY);
+	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_idx(k, tiles), grid, &tsaved);
+	ap_kir_barrier(k, v->cur);
+	{
+		ap_kir_expr *bi = ap_kir_bind(k, v->cur, k->index_type, "bi",
+					      ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)));
+		int64_t stride = 1;
+
+		qrow0 = ap_kir_bind(k, v->cur, k->index_type, "q0",
+				    ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)), R));
+		for (int d = p->nb - 1; d >= 0; d--) {
+			c->bc[d] = p->bdims[d] == 1 ? ap_kir_idx(k, 0)
+				  : ap_kir_bind(k, v->cur, k->index_type, "b",
+						ap_kir_binary(k, AP_KIR_REM, ap_kir_binary(k, AP_KIR_DIV, bi, ap_kir_idx(k, stride)),
+							      ap_kir_idx(k, p->bdims[d])));
+			stride *= p->bdims[d];
+		}
+	}
+	/* this warp's row; past the last row, the last row again (never stored),
+	 * so that every warp takes part in the barriers and shuffles */
+	row = ap_kir_bind(k, v->cur, k->index_type, "row", ap_kir_add(k, qrow0, warp));
+	valid = ap_kir_bind(k, v->cur, AP_DT_BOOL, "ok", ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, p->Nq)));
+	rowc = ap_kir_bind(k, v->cur, k->index_type, "rc", ap_kir_binary(k, AP_KIR_MIN, row, ap_kir_idx(k, p->Nq - 1)));
+	/* the row's query into shared memory */
+	{
+		ap_kir_var *d = ap_v_loop(v, "d", lane, ap_kir_idx(k, p->D), 32, &saved);
+		ap_lidx ix = idx2(c, p->q, rowc, ap_kir_ref(k, d));
+
+		ap_kir_store(k, v->cur, qs, ap_kir_add(k, ap_kir_muli(k, warp, p->D), ap_kir_ref(k, d)),
+			     ap_kir_cast(k, A, ap_val(v, p->q, &ix)));
+		ap_v_close(v, saved);
+	}
+	mrun = ap_kir_var_new(k, A, "m");
+	lrun = ap_kir_var_new(k, A, "l");
+	ap_kir_let(k, v->cur, mrun, ninf);
+	ap_kir_let(k, v->cur, lrun, ap_kir_float(k, A, 0));
+	{
+		ap_kir_var *i = ap_kir_var_new(k, k->index_type, "z");
+		ap_kir_stmt *lz = ap_kir_for_unroll(k, v->cur, i, ap_kir_idx(k, 0), ap_kir_idx(k, nc), 1, -1);
+
+		if (lz)
+			ap_kir_store(k, &lz->body, acc, ap_kir_ref(k, i), ap_kir_float(k, A, 0));
+	}
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, ntiles), 1, &ksaved);
+	{
+		ap_kir_expr *key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), KEYS));
+		ap_kir_expr *key, *sval, *mt, *mnew, *alpha, *pv, *psum, *dead;
+		ap_kir_var *e, *dot;
+
+		ap_kir_barrier(k, v->cur);
+		/* the key tile of K (from K^T) and of V */
+		stage_rows(c, ks, p->kt, KEYS, p->D, p->D + 1, key0, p->Nk, p->D, true);
+		stage_rows(c, vs, p->v, KEYS, p->Dv, p->Dv, key0, p->Nk, p->Dv, false);
+		ap_kir_barrier(k, v->cur);
+		/* this lane's key: its score */
+		key = ap_kir_bind(k, v->cur, k->index_type, "key", ap_kir_add(k, key0, lane));
+		dot = ap_kir_var_new(k, A, "dot");
+		ap_kir_let(k, v->cur, dot, ap_kir_float(k, A, 0));
+		{
+			ap_kir_var *d = ap_v_loop(v, "d", ap_kir_idx(k, 0), ap_kir_idx(k, p->D), 1, &saved);
+
+			ap_kir_assign(k, v->cur, dot,
+				      ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, dot),
+						    ap_kir_binary(k, AP_KIR_MUL,
+								  ap_kir_load(k, qs, ap_kir_add(k, ap_kir_muli(k, warp, p->D), ap_kir_ref(k, d))),
+								  ap_kir_load(k, ks, ap_kir_add(k, ap_kir_muli(k, lane, p->D + 1), ap_kir_ref(k, d))))));
+			ap_v_close(v, saved);
+		}
+		{
+			/* S at (row, key): the first product's epilogue on the dot product */
+			ap_kir_var *sv = ap_kir_var_new(k, A, "s");
+			ap_kir_block *s2;
+
+			ap_kir_let(k, v->cur, sv, ninf);
+			ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, key, ap_kir_idx(k, p->Nk)), &s2, NULL);
+			score(c, sv, ap_kir_ref(k, dot), row, key);
+			ap_v_close(v, s2);
+			sval = ap_kir_ref(k, sv);
+		}
+		mt = xor_reduce(c, sval, true, 32);
+		mnew = ap_kir_bind(k, v->cur, A, "mn", ap_kir_binary(k, AP_KIR_MAX, ap_kir_ref(k, mrun), mt));
+		/* with every score so far -inf, nothing to rescale and nothing to add */
+		dead = ap_kir_bind(k, v->cur, AP_DT_BOOL, "dd", ap_kir_binary(k, AP_KIR_EQ, mnew, ninf));
+		alpha = ap_kir_bind(k, v->cur, A, "al",
+				    ap_kir_select(k, dead, ap_kir_float(k, A, 1),
+						  ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, mrun), mnew), NULL)));
+		pv = ap_kir_bind(k, v->cur, A, "p",
+				 ap_kir_select(k, dead, ap_kir_float(k, A, 0),
+					       ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, sval, mnew), NULL)));
+		psum = xor_reduce(c, pv, false, 32);
+		ap_kir_assign(k, v->cur, lrun, ap_kir_binary(k, AP_KIR_ADD, ap_kir_binary(k, AP_KIR_MUL, ap_kir_ref(k, lrun), alpha), psum));
+		ap_kir_assign(k, v->cur, mrun, mnew);
+		ap_kir_store(k, v->cur, ps, ap_kir_add(k, ap_kir_muli(k, warp, KEYS), lane), pv);
+		ap_kir_barrier(k, v->cur);
+		/* this lane's output columns lane, lane + 32, ... */
+		e = ap_kir_var_new(k, k->index_type, "i");
+		{
+			ap_kir_stmt *li = ap_kir_for_unroll(k, v->cur, e, ap_kir_idx(k, 0), ap_kir_idx(k, nc), 1, -1);
+			ap_kir_expr *col = ap_kir_add(k, lane, ap_kir_muli(k, ap_kir_ref(k, e), 32));
+			ap_kir_var *a2 = ap_kir_var_new(k, A, "a"), *j = ap_kir_var_new(k, k->index_type, "j");
+			ap_kir_stmt *lj, *guard;
+
+			if (li) {
+				ap_kir_let(k, &li->body, a2, ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, acc, ap_kir_ref(k, e)), alpha));
+				guard = ap_kir_if(k, &li->body, ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, p->Dv)));
+				lj = guard ? ap_kir_for(k, &guard->body, j, ap_kir_idx(k, 0), ap_kir_idx(k, KEYS), 1) : NULL;
+				if (lj)
+					ap_kir_assign(k, &lj->body, a2,
+						      ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, a2),
+								    ap_kir_binary(k, AP_KIR_MUL,
+										  ap_kir_load(k, ps, ap_kir_add(k, ap_kir_muli(k, warp, KEYS), ap_kir_ref(k, j))),
+										  ap_kir_load(k, vs, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), p->Dv), col)))));
+				ap_kir_store(k, &li->body, acc, ap_kir_ref(k, e), ap_kir_ref(k, a2));
+			}
+		}
+	}
+	ap_v_close(v, ksaved);
+	/* O = acc / l, its epilogue, and the statistics others read */
+	{
+		ap_kir_var *i = ap_v_loop(v, "i", ap_kir_idx(k, 0), ap_kir_idx(k, nc), 1, &saved);
+		ap_kir_expr *col = ap_kir_bind(k, v->cur, k->index_type, "col",
+					       ap_kir_add(k, lane, ap_kir_muli(k, ap_kir_ref(k, i), 32)));
+		ap_kir_block *s2;
+
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, valid, ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, p->Dv))), &s2, NULL);
+		c->out = ap_kir_bind(k, v->cur, A, "o", ap_kir_binary(k, AP_KIR_DIV, ap_kir_load(k, acc, ap_kir_ref(k, i)),
+								    ap_kir_ref(k, lrun)));
+		ap__epilogue_store(v, p->maps, idx2(c, p->o, rowc, col));
+		c->out = NULL;
+		ap_v_close(v, s2);
+		ap_v_close(v, saved);
+	}
+	store_stats(c, row, ap_kir_binary(k, AP_KIR_EQ, lane, ap_kir_idx(k, 0)), mrun, lrun);
+	ap_v_close(v, tsaved);
+	return 0;
+}
+
+/* ---- the tensor-core form ---------------------------------------------------------------
+ *
+ * FlashAttention-2's warp layout (Dao, "FlashAttention-2", 2023, section
+ * 3.3) on mma.sync m16n8k16: a block takes 16 * W query rows of one batch,
+ * 16 rows a warp, and walks the keys in tiles of BK.  Q's tile is staged
+ * in shared memory once and held as A fragments (ldmatrix .x4); each key
+ * tile of K and V is staged in shared memory (rows of TC_PAD extra
+ * elements; zero past the head dims and past the last key).  For a tile:
+ *   S = Q K^T      K's rows are B's columns: ldmatrix .x2, mma into BK / 8
+ *                  accumulator fragments (float32);
+ *   scores         the first product's epilogue on each element a lane
+ *                  holds (rows g and g + 8 of the warp's 16, g = lane / 4),
+ *                  -inf past the last key;
+ *   online softmax a row's maximum over the four lanes that hold it (two
+ *                  xor shuffles), exp(s - m') in float32, the lane's part
+ *                  of the row sum kept per lane (the four are summed at
+ *                  the end: the rescale factor is the same for all four);
+ *   O += P V       the score fragments of two n8 tiles are, element for
+ *                  element, the A fragment of one k16 step (the m16n8k16
+ *                  C and A layouts, kir.h), so P goes to 16-bit registers
+ *                  without shared memory; V's tile is B with its rows
+ *                  along k: ldmatrix .x2 .trans.
+ * At the end O = acc / l through O's epilogue; the statistics other
+ * kernels read as in the SIMT form.  P is rounded to the operand type
+ * before PV as the unfused graph rounds its probabilities, but before
+ * the division by the sum (as FlashAttention does). */
+static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *err)
+{
+	const att_plan *p = c->p;
+	ap_vctx *v = c->v;
+	ap_kir_kernel *k = c->k;
+	ap_dtype T = p->t, A = AP_DT_F32;
+	int64_t Dp = tc_dpad(p), Dvp = tc_dvpad(p), ldq = Dp + TC_PAD, ldv = Dvp + TC_PAD;
+	int BQ = 16 * W, NS = BK / 8, NO = (int)(Dvp / 8);
+	unsigned nt = 32u * (unsigned)W, grid;
+	int64_t qblocks, tiles, ntiles;
+	ap_kir_array *qs, *ks, *vs, *qf, *kf, *vf, *sacc, *pf, *oacc;
+	ap_kir_expr *tid, *warp, *lane, *g, *tq, *l8, *j2, *l16, *hi, *q0, *wrow, *ninf;
+	ap_kir_var *tile, *kt, *mrun[2], *lrun[2];
+	ap_kir_block *tsaved, *ksaved, *saved;
+
+	if (!tc_fits(p, t, W, BK))
+		return ap_error_set(err, AP_EUNSUPPORTED, v->g->nodes[v->m->root].name, NULL,
+				    "attention emitter: %d warps and %d keys a tile do not fit", W, BK);
+	qs = ap_kir_shared(k, "qs", T, BQ * ldq);
+	ks = ap_kir_shared(k, "ks", T, BK * ldq);
+	vs = ap_kir_shared(k, "vs", T, BK * ldv);
+	qf = ap_kir_local(k, "qf", T, Dp / 16 * 8);
+	kf = ap_kir_local(k, "kf", T, 4);
+	vf = ap_kir_local(k, "vf", T, 4);
+	sacc = ap_kir_local(k, "sf", A, NS * 4);
+	pf = ap_kir_local(k, "pf", T, NS * 4);
+	oacc = ap_kir_local(k, "of", A, NO * 4);
+	if (ap_kir_failed(k))
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention");
+	qblocks = (p->Nq + BQ - 1) / BQ;
+	tiles = p->batch * qblocks;
+	ntiles = (p->Nk + BK - 1) / BK;
+	grid = ap_grid_for(tiles, 1);
+	k->grid[0] = grid;
+	k->block[0] = nt;
+	tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
+	warp = ap_kir_bind(k, v->cur, k->index_type, "w", ap_kir_binary(k, AP_KIR_SHR, tid, ap_kir_idx(k, 5)));
+	lane = ap_kir_bind(k, v->cur, k->index_type, "ln", ap_kir_binary(k, AP_KIR_AND, tid, ap_kir_idx(k, 31)));
+	g = ap_kir_bind(k, v->cur, k->index_type, "g", ap_kir_binary(k, AP_KIR_SHR, lane, ap_kir_idx(k, 2)));
+	tq = ap_kir_bind(k, v->cur, k->index_type, "tq", ap_kir_binary(k, AP_KIR_AND, lane, ap_kir_idx(k, 3)));
+	l8 = ap_kir_binary(k, AP_KIR_AND, lane, ap_kir_idx(k, 7));
+	l16 = ap_kir_binary(k, AP_KIR_AND, lane, ap_kir_idx(k, 15));
+	hi = ap_kir_binary(k, AP_KIR_SHR, lane, ap_kir_idx(k, 4));
+	j2 = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, lane, ap_kir_idx(k, 3)), ap_kir_idx(k, 1));
+	ninf = ap_kir_float(k, A, -INFINITY);
+	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_idx(k, tiles), grid, &tsaved);
+	ap_kir_barrier(k, v->cur);
+	{
+		ap_kir_expr *bi = ap_kir_bind(k, v->cur, k->index_type, "bi",
+					      ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)));
+		int64_t stride = 1;
+
+		q0 = ap_kir_bind(k, v->cur, k->index_type, "q0",
+				 ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)), BQ));
+		for (int d = p->nb - 1; d >= 0; d--) {
+			c->bc[d] = p->bdims[d] == 1 ? ap_kir_idx(k, 0)
+				   : ap_kir_bind(k, v->cur, k->index_type, "b",
+						 ap_kir_binary(k, AP_KIR_REM, ap_kir_binary(k, AP_KIR_DIV, bi, ap_kir_idx(k, stride)),
+							       ap_kir_idx(k, p->bdims[d])));
+			stride *= p->bdims[d];
+		}
+	}
+	/* the first of this warp's 16 rows */
+	wrow = ap_kir_bind(k, v->cur, k->index_type, "wr", ap_kir_add(k, q0, ap_kir_muli(k, warp, 16)));
+	stage_rows(c, qs, p->q, BQ, Dp, ldq, q0, p->Nq, p->D, false);
+	ap_kir_barrier(k, v->cur);
+	{
+		ap_kir_var *kk = ap_v_loop_unrolled(v, "kq", Dp / 16, &saved);
+
+		ap_kir_ldmatrix(k, v->cur, qf, ap_kir_muli(k, ap_kir_ref(k, kk), 8), qs,
+				ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, warp, 16), l16), ldq),
+					   ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), 16), ap_kir_muli(k, hi, 8))),
+				4, false);
+		ap_v_close(v, saved);
+	}
+	for (int h = 0; h < 2; h++) {
+		mrun[h] = ap_kir_var_new(k, A, "m");
+		lrun[h] = ap_kir_var_new(k, A, "l");
+		ap_kir_let(k, v->cur, mrun[h], ninf);
+		ap_kir_let(k, v->cur, lrun[h], ap_kir_float(k, A, 0));
+	}
+	{
+		ap_kir_var *i = ap_v_loop_unrolled(v, "z", NO * 4, &saved);
+
+		ap_kir_store(k, v->cur, oacc, ap_kir_ref(k, i), ap_kir_float(k, A, 0));
+		ap_v_close(v, saved);
+	}
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, ntiles), 1, &ksaved);
+	{
+		ap_kir_expr *key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), BK));
+		ap_kir_expr *mt[2], *mnew[2], *dead[2], *alpha[2];
+		ap_kir_var *rs[2];
+
+		ap_kir_barrier(k, v->cur);
+		stage_rows(c, ks, p->kt, BK, Dp, ldq, key0, p->Nk, p->D, true);
+		stage_rows(c, vs, p->v, BK, Dvp, ldv, key0, p->Nk, p->Dv, false);
+		ap_kir_barrier(k, v->cur);
+		/* S = Q K^T */
+		{
+			ap_kir_var *i = ap_v_loop_unrolled(v, "z", NS * 4, &saved);
+
+			ap_kir_store(k, v->cur, sacc, ap_kir_ref(k, i), ap_kir_float(k, A, 0));
+			ap_v_close(v, saved);
+		}
+		{
+			ap_kir_block *s2;
+			ap_kir_var *kk = ap_v_loop_unrolled(v, "kq", Dp / 16, &saved);
+			ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", NS, &s2);
+			ap_kir_expr *si = ap_kir_muli(k, ap_kir_ref(k, ni), 4);
+
+			ap_kir_ldmatrix(k, v->cur, kf, ap_kir_idx(k, 0), ks,
+					ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8), l8), ldq),
+						   ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), 16), ap_kir_muli(k, j2, 8))),
+					2, false);
+			ap_kir_mma(k, v->cur, p->mma, sacc, si, qf, ap_kir_muli(k, ap_kir_ref(k, kk), 8), kf,
+				   ap_kir_idx(k, 0), sacc, si);
+			ap_v_close(v, s2);
+			ap_v_close(v, saved);
+		}
+		/* the scores: the first product's epilogue, -inf past the last key */
+		{
+			ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", NS, &saved);
+
+			for (int e = 0; e < 4; e++) {
+				ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
+				ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r",
+							       ap_kir_add(k, wrow, ap_kir_addi(k, g, 8 * (e >> 1))));
+				ap_kir_expr *key = ap_kir_bind(k, v->cur, k->index_type, "key",
+							       ap_kir_add(k, ap_kir_add(k, key0, ap_kir_muli(k, ap_kir_ref(k, ni), 8)),
+									  ap_kir_addi(k, ap_kir_muli(k, tq, 2), e & 1)));
+				ap_kir_var *sv = ap_kir_var_new(k, A, "s");
+				ap_kir_block *s2;
+
+				ap_kir_let(k, v->cur, sv, ninf);
+				ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, key, ap_kir_idx(k, p->Nk)), &s2, NULL);
+				score(c, sv, ap_kir_load(k, sacc, si), row, key);
+				ap_v_close(v, s2);
+				ap_kir_store(k, v->cur, sacc, si, ap_kir_ref(k, sv));
+			}
+			ap_v_close(v, saved);
+		}
+		/* online softmax: rows g (h = 0) and g + 8 (h = 1) */
+		for (int h = 0; h < 2; h++) {
+			ap_kir_var *mx = ap_kir_var_new(k, A, "mx"), *ni;
+
+			ap_kir_let(k, v->cur, mx, ninf);
+			ni = ap_v_loop_unrolled(v, "ni", NS, &saved);
+			for (int e = 2 * h; e < 2 * h + 2; e++)
+				ap_kir_assign(k, v->cur, mx, ap_kir_binary(k, AP_KIR_MAX, ap_kir_ref(k, mx),
+									   ap_kir_load(k, sacc, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e))));
+			ap_v_close(v, saved);
+			mt[h] = xor_reduce(c, ap_kir_ref(k, mx), true, 4);
+			mnew[h] = ap_kir_bind(k, v->cur, A, "mn", ap_kir_binary(k, AP_KIR_MAX, ap_kir_ref(k, mrun[h]), mt[h]));
+			/* every score so far -inf: nothing to rescale, nothing to add */
+			dead[h] = ap_kir_bind(k, v->cur, AP_DT_BOOL, "dd", ap_kir_binary(k, AP_KIR_EQ, mnew[h], ninf));
+			alpha[h] = ap_kir_bind(k, v->cur, A, "al",
+					       ap_kir_select(k, dead[h], ap_kir_float(k, A, 1),
+							     ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, mrun[h]), mnew[h]), NULL)));
+			rs[h] = ap_kir_var_new(k, A, "rs");
+			ap_kir_let(k, v->cur, rs[h], ap_kir_float(k, A, 0));
+		}
+		{
+			ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", NS, &saved);
+
+			for (int e = 0; e < 4; e++) {
+				ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
+				ap_kir_expr *pv = ap_kir_bind(k, v->cur, A, "p",
+							      ap_kir_select(k, dead[e >> 1], ap_kir_float(k, A, 0),
+									    ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_load(k, sacc, si), mnew[e >> 1]), NULL)));
+
+				ap_kir_assign(k, v->cur, rs[e >> 1], ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, rs[e >> 1]), pv));
+				/* C fragments of n8 tiles 2j, 2j + 1 = the A fragment of k16 step j */
+				ap_kir_store(k, v->cur, pf, si, ap_kir_cast(k, T, pv));
+			}
+			ap_v_close(v, saved);
+		}
+		for (int h = 0; h < 2; h++) {
+			ap_kir_assign(k, v->cur, lrun[h], ap_kir_binary(k, AP_KIR_ADD,
+									 ap_kir_binary(k, AP_KIR_MUL, ap_kir_ref(k, lrun[h]), alpha[h]),
+									 ap_kir_ref(k, rs[h])));
+			ap_kir_assign(k, v->cur, mrun[h], mnew[h]);
+		}
+		{
+			ap_kir_var *ni = ap_v_loop_unrolled(v, "no", NO, &saved);
+
+			for (int e = 0; e < 4; e++) {
+				ap_kir_expr *oi = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
+
+				ap_kir_store(k, v->cur, oacc, oi, ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, oacc, oi), alpha[e >> 1]));
+			}
+			ap_v_close(v, saved);
+		}
+		/* O += P V */
+		{
+			ap_kir_block *s2;
+			ap_kir_var *j = ap_v_loop_unrolled(v, "kj", BK / 16, &saved);
+			ap_kir_var *no = ap_v_loop_unrolled(v, "no", NO, &s2);
+			ap_kir_expr *oi = ap_kir_muli(k, ap_kir_ref(k, no), 4);
+
+			ap_kir_ldmatrix(k, v->cur, vf, ap_kir_idx(k, 0), vs,
+					ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), 16),
+										ap_kir_add(k, ap_kir_muli(k, j2, 8), l8)), ldv),
+						   ap_kir_muli(k, ap_kir_ref(k, no), 8)),
+					2, true);
+			ap_kir_mma(k, v->cur, p->mma, oacc, oi, pf, ap_kir_muli(k, ap_kir_ref(k, j), 8), vf,
+				   ap_kir_idx(k, 0), oacc, oi);
+			ap_v_close(v, s2);
+			ap_v_close(v, saved);
+		}
+	}
+	ap_v_close(v, ksaved);
+	/* the four lanes of a row hold parts of its sum */
+	for (int h = 0; h < 2; h++)
+		ap_kir_assign(k, v->cur, lrun[h], xor_reduce(c, ap_kir_ref(k, lrun[h]), false, 4));
+	/* O = acc / l, its epilogue, and the statistics others read */
+	{
+		ap_kir_var *no = ap_v_loop_unrolled(v, "no", NO, &saved);
+
+		for (int e = 0; e < 4; e++) {
+			ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r",
+						       ap_kir_add(k, wrow, ap_kir_addi(k, g, 8 * (e >> 1))));
+			ap_kir_expr *col = ap_kir_bind(k, v->cur, k->index_type, "col",
+						       ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, no), 8),
+								  ap_kir_addi(k, ap_kir_muli(k, tq, 2), e & 1)));
+			ap_kir_block *s2;
+
+			ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, p->Nq)),
+						 ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, p->Dv))), &s2, NULL);
+			c->out = ap_kir_bind(k, v->cur, A, "o",
+					     ap_kir_binary(k, AP_KIR_DIV,
+							   ap_kir_load(k, oacc, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, no), 4), e)),
+							   ap_kir_ref(k, lrun[e >> 1])));
+			ap__epilogue_store(v, p->maps, idx2(c, p->o, row, col));
+			c->out = NULL;
+			ap_v_close(v, s2);
+		}
+		ap_v_close(v, saved);
+	}
+	for (int h = 0; h < 2 && (p->m_out || p->l_out); h++) {
+		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r", ap_kir_add(k, wrow, ap_kir_addi(k, g, 8 * h)));
+
+		store_stats(c, row, ap_kir_binary(k, AP_KIR_EQ, tq, ap_kir_idx(k, 0)), mrun[h], lrun[h]);
+	}
+	ap_v_close(v, tsaved);
+	return 0;
+}
+
+static int at_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
+		   ap_error *err)
+{
+	att_plan p;
+	actx c;
+	ap_vctx v;
+	char why[200];
+	int rc;
+
 	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
 		return ap_error_set(err, rc < 0 ? AP_ENOMEM : AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
 				    "attention emitter: %s", why);
-	if (R < 1 || nt > ap_block_cap(t)) {
-		plan_clear(&p);
-		return ap_error_set(err, AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
-				    "attention emitter: %d rows per block", R);
-	}
 	if ((rc = ap_vctx_init(&v, m, k, err))) {
 		plan_clear(&p);
 		return rc;
@@ -379,209 +988,11 @@ static int at_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	c.p = &p;
 	c.v = &v;
 	c.k = k;
-	A = p.acc;
-	nc = (int)((p.Dv + 31) / 32);
-	ks = ap_kir_shared(k, "ks", A, KEYS * (p.D + 1));
-	vs = ap_kir_shared(k, "vs", A, KEYS * p.Dv);
-	qs = ap_kir_shared(k, "qs", A, (int64_t)R * p.D);
-	ps = ap_kir_shared(k, "ps", A, (int64_t)R * KEYS);
-	acc = ap_kir_local(k, "acc", A, nc);
-	if (ap_kir_failed(k)) {
-		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention");
-		goto done;
-	}
-	qblocks = (p.Nq + R - 1) / R;
-	tiles = p.batch * qblocks;
-	ntiles = (p.Nk + KEYS - 1) / KEYS;
-	grid = ap_grid_for(tiles, 1);
-	k->grid[0] = grid;
-	k->block[0] = nt;
-	tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
-	warp = ap_kir_bind(k, v.cur, k->index_type, "w", ap_kir_binary(k, AP_KIR_SHR, tid, ap_kir_idx(k, 5)));
-	lane = ap_kir_bind(k, v.cur, k->index_type, "ln", ap_kir_binary(k, AP_KIR_AND, tid, ap_kir_idx(k, 31)));
-	ninf = ap_kir_float(k, A, -INFINITY);
 	v.leaf = att_leaf;
 	v.leaf_user = &c;
-	tile = ap_v_loop(&v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_idx(k, tiles), grid, &tsaved);
-	ap_kir_barrier(k, v.cur);
-	{
-		ap_kir_expr *bi = ap_kir_bind(k, v.cur, k->index_type, "bi",
-					      ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)));
-		int64_t stride = 1;
-
-		qrow0 = ap_kir_bind(k, v.cur, k->index_type, "q0",
-				    ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)), R));
-		for (int d = p.nb - 1; d >= 0; d--) {
-			c.bc[d] = p.bdims[d] == 1 ? ap_kir_idx(k, 0)
-				  : ap_kir_bind(k, v.cur, k->index_type, "b",
-						ap_kir_binary(k, AP_KIR_REM, ap_kir_binary(k, AP_KIR_DIV, bi, ap_kir_idx(k, stride)),
-							      ap_kir_idx(k, p.bdims[d])));
-			stride *= p.bdims[d];
-		}
-	}
-	/* this warp's row; past the last row, the last row again (never stored),
-	 * so that every warp takes part in the barriers and shuffles */
-	row = ap_kir_bind(k, v.cur, k->index_type, "row", ap_kir_add(k, qrow0, warp));
-	valid = ap_kir_bind(k, v.cur, AP_DT_BOOL, "ok", ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, p.Nq)));
-	rowc = ap_kir_bind(k, v.cur, k->index_type, "rc", ap_kir_binary(k, AP_KIR_MIN, row, ap_kir_idx(k, p.Nq - 1)));
-	/* the row's query into shared memory */
-	{
-		ap_kir_var *d = ap_v_loop(&v, "d", lane, ap_kir_idx(k, p.D), 32, &saved);
-		ap_lidx ix = idx2(&c, p.q, rowc, ap_kir_ref(k, d));
-
-		ap_kir_store(k, v.cur, qs, ap_kir_add(k, ap_kir_muli(k, warp, p.D), ap_kir_ref(k, d)),
-			     ap_kir_cast(k, A, ap_val(&v, p.q, &ix)));
-		ap_v_close(&v, saved);
-	}
-	mrun = ap_kir_var_new(k, A, "m");
-	lrun = ap_kir_var_new(k, A, "l");
-	ap_kir_let(k, v.cur, mrun, ninf);
-	ap_kir_let(k, v.cur, lrun, ap_kir_float(k, A, 0));
-	{
-		ap_kir_var *i = ap_kir_var_new(k, k->index_type, "z");
-		ap_kir_stmt *lz = ap_kir_for_unroll(k, v.cur, i, ap_kir_idx(k, 0), ap_kir_idx(k, nc), 1, -1);
-
-		if (lz)
-			ap_kir_store(k, &lz->body, acc, ap_kir_ref(k, i), ap_kir_float(k, A, 0));
-	}
-	kt = ap_v_loop(&v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, ntiles), 1, &ksaved);
-	{
-		ap_kir_expr *key0 = ap_kir_bind(k, v.cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), KEYS));
-		ap_kir_expr *key, *sval, *mt, *mnew, *alpha, *pv, *psum, *dead;
-		ap_kir_var *e, *dot;
-
-		ap_kir_barrier(k, v.cur);
-		/* the key tile of K (from K^T) and of V */
-		for (int which = 0; which < 2; which++) {
-			int64_t w = which ? p.Dv : p.D;
-			ap_kir_var *ev = ap_v_loop(&v, "e", tid, ap_kir_idx(k, KEYS * w), nt, &saved);
-			ap_kir_expr *j = ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, ev), ap_kir_idx(k, w));
-			ap_kir_expr *col = ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, ev), ap_kir_idx(k, w));
-			ap_kir_expr *kg = ap_kir_add(k, key0, j);
-			ap_kir_var *x = ap_kir_var_new(k, A, "x");
-			ap_kir_block *s2;
-			ap_lidx ix;
-
-			ap_kir_let(k, v.cur, x, ap_kir_float(k, A, 0));
-			ap_v_if(&v, ap_kir_binary(k, AP_KIR_LT, kg, ap_kir_idx(k, p.Nk)), &s2, NULL);
-			ix = which ? idx2(&c, p.v, kg, col) : idx2(&c, p.kt, col, kg);
-			ap_kir_assign(k, v.cur, x, ap_kir_cast(k, A, ap_val(&v, which ? p.v : p.kt, &ix)));
-			ap_v_close(&v, s2);
-			ap_kir_store(k, v.cur, which ? vs : ks,
-				     ap_kir_add(k, ap_kir_muli(k, j, which ? p.Dv : p.D + 1), col), ap_kir_ref(k, x));
-			ap_v_close(&v, saved);
-		}
-		ap_kir_barrier(k, v.cur);
-		/* this lane's key: its score */
-		key = ap_kir_bind(k, v.cur, k->index_type, "key", ap_kir_add(k, key0, lane));
-		dot = ap_kir_var_new(k, A, "dot");
-		ap_kir_let(k, v.cur, dot, ap_kir_float(k, A, 0));
-		{
-			ap_kir_var *d = ap_v_loop(&v, "d", ap_kir_idx(k, 0), ap_kir_idx(k, p.D), 1, &saved);
-
-			ap_kir_assign(k, v.cur, dot,
-				      ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, dot),
-						    ap_kir_binary(k, AP_KIR_MUL,
-								  ap_kir_load(k, qs, ap_kir_add(k, ap_kir_muli(k, warp, p.D), ap_kir_ref(k, d))),
-								  ap_kir_load(k, ks, ap_kir_add(k, ap_kir_muli(k, lane, p.D + 1), ap_kir_ref(k, d))))));
-			ap_v_close(&v, saved);
-		}
-		{
-			/* S at (row, key): the first product's epilogue on the dot product */
-			ap_kir_var *sv = ap_kir_var_new(k, A, "s");
-			ap_kir_block *s2;
-			ap_lidx ix;
-
-			ap_kir_let(k, v.cur, sv, ninf);
-			ap_v_if(&v, ap_kir_binary(k, AP_KIR_LT, key, ap_kir_idx(k, p.Nk)), &s2, NULL);
-			c.dot = ap_kir_ref(k, dot);
-			ix = idx2(&c, p.s, rowc, key);
-			ap_kir_assign(k, v.cur, sv, ap_kir_cast(k, A, ap_val(&v, p.s, &ix)));
-			if (p.s_out) {
-				ap_kir_block *s3;
-				ap_lidx ox = idx2(&c, p.s, rowc, key);
-
-				ap_v_if(&v, valid, &s3, NULL);
-				ap_kir_store(k, v.cur, ap_v_buffer(&v, p.s), ap_lidx_linear(&v, &ox),
-					     ap_kir_cast(k, p.t, ap_kir_ref(k, sv)));
-				ap_v_close(&v, s3);
-			}
-			c.dot = NULL;
-			ap_v_close(&v, s2);
-			sval = ap_kir_ref(k, sv);
-		}
-		mt = warp_reduce(&c, sval, true);
-		mnew = ap_kir_bind(k, v.cur, A, "mn", ap_kir_binary(k, AP_KIR_MAX, ap_kir_ref(k, mrun), mt));
-		/* with every score so far -inf, nothing to rescale and nothing to add */
-		dead = ap_kir_bind(k, v.cur, AP_DT_BOOL, "dd", ap_kir_binary(k, AP_KIR_EQ, mnew, ninf));
-		alpha = ap_kir_bind(k, v.cur, A, "al",
-				    ap_kir_select(k, dead, ap_kir_float(k, A, 1),
-						  ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, mrun), mnew), NULL)));
-		pv = ap_kir_bind(k, v.cur, A, "p",
-				 ap_kir_select(k, dead, ap_kir_float(k, A, 0),
-					       ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, sval, mnew), NULL)));
-		psum = warp_reduce(&c, pv, false);
-		ap_kir_assign(k, v.cur, lrun, ap_kir_binary(k, AP_KIR_ADD, ap_kir_binary(k, AP_KIR_MUL, ap_kir_ref(k, lrun), alpha), psum));
-		ap_kir_assign(k, v.cur, mrun, mnew);
-		ap_kir_store(k, v.cur, ps, ap_kir_add(k, ap_kir_muli(k, warp, KEYS), lane), pv);
-		ap_kir_barrier(k, v.cur);
-		/* this lane's output columns lane, lane + 32, ... */
-		e = ap_kir_var_new(k, k->index_type, "i");
-		{
-			ap_kir_stmt *li = ap_kir_for_unroll(k, v.cur, e, ap_kir_idx(k, 0), ap_kir_idx(k, nc), 1, -1);
-			ap_kir_expr *col = ap_kir_add(k, lane, ap_kir_muli(k, ap_kir_ref(k, e), 32));
-			ap_kir_var *a2 = ap_kir_var_new(k, A, "a"), *j = ap_kir_var_new(k, k->index_type, "j");
-			ap_kir_stmt *lj, *guard;
-
-			if (li) {
-				ap_kir_let(k, &li->body, a2, ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, acc, ap_kir_ref(k, e)), alpha));
-				guard = ap_kir_if(k, &li->body, ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, p.Dv)));
-				lj = guard ? ap_kir_for(k, &guard->body, j, ap_kir_idx(k, 0), ap_kir_idx(k, KEYS), 1) : NULL;
-				if (lj)
-					ap_kir_assign(k, &lj->body, a2,
-						      ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, a2),
-								    ap_kir_binary(k, AP_KIR_MUL,
-										  ap_kir_load(k, ps, ap_kir_add(k, ap_kir_muli(k, warp, KEYS), ap_kir_ref(k, j))),
-										  ap_kir_load(k, vs, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), p.Dv), col)))));
-				ap_kir_store(k, &li->body, acc, ap_kir_ref(k, e), ap_kir_ref(k, a2));
-			}
-		}
-	}
-	ap_v_close(&v, ksaved);
-	/* O = acc / l, its epilogue, and the statistics others read */
-	{
-		ap_kir_var *i = ap_v_loop(&v, "i", ap_kir_idx(k, 0), ap_kir_idx(k, nc), 1, &saved);
-		ap_kir_expr *col = ap_kir_bind(k, v.cur, k->index_type, "col",
-					       ap_kir_add(k, lane, ap_kir_muli(k, ap_kir_ref(k, i), 32)));
-		ap_kir_block *s2;
-
-		ap_v_if(&v, ap_kir_binary(k, AP_KIR_LAND, valid, ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, p.Dv))), &s2, NULL);
-		c.out = ap_kir_bind(k, v.cur, A, "o", ap_kir_binary(k, AP_KIR_DIV, ap_kir_load(k, acc, ap_kir_ref(k, i)),
-								    ap_kir_ref(k, lrun)));
-		ap__epilogue_store(&v, p.maps, idx2(&c, p.o, rowc, col));
-		c.out = NULL;
-		ap_v_close(&v, s2);
-		ap_v_close(&v, saved);
-	}
-	if (p.m_out || p.l_out) {
-		ap_kir_block *s2;
-
-		ap_v_if(&v, ap_kir_binary(k, AP_KIR_LAND, valid, ap_kir_binary(k, AP_KIR_EQ, lane, ap_kir_idx(k, 0))), &s2, NULL);
-		for (int w = 0; w < 2; w++) {
-			int x = w ? p.l : p.m;
-			ap_lidx ix;
-
-			if (!(w ? p.l_out : p.m_out))
-				continue;
-			ix = idx2(&c, x, rowc, ap_kir_idx(k, 0));
-			ap_kir_store(k, v.cur, ap_v_buffer(&v, x), ap_lidx_linear(&v, &ix),
-				     ap_kir_cast(k, v.g->tensors[x].dtype, ap_kir_ref(k, w ? lrun : mrun)));
-		}
-		ap_v_close(&v, s2);
-	}
-	ap_v_close(&v, tsaved);
-	rc = v.rc;
-done:
+	rc = p.tc ? emit_tc(&c, t, s->v[0], s->v[1], err) : emit_simt(&c, t, s->v[0], err);
+	if (!rc)
+		rc = v.rc;
 	v.leaf = NULL;
 	ap_vctx_clear(&v);
 	plan_clear(&p);
@@ -601,12 +1012,19 @@ static int at_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 		return rc;
 	out->flops = 2.0 * (double)p.batch * (double)p.Nq * (double)p.Nk * (double)(p.D + p.Dv);
 	out->threads = 32u * (unsigned)s->v[0];
-	out->blocks = ap_grid_for(p.batch * ((p.Nq + s->v[0] - 1) / s->v[0]), 1);
-	out->shared_bytes = (unsigned)((KEYS * (p.D + 1 + p.Dv) + s->v[0] * (p.D + KEYS)) * ap_dtype_size(p.acc));
+	if (p.tc) {
+		out->blocks = ap_grid_for(p.batch * ((p.Nq + 16 * s->v[0] - 1) / (16 * s->v[0])), 1);
+		out->shared_bytes = (unsigned)tc_smem(&p, s->v[0], s->v[1]);
+		out->tensor_cores = true;
+	} else {
+		out->blocks = ap_grid_for(p.batch * ((p.Nq + s->v[0] - 1) / s->v[0]), 1);
+		out->shared_bytes = (unsigned)((KEYS * (p.D + 1 + p.Dv) + s->v[0] * (p.D + KEYS)) *
+					       ap_dtype_size(p.acc));
+	}
 	plan_clear(&p);
 	return 0;
 }
 
 const ap_emitter ap_emitter_attention = {
-	"attention", at_match, at_space, at_choose, at_emit, at_traffic, NULL, false,
+	"attention", at_match, at_space, at_choose, at_emit, at_traffic, at_valid, false,
 };

@@ -1048,19 +1048,6 @@ static ap_kir_expr *I(gctx *c, int64_t v)
 	return ap_kir_idx(c->k, v);
 }
 
-/* ap_v_loop, fully unrolled (register arrays indexed by its variable must
- * see constants, or they leave the registers for local memory). */
-static ap_kir_var *loop_unrolled(ap_vctx *v, const char *prefix, int64_t n, ap_kir_block **saved)
-{
-	ap_kir_var *var = ap_v_loop(v, prefix, ap_kir_idx(v->k, 0), ap_kir_idx(v->k, n), 1, saved);
-
-	if (*saved && (*saved)->last && (*saved)->last->kind == AP_KIR_S_FOR)
-		(*saved)->last->unroll = -1;
-	return var;
-}
-
-/* Row `row` of the product as Y's batch coordinates (bc) and its row m:
- * folded batches are split off the row, else the tile's own. */
 static ap_kir_expr *row_split(gctx *c, ap_kir_expr *row, ap_kir_expr **bc)
 {
 	ap_kir_kernel *k = c->k;
@@ -1739,12 +1726,12 @@ static void splitk_reduce(gctx *c)
 	ap_kir_var *e;
 	ap_kir_expr *slot;
 
-	e = loop_unrolled(v, "e", n, &s1);
+	e = ap_v_loop_unrolled(v, "e", n, &s1);
 	slot = ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, e), c->nt), c->tid);
 	ap_kir_store(k, v->cur, c->red, slot, ap_kir_load(k, c->acc, ap_kir_ref(k, e)));
 	ap_v_close(v, s1);
 	ap_kir_cluster_barrier(k, v->cur);
-	e = loop_unrolled(v, "e", n, &s1);
+	e = ap_v_loop_unrolled(v, "e", n, &s1);
 	slot = ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, e), c->nt), c->tid);
 	ap_v_if(v, ap_kir_binary(k, AP_KIR_EQ, ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, e), I(c, chunk)), c->rank),
 		&s2, NULL);
@@ -2101,9 +2088,9 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		ap_kir_expr *q4 = ap_kir_binary(k, AP_KIR_AND, lane, I(&c, 3));
 
 		ap_kir_mma_frag_sizes(p.mma, &na, &nb, &nc);
-		mi = loop_unrolled(&v, "mi", MI, &s1);
-		ni = loop_unrolled(&v, "ni", NI, &s2);
-		e = loop_unrolled(&v, "e", 4, &s3);
+		mi = ap_v_loop_unrolled(&v, "mi", MI, &s1);
+		ni = ap_v_loop_unrolled(&v, "ni", NI, &s2);
+		e = ap_v_loop_unrolled(&v, "e", 4, &s3);
 		{
 			ap_kir_expr *row = ap_kir_add(k, ap_kir_add(k, c.m0, wm0),
 					    ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), 16),
@@ -2133,8 +2120,8 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		ap_kir_var *i, *j;
 		ap_kir_block *s1, *s2, *s3;
 
-		i = loop_unrolled(&v, "i", c.c.tm, &s1);
-		j = loop_unrolled(&v, "j", c.c.tn, &s2);
+		i = ap_v_loop_unrolled(&v, "i", c.c.tm, &s1);
+		j = ap_v_loop_unrolled(&v, "j", c.c.tn, &s2);
 		{
 			ap_kir_expr *row = ap_kir_bind(k, v.cur, k->index_type, "row",
 					    ap_kir_add(k, c.m0, ap_kir_add(k, ap_kir_muli(k, ty, c.c.tm), ap_kir_ref(k, i))));

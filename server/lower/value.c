@@ -223,6 +223,15 @@ ap_kir_var *ap_v_loop(ap_vctx *v, const char *prefix, ap_kir_expr *lo, ap_kir_ex
 	return var;
 }
 
+ap_kir_var *ap_v_loop_unrolled(ap_vctx *v, const char *prefix, int64_t n, ap_kir_block **saved)
+{
+	ap_kir_var *var = ap_v_loop(v, prefix, ap_kir_idx(v->k, 0), ap_kir_idx(v->k, n), 1, saved);
+
+	if (*saved && (*saved)->last && (*saved)->last->kind == AP_KIR_S_FOR)
+		(*saved)->last->unroll = -1;
+	return var;
+}
+
 void ap_v_if(ap_vctx *v, ap_kir_expr *cond, ap_kir_block **saved, ap_kir_stmt **stmt)
 {
 	ap_kir_stmt *s = ap_kir_if(v->k, v->cur, cond);

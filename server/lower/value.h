@@ -104,6 +104,10 @@ bool ap_lidx_equal(const ap_lidx *a, const ap_lidx *b);
  * returns var; *saved receives the block to return to (ap_v_close). */
 ap_kir_var *ap_v_loop(ap_vctx *v, const char *prefix, ap_kir_expr *lo, ap_kir_expr *hi,
 		      int64_t step, ap_kir_block **saved);
+/* ap_v_loop over [0, n) with step 1, marked to unroll fully (register
+ * arrays indexed by its variable must see constants, or they leave the
+ * registers for local memory). */
+ap_kir_var *ap_v_loop_unrolled(ap_vctx *v, const char *prefix, int64_t n, ap_kir_block **saved);
 /* Opens the then-branch of `if (cond)`; *stmt gets the statement (for an
  * else branch: ap_v_else). */
 void ap_v_if(ap_vctx *v, ap_kir_expr *cond, ap_kir_block **saved, ap_kir_stmt **stmt);

@@ -42,90 +42,92 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_online_softmax(fl
 			int k016 = (kt15 * 32);
 			__syncthreads();
 			for (int e17 = ((int)threadIdx.x); e17 < 512; e17 += 128) {
-				float x18 = 0x0p+0f;
-				if (((k016 + (e17 / 16)) < 45)) {
-					float v19 = p2[((((b6 * 2160) + (b5 * 720)) + ((k016 + (e17 / 16)) * 16)) + (e17 % 16))];
-					x18 = v19;
+				int gr18 = (k016 + (e17 / 16));
+				float x19 = 0x0p+0f;
+				if ((gr18 < 45)) {
+					float v20 = p2[((((b6 * 2160) + (b5 * 720)) + (gr18 * 16)) + (e17 % 16))];
+					x19 = v20;
 				}
-				ks[(((e17 / 16) * 17) + (e17 % 16))] = x18;
+				ks[(((e17 / 16) * 17) + (e17 % 16))] = x19;
 			}
-			for (int e20 = ((int)threadIdx.x); e20 < 384; e20 += 128) {
-				float x21 = 0x0p+0f;
-				if (((k016 + (e20 / 12)) < 45)) {
-					float v22 = p3[((((b6 * 1620) + (b5 * 540)) + ((k016 + (e20 / 12)) * 12)) + (e20 % 12))];
-					x21 = v22;
+			for (int e21 = ((int)threadIdx.x); e21 < 384; e21 += 128) {
+				int gr22 = (k016 + (e21 / 12));
+				float x23 = 0x0p+0f;
+				if ((gr22 < 45)) {
+					float v24 = p3[((((b6 * 1620) + (b5 * 540)) + (gr22 * 12)) + (e21 % 12))];
+					x23 = v24;
 				}
-				vs[(((e20 / 12) * 12) + (e20 % 12))] = x21;
+				vs[(((e21 / 12) * 12) + (e21 % 12))] = x23;
 			}
 			__syncthreads();
-			int key23 = (k016 + ln1);
-			float dot24 = 0x0p+0f;
-			for (int d25 = 0; d25 < 16; d25 += 1) {
-				dot24 = (dot24 + (qs[((w0 * 16) + d25)] * ks[((ln1 * 17) + d25)]));
+			int key25 = (k016 + ln1);
+			float dot26 = 0x0p+0f;
+			for (int d27 = 0; d27 < 16; d27 += 1) {
+				dot26 = (dot26 + (qs[((w0 * 16) + d27)] * ks[((ln1 * 17) + d27)]));
 			}
-			float s26 = (-AP_INFF);
-			if ((key23 < 45)) {
-				float v27 = (dot24 / 0x1p+2f);
-				float v28 = p4[((rc9 * 45) + key23)];
-				float v29 = (v27 + v28);
-				s26 = v29;
+			float s28 = (-AP_INFF);
+			if ((key25 < 45)) {
+				float v29 = (dot26 / 0x1p+2f);
+				float v30 = p4[(((row7 < 36 ? row7 : 36) * 45) + key25)];
+				float v31 = (v29 + v30);
+				s28 = v31;
 			}
-			float wm30 = s26;
-			float sh31;
-			sh31 = __shfl_xor_sync(0xffffffffu, wm30, (int)16, 32);
-			wm30 = (wm30 > sh31 ? wm30 : sh31);
-			float sh32;
-			sh32 = __shfl_xor_sync(0xffffffffu, wm30, (int)8, 32);
-			wm30 = (wm30 > sh32 ? wm30 : sh32);
+			float wm32 = s28;
 			float sh33;
-			sh33 = __shfl_xor_sync(0xffffffffu, wm30, (int)4, 32);
-			wm30 = (wm30 > sh33 ? wm30 : sh33);
+			sh33 = __shfl_xor_sync(0xffffffffu, wm32, (int)16, 32);
+			wm32 = (wm32 > sh33 ? wm32 : sh33);
 			float sh34;
-			sh34 = __shfl_xor_sync(0xffffffffu, wm30, (int)2, 32);
-			wm30 = (wm30 > sh34 ? wm30 : sh34);
+			sh34 = __shfl_xor_sync(0xffffffffu, wm32, (int)8, 32);
+			wm32 = (wm32 > sh34 ? wm32 : sh34);
 			float sh35;
-			sh35 = __shfl_xor_sync(0xffffffffu, wm30, (int)1, 32);
-			wm30 = (wm30 > sh35 ? wm30 : sh35);
-			float mn36 = (m12 > wm30 ? m12 : wm30);
-			unsigned char dd37 = (mn36 == (-AP_INFF));
-			float al38 = (dd37 ? 0x1p+0f : expf((m12 - mn36)));
-			float p39 = (dd37 ? 0x0p+0f : expf((s26 - mn36)));
-			float ws40 = p39;
-			float sh41;
-			sh41 = __shfl_xor_sync(0xffffffffu, ws40, (int)16, 32);
-			ws40 = (ws40 + sh41);
-			float sh42;
-			sh42 = __shfl_xor_sync(0xffffffffu, ws40, (int)8, 32);
-			ws40 = (ws40 + sh42);
+			sh35 = __shfl_xor_sync(0xffffffffu, wm32, (int)4, 32);
+			wm32 = (wm32 > sh35 ? wm32 : sh35);
+			float sh36;
+			sh36 = __shfl_xor_sync(0xffffffffu, wm32, (int)2, 32);
+			wm32 = (wm32 > sh36 ? wm32 : sh36);
+			float sh37;
+			sh37 = __shfl_xor_sync(0xffffffffu, wm32, (int)1, 32);
+			wm32 = (wm32 > sh37 ? wm32 : sh37);
+			float mn38 = (m12 > wm32 ? m12 : wm32);
+			unsigned char dd39 = (mn38 == (-AP_INFF));
+			float al40 = (dd39 ? 0x1p+0f : expf((m12 - mn38)));
+			float p41 = (dd39 ? 0x0p+0f : expf((s28 - mn38)));
+			float ws42 = p41;
 			float sh43;
-			sh43 = __shfl_xor_sync(0xffffffffu, ws40, (int)4, 32);
-			ws40 = (ws40 + sh43);
+			sh43 = __shfl_xor_sync(0xffffffffu, ws42, (int)16, 32);
+			ws42 = (ws42 + sh43);
 			float sh44;
-			sh44 = __shfl_xor_sync(0xffffffffu, ws40, (int)2, 32);
-			ws40 = (ws40 + sh44);
+			sh44 = __shfl_xor_sync(0xffffffffu, ws42, (int)8, 32);
+			ws42 = (ws42 + sh44);
 			float sh45;
-			sh45 = __shfl_xor_sync(0xffffffffu, ws40, (int)1, 32);
-			ws40 = (ws40 + sh45);
-			l13 = ((l13 * al38) + ws40);
-			m12 = mn36;
-			ps[((w0 * 32) + ln1)] = p39;
+			sh45 = __shfl_xor_sync(0xffffffffu, ws42, (int)4, 32);
+			ws42 = (ws42 + sh45);
+			float sh46;
+			sh46 = __shfl_xor_sync(0xffffffffu, ws42, (int)2, 32);
+			ws42 = (ws42 + sh46);
+			float sh47;
+			sh47 = __shfl_xor_sync(0xffffffffu, ws42, (int)1, 32);
+			ws42 = (ws42 + sh47);
+			l13 = ((l13 * al40) + ws42);
+			m12 = mn38;
+			ps[((w0 * 32) + ln1)] = p41;
 			__syncthreads();
 			#pragma unroll
-			for (int i46 = 0; i46 < 1; i46 += 1) {
-				float a47 = (acc[i46] * al38);
-				if (((ln1 + (i46 * 32)) < 12)) {
-					for (int j48 = 0; j48 < 32; j48 += 1) {
-						a47 = (a47 + (ps[((w0 * 32) + j48)] * vs[((j48 * 12) + (ln1 + (i46 * 32)))]));
+			for (int i48 = 0; i48 < 1; i48 += 1) {
+				float a49 = (acc[i48] * al40);
+				if (((ln1 + (i48 * 32)) < 12)) {
+					for (int j50 = 0; j50 < 32; j50 += 1) {
+						a49 = (a49 + (ps[((w0 * 32) + j50)] * vs[((j50 * 12) + (ln1 + (i48 * 32)))]));
 					}
 				}
-				acc[i46] = a47;
+				acc[i48] = a49;
 			}
 		}
-		for (int i49 = 0; i49 < 1; i49 += 1) {
-			int col50 = (ln1 + (i49 * 32));
-			if ((ok8 && (col50 < 12))) {
-				float o51 = (acc[i49] / l13);
-				p0[((((b6 * 1332) + (rc9 * 36)) + (b5 * 12)) + col50)] = o51;
+		for (int i51 = 0; i51 < 1; i51 += 1) {
+			int col52 = (ln1 + (i51 * 32));
+			if ((ok8 && (col52 < 12))) {
+				float o53 = (acc[i51] / l13);
+				p0[((((b6 * 1332) + (rc9 * 36)) + (b5 * 12)) + col52)] = o53;
 			}
 		}
 	}
