@@ -71,7 +71,13 @@ static ap_graph *import_dir(const char *dir)
 /* Whether the kernel's header says an operand is copied by cp.async. */
 static bool says_async(const ap_kernel_src *k)
 {
-	return strstr(k->src, "operand A: cp.async") || strstr(k->src, "operand B: cp.async");
+	static const char *const said[] = {"operand A: cp.async", "operand B: cp.async", "operand Q: cp.async",
+					   "operand K: cp.async", "operand V: cp.async"};
+
+	for (size_t i = 0; i < sizeof(said) / sizeof(said[0]); i++)
+		if (strstr(k->src, said[i]))
+			return true;
+	return false;
 }
 
 static bool emitter_is(const ap_kernel_src *k, const char *name)
@@ -94,7 +100,7 @@ static int count_launches(const ap_program *p, const char *name)
 
 /* One model at one setting: counts GEMM kernels, checks what it should. */
 static void check_model(const char *dir, bool tf32, bool all_async, int *n_gemm, int *n_async,
-			int *n_prologue, int *n_splitk, int *n_spill_checked)
+			int *n_prologue, int *n_splitk, int *n_spill_checked, int *n_att)
 {
 	ap_build_options o = {.target = "sm_90", .allow_tf32 = tf32};
 	ap_error err;
@@ -145,6 +151,24 @@ static void check_model(const char *dir, bool tf32, bool all_async, int *n_gemm,
 			*n_async += says_async(k);
 			*n_prologue += !says_async(k);
 		}
+		if (att && all_async) {
+			/* 16-bit graphs (no attention is fused under TF32): the
+			 * tensor-core form, K and V copied by cp.async */
+			static const char *const archs[] = {"compute_80", "compute_90"};
+
+			for (int a = 0; a < 2; a++) {
+				ck_assert_msg(ap_nvrtc_compile(k->src, k->name, archs[a], false, &out, &len, &err) == 0,
+					      "%s %s: %s", dir, k->name, err.msg);
+				ck_assert_msg(strstr((char *)out, "mma.sync.aligned.m16n8k16") &&
+					      strstr((char *)out, "ldmatrix") && strstr((char *)out, "cp.async"),
+					      "%s: attention kernel %s (%s) lacks mma.sync, ldmatrix or cp.async", dir,
+					      k->name, archs[a]);
+				free(out);
+			}
+			ck_assert_msg(strstr(k->src, "operand K: cp.async") && strstr(k->src, "operand V: cp.async"),
+				      "%s: attention kernel %s stages K or V through registers", dir, k->name);
+			(*n_att)++;
+		}
 		ck_assert_msg(ap_nvrtc_ptxas_stats(k->src, k->name, "sm_90", &st, &err) == 0, "%s %s: %s", dir,
 			      k->name, err.msg);
 		ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0,
@@ -159,7 +183,7 @@ static void check_model(const char *dir, bool tf32, bool all_async, int *n_gemm,
 START_TEST(models_tensor_cores_and_spills)
 {
 	ap_error err;
-	int n_gemm = 0, n_async = 0, n_prologue = 0, n_splitk = 0, n_spill = 0;
+	int n_gemm = 0, n_async = 0, n_prologue = 0, n_splitk = 0, n_spill = 0, n_att = 0;
 	char dir[512];
 
 	if (ap_nvrtc_load(&err) != 0) {
@@ -168,7 +192,7 @@ START_TEST(models_tensor_cores_and_spills)
 	}
 	for (int d = 0; d < n_arg_dirs; d++) {
 		/* 16-bit graphs: tensor cores whatever allow_tf32 says */
-		check_model(arg_dirs[d], true, true, &n_gemm, &n_async, &n_prologue, &n_splitk, &n_spill);
+		check_model(arg_dirs[d], true, true, &n_gemm, &n_async, &n_prologue, &n_splitk, &n_spill, &n_att);
 	}
 	for (size_t d = 0; d < sizeof(dirs) / sizeof(dirs[0]) && n_arg_dirs == 0; d++) {
 		snprintf(dir, sizeof(dir), "%s/%s", TESTDATA, dirs[d]);
@@ -176,14 +200,18 @@ START_TEST(models_tensor_cores_and_spills)
 			printf("check_gemm: %s not found, skipped\n", dir);
 			continue;
 		}
-		check_model(dir, true, true, &n_gemm, &n_async, &n_prologue, &n_splitk, &n_spill);
-		check_model(dir, false, false, &n_gemm, &n_async, &n_prologue, &n_splitk, &n_spill);
+		check_model(dir, true, true, &n_gemm, &n_async, &n_prologue, &n_splitk, &n_spill, &n_att);
+		check_model(dir, false, false, &n_gemm, &n_async, &n_prologue, &n_splitk, &n_spill, &n_att);
 	}
 	printf("check_gemm: %d tensor-core GEMM kernels with mma.sync and ldmatrix, %d of them with cp.async, "
 	       "%d with both operands computed on the way (prologues), %d split-K (clusters); "
-	       "%d kernels without spills\n", n_gemm, n_async, n_prologue, n_splitk, n_spill);
+	       "%d kernels without spills; %d tensor-core attention kernels\n", n_gemm, n_async, n_prologue, n_splitk,
+	       n_spill, n_att);
 	ck_assert_int_gt(n_gemm, n_arg_dirs ? 2 * n_arg_dirs : 20);
 	ck_assert_int_gt(n_async, n_gemm / 2);
+	/* the 16-bit models hold attention patterns (bert_like_2l, the prenorm
+	 * training step's forward): each is one tensor-core kernel */
+	ck_assert(n_arg_dirs == 0 || n_att >= 1);
 }
 END_TEST
 

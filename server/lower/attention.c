@@ -54,6 +54,12 @@ typedef struct att_plan {
 	bool s_out, m_out, l_out;       /* written for other kernels */
 	bool tc;                        /* the tensor-core form (16-bit operands, sm_80 and later) */
 	ap_kir_mma_kind mma;            /* its mma.sync shape and types */
+	/* tensor cores: per operand (Q, K^T, V), elements per cp.async when it
+	 * is a strided view of a buffer, contiguous along the head dim (0: read
+	 * through the value builder), its view and buffer */
+	int aw[3];
+	ap_sview sv[3];
+	int leaf[3];
 } att_plan;
 
 static void plan_clear(att_plan *p)
@@ -79,6 +85,32 @@ static bool last_axis_kept(const ap_graph *g, int node)
 	const ap_tensor *x = &g->tensors[n->inputs[0]];
 
 	return ax && ax->n_ints == 1 && ax->ints[0] == x->rank - 1 && ap_node_int(n, "keepdims", 1) == 1;
+}
+
+/* Elements per cp.async (16-bit: 8, 4 or 2 -- 16, 8 or 4 bytes) for
+ * operand x of the tensor-core form, copied along its head dim (the last
+ * dim; with `trans`, K^T's second last) into shared rows: x must be a
+ * strided view of a buffer (*sv, *leaf) whose head dim is one factor of
+ * stride 1, every other stride and the view's offset multiples of the
+ * width, so that each copy is aligned.  0 when not. */
+static int async_width(const ap_graph *g, int x, bool trans, ap_sview *sv, int *leaf)
+{
+	const ap_tensor *t = &g->tensors[x];
+	int cd = t->rank - (trans ? 2 : 1), w;
+	int64_t st;
+
+	if (!ap_sview_of(g, x, sv, leaf) || sv->rank != t->rank || g->tensors[*leaf].kind == AP_TENSOR_CONST ||
+	    g->tensors[*leaf].dtype != t->dtype || !ap_sview_stride(sv, cd, &st) || st != 1)
+		return 0;
+	for (w = 8; w >= 2; w /= 2) {
+		bool ok = t->dims[cd] % w == 0 && sv->off % w == 0;
+
+		for (int f = 0; f < sv->nf && ok; f++)
+			ok = f == sv->first[cd] || sv->fs[f] % w == 0;
+		if (ok)
+			return w;
+	}
+	return 0;
 }
 
 /* 1 when m is O = softmax(f(Q K^T)) V as the file comment says (p
@@ -187,6 +219,8 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, cha
 		snprintf(why, cap, "shapes that do not chain");
 		return 0;
 	}
+	for (int r = 0; p->tc && r < 3; r++)
+		p->aw[r] = async_width(g, r == 0 ? p->q : r == 1 ? p->kt : p->v, r == 1, &p->sv[r], &p->leaf[r]);
 	if (p->tc && (p->D > TC_HEAD_MAX || p->Dv > TC_HEAD_MAX)) {
 		snprintf(why, cap, "head dims %lld and %lld: the tensor-core form holds at most %d in registers",
 			 (long long)p->D, (long long)p->Dv, TC_HEAD_MAX);
@@ -438,35 +472,59 @@ static ap_kir_expr *xor_reduce(actx *c, ap_kir_expr *v, bool max, int lanes)
 	return ap_kir_ref(k, acc);
 }
 
-/* Stages rows [r0, r0 + n) of a tile into the shared array `arr` (row r
- * at arr[r * ld], `cols` elements of arr's type), the block's threads
- * striding over it: element (r, j) is x at (r0 + r, j) -- with `trans`,
- * x at (j, r0 + r) -- read through the value builder (views and
- * prologues in place) and zero past row `rows_ok` or column `cols_ok`. */
-static void stage_rows(actx *c, ap_kir_array *arr, int x, int64_t n, int64_t cols, int64_t ld,
-		       ap_kir_expr *r0, int64_t rows_ok, int64_t cols_ok, bool trans)
+/* Stages rows [r0, r0 + n) of a tile of operand `role` (0 Q, 1 K^T, 2 V)
+ * into the shared array `arr` (row r at arr[r * ld], `cols` elements of
+ * arr's type), the block's threads striding over it: element (r, j) is
+ * the operand at (r0 + r, j) -- K^T at (j, r0 + r) -- and zero past row
+ * `rows_ok` or column `cols_ok`.  Copied by cp.async (p->aw[role]
+ * elements at a time, from its buffer; the caller commits and waits) when
+ * the plan says so, else read through the value builder (views and
+ * prologues in place). */
+static void stage_rows(actx *c, ap_kir_array *arr, int role, int64_t n, int64_t cols, int64_t ld,
+		       ap_kir_expr *r0, int64_t rows_ok, int64_t cols_ok)
 {
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
+	const att_plan *p = c->p;
+	int x = role == 0 ? p->q : role == 1 ? p->kt : p->v, w = p->aw[role] ? p->aw[role] : 1;
+	bool trans = role == 1;
 	unsigned nt = ap_kir_block_threads(k);
 	ap_kir_block *saved, *s2;
-	ap_kir_var *e = ap_v_loop(v, "e", ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, n * cols), nt, &saved);
-	ap_kir_expr *r = ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, e), ap_kir_idx(k, cols));
-	ap_kir_expr *j = ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, e), ap_kir_idx(k, cols));
+	ap_kir_var *e = ap_v_loop(v, "e", ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, n * cols / w), nt, &saved);
+	ap_kir_expr *r = ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, e), ap_kir_idx(k, cols / w));
+	ap_kir_expr *j = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, e), ap_kir_idx(k, cols / w)), w);
 	ap_kir_expr *gr = ap_kir_bind(k, v->cur, k->index_type, "gr", ap_kir_add(k, r0, r));
-	ap_kir_var *val = ap_kir_var_new(k, arr->type, "x");
 	ap_kir_expr *ok = ap_kir_binary(k, AP_KIR_LT, gr, ap_kir_idx(k, rows_ok));
+	ap_kir_expr *at = ap_kir_add(k, ap_kir_muli(k, r, ld), j);
+	ap_kir_var *val;
 	ap_lidx ix;
 
 	if (cols_ok < cols)
 		ok = ap_kir_binary(k, AP_KIR_LAND, ok, ap_kir_binary(k, AP_KIR_LT, j, ap_kir_idx(k, cols_ok)));
+	ix = trans ? idx2(c, x, j, gr) : idx2(c, x, gr, j);
+	if (p->aw[role]) {
+		ap_kir_cp_async(k, v->cur, arr, at, ap_v_buffer(v, p->leaf[role]),
+				ap_sview_offset(k, &p->sv[role], &ix), w, ok);
+		ap_v_close(v, saved);
+		return;
+	}
+	val = ap_kir_var_new(k, arr->type, "x");
 	ap_kir_let(k, v->cur, val, ap_kir_float(k, arr->type, 0));
 	ap_v_if(v, ok, &s2, NULL);
-	ix = trans ? idx2(c, x, j, gr) : idx2(c, x, gr, j);
 	ap_kir_assign(k, v->cur, val, ap_kir_cast(k, arr->type, ap_val(v, x, &ix)));
 	ap_v_close(v, s2);
-	ap_kir_store(k, v->cur, arr, ap_kir_add(k, ap_kir_muli(k, r, ld), j), ap_kir_ref(k, val));
+	ap_kir_store(k, v->cur, arr, at, ap_kir_ref(k, val));
 	ap_v_close(v, saved);
+}
+
+/* The copies this thread issued are complete (when there are any): the
+ * barrier that follows makes them the block's. */
+static void async_done(actx *c, bool any)
+{
+	if (any) {
+		ap_kir_cp_commit(c->k, c->v->cur);
+		ap_kir_cp_wait(c->k, c->v->cur, 0);
+	}
 }
 
 /* sv = S at (row, key) (float32 or float64): the first product's
@@ -609,8 +667,8 @@ static int emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err)
 
 		ap_kir_barrier(k, v->cur);
 		/* the key tile of K (from K^T) and of V */
-		stage_rows(c, ks, p->kt, KEYS, p->D, p->D + 1, key0, p->Nk, p->D, true);
-		stage_rows(c, vs, p->v, KEYS, p->Dv, p->Dv, key0, p->Nk, p->Dv, false);
+		stage_rows(c, ks, 1, KEYS, p->D, p->D + 1, key0, p->Nk, p->D);
+		stage_rows(c, vs, 2, KEYS, p->Dv, p->Dv, key0, p->Nk, p->Dv);
 		ap_kir_barrier(k, v->cur);
 		/* this lane's key: its score */
 		key = ap_kir_bind(k, v->cur, k->index_type, "key", ap_kir_add(k, key0, lane));
@@ -750,6 +808,16 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 	oacc = ap_kir_local(k, "of", A, NO * 4);
 	if (ap_kir_failed(k))
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention");
+	for (int r = 0; r < 3; r++) {
+		static const char *const names[] = {"Q", "K", "V"};
+
+		if (p->aw[r])
+			ap_kir_comment(k, v->cur, "operand %s: cp.async, %zu bytes a copy", names[r],
+				       (size_t)p->aw[r] * ap_dtype_size(T));
+		else
+			ap_kir_comment(k, v->cur, "operand %s: through registers (computed on the way, or "
+				       "not contiguous along the head dim)", names[r]);
+	}
 	qblocks = (p->Nq + BQ - 1) / BQ;
 	tiles = p->batch * qblocks;
 	ntiles = (p->Nk + BK - 1) / BK;
@@ -785,7 +853,8 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 	}
 	/* the first of this warp's 16 rows */
 	wrow = ap_kir_bind(k, v->cur, k->index_type, "wr", ap_kir_add(k, q0, ap_kir_muli(k, warp, 16)));
-	stage_rows(c, qs, p->q, BQ, Dp, ldq, q0, p->Nq, p->D, false);
+	stage_rows(c, qs, 0, BQ, Dp, ldq, q0, p->Nq, p->D);
+	async_done(c, p->aw[0]);
 	ap_kir_barrier(k, v->cur);
 	{
 		ap_kir_var *kk = ap_v_loop_unrolled(v, "kq", Dp / 16, &saved);
@@ -815,8 +884,9 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 		ap_kir_var *rs[2];
 
 		ap_kir_barrier(k, v->cur);
-		stage_rows(c, ks, p->kt, BK, Dp, ldq, key0, p->Nk, p->D, true);
-		stage_rows(c, vs, p->v, BK, Dvp, ldv, key0, p->Nk, p->Dv, false);
+		stage_rows(c, ks, 1, BK, Dp, ldq, key0, p->Nk, p->D);
+		stage_rows(c, vs, 2, BK, Dvp, ldv, key0, p->Nk, p->Dv);
+		async_done(c, p->aw[1] || p->aw[2]);
 		ap_kir_barrier(k, v->cur);
 		/* S = Q K^T */
 		{

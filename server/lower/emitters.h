@@ -73,4 +73,42 @@ bool ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs
  * index its views and transposes lead to, its value built by v. */
 void ap__epilogue_store(ap_vctx *v, const ap_emap *maps, ap_lidx y_ix);
 
+/* ---- operands as strided views of buffers (view.c) ---------------------------- */
+
+/* A mixed-radix strided view of a buffer: each dim d is a run of factors
+ * (extent, stride), outer to inner, factors [first[d], first[d + 1]); a
+ * coordinate c of it is at sum_i ((c / inner_i) % extent_i) * stride_i,
+ * inner_i the product of the extents after factor i.  Every chain of
+ * reshapes and transposes of a buffer is such a view (a reshape regroups
+ * the factors, splitting one where a new dim ends inside it); slices and
+ * splits of a dim of one factor are too (an offset and a scaled stride).
+ * A dim of size 1 has no factor. */
+#define AP_SV_FACTORS 16
+
+typedef struct ap_sview {
+	int rank, nf;
+	int first[AP_MAX_RANK + 1];
+	int64_t fe[AP_SV_FACTORS], fs[AP_SV_FACTORS];
+	int64_t off;                    /* element of index 0 */
+} ap_sview;
+
+/* Tensor t of g as a strided view of a buffer, when it is one: views,
+ * transposes, slices and splits back to a leaf of the micro-graph (not a
+ * constant small enough to be baked into the kernel).  *out gets the view
+ * (of t's rank), *leaf the buffer's tensor.  False when t is computed, or
+ * its chain is no strided view (or longer than 32 ops). */
+bool ap_sview_of(const ap_graph *g, int t, ap_sview *out, int *leaf);
+/* Regroups v as `rank` x `dims` (a reshape): adjacent contiguous factors
+ * merge, then each new dim takes factors from the outside, splitting one
+ * whose extent the remainder divides.  False (v unchanged) when it cannot:
+ * a reshape that is no view, or more than AP_SV_FACTORS factors. */
+bool ap_sview_reshape(ap_sview *v, int rank, const int64_t *dims);
+/* The stride (elements) of dim d when it has at most one factor (0 for
+ * none); false for a composite dim. */
+bool ap_sview_stride(const ap_sview *v, int d, int64_t *s);
+/* Offset (elements) in the leaf buffer of element ix of view sv: per dim,
+ * its factors' coordinates (outermost without a remainder) times their
+ * strides, plus sv->off.  Expressions of k. */
+ap_kir_expr *ap_sview_offset(ap_kir_kernel *k, const ap_sview *sv, const ap_lidx *ix);
+
 #endif

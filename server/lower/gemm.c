@@ -56,23 +56,6 @@
 /* ---- analysis: the operands and the epilogue ----------------------------------- */
 
 
-/* A mixed-radix strided view of a buffer: each dim d is a run of factors
- * (extent, stride), outer to inner, factors [first[d], first[d + 1]); a
- * coordinate c of it is at sum_i ((c / inner_i) % extent_i) * stride_i,
- * inner_i the product of the extents after factor i.  Every chain of
- * reshapes and transposes of a buffer is such a view (a reshape regroups
- * the factors, splitting one where a new dim ends inside it); slices and
- * splits of a dim of one factor are too (an offset and a scaled stride).
- * A dim of size 1 has no factor. */
-#define SV_FACTORS 16
-
-typedef struct sview {
-	int rank, nf;
-	int first[AP_MAX_RANK + 1];
-	int64_t fe[SV_FACTORS], fs[SV_FACTORS];
-	int64_t off;                    /* element of index 0 */
-} sview;
-
 /* What a GEMM keeps of one batch dim of a plain operand: its factors. */
 #define BATCH_FACTORS 4
 
@@ -101,7 +84,7 @@ typedef struct gemm_opnd {
 					   at `gv`, copied one by one (4- and 8-byte types; a
 					   16-bit element by the 4-byte pair around it:
 					   copy_mode) */
-	sview gv;                       /* gather: the convolution input as a view of leaf */
+	ap_sview gv;                       /* gather: the convolution input as a view of leaf */
 } gemm_opnd;
 
 typedef struct gemm_plan {
@@ -134,178 +117,6 @@ static void plan_clear(gemm_plan *p)
 {
 	free(p->maps);
 	p->maps = NULL;
-}
-
-static void sv_rowmajor(sview *v, const ap_tensor *t)
-{
-	int64_t st = 1;
-
-	v->rank = t->rank;
-	v->off = 0;
-	v->nf = 0;
-	/* factors outer to inner: count first, then fill from the inside */
-	for (int d = 0; d < t->rank; d++) {
-		v->first[d] = v->nf;
-		if (t->dims[d] != 1)
-			v->nf++;
-	}
-	v->first[t->rank] = v->nf;
-	for (int d = t->rank - 1, f = v->nf - 1; d >= 0; d--)
-		if (t->dims[d] != 1) {
-			v->fe[f] = t->dims[d];
-			v->fs[f--] = st;
-			st *= t->dims[d];
-		}
-}
-
-/* The same elements as `rank` x `dims`: adjacent factors that are
- * contiguous with each other merge, then each new dim takes factors from
- * the outside until their extents multiply to its size, splitting a
- * factor whose extent the remainder divides.  False when it cannot (a
- * reshape that is no view of the buffer, or too many factors). */
-static bool sv_reshape(sview *v, int rank, const int64_t *dims)
-{
-	int64_t fe[SV_FACTORS], fs[SV_FACTORS];
-	int nf = 0, at = 0;
-	sview out;
-
-	for (int i = 0; i < v->nf; i++) {
-		if (nf > 0 && fs[nf - 1] == v->fe[i] * v->fs[i]) {
-			fe[nf - 1] *= v->fe[i];
-			fs[nf - 1] = v->fs[i];
-			continue;
-		}
-		fe[nf] = v->fe[i];
-		fs[nf++] = v->fs[i];
-	}
-	memset(&out, 0, sizeof(out));
-	out.rank = rank;
-	out.off = v->off;
-	for (int d = 0; d < rank; d++) {
-		int64_t need = dims[d];
-
-		out.first[d] = out.nf;
-		while (need > 1) {
-			if (at >= nf || out.nf == SV_FACTORS)
-				return false;
-			if (fe[at] <= need) {
-				if (need % fe[at])
-					return false;
-				out.fe[out.nf] = fe[at];
-				out.fs[out.nf++] = fs[at];
-				need /= fe[at++];
-			} else {
-				/* the outer `need` of this factor; the rest stays */
-				if (fe[at] % need)
-					return false;
-				out.fe[out.nf] = need;
-				out.fs[out.nf++] = fs[at] * (fe[at] / need);
-				fe[at] /= need;
-				need = 1;
-			}
-		}
-	}
-	out.first[rank] = out.nf;
-	if (at != nf)
-		return false;
-	*v = out;
-	return true;
-}
-
-/* The stride of dim d when it has at most one factor (0 for none); false
- * for a composite dim. */
-static bool sv_stride(const sview *v, int d, int64_t *s)
-{
-	int n = v->first[d + 1] - v->first[d];
-
-	*s = n ? v->fs[v->first[d]] : 0;
-	return n <= 1;
-}
-
-/* Operand `t` of the MatMul as a strided view of a buffer, when it is one:
- * views and transposes back to a leaf of the micro-graph. */
-static bool operand_view(const ap_graph *g, int t, sview *out, int *leaf)
-{
-	int chain[32], n = 0, x = t;
-
-	while (g->tensors[x].producer >= 0) {
-		const ap_node *p = &g->nodes[g->tensors[x].producer];
-
-		if ((!ap_op_is_view(p->op) && p->op != AP_OP_TRANSPOSE && p->op != AP_OP_SLICE &&
-		     p->op != AP_OP_SPLIT) || n == 32 || p->inputs[0] < 0)
-			return false;
-		chain[n++] = x;
-		x = p->inputs[0];
-	}
-	/* a constant of a few elements is baked into the kernel; a larger one
-	 * (a small convolution's weights) is read from a buffer like a weight */
-	if (g->tensors[x].kind == AP_TENSOR_CONST && ap_tensor_numel(&g->tensors[x]) <= AP_CONST_BAKE_MAX)
-		return false;
-	*leaf = x;
-	sv_rowmajor(out, &g->tensors[x]);
-	while (n > 0) {
-		int y = chain[--n];
-		const ap_node *p = &g->nodes[g->tensors[y].producer];
-		const ap_tensor *yt = &g->tensors[y];
-
-		if (p->op == AP_OP_TRANSPOSE) {
-			sview in = *out;
-
-			out->nf = 0;
-			for (int d = 0; d < yt->rank; d++) {
-				int64_t pd = ap_node_attr_at(p, "perm", d, yt->rank - 1 - d);
-
-				if (pd < 0 || pd >= in.rank)
-					return false;
-				out->first[d] = out->nf;
-				for (int f = in.first[pd]; f < in.first[pd + 1]; f++) {
-					out->fe[out->nf] = in.fe[f];
-					out->fs[out->nf++] = in.fs[f];
-				}
-			}
-			out->first[yt->rank] = out->nf;
-			out->rank = yt->rank;
-		} else if (p->op == AP_OP_SLICE) {
-			/* element c of the slice: start + c * step of its input (dims of
-			 * one factor only) */
-			for (int d = 0; d < out->rank; d++) {
-				int64_t st, start = ap_node_attr_at(p, "starts", d, 0), step = ap_node_attr_at(p, "steps", d, 1);
-				int f = out->first[d];
-
-				if (!sv_stride(out, d, &st))
-					return false;
-				out->off += start * st;
-				if (yt->dims[d] == 1 && out->first[d + 1] > f) {
-					/* a single element: the dim's factor goes */
-					memmove(&out->fe[f], &out->fe[f + 1], (size_t)(out->nf - f - 1) * sizeof(int64_t));
-					memmove(&out->fs[f], &out->fs[f + 1], (size_t)(out->nf - f - 1) * sizeof(int64_t));
-					out->nf--;
-					for (int q = d + 1; q <= out->rank; q++)
-						out->first[q]--;
-				} else if (out->first[d + 1] > f) {
-					out->fe[f] = yt->dims[d];
-					out->fs[f] = st * step;
-				}
-			}
-		} else if (p->op == AP_OP_SPLIT) {
-			/* this output: the input from the sizes of the outputs before it */
-			int64_t axis = ap_node_int(p, "axis", 0), start = 0, st;
-
-			if (axis < 0 || axis >= out->rank || !sv_stride(out, (int)axis, &st) ||
-			    out->first[axis + 1] == out->first[axis])
-				return false;
-			for (int o = 0; o < p->n_outputs && p->outputs[o] != y; o++)
-				if (p->outputs[o] >= 0)
-					start += g->tensors[p->outputs[o]].dims[axis];
-			out->off += start * st;
-			out->fe[out->first[axis]] = yt->dims[axis];
-			if (yt->dims[axis] == 1)
-				return false;   /* keep it simple: a one-element split is rare */
-		} else if (!sv_reshape(out, yt->rank, yt->dims)) {
-			return false;
-		}
-	}
-	return true;
 }
 
 /* Elements per cp.async for a plain operand: 16 bytes' worth, or fewer,
@@ -365,7 +176,7 @@ static void composite_vector(gemm_opnd *o, int nb, size_t es)
 static void analyze_operand(const ap_graph *g, const gemm_plan *p, int role, gemm_opnd *o)
 {
 	const ap_tensor *t = &g->tensors[o->t];
-	sview sv;
+	ap_sview sv;
 	int r = t->rank;
 	size_t es = ap_dtype_size(t->dtype);
 
@@ -373,10 +184,10 @@ static void analyze_operand(const ap_graph *g, const gemm_plan *p, int role, gem
 	o->cvec = false;
 	o->k_fast = role == 0;   /* activations [M, K]; weights [K, N] */
 	o->vec = 0;
-	if (!operand_view(g, o->t, &sv, &o->leaf) || sv.rank != r)
+	if (!ap_sview_of(g, o->t, &sv, &o->leaf) || sv.rank != r)
 		return;
-	o->composite = !sv_stride(&sv, r - 2, role == 0 ? &o->s_outer : &o->s_k) ||
-		       !sv_stride(&sv, r - 1, role == 0 ? &o->s_k : &o->s_outer);
+	o->composite = !ap_sview_stride(&sv, r - 2, role == 0 ? &o->s_outer : &o->s_k) ||
+		       !ap_sview_stride(&sv, r - 1, role == 0 ? &o->s_k : &o->s_outer);
 	if (o->composite) {
 		/* a mixed-radix row or k dim (a weight read transposed through a
 		 * reshape): addressed factor by factor, copied element by element */
@@ -559,7 +370,7 @@ static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *
 	for (int role = 0; role < 2; role++) {
 		gemm_opnd *op = role ? &p->b : &p->a;
 
-		if (op->plain || !operand_view(g, op->t, &op->gv, &op->leaf) ||
+		if (op->plain || !ap_sview_of(g, op->t, &op->gv, &op->leaf) ||
 		    g->tensors[op->leaf].kind == AP_TENSOR_CONST || op->gv.rank != g->tensors[op->t].rank)
 			continue;
 		op->gather = true;
@@ -1261,29 +1072,6 @@ static ap_kir_expr *conv_element(gctx *c, int role, ap_kir_expr *o, ap_kir_expr 
 	return ap_kir_ref(k, r);
 }
 
-/* Offset in the leaf buffer of element ix of a view: per dim, its factors'
- * coordinates (outermost without a remainder) times their strides. */
-static ap_kir_expr *view_offset(gctx *c, const sview *sv, const ap_lidx *ix)
-{
-	ap_kir_kernel *k = c->k;
-	ap_kir_expr *e = I(c, sv->off);
-
-	for (int d = 0; d < sv->rank; d++) {
-		int64_t inner = 1;
-
-		for (int q = sv->first[d + 1] - 1; q >= sv->first[d]; q--) {
-			ap_kir_expr *cf = ix->c[d];
-
-			if (inner > 1)
-				cf = ap_kir_binary(k, AP_KIR_DIV, cf, I(c, inner));
-			if (q > sv->first[d])
-				cf = ap_kir_binary(k, AP_KIR_REM, cf, I(c, sv->fe[q]));
-			e = ap_kir_add(k, e, ap_kir_muli(k, cf, sv->fs[q]));
-			inner *= sv->fe[q];
-		}
-	}
-	return e;
-}
 
 /* Shared-memory index of (outer, k) in stage `st` of operand `role`'s
  * tile (a pair-staged operand has one tile: st is ignored). */
@@ -1364,7 +1152,7 @@ static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 		conv_index(c, role, og, kg, &ix, &valid);
 		if (valid)
 			pred = pred ? ap_kir_binary(k, AP_KIR_LAND, pred, valid) : valid;
-		src = view_offset(c, &op->gv, &ix);
+		src = ap_sview_offset(c->k, &op->gv, &ix);
 	} else {
 		src = plain_offset(c, role, og, kg);
 	}

@@ -25,6 +25,9 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_bf16_stats(__nv
 	/* p5: reads bfloat16 [2,3,45,24] */
 	/* p6: reads bfloat16 [2,3,45,20] */
 	/* p7: reads bfloat16 [37,45] */
+	/* operand Q: cp.async, 16 bytes a copy */
+	/* operand K: cp.async, 16 bytes a copy */
+	/* operand V: cp.async, 8 bytes a copy */
 	int w0 = (((int)threadIdx.x) >> 5);
 	int ln1 = (((int)threadIdx.x) & 31);
 	int g2 = (ln1 >> 2);
@@ -36,250 +39,239 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_bf16_stats(__nv
 		int b7 = (bi5 % 3);
 		int b8 = ((bi5 / 3) % 2);
 		int wr9 = (q06 + (w0 * 16));
-		for (int e10 = ((int)threadIdx.x); e10 < 512; e10 += 32) {
-			int gr11 = (q06 + (e10 / 32));
-			__nv_bfloat16 x12 = __ushort_as_bfloat16((unsigned short)0x0000u);
-			if (((gr11 < 37) && ((e10 % 32) < 24))) {
-				__nv_bfloat16 v13 = p4[((((b8 * 2664) + (b7 * 888)) + (gr11 * 24)) + (e10 % 32))];
-				x12 = v13;
-			}
-			qs[(((e10 / 32) * 40) + (e10 % 32))] = x12;
+		for (int e10 = ((int)threadIdx.x); e10 < 64; e10 += 32) {
+			int gr11 = (q06 + (e10 / 4));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&qs[(((e10 / 4) * 40) + ((e10 % 4) * 8))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr11 < 37) && (((e10 % 4) * 8) < 24))) ? &p4[((((b8 * 2664) + (b7 * 888)) + (gr11 * 24)) + ((e10 % 4) * 8))] : p4), "r"((((gr11 < 37) && (((e10 % 4) * 8) < 24))) ? 16 : 0) : "memory"); }
 		}
+		asm volatile("cp.async.commit_group;\n" ::: "memory");
+		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		__syncthreads();
 		#pragma unroll
-		for (int kq14 = 0; kq14 < 2; kq14 += 1) {
-			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&qs[((((w0 * 16) + (ln1 & 15)) * 40) + ((kq14 * 16) + ((ln1 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq14 * 8)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); qf[(kq14 * 8) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); qf[(kq14 * 8) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); qf[(kq14 * 8) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); qf[(kq14 * 8) + 4] = __ushort_as_bfloat16((unsigned short)(ap_r2 & 0xffffu)); qf[(kq14 * 8) + 5] = __ushort_as_bfloat16((unsigned short)(ap_r2 >> 16)); qf[(kq14 * 8) + 6] = __ushort_as_bfloat16((unsigned short)(ap_r3 & 0xffffu)); qf[(kq14 * 8) + 7] = __ushort_as_bfloat16((unsigned short)(ap_r3 >> 16)); }
+		for (int kq12 = 0; kq12 < 2; kq12 += 1) {
+			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&qs[((((w0 * 16) + (ln1 & 15)) * 40) + ((kq12 * 16) + ((ln1 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq12 * 8)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); qf[(kq12 * 8) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); qf[(kq12 * 8) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); qf[(kq12 * 8) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); qf[(kq12 * 8) + 4] = __ushort_as_bfloat16((unsigned short)(ap_r2 & 0xffffu)); qf[(kq12 * 8) + 5] = __ushort_as_bfloat16((unsigned short)(ap_r2 >> 16)); qf[(kq12 * 8) + 6] = __ushort_as_bfloat16((unsigned short)(ap_r3 & 0xffffu)); qf[(kq12 * 8) + 7] = __ushort_as_bfloat16((unsigned short)(ap_r3 >> 16)); }
 		}
+		float m13 = (-AP_INFF);
+		float l14 = 0x0p+0f;
 		float m15 = (-AP_INFF);
 		float l16 = 0x0p+0f;
-		float m17 = (-AP_INFF);
-		float l18 = 0x0p+0f;
 		#pragma unroll
-		for (int z19 = 0; z19 < 12; z19 += 1) {
-			of[z19] = 0x0p+0f;
+		for (int z17 = 0; z17 < 12; z17 += 1) {
+			of[z17] = 0x0p+0f;
 		}
-		for (int kt20 = 0; kt20 < 1; kt20 += 1) {
-			int k021 = (kt20 * 64);
+		for (int kt18 = 0; kt18 < 1; kt18 += 1) {
+			int k019 = (kt18 * 64);
 			__syncthreads();
-			for (int e22 = ((int)threadIdx.x); e22 < 2048; e22 += 32) {
-				int gr23 = (k021 + (e22 / 32));
-				__nv_bfloat16 x24 = __ushort_as_bfloat16((unsigned short)0x0000u);
-				if (((gr23 < 45) && ((e22 % 32) < 24))) {
-					__nv_bfloat16 v25 = p5[((((b8 * 3240) + (b7 * 1080)) + (gr23 * 24)) + (e22 % 32))];
-					x24 = v25;
-				}
-				ks[(((e22 / 32) * 40) + (e22 % 32))] = x24;
+			for (int e20 = ((int)threadIdx.x); e20 < 256; e20 += 32) {
+				int gr21 = (k019 + (e20 / 4));
+				{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[(((e20 / 4) * 40) + ((e20 % 4) * 8))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr21 < 45) && (((e20 % 4) * 8) < 24))) ? &p5[((((b8 * 3240) + (b7 * 1080)) + ((e20 % 4) * 8)) + (gr21 * 24))] : p5), "r"((((gr21 < 45) && (((e20 % 4) * 8) < 24))) ? 16 : 0) : "memory"); }
 			}
-			for (int e26 = ((int)threadIdx.x); e26 < 1536; e26 += 32) {
-				int gr27 = (k021 + (e26 / 24));
-				__nv_bfloat16 x28 = __ushort_as_bfloat16((unsigned short)0x0000u);
-				if (((gr27 < 45) && ((e26 % 24) < 20))) {
-					__nv_bfloat16 v29 = p6[((((b8 * 2700) + (b7 * 900)) + (gr27 * 20)) + (e26 % 24))];
-					x28 = v29;
-				}
-				vs[(((e26 / 24) * 32) + (e26 % 24))] = x28;
+			for (int e22 = ((int)threadIdx.x); e22 < 384; e22 += 32) {
+				int gr23 = (k019 + (e22 / 6));
+				{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[(((e22 / 6) * 32) + ((e22 % 6) * 4))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr23 < 45) && (((e22 % 6) * 4) < 20))) ? &p6[((((b8 * 2700) + (b7 * 900)) + (gr23 * 20)) + ((e22 % 6) * 4))] : p6), "r"((((gr23 < 45) && (((e22 % 6) * 4) < 20))) ? 8 : 0) : "memory"); }
 			}
+			asm volatile("cp.async.commit_group;\n" ::: "memory");
+			asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 			__syncthreads();
 			#pragma unroll
-			for (int z30 = 0; z30 < 32; z30 += 1) {
-				sf[z30] = 0x0p+0f;
+			for (int z24 = 0; z24 < 32; z24 += 1) {
+				sf[z24] = 0x0p+0f;
 			}
 			#pragma unroll
-			for (int kq31 = 0; kq31 < 2; kq31 += 1) {
+			for (int kq25 = 0; kq25 < 2; kq25 += 1) {
 				#pragma unroll
-				for (int ni32 = 0; ni32 < 8; ni32 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[((((ni32 * 8) + (ln1 & 7)) * 40) + ((kq31 * 16) + (((ln1 >> 3) & 1) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
-					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni32 * 4)]), "=f"(sf[(ni32 * 4) + 1]), "=f"(sf[(ni32 * 4) + 2]), "=f"(sf[(ni32 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(qf[(kq31 * 8)]) | ((unsigned)__bfloat16_as_ushort(qf[(kq31 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq31 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(qf[(kq31 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq31 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(qf[(kq31 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq31 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(qf[(kq31 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 3]) << 16))), "f"(sf[(ni32 * 4)]), "f"(sf[(ni32 * 4) + 1]), "f"(sf[(ni32 * 4) + 2]), "f"(sf[(ni32 * 4) + 3]));
+				for (int ni26 = 0; ni26 < 8; ni26 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[((((ni26 * 8) + (ln1 & 7)) * 40) + ((kq25 * 16) + (((ln1 >> 3) & 1) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
+					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni26 * 4)]), "=f"(sf[(ni26 * 4) + 1]), "=f"(sf[(ni26 * 4) + 2]), "=f"(sf[(ni26 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8)]) | ((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 3]) << 16))), "f"(sf[(ni26 * 4)]), "f"(sf[(ni26 * 4) + 1]), "f"(sf[(ni26 * 4) + 2]), "f"(sf[(ni26 * 4) + 3]));
 				}
 			}
 			#pragma unroll
-			for (int ni33 = 0; ni33 < 8; ni33 += 1) {
-				int r34 = (wr9 + g2);
-				int key35 = ((k021 + (ni33 * 8)) + (tq3 * 2));
-				float s36 = (-AP_INFF);
-				if ((key35 < 45)) {
-					float dot37 = sf[(ni33 * 4)];
-					__nv_bfloat16 v38 = __float2bfloat16_rn(dot37);
-					__nv_bfloat16 v39 = __float2bfloat16_rn((__bfloat162float(v38) / 0x1p+2f));
-					__nv_bfloat16 v40 = p7[(((r34 < 36 ? r34 : 36) * 45) + key35)];
-					__nv_bfloat16 v41 = __float2bfloat16_rn((__bfloat162float(v39) + __bfloat162float(v40)));
-					s36 = __bfloat162float(v41);
-					if ((r34 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r34 * 45)) + key35)] = __float2bfloat16_rn(s36);
+			for (int ni27 = 0; ni27 < 8; ni27 += 1) {
+				int r28 = (wr9 + g2);
+				int key29 = ((k019 + (ni27 * 8)) + (tq3 * 2));
+				float s30 = (-AP_INFF);
+				if ((key29 < 45)) {
+					float dot31 = sf[(ni27 * 4)];
+					__nv_bfloat16 v32 = __float2bfloat16_rn(dot31);
+					__nv_bfloat16 v33 = __float2bfloat16_rn((__bfloat162float(v32) / 0x1p+2f));
+					__nv_bfloat16 v34 = p7[(((r28 < 36 ? r28 : 36) * 45) + key29)];
+					__nv_bfloat16 v35 = __float2bfloat16_rn((__bfloat162float(v33) + __bfloat162float(v34)));
+					s30 = __bfloat162float(v35);
+					if ((r28 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r28 * 45)) + key29)] = __float2bfloat16_rn(s30);
 					}
 				}
-				sf[(ni33 * 4)] = s36;
-				int r42 = (wr9 + g2);
-				int key43 = ((k021 + (ni33 * 8)) + ((tq3 * 2) + 1));
-				float s44 = (-AP_INFF);
-				if ((key43 < 45)) {
-					float dot45 = sf[((ni33 * 4) + 1)];
-					__nv_bfloat16 v46 = __float2bfloat16_rn(dot45);
-					__nv_bfloat16 v47 = __float2bfloat16_rn((__bfloat162float(v46) / 0x1p+2f));
-					__nv_bfloat16 v48 = p7[(((r42 < 36 ? r42 : 36) * 45) + key43)];
-					__nv_bfloat16 v49 = __float2bfloat16_rn((__bfloat162float(v47) + __bfloat162float(v48)));
-					s44 = __bfloat162float(v49);
-					if ((r42 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r42 * 45)) + key43)] = __float2bfloat16_rn(s44);
+				sf[(ni27 * 4)] = s30;
+				int r36 = (wr9 + g2);
+				int key37 = ((k019 + (ni27 * 8)) + ((tq3 * 2) + 1));
+				float s38 = (-AP_INFF);
+				if ((key37 < 45)) {
+					float dot39 = sf[((ni27 * 4) + 1)];
+					__nv_bfloat16 v40 = __float2bfloat16_rn(dot39);
+					__nv_bfloat16 v41 = __float2bfloat16_rn((__bfloat162float(v40) / 0x1p+2f));
+					__nv_bfloat16 v42 = p7[(((r36 < 36 ? r36 : 36) * 45) + key37)];
+					__nv_bfloat16 v43 = __float2bfloat16_rn((__bfloat162float(v41) + __bfloat162float(v42)));
+					s38 = __bfloat162float(v43);
+					if ((r36 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r36 * 45)) + key37)] = __float2bfloat16_rn(s38);
 					}
 				}
-				sf[((ni33 * 4) + 1)] = s44;
-				int r50 = (wr9 + (g2 + 8));
-				int key51 = ((k021 + (ni33 * 8)) + (tq3 * 2));
-				float s52 = (-AP_INFF);
-				if ((key51 < 45)) {
-					float dot53 = sf[((ni33 * 4) + 2)];
-					__nv_bfloat16 v54 = __float2bfloat16_rn(dot53);
-					__nv_bfloat16 v55 = __float2bfloat16_rn((__bfloat162float(v54) / 0x1p+2f));
-					__nv_bfloat16 v56 = p7[(((r50 < 36 ? r50 : 36) * 45) + key51)];
-					__nv_bfloat16 v57 = __float2bfloat16_rn((__bfloat162float(v55) + __bfloat162float(v56)));
-					s52 = __bfloat162float(v57);
-					if ((r50 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r50 * 45)) + key51)] = __float2bfloat16_rn(s52);
+				sf[((ni27 * 4) + 1)] = s38;
+				int r44 = (wr9 + (g2 + 8));
+				int key45 = ((k019 + (ni27 * 8)) + (tq3 * 2));
+				float s46 = (-AP_INFF);
+				if ((key45 < 45)) {
+					float dot47 = sf[((ni27 * 4) + 2)];
+					__nv_bfloat16 v48 = __float2bfloat16_rn(dot47);
+					__nv_bfloat16 v49 = __float2bfloat16_rn((__bfloat162float(v48) / 0x1p+2f));
+					__nv_bfloat16 v50 = p7[(((r44 < 36 ? r44 : 36) * 45) + key45)];
+					__nv_bfloat16 v51 = __float2bfloat16_rn((__bfloat162float(v49) + __bfloat162float(v50)));
+					s46 = __bfloat162float(v51);
+					if ((r44 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r44 * 45)) + key45)] = __float2bfloat16_rn(s46);
 					}
 				}
-				sf[((ni33 * 4) + 2)] = s52;
-				int r58 = (wr9 + (g2 + 8));
-				int key59 = ((k021 + (ni33 * 8)) + ((tq3 * 2) + 1));
-				float s60 = (-AP_INFF);
-				if ((key59 < 45)) {
-					float dot61 = sf[((ni33 * 4) + 3)];
-					__nv_bfloat16 v62 = __float2bfloat16_rn(dot61);
-					__nv_bfloat16 v63 = __float2bfloat16_rn((__bfloat162float(v62) / 0x1p+2f));
-					__nv_bfloat16 v64 = p7[(((r58 < 36 ? r58 : 36) * 45) + key59)];
-					__nv_bfloat16 v65 = __float2bfloat16_rn((__bfloat162float(v63) + __bfloat162float(v64)));
-					s60 = __bfloat162float(v65);
-					if ((r58 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r58 * 45)) + key59)] = __float2bfloat16_rn(s60);
+				sf[((ni27 * 4) + 2)] = s46;
+				int r52 = (wr9 + (g2 + 8));
+				int key53 = ((k019 + (ni27 * 8)) + ((tq3 * 2) + 1));
+				float s54 = (-AP_INFF);
+				if ((key53 < 45)) {
+					float dot55 = sf[((ni27 * 4) + 3)];
+					__nv_bfloat16 v56 = __float2bfloat16_rn(dot55);
+					__nv_bfloat16 v57 = __float2bfloat16_rn((__bfloat162float(v56) / 0x1p+2f));
+					__nv_bfloat16 v58 = p7[(((r52 < 36 ? r52 : 36) * 45) + key53)];
+					__nv_bfloat16 v59 = __float2bfloat16_rn((__bfloat162float(v57) + __bfloat162float(v58)));
+					s54 = __bfloat162float(v59);
+					if ((r52 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r52 * 45)) + key53)] = __float2bfloat16_rn(s54);
 					}
 				}
-				sf[((ni33 * 4) + 3)] = s60;
+				sf[((ni27 * 4) + 3)] = s54;
 			}
-			float mx66 = (-AP_INFF);
+			float mx60 = (-AP_INFF);
 			#pragma unroll
-			for (int ni67 = 0; ni67 < 8; ni67 += 1) {
-				mx66 = (mx66 > sf[(ni67 * 4)] ? mx66 : sf[(ni67 * 4)]);
-				mx66 = (mx66 > sf[((ni67 * 4) + 1)] ? mx66 : sf[((ni67 * 4) + 1)]);
+			for (int ni61 = 0; ni61 < 8; ni61 += 1) {
+				mx60 = (mx60 > sf[(ni61 * 4)] ? mx60 : sf[(ni61 * 4)]);
+				mx60 = (mx60 > sf[((ni61 * 4) + 1)] ? mx60 : sf[((ni61 * 4) + 1)]);
 			}
-			float wm68 = mx66;
-			float sh69;
-			sh69 = __shfl_xor_sync(0xffffffffu, wm68, (int)2, 32);
-			wm68 = (wm68 > sh69 ? wm68 : sh69);
-			float sh70;
-			sh70 = __shfl_xor_sync(0xffffffffu, wm68, (int)1, 32);
-			wm68 = (wm68 > sh70 ? wm68 : sh70);
-			float mn71 = (m15 > wm68 ? m15 : wm68);
-			unsigned char dd72 = (mn71 == (-AP_INFF));
-			float al73 = (dd72 ? 0x1p+0f : expf((m15 - mn71)));
-			float rs74 = 0x0p+0f;
-			float mx75 = (-AP_INFF);
+			float wm62 = mx60;
+			float sh63;
+			sh63 = __shfl_xor_sync(0xffffffffu, wm62, (int)2, 32);
+			wm62 = (wm62 > sh63 ? wm62 : sh63);
+			float sh64;
+			sh64 = __shfl_xor_sync(0xffffffffu, wm62, (int)1, 32);
+			wm62 = (wm62 > sh64 ? wm62 : sh64);
+			float mn65 = (m13 > wm62 ? m13 : wm62);
+			unsigned char dd66 = (mn65 == (-AP_INFF));
+			float al67 = (dd66 ? 0x1p+0f : expf((m13 - mn65)));
+			float rs68 = 0x0p+0f;
+			float mx69 = (-AP_INFF);
 			#pragma unroll
-			for (int ni76 = 0; ni76 < 8; ni76 += 1) {
-				mx75 = (mx75 > sf[((ni76 * 4) + 2)] ? mx75 : sf[((ni76 * 4) + 2)]);
-				mx75 = (mx75 > sf[((ni76 * 4) + 3)] ? mx75 : sf[((ni76 * 4) + 3)]);
+			for (int ni70 = 0; ni70 < 8; ni70 += 1) {
+				mx69 = (mx69 > sf[((ni70 * 4) + 2)] ? mx69 : sf[((ni70 * 4) + 2)]);
+				mx69 = (mx69 > sf[((ni70 * 4) + 3)] ? mx69 : sf[((ni70 * 4) + 3)]);
 			}
-			float wm77 = mx75;
-			float sh78;
-			sh78 = __shfl_xor_sync(0xffffffffu, wm77, (int)2, 32);
-			wm77 = (wm77 > sh78 ? wm77 : sh78);
-			float sh79;
-			sh79 = __shfl_xor_sync(0xffffffffu, wm77, (int)1, 32);
-			wm77 = (wm77 > sh79 ? wm77 : sh79);
-			float mn80 = (m17 > wm77 ? m17 : wm77);
-			unsigned char dd81 = (mn80 == (-AP_INFF));
-			float al82 = (dd81 ? 0x1p+0f : expf((m17 - mn80)));
-			float rs83 = 0x0p+0f;
+			float wm71 = mx69;
+			float sh72;
+			sh72 = __shfl_xor_sync(0xffffffffu, wm71, (int)2, 32);
+			wm71 = (wm71 > sh72 ? wm71 : sh72);
+			float sh73;
+			sh73 = __shfl_xor_sync(0xffffffffu, wm71, (int)1, 32);
+			wm71 = (wm71 > sh73 ? wm71 : sh73);
+			float mn74 = (m15 > wm71 ? m15 : wm71);
+			unsigned char dd75 = (mn74 == (-AP_INFF));
+			float al76 = (dd75 ? 0x1p+0f : expf((m15 - mn74)));
+			float rs77 = 0x0p+0f;
 			#pragma unroll
-			for (int ni84 = 0; ni84 < 8; ni84 += 1) {
-				float p85 = (dd72 ? 0x0p+0f : expf((sf[(ni84 * 4)] - mn71)));
-				rs74 = (rs74 + p85);
-				pf[(ni84 * 4)] = __float2bfloat16_rn(p85);
-				float p86 = (dd72 ? 0x0p+0f : expf((sf[((ni84 * 4) + 1)] - mn71)));
-				rs74 = (rs74 + p86);
-				pf[((ni84 * 4) + 1)] = __float2bfloat16_rn(p86);
-				float p87 = (dd81 ? 0x0p+0f : expf((sf[((ni84 * 4) + 2)] - mn80)));
-				rs83 = (rs83 + p87);
-				pf[((ni84 * 4) + 2)] = __float2bfloat16_rn(p87);
-				float p88 = (dd81 ? 0x0p+0f : expf((sf[((ni84 * 4) + 3)] - mn80)));
-				rs83 = (rs83 + p88);
-				pf[((ni84 * 4) + 3)] = __float2bfloat16_rn(p88);
+			for (int ni78 = 0; ni78 < 8; ni78 += 1) {
+				float p79 = (dd66 ? 0x0p+0f : expf((sf[(ni78 * 4)] - mn65)));
+				rs68 = (rs68 + p79);
+				pf[(ni78 * 4)] = __float2bfloat16_rn(p79);
+				float p80 = (dd66 ? 0x0p+0f : expf((sf[((ni78 * 4) + 1)] - mn65)));
+				rs68 = (rs68 + p80);
+				pf[((ni78 * 4) + 1)] = __float2bfloat16_rn(p80);
+				float p81 = (dd75 ? 0x0p+0f : expf((sf[((ni78 * 4) + 2)] - mn74)));
+				rs77 = (rs77 + p81);
+				pf[((ni78 * 4) + 2)] = __float2bfloat16_rn(p81);
+				float p82 = (dd75 ? 0x0p+0f : expf((sf[((ni78 * 4) + 3)] - mn74)));
+				rs77 = (rs77 + p82);
+				pf[((ni78 * 4) + 3)] = __float2bfloat16_rn(p82);
 			}
-			l16 = ((l16 * al73) + rs74);
-			m15 = mn71;
-			l18 = ((l18 * al82) + rs83);
-			m17 = mn80;
+			l14 = ((l14 * al67) + rs68);
+			m13 = mn65;
+			l16 = ((l16 * al76) + rs77);
+			m15 = mn74;
 			#pragma unroll
-			for (int no89 = 0; no89 < 3; no89 += 1) {
-				of[(no89 * 4)] = (of[(no89 * 4)] * al73);
-				of[((no89 * 4) + 1)] = (of[((no89 * 4) + 1)] * al73);
-				of[((no89 * 4) + 2)] = (of[((no89 * 4) + 2)] * al82);
-				of[((no89 * 4) + 3)] = (of[((no89 * 4) + 3)] * al82);
+			for (int no83 = 0; no83 < 3; no83 += 1) {
+				of[(no83 * 4)] = (of[(no83 * 4)] * al67);
+				of[((no83 * 4) + 1)] = (of[((no83 * 4) + 1)] * al67);
+				of[((no83 * 4) + 2)] = (of[((no83 * 4) + 2)] * al76);
+				of[((no83 * 4) + 3)] = (of[((no83 * 4) + 3)] * al76);
 			}
 			#pragma unroll
-			for (int kj90 = 0; kj90 < 4; kj90 += 1) {
+			for (int kj84 = 0; kj84 < 4; kj84 += 1) {
 				#pragma unroll
-				for (int no91 = 0; no91 < 3; no91 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[((((kj90 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 32) + (no91 * 8))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
-					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no91 * 4)]), "=f"(of[(no91 * 4) + 1]), "=f"(of[(no91 * 4) + 2]), "=f"(of[(no91 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(pf[(kj90 * 8)]) | ((unsigned)__bfloat16_as_ushort(pf[(kj90 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj90 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(pf[(kj90 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj90 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(pf[(kj90 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj90 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(pf[(kj90 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 3]) << 16))), "f"(of[(no91 * 4)]), "f"(of[(no91 * 4) + 1]), "f"(of[(no91 * 4) + 2]), "f"(of[(no91 * 4) + 3]));
+				for (int no85 = 0; no85 < 3; no85 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[((((kj84 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 32) + (no85 * 8))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
+					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no85 * 4)]), "=f"(of[(no85 * 4) + 1]), "=f"(of[(no85 * 4) + 2]), "=f"(of[(no85 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8)]) | ((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 3]) << 16))), "f"(of[(no85 * 4)]), "f"(of[(no85 * 4) + 1]), "f"(of[(no85 * 4) + 2]), "f"(of[(no85 * 4) + 3]));
 				}
 			}
 		}
-		float ws92 = l16;
-		float sh93;
-		sh93 = __shfl_xor_sync(0xffffffffu, ws92, (int)2, 32);
-		ws92 = (ws92 + sh93);
-		float sh94;
-		sh94 = __shfl_xor_sync(0xffffffffu, ws92, (int)1, 32);
-		ws92 = (ws92 + sh94);
-		l16 = ws92;
-		float ws95 = l18;
-		float sh96;
-		sh96 = __shfl_xor_sync(0xffffffffu, ws95, (int)2, 32);
-		ws95 = (ws95 + sh96);
-		float sh97;
-		sh97 = __shfl_xor_sync(0xffffffffu, ws95, (int)1, 32);
-		ws95 = (ws95 + sh97);
-		l18 = ws95;
+		float ws86 = l14;
+		float sh87;
+		sh87 = __shfl_xor_sync(0xffffffffu, ws86, (int)2, 32);
+		ws86 = (ws86 + sh87);
+		float sh88;
+		sh88 = __shfl_xor_sync(0xffffffffu, ws86, (int)1, 32);
+		ws86 = (ws86 + sh88);
+		l14 = ws86;
+		float ws89 = l16;
+		float sh90;
+		sh90 = __shfl_xor_sync(0xffffffffu, ws89, (int)2, 32);
+		ws89 = (ws89 + sh90);
+		float sh91;
+		sh91 = __shfl_xor_sync(0xffffffffu, ws89, (int)1, 32);
+		ws89 = (ws89 + sh91);
+		l16 = ws89;
 		#pragma unroll
-		for (int no98 = 0; no98 < 3; no98 += 1) {
-			int r99 = (wr9 + g2);
-			int col100 = ((no98 * 8) + (tq3 * 2));
-			if (((r99 < 37) && (col100 < 20))) {
-				float o101 = (of[(no98 * 4)] / l16);
-				__nv_bfloat16 v102 = __float2bfloat16_rn(o101);
-				p0[((((b8 * 2220) + (r99 * 60)) + (b7 * 20)) + col100)] = v102;
+		for (int no92 = 0; no92 < 3; no92 += 1) {
+			int r93 = (wr9 + g2);
+			int col94 = ((no92 * 8) + (tq3 * 2));
+			if (((r93 < 37) && (col94 < 20))) {
+				float o95 = (of[(no92 * 4)] / l14);
+				__nv_bfloat16 v96 = __float2bfloat16_rn(o95);
+				p0[((((b8 * 2220) + (r93 * 60)) + (b7 * 20)) + col94)] = v96;
 			}
-			int r103 = (wr9 + g2);
-			int col104 = ((no98 * 8) + ((tq3 * 2) + 1));
-			if (((r103 < 37) && (col104 < 20))) {
-				float o105 = (of[((no98 * 4) + 1)] / l16);
-				__nv_bfloat16 v106 = __float2bfloat16_rn(o105);
-				p0[((((b8 * 2220) + (r103 * 60)) + (b7 * 20)) + col104)] = v106;
+			int r97 = (wr9 + g2);
+			int col98 = ((no92 * 8) + ((tq3 * 2) + 1));
+			if (((r97 < 37) && (col98 < 20))) {
+				float o99 = (of[((no92 * 4) + 1)] / l14);
+				__nv_bfloat16 v100 = __float2bfloat16_rn(o99);
+				p0[((((b8 * 2220) + (r97 * 60)) + (b7 * 20)) + col98)] = v100;
 			}
-			int r107 = (wr9 + (g2 + 8));
-			int col108 = ((no98 * 8) + (tq3 * 2));
-			if (((r107 < 37) && (col108 < 20))) {
-				float o109 = (of[((no98 * 4) + 2)] / l18);
-				__nv_bfloat16 v110 = __float2bfloat16_rn(o109);
-				p0[((((b8 * 2220) + (r107 * 60)) + (b7 * 20)) + col108)] = v110;
+			int r101 = (wr9 + (g2 + 8));
+			int col102 = ((no92 * 8) + (tq3 * 2));
+			if (((r101 < 37) && (col102 < 20))) {
+				float o103 = (of[((no92 * 4) + 2)] / l16);
+				__nv_bfloat16 v104 = __float2bfloat16_rn(o103);
+				p0[((((b8 * 2220) + (r101 * 60)) + (b7 * 20)) + col102)] = v104;
 			}
-			int r111 = (wr9 + (g2 + 8));
-			int col112 = ((no98 * 8) + ((tq3 * 2) + 1));
-			if (((r111 < 37) && (col112 < 20))) {
-				float o113 = (of[((no98 * 4) + 3)] / l18);
-				__nv_bfloat16 v114 = __float2bfloat16_rn(o113);
-				p0[((((b8 * 2220) + (r111 * 60)) + (b7 * 20)) + col112)] = v114;
+			int r105 = (wr9 + (g2 + 8));
+			int col106 = ((no92 * 8) + ((tq3 * 2) + 1));
+			if (((r105 < 37) && (col106 < 20))) {
+				float o107 = (of[((no92 * 4) + 3)] / l16);
+				__nv_bfloat16 v108 = __float2bfloat16_rn(o107);
+				p0[((((b8 * 2220) + (r105 * 60)) + (b7 * 20)) + col106)] = v108;
 			}
 		}
-		int r115 = (wr9 + g2);
-		if (((r115 < 37) && (tq3 == 0))) {
-			p2[(((b8 * 111) + (b7 * 37)) + r115)] = __float2bfloat16_rn(m15);
-			p3[(((b8 * 111) + (b7 * 37)) + r115)] = __float2bfloat16_rn(l16);
+		int r109 = (wr9 + g2);
+		if (((r109 < 37) && (tq3 == 0))) {
+			p2[(((b8 * 111) + (b7 * 37)) + r109)] = __float2bfloat16_rn(m13);
+			p3[(((b8 * 111) + (b7 * 37)) + r109)] = __float2bfloat16_rn(l14);
 		}
-		int r116 = (wr9 + (g2 + 8));
-		if (((r116 < 37) && (tq3 == 0))) {
-			p2[(((b8 * 111) + (b7 * 37)) + r116)] = __float2bfloat16_rn(m17);
-			p3[(((b8 * 111) + (b7 * 37)) + r116)] = __float2bfloat16_rn(l18);
+		int r110 = (wr9 + (g2 + 8));
+		if (((r110 < 37) && (tq3 == 0))) {
+			p2[(((b8 * 111) + (b7 * 37)) + r110)] = __float2bfloat16_rn(m15);
+			p3[(((b8 * 111) + (b7 * 37)) + r110)] = __float2bfloat16_rn(l16);
 		}
 	}
 }

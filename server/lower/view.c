@@ -1,0 +1,204 @@
+/* view.c -- operands as strided views of the buffers they are read from:
+ * the mixed-radix view a chain of reshapes, transposes, slices and splits
+ * makes of a buffer (the GEMM emitter's tile loads and gathers, the
+ * attention emitter's cp.async copies of K and V).  Declared in
+ * emitters.h.
+ */
+#include "emitters.h"
+
+#include <string.h>
+
+static void sv_rowmajor(ap_sview *v, const ap_tensor *t)
+{
+	int64_t st = 1;
+
+	v->rank = t->rank;
+	v->off = 0;
+	v->nf = 0;
+	/* factors outer to inner: count first, then fill from the inside */
+	for (int d = 0; d < t->rank; d++) {
+		v->first[d] = v->nf;
+		if (t->dims[d] != 1)
+			v->nf++;
+	}
+	v->first[t->rank] = v->nf;
+	for (int d = t->rank - 1, f = v->nf - 1; d >= 0; d--)
+		if (t->dims[d] != 1) {
+			v->fe[f] = t->dims[d];
+			v->fs[f--] = st;
+			st *= t->dims[d];
+		}
+}
+
+/* The same elements as `rank` x `dims`: adjacent factors that are
+ * contiguous with each other merge, then each new dim takes factors from
+ * the outside until their extents multiply to its size, splitting a
+ * factor whose extent the remainder divides.  False when it cannot (a
+ * reshape that is no view of the buffer, or too many factors). */
+bool ap_sview_reshape(ap_sview *v, int rank, const int64_t *dims)
+{
+	int64_t fe[AP_SV_FACTORS], fs[AP_SV_FACTORS];
+	int nf = 0, at = 0;
+	ap_sview out;
+
+	for (int i = 0; i < v->nf; i++) {
+		if (nf > 0 && fs[nf - 1] == v->fe[i] * v->fs[i]) {
+			fe[nf - 1] *= v->fe[i];
+			fs[nf - 1] = v->fs[i];
+			continue;
+		}
+		fe[nf] = v->fe[i];
+		fs[nf++] = v->fs[i];
+	}
+	memset(&out, 0, sizeof(out));
+	out.rank = rank;
+	out.off = v->off;
+	for (int d = 0; d < rank; d++) {
+		int64_t need = dims[d];
+
+		out.first[d] = out.nf;
+		while (need > 1) {
+			if (at >= nf || out.nf == AP_SV_FACTORS)
+				return false;
+			if (fe[at] <= need) {
+				if (need % fe[at])
+					return false;
+				out.fe[out.nf] = fe[at];
+				out.fs[out.nf++] = fs[at];
+				need /= fe[at++];
+			} else {
+				/* the outer `need` of this factor; the rest stays */
+				if (fe[at] % need)
+					return false;
+				out.fe[out.nf] = need;
+				out.fs[out.nf++] = fs[at] * (fe[at] / need);
+				fe[at] /= need;
+				need = 1;
+			}
+		}
+	}
+	out.first[rank] = out.nf;
+	if (at != nf)
+		return false;
+	*v = out;
+	return true;
+}
+
+/* The stride of dim d when it has at most one factor (0 for none); false
+ * for a composite dim. */
+bool ap_sview_stride(const ap_sview *v, int d, int64_t *s)
+{
+	int n = v->first[d + 1] - v->first[d];
+
+	*s = n ? v->fs[v->first[d]] : 0;
+	return n <= 1;
+}
+
+/* Tensor t as a strided view of a buffer, when it is one (emitters.h):
+ * views, transposes, slices and splits back to a leaf of the micro-graph. */
+bool ap_sview_of(const ap_graph *g, int t, ap_sview *out, int *leaf)
+{
+	int chain[32], n = 0, x = t;
+
+	while (g->tensors[x].producer >= 0) {
+		const ap_node *p = &g->nodes[g->tensors[x].producer];
+
+		if ((!ap_op_is_view(p->op) && p->op != AP_OP_TRANSPOSE && p->op != AP_OP_SLICE &&
+		     p->op != AP_OP_SPLIT) || n == 32 || p->inputs[0] < 0)
+			return false;
+		chain[n++] = x;
+		x = p->inputs[0];
+	}
+	/* a constant of a few elements is baked into the kernel; a larger one
+	 * (a small convolution's weights) is read from a buffer like a weight */
+	if (g->tensors[x].kind == AP_TENSOR_CONST && ap_tensor_numel(&g->tensors[x]) <= AP_CONST_BAKE_MAX)
+		return false;
+	*leaf = x;
+	sv_rowmajor(out, &g->tensors[x]);
+	while (n > 0) {
+		int y = chain[--n];
+		const ap_node *p = &g->nodes[g->tensors[y].producer];
+		const ap_tensor *yt = &g->tensors[y];
+
+		if (p->op == AP_OP_TRANSPOSE) {
+			ap_sview in = *out;
+
+			out->nf = 0;
+			for (int d = 0; d < yt->rank; d++) {
+				int64_t pd = ap_node_attr_at(p, "perm", d, yt->rank - 1 - d);
+
+				if (pd < 0 || pd >= in.rank)
+					return false;
+				out->first[d] = out->nf;
+				for (int f = in.first[pd]; f < in.first[pd + 1]; f++) {
+					out->fe[out->nf] = in.fe[f];
+					out->fs[out->nf++] = in.fs[f];
+				}
+			}
+			out->first[yt->rank] = out->nf;
+			out->rank = yt->rank;
+		} else if (p->op == AP_OP_SLICE) {
+			/* element c of the slice: start + c * step of its input (dims of
+			 * one factor only) */
+			for (int d = 0; d < out->rank; d++) {
+				int64_t st, start = ap_node_attr_at(p, "starts", d, 0), step = ap_node_attr_at(p, "steps", d, 1);
+				int f = out->first[d];
+
+				if (!ap_sview_stride(out, d, &st))
+					return false;
+				out->off += start * st;
+				if (yt->dims[d] == 1 && out->first[d + 1] > f) {
+					/* a single element: the dim's factor goes */
+					memmove(&out->fe[f], &out->fe[f + 1], (size_t)(out->nf - f - 1) * sizeof(int64_t));
+					memmove(&out->fs[f], &out->fs[f + 1], (size_t)(out->nf - f - 1) * sizeof(int64_t));
+					out->nf--;
+					for (int q = d + 1; q <= out->rank; q++)
+						out->first[q]--;
+				} else if (out->first[d + 1] > f) {
+					out->fe[f] = yt->dims[d];
+					out->fs[f] = st * step;
+				}
+			}
+		} else if (p->op == AP_OP_SPLIT) {
+			/* this output: the input from the sizes of the outputs before it */
+			int64_t axis = ap_node_int(p, "axis", 0), start = 0, st;
+
+			if (axis < 0 || axis >= out->rank || !ap_sview_stride(out, (int)axis, &st) ||
+			    out->first[axis + 1] == out->first[axis])
+				return false;
+			for (int o = 0; o < p->n_outputs && p->outputs[o] != y; o++)
+				if (p->outputs[o] >= 0)
+					start += g->tensors[p->outputs[o]].dims[axis];
+			out->off += start * st;
+			out->fe[out->first[axis]] = yt->dims[axis];
+			if (yt->dims[axis] == 1)
+				return false;   /* keep it simple: a one-element split is rare */
+		} else if (!ap_sview_reshape(out, yt->rank, yt->dims)) {
+			return false;
+		}
+	}
+	return true;
+}
+
+/* Offset in the leaf buffer of element ix of a view: per dim, its factors'
+ * coordinates (outermost without a remainder) times their strides. */
+ap_kir_expr *ap_sview_offset(ap_kir_kernel *k, const ap_sview *sv, const ap_lidx *ix)
+{
+	ap_kir_expr *e = ap_kir_idx(k, sv->off);
+
+	for (int d = 0; d < sv->rank; d++) {
+		int64_t inner = 1;
+
+		for (int q = sv->first[d + 1] - 1; q >= sv->first[d]; q--) {
+			ap_kir_expr *cf = ix->c[d];
+
+			if (inner > 1)
+				cf = ap_kir_binary(k, AP_KIR_DIV, cf, ap_kir_idx(k, inner));
+			if (q > sv->first[d])
+				cf = ap_kir_binary(k, AP_KIR_REM, cf, ap_kir_idx(k, sv->fe[q]));
+			e = ap_kir_add(k, e, ap_kir_muli(k, cf, sv->fs[q]));
+			inner *= sv->fe[q];
+		}
+	}
+	return e;
+}
