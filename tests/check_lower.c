@@ -1042,13 +1042,65 @@ START_TEST(gemm_batched)
 }
 END_TEST
 
+/* y = a b + bias, a [20, 24], b [24, 30], split along the columns into
+ * parts of 8, 12 and 10 (a projection into Q, K and V, as a transformer's
+ * in-projection writes them), the second through a ReLU; and z = c * c, a
+ * sibling of y's shape that does not read the product, which the GEMM's
+ * epilogue stores beside it. */
+static void ref_gemm_split(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *a = in->data[m->g->inputs[0]], *b = in->data[m->g->inputs[1]];
+	const float *bias = in->data[m->g->inputs[2]], *cc = in->data[m->g->inputs[3]];
+	static const int start[3] = {0, 8, 20}, len[3] = {8, 12, 10};
+
+	for (int i = 0; i < 20; i++)
+		for (int j = 0; j < 30; j++) {
+			double acc = 0;
+			float y;
+			int part = j < 8 ? 0 : j < 20 ? 1 : 2;
+
+			for (int k = 0; k < 24; k++)
+				acc += (double)a[i * 24 + k] * b[k * 30 + j];
+			y = (float)acc + bias[j];
+			if (part == 1 && y < 0)
+				y = 0;
+			want[part][i * len[part] + j - start[part]] = y;
+			want[3][i * 30 + j] = (double)cc[i * 30 + j] * cc[i * 30 + j];
+		}
+}
+
+START_TEST(gemm_split_epilogue)
+{
+	ap_graph *g = ap_graph_new("qkv");
+	int a = tensor(g, "a", DIMS(20, 24), AP_TENSOR_INPUT), b = tensor(g, "b", DIMS(24, 30), AP_TENSOR_INPUT);
+	int bias = tensor(g, "bias", DIMS(30), AP_TENSOR_INPUT), cc = tensor(g, "c", DIMS(20, 30), AP_TENSOR_INPUT);
+	int mm = tensor(g, "mm", DIMS(20, 30), AP_TENSOR_VALUE), y = tensor(g, "y", DIMS(20, 30), AP_TENSOR_VALUE);
+	int q = tensor(g, "q", DIMS(20, 8), AP_TENSOR_VALUE), k = tensor(g, "k", DIMS(20, 12), AP_TENSOR_VALUE);
+	int v = tensor(g, "v", DIMS(20, 10), AP_TENSOR_VALUE), kr = tensor(g, "kr", DIMS(20, 12), AP_TENSOR_VALUE);
+	int z = tensor(g, "z", DIMS(20, 30), AP_TENSOR_VALUE);
+	lcase lc = {"gemm_split_epilogue", "gemm", {"__syncthreads"}, {"ld.shared.f32"}};
+	ap_mgraph *m;
+	int n;
+
+	node(g, "mm", AP_OP_MATMUL, LIST(a, b), LIST(mm));
+	node(g, "bias", AP_OP_ADD, LIST(mm, bias), LIST(y));
+	n = node(g, "split", AP_OP_SPLIT, LIST(y), LIST(q, k, v));
+	ap_node_set_int(g, n, "axis", 1);
+	node(g, "relu", AP_OP_RELU, LIST(k), LIST(kr));
+	node(g, "square", AP_OP_MUL, LIST(cc, cc), LIST(z));
+	output(g, q);
+	output(g, kr);
+	output(g, v);
+	output(g, z);
+	m = whole(g, AP_GROUP_MATMUL);
+	run_case(&lc, m, ref_gemm_split);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
 /* ---- attention ---------------------------------------------------------------------- */
 
-/* o = softmax(q k^T / 4 + mask) v, transposed to [2, 37, 3, 12]: q [2, 3, 37, 16],
- * k [2, 3, 45, 16] (read transposed), v [2, 3, 45, 12], mask [37, 45]
- * broadcast over batches and heads; 45 keys (a partial second tile), the
- * mask taking every key of the first tile of row 0 away (-inf) so that the
- * online softmax starts from nothing there. */
 /* An attention case: O = softmax(Q K^T / 4 + mask) V over B x H heads,
  * written as O^T [B, Nq, H, Dv] (an epilogue transpose); with `stats`
  * the scores S, the row maxima and sums are outputs too (a training
@@ -1508,6 +1560,11 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, depthwise_grouped);
 	tcase_add_test(tc, depthwise_1d);
 	tcase_add_test(tc, depthwise_f16);
+	suite_add_tcase(s, tc);
+	/* epilogues of Split parts and siblings (run alone: CK_RUN_CASE=epilogue) */
+	tc = tcase_create("epilogue");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, gemm_split_epilogue);
 	suite_add_tcase(s, tc);
 	/* fused attention (run alone: CK_RUN_CASE=attention) */
 	tc = tcase_create("attention");

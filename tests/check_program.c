@@ -2877,6 +2877,51 @@ START_TEST(training_normalizations_are_one_launch)
 }
 END_TEST
 
+/* The attention patterns of the models, MatMul(Q, K^T) -> scale/mask ->
+ * Softmax -> MatMul(P, V): each is one launch of the attention emitter
+ * (Layer II), on the host, whose outputs match the reference -- both of
+ * bert_like_2l's layers, and the forward pass of the prenorm training
+ * step (whose backward reads V through a view the forward also reads,
+ * and recomputes P itself). */
+START_TEST(attention_patterns_are_one_launch)
+{
+	static const struct {
+		const char *dir, *nodes[4];
+	} cases[] = {
+		{"models/bert_like_2l", {"/layers.0/self_attn/MatMul_1", "/layers.0/self_attn/MatMul_2"}},
+		{"models/bert_like_2l", {"/layers.1/self_attn/MatMul_1", "/layers.1/self_attn/MatMul_2"}},
+		{"training/prenorm_layer_train", {"bmm", "amax", "sum_1", "bmm_1"}},
+	};
+	char dir[400], why[700];
+
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		ap_program *p = NULL;
+		void **outs = NULL;
+		int n_outs = 0, l0;
+
+		snprintf(dir, sizeof(dir), "%s/%s", TESTDATA, cases[c].dir);
+		if (access(dir, R_OK) != 0) {
+			printf("check_program: %s not found, skipped\n", dir);
+			continue;
+		}
+		ck_assert_msg(run_onnx_dir_opt(dir, &(ap_build_options){.fusion = AP_FUSE_APOLLO}, true, why,
+					       sizeof(why), &p, &outs, &n_outs),
+			      "%s: %s", cases[c].dir, why);
+		l0 = launch_of_node(p, cases[c].nodes[0]);
+		ck_assert_msg(l0 >= 0, "%s: node %s in no launch", cases[c].dir, cases[c].nodes[0]);
+		for (int k = 1; k < 4 && cases[c].nodes[k]; k++)
+			ck_assert_msg(launch_of_node(p, cases[c].nodes[k]) == l0, "%s: %s in launch %d, %s in launch %d",
+				      cases[c].dir, cases[c].nodes[0], l0, cases[c].nodes[k],
+				      launch_of_node(p, cases[c].nodes[k]));
+		ck_assert_msg(strstr(p->kernels[p->launches[l0].kernel].src, "emitter attention:"),
+			      "%s: launch %d is not the attention emitter's", cases[c].dir, l0);
+		free_outs(outs, n_outs);
+		free(outs);
+		ap_program_free(p);
+	}
+}
+END_TEST
+
 /* Every real model and training step at the three fusion levels: each
  * matches its reference (none and apollo run; rules is built); the
  * outputs of none and apollo agree with each
@@ -3618,6 +3663,11 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, layer1_pooled_tensor_written);
 	tcase_add_test(tc, layer1_replay_and_legality);
 	tcase_add_test(tc, layer1_tile_knobs);
+	suite_add_tcase(s, tc);
+	/* fused attention in the models (run alone: CK_RUN_CASE=attention) */
+	tc = tcase_create("attention");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, attention_patterns_are_one_launch);
 	suite_add_tcase(s, tc);
 	/* 16-bit GEMM operands through cp.async (run alone: CK_RUN_CASE=gemm16) */
 	tc = tcase_create("gemm16");

@@ -331,9 +331,18 @@ static int64_t tc_dvpad(const att_plan *p)
 	return (p->Dv + 7) / 8 * 8;
 }
 
+/* Stages of the K and V tiles: two (the next tile's copies in flight
+ * while the block computes on this one) when both are copied by
+ * cp.async, else one. */
+static int tc_stages(const att_plan *p)
+{
+	return p->aw[1] && p->aw[2] ? 2 : 1;
+}
+
 static size_t tc_smem(const att_plan *p, int W, int BK)
 {
-	return (size_t)((16 * W + BK) * (tc_dpad(p) + TC_PAD) + BK * (tc_dvpad(p) + TC_PAD)) *
+	return (size_t)(16 * W * (tc_dpad(p) + TC_PAD) +
+			tc_stages(p) * BK * (tc_dpad(p) + TC_PAD + tc_dvpad(p) + TC_PAD)) *
 	       ap_dtype_size(p->t);
 }
 
@@ -473,15 +482,15 @@ static ap_kir_expr *xor_reduce(actx *c, ap_kir_expr *v, bool max, int lanes)
 }
 
 /* Stages rows [r0, r0 + n) of a tile of operand `role` (0 Q, 1 K^T, 2 V)
- * into the shared array `arr` (row r at arr[r * ld], `cols` elements of
+ * into the shared array `arr` (row r at arr[base + r * ld], `cols` elements of
  * arr's type), the block's threads striding over it: element (r, j) is
  * the operand at (r0 + r, j) -- K^T at (j, r0 + r) -- and zero past row
  * `rows_ok` or column `cols_ok`.  Copied by cp.async (p->aw[role]
  * elements at a time, from its buffer; the caller commits and waits) when
  * the plan says so, else read through the value builder (views and
  * prologues in place). */
-static void stage_rows(actx *c, ap_kir_array *arr, int role, int64_t n, int64_t cols, int64_t ld,
-		       ap_kir_expr *r0, int64_t rows_ok, int64_t cols_ok)
+static void stage_rows(actx *c, ap_kir_array *arr, ap_kir_expr *base, int role, int64_t n, int64_t cols,
+		       int64_t ld, ap_kir_expr *r0, int64_t rows_ok, int64_t cols_ok)
 {
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
@@ -495,7 +504,7 @@ static void stage_rows(actx *c, ap_kir_array *arr, int role, int64_t n, int64_t 
 	ap_kir_expr *j = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, e), ap_kir_idx(k, cols / w)), w);
 	ap_kir_expr *gr = ap_kir_bind(k, v->cur, k->index_type, "gr", ap_kir_add(k, r0, r));
 	ap_kir_expr *ok = ap_kir_binary(k, AP_KIR_LT, gr, ap_kir_idx(k, rows_ok));
-	ap_kir_expr *at = ap_kir_add(k, ap_kir_muli(k, r, ld), j);
+	ap_kir_expr *at = ap_kir_add(k, base, ap_kir_add(k, ap_kir_muli(k, r, ld), j));
 	ap_kir_var *val;
 	ap_lidx ix;
 
@@ -667,8 +676,8 @@ static int emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err)
 
 		ap_kir_barrier(k, v->cur);
 		/* the key tile of K (from K^T) and of V */
-		stage_rows(c, ks, 1, KEYS, p->D, p->D + 1, key0, p->Nk, p->D);
-		stage_rows(c, vs, 2, KEYS, p->Dv, p->Dv, key0, p->Nk, p->Dv);
+		stage_rows(c, ks, ap_kir_idx(k, 0), 1, KEYS, p->D, p->D + 1, key0, p->Nk, p->D);
+		stage_rows(c, vs, ap_kir_idx(k, 0), 2, KEYS, p->Dv, p->Dv, key0, p->Nk, p->Dv);
 		ap_kir_barrier(k, v->cur);
 		/* this lane's key: its score */
 		key = ap_kir_bind(k, v->cur, k->index_type, "key", ap_kir_add(k, key0, lane));
@@ -786,7 +795,7 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 	ap_kir_kernel *k = c->k;
 	ap_dtype T = p->t, A = AP_DT_F32;
 	int64_t Dp = tc_dpad(p), Dvp = tc_dvpad(p), ldq = Dp + TC_PAD, ldv = Dvp + TC_PAD;
-	int BQ = 16 * W, NS = BK / 8, NO = (int)(Dvp / 8);
+	int BQ = 16 * W, NS = BK / 8, NO = (int)(Dvp / 8), NST = tc_stages(p);
 	unsigned nt = 32u * (unsigned)W, grid;
 	int64_t qblocks, tiles, ntiles;
 	ap_kir_array *qs, *ks, *vs, *qf, *kf, *vf, *sacc, *pf, *oacc;
@@ -798,8 +807,8 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 		return ap_error_set(err, AP_EUNSUPPORTED, v->g->nodes[v->m->root].name, NULL,
 				    "attention emitter: %d warps and %d keys a tile do not fit", W, BK);
 	qs = ap_kir_shared(k, "qs", T, BQ * ldq);
-	ks = ap_kir_shared(k, "ks", T, BK * ldq);
-	vs = ap_kir_shared(k, "vs", T, BK * ldv);
+	ks = ap_kir_shared(k, "ks", T, NST * BK * ldq);
+	vs = ap_kir_shared(k, "vs", T, NST * BK * ldv);
 	qf = ap_kir_local(k, "qf", T, Dp / 16 * 8);
 	kf = ap_kir_local(k, "kf", T, 4);
 	vf = ap_kir_local(k, "vf", T, 4);
@@ -853,8 +862,17 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 	}
 	/* the first of this warp's 16 rows */
 	wrow = ap_kir_bind(k, v->cur, k->index_type, "wr", ap_kir_add(k, q0, ap_kir_muli(k, warp, 16)));
-	stage_rows(c, qs, 0, BQ, Dp, ldq, q0, p->Nq, p->D);
-	async_done(c, p->aw[0]);
+	stage_rows(c, qs, ap_kir_idx(k, 0), 0, BQ, Dp, ldq, q0, p->Nq, p->D);
+	if (p->aw[0])
+		ap_kir_cp_commit(k, v->cur);
+	if (NST == 2) {
+		/* the first key tile's copies, in flight while Q's fragments load */
+		stage_rows(c, ks, ap_kir_idx(k, 0), 1, BK, Dp, ldq, ap_kir_idx(k, 0), p->Nk, p->D);
+		stage_rows(c, vs, ap_kir_idx(k, 0), 2, BK, Dvp, ldv, ap_kir_idx(k, 0), p->Nk, p->Dv);
+		ap_kir_cp_commit(k, v->cur);
+	}
+	if (p->aw[0])
+		ap_kir_cp_wait(k, v->cur, NST == 2 ? 1 : 0);    /* Q's group */
 	ap_kir_barrier(k, v->cur);
 	{
 		ap_kir_var *kk = ap_v_loop_unrolled(v, "kq", Dp / 16, &saved);
@@ -880,13 +898,37 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, ntiles), 1, &ksaved);
 	{
 		ap_kir_expr *key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), BK));
-		ap_kir_expr *mt[2], *mnew[2], *dead[2], *alpha[2];
+		ap_kir_expr *mt[2], *mnew[2], *dead[2], *alpha[2], *kst, *kbase, *vbase;
 		ap_kir_var *rs[2];
 
 		ap_kir_barrier(k, v->cur);
-		stage_rows(c, ks, 1, BK, Dp, ldq, key0, p->Nk, p->D);
-		stage_rows(c, vs, 2, BK, Dvp, ldv, key0, p->Nk, p->Dv);
-		async_done(c, p->aw[1] || p->aw[2]);
+		if (NST == 2) {
+			/* this tile's stage; the next tile's copies go into the other
+			 * (its last readers passed the barrier above) and this one's
+			 * are waited for */
+			ap_kir_expr *nx = ap_kir_bind(k, v->cur, k->index_type, "kn", ap_kir_addi(k, ap_kir_ref(k, kt), 1));
+			ap_kir_block *s2;
+
+			kst = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), ap_kir_idx(k, 1)));
+			ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, nx, ap_kir_idx(k, ntiles)), &s2, NULL);
+			{
+				ap_kir_expr *nst = ap_kir_binary(k, AP_KIR_AND, nx, ap_kir_idx(k, 1));
+				ap_kir_expr *nkey0 = ap_kir_muli(k, nx, BK);
+
+				stage_rows(c, ks, ap_kir_muli(k, nst, BK * ldq), 1, BK, Dp, ldq, nkey0, p->Nk, p->D);
+				stage_rows(c, vs, ap_kir_muli(k, nst, BK * ldv), 2, BK, Dvp, ldv, nkey0, p->Nk, p->Dv);
+			}
+			ap_v_close(v, s2);
+			ap_kir_cp_commit(k, v->cur);
+			ap_kir_cp_wait(k, v->cur, 1);
+		} else {
+			kst = ap_kir_idx(k, 0);
+			stage_rows(c, ks, kst, 1, BK, Dp, ldq, key0, p->Nk, p->D);
+			stage_rows(c, vs, kst, 2, BK, Dvp, ldv, key0, p->Nk, p->Dv);
+			async_done(c, p->aw[1] || p->aw[2]);
+		}
+		kbase = ap_kir_bind(k, v->cur, k->index_type, "kb", ap_kir_muli(k, kst, BK * ldq));
+		vbase = ap_kir_bind(k, v->cur, k->index_type, "vb", ap_kir_muli(k, kst, BK * ldv));
 		ap_kir_barrier(k, v->cur);
 		/* S = Q K^T */
 		{
@@ -902,8 +944,9 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 			ap_kir_expr *si = ap_kir_muli(k, ap_kir_ref(k, ni), 4);
 
 			ap_kir_ldmatrix(k, v->cur, kf, ap_kir_idx(k, 0), ks,
-					ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8), l8), ldq),
-						   ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), 16), ap_kir_muli(k, j2, 8))),
+					ap_kir_add(k, kbase,
+						   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8), l8), ldq),
+							      ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), 16), ap_kir_muli(k, j2, 8)))),
 					2, false);
 			ap_kir_mma(k, v->cur, p->mma, sacc, si, qf, ap_kir_muli(k, ap_kir_ref(k, kk), 8), kf,
 				   ap_kir_idx(k, 0), sacc, si);
@@ -991,9 +1034,10 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 			ap_kir_expr *oi = ap_kir_muli(k, ap_kir_ref(k, no), 4);
 
 			ap_kir_ldmatrix(k, v->cur, vf, ap_kir_idx(k, 0), vs,
-					ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), 16),
-										ap_kir_add(k, ap_kir_muli(k, j2, 8), l8)), ldv),
-						   ap_kir_muli(k, ap_kir_ref(k, no), 8)),
+					ap_kir_add(k, vbase,
+						   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), 16),
+											   ap_kir_add(k, ap_kir_muli(k, j2, 8), l8)), ldv),
+							      ap_kir_muli(k, ap_kir_ref(k, no), 8))),
 					2, true);
 			ap_kir_mma(k, v->cur, p->mma, oacc, oi, pf, ap_kir_muli(k, ap_kir_ref(k, j), 8), vf,
 				   ap_kir_idx(k, 0), oacc, oi);

@@ -45,17 +45,28 @@ double ap__lower_node_flops(const ap_graph *g, const ap_node *n, double evals);
 
 #define AP_EMAP_STEPS 12
 
-/* One view or transpose on the way from a product Y to an output. */
+/* One view, transpose or split part on the way from a product Y to an
+ * output. */
 typedef struct ap_emap_step {
-	unsigned char perm;             /* 1: a transpose, 0: a view */
+	unsigned char perm;             /* AP_EMAP_VIEW, AP_EMAP_TRANSPOSE, AP_EMAP_PART */
 	int rank;
 	int64_t dims[AP_MAX_RANK];      /* the resulting tensor's */
 	int p[AP_MAX_RANK];             /* transpose: output dim d = input dim p[d] */
+	int axis;                       /* part: the split axis */
+	int64_t start;                  /* part: where the part starts along it */
 } ap_emap_step;
+
+#define AP_EMAP_VIEW 0              /* a relinearisation (Reshape, ...) */
+#define AP_EMAP_TRANSPOSE 1         /* a permutation of the coordinates */
+#define AP_EMAP_PART 2              /* one output of a Split: the elements of [start,
+				       start + dims[axis]) along axis, shifted to 0 (the
+				       others go to the other parts) */
 
 /* How a tensor computed from Y is indexed by Y's element. */
 typedef struct ap_emap {
-	bool derived;                   /* computed from Y, element for element */
+	bool derived;                   /* computed from Y, element for element, or
+					   beside it (an output of Y's shape that does not
+					   depend on Y: n = 0) */
 	int n;
 	ap_emap_step s[AP_EMAP_STEPS];
 } ap_emap;
@@ -63,9 +74,10 @@ typedef struct ap_emap {
 /* Fills maps[] (one per tensor of g, zeroed by the caller) for the tensors
  * computed from tensor y of g.  False with *why when a tensor depends on y
  * otherwise than element for element (a broadcast of it, an op that is not
- * elementwise, a view or a transpose, two different elements of y in one
- * node), or, with all_outputs, when an output of g is not computed from
- * y. */
+ * elementwise, a view, a transpose or a Split, two different elements of
+ * y in one node), or, with all_outputs, when an output of g is neither
+ * computed from y so nor of y's shape and independent of y (such an
+ * output is stored beside Y's element, at the same index). */
 bool ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs, char *why,
 		       size_t cap);
 /* Stores every output of v->g that maps[] derives from y, for the element

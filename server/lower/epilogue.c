@@ -13,11 +13,16 @@
  * The emitter hands the accumulator to the value builder as Y's value (a
  * leaf hook, which may ignore the index: every read of Y is at the current
  * element) and stores each output at the index its chain maps Y's element
- * to.
+ * to.  A Split of a derived tensor sends each element of Y to one of its
+ * outputs (a guarded store, AP_EMAP_PART).  An output of Y's shape that
+ * does not depend on Y at all (a sibling the partitioner grouped with the
+ * product over the same iteration space) is stored at Y's index, its value
+ * built from its own inputs.
  */
 #include "emitters.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static bool emap_equal(const ap_emap *a, const ap_emap *b)
@@ -29,76 +34,141 @@ static bool emap_equal(const ap_emap *a, const ap_emap *b)
 
 		if (x->perm != y->perm || !ap_dims_equal(x->rank, x->dims, y->rank, y->dims))
 			return false;
-		for (int d = 0; x->perm && d < x->rank; d++)
+		if (x->perm == AP_EMAP_PART && (x->axis != y->axis || x->start != y->start))
+			return false;
+		for (int d = 0; x->perm == AP_EMAP_TRANSPOSE && d < x->rank; d++)
 			if (x->p[d] != y->p[d])
 				return false;
 	}
 	return true;
 }
 
+/* Appends to maps[o] (a copy of its source's map) the step node n makes
+ * o by.  False with *why when there is no room. */
+static bool add_step(const ap_graph *g, const ap_node *n, int o, ap_emap *maps, char *why, size_t cap)
+{
+	ap_emap_step *st;
+	const ap_tensor *ot = &g->tensors[o];
+
+	if (maps[o].n == AP_EMAP_STEPS) {
+		snprintf(why, cap, "too many views after the product");
+		return false;
+	}
+	st = &maps[o].s[maps[o].n++];
+	memset(st, 0, sizeof(*st));
+	st->perm = n->op == AP_OP_TRANSPOSE ? AP_EMAP_TRANSPOSE : n->op == AP_OP_SPLIT ? AP_EMAP_PART : AP_EMAP_VIEW;
+	st->rank = ot->rank;
+	memcpy(st->dims, ot->dims, sizeof(st->dims));
+	for (int d = 0; st->perm == AP_EMAP_TRANSPOSE && d < ot->rank; d++)
+		st->p[d] = (int)ap_node_attr_at(n, "perm", d, ot->rank - 1 - d);
+	if (st->perm == AP_EMAP_PART) {
+		/* this output's place: after the outputs before it (sizes along
+		 * the axis, as the value builder reads a Split) */
+		int64_t axis = ap_node_int(n, "axis", 0);
+
+		if (axis < 0)
+			axis += ot->rank;
+		if (axis < 0 || axis >= ot->rank) {
+			snprintf(why, cap, "Split axis %lld after the product", (long long)axis);
+			return false;
+		}
+		st->axis = (int)axis;
+		for (int k = 0; k < n->n_outputs && n->outputs[k] != o; k++)
+			if (n->outputs[k] >= 0)
+				st->start += g->tensors[n->outputs[k]].dims[axis];
+	}
+	return true;
+}
+
 bool ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs, char *why, size_t cap)
 {
+	bool *dep = calloc((size_t)g->n_tensors + 1, sizeof(bool));
+
+	if (!dep) {
+		snprintf(why, cap, "out of memory");
+		return false;
+	}
 	maps[y].derived = true;
+	dep[y] = true;
 	for (int i = 0; i < g->n_nodes; i++) {
 		const ap_node *n = &g->nodes[i];
 		ap_op_category cat = ap_op_category_of(n->op);
 		const ap_emap *src = NULL;
-		int o = n->outputs[0];
 
+		for (int j = 0; j < n->n_inputs; j++)
+			if (n->inputs[j] >= 0 && dep[n->inputs[j]])
+				for (int k = 0; k < n->n_outputs; k++)
+					if (n->outputs[k] >= 0)
+						dep[n->outputs[k]] = true;
+		if (n->n_outputs < 1 || n->outputs[0] < 0)
+			continue;
 		for (int j = 0; j < n->n_inputs; j++) {
 			int x = n->inputs[j];
 
 			if (x < 0 || !maps[x].derived)
 				continue;
-			if (!ap_dims_equal(g->tensors[x].rank, g->tensors[x].dims, g->tensors[o].rank,
-					   g->tensors[o].dims) && !ap_op_is_view(n->op) && n->op != AP_OP_TRANSPOSE) {
+			if (!ap_dims_equal(g->tensors[x].rank, g->tensors[x].dims, g->tensors[n->outputs[0]].rank,
+					   g->tensors[n->outputs[0]].dims) && !ap_op_is_view(n->op) &&
+			    n->op != AP_OP_TRANSPOSE && n->op != AP_OP_SPLIT) {
 				snprintf(why, cap, "%s broadcasts the product", ap_op_name(n->op));
+				free(dep);
 				return false;
 			}
 			if (src && !emap_equal(src, &maps[x])) {
 				snprintf(why, cap, "%s reads the product at two different elements", ap_op_name(n->op));
+				free(dep);
 				return false;
 			}
 			src = &maps[x];
 		}
-		if (!src || o < 0)
+		if (!src)
 			continue;
-		if (n->n_outputs != 1) {
+		if (n->n_outputs != 1 && n->op != AP_OP_SPLIT) {
 			snprintf(why, cap, "%s after the product has several outputs", ap_op_name(n->op));
+			free(dep);
 			return false;
 		}
-		maps[o] = *src;
-		if (cat == AP_CAT_ELEMWISE || cat == AP_CAT_BROADCAST)
-			continue;
-		if (!ap_op_is_view(n->op) && n->op != AP_OP_TRANSPOSE) {
+		if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST && !ap_op_is_view(n->op) &&
+		    n->op != AP_OP_TRANSPOSE && n->op != AP_OP_SPLIT) {
 			snprintf(why, cap, "%s after the product", ap_op_name(n->op));
+			free(dep);
 			return false;
 		}
-		if (maps[o].n == AP_EMAP_STEPS) {
-			snprintf(why, cap, "too many views after the product");
-			return false;
-		}
-		{
-			ap_emap_step *st = &maps[o].s[maps[o].n++];
-			const ap_tensor *ot = &g->tensors[o];
+		for (int k = 0; k < n->n_outputs; k++) {
+			int o = n->outputs[k];
+			ap_emap from = *src;   /* src may be maps[o] itself no more than it is an input */
 
-			memset(st, 0, sizeof(*st));
-			st->perm = n->op == AP_OP_TRANSPOSE;
-			st->rank = ot->rank;
-			memcpy(st->dims, ot->dims, sizeof(st->dims));
-			for (int d = 0; st->perm && d < ot->rank; d++)
-				st->p[d] = (int)ap_node_attr_at(n, "perm", d, ot->rank - 1 - d);
+			if (o < 0)
+				continue;
+			maps[o] = from;
+			if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST && !add_step(g, n, o, maps, why, cap)) {
+				free(dep);
+				return false;
+			}
 		}
 	}
-	for (int i = 0; all_outputs && i < g->n_outputs; i++)
-		if (!maps[g->outputs[i]].derived) {
+	for (int i = 0; i < g->n_outputs; i++) {
+		int o = g->outputs[i];
+
+		if (maps[o].derived)
+			continue;
+		if (all_outputs && !dep[o] && ap_dims_equal(g->tensors[o].rank, g->tensors[o].dims, g->tensors[y].rank,
+					     g->tensors[y].dims)) {
+			/* beside the product: at Y's index, from its own inputs */
+			maps[o].derived = true;
+			maps[o].n = 0;
+			continue;
+		}
+		if (all_outputs) {
 			snprintf(why, cap, "it writes %s, which is not computed from the product",
-				 g->tensors[g->outputs[i]].name);
+				 g->tensors[o].name);
+			free(dep);
 			return false;
 		}
+	}
+	free(dep);
 	return true;
 }
-
 
 void ap__epilogue_store(ap_vctx *v, const ap_emap *maps, ap_lidx y_ix)
 {
@@ -108,6 +178,8 @@ void ap__epilogue_store(ap_vctx *v, const ap_emap *maps, ap_lidx y_ix)
 		int o = g->outputs[i];
 		const ap_emap *mp = &maps[o];
 		ap_lidx ix = y_ix, val_ix;
+		ap_kir_expr *in_part = NULL;    /* past a Split: whether Y's element is this part's */
+		ap_kir_block *saved = NULL;
 
 		if (!mp->derived)
 			continue;
@@ -118,15 +190,28 @@ void ap__epilogue_store(ap_vctx *v, const ap_emap *maps, ap_lidx y_ix)
 			memset(&nx, 0, sizeof(nx));
 			nx.rank = st->rank;
 			memcpy(nx.dims, st->dims, sizeof(nx.dims));
-			if (st->perm) {
+			if (st->perm == AP_EMAP_TRANSPOSE) {
 				for (int d = 0; d < st->rank; d++)
 					nx.c[d] = ap_lidx_coord(v, &ix, st->p[d]);
+			} else if (st->perm == AP_EMAP_PART) {
+				ap_kir_expr *a = ap_lidx_coord(v, &ix, st->axis), *ok;
+
+				for (int d = 0; d < st->rank; d++)
+					nx.c[d] = d == st->axis ? ap_kir_addi(v->k, a, -st->start) : ap_lidx_coord(v, &ix, d);
+				ok = ap_kir_binary(v->k, AP_KIR_LAND,
+						   ap_kir_binary(v->k, AP_KIR_GE, a, ap_kir_idx(v->k, st->start)),
+						   ap_kir_binary(v->k, AP_KIR_LT, a, ap_kir_idx(v->k, st->start + st->dims[st->axis])));
+				in_part = in_part ? ap_kir_binary(v->k, AP_KIR_LAND, in_part, ok) : ok;
 			} else {
 				nx.lin = ap_lidx_linear(v, &ix);
 			}
 			ix = nx;
 		}
+		if (in_part)
+			ap_v_if(v, in_part, &saved, NULL);
 		val_ix = ix;
 		ap_kir_store(v->k, v->cur, ap_v_buffer(v, o), ap_lidx_linear(v, &ix), ap_val(v, o, &val_ix));
+		if (in_part)
+			ap_v_close(v, saved);
 	}
 }

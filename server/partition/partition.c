@@ -514,12 +514,59 @@ static bool window_tiles_input(const ap_graph *g, const ap_node *w)
 	return true;
 }
 
+/* Marks (c->mark, a fresh c->mark_stamp) the members of groups p and q
+ * that a product of theirs (MatMul, Conv) reads, directly or through
+ * other members and read-through views: its prologue. */
+static void prologue_mark(pctx *c, int p, int q)
+{
+	const ap_graph *g = c->g;
+	int roots[2] = {p, q};
+	bool more = true;
+
+	c->mark_stamp++;
+	for (int s = 0; s < 2; s++)
+		for (int m = c->head[roots[s]]; m >= 0; m = c->next[m]) {
+			ap_op_category cat = ap_op_category_of(g->nodes[m].op);
+
+			if (cat == AP_CAT_MATMUL || cat == AP_CAT_CONV)
+				c->mark[m] = c->mark_stamp;
+		}
+	/* backwards to a fixpoint: groups hold at most max_nodes members */
+	while (more) {
+		more = false;
+		for (int s = 0; s < 2; s++)
+			for (int m = c->head[roots[s]]; m >= 0; m = c->next[m]) {
+				const ap_node *node = &g->nodes[m];
+
+				if (c->mark[m] != c->mark_stamp)
+					continue;
+				for (int j = 0; j < node->n_inputs; j++) {
+					int t = node->inputs[j] >= 0 ? source_of(g, c->through, node->inputs[j]) : -1;
+					int u = t >= 0 ? g->tensors[t].producer : -1, r = u >= 0 ? find(c, u) : -1;
+
+					if ((r == p || r == q) && c->mark[u] != c->mark_stamp) {
+						c->mark[u] = c->mark_stamp;
+						more = true;
+					}
+				}
+			}
+	}
+}
+
 static int outputs_check(pctx *c, int p, int q, int kind, char *why, size_t cap)
 {
 	const ap_graph *g = c->g;
 	const ap_tensor *first = NULL;
 	int roots[2] = {p, q};
 	int w = kind == AP_GROUP_WINDOW ? window_downstream(c, p, q) : -1;
+	bool product = kind == AP_GROUP_MATMUL || kind == AP_GROUP_CONV;
+
+	/* a product's kernel (the GEMM, depthwise and attention emitters)
+	 * writes the product and what is computed from it; a prologue tensor
+	 * that other kernels read too is theirs to recompute (step 5) or a
+	 * kernel of its own */
+	if (product)
+		prologue_mark(c, p, q);
 
 	for (int s = 0; s < 2; s++) {
 		for (int m = c->head[roots[s]]; m >= 0; m = c->next[m]) {
@@ -551,6 +598,14 @@ static int outputs_check(pctx *c, int p, int q, int kind, char *why, size_t cap)
 						return AP_WHY_SHAPE;
 					}
 					continue;
+				}
+				if (product && c->mark[m] == c->mark_stamp &&
+				    ap_op_category_of(node->op) != AP_CAT_MATMUL &&
+				    ap_op_category_of(node->op) != AP_CAT_CONV) {
+					say(why, cap, "rule: a product's micro-graph writes the product and what "
+						      "follows it, and %s (before the product) is read outside it too",
+					    g->tensors[t].name);
+					return AP_WHY_RULE;
 				}
 				if (kind == AP_GROUP_REDUCTION) {
 					if (ap_op_category_of(node->op) != AP_CAT_REDUCTION) {

@@ -7,8 +7,8 @@
 extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_bf16_stats(__nv_bfloat16 *__restrict__ p0, __nv_bfloat16 *__restrict__ p1, __nv_bfloat16 *__restrict__ p2, __nv_bfloat16 *__restrict__ p3, const __nv_bfloat16 *__restrict__ p4, const __nv_bfloat16 *__restrict__ p5, const __nv_bfloat16 *__restrict__ p6, const __nv_bfloat16 *__restrict__ p7)
 {
 	__shared__ __align__(16) __nv_bfloat16 qs[640];
-	__shared__ __align__(16) __nv_bfloat16 ks[2560];
-	__shared__ __align__(16) __nv_bfloat16 vs[2048];
+	__shared__ __align__(16) __nv_bfloat16 ks[5120];
+	__shared__ __align__(16) __nv_bfloat16 vs[4096];
 	__align__(16) __nv_bfloat16 qf[16];
 	__align__(16) __nv_bfloat16 kf[4];
 	__align__(16) __nv_bfloat16 vf[4];
@@ -44,68 +44,68 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_bf16_stats(__nv
 			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&qs[(((e10 / 4) * 40) + ((e10 % 4) * 8))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr11 < 37) && (((e10 % 4) * 8) < 24))) ? &p4[((((b8 * 2664) + (b7 * 888)) + (gr11 * 24)) + ((e10 % 4) * 8))] : p4), "r"((((gr11 < 37) && (((e10 % 4) * 8) < 24))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+		for (int e12 = ((int)threadIdx.x); e12 < 256; e12 += 32) {
+			int gr13 = (e12 / 4);
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[(((e12 / 4) * 40) + ((e12 % 4) * 8))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr13 < 45) && (((e12 % 4) * 8) < 24))) ? &p5[((((b8 * 3240) + (b7 * 1080)) + ((e12 % 4) * 8)) + (gr13 * 24))] : p5), "r"((((gr13 < 45) && (((e12 % 4) * 8) < 24))) ? 16 : 0) : "memory"); }
+		}
+		for (int e14 = ((int)threadIdx.x); e14 < 384; e14 += 32) {
+			int gr15 = (e14 / 6);
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[(((e14 / 6) * 32) + ((e14 % 6) * 4))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr15 < 45) && (((e14 % 6) * 4) < 20))) ? &p6[((((b8 * 2700) + (b7 * 900)) + (gr15 * 20)) + ((e14 % 6) * 4))] : p6), "r"((((gr15 < 45) && (((e14 % 6) * 4) < 20))) ? 8 : 0) : "memory"); }
+		}
+		asm volatile("cp.async.commit_group;\n" ::: "memory");
+		asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 		__syncthreads();
 		#pragma unroll
-		for (int kq12 = 0; kq12 < 2; kq12 += 1) {
-			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&qs[((((w0 * 16) + (ln1 & 15)) * 40) + ((kq12 * 16) + ((ln1 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq12 * 8)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); qf[(kq12 * 8) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); qf[(kq12 * 8) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); qf[(kq12 * 8) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); qf[(kq12 * 8) + 4] = __ushort_as_bfloat16((unsigned short)(ap_r2 & 0xffffu)); qf[(kq12 * 8) + 5] = __ushort_as_bfloat16((unsigned short)(ap_r2 >> 16)); qf[(kq12 * 8) + 6] = __ushort_as_bfloat16((unsigned short)(ap_r3 & 0xffffu)); qf[(kq12 * 8) + 7] = __ushort_as_bfloat16((unsigned short)(ap_r3 >> 16)); }
+		for (int kq16 = 0; kq16 < 2; kq16 += 1) {
+			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&qs[((((w0 * 16) + (ln1 & 15)) * 40) + ((kq16 * 16) + ((ln1 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq16 * 8)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); qf[(kq16 * 8) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); qf[(kq16 * 8) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); qf[(kq16 * 8) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); qf[(kq16 * 8) + 4] = __ushort_as_bfloat16((unsigned short)(ap_r2 & 0xffffu)); qf[(kq16 * 8) + 5] = __ushort_as_bfloat16((unsigned short)(ap_r2 >> 16)); qf[(kq16 * 8) + 6] = __ushort_as_bfloat16((unsigned short)(ap_r3 & 0xffffu)); qf[(kq16 * 8) + 7] = __ushort_as_bfloat16((unsigned short)(ap_r3 >> 16)); }
 		}
-		float m13 = (-AP_INFF);
-		float l14 = 0x0p+0f;
-		float m15 = (-AP_INFF);
-		float l16 = 0x0p+0f;
+		float m17 = (-AP_INFF);
+		float l18 = 0x0p+0f;
+		float m19 = (-AP_INFF);
+		float l20 = 0x0p+0f;
 		#pragma unroll
-		for (int z17 = 0; z17 < 12; z17 += 1) {
-			of[z17] = 0x0p+0f;
+		for (int z21 = 0; z21 < 12; z21 += 1) {
+			of[z21] = 0x0p+0f;
 		}
-		for (int kt18 = 0; kt18 < 1; kt18 += 1) {
-			int k019 = (kt18 * 64);
+		for (int kt22 = 0; kt22 < 1; kt22 += 1) {
+			int k023 = (kt22 * 64);
 			__syncthreads();
-			for (int e20 = ((int)threadIdx.x); e20 < 256; e20 += 32) {
-				int gr21 = (k019 + (e20 / 4));
-				{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[(((e20 / 4) * 40) + ((e20 % 4) * 8))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr21 < 45) && (((e20 % 4) * 8) < 24))) ? &p5[((((b8 * 3240) + (b7 * 1080)) + ((e20 % 4) * 8)) + (gr21 * 24))] : p5), "r"((((gr21 < 45) && (((e20 % 4) * 8) < 24))) ? 16 : 0) : "memory"); }
-			}
-			for (int e22 = ((int)threadIdx.x); e22 < 384; e22 += 32) {
-				int gr23 = (k019 + (e22 / 6));
-				{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[(((e22 / 6) * 32) + ((e22 % 6) * 4))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr23 < 45) && (((e22 % 6) * 4) < 20))) ? &p6[((((b8 * 2700) + (b7 * 900)) + (gr23 * 20)) + ((e22 % 6) * 4))] : p6), "r"((((gr23 < 45) && (((e22 % 6) * 4) < 20))) ? 8 : 0) : "memory"); }
+			int kn24 = (kt22 + 1);
+			int st25 = (kt22 & 1);
+			if ((kn24 < 1)) {
+				for (int e26 = ((int)threadIdx.x); e26 < 256; e26 += 32) {
+					int gr27 = ((kn24 * 64) + (e26 / 4));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[(((kn24 & 1) * 2560) + (((e26 / 4) * 40) + ((e26 % 4) * 8)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr27 < 45) && (((e26 % 4) * 8) < 24))) ? &p5[((((b8 * 3240) + (b7 * 1080)) + ((e26 % 4) * 8)) + (gr27 * 24))] : p5), "r"((((gr27 < 45) && (((e26 % 4) * 8) < 24))) ? 16 : 0) : "memory"); }
+				}
+				for (int e28 = ((int)threadIdx.x); e28 < 384; e28 += 32) {
+					int gr29 = ((kn24 * 64) + (e28 / 6));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[(((kn24 & 1) * 2048) + (((e28 / 6) * 32) + ((e28 % 6) * 4)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr29 < 45) && (((e28 % 6) * 4) < 20))) ? &p6[((((b8 * 2700) + (b7 * 900)) + (gr29 * 20)) + ((e28 % 6) * 4))] : p6), "r"((((gr29 < 45) && (((e28 % 6) * 4) < 20))) ? 8 : 0) : "memory"); }
+				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
-			asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+			int kb30 = (st25 * 2560);
+			int vb31 = (st25 * 2048);
 			__syncthreads();
 			#pragma unroll
-			for (int z24 = 0; z24 < 32; z24 += 1) {
-				sf[z24] = 0x0p+0f;
+			for (int z32 = 0; z32 < 32; z32 += 1) {
+				sf[z32] = 0x0p+0f;
 			}
 			#pragma unroll
-			for (int kq25 = 0; kq25 < 2; kq25 += 1) {
+			for (int kq33 = 0; kq33 < 2; kq33 += 1) {
 				#pragma unroll
-				for (int ni26 = 0; ni26 < 8; ni26 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[((((ni26 * 8) + (ln1 & 7)) * 40) + ((kq25 * 16) + (((ln1 >> 3) & 1) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
-					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni26 * 4)]), "=f"(sf[(ni26 * 4) + 1]), "=f"(sf[(ni26 * 4) + 2]), "=f"(sf[(ni26 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8)]) | ((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(qf[(kq25 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 3]) << 16))), "f"(sf[(ni26 * 4)]), "f"(sf[(ni26 * 4) + 1]), "f"(sf[(ni26 * 4) + 2]), "f"(sf[(ni26 * 4) + 3]));
+				for (int ni34 = 0; ni34 < 8; ni34 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[(kb30 + ((((ni34 * 8) + (ln1 & 7)) * 40) + ((kq33 * 16) + (((ln1 >> 3) & 1) * 8))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
+					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni34 * 4)]), "=f"(sf[(ni34 * 4) + 1]), "=f"(sf[(ni34 * 4) + 2]), "=f"(sf[(ni34 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8)]) | ((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 3]) << 16))), "f"(sf[(ni34 * 4)]), "f"(sf[(ni34 * 4) + 1]), "f"(sf[(ni34 * 4) + 2]), "f"(sf[(ni34 * 4) + 3]));
 				}
 			}
 			#pragma unroll
-			for (int ni27 = 0; ni27 < 8; ni27 += 1) {
-				int r28 = (wr9 + g2);
-				int key29 = ((k019 + (ni27 * 8)) + (tq3 * 2));
-				float s30 = (-AP_INFF);
-				if ((key29 < 45)) {
-					float dot31 = sf[(ni27 * 4)];
-					__nv_bfloat16 v32 = __float2bfloat16_rn(dot31);
-					__nv_bfloat16 v33 = __float2bfloat16_rn((__bfloat162float(v32) / 0x1p+2f));
-					__nv_bfloat16 v34 = p7[(((r28 < 36 ? r28 : 36) * 45) + key29)];
-					__nv_bfloat16 v35 = __float2bfloat16_rn((__bfloat162float(v33) + __bfloat162float(v34)));
-					s30 = __bfloat162float(v35);
-					if ((r28 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r28 * 45)) + key29)] = __float2bfloat16_rn(s30);
-					}
-				}
-				sf[(ni27 * 4)] = s30;
+			for (int ni35 = 0; ni35 < 8; ni35 += 1) {
 				int r36 = (wr9 + g2);
-				int key37 = ((k019 + (ni27 * 8)) + ((tq3 * 2) + 1));
+				int key37 = ((k023 + (ni35 * 8)) + (tq3 * 2));
 				float s38 = (-AP_INFF);
 				if ((key37 < 45)) {
-					float dot39 = sf[((ni27 * 4) + 1)];
+					float dot39 = sf[(ni35 * 4)];
 					__nv_bfloat16 v40 = __float2bfloat16_rn(dot39);
 					__nv_bfloat16 v41 = __float2bfloat16_rn((__bfloat162float(v40) / 0x1p+2f));
 					__nv_bfloat16 v42 = p7[(((r36 < 36 ? r36 : 36) * 45) + key37)];
@@ -115,12 +115,12 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_bf16_stats(__nv
 						p1[((((b8 * 4995) + (b7 * 1665)) + (r36 * 45)) + key37)] = __float2bfloat16_rn(s38);
 					}
 				}
-				sf[((ni27 * 4) + 1)] = s38;
-				int r44 = (wr9 + (g2 + 8));
-				int key45 = ((k019 + (ni27 * 8)) + (tq3 * 2));
+				sf[(ni35 * 4)] = s38;
+				int r44 = (wr9 + g2);
+				int key45 = ((k023 + (ni35 * 8)) + ((tq3 * 2) + 1));
 				float s46 = (-AP_INFF);
 				if ((key45 < 45)) {
-					float dot47 = sf[((ni27 * 4) + 2)];
+					float dot47 = sf[((ni35 * 4) + 1)];
 					__nv_bfloat16 v48 = __float2bfloat16_rn(dot47);
 					__nv_bfloat16 v49 = __float2bfloat16_rn((__bfloat162float(v48) / 0x1p+2f));
 					__nv_bfloat16 v50 = p7[(((r44 < 36 ? r44 : 36) * 45) + key45)];
@@ -130,12 +130,12 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_bf16_stats(__nv
 						p1[((((b8 * 4995) + (b7 * 1665)) + (r44 * 45)) + key45)] = __float2bfloat16_rn(s46);
 					}
 				}
-				sf[((ni27 * 4) + 2)] = s46;
+				sf[((ni35 * 4) + 1)] = s46;
 				int r52 = (wr9 + (g2 + 8));
-				int key53 = ((k019 + (ni27 * 8)) + ((tq3 * 2) + 1));
+				int key53 = ((k023 + (ni35 * 8)) + (tq3 * 2));
 				float s54 = (-AP_INFF);
 				if ((key53 < 45)) {
-					float dot55 = sf[((ni27 * 4) + 3)];
+					float dot55 = sf[((ni35 * 4) + 2)];
 					__nv_bfloat16 v56 = __float2bfloat16_rn(dot55);
 					__nv_bfloat16 v57 = __float2bfloat16_rn((__bfloat162float(v56) / 0x1p+2f));
 					__nv_bfloat16 v58 = p7[(((r52 < 36 ? r52 : 36) * 45) + key53)];
@@ -145,133 +145,148 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_bf16_stats(__nv
 						p1[((((b8 * 4995) + (b7 * 1665)) + (r52 * 45)) + key53)] = __float2bfloat16_rn(s54);
 					}
 				}
-				sf[((ni27 * 4) + 3)] = s54;
+				sf[((ni35 * 4) + 2)] = s54;
+				int r60 = (wr9 + (g2 + 8));
+				int key61 = ((k023 + (ni35 * 8)) + ((tq3 * 2) + 1));
+				float s62 = (-AP_INFF);
+				if ((key61 < 45)) {
+					float dot63 = sf[((ni35 * 4) + 3)];
+					__nv_bfloat16 v64 = __float2bfloat16_rn(dot63);
+					__nv_bfloat16 v65 = __float2bfloat16_rn((__bfloat162float(v64) / 0x1p+2f));
+					__nv_bfloat16 v66 = p7[(((r60 < 36 ? r60 : 36) * 45) + key61)];
+					__nv_bfloat16 v67 = __float2bfloat16_rn((__bfloat162float(v65) + __bfloat162float(v66)));
+					s62 = __bfloat162float(v67);
+					if ((r60 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r60 * 45)) + key61)] = __float2bfloat16_rn(s62);
+					}
+				}
+				sf[((ni35 * 4) + 3)] = s62;
 			}
-			float mx60 = (-AP_INFF);
+			float mx68 = (-AP_INFF);
 			#pragma unroll
-			for (int ni61 = 0; ni61 < 8; ni61 += 1) {
-				mx60 = (mx60 > sf[(ni61 * 4)] ? mx60 : sf[(ni61 * 4)]);
-				mx60 = (mx60 > sf[((ni61 * 4) + 1)] ? mx60 : sf[((ni61 * 4) + 1)]);
+			for (int ni69 = 0; ni69 < 8; ni69 += 1) {
+				mx68 = (mx68 > sf[(ni69 * 4)] ? mx68 : sf[(ni69 * 4)]);
+				mx68 = (mx68 > sf[((ni69 * 4) + 1)] ? mx68 : sf[((ni69 * 4) + 1)]);
 			}
-			float wm62 = mx60;
-			float sh63;
-			sh63 = __shfl_xor_sync(0xffffffffu, wm62, (int)2, 32);
-			wm62 = (wm62 > sh63 ? wm62 : sh63);
-			float sh64;
-			sh64 = __shfl_xor_sync(0xffffffffu, wm62, (int)1, 32);
-			wm62 = (wm62 > sh64 ? wm62 : sh64);
-			float mn65 = (m13 > wm62 ? m13 : wm62);
-			unsigned char dd66 = (mn65 == (-AP_INFF));
-			float al67 = (dd66 ? 0x1p+0f : expf((m13 - mn65)));
-			float rs68 = 0x0p+0f;
-			float mx69 = (-AP_INFF);
-			#pragma unroll
-			for (int ni70 = 0; ni70 < 8; ni70 += 1) {
-				mx69 = (mx69 > sf[((ni70 * 4) + 2)] ? mx69 : sf[((ni70 * 4) + 2)]);
-				mx69 = (mx69 > sf[((ni70 * 4) + 3)] ? mx69 : sf[((ni70 * 4) + 3)]);
-			}
-			float wm71 = mx69;
+			float wm70 = mx68;
+			float sh71;
+			sh71 = __shfl_xor_sync(0xffffffffu, wm70, (int)2, 32);
+			wm70 = (wm70 > sh71 ? wm70 : sh71);
 			float sh72;
-			sh72 = __shfl_xor_sync(0xffffffffu, wm71, (int)2, 32);
-			wm71 = (wm71 > sh72 ? wm71 : sh72);
-			float sh73;
-			sh73 = __shfl_xor_sync(0xffffffffu, wm71, (int)1, 32);
-			wm71 = (wm71 > sh73 ? wm71 : sh73);
-			float mn74 = (m15 > wm71 ? m15 : wm71);
-			unsigned char dd75 = (mn74 == (-AP_INFF));
-			float al76 = (dd75 ? 0x1p+0f : expf((m15 - mn74)));
-			float rs77 = 0x0p+0f;
+			sh72 = __shfl_xor_sync(0xffffffffu, wm70, (int)1, 32);
+			wm70 = (wm70 > sh72 ? wm70 : sh72);
+			float mn73 = (m17 > wm70 ? m17 : wm70);
+			unsigned char dd74 = (mn73 == (-AP_INFF));
+			float al75 = (dd74 ? 0x1p+0f : expf((m17 - mn73)));
+			float rs76 = 0x0p+0f;
+			float mx77 = (-AP_INFF);
 			#pragma unroll
 			for (int ni78 = 0; ni78 < 8; ni78 += 1) {
-				float p79 = (dd66 ? 0x0p+0f : expf((sf[(ni78 * 4)] - mn65)));
-				rs68 = (rs68 + p79);
-				pf[(ni78 * 4)] = __float2bfloat16_rn(p79);
-				float p80 = (dd66 ? 0x0p+0f : expf((sf[((ni78 * 4) + 1)] - mn65)));
-				rs68 = (rs68 + p80);
-				pf[((ni78 * 4) + 1)] = __float2bfloat16_rn(p80);
-				float p81 = (dd75 ? 0x0p+0f : expf((sf[((ni78 * 4) + 2)] - mn74)));
-				rs77 = (rs77 + p81);
-				pf[((ni78 * 4) + 2)] = __float2bfloat16_rn(p81);
-				float p82 = (dd75 ? 0x0p+0f : expf((sf[((ni78 * 4) + 3)] - mn74)));
-				rs77 = (rs77 + p82);
-				pf[((ni78 * 4) + 3)] = __float2bfloat16_rn(p82);
+				mx77 = (mx77 > sf[((ni78 * 4) + 2)] ? mx77 : sf[((ni78 * 4) + 2)]);
+				mx77 = (mx77 > sf[((ni78 * 4) + 3)] ? mx77 : sf[((ni78 * 4) + 3)]);
 			}
-			l14 = ((l14 * al67) + rs68);
-			m13 = mn65;
-			l16 = ((l16 * al76) + rs77);
-			m15 = mn74;
+			float wm79 = mx77;
+			float sh80;
+			sh80 = __shfl_xor_sync(0xffffffffu, wm79, (int)2, 32);
+			wm79 = (wm79 > sh80 ? wm79 : sh80);
+			float sh81;
+			sh81 = __shfl_xor_sync(0xffffffffu, wm79, (int)1, 32);
+			wm79 = (wm79 > sh81 ? wm79 : sh81);
+			float mn82 = (m19 > wm79 ? m19 : wm79);
+			unsigned char dd83 = (mn82 == (-AP_INFF));
+			float al84 = (dd83 ? 0x1p+0f : expf((m19 - mn82)));
+			float rs85 = 0x0p+0f;
 			#pragma unroll
-			for (int no83 = 0; no83 < 3; no83 += 1) {
-				of[(no83 * 4)] = (of[(no83 * 4)] * al67);
-				of[((no83 * 4) + 1)] = (of[((no83 * 4) + 1)] * al67);
-				of[((no83 * 4) + 2)] = (of[((no83 * 4) + 2)] * al76);
-				of[((no83 * 4) + 3)] = (of[((no83 * 4) + 3)] * al76);
+			for (int ni86 = 0; ni86 < 8; ni86 += 1) {
+				float p87 = (dd74 ? 0x0p+0f : expf((sf[(ni86 * 4)] - mn73)));
+				rs76 = (rs76 + p87);
+				pf[(ni86 * 4)] = __float2bfloat16_rn(p87);
+				float p88 = (dd74 ? 0x0p+0f : expf((sf[((ni86 * 4) + 1)] - mn73)));
+				rs76 = (rs76 + p88);
+				pf[((ni86 * 4) + 1)] = __float2bfloat16_rn(p88);
+				float p89 = (dd83 ? 0x0p+0f : expf((sf[((ni86 * 4) + 2)] - mn82)));
+				rs85 = (rs85 + p89);
+				pf[((ni86 * 4) + 2)] = __float2bfloat16_rn(p89);
+				float p90 = (dd83 ? 0x0p+0f : expf((sf[((ni86 * 4) + 3)] - mn82)));
+				rs85 = (rs85 + p90);
+				pf[((ni86 * 4) + 3)] = __float2bfloat16_rn(p90);
+			}
+			l18 = ((l18 * al75) + rs76);
+			m17 = mn73;
+			l20 = ((l20 * al84) + rs85);
+			m19 = mn82;
+			#pragma unroll
+			for (int no91 = 0; no91 < 3; no91 += 1) {
+				of[(no91 * 4)] = (of[(no91 * 4)] * al75);
+				of[((no91 * 4) + 1)] = (of[((no91 * 4) + 1)] * al75);
+				of[((no91 * 4) + 2)] = (of[((no91 * 4) + 2)] * al84);
+				of[((no91 * 4) + 3)] = (of[((no91 * 4) + 3)] * al84);
 			}
 			#pragma unroll
-			for (int kj84 = 0; kj84 < 4; kj84 += 1) {
+			for (int kj92 = 0; kj92 < 4; kj92 += 1) {
 				#pragma unroll
-				for (int no85 = 0; no85 < 3; no85 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[((((kj84 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 32) + (no85 * 8))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
-					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no85 * 4)]), "=f"(of[(no85 * 4) + 1]), "=f"(of[(no85 * 4) + 2]), "=f"(of[(no85 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8)]) | ((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(pf[(kj84 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 3]) << 16))), "f"(of[(no85 * 4)]), "f"(of[(no85 * 4) + 1]), "f"(of[(no85 * 4) + 2]), "f"(of[(no85 * 4) + 3]));
+				for (int no93 = 0; no93 < 3; no93 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[(vb31 + ((((kj92 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 32) + (no93 * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
+					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no93 * 4)]), "=f"(of[(no93 * 4) + 1]), "=f"(of[(no93 * 4) + 2]), "=f"(of[(no93 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8)]) | ((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 3]) << 16))), "f"(of[(no93 * 4)]), "f"(of[(no93 * 4) + 1]), "f"(of[(no93 * 4) + 2]), "f"(of[(no93 * 4) + 3]));
 				}
 			}
 		}
-		float ws86 = l14;
-		float sh87;
-		sh87 = __shfl_xor_sync(0xffffffffu, ws86, (int)2, 32);
-		ws86 = (ws86 + sh87);
-		float sh88;
-		sh88 = __shfl_xor_sync(0xffffffffu, ws86, (int)1, 32);
-		ws86 = (ws86 + sh88);
-		l14 = ws86;
-		float ws89 = l16;
-		float sh90;
-		sh90 = __shfl_xor_sync(0xffffffffu, ws89, (int)2, 32);
-		ws89 = (ws89 + sh90);
-		float sh91;
-		sh91 = __shfl_xor_sync(0xffffffffu, ws89, (int)1, 32);
-		ws89 = (ws89 + sh91);
-		l16 = ws89;
+		float ws94 = l18;
+		float sh95;
+		sh95 = __shfl_xor_sync(0xffffffffu, ws94, (int)2, 32);
+		ws94 = (ws94 + sh95);
+		float sh96;
+		sh96 = __shfl_xor_sync(0xffffffffu, ws94, (int)1, 32);
+		ws94 = (ws94 + sh96);
+		l18 = ws94;
+		float ws97 = l20;
+		float sh98;
+		sh98 = __shfl_xor_sync(0xffffffffu, ws97, (int)2, 32);
+		ws97 = (ws97 + sh98);
+		float sh99;
+		sh99 = __shfl_xor_sync(0xffffffffu, ws97, (int)1, 32);
+		ws97 = (ws97 + sh99);
+		l20 = ws97;
 		#pragma unroll
-		for (int no92 = 0; no92 < 3; no92 += 1) {
-			int r93 = (wr9 + g2);
-			int col94 = ((no92 * 8) + (tq3 * 2));
-			if (((r93 < 37) && (col94 < 20))) {
-				float o95 = (of[(no92 * 4)] / l14);
-				__nv_bfloat16 v96 = __float2bfloat16_rn(o95);
-				p0[((((b8 * 2220) + (r93 * 60)) + (b7 * 20)) + col94)] = v96;
-			}
-			int r97 = (wr9 + g2);
-			int col98 = ((no92 * 8) + ((tq3 * 2) + 1));
-			if (((r97 < 37) && (col98 < 20))) {
-				float o99 = (of[((no92 * 4) + 1)] / l14);
-				__nv_bfloat16 v100 = __float2bfloat16_rn(o99);
-				p0[((((b8 * 2220) + (r97 * 60)) + (b7 * 20)) + col98)] = v100;
-			}
-			int r101 = (wr9 + (g2 + 8));
-			int col102 = ((no92 * 8) + (tq3 * 2));
+		for (int no100 = 0; no100 < 3; no100 += 1) {
+			int r101 = (wr9 + g2);
+			int col102 = ((no100 * 8) + (tq3 * 2));
 			if (((r101 < 37) && (col102 < 20))) {
-				float o103 = (of[((no92 * 4) + 2)] / l16);
+				float o103 = (of[(no100 * 4)] / l18);
 				__nv_bfloat16 v104 = __float2bfloat16_rn(o103);
 				p0[((((b8 * 2220) + (r101 * 60)) + (b7 * 20)) + col102)] = v104;
 			}
-			int r105 = (wr9 + (g2 + 8));
-			int col106 = ((no92 * 8) + ((tq3 * 2) + 1));
+			int r105 = (wr9 + g2);
+			int col106 = ((no100 * 8) + ((tq3 * 2) + 1));
 			if (((r105 < 37) && (col106 < 20))) {
-				float o107 = (of[((no92 * 4) + 3)] / l16);
+				float o107 = (of[((no100 * 4) + 1)] / l18);
 				__nv_bfloat16 v108 = __float2bfloat16_rn(o107);
 				p0[((((b8 * 2220) + (r105 * 60)) + (b7 * 20)) + col106)] = v108;
 			}
+			int r109 = (wr9 + (g2 + 8));
+			int col110 = ((no100 * 8) + (tq3 * 2));
+			if (((r109 < 37) && (col110 < 20))) {
+				float o111 = (of[((no100 * 4) + 2)] / l20);
+				__nv_bfloat16 v112 = __float2bfloat16_rn(o111);
+				p0[((((b8 * 2220) + (r109 * 60)) + (b7 * 20)) + col110)] = v112;
+			}
+			int r113 = (wr9 + (g2 + 8));
+			int col114 = ((no100 * 8) + ((tq3 * 2) + 1));
+			if (((r113 < 37) && (col114 < 20))) {
+				float o115 = (of[((no100 * 4) + 3)] / l20);
+				__nv_bfloat16 v116 = __float2bfloat16_rn(o115);
+				p0[((((b8 * 2220) + (r113 * 60)) + (b7 * 20)) + col114)] = v116;
+			}
 		}
-		int r109 = (wr9 + g2);
-		if (((r109 < 37) && (tq3 == 0))) {
-			p2[(((b8 * 111) + (b7 * 37)) + r109)] = __float2bfloat16_rn(m13);
-			p3[(((b8 * 111) + (b7 * 37)) + r109)] = __float2bfloat16_rn(l14);
+		int r117 = (wr9 + g2);
+		if (((r117 < 37) && (tq3 == 0))) {
+			p2[(((b8 * 111) + (b7 * 37)) + r117)] = __float2bfloat16_rn(m17);
+			p3[(((b8 * 111) + (b7 * 37)) + r117)] = __float2bfloat16_rn(l18);
 		}
-		int r110 = (wr9 + (g2 + 8));
-		if (((r110 < 37) && (tq3 == 0))) {
-			p2[(((b8 * 111) + (b7 * 37)) + r110)] = __float2bfloat16_rn(m15);
-			p3[(((b8 * 111) + (b7 * 37)) + r110)] = __float2bfloat16_rn(l16);
+		int r118 = (wr9 + (g2 + 8));
+		if (((r118 < 37) && (tq3 == 0))) {
+			p2[(((b8 * 111) + (b7 * 37)) + r118)] = __float2bfloat16_rn(m19);
+			p3[(((b8 * 111) + (b7 * 37)) + r118)] = __float2bfloat16_rn(l20);
 		}
 	}
 }
