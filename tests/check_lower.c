@@ -1189,7 +1189,7 @@ static void run_attention_case(const att_case *c, const lcase *lc)
 	ap_graph *g = ap_graph_new("att");
 	int64_t B = c->B, H = c->H, Nq = c->Nq, Nk = c->Nk, D = c->D, Dv = c->Dv;
 	int q, kk, v, mask, four, kt, y1, sc, s2, mx, d, e, l, pr, o, ot, n;
-	case_opts opts = {c->target, false, c->rtol};
+	case_opts opts = {c->target, c->dt == AP_DT_F32 && c->target != NULL, c->rtol};   /* float32 on a GPU: TF32 */
 	ap_mgraph *m;
 
 	g_dt = c->dt;
@@ -1236,10 +1236,10 @@ static void run_attention_case(const att_case *c, const lcase *lc)
 	g_fill = mask_first_tile;
 	g_opts = &opts;
 	run_case(lc, m, ref_attention);
-	g_opts = NULL;
 	g_fill = NULL;
 	if (c->target)
 		expect_no_spills(m, c->name);
+	g_opts = NULL;
 	ap_mgraph_free(m);
 	ap_graph_free(g);
 }
@@ -1271,6 +1271,20 @@ START_TEST(attention_tensor_cores)
 
 	run_attention_case(&f16, &l1);
 	run_attention_case(&bf16, &l2);
+}
+END_TEST
+
+/* float32 with allow_tf32 on sm_90: the tensor-core form on TF32 mma.sync
+ * m16n8k8 (Q and K by 32-bit ldmatrix, V one element a lane, P moved from
+ * the C to the A layout by shuffles), every configuration run on the host;
+ * head dims 20 and 12 (padded to 24 and 16), with the statistics.
+ * Tolerance 1e-2: Q, K, V and P rounded to TF32's 10-bit mantissa. */
+START_TEST(attention_tensor_cores_tf32)
+{
+	static const att_case tf = {"attention_tc_tf32_stats", AP_DT_F32, 2, 3, 37, 45, 20, 12, true, "sm_90", 1e-2};
+	lcase lc = {tf.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k8.row.col.f32.tf32", "shfl.sync.idx"}};
+
+	run_attention_case(&tf, &lc);
 }
 END_TEST
 
@@ -1436,6 +1450,7 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 		char *cuda;
 
 		ck_assert_int_eq(ap_cost_target(archs[a], &ti), 0);
+		ti.allow_tf32 = g_opts && g_opts->allow_tf32;
 		k = ap_lower(m, &ti, name, &lo, NULL, &err);
 		ck_assert_msg(k != NULL, "%s: %s", name, err.msg);
 		cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
@@ -1571,6 +1586,7 @@ static Suite *lower_suite(void)
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, attention_online_softmax);
 	tcase_add_test(tc, attention_tensor_cores);
+	tcase_add_test(tc, attention_tensor_cores_tf32);
 	suite_add_tcase(s, tc);
 	/* split-K on thread-block clusters (run alone: CK_RUN_CASE=splitk) */
 	tc = tcase_create("splitk");

@@ -42,6 +42,11 @@ typedef struct ap_target_info {
 	double shared_gbps;              /* shared-memory (host: L1) bandwidth of the whole
 					    chip, GB/s: SMs x 128 bytes per clock x clock */
 	double gflops;                   /* FP32 throughput (no tensor cores), GFLOP/s */
+	double direct_gflops;            /* what a direct product loop without a register tile
+					    (Layer I's window kernels) reaches, GFLOP/s: gflops on
+					    GPUs (the halo stands for the loss there); measured
+					    on the host, where the GEMM emitter's register tiles
+					    vectorise and a direct loop does not */
 	double tc_gflops;                /* dense float16 tensor-core throughput with float32
 					    accumulation, GFLOP/s (0: none usable) */
 	double tf32_gflops;              /* dense TF32 tensor-core throughput (0: none) */
@@ -186,7 +191,7 @@ void ap_cost_gemm_default(const ap_target_info *t, int64_t batch, int64_t M, int
  * for P's dtype: 16-bit, or float32 with allow_tf32) writing P and the
  * pooling reading it back?  Per element of P, with k multiply-adds (a
  * Conv: input channels per group times the kernel window; a matmul: the
- * second operand's rows): fused 2 k halo / gflops against
+ * second operand's rows): fused 2 k halo / direct_gflops against
  * 2 k / (product throughput) + 2 bytes(P's dtype) / bandwidth (the
  * roofline of ap_cost_time_us; APOLLO section 4.1 weighs recomputation
  * against memory traffic the same way).  *k_macs receives k, 0 for a node

@@ -1076,6 +1076,8 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g, const ap_bui
 	}
 	P.ti.max_threads_per_block = P.opt->max_block_threads ? P.opt->max_block_threads : 256;
 	P.ti.allow_tf32 = P.opt->allow_tf32;
+	if (P.opt->hooks && P.opt->hooks->direct_gflops > 0)
+		P.ti.direct_gflops = P.opt->hooks->direct_gflops;
 	P.print_target = P.ti.gpu ? AP_KIR_CUDA : AP_KIR_HOST;
 	xopt.n_keep_whole = P.opt->n_keep_whole;
 	xopt.keep_whole = P.opt->keep_whole;

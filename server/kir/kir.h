@@ -529,6 +529,11 @@ typedef struct ap_kir_visitor {
  * the statements nested in it (for body; if body, then else branch).
  * Returns 0 or the first non-zero callback result. */
 int ap_kir_visit(const ap_kir_kernel *k, const ap_kir_visitor *v, void *user);
+/* The same walk over the statements [first, end) of one statement list
+ * (end NULL: to its end) and everything nested in them; depths count from
+ * 0 there. */
+int ap_kir_visit_range(const ap_kir_stmt *first, const ap_kir_stmt *end, const ap_kir_visitor *v,
+		       void *user);
 
 /* What ap_kir_clone_into replaces.  `arrays` is indexed by the source
  * array's id (src->n_arrays entries, owned by the caller; NULL = all

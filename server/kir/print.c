@@ -117,6 +117,9 @@ typedef struct printer {
 	uint32_t shfl_types;         /* host: 1 << dtype of every shuffled type */
 	bool uses_tf32;              /* the TF32 rounding function */
 	bool uses_ldmatrix, uses_mma;
+	unsigned char *promoted;     /* host, per array id: inside the current thread loop,
+					the thread's slice of this register array is a
+					local copy (see print_phase) */
 	bool bad;                    /* a collective in non-uniform control flow */
 	bool const_init;             /* printing a constant array's initializer */
 	char bad_msg[160];
@@ -348,7 +351,8 @@ static void print_expr(printer *p, const ap_kir_expr *e);
 static void print_elem_index(printer *p, const ap_kir_array *a, const ap_kir_expr *idx,
 			     const char *idx_text, int off)
 {
-	if (p->target == AP_KIR_HOST && a->space == AP_KIR_LOCAL && p->has_collective && !a->scratch)
+	if (p->target == AP_KIR_HOST && a->space == AP_KIR_LOCAL && p->has_collective && !a->scratch &&
+	    !(p->promoted && p->promoted[a->id]))
 		sb_printf(&p->out, "[%s * %lldLL + ", p->block_mode ? "0" : "ap_t",
 			  (long long)a->size);
 	else
@@ -1246,12 +1250,97 @@ static void close_thread_loop(printer *p, int depth)
 	sb_printf(&p->out, "}\n");
 }
 
+/* Host: the register arrays a phase uses (1) and writes (2), per array id. */
+typedef struct phase_use {
+	const ap_kir_kernel *k;
+	unsigned char *use;
+} phase_use;
+
+static void note_array(phase_use *u, const ap_kir_array *a, bool write)
+{
+	if (a && a->space == AP_KIR_LOCAL && !a->scratch)
+		u->use[a->id] |= write ? 3 : 1;
+}
+
+static int use_stmt(const ap_kir_stmt *s, int depth, void *user)
+{
+	phase_use *u = user;
+
+	switch (s->kind) {
+	case AP_KIR_S_STORE:
+	case AP_KIR_S_VSTORE:
+	case AP_KIR_S_LDMATRIX:
+		note_array(u, s->arr, true);
+		break;
+	case AP_KIR_S_VLOAD:
+		note_array(u, s->arr, false);
+		break;
+	case AP_KIR_S_MMA:
+		note_array(u, s->frag[0], true);
+		for (int i = 1; i < 4; i++)
+			note_array(u, s->frag[i], false);
+		break;
+	default:
+		break;
+	}
+	return 0;
+}
+
+static int use_expr(const ap_kir_expr *e, const ap_kir_stmt *s, void *user)
+{
+	if (e->kind == AP_KIR_E_LOAD)
+		note_array(user, e->arr, false);
+	return 0;
+}
+
+/* Host, kernels with collectives: per-thread register arrays live in
+ * slots (NAME[ap_t * size + i]) because their values cross phases.
+ * Inside one phase a thread touches only its own slice, so the phase
+ * copies the slice of each array it uses into a local array of the same
+ * name (shadowing the slots) and back if it writes it: the C compiler
+ * then sees a small array of its own -- a register tile it can keep in
+ * registers and vectorise -- instead of a stride into a large one.
+ * Arrays above PROMOTE_MAX elements stay in their slots. */
+#define PROMOTE_MAX 256
+
+static void promote_open(printer *p, const unsigned char *use, int depth)
+{
+	for (int i = 0; i < p->k->n_arrays; i++) {
+		const ap_kir_array *a = p->k->arrays[i];
+
+		if (!use[a->id] || a->size > PROMOTE_MAX)
+			continue;
+		sb_indent(&p->out, depth);
+		sb_printf(&p->out, "%s *const ap_slot_%s = %s + ap_t * %lldLL; %s %s[%lld]; "
+			  "memcpy(%s, ap_slot_%s, sizeof %s);\n", ap_kir_ctype(a->type), a->name, a->name,
+			  (long long)a->size, ap_kir_ctype(a->type), a->name, (long long)a->size, a->name, a->name,
+			  a->name);
+		p->promoted[a->id] = 1;
+	}
+}
+
+static void promote_close(printer *p, const unsigned char *use, int depth)
+{
+	for (int i = 0; i < p->k->n_arrays; i++) {
+		const ap_kir_array *a = p->k->arrays[i];
+
+		if (!p->promoted[a->id])
+			continue;
+		if (use[a->id] & 2) {
+			sb_indent(&p->out, depth);
+			sb_printf(&p->out, "memcpy(ap_slot_%s, %s, sizeof %s);\n", a->name, a->name, a->name);
+		}
+		p->promoted[a->id] = 0;
+	}
+}
+
 /* A phase: the statements [first, end) run by every thread of the block.
  * Comments and declarations of per-thread registers without a value (the
  * slots are declared at function level) need no thread loop. */
 static void print_phase(printer *p, const ap_kir_stmt *first, const ap_kir_stmt *end, int depth)
 {
 	bool only_comments = true;
+	unsigned char *use = NULL;
 
 	for (const ap_kir_stmt *s = first; s != end; s = s->next)
 		if (s->kind != AP_KIR_S_COMMENT &&
@@ -1262,10 +1351,26 @@ static void print_phase(printer *p, const ap_kir_stmt *first, const ap_kir_stmt 
 			print_stmt_thread(p, s, depth);
 		return;
 	}
+	if (p->target == AP_KIR_HOST && p->has_collective && p->promoted && p->k->n_arrays > 0) {
+		phase_use u = {p->k, calloc((size_t)p->k->n_arrays, 1)};
+		ap_kir_visitor vis = {use_stmt, use_expr};
+
+		if (!u.use) {
+			p->out.failed = true;
+			return;
+		}
+		ap_kir_visit_range(first, end, &vis, &u);
+		use = u.use;
+	}
 	open_thread_loop(p, depth);
+	if (use)
+		promote_open(p, use, depth + 1);
 	for (const ap_kir_stmt *s = first; s != end; s = s->next)
 		print_stmt_thread(p, s, depth + 1);
+	if (use)
+		promote_close(p, use, depth + 1);
 	close_thread_loop(p, depth);
+	free(use);
 }
 
 /* Host: the per-thread temporary a shuffle of type t goes through. */
@@ -1631,7 +1736,7 @@ static void print_prelude(printer *p)
 				  "  asm volatile(\"ld.shared::cluster.f64 %%0, [%%1];\" : \"=d\"(v) : \"r\"(m) : \"memory\");\n"
 				  "  return v; }\n#endif\n");
 	} else {
-		sb_printf(b, "#include <math.h>\n"
+		sb_printf(b, "#include <math.h>\n#include <string.h>\n"
 			  "#define AP_INFF __builtin_inff()\n"
 			  "#define AP_NANF __builtin_nanf(\"\")\n"
 			  "#define AP_INF __builtin_inf()\n"
@@ -1886,9 +1991,11 @@ __ap_give char *ap_kir_print(const ap_kir_kernel *k, ap_kir_target target, ap_er
 	p.nt = p.bt * (target == AP_KIR_HOST && k->cluster > 1 ? k->cluster : 1);
 	p.per_thread = calloc((size_t)k->n_vars + 1, 1);
 	p.vec_array = calloc((size_t)k->n_arrays + 1, 1);
-	if (!p.per_thread || !p.vec_array) {
+	p.promoted = calloc((size_t)k->n_arrays + 1, 1);
+	if (!p.per_thread || !p.vec_array || !p.promoted) {
 		free(p.per_thread);
 		free(p.vec_array);
+		free(p.promoted);
 		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory printing %s", k->name);
 		return NULL;
 	}
@@ -1902,6 +2009,7 @@ __ap_give char *ap_kir_print(const ap_kir_kernel *k, ap_kir_target target, ap_er
 	}
 	free(p.per_thread);
 	free(p.vec_array);
+	free(p.promoted);
 	if (p.bad) {
 		free(p.out.s);
 		ap_error_set(err, AP_EINTERNAL, NULL, NULL, "kernel %s: %s", k->name,

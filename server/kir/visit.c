@@ -94,6 +94,23 @@ static int visit_block(const ap_kir_block *b, int depth, const ap_kir_visitor *v
 	return 0;
 }
 
+int ap_kir_visit_range(const ap_kir_stmt *first, const ap_kir_stmt *end, const ap_kir_visitor *v, void *user)
+{
+	int rc;
+
+	for (const ap_kir_stmt *s = first; s && s != end; s = s->next) {
+		if (v->stmt && (rc = v->stmt(s, 0, user)))
+			return rc;
+		if (v->expr && (rc = visit_stmt_exprs(s, v, user)))
+			return rc;
+		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF) {
+			if ((rc = visit_block(&s->body, 1, v, user)) || (rc = visit_block(&s->orelse, 1, v, user)))
+				return rc;
+		}
+	}
+	return 0;
+}
+
 int ap_kir_visit(const ap_kir_kernel *k, const ap_kir_visitor *v, void *user)
 {
 	if (!k || !v)

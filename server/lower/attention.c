@@ -18,7 +18,12 @@
  * unfused graph does).  S, m and l are written too when another kernel
  * reads them (a training step's backward pass recomputes P from them).
  *
- * Layout: a block takes `rows` query rows of one batch, one warp per row,
+ * Two forms.  The tensor-core form (float16 / bfloat16, and float32 with
+ * allow_tf32, on sm_80 and later; "the tensor-core form" below) keeps 16
+ * query rows a warp on mma.sync.  The SIMT form (everything else, and the
+ * host) is this.
+ *
+ * SIMT layout: a block takes `rows` query rows of one batch, one warp per row,
  * and walks the keys in tiles of 32 (a key per lane): the tile of K and
  * of V is staged in shared memory (the value builder loads it, so views
  * and prologues of K and V are read in place), each lane computes its
@@ -28,7 +33,8 @@
  * + 32, ... of its row.  The host runs the same kernel (shuffles and
  * barriers emulated).
  *
- * Knobs: "rows" (query rows per block).
+ * Knobs: "rows" (query rows per block); tensor cores: "warps" (16 query
+ * rows each) and "keys" (the K / V tile).
  */
 #include "emitters.h"
 
@@ -87,7 +93,8 @@ static bool last_axis_kept(const ap_graph *g, int node)
 	return ax && ax->n_ints == 1 && ax->ints[0] == x->rank - 1 && ap_node_int(n, "keepdims", 1) == 1;
 }
 
-/* Elements per cp.async (16-bit: 8, 4 or 2 -- 16, 8 or 4 bytes) for
+/* Elements per cp.async (16, 8 or 4 bytes: 8, 4 or 2 16-bit elements, 4,
+ * 2 or 1 float32 ones) for
  * operand x of the tensor-core form, copied along its head dim (the last
  * dim; with `trans`, K^T's second last) into shared rows: x must be a
  * strided view of a buffer (*sv, *leaf) whose head dim is one factor of
@@ -96,13 +103,13 @@ static bool last_axis_kept(const ap_graph *g, int node)
 static int async_width(const ap_graph *g, int x, bool trans, ap_sview *sv, int *leaf)
 {
 	const ap_tensor *t = &g->tensors[x];
-	int cd = t->rank - (trans ? 2 : 1), w;
+	int cd = t->rank - (trans ? 2 : 1), w, es = (int)ap_dtype_size(t->dtype);
 	int64_t st;
 
 	if (!ap_sview_of(g, x, sv, leaf) || sv->rank != t->rank || g->tensors[*leaf].kind == AP_TENSOR_CONST ||
 	    g->tensors[*leaf].dtype != t->dtype || !ap_sview_stride(sv, cd, &st) || st != 1)
 		return 0;
-	for (w = 8; w >= 2; w /= 2) {
+	for (w = 16 / es; w * es >= 4; w /= 2) {
 		bool ok = t->dims[cd] % w == 0 && sv->off % w == 0;
 
 		for (int f = 0; f < sv->nf && ok; f++)
@@ -118,7 +125,7 @@ static int async_width(const ap_graph *g, int x, bool trans, ap_sview *sv, int *
 static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, char *why, size_t cap)
 {
 	const ap_graph *g = m->g;
-	int n_mm = 0, mms[2], dv_node, ex_node, sub_node, rs_node, rm_node;
+	int n_mm = 0, mms[2], dv_node, ex_node, sub_node, rs_node, rm_node, rc;
 	const ap_tensor *st, *qt, *kt, *vt, *ot;
 
 	memset(p, 0, sizeof(*p));
@@ -192,14 +199,10 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, cha
 		return 0;
 	}
 	p->acc = ap_acc_type(p->t);
-	p->tc = t->gpu && t->arch >= 80 && (p->t == AP_DT_F16 || p->t == AP_DT_BF16);
-	p->mma = p->t == AP_DT_BF16 ? AP_KIR_MMA_BF16_16816 : AP_KIR_MMA_F16_16816;
-	if (t->gpu && t->arch >= 80 && p->t == AP_DT_F32 && t->allow_tf32) {
-		/* TF32 products stay the GEMM emitter's (mma.sync m16n8k8): the
-		 * tensor-core form below is for 16-bit operands */
-		snprintf(why, cap, "float32 products on sm_%d go to TF32 tensor cores", t->arch);
-		return 0;
-	}
+	p->tc = t->gpu && t->arch >= 80 &&
+		(p->t == AP_DT_F16 || p->t == AP_DT_BF16 || (p->t == AP_DT_F32 && t->allow_tf32));
+	p->mma = p->t == AP_DT_BF16 ? AP_KIR_MMA_BF16_16816
+		 : p->t == AP_DT_F16 ? AP_KIR_MMA_F16_16816 : AP_KIR_MMA_TF32_1688;
 	p->nb = st->rank - 2;
 	p->Nq = st->dims[p->nb];
 	p->Nk = st->dims[p->nb + 1];
@@ -241,9 +244,9 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, cha
 		snprintf(why, cap, "out of memory");
 		return AP_ENOMEM;
 	}
-	if (!ap__epilogue_maps(g, p->o, p->maps, false, why, cap)) {
+	if ((rc = ap__epilogue_maps(g, p->o, p->maps, false, why, cap)) <= 0) {
 		plan_clear(p);
-		return 0;
+		return rc;
 	}
 	/* S from Y1 element for element: a chain of elementwise and broadcast
 	 * ops, each reading exactly one tensor that depends on Y1, of its own
@@ -318,17 +321,42 @@ static int at_match(const ap_mgraph *m, const ap_target_info *t)
 	return m->kind == AP_GROUP_ATTENTION ? ap_lower_attention_ok(m, t, why, sizeof(why)) : 0;
 }
 
-/* Tensor-core tiles: head dims padded to the mma shapes (k16 for QK^T,
- * n8 for PV) and the shared bytes of W warps (16 query rows each) and BK
- * keys a tile: Q, K and V tiles with TC_PAD elements of padding a row. */
+/* Tensor-core tiles: head dims padded to the mma shapes (the k step of
+ * QK^T: 16 for 16-bit operands, 8 for TF32; n8 for PV) and the shared
+ * bytes of W warps (16 query rows each) and BK keys a tile. */
+static bool tc_tf32(const att_plan *p)
+{
+	return p->mma == AP_KIR_MMA_TF32_1688;
+}
+
 static int64_t tc_dpad(const att_plan *p)
 {
-	return (p->D + 15) / 16 * 16;
+	int ks = tc_tf32(p) ? 8 : 16;
+
+	return (p->D + ks - 1) / ks * ks;
 }
 
 static int64_t tc_dvpad(const att_plan *p)
 {
 	return (p->Dv + 7) / 8 * 8;
+}
+
+/* Row lengths (elements) of the shared Q / K tiles and of the V tile.
+ * ldmatrix reads eight 16-byte rows at a time: 16 bytes of padding a row
+ * put them in distinct banks (a row stride of 4 mod 32 words).  TF32
+ * reads V's B fragments one element a lane (V[k][n] at rows t, t + 4 and
+ * column g): a stride of 8 mod 32 words keeps the 32 lanes in distinct
+ * banks. */
+static int64_t tc_ldq(const att_plan *p)
+{
+	return tc_dpad(p) + (tc_tf32(p) ? 4 : TC_PAD);
+}
+
+static int64_t tc_ldv(const att_plan *p)
+{
+	int64_t d = tc_dvpad(p);
+
+	return tc_tf32(p) ? d + (8 - d % 32 + 32) % 32 : d + TC_PAD;
 }
 
 /* Stages of the K and V tiles: two (the next tile's copies in flight
@@ -341,9 +369,7 @@ static int tc_stages(const att_plan *p)
 
 static size_t tc_smem(const att_plan *p, int W, int BK)
 {
-	return (size_t)(16 * W * (tc_dpad(p) + TC_PAD) +
-			tc_stages(p) * BK * (tc_dpad(p) + TC_PAD + tc_dvpad(p) + TC_PAD)) *
-	       ap_dtype_size(p->t);
+	return (size_t)(16 * W * tc_ldq(p) + tc_stages(p) * BK * (tc_ldq(p) + tc_ldv(p))) * ap_dtype_size(p->t);
 }
 
 static bool tc_fits(const att_plan *p, const ap_target_info *t, int W, int BK)
@@ -588,6 +614,38 @@ static void store_stats(actx *c, ap_kir_expr *row, ap_kir_expr *cond, ap_kir_var
 	ap_v_close(v, s2);
 }
 
+/* Opens the grid-stride loop over the block tiles, `per` query rows of
+ * one batch each (the grid is set here), with a barrier first (the
+ * previous tile's shared memory is free after it); sets c->bc to the
+ * tile's batch coordinates and returns its first query row.  *saved
+ * closes the loop (ap_v_close). */
+static ap_kir_expr *open_tiles(actx *c, int64_t per, ap_kir_block **saved)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	const att_plan *p = c->p;
+	int64_t qblocks = (p->Nq + per - 1) / per, stride = 1;
+	unsigned grid = ap_grid_for(p->batch * qblocks, 1);
+	ap_kir_var *tile;
+	ap_kir_expr *bi, *q0;
+
+	k->grid[0] = grid;
+	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_idx(k, p->batch * qblocks), grid, saved);
+	ap_kir_barrier(k, v->cur);
+	bi = ap_kir_bind(k, v->cur, k->index_type, "bi",
+			 ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)));
+	q0 = ap_kir_bind(k, v->cur, k->index_type, "q0",
+			 ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)), per));
+	for (int d = p->nb - 1; d >= 0; d--) {
+		c->bc[d] = p->bdims[d] == 1 ? ap_kir_idx(k, 0)
+			   : ap_kir_bind(k, v->cur, k->index_type, "b",
+					 ap_kir_binary(k, AP_KIR_REM, ap_kir_binary(k, AP_KIR_DIV, bi, ap_kir_idx(k, stride)),
+						       ap_kir_idx(k, p->bdims[d])));
+		stride *= p->bdims[d];
+	}
+	return q0;
+}
+
 /* The SIMT form (the file comment): R warps a block, a query row each. */
 static int emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err)
 {
@@ -596,12 +654,11 @@ static int emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err)
 	ap_kir_kernel *k = c->k;
 	int nc;
 	unsigned nt = 32u * (unsigned)R;
-	int64_t qblocks, tiles, ntiles;
-	unsigned grid;
+	int64_t ntiles;
 	ap_dtype A;
 	ap_kir_array *ks, *vs, *qs, *ps, *acc;
 	ap_kir_expr *tid, *warp, *lane, *row, *rowc, *qrow0, *valid, *ninf;
-	ap_kir_var *tile, *mrun, *lrun, *kt;
+	ap_kir_var *mrun, *lrun, *kt;
 	ap_kir_block *tsaved, *ksaved, *saved;
 
 	if (R < 1 || nt > ap_block_cap(t))
@@ -616,33 +673,13 @@ static int emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err)
 	acc = ap_kir_local(k, "acc", A, nc);
 	if (ap_kir_failed(k))
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention");
-	qblocks = (p->Nq + R - 1) / R;
-	tiles = p->batch * qblocks;
 	ntiles = (p->Nk + KEYS - 1) / KEYS;
-	grid = ap_grid_for(tiles, 1);
-	k->grid[0] = grid;
 	k->block[0] = nt;
 	tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
 	warp = ap_kir_bind(k, v->cur, k->index_type, "w", ap_kir_binary(k, AP_KIR_SHR, tid, ap_kir_idx(k, 5)));
 	lane = ap_kir_bind(k, v->cur, k->index_type, "ln", ap_kir_binary(k, AP_KIR_AND, tid, ap_kir_idx(k, 31)));
 	ninf = ap_kir_float(k, A, -INFINITY);
-	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_idx(k, tiles), grid, &tsaved);
-	ap_kir_barrier(k, v->cur);
-	{
-		ap_kir_expr *bi = ap_kir_bind(k, v->cur, k->index_type, "bi",
-					      ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)));
-		int64_t stride = 1;
-
-		qrow0 = ap_kir_bind(k, v->cur, k->index_type, "q0",
-				    ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)), R));
-		for (int d = p->nb - 1; d >= 0; d--) {
-			c->bc[d] = p->bdims[d] == 1 ? ap_kir_idx(k, 0)
-				  : ap_kir_bind(k, v->cur, k->index_type, "b",
-						ap_kir_binary(k, AP_KIR_REM, ap_kir_binary(k, AP_KIR_DIV, bi, ap_kir_idx(k, stride)),
-							      ap_kir_idx(k, p->bdims[d])));
-			stride *= p->bdims[d];
-		}
-	}
+	qrow0 = open_tiles(c, R, &tsaved);
 	/* this warp's row; past the last row, the last row again (never stored),
 	 * so that every warp takes part in the barriers and shuffles */
 	row = ap_kir_bind(k, v->cur, k->index_type, "row", ap_kir_add(k, qrow0, warp));
@@ -762,14 +799,68 @@ static int emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err)
 	return 0;
 }
 
+/* Rounds the n float32 elements of register array f to TF32 (what the
+ * tensor core reads of them: PTX cvt.rna.tf32.f32). */
+static void round_tf32(actx *c, ap_kir_array *f, int n)
+{
+	ap_kir_block *saved;
+	ap_kir_var *i = ap_v_loop_unrolled(c->v, "r", n, &saved);
+
+	ap_kir_store(c->k, c->v->cur, f, ap_kir_ref(c->k, i),
+		     ap_kir_call(c->k, AP_KIR_TF32, ap_kir_load(c->k, f, ap_kir_ref(c->k, i)), NULL));
+	ap_v_close(c->v, saved);
+}
+
+/* TF32: the probabilities of the warp's 16 rows, held in the m16n8 C
+ * layout in cf (per n8 tile j: P[g][2t, 2t + 1], P[g + 8][2t, 2t + 1]),
+ * into the m16n8k8 A layout in af (per k8 step j: P[g][t], P[g + 8][t],
+ * P[g][t + 4], P[g + 8][t + 4]), rounded to TF32.  P[g][c] sits in lane
+ * 4g + c / 2, element c % 2: two source lanes, 4g + t / 2 and
+ * 4g + 2 + t / 2, each shuffled (its four elements; the caller's parity
+ * picks). */
+static void tf32_a_from_c(actx *c, ap_kir_array *cf, ap_kir_array *af, int tiles, ap_kir_expr *tq)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_expr *lane = ap_kir_binary(k, AP_KIR_AND, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, 31));
+	ap_kir_expr *odd = ap_kir_bind(k, v->cur, AP_DT_BOOL, "od",
+				       ap_kir_binary(k, AP_KIR_NE, ap_kir_binary(k, AP_KIR_AND, tq, ap_kir_idx(k, 1)),
+						     ap_kir_idx(k, 0)));
+	ap_kir_expr *src[2];
+	ap_kir_block *saved;
+	ap_kir_var *j;
+
+	src[0] = ap_kir_bind(k, v->cur, k->index_type, "sl",
+			     ap_kir_add(k, ap_kir_binary(k, AP_KIR_AND, lane, ap_kir_idx(k, ~3)),
+					ap_kir_binary(k, AP_KIR_SHR, tq, ap_kir_idx(k, 1))));
+	src[1] = ap_kir_bind(k, v->cur, k->index_type, "sl", ap_kir_addi(k, src[0], 2));
+	j = ap_v_loop_unrolled(v, "pj", tiles, &saved);
+	for (int h = 0; h < 2; h++)          /* source lane: columns t, t + 4 */
+		for (int r = 0; r < 2; r++) {    /* rows g, g + 8 */
+			ap_kir_var *x[2];
+
+			for (int e = 0; e < 2; e++) {
+				x[e] = ap_kir_var_new(k, AP_DT_F32, "px");
+				ap_kir_let(k, v->cur, x[e], NULL);
+				ap_kir_shfl(k, v->cur, x[e], AP_KIR_SHFL_IDX,
+					    ap_kir_load(k, cf, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, j), 4), 2 * r + e)),
+					    src[h], 32);
+			}
+			ap_kir_store(k, v->cur, af, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, j), 4), 2 * h + r),
+				     ap_kir_call(k, AP_KIR_TF32,
+						 ap_kir_select(k, odd, ap_kir_ref(k, x[1]), ap_kir_ref(k, x[0])), NULL));
+		}
+	ap_v_close(v, saved);
+}
+
 /* ---- the tensor-core form ---------------------------------------------------------------
  *
  * FlashAttention-2's warp layout (Dao, "FlashAttention-2", 2023, section
  * 3.3) on mma.sync m16n8k16: a block takes 16 * W query rows of one batch,
  * 16 rows a warp, and walks the keys in tiles of BK.  Q's tile is staged
  * in shared memory once and held as A fragments (ldmatrix .x4); each key
- * tile of K and V is staged in shared memory (rows of TC_PAD extra
- * elements; zero past the head dims and past the last key).  For a tile:
+ * tile of K and V is staged in shared memory (rows padded by tc_ldq /
+ * tc_ldv; zero past the head dims and past the last key).  For a tile:
  *   S = Q K^T      K's rows are B's columns: ldmatrix .x2, mma into BK / 8
  *                  accumulator fragments (float32);
  *   scores         the first product's epilogue on each element a lane
@@ -784,23 +875,31 @@ static int emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err)
  *                  C and A layouts, kir.h), so P goes to 16-bit registers
  *                  without shared memory; V's tile is B with its rows
  *                  along k: ldmatrix .x2 .trans.
- * At the end O = acc / l through O's epilogue; the statistics other
- * kernels read as in the SIMT form.  P is rounded to the operand type
- * before PV as the unfused graph rounds its probabilities, but before
- * the division by the sum (as FlashAttention does). */
+ * With K and V both copied by cp.async the tiles have two stages: the
+ * next tile's copies are issued before this tile's products.  At the end
+ * O = acc / l through O's epilogue; the statistics other kernels read as
+ * in the SIMT form.  P is rounded to the operand type before PV as the
+ * unfused graph rounds its probabilities, but before the division by the
+ * sum (as FlashAttention does).  TF32 (m16n8k8, float32 registers): Q and
+ * K through 32-bit ldmatrix, V's B fragments one element a lane, P moved
+ * from the C layout to the A layout by shuffles (tf32_a_from_c), every
+ * operand rounded to TF32 first. */
 static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *err)
 {
 	const att_plan *p = c->p;
 	ap_vctx *v = c->v;
 	ap_kir_kernel *k = c->k;
 	ap_dtype T = p->t, A = AP_DT_F32;
-	int64_t Dp = tc_dpad(p), Dvp = tc_dvpad(p), ldq = Dp + TC_PAD, ldv = Dvp + TC_PAD;
+	int64_t Dp = tc_dpad(p), Dvp = tc_dvpad(p), ldq = tc_ldq(p), ldv = tc_ldv(p);
 	int BQ = 16 * W, NS = BK / 8, NO = (int)(Dvp / 8), NST = tc_stages(p);
-	unsigned nt = 32u * (unsigned)W, grid;
-	int64_t qblocks, tiles, ntiles;
+	bool tf32 = tc_tf32(p);
+	int KS = tf32 ? 8 : 16;          /* k step of an mma */
+	int AF, BF, CF;                  /* elements of the A, B and C fragments a lane */
+	unsigned nt = 32u * (unsigned)W;
+	int64_t ntiles;
 	ap_kir_array *qs, *ks, *vs, *qf, *kf, *vf, *sacc, *pf, *oacc;
 	ap_kir_expr *tid, *warp, *lane, *g, *tq, *l8, *j2, *l16, *hi, *q0, *wrow, *ninf;
-	ap_kir_var *tile, *kt, *mrun[2], *lrun[2];
+	ap_kir_var *kt, *mrun[2], *lrun[2];
 	ap_kir_block *tsaved, *ksaved, *saved;
 
 	if (!tc_fits(p, t, W, BK))
@@ -809,11 +908,12 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 	qs = ap_kir_shared(k, "qs", T, BQ * ldq);
 	ks = ap_kir_shared(k, "ks", T, NST * BK * ldq);
 	vs = ap_kir_shared(k, "vs", T, NST * BK * ldv);
-	qf = ap_kir_local(k, "qf", T, Dp / 16 * 8);
-	kf = ap_kir_local(k, "kf", T, 4);
-	vf = ap_kir_local(k, "vf", T, 4);
+	ap_kir_mma_frag_sizes(p->mma, &AF, &BF, &CF);
+	qf = ap_kir_local(k, "qf", T, Dp / KS * AF);
+	kf = ap_kir_local(k, "kf", T, BF);
+	vf = ap_kir_local(k, "vf", T, BF);
 	sacc = ap_kir_local(k, "sf", A, NS * 4);
-	pf = ap_kir_local(k, "pf", T, NS * 4);
+	pf = ap_kir_local(k, "pf", T, NS * 4);     /* 16-bit: BK / 16 A fragments of 8; TF32: BK / 8 of 4 */
 	oacc = ap_kir_local(k, "of", A, NO * 4);
 	if (ap_kir_failed(k))
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention");
@@ -827,11 +927,7 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 			ap_kir_comment(k, v->cur, "operand %s: through registers (computed on the way, or "
 				       "not contiguous along the head dim)", names[r]);
 	}
-	qblocks = (p->Nq + BQ - 1) / BQ;
-	tiles = p->batch * qblocks;
 	ntiles = (p->Nk + BK - 1) / BK;
-	grid = ap_grid_for(tiles, 1);
-	k->grid[0] = grid;
 	k->block[0] = nt;
 	tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
 	warp = ap_kir_bind(k, v->cur, k->index_type, "w", ap_kir_binary(k, AP_KIR_SHR, tid, ap_kir_idx(k, 5)));
@@ -843,23 +939,7 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 	hi = ap_kir_binary(k, AP_KIR_SHR, lane, ap_kir_idx(k, 4));
 	j2 = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, lane, ap_kir_idx(k, 3)), ap_kir_idx(k, 1));
 	ninf = ap_kir_float(k, A, -INFINITY);
-	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_idx(k, tiles), grid, &tsaved);
-	ap_kir_barrier(k, v->cur);
-	{
-		ap_kir_expr *bi = ap_kir_bind(k, v->cur, k->index_type, "bi",
-					      ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)));
-		int64_t stride = 1;
-
-		q0 = ap_kir_bind(k, v->cur, k->index_type, "q0",
-				 ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)), BQ));
-		for (int d = p->nb - 1; d >= 0; d--) {
-			c->bc[d] = p->bdims[d] == 1 ? ap_kir_idx(k, 0)
-				   : ap_kir_bind(k, v->cur, k->index_type, "b",
-						 ap_kir_binary(k, AP_KIR_REM, ap_kir_binary(k, AP_KIR_DIV, bi, ap_kir_idx(k, stride)),
-							       ap_kir_idx(k, p->bdims[d])));
-			stride *= p->bdims[d];
-		}
-	}
+	q0 = open_tiles(c, BQ, &tsaved);
 	/* the first of this warp's 16 rows */
 	wrow = ap_kir_bind(k, v->cur, k->index_type, "wr", ap_kir_add(k, q0, ap_kir_muli(k, warp, 16)));
 	stage_rows(c, qs, ap_kir_idx(k, 0), 0, BQ, Dp, ldq, q0, p->Nq, p->D);
@@ -875,13 +955,16 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 		ap_kir_cp_wait(k, v->cur, NST == 2 ? 1 : 0);    /* Q's group */
 	ap_kir_barrier(k, v->cur);
 	{
-		ap_kir_var *kk = ap_v_loop_unrolled(v, "kq", Dp / 16, &saved);
+		/* matrix j = lane / 8 of the x4: rows (j % 2) * 8.., k (j / 2) * KS / 2.. */
+		ap_kir_var *kk = ap_v_loop_unrolled(v, "kq", Dp / KS, &saved);
 
-		ap_kir_ldmatrix(k, v->cur, qf, ap_kir_muli(k, ap_kir_ref(k, kk), 8), qs,
+		ap_kir_ldmatrix(k, v->cur, qf, ap_kir_muli(k, ap_kir_ref(k, kk), AF), qs,
 				ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, warp, 16), l16), ldq),
-					   ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), 16), ap_kir_muli(k, hi, 8))),
+					   ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), KS), ap_kir_muli(k, hi, KS / 2))),
 				4, false);
 		ap_v_close(v, saved);
+		if (tf32)
+			round_tf32(c, qf, Dp / KS * AF);
 	}
 	for (int h = 0; h < 2; h++) {
 		mrun[h] = ap_kir_var_new(k, A, "m");
@@ -939,16 +1022,19 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 		}
 		{
 			ap_kir_block *s2;
-			ap_kir_var *kk = ap_v_loop_unrolled(v, "kq", Dp / 16, &saved);
+			ap_kir_var *kk = ap_v_loop_unrolled(v, "kq", Dp / KS, &saved);
 			ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", NS, &s2);
 			ap_kir_expr *si = ap_kir_muli(k, ap_kir_ref(k, ni), 4);
 
+			/* K's rows are B's columns: matrix j2 of the x2 holds k j2 * KS / 2.. */
 			ap_kir_ldmatrix(k, v->cur, kf, ap_kir_idx(k, 0), ks,
 					ap_kir_add(k, kbase,
 						   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8), l8), ldq),
-							      ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), 16), ap_kir_muli(k, j2, 8)))),
+							      ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), KS), ap_kir_muli(k, j2, KS / 2)))),
 					2, false);
-			ap_kir_mma(k, v->cur, p->mma, sacc, si, qf, ap_kir_muli(k, ap_kir_ref(k, kk), 8), kf,
+			if (tf32)
+				round_tf32(c, kf, BF);
+			ap_kir_mma(k, v->cur, p->mma, sacc, si, qf, ap_kir_muli(k, ap_kir_ref(k, kk), AF), kf,
 				   ap_kir_idx(k, 0), sacc, si);
 			ap_v_close(v, s2);
 			ap_v_close(v, saved);
@@ -1005,11 +1091,14 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 									    ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_load(k, sacc, si), mnew[e >> 1]), NULL)));
 
 				ap_kir_assign(k, v->cur, rs[e >> 1], ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, rs[e >> 1]), pv));
-				/* C fragments of n8 tiles 2j, 2j + 1 = the A fragment of k16 step j */
-				ap_kir_store(k, v->cur, pf, si, ap_kir_cast(k, T, pv));
+				/* 16-bit: the C fragments of n8 tiles 2j, 2j + 1 are the A
+				 * fragment of k16 step j; TF32: C layout, permuted below */
+				ap_kir_store(k, v->cur, tf32 ? sacc : pf, si, ap_kir_cast(k, tf32 ? A : T, pv));
 			}
 			ap_v_close(v, saved);
 		}
+		if (tf32)
+			tf32_a_from_c(c, sacc, pf, NS, tq);
 		for (int h = 0; h < 2; h++) {
 			ap_kir_assign(k, v->cur, lrun[h], ap_kir_binary(k, AP_KIR_ADD,
 									 ap_kir_binary(k, AP_KIR_MUL, ap_kir_ref(k, lrun[h]), alpha[h]),
@@ -1029,17 +1118,29 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 		/* O += P V */
 		{
 			ap_kir_block *s2;
-			ap_kir_var *j = ap_v_loop_unrolled(v, "kj", BK / 16, &saved);
+			ap_kir_var *j = ap_v_loop_unrolled(v, "kj", BK / KS, &saved);
 			ap_kir_var *no = ap_v_loop_unrolled(v, "no", NO, &s2);
 			ap_kir_expr *oi = ap_kir_muli(k, ap_kir_ref(k, no), 4);
 
-			ap_kir_ldmatrix(k, v->cur, vf, ap_kir_idx(k, 0), vs,
-					ap_kir_add(k, vbase,
-						   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), 16),
-											   ap_kir_add(k, ap_kir_muli(k, j2, 8), l8)), ldv),
-							      ap_kir_muli(k, ap_kir_ref(k, no), 8))),
-					2, true);
-			ap_kir_mma(k, v->cur, p->mma, oacc, oi, pf, ap_kir_muli(k, ap_kir_ref(k, j), 8), vf,
+			if (tf32) {
+				/* b0 = V[t][g], b1 = V[t + 4][g] of this k8 step: one
+				 * element a lane (ldmatrix does not transpose 32-bit) */
+				for (int e = 0; e < 2; e++)
+					ap_kir_store(k, v->cur, vf, ap_kir_idx(k, e),
+						     ap_kir_call(k, AP_KIR_TF32,
+								 ap_kir_load(k, vs, ap_kir_add(k, vbase,
+									ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), 8),
+														ap_kir_addi(k, tq, 4 * e)), ldv),
+										   ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, no), 8), g)))), NULL));
+			} else {
+				ap_kir_ldmatrix(k, v->cur, vf, ap_kir_idx(k, 0), vs,
+						ap_kir_add(k, vbase,
+							   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), 16),
+												   ap_kir_add(k, ap_kir_muli(k, j2, 8), l8)), ldv),
+								      ap_kir_muli(k, ap_kir_ref(k, no), 8))),
+						2, true);
+			}
+			ap_kir_mma(k, v->cur, p->mma, oacc, oi, pf, ap_kir_muli(k, ap_kir_ref(k, j), AF), vf,
 				   ap_kir_idx(k, 0), oacc, oi);
 			ap_v_close(v, s2);
 			ap_v_close(v, saved);

@@ -71,11 +71,6 @@ static void plan_clear(dw_plan *p)
 	p->maps = NULL;
 }
 
-static bool is_float(ap_dtype t)
-{
-	return t == AP_DT_F32 || t == AP_DT_F64 || t == AP_DT_F16 || t == AP_DT_BF16;
-}
-
 /* 1 when m is a convolution this emitter builds (p filled; plan_clear
  * frees it), 0 when not (*why says why), AP_ENOMEM. */
 static int analyze(const ap_mgraph *m, dw_plan *p, char *why, size_t cap)
@@ -83,7 +78,8 @@ static int analyze(const ap_mgraph *m, dw_plan *p, char *why, size_t cap)
 	const ap_graph *g = m->g;
 	const ap_node *n;
 	const ap_tensor *xt, *wt, *yt;
-	int n_conv = 0;
+	ap_conv_ops co;
+	int n_conv = 0, rc;
 
 	memset(p, 0, sizeof(*p));
 	p->node = -1;
@@ -101,39 +97,28 @@ static int analyze(const ap_mgraph *m, dw_plan *p, char *why, size_t cap)
 		return 0;
 	}
 	n = &g->nodes[p->node];
-	if (n->n_inputs < 2 || n->inputs[0] < 0 || n->inputs[1] < 0 || n->outputs[0] < 0) {
-		snprintf(why, cap, "a convolution without its operands");
+	if (!ap__conv_ops(g, p->node, 2, &co, why, cap))
 		return 0;
-	}
-	p->x = n->inputs[0];
-	p->w = n->inputs[1];
-	p->bias = n->n_inputs > 2 ? n->inputs[2] : -1;
-	p->y = n->outputs[0];
+	p->x = co.x;
+	p->w = co.w;
+	p->bias = co.bias;
+	p->y = co.y;
 	xt = &g->tensors[p->x];
 	wt = &g->tensors[p->w];
 	yt = &g->tensors[p->y];
-	p->ns = xt->rank - 2;
-	if (p->ns < 1 || p->ns > 2 || wt->rank != xt->rank || yt->rank != xt->rank) {
-		snprintf(why, cap, "a convolution of rank %d", xt->rank);
-		return 0;
-	}
-	if (!is_float(xt->dtype) || wt->dtype != xt->dtype || yt->dtype != xt->dtype ||
-	    (p->bias >= 0 && g->tensors[p->bias].dtype != xt->dtype)) {
-		snprintf(why, cap, "operands of type %s", ap_dtype_name(xt->dtype));
-		return 0;
-	}
-	p->in_t = xt->dtype;
-	p->acc_t = xt->dtype == AP_DT_F64 ? AP_DT_F64 : AP_DT_F32;
+	p->ns = co.ns;
+	p->in_t = co.in_t;
+	p->acc_t = co.acc_t;
 	p->N = xt->dims[0];
-	p->C = xt->dims[1];
-	p->M = yt->dims[1];
-	p->groups = ap_node_int(n, "group", 1);
-	if (p->groups < 1 || p->C % p->groups || p->M % p->groups || yt->dims[0] != p->N) {
-		snprintf(why, cap, "group %lld", (long long)p->groups);
+	p->C = co.C;
+	p->M = co.M;
+	p->groups = co.groups;
+	p->Cg = co.Cg;
+	p->Mg = co.Mg;
+	if (yt->dims[0] != p->N) {
+		snprintf(why, cap, "a batch of %lld images in, %lld out", (long long)p->N, (long long)yt->dims[0]);
 		return 0;
 	}
-	p->Cg = p->C / p->groups;
-	p->Mg = p->M / p->groups;
 	if (p->Mg >= 8) {
 		snprintf(why, cap, "%lld output channels per group: the GEMM emitter's", (long long)p->Mg);
 		return 0;
@@ -178,9 +163,9 @@ static int analyze(const ap_mgraph *m, dw_plan *p, char *why, size_t cap)
 		snprintf(why, cap, "out of memory");
 		return AP_ENOMEM;
 	}
-	if (!ap__epilogue_maps(g, p->y, p->maps, true, why, cap)) {
+	if ((rc = ap__epilogue_maps(g, p->y, p->maps, true, why, cap)) <= 0) {
 		plan_clear(p);
-		return 0;
+		return rc;
 	}
 	return 1;
 }

@@ -78,13 +78,29 @@ typedef struct ap_emap {
  * y in one node), or, with all_outputs, when an output of g is neither
  * computed from y so nor of y's shape and independent of y (such an
  * output is stored beside Y's element, at the same index). */
-bool ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs, char *why,
+int ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs, char *why,
 		       size_t cap);
 /* Stores every output of v->g that maps[] derives from y, for the element
  * of y at y_ix (the caller's leaf hook gives y's value there): each at the
  * index its views and transposes lead to, its value built by v. */
 void ap__epilogue_store(ap_vctx *v, const ap_emap *maps, ap_lidx y_ix);
 
+/* ---- convolution operands (conv.c) ------------------------------------------------ */
+
+typedef struct ap_conv_ops {
+	int x, w, bias, y;              /* tensors: input, weights, bias (-1: none), output */
+	int ns;                         /* spatial dims */
+	ap_dtype in_t, acc_t;           /* operand type; float32 (float64 for float64) */
+	int64_t C, M, groups, Cg, Mg;   /* channels in and out, groups, per group */
+} ap_conv_ops;
+
+/* The operands of convolution node `node` of g (x [N, C, spatial...], w,
+ * optional bias, y [N, M, spatial...]) and the checks both convolution
+ * emitters make: all present, one rank with 1 to max_ns spatial dims, one
+ * float type (float32, float64, float16, bfloat16), the group count
+ * dividing C and M.  1 with *c filled, 0 with *why (ONNX Conv's
+ * definition). */
+int ap__conv_ops(const ap_graph *g, int node, int max_ns, ap_conv_ops *c, char *why, size_t cap);
 /* ---- operands as strided views of buffers (view.c) ---------------------------- */
 
 /* A mixed-radix strided view of a buffer: each dim d is a run of factors

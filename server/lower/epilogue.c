@@ -80,13 +80,13 @@ static bool add_step(const ap_graph *g, const ap_node *n, int o, ap_emap *maps, 
 	return true;
 }
 
-bool ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs, char *why, size_t cap)
+int ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs, char *why, size_t cap)
 {
 	bool *dep = calloc((size_t)g->n_tensors + 1, sizeof(bool));
 
 	if (!dep) {
 		snprintf(why, cap, "out of memory");
-		return false;
+		return AP_ENOMEM;
 	}
 	maps[y].derived = true;
 	dep[y] = true;
@@ -112,12 +112,12 @@ bool ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs
 			    n->op != AP_OP_TRANSPOSE && n->op != AP_OP_SPLIT) {
 				snprintf(why, cap, "%s broadcasts the product", ap_op_name(n->op));
 				free(dep);
-				return false;
+				return 0;
 			}
 			if (src && !emap_equal(src, &maps[x])) {
 				snprintf(why, cap, "%s reads the product at two different elements", ap_op_name(n->op));
 				free(dep);
-				return false;
+				return 0;
 			}
 			src = &maps[x];
 		}
@@ -126,13 +126,13 @@ bool ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs
 		if (n->n_outputs != 1 && n->op != AP_OP_SPLIT) {
 			snprintf(why, cap, "%s after the product has several outputs", ap_op_name(n->op));
 			free(dep);
-			return false;
+			return 0;
 		}
 		if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST && !ap_op_is_view(n->op) &&
 		    n->op != AP_OP_TRANSPOSE && n->op != AP_OP_SPLIT) {
 			snprintf(why, cap, "%s after the product", ap_op_name(n->op));
 			free(dep);
-			return false;
+			return 0;
 		}
 		for (int k = 0; k < n->n_outputs; k++) {
 			int o = n->outputs[k];
@@ -143,7 +143,7 @@ bool ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs
 			maps[o] = from;
 			if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST && !add_step(g, n, o, maps, why, cap)) {
 				free(dep);
-				return false;
+				return 0;
 			}
 		}
 	}
@@ -163,11 +163,11 @@ bool ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs
 			snprintf(why, cap, "it writes %s, which is not computed from the product",
 				 g->tensors[o].name);
 			free(dep);
-			return false;
+			return 0;
 		}
 	}
 	free(dep);
-	return true;
+	return 1;
 }
 
 void ap__epilogue_store(ap_vctx *v, const ap_emap *maps, ap_lidx y_ix)

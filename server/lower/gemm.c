@@ -233,11 +233,6 @@ static void analyze_operand(const ap_graph *g, const gemm_plan *p, int role, gem
 	}
 }
 
-static bool is_float(ap_dtype t)
-{
-	return t == AP_DT_F32 || t == AP_DT_F64 || t == AP_DT_F16 || t == AP_DT_BF16;
-}
-
 /* A Conv / ConvTranspose micro-graph as an implicit GEMM (the im2col
  * product formed tile by tile in shared memory, never in memory; Chetlur
  * et al., "cuDNN: Efficient Primitives for Deep Learning", 2014): one
@@ -250,38 +245,29 @@ static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *
 	const ap_graph *g = m->g;
 	const ap_node *n = &g->nodes[node];
 	const ap_tensor *xt, *wt, *yt;
+	ap_conv_ops co;
 	bool one = true;
+	int rc;
 
 	p->conv = true;
 	p->convt = n->op == AP_OP_CONV_TRANSPOSE;
 	p->node = node;
-	p->x = n->inputs[0];
-	p->w = n->inputs[1];
-	p->bias = n->n_inputs > 2 ? n->inputs[2] : -1;
-	p->y = n->outputs[0];
+	if (!ap__conv_ops(g, node, 3, &co, why, cap))
+		return false;
+	p->x = co.x;
+	p->w = co.w;
+	p->bias = co.bias;
+	p->y = co.y;
 	xt = &g->tensors[p->x];
 	wt = &g->tensors[p->w];
 	yt = &g->tensors[p->y];
-	p->ns = xt->rank - 2;
-	if (p->ns < 1 || p->ns > 3 || wt->rank != xt->rank || yt->rank != xt->rank) {
-		snprintf(why, cap, "a convolution of rank %d", xt->rank);
-		return false;
-	}
-	if (!is_float(xt->dtype) || wt->dtype != xt->dtype || yt->dtype != xt->dtype ||
-	    (p->bias >= 0 && g->tensors[p->bias].dtype != xt->dtype)) {
-		snprintf(why, cap, "operands of type %s", ap_dtype_name(xt->dtype));
-		return false;
-	}
-	p->in_t = xt->dtype;
-	p->acc_t = xt->dtype == AP_DT_F64 ? AP_DT_F64 : AP_DT_F32;
-	p->C = xt->dims[1];
-	p->groups = ap_node_int(n, "group", 1);
-	if (p->groups < 1 || p->C % p->groups || yt->dims[1] % p->groups) {
-		snprintf(why, cap, "group %lld", (long long)p->groups);
-		return false;
-	}
-	p->Cg = p->C / p->groups;
-	p->Mg = yt->dims[1] / p->groups;
+	p->ns = co.ns;
+	p->in_t = co.in_t;
+	p->acc_t = co.acc_t;
+	p->C = co.C;
+	p->groups = co.groups;
+	p->Cg = co.Cg;
+	p->Mg = co.Mg;
 	if (p->Mg < 8) {
 		snprintf(why, cap, "%lld output channels per group: a depthwise-like convolution",
 			 (long long)p->Mg);
@@ -321,9 +307,9 @@ static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *
 		snprintf(why, cap, "out of memory");
 		return AP_ENOMEM;
 	}
-	if (!ap__epilogue_maps(g, p->y, p->maps, true, why, cap)) {
+	if ((rc = ap__epilogue_maps(g, p->y, p->maps, true, why, cap)) <= 0) {
 		plan_clear(p);
-		return false;
+		return rc;
 	}
 	/* A: X itself for a 1x1 convolution with unit stride and no padding
 	 * (rows contiguous within an image); B: the weights as they are for a
@@ -390,7 +376,7 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, ch
 {
 	const ap_graph *g = m->g;
 	const ap_tensor *at, *bt, *yt;
-	int n_mm = 0;
+	int n_mm = 0, rc;
 
 	memset(p, 0, sizeof(*p));
 	p->bias = -1;
@@ -431,7 +417,7 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, ch
 		snprintf(why, cap, "a vector operand");
 		return false;
 	}
-	if (!is_float(at->dtype) || at->dtype != bt->dtype || yt->dtype != at->dtype) {
+	if (!ap_kir_is_float_type(at->dtype) || at->dtype != bt->dtype || yt->dtype != at->dtype) {
 		snprintf(why, cap, "operands of type %s", ap_dtype_name(at->dtype));
 		return false;
 	}
@@ -458,9 +444,9 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, ch
 		snprintf(why, cap, "out of memory");
 		return AP_ENOMEM;
 	}
-	if (!ap__epilogue_maps(g, p->y, p->maps, true, why, cap)) {
+	if ((rc = ap__epilogue_maps(g, p->y, p->maps, true, why, cap)) <= 0) {
 		plan_clear(p);
-		return false;
+		return rc;
 	}
 	analyze_operand(g, p, 0, &p->a);
 	analyze_operand(g, p, 1, &p->b);

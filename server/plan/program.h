@@ -218,6 +218,11 @@ typedef struct ap_build_hooks {
 	unsigned refuse_group_nodes;
 	const char *refuse_op;
 	bool open_all;               /* open elementwise activations too */
+	double direct_gflops;        /* > 0: the cost model's figure for a direct
+					product loop (ap_target_info.direct_gflops),
+					so that tests build Layer I's product-in-window
+					kernels on the host, where the measured figure
+					keeps products out of windows */
 } ap_build_hooks;
 
 /* Runs fn(0..n-1, arg) on a pool of threads and returns when all are done

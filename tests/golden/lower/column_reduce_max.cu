@@ -21,19 +21,19 @@ extern "C" __global__ void __launch_bounds__(256, 1) column_reduce_max(float *__
 				int s7 = (row4 % 24);
 				int s8 = (row4 / 24);
 				float v9 = p1[(((col6 * 72) + (s8 * 24)) + s7)];
-				acc5 = (((v9 > acc5) || (v9 != v9)) ? v9 : acc5);
+				acc5 = ((v9 != v9) ? v9 : ((v9 > acc5) ? v9 : acc5));
 			}
 		}
 		float sh10;
 		sh10 = __shfl_xor_sync(0xffffffffu, acc5, (int)16, 32);
-		acc5 = (((sh10 > acc5) || (sh10 != sh10)) ? sh10 : acc5);
+		acc5 = ((sh10 != sh10) ? sh10 : ((sh10 > acc5) ? sh10 : acc5));
 		if (((((int)threadIdx.x) % 32) < 16)) {
 			scr_1_0[((slot1 * 8) + (((int)threadIdx.x) / 32))] = acc5;
 		}
 		__syncthreads();
 		acc5 = (-AP_INFF);
 		for (int w11 = 0; w11 < 8; w11 += 1) {
-			acc5 = (((scr_1_0[((slot1 * 8) + w11)] > acc5) || (scr_1_0[((slot1 * 8) + w11)] != scr_1_0[((slot1 * 8) + w11)])) ? scr_1_0[((slot1 * 8) + w11)] : acc5);
+			acc5 = ((scr_1_0[((slot1 * 8) + w11)] != scr_1_0[((slot1 * 8) + w11)]) ? scr_1_0[((slot1 * 8) + w11)] : ((scr_1_0[((slot1 * 8) + w11)] > acc5) ? scr_1_0[((slot1 * 8) + w11)] : acc5));
 		}
 		__syncthreads();
 		if (((rw3 < 72) && (lane0 == 0))) {

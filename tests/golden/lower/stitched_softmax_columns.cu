@@ -25,23 +25,23 @@ extern "C" __global__ void __launch_bounds__(128, 1) stitched_softmax_columns(fl
 				if ((s7 < 13)) {
 					cache_0[e6] = p1[((s7 * 6) + row4)];
 					float v8 = cache_0[e6];
-					acc5 = (((v8 > acc5) || (v8 != v8)) ? v8 : acc5);
+					acc5 = ((v8 != v8) ? v8 : ((v8 > acc5) ? v8 : acc5));
 				}
 			}
 		}
 		float sh9;
 		sh9 = __shfl_xor_sync(0xffffffffu, acc5, (int)16, 32);
-		acc5 = (((sh9 > acc5) || (sh9 != sh9)) ? sh9 : acc5);
+		acc5 = ((sh9 != sh9) ? sh9 : ((sh9 > acc5) ? sh9 : acc5));
 		float sh10;
 		sh10 = __shfl_xor_sync(0xffffffffu, acc5, (int)8, 32);
-		acc5 = (((sh10 > acc5) || (sh10 != sh10)) ? sh10 : acc5);
+		acc5 = ((sh10 != sh10) ? sh10 : ((sh10 > acc5) ? sh10 : acc5));
 		if (((((int)threadIdx.x) % 32) < 8)) {
 			scr_1_0[((slot1 * 4) + (((int)threadIdx.x) / 32))] = acc5;
 		}
 		__syncthreads();
 		acc5 = (-AP_INFF);
 		for (int w11 = 0; w11 < 4; w11 += 1) {
-			acc5 = (((scr_1_0[((slot1 * 4) + w11)] > acc5) || (scr_1_0[((slot1 * 4) + w11)] != scr_1_0[((slot1 * 4) + w11)])) ? scr_1_0[((slot1 * 4) + w11)] : acc5);
+			acc5 = ((scr_1_0[((slot1 * 4) + w11)] != scr_1_0[((slot1 * 4) + w11)]) ? scr_1_0[((slot1 * 4) + w11)] : ((scr_1_0[((slot1 * 4) + w11)] > acc5) ? scr_1_0[((slot1 * 4) + w11)] : acc5));
 		}
 		__syncthreads();
 		float acc12 = 0x0p+0f;

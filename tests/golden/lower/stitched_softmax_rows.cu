@@ -25,32 +25,32 @@ extern "C" __global__ void __launch_bounds__(128, 1) stitched_softmax_rows(float
 				if ((s7 < 257)) {
 					cache_0[e6] = p1[((row4 * 257) + s7)];
 					float v8 = cache_0[e6];
-					acc5 = (((v8 > acc5) || (v8 != v8)) ? v8 : acc5);
+					acc5 = ((v8 != v8) ? v8 : ((v8 > acc5) ? v8 : acc5));
 				}
 			}
 		}
 		float sh9;
 		sh9 = __shfl_xor_sync(0xffffffffu, acc5, (int)16, 32);
-		acc5 = (((sh9 > acc5) || (sh9 != sh9)) ? sh9 : acc5);
+		acc5 = ((sh9 != sh9) ? sh9 : ((sh9 > acc5) ? sh9 : acc5));
 		float sh10;
 		sh10 = __shfl_xor_sync(0xffffffffu, acc5, (int)8, 32);
-		acc5 = (((sh10 > acc5) || (sh10 != sh10)) ? sh10 : acc5);
+		acc5 = ((sh10 != sh10) ? sh10 : ((sh10 > acc5) ? sh10 : acc5));
 		float sh11;
 		sh11 = __shfl_xor_sync(0xffffffffu, acc5, (int)4, 32);
-		acc5 = (((sh11 > acc5) || (sh11 != sh11)) ? sh11 : acc5);
+		acc5 = ((sh11 != sh11) ? sh11 : ((sh11 > acc5) ? sh11 : acc5));
 		float sh12;
 		sh12 = __shfl_xor_sync(0xffffffffu, acc5, (int)2, 32);
-		acc5 = (((sh12 > acc5) || (sh12 != sh12)) ? sh12 : acc5);
+		acc5 = ((sh12 != sh12) ? sh12 : ((sh12 > acc5) ? sh12 : acc5));
 		float sh13;
 		sh13 = __shfl_xor_sync(0xffffffffu, acc5, (int)1, 32);
-		acc5 = (((sh13 > acc5) || (sh13 != sh13)) ? sh13 : acc5);
+		acc5 = ((sh13 != sh13) ? sh13 : ((sh13 > acc5) ? sh13 : acc5));
 		if (((lane0 % 32) == 0)) {
 			scr_1_0[((slot1 * 2) + (lane0 / 32))] = acc5;
 		}
 		__syncthreads();
 		acc5 = (-AP_INFF);
 		for (int w14 = 0; w14 < 2; w14 += 1) {
-			acc5 = (((scr_1_0[((slot1 * 2) + w14)] > acc5) || (scr_1_0[((slot1 * 2) + w14)] != scr_1_0[((slot1 * 2) + w14)])) ? scr_1_0[((slot1 * 2) + w14)] : acc5);
+			acc5 = ((scr_1_0[((slot1 * 2) + w14)] != scr_1_0[((slot1 * 2) + w14)]) ? scr_1_0[((slot1 * 2) + w14)] : ((scr_1_0[((slot1 * 2) + w14)] > acc5) ? scr_1_0[((slot1 * 2) + w14)] : acc5));
 		}
 		__syncthreads();
 		float acc15 = 0x0p+0f;
