@@ -1250,21 +1250,17 @@ static void close_thread_loop(printer *p, int depth)
 	sb_printf(&p->out, "}\n");
 }
 
-/* Host: the register arrays a phase uses (1) and writes (2), per array id. */
-typedef struct phase_use {
-	const ap_kir_kernel *k;
-	unsigned char *use;
-} phase_use;
-
-static void note_array(phase_use *u, const ap_kir_array *a, bool write)
+/* Host: the register arrays a phase uses (bit 1) and writes (bit 2),
+ * in use[] per array id. */
+static void note_array(unsigned char *use, const ap_kir_array *a, bool write)
 {
 	if (a && a->space == AP_KIR_LOCAL && !a->scratch)
-		u->use[a->id] |= write ? 3 : 1;
+		use[a->id] |= write ? 3 : 1;
 }
 
 static int use_stmt(const ap_kir_stmt *s, int depth, void *user)
 {
-	phase_use *u = user;
+	unsigned char *u = user;
 
 	switch (s->kind) {
 	case AP_KIR_S_STORE:
@@ -1352,15 +1348,14 @@ static void print_phase(printer *p, const ap_kir_stmt *first, const ap_kir_stmt 
 		return;
 	}
 	if (p->target == AP_KIR_HOST && p->has_collective && p->promoted && p->k->n_arrays > 0) {
-		phase_use u = {p->k, calloc((size_t)p->k->n_arrays, 1)};
 		ap_kir_visitor vis = {use_stmt, use_expr};
 
-		if (!u.use) {
+		use = calloc((size_t)p->k->n_arrays, 1);
+		if (!use) {
 			p->out.failed = true;
 			return;
 		}
-		ap_kir_visit_range(first, end, &vis, &u);
-		use = u.use;
+		ap_kir_visit_range(first, end, &vis, use);
 	}
 	open_thread_loop(p, depth);
 	if (use)

@@ -111,13 +111,11 @@ int ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs,
 					   g->tensors[n->outputs[0]].dims) && !ap_op_is_view(n->op) &&
 			    n->op != AP_OP_TRANSPOSE && n->op != AP_OP_SPLIT) {
 				snprintf(why, cap, "%s broadcasts the product", ap_op_name(n->op));
-				free(dep);
-				return 0;
+				goto no;
 			}
 			if (src && !emap_equal(src, &maps[x])) {
 				snprintf(why, cap, "%s reads the product at two different elements", ap_op_name(n->op));
-				free(dep);
-				return 0;
+				goto no;
 			}
 			src = &maps[x];
 		}
@@ -125,26 +123,21 @@ int ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs,
 			continue;
 		if (n->n_outputs != 1 && n->op != AP_OP_SPLIT) {
 			snprintf(why, cap, "%s after the product has several outputs", ap_op_name(n->op));
-			free(dep);
-			return 0;
+			goto no;
 		}
 		if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST && !ap_op_is_view(n->op) &&
 		    n->op != AP_OP_TRANSPOSE && n->op != AP_OP_SPLIT) {
 			snprintf(why, cap, "%s after the product", ap_op_name(n->op));
-			free(dep);
-			return 0;
+			goto no;
 		}
 		for (int k = 0; k < n->n_outputs; k++) {
 			int o = n->outputs[k];
-			ap_emap from = *src;   /* src may be maps[o] itself no more than it is an input */
 
 			if (o < 0)
 				continue;
-			maps[o] = from;
-			if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST && !add_step(g, n, o, maps, why, cap)) {
-				free(dep);
-				return 0;
-			}
+			maps[o] = *src;
+			if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST && !add_step(g, n, o, maps, why, cap))
+				goto no;
 		}
 	}
 	for (int i = 0; i < g->n_outputs; i++) {
@@ -162,12 +155,14 @@ int ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs,
 		if (all_outputs) {
 			snprintf(why, cap, "it writes %s, which is not computed from the product",
 				 g->tensors[o].name);
-			free(dep);
-			return 0;
+			goto no;
 		}
 	}
 	free(dep);
 	return 1;
+no:
+	free(dep);
+	return 0;
 }
 
 void ap__epilogue_store(ap_vctx *v, const ap_emap *maps, ap_lidx y_ix)
