@@ -363,6 +363,28 @@ typedef struct case_opts {
 
 static const case_opts *g_opts;      /* set around run_case_opts */
 
+/* Host C source -> a loaded shared object (ap_hostcc_compile, dlopen). */
+static void *host_load(const char *src, const char *what)
+{
+	char so_path[] = "/tmp/check_lower_XXXXXX";
+	uint8_t *so = NULL;
+	size_t so_len = 0;
+	ap_error err;
+	void *h;
+	int fd;
+
+	ck_assert_msg(ap_hostcc_compile(src, &so, &so_len, &err) == 0, "%s: cc: %.600s", what, err.msg);
+	fd = mkstemp(so_path);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, so, so_len), (ssize_t)so_len);
+	close(fd);
+	free(so);
+	h = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
+	unlink(so_path);
+	ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
+	return h;
+}
+
 static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 {
 	ap_target_info ti;
@@ -372,14 +394,11 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 	ap_kir_kernel *ks[MAX_CFG];
 	int n_k = 0, n_refused = 0, n_invalid = 0, idx[AP_SPACE_MAX_KNOBS] = {0};
 	size_t total = 1, off = 0;
-	char *src, so_path[] = "/tmp/check_lower_XXXXXX";
-	uint8_t *so = NULL;
-	size_t so_len = 0;
+	char *src;
 	ap_error err;
 	void *h;
 	buffers in;
 	double **want;
-	int fd;
 
 	ck_assert_int_eq(ap_cost_target(g_opts && g_opts->target ? g_opts->target : "cpu", &ti), 0);
 	ti.max_threads_per_block = 256;
@@ -461,17 +480,8 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 		src[off] = 0;
 		free(texts);
 	}
-	ck_assert_msg(ap_hostcc_compile(src, &so, &so_len, &err) == 0, "%s: cc: %.600s", lc->name,
-		      err.msg);
+	h = host_load(src, lc->name);
 	free(src);
-	fd = mkstemp(so_path);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(write(fd, so, so_len), (ssize_t)so_len);
-	close(fd);
-	free(so);
-	h = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
-	unlink(so_path);
-	ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
 	buffers_init(&in, m);
 	if (g_fill)
 		g_fill(m, &in);
@@ -890,6 +900,79 @@ START_TEST(gemm_simt)
 
 	g_tf32 = false;
 	run_case(&lc, m, ref_gemm_fold);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* The host's ISA clones (print.c, AP_HOST_ISA; hostcc.c): the default
+ * GEMM kernel of gemm_fold_graph on the host has a register tile, so it is
+ * declared with the x86-64-v3 clone; built with the clones and built
+ * baseline only (-DAP_HOST_ISA=), it gives the same bits (no FMA
+ * contraction in the clone this machine picks) and the reference's
+ * values. */
+START_TEST(host_isa_clones)
+{
+	ap_graph *g = gemm_fold_graph();
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL);
+	ap_target_info ti;
+	ap_lower_options lo = {256, NULL, true};
+	ap_kir_kernel *k;
+	ap_error err;
+	const char *cc = getenv("APOLLO_CC");
+	char *src, base_cc[512], *saved = cc ? strdup(cc) : NULL;
+	void *h[2];
+	float **outs[2];
+	double *want[2];
+	buffers in;
+
+	ck_assert_int_eq(ap_cost_target("cpu", &ti), 0);
+	k = ap_lower(m, &ti, "isa_gemm", &lo, NULL, &err);
+	ck_assert_msg(k != NULL, "%s", err.msg);
+	src = ap_kir_print(k, AP_KIR_HOST, &err);
+	ck_assert_ptr_nonnull(src);
+	ck_assert_msg(strstr(src, "AP_HOST_ISA void isa_gemm("), "no clone declaration in\n%.2000s", src);
+	h[0] = host_load(src, "clones");
+	snprintf(base_cc, sizeof(base_cc), "%s -DAP_HOST_ISA=", cc && *cc ? cc : "cc");
+	setenv("APOLLO_CC", base_cc, 1);
+	h[1] = host_load(src, "baseline");
+	if (saved)
+		setenv("APOLLO_CC", saved, 1);
+	else
+		unsetenv("APOLLO_CC");
+	buffers_init(&in, m);
+	for (int i = 0; i < 2; i++) {
+		host_fn f = (host_fn)dlsym(h[i], "isa_gemm");
+
+		ck_assert_ptr_nonnull(f);
+		outs[i] = run(f, k, m, &in);
+	}
+	for (int o = 0; o < 2; o++)
+		want[o] = calloc((size_t)ap_tensor_numel(&g->tensors[g->outputs[o]]), sizeof(double));
+	ref_gemm_fold(m, &in, want);
+	for (int o = 0; o < 2; o++) {
+		int64_t n = ap_tensor_numel(&g->tensors[g->outputs[o]]);
+
+		expect_close_tol("clones", outs[0][o], want[o], n, 1e-4);
+		for (int64_t j = 0; j < n; j++)
+			ck_assert_msg(memcmp(&outs[0][o][j], &outs[1][o][j], sizeof(float)) == 0,
+				      "output %d [%lld]: %a with the clones, %a baseline", o, (long long)j,
+				      (double)outs[0][o][j], (double)outs[1][o][j]);
+	}
+	printf("check_lower: host_isa_clones: the %s clone ran, bit-identical to the baseline build\n",
+	       __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "x86-64-v3" : "default");
+	for (int i = 0; i < 2; i++) {
+		for (int o = 0; o < 2; o++)
+			free(outs[i][o]);
+		free(outs[i]);
+		dlclose(h[i]);
+	}
+	for (int o = 0; o < 2; o++)
+		free(want[o]);
+	buffers_free(&in);
+	free(saved);
+	free(src);
+	ap_kir_kernel_free(k);
 	ap_mgraph_free(m);
 	ap_graph_free(g);
 }
@@ -1587,6 +1670,11 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, attention_online_softmax);
 	tcase_add_test(tc, attention_tensor_cores);
 	tcase_add_test(tc, attention_tensor_cores_tf32);
+	suite_add_tcase(s, tc);
+	/* the host's ISA clones (run alone: CK_RUN_CASE=isa) */
+	tc = tcase_create("isa");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, host_isa_clones);
 	suite_add_tcase(s, tc);
 	/* split-K on thread-block clusters (run alone: CK_RUN_CASE=splitk) */
 	tc = tcase_create("splitk");

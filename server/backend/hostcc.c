@@ -14,7 +14,11 @@
  * (print.c, print_phase), GCC 12 vectorises the GEMM emitter's register
  * tile updates at -O3 and not at -O2 (squeezenet1_1, one thread: 117 ms
  * at -O2, 80 ms at -O3; bert_like_2l 53 -> 35 ms).  No -march: kernels
- * are cached and shared between nodes, so they stay baseline x86-64.
+ * are cached and shared between nodes, so they stay baseline x86-64; the
+ * host printer asks GCC for an x86-64-v3 (AVX2, FMA) clone of each kernel
+ * beside the baseline one, chosen at load time (print.c, AP_HOST_ISA).
+ * -ffp-contract=off: no a * b + c fused into one FMA in that clone, so a
+ * kernel rounds the same on every node, with or without AVX2.
  */
 #include "backend.h"
 
@@ -138,12 +142,15 @@ int ap_hostcc_compile(const char *src, __ap_give uint8_t **out, size_t *out_len,
 	for (char *save = NULL, *tok = strtok_r(ccbuf, " \t", &save); tok && argc < MAX_CC_ARGS;
 	     tok = strtok_r(NULL, " \t", &save)) {
 		argv[argc++] = tok;
-		if (argc == 1)
-			argv[argc++] = "-O3";   /* before the user's own flags, which may override it */
+		if (argc == 1) {   /* before the user's own flags, which may override them */
+			argv[argc++] = "-O3";
+			argv[argc++] = "-ffp-contract=off";
+		}
 	}
 	if (argc == 0) {
 		argv[argc++] = "cc";
 		argv[argc++] = "-O3";
+		argv[argc++] = "-ffp-contract=off";
 	}
 	argv[argc++] = "-shared";
 	argv[argc++] = "-fPIC";

@@ -318,7 +318,7 @@ static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *
 	p->b.t = p->w;
 	p->a.plain = false;
 	p->b.plain = false;
-	p->a.k_fast = true;
+	p->a.k_fast = false;
 	p->b.k_fast = true;
 	if (!p->convt && one && g->tensors[p->x].producer < 0 && g->tensors[p->x].kind != AP_TENSOR_CONST) {
 		p->a_1x1 = true;
