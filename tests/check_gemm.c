@@ -140,10 +140,15 @@ static void check_model(const char *dir, bool tf32, bool all_async, int *n_gemm,
 					      (!says_async(k) || strstr((char *)out, "cp.async")),
 					      "%s: kernel %s (%s) lacks mma.sync, ldmatrix or cp.async in its PTX", dir,
 					      k->name, archs[a]);
-				/* 16-bit: every operand read from memory as it is is copied
-				 * (a cast or other prologue is computed on the way) */
+				/* 16-bit (and TF32): every operand read from memory as it
+				 * is, or as a Cast of a float32 buffer, is copied (other
+				 * prologues are computed on the way); every kernel
+				 * copies one operand at least (the issue's "every launch
+				 * contains cp.async") */
 				ck_assert_msg(!all_async || !strstr(k->src, "(no cp.async here)"),
 					      "%s: kernel %s stages an operand through registers", dir, k->name);
+				ck_assert_msg(!all_async || says_async(k),
+					      "%s: kernel %s copies no operand by cp.async", dir, k->name);
 				free(out);
 			}
 			(*n_gemm)++;

@@ -905,6 +905,98 @@ START_TEST(gemm_simt)
 }
 END_TEST
 
+/* Convert-staged operands (server/lower/gemm.c, copy_mode): y = Cast(x)
+ * @ Cast(w)^T with x [2, M, K] and w [24, K] float32 (the float32 inputs
+ * and weights a converted training graph keeps) in a 16-bit type.  Both
+ * operands are copied by cp.async as float32 (16 bytes a copy for K = 36,
+ * one element for K = 23) and converted into the tile once their stage
+ * has arrived; every configuration is run, on sm_90 through the emulated
+ * mma.sync (2 to 4 stages: a stage read from the wrong staging slot shows)
+ * and on the host's SIMT form.  Reference: the operands rounded to the
+ * type, products summed exactly; tolerance: the output's rounding (f16
+ * 4e-3, bf16 2e-2). */
+static void expect_no_spills(const ap_mgraph *m, const char *name);
+
+/* run_case with options o (g_opts around it), then, with `spills`, no
+ * spills in the default kernel for sm_80 and sm_90; frees m and g. */
+static void run_case_with(const lcase *lc, ap_graph *g, ap_mgraph *m, reference_fn ref, const case_opts *o,
+			  bool spills)
+{
+	g_opts = o;
+	run_case(lc, m, ref);
+	if (spills)
+		expect_no_spills(m, lc->name);
+	g_opts = NULL;
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+
+typedef struct convert_case {
+	const char *name, *target;
+	ap_dtype dt;
+	int64_t M, K;                    /* x [2, M, K] */
+} convert_case;
+
+static const convert_case *g_cv;
+
+static void ref_gemm_convert(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *x = in->data[m->g->inputs[0]], *w = in->data[m->g->inputs[1]];
+	int64_t K = g_cv->K;
+
+	for (int64_t i = 0; i < 2 * g_cv->M; i++)
+		for (int64_t j = 0; j < 24; j++) {
+			double acc = 0;
+
+			for (int64_t k = 0; k < K; k++)
+				acc += half_round(g_cv->dt, x[i * K + k]) * half_round(g_cv->dt, w[j * K + k]);
+			want[0][i * 24 + j] = acc;
+		}
+}
+
+static void run_convert_case(const convert_case *c)
+{
+	ap_graph *g = ap_graph_new("gemm_convert");
+	int x = tensor(g, "x", DIMS(2, c->M, c->K), AP_TENSOR_INPUT), w = tensor(g, "w", DIMS(24, c->K), AP_TENSOR_INPUT);
+	int cx, cw, wt, y, n;
+	lcase lc = {c->name, "gemm", {"converted into the tile", "cp.async"}, {"cp.async.ca.shared.global"}};
+	case_opts o = {c->target, false, c->dt == AP_DT_F16 ? 4e-3 : 2e-2};
+	ap_mgraph *m;
+
+	if (c->K % 4 == 0)
+		lc.ptx_has[0] = "cp.async.cg.shared.global";   /* 16-byte copies bypass L1 */
+	g_dt = c->dt;
+	cx = tensor(g, "cx", DIMS(2, c->M, c->K), AP_TENSOR_VALUE);
+	cw = tensor(g, "cw", DIMS(24, c->K), AP_TENSOR_VALUE);
+	wt = tensor(g, "wt", DIMS(c->K, 24), AP_TENSOR_VALUE);
+	y = tensor(g, "y", DIMS(2, c->M, 24), AP_TENSOR_VALUE);
+	g_dt = AP_DT_F32;
+	n = node(g, "cast_x", AP_OP_CAST, LIST(x), LIST(cx));
+	ap_node_set_int(g, n, "to", c->dt);
+	n = node(g, "cast_w", AP_OP_CAST, LIST(w), LIST(cw));
+	ap_node_set_int(g, n, "to", c->dt);
+	n = node(g, "wt", AP_OP_TRANSPOSE, LIST(cw), LIST(wt));
+	ap_node_set_ints(g, n, "perm", (const int64_t[]){1, 0}, 2);
+	node(g, "mm", AP_OP_MATMUL, LIST(cx, wt), LIST(y));
+	output(g, y);
+	m = whole(g, AP_GROUP_MATMUL);
+	g_cv = c;
+	run_case_with(&lc, g, m, ref_gemm_convert, &o, c->target != NULL);
+}
+
+START_TEST(gemm_convert_staged)
+{
+	static const convert_case cases[] = {
+		{"gemm_convert_f16", "sm_90", AP_DT_F16, 12, 36},
+		{"gemm_convert_bf16_odd", "sm_90", AP_DT_BF16, 8, 23},
+		{"gemm_convert_host_bf16", NULL, AP_DT_BF16, 8, 36},
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		run_convert_case(&cases[i]);
+}
+END_TEST
+
 /* The host's ISA clones (print.c, AP_HOST_ISA; hostcc.c): the default
  * GEMM kernel of gemm_fold_graph on the host has a register tile, so it is
  * declared with the x86-64-v3 clone; built with the clones and built
@@ -1199,8 +1291,6 @@ typedef struct att_case {
 
 static const att_case *g_ac;
 
-static void expect_no_spills(const ap_mgraph *m, const char *name);
-
 /* The unfused graph's numbers: Y1, the scale and the mask each rounded to
  * the operand type (the kernel rounds there too), the softmax and PV
  * exact. */
@@ -1317,14 +1407,8 @@ static void run_attention_case(const att_case *c, const lcase *lc)
 	m = whole(g, AP_GROUP_ATTENTION);
 	g_ac = c;
 	g_fill = mask_first_tile;
-	g_opts = &opts;
-	run_case(lc, m, ref_attention);
+	run_case_with(lc, g, m, ref_attention, &opts, c->target != NULL);
 	g_fill = NULL;
-	if (c->target)
-		expect_no_spills(m, c->name);
-	g_opts = NULL;
-	ap_mgraph_free(m);
-	ap_graph_free(g);
 }
 
 /* float32 on the host: the SIMT form (a query row a warp). */
@@ -1557,12 +1641,7 @@ static void run_conv_case(const conv_case *c)
 	ap_mgraph *m = whole(g, AP_GROUP_CONV);
 
 	g_cc = c;
-	g_opts = &o;
-	run_case(&lc, m, ref_conv);
-	g_opts = NULL;
-	expect_no_spills(m, c->name);
-	ap_mgraph_free(m);
-	ap_graph_free(g);
+	run_case_with(&lc, g, m, ref_conv, &o, true);
 }
 
 /* Depthwise (Cg = 1, Mg = 1), stride 1, a 3x3 window, asymmetric pads,
@@ -1670,6 +1749,12 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, attention_online_softmax);
 	tcase_add_test(tc, attention_tensor_cores);
 	tcase_add_test(tc, attention_tensor_cores_tf32);
+	suite_add_tcase(s, tc);
+	/* float32 operands staged by cp.async and converted (run alone:
+	 * CK_RUN_CASE=convert) */
+	tc = tcase_create("convert");
+	tcase_set_timeout(tc, 900);
+	tcase_add_test(tc, gemm_convert_staged);
 	suite_add_tcase(s, tc);
 	/* the host's ISA clones (run alone: CK_RUN_CASE=isa) */
 	tc = tcase_create("isa");

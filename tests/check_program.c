@@ -1049,69 +1049,104 @@ static bool pair_staged_text(const ap_program *p, char which)
 	return false;
 }
 
+/* The GEMM kernel of p says its operand `which` is convert-staged. */
+static bool convert_staged_text(const ap_program *p, char which)
+{
+	char key[64];
+
+	snprintf(key, sizeof(key), "operand %c: cp.async of its float32 elements", which);
+	for (int i = 0; i < p->n_kernels; i++)
+		if (strstr(p->kernels[i].src, key))
+			return true;
+	return false;
+}
+
+/* A 3x3 convolution over 5 channels in the 16-bit type dt (K = 45, the
+ * im2col rows gathered; the weights pair-staged), of an input of type dt
+ * (A pair-staged) or, with `cast_input`, of a float32 input cast to dt
+ * on the way (A convert-staged: the float32 elements gathered and
+ * converted).  Run on the host against the definition with the input
+ * rounded to dt; the host and sm_80 builds say how A and B are staged. */
+static void conv16_case(ap_dtype dt, bool cast_input)
+{
+	enum { N = 2, C = 5, H = 9, W = 11, M = 16, KH = 3, KW = 3 };
+	const int sh = 2, sw = 1, ph0 = 1, pw0 = 2, ph1 = 0, pw1 = 1;
+	const int OH = (H + ph0 + ph1 - KH) / sh + 1, OW = (W + pw0 + pw1 - KW) / sw + 1;
+	ap_graph *g = ap_graph_new("conv16");
+	int x = input(g, "x", cast_input ? AP_DT_F32 : dt, DIMS(N, C, H, W)), xc = x;
+	int w = param(g, "w", dt, DIMS(M, C, KH, KW));
+	int y = value(g, "y", dt, DIMS(N, M, OH, OW));
+	float *xf, *wf, *x32 = NULL;
+	uint16_t *xs = rand16(dt, N * C * H * W, &xf), *ws = rand16(dt, M * C * KH * KW, &wf);
+	double *ref = calloc((size_t)(N * M * OH * OW), sizeof(double));
+	void *outs[1];
+	int n;
+
+	if (cast_input) {
+		/* float32 inputs between the 16-bit values: the kernel rounds
+		 * them to xf (round to nearest even) */
+		x32 = malloc((size_t)(N * C * H * W) * sizeof(float));
+		for (int i = 0; i < N * C * H * W; i++) {
+			x32[i] = xf[i] * (1.0f + 0x1p-12f);
+			xf[i] = h16(dt, dt == AP_DT_F16 ? ap_f32_to_f16(x32[i]) : ap_f32_to_bf16(x32[i]));
+		}
+		xc = value(g, "xc", dt, DIMS(N, C, H, W));
+		n = node(g, "cast", AP_OP_CAST, LIST(x), LIST(xc));
+		ap_node_set_int(g, n, "to", dt);
+	}
+	n = node(g, "conv", AP_OP_CONV, LIST(xc, w), LIST(y));
+	ap_node_set_ints(g, n, "strides", (int64_t[]){sh, sw}, 2);
+	ap_node_set_ints(g, n, "pads", (int64_t[]){ph0, pw0, ph1, pw1}, 4);
+	ap_node_set_ints(g, n, "kernel_shape", (int64_t[]){KH, KW}, 2);
+	ap_node_set_ints(g, n, "dilations", (int64_t[]){1, 1}, 2);
+	output(g, y);
+	named pr[] = {{"w", ws}};
+	ap_program *p = build_and_run(g, (const void *[]){cast_input ? (const void *)x32 : xs}, pr, 1, outs);
+
+	for (int nn = 0; nn < N; nn++)
+		for (int m = 0; m < M; m++)
+			for (int oh = 0; oh < OH; oh++)
+				for (int ow = 0; ow < OW; ow++) {
+					double s = 0;
+
+					for (int c = 0; c < C; c++)
+						for (int kh = 0; kh < KH; kh++)
+							for (int kw = 0; kw < KW; kw++) {
+								int ih = oh * sh - ph0 + kh, iw = ow * sw - pw0 + kw;
+
+								if (ih >= 0 && ih < H && iw >= 0 && iw < W)
+									s += (double)xf[((nn * C + c) * H + ih) * W + iw] *
+									     wf[((m * C + c) * KH + kh) * KW + kw];
+							}
+					ref[((nn * M + m) * OH + oh) * OW + ow] = s;
+				}
+	ck_assert(cast_input ? convert_staged_text(p, 'A') : pair_staged_text(p, 'A'));
+	ck_assert(pair_staged_text(p, 'B'));
+	expect_close16(cast_input ? "conv of a cast" : "conv", dt, outs[0], ref, N * M * OH * OW);
+	{
+		ap_program *pc = build_cuda(g, NULL);
+
+		ck_assert(cast_input ? convert_staged_text(pc, 'A') : pair_staged_text(pc, 'A'));
+		ck_assert(pair_staged_text(pc, 'B'));
+		ap_program_free(pc);
+	}
+	free_outs(outs, 1);
+	free(xs);
+	free(ws);
+	free(xf);
+	free(wf);
+	free(x32);
+	free(ref);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+
 START_TEST(gemm_16bit_pair_staged)
 {
 	static const ap_dtype dts[] = {AP_DT_F16, AP_DT_BF16};
 
-	for (int d = 0; d < 2; d++) {
-		ap_dtype dt = dts[d];
-		/* a 3x3 convolution over 5 channels: K = 45, im2col gathered */
-		enum { N = 2, C = 5, H = 9, W = 11, M = 16, KH = 3, KW = 3 };
-		const int sh = 2, sw = 1, ph0 = 1, pw0 = 2, ph1 = 0, pw1 = 1;
-		const int OH = (H + ph0 + ph1 - KH) / sh + 1, OW = (W + pw0 + pw1 - KW) / sw + 1;
-		ap_graph *g = ap_graph_new("conv16");
-		int x = input(g, "x", dt, DIMS(N, C, H, W));
-		int w = param(g, "w", dt, DIMS(M, C, KH, KW));
-		int y = value(g, "y", dt, DIMS(N, M, OH, OW));
-		float *xf, *wf;
-		uint16_t *xs = rand16(dt, N * C * H * W, &xf), *ws = rand16(dt, M * C * KH * KW, &wf);
-		double *ref = calloc((size_t)(N * M * OH * OW), sizeof(double));
-		void *outs[1];
-		int n = node(g, "conv", AP_OP_CONV, LIST(x, w), LIST(y));
-
-		ap_node_set_ints(g, n, "strides", (int64_t[]){sh, sw}, 2);
-		ap_node_set_ints(g, n, "pads", (int64_t[]){ph0, pw0, ph1, pw1}, 4);
-		ap_node_set_ints(g, n, "kernel_shape", (int64_t[]){KH, KW}, 2);
-		ap_node_set_ints(g, n, "dilations", (int64_t[]){1, 1}, 2);
-		output(g, y);
-		named pr[] = {{"w", ws}};
-		ap_program *p = build_and_run(g, (const void *[]){xs}, pr, 1, outs);
-
-		for (int nn = 0; nn < N; nn++)
-			for (int m = 0; m < M; m++)
-				for (int oh = 0; oh < OH; oh++)
-					for (int ow = 0; ow < OW; ow++) {
-						double s = 0;
-
-						for (int c = 0; c < C; c++)
-							for (int kh = 0; kh < KH; kh++)
-								for (int kw = 0; kw < KW; kw++) {
-									int ih = oh * sh - ph0 + kh, iw = ow * sw - pw0 + kw;
-
-									if (ih >= 0 && ih < H && iw >= 0 && iw < W)
-										s += (double)xf[((nn * C + c) * H + ih) * W + iw] *
-										     wf[((m * C + c) * KH + kh) * KW + kw];
-								}
-						ref[((nn * M + m) * OH + oh) * OW + ow] = s;
-					}
-		ck_assert(pair_staged_text(p, 'A'));
-		ck_assert(pair_staged_text(p, 'B'));
-		expect_close16("conv", dt, outs[0], ref, N * M * OH * OW);
-		{
-			ap_program *pc = build_cuda(g, NULL);
-
-			ck_assert(pair_staged_text(pc, 'A') && pair_staged_text(pc, 'B'));
-			ap_program_free(pc);
-		}
-		free_outs(outs, 1);
-		free(xs);
-		free(ws);
-		free(xf);
-		free(wf);
-		free(ref);
-		ap_program_free(p);
-		ap_graph_free(g);
-	}
+	for (int d = 0; d < 2; d++)
+		conv16_case(dts[d], false);
 	for (int d = 0; d < 2; d++) {
 		ap_dtype dt = dts[d];
 		/* a MatMul whose contiguous extents (K of A, N of B) are odd */
@@ -1148,6 +1183,17 @@ START_TEST(gemm_16bit_pair_staged)
 		ap_program_free(p);
 		ap_graph_free(g);
 	}
+}
+END_TEST
+
+/* The pair-staged convolution of a float32 input cast on the way (a
+ * converted training graph keeps its inputs in float32): its im2col rows
+ * gathered from the float32 buffer by cp.async, one 4-byte element a
+ * copy, and converted into the tile (server/lower/gemm.c, copy_mode). */
+START_TEST(gemm_16bit_convert_staged)
+{
+	conv16_case(AP_DT_F16, true);
+	conv16_case(AP_DT_BF16, true);
 }
 END_TEST
 
@@ -3678,6 +3724,7 @@ static Suite *program_suite(void)
 	tc = tcase_create("gemm16");
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, gemm_16bit_pair_staged);
+	tcase_add_test(tc, gemm_16bit_convert_staged);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -138,19 +138,19 @@ int ap_hostcc_compile(const char *src, __ap_give uint8_t **out, size_t *out_len,
 		goto done;
 	}
 
+	/* the compiler, our default flags, then the user's own flags (which
+	 * may override them) */
 	snprintf(ccbuf, sizeof(ccbuf), "%s", cc);
-	for (char *save = NULL, *tok = strtok_r(ccbuf, " \t", &save); tok && argc < MAX_CC_ARGS;
-	     tok = strtok_r(NULL, " \t", &save)) {
-		argv[argc++] = tok;
-		if (argc == 1) {   /* before the user's own flags, which may override them */
-			argv[argc++] = "-O3";
-			argv[argc++] = "-ffp-contract=off";
-		}
-	}
-	if (argc == 0) {
-		argv[argc++] = "cc";
-		argv[argc++] = "-O3";
-		argv[argc++] = "-ffp-contract=off";
+	{
+		static char *const defaults[] = {"-O3", "-ffp-contract=off"};
+		char *save = NULL, *tok = strtok_r(ccbuf, " \t", &save);
+
+		argv[argc++] = tok ? tok : "cc";
+		for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++)
+			argv[argc++] = defaults[i];
+		for (tok = tok ? strtok_r(NULL, " \t", &save) : NULL; tok && argc < MAX_CC_ARGS;
+		     tok = strtok_r(NULL, " \t", &save))
+			argv[argc++] = tok;
 	}
 	argv[argc++] = "-shared";
 	argv[argc++] = "-fPIC";

@@ -133,7 +133,10 @@ void ap_cost_gemm_default(const ap_target_info *t, int64_t batch, int64_t M, int
 		{64, 16, 4, 4}, {16, 32, 2, 4}, {16, 16, 2, 2},
 	};
 	const int (*cand)[4] = tensor_cores ? tc : t->gpu ? simt : host;
-	int n = tensor_cores || t->gpu ? 9 : (int)(sizeof(host) / sizeof(host[0])), pick = n - 1;
+	int n = (int)(tensor_cores ? sizeof(tc) / sizeof(tc[0])
+		      : t->gpu   ? sizeof(simt) / sizeof(simt[0])
+				 : sizeof(host) / sizeof(host[0])),
+	    pick = n - 1;
 	unsigned want = t->sm_count;
 
 	for (int i = 0; i < n; i++) {

@@ -126,6 +126,12 @@ typedef struct ap_sview {
  * (of t's rank), *leaf the buffer's tensor.  False when t is computed, or
  * its chain is no strided view (or longer than 32 ops). */
 bool ap_sview_of(const ap_graph *g, int t, ap_sview *out, int *leaf);
+/* Tensor t of g as one Cast of a strided view of a buffer, in any order
+ * with the views (Cast(view(x)) or view(Cast(x)): a Cast is element for
+ * element, so it commutes with them); as ap_sview_of, and *leaf is the
+ * buffer of the Cast's source type.  False when t is not of that form,
+ * or when there is no Cast in its chain (ap_sview_of's case). */
+bool ap_sview_of_cast(const ap_graph *g, int t, ap_sview *out, int *leaf);
 /* Regroups v as `rank` x `dims` (a reshape): adjacent contiguous factors
  * merge, then each new dim takes factors from the outside, splitting one
  * whose extent the remainder divides.  False (v unchanged) when it cannot:

@@ -85,6 +85,11 @@ typedef struct gemm_opnd {
 					   16-bit element by the 4-byte pair around it:
 					   copy_mode) */
 	ap_sview gv;                       /* gather: the convolution input as a view of leaf */
+	bool cast;                      /* plain or gather: the operand is a Cast of the
+					   view of `leaf`, a float32 buffer of a 16-bit GEMM
+					   (the float32 inputs of a converted graph): staged
+					   by cp.async as float32, converted into the tile
+					   (copy_mode); vec counts float32 elements */
 } gemm_opnd;
 
 typedef struct gemm_plan {
@@ -172,7 +177,17 @@ static void composite_vector(gemm_opnd *o, int nb, size_t es)
 	}
 }
 
-/* Fills o (role 0: A as [M][K]; 1: B, described as [N][K]). */
+/* Whether a Cast of buffer `leaf` into a GEMM of element type in_t can be
+ * staged by cp.async and converted in shared memory (copy_mode): a
+ * float32 source (4 bytes, cp.async's smallest copy) of a 16-bit GEMM. */
+static bool cast_stageable(const ap_graph *g, ap_dtype in_t, int leaf)
+{
+	return (in_t == AP_DT_F16 || in_t == AP_DT_BF16) && g->tensors[leaf].dtype == AP_DT_F32;
+}
+
+/* Fills o (role 0: A as [M][K]; 1: B, described as [N][K]; an operand
+ * that is a Cast of a float32 view is analysed as its float32 view, with
+ * o->cast set). */
 static void analyze_operand(const ap_graph *g, const gemm_plan *p, int role, gemm_opnd *o)
 {
 	const ap_tensor *t = &g->tensors[o->t];
@@ -182,9 +197,16 @@ static void analyze_operand(const ap_graph *g, const gemm_plan *p, int role, gem
 
 	o->plain = false;
 	o->cvec = false;
+	o->cast = false;
 	o->k_fast = role == 0;   /* activations [M, K]; weights [K, N] */
 	o->vec = 0;
-	if (!ap_sview_of(g, o->t, &sv, &o->leaf) || sv.rank != r)
+	if (!ap_sview_of(g, o->t, &sv, &o->leaf)) {
+		if (!ap_sview_of_cast(g, o->t, &sv, &o->leaf) || !cast_stageable(g, p->in_t, o->leaf))
+			return;
+		o->cast = true;
+		es = ap_dtype_size(g->tensors[o->leaf].dtype);
+	}
+	if (sv.rank != r)
 		return;
 	o->composite = !ap_sview_stride(&sv, r - 2, role == 0 ? &o->s_outer : &o->s_k) ||
 		       !ap_sview_stride(&sv, r - 1, role == 0 ? &o->s_k : &o->s_outer);
@@ -361,11 +383,22 @@ static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *
 	 * copy's source size */
 	for (int role = 0; role < 2; role++) {
 		gemm_opnd *op = role ? &p->b : &p->a;
+		bool cast = false;
 
-		if (op->plain || !ap_sview_of(g, op->t, &op->gv, &op->leaf) ||
-		    g->tensors[op->leaf].kind == AP_TENSOR_CONST || op->gv.rank != g->tensors[op->t].rank)
+		op->cast = false;
+		if (op->plain)
+			continue;
+		if (!ap_sview_of(g, op->t, &op->gv, &op->leaf)) {
+			/* a Cast of the float32 input of a converted graph: gathered
+			 * as float32, converted into the tile (copy_mode) */
+			if (!ap_sview_of_cast(g, op->t, &op->gv, &op->leaf) || !cast_stageable(g, p->in_t, op->leaf))
+				continue;
+			cast = true;
+		}
+		if (g->tensors[op->leaf].kind == AP_TENSOR_CONST || op->gv.rank != g->tensors[op->t].rank)
 			continue;
 		op->gather = true;
+		op->cast = cast;
 		op->vec = 1;
 	}
 	p->tc = t->gpu && t->arch >= 80 &&
@@ -546,9 +579,16 @@ static void tile_layouts(const gemm_plan *p, bool *a_rowk, bool *b_rowk)
 	*b_rowk = p->b.plain ? p->b.k_fast : false;
 }
 
+/* How an operand copied by cp.async reaches its tile (copy_mode). */
+typedef enum stage_mode {
+	STAGE_TILE,                     /* straight into the tile's stages (or registers) */
+	STAGE_PAIRS,                    /* pair-staged: 4-byte pairs, then extracted */
+	STAGE_CONVERT,                  /* float32 elements, then converted */
+} stage_mode;
+
 /* How operand `role` reaches shared memory in configuration c on t:
  * returns the elements each cp.async copies (0: through registers, by the
- * value builder), and *pair tells whether it is "pair-staged".
+ * value builder), and *mode how they reach the tile.
  *   - A plain operand (a buffer read through views and transposes) whose
  *     contiguous coordinate is the one its tile keeps contiguous is copied
  *     in vectors of op->vec elements;
@@ -563,18 +603,30 @@ static void tile_layouts(const gemm_plan *p, bool *a_rowk, bool *b_rowk)
  *     The addresses and the global latency stay off the registers that
  *     the register-staged path keeps live across the main loop, for
  *     about twice the operand's shared memory and one more barrier per K
- *     tile.
+ *     tile;
+ *   - a Cast of a float32 buffer's view (op->cast: the float32 inputs a
+ *     converted graph keeps) is "convert-staged": cp.async copies the
+ *     float32 elements into a staging buffer, one per stage, in the
+ *     operand's own order (vec elements a copy along its contiguous
+ *     coordinate, else one), and once the stage's copies are complete
+ *     the block converts each into the single tile (extract_tile); the
+ *     same pipeline as the pairs, for the float32 operand's shared memory.
  * Operands computed on the way (a prologue) go through registers, as do
  * all operands on GPUs without cp.async (before sm_80). */
-static int copy_mode(const gemm_plan *p, int role, const gemm_cfg *c, const ap_target_info *t, bool *pair)
+static int copy_mode(const gemm_plan *p, int role, const gemm_cfg *c, const ap_target_info *t, stage_mode *mode)
 {
 	const gemm_opnd *op = role ? &p->b : &p->a;
 	bool ar, br, rowk;
 	int ext;
 
-	*pair = false;
+	*mode = STAGE_TILE;
 	if ((t->gpu && t->arch < 80) || (!op->plain && !op->gather))
 		return 0;
+	if (op->cast) {
+		ext = op->k_fast ? c->bk : (role ? c->bn : c->bm);
+		*mode = STAGE_CONVERT;
+		return op->vec > 0 && (!op->composite || op->cvec) && !op->gather && ext % op->vec == 0 ? op->vec : 1;
+	}
 	tile_layouts(p, &ar, &br);
 	rowk = role ? br : ar;
 	ext = rowk ? c->bk : (role ? c->bn : c->bm);
@@ -582,32 +634,41 @@ static int copy_mode(const gemm_plan *p, int role, const gemm_cfg *c, const ap_t
 		return op->vec;
 	if (ap_dtype_size(p->in_t) >= 4)
 		return op->vec > 0 ? 1 : 0;
-	*pair = true;
+	*mode = STAGE_PAIRS;
 	return 1;
 }
 
+/* Bytes of shared memory of a staging buffer of `elems` tile elements a
+ * stage in mode m (each array 16-byte aligned): pairs (2 elements) and
+ * parity bytes, or float32 elements. */
+static size_t staging_bytes(stage_mode m, size_t es, size_t elems)
+{
+	if (m == STAGE_PAIRS)
+		return 16 + elems * (2 * es + 1) + 16;
+	if (m == STAGE_CONVERT)
+		return 16 + elems * ap_dtype_size(AP_DT_F32);
+	return 0;
+}
+
 /* Bytes of shared memory of configuration c on t: each operand's tile
- * stages (a pair-staged operand: one tile, plus per stage its pairs and
- * parity bytes), and split-K's partial accumulator tile. */
+ * stages (a pair- or convert-staged operand: one tile, plus per stage its
+ * staging buffer), and split-K's partial accumulator tile. */
 static size_t smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t)
 {
-	bool ar, br, pa, pb;
+	bool ar, br;
+	stage_mode ma, mb;
 	size_t es = ap_dtype_size(p->in_t), pad = (size_t)pad_of(p->in_t), S = (size_t)c->stages;
 	size_t a, b;
 
 	tile_layouts(p, &ar, &br);
-	copy_mode(p, 0, c, t, &pa);
-	copy_mode(p, 1, c, t, &pb);
+	copy_mode(p, 0, c, t, &ma);
+	copy_mode(p, 1, c, t, &mb);
 	a = ar ? (size_t)c->bm * ((size_t)c->bk + pad) : (size_t)c->bk * ((size_t)c->bm + pad);
 	b = br ? (size_t)c->bn * ((size_t)c->bk + pad) : (size_t)c->bk * ((size_t)c->bn + pad);
-	a *= es * (pa ? 1 : S);
-	b *= es * (pb ? 1 : S);
-	/* pairs (2 elements) and parity bytes per tile element and stage,
-	 * each array 16-byte aligned */
-	if (pa)
-		a += 16 + S * (size_t)c->bm * (size_t)c->bk * (2 * es + 1) + 16;
-	if (pb)
-		b += 16 + S * (size_t)c->bn * (size_t)c->bk * (2 * es + 1) + 16;
+	a *= es * (ma != STAGE_TILE ? 1 : S);
+	b *= es * (mb != STAGE_TILE ? 1 : S);
+	a += staging_bytes(ma, es, S * (size_t)c->bm * (size_t)c->bk);
+	b += staging_bytes(mb, es, S * (size_t)c->bn * (size_t)c->bk);
 	/* split-K: every block's partial accumulator tile, for the cluster */
 	if (c->splitk > 1)
 		b += 16 + (size_t)c->bm * (size_t)c->bn * ap_dtype_size(p->acc_t);
@@ -660,9 +721,9 @@ static int64_t live_values(const gemm_plan *p, const gemm_cfg *c, const ap_targe
 	int64_t nt = threads_of(p, c), v = (int64_t)c->bm * c->bn / nt;
 
 	for (int role = 0; role < 2; role++) {
-		bool pair;
+		stage_mode mode;
 
-		if (copy_mode(p, role, c, t, &pair) == 0)
+		if (copy_mode(p, role, c, t, &mode) == 0)
 			v += 2 * ((int64_t)(role ? c->bn : c->bm) * c->bk + nt - 1) / nt;
 	}
 	return v;
@@ -822,9 +883,10 @@ typedef struct gctx {
 	unsigned nt;
 	bool a_rowk, b_rowk;            /* shared tiles with K contiguous */
 	bool a_async, b_async;          /* loaded by cp.async */
-	bool a_pair, b_pair;            /* pair-staged (copy_mode): a single tile stage,
-					   filled from pa / pb by extract_pairs */
-	ap_kir_array *pa, *pb;          /* pair-staged: per stage, two elements a tile element */
+	stage_mode a_mode, b_mode;      /* copy_mode; pair- or convert-staged: a single tile
+					   stage, filled from pa / pb by extract_tile */
+	ap_kir_array *pa, *pb;          /* per stage: two elements a tile element (pairs), or
+					   one float32 element (convert) */
 	ap_kir_array *qa, *qb;          /* pair-staged: per stage, the element's place in its pair */
 	ap_kir_array *red;              /* split-K: the block's partial accumulators, for the cluster */
 	int a_w, b_w;                   /* elements per cp.async */
@@ -1093,7 +1155,7 @@ static ap_kir_expr *conv_element(gctx *c, int role, ap_kir_expr *o, ap_kir_expr 
 
 
 /* Shared-memory index of (outer, k) in stage `st` of operand `role`'s
- * tile (a pair-staged operand has one tile: st is ignored). */
+ * tile (a pair- or convert-staged operand has one tile: st is ignored). */
 static ap_kir_expr *smem_index(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *o, ap_kir_expr *kk)
 {
 	ap_kir_kernel *k = c->k;
@@ -1102,7 +1164,7 @@ static ap_kir_expr *smem_index(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *
 	int64_t stage = role ? c->b_stage : c->a_stage;
 	ap_kir_expr *e = rowk ? ap_kir_add(k, ap_kir_muli(k, o, ld), kk) : ap_kir_add(k, ap_kir_muli(k, kk, ld), o);
 
-	if (role ? c->b_pair : c->a_pair)
+	if ((role ? c->b_mode : c->a_mode) != STAGE_TILE)
 		return e;
 	return ap_kir_add(k, ap_kir_mul(k, st, I(c, stage)), e);
 }
@@ -1140,7 +1202,8 @@ static ap_kir_var *copy_loop(gctx *c, int role, int w, ap_kir_expr **o, ap_kir_e
 /* cp.async of operand `role`'s K tile `kt` into stage `st`: each copy
  * moves `vec` elements along the contiguous coordinate (a pair-staged
  * operand: the pair holding its element, into stage st of the pairs,
- * the element's place in the pair into its parity byte). */
+ * the element's place in the pair into its parity byte; convert-staged:
+ * float32 elements into stage st of the staging buffer, in copy order). */
 static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 {
 	const gemm_opnd *op = role ? &c->p->b : &c->p->a;
@@ -1190,7 +1253,7 @@ static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 	} else {
 		src = plain_offset(c, role, og, kg);
 	}
-	if (role ? c->b_pair : c->a_pair) {
+	if ((role ? c->b_mode : c->a_mode) == STAGE_PAIRS) {
 		ap_kir_expr *e = ap_kir_bind(k, v->cur, k->index_type, "e", src);
 		ap_kir_expr *slot = ap_kir_add(k, ap_kir_muli(k, st, copies), copy);
 
@@ -1198,6 +1261,13 @@ static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 				ap_kir_binary(k, AP_KIR_AND, e, I(c, -2)), 2, pred);
 		ap_kir_store(k, v->cur, role ? c->qb : c->qa, slot,
 			     ap_kir_cast(k, AP_DT_U8, ap_kir_binary(k, AP_KIR_AND, e, I(c, 1))));
+	} else if ((role ? c->b_mode : c->a_mode) == STAGE_CONVERT) {
+		/* copy i's w elements at i * w of the stage: the tile's elements
+		 * in the operand's order, as extract_tile reads them back */
+		ap_kir_expr *slot = ap_kir_add(k, ap_kir_muli(k, st, copies), copy);
+
+		ap_kir_cp_async(k, v->cur, role ? c->pb : c->pa, ap_kir_muli(k, slot, w), ap_v_buffer(v, op->leaf),
+				src, w, pred);
 	} else {
 		ap_kir_cp_async(k, v->cur, role ? c->sb : c->sa, smem_index(c, role, st, o, kk),
 				ap_v_buffer(v, op->leaf), src, w, pred);
@@ -1205,36 +1275,40 @@ static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 	ap_v_close(v, saved);
 }
 
-/* A pair-staged operand's stage `st` into its tile: each element from its
- * pair, at the place its parity byte gives (after the stage's copies are
- * complete and a barrier; a barrier before the tile is read). */
-static void extract_pairs(gctx *c, int role, ap_kir_expr *st)
+/* A pair- or convert-staged operand's stage `st` into its tile (after the
+ * stage's copies are complete and a barrier; a barrier before the tile is
+ * read): each element from its pair, at the place its parity byte gives,
+ * or its float32 element converted (rounded to nearest even). */
+static void extract_staged(gctx *c, int role, ap_kir_expr *st)
 {
 	ap_kir_kernel *k = c->k;
 	ap_kir_block *saved;
+	ap_kir_array *stg = role ? c->pb : c->pa;
 	ap_kir_var *i;
-	ap_kir_expr *o, *kk, *slot;
+	ap_kir_expr *o, *kk, *slot, *val;
 	int64_t copies;
 
 	i = copy_loop(c, role, 1, &o, &kk, &copies, &saved);
 	slot = ap_kir_bind(k, c->v->cur, k->index_type, "q", ap_kir_add(k, ap_kir_muli(k, st, copies), ap_kir_ref(k, i)));
-	ap_kir_store(k, c->v->cur, role ? c->sb : c->sa, smem_index(c, role, st, o, kk),
-		     ap_kir_load(k, role ? c->pb : c->pa,
-				 ap_kir_add(k, ap_kir_muli(k, slot, 2),
-					    ap_kir_cast(k, k->index_type, ap_kir_load(k, role ? c->qb : c->qa, slot)))));
+	if ((role ? c->b_mode : c->a_mode) == STAGE_PAIRS)
+		val = ap_kir_load(k, stg, ap_kir_add(k, ap_kir_muli(k, slot, 2),
+						     ap_kir_cast(k, k->index_type,
+								 ap_kir_load(k, role ? c->qb : c->qa, slot))));
+	else
+		val = ap_kir_cast(k, c->p->in_t, ap_kir_load(k, stg, slot));
+	ap_kir_store(k, c->v->cur, role ? c->sb : c->sa, smem_index(c, role, st, o, kk), val);
 	ap_v_close(c->v, saved);
 }
 
-/* Every pair-staged operand's stage st into its tile, and the barrier
- * before the tiles are read. */
+/* Every pair- or convert-staged operand's stage st into its tile, and the
+ * barrier before the tiles are read. */
 static void extract_tile(gctx *c, ap_kir_expr *st)
 {
-	if (!c->a_pair && !c->b_pair)
+	if (c->a_mode == STAGE_TILE && c->b_mode == STAGE_TILE)
 		return;
-	if (c->a_pair)
-		extract_pairs(c, 0, st);
-	if (c->b_pair)
-		extract_pairs(c, 1, st);
+	for (int role = 0; role < 2; role++)
+		if ((role ? c->b_mode : c->a_mode) != STAGE_TILE)
+			extract_staged(c, role, st);
 	ap_kir_barrier(c->k, c->v->cur);
 }
 
@@ -1297,11 +1371,12 @@ static void issue_regs(gctx *c, int role, ap_kir_expr *kt)
 		if (pred)
 			ap_v_if(v, pred, &saved, NULL);
 		if ((role ? &c->p->b : &c->p->a)->plain) {
-			/* a buffer read through views: its element directly */
-			int leaf = role ? c->p->b.leaf : c->p->a.leaf;
+			/* a buffer read through views: its element directly (a
+			 * Cast of one: converted) */
+			const gemm_opnd *op = role ? &c->p->b : &c->p->a;
+			ap_kir_expr *e = ap_kir_load(k, ap_v_buffer(v, op->leaf), plain_offset(c, role, og, kg));
 
-			ap_kir_assign(k, v->cur, regs[r],
-				      ap_kir_load(k, ap_v_buffer(v, leaf), plain_offset(c, role, og, kg)));
+			ap_kir_assign(k, v->cur, regs[r], op->cast ? ap_kir_cast(k, T, e) : e);
 		} else if (c->p->conv) {
 			ap_kir_assign(k, v->cur, regs[r], conv_element(c, role, og, kg));
 		} else {
@@ -1684,8 +1759,8 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	tile_layouts(&p, &c.a_rowk, &c.b_rowk);
 	/* cp.async where the operand is read as it is (copy_mode; the host
 	 * copies: the same statement, printed as a copy) */
-	c.a_w = copy_mode(&p, 0, &c.c, t, &c.a_pair);
-	c.b_w = copy_mode(&p, 1, &c.c, t, &c.b_pair);
+	c.a_w = copy_mode(&p, 0, &c.c, t, &c.a_mode);
+	c.b_w = copy_mode(&p, 1, &c.c, t, &c.b_mode);
 	c.a_async = c.a_w > 0;
 	c.b_async = c.b_w > 0;
 	/* how each operand reaches shared memory, for readers of the source
@@ -1693,9 +1768,14 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	for (int role = 0; role < 2; role++) {
 		int w = role ? c.b_w : c.a_w;
 
-		if (role ? c.b_pair : c.a_pair)
+		stage_mode mode = role ? c.b_mode : c.a_mode;
+
+		if (mode == STAGE_PAIRS)
 			ap_kir_comment(k, v.cur, "operand %c: cp.async of the 4-byte pair holding each "
 				       "gathered element, extracted into the tile", role ? 'B' : 'A');
+		else if (mode == STAGE_CONVERT)
+			ap_kir_comment(k, v.cur, "operand %c: cp.async of its float32 elements, %d bytes a copy, "
+				       "converted into the tile", role ? 'B' : 'A', w * 4);
 		else if (w > 0)
 			ap_kir_comment(k, v.cur, "operand %c: cp.async, %d bytes a copy", role ? 'B' : 'A',
 				       w * (int)ap_dtype_size(p.in_t));
@@ -1715,15 +1795,19 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 			smem <= t->shared_per_block ? ap_kir_shared : ap_kir_shared_dyn;
 		int64_t pairs_a = (int64_t)S * c.c.bm * c.c.bk, pairs_b = (int64_t)S * c.c.bn * c.c.bk;
 
-		c.sa = shared(k, "sa", p.in_t, c.a_stage * (c.a_pair ? 1 : S));
-		c.sb = shared(k, "sb", p.in_t, c.b_stage * (c.b_pair ? 1 : S));
-		if (c.a_pair) {
+		c.sa = shared(k, "sa", p.in_t, c.a_stage * (c.a_mode != STAGE_TILE ? 1 : S));
+		c.sb = shared(k, "sb", p.in_t, c.b_stage * (c.b_mode != STAGE_TILE ? 1 : S));
+		if (c.a_mode == STAGE_PAIRS) {
 			c.pa = shared(k, "pa", p.in_t, 2 * pairs_a);
 			c.qa = shared(k, "qa", AP_DT_U8, pairs_a);
+		} else if (c.a_mode == STAGE_CONVERT) {
+			c.pa = shared(k, "ca", AP_DT_F32, pairs_a);
 		}
-		if (c.b_pair) {
+		if (c.b_mode == STAGE_PAIRS) {
 			c.pb = shared(k, "pb", p.in_t, 2 * pairs_b);
 			c.qb = shared(k, "qb", AP_DT_U8, pairs_b);
+		} else if (c.b_mode == STAGE_CONVERT) {
+			c.pb = shared(k, "cb", AP_DT_F32, pairs_b);
 		}
 		if (c.c.splitk > 1)
 			c.red = shared(k, "red", p.acc_t, (int64_t)c.c.bm * c.c.bn);
@@ -1777,8 +1861,10 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		ty = ap_kir_bind(k, v.cur, k->index_type, "ty",
 				 ap_kir_binary(k, AP_KIR_DIV, c.tid, I(&c, c.c.bn / c.c.tn)));
 	}
-	if (ap_kir_failed(k) || !c.sa || !c.sb || !fa || !fb || !c.acc || (c.a_pair && (!c.pa || !c.qa)) ||
-	    (c.b_pair && (!c.pb || !c.qb)) || (c.c.splitk > 1 && !c.red)) {
+	if (ap_kir_failed(k) || !c.sa || !c.sb || !fa || !fb || !c.acc ||
+	    (c.a_mode != STAGE_TILE && !c.pa) || (c.a_mode == STAGE_PAIRS && !c.qa) ||
+	    (c.b_mode != STAGE_TILE && !c.pb) || (c.b_mode == STAGE_PAIRS && !c.qb) ||
+	    (c.c.splitk > 1 && !c.red)) {
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");
 		goto done;
 	}

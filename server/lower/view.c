@@ -94,15 +94,24 @@ bool ap_sview_stride(const ap_sview *v, int d, int64_t *s)
 	return n <= 1;
 }
 
-/* Tensor t as a strided view of a buffer, when it is one (emitters.h):
- * views, transposes, slices and splits back to a leaf of the micro-graph. */
-bool ap_sview_of(const ap_graph *g, int t, ap_sview *out, int *leaf)
+/* Tensor t as a strided view of a buffer, when it is one: views,
+ * transposes, slices and splits back to a leaf of the micro-graph; with
+ * `cast` non-NULL, also through at most one Cast (element for element,
+ * so it commutes with the views), whose node goes to *cast (-1: none). */
+static bool sview_walk(const ap_graph *g, int t, ap_sview *out, int *leaf, int *cast)
 {
 	int chain[32], n = 0, x = t;
 
+	if (cast)
+		*cast = -1;
 	while (g->tensors[x].producer >= 0) {
 		const ap_node *p = &g->nodes[g->tensors[x].producer];
 
+		if (p->op == AP_OP_CAST && cast && *cast < 0 && p->inputs[0] >= 0) {
+			*cast = g->tensors[x].producer;
+			x = p->inputs[0];
+			continue;
+		}
 		if ((!ap_op_is_view(p->op) && p->op != AP_OP_TRANSPOSE && p->op != AP_OP_SLICE &&
 		     p->op != AP_OP_SPLIT) || n == 32 || p->inputs[0] < 0)
 			return false;
@@ -178,6 +187,20 @@ bool ap_sview_of(const ap_graph *g, int t, ap_sview *out, int *leaf)
 		}
 	}
 	return true;
+}
+
+/* (emitters.h) */
+bool ap_sview_of(const ap_graph *g, int t, ap_sview *out, int *leaf)
+{
+	return sview_walk(g, t, out, leaf, NULL);
+}
+
+/* (emitters.h) */
+bool ap_sview_of_cast(const ap_graph *g, int t, ap_sview *out, int *leaf)
+{
+	int cast;
+
+	return sview_walk(g, t, out, leaf, &cast) && cast >= 0;
 }
 
 /* Offset in the leaf buffer of element ix of a view: per dim, its factors'
