@@ -274,7 +274,12 @@ START_TEST(ptxas_parse)
 		"ptxas info    : Compiling entry function 'kb' for 'sm_90'\n"
 		"ptxas info    : Function properties for kb\n"
 		"    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
-		"ptxas info    : Used 255 registers, used 0 barriers, 384 bytes cmem[0]\n";
+		"ptxas info    : Used 255 registers, used 0 barriers, 384 bytes cmem[0]\n"
+		/* a name holding the words the numbers are found by */
+		"ptxas info    : Compiling entry function 'k_registers_smem' for 'sm_90'\n"
+		"ptxas info    : Function properties for k_registers_smem\n"
+		"    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+		"ptxas info    : Used 64 registers, used 1 barriers, 8448 bytes smem, 384 bytes cmem[0]\n";
 	ap_ptxas_stats s;
 
 	ck_assert(ap_ptxas_parse(log, "ka", &s));
@@ -286,6 +291,9 @@ START_TEST(ptxas_parse)
 	ck_assert_int_eq(s.registers, 255);
 	ck_assert_int_eq(s.spill_store_bytes, 0);
 	ck_assert_int_eq(s.shared_bytes, 0);
+	ck_assert(ap_ptxas_parse(log, "k_registers_smem", &s));
+	ck_assert_int_eq(s.registers, 64);
+	ck_assert_int_eq(s.shared_bytes, 8448);
 	ck_assert(!ap_ptxas_parse(log, "kc", &s));
 }
 END_TEST

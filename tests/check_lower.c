@@ -848,8 +848,9 @@ static double tf32_or_not(double v)
 
 /* y = relu(x) @ W + b + r, x [2, 20, 36], W [36, 24], b [24], r [2, 20, 24];
  * outputs y and transpose(y, [0, 2, 1]).  W has no batch dims: the two
- * batches fold into 40 rows; relu is a prologue (register-staged loads),
- * W a plain buffer (copied), the output written both ways. */
+ * batches fold into 40 rows; relu is a prologue of one buffer (x copied
+ * by cp.async, relu applied into the tile: compute-staged), W a plain
+ * buffer (copied), the output written both ways. */
 static void ref_gemm_fold(const ap_mgraph *m, const buffers *in, double **want)
 {
 	const float *x = in->data[m->g->inputs[0]], *w = in->data[m->g->inputs[1]];
@@ -984,16 +985,195 @@ static void run_convert_case(const convert_case *c)
 	run_case_with(&lc, g, m, ref_gemm_convert, &o, c->target != NULL);
 }
 
+/* Prologues of unary ops computed from the staged elements: y =
+ * (x * 0.5 + 1) @ (w + 1)^T in float16, x [2, 9, 20] and w [24, 20] (ops
+ * with baked constants: both operands compute-staged, 8-byte copies; K =
+ * 20, so K tiles pass the end, where the copies give 0 and both prologues
+ * 1: the tile elements must be 0 there).  Every configuration on sm_90;
+ * tolerance 4e-3. */
+static int scalar_dt(ap_graph *g, const char *name, float v);
+
+static void ref_gemm_staged_prologue(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *x = in->data[m->g->inputs[0]], *w = in->data[m->g->inputs[1]];
+
+	for (int i = 0; i < 18; i++)
+		for (int j = 0; j < 24; j++) {
+			double acc = 0;
+
+			for (int k = 0; k < 20; k++)
+				acc += half_round(AP_DT_F16, half_round(AP_DT_F16, x[i * 20 + k] * 0.5f) + 1.0f) *
+				       half_round(AP_DT_F16, w[j * 20 + k] + 1.0f);
+			want[0][i * 24 + j] = acc;
+		}
+}
+
+static void run_staged_prologue(const char *name, const char *target)
+{
+	ap_graph *g = ap_graph_new("gemm_prologue");
+	int x, w, half, one, xs, xa, wa, wt, y, n;
+	lcase lc = {name, "gemm", {"computed into the tile", "cp.async"}, {"cp.async.ca.shared.global"}};
+	case_opts o = {target, false, 4e-3};
+
+	g_dt = AP_DT_F16;
+	x = tensor(g, "x", DIMS(2, 9, 20), AP_TENSOR_INPUT);
+	w = tensor(g, "w", DIMS(24, 20), AP_TENSOR_INPUT);
+	half = scalar_dt(g, "half", 0.5f);
+	one = scalar_dt(g, "one", 1.0f);
+	xs = tensor(g, "xs", DIMS(2, 9, 20), AP_TENSOR_VALUE);
+	xa = tensor(g, "xa", DIMS(2, 9, 20), AP_TENSOR_VALUE);
+	wa = tensor(g, "wa", DIMS(24, 20), AP_TENSOR_VALUE);
+	wt = tensor(g, "wt", DIMS(20, 24), AP_TENSOR_VALUE);
+	y = tensor(g, "y", DIMS(2, 9, 24), AP_TENSOR_VALUE);
+	g_dt = AP_DT_F32;
+	node(g, "scale", AP_OP_MUL, LIST(x, half), LIST(xs));
+	node(g, "shift", AP_OP_ADD, LIST(xs, one), LIST(xa));
+	node(g, "wshift", AP_OP_ADD, LIST(w, one), LIST(wa));
+	n = node(g, "wt", AP_OP_TRANSPOSE, LIST(wa), LIST(wt));
+	ap_node_set_ints(g, n, "perm", (const int64_t[]){1, 0}, 2);
+	node(g, "mm", AP_OP_MATMUL, LIST(xa, wt), LIST(y));
+	output(g, y);
+	run_case_with(&lc, g, whole(g, AP_GROUP_MATMUL), ref_gemm_staged_prologue, &o, target != NULL);
+}
+
+/* A prologue of two tensors stays register-staged: y = (x + c) @ w, x
+ * [12, 20], c [20] broadcast along the rows, w [20, 24] (operand A through
+ * registers, the value builder reading x and c; B copied); every
+ * configuration on the host in float32 and on sm_90 in float16. */
+static ap_dtype g_rp_dt;
+
+static void ref_gemm_register_prologue(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *x = in->data[m->g->inputs[0]], *cv = in->data[m->g->inputs[1]];
+	const float *w = in->data[m->g->inputs[2]];
+
+	for (int i = 0; i < 12; i++)
+		for (int j = 0; j < 24; j++) {
+			double acc = 0;
+
+			for (int k = 0; k < 20; k++)
+				acc += half_round(g_rp_dt, x[i * 20 + k] + cv[k]) * w[k * 24 + j];
+			want[0][i * 24 + j] = acc;
+		}
+}
+
+static void run_register_prologue(const char *name, const char *target, ap_dtype dt)
+{
+	ap_graph *g = ap_graph_new("gemm_regs");
+	int x, cv, w, xa, y;
+	lcase lc = {name, "gemm", {"through registers (computed on the way)"},
+		    {dt == AP_DT_F16 ? "mma.sync.aligned.m16n8k16" : "ld.shared.f32"}};
+	case_opts o = {target, false, dt == AP_DT_F16 ? 4e-3 : 1e-4};
+
+	g_dt = dt;
+	x = tensor(g, "x", DIMS(12, 20), AP_TENSOR_INPUT);
+	cv = tensor(g, "c", DIMS(20), AP_TENSOR_INPUT);
+	w = tensor(g, "w", DIMS(20, 24), AP_TENSOR_INPUT);
+	xa = tensor(g, "xa", DIMS(12, 20), AP_TENSOR_VALUE);
+	y = tensor(g, "y", DIMS(12, 24), AP_TENSOR_VALUE);
+	g_dt = AP_DT_F32;
+	node(g, "shift", AP_OP_ADD, LIST(x, cv), LIST(xa));
+	node(g, "mm", AP_OP_MATMUL, LIST(xa, w), LIST(y));
+	output(g, y);
+	g_rp_dt = dt;
+	run_case_with(&lc, g, whole(g, AP_GROUP_MATMUL), ref_gemm_register_prologue, &o, target != NULL);
+}
+
 START_TEST(gemm_convert_staged)
 {
 	static const convert_case cases[] = {
 		{"gemm_convert_f16", "sm_90", AP_DT_F16, 12, 36},
 		{"gemm_convert_bf16_odd", "sm_90", AP_DT_BF16, 8, 23},
-		{"gemm_convert_host_bf16", NULL, AP_DT_BF16, 8, 36},
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		run_convert_case(&cases[i]);
+	run_staged_prologue("gemm_prologue_staged_f16", "sm_90");
+	run_register_prologue("gemm_prologue_registers", NULL, AP_DT_F32);
+	run_register_prologue("gemm_prologue_registers_f16", "sm_90", AP_DT_F16);
+}
+END_TEST
+
+/* A product whose output is concatenated (SqueezeNet's fire modules:
+ * expand1x1 -> ReLU -> Concat with the expand3x3 branch): out =
+ * Concat(s, relu(x @ w), t) along the rows, x [2, 8, 12], w [12, 24], s
+ * and t [2, 8, 24] (epilogue.c, AP_EMAP_CONCAT).  The GEMM emitter writes
+ * the whole output, s and t element by element beside Y's element; every
+ * configuration on the host.  A Concat whose other input has another
+ * shape, or a Concat read by another op, stays with the movement emitter. */
+static void ref_gemm_concat(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *x = in->data[m->g->inputs[0]], *w = in->data[m->g->inputs[1]];
+	const float *sv = in->data[m->g->inputs[2]], *tv = in->data[m->g->inputs[3]];
+
+	for (int b = 0; b < 2; b++)
+		for (int i = 0; i < 8; i++)
+			for (int j = 0; j < 24; j++) {
+				double acc = 0;
+
+				for (int k = 0; k < 12; k++)
+					acc += (double)x[(b * 8 + i) * 12 + k] * w[k * 24 + j];
+				want[0][(b * 24 + i) * 24 + j] = sv[(b * 8 + i) * 24 + j];
+				want[0][(b * 24 + 8 + i) * 24 + j] = fmax(acc, 0.0);
+				want[0][(b * 24 + 16 + i) * 24 + j] = tv[(b * 8 + i) * 24 + j];
+			}
+}
+
+/* The graph of gemm_concat: t of dims td, the Concat along `axis`, and
+ * with `after` a Neg of the concatenation as the output. */
+static ap_graph *gemm_concat_graph(const int64_t *td, int axis, bool after)
+{
+	ap_graph *g = ap_graph_new("gemm_concat");
+	int x = tensor(g, "x", DIMS(2, 8, 12), AP_TENSOR_INPUT), w = tensor(g, "w", DIMS(12, 24), AP_TENSOR_INPUT);
+	int sv = tensor(g, "s", DIMS(2, 8, 24), AP_TENSOR_INPUT), tv = tensor(g, "t", td, 3, AP_TENSOR_INPUT);
+	int64_t od[3] = {2, 8, 24};
+	int mm, yr, out, n;
+
+	od[axis] = 2 * od[axis] + td[axis];
+	mm = tensor(g, "mm", DIMS(2, 8, 24), AP_TENSOR_VALUE);
+	yr = tensor(g, "yr", DIMS(2, 8, 24), AP_TENSOR_VALUE);
+	out = tensor(g, "out", od, 3, AP_TENSOR_VALUE);
+	node(g, "mm", AP_OP_MATMUL, LIST(x, w), LIST(mm));
+	node(g, "relu", AP_OP_RELU, LIST(mm), LIST(yr));
+	n = node(g, "cat", AP_OP_CONCAT, LIST(sv, yr, tv), LIST(out));
+	ap_node_set_int(g, n, "axis", axis);
+	if (after) {
+		int neg = tensor(g, "neg", od, 3, AP_TENSOR_VALUE);
+
+		node(g, "neg", AP_OP_NEG, LIST(out), LIST(neg));
+		out = neg;
+	}
+	output(g, out);
+	return g;
+}
+
+START_TEST(gemm_concat_epilogue)
+{
+	ap_graph *g = gemm_concat_graph((const int64_t[]){2, 8, 24}, 1, false);
+	lcase lc = {"gemm_concat", "gemm", {"__syncthreads"}, {"ld.shared.f32"}};
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL);
+
+	run_case(&lc, m, ref_gemm_concat);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+	/* not of the product's shape; read after the Concat */
+	for (int i = 0; i < 2; i++) {
+		ap_target_info ti;
+		const ap_emitter *em;
+		ap_error err;
+
+		g = i ? gemm_concat_graph((const int64_t[]){2, 8, 24}, 1, true)
+		      : gemm_concat_graph((const int64_t[]){2, 8, 5}, 2, false);
+		m = whole(g, AP_GROUP_MATMUL);
+		ck_assert_int_eq(ap_cost_target("cpu", &ti), 0);
+		ck_assert_int_eq(ap_emitter_for(m, &ti, &em, &err), 0);
+		/* the movement emitter builds a micro-graph whose output is a
+		 * Concat; the pointwise emitter the rest */
+		ck_assert_msg(strcmp(em->name, i ? "pointwise" : "movement") == 0, "case %d: matched by %s", i,
+			      em->name);
+		ap_mgraph_free(m);
+		ap_graph_free(g);
+	}
 }
 END_TEST
 
@@ -1704,7 +1884,7 @@ END_TEST
 START_TEST(registry_covered)
 {
 	static const char *const covered[] = {"stitched", "row_reduce", "column_reduce", "transpose",
-					      "movement", "attention", "gemm", "depthwise", "pointwise"};
+					      "attention", "gemm", "depthwise", "movement", "pointwise"};
 	int n;
 	const ap_emitter *const *r = ap_emitters(&n);
 
@@ -1749,6 +1929,11 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, attention_online_softmax);
 	tcase_add_test(tc, attention_tensor_cores);
 	tcase_add_test(tc, attention_tensor_cores_tf32);
+	suite_add_tcase(s, tc);
+	/* a product's output concatenated (run alone: CK_RUN_CASE=concat) */
+	tc = tcase_create("concat");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, gemm_concat_epilogue);
 	suite_add_tcase(s, tc);
 	/* float32 operands staged by cp.async and converted (run alone:
 	 * CK_RUN_CASE=convert) */

@@ -511,17 +511,19 @@ done:
 /* The number just before `what` in [from, to), or -1. */
 static int number_before(const char *from, const char *to, const char *what)
 {
-	const char *p = strstr(from, what);
-	const char *q;
+	/* the first occurrence with a number before it (the kernel's name,
+	 * quoted in the same lines, may hold the word too) */
+	for (const char *p = strstr(from, what); p && p < to; p = strstr(p + 1, what)) {
+		const char *q = p;
 
-	if (!p || p >= to)
-		return -1;
-	q = p;
-	while (q > from && q[-1] == ' ')
-		q--;
-	while (q > from && q[-1] >= '0' && q[-1] <= '9')
-		q--;
-	return q < p && *q >= '0' && *q <= '9' ? atoi(q) : -1;
+		while (q > from && q[-1] == ' ')
+			q--;
+		while (q > from && q[-1] >= '0' && q[-1] <= '9')
+			q--;
+		if (q < p && *q >= '0' && *q <= '9')
+			return atoi(q);
+	}
+	return -1;
 }
 
 int ap_nvrtc_ptxas_stats(const char *src, const char *name, const char *arch, ap_ptxas_stats *out,

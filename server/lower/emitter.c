@@ -14,10 +14,12 @@ static const ap_emitter *const registry[] = {
 	&ap_emitter_row_reduce,
 	&ap_emitter_column_reduce,
 	&ap_emitter_transpose,
-	&ap_emitter_movement,
+	/* the product emitters before the movement emitter: a product whose
+	 * output is concatenated keeps its tiled kernel (epilogue.c) */
 	&ap_emitter_attention,
 	&ap_emitter_gemm,
 	&ap_emitter_depthwise,
+	&ap_emitter_movement,
 	&ap_emitter_pointwise,
 };
 

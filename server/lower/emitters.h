@@ -45,15 +45,17 @@ double ap__lower_node_flops(const ap_graph *g, const ap_node *n, double evals);
 
 #define AP_EMAP_STEPS 12
 
-/* One view, transpose or split part on the way from a product Y to an
- * output. */
+/* One view, transpose, split part or concatenation on the way from a
+ * product Y to an output. */
 typedef struct ap_emap_step {
-	unsigned char perm;             /* AP_EMAP_VIEW, AP_EMAP_TRANSPOSE, AP_EMAP_PART */
+	unsigned char perm;             /* AP_EMAP_VIEW, AP_EMAP_TRANSPOSE, AP_EMAP_PART,
+					   AP_EMAP_CONCAT */
 	int rank;
 	int64_t dims[AP_MAX_RANK];      /* the resulting tensor's */
 	int p[AP_MAX_RANK];             /* transpose: output dim d = input dim p[d] */
-	int axis;                       /* part: the split axis */
+	int axis;                       /* part, concat: the split / concatenation axis */
 	int64_t start;                  /* part: where the part starts along it */
+	int node;                       /* concat: the Concat node (of the micro-graph) */
 } ap_emap_step;
 
 #define AP_EMAP_VIEW 0              /* a relinearisation (Reshape, ...) */
@@ -61,6 +63,12 @@ typedef struct ap_emap_step {
 #define AP_EMAP_PART 2              /* one output of a Split: the elements of [start,
 				       start + dims[axis]) along axis, shifted to 0 (the
 				       others go to the other parts) */
+#define AP_EMAP_CONCAT 3            /* a Concat of the derived tensor and inputs of its
+				       shape that do not depend on Y (the other branch of
+				       a SqueezeNet fire module): Y's element stores each
+				       input's element at that index to its place in the
+				       output; the last step, the output read by nothing
+				       of the micro-graph */
 
 /* How a tensor computed from Y is indexed by Y's element. */
 typedef struct ap_emap {
@@ -74,8 +82,9 @@ typedef struct ap_emap {
 /* Fills maps[] (one per tensor of g, zeroed by the caller) for the tensors
  * computed from tensor y of g.  False with *why when a tensor depends on y
  * otherwise than element for element (a broadcast of it, an op that is not
- * elementwise, a view, a transpose or a Split, two different elements of
- * y in one node), or, with all_outputs, when an output of g is neither
+ * elementwise, a view, a transpose, a Split or a Concat of the form
+ * AP_EMAP_CONCAT describes, two different elements of y in one node), or,
+ * with all_outputs, when an output of g is neither
  * computed from y so nor of y's shape and independent of y (such an
  * output is stored beside Y's element, at the same index). */
 int ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs, char *why,
@@ -126,12 +135,14 @@ typedef struct ap_sview {
  * (of t's rank), *leaf the buffer's tensor.  False when t is computed, or
  * its chain is no strided view (or longer than 32 ops). */
 bool ap_sview_of(const ap_graph *g, int t, ap_sview *out, int *leaf);
-/* Tensor t of g as one Cast of a strided view of a buffer, in any order
- * with the views (Cast(view(x)) or view(Cast(x)): a Cast is element for
- * element, so it commutes with them); as ap_sview_of, and *leaf is the
- * buffer of the Cast's source type.  False when t is not of that form,
- * or when there is no Cast in its chain (ap_sview_of's case). */
-bool ap_sview_of_cast(const ap_graph *g, int t, ap_sview *out, int *leaf);
+/* Tensor t of g as unary elementwise ops of a strided view of a buffer,
+ * in any order with the views (Cast(view(x)), view(x) / 8: an elementwise
+ * op whose other inputs are constants baked into the kernel is element for
+ * element, so it commutes with the views): as ap_sview_of, *leaf the
+ * buffer (of its own type), *casts_only whether every such op is a Cast.
+ * False when t is not of that form, or has no such op (ap_sview_of's
+ * case). */
+bool ap_sview_of_unary(const ap_graph *g, int t, ap_sview *out, int *leaf, bool *casts_only);
 /* Regroups v as `rank` x `dims` (a reshape): adjacent contiguous factors
  * merge, then each new dim takes factors from the outside, splitting one
  * whose extent the remainder divides.  False (v unchanged) when it cannot:

@@ -14,7 +14,13 @@
  * leaf hook, which may ignore the index: every read of Y is at the current
  * element) and stores each output at the index its chain maps Y's element
  * to.  A Split of a derived tensor sends each element of Y to one of its
- * outputs (a guarded store, AP_EMAP_PART).  An output of Y's shape that
+ * outputs (a guarded store, AP_EMAP_PART).  A Concat of a derived tensor
+ * with tensors of its shape that do not depend on Y (SqueezeNet's fire
+ * modules: the expand1x1 convolution concatenated with the expand3x3
+ * branch) is written whole by the product's kernel: Y's element stores
+ * the derived element and each other input's element at the same index to
+ * their places in the output (AP_EMAP_CONCAT), so a product whose output
+ * is concatenated keeps its tiled kernel.  An output of Y's shape that
  * does not depend on Y at all (a sibling the partitioner grouped with the
  * product over the same iteration space) is stored at Y's index, its value
  * built from its own inputs.
@@ -34,12 +40,51 @@ static bool emap_equal(const ap_emap *a, const ap_emap *b)
 
 		if (x->perm != y->perm || !ap_dims_equal(x->rank, x->dims, y->rank, y->dims))
 			return false;
-		if (x->perm == AP_EMAP_PART && (x->axis != y->axis || x->start != y->start))
+		if ((x->perm == AP_EMAP_PART || x->perm == AP_EMAP_CONCAT) &&
+		    (x->axis != y->axis || x->start != y->start || x->node != y->node))
 			return false;
 		for (int d = 0; x->perm == AP_EMAP_TRANSPOSE && d < x->rank; d++)
 			if (x->p[d] != y->p[d])
 				return false;
 	}
+	return true;
+}
+
+/* Whether Concat node n of g can end a product's epilogue: one input
+ * derived from Y (maps), the others of its shape and independent of Y
+ * (dep), a valid axis; its place (the start along the axis) to *start. */
+static bool concat_of_derived(const ap_graph *g, const ap_node *n, const ap_emap *maps, const bool *dep,
+			      int *axis, int64_t *start, char *why, size_t cap)
+{
+	const ap_tensor *ot = &g->tensors[n->outputs[0]];
+	int64_t a = ap_node_int(n, "axis", 0), off = 0;
+	int derived = -1;
+
+	if (a < 0)
+		a += ot->rank;
+	if (a < 0 || a >= ot->rank) {
+		snprintf(why, cap, "Concat axis %lld after the product", (long long)a);
+		return false;
+	}
+	for (int j = 0; j < n->n_inputs; j++)
+		if (n->inputs[j] >= 0 && maps[n->inputs[j]].derived)
+			derived = n->inputs[j];
+	for (int j = 0; j < n->n_inputs; j++) {
+		int x = n->inputs[j];
+
+		if (x < 0)
+			continue;
+		if (x == derived) {
+			*start = off;
+		} else if (dep[x] || !ap_dims_equal(g->tensors[x].rank, g->tensors[x].dims, g->tensors[derived].rank,
+						    g->tensors[derived].dims)) {
+			snprintf(why, cap, "Concat after the product of %s, %s", g->tensors[x].name,
+				 dep[x] ? "which depends on the product" : "not of the product's shape");
+			return false;
+		}
+		off += g->tensors[x].dims[a];
+	}
+	*axis = (int)a;
 	return true;
 }
 
@@ -56,7 +101,11 @@ static bool add_step(const ap_graph *g, const ap_node *n, int o, ap_emap *maps, 
 	}
 	st = &maps[o].s[maps[o].n++];
 	memset(st, 0, sizeof(*st));
-	st->perm = n->op == AP_OP_TRANSPOSE ? AP_EMAP_TRANSPOSE : n->op == AP_OP_SPLIT ? AP_EMAP_PART : AP_EMAP_VIEW;
+	st->perm = n->op == AP_OP_TRANSPOSE ? AP_EMAP_TRANSPOSE
+		   : n->op == AP_OP_SPLIT   ? AP_EMAP_PART
+		   : n->op == AP_OP_CONCAT  ? AP_EMAP_CONCAT
+					    : AP_EMAP_VIEW;
+	st->node = (int)(n - g->nodes);
 	st->rank = ot->rank;
 	memcpy(st->dims, ot->dims, sizeof(st->dims));
 	for (int d = 0; st->perm == AP_EMAP_TRANSPOSE && d < ot->rank; d++)
@@ -94,6 +143,9 @@ int ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs,
 		const ap_node *n = &g->nodes[i];
 		ap_op_category cat = ap_op_category_of(n->op);
 		const ap_emap *src = NULL;
+		bool concat = n->op == AP_OP_CONCAT;
+		int axis = 0;
+		int64_t start = 0;
 
 		for (int j = 0; j < n->n_inputs; j++)
 			if (n->inputs[j] >= 0 && dep[n->inputs[j]])
@@ -107,9 +159,13 @@ int ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs,
 
 			if (x < 0 || !maps[x].derived)
 				continue;
+			if (maps[x].n > 0 && maps[x].s[maps[x].n - 1].perm == AP_EMAP_CONCAT) {
+				snprintf(why, cap, "%s reads a concatenation of the product", ap_op_name(n->op));
+				goto no;
+			}
 			if (!ap_dims_equal(g->tensors[x].rank, g->tensors[x].dims, g->tensors[n->outputs[0]].rank,
 					   g->tensors[n->outputs[0]].dims) && !ap_op_is_view(n->op) &&
-			    n->op != AP_OP_TRANSPOSE && n->op != AP_OP_SPLIT) {
+			    n->op != AP_OP_TRANSPOSE && n->op != AP_OP_SPLIT && !concat) {
 				snprintf(why, cap, "%s broadcasts the product", ap_op_name(n->op));
 				goto no;
 			}
@@ -126,10 +182,12 @@ int ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs,
 			goto no;
 		}
 		if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST && !ap_op_is_view(n->op) &&
-		    n->op != AP_OP_TRANSPOSE && n->op != AP_OP_SPLIT) {
+		    n->op != AP_OP_TRANSPOSE && n->op != AP_OP_SPLIT && !concat) {
 			snprintf(why, cap, "%s after the product", ap_op_name(n->op));
 			goto no;
 		}
+		if (concat && !concat_of_derived(g, n, maps, dep, &axis, &start, why, cap))
+			goto no;
 		for (int k = 0; k < n->n_outputs; k++) {
 			int o = n->outputs[k];
 
@@ -138,6 +196,10 @@ int ap__epilogue_maps(const ap_graph *g, int y, ap_emap *maps, bool all_outputs,
 			maps[o] = *src;
 			if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST && !add_step(g, n, o, maps, why, cap))
 				goto no;
+			if (concat) {
+				maps[o].s[maps[o].n - 1].axis = axis;
+				maps[o].s[maps[o].n - 1].start = start;
+			}
 		}
 	}
 	for (int i = 0; i < g->n_outputs; i++) {
@@ -175,12 +237,18 @@ void ap__epilogue_store(ap_vctx *v, const ap_emap *maps, ap_lidx y_ix)
 		ap_lidx ix = y_ix, val_ix;
 		ap_kir_expr *in_part = NULL;    /* past a Split: whether Y's element is this part's */
 		ap_kir_block *saved = NULL;
+		const ap_emap_step *cat = NULL; /* a Concat: the last step, stored below */
 
 		if (!mp->derived)
 			continue;
 		for (int s = 0; s < mp->n; s++) {
 			const ap_emap_step *st = &mp->s[s];
 			ap_lidx nx;
+
+			if (st->perm == AP_EMAP_CONCAT) {
+				cat = st;
+				break;
+			}
 
 			memset(&nx, 0, sizeof(nx));
 			nx.rank = st->rank;
@@ -204,8 +272,32 @@ void ap__epilogue_store(ap_vctx *v, const ap_emap *maps, ap_lidx y_ix)
 		}
 		if (in_part)
 			ap_v_if(v, in_part, &saved, NULL);
-		val_ix = ix;
-		ap_kir_store(v->k, v->cur, ap_v_buffer(v, o), ap_lidx_linear(v, &ix), ap_val(v, o, &val_ix));
+		if (cat) {
+			/* each input's element at ix (the derived one is Y's), at its
+			 * place along the axis */
+			const ap_node *n = &g->nodes[cat->node];
+			int64_t off = 0;
+
+			for (int j = 0; j < n->n_inputs; j++) {
+				int x = n->inputs[j];
+				ap_lidx at;
+
+				if (x < 0)
+					continue;
+				memset(&at, 0, sizeof(at));
+				at.rank = cat->rank;
+				memcpy(at.dims, cat->dims, sizeof(at.dims));
+				for (int d = 0; d < cat->rank; d++)
+					at.c[d] = d == cat->axis ? ap_kir_addi(v->k, ap_lidx_coord(v, &ix, d), off)
+								 : ap_lidx_coord(v, &ix, d);
+				val_ix = ix;
+				ap_kir_store(v->k, v->cur, ap_v_buffer(v, o), ap_lidx_linear(v, &at), ap_val(v, x, &val_ix));
+				off += g->tensors[x].dims[cat->axis];
+			}
+		} else {
+			val_ix = ix;
+			ap_kir_store(v->k, v->cur, ap_v_buffer(v, o), ap_lidx_linear(v, &ix), ap_val(v, o, &val_ix));
+		}
 		if (in_part)
 			ap_v_close(v, saved);
 	}

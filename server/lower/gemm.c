@@ -26,8 +26,12 @@
  * through views and transposes ("plain"), aligned, whose contiguous
  * dimension is the one the shared tile keeps contiguous, is copied with
  * cp.async (sm_80 and later; 4, 8 or 16 bytes per copy, zero-filled past
- * the edges); any other operand -- a prologue of elementwise ops, a
- * strided or transposing read -- is loaded into registers by the value
+ * the edges); so are a gather (im2col), a 16-bit operand no vector copy
+ * reaches (pair staging) and an operand computed by unary ops from one
+ * buffer (compute staging: a Cast, a scale; the buffer copied, the
+ * operand computed into the tile once the stage has arrived), see
+ * copy_mode; any other operand -- a prologue of several tensors, such as
+ * a LayerNorm's normalise -- is loaded into registers by the value
  * builder (so the prologue is computed once per element and block
  * column, not once per multiply) and stored to shared memory after the
  * current tile's arithmetic, which hides the global latency behind it.
@@ -85,11 +89,15 @@ typedef struct gemm_opnd {
 					   16-bit element by the 4-byte pair around it:
 					   copy_mode) */
 	ap_sview gv;                       /* gather: the convolution input as a view of leaf */
-	bool cast;                      /* plain or gather: the operand is a Cast of the
-					   view of `leaf`, a float32 buffer of a 16-bit GEMM
-					   (the float32 inputs of a converted graph): staged
-					   by cp.async as float32, converted into the tile
-					   (copy_mode); vec counts float32 elements */
+	bool staged;                    /* plain or gather: the operand is computed element
+					   for element from the view of `leaf` by unary ops
+					   (ap_sview_of_unary: a Cast of the float32 inputs a
+					   converted graph keeps, a scale): cp.async copies
+					   leaf's elements, the operand is computed from them
+					   into the tile (copy_mode); vec, k_fast and the
+					   strides are leaf's */
+	bool casts_only;                /* staged: those ops are all Casts (0 stays 0) */
+	int src_es;                     /* staged: bytes of leaf's elements */
 } gemm_opnd;
 
 typedef struct gemm_plan {
@@ -177,17 +185,9 @@ static void composite_vector(gemm_opnd *o, int nb, size_t es)
 	}
 }
 
-/* Whether a Cast of buffer `leaf` into a GEMM of element type in_t can be
- * staged by cp.async and converted in shared memory (copy_mode): a
- * float32 source (4 bytes, cp.async's smallest copy) of a 16-bit GEMM. */
-static bool cast_stageable(const ap_graph *g, ap_dtype in_t, int leaf)
-{
-	return (in_t == AP_DT_F16 || in_t == AP_DT_BF16) && g->tensors[leaf].dtype == AP_DT_F32;
-}
-
 /* Fills o (role 0: A as [M][K]; 1: B, described as [N][K]; an operand
- * that is a Cast of a float32 view is analysed as its float32 view, with
- * o->cast set). */
+ * computed by unary ops from a view is analysed as that view, with
+ * o->staged set). */
 static void analyze_operand(const ap_graph *g, const gemm_plan *p, int role, gemm_opnd *o)
 {
 	const ap_tensor *t = &g->tensors[o->t];
@@ -197,14 +197,15 @@ static void analyze_operand(const ap_graph *g, const gemm_plan *p, int role, gem
 
 	o->plain = false;
 	o->cvec = false;
-	o->cast = false;
+	o->staged = false;
 	o->k_fast = role == 0;   /* activations [M, K]; weights [K, N] */
 	o->vec = 0;
 	if (!ap_sview_of(g, o->t, &sv, &o->leaf)) {
-		if (!ap_sview_of_cast(g, o->t, &sv, &o->leaf) || !cast_stageable(g, p->in_t, o->leaf))
+		if (!ap_sview_of_unary(g, o->t, &sv, &o->leaf, &o->casts_only))
 			return;
-		o->cast = true;
+		o->staged = true;
 		es = ap_dtype_size(g->tensors[o->leaf].dtype);
+		o->src_es = (int)es;
 	}
 	if (sv.rank != r)
 		return;
@@ -383,22 +384,27 @@ static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *
 	 * copy's source size */
 	for (int role = 0; role < 2; role++) {
 		gemm_opnd *op = role ? &p->b : &p->a;
-		bool cast = false;
+		bool staged = false, casts_only = false;
 
-		op->cast = false;
+		op->staged = false;
 		if (op->plain)
 			continue;
 		if (!ap_sview_of(g, op->t, &op->gv, &op->leaf)) {
 			/* a Cast of the float32 input of a converted graph: gathered
-			 * as float32, converted into the tile (copy_mode) */
-			if (!ap_sview_of_cast(g, op->t, &op->gv, &op->leaf) || !cast_stageable(g, p->in_t, op->leaf))
+			 * in its own type, converted into the tile (copy_mode); only
+			 * casts, so the zero padding stays zero, and elements of 4
+			 * bytes at least, cp.async's smallest copy */
+			if (!ap_sview_of_unary(g, op->t, &op->gv, &op->leaf, &casts_only) || !casts_only ||
+			    ap_dtype_size(g->tensors[op->leaf].dtype) < 4)
 				continue;
-			cast = true;
+			staged = true;
 		}
 		if (g->tensors[op->leaf].kind == AP_TENSOR_CONST || op->gv.rank != g->tensors[op->t].rank)
 			continue;
 		op->gather = true;
-		op->cast = cast;
+		op->staged = staged;
+		op->casts_only = casts_only;
+		op->src_es = (int)ap_dtype_size(g->tensors[op->leaf].dtype);
 		op->vec = 1;
 	}
 	p->tc = t->gpu && t->arch >= 80 &&
@@ -583,7 +589,7 @@ static void tile_layouts(const gemm_plan *p, bool *a_rowk, bool *b_rowk)
 typedef enum stage_mode {
 	STAGE_TILE,                     /* straight into the tile's stages (or registers) */
 	STAGE_PAIRS,                    /* pair-staged: 4-byte pairs, then extracted */
-	STAGE_CONVERT,                  /* float32 elements, then converted */
+	STAGE_COMPUTE,                  /* the source's elements, then the operand computed */
 } stage_mode;
 
 /* How operand `role` reaches shared memory in configuration c on t:
@@ -604,15 +610,18 @@ typedef enum stage_mode {
  *     the register-staged path keeps live across the main loop, for
  *     about twice the operand's shared memory and one more barrier per K
  *     tile;
- *   - a Cast of a float32 buffer's view (op->cast: the float32 inputs a
- *     converted graph keeps) is "convert-staged": cp.async copies the
- *     float32 elements into a staging buffer, one per stage, in the
- *     operand's own order (vec elements a copy along its contiguous
- *     coordinate, else one), and once the stage's copies are complete
- *     the block converts each into the single tile (extract_tile); the
- *     same pipeline as the pairs, for the float32 operand's shared memory.
- * Operands computed on the way (a prologue) go through registers, as do
- * all operands on GPUs without cp.async (before sm_80). */
+ *   - an operand computed by unary ops from a buffer's view (op->staged:
+ *     a Cast of the float32 inputs a converted graph keeps, a scale) is
+ *     "compute-staged": cp.async copies the buffer's elements into a
+ *     staging buffer, one per stage, in the operand's own order (vec
+ *     elements a copy along its contiguous coordinate, else one, when
+ *     that is 4 bytes at least), and once the stage's copies are complete
+ *     the block computes each tile element from its staged element
+ *     (extract_tile); the same pipeline as the pairs, for the source's
+ *     shared memory.
+ * Other operands computed on the way (a prologue of several tensors: a
+ * LayerNorm's normalise) go through registers, as do all operands on GPUs
+ * without cp.async (before sm_80). */
 static int copy_mode(const gemm_plan *p, int role, const gemm_cfg *c, const ap_target_info *t, stage_mode *mode)
 {
 	const gemm_opnd *op = role ? &p->b : &p->a;
@@ -622,10 +631,15 @@ static int copy_mode(const gemm_plan *p, int role, const gemm_cfg *c, const ap_t
 	*mode = STAGE_TILE;
 	if ((t->gpu && t->arch < 80) || (!op->plain && !op->gather))
 		return 0;
-	if (op->cast) {
+	if (op->staged) {
+		int w;
+
 		ext = op->k_fast ? c->bk : (role ? c->bn : c->bm);
-		*mode = STAGE_CONVERT;
-		return op->vec > 0 && (!op->composite || op->cvec) && !op->gather && ext % op->vec == 0 ? op->vec : 1;
+		w = op->vec > 0 && (!op->composite || op->cvec) && !op->gather && ext % op->vec == 0 ? op->vec : 1;
+		if (w * op->src_es < 4)
+			return 0;
+		*mode = STAGE_COMPUTE;
+		return w;
 	}
 	tile_layouts(p, &ar, &br);
 	rowk = role ? br : ar;
@@ -638,15 +652,15 @@ static int copy_mode(const gemm_plan *p, int role, const gemm_cfg *c, const ap_t
 	return 1;
 }
 
-/* Bytes of shared memory of a staging buffer of `elems` tile elements a
- * stage in mode m (each array 16-byte aligned): pairs (2 elements) and
- * parity bytes, or float32 elements. */
-static size_t staging_bytes(stage_mode m, size_t es, size_t elems)
+/* Bytes of shared memory of operand op's staging buffer of `elems` tile
+ * elements in mode m (each array 16-byte aligned): pairs (2 elements of
+ * es bytes) and parity bytes, or the source's elements. */
+static size_t staging_bytes(stage_mode m, const gemm_opnd *op, size_t es, size_t elems)
 {
 	if (m == STAGE_PAIRS)
 		return 16 + elems * (2 * es + 1) + 16;
-	if (m == STAGE_CONVERT)
-		return 16 + elems * ap_dtype_size(AP_DT_F32);
+	if (m == STAGE_COMPUTE)
+		return 16 + elems * (size_t)op->src_es;
 	return 0;
 }
 
@@ -667,8 +681,8 @@ static size_t smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_target_
 	b = br ? (size_t)c->bn * ((size_t)c->bk + pad) : (size_t)c->bk * ((size_t)c->bn + pad);
 	a *= es * (ma != STAGE_TILE ? 1 : S);
 	b *= es * (mb != STAGE_TILE ? 1 : S);
-	a += staging_bytes(ma, es, S * (size_t)c->bm * (size_t)c->bk);
-	b += staging_bytes(mb, es, S * (size_t)c->bn * (size_t)c->bk);
+	a += staging_bytes(ma, &p->a, es, S * (size_t)c->bm * (size_t)c->bk);
+	b += staging_bytes(mb, &p->b, es, S * (size_t)c->bn * (size_t)c->bk);
 	/* split-K: every block's partial accumulator tile, for the cluster */
 	if (c->splitk > 1)
 		b += 16 + (size_t)c->bm * (size_t)c->bn * ap_dtype_size(p->acc_t);
@@ -888,6 +902,9 @@ typedef struct gctx {
 	ap_kir_array *pa, *pb;          /* per stage: two elements a tile element (pairs), or
 					   one float32 element (convert) */
 	ap_kir_array *qa, *qb;          /* pair-staged: per stage, the element's place in its pair */
+	int hook_leaf;                  /* compute-staged, while a tile element is computed: the
+					   source buffer, whose element is hook_val */
+	ap_kir_expr *hook_val;
 	ap_kir_array *red;              /* split-K: the block's partial accumulators, for the cluster */
 	int a_w, b_w;                   /* elements per cp.async */
 	int lda, ldb;                   /* shared row lengths (elements) */
@@ -1261,7 +1278,7 @@ static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 				ap_kir_binary(k, AP_KIR_AND, e, I(c, -2)), 2, pred);
 		ap_kir_store(k, v->cur, role ? c->qb : c->qa, slot,
 			     ap_kir_cast(k, AP_DT_U8, ap_kir_binary(k, AP_KIR_AND, e, I(c, 1))));
-	} else if ((role ? c->b_mode : c->a_mode) == STAGE_CONVERT) {
+	} else if ((role ? c->b_mode : c->a_mode) == STAGE_COMPUTE) {
 		/* copy i's w elements at i * w of the stage: the tile's elements
 		 * in the operand's order, as extract_tile reads them back */
 		ap_kir_expr *slot = ap_kir_add(k, ap_kir_muli(k, st, copies), copy);
@@ -1275,11 +1292,86 @@ static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 	ap_v_close(v, saved);
 }
 
-/* A pair- or convert-staged operand's stage `st` into its tile (after the
- * stage's copies are complete and a barrier; a barrier before the tile is
- * read): each element from its pair, at the place its parity byte gives,
- * or its float32 element converted (rounded to nearest even). */
-static void extract_staged(gctx *c, int role, ap_kir_expr *st)
+/* The value builder's leaf hook while a compute-staged tile element is
+ * built: the source buffer's element is the staged one. */
+static ap_kir_expr *staged_leaf(ap_vctx *v, int t, ap_lidx *ix, void *user)
+{
+	gctx *c = user;
+
+	return t == c->hook_leaf ? c->hook_val : NULL;
+}
+
+/* x, an element of buffer `leaf`, through the Casts on the way to tensor
+ * t (the views between them change no value; ap_sview_of_unary's chain,
+ * every op a Cast, its input 0 the chain), as the value builder casts. */
+static ap_kir_expr *apply_casts(gctx *c, int t, int leaf, ap_kir_expr *x)
+{
+	ap_dtype to[32];
+	int n = 0;
+
+	for (int u = t; u != leaf && c->g->tensors[u].producer >= 0;) {
+		const ap_node *p = &c->g->nodes[c->g->tensors[u].producer];
+
+		if (p->op == AP_OP_CAST && n < 32)
+			to[n++] = c->g->tensors[u].dtype;
+		u = p->inputs[0];
+	}
+	while (n > 0)
+		x = ap_kir_cast(c->k, to[--n], x);
+	return x;
+}
+
+/* Tile element (o, kk) of compute-staged operand `role` in K tile `ktile`
+ * from its staged source element `src`: the operand's value (the value
+ * builder, with src as the source buffer's element), 0 past K -- the
+ * zero-filled copies give 0 there only when the ops are casts, so the
+ * others are guarded (rows and columns past the problem are computed but
+ * never stored). */
+static ap_kir_expr *staged_value(gctx *c, int role, ap_kir_expr *ktile, ap_kir_expr *o, ap_kir_expr *kk,
+				 ap_kir_expr *src)
+{
+	const gemm_opnd *op = role ? &c->p->b : &c->p->a;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_leaf_fn leaf = v->leaf;
+	void *user = v->leaf_user;
+	ap_kir_expr *og, *kg, *pred = NULL, *val;
+	ap_kir_block *saved = NULL;
+	ap_kir_var *r = NULL;
+	ap_lidx ix;
+
+	if (op->casts_only)
+		return apply_casts(c, op->t, op->leaf, src);
+	src = ap_kir_bind(k, v->cur, c->g->tensors[op->leaf].dtype, "s", src);
+	og = ap_kir_add(k, role ? c->n0 : c->m0, o);
+	kg = ap_kir_add(k, ap_kir_muli(k, ktile, c->c.bk), kk);
+	if (c->kpred)
+		pred = ap_kir_binary(k, AP_KIR_LT, kg, I(c, c->p->K));
+	if (pred) {
+		r = ap_kir_var_new(k, c->p->in_t, "x");
+		ap_kir_let(k, v->cur, r, ap_v_const(v, c->p->in_t, 0));
+		ap_v_if(v, pred, &saved, NULL);
+	}
+	c->hook_leaf = op->leaf;
+	c->hook_val = src;
+	v->leaf = staged_leaf;
+	v->leaf_user = c;
+	ix = operand_index(c, role, og, kg);   /* not a gather: those are casts only */
+	val = ap_val(v, op->t, &ix);
+	v->leaf = leaf;
+	v->leaf_user = user;
+	if (!pred)
+		return val;
+	ap_kir_assign(k, v->cur, r, val);
+	ap_v_close(v, saved);
+	return ap_kir_ref(k, r);
+}
+
+/* A pair- or compute-staged operand's stage `st` (K tile `ktile`) into its
+ * tile (after the stage's copies are complete and a barrier; a barrier
+ * before the tile is read): each element from its pair, at the place its
+ * parity byte gives, or computed from its staged source element. */
+static void extract_staged(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *ktile)
 {
 	ap_kir_kernel *k = c->k;
 	ap_kir_block *saved;
@@ -1290,25 +1382,28 @@ static void extract_staged(gctx *c, int role, ap_kir_expr *st)
 
 	i = copy_loop(c, role, 1, &o, &kk, &copies, &saved);
 	slot = ap_kir_bind(k, c->v->cur, k->index_type, "q", ap_kir_add(k, ap_kir_muli(k, st, copies), ap_kir_ref(k, i)));
-	if ((role ? c->b_mode : c->a_mode) == STAGE_PAIRS)
+	if ((role ? c->b_mode : c->a_mode) == STAGE_PAIRS) {
 		val = ap_kir_load(k, stg, ap_kir_add(k, ap_kir_muli(k, slot, 2),
 						     ap_kir_cast(k, k->index_type,
 								 ap_kir_load(k, role ? c->qb : c->qa, slot))));
-	else
-		val = ap_kir_cast(k, c->p->in_t, ap_kir_load(k, stg, slot));
+	} else {
+		val = staged_value(c, role, ktile, o, kk, ap_kir_load(k, stg, slot));
+		if (c->p->tc && c->p->mma == AP_KIR_MMA_TF32_1688)
+			val = ap_kir_call(k, AP_KIR_TF32, val, NULL);
+	}
 	ap_kir_store(k, c->v->cur, role ? c->sb : c->sa, smem_index(c, role, st, o, kk), val);
 	ap_v_close(c->v, saved);
 }
 
-/* Every pair- or convert-staged operand's stage st into its tile, and the
- * barrier before the tiles are read. */
-static void extract_tile(gctx *c, ap_kir_expr *st)
+/* Every pair- or compute-staged operand's stage st (K tile ktile) into its
+ * tile, and the barrier before the tiles are read. */
+static void extract_tile(gctx *c, ap_kir_expr *st, ap_kir_expr *ktile)
 {
 	if (c->a_mode == STAGE_TILE && c->b_mode == STAGE_TILE)
 		return;
 	for (int role = 0; role < 2; role++)
 		if ((role ? c->b_mode : c->a_mode) != STAGE_TILE)
-			extract_staged(c, role, st);
+			extract_staged(c, role, st, ktile);
 	ap_kir_barrier(c->k, c->v->cur);
 }
 
@@ -1370,13 +1465,12 @@ static void issue_regs(gctx *c, int role, ap_kir_expr *kt)
 		ap_kir_assign(k, v->cur, regs[r], ap_v_const(v, T, 0));
 		if (pred)
 			ap_v_if(v, pred, &saved, NULL);
-		if ((role ? &c->p->b : &c->p->a)->plain) {
-			/* a buffer read through views: its element directly (a
-			 * Cast of one: converted) */
-			const gemm_opnd *op = role ? &c->p->b : &c->p->a;
-			ap_kir_expr *e = ap_kir_load(k, ap_v_buffer(v, op->leaf), plain_offset(c, role, og, kg));
+		if ((role ? &c->p->b : &c->p->a)->plain && !(role ? &c->p->b : &c->p->a)->staged) {
+			/* a buffer read through views: its element directly */
+			int leaf = role ? c->p->b.leaf : c->p->a.leaf;
 
-			ap_kir_assign(k, v->cur, regs[r], op->cast ? ap_kir_cast(k, T, e) : e);
+			ap_kir_assign(k, v->cur, regs[r],
+				      ap_kir_load(k, ap_v_buffer(v, leaf), plain_offset(c, role, og, kg)));
 		} else if (c->p->conv) {
 			ap_kir_assign(k, v->cur, regs[r], conv_element(c, role, og, kg));
 		} else {
@@ -1773,9 +1867,11 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		if (mode == STAGE_PAIRS)
 			ap_kir_comment(k, v.cur, "operand %c: cp.async of the 4-byte pair holding each "
 				       "gathered element, extracted into the tile", role ? 'B' : 'A');
-		else if (mode == STAGE_CONVERT)
-			ap_kir_comment(k, v.cur, "operand %c: cp.async of its float32 elements, %d bytes a copy, "
-				       "converted into the tile", role ? 'B' : 'A', w * 4);
+		else if (mode == STAGE_COMPUTE)
+			ap_kir_comment(k, v.cur, "operand %c: cp.async of its %s elements, %d bytes a copy, "
+				       "%s into the tile", role ? 'B' : 'A',
+				       ap_dtype_name(m->g->tensors[(role ? p.b : p.a).leaf].dtype),
+				       w * (role ? p.b : p.a).src_es, (role ? p.b : p.a).casts_only ? "converted" : "computed");
 		else if (w > 0)
 			ap_kir_comment(k, v.cur, "operand %c: cp.async, %d bytes a copy", role ? 'B' : 'A',
 				       w * (int)ap_dtype_size(p.in_t));
@@ -1800,14 +1896,14 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		if (c.a_mode == STAGE_PAIRS) {
 			c.pa = shared(k, "pa", p.in_t, 2 * pairs_a);
 			c.qa = shared(k, "qa", AP_DT_U8, pairs_a);
-		} else if (c.a_mode == STAGE_CONVERT) {
-			c.pa = shared(k, "ca", AP_DT_F32, pairs_a);
+		} else if (c.a_mode == STAGE_COMPUTE) {
+			c.pa = shared(k, "ca", m->g->tensors[p.a.leaf].dtype, pairs_a);
 		}
 		if (c.b_mode == STAGE_PAIRS) {
 			c.pb = shared(k, "pb", p.in_t, 2 * pairs_b);
 			c.qb = shared(k, "qb", AP_DT_U8, pairs_b);
-		} else if (c.b_mode == STAGE_CONVERT) {
-			c.pb = shared(k, "cb", AP_DT_F32, pairs_b);
+		} else if (c.b_mode == STAGE_COMPUTE) {
+			c.pb = shared(k, "cb", m->g->tensors[p.b.leaf].dtype, pairs_b);
 		}
 		if (c.c.splitk > 1)
 			c.red = shared(k, "red", p.acc_t, (int64_t)c.c.bm * c.c.bn);
@@ -1930,7 +2026,7 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 			ap_kir_cp_wait(k, v.cur, 0);
 		}
 		ap_kir_barrier(k, v.cur);
-		extract_tile(&c, I(&c, 0));
+		extract_tile(&c, I(&c, 0), ap_kir_add(k, c.kofs, ap_kir_ref(k, kt)));
 		if (p.tc)
 			compute_tc(&c, I(&c, 0), fa, fb, wm0, wn0, lane);
 		else
@@ -1956,7 +2052,7 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		stage = S == 2 ? ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), I(&c, 1))
 			       : ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, kt), I(&c, S));
 		stage = ap_kir_bind(k, v.cur, k->index_type, "st", stage);
-		extract_tile(&c, stage);
+		extract_tile(&c, stage, ap_kir_add(k, c.kofs, ap_kir_ref(k, kt)));
 		nxt = ap_kir_bind(k, v.cur, k->index_type, "nx", ap_kir_addi(k, ap_kir_ref(k, kt), S - 1));
 		{
 			ap_kir_expr *nst = ap_kir_bind(k, v.cur, k->index_type, "ns",

@@ -94,22 +94,55 @@ bool ap_sview_stride(const ap_sview *v, int d, int64_t *s)
 	return n <= 1;
 }
 
+/* Whether x is a constant small enough to be baked into a kernel. */
+static bool baked(const ap_graph *g, int x)
+{
+	return g->tensors[x].kind == AP_TENSOR_CONST && ap_tensor_numel(&g->tensors[x]) <= AP_CONST_BAKE_MAX;
+}
+
+/* The input of node p (making x) that a unary chain goes on through: p is
+ * elementwise (or a broadcast of baked constants), every other input a
+ * baked constant, that input of x's shape; -1 when p is no such op. */
+static int unary_input(const ap_graph *g, const ap_node *p, int x)
+{
+	ap_op_category cat = ap_op_category_of(p->op);
+	int in = -1;
+
+	if ((cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST) || p->n_outputs != 1)
+		return -1;
+	for (int j = 0; j < p->n_inputs; j++) {
+		int u = p->inputs[j];
+
+		if (u < 0 || baked(g, u))
+			continue;
+		if (in >= 0)
+			return -1;
+		in = u;
+	}
+	if (in < 0 || !ap_dims_equal(g->tensors[in].rank, g->tensors[in].dims, g->tensors[x].rank, g->tensors[x].dims))
+		return -1;
+	return in;
+}
+
 /* Tensor t as a strided view of a buffer, when it is one: views,
  * transposes, slices and splits back to a leaf of the micro-graph; with
- * `cast` non-NULL, also through at most one Cast (element for element,
- * so it commutes with the views), whose node goes to *cast (-1: none). */
-static bool sview_walk(const ap_graph *g, int t, ap_sview *out, int *leaf, int *cast)
+ * `ops` non-NULL, also through unary elementwise ops (unary_input: they
+ * are element for element, so they commute with the views), counted in
+ * *ops, *casts counting the Casts among them. */
+static bool sview_walk(const ap_graph *g, int t, ap_sview *out, int *leaf, int *ops, int *casts)
 {
 	int chain[32], n = 0, x = t;
 
-	if (cast)
-		*cast = -1;
+	if (ops)
+		*ops = *casts = 0;
 	while (g->tensors[x].producer >= 0) {
 		const ap_node *p = &g->nodes[g->tensors[x].producer];
+		int u = ops ? unary_input(g, p, x) : -1;
 
-		if (p->op == AP_OP_CAST && cast && *cast < 0 && p->inputs[0] >= 0) {
-			*cast = g->tensors[x].producer;
-			x = p->inputs[0];
+		if (u >= 0 && *ops < 32) {
+			++*ops;
+			*casts += p->op == AP_OP_CAST;
+			x = u;
 			continue;
 		}
 		if ((!ap_op_is_view(p->op) && p->op != AP_OP_TRANSPOSE && p->op != AP_OP_SLICE &&
@@ -120,7 +153,7 @@ static bool sview_walk(const ap_graph *g, int t, ap_sview *out, int *leaf, int *
 	}
 	/* a constant of a few elements is baked into the kernel; a larger one
 	 * (a small convolution's weights) is read from a buffer like a weight */
-	if (g->tensors[x].kind == AP_TENSOR_CONST && ap_tensor_numel(&g->tensors[x]) <= AP_CONST_BAKE_MAX)
+	if (baked(g, x))
 		return false;
 	*leaf = x;
 	sv_rowmajor(out, &g->tensors[x]);
@@ -192,15 +225,18 @@ static bool sview_walk(const ap_graph *g, int t, ap_sview *out, int *leaf, int *
 /* (emitters.h) */
 bool ap_sview_of(const ap_graph *g, int t, ap_sview *out, int *leaf)
 {
-	return sview_walk(g, t, out, leaf, NULL);
+	return sview_walk(g, t, out, leaf, NULL, NULL);
 }
 
 /* (emitters.h) */
-bool ap_sview_of_cast(const ap_graph *g, int t, ap_sview *out, int *leaf)
+bool ap_sview_of_unary(const ap_graph *g, int t, ap_sview *out, int *leaf, bool *casts_only)
 {
-	int cast;
+	int ops, casts;
 
-	return sview_walk(g, t, out, leaf, &cast) && cast >= 0;
+	if (!sview_walk(g, t, out, leaf, &ops, &casts) || ops == 0)
+		return false;
+	*casts_only = casts == ops;
+	return true;
 }
 
 /* Offset in the leaf buffer of element ix of a view: per dim, its factors'

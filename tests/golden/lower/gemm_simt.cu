@@ -5,8 +5,9 @@
 #define AP_NAN __longlong_as_double(0x7fffffffffffffffLL)
 extern "C" __global__ void __launch_bounds__(256, 1) gemm_simt(float *__restrict__ p0, float *__restrict__ p1, const float *__restrict__ p2, const float *__restrict__ p3, const float *__restrict__ p4, const float *__restrict__ p5)
 {
-	__shared__ float sa[960];
+	__shared__ float sa[320];
 	__shared__ __align__(16) float sb[960];
+	__shared__ __align__(16) float ca[768];
 	float fa[1];
 	float fb[1];
 	float acc[1];
@@ -18,7 +19,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_simt(float *__restrict
 	/* p3: reads float32 [36,24] */
 	/* p4: reads float32 [24] */
 	/* p5: reads float32 [2,20,24] */
-	/* operand A: through registers (computed on the way) */
+	/* operand A: cp.async of its float32 elements, 16 bytes a copy, computed into the tile */
 	/* operand B: cp.async, 16 bytes a copy */
 	int tx0 = (((int)threadIdx.x) % 16);
 	int ty1 = (((int)threadIdx.x) / 16);
@@ -27,88 +28,84 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_simt(float *__restrict
 		int bi3 = (tile2 / 6);
 		int m04 = (((tile2 % 6) / 2) * 16);
 		int n05 = (((tile2 % 6) % 2) * 16);
-		float ra6;
 		#pragma unroll
-		for (int z7 = 0; z7 < 1; z7 += 1) {
-			acc[z7] = 0x0p+0f;
+		for (int z6 = 0; z6 < 1; z6 += 1) {
+			acc[z6] = 0x0p+0f;
 		}
-		ra6 = 0x0p+0f;
-		if ((((m04 + (((int)threadIdx.x) / 16)) < 40) && ((((int)threadIdx.x) % 16) < 36))) {
-			float v8 = p2[((((((m04 + (((int)threadIdx.x) / 16)) / 20) % 2) * 720) + (((m04 + (((int)threadIdx.x) / 16)) % 20) * 36)) + (((int)threadIdx.x) % 16))];
-			float v9 = ((v8 < 0x0p+0f) ? 0x0p+0f : v8);
-			ra6 = v9;
+		for (int c7 = ((int)threadIdx.x); c7 < 64; c7 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(c7 * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (c7 / 4)) < 40) && (((c7 % 4) * 4) < 36))) ? &p2[(((m04 + (c7 / 4)) * 36) + ((c7 % 4) * 4))] : p2), "r"(((((m04 + (c7 / 4)) < 40) && (((c7 % 4) * 4) < 36))) ? 16 : 0) : "memory"); }
+		}
+		for (int c8 = ((int)threadIdx.x); c8 < 64; c8 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c8 / 4) * 20) + ((c8 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c8 % 4) * 4)) < 24) && ((c8 / 4) < 36))) ? &p3[((n05 + ((c8 % 4) * 4)) + ((c8 / 4) * 24))] : p3), "r"(((((n05 + ((c8 % 4) * 4)) < 24) && ((c8 / 4) < 36))) ? 16 : 0) : "memory"); }
+		}
+		asm volatile("cp.async.commit_group;\n" ::: "memory");
+		for (int c9 = ((int)threadIdx.x); c9 < 64; c9 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[((64 + c9) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (c9 / 4)) < 40) && ((16 + ((c9 % 4) * 4)) < 36))) ? &p2[(((m04 + (c9 / 4)) * 36) + (16 + ((c9 % 4) * 4)))] : p2), "r"(((((m04 + (c9 / 4)) < 40) && ((16 + ((c9 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
 		}
 		for (int c10 = ((int)threadIdx.x); c10 < 64; c10 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c10 / 4) * 20) + ((c10 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c10 % 4) * 4)) < 24) && ((c10 / 4) < 36))) ? &p3[((n05 + ((c10 % 4) * 4)) + ((c10 / 4) * 24))] : p3), "r"(((((n05 + ((c10 % 4) * 4)) < 24) && ((c10 / 4) < 36))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((c10 / 4) * 20) + ((c10 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c10 % 4) * 4)) < 24) && ((16 + (c10 / 4)) < 36))) ? &p3[((n05 + ((c10 % 4) * 4)) + ((16 + (c10 / 4)) * 24))] : p3), "r"(((((n05 + ((c10 % 4) * 4)) < 24) && ((16 + (c10 / 4)) < 36))) ? 16 : 0) : "memory"); }
 		}
-		sa[(((((int)threadIdx.x) % 16) * 20) + (((int)threadIdx.x) / 16))] = ra6;
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		ra6 = 0x0p+0f;
-		if ((((m04 + (((int)threadIdx.x) / 16)) < 40) && ((16 + (((int)threadIdx.x) % 16)) < 36))) {
-			float v11 = p2[((((((m04 + (((int)threadIdx.x) / 16)) / 20) % 2) * 720) + (((m04 + (((int)threadIdx.x) / 16)) % 20) * 36)) + (16 + (((int)threadIdx.x) % 16)))];
-			float v12 = ((v11 < 0x0p+0f) ? 0x0p+0f : v11);
-			ra6 = v12;
-		}
-		for (int c13 = ((int)threadIdx.x); c13 < 64; c13 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((c13 / 4) * 20) + ((c13 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c13 % 4) * 4)) < 24) && ((16 + (c13 / 4)) < 36))) ? &p3[((n05 + ((c13 % 4) * 4)) + ((16 + (c13 / 4)) * 24))] : p3), "r"(((((n05 + ((c13 % 4) * 4)) < 24) && ((16 + (c13 / 4)) < 36))) ? 16 : 0) : "memory"); }
-		}
-		sa[(320 + (((((int)threadIdx.x) % 16) * 20) + (((int)threadIdx.x) / 16)))] = ra6;
-		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int kt14 = 0; kt14 < 3; kt14 += 1) {
+		for (int kt11 = 0; kt11 < 3; kt11 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int st15 = (kt14 % 3);
-			int nx16 = (kt14 + 2);
-			int ns17 = (nx16 % 3);
-			if ((nx16 < 3)) {
-				ra6 = 0x0p+0f;
-				if ((((m04 + (((int)threadIdx.x) / 16)) < 40) && (((nx16 * 16) + (((int)threadIdx.x) % 16)) < 36))) {
-					float v18 = p2[((((((m04 + (((int)threadIdx.x) / 16)) / 20) % 2) * 720) + (((m04 + (((int)threadIdx.x) / 16)) % 20) * 36)) + ((nx16 * 16) + (((int)threadIdx.x) % 16)))];
-					float v19 = ((v18 < 0x0p+0f) ? 0x0p+0f : v18);
-					ra6 = v19;
+			int st12 = (kt11 % 3);
+			for (int c13 = ((int)threadIdx.x); c13 < 256; c13 += 256) {
+				int q14 = ((st12 * 256) + c13);
+				float s15 = ca[q14];
+				float x16 = 0x0p+0f;
+				if ((((kt11 * 16) + (c13 % 16)) < 36)) {
+					float v17 = ((s15 < 0x0p+0f) ? 0x0p+0f : s15);
+					x16 = v17;
 				}
+				sa[(((c13 % 16) * 20) + (c13 / 16))] = x16;
+			}
+			__syncthreads();
+			int nx18 = (kt11 + 2);
+			int ns19 = (nx18 % 3);
+			if ((nx18 < 3)) {
 				for (int c20 = ((int)threadIdx.x); c20 < 64; c20 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns17 * 320) + (((c20 / 4) * 20) + ((c20 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c20 % 4) * 4)) < 24) && (((nx16 * 16) + (c20 / 4)) < 36))) ? &p3[((n05 + ((c20 % 4) * 4)) + (((nx16 * 16) + (c20 / 4)) * 24))] : p3), "r"(((((n05 + ((c20 % 4) * 4)) < 24) && (((nx16 * 16) + (c20 / 4)) < 36))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(((ns19 * 64) + c20) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (c20 / 4)) < 40) && (((nx18 * 16) + ((c20 % 4) * 4)) < 36))) ? &p2[(((m04 + (c20 / 4)) * 36) + ((nx18 * 16) + ((c20 % 4) * 4)))] : p2), "r"(((((m04 + (c20 / 4)) < 40) && (((nx18 * 16) + ((c20 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
+				}
+				for (int c21 = ((int)threadIdx.x); c21 < 64; c21 += 256) {
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns19 * 320) + (((c21 / 4) * 20) + ((c21 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c21 % 4) * 4)) < 24) && (((nx18 * 16) + (c21 / 4)) < 36))) ? &p3[((n05 + ((c21 % 4) * 4)) + (((nx18 * 16) + (c21 / 4)) * 24))] : p3), "r"(((((n05 + ((c21 % 4) * 4)) < 24) && (((nx18 * 16) + (c21 / 4)) < 36))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int kk21 = 0; kk21 < 16; kk21 += 1) {
-				#pragma unroll
-				for (int f22 = 0; f22 < 1; f22 += 1) {
-					fa[f22] = sa[((st15 * 320) + ((kk21 * 20) + (ty1 + f22)))];
-				}
+			for (int kk22 = 0; kk22 < 16; kk22 += 1) {
 				#pragma unroll
 				for (int f23 = 0; f23 < 1; f23 += 1) {
-					fb[f23] = sb[((st15 * 320) + ((kk21 * 20) + (tx0 + f23)))];
+					fa[f23] = sa[((kk22 * 20) + (ty1 + f23))];
 				}
 				#pragma unroll
-				for (int i24 = 0; i24 < 1; i24 += 1) {
+				for (int f24 = 0; f24 < 1; f24 += 1) {
+					fb[f24] = sb[((st12 * 320) + ((kk22 * 20) + (tx0 + f24)))];
+				}
+				#pragma unroll
+				for (int i25 = 0; i25 < 1; i25 += 1) {
 					#pragma unroll
-					for (int j25 = 0; j25 < 1; j25 += 1) {
-						acc[(i24 + j25)] = (acc[(i24 + j25)] + (fa[i24] * fb[j25]));
+					for (int j26 = 0; j26 < 1; j26 += 1) {
+						acc[(i25 + j26)] = (acc[(i25 + j26)] + (fa[i25] * fb[j26]));
 					}
 				}
-			}
-			if ((nx16 < 3)) {
-				sa[((ns17 * 320) + (((((int)threadIdx.x) % 16) * 20) + (((int)threadIdx.x) / 16)))] = ra6;
 			}
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int i26 = 0; i26 < 1; i26 += 1) {
+		for (int i27 = 0; i27 < 1; i27 += 1) {
 			#pragma unroll
-			for (int j27 = 0; j27 < 1; j27 += 1) {
-				int row28 = (m04 + (ty1 + i26));
-				int col29 = (n05 + (tx0 + j27));
-				if (((row28 < 40) && (col29 < 24))) {
-					float v30 = acc[(i26 + j27)];
-					float v31 = p4[col29];
-					float v32 = (v30 + v31);
-					float v33 = p5[((row28 * 24) + col29)];
-					float v34 = (v32 + v33);
-					p0[((row28 * 24) + col29)] = v34;
-					p1[(((((row28 / 20) % 2) * 480) + (col29 * 20)) + (row28 % 20))] = v34;
+			for (int j28 = 0; j28 < 1; j28 += 1) {
+				int row29 = (m04 + (ty1 + i27));
+				int col30 = (n05 + (tx0 + j28));
+				if (((row29 < 40) && (col30 < 24))) {
+					float v31 = acc[(i27 + j28)];
+					float v32 = p4[col30];
+					float v33 = (v31 + v32);
+					float v34 = p5[((row29 * 24) + col30)];
+					float v35 = (v33 + v34);
+					p0[((row29 * 24) + col30)] = v35;
+					p1[(((((row29 / 20) % 2) * 480) + (col30 * 20)) + (row29 % 20))] = v35;
 				}
 			}
 		}

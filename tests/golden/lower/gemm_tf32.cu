@@ -10,8 +10,9 @@ static __device__ __forceinline__ float ap_tf32f(float x)
 #endif
 extern "C" __global__ void __launch_bounds__(64, 1) gemm_tf32(float *__restrict__ p0, float *__restrict__ p1, const float *__restrict__ p2, const float *__restrict__ p3, const float *__restrict__ p4, const float *__restrict__ p5)
 {
-	__shared__ __align__(16) float sa[960];
+	__shared__ __align__(16) float sa[320];
 	__shared__ __align__(16) float sb[960];
+	__shared__ __align__(16) float ca[768];
 	__align__(16) float fa[4];
 	__align__(16) float fb[2];
 	__align__(16) float acc[4];
@@ -23,7 +24,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_tf32(float *__restrict_
 	/* p3: reads float32 [36,24] */
 	/* p4: reads float32 [24] */
 	/* p5: reads float32 [2,20,24] */
-	/* operand A: through registers (computed on the way) */
+	/* operand A: cp.async of its float32 elements, 16 bytes a copy, computed into the tile */
 	/* operand B: cp.async, 16 bytes a copy */
 	int lane0 = (((int)threadIdx.x) & 31);
 	int wm1 = (((((int)threadIdx.x) >> 5) / 2) * 16);
@@ -33,161 +34,95 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_tf32(float *__restrict_
 		int bi4 = (tile3 / 6);
 		int m05 = (((tile3 % 6) / 2) * 16);
 		int n06 = (((tile3 % 6) % 2) * 16);
-		float ra7;
-		float ra8;
-		float ra9;
-		float ra10;
 		#pragma unroll
-		for (int z11 = 0; z11 < 4; z11 += 1) {
-			acc[z11] = 0x0p+0f;
+		for (int z7 = 0; z7 < 4; z7 += 1) {
+			acc[z7] = 0x0p+0f;
 		}
-		ra7 = 0x0p+0f;
-		if ((((m05 + (((int)threadIdx.x) / 16)) < 40) && ((((int)threadIdx.x) % 16) < 36))) {
-			float v12 = p2[((((((m05 + (((int)threadIdx.x) / 16)) / 20) % 2) * 720) + (((m05 + (((int)threadIdx.x) / 16)) % 20) * 36)) + (((int)threadIdx.x) % 16))];
-			float v13 = ((v12 < 0x0p+0f) ? 0x0p+0f : v12);
-			ra7 = v13;
+		for (int c8 = ((int)threadIdx.x); c8 < 64; c8 += 64) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(c8 * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (c8 / 4)) < 40) && (((c8 % 4) * 4) < 36))) ? &p2[(((m05 + (c8 / 4)) * 36) + ((c8 % 4) * 4))] : p2), "r"(((((m05 + (c8 / 4)) < 40) && (((c8 % 4) * 4) < 36))) ? 16 : 0) : "memory"); }
 		}
-		ra8 = 0x0p+0f;
-		if ((((m05 + ((((int)threadIdx.x) + 64) / 16)) < 40) && (((((int)threadIdx.x) + 64) % 16) < 36))) {
-			float v14 = p2[((((((m05 + ((((int)threadIdx.x) + 64) / 16)) / 20) % 2) * 720) + (((m05 + ((((int)threadIdx.x) + 64) / 16)) % 20) * 36)) + ((((int)threadIdx.x) + 64) % 16))];
-			float v15 = ((v14 < 0x0p+0f) ? 0x0p+0f : v14);
-			ra8 = v15;
+		for (int c9 = ((int)threadIdx.x); c9 < 64; c9 += 64) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c9 / 4) * 20) + ((c9 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((c9 % 4) * 4)) < 24) && ((c9 / 4) < 36))) ? &p3[((n06 + ((c9 % 4) * 4)) + ((c9 / 4) * 24))] : p3), "r"(((((n06 + ((c9 % 4) * 4)) < 24) && ((c9 / 4) < 36))) ? 16 : 0) : "memory"); }
 		}
-		ra9 = 0x0p+0f;
-		if ((((m05 + ((((int)threadIdx.x) + 128) / 16)) < 40) && (((((int)threadIdx.x) + 128) % 16) < 36))) {
-			float v16 = p2[((((((m05 + ((((int)threadIdx.x) + 128) / 16)) / 20) % 2) * 720) + (((m05 + ((((int)threadIdx.x) + 128) / 16)) % 20) * 36)) + ((((int)threadIdx.x) + 128) % 16))];
-			float v17 = ((v16 < 0x0p+0f) ? 0x0p+0f : v16);
-			ra9 = v17;
-		}
-		ra10 = 0x0p+0f;
-		if ((((m05 + ((((int)threadIdx.x) + 192) / 16)) < 40) && (((((int)threadIdx.x) + 192) % 16) < 36))) {
-			float v18 = p2[((((((m05 + ((((int)threadIdx.x) + 192) / 16)) / 20) % 2) * 720) + (((m05 + ((((int)threadIdx.x) + 192) / 16)) % 20) * 36)) + ((((int)threadIdx.x) + 192) % 16))];
-			float v19 = ((v18 < 0x0p+0f) ? 0x0p+0f : v18);
-			ra10 = v19;
-		}
-		for (int c20 = ((int)threadIdx.x); c20 < 64; c20 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c20 / 4) * 20) + ((c20 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((c20 % 4) * 4)) < 24) && ((c20 / 4) < 36))) ? &p3[((n06 + ((c20 % 4) * 4)) + ((c20 / 4) * 24))] : p3), "r"(((((n06 + ((c20 % 4) * 4)) < 24) && ((c20 / 4) < 36))) ? 16 : 0) : "memory"); }
-		}
-		sa[(((((int)threadIdx.x) / 16) * 20) + (((int)threadIdx.x) % 16))] = ap_tf32f(ra7);
-		sa[((((((int)threadIdx.x) + 64) / 16) * 20) + ((((int)threadIdx.x) + 64) % 16))] = ap_tf32f(ra8);
-		sa[((((((int)threadIdx.x) + 128) / 16) * 20) + ((((int)threadIdx.x) + 128) % 16))] = ap_tf32f(ra9);
-		sa[((((((int)threadIdx.x) + 192) / 16) * 20) + ((((int)threadIdx.x) + 192) % 16))] = ap_tf32f(ra10);
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		ra7 = 0x0p+0f;
-		if ((((m05 + (((int)threadIdx.x) / 16)) < 40) && ((16 + (((int)threadIdx.x) % 16)) < 36))) {
-			float v21 = p2[((((((m05 + (((int)threadIdx.x) / 16)) / 20) % 2) * 720) + (((m05 + (((int)threadIdx.x) / 16)) % 20) * 36)) + (16 + (((int)threadIdx.x) % 16)))];
-			float v22 = ((v21 < 0x0p+0f) ? 0x0p+0f : v21);
-			ra7 = v22;
+		for (int c10 = ((int)threadIdx.x); c10 < 64; c10 += 64) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[((64 + c10) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (c10 / 4)) < 40) && ((16 + ((c10 % 4) * 4)) < 36))) ? &p2[(((m05 + (c10 / 4)) * 36) + (16 + ((c10 % 4) * 4)))] : p2), "r"(((((m05 + (c10 / 4)) < 40) && ((16 + ((c10 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
 		}
-		ra8 = 0x0p+0f;
-		if ((((m05 + ((((int)threadIdx.x) + 64) / 16)) < 40) && ((16 + ((((int)threadIdx.x) + 64) % 16)) < 36))) {
-			float v23 = p2[((((((m05 + ((((int)threadIdx.x) + 64) / 16)) / 20) % 2) * 720) + (((m05 + ((((int)threadIdx.x) + 64) / 16)) % 20) * 36)) + (16 + ((((int)threadIdx.x) + 64) % 16)))];
-			float v24 = ((v23 < 0x0p+0f) ? 0x0p+0f : v23);
-			ra8 = v24;
+		for (int c11 = ((int)threadIdx.x); c11 < 64; c11 += 64) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((c11 / 4) * 20) + ((c11 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((c11 % 4) * 4)) < 24) && ((16 + (c11 / 4)) < 36))) ? &p3[((n06 + ((c11 % 4) * 4)) + ((16 + (c11 / 4)) * 24))] : p3), "r"(((((n06 + ((c11 % 4) * 4)) < 24) && ((16 + (c11 / 4)) < 36))) ? 16 : 0) : "memory"); }
 		}
-		ra9 = 0x0p+0f;
-		if ((((m05 + ((((int)threadIdx.x) + 128) / 16)) < 40) && ((16 + ((((int)threadIdx.x) + 128) % 16)) < 36))) {
-			float v25 = p2[((((((m05 + ((((int)threadIdx.x) + 128) / 16)) / 20) % 2) * 720) + (((m05 + ((((int)threadIdx.x) + 128) / 16)) % 20) * 36)) + (16 + ((((int)threadIdx.x) + 128) % 16)))];
-			float v26 = ((v25 < 0x0p+0f) ? 0x0p+0f : v25);
-			ra9 = v26;
-		}
-		ra10 = 0x0p+0f;
-		if ((((m05 + ((((int)threadIdx.x) + 192) / 16)) < 40) && ((16 + ((((int)threadIdx.x) + 192) % 16)) < 36))) {
-			float v27 = p2[((((((m05 + ((((int)threadIdx.x) + 192) / 16)) / 20) % 2) * 720) + (((m05 + ((((int)threadIdx.x) + 192) / 16)) % 20) * 36)) + (16 + ((((int)threadIdx.x) + 192) % 16)))];
-			float v28 = ((v27 < 0x0p+0f) ? 0x0p+0f : v27);
-			ra10 = v28;
-		}
-		for (int c29 = ((int)threadIdx.x); c29 < 64; c29 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((c29 / 4) * 20) + ((c29 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((c29 % 4) * 4)) < 24) && ((16 + (c29 / 4)) < 36))) ? &p3[((n06 + ((c29 % 4) * 4)) + ((16 + (c29 / 4)) * 24))] : p3), "r"(((((n06 + ((c29 % 4) * 4)) < 24) && ((16 + (c29 / 4)) < 36))) ? 16 : 0) : "memory"); }
-		}
-		sa[(320 + (((((int)threadIdx.x) / 16) * 20) + (((int)threadIdx.x) % 16)))] = ap_tf32f(ra7);
-		sa[(320 + ((((((int)threadIdx.x) + 64) / 16) * 20) + ((((int)threadIdx.x) + 64) % 16)))] = ap_tf32f(ra8);
-		sa[(320 + ((((((int)threadIdx.x) + 128) / 16) * 20) + ((((int)threadIdx.x) + 128) % 16)))] = ap_tf32f(ra9);
-		sa[(320 + ((((((int)threadIdx.x) + 192) / 16) * 20) + ((((int)threadIdx.x) + 192) % 16)))] = ap_tf32f(ra10);
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int kt30 = 0; kt30 < 3; kt30 += 1) {
+		for (int kt12 = 0; kt12 < 3; kt12 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int st31 = (kt30 % 3);
-			int nx32 = (kt30 + 2);
-			int ns33 = (nx32 % 3);
-			if ((nx32 < 3)) {
-				ra7 = 0x0p+0f;
-				if ((((m05 + (((int)threadIdx.x) / 16)) < 40) && (((nx32 * 16) + (((int)threadIdx.x) % 16)) < 36))) {
-					float v34 = p2[((((((m05 + (((int)threadIdx.x) / 16)) / 20) % 2) * 720) + (((m05 + (((int)threadIdx.x) / 16)) % 20) * 36)) + ((nx32 * 16) + (((int)threadIdx.x) % 16)))];
-					float v35 = ((v34 < 0x0p+0f) ? 0x0p+0f : v34);
-					ra7 = v35;
+			int st13 = (kt12 % 3);
+			for (int c14 = ((int)threadIdx.x); c14 < 256; c14 += 64) {
+				int q15 = ((st13 * 256) + c14);
+				float s16 = ca[q15];
+				float x17 = 0x0p+0f;
+				if ((((kt12 * 16) + (c14 % 16)) < 36)) {
+					float v18 = ((s16 < 0x0p+0f) ? 0x0p+0f : s16);
+					x17 = v18;
 				}
-				ra8 = 0x0p+0f;
-				if ((((m05 + ((((int)threadIdx.x) + 64) / 16)) < 40) && (((nx32 * 16) + ((((int)threadIdx.x) + 64) % 16)) < 36))) {
-					float v36 = p2[((((((m05 + ((((int)threadIdx.x) + 64) / 16)) / 20) % 2) * 720) + (((m05 + ((((int)threadIdx.x) + 64) / 16)) % 20) * 36)) + ((nx32 * 16) + ((((int)threadIdx.x) + 64) % 16)))];
-					float v37 = ((v36 < 0x0p+0f) ? 0x0p+0f : v36);
-					ra8 = v37;
+				sa[(((c14 / 16) * 20) + (c14 % 16))] = ap_tf32f(x17);
+			}
+			__syncthreads();
+			int nx19 = (kt12 + 2);
+			int ns20 = (nx19 % 3);
+			if ((nx19 < 3)) {
+				for (int c21 = ((int)threadIdx.x); c21 < 64; c21 += 64) {
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(((ns20 * 64) + c21) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (c21 / 4)) < 40) && (((nx19 * 16) + ((c21 % 4) * 4)) < 36))) ? &p2[(((m05 + (c21 / 4)) * 36) + ((nx19 * 16) + ((c21 % 4) * 4)))] : p2), "r"(((((m05 + (c21 / 4)) < 40) && (((nx19 * 16) + ((c21 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
 				}
-				ra9 = 0x0p+0f;
-				if ((((m05 + ((((int)threadIdx.x) + 128) / 16)) < 40) && (((nx32 * 16) + ((((int)threadIdx.x) + 128) % 16)) < 36))) {
-					float v38 = p2[((((((m05 + ((((int)threadIdx.x) + 128) / 16)) / 20) % 2) * 720) + (((m05 + ((((int)threadIdx.x) + 128) / 16)) % 20) * 36)) + ((nx32 * 16) + ((((int)threadIdx.x) + 128) % 16)))];
-					float v39 = ((v38 < 0x0p+0f) ? 0x0p+0f : v38);
-					ra9 = v39;
-				}
-				ra10 = 0x0p+0f;
-				if ((((m05 + ((((int)threadIdx.x) + 192) / 16)) < 40) && (((nx32 * 16) + ((((int)threadIdx.x) + 192) % 16)) < 36))) {
-					float v40 = p2[((((((m05 + ((((int)threadIdx.x) + 192) / 16)) / 20) % 2) * 720) + (((m05 + ((((int)threadIdx.x) + 192) / 16)) % 20) * 36)) + ((nx32 * 16) + ((((int)threadIdx.x) + 192) % 16)))];
-					float v41 = ((v40 < 0x0p+0f) ? 0x0p+0f : v40);
-					ra10 = v41;
-				}
-				for (int c42 = ((int)threadIdx.x); c42 < 64; c42 += 64) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns33 * 320) + (((c42 / 4) * 20) + ((c42 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((c42 % 4) * 4)) < 24) && (((nx32 * 16) + (c42 / 4)) < 36))) ? &p3[((n06 + ((c42 % 4) * 4)) + (((nx32 * 16) + (c42 / 4)) * 24))] : p3), "r"(((((n06 + ((c42 % 4) * 4)) < 24) && (((nx32 * 16) + (c42 / 4)) < 36))) ? 16 : 0) : "memory"); }
+				for (int c22 = ((int)threadIdx.x); c22 < 64; c22 += 64) {
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns20 * 320) + (((c22 / 4) * 20) + ((c22 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((c22 % 4) * 4)) < 24) && (((nx19 * 16) + (c22 / 4)) < 36))) ? &p3[((n06 + ((c22 % 4) * 4)) + (((nx19 * 16) + (c22 / 4)) * 24))] : p3), "r"(((((n06 + ((c22 % 4) * 4)) < 24) && (((nx19 * 16) + (c22 / 4)) < 36))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int ks43 = 0; ks43 < 16; ks43 += 8) {
+			for (int ks23 = 0; ks23 < 16; ks23 += 8) {
 				#pragma unroll
-				for (int mi44 = 0; mi44 < 1; mi44 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((st31 * 320) + ((((wm1 + (mi44 * 16)) + (lane0 & 15)) * 20) + (ks43 + ((lane0 >> 4) * 4))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi44 * 4)] = __uint_as_float(ap_r0); fa[(mi44 * 4) + 1] = __uint_as_float(ap_r1); fa[(mi44 * 4) + 2] = __uint_as_float(ap_r2); fa[(mi44 * 4) + 3] = __uint_as_float(ap_r3); }
+				for (int mi24 = 0; mi24 < 1; mi24 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((((wm1 + (mi24 * 16)) + (lane0 & 15)) * 20) + (ks23 + ((lane0 >> 4) * 4)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi24 * 4)] = __uint_as_float(ap_r0); fa[(mi24 * 4) + 1] = __uint_as_float(ap_r1); fa[(mi24 * 4) + 2] = __uint_as_float(ap_r2); fa[(mi24 * 4) + 3] = __uint_as_float(ap_r3); }
 				}
 				#pragma unroll
-				for (int ni45 = 0; ni45 < 1; ni45 += 1) {
-					fb[(ni45 * 2)] = sb[((st31 * 320) + (((ks43 + (lane0 & 3)) * 20) + ((wn2 + (ni45 * 8)) + (lane0 >> 2))))];
-					fb[((ni45 * 2) + 1)] = sb[((st31 * 320) + (((ks43 + ((lane0 & 3) + 4)) * 20) + ((wn2 + (ni45 * 8)) + (lane0 >> 2))))];
+				for (int ni25 = 0; ni25 < 1; ni25 += 1) {
+					fb[(ni25 * 2)] = sb[((st13 * 320) + (((ks23 + (lane0 & 3)) * 20) + ((wn2 + (ni25 * 8)) + (lane0 >> 2))))];
+					fb[((ni25 * 2) + 1)] = sb[((st13 * 320) + (((ks23 + ((lane0 & 3) + 4)) * 20) + ((wn2 + (ni25 * 8)) + (lane0 >> 2))))];
 				}
 				#pragma unroll
-				for (int r46 = 0; r46 < 2; r46 += 1) {
-					fb[r46] = ap_tf32f(fb[r46]);
+				for (int r26 = 0; r26 < 4; r26 += 1) {
+					fa[r26] = ap_tf32f(fa[r26]);
 				}
 				#pragma unroll
-				for (int mi47 = 0; mi47 < 1; mi47 += 1) {
+				for (int r27 = 0; r27 < 2; r27 += 1) {
+					fb[r27] = ap_tf32f(fb[r27]);
+				}
+				#pragma unroll
+				for (int mi28 = 0; mi28 < 1; mi28 += 1) {
 					#pragma unroll
-					for (int ni48 = 0; ni48 < 1; ni48 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi47 + ni48) * 4)]), "=f"(acc[((mi47 + ni48) * 4) + 1]), "=f"(acc[((mi47 + ni48) * 4) + 2]), "=f"(acc[((mi47 + ni48) * 4) + 3]) : "r"(__float_as_uint(fa[(mi47 * 4)])), "r"(__float_as_uint(fa[(mi47 * 4) + 1])), "r"(__float_as_uint(fa[(mi47 * 4) + 2])), "r"(__float_as_uint(fa[(mi47 * 4) + 3])), "r"(__float_as_uint(fb[(ni48 * 2)])), "r"(__float_as_uint(fb[(ni48 * 2) + 1])), "f"(acc[((mi47 + ni48) * 4)]), "f"(acc[((mi47 + ni48) * 4) + 1]), "f"(acc[((mi47 + ni48) * 4) + 2]), "f"(acc[((mi47 + ni48) * 4) + 3]));
+					for (int ni29 = 0; ni29 < 1; ni29 += 1) {
+						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi28 + ni29) * 4)]), "=f"(acc[((mi28 + ni29) * 4) + 1]), "=f"(acc[((mi28 + ni29) * 4) + 2]), "=f"(acc[((mi28 + ni29) * 4) + 3]) : "r"(__float_as_uint(fa[(mi28 * 4)])), "r"(__float_as_uint(fa[(mi28 * 4) + 1])), "r"(__float_as_uint(fa[(mi28 * 4) + 2])), "r"(__float_as_uint(fa[(mi28 * 4) + 3])), "r"(__float_as_uint(fb[(ni29 * 2)])), "r"(__float_as_uint(fb[(ni29 * 2) + 1])), "f"(acc[((mi28 + ni29) * 4)]), "f"(acc[((mi28 + ni29) * 4) + 1]), "f"(acc[((mi28 + ni29) * 4) + 2]), "f"(acc[((mi28 + ni29) * 4) + 3]));
 					}
 				}
-			}
-			if ((nx32 < 3)) {
-				sa[((ns33 * 320) + (((((int)threadIdx.x) / 16) * 20) + (((int)threadIdx.x) % 16)))] = ap_tf32f(ra7);
-				sa[((ns33 * 320) + ((((((int)threadIdx.x) + 64) / 16) * 20) + ((((int)threadIdx.x) + 64) % 16)))] = ap_tf32f(ra8);
-				sa[((ns33 * 320) + ((((((int)threadIdx.x) + 128) / 16) * 20) + ((((int)threadIdx.x) + 128) % 16)))] = ap_tf32f(ra9);
-				sa[((ns33 * 320) + ((((((int)threadIdx.x) + 192) / 16) * 20) + ((((int)threadIdx.x) + 192) % 16)))] = ap_tf32f(ra10);
 			}
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int mi49 = 0; mi49 < 1; mi49 += 1) {
+		for (int mi30 = 0; mi30 < 1; mi30 += 1) {
 			#pragma unroll
-			for (int ni50 = 0; ni50 < 1; ni50 += 1) {
+			for (int ni31 = 0; ni31 < 1; ni31 += 1) {
 				#pragma unroll
-				for (int e51 = 0; e51 < 4; e51 += 1) {
-					int row52 = ((m05 + wm1) + ((mi49 * 16) + ((lane0 >> 2) + ((e51 >> 1) * 8))));
-					int col53 = ((n06 + wn2) + ((ni50 * 8) + (((lane0 & 3) * 2) + (e51 & 1))));
-					if (((row52 < 40) && (col53 < 24))) {
-						float v54 = acc[(((mi49 + ni50) * 4) + e51)];
-						float v55 = p4[col53];
-						float v56 = (v54 + v55);
-						float v57 = p5[((row52 * 24) + col53)];
-						float v58 = (v56 + v57);
-						p0[((row52 * 24) + col53)] = v58;
-						p1[(((((row52 / 20) % 2) * 480) + (col53 * 20)) + (row52 % 20))] = v58;
+				for (int e32 = 0; e32 < 4; e32 += 1) {
+					int row33 = ((m05 + wm1) + ((mi30 * 16) + ((lane0 >> 2) + ((e32 >> 1) * 8))));
+					int col34 = ((n06 + wn2) + ((ni31 * 8) + (((lane0 & 3) * 2) + (e32 & 1))));
+					if (((row33 < 40) && (col34 < 24))) {
+						float v35 = acc[(((mi30 + ni31) * 4) + e32)];
+						float v36 = p4[col34];
+						float v37 = (v35 + v36);
+						float v38 = p5[((row33 * 24) + col34)];
+						float v39 = (v37 + v38);
+						p0[((row33 * 24) + col34)] = v39;
+						p1[(((((row33 / 20) % 2) * 480) + (col34 * 20)) + (row33 % 20))] = v39;
 					}
 				}
 			}
