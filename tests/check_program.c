@@ -1049,7 +1049,8 @@ static bool pair_staged_text(const ap_program *p, char which)
 	return false;
 }
 
-/* The GEMM kernel of p says its operand `which` is convert-staged. */
+/* The GEMM kernel of p says its operand `which` is compute-staged from
+ * float32 elements. */
 static bool convert_staged_text(const ap_program *p, char which)
 {
 	char key[64];
@@ -1064,7 +1065,7 @@ static bool convert_staged_text(const ap_program *p, char which)
 /* A 3x3 convolution over 5 channels in the 16-bit type dt (K = 45, the
  * im2col rows gathered; the weights pair-staged), of an input of type dt
  * (A pair-staged) or, with `cast_input`, of a float32 input cast to dt
- * on the way (A convert-staged: the float32 elements gathered and
+ * on the way (A compute-staged: the float32 elements gathered and
  * converted).  Run on the host against the definition with the input
  * rounded to dt; the host and sm_80 builds say how A and B are staged. */
 static void conv16_case(ap_dtype dt, bool cast_input)

@@ -665,7 +665,7 @@ static size_t staging_bytes(stage_mode m, const gemm_opnd *op, size_t es, size_t
 }
 
 /* Bytes of shared memory of configuration c on t: each operand's tile
- * stages (a pair- or convert-staged operand: one tile, plus per stage its
+ * stages (a pair- or compute-staged operand: one tile, plus per stage its
  * staging buffer), and split-K's partial accumulator tile. */
 static size_t smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t)
 {
@@ -897,7 +897,7 @@ typedef struct gctx {
 	unsigned nt;
 	bool a_rowk, b_rowk;            /* shared tiles with K contiguous */
 	bool a_async, b_async;          /* loaded by cp.async */
-	stage_mode a_mode, b_mode;      /* copy_mode; pair- or convert-staged: a single tile
+	stage_mode a_mode, b_mode;      /* copy_mode; pair- or compute-staged: a single tile
 					   stage, filled from pa / pb by extract_tile */
 	ap_kir_array *pa, *pb;          /* per stage: two elements a tile element (pairs), or
 					   one float32 element (convert) */
@@ -1172,7 +1172,7 @@ static ap_kir_expr *conv_element(gctx *c, int role, ap_kir_expr *o, ap_kir_expr 
 
 
 /* Shared-memory index of (outer, k) in stage `st` of operand `role`'s
- * tile (a pair- or convert-staged operand has one tile: st is ignored). */
+ * tile (a pair- or compute-staged operand has one tile: st is ignored). */
 static ap_kir_expr *smem_index(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *o, ap_kir_expr *kk)
 {
 	ap_kir_kernel *k = c->k;
@@ -1219,8 +1219,9 @@ static ap_kir_var *copy_loop(gctx *c, int role, int w, ap_kir_expr **o, ap_kir_e
 /* cp.async of operand `role`'s K tile `kt` into stage `st`: each copy
  * moves `vec` elements along the contiguous coordinate (a pair-staged
  * operand: the pair holding its element, into stage st of the pairs,
- * the element's place in the pair into its parity byte; convert-staged:
- * float32 elements into stage st of the staging buffer, in copy order). */
+ * the element's place in the pair into its parity byte; compute-staged:
+ * the source's elements into stage st of the staging buffer, in copy
+ * order). */
 static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 {
 	const gemm_opnd *op = role ? &c->p->b : &c->p->a;
