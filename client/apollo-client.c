@@ -59,11 +59,13 @@
 #include "proto/apollo.pb-c.h"
 #include "runtime.h"
 #include "tool.h"
+#include "../common/trust.h"
 
 #define MAX_MODEL_BYTES ((size_t)2 << 30)
 
 static const char *g_socket;   /* --socket; NULL = default */
-static const char *g_token;    /* --token, else $APOLLO_TOKEN (TCP) */
+static const char *g_token;    /* --token-file, --token, else $APOLLO_TOKEN (TCP) */
+static char g_token_buf[256];  /* the token read from --token-file or copied from --token */
 static const char *g_daemon_user; /* --daemon-user; NULL = $APOLLO_DAEMON_USER */
 
 static void usage(FILE *f)
@@ -85,9 +87,34 @@ static void usage(FILE *f)
 	      "  apollo-client stats [--json]\n"
 	      "every subcommand takes --socket PATH (default $APOLLO_SOCKET, else\n"
 	      "$XDG_RUNTIME_DIR/apollod.sock, else /tmp/apollod-<uid>/apollod.sock; HOST:PORT for TCP,\n"
-	      "with --token SECRET or $APOLLO_TOKEN) and --daemon-user USER (default $APOLLO_DAEMON_USER:\n"
+	      "with --token-file FILE (a private file), --token SECRET or $APOLLO_TOKEN) and --daemon-user USER (default $APOLLO_DAEMON_USER:\n"
 	      "a daemon on a Unix socket must run as you, as root or as USER)\n",
 	      f);
+}
+
+/* Reads the TCP token from `path`: a private file by common/trust.h's rule
+ * for secrets, one line (a final newline dropped), into g_token_buf.
+ * 0, or AP_EIO / AP_EINVAL with `e`. */
+static int read_token_file(const char *path, ap_error *e)
+{
+	char buf[sizeof(g_token_buf) + 1];
+	int fd = ap_trust_open(path, "token file", AP_TRUST_SECRET, e);
+	ssize_t n;
+
+	if (fd < 0)
+		return fd;
+	n = read(fd, buf, sizeof(buf));
+	close(fd);
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+		n--;
+	if (n <= 0 || (size_t)n >= sizeof(g_token_buf) || memchr(buf, '\n', (size_t)n) ||
+	    memchr(buf, '\0', (size_t)n))
+		return ap_error_set(e, AP_EINVAL, NULL, NULL,
+				    "%s must hold one line of 1 to %zu bytes", path,
+				    sizeof(g_token_buf) - 1);
+	memcpy(g_token_buf, buf, (size_t)n);
+	g_token_buf[n] = '\0';
+	return 0;
 }
 
 static int fail(const char *what, const ap_error *e)
@@ -1682,7 +1709,24 @@ int main(int argc, char **argv)
 				free(rest);
 				return usage_error("--token wants a value");
 			}
-			g_token = argv[++i];
+			/* the command line is world-readable: keep a copy, scrub it */
+			snprintf(g_token_buf, sizeof(g_token_buf), "%s", argv[++i]);
+			memset(argv[i], '*', strlen(argv[i]));
+			g_token = g_token_buf;
+			fprintf(stderr, "apollo-client: warning: --token is visible to other local "
+				"users; use --token-file FILE or $APOLLO_TOKEN\n");
+		} else if (!strcmp(argv[i], "--token-file")) {
+			ap_error e;
+
+			if (i + 1 >= argc) {
+				free(rest);
+				return usage_error("--token-file wants a path");
+			}
+			if (read_token_file(argv[++i], &e)) {
+				free(rest);
+				return fail("token file", &e);
+			}
+			g_token = g_token_buf;
 		} else if (!strcmp(argv[i], "--daemon-user")) {
 			if (i + 1 >= argc) {
 				free(rest);

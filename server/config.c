@@ -11,6 +11,9 @@
  */
 #include "config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -21,6 +24,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "../common/trust.h"
 
 static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
 
@@ -45,7 +50,15 @@ static const ap_config_option options[] = {
 	  "Secret shared with TCP clients.  Client and daemon each prove they know "
 	  "it (HMAC-SHA256 over fresh nonces) before anything else is served; it is "
 	  "never sent.  Use a long random value (openssl rand -hex 32): a recorded "
-	  "handshake allows guessing a short one offline." },
+	  "handshake allows guessing a short one offline.  Prefer tcp_token_file: "
+	  "a value given as --tcp-token is visible to every local user until apollod "
+	  "scrubs it from its command line (it warns), and a config file that sets it "
+	  "must not be readable by others." },
+	{ "tcp_token_file", STR(tcp_token_file), "", 0, 0, NULL,
+	  "File holding tcp_token (one line; a final newline is dropped).  It must "
+	  "belong to this user or root, be readable by nobody else (chmod 600) and sit "
+	  "in directories only they can write; apollod refuses to start otherwise.  "
+	  "Not together with tcp_token." },
 	{ "cache", STR(cache), "", 0, 0, NULL,
 	  "SQLite cache file (created with its directories).  Empty: "
 	  "$XDG_CACHE_HOME/apollo/cache.db, else ~/.cache/apollo/cache.db.  \"off\": "
@@ -408,19 +421,51 @@ int ap_config_parse_text(ap_config *cfg, const char *text, const char *origin, a
 	return 0;
 }
 
+bool ap_config_is_secret(const ap_config_option *o)
+{
+	return !strcmp(o->name, "tcp_token");
+}
+
+/* Whether a secret option of `cfg` differs from `before` (set by a file). */
+static bool secret_changed(const ap_config *before, const ap_config *cfg)
+{
+	for (int i = 0; i < N_OPTIONS; i++) {
+		const ap_config_option *o = &options[i];
+
+		if (ap_config_is_secret(o) && memcmp((const char *)before + o->offset,
+					(const char *)cfg + o->offset, o->size))
+			return true;
+	}
+	return false;
+}
+
 int ap_config_parse_file(ap_config *cfg, const char *path, ap_error *err)
 {
-	FILE *f = fopen(path, "rb");
+	ap_config *before = malloc(sizeof(*before));
+	struct stat st;
+	FILE *f;
 	char *buf;
 	size_t n;
-	int rc;
+	int rc, fd;
 
-	if (!f)
-		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot open config file %s: %s", path,
-				    strerror(errno));
+	if (!before)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory reading %s", path);
+	fd = ap_trust_open(path, "config file", 0, err);
+	if (fd < 0) {
+		free(before);
+		return fd;
+	}
+	if (fstat(fd, &st) || !(f = fdopen(fd, "rb"))) {
+		rc = ap_error_set(err, AP_EIO, NULL, NULL, "cannot read config file %s: %s", path,
+				  strerror(errno));
+		close(fd);
+		free(before);
+		return rc;
+	}
 	buf = malloc((1 << 20) + 1);
 	if (!buf) {
 		fclose(f);
+		free(before);
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory reading %s", path);
 	}
 	n = fread(buf, 1, 1 << 20, f);
@@ -429,16 +474,58 @@ int ap_config_parse_file(ap_config *cfg, const char *path, ap_error *err)
 				  ferror(f) ? strerror(errno) : "larger than 1 MiB");
 		fclose(f);
 		free(buf);
+		free(before);
 		return rc;
 	}
 	fclose(f);
 	buf[n] = '\0';
+	memcpy(before, cfg, sizeof(*cfg));
 	if (memchr(buf, '\0', n))
 		rc = ap_error_set(err, AP_EINVAL, NULL, NULL, "%s: not a text file (NUL byte)", path);
 	else
 		rc = ap_config_parse_text(cfg, buf, path, err);
+	if (!rc && (st.st_mode & S_IROTH) && secret_changed(before, cfg))
+		rc = ap_error_set(err, AP_EIO, NULL, NULL,
+				  "config file %s (mode %04o) sets tcp_token and is readable by "
+				  "others: make it private (chmod 600), or use tcp_token_file", path,
+				  (unsigned)(st.st_mode & 07777));
 	free(buf);
+	free(before);
 	return rc;
+}
+
+/* Reads tcp_token from tcp_token_file (a private file, ap_trust_open's
+ * rule with AP_TRUST_SECRET).  0, or AP_EINVAL / AP_EIO with `err`. */
+static int read_token_file(ap_config *cfg, ap_error *err)
+{
+	char buf[sizeof(cfg->tcp_token) + 1];
+	ssize_t n;
+	int fd;
+
+	if (!cfg->tcp_token_file[0])
+		return 0;
+	if (cfg->tcp_token[0])
+		return ap_error_set(err, AP_EINVAL, NULL, NULL,
+				    "tcp_token and tcp_token_file are both set: keep only the file");
+	fd = ap_trust_open(cfg->tcp_token_file, "token file", AP_TRUST_SECRET, err);
+	if (fd < 0)
+		return fd;
+	n = read(fd, buf, sizeof(buf));
+	close(fd);
+	if (n < 0)
+		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot read token file %s: %s",
+				    cfg->tcp_token_file, strerror(errno));
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+		n--;
+	if (n == 0 || (size_t)n >= sizeof(cfg->tcp_token) || memchr(buf, '\0', (size_t)n) ||
+	    memchr(buf, '\n', (size_t)n))
+		return ap_error_set(err, AP_EINVAL, NULL, NULL,
+				    "token file %s must hold one line of 1 to %zu bytes",
+				    cfg->tcp_token_file, sizeof(cfg->tcp_token) - 1);
+	memcpy(cfg->tcp_token, buf, (size_t)n);
+	cfg->tcp_token[n] = '\0';
+	memset(buf, 0, sizeof(buf));
+	return 0;
 }
 
 int ap_config_parse_args(ap_config *cfg, int argc, char **argv,
@@ -525,8 +612,14 @@ int ap_config_parse_args(ap_config *cfg, int argc, char **argv,
 					    argv[i]);
 		if ((rc = ap_config_set(cfg, o->name, value, &e)))
 			return ap_error_set(err, rc, NULL, NULL, "--%s: %s", name, e.msg);
+		if (ap_config_is_secret(o) && *value) {
+			/* the command line is world-readable: say so, and scrub it */
+			ap_log(AP_LOG_WARN, "--%s on the command line is visible to every local user "
+			       "until now; use %s_file (a private file) instead", name, o->name);
+			memset((char *)value, '*', strlen(value));
+		}
 	}
-	return 0;
+	return read_token_file(cfg, err);
 }
 
 /* Writes `text` as comment lines "# ..." wrapped before column 78. */

@@ -32,6 +32,7 @@ typedef struct ap_config {
 	char cache[1024];          /* SQLite file; "" = default path, "off" = no cache */
 	char tcp[256];             /* "HOST:PORT" or "" (no TCP listener) */
 	char tcp_token[256];       /* required from TCP clients in Hello */
+	char tcp_token_file[1024]; /* where tcp_token is read from (a private file) */
 	long long socket_mode;     /* permission bits of the Unix socket file */
 	long long workers;         /* worker threads; 0 = one per CPU */
 	long long max_frame_bytes; /* largest accepted frame payload, bytes */
@@ -89,6 +90,11 @@ typedef struct ap_config_option {
 	const char *help;
 } ap_config_option;
 
+/* Whether option `o` holds a secret (tcp_token): its value given as a flag
+ * is scrubbed from argv, and a config file that sets it must not be
+ * readable by others. */
+bool ap_config_is_secret(const ap_config_option *o);
+
 /* The table, `*n` entries, in the order --help and --print-config list them. */
 const ap_config_option *ap_config_table(int *n);
 /* The option named `name` (file spelling, or flag spelling with dashes). */
@@ -107,8 +113,11 @@ int ap_config_set(ap_config *cfg, const char *key, const char *value, ap_error *
  * `origin` names the text in messages ("apollod.conf").  Stops at the
  * first bad line: AP_EINVAL with err->msg "ORIGIN:LINE: what".  */
 int ap_config_parse_text(ap_config *cfg, const char *text, const char *origin, ap_error *err);
-/* Reads and parses the file at `path` (at most 1 MiB).  AP_EIO when it
- * cannot be read, else as ap_config_parse_text. */
+/* Reads and parses the file at `path` (at most 1 MiB) after checking it by
+ * ap_trust_fd's rule (common/trust.h); a file that sets a secret option
+ * (tcp_token) must also be unreadable by others.  AP_EIO when it cannot be
+ * read or is not trusted (the message names the path and why), else as
+ * ap_config_parse_text. */
 int ap_config_parse_file(ap_config *cfg, const char *path, ap_error *err);
 
 typedef enum ap_config_action {
@@ -120,9 +129,16 @@ typedef enum ap_config_action {
 
 /* Applies the command line to `cfg` (which should hold the defaults):
  * first the file of --config PATH (if any), then $APOLLO_SOCKET, then every
- * other flag in order.  Flags: --KEY VALUE, --KEY=VALUE, and for booleans
- * --KEY / --no-KEY.  Returns 0 with *action set, or AP_EINVAL / AP_EIO
- * with `err` naming the bad argument or file line. */
+ * other flag in order, then the secrets read from files (tcp_token_file).
+ * Flags: --KEY VALUE, --KEY=VALUE, and for booleans --KEY / --no-KEY.
+ * The value of a secret given as a flag (--tcp-token) is accepted with a
+ * warning and overwritten in `argv` with '*' so that /proc/PID/cmdline and
+ * ps no longer show it (the file form is the safe one).  The config file
+ * and the token file must pass ap_trust_path's rule (common/trust.h: owned
+ * by this user or root, not writable by others, in directories only they
+ * control; the token file, and a config file that sets tcp_token, not
+ * readable by others).  Returns 0 with *action set, or AP_EINVAL / AP_EIO
+ * with `err` naming the bad argument, file line or untrusted file. */
 int ap_config_parse_args(ap_config *cfg, int argc, char **argv,
 			 ap_config_action *action, ap_error *err);
 

@@ -3,7 +3,9 @@
  * Start-up order: the configuration (defaults, --config file,
  * $APOLLO_SOCKET, flags); detaching when foreground is false (the parent
  * waits on a pipe until the child listens, so `apollod --no-foreground`
- * returns once the daemon is ready, with the child's status); NVRTC (its
+ * returns once the daemon is ready, with the child's status); the cache's
+ * files by common/trust.h's ownership rule (another user's database stops
+ * the start: it would be a way to plant code); NVRTC (its
  * absence is a warning: target cpu is still served); the cache (its failure
  * is a warning: requests are then compiled every time; a file that is not a
  * database is moved aside and replaced, see cache.h) with its limits; the
@@ -185,6 +187,11 @@ int main(int argc, char **argv)
 	else
 		ap_log(AP_LOG_INFO, "NVRTC %s loaded", ap_nvrtc_version());
 
+	if (ap_cache_check_path(cfg.cache, &err)) {
+		ap_log(AP_LOG_ERROR, "%s", err.msg);
+		report_ready(ready_fd, 1);
+		return 1;
+	}
 	rc = ap_cache_open(cfg.cache, &cache, &err);
 	if (rc == AP_ENOMEM || !cache) {
 		ap_log(AP_LOG_ERROR, "%s", err.msg);

@@ -56,6 +56,41 @@ static ap_cache *open_ok(void)
 	return c;
 }
 
+/* Issue 29, item 1: a database in a directory others can write, or a
+ * -wal file others can write, is refused (ap_cache_check_path) and never
+ * opened (ap_cache_open leaves the cache off). */
+START_TEST(untrusted_database_refused)
+{
+	char open_dir[128], path[192], wal[200];
+	ap_cache *c = NULL;
+	ap_error err;
+	FILE *f;
+
+	snprintf(open_dir, sizeof(open_dir), "%s/open", dir);
+	ck_assert_int_eq(mkdir(open_dir, 0700), 0);
+	snprintf(path, sizeof(path), "%s/cache.db", open_dir);
+	ck_assert_int_eq(ap_cache_check_path(path, &err), 0);
+	ck_assert_int_eq(chmod(open_dir, 01777), 0);   /* sticky is not enough */
+	ck_assert_int_eq(ap_cache_check_path(path, &err), AP_EIO);
+	ck_assert_ptr_nonnull(strstr(err.msg, open_dir));
+	ck_assert_int_eq(ap_cache_open(path, &c, &err), AP_EIO);
+	ck_assert(!ap_cache_enabled(c));
+	ap_cache_free(c);
+	ck_assert_int_ne(access(path, F_OK), 0);       /* nothing was created */
+	ck_assert_int_eq(chmod(open_dir, 0700), 0);
+	/* a -wal planted beside the database, writable by others */
+	snprintf(wal, sizeof(wal), "%s-wal", path);
+	f = fopen(wal, "w");
+	ck_assert_ptr_nonnull(f);
+	fclose(f);
+	ck_assert_int_eq(chmod(wal, 0666), 0);
+	ck_assert_int_eq(ap_cache_check_path(path, &err), AP_EIO);
+	ck_assert_ptr_nonnull(strstr(err.msg, "-wal"));
+	ck_assert_int_eq(unlink(wal), 0);
+	ck_assert_int_eq(ap_cache_check_path("off", &err), 0);
+}
+END_TEST
+
 START_TEST(put_get)
 {
 	ap_cache *c = open_ok();
@@ -593,6 +628,7 @@ static Suite *cache_suite(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, put_get);
+	tcase_add_test(tc, untrusted_database_refused);
 	tcase_add_test(tc, persists_across_open);
 	tcase_add_test(tc, digest_mismatch_is_a_miss);
 	tcase_add_test(tc, kernel_shared_by_two_keys);

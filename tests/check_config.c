@@ -4,8 +4,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/trust.h"
 #include "server/config.h"
 
 START_TEST(table_is_consistent)
@@ -288,6 +290,151 @@ static char *read_all(FILE *f, size_t *len)
 
 /* deploy/apollod.conf is exactly what --print-config writes, and parsing it
  * gives the defaults. */
+/* Writes `text` to dir/name with `mode`; the path goes to `path`. */
+static void write_file(const char *dir, const char *name, const char *text, mode_t mode,
+		       char *path, size_t cap)
+{
+	FILE *f;
+
+	snprintf(path, cap, "%s/%s", dir, name);
+	f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(text, f);
+	fclose(f);
+	ck_assert_int_eq(chmod(path, mode), 0);
+}
+
+/* common/trust.h's rule (issue 29, item 1): the file's owner and mode, its
+ * directory, the directories above it, secrets, missing files. */
+START_TEST(trust_rule)
+{
+	char dir[] = "/tmp/apollo-trust-XXXXXX", sub[128], path[192], cmd[160];
+	ap_error err;
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	write_file(dir, "ok", "x\n", 0644, path, sizeof(path));
+	ck_assert_int_eq(ap_trust_path(path, "file", 0, &err), 0);
+	/* a secret readable by others */
+	ck_assert_int_eq(ap_trust_path(path, "token file", AP_TRUST_SECRET, &err), AP_EIO);
+	ck_assert_ptr_nonnull(strstr(err.msg, "readable by others"));
+	ck_assert_ptr_nonnull(strstr(err.msg, path));
+	ck_assert_int_eq(chmod(path, 0640), 0);
+	ck_assert_int_eq(ap_trust_path(path, "token file", AP_TRUST_SECRET, &err), 0);
+	/* writable by group or others */
+	ck_assert_int_eq(chmod(path, 0664), 0);
+	ck_assert_int_eq(ap_trust_path(path, "file", 0, &err), AP_EIO);
+	ck_assert_ptr_nonnull(strstr(err.msg, "writable by its group"));
+	ck_assert_int_eq(chmod(path, 0646), 0);
+	ck_assert_int_eq(ap_trust_path(path, "file", 0, &err), AP_EIO);
+	ck_assert_ptr_nonnull(strstr(err.msg, "writable by others"));
+	ck_assert_int_eq(chmod(path, 0644), 0);
+	/* another user's file */
+	if (geteuid() == 0) {
+		ck_assert_int_eq(chown(path, 65534, 65534), 0);
+		ck_assert_int_eq(ap_trust_path(path, "file", 0, &err), AP_EIO);
+		ck_assert_ptr_nonnull(strstr(err.msg, "belongs to uid 65534"));
+		ck_assert_int_eq(chown(path, 0, 0), 0);
+	}
+	/* a directory anyone can write: refused unless sticky, and for a
+	 * private directory (a database) refused even when sticky */
+	snprintf(sub, sizeof(sub), "%s/open", dir);
+	ck_assert_int_eq(mkdir(sub, 0700), 0);
+	write_file(sub, "f", "x\n", 0600, path, sizeof(path));
+	ck_assert_int_eq(chmod(sub, 0777), 0);
+	ck_assert_int_eq(ap_trust_path(path, "file", 0, &err), AP_EIO);
+	ck_assert_ptr_nonnull(strstr(err.msg, "not sticky"));
+	ck_assert_int_eq(chmod(sub, 01777), 0);
+	ck_assert_int_eq(ap_trust_path(path, "file", 0, &err), 0);
+	ck_assert_int_eq(ap_trust_path(path, "db", AP_TRUST_PRIVATE_DIR, &err), AP_EIO);
+	ck_assert_ptr_nonnull(strstr(err.msg, sub));
+	/* a file not there yet: its directory decides; a directory further up
+	 * that anyone can write without the sticky bit refuses it too */
+	snprintf(path, sizeof(path), "%s/missing/deeper/f.db", sub);
+	ck_assert_int_eq(ap_trust_path(path, "db", AP_TRUST_MAY_BE_MISSING, &err), 0);
+	ck_assert_int_eq(chmod(sub, 0777), 0);
+	ck_assert_int_eq(ap_trust_path(path, "db", AP_TRUST_MAY_BE_MISSING, &err), AP_EIO);
+	ck_assert_int_eq(ap_trust_path(path, "db", 0, &err), AP_EIO);  /* missing */
+	ck_assert_int_eq(chmod(sub, 0700), 0);
+	/* a symbolic link is judged by what it points to */
+	{
+		char link[192];
+
+		snprintf(path, sizeof(path), "%s/f", sub);
+		snprintf(link, sizeof(link), "%s/link", dir);
+		ck_assert_int_eq(symlink(path, link), 0);
+		ck_assert_int_eq(ap_trust_path(link, "file", 0, &err), 0);
+		ck_assert_int_eq(chmod(path, 0666), 0);
+		ck_assert_int_eq(ap_trust_path(link, "file", 0, &err), AP_EIO);
+	}
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* Issue 29, item 3: tcp_token from a private file; a config file that sets
+ * tcp_token must be private; --tcp-token is scrubbed from argv. */
+START_TEST(token_sources)
+{
+	char dir[] = "/tmp/apollo-token-XXXXXX", tok[192], conf[192], cmd[160];
+	char token_flag[] = "flag-secret", tok_arg[240];
+	ap_config cfg;
+	ap_config_action action;
+	ap_error err;
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	write_file(dir, "token", "from-the-file\n", 0600, tok, sizeof(tok));
+	snprintf(tok_arg, sizeof(tok_arg), "--tcp-token-file=%s", tok);
+	{
+		char *argv[] = { "apollod", tok_arg, NULL };
+
+		ap_config_defaults(&cfg);
+		ck_assert_int_eq(ap_config_parse_args(&cfg, 2, argv, &action, &err), 0);
+		ck_assert_str_eq(cfg.tcp_token, "from-the-file");
+	}
+	ck_assert_int_eq(chmod(tok, 0604), 0);
+	{
+		char *argv[] = { "apollod", tok_arg, NULL };
+
+		ap_config_defaults(&cfg);
+		ck_assert_int_eq(ap_config_parse_args(&cfg, 2, argv, &action, &err), AP_EIO);
+		ck_assert_ptr_nonnull(strstr(err.msg, "readable by others"));
+	}
+	ck_assert_int_eq(chmod(tok, 0600), 0);
+	{
+		/* both: ambiguous, refused */
+		char *argv[] = { "apollod", tok_arg, "--tcp-token", token_flag, NULL };
+
+		ap_config_defaults(&cfg);
+		ck_assert_int_eq(ap_config_parse_args(&cfg, 4, argv, &action, &err), AP_EINVAL);
+	}
+	{
+		/* the flag: taken, and its text in argv overwritten */
+		char flag[] = "flag-secret";
+		char *argv[] = { "apollod", "--tcp-token", flag, NULL };
+
+		ap_config_defaults(&cfg);
+		ck_assert_int_eq(ap_config_parse_args(&cfg, 3, argv, &action, &err), 0);
+		ck_assert_str_eq(cfg.tcp_token, "flag-secret");
+		ck_assert_str_eq(flag, "***********");
+	}
+	/* a config file that sets the token: private only */
+	write_file(dir, "apollod.conf", "tcp_token = in-the-conf\n", 0644, conf, sizeof(conf));
+	{
+		char *argv[] = { "apollod", "--config", conf, NULL };
+
+		ap_config_defaults(&cfg);
+		ck_assert_int_eq(ap_config_parse_args(&cfg, 3, argv, &action, &err), AP_EIO);
+		ck_assert_ptr_nonnull(strstr(err.msg, "tcp_token_file"));
+		ck_assert_int_eq(chmod(conf, 0600), 0);
+		ap_config_defaults(&cfg);
+		ck_assert_int_eq(ap_config_parse_args(&cfg, 3, argv, &action, &err), 0);
+		ck_assert_str_eq(cfg.tcp_token, "in-the-conf");
+	}
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 START_TEST(committed_conf_matches)
 {
 	const char *candidates[] = { "deploy/apollod.conf", "../deploy/apollod.conf",
@@ -365,6 +512,8 @@ static Suite *config_suite(void)
 	tcase_add_test(tc, file_errors);
 	tcase_add_test(tc, file_io);
 	tcase_add_test(tc, command_line);
+	tcase_add_test(tc, trust_rule);
+	tcase_add_test(tc, token_sources);
 	tcase_add_test(tc, committed_conf_matches);
 	tcase_add_test(tc, usage_lists_every_flag);
 	suite_add_tcase(s, tc);

@@ -1726,6 +1726,153 @@ START_TEST(tcp_needs_token)
 }
 END_TEST
 
+/* Runs apollod with `args` (after --socket DIR/s.sock --foreground), expects
+ * it to refuse to start with exit status `want` and a log naming `what`. */
+static void start_refused(const char *dir, const char *const *args, int want, const char *what)
+{
+	char log[256], sock[200], buf[4096];
+	pid_t pid;
+	int status = 0, fd;
+	ssize_t n;
+
+	snprintf(log, sizeof(log), "%s/refused.log", dir);
+	snprintf(sock, sizeof(sock), "%s/s.sock", dir);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		const char *argv[24];
+		int k = 0;
+
+		fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		argv[k++] = apollod_path();
+		argv[k++] = "--socket";
+		argv[k++] = sock;
+		argv[k++] = "--foreground";
+		for (int i = 0; args[i] && k < 23; i++)
+			argv[k++] = args[i];
+		argv[k] = NULL;
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == want,
+		      "apollod exit status %d, want %d", status, want);
+	fd = open(log, O_RDONLY);
+	ck_assert_int_ge(fd, 0);
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	buf[n > 0 ? n : 0] = '\0';
+	ck_assert_msg(strstr(buf, what), "log '%s' does not name '%s'", buf, what);
+}
+
+/* Issue 29, items 1 and 3: files another user controls are refused at
+ * start, with the path and the reason; a token given on the command line
+ * is scrubbed from /proc/PID/cmdline, and one read from a private file
+ * never appears there. */
+START_TEST(untrusted_files_and_secrets)
+{
+	char dir[] = "/tmp/apollo-trust-XXXXXX", open_dir[128], db[192], conf[192], tok[192];
+	char spec[32], cmdline[4096], path[64];
+	const char *extra[] = { "--tcp", spec, "--tcp-token-file", tok, NULL };
+	const char *extra_flag[] = { "--tcp", spec, "--tcp-token", "s3cret-in-argv", NULL };
+	Apollo__Envelope *r;
+	bool server_ok;
+	daemon_t d;
+	int fd, port = tcp_port();
+	ssize_t n;
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	/* a cache in a directory anyone can write (SQLite's -wal could be
+	 * planted there) */
+	snprintf(open_dir, sizeof(open_dir), "%s/shared", dir);
+	ck_assert_int_eq(mkdir(open_dir, 0777), 0);
+	ck_assert_int_eq(chmod(open_dir, 0777), 0);
+	snprintf(db, sizeof(db), "%s/apollo.db", open_dir);
+	{
+		const char *args[] = { "--cache", db, NULL };
+		start_refused(dir, args, 1, "is writable by others");
+	}
+	/* /tmp itself: sticky, but still writable by others */
+	{
+		const char *args[] = { "--cache", "/tmp/apollo-trust-test.db", NULL };
+		start_refused(dir, args, 1, "directory /tmp");
+	}
+	/* a config file its group can write */
+	snprintf(conf, sizeof(conf), "%s/apollod.conf", dir);
+	fd = open(conf, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, "workers = 2\n", 12), 12);
+	close(fd);
+	ck_assert_int_eq(chmod(conf, 0664), 0);
+	{
+		const char *args[] = { "--config", conf, "--cache", "off", NULL };
+		start_refused(dir, args, 2, "writable by its group");
+	}
+	/* another user's config file (needs root to make one) */
+	if (geteuid() == 0) {
+		const char *args[] = { "--config", conf, "--cache", "off", NULL };
+
+		ck_assert_int_eq(chmod(conf, 0644), 0);
+		ck_assert_int_eq(chown(conf, 65534, 65534), 0);
+		start_refused(dir, args, 2, "belongs to uid 65534");
+	}
+	/* a token file others can read */
+	snprintf(tok, sizeof(tok), "%s/token", dir);
+	fd = open(tok, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, "s3cret-in-file\n", 15), 15);
+	close(fd);
+	ck_assert_int_eq(chmod(tok, 0644), 0);
+	snprintf(spec, sizeof(spec), "127.0.0.1:%d", port);
+	start_refused(dir, extra, 2, "readable by others");
+	ck_assert_int_eq(chmod(tok, 0600), 0);
+
+	/* the private token file: served, and the token is nowhere in argv */
+	daemon_start_in(&d, NULL, NULL, extra);
+	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)d.pid);
+	fd = open(path, O_RDONLY);
+	ck_assert_int_ge(fd, 0);
+	n = read(fd, cmdline, sizeof(cmdline));
+	close(fd);
+	ck_assert_int_gt(n, 0);
+	ck_assert_ptr_null(memmem(cmdline, (size_t)n, "s3cret", 6));
+	fd = tcp_connect_retry(port);
+	r = tcp_auth(fd, "s3cret-in-file", &server_ok);
+	ck_assert(server_ok);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_HELLO_REPLY);
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+
+	/* the old flag: accepted with a warning, scrubbed from the command line */
+	port = tcp_port();
+	snprintf(spec, sizeof(spec), "127.0.0.1:%d", port);
+	daemon_start_in(&d, NULL, NULL, extra_flag);
+	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)d.pid);
+	fd = open(path, O_RDONLY);
+	ck_assert_int_ge(fd, 0);
+	n = read(fd, cmdline, sizeof(cmdline));
+	close(fd);
+	ck_assert_int_gt(n, 0);
+	ck_assert_ptr_null(memmem(cmdline, (size_t)n, "s3cret", 6));
+	ck_assert(log_has(&d, "visible to every local user"));
+	fd = tcp_connect_retry(port);
+	r = tcp_auth(fd, "s3cret-in-argv", &server_ok);
+	ck_assert(server_ok);
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+	snprintf(cmdline, sizeof(cmdline), "rm -rf '%s'", dir);
+	ck_assert_int_eq(system(cmdline), 0);
+}
+END_TEST
+
 /* Without NVRTC a GPU target is a clear error and cpu still works. */
 START_TEST(gpu_target_without_nvrtc)
 {
@@ -3068,6 +3215,7 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, idle_connection_memory);
 	tcase_add_test(tc, decode_memory_bounded);
 	tcase_add_test(tc, foreign_daemon_refused);
+	tcase_add_test(tc, untrusted_files_and_secrets);
 	suite_add_tcase(s, tc);
 	return s;
 }

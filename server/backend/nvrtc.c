@@ -40,6 +40,9 @@
  */
 #include "backend.h"
 
+#include "../../common/trust.h"
+#include "../config.h"
+
 #include <ctype.h>
 #include <dlfcn.h>
 #include <glob.h>
@@ -117,9 +120,17 @@ static bool resolve(void *lib)
 /* dlopens `file` and takes it when it is a usable NVRTC. */
 static bool try_open(const char *file)
 {
-	void *lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+	void *lib;
 	int major = 0, minor = 0;
+	ap_error err;
 
+	/* a library is code run as the daemon's user: only one that user or
+	 * root controls (common/trust.h) */
+	if (access(file, F_OK) == 0 && ap_trust_path(file, "NVRTC library", 0, &err)) {
+		ap_log(AP_LOG_WARN, "%s", err.msg);
+		return false;
+	}
+	lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
 	if (!lib)
 		return false;
 	if (!resolve(lib) || api.Version(&major, &minor) != NVRTC_SUCCESS) {

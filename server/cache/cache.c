@@ -55,6 +55,7 @@
 #include "../../common/graph.h"
 #include "../config.h"
 #include "hot.h"
+#include "../../common/trust.h"
 
 #define SCHEMA_VERSION "2"
 #define BUSY_TIMEOUT_MS 10000
@@ -318,6 +319,38 @@ static int setup_schema(struct conn *co, char *why, size_t cap, char **msg)
 	return rc;
 }
 
+/* The database file and SQLite's files beside it (-wal, -shm, -journal)
+ * by common/trust.h's rule: the file may be missing (it is created), each
+ * one present must be this user's or root's and writable by nobody else,
+ * and its directory writable by nobody else.  0 or AP_EIO with `err`. */
+static int trust_files(const char *path, ap_error *err)
+{
+	static const char *const sides[] = { "-wal", "-shm", "-journal" };
+	char side[PATH_MAX + 16];
+	int rc = ap_trust_path(path, "cache database",
+				   AP_TRUST_MAY_BE_MISSING | AP_TRUST_PRIVATE_DIR, err);
+
+	for (size_t i = 0; !rc && i < sizeof(sides) / sizeof(sides[0]); i++)
+		if (path_with(side, sizeof(side), path, sides[i]) && access(side, F_OK) == 0)
+			rc = ap_trust_path(side, "cache database", AP_TRUST_PRIVATE_DIR, err);
+	return rc;
+}
+
+int ap_cache_check_path(const char *path, ap_error *err)
+{
+	char buf[PATH_MAX];
+
+	if (path && !strcmp(path, "off"))
+		return 0;
+	if (!path || !*path) {
+		if (ap_cache_default_path(buf, sizeof(buf)))
+			return ap_error_set(err, AP_EIO, NULL, NULL,
+					    "no cache path: neither XDG_CACHE_HOME nor HOME is usable");
+		path = buf;
+	}
+	return trust_files(path, err);
+}
+
 /* Opens one connection; `setup` creates the schema (first connection).
  * On failure returns NULL with `why` filled and *code the SQLite result
  * (0 when the failure was not SQLite's). */
@@ -330,6 +363,15 @@ static struct conn *conn_open(const char *path, bool setup, char *why, size_t ca
 	if (!co) {
 		snprintf(why, cap, "out of memory");
 		return NULL;
+	}
+	{
+		/* before each open: another user's file must never be read */
+		ap_error terr;
+
+		if (trust_files(path, &terr)) {
+			snprintf(why, cap, "%s", terr.msg);
+			goto error;
+		}
 	}
 	rc = sqlite3_open_v2(path, &co->db,
 			     SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);

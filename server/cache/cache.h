@@ -44,6 +44,17 @@ typedef struct ap_cache ap_cache;
  * not fit in `cap` bytes, AP_EIO when neither variable is set. */
 int ap_cache_default_path(char *buf, size_t cap);
 
+/* Whether the cache at `path` ("" or NULL: the default; "off": nothing to
+ * check) may be opened: the database and SQLite's -wal / -shm / -journal
+ * files beside it, where present, belong to this user or root and are
+ * writable by nobody else, and so is the directory holding them, by
+ * common/trust.h's rule (a database another user can write is a way to
+ * plant a host shared object in a bundle).  apollod refuses to start when
+ * it fails; ap_cache_open checks it again before every connection it opens
+ * (a failure then turns the cache off).  0 or AP_EIO with `err` naming the
+ * path and the reason. */
+int ap_cache_check_path(const char *path, ap_error *err);
+
 /* Opens (creating the file and its directories, mode 0700) the cache at
  * `path` ("" or NULL: ap_cache_default_path; "off": a cache that is off
  * from the start, with no warning).  A file that is not an SQLite

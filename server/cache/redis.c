@@ -22,6 +22,8 @@
  */
 #include "redis.h"
 
+#include "../../common/trust.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <hiredis.h>
@@ -189,20 +191,17 @@ int ap_redis_read_secret_file(const char *path, bool private_only, uint8_t **out
 
 	*out = NULL;
 	*len = 0;
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* private_only: the file's owner and mode, and its directories, by
+	 * common/trust.h's rule for secrets */
+	fd = private_only ? ap_trust_open(path, "secret file", AP_TRUST_SECRET, err)
+			  : open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return ap_error_set(err, AP_EIO, NULL, NULL, "cannot open %s: %s", path,
-				    strerror(errno));
+		return private_only ? fd : ap_error_set(err, AP_EIO, NULL, NULL, "cannot open %s: %s",
+							 path, strerror(errno));
 	if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size > SECRET_MAX) {
 		close(fd);
 		return ap_error_set(err, AP_EIO, NULL, NULL, "%s is not a regular file of at most %d "
 				    "bytes", path, SECRET_MAX);
-	}
-	if (private_only && (st.st_mode & 0026)) {
-		close(fd);
-		return ap_error_set(err, AP_EIO, NULL, NULL,
-				    "%s is %s by others: make it private (chmod 600)", path,
-				    st.st_mode & 0004 ? "readable" : "writable");
 	}
 	buf = malloc(SECRET_MAX + 1);
 	if (!buf) {

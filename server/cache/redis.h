@@ -63,8 +63,9 @@ ap_redis *ap_redis_free(__ap_take ap_redis *r);
 
 /* Reads a secret or password file: its bytes without one trailing newline
  * (\n or \r\n).  The file must be a regular file of at most 4 KiB, and,
- * with `private_only`, neither readable nor writable by others nor
- * writable by its group.  0 with *out (malloc'd) and *len; AP_EIO (cannot
+ * with `private_only`, a secret by common/trust.h's rule: owned by this
+ * user or root, neither readable nor writable by others nor writable by
+ * its group, in directories that only this user or root can write.  0 with *out (malloc'd) and *len; AP_EIO (cannot
  * read it, or its permissions), AP_EINVAL (empty), AP_ENOMEM. */
 int ap_redis_read_secret_file(const char *path, bool private_only, __ap_give uint8_t **out,
 			      size_t *len, ap_error *err);
