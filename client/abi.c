@@ -19,6 +19,7 @@ size_t ap_abi_sizeof(const char *name)
 		{ "ap_tensor", sizeof(ap_tensor) },
 		{ "ap_graph", sizeof(ap_graph) },
 		{ "ap_submit_options", sizeof(ap_submit_options) },
+		{ "ap_device_info", sizeof(ap_device_info) },
 		{ "ap_server_stats", sizeof(ap_server_stats) },
 		{ "ap_bundle_stats", sizeof(ap_bundle_stats) },
 		{ "ap_bundle_buffer", sizeof(ap_bundle_buffer) },

@@ -117,6 +117,17 @@ static int read_token_file(const char *path, ap_error *e)
 	return 0;
 }
 
+/* GPU targets: names the GPU the bundle will run on (device 0 as the CUDA
+ * driver reports it; nothing when no driver loads), so that the daemon
+ * applies that device's measured tuning records (apollo.DeviceInfo). */
+static void gpu_device(ap_submit_options *opt, ap_device_info *dev)
+{
+	ap_error e;
+
+	if (opt->target && strcmp(opt->target, "cpu") && ap_device_probe(0, dev, &e) == 0)
+		opt->device = dev;
+}
+
 static int fail(const char *what, const ap_error *e)
 {
 	fprintf(stderr, "apollo-client: %s: %s", what, e->msg[0] ? e->msg : ap_error_name(e->code));
@@ -447,6 +458,7 @@ static int cmd_submit(int argc, char **argv)
 {
 	model_args m = {0};
 	ap_submit_options opt = {0};
+	ap_device_info dev;
 	const char *out = NULL, *dump = NULL, *dump_sched = NULL;
 	bool json = false, daemon_import = false;
 	const uint8_t *buf = NULL;
@@ -569,6 +581,7 @@ static int cmd_submit(int argc, char **argv)
 		fail("submit", &err);
 		goto out;
 	}
+	gpu_device(&opt, &dev);
 	t0 = ap_now_ms();
 	if (g)
 		bundle = ap_client_submit_graph(c, g, &opt, &err);
@@ -1193,6 +1206,7 @@ static int cmd_check(int argc, char **argv)
 	check_opts o = {0};
 	char **dirs = calloc((size_t)argc + 1, sizeof(char *));
 	const char **barriers = NULL, **whole = NULL;
+	ap_device_info dev;
 	int n = 0, pass = 0, failed = 0, rc = 1;
 
 	if (!dirs)
@@ -1296,6 +1310,7 @@ static int cmd_check(int argc, char **argv)
 			strerror(errno));
 		goto out;
 	}
+	gpu_device(&o.submit, &dev);
 	check_all(dirs, n, &o, &pass, &failed);
 	printf("%d passed, %d failed\n", pass, failed);
 	rc = failed ? 1 : 0;
@@ -1427,6 +1442,7 @@ static int cmd_tune(int argc, char **argv)
 	ap_graph *g = NULL;
 	ap_client *c = NULL;
 	tune_rows rows = {0};
+	ap_device_info dev;
 	char device[128] = "";
 	unsigned sms = 0, records = 0;
 	bool is_onnx = false, dry = false;
@@ -1498,6 +1514,13 @@ static int cmd_tune(int argc, char **argv)
 		fail("tune", &err);
 		goto out;
 	}
+	/* the device the candidates will run on, named in every request (a
+	 * report may only name a device its client compiled for) */
+	if (ap_device_probe(o.device, &dev, &err) < 0) {
+		fail("tune: device", &err);
+		goto out;
+	}
+	o.submit.device = &dev;
 	/* one bundle per candidate rank: every tuned kernel on its i-th candidate */
 	for (unsigned v = 1; v <= AP_TUNE_CANDIDATES; v++) {
 		ap_bundle *bundle;
@@ -1541,8 +1564,9 @@ static int cmd_tune(int argc, char **argv)
 			goto out;
 		}
 		free(ms_);
-		printf("%d measurements sent: %u measured records stored for %s on %s\n", rows.n,
-		       records, o.submit.target, device);
+		printf("%d measurements sent: %u measured records stored for %s on %s (a record "
+		       "needs the measurements of two clients, or of the daemon's own tuner)\n",
+		       rows.n, records, o.submit.target, device);
 	}
 	rc = 0;
 out:

@@ -202,6 +202,26 @@ typedef enum ap_fusion_level {
 	AP_FUSION_APOLLO = 3,        /* every rule and what later layers add */
 } ap_fusion_level;
 
+/* The GPU a bundle will run on, as its CUDA driver reports it
+ * (apollo.DeviceInfo).  Named in a request, it selects that device's
+ * measured tuning records (apollo-client tune) and is part of the cache
+ * key; a tuning report may only name a device its client named so. */
+typedef struct ap_device_info {
+	char name[128];              /* cuDeviceGetName */
+	unsigned sm_count;           /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
+	unsigned cc_major, cc_minor; /* compute capability */
+	unsigned driver_version;     /* cuDriverGetVersion: 1000 * major + 10 * minor */
+} ap_device_info;
+
+/* Asks the CUDA driver ($APOLLO_LIBCUDA, else libcuda.so.1, loaded for the
+ * call only) about device `ordinal`: name, multiprocessor count, compute
+ * capability and the driver's version (0 when the driver lacks
+ * cuDriverGetVersion).  0 with *out filled; AP_EUNSUPPORTED (no driver, or
+ * one without those calls) or AP_EIO (no such device, a driver error),
+ * with *out zeroed and `err` saying which.  Source: the CUDA driver API
+ * (cuDeviceGetName, cuDeviceGetAttribute, cuDriverGetVersion). */
+int ap_device_probe(int ordinal, ap_device_info *out, ap_error *err);
+
 typedef struct ap_submit_options {
 	const char *target;          /* "cpu", "sm_90", "sm_90a", "compute_80"; NULL = "cpu" */
 	ap_output_kind output;       /* AP_OUTPUT_DEFAULT picks per target */
@@ -223,6 +243,8 @@ typedef struct ap_submit_options {
 					of its tuning record, each in a launch of its
 					own, for timing (apollo-client tune); 0 = the
 					chosen configurations */
+	const ap_device_info *device; /* GPU targets: where the bundle will run
+					(borrowed); NULL or an empty name = not said */
 } ap_submit_options;
 
 /* Sends graph `g` (its structure: PARAM tensors travel as shape and dtype

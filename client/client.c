@@ -958,10 +958,19 @@ static ap_bundle *submit(ap_client *c, Apollo__CompileRequest *cr, const ap_subm
 {
 	Apollo__Envelope req = APOLLO__ENVELOPE__INIT, *rep;
 	Apollo__CompileOptions co = APOLLO__COMPILE_OPTIONS__INIT;
+	Apollo__DeviceInfo dev = APOLLO__DEVICE_INFO__INIT;
 	Apollo__CompileResponse *resp;
 	ap_bundle *b;
 
 	cr->target = (char *)(opt && opt->target && *opt->target ? opt->target : "cpu");
+	if (opt && opt->device && opt->device->name[0]) {
+		dev.name = (char *)opt->device->name;
+		dev.sm_count = opt->device->sm_count;
+		dev.cc_major = opt->device->cc_major;
+		dev.cc_minor = opt->device->cc_minor;
+		dev.driver_version = opt->device->driver_version;
+		cr->device = &dev;
+	}
 	cr->output = opt ? (Apollo__OutputKind)opt->output : APOLLO__OUTPUT_KIND__OUTPUT_DEFAULT;
 	if (opt) {
 		co.no_cache = opt->no_cache;

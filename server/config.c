@@ -160,6 +160,11 @@ static const ap_config_option options[] = {
 	  "or device nothing is timed." },
 	{ "tune_device", NUM(AP_CFG_INT, tune_device), "0", 0, 1023, NULL,
 	  "CUDA device ordinal tune_measure times on." },
+	{ "tune_reporters", STR(tune_reporters), "any", 0, 0, NULL,
+	  "Who may send tuning reports (apollo-client tune): \"any\", \"none\", or a "
+	  "comma-separated list of uids and the word tcp (every authenticated TCP "
+	  "client).  Whoever reports, a measured record applies only to the device "
+	  "reported, and only once two clients (or the daemon's own tuner) agree." },
 	{ "redis", STR(redis), "", 0, 0, NULL,
 	  "Shared cache (L2) in Redis, looked up after the local cache and before "
 	  "compiling, and written with every new entry: HOST:PORT, [IPv6]:PORT, or "

@@ -291,6 +291,8 @@ typedef struct compile_opts {
 	int fusion;
 	const char *barriers[3];   /* NULL-terminated */
 	unsigned tune_variant;
+	const char *device;        /* DeviceInfo.name (with device_sms); NULL = none */
+	unsigned device_sms;
 } compile_opts;
 
 static void send_compile(int fd, uint64_t id, Apollo__Graph *g, const compile_opts *o)
@@ -298,9 +300,15 @@ static void send_compile(int fd, uint64_t id, Apollo__Graph *g, const compile_op
 	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
 	Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
 	Apollo__CompileOptions opts = APOLLO__COMPILE_OPTIONS__INIT;
+	Apollo__DeviceInfo dev = APOLLO__DEVICE_INFO__INIT;
 
 	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
 	req.graph = g;
+	if (o && o->device) {
+		dev.name = (char *)o->device;
+		dev.sm_count = o->device_sms;
+		req.device = &dev;
+	}
 	req.target = (char *)(o && o->target ? o->target : "cpu");
 	req.output = o ? (Apollo__OutputKind)o->output : APOLLO__OUTPUT_KIND__OUTPUT_DEFAULT;
 	opts.no_cache = o ? o->no_cache : 0;
@@ -1024,31 +1032,72 @@ static void tune_refused(int fd, const char *target, const char *device, unsigne
 	apollo__envelope__free_unpacked(r, NULL);
 }
 
-/* Measured records: a client's measurements of the candidates (bundles of
- * tune_variant 1 and 2) are checked one by one -- every malformed or
- * unknown one refused with an error naming it, nothing stored, the daemon
- * serving on -- then a good report stores the fastest schedule, which the
- * next compile of the graph uses (a measured record). */
+static int connect_tcp(int port);
+static Apollo__Envelope *tcp_auth(int fd, const char *token, bool *server_ok);
+static int tcp_port(void);
+static int tcp_connect_retry(int port);
+
+/* The reply to a good report: its records and pending counts. */
+static void tune_accepted(int fd, uint64_t id, const char *device, const meas *m, int n,
+			  unsigned records, unsigned pending)
+{
+	Apollo__Envelope *r = tune_report(fd, id, "sm_90", device, 132, m, n);
+
+	ck_assert_msg(r->msg_case == APOLLO__ENVELOPE__MSG_TUNE_REPLY, "refused: %s",
+		      r->msg_case == APOLLO__ENVELOPE__MSG_ERROR ? r->error->message : "?");
+	ck_assert_uint_eq(r->tune_reply->accepted, (unsigned)n);
+	ck_assert_uint_eq(r->tune_reply->records, records);
+	ck_assert_uint_eq(r->tune_reply->pending, pending);
+	apollo__envelope__free_unpacked(r, NULL);
+}
+
+/* Measured records (issue 29, item 2): a client's measurements of the
+ * candidates (bundles of tune_variant 1 and 2) are checked one by one --
+ * every malformed or unknown one refused with an error naming it, nothing
+ * stored, the daemon serving on; reports for cpu, and for a device the
+ * client never named in a compile request, are refused.  One client's
+ * good report is kept pending; a second client's agreeing report makes the
+ * measured record, which applies to requests naming that device only, and
+ * retires only the cached bundle holding that kernel. */
 START_TEST(tuning_reports)
 {
+	char dir[] = "/tmp/apollo-tune-XXXXXX", tok[128], spec[32], cmd[96];
+	const char *extra[] = { "--tcp", spec, "--tcp-token-file", tok, NULL };
 	daemon_t d;
-	Apollo__Graph *g = add_relu(1 << 14);
-	compile_opts v1 = { .target = "cpu", .tune_variant = 1 }, v2 = v1, v9 = v1;
+	Apollo__Graph *g = add_relu(1 << 14), *h = add_relu(3000);
+	compile_opts v1 = { .target = "sm_90", .tune_variant = 1, .device = "GPU X",
+			    .device_sms = 132 }, v2 = v1, v9 = v1, dev = v1, plain = v1, other = v1;
 	Apollo__Envelope *r1, *r2, *r3, *r;
 	uint8_t sig[32], sig2[32], zero[32] = {0};
 	char s1[256], s2[256], s3[256];
-	int fd;
+	bool server_ok;
+	int fd, fd2, port = tcp_port();
+	FILE *f;
 
 	v2.tune_variant = 2;
 	v9.tune_variant = 9;
-	daemon_start(&d);
+	dev.tune_variant = 0;
+	plain = dev;
+	plain.device = NULL;
+	other = dev;
+	other.device = "GPU Z";
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(tok, sizeof(tok), "%s/token", dir);
+	f = fopen(tok, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("tune-token\n", f);
+	fclose(f);
+	ck_assert_int_eq(chmod(tok, 0600), 0);
+	snprintf(spec, sizeof(spec), "127.0.0.1:%d", port);
+	daemon_start_in(&d, NULL, NULL, extra);
 	fd = connect_unix(d.sock);
 	r1 = compile(fd, 1, g, &v1);
-	ck_assert_msg(tuned_part(bundle_ok(r1, "cpu"), sig, s1, sizeof(s1)),
+	ck_assert_msg(tuned_part(bundle_ok(r1, "sm_90"), sig, s1, sizeof(s1)),
 		      "no tuned kernel in the bundle");
 	r2 = compile(fd, 2, g, &v2);
-	ck_assert(tuned_part(bundle_ok(r2, "cpu"), sig2, s2, sizeof(s2)));
+	ck_assert(tuned_part(bundle_ok(r2, "sm_90"), sig2, s2, sizeof(s2)));
 	ck_assert_int_eq(memcmp(sig, sig2, 32), 0);   /* the same kernel, another candidate */
+	ck_assert_str_ne(s1, s2);
 	r = compile(fd, 3, g, &v9);
 	compile_error(r, APOLLO__ERROR_CODE__ERR_UNSUPPORTED);
 	apollo__envelope__free_unpacked(r, NULL);
@@ -1057,73 +1106,111 @@ START_TEST(tuning_reports)
 		meas good = { sig, 32, s1, 5.0, 10 }, m;
 
 		m = good; m.sig_len = 31;
-		tune_refused(fd, "cpu", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+		tune_refused(fd, "sm_90", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
 			     "signature is not 32 bytes");
 		m = good; m.sig = zero;
-		tune_refused(fd, "cpu", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+		tune_refused(fd, "sm_90", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
 			     "has no tuning record");
 		m = good; m.schedule = "vec=3 bogus=1";
-		tune_refused(fd, "cpu", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+		tune_refused(fd, "sm_90", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
 			     "is not a candidate");
 		m = good; m.us = NAN;
-		tune_refused(fd, "cpu", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+		tune_refused(fd, "sm_90", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
 			     "time is not in");
 		m = good; m.us = -1;
-		tune_refused(fd, "cpu", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+		tune_refused(fd, "sm_90", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
 			     "time is not in");
 		m = good; m.us = 1e9;
-		tune_refused(fd, "cpu", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+		tune_refused(fd, "sm_90", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
 			     "time is not in");
 		m = good; m.runs = 0;
-		tune_refused(fd, "cpu", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+		tune_refused(fd, "sm_90", "GPU X", 132, &m, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
 			     "no timed run");
-		tune_refused(fd, "cpu", "", 132, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+		tune_refused(fd, "sm_90", "", 132, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
 			     "device name");
-		tune_refused(fd, "cpu", "GPU\nX", 132, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+		tune_refused(fd, "sm_90", "GPU\nX", 132, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
 			     "device name");
-		tune_refused(fd, "cpu", "GPU X", 0, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+		tune_refused(fd, "sm_90", "GPU X", 0, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
 			     "sm_count 0");
-		tune_refused(fd, "cpu", "GPU X", 5000, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+		tune_refused(fd, "sm_90", "GPU X", 5000, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
 			     "sm_count 5000");
 		tune_refused(fd, "tpu_1", "GPU X", 132, &good, 1, APOLLO__ERROR_CODE__ERR_UNSUPPORTED,
 			     "target 'tpu_1'");
-		/* records are per target: the cpu kernel has none for sm_90 */
-		tune_refused(fd, "sm_90", "GPU X", 132, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
-			     "no tuning record for sm_90");
-		tune_refused(fd, "cpu", "GPU X", 132, &good, 0, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+		/* the host is tuned by the cost model alone */
+		tune_refused(fd, "cpu", "GPU X", 132, &good, 1, APOLLO__ERROR_CODE__ERR_UNSUPPORTED,
+			     "cost model alone");
+		/* a device this client never compiled for: names cannot be invented
+		 * (nor can the SM count of a named one) */
+		tune_refused(fd, "sm_90", "GPU Y", 132, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "was not named by this client");
+		tune_refused(fd, "sm_90", "GPU X", 114, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "was not named by this client");
+		/* records are per target: the sm_90 kernel has none for sm_80 */
+		tune_refused(fd, "sm_80", "GPU X", 132, &good, 1, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "no tuning record for sm_80");
+		tune_refused(fd, "sm_90", "GPU X", 132, &good, 0, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
 			     "0 measurements");
 		/* all or nothing: a good measurement beside a bad one is not stored */
 		{
 			meas two[2] = { good, good };
 
 			two[1].us = INFINITY;
-			tune_refused(fd, "cpu", "GPU X", 132, two, 2,
+			tune_refused(fd, "sm_90", "GPU X", 132, two, 2,
 				     APOLLO__ERROR_CODE__ERR_INVALID_GRAPH, "measurement 1:");
 		}
 	}
-	/* nothing was stored: the graph still compiles from the model's record */
-	r = compile(fd, 4, g, NULL);
-	ck_assert_uint_eq(bundle_ok(r, "cpu")->stats->tune_measured, 0);
+	/* another graph's bundle for the device, cached before any record */
+	r = compile(fd, 4, h, &dev);
+	bundle_ok(r, "sm_90");
 	apollo__envelope__free_unpacked(r, NULL);
 	ping_ok(fd, 9);
 
-	/* a good report: candidate 2 timed faster than candidate 1 */
+	/* one client's good report (candidate 2 faster): pending, no record */
 	{
 		meas m[2] = { { sig, 32, s1, 9.5, 10 }, { sig, 32, s2, 4.25, 10 } };
 
-		r = tune_report(fd, 10, "cpu", "GPU X", 132, m, 2);
-		ck_assert_msg(r->msg_case == APOLLO__ENVELOPE__MSG_TUNE_REPLY, "refused: %s",
-			      r->msg_case == APOLLO__ENVELOPE__MSG_ERROR ? r->error->message : "?");
-		ck_assert_uint_eq(r->tune_reply->accepted, 2);
-		ck_assert_uint_eq(r->tune_reply->records, 1);
-		ck_assert_uint_ge(r->tune_reply->generation, 1);
-		apollo__envelope__free_unpacked(r, NULL);
+		tune_accepted(fd, 10, "GPU X", m, 2, 0, 1);
 	}
-	/* the next compile takes the measured record: the faster schedule */
-	r3 = compile(fd, 11, g, NULL);
-	ck_assert_uint_ge(bundle_ok(r3, "cpu")->stats->tune_measured, 1);
+	r = compile(fd, 11, g, &dev);
+	ck_assert_uint_eq(bundle_ok(r, "sm_90")->stats->tune_measured, 0);
+	apollo__envelope__free_unpacked(r, NULL);
+
+	/* a second client (over TCP: another reporter) agrees */
+	fd2 = tcp_connect_retry(port);
+	r = tcp_auth(fd2, "tune-token", &server_ok);
+	ck_assert(server_ok);
+	apollo__envelope__free_unpacked(r, NULL);
+	{
+		meas m[2] = { { sig, 32, s1, 9.0, 10 }, { sig, 32, s2, 4.5, 10 } };
+
+		/* it must name the device first */
+		tune_refused(fd2, "sm_90", "GPU X", 132, m, 2, APOLLO__ERROR_CODE__ERR_INVALID_GRAPH,
+			     "was not named by this client (tcp:127.0.0.1)");
+		r = compile(fd2, 12, g, &v1);
+		bundle_ok(r, "sm_90");
+		apollo__envelope__free_unpacked(r, NULL);
+		tune_accepted(fd2, 13, "GPU X", m, 2, 1, 0);
+		/* the same choice again: nothing new, nothing retired */
+		tune_accepted(fd2, 14, "GPU X", m, 2, 0, 0);
+	}
+	/* the device's next compile takes the measured record (the median of
+	 * the two clients' times, 4.375 us, of the faster schedule) */
+	r3 = compile(fd, 15, g, &dev);
+	ck_assert_uint_eq(bundle_ok(r3, "sm_90")->stats->tune_measured, 1);
+	ck_assert_uint_eq(r3->compiled->bundle->stats->cache_hit, 0);   /* retired */
 	ck_assert(tuned_part(r3->compiled->bundle, sig2, s3, sizeof(s3)));
 	ck_assert_str_eq(s3, s2);
+	/* ... the other graph's bundle was not retired */
+	r = compile(fd, 16, h, &dev);
+	ck_assert_uint_eq(bundle_ok(r, "sm_90")->stats->cache_hit, 1);
+	apollo__envelope__free_unpacked(r, NULL);
+	/* ... and no request for another device, or naming none, uses it */
+	r = compile(fd, 17, g, &plain);
+	ck_assert_uint_eq(bundle_ok(r, "sm_90")->stats->tune_measured, 0);
+	apollo__envelope__free_unpacked(r, NULL);
+	r = compile(fd, 18, g, &other);
+	ck_assert_uint_eq(bundle_ok(r, "sm_90")->stats->tune_measured, 0);
+	apollo__envelope__free_unpacked(r, NULL);
 	{
 		Apollo__StatsReply *st = get_stats(fd);
 		double reports = -1, records = -1;
@@ -1134,7 +1221,7 @@ START_TEST(tuning_reports)
 			if (!strcmp(st->metrics[i]->name, "apollo_tuning_measured_records_total"))
 				records = st->metrics[i]->samples[0]->value;
 		}
-		ck_assert(reports == 1);
+		ck_assert(reports == 3);
 		ck_assert(records == 1);
 		apollo__stats_reply__free_unpacked(st, NULL);
 	}
@@ -1142,9 +1229,13 @@ START_TEST(tuning_reports)
 	apollo__envelope__free_unpacked(r2, NULL);
 	apollo__envelope__free_unpacked(r3, NULL);
 	close(fd);
+	close(fd2);
 	graph_free(g);
+	graph_free(h);
 	daemon_stop(&d);
 	daemon_cleanup(&d);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 

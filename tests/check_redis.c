@@ -422,9 +422,14 @@ static void build_on(ap_compiler *c, Apollo__Graph *pb, unsigned *hits, unsigned
 	ap_program *p;
 	ap_error err;
 
+	Apollo__DeviceInfo dev = APOLLO__DEVICE_INFO__INIT;
+
+	dev.name = "Some GPU";
+	dev.sm_count = 132;
 	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
 	req.graph = pb;
 	req.target = "sm_90";
+	req.device = &dev;
 	ck_assert_msg(ap_compiler_build_program(c, &req, &g, &p, &err) == 0, "%s", err.msg);
 	*hits = p->tune_hits;
 	*measured = p->tune_measured;
@@ -459,7 +464,7 @@ START_TEST(tuning_records_shared)
 	ap_compiler *a = ap_compiler_new(ca, &o), *b = ap_compiler_new(cb, &o);
 	ap_compiler *c = ap_compiler_new(cc, &o);
 	Apollo__Graph *pb = gemm_pb();
-	unsigned hits, meas, searched, records = 0;
+	unsigned hits, meas, searched, records = 0, pending = 0;
 	uint8_t sig[32], sig_b[32];
 	char sched[256], sched_b[256], other[256] = "", *tok, *save = NULL;
 	ap_tune_record rec;
@@ -500,13 +505,19 @@ START_TEST(tuning_records_shared)
 		rep.sm_count = 132;
 		rep.n_measurements = 1;
 		rep.measurements = &pm;
-		ck_assert_msg(ap_compiler_tune_report(a, &rep, &records, &gen, &err) == 0, "%s", err.msg);
+		/* a client's report alone is pending until a second client
+		 * agrees; the daemon's own tuner is trusted alone */
+		ck_assert_int_eq(ap_compiler_tune_report(a, "uid:1000", &rep, &records, &pending, &gen,
+							 &err), AP_EINVAL);   /* never named the device */
+		ck_assert_msg(ap_compiler_tune_report(a, "apollod", &rep, &records, &pending, &gen,
+						      &err) == 0, "%s", err.msg);
 		ck_assert_uint_eq(records, 1);
+		ck_assert_uint_eq(pending, 0);
 	}
 	build_on(b, pb, &hits, &meas, &searched, sig_b, sched_b, sizeof(sched_b));
 	ck_assert_uint_eq(meas, 1);
 	ck_assert_str_eq(sched_b, other);
-	ck_assert_int_eq(ap_cache_tuning_get(cb, sig, "sm_90", "Some GPU", &rec), 1);
+	ck_assert_int_eq(ap_cache_tuning_get(cb, sig, "sm_90", "Some GPU|132", &rec), 1);
 	ck_assert_double_eq(rec.measured_us, 12.5);
 	ck_assert_uint_eq(rec.sms, 132);
 	ck_assert_uint_gt(ap_cache_tuning_generation(cb), 0);   /* b's bundles of before retire */
@@ -518,7 +529,7 @@ START_TEST(tuning_records_shared)
 		const uint8_t *parts[1] = { (const uint8_t *)"gemm" };
 		size_t lens[1] = { 4 };
 		ap_sha256_ctx *h;
-		static const char tag[] = "apollo tuning record v1";
+		static const char tag[] = "apollo tuning record v2";
 
 		for (int m = 0; m < 2; m++) {
 			h = ap_sha256_new();
@@ -526,6 +537,8 @@ START_TEST(tuning_records_shared)
 			ap_sha256_update(h, sig, 32);
 			ap_sha256_update(h, "sm_90", 6);
 			ap_sha256_update(h, m ? "m" : "c", 1);
+			if (m)
+				ap_sha256_update(h, "Some GPU|132", 13);
 			ap_sha256_final(h, k2);
 			ck_assert_int_eq(ap_redis_put(r, AP_REDIS_TUNING, k2, 1, parts, lens), 0);
 		}

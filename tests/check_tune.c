@@ -794,12 +794,17 @@ static Apollo__CompileResponse *compile_variant(ap_compiler *c, Apollo__Graph *p
 {
 	Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
 	Apollo__CompileOptions o = APOLLO__COMPILE_OPTIONS__INIT;
+	Apollo__DeviceInfo dev = APOLLO__DEVICE_INFO__INIT;
 	Apollo__CompileResponse *r;
 
+	/* the GPU the stand-in driver answers as: its measured records apply */
+	dev.name = "Apollo stand-in GPU";
+	dev.sm_count = 132;
 	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
 	req.graph = pb;
 	req.target = "sm_90";
 	req.output = APOLLO__OUTPUT_KIND__OUTPUT_PTX;
+	req.device = &dev;
 	o.tune_variant = v;
 	req.options = &o;
 	r = ap_compile_run(c, &req);
@@ -913,7 +918,8 @@ START_TEST(background_tuner)
 	}
 
 	/* the measured record: the candidate the stand-in times fastest */
-	ck_assert_int_eq(ap_cache_tuning_get(cache, sig, "sm_90", "Apollo stand-in GPU", &meas), 1);
+	ck_assert_int_eq(ap_cache_tuning_get(cache, sig, "sm_90", "Apollo stand-in GPU|132", &meas),
+			 1);
 	ck_assert_str_eq(meas.method, "measured");
 	for (unsigned v = 1; v <= AP_TUNE_TOP; v++) {
 		const Apollo__Kernel *k;

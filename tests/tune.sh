@@ -5,11 +5,14 @@
 # the launch's shape, so the timings are deterministic and differ between
 # candidates.  Checks, on bert_like_2l at sm_90 (PTX, which the stand-in
 # loads):
-#   1. `tune` times every tuned kernel's candidates, stars the fastest of
-#      each kernel, and the daemon stores one measured record per kernel;
-#   2. the next compile of the model takes its configurations from those
-#      measured records (submit --json: tuning.measured > 0), and `stats`
-#      counts the report;
+#   1. `tune` times every tuned kernel's candidates and stars the fastest
+#      of each kernel; one client's report stores no measured record (it
+#      waits for agreement), a second client's (over TCP: another reporter)
+#      that agrees stores one per kernel;
+#   2. the next compile of the model for that device (submit names the
+#      stand-in's device, read from the driver) takes its configurations
+#      from those measured records (submit --json: tuning.measured > 0),
+#      one naming no device does not, and `stats` counts both reports;
 #   3. without a CUDA driver, and for the host target, `tune` refuses with
 #      a clear message (exit 1 and 2).
 # Skipped, saying so, when the daemon has no NVRTC or the stand-in was not
@@ -24,7 +27,10 @@ if [ ! -f "$STANDIN" ]; then
 	echo "tune: SKIPPED: no stand-in driver at $STANDIN (make all)"
 	exit 0
 fi
-ap_start
+PORT=$((20000 + $$ % 20000))
+printf 'tune-test-token\n' >"$AP_TMP/token"
+chmod 600 "$AP_TMP/token"
+ap_start --tcp "127.0.0.1:$PORT" --tcp-token-file "$AP_TMP/token"
 case $("$CLIENT" ping) in
 *"NVRTC none"*)
 	echo "tune: SKIPPED: the daemon reports no NVRTC"
@@ -62,19 +68,34 @@ END {
 	exit bad
 }' "$AP_TMP/tune.out" >"$AP_TMP/check.out" || fail "$(cat "$AP_TMP/check.out")"
 kernels=$(sed -n 's/^kernels \([0-9]*\) rows.*/\1/p' "$AP_TMP/check.out")
-stored=$(sed -n 's/.* \([0-9]*\) measured records stored for sm_90 on Apollo stand-in GPU$/\1/p' \
-	"$AP_TMP/tune.out")
+stored() {
+	sed -n 's/.* \([0-9]*\) measured records stored for sm_90 on Apollo stand-in GPU .*/\1/p' "$1"
+}
+stored=$(stored "$AP_TMP/tune.out")
+[ "$stored" = 0 ] || fail "one client's report stored '$stored' records (want 0: no agreement yet)"
+# the same measurement from a second client: agreement, one record per kernel
+if ! APOLLO_LIBCUDA=$STANDIN APOLLO_TOKEN=tune-test-token "$CLIENT" --socket "127.0.0.1:$PORT" \
+	tune "$MODEL" --target sm_90 --format ptx --runs 5 --warmup 1 >"$AP_TMP/tune2.out" 2>&1; then
+	fail "apollo-client tune over TCP exited with $?"
+	cat "$AP_TMP/tune2.out"
+fi
+stored=$(stored "$AP_TMP/tune2.out")
 [ -n "$stored" ] && [ "$stored" = "$kernels" ] ||
-	fail "records stored: '$stored', kernels timed: '$kernels'"
-echo "tune: $(tail -1 "$AP_TMP/tune.out") ($kernels kernels, $(grep -c '^[* ] [0-9a-f]' "$AP_TMP/tune.out") candidates timed)"
+	fail "records stored after agreement: '$stored', kernels timed: '$kernels'"
+echo "tune: $(tail -1 "$AP_TMP/tune2.out") ($kernels kernels, $(grep -c '^[* ] [0-9a-f]' "$AP_TMP/tune.out") candidates timed)"
 
 # 2. the measured records are used
-"$CLIENT" submit "$MODEL" --target sm_90 --format ptx --json >"$AP_TMP/submit.json" 2>&1 ||
-	fail "submit after tune failed: $(cat "$AP_TMP/submit.json")"
+APOLLO_LIBCUDA=$STANDIN "$CLIENT" submit "$MODEL" --target sm_90 --format ptx --json \
+	>"$AP_TMP/submit.json" 2>&1 || fail "submit after tune failed: $(cat "$AP_TMP/submit.json")"
 measured=$(sed -n 's/.*"tuning":{[^}]*"measured":\([0-9]*\).*/\1/p' "$AP_TMP/submit.json")
 [ -n "$measured" ] && [ "$measured" -ge "$kernels" ] ||
 	fail "the compile after tune used $measured measured records (want >= $kernels)"
-"$CLIENT" stats | grep -q "reports 1 " || fail "stats does not count the report: $("$CLIENT" stats | grep tuning)"
+# naming no device (no driver here): the cost model's records only
+APOLLO_LIBCUDA=$AP_TMP/no-such-driver.so "$CLIENT" submit "$MODEL" --target sm_90 --format ptx \
+	--json >"$AP_TMP/nodev.json" 2>&1 || fail "submit without a device failed"
+nodev=$(sed -n 's/.*"tuning":{[^}]*"measured":\([0-9]*\).*/\1/p' "$AP_TMP/nodev.json")
+[ "$nodev" = 0 ] || fail "a compile naming no device used $nodev measured records (want 0)"
+"$CLIENT" stats | grep -q "reports 2 " || fail "stats does not count the reports: $("$CLIENT" stats | grep tuning)"
 
 # 3. refusals
 if APOLLO_LIBCUDA=$AP_TMP/no-such-driver.so "$CLIENT" tune "$MODEL" --target sm_90 --format ptx \

@@ -119,6 +119,16 @@ static const char schema_sql[] =
 	" device TEXT NOT NULL, sms INTEGER NOT NULL, emitter TEXT NOT NULL, config TEXT NOT NULL,"
 	" modelled_us REAL NOT NULL, measured_us REAL, method TEXT NOT NULL, tried INTEGER NOT NULL,"
 	" candidates TEXT NOT NULL, created INTEGER NOT NULL, PRIMARY KEY(sig, target, device));"
+	/* clients' tuning reports (issue 29): one row per client, device,
+	 * kernel and schedule; a measured record needs two clients' agreement */
+	"CREATE TABLE IF NOT EXISTS tune_reports(sig BLOB NOT NULL, target TEXT NOT NULL,"
+	" device TEXT NOT NULL, reporter TEXT NOT NULL, schedule TEXT NOT NULL,"
+	" time_us REAL NOT NULL, created INTEGER NOT NULL,"
+	" PRIMARY KEY(sig, target, device, reporter, schedule));"
+	/* which tuned kernels each cached bundle holds, for which device: a
+	 * record that changes retires only those bundles */
+	"CREATE TABLE IF NOT EXISTS bundle_tuned(key BLOB NOT NULL, sig BLOB NOT NULL,"
+	" target TEXT NOT NULL, device TEXT NOT NULL, PRIMARY KEY(key, sig));"
 	"INSERT OR IGNORE INTO meta(k, v) VALUES ('schema', '" SCHEMA_VERSION "');";
 
 /* Schema 1 -> 2: blobs gain last_used (0: used before anything else). */
@@ -130,7 +140,10 @@ static const char upgrade_1_sql[] =
 static const char index_sql[] =
 	"CREATE INDEX IF NOT EXISTS blobs_lru ON blobs(last_used);"
 	"CREATE INDEX IF NOT EXISTS actions_digest ON actions(digest);"
-	"CREATE INDEX IF NOT EXISTS kernels_digest ON kernels(digest);";
+	"CREATE INDEX IF NOT EXISTS kernels_digest ON kernels(digest);"
+	"CREATE INDEX IF NOT EXISTS tune_reports_age ON tune_reports(created);"
+	"CREATE INDEX IF NOT EXISTS tuning_age ON tuning(created);"
+	"CREATE INDEX IF NOT EXISTS bundle_tuned_sig ON bundle_tuned(sig, target);";
 
 struct conn {
 	sqlite3 *db;
@@ -144,6 +157,7 @@ struct ap_cache {
 	struct conn *pool;           /* idle connections, under mu */
 	atomic_bool enabled;
 	atomic_uint_fast64_t actions, kernels, blobs, blob_bytes, tuning;
+	atomic_uint_fast64_t retired;  /* bundles retired by tuning changes */
 	atomic_uint_fast64_t evicted_blobs, evicted_bytes;
 	atomic_uint_fast64_t max_bytes;     /* 0: no limit */
 	atomic_int_fast64_t fake_now;       /* tests: the clock, when not 0 */
@@ -553,6 +567,7 @@ void ap_cache_get_counts(const ap_cache *c, ap_cache_counts *out)
 	out->blobs = atomic_load(&m->blobs);
 	out->blob_bytes = atomic_load(&m->blob_bytes);
 	out->tuning = atomic_load(&m->tuning);
+	out->retired = atomic_load(&m->retired);
 	out->max_bytes = atomic_load(&m->max_bytes);
 	out->evicted_blobs = atomic_load(&m->evicted_blobs);
 	out->evicted_bytes = atomic_load(&m->evicted_bytes);
@@ -1086,6 +1101,213 @@ int ap_cache_tuning_get(ap_cache *c, const uint8_t sig[32], const char *target,
 	return found;
 }
 
+/* Runs `sql` on `co` with ?1 a 32-byte blob, ?2 and ?3 text (either may
+ * be NULL: bound as NULL); rows are stepped through and dropped.  0 or a
+ * negative code (check()). */
+static int exec_sig(ap_cache *c, struct conn *co, const char *sql, const uint8_t sig[32],
+		    const char *a, const char *b, const char *what)
+{
+	sqlite3_stmt *st = NULL;
+	int rc = sqlite3_prepare_v2(co->db, sql, -1, &st, NULL);
+
+	if (rc == SQLITE_OK) {
+		if (sig)
+			sqlite3_bind_blob(st, 1, sig, 32, SQLITE_STATIC);
+		if (a)
+			sqlite3_bind_text(st, 2, a, -1, SQLITE_STATIC);
+		if (b)
+			sqlite3_bind_text(st, 3, b, -1, SQLITE_STATIC);
+		while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+			;
+	}
+	sqlite3_finalize(st);
+	return check(c, co, rc == SQLITE_DONE ? SQLITE_OK : rc, what);
+}
+
+/* Deletes the cached bundles (action rows) that hold kernel `sig` built
+ * for `target` on `device` (NULL: any device), inside an open
+ * transaction.  0 or negative. */
+static int retire(ap_cache *c, struct conn *co, const uint8_t sig[32], const char *target,
+		  const char *device)
+{
+	static const char del_actions[] =
+		"DELETE FROM actions WHERE key IN (SELECT key FROM bundle_tuned WHERE sig = ?1"
+		" AND target = ?2 AND (?3 IS NULL OR device = ?3))";
+	static const char del_rows[] =
+		"DELETE FROM bundle_tuned WHERE sig = ?1 AND target = ?2 AND (?3 IS NULL OR device = ?3)";
+	int rc = exec_sig(c, co, del_actions, sig, target, device, "retiring bundles");
+	uint64_t gone = rc ? 0 : (uint64_t)sqlite3_changes(co->db), had = atomic_load(&c->actions);
+
+	if (!rc)
+		rc = exec_sig(c, co, del_rows, sig, target, device, "retiring bundles");
+	if (!rc && gone) {
+		atomic_store(&c->actions, gone <= had ? had - gone : 0);
+		atomic_fetch_add(&c->retired, gone);
+	}
+	return rc;
+}
+
+/* Keeps at most `max` rows of `table` matching `where`, deleting the
+ * oldest (by `created`) beyond it.  0 or negative. */
+static int bound_rows(ap_cache *c, struct conn *co, const char *table, const char *where,
+		      int64_t max)
+{
+	char sql[400];
+
+	snprintf(sql, sizeof(sql),
+		 "DELETE FROM %s WHERE rowid IN (SELECT rowid FROM %s WHERE %s ORDER BY created"
+		 " DESC LIMIT -1 OFFSET %lld)", table, table, where, (long long)max);
+	return exec_sig(c, co, sql, NULL, NULL, NULL, "bounding a table");
+}
+
+int ap_cache_bundle_tuned(ap_cache *c, const uint8_t key[32], const char *target,
+			  const char *device, const uint8_t (*sigs)[32], int n)
+{
+	static const char sql[] = "INSERT OR IGNORE INTO bundle_tuned(key, sig, target, device)"
+				  " VALUES (?1, ?2, ?3, ?4)";
+	struct conn *co;
+	sqlite3_stmt *st = NULL;
+	int rc;
+
+	if (n <= 0)
+		return 0;
+	if (!(co = acquire(c)))
+		return AP_EIO;
+	rc = begin(c, co);
+	if (!rc) {
+		int s = sqlite3_prepare_v2(co->db, sql, -1, &st, NULL);
+
+		for (int i = 0; s == SQLITE_OK && i < n; i++) {
+			sqlite3_bind_blob(st, 1, key, 32, SQLITE_STATIC);
+			sqlite3_bind_blob(st, 2, sigs[i], 32, SQLITE_STATIC);
+			sqlite3_bind_text(st, 3, target, -1, SQLITE_STATIC);
+			sqlite3_bind_text(st, 4, device ? device : "", -1, SQLITE_STATIC);
+			s = sqlite3_step(st);
+			s = s == SQLITE_DONE ? SQLITE_OK : s;
+			sqlite3_reset(st);
+		}
+		sqlite3_finalize(st);
+		rc = check(c, co, s, "noting a bundle's tuned kernels");
+		rc = rc ? rollback(co, rc) : commit(c, co);
+	}
+	release(c, co);
+	return rc;
+}
+
+int ap_cache_report_put(ap_cache *c, const char *target, const char *device, const char *reporter,
+			const ap_cache_report *rows, int n)
+{
+	static const char sql[] = "INSERT OR REPLACE INTO tune_reports(sig, target, device, reporter,"
+				  " schedule, time_us, created) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+	struct conn *co;
+	sqlite3_stmt *st = NULL;
+	int rc;
+
+	if (!(co = acquire(c)))
+		return AP_EIO;
+	rc = begin(c, co);
+	if (!rc) {
+		int s = sqlite3_prepare_v2(co->db, sql, -1, &st, NULL);
+
+		for (int i = 0; s == SQLITE_OK && i < n; i++) {
+			sqlite3_bind_blob(st, 1, rows[i].sig, 32, SQLITE_STATIC);
+			sqlite3_bind_text(st, 2, target, -1, SQLITE_STATIC);
+			sqlite3_bind_text(st, 3, device, -1, SQLITE_STATIC);
+			sqlite3_bind_text(st, 4, reporter, -1, SQLITE_STATIC);
+			sqlite3_bind_text(st, 5, rows[i].schedule, -1, SQLITE_STATIC);
+			sqlite3_bind_double(st, 6, rows[i].time_us);
+			sqlite3_bind_int64(st, 7, now_s(c));
+			s = sqlite3_step(st);
+			s = s == SQLITE_DONE ? SQLITE_OK : s;
+			sqlite3_reset(st);
+		}
+		sqlite3_finalize(st);
+		rc = check(c, co, s, "storing a tuning report");
+		if (!rc)
+			rc = bound_rows(c, co, "tune_reports", "1", AP_CACHE_REPORTS_MAX);
+		rc = rc ? rollback(co, rc) : commit(c, co);
+	}
+	release(c, co);
+	return rc;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+int ap_cache_report_agreed(ap_cache *c, const uint8_t sig[32], const char *target,
+			   const char *device, const char *trusted, char *schedule, size_t cap,
+			   double *median_us, unsigned *reporters)
+{
+	static const char sql[] = "SELECT schedule, reporter, time_us FROM tune_reports WHERE"
+				  " sig = ?1 AND target = ?2 AND device = ?3 ORDER BY schedule LIMIT 4096";
+	struct conn *co = acquire(c);
+	sqlite3_stmt *st = NULL;
+	char cur[256] = "";
+	double *t = NULL, best = 0;
+	unsigned n = 0, best_n = 0;
+	bool cur_trusted = false, found = false;
+	int rc;
+
+	if (!co)
+		return 0;
+	t = malloc(4096 * sizeof(*t));
+	rc = t ? sqlite3_prepare_v2(co->db, sql, -1, &st, NULL) : SQLITE_NOMEM;
+	if (rc == SQLITE_OK) {
+		sqlite3_bind_blob(st, 1, sig, 32, SQLITE_STATIC);
+		sqlite3_bind_text(st, 2, target, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 3, device, -1, SQLITE_STATIC);
+	}
+	/* rows by schedule; each schedule's group closes when the next starts
+	 * (and after the last row: one extra turn with rc != ROW) */
+	for (bool more = rc == SQLITE_OK; more;) {
+		const char *sch = NULL, *who = NULL;
+
+		rc = sqlite3_step(st);
+		if (rc == SQLITE_ROW) {
+			sch = (const char *)sqlite3_column_text(st, 0);
+			who = (const char *)sqlite3_column_text(st, 1);
+		}
+		if (!sch || strcmp(sch, cur)) {
+			if (n >= 2 || (n >= 1 && cur_trusted)) {
+				double m;
+
+				qsort(t, n, sizeof(*t), cmp_double);
+				m = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+				if (!found || m < best) {
+					found = true;
+					best = m;
+					best_n = n;
+					snprintf(schedule, cap, "%s", cur);
+				}
+			}
+			n = 0;
+			cur_trusted = false;
+			snprintf(cur, sizeof(cur), "%s", sch ? sch : "");
+		}
+		if (!sch) {
+			more = false;
+			continue;
+		}
+		t[n++] = sqlite3_column_double(st, 2);
+		cur_trusted |= trusted && who && !strcmp(who, trusted);
+	}
+	sqlite3_finalize(st);
+	free(t);
+	rc = check(c, co, rc == SQLITE_DONE || rc == SQLITE_OK ? SQLITE_OK : rc, "reading reports");
+	release(c, co);
+	if (rc)
+		return rc;
+	if (found) {
+		*median_us = best;
+		*reporters = best_n;
+	}
+	return found;
+}
+
 int ap_cache_tuning_put_many(ap_cache *c, const uint8_t (*sigs)[32], const char *target,
 			     const ap_tune_record *recs, int n, bool advance)
 {
@@ -1121,8 +1343,15 @@ int ap_cache_tuning_put_many(ap_cache *c, const uint8_t (*sigs)[32], const char 
 			sqlite3_bind_int64(st, 12, now_s(c));
 			rc = run(c, co, ST_TUNE_PUT, "tuning insert");
 		}
-		/* a measurement changes what compiles produce: a new generation
-		 * keys the bundles made from now on (ap_cache_tuning_generation) */
+		/* a measurement (or the background tuner's new choice) changes
+		 * what compiles produce: the bundles holding those kernels retire,
+		 * for the record's device (a model record: for every device) */
+		for (int i = 0; !rc && (any_measured || advance) && i < n; i++)
+			rc = retire(c, co, sigs[i], target,
+				    recs[i].measured_us >= 0 ? recs[i].device : NULL);
+		if (!rc && any_measured)
+			rc = bound_rows(c, co, "tuning", "measured_us IS NOT NULL",
+					AP_CACHE_MEASURED_MAX);
 		if (!rc && (any_measured || advance))
 			rc = run(c, co, ST_TUNE_BUMP, "tuning generation");
 		rc = rc ? rollback(co, rc) : commit(c, co);

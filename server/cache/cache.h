@@ -115,7 +115,7 @@ typedef struct ap_tune_record {
 	char emitter[32];          /* the emitter whose space `config` is a point of */
 	char config[256];          /* "knob=value ..." (ap_sched_describe) */
 	char method[16];           /* "exhaustive", "annealing", "measured" */
-	char device[128];          /* measured: the device's name; "" for the model's */
+	char device[160];          /* measured: the device id "NAME|SMS"; "" for the model's */
 	unsigned sms;              /* measured: its SM count; 0 for the model's */
 	double modelled_us;        /* the cost model's time of `config` */
 	double measured_us;        /* < 0: not measured */
@@ -132,20 +132,62 @@ typedef struct ap_tune_record {
 int ap_cache_tuning_get(ap_cache *c, const uint8_t sig[32], const char *target,
 			const char *device, ap_tune_record *out);
 /* Stores r for (sig, target, r's device when measured_us >= 0, else ""),
- * replacing the record it had; a measured record also advances the tuning
- * generation.  0 or negative (off, busy, I/O). */
+ * replacing the record it had; a measured record also retires the bundles
+ * holding kernel `sig` for that device (ap_cache_bundle_tuned) and advances
+ * the tuning generation.  0 or negative (off, busy, I/O). */
 int ap_cache_tuning_put(ap_cache *c, const uint8_t sig[32], const char *target,
 			const ap_tune_record *r);
 /* As ap_cache_tuning_put for n records in one transaction: all stored or
- * none; the tuning generation advances once when any is measured or when
- * `advance` (model records whose choice changed: the background tuner's
- * refinement). */
+ * none; measured records retire the bundles holding their kernels for their
+ * device, and with `advance` (model records whose choice changed: the
+ * background tuner's refinement) the bundles holding those kernels for any
+ * device retire; then the tuning generation advances once.  Measured
+ * records are bounded by AP_CACHE_MEASURED_MAX (oldest out). */
 int ap_cache_tuning_put_many(ap_cache *c, const uint8_t (*sigs)[32], const char *target,
 			     const ap_tune_record *recs, int n, bool advance);
-/* How many measured records were stored in this file so far: part of the
- * graph key, so that bundles compiled before a measurement are not served
- * after it.  0 when the cache is off. */
+/* How many times measured records were stored or the background tuner
+ * changed a model record's choice in this file (reported in TuneReply).
+ * Not part of any key: a change retires only the bundles holding the
+ * kernels it concerns (ap_cache_bundle_tuned).  0 when the cache is off. */
 uint64_t ap_cache_tuning_generation(ap_cache *c);
+
+/* Bounds on what clients can make the tuning tables hold; the oldest rows
+ * go first. */
+#define AP_CACHE_REPORTS_MAX 65536   /* rows of tune_reports */
+#define AP_CACHE_MEASURED_MAX 65536  /* measured records (all devices) */
+
+/* Notes that the bundle cached under `key` holds the tuned kernels `sigs`
+ * (n, 32 bytes each), built for `target` on `device` ("" or NULL: no
+ * device named).  A later ap_cache_tuning_put_many that stores a measured
+ * record of one of them for that device, or changes the model's choice
+ * (`advance`), deletes the bundle (a miss: it is compiled again with the
+ * new record); other bundles stay.  0, or negative (off, busy, I/O). */
+int ap_cache_bundle_tuned(ap_cache *c, const uint8_t key[32], const char *target,
+			  const char *device, const uint8_t (*sigs)[32], int n);
+
+/* One measurement of a client's tuning report. */
+typedef struct ap_cache_report {
+	const uint8_t *sig;        /* 32 bytes: the kernel's tuning signature */
+	const char *schedule;      /* the candidate timed (printable, < 256 bytes) */
+	double time_us;            /* its median time, microseconds */
+} ap_cache_report;
+
+/* Stores the measurements of client `reporter` ("uid:N", "tcp:ADDR",
+ * "apollod") for `target` on `device` (its id, "NAME|SMS"), replacing that
+ * client's earlier time of the same kernel and schedule; the table keeps
+ * at most AP_CACHE_REPORTS_MAX rows.  All rows or none.  0 or negative. */
+int ap_cache_report_put(ap_cache *c, const char *target, const char *device,
+			const char *reporter, const ap_cache_report *rows, int n);
+
+/* The schedule the reports agree on for kernel `sig` on (`target`,
+ * `device`): among the schedules timed by at least two distinct clients, or
+ * by client `trusted` (the daemon's own tuner; may be NULL), the one whose
+ * median time is smallest.  1 with `schedule` (cap bytes), *median_us and
+ * *reporters set; 0 when no schedule has agreement yet (or the cache is
+ * off); negative on an SQLite error.  At most 4096 rows are read. */
+int ap_cache_report_agreed(ap_cache *c, const uint8_t sig[32], const char *target,
+			   const char *device, const char *trusted, char *schedule, size_t cap,
+			   double *median_us, unsigned *reporters);
 
 /* Limits, in bytes: `max_bytes` of blob data in the file (0: no limit;
  * when over it, least recently used blobs are evicted with the action and
@@ -166,6 +208,7 @@ typedef struct ap_cache_counts {
 	uint64_t evicted_blobs, evicted_bytes;  /* by the limit, since open */
 	uint64_t memory_blobs, memory_bytes;    /* in the memory tier now */
 	uint64_t memory_hits;                   /* blob reads it answered */
+	uint64_t retired;                       /* bundles retired by tuning changes */
 } ap_cache_counts;
 void ap_cache_get_counts(const ap_cache *c, ap_cache_counts *out);
 

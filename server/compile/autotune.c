@@ -322,10 +322,12 @@ static int report(ap_autotune *a, const char *target, const char *device, unsign
 	Apollo__TuneReport rep = APOLLO__TUNE_REPORT__INIT;
 	Apollo__TuneMeasurement *ms = calloc((size_t)t->n + 1, sizeof(*ms));
 	Apollo__TuneMeasurement **pms = calloc((size_t)t->n + 1, sizeof(*pms));
-	unsigned records = 0;
+	unsigned records = 0, pending = 0;
 	uint64_t gen = 0;
+	char id[160] = "";
 	int rc = 0;
 
+	ap_compile_device_id(device, sms, id, sizeof(id), err);   /* "" when malformed */
 	if (!ms || !pms) {
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 		goto out;
@@ -336,7 +338,7 @@ static int report(ap_autotune *a, const char *target, const char *device, unsign
 		/* a kernel measured on this device before keeps its record: no
 		 * new generation (every bundle retired) for the same numbers */
 		if (t->v[i].time_us <= 0 ||
-		    ap_cache_tuning_get(ap_compiler_cache(a->c), t->v[i].sig, target, device, &had) == 1)
+		    ap_cache_tuning_get(ap_compiler_cache(a->c), t->v[i].sig, target, id, &had) == 1)
 			continue;
 		apollo__tune_measurement__init(&ms[rep.n_measurements]);
 		ms[rep.n_measurements].signature.data = t->v[i].sig;
@@ -353,7 +355,8 @@ static int report(ap_autotune *a, const char *target, const char *device, unsign
 	rep.device = (char *)device;
 	rep.sm_count = sms;
 	rep.measurements = pms;
-	if ((rc = ap_compiler_tune_report(a->c, &rep, &records, &gen, err)) == 0) {
+	if ((rc = ap_compiler_tune_report(a->c, "apollod", &rep, &records, &pending, &gen,
+					  err)) == 0) {
 		atomic_fetch_add(&a->measured, records);
 		ap_log(AP_LOG_INFO, "background tuner: %zu candidates timed on %s: %u measured records",
 		       rep.n_measurements, device, records);

@@ -91,12 +91,21 @@
 struct task_batch;
 
 #define MEMO_SLOTS 4096
+#define DEVICES_SEEN 256     /* (device, client) pairs remembered for reports */
+#define TRUSTED_REPORTER "apollod"   /* the background tuner's reports */
+
+/* A device a client named in a CompileRequest (DeviceInfo): only such a
+ * device can be the subject of that client's tuning reports. */
+struct device_seen {
+	char device[160];        /* "NAME|SMS" */
+	char client[64];         /* "uid:N", "tcp:ADDR" */
+	double last_ms;          /* 0: unused */
+};
 #define DEFAULT_FLIGHT_WAIT_MS 600000
 
 /* Request digest -> graph key (see the file comment). */
 struct memo_slot {
 	bool used;
-	uint64_t tuning;         /* the tuning generation the key was made under */
 	uint8_t digest[32], key[32];
 };
 
@@ -131,7 +140,10 @@ struct ap_compiler {
 	atomic_uint_fast64_t requests, errors, hits, misses, kernels_compiled, memo_hits;
 	atomic_uint_fast64_t tier[4], kernel_tier[4], errors_by_code[16];
 	atomic_uint_fast64_t tune_hits, tune_measured, tune_searched, tune_tried, tune_us;
-	atomic_uint_fast64_t tune_reports, tune_measurements, tune_records;
+	atomic_uint_fast64_t tune_reports, tune_measurements, tune_records, tune_pending;
+	char tune_reporters[256];   /* who may send tuning reports (compile.h) */
+	pthread_mutex_t devices_mu;
+	struct device_seen *devices;   /* DEVICES_SEEN: GPUs clients named, newest kept */
 	pthread_mutex_t hist_mu;
 	uint64_t hist[AP_COMPILE_BUCKETS + 1];
 	double hist_sum;
@@ -201,7 +213,11 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 	c->tune_budget_ms = opt && opt->tune_budget_ms ? opt->tune_budget_ms : AP_TUNE_BUDGET_MS;
 	pthread_mutex_init(&c->memo_mu, NULL);
 	pthread_mutex_init(&c->hist_mu, NULL);
+	pthread_mutex_init(&c->devices_mu, NULL);
 	c->memo = calloc(MEMO_SLOTS, sizeof(*c->memo));
+	c->devices = calloc(DEVICES_SEEN, sizeof(*c->devices));
+	snprintf(c->tune_reporters, sizeof(c->tune_reporters), "%s",
+		 opt && opt->tune_reporters && *opt->tune_reporters ? opt->tune_reporters : "any");
 	if (!(opt && opt->no_flight)) {
 		c->flights = ap_flights_new();
 		c->kflights = ap_flights_new();
@@ -227,7 +243,8 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->work, NULL);
 	c->helpers = calloc(c->threads, sizeof(pthread_t));
-	if (!c->helpers || !c->memo || (!(opt && opt->no_flight) && (!c->flights || !c->kflights)))
+	if (!c->helpers || !c->memo || !c->devices ||
+	    (!(opt && opt->no_flight) && (!c->flights || !c->kflights)))
 		return ap_compiler_free(c);
 	for (unsigned t = 1; t < c->threads; t++) {
 		if (pthread_create(&c->helpers[c->n_helpers], NULL, helper_main, c))
@@ -257,6 +274,8 @@ ap_compiler *ap_compiler_free(ap_compiler *c)
 	ap_flights_free(c->flights);
 	ap_flights_free(c->kflights);
 	free(c->memo);
+	free(c->devices);
+	pthread_mutex_destroy(&c->devices_mu);
 	pthread_mutex_destroy(&c->memo_mu);
 	pthread_mutex_destroy(&c->hist_mu);
 	free(c);
@@ -289,6 +308,7 @@ void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out)
 	out->tune_reports = atomic_load(&m->tune_reports);
 	out->tune_measurements = atomic_load(&m->tune_measurements);
 	out->tune_records = atomic_load(&m->tune_records);
+	out->tune_pending = atomic_load(&m->tune_pending);
 	for (int i = 0; i < 4; i++) {
 		out->tier[i] = atomic_load(&m->tier[i]);
 		out->kernel_tier[i] = atomic_load(&m->kernel_tier[i]);
@@ -336,27 +356,25 @@ static struct memo_slot *memo_slot(ap_compiler *c, const uint8_t digest[32])
 }
 
 /* The graph key remembered for a request digest: true and key[] set. */
-static bool memo_get(ap_compiler *c, const uint8_t digest[32], uint64_t tuning, uint8_t key[32])
+static bool memo_get(ap_compiler *c, const uint8_t digest[32], uint8_t key[32])
 {
 	struct memo_slot *m = memo_slot(c, digest);
 	bool found;
 
 	pthread_mutex_lock(&c->memo_mu);
-	found = m->used && !memcmp(m->digest, digest, 32) && m->tuning == tuning;
+	found = m->used && !memcmp(m->digest, digest, 32);
 	if (found)
 		memcpy(key, m->key, 32);
 	pthread_mutex_unlock(&c->memo_mu);
 	return found;
 }
 
-static void memo_put(ap_compiler *c, const uint8_t digest[32], uint64_t tuning,
-		     const uint8_t key[32])
+static void memo_put(ap_compiler *c, const uint8_t digest[32], const uint8_t key[32])
 {
 	struct memo_slot *m = memo_slot(c, digest);
 
 	pthread_mutex_lock(&c->memo_mu);
 	m->used = true;
-	m->tuning = tuning;
 	memcpy(m->digest, digest, 32);
 	memcpy(m->key, key, 32);
 	pthread_mutex_unlock(&c->memo_mu);
@@ -368,18 +386,21 @@ static void memo_put(ap_compiler *c, const uint8_t digest[32], uint64_t tuning,
 struct tune_user {
 	ap_compiler *c;
 	const char *target;
+	const char *device;      /* the request's device id ("NAME|SMS"), "" for none */
 	bool variant;            /* the model's record (its candidates) */
 };
 
 /* Tuning records in the shared cache: kind 't', keyed by SHA-256 over
- * (signature, target, measured or not): one model record and one measured
- * record (the last stored by any node) per kernel and target.  The value's
- * parts: emitter, config, method, device, candidates, then "sms modelled_us
- * measured_us tried" as text. */
-static void tuning_l2_key(const uint8_t sig[32], const char *target, bool measured, uint8_t key[32])
+ * (signature, target, measured or not, and a measured record's device):
+ * one model record per kernel and target, one measured record per kernel,
+ * target and device (agreed on by two clients of some node, or measured by
+ * a node's own tuner).  The value's parts: emitter, config, method, device,
+ * candidates, then "sms modelled_us measured_us tried" as text. */
+static void tuning_l2_key(const uint8_t sig[32], const char *target, const char *device,
+			  uint8_t key[32])
 {
 	ap_sha256_ctx *h = ap_sha256_new();
-	static const char tag[] = "apollo tuning record v1";
+	static const char tag[] = "apollo tuning record v2";
 
 	if (!h) {
 		memset(key, 0, 32);   /* never read: the put and get below fail first */
@@ -388,7 +409,9 @@ static void tuning_l2_key(const uint8_t sig[32], const char *target, bool measur
 	ap_sha256_update(h, tag, sizeof(tag));
 	ap_sha256_update(h, sig, 32);
 	ap_sha256_update(h, target, strlen(target) + 1);
-	ap_sha256_update(h, measured ? "m" : "c", 1);
+	ap_sha256_update(h, device && *device ? "m" : "c", 1);
+	if (device && *device)
+		ap_sha256_update(h, device, strlen(device) + 1);
 	ap_sha256_final(h, key);
 }
 
@@ -412,7 +435,7 @@ void ap_compiler_tuning_publish(ap_compiler *c, const uint8_t sig[32], const cha
 	parts[5] = (const uint8_t *)nums;
 	for (int i = 0; i < 6; i++)
 		lens[i] = strnlen((const char *)parts[i], 1024);
-	tuning_l2_key(sig, target, r->measured_us >= 0, key);
+	tuning_l2_key(sig, target, r->measured_us >= 0 ? r->device : NULL, key);
 	ap_redis_put(c->redis, AP_REDIS_TUNING, key, 6, parts, lens);
 }
 
@@ -438,19 +461,21 @@ static bool l2_text(const ap_redis_entry *e, int i, char *dst, size_t cap)
 	return printable(dst, 0, cap - 1);
 }
 
-/* The shared cache's record of (sig, target), measured or the model's: 1
- * with *out (its strings checked printable and in bounds, its numbers
- * finite; the config is parsed again by the tuner), 0 when absent or
+/* The shared cache's record of (sig, target): `device`'s measured one, or
+ * (device NULL) the model's: 1 with *out (its strings checked printable
+ * and in bounds, its numbers finite, a measured one's device the one asked
+ * for; the config is parsed again by the tuner), 0 when absent or
  * malformed. */
-static int tuning_l2_get(ap_compiler *c, const uint8_t sig[32], const char *target, bool measured,
-			 ap_tune_record *out)
+static int tuning_l2_get(ap_compiler *c, const uint8_t sig[32], const char *target,
+			 const char *device, ap_tune_record *out)
 {
 	ap_redis_entry e = {0};
 	uint8_t key[32];
 	char nums[128];
+	bool measured = device != NULL;
 	int ok;
 
-	tuning_l2_key(sig, target, measured, key);
+	tuning_l2_key(sig, target, device, key);
 	if (ap_redis_get(c->redis, AP_REDIS_TUNING, key, &e) != 1)
 		return 0;
 	memset(out, 0, sizeof(*out));
@@ -463,32 +488,37 @@ static int tuning_l2_get(ap_compiler *c, const uint8_t sig[32], const char *targ
 	     sscanf(nums, "%u %lf %lf %u", &out->sms, &out->modelled_us, &out->measured_us,
 		    &out->tried) == 4 &&
 	     isfinite(out->modelled_us) && isfinite(out->measured_us) &&
-	     (out->measured_us >= 0) == measured && (!measured || out->device[0]);
+	     (out->measured_us >= 0) == measured && (!measured || !strcmp(out->device, device));
 	ap_redis_entry_clear(&e);
 	if (!ok)
 		ap_log(AP_LOG_WARN, "shared cache: a malformed tuning record, ignored");
 	return ok;
 }
 
-/* A record: the local cache's; without a measured one there, the shared
- * cache's measured record, then (with no local record at all) its model
- * record; a record found in the shared cache is copied into the local
- * one (a measured one advances the tuning generation). */
+/* A record for a request: its device's measured record (local, else the
+ * shared cache's, copied locally), else the model's (local, else shared);
+ * a request naming no device, and a tune_variant build (which times the
+ * model's candidates), use the model's only.  Measured records of other
+ * devices never apply. */
 static int tune_lookup(void *user, const uint8_t sig[32], ap_tune_record *rec)
 {
 	struct tune_user *u = user;
-	int rc = ap_cache_tuning_get(u->c->cache, sig, u->target, u->variant ? "" : NULL, rec);
+	bool device = !u->variant && u->device[0];
 	ap_tune_record l2;
+	int rc = device ? ap_cache_tuning_get(u->c->cache, sig, u->target, u->device, rec) : 0;
 
-	if (!u->c->redis || rc < 0)
+	if (rc < 0)
 		return rc;
-	if (!u->variant && (rc == 0 || rec->measured_us < 0) &&
-	    tuning_l2_get(u->c, sig, u->target, true, &l2)) {
+	if (rc == 0 && device && u->c->redis &&
+	    tuning_l2_get(u->c, sig, u->target, u->device, &l2)) {
 		ap_cache_tuning_put(u->c->cache, sig, u->target, &l2);
 		*rec = l2;
 		return 1;
 	}
-	if (rc == 0 && tuning_l2_get(u->c, sig, u->target, false, &l2)) {
+	if (rc == 1)
+		return 1;
+	rc = ap_cache_tuning_get(u->c->cache, sig, u->target, "", rec);
+	if (rc == 0 && u->c->redis && tuning_l2_get(u->c, sig, u->target, NULL, &l2)) {
 		ap_cache_tuning_put(u->c->cache, sig, u->target, &l2);
 		*rec = l2;
 		return 1;
@@ -516,52 +546,90 @@ static int cmp_measurement(const void *a, const void *b, void *arg)
 	return (x->time_us > y->time_us) - (x->time_us < y->time_us);
 }
 
-int ap_compiler_tune_report(ap_compiler *c, const Apollo__TuneReport *rep, unsigned *records,
-			    uint64_t *generation, ap_error *err)
+/* ---- devices and reporters ----------------------------------------------- */
+
+int ap_compile_device_id(const char *name, unsigned sms, char *id, size_t cap, ap_error *err)
+{
+	if (!printable(name, 1, 127))
+		return ap_error_set(err, AP_EINVAL, NULL, NULL,
+				    "the device name must be 1 to 127 printable ASCII characters");
+	if (sms < 1 || sms > 1024)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "sm_count %u is not in 1..1024", sms);
+	if ((size_t)snprintf(id, cap, "%s|%u", name, sms) >= cap)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "the device name is too long");
+	return 0;
+}
+
+/* Remembers that `client` named `device` (newest kept: the oldest of
+ * DEVICES_SEEN entries gives way). */
+static void device_note(ap_compiler *c, const char *device, const char *client)
+{
+	struct device_seen *d = NULL;
+	double now = ap_now_ms();
+
+	pthread_mutex_lock(&c->devices_mu);
+	for (int i = 0; i < DEVICES_SEEN && !d; i++)
+		if (c->devices[i].last_ms > 0 && !strcmp(c->devices[i].device, device) &&
+		    !strcmp(c->devices[i].client, client))
+			d = &c->devices[i];
+	for (int i = 0; i < DEVICES_SEEN && !d; i++)
+		if (c->devices[i].last_ms == 0)
+			d = &c->devices[i];
+	if (!d) {
+		d = &c->devices[0];
+		for (int i = 1; i < DEVICES_SEEN; i++)
+			if (c->devices[i].last_ms < d->last_ms)
+				d = &c->devices[i];
+	}
+	snprintf(d->device, sizeof(d->device), "%s", device);
+	snprintf(d->client, sizeof(d->client), "%s", client);
+	d->last_ms = now;
+	pthread_mutex_unlock(&c->devices_mu);
+}
+
+static bool device_named(ap_compiler *c, const char *device, const char *client)
+{
+	bool found = false;
+
+	pthread_mutex_lock(&c->devices_mu);
+	for (int i = 0; i < DEVICES_SEEN && !found; i++)
+		found = c->devices[i].last_ms > 0 && !strcmp(c->devices[i].device, device) &&
+			!strcmp(c->devices[i].client, client);
+	pthread_mutex_unlock(&c->devices_mu);
+	return found;
+}
+
+/* Whether `client` may report under the tune_reporters list: "any", or
+ * comma-separated uids and the word "tcp" (every TCP client). */
+static bool reporter_allowed(const char *list, const char *client)
+{
+	char copy[256], *save = NULL;
+
+	if (!strcmp(client, TRUSTED_REPORTER) || !strcmp(list, "any"))
+		return true;
+	snprintf(copy, sizeof(copy), "%s", list);
+	for (char *t = strtok_r(copy, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
+		if (!strcmp(t, "tcp") && !strncmp(client, "tcp:", 4))
+			return true;
+		if (!strncmp(client, "uid:", 4) && !strcmp(t, client + 4))
+			return true;
+	}
+	return false;
+}
+
+/* Checks one report's header and measurements (every one before any is
+ * stored); fills model[i] with the model's record of measurement i. */
+static int report_check(ap_compiler *c, const Apollo__TuneReport *rep, ap_tune_record *model,
+			ap_error *err)
 {
 	size_t n = rep->n_measurements;
-	ap_tune_record *recs = NULL, *model = NULL;
-	uint8_t (*sigs)[32] = NULL;
-	int *order = NULL, n_recs = 0, rc = 0;
-	bool gpu;
-	int out_kind;
 	char hex[17];
 
-	*records = 0;
-	*generation = 0;
-	if (!ap_cache_enabled(c->cache))
-		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
-				    "tuning report: this daemon runs without a cache, so it keeps no "
-				    "tuning records");
-	if (!rep->target || !*rep->target || strlen(rep->target) > 31 ||
-	    ap_compile_parse_target(rep->target, 0, &gpu, &out_kind, err) < 0)
-		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
-				    "tuning report: target '%.32s' is not a target this daemon compiles for",
-				    rep->target ? rep->target : "");
-	if (!printable(rep->device, 1, 127))
-		return ap_error_set(err, AP_EINVAL, NULL, NULL,
-				    "tuning report: the device name must be 1 to 127 printable ASCII "
-				    "characters");
-	if (rep->sm_count < 1 || rep->sm_count > 1024)
-		return ap_error_set(err, AP_EINVAL, NULL, NULL,
-				    "tuning report: sm_count %u is not in 1..1024", rep->sm_count);
-	if (n < 1 || n > AP_TUNE_REPORT_MAX)
-		return ap_error_set(err, n ? AP_ETOOLARGE : AP_EINVAL, NULL, NULL,
-				    "tuning report: %zu measurements (1 to %d accepted)", n,
-				    AP_TUNE_REPORT_MAX);
-	model = calloc(n, sizeof(*model));
-	order = calloc(n, sizeof(*order));
-	if (!model || !order) {
-		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
-		goto out;
-	}
-	/* every measurement checked before anything is stored */
 	for (size_t i = 0; i < n; i++) {
 		const Apollo__TuneMeasurement *m = rep->measurements[i];
 		const char *why = NULL;
 		int found;
 
-		order[i] = (int)i;
 		if (m->signature.len != 32)
 			why = "its signature is not 32 bytes";
 		else if (!printable(m->schedule, 1, sizeof(model->config) - 1))
@@ -570,69 +638,139 @@ int ap_compiler_tune_report(ap_compiler *c, const Apollo__TuneReport *rep, unsig
 			why = "its time is not in (0, 1e7) microseconds";
 		else if (m->runs < 1)
 			why = "it names no timed run";
-		if (why) {
-			rc = ap_error_set(err, AP_EINVAL, NULL, NULL, "tuning report: measurement %zu: %s",
-					  i, why);
-			goto out;
-		}
+		if (why)
+			return ap_error_set(err, AP_EINVAL, NULL, NULL, "tuning report: measurement %zu: %s",
+					    i, why);
 		ap_hex(m->signature.data, 8, hex);
 		found = ap_cache_tuning_get(c->cache, m->signature.data, rep->target, "", &model[i]);
-		if (found < 0) {
-			rc = ap_error_set(err, AP_EIO, NULL, NULL,
-					  "tuning report: the tuning records cannot be read");
-			goto out;
-		}
-		if (found == 0) {
-			rc = ap_error_set(err, AP_EINVAL, NULL, NULL,
-					  "tuning report: measurement %zu: kernel %s has no tuning record "
-					  "for %s (compile with tune_variant first)", i, hex, rep->target);
-			goto out;
-		}
-		if (!ap_tune_is_candidate(&model[i], m->schedule)) {
-			rc = ap_error_set(err, AP_EINVAL, NULL, NULL,
-					  "tuning report: measurement %zu: '%.200s' is not a candidate of "
-					  "kernel %s on %s", i, m->schedule, hex, rep->target);
-			goto out;
-		}
+		if (found < 0)
+			return ap_error_set(err, AP_EIO, NULL, NULL,
+					    "tuning report: the tuning records cannot be read");
+		if (found == 0)
+			return ap_error_set(err, AP_EINVAL, NULL, NULL,
+					    "tuning report: measurement %zu: kernel %s has no tuning record "
+					    "for %s (compile with tune_variant first)", i, hex, rep->target);
+		if (!ap_tune_is_candidate(&model[i], m->schedule))
+			return ap_error_set(err, AP_EINVAL, NULL, NULL,
+					    "tuning report: measurement %zu: '%.200s' is not a candidate of "
+					    "kernel %s on %s", i, m->schedule, hex, rep->target);
 	}
-	/* per signature, the fastest schedule becomes the measured record */
-	qsort_r(order, n, sizeof(*order), cmp_measurement, rep->measurements);
+	return 0;
+}
+
+int ap_compiler_tune_report(ap_compiler *c, const char *client, const Apollo__TuneReport *rep,
+			    unsigned *records, unsigned *pending, uint64_t *generation, ap_error *err)
+{
+	size_t n = rep->n_measurements;
+	ap_tune_record *recs = NULL, *model = NULL;
+	ap_cache_report *rows = NULL;
+	uint8_t (*sigs)[32] = NULL;
+	int *order = NULL, n_recs = 0, rc = 0;
+	char device[160];
+	bool gpu;
+	int out_kind;
+
+	*records = 0;
+	*pending = 0;
+	*generation = 0;
+	if (!ap_cache_enabled(c->cache))
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "tuning report: this daemon runs without a cache, so it keeps no "
+				    "tuning records");
+	if (!reporter_allowed(c->tune_reporters, client))
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "tuning report: client %s may not report (tune_reporters = %s)",
+				    client, c->tune_reporters);
+	if (!rep->target || !*rep->target || strlen(rep->target) > 31 ||
+	    ap_compile_parse_target(rep->target, 0, &gpu, &out_kind, err) < 0)
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "tuning report: target '%.32s' is not a target this daemon compiles for",
+				    rep->target ? rep->target : "");
+	if (!gpu)
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				    "tuning report: target %s is refused: host kernels are tuned by the "
+				    "cost model alone", rep->target);
+	{
+		ap_error why;
+
+		if ((rc = ap_compile_device_id(rep->device, rep->sm_count, device, sizeof(device),
+					       &why)))
+			return ap_error_set(err, rc, NULL, NULL, "tuning report: %s", why.msg);
+	}
+	if (strcmp(client, TRUSTED_REPORTER) && !device_named(c, device, client))
+		return ap_error_set(err, AP_EINVAL, NULL, NULL,
+				    "tuning report: device '%.127s' (%u SMs) was not named by this client "
+				    "(%s) in a compile request: report from the GPU the bundles ran on "
+				    "(CompileRequest.device)", rep->device, rep->sm_count, client);
+	if (n < 1 || n > AP_TUNE_REPORT_MAX)
+		return ap_error_set(err, n ? AP_ETOOLARGE : AP_EINVAL, NULL, NULL,
+				    "tuning report: %zu measurements (1 to %d accepted)", n,
+				    AP_TUNE_REPORT_MAX);
+	model = calloc(n, sizeof(*model));
+	order = calloc(n, sizeof(*order));
+	rows = calloc(n, sizeof(*rows));
 	recs = calloc(n, sizeof(*recs));
 	sigs = calloc(n, sizeof(*sigs));
-	if (!recs || !sigs) {
+	if (!model || !order || !rows || !recs || !sigs) {
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 		goto out;
 	}
-	for (size_t i = 0; i < n;) {
-		const Apollo__TuneMeasurement *best = rep->measurements[order[i]];
-		const ap_tune_record *mr = &model[order[i]];
-		ap_tune_record *r = &recs[n_recs];
-		size_t j = i;
-		unsigned distinct = 0;
-
-		for (; j < n && !memcmp(rep->measurements[order[j]]->signature.data,
-					best->signature.data, 32); j++) {
-			bool seen = false;
-
-			for (size_t k = i; k < j && !seen; k++)
-				seen = !strcmp(rep->measurements[order[k]]->schedule,
-					       rep->measurements[order[j]]->schedule);
-			distinct += !seen;
-		}
-		*r = *mr;
-		snprintf(r->config, sizeof(r->config), "%s", best->schedule);
-		snprintf(r->method, sizeof(r->method), "measured");
-		snprintf(r->device, sizeof(r->device), "%s", rep->device);
-		r->sms = rep->sm_count;
-		r->measured_us = best->time_us;
-		/* the model's time is known for its own choice only */
-		r->modelled_us = strcmp(mr->config, best->schedule) ? 0 : mr->modelled_us;
-		r->tried = distinct;
-		memcpy(sigs[n_recs++], best->signature.data, 32);
-		i = j;
+	if ((rc = report_check(c, rep, model, err)))
+		goto out;
+	for (size_t i = 0; i < n; i++) {
+		order[i] = (int)i;
+		rows[i] = (ap_cache_report){ rep->measurements[i]->signature.data,
+					     rep->measurements[i]->schedule,
+					     rep->measurements[i]->time_us };
 	}
-	if (ap_cache_tuning_put_many(c->cache, (const uint8_t (*)[32])sigs, rep->target, recs,
-				     n_recs, true) < 0) {
+	if (ap_cache_report_put(c->cache, rep->target, device, client, rows, (int)n) < 0) {
+		rc = ap_error_set(err, AP_EIO, NULL, NULL, "tuning report: it could not be stored");
+		goto out;
+	}
+	/* per kernel: the schedule the clients agree on becomes the device's
+	 * measured record when it differs from the one it has */
+	qsort_r(order, n, sizeof(*order), cmp_measurement, rep->measurements);
+	for (size_t i = 0; i < n;) {
+		const Apollo__TuneMeasurement *m = rep->measurements[order[i]];
+		const ap_tune_record *mr = &model[order[i]];
+		ap_tune_record *r = &recs[n_recs], had;
+		char agreed[256];
+		double median = 0;
+		unsigned clients = 0;
+		size_t j = i;
+		int a;
+
+		while (j < n && !memcmp(rep->measurements[order[j]]->signature.data,
+					m->signature.data, 32))
+			j++;
+		i = j;
+		a = ap_cache_report_agreed(c->cache, m->signature.data, rep->target, device,
+					   TRUSTED_REPORTER, agreed, sizeof(agreed), &median, &clients);
+		if (a < 0) {
+			rc = ap_error_set(err, AP_EIO, NULL, NULL,
+					  "tuning report: the reports cannot be read");
+			goto out;
+		}
+		if (a == 0) {
+			(*pending)++;
+			continue;
+		}
+		if (ap_cache_tuning_get(c->cache, m->signature.data, rep->target, device, &had) == 1 &&
+		    !strcmp(had.config, agreed))
+			continue;   /* the same choice: nothing retires */
+		*r = *mr;
+		snprintf(r->config, sizeof(r->config), "%s", agreed);
+		snprintf(r->method, sizeof(r->method), "measured");
+		snprintf(r->device, sizeof(r->device), "%s", device);
+		r->sms = rep->sm_count;
+		r->measured_us = median;
+		/* the model's time is known for its own choice only */
+		r->modelled_us = strcmp(mr->config, agreed) ? 0 : mr->modelled_us;
+		r->tried = clients;
+		memcpy(sigs[n_recs++], m->signature.data, 32);
+	}
+	if (n_recs && ap_cache_tuning_put_many(c->cache, (const uint8_t (*)[32])sigs, rep->target,
+					       recs, n_recs, false) < 0) {
 		rc = ap_error_set(err, AP_EIO, NULL, NULL,
 				  "tuning report: the measured records could not be stored");
 		goto out;
@@ -644,9 +782,11 @@ int ap_compiler_tune_report(ap_compiler *c, const Apollo__TuneReport *rep, unsig
 	atomic_fetch_add(&c->tune_reports, 1);
 	atomic_fetch_add(&c->tune_measurements, n);
 	atomic_fetch_add(&c->tune_records, (uint64_t)n_recs);
+	atomic_fetch_add(&c->tune_pending, *pending);
 out:
 	free(model);
 	free(order);
+	free(rows);
 	free(recs);
 	free(sigs);
 	return rc;
@@ -1740,6 +1880,8 @@ static int on_accept_kernel(const ap_kernel_src *k, void *user, ap_error *why)
 struct request {
 	const Apollo__CompileRequest *req;
 	const uint8_t *digest;     /* of the request's bytes; NULL: unknown */
+	const char *client;        /* "uid:N", "tcp:ADDR"; NULL: in-process */
+	char device[160];          /* GPU targets: the device's id "NAME|SMS", or "" */
 	const char *target;
 	bool gpu, use_cache;
 	int output;
@@ -1747,6 +1889,68 @@ struct request {
 	double t0, import_ms, cache_ms;
 	unsigned kernel_tier[4];   /* of a compiled request's kernels */
 };
+
+/* The distinct tuning signatures of a bundle's launch parts (malloc'd,
+ * *n of them; NULL with *n 0 when there are none or memory is short). */
+static uint8_t (*tuned_sigs(const Apollo__Bundle *b, int *n))[32]
+{
+	uint8_t (*sigs)[32] = NULL;
+	size_t parts = 0;
+
+	*n = 0;
+	for (size_t i = 0; i < b->n_plan; i++)
+		parts += b->plan[i]->n_parts;
+	if (!parts || !(sigs = calloc(parts, 32)))
+		return NULL;
+	for (size_t i = 0; i < b->n_plan; i++)
+		for (size_t j = 0; j < b->plan[i]->n_parts; j++) {
+			const ProtobufCBinaryData *t = &b->plan[i]->parts[j]->tune_signature;
+			bool seen = false;
+
+			if (t->len != 32)
+				continue;
+			for (int k = 0; k < *n && !seen; k++)
+				seen = !memcmp(sigs[k], t->data, 32);
+			if (!seen)
+				memcpy(sigs[(*n)++], t->data, 32);
+		}
+	return sigs;
+}
+
+/* Notes which tuned kernels the bundle stored under `key` holds, so that a
+ * new record for one of them retires it (ap_cache_bundle_tuned). */
+static void note_tuned(ap_compiler *c, const struct request *r, const uint8_t key[32],
+		       const Apollo__Bundle *b)
+{
+	int n = 0;
+	uint8_t (*sigs)[32] = tuned_sigs(b, &n);
+
+	if (n)
+		ap_cache_bundle_tuned(c->cache, key, r->target, r->device,
+				      (const uint8_t (*)[32])sigs, n);
+	free(sigs);
+}
+
+/* Whether a bundle from another node is stale here: one of its tuned
+ * kernels has, for this request's device, a measured record that chose
+ * another schedule than the bundle's. */
+static bool stale_tuning(ap_compiler *c, const struct request *r, const Apollo__Bundle *b)
+{
+	if (!r->device[0])
+		return false;
+	for (size_t i = 0; i < b->n_plan; i++)
+		for (size_t j = 0; j < b->plan[i]->n_parts; j++) {
+			const Apollo__LaunchPart *p = b->plan[i]->parts[j];
+			ap_tune_record rec;
+
+			if (p->tune_signature.len == 32 &&
+			    ap_cache_tuning_get(c->cache, p->tune_signature.data, r->target, r->device,
+						&rec) == 1 &&
+			    strcmp(rec.config, p->schedule ? p->schedule : ""))
+				return true;
+		}
+	return false;
+}
 
 /* Rebuilds a reply from a stored (stripped) bundle: every kernel blob is
  * fetched by digest and verified.  NULL when anything is missing. */
@@ -1780,7 +1984,8 @@ static Apollo__Bundle *from_cache(ap_compiler *c, const uint8_t *val, size_t len
  * order) as a bundle: every blob checked once against its kernel's digest,
  * then stored in L1 with that digest, and the action under `key`.  NULL
  * when anything does not fit (a miss). */
-static Apollo__Bundle *from_l2(ap_compiler *c, const uint8_t key[32], const ap_redis_entry *e)
+static Apollo__Bundle *from_l2(ap_compiler *c, const struct request *r, const uint8_t key[32],
+			       const ap_redis_entry *e)
 {
 	Apollo__Bundle *b;
 
@@ -1789,6 +1994,8 @@ static Apollo__Bundle *from_l2(ap_compiler *c, const uint8_t key[32], const ap_r
 	b = apollo__bundle__unpack(NULL, e->part_len[0], e->part[0]);
 	if (!b || (size_t)(e->n - 1) > b->n_kernels || (e->n == 1 && b->n_kernels > 0))
 		return bundle_free(b);
+	if (stale_tuning(c, r, b))
+		return bundle_free(b);   /* built before this device's measured records */
 	{
 		/* the distinct blobs, each verified once; kernels find theirs by digest */
 		uint8_t (*dg)[32] = calloc((size_t)e->n, 32);
@@ -1823,7 +2030,8 @@ static Apollo__Bundle *from_l2(ap_compiler *c, const uint8_t key[32], const ap_r
 		}
 		free(dg);
 	}
-	ap_cache_put(c->cache, key, e->part[0], e->part_len[0]);
+	if (ap_cache_put(c->cache, key, e->part[0], e->part_len[0]) == 0)
+		note_tuned(c, r, key, b);
 	if (!b->stats) {
 		b->stats = malloc(sizeof(*b->stats));
 		if (!b->stats)
@@ -1870,7 +2078,7 @@ static Apollo__Bundle *lookup(ap_compiler *c, struct request *r, const uint8_t k
 		ap_redis_entry e;
 
 		if (ap_redis_get(c->redis, AP_REDIS_ACTION, key, &e) == 1) {
-			b = from_l2(c, key, &e);
+			b = from_l2(c, r, key, &e);
 			tier = APOLLO__CACHE_TIER__CACHE_L2;
 			ap_redis_entry_clear(&e);
 		}
@@ -2119,8 +2327,8 @@ static int request_graph(const Apollo__CompileRequest *req, ap_graph **g, ap_err
  * and written with the cache, not with no_cache).  0, or AP_EUNSUPPORTED
  * for a tune_variant past the candidates or an unknown fusion level. */
 static int build_options(ap_compiler *c, const Apollo__CompileRequest *req, const char *target,
-			 bool use_cache, ap_task_pool *pool, ap_build_options *bo, ap_tune_hooks *th,
-			 struct tune_user *tu, ap_error *err)
+			 const char *r_device, bool use_cache, ap_task_pool *pool,
+			 ap_build_options *bo, ap_tune_hooks *th, struct tune_user *tu, ap_error *err)
 {
 	const Apollo__CompileOptions *o = req->options;
 
@@ -2136,7 +2344,7 @@ static int build_options(ap_compiler *c, const Apollo__CompileRequest *req, cons
 		.allow_tf32 = o && o->allow_tf32,
 		.no_layer1 = o && o->no_layer1,
 	};
-	*tu = (struct tune_user){c, target, o && o->tune_variant};
+	*tu = (struct tune_user){c, target, r_device, o && o->tune_variant};
 	*th = (ap_tune_hooks){
 		.target = target,
 		.budget_ms = c->tune_budget_ms > 0 ? c->tune_budget_ms : 0,
@@ -2173,7 +2381,6 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	ap_build_options bo;
 	ap_tune_hooks th;
 	struct tune_user tu;
-	uint64_t gen = 0;        /* the cache's tuning generation */
 	ap_task_pool pool;
 	struct kernel_batch kb;
 	int rc;
@@ -2188,18 +2395,26 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 			return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
 					    "target %.32s needs NVRTC: %.440s", r->target, why.msg);
 	}
-	/* Graph and request keys also name this build (see build_identity);
-	 * kernel keys do not: they hash the kernel source itself. */
-	snprintf(bid, sizeof(bid), "%s | %s", ap_compiler_backend_id(c, r->gpu), c->build_id);
-	r->use_cache = ap_cache_enabled(c->cache) && !(req->options && req->options->no_cache);
-	if (r->use_cache && !(req->options && req->options->no_tune)) {
-		/* measured tuning records change what a compile produces: keys
-		 * name how many there were (none: the keys of before) */
-		gen = ap_cache_tuning_generation(c->cache);
-		if (gen)
-			snprintf(bid + strlen(bid), sizeof(bid) - strlen(bid), " | tuning %llu",
-				 (unsigned long long)gen);
+	/* The GPU the bundle will run on: its measured tuning records apply,
+	 * so it is part of the keys (a host target ignores it). */
+	if (r->gpu && req->device && req->device->name && *req->device->name) {
+		ap_error why;
+
+		rc = ap_compile_device_id(req->device->name, req->device->sm_count, r->device,
+					  sizeof(r->device), &why);
+		if (rc)
+			return ap_error_set(err, rc, NULL, NULL, "request device: %s", why.msg);
+		if (r->client)
+			device_note(c, r->device, r->client);
 	}
+	/* Graph and request keys also name this build (see build_identity);
+	 * kernel keys do not: they hash the kernel source itself.  Tuning
+	 * records are not in the keys: a record that changes retires the
+	 * bundles holding its kernel (ap_cache_bundle_tuned). */
+	snprintf(bid, sizeof(bid), "%s | %s", ap_compiler_backend_id(c, r->gpu), c->build_id);
+	if (r->device[0])
+		snprintf(bid + strlen(bid), sizeof(bid) - strlen(bid), " | device %s", r->device);
+	r->use_cache = ap_cache_enabled(c->cache) && !(req->options && req->options->no_cache);
 	memset(&kb, 0, sizeof(kb));
 	kb.c = c;
 	kb.target = r->target;
@@ -2210,7 +2425,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	kb.deadline = r->t0 + c->flight_wait_ms;
 
 	/* Warm path: a request seen before names its key; no graph needed. */
-	if (r->use_cache && r->digest && memo_get(c, r->digest, gen, gkey) &&
+	if (r->use_cache && r->digest && memo_get(c, r->digest, gkey) &&
 	    (*out = lookup(c, r, gkey, true))) {
 		atomic_fetch_add(&c->memo_hits, 1);
 		return 0;
@@ -2235,14 +2450,14 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		goto done;
 	}
 	if (r->use_cache && r->digest)
-		memo_put(c, r->digest, gen, gkey);
+		memo_put(c, r->digest, gkey);
 	if ((b = lookup(c, r, gkey, true))) {
 		if (have_rkey) {
 			size_t len = 0;
 			uint8_t *val = pack_stripped(b, &len);
 			t = ap_now_ms();
-			if (val)
-				ap_cache_put(c->cache, rkey, val, len);
+			if (val && ap_cache_put(c->cache, rkey, val, len) == 0)
+				note_tuned(c, r, rkey, b);
 			free(val);
 			b->stats->cache_ms += ap_now_ms() - t;
 		}
@@ -2270,7 +2485,8 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 
 	pool.run = run_tasks;
 	pool.pool = c;
-	if ((rc = build_options(c, req, r->target, r->use_cache, &pool, &bo, &th, &tu, err)))
+	if ((rc = build_options(c, req, r->target, r->device, r->use_cache, &pool, &bo, &th, &tu,
+				err)))
 		goto done;
 	/* Optimistic: build with no backend hook and compile every kernel in
 	 * parallel; the backend rejects a kernel almost never. */
@@ -2356,9 +2572,10 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		b->stats->compile_ms = ap_now_ms() - r->t0;
 		val = pack_stripped(b, &len);
 		if (val) {
-			ap_cache_put(c->cache, gkey, val, len);
-			if (have_rkey)
-				ap_cache_put(c->cache, rkey, val, len);
+			if (ap_cache_put(c->cache, gkey, val, len) == 0)
+				note_tuned(c, r, gkey, b);
+			if (have_rkey && ap_cache_put(c->cache, rkey, val, len) == 0)
+				note_tuned(c, r, rkey, b);
 			if (c->redis)
 				store_l2(c, gkey, b, val, len);
 		}
@@ -2450,13 +2667,19 @@ int ap_compiler_build_program(ap_compiler *c, const Apollo__CompileRequest *req,
 	bool gpu;
 	int output, rc;
 	const char *target = req->target && *req->target ? req->target : "cpu";
+	char device[160] = "";
 
 	*g = NULL;
 	*prog = NULL;
-	if ((rc = ap_compile_parse_target(req->target, req->output, &gpu, &output, err)) ||
-	    (rc = request_graph(req, g, err)) ||
-	    (rc = build_options(c, req, target, ap_cache_enabled(c->cache), &pool, &bo, &th, &tu,
-				err)))
+	if ((rc = ap_compile_parse_target(req->target, req->output, &gpu, &output, err)))
+		goto fail;
+	if (gpu && req->device && req->device->name && *req->device->name &&
+	    (rc = ap_compile_device_id(req->device->name, req->device->sm_count, device,
+				       sizeof(device), err)))
+		goto fail;
+	if ((rc = request_graph(req, g, err)) ||
+	    (rc = build_options(c, req, target, device, ap_cache_enabled(c->cache), &pool, &bo,
+				&th, &tu, err)))
 		goto fail;
 	if ((*prog = ap_program_build(*g, &bo, err)))
 		return 0;
@@ -2485,7 +2708,13 @@ int ap_compiler_compile_bundle(ap_compiler *c, const Apollo__CompileRequest *req
 Apollo__CompileResponse *ap_compile_run_digest(ap_compiler *c, const Apollo__CompileRequest *req,
 					       const uint8_t *digest)
 {
-	struct request r = { .req = req, .digest = digest, .t0 = ap_now_ms() };
+	return ap_compile_run_as(c, req, digest, NULL);
+}
+
+Apollo__CompileResponse *ap_compile_run_as(ap_compiler *c, const Apollo__CompileRequest *req,
+					   const uint8_t *digest, const char *client)
+{
+	struct request r = { .req = req, .digest = digest, .client = client, .t0 = ap_now_ms() };
 	Apollo__CompileResponse *resp = malloc(sizeof(*resp));
 	Apollo__Bundle *b = NULL;
 	ap_error err;

@@ -67,6 +67,8 @@ typedef struct ap_compiler_options {
 	ap_autotune_options autotune;  /* the background tuner (autotune.h): runs
 				      when refine or measure is set; off by
 				      default */
+	const char *tune_reporters; /* who may send tuning reports: "any" (NULL or
+				      ""), or comma-separated uids and "tcp" */
 	bool stop_before_backend;  /* tests and fuzzing: end each request after
 				      ap_program_build (kernel IR and sources
 				      made, nothing compiled or stored) with
@@ -92,6 +94,14 @@ __ap_give struct Apollo__CompileResponse *ap_compile_run(ap_compiler *c,
 __ap_give struct Apollo__CompileResponse *ap_compile_run_digest(
 	ap_compiler *c, __ap_keep const struct Apollo__CompileRequest *req,
 	const uint8_t *digest);
+/* As ap_compile_run_digest for a request from `client` ("uid:N" on the Unix
+ * socket, "tcp:ADDR" on TCP; NULL: in-process).  A GPU request's
+ * DeviceInfo is remembered for that client (at most 256 device and client
+ * pairs, the oldest forgotten), so that its tuning reports may name that
+ * device (ap_compiler_tune_report). */
+__ap_give struct Apollo__CompileResponse *ap_compile_run_as(
+	ap_compiler *c, __ap_keep const struct Apollo__CompileRequest *req,
+	const uint8_t *digest, const char *client);
 void ap_compile_response_free(__ap_take struct Apollo__CompileResponse *r);
 
 /* Measurements one tuning report may carry. */
@@ -99,23 +109,40 @@ void ap_compile_response_free(__ap_take struct Apollo__CompileResponse *r);
 
 /* Takes a client's measurements (apollo.TuneReport from apollo-client
  * tune: median microseconds of the candidates of tuned kernels, timed on
- * the client's GPU).  Every measurement is checked before anything is
- * stored: a 32-byte signature with a cost-model tuning record for
- * rep->target whose candidates (or choice) list the schedule exactly, a
- * time in (0, 1e7) us, runs >= 1; the device name printable ASCII of 1-127
- * bytes, sm_count 1..1024, 1..AP_TUNE_REPORT_MAX measurements.  Then, per
- * signature, the fastest schedule is stored as a measured record for
- * (signature, target, device) in one transaction (cache.h,
- * ap_cache_tuning_put_many), which every later build for that target
- * prefers to the model's record (measured records win; the tuning
- * generation in graph keys retires bundles compiled before).
- * 0 with *records (records stored) and *generation set; else nothing is
- * stored and `err` names the measurement and the reason: AP_EINVAL (a
- * malformed or unknown measurement), AP_ETOOLARGE (too many),
- * AP_EUNSUPPORTED (unknown target; no cache), AP_EIO (SQLite), AP_ENOMEM.
- * Thread-safe. */
-int ap_compiler_tune_report(ap_compiler *c, __ap_keep const struct Apollo__TuneReport *rep,
-			    unsigned *records, uint64_t *generation, ap_error *err);
+ * the client's GPU).  `client` names the reporter: "uid:N" (Unix socket),
+ * "tcp:ADDR", or "apollod" (the daemon's own background tuner, trusted).
+ * Checked before anything is stored: the client is allowed by the
+ * tune_reporters option; a GPU target (cpu is refused: the host is tuned
+ * by the cost model); the device (rep->device printable ASCII of 1-127
+ * bytes, sm_count 1..1024) named by this same client in a compile request
+ * (CompileRequest.device; the background tuner excepted), so that device
+ * names cannot be invented; 1..AP_TUNE_REPORT_MAX measurements, each a
+ * 32-byte signature with a cost-model tuning record for rep->target whose
+ * candidates (or choice) list the schedule exactly, a time in (0, 1e7) us,
+ * runs >= 1.  Then the client's times are stored (cache.h,
+ * ap_cache_report_put: one row per client, device, kernel and schedule,
+ * bounded), and per kernel the schedule the reports agree on
+ * (ap_cache_report_agreed: timed by two distinct clients, or by the
+ * daemon's own tuner; the smallest median) becomes the measured record of
+ * (signature, target, device) when it differs from the one there, which
+ * retires only the cached bundles holding that kernel for that device and
+ * applies only to requests naming that device.  A kernel without agreement
+ * yet counts in *pending.  0 with *records (measured records stored),
+ * *pending and *generation set; else nothing is stored and `err` names the
+ * measurement and the reason: AP_EINVAL (a malformed or unknown
+ * measurement; a device the client did not name), AP_ETOOLARGE (too many),
+ * AP_EUNSUPPORTED (unknown or host target; no cache; client not allowed),
+ * AP_EIO (SQLite), AP_ENOMEM.  Thread-safe.  Method: measurements as
+ * TVM's meta_schedule keeps them (records per workload and target), with
+ * agreement across reporters as the defence against one client's numbers. */
+int ap_compiler_tune_report(ap_compiler *c, const char *client,
+			    __ap_keep const struct Apollo__TuneReport *rep, unsigned *records,
+			    unsigned *pending, uint64_t *generation, ap_error *err);
+
+/* The id of a GPU in tuning records and cache keys: "NAME|SMS" in `id`
+ * (cap bytes).  0, or AP_EINVAL when the name is not 1-127 printable ASCII
+ * characters or sms is not in 1..1024. */
+int ap_compile_device_id(const char *name, unsigned sms, char *id, size_t cap, ap_error *err);
 
 /* Upper bounds (seconds) of the compile time histogram's buckets; the last
  * bucket is +Inf. */
@@ -147,6 +174,7 @@ typedef struct ap_compile_counters {
 	uint64_t tune_hits, tune_measured, tune_searched, tune_tried;
 	double tune_s;
 	uint64_t tune_reports, tune_measurements, tune_records;
+	uint64_t tune_pending;      /* reported kernels still waiting for agreement */
 	/* errors answered, by -code (AP_E*: 1 .. 12) */
 	uint64_t errors_by_code[16];
 	ap_autotune_counters autotune;   /* the background tuner's (zero: none) */
@@ -168,14 +196,15 @@ ap_autotune *ap_compiler_autotune(const ap_compiler *c);
 
 /* Writes tuning record r of (sig, target) to the shared cache (Redis),
  * where other daemons' builds find it when their local cache has no such
- * record (a measured one: when theirs has no measured one); the last
- * writer of a (kernel, target, measured or not) wins.  Nothing without a
+ * record (a measured one: for requests naming r's device, when theirs has
+ * none for it); the last writer of a (kernel, target, device or the
+ * model's) wins.  Nothing without a
  * shared cache; failures cost nothing but the sharing (redis.h). */
 void ap_compiler_tuning_publish(ap_compiler *c, const uint8_t sig[32], const char *target,
 				__ap_keep const ap_tune_record *r);
 
 /* Builds req's graph as a compile would (target, graph or ONNX import,
- * options, tuning records and search), without the backend: *g and *prog
+ * options, req->device's tuning records and search), without the backend: *g and *prog
  * (the kernels' sources, launches and parts) are the caller's to free.
  * Counts nothing.  0, or the error a compile would answer. */
 int ap_compiler_build_program(ap_compiler *c, __ap_keep const struct Apollo__CompileRequest *req,

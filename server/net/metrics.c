@@ -185,6 +185,9 @@ static void build_tuning(ap_metrics_snapshot *m, const ap_metrics_input *in)
 	       "Measurements those reports carried.", (double)cc->tune_measurements);
 	single(m, "apollo_tuning_measured_records_total", "counter",
 	       "Measured tuning records stored from them.", (double)cc->tune_records);
+	single(m, "apollo_tuning_pending_total", "counter",
+	       "Reported kernels that waited for a second client's agreement.",
+	       (double)cc->tune_pending);
 	family(m, "apollo_tuning_background_total", "counter",
 	       "The background tuner (tune_refine, tune_measure): requests tuned, requests "
 	       "dropped (queue full), jobs failed, candidates compiled with ptxas -v, "

@@ -204,12 +204,38 @@ struct job {
 	Apollo__Envelope *env;   /* the request, unpacked; the worker frees it */
 	bool has_digest;
 	uint8_t digest[32];      /* of the CompileRequest's bytes (compile.h) */
+	char client[64];         /* who sent it: "uid:N", "tcp:ADDR" (ap_compile_run_as) */
 	uint8_t *frame;          /* the reply, packed by the worker */
 	size_t frame_len;
 	bool ok;                 /* the reply is a bundle (a TuneReply) */
 	int kind;                /* AP_KIND_COMPILE or AP_KIND_TUNE */
 	int code;                /* a tuning report refused: its AP_E* code */
 };
+
+/* Who a connection is, for tuning reports (compile.h): "uid:N" on the Unix
+ * socket (SO_PEERCRED), "tcp:ADDR" on TCP (the peer's address, without
+ * the port), "unix:unknown" when the kernel did not say. */
+static void conn_client(conn *c, char *buf, size_t cap)
+{
+	struct sockaddr_storage ss;
+	int len = sizeof(ss);
+	char host[64] = "?";
+
+	if (!c->is_tcp) {
+		if (c->has_uid)
+			snprintf(buf, cap, "uid:%u", (unsigned)c->uid);
+		else
+			snprintf(buf, cap, "unix:unknown");
+		return;
+	}
+	if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&ss, &len) == 0) {
+		if (ss.ss_family == AF_INET)
+			uv_ip4_name((const struct sockaddr_in *)&ss, host, sizeof(host));
+		else if (ss.ss_family == AF_INET6)
+			uv_ip6_name((const struct sockaddr_in6 *)&ss, host, sizeof(host));
+	}
+	snprintf(buf, cap, "tcp:%s", host);
+}
 
 /* A frame payload above DECODE_INLINE_MAX, unpacked on the worker pool. */
 struct decode {
@@ -472,8 +498,8 @@ static void work_compile(uv_work_t *req)
 	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
 
 	atomic_fetch_sub(&j->c->srv->queued, 1);
-	resp = ap_compile_run_digest(j->compiler, j->env->compile,
-							      j->has_digest ? j->digest : NULL);
+	resp = ap_compile_run_as(j->compiler, j->env->compile, j->has_digest ? j->digest : NULL,
+				 j->client);
 
 	/* Freeing a big request is slow too: done here, not on the loop. */
 	apollo__envelope__free_unpacked(j->env, NULL);
@@ -500,21 +526,24 @@ static void work_tune(uv_work_t *req)
 	Apollo__Error e = APOLLO__ERROR__INIT;
 	ap_error err;
 	uint64_t gen = 0;
-	unsigned records = 0;
+	unsigned records = 0, pending = 0;
 
 	atomic_fetch_sub(&j->c->srv->queued, 1);
 	ap_error_clear(&err);
-	j->code = ap_compiler_tune_report(j->compiler, j->env->tune_report, &records, &gen, &err);
+	j->code = ap_compiler_tune_report(j->compiler, j->client, j->env->tune_report, &records,
+					  &pending, &gen, &err);
 	j->ok = j->code == 0;
 	env.id = j->id;
 	if (j->ok) {
 		r.accepted = (uint32_t)j->env->tune_report->n_measurements;
 		r.records = records;
+		r.pending = pending;
 		r.generation = gen;
 		env.msg_case = APOLLO__ENVELOPE__MSG_TUNE_REPLY;
 		env.tune_reply = &r;
-		ap_log(AP_LOG_INFO, "tuning report: %u measurements from '%s', %u measured records",
-		       r.accepted, j->env->tune_report->device, records);
+		ap_log(AP_LOG_INFO, "tuning report: %u measurements from %s on '%s': %u measured "
+		       "records, %u kernels awaiting agreement", r.accepted, j->client,
+		       j->env->tune_report->device, records, pending);
 	} else {
 		e.code = (Apollo__ErrorCode)ap_error_wire_code(j->code);
 		e.message = err.msg;
@@ -612,6 +641,7 @@ static void handle_compile(conn *c, Apollo__Envelope *env, uint32_t len, const u
 	j->req_len = len;
 	j->env = env;
 	j->kind = tune ? AP_KIND_TUNE : AP_KIND_COMPILE;
+	conn_client(c, j->client, sizeof(j->client));
 	if (digest) {
 		j->has_digest = true;
 		memcpy(j->digest, digest, 32);

@@ -43,13 +43,19 @@ class ap_graph(ctypes.Structure):
                 ("eager_kernels", ctypes.c_uint)]
 
 
+class ap_device_info(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 128), ("sm_count", ctypes.c_uint), ("cc_major", ctypes.c_uint),
+                ("cc_minor", ctypes.c_uint), ("driver_version", ctypes.c_uint)]
+
+
 class ap_submit_options(ctypes.Structure):
     _fields_ = [("target", ctypes.c_char_p), ("output", ctypes.c_int), ("no_cache", ctypes.c_bool),
                 ("cache_namespace", ctypes.c_char_p), ("max_block_threads", ctypes.c_uint),
                 ("fusion", ctypes.c_int), ("n_fusion_barriers", ctypes.c_int),
                 ("fusion_barriers", ctypes.POINTER(ctypes.c_char_p)), ("n_keep_whole", ctypes.c_int),
                 ("keep_whole", ctypes.POINTER(ctypes.c_char_p)), ("allow_tf32", ctypes.c_bool),
-                ("no_layer1", ctypes.c_bool), ("no_tune", ctypes.c_bool), ("tune_variant", ctypes.c_uint)]
+                ("no_layer1", ctypes.c_bool), ("no_tune", ctypes.c_bool), ("tune_variant", ctypes.c_uint),
+                ("device", ctypes.POINTER(ap_device_info))]
 
 
 class ap_server_stats(ctypes.Structure):
@@ -148,8 +154,8 @@ def _check_abi(lib, path):
     """Each struct mirrored here has the size the library was built with:
     a field added on one side only would have C read or write past the end
     of a buffer allocated here."""
-    for st in (ap_error, ap_tensor, ap_graph, ap_submit_options, ap_server_stats, ap_bundle_stats,
-               ap_bundle_buffer, ap_runtime_options):
+    for st in (ap_error, ap_tensor, ap_graph, ap_submit_options, ap_device_info, ap_server_stats,
+               ap_bundle_stats, ap_bundle_buffer, ap_runtime_options):
         want = lib.ap_abi_sizeof(st.__name__.encode())
         if want != ctypes.sizeof(st):
             raise ImportError("apollo: %s is %d bytes in %s but %d in this package: the library and "
