@@ -74,10 +74,12 @@ static void usage(FILE *f)
 	      "  apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]\n"
 	      "                [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]\n"
 	      "                [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1] [--no-tune]\n"
+	      "                [--host-check]\n"
 	      "                [--no-cache] [--namespace NS] [--daemon-import] [--explain]\n"
 	      "                [--fusion none|rules|apollo] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n"
 	      "  apollo-client check DIR... [--target T] [--rtol R] [--atol A] [--jobs N] [--threads N]\n"
 	      "                [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--no-tune] [--fusion none|rules|apollo]\n"
+	      "                [--host-check] (targets cpu and host:sm_XX: races, cp.async, bounds checked)\n"
 	      "                [--repeat N [--profile]] [--mismatch FRACTION]\n"
 	      "                [--fusion-barrier NODE ...] [--keep-whole OP ...] [--save-outputs DIR]\n"
 	      "  apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n"
@@ -124,7 +126,8 @@ static void gpu_device(ap_submit_options *opt, ap_device_info *dev)
 {
 	ap_error e;
 
-	if (opt->target && strcmp(opt->target, "cpu") && ap_device_probe(0, dev, &e) == 0)
+	if (opt->target && strcmp(opt->target, "cpu") && strncmp(opt->target, "host:", 5) &&
+	    ap_device_probe(0, dev, &e) == 0)
 		opt->device = dev;
 }
 
@@ -518,6 +521,8 @@ static int cmd_submit(int argc, char **argv)
 			opt.no_layer1 = true;
 		} else if (!strcmp(a, "--no-tune")) {
 			opt.no_tune = true;
+		} else if (!strcmp(a, "--host-check")) {
+			opt.host_check = true;
 		} else if (!strcmp(a, "--fusion") && v) {
 			if (!parse_fusion(v, &opt.fusion)) {
 				bindings_clear(&m.b);
@@ -1259,6 +1264,8 @@ static int cmd_check(int argc, char **argv)
 			o.submit.allow_tf32 = true;
 		} else if (!strcmp(a, "--no-tune")) {
 			o.submit.no_tune = true;
+		} else if (!strcmp(a, "--host-check")) {
+			o.submit.host_check = true;
 		} else if (!strcmp(a, "--fusion") && v) {
 			if (!parse_fusion(v, &o.submit.fusion)) {
 				rc = usage_error("--fusion is none, rules or apollo, not '%s'", v);

@@ -223,7 +223,9 @@ typedef struct ap_device_info {
 int ap_device_probe(int ordinal, ap_device_info *out, ap_error *err);
 
 typedef struct ap_submit_options {
-	const char *target;          /* "cpu", "sm_90", "sm_90a", "compute_80"; NULL = "cpu" */
+	const char *target;          /* "cpu", "sm_90", "sm_90a", "compute_80", or
+					"host:sm_90" (that GPU's kernels emulated on
+					the host); NULL = "cpu" */
 	ap_output_kind output;       /* AP_OUTPUT_DEFAULT picks per target */
 	bool no_cache;               /* compile even when the cache holds an answer */
 	const char *cache_namespace; /* NULL = "" */
@@ -245,6 +247,10 @@ typedef struct ap_submit_options {
 					chosen configurations */
 	const ap_device_info *device; /* GPU targets: where the bundle will run
 					(borrowed); NULL or an empty name = not said */
+	bool host_check;             /* host targets (cpu, host:sm_XX): kernels in the
+					checking mode; the runtime fails a run on a
+					race, a cp.async read before arrival, an
+					out-of-bounds or misaligned access */
 } ap_submit_options;
 
 /* Sends graph `g` (its structure: PARAM tensors travel as shape and dtype

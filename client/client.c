@@ -985,6 +985,7 @@ static ap_bundle *submit(ap_client *c, Apollo__CompileRequest *cr, const ap_subm
 		co.no_layer1 = opt->no_layer1;
 		co.no_tune = opt->no_tune;
 		co.tune_variant = opt->tune_variant;
+		co.host_check = opt->host_check;
 	}
 	cr->options = &co;
 	req.msg_case = APOLLO__ENVELOPE__MSG_COMPILE;

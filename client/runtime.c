@@ -22,6 +22,7 @@
  * copy or an output was never bound.
  */
 #include "runtime.h"
+#include "hostcheck.h"
 
 #include <dlfcn.h>
 #include <stddef.h>
@@ -121,6 +122,7 @@ typedef struct pool {
 struct ap_runtime {
 	const Apollo__Bundle *b;
 	bool host;
+	bool checked;            /* host kernels printed in the checking mode (hostcheck.h) */
 	bool external;           /* no I/O buffer allocated up front */
 	int n_kernels;
 	rt_kernel *kernels;
@@ -420,6 +422,15 @@ static int host_load(ap_runtime *rt, ap_error *err)
 			rt->libs[rt->n_libs++] = h;
 		}
 		rt->kernels[k].lib = lib;
+		{
+			/* a checked object: point it at the checker */
+			const ap_hcheck_ops **ck = dlsym(rt->libs[lib], "ap_check_rt");
+
+			if (ck) {
+				*ck = ap_hostcheck_ops();
+				rt->checked = true;
+			}
+		}
 		dlerror();
 		sym = dlsym(rt->libs[lib], kk->name);
 		if (!sym)
@@ -883,7 +894,8 @@ ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *op
 
 	if (ap_runtime_check(bundle, err) < 0)
 		return NULL;
-	if (strcmp(target, "cpu") != 0 && !is_gpu_target(target)) {
+	if (strcmp(target, "cpu") != 0 && strncmp(target, "host:", 5) != 0 &&
+	    !is_gpu_target(target)) {
 		ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
 			     "cannot run a bundle for target '%s' (cpu, sm_XX, compute_XX)", target);
 		return NULL;
@@ -894,7 +906,7 @@ ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *op
 		return NULL;
 	}
 	rt->b = b;
-	rt->host = strcmp(target, "cpu") == 0;
+	rt->host = strcmp(target, "cpu") == 0 || strncmp(target, "host:", 5) == 0;
 	rt->external = opt && opt->external;
 	rt->n_kernels = (int)b->n_kernels;
 	rt->n_buffers = (int)b->n_buffers;
@@ -1234,6 +1246,31 @@ static int outputs_ready(ap_runtime *rt, ap_error *err)
 	return 0;
 }
 
+/* A launch of a checked bundle: the buffers' extents to the checker, the
+ * launch, then what the checker found (hostcheck.h): a violation fails the
+ * run with the kernel and the first findings. */
+static int launch_checked(ap_runtime *rt, const Apollo__Launch *la, const rt_kernel *k,
+			  ap_error *err)
+{
+	unsigned long long *bytes = calloc(la->n_args ? la->n_args : 1, sizeof(*bytes));
+	char found[2048];
+	unsigned n;
+
+	if (!bytes)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	for (size_t a = 0; a < la->n_args; a++)
+		bytes[a] = rt->buffers[la->args[a]].pb->bytes;
+	ap_hostcheck_begin(bytes, (int)la->n_args);
+	free(bytes);
+	pool_launch(rt->pool, k->fn, rt->argv, (unsigned)k->blocks);
+	n = ap_hostcheck_end(found, sizeof(found));
+	if (n)
+		return ap_error_set(err, AP_EINTERNAL, k->pb->name, NULL,
+				    "the checking mode found %u violation%s in kernel '%s':\n%.1800s", n,
+				    n == 1 ? "" : "s", k->pb->name, found);
+	return 0;
+}
+
 int ap_runtime_run(ap_runtime *rt, ap_error *err)
 {
 	return ap_runtime_run_stream(rt, NULL, err);
@@ -1254,7 +1291,10 @@ int ap_runtime_run_stream(ap_runtime *rt, void *stream, ap_error *err)
 
 		for (size_t a = 0; a < la->n_args; a++)
 			rt->argv[a] = rt->buffers[la->args[a]].host;
-		pool_launch(rt->pool, k->fn, rt->argv, (unsigned)k->blocks);
+		if (rt->checked && (rc = launch_checked(rt, la, k, err)) < 0)
+			return rc;
+		if (!rt->checked)
+			pool_launch(rt->pool, k->fn, rt->argv, (unsigned)k->blocks);
 		if (rt->launch_ms)
 			rt->launch_ms[l] += ap_now_ms() - t0;
 	}

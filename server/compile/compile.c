@@ -876,6 +876,8 @@ static void key_options(ap_sha256_ctx *h, const Apollo__CompileOptions *opt)
 		key_uint(h, "no_tune", 1);
 	if (opt && opt->tune_variant)
 		key_uint(h, "tune_variant", opt->tune_variant);
+	if (opt && opt->host_check)
+		key_uint(h, "host_check", 1);
 }
 
 /* A key can only be had whole: without a hash context it would be all
@@ -970,6 +972,16 @@ int ap_compile_parse_target(const char *target, int output, bool *gpu, int *reso
 		*resolved = APOLLO__OUTPUT_KIND__OUTPUT_SO;
 		return 0;
 	}
+	if (!strncmp(t, "host:", 5) && (arch_like(t + 5, "sm_") || arch_like(t + 5, "compute_"))) {
+		/* the GPU's kernels run on the host: lowered for it, host C */
+		*gpu = false;
+		if (output != APOLLO__OUTPUT_KIND__OUTPUT_DEFAULT && output != APOLLO__OUTPUT_KIND__OUTPUT_SO)
+			return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+					    "target %s runs on the host: a shared object, not %s", t,
+					    output == APOLLO__OUTPUT_KIND__OUTPUT_PTX ? "PTX" : "cubin");
+		*resolved = APOLLO__OUTPUT_KIND__OUTPUT_SO;
+		return 0;
+	}
 	if (arch_like(t, "sm_")) {
 		*gpu = true;
 		if (output == APOLLO__OUTPUT_KIND__OUTPUT_SO)
@@ -989,7 +1001,8 @@ int ap_compile_parse_target(const char *target, int output, bool *gpu, int *reso
 		return 0;
 	}
 	return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
-			    "unknown target '%.64s': expected cpu, sm_XX (e.g. sm_90, sm_90a) or compute_XX",
+			    "unknown target '%.64s': expected cpu, sm_XX (e.g. sm_90, sm_90a), compute_XX "
+			    "or host:sm_XX (emulated on the host)",
 			    t);
 }
 
@@ -2343,6 +2356,7 @@ static int build_options(ap_compiler *c, const Apollo__CompileRequest *req, cons
 		.keep_whole = o ? o->keep_whole : NULL,
 		.allow_tf32 = o && o->allow_tf32,
 		.no_layer1 = o && o->no_layer1,
+		.host_check = o && o->host_check,
 	};
 	*tu = (struct tune_user){c, target, r_device, o && o->tune_variant};
 	*th = (ap_tune_hooks){

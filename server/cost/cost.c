@@ -49,6 +49,8 @@ int ap_cost_target(const char *target, ap_target_info *out)
 	const struct arch_row *row = &arch_table[0];
 	int arch;
 
+	if (!strncmp(t, "host:", 5) && strcmp(t + 5, "cpu"))
+		t += 5;   /* the emulated GPU: its figures; the printer is the host's */
 	memset(out, 0, sizeof(*out));
 	out->warp = 32;
 	out->max_threads_per_block = 1024;

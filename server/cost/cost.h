@@ -55,7 +55,8 @@ typedef struct ap_target_info {
 	double launch_us;                /* fixed cost of one launch, microseconds */
 } ap_target_info;
 
-/* Fills `out` for a target name: "cpu", "sm_XX[a]" or "compute_XX[a]"
+/* Fills `out` for a target name: "cpu", "sm_XX[a]" or "compute_XX[a]", or
+ * "host:sm_XX[a]" (the GPU's figures: its kernels emulated on the host)
  * (sm_75, 80, 86, 87, 89, 90, 100, 120 are known; another GPU architecture
  * gets the figures of the nearest known one below it).  Figures are the
  * vendors' published ones for the usual part of each architecture (A100

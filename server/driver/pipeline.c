@@ -1078,7 +1078,9 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g, const ap_bui
 	P.ti.allow_tf32 = P.opt->allow_tf32;
 	if (P.opt->hooks && P.opt->hooks->direct_gflops > 0)
 		P.ti.direct_gflops = P.opt->hooks->direct_gflops;
-	P.print_target = P.ti.gpu ? AP_KIR_CUDA : AP_KIR_HOST;
+	/* a GPU target prints CUDA C, unless emulated on the host ("host:") */
+	P.print_target = P.ti.gpu && strncmp(P.opt->target, "host:", 5) ? AP_KIR_CUDA
+		       : P.opt->host_check ? AP_KIR_HOST_CHECK : AP_KIR_HOST;
 	xopt.n_keep_whole = P.opt->n_keep_whole;
 	xopt.keep_whole = P.opt->keep_whole;
 	xopt.open_all = P.opt->hooks && P.opt->hooks->open_all;

@@ -285,6 +285,9 @@ typedef struct ap_kir_kernel {
 typedef enum ap_kir_target {
 	AP_KIR_CUDA = 0,
 	AP_KIR_HOST = 1,
+	AP_KIR_HOST_CHECK = 2,   /* the host C, every shared and global access,
+				    cp.async and barrier through the checker
+				    (common/hostcheck.h) */
 } ap_kir_target;
 
 /* ---- kernels (kir.c) ----------------------------------------------------- */
@@ -640,6 +643,15 @@ int ap_kir_verify(const ap_kir_kernel *k, const ap_kir_limits *lim, ap_error *er
  * Returns a malloc'd string, or NULL on ENOMEM, on a kernel whose
  * construction failed, or when a barrier or shuffle sits in non-uniform
  * control flow the host printer cannot split (err says which). */
+/*   AP_KIR_HOST_CHECK: the host C of AP_KIR_HOST in the checking mode:
+ *     the kernel calls the checker through the exported pointer
+ *     ap_check_rt (common/hostcheck.h) for every shared and global access
+ *     made by a thread (rd/wr, with the access's bytes and alignment: a
+ *     vector's size, 16 for an ldmatrix row), every cp.async (async: the
+ *     destination pending until the issuing thread's wait_group covers
+ *     it), commit_group and wait_group, and every barrier (0: the block,
+ *     1: the cluster); with region() calls naming each parameter and
+ *     shared array (per block of a cluster) at entry. */
 __ap_give char *ap_kir_print(const ap_kir_kernel *k, ap_kir_target target, ap_error *err);
 
 /* C type name of a scalar type ("float", "long long", "unsigned char");

@@ -45,6 +45,8 @@
  */
 #include "kir_internal.h"
 
+#include "../../common/hostcheck.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -130,6 +132,7 @@ typedef struct printer {
 					local copy (see print_phase) */
 	bool bad;                    /* a collective in non-uniform control flow */
 	bool const_init;             /* printing a constant array's initializer */
+	bool check;                  /* host: the checking mode (AP_KIR_HOST_CHECK) */
 	char bad_msg[160];
 } printer;
 
@@ -341,6 +344,16 @@ static void print_index(printer *p, int which, ap_dtype type)
 	}
 	sb_printf(&p->out, "((%s)%s)", ap_kir_ctype(type),
 		  p->target == AP_KIR_CUDA ? cuda[which] : host[which]);
+}
+
+/* Host checking mode: accesses to this array go through the checker when
+ * printed inside a thread loop (block-level control flow reads nothing
+ * that a thread could race on: the printer keeps those uniform). */
+static bool checked(const printer *p, const ap_kir_array *a)
+{
+	return p->check && !p->block_mode &&
+	       (a->space == AP_KIR_GLOBAL || a->space == AP_KIR_SHARED ||
+		a->space == AP_KIR_SHARED_DYN);
 }
 
 static void print_array_ref(printer *p, const ap_kir_array *a)
@@ -599,6 +612,8 @@ static void print_expr(printer *p, const ap_kir_expr *e)
 			sb_printf(b, "))");
 			break;
 		}
+		if (checked(p, e->arr))   /* *(T *)rd(&ref, bytes, thread, 1) */
+			sb_printf(b, "(*(const %s *)AP_CK_RD(&", ctype(p, e->arr->type));
 		if (e->c) {   /* host: the rank's copy of the array */
 			if (e->arr->space == AP_KIR_SHARED)
 				sb_printf(b, "%s_cl[", e->arr->name);
@@ -610,10 +625,14 @@ static void print_expr(printer *p, const ap_kir_expr *e)
 			else
 				sb_printf(b, "] + %lluu))", (unsigned long long)e->arr->offset);
 			print_load_index(p, e->arr, e->a);
+			if (checked(p, e->arr))
+				sb_printf(b, ", %zuu, ap_t, 1u))", ap_dtype_size(e->arr->type));
 			break;
 		}
 		print_array_ref(p, e->arr);
 		print_load_index(p, e->arr, e->a);
+		if (checked(p, e->arr))
+			sb_printf(b, ", %zuu, ap_t, 1u))", ap_dtype_size(e->arr->type));
 		if (p->target == AP_KIR_CUDA && e->arr->space == AP_KIR_CONST && is_half(e->type))
 			sb_printf(b, ")");
 		break;
@@ -822,6 +841,15 @@ static void print_vload_host(printer *p, const ap_kir_stmt *s, int depth)
 {
 	sbuf *b = &p->out;
 
+	if (checked(p, s->arr)) {   /* one access of the whole vector, aligned to its size */
+		size_t n = ap_dtype_size(s->arr->type) * (size_t)s->width;
+
+		sb_indent(b, depth);
+		sb_printf(b, "(void)AP_CK_RD(&");
+		print_array_ref(p, s->arr);
+		print_elem_index(p, s->arr, s->index, NULL, 0);
+		sb_printf(b, ", %zuu, ap_t, %zuu);\n", n, n);
+	}
 	for (int i = 0; i < s->width; i++) {
 		sb_indent(b, depth);
 		if (p->per_thread[s->vars[i]->id])
@@ -853,6 +881,15 @@ static void print_vstore_host(printer *p, const ap_kir_stmt *s, int depth)
 		sb_printf(b, "const %s ap_vs%c = ", ty, 'a' + i);
 		print_value_as(p, s->arr->type, s->values[i]);
 		sb_printf(b, ";\n");
+	}
+	if (checked(p, s->arr)) {
+		size_t n = ap_dtype_size(s->arr->type) * (size_t)s->width;
+
+		sb_indent(b, depth + 1);
+		sb_printf(b, "(void)AP_CK_WR(&");
+		print_array_ref(p, s->arr);
+		print_elem_index(p, s->arr, NULL, "ap_vidx", 0);
+		sb_printf(b, ", %zuu, ap_t, %zuu);\n", n, n);
 	}
 	for (int i = 0; i < s->width; i++) {
 		sb_indent(b, depth + 1);
@@ -944,7 +981,20 @@ static void print_cp_async(printer *p, const ap_kir_stmt *s, int depth)
 		print_expr(p, s->cond);
 	else
 		sb_printf(b, "1");
-	sb_printf(b, "; for (int ap_e = 0; ap_e < %d; ap_e++) ", s->width);
+	sb_printf(b, ";");
+	if (p->check) {
+		/* the destination pending until this thread's wait_group covers
+		 * it; the source read only when the predicate holds */
+		sb_printf(b, " AP_CK(async(ap_ck, &");
+		print_array_ref(p, s->arr);
+		print_elem_index(p, s->arr, NULL, "ap_ci", 0);
+		sb_printf(b, ", ap_cp ? (const void *)&");
+		print_array_ref(p, s->src);
+		sb_printf(b, "[ap_cs] : (const void *)");
+		print_array_ref(p, s->src);
+		sb_printf(b, ", %zuu, ap_t, ap_cp));", bytes);
+	}
+	sb_printf(b, " for (int ap_e = 0; ap_e < %d; ap_e++) ", s->width);
 	print_array_ref(p, s->arr);
 	print_elem_index(p, s->arr, NULL, "ap_ci + ap_e", 0);
 	sb_printf(b, " = ap_cp ? ");
@@ -1096,8 +1146,12 @@ static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
 		break;
 	case AP_KIR_S_STORE:
 		sb_indent(b, depth);
+		if (checked(p, s->arr))
+			sb_printf(b, "*(%s *)AP_CK_WR(&", ctype(p, s->arr->type));
 		print_array_ref(p, s->arr);
 		print_load_index(p, s->arr, s->index);
+		if (checked(p, s->arr))
+			sb_printf(b, ", %zuu, ap_t, 1u)", ap_dtype_size(s->arr->type));
 		sb_printf(b, " = ");
 		print_value_as(p, s->arr->type, s->value);
 		sb_printf(b, ";\n");
@@ -1151,12 +1205,16 @@ static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
 	case AP_KIR_S_CP_COMMIT:
 		sb_indent(b, depth);
 		sb_printf(b, p->target == AP_KIR_CUDA ? "asm volatile(\"cp.async.commit_group;\\n\" ::: \"memory\");\n"
-						     : "/* cp.async.commit_group: the host copied at once */\n");
+			     : p->check ? "AP_CK(commit(ap_ck, ap_t));   /* cp.async.commit_group */\n"
+					: "/* cp.async.commit_group: the host copied at once */\n");
 		break;
 	case AP_KIR_S_CP_WAIT:
 		sb_indent(b, depth);
 		if (p->target == AP_KIR_CUDA)
 			sb_printf(b, "asm volatile(\"cp.async.wait_group %lld;\\n\" ::: \"memory\");\n",
+				  (long long)s->step);
+		else if (p->check)
+			sb_printf(b, "AP_CK(wait(ap_ck, ap_t, %lld));   /* cp.async.wait_group */\n",
 				  (long long)s->step);
 		else
 			sb_printf(b, "/* cp.async.wait_group %lld */\n", (long long)s->step);
@@ -1478,6 +1536,15 @@ static void print_ldmatrix_host(printer *p, const ap_kir_stmt *s, int depth)
 	sb_printf(b, "ap_lm_row[ap_t] = (long long)(");
 	print_expr(p, s->src_index);
 	sb_printf(b, ");\n");
+	if (checked(p, s->src)) {
+		/* each of the first 8 x width lanes reads the 16-byte row it names */
+		sb_indent(b, depth + 1);
+		sb_printf(b, "if ((ap_t & 31u) < %du)\n", 8 * s->width);
+		sb_indent(b, depth + 2);
+		sb_printf(b, "(void)AP_CK_RD(&");
+		print_array_ref(p, s->src);
+		sb_printf(b, "[ap_lm_row[ap_t]], 16u, ap_t, 16u);\n");
+	}
 	close_thread_loop(p, depth);
 	open_thread_loop(p, depth);
 	sb_indent(b, depth + 1);
@@ -1621,11 +1688,13 @@ static void print_block_host(printer *p, const ap_kir_block *blk, int depth)
 		switch (s->kind) {
 		case AP_KIR_S_BARRIER:
 			sb_indent(b, depth);
-			sb_printf(b, "/* barrier: next phase */\n");
+			sb_printf(b, p->check ? "AP_CK(barrier(ap_ck, 0));   /* barrier: next phase */\n"
+					      : "/* barrier: next phase */\n");
 			break;
 		case AP_KIR_S_CLUSTER_BARRIER:   /* the cluster's threads are this loop's */
 			sb_indent(b, depth);
-			sb_printf(b, "/* cluster barrier: next phase */\n");
+			sb_printf(b, p->check ? "AP_CK(barrier(ap_ck, 1));   /* cluster barrier */\n"
+					      : "/* cluster barrier: next phase */\n");
 			break;
 		case AP_KIR_S_SHFL:
 			print_shfl_host(p, s, depth);
@@ -1758,6 +1827,16 @@ static void print_prelude(printer *p)
 		if (p->uses_tf32 || p->uses_mma)
 			sb_printf(b, "#ifndef AP_TF32_DEFINED\n#define AP_TF32_DEFINED\n%s#endif\n",
 				  ap__kir_host_tf32_src);
+		if (p->check)   /* the checker's table, set by the runtime (hostcheck.h) */
+			sb_printf(b, "#ifndef AP_CHECK_DEFINED\n#define AP_CHECK_DEFINED\n%s"
+				  "const ap_hcheck_ops *ap_check_rt;\n"
+				  /* a block the checker samples (ap_ckb) goes through it */
+				  "#define AP_CK_RD(p, n, t, a) (ap_ckb ? ap_check_rt->rd(ap_ck, (p), (n), (t), "
+				  "(a)) : (const void *)(p))\n"
+				  "#define AP_CK_WR(p, n, t, a) (ap_ckb ? ap_check_rt->wr(ap_ck, (p), (n), (t), "
+				  "(a)) : (void *)(p))\n"
+				  "#define AP_CK(call) do { if (ap_ckb) ap_check_rt->call; } while (0)\n"
+				  "#endif\n", AP_HCHECK_DECL);
 	}
 	for (int i = 0; i < k->n_arrays; i++) {
 		const ap_kir_array *a = k->arrays[i];
@@ -1895,6 +1974,43 @@ static bool has_register_tile(const printer *p)
 	return false;
 }
 
+/* Checking mode: the checker's context for this call, and every region an
+ * access may touch -- each global parameter (its extent is the runtime's to
+ * say: param index) and each shared array, per block of a cluster. */
+static void print_check_regions(printer *p)
+{
+	const ap_kir_kernel *k = p->k;
+	sbuf *b = &p->out;
+	unsigned ranks = k->cluster > 1 ? k->cluster : 1;
+
+	sb_printf(b, "\tvoid *const ap_ck = ap_check_rt->begin(\"%s\", %uu, %uu, %lluull);\n", k->name,
+		  p->nt, p->bt, (unsigned long long)k->grid[0] * k->grid[1] * k->grid[2]);
+	for (int i = 0; i < k->n_params; i++) {
+		const ap_kir_array *a = param_at(k, i);
+
+		if (a)
+			sb_printf(b, "\tap_check_rt->region(ap_ck, %s, 0, \"%s\", %d, 0, %d);\n", a->name,
+				  a->name, AP_HCHECK_GLOBAL, i);
+	}
+	for (int i = 0; i < k->n_arrays; i++) {
+		const ap_kir_array *a = k->arrays[i];
+		unsigned long long bytes = (unsigned long long)a->size * ap_dtype_size(a->type);
+
+		if (a->space != AP_KIR_SHARED && a->space != AP_KIR_SHARED_DYN)
+			continue;
+		for (unsigned r = 0; r < ranks; r++) {
+			sb_printf(b, "\tap_check_rt->region(ap_ck, ");
+			if (a->space == AP_KIR_SHARED)
+				sb_printf(b, ranks > 1 ? "%s_cl[%u]" : "%s", a->name, r);
+			else if (ranks > 1)
+				sb_printf(b, "ap_smem_cl[%u] + %lluu", r, (unsigned long long)a->offset);
+			else
+				sb_printf(b, "%s", a->name);
+			sb_printf(b, ", %lluu, \"%s\", %d, %u, -1);\n", bytes, a->name, AP_HCHECK_SHARED, r);
+		}
+	}
+}
+
 static void print_host(printer *p)
 {
 	const ap_kir_kernel *k = p->k;
@@ -1927,12 +2043,17 @@ static void print_host(printer *p)
 	if (p->has_collective)
 		print_local_decls(p, 1, LD_SLOTS);
 	print_shared_decls(p, 1);
+	if (p->check)
+		print_check_regions(p);
 	sb_printf(b, "\tfor (unsigned ap_b = block_begin; ap_b < block_end; ap_b++) {\n");
 	if (k->cluster > 1) {
 		/* the cluster whose first block this is, all its blocks at once */
 		sb_printf(b, "\t\tif (ap_b %% %uu)\n\t\t\tcontinue;\n", k->cluster);
 		sb_printf(b, "\t\tconst long long ap_cx = (long long)(ap_b / %uu);\n", k->cluster);
-	} else if (k->grid[0] > 1)
+	}
+	if (p->check)
+		sb_printf(b, "\t\tconst int ap_ckb = ap_check_rt->block(ap_ck, ap_b);\n");
+	if (k->cluster <= 1 && k->grid[0] > 1)
 		sb_printf(b, "\t\tconst long long ap_bx = (long long)(ap_b %% %uu);\n", k->grid[0]);
 	if (k->grid[1] > 1)
 		sb_printf(b, "\t\tconst long long ap_by = (long long)((ap_b / %uu) %% %uu);\n",
@@ -1942,7 +2063,10 @@ static void print_host(printer *p)
 			  k->grid[0] * k->grid[1]);
 	p->block_mode = true;
 	print_block_host(p, &k->body, 2);
-	sb_printf(b, "\t}\n}\n");
+	sb_printf(b, "\t}\n");
+	if (p->check)
+		sb_printf(b, "\tap_check_rt->end(ap_ck);\n");
+	sb_printf(b, "}\n");
 }
 
 /* ---- what the kernel uses (one walk before printing) --------------------------------- */
@@ -2014,9 +2138,10 @@ __ap_give char *ap_kir_print(const ap_kir_kernel *k, ap_kir_target target, ap_er
 	}
 	memset(&p, 0, sizeof(p));
 	p.k = k;
-	p.target = target;
+	p.check = target == AP_KIR_HOST_CHECK;
+	p.target = p.check ? AP_KIR_HOST : target;
 	p.bt = ap_kir_block_threads(k);
-	p.nt = p.bt * (target == AP_KIR_HOST && k->cluster > 1 ? k->cluster : 1);
+	p.nt = p.bt * (p.target == AP_KIR_HOST && k->cluster > 1 ? k->cluster : 1);
 	p.per_thread = calloc((size_t)k->n_vars + 1, 1);
 	p.vec_array = calloc((size_t)k->n_arrays + 1, 1);
 	p.promoted = calloc((size_t)k->n_arrays + 1, 1);
@@ -2029,7 +2154,7 @@ __ap_give char *ap_kir_print(const ap_kir_kernel *k, ap_kir_target target, ap_er
 	}
 	p.has_collective = block_has_collective(&k->body);
 	scan_kernel(&p);
-	if (target == AP_KIR_HOST) {
+	if (p.target == AP_KIR_HOST) {
 		mark_per_thread(&p, &k->body);
 		print_host(&p);
 	} else {

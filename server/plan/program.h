@@ -235,7 +235,10 @@ typedef struct ap_task_pool {
 typedef struct ap_build_options {
 	const char *target;          /* "cpu" (default), "sm_90", "compute_80", ...:
 					the printer (CUDA C or host C) and the cost
-					model's figures */
+					model's figures; "host:sm_90": lowered for
+					sm_90, printed as host C (the emulated GPU) */
+	bool host_check;             /* host C in the checking mode
+					(AP_KIR_HOST_CHECK; CompileOptions.host_check) */
 	unsigned max_block_threads;  /* 0 = default (256) */
 	bool allow_tf32;             /* float32 products may run on TF32 tensor
 					cores (CompileOptions.allow_tf32; off by

@@ -55,7 +55,7 @@ class ap_submit_options(ctypes.Structure):
                 ("fusion_barriers", ctypes.POINTER(ctypes.c_char_p)), ("n_keep_whole", ctypes.c_int),
                 ("keep_whole", ctypes.POINTER(ctypes.c_char_p)), ("allow_tf32", ctypes.c_bool),
                 ("no_layer1", ctypes.c_bool), ("no_tune", ctypes.c_bool), ("tune_variant", ctypes.c_uint),
-                ("device", ctypes.POINTER(ap_device_info))]
+                ("device", ctypes.POINTER(ap_device_info)), ("host_check", ctypes.c_bool)]
 
 
 class ap_server_stats(ctypes.Structure):

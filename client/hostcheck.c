@@ -1,0 +1,543 @@
+/* hostcheck.c -- the checker of host kernels printed in the checking mode
+ * (see hostcheck.h for what it finds and common/hostcheck.h for the ABI).
+ *
+ * Ordering: the context counts the barriers of the current block so far
+ * (`be`: block and cluster barriers alike, since a cluster barrier also
+ * orders the threads of each block) and the cluster barriers (`ce`).  An
+ * access by thread a at counts (a_be, a_ce) is ordered before the current
+ * access by thread t when a == t, or a cluster barrier came between
+ * (ce > a_ce), or a and t are in the same block rank and some barrier came
+ * between (be > a_be).  The host runs every thread of a phase to completion
+ * before the next phase, so the counts at an access are the barriers that
+ * thread has passed.
+ */
+#include "hostcheck.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_MESSAGES 12
+
+typedef struct region {
+	const char *base;
+	unsigned long long bytes;    /* global with 0: extent unknown */
+	const char *name;
+	int kind, rank, param;
+	size_t cell;                 /* shared: its first shadow cell */
+} region;
+
+typedef struct cell {
+	uint32_t gen;                /* the block generation the rest is of */
+	uint32_t w_be, w_ce, r_be, r_ce;
+	int32_t writer, reader;      /* -1: none */
+	int32_t pender;              /* the thread whose cp.async delivers it; -1: none */
+	uint8_t multi;               /* read by several threads at (r_be, r_ce) */
+	uint8_t multi_rank;          /* ... of several block ranks */
+} cell;
+
+typedef struct pend {
+	size_t cell;                 /* first cell */
+	unsigned bytes, group;
+} pend;
+
+typedef struct thread_state {
+	unsigned committed;          /* cp.async groups committed in this block */
+	pend *p;
+	size_t n, cap;
+} thread_state;
+
+typedef struct ctx {
+	const char *kernel;
+	unsigned nt, bt;
+	region *r;
+	int nr, cap_r;
+	cell *cells;
+	size_t n_cells;
+	uint32_t gen;
+	uint32_t be, ce;
+	unsigned long long block;
+	thread_state *thr;
+	int last;                    /* the region the last access was in (a cache) */
+	unsigned long long blocks;   /* of the launch */
+	bool shadow;                 /* this block's shared accesses are tracked */
+	bool oom;
+} ctx;
+
+/* ---- process-wide: the launch's extents and its violations ---------------------------- */
+
+static pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER;   /* held begin .. end */
+static pthread_mutex_t report_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long long *g_extent;
+static int g_n_extent;
+static unsigned g_count;
+static char g_text[MAX_MESSAGES * 320];
+static size_t g_len;
+
+void ap_hostcheck_begin(const unsigned long long *bytes, int n)
+{
+	pthread_mutex_lock(&launch_mu);
+	free(g_extent);
+	g_extent = n > 0 ? malloc((size_t)n * sizeof(*g_extent)) : NULL;
+	g_n_extent = g_extent ? n : 0;
+	if (g_extent)
+		memcpy(g_extent, bytes, (size_t)n * sizeof(*g_extent));
+	g_count = 0;
+	g_len = 0;
+	g_text[0] = '\0';
+}
+
+unsigned ap_hostcheck_end(char *buf, size_t cap)
+{
+	unsigned n = g_count;
+
+	if (buf && cap)
+		snprintf(buf, cap, "%s", g_text);
+	free(g_extent);
+	g_extent = NULL;
+	g_n_extent = 0;
+	pthread_mutex_unlock(&launch_mu);
+	return n;
+}
+
+static void report(ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void report(ctx *c, const char *fmt, ...)
+{
+	va_list ap;
+
+	pthread_mutex_lock(&report_mu);
+	if (g_count++ < MAX_MESSAGES && g_len < sizeof(g_text) - 1) {
+		int n = snprintf(g_text + g_len, sizeof(g_text) - g_len, "kernel %s, block %llu: ",
+				 c->kernel, c->block);
+
+		if (n > 0 && (size_t)n < sizeof(g_text) - g_len) {
+			g_len += (size_t)n;
+			va_start(ap, fmt);
+			n = vsnprintf(g_text + g_len, sizeof(g_text) - g_len, fmt, ap);
+			va_end(ap);
+			if (n > 0)
+				g_len += (size_t)n < sizeof(g_text) - g_len ? (size_t)n
+									  : sizeof(g_text) - g_len - 1;
+			if (g_len < sizeof(g_text) - 1)
+				g_text[g_len++] = '\n';
+			g_text[g_len] = '\0';
+		}
+	}
+	pthread_mutex_unlock(&report_mu);
+}
+
+/* ---- the table's functions ------------------------------------------------------------ */
+
+static void *ck_begin(const char *kernel, unsigned threads, unsigned block_threads,
+		      unsigned long long blocks)
+{
+	ctx *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->blocks = blocks;
+	c->kernel = kernel;
+	c->nt = threads ? threads : 1;
+	c->bt = block_threads ? block_threads : c->nt;
+	c->thr = calloc(c->nt, sizeof(*c->thr));
+	if (!c->thr) {
+		free(c);
+		return NULL;
+	}
+	return c;
+}
+
+static void ck_end(void *vc)
+{
+	ctx *c = vc;
+
+	if (!c)
+		return;
+	if (c->oom)
+		report(c, "the checker ran out of memory: accesses went unchecked");
+	for (unsigned t = 0; t < c->nt; t++)
+		free(c->thr[t].p);
+	free(c->thr);
+	free(c->cells);
+	free(c->r);
+	free(c);
+}
+
+static void ck_region(void *vc, const void *base, unsigned long long bytes, const char *name,
+		      int kind, int rank, int param)
+{
+	ctx *c = vc;
+	region *r;
+
+	if (!c)
+		return;
+	if (c->nr == c->cap_r) {
+		int cap = c->cap_r ? 2 * c->cap_r : 16;
+		region *nr = realloc(c->r, (size_t)cap * sizeof(*nr));
+
+		if (!nr) {
+			c->oom = true;
+			return;
+		}
+		c->r = nr;
+		c->cap_r = cap;
+	}
+	/* sorted by base: find() searches */
+	{
+		int at = c->nr;
+
+		while (at > 0 && c->r[at - 1].base > (const char *)base)
+			at--;
+		memmove(&c->r[at + 1], &c->r[at], (size_t)(c->nr - at) * sizeof(*r));
+		r = &c->r[at];
+		c->nr++;
+	}
+	r->base = base;
+	r->name = name;
+	r->kind = kind;
+	r->rank = rank;
+	r->param = param;
+	r->bytes = bytes;
+	if (kind == AP_HCHECK_GLOBAL && param >= 0 && param < g_n_extent)
+		r->bytes = g_extent[param];
+	r->cell = c->n_cells;
+	if (kind == AP_HCHECK_SHARED)
+		c->n_cells += (size_t)bytes;
+}
+
+/* Whether block b of n has its shared accesses tracked: every block with
+ * APOLLO_HOSTCHECK_ALL_BLOCKS=1, else the first two, the last two and
+ * every 32nd -- the blocks of a grid run one code path but for the edges
+ * (partial tiles), and tracking every shared byte of every block costs
+ * 5-10x a plain run.  The kernel skips the checker in the other blocks
+ * (ck_block's answer), so those run at nearly the plain speed. */
+static bool shadowed(unsigned long long b, unsigned long long n)
+{
+	static int all = -1;
+
+	if (all < 0) {
+		const char *e = getenv("APOLLO_HOSTCHECK_ALL_BLOCKS");
+
+		all = e && *e == '1';
+	}
+	return all || b < 2 || b + 2 >= n || b % 32 == 0;
+}
+
+static int ck_block(void *vc, unsigned long long block)
+{
+	ctx *c = vc;
+
+	if (!c)
+		return 0;
+	if (!c->cells && c->n_cells && !c->oom) {
+		c->cells = calloc(c->n_cells, sizeof(*c->cells));
+		if (!c->cells)
+			c->oom = true;
+	}
+	c->gen++;
+	c->be = c->ce = 0;
+	c->block = block;
+	c->shadow = shadowed(block, c->blocks);
+	for (unsigned t = 0; t < c->nt; t++) {
+		c->thr[t].committed = 0;
+		c->thr[t].n = 0;
+	}
+	return c->shadow;
+}
+
+/* The region holding [p, p + n), or the one p starts in (then *partial):
+ * the last one hit, else a binary search (regions are kept sorted by base
+ * and do not overlap). */
+static region *find(ctx *c, const char *p, unsigned n, bool *partial)
+{
+	int lo = 0, hi = c->nr - 1;
+	region *r = c->last < c->nr ? &c->r[c->last] : NULL;
+
+	*partial = false;
+	if (!(r && r->bytes && p >= r->base && p < r->base + r->bytes)) {
+		r = NULL;
+		while (lo <= hi) {
+			int mid = (lo + hi) / 2;
+
+			if (p < c->r[mid].base) {
+				hi = mid - 1;
+			} else if (c->r[mid].bytes && p < c->r[mid].base + c->r[mid].bytes) {
+				r = &c->r[mid];
+				c->last = mid;
+				break;
+			} else {
+				lo = mid + 1;
+			}
+		}
+		if (!r)
+			return NULL;
+	}
+	*partial = (unsigned long long)(p - r->base) + n > r->bytes;
+	return r;
+}
+
+static cell *cell_at(ctx *c, size_t i)
+{
+	cell *x = &c->cells[i];
+
+	if (x->gen != c->gen) {
+		memset(x, 0, sizeof(*x));
+		x->gen = c->gen;
+		x->writer = x->reader = x->pender = -1;
+	}
+	return x;
+}
+
+static bool ordered(const ctx *c, int a, uint32_t a_be, uint32_t a_ce, unsigned t)
+{
+	return a < 0 || (unsigned)a == t || c->ce > a_ce ||
+	       ((unsigned)a / c->bt == t / c->bt && c->be > a_be);
+}
+
+/* The shared region of an access, after its bounds and alignment checks;
+ * NULL when nothing more is to check (global memory, unknown memory, or a
+ * violation already reported). */
+static region *access(ctx *c, const void *vp, unsigned n, unsigned t, unsigned align,
+		      const char *what)
+{
+	const char *p = vp;
+	bool partial;
+	region *r;
+
+	if (!c || c->oom)
+		return NULL;
+	if (align > 1 && (uintptr_t)p % align) {
+		report(c, "thread %u: %s of %u bytes at %p is not %u-byte aligned", t, what, n,
+		       (const void *)p, align);
+		return NULL;
+	}
+	r = find(c, p, n, &partial);
+	if (!r) {
+		/* a pointer just past a known region is an overrun of it */
+		for (int i = 0; i < c->nr; i++)
+			if (c->r[i].bytes && p >= c->r[i].base &&
+			    p < c->r[i].base + c->r[i].bytes + 4096 && p >= c->r[i].base + c->r[i].bytes) {
+				report(c, "thread %u: %s of %u bytes at byte %lld of %s %s (%llu bytes): out "
+				       "of bounds", t, what, n, (long long)(p - c->r[i].base),
+				       c->r[i].kind == AP_HCHECK_SHARED ? "shared array" : "buffer",
+				       c->r[i].name, c->r[i].bytes);
+				return NULL;
+			}
+		return NULL;
+	}
+	if (partial) {
+		report(c, "thread %u: %s of %u bytes at byte %lld of %s %s (%llu bytes): out of "
+		       "bounds", t, what, n, (long long)(p - r->base),
+		       r->kind == AP_HCHECK_SHARED ? "shared array" : "buffer", r->name, r->bytes);
+		return NULL;
+	}
+	return r->kind == AP_HCHECK_SHARED && c->cells && c->shadow ? r : NULL;
+}
+
+static const void *ck_rd(void *vc, const void *p, unsigned n, unsigned t, unsigned align)
+{
+	ctx *c = vc;
+	region *r = access(c, p, n, t, align, "read");
+	size_t off;
+
+	if (!r)
+		return p;
+	off = (size_t)((const char *)p - r->base);
+	for (unsigned i = 0; i < n; i++) {
+		cell *x = &c->cells[r->cell + off + i];
+
+		if (x->gen != c->gen) {   /* untouched in this block: only this read */
+			x->gen = c->gen;
+			x->writer = x->pender = -1;
+			x->reader = (int32_t)t;
+			x->r_be = c->be;
+			x->r_ce = c->ce;
+			x->multi = x->multi_rank = 0;
+			continue;
+		}
+		if (x->reader == (int32_t)t && x->r_be == c->be && x->r_ce == c->ce && x->pender < 0)
+			continue;   /* read by this thread since the last barrier: seen */
+		if (x->pender >= 0) {
+			report(c, "thread %u (rank %u) reads shared %s[byte %zu] (rank %d) before the "
+			       "cp.async of thread %d has delivered it (no cp.async.wait_group of that "
+			       "thread covers its group)", t, t / c->bt, r->name, off + i, r->rank,
+			       x->pender);
+			return p;
+		}
+		if (!ordered(c, x->writer, x->w_be, x->w_ce, t)) {
+			report(c, "data race on shared %s[byte %zu] (rank %d): thread %d (rank %u) wrote "
+			       "it after barrier %u, thread %u (rank %u) reads it with no %s barrier "
+			       "between", r->name, off + i, r->rank, x->writer, (unsigned)x->writer / c->bt,
+			       x->w_be, t, t / c->bt,
+			       (unsigned)x->writer / c->bt == t / c->bt ? "block" : "cluster");
+			return p;
+		}
+		if (x->reader < 0 || x->r_be != c->be || x->r_ce != c->ce) {
+			x->reader = (int32_t)t;
+			x->r_be = c->be;
+			x->r_ce = c->ce;
+			x->multi = x->multi_rank = 0;
+		} else if ((unsigned)x->reader != t) {
+			x->multi = 1;
+			if ((unsigned)x->reader / c->bt != t / c->bt)
+				x->multi_rank = 1;
+		}
+	}
+	return p;
+}
+
+/* A write by t to byte i of r: the race and pending checks (false after a
+ * report), then t as its writer. */
+static bool write_cell(ctx *c, region *r, size_t i, unsigned t, const char *what)
+{
+	cell *x = cell_at(c, r->cell + i);
+	bool readers_ordered;
+
+	if (x->pender >= 0) {
+		report(c, "thread %u %s shared %s[byte %zu] (rank %d) while the cp.async of thread %d "
+		       "is still delivering it", t, what, r->name, i, r->rank, x->pender);
+		return false;
+	}
+	if (!ordered(c, x->writer, x->w_be, x->w_ce, t)) {
+		report(c, "data race on shared %s[byte %zu] (rank %d): thread %d wrote it after barrier "
+		       "%u, thread %u %s it with no barrier between", r->name, i, r->rank, x->writer,
+		       x->w_be, t, what);
+		return false;
+	}
+	readers_ordered = x->reader < 0 || c->ce > x->r_ce ||
+			  (!x->multi && (unsigned)x->reader == t) ||
+			  (!x->multi_rank && (unsigned)x->reader / c->bt == t / c->bt && c->be > x->r_be);
+	if (!readers_ordered) {
+		report(c, "data race on shared %s[byte %zu] (rank %d): thread %d%s read it after barrier "
+		       "%u, thread %u %s it with no barrier between", r->name, i, r->rank, x->reader,
+		       x->multi ? " (and others)" : "", x->r_be, t, what);
+		return false;
+	}
+	x->writer = (int32_t)t;
+	x->w_be = c->be;
+	x->w_ce = c->ce;
+	x->reader = -1;
+	return true;
+}
+
+static void *ck_wr(void *vc, void *p, unsigned n, unsigned t, unsigned align)
+{
+	ctx *c = vc;
+	region *r = access(c, p, n, t, align, "write");
+	size_t off;
+
+	if (!r)
+		return p;
+	off = (size_t)((char *)p - r->base);
+	for (unsigned i = 0; i < n; i++)
+		if (!write_cell(c, r, off + i, t, "writes"))
+			break;
+	return p;
+}
+
+static void ck_async(void *vc, void *dst, const void *src, unsigned n, unsigned t, int pred)
+{
+	ctx *c = vc;
+	region *r;
+	thread_state *ts;
+	size_t off;
+
+	if (!c || t >= c->nt)
+		return;
+	if (pred)
+		access(c, src, n, t, n, "cp.async source read");
+	r = access(c, dst, n, t, n, "cp.async");
+	if (!r)
+		return;
+	off = (size_t)((char *)dst - r->base);
+	for (unsigned i = 0; i < n; i++)
+		if (!write_cell(c, r, off + i, t, "copies into (cp.async)"))
+			return;
+	ts = &c->thr[t];
+	if (ts->n == ts->cap) {
+		size_t cap = ts->cap ? 2 * ts->cap : 16;
+		pend *np = realloc(ts->p, cap * sizeof(*np));
+
+		if (!np) {
+			c->oom = true;
+			return;
+		}
+		ts->p = np;
+		ts->cap = cap;
+	}
+	ts->p[ts->n++] = (pend){ r->cell + off, n, ts->committed };
+	for (unsigned i = 0; i < n; i++)
+		c->cells[r->cell + off + i].pender = (int32_t)t;
+}
+
+static void ck_commit(void *vc, unsigned t)
+{
+	ctx *c = vc;
+
+	if (c && t < c->nt)
+		c->thr[t].committed++;
+}
+
+/* cp.async.wait_group N: every group of thread t but the N most recent
+ * committed has arrived; copies not yet committed stay pending. */
+static void ck_wait(void *vc, unsigned t, int pending)
+{
+	ctx *c = vc;
+	thread_state *ts;
+	size_t keep = 0;
+
+	if (!c || t >= c->nt)
+		return;
+	ts = &c->thr[t];
+	for (size_t i = 0; i < ts->n; i++) {
+		pend *q = &ts->p[i];
+
+		if ((long long)q->group >= (long long)ts->committed - pending) {
+			ts->p[keep++] = *q;
+			continue;
+		}
+		for (unsigned j = 0; j < q->bytes; j++) {
+			cell *x = cell_at(c, q->cell + j);
+
+			x->pender = -1;
+			x->writer = (int32_t)t;
+			x->w_be = c->be;
+			x->w_ce = c->ce;
+			x->reader = -1;
+		}
+	}
+	ts->n = keep;
+}
+
+static void ck_barrier(void *vc, int cluster)
+{
+	ctx *c = vc;
+
+	if (!c)
+		return;
+	c->be++;
+	if (cluster)
+		c->ce++;
+}
+
+static const ap_hcheck_ops ops = {
+	.begin = ck_begin,
+	.end = ck_end,
+	.region = ck_region,
+	.block = ck_block,
+	.rd = ck_rd,
+	.wr = ck_wr,
+	.async = ck_async,
+	.commit = ck_commit,
+	.wait = ck_wait,
+	.barrier = ck_barrier,
+};
+
+const ap_hcheck_ops *ap_hostcheck_ops(void)
+{
+	return &ops;
+}

@@ -1,0 +1,57 @@
+/* hostcheck.h -- the checker behind host kernels printed in the checking
+ * mode (AP_KIR_HOST_CHECK; the ABI is common/hostcheck.h).
+ *
+ * What it finds, in the terms of the PTX ISA's memory consistency model
+ * (section "Memory Consistency Model") and of CUDA's __syncthreads and
+ * barrier.cluster:
+ *   - a data race on shared memory: two accesses to one byte by different
+ *     threads, at least one a write, with no barrier between them that
+ *     orders both (a block barrier orders threads of one block; a cluster
+ *     barrier orders every thread of the cluster; the host runs a cluster's
+ *     blocks as one wide block, so ordering is tracked per block rank);
+ *   - a read of shared memory that a cp.async has not delivered: a copy's
+ *     destination stays pending until a cp.async.wait_group of the thread
+ *     that issued it covers its group (completion is per thread, PTX ISA
+ *     "cp.async.wait_group"), and is then written by that thread at that
+ *     point, so other threads still need a barrier after the wait;
+ *   - a write to bytes a cp.async is still delivering;
+ *   - a global access outside its buffer (extents given by the runtime per
+ *     launch), a shared access outside its array, and a vector, ldmatrix
+ *     row or cp.async address not aligned to its size.
+ * Each violation names the kernel, the block, the array and byte offset,
+ * both threads and what they did.
+ *
+ * Blocks: the first two, the last two and every 32nd block of a launch
+ * are checked (APOLLO_HOSTCHECK_ALL_BLOCKS=1: every block), since the
+ * blocks of a grid share one code path but for the edge tiles; the others
+ * run unchecked at nearly the plain speed.
+ *
+ * Shadow state: one cell per shared byte (its last writer with that
+ * write's barrier and cluster-barrier counts, its last reader(s), whether
+ * a cp.async is delivering it), valid for the current block only (a block
+ * generation stamp, so nothing is cleared between blocks); a list of
+ * pending copies per thread.  A kernel call (one worker's range of blocks)
+ * owns its state; violations are gathered process-wide under a lock.
+ */
+#ifndef AP_CLIENT_HOSTCHECK_H
+#define AP_CLIENT_HOSTCHECK_H
+
+#include <stddef.h>
+
+#include "../common/hostcheck.h"
+
+/* The table a checked host object's ap_check_rt must point to. */
+const ap_hcheck_ops *ap_hostcheck_ops(void);
+
+/* Starts a checked launch: the byte extent of each kernel parameter, by
+ * parameter index (n of them; 0 = unknown, not checked).  Checked launches
+ * are serialised (a process-wide lock, held until ap_hostcheck_end);
+ * `bytes` is copied. */
+void ap_hostcheck_begin(const unsigned long long *bytes, int n);
+
+/* Ends the launch begun last: returns the number of violations it found
+ * and writes the first ones, one per line, into `buf` (cap bytes,
+ * NUL-terminated; may be NULL). */
+unsigned ap_hostcheck_end(char *buf, size_t cap);
+
+#endif

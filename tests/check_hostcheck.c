@@ -1,0 +1,541 @@
+/* check_hostcheck.c -- the host target's checking mode (AP_KIR_HOST_CHECK,
+ * client/hostcheck.c): what it finds on small access sequences driven
+ * through its table, and that it finds the synchronisation bugs a GPU
+ * would turn into wrong answers in real lowered kernels while today's
+ * kernels run clean.
+ *
+ * The injected bugs, each into a kernel lowered for sm_90 and run on the
+ * host with its tensor cores, cp.async pipeline and clusters emulated:
+ *   wait    every cp.async.wait_group waits for one group fewer (S-1 for
+ *           S-2 in the GEMM pipeline): a stage is read before it arrived;
+ *   barrier the __syncthreads after each cp.async.wait_group removed: a
+ *           thread reads bytes another thread's copy delivered with no
+ *           barrier between;
+ *   cluster split-K's barrier.cluster replaced by __syncthreads: a block
+ *           reads a peer's partial sums with no cluster barrier between.
+ * Without the checker each buggy kernel still computes the right numbers
+ * on the host (copies land at once, phases run in order), which is why the
+ * checking mode exists.
+ */
+#include <check.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/hostcheck.h"
+#include "server/backend/backend.h"
+#include "server/kir/kir.h"
+#include "server/lower/lower.h"
+
+typedef void (*host_fn)(void *const *args, unsigned block_begin, unsigned block_end);
+
+/* ---- the checker alone -------------------------------------------------------------- */
+
+/* A context over one shared array of `bytes` and one global buffer, with
+ * `threads` threads in blocks of `bt`, at block 0. */
+static void *ctx_new(const ap_hcheck_ops *o, void *shared, unsigned bytes, const void *global,
+		     unsigned long long gbytes, unsigned threads, unsigned bt)
+{
+	unsigned long long ext[1] = { gbytes };
+	void *c;
+
+	ap_hostcheck_begin(ext, 1);
+	c = o->begin("unit", threads, bt, 1);
+	o->region(c, global, 0, "g", AP_HCHECK_GLOBAL, 0, 0);
+	o->region(c, shared, bytes, "s", AP_HCHECK_SHARED, 0, -1);
+	o->block(c, 0);
+	return c;
+}
+
+static unsigned ctx_done(const ap_hcheck_ops *o, void *c, char *msg, size_t cap)
+{
+	o->end(c);
+	return ap_hostcheck_end(msg, cap);
+}
+
+START_TEST(unit_races_and_barriers)
+{
+	const ap_hcheck_ops *o = ap_hostcheck_ops();
+	_Alignas(16) float s[64];
+	float g[16];
+	char msg[2048];
+	void *c;
+
+	/* a write then another thread's read: a race without a barrier,
+	 * none with one; the writer's own read is fine */
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 64, 64);
+	*(float *)o->wr(c, &s[3], 4, 0, 1) = 1;
+	(void)*(const float *)o->rd(c, &s[3], 4, 0, 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 0);
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 64, 64);
+	o->wr(c, &s[3], 4, 0, 1);
+	o->rd(c, &s[3], 4, 5, 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_ptr_nonnull(strstr(msg, "data race on shared s[byte 12]"));
+	ck_assert_ptr_nonnull(strstr(msg, "thread 5"));
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 64, 64);
+	o->wr(c, &s[3], 4, 0, 1);
+	o->barrier(c, 0);
+	o->rd(c, &s[3], 4, 5, 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 0);
+	/* reads by two threads, then a write by a third: write-after-read */
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 64, 64);
+	o->rd(c, &s[0], 4, 1, 1);
+	o->rd(c, &s[0], 4, 2, 1);
+	o->wr(c, &s[0], 4, 1, 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_ptr_nonnull(strstr(msg, "(and others) read it"));
+	/* a new block starts clean */
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 64, 64);
+	o->wr(c, &s[9], 4, 0, 1);
+	o->block(c, 1);
+	o->rd(c, &s[9], 4, 7, 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 0);
+}
+END_TEST
+
+START_TEST(unit_cp_async)
+{
+	const ap_hcheck_ops *o = ap_hostcheck_ops();
+	_Alignas(16) float s[64], g[64];
+	char msg[2048];
+	void *c;
+
+	/* read before the issuing thread's wait covers the group */
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 32, 32);
+	o->async(c, &s[0], &g[0], 16, 0, 1);
+	o->commit(c, 0);
+	o->rd(c, &s[1], 4, 0, 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_ptr_nonnull(strstr(msg, "before the cp.async of thread 0"));
+	/* wait_group 1 with two groups committed: the older arrived, the newer not */
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 32, 32);
+	o->async(c, &s[0], &g[0], 16, 0, 1);
+	o->commit(c, 0);
+	o->async(c, &s[4], &g[4], 16, 0, 1);
+	o->commit(c, 0);
+	o->wait(c, 0, 1);
+	o->rd(c, &s[0], 4, 0, 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 0);
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 32, 32);
+	o->async(c, &s[0], &g[0], 16, 0, 1);
+	o->commit(c, 0);
+	o->async(c, &s[4], &g[4], 16, 0, 1);
+	o->commit(c, 0);
+	o->wait(c, 0, 1);
+	o->rd(c, &s[4], 4, 0, 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	/* completion is per thread: another thread needs a barrier after the wait */
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 32, 32);
+	o->async(c, &s[0], &g[0], 16, 3, 1);
+	o->commit(c, 3);
+	o->wait(c, 3, 0);
+	o->rd(c, &s[0], 4, 4, 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_ptr_nonnull(strstr(msg, "data race"));
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 32, 32);
+	o->async(c, &s[0], &g[0], 16, 3, 1);
+	o->commit(c, 3);
+	o->wait(c, 3, 0);
+	o->barrier(c, 0);
+	o->rd(c, &s[0], 4, 4, 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 0);
+	/* a copy not committed is not waited for */
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 32, 32);
+	o->async(c, &s[0], &g[0], 16, 0, 1);
+	o->wait(c, 0, 0);
+	o->rd(c, &s[0], 4, 0, 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	/* a copy that is 8 bytes off its 16-byte alignment; a source past the buffer */
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 32, 32);
+	o->async(c, &s[2], &g[0], 16, 0, 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_ptr_nonnull(strstr(msg, "not 16-byte aligned"));
+	c = ctx_new(o, s, sizeof(s), g, 30 * sizeof(float), 32, 32);
+	o->async(c, &s[0], &g[28], 16, 0, 1);   /* bytes 112..127 of a 120-byte buffer */
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_ptr_nonnull(strstr(msg, "out of bounds"));
+	/* a predicated-off copy reads nothing (zero-fill) */
+	c = ctx_new(o, s, sizeof(s), g, 32 * sizeof(float), 32, 32);
+	o->async(c, &s[0], &g[40], 16, 0, 0);
+	o->commit(c, 0);
+	o->wait(c, 0, 0);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 0);
+}
+END_TEST
+
+START_TEST(unit_clusters)
+{
+	const ap_hcheck_ops *o = ap_hostcheck_ops();
+	_Alignas(16) float s0[16], s1[16], g[4];
+	unsigned long long ext[1] = { sizeof(g) };
+	char msg[2048];
+	void *c;
+
+	for (int bug = 0; bug < 2; bug++) {
+		ap_hostcheck_begin(ext, 1);
+		/* two blocks of 32 threads: rank 0 is threads 0-31, rank 1 32-63 */
+		c = o->begin("cluster", 64, 32, 1);
+		o->region(c, s0, sizeof(s0), "part", AP_HCHECK_SHARED, 0, -1);
+		o->region(c, s1, sizeof(s1), "part", AP_HCHECK_SHARED, 1, -1);
+		o->block(c, 0);
+		o->wr(c, &s1[2], 4, 40, 1);       /* rank 1 writes its partial */
+		o->barrier(c, bug ? 0 : 1);       /* __syncthreads is not enough */
+		o->rd(c, &s1[2], 4, 7, 1);        /* rank 0 reads it (DSMEM) */
+		o->wr(c, &s0[2], 4, 8, 1);
+		o->barrier(c, 0);                 /* same rank: a block barrier orders */
+		o->rd(c, &s0[2], 4, 9, 1);
+		o->end(c);
+		ck_assert_uint_eq(ap_hostcheck_end(msg, sizeof(msg)), (unsigned)bug);
+		if (bug)
+			ck_assert_ptr_nonnull(strstr(msg, "no cluster barrier between"));
+	}
+	/* out of bounds in a global buffer (one element past it: on the heap,
+	 * where no other region can follow it); a misaligned vector */
+	{
+		float *h = malloc(64 * sizeof(float));
+
+		c = ctx_new(o, s0, sizeof(s0), h, 4 * sizeof(float), 32, 32);
+		o->rd(c, &h[4], 4, 0, 1);
+		o->rd(c, &s0[1], 8, 0, 8);
+		ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 2);
+		free(h);
+	}
+	ck_assert_ptr_nonnull(strstr(msg, "out of bounds"));
+	ck_assert_ptr_nonnull(strstr(msg, "not 8-byte aligned"));
+}
+END_TEST
+
+/* ---- real kernels with injected bugs ------------------------------------------------ */
+
+typedef enum { BUG_NONE, BUG_WAIT, BUG_BARRIER, BUG_CLUSTER } sync_bug;
+
+/* Injects `bug` into every place of block b it applies to; returns how many. */
+static int inject(ap_kir_block *b, sync_bug bug)
+{
+	int n = 0;
+	ap_kir_stmt *prev = NULL;
+
+	for (ap_kir_stmt *s = b->first; s; prev = s, s = s->next) {
+		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF) {
+			n += inject(&s->body, bug);
+			n += inject(&s->orelse, bug);
+		}
+		if (bug == BUG_WAIT && s->kind == AP_KIR_S_CP_WAIT) {
+			s->step++;
+			n++;
+		}
+		if (bug == BUG_CLUSTER && s->kind == AP_KIR_S_CLUSTER_BARRIER) {
+			s->kind = AP_KIR_S_BARRIER;
+			n++;
+		}
+		if (bug == BUG_BARRIER && s->kind == AP_KIR_S_CP_WAIT) {
+			ap_kir_stmt *q = s->next, *qprev = s;
+
+			while (q && q->kind == AP_KIR_S_COMMENT)
+				qprev = q, q = q->next;
+			if (q && q->kind == AP_KIR_S_BARRIER) {
+				qprev->next = q->next;
+				if (b->last == q)
+					b->last = qprev;
+				n++;
+			}
+		}
+	}
+	(void)prev;
+	return n;
+}
+
+static void *load(const char *src)
+{
+	char path[] = "/tmp/check_hostcheck_XXXXXX";
+	uint8_t *so = NULL;
+	size_t len = 0;
+	ap_error err;
+	void *h;
+	int fd;
+
+	ck_assert_msg(ap_hostcc_compile(src, &so, &len, &err) == 0, "cc: %.600s", err.msg);
+	fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, so, len), (ssize_t)len);
+	close(fd);
+	free(so);
+	h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	unlink(path);
+	ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
+	return h;
+}
+
+/* y = x w (+ b) for an m x k by k x n product; inputs in float, stored as
+ * `dt` (float32, or float16 bits). */
+typedef struct product {
+	int64_t m, k, n;
+	ap_dtype dt;
+	bool bias;
+	float *x, *w, *b;
+	double *want;
+} product;
+
+static ap_graph *product_graph(const product *p)
+{
+	ap_graph *g = ap_graph_new("checked");
+	int64_t dx[2] = { p->m, p->k }, dw[2] = { p->k, p->n }, dy[2] = { p->m, p->n }, db[1] = { p->n };
+	int x = ap_graph_add_tensor(g, "x", p->dt, 2, dx, AP_TENSOR_INPUT, NULL, 0);
+	int w = ap_graph_add_tensor(g, "w", p->dt, 2, dw, AP_TENSOR_INPUT, NULL, 0);
+	int mm = ap_graph_add_tensor(g, "mm", p->dt, 2, dy, AP_TENSOR_VALUE, NULL, 0);
+	int out = mm;
+
+	g->inputs = malloc(3 * sizeof(int));
+	g->inputs[g->n_inputs++] = x;
+	g->inputs[g->n_inputs++] = w;
+	ck_assert_int_ge(ap_graph_add_node(g, "mm", AP_OP_MATMUL, 2, (int[]){ x, w }, 1, &mm), 0);
+	if (p->bias) {
+		int b = ap_graph_add_tensor(g, "b", p->dt, 1, db, AP_TENSOR_INPUT, NULL, 0);
+		int y = ap_graph_add_tensor(g, "y", p->dt, 2, dy, AP_TENSOR_VALUE, NULL, 0);
+
+		g->inputs[g->n_inputs++] = b;
+		ck_assert_int_ge(ap_graph_add_node(g, "bias", AP_OP_ADD, 2, (int[]){ mm, b }, 1, &y), 0);
+		out = y;
+	}
+	g->tensors[out].is_output = true;
+	g->outputs = malloc(sizeof(int));
+	g->outputs[g->n_outputs++] = out;
+	return g;
+}
+
+/* The reference in float64 over the operands the tensor cores read (TF32
+ * keeps 10 mantissa bits; float16 inputs are exact). */
+static double tf32(double v)
+{
+	float f = (float)v;
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	u = (u + 0x1000u) & ~0x1fffu;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static void product_data(product *p, bool tf)
+{
+	unsigned long long seed = 0x2545f4914f6cdd1dull;
+
+	p->x = malloc((size_t)(p->m * p->k) * sizeof(float));
+	p->w = malloc((size_t)(p->k * p->n) * sizeof(float));
+	p->b = malloc((size_t)p->n * sizeof(float));
+	p->want = malloc((size_t)(p->m * p->n) * sizeof(double));
+	for (int64_t i = 0; i < p->m * p->k + p->k * p->n + p->n; i++) {
+		float v;
+
+		seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+		v = (float)((seed >> 11) % 2001) / 1000.0f - 1.0f;
+		if (p->dt == AP_DT_F16)
+			v = ap_kir_f16_to_f32(ap_kir_f32_to_f16(v));
+		if (i < p->m * p->k)
+			p->x[i] = v;
+		else if (i < p->m * p->k + p->k * p->n)
+			p->w[i - p->m * p->k] = v;
+		else
+			p->b[i - p->m * p->k - p->k * p->n] = v;
+	}
+	for (int64_t i = 0; i < p->m; i++)
+		for (int64_t j = 0; j < p->n; j++) {
+			double acc = 0;
+
+			for (int64_t k = 0; k < p->k; k++)
+				acc += (tf ? tf32(p->x[i * p->k + k]) * tf32(p->w[k * p->n + j])
+					   : (double)p->x[i * p->k + k] * p->w[k * p->n + j]);
+			p->want[i * p->n + j] = acc + (p->bias ? p->b[j] : 0);
+		}
+}
+
+/* One buffer of the kernel: its bytes, as the kernel's type. */
+static void *as_type(ap_dtype dt, const float *v, int64_t n)
+{
+	void *out = malloc((size_t)(n ? n : 1) * (dt == AP_DT_F16 ? 2 : 4));
+
+	for (int64_t i = 0; i < n; i++) {
+		if (dt == AP_DT_F16)
+			((uint16_t *)out)[i] = ap_kir_f32_to_f16(v[i]);
+		else
+			((float *)out)[i] = v[i];
+	}
+	return out;
+}
+
+/* Lowers the product for sm_90 (TF32 allowed when `tf`), injects `bug`,
+ * prints it in the checking mode, runs it over every block and returns the
+ * checker's count (its messages in `msg`).  With no bug, the result must
+ * match the float64 reference within `tol` (relative to the row's scale);
+ * *sites is where the bug went in.  `cluster`: the kernel must be a
+ * cluster kernel (split-K). */
+static unsigned run_checked(product *p, bool tf, sync_bug bug, bool cluster, double tol,
+			    int *sites, char *msg, size_t cap)
+{
+	ap_graph *g = product_graph(p);
+	int *nodes = malloc((size_t)g->n_nodes * sizeof(int));
+	bool *member = malloc((size_t)g->n_nodes * sizeof(bool));
+	ap_target_info ti;
+	ap_lower_options lo = { 0, NULL, true };
+	ap_kir_kernel *k;
+	ap_mgraph *m;
+	ap_error err;
+	char *src;
+	void *h, *args[4] = { 0 };
+	unsigned long long ext[4] = { 0 };
+	const ap_hcheck_ops **rt;
+	unsigned n;
+	int gi = 0;
+
+	for (int i = 0; i < g->n_nodes; i++)
+		nodes[i] = i, member[i] = true;
+	ck_assert_int_eq(ap_graph_validate(g, &err), 0);
+	m = ap_mgraph_extract(g, nodes, member, g->n_nodes, g->outputs, g->n_outputs,
+			      AP_GROUP_MATMUL, 0, &gi, 1, &err);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_cost_target("sm_90", &ti), 0);
+	ti.allow_tf32 = tf;
+	k = ap_lower(m, &ti, "checked_gemm", &lo, NULL, &err);
+	ck_assert_msg(k != NULL, "%s", err.msg);
+	ck_assert_msg(!cluster || k->cluster > 1, "the default rule does not split K here");
+	*sites = inject(&k->body, bug);
+	src = ap_kir_print(k, AP_KIR_HOST_CHECK, &err);
+	ck_assert_msg(src != NULL, "%s", err.msg);
+	ck_assert_ptr_nonnull(strstr(src, "AP_CK(async("));   /* a cp.async pipeline */
+	h = load(src);
+	rt = dlsym(h, "ap_check_rt");
+	ck_assert_ptr_nonnull(rt);
+	*rt = ap_hostcheck_ops();
+	for (int a = 0; a < k->n_arrays; a++) {
+		const ap_kir_array *arr = k->arrays[a];
+		int64_t numel;
+
+		if (arr->space != AP_KIR_GLOBAL)
+			continue;
+		numel = ap_tensor_numel(&m->g->tensors[arr->tensor]);
+		if (arr->written)
+			args[arr->param] = calloc((size_t)numel, p->dt == AP_DT_F16 ? 2 : 4);
+		else
+			args[arr->param] = as_type(p->dt, !strcmp(m->g->tensors[arr->tensor].name, "x") ? p->x
+							  : !strcmp(m->g->tensors[arr->tensor].name, "w") ? p->w
+							  : p->b, numel);
+		ext[arr->param] = (unsigned long long)numel * (p->dt == AP_DT_F16 ? 2 : 4);
+	}
+	ap_hostcheck_begin(ext, k->n_params);
+	{
+		host_fn f;
+		void *sym = dlsym(h, k->name);
+
+		memcpy(&f, &sym, sizeof(f));
+		f(args, 0, k->grid[0] * k->grid[1] * k->grid[2]);
+	}
+	n = ap_hostcheck_end(msg, cap);
+	if (bug == BUG_NONE) {
+		for (int a = 0; a < k->n_arrays; a++) {
+			const ap_kir_array *arr = k->arrays[a];
+
+			if (arr->space != AP_KIR_GLOBAL || !arr->written)
+				continue;
+			for (int64_t i = 0; i < p->m * p->n; i++) {
+				double got = p->dt == AP_DT_F16
+						     ? ap_kir_f16_to_f32(((uint16_t *)args[arr->param])[i])
+						     : ((float *)args[arr->param])[i];
+
+				ck_assert_msg(fabs(got - p->want[i]) <= tol * (1 + fabs(p->want[i])),
+					      "element %lld: got %.9g, want %.9g", (long long)i, got,
+					      p->want[i]);
+			}
+		}
+	}
+	for (int i = 0; i < 4; i++)
+		free(args[i]);
+	dlclose(h);
+	free(src);
+	ap_kir_kernel_free(k);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+	free(nodes);
+	free(member);
+	return n;
+}
+
+static void product_free(product *p)
+{
+	free(p->x);
+	free(p->w);
+	free(p->b);
+	free(p->want);
+}
+
+/* A float16 GEMM on sm_90's tensor cores (mma.sync, ldmatrix, a
+ * multi-stage cp.async pipeline): clean, then each pipeline bug. */
+START_TEST(gemm_pipeline_bugs_found)
+{
+	product p = { .m = 64, .k = 256, .n = 64, .dt = AP_DT_F16 };
+	char msg[2048];
+	int sites;
+
+	product_data(&p, false);
+	ck_assert_uint_eq(run_checked(&p, false, BUG_NONE, false, 1e-2, &sites, msg, sizeof(msg)), 0);
+	ck_assert_msg(run_checked(&p, false, BUG_WAIT, false, 0, &sites, msg, sizeof(msg)) > 0,
+		      "wait_group S-1 not found");
+	ck_assert_int_gt(sites, 0);
+	ck_assert_msg(strstr(msg, "before the cp.async"), "%s", msg);
+	printf("check_hostcheck: wait_group S-1 (%d sites): %.200s\n", sites, msg);
+	ck_assert_msg(run_checked(&p, false, BUG_BARRIER, false, 0, &sites, msg, sizeof(msg)) > 0,
+		      "the missing barrier after the wait not found");
+	ck_assert_int_gt(sites, 0);
+	printf("check_hostcheck: no barrier after the wait (%d sites): %.200s\n", sites, msg);
+	product_free(&p);
+}
+END_TEST
+
+/* Split-K on thread-block clusters (TF32, K = 512 over a 24 x 20 output:
+ * the default rule splits K): clean, then with __syncthreads for the
+ * cluster barrier. */
+START_TEST(splitk_cluster_bug_found)
+{
+	product p = { .m = 24, .k = 512, .n = 20, .dt = AP_DT_F32, .bias = true };
+	char msg[2048];
+	int sites;
+
+	product_data(&p, true);
+	ck_assert_uint_eq(run_checked(&p, true, BUG_NONE, true, 1e-4, &sites, msg, sizeof(msg)), 0);
+	ck_assert_msg(run_checked(&p, true, BUG_CLUSTER, true, 0, &sites, msg, sizeof(msg)) > 0,
+		      "__syncthreads for barrier.cluster not found");
+	ck_assert_int_gt(sites, 0);
+	ck_assert_msg(strstr(msg, "no cluster barrier between"), "%s", msg);
+	printf("check_hostcheck: __syncthreads for barrier.cluster (%d sites): %.200s\n", sites, msg);
+	product_free(&p);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("hostcheck");
+	TCase *tc = tcase_create("hostcheck");
+
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, unit_races_and_barriers);
+	tcase_add_test(tc, unit_cp_async);
+	tcase_add_test(tc, unit_clusters);
+	tcase_add_test(tc, gemm_pipeline_bugs_found);
+	tcase_add_test(tc, splitk_cluster_bug_found);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
