@@ -13,7 +13,12 @@
  * next launch (launches are ordered; blocks within one are independent).
  * The CUDA path keeps one CUdeviceptr per buffer and launches on the null
  * stream, synchronising at the end of ap_runtime_run, or on the caller's
- * stream without waiting (ap_runtime_run_stream).
+ * stream without waiting (ap_runtime_run_stream); intermediates live in the
+ * workspace of the run's stream (one per stream), and the zeroing a run
+ * needs is queued on its stream before its launches.  Before anything is
+ * launched, ap_runtime_new checks the launch contract (runtime.h): the
+ * blobs' architectures, then every launch against the function's and the
+ * device's limits.
  *
  * A buffer's storage is either the runtime's own (allocated zeroed, freed
  * with the runtime) or the caller's (ap_runtime_bind_ptr: never freed
@@ -48,7 +53,37 @@ typedef void *CUfunction;
 typedef void *CUstream;
 typedef void *CUevent;
 typedef unsigned long long CUdeviceptr;
-#define AP_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+
+/* CUfunction_attribute, CUdevice_attribute and CUresult values used here
+ * (CUDA driver API reference; cuda.h of CUDA 13.0). */
+enum {
+	AP_CU_FUNC_MAX_THREADS_PER_BLOCK = 0,
+	AP_CU_FUNC_SHARED_SIZE_BYTES = 1,
+	AP_CU_FUNC_NUM_REGS = 4,
+	AP_CU_FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+	AP_CU_FUNC_CLUSTER_SIZE_MUST_BE_SET = 10,
+	AP_CU_FUNC_REQUIRED_CLUSTER_WIDTH = 11,      /* HEIGHT 12, DEPTH 13 */
+	AP_CU_FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14,
+};
+enum {
+	AP_CU_DEV_MAX_THREADS_PER_BLOCK = 1,
+	AP_CU_DEV_MAX_BLOCK_DIM_X = 2,               /* Y 3, Z 4 */
+	AP_CU_DEV_MAX_GRID_DIM_X = 5,                /* Y 6, Z 7 */
+	AP_CU_DEV_MULTIPROCESSOR_COUNT = 16,
+	AP_CU_DEV_COMPUTE_CAPABILITY_MAJOR = 75,
+	AP_CU_DEV_COMPUTE_CAPABILITY_MINOR = 76,
+	AP_CU_DEV_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+	AP_CU_DEV_CLUSTER_LAUNCH = 120,
+};
+#define AP_CU_ERROR_NO_BINARY_FOR_GPU 209
+#define AP_CU_EVENT_DISABLE_TIMING 0x2
+/* A portable thread-block cluster holds at most 8 blocks; a function that
+ * allows non-portable sizes up to 16 (CU_FUNC_ATTRIBUTE_NON_PORTABLE_
+ * CLUSTER_SIZE_ALLOWED; sm_90). */
+#define AP_CLUSTER_PORTABLE 8
+#define AP_CLUSTER_NON_PORTABLE 16
+/* Streams a GPU runtime keeps a workspace for (see run_gpu). */
+#define AP_RT_MAX_STREAMS 8
 
 typedef struct cuda_api {
 	void *lib;
@@ -67,7 +102,7 @@ typedef struct cuda_api {
 	CUresult (*cuMemFree)(CUdeviceptr);
 	CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
 	CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
-	CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
+	CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
 	CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
 				   unsigned, unsigned, CUstream, void **, void **);
 	CUresult (*cuGetErrorString)(CUresult, const char **);
@@ -80,9 +115,37 @@ typedef struct cuda_api {
 	CUresult (*cuEventRecord)(CUevent, CUstream);
 	CUresult (*cuEventSynchronize)(CUevent);
 	CUresult (*cuEventElapsedTime)(float *, CUevent, CUevent);
+	/* optional: the launch contract's facts (NULL: not checked), ordering
+	 * the legacy stream's copies before a run on another stream (NULL:
+	 * cuCtxSynchronize instead), error names */
+	CUresult (*cuFuncGetAttribute)(int *, int, CUfunction);
+	CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned);
+	CUresult (*cuGetErrorName)(CUresult, const char **);
 } cuda_api;
 
 /* ---- the runtime ---------------------------------------------------------------- */
+
+/* What the driver says of one function (cuFuncGetAttribute); -1 where it
+ * did not answer. */
+typedef struct cu_fn_facts {
+	int max_threads;         /* per block: .maxntid / launch bounds, registers */
+	int static_smem;         /* bytes */
+	int regs;                /* per thread */
+	int max_dyn_smem;        /* bytes a launch may ask for now */
+	int cluster[3];          /* required (compile-time) cluster dims; 0 0 0: none */
+	int cluster_must;        /* 1: launches must give a cluster */
+	int non_portable;        /* 1: up to 16 blocks per cluster */
+} cu_fn_facts;
+
+/* The device's limits (cuDeviceGetAttribute); -1 where it did not answer. */
+typedef struct cu_dev_facts {
+	int sm;                  /* compute capability major * 10 + minor */
+	int max_threads;
+	int max_block[3], max_grid[3];
+	int smem_optin;          /* shared memory per block, opting in, bytes */
+	int cluster_launch;      /* 1: thread-block clusters */
+	char name[128];
+} cu_dev_facts;
 
 typedef struct rt_kernel {
 	const Apollo__Kernel *pb;
@@ -91,6 +154,7 @@ typedef struct rt_kernel {
 	CUfunction cufn;         /* GPU */
 	CUmodule cumod;          /* GPU: owned when cumod_owner */
 	bool cumod_owner;
+	cu_fn_facts facts;       /* GPU */
 	unsigned long long blocks;
 } rt_kernel;
 
@@ -100,6 +164,7 @@ typedef struct rt_buffer {
 	bool host_owned;
 	CUdeviceptr dev;         /* GPU */
 	bool dev_owned;
+	bool zero_pending;       /* GPU, own storage: zeroed on the next run's stream */
 	bool has_storage;        /* host / dev points at memory (own or the caller's) */
 	bool bound;              /* INPUT/PARAM: data was given */
 } rt_buffer;
@@ -132,7 +197,6 @@ struct ap_runtime {
 	int n_buffers;
 	rt_buffer *buffers;
 	void *workspace;         /* host */
-	CUdeviceptr dev_workspace;
 	int n_inputs, n_outputs;
 	int max_args;
 	void **argv;             /* host: scratch argument array */
@@ -144,15 +208,35 @@ struct ap_runtime {
 	CUdevice dev;
 	CUcontext ctx;
 	CUevent ev[2];           /* profile: around each launch (NULL: host clock) */
+	cu_dev_facts dev_facts;
+	/* one workspace per stream the plan ran on (run_gpu); ws[0] is made
+	 * by ap_runtime_new and taken by the first run's stream */
+	struct rt_ws {
+		CUstream stream;
+		CUdeviceptr dev;
+		bool taken;      /* stream is its owner */
+		bool zeroed;     /* its zeroing was queued on that stream */
+	} ws[AP_RT_MAX_STREAMS];
+	int n_ws;
+	bool legacy_pending;     /* copies on the legacy stream no run waited for yet */
+	CUevent copy_ev;         /* marks them for a run on another stream */
 };
 
+/* The driver's words for r, with its name where the driver gives one
+ * ("an illegal memory access was encountered (CUDA_ERROR_ILLEGAL_ADDRESS)").
+ * One buffer per thread: use once per message. */
 static const char *cu_err(const cuda_api *cu, CUresult r)
 {
-	const char *s = NULL;
+	static _Thread_local char buf[256];
+	const char *s = NULL, *name = NULL;
 
-	if (cu->cuGetErrorString && cu->cuGetErrorString(r, &s) == 0 && s)
-		return s;
-	return "unknown CUDA error";
+	if (!cu->cuGetErrorString || cu->cuGetErrorString(r, &s) != 0 || !s)
+		s = "unknown CUDA error";
+	if (cu->cuGetErrorName && cu->cuGetErrorName(r, &name) == 0 && name)
+		snprintf(buf, sizeof(buf), "%s (%s)", s, name);
+	else
+		snprintf(buf, sizeof(buf), "%s (CUresult %d)", s, (int)r);
+	return buf;
 }
 
 /* ---- bundle checks ------------------------------------------------------------- */
@@ -644,7 +728,7 @@ static bool cuda_load(cuda_api *api, char *why, size_t cap)
 	CU_SYM(api, cuMemFree, "cuMemFree_v2");
 	CU_SYM(api, cuMemcpyHtoD, "cuMemcpyHtoD_v2");
 	CU_SYM(api, cuMemcpyDtoH, "cuMemcpyDtoH_v2");
-	CU_SYM(api, cuMemsetD8, "cuMemsetD8_v2");
+	CU_SYM(api, cuMemsetD8Async, "cuMemsetD8Async");
 	CU_SYM(api, cuLaunchKernel, "cuLaunchKernel");
 	CU_SYM(api, cuGetErrorString, "cuGetErrorString");
 	{
@@ -656,6 +740,9 @@ static bool cuda_load(cuda_api *api, char *why, size_t cap)
 			{ offsetof(cuda_api, cuEventRecord), "cuEventRecord" },
 			{ offsetof(cuda_api, cuEventSynchronize), "cuEventSynchronize" },
 			{ offsetof(cuda_api, cuEventElapsedTime), "cuEventElapsedTime" },
+			{ offsetof(cuda_api, cuFuncGetAttribute), "cuFuncGetAttribute" },
+			{ offsetof(cuda_api, cuStreamWaitEvent), "cuStreamWaitEvent" },
+			{ offsetof(cuda_api, cuGetErrorName), "cuGetErrorName" },
 		};
 
 		for (size_t i = 0; i < sizeof(opt) / sizeof(opt[0]); i++) {
@@ -694,12 +781,250 @@ bool ap_runtime_cuda_available(char *why, size_t cap)
 	return true;
 }
 
+/* ---- GPU: the launch contract ------------------------------------------------------ */
+
+/* What a kernel's blob is built for.  A cubin (an ELF, e_machine EM_CUDA
+ * = 190) names its architecture in e_flags, in one of two layouts chosen
+ * by e_ident[EI_ABIVERSION] (seen in NVRTC's cubins: CUDA 12.9 writes 7
+ * for sm_50..sm_90a and 8 for sm_100 and later, CUDA 13.0 writes 8 for
+ * all):
+ *   7: the SM number in bits 0-7 (sm_80: 0x00500550, sm_90: 0x005a055a;
+ *      0x800 marks sm_90a: 0x005a0d5a);
+ *   8: the SM number in bits 8-15 (sm_80: 0x06005004, sm_90: 0x06005a04,
+ *      sm_100: 0x06006402; 0x8 marks some "a" targets: sm_100a
+ *      0x0600640a under 12.9 -- but CUDA 13.0 writes sm_90a as sm_90, so
+ *      the kernel's target string is read for the "a" as well).
+ * PTX names it in ".target sm_XY[a|f]".  Returns 1 with *sm (major * 10 +
+ * minor), *suffix ('a', 'f' or 0) and *ptx set; 0 when the blob does not
+ * say (left to the driver); AP_EINVAL for an ELF too short to be one. */
+static int blob_arch(const uint8_t *d, size_t n, const char *target, const char *kname, int *sm,
+		     char *suffix, bool *ptx, ap_error *err)
+{
+	size_t tl = target ? strlen(target) : 0;
+
+	*suffix = tl && (target[tl - 1] == 'a' || target[tl - 1] == 'f') ? target[tl - 1] : 0;
+	*ptx = false;
+	if (n >= 4 && !memcmp(d, "\177ELF", 4)) {
+		uint16_t machine;
+		uint32_t flags;
+
+		if (n < 64)
+			return ap_error_set(err, AP_EINVAL, kname, NULL,
+					    "kernel '%s': its cubin is a truncated ELF (%zu bytes)",
+					    kname, n);
+		memcpy(&machine, d + 18, 2);   /* e_machine */
+		memcpy(&flags, d + 48, 4);     /* e_flags */
+		if (d[4] != 2 || machine != 190)   /* ELFCLASS64, EM_CUDA */
+			return 0;
+		if (d[8] == 7) {
+			*sm = (int)(flags & 0xff);
+			if (flags & 0x800)
+				*suffix = 'a';
+		} else if (d[8] == 8) {
+			*sm = (int)((flags >> 8) & 0xff);
+			if (flags & 0x8)
+				*suffix = 'a';
+		} else {
+			return 0;
+		}
+		return *sm > 0;
+	}
+	for (const uint8_t *p = d; (p = memmem(p, n - (size_t)(p - d), ".target", 7)) != NULL; p += 7) {
+		const uint8_t *q = p + 7, *end = d + n;
+		int v = 0;
+
+		while (q < end && (*q == ' ' || *q == '\t'))
+			q++;
+		if (end - q < 4 || memcmp(q, "sm_", 3))
+			continue;
+		for (q += 3; q < end && *q >= '0' && *q <= '9' && v < 10000; q++)
+			v = v * 10 + (*q - '0');
+		*sm = v;
+		*suffix = q < end && (*q == 'a' || *q == 'f') ? (char)*q : 0;
+		*ptx = true;
+		return v > 0;
+	}
+	return 0;
+}
+
+/* Whether code for `want` (suffix 'a': that architecture only; 'f': its
+ * family, the same major) runs on a device of architecture `sm`.  A cubin
+ * runs on its own major at the same or a later minor; PTX is compiled by
+ * the driver for any later device (CUDA C++ Programming Guide, binary and
+ * PTX compatibility). */
+static bool arch_runs(int want, char suffix, bool ptx, int sm)
+{
+	if (suffix == 'a')
+		return want == sm;
+	if (suffix == 'f' || !ptx)
+		return want / 10 == sm / 10 && want % 10 <= sm % 10;
+	return want <= sm;
+}
+
+static int dev_attr(const cuda_api *cu, int attr, CUdevice d)
+{
+	int v = -1;
+
+	if (!cu->cuDeviceGetAttribute || cu->cuDeviceGetAttribute(&v, attr, d) != 0)
+		return -1;
+	return v;
+}
+
+static void read_dev_facts(ap_runtime *rt)
+{
+	cu_dev_facts *f = &rt->dev_facts;
+	const cuda_api *cu = &rt->cu;
+	int major = dev_attr(cu, AP_CU_DEV_COMPUTE_CAPABILITY_MAJOR, rt->dev);
+	int minor = dev_attr(cu, AP_CU_DEV_COMPUTE_CAPABILITY_MINOR, rt->dev);
+
+	f->sm = major >= 0 && minor >= 0 ? major * 10 + minor : -1;
+	f->max_threads = dev_attr(cu, AP_CU_DEV_MAX_THREADS_PER_BLOCK, rt->dev);
+	for (int d = 0; d < 3; d++) {
+		f->max_block[d] = dev_attr(cu, AP_CU_DEV_MAX_BLOCK_DIM_X + d, rt->dev);
+		f->max_grid[d] = dev_attr(cu, AP_CU_DEV_MAX_GRID_DIM_X + d, rt->dev);
+	}
+	f->smem_optin = dev_attr(cu, AP_CU_DEV_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, rt->dev);
+	f->cluster_launch = dev_attr(cu, AP_CU_DEV_CLUSTER_LAUNCH, rt->dev);
+	snprintf(f->name, sizeof(f->name), "CUDA device");
+	if (cu->cuDeviceGetName && cu->cuDeviceGetName(f->name, (int)sizeof(f->name), rt->dev) == 0)
+		f->name[sizeof(f->name) - 1] = 0;
+}
+
+static int fn_attr(const cuda_api *cu, int attr, CUfunction fn)
+{
+	int v = -1;
+
+	if (!cu->cuFuncGetAttribute || cu->cuFuncGetAttribute(&v, attr, fn) != 0)
+		return -1;
+	return v;
+}
+
+static void read_fn_facts(const cuda_api *cu, CUfunction fn, cu_fn_facts *f)
+{
+	f->max_threads = fn_attr(cu, AP_CU_FUNC_MAX_THREADS_PER_BLOCK, fn);
+	f->static_smem = fn_attr(cu, AP_CU_FUNC_SHARED_SIZE_BYTES, fn);
+	f->regs = fn_attr(cu, AP_CU_FUNC_NUM_REGS, fn);
+	f->max_dyn_smem = fn_attr(cu, AP_CU_FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES, fn);
+	for (int d = 0; d < 3; d++)
+		f->cluster[d] = fn_attr(cu, AP_CU_FUNC_REQUIRED_CLUSTER_WIDTH + d, fn);
+	f->cluster_must = fn_attr(cu, AP_CU_FUNC_CLUSTER_SIZE_MUST_BE_SET, fn);
+	f->non_portable = fn_attr(cu, AP_CU_FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, fn);
+}
+
+/* Refuses kernel k's blob when the device cannot run its architecture. */
+static int check_arch(const ap_runtime *rt, int device, const Apollo__Kernel *kk,
+		      const ProtobufCBinaryData *blob, ap_error *err)
+{
+	const cu_dev_facts *dv = &rt->dev_facts;
+	const char *target = kk->target && *kk->target ? kk->target : rt->b->target;
+	int sm = 0, rc;
+	char suffix;
+	bool ptx;
+
+	if ((rc = blob_arch(blob->data, blob->len, target, kk->name, &sm, &suffix, &ptx, err)) <= 0 ||
+	    dv->sm < 0 || arch_runs(sm, suffix, ptx, dv->sm))
+		return rc < 0 ? rc : 0;
+	if (ptx)
+		return ap_error_set(err, AP_EUNSUPPORTED, kk->name, NULL,
+				    "kernel '%s' is PTX for .target sm_%d%.*s but device %d (%s) is "
+				    "sm_%d: the driver compiles PTX only for its own or a later "
+				    "architecture%s; compile the bundle for sm_%d",
+				    kk->name, sm, suffix ? 1 : 0, &suffix, device, dv->name, dv->sm,
+				    suffix == 'a' ? " (an 'a' target: only its own)" : "", dv->sm);
+	return ap_error_set(err, AP_EUNSUPPORTED, kk->name, NULL,
+			    "kernel '%s' is a cubin for sm_%d%.*s but device %d (%s) is sm_%d: a "
+			    "cubin runs only on its own major architecture at the same or a later "
+			    "minor%s; compile the bundle for sm_%d",
+			    kk->name, sm, suffix ? 1 : 0, &suffix, device, dv->name, dv->sm,
+			    suffix == 'a' ? " (an 'a' target: only its own)" : "", dv->sm);
+}
+
+/* The launch contract: launch l of the plan, of kernel k, against the
+ * function's and the device's limits (see runtime.h).  Limits the driver
+ * did not report (-1) are not checked. */
+static int check_launch(const ap_runtime *rt, size_t l, const rt_kernel *k, ap_error *err)
+{
+	const Apollo__Kernel *kk = k->pb;
+	const cu_fn_facts *f = &k->facts;
+	const cu_dev_facts *dv = &rt->dev_facts;
+	const uint32_t *g = kk->grid, *b = kk->block;
+	unsigned long long threads = (unsigned long long)b[0] * b[1] * b[2];
+	const char *n = kk->name;
+
+	for (int d = 0; d < 3; d++)
+		if (dv->max_block[d] >= 0 && b[d] > (unsigned)dv->max_block[d])
+			return ap_error_set(err, AP_EUNSUPPORTED, n, NULL,
+					    "kernel '%s' (launch %zu): block %ux%ux%u exceeds the "
+					    "device's maximum block of %dx%dx%d", n, l, b[0], b[1], b[2],
+					    dv->max_block[0], dv->max_block[1], dv->max_block[2]);
+	if (dv->max_threads >= 0 && threads > (unsigned long long)dv->max_threads)
+		return ap_error_set(err, AP_EUNSUPPORTED, n, NULL,
+				    "kernel '%s' (launch %zu): block %ux%ux%u = %llu threads exceeds "
+				    "the device's %d threads per block", n, l, b[0], b[1], b[2],
+				    threads, dv->max_threads);
+	if (f->max_threads >= 0 && threads > (unsigned long long)f->max_threads)
+		return ap_error_set(err, AP_EUNSUPPORTED, n, NULL,
+				    "kernel '%s' (launch %zu): block %ux%ux%u = %llu threads exceeds "
+				    "the function's limit of %d threads per block (its .maxntid / "
+				    "launch bounds, or %d registers per thread)", n, l, b[0], b[1],
+				    b[2], threads, f->max_threads, f->regs);
+	for (int d = 0; d < 3; d++)
+		if (dv->max_grid[d] >= 0 && g[d] > (unsigned)dv->max_grid[d])
+			return ap_error_set(err, AP_EUNSUPPORTED, n, NULL,
+					    "kernel '%s' (launch %zu): grid %ux%ux%u exceeds the "
+					    "device's maximum grid of %dx%dx%d", n, l, g[0], g[1], g[2],
+					    dv->max_grid[0], dv->max_grid[1], dv->max_grid[2]);
+	if (dv->smem_optin >= 0 &&
+	    (unsigned long long)kk->dynamic_shared_bytes + (f->static_smem > 0 ? f->static_smem : 0) >
+		    (unsigned long long)dv->smem_optin)
+		return ap_error_set(err, AP_EUNSUPPORTED, n, NULL,
+				    "kernel '%s' (launch %zu): %u bytes of dynamic + %d of static "
+				    "shared memory exceed the device's opt-in limit of %d bytes per "
+				    "block (sm_%d)", n, l, kk->dynamic_shared_bytes,
+				    f->static_smem > 0 ? f->static_smem : 0, dv->smem_optin, dv->sm);
+	if (f->cluster[0] > 0 || f->cluster[1] > 0 || f->cluster[2] > 0) {
+		const int *c = f->cluster;
+		int limit = f->non_portable == 1 ? AP_CLUSTER_NON_PORTABLE : AP_CLUSTER_PORTABLE;
+		long long blocks = (long long)c[0] * c[1] * c[2];
+
+		if (c[0] <= 0 || c[1] <= 0 || c[2] <= 0)
+			return ap_error_set(err, AP_EUNSUPPORTED, n, NULL,
+					    "kernel '%s' (launch %zu): its required cluster %dx%dx%d "
+					    "is not all positive", n, l, c[0], c[1], c[2]);
+		if (dv->cluster_launch == 0)
+			return ap_error_set(err, AP_EUNSUPPORTED, n, NULL,
+					    "kernel '%s' (launch %zu) needs thread-block clusters of "
+					    "%dx%dx%d but the device (sm_%d) cannot launch clusters",
+					    n, l, c[0], c[1], c[2], dv->sm);
+		if (blocks > limit)
+			return ap_error_set(err, AP_EUNSUPPORTED, n, NULL,
+					    "kernel '%s' (launch %zu): its cluster %dx%dx%d of %lld "
+					    "blocks exceeds the limit of %d (%s)", n, l, c[0], c[1], c[2],
+					    blocks, limit,
+					    limit == AP_CLUSTER_PORTABLE
+						    ? "portable; 16 only where the function allows "
+						      "non-portable sizes"
+						    : "non-portable");
+		for (int d = 0; d < 3; d++)
+			if (g[d] % (unsigned)c[d])
+				return ap_error_set(err, AP_EUNSUPPORTED, n, NULL,
+						    "kernel '%s' (launch %zu): grid %ux%ux%u is not a "
+						    "multiple of its required cluster %dx%dx%d", n, l,
+						    g[0], g[1], g[2], c[0], c[1], c[2]);
+	} else if (f->cluster_must == 1) {
+		return ap_error_set(err, AP_EUNSUPPORTED, n, NULL,
+				    "kernel '%s' (launch %zu) must be launched with a cluster size, "
+				    "but it declares no cluster dims and the bundle carries none", n, l);
+	}
+	return 0;
+}
+
 static int gpu_setup(ap_runtime *rt, int device, ap_error *err)
 {
 	cuda_api *cu = &rt->cu;
 	char why[256];
 	CUresult r;
-	int n = 0;
+	int n = 0, rc;
 
 	if (!cuda_load(cu, why, sizeof(why)))
 		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
@@ -719,7 +1044,15 @@ static int gpu_setup(ap_runtime *rt, int device, ap_error *err)
 	rt->cu_ready = true;
 	if ((r = cu->cuCtxSetCurrent(rt->ctx)) != 0)
 		return ap_error_set(err, AP_EIO, NULL, NULL, "cuCtxSetCurrent: %s", cu_err(cu, r));
+	read_dev_facts(rt);
 
+	/* Every blob's architecture first: nothing is loaded for a device that
+	 * cannot run the bundle. */
+	for (int k = 0; k < rt->n_kernels; k++)
+		if (!rt->b->kernels[k]->blob_of &&
+		    (rc = check_arch(rt, device, rt->b->kernels[k],
+				     ap_bundle_pb_kernel_blob(rt->b, (size_t)k), err)) < 0)
+			return rc;
 	for (int k = 0; k < rt->n_kernels; k++) {
 		const Apollo__Kernel *kk = rt->b->kernels[k];
 		const ProtobufCBinaryData *blob = ap_bundle_pb_kernel_blob(rt->b, (size_t)k);
@@ -741,9 +1074,11 @@ static int gpu_setup(ap_runtime *rt, int device, ap_error *err)
 			free(img);
 			if (r != 0) {
 				rk->cumod = NULL;
-				return ap_error_set(err, AP_ECOMPILE, kk->name, NULL,
-						    "cuModuleLoadData for kernel '%s': %s", kk->name,
-						    cu_err(cu, r));
+				return ap_error_set(err, r == AP_CU_ERROR_NO_BINARY_FOR_GPU
+							 ? AP_EUNSUPPORTED : AP_ECOMPILE,
+						    kk->name, NULL,
+						    "cuModuleLoadData for kernel '%s' on device %d (%s): %s",
+						    kk->name, device, rt->dev_facts.name, cu_err(cu, r));
 			}
 			rk->cumod_owner = true;
 		}
@@ -751,29 +1086,43 @@ static int gpu_setup(ap_runtime *rt, int device, ap_error *err)
 			return ap_error_set(err, AP_ECOMPILE, kk->name, NULL,
 					    "kernel '%s' not in its module: %s", kk->name,
 					    cu_err(cu, r));
-		if (kk->dynamic_shared_bytes > 48 * 1024 &&
-		    (r = cu->cuFuncSetAttribute(rk->cufn,
-						AP_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+		read_fn_facts(cu, rk->cufn, &rk->facts);
+	}
+	/* The launch contract, before anything runs. */
+	for (size_t l = 0; l < rt->b->n_plan; l++)
+		if ((rc = check_launch(rt, l, &rt->kernels[rt->b->plan[l]->kernel], err)) < 0)
+			return rc;
+	/* Dynamic shared memory beyond the function's default limit (48 KiB
+	 * less its static shared memory) is asked for explicitly. */
+	for (int k = 0; k < rt->n_kernels; k++) {
+		const Apollo__Kernel *kk = rt->b->kernels[k];
+		const rt_kernel *rk = &rt->kernels[k];
+		long limit = rk->facts.max_dyn_smem >= 0 ? rk->facts.max_dyn_smem : 48 * 1024;
+
+		if (kk->dynamic_shared_bytes > limit &&
+		    (r = cu->cuFuncSetAttribute(rk->cufn, AP_CU_FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 						(int)kk->dynamic_shared_bytes)) != 0)
 			return ap_error_set(err, AP_EUNSUPPORTED, kk->name, NULL,
-					    "kernel '%s' asks for %u bytes of shared memory: %s",
+					    "kernel '%s' asks for %u bytes of dynamic shared memory: %s",
 					    kk->name, kk->dynamic_shared_bytes, cu_err(cu, r));
 	}
 
-	/* Buffers: one allocation each; intermediates inside the workspace. */
+	/* Buffers: one allocation each; intermediates inside a workspace, the
+	 * first one made here (zeroed on the stream of the run that takes it). */
 	{
 		uint64_t ws = rt->b->workspace_bytes ? rt->b->workspace_bytes : 256;
-		if ((r = cu->cuMemAlloc(&rt->dev_workspace, (size_t)ws)) != 0)
+		if ((r = cu->cuMemAlloc(&rt->ws[0].dev, (size_t)ws)) != 0) {
+			rt->ws[0].dev = 0;
 			return ap_error_set(err, AP_ENOMEM, NULL, NULL,
 					    "cuMemAlloc of a %llu-byte workspace: %s",
 					    (unsigned long long)ws, cu_err(cu, r));
-		cu->cuMemsetD8(rt->dev_workspace, 0, (size_t)ws);
+		}
+		rt->n_ws = 1;
 	}
 	for (int i = 0; i < rt->n_buffers; i++) {
 		rt_buffer *bf = &rt->buffers[i];
 		if (bf->pb->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE) {
-			bf->dev = rt->dev_workspace + bf->pb->offset;
-			bf->has_storage = true;
+			bf->has_storage = true;   /* in the run's workspace */
 			continue;
 		}
 		if (!rt->external && own_storage(rt, bf, err) < 0)
@@ -783,7 +1132,9 @@ static int gpu_setup(ap_runtime *rt, int device, ap_error *err)
 }
 
 /* Gives buffer bf zeroed storage of its own (host or device), unless it has
- * its own already; storage the caller bound is forgotten, not freed. */
+ * its own already; storage the caller bound is forgotten, not freed.  On a
+ * GPU the zeroing is queued on the stream of the next run (run_gpu), in
+ * order with its launches, unless a copy fills the buffer first. */
 static int own_storage(ap_runtime *rt, rt_buffer *bf, ap_error *err)
 {
 	if (rt->host ? bf->host_owned : bf->dev_owned)
@@ -809,7 +1160,7 @@ static int own_storage(ap_runtime *rt, rt_buffer *bf, ap_error *err)
 					    bf->pb->name, (unsigned long long)n, cu_err(cu, r));
 		}
 		bf->dev_owned = true;
-		cu->cuMemsetD8(bf->dev, 0, (size_t)n);
+		bf->zero_pending = true;
 	}
 	bf->has_storage = true;
 	return 0;
@@ -825,6 +1176,7 @@ static void drop_storage(ap_runtime *rt, rt_buffer *bf)
 	bf->host = NULL;
 	bf->dev = 0;
 	bf->host_owned = bf->dev_owned = false;
+	bf->zero_pending = false;
 	bf->has_storage = false;
 }
 
@@ -842,8 +1194,10 @@ static void gpu_teardown(ap_runtime *rt)
 		for (int i = 0; rt->buffers && i < rt->n_buffers; i++)
 			if (rt->buffers[i].dev_owned)
 				cu->cuMemFree(rt->buffers[i].dev);
-		if (rt->dev_workspace)
-			cu->cuMemFree(rt->dev_workspace);
+		for (int w = 0; w < rt->n_ws; w++)
+			cu->cuMemFree(rt->ws[w].dev);
+		if (rt->copy_ev)
+			cu->cuEventDestroy(rt->copy_ev);
 		for (int k = 0; rt->kernels && k < rt->n_kernels; k++)
 			if (rt->kernels[k].cumod_owner)
 				cu->cuModuleUnload(rt->kernels[k].cumod);
@@ -998,6 +1352,10 @@ static int bind(ap_runtime *rt, rt_buffer *bf, const ap_host_tensor *t, ap_error
 			return ap_error_set(err, AP_EIO, NULL, pb->name,
 					    "copying %s '%s' to the device: %s", what, pb->name,
 					    cu_err(&rt->cu, r));
+		/* every byte written: no zeroing; a run on another stream than
+		 * the legacy one waits for the copy (run_gpu) */
+		bf->zero_pending = false;
+		rt->legacy_pending = true;
 	}
 	bf->bound = true;
 	return 0;
@@ -1079,7 +1437,7 @@ int ap_runtime_device(const ap_runtime *rt, char *name, size_t cap, unsigned *sm
 	if (cap > INT32_MAX)
 		cap = INT32_MAX;
 	if ((r = cu->cuDeviceGetName(name, (int)cap, rt->dev)) != 0 ||
-	    (r = cu->cuDeviceGetAttribute(&n, 16 /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */,
+	    (r = cu->cuDeviceGetAttribute(&n, AP_CU_DEV_MULTIPROCESSOR_COUNT,
 					  rt->dev)) != 0)
 		return ap_error_set(err, AP_EIO, NULL, NULL, "device facts: %s", cu_err(cu, r));
 	if (cap)
@@ -1131,12 +1489,111 @@ static int check_bound(ap_runtime *rt, ap_error *err)
 	return 0;
 }
 
-/* Queues the plan on `stream`; with no stream (NULL) waits for it. */
+/* The workspace of runs on `stream`.  One runtime has one workspace per
+ * stream it ran on, not one for all: runs queued on two streams may
+ * execute at the same time, and with one workspace each would overwrite
+ * the other's intermediates -- silently, and only when the timing says
+ * so.  Refusing a run on a second stream while another may still execute
+ * could not be decided without waiting for the device (the error would
+ * come and go with the timing), and making the second stream wait for the
+ * first would hide the caller's concurrency; the memory is the price: the
+ * workspace once per stream (AP_RT_MAX_STREAMS at most; a run on one more
+ * stream is refused, AP_EBUSY).  The first run's stream takes the
+ * workspace ap_runtime_new made; each is zeroed on its stream before the
+ * first launch there (run_prologue). */
+static int stream_workspace(ap_runtime *rt, CUstream stream, struct rt_ws **out, ap_error *err)
+{
+	uint64_t bytes = rt->b->workspace_bytes ? rt->b->workspace_bytes : 256;
+	struct rt_ws *w = NULL;
+	CUresult r;
+
+	for (int i = 0; i < rt->n_ws && !w; i++)
+		if (rt->ws[i].taken && rt->ws[i].stream == stream)
+			w = &rt->ws[i];
+	for (int i = 0; i < rt->n_ws && !w; i++)
+		if (!rt->ws[i].taken)
+			w = &rt->ws[i];
+	if (!w) {
+		if (rt->n_ws == AP_RT_MAX_STREAMS)
+			return ap_error_set(err, AP_EBUSY, NULL, NULL,
+					    "this runtime already keeps a workspace for each of %d "
+					    "streams; runs on another stream (%p) would need one more: "
+					    "run on one of those streams, or make another runtime",
+					    AP_RT_MAX_STREAMS, stream);
+		w = &rt->ws[rt->n_ws];
+		memset(w, 0, sizeof(*w));
+		if ((r = rt->cu.cuMemAlloc(&w->dev, (size_t)bytes)) != 0)
+			return ap_error_set(err, AP_ENOMEM, NULL, NULL,
+					    "cuMemAlloc of a %llu-byte workspace for stream %p: %s",
+					    (unsigned long long)bytes, stream, cu_err(&rt->cu, r));
+		rt->n_ws++;
+	}
+	if (!w->taken) {
+		w->taken = true;
+		w->stream = stream;
+	}
+	*out = w;
+	return 0;
+}
+
+/* Everything the run issues before its launches, on its stream: the wait
+ * for copies queued on the legacy stream (binding by copy) when the run is
+ * on another one (an event recorded there, waited for here), and the
+ * zeroing of its workspace and of the buffers the runtime allocated that
+ * nothing wrote yet. */
+static int run_prologue(ap_runtime *rt, CUstream stream, struct rt_ws *ws, ap_error *err)
+{
+	cuda_api *cu = &rt->cu;
+	CUresult r = 0;
+
+	if (stream && rt->legacy_pending) {
+		if (cu->cuEventCreate && cu->cuEventRecord && cu->cuStreamWaitEvent &&
+		    cu->cuEventDestroy) {
+			if (!rt->copy_ev &&
+			    (r = cu->cuEventCreate(&rt->copy_ev, AP_CU_EVENT_DISABLE_TIMING)) != 0)
+				rt->copy_ev = NULL;
+			if (r == 0 && (r = cu->cuEventRecord(rt->copy_ev, NULL)) == 0)
+				r = cu->cuStreamWaitEvent(stream, rt->copy_ev, 0);
+		} else {
+			r = cu->cuCtxSynchronize();
+		}
+		if (r != 0)
+			return ap_error_set(err, AP_EIO, NULL, NULL,
+					    "ordering the bound data's copies before the run: %s",
+					    cu_err(cu, r));
+		rt->legacy_pending = false;
+	}
+	if (!ws->zeroed) {
+		uint64_t bytes = rt->b->workspace_bytes ? rt->b->workspace_bytes : 256;
+
+		if ((r = cu->cuMemsetD8Async(ws->dev, 0, (size_t)bytes, stream)) != 0)
+			return ap_error_set(err, AP_EIO, NULL, NULL, "zeroing the workspace: %s",
+					    cu_err(cu, r));
+		ws->zeroed = true;
+	}
+	for (int i = 0; i < rt->n_buffers; i++) {
+		rt_buffer *bf = &rt->buffers[i];
+
+		if (!bf->zero_pending)
+			continue;
+		r = cu->cuMemsetD8Async(bf->dev, 0, bf->pb->bytes ? (size_t)bf->pb->bytes : 256, stream);
+		if (r != 0)
+			return ap_error_set(err, AP_EIO, NULL, bf->pb->name, "zeroing buffer '%s': %s",
+					    bf->pb->name, cu_err(cu, r));
+		bf->zero_pending = false;
+	}
+	return 0;
+}
+
+/* Queues the plan on `stream`; with no stream (NULL) waits for it, so that
+ * an error a kernel raises on the device is reported by the run that
+ * launched it. */
 static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 {
 	cuda_api *cu = &rt->cu;
 	CUdeviceptr *vals = calloc(rt->max_args ? (size_t)rt->max_args : 1, sizeof(CUdeviceptr));
 	void **pp = calloc(rt->max_args ? (size_t)rt->max_args : 1, sizeof(void *));
+	struct rt_ws *ws = NULL;
 	CUresult r;
 	int rc = 0;
 
@@ -1145,6 +1602,9 @@ static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 		goto out;
 	}
 	cu->cuCtxSetCurrent(rt->ctx);
+	if ((rc = stream_workspace(rt, stream, &ws, err)) < 0 ||
+	    (rc = run_prologue(rt, stream, ws, err)) < 0)
+		goto out;
 	if (rt->launch_ms && !rt->ev[0] && cu->cuEventCreate && cu->cuEventRecord &&
 	    cu->cuEventSynchronize && cu->cuEventElapsedTime && cu->cuEventDestroy &&
 	    (cu->cuEventCreate(&rt->ev[0], 0) != 0 || cu->cuEventCreate(&rt->ev[1], 0) != 0)) {
@@ -1157,7 +1617,10 @@ static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 		const rt_kernel *k = &rt->kernels[la->kernel];
 		const Apollo__Kernel *kk = k->pb;
 		for (size_t a = 0; a < la->n_args; a++) {
-			vals[a] = rt->buffers[la->args[a]].dev;
+			const rt_buffer *bf = &rt->buffers[la->args[a]];
+
+			vals[a] = bf->pb->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE
+					  ? ws->dev + bf->pb->offset : bf->dev;
 			pp[a] = &vals[a];
 		}
 		double t0 = rt->launch_ms ? ap_now_ms() : 0;
@@ -1186,9 +1649,16 @@ static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 			goto out;
 		}
 	}
-	if (!stream && (r = cu->cuCtxSynchronize()) != 0)
-		rc = ap_error_set(err, AP_EIO, NULL, NULL, "running the plan failed: %s",
-				  cu_err(cu, r));
+	if (!stream) {
+		if ((r = cu->cuCtxSynchronize()) != 0)
+			rc = ap_error_set(err, AP_EIO, NULL, NULL,
+					  "running the plan failed on the device: %s (reported "
+					  "when waiting for its %zu launches: any of them may have "
+					  "raised it; with profiling on each launch is waited for "
+					  "and named)", cu_err(cu, r), rt->b->n_plan);
+		else
+			rt->legacy_pending = false;   /* the copies are done */
+	}
 out:
 	free(vals);
 	free(pp);
@@ -1337,6 +1807,8 @@ ap_host_tensor *ap_runtime_output(ap_runtime *rt, int index, ap_error *err)
 	if (rt->host) {
 		if (t->nbytes)
 			memcpy(t->data, bf->host, t->nbytes);
+	} else if (bf->zero_pending) {
+		memset(t->data, 0, t->nbytes);   /* no run wrote it yet */
 	} else if (t->nbytes) {
 		CUresult r;
 		rt->cu.cuCtxSetCurrent(rt->ctx);

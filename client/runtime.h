@@ -17,6 +17,57 @@
  * binding, cuLaunchKernel(grid, block, dynamic shared bytes) for every
  * launch, cuCtxSynchronize, cuMemcpyDtoH when reading an output.
  *
+ * The launch contract (GPU targets), checked by ap_runtime_new before
+ * anything is launched -- the blobs' architectures before any module is
+ * loaded, the rest once the modules are loaded and before any buffer is
+ * allocated.  Facts come from cuDeviceGetAttribute and cuFuncGetAttribute
+ * (CUDA driver API reference: CUdevice_attribute, CUfunction_attribute);
+ * a fact the driver does not report is not checked, and a driver without
+ * those calls gets no contract check (the launch then fails as the driver
+ * says).  A bundle that breaks it is refused with AP_EUNSUPPORTED, the
+ * kernel in err->node and a message naming the launch, the limit and both
+ * values:
+ *   - architecture: a cubin (ELF, e_machine EM_CUDA; the SM number read
+ *     from e_flags, bits 0-7 under EI_ABIVERSION 7 as CUDA 12 writes
+ *     sm_50..sm_90a, bits 8-15 under EI_ABIVERSION 8 as CUDA 12 writes
+ *     sm_100 and later and CUDA 13 writes every target) runs only on a
+ *     device of its major architecture at the same or a later minor, an
+ *     "a" target (e_flags, or the kernel's target string) only on its own;
+ *     PTX (".target sm_XY") on any device of compute capability >= X.Y.
+ *     "kernel 'k' is a cubin for sm_90 but device 0 (...) is sm_80".  A
+ *     cubin shorter than an ELF header: AP_EINVAL.  cuModuleLoadData's
+ *     CUDA_ERROR_NO_BINARY_FOR_GPU is AP_EUNSUPPORTED as well;
+ *   - block: each of its 3 dims <= MAX_BLOCK_DIM_X/Y/Z, and x*y*z threads
+ *     <= the device's MAX_THREADS_PER_BLOCK and <= the function's
+ *     CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK (its .maxntid / launch
+ *     bounds, or what its NUM_REGS registers per thread allow);
+ *   - grid: each of its 3 dims <= MAX_GRID_DIM_X/Y/Z (blocks);
+ *   - shared memory: the function's static SHARED_SIZE_BYTES + the
+ *     kernel's dynamic_shared_bytes <= MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+ *     (bytes per block: 232448 on an H100, 166912 on an A100); dynamic
+ *     bytes beyond the function's MAX_DYNAMIC_SHARED_SIZE_BYTES (48 KiB
+ *     less the static bytes by default) are then opted into with
+ *     cuFuncSetAttribute;
+ *   - clusters (sm_90 and later): a bundle carries no cluster dims, the
+ *     kernel's compile-time ones (__cluster_dims__, PTX .reqnctapercluster:
+ *     REQUIRED_CLUSTER_WIDTH/HEIGHT/DEPTH, in blocks) are the launch's.
+ *     They must all be positive, divide the grid dim by dim, hold at most
+ *     8 blocks (16 where NON_PORTABLE_CLUSTER_SIZE_ALLOWED is set), and
+ *     the device must report CLUSTER_LAUNCH; a function with
+ *     CLUSTER_SIZE_MUST_BE_SET but no required dims is refused (cuLaunchKernel
+ *     gives no cluster).
+ *
+ * Streams: every piece of work a run issues is queued on its stream, in
+ * order with its launches -- the zeroing of the workspace and of buffers
+ * the runtime allocated (cuMemsetD8Async, at the first run that uses them:
+ * nothing is zeroed on the legacy stream), and a wait (an event) for the
+ * copies that binding by copy queued on the legacy stream.  The runtime
+ * keeps one workspace per stream it ran on (at most 8), so runs of one
+ * runtime queued on different streams may execute at the same time
+ * without sharing intermediates (see run_gpu in runtime.c for why); what
+ * they share is the memory of inputs, params and outputs: runs that
+ * overlap on the device bind their own (ap_runtime_bind_ptr).
+ *
  * Binding: inputs by position among the graph inputs (Buffer.index) or by
  * name, parameters by name (e.g. every PARAM of an ap_params from
  * ap_onnx_import).  Data is copied at bind time, so the caller's tensor need
@@ -27,7 +78,8 @@
  * plan runs on the caller's CUDA stream (ap_runtime_run_stream).
  *
  * A runtime borrows its bundle: the bundle must outlive it.  One runtime is
- * not thread-safe; several may run at once.
+ * not thread-safe (its calls must not overlap on the host; its runs may
+ * overlap on the device, on different streams); several may run at once.
  */
 #ifndef AP_CLIENT_RUNTIME_H
 #define AP_CLIENT_RUNTIME_H
@@ -58,10 +110,11 @@ typedef struct ap_runtime_options {
  * 0, or AP_EINVAL / AP_ETOOLARGE naming the kernel or buffer. */
 int ap_runtime_check(__ap_keep const ap_bundle *b, ap_error *err);
 
-/* ap_runtime_check, then loads the bundle's kernels and allocates its
- * buffers.  `opt` may be NULL.  Returns NULL with `err`: AP_EINVAL (a
- * malformed bundle, naming the kernel or buffer), AP_EUNSUPPORTED (a target
- * this runtime cannot run, or no CUDA driver / device: the message says
+/* ap_runtime_check, then loads the bundle's kernels, checks the launch
+ * contract (GPU, see above) and allocates its buffers.  `opt` may be NULL.
+ * Returns NULL with `err`: AP_EINVAL (a malformed bundle, naming the kernel
+ * or buffer), AP_EUNSUPPORTED (a target this runtime cannot run, no CUDA
+ * driver / device, or a launch the device cannot run: the message says
  * which), AP_ECOMPILE (dlopen, dlsym or cuModuleLoadData failed),
  * AP_ETOOLARGE, AP_ENOMEM, AP_EIO. */
 __ap_give ap_runtime *ap_runtime_new(__ap_keep const ap_bundle *b,
@@ -146,16 +199,22 @@ int ap_runtime_bind_ptr(ap_runtime *rt, int buffer, void *ptr, uint64_t bytes, a
 /* Runs the plan once.  AP_EINVAL when an INPUT or PARAM buffer was never
  * bound (naming it); AP_ENOMEM when an unbound output cannot be allocated;
  * AP_EIO when a CUDA launch fails.  On a GPU it waits for the launches
- * (cuCtxSynchronize). */
+ * (cuCtxSynchronize), so an error a kernel raises on the device
+ * (asynchronously, e.g. CUDA_ERROR_ILLEGAL_ADDRESS) is reported by this
+ * run (AP_EIO, the driver's name for it); with profiling on, each launch
+ * is waited for and the failing one is named. */
 int ap_runtime_run(ap_runtime *rt, ap_error *err);
 
 /* As ap_runtime_run, but on a GPU the launches are queued on `stream` (a
  * CUstream of the runtime's device's primary context; NULL = the legacy
  * default stream) and the call returns without waiting: the caller orders
- * later work on that stream, as with any CUDA library call.  The runtime's
- * one workspace is reused by every run, so two runs of one runtime must not
- * overlap (same stream, or the caller waits).  The host target ignores
- * `stream` and returns when the plan has run.  Errors as ap_runtime_run. */
+ * later work on that stream, as with any CUDA library call; an error a
+ * kernel raises on the device is reported by the caller's next wait on
+ * that stream (cuStreamSynchronize), not by this call.  Each stream has a
+ * workspace of its own (made and zeroed on that stream at its first run),
+ * so runs on different streams may overlap; AP_EBUSY for a run on a ninth
+ * stream.  The host target ignores `stream` and returns when the plan has
+ * run.  Errors as ap_runtime_run. */
 int ap_runtime_run_stream(ap_runtime *rt, void *stream, ap_error *err);
 
 /* With ap_runtime_options.profile: the milliseconds launch `i` of the plan

@@ -12,6 +12,7 @@
  */
 #include <check.h>
 #include <dlfcn.h>
+#include <elf.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,7 @@
 #include "client/runtime.h"
 #include "client/tool.h"
 #include "proto/apollo.pb-c.h"
+#include "server/backend/backend.h"
 
 #define ROWS 300
 #define COLS 64
@@ -958,7 +960,7 @@ START_TEST(gpu_path_with_fake_driver)
 	b = pack_bundle(&bb);
 	ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
 	ck_assert_int_eq(err.code, AP_ECOMPILE);
-	ck_assert_ptr_nonnull(strstr(err.msg, "fake driver error"));
+	ck_assert_ptr_nonnull(strstr(err.msg, "CUDA_ERROR_INVALID_IMAGE"));
 	ck_assert_int_eq(*allocs, 0);
 	/* No such device. */
 	{
@@ -971,6 +973,820 @@ START_TEST(gpu_path_with_fake_driver)
 	ap_host_tensor_free(x);
 	ap_bundle_free(b);
 	dlclose(drv);
+}
+END_TEST
+
+/* ---- the launch contract, the stand-in's refusals, streams ------------------------- */
+
+/* add_one over 256 floats, as one launch x -> y, or two through an
+ * intermediate, x -> t -> y (y = x + 2 with the stand-in's FAKEPTX). */
+typedef struct gb {
+	Apollo__Bundle b;
+	Apollo__Kernel k, *kp[1];
+	Apollo__KernelParam p0, p1, *pp[2];
+	Apollo__Launch l[2], *lp[2];
+	Apollo__Buffer buf[3], *bp[3];
+	uint32_t grid[3], block[3], args[2][2];
+	int64_t dims[1];
+} gb;
+
+static void gb_init(gb *g, const char *target, const void *blob, size_t len, bool two)
+{
+	Apollo__Bundle bi = APOLLO__BUNDLE__INIT;
+	Apollo__Kernel ki = APOLLO__KERNEL__INIT;
+	Apollo__KernelParam pi = APOLLO__KERNEL_PARAM__INIT;
+	Apollo__Launch li = APOLLO__LAUNCH__INIT;
+	Apollo__Buffer bfi = APOLLO__BUFFER__INIT;
+
+	memset(g, 0, sizeof(*g));
+	g->p0 = pi; g->p1 = pi;
+	g->p0.name = "x"; g->p0.dtype = APOLLO__DATA_TYPE__DT_FLOAT;
+	g->p1.name = "y"; g->p1.dtype = APOLLO__DATA_TYPE__DT_FLOAT; g->p1.written = 1;
+	g->pp[0] = &g->p0; g->pp[1] = &g->p1;
+	g->grid[0] = 2; g->grid[1] = g->grid[2] = 1;
+	g->block[0] = 128; g->block[1] = g->block[2] = 1;
+	g->k = ki;
+	g->k.name = "add_one"; g->k.target = (char *)target;
+	g->k.format = APOLLO__OUTPUT_KIND__OUTPUT_PTX;
+	g->k.blob.data = (uint8_t *)blob; g->k.blob.len = len;
+	g->k.n_grid = 3; g->k.grid = g->grid; g->k.n_block = 3; g->k.block = g->block;
+	g->k.n_params = 2; g->k.params = g->pp;
+	g->kp[0] = &g->k;
+	g->dims[0] = 256;
+	for (int i = 0; i < 3; i++) {
+		g->buf[i] = bfi;
+		g->buf[i].dtype = APOLLO__DATA_TYPE__DT_FLOAT;
+		g->buf[i].n_dims = 1; g->buf[i].dims = g->dims; g->buf[i].bytes = 1024;
+		g->buf[i].index = -1;
+		g->bp[i] = &g->buf[i];
+	}
+	g->buf[0].name = "x"; g->buf[0].kind = APOLLO__BUFFER_KIND__BUF_INPUT; g->buf[0].index = 0;
+	g->buf[1].name = "y"; g->buf[1].kind = APOLLO__BUFFER_KIND__BUF_OUTPUT; g->buf[1].index = 0;
+	g->buf[2].name = "t"; g->buf[2].kind = APOLLO__BUFFER_KIND__BUF_INTERMEDIATE;
+	g->buf[2].offset = 256;
+	for (int l = 0; l < 2; l++) {
+		g->l[l] = li;
+		g->l[l].n_args = 2; g->l[l].args = g->args[l];
+		g->lp[l] = &g->l[l];
+	}
+	g->args[0][0] = 0; g->args[0][1] = two ? 2 : 1;
+	g->args[1][0] = 2; g->args[1][1] = 1;
+	g->b = bi;
+	g->b.target = (char *)target; g->b.format = APOLLO__OUTPUT_KIND__OUTPUT_PTX;
+	g->b.n_kernels = 1; g->b.kernels = g->kp;
+	g->b.n_plan = two ? 2 : 1; g->b.plan = g->lp;
+	g->b.n_buffers = two ? 3 : 2; g->b.buffers = g->bp;
+	g->b.workspace_bytes = two ? 256 + 1024 : 0;
+}
+
+/* The stand-in, loaded by this test and named by $APOLLO_LIBCUDA; NULL
+ * (the test prints why and returns) when it was not built. */
+static void *standin_open(const char *test, const char *device)
+{
+	char buf[600];
+	const char *so = standin_path(buf, sizeof(buf));
+	void *drv;
+
+	if (!so) {
+		printf("%s: SKIPPED: no stand-in driver at %s (make all)\n", test, buf);
+		return NULL;
+	}
+	drv = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+	ck_assert_ptr_nonnull(drv);
+	setenv("APOLLO_LIBCUDA", so, 1);
+	setenv("APOLLO_STANDIN_DEVICE", device, 1);
+	unsetenv("APOLLO_STANDIN_FAULT");
+	return drv;
+}
+
+static void standin_close(void *drv)
+{
+	unsetenv("APOLLO_LIBCUDA");
+	unsetenv("APOLLO_STANDIN_DEVICE");
+	unsetenv("APOLLO_STANDIN_FAULT");
+	dlclose(drv);
+}
+
+static void *sym(void *drv, const char *name)
+{
+	void *p = dlsym(drv, name);
+
+	ck_assert_msg(p != NULL, "the stand-in lacks %s", name);
+	return p;
+}
+
+/* A small cubin laid out as NVRTC lays one out (only what a driver reads
+ * before running it): the ELF header -- e_machine EM_CUDA, the e_flags
+ * layout named by e_ident[EI_ABIVERSION], e_flags -- and the sections of
+ * kernel add_one: .text.add_one, .nv.shared.add_one (its static shared
+ * memory) and .nv.info.add_one (EIATTR_MAX_THREADS 0x05: .maxntid;
+ * EIATTR_PARAM_CBANK 0x0a: 16 bytes of parameters).  The e_flags values
+ * are those of NVRTC's own cubins: CUDA 12.9 writes sm_80 as 0x00500550
+ * and sm_90 as 0x005a055a (EI_ABIVERSION 7), CUDA 13.0 writes them as
+ * 0x06005004 and 0x06005a04 (EI_ABIVERSION 8). */
+static size_t make_cubin(uint8_t *out, size_t cap, int abi, uint32_t flags, uint32_t smem,
+			 uint32_t maxntid)
+{
+	static const char names[] = "\0.shstrtab\0.text.add_one\0.nv.shared.add_one\0.nv.info.add_one";
+	const uint32_t info[] = { 0x000c0504, maxntid, 1, 1, 0x00080a04, 0, 0x00100210 };
+	const size_t strs = 64, infos = (strs + sizeof(names) + 3) & ~(size_t)3,
+		     shoff = (infos + sizeof(info) + 7) & ~(size_t)7;
+	Elf64_Ehdr h;
+	Elf64_Shdr s[5];
+
+	ck_assert_uint_ge(cap, shoff + sizeof(s));
+	memset(out, 0, cap);
+	memset(&h, 0, sizeof(h));
+	memcpy(h.e_ident, ELFMAG, SELFMAG);
+	h.e_ident[EI_CLASS] = ELFCLASS64;
+	h.e_ident[EI_DATA] = ELFDATA2LSB;
+	h.e_ident[EI_VERSION] = EV_CURRENT;
+	h.e_ident[EI_OSABI] = abi == 7 ? 0x33 : 0x41;
+	h.e_ident[EI_ABIVERSION] = (unsigned char)abi;
+	h.e_type = ET_EXEC;
+	h.e_machine = 190;
+	h.e_version = EV_CURRENT;
+	h.e_flags = flags;
+	h.e_ehsize = sizeof(h);
+	h.e_shoff = shoff;
+	h.e_shentsize = sizeof(Elf64_Shdr);
+	h.e_shnum = 5;
+	h.e_shstrndx = 1;
+	memcpy(out, &h, sizeof(h));
+	memcpy(out + strs, names, sizeof(names));
+	memcpy(out + infos, info, sizeof(info));
+	memset(s, 0, sizeof(s));
+	s[1].sh_name = 1; s[1].sh_type = SHT_STRTAB; s[1].sh_offset = strs; s[1].sh_size = sizeof(names);
+	s[2].sh_name = 11; s[2].sh_type = SHT_PROGBITS; s[2].sh_offset = infos;
+	s[3].sh_name = 25; s[3].sh_type = SHT_NOBITS; s[3].sh_offset = infos; s[3].sh_size = smem;
+	s[4].sh_name = 44; s[4].sh_type = SHT_LOPROC; s[4].sh_offset = infos; s[4].sh_size = sizeof(info);
+	memcpy(out + shoff, s, sizeof(s));
+	return shoff + sizeof(s);
+}
+
+/* The architecture check: a cubin runs on its own major architecture at
+ * the same or a later minor, so an sm_90 cubin is refused on the A100
+ * profile (sm_80) and an sm_80 one on the H100 profile (sm_90), before
+ * anything is loaded or launched, in both e_flags layouts; the stand-in
+ * refuses the same with CUDA_ERROR_NO_BINARY_FOR_GPU when asked itself. */
+START_TEST(contract_cubin_architecture)
+{
+	static const struct { int abi; uint32_t sm80, sm90; } layouts[] = {
+		{ 7, 0x00500550, 0x005a055a },   /* NVRTC 12.9 */
+		{ 8, 0x06005004, 0x06005a04 },   /* NVRTC 13.0 */
+	};
+	uint8_t cubin[1024];
+	void *drv = standin_open("contract_cubin_architecture", "a100");
+	int *modules, *launches, *allocs;
+	int (*init)(unsigned), (*load)(void **, const void *);
+	ap_runtime *rt;
+	ap_bundle *b;
+	ap_error err;
+	size_t n;
+	gb g;
+
+	if (!drv)
+		return;
+	modules = sym(drv, "fake_modules");
+	launches = sym(drv, "fake_launches");
+	allocs = sym(drv, "fake_allocs");
+	*(void **)&init = sym(drv, "cuInit");
+	*(void **)&load = sym(drv, "cuModuleLoadData");
+	for (int i = 0; i < 2; i++) {
+		/* sm_90 on the A100: refused naming both, nothing loaded */
+		n = make_cubin(cubin, sizeof(cubin), layouts[i].abi, layouts[i].sm90, 0, 1024);
+		gb_init(&g, "sm_90", cubin, n, false);
+		b = pack_bundle(&g.b);
+		setenv("APOLLO_STANDIN_DEVICE", "a100", 1);
+		ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
+		ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+		ck_assert_str_eq(err.node, "add_one");
+		ck_assert_msg(strstr(err.msg, "cubin for sm_90") && strstr(err.msg, "is sm_80"), "%s",
+			      err.msg);
+		ck_assert_int_eq(*modules, 0);
+		ck_assert_int_eq(*launches, i);
+		ck_assert_int_eq(*allocs, 0);
+		/* the stand-in alone refuses it as libcuda does */
+		{
+			void *m = NULL;
+
+			ck_assert_int_eq(init(0), 0);
+			ck_assert_int_eq(load(&m, cubin), 209);   /* CUDA_ERROR_NO_BINARY_FOR_GPU */
+		}
+		/* ... and runs it on the H100 */
+		setenv("APOLLO_STANDIN_DEVICE", "h100", 1);
+		rt = ap_runtime_new(b, NULL, &err);
+		ck_assert_msg(rt != NULL, "%s", err.msg);
+		ck_assert_int_eq(*modules, 1);
+		ap_runtime_free(rt);
+		ap_bundle_free(b);
+
+		/* sm_80 on the H100: another major, refused; on the A100 it runs */
+		n = make_cubin(cubin, sizeof(cubin), layouts[i].abi, layouts[i].sm80, 0, 1024);
+		gb_init(&g, "sm_80", cubin, n, false);
+		b = pack_bundle(&g.b);
+		ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
+		ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+		ck_assert_msg(strstr(err.msg, "cubin for sm_80") && strstr(err.msg, "is sm_90"), "%s",
+			      err.msg);
+		setenv("APOLLO_STANDIN_DEVICE", "a100", 1);
+		rt = ap_runtime_new(b, NULL, &err);
+		ck_assert_msg(rt != NULL, "%s", err.msg);
+		ck_assert_int_eq(ap_runtime_bind_zeros(rt, &err), 0);
+		ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
+		ck_assert_int_eq(*launches, i + 1);
+		ap_runtime_free(rt);
+		ap_bundle_free(b);
+	}
+	/* the kernel's target string marks an 'a' cubin that e_flags do not
+	 * (CUDA 13.0 writes sm_90a as sm_90): runs on sm_90 only */
+	n = make_cubin(cubin, sizeof(cubin), 8, 0x06005a04, 0, 1024);
+	gb_init(&g, "sm_90a", cubin, n, false);
+	b = pack_bundle(&g.b);
+	setenv("APOLLO_STANDIN_DEVICE", "h100", 1);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	ap_runtime_free(rt);
+	ap_bundle_free(b);
+	/* a truncated ELF is no cubin */
+	gb_init(&g, "sm_90", "\177ELF\2\1\1", 7, false);
+	b = pack_bundle(&g.b);
+	ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
+	ck_assert_int_eq(err.code, AP_EINVAL);
+	ap_bundle_free(b);
+	ck_assert_int_eq(*allocs, 0);
+	standin_close(drv);
+}
+END_TEST
+
+/* Real cubins from NVRTC (skipped without it): the architecture the
+ * installed CUDA writes into e_flags is the one the runtime reads, and the
+ * stand-in finds the kernel, its .maxntid (launch bounds) and its static
+ * shared memory in them. */
+START_TEST(contract_nvrtc_cubins)
+{
+	static const char src[] =
+		"extern \"C\" __global__ void __launch_bounds__(128) add_one(const float *x, float *y)\n"
+		"{\n"
+		"	__shared__ float s[128];\n"
+		"	unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+		"	s[threadIdx.x] = x[i];\n"
+		"	__syncthreads();\n"
+		"	y[i] = s[127 - threadIdx.x] + 1.0f;\n"
+		"}\n";
+	void *drv;
+	uint8_t *c80 = NULL, *c90 = NULL;
+	size_t n80 = 0, n90 = 0;
+	int *launches;
+	ap_runtime *rt;
+	ap_bundle *b;
+	ap_error err;
+	gb g;
+
+	if (ap_nvrtc_load(&err) != 0) {
+		printf("contract_nvrtc_cubins: SKIPPED: NVRTC cannot be loaded: %s\n", err.msg);
+		return;
+	}
+	if (!(drv = standin_open("contract_nvrtc_cubins", "a100")))
+		return;
+	launches = sym(drv, "fake_launches");
+	ck_assert_msg(ap_nvrtc_compile(src, "add_one", "sm_80", true, &c80, &n80, &err) == 0, "%s",
+		      err.msg);
+	ck_assert_msg(ap_nvrtc_compile(src, "add_one", "sm_90", true, &c90, &n90, &err) == 0, "%s",
+		      err.msg);
+	printf("contract_nvrtc_cubins: NVRTC %s: sm_80 e_flags 0x%08x (EI_ABIVERSION %d), "
+	       "sm_90 e_flags 0x%08x (EI_ABIVERSION %d)\n", ap_nvrtc_version(),
+	       *(uint32_t *)(c80 + 48), c80[8], *(uint32_t *)(c90 + 48), c90[8]);
+	gb_init(&g, "sm_90", c90, n90, false);
+	b = pack_bundle(&g.b);
+	ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
+	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+	ck_assert_msg(strstr(err.msg, "cubin for sm_90") && strstr(err.msg, "is sm_80"), "%s", err.msg);
+	ap_bundle_free(b);
+
+	gb_init(&g, "sm_80", c80, n80, false);
+	b = pack_bundle(&g.b);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_runtime_bind_zeros(rt, &err), 0);
+	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(*launches, 1);
+	ap_runtime_free(rt);
+	ap_bundle_free(b);
+	/* 256 threads against __launch_bounds__(128): refused, nothing launched */
+	g.block[0] = 256;
+	g.grid[0] = 1;
+	b = pack_bundle(&g.b);
+	ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
+	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+	ck_assert_msg(strstr(err.msg, "256 threads") && strstr(err.msg, "limit of 128"), "%s", err.msg);
+	ck_assert_int_eq(*launches, 1);
+	ap_bundle_free(b);
+	free(c80);
+	free(c90);
+	standin_close(drv);
+}
+END_TEST
+
+/* PTX for the contract's cases: add_one's parameters, then `dirs` (the
+ * entry's directives) and `decl` (a declaration in its body). */
+static char *ptx_kernel(const char *target, const char *dirs, const char *decl)
+{
+	char *s = NULL;
+
+	ck_assert_int_ge(asprintf(&s,
+				  ".version 8.0\n.target %s\n.address_size 64\n\n"
+				  ".visible .entry add_one(\n"
+				  "	.param .u64 add_one_param_0,\n"
+				  "	.param .u64 add_one_param_1\n"
+				  ")\n%s{\n%s	ret;\n}\n",
+				  target, dirs, decl), 0);
+	return s;
+}
+
+/* Shared memory: static + dynamic beyond the device's opt-in limit is
+ * refused naming the kernel, the limit and both sizes; within it the
+ * runtime opts in; the stand-in refuses the attribute beyond the limit. */
+START_TEST(contract_shared_memory)
+{
+	void *drv = standin_open("contract_shared_memory", "a100");
+	char *ptx = ptx_kernel("sm_80", "", "	.shared .align 16 .b8 tile[4096];\n");
+	int *smem_attr, *launches;
+	int (*get_fn)(void **, void *, const char *), (*load)(void **, const void *);
+	int (*set_attr)(void *, int, int), (*get_attr)(int *, int, void *), (*init)(unsigned);
+	ap_runtime *rt;
+	ap_bundle *b;
+	ap_error err;
+	gb g;
+
+	if (!drv)
+		goto out;
+	smem_attr = sym(drv, "fake_smem_attr");
+	launches = sym(drv, "fake_launches");
+	gb_init(&g, "sm_80", ptx, strlen(ptx), false);
+	g.k.dynamic_shared_bytes = 160 * 1024;   /* + 4096 static > 163 KiB */
+	b = pack_bundle(&g.b);
+	ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
+	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+	ck_assert_str_eq(err.node, "add_one");
+	ck_assert_msg(strstr(err.msg, "163840 bytes of dynamic + 4096 of static") &&
+		      strstr(err.msg, "opt-in limit of 166912 bytes"), "%s", err.msg);
+	ck_assert_int_eq(*launches, 0);
+	ap_bundle_free(b);
+	/* within it: opted in to exactly what the launch asks */
+	g.k.dynamic_shared_bytes = 160 * 1024 - 4096;
+	g.k.digest.len = 0;
+	b = pack_bundle(&g.b);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	ck_assert_int_eq(*smem_attr, 160 * 1024 - 4096);
+	ck_assert_int_eq(ap_runtime_bind_zeros(rt, &err), 0);
+	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
+	ap_runtime_free(rt);
+	ap_bundle_free(b);
+	/* the H100 has 227 KiB */
+	setenv("APOLLO_STANDIN_DEVICE", "h100", 1);
+	g.k.dynamic_shared_bytes = 200 * 1024;
+	g.k.digest.len = 0;
+	g.k.blob.data = (uint8_t *)ptx_kernel("sm_90", "", "	.shared .align 16 .b8 tile[4096];\n");
+	g.k.blob.len = strlen((char *)g.k.blob.data);
+	b = pack_bundle(&g.b);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	ap_runtime_free(rt);
+	ap_bundle_free(b);
+	/* the stand-in itself: the attribute beyond 232448 - 4096 fails, and a
+	 * launch beyond the function's limit is CUDA_ERROR_INVALID_VALUE */
+	*(void **)&init = sym(drv, "cuInit");
+	*(void **)&load = sym(drv, "cuModuleLoadData");
+	*(void **)&get_fn = sym(drv, "cuModuleGetFunction");
+	*(void **)&set_attr = sym(drv, "cuFuncSetAttribute");
+	*(void **)&get_attr = sym(drv, "cuFuncGetAttribute");
+	{
+		void *m, *f;
+		int v = 0;
+		int (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+			      unsigned, void *, void **, void **);
+		unsigned long long a = 0, c = 0;
+		void *params[2] = { &a, &c };
+
+		*(void **)&launch = sym(drv, "cuLaunchKernel");
+		ck_assert_int_eq(init(0), 0);
+		ck_assert_int_eq(load(&m, g.k.blob.data), 0);
+		ck_assert_int_eq(get_fn(&f, m, "add_one"), 0);
+		ck_assert_int_eq(get_attr(&v, 1, f), 0);   /* SHARED_SIZE_BYTES */
+		ck_assert_int_eq(v, 4096);
+		ck_assert_int_eq(get_attr(&v, 8, f), 0);   /* MAX_DYNAMIC_SHARED_SIZE_BYTES */
+		ck_assert_int_eq(v, 48 * 1024 - 4096);
+		ck_assert_int_eq(launch(f, 1, 1, 1, 32, 1, 1, 48 * 1024, NULL, params, NULL), 1);
+		ck_assert_int_eq(set_attr(f, 8, 232448 - 4096 + 1), 1);   /* CUDA_ERROR_INVALID_VALUE */
+		ck_assert_int_eq(set_attr(f, 8, 232448 - 4096), 0);
+		ck_assert_int_eq(launch(f, 1, 1, 1, 32, 1, 1, 48 * 1024, NULL, params, NULL), 0);
+	}
+	free(g.k.blob.data);
+out:
+	free(ptx);
+	if (drv)
+		standin_close(drv);
+}
+END_TEST
+
+/* Threads per block beyond the function's .maxntid, and the grid beyond the
+ * device's: refused before anything runs; the stand-in's launch fails with
+ * CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES / CUDA_ERROR_INVALID_VALUE. */
+START_TEST(contract_block_and_grid)
+{
+	void *drv = standin_open("contract_block_and_grid", "h100");
+	char *ptx = ptx_kernel("sm_90", ".maxntid 128, 1, 1\n", "");
+	int *launches;
+	ap_runtime *rt;
+	ap_bundle *b;
+	ap_error err;
+	gb g;
+
+	if (!drv)
+		goto out;
+	launches = sym(drv, "fake_launches");
+	gb_init(&g, "sm_90", ptx, strlen(ptx), false);
+	g.block[0] = 256;
+	g.grid[0] = 1;
+	b = pack_bundle(&g.b);
+	ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
+	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+	ck_assert_str_eq(err.node, "add_one");
+	ck_assert_msg(strstr(err.msg, "block 256x1x1 = 256 threads") &&
+		      strstr(err.msg, "limit of 128 threads per block"), "%s", err.msg);
+	ap_bundle_free(b);
+	/* 128 x 2 fits */
+	g.block[0] = 128;
+	g.grid[0] = 2;
+	g.k.digest.len = 0;
+	b = pack_bundle(&g.b);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_runtime_bind_zeros(rt, &err), 0);
+	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(*launches, 1);
+	ap_runtime_free(rt);
+	ap_bundle_free(b);
+	/* a grid y of 65536: beyond the device's 65535 */
+	g.grid[1] = 65536;
+	g.k.digest.len = 0;
+	b = pack_bundle(&g.b);
+	ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
+	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+	ck_assert_msg(strstr(err.msg, "grid 2x65536x1") && strstr(err.msg, "2147483647x65535x65535"),
+		      "%s", err.msg);
+	ap_bundle_free(b);
+	/* what the stand-in does when asked anyway */
+	{
+		int (*init)(unsigned), (*load)(void **, const void *);
+		int (*get_fn)(void **, void *, const char *), (*get_attr)(int *, int, void *);
+		int (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+			      unsigned, void *, void **, void **);
+		unsigned long long a = 0, c = 0;
+		void *params[2] = { &a, &c }, *m, *f;
+		int v = 0;
+
+		*(void **)&init = sym(drv, "cuInit");
+		*(void **)&load = sym(drv, "cuModuleLoadData");
+		*(void **)&get_fn = sym(drv, "cuModuleGetFunction");
+		*(void **)&get_attr = sym(drv, "cuFuncGetAttribute");
+		*(void **)&launch = sym(drv, "cuLaunchKernel");
+		ck_assert_int_eq(init(0), 0);
+		ck_assert_int_eq(load(&m, ptx), 0);
+		ck_assert_int_eq(get_fn(&f, m, "add_one"), 0);
+		ck_assert_int_eq(get_attr(&v, 0, f), 0);
+		ck_assert_int_eq(v, 128);
+		ck_assert_int_eq(launch(f, 1, 1, 1, 256, 1, 1, 0, NULL, params, NULL), 701);
+		ck_assert_int_eq(launch(f, 1, 1, 1, 2048, 1, 1, 0, NULL, params, NULL), 1);
+		ck_assert_int_eq(launch(f, 1, 65536, 1, 32, 1, 1, 0, NULL, params, NULL), 1);
+		ck_assert_int_eq(launch(f, 1, 1, 1, 128, 1, 1, 0, NULL, params, NULL), 0);
+	}
+	/* PTX for a newer target than the device: refused naming both, and by
+	 * the stand-in with CUDA_ERROR_INVALID_PTX */
+	setenv("APOLLO_STANDIN_DEVICE", "a100", 1);
+	g.grid[1] = 1;
+	g.k.digest.len = 0;
+	b = pack_bundle(&g.b);
+	ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
+	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+	ck_assert_msg(strstr(err.msg, "PTX for .target sm_90") && strstr(err.msg, "is sm_80"), "%s",
+		      err.msg);
+	ap_bundle_free(b);
+	{
+		int (*init)(unsigned), (*load)(void **, const void *);
+		void *m;
+
+		*(void **)&init = sym(drv, "cuInit");
+		*(void **)&load = sym(drv, "cuModuleLoadData");
+		ck_assert_int_eq(init(0), 0);
+		ck_assert_int_eq(load(&m, ptx), 218);
+	}
+out:
+	free(ptx);
+	if (drv)
+		standin_close(drv);
+}
+END_TEST
+
+/* Thread-block clusters (sm_90): a grid that the kernel's required
+ * cluster does not divide, a cluster beyond 8 blocks, a device without
+ * clusters: refused; the stand-in's launch: CUDA_ERROR_INVALID_CLUSTER_SIZE. */
+START_TEST(contract_clusters)
+{
+	void *drv = standin_open("contract_clusters", "h100");
+	char *ptx = ptx_kernel("sm_90", ".maxntid 128, 1, 1\n.explicitcluster\n.reqnctapercluster 2, 1, 1\n", "");
+	char *big = ptx_kernel("sm_90", ".explicitcluster\n.reqnctapercluster 16, 1, 1\n", "");
+	int *launches;
+	ap_runtime *rt;
+	ap_bundle *b;
+	ap_error err;
+	gb g;
+
+	if (!drv)
+		goto out;
+	launches = sym(drv, "fake_launches");
+	gb_init(&g, "sm_90", ptx, strlen(ptx), false);
+	g.grid[0] = 3;
+	b = pack_bundle(&g.b);
+	ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
+	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+	ck_assert_str_eq(err.node, "add_one");
+	ck_assert_msg(strstr(err.msg, "grid 3x1x1 is not a multiple of its required cluster 2x1x1"),
+		      "%s", err.msg);
+	ap_bundle_free(b);
+	g.grid[0] = 4;
+	g.k.digest.len = 0;
+	b = pack_bundle(&g.b);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_runtime_bind_zeros(rt, &err), 0);
+	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(*launches, 1);
+	ap_runtime_free(rt);
+	ap_bundle_free(b);
+	/* 16 blocks: beyond the portable 8 */
+	g.grid[0] = 16;
+	g.k.blob.data = (uint8_t *)big;
+	g.k.blob.len = strlen(big);
+	g.k.digest.len = 0;
+	b = pack_bundle(&g.b);
+	ck_assert_ptr_null(ap_runtime_new(b, NULL, &err));
+	ck_assert_msg(strstr(err.msg, "cluster 16x1x1 of 16 blocks exceeds the limit of 8"), "%s",
+		      err.msg);
+	ap_bundle_free(b);
+	{
+		int (*init)(unsigned), (*load)(void **, const void *);
+		int (*get_fn)(void **, void *, const char *), (*set_attr)(void *, int, int);
+		int (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+			      unsigned, void *, void **, void **);
+		unsigned long long a = 0, c = 0;
+		void *params[2] = { &a, &c }, *m, *f;
+
+		*(void **)&init = sym(drv, "cuInit");
+		*(void **)&load = sym(drv, "cuModuleLoadData");
+		*(void **)&get_fn = sym(drv, "cuModuleGetFunction");
+		*(void **)&set_attr = sym(drv, "cuFuncSetAttribute");
+		*(void **)&launch = sym(drv, "cuLaunchKernel");
+		ck_assert_int_eq(init(0), 0);
+		ck_assert_int_eq(load(&m, ptx), 0);
+		ck_assert_int_eq(get_fn(&f, m, "add_one"), 0);
+		ck_assert_int_eq(launch(f, 3, 1, 1, 128, 1, 1, 0, NULL, params, NULL), 912);
+		ck_assert_int_eq(launch(f, 4, 1, 1, 128, 1, 1, 0, NULL, params, NULL), 0);
+		ck_assert_int_eq(load(&m, big), 0);
+		ck_assert_int_eq(get_fn(&f, m, "add_one"), 0);
+		ck_assert_int_eq(launch(f, 16, 1, 1, 32, 1, 1, 0, NULL, params, NULL), 912);
+		ck_assert_int_eq(set_attr(f, 14, 1), 0);   /* NON_PORTABLE_CLUSTER_SIZE_ALLOWED */
+		ck_assert_int_eq(launch(f, 16, 1, 1, 32, 1, 1, 0, NULL, params, NULL), 0);
+	}
+out:
+	free(ptx);
+	free(big);
+	if (drv)
+		standin_close(drv);
+}
+END_TEST
+
+/* An error a kernel raises on the device (asynchronous: the launch itself
+ * succeeds) is reported by the run that launched it -- ap_runtime_run
+ * waits -- and, with profiling, names its launch; a run on the caller's
+ * stream returns at once, and the caller's wait on that stream reports it. */
+START_TEST(async_fault_reported_by_its_run)
+{
+	static const char image[] = "FAKEPTX kernels: add_one";
+	void *drv = standin_open("async_fault_reported_by_its_run", "h100");
+	int *launches, *faults;
+	void (*reset)(void);
+	int (*stream_sync)(void *);
+	char at[16];
+	ap_host_tensor *x, *y;
+	ap_runtime *rt;
+	ap_bundle *b;
+	ap_error err;
+	gb g;
+
+	if (!drv)
+		return;
+	launches = sym(drv, "fake_launches");
+	faults = sym(drv, "fake_faults");
+	*(void **)&reset = sym(drv, "fake_reset_fault");
+	*(void **)&stream_sync = sym(drv, "cuStreamSynchronize");
+	gb_init(&g, "sm_90", image, strlen(image), true);
+	b = pack_bundle(&g.b);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	x = make_f32("x", 1, 256, 0, 1.0f);
+	ck_assert_int_eq(ap_runtime_bind_input(rt, 0, x, &err), 0);
+	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);   /* run 1: fine */
+	ck_assert_int_eq(*launches, 2);
+	/* run 2: its second launch faults */
+	snprintf(at, sizeof(at), "%d", *launches + 2);
+	setenv("APOLLO_STANDIN_FAULT", at, 1);
+	ck_assert_int_eq(ap_runtime_run(rt, &err), AP_EIO);
+	ck_assert_int_eq(*faults, 1);
+	ck_assert_int_eq(*launches, 4);
+	ck_assert_msg(strstr(err.msg, "CUDA_ERROR_ILLEGAL_ADDRESS") &&
+		      strstr(err.msg, "running the plan failed"), "%s", err.msg);
+	unsetenv("APOLLO_STANDIN_FAULT");
+	reset();
+	/* run 3, after the fault is gone: fine again, right values */
+	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
+	y = ap_runtime_output(rt, 0, &err);
+	ck_assert_ptr_nonnull(y);
+	for (int i = 0; i < 256; i++)
+		ck_assert(fabsf(((float *)y->data)[i] - (((float *)x->data)[i] + 2.0f)) < 1e-5f);
+	ap_host_tensor_free(y);
+	/* on the caller's stream: the run cannot know; the stream's wait does */
+	snprintf(at, sizeof(at), "%d", *launches + 1);
+	setenv("APOLLO_STANDIN_FAULT", at, 1);
+	ck_assert_int_eq(ap_runtime_run_stream(rt, (void *)0x42, &err), 0);
+	ck_assert_int_eq(stream_sync((void *)0x42), 700);
+	unsetenv("APOLLO_STANDIN_FAULT");
+	reset();
+	ap_runtime_free(rt);
+	/* with profiling every launch is waited for: the error names launch 1 */
+	{
+		ap_runtime_options po = { .profile = true };
+
+		rt = ap_runtime_new(b, &po, &err);
+		ck_assert_msg(rt != NULL, "%s", err.msg);
+		ck_assert_int_eq(ap_runtime_bind_input(rt, 0, x, &err), 0);
+		snprintf(at, sizeof(at), "%d", *launches + 2);
+		setenv("APOLLO_STANDIN_FAULT", at, 1);
+		ck_assert_int_eq(ap_runtime_run(rt, &err), AP_EIO);
+		ck_assert_msg(strstr(err.msg, "launch 1 of kernel 'add_one' failed") &&
+			      strstr(err.msg, "CUDA_ERROR_ILLEGAL_ADDRESS"), "%s", err.msg);
+		unsetenv("APOLLO_STANDIN_FAULT");
+		reset();
+		ap_runtime_free(rt);
+	}
+	ap_host_tensor_free(x);
+	ap_bundle_free(b);
+	standin_close(drv);
+}
+END_TEST
+
+typedef struct fake_launch_view {   /* tests/cuda_standin.c's fake_launch */
+	char kernel[128];
+	unsigned grid[3], block[3], smem;
+	void *stream;
+	int n_params;
+	unsigned long long params[64];
+} fake_launch_view;
+
+typedef struct fake_memop {
+	char op;
+	unsigned long long ptr;
+	size_t bytes;
+	void *stream;
+	int seq;
+} fake_memop;
+
+/* Every piece of work a run issues is queued on its stream, in order with
+ * its launches: the workspace and the unbound output are zeroed with
+ * cuMemsetD8Async on the caller's stream before the first launch (nothing
+ * with cuMemsetD8 on the legacy stream, nothing at ap_runtime_new), and
+ * the copy that bound x (legacy stream) is waited for on that stream. */
+START_TEST(memsets_on_the_launch_stream)
+{
+	static const char image[] = "FAKEPTX kernels: add_one";
+	void *drv = standin_open("memsets_on_the_launch_stream", "h100");
+	int *mem_n, *sync_memsets, *log_n, *launch_seq;
+	fake_memop *mem;
+	ap_host_tensor *x, *y;
+	ap_runtime *rt;
+	ap_bundle *b;
+	ap_error err;
+	void *const st = (void *)0x77;
+	int first_launch, m0, async = 0;
+	gb g;
+
+	if (!drv)
+		return;
+	mem_n = sym(drv, "fake_mem_n");
+	mem = sym(drv, "fake_mem_log");
+	sync_memsets = sym(drv, "fake_sync_memsets");
+	log_n = sym(drv, "fake_log_n");
+	launch_seq = sym(drv, "fake_launch_seq");
+	gb_init(&g, "sm_90", image, strlen(image), true);
+	b = pack_bundle(&g.b);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	ck_assert_int_eq(*mem_n, 0);                    /* nothing queued yet */
+	x = make_f32("x", 1, 256, 0, 1.0f);
+	ck_assert_int_eq(ap_runtime_bind_input(rt, 0, x, &err), 0);   /* a copy: 'H' */
+	m0 = *mem_n;
+	ck_assert_int_eq(m0, 1);
+	ck_assert_int_eq(ap_runtime_run_stream(rt, st, &err), 0);
+	ck_assert_int_eq(*log_n, 2);
+	first_launch = launch_seq[0];
+	/* the copy marked on the legacy stream ('R'), waited for on st ('W'),
+	 * then the workspace and y zeroed on st ('A'), all before launch 0 */
+	ck_assert_int_eq(*mem_n - m0, 4);
+	ck_assert_int_eq(mem[m0].op, 'R');
+	ck_assert_ptr_null(mem[m0].stream);
+	ck_assert_int_eq(mem[m0 + 1].op, 'W');
+	for (int i = m0 + 1; i < *mem_n; i++) {
+		const fake_memop *o = &mem[i];
+
+		ck_assert_msg(o->stream == st, "memory operation '%c' on stream %p", o->op, o->stream);
+		ck_assert_msg(o->seq < first_launch, "'%c' after the first launch", o->op);
+		async += o->op == 'A';
+	}
+	ck_assert_int_eq(async, 2);                     /* the workspace and y */
+	ck_assert_int_eq(*sync_memsets, 0);
+	y = ap_runtime_output(rt, 0, &err);
+	ck_assert_ptr_nonnull(y);
+	ck_assert(fabsf(((float *)y->data)[7] - (((float *)x->data)[7] + 2.0f)) < 1e-5f);
+	ap_host_tensor_free(y);
+	/* a second run: zeroed once, nothing more queued before its launches */
+	m0 = *mem_n;
+	ck_assert_int_eq(ap_runtime_run_stream(rt, st, &err), 0);
+	for (int i = m0; i < *mem_n; i++)
+		ck_assert_int_ne(mem[i].op, 'A');
+	ck_assert_int_eq(*sync_memsets, 0);
+	ap_runtime_free(rt);
+	ap_host_tensor_free(x);
+	ap_bundle_free(b);
+	standin_close(drv);
+}
+END_TEST
+
+/* One workspace per stream: runs on two streams get two workspaces (the
+ * second zeroed on its own stream), a stream keeps its own across runs,
+ * and a ninth stream is refused with AP_EBUSY. */
+START_TEST(workspace_per_stream)
+{
+	static const char image[] = "FAKEPTX kernels: add_one";
+	void *drv = standin_open("workspace_per_stream", "h100");
+	int *allocs, *log_n, *mem_n;
+	fake_launch_view *log;
+	fake_memop *mem;
+	ap_runtime *rt;
+	ap_bundle *b;
+	ap_error err;
+	unsigned long long t_a, t_b;
+	gb g;
+
+	if (!drv)
+		return;
+	allocs = sym(drv, "fake_allocs");
+	log_n = sym(drv, "fake_log_n");
+	log = sym(drv, "fake_log");
+	mem_n = sym(drv, "fake_mem_n");
+	mem = sym(drv, "fake_mem_log");
+	gb_init(&g, "sm_90", image, strlen(image), true);
+	b = pack_bundle(&g.b);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_runtime_bind_zeros(rt, &err), 0);
+	ck_assert_int_eq(*allocs, 3);                   /* one workspace, x, y */
+	ck_assert_int_eq(ap_runtime_run_stream(rt, (void *)0xA, &err), 0);
+	ck_assert_int_eq(*allocs, 3);                   /* stream A took it */
+	t_a = log[0].params[1];                         /* t, written by launch 0 */
+	ck_assert_int_eq(ap_runtime_run_stream(rt, (void *)0xB, &err), 0);
+	ck_assert_int_eq(*allocs, 4);                   /* stream B: its own */
+	t_b = log[2].params[1];
+	ck_assert(t_a != t_b);
+	ck_assert_ptr_eq(log[2].stream, (void *)0xB);
+	ck_assert_int_eq(mem[*mem_n - 1].op, 'A');      /* B's workspace zeroed on B */
+	ck_assert_ptr_eq(mem[*mem_n - 1].stream, (void *)0xB);
+	ck_assert_uint_eq(mem[*mem_n - 1].bytes, 256 + 1024);
+	ck_assert_int_eq(ap_runtime_run_stream(rt, (void *)0xA, &err), 0);
+	ck_assert_int_eq(*log_n, 6);
+	ck_assert(log[4].params[1] == t_a);             /* A keeps its own */
+	ck_assert_int_eq(*allocs, 4);
+	for (int s = 0; s < 6; s++)                     /* 8 streams in all */
+		ck_assert_int_eq(ap_runtime_run_stream(rt, (void *)(uintptr_t)(0x100 + s), &err), 0);
+	ck_assert_int_eq(*allocs, 10);
+	ck_assert_int_eq(ap_runtime_run_stream(rt, (void *)0x999, &err), AP_EBUSY);
+	ck_assert_msg(strstr(err.msg, "each of 8 streams"), "%s", err.msg);
+	ck_assert_int_eq(ap_runtime_run_stream(rt, (void *)0xB, &err), 0);   /* the old ones run on */
+	ap_runtime_free(rt);
+	ck_assert_int_eq(*allocs, 0);
+	ap_bundle_free(b);
+	standin_close(drv);
 }
 END_TEST
 
@@ -1010,6 +1826,14 @@ static Suite *runtime_suite(void)
 	tcase_add_test(tc, empty_shapes);
 	tcase_add_test(tc, zero_copy_binding);
 	tcase_add_test(tc, gpu_path_with_fake_driver);
+	tcase_add_test(tc, contract_cubin_architecture);
+	tcase_add_test(tc, contract_nvrtc_cubins);
+	tcase_add_test(tc, contract_shared_memory);
+	tcase_add_test(tc, contract_block_and_grid);
+	tcase_add_test(tc, contract_clusters);
+	tcase_add_test(tc, async_fault_reported_by_its_run);
+	tcase_add_test(tc, memsets_on_the_launch_stream);
+	tcase_add_test(tc, workspace_per_stream);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("gpu");
 	tcase_set_tags(tc, "gpu");
