@@ -90,7 +90,8 @@ static void usage(FILE *f)
 	      "every subcommand takes --socket PATH (default $APOLLO_SOCKET, else\n"
 	      "$XDG_RUNTIME_DIR/apollod.sock, else /tmp/apollod-<uid>/apollod.sock; HOST:PORT for TCP,\n"
 	      "with --token-file FILE (a private file), --token SECRET or $APOLLO_TOKEN) and --daemon-user USER (default $APOLLO_DAEMON_USER:\n"
-	      "a daemon on a Unix socket must run as you, as root or as USER)\n",
+	      "a daemon on a Unix socket must run as you, as root or as USER); GPU targets name the\n"
+	      "device and driver found (--driver-version X.Y: the CUDA version a bundle's driver supports)\n",
 	      f);
 }
 
@@ -122,13 +123,31 @@ static int read_token_file(const char *path, ap_error *e)
 /* GPU targets: names the GPU the bundle will run on (device 0 as the CUDA
  * driver reports it; nothing when no driver loads), so that the daemon
  * applies that device's measured tuning records (apollo.DeviceInfo). */
+static unsigned g_driver;      /* --driver-version, 1000 * major + 10 * minor; 0: the driver's */
+
 static void gpu_device(ap_submit_options *opt, ap_device_info *dev)
 {
 	ap_error e;
 
-	if (opt->target && strcmp(opt->target, "cpu") && strncmp(opt->target, "host:", 5) &&
-	    ap_device_probe(0, dev, &e) == 0)
+	if (!opt->target || !strcmp(opt->target, "cpu") || !strncmp(opt->target, "host:", 5))
+		return;
+	if (ap_device_probe(0, dev, &e) < 0)
+		memset(dev, 0, sizeof(*dev));
+	if (g_driver)   /* the driver the bundle is for, said outright */
+		dev->driver_version = g_driver;
+	if (dev->name[0] || dev->driver_version)
 		opt->device = dev;
+}
+
+/* "12.4" -> 12040 (cuDriverGetVersion's form); 0 when malformed. */
+static unsigned parse_driver(const char *v)
+{
+	unsigned major = 0, minor = 0;
+	char extra;
+
+	if (sscanf(v, "%u.%u%c", &major, &minor, &extra) != 2 || major < 9 || major > 99 || minor > 99)
+		return 0;
+	return major * 1000 + minor * 10;
 }
 
 static int fail(const char *what, const ap_error *e)
@@ -1746,6 +1765,13 @@ int main(int argc, char **argv)
 			g_token = g_token_buf;
 			fprintf(stderr, "apollo-client: warning: --token is visible to other local "
 				"users; use --token-file FILE or $APOLLO_TOKEN\n");
+		} else if (!strcmp(argv[i], "--driver-version")) {
+			if (i + 1 >= argc || !(g_driver = parse_driver(argv[i + 1]))) {
+				free(rest);
+				return usage_error("--driver-version wants the CUDA version the driver "
+						   "supports, e.g. 12.4");
+			}
+			i++;
 		} else if (!strcmp(argv[i], "--token-file")) {
 			ap_error e;
 

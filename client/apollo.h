@@ -246,7 +246,9 @@ typedef struct ap_submit_options {
 					own, for timing (apollo-client tune); 0 = the
 					chosen configurations */
 	const ap_device_info *device; /* GPU targets: where the bundle will run
-					(borrowed); NULL or an empty name = not said */
+					(borrowed); NULL = not said; a name without a
+					driver version, or a driver version alone
+					(--driver-version), is sent as it is */
 	bool host_check;             /* host targets (cpu, host:sm_XX): kernels in the
 					checking mode; the runtime fails a run on a
 					race, a cp.async read before arrival, an

@@ -963,8 +963,8 @@ static ap_bundle *submit(ap_client *c, Apollo__CompileRequest *cr, const ap_subm
 	ap_bundle *b;
 
 	cr->target = (char *)(opt && opt->target && *opt->target ? opt->target : "cpu");
-	if (opt && opt->device && opt->device->name[0]) {
-		dev.name = (char *)opt->device->name;
+	if (opt && opt->device && (opt->device->name[0] || opt->device->driver_version)) {
+		dev.name = opt->device->name[0] ? (char *)opt->device->name : "";
 		dev.sm_count = opt->device->sm_count;
 		dev.cc_major = opt->device->cc_major;
 		dev.cc_minor = opt->device->cc_minor;

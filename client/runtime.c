@@ -95,6 +95,7 @@ typedef struct cuda_api {
 	CUresult (*cuCtxSetCurrent)(CUcontext);
 	CUresult (*cuCtxSynchronize)(void);
 	CUresult (*cuModuleLoadData)(CUmodule *, const void *);
+	CUresult (*cuDriverGetVersion)(int *);       /* optional */
 	CUresult (*cuModuleUnload)(CUmodule);
 	CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
 	CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
@@ -743,6 +744,7 @@ static bool cuda_load(cuda_api *api, char *why, size_t cap)
 			{ offsetof(cuda_api, cuFuncGetAttribute), "cuFuncGetAttribute" },
 			{ offsetof(cuda_api, cuStreamWaitEvent), "cuStreamWaitEvent" },
 			{ offsetof(cuda_api, cuGetErrorName), "cuGetErrorName" },
+			{ offsetof(cuda_api, cuDriverGetVersion), "cuDriverGetVersion" },
 		};
 
 		for (size_t i = 0; i < sizeof(opt) / sizeof(opt[0]); i++) {
@@ -797,6 +799,38 @@ bool ap_runtime_cuda_available(char *why, size_t cap)
  * PTX names it in ".target sm_XY[a|f]".  Returns 1 with *sm (major * 10 +
  * minor), *suffix ('a', 'f' or 0) and *ptx set; 0 when the blob does not
  * say (left to the driver); AP_EINVAL for an ELF too short to be one. */
+/* What a blob is, for a load failure: "PTX ISA 9.0 for .target sm_90" (its
+ * .version and .target lines) or "a cubin of ELF ABI 8 (CUDA 13's NVRTC)
+ * for sm_90" (ABI 7: CUDA 12's); "an unknown blob" otherwise. */
+static void blob_what(const uint8_t *d, size_t n, char *buf, size_t cap)
+{
+	int sm = 0;
+
+	if (n > 20 && !memcmp(d, "\177ELF", 4)) {
+		unsigned abi = d[8];
+		uint32_t flags;
+
+		memcpy(&flags, d + 48, 4);   /* e_flags of a 64-bit ELF */
+		sm = abi >= 8 ? (int)((flags >> 8) & 0xff) : (int)(flags & 0xff);
+		snprintf(buf, cap, "a cubin of ELF ABI %u (CUDA %s's NVRTC) for sm_%d", abi,
+			 abi >= 8 ? "13" : abi == 7 ? "12" : "11 or older", sm);
+		return;
+	}
+	{
+		const char *v = memmem(d, n, ".version ", 9), *t = memmem(d, n, ".target ", 8);
+		int vl = 0, tl = 0;
+
+		while (v && v + 9 + vl < (const char *)d + n && v[9 + vl] != '\n' && vl < 8)
+			vl++;
+		while (t && t + 8 + tl < (const char *)d + n && t[8 + tl] != '\n' && tl < 16)
+			tl++;
+		if (v)
+			snprintf(buf, cap, "PTX ISA %.*s for .target %.*s", vl, v + 9, tl, t ? t + 8 : "?");
+		else
+			snprintf(buf, cap, "an unknown blob of %zu bytes", n);
+	}
+}
+
 static int blob_arch(const uint8_t *d, size_t n, const char *target, const char *kname, int *sm,
 		     char *suffix, bool *ptx, ap_error *err)
 {
@@ -1073,12 +1107,20 @@ static int gpu_setup(ap_runtime *rt, int device, ap_error *err)
 			r = cu->cuModuleLoadData(&rk->cumod, img);
 			free(img);
 			if (r != 0) {
+				char what[96], drv[48] = "a driver that does not say its CUDA version";
+				int v = 0;
+
 				rk->cumod = NULL;
+				blob_what(blob->data, blob->len, what, sizeof(what));
+				if (cu->cuDriverGetVersion && cu->cuDriverGetVersion(&v) == 0 && v > 0)
+					snprintf(drv, sizeof(drv), "a CUDA %d.%d driver", v / 1000,
+						 v % 1000 / 10);
 				return ap_error_set(err, r == AP_CU_ERROR_NO_BINARY_FOR_GPU
 							 ? AP_EUNSUPPORTED : AP_ECOMPILE,
 						    kk->name, NULL,
-						    "cuModuleLoadData for kernel '%s' on device %d (%s): %s",
-						    kk->name, device, rt->dev_facts.name, cu_err(cu, r));
+						    "cuModuleLoadData for kernel '%s' (%s) on device %d (%s), "
+						    "%s: %s", kk->name, what, device, rt->dev_facts.name, drv,
+						    cu_err(cu, r));
 			}
 			rk->cumod_owner = true;
 		}

@@ -293,6 +293,7 @@ typedef struct compile_opts {
 	unsigned tune_variant;
 	const char *device;        /* DeviceInfo.name (with device_sms); NULL = none */
 	unsigned device_sms;
+	unsigned driver;           /* DeviceInfo.driver_version; 0 = not said */
 } compile_opts;
 
 static void send_compile(int fd, uint64_t id, Apollo__Graph *g, const compile_opts *o)
@@ -304,9 +305,10 @@ static void send_compile(int fd, uint64_t id, Apollo__Graph *g, const compile_op
 
 	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
 	req.graph = g;
-	if (o && o->device) {
-		dev.name = (char *)o->device;
+	if (o && (o->device || o->driver)) {
+		dev.name = (char *)(o->device ? o->device : "");
 		dev.sm_count = o->device_sms;
+		dev.driver_version = o->driver;
 		req.device = &dev;
 	}
 	req.target = (char *)(o && o->target ? o->target : "cpu");
@@ -1964,6 +1966,89 @@ START_TEST(untrusted_files_and_secrets)
 }
 END_TEST
 
+/* The cubin's CUDA generation: its ELF header's ABI version byte (7: CUDA
+ * 12's NVRTC, 8: CUDA 13's), 0 when the blob is not an ELF. */
+static int cubin_abi(const Apollo__Kernel *k)
+{
+	const ProtobufCBinaryData *b = &k->blob;
+
+	return b->len > 16 && !memcmp(b->data, "\177ELF", 4) ? b->data[8] : 0;
+}
+
+/* Driver negotiation (issue 23, item 1): a request naming its driver's CUDA
+ * version gets output that driver loads -- the newest NVRTC whose cubins a
+ * driver of that major runs, or whose PTX ISA it knows -- or a clear
+ * refusal naming the driver and the oldest NVRTC here; the driver's major
+ * keeps bundles for two drivers apart in the cache. */
+START_TEST(driver_negotiation)
+{
+	daemon_t d;
+	Apollo__Graph *g = add_relu(1 << 12);
+	compile_opts c13 = { .target = "sm_90", .output = APOLLO__OUTPUT_KIND__OUTPUT_CUBIN,
+			     .driver = 13000 }, c12 = c13, p12 = c13, c11 = c13;
+	Apollo__Envelope *r;
+	const Apollo__Bundle *b;
+	bool has12;
+	int fd;
+
+	c12.driver = 12040;
+	p12.driver = 12040;
+	p12.output = APOLLO__OUTPUT_KIND__OUTPUT_PTX;
+	c11.driver = 11080;
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+	r = compile(fd, 1, g, &c13);
+	if (r->compiled->result_case != APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE) {
+		ck_assert_msg(strstr(r->compiled->error->message, "needs NVRTC"), "%s",
+			      r->compiled->error->message);
+		printf("check_daemon: driver_negotiation: no NVRTC here; refusals only\n");
+		apollo__envelope__free_unpacked(r, NULL);
+		goto out;
+	}
+	b = bundle_ok(r, "sm_90");
+	ck_assert_int_eq(cubin_abi(b->kernels[0]), 8);   /* CUDA 13's NVRTC, for a CUDA 13 driver */
+	ck_assert_uint_eq(b->stats->cache_hit, 0);
+	apollo__envelope__free_unpacked(r, NULL);
+	r = compile(fd, 2, g, &c13);
+	ck_assert_uint_eq(bundle_ok(r, "sm_90")->stats->cache_hit, 1);
+	apollo__envelope__free_unpacked(r, NULL);
+	/* a CUDA 12.4 driver: CUDA 12's NVRTC where the daemon has one (a
+	 * cubin of another generation, under another key), else a refusal */
+	r = compile(fd, 3, g, &c12);
+	has12 = r->compiled->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE;
+	if (has12) {
+		b = bundle_ok(r, "sm_90");
+		ck_assert_int_eq(cubin_abi(b->kernels[0]), 7);
+		ck_assert_uint_eq(b->stats->cache_hit, 0);   /* not the CUDA 13 bundle */
+	} else {
+		Apollo__Error *e = compile_error(r, APOLLO__ERROR_CODE__ERR_UNSUPPORTED);
+
+		ck_assert_msg(strstr(e->message, "supports CUDA 12.4") &&
+			      strstr(e->message, "oldest NVRTC here is 13."), "%s", e->message);
+	}
+	apollo__envelope__free_unpacked(r, NULL);
+	/* PTX needs the NVRTC's own minor or a newer driver: 12.9's PTX is not
+	 * for a 12.4 driver, 13's neither */
+	r = compile(fd, 4, g, &p12);
+	ck_assert_ptr_nonnull(strstr(compile_error(r, APOLLO__ERROR_CODE__ERR_UNSUPPORTED)->message,
+				     "supports CUDA 12.4"));
+	apollo__envelope__free_unpacked(r, NULL);
+	/* no NVRTC here is old enough for CUDA 11 */
+	r = compile(fd, 5, g, &c11);
+	ck_assert_ptr_nonnull(strstr(compile_error(r, APOLLO__ERROR_CODE__ERR_UNSUPPORTED)->message,
+				     "supports CUDA 11.8"));
+	apollo__envelope__free_unpacked(r, NULL);
+	printf("check_daemon: driver_negotiation: CUDA 13 driver: NVRTC 13 cubin; CUDA 12.4: %s\n",
+	       has12 ? "NVRTC 12 cubin" : "refused (no NVRTC 12 here)");
+out:
+	ping_ok(fd, 9);
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
 /* Without NVRTC a GPU target is a clear error and cpu still works. */
 START_TEST(gpu_target_without_nvrtc)
 {
@@ -3307,6 +3392,7 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, decode_memory_bounded);
 	tcase_add_test(tc, foreign_daemon_refused);
 	tcase_add_test(tc, untrusted_files_and_secrets);
+	tcase_add_test(tc, driver_negotiation);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -48,6 +48,13 @@ if ! .venv/bin/python -c "import torch, torchvision, transformers, onnxscript" 2
 	fi
 	$PIP transformers onnxscript || pip_failed "transformers onnxscript"
 fi
+# NVRTC for CUDA 12 beside the system's CUDA 13 (or the wheel of 13): the
+# daemon keeps every major it finds and answers a request from a CUDA 12
+# driver (R525-R570) with CUDA 12 cubins (driver negotiation, backend.h).
+if ! ls .venv/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 >/dev/null 2>&1; then
+	echo "deps: installing nvidia-cuda-nvrtc-cu12 into .venv (NVRTC 12 for CUDA 12 drivers)"
+	$PIP nvidia-cuda-nvrtc-cu12 || echo "deps: nvidia-cuda-nvrtc-cu12 unavailable; CUDA 12 drivers will be refused"
+fi
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 if ! ls "$CUDA_HOME"/lib64/libnvrtc.so.* >/dev/null 2>&1; then
 	if ! ls .venv/lib/python3*/site-packages/nvidia/cu*/lib/libnvrtc.so.* >/dev/null 2>&1 &&

@@ -17,8 +17,23 @@
  * then the loader path.  Idempotent and thread-safe.  Returns 0, or
  * AP_EUNSUPPORTED with `err` saying where it looked. */
 int ap_nvrtc_load(ap_error *err);
-/* "13.0" once loaded, else NULL. */
+/* "13.0" once loaded (the newest NVRTC loaded), else NULL. */
 const char *ap_nvrtc_version(void);
+/* How many NVRTC libraries are loaded (one per CUDA major found: the
+ * system's and the nvidia-cuda-nvrtc wheels side by side), newest first;
+ * index i's version ("12.9"), NULL when there is none. */
+int ap_nvrtc_count(void);
+const char *ap_nvrtc_version_of(int lib);
+/* Driver negotiation: the index of the newest loaded NVRTC whose output a
+ * CUDA driver supporting CUDA `driver` (cuDriverGetVersion: 1000 * major
+ * + 10 * minor; 0 = not said: the newest) can load.  A cubin loads on any
+ * driver of its CUDA major or newer (CUDA's minor version compatibility);
+ * PTX needs a driver of its NVRTC's major.minor or newer (the PTX ISA
+ * version it writes).  Returns the index, or AP_EUNSUPPORTED with `err`
+ * naming the driver's CUDA version and the oldest NVRTC here (or NVRTC's
+ * absence).  Source: CUDA Compatibility guide (minor version
+ * compatibility; PTX JIT). */
+int ap_nvrtc_pick(unsigned driver, bool cubin, ap_error *err);
 /* The directory every compile gets as -I (the first holding cuda_fp16.h of
  * LIB/../include next to the loaded NVRTC, $CUDA_HOME/include, the .venv
  * nvidia wheels' include directories), or NULL when NVRTC is not loaded or
@@ -42,6 +57,13 @@ int ap_nvrtc_compile(const char *src, const char *name, const char *arch, bool c
 int ap_nvrtc_compile_ex(const char *src, const char *name, const char *arch, bool cubin,
 			const char *const *extra, int n_extra, __ap_give uint8_t **out, size_t *out_len,
 			__ap_give char **log, ap_error *err);
+
+/* As ap_nvrtc_compile_ex with NVRTC number `lib` (ap_nvrtc_pick; 0 is the
+ * newest, which the two above use).  AP_EINTERNAL for a number not loaded. */
+int ap_nvrtc_compile_with(int lib, const char *src, const char *name, const char *arch,
+			  bool cubin, const char *const *extra, int n_extra,
+			  __ap_give uint8_t **out, size_t *out_len, __ap_give char **log,
+			  ap_error *err);
 
 /* What ptxas -v said of kernel `name` in an NVRTC log: registers per
  * thread, spill stores and loads (bytes), static shared memory (bytes).

@@ -11,9 +11,12 @@
  *      and grandparent (build/apollod -> the repository), then the current
  *      directory;
  *   4. the dynamic loader's path, majors 13, 12, 11.
- * and resolves the entry points with dlsym.  The outcome (the function
- * table, or the error naming every place looked in) is kept for the life of
- * the process: that table is the only mutable state here, written once.
+ * and resolves the entry points with dlsym.  Every major found is kept
+ * (the first found of each: $CUDA_HOME's before the wheel's), newest
+ * first, so that the daemon can answer a request for an older driver with
+ * an older NVRTC's output (ap_nvrtc_pick).  The outcome (the function
+ * tables, or the error naming every place looked in) is kept for the life
+ * of the process, written once.
  *
  * Headers: NVRTC has the CUDA builtins but not the toolkit's headers, and
  * kernels with float16 / bfloat16 include <cuda_fp16.h> / <cuda_bf16.h>.
@@ -89,7 +92,11 @@ struct nvrtc_api {
 };
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
-static struct nvrtc_api api;             /* written once, under load_once */
+#define MAX_LIBS 4
+static struct nvrtc_api libs[MAX_LIBS];  /* newest first; written once, under load_once */
+static int n_libs;
+static ap_error load_err;                /* why none loaded */
+static struct nvrtc_api cand;            /* the library try_open is looking at */
 static pthread_mutex_t global_locale_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static const char *const majors[] = { "13", "12", "11.2", "11" };
@@ -97,7 +104,7 @@ static const char *const majors[] = { "13", "12", "11.2", "11" };
 /* Resolves every entry point from `lib`; false when one is missing. */
 static bool resolve(void *lib)
 {
-#define SYM(field, name) (*(void **)&api.field = dlsym(lib, name))
+#define SYM(field, name) (*(void **)&cand.field = dlsym(lib, name))
 	SYM(Version, "nvrtcVersion");
 	SYM(GetErrorString, "nvrtcGetErrorString");
 	SYM(CreateProgram, "nvrtcCreateProgram");
@@ -112,9 +119,9 @@ static bool resolve(void *lib)
 	SYM(GetNumSupportedArchs, "nvrtcGetNumSupportedArchs");
 	SYM(GetSupportedArchs, "nvrtcGetSupportedArchs");
 #undef SYM
-	return api.Version && api.GetErrorString && api.CreateProgram && api.DestroyProgram &&
-	       api.CompileProgram && api.GetPTXSize && api.GetPTX && api.GetCUBINSize &&
-	       api.GetCUBIN && api.GetProgramLogSize && api.GetProgramLog;
+	return cand.Version && cand.GetErrorString && cand.CreateProgram && cand.DestroyProgram &&
+	       cand.CompileProgram && cand.GetPTXSize && cand.GetPTX && cand.GetCUBINSize &&
+	       cand.GetCUBIN && cand.GetProgramLogSize && cand.GetProgramLog;
 }
 
 /* dlopens `file` and takes it when it is a usable NVRTC. */
@@ -133,16 +140,34 @@ static bool try_open(const char *file)
 	lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
 	if (!lib)
 		return false;
-	if (!resolve(lib) || api.Version(&major, &minor) != NVRTC_SUCCESS) {
+	if (!resolve(lib) || cand.Version(&major, &minor) != NVRTC_SUCCESS) {
 		dlclose(lib);
-		memset(&api, 0, sizeof(api));
+		memset(&cand, 0, sizeof(cand));
 		return false;
 	}
-	api.lib = lib;
-	api.major = major;
-	api.minor = minor;
-	snprintf(api.version, sizeof(api.version), "%d.%d", major, minor);
-	snprintf(api.path, sizeof(api.path), "%s", file);
+	for (int i = 0; i < n_libs; i++)
+		if (libs[i].major == major) {   /* this major is loaded already */
+			dlclose(lib);
+			memset(&cand, 0, sizeof(cand));
+			return true;
+		}
+	cand.lib = lib;
+	cand.major = major;
+	cand.minor = minor;
+	snprintf(cand.version, sizeof(cand.version), "%d.%d", major, minor);
+	snprintf(cand.path, sizeof(cand.path), "%s", file);
+	if (n_libs < MAX_LIBS) {
+		int at = n_libs;
+
+		while (at > 0 && libs[at - 1].major * 1000 + libs[at - 1].minor < major * 1000 + minor)
+			at--;
+		memmove(&libs[at + 1], &libs[at], (size_t)(n_libs - at) * sizeof(libs[0]));
+		libs[at] = cand;
+		n_libs++;
+	} else {
+		dlclose(lib);
+	}
+	memset(&cand, 0, sizeof(cand));
 	return true;
 }
 
@@ -158,18 +183,20 @@ static bool try_venv(const char *base)
 		return false;
 	if (glob(pattern, 0, NULL, &g))
 		return false;
-	/* glob sorts: try the highest version first. */
-	for (size_t i = g.gl_pathc; i-- > 0 && !ok;) {
+	/* glob sorts: the highest version first; every major is taken */
+	for (size_t i = g.gl_pathc; i-- > 0;) {
 		const char *p = strrchr(g.gl_pathv[i], '/');
 		p = p ? p + 1 : g.gl_pathv[i];
 		if (!strncmp(p, "libnvrtc.so.", 12) && isdigit((unsigned char)p[12]))
-			ok = try_open(g.gl_pathv[i]);
+			ok |= try_open(g.gl_pathv[i]);
 	}
 	globfree(&g);
 	return ok;
 }
 
-/* True when dir/cuda_fp16.h can be read; then it becomes the -I option. */
+/* True when dir/cuda_fp16.h can be read; then it becomes the -I option of
+ * the library being set up (inc). */
+static struct nvrtc_api *inc;
 static bool take_include(const char *dir)
 {
 	char file[PATH_MAX + 16];
@@ -177,7 +204,7 @@ static bool take_include(const char *dir)
 	if (snprintf(file, sizeof(file), "%s/cuda_fp16.h", dir) >= (int)sizeof(file) ||
 	    access(file, R_OK) != 0)
 		return false;
-	snprintf(api.include_opt, sizeof(api.include_opt), "-I%s", dir);
+	snprintf(inc->include_opt, sizeof(inc->include_opt), "-I%s", dir);
 	return true;
 }
 
@@ -213,7 +240,7 @@ static void find_include(void)
 	char *slash;
 	ssize_t n;
 
-	snprintf(dir, sizeof(dir), "%s", api.path);
+	snprintf(dir, sizeof(dir), "%s", inc->path);
 	slash = strrchr(dir, '/');
 	if (slash) {
 		*slash = '\0';                         /* the library's directory */
@@ -252,9 +279,16 @@ static void load_library(void)
 	ssize_t n;
 
 	if (env && *env) {
-		if (strcmp(env, "off") && try_open(env))
+		/* $APOLLO_NVRTC: one file, or several separated by ':' */
+		char list[4 * PATH_MAX], *save = NULL;
+
+		snprintf(list, sizeof(list), "%s", env);
+		for (char *f = strtok_r(list, ":", &save); f && strcmp(env, "off");
+		     f = strtok_r(NULL, ":", &save))
+			try_open(f);
+		if (n_libs)
 			return;
-		ap_error_set(&api.load_err, AP_EUNSUPPORTED, NULL, NULL,
+		ap_error_set(&load_err, AP_EUNSUPPORTED, NULL, NULL,
 			     "NVRTC not found: $APOLLO_NVRTC=%s %s", env,
 			     strcmp(env, "off") ? "cannot be loaded" : "turns it off");
 		return;
@@ -263,8 +297,7 @@ static void load_library(void)
 		cuda = "/usr/local/cuda";
 	for (size_t i = 0; i < sizeof(majors) / sizeof(majors[0]); i++) {
 		snprintf(file, sizeof(file), "%s/lib64/libnvrtc.so.%s", cuda, majors[i]);
-		if (try_open(file))
-			return;
+		try_open(file);
 	}
 	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
 	if (n > 0) {
@@ -275,17 +308,18 @@ static void load_library(void)
 				break;
 			*slash = '\0';
 			if (try_venv(exe))
-				return;
+				break;
 		}
 	}
-	if (getcwd(cwd, sizeof(cwd)) && try_venv(cwd))
-		return;
-	for (size_t i = 0; i < sizeof(majors) / sizeof(majors[0]); i++) {
+	if (getcwd(cwd, sizeof(cwd)))
+		try_venv(cwd);
+	for (size_t i = 0; !n_libs && i < sizeof(majors) / sizeof(majors[0]); i++) {
 		snprintf(file, sizeof(file), "libnvrtc.so.%s", majors[i]);
-		if (try_open(file))
-			return;
+		try_open(file);
 	}
-	ap_error_set(&api.load_err, AP_EUNSUPPORTED, NULL, NULL,
+	if (n_libs)
+		return;
+	ap_error_set(&load_err, AP_EUNSUPPORTED, NULL, NULL,
 		     "NVRTC not found: looked for libnvrtc.so.{13,12,11} in %s/lib64 ($CUDA_HOME), "
 		     "in .venv/lib/python3*/site-packages/nvidia/*/lib beside the executable and "
 		     "in the current directory (`make deps` installs the nvidia-cuda-nvrtc wheel "
@@ -296,30 +330,69 @@ static void load_library(void)
 static void load(void)
 {
 	load_library();
-	if (api.lib)
+	for (int i = 0; i < n_libs; i++) {
+		inc = &libs[i];
 		find_include();
+	}
 }
 
 int ap_nvrtc_load(ap_error *err)
 {
 	pthread_once(&load_once, load);
-	if (api.lib)
+	if (n_libs)
 		return 0;
 	if (err)
-		*err = api.load_err;
-	return api.load_err.code ? api.load_err.code : AP_EUNSUPPORTED;
+		*err = load_err;
+	return load_err.code ? load_err.code : AP_EUNSUPPORTED;
 }
 
 const char *ap_nvrtc_version(void)
 {
 	pthread_once(&load_once, load);
-	return api.lib ? api.version : NULL;
+	return n_libs ? libs[0].version : NULL;
+}
+
+int ap_nvrtc_count(void)
+{
+	pthread_once(&load_once, load);
+	return n_libs;
+}
+
+const char *ap_nvrtc_version_of(int lib)
+{
+	pthread_once(&load_once, load);
+	return lib >= 0 && lib < n_libs ? libs[lib].version : NULL;
+}
+
+int ap_nvrtc_pick(unsigned driver, bool cubin, ap_error *err)
+{
+	pthread_once(&load_once, load);
+	if (!n_libs)
+		return ap_nvrtc_load(err);
+	if (driver == 0)
+		return 0;
+	for (int i = 0; i < n_libs; i++) {
+		/* a cubin loads on any driver of its CUDA major (minor version
+		 * compatibility); PTX needs a driver that knows its ISA: the
+		 * same CUDA major.minor or newer */
+		unsigned need = (unsigned)libs[i].major * 1000u + (cubin ? 0u : (unsigned)libs[i].minor * 10u);
+
+		if (need <= driver)
+			return i;
+	}
+	return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+			    "the CUDA driver supports CUDA %u.%u, but the oldest NVRTC here is %s, "
+			    "whose %s needs a CUDA %d.%d driver or newer: update the driver, or give "
+			    "apollod an older NVRTC (the nvidia-cuda-nvrtc-cu%u wheel, $APOLLO_NVRTC)",
+			    driver / 1000, driver % 1000 / 10, libs[n_libs - 1].version,
+			    cubin ? "cubins" : "PTX", libs[n_libs - 1].major,
+			    cubin ? 0 : libs[n_libs - 1].minor, driver / 1000);
 }
 
 const char *ap_nvrtc_include_dir(void)
 {
 	pthread_once(&load_once, load);
-	return api.lib && api.include_opt[0] ? api.include_opt + 2 : NULL;
+	return n_libs && libs[0].include_opt[0] ? libs[0].include_opt + 2 : NULL;
 }
 
 /* Internal: the architectures NVRTC can compile for (e.g. 75, 80, 90), at
@@ -330,14 +403,16 @@ int ap__nvrtc_archs(int *out, int cap)
 	int n = 0;
 	int *all;
 
-	if (ap_nvrtc_load(NULL) || !api.GetNumSupportedArchs || !api.GetSupportedArchs)
+	const struct nvrtc_api *a = &libs[0];
+
+	if (ap_nvrtc_load(NULL) || !a->GetNumSupportedArchs || !a->GetSupportedArchs)
 		return 0;
-	if (api.GetNumSupportedArchs(&n) != NVRTC_SUCCESS || n <= 0 || n > 256)
+	if (a->GetNumSupportedArchs(&n) != NVRTC_SUCCESS || n <= 0 || n > 256)
 		return 0;
 	all = calloc((size_t)n, sizeof(int));
 	if (!all)
 		return 0;
-	if (api.GetSupportedArchs(all) != NVRTC_SUCCESS)
+	if (a->GetSupportedArchs(all) != NVRTC_SUCCESS)
 		n = 0;
 	if (n > cap)
 		n = cap;
@@ -375,15 +450,15 @@ static int arch_option(const char *arch, bool cubin, char *opt, size_t cap, ap_e
 }
 
 /* Copies the first lines of the NVRTC log into err->msg after `prefix`. */
-static void take_log(nvrtcProgram prog, const char *prefix, const char *arch, ap_error *err,
-		     int code)
+static void take_log(const struct nvrtc_api *a, nvrtcProgram prog, const char *prefix,
+		     const char *arch, ap_error *err, int code)
 {
 	size_t n = 0;
 	char *log = NULL;
 
-	if (api.GetProgramLogSize(prog, &n) == NVRTC_SUCCESS && n > 1 && n < (64u << 20))
+	if (a->GetProgramLogSize(prog, &n) == NVRTC_SUCCESS && n > 1 && n < (64u << 20))
 		log = malloc(n);
-	if (log && api.GetProgramLog(prog, log) != NVRTC_SUCCESS) {
+	if (log && a->GetProgramLog(prog, log) != NVRTC_SUCCESS) {
 		free(log);
 		log = NULL;
 	}
@@ -392,7 +467,7 @@ static void take_log(nvrtcProgram prog, const char *prefix, const char *arch, ap
 		while (end > 0 && isspace((unsigned char)log[end - 1]))
 			log[--end] = '\0';
 	}
-	ap_error_set(err, code, NULL, NULL, "%s (%s): %s", prefix, arch,
+	ap_error_set(err, code, NULL, NULL, "%s (NVRTC %s, %s): %s", prefix, a->version, arch,
 		     log ? log : "no log");
 	free(log);
 }
@@ -407,6 +482,15 @@ int ap_nvrtc_compile_ex(const char *src, const char *name, const char *arch, boo
 			const char *const *extra, int n_extra, uint8_t **out, size_t *out_len,
 			char **log, ap_error *err)
 {
+	return ap_nvrtc_compile_with(0, src, name, arch, cubin, extra, n_extra, out, out_len, log,
+				     err);
+}
+
+int ap_nvrtc_compile_with(int lib, const char *src, const char *name, const char *arch,
+			  bool cubin, const char *const *extra, int n_extra, uint8_t **out,
+			  size_t *out_len, char **log, ap_error *err)
+{
+	const struct nvrtc_api *a;
 	nvrtcProgram prog = NULL;
 	char archopt[64];
 	const char *opts[3 + 16];
@@ -422,12 +506,15 @@ int ap_nvrtc_compile_ex(const char *src, const char *name, const char *arch, boo
 	*out_len = 0;
 	if ((rc = ap_nvrtc_load(err)))
 		return rc;
+	if (lib < 0 || lib >= n_libs)
+		return ap_error_set(err, AP_EINTERNAL, NULL, NULL, "no NVRTC number %d", lib);
+	a = &libs[lib];
 	if ((rc = arch_option(arch, cubin, archopt, sizeof(archopt), err)))
 		return rc;
 	opts[0] = archopt;
 	opts[1] = "--std=c++17";
-	if (api.include_opt[0])
-		opts[n_opts++] = api.include_opt;
+	if (a->include_opt[0])
+		opts[n_opts++] = a->include_opt;
 	if (log)
 		*log = NULL;
 	if (n_extra < 0 || n_extra > 16)
@@ -435,10 +522,10 @@ int ap_nvrtc_compile_ex(const char *src, const char *name, const char *arch, boo
 	for (int i = 0; i < n_extra; i++)
 		opts[n_opts++] = extra[i];
 
-	r = api.CreateProgram(&prog, src, name && *name ? name : "kernel.cu", 0, NULL, NULL);
+	r = a->CreateProgram(&prog, src, name && *name ? name : "kernel.cu", 0, NULL, NULL);
 	if (r != NVRTC_SUCCESS)
 		return ap_error_set(err, r == NVRTC_ERROR_OUT_OF_MEMORY ? AP_ENOMEM : AP_EINTERNAL,
-				    NULL, NULL, "nvrtcCreateProgram: %s", api.GetErrorString(r));
+				    NULL, NULL, "nvrtcCreateProgram: %s", a->GetErrorString(r));
 
 	/* The locale guard (see the file comment). */
 	pthread_mutex_lock(&global_locale_mu);
@@ -448,7 +535,7 @@ int ap_nvrtc_compile_ex(const char *src, const char *name, const char *arch, boo
 	c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
 	if (c_locale)
 		uselocale(c_locale);
-	r = api.CompileProgram(prog, n_opts, opts);
+	r = a->CompileProgram(prog, n_opts, opts);
 	uselocale(saved);
 	if (c_locale)
 		freelocale(c_locale);
@@ -458,24 +545,24 @@ int ap_nvrtc_compile_ex(const char *src, const char *name, const char *arch, boo
 	pthread_mutex_unlock(&global_locale_mu);
 
 	if (r == NVRTC_ERROR_COMPILATION) {
-		take_log(prog, "NVRTC compile error", archopt, err, AP_ECOMPILE);
+		take_log(a, prog, "NVRTC compile error", archopt, err, AP_ECOMPILE);
 		rc = AP_ECOMPILE;
 		goto done;
 	}
 	if (r == NVRTC_ERROR_INVALID_OPTION) {
-		take_log(prog, "NVRTC rejected the options", archopt, err, AP_EUNSUPPORTED);
+		take_log(a, prog, "NVRTC rejected the options", archopt, err, AP_EUNSUPPORTED);
 		rc = AP_EUNSUPPORTED;
 		goto done;
 	}
 	if (r != NVRTC_SUCCESS) {
 		rc = ap_error_set(err, r == NVRTC_ERROR_OUT_OF_MEMORY ? AP_ENOMEM : AP_ECOMPILE, NULL,
-				  NULL, "nvrtcCompileProgram (%s): %s", archopt, api.GetErrorString(r));
+				  NULL, "nvrtcCompileProgram (%s): %s", archopt, a->GetErrorString(r));
 		goto done;
 	}
-	r = cubin ? api.GetCUBINSize(prog, &size) : api.GetPTXSize(prog, &size);
+	r = cubin ? a->GetCUBINSize(prog, &size) : a->GetPTXSize(prog, &size);
 	if (r != NVRTC_SUCCESS || size == 0) {
 		rc = ap_error_set(err, AP_EINTERNAL, NULL, NULL, "NVRTC returned no %s: %s",
-				  cubin ? "cubin" : "PTX", api.GetErrorString(r));
+				  cubin ? "cubin" : "PTX", a->GetErrorString(r));
 		goto done;
 	}
 	buf = malloc(size + 1);
@@ -484,10 +571,10 @@ int ap_nvrtc_compile_ex(const char *src, const char *name, const char *arch, boo
 				  size, cubin ? "cubin" : "PTX");
 		goto done;
 	}
-	r = cubin ? api.GetCUBIN(prog, (char *)buf) : api.GetPTX(prog, (char *)buf);
+	r = cubin ? a->GetCUBIN(prog, (char *)buf) : a->GetPTX(prog, (char *)buf);
 	if (r != NVRTC_SUCCESS) {
 		free(buf);
-		rc = ap_error_set(err, AP_EINTERNAL, NULL, NULL, "NVRTC: %s", api.GetErrorString(r));
+		rc = ap_error_set(err, AP_EINTERNAL, NULL, NULL, "NVRTC: %s", a->GetErrorString(r));
 		goto done;
 	}
 	if (!cubin) {
@@ -498,8 +585,8 @@ int ap_nvrtc_compile_ex(const char *src, const char *name, const char *arch, boo
 	if (log) {
 		size_t ls = 0;
 
-		if (api.GetProgramLogSize(prog, &ls) == NVRTC_SUCCESS && (*log = malloc(ls + 1)) != NULL) {
-			if (api.GetProgramLog(prog, *log) != NVRTC_SUCCESS)
+		if (a->GetProgramLogSize(prog, &ls) == NVRTC_SUCCESS && (*log = malloc(ls + 1)) != NULL) {
+			if (a->GetProgramLog(prog, *log) != NVRTC_SUCCESS)
 				(*log)[0] = 0;
 			(*log)[ls] = 0;
 		}
@@ -513,7 +600,7 @@ int ap_nvrtc_compile_ex(const char *src, const char *name, const char *arch, boo
 	*out_len = size;
 	rc = 0;
 done:
-	api.DestroyProgram(&prog);
+	a->DestroyProgram(&prog);
 	return rc;
 }
 

@@ -1289,6 +1289,8 @@ struct kernel_batch {
 	const ap_program *p;
 	const char *target;
 	bool gpu, use_cache;
+	int nvrtc;                   /* GPU: the NVRTC compiling it (ap_nvrtc_pick) */
+	char backend[64];            /* its identity in kernel keys ("nvrtc 12.9", "cc ...") */
 	int output;
 	double deadline;             /* ap_now_ms(): a kernel flight's wait ends */
 	struct kblob *blobs;
@@ -1350,9 +1352,9 @@ static void backend_run(const struct kernel_batch *kb, const char *src, const ch
 			struct kblob *out)
 {
 	if (kb->gpu)
-		out->rc = ap_nvrtc_compile(src, file, kb->target,
-					   kb->output == APOLLO__OUTPUT_KIND__OUTPUT_CUBIN, &out->data,
-					   &out->len, &out->err);
+		out->rc = ap_nvrtc_compile_with(kb->nvrtc, src, file, kb->target,
+						kb->output == APOLLO__OUTPUT_KIND__OUTPUT_CUBIN, NULL, 0,
+						&out->data, &out->len, NULL, &out->err);
 	else
 		out->rc = ap_hostcc_compile(src, &out->data, &out->len, &out->err);
 	if (out->rc)
@@ -1494,7 +1496,7 @@ static int kernel_probe(const struct kernel_batch *kb, const ap_kernel_src *ks, 
 			struct kblob *out, ap_flight **f)
 {
 	const char *src = ks->src;
-	const char *bid = ap_compiler_backend_id(kb->c, kb->gpu);
+	const char *bid = kb->backend;
 
 	*f = NULL;
 	ap_error_clear(&out->err);
@@ -1893,6 +1895,8 @@ static int on_accept_kernel(const ap_kernel_src *k, void *user, ap_error *why)
 struct request {
 	const Apollo__CompileRequest *req;
 	const uint8_t *digest;     /* of the request's bytes; NULL: unknown */
+	unsigned driver;           /* GPU: the client's CUDA driver (DeviceInfo); 0: not said */
+	int nvrtc;                 /* GPU: the NVRTC its output comes from (ap_nvrtc_pick) */
 	const char *client;        /* "uid:N", "tcp:ADDR"; NULL: in-process */
 	char device[160];          /* GPU targets: the device's id "NAME|SMS", or "" */
 	const char *target;
@@ -2379,6 +2383,19 @@ static int build_options(ap_compiler *c, const Apollo__CompileRequest *req, cons
 	return 0;
 }
 
+/* The backend that compiles request r's kernels, as keys name it: "nvrtc
+ * 12.9" for the NVRTC driver negotiation picked (the newest: c->nvrtc_id),
+ * the host C compiler's identity for host targets. */
+static void backend_id(const ap_compiler *c, const struct request *r, char *buf, size_t cap)
+{
+	const char *v = r->gpu ? ap_nvrtc_version_of(r->nvrtc) : NULL;
+
+	if (r->gpu && r->nvrtc > 0 && v)
+		snprintf(buf, cap, "nvrtc %s", v);
+	else
+		snprintf(buf, cap, "%s", ap_compiler_backend_id(c, r->gpu));
+}
+
 static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error *err)
 {
 	const Apollo__CompileRequest *req = r->req;
@@ -2396,7 +2413,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	ap_tune_hooks th;
 	struct tune_user tu;
 	ap_task_pool pool;
-	struct kernel_batch kb;
+	struct kernel_batch kb = { 0 };
 	int rc;
 
 	rc = ap_compile_parse_target(req->target, req->output, &r->gpu, &r->output, err);
@@ -2408,6 +2425,14 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		if (ap_nvrtc_load(&why))
 			return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
 					    "target %.32s needs NVRTC: %.440s", r->target, why.msg);
+		/* driver negotiation: the newest NVRTC whose output the client's
+		 * driver loads (backend.h, ap_nvrtc_pick) */
+		r->driver = req->device ? req->device->driver_version : 0;
+		r->nvrtc = ap_nvrtc_pick(r->driver, r->output == APOLLO__OUTPUT_KIND__OUTPUT_CUBIN,
+					 &why);
+		if (r->nvrtc < 0)
+			return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL, "target %.32s: %.440s",
+					    r->target, why.msg);
 	}
 	/* The GPU the bundle will run on: its measured tuning records apply,
 	 * so it is part of the keys (a host target ignores it). */
@@ -2425,12 +2450,15 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	 * kernel keys do not: they hash the kernel source itself.  Tuning
 	 * records are not in the keys: a record that changes retires the
 	 * bundles holding its kernel (ap_cache_bundle_tuned). */
-	snprintf(bid, sizeof(bid), "%s | %s", ap_compiler_backend_id(c, r->gpu), c->build_id);
+	backend_id(c, r, kb.backend, sizeof(kb.backend));
+	snprintf(bid, sizeof(bid), "%s | %s", kb.backend, c->build_id);
+	if (r->driver)   /* the driver's major: bundles for two drivers kept apart */
+		snprintf(bid + strlen(bid), sizeof(bid) - strlen(bid), " | driver %u", r->driver / 1000);
 	if (r->device[0])
 		snprintf(bid + strlen(bid), sizeof(bid) - strlen(bid), " | device %s", r->device);
 	r->use_cache = ap_cache_enabled(c->cache) && !(req->options && req->options->no_cache);
-	memset(&kb, 0, sizeof(kb));
 	kb.c = c;
+	kb.nvrtc = r->nvrtc;
 	kb.target = r->target;
 	kb.gpu = r->gpu;
 	kb.output = r->output;
