@@ -371,8 +371,12 @@ static int infer_layer_norm(const ap_node *node, const ap_shape *const *in, int 
 	}
 	out[0] = *x;
 	for (int k = 1; k < n_out; k++) {
+		/* Mean and InvStdDev: float32 over float32 and 16-bit X (ONNX's
+		 * stash_type 1, ATen's native_layer_norm), X's own dtype over
+		 * float64 (ATen's; the expander computes no float64
+		 * normalisation in float32) */
 		out[k] = *x;
-		out[k].dtype = AP_DT_F32;
+		out[k].dtype = x->dtype == AP_DT_F64 ? AP_DT_F64 : AP_DT_F32;
 		for (int d = (int)axis; d < x->rank; d++)
 			out[k].dims[d] = 1;
 	}

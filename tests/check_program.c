@@ -605,6 +605,91 @@ START_TEST(layernorm_with_mean_and_invstddev)
 }
 END_TEST
 
+/* float64 LayerNormalization with Mean and InvStdDev, their dtypes left to
+ * inference (as the Python converter leaves them): float64, as ATen's
+ * native_layer_norm gives them and the expander needs them (float32 was
+ * inferred once, and every float64 graph of a torch.compile training step
+ * with a LayerNorm was refused and ran in eager PyTorch).  The values agree
+ * with a double reference to rounding; over float32 and bfloat16 X the
+ * statistics stay float32. */
+START_TEST(layernorm_float64_statistics)
+{
+	enum { A = 3, N = 40 };
+	static const ap_dtype xdt[3] = { AP_DT_F32, AP_DT_BF16, AP_DT_F64 };
+	ap_graph *g;
+	int x, sc, bi, y, mean, inv, n;
+	double xs[A * N], ss[N], bs[N], ry[A * N], rm[A], ri[A];
+	void *outs[3];
+	ap_error err;
+
+	for (int i = 0; i < 3; i++) {
+		g = ap_graph_new("ln_dt");
+		x = input(g, "x", xdt[i], DIMS(A, N));
+		sc = param(g, "scale", xdt[i], DIMS(N));
+		y = value(g, "y", AP_DT_UNDEF, 0, NULL);
+		mean = value(g, "mean", AP_DT_UNDEF, 0, NULL);
+		inv = value(g, "inv", AP_DT_UNDEF, 0, NULL);
+		n = node(g, "LN", AP_OP_LAYER_NORM, LIST(x, sc), LIST(y, mean, inv));
+		ap_node_set_int(g, n, "axis", 1);
+		ck_assert_msg(ap_graph_infer_node(g, n, &err) == 0, "%s", err.msg);
+		ck_assert_int_eq(g->tensors[y].dtype, xdt[i]);
+		ck_assert_int_eq(g->tensors[mean].dtype, (xdt[i] == AP_DT_F64 ? AP_DT_F64 : AP_DT_F32));
+		ck_assert_int_eq(g->tensors[inv].dtype, (xdt[i] == AP_DT_F64 ? AP_DT_F64 : AP_DT_F32));
+		ck_assert_int_eq(g->tensors[mean].dims[1], 1);
+		ap_graph_free(g);
+	}
+
+	g = ap_graph_new("ln64");
+	x = input(g, "x", AP_DT_F64, DIMS(A, N));
+	sc = param(g, "scale", AP_DT_F64, DIMS(N));
+	bi = param(g, "bias", AP_DT_F64, DIMS(N));
+	y = value(g, "y", AP_DT_UNDEF, 0, NULL);
+	mean = value(g, "mean", AP_DT_UNDEF, 0, NULL);
+	inv = value(g, "inv", AP_DT_UNDEF, 0, NULL);
+	n = node(g, "LN", AP_OP_LAYER_NORM, LIST(x, sc, bi), LIST(y, mean, inv));
+	ap_node_set_int(g, n, "axis", 1);
+	ap_node_set_float(g, n, "epsilon", 1e-5);
+	ck_assert_msg(ap_graph_infer_node(g, n, &err) == 0, "%s", err.msg);
+	output(g, y);
+	output(g, mean);
+	output(g, inv);
+	for (int i = 0; i < A * N; i++)   /* a large offset: float32 statistics would lose it */
+		xs[i] = 1000.0 + frand(-1, 1) * (1.0 + 1e-9 * i);
+	for (int i = 0; i < N; i++) {
+		ss[i] = frand(0.5f, 1.5f);
+		bs[i] = frand(-1, 1);
+	}
+	for (int r = 0; r < A; r++) {
+		double m = 0, v = 0;
+
+		for (int i = 0; i < N; i++)
+			m += xs[r * N + i];
+		m /= N;
+		for (int i = 0; i < N; i++)
+			v += (xs[r * N + i] - m) * (xs[r * N + i] - m);
+		v /= N;
+		rm[r] = m;
+		ri[r] = 1.0 / sqrt(v + 1e-5);
+		for (int i = 0; i < N; i++)
+			ry[r * N + i] = (xs[r * N + i] - m) * ri[r] * ss[i] + bs[i];
+	}
+	named pr[] = {{"scale", ss}, {"bias", bs}};
+	ap_program *p = build_and_run(g, (const void *[]){xs}, pr, 2, outs);
+	for (int i = 0; i < A * N; i++)
+		ck_assert_msg(fabs(((double *)outs[0])[i] - ry[i]) <= 1e-12 * (1 + fabs(ry[i])),
+			      "y[%d]: got %.17g want %.17g", i, ((double *)outs[0])[i], ry[i]);
+	for (int r = 0; r < A; r++) {
+		ck_assert_msg(fabs(((double *)outs[1])[r] - rm[r]) <= 1e-12 * fabs(rm[r]),
+			      "mean[%d]: got %.17g want %.17g", r, ((double *)outs[1])[r], rm[r]);
+		ck_assert_msg(fabs(((double *)outs[2])[r] - ri[r]) <= 1e-10 * fabs(ri[r]),
+			      "inv[%d]: got %.17g want %.17g", r, ((double *)outs[2])[r], ri[r]);
+	}
+	free_outs(outs, 3);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
 /* ReduceSum(exp(x) * w) over the last axis: the producers are fused into
  * the reduction kernel, in the shared-memory form (long rows) and the
  * serial form (short rows). */
@@ -3678,6 +3763,7 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, broadcast_chain_with_param);
 	tcase_add_test(tc, softmax_block_and_serial);
 	tcase_add_test(tc, layernorm_with_mean_and_invstddev);
+	tcase_add_test(tc, layernorm_float64_statistics);
 	tcase_add_test(tc, reduction_with_fused_producers);
 	tcase_add_test(tc, reduction_axes_and_nan);
 	tcase_add_test(tc, multi_output_group);

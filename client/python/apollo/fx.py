@@ -388,6 +388,26 @@ def _var_mean(c, n):
     return (c.reshape(var, vals[0].shape), c.reshape(mean, vals[1].shape))
 
 
+def _any_all(op):
+    """any / all over dims (all of them when none are given): the elements
+    made BOOL (x != 0), Cast to INT32, ReduceMax (any) or ReduceMin (all),
+    Cast back to BOOL."""
+    def f(c, n):
+        shape, dt = _meta(n)
+        x = c.t(n.args[0])
+        xs = c.shape(x)
+        dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+        keep = n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False)
+        if c.g.dtype(x) != G.BOOL:
+            x = c.op("Not", [c.op("Equal", [x, c.scalar(0, c.g.dtype(x))])])
+        axes = _axes(dims if dims not in ([], ()) else None, len(xs))
+        if not xs or not axes:
+            return c.reshape(c.op("Identity", [x]), shape)
+        y = c.op(op, [c.cast(x, G.INT32)], {"axes": axes, "keepdims": 1 if keep else 0})
+        return c.reshape(c.cast(y, G.BOOL), shape)
+    return f
+
+
 def _argext(op):
     def f(c, n):
         shape, dt = _meta(n)
@@ -863,6 +883,9 @@ HANDLERS = {
     aten.amax.default: _reduce("ReduceMax"), aten.amin.default: _reduce("ReduceMin"),
     aten.prod.dim_int: _reduce("ReduceProd"), aten.prod.default: _reduce("ReduceProd"),
     aten.var_mean.correction: _var_mean,
+    aten.any.dim: _any_all("ReduceMax"), aten.any.dims: _any_all("ReduceMax"),
+    aten.any.default: _any_all("ReduceMax"), aten.all.dim: _any_all("ReduceMin"),
+    aten.all.dims: _any_all("ReduceMin"), aten.all.default: _any_all("ReduceMin"),
     aten.argmax.default: _argext("ArgMax"), aten.argmin.default: _argext("ArgMin"),
     aten.max.dim: _max_dim("ReduceMax", "ArgMax"), aten.min.dim: _max_dim("ReduceMin", "ArgMin"),
     aten._softmax.default: _softmax("Softmax"), aten._log_softmax.default: _softmax("LogSoftmax"),

@@ -12,6 +12,10 @@ CPU tensors themselves, CUDA targets launch on the current stream of the
 tensors' device; inputs, weights and outputs are bound by their data
 pointers, without copies.
 
+scaled_dot_product_attention is traced through PyTorch's math kernel
+(_math_attention), so that attention and its backward are ops the
+converter takes.
+
 Ops the converter cannot take split the graph: the parts Apollo can take
 are compiled, the rest runs in eager PyTorch between them, and one line per
 op says why ("apollo: graph break at aten.atan2.default (atan2): no Apollo
@@ -33,8 +37,10 @@ default):
     quiet      APOLLO_QUIET      1: no graph-break lines
 
 stats() counts, for the process: graphs submitted, answered from the cache,
-kernels, daemon compile time, graph breaks and graphs run eagerly.
+kernels, daemon compile time, graph breaks, graphs run eagerly and parts of
+split graphs run eagerly.
 """
+import contextlib
 import operator
 import os
 import sys
@@ -99,14 +105,16 @@ def reset_stats():
     with _lock:
         _stats.clear()
         _stats.update(graphs=0, cache_hits=0, cache_misses=0, kernels=0, compile_ms=0.0,
-                      graph_breaks=[], eager_graphs=0, submit_s=0.0)
+                      graph_breaks=[], eager_graphs=0, eager_parts=0, submit_s=0.0)
 
 
 def stats():
     """Counters since the last reset_stats(): graphs (submitted), cache_hits,
     cache_misses, kernels (launches), compile_ms (daemon time), submit_s
     (wall time of submits), graph_breaks (one "op (node): reason" per op
-    that ran eagerly), eager_graphs (graphs run wholly in PyTorch)."""
+    that ran eagerly), eager_graphs (graphs run wholly in PyTorch),
+    eager_parts (parts of split graphs that Apollo refused, run in
+    PyTorch)."""
     with _lock:
         out = dict(_stats)
         out["graph_breaks"] = list(_stats["graph_breaks"])
@@ -338,6 +346,8 @@ def _compile_graph(gm, example_inputs, opts, kind, params):
             if opts.strict:
                 raise
             _say(opts, "apollo: part %s of the %s graph runs in eager PyTorch: %s" % (node.target, kind, e))
+            with _lock:
+                _stats["eager_parts"] += 1
             continue
         setattr(fused, node.target, _Part(compiled, tuple_out))
     fused.recompile()
@@ -357,7 +367,27 @@ def _decompositions():
         aten.hardswish, aten.addmm, aten.linear]))
     for op in (aten.native_layer_norm.default, aten.addmm.default):
         table.pop(op, None)      # converted whole: LayerNormalization, MatMul + Add
+    # PyTorch's decomposition of the CPU flash attention is for export and
+    # inference only: its second result is the attention weights [N, H, L,
+    # S] where the op's is the logsumexp [N, H, L], which the op's backward
+    # (run eagerly) reads, so gradients came out wrong.  Attention is traced
+    # through the math kernel instead (_math_attention).
+    table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     return table
+
+
+def _math_attention():
+    """A context in which scaled_dot_product_attention takes PyTorch's math
+    kernel (matmul, softmax, matmul and their masks), so that AOTAutograd
+    traces it, and its backward, into ops the converter has, on every
+    device; the fused kernels (flash, memory-efficient, cuDNN) would stay
+    single ops with no Apollo rewrite.  A no-op where torch lacks
+    torch.nn.attention."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.MATH])
 
 
 def _param_positions(gm, example_inputs):
@@ -396,8 +426,10 @@ def apollo_backend(gm, example_inputs, options=None, **_ignored):
     def bw(g, ex):
         return _compile_graph(g, ex, opts, "backward", {})
 
-    return aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=fw,
-                        decompositions=_decompositions())(gm, example_inputs)
+    # AOTAutograd traces the forward and backward graphs here, in this call
+    with _math_attention():
+        return aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=fw,
+                            decompositions=_decompositions())(gm, example_inputs)
 
 
 def _register():
