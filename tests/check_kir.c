@@ -2445,6 +2445,27 @@ START_TEST(matrix_rules)
 }
 END_TEST
 
+/* Shared-memory budgets count each static array's 16-byte alignment (the
+ * CUDA printer's __align__(16)): three arrays of 9 + 9 + 49128 bytes sum
+ * to 49146, under 48 KiB, but take 16 + 16 + 49128 = 49160 laid out, over
+ * it -- the verifier refuses the kernel rather than ptxas. */
+START_TEST(shared_budget_counts_alignment)
+{
+	ap_kir_kernel *k = ap_kir_kernel_new("aligned_smem");
+	ap_error err;
+
+	ck_assert_ptr_nonnull(k);
+	ck_assert_ptr_nonnull(ap_kir_shared(k, "flags", AP_DT_U8, 9));
+	ck_assert_ptr_nonnull(ap_kir_shared(k, "more", AP_DT_U8, 9));
+	ck_assert_ptr_nonnull(ap_kir_shared(k, "tile", AP_DT_F32, 12282));
+	ck_assert_uint_eq(ap_kir_shared_bytes(k), 49160);
+	ck_assert_int_eq(ap_kir_verify(k, NULL, &err), AP_EINTERNAL);
+	ck_assert_ptr_nonnull(strstr(err.msg, "rule shared"));
+	ck_assert_ptr_nonnull(strstr(err.msg, "49160 bytes"));
+	ap_kir_kernel_free(k);
+}
+END_TEST
+
 static Suite *kir_suite(void)
 {
 	Suite *s = suite_create("kir");
@@ -2505,6 +2526,7 @@ static Suite *kir_suite(void)
 	tcase_add_test(tc, verify_rules);
 	tcase_add_test(tc, cluster_distributed_shared_memory);
 	tcase_add_test(tc, cluster_rules);
+	tcase_add_test(tc, shared_budget_counts_alignment);
 	suite_add_tcase(s, tc);
 	return s;
 }

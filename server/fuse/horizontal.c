@@ -94,12 +94,10 @@ static int launch_init(ap_fuse_launch *fl, int n, int n_params)
 /* Static shared memory of a kernel (bytes). */
 static unsigned static_shared(const ap_kir_kernel *k)
 {
-	uint64_t b = 0;
+	uint64_t b = ap_kir_shared_bytes(k);   /* with each array's alignment padding */
 
-	for (int i = 0; i < k->n_arrays; i++)
-		if (k->arrays[i]->space == AP_KIR_SHARED)
-			b += (uint64_t)(k->arrays[i]->size > 0 ? k->arrays[i]->size : 1) *
-			     ap_dtype_size(k->arrays[i]->type);
+	/* merged kernels' arrays follow each other: each may start 16-byte aligned */
+	b = (b + 15) & ~(uint64_t)15;
 	return b > UINT32_MAX ? UINT32_MAX : (unsigned)b;
 }
 

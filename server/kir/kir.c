@@ -129,6 +129,23 @@ int ap_kir_kernel_rename(ap_kir_kernel *k, const char *name)
 	return 0;
 }
 
+uint64_t ap_kir_shared_bytes(const ap_kir_kernel *k)
+{
+	uint64_t off = 0;
+
+	for (int i = 0; i < k->n_arrays; i++) {
+		const ap_kir_array *a = k->arrays[i];
+
+		if (a->space != AP_KIR_SHARED)
+			continue;
+		off = (off + 15) & ~(uint64_t)15;
+		off += (uint64_t)(a->size > 0 ? a->size : 1) * ap_dtype_size(a->type);
+	}
+	if (k->smem_bytes)
+		off = ((off + 15) & ~(uint64_t)15) + k->smem_bytes;
+	return off;
+}
+
 unsigned ap_kir_block_threads(const ap_kir_kernel *k)
 {
 	return k->block[0] * k->block[1] * k->block[2];

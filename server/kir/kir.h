@@ -303,6 +303,14 @@ bool ap_kir_failed(const ap_kir_kernel *k);
 int ap_kir_kernel_rename(ap_kir_kernel *k, const char *name);
 /* Total threads per block (block[0]*block[1]*block[2]). */
 unsigned ap_kir_block_threads(const ap_kir_kernel *k);
+/* Bytes of shared memory one block of k takes: its static arrays in
+ * declaration order, each starting 16-byte aligned (the alignment the CUDA
+ * printer may give an array, __align__(16), and that ptxas then pads to),
+ * then the dynamic shared memory (itself 16-byte aligned).  An upper bound
+ * of what ptxas reports, for every budget (the verifier, Layer III's merge
+ * cap): without the padding, a kernel near a limit passed the budget and
+ * failed in ptxas. */
+uint64_t ap_kir_shared_bytes(const ap_kir_kernel *k);
 
 /* Arrays.  `name` must be a C identifier unique in the kernel. */
 /* Next global parameter (param index = number of params so far). */

@@ -64,7 +64,7 @@ static bool var_ok(const vctx *v, const ap_kir_var *var)
 static void check_launch(vctx *v)
 {
 	const ap_kir_kernel *k = v->k;
-	uint64_t threads = 1, bytes = k->smem_bytes;
+	uint64_t threads = 1, bytes = ap_kir_shared_bytes(k);
 
 	for (int i = 0; i < 3; i++) {
 		if (k->grid[i] < 1 || k->block[i] < 1) {
@@ -83,18 +83,9 @@ static void check_launch(vctx *v)
 	if (threads > v->lim.max_threads)
 		bad(v, "launch", "%llu threads per block, more than %u", (unsigned long long)threads,
 		    v->lim.max_threads);
-	for (int i = 0; i < k->n_arrays; i++) {
-		const ap_kir_array *a = k->arrays[i];
-		uint64_t es = ap_dtype_size(a->type);
-
-		if (a->space != AP_KIR_SHARED)
-			continue;
-		if (es)
-			bytes = (bytes + es - 1) / es * es;
-		bytes += (uint64_t)(a->size > 0 ? a->size : 1) * es;
-	}
 	if (bytes > v->lim.max_shared_bytes)
-		bad(v, "shared", "%llu bytes of shared memory (static and dynamic), more than %u",
+		bad(v, "shared", "%llu bytes of shared memory (static and dynamic, each array "
+		    "16-byte aligned), more than %u",
 		    (unsigned long long)bytes, v->lim.max_shared_bytes);
 }
 

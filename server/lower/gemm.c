@@ -1274,8 +1274,24 @@ static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 	if ((role ? c->b_mode : c->a_mode) == STAGE_PAIRS) {
 		ap_kir_expr *e = ap_kir_bind(k, v->cur, k->index_type, "e", src);
 		ap_kir_expr *slot = ap_kir_add(k, ap_kir_muli(k, st, copies), copy);
+		ap_kir_array *pairs = role ? c->pb : c->pa, *buf = ap_v_buffer(v, op->leaf);
+		int64_t n = ap_tensor_numel(&c->g->tensors[op->leaf]);
+		ap_kir_block *at = v->cur;
 
-		ap_kir_cp_async(k, v->cur, role ? c->pb : c->pa, ap_kir_muli(k, slot, 2), ap_v_buffer(v, op->leaf),
+		if (n % 2) {
+			/* an odd count of elements: the pair of the last one (an
+			 * even index, parity 0) would end 2 bytes past the buffer,
+			 * so that element is loaded and stored by itself -- no copy,
+			 * which would zero-fill the slot behind the store's back */
+			ap_kir_expr *last = ap_kir_binary(k, AP_KIR_GE, ap_kir_binary(k, AP_KIR_OR, e, I(c, 1)),
+							 I(c, n));
+			ap_kir_stmt *s = ap_kir_if(k, v->cur, pred ? ap_kir_binary(k, AP_KIR_LAND, pred, last)
+								 : last);
+
+			ap_kir_store(k, &s->body, pairs, ap_kir_muli(k, slot, 2), ap_kir_load(k, buf, e));
+			at = &s->orelse;
+		}
+		ap_kir_cp_async(k, at, pairs, ap_kir_muli(k, slot, 2), buf,
 				ap_kir_binary(k, AP_KIR_AND, e, I(c, -2)), 2, pred);
 		ap_kir_store(k, v->cur, role ? c->qb : c->qa, slot,
 			     ap_kir_cast(k, AP_DT_U8, ap_kir_binary(k, AP_KIR_AND, e, I(c, 1))));
