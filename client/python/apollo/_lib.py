@@ -124,6 +124,7 @@ _PROTOS = {
     "ap_client_ping": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_size_t, _E]),
     "ap_client_stats": (ctypes.c_int, [_P, ctypes.POINTER(ap_server_stats), _E]),
     "ap_client_submit_graph": (_P, [_P, _P, ctypes.POINTER(ap_submit_options), _E]),
+    "ap_device_probe": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ap_device_info), _E]),
     "ap_bundle_free": (_P, [_P]),
     "ap_bundle_unpack": (_P, [ctypes.c_char_p, ctypes.c_size_t, _E]),
     "ap_bundle_pack": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]),

@@ -14,7 +14,8 @@ is not thread-safe: use one per thread.
 import ctypes
 import os
 
-from ._lib import (ap_bundle_buffer, ap_bundle_stats, ap_server_stats, ap_submit_options, free,
+from ._lib import (ap_bundle_buffer, ap_bundle_stats, ap_device_info, ap_server_stats,
+                   ap_submit_options, free,
                    lib)
 from .errors import ApolloError, DaemonUnavailable, EINVAL, ENOMEM, EIO, new_error, raise_error
 
@@ -149,15 +150,33 @@ class Client:
         return {name: getattr(s, name) for name, _ in s._fields_}
 
     def submit(self, graph, target="cpu", fusion=None, namespace="", no_cache=False,
-               fusion_barriers=(), keep_whole=(), max_block_threads=0, allow_tf32=False):
+               fusion_barriers=(), keep_whole=(), max_block_threads=0, allow_tf32=False,
+               device=0, driver_version=None, host_check=False):
         """Sends `graph` (an apollo.Graph; PARAMs travel as shape and dtype
         only) and waits for the bundle.  `fusion`: None (the daemon's
         default), "none", "rules" or "apollo"; `allow_tf32`: float32
-        products may run on TF32 tensor cores (part of the cache key)."""
+        products may run on TF32 tensor cores (part of the cache key).
+        GPU targets name the GPU the bundle will run on -- CUDA device
+        `device` as the driver reports it (name, SM count, compute
+        capability, cuDriverGetVersion), so that the daemon answers with
+        output that driver loads and applies that device's measured tuning
+        records; `driver_version` ("12.4") states the driver's CUDA version
+        where no driver can be asked.  `host_check`: host targets (cpu,
+        host:sm_XX) run in the checking mode."""
         if fusion not in FUSION_LEVELS:
             raise ApolloError(EINVAL, "fusion level %r (none, rules, apollo)" % (fusion,))
         o = ap_submit_options()
         o.target = target.encode()
+        o.host_check = bool(host_check)
+        dev = ap_device_info()
+        if target != "cpu" and not target.startswith("host:"):
+            if lib.ap_device_probe(int(device), ctypes.byref(dev), ctypes.byref(new_error())) < 0:
+                dev = ap_device_info()
+            if driver_version is not None:
+                major, _, minor = str(driver_version).partition(".")
+                dev.driver_version = int(major) * 1000 + int(minor or 0) * 10
+            if dev.name or dev.driver_version:
+                o.device = ctypes.pointer(dev)
         o.no_cache = bool(no_cache)
         o.cache_namespace = (namespace or "").encode()
         o.max_block_threads = max_block_threads
