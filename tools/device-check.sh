@@ -422,7 +422,11 @@ else
 				n=$(grep -Eo "ERROR SUMMARY: [0-9]+" "$f" | awk '{ s += $3 } END { print s + 0 }')
 				h=$(grep -Eo "RACECHECK SUMMARY: [0-9]+ hazard" "$f" | awk '{ s += $3 } END { print s + 0 }')
 				case $rc in
-				0) c="clean" ;;
+				*) grep -q "Device not supported" "$f" && rc=unsupported ;;
+				esac
+				case $rc in
+				unsupported) c="device unsupported" ;;
+				0) c="clean"; [ "$h" -gt 0 ] && c="clean, $h hazard warnings" ;;
 				86) c="$n errors"; [ "$h" -gt 0 ] && c="$c $h hazards"; FAILS=$((FAILS + 1)) ;;
 				124|137) c="timeout ${ST}s"; [ "$n" -gt 0 ] && { c="$c, $n errors"; FAILS=$((FAILS + 1)); } ;;
 				1) if [ "$n" -gt 0 ]; then c="$n errors"; FAILS=$((FAILS + 1)); else c="clean (check FAIL)"; fi ;;
@@ -433,6 +437,8 @@ else
 		done
 		say "$line"
 	done
+	grep -l "Device not supported" "$LOGS"/sanitizer_*.txt >/dev/null 2>&1 &&
+		say "compute-sanitizer: 'Device not supported' on this machine (seen under gVisor): no findings possible here"
 	grep -h "========= [A-Z][a-z]" "$LOGS"/sanitizer_*.txt 2>/dev/null | sort | uniq -c | sort -rn | head -10 | sed 's/^/  /' | tee -a "$SUM"
 	step_end ran
 fi
