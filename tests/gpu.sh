@@ -13,7 +13,9 @@
 #   3. tests/conformance.sh at that target: every backend-test folder;
 #   4. tests/precision.sh at that target: the float16 / bfloat16 models and
 #      training steps against onnxruntime's float32 run.
-# Exits non-zero on any failure.
+# Exits non-zero on any failure.  It needs the build (make) and .venv; a
+# bare lent GPU machine has neither: there, run the device kit
+# (tools/device-kit.sh; README, "The device kit").
 #   env: APOLLO_BUILD, APOLLO_JOBS (parallel checks, default 2),
 #        APOLLO_GPU_TARGET, APOLLO_GPU_PARTS (default "1 2 3 4")
 cd "$(dirname "$0")/.." || exit 1
