@@ -169,7 +169,7 @@ FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 60
 FUZZ_OPT := -O1 -g -fno-omit-frame-pointer \
 	    -fsanitize=fuzzer-no-link,address,undefined,float-cast-overflow -fno-sanitize-recover=all
-FUZZERS := envelope onnx tensor bundle compile
+FUZZERS := envelope onnx tensor bundle compile runtime
 
 $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(LIBS)
 	$(CC) $(CFLAGS_ALL) -fsanitize=fuzzer -o $@ $< $(LIBS) $(LDLIBS_ALL)

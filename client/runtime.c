@@ -151,6 +151,8 @@ typedef struct cu_dev_facts {
 typedef struct rt_kernel {
 	const Apollo__Kernel *pb;
 	host_kernel_fn fn;       /* host */
+	const unsigned long long *extents; /* host: bytes each param may touch, from the
+					      object itself (NAME_ap_extents); NULL: not said */
 	int lib;                 /* host: index into rt->libs */
 	CUfunction cufn;         /* GPU */
 	CUmodule cumod;          /* GPU: owned when cumod_owner */
@@ -270,10 +272,11 @@ static int check_buffer(const Apollo__Bundle *b, size_t i, ap_error *err)
 			return ap_error_set(err, AP_EINVAL, NULL, bf->name,
 					    "buffer '%s' has dim %lld", bf->name,
 					    (long long)bf->dims[d]);
-		n *= (uint64_t)bf->dims[d];
-		if (n > (uint64_t)AP_MAX_ELEMENTS)
+		/* bounded before multiplying: [2^35, 2^35] must not wrap to 0 */
+		if (bf->dims[d] && n > (uint64_t)AP_MAX_ELEMENTS / (uint64_t)bf->dims[d])
 			return ap_error_set(err, AP_ETOOLARGE, NULL, bf->name,
 					    "buffer '%s' holds more than 2^36 elements", bf->name);
+		n *= (uint64_t)bf->dims[d];
 	}
 	if (n * es != bf->bytes)
 		return ap_error_set(err, AP_EINVAL, NULL, bf->name,
@@ -306,11 +309,24 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 {
 	int rc;
 
+	uint64_t need = 0;   /* the end of the last intermediate in the workspace */
+
 	if (b->n_kernels > INT32_MAX || b->n_buffers > INT32_MAX || b->n_plan > INT32_MAX)
 		return ap_error_set(err, AP_ETOOLARGE, NULL, NULL, "bundle too large");
-	for (size_t i = 0; i < b->n_buffers; i++)
+	for (size_t i = 0; i < b->n_buffers; i++) {
 		if ((rc = check_buffer(b, i, err)) < 0)
 			return rc;
+		if (b->buffers[i]->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE &&
+		    b->buffers[i]->offset + b->buffers[i]->bytes > need)
+			need = b->buffers[i]->offset + b->buffers[i]->bytes;   /* bounded by check_buffer */
+	}
+	/* the workspace is allocated from this number: no more than its
+	 * intermediates need (the planner aligns them to 256 bytes) */
+	if (b->workspace_bytes > need + 256)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL,
+				    "the bundle asks for a %llu-byte workspace but its intermediates end "
+				    "at byte %llu", (unsigned long long)b->workspace_bytes,
+				    (unsigned long long)need);
 	/* INPUT and OUTPUT positions must be unique. */
 	for (size_t i = 0; i < b->n_buffers; i++) {
 		const Apollo__Buffer *x = b->buffers[i];
@@ -385,6 +401,10 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
 					    "launch %zu of kernel '%s' binds %zu arguments to %zu params",
 					    l, kk->name, la->n_args, kk->n_params);
+		if (la->n_arg_bytes != la->n_args)
+			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+					    "launch %zu of kernel '%s' says how many bytes %zu of its %zu "
+					    "arguments may touch", l, kk->name, la->n_arg_bytes, la->n_args);
 		for (size_t a = 0; a < la->n_args; a++) {
 			const Apollo__Buffer *bf;
 			const Apollo__KernelParam *pp = kk->params[a];
@@ -393,6 +413,12 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 						    "launch %zu of kernel '%s': argument %zu names buffer %u of %zu",
 						    l, kk->name, a, la->args[a], b->n_buffers);
 			bf = b->buffers[la->args[a]];
+			if (bf->bytes < la->arg_bytes[a])
+				return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
+						    "launch %zu of kernel '%s': argument %zu may touch %llu bytes "
+						    "but buffer '%s' has %llu", l, kk->name, a,
+						    (unsigned long long)la->arg_bytes[a], bf->name,
+						    (unsigned long long)bf->bytes);
 			if (pp->dtype != APOLLO__DATA_TYPE__DT_UNDEFINED && pp->dtype != bf->dtype)
 				return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
 						    "launch %zu of kernel '%s': param '%s' is %s but buffer '%s' is %s",
@@ -477,6 +503,28 @@ static void *load_so(const uint8_t *blob, size_t len, const char *kname, int *ke
 	return h;
 }
 
+/* The plan's per-argument bytes against what each kernel's own object says
+ * it may touch (its NAME_ap_extents, which the blob's digest vouches for):
+ * a plan that claims less than the kernel touches would let a buffer the
+ * size of the claim be overrun. */
+static int host_extents(const ap_runtime *rt, ap_error *err)
+{
+	const Apollo__Bundle *b = rt->b;
+
+	for (size_t l = 0; l < b->n_plan; l++) {
+		const Apollo__Launch *la = b->plan[l];
+		const rt_kernel *k = &rt->kernels[la->kernel];
+
+		for (size_t a = 0; k->extents && a < la->n_args; a++)
+			if (la->arg_bytes[a] < k->extents[a])
+				return ap_error_set(err, AP_EINVAL, k->pb->name, NULL,
+						    "launch %zu: kernel '%s' may touch %llu bytes of argument "
+						    "%zu, but the plan says %llu", l, k->pb->name,
+						    k->extents[a], a, (unsigned long long)la->arg_bytes[a]);
+	}
+	return 0;
+}
+
 static int host_load(ap_runtime *rt, ap_error *err)
 {
 	const Apollo__Bundle *b = rt->b;
@@ -524,8 +572,14 @@ static int host_load(ap_runtime *rt, ap_error *err)
 					    kk->name);
 		/* POSIX: dlsym's result converts to a function pointer. */
 		memcpy(&rt->kernels[k].fn, &sym, sizeof(sym));
+		{
+			char ext[300];
+
+			snprintf(ext, sizeof(ext), "%s_ap_extents", kk->name);
+			rt->kernels[k].extents = dlsym(rt->libs[lib], ext);
+		}
 	}
-	return 0;
+	return host_extents(rt, err);
 }
 
 static void *host_alloc(uint64_t bytes)

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "client/apollo.h"
+#include "client/runtime.h"
 #include "common/frame.h"
 #include "common/graph.h"
 #include "proto/apollo.pb-c.h"
@@ -2049,6 +2050,76 @@ out:
 }
 END_TEST
 
+/* A real bundle (target cpu) through the runtime after `shrink` halves its
+ * output buffer (shape and bytes agreeing) and, with `plan`, the bytes the
+ * launches say they touch of it.  Whether the runtime took it (err says
+ * why not). */
+static bool shrunk_runtime(const Apollo__Bundle *pb, bool shrink, bool plan, ap_error *err)
+{
+	Apollo__Bundle *b;
+	size_t n = apollo__bundle__get_packed_size(pb);
+	uint8_t *buf = malloc(n);
+	ap_bundle *ab;
+	ap_runtime *rt;
+
+	apollo__bundle__pack(pb, buf);
+	b = apollo__bundle__unpack(NULL, n, buf);
+	ck_assert_ptr_nonnull(b);
+	for (size_t i = 0; shrink && i < b->n_buffers; i++) {
+		Apollo__Buffer *bf = b->buffers[i];
+
+		if (bf->kind != APOLLO__BUFFER_KIND__BUF_OUTPUT)
+			continue;
+		bf->dims[bf->n_dims - 1] /= 2;
+		bf->bytes /= 2;
+		for (size_t l = 0; plan && l < b->n_plan; l++)
+			for (size_t a = 0; a < b->plan[l]->n_args; a++)
+				if (b->plan[l]->args[a] == i)
+					b->plan[l]->arg_bytes[a] /= 2;
+	}
+	n = apollo__bundle__get_packed_size(b);
+	buf = realloc(buf, n);
+	apollo__bundle__pack(b, buf);
+	apollo__bundle__free_unpacked(b, NULL);
+	ab = ap_bundle_unpack(buf, n, err);
+	free(buf);
+	ck_assert_ptr_nonnull(ab);
+	rt = ap_runtime_new(ab, NULL, err);
+	ap_runtime_free(rt);
+	ap_bundle_free(ab);
+	return rt != NULL;
+}
+
+/* Issue 29, item 4: the runtime trusts no size in a bundle.  A real
+ * bundle's output buffer halved (its shape and bytes agreeing, its kernels
+ * and digests untouched) is refused before anything runs: against the
+ * launch's per-argument bytes, and, when those are halved too, against
+ * what the kernel's own object says it touches (NAME_ap_extents). */
+START_TEST(shrunk_buffers_refused)
+{
+	daemon_t d;
+	Apollo__Graph *g = add_relu(4096);
+	Apollo__Envelope *r;
+	ap_error err;
+	int fd;
+
+	daemon_start(&d);
+	fd = connect_unix(d.sock);
+	r = compile(fd, 1, g, NULL);
+	bundle_ok(r, "cpu");
+	ck_assert_msg(shrunk_runtime(r->compiled->bundle, false, false, &err), "%s", err.msg);
+	ck_assert(!shrunk_runtime(r->compiled->bundle, true, false, &err));
+	ck_assert_msg(strstr(err.msg, "may touch") && strstr(err.msg, "but buffer"), "%s", err.msg);
+	ck_assert(!shrunk_runtime(r->compiled->bundle, true, true, &err));
+	ck_assert_msg(strstr(err.msg, "but the plan says"), "%s", err.msg);
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
 /* Without NVRTC a GPU target is a clear error and cpu still works. */
 START_TEST(gpu_target_without_nvrtc)
 {
@@ -3393,6 +3464,7 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, foreign_daemon_refused);
 	tcase_add_test(tc, untrusted_files_and_secrets);
 	tcase_add_test(tc, driver_negotiation);
+	tcase_add_test(tc, shrunk_buffers_refused);
 	suite_add_tcase(s, tc);
 	return s;
 }

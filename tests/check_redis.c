@@ -154,7 +154,7 @@ START_TEST(round_trip)
 	ck_assert_int_eq(ap_redis_get(r, AP_REDIS_KERNEL, k, &e), 0);
 
 	ap_redis_key_string(r, AP_REDIS_ACTION, k, ks, sizeof(ks));
-	ck_assert_int_eq(strncmp(ks, "t:s4.1:a:", 9), 0);
+	ck_assert_int_eq(strncmp(ks, "t:s5.1:a:", 9), 0);
 	ck_assert_uint_eq(strlen(ks), 9 + 64);
 	snprintf(cmd, sizeof(cmd), "TTL %s", ks);
 	cli(out, sizeof(out), cmd);

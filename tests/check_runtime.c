@@ -166,11 +166,16 @@ static void hb_init(hb *h, const char *target, const uint8_t *blob, size_t blob_
 /* Packs the hand-made bundle and unpacks it as a client would receive it. */
 /* Gives every kernel without a digest the SHA-256 of its blob, as the
  * daemon does (the runtime loads nothing else). */
+/* Finishes a hand-built bundle as the daemon would: each kernel's digest,
+ * and each launch's per-argument bytes (its buffers' sizes, unless the test
+ * set them). */
 static void sign(const Apollo__Bundle *bb)
 {
 	static uint8_t digests[16][32];
+	static uint64_t arg_bytes[16][8];
 
 	ck_assert_uint_le(bb->n_kernels, 16);
+	ck_assert_uint_le(bb->n_plan, 16);
 	for (size_t k = 0; k < bb->n_kernels; k++) {
 		Apollo__Kernel *kk = bb->kernels[k];
 		if (kk->digest.len)
@@ -178,6 +183,16 @@ static void sign(const Apollo__Bundle *bb)
 		ap_sha256(kk->blob.data, kk->blob.len, digests[k]);
 		kk->digest.data = digests[k];
 		kk->digest.len = 32;
+	}
+	for (size_t l = 0; l < bb->n_plan; l++) {
+		Apollo__Launch *la = bb->plan[l];
+
+		if (la->n_arg_bytes || la->n_args > 8)
+			continue;
+		for (size_t a = 0; a < la->n_args; a++)
+			arg_bytes[l][a] = la->args[a] < bb->n_buffers ? bb->buffers[la->args[a]]->bytes : 0;
+		la->arg_bytes = arg_bytes[l];
+		la->n_arg_bytes = la->n_args;
 	}
 }
 
@@ -574,6 +589,7 @@ enum breakage {
 	BR_NO_SYMBOL, BR_BAD_BLOB, BR_EMPTY_BLOB, BR_DIGEST, BR_NO_DIGEST,
 	BR_CONST_SHORT, BR_DATA_NOT_CONST, BR_WRITES_CONST, BR_KIND,
 	BR_SHARE_FORWARD, BR_SHARE_AND_OWN, BR_SHARE_DIGEST,
+	BR_SHRUNK, BR_HUGE_DIMS, BR_ARG_BYTES_COUNT,
 };
 
 START_TEST(malformed_bundles)
@@ -594,7 +610,14 @@ START_TEST(malformed_bundles)
 		{ BR_WRITES_CONST, AP_EINVAL }, { BR_KIND, AP_EINVAL },
 		{ BR_SHARE_FORWARD, AP_EINVAL }, { BR_SHARE_AND_OWN, AP_EINVAL },
 		{ BR_SHARE_DIGEST, AP_EINVAL },
+		/* issue 29, item 4: a buffer shrunk (shape and bytes agreeing) under
+		 * a launch that may touch more; dims whose product wraps to 0; a
+		 * launch without its per-argument bytes */
+		{ BR_SHRUNK, AP_EINVAL }, { BR_HUGE_DIMS, AP_ETOOLARGE },
+		{ BR_ARG_BYTES_COUNT, AP_EINVAL },
 	};
+	static uint64_t touched[2];
+	static int64_t half_z[1] = { ROWS / 2 }, huge[2] = { 1LL << 35, 1LL << 35 };
 	static const uint8_t junk[16] = "not an ELF file";
 	static uint8_t zero32[32];
 	static uint8_t wbytes[COLS * 4];
@@ -645,6 +668,19 @@ START_TEST(malformed_bundles)
 		case BR_SHARE_AND_OWN: h.k[1].blob_of = 1; break;
 		case BR_SHARE_DIGEST: h.k[1].blob_of = 1; h.k[1].blob.len = 0;
 			h.k[1].digest.data = zero32; h.k[1].digest.len = 32; break;
+		case BR_SHRUNK:
+			touched[0] = h.buf[2].bytes;
+			touched[1] = h.buf[3].bytes;
+			h.l[1].arg_bytes = touched;
+			h.l[1].n_arg_bytes = 2;
+			h.buf[3].dims = half_z;
+			h.buf[3].bytes = ROWS / 2 * 4;
+			break;
+		case BR_HUGE_DIMS: h.buf[0].dims = huge; h.buf[0].bytes = 0; break;
+		case BR_ARG_BYTES_COUNT:
+			h.l[1].arg_bytes = touched;
+			h.l[1].n_arg_bytes = 1;
+			break;
 		}
 		b = hb_bundle(&h);
 		rt = ap_runtime_new(b, NULL, &err);

@@ -1146,10 +1146,16 @@ static Apollo__Bundle *build_bundle(const ap_program *p, struct kblob *blobs, co
 		b->n_plan = (size_t)i + 1;
 		pl->kernel = (uint32_t)l->kernel;
 		pl->args = xcalloc((size_t)l->n_args, sizeof(uint32_t), oom);
-		if (pl->args) {
-			pl->n_args = (size_t)l->n_args;
-			for (int a = 0; a < l->n_args; a++)
+		pl->arg_bytes = xcalloc((size_t)l->n_args, sizeof(uint64_t), oom);
+		if (pl->args && pl->arg_bytes) {
+			/* each kernel parameter addresses its tensor whole: what the
+			 * kernel may touch is that buffer's bytes (the runtime checks
+			 * every bound buffer against it) */
+			pl->n_args = pl->n_arg_bytes = (size_t)l->n_args;
+			for (int a = 0; a < l->n_args; a++) {
 				pl->args[a] = (uint32_t)l->args[a];
+				pl->arg_bytes[a] = p->buffers[l->args[a]].nbytes;
+			}
 		}
 		/* The imported nodes this launch computes and its micro-graph's
 		 * kind (a kernel may be shared by several launches). */

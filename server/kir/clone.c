@@ -321,6 +321,8 @@ static ap_kir_array *clone_array(cloner *c, const ap_kir_array *a)
 	switch (a->space) {
 	case AP_KIR_GLOBAL:
 		r = ap_kir_param(c->dst, name, a->type, a->written, a->tensor);
+		if (r)
+			r->size = a->size;
 		break;
 	case AP_KIR_SHARED:
 		r = ap_kir_shared(c->dst, name, a->type, a->size);

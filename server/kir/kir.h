@@ -79,7 +79,8 @@ typedef struct ap_kir_array {
 	char *name;
 	ap_dtype type;
 	ap_kir_space space;
-	int64_t size;          /* elements (all spaces but GLOBAL) */
+	int64_t size;          /* elements (GLOBAL: of its tensor, what the kernel
+				  may touch, set by the lowering; 0 = not known) */
 	int param;             /* GLOBAL: position in the parameter list; else -1 */
 	bool written;          /* GLOBAL: the kernel stores to it */
 	int tensor;            /* GLOBAL: graph tensor bound to it (-1 if none) */

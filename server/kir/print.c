@@ -2019,6 +2019,18 @@ static void print_host(printer *p)
 	print_prelude(p);
 	sb_printf(b, "void %s(void *const *args, unsigned block_begin, unsigned block_end);\n",
 		  k->name);
+	if (k->n_params > 0) {
+		/* what each parameter may touch, bytes (0: not known): the
+		 * runtime refuses a launch that binds a smaller buffer */
+		sb_printf(b, "const unsigned long long %s_ap_extents[%d] = {", k->name, k->n_params);
+		for (int i = 0; i < k->n_params; i++) {
+			const ap_kir_array *a = param_at(k, i);
+
+			sb_printf(b, "%s%lluull", i ? ", " : "",
+				  a ? (unsigned long long)a->size * ap_dtype_size(a->type) : 0ull);
+		}
+		sb_printf(b, "};\n");
+	}
 	sb_printf(b, "%svoid %s(void *const *args, unsigned block_begin, unsigned block_end)\n{\n",
 		  has_register_tile(p) ? "AP_HOST_ISA " : "", k->name);
 	for (int i = 0; i < k->n_params; i++) {

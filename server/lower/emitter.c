@@ -228,6 +228,13 @@ __ap_give ap_kir_kernel *ap_lower(const ap_mgraph *m, const ap_target_info *t, c
 	if (rc)
 		return ap_kir_kernel_free(k);
 	add_header(k, m, &s, &sp);
+	/* each parameter's extent: the elements of its tensor, what the kernel
+	 * may touch (the host printer exports them; the runtime checks bound
+	 * buffers against them) */
+	for (int i = 0; i < k->n_arrays; i++)
+		if (k->arrays[i]->space == AP_KIR_GLOBAL && k->arrays[i]->tensor >= 0 &&
+		    k->arrays[i]->tensor < m->g->n_tensors)
+			k->arrays[i]->size = ap_tensor_numel(&m->g->tensors[k->arrays[i]->tensor]);
 	if (ap_kir_failed(k)) {
 		ap_error_set(err, AP_ENOMEM, m->g->nodes[m->root].name, NULL,
 			     "out of memory lowering a micro-graph");

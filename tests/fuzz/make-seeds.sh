@@ -22,9 +22,17 @@ for t in test_add test_relu test_softmax_axis_1 test_matmul_2d test_reduce_sum_k
 	if "$CLIENT" submit "$d/model.onnx" --data "$d/test_data_set_0" -o "$OUT/bundle/$t" >/dev/null 2>&1; then
 		n=$((n + 1))
 	fi
+	mkdir -p "$OUT/checked-bundle"
+	"$CLIENT" submit "$d/model.onnx" --data "$d/test_data_set_0" --host-check \
+		-o "$OUT/checked-bundle/$t" >/dev/null 2>&1 || true
 done
 ap_stop
-for k in onnx tensor envelope compile bundle; do
+# fuzz_runtime edits those real bundles: its inputs are edit lists (an
+# empty one runs a bundle as it is)
+mkdir -p "$OUT/runtime"
+printf '\000' >"$OUT/runtime/as-is"
+printf '\001\001\000\000\000\000\000\000\004\000\000\000\000' >"$OUT/runtime/small-bytes"
+for k in onnx tensor envelope compile bundle runtime; do
 	echo "make-seeds: $k: $(ls "$OUT/$k" | wc -l) seeds"
 done
 [ "$n" -gt 0 ] || { echo "make-seeds: no bundle compiled"; exit 1; }

@@ -88,7 +88,7 @@ class Bundle:
             b = ap_bundle_buffer()
             if lib.ap_bundle_buffer_get(self._b, i, ctypes.byref(b)) < 0:
                 raise ApolloError(EINVAL, "bundle buffer %d" % i)
-            out.append({"name": b.name.decode(), "kind": BUFFER_KINDS[b.kind] if b.kind < 4 else "?",
+            out.append({"name": b.name.decode(), "kind": BUFFER_KINDS[b.kind] if b.kind < len(BUFFER_KINDS) else "?",
                         "dtype": b.dtype, "shape": tuple(b.dims[d] for d in range(max(b.rank, 0))),
                         "bytes": int(b.bytes), "index": b.index})
         return out
