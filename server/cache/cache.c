@@ -1160,17 +1160,18 @@ static int bound_rows(ap_cache *c, struct conn *co, const char *table, const cha
 	return exec_sig(c, co, sql, NULL, NULL, NULL, "bounding a table");
 }
 
-int ap_cache_bundle_tuned(ap_cache *c, const uint8_t key[32], const char *target,
-			  const char *device, const uint8_t (*sigs)[32], int n)
+/* Runs `sql` once per row i < n in one transaction on a pooled
+ * connection, bind(st, i, user) binding row i; then, when `table` is not
+ * NULL, keeps at most `max` of its rows (bound_rows).  All or nothing.
+ * 0, or negative (off, busy, I/O). */
+static int insert_rows(ap_cache *c, const char *sql, int n,
+		       void (*bind)(sqlite3_stmt *st, int i, const void *user), const void *user,
+		       const char *what, const char *table, int64_t max)
 {
-	static const char sql[] = "INSERT OR IGNORE INTO bundle_tuned(key, sig, target, device)"
-				  " VALUES (?1, ?2, ?3, ?4)";
 	struct conn *co;
 	sqlite3_stmt *st = NULL;
 	int rc;
 
-	if (n <= 0)
-		return 0;
 	if (!(co = acquire(c)))
 		return AP_EIO;
 	rc = begin(c, co);
@@ -1178,57 +1179,77 @@ int ap_cache_bundle_tuned(ap_cache *c, const uint8_t key[32], const char *target
 		int s = sqlite3_prepare_v2(co->db, sql, -1, &st, NULL);
 
 		for (int i = 0; s == SQLITE_OK && i < n; i++) {
-			sqlite3_bind_blob(st, 1, key, 32, SQLITE_STATIC);
-			sqlite3_bind_blob(st, 2, sigs[i], 32, SQLITE_STATIC);
-			sqlite3_bind_text(st, 3, target, -1, SQLITE_STATIC);
-			sqlite3_bind_text(st, 4, device ? device : "", -1, SQLITE_STATIC);
+			bind(st, i, user);
 			s = sqlite3_step(st);
 			s = s == SQLITE_DONE ? SQLITE_OK : s;
 			sqlite3_reset(st);
 		}
 		sqlite3_finalize(st);
-		rc = check(c, co, s, "noting a bundle's tuned kernels");
+		rc = check(c, co, s, what);
+		if (!rc && table)
+			rc = bound_rows(c, co, table, "1", max);
 		rc = rc ? rollback(co, rc) : commit(c, co);
 	}
 	release(c, co);
 	return rc;
 }
 
+struct tuned_rows {
+	const uint8_t *key;
+	const char *target, *device;
+	const uint8_t (*sigs)[32];
+};
+
+static void bind_tuned(sqlite3_stmt *st, int i, const void *user)
+{
+	const struct tuned_rows *t = user;
+
+	sqlite3_bind_blob(st, 1, t->key, 32, SQLITE_STATIC);
+	sqlite3_bind_blob(st, 2, t->sigs[i], 32, SQLITE_STATIC);
+	sqlite3_bind_text(st, 3, t->target, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 4, t->device ? t->device : "", -1, SQLITE_STATIC);
+}
+
+int ap_cache_bundle_tuned(ap_cache *c, const uint8_t key[32], const char *target,
+			  const char *device, const uint8_t (*sigs)[32], int n)
+{
+	struct tuned_rows t = { key, target, device, sigs };
+
+	if (n <= 0)
+		return 0;
+	return insert_rows(c, "INSERT OR IGNORE INTO bundle_tuned(key, sig, target, device)"
+			   " VALUES (?1, ?2, ?3, ?4)", n, bind_tuned, &t,
+			   "noting a bundle's tuned kernels", NULL, 0);
+}
+
+struct report_rows {
+	const char *target, *device, *reporter;
+	const ap_cache_report *rows;
+	int64_t now;
+};
+
+static void bind_report(sqlite3_stmt *st, int i, const void *user)
+{
+	const struct report_rows *r = user;
+
+	sqlite3_bind_blob(st, 1, r->rows[i].sig, 32, SQLITE_STATIC);
+	sqlite3_bind_text(st, 2, r->target, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 3, r->device, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 4, r->reporter, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 5, r->rows[i].schedule, -1, SQLITE_STATIC);
+	sqlite3_bind_double(st, 6, r->rows[i].time_us);
+	sqlite3_bind_int64(st, 7, r->now);
+}
+
 int ap_cache_report_put(ap_cache *c, const char *target, const char *device, const char *reporter,
 			const ap_cache_report *rows, int n)
 {
-	static const char sql[] = "INSERT OR REPLACE INTO tune_reports(sig, target, device, reporter,"
-				  " schedule, time_us, created) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
-	struct conn *co;
-	sqlite3_stmt *st = NULL;
-	int rc;
+	struct report_rows r = { target, device, reporter, rows, now_s(c) };
 
-	if (!(co = acquire(c)))
-		return AP_EIO;
-	rc = begin(c, co);
-	if (!rc) {
-		int s = sqlite3_prepare_v2(co->db, sql, -1, &st, NULL);
-
-		for (int i = 0; s == SQLITE_OK && i < n; i++) {
-			sqlite3_bind_blob(st, 1, rows[i].sig, 32, SQLITE_STATIC);
-			sqlite3_bind_text(st, 2, target, -1, SQLITE_STATIC);
-			sqlite3_bind_text(st, 3, device, -1, SQLITE_STATIC);
-			sqlite3_bind_text(st, 4, reporter, -1, SQLITE_STATIC);
-			sqlite3_bind_text(st, 5, rows[i].schedule, -1, SQLITE_STATIC);
-			sqlite3_bind_double(st, 6, rows[i].time_us);
-			sqlite3_bind_int64(st, 7, now_s(c));
-			s = sqlite3_step(st);
-			s = s == SQLITE_DONE ? SQLITE_OK : s;
-			sqlite3_reset(st);
-		}
-		sqlite3_finalize(st);
-		rc = check(c, co, s, "storing a tuning report");
-		if (!rc)
-			rc = bound_rows(c, co, "tune_reports", "1", AP_CACHE_REPORTS_MAX);
-		rc = rc ? rollback(co, rc) : commit(c, co);
-	}
-	release(c, co);
-	return rc;
+	return insert_rows(c, "INSERT OR REPLACE INTO tune_reports(sig, target, device, reporter,"
+			   " schedule, time_us, created) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)", n,
+			   bind_report, &r, "storing a tuning report", "tune_reports",
+			   AP_CACHE_REPORTS_MAX);
 }
 
 static int cmp_double(const void *a, const void *b)
