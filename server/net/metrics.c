@@ -262,6 +262,10 @@ static void build_redis(ap_metrics_snapshot *m, const ap_metrics_input *in)
 	single(m, "apollo_redis_verify_failures_total", "counter",
 	       "Entries read from Redis whose signature or format did not verify (not served).",
 	       (double)r->verify_failures);
+	single(m, "apollo_redis_refused_replies_total", "counter",
+	       "Replies refused for their size (a bulk string over redis_max_value_bytes, or a "
+	       "reply over it + 64 KiB or 1024 elements in all); each also a failure.",
+	       (double)r->refused);
 	family(m, "apollo_redis_bytes_total", "counter",
 	       "Bytes of entries read from and written to the shared cache (l2).");
 	sample(m, NULL, (double)r->bytes_read, 1, "direction", "read");
