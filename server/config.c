@@ -202,7 +202,8 @@ static const ap_config_option options[] = {
 	{ "redis_max_value_bytes", NUM(AP_CFG_SIZE, redis_max_value_bytes), "64M", 1024,
 	  1LL << 30, NULL,
 	  "Largest entry written to or read from Redis, bytes.  A larger reply is "
-	  "refused as it arrives (before it is all buffered) and counts as a miss." },
+	  "refused as it arrives (before it is all buffered) and counts as a miss; so "
+	  "is any reply whose parts together pass this + 64 KiB, or 1024 elements." },
 	{ "metrics", STR(metrics), "", 0, 0, NULL,
 	  "Prometheus metrics over HTTP at [HOST:]PORT (GET /metrics); a bare PORT "
 	  "or :PORT listens on 127.0.0.1 only.  Empty: no metrics endpoint.  The "

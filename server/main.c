@@ -175,6 +175,9 @@ int main(int argc, char **argv)
 	}
 	ap_log_set_level((ap_log_level)cfg.log_level);
 	signal(SIGPIPE, SIG_IGN);   /* a peer gone (client, Redis) is an error, not the end */
+	/* a write past the file-size limit (ulimit -f) is EFBIG, not the end:
+	 * the cache is then degraded, not the daemon killed (cache.h) */
+	signal(SIGXFSZ, SIG_IGN);
 	if (!cfg.foreground) {
 		ready_fd = detach();
 		if (ready_fd < 0) {

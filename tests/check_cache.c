@@ -3,14 +3,22 @@
  * writers, persistence, a cache that cannot work turning itself off, and a
  * file that is not a database (garbage, truncated, broken at run time)
  * replaced by a fresh one at the next open; the size limit with least
- * recently used eviction, the schema 1 upgrade and the memory tier. */
+ * recently used eviction, the schema 1 upgrade and the memory tier; no
+ * room for a write -- a real file-size limit (EFBIG) and a real full file
+ * system (ENOSPC, a small tmpfs) -- degrading the cache instead of turning
+ * it off, with retries on a back-off and recovery once there is room. */
 #include <check.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -598,6 +606,293 @@ START_TEST(memory_tier)
 }
 END_TEST
 
+/* ---- no room (issue 29, item 6) ------------------------------------------------- */
+
+/* ap_cache_put of `n` bytes of `fill` under `key`: its result. */
+static int put_fill(ap_cache *c, const char *key, int fill, size_t n)
+{
+	uint8_t k[32], *v = malloc(n);
+	int rc;
+
+	ck_assert_ptr_nonnull(v);
+	memset(v, fill, n);
+	key_of(key, k);
+	rc = ap_cache_put(c, k, v, n);
+	free(v);
+	return rc;
+}
+
+/* Whether `key` reads back as exactly `n` bytes of `fill`. */
+static bool holds(ap_cache *c, const char *key, int fill, size_t n)
+{
+	uint8_t k[32], *v = NULL;
+	size_t len = 0;
+	bool ok;
+
+	key_of(key, k);
+	if (ap_cache_get(c, k, &v, &len) != 1)
+		return false;
+	ok = len == n;
+	for (size_t i = 0; ok && i < n; i++)
+		ok = v[i] == (uint8_t)fill;
+	free(v);
+	return ok;
+}
+
+static ap_cache_counts counts(ap_cache *c)
+{
+	ap_cache_counts n;
+
+	ap_cache_get_counts(c, &n);
+	return n;
+}
+
+static void set_fsize(rlim_t soft)
+{
+	struct rlimit rl;
+
+	ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &rl), 0);
+	rl.rlim_cur = soft;
+	ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+}
+
+/* A real file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored as apollod does):
+ * a write past it fails with EFBIG; the cache is degraded, not off: reads
+ * hit, writes are skipped until each retry, the retries 1, 2, 4 ... s
+ * apart up to 60 s (the cache's clock is the test's), and once the limit
+ * is raised the next retry succeeds and the cache is whole again.  No room
+ * again within a minute goes on from the last wait; later, from 1 s. */
+START_TEST(file_size_limit_degrades)
+{
+	static const int64_t retries[] = { 1001, 1003, 1007, 1015, 1031, 1063, 1123, 1183 };
+	struct rlimit saved;
+	ap_cache *c = open_ok();
+	ap_cache_counts n;
+	char key[32];
+
+	ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &saved), 0);
+	ck_assert(saved.rlim_max == RLIM_INFINITY);
+	signal(SIGXFSZ, SIG_IGN);
+	ap__cache_set_time(c, 1000);
+	for (int i = 0; i < 4; i++) {
+		snprintf(key, sizeof(key), "before %d", i);
+		ck_assert_int_eq(put_fill(c, key, 'a' + i, 3000), 0);
+	}
+	/* below the size of every file of the cache: no write fits */
+	set_fsize(4096);
+	ck_assert_int_eq(put_fill(c, "refused", 'r', 3000), AP_EIO);
+	n = counts(c);
+	ck_assert(n.degraded);
+	ck_assert(ap_cache_enabled(c));
+	ck_assert_uint_eq(n.space_failures, 1);
+	ck_assert_uint_eq(n.skipped_writes, 0);
+	ck_assert_uint_eq(n.actions, 4);            /* the failed write was rolled back */
+	ck_assert_uint_eq(n.blobs, 4);
+	ck_assert_uint_eq(n.blob_bytes, 4 * 3000);
+	for (int i = 0; i < 4; i++) {
+		snprintf(key, sizeof(key), "before %d", i);
+		ck_assert_msg(holds(c, key, 'a' + i, 3000), "%s lost", key);
+	}
+	ck_assert(!holds(c, "refused", 'r', 3000));
+	/* skipped while it lasts: nothing reaches the file */
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(put_fill(c, "skipped", 's', 100), AP_EBUSY);
+	n = counts(c);
+	ck_assert_uint_eq(n.skipped_writes, 3);
+	ck_assert_uint_eq(n.space_failures, 1);
+
+	/* the retries: 1 s after the failure, then doubling, at most 60 s
+	 * apart; each fails (still no room) and the writes between them are
+	 * skipped */
+	for (size_t r = 0; r < sizeof(retries) / sizeof(retries[0]); r++) {
+		ap__cache_set_time(c, retries[r] - 1);
+		ck_assert_int_eq(put_fill(c, "skipped", 's', 100), AP_EBUSY);
+		ap__cache_set_time(c, retries[r]);
+		ck_assert_msg(put_fill(c, "retry", 't', 100) == AP_EIO, "no retry at %lld",
+			      (long long)retries[r]);
+		ck_assert_int_eq(put_fill(c, "skipped", 's', 100), AP_EBUSY);   /* one at a time */
+	}
+	n = counts(c);
+	ck_assert(n.degraded);
+	ck_assert_uint_eq(n.space_failures, 1 + 8);
+	ck_assert_uint_eq(n.skipped_writes, 3 + 2 * 8);
+
+	/* room again: the next retry (60 s on) succeeds, the cache is whole */
+	ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &saved), 0);
+	ap__cache_set_time(c, 1242);
+	ck_assert_int_eq(put_fill(c, "skipped", 's', 100), AP_EBUSY);
+	ap__cache_set_time(c, 1243);
+	ck_assert_int_eq(put_fill(c, "after 0", 'x', 3000), 0);
+	ck_assert(!counts(c).degraded);
+	ck_assert_int_eq(put_fill(c, "after 1", 'y', 3000), 0);   /* at once */
+	ck_assert(holds(c, "after 0", 'x', 3000));
+	ck_assert(holds(c, "after 1", 'y', 3000));
+	ck_assert(!holds(c, "skipped", 's', 100));
+	n = counts(c);
+	ck_assert_uint_eq(n.actions, 6);
+	ck_assert_uint_eq(n.blobs, 6);
+	ck_assert_uint_eq(n.skipped_writes, 3 + 2 * 8 + 1);
+
+	/* no room again within a minute: the wait goes on from 60 s */
+	set_fsize(4096);
+	ap__cache_set_time(c, 1250);
+	ck_assert_int_eq(put_fill(c, "refused", 'r', 3000), AP_EIO);
+	ap__cache_set_time(c, 1309);
+	ck_assert_int_eq(put_fill(c, "skipped", 's', 100), AP_EBUSY);
+	ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &saved), 0);
+	ap__cache_set_time(c, 1310);
+	ck_assert_int_eq(put_fill(c, "after 2", 'z', 3000), 0);
+	/* ... a minute later, from 1 s again */
+	set_fsize(4096);
+	ap__cache_set_time(c, 1371);
+	ck_assert_int_eq(put_fill(c, "refused", 'r', 3000), AP_EIO);
+	ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &saved), 0);
+	ck_assert_int_eq(put_fill(c, "skipped", 's', 100), AP_EBUSY);
+	ap__cache_set_time(c, 1372);
+	ck_assert_int_eq(put_fill(c, "after 3", 'v', 3000), 0);
+	n = counts(c);
+	ck_assert(!n.degraded);
+	ck_assert_uint_eq(n.space_failures, 1 + 8 + 2);
+	ck_assert_uint_eq(n.actions, 8);
+	ap_cache_free(c);
+
+	/* nothing was lost or broken: a new open finds all eight */
+	c = open_ok();
+	n = counts(c);
+	ck_assert_uint_eq(n.actions, 8);
+	ck_assert(!n.degraded);
+	for (int i = 0; i < 4; i++) {
+		snprintf(key, sizeof(key), "before %d", i);
+		ck_assert(holds(c, key, 'a' + i, 3000));
+	}
+	ck_assert(holds(c, "after 1", 'y', 3000));
+	ck_assert(holds(c, "after 2", 'z', 3000));
+	ck_assert(holds(c, "after 3", 'v', 3000));
+	ap_cache_free(c);
+	{
+		char marker[160];
+
+		snprintf(marker, sizeof(marker), "%s.corrupt", db);
+		ck_assert_int_ne(access(marker, F_OK), 0);
+	}
+}
+END_TEST
+
+/* Mounts a tmpfs of `size` bytes at `at` in a mount namespace of this
+ * process only (the test runs in its own process, check's fork mode).
+ * Needs root: in a user namespace the real root's directories (/, /tmp)
+ * show as uid 65534, which the cache's ownership rule refuses.  false,
+ * with `why`, where it cannot. */
+static bool private_tmpfs(const char *at, size_t size, char *why, size_t cap)
+{
+	const char *fork_mode = getenv("CK_FORK");
+	char opts[64];
+
+	if (fork_mode && !strcmp(fork_mode, "no")) {
+		snprintf(why, cap, "CK_FORK=no: the mount would outlive the test");
+		return false;
+	}
+	if (unshare(CLONE_NEWNS)) {
+		snprintf(why, cap, "no mount namespace (needs root): %s", strerror(errno));
+		return false;
+	}
+	/* nothing mounted here may show outside this process */
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) {
+		snprintf(why, cap, "cannot make / private: %s", strerror(errno));
+		return false;
+	}
+	snprintf(opts, sizeof(opts), "size=%zu,mode=0700", size);
+	if (mount("tmpfs", at, "tmpfs", MS_NOSUID | MS_NODEV, opts)) {
+		snprintf(why, cap, "cannot mount a tmpfs: %s", strerror(errno));
+		return false;
+	}
+	return true;
+}
+
+/* A real full file system (a 1 MiB tmpfs, ENOSPC: SQLITE_FULL): the cache
+ * is degraded, reads hit, writes are skipped and a retry while it is
+ * still full fails; once a file is removed the next retry succeeds. */
+START_TEST(disk_full_degrades)
+{
+	char small[96], filler[128], why[200], key[32];
+	ap_cache *c = NULL;
+	ap_cache_counts n;
+	ap_error err;
+	int stored = 0, rc = 0;
+	FILE *f;
+
+	snprintf(small, sizeof(small), "%s/small", dir);
+	ck_assert_int_eq(mkdir(small, 0700), 0);
+	if (!private_tmpfs(small, 1 << 20, why, sizeof(why))) {
+		printf("disk_full_degrades: skipped: %s\n", why);
+		fflush(stdout);
+		return;
+	}
+	/* half of it taken by another file */
+	snprintf(filler, sizeof(filler), "%s/filler", small);
+	f = fopen(filler, "w");
+	ck_assert_ptr_nonnull(f);
+	for (int i = 0; i < 128; i++) {
+		char page[4096];
+
+		memset(page, 'f', sizeof(page));
+		ck_assert_uint_eq(fwrite(page, 1, sizeof(page), f), sizeof(page));
+	}
+	ck_assert_int_eq(fclose(f), 0);
+	snprintf(db, sizeof(db), "%s/cache.db", small);
+	ck_assert_msg(ap_cache_open(db, &c, &err) == 0, "%s", err.msg);
+	ap__cache_set_time(c, 1000);
+	/* 16 KiB values until the file system is full */
+	while (stored < 64) {
+		snprintf(key, sizeof(key), "v%d", stored);
+		if ((rc = put_fill(c, key, 'A' + stored % 26, 16384)))
+			break;
+		stored++;
+	}
+	ck_assert_int_eq(rc, AP_EIO);
+	ck_assert_int_gt(stored, 4);
+	ck_assert_int_lt(stored, 32);
+	n = counts(c);
+	ck_assert(n.degraded);
+	ck_assert(ap_cache_enabled(c));
+	ck_assert_uint_eq(n.space_failures, 1);
+	ck_assert_uint_eq(n.actions, (uint64_t)stored);
+	ck_assert_uint_eq(n.blob_bytes, (uint64_t)stored * 16384);
+	for (int i = 0; i < stored; i++) {
+		snprintf(key, sizeof(key), "v%d", i);
+		ck_assert_msg(holds(c, key, 'A' + i % 26, 16384), "%s lost", key);
+	}
+	ck_assert_int_eq(put_fill(c, "skipped", 's', 100), AP_EBUSY);
+	/* a retry while still full fails, and waits twice as long */
+	ap__cache_set_time(c, 1001);
+	ck_assert_int_eq(put_fill(c, "still full", 'z', 16384), AP_EIO);
+	ap__cache_set_time(c, 1002);
+	ck_assert_int_eq(put_fill(c, "skipped", 's', 100), AP_EBUSY);
+	n = counts(c);
+	ck_assert_uint_eq(n.space_failures, 2);
+	ck_assert_uint_eq(n.skipped_writes, 2);
+
+	/* space freed: the next retry succeeds */
+	ck_assert_int_eq(unlink(filler), 0);
+	ap__cache_set_time(c, 1003);
+	ck_assert_int_eq(put_fill(c, "after", 'y', 16384), 0);
+	ck_assert(!counts(c).degraded);
+	ck_assert_int_eq(put_fill(c, "after 2", 'w', 16384), 0);
+	ck_assert(holds(c, "after", 'y', 16384));
+	ck_assert(holds(c, "after 2", 'w', 16384));
+	ck_assert_uint_eq(counts(c).actions, (uint64_t)stored + 2);
+	ap_cache_free(c);
+	c = open_ok();
+	ck_assert_uint_eq(counts(c).actions, (uint64_t)stored + 2);
+	for (int i = 0; i < stored; i++) {
+		snprintf(key, sizeof(key), "v%d", i);
+		ck_assert(holds(c, key, 'A' + i % 26, 16384));
+	}
+	ap_cache_free(c);
+	ck_assert_int_eq(umount(small), 0);
+}
+END_TEST
+
 START_TEST(off_and_default_path)
 {
 	ap_cache *c = NULL;
@@ -641,6 +936,8 @@ static Suite *cache_suite(void)
 	tcase_add_test(tc, lru_eviction);
 	tcase_add_test(tc, schema_1_upgraded);
 	tcase_add_test(tc, memory_tier);
+	tcase_add_test(tc, file_size_limit_degrades);
+	tcase_add_test(tc, disk_full_degrades);
 	suite_add_tcase(s, tc);
 	return s;
 }

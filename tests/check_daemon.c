@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -399,11 +400,13 @@ static Apollo__Error *compile_error(Apollo__Envelope *r, int code)
 
 /* ---- the daemon ------------------------------------------------------------ */
 
-/* Starts apollod on a fresh socket; `cache` NULL = a fresh cache file in
- * the daemon's directory; `env` (may be NULL) "NAME=VALUE" strings for the
- * child; `extra` NULL-terminated extra arguments. */
-static void daemon_start_in(daemon_t *d, const char *dir, const char *const *env,
-			    const char *const *extra)
+/* Starts apollod on a fresh socket; `dir` NULL = a fresh directory (the
+ * cache file in it); `env` (may be NULL) "NAME=VALUE" strings for the
+ * child; `extra` NULL-terminated extra arguments; `fsize` > 0: the
+ * child's soft RLIMIT_FSIZE in bytes (ulimit -f; the hard limit stays,
+ * so prlimit can raise it again). */
+static void daemon_start_limited(daemon_t *d, const char *dir, const char *const *env,
+				 const char *const *extra, rlim_t fsize)
 {
 	const char *bin = apollod_path();
 	struct stat st;
@@ -432,6 +435,14 @@ static void daemon_start_in(daemon_t *d, const char *dir, const char *const *env
 		}
 		for (int i = 0; env && env[i]; i++)
 			putenv((char *)env[i]);
+		if (fsize > 0) {
+			struct rlimit rl;
+
+			getrlimit(RLIMIT_FSIZE, &rl);
+			rl.rlim_cur = fsize;
+			if (setrlimit(RLIMIT_FSIZE, &rl))
+				_exit(126);
+		}
 		argv[n++] = bin;
 		argv[n++] = "--socket";
 		argv[n++] = d->sock;
@@ -461,6 +472,12 @@ static void daemon_start_in(daemon_t *d, const char *dir, const char *const *env
 		sleep_ms(10);
 	}
 	ck_abort_msg("apollod did not start listening on %s", d->sock);
+}
+
+static void daemon_start_in(daemon_t *d, const char *dir, const char *const *env,
+			    const char *const *extra)
+{
+	daemon_start_limited(d, dir, env, extra, 0);
 }
 
 static void daemon_start(daemon_t *d)
@@ -3313,6 +3330,111 @@ START_TEST(decode_memory_bounded)
 }
 END_TEST
 
+/* The value of the unlabelled metric `name` in a Stats reply; -1 when absent. */
+static double stats_metric(int fd, const char *name)
+{
+	Apollo__StatsReply *st = get_stats(fd);
+	double v = -1;
+
+	for (size_t i = 0; i < st->n_metrics; i++)
+		if (!strcmp(st->metrics[i]->name, name) && st->metrics[i]->n_samples == 1)
+			v = st->metrics[i]->samples[0]->value;
+	apollo__stats_reply__free_unpacked(st, NULL);
+	return v;
+}
+
+/* Issue 29, item 6: under a file-size limit (ulimit -f) the first cache
+ * write past it killed apollod with SIGXFSZ (exit 153, nothing logged, a
+ * stale socket; 56-59 of 60 requests failed).  Now the write fails with
+ * EFBIG and the cache is degraded: every request is answered, a bundle
+ * stored before is still a hit, the log and the metrics say so.  Once the
+ * limit is raised (prlimit on the running daemon) a later retry succeeds:
+ * a new graph is cached again. */
+START_TEST(file_size_limit)
+{
+	daemon_t d;
+	const char *extra[] = { "--log-level", "info", NULL };
+	Apollo__Graph *warm = add_relu(3);
+	Apollo__Envelope *r;
+	struct rlimit unlimited = { RLIM_INFINITY, RLIM_INFINITY };
+	struct stat st;
+	char dir[64];
+	rlim_t limit;
+	uint64_t id = 1;
+	unsigned hits = 0, compiled = 0, tries;
+	double failures, skipped;
+	bool cached_again = false;
+	int fd, status;
+
+	/* a fresh cache, closed: its size */
+	daemon_start(&d);
+	snprintf(dir, sizeof(dir), "%s", d.dir);
+	daemon_stop(&d);
+	ck_assert_int_eq(stat(d.cache, &st), 0);
+	limit = (rlim_t)st.st_size + (64 << 10);
+	unlink(d.log);
+
+	daemon_start_limited(&d, dir, NULL, extra, limit);
+	fd = connect_unix(d.sock);
+	r = compile(fd, id++, warm, NULL);
+	bundle_ok(r, "cpu");
+	apollo__envelope__free_unpacked(r, NULL);
+	/* new graphs until well past the limit; each answered, the warm one a hit */
+	for (int i = 0; i < 30; i++) {
+		Apollo__Graph *g = add_relu(100 + i);
+
+		r = compile(fd, id++, g, NULL);
+		compiled += !bundle_ok(r, "cpu")->stats->cache_hit;
+		apollo__envelope__free_unpacked(r, NULL);
+		graph_free(g);
+		r = compile(fd, id++, warm, NULL);
+		hits += bundle_ok(r, "cpu")->stats->cache_hit;
+		apollo__envelope__free_unpacked(r, NULL);
+	}
+	ck_assert_int_eq(waitpid(d.pid, &status, WNOHANG), 0);   /* alive */
+	ck_assert_uint_eq(compiled, 30);
+	ck_assert_uint_eq(hits, 30);
+	ck_assert_msg(log_has(&d, "the cache is degraded"), "nothing logged; see %s", d.log);
+	ck_assert(log_has(&d, "File too large"));
+	failures = stats_metric(fd, "apollo_cache_space_failures_total");
+	skipped = stats_metric(fd, "apollo_cache_skipped_writes_total");
+	ck_assert_double_ge(failures, 1);
+	ck_assert_double_ge(skipped, 1);
+	printf("file_size_limit: a limit of %llu bytes; 61 requests answered, %.0f writes refused "
+	       "for space, %.0f skipped\n", (unsigned long long)limit, failures, skipped);
+	fflush(stdout);
+
+	/* the limit raised: a later retry succeeds (the back-off is at most
+	 * 60 s); a graph compiled after it is then a hit */
+	ck_assert_int_eq(prlimit(d.pid, RLIMIT_FSIZE, &unlimited, NULL), 0);
+	for (tries = 1; tries <= 600 && !cached_again; tries++) {
+		Apollo__Graph *g = add_relu(1000 + tries);
+
+		r = compile(fd, id++, g, NULL);
+		bundle_ok(r, "cpu");
+		apollo__envelope__free_unpacked(r, NULL);
+		r = compile(fd, id++, g, NULL);
+		cached_again = bundle_ok(r, "cpu")->stats->cache_hit;
+		apollo__envelope__free_unpacked(r, NULL);
+		graph_free(g);
+		if (!cached_again)
+			sleep_ms(200);
+	}
+	ck_assert_msg(cached_again, "the cache never came back");
+	printf("file_size_limit: limit raised; cached again at new graph %u\n", tries - 1);
+	fflush(stdout);
+	ck_assert(log_has(&d, "no longer degraded"));
+	ck_assert_double_eq(stats_metric(fd, "apollo_cache_degraded"), 0);
+	r = compile(fd, id++, warm, NULL);
+	ck_assert(bundle_ok(r, "cpu")->stats->cache_hit);
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+	graph_free(warm);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
 /* Issue 11, item 2: a socket created by another user is refused by the
  * client before it sends anything (it would be handed native code to
  * run), unless told to trust that user; and the daemon refuses a socket
@@ -3461,6 +3583,7 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, one_user_cannot_take_every_slot);
 	tcase_add_test(tc, idle_connection_memory);
 	tcase_add_test(tc, decode_memory_bounded);
+	tcase_add_test(tc, file_size_limit);
 	tcase_add_test(tc, foreign_daemon_refused);
 	tcase_add_test(tc, untrusted_files_and_secrets);
 	tcase_add_test(tc, driver_negotiation);

@@ -4,8 +4,11 @@
  * TTL; an entry altered in Redis, moved to another key or written under
  * another secret is a miss and counted, never served; a reply whose
  * announced length is over the limit is refused before it is buffered (a
- * fake server); the breaker opens after the configured failures, sends
- * nothing while open, and closes again once Redis is back; secret files
+ * fake server); so is a reply whose parts together are too large or too
+ * many (a fake server answering GET with 2,000 or 1,000 x 1 MiB, or
+ * 100,000 integers), with the process's peak memory bounded; the breaker
+ * opens after the configured failures, sends nothing while open, and
+ * closes again once Redis is back; secret files
  * are checked; tuning records travel between two compilers with their own
  * local caches (a searched record, then a measured one, each found by the
  * other compiler's build; a malformed record is ignored). */
@@ -296,6 +299,155 @@ START_TEST(announced_length_checked_first)
 }
 END_TEST
 
+/* Memory figures cannot be asserted under AddressSanitizer (shadow
+ * memory, quarantine, its own allocator). */
+#if defined(__SANITIZE_ADDRESS__)
+#define MEMORY_FIGURES 0
+#else
+#define MEMORY_FIGURES 1
+#endif
+
+/* This process's peak resident memory (VmHWM), KiB. */
+static long long peak_kb(void)
+{
+	char line[256];
+	long long v = -1;
+	FILE *f = fopen("/proc/self/status", "r");
+
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, "VmHWM:", 6))
+			v = atoll(line + 6);
+	fclose(f);
+	ck_assert_int_ge(v, 0);
+	return v;
+}
+
+/* A server standing in for a Redis someone else controls: answers the
+ * first command with an array of `n` items, each the RESP bytes `item`
+ * (`len` of them), sent until the client goes away. */
+struct flood {
+	int lfd;
+	unsigned n;
+	const char *item;
+	size_t len;
+};
+
+static void *flood_main(void *arg)
+{
+	const struct flood *f = arg;
+	int fd = accept(f->lfd, NULL, NULL);
+	char buf[4096], head[32];
+	int hl;
+
+	if (fd < 0)
+		return NULL;
+	hl = snprintf(head, sizeof(head), "*%u\r\n", f->n);
+	if (read(fd, buf, sizeof(buf)) > 0 && send(fd, head, (size_t)hl, MSG_NOSIGNAL) == hl)
+		for (unsigned i = 0; i < f->n; i++) {
+			size_t off = 0;
+			ssize_t w = 0;
+
+			while (off < f->len && (w = send(fd, f->item + off, f->len - off,
+							 MSG_NOSIGNAL)) > 0)
+				off += (size_t)w;
+			if (w <= 0)
+				break;
+		}
+	close(fd);
+	return NULL;
+}
+
+/* Issue 29, item 7: redis_max_value_bytes bounded each bulk string, not
+ * the reply: an array of 2,000 x 1 MiB strings took apollod to 1.9 GB
+ * with a 2 MiB limit.  A reply is now refused as soon as its parts pass
+ * max_value_bytes + 64 KiB, or 1,024 elements, in all: a miss, a failure
+ * for the breaker (here it opens at one), the connection dropped, the
+ * peak memory bounded; afterwards a real Redis serves entries as large as
+ * the limit allows through the same client. */
+START_TEST(reply_bounded_in_all)
+{
+	const size_t max_value = 2 << 20, mib = 1 << 20;
+	char *big = malloc(16 + mib + 2);
+	int hl = snprintf(big, 16, "$%zu\r\n", mib);
+	struct {
+		const char *what;
+		struct flood f;
+	} cases[] = {
+		{ "2,000 strings of 1 MiB", { -1, 2000, big, (size_t)hl + mib + 2 } },
+		{ "1,000 strings of 1 MiB", { -1, 1000, big, (size_t)hl + mib + 2 } },
+		{ "100,000 integers", { -1, 100000, ":1\r\n", 4 } },
+	};
+	ap_redis *r = NULL;
+	uint8_t k[32], *blob;
+	const uint8_t *parts[1];
+	size_t lens[1];
+	ap_redis_entry e;
+	ap_redis_counts n;
+
+	memset(big + hl, 'x', mib);
+	memcpy(big + hl + mib, "\r\n", 2);
+	key_of("anything", k);
+	redis_stop();   /* the flood takes the socket */
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		struct sockaddr_un a = { .sun_family = AF_UNIX };
+		pthread_t th;
+		long long hwm0, hwm1;
+
+		cases[c].f.lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+		snprintf(a.sun_path, sizeof(a.sun_path), "%s", sock);
+		ck_assert_int_eq(bind(cases[c].f.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+		ck_assert_int_eq(listen(cases[c].f.lfd, 4), 0);
+		pthread_create(&th, NULL, flood_main, &cases[c].f);
+		ap_redis_free(r);
+		r = client(secret, sizeof(secret) - 1, max_value, 1);
+		hwm0 = peak_kb();
+		ck_assert_int_eq(ap_redis_get(r, AP_REDIS_ACTION, k, &e), 0);
+		hwm1 = peak_kb();
+		pthread_join(th, NULL);
+		close(cases[c].f.lfd);
+		unlink(sock);
+		printf("reply_bounded_in_all: %s: refused, VmHWM +%lld KiB\n", cases[c].what,
+		       hwm1 - hwm0);
+		fflush(stdout);
+		ap_redis_get_counts(r, &n);
+		ck_assert_uint_eq(n.gets, 1);
+		ck_assert_uint_eq(n.misses, 1);
+		ck_assert_uint_eq(n.refused, 1);
+		ck_assert_uint_eq(n.failures, 1);       /* once: not asked again */
+		ck_assert_uint_eq(n.bytes_read, 0);
+		ck_assert_int_eq(n.state, AP_REDIS_OPEN);
+		ck_assert_uint_eq(n.opens, 1);
+		ck_assert_ptr_null(e.buf);
+		if (MEMORY_FIGURES)
+			ck_assert_msg(hwm1 - hwm0 < 16 * 1024, "%s: the reply took %lld MiB",
+				      cases[c].what, (hwm1 - hwm0) >> 10);
+	}
+	free(big);
+
+	/* a real Redis again: once the breaker's time is up, entries up to the
+	 * limit travel through the same client */
+	redis_start();
+	usleep(350 * 1000);
+	blob = malloc(max_value - 1024);
+	memset(blob, 'b', max_value - 1024);
+	parts[0] = blob;
+	lens[0] = max_value - 1024;
+	ck_assert_int_eq(ap_redis_put(r, AP_REDIS_ACTION, k, 1, parts, lens), 0);
+	ck_assert_int_eq(ap_redis_get(r, AP_REDIS_ACTION, k, &e), 1);
+	ck_assert_int_eq(e.n, 1);
+	ck_assert_uint_eq(e.part_len[0], max_value - 1024);
+	ck_assert_int_eq(memcmp(e.part[0], blob, max_value - 1024), 0);
+	ap_redis_entry_clear(&e);
+	ap_redis_get_counts(r, &n);
+	ck_assert_int_eq(n.state, AP_REDIS_CLOSED);
+	ck_assert_uint_eq(n.refused, 1);
+	ck_assert_uint_eq(n.hits, 1);
+	free(blob);
+	ap_redis_free(r);
+}
+END_TEST
+
 /* Redis gone: failures open the breaker, which then sends nothing; once
  * Redis is back the half-open probe closes it. */
 START_TEST(breaker)
@@ -569,6 +721,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, tampering_is_a_miss);
 	tcase_add_test(tc, value_limit);
 	tcase_add_test(tc, announced_length_checked_first);
+	tcase_add_test(tc, reply_bounded_in_all);
 	tcase_add_test(tc, breaker);
 	tcase_add_test(tc, secret_files);
 	tcase_add_test(tc, tuning_records_shared);

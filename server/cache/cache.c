@@ -10,10 +10,29 @@
  * so that two writers never deadlock on a lock upgrade; busy_timeout makes
  * a writer wait for another process instead of failing at once.
  *
- * Any result other than success or "busy/locked" (I/O error, corruption,
- * not a database, disk full, read-only, a missing table) switches the
+ * Any result other than success, "busy/locked" or "no room" (I/O error,
+ * corruption, not a database, read-only, a missing table) switches the
  * cache off for the rest of the process, with one warning: a broken cache
  * costs speed, never a request.
+ *
+ * No room (issue 29, item 6) is not broken: a write the file system
+ * refuses for space -- SQLITE_FULL (a short write, ENOSPC), or a write-class
+ * SQLITE_IOERR_* whose errno is ENOSPC, EFBIG (past RLIMIT_FSIZE, with
+ * SIGXFSZ ignored) or EDQUOT -- makes the cache *degraded*: reads go on,
+ * writes are skipped (AP_EBUSY, counted) until a retry time, first 1 s
+ * after the failure, doubling with every retry that fails, at most 60 s
+ * (BACKOFF_MIN_MS, BACKOFF_MAX_MS; the clock is ap__cache_set_time's in
+ * tests); degraded again less than 60 s after it ended, the wait goes on
+ * from where it was.  One store at a time is the retry; before it a passive
+ * checkpoint moves the write-ahead log into the database, so that the log
+ * can start again from its beginning (under a file-size limit the log is
+ * the file that is full).  The first write that commits ends the degraded
+ * state.  SQLite rolls the failed transaction back, so nothing stored
+ * before is lost; the in-memory counts are read again from the file.
+ * sqlite3_system_errno is not enough to tell EFBIG from EIO: SQLite
+ * records it only for errors raised inside a statement, not for a failed
+ * COMMIT (where the log is written), so check() reads errno, which every
+ * write transaction clears first (begin()).
  *
  * A file that is not a database or is corrupt (garbage, truncated) must
  * not cost every later start its cache too: ap_cache_open moves such a
@@ -61,6 +80,8 @@
 #define BUSY_TIMEOUT_MS 10000
 #define TOUCH_S 60          /* a blob's last_used is rewritten at most this often */
 #define EVICT_BATCH 32      /* LRU rows looked at per query while evicting */
+#define BACKOFF_MIN_MS 1000     /* degraded: the first retry of writes */
+#define BACKOFF_MAX_MS 60000    /* ... doubling up to this */
 
 enum {
 	ST_BEGIN, ST_COMMIT, ST_ROLLBACK,
@@ -148,6 +169,7 @@ static const char index_sql[] =
 struct conn {
 	sqlite3 *db;
 	sqlite3_stmt *st[ST_COUNT];
+	bool retrying;               /* this operation is the degraded cache's retry */
 	struct conn *next;
 };
 
@@ -162,6 +184,13 @@ struct ap_cache {
 	atomic_uint_fast64_t max_bytes;     /* 0: no limit */
 	atomic_int_fast64_t fake_now;       /* tests: the clock, when not 0 */
 	ap_hot *hot;                 /* memory tier; NULL: none */
+	/* no room (degraded): the flag is read without the lock, the rest
+	 * under mu */
+	atomic_bool degraded;
+	atomic_bool recount;                /* counts to read again from the file */
+	atomic_uint_fast64_t skipped_writes, space_failures;
+	int64_t backoff_ms, retry_at_ms;
+	int64_t recovered_ms;               /* when the last degraded state ended */
 };
 
 /* Seconds, for last_used. */
@@ -170,6 +199,15 @@ static int64_t now_s(ap_cache *c)
 	int64_t t = atomic_load(&c->fake_now);
 
 	return t ? t : (int64_t)time(NULL);
+}
+
+/* Milliseconds, for the degraded state's retries (monotonic, or the
+ * tests' clock). */
+static int64_t now_ms(ap_cache *c)
+{
+	int64_t t = atomic_load(&c->fake_now);
+
+	return t ? t * 1000 : (int64_t)ap_now_ms();
 }
 
 int ap_cache_default_path(char *buf, size_t cap)
@@ -281,15 +319,98 @@ static void turn_off(ap_cache *c, const char *what, const char *why)
 		       why);
 }
 
+/* Whether SQLite result `rc`, with `err` the errno the failed call left,
+ * says that the file system had no room for a write: SQLITE_FULL (SQLite's
+ * word for ENOSPC and short writes), or a write, sync, truncate or
+ * shared-memory growth that failed with ENOSPC, EFBIG or EDQUOT. */
+static bool is_no_room(int rc, int err)
+{
+	if ((rc & 0xff) == SQLITE_FULL)
+		return true;
+	if (rc != SQLITE_IOERR && rc != SQLITE_IOERR_WRITE && rc != SQLITE_IOERR_FSYNC &&
+	    rc != SQLITE_IOERR_DIR_FSYNC && rc != SQLITE_IOERR_TRUNCATE &&
+	    rc != SQLITE_IOERR_SHMSIZE)
+		return false;
+	return err == ENOSPC || err == EFBIG || err == EDQUOT;
+}
+
+/* No room for a write: enters the degraded state (logged once) with the
+ * first retry BACKOFF_MIN_MS from now; a failed retry doubles the wait, up
+ * to BACKOFF_MAX_MS.  Degraded again within BACKOFF_MAX_MS of the end of
+ * the last degraded state (a checkpoint made room for a while), the wait
+ * goes on doubling from the last one, so that a cache at its limit does
+ * not flap every second.  A write that was already under way when another
+ * failed leaves the retry time as it is. */
+static void degrade(ap_cache *c, struct conn *co, const char *what, const char *why)
+{
+	int64_t now = now_ms(c), wait;
+	bool was;
+
+	pthread_mutex_lock(&c->mu);
+	was = atomic_load(&c->degraded);
+	if (!was && c->backoff_ms && now - c->recovered_ms < BACKOFF_MAX_MS)
+		c->backoff_ms = c->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+								   : c->backoff_ms * 2;
+	else if (!was)
+		c->backoff_ms = BACKOFF_MIN_MS;
+	else if (co && co->retrying)
+		c->backoff_ms = c->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+								   : c->backoff_ms * 2;
+	if (!was || (co && co->retrying))
+		c->retry_at_ms = now + c->backoff_ms;
+	wait = c->retry_at_ms - now;
+	atomic_store(&c->degraded, true);
+	pthread_mutex_unlock(&c->mu);
+	atomic_fetch_add(&c->space_failures, 1);
+	atomic_store(&c->recount, true);
+	if (!was)
+		ap_log(AP_LOG_WARN, "cache %s: %s: %s; no room: the cache is degraded -- reads go on, "
+		       "writes are skipped and tried again in %lld ms (the wait doubling up to %d s)",
+		       c->path, what, why, (long long)wait, BACKOFF_MAX_MS / 1000);
+	else
+		ap_log(AP_LOG_INFO, "cache %s: %s: %s; still no room, writes tried again in %lld ms",
+		       c->path, what, why, (long long)wait);
+}
+
+/* A write transaction committed: the degraded state, if any, ends. */
+static void write_ok(ap_cache *c)
+{
+	bool was = true;
+
+	if (!atomic_load(&c->degraded))
+		return;
+	pthread_mutex_lock(&c->mu);
+	if (atomic_compare_exchange_strong(&c->degraded, &was, false))
+		c->recovered_ms = now_ms(c);   /* backoff_ms kept: see degrade() */
+	pthread_mutex_unlock(&c->mu);
+	if (was)
+		ap_log(AP_LOG_WARN, "cache %s: a write succeeded again; the cache is no longer "
+		       "degraded (%llu writes were skipped)", c->path,
+		       (unsigned long long)atomic_load(&c->skipped_writes));
+}
+
 /* Classifies an SQLite result: 0 for success, AP_EBUSY for a lost lock
- * race (the operation is skipped), else AP_EIO after turning the cache off. */
+ * race (the operation is skipped), AP_EIO after entering the degraded
+ * state for no room (degrade()), else AP_EIO after turning the cache off.
+ * Reads errno first: call it before anything that may fail. */
 static int check(ap_cache *c, struct conn *co, int rc, const char *what)
 {
+	int err = errno;
+
 	if (rc == SQLITE_OK || rc == SQLITE_ROW || rc == SQLITE_DONE)
 		return 0;
 	if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) {
 		ap_log(AP_LOG_DEBUG, "cache %s: %s: busy, skipped", c->path, what);
 		return AP_EBUSY;
+	}
+	if (is_no_room(rc, err)) {
+		char why[200];
+
+		snprintf(why, sizeof(why), "%s (%s)",
+			 co ? sqlite3_errmsg(co->db) : sqlite3_errstr(rc),
+			 (rc & 0xff) == SQLITE_FULL ? "disk full" : strerror(err));
+		degrade(c, co, what, why);
+		return AP_EIO;
 	}
 	if (is_corruption(rc))
 		mark_corrupt(c->path);
@@ -571,6 +692,9 @@ void ap_cache_get_counts(const ap_cache *c, ap_cache_counts *out)
 	out->max_bytes = atomic_load(&m->max_bytes);
 	out->evicted_blobs = atomic_load(&m->evicted_blobs);
 	out->evicted_bytes = atomic_load(&m->evicted_bytes);
+	out->degraded = atomic_load(&m->degraded);
+	out->skipped_writes = atomic_load(&m->skipped_writes);
+	out->space_failures = atomic_load(&m->space_failures);
 	if (m->hot) {
 		ap_hot_counts h;
 
@@ -607,6 +731,11 @@ static void release(ap_cache *c, struct conn *co)
 {
 	if (!co)
 		return;
+	co->retrying = false;
+	/* after a write that found no room: the counts it moved were rolled
+	 * back with it */
+	if (atomic_exchange(&c->recount, false) && count_rows(c, co) != SQLITE_OK)
+		atomic_store(&c->recount, true);
 	pthread_mutex_lock(&c->mu);
 	co->next = c->pool;
 	c->pool = co;
@@ -633,8 +762,49 @@ static int run(ap_cache *c, struct conn *co, int which, const char *what)
 	return check(c, co, rc, what);
 }
 
-static int begin(ap_cache *c, struct conn *co)
+enum { STORE, UPKEEP };
+
+/* Whether a write of kind `kind` may run now: 0, or AP_EBUSY (counted in
+ * skipped_writes) while the cache is degraded, unless it is a STORE and
+ * the retry time has come: then it is the retry (one at a time), after a
+ * passive checkpoint.  UPKEEP writes (marking blobs used, removing a
+ * corrupted one, eviction) wait until a store has succeeded. */
+static int may_write(ap_cache *c, struct conn *co, int kind)
 {
+	bool go = false;
+
+	if (!atomic_load(&c->degraded))
+		return 0;
+	if (kind == STORE) {
+		int64_t now = now_ms(c);
+
+		pthread_mutex_lock(&c->mu);
+		if (!atomic_load(&c->degraded)) {
+			go = true;                              /* it ended meanwhile */
+		} else if (now >= c->retry_at_ms) {
+			c->retry_at_ms = now + c->backoff_ms;   /* the others wait for this one */
+			go = co->retrying = true;
+		}
+		pthread_mutex_unlock(&c->mu);
+	}
+	if (!go) {
+		atomic_fetch_add(&c->skipped_writes, 1);
+		return AP_EBUSY;
+	}
+	if (co->retrying)
+		sqlite3_wal_checkpoint_v2(co->db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+	return 0;
+}
+
+/* Opens a write transaction of kind STORE or UPKEEP (may_write); clears
+ * errno, which check() reads when a write fails. */
+static int begin(ap_cache *c, struct conn *co, int kind)
+{
+	int rc = may_write(c, co, kind);
+
+	if (rc)
+		return rc;
+	errno = 0;
 	return run(c, co, ST_BEGIN, "BEGIN IMMEDIATE");
 }
 
@@ -645,6 +815,8 @@ static int commit(ap_cache *c, struct conn *co)
 	if (rc) {
 		step(co, ST_ROLLBACK);
 		reset(co, ST_ROLLBACK);
+	} else {
+		write_ok(c);
 	}
 	return rc;
 }
@@ -682,7 +854,7 @@ static void remove_blob(ap_cache *c, struct conn *co, const uint8_t digest[32], 
 	sqlite3_stmt *st = co->st[ST_BLOB_DEL];
 	int rc;
 
-	if (begin(c, co))
+	if (begin(c, co, UPKEEP))
 		return;
 	sqlite3_bind_blob(st, 1, digest, 32, SQLITE_STATIC);
 	rc = sqlite3_step(st);
@@ -706,7 +878,7 @@ static void touch(ap_cache *c, struct conn *co, const uint8_t digest[32], int64_
 	sqlite3_stmt *st = co->st[ST_BLOB_TOUCH];
 	int rc;
 
-	if (begin(c, co))
+	if (begin(c, co, UPKEEP))
 		return;
 	sqlite3_bind_blob(st, 1, digest, 32, SQLITE_STATIC);
 	sqlite3_bind_int64(st, 2, now);
@@ -863,7 +1035,7 @@ static int evict(ap_cache *c, struct conn *co, uint64_t max)
 {
 	uint64_t bytes = 0, low = max - max / 10, n_blobs = 0, n_bytes = 0;
 	int64_t actions = 0, kernels = 0;
-	int rc = begin(c, co);
+	int rc = begin(c, co, UPKEEP);
 
 	if (rc)
 		return rc;
@@ -952,7 +1124,7 @@ static int blob_put(ap_cache *c, const uint8_t *data, size_t len, const uint8_t 
 
 	if (!co)
 		return AP_EIO;
-	rc = begin(c, co);
+	rc = begin(c, co, STORE);
 	if (!rc) {
 		rc = blob_insert(c, co, d, data, len);
 		rc = rc ? rollback(co, rc) : commit(c, co);
@@ -1008,7 +1180,7 @@ static int put_by_key(ap_cache *c, int get, int put, atomic_uint_fast64_t *count
 
 	if (!co)
 		return AP_EIO;
-	rc = begin(c, co);
+	rc = begin(c, co, STORE);
 	if (!rc) {
 		rc = blob_insert(c, co, digest, val, len);
 		if (!rc)
@@ -1174,7 +1346,7 @@ static int insert_rows(ap_cache *c, const char *sql, int n,
 
 	if (!(co = acquire(c)))
 		return AP_EIO;
-	rc = begin(c, co);
+	rc = begin(c, co, STORE);
 	if (!rc) {
 		int s = sqlite3_prepare_v2(co->db, sql, -1, &st, NULL);
 
@@ -1339,7 +1511,7 @@ int ap_cache_tuning_put_many(ap_cache *c, const uint8_t (*sigs)[32], const char 
 
 	if (!co)
 		return AP_EIO;
-	rc = begin(c, co);
+	rc = begin(c, co, STORE);
 	if (!rc) {
 		for (int i = 0; !rc && i < n; i++) {
 			const ap_tune_record *r = &recs[i];

@@ -22,6 +22,15 @@
  * A write that loses a lock race (SQLITE_BUSY after busy_timeout) is only
  * skipped.
  *
+ * No room is not a failure of the cache (issue 29, item 6): a write the
+ * file system refuses for space (disk full, ENOSPC; the file-size limit,
+ * EFBIG -- the process must ignore SIGXFSZ, as apollod does; a quota,
+ * EDQUOT) makes the cache *degraded*, with one warning: lookups go on,
+ * writes are skipped (AP_EBUSY) until a retry 1 s later, the wait doubling
+ * with every retry that fails up to 60 s, and the first write that
+ * succeeds ends the degraded state (another warning).  What was stored
+ * before stays, intact (SQLite rolls the failed write back).
+ *
  * Size limit and memory tier (issue 10, ap_cache_set_limits): blobs carry
  * the time they were last used; past max_bytes the least recently used go,
  * with the rows that name them (cache.c).  Blobs read and verified once are
@@ -68,7 +77,8 @@ int ap_cache_open(const char *path, __ap_give ap_cache **out, ap_error *err);
 /* Closes every connection.  Accepts NULL, returns NULL. */
 ap_cache *ap_cache_free(__ap_take ap_cache *c);
 
-/* False once the cache is off (opening failed, I/O error, "off"). */
+/* False once the cache is off (opening failed, I/O error, "off").  A
+ * degraded cache (no room, see above) is still enabled. */
 bool ap_cache_enabled(const ap_cache *c);
 /* The file in use ("" when off from the start). */
 const char *ap_cache_path(const ap_cache *c);
@@ -79,7 +89,9 @@ const char *ap_cache_path(const ap_cache *c);
 int ap_cache_get(ap_cache *c, const uint8_t key[32], __ap_give uint8_t **val, size_t *len);
 /* Stores `val` as a blob and points `key` at it, in one transaction
  * (replacing an older value).  Returns 0, or a negative AP_E* code when
- * nothing was stored (cache off, busy, I/O error). */
+ * nothing was stored: AP_EIO (cache off, an I/O error, no room), AP_EBUSY
+ * (a lost lock race; degraded and before the retry time).  The other
+ * writes below return the same codes. */
 int ap_cache_put(ap_cache *c, const uint8_t key[32], const uint8_t *val, size_t len);
 
 /* Content-addressed blobs.  blob_get: 1 with a copy of the bytes whose
@@ -198,9 +210,9 @@ void ap_cache_set_limits(ap_cache *c, uint64_t max_bytes, uint64_t memory_bytes)
 
 /* Entry counts for the Stats reply, kept in memory (counted at open,
  * updated on every insert and delete by this process, and counted again
- * whenever eviction runs): action entries, kernel entries, blobs and the
- * sum of blob sizes in bytes; the limit, what it evicted, the memory
- * tier. */
+ * whenever eviction runs or a write found no room): action entries, kernel
+ * entries, blobs and the sum of blob sizes in bytes; the limit, what it
+ * evicted, the memory tier; the degraded state (no room). */
 typedef struct ap_cache_counts {
 	uint64_t actions, kernels, blobs, blob_bytes;
 	uint64_t tuning;                        /* tuning records */
@@ -209,11 +221,15 @@ typedef struct ap_cache_counts {
 	uint64_t memory_blobs, memory_bytes;    /* in the memory tier now */
 	uint64_t memory_hits;                   /* blob reads it answered */
 	uint64_t retired;                       /* bundles retired by tuning changes */
+	bool degraded;                          /* no room: writes skipped, retried */
+	uint64_t skipped_writes;                /* writes skipped while degraded */
+	uint64_t space_failures;                /* writes the file system refused for space */
 } ap_cache_counts;
 void ap_cache_get_counts(const ap_cache *c, ap_cache_counts *out);
 
 /* Tests only: makes the cache's clock (seconds, for least-recently-used
- * order) read `now`; 0 gives the real clock back. */
+ * order and the degraded state's retries) read `now`; 0 gives the real
+ * clock back. */
 void ap__cache_set_time(ap_cache *c, int64_t now);
 
 /* Tests only: overwrites the bytes stored for `digest` with `data`, keeping

@@ -10,6 +10,22 @@
  * a reply over the limit ends the connection.  The whole command also has
  * one deadline, so a server that sends a byte at a time cannot stretch it.
  *
+ * That bounds each bulk string, not the reply: an array of 2,000 bulk
+ * strings of 1 MB each passes a 2 MB limit one string at a time, and
+ * hiredis keeps every parsed string (issue 29, item 7: 1.9 GB).  So every
+ * connection's reader builds replies through bounded_fns, which wrap
+ * hiredis's own constructors and count, across the whole reply being
+ * read, its elements (arrays' announced sizes, at every depth: at most
+ * REPLY_MAX_ELEMENTS, checked before hiredis allocates the array) and its
+ * bytes (strings' lengths plus REPLY_OBJECT_BYTES per object: at most
+ * max_value_bytes + REPLY_SLACK_BYTES); a constructor that would pass
+ * either refuses (returns NULL), hiredis abandons the reply and frees what
+ * it built, and the connection is dropped -- its state is unknown.  Debian
+ * 12's hiredis (0.14) has no maxelements / maxbulklen of its own.  No
+ * command this file sends has an array for an answer; the bound still
+ * allows small ones.  A refused reply is not tried again on a fresh
+ * connection: the server answered, and would answer the same.
+ *
  * A value (all integers little-endian):
  *   "APL2" | format u8 (FORMAT) | kind u8 | n u32 | n x (len u64, bytes) | mac[32]
  * mac = HMAC-SHA256(K, key string NUL value-without-mac), K =
@@ -47,9 +63,20 @@
 #define SECRET_MIN 16
 #define SECRET_MAX 4096
 #define KEY_CAP 160
+#define REPLY_MAX_ELEMENTS 1024          /* elements of one reply, every depth together */
+#define REPLY_OBJECT_BYTES 64            /* a redisReply and its slot in its array */
+#define REPLY_SLACK_BYTES (64 << 10)     /* a reply may hold max_value_bytes + this */
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 struct rconn {
 	redisContext *ctx;
+	/* the reply being read (bounded_fns) */
+	redisReplyObjectFunctions *made_by;  /* hiredis's own constructors */
+	size_t reply_max_bytes;              /* max_value_bytes + REPLY_SLACK_BYTES */
+	size_t reply_bytes;
+	unsigned reply_elements;
+	const char *refused;                 /* why a constructor refused; NULL: none did */
 	struct rconn *next;
 };
 
@@ -314,16 +341,79 @@ static void discard(struct rconn *c)
 	}
 }
 
+/* ---- bounded replies (see the top of the file) ------------------------------------ */
+
+/* Counts one more object of `bytes` (beyond its own REPLY_OBJECT_BYTES)
+ * and `elements` into the reply of the connection `task` reads for; false
+ * (and c->refused set) when the reply would pass a bound. */
+static bool reply_room(const redisReadTask *task, size_t bytes, long long elements)
+{
+	struct rconn *c = task->privdata;
+
+	if (elements < 0)
+		elements = 0;
+	if (elements > REPLY_MAX_ELEMENTS - (long long)c->reply_elements) {
+		c->refused = "a reply of more than " STR(REPLY_MAX_ELEMENTS) " elements";
+		return false;
+	}
+	c->reply_elements += (unsigned)elements;
+	bytes += REPLY_OBJECT_BYTES + (size_t)elements * sizeof(void *);
+	if (bytes > c->reply_max_bytes - c->reply_bytes) {
+		c->refused = "a reply larger than redis_max_value_bytes + 64 KiB in all";
+		return false;
+	}
+	c->reply_bytes += bytes;
+	return true;
+}
+
+static void *bounded_string(const redisReadTask *task, char *str, size_t len)
+{
+	struct rconn *c = task->privdata;
+
+	return reply_room(task, len + 1, 0) ? c->made_by->createString(task, str, len) : NULL;
+}
+
+static void *bounded_array(const redisReadTask *task, int elements)
+{
+	struct rconn *c = task->privdata;
+
+	return reply_room(task, 0, elements) ? c->made_by->createArray(task, elements) : NULL;
+}
+
+static void *bounded_integer(const redisReadTask *task, long long value)
+{
+	struct rconn *c = task->privdata;
+
+	return reply_room(task, 0, 0) ? c->made_by->createInteger(task, value) : NULL;
+}
+
+static void *bounded_nil(const redisReadTask *task)
+{
+	struct rconn *c = task->privdata;
+
+	return reply_room(task, 0, 0) ? c->made_by->createNil(task) : NULL;
+}
+
+/* The objects are hiredis's own: freeReplyObject frees them. */
+static redisReplyObjectFunctions bounded_fns = {
+	bounded_string, bounded_array, bounded_integer, bounded_nil, freeReplyObject,
+};
+
 /* Runs one command on `c` and reads its reply within the deadline and the
- * size limit: the reply, or NULL with `why` filled (the connection is then
- * unusable). */
+ * size limits: the reply, or NULL with `why` filled (the connection is
+ * then unusable) and *refused true when the reply itself was over a bound
+ * (and asking again would only fetch it again). */
 static redisReply *command(ap_redis *r, struct rconn *c, int argc, const char **argv,
-			   const size_t *lens, char *why, size_t cap)
+			   const size_t *lens, char *why, size_t cap, bool *refused)
 {
 	redisContext *ctx = c->ctx;
 	double deadline = ap_now_ms() + r->timeout_ms;
 	int done = 0;
 
+	*refused = false;
+	c->reply_bytes = 0;
+	c->reply_elements = 0;
+	c->refused = NULL;
 	if (redisAppendCommandArgv(ctx, argc, argv, lens) != REDIS_OK) {
 		snprintf(why, cap, "cannot queue a command: %s", ctx->errstr);
 		return NULL;
@@ -344,7 +434,9 @@ static redisReply *command(ap_redis *r, struct rconn *c, int argc, const char **
 		size_t buffered;
 
 		if (redisGetReplyFromReader(ctx, &reply) != REDIS_OK) {
-			snprintf(why, cap, "bad reply: %s", ctx->errstr);
+			*refused = c->refused != NULL;
+			snprintf(why, cap, "%s%s", c->refused ? "refused " : "bad reply: ",
+				 c->refused ? c->refused : ctx->errstr);
 			return NULL;
 		}
 		if (reply)
@@ -357,11 +449,13 @@ static redisReply *command(ap_redis *r, struct rconn *c, int argc, const char **
 			if (announced > r->max_value) {
 				snprintf(why, cap, "a reply of %llu bytes is over redis_max_value_bytes",
 					 announced);
+				*refused = true;
 				return NULL;
 			}
 		}
 		if (buffered > r->max_value + 64) {
 			snprintf(why, cap, "a reply over redis_max_value_bytes");
+			*refused = true;
 			return NULL;
 		}
 		if (ap_now_ms() > deadline) {
@@ -411,10 +505,15 @@ static struct rconn *acquire(ap_redis *r, bool fresh, bool *pooled, char *why, s
 		return NULL;
 	}
 	c->ctx = ctx;
+	c->made_by = ctx->reader->fn;
+	c->reply_max_bytes = r->max_value + REPLY_SLACK_BYTES;
+	ctx->reader->fn = &bounded_fns;
+	ctx->reader->privdata = c;
 	if (r->password) {
 		const char *argv[2] = { "AUTH", r->password };
 		size_t lens[2] = { 4, strlen(r->password) };
-		redisReply *rep = command(r, c, 2, argv, lens, why, cap);
+		bool refused;
+		redisReply *rep = command(r, c, 2, argv, lens, why, cap, &refused);
 		bool ok = rep && rep->type == REDIS_REPLY_STATUS;
 
 		if (rep && !ok)
@@ -445,17 +544,17 @@ static void release(ap_redis *r, struct rconn *c)
 static redisReply *call(ap_redis *r, int argc, const char **argv, const size_t *lens)
 {
 	char why[300];
-	bool pooled;
+	bool pooled, refused = false;
 	struct rconn *c = acquire(r, false, &pooled, why, sizeof(why));
 	redisReply *rep = NULL;
 
 	if (c)
-		rep = command(r, c, argc, argv, lens, why, sizeof(why));
-	if (c && !rep && pooled) {
+		rep = command(r, c, argc, argv, lens, why, sizeof(why), &refused);
+	if (c && !rep && pooled && !refused) {
 		discard(c);
 		c = acquire(r, true, &pooled, why, sizeof(why));
 		if (c)
-			rep = command(r, c, argc, argv, lens, why, sizeof(why));
+			rep = command(r, c, argc, argv, lens, why, sizeof(why), &refused);
 	}
 	if (!c) {
 		settle(r, false, why);
@@ -463,6 +562,13 @@ static redisReply *call(ap_redis *r, int argc, const char **argv, const size_t *
 	}
 	if (!rep) {
 		discard(c);
+		if (refused) {
+			ap_log(AP_LOG_WARN, "redis %s: %s %s; connection dropped", r->label,
+			       argc > 0 ? argv[0] : "", why);
+			pthread_mutex_lock(&r->mu);
+			r->n.refused++;
+			pthread_mutex_unlock(&r->mu);
+		}
 		settle(r, false, why);
 		return NULL;
 	}

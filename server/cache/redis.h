@@ -17,7 +17,11 @@
  * other byte; an entry that fails is a miss, logged and counted, never
  * served and never copied anywhere.  Lengths inside a verified value are
  * still checked against the value's size.  A reply larger than
- * max_value_bytes is refused while it arrives, before it is buffered.
+ * max_value_bytes is refused while it arrives, before it is buffered; so
+ * is any reply, of whatever shape, whose parts together pass
+ * max_value_bytes + 64 KiB or which holds more than 1,024 elements (issue
+ * 29, item 7): a refused reply is a miss (or a failed write), a failure
+ * for the breaker, and the end of its connection.
  *
  * Fail-open: Redis is optional.  Connections have a connect and a command
  * timeout; a failure (refused, timed out, dropped, an error reply) costs
@@ -116,6 +120,7 @@ typedef struct ap_redis_counts {
 	uint64_t puts, put_failures;
 	uint64_t failures;          /* calls that failed (each counts toward the breaker) */
 	uint64_t verify_failures;   /* entries that did not verify */
+	uint64_t refused;           /* replies refused for their size (also failures) */
 	uint64_t skipped;           /* calls not made: breaker open */
 	uint64_t opens;             /* times the breaker opened */
 	uint64_t bytes_read, bytes_written;

@@ -224,6 +224,15 @@ static void build_cache(ap_metrics_snapshot *m, const ap_metrics_input *in)
 	       "Bytes of the blobs evicted.", (double)kc->evicted_bytes);
 	single(m, "apollo_cache_memory_hits_total", "counter",
 	       "Blob reads answered by the memory tier.", (double)kc->memory_hits);
+	single(m, "apollo_cache_degraded", "gauge",
+	       "1 while the local cache is degraded: the file system had no room for a write "
+	       "(disk full, file-size limit, quota); reads go on, writes are skipped and retried.",
+	       kc->degraded ? 1 : 0);
+	single(m, "apollo_cache_skipped_writes_total", "counter",
+	       "Writes the local cache skipped while degraded.", (double)kc->skipped_writes);
+	single(m, "apollo_cache_space_failures_total", "counter",
+	       "Writes of the local cache the file system refused for space.",
+	       (double)kc->space_failures);
 }
 
 static void build_redis(ap_metrics_snapshot *m, const ap_metrics_input *in)
@@ -253,6 +262,10 @@ static void build_redis(ap_metrics_snapshot *m, const ap_metrics_input *in)
 	single(m, "apollo_redis_verify_failures_total", "counter",
 	       "Entries read from Redis whose signature or format did not verify (not served).",
 	       (double)r->verify_failures);
+	single(m, "apollo_redis_refused_replies_total", "counter",
+	       "Replies refused for their size (a bulk string over redis_max_value_bytes, or a "
+	       "reply over it + 64 KiB or 1024 elements in all); each also a failure.",
+	       (double)r->refused);
 	family(m, "apollo_redis_bytes_total", "counter",
 	       "Bytes of entries read from and written to the shared cache (l2).");
 	sample(m, NULL, (double)r->bytes_read, 1, "direction", "read");
