@@ -75,9 +75,23 @@ static const ap_config_option options[] = {
 	{ "max_clients", NUM(AP_CFG_INT, max_clients), "256", 1, 65536, NULL,
 	  "Connections served at once (Unix, and TCP once authenticated); one more "
 	  "is answered ERR_BUSY and closed." },
-	{ "max_clients_per_user", NUM(AP_CFG_INT, max_clients_per_user), "64", 1, 65536, NULL,
+	{ "max_clients_per_user", NUM(AP_CFG_INT, max_clients_per_user), "0", 0, 65536, NULL,
 	  "Unix connections of one user (the peer's uid) at once, so that one user "
-	  "cannot take every slot; one more is answered ERR_BUSY and closed." },
+	  "cannot take every slot; one more is answered ERR_BUSY and closed.  0: a "
+	  "quarter of max_clients (at least 1).  When the daemon is full and "
+	  "another user connects, the least recently active idle connection (no "
+	  "request running, nothing queued, no frame half read) of the user holding "
+	  "the most connections is closed to make room, if that user holds at least "
+	  "two more than the newcomer; authenticated TCP clients count as one user "
+	  "here." },
+	{ "admin_uid", NUM(AP_CFG_INT, admin_uid), "-1", -1, 4294967294LL, NULL,
+	  "A uid that, like root, always finds a connection: when max_clients are "
+	  "taken and none of them is idle, root and this uid may still open "
+	  "admin_clients more (within max_clients_per_user).  -1: root only." },
+	{ "admin_clients", NUM(AP_CFG_INT, admin_clients), "8", 0, 1024, NULL,
+	  "Connections reserved for root and admin_uid beyond max_clients: they are "
+	  "admitted while fewer than max_clients + admin_clients are open, so that "
+	  "other users keeping every slot busy cannot lock the administrator out." },
 	{ "max_pending", NUM(AP_CFG_INT, max_pending), "1024", 1, 1000000, NULL,
 	  "Compile requests queued or running at once; more are answered ERR_BUSY." },
 	{ "max_unauth_clients", NUM(AP_CFG_INT, max_unauth_clients), "16", 1, 65536, NULL,

@@ -37,7 +37,9 @@ typedef struct ap_config {
 	long long workers;         /* worker threads; 0 = one per CPU */
 	long long max_frame_bytes; /* largest accepted frame payload, bytes */
 	long long max_clients;     /* simultaneous connections */
-	long long max_clients_per_user; /* Unix connections of one peer uid */
+	long long max_clients_per_user; /* Unix connections of one peer uid; 0 = max_clients / 4 */
+	long long admin_uid;       /* besides root, may use admin_clients; -1 = none */
+	long long admin_clients;   /* connections root / admin_uid may open beyond max_clients */
 	long long max_pending;     /* compile requests queued or running */
 	long long max_unauth_clients;   /* TCP connections not yet authenticated */
 	long long max_unauth_frame_bytes; /* largest frame before authentication */

@@ -2519,7 +2519,8 @@ END_TEST
 START_TEST(max_clients)
 {
 	daemon_t d;
-	const char *extra[] = { "--max-clients", "2", NULL };
+	const char *extra[] = { "--max-clients", "2", "--max-clients-per-user", "2",
+				"--admin-clients", "0", NULL };
 	Apollo__Envelope *r;
 	int a, b, c;
 
@@ -3344,6 +3345,228 @@ START_TEST(foreign_daemon_refused)
 }
 END_TEST
 
+/* ---- hardening (issue 29) ------------------------------------------------------ */
+
+/* A metric's first sample from a Stats reply on `fd`. */
+static double stats_metric(int fd, const char *name)
+{
+	Apollo__StatsReply *s = get_stats(fd);
+	double v = -1;
+
+	for (size_t i = 0; i < s->n_metrics; i++)
+		if (!strcmp(s->metrics[i]->name, name) && s->metrics[i]->n_samples)
+			v = s->metrics[i]->samples[0]->value;
+	apollo__stats_reply__free_unpacked(s, NULL);
+	ck_assert_msg(v >= 0, "no metric %s", name);
+	return v;
+}
+
+/* A child that connects to `sock` as `uid` and pings; its exit status: 0
+ * pong, 1 error reply, 2 no connection, 3 other.  With `want_msg`, an
+ * error reply must name it (exit 0 then, 5 when it does not). */
+static int ping_as_uid(const char *sock, uid_t uid, const char *want_msg)
+{
+	pid_t pid = fork();
+	int status = 0;
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		Apollo__Envelope env = APOLLO__ENVELOPE__INIT, *r;
+		Apollo__PingRequest ping = APOLLO__PING_REQUEST__INIT;
+		uint8_t buf[64];
+		size_t n;
+		int fd;
+
+		if (setgid(uid) || setuid(uid))
+			_exit(3);
+		fd = connect_unix(sock);
+		if (fd < 0)
+			_exit(2);
+		env.id = 5;
+		env.msg_case = APOLLO__ENVELOPE__MSG_PING;
+		env.ping = &ping;
+		n = apollo__envelope__pack(&env, buf + 4);
+		ap_frame_put_len(buf, (uint32_t)n);
+		/* a refused client may find the connection closed already: its
+		 * ERR_BUSY is still there to read */
+		if (send(fd, buf, n + 4, MSG_NOSIGNAL) < 0 && errno != EPIPE && errno != ECONNRESET)
+			_exit(3);
+		r = recv_env(fd);
+		if (!r)
+			_exit(3);
+		if (r->msg_case == APOLLO__ENVELOPE__MSG_PONG)
+			_exit(0);
+		if (r->msg_case != APOLLO__ENVELOPE__MSG_ERROR)
+			_exit(3);
+		if (want_msg)
+			_exit(r->error->code == APOLLO__ERROR_CODE__ERR_BUSY &&
+			      strstr(r->error->message, want_msg) ? 0 : 5);
+		_exit(1);
+	}
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 4;
+}
+
+/* A child, as `uid`, that opens `n` connections to `sock` and pings on
+ * each (first, with `wait_alone`, until the daemon counts no other client),
+ * checks that one more is refused with max_clients_per_user, and with
+ * `busy` leaves 2 bytes of a frame header on each (a frame half read: not
+ * idle).  It writes one byte to `ready` ('k', or a letter saying what
+ * failed) and holds the connections until go[1] is closed (everywhere). */
+static pid_t hold_as(const char *sock, uid_t uid, int n, bool busy, bool wait_alone, int ready,
+		     const int go[2])
+{
+	pid_t pid = fork();
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		static int fds[1024];
+		Apollo__Envelope env = APOLLO__ENVELOPE__INIT, *r;
+		Apollo__PingRequest ping = APOLLO__PING_REQUEST__INIT;
+		char st = 'k', b;
+		int extra;
+
+		alarm(120);   /* never outlives the test */
+		close(go[1]);
+		if (setgid(uid) || setuid(uid))
+			_exit(3);
+		env.msg_case = APOLLO__ENVELOPE__MSG_PING;
+		env.ping = &ping;
+		for (int i = 0; i < n && st == 'k'; i++) {
+			fds[i] = connect_unix(sock);
+			if (fds[i] < 0) {
+				st = 'c';
+				break;
+			}
+			if (i == 0 && wait_alone) {
+				int k;
+				for (k = 0; k < 1000; k++) {
+					Apollo__StatsReply *s = get_stats(fds[0]);
+					bool alone = s->clients == 1;
+
+					apollo__stats_reply__free_unpacked(s, NULL);
+					if (alone)
+						break;
+					sleep_ms(10);
+				}
+				if (k == 1000)
+					st = 'w';
+			}
+			env.id = (uint64_t)i + 1;
+			send_env(fds[i], &env);
+			r = recv_env(fds[i]);
+			if (!r || r->msg_case != APOLLO__ENVELOPE__MSG_PONG)
+				st = 'p';
+			apollo__envelope__free_unpacked(r, NULL);
+		}
+		extra = st == 'k' ? connect_unix(sock) : -1;
+		if (extra >= 0) {
+			r = recv_env(extra);
+			if (!r || r->msg_case != APOLLO__ENVELOPE__MSG_ERROR ||
+			    !strstr(r->error->message, "max_clients_per_user"))
+				st = 'u';
+			apollo__envelope__free_unpacked(r, NULL);
+			close(extra);
+		}
+		for (int i = 0; busy && st == 'k' && i < n; i++)
+			send_all(fds[i], "\0\0", 2);
+		if (write(ready, &st, 1) != 1)
+			_exit(4);
+		while (read(go[0], &b, 1) > 0)
+			;
+		_exit(0);
+	}
+	return pid;
+}
+
+/* Starts 4 holders (uids 65531..65534) of `n` connections each, one after
+ * the other; asserts each is ready.  The caller closes go[1] to end them. */
+static void hold_four(const daemon_t *d, int n, bool busy, pid_t pids[4], int go[2])
+{
+	int ready[2];
+
+	ck_assert_int_eq(pipe(ready), 0);
+	ck_assert_int_eq(pipe(go), 0);
+	for (int u = 0; u < 4; u++) {
+		char st = 0;
+
+		pids[u] = hold_as(d->sock, (uid_t)(65531 + u), n, busy, u == 0, ready[1], go);
+		ck_assert_int_eq(read(ready[0], &st, 1), 1);
+		ck_assert_msg(st == 'k', "holder uid %d failed: %c", 65531 + u, st);
+	}
+	close(ready[0]);
+	close(ready[1]);
+	close(go[0]);
+}
+
+static void end_holders(pid_t pids[4], int go[2])
+{
+	close(go[1]);
+	for (int u = 0; u < 4; u++) {
+		int st;
+		ck_assert_int_eq(waitpid(pids[u], &st, 0), pids[u]);
+	}
+}
+
+/* Issue 29, item 8: 4 uids x max_clients_per_user (64) filled max_clients
+ * (256), and root and every other user got ERR_BUSY for the idle
+ * time-out.  Now max_clients_per_user defaults to a quarter of
+ * max_clients; when the daemon is full, an idle connection of the user
+ * holding the most is closed for a newcomer; and root (and admin_uid) has
+ * admin_clients slots of its own when no connection is idle. */
+START_TEST(few_users_cannot_lock_everyone_out)
+{
+	daemon_t d;
+	const char *extra[] = { "--socket-mode", "0666", NULL };
+	const char *extra_admin[] = { "--socket-mode", "0666", "--admin-uid", "65529", NULL };
+	char cmd[160];
+	pid_t pids[4];
+	int go[2], fd, rc;
+
+	if (geteuid() != 0) {
+		printf("few_users_cannot_lock_everyone_out: other users need root: skipped\n");
+		fflush(stdout);
+		return;
+	}
+	/* Idle: 4 users x 64 (the derived per-user limit) fill the 256 slots. */
+	daemon_start_in(&d, NULL, NULL, extra);
+	snprintf(cmd, sizeof(cmd), "chmod 0755 '%s'", d.dir);
+	ck_assert_int_eq(system(cmd), 0);
+	wait_clients_fresh(&d, 1);
+	hold_four(&d, 64, false, pids, go);
+	fd = connect_unix(d.sock);   /* root: one of them makes room */
+	ping_ok(fd, 1);
+	rc = ping_as_uid(d.sock, 65530, NULL);   /* a fifth user too */
+	ck_assert_msg(rc == 0, "a fifth user was not served (%d)", rc);
+	ck_assert_int_eq((int)stats_metric(fd, "apollo_clients_evicted_total"), 2);
+	ck_assert(log_has(&d, "closing an idle connection of uid 6553"));
+	close(fd);
+	end_holders(pids, go);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+
+	/* Busy (a frame half read on every connection): nothing can be
+	 * closed; another user is refused, root and admin_uid are served
+	 * from admin_clients. */
+	daemon_start_in(&d, NULL, NULL, extra_admin);
+	snprintf(cmd, sizeof(cmd), "chmod 0755 '%s'", d.dir);
+	ck_assert_int_eq(system(cmd), 0);
+	wait_clients_fresh(&d, 1);
+	hold_four(&d, 64, true, pids, go);
+	rc = ping_as_uid(d.sock, 65530, "none of them idle");
+	ck_assert_msg(rc == 0, "a fifth user was not refused with the reason (%d)", rc);
+	rc = ping_as_uid(d.sock, 65529, NULL);
+	ck_assert_msg(rc == 0, "admin_uid was not served (%d)", rc);
+	fd = connect_unix(d.sock);
+	ping_ok(fd, 2);
+	ck_assert_int_eq((int)stats_metric(fd, "apollo_clients_evicted_total"), 0);
+	close(fd);
+	end_holders(pids, go);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
 static Suite *daemon_suite(void)
 {
 	Suite *s = suite_create("daemon");
@@ -3393,6 +3616,7 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, foreign_daemon_refused);
 	tcase_add_test(tc, untrusted_files_and_secrets);
 	tcase_add_test(tc, driver_negotiation);
+	tcase_add_test(tc, few_users_cannot_lock_everyone_out);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -163,6 +163,9 @@ static void build_requests(ap_metrics_snapshot *m, const ap_metrics_input *in)
 	       "Compile requests answered by the key remembered for their bytes, without "
 	       "decoding their graph.", (double)cc->memo_hits);
 	single(m, "apollo_clients", "gauge", "Open client connections.", in->clients);
+	single(m, "apollo_clients_evicted_total", "counter",
+	       "Idle connections closed to make room for another user's when the daemon "
+	       "was full.", (double)in->evicted);
 }
 
 static void build_tuning(ap_metrics_snapshot *m, const ap_metrics_input *in)

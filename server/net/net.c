@@ -39,7 +39,12 @@
  * max_clients and max_clients_per_user (by the peer's uid,
  * SO_PEERCRED); a TCP connection first counts against max_unauth_clients
  * only, and against max_clients once it has authenticated, so that
- * unauthenticated clients cannot lock anybody out.  A sweep timer closes
+ * unauthenticated clients cannot lock anybody out.  Slots (issue 29): one
+ * uid holds at most max_clients_per_user (default a quarter of
+ * max_clients); when the daemon is full, the least recently active idle
+ * connection of the holder with the most connections is closed for a
+ * newcomer (make_room), and root and admin_uid have admin_clients slots
+ * beyond max_clients for when nothing is idle.  A sweep timer closes
  * connections that have not authenticated within auth_timeout_ms, that
  * leave a frame incomplete for frame_timeout_ms (while the daemon is
  * reading), that leave replies unread for send_timeout_ms, that have done
@@ -129,6 +134,8 @@ struct ap_server {
 	bool own_socket_file;         /* we bound it: remove it at the end */
 	uint32_t max_frame, max_unauth_frame;
 	unsigned max_clients, max_per_user, max_unauth, max_pending;
+	unsigned admin_reserve;       /* admin_clients */
+	long long admin_uid;          /* -1: root only */
 	uint64_t auth_timeout, idle_timeout, frame_timeout, send_timeout;   /* ms */
 	size_t max_queue;             /* max_reply_queue_bytes */
 	unsigned decode_ratio;
@@ -139,6 +146,7 @@ struct ap_server {
 	unsigned n_clients, in_flight;
 	unsigned n_served;            /* counted against max_clients */
 	unsigned n_unauth;            /* TCP, not authenticated yet */
+	uint64_t evicted;             /* idle connections closed to make room */
 	unsigned decoding;            /* decode jobs running (not in in_flight) */
 	uint64_t requests, errors;    /* frames answered outside the compiler */
 	uint64_t by_kind[AP_KINDS][2];     /* frames by kind, ok / error (metrics.h) */
@@ -251,6 +259,7 @@ struct decode {
 };
 
 static void conn_close(conn *c);
+static bool take_slot(conn *c, char *msg, size_t cap);
 static void maybe_finish_drain(ap_server *s);
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
@@ -676,6 +685,7 @@ static bool tcp_auth_step(conn *c, const Apollo__Hello *h, uint64_t id)
 	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
 	Apollo__HelloReply r = APOLLO__HELLO_REPLY__INIT;
 	uint8_t proof[AP_AUTH_PROOF_BYTES];
+	char msg[160];
 
 	if (!c->challenged) {
 		if (h->auth_nonce.len != AP_AUTH_NONCE_BYTES) {
@@ -715,15 +725,11 @@ static bool tcp_auth_step(conn *c, const Apollo__Hello *h, uint64_t id)
 		c->unauth = false;
 		s->n_unauth--;
 	}
-	if (s->n_served >= s->max_clients) {
-		char msg[96];
-		snprintf(msg, sizeof(msg), "apollod serves at most %u clients at once", s->max_clients);
+	if (!take_slot(c, msg, sizeof(msg))) {
 		send_error(c, id, AP_EBUSY, msg);
 		conn_shutdown(c);
 		return false;
 	}
-	c->served = true;
-	s->n_served++;
 	return true;
 }
 
@@ -777,6 +783,7 @@ static ap_metrics_snapshot *snapshot(ap_server *s, ap_compile_counters *cc, ap_c
 	in.in_flight = s->in_flight;
 	in.queued = atomic_load(&s->queued);
 	in.decoding = s->decoding;
+	in.evicted = s->evicted;
 	in.uptime_s = (ap_now_ms() - s->start_ms) / 1e3;
 	return ap_metrics_build(&in);
 }
@@ -1123,6 +1130,128 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 		conn_close(c);
 }
 
+/* ---- slots (issue 29, item 8) ---------------------------------------------- */
+
+/* Who holds a connection, for max_clients_per_user, making room and the
+ * memory share: its uid on the Unix socket; every authenticated TCP client
+ * is one holder (they share the token), and so are Unix peers whose uid
+ * the kernel did not say. */
+#define OWNER_TCP ((uint64_t)1 << 32)
+#define OWNER_UNKNOWN (OWNER_TCP + 1)
+
+static uint64_t conn_owner(const conn *c)
+{
+	return c->is_tcp ? OWNER_TCP : c->has_uid ? (uint64_t)c->uid : OWNER_UNKNOWN;
+}
+
+/* Root and admin_uid: admin_clients slots beyond every limit. */
+static bool conn_admin(const conn *c)
+{
+	const ap_server *s = c->srv;
+
+	return !c->is_tcp && c->has_uid &&
+	       (c->uid == 0 || (s->admin_uid >= 0 && (long long)c->uid == s->admin_uid));
+}
+
+/* A served connection with nothing going on: no request running or being
+ * decoded, no reply queued, no frame half read. */
+static bool conn_idle(const conn *c)
+{
+	return c->served && !c->closing && !c->shutting && !c->hdr_have && !c->jobs &&
+	       !c->decoding && !c->queued && !c->paused;
+}
+
+/* Served connections held by `owner`. */
+static unsigned owner_count(const ap_server *s, uint64_t owner)
+{
+	unsigned n = 0;
+
+	for (const conn *o = s->conns; o; o = o->next)
+		n += o->served && conn_owner(o) == owner;
+	return n;
+}
+
+struct held {
+	uint64_t owner;
+	conn *c;
+};
+
+static int cmp_held(const void *a, const void *b)
+{
+	const struct held *x = a, *y = b;
+
+	return x->owner < y->owner ? -1 : x->owner > y->owner;
+}
+
+/* The daemon is full and a holder of `have` connections wants one more:
+ * closes the least recently active idle connection of the holder with the
+ * most connections, when it holds at least have + 2 (so that two users
+ * never take turns closing each other's).  True when a slot was freed. */
+static bool make_room(ap_server *s, uint64_t owner, unsigned have)
+{
+	struct held *h = malloc((s->n_served + 1) * sizeof(*h));
+	unsigned n = 0, best_count = 0;
+	conn *victim = NULL;
+
+	if (!h)
+		return false;
+	for (conn *o = s->conns; o && n < s->n_served; o = o->next)
+		if (o->served)
+			h[n++] = (struct held){ conn_owner(o), o };
+	qsort(h, n, sizeof(*h), cmp_held);
+	for (unsigned i = 0, j; i < n; i = j) {
+		conn *idle = NULL;
+
+		for (j = i; j < n && h[j].owner == h[i].owner; j++)
+			if (conn_idle(h[j].c) && (!idle || h[j].c->t_active < idle->t_active))
+				idle = h[j].c;
+		if (h[i].owner != owner && idle && j - i >= have + 2 && j - i > best_count) {
+			best_count = j - i;
+			victim = idle;
+		}
+	}
+	free(h);
+	if (!victim)
+		return false;
+	ap_log(AP_LOG_INFO, "apollod is full (%u clients): closing an idle connection of %s%u, "
+	       "which holds %u, for a client holding %u", s->n_served,
+	       victim->is_tcp ? "TCP clients" : "uid ", victim->is_tcp ? 0 : (unsigned)victim->uid,
+	       best_count, have);
+	victim->served = false;
+	s->n_served--;
+	s->evicted++;
+	conn_close(victim);
+	return true;
+}
+
+/* Gives `c` one of the max_clients slots (Unix: on accepting it; TCP: once
+ * it has authenticated): within max_clients_per_user (Unix; root's too),
+ * and when the daemon is full by closing another holder's idle connection
+ * (make_room) or, for root and admin_uid, from the admin_clients slots
+ * beyond max_clients.  False with `msg` saying why not. */
+static bool take_slot(conn *c, char *msg, size_t cap)
+{
+	ap_server *s = c->srv;
+	uint64_t owner = conn_owner(c);
+	unsigned have = owner_count(s, owner);
+	unsigned reserve = conn_admin(c) ? s->admin_reserve : 0;
+
+	if (!c->is_tcp && c->has_uid && have >= s->max_per_user) {
+		snprintf(msg, cap, "uid %u already has %u connections to apollod (max_clients_per_user)",
+			 (unsigned)c->uid, have);
+		return false;
+	}
+	if (s->n_served >= s->max_clients && !make_room(s, owner, have) &&
+	    s->n_served >= s->max_clients + reserve) {
+		snprintf(msg, cap, "apollod serves at most %u clients at once (max_clients), "
+			 "none of them idle", s->max_clients);
+		return false;
+	}
+	c->served = true;
+	s->n_served++;
+	return true;
+}
+
 /* Unix: the peer's uid (SO_PEERCRED), for max_clients_per_user. */
 static void peer_uid(conn *c)
 {
@@ -1138,37 +1267,26 @@ static void peer_uid(conn *c)
 }
 
 /* Admission: counts a new connection against its budget, or answers
- * ERR_BUSY and shuts it down (false).  Unix connections count against
- * max_clients and max_clients_per_user; TCP ones against
- * max_unauth_clients until they authenticate (tcp_auth_step), and are
- * refused at once when max_clients is full anyway. */
+ * ERR_BUSY and shuts it down (false).  Unix connections take a slot
+ * (take_slot) at once; TCP ones count against max_unauth_clients until
+ * they authenticate, and take their slot then (tcp_auth_step), so that an
+ * unauthenticated client can neither hold a slot nor make room. */
 static bool admit(conn *c)
 {
 	ap_server *s = c->srv;
 	char msg[160];
-	unsigned same = 0;
 
-	if (s->n_served >= s->max_clients) {
-		snprintf(msg, sizeof(msg), "apollod serves at most %u clients at once", s->max_clients);
-	} else if (c->is_tcp && s->n_unauth >= s->max_unauth) {
+	if (c->is_tcp) {
+		if (s->n_unauth < s->max_unauth) {
+			c->unauth = true;
+			s->n_unauth++;
+			return true;
+		}
 		snprintf(msg, sizeof(msg),
 			 "apollod has %u TCP connections waiting to authenticate (max_unauth_clients)",
 			 s->n_unauth);
-	} else {
-		if (c->has_uid)
-			for (conn *o = s->conns; o; o = o->next)
-				same += o->served && o->has_uid && o->uid == c->uid;
-		if (same >= s->max_per_user) {
-			snprintf(msg, sizeof(msg),
-				 "uid %u already has %u connections to apollod (max_clients_per_user)",
-				 (unsigned)c->uid, same);
-		} else {
-			if (c->is_tcp)
-				c->unauth = true, s->n_unauth++;
-			else
-				c->served = true, s->n_served++;
-			return true;
-		}
+	} else if (take_slot(c, msg, sizeof(msg))) {
+		return true;
 	}
 	ap_log(AP_LOG_DEBUG, "refusing a client: %s", msg);
 	send_error(c, 0, AP_EBUSY, msg);
@@ -1562,7 +1680,10 @@ int ap_server_new(const ap_config *cfg, ap_compiler *compiler, ap_cache *cache,
 	s->max_frame = (uint32_t)cfg->max_frame_bytes;
 	s->max_unauth_frame = (uint32_t)cfg->max_unauth_frame_bytes;
 	s->max_clients = (unsigned)cfg->max_clients;
-	s->max_per_user = (unsigned)cfg->max_clients_per_user;
+	s->max_per_user = cfg->max_clients_per_user ? (unsigned)cfg->max_clients_per_user
+						     : s->max_clients / 4 ? s->max_clients / 4 : 1;
+	s->admin_uid = cfg->admin_uid;
+	s->admin_reserve = (unsigned)cfg->admin_clients;
 	s->max_unauth = (unsigned)cfg->max_unauth_clients;
 	s->max_pending = (unsigned)cfg->max_pending;
 	s->auth_timeout = (uint64_t)cfg->auth_timeout_ms;
