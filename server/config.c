@@ -130,6 +130,23 @@ static const ap_config_option options[] = {
 	  "the wire: real graphs 2-10x, crafted ones 50x and more).  Decoding "
 	  "stops and the request is answered ERR_TOO_LARGE when it would need "
 	  "more." },
+	{ "max_compile_memory", NUM(AP_CFG_SIZE, max_compile_memory), "1G", 1LL << 20, 1LL << 40,
+	  NULL,
+	  "Largest memory one compile request may be estimated to take, bytes.  The "
+	  "estimate is made from the graph before it is queued (per node 16 KiB, "
+	  "64 KiB for MatMul / Gemm / Conv, 192 KiB for compound ops such as "
+	  "LayerNormalization; 1 KiB per tensor; twice the constant data: the "
+	  "compiler's measured peak at its worst shape), and a request above it is "
+	  "answered ERR_TOO_LARGE naming the estimate and this limit.  1G admits "
+	  "about 60,000 elementwise nodes." },
+	{ "max_pending_memory", NUM(AP_CFG_SIZE, max_pending_memory), "2G", 1LL << 20, 1LL << 42,
+	  NULL,
+	  "Memory all requests queued or running may hold together, bytes: each "
+	  "counts its decoded size plus its compile estimate (a large frame waiting "
+	  "to be decoded counts 4x its length until then).  One user (uid; TCP "
+	  "clients together) may hold half of it, or max_compile_memory if that is "
+	  "more.  A request that would pass either is answered ERR_BUSY naming the "
+	  "limit, and the client may try again later." },
 	{ "log_level", NUM(AP_CFG_ENUM, log_level), "info", 0, 0, log_levels,
 	  "Least severe messages written to stderr." },
 	{ "foreground", NUM(AP_CFG_BOOL, foreground), "true", 0, 0, NULL,

@@ -49,6 +49,8 @@ typedef struct ap_config {
 	long long send_timeout_ms; /* queued replies without progress */
 	long long max_reply_queue_bytes; /* memory of one client's unread replies */
 	long long decode_memory_ratio;   /* decoded request <= ratio x frame + 4 MiB */
+	long long max_compile_memory;    /* one request's compile estimate, bytes */
+	long long max_pending_memory;    /* requests queued or running, all together */
 	long long log_level;       /* ap_log_level */
 	int foreground;            /* 0: detach (fork, setsid) once listening */
 	/* issue 10: the local cache's limits, single-flight, the shared

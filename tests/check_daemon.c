@@ -3567,6 +3567,141 @@ START_TEST(few_users_cannot_lock_everyone_out)
 }
 END_TEST
 
+/* out = Relu(Relu(... x)) on [16]: `n` nodes in a chain, ~40 bytes each on
+ * the wire (the shape of issue 29's 10^6-node reproducer). */
+static Apollo__Graph *relu_chain(int n)
+{
+	Apollo__Graph *g = graph_new("chain");
+	int64_t dims[1] = { 16 };
+	int t = graph_tensor(g, "x", APOLLO__TENSOR_KIND__TENSOR_INPUT, 1, dims);
+
+	g->tensors = realloc(g->tensors, ((size_t)n + 1) * sizeof(*g->tensors));
+	g->nodes = realloc(g->nodes, (size_t)n * sizeof(*g->nodes));
+	for (int i = 0; i < n; i++) {
+		char name[32];
+		int o;
+
+		snprintf(name, sizeof(name), "t%d", i);
+		o = graph_tensor(g, name, APOLLO__TENSOR_KIND__TENSOR_VALUE, 1, dims);
+		snprintf(name, sizeof(name), "n%d", i);
+		graph_node(g, name, "Relu", 1, (int32_t[]){ t }, o);
+		t = o;
+	}
+	graph_output(g, t);
+	return g;
+}
+
+/* Issue 29, item 5 (a): compiling was not budgeted -- a valid graph of
+ * 10^6 nodes took 2.6 GB, one of 10^5 nodes 0.24 GB.  Its compile is now
+ * estimated before it is queued (1660 MiB for 10^5 nodes) and refused
+ * above max_compile_memory (1 GiB by default) with ERR_TOO_LARGE naming
+ * both, while another client's compile is served at the same time. */
+START_TEST(compile_memory_estimated)
+{
+	daemon_t d;
+	Apollo__Graph *big = relu_chain(100000), *small = add_relu(24);
+	Apollo__Envelope *r;
+	Apollo__Error *e;
+	long long hwm0, hwm1;
+	int fd1, fd2;
+
+	daemon_start(&d);
+	fd1 = connect_unix(d.sock);
+	fd2 = connect_unix(d.sock);
+	ping_ok(fd1, 1);
+	ping_ok(fd2, 2);
+	hwm0 = proc_kb(d.pid, "VmHWM");
+	send_compile(fd1, 3, big, NULL);   /* 4 MB: decoded on a worker */
+	r = compile(fd2, 4, small, NULL);
+	bundle_ok(r, "cpu");
+	apollo__envelope__free_unpacked(r, NULL);
+	r = recv_env(fd1);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_uint_eq(r->id, 3);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_COMPILED);
+	e = compile_error(r, APOLLO__ERROR_CODE__ERR_TOO_LARGE);
+	ck_assert_msg(strstr(e->message, "estimated to take 1660.2 MiB (100000 nodes, 100001 tensors") &&
+		      strstr(e->message, "above max_compile_memory (1024.0 MiB)"), "%s", e->message);
+	apollo__envelope__free_unpacked(r, NULL);
+	hwm1 = proc_kb(d.pid, "VmHWM");
+	printf("compile_memory_estimated: a 10^5-node graph refused; VmHWM +%lld MiB\n",
+	       (hwm1 - hwm0) >> 10);
+	fflush(stdout);
+	if (MEMORY_FIGURES)
+		ck_assert_msg(hwm1 - hwm0 < 128 * 1024, "VmHWM +%lld MiB", (hwm1 - hwm0) >> 10);
+	ping_ok(fd1, 5);   /* the connection is still served */
+	ck_assert_int_eq((int)stats_metric(fd1, "apollo_pending_memory_bytes"), 0);
+	close(fd1);
+	close(fd2);
+	graph_free(big);
+	graph_free(small);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* Issue 29, item 5 (b): 24 connections each with an 8 MB graph queued
+ * behind one busy worker held 1.8-2.3 GB.  Scaled down: 24 graphs of
+ * 25,000 nodes (1 MB frames, 425 MiB each with their compile estimate)
+ * behind one worker that sleeps 500 ms per request took +251 MiB with the
+ * limits off; now what is queued or running holds at most
+ * max_pending_memory (2 GiB; one user half of it), the rest is answered
+ * ERR_BUSY naming it, and all of it goes back. */
+START_TEST(pending_memory_bounded)
+{
+	enum { N = 24 };
+	daemon_t d;
+	const char *env[] = { "APOLLO_TEST_COMPILE_DELAY_MS=500", NULL };
+	const char *extra[] = { "--workers", "1", NULL };
+	Apollo__Graph *g = relu_chain(25000);
+	static int fds[N];
+	long long hwm0, hwm1;
+	int bundles = 0, busy = 0, fd;
+
+	daemon_start_in(&d, NULL, env, extra);
+	fd = connect_unix(d.sock);
+	ping_ok(fd, 1);
+	hwm0 = proc_kb(d.pid, "VmHWM");
+	for (int i = 0; i < N; i++) {
+		fds[i] = connect_unix(d.sock);
+		send_compile(fds[i], (uint64_t)i + 10, g, NULL);
+	}
+	for (int i = 0; i < N; i++) {
+		Apollo__Envelope *r = recv_env(fds[i]);
+
+		ck_assert_ptr_nonnull(r);
+		ck_assert_uint_eq(r->id, (uint64_t)i + 10);
+		ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_COMPILED);
+		if (r->compiled->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE) {
+			bundle_ok(r, "cpu");
+			bundles++;
+		} else {
+			Apollo__Error *e = compile_error(r, APOLLO__ERROR_CODE__ERR_BUSY);
+
+			ck_assert_msg(strstr(e->message, "max_pending_memory"), "%s", e->message);
+			busy++;
+		}
+		apollo__envelope__free_unpacked(r, NULL);
+		close(fds[i]);
+	}
+	hwm1 = proc_kb(d.pid, "VmHWM");
+	printf("pending_memory_bounded: %d of %d compiled, %d ERR_BUSY; VmHWM +%lld MiB\n",
+	       bundles, N, busy, (hwm1 - hwm0) >> 10);
+	fflush(stdout);
+	ck_assert_int_eq(bundles + busy, N);
+	ck_assert_int_ge(bundles, 2);
+	ck_assert_int_ge(busy, N / 2);
+	if (MEMORY_FIGURES)
+		ck_assert_msg(hwm1 - hwm0 < 160 * 1024, "VmHWM +%lld MiB", (hwm1 - hwm0) >> 10);
+	ck_assert_int_eq((int)stats_metric(fd, "apollo_pending_memory_bytes"), 0);
+	ping_ok(fd, 2);
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
 static Suite *daemon_suite(void)
 {
 	Suite *s = suite_create("daemon");
@@ -3617,6 +3752,8 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, untrusted_files_and_secrets);
 	tcase_add_test(tc, driver_negotiation);
 	tcase_add_test(tc, few_users_cannot_lock_everyone_out);
+	tcase_add_test(tc, compile_memory_estimated);
+	tcase_add_test(tc, pending_memory_bounded);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -166,6 +166,10 @@ static void build_requests(ap_metrics_snapshot *m, const ap_metrics_input *in)
 	single(m, "apollo_clients_evicted_total", "counter",
 	       "Idle connections closed to make room for another user's when the daemon "
 	       "was full.", (double)in->evicted);
+	single(m, "apollo_pending_memory_bytes", "gauge",
+	       "Memory held against max_pending_memory: the requests queued or running "
+	       "(decoded size and compile estimate) and the large frames waiting to be "
+	       "decoded.", (double)in->pending_memory);
 }
 
 static void build_tuning(ap_metrics_snapshot *m, const ap_metrics_input *in)
