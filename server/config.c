@@ -75,9 +75,23 @@ static const ap_config_option options[] = {
 	{ "max_clients", NUM(AP_CFG_INT, max_clients), "256", 1, 65536, NULL,
 	  "Connections served at once (Unix, and TCP once authenticated); one more "
 	  "is answered ERR_BUSY and closed." },
-	{ "max_clients_per_user", NUM(AP_CFG_INT, max_clients_per_user), "64", 1, 65536, NULL,
+	{ "max_clients_per_user", NUM(AP_CFG_INT, max_clients_per_user), "0", 0, 65536, NULL,
 	  "Unix connections of one user (the peer's uid) at once, so that one user "
-	  "cannot take every slot; one more is answered ERR_BUSY and closed." },
+	  "cannot take every slot; one more is answered ERR_BUSY and closed.  0: a "
+	  "quarter of max_clients (at least 1).  When the daemon is full and "
+	  "another user connects, the least recently active idle connection (no "
+	  "request running, nothing queued, no frame half read) of the user holding "
+	  "the most connections is closed to make room, if that user holds at least "
+	  "two more than the newcomer; authenticated TCP clients count as one user "
+	  "here." },
+	{ "admin_uid", NUM(AP_CFG_INT, admin_uid), "-1", -1, 4294967294LL, NULL,
+	  "A uid that, like root, always finds a connection: when max_clients are "
+	  "taken and none of them is idle, root and this uid may still open "
+	  "admin_clients more (within max_clients_per_user).  -1: root only." },
+	{ "admin_clients", NUM(AP_CFG_INT, admin_clients), "8", 0, 1024, NULL,
+	  "Connections reserved for root and admin_uid beyond max_clients: they are "
+	  "admitted while fewer than max_clients + admin_clients are open, so that "
+	  "other users keeping every slot busy cannot lock the administrator out." },
 	{ "max_pending", NUM(AP_CFG_INT, max_pending), "1024", 1, 1000000, NULL,
 	  "Compile requests queued or running at once; more are answered ERR_BUSY." },
 	{ "max_unauth_clients", NUM(AP_CFG_INT, max_unauth_clients), "16", 1, 65536, NULL,
@@ -116,6 +130,23 @@ static const ap_config_option options[] = {
 	  "the wire: real graphs 2-10x, crafted ones 50x and more).  Decoding "
 	  "stops and the request is answered ERR_TOO_LARGE when it would need "
 	  "more." },
+	{ "max_compile_memory", NUM(AP_CFG_SIZE, max_compile_memory), "1G", 1LL << 20, 1LL << 40,
+	  NULL,
+	  "Largest memory one compile request may be estimated to take, bytes.  The "
+	  "estimate is made from the graph before it is queued (per node 16 KiB, "
+	  "64 KiB for MatMul / Gemm / Conv, 192 KiB for compound ops such as "
+	  "LayerNormalization; 1 KiB per tensor; twice the constant data: the "
+	  "compiler's measured peak at its worst shape), and a request above it is "
+	  "answered ERR_TOO_LARGE naming the estimate and this limit.  1G admits "
+	  "about 60,000 elementwise nodes." },
+	{ "max_pending_memory", NUM(AP_CFG_SIZE, max_pending_memory), "2G", 1LL << 20, 1LL << 42,
+	  NULL,
+	  "Memory all requests queued or running may hold together, bytes: each "
+	  "counts its decoded size plus its compile estimate (a large frame waiting "
+	  "to be decoded counts 4x its length until then).  One user (uid; TCP "
+	  "clients together) may hold half of it, or max_compile_memory if that is "
+	  "more.  A request that would pass either is answered ERR_BUSY naming the "
+	  "limit, and the client may try again later." },
 	{ "log_level", NUM(AP_CFG_ENUM, log_level), "info", 0, 0, log_levels,
 	  "Least severe messages written to stderr." },
 	{ "foreground", NUM(AP_CFG_BOOL, foreground), "true", 0, 0, NULL,

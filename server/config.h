@@ -37,7 +37,9 @@ typedef struct ap_config {
 	long long workers;         /* worker threads; 0 = one per CPU */
 	long long max_frame_bytes; /* largest accepted frame payload, bytes */
 	long long max_clients;     /* simultaneous connections */
-	long long max_clients_per_user; /* Unix connections of one peer uid */
+	long long max_clients_per_user; /* Unix connections of one peer uid; 0 = max_clients / 4 */
+	long long admin_uid;       /* besides root, may use admin_clients; -1 = none */
+	long long admin_clients;   /* connections root / admin_uid may open beyond max_clients */
 	long long max_pending;     /* compile requests queued or running */
 	long long max_unauth_clients;   /* TCP connections not yet authenticated */
 	long long max_unauth_frame_bytes; /* largest frame before authentication */
@@ -47,6 +49,8 @@ typedef struct ap_config {
 	long long send_timeout_ms; /* queued replies without progress */
 	long long max_reply_queue_bytes; /* memory of one client's unread replies */
 	long long decode_memory_ratio;   /* decoded request <= ratio x frame + 4 MiB */
+	long long max_compile_memory;    /* one request's compile estimate, bytes */
+	long long max_pending_memory;    /* requests queued or running, all together */
 	long long log_level;       /* ap_log_level */
 	int foreground;            /* 0: detach (fork, setsid) once listening */
 	/* issue 10: the local cache's limits, single-flight, the shared

@@ -2607,7 +2607,8 @@ END_TEST
 START_TEST(max_clients)
 {
 	daemon_t d;
-	const char *extra[] = { "--max-clients", "2", NULL };
+	const char *extra[] = { "--max-clients", "2", "--max-clients-per-user", "2",
+				"--admin-clients", "0", NULL };
 	Apollo__Envelope *r;
 	int a, b, c;
 
@@ -3537,6 +3538,349 @@ START_TEST(foreign_daemon_refused)
 }
 END_TEST
 
+/* ---- hardening (issue 29) ------------------------------------------------------ */
+
+/* A child that connects to `sock` as `uid` and pings; its exit status: 0
+ * pong, 1 error reply, 2 no connection, 3 other.  With `want_msg`, an
+ * error reply must name it (exit 0 then, 5 when it does not). */
+static int ping_as_uid(const char *sock, uid_t uid, const char *want_msg)
+{
+	pid_t pid = fork();
+	int status = 0;
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		Apollo__Envelope env = APOLLO__ENVELOPE__INIT, *r;
+		Apollo__PingRequest ping = APOLLO__PING_REQUEST__INIT;
+		uint8_t buf[64];
+		size_t n;
+		int fd;
+
+		if (setgid(uid) || setuid(uid))
+			_exit(3);
+		fd = connect_unix(sock);
+		if (fd < 0)
+			_exit(2);
+		env.id = 5;
+		env.msg_case = APOLLO__ENVELOPE__MSG_PING;
+		env.ping = &ping;
+		n = apollo__envelope__pack(&env, buf + 4);
+		ap_frame_put_len(buf, (uint32_t)n);
+		/* a refused client may find the connection closed already: its
+		 * ERR_BUSY is still there to read */
+		if (send(fd, buf, n + 4, MSG_NOSIGNAL) < 0 && errno != EPIPE && errno != ECONNRESET)
+			_exit(3);
+		r = recv_env(fd);
+		if (!r)
+			_exit(3);
+		if (r->msg_case == APOLLO__ENVELOPE__MSG_PONG)
+			_exit(0);
+		if (r->msg_case != APOLLO__ENVELOPE__MSG_ERROR)
+			_exit(3);
+		if (want_msg)
+			_exit(r->error->code == APOLLO__ERROR_CODE__ERR_BUSY &&
+			      strstr(r->error->message, want_msg) ? 0 : 5);
+		_exit(1);
+	}
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 4;
+}
+
+/* A child, as `uid`, that opens `n` connections to `sock` and pings on
+ * each (first, with `wait_alone`, until the daemon counts no other client),
+ * checks that one more is refused with max_clients_per_user, and with
+ * `busy` leaves 2 bytes of a frame header on each (a frame half read: not
+ * idle).  It writes one byte to `ready` ('k', or a letter saying what
+ * failed) and holds the connections until go[1] is closed (everywhere). */
+static pid_t hold_as(const char *sock, uid_t uid, int n, bool busy, bool wait_alone, int ready,
+		     const int go[2])
+{
+	pid_t pid = fork();
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		static int fds[1024];
+		Apollo__Envelope env = APOLLO__ENVELOPE__INIT, *r;
+		Apollo__PingRequest ping = APOLLO__PING_REQUEST__INIT;
+		char st = 'k', b;
+		int extra;
+
+		alarm(120);   /* never outlives the test */
+		close(go[1]);
+		if (setgid(uid) || setuid(uid))
+			_exit(3);
+		env.msg_case = APOLLO__ENVELOPE__MSG_PING;
+		env.ping = &ping;
+		for (int i = 0; i < n && st == 'k'; i++) {
+			fds[i] = connect_unix(sock);
+			if (fds[i] < 0) {
+				st = 'c';
+				break;
+			}
+			if (i == 0 && wait_alone) {
+				int k;
+				for (k = 0; k < 1000; k++) {
+					Apollo__StatsReply *s = get_stats(fds[0]);
+					bool alone = s->clients == 1;
+
+					apollo__stats_reply__free_unpacked(s, NULL);
+					if (alone)
+						break;
+					sleep_ms(10);
+				}
+				if (k == 1000)
+					st = 'w';
+			}
+			env.id = (uint64_t)i + 1;
+			send_env(fds[i], &env);
+			r = recv_env(fds[i]);
+			if (!r || r->msg_case != APOLLO__ENVELOPE__MSG_PONG)
+				st = 'p';
+			apollo__envelope__free_unpacked(r, NULL);
+		}
+		extra = st == 'k' ? connect_unix(sock) : -1;
+		if (extra >= 0) {
+			r = recv_env(extra);
+			if (!r || r->msg_case != APOLLO__ENVELOPE__MSG_ERROR ||
+			    !strstr(r->error->message, "max_clients_per_user"))
+				st = 'u';
+			apollo__envelope__free_unpacked(r, NULL);
+			close(extra);
+		}
+		for (int i = 0; busy && st == 'k' && i < n; i++)
+			send_all(fds[i], "\0\0", 2);
+		if (write(ready, &st, 1) != 1)
+			_exit(4);
+		while (read(go[0], &b, 1) > 0)
+			;
+		_exit(0);
+	}
+	return pid;
+}
+
+/* Starts 4 holders (uids 65531..65534) of `n` connections each, one after
+ * the other; asserts each is ready.  The caller closes go[1] to end them. */
+static void hold_four(const daemon_t *d, int n, bool busy, pid_t pids[4], int go[2])
+{
+	int ready[2];
+
+	ck_assert_int_eq(pipe(ready), 0);
+	ck_assert_int_eq(pipe(go), 0);
+	for (int u = 0; u < 4; u++) {
+		char st = 0;
+
+		pids[u] = hold_as(d->sock, (uid_t)(65531 + u), n, busy, u == 0, ready[1], go);
+		ck_assert_int_eq(read(ready[0], &st, 1), 1);
+		ck_assert_msg(st == 'k', "holder uid %d failed: %c", 65531 + u, st);
+	}
+	close(ready[0]);
+	close(ready[1]);
+	close(go[0]);
+}
+
+static void end_holders(pid_t pids[4], int go[2])
+{
+	close(go[1]);
+	for (int u = 0; u < 4; u++) {
+		int st;
+		ck_assert_int_eq(waitpid(pids[u], &st, 0), pids[u]);
+	}
+}
+
+/* Issue 29, item 8: 4 uids x max_clients_per_user (64) filled max_clients
+ * (256), and root and every other user got ERR_BUSY for the idle
+ * time-out.  Now max_clients_per_user defaults to a quarter of
+ * max_clients; when the daemon is full, an idle connection of the user
+ * holding the most is closed for a newcomer; and root (and admin_uid) has
+ * admin_clients slots of its own when no connection is idle. */
+START_TEST(few_users_cannot_lock_everyone_out)
+{
+	daemon_t d;
+	const char *extra[] = { "--socket-mode", "0666", NULL };
+	const char *extra_admin[] = { "--socket-mode", "0666", "--admin-uid", "65529", NULL };
+	char cmd[160];
+	pid_t pids[4];
+	int go[2], fd, rc;
+
+	if (geteuid() != 0) {
+		printf("few_users_cannot_lock_everyone_out: other users need root: skipped\n");
+		fflush(stdout);
+		return;
+	}
+	/* Idle: 4 users x 64 (the derived per-user limit) fill the 256 slots. */
+	daemon_start_in(&d, NULL, NULL, extra);
+	snprintf(cmd, sizeof(cmd), "chmod 0755 '%s'", d.dir);
+	ck_assert_int_eq(system(cmd), 0);
+	wait_clients_fresh(&d, 1);
+	hold_four(&d, 64, false, pids, go);
+	fd = connect_unix(d.sock);   /* root: one of them makes room */
+	ping_ok(fd, 1);
+	rc = ping_as_uid(d.sock, 65530, NULL);   /* a fifth user too */
+	ck_assert_msg(rc == 0, "a fifth user was not served (%d)", rc);
+	ck_assert_int_eq((int)stats_metric(fd, "apollo_clients_evicted_total"), 2);
+	ck_assert(log_has(&d, "closing an idle connection of uid 6553"));
+	close(fd);
+	end_holders(pids, go);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+
+	/* Busy (a frame half read on every connection): nothing can be
+	 * closed; another user is refused, root and admin_uid are served
+	 * from admin_clients. */
+	daemon_start_in(&d, NULL, NULL, extra_admin);
+	snprintf(cmd, sizeof(cmd), "chmod 0755 '%s'", d.dir);
+	ck_assert_int_eq(system(cmd), 0);
+	wait_clients_fresh(&d, 1);
+	hold_four(&d, 64, true, pids, go);
+	rc = ping_as_uid(d.sock, 65530, "none of them idle");
+	ck_assert_msg(rc == 0, "a fifth user was not refused with the reason (%d)", rc);
+	rc = ping_as_uid(d.sock, 65529, NULL);
+	ck_assert_msg(rc == 0, "admin_uid was not served (%d)", rc);
+	fd = connect_unix(d.sock);
+	ping_ok(fd, 2);
+	ck_assert_int_eq((int)stats_metric(fd, "apollo_clients_evicted_total"), 0);
+	close(fd);
+	end_holders(pids, go);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* out = Relu(Relu(... x)) on [16]: `n` nodes in a chain, ~40 bytes each on
+ * the wire (the shape of issue 29's 10^6-node reproducer). */
+static Apollo__Graph *relu_chain(int n)
+{
+	Apollo__Graph *g = graph_new("chain");
+	int64_t dims[1] = { 16 };
+	int t = graph_tensor(g, "x", APOLLO__TENSOR_KIND__TENSOR_INPUT, 1, dims);
+
+	g->tensors = realloc(g->tensors, ((size_t)n + 1) * sizeof(*g->tensors));
+	g->nodes = realloc(g->nodes, (size_t)n * sizeof(*g->nodes));
+	for (int i = 0; i < n; i++) {
+		char name[32];
+		int o;
+
+		snprintf(name, sizeof(name), "t%d", i);
+		o = graph_tensor(g, name, APOLLO__TENSOR_KIND__TENSOR_VALUE, 1, dims);
+		snprintf(name, sizeof(name), "n%d", i);
+		graph_node(g, name, "Relu", 1, (int32_t[]){ t }, o);
+		t = o;
+	}
+	graph_output(g, t);
+	return g;
+}
+
+/* Issue 29, item 5 (a): compiling was not budgeted -- a valid graph of
+ * 10^6 nodes took 2.6 GB, one of 10^5 nodes 0.24 GB.  Its compile is now
+ * estimated before it is queued (1660 MiB for 10^5 nodes) and refused
+ * above max_compile_memory (1 GiB by default) with ERR_TOO_LARGE naming
+ * both, while another client's compile is served at the same time. */
+START_TEST(compile_memory_estimated)
+{
+	daemon_t d;
+	Apollo__Graph *big = relu_chain(100000), *small = add_relu(24);
+	Apollo__Envelope *r;
+	Apollo__Error *e;
+	long long hwm0, hwm1;
+	int fd1, fd2;
+
+	daemon_start(&d);
+	fd1 = connect_unix(d.sock);
+	fd2 = connect_unix(d.sock);
+	ping_ok(fd1, 1);
+	ping_ok(fd2, 2);
+	hwm0 = proc_kb(d.pid, "VmHWM");
+	send_compile(fd1, 3, big, NULL);   /* 4 MB: decoded on a worker */
+	r = compile(fd2, 4, small, NULL);
+	bundle_ok(r, "cpu");
+	apollo__envelope__free_unpacked(r, NULL);
+	r = recv_env(fd1);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_uint_eq(r->id, 3);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_COMPILED);
+	e = compile_error(r, APOLLO__ERROR_CODE__ERR_TOO_LARGE);
+	ck_assert_msg(strstr(e->message, "estimated to take 1660.2 MiB (100000 nodes, 100001 tensors") &&
+		      strstr(e->message, "above max_compile_memory (1024.0 MiB)"), "%s", e->message);
+	apollo__envelope__free_unpacked(r, NULL);
+	hwm1 = proc_kb(d.pid, "VmHWM");
+	printf("compile_memory_estimated: a 10^5-node graph refused; VmHWM +%lld MiB\n",
+	       (hwm1 - hwm0) >> 10);
+	fflush(stdout);
+	if (MEMORY_FIGURES)
+		ck_assert_msg(hwm1 - hwm0 < 128 * 1024, "VmHWM +%lld MiB", (hwm1 - hwm0) >> 10);
+	ping_ok(fd1, 5);   /* the connection is still served */
+	ck_assert_int_eq((int)stats_metric(fd1, "apollo_pending_memory_bytes"), 0);
+	close(fd1);
+	close(fd2);
+	graph_free(big);
+	graph_free(small);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
+/* Issue 29, item 5 (b): 24 connections each with an 8 MB graph queued
+ * behind one busy worker held 1.8-2.3 GB.  Scaled down: 24 graphs of
+ * 25,000 nodes (1 MB frames, 425 MiB each with their compile estimate)
+ * behind one worker that sleeps 500 ms per request took +251 MiB with the
+ * limits off; now what is queued or running holds at most
+ * max_pending_memory (2 GiB; one user half of it), the rest is answered
+ * ERR_BUSY naming it, and all of it goes back. */
+START_TEST(pending_memory_bounded)
+{
+	enum { N = 24 };
+	daemon_t d;
+	const char *env[] = { "APOLLO_TEST_COMPILE_DELAY_MS=500", NULL };
+	const char *extra[] = { "--workers", "1", NULL };
+	Apollo__Graph *g = relu_chain(25000);
+	static int fds[N];
+	long long hwm0, hwm1;
+	int bundles = 0, busy = 0, fd;
+
+	daemon_start_in(&d, NULL, env, extra);
+	fd = connect_unix(d.sock);
+	ping_ok(fd, 1);
+	hwm0 = proc_kb(d.pid, "VmHWM");
+	for (int i = 0; i < N; i++) {
+		fds[i] = connect_unix(d.sock);
+		send_compile(fds[i], (uint64_t)i + 10, g, NULL);
+	}
+	for (int i = 0; i < N; i++) {
+		Apollo__Envelope *r = recv_env(fds[i]);
+
+		ck_assert_ptr_nonnull(r);
+		ck_assert_uint_eq(r->id, (uint64_t)i + 10);
+		ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_COMPILED);
+		if (r->compiled->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE) {
+			bundle_ok(r, "cpu");
+			bundles++;
+		} else {
+			Apollo__Error *e = compile_error(r, APOLLO__ERROR_CODE__ERR_BUSY);
+
+			ck_assert_msg(strstr(e->message, "max_pending_memory"), "%s", e->message);
+			busy++;
+		}
+		apollo__envelope__free_unpacked(r, NULL);
+		close(fds[i]);
+	}
+	hwm1 = proc_kb(d.pid, "VmHWM");
+	printf("pending_memory_bounded: %d of %d compiled, %d ERR_BUSY; VmHWM +%lld MiB\n",
+	       bundles, N, busy, (hwm1 - hwm0) >> 10);
+	fflush(stdout);
+	ck_assert_int_eq(bundles + busy, N);
+	ck_assert_int_ge(bundles, 2);
+	ck_assert_int_ge(busy, N / 2);
+	if (MEMORY_FIGURES)
+		ck_assert_msg(hwm1 - hwm0 < 160 * 1024, "VmHWM +%lld MiB", (hwm1 - hwm0) >> 10);
+	ck_assert_int_eq((int)stats_metric(fd, "apollo_pending_memory_bytes"), 0);
+	ping_ok(fd, 2);
+	close(fd);
+	graph_free(g);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
 static Suite *daemon_suite(void)
 {
 	Suite *s = suite_create("daemon");
@@ -3588,6 +3932,9 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, untrusted_files_and_secrets);
 	tcase_add_test(tc, driver_negotiation);
 	tcase_add_test(tc, shrunk_buffers_refused);
+	tcase_add_test(tc, few_users_cannot_lock_everyone_out);
+	tcase_add_test(tc, compile_memory_estimated);
+	tcase_add_test(tc, pending_memory_bounded);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -3,8 +3,12 @@
  * manager: a listening Unix socket passed as descriptor 3 with LISTEN_FDS
  * and LISTEN_PID (socket activation), a datagram socket as NOTIFY_SOCKET
  * receiving READY=1, WATCHDOG=1 pings (WATCHDOG_USEC) and STOPPING=1; and
- * the metrics endpoint's HTTP answers (GET /metrics, 404, 405, a request
- * too long).  The Prometheus text itself is parsed by tests/prom_check.py
+ * the metrics endpoint's HTTP answers (GET /metrics, 404, 405, 400 for a
+ * malformed request line -- a NUL byte, a byte above 0x7e, no HTTP
+ * version, longer than 1 KiB -- at once, 431 for headers too long) and its
+ * slots (issue 29, item 9: one peer holding idle connections cannot keep
+ * a scrape out; an idle connection is closed by the header time-out).
+ * The Prometheus text itself is parsed by tests/prom_check.py
  * (tests/cluster.sh). */
 #include <check.h>
 #include <errno.h>
@@ -51,10 +55,12 @@ static const char *apollod_path(void)
 	return path;
 }
 
+/* A socket bound to `path`, close-on-exec (start_activated hands the
+ * listening one on as descriptor 3 with dup2). */
 static int unix_socket(int type, const char *path, bool listening)
 {
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	int fd = socket(AF_UNIX, type, 0);
+	int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
 
 	ck_assert_int_ge(fd, 0);
 	snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
@@ -167,21 +173,38 @@ START_TEST(socket_activation_and_notify)
 }
 END_TEST
 
-/* One HTTP exchange with the metrics endpoint: the whole answer. */
-static void http(int port, const char *request, char *out, size_t cap)
+/* A TCP connection to the metrics endpoint on 127.0.0.1. */
+static int http_connect(int port)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	struct timeval tv = { 10, 0 };
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	ck_assert_int_ge(fd, 0);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	return fd;
+}
+
+/* One HTTP exchange of `len` request bytes: the whole answer (as much as
+ * comes before the endpoint closes, or 10 s without a byte). */
+static void http_n(int port, const char *request, size_t len, char *out, size_t cap)
+{
+	int fd = http_connect(port);
 	size_t n = 0;
 	ssize_t r;
 
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-	ck_assert_int_eq(send(fd, request, strlen(request), MSG_NOSIGNAL), (ssize_t)strlen(request));
+	ck_assert_int_eq(send(fd, request, len, MSG_NOSIGNAL), (ssize_t)len);
 	while (n < cap - 1 && (r = recv(fd, out + n, cap - 1 - n, 0)) > 0)
 		n += (size_t)r;
 	out[n] = '\0';
 	close(fd);
+}
+
+static void http(int port, const char *request, char *out, size_t cap)
+{
+	http_n(port, request, strlen(request), out, cap);
 }
 
 START_TEST(metrics_endpoint_http)
@@ -199,6 +222,7 @@ START_TEST(metrics_endpoint_http)
 	pid = start_activated(lfd, notify, "--metrics");   /* --metrics 0: any free port */
 	close(lfd);
 	ck_assert(expect_datagram(nfd, "READY=1", 10000, line, sizeof(line)));
+	close(nfd);   /* unread, its queue would fill and block the WATCHDOG=1 sends */
 	f = fopen(log, "r");
 	ck_assert_ptr_nonnull(f);
 	while (fgets(line, sizeof(line), f))
@@ -227,14 +251,110 @@ START_TEST(metrics_endpoint_http)
 	memset(big, 'a', 8191);
 	big[8191] = '\0';
 	memcpy(big, "GET /", 5);
+	http(port, big, body, 1 << 16);   /* a request line over 1 KiB */
+	ck_assert_int_eq(strncmp(body, "HTTP/1.1 400 ", 13), 0);
+	/* a good request line, then more than 4 KiB of headers */
+	memcpy(big, "GET /metrics HTTP/1.1\r\nX-Long: ", 31);
 	http(port, big, body, 1 << 16);
-	ck_assert_int_eq(strncmp(body, "HTTP/1.1 431 ", 13), 0);
+	ck_assert_msg(!strncmp(body, "HTTP/1.1 431 ", 13), "%.60s", body);
 	free(big);
 
 	kill(pid, SIGTERM);
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
 	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	close(nfd);
+	free(body);
+}
+END_TEST
+
+/* Starts apollod with --metrics 0 as metrics_endpoint_http does: its pid,
+ * the metrics port in *port.  The notify socket is closed once READY=1
+ * has come (unread, its queue would fill and block the WATCHDOG=1
+ * sends). */
+static pid_t start_metrics(int *port)
+{
+	int nfd_, *nfd = &nfd_;
+	char act[128], notify[128], log[128], line[256];
+	int lfd;
+	pid_t pid;
+	FILE *f;
+
+	snprintf(act, sizeof(act), "%s/activated.sock", dir);
+	snprintf(notify, sizeof(notify), "%s/notify", dir);
+	snprintf(log, sizeof(log), "%s/apollod.log", dir);
+	lfd = unix_socket(SOCK_STREAM, act, true);
+	*nfd = unix_socket(SOCK_DGRAM, notify, false);
+	pid = start_activated(lfd, notify, "--metrics");
+	close(lfd);
+	ck_assert(expect_datagram(*nfd, "READY=1", 10000, line, sizeof(line)));
+	*port = 0;
+	f = fopen(log, "r");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f))
+		if (strstr(line, "metrics on port "))
+			*port = atoi(strstr(line, "metrics on port ") + 16);
+	fclose(f);
+	ck_assert_int_gt(*port, 0);
+	close(*nfd);
+	return pid;
+}
+
+/* Issue 29, item 9: the endpoint's 16 connections had no per-peer limit:
+ * one local process re-opening 16 idle connections made 0 of 12 scrapes
+ * succeed, and a request line with a NUL byte got no 400 and was closed
+ * after 5 s.  Now a new connection makes idle ones (the peer's own first)
+ * give way, and a malformed request line is answered 400 at once -- the
+ * requests below never end their headers, so only the request line can
+ * have been judged. */
+START_TEST(metrics_endpoint_limits)
+{
+	static const struct {
+		const char *req;
+		size_t len;
+	} bad[] = {
+		{ "GET /met\0rics HTTP/1.1\r\n", 25 },
+		{ "GET /metrics\xff HTTP/1.1\r\n", 26 },
+		{ "GET /metrics\r\n", 14 },
+		{ "GET /metrics HTTP/1.1 extra\r\n", 29 },
+		{ "get /metrics HTTP/1.1\r\n", 23 },
+	};
+	char *body = malloc(1 << 16), c;
+	int port, st, idle[16], ok = 0;
+	pid_t pid = start_metrics(&port);
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		http_n(port, bad[i].req, bad[i].len, body, 1 << 16);
+		ck_assert_msg(!strncmp(body, "HTTP/1.1 400 Bad Request\r\n", 26),
+			      "request %zu: '%.40s'", i, body);
+	}
+	/* 12 scrapes, each after the same peer has opened 16 idle
+	 * connections again (closing its previous ones) */
+	for (int i = 0; i < 16; i++)
+		idle[i] = -1;
+	for (int round = 0; round < 12; round++) {
+		for (int i = 0; i < 16; i++) {
+			if (idle[i] >= 0)
+				close(idle[i]);
+			idle[i] = http_connect(port);
+		}
+		http(port, "GET /metrics HTTP/1.1\r\n\r\n", body, 1 << 16);
+		ok += !strncmp(body, "HTTP/1.1 200 OK\r\n", 17);
+	}
+	printf("metrics_endpoint_limits: %d of 12 scrapes answered beside 16 idle connections\n",
+	       ok);
+	fflush(stdout);
+	ck_assert_int_eq(ok, 12);
+	/* the idle ones are all closed, without an answer: made way for the
+	 * scrape, or the header time-out */
+	for (int i = 0; i < 16; i++) {
+		ssize_t r = recv(idle[i], &c, 1, 0);
+
+		ck_assert_msg(r == 0, "idle connection %d: %zd (%s)", i, r, r < 0 ? strerror(errno) : "");
+		close(idle[i]);
+	}
+
+	kill(pid, SIGTERM);
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	free(body);
 }
 END_TEST
@@ -248,6 +368,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, socket_activation_and_notify);
 	tcase_add_test(tc, metrics_endpoint_http);
+	tcase_add_test(tc, metrics_endpoint_limits);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -104,6 +104,27 @@ __ap_give struct Apollo__CompileResponse *ap_compile_run_as(
 	const uint8_t *digest, const char *client);
 void ap_compile_response_free(__ap_take struct Apollo__CompileResponse *r);
 
+/* What compiling a request will take in memory, judged before anything is
+ * built (issue 29, item 5): `bytes`, beside the decoded request itself,
+ * and what it was counted from. */
+typedef struct ap_compile_cost {
+	uint64_t bytes;        /* the estimate */
+	uint64_t nodes;        /* graph nodes (ONNX: the top-level graph's) */
+	uint64_t tensors;      /* graph tensors (ONNX: node outputs and graph inputs) */
+	uint64_t data_bytes;   /* constant data (ONNX: the model's bytes) */
+} ap_compile_cost;
+
+/* Estimates what compiling `req` (borrowed) will take, in bytes:
+ * 16 KiB per node (64 KiB for MatMul / Gemm / Conv, 192 KiB for compound
+ * ops such as LayerNormalization), 1 KiB per tensor, twice the constant
+ * data, 16 bytes per attribute element -- the compiler's measured peak
+ * per node at its worst shape (estimate.c), so an upper bound for real
+ * graphs.  An ONNX model is counted from its wire bytes, not decoded.
+ * Never fails (a request with neither source costs 0); allocates nothing;
+ * any thread.  The daemon refuses a request above max_compile_memory
+ * with ERR_TOO_LARGE before queueing it (net.c). */
+void ap_compile_estimate(__ap_keep const struct Apollo__CompileRequest *req, ap_compile_cost *out);
+
 /* Measurements one tuning report may carry. */
 #define AP_TUNE_REPORT_MAX 4096
 

@@ -24,6 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A kernel's first chunk is small and each next one twice the last, up
+ * to CHUNK_BYTES: the partitioner lowers thousands of candidate kernels of
+ * a few hundred bytes each at once (a fan-out of 10^4 nodes held 64 KiB
+ * apiece, 655 MB), while a big kernel still allocates in 64 KiB steps. */
+#define FIRST_CHUNK_BYTES 1024
 #define CHUNK_BYTES 65536
 
 typedef struct chunk {
@@ -45,9 +50,14 @@ void *ap__kir_alloc(ap_kir_kernel *k, size_t n)
 	n = (n + 15) & ~(size_t)15;
 	c = k->arena->head;
 	if (!c || c->cap - c->used < n) {
-		size_t cap = n > CHUNK_BYTES ? n : CHUNK_BYTES;
-		chunk *nc = malloc(sizeof(chunk) + cap);
+		size_t cap = c ? 2 * c->cap : FIRST_CHUNK_BYTES;
+		chunk *nc;
 
+		if (cap > CHUNK_BYTES)
+			cap = CHUNK_BYTES;
+		if (cap < n)
+			cap = n;
+		nc = malloc(sizeof(chunk) + cap);
 		if (!nc) {
 			k->failed = true;
 			return NULL;

@@ -3,10 +3,15 @@
  * on demand, and closes each connection after one answer (internal to
  * server/net; net.c starts it when `metrics` is set).
  *
- * Limits: a request line and headers of at most 4 KiB, 5 s to send them,
- * 16 connections at once (more are closed at once); anything but GET of
- * /metrics or / is answered 404 or 405.  Rendering runs on the loop
- * thread: it reads counters only (microseconds).
+ * Limits: a request line of at most 1 KiB of printable ASCII, "METHOD
+ * /target HTTP/d.d", else 400 at once (a NUL byte included); headers of at
+ * most 4 KiB in all, else 431; 2 s from connecting to the end of the
+ * headers, 10 s to take the answer; 16 connections at once, 4 per peer
+ * address: a new connection closes its peer's oldest one still waiting for
+ * its request when the peer has 4, or the oldest such of the peer holding
+ * the most when all 16 are taken (http.c).  Anything but GET of /metrics
+ * or / is answered 404 or 405.  Rendering runs on the loop thread: it
+ * reads counters only (microseconds).
  */
 #ifndef AP_NET_HTTP_H
 #define AP_NET_HTTP_H

@@ -163,6 +163,13 @@ static void build_requests(ap_metrics_snapshot *m, const ap_metrics_input *in)
 	       "Compile requests answered by the key remembered for their bytes, without "
 	       "decoding their graph.", (double)cc->memo_hits);
 	single(m, "apollo_clients", "gauge", "Open client connections.", in->clients);
+	single(m, "apollo_clients_evicted_total", "counter",
+	       "Idle connections closed to make room for another user's when the daemon "
+	       "was full.", (double)in->evicted);
+	single(m, "apollo_pending_memory_bytes", "gauge",
+	       "Memory held against max_pending_memory: the requests queued or running "
+	       "(decoded size and compile estimate) and the large frames waiting to be "
+	       "decoded.", (double)in->pending_memory);
 }
 
 static void build_tuning(ap_metrics_snapshot *m, const ap_metrics_input *in)

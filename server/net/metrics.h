@@ -29,6 +29,8 @@ typedef struct ap_metrics_input {
 	uint64_t requests[AP_KINDS][2];        /* [kind][0 ok, 1 error] */
 	uint64_t net_errors_by_code[16];       /* errors the front answered, by -code */
 	unsigned clients, in_flight, queued, decoding;
+	uint64_t evicted;                      /* idle connections closed to make room */
+	uint64_t pending_memory;               /* held against max_pending_memory, bytes */
 	double uptime_s;
 } ap_metrics_input;
 

@@ -28,6 +28,19 @@
  * done, and after a connection that queued over 1 MiB of replies closes,
  * malloc_trim gives the freed memory back to the system.
  *
+ * Pending memory (issue 29, item 5): decoding is budgeted, compiling is
+ * estimated.  A compile request's cost is its decoded size (what the
+ * decode budget counted) plus ap_compile_estimate (compile.h), judged
+ * before it is queued: above max_compile_memory it is refused
+ * ERR_TOO_LARGE.  Every request queued or running holds its cost against
+ * max_pending_memory and against its holder's share of it (half, or
+ * max_compile_memory if more; the holder as for slots: uid, TCP), and a
+ * large frame waiting for its decode job holds FRAME_FACTOR x its length
+ * until it is decoded; a request or frame that would pass either limit is
+ * refused ERR_BUSY naming it.  The cost goes back when the reply has been
+ * made.  So memory of requests waiting for a worker is bounded by the
+ * configuration, not by how many clients send.
+ *
  * Writing: each queued reply is counted at what it really costs (payload,
  * header, write request, allocator overhead), not by its payload alone (a
  * ping reply is 23 bytes of payload and about 240 of memory).  Above
@@ -39,7 +52,12 @@
  * max_clients and max_clients_per_user (by the peer's uid,
  * SO_PEERCRED); a TCP connection first counts against max_unauth_clients
  * only, and against max_clients once it has authenticated, so that
- * unauthenticated clients cannot lock anybody out.  A sweep timer closes
+ * unauthenticated clients cannot lock anybody out.  Slots (issue 29): one
+ * uid holds at most max_clients_per_user (default a quarter of
+ * max_clients); when the daemon is full, the least recently active idle
+ * connection of the holder with the most connections is closed for a
+ * newcomer (make_room), and root and admin_uid have admin_clients slots
+ * beyond max_clients for when nothing is idle.  A sweep timer closes
  * connections that have not authenticated within auth_timeout_ms, that
  * leave a frame incomplete for frame_timeout_ms (while the daemon is
  * reading), that leave replies unread for send_timeout_ms, that have done
@@ -111,6 +129,10 @@
 /* Frames with a payload above this many bytes are decoded on the worker
  * pool (see "Decoding" above); smaller ones on the loop thread. */
 #define DECODE_INLINE_MAX ((uint32_t)64 * 1024)
+/* What a frame waiting for its decode job counts against
+ * max_pending_memory, per byte: the payload and its decoded form (real
+ * graphs decode to 2-10x, so this is a guess that decoding corrects). */
+#define FRAME_FACTOR 4
 #define SERVER_NAME "apollod " AP_VERSION
 
 typedef struct conn conn;
@@ -129,8 +151,14 @@ struct ap_server {
 	bool own_socket_file;         /* we bound it: remove it at the end */
 	uint32_t max_frame, max_unauth_frame;
 	unsigned max_clients, max_per_user, max_unauth, max_pending;
+	unsigned admin_reserve;       /* admin_clients */
+	long long admin_uid;          /* -1: root only */
 	uint64_t auth_timeout, idle_timeout, frame_timeout, send_timeout;   /* ms */
 	size_t max_queue;             /* max_reply_queue_bytes */
+	uint64_t max_compile_mem;     /* max_compile_memory */
+	uint64_t max_pending_mem;     /* max_pending_memory */
+	uint64_t user_share;          /* what one holder may hold of it */
+	uint64_t pending_mem;         /* held now by requests and frames */
 	unsigned decode_ratio;
 	char tcp_token[256];
 	ap_compiler *compiler;
@@ -139,6 +167,7 @@ struct ap_server {
 	unsigned n_clients, in_flight;
 	unsigned n_served;            /* counted against max_clients */
 	unsigned n_unauth;            /* TCP, not authenticated yet */
+	uint64_t evicted;             /* idle connections closed to make room */
 	unsigned decoding;            /* decode jobs running (not in in_flight) */
 	uint64_t requests, errors;    /* frames answered outside the compiler */
 	uint64_t by_kind[AP_KINDS][2];     /* frames by kind, ok / error (metrics.h) */
@@ -181,6 +210,8 @@ struct conn {
 	unsigned hdr_have;
 	uint8_t *payload;     /* allocated once the length passed the check */
 	uint32_t want, have;
+	uint64_t mem;         /* held against max_pending_memory (jobs, decode) */
+	uint64_t decode_mem;  /* of it, for the frame being decoded */
 	size_t queued;        /* memory of the replies queued, REPLY_OVERHEAD in */
 	size_t queued_peak;
 	/* uv_now() times, ms: connected, first byte of the frame being read,
@@ -201,6 +232,7 @@ struct job {
 	ap_compiler *compiler;
 	uint64_t id;             /* the request's id */
 	uint32_t req_len;        /* its frame's payload bytes */
+	uint64_t mem;            /* held against max_pending_memory */
 	Apollo__Envelope *env;   /* the request, unpacked; the worker frees it */
 	bool has_digest;
 	uint8_t digest[32];      /* of the CompileRequest's bytes (compile.h) */
@@ -237,20 +269,33 @@ static void conn_client(conn *c, char *buf, size_t cap)
 	snprintf(buf, cap, "tcp:%s", host);
 }
 
+/* What decoding one frame found, beside the Envelope. */
+struct frame_info {
+	uint32_t len;            /* payload bytes */
+	int why;                 /* no Envelope: why (decode_envelope) */
+	size_t decoded;          /* memory the decoded Envelope holds */
+	bool has_digest;         /* a CompileRequest: the digest of its bytes */
+	uint8_t digest[32];
+	bool has_cost;           /* a CompileRequest: its estimate */
+	ap_compile_cost cost;
+};
+
 /* A frame payload above DECODE_INLINE_MAX, unpacked on the worker pool. */
 struct decode {
 	uv_work_t req;
 	conn *c;
 	uint8_t *payload;        /* freed by the worker */
-	uint32_t len;
 	unsigned ratio;          /* decode_memory_ratio */
 	Apollo__Envelope *env;   /* the result; NULL when it does not decode */
-	int why;                 /* ... and why (decode_envelope) */
-	bool has_digest;         /* a CompileRequest: the digest of its bytes */
-	uint8_t digest[32];
+	struct frame_info info;
 };
 
 static void conn_close(conn *c);
+static bool take_slot(conn *c, char *msg, size_t cap);
+static bool request_digest(const uint8_t *payload, uint32_t len, const Apollo__Envelope *env,
+			   uint8_t digest[32]);
+static bool mem_take(conn *c, uint64_t bytes, char *msg, size_t cap);
+static void mem_give(conn *c, uint64_t bytes);
 static void maybe_finish_drain(ap_server *s);
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
@@ -277,10 +322,11 @@ static uint8_t *pack_frame(const Apollo__Envelope *env, size_t *len)
 
 /* Decodes an Envelope of `len` bytes within the daemon's decode budget;
  * NULL when it does not, with *why AP_ETOOLARGE (the budget ran out),
- * AP_ENOMEM or AP_EMESSAGE (bytes that do not decode).  Called on the
+ * AP_ENOMEM or AP_EMESSAGE (bytes that do not decode).  *decoded: the
+ * bytes the Envelope holds (allocator overhead included).  Called on the
  * loop or a worker thread. */
 static Apollo__Envelope *decode_envelope(const uint8_t *payload, uint32_t len, unsigned ratio,
-					 int *why)
+					 int *why, size_t *decoded)
 {
 	ap_pb_budget b;
 	Apollo__Envelope *env;
@@ -288,6 +334,25 @@ static Apollo__Envelope *decode_envelope(const uint8_t *payload, uint32_t len, u
 	ap_pb_budget_init(&b, ap_pb_decode_limit(len, ratio, DECODE_FLOOR));
 	env = apollo__envelope__unpack(&b.allocator, len, payload);
 	*why = env ? 0 : b.exceeded ? AP_ETOOLARGE : b.out_of_memory ? AP_ENOMEM : AP_EMESSAGE;
+	*decoded = env ? b.used : 0;
+	return env;
+}
+
+/* Decodes one frame payload into *info (and the Envelope): digest and
+ * compile estimate of a CompileRequest.  Loop or worker thread. */
+static Apollo__Envelope *decode_frame(const uint8_t *payload, uint32_t len, unsigned ratio,
+				      struct frame_info *info)
+{
+	Apollo__Envelope *env;
+
+	memset(info, 0, sizeof(*info));
+	info->len = len;
+	env = decode_envelope(payload, len, ratio, &info->why, &info->decoded);
+	info->has_digest = request_digest(payload, len, env, info->digest);
+	if (env && env->msg_case == APOLLO__ENVELOPE__MSG_COMPILE && env->compile) {
+		ap_compile_estimate(env->compile, &info->cost);
+		info->has_cost = true;
+	}
 	return env;
 }
 
@@ -564,6 +629,7 @@ static void after_compile(uv_work_t *req, int status)
 
 	s->in_flight--;
 	c->jobs--;
+	mem_give(c, j->mem);
 	c->t_active = uv_now(&s->loop);
 	if (status == UV_ECANCELED)
 		atomic_fetch_sub(&s->queued, 1);
@@ -606,31 +672,55 @@ static void send_compile_error(conn *c, uint64_t id, int code, const char *msg)
 }
 
 /* Queues a compile request or a tuning report (env, consumed) on the
- * worker pool; refusals are answered as its reply kind says (a
- * CompileResponse error, or an Envelope error for a report). */
-static void handle_compile(conn *c, Apollo__Envelope *env, uint32_t len, const uint8_t *digest)
+ * worker pool, its cost (decoded size + compile estimate) held against
+ * max_pending_memory until it is answered; refusals are answered as its
+ * reply kind says (a CompileResponse error, or an Envelope error for a
+ * report): ERR_BUSY (draining, max_pending, max_pending_memory or the
+ * holder's share of it), ERR_TOO_LARGE (max_compile_memory, or more than
+ * max_pending_memory alone), ERR_NOMEM, ERR_INTERNAL. */
+static void handle_compile(conn *c, Apollo__Envelope *env, const struct frame_info *info)
 {
 	ap_server *s = c->srv;
 	bool tune = env->msg_case == APOLLO__ENVELOPE__MSG_TUNE_REPORT;
 	void (*refuse)(conn *, uint64_t, int, const char *) = tune ? send_error : send_compile_error;
+	uint64_t cost = info->decoded + (info->has_cost ? info->cost.bytes : 0);
+	char msg[400];
 	struct job *j;
-	int r;
+	int r, code = AP_EBUSY;
 
+	msg[0] = '\0';
 	if (s->draining) {
-		refuse(c, env->id, AP_EBUSY, "apollod is shutting down");
-		apollo__envelope__free_unpacked(env, NULL);
-		return;
-	}
-	if (s->in_flight >= s->max_pending) {
-		char msg[128];
+		snprintf(msg, sizeof(msg), "apollod is shutting down");
+	} else if (s->in_flight >= s->max_pending) {
 		snprintf(msg, sizeof(msg), "%u compile requests are pending (max_pending)",
 			 s->in_flight);
-		refuse(c, env->id, AP_EBUSY, msg);
+	} else if (info->has_cost && info->cost.bytes > s->max_compile_mem) {
+		code = AP_ETOOLARGE;
+		snprintf(msg, sizeof(msg),
+			 "compiling this graph is estimated to take %.1f MiB (%llu nodes, %llu "
+			 "tensors, %llu bytes of constants), above max_compile_memory (%.1f MiB)",
+			 info->cost.bytes / 1048576.0, (unsigned long long)info->cost.nodes,
+			 (unsigned long long)info->cost.tensors,
+			 (unsigned long long)info->cost.data_bytes, s->max_compile_mem / 1048576.0);
+	} else if (cost > s->max_pending_mem) {
+		code = AP_ETOOLARGE;
+		snprintf(msg, sizeof(msg),
+			 "this request would hold %.1f MiB (decoded %.1f MiB, compile estimate "
+			 "%.1f MiB), above max_pending_memory (%.1f MiB) on its own",
+			 cost / 1048576.0, info->decoded / 1048576.0,
+			 (cost - info->decoded) / 1048576.0, s->max_pending_mem / 1048576.0);
+	} else {
+		mem_take(c, cost, msg, sizeof(msg));
+	}
+	if (msg[0]) {
+		ap_log(AP_LOG_DEBUG, "request %llu refused: %s", (unsigned long long)env->id, msg);
+		refuse(c, env->id, code, msg);
 		apollo__envelope__free_unpacked(env, NULL);
 		return;
 	}
 	j = calloc(1, sizeof(*j));
 	if (!j) {
+		mem_give(c, cost);
 		refuse(c, env->id, AP_ENOMEM, "out of memory queueing the request");
 		apollo__envelope__free_unpacked(env, NULL);
 		return;
@@ -638,17 +728,19 @@ static void handle_compile(conn *c, Apollo__Envelope *env, uint32_t len, const u
 	j->c = c;
 	j->compiler = s->compiler;
 	j->id = env->id;
-	j->req_len = len;
+	j->req_len = info->len;
+	j->mem = cost;
 	j->env = env;
 	j->kind = tune ? AP_KIND_TUNE : AP_KIND_COMPILE;
 	conn_client(c, j->client, sizeof(j->client));
-	if (digest) {
+	if (info->has_digest) {
 		j->has_digest = true;
-		memcpy(j->digest, digest, 32);
+		memcpy(j->digest, info->digest, 32);
 	}
 	j->req.data = j;
 	r = uv_queue_work(&s->loop, &j->req, tune ? work_tune : work_compile, after_compile);
 	if (r) {
+		mem_give(c, cost);
 		refuse(c, env->id, AP_EINTERNAL, uv_strerror(r));
 		apollo__envelope__free_unpacked(env, NULL);
 		free(j);
@@ -676,6 +768,7 @@ static bool tcp_auth_step(conn *c, const Apollo__Hello *h, uint64_t id)
 	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
 	Apollo__HelloReply r = APOLLO__HELLO_REPLY__INIT;
 	uint8_t proof[AP_AUTH_PROOF_BYTES];
+	char msg[160];
 
 	if (!c->challenged) {
 		if (h->auth_nonce.len != AP_AUTH_NONCE_BYTES) {
@@ -715,15 +808,11 @@ static bool tcp_auth_step(conn *c, const Apollo__Hello *h, uint64_t id)
 		c->unauth = false;
 		s->n_unauth--;
 	}
-	if (s->n_served >= s->max_clients) {
-		char msg[96];
-		snprintf(msg, sizeof(msg), "apollod serves at most %u clients at once", s->max_clients);
+	if (!take_slot(c, msg, sizeof(msg))) {
 		send_error(c, id, AP_EBUSY, msg);
 		conn_shutdown(c);
 		return false;
 	}
-	c->served = true;
-	s->n_served++;
 	return true;
 }
 
@@ -777,6 +866,8 @@ static ap_metrics_snapshot *snapshot(ap_server *s, ap_compile_counters *cc, ap_c
 	in.in_flight = s->in_flight;
 	in.queued = atomic_load(&s->queued);
 	in.decoding = s->decoding;
+	in.evicted = s->evicted;
+	in.pending_memory = s->pending_mem;
 	in.uptime_s = (ap_now_ms() - s->start_ms) / 1e3;
 	return ap_metrics_build(&in);
 }
@@ -839,15 +930,14 @@ static void handle_ping(conn *c, uint64_t id)
 	send_packed(c, &env);
 }
 
-/* One decoded frame of `len` payload bytes: `env` (consumed), NULL when the
- * payload did not decode as an Envelope, for the reason `why`
- * (decode_envelope); `digest` names a compile request's bytes (or NULL). */
-static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why,
-		     const uint8_t *digest)
+/* One decoded frame: `env` (consumed), NULL when the payload did not
+ * decode as an Envelope, for the reason info->why (decode_frame). */
+static void dispatch(conn *c, Apollo__Envelope *env, const struct frame_info *info)
 {
 	ap_server *s = c->srv;
 	uint64_t errors = s->errors;
-	int kind = AP_KIND_OTHER;
+	int kind = AP_KIND_OTHER, why = info->why;
+	uint32_t len = info->len;
 	char msg[200];
 
 	s->requests++;
@@ -901,7 +991,7 @@ static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why,
 		break;
 	case APOLLO__ENVELOPE__MSG_COMPILE:
 	case APOLLO__ENVELOPE__MSG_TUNE_REPORT:
-		handle_compile(c, env, len, digest);   /* takes env */
+		handle_compile(c, env, info);   /* takes env */
 		if (s->errors != errors)   /* refused; else counted when answered */
 			s->by_kind[kind][1]++;
 		return;
@@ -921,9 +1011,9 @@ static void dispatch(conn *c, Apollo__Envelope *env, uint32_t len, int why,
 static void work_decode(uv_work_t *req)
 {
 	struct decode *d = req->data;
+	uint32_t len = d->info.len;
 
-	d->env = decode_envelope(d->payload, d->len, d->ratio, &d->why);
-	d->has_digest = request_digest(d->payload, d->len, d->env, d->digest);
+	d->env = decode_frame(d->payload, len, d->ratio, &d->info);
 	free(d->payload);
 	d->payload = NULL;
 }
@@ -954,13 +1044,15 @@ static void after_decode(uv_work_t *req, int status)
 
 	s->decoding--;
 	c->decoding = false;
+	mem_give(c, c->decode_mem);
+	c->decode_mem = 0;
 	free(d->payload);   /* NULL unless the job was cancelled */
 	if (c->closing || c->shutting) {
 		ap_log(AP_LOG_DEBUG, "a frame of %u bytes: the client left while it was decoded",
-		       d->len);
+		       d->info.len);
 		apollo__envelope__free_unpacked(d->env, NULL);
 	} else {
-		dispatch(c, d->env, d->len, d->why, d->has_digest ? d->digest : NULL);
+		dispatch(c, d->env, &d->info);
 	}
 	free(d);
 	/* Before resuming: once draining, frames are decoded inline, so the
@@ -971,30 +1063,72 @@ static void after_decode(uv_work_t *req, int status)
 	conn_unref(c);
 }
 
+/* A large frame that max_pending_memory has no room for: answered
+ * ERR_BUSY undecoded, as its kind would be (the Envelope's id and which
+ * request it carries read from the wire), the connection kept. */
+static void refuse_frame(conn *c, const uint8_t *payload, uint32_t len, const char *msg)
+{
+	ap_server *s = c->srv;
+	int kind = AP_KIND_OTHER;
+	uint64_t id = 0;
+	ap_pbw r;
+	ap_pbw_field f;
+
+	ap_pbw_init(&r, payload, len);
+	while (ap_pbw_next(&r, &f) == 1) {
+		if (f.number == 1 && f.wire == 0)
+			id = f.varint;
+		else if (f.number == 8)
+			kind = AP_KIND_COMPILE;
+		else if (f.number == 11)
+			kind = AP_KIND_TUNE;
+	}
+	s->requests++;
+	s->by_kind[kind][1]++;
+	ap_log(AP_LOG_DEBUG, "a frame of %u bytes refused: %s", len, msg);
+	if (kind == AP_KIND_COMPILE)
+		send_compile_error(c, id, AP_EBUSY, msg);
+	else
+		send_error(c, id, AP_EBUSY, msg);
+}
+
 /* One complete frame payload (consumed): decoded here when small or when
- * the daemon is draining, else by a decode job (false when none could be
- * queued: the caller then decodes inline). */
+ * the daemon is draining, else by a decode job, the frame holding
+ * FRAME_FACTOR x its length against max_pending_memory meanwhile (true
+ * also when it is refused for that; false when no job could be queued:
+ * the caller then decodes inline). */
 static bool start_decode(conn *c, uint8_t *payload, uint32_t len)
 {
 	ap_server *s = c->srv;
+	uint64_t hold = (uint64_t)len * FRAME_FACTOR;
 	struct decode *d;
+	char msg[400];
 
 	if (len <= DECODE_INLINE_MAX || s->draining)
 		return false;
+	if (!mem_take(c, hold, msg, sizeof(msg))) {
+		refuse_frame(c, payload, len, msg);
+		free(payload);
+		return true;
+	}
 	d = calloc(1, sizeof(*d));
-	if (!d)
+	if (!d) {
+		mem_give(c, hold);
 		return false;
+	}
 	d->c = c;
 	d->payload = payload;
-	d->len = len;
+	d->info.len = len;
 	d->ratio = s->decode_ratio;
 	d->req.data = d;
 	if (uv_queue_work(&s->loop, &d->req, work_decode, after_decode)) {
+		mem_give(c, hold);
 		free(d);
 		return false;
 	}
 	uv_read_stop(&c->h.stream);
 	c->decoding = true;
+	c->decode_mem = hold;
 	c->refs++;
 	s->decoding++;
 	return true;
@@ -1002,17 +1136,14 @@ static bool start_decode(conn *c, uint8_t *payload, uint32_t len)
 
 static void handle_frame(conn *c, uint8_t *payload, uint32_t len)
 {
+	struct frame_info info;
 	Apollo__Envelope *env;
-	uint8_t digest[32];
-	bool has_digest;
-	int why;
 
 	if (start_decode(c, payload, len))
 		return;
-	env = decode_envelope(payload, len, c->srv->decode_ratio, &why);
-	has_digest = request_digest(payload, len, env, digest);
+	env = decode_frame(payload, len, c->srv->decode_ratio, &info);
 	free(payload);
-	dispatch(c, env, len, why, has_digest ? digest : NULL);
+	dispatch(c, env, &info);
 }
 
 /* Feeds `n` received bytes through the frame state machine.  When a frame
@@ -1123,6 +1254,179 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 		conn_close(c);
 }
 
+/* ---- slots (issue 29, item 8) ---------------------------------------------- */
+
+/* Who holds a connection, for max_clients_per_user, making room and the
+ * memory share: its uid on the Unix socket; every authenticated TCP client
+ * is one holder (they share the token), and so are Unix peers whose uid
+ * the kernel did not say. */
+#define OWNER_TCP ((uint64_t)1 << 32)
+#define OWNER_UNKNOWN (OWNER_TCP + 1)
+
+static uint64_t conn_owner(const conn *c)
+{
+	return c->is_tcp ? OWNER_TCP : c->has_uid ? (uint64_t)c->uid : OWNER_UNKNOWN;
+}
+
+/* Root and admin_uid: admin_clients slots beyond every limit. */
+static bool conn_admin(const conn *c)
+{
+	const ap_server *s = c->srv;
+
+	return !c->is_tcp && c->has_uid &&
+	       (c->uid == 0 || (s->admin_uid >= 0 && (long long)c->uid == s->admin_uid));
+}
+
+/* A served connection with nothing going on: no request running or being
+ * decoded, no reply queued, no frame half read. */
+static bool conn_idle(const conn *c)
+{
+	return c->served && !c->closing && !c->shutting && !c->hdr_have && !c->jobs &&
+	       !c->decoding && !c->queued && !c->paused;
+}
+
+/* Served connections held by `owner`. */
+static unsigned owner_count(const ap_server *s, uint64_t owner)
+{
+	unsigned n = 0;
+
+	for (const conn *o = s->conns; o; o = o->next)
+		n += o->served && conn_owner(o) == owner;
+	return n;
+}
+
+struct held {
+	uint64_t owner;
+	conn *c;
+};
+
+static int cmp_held(const void *a, const void *b)
+{
+	const struct held *x = a, *y = b;
+
+	return x->owner < y->owner ? -1 : x->owner > y->owner;
+}
+
+/* The daemon is full and a holder of `have` connections wants one more:
+ * closes the least recently active idle connection of the holder with the
+ * most connections, when it holds at least have + 2 (so that two users
+ * never take turns closing each other's).  True when a slot was freed. */
+static bool make_room(ap_server *s, uint64_t owner, unsigned have)
+{
+	struct held *h = malloc((s->n_served + 1) * sizeof(*h));
+	unsigned n = 0, best_count = 0;
+	conn *victim = NULL;
+
+	if (!h)
+		return false;
+	for (conn *o = s->conns; o && n < s->n_served; o = o->next)
+		if (o->served)
+			h[n++] = (struct held){ conn_owner(o), o };
+	qsort(h, n, sizeof(*h), cmp_held);
+	for (unsigned i = 0, j; i < n; i = j) {
+		conn *idle = NULL;
+
+		for (j = i; j < n && h[j].owner == h[i].owner; j++)
+			if (conn_idle(h[j].c) && (!idle || h[j].c->t_active < idle->t_active))
+				idle = h[j].c;
+		if (h[i].owner != owner && idle && j - i >= have + 2 && j - i > best_count) {
+			best_count = j - i;
+			victim = idle;
+		}
+	}
+	free(h);
+	if (!victim)
+		return false;
+	ap_log(AP_LOG_INFO, "apollod is full (%u clients): closing an idle connection of %s%u, "
+	       "which holds %u, for a client holding %u", s->n_served,
+	       victim->is_tcp ? "TCP clients" : "uid ", victim->is_tcp ? 0 : (unsigned)victim->uid,
+	       best_count, have);
+	victim->served = false;
+	s->n_served--;
+	s->evicted++;
+	conn_close(victim);
+	return true;
+}
+
+/* ---- pending memory (issue 29, item 5) --------------------------------------- */
+
+static void owner_name(const conn *c, char *buf, size_t cap)
+{
+	if (c->is_tcp)
+		snprintf(buf, cap, "TCP clients");
+	else if (c->has_uid)
+		snprintf(buf, cap, "uid %u", (unsigned)c->uid);
+	else
+		snprintf(buf, cap, "clients of unknown uid");
+}
+
+/* Counts `bytes` for a request or frame of `c` against max_pending_memory
+ * and its holder's share of it: true, or false with `msg` naming the
+ * limit it would pass (nothing counted). */
+static bool mem_take(conn *c, uint64_t bytes, char *msg, size_t cap)
+{
+	ap_server *s = c->srv;
+	uint64_t owner = conn_owner(c), mine = 0;
+	char who[32];
+
+	if (s->pending_mem + bytes > s->max_pending_mem) {
+		snprintf(msg, cap, "requests queued or running hold %.1f MiB; this one (%.1f MiB) "
+			 "would pass max_pending_memory (%.1f MiB): try again later",
+			 s->pending_mem / 1048576.0, bytes / 1048576.0,
+			 s->max_pending_mem / 1048576.0);
+		return false;
+	}
+	for (const conn *o = s->conns; o; o = o->next)
+		if (conn_owner(o) == owner)
+			mine += o->mem;
+	if (mine + bytes > s->user_share) {
+		owner_name(c, who, sizeof(who));
+		snprintf(msg, cap, "the requests of %s queued or running hold %.1f MiB; this one "
+			 "(%.1f MiB) would pass their share of max_pending_memory (%.1f MiB): "
+			 "try again later", who, mine / 1048576.0, bytes / 1048576.0,
+			 s->user_share / 1048576.0);
+		return false;
+	}
+	c->mem += bytes;
+	s->pending_mem += bytes;
+	return true;
+}
+
+/* Gives back what mem_take counted. */
+static void mem_give(conn *c, uint64_t bytes)
+{
+	c->mem -= bytes;
+	c->srv->pending_mem -= bytes;
+}
+
+/* Gives `c` one of the max_clients slots (Unix: on accepting it; TCP: once
+ * it has authenticated): within max_clients_per_user (Unix; root's too),
+ * and when the daemon is full by closing another holder's idle connection
+ * (make_room) or, for root and admin_uid, from the admin_clients slots
+ * beyond max_clients.  False with `msg` saying why not. */
+static bool take_slot(conn *c, char *msg, size_t cap)
+{
+	ap_server *s = c->srv;
+	uint64_t owner = conn_owner(c);
+	unsigned have = owner_count(s, owner);
+	unsigned reserve = conn_admin(c) ? s->admin_reserve : 0;
+
+	if (!c->is_tcp && c->has_uid && have >= s->max_per_user) {
+		snprintf(msg, cap, "uid %u already has %u connections to apollod (max_clients_per_user)",
+			 (unsigned)c->uid, have);
+		return false;
+	}
+	if (s->n_served >= s->max_clients && !make_room(s, owner, have) &&
+	    s->n_served >= s->max_clients + reserve) {
+		snprintf(msg, cap, "apollod serves at most %u clients at once (max_clients), "
+			 "none of them idle", s->max_clients);
+		return false;
+	}
+	c->served = true;
+	s->n_served++;
+	return true;
+}
+
 /* Unix: the peer's uid (SO_PEERCRED), for max_clients_per_user. */
 static void peer_uid(conn *c)
 {
@@ -1138,37 +1442,26 @@ static void peer_uid(conn *c)
 }
 
 /* Admission: counts a new connection against its budget, or answers
- * ERR_BUSY and shuts it down (false).  Unix connections count against
- * max_clients and max_clients_per_user; TCP ones against
- * max_unauth_clients until they authenticate (tcp_auth_step), and are
- * refused at once when max_clients is full anyway. */
+ * ERR_BUSY and shuts it down (false).  Unix connections take a slot
+ * (take_slot) at once; TCP ones count against max_unauth_clients until
+ * they authenticate, and take their slot then (tcp_auth_step), so that an
+ * unauthenticated client can neither hold a slot nor make room. */
 static bool admit(conn *c)
 {
 	ap_server *s = c->srv;
 	char msg[160];
-	unsigned same = 0;
 
-	if (s->n_served >= s->max_clients) {
-		snprintf(msg, sizeof(msg), "apollod serves at most %u clients at once", s->max_clients);
-	} else if (c->is_tcp && s->n_unauth >= s->max_unauth) {
+	if (c->is_tcp) {
+		if (s->n_unauth < s->max_unauth) {
+			c->unauth = true;
+			s->n_unauth++;
+			return true;
+		}
 		snprintf(msg, sizeof(msg),
 			 "apollod has %u TCP connections waiting to authenticate (max_unauth_clients)",
 			 s->n_unauth);
-	} else {
-		if (c->has_uid)
-			for (conn *o = s->conns; o; o = o->next)
-				same += o->served && o->has_uid && o->uid == c->uid;
-		if (same >= s->max_per_user) {
-			snprintf(msg, sizeof(msg),
-				 "uid %u already has %u connections to apollod (max_clients_per_user)",
-				 (unsigned)c->uid, same);
-		} else {
-			if (c->is_tcp)
-				c->unauth = true, s->n_unauth++;
-			else
-				c->served = true, s->n_served++;
-			return true;
-		}
+	} else if (take_slot(c, msg, sizeof(msg))) {
+		return true;
 	}
 	ap_log(AP_LOG_DEBUG, "refusing a client: %s", msg);
 	send_error(c, 0, AP_EBUSY, msg);
@@ -1562,7 +1855,10 @@ int ap_server_new(const ap_config *cfg, ap_compiler *compiler, ap_cache *cache,
 	s->max_frame = (uint32_t)cfg->max_frame_bytes;
 	s->max_unauth_frame = (uint32_t)cfg->max_unauth_frame_bytes;
 	s->max_clients = (unsigned)cfg->max_clients;
-	s->max_per_user = (unsigned)cfg->max_clients_per_user;
+	s->max_per_user = cfg->max_clients_per_user ? (unsigned)cfg->max_clients_per_user
+						     : s->max_clients / 4 ? s->max_clients / 4 : 1;
+	s->admin_uid = cfg->admin_uid;
+	s->admin_reserve = (unsigned)cfg->admin_clients;
 	s->max_unauth = (unsigned)cfg->max_unauth_clients;
 	s->max_pending = (unsigned)cfg->max_pending;
 	s->auth_timeout = (uint64_t)cfg->auth_timeout_ms;
@@ -1571,6 +1867,11 @@ int ap_server_new(const ap_config *cfg, ap_compiler *compiler, ap_cache *cache,
 	s->send_timeout = (uint64_t)cfg->send_timeout_ms;
 	s->max_queue = (size_t)cfg->max_reply_queue_bytes;
 	s->decode_ratio = (unsigned)cfg->decode_memory_ratio;
+	s->max_compile_mem = (uint64_t)cfg->max_compile_memory;
+	s->max_pending_mem = (uint64_t)cfg->max_pending_memory;
+	s->user_share = s->max_pending_mem / 2 > s->max_compile_mem ? s->max_pending_mem / 2
+		      : s->max_compile_mem < s->max_pending_mem ? s->max_compile_mem
+		      : s->max_pending_mem;
 	snprintf(s->tcp_token, sizeof(s->tcp_token), "%s", cfg->tcp_token);
 	s->start_ms = ap_now_ms();
 	if (cfg->socket[0])

@@ -5,9 +5,10 @@
  * incrementally; each length is checked against max_frame_bytes
  * (max_unauth_frame_bytes before a TCP client has authenticated) before
  * anything is allocated, and decoding has a memory budget
- * (decode_memory_ratio).  Admission, authentication, time limits and the
- * memory of queued replies are net.c's (see its file comment and the
- * README's Security model).  A payload over 64 KiB is unpacked on a worker
+ * (decode_memory_ratio).  Admission, authentication, time limits, the
+ * memory of queued replies and of requests waiting for a worker
+ * (max_compile_memory, max_pending_memory) are net.c's (see its file
+ * comment and the README's Security model).  A payload over 64 KiB is unpacked on a worker
  * thread (libuv's pool, sized by `workers`), smaller ones on the loop
  * thread; a connection's frames are dispatched one at a time in arrival
  * order either way.  Ping, Hello and Stats are answered on the loop
