@@ -54,6 +54,88 @@ def run_host(bundle, arrays):
     return [outs[k] for k in sorted(outs)]
 
 
+def _varint(buf, i):
+    v = shift = 0
+    while True:
+        c = buf[i]
+        i += 1
+        v |= (c & 0x7f) << shift
+        shift += 7
+        if c < 0x80:
+            return v, i
+
+
+def _enc_varint(v):
+    out = bytearray()
+    while True:
+        c = v & 0x7f
+        v >>= 7
+        out.append(c | (0x80 if v else 0))
+        if not v:
+            return bytes(out)
+
+
+def _fields(buf):
+    """Protocol-buffer wire format (the encoding's specification): a
+    message's (field, wire type, raw value) in order."""
+    i, out = 0, []
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        f, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = _varint(buf, i)
+        elif wt == 2:
+            n, i = _varint(buf, i)
+            v, i = buf[i:i + n], i + n
+        elif wt == 1:
+            v, i = buf[i:i + 8], i + 8
+        else:
+            v, i = buf[i:i + 4], i + 4
+        out.append((f, wt, v))
+    return out
+
+
+def _encode(fields):
+    out = bytearray()
+    for f, wt, v in fields:
+        out += _enc_varint(f << 3 | wt)
+        if wt == 0:
+            out += _enc_varint(v)
+        elif wt == 2:
+            out += _enc_varint(len(v)) + v
+        else:
+            out += v
+    return bytes(out)
+
+
+def shrink_output(packed):
+    """A bundle (packed) with its output buffer halved -- shape and bytes
+    agreeing, kernels and digests untouched: Bundle.buffers is field 5;
+    Buffer.kind 2 (1 = output), dims 4 (packed), bytes 5."""
+    top = []
+    for f, wt, v in _fields(packed):
+        if f == 5 and wt == 2:
+            sub = _fields(v)
+            if any(g == 2 and x == 1 for g, _, x in sub):
+                new = []
+                for g, w, x in sub:
+                    if g == 4 and w == 2:
+                        dims, j = [], 0
+                        while j < len(x):
+                            d, j = _varint(x, j)
+                            dims.append(d)
+                        dims[-1] //= 2
+                        x = b"".join(_enc_varint(d) for d in dims)
+                    elif g == 4 and w == 0:
+                        x //= 2
+                    elif g == 5:
+                        x //= 2
+                    new.append((g, w, x))
+                v = _encode(new)
+        top.append((f, wt, v))
+    return _encode(top)
+
+
 def main():
     apollod = sys.argv[1]
     c = apollo.Client()
@@ -95,6 +177,14 @@ def main():
     b3 = c.submit(g, target="cpu", allow_tf32=True)
     check(not b3.stats["cache_hit"], "allow_tf32 is another cache key")
     check(apollo.Bundle.unpack(b.pack()).n_launches == b.n_launches, "bundle pack / unpack")
+    # issue 29, item 4: a bundle whose output buffer was shrunk (its kernels
+    # and digests intact) is refused by the runtime before anything runs
+    try:
+        apollo.Runtime(apollo.Bundle.unpack(shrink_output(b.pack())))
+        refused = ""
+    except apollo.ApolloError as e:
+        refused = str(e)
+    check("may touch" in refused, "a shrunk output buffer is refused: %s" % refused[:120])
 
     # The cache key holds names (params are bound by name): the same graph
     # with its weights renamed is the same computation but another bundle.
