@@ -133,7 +133,8 @@ struct ap_compiler {
 	ap_flights *flights;     /* requests by graph key; NULL: no single-flight */
 	ap_flights *kflights;    /* kernels by kernel key */
 	unsigned flight_wait_ms;
-	double tune_budget_ms;   /* per request; <= 0: no search */
+	unsigned tune_budget_evals;   /* per request; 0: no search */
+	double tune_budget_ms;   /* per request, the safety limit; 0: none */
 	ap_autotune *autotune;   /* the background tuner; NULL: none */
 	pthread_mutex_t memo_mu;
 	struct memo_slot *memo;  /* MEMO_SLOTS */
@@ -210,7 +211,12 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 	c->cache = cache;
 	c->redis = opt ? opt->redis : NULL;
 	c->flight_wait_ms = opt && opt->flight_wait_ms ? opt->flight_wait_ms : DEFAULT_FLIGHT_WAIT_MS;
-	c->tune_budget_ms = opt && opt->tune_budget_ms ? opt->tune_budget_ms : AP_TUNE_BUDGET_MS;
+	c->tune_budget_evals = !opt || !opt->tune_budget_evals ? AP_TUNE_BUDGET_EVALS
+			       : opt->tune_budget_evals < 0 ? 0
+			       : opt->tune_budget_evals > UINT_MAX ? UINT_MAX
+			       : (unsigned)opt->tune_budget_evals;
+	c->tune_budget_ms = !opt || !opt->tune_budget_ms ? AP_TUNE_BUDGET_MS
+			    : opt->tune_budget_ms < 0 ? 0 : opt->tune_budget_ms;
 	pthread_mutex_init(&c->memo_mu, NULL);
 	pthread_mutex_init(&c->hist_mu, NULL);
 	pthread_mutex_init(&c->devices_mu, NULL);
@@ -2371,7 +2377,8 @@ static int build_options(ap_compiler *c, const Apollo__CompileRequest *req, cons
 	*tu = (struct tune_user){c, target, r_device, o && o->tune_variant};
 	*th = (ap_tune_hooks){
 		.target = target,
-		.budget_ms = c->tune_budget_ms > 0 ? c->tune_budget_ms : 0,
+		.budget_evals = c->tune_budget_evals,
+		.budget_ms = c->tune_budget_ms,
 		.variant = o ? o->tune_variant : 0,
 		.lookup = use_cache ? tune_lookup : NULL,
 		.store = use_cache ? tune_store : NULL,
@@ -2599,6 +2606,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	b->stats->tune_searched = prog->tune_searched;
 	b->stats->tune_tried = prog->tune_tried;
 	b->stats->tune_ms = prog->tune_ms;
+	b->stats->tune_capped = prog->tune_capped;
 	atomic_fetch_add(&c->tune_hits, prog->tune_hits);
 	atomic_fetch_add(&c->tune_measured, prog->tune_measured);
 	atomic_fetch_add(&c->tune_searched, prog->tune_searched);
@@ -2611,7 +2619,14 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	b->stats->cache_hit = 0;
 	b->stats->cache_tier = APOLLO__CACHE_TIER__CACHE_COMPILED;
 
-	if (r->use_cache) {   /* no_cache: neither read nor write */
+	if (prog->tune_capped)
+		/* the search budget is counted in evaluations, so that the
+		 * bundle does not depend on the machine's load; this one's
+		 * does: answered, not kept */
+		ap_log(AP_LOG_WARN, "tuning: the time limit (tune_budget_ms = %.0f) cut %u kernel "
+		       "searches short after %.1f ms; the bundle is not cached", c->tune_budget_ms,
+		       prog->tune_capped, prog->tune_ms);
+	if (r->use_cache && !prog->tune_capped) {   /* no_cache: neither read nor write */
 		size_t len = 0;
 		uint8_t *val;
 

@@ -71,6 +71,7 @@ typedef struct unit {
 	uint8_t tune_sig[32];        /* tuned != AP_TUNE_DEFAULT: its signature */
 	unsigned tune_tried;
 	double tune_ms;
+	bool tune_capped;            /* the safety limit cut its search short */
 	ap_error err;                /* emit's failure */
 	int rc;
 } unit;
@@ -107,7 +108,10 @@ typedef struct pipe {
 	bool *no_stitch;
 	bool *no_merge;
 	double hook_ms;
-	atomic_uint_fast64_t tune_used_us;   /* search time spent by this build */
+	atomic_uint_fast64_t tune_used_us;   /* search time spent by this build
+						(the safety limit's count only) */
+	unsigned tune_share;         /* evaluations each unit's search may make
+					(ap_tune_share of this round's partition) */
 	name_index *kernel_names;    /* per kernel of the program: its names' index */
 	int cap_kernel_names;
 } pipe;
@@ -192,28 +196,37 @@ static const char *hook_refuses(const pipe *P, const unit *u, char *buf, size_t 
 }
 
 /* Tuning of unit u on emitter em (a no-op without P->opt->tune): u->sched
- * from a record, a search within what is left of the build's budget, or
- * the rule; u->tuned says which.  0, or u->rc set (AP_ENOMEM). */
+ * from a record, a search of the round's share of evaluations (the same
+ * whatever the tasks' order: the budget is not time), or the rule;
+ * u->tuned says which.  The build's wall-time safety limit (h->budget_ms,
+ * summed over the tasks) may cut a search short: u->tune_capped.  0, or
+ * u->rc set (AP_ENOMEM). */
 static int tune_unit(pipe *P, unit *u, const ap_emitter *em)
 {
 	const ap_tune_hooks *h = P->opt->tune;
 	ap_tune_outcome to;
-	double left;
+	double left = 0;
 
 	u->tuned = AP_TUNE_DEFAULT;
 	u->tune_tried = 0;
 	u->tune_ms = 0;
+	u->tune_capped = false;
 	if (!h)
 		return 0;
-	left = h->budget_ms - (double)atomic_load(&P->tune_used_us) / 1000;
-	if (ap_tune_unit(h, em, u->m, &P->ti, P->opt->max_block_threads, left, &u->sched, &to,
-			 &u->err) < 0)
+	if (h->budget_ms > 0) {
+		left = h->budget_ms - (double)atomic_load(&P->tune_used_us) / 1000;
+		if (left <= 0)
+			left = -1;   /* spent */
+	}
+	if (ap_tune_unit(h, em, u->m, &P->ti, P->opt->max_block_threads, P->tune_share, left,
+			 &u->sched, &to, &u->err) < 0)
 		return u->rc = u->err.code ? u->err.code : AP_ENOMEM;
 	atomic_fetch_add(&P->tune_used_us, (uint64_t)(to.ms * 1000));
 	u->tuned = to.kind;
 	memcpy(u->tune_sig, to.sig, sizeof(u->tune_sig));
 	u->tune_tried = to.tried;
 	u->tune_ms = to.ms;
+	u->tune_capped = to.capped;
 	return 0;
 }
 
@@ -835,6 +848,9 @@ static int round_once(pipe *P)
 	if (!P->units)
 		return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
 	P->n_units = P->part->n_groups;
+	/* each micro-graph's share of the tuning budget: Layer II only
+	 * merges units, so a round searches at most budget_evals */
+	P->tune_share = P->opt->tune ? ap_tune_share(P->opt->tune, P->n_units) : 0;
 	run_tasks(P, P->n_units, extract_task, P);
 	for (int i = 0; i < P->n_units; i++)
 		if (P->units[i].rc) {
@@ -947,7 +963,7 @@ static int round_once(pipe *P)
 	}
 	run_tasks(P, P->n_units, emit_task, P);
 	P->prog->tune_hits = P->prog->tune_measured = P->prog->tune_searched = 0;
-	P->prog->tune_tried = 0;
+	P->prog->tune_tried = P->prog->tune_capped = 0;
 	for (int i = 0; i < P->n_units; i++) {
 		const unit *u = &P->units[i];
 
@@ -956,6 +972,7 @@ static int round_once(pipe *P)
 		P->prog->tune_measured += u->tuned == AP_TUNE_MEASURED;
 		P->prog->tune_searched += u->tuned == AP_TUNE_SEARCHED;
 		P->prog->tune_tried += u->tune_tried;
+		P->prog->tune_capped += u->tune_capped;
 		P->prog->tune_ms += u->tune_ms;
 	}
 	for (int i = 0; i < P->n_units; i++) {

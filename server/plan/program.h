@@ -191,8 +191,11 @@ typedef struct ap_program {
 	double layer1_ms;        /* Layer I (isl): plans and its kernels' emission, in codegen_ms */
 	/* tuning (ap_build_options.tune), over the kernels of the last round:
 	 * configurations from records (measured among them), kernels
-	 * searched, configurations evaluated, search time (in codegen_ms) */
-	unsigned tune_hits, tune_measured, tune_searched, tune_tried;
+	 * searched, configurations evaluated, search time (in codegen_ms);
+	 * kernels whose search the wall-time safety limit (ap_tune_hooks.
+	 * budget_ms) cut short or skipped: then the bundle depends on the
+	 * machine's load */
+	unsigned tune_hits, tune_measured, tune_searched, tune_tried, tune_capped;
 	double tune_ms;
 	/* --explain */
 	ap_fuse_level fusion;  /* the level used (never DEFAULT) */
