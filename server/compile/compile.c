@@ -1305,6 +1305,8 @@ struct kernel_batch {
 	char backend[64];            /* its identity in kernel keys ("nvrtc 12.9", "cc ...") */
 	int output;
 	double deadline;             /* ap_now_ms(): a kernel flight's wait ends */
+	const atomic_bool *cancel;   /* set: compile no more kernels (the background
+					tuner stopping); NULL: never */
 	struct kblob *blobs;
 	/* grouped compiles (compile_kernels): per kernel its key, what the
 	 * probe found, its flight; the groups of misses, one program each */
@@ -1432,14 +1434,27 @@ static char *program_src(const struct kernel_batch *kb, const ap_kernel_src *con
 	return src;
 }
 
+/* Whether kb's request was cancelled: then out gets AP_EBUSY and no
+ * backend runs (a kernel flight it leads publishes that error). */
+static bool cancelled(const struct kernel_batch *kb, struct kblob *out)
+{
+	if (!kb->cancel || !atomic_load(kb->cancel))
+		return false;
+	out->rc = ap_error_set(&out->err, AP_EBUSY, NULL, NULL,
+			       "cancelled: apollod is stopping");
+	return true;
+}
+
 /* Runs the backend on kernel `ks` alone into `out` and stores the blob. */
 static void kernel_backend(const struct kernel_batch *kb, const ap_kernel_src *ks,
 			   const uint8_t key[32], struct kblob *out)
 {
 	char file[160];
-	char *src = program_src(kb, &ks, 1);
+	char *src;
 
-	if (!src) {
+	if (cancelled(kb, out))
+		return;
+	if (!(src = program_src(kb, &ks, 1))) {
 		out->rc = ap_error_set(&out->err, AP_ENOMEM, NULL, NULL, "out of memory");
 		return;
 	}
@@ -1595,6 +1610,8 @@ static void group_task(int g, void *arg)
 	 * the kernel, not this request's failure */
 	if (n == 1) {
 		kernel_backend(kb, ks[0], kb->keys[first], &kb->blobs[first]);
+	} else if (cancelled(kb, &whole)) {
+		;
 	} else if (!ks || !(src = program_src(kb, ks, n))) {
 		whole.rc = ap_error_set(&whole.err, AP_ENOMEM, NULL, NULL, "out of memory");
 	} else {
@@ -1781,6 +1798,11 @@ static int compile_kernels(ap_compiler *c, struct kernel_batch *kb, const ap_pro
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 		goto out;
 	}
+	/* a cancellable request (the background tuner's) compiles one kernel
+	 * per program: each backend run is short, and the cancellation is
+	 * seen between two of them */
+	if (kb->cancel)
+		workers = n > 0 ? n : 1;
 	run_tasks(c, n, probe_task, kb);
 	for (i = 0; i < n; i++)
 		if (kb->state[i] == K_COMPILE)
@@ -1910,6 +1932,7 @@ struct request {
 	unsigned driver;           /* GPU: the client's CUDA driver (DeviceInfo); 0: not said */
 	int nvrtc;                 /* GPU: the NVRTC its output comes from (ap_nvrtc_pick) */
 	const char *client;        /* "uid:N", "tcp:ADDR"; NULL: in-process */
+	const atomic_bool *cancel; /* the background tuner's stop; NULL: none */
 	char device[160];          /* GPU targets: the device's id "NAME|SMS", or "" */
 	const char *target;
 	bool gpu, use_cache;
@@ -2478,6 +2501,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	r->mbt = req->options ? req->options->max_block_threads : 0;
 	kb.use_cache = r->use_cache;
 	kb.deadline = r->t0 + c->flight_wait_ms;
+	kb.cancel = r->cancel;
 
 	/* Warm path: a request seen before names its key; no graph needed. */
 	if (r->use_cache && r->digest && memo_get(c, r->digest, gkey) &&
@@ -2552,6 +2576,10 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	}
 	if (c->stop_before_backend) {
 		rc = ap_error_set(err, AP_EINTERNAL, NULL, NULL, "stopped before the backend");
+		goto done;
+	}
+	if (r->cancel && atomic_load(r->cancel)) {
+		rc = ap_error_set(err, AP_EBUSY, NULL, NULL, "cancelled: apollod is stopping");
 		goto done;
 	}
 
@@ -2753,9 +2781,9 @@ fail:
 }
 
 int ap_compiler_compile_bundle(ap_compiler *c, const Apollo__CompileRequest *req,
-			       Apollo__Bundle **out, ap_error *err)
+			       const atomic_bool *cancel, Apollo__Bundle **out, ap_error *err)
 {
-	struct request r = { .req = req, .t0 = ap_now_ms() };
+	struct request r = { .req = req, .cancel = cancel, .t0 = ap_now_ms() };
 	int rc;
 
 	*out = NULL;

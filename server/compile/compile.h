@@ -37,6 +37,8 @@
 #ifndef AP_COMPILE_H
 #define AP_COMPILE_H
 
+#include <stdatomic.h>
+
 #include "../../common/base.h"
 #include "../cache/cache.h"
 #include "autotune.h"
@@ -221,8 +223,15 @@ int ap_compiler_build_program(ap_compiler *c, __ap_keep const struct Apollo__Com
 
 /* Compiles req as ap_compile_run would (caches, single-flight, backend),
  * without counting it among the daemon's requests: 0 with *out (free with
- * apollo__bundle__free_unpacked), or the error. */
+ * apollo__bundle__free_unpacked), or the error.  `cancel` (may be NULL;
+ * the background tuner's stop): its kernels are then compiled one per
+ * backend program, and once *cancel is set no further backend run starts
+ * -- the call returns AP_EBUSY ("cancelled") after the runs in progress
+ * (a kernel each) end; what was compiled before stays in the cache (each
+ * store a transaction of its own), the bundle is neither stored nor
+ * returned. */
 int ap_compiler_compile_bundle(ap_compiler *c, __ap_keep const struct Apollo__CompileRequest *req,
+			       const atomic_bool *cancel,
 			       __ap_give struct Apollo__Bundle **out, ap_error *err);
 
 /* ---- cache keys: SHA-256 over the inputs of a compilation only ---------- */
