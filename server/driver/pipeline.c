@@ -790,8 +790,10 @@ static int add_launch(pipe *P, int li, int ki)
 			pt->traffic = u->traffic;
 		} else if (u->k && u->sched.em) {
 			pt->emitter = u->sched.em->name;
-			pt->recompute = strcmp(u->sched.em->name, "gemm") && strcmp(u->sched.em->name, "attention")
-					? ap_lower_recompute(u->m) : 0;
+			pt->recompute = !strcmp(u->sched.em->name, "gemm") ||
+						!strcmp(u->sched.em->name, "attention") ? 0
+					: u->sched.em->recompute ? u->sched.em->recompute(u->m)
+					: ap_lower_recompute(u->m);
 			if (!(pt->schedule = ap_sched_describe(u->sched.em, u->m, &P->ti, &u->sched)))
 				return AP_ENOMEM;
 			pt->tuned = u->tuned != AP_TUNE_DEFAULT;
