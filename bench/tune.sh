@@ -2,7 +2,7 @@
 # bench/tune.sh [TARGET] -- what tuning costs and what it buys.
 #
 # 1. Per model and training step of ../shared/testdata: the daemon's cold
-#    compile for TARGET with tuning at its default budget (tune_budget_ms)
+#    compile for TARGET with tuning at its default budget (tune_budget_evals)
 #    and without (--no-tune), both --no-cache (no record read: every tuned
 #    kernel searched), the median of REPEAT each, with the ratio, the kernels
 #    searched, the configurations evaluated and the search time.

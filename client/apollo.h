@@ -374,6 +374,8 @@ typedef struct ap_bundle_stats {
 	 * evaluated, search time (part of codegen_ms) */
 	unsigned tune_hits, tune_measured, tune_searched, tune_tried;
 	double tune_ms;
+	unsigned tune_capped;        /* searches the daemon's time limit cut short
+					(a loaded machine's bundle, not cached) */
 } ap_bundle_stats;
 
 /* The name of a tier: "compiled", "l1", "l2", "shared". */

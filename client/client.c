@@ -1474,6 +1474,7 @@ void ap_bundle_stats_get(const ap_bundle *b, ap_bundle_stats *out)
 	out->tune_searched = s->tune_searched;
 	out->tune_tried = s->tune_tried;
 	out->tune_ms = s->tune_ms;
+	out->tune_capped = s->tune_capped;
 }
 
 const char *ap_cache_tier_name(ap_cache_tier t)

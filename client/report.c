@@ -187,8 +187,9 @@ void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 		s.kernels_compiled, s.kernels_remote, s.kernels_shared);
 	fprintf(f, ",\"layers\":{\"I\":%u,\"II\":%u,\"III\":%u}", s.layer1, s.layer2, s.layer3);
 	json_num(f, "layer1_ms", s.layer1_ms);
-	fprintf(f, ",\"tuning\":{\"hits\":%u,\"measured\":%u,\"searched\":%u,\"candidates\":%u",
-		s.tune_hits, s.tune_measured, s.tune_searched, s.tune_tried);
+	fprintf(f, ",\"tuning\":{\"hits\":%u,\"measured\":%u,\"searched\":%u,\"candidates\":%u,"
+		   "\"capped\":%u", s.tune_hits, s.tune_measured, s.tune_searched, s.tune_tried,
+		s.tune_capped);
 	json_num(f, "ms", s.tune_ms);
 	fputc('}', f);
 	json_num(f, "recompute_ratio", bundle_recompute(b, -1));
@@ -423,6 +424,9 @@ void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info)
 	fprintf(f, "tuning: %u kernels from records (%u measured), %u searched, %u configurations "
 		   "evaluated in %.1f ms\n", s.tune_hits, s.tune_measured, s.tune_searched, s.tune_tried,
 		s.tune_ms);
+	if (s.tune_capped)
+		fprintf(f, "tuning: the daemon's time limit cut %u searches short (a loaded machine's "
+			   "bundle, not cached)\n", s.tune_capped);
 	fprintf(f, "modelled global memory: %llu B fused, %llu B eager, %llu B minimum; "
 		   "workspace %llu B; %d buffers, %llu B of blobs\n",
 		(unsigned long long)s.global_bytes, (unsigned long long)s.eager_bytes,

@@ -166,14 +166,19 @@ static const ap_config_option options[] = {
 	  "waits for that compile and is answered from it, for at most this many "
 	  "milliseconds from its own arrival; then it compiles by itself.  The same "
 	  "holds for one kernel needed by two requests.  0: never wait." },
-	{ "tune_budget_ms", NUM(AP_CFG_INT, tune_budget_ms), "200", 0, 600000LL, NULL,
-	  "Tuning: the time one compile request may spend searching its kernels' "
-	  "configurations (tiles, stages, block sizes) under the cost model, all its "
-	  "kernels together; kernels past it take their emitter's default rule and "
-	  "are searched by a later request.  Results are kept as tuning records in "
-	  "the cache and reused by every graph holding the same kernel; measured "
-	  "records win over modelled ones.  0: no search "
+	{ "tune_budget_evals", NUM(AP_CFG_INT, tune_budget_evals), "65536", 0, 1LL << 30, NULL,
+	  "Tuning: the cost-model evaluations one compile request may spend searching "
+	  "its kernels' configurations (tiles, stages, block sizes), all its kernels "
+	  "together: each micro-graph gets an equal share (at most 2048), so that a "
+	  "graph gives the same bundle on a loaded machine as on an idle one.  Results "
+	  "are kept as tuning records in the cache and reused by every graph holding "
+	  "the same kernel; measured records win over modelled ones.  0: no search "
 	  "(records are still used)." },
+	{ "tune_budget_ms", NUM(AP_CFG_INT, tune_budget_ms), "5000", 0, 600000LL, NULL,
+	  "Tuning: a safety limit on the time one compile request spends searching, "
+	  "all its kernels together.  Only an overloaded machine should reach it: a "
+	  "search it cuts short is logged, counted (Stats.tune_capped) and not kept "
+	  "as a record, and the bundle is not cached.  0: no limit." },
 	{ "tune_refine", NUM(AP_CFG_BOOL, tune_refine), "true", 0, 0, NULL,
 	  "Background tuning: after a compile for a GPU target that searched kernels, "
 	  "a thread at the lowest priority compiles each such kernel's candidates "

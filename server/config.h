@@ -58,7 +58,9 @@ typedef struct ap_config {
 	long long cache_max_bytes; /* blob bytes in the SQLite file; 0 = no limit */
 	long long cache_memory_bytes; /* verified blobs kept in memory */
 	long long flight_wait_ms;  /* wait for an identical request's compile */
-	long long tune_budget_ms;  /* issue 9: search time per request; 0 = no search */
+	long long tune_budget_evals;  /* issue 26: search budget per request, in
+				      cost-model evaluations; 0 = no search */
+	long long tune_budget_ms;  /* safety limit on a request's search time; 0 = none */
 	int tune_refine;           /* background tuner: ptxas -v refinement */
 	int tune_measure;          /* background tuner: timing on this host's GPU */
 	long long tune_device;     /* its CUDA ordinal */

@@ -11,7 +11,8 @@
  * answered with the right error, after which the daemon still serves a
  * ping and a valid compile with its cache intact; the cache hit of a
  * second submit and after a restart; concurrent clients; a client leaving
- * before its reply; SIGTERM with a compile in flight; a stale socket and a
+ * before its reply; SIGTERM with a compile in flight, and with the
+ * background tuner busy (exit within 2 s); a stale socket and a
  * live one; the TCP listener's token; a GPU target without NVRTC.
  */
 #include <check.h>
@@ -2393,6 +2394,150 @@ static Apollo__Envelope *compile_onnx(int fd, uint64_t id, const uint8_t *model,
 	return r;
 }
 
+/* Compiles the ONNX model for sm_90 (PTX): the reply. */
+static Apollo__Envelope *compile_onnx_sm90(int fd, uint64_t id, const uint8_t *model, size_t len)
+{
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT, *r;
+	Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
+
+	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_ONNX_MODEL;
+	req.onnx_model.data = (uint8_t *)model;
+	req.onnx_model.len = len;
+	req.target = "sm_90";
+	req.output = APOLLO__OUTPUT_KIND__OUTPUT_PTX;
+	env.id = id;
+	env.msg_case = APOLLO__ENVELOPE__MSG_COMPILE;
+	env.compile = &req;
+	send_env(fd, &env);
+	r = recv_env(fd);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_uint_eq(r->id, id);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_COMPILED);
+	return r;
+}
+
+/* The background tuner's counter `event` (apollo_tuning_background_total)
+ * in a Stats reply; -1 when absent. */
+static double tuner_event(const Apollo__StatsReply *st, const char *event)
+{
+	for (size_t i = 0; i < st->n_metrics; i++) {
+		const Apollo__MetricFamily *f = st->metrics[i];
+
+		if (strcmp(f->name, "apollo_tuning_background_total"))
+			continue;
+		for (size_t j = 0; j < f->n_samples; j++)
+			for (size_t k = 0; k < f->samples[j]->n_labels; k++)
+				if (!strcmp(f->samples[j]->labels[k]->name, "event") &&
+				    !strcmp(f->samples[j]->labels[k]->value, event))
+					return f->samples[j]->value;
+	}
+	return -1;
+}
+
+/* Issue 26, item 5: SIGTERM while the background tuner is busy (its
+ * counters say it has finished no job but compiled candidates with ptxas
+ * -- and, with the stand-in driver, timed the first variant's bundle, so
+ * that it is now compiling the next variant's kernels, which used to run
+ * to the end of the variant: seconds) stops the daemon within 2 s with
+ * status 0 -- the tuner abandons its job between two steps -- and the
+ * restarted daemon's cache is intact: both earlier requests are cache
+ * hits (the abandoned job stored no record, so retired no bundle). */
+START_TEST(sigterm_stops_background_tuner)
+{
+	daemon_t d;
+	char dir[64], so[300], env_so[340];
+	const char *b = getenv("APOLLO_BUILD");
+	const char *env[] = { env_so, NULL };
+	const char *extra[] = { "--tune-refine", "--tune-measure", NULL };
+	Apollo__Graph *g = add_relu(40);
+	size_t len = 0;
+	uint8_t *model = read_testdata("models/squeezenet1_1/model.onnx", &len);
+	Apollo__Envelope *r;
+	struct timespec t0, t1;
+	double busy = 0, jobs = 0, exit_s;
+	bool standin;
+	int fd, status = 0;
+	pid_t w = 0;
+
+	if (!model) {
+		printf("SKIP sigterm_stops_background_tuner: ../shared/testdata not found\n");
+		graph_free(g);
+		return;
+	}
+	snprintf(so, sizeof(so), "%s/tests/libcuda-standin.so", b && *b ? b : "build");
+	snprintf(env_so, sizeof(env_so), "APOLLO_LIBCUDA=%s", so);
+	standin = access(so, R_OK) == 0;
+	daemon_start_in(&d, NULL, standin ? env : NULL, extra);
+	fd = connect_unix(d.sock);
+	r = hello(fd, "check_daemon");
+	if (!r->hello_reply->nvrtc_version[0]) {
+		printf("SKIP sigterm_stops_background_tuner: the daemon has no NVRTC (see %s)\n", d.log);
+		apollo__envelope__free_unpacked(r, NULL);
+		close(fd);
+		graph_free(g);
+		free(model);
+		daemon_stop(&d);
+		daemon_cleanup(&d);
+		return;
+	}
+	apollo__envelope__free_unpacked(r, NULL);
+	r = compile(fd, 1, g, NULL);
+	ck_assert(!bundle_ok(r, "cpu")->stats->cache_hit);
+	apollo__envelope__free_unpacked(r, NULL);
+	/* squeezenet1_1 at sm_90 searches some 20 kernels: the tuner's job
+	 * is many seconds of ptxas and NVRTC */
+	r = compile_onnx_sm90(fd, 2, model, len);
+	ck_assert(!bundle_ok(r, "sm_90")->stats->cache_hit);
+	ck_assert_uint_ge(r->compiled->bundle->stats->tune_searched, 10);
+	apollo__envelope__free_unpacked(r, NULL);
+	for (int i = 0; i < 6000 && !(busy > 0); i++) {
+		Apollo__StatsReply *st = get_stats(fd);
+
+		busy = tuner_event(st, standin ? "timed" : "compiled");
+		jobs = tuner_event(st, "job");
+		apollo__stats_reply__free_unpacked(st, NULL);
+		if (!(busy > 0))
+			sleep_ms(10);
+	}
+	ck_assert_msg(busy > 0 && jobs == 0, "the tuner is not busy (%s %g, jobs %g)",
+		      standin ? "timed" : "compiled", busy, jobs);
+	close(fd);
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	kill(d.pid, SIGTERM);
+	for (int i = 0; i < 6000 && (w = waitpid(d.pid, &status, WNOHANG)) == 0; i++)
+		sleep_ms(5);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	exit_s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+	if (w != d.pid) {
+		kill(d.pid, SIGKILL);
+		waitpid(d.pid, &status, 0);
+		ck_abort_msg("apollod did not exit within 30 s of SIGTERM (see %s)", d.log);
+	}
+	printf("check_daemon: sigterm_stops_background_tuner: exit %.3f s after SIGTERM\n", exit_s);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "apollod exit status %d", status);
+	ck_assert_msg(exit_s < 2.0, "apollod took %.3f s to stop (see %s)", exit_s, d.log);
+	ck_assert_msg(log_has(&d, "background tuner: job abandoned"), "no abandoned job in %s", d.log);
+	ck_assert(!log_has(&d, "job failed"));
+
+	snprintf(dir, sizeof(dir), "%s", d.dir);
+	daemon_start_in(&d, dir, NULL, NULL);
+	fd = connect_unix(d.sock);
+	r = compile(fd, 3, g, NULL);
+	ck_assert(bundle_ok(r, "cpu")->stats->cache_hit);
+	apollo__envelope__free_unpacked(r, NULL);
+	r = compile_onnx_sm90(fd, 4, model, len);
+	ck_assert(bundle_ok(r, "sm_90")->stats->cache_hit);
+	ck_assert_uint_eq(r->compiled->bundle->stats->kernels_compiled, 0);
+	apollo__envelope__free_unpacked(r, NULL);
+	close(fd);
+	graph_free(g);
+	free(model);
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+}
+END_TEST
+
 /* The daemon imports ONNX itself: a node test with static shapes, a real
  * model whose symbolic dims and constant input come as bindings, both
  * cache hits the second time (before any import); bytes that are not
@@ -3904,6 +4049,7 @@ static Suite *daemon_suite(void)
 	tcase_add_test(tc, slow_reader);
 	tcase_add_test(tc, client_leaves_before_reply);
 	tcase_add_test(tc, sigterm_drains);
+	tcase_add_test(tc, sigterm_stops_background_tuner);
 	tcase_add_test(tc, stale_and_live_socket);
 	tcase_add_test(tc, tcp_needs_token);
 	tcase_add_test(tc, gpu_target_without_nvrtc);

@@ -37,12 +37,24 @@
  *                            compile builds it, and a later job neither
  *                            compiles a refined record again nor stores a
  *                            kernel measured before
+ *   budget_counts_evaluations a kernel's share of the build's budget of
+ *                            evaluations, searched to exactly that many;
+ *                            the wall-time safety limit counted (capped), its
+ *                            cut-short search not kept as a record
+ *   same_bundle_under_load   bert_like_2l compiled cold twice (fresh caches),
+ *                            the second time with every core busy: the
+ *                            search budget counts evaluations, so the two
+ *                            bundles are byte-identical but for stats and
+ *                            blobs, searched alike and never cut short
  */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <dlfcn.h>
@@ -445,13 +457,79 @@ static void store_rec(void *user, const uint8_t sig[32], const ap_tune_record *r
 	ck_assert_int_eq(ap_cache_tuning_put(s->c, sig, s->target, rec), 0);
 }
 
+/* The budget is counted in evaluations: a kernel's share of the build's,
+ * searched to exactly that many; the wall-time safety limit ends a search
+ * early only as a counted exception (capped), whose result is not kept as
+ * a record, and once spent leaves kernels on their default rule. */
+START_TEST(budget_counts_evaluations)
+{
+	ap_cache *c = fresh_cache();
+	ap_graph *g = matmul_graph(256, 512, 128, false);
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+	store_ctx sc = {c, "sm_90"};
+	ap_tune_hooks h = {.target = "sm_90", .budget_evals = 10000, .lookup = lookup_rec,
+			   .store = store_rec, .user = &sc};
+	ap_target_info t;
+	ap_tune_outcome out;
+	ap_tune_record rec;
+	ap_sched s, dflt;
+	ap_space sp;
+	ap_error err;
+
+	/* shares: equal, at most the per-search cap */
+	ck_assert_uint_eq(ap_tune_share(&h, 4), AP_TUNE_MAX_POINTS);
+	ck_assert_uint_eq(ap_tune_share(&h, 100), 100);
+	ck_assert_uint_eq(ap_tune_share(&h, 0), 0);
+	h.search.max_points = 500;
+	ck_assert_uint_eq(ap_tune_share(&h, 4), 500);
+	h.search.max_points = 0;
+	h.budget_evals = 0;
+	ck_assert_uint_eq(ap_tune_share(&h, 1), 0);
+	h.budget_evals = 10000;
+
+	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
+	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+	/* the safety limit spent before the kernel: its default rule, counted */
+	ck_assert_int_eq(ap_tune_unit(&h, &ap_emitter_gemm, m, &t, 0, 50, -1, &s, &out, &err), 0);
+	ck_assert_int_eq(out.kind, AP_TUNE_DEFAULT);
+	ck_assert(out.capped);
+	ck_assert_uint_eq(out.tried, 0);
+	ck_assert_int_eq(memcmp(s.v, dflt.v, sizeof(dflt.v)), 0);
+	ck_assert_int_eq(lookup_rec(&sc, out.sig, &rec), 0);
+	/* a limit that passes during the search (checked every 16
+	 * evaluations): cut short, counted, no record */
+	ck_assert_int_eq(ap_tune_unit(&h, &ap_emitter_gemm, m, &t, 0, 1000, 1e-9, &s, &out, &err), 0);
+	ck_assert_int_eq(out.kind, AP_TUNE_SEARCHED);
+	ck_assert(out.capped);
+	ck_assert_uint_eq(out.tried, 16);
+	ck_assert_int_eq(lookup_rec(&sc, out.sig, &rec), 0);
+	/* a share of 50 evaluations: exactly 50, whatever the time */
+	ck_assert_int_eq(ap_tune_unit(&h, &ap_emitter_gemm, m, &t, 0, 50, 0, &s, &out, &err), 0);
+	ck_assert_int_eq(out.kind, AP_TUNE_SEARCHED);
+	ck_assert(!out.capped);
+	ck_assert_uint_eq(out.tried, 50);
+	ck_assert_int_eq(lookup_rec(&sc, out.sig, &rec), 1);
+	ck_assert_uint_eq(rec.tried, 50);
+	/* below two evaluations there is nothing to search */
+	drop_cache(c);
+	c = fresh_cache();
+	sc.c = c;
+	ck_assert_int_eq(ap_tune_unit(&h, &ap_emitter_gemm, m, &t, 0, 1, 0, &s, &out, &err), 0);
+	ck_assert_int_eq(out.kind, AP_TUNE_DEFAULT);
+	ck_assert(!out.capped);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+	drop_cache(c);
+}
+END_TEST
+
 /* Builds g for `target` with tuning hooks over c; the schedule text of
  * the launch part computing node `name` goes to sched. */
 static ap_program *build(const ap_graph *g, const char *target, ap_cache *c, char *sched,
 			 size_t cap, const char *name)
 {
 	store_ctx sc = {c, target};
-	ap_tune_hooks h = {.target = target, .budget_ms = 1000, .lookup = lookup_rec,
+	ap_tune_hooks h = {.target = target, .budget_evals = 65536, .lookup = lookup_rec,
 			   .store = store_rec, .user = &sc};
 	ap_build_options o = {.target = target, .tune = &h};
 	ap_error err;
@@ -509,7 +587,7 @@ START_TEST(variants_take_candidates)
 	ck_assert_int_eq(ap_cache_tuning_put(c, sig, "sm_90", &r), 0);
 	for (unsigned v = 1; v <= AP_TUNE_TOP; v++) {
 		store_ctx sc = {c, "sm_90"};
-		ap_tune_hooks h = {.target = "sm_90", .budget_ms = 1000, .variant = v,
+		ap_tune_hooks h = {.target = "sm_90", .budget_evals = 65536, .variant = v,
 				   .lookup = lookup_model_rec, .store = store_rec, .user = &sc};
 		ap_build_options o = {.target = "sm_90", .tune = &h};
 		ap_error err;
@@ -981,6 +1059,163 @@ out_graph:
 }
 END_TEST
 
+/* ---- the same bundle whatever the load ------------------------------------------ */
+
+/* Reads ../shared/testdata/REL (from $APOLLO_BUILD's parent or the current
+ * directory); NULL when absent. */
+static uint8_t *read_testdata(const char *rel, size_t *len)
+{
+	const char *build = getenv("APOLLO_BUILD");
+	char path[4096];
+	FILE *f = NULL;
+	uint8_t *buf;
+	long n;
+
+	if (build && *build) {
+		snprintf(path, sizeof(path), "%s/../../shared/testdata/%s", build, rel);
+		f = fopen(path, "rb");
+	}
+	if (!f) {
+		snprintf(path, sizeof(path), "../shared/testdata/%s", rel);
+		f = fopen(path, "rb");
+	}
+	if (!f)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	buf = malloc((size_t)n + 1);
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_int_eq(fread(buf, 1, (size_t)n, f), n);
+	fclose(f);
+	*len = (size_t)n;
+	return buf;
+}
+
+/* The ONNX model compiled cold (a fresh cache) for `target` with a search
+ * budget of `evals` (0: the default): the bundle
+ * packed without its stats (times) and kernel blobs (backend output),
+ * into *packed; its stats into *st. */
+static void compile_cold(const uint8_t *model, size_t len, const char *target, long long evals,
+			 uint8_t **packed, size_t *plen, Apollo__Stats *st)
+{
+	ap_compiler_options co = { .threads = 1, .tune_budget_evals = evals };
+	Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
+	Apollo__CompileResponse *r;
+	Apollo__Stats *saved;
+	ap_cache *cache = fresh_cache();
+	ap_compiler *c = ap_compiler_new(cache, &co);
+	Apollo__Bundle *b;
+
+	ck_assert_ptr_nonnull(c);
+	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_ONNX_MODEL;
+	req.onnx_model.data = (uint8_t *)model;
+	req.onnx_model.len = len;
+	req.target = (char *)target;
+	req.output = strcmp(target, "cpu") ? APOLLO__OUTPUT_KIND__OUTPUT_PTX
+					   : APOLLO__OUTPUT_KIND__OUTPUT_SO;
+	r = ap_compile_run(c, &req);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_msg(r->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE, "compile: %s",
+		      r->result_case == APOLLO__COMPILE_RESPONSE__RESULT_ERROR ? r->error->message : "?");
+	b = r->bundle;
+	*st = *b->stats;
+	saved = b->stats;
+	b->stats = NULL;
+	for (size_t i = 0; i < b->n_kernels; i++) {
+		free(b->kernels[i]->blob.data);
+		b->kernels[i]->blob.data = NULL;
+		b->kernels[i]->blob.len = 0;
+		b->kernels[i]->digest.len = 0;
+		b->kernels[i]->blob_of = 0;
+	}
+	*plen = apollo__bundle__get_packed_size(b);
+	*packed = malloc(*plen + 1);
+	ck_assert_ptr_nonnull(*packed);
+	apollo__bundle__pack(b, *packed);
+	b->stats = saved;
+	ap_compile_response_free(r);
+	ap_compiler_free(c);
+	drop_cache(cache);
+}
+
+/* Compiles the model cold twice, idle and with one busy child per core
+ * (killed after; each also dies with this test or after 300 s), and
+ * asserts the two bundles are the same. */
+static void same_under_load(const uint8_t *model, size_t len, const char *target, long long evals)
+{
+	size_t idle_len, busy_len;
+	uint8_t *idle, *busy;
+	Apollo__Stats idle_st, busy_st;
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	pid_t kids[256];
+	int n_kids = 0;
+
+	compile_cold(model, len, target, evals, &idle, &idle_len, &idle_st);
+	for (long i = 0; i < (ncpu > 0 ? ncpu : 1) && n_kids < 256; i++) {
+		pid_t pid = fork();
+
+		ck_assert_int_ge(pid, 0);
+		if (pid == 0) {
+			volatile unsigned long spin = 0;
+
+			prctl(PR_SET_PDEATHSIG, SIGKILL);
+			alarm(300);
+			for (;;)
+				spin++;
+		}
+		kids[n_kids++] = pid;
+	}
+	compile_cold(model, len, target, evals, &busy, &busy_len, &busy_st);
+	for (int i = 0; i < n_kids; i++) {
+		int status;
+
+		kill(kids[i], SIGKILL);
+		ck_assert_int_eq(waitpid(kids[i], &status, 0), kids[i]);
+		/* it was still spinning: the load lasted the whole compile */
+		ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+	}
+	/* searched alike, none cut short by the time limit */
+	ck_assert_uint_gt(idle_st.tune_searched, 0);
+	ck_assert_uint_eq(busy_st.tune_searched, idle_st.tune_searched);
+	ck_assert_uint_eq(busy_st.tune_tried, idle_st.tune_tried);
+	ck_assert_uint_eq(idle_st.tune_capped, 0);
+	ck_assert_uint_eq(busy_st.tune_capped, 0);
+	ck_assert_uint_eq(busy_st.global_bytes, idle_st.global_bytes);
+	/* kernels (named by their sources' hash), plan, schedules, tuning
+	 * signatures and buffers: byte for byte */
+	ck_assert_uint_eq(busy_len, idle_len);
+	ck_assert_msg(memcmp(busy, idle, idle_len) == 0,
+		      "the loaded machine built another bundle than the idle one (budget %lld)",
+		      evals);
+	fprintf(stderr, "same_bundle_under_load: %s, budget %lld: %u kernels searched, %u "
+		"configurations, %.1f ms idle, %.1f ms loaded\n", target, evals,
+		idle_st.tune_searched, idle_st.tune_tried, idle_st.tune_ms, busy_st.tune_ms);
+	free(idle);
+	free(busy);
+}
+
+/* Issue 26, item 3: the tuner's budget is evaluations, so a loaded machine
+ * builds the idle machine's bundle: at the default budget, and at a small
+ * one that ends searches part-way (where a time budget would end them at
+ * a point that depends on the load). */
+START_TEST(same_bundle_under_load)
+{
+	ap_error err;
+	const char *target = ap_nvrtc_load(&err) ? "cpu" : "sm_90";
+	size_t len;
+	uint8_t *model = read_testdata("models/bert_like_2l/model.onnx", &len);
+
+	if (!model) {
+		fprintf(stderr, "same_bundle_under_load: skipped, no ../shared/testdata\n");
+		return;
+	}
+	same_under_load(model, len, target, 0);
+	same_under_load(model, len, target, 1000);
+	free(model);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("tune");
@@ -1000,6 +1235,8 @@ int main(void)
 	tcase_add_test(tc, refined_us_reads_ptxas);
 	tcase_add_test(tc, stitched_flops_count_reductions_once);
 	tcase_add_test(tc, background_tuner);
+	tcase_add_test(tc, budget_counts_evaluations);
+	tcase_add_test(tc, same_bundle_under_load);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

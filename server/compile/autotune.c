@@ -40,6 +40,9 @@ struct ap_autotune {
 	struct job *q;           /* ring of o.queue_max */
 	unsigned head, n;
 	bool stop, busy;
+	atomic_bool cancel;      /* the job running is abandoned (ap_autotune_free):
+				    read without the lock, between candidates,
+				    kernels and backend compiles */
 	bool measure_off;        /* no driver or device: measuring given up */
 	atomic_uint_fast64_t jobs, dropped, failed, compiled, refined, moved, timed, measured;
 };
@@ -103,12 +106,13 @@ static cand *cand_get(cands *t, const uint8_t sig[32], const char *schedule)
 
 static bool stopping(ap_autotune *a)
 {
-	bool s;
+	return atomic_load(&a->cancel);
+}
 
-	pthread_mutex_lock(&a->mu);
-	s = a->stop;
-	pthread_mutex_unlock(&a->mu);
-	return s;
+/* The error of a job abandoned because the tuner stops. */
+static int abandoned(ap_error *err)
+{
+	return ap_error_set(err, AP_EBUSY, NULL, NULL, "cancelled: apollod is stopping");
 }
 
 /* ---- refine: ptxas -v per candidate ---------------------------------------------- */
@@ -143,13 +147,18 @@ static int refine_variant(ap_autotune *a, const Apollo__CompileRequest *req, con
 	ap_program *p = NULL;
 	int rc = ap_compiler_build_program(a->c, req, &g, &p, err);
 
-	for (int l = 0; !rc && p && l < p->n_launches && !stopping(a); l++) {
+	/* one ptxas compile per candidate: the stop is seen between two */
+	for (int l = 0; !rc && p && l < p->n_launches; l++) {
 		const ap_launch *ln = &p->launches[l];
 		const ap_launch_part *pt = ln->n_parts == 1 ? &ln->parts[0] : NULL;
 		const ap_kernel_src *k;
 		cand *cd;
 		ap_error why;
 
+		if (stopping(a)) {
+			rc = abandoned(err);
+			break;
+		}
 		if (!pt || !pt->tuned || !pt->schedule || refined_before(a, req->target, pt->tune_sig))
 			continue;
 		if (!(cd = cand_get(t, pt->tune_sig, pt->schedule))) {
@@ -276,9 +285,11 @@ struct timing {
 static int on_timed(void *user, const ap_bundle_launch_part *pt, double us, unsigned runs)
 {
 	struct timing *tm = user;
-	cand *c = cand_get(tm->t, pt->tune_signature, pt->schedule);
+	cand *c;
 
-	if (!c)
+	if (stopping(tm->a))
+		return AP_EBUSY;
+	if (!(c = cand_get(tm->t, pt->tune_signature, pt->schedule)))
 		return AP_ENOMEM;
 	if (c->time_us == 0 || us < c->time_us) {
 		c->time_us = us;
@@ -294,7 +305,7 @@ static int time_variant(ap_autotune *a, const Apollo__CompileRequest *req, cands
 	struct Apollo__Bundle *pb = NULL;
 	struct timing tm = { a, t };
 	ap_bundle *b;
-	int rc = ap_compiler_compile_bundle(a->c, req, &pb, err);
+	int rc = ap_compiler_compile_bundle(a->c, req, &a->cancel, &pb, err);
 
 	if (rc)
 		return rc;
@@ -303,6 +314,8 @@ static int time_variant(ap_autotune *a, const Apollo__CompileRequest *req, cands
 	rc = ap_runtime_time_tuned(b, NULL, a->o.device, a->o.warmup, a->o.runs, device[0] ? NULL : device,
 				   cap, sms, on_timed, &tm, err);
 	ap_bundle_free(b);
+	if (stopping(a))
+		return abandoned(err);
 	if (rc == AP_EUNSUPPORTED || rc == AP_ECOMPILE || rc == AP_EIO) {
 		/* no driver, no device, or a device that cannot load or run
 		 * this target: measuring stops here for the tuner's life */
@@ -391,19 +404,25 @@ static int run_job(ap_autotune *a, const uint8_t *buf, size_t len, ap_error *err
 		rc = ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL, "no GPU target to tune for");
 		goto out;
 	}
-	for (unsigned v = 1; !rc && v <= AP_TUNE_TOP && !stopping(a); v++) {
+	/* Stopping abandons the job between any two steps: nothing of it is
+	 * stored but kernels its bundles compiled (each a finished entry);
+	 * its records are written only at the end, each set in one
+	 * transaction. */
+	for (unsigned v = 1; !rc && v <= AP_TUNE_TOP; v++) {
 		opts.tune_variant = v;
-		if (a->o.refine)
+		if (stopping(a))
+			rc = abandoned(err);
+		if (!rc && a->o.refine)
 			rc = refine_variant(a, req, arch, &ti, &t, err);
-		if (!rc && a->o.measure && !a->measure_off)
+		if (!rc && a->o.measure && !a->measure_off && !stopping(a))
 			rc = time_variant(a, req, &t, device, sizeof(device), &sms, err);
 	}
-	if (!rc && !stopping(a)) {
-		if (a->o.refine)
-			store_refined(a, req->target, &t);
-		if (device[0])
-			rc = report(a, req->target, device, sms, &t, err);
-	}
+	if (!rc && stopping(a))
+		rc = abandoned(err);
+	if (!rc && a->o.refine)
+		store_refined(a, req->target, &t);
+	if (!rc && device[0])
+		rc = stopping(a) ? abandoned(err) : report(a, req->target, device, sms, &t, err);
 out:
 	req->options = saved;
 	apollo__compile_request__free_unpacked(req, NULL);
@@ -422,6 +441,7 @@ static void *tuner_main(void *arg)
 	for (;;) {
 		struct job j;
 		ap_error err;
+		int rc;
 
 		while (!a->stop && a->n == 0) {
 			a->busy = false;
@@ -436,12 +456,18 @@ static void *tuner_main(void *arg)
 		a->busy = true;
 		pthread_mutex_unlock(&a->mu);
 		ap_error_clear(&err);
-		if (run_job(a, j.req, j.len, &err) < 0) {
-			atomic_fetch_add(&a->failed, 1);
-			ap_log(AP_LOG_WARN, "background tuner: job failed (%s): %s", ap_error_name(err.code),
-			       err.msg);
+		rc = run_job(a, j.req, j.len, &err);
+		if (rc < 0 && stopping(a)) {
+			/* neither finished nor failed */
+			ap_log(AP_LOG_INFO, "background tuner: job abandoned: apollod is stopping");
+		} else {
+			if (rc < 0) {
+				atomic_fetch_add(&a->failed, 1);
+				ap_log(AP_LOG_WARN, "background tuner: job failed (%s): %s",
+				       ap_error_name(err.code), err.msg);
+			}
+			atomic_fetch_add(&a->jobs, 1);
 		}
-		atomic_fetch_add(&a->jobs, 1);
 		free(j.req);
 		pthread_mutex_lock(&a->mu);
 	}
@@ -497,6 +523,7 @@ ap_autotune *ap_autotune_free(ap_autotune *a)
 {
 	if (!a)
 		return NULL;
+	atomic_store(&a->cancel, true);
 	pthread_mutex_lock(&a->mu);
 	a->stop = true;
 	pthread_cond_broadcast(&a->work);

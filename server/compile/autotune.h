@@ -68,8 +68,13 @@ typedef struct ap_autotune_counters {
  * and frees it first).  NULL when out of memory or when no thread starts
  * (logged). */
 __ap_give ap_autotune *ap_autotune_new(ap_compiler *c, const ap_autotune_options *o);
-/* Stops the tuner: the job running finishes its current kernel, queued
- * ones are dropped; joins the thread.  Accepts NULL; returns NULL. */
+/* Stops the tuner and joins its thread: the job running is abandoned at
+ * its next step -- between candidates and kernels, between ptxas compiles
+ * and between the backend compiles of its bundles (one kernel each), and
+ * before its timings -- so the wait is at most one such step; nothing of
+ * an abandoned job is stored (its records are written at its end, each
+ * set in one transaction).  Queued jobs are dropped.  Accepts NULL;
+ * returns NULL. */
 ap_autotune *ap_autotune_free(__ap_take ap_autotune *a);
 
 /* Queues a copy of `req` (the request as the client sent it; its

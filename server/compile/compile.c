@@ -133,7 +133,8 @@ struct ap_compiler {
 	ap_flights *flights;     /* requests by graph key; NULL: no single-flight */
 	ap_flights *kflights;    /* kernels by kernel key */
 	unsigned flight_wait_ms;
-	double tune_budget_ms;   /* per request; <= 0: no search */
+	unsigned tune_budget_evals;   /* per request; 0: no search */
+	double tune_budget_ms;   /* per request, the safety limit; 0: none */
 	ap_autotune *autotune;   /* the background tuner; NULL: none */
 	pthread_mutex_t memo_mu;
 	struct memo_slot *memo;  /* MEMO_SLOTS */
@@ -210,7 +211,12 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 	c->cache = cache;
 	c->redis = opt ? opt->redis : NULL;
 	c->flight_wait_ms = opt && opt->flight_wait_ms ? opt->flight_wait_ms : DEFAULT_FLIGHT_WAIT_MS;
-	c->tune_budget_ms = opt && opt->tune_budget_ms ? opt->tune_budget_ms : AP_TUNE_BUDGET_MS;
+	c->tune_budget_evals = !opt || !opt->tune_budget_evals ? AP_TUNE_BUDGET_EVALS
+			       : opt->tune_budget_evals < 0 ? 0
+			       : opt->tune_budget_evals > UINT_MAX ? UINT_MAX
+			       : (unsigned)opt->tune_budget_evals;
+	c->tune_budget_ms = !opt || !opt->tune_budget_ms ? AP_TUNE_BUDGET_MS
+			    : opt->tune_budget_ms < 0 ? 0 : opt->tune_budget_ms;
 	pthread_mutex_init(&c->memo_mu, NULL);
 	pthread_mutex_init(&c->hist_mu, NULL);
 	pthread_mutex_init(&c->devices_mu, NULL);
@@ -1299,6 +1305,8 @@ struct kernel_batch {
 	char backend[64];            /* its identity in kernel keys ("nvrtc 12.9", "cc ...") */
 	int output;
 	double deadline;             /* ap_now_ms(): a kernel flight's wait ends */
+	const atomic_bool *cancel;   /* set: compile no more kernels (the background
+					tuner stopping); NULL: never */
 	struct kblob *blobs;
 	/* grouped compiles (compile_kernels): per kernel its key, what the
 	 * probe found, its flight; the groups of misses, one program each */
@@ -1426,14 +1434,27 @@ static char *program_src(const struct kernel_batch *kb, const ap_kernel_src *con
 	return src;
 }
 
+/* Whether kb's request was cancelled: then out gets AP_EBUSY and no
+ * backend runs (a kernel flight it leads publishes that error). */
+static bool cancelled(const struct kernel_batch *kb, struct kblob *out)
+{
+	if (!kb->cancel || !atomic_load(kb->cancel))
+		return false;
+	out->rc = ap_error_set(&out->err, AP_EBUSY, NULL, NULL,
+			       "cancelled: apollod is stopping");
+	return true;
+}
+
 /* Runs the backend on kernel `ks` alone into `out` and stores the blob. */
 static void kernel_backend(const struct kernel_batch *kb, const ap_kernel_src *ks,
 			   const uint8_t key[32], struct kblob *out)
 {
 	char file[160];
-	char *src = program_src(kb, &ks, 1);
+	char *src;
 
-	if (!src) {
+	if (cancelled(kb, out))
+		return;
+	if (!(src = program_src(kb, &ks, 1))) {
 		out->rc = ap_error_set(&out->err, AP_ENOMEM, NULL, NULL, "out of memory");
 		return;
 	}
@@ -1589,6 +1610,8 @@ static void group_task(int g, void *arg)
 	 * the kernel, not this request's failure */
 	if (n == 1) {
 		kernel_backend(kb, ks[0], kb->keys[first], &kb->blobs[first]);
+	} else if (cancelled(kb, &whole)) {
+		;
 	} else if (!ks || !(src = program_src(kb, ks, n))) {
 		whole.rc = ap_error_set(&whole.err, AP_ENOMEM, NULL, NULL, "out of memory");
 	} else {
@@ -1775,6 +1798,11 @@ static int compile_kernels(ap_compiler *c, struct kernel_batch *kb, const ap_pro
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 		goto out;
 	}
+	/* a cancellable request (the background tuner's) compiles one kernel
+	 * per program: each backend run is short, and the cancellation is
+	 * seen between two of them */
+	if (kb->cancel)
+		workers = n > 0 ? n : 1;
 	run_tasks(c, n, probe_task, kb);
 	for (i = 0; i < n; i++)
 		if (kb->state[i] == K_COMPILE)
@@ -1904,6 +1932,7 @@ struct request {
 	unsigned driver;           /* GPU: the client's CUDA driver (DeviceInfo); 0: not said */
 	int nvrtc;                 /* GPU: the NVRTC its output comes from (ap_nvrtc_pick) */
 	const char *client;        /* "uid:N", "tcp:ADDR"; NULL: in-process */
+	const atomic_bool *cancel; /* the background tuner's stop; NULL: none */
 	char device[160];          /* GPU targets: the device's id "NAME|SMS", or "" */
 	const char *target;
 	bool gpu, use_cache;
@@ -2371,7 +2400,8 @@ static int build_options(ap_compiler *c, const Apollo__CompileRequest *req, cons
 	*tu = (struct tune_user){c, target, r_device, o && o->tune_variant};
 	*th = (ap_tune_hooks){
 		.target = target,
-		.budget_ms = c->tune_budget_ms > 0 ? c->tune_budget_ms : 0,
+		.budget_evals = c->tune_budget_evals,
+		.budget_ms = c->tune_budget_ms,
 		.variant = o ? o->tune_variant : 0,
 		.lookup = use_cache ? tune_lookup : NULL,
 		.store = use_cache ? tune_store : NULL,
@@ -2471,6 +2501,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	r->mbt = req->options ? req->options->max_block_threads : 0;
 	kb.use_cache = r->use_cache;
 	kb.deadline = r->t0 + c->flight_wait_ms;
+	kb.cancel = r->cancel;
 
 	/* Warm path: a request seen before names its key; no graph needed. */
 	if (r->use_cache && r->digest && memo_get(c, r->digest, gkey) &&
@@ -2547,6 +2578,10 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		rc = ap_error_set(err, AP_EINTERNAL, NULL, NULL, "stopped before the backend");
 		goto done;
 	}
+	if (r->cancel && atomic_load(r->cancel)) {
+		rc = ap_error_set(err, AP_EBUSY, NULL, NULL, "cancelled: apollod is stopping");
+		goto done;
+	}
 
 	t = ap_now_ms();
 	blobs = calloc((size_t)prog->n_kernels + 1, sizeof(*blobs));
@@ -2599,6 +2634,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	b->stats->tune_searched = prog->tune_searched;
 	b->stats->tune_tried = prog->tune_tried;
 	b->stats->tune_ms = prog->tune_ms;
+	b->stats->tune_capped = prog->tune_capped;
 	atomic_fetch_add(&c->tune_hits, prog->tune_hits);
 	atomic_fetch_add(&c->tune_measured, prog->tune_measured);
 	atomic_fetch_add(&c->tune_searched, prog->tune_searched);
@@ -2611,7 +2647,14 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	b->stats->cache_hit = 0;
 	b->stats->cache_tier = APOLLO__CACHE_TIER__CACHE_COMPILED;
 
-	if (r->use_cache) {   /* no_cache: neither read nor write */
+	if (prog->tune_capped)
+		/* the search budget is counted in evaluations, so that the
+		 * bundle does not depend on the machine's load; this one's
+		 * does: answered, not kept */
+		ap_log(AP_LOG_WARN, "tuning: the time limit (tune_budget_ms = %.0f) cut %u kernel "
+		       "searches short after %.1f ms; the bundle is not cached", c->tune_budget_ms,
+		       prog->tune_capped, prog->tune_ms);
+	if (r->use_cache && !prog->tune_capped) {   /* no_cache: neither read nor write */
 		size_t len = 0;
 		uint8_t *val;
 
@@ -2738,9 +2781,9 @@ fail:
 }
 
 int ap_compiler_compile_bundle(ap_compiler *c, const Apollo__CompileRequest *req,
-			       Apollo__Bundle **out, ap_error *err)
+			       const atomic_bool *cancel, Apollo__Bundle **out, ap_error *err)
 {
-	struct request r = { .req = req, .t0 = ap_now_ms() };
+	struct request r = { .req = req, .cancel = cancel, .t0 = ap_now_ms() };
 	int rc;
 
 	*out = NULL;

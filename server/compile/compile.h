@@ -37,6 +37,8 @@
 #ifndef AP_COMPILE_H
 #define AP_COMPILE_H
 
+#include <stdatomic.h>
+
 #include "../../common/base.h"
 #include "../cache/cache.h"
 #include "autotune.h"
@@ -49,9 +51,14 @@ typedef struct ap_compiler ap_compiler;
 
 struct ap_redis;
 
-/* The default search time of one request, milliseconds (the daemon's
- * tune_budget_ms). */
-#define AP_TUNE_BUDGET_MS 200
+/* The default search budget of one request, in cost-model evaluations,
+ * its kernels together (the daemon's tune_budget_evals; each micro-graph
+ * gets an equal share, at most AP_TUNE_MAX_POINTS: tune.h). */
+#define AP_TUNE_BUDGET_EVALS 65536
+/* The default safety limit on one request's search time, milliseconds
+ * (the daemon's tune_budget_ms): far above what the budget takes on an
+ * idle machine, so that only an overloaded one reaches it. */
+#define AP_TUNE_BUDGET_MS 5000
 
 typedef struct ap_compiler_options {
 	unsigned threads;    /* backend compiles one request runs at once; 0 = 1 */
@@ -61,9 +68,12 @@ typedef struct ap_compiler_options {
 				      compile (and kernels alike) */
 	unsigned flight_wait_ms;   /* how long a request waits for an identical
 				      one in flight, from its arrival; 0 = 10 min */
-	double tune_budget_ms;     /* search time per request (server/tune/tune.h);
-				      0 = AP_TUNE_BUDGET_MS, < 0 = no search
+	long long tune_budget_evals;   /* search budget per request, cost-model
+				      evaluations (server/tune/tune.h);
+				      0 = AP_TUNE_BUDGET_EVALS, < 0 = no search
 				      (records are still used) */
+	double tune_budget_ms;     /* safety limit on a request's search time,
+				      ms; 0 = AP_TUNE_BUDGET_MS, < 0 = none */
 	ap_autotune_options autotune;  /* the background tuner (autotune.h): runs
 				      when refine or measure is set; off by
 				      default */
@@ -234,8 +244,15 @@ int ap_compiler_build_program(ap_compiler *c, __ap_keep const struct Apollo__Com
 
 /* Compiles req as ap_compile_run would (caches, single-flight, backend),
  * without counting it among the daemon's requests: 0 with *out (free with
- * apollo__bundle__free_unpacked), or the error. */
+ * apollo__bundle__free_unpacked), or the error.  `cancel` (may be NULL;
+ * the background tuner's stop): its kernels are then compiled one per
+ * backend program, and once *cancel is set no further backend run starts
+ * -- the call returns AP_EBUSY ("cancelled") after the runs in progress
+ * (a kernel each) end; what was compiled before stays in the cache (each
+ * store a transaction of its own), the bundle is neither stored nor
+ * returned. */
 int ap_compiler_compile_bundle(ap_compiler *c, __ap_keep const struct Apollo__CompileRequest *req,
+			       const atomic_bool *cancel,
 			       __ap_give struct Apollo__Bundle **out, ap_error *err);
 
 /* ---- cache keys: SHA-256 over the inputs of a compilation only ---------- */

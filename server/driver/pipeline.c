@@ -71,6 +71,7 @@ typedef struct unit {
 	uint8_t tune_sig[32];        /* tuned != AP_TUNE_DEFAULT: its signature */
 	unsigned tune_tried;
 	double tune_ms;
+	bool tune_capped;            /* the safety limit cut its search short */
 	ap_error err;                /* emit's failure */
 	int rc;
 } unit;
@@ -107,7 +108,10 @@ typedef struct pipe {
 	bool *no_stitch;
 	bool *no_merge;
 	double hook_ms;
-	atomic_uint_fast64_t tune_used_us;   /* search time spent by this build */
+	atomic_uint_fast64_t tune_used_us;   /* search time spent by this build
+						(the safety limit's count only) */
+	unsigned tune_share;         /* evaluations each unit's search may make
+					(ap_tune_share of this round's partition) */
 	name_index *kernel_names;    /* per kernel of the program: its names' index */
 	int cap_kernel_names;
 } pipe;
@@ -192,28 +196,37 @@ static const char *hook_refuses(const pipe *P, const unit *u, char *buf, size_t 
 }
 
 /* Tuning of unit u on emitter em (a no-op without P->opt->tune): u->sched
- * from a record, a search within what is left of the build's budget, or
- * the rule; u->tuned says which.  0, or u->rc set (AP_ENOMEM). */
+ * from a record, a search of the round's share of evaluations (the same
+ * whatever the tasks' order: the budget is not time), or the rule;
+ * u->tuned says which.  The build's wall-time safety limit (h->budget_ms,
+ * summed over the tasks) may cut a search short: u->tune_capped.  0, or
+ * u->rc set (AP_ENOMEM). */
 static int tune_unit(pipe *P, unit *u, const ap_emitter *em)
 {
 	const ap_tune_hooks *h = P->opt->tune;
 	ap_tune_outcome to;
-	double left;
+	double left = 0;
 
 	u->tuned = AP_TUNE_DEFAULT;
 	u->tune_tried = 0;
 	u->tune_ms = 0;
+	u->tune_capped = false;
 	if (!h)
 		return 0;
-	left = h->budget_ms - (double)atomic_load(&P->tune_used_us) / 1000;
-	if (ap_tune_unit(h, em, u->m, &P->ti, P->opt->max_block_threads, left, &u->sched, &to,
-			 &u->err) < 0)
+	if (h->budget_ms > 0) {
+		left = h->budget_ms - (double)atomic_load(&P->tune_used_us) / 1000;
+		if (left <= 0)
+			left = -1;   /* spent */
+	}
+	if (ap_tune_unit(h, em, u->m, &P->ti, P->opt->max_block_threads, P->tune_share, left,
+			 &u->sched, &to, &u->err) < 0)
 		return u->rc = u->err.code ? u->err.code : AP_ENOMEM;
 	atomic_fetch_add(&P->tune_used_us, (uint64_t)(to.ms * 1000));
 	u->tuned = to.kind;
 	memcpy(u->tune_sig, to.sig, sizeof(u->tune_sig));
 	u->tune_tried = to.tried;
 	u->tune_ms = to.ms;
+	u->tune_capped = to.capped;
 	return 0;
 }
 
@@ -687,43 +700,55 @@ static int print_launch(pipe *P, int li, refusal *r)
 }
 
 /* Modelled bytes of a launch (the cost model's, server/cost): every
- * program tensor its parts read, counted once with the most elements any
- * part touches of it (ap_cost_touched: a slice moves its part only), plus
- * every tensor it writes. */
+ * program tensor its parts read -- their inputs, and the constants the
+ * kernel reads from a buffer (its arguments) -- with the elements the
+ * parts touch of it (ap_cost_touched: a slice moves its part only),
+ * summed over the parts and never more than the tensor has (two parts
+ * reading it whole move it once, two reading different slices move
+ * both), plus every tensor it writes, once.  So the bytes of every
+ * launch reading a tensor add up to at least what the program graph's
+ * readers touch of it: the floor min_bytes (plan.c) stays below
+ * global_bytes. */
 static uint64_t launch_bytes(const pipe *P, const ap_fuse_launch *fl)
 {
 	int cap = 0, n = 0;
-	struct { int t; double bytes; } *seen = NULL;
+	struct { int t; double bytes, whole; } *seen = NULL;
 	double total = 0;
 
 	for (int j = 0; j < fl->n; j++)
-		cap += P->units[fl->units[j]].m->g->n_inputs + P->units[fl->units[j]].m->g->n_outputs;
+		cap += P->units[fl->units[j]].m->g->n_tensors;
 	seen = malloc(((size_t)cap + 1) * sizeof(*seen));
 	if (!seen)
 		return 0;
 	for (int j = 0; j < fl->n; j++) {
 		const ap_mgraph *m = P->units[fl->units[j]].m;
+		const ap_graph *g = m->g;
 
-		for (int i = 0; i < m->g->n_inputs + m->g->n_outputs; i++) {
-			bool in = i < m->g->n_inputs;
-			int lt = in ? m->g->inputs[i] : m->g->outputs[i - m->g->n_inputs];
-			const ap_tensor *x = &m->g->tensors[lt];
-			double elems = in ? ap_cost_touched(m->g, lt) : (double)ap_tensor_numel(x);
-			double b = (elems > 0 ? elems : 0) * (double)ap_dtype_size(x->dtype);
+		for (int lt = 0; lt < g->n_tensors; lt++) {
+			const ap_tensor *x = &g->tensors[lt];
+			bool in = x->producer < 0 && x->kind != AP_TENSOR_CONST, bound = false;
+			double elems, whole = ap_tensor_numel(x) > 0 ? (double)ap_tensor_numel(x) : 0;
 			int k;
 
+			/* a constant counts when the kernel reads it from memory */
+			for (int a = 0; x->producer < 0 && x->kind == AP_TENSOR_CONST && a < fl->n_args; a++)
+				bound = bound || fl->args[a] == m->tensor_of[lt];
+			if (!in && !bound && !x->is_output)
+				continue;
+			elems = x->is_output ? whole : ap_cost_touched(g, lt);
+			whole *= (double)ap_dtype_size(x->dtype);
 			for (k = 0; k < n && seen[k].t != m->tensor_of[lt]; k++)
 				;
 			if (k == n) {
 				seen[n].t = m->tensor_of[lt];
-				seen[n++].bytes = b;
-			} else if (b > seen[k].bytes) {
-				seen[k].bytes = b;
+				seen[n].bytes = 0;
+				seen[n++].whole = whole;
 			}
+			seen[k].bytes += elems * (double)ap_dtype_size(x->dtype);
 		}
 	}
 	for (int k = 0; k < n; k++)
-		total += seen[k].bytes;
+		total += seen[k].bytes < seen[k].whole ? seen[k].bytes : seen[k].whole;
 	free(seen);
 	return (uint64_t)total;
 }
@@ -777,8 +802,10 @@ static int add_launch(pipe *P, int li, int ki)
 			pt->traffic = u->traffic;
 		} else if (u->k && u->sched.em) {
 			pt->emitter = u->sched.em->name;
-			pt->recompute = strcmp(u->sched.em->name, "gemm") && strcmp(u->sched.em->name, "attention")
-					? ap_lower_recompute(u->m) : 0;
+			pt->recompute = !strcmp(u->sched.em->name, "gemm") ||
+						!strcmp(u->sched.em->name, "attention") ? 0
+					: u->sched.em->recompute ? u->sched.em->recompute(u->m)
+					: ap_lower_recompute(u->m);
 			if (!(pt->schedule = ap_sched_describe(u->sched.em, u->m, &P->ti, &u->sched)))
 				return AP_ENOMEM;
 			pt->tuned = u->tuned != AP_TUNE_DEFAULT;
@@ -835,6 +862,9 @@ static int round_once(pipe *P)
 	if (!P->units)
 		return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
 	P->n_units = P->part->n_groups;
+	/* each micro-graph's share of the tuning budget: Layer II only
+	 * merges units, so a round searches at most budget_evals */
+	P->tune_share = P->opt->tune ? ap_tune_share(P->opt->tune, P->n_units) : 0;
 	run_tasks(P, P->n_units, extract_task, P);
 	for (int i = 0; i < P->n_units; i++)
 		if (P->units[i].rc) {
@@ -947,7 +977,7 @@ static int round_once(pipe *P)
 	}
 	run_tasks(P, P->n_units, emit_task, P);
 	P->prog->tune_hits = P->prog->tune_measured = P->prog->tune_searched = 0;
-	P->prog->tune_tried = 0;
+	P->prog->tune_tried = P->prog->tune_capped = 0;
 	for (int i = 0; i < P->n_units; i++) {
 		const unit *u = &P->units[i];
 
@@ -956,6 +986,7 @@ static int round_once(pipe *P)
 		P->prog->tune_measured += u->tuned == AP_TUNE_MEASURED;
 		P->prog->tune_searched += u->tuned == AP_TUNE_SEARCHED;
 		P->prog->tune_tried += u->tune_tried;
+		P->prog->tune_capped += u->tune_capped;
 		P->prog->tune_ms += u->tune_ms;
 	}
 	for (int i = 0; i < P->n_units; i++) {

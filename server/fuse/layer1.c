@@ -2183,5 +2183,5 @@ static int l1_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 }
 
 const ap_emitter ap_fuse_layer1_emitter = {
-	"layer1", l1_match, l1_space, l1_choose, l1_emit, l1_traffic, l1_valid, true,
+	"layer1", l1_match, l1_space, l1_choose, l1_emit, l1_traffic, l1_valid, true, NULL,
 };

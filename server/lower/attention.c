@@ -1241,5 +1241,5 @@ static int at_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 }
 
 const ap_emitter ap_emitter_attention = {
-	"attention", at_match, at_space, at_choose, at_emit, at_traffic, at_valid, false,
+	"attention", at_match, at_space, at_choose, at_emit, at_traffic, at_valid, false, NULL,
 };

@@ -577,5 +577,5 @@ static int dw_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 }
 
 const ap_emitter ap_emitter_depthwise = {
-	"depthwise", dw_match, dw_space, dw_choose, dw_emit, dw_traffic, dw_valid, false,
+	"depthwise", dw_match, dw_space, dw_choose, dw_emit, dw_traffic, dw_valid, false, NULL,
 };

@@ -2236,5 +2236,5 @@ static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 }
 
 const ap_emitter ap_emitter_gemm = {
-	"gemm", gm_match, gm_space, gm_choose, gm_emit, gm_traffic, gm_valid, true,
+	"gemm", gm_match, gm_space, gm_choose, gm_emit, gm_traffic, gm_valid, true, NULL,
 };

@@ -83,6 +83,11 @@ typedef struct ap_emitter {
 	 * tuner's search keeps the default rule for the host target, where
 	 * only a measured record changes it. */
 	bool host_rule_only;
+	/* Evaluations per element of the most recomputed tensor its kernel
+	 * for m computes (1: each once; ap_launch_part.recompute), as this
+	 * emitter evaluates them; 0 on ENOMEM.  NULL: the inline model
+	 * (ap_lower_recompute). */
+	double (*recompute)(const ap_mgraph *m);
 } ap_emitter;
 
 /* The registry, in match order; *n gets its length. */

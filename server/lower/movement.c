@@ -211,5 +211,5 @@ static int mv_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 }
 
 const ap_emitter ap_emitter_movement = {
-	"movement", mv_match, mv_space, mv_choose, mv_emit, mv_traffic, mv_valid, false,
+	"movement", mv_match, mv_space, mv_choose, mv_emit, mv_traffic, mv_valid, false, NULL,
 };

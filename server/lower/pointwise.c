@@ -515,5 +515,5 @@ static int pw_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 }
 
 const ap_emitter ap_emitter_pointwise = {
-	"pointwise", pw_match, pw_space, pw_choose, pw_emit, pw_traffic, NULL, false,
+	"pointwise", pw_match, pw_space, pw_choose, pw_emit, pw_traffic, NULL, false, NULL,
 };

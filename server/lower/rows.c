@@ -1041,14 +1041,131 @@ static int rows_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_i
 	return 0;
 }
 
+/* ---- recomputation, as this kernel evaluates ---------------------------------------- */
+
+/* One pass over the row for ap_cost_evals: views read through to their
+ * source; the pass's roots are evaluated once per element. */
+typedef struct pass_view {
+	const ap_graph *g;
+	const bool *root;
+} pass_view;
+
+static int pass_source_of(int t, void *user)
+{
+	const ap_graph *g = ((pass_view *)user)->g;
+	int p;
+
+	while ((p = g->tensors[t].producer) >= 0 && ap_op_is_view(g->nodes[p].op) &&
+	       !g->tensors[t].is_output && g->nodes[p].inputs[0] >= 0)
+		t = g->nodes[p].inputs[0];
+	return t;
+}
+
+static bool pass_written(int t, void *user)
+{
+	return ((pass_view *)user)->root[t];
+}
+
+/* The evaluation model of rows_emit: one pass over the row per level of
+ * reductions (its roots: those reductions' inputs) and one writing the
+ * full outputs (their values; a transposed one's input).  Within a pass
+ * the value builder's evaluation counts hold (ap_cost_evals over the
+ * nodes computed per element); a reduction's result and every row value
+ * are computed once per row and read from a register (as the cost model's
+ * flops, rows_traffic, count them), so their readers add nothing to their
+ * inputs.  A value evaluated in two passes counts twice.  The ratio:
+ * evaluations per element, summed over the passes, of the most evaluated
+ * tensor computed per element, among those at least as large as the
+ * largest output (smaller ones are broadcast operands, as in the inline
+ * model); 1 when none is evaluated more than once.  Not a row group: the
+ * inline model. */
+static double rows_recompute(const ap_mgraph *m)
+{
+	const ap_graph *g = m->g;
+	rows_plan p;
+	char why[160];
+	ap_cost_evals_ctx *c = NULL;
+	pass_view pv = {g, NULL};
+	ap_cost_graph_view gv = {pass_source_of, pass_written, &pv};
+	int *nodes = NULL, n = 0, rc;
+	bool *root = NULL;
+	double *total = NULL, worst = 1;
+	int64_t space = 0;
+
+	if ((rc = analyze(m, &p, why, sizeof(why))) <= 0)
+		return rc < 0 ? 0 : ap_lower_recompute(m);
+	c = ap_cost_evals_new(g);
+	nodes = malloc(((size_t)g->n_nodes + 1) * sizeof(*nodes));
+	root = calloc((size_t)g->n_tensors + 1, sizeof(*root));
+	total = calloc((size_t)g->n_tensors + 1, sizeof(*total));
+	if (!c || !nodes || !root || !total) {
+		worst = 0;
+		goto out;
+	}
+	/* the nodes computed per element: neither reductions nor row values
+	 * nor the transposes written through their permutation */
+	for (int i = 0; i < g->n_nodes; i++) {
+		int o = g->nodes[i].outputs[0];
+
+		if (ap_op_category_of(g->nodes[i].op) == AP_CAT_REDUCTION || o < 0 ||
+		    p.cls[o] == CL_ROW || p.cls[o] == CL_FULLT)
+			continue;
+		nodes[n++] = i;
+	}
+	pv.root = root;
+	for (int pass = 1; pass <= n_passes(&p); pass++) {
+		memset(root, 0, ((size_t)g->n_tensors + 1) * sizeof(*root));
+		if (pass <= p.n_levels) {
+			for (int r = 0; r < p.n_red; r++)
+				if (p.level_of[r] == pass)
+					root[pass_source_of(g->nodes[p.reds[r]].inputs[0], &pv)] = true;
+		} else {
+			for (int i = 0; i < g->n_outputs; i++) {
+				int o = g->outputs[i];
+
+				if (p.cls[o] == CL_FULL)
+					root[o] = true;
+				else if (p.cls[o] == CL_FULLT)
+					root[pass_source_of(g->nodes[g->tensors[o].producer].inputs[0], &pv)] = true;
+			}
+		}
+		ap_cost_evals(c, nodes, n, &gv);
+		for (int t = 0; t < g->n_tensors; t++)
+			total[t] += ap_cost_eval_of(c, t);
+	}
+	for (int i = 0; i < g->n_outputs; i++)
+		if (ap_tensor_numel(&g->tensors[g->outputs[i]]) > space)
+			space = ap_tensor_numel(&g->tensors[g->outputs[i]]);
+	for (int k = 0; k < n; k++) {
+		const ap_node *node = &g->nodes[nodes[k]];
+		int t = node->outputs[0];
+		int64_t ne = ap_tensor_numel(&g->tensors[t]);
+
+		if (ne <= 0 || ne < space || ap_op_is_view(node->op))
+			continue;
+		if (total[t] / (double)ne > worst)
+			worst = total[t] / (double)ne;
+	}
+out:
+	ap_cost_evals_free(c);
+	free(nodes);
+	free(root);
+	free(total);
+	plan_clear(&p);
+	return worst;
+}
+
 const ap_emitter ap_emitter_row_reduce = {
 	"row_reduce", row_match, rows_space, rows_choose, rows_emit, rows_traffic, rows_valid, false,
+	rows_recompute,
 };
 
 const ap_emitter ap_emitter_column_reduce = {
 	"column_reduce", col_match, rows_space, rows_choose, rows_emit, rows_traffic, rows_valid, false,
+	rows_recompute,
 };
 
 const ap_emitter ap_emitter_stitched = {
 	"stitched", st_match, rows_space, rows_choose, rows_emit, rows_traffic, rows_valid, false,
+	rows_recompute,
 };

@@ -308,5 +308,5 @@ static int tr_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 }
 
 const ap_emitter ap_emitter_transpose = {
-	"transpose", tr_match, tr_space, tr_choose, tr_emit, tr_traffic, tr_valid, false,
+	"transpose", tr_match, tr_space, tr_choose, tr_emit, tr_traffic, tr_valid, false, NULL,
 };

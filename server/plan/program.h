@@ -184,15 +184,20 @@ typedef struct ap_program {
 	 *   eager_bytes  -> Stats.eager_bytes: the same for one kernel per node
 	 *     of the imported graph before expansion (views free, constants
 	 *     baked in);
-	 *   min_bytes    -> Stats.min_bytes: graph inputs, parameters and
-	 *     outputs, each touched once (the floor). */
+	 *   min_bytes    -> Stats.min_bytes: the floor, never above
+	 *     global_bytes: graph inputs, parameters and constants a launch
+	 *     reads, the elements the graph's readers touch of each (a slice
+	 *     or gather its part only), and outputs a launch writes, once. */
 	uint64_t global_bytes, eager_bytes, min_bytes;
 	double partition_ms, codegen_ms;
 	double layer1_ms;        /* Layer I (isl): plans and its kernels' emission, in codegen_ms */
 	/* tuning (ap_build_options.tune), over the kernels of the last round:
 	 * configurations from records (measured among them), kernels
-	 * searched, configurations evaluated, search time (in codegen_ms) */
-	unsigned tune_hits, tune_measured, tune_searched, tune_tried;
+	 * searched, configurations evaluated, search time (in codegen_ms);
+	 * kernels whose search the wall-time safety limit (ap_tune_hooks.
+	 * budget_ms) cut short or skipped: then the bundle depends on the
+	 * machine's load */
+	unsigned tune_hits, tune_measured, tune_searched, tune_tried, tune_capped;
 	double tune_ms;
 	/* --explain */
 	ap_fuse_level fusion;  /* the level used (never DEFAULT) */

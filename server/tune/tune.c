@@ -124,11 +124,16 @@ typedef struct search {
 	int rc;                      /* a cost function's error */
 } search;
 
+/* Whether the search ends here: its evaluations spent (the deterministic
+ * budget), a cost function's error, or the wall-time safety limit passed
+ * (r->capped: what was found so far depends on the machine's load). */
 static bool out_of_budget(search *q)
 {
-	if (q->r->tried >= q->max_points || q->rc)
+	if (q->r->tried >= q->max_points || q->rc || q->r->capped)
 		return true;
-	return q->deadline > 0 && (q->r->tried & 15) == 0 && ap_now_ms() > q->deadline;
+	if (q->deadline > 0 && (q->r->tried & 15) == 0 && ap_now_ms() > q->deadline)
+		q->r->capped = true;
+	return q->r->capped;
 }
 
 /* Keeps s among the best AP_TUNE_TOP, sorted. */
@@ -298,7 +303,7 @@ int ap_tune_search(const ap_emitter *em, const ap_mgraph *m, const ap_target_inf
 	q.cost = o->cost ? o->cost : ap_tune_model_us;
 	q.user = o->user;
 	q.r = r;
-	q.max_points = o->max_points ? o->max_points : 2048;
+	q.max_points = o->max_points ? o->max_points : AP_TUNE_MAX_POINTS;
 	q.deadline = o->budget_ms > 0 ? t0 + o->budget_ms : 0;
 	if (!o->cost && t->gpu) {
 		/* Under the real model on a GPU, a point may keep no more
@@ -444,9 +449,20 @@ bool ap_tune_is_candidate(const ap_tune_record *rec, const char *config)
 	return !strcmp(rec->config, config);
 }
 
+unsigned ap_tune_share(const ap_tune_hooks *h, int n_units)
+{
+	unsigned cap = h->search.max_points ? h->search.max_points : AP_TUNE_MAX_POINTS;
+	unsigned share;
+
+	if (!h->budget_evals || n_units < 1)
+		return 0;
+	share = h->budget_evals / (unsigned)n_units;
+	return share < cap ? share : cap;
+}
+
 int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *m,
-		 const ap_target_info *t, unsigned max_block_threads, double budget_left_ms,
-		 ap_sched *s, ap_tune_outcome *out, ap_error *err)
+		 const ap_target_info *t, unsigned max_block_threads, unsigned max_evals,
+		 double left_ms, ap_sched *s, ap_tune_outcome *out, ap_error *err)
 {
 	ap_tune_record rec;
 	ap_space sp;
@@ -476,11 +492,20 @@ int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *
 		}
 		/* a record this build cannot use (another space): searched again */
 	}
-	if (h->budget_ms > 0 && budget_left_ms > 0 && (t->gpu || !em->host_rule_only)) {
+	/* a search needs the default and one more point */
+	if (max_evals >= 2 && (t->gpu || !em->host_rule_only)) {
 		ap_tune_options o = h->search;
 		char *d;
 
-		o.budget_ms = budget_left_ms;
+		if (left_ms < 0) {
+			/* the build's safety limit is spent: the default rule,
+			 * counted, so that the bundle says it is not the idle
+			 * machine's */
+			out->capped = true;
+			return ap_emitter_default(em, m, t, &sp, s, err);
+		}
+		o.max_points = max_evals;
+		o.budget_ms = left_ms;
 		if ((rc = ap_tune_search(em, m, t, &o, &out->result, err)) < 0)
 			return rc;
 		*s = out->result.best;
@@ -489,7 +514,10 @@ int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *
 		out->kind = AP_TUNE_SEARCHED;
 		out->tried = out->result.tried;
 		out->ms = out->result.ms;
-		if (!h->store)
+		out->capped = out->result.capped;
+		/* a search the wall-time limit cut short is not a record: a
+		 * later request on a quieter machine searches it whole */
+		if (!h->store || out->capped)
 			return 0;
 		memset(&rec, 0, sizeof(rec));
 		if (!(d = ap_sched_describe(em, m, t, s)))

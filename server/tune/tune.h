@@ -32,6 +32,9 @@
 #include "../cache/cache.h"
 #include "../lower/lower.h"
 
+/* Evaluations one search makes at most (ap_tune_options.max_points 0). */
+#define AP_TUNE_MAX_POINTS 2048
+
 /* Configurations a search keeps, best first: the candidates a client may
  * time on its GPU (apollo-client tune). */
 #define AP_TUNE_TOP 4   /* = AP_TUNE_CANDIDATES of client/apollo.h (check_tune asserts it) */
@@ -42,10 +45,14 @@ typedef double (*ap_tune_cost_fn)(const ap_emitter *em, const ap_mgraph *m, cons
 				  const ap_target_info *t, void *user);
 
 typedef struct ap_tune_options {
-	unsigned max_points;       /* evaluations at most; 0 = 2048 */
+	unsigned max_points;       /* evaluations at most (the search's budget:
+				      the same points whatever the machine's
+				      load); 0 = AP_TUNE_MAX_POINTS */
 	unsigned exhaustive_max;   /* enumerate spaces of at most this many
 				      points; 0 = 1024 */
-	double budget_ms;          /* wall-time limit of one search; 0 = none */
+	double budget_ms;          /* wall-time safety limit of one search
+				      (ap_tune_result.capped when it ends the
+				      search); 0 = none */
 	double min_gain;           /* relative gain needed to leave the default
 				      configuration; 0 = 0.03, < 0 = none */
 	uint64_t seed;             /* annealing's random stream (0 = fixed) */
@@ -64,6 +71,8 @@ typedef struct ap_tune_result {
 	unsigned tried;            /* configurations evaluated */
 	double space;              /* points in the cross product */
 	double ms;                 /* wall time of the search */
+	bool capped;               /* budget_ms ended it before max_points: what
+				      it found depends on the machine's load */
 	const char *method;        /* "exhaustive" or "annealing" (static) */
 } ap_tune_result;
 
@@ -105,17 +114,32 @@ int ap_tune_signature(const ap_emitter *em, const ap_mgraph *m, const char *targ
 /* ---- tuning inside a build (server/driver/pipeline.c) ------------------------ */
 
 /* How a build tunes its kernels (ap_build_options.tune).  The records'
- * storage is the caller's: the daemon's cache, or a test's table. */
+ * storage is the caller's: the daemon's cache, or a test's table.
+ *
+ * The search budget is counted in cost-model evaluations, not in time, so
+ * that a graph, a target and the tuning records give the same bundle on a
+ * loaded machine as on an idle one (issue 26, item 3): a build's
+ * `budget_evals` is dealt in equal shares to the micro-graphs of the
+ * partition (ap_tune_share), whatever order its tasks run in.  budget_ms
+ * is only a safety limit on wall time; a search it cuts short (or a
+ * kernel left unsearched because the build's time was spent) is counted
+ * (ap_tune_outcome.capped, ap_program.tune_capped) and not stored as a
+ * record. */
 typedef struct ap_tune_hooks {
 	const char *target;        /* the records' target name ("sm_90", "cpu") */
-	double budget_ms;          /* search time of one build, its kernels together;
-				      0 = no search (records and default rules only) */
+	unsigned budget_evals;     /* cost-model evaluations of one build, its
+				      kernels together; 0 = no search (records
+				      and default rules only) */
+	double budget_ms;          /* safety limit: search time of one build, its
+				      kernels together (summed over the tasks);
+				      0 = none */
 	unsigned variant;          /* 0: the chosen configuration; i in 1..AP_TUNE_TOP:
 				      the i-th candidate of the cost model's record
 				      (the record's choice when it has fewer), for
 				      timing on a GPU (apollo-client tune) */
-	ap_tune_options search;    /* each search's options (its budget_ms is
-				      what is left of the build's) */
+	ap_tune_options search;    /* each search's options (its max_points is
+				      the kernel's share, at most search.max_points;
+				      its budget_ms what is left of the build's) */
 	/* The record of `sig`: 1 with *rec set, 0 none; negative = none.  May
 	 * be NULL (no records).  With `variant`, the cost model's record (the
 	 * one listing candidates), else a measured one first. */
@@ -137,19 +161,32 @@ typedef struct ap_tune_outcome {
 	ap_tune_kind kind;
 	unsigned tried;            /* configurations evaluated (searched) */
 	double ms;                 /* time spent searching */
+	bool capped;               /* the safety limit cut its search short or
+				      left it unsearched */
 	uint8_t sig[32];
 	ap_tune_result result;     /* AP_TUNE_SEARCHED: the search's result */
 } ap_tune_outcome;
 
+/* A micro-graph's share of h->budget_evals when the partition has
+ * n_units of them: budget_evals / n_units evaluations, at most
+ * h->search.max_points (0: AP_TUNE_MAX_POINTS); 0 with no budget.  A
+ * function of the graph's partition only, so each kernel's search is the
+ * same whatever its tasks' order and timing. */
+unsigned ap_tune_share(const ap_tune_hooks *h, int n_units);
+
 /* The configuration for micro-graph m on emitter em: the record of its
  * signature when h has one whose config parses (ap_sched_parse) for this
- * emitter (with h->variant, its variant-th candidate), else a search of at most budget_left_ms (stored through
- * h->store, with its best AP_TUNE_TOP candidates; not for an emitter
- * marked host_rule_only on the host), else the default rule.
- * *s always gets a buildable configuration.  0, or AP_ENOMEM with `err`. */
+ * emitter (with h->variant, its variant-th candidate), else a search of
+ * at most max_evals evaluations (none below 2: the default and one more
+ * point) and at most left_ms milliseconds (0: no limit; < 0: the build's
+ * safety limit is spent, the default rule and out->capped), stored
+ * through h->store with its best AP_TUNE_TOP candidates unless the time
+ * limit cut it short (not for an emitter marked host_rule_only on the
+ * host), else the default rule.  *s always gets a buildable
+ * configuration.  0, or AP_ENOMEM / a cost function's error with `err`. */
 int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *m,
-		 const ap_target_info *t, unsigned max_block_threads, double budget_left_ms,
-		 ap_sched *s, ap_tune_outcome *out, ap_error *err);
+		 const ap_target_info *t, unsigned max_block_threads, unsigned max_evals,
+		 double left_ms, ap_sched *s, ap_tune_outcome *out, ap_error *err);
 
 /* Whether `config` is one of rec's candidates or its chosen
  * configuration (exact text): what a client may report a time for. */

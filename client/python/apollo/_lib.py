@@ -73,7 +73,7 @@ class ap_bundle_stats(ctypes.Structure):
                [("cache_hit", ctypes.c_bool), ("cache_tier", ctypes.c_int), ("kernels_remote", ctypes.c_uint),
                 ("kernels_shared", ctypes.c_uint), ("layer1_ms", ctypes.c_double)] + \
                [(n, ctypes.c_uint) for n in ("tune_hits", "tune_measured", "tune_searched", "tune_tried")] + \
-               [("tune_ms", ctypes.c_double)]
+               [("tune_ms", ctypes.c_double), ("tune_capped", ctypes.c_uint)]
 
 
 class ap_bundle_buffer(ctypes.Structure):
