@@ -54,7 +54,7 @@ xargs -P "$jobs" -I{} sh -c '
 		[ -z "$c" ] && echo "$n: no summary (exit $rc, $wall s)"
 		[ $rc -ne 0 ] && grep -vE "^(Running suite|[0-9]+%: Checks)" "$o.out" | head -40
 	} >"$o.report"
-	echo "${c:-0 0 1} $rc" >"$o.result"
+	echo "${c:-1 0 1} $rc" >"$o.result"
 	echo "$n $wall" >"$o.time"
 	flock "$RS_DIR/lock" cat "$o.report"
 ' sh {} <"$RS_DIR/order"
