@@ -3709,8 +3709,6 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, explain_report);
 	tcase_add_test(tc, onnx_node_tests);
 	tcase_add_test(tc, normalizations_are_one_launch);
-	tcase_add_test(tc, training_normalizations_are_one_launch);
-	tcase_add_test(tc, fusion_levels_on_models);
 	tcase_add_test(tc, feedback_on_a_model);
 	tcase_add_test(tc, identical_layers_share_kernels);
 	tcase_add_test(tc, layer1_pooling_windows);
@@ -3730,6 +3728,15 @@ static Suite *program_suite(void)
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, gemm_16bit_pair_staged);
 	tcase_add_test(tc, gemm_16bit_convert_staged);
+	suite_add_tcase(s, tc);
+	/* every model and training step built and run whole, at each fusion
+	 * level: the suite's minutes (tag slow: make check-fast leaves them
+	 * out; run alone: CK_RUN_CASE=models) */
+	tc = tcase_create("models");
+	tcase_set_tags(tc, "slow");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, training_normalizations_are_one_launch);
+	tcase_add_test(tc, fusion_levels_on_models);
 	suite_add_tcase(s, tc);
 	return s;
 }
