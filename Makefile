@@ -37,7 +37,7 @@ TESTS       := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
 LIBS := $(BUILD)/libapserver.a $(BUILD)/libapollo-client.a $(BUILD)/libapcommon.a
 
-.PHONY: all deps check check-unit check-scripts check-ub check-asan san-all fuzz fuzz-build \
+.PHONY: all deps check check-fast check-full check-unit check-scripts check-ub check-asan san-all fuzz fuzz-build \
 	demo bench clean help
 # Keep generated headers and test objects: they are not throw-away intermediates.
 .SECONDARY:
@@ -48,7 +48,9 @@ all: $(BUILD)/apollod $(BUILD)/apollo-client $(BUILD)/apollo-kernels $(BUILD)/li
 help:
 	@echo "make deps    install what is missing (apt-get, .venv with onnx/onnxruntime/numpy)"
 	@echo "make all     build apollod, apollo-client and the test suites into $(BUILD)/"
-	@echo "make check   deps + build + every test (unit suites, integration, conformance)"
+	@echo "make check-fast  build + the unit suites, sweeps sampled thinly (the edit loop, a few minutes)"
+	@echo "make check   deps + build + every test (unit suites, integration, conformance); what CI runs"
+	@echo "make check-full  make check with every configuration of every sweep (APOLLO_SWEEP=full), before a release"
 	@echo "make check-asan  build into $(SAN_BUILD)/ with AddressSanitizer + UBSan, run the suites and conformance"
 	@echo "make fuzz    build the libFuzzer harnesses (clang) into $(FUZZ_BUILD)/, run each $(FUZZ_SECONDS) s"
 	@echo "make demo    deps + build + start apollod + submit a real model twice"
@@ -114,19 +116,47 @@ $(STANDIN): tests/cuda_standin.c
 	$(CC) -std=c11 -D_GNU_SOURCE -O1 -Wall -Werror -shared -fPIC -o $@ $<
 
 # --- tests ------------------------------------------------------------------
-# Unit and integration suites (check), then the script tests under tests/
-# (conformance over ../shared/testdata, onnxruntime differential, NVRTC).
+# Three tiers (README, Tests):
+#   check-fast  build + the unit suites but FAST_SKIP, without the tcases
+#               tagged slow, the parameter sweeps sampled thinly
+#               (APOLLO_SWEEP=$(FAST_SWEEP)): the edit loop;
+#   check       deps + build + the unit and integration suites, check-ub,
+#               then the script tests under tests/ (conformance over
+#               ../shared/testdata, onnxruntime differential, NVRTC), the
+#               sweeps sampled (APOLLO_SWEEP=sample): what CI runs;
+#   check-full  check with every configuration of every sweep
+#               (APOLLO_SWEEP=full), before a release.
+# APOLLO_SWEEP (tests/lib/sweep.h) decides how many configurations of an
+# emitter's space tests/check_lower.c compiles and runs; every one is
+# still lowered.  Suites and scripts run $(JOBS) at a time, each printed
+# whole with its time when it ends (tools/run-suites.sh, run-scripts.sh).
+APOLLO_SWEEP ?= sample
+FAST_SWEEP   ?= sample:20
+# Left out of check-fast: whole-suite sweeps of minutes (every allocation
+# and cache I/O failed in turn; NVRTC over every model), and the tcases
+# tagged slow (check_program's whole models at each fusion level).
+FAST_SKIP    := check_faults check_gemm
+RUN_SUITES   = JOBS=$(JOBS) APOLLO_BUILD=$(abspath $(BUILD)) sh tools/run-suites.sh
+
 check: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@$(MAKE) --no-print-directory check-unit
 	@$(MAKE) --no-print-directory check-ub
 	@$(MAKE) --no-print-directory check-scripts
 
+check-full:
+	@$(MAKE) --no-print-directory check APOLLO_SWEEP=full
+
+check-fast:
+	@$(MAKE) --no-print-directory -j$(JOBS) $(TESTS) $(STANDIN) $(BUILD)/apollod $(BUILD)/apollo-client
+	@CK_EXCLUDE_TAGS=slow APOLLO_SWEEP=$(FAST_SWEEP) $(RUN_SUITES) \
+		$(filter-out $(patsubst %,$(BUILD)/tests/%,$(FAST_SKIP)),$(TESTS))
+
 check-unit: $(TESTS)
-	@APOLLO_BUILD=$(abspath $(BUILD)) sh tools/run-suites.sh $(TESTS)
+	@APOLLO_SWEEP=$(APOLLO_SWEEP) $(RUN_SUITES) $(TESTS)
 
 check-scripts: all
-	@APOLLO_BUILD=$(abspath $(BUILD)) sh tools/run-scripts.sh
+	@JOBS=$(JOBS) APOLLO_BUILD=$(abspath $(BUILD)) sh tools/run-scripts.sh
 
 # --- sanitizers ------------------------------------------------------------------
 # The same sources built into $(SAN_BUILD) with AddressSanitizer (and
@@ -155,9 +185,14 @@ check-ub:
 	@$(SAN_ENV) sh tools/run-suites.sh $(SAN_BUILD)/tests/check_undefined
 
 # Every unit / integration suite and the conformance script, sanitized.
+# The sweeps take a longer stride here (ASAN_SWEEP; tests/lib/sweep.h):
+# every configuration is still lowered by the sanitized emitters, and the
+# host kernels it leaves out are compiled by the unsanitised cc anyway.
+ASAN_SWEEP ?= sample:20
 check-asan: deps
 	@$(MAKE) --no-print-directory san-all
-	@$(SAN_ENV) sh tools/run-suites.sh $(patsubst $(BUILD)/%,$(SAN_BUILD)/%,$(TESTS))
+	@$(SAN_ENV) APOLLO_SWEEP=$(ASAN_SWEEP) JOBS=$(JOBS) sh tools/run-suites.sh \
+		$(patsubst $(BUILD)/%,$(SAN_BUILD)/%,$(TESTS))
 	@$(SAN_ENV) sh tests/conformance.sh
 
 # --- fuzzing ------------------------------------------------------------------------

@@ -21,6 +21,7 @@
 #include "client/tool.h"
 #include "common/frame.h"
 #include "proto/apollo.pb-c.h"
+#include "tests/lib/require.h"
 
 /* ---- helpers -------------------------------------------------------------------- */
 
@@ -1244,7 +1245,7 @@ START_TEST(onnx_io_real_model)
 	ap_error err;
 
 	if (ap_file_read(path, (size_t)1 << 30, &buf, &len, &err) < 0) {
-		printf("onnx_io_real_model: SKIPPED: %s\n", err.msg);
+		AP_SKIP("testdata", "onnx_io_real_model: SKIPPED: %s", err.msg);
 		return;
 	}
 	ck_assert_int_eq(ap_onnx_io_read(buf, len, &io, &err), 0);

@@ -40,6 +40,7 @@
 #include "common/graph.h"
 #include "proto/apollo.pb-c.h"
 #include "proto/onnx.pb-c.h"
+#include "tests/lib/require.h"
 
 typedef struct daemon {
 	pid_t pid;
@@ -2239,12 +2240,12 @@ START_TEST(gpu_targets)
 	fd = connect_unix(d.sock);
 	r = hello(fd, "check_daemon");
 	if (!r->hello_reply->nvrtc_version[0]) {
-		printf("SKIP gpu_targets: the daemon has no NVRTC (see %s)\n", d.log);
 		apollo__envelope__free_unpacked(r, NULL);
 		close(fd);
 		graph_free(g);
 		daemon_stop(&d);
 		daemon_cleanup(&d);
+		AP_SKIP("nvrtc", "SKIP gpu_targets: the daemon has no NVRTC");
 		return;
 	}
 	apollo__envelope__free_unpacked(r, NULL);
@@ -2299,10 +2300,8 @@ START_TEST(one_program_per_worker)
 	for (size_t t = 0; t < 2; t++) {
 		compile_opts o = { .target = targets[t], .fusion = APOLLO__FUSION_LEVEL__FUSION_NONE };
 
-		if (t == 1 && !nvrtc) {
-			printf("SKIP one_program_per_worker sm_90: the daemon has no NVRTC\n");
-			break;
-		}
+		if (t == 1 && !nvrtc)
+			break;   /* said after the clean-up */
 		for (int round = 0; round < 2; round++) {
 			Apollo__Bundle *b;
 			size_t own = 0;
@@ -2337,6 +2336,8 @@ START_TEST(one_program_per_worker)
 	graph_free(g);
 	daemon_stop(&d);
 	daemon_cleanup(&d);
+	if (!nvrtc)
+		AP_SKIP("nvrtc", "SKIP one_program_per_worker sm_90: the daemon has no NVRTC");
 }
 END_TEST
 
@@ -2557,9 +2558,9 @@ START_TEST(onnx_in_the_daemon)
 	int fd;
 
 	if (!add || !vad) {
-		printf("SKIP onnx_in_the_daemon: ../shared/testdata not found\n");
 		free(add);
 		free(vad);
+		AP_SKIP("testdata", "SKIP onnx_in_the_daemon: ../shared/testdata not found");
 		return;
 	}
 	daemon_start(&d);
@@ -2691,6 +2692,7 @@ START_TEST(backend_refusal_splits)
 	char client[4096], model[4096], cmd[12288];
 	struct stat st;
 	int fd, refused = 0;
+	bool no_model;
 
 	daemon_start_in(&d, NULL, env, NULL);
 	fd = connect_unix(d.sock);
@@ -2730,9 +2732,8 @@ START_TEST(backend_refusal_splits)
 		 build && *build ? build : "build");
 	if (stat(model, &st) != 0)
 		snprintf(model, sizeof(model), "../shared/testdata/models/mlp_gelu_ln");
-	if (stat(model, &st) != 0 || stat(client, &st) != 0) {
-		printf("SKIP backend_refusal_splits (model run): %s or %s not found\n", model, client);
-	} else {
+	no_model = stat(model, &st) != 0 || stat(client, &st) != 0;
+	if (!no_model) {
 		snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' check '%s' >> '%s/client.log' 2>&1",
 			 client, d.sock, model, d.dir);
 		ck_assert_msg(system(cmd) == 0, "%s failed: see %s/client.log", cmd, d.dir);
@@ -2745,6 +2746,8 @@ START_TEST(backend_refusal_splits)
 	graph_free(g);
 	daemon_stop(&d);
 	daemon_cleanup(&d);
+	if (no_model)   /* said after the clean-up */
+		AP_SKIP("testdata", "SKIP backend_refusal_splits (model run): %s or %s not found", model, client);
 }
 END_TEST
 

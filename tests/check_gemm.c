@@ -30,6 +30,7 @@
 #include "common/graph.h"
 #include "server/backend/backend.h"
 #include "server/plan/program.h"
+#include "tests/lib/require.h"
 
 #define TESTDATA "../shared/testdata"
 
@@ -192,7 +193,7 @@ START_TEST(models_tensor_cores_and_spills)
 	char dir[512];
 
 	if (ap_nvrtc_load(&err) != 0) {
-		printf("check_gemm: NVRTC not loaded, skipped (%s)\n", err.msg);
+		AP_SKIP("nvrtc", "check_gemm: NVRTC not loaded, skipped (%s)", err.msg);
 		return;
 	}
 	for (int d = 0; d < n_arg_dirs; d++) {
@@ -202,7 +203,7 @@ START_TEST(models_tensor_cores_and_spills)
 	for (size_t d = 0; d < sizeof(dirs) / sizeof(dirs[0]) && n_arg_dirs == 0; d++) {
 		snprintf(dir, sizeof(dir), "%s/%s", TESTDATA, dirs[d]);
 		if (access(dir, R_OK) != 0) {
-			printf("check_gemm: %s not found, skipped\n", dir);
+			AP_SKIP("testdata", "check_gemm: %s not found, skipped", dir);
 			continue;
 		}
 		check_model(dir, true, true, &n_gemm, &n_async, &n_prologue, &n_splitk, &n_spill, &n_att);
@@ -240,7 +241,7 @@ START_TEST(ppocr_depthwise_launches)
 
 	snprintf(dir, sizeof(dir), "%s/models/ppocr_mobile_v2_cls", TESTDATA);
 	if (access(dir, R_OK) != 0) {
-		printf("check_gemm: %s not found, skipped\n", dir);
+		AP_SKIP("testdata", "check_gemm: %s not found, skipped", dir);
 		return;
 	}
 	g = import_dir(dir);

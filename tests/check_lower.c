@@ -4,9 +4,12 @@
  * For each case: the micro-graph is matched by the emitter the case names;
  * every combination of the emitter's knobs is lowered (a combination the
  * emitter cannot build is refused with AP_EUNSUPPORTED, and at least one
- * must build); all kernels of the case are printed as host C into one
- * translation unit, compiled, loaded and run over every block on random
- * inputs, and each output is compared with a reference computed here.
+ * must build) and printed as host C; the configurations to run -- all of
+ * them with APOLLO_SWEEP=full, a deterministic sample by default
+ * (tests/lib/sweep.h) -- are split into $APOLLO_JOBS (default: the
+ * processors online) translation units compiled at once, loaded and run
+ * over every block on random inputs, and each output is compared with a
+ * reference computed here.
  * The default configuration's CUDA C is compared with a golden file under
  * tests/golden/lower/ (APOLLO_UPDATE_GOLDEN=1 rewrites them), checked for
  * the constructs the emitter exists for (warp shuffles, shared-memory
@@ -17,6 +20,7 @@
 #include <check.h>
 #include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +30,8 @@
 #include "server/backend/backend.h"
 #include "server/kir/kir.h"
 #include "server/lower/lower.h"
+#include "tests/lib/require.h"
+#include "tests/lib/sweep.h"
 
 #define MAX_CFG 2048
 #define GOLDEN_DIR "tests/golden/lower"
@@ -324,7 +330,7 @@ static char *nvrtc_ptx(const char *src, const char *name)
 	if (nvrtc_state == 0) {
 		nvrtc_state = ap_nvrtc_load(&err) == 0 ? 1 : -1;
 		if (nvrtc_state < 0)
-			printf("check_lower: NVRTC not loaded, CUDA text not compiled (%s)\n", err.msg);
+			AP_SKIP("nvrtc", "check_lower: NVRTC not loaded, CUDA text not compiled (%s)", err.msg);
 	}
 	if (nvrtc_state < 0)
 		return NULL;
@@ -363,17 +369,13 @@ typedef struct case_opts {
 
 static const case_opts *g_opts;      /* set around run_case_opts */
 
-/* Host C source -> a loaded shared object (ap_hostcc_compile, dlopen). */
-static void *host_load(const char *src, const char *what)
+/* The bytes of a shared object -> loaded (dlopen); frees so. */
+static void *so_load(uint8_t *so, size_t so_len)
 {
 	char so_path[] = "/tmp/check_lower_XXXXXX";
-	uint8_t *so = NULL;
-	size_t so_len = 0;
-	ap_error err;
 	void *h;
 	int fd;
 
-	ck_assert_msg(ap_hostcc_compile(src, &so, &so_len, &err) == 0, "%s: cc: %.600s", what, err.msg);
 	fd = mkstemp(so_path);
 	ck_assert_int_ge(fd, 0);
 	ck_assert_int_eq(write(fd, so, so_len), (ssize_t)so_len);
@@ -385,6 +387,94 @@ static void *host_load(const char *src, const char *what)
 	return h;
 }
 
+/* Host C source -> a loaded shared object (ap_hostcc_compile, dlopen). */
+static void *host_load(const char *src, const char *what)
+{
+	uint8_t *so = NULL;
+	size_t so_len = 0;
+	ap_error err;
+
+	ck_assert_msg(ap_hostcc_compile(src, &so, &so_len, &err) == 0, "%s: cc: %.600s", what, err.msg);
+	return so_load(so, so_len);
+}
+
+/* How many host compiles run at once: $APOLLO_JOBS, else the processors
+ * online. */
+static int host_jobs(void)
+{
+	const char *s = getenv("APOLLO_JOBS");
+	long n = s && *s ? strtol(s, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+
+	return n < 1 ? 1 : n > 64 ? 64 : (int)n;
+}
+
+typedef struct chunk {
+	char *src;                       /* one translation unit (owned) */
+	uint8_t *so;
+	size_t so_len;
+	int rc;
+	ap_error err;
+} chunk;
+
+static void *chunk_compile(void *arg)
+{
+	chunk *c = arg;
+
+	c->rc = ap_hostcc_compile(c->src, &c->so, &c->so_len, &c->err);
+	return NULL;
+}
+
+/* The host C texts[0..n) (consumed) as `n_chunks` translation units of
+ * consecutive texts about equal in length, compiled at once (one cc each,
+ * on threads; ap_hostcc_compile shares nothing between calls) and loaded:
+ * h[c] is chunk c's handle, and text i is in chunk in_chunk[i]. */
+static void host_load_chunks(char **texts, int n, int n_chunks, void **h, int *in_chunk, const char *what)
+{
+	chunk *cs = calloc((size_t)n_chunks, sizeof(chunk));
+	pthread_t *th = calloc((size_t)n_chunks, sizeof(pthread_t));
+	size_t total = 0, done = 0;
+	int first = 0;
+
+	for (int i = 0; i < n; i++)
+		total += strlen(texts[i]) + 1;
+	for (int c = 0; c < n_chunks; c++) {
+		size_t len = 1, off = 0;
+		int end = first;
+
+		/* texts up to c+1 n_chunks-ths of the whole, at least one, and
+		 * one left for every later chunk */
+		while (end < n - (n_chunks - c - 1) &&
+		       (end == first || c == n_chunks - 1 || done + strlen(texts[end]) + 1 <= total * (size_t)(c + 1) / (size_t)n_chunks))
+			done += strlen(texts[end++]) + 1;
+		for (int i = first; i < end; i++)
+			len += strlen(texts[i]) + 1;
+		cs[c].src = malloc(len);
+		for (int i = first; i < end; i++) {
+			size_t l = strlen(texts[i]);
+
+			memcpy(cs[c].src + off, texts[i], l);
+			off += l;
+			cs[c].src[off++] = '\n';
+			in_chunk[i] = c;
+			free(texts[i]);
+		}
+		cs[c].src[off] = 0;
+		first = end;
+	}
+	ck_assert_int_eq(first, n);
+	for (int c = 0; c < n_chunks; c++)
+		ck_assert_int_eq(pthread_create(&th[c], NULL, chunk_compile, &cs[c]), 0);
+	for (int c = 0; c < n_chunks; c++)
+		pthread_join(th[c], NULL);
+	for (int c = 0; c < n_chunks; c++) {
+		ck_assert_msg(cs[c].rc == 0, "%s (part %d of %d): cc: %.600s", what, c + 1, n_chunks, cs[c].err.msg);
+		h[c] = so_load(cs[c].so, cs[c].so_len);
+		free(cs[c].src);
+	}
+	free(th);
+	free(cs);
+}
+
 static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 {
 	ap_target_info ti;
@@ -392,11 +482,12 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 	ap_space sp;
 	ap_sched dflt;
 	ap_kir_kernel *ks[MAX_CFG];
-	int n_k = 0, n_refused = 0, n_invalid = 0, idx[AP_SPACE_MAX_KNOBS] = {0};
-	size_t total = 1, off = 0;
-	char *src;
+	int n_k = 0, n_refused = 0, n_invalid = 0, n_unrun = 0, idx[AP_SPACE_MAX_KNOBS] = {0};
+	int n_chunks, in_chunk[MAX_CFG];
+	void *h[64];
+	char **texts = calloc(MAX_CFG, sizeof(char *));
+	ap_sweep sw;
 	ap_error err;
-	void *h;
 	buffers in;
 	double **want;
 
@@ -434,20 +525,26 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 		free(cuda);
 		ap_kir_kernel_free(k);
 	}
-	/* every configuration of the space */
+	/* every configuration of the space lowered and printed; those the
+	 * sweep takes (APOLLO_SWEEP) kept to be compiled and run */
+	ap_sweep_init(&sw);
 	do {
 		ap_sched s = {em, sp.n, {0}};
 		ap_lower_options lo = {256, &s, true};
 		char name[64];
 		ap_kir_kernel *k;
+		char *text;
+		bool is_default = dflt.n == sp.n;
 
-		for (int i = 0; i < sp.n; i++)
+		for (int i = 0; i < sp.n; i++) {
 			s.v[i] = sp.knobs[i].values[idx[i]];
+			is_default &= s.v[i] == dflt.v[i];
+		}
 		if (em->valid && em->valid(m, &s, &ti) <= 0) {
 			n_invalid++;
 			continue;
 		}
-		snprintf(name, sizeof(name), "%s_%d", lc->name, n_k + n_refused);
+		snprintf(name, sizeof(name), "%s_%d", lc->name, n_k + n_unrun + n_refused);
 		ap_error_clear(&err);
 		k = ap_lower(m, &ti, name, &lo, NULL, &err);
 		if (!k) {
@@ -455,33 +552,23 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 			n_refused++;
 			continue;
 		}
+		text = ap_kir_print(k, AP_KIR_HOST, &err);
+		ck_assert_msg(text != NULL, "%s: host print: %s", lc->name, err.msg);
+		if (!ap_sweep_take(&sw, &sp, idx, is_default)) {
+			free(text);
+			ap_kir_kernel_free(k);
+			n_unrun++;
+			continue;
+		}
 		ck_assert_int_lt(n_k, MAX_CFG);
+		texts[n_k] = text;
 		ks[n_k++] = k;
 	} while (next_config(&sp, idx));
 	ck_assert_msg(n_k >= 1, "%s: no configuration builds", lc->name);
-	/* one shared object for all of them */
-	{
-		char **texts = calloc((size_t)n_k, sizeof(char *));
-
-		for (int i = 0; i < n_k; i++) {
-			texts[i] = ap_kir_print(ks[i], AP_KIR_HOST, &err);
-			ck_assert_msg(texts[i] != NULL, "%s: host print: %s", lc->name, err.msg);
-			total += strlen(texts[i]) + 1;
-		}
-		src = malloc(total);
-		for (int i = 0; i < n_k; i++) {
-			size_t n = strlen(texts[i]);
-
-			memcpy(src + off, texts[i], n);
-			off += n;
-			src[off++] = '\n';
-			free(texts[i]);
-		}
-		src[off] = 0;
-		free(texts);
-	}
-	h = host_load(src, lc->name);
-	free(src);
+	/* compiled in parts at once, loaded */
+	n_chunks = host_jobs() < n_k ? host_jobs() : n_k;
+	host_load_chunks(texts, n_k, n_chunks, h, in_chunk, lc->name);
+	free(texts);
 	buffers_init(&in, m);
 	if (g_fill)
 		g_fill(m, &in);
@@ -491,7 +578,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 				 sizeof(double));
 	ref(m, &in, want);
 	for (int c = 0; c < n_k; c++) {
-		host_fn f = (host_fn)dlsym(h, ks[c]->name);
+		host_fn f = (host_fn)dlsym(h[in_chunk[c]], ks[c]->name);
 		float **outs;
 
 		ck_assert_msg(f != NULL, "no symbol %s", ks[c]->name);
@@ -508,13 +595,17 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 		free(outs);
 		ap_kir_kernel_free(ks[c]);
 	}
-	printf("check_lower: %s (%s, %s): %d configurations run, %d refused, %d outside the target\n",
+	printf("check_lower: %s (%s, %s): %d configurations run, %d refused, %d outside the target",
 	       lc->name, em->name, g_opts && g_opts->target ? g_opts->target : "cpu", n_k, n_refused, n_invalid);
+	if (n_unrun)
+		printf(", %d more lowered, not run (APOLLO_SWEEP sample, stride %d)", n_unrun, sw.stride);
+	printf("\n");
 	for (int i = 0; i < m->g->n_outputs; i++)
 		free(want[i]);
 	free(want);
 	buffers_free(&in);
-	dlclose(h);
+	for (int c = 0; c < n_chunks; c++)
+		dlclose(h[c]);
 }
 
 /* ---- the cases ---------------------------------------------------------------------------- */
@@ -1787,8 +1878,11 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 	static const char *const archs[] = {"sm_80", "sm_90"};
 	ap_error err;
 
-	if (nvrtc_state == 0)
+	if (nvrtc_state == 0) {
 		nvrtc_state = ap_nvrtc_load(&err) == 0 ? 1 : -1;
+		if (nvrtc_state < 0)
+			AP_SKIP("nvrtc", "check_lower: NVRTC not loaded, spills of %s not checked (%s)", name, err.msg);
+	}
 	for (int a = 0; a < 2 && nvrtc_state > 0; a++) {
 		ap_target_info ti;
 		ap_lower_options lo = {256, NULL, true};

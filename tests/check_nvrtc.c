@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "server/backend/backend.h"
+#include "tests/lib/require.h"
 
 static const char add_relu[] =
 	"extern \"C\" __global__ void add_relu(const float *x, const float *y, float *out)\n"
@@ -30,7 +31,7 @@ static bool have_nvrtc(const char *test)
 
 	if (ap_nvrtc_load(&err) == 0)
 		return true;
-	printf("SKIP %s: NVRTC cannot be loaded: %s\n", test, err.msg);
+	AP_SKIP("nvrtc", "SKIP %s: NVRTC cannot be loaded: %s", test, err.msg);
 	return false;
 }
 
@@ -109,8 +110,8 @@ START_TEST(fp16_headers_found)
 	if (!dir) {
 		/* only acceptable when no toolkit header is there to find */
 		ck_assert_msg(access(probe, R_OK) != 0, "%s exists but was not found", probe);
-		printf("SKIP fp16_headers_found: no cuda_fp16.h next to NVRTC, in $CUDA_HOME/include "
-		       "or in .venv\n");
+		AP_SKIP("nvrtc", "SKIP fp16_headers_found: no cuda_fp16.h next to NVRTC, in $CUDA_HOME/include "
+			"or in .venv");
 		return;
 	}
 	snprintf(probe, sizeof(probe), "%s/cuda_bf16.h", dir);

@@ -35,6 +35,7 @@
 #include "server/plan/program.h"
 #include "server/lower/value.h"
 #include "server/tune/tune.h"
+#include "tests/lib/require.h"
 
 typedef void (*host_fn)(void *const *args, unsigned block_begin, unsigned block_end);
 
@@ -118,9 +119,10 @@ static bool nvrtc_compiles(const ap_program *p, char *why, size_t cap)
 		const char *off_env = getenv("APOLLO_CHECK_NVRTC");
 
 		state = (off_env && strcmp(off_env, "0") == 0) ? -1 : ap_nvrtc_load(&err) == 0 ? 1 : -1;
-		if (state < 0)
-			printf("check_program: NVRTC not used (%s)\n",
-			       off_env ? "APOLLO_CHECK_NVRTC=0" : err.msg);
+		if (state < 0 && off_env && strcmp(off_env, "0") == 0)
+			printf("check_program: NVRTC not used (APOLLO_CHECK_NVRTC=0)\n");
+		else if (state < 0)
+			AP_SKIP("nvrtc", "check_program: NVRTC not used (%s)", err.msg);
 	}
 	if (state < 0 || p->n_kernels == 0)
 		return true;
@@ -2765,7 +2767,7 @@ START_TEST(onnx_node_tests)
 	int n_names = 0;
 
 	if (access(TESTDATA "/onnx-node", R_OK) != 0) {
-		printf("check_program: %s/onnx-node not found, ONNX node tests skipped\n", TESTDATA);
+		AP_SKIP("testdata", "check_program: %s/onnx-node not found, ONNX node tests skipped", TESTDATA);
 		return;
 	}
 	if (all || only) {
@@ -2815,6 +2817,8 @@ START_TEST(onnx_node_tests)
 	free(names);
 	printf("check_program: onnx tests %d passed, %d failed, %d missing\n", pass, fail, skipped);
 	ck_assert_int_eq(fail, 0);
+	if (skipped)
+		AP_SKIP("testdata", "check_program: %d ONNX test folders missing", skipped);
 }
 END_TEST
 
@@ -2882,11 +2886,11 @@ START_TEST(normalizations_are_one_launch)
 	bool nvrtc = getenv("APOLLO_CHECK_NVRTC") == NULL || strcmp(getenv("APOLLO_CHECK_NVRTC"), "0");
 
 	if (!d) {
-		printf("check_program: %s/onnx-node not found, skipped\n", TESTDATA);
+		AP_SKIP("testdata", "check_program: %s/onnx-node not found, skipped", TESTDATA);
 		return;
 	}
 	if (nvrtc && ap_nvrtc_load(&err) != 0) {
-		printf("check_program: NVRTC not loaded, PTX not checked (%s)\n", err.msg);
+		AP_SKIP("nvrtc", "check_program: NVRTC not loaded, PTX not checked (%s)", err.msg);
 		nvrtc = false;
 	}
 	while ((de = readdir(d))) {
@@ -2960,7 +2964,7 @@ static ap_program *one_launch(const char *rel, const char *what, const char *con
 
 	snprintf(dir, sizeof(dir), "%s/%s", TESTDATA, rel);
 	if (access(dir, R_OK) != 0) {
-		printf("check_program: %s not found, skipped\n", dir);
+		AP_SKIP("testdata", "check_program: %s not found, skipped", dir);
 		return NULL;
 	}
 	ck_assert_msg(run_onnx_dir_opt(dir, &(ap_build_options){.fusion = AP_FUSE_APOLLO}, true, why, sizeof(why),
@@ -3074,7 +3078,7 @@ START_TEST(fusion_levels_on_models)
 
 		snprintf(dir, sizeof(dir), "%s/%s", TESTDATA, dirs[d]);
 		if (access(dir, R_OK) != 0) {
-			printf("check_program: %s not found, skipped\n", dir);
+			AP_SKIP("testdata", "check_program: %s not found, skipped", dir);
 			continue;
 		}
 		for (int l = 0; l < 3; l++) {
@@ -3236,7 +3240,7 @@ START_TEST(feedback_on_a_model)
 
 	snprintf(dir, sizeof(dir), "%s/models/bert_like_2l", TESTDATA);
 	if (access(dir, R_OK) != 0) {
-		printf("check_program: %s not found, skipped\n", dir);
+		AP_SKIP("testdata", "check_program: %s not found, skipped", dir);
 		return;
 	}
 	ck_assert_msg(run_onnx_dir_opt(dir, &(ap_build_options){.hooks = &(ap_build_hooks){.refuse_op = "MatMul"}}, true, why, sizeof(why),
@@ -3883,9 +3887,6 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, explain_report);
 	tcase_add_test(tc, onnx_node_tests);
 	tcase_add_test(tc, normalizations_are_one_launch);
-	tcase_add_test(tc, training_normalizations_are_one_launch);
-	tcase_add_test(tc, fusion_levels_on_models);
-	tcase_add_test(tc, reports_mean_what_they_say);
 	tcase_add_test(tc, feedback_on_a_model);
 	tcase_add_test(tc, identical_layers_share_kernels);
 	tcase_add_test(tc, layer1_pooling_windows);
@@ -3905,6 +3906,16 @@ static Suite *program_suite(void)
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, gemm_16bit_pair_staged);
 	tcase_add_test(tc, gemm_16bit_convert_staged);
+	suite_add_tcase(s, tc);
+	/* every model and training step built and run whole, at each fusion
+	 * level: the suite's minutes (tag slow: make check-fast leaves them
+	 * out; run alone: CK_RUN_CASE=models) */
+	tc = tcase_create("models");
+	tcase_set_tags(tc, "slow");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, training_normalizations_are_one_launch);
+	tcase_add_test(tc, fusion_levels_on_models);
+	tcase_add_test(tc, reports_mean_what_they_say);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -22,6 +22,7 @@
 #include "client/tool.h"
 #include "proto/apollo.pb-c.h"
 #include "server/backend/backend.h"
+#include "tests/lib/require.h"
 
 #define ROWS 300
 #define COLS 64
@@ -271,7 +272,7 @@ START_TEST(host_runs_plan)
 
 	build_so();
 	if (!so_blob) {
-		printf("host_runs_plan: SKIPPED: cannot build the test kernel: %s\n", so_why);
+		AP_SKIP("cc", "host_runs_plan: SKIPPED: cannot build the test kernel: %s", so_why);
 		return;
 	}
 	hb_init(&h, "cpu", so_blob, so_len);
@@ -323,7 +324,7 @@ START_TEST(binding_errors)
 
 	build_so();
 	if (!so_blob) {
-		printf("binding_errors: SKIPPED: cannot build the test kernel: %s\n", so_why);
+		AP_SKIP("cc", "binding_errors: SKIPPED: cannot build the test kernel: %s", so_why);
 		free(empty);
 		return;
 	}
@@ -389,7 +390,7 @@ START_TEST(zero_copy_binding)
 
 	build_so();
 	if (!so_blob) {
-		printf("zero_copy_binding: SKIPPED: cannot build the test kernel: %s\n", so_why);
+		AP_SKIP("cc", "zero_copy_binding: SKIPPED: cannot build the test kernel: %s", so_why);
 		return;
 	}
 	hb_init(&h, "cpu", so_blob, so_len);
@@ -466,7 +467,7 @@ START_TEST(params_from_graph_consts)
 
 	build_so();
 	if (!so_blob) {
-		printf("params_from_graph_consts: SKIPPED: %s\n", so_why);
+		AP_SKIP("cc", "params_from_graph_consts: SKIPPED: %s", so_why);
 		return;
 	}
 	hb_init(&h, "cpu", so_blob, so_len);
@@ -508,7 +509,7 @@ START_TEST(consts_from_the_bundle)
 
 	build_so();
 	if (!so_blob) {
-		printf("consts_from_the_bundle: SKIPPED: %s\n", so_why);
+		AP_SKIP("cc", "consts_from_the_bundle: SKIPPED: %s", so_why);
 		return;
 	}
 	x = make_f32("x", 2, ROWS, COLS, 1.0f);
@@ -551,7 +552,7 @@ START_TEST(shared_blob)
 
 	build_so();
 	if (!so_blob) {
-		printf("shared_blob: SKIPPED: %s\n", so_why);
+		AP_SKIP("cc", "shared_blob: SKIPPED: %s", so_why);
 		return;
 	}
 	hb_init(&h, "cpu", so_blob, so_len);
@@ -624,7 +625,7 @@ START_TEST(malformed_bundles)
 
 	build_so();
 	if (!so_blob) {
-		printf("malformed_bundles: SKIPPED: cannot build the test kernel: %s\n", so_why);
+		AP_SKIP("cc", "malformed_bundles: SKIPPED: cannot build the test kernel: %s", so_why);
 		return;
 	}
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -704,7 +705,7 @@ START_TEST(empty_shapes)
 
 	build_so();
 	if (!so_blob) {
-		printf("empty_shapes: SKIPPED: cannot build the test kernel: %s\n", so_why);
+		AP_SKIP("cc", "empty_shapes: SKIPPED: cannot build the test kernel: %s", so_why);
 		return;
 	}
 	hb_init(&h, "cpu", so_blob, so_len);
@@ -776,7 +777,7 @@ START_TEST(gpu_runs_ptx)
 	ap_host_tensor *x, *y;
 
 	if (!ap_runtime_cuda_available(why, sizeof(why))) {
-		printf("gpu_runs_ptx [gpu]: SKIPPED: %s\n", why);
+		AP_SKIP("gpu", "gpu_runs_ptx [gpu]: SKIPPED: %s", why);
 		return;
 	}
 	p0.name = "x"; p0.dtype = APOLLO__DATA_TYPE__DT_FLOAT;
@@ -872,7 +873,7 @@ START_TEST(gpu_path_with_fake_driver)
 	size_t *image_len;
 
 	if (!so) {
-		printf("gpu_path_with_fake_driver: SKIPPED: no stand-in driver at %s (make all)\n", so_buf);
+		AP_SKIP("standin", "gpu_path_with_fake_driver: SKIPPED: no stand-in driver at %s (make all)", so_buf);
 		return;
 	}
 	/* Our own handle keeps the driver loaded so its counters can be read. */

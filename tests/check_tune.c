@@ -67,6 +67,7 @@
 #include "server/tune/tune.h"
 #include "server/lower/value.h"
 #include "client/apollo.h"
+#include "tests/lib/require.h"
 
 #define DIMS(...) ((const int64_t[]){__VA_ARGS__}), (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
 
@@ -925,7 +926,7 @@ START_TEST(background_tuner)
 	ap_error err;
 
 	if (ap_nvrtc_load(&err)) {
-		fprintf(stderr, "background_tuner: skipped, no NVRTC (%s)\n", err.msg);
+		AP_SKIP("nvrtc", "background_tuner: skipped, no NVRTC (%s)", err.msg);
 		goto out_graph;
 	}
 	snprintf(so, sizeof(so), "%s/tests/libcuda-standin.so", b && *b ? b : "build");

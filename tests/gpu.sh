@@ -1,7 +1,8 @@
 #!/bin/sh
 # gpu.sh -- the checks that run kernels on a CUDA device.  Where no device
 # answers (`nvidia-smi -L` fails or is missing) it prints SKIPPED and exits
-# 0, so `make check` stays green on machines without a GPU.  On a device,
+# 0, so `make check` stays green on machines without a GPU (unless
+# $APOLLO_REQUIRE names gpu: tests/lib/require.sh).  On a device,
 # at target $APOLLO_GPU_TARGET (default sm_90), every kernel runs through
 # the runtime (client/runtime.c, the driver API) and is compared with the
 # reference data:
@@ -19,9 +20,10 @@
 #   env: APOLLO_BUILD, APOLLO_JOBS (parallel checks, default 2),
 #        APOLLO_GPU_TARGET, APOLLO_GPU_PARTS (default "1 2 3 4")
 cd "$(dirname "$0")/.." || exit 1
+. tests/lib/require.sh
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-	echo "gpu: SKIPPED: no CUDA device here (nvidia-smi -L)"
-	exit 0
+	ap_skip gpu "gpu: SKIPPED: no CUDA device here (nvidia-smi -L)"
+	exit $?
 fi
 . tests/daemon.inc
 

@@ -38,7 +38,7 @@ fi
 t2=$(date +%s)
 echo "onnx_models: checked on cpu in $((t2 - t1)) s"
 case $("$CLIENT" ping) in
-*"NVRTC none"*) echo "onnx_models: sm_90: SKIPPED: the daemon reports no NVRTC" ;;
+*"NVRTC none"*) ap_skip nvrtc "onnx_models: sm_90: SKIPPED: the daemon reports no NVRTC" || rc=1 ;;
 *)
 	for d in "$AP_TMP"/models/*/; do
 		if out=$("$CLIENT" submit "$d/model.onnx" --data "$d" --target sm_90 --json 2>&1); then
