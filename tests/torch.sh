@@ -15,6 +15,9 @@
 #     Face's GPT-2 (2 layers, width 64, SDPA attention), 3 AdamW steps each:
 #     loss and every parameter within 1e-9 relative of eager float64 (the
 #     two agree to 1e-12), nothing run eagerly, no break at attention;
+#   * mixed precision: the SDPA block under torch.autocast bfloat16 (20
+#     steps) and float16 with a GradScaler (5), the cnn with a break under
+#     bfloat16: loss within 1e-3 relative of eager autocast;
 #   * the model with an op Apollo lacks (torch.atan2): the graph splits and
 #     the break is reported; strict mode turns it into an error;
 #   * no daemon: a warning and eager PyTorch; strict mode: an error.
@@ -104,6 +107,30 @@ for m in sdpa gpt2; do
 		cat "$AP_TMP/$m.f64.log"
 		[ -f "$j" ] && echo "eager graphs $(field "$j" eager_graphs), eager parts $(field "$j" eager_parts)"
 		echo "torch: FAILED: $m in float64"; fail=1
+	fi
+done
+
+# mixed precision (issue 24): float32 weights, the forward under
+# torch.autocast("cpu", bfloat16) -- the casts autocast inserts are ops of
+# the graph -- 20 AdamW steps of the SDPA block beside eager autocast: the
+# loss within 1e-3 relative at every step, parameters within 1e-2 (one
+# bfloat16 rounding of a product may differ, and AdamW turns a small
+# gradient's difference into a whole step of lr).  float16 with a
+# GradScaler, 5 steps; the cnn with torch.atan2 under bfloat16, so that
+# eager PyTorch runs between two compiled parts with autocast's dtypes.
+for m in sdpa:bfloat16:20 sdpa:float16:5 break:bfloat16:3; do
+	mod=${m%%:*}; rest=${m#*:}; dt=${rest%%:*}; n=${rest#*:}
+	echo "== $mod, autocast $dt"
+	j=$AP_TMP/$mod.amp.$dt.json
+	if "$PY" tests/torch_train.py "$mod" --autocast "$dt" --steps "$n" --rtol 1e-3 --atol 1e-2 \
+		--json "$j" >"$AP_TMP/$mod.amp.$dt.log" 2>&1 &&
+	   [ "$(field "$j" eager_graphs)" = 0 ] && [ "$(field "$j" eager_parts)" = 0 ] &&
+	   { [ "$mod" = break ] || [ "$(field "$j" graph_breaks)" = "[]" ]; }; then
+		printf 'torch: %s autocast %s: worst loss difference %.1e relative over %s steps, parameters within %.1e, %s graph breaks\n' \
+			"$mod" "$dt" "$(field "$j" worst_loss_rel)" "$n" "$(field "$j" param_diff)" \
+			"$("$PY" -c "import json,sys; print(len(json.load(open(sys.argv[1]))['graph_breaks']))" "$j")"
+	else
+		cat "$AP_TMP/$mod.amp.$dt.log"; echo "torch: FAILED: $mod under autocast $dt"; fail=1
 	fi
 done
 
