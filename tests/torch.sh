@@ -18,6 +18,8 @@
 #   * mixed precision: the SDPA block under torch.autocast bfloat16 (20
 #     steps) and float16 with a GradScaler (5), the cnn with a break under
 #     bfloat16: loss within 1e-3 relative of eager autocast;
+#   * tests/torch_checks.py config: a bad target, fusion level or option
+#     raises apollo.ConfigError at the first call;
 #   * the model with an op Apollo lacks (torch.atan2): the graph splits and
 #     the break is reported; strict mode turns it into an error;
 #   * no daemon: a warning and eager PyTorch; strict mode: an error.
@@ -131,6 +133,16 @@ for m in sdpa:bfloat16:20 sdpa:float16:5 break:bfloat16:3; do
 			"$("$PY" -c "import json,sys; print(len(json.load(open(sys.argv[1]))['graph_breaks']))" "$j")"
 	else
 		cat "$AP_TMP/$mod.amp.$dt.log"; echo "torch: FAILED: $mod under autocast $dt"; fail=1
+	fi
+done
+
+# configuration errors (issue 24)
+for c in config; do
+	echo "== $c"
+	if "$PY" tests/torch_checks.py "$c" >"$AP_TMP/$c.log" 2>&1; then
+		grep '^torch_checks: ' "$AP_TMP/$c.log" | cut -c1-150
+	else
+		grep -v '^torch_checks: ok' "$AP_TMP/$c.log" | tail -20; echo "torch: FAILED: $c"; fail=1
 	fi
 done
 
