@@ -18,8 +18,10 @@
 #   * mixed precision: the SDPA block under torch.autocast bfloat16 (20
 #     steps) and float16 with a GradScaler (5), the cnn with a break under
 #     bfloat16: loss within 1e-3 relative of eager autocast;
-#   * tests/torch_checks.py config: a bad target, fusion level or option
-#     raises apollo.ConfigError at the first call;
+#   * tests/torch_checks.py config (a bad target, fusion level or option
+#     raises apollo.ConfigError at the first call) and shapes (batch size
+#     and length change between steps: one submit per new shape, nothing
+#     eager, float64 loss within 1e-9);
 #   * the model with an op Apollo lacks (torch.atan2): the graph splits and
 #     the break is reported; strict mode turns it into an error;
 #   * no daemon: a warning and eager PyTorch; strict mode: an error.
@@ -136,8 +138,8 @@ for m in sdpa:bfloat16:20 sdpa:float16:5 break:bfloat16:3; do
 	fi
 done
 
-# configuration errors (issue 24)
-for c in config; do
+# configuration errors and shapes that change (issue 24)
+for c in config shapes; do
 	echo "== $c"
 	if "$PY" tests/torch_checks.py "$c" >"$AP_TMP/$c.log" 2>&1; then
 		grep '^torch_checks: ' "$AP_TMP/$c.log" | cut -c1-150

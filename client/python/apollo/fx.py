@@ -981,7 +981,9 @@ class Converted:
     consts     {PARAM name: (bytes, Apollo dtype, shape)} (constants kept by
                the converter, bound by the runner)
     outputs    per FX output: ("out", k) the graph's output k, ("arg", i)
-               placeholder i returned as it is, ("none",) None
+               placeholder i returned as it is, ("none",) None, ("value",
+               v) the number v (a size of a graph specialized to its
+               shapes)
     out_meta   per graph output: (shape, torch dtype)
     """
 
@@ -1012,6 +1014,9 @@ def convert(gm, params=None, name="fx"):
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             v = _val(node)
+            if isinstance(v, (int, float, bool)) and not any(u.op != "output" for u in node.users):
+                pos += 1      # a size the graph was specialized to: not an input of the Apollo graph
+                continue
             if not isinstance(v, torch.Tensor):
                 raise Unsupported(node, "a placeholder that is not a tensor (%s)" % type(v).__name__)
             shape, dt = _static_shape(v), apollo_dtype(v.dtype)
@@ -1053,6 +1058,9 @@ def convert(gm, params=None, name="fx"):
             for o in outs:
                 if o is None:
                     res.outputs.append(("none",))
+                    continue
+                if isinstance(o, (int, float, bool)):
+                    res.outputs.append(("value", o))      # a size, returned as it is
                     continue
                 if not isinstance(o, torch.fx.Node):
                     raise Unsupported(node, "a graph output that is not a tensor (%r)" % (o,))

@@ -16,6 +16,11 @@ scaled_dot_product_attention is traced through PyTorch's math kernel
 (_math_attention), so that attention and its backward are ops the
 converter takes.
 
+A graph Dynamo made with symbolic sizes (dynamic shapes: after a second
+input shape) is compiled for each concrete shape it is called with
+(_PerShape: traced again with the call's sizes, then submitted as any
+graph, one submit per shape).
+
 Ops the converter cannot take split the graph: the parts Apollo can take
 are compiled, the rest runs in eager PyTorch between them, and one line per
 op says why ("apollo: graph break at aten.atan2.default (atan2): no Apollo
@@ -203,7 +208,7 @@ def reset_stats():
     with _lock:
         _stats.clear()
         _stats.update(graphs=0, cache_hits=0, cache_misses=0, kernels=0, compile_ms=0.0,
-                      graph_breaks=[], eager_graphs=0, eager_parts=0, submit_s=0.0)
+                      graph_breaks=[], eager_graphs=0, eager_parts=0, submit_s=0.0, shapes=0)
 
 
 def stats():
@@ -212,7 +217,8 @@ def stats():
     (wall time of submits), graph_breaks (one "op (node): reason" per op
     that ran eagerly), eager_graphs (graphs run wholly in PyTorch),
     eager_parts (parts of split graphs that Apollo refused, run in
-    PyTorch)."""
+    PyTorch), shapes (graphs with symbolic sizes compiled for one more
+    concrete shape)."""
     with _lock:
         out = dict(_stats)
         out["graph_breaks"] = list(_stats["graph_breaks"])
@@ -323,8 +329,8 @@ class _Compiled:
         for spec in self.conv.outputs:
             if spec[0] == "out":
                 res.append(outs[spec[1]])
-            elif spec[0] == "arg":
-                res.append(args[spec[1]])
+            elif spec[0] in ("arg", "value"):
+                res.append(args[spec[1]] if spec[0] == "arg" else spec[1])
             else:
                 res.append(None)
         return res
@@ -392,9 +398,57 @@ def _eager(gm):
     return make_boxed_func(gm.forward)
 
 
+def _symbolic(gm, example_inputs):
+    """Whether Dynamo made `gm` with symbolic sizes (dynamic shapes): a
+    SymInt among the inputs, or a value whose shape is not static."""
+    if any(isinstance(x, torch.SymInt) for x in example_inputs):
+        return True
+    for n in gm.graph.nodes:
+        for v in afx._vals(n):
+            if afx._static_shape(v) is None:
+                return True
+    return False
+
+
+class _PerShape:
+    """A graph with symbolic sizes, compiled for each concrete shape it is
+    called with: the graph is traced again (make_fx, fake tensors of the
+    call's shapes, its size arguments as the call's numbers), which leaves
+    a graph of static shapes, and that is compiled as any other (one submit
+    per graph, answered from the daemon's cache when it has it).  Kept per
+    (shapes, dtypes, devices, sizes) of the arguments.  A boxed function,
+    as AOTAutograd calls its compilers' results (one list of arguments);
+    unboxed arguments are taken too."""
+
+    def __init__(self, gm, opts, kind, params):
+        self._boxed_call = True   # on the instance: wrappers copy its __dict__
+        self.gm = gm
+        self.opts = opts
+        self.kind = kind
+        self.params = params
+        self.by_shape = {}
+
+    def __call__(self, *args):
+        args = list(args[0]) if len(args) == 1 and isinstance(args[0], list) else list(args)
+        key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else
+                    (type(a).__name__, a) for a in args)
+        fn = self.by_shape.get(key)
+        if fn is None:
+            from torch.fx.experimental.proxy_tensor import make_fx
+            concrete = make_fx(self.gm, tracing_mode="fake")(*args)
+            example = [n.meta.get("val") for n in concrete.graph.nodes if n.op == "placeholder"]
+            with _lock:
+                _stats["shapes"] += 1
+            fn = _compile_graph(concrete, example, self.opts, self.kind, self.params)
+            self.by_shape[key] = fn
+        return fn(args)
+
+
 def _compile_graph(gm, example_inputs, opts, kind, params):
     """AOTAutograd's forward / backward compiler."""
     from functorch.compile import make_boxed_func
+    if _symbolic(gm, example_inputs):
+        return _PerShape(gm, opts, kind, params)
     device = _device_of(gm, example_inputs)
     breaks = []
     for n in gm.graph.nodes:
