@@ -21,7 +21,12 @@
 #   * tests/torch_checks.py config (a bad target, fusion level or option
 #     raises apollo.ConfigError at the first call) and shapes (batch size
 #     and length change between steps: one submit per new shape, nothing
-#     eager, float64 loss within 1e-9);
+#     eager, float64 loss within 1e-9) and ops (max_pool2d with its
+#     indices and backward, slice_scatter, grouped and depthwise
+#     convolution_backward, embedding_dense_backward, cross_entropy /
+#     nll_loss with label_smoothing and ignore_index, nearest and bilinear
+#     upsampling, indexing with several index tensors: forward and
+#     backward within 1e-9 of eager float64, no break);
 #   * the model with an op Apollo lacks (torch.atan2): the graph splits and
 #     the break is reported; strict mode turns it into an error;
 #   * no daemon: a warning and eager PyTorch; strict mode: an error.
@@ -138,8 +143,9 @@ for m in sdpa:bfloat16:20 sdpa:float16:5 break:bfloat16:3; do
 	fi
 done
 
-# configuration errors and shapes that change (issue 24)
-for c in config shapes; do
+# configuration errors, shapes that change and the ops of issue 24, each
+# against eager float64 within 1e-9
+for c in config shapes ops; do
 	echo "== $c"
 	if "$PY" tests/torch_checks.py "$c" >"$AP_TMP/$c.log" 2>&1; then
 		grep '^torch_checks: ' "$AP_TMP/$c.log" | cut -c1-150

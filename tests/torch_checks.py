@@ -126,7 +126,7 @@ def shapes():
 # ---- ops ---------------------------------------------------------------------------------
 
 def _rand(*shape, g, lo=-1.0, hi=1.0):
-    return (torch.rand(*shape, generator=g, dtype=torch.float64) * (hi - lo) + lo)
+    return torch.rand(tuple(shape), generator=g, dtype=torch.float64) * (hi - lo) + lo
 
 
 OPS = {}
@@ -177,6 +177,117 @@ def run_op(name, fn, args, grads=True):
           and st["eager_parts"] == 0,
           "%s: forward within %.1e, %d gradients within %.1e relative; %d graphs, no break, nothing eager"
           % (name, worst, n_grads, gw, st["graphs"]))
+
+
+@op("max_pool2d")
+def _max_pool2d():
+    """values and indices (compared exactly), and the backward (a scatter
+    of the gradient to the indices): ResNet's 3x3 stride 2 pad 1, ceil
+    mode with dilation 2, 2x2 stride 2."""
+    g = torch.Generator().manual_seed(1)
+    x = _rand(2, 3, 9, 10, g=g)
+    run_op("max_pool2d 3x3/2 pad 1 (values, indices, backward)",
+           lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), [x])
+    run_op("max_pool2d 3x3/2 pad 1 dilation 2 ceil_mode",
+           lambda x: F.max_pool2d(x, 3, 2, 1, dilation=2, ceil_mode=True, return_indices=True), [x])
+    run_op("max_pool2d 2x2/2", lambda x: F.max_pool2d(x, 2) * 3.0, [x])
+
+
+@op("slice_scatter")
+def _slice_scatter():
+    """slice_scatter (step 1 and 2, negative bounds) and select_scatter,
+    called directly and as the backward of slicing and selecting."""
+    g = torch.Generator().manual_seed(2)
+    x, s1, s2, s3 = _rand(3, 8, 4, g=g), _rand(3, 3, 4, g=g), _rand(3, 8, 2, g=g), _rand(3, 4, g=g)
+    run_op("slice_scatter dim 1, 2:5 and dim 2 step 2, select_scatter",
+           lambda x, a, b, c: (torch.slice_scatter(x, a, 1, 2, 5),
+                               torch.slice_scatter(x, b, 2, 0, None, 2),
+                               torch.select_scatter(x, c, 1, -2)), [x, s1, s2, s3])
+    run_op("the backward of slicing (1:7:3, -3:) and selecting",
+           lambda x: (x[:, 1:7:3] * x[:, -3:].sum(1, keepdim=True)).sum((1, 2)) + x[:, :, 1].sum(1), [x])
+
+
+@op("convolution_backward")
+def _conv_backward():
+    """Grouped and depthwise convolutions, forward and backward (input,
+    weight and bias gradients), with stride, padding and dilation."""
+    g = torch.Generator().manual_seed(3)
+    x = _rand(2, 4, 9, 8, g=g)
+    run_op("convolution groups=2, stride 2, padding 1, bias",
+           lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, groups=2),
+           [x, _rand(6, 2, 3, 3, g=g), _rand(6, g=g)])
+    run_op("depthwise convolution (groups=4, multiplier 2), dilation 2",
+           lambda x, w: F.conv2d(x, w, padding=2, dilation=2, groups=4), [x, _rand(8, 1, 3, 3, g=g)])
+    run_op("depthwise convolution (groups=4), stride 2, 5x5",
+           lambda x, w: F.conv2d(x, w, stride=2, padding=2, groups=4), [x, _rand(4, 1, 5, 5, g=g)])
+
+
+@op("embedding_dense_backward")
+def _embedding_backward():
+    """embedding's backward (indices repeated: accumulated), with
+    padding_idx, and scaled by frequency."""
+    g = torch.Generator().manual_seed(4)
+    w = _rand(10, 6, g=g)
+    i = torch.tensor([[1, 2, 2, 7], [3, 1, 9, 2]])
+    run_op("embedding backward, padding_idx=1", lambda w, i: F.embedding(i, w, padding_idx=1), [w, i])
+    run_op("embedding backward, scale_grad_by_freq", lambda w, i: F.embedding(i, w, scale_grad_by_freq=True),
+           [w, i])
+
+
+@op("nll_loss")
+def _nll_loss():
+    """cross_entropy with label_smoothing and ignore_index, nll_loss with
+    class weights, each reduction."""
+    g = torch.Generator().manual_seed(5)
+    x = _rand(6, 5, g=g, lo=-3, hi=3)
+    t = torch.tensor([0, 1, 2, 3, 4, 2])
+    wt = _rand(5, g=g, lo=0.5, hi=2.0)
+    run_op("cross_entropy label_smoothing=0.1 ignore_index=2",
+           lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1, ignore_index=2), [x, t])
+    run_op("cross_entropy label_smoothing=0.2, reduction sum, ignore_index=-100 present",
+           lambda x, t: F.cross_entropy(x, torch.where(t == 4, -100, t), label_smoothing=0.2, reduction="sum"),
+           [x, t])
+    run_op("nll_loss weight, ignore_index=2, reduction none and mean",
+           lambda x, t: (F.nll_loss(F.log_softmax(x, 1), t, wt, ignore_index=2, reduction="none"),
+                         F.nll_loss(F.log_softmax(x, 1), t, wt, ignore_index=2)), [x, t])
+    x3 = _rand(2, 5, 3, 4, g=g, lo=-3, hi=3)
+    t3 = torch.randint(0, 5, (2, 3, 4), generator=g)
+    run_op("cross_entropy over [N, C, H, W] (nll_loss2d), label_smoothing=0.1",
+           lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1, ignore_index=0), [x3, t3])
+
+
+@op("upsample")
+def _upsample():
+    """nearest and bilinear upsampling (align_corners both ways, a scale
+    factor and an output size), forward and backward."""
+    g = torch.Generator().manual_seed(6)
+    x = _rand(2, 3, 4, 5, g=g)
+    run_op("upsample nearest, scale 2", lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), [x])
+    run_op("upsample nearest, size 7x9", lambda x: F.interpolate(x, size=(7, 9), mode="nearest"), [x])
+    run_op("upsample bilinear, size 7x9", lambda x: F.interpolate(x, size=(7, 9), mode="bilinear"), [x])
+    run_op("upsample bilinear, scale 2, align_corners",
+           lambda x: F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True), [x])
+
+
+@op("index")
+def _index_ops():
+    """indexing with several index tensors (adjacent dims, dims apart,
+    negative indices, broadcast) and index_put with accumulation."""
+    g = torch.Generator().manual_seed(8)
+    x = _rand(4, 5, 6, g=g)
+    i = torch.tensor([[0, 3], [-1, 2]])
+    j = torch.tensor([1, -2])
+    run_op("x[:, i, j] (adjacent), x[i, :, j] (apart)", lambda x, i, j: (x[:, i, j] * 2, x[i, :, j] + 1),
+           [x, i, j])
+    run_op("index_put accumulate, two index tensors (a pair repeated)",
+           lambda x, v, i, j: torch.index_put(x, (i, j), v, accumulate=True),
+           [x, _rand(2, 2, 6, g=g), torch.tensor([[0, 3], [0, 2]]), torch.tensor([1, 1])])
+
+    def assign(x, v, i):
+        y = x * 1.0
+        y[:, i] = v            # index_put after a whole dim
+        return y
+    run_op("index_put after a whole dim (y[:, i] = v)", assign, [x, _rand(4, 2, 6, g=g), torch.tensor([4, 1])])
 
 
 def ops(names):
