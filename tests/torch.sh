@@ -26,7 +26,10 @@
 #     convolution_backward, embedding_dense_backward, cross_entropy /
 #     nll_loss with label_smoothing and ignore_index, nearest and bilinear
 #     upsampling, indexing with several index tensors: forward and
-#     backward within 1e-9 of eager float64, no break);
+#     backward within 1e-9 of eager float64, no break; dropout, bernoulli
+#     and rand_like from the graph's counter-based generator: kept share,
+#     correlations, another mask per call and per op, reproducible by
+#     torch.manual_seed, the backward's mask the forward's);
 #   * the model with an op Apollo lacks (torch.atan2): the graph splits and
 #     the break is reported; strict mode turns it into an error;
 #   * no daemon: a warning and eager PyTorch; strict mode: an error.

@@ -290,6 +290,73 @@ def _index_ops():
     run_op("index_put after a whole dim (y[:, i] = v)", assign, [x, _rand(4, 2, 6, g=g), torch.tensor([4, 1])])
 
 
+def _agree(a, b):
+    return (a == b).double().mean().item()
+
+
+@op("dropout")
+def _dropout():
+    """Dropout and bernoulli from the graph's counter-based generator
+    (not eager's masks): the kept share within 4 sigma of 1 - p, the
+    backward's mask the forward's (gradient == output for x = 1),
+    neighbours and the two halves of the mask uncorrelated, another call
+    and another dropout of the same graph another mask, torch.manual_seed
+    the same masks again, rand_like uniform (chi-square over 64 bins),
+    bernoulli(p) of an in-place dropout.  Seeded: the same numbers every
+    run."""
+    torch._dynamo.reset()
+    backend.reset_stats()
+    p, shape = 0.3, (64, 1024)
+    n = shape[0] * shape[1]
+    sigma = math.sqrt(p * (1 - p) / n)
+    f = torch.compile(lambda x: F.dropout(x, p), backend="apollo", options={"strict": True})
+    torch.manual_seed(11)
+    x = torch.ones(shape, dtype=torch.float64, requires_grad=True)
+    y = f(x)
+    y.sum().backward()
+    keep = y != 0
+    scale = 1 / (1 - p)
+    share = keep.double().mean().item()
+    check(abs(share - (1 - p)) <= 4 * sigma and torch.equal(y[keep], torch.full_like(y[keep], scale)),
+          "dropout p=%.1f of %d: %.4f kept (1 - p = %.1f, sigma %.4f), the kept scaled by 1/(1 - p)"
+          % (p, n, share, 1 - p, sigma))
+    check(torch.equal(x.grad, y.detach()), "the backward multiplies by the forward's mask")
+    k = keep.double().flatten() - (1 - p)
+    c1 = (k[1:] * k[:-1]).mean().item() / (p * (1 - p))
+    ch = (k[: n // 2] * k[n // 2:]).mean().item() / (p * (1 - p))
+    check(abs(c1) <= 4 / math.sqrt(n) and abs(ch) <= 4 / math.sqrt(n / 2),
+          "mask correlation of neighbours %.1e, of the two halves %.1e (4 sigma: %.1e)"
+          % (c1, ch, 4 / math.sqrt(n / 2)))
+    y2 = f(x)
+    a = _agree(keep, y2 != 0)
+    want = p * p + (1 - p) * (1 - p)
+    check(abs(a - want) <= 4 * math.sqrt(want * (1 - want) / n),
+          "a second call draws another mask: %.4f agree (independent: %.2f)" % (a, want))
+    torch.manual_seed(11)
+    check(torch.equal(f(x) != 0, keep), "torch.manual_seed(11) again: the same mask")
+    two = torch.compile(lambda x: (F.dropout(x, 0.5), F.dropout(x, 0.5)), backend="apollo",
+                        options={"strict": True})(x)
+    a2 = _agree(two[0] != 0, two[1] != 0)
+    check(abs(a2 - 0.5) <= 4 * math.sqrt(0.25 / n), "two dropouts of one graph: %.4f agree (0.5)" % a2)
+    u = torch.compile(lambda x: torch.rand_like(x), backend="apollo", options={"strict": True})(x.detach())
+    hist = torch.histc(u, 64, 0, 1)
+    chi = ((hist - n / 64) ** 2 / (n / 64)).sum().item()
+    check(u.min().item() >= 0 and u.max().item() < 1 and chi <= 63 + 4 * math.sqrt(2 * 63),
+          "rand_like: in [0, 1), mean %.4f, chi-square over 64 bins %.1f (63 +- %.0f)"
+          % (u.mean().item(), chi, math.sqrt(2 * 63)))
+
+    def inplace(x):
+        h = x * 2.0
+        return F.dropout(h, 0.25, inplace=True)     # bernoulli_(1 - p) on an empty tensor
+    z = torch.compile(inplace, backend="apollo", options={"strict": True})(x.detach())
+    s2 = (z != 0).double().mean().item()
+    check(abs(s2 - 0.75) <= 4 * math.sqrt(0.75 * 0.25 / n) and torch.equal(z[z != 0], torch.full_like(z[z != 0], 2 / 0.75)),
+          "in-place dropout (bernoulli.p): %.4f kept (0.75)" % s2)
+    st = backend.stats()
+    check(not st["graph_breaks"] and st["eager_graphs"] == 0 and st["eager_parts"] == 0,
+          "dropout: %d graphs, no break, nothing eager" % st["graphs"])
+
+
 def ops(names):
     for n in names or list(OPS):
         OPS[n]()

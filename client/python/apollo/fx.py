@@ -109,6 +109,8 @@ class _Ctx:
         self.env = {}
         self.consts = {}          # PARAM name -> torch tensor (constants too large for CONST)
         self.n_const = 0
+        self.rng_key = None       # the INPUT holding this call's generator key (_random_words)
+        self.rng_used = 0         # counters taken so far by this graph's random ops
 
     # values
     def t(self, a, dtype=None):
@@ -1022,12 +1024,131 @@ def _masked_fill(c, n):
     return c.op("Where", [c.t(n.args[1], G.BOOL), c.t(n.args[2], dt), c.t(n.args[0], dt)])
 
 
+# ---- random numbers ------------------------------------------------------------
+#
+# A counter-based generator made of the graph's own integer ops, so that
+# dropout compiles with the rest of the graph: Widynski's "Squares" (2020,
+# arXiv:2004.06278; 4 rounds of x = x*x + y or z, then the halves swapped)
+# over 62-bit words held as two 31-bit limbs in INT64, which keeps every
+# product below 2^63 (Apollo has no bitwise integer ops; a swap of 31-bit
+# limbs is the rotation).  The counter is the element's row-major index
+# (plus what the graph's earlier random ops took, so that two dropouts
+# differ); the key, two 31-bit limbs, is an INPUT the backend draws from
+# PyTorch's generator at every call (torch.manual_seed reproduces a run).
+# Out come 31 random bits per element, compared with round(p * 2^31) for a
+# Bernoulli draw.  The masks are not eager PyTorch's (another generator);
+# their statistics are checked in tests/torch_checks.py ops dropout.
+
+_LIMB = 1 << 31
+RNG_KEY_SHAPE = (2,)
+
+
+def _rng_key(c):
+    """The key INPUT (INT64 [2]: hi and lo limb), made at the first use."""
+    if c.rng_key is None:
+        c.rng_key = c.g.input("apollo_rng_key", G.INT64, RNG_KEY_SHAPE)
+    return c.rng_key
+
+
+def _random_words(c, n, shape):
+    """INT64 random integers in [0, 2^31), one per element of `shape`."""
+    shape = tuple(int(d) for d in shape)
+    numel = int(math.prod(shape))
+    if c.rng_used + numel >= _LIMB:
+        raise Unsupported(n, "more than 2^31 random numbers in one graph")
+    key = _rng_key(c)
+    ka = c.op("Gather", [key, c.scalar(0, G.INT64)], {"axis": 0})
+    kb = c.op("Gather", [key, c.scalar(1, G.INT64)], {"axis": 0})
+    B = c.scalar(_LIMB, G.INT64)
+    ctr = None
+    for d, size in enumerate(shape):
+        if size == 1:
+            continue
+        stride = int(math.prod(shape[d + 1:]))
+        part = c.const_values([i * stride for i in range(size)], G.INT64,
+                              tuple(size if j == d else 1 for j in range(len(shape))))
+        ctr = part if ctr is None else c.op("Add", [ctr, part])
+    base = c.scalar(c.rng_used, G.INT64)
+    ctr = c.op("Add", [ctr, base]) if ctr is not None else c.op("Identity", [base])
+    ctr = c.expand(ctr, shape)
+    c.rng_used += numel
+
+    def limbs_mod(hi_sum, lo_sum):
+        return (c.op("Mod", [c.op("Add", [hi_sum, c.op("Div", [lo_sum, B])]), B], {"fmod": 0}),
+                c.op("Mod", [lo_sum, B], {"fmod": 0}))
+
+    def add(x, y):
+        return limbs_mod(c.op("Add", [x[0], y[0]]), c.op("Add", [x[1], y[1]]))
+
+    def square(x):
+        a, b = x
+        two_ab = c.op("Mul", [c.op("Mul", [a, b]), c.scalar(2, G.INT64)])
+        return limbs_mod(two_ab, c.op("Mul", [b, b]))
+
+    y = limbs_mod(c.op("Mul", [ctr, ka]), c.op("Mul", [ctr, kb]))
+    z = add(y, (ka, kb))
+    x = y
+    for r in range(3):
+        x = add(square(x), y if r % 2 == 0 else z)
+        x = (x[1], x[0])
+    return add(square(x), z)[0]
+
+
+def _threshold(p):
+    """round(p * 2^31), p clamped to [0, 1]: a word below it has
+    probability p."""
+    return int(round(min(max(float(p), 0.0), 1.0) * _LIMB))
+
+
 def _dropout(c, n):
-    p, train = n.args[1], n.args[2]
-    if train and p > 0:
-        raise Unsupported(n, "dropout with p=%g in training (random numbers)" % p)
-    x = c.t(n.args[0])
-    return (c.op("Identity", [x]), c.expand(c.scalar(True, G.BOOL), c.shape(x)))
+    """native_dropout(x, p, train): (x * mask / (1 - p), mask), mask kept
+    with probability 1 - p from _random_words; p = 0 or not training: x
+    and a mask of ones; p = 1: zeros."""
+    vals = _val(n)
+    dt = apollo_dtype(vals[0].dtype)
+    p, train = float(n.args[1]), n.args[2]
+    x = c.t(n.args[0], dt)
+    xs = c.shape(x)
+    if train is False or p <= 0:
+        return (c.op("Identity", [x]), c.expand(c.scalar(True, G.BOOL), xs))
+    if p >= 1:
+        return (c.expand(c.scalar(0.0, dt), xs), c.expand(c.scalar(False, G.BOOL), xs))
+    keep = c.op("GreaterOrEqual", [_random_words(c, n, xs), c.scalar(_threshold(p), G.INT64)])
+    y = c.op("Mul", [c.op("Mul", [x, c.cast(keep, dt)]), c.scalar(1.0 / (1.0 - p), dt)])
+    return (y, keep)
+
+
+def _uniform(c, n, shape, dt):
+    """Uniform [0, 1) of Apollo dtype dt (computed in float64 for float64,
+    else float32)."""
+    wide = G.FLOAT64 if dt == G.FLOAT64 else G.FLOAT32
+    u = c.op("Mul", [c.cast(_random_words(c, n, shape), wide), c.scalar(1.0 / _LIMB, wide)])
+    return c.cast(u, dt)
+
+
+def _bernoulli(c, n):
+    """bernoulli(x, p) (x's shape and dtype, 1 with probability p) and
+    bernoulli(probs) (1 where a uniform draw is below probs)."""
+    shape, dt = _meta(n)
+    if n.target == aten.bernoulli.p:
+        p = n.args[1] if len(n.args) > 1 else n.kwargs.get("p", 0.5)
+        hit = c.op("Less", [_random_words(c, n, shape), c.scalar(_threshold(p), G.INT64)])
+    else:
+        probs = c.t(n.args[0])
+        pd = c.g.dtype(probs)
+        hit = c.op("Less", [_uniform(c, n, shape, pd), probs])
+    return c.cast(hit, dt)
+
+
+def _rand(c, n):
+    shape, dt = _meta(n)
+    return _uniform(c, n, shape, dt)
+
+
+def _empty(c, n):
+    """empty*: any values will do; zeros."""
+    shape, dt = _meta(n)
+    return c.expand(c.scalar(0, dt), shape) if shape else c.op("Identity", [c.scalar(0, dt)])
 
 
 HANDLERS = {
@@ -1104,7 +1225,10 @@ HANDLERS = {
     aten.scalar_tensor.default: _scalar_tensor,
     aten.arange.start_step: _arange, aten.arange.default: _arange, aten.arange.start: _arange,
     aten.copy.default: _copy, aten.fill.Scalar: _fill, aten.fill.Tensor: _fill,
-    aten.native_dropout.default: _dropout,
+    aten.native_dropout.default: _dropout, aten.bernoulli.p: _bernoulli, aten.bernoulli.default: _bernoulli,
+    aten.rand.default: _rand, aten.rand_like.default: _rand,
+    aten.empty.memory_format: _empty, aten.empty_like.default: _empty, aten.empty_permuted.default: _empty,
+    aten.new_empty.default: _empty,
 }
 
 
@@ -1115,8 +1239,6 @@ def _precheck(node):
     t = node.target
     if t == aten.convolution_backward.default and node.args[7]:
         return "convolution_backward of a transposed convolution"
-    if t == aten.native_dropout.default and node.args[2] and node.args[1] > 0:
-        return "dropout with p=%g in training (random numbers)" % node.args[1]
     if t in (aten.index.Tensor, aten.index_put.default):
         for a in node.args[1]:
             v = _val(a)
@@ -1161,7 +1283,9 @@ class Converted:
     """The result of converting one FX graph.
 
     graph      the apollo.Graph (validated)
-    inputs     for each INPUT, in binding order: the placeholder position
+    inputs     for each INPUT, in binding order: the placeholder position,
+               or "rng" for the key of the random ops (RNG_KEY_SHAPE
+               INT64: two limbs in [0, 2^31), drawn per call)
     params     {PARAM name: placeholder position} (weights bound by name)
     consts     {PARAM name: (bytes, Apollo dtype, shape)} (constants kept by
                the converter, bound by the runner)
@@ -1274,6 +1398,8 @@ def convert(gm, params=None, name="fx"):
                 res.out_meta.append((shape, v.dtype))
         elif node.op in ("get_attr", "call_module", "call_method"):
             raise Unsupported(node, "%s nodes are not converted" % node.op)
+    if c.rng_key is not None:
+        res.inputs.append("rng")     # the last INPUT: the generator's key, drawn at each call
     c.g.validate()
     res.graph = c.g
     res.consts = c.consts

@@ -315,7 +315,7 @@ class _Compiled:
         keep = []
         rt = self.rt
         for buf, pos, dt in self.in_binds:
-            t = _ready(args[pos], dt)
+            t = _ready(_rng_key(self.device) if pos == "rng" else args[pos], dt)
             keep.append(t)
             rt.bind(buf, t.data_ptr(), t.numel() * t.element_size())
         outs = []
@@ -334,6 +334,14 @@ class _Compiled:
             else:
                 res.append(None)
         return res
+
+
+def _rng_key(device):
+    """A key for the graph's random ops (fx._random_words): two 31-bit
+    limbs from PyTorch's default generator, the low one odd."""
+    k = torch.randint(0, 1 << 31, afx.RNG_KEY_SHAPE, dtype=torch.int64)
+    k[1] |= 1
+    return k.to(device)
 
 
 def _device_of(gm, example_inputs):
