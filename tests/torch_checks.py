@@ -290,6 +290,17 @@ def _index_ops():
     run_op("index_put after a whole dim (y[:, i] = v)", assign, [x, _rand(4, 2, 6, g=g), torch.tensor([4, 1])])
 
 
+@op("tensor_constant")
+def _tensor_constant():
+    """Tensors a function makes with torch.tensor: AOTAutograd lifts them
+    onto the graph module (get_attr nodes), the converter copies their
+    bytes into the graph."""
+    g = torch.Generator().manual_seed(9)
+    run_op("torch.tensor constants (float64, bool) in the graph",
+           lambda x: x * torch.tensor([1.5, -2.0, 3.25], dtype=torch.float64)
+           + torch.tensor([[True, False, True]]), [_rand(2, 3, g=g)])
+
+
 def _agree(a, b):
     return (a == b).double().mean().item()
 

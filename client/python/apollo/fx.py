@@ -20,6 +20,7 @@ symbolic (dynamic) shape, an argument form the rewrite does not cover.
 The backend splits the graph there.  `convert()` raises Unsupported with
 the node's name and the reason for anything it still cannot do.
 """
+import ctypes
 import math
 import operator
 import struct
@@ -145,6 +146,12 @@ class _Ctx:
             data = _bfloat16_bytes(values)
         else:
             data = struct.pack("<%d%s" % (len(values), fmt), *values)
+        return self.const_bytes(data, dtype, shape)
+
+    def const_bytes(self, data, dtype, shape):
+        """A constant of `shape` whose row-major little-endian bytes are
+        `data`: CONST when small, else a PARAM whose bytes the converter
+        keeps."""
         self.n_const += 1
         name = "const%d" % self.n_const
         if len(data) <= G.CONST_MAX_BYTES:
@@ -1279,6 +1286,29 @@ def unsupported(node):
 
 # ---- a whole graph ------------------------------------------------------------------
 
+def _attr_constant(c, gm, node):
+    """A get_attr node (a tensor constant AOTAutograd lifted onto the
+    module, e.g. a mask a model builds with torch.tensor) as a constant
+    of the Apollo graph, its bytes copied from the real tensor."""
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    t = gm
+    for part in node.target.split("."):
+        t = getattr(t, part, None)
+    if not isinstance(t, torch.Tensor) or isinstance(t, FakeTensor):
+        raise Unsupported(node, "a module attribute that is not a tensor with data")
+    dt = apollo_dtype(t.dtype)
+    if dt is None:
+        raise Unsupported(node, "dtype %s is not carried by Apollo graphs" % str(t.dtype).replace("torch.", ""))
+    with unset_fake_temporarily():
+        h = t.detach().to("cpu").contiguous()
+        if h.dtype in (torch.bfloat16, torch.float16):
+            h = h.view(torch.int16)
+        elif h.dtype == torch.bool:
+            h = h.to(torch.uint8)
+        data = ctypes.string_at(h.data_ptr(), h.numel() * h.element_size()) if h.numel() else b""
+    return c.const_bytes(data, dt, tuple(int(d) for d in t.shape))
+
+
 class Converted:
     """The result of converting one FX graph.
 
@@ -1396,7 +1426,9 @@ def convert(gm, params=None, name="fx"):
                 made[t] = len(res.out_meta)
                 res.outputs.append(("out", made[t]))
                 res.out_meta.append((shape, v.dtype))
-        elif node.op in ("get_attr", "call_module", "call_method"):
+        elif node.op == "get_attr":
+            c.env[node] = _attr_constant(c, gm, node)
+        elif node.op in ("call_module", "call_method"):
             raise Unsupported(node, "%s nodes are not converted" % node.op)
     if c.rng_key is not None:
         res.inputs.append("rng")     # the last INPUT: the generator's key, drawn at each call
