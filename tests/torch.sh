@@ -30,6 +30,8 @@
 #     and rand_like from the graph's counter-based generator: kept share,
 #     correlations, another mask per call and per op, reproducible by
 #     torch.manual_seed, the backward's mask the forward's);
+#   * bench/torch_sweep.py resnet_tiny bert_tiny: 2 AdamW steps in float64,
+#     no graph break, nothing eager, within 1e-9 of eager;
 #   * the model with an op Apollo lacks (torch.atan2): the graph splits and
 #     the break is reported; strict mode turns it into an error;
 #   * no daemon: a warning and eager PyTorch; strict mode: an error.
@@ -156,6 +158,26 @@ for c in config shapes ops; do
 		grep -v '^torch_checks: ok' "$AP_TMP/$c.log" | tail -20; echo "torch: FAILED: $c"; fail=1
 	fi
 done
+
+# real models (issue 24): the trimmed bench/torch_sweep.py -- torchvision's
+# ResNet with one BasicBlock per stage (4 images of 3x64x64) and a
+# one-layer BERT masked LM (width 32, labels with -100), 2 AdamW steps in
+# float64, dropout probabilities 0 so that eager is the reference: no graph
+# break (Dynamo's or the backend's), nothing eager, loss and parameters
+# within 1e-9 relative.
+echo "== resnet_tiny, bert_tiny (bench/torch_sweep.py), float64"
+j=$AP_TMP/sweep.jsonl
+if "$PY" bench/torch_sweep.py resnet_tiny bert_tiny --steps 2 --dtype float64 --no-dropout --rtol 1e-9 \
+	--json "$j" >"$AP_TMP/sweep.log" 2>&1 &&
+   "$PY" -c "
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+sys.exit(0 if len(rows) == 2 and all(not r['graph_breaks'] and not r['dynamo_breaks'] and r['eager_graphs'] == 0
+                                     and r['eager_parts'] == 0 and r['graphs'] >= 2 for r in rows) else 1)" "$j"; then
+	grep -v '^ ' "$AP_TMP/sweep.log" | sed 's/^/torch: /'
+else
+	cat "$AP_TMP/sweep.log"; echo "torch: FAILED: the trimmed sweep"; fail=1
+fi
 
 echo "== graph break"
 if "$PY" tests/torch_train.py break --json "$AP_TMP/break.json" >"$AP_TMP/break.log" 2>&1; then
