@@ -5,6 +5,7 @@ they agree.
 
     torch_train.py MODEL [--steps 20] [--json OUT] [--strict]
                    [--dtype float16|bfloat16|float64 --rtol R --atol A --prtol P]
+                   [--autocast bfloat16|float16]
 
 MODEL: gpt (2 layers, 250k parameters, no biases in the linear layers),
 sdpa (the gpt with F.scaled_dot_product_attention(is_causal=True) in
@@ -19,7 +20,9 @@ relative, every parameter (and BatchNorm's running statistics) within
 1e-4 at the end (--rtol, --atol; --prtol P also bounds each parameter's
 largest difference relative to its largest value; --dtype bfloat16 trains
 both copies in bfloat16, where one rounding step is 4e-3 relative;
---dtype float64 leaves only rounding noise, 1e-12 and below).  Prints one line
+--dtype float64 leaves only rounding noise, 1e-12 and below; --autocast
+keeps float32 weights and runs both forwards under torch.autocast("cpu",
+dtype), float16 with a torch.amp.GradScaler each).  Prints one line
 per step, then "startup: S s" (from the first compiled call to the end of
 the first step: tracing, submits, loading kernels) and the backend's
 counters (graphs, cache hits); --json writes them for the caller.
@@ -30,6 +33,7 @@ scales any gradient to a step of about lr, so noise there is amplified into
 differences no compiler can avoid.
 """
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -153,6 +157,8 @@ def main():
     ap.add_argument("--rtol", type=float, default=1e-4, help="loss, relative, at every step")
     ap.add_argument("--atol", type=float, default=1e-4, help="parameters, at the end")
     ap.add_argument("--prtol", type=float, help="parameters, at the end, relative to each one's largest value")
+    ap.add_argument("--autocast", choices=["bfloat16", "float16"],
+                    help="float32 weights, the forward under torch.autocast('cpu', dtype); float16 with a GradScaler")
     a = ap.parse_args()
     torch.manual_seed(0)
     if a.model in ("gpt", "sdpa"):
@@ -170,21 +176,29 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3)
     data = batches(a.model, a.steps, torch.Generator().manual_seed(1), dtype)
+    amp = (lambda: torch.autocast("cpu", dtype=getattr(torch, a.autocast))) if a.autocast else contextlib.nullcontext
+    scaled = a.autocast == "float16"
+    scaler = torch.amp.GradScaler("cpu", enabled=scaled)
+    scaler_ref = torch.amp.GradScaler("cpu", enabled=scaled)
     print("%s: %d parameters (%s), %d steps of AdamW" % (a.model, n_params, a.dtype, a.steps))
     worst = 0.0
     startup = None
     ok = True
     for step, batch in enumerate(data):
         t0 = time.perf_counter()
-        loss = compiled(*batch)
-        loss.backward()
-        opt.step()
+        with amp():
+            loss = compiled(*batch)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad()
         if startup is None:
             startup = time.perf_counter() - t0
-        loss_ref = ref(*batch)
-        loss_ref.backward()
-        opt_ref.step()
+        with amp():
+            loss_ref = ref(*batch)
+        scaler_ref.scale(loss_ref).backward()
+        scaler_ref.step(opt_ref)
+        scaler_ref.update()
         opt_ref.zero_grad()
         rel = abs(loss.item() - loss_ref.item()) / max(abs(loss_ref.item()), 1e-30)
         worst = max(worst, rel)

@@ -15,13 +15,13 @@ backend, `torch.compile(model, backend="apollo")`, is apollo.torch_backend
 (imported only when torch is asked for).
 """
 from .client import Bundle, Client
-from .errors import ApolloError, DaemonUnavailable
+from .errors import ApolloError, ConfigError, DaemonUnavailable
 from .graph import (BFLOAT16, BOOL, CONST, CONST_MAX_BYTES, DTYPE_NAMES, FLOAT16, FLOAT32, FLOAT64,
                     INPUT, INT8, INT32, INT64, PARAM, UINT8, VALUE, Graph, dtype_size, dtype_supported)
 from .runtime import Runtime, cuda_available
 
 __version__ = "0.1.0"
-__all__ = ["Bundle", "Client", "ApolloError", "DaemonUnavailable", "Graph", "Runtime",
+__all__ = ["Bundle", "Client", "ApolloError", "ConfigError", "DaemonUnavailable", "Graph", "Runtime",
            "cuda_available", "dtype_supported", "dtype_size", "FLOAT32", "FLOAT16", "BFLOAT16",
            "FLOAT64", "INT8", "UINT8", "INT32", "INT64", "BOOL", "VALUE", "INPUT", "PARAM", "CONST",
            "CONST_MAX_BYTES", "DTYPE_NAMES"]

@@ -23,11 +23,24 @@ class ApolloError(Exception):
             where += " (node %s)" % node
         if tensor:
             where += " (tensor %s)" % tensor
-        super().__init__("%s: %s%s" % (self.name, message, where))
+        # Exception's own __init__, not super(): the torch backend mixes a
+        # class of Dynamo's into ConfigError (see torch_backend.py)
+        Exception.__init__(self, "%s: %s%s" % (self.name, message, where))
 
 
 class DaemonUnavailable(ApolloError):
     """No apollod answered at the address (code EIO)."""
+
+
+class ConfigError(ApolloError):
+    """A configuration the caller gave is wrong (code EINVAL): an unknown
+    option, target or fusion level, an option value of the wrong kind;
+    name "invalid configuration"."""
+
+    def __init__(self, code, message, node="", tensor=""):
+        ApolloError.__init__(self, code, message, node, tensor)
+        self.name = "invalid configuration"
+        Exception.__init__(self, "%s: %s" % (self.name, message))
 
 
 def new_error():

@@ -20,6 +20,7 @@ symbolic (dynamic) shape, an argument form the rewrite does not cover.
 The backend splits the graph there.  `convert()` raises Unsupported with
 the node's name and the reason for anything it still cannot do.
 """
+import ctypes
 import math
 import operator
 import struct
@@ -109,6 +110,8 @@ class _Ctx:
         self.env = {}
         self.consts = {}          # PARAM name -> torch tensor (constants too large for CONST)
         self.n_const = 0
+        self.rng_key = None       # the INPUT holding this call's generator key (_random_words)
+        self.rng_used = 0         # counters taken so far by this graph's random ops
 
     # values
     def t(self, a, dtype=None):
@@ -143,6 +146,12 @@ class _Ctx:
             data = _bfloat16_bytes(values)
         else:
             data = struct.pack("<%d%s" % (len(values), fmt), *values)
+        return self.const_bytes(data, dtype, shape)
+
+    def const_bytes(self, data, dtype, shape):
+        """A constant of `shape` whose row-major little-endian bytes are
+        `data`: CONST when small, else a PARAM whose bytes the converter
+        keeps."""
         self.n_const += 1
         name = "const%d" % self.n_const
         if len(data) <= G.CONST_MAX_BYTES:
@@ -507,8 +516,12 @@ def _convolution_backward(c, n):
     grad_weight[m, ch, k] = sum over n, o of grad_out[n, m, o] * x[n, ch,
     o*s - p + k*d]: a Conv of x with channels and batch swapped and grad_out
     as the weight, strides and dilations exchanged, cut to the kernel
-    size; grad_bias = ReduceSum of grad_out over all but the channels."""
+    size; grad_bias = ReduceSum of grad_out over all but the channels.
+    Grouped (depthwise included): ConvTranspose of as many groups, and x
+    as [C/groups, groups * N] so that the Conv's groups pair each group's
+    input channels with its output channels."""
     gout, x, w, bias_sizes = n.args[:4]
+    groups = int(n.args[9])
     mask = n.args[10]
     vals = _val(n)
     dt = apollo_dtype(_val(x).dtype)
@@ -521,10 +534,19 @@ def _convolution_backward(c, n):
         opad = [xs[2 + i] - ((gs[2 + i] - 1) * stride[i] + (ws[2 + i] - 1) * dilation[i] + 1 - 2 * padding[i])
                 for i in range(k)]
         res[0] = c.op("ConvTranspose", [go, wt], {"strides": stride, "pads": padding + padding,
-                                                  "dilations": dilation, "group": 1, "output_padding": opad})
+                                                  "dilations": dilation, "group": groups,
+                                                  "output_padding": opad})
     if mask[1]:
         perm = [1, 0] + list(range(2, 2 + k))
-        xsw = c.op("Transpose", [xt], {"perm": perm})
+        if groups == 1:
+            xsw = c.op("Transpose", [xt], {"perm": perm})
+        else:
+            # x[n, g*Cg + c'] as [c', (g, n)]: a Conv of `groups` groups
+            # then pairs group g's input channels with its grad_out channels
+            cg = xs[1] // groups
+            xr = c.reshape(xt, (xs[0], groups, cg) + tuple(xs[2:]))
+            xr = c.op("Transpose", [xr], {"perm": [2, 1, 0] + list(range(3, 3 + k))})
+            xsw = c.reshape(xr, (cg, groups * xs[0]) + tuple(xs[2:]))
         gsw = c.op("Transpose", [go], {"perm": perm})
         ends = []
         for i in range(k):
@@ -532,7 +554,7 @@ def _convolution_backward(c, n):
             full = span // dilation[i] + 1
             ends.append(padding[i] - (full - ws[2 + i]) * dilation[i] if full > ws[2 + i] else padding[i])
         gw = c.op("Conv", [xsw, gsw], {"strides": dilation, "pads": padding + ends, "dilations": stride,
-                                       "group": 1})
+                                       "group": groups})
         kshape = c.shape(gw)
         if tuple(kshape[2:]) != tuple(ws[2:]):
             gw = c.op("Slice", [gw], {"starts": [0] * (k + 2), "steps": [1] * (k + 2)},
@@ -563,23 +585,85 @@ def _avg_pool(c, n):
                                      "count_include_pad": int(bool(incl))})
 
 
+def _pool_attrs(n, k, first=1):
+    """kernel, stride, padding, dilation, ceil_mode of a max_pool*
+    (args first..first+4), k values each."""
+    def spread(v, default):
+        v = list(v) if v else default
+        return v * k if len(v) == 1 else v
+    args = list(n.args) + [None] * 6
+    ks = spread(args[first], None)
+    st = spread(args[first + 1], ks)
+    pad = spread(args[first + 2], [0])
+    dil = spread(args[first + 3], [1])
+    return ks, st, pad, dil, bool(args[first + 4])
+
+
+def _indices_used(n):
+    return any(u.target == operator.getitem and u.args[1] == 1 and u.users for u in n.users)
+
+
 def _max_pool(c, n):
+    """max_pool2d_with_indices: the values by MaxPool; the indices (when
+    used: by the backward) as PyTorch numbers them, each window's first
+    largest element as an offset into its (n, c) plane of the input:
+    the input padded with -inf, one strided Slice per kernel offset,
+    stacked on a new axis, ArgMax over it (the first of equal values, as
+    ATen's CPU kernel takes), and the chosen offset's position in the
+    plane added to the window's origin."""
     vals = _val(n)
     dt = apollo_dtype(vals[0].dtype)
     x = c.t(n.args[0], dt)
-    k = len(c.shape(x)) - 2
-    ks = list(n.args[1])
-    ks = ks * k if len(ks) == 1 else ks
-    st = list(n.args[2]) if len(n.args) > 2 and n.args[2] else ks
-    st = st * k if len(st) == 1 else st
-    pad = list(n.args[3]) if len(n.args) > 3 else [0]
-    pad = pad * k if len(pad) == 1 else pad
-    dil = list(n.args[4]) if len(n.args) > 4 else [1]
-    dil = dil * k if len(dil) == 1 else dil
-    ceil = n.args[5] if len(n.args) > 5 else False
+    xs = c.shape(x)
+    k = len(xs) - 2
+    ks, st, pad, dil, ceil = _pool_attrs(n, k)
     y = c.op("MaxPool", [x], {"kernel_shape": ks, "strides": st, "pads": pad + pad, "dilations": dil,
-                              "ceil_mode": int(bool(ceil))})
-    return (y, None)
+                              "ceil_mode": int(ceil)})
+    if not _indices_used(n):
+        return (y, None)
+    lead = len(xs) - k
+    os_ = [int(d) for d in vals[0].shape[lead:]]
+    ends = [max(0, (os_[i] - 1) * st[i] + (ks[i] - 1) * dil[i] + 1 - pad[i] - xs[lead + i]) for i in range(k)]
+    xp = c.op("Pad", [x], {"pads": [0] * lead + pad + [0] * lead + ends, "mode": "constant",
+                           "value": -math.inf})
+    plane = [int(d) for d in xs[lead:]]
+    strides = [int(math.prod(plane[i + 1:])) for i in range(k)]
+    taps, offsets = [], []
+    for kk in range(int(math.prod(ks))):
+        pos, rest = [], kk
+        for i in reversed(range(k)):
+            pos.insert(0, rest % ks[i])
+            rest //= ks[i]
+        part = c.op("Slice", [xp], {"starts": [0] * lead + [pos[i] * dil[i] for i in range(k)],
+                                    "steps": [1] * lead + st}, shape=tuple(xs[:lead]) + tuple(os_))
+        taps.append(c.reshape(part, tuple(xs[:lead]) + (1,) + tuple(os_)))
+        offsets.append(sum(pos[i] * dil[i] * strides[i] for i in range(k)))
+    stack = c.op("Concat", taps, {"axis": lead}) if len(taps) > 1 else taps[0]
+    arg = c.op("ArgMax", [stack], {"axis": lead, "keepdims": 0, "select_last_index": 0})
+    idx = c.op("Gather", [c.const_values(offsets, G.INT64, (len(offsets),)), arg], {"axis": 0})
+    for i in range(k):
+        origin = [(o * st[i] - pad[i]) * strides[i] for o in range(os_[i])]
+        shape = tuple(os_[i] if j == i else 1 for j in range(k))
+        idx = c.op("Add", [idx, c.const_values(origin, G.INT64, shape)])
+    return (y, c.cast(idx, apollo_dtype(vals[1].dtype)))
+
+
+def _max_pool_backward(c, n):
+    """max_pool2d_with_indices_backward(grad_out, x, ..., indices): each
+    gradient added at the input element its window took (ScatterElements
+    with reduction add over the flattened planes)."""
+    shape, dt = _meta(n)
+    go = c.t(n.args[0], dt)
+    idx = c.cast(c.t(n.args[7]), G.INT64)
+    gs = c.shape(go)
+    k = len(shape) - 2
+    lead = len(shape) - k
+    flat_out = tuple(gs[:lead]) + (int(math.prod(gs[lead:])),)
+    flat_in = tuple(shape[:lead]) + (int(math.prod(shape[lead:])),)
+    zero = c.expand(c.scalar(0.0, dt), flat_in)
+    y = c.op("ScatterElements", [zero, c.reshape(idx, flat_out), c.reshape(go, flat_out)],
+             {"axis": lead, "reduction": "add"})
+    return c.reshape(y, shape)
 
 
 def _view(c, n):
@@ -686,17 +770,63 @@ def _index_select(c, n):
     return c.op("Gather", [x, c.t(n.args[2])], {"axis": dim})
 
 
+def _wrapped(c, it, size):
+    """Index tensor `it` as INT64 with negative indices wrapped (+ size)."""
+    it = c.cast(it, G.INT64)
+    neg = c.op("Less", [it, c.scalar(0, G.INT64)])
+    return c.op("Where", [neg, c.op("Add", [it, c.scalar(int(size), G.INT64)]), it])
+
+
+def _advanced(c, n, x):
+    """Advanced indexing's layout: the index tensors of n.args[1] (None:
+    a whole dim), x transposed so that the indexed dims are adjacent (to
+    the front when they are not adjacent already, as ATen puts their
+    result dims), and the row-major linear index over the indexed dims,
+    broadcast to the index tensors' common shape.  Returns (x, perm or
+    None, first indexed dim, indexed dims' sizes, linear index,
+    broadcast shape)."""
+    idxs = list(n.args[1])
+    pos = [i for i, a in enumerate(idxs) if a is not None]
+    its = [c.t(idxs[i]) for i in pos]
+    if any(c.g.dtype(t) == G.BOOL for t in its):
+        raise Unsupported(n, "indexing with a boolean mask (a data-dependent shape)")
+    xs = list(c.shape(x))
+    perm = None
+    if pos != list(range(pos[0], pos[0] + len(pos))):
+        perm = pos + [d for d in range(len(xs)) if d not in pos]
+        x = c.op("Transpose", [x], {"perm": perm})
+        xs = [xs[p] for p in perm]
+        pos = list(range(len(pos)))
+    sizes = [xs[p] for p in pos]
+    bshape = tuple(torch.broadcast_shapes(*[tuple(c.shape(t)) for t in its]))
+    lin, stride = None, 1
+    for j in reversed(range(len(pos))):
+        term = _wrapped(c, its[j], sizes[j])
+        if stride != 1:
+            term = c.op("Mul", [term, c.scalar(stride, G.INT64)])
+        lin = term if lin is None else c.op("Add", [lin, term])
+        stride *= sizes[j]
+    return x, perm, pos[0], sizes, c.expand(lin, bshape), bshape
+
+
 def _index(c, n):
-    """x[..., idx, ...] with one index tensor (the others None): a Gather."""
+    """x[..., idx, ...]: one index tensor is a Gather on its dim; several
+    (broadcast together) a Gather of their row-major linear index over
+    the indexed dims made one."""
+    shape, dt = _meta(n)
     x = c.t(n.args[0])
     idxs = n.args[1]
     pos = [i for i, a in enumerate(idxs) if a is not None]
-    if len(pos) != 1:
-        raise Unsupported(n, "indexing with %d index tensors (one supported)" % len(pos))
-    it = c.t(idxs[pos[0]])
-    if c.g.dtype(it) == G.BOOL:
-        raise Unsupported(n, "indexing with a boolean mask (a data-dependent shape)")
-    return c.op("Gather", [x, it], {"axis": pos[0]})
+    if len(pos) == 1:
+        it = c.t(idxs[pos[0]])
+        if c.g.dtype(it) == G.BOOL:
+            raise Unsupported(n, "indexing with a boolean mask (a data-dependent shape)")
+        return c.op("Gather", [x, it], {"axis": pos[0]})
+    x, _, p0, sizes, lin, _ = _advanced(c, n, x)
+    xs = c.shape(x)
+    k = len(sizes)
+    flat = c.reshape(x, tuple(xs[:p0]) + (int(math.prod(sizes)),) + tuple(xs[p0 + k:]))
+    return c.reshape(c.op("Gather", [flat, lin], {"axis": p0}), shape)
 
 
 def _gather(c, n):
@@ -726,22 +856,91 @@ def _scatter(reduction):
 
 
 def _index_put(c, n):
-    """x[idx] = values (accumulate: +=) with one index tensor on dim 0."""
+    """x[indices] = values (accumulate: +=).  One index tensor on dim 0: a
+    ScatterND; any other: ScatterElements over the indexed dims made one
+    (the linear index as for _index), values broadcast to x[indices]'s
+    shape, x transposed back when the indexed dims were brought together."""
     shape, dt = _meta(n)
     x = c.t(n.args[0], dt)
     idxs = n.args[1]
     acc = n.args[3] if len(n.args) > 3 else n.kwargs.get("accumulate", False)
-    if len(idxs) != 1 or idxs[0] is None:
-        raise Unsupported(n, "index_put with %d index tensors (one, on the first dim, supported)" % len(idxs))
-    it = c.t(idxs[0])
-    if c.g.dtype(it) == G.BOOL:
-        raise Unsupported(n, "index_put with a boolean mask")
-    ishape = tuple(c.shape(it))
-    xs = c.shape(x)
-    it = c.reshape(c.cast(it, G.INT64), ishape + (1,))
-    ushape = ishape + tuple(xs[1:])
-    u = c.expand(c.t(n.args[2], dt), ushape)
-    return c.op("ScatterND", [x, it, u], {"reduction": "add" if acc else "none"})
+    red = "add" if acc else "none"
+    pos = [i for i, a in enumerate(idxs) if a is not None]
+    if pos == [0]:
+        it = c.t(idxs[0])
+        if c.g.dtype(it) == G.BOOL:
+            raise Unsupported(n, "index_put with a boolean mask")
+        ishape = tuple(c.shape(it))
+        xs = c.shape(x)
+        it = c.reshape(c.cast(it, G.INT64), ishape + (1,))
+        u = c.expand(c.t(n.args[2], dt), ishape + tuple(xs[1:]))
+        return c.op("ScatterND", [x, it, u], {"reduction": red})
+    xt, perm, p0, sizes, lin, bshape = _advanced(c, n, x)
+    xs = tuple(c.shape(xt))
+    k = len(sizes)
+    before, after = xs[:p0], xs[p0 + k:]
+    nb = int(math.prod(bshape))
+    u = c.expand(c.t(n.args[2], dt), before + bshape + after)
+    u = c.reshape(u, before + (nb,) + after)
+    lin = c.reshape(lin, (1,) * len(before) + (nb,) + (1,) * len(after))
+    lin = c.expand(lin, before + (nb,) + after)
+    flat = c.reshape(xt, before + (int(math.prod(sizes)),) + after)
+    y = c.reshape(c.op("ScatterElements", [flat, lin, u], {"axis": p0, "reduction": red}), xs)
+    if perm is not None:
+        inv = [perm.index(d) for d in range(len(perm))]
+        y = c.op("Transpose", [y], {"perm": inv})
+    return y
+
+
+def _slice_bounds(n, size, start_i, end_i, step_i):
+    args = list(n.args) + [None] * 6
+    start = args[start_i] if args[start_i] is not None else 0
+    end = args[end_i] if args[end_i] is not None else size
+    step = args[step_i] if args[step_i] is not None else 1
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    return min(max(start, 0), size), min(max(end, 0), size), step
+
+
+def _slice_scatter(c, n):
+    """slice_scatter(x, src, dim, start, end, step): x with x[start:end:step]
+    on dim replaced by src -- a Concat of x's part before, src and x's part
+    after when step is 1, else a ScatterElements of src at constant
+    indices.  select_scatter(x, src, dim, index) is the slice index:index+1
+    of src made that one index wide."""
+    shape, dt = _meta(n)
+    x = c.t(n.args[0], dt)
+    src = c.t(n.args[1], dt)
+    r = len(shape)
+    dim = (n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0)) % r
+    if n.target == aten.select_scatter.default:
+        i = n.args[3] % shape[dim]
+        start, end, step = i, i + 1, 1
+        src = c.reshape(src, tuple(shape[:dim]) + (1,) + tuple(shape[dim + 1:]))
+    else:
+        start, end, step = _slice_bounds(n, shape[dim], 3, 4, 5)
+    ss = tuple(c.shape(src))
+    cnt = ss[dim]
+    if cnt == 0:
+        return c.op("Identity", [x])
+    if step == 1:
+        parts = []
+
+        def piece(lo, hi):
+            starts = [0] * r
+            starts[dim] = lo
+            part = list(shape)
+            part[dim] = hi - lo
+            return c.op("Slice", [x], {"starts": starts, "steps": [1] * r}, shape=tuple(part))
+        if start > 0:
+            parts.append(piece(0, start))
+        parts.append(src)
+        if start + cnt < shape[dim]:
+            parts.append(piece(start + cnt, shape[dim]))
+        return c.op("Concat", parts, {"axis": dim}) if len(parts) > 1 else c.op("Identity", parts)
+    at = c.const_values([start + i * step for i in range(cnt)], G.INT64,
+                        tuple(cnt if d == dim else 1 for d in range(r)))
+    return c.op("ScatterElements", [x, c.expand(at, ss), src], {"axis": dim, "reduction": "none"})
 
 
 def _constant_pad(c, n):
@@ -832,12 +1031,131 @@ def _masked_fill(c, n):
     return c.op("Where", [c.t(n.args[1], G.BOOL), c.t(n.args[2], dt), c.t(n.args[0], dt)])
 
 
+# ---- random numbers ------------------------------------------------------------
+#
+# A counter-based generator made of the graph's own integer ops, so that
+# dropout compiles with the rest of the graph: Widynski's "Squares" (2020,
+# arXiv:2004.06278; 4 rounds of x = x*x + y or z, then the halves swapped)
+# over 62-bit words held as two 31-bit limbs in INT64, which keeps every
+# product below 2^63 (Apollo has no bitwise integer ops; a swap of 31-bit
+# limbs is the rotation).  The counter is the element's row-major index
+# (plus what the graph's earlier random ops took, so that two dropouts
+# differ); the key, two 31-bit limbs, is an INPUT the backend draws from
+# PyTorch's generator at every call (torch.manual_seed reproduces a run).
+# Out come 31 random bits per element, compared with round(p * 2^31) for a
+# Bernoulli draw.  The masks are not eager PyTorch's (another generator);
+# their statistics are checked in tests/torch_checks.py ops dropout.
+
+_LIMB = 1 << 31
+RNG_KEY_SHAPE = (2,)
+
+
+def _rng_key(c):
+    """The key INPUT (INT64 [2]: hi and lo limb), made at the first use."""
+    if c.rng_key is None:
+        c.rng_key = c.g.input("apollo_rng_key", G.INT64, RNG_KEY_SHAPE)
+    return c.rng_key
+
+
+def _random_words(c, n, shape):
+    """INT64 random integers in [0, 2^31), one per element of `shape`."""
+    shape = tuple(int(d) for d in shape)
+    numel = int(math.prod(shape))
+    if c.rng_used + numel >= _LIMB:
+        raise Unsupported(n, "more than 2^31 random numbers in one graph")
+    key = _rng_key(c)
+    ka = c.op("Gather", [key, c.scalar(0, G.INT64)], {"axis": 0})
+    kb = c.op("Gather", [key, c.scalar(1, G.INT64)], {"axis": 0})
+    B = c.scalar(_LIMB, G.INT64)
+    ctr = None
+    for d, size in enumerate(shape):
+        if size == 1:
+            continue
+        stride = int(math.prod(shape[d + 1:]))
+        part = c.const_values([i * stride for i in range(size)], G.INT64,
+                              tuple(size if j == d else 1 for j in range(len(shape))))
+        ctr = part if ctr is None else c.op("Add", [ctr, part])
+    base = c.scalar(c.rng_used, G.INT64)
+    ctr = c.op("Add", [ctr, base]) if ctr is not None else c.op("Identity", [base])
+    ctr = c.expand(ctr, shape)
+    c.rng_used += numel
+
+    def limbs_mod(hi_sum, lo_sum):
+        return (c.op("Mod", [c.op("Add", [hi_sum, c.op("Div", [lo_sum, B])]), B], {"fmod": 0}),
+                c.op("Mod", [lo_sum, B], {"fmod": 0}))
+
+    def add(x, y):
+        return limbs_mod(c.op("Add", [x[0], y[0]]), c.op("Add", [x[1], y[1]]))
+
+    def square(x):
+        a, b = x
+        two_ab = c.op("Mul", [c.op("Mul", [a, b]), c.scalar(2, G.INT64)])
+        return limbs_mod(two_ab, c.op("Mul", [b, b]))
+
+    y = limbs_mod(c.op("Mul", [ctr, ka]), c.op("Mul", [ctr, kb]))
+    z = add(y, (ka, kb))
+    x = y
+    for r in range(3):
+        x = add(square(x), y if r % 2 == 0 else z)
+        x = (x[1], x[0])
+    return add(square(x), z)[0]
+
+
+def _threshold(p):
+    """round(p * 2^31), p clamped to [0, 1]: a word below it has
+    probability p."""
+    return int(round(min(max(float(p), 0.0), 1.0) * _LIMB))
+
+
 def _dropout(c, n):
-    p, train = n.args[1], n.args[2]
-    if train and p > 0:
-        raise Unsupported(n, "dropout with p=%g in training (random numbers)" % p)
-    x = c.t(n.args[0])
-    return (c.op("Identity", [x]), c.expand(c.scalar(True, G.BOOL), c.shape(x)))
+    """native_dropout(x, p, train): (x * mask / (1 - p), mask), mask kept
+    with probability 1 - p from _random_words; p = 0 or not training: x
+    and a mask of ones; p = 1: zeros."""
+    vals = _val(n)
+    dt = apollo_dtype(vals[0].dtype)
+    p, train = float(n.args[1]), n.args[2]
+    x = c.t(n.args[0], dt)
+    xs = c.shape(x)
+    if train is False or p <= 0:
+        return (c.op("Identity", [x]), c.expand(c.scalar(True, G.BOOL), xs))
+    if p >= 1:
+        return (c.expand(c.scalar(0.0, dt), xs), c.expand(c.scalar(False, G.BOOL), xs))
+    keep = c.op("GreaterOrEqual", [_random_words(c, n, xs), c.scalar(_threshold(p), G.INT64)])
+    y = c.op("Mul", [c.op("Mul", [x, c.cast(keep, dt)]), c.scalar(1.0 / (1.0 - p), dt)])
+    return (y, keep)
+
+
+def _uniform(c, n, shape, dt):
+    """Uniform [0, 1) of Apollo dtype dt (computed in float64 for float64,
+    else float32)."""
+    wide = G.FLOAT64 if dt == G.FLOAT64 else G.FLOAT32
+    u = c.op("Mul", [c.cast(_random_words(c, n, shape), wide), c.scalar(1.0 / _LIMB, wide)])
+    return c.cast(u, dt)
+
+
+def _bernoulli(c, n):
+    """bernoulli(x, p) (x's shape and dtype, 1 with probability p) and
+    bernoulli(probs) (1 where a uniform draw is below probs)."""
+    shape, dt = _meta(n)
+    if n.target == aten.bernoulli.p:
+        p = n.args[1] if len(n.args) > 1 else n.kwargs.get("p", 0.5)
+        hit = c.op("Less", [_random_words(c, n, shape), c.scalar(_threshold(p), G.INT64)])
+    else:
+        probs = c.t(n.args[0])
+        pd = c.g.dtype(probs)
+        hit = c.op("Less", [_uniform(c, n, shape, pd), probs])
+    return c.cast(hit, dt)
+
+
+def _rand(c, n):
+    shape, dt = _meta(n)
+    return _uniform(c, n, shape, dt)
+
+
+def _empty(c, n):
+    """empty*: any values will do; zeros."""
+    shape, dt = _meta(n)
+    return c.expand(c.scalar(0, dt), shape) if shape else c.op("Identity", [c.scalar(0, dt)])
 
 
 HANDLERS = {
@@ -893,6 +1211,8 @@ HANDLERS = {
     aten.mm.default: _mm, aten.bmm.default: _mm, aten.matmul.default: _mm, aten.addmm.default: _addmm,
     aten.convolution.default: _convolution, aten.convolution_backward.default: _convolution_backward,
     aten.avg_pool2d.default: _avg_pool, aten.max_pool2d_with_indices.default: _max_pool,
+    aten.max_pool2d_with_indices_backward.default: _max_pool_backward,
+    aten.slice_scatter.default: _slice_scatter, aten.select_scatter.default: _slice_scatter,
     aten.view.default: _view, aten._unsafe_view.default: _view, aten.reshape.default: _view,
     aten.squeeze.dim: _view, aten.squeeze.dims: _view, aten.squeeze.default: _view,
     aten.unsqueeze.default: _view, aten.flatten.using_ints: _view,
@@ -912,7 +1232,10 @@ HANDLERS = {
     aten.scalar_tensor.default: _scalar_tensor,
     aten.arange.start_step: _arange, aten.arange.default: _arange, aten.arange.start: _arange,
     aten.copy.default: _copy, aten.fill.Scalar: _fill, aten.fill.Tensor: _fill,
-    aten.native_dropout.default: _dropout,
+    aten.native_dropout.default: _dropout, aten.bernoulli.p: _bernoulli, aten.bernoulli.default: _bernoulli,
+    aten.rand.default: _rand, aten.rand_like.default: _rand,
+    aten.empty.memory_format: _empty, aten.empty_like.default: _empty, aten.empty_permuted.default: _empty,
+    aten.new_empty.default: _empty,
 }
 
 
@@ -921,22 +1244,13 @@ HANDLERS = {
 def _precheck(node):
     """Argument forms a rewrite does not cover, seen before converting."""
     t = node.target
-    if t == aten.convolution_backward.default and node.args[9] != 1:
-        return "convolution_backward with groups=%s (groups=1 supported)" % node.args[9]
     if t == aten.convolution_backward.default and node.args[7]:
         return "convolution_backward of a transposed convolution"
-    if t == aten.max_pool2d_with_indices.default:
-        for u in node.users:
-            if u.target == operator.getitem and u.args[1] == 1 and u.users:
-                return "max_pool2d indices are used (by its backward)"
-    if t == aten.native_dropout.default and node.args[2] and node.args[1] > 0:
-        return "dropout with p=%g in training (random numbers)" % node.args[1]
-    if t == aten.index.Tensor:
-        idx = [a for a in node.args[1] if a is not None]
-        if len(idx) != 1:
-            return "indexing with %d index tensors (one supported)" % len(idx)
-    if t == aten.index_put.default and (len(node.args[1]) != 1 or node.args[1][0] is None):
-        return "index_put with %d index tensors (one, on the first dim, supported)" % len(node.args[1])
+    if t in (aten.index.Tensor, aten.index_put.default):
+        for a in node.args[1]:
+            v = _val(a)
+            if isinstance(v, torch.Tensor) and v.dtype in (torch.bool, torch.uint8):
+                return "indexing with a boolean mask (a data-dependent shape)"
     if t == aten.div.Tensor_mode and node.kwargs.get("rounding_mode") not in (None, "floor"):
         return "div with rounding_mode=%r" % node.kwargs.get("rounding_mode")
     if t == aten.avg_pool2d.default and len(node.args) > 6 and node.args[6] is not None:
@@ -972,16 +1286,43 @@ def unsupported(node):
 
 # ---- a whole graph ------------------------------------------------------------------
 
+def _attr_constant(c, gm, node):
+    """A get_attr node (a tensor constant AOTAutograd lifted onto the
+    module, e.g. a mask a model builds with torch.tensor) as a constant
+    of the Apollo graph, its bytes copied from the real tensor."""
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    t = gm
+    for part in node.target.split("."):
+        t = getattr(t, part, None)
+    if not isinstance(t, torch.Tensor) or isinstance(t, FakeTensor):
+        raise Unsupported(node, "a module attribute that is not a tensor with data")
+    dt = apollo_dtype(t.dtype)
+    if dt is None:
+        raise Unsupported(node, "dtype %s is not carried by Apollo graphs" % str(t.dtype).replace("torch.", ""))
+    with unset_fake_temporarily():
+        h = t.detach().to("cpu").contiguous()
+        if h.dtype in (torch.bfloat16, torch.float16):
+            h = h.view(torch.int16)
+        elif h.dtype == torch.bool:
+            h = h.to(torch.uint8)
+        data = ctypes.string_at(h.data_ptr(), h.numel() * h.element_size()) if h.numel() else b""
+    return c.const_bytes(data, dt, tuple(int(d) for d in t.shape))
+
+
 class Converted:
     """The result of converting one FX graph.
 
     graph      the apollo.Graph (validated)
-    inputs     for each INPUT, in binding order: the placeholder position
+    inputs     for each INPUT, in binding order: the placeholder position,
+               or "rng" for the key of the random ops (RNG_KEY_SHAPE
+               INT64: two limbs in [0, 2^31), drawn per call)
     params     {PARAM name: placeholder position} (weights bound by name)
     consts     {PARAM name: (bytes, Apollo dtype, shape)} (constants kept by
                the converter, bound by the runner)
     outputs    per FX output: ("out", k) the graph's output k, ("arg", i)
-               placeholder i returned as it is, ("none",) None
+               placeholder i returned as it is, ("none",) None, ("value",
+               v) the number v (a size of a graph specialized to its
+               shapes)
     out_meta   per graph output: (shape, torch dtype)
     """
 
@@ -1012,6 +1353,9 @@ def convert(gm, params=None, name="fx"):
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             v = _val(node)
+            if isinstance(v, (int, float, bool)) and not any(u.op != "output" for u in node.users):
+                pos += 1      # a size the graph was specialized to: not an input of the Apollo graph
+                continue
             if not isinstance(v, torch.Tensor):
                 raise Unsupported(node, "a placeholder that is not a tensor (%s)" % type(v).__name__)
             shape, dt = _static_shape(v), apollo_dtype(v.dtype)
@@ -1054,6 +1398,9 @@ def convert(gm, params=None, name="fx"):
                 if o is None:
                     res.outputs.append(("none",))
                     continue
+                if isinstance(o, (int, float, bool)):
+                    res.outputs.append(("value", o))      # a size, returned as it is
+                    continue
                 if not isinstance(o, torch.fx.Node):
                     raise Unsupported(node, "a graph output that is not a tensor (%r)" % (o,))
                 if o.op == "placeholder":
@@ -1079,8 +1426,12 @@ def convert(gm, params=None, name="fx"):
                 made[t] = len(res.out_meta)
                 res.outputs.append(("out", made[t]))
                 res.out_meta.append((shape, v.dtype))
-        elif node.op in ("get_attr", "call_module", "call_method"):
+        elif node.op == "get_attr":
+            c.env[node] = _attr_constant(c, gm, node)
+        elif node.op in ("call_module", "call_method"):
             raise Unsupported(node, "%s nodes are not converted" % node.op)
+    if c.rng_key is not None:
+        res.inputs.append("rng")     # the last INPUT: the generator's key, drawn at each call
     c.g.validate()
     res.graph = c.g
     res.consts = c.consts

@@ -16,6 +16,11 @@ scaled_dot_product_attention is traced through PyTorch's math kernel
 (_math_attention), so that attention and its backward are ops the
 converter takes.
 
+A graph Dynamo made with symbolic sizes (dynamic shapes: after a second
+input shape) is compiled for each concrete shape it is called with
+(_PerShape: traced again with the call's sizes, then submitted as any
+graph, one submit per shape).
+
 Ops the converter cannot take split the graph: the parts Apollo can take
 are compiled, the rest runs in eager PyTorch between them, and one line per
 op says why ("apollo: graph break at aten.atan2.default (atan2): no Apollo
@@ -36,6 +41,12 @@ default):
     threads    APOLLO_THREADS    host threads per launch (0: the runtime's)
     quiet      APOLLO_QUIET      1: no graph-break lines
 
+A wrong configuration -- an unknown option, target (by its form, or one
+the daemon does not list) or fusion level, a value of the wrong kind, in
+options or in the environment -- raises apollo.ConfigError (an
+ApolloError, code EINVAL) at the compiled model's first call, when a
+backend first sees its options; it never falls back to eager PyTorch.
+
 stats() counts, for the process: graphs submitted, answered from the cache,
 kernels, daemon compile time, graph breaks, graphs run eagerly and parts of
 split graphs run eagerly.
@@ -43,6 +54,7 @@ split graphs run eagerly.
 import contextlib
 import operator
 import os
+import re
 import sys
 import threading
 import warnings
@@ -57,42 +69,133 @@ from torch.fx.passes.operator_support import OperatorSupport
 
 from . import fx as afx
 from .client import Client
-from .errors import ApolloError, EUNSUPPORTED
+from .errors import EINVAL, EUNSUPPORTED, ApolloError, ConfigError
 from .runtime import Runtime
 
 aten = torch.ops.aten
 
+
+def _flag(v):
+    """A yes/no option: a bool, 0/1, or one of 1 true yes on / 0 false no
+    off "" (any case); anything else is a configuration error."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(v, str) and v.strip().lower() in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError("expected yes or no (true, false, 1, 0, on, off)")
+
+
+def _count(v):
+    """A count >= 0 (an int, or its decimal string)."""
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise ValueError("expected a whole number >= 0")
+    n = int(v)
+    if n < 0:
+        raise ValueError("expected a whole number >= 0")
+    return n
+
+
+def _text(v):
+    if not isinstance(v, str):
+        raise ValueError("expected a string, not %s" % type(v).__name__)
+    return v
+
+
+_TARGET_RE = re.compile(r"^(cpu|(host:)?sm_[0-9]+a?|compute_[0-9]+)$")
+
+
+def _target(v):
+    """cpu, sm_XX[a], compute_XX or host:sm_XX (the daemon's spelling);
+    which of them the daemon has is checked once it is reached."""
+    v = _text(v)
+    if not _TARGET_RE.match(v):
+        raise ValueError("unknown target (cpu, sm_XX as sm_90 or sm_90a, compute_XX, host:sm_XX)")
+    return v
+
+
+def _fusion(v):
+    v = _text(v)
+    if v not in ("", "none", "rules", "apollo"):
+        raise ValueError("unknown fusion level (none, rules, apollo)")
+    return v or None
+
+
 _OPTIONS = {  # name: (environment variable, default, parser)
-    "socket": ("APOLLO_SOCKET", None, str),
-    "token": ("APOLLO_TOKEN", None, str),
-    "target": ("APOLLO_TARGET", None, str),
-    "fusion": ("APOLLO_FUSION", None, str),
-    "namespace": ("APOLLO_NAMESPACE", "", str),
-    "strict": ("APOLLO_STRICT", False, lambda s: s not in ("", "0", "false", "no")),
-    "no_cache": ("APOLLO_NO_CACHE", False, lambda s: s not in ("", "0", "false", "no")),
-    "allow_tf32": ("APOLLO_ALLOW_TF32", False, lambda s: s not in ("", "0", "false", "no")),
-    "threads": ("APOLLO_THREADS", 0, int),
-    "quiet": ("APOLLO_QUIET", False, lambda s: s not in ("", "0", "false", "no")),
+    "socket": ("APOLLO_SOCKET", None, _text),
+    "token": ("APOLLO_TOKEN", None, _text),
+    "target": ("APOLLO_TARGET", None, _target),
+    "fusion": ("APOLLO_FUSION", None, _fusion),
+    "namespace": ("APOLLO_NAMESPACE", "", _text),
+    "strict": ("APOLLO_STRICT", False, _flag),
+    "no_cache": ("APOLLO_NO_CACHE", False, _flag),
+    "allow_tf32": ("APOLLO_ALLOW_TF32", False, _flag),
+    "threads": ("APOLLO_THREADS", 0, _count),
+    "quiet": ("APOLLO_QUIET", False, _flag),
 }
+
+try:
+    from torch._dynamo.exc import ShortenTraceback as _DynamoPassThrough
+except ImportError:       # an older torch: Dynamo wraps the error in its own
+    _DynamoPassThrough = None
+
+if _DynamoPassThrough is not None:
+    class _ConfigError(ConfigError, _DynamoPassThrough):
+        """ConfigError as the backend raises it: Dynamo wraps what a backend
+        raises into BackendCompilerFailed, except its own ShortenTraceback
+        family, which reaches the caller as it is -- so a configuration
+        error is an apollo.ConfigError (an ApolloError) at the call."""
+        first_useful_frame = None
+    _ConfigError.__module__ = "apollo.errors"
+    _ConfigError.__name__ = _ConfigError.__qualname__ = "ConfigError"
+else:
+    _ConfigError = ConfigError
+
+
+def config_error(message):
+    """The error a bad configuration raises (a ConfigError, code EINVAL)."""
+    return _ConfigError(EINVAL, message)
 
 
 class Options:
+    """The backend's options: torch.compile's options={...}, else the
+    environment, else the default (the table in the module comment).
+    Every value is checked here; a wrong one raises ConfigError, so that a
+    misspelt target or fusion level fails the call instead of running the
+    model in eager PyTorch."""
+
     def __init__(self, given=None):
         given = dict(given or {})
         unknown = set(given) - set(_OPTIONS)
         if unknown:
-            raise ApolloError(-3, "unknown apollo option(s): %s (known: %s)" %
-                              (", ".join(sorted(unknown)), ", ".join(sorted(_OPTIONS))))
+            raise config_error("unknown apollo option(s): %s (known: %s)" %
+                               (", ".join(sorted(map(str, unknown))), ", ".join(sorted(_OPTIONS))))
         for name, (env, default, parse) in _OPTIONS.items():
-            if name in given:
-                val = given[name]
+            if name in given and given[name] is not None:
+                val, where = given[name], "option %s=%r" % (name, given[name])
             elif os.environ.get(env) not in (None, ""):
-                val = parse(os.environ[env])
+                val, where = os.environ[env], "%s=%r in the environment" % (env, os.environ[env])
             else:
-                val = default
-            setattr(self, name, val)
-        if self.fusion not in (None, "", "none", "rules", "apollo"):
-            raise ApolloError(-3, "fusion %r (none, rules, apollo)" % (self.fusion,))
+                setattr(self, name, default)
+                continue
+            try:
+                setattr(self, name, parse(val))
+            except ValueError as e:
+                raise config_error("%s: %s" % (where, e)) from None
+
+    def check_target(self, client):
+        """The target, when one is set, against the targets the daemon
+        at `client` lists (host:sm_XX: sm_XX emulated on the host)."""
+        if not self.target:
+            return
+        have = client.targets
+        t = self.target[len("host:"):] if self.target.startswith("host:") else self.target
+        if t not in have:
+            raise config_error("target %r: the daemon has no such target (it has %s)"
+                               % (self.target, ", ".join(have)))
 
 
 # ---- process-wide counters ---------------------------------------------------------
@@ -105,7 +208,7 @@ def reset_stats():
     with _lock:
         _stats.clear()
         _stats.update(graphs=0, cache_hits=0, cache_misses=0, kernels=0, compile_ms=0.0,
-                      graph_breaks=[], eager_graphs=0, eager_parts=0, submit_s=0.0)
+                      graph_breaks=[], eager_graphs=0, eager_parts=0, submit_s=0.0, shapes=0)
 
 
 def stats():
@@ -114,7 +217,8 @@ def stats():
     (wall time of submits), graph_breaks (one "op (node): reason" per op
     that ran eagerly), eager_graphs (graphs run wholly in PyTorch),
     eager_parts (parts of split graphs that Apollo refused, run in
-    PyTorch)."""
+    PyTorch), shapes (graphs with symbolic sizes compiled for one more
+    concrete shape)."""
     with _lock:
         out = dict(_stats)
         out["graph_breaks"] = list(_stats["graph_breaks"])
@@ -211,7 +315,7 @@ class _Compiled:
         keep = []
         rt = self.rt
         for buf, pos, dt in self.in_binds:
-            t = _ready(args[pos], dt)
+            t = _ready(_rng_key(self.device) if pos == "rng" else args[pos], dt)
             keep.append(t)
             rt.bind(buf, t.data_ptr(), t.numel() * t.element_size())
         outs = []
@@ -225,11 +329,19 @@ class _Compiled:
         for spec in self.conv.outputs:
             if spec[0] == "out":
                 res.append(outs[spec[1]])
-            elif spec[0] == "arg":
-                res.append(args[spec[1]])
+            elif spec[0] in ("arg", "value"):
+                res.append(args[spec[1]] if spec[0] == "arg" else spec[1])
             else:
                 res.append(None)
         return res
+
+
+def _rng_key(device):
+    """A key for the graph's random ops (fx._random_words): two 31-bit
+    limbs from PyTorch's default generator, the low one odd."""
+    k = torch.randint(0, 1 << 31, afx.RNG_KEY_SHAPE, dtype=torch.int64)
+    k[1] |= 1
+    return k.to(device)
 
 
 def _device_of(gm, example_inputs):
@@ -294,9 +406,57 @@ def _eager(gm):
     return make_boxed_func(gm.forward)
 
 
+def _symbolic(gm, example_inputs):
+    """Whether Dynamo made `gm` with symbolic sizes (dynamic shapes): a
+    SymInt among the inputs, or a value whose shape is not static."""
+    if any(isinstance(x, torch.SymInt) for x in example_inputs):
+        return True
+    for n in gm.graph.nodes:
+        for v in afx._vals(n):
+            if afx._static_shape(v) is None:
+                return True
+    return False
+
+
+class _PerShape:
+    """A graph with symbolic sizes, compiled for each concrete shape it is
+    called with: the graph is traced again (make_fx, fake tensors of the
+    call's shapes, its size arguments as the call's numbers), which leaves
+    a graph of static shapes, and that is compiled as any other (one submit
+    per graph, answered from the daemon's cache when it has it).  Kept per
+    (shapes, dtypes, devices, sizes) of the arguments.  A boxed function,
+    as AOTAutograd calls its compilers' results (one list of arguments);
+    unboxed arguments are taken too."""
+
+    def __init__(self, gm, opts, kind, params):
+        self._boxed_call = True   # on the instance: wrappers copy its __dict__
+        self.gm = gm
+        self.opts = opts
+        self.kind = kind
+        self.params = params
+        self.by_shape = {}
+
+    def __call__(self, *args):
+        args = list(args[0]) if len(args) == 1 and isinstance(args[0], list) else list(args)
+        key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else
+                    (type(a).__name__, a) for a in args)
+        fn = self.by_shape.get(key)
+        if fn is None:
+            from torch.fx.experimental.proxy_tensor import make_fx
+            concrete = make_fx(self.gm, tracing_mode="fake")(*args)
+            example = [n.meta.get("val") for n in concrete.graph.nodes if n.op == "placeholder"]
+            with _lock:
+                _stats["shapes"] += 1
+            fn = _compile_graph(concrete, example, self.opts, self.kind, self.params)
+            self.by_shape[key] = fn
+        return fn(args)
+
+
 def _compile_graph(gm, example_inputs, opts, kind, params):
     """AOTAutograd's forward / backward compiler."""
     from functorch.compile import make_boxed_func
+    if _symbolic(gm, example_inputs):
+        return _PerShape(gm, opts, kind, params)
     device = _device_of(gm, example_inputs)
     breaks = []
     for n in gm.graph.nodes:
@@ -409,7 +569,9 @@ def apollo_backend(gm, example_inputs, options=None, **_ignored):
     """The "apollo" backend of torch.compile (see the module comment)."""
     opts = Options(options)
     try:
-        _client(opts)
+        opts.check_target(_client(opts))
+    except ConfigError:
+        raise
     except ApolloError as e:
         if opts.strict:
             raise

@@ -1,0 +1,393 @@
+#!/usr/bin/env python3
+"""torch_checks.py -- checks of the torch.compile backend one at a time,
+against eager PyTorch, in float64 (issue 24).
+
+    torch_checks.py config|shapes|ops [OP...]
+
+config: configuration errors -- an unknown target ("sm90", and "sm_999",
+which the daemon does not list), fusion level, option, an option value of
+the wrong kind (strict="maybe", threads=-1) and a bad value in the
+environment (APOLLO_FUSION) -- raise apollo.ConfigError (an ApolloError,
+code EINVAL) at the compiled model's first call, before anything runs in
+eager PyTorch; a good configuration runs.
+
+shapes: a one-layer GPT with F.scaled_dot_product_attention trained with
+AdamW while the batch size and the sequence length change between steps:
+Dynamo makes the graph dynamic (symbolic sizes) at the second shape, and
+the backend compiles it for each concrete shape it meets -- two submits
+(forward, backward) per new shape, none for a shape seen before, nothing
+run eagerly, no graph break, the loss within 1e-9 of eager float64 at
+every step.
+
+ops: each op the converter took for issue 24 (the list: python3
+torch_checks.py ops --list) in a small function compiled with
+torch.compile(backend="apollo"), forward and (where it has one) backward,
+against eager float64: every output and every input gradient within 1e-9
+relative to its largest value; no graph break, nothing eager.
+
+Prints one line per check; exits 1 on the first failure.
+"""
+import copy
+import math
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import apollo
+import apollo.torch_backend as backend
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def check(cond, what):
+    print("torch_checks: %s: %s" % ("ok" if cond else "FAILED", what), flush=True)
+    if not cond:
+        sys.exit(1)
+
+
+# ---- config --------------------------------------------------------------------------
+
+def config():
+    """Bad configurations raise ConfigError at the first call."""
+    m = nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    bad = [({"target": "sm90"}, "unknown target"), ({"target": "sm_999"}, "no such target"),
+           ({"fusion": "max"}, "unknown fusion level"), ({"strict": "maybe"}, "expected yes or no"),
+           ({"threads": -1}, "whole number"), ({"tagret": "cpu"}, "unknown apollo option"),
+           ({}, "APOLLO_FUSION")]
+    for opts, words in bad:
+        torch._dynamo.reset()
+        backend.reset_stats()
+        if not opts:
+            os.environ["APOLLO_FUSION"] = "fastest"
+        try:
+            torch.compile(m, backend="apollo", options=opts)(x)
+            check(False, "%s raises" % (opts or "APOLLO_FUSION=fastest"))
+        except apollo.ConfigError as e:
+            st = backend.stats()
+            check(isinstance(e, apollo.ApolloError) and e.code == apollo.errors.EINVAL and words in e.message
+                  and st["eager_graphs"] == 0 and st["graphs"] == 0,
+                  "%s: ConfigError at the first call, nothing run: %s"
+                  % (opts or "APOLLO_FUSION=fastest", e.message.splitlines()[0][:110]))
+        finally:
+            os.environ.pop("APOLLO_FUSION", None)
+    torch._dynamo.reset()
+    backend.reset_stats()
+    y = torch.compile(m, backend="apollo", options={"target": "cpu", "fusion": "rules", "strict": "yes"})(x)
+    check(torch.allclose(y, m(x), rtol=1e-5, atol=1e-6) and backend.stats()["graphs"] == 1,
+          "target cpu, fusion rules, strict 'yes': compiled and run")
+
+
+# ---- shapes -------------------------------------------------------------------------
+
+def shapes():
+    """Batch size and sequence length change between AdamW steps."""
+    import torch_train
+    torch.manual_seed(0)
+    model = torch_train.GPT(layers=1, sdpa=True).double()
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="apollo")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    torch._dynamo.reset()
+    backend.reset_stats()
+    g = torch.Generator().manual_seed(1)
+    seen = set()
+    for b, t in [(4, 32), (2, 16), (3, 8), (2, 16), (3, 8), (5, 24)]:
+        idx = torch.randint(0, 128, (b, t), generator=g)
+        tgt = torch.roll(idx, -1, dims=1)
+        before = backend.stats()["graphs"]
+        loss = compiled(idx, tgt)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        loss_ref = ref(idx, tgt)
+        loss_ref.backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+        st = backend.stats()
+        subs = st["graphs"] - before
+        rel = abs(loss.item() - loss_ref.item()) / abs(loss_ref.item())
+        want = 0 if (b, t) in seen else 2
+        seen.add((b, t))
+        check(subs == want and rel <= 1e-9 and st["eager_graphs"] == 0 and st["eager_parts"] == 0
+              and not st["graph_breaks"],
+              "batch %d, length %2d: %d submits (%s shape), loss %.1e relative of eager, nothing eager"
+              % (b, t, subs, "a new" if want else "a known", rel))
+    st = backend.stats()
+    check(st["shapes"] == 2 * (len(seen) - 1),
+          "%d shapes: the first static, %d compiled from the graphs with symbolic sizes"
+          % (len(seen), st["shapes"] // 2))
+
+
+# ---- ops ---------------------------------------------------------------------------------
+
+def _rand(*shape, g, lo=-1.0, hi=1.0):
+    return torch.rand(tuple(shape), generator=g, dtype=torch.float64) * (hi - lo) + lo
+
+
+OPS = {}
+
+
+def op(name):
+    def deco(f):
+        OPS[name] = f
+        return f
+    return deco
+
+
+def run_op(name, fn, args, grads=True):
+    """fn(*args) compiled and eager (float64): outputs and the gradients of
+    every floating input within 1e-9 relative to each one's largest value;
+    no graph break, nothing eager."""
+    torch._dynamo.reset()
+    backend.reset_stats()
+    ea = [a.clone().requires_grad_(grads and a.is_floating_point()) if isinstance(a, torch.Tensor) else a
+          for a in args]
+    ca = [a.clone().requires_grad_(grads and a.is_floating_point()) if isinstance(a, torch.Tensor) else a
+          for a in args]
+    want = fn(*ea)
+    got = torch.compile(fn, backend="apollo", options={"strict": True})(*ca)
+    want = want if isinstance(want, tuple) else (want,)
+    got = got if isinstance(got, tuple) else (got,)
+    worst = 0.0
+    for w, o in zip(want, got):
+        if w.dtype == torch.bool or not w.is_floating_point():
+            worst = max(worst, 0.0 if torch.equal(w, o) else float("inf"))
+        else:
+            worst = max(worst, ((w - o).abs().max() / w.abs().max().clamp_min(1e-300)).item())
+    gw = 0.0
+    n_grads = 0
+    if grads:
+        seed = torch.Generator().manual_seed(7)
+        outs = [w for w in want if w.is_floating_point() and w.requires_grad]
+        cots = [_rand(*w.shape, g=seed) for w in outs]
+        torch.autograd.backward(outs, cots)
+        torch.autograd.backward([o for o in got if o.is_floating_point() and o.requires_grad], cots)
+        for a, b in zip(ea, ca):
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                n_grads += 1
+                d = (a.grad - b.grad).abs().max() / a.grad.abs().max().clamp_min(1e-300)
+                gw = max(gw, d.item())
+    st = backend.stats()
+    check(worst <= 1e-9 and gw <= 1e-9 and not st["graph_breaks"] and st["eager_graphs"] == 0
+          and st["eager_parts"] == 0,
+          "%s: forward within %.1e, %d gradients within %.1e relative; %d graphs, no break, nothing eager"
+          % (name, worst, n_grads, gw, st["graphs"]))
+
+
+@op("max_pool2d")
+def _max_pool2d():
+    """values and indices (compared exactly), and the backward (a scatter
+    of the gradient to the indices): ResNet's 3x3 stride 2 pad 1, ceil
+    mode with dilation 2, 2x2 stride 2."""
+    g = torch.Generator().manual_seed(1)
+    x = _rand(2, 3, 9, 10, g=g)
+    run_op("max_pool2d 3x3/2 pad 1 (values, indices, backward)",
+           lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), [x])
+    run_op("max_pool2d 3x3/2 pad 1 dilation 2 ceil_mode",
+           lambda x: F.max_pool2d(x, 3, 2, 1, dilation=2, ceil_mode=True, return_indices=True), [x])
+    run_op("max_pool2d 2x2/2", lambda x: F.max_pool2d(x, 2) * 3.0, [x])
+
+
+@op("slice_scatter")
+def _slice_scatter():
+    """slice_scatter (step 1 and 2, negative bounds) and select_scatter,
+    called directly and as the backward of slicing and selecting."""
+    g = torch.Generator().manual_seed(2)
+    x, s1, s2, s3 = _rand(3, 8, 4, g=g), _rand(3, 3, 4, g=g), _rand(3, 8, 2, g=g), _rand(3, 4, g=g)
+    run_op("slice_scatter dim 1, 2:5 and dim 2 step 2, select_scatter",
+           lambda x, a, b, c: (torch.slice_scatter(x, a, 1, 2, 5),
+                               torch.slice_scatter(x, b, 2, 0, None, 2),
+                               torch.select_scatter(x, c, 1, -2)), [x, s1, s2, s3])
+    run_op("the backward of slicing (1:7:3, -3:) and selecting",
+           lambda x: (x[:, 1:7:3] * x[:, -3:].sum(1, keepdim=True)).sum((1, 2)) + x[:, :, 1].sum(1), [x])
+
+
+@op("convolution_backward")
+def _conv_backward():
+    """Grouped and depthwise convolutions, forward and backward (input,
+    weight and bias gradients), with stride, padding and dilation."""
+    g = torch.Generator().manual_seed(3)
+    x = _rand(2, 4, 9, 8, g=g)
+    run_op("convolution groups=2, stride 2, padding 1, bias",
+           lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, groups=2),
+           [x, _rand(6, 2, 3, 3, g=g), _rand(6, g=g)])
+    run_op("depthwise convolution (groups=4, multiplier 2), dilation 2",
+           lambda x, w: F.conv2d(x, w, padding=2, dilation=2, groups=4), [x, _rand(8, 1, 3, 3, g=g)])
+    run_op("depthwise convolution (groups=4), stride 2, 5x5",
+           lambda x, w: F.conv2d(x, w, stride=2, padding=2, groups=4), [x, _rand(4, 1, 5, 5, g=g)])
+
+
+@op("embedding_dense_backward")
+def _embedding_backward():
+    """embedding's backward (indices repeated: accumulated), with
+    padding_idx, and scaled by frequency."""
+    g = torch.Generator().manual_seed(4)
+    w = _rand(10, 6, g=g)
+    i = torch.tensor([[1, 2, 2, 7], [3, 1, 9, 2]])
+    run_op("embedding backward, padding_idx=1", lambda w, i: F.embedding(i, w, padding_idx=1), [w, i])
+    run_op("embedding backward, scale_grad_by_freq", lambda w, i: F.embedding(i, w, scale_grad_by_freq=True),
+           [w, i])
+
+
+@op("nll_loss")
+def _nll_loss():
+    """cross_entropy with label_smoothing and ignore_index, nll_loss with
+    class weights, each reduction."""
+    g = torch.Generator().manual_seed(5)
+    x = _rand(6, 5, g=g, lo=-3, hi=3)
+    t = torch.tensor([0, 1, 2, 3, 4, 2])
+    wt = _rand(5, g=g, lo=0.5, hi=2.0)
+    run_op("cross_entropy label_smoothing=0.1 ignore_index=2",
+           lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1, ignore_index=2), [x, t])
+    run_op("cross_entropy label_smoothing=0.2, reduction sum, ignore_index=-100 present",
+           lambda x, t: F.cross_entropy(x, torch.where(t == 4, -100, t), label_smoothing=0.2, reduction="sum"),
+           [x, t])
+    run_op("nll_loss weight, ignore_index=2, reduction none and mean",
+           lambda x, t: (F.nll_loss(F.log_softmax(x, 1), t, wt, ignore_index=2, reduction="none"),
+                         F.nll_loss(F.log_softmax(x, 1), t, wt, ignore_index=2)), [x, t])
+    x3 = _rand(2, 5, 3, 4, g=g, lo=-3, hi=3)
+    t3 = torch.randint(0, 5, (2, 3, 4), generator=g)
+    run_op("cross_entropy over [N, C, H, W] (nll_loss2d), label_smoothing=0.1",
+           lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1, ignore_index=0), [x3, t3])
+
+
+@op("upsample")
+def _upsample():
+    """nearest and bilinear upsampling (align_corners both ways, a scale
+    factor and an output size), forward and backward."""
+    g = torch.Generator().manual_seed(6)
+    x = _rand(2, 3, 4, 5, g=g)
+    run_op("upsample nearest, scale 2", lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), [x])
+    run_op("upsample nearest, size 7x9", lambda x: F.interpolate(x, size=(7, 9), mode="nearest"), [x])
+    run_op("upsample bilinear, size 7x9", lambda x: F.interpolate(x, size=(7, 9), mode="bilinear"), [x])
+    run_op("upsample bilinear, scale 2, align_corners",
+           lambda x: F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True), [x])
+
+
+@op("index")
+def _index_ops():
+    """indexing with several index tensors (adjacent dims, dims apart,
+    negative indices, broadcast) and index_put with accumulation."""
+    g = torch.Generator().manual_seed(8)
+    x = _rand(4, 5, 6, g=g)
+    i = torch.tensor([[0, 3], [-1, 2]])
+    j = torch.tensor([1, -2])
+    run_op("x[:, i, j] (adjacent), x[i, :, j] (apart)", lambda x, i, j: (x[:, i, j] * 2, x[i, :, j] + 1),
+           [x, i, j])
+    run_op("index_put accumulate, two index tensors (a pair repeated)",
+           lambda x, v, i, j: torch.index_put(x, (i, j), v, accumulate=True),
+           [x, _rand(2, 2, 6, g=g), torch.tensor([[0, 3], [0, 2]]), torch.tensor([1, 1])])
+
+    def assign(x, v, i):
+        y = x * 1.0
+        y[:, i] = v            # index_put after a whole dim
+        return y
+    run_op("index_put after a whole dim (y[:, i] = v)", assign, [x, _rand(4, 2, 6, g=g), torch.tensor([4, 1])])
+
+
+@op("tensor_constant")
+def _tensor_constant():
+    """Tensors a function makes with torch.tensor: AOTAutograd lifts them
+    onto the graph module (get_attr nodes), the converter copies their
+    bytes into the graph."""
+    g = torch.Generator().manual_seed(9)
+    run_op("torch.tensor constants (float64, bool) in the graph",
+           lambda x: x * torch.tensor([1.5, -2.0, 3.25], dtype=torch.float64)
+           + torch.tensor([[True, False, True]]), [_rand(2, 3, g=g)])
+
+
+def _agree(a, b):
+    return (a == b).double().mean().item()
+
+
+@op("dropout")
+def _dropout():
+    """Dropout and bernoulli from the graph's counter-based generator
+    (not eager's masks): the kept share within 4 sigma of 1 - p, the
+    backward's mask the forward's (gradient == output for x = 1),
+    neighbours and the two halves of the mask uncorrelated, another call
+    and another dropout of the same graph another mask, torch.manual_seed
+    the same masks again, rand_like uniform (chi-square over 64 bins),
+    bernoulli(p) of an in-place dropout.  Seeded: the same numbers every
+    run."""
+    torch._dynamo.reset()
+    backend.reset_stats()
+    p, shape = 0.3, (64, 1024)
+    n = shape[0] * shape[1]
+    sigma = math.sqrt(p * (1 - p) / n)
+    f = torch.compile(lambda x: F.dropout(x, p), backend="apollo", options={"strict": True})
+    torch.manual_seed(11)
+    x = torch.ones(shape, dtype=torch.float64, requires_grad=True)
+    y = f(x)
+    y.sum().backward()
+    keep = y != 0
+    scale = 1 / (1 - p)
+    share = keep.double().mean().item()
+    check(abs(share - (1 - p)) <= 4 * sigma and torch.equal(y[keep], torch.full_like(y[keep], scale)),
+          "dropout p=%.1f of %d: %.4f kept (1 - p = %.1f, sigma %.4f), the kept scaled by 1/(1 - p)"
+          % (p, n, share, 1 - p, sigma))
+    check(torch.equal(x.grad, y.detach()), "the backward multiplies by the forward's mask")
+    k = keep.double().flatten() - (1 - p)
+    c1 = (k[1:] * k[:-1]).mean().item() / (p * (1 - p))
+    ch = (k[: n // 2] * k[n // 2:]).mean().item() / (p * (1 - p))
+    check(abs(c1) <= 4 / math.sqrt(n) and abs(ch) <= 4 / math.sqrt(n / 2),
+          "mask correlation of neighbours %.1e, of the two halves %.1e (4 sigma: %.1e)"
+          % (c1, ch, 4 / math.sqrt(n / 2)))
+    y2 = f(x)
+    a = _agree(keep, y2 != 0)
+    want = p * p + (1 - p) * (1 - p)
+    check(abs(a - want) <= 4 * math.sqrt(want * (1 - want) / n),
+          "a second call draws another mask: %.4f agree (independent: %.2f)" % (a, want))
+    torch.manual_seed(11)
+    check(torch.equal(f(x) != 0, keep), "torch.manual_seed(11) again: the same mask")
+    two = torch.compile(lambda x: (F.dropout(x, 0.5), F.dropout(x, 0.5)), backend="apollo",
+                        options={"strict": True})(x)
+    a2 = _agree(two[0] != 0, two[1] != 0)
+    check(abs(a2 - 0.5) <= 4 * math.sqrt(0.25 / n), "two dropouts of one graph: %.4f agree (0.5)" % a2)
+    u = torch.compile(lambda x: torch.rand_like(x), backend="apollo", options={"strict": True})(x.detach())
+    hist = torch.histc(u, 64, 0, 1)
+    chi = ((hist - n / 64) ** 2 / (n / 64)).sum().item()
+    check(u.min().item() >= 0 and u.max().item() < 1 and chi <= 63 + 4 * math.sqrt(2 * 63),
+          "rand_like: in [0, 1), mean %.4f, chi-square over 64 bins %.1f (63 +- %.0f)"
+          % (u.mean().item(), chi, math.sqrt(2 * 63)))
+
+    def inplace(x):
+        h = x * 2.0
+        return F.dropout(h, 0.25, inplace=True)     # bernoulli_(1 - p) on an empty tensor
+    z = torch.compile(inplace, backend="apollo", options={"strict": True})(x.detach())
+    s2 = (z != 0).double().mean().item()
+    check(abs(s2 - 0.75) <= 4 * math.sqrt(0.75 * 0.25 / n) and torch.equal(z[z != 0], torch.full_like(z[z != 0], 2 / 0.75)),
+          "in-place dropout (bernoulli.p): %.4f kept (0.75)" % s2)
+    st = backend.stats()
+    check(not st["graph_breaks"] and st["eager_graphs"] == 0 and st["eager_parts"] == 0,
+          "dropout: %d graphs, no break, nothing eager" % st["graphs"])
+
+
+def ops(names):
+    for n in names or list(OPS):
+        OPS[n]()
+
+
+def main():
+    what = sys.argv[1] if len(sys.argv) > 1 else ""
+    if what == "config":
+        config()
+    elif what == "shapes":
+        shapes()
+    elif what == "ops" and sys.argv[2:3] == ["--list"]:
+        print(" ".join(OPS))
+    elif what == "ops":
+        ops(sys.argv[2:])
+    else:
+        print(__doc__)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
