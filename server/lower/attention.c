@@ -493,7 +493,11 @@ static ap_kir_expr *xor_reduce(actx *c, ap_kir_expr *v, bool max, int lanes)
 {
 	ap_kir_kernel *k = c->k;
 	ap_vctx *vc = c->v;
-	ap_kir_var *acc = ap_kir_var_new(k, v->type, max ? "wm" : "ws");
+	ap_kir_var *acc;
+
+	if (!v)
+		return NULL;   /* an allocation failed: the kernel is marked failed */
+	acc = ap_kir_var_new(k, v->type, max ? "wm" : "ws");
 
 	ap_kir_let(k, vc->cur, acc, v);
 	for (int off = lanes / 2; off >= 1; off /= 2) {
@@ -571,9 +575,12 @@ static void score(actx *c, ap_kir_var *sv, ap_kir_expr *dot, ap_kir_expr *row, a
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
 	const att_plan *p = c->p;
-	ap_kir_expr *rowc = ap_kir_binary(k, AP_KIR_MIN, row, ap_kir_idx(k, p->Nq - 1));
+	ap_kir_expr *rowc;
 	ap_lidx ix;
 
+	if (!sv || !dot || !row || !key)
+		return;   /* an allocation failed: the kernel is marked failed */
+	rowc = ap_kir_binary(k, AP_KIR_MIN, row, ap_kir_idx(k, p->Nq - 1));
 	c->dot = ap_kir_bind(k, v->cur, dot->type, "dot", dot);
 	ix = idx2(c, p->s, rowc, key);
 	ap_kir_assign(k, v->cur, sv, ap_kir_cast(k, sv->type, ap_val(v, p->s, &ix)));
