@@ -21,6 +21,13 @@ input shape) is compiled for each concrete shape it is called with
 (_PerShape: traced again with the call's sizes, then submitted as any
 graph, one submit per shape).
 
+Random ops (dropout, bernoulli, rand) draw from fx.py's counter-based
+generator; its key is an extra input drawn from PyTorch's default
+generator at every call (_rng_key), so torch.manual_seed reproduces a run.
+Each compiled part returns its values in the dtypes of the traced graph
+(autocast's casts are ops of it), so eager PyTorch between parts of a
+split graph gets what eager would give it.
+
 Ops the converter cannot take split the graph: the parts Apollo can take
 are compiled, the rest runs in eager PyTorch between them, and one line per
 op says why ("apollo: graph break at aten.atan2.default (atan2): no Apollo
