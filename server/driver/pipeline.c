@@ -700,55 +700,43 @@ static int print_launch(pipe *P, int li, refusal *r)
 }
 
 /* Modelled bytes of a launch (the cost model's, server/cost): every
- * program tensor its parts read -- their inputs, and the constants the
- * kernel reads from a buffer (its arguments) -- with the elements the
- * parts touch of it (ap_cost_touched: a slice moves its part only),
- * summed over the parts and never more than the tensor has (two parts
- * reading it whole move it once, two reading different slices move
- * both), plus every tensor it writes, once.  So the bytes of every
- * launch reading a tensor add up to at least what the program graph's
- * readers touch of it: the floor min_bytes (plan.c) stays below
- * global_bytes. */
+ * program tensor its parts read, counted once with the most elements any
+ * part touches of it (ap_cost_touched: a slice moves its part only), plus
+ * every tensor it writes. */
 static uint64_t launch_bytes(const pipe *P, const ap_fuse_launch *fl)
 {
 	int cap = 0, n = 0;
-	struct { int t; double bytes, whole; } *seen = NULL;
+	struct { int t; double bytes; } *seen = NULL;
 	double total = 0;
 
 	for (int j = 0; j < fl->n; j++)
-		cap += P->units[fl->units[j]].m->g->n_tensors;
+		cap += P->units[fl->units[j]].m->g->n_inputs + P->units[fl->units[j]].m->g->n_outputs;
 	seen = malloc(((size_t)cap + 1) * sizeof(*seen));
 	if (!seen)
 		return 0;
 	for (int j = 0; j < fl->n; j++) {
 		const ap_mgraph *m = P->units[fl->units[j]].m;
-		const ap_graph *g = m->g;
 
-		for (int lt = 0; lt < g->n_tensors; lt++) {
-			const ap_tensor *x = &g->tensors[lt];
-			bool in = x->producer < 0 && x->kind != AP_TENSOR_CONST, bound = false;
-			double elems, whole = ap_tensor_numel(x) > 0 ? (double)ap_tensor_numel(x) : 0;
+		for (int i = 0; i < m->g->n_inputs + m->g->n_outputs; i++) {
+			bool in = i < m->g->n_inputs;
+			int lt = in ? m->g->inputs[i] : m->g->outputs[i - m->g->n_inputs];
+			const ap_tensor *x = &m->g->tensors[lt];
+			double elems = in ? ap_cost_touched(m->g, lt) : (double)ap_tensor_numel(x);
+			double b = (elems > 0 ? elems : 0) * (double)ap_dtype_size(x->dtype);
 			int k;
 
-			/* a constant counts when the kernel reads it from memory */
-			for (int a = 0; x->producer < 0 && x->kind == AP_TENSOR_CONST && a < fl->n_args; a++)
-				bound = bound || fl->args[a] == m->tensor_of[lt];
-			if (!in && !bound && !x->is_output)
-				continue;
-			elems = x->is_output ? whole : ap_cost_touched(g, lt);
-			whole *= (double)ap_dtype_size(x->dtype);
 			for (k = 0; k < n && seen[k].t != m->tensor_of[lt]; k++)
 				;
 			if (k == n) {
 				seen[n].t = m->tensor_of[lt];
-				seen[n].bytes = 0;
-				seen[n++].whole = whole;
+				seen[n++].bytes = b;
+			} else if (b > seen[k].bytes) {
+				seen[k].bytes = b;
 			}
-			seen[k].bytes += elems * (double)ap_dtype_size(x->dtype);
 		}
 	}
 	for (int k = 0; k < n; k++)
-		total += seen[k].bytes < seen[k].whole ? seen[k].bytes : seen[k].whole;
+		total += seen[k].bytes;
 	free(seen);
 	return (uint64_t)total;
 }

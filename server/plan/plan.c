@@ -17,13 +17,8 @@
  * binds; the program's is the sum over its launches; eager_bytes sums,
  * over the imported graph's non-view nodes (before expansion), the bytes
  * of their distinct non-constant inputs (the part a Slice or Gather
- * selects) and outputs (an op-by-op runtime); min_bytes is the floor:
- * each graph input, parameter and constant a launch reads, the elements
- * the program graph's readers touch of it (ap_cost_touched), and each
- * graph output a launch writes, once.  A launch counts at least what its
- * parts touch (pipeline.c, launch_bytes), so global_bytes >= min_bytes on
- * every graph; an input no kernel reads (unused, or an output passed
- * through) costs nothing.
+ * selects) and outputs (an op-by-op runtime); min_bytes is the graph's
+ * inputs, parameters and outputs, each touched once.
  *
  * Explain data: each launch lists its parts (micro-graphs) with the
  * imported node names they compute, their kinds and sub-graphs; each edge
@@ -273,9 +268,9 @@ static int layout_workspace(ap_program *p)
 	return 0;
 }
 
-/* eager_bytes of `g` (before expansion); global_bytes summed over the
- * launches; min_bytes (the floor, see the file comment) from `floor`. */
-static void traffic_model(const ap_graph *g, uint64_t floor, ap_program *p)
+/* eager_bytes and min_bytes of `g` (before expansion); global_bytes summed
+ * over the launches. */
+static void traffic_model(const ap_graph *g, ap_program *p)
 {
 	unsigned eager = 0;
 	uint64_t eb = 0, mb = 0;
@@ -306,45 +301,15 @@ static void traffic_model(const ap_graph *g, uint64_t floor, ap_program *p)
 			if (node->outputs[i] >= 0)
 				eb += tensor_bytes(&g->tensors[node->outputs[i]]);
 	}
-	mb = floor;
+	for (int i = 0; i < p->n_buffers; i++)
+		if (p->buffers[i].kind != AP_BUF_INTERMEDIATE)
+			mb += p->buffers[i].nbytes;
 	p->eager_kernels = g->eager_kernels ? g->eager_kernels : eager;
 	p->eager_bytes = eb;
 	p->min_bytes = mb;
 	p->global_bytes = 0;
 	for (int i = 0; i < p->n_launches; i++)
 		p->global_bytes += p->launches[i].global_bytes;
-}
-
-/* The floor of the program's traffic: every graph input, parameter and
- * constant buffer some launch reads, the elements pg's readers touch of
- * it; every graph output some launch writes, whole.  buf_of: per tensor
- * of pg, its buffer or -1.  Each buffer once. */
-static uint64_t floor_bytes(const ap_program *p, const ap_graph *pg, const int *buf_of)
-{
-	unsigned char *use = calloc((size_t)p->n_buffers + 1, 1);   /* 1 read, 2 written, 4 counted */
-	double sum = 0;
-
-	if (!use)
-		return 0;
-	for (int l = 0; l < p->n_launches; l++) {
-		const ap_launch *ln = &p->launches[l];
-
-		for (int a = 0; a < ln->n_args; a++)
-			use[ln->args[a]] |= p->kernels[ln->kernel].params[a].written ? 2 : 1;
-	}
-	for (int t = 0; t < pg->n_tensors; t++) {
-		int bi = buf_of[t];
-		double whole, touched;
-
-		if (bi < 0 || p->buffers[bi].kind == AP_BUF_INTERMEDIATE || (use[bi] & 4) || !use[bi])
-			continue;
-		use[bi] |= 4;
-		whole = (double)p->buffers[bi].nbytes;
-		touched = ap_cost_touched(pg, t) * (double)ap_dtype_size(pg->tensors[t].dtype);
-		sum += (use[bi] & 2) || touched > whole ? whole : touched;
-	}
-	free(use);
-	return (uint64_t)sum;
 }
 
 int ap__plan_buffers(ap_program *p, const ap_graph *pg, const ap_graph *orig, ap_error *err)
@@ -403,7 +368,7 @@ int ap__plan_buffers(ap_program *p, const ap_graph *pg, const ap_graph *orig, ap
 	}
 	if (layout_workspace(p) < 0)
 		goto out;
-	traffic_model(orig, floor_bytes(p, pg, b.buf_of), p);
+	traffic_model(orig, p);
 	rc = 0;
 out:
 	free(b.buf_of);

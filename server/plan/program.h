@@ -184,10 +184,8 @@ typedef struct ap_program {
 	 *   eager_bytes  -> Stats.eager_bytes: the same for one kernel per node
 	 *     of the imported graph before expansion (views free, constants
 	 *     baked in);
-	 *   min_bytes    -> Stats.min_bytes: the floor, never above
-	 *     global_bytes: graph inputs, parameters and constants a launch
-	 *     reads, the elements the graph's readers touch of each (a slice
-	 *     or gather its part only), and outputs a launch writes, once. */
+	 *   min_bytes    -> Stats.min_bytes: graph inputs, parameters and
+	 *     outputs, each touched once (the floor). */
 	uint64_t global_bytes, eager_bytes, min_bytes;
 	double partition_ms, codegen_ms;
 	double layer1_ms;        /* Layer I (isl): plans and its kernels' emission, in codegen_ms */
