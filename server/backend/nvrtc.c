@@ -137,7 +137,11 @@ static bool try_open(const char *file)
 		ap_log(AP_LOG_WARN, "%s", err.msg);
 		return false;
 	}
-	lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+	/* RTLD_NODELETE: a library we look at and put back stays mapped.
+	 * NVRTC's static constructors allocate at load and free nothing; once
+	 * unmapped, the only pointers to those blocks are gone with its data
+	 * and LeakSanitizer reports them (a leak of an "<unknown module>"). */
+	lib = dlopen(file, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
 	if (!lib)
 		return false;
 	if (!resolve(lib) || cand.Version(&major, &minor) != NVRTC_SUCCESS) {
