@@ -1,0 +1,178 @@
+/* compile_internal.h -- what the parts of the compile job share: the
+ * compiler's state (struct ap_compiler), a kernel's blob on its way into a
+ * bundle, one request's kernel batch, and the functions one part calls in
+ * another.  The job itself is compile.c's; its parts are keys.c (cache keys,
+ * targets), kernels.c (the kernels' parallel compile, backend refusals),
+ * bundle.c (the reply's protobuf), tuning.c (tuning records, reports).
+ * Private to server/compile/.  Every function's contract is at its
+ * definition. */
+#ifndef AP_COMPILE_INTERNAL_H
+#define AP_COMPILE_INTERNAL_H
+
+#include "compile.h"
+#include "autotune.h"
+
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../common/graph.h"
+#include "../backend/backend.h"
+#include "../cache/redis.h"
+#include "../config.h"
+#include "../plan/program.h"
+#include "../tune/tune.h"
+#include "flight.h"
+#include "proto/apollo.pb-c.h"
+
+struct task_batch;
+
+#define MEMO_SLOTS 4096
+#define DEVICES_SEEN 256     /* (device, client) pairs remembered for reports */
+#define TRUSTED_REPORTER "apollod"   /* the background tuner's reports */
+
+/* A device a client named in a CompileRequest (DeviceInfo): only such a
+ * device can be the subject of that client's tuning reports. */
+struct device_seen {
+	char device[160];        /* "NAME|SMS" */
+	char client[64];         /* "uid:N", "tcp:ADDR" */
+	double last_ms;          /* 0: unused */
+};
+#define DEFAULT_FLIGHT_WAIT_MS 600000
+
+/* Request digest -> graph key (see the file comment). */
+struct memo_slot {
+	bool used;
+	uint8_t digest[32], key[32];
+};
+
+struct ap_compiler {
+	ap_cache *cache;
+	unsigned threads;
+	/* Helper threads for the kernels of a request (see compile_kernels). */
+	pthread_mutex_t mu;
+	pthread_cond_t work;
+	struct task_batch *queue;     /* batches with tasks not yet taken */
+	bool stop;
+	unsigned n_helpers;
+	pthread_t *helpers;
+	unsigned delay_ms;       /* $APOLLO_TEST_COMPILE_DELAY_MS: tests only */
+	bool stop_before_backend;   /* tests and fuzzing only (compile.h) */
+	unsigned refuse_nodes;   /* $APOLLO_TEST_REFUSE_KERNEL_NODES: tests only */
+	char cc_id[256];
+	char nvrtc_id[64];
+	char build_id[64];       /* "apollod 0.1.0 exe <sha256 prefix>" */
+	ap_redis *redis;         /* L2; NULL: none */
+	ap_flights *flights;     /* requests by graph key; NULL: no single-flight */
+	ap_flights *kflights;    /* kernels by kernel key */
+	unsigned flight_wait_ms;
+	unsigned tune_budget_evals;   /* per request; 0: no search */
+	double tune_budget_ms;   /* per request, the safety limit; 0: none */
+	ap_autotune *autotune;   /* the background tuner; NULL: none */
+	pthread_mutex_t memo_mu;
+	struct memo_slot *memo;  /* MEMO_SLOTS */
+	atomic_uint_fast64_t requests, errors, hits, misses, kernels_compiled, memo_hits;
+	atomic_uint_fast64_t tier[4], kernel_tier[4], errors_by_code[16];
+	atomic_uint_fast64_t tune_hits, tune_measured, tune_searched, tune_tried, tune_us;
+	atomic_uint_fast64_t tune_reports, tune_measurements, tune_records, tune_pending;
+	char tune_reporters[256];   /* who may send tuning reports (compile.h) */
+	pthread_mutex_t devices_mu;
+	struct device_seen *devices;   /* DEVICES_SEEN: GPUs clients named, newest kept */
+	pthread_mutex_t hist_mu;
+	uint64_t hist[AP_COMPILE_BUCKETS + 1];
+	double hist_sum;
+};
+
+/* A compiled kernel blob, before it goes into the bundle. */
+struct kblob {
+	uint8_t *data;
+	size_t len;
+	uint8_t digest[32];
+	bool compiled;        /* by the backend (else from a cache or a flight) */
+	int tier;             /* where it came from: apollo.CacheTier */
+	int rc;
+	ap_error err;
+};
+
+/* One request's kernel compiles: target and blobs, shared by the worker
+ * that owns the request and the helper threads (through a task_batch);
+ * each blobs[i] is written only by the thread that runs task i. */
+struct kernel_batch {
+	ap_compiler *c;
+	const ap_program *p;
+	const char *target;
+	bool gpu, use_cache;
+	int nvrtc;                   /* GPU: the NVRTC compiling it (ap_nvrtc_pick) */
+	char backend[64];            /* its identity in kernel keys ("nvrtc 12.9", "cc ...") */
+	int output;
+	double deadline;             /* ap_now_ms(): a kernel flight's wait ends */
+	const atomic_bool *cancel;   /* set: compile no more kernels (the background
+					tuner stopping); NULL: never */
+	struct kblob *blobs;
+	/* grouped compiles (ap__compile_kernels): per kernel its key, what the
+	 * probe found, its flight; the groups of misses, one program each */
+	uint8_t (*keys)[32];
+	enum { K_DONE, K_COMPILE, K_FOLLOW } *state;
+	ap_flight **flight;
+	int *group_of, n_groups;
+};
+
+/* Every kernel one request has offered the backend, by name (a kernel's
+ * name hashes its sources, so one name is one source), with its result:
+ * the blob, or the backend's error.  Owned by the request's worker. */
+struct kmemo {
+	struct kernel_batch *kb;     /* target, output, cache use; kb->p unused */
+	int n, cap;
+	char **names;
+	struct kblob *blobs;
+	double ms;                   /* time spent compiling in accept_kernel */
+};
+
+/* n independent tasks fn(0..n-1, arg) of one request.  `next`, `done` and
+ * the queue links are under the compiler's mutex. */
+struct task_batch {
+	int n, next, done;
+	void (*fn)(int i, void *arg);
+	void *arg;
+	struct task_batch *queue_next;
+	pthread_cond_t finished;
+};
+
+/* ap_tune_hooks.user of one request. */
+struct tune_user {
+	ap_compiler *c;
+	const char *target;
+	const char *device;      /* the request's device id ("NAME|SMS"), "" for none */
+	bool variant;            /* the model's record (its candidates) */
+};
+
+/* tuning.c */
+int ap__compile_tune_lookup(void *user, const uint8_t sig[32], ap_tune_record *rec);
+void ap__compile_tune_store(void *user, const uint8_t sig[32], const ap_tune_record *rec);
+void ap__compile_device_note(ap_compiler *c, const char *device, const char *client);
+
+/* keys.c */
+int ap__compile_onnx_request_key(const Apollo__CompileRequest *req, const char *target, int output,
+			    const char *backend_id, uint8_t key[32]);
+
+/* bundle.c */
+Apollo__Bundle *ap__compile_build_bundle(const ap_program *p, struct kblob *blobs, const char *target,
+				    int output, const uint8_t graph_hash[32], bool *oom);
+Apollo__Bundle *ap__compile_bundle_free(Apollo__Bundle *b);
+uint8_t *ap__compile_pack_stripped(Apollo__Bundle *b, size_t *len);
+
+/* kernels.c */
+int ap__compile_kernels(ap_compiler *c, struct kernel_batch *kb, const ap_program *p,
+			   struct kblob *blobs, ap_error *err);
+int ap__compile_rebuild_refused(ap_compiler *c, const ap_graph *g, ap_build_options *bo,
+			   struct kernel_batch *kb, ap_program **progp, struct kblob **blobsp,
+			   unsigned *compiled, double *backend_ms, ap_error *err);
+void *ap__compile_helper_main(void *arg);
+void ap__compile_run_tasks(void *pool, int n, void (*fn)(int i, void *arg), void *arg);
+
+#endif
