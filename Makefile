@@ -55,7 +55,7 @@ help:
 	@echo "make fuzz    build the libFuzzer harnesses (clang) into $(FUZZ_BUILD)/, run each $(FUZZ_SECONDS) s"
 	@echo "make demo    deps + build + start apollod + submit a real model twice"
 	@echo "make bench   compile time (cold/warm), the warm path (bench/warm.sh), fusion, scale,"
-	@echo "             GEMM (ptxas, host) and host-vs-onnxruntime benchmarks"
+	@echo "             GEMM (ptxas, host) and host-vs-onnxruntime benchmarks, into docs/benchmarks.md"
 	@echo "make clean   remove $(BUILD)/, $(SAN_BUILD)/ and $(FUZZ_BUILD)/"
 
 deps:
@@ -225,8 +225,11 @@ demo: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@APOLLO_BUILD=$(abspath $(BUILD)) sh tools/demo.sh
 
+# Every benchmark of bench/run.sh, their tables written into
+# docs/benchmarks.md with the date, the machine and the commit
+# (bench/report.sh; BENCH_ARGS="--quick scale" for a short partial run).
 bench: all $(BUILD)/bench_warm
-	@APOLLO_BUILD=$(abspath $(BUILD)) sh bench/run.sh
+	@APOLLO_BUILD=$(abspath $(BUILD)) sh bench/report.sh $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BUILD) $(SAN_BUILD) $(FUZZ_BUILD)

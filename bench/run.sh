@@ -26,8 +26,11 @@
 # ptxas's registers, spills and shared memory for sm_90, host time beside
 # onnxruntime's) and the host table (bench/host.sh: every model on target
 # cpu beside onnxruntime).  Prints numbers, asserts nothing.
+# `make bench` runs these through bench/report.sh, which writes their
+# tables into docs/benchmarks.md (keep its list in step with this one).
 #   TARGET: default sm_90 when the daemon has NVRTC, else cpu.
-#   env: APOLLO_BUILD, WARM_RUNS (default 5)
+#   env: APOLLO_BUILD, WARM_RUNS (default 5), BENCH_ONLY_COLD_WARM (1: only
+#   the cold and warm table, as bench/report.sh runs it)
 cd "$(dirname "$0")/.." || exit 1
 . tests/daemon.inc
 
@@ -68,6 +71,7 @@ for d in $(ap_test_dirs models); do
 	ap_stop
 done
 "$PY" bench/summary.py "$out"
+[ "${BENCH_ONLY_COLD_WARM:-0}" = 1 ] && exit 0
 echo
 sh bench/warm.sh ${targets%% *}
 echo
