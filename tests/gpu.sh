@@ -16,7 +16,7 @@
 #      training steps against onnxruntime's float32 run.
 # Exits non-zero on any failure.  It needs the build (make) and .venv; a
 # bare lent GPU machine has neither: there, run the device kit
-# (tools/device-kit.sh; README, "The device kit").
+# (tools/device-kit.sh; docs/testing.md, "The device kit").
 #   env: APOLLO_BUILD, APOLLO_JOBS (parallel checks, default 2),
 #        APOLLO_GPU_TARGET, APOLLO_GPU_PARTS (default "1 2 3 4")
 cd "$(dirname "$0")/.." || exit 1

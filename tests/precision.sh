@@ -5,7 +5,7 @@
 # checked on target cpu against onnxruntime running the original float32
 # model on the same inputs; then their kernels for sm_90 through
 # build/tests/check_gemm (tensor-core PTX, no spills).  Tolerances
-# (README, "Tests"): float16 rtol 1e-2, atol 1e-2; bfloat16 (8 bits of
+# (docs/testing.md): float16 rtol 1e-2, atol 1e-2; bfloat16 (8 bits of
 # mantissa) rtol 5e-2, atol 5e-2; and
 # at most 1% of an output's elements outside them, since a ReLU whose
 # input is within rounding of 0 takes the other side in 16 bits, which
