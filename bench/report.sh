@@ -161,7 +161,7 @@ tmp=$out.tmp.$$
 		echo "- GPU: none (no nvidia-smi, or it answered nothing): no device time was measured"
 	fi
 	echo "- commit: \`$commit\`$dirty"
-	echo "- binaries: \`$APOLLO_BUILD\`; $ping"
+	echo "- binaries: \`$(readlink -f "$APOLLOD" 2>/dev/null || echo "$APOLLOD")\` and beside it; $ping"
 	if [ -n "$target" ]; then
 		echo "- target: $target (-t)"
 	else
