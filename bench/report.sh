@@ -74,6 +74,12 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 		--format=csv,noheader 2>/dev/null | sed 's/^/    - /')
 fi
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+bin=$(readlink -f "$APOLLOD" 2>/dev/null || echo "$APOLLOD")
+elsewhere=
+case $bin in
+"$(pwd -P)"/*) ;;
+*) elsewhere=" (outside this checkout: built from another tree, perhaps not this commit)" ;;
+esac
 dirty=
 [ -z "$(git status --porcelain --untracked-files=no -- . ":!$out" 2>/dev/null)" ] ||
 	dirty=" (with uncommitted changes)"
@@ -161,7 +167,7 @@ tmp=$out.tmp.$$
 		echo "- GPU: none (no nvidia-smi, or it answered nothing): no device time was measured"
 	fi
 	echo "- commit: \`$commit\`$dirty"
-	echo "- binaries: \`$(readlink -f "$APOLLOD" 2>/dev/null || echo "$APOLLOD")\` and beside it; $ping"
+	echo "- binaries: \`$bin\` and beside it$elsewhere; $ping"
 	if [ -n "$target" ]; then
 		echo "- target: $target (-t)"
 	else
