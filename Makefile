@@ -116,7 +116,7 @@ $(STANDIN): tests/cuda_standin.c
 	$(CC) -std=c11 -D_GNU_SOURCE -O1 -Wall -Werror -shared -fPIC -o $@ $<
 
 # --- tests ------------------------------------------------------------------
-# Three tiers (README, Tests):
+# Three tiers (docs/testing.md, "Tiers"):
 #   check-fast  build + the unit suites but FAST_SKIP, without the tcases
 #               tagged slow, the parameter sweeps sampled thinly
 #               (APOLLO_SWEEP=$(FAST_SWEEP)): the edit loop;

@@ -476,125 +476,194 @@ static int dump_schedules(const ap_bundle *b, const char *dir, ap_error *err)
 	return 0;
 }
 
+/* One of the compile options submit and check share, at a (its value v,
+ * NULL when it is the last argument): --no-cache, --allow-tf32,
+ * --no-layer1, --no-tune, --host-check, --fusion LEVEL, --fusion-barrier
+ * NODE, --keep-whole OP, --target T, --namespace NS, into o (barrier and
+ * keep-whole names collected in *barriers and *whole, malloc'd arrays of
+ * borrowed argv strings).  Returns the arguments it took (1 or 2), 0 when
+ * a is not one of them, or minus the exit status after printing the
+ * error: -2 a usage error, -1 out of memory. */
+static int compile_option(const char *a, const char *v, ap_submit_options *o,
+			  const char ***barriers, const char ***whole)
+{
+	if (!strcmp(a, "--no-cache"))
+		o->no_cache = true;
+	else if (!strcmp(a, "--allow-tf32"))
+		o->allow_tf32 = true;
+	else if (!strcmp(a, "--no-layer1"))
+		o->no_layer1 = true;
+	else if (!strcmp(a, "--no-tune"))
+		o->no_tune = true;
+	else if (!strcmp(a, "--host-check"))
+		o->host_check = true;
+	else if (!v)
+		return 0;
+	else if (!strcmp(a, "--target"))
+		o->target = v;
+	else if (!strcmp(a, "--namespace"))
+		o->cache_namespace = v;
+	else if (!strcmp(a, "--fusion")) {
+		if (!parse_fusion(v, &o->fusion))
+			return -usage_error("--fusion is none, rules or apollo, not '%s'", v);
+	} else if (!strcmp(a, "--fusion-barrier")) {
+		if (!strv_push(barriers, &o->n_fusion_barriers, v))
+			return -1;
+	} else if (!strcmp(a, "--keep-whole")) {
+		if (!strv_push(whole, &o->n_keep_whole, v))
+			return -1;
+	} else {
+		return 0;
+	}
+	return !strcmp(a, "--no-cache") || !strcmp(a, "--allow-tf32") || !strcmp(a, "--no-layer1") ||
+	       !strcmp(a, "--no-tune") || !strcmp(a, "--host-check") ? 1 : 2;
+}
+
+/* What `apollo-client submit` was asked for (beyond the compile options). */
+typedef struct submit_args {
+	model_args m;
+	ap_submit_options opt;
+	const char *out, *dump, *dump_sched;
+	bool json, daemon_import;
+	const char **barriers, **whole;   /* malloc'd, of borrowed argv strings */
+	ap_report_info info;
+} submit_args;
+
+static void submit_args_clear(submit_args *s)
+{
+	bindings_clear(&s->m.b);
+	free((void *)s->barriers);
+	free((void *)s->whole);
+	s->barriers = s->whole = NULL;
+}
+
+/* submit's arguments into s: 0, or the exit status of a usage error
+ * (printed; s cleared). */
+static int submit_parse(int argc, char **argv, submit_args *s)
+{
+	ap_error err;
+
+	s->opt.target = "cpu";
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i];
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		int took = compile_option(a, v, &s->opt, &s->barriers, &s->whole);
+
+		if (took < 0) {
+			submit_args_clear(s);
+			return -took;
+		}
+		if (took) {
+			i += took - 1;
+		} else if (!strcmp(a, "--json")) {
+			s->json = true;
+		} else if (!strcmp(a, "--daemon-import")) {
+			s->daemon_import = true;
+		} else if (!strcmp(a, "--explain")) {
+			s->info.explain = true;
+		} else if (!strcmp(a, "--format") && v) {
+			if (!strcmp(v, "ptx"))
+				s->opt.output = AP_OUTPUT_PTX;
+			else if (!strcmp(v, "cubin"))
+				s->opt.output = AP_OUTPUT_CUBIN;
+			else if (!strcmp(v, "so"))
+				s->opt.output = AP_OUTPUT_SO;
+			else {
+				submit_args_clear(s);
+				return usage_error("--format is ptx, cubin or so, not '%s'", v);
+			}
+			i++;
+		} else if ((!strcmp(a, "-o") || !strcmp(a, "--dump") || !strcmp(a, "--dump-schedules") ||
+			    !strcmp(a, "--data")) && v) {
+			*(!strcmp(a, "-o") ? &s->out : !strcmp(a, "--dump") ? &s->dump
+			  : !strcmp(a, "--data") ? &s->m.data_dir : &s->dump_sched) = v;
+			i++;
+		} else if (!strcmp(a, "--input") && v) {
+			ap_error_clear(&err);
+			if (add_input_file(&s->m.b, v, &err) < 0) {
+				submit_args_clear(s);
+				return fail("submit", &err);
+			}
+			i++;
+		} else if (a[0] == '-' && a[1]) {
+			submit_args_clear(s);
+			return usage_error("submit: unknown or incomplete option '%s'", a);
+		} else if (!s->m.model) {
+			s->m.model = a;
+		} else {
+			submit_args_clear(s);
+			return usage_error("submit takes one model, got '%s' too", a);
+		}
+	}
+	s->opt.fusion_barriers = s->barriers;
+	s->opt.keep_whole = s->whole;
+	if (!s->m.model) {
+		submit_args_clear(s);
+		return usage_error("submit: which model?");
+	}
+	return 0;
+}
+
+/* The bundle's outputs: kernels and schedules dumped, the report (text or
+ * JSON) on stdout, the packed bundle written to s->out.  0, or 1 after
+ * printing the error. */
+static int submit_write(const submit_args *s, const ap_bundle *bundle)
+{
+	ap_error err;
+	uint8_t *pk;
+	size_t pl;
+
+	ap_error_clear(&err);
+	if ((s->dump && dump_kernels(bundle, s->dump, &err) < 0) ||
+	    (s->dump_sched && dump_schedules(bundle, s->dump_sched, &err) < 0))
+		return fail("submit", &err);
+	if (s->json)
+		ap_report_json(stdout, bundle, &s->info);
+	else
+		ap_report_text(stdout, bundle, &s->info);
+	if (!s->out)
+		return 0;
+	if (ap_bundle_pack(bundle, &pk, &pl) < 0) {
+		fprintf(stderr, "apollo-client: submit: out of memory\n");
+		return 1;
+	}
+	if (ap_file_write(s->out, pk, pl, &err) < 0) {
+		free(pk);
+		return fail("submit", &err);
+	}
+	free(pk);
+	if (!s->json)
+		printf("bundle written to %s (%zu bytes)\n", s->out, pl);
+	return 0;
+}
+
 static int cmd_submit(int argc, char **argv)
 {
-	model_args m = {0};
-	ap_submit_options opt = {0};
+	submit_args s = {0};
 	ap_device_info dev;
-	const char *out = NULL, *dump = NULL, *dump_sched = NULL;
-	bool json = false, daemon_import = false;
 	const uint8_t *buf = NULL;
 	size_t len = 0;
 	ap_onnx_io *io = NULL;
 	ap_graph *g = NULL;
 	ap_client *c = NULL;
 	ap_bundle *bundle = NULL;
-	ap_report_info info = {0};
 	ap_error err;
 	bool is_onnx = false;
-	const char **barriers = NULL, **whole = NULL;
 	double t0;
 	int rc = 1;
 
 	ap_error_clear(&err);
-	opt.target = "cpu";
-	for (int i = 0; i < argc; i++) {
-		const char *a = argv[i];
-		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-		if (!strcmp(a, "--json")) {
-			json = true;
-		} else if (!strcmp(a, "--no-cache")) {
-			opt.no_cache = true;
-		} else if (!strcmp(a, "--daemon-import")) {
-			daemon_import = true;
-		} else if (!strcmp(a, "--target") && v) {
-			opt.target = v;
-			i++;
-		} else if (!strcmp(a, "--format") && v) {
-			if (!strcmp(v, "ptx"))
-				opt.output = AP_OUTPUT_PTX;
-			else if (!strcmp(v, "cubin"))
-				opt.output = AP_OUTPUT_CUBIN;
-			else if (!strcmp(v, "so"))
-				opt.output = AP_OUTPUT_SO;
-			else
-				return usage_error("--format is ptx, cubin or so, not '%s'", v);
-			i++;
-		} else if (!strcmp(a, "-o") && v) {
-			out = v;
-			i++;
-		} else if (!strcmp(a, "--namespace") && v) {
-			opt.cache_namespace = v;
-			i++;
-		} else if (!strcmp(a, "--explain")) {
-			info.explain = true;
-		} else if (!strcmp(a, "--allow-tf32")) {
-			opt.allow_tf32 = true;
-		} else if (!strcmp(a, "--dump") && v) {
-			dump = v;
-			i++;
-		} else if (!strcmp(a, "--dump-schedules") && v) {
-			dump_sched = v;
-			i++;
-		} else if (!strcmp(a, "--no-layer1")) {
-			opt.no_layer1 = true;
-		} else if (!strcmp(a, "--no-tune")) {
-			opt.no_tune = true;
-		} else if (!strcmp(a, "--host-check")) {
-			opt.host_check = true;
-		} else if (!strcmp(a, "--fusion") && v) {
-			if (!parse_fusion(v, &opt.fusion)) {
-				bindings_clear(&m.b);
-				return usage_error("--fusion is none, rules or apollo, not '%s'", v);
-			}
-			i++;
-		} else if (!strcmp(a, "--fusion-barrier") && v) {
-			if (!strv_push(&barriers, &opt.n_fusion_barriers, v)) {
-				bindings_clear(&m.b);
-				return 1;
-			}
-			i++;
-		} else if (!strcmp(a, "--keep-whole") && v) {
-			if (!strv_push(&whole, &opt.n_keep_whole, v)) {
-				bindings_clear(&m.b);
-				return 1;
-			}
-			i++;
-		} else if (!strcmp(a, "--data") && v) {
-			m.data_dir = v;
-			i++;
-		} else if (!strcmp(a, "--input") && v) {
-			if (add_input_file(&m.b, v, &err) < 0) {
-				bindings_clear(&m.b);
-				return fail("submit", &err);
-			}
-			i++;
-		} else if (a[0] == '-' && a[1]) {
-			bindings_clear(&m.b);
-			return usage_error("submit: unknown or incomplete option '%s'", a);
-		} else if (!m.model) {
-			m.model = a;
-		} else {
-			bindings_clear(&m.b);
-			return usage_error("submit takes one model, got '%s' too", a);
-		}
-	}
-	opt.fusion_barriers = barriers;
-	opt.keep_whole = whole;
-	if (!m.model) {
-		bindings_clear(&m.b);
-		free((void *)barriers);
-		free((void *)whole);
-		return usage_error("submit: which model?");
-	}
-	info.model = m.model;
-	if (load_model(&m, &buf, &len, &io, &is_onnx, &err) < 0) {
+	if ((rc = submit_parse(argc, argv, &s)))
+		return rc;
+	rc = 1;
+	s.info.model = s.m.model;
+	if (load_model(&s.m, &buf, &len, &io, &is_onnx, &err) < 0) {
 		fail("submit", &err);
 		goto out;
 	}
-	if (is_onnx && !daemon_import) {
+	if (is_onnx && !s.daemon_import) {
 		/* the structure only: a submit never sends the weights */
-		g = import_model(buf, len, &m.b, NULL, &info.import_ms, &err);
+		g = import_model(buf, len, &s.m.b, NULL, &s.info.import_ms, &err);
 		if (!g) {
 			fail("submit", &err);
 			goto out;
@@ -605,55 +674,28 @@ static int cmd_submit(int argc, char **argv)
 		fail("submit", &err);
 		goto out;
 	}
-	gpu_device(&opt, &dev);
+	gpu_device(&s.opt, &dev);
 	t0 = ap_now_ms();
 	if (g)
-		bundle = ap_client_submit_graph(c, g, &opt, &err);
+		bundle = ap_client_submit_graph(c, g, &s.opt, &err);
 	else if (is_onnx)
-		bundle = ap_client_submit_onnx(c, buf, len, (const ap_host_tensor *const *)m.b.t,
-					       m.b.n, &opt, &err);
+		bundle = ap_client_submit_onnx(c, buf, len, (const ap_host_tensor *const *)s.m.b.t,
+					       s.m.b.n, &s.opt, &err);
 	else
-		bundle = ap_client_submit_graph_pb(c, buf, len, &opt, &err);
-	info.round_trip_ms = ap_now_ms() - t0;
+		bundle = ap_client_submit_graph_pb(c, buf, len, &s.opt, &err);
+	s.info.round_trip_ms = ap_now_ms() - t0;
 	if (!bundle) {
 		fail("submit", &err);
 		goto out;
 	}
-	if ((dump && dump_kernels(bundle, dump, &err) < 0) ||
-	    (dump_sched && dump_schedules(bundle, dump_sched, &err) < 0)) {
-		fail("submit", &err);
-		goto out;
-	}
-	if (json)
-		ap_report_json(stdout, bundle, &info);
-	else
-		ap_report_text(stdout, bundle, &info);
-	if (out) {
-		uint8_t *pk;
-		size_t pl;
-		if (ap_bundle_pack(bundle, &pk, &pl) < 0) {
-			fprintf(stderr, "apollo-client: submit: out of memory\n");
-			goto out;
-		}
-		if (ap_file_write(out, pk, pl, &err) < 0) {
-			free(pk);
-			fail("submit", &err);
-			goto out;
-		}
-		free(pk);
-		if (!json)
-			printf("bundle written to %s (%zu bytes)\n", out, pl);
-	}
-	rc = 0;
+	rc = submit_write(&s, bundle);
 out:
 	fflush(stdout);
 	ap_bundle_free(bundle);
 	ap_client_free(c);
 	ap_graph_free(g);
 	ap_onnx_io_free(io);
-	bindings_clear(&m.b);
-	free((void *)barriers);
-	free((void *)whole);
+	submit_args_clear(&s);
 	ap_file_unmap(buf, len);
 	return rc;
 }
@@ -855,6 +897,81 @@ static void print_profile(const ap_bundle *b, const ap_runtime *rt, int runs)
 	}
 }
 
+/* Binds a test set's inputs (by graph input, from `in`), the graph's
+ * constants and the model's weights (params) to runtime rt.  0, or the
+ * error with `err` set (its message prefixed "bind: "). */
+static int bind_set(ap_runtime *rt, const ap_bundle *bundle, const ap_graph *g,
+		    const ap_params *params, const ap_onnx_io *io, ap_host_tensor **in, int n_in,
+		    ap_error *err)
+{
+	int rc;
+
+	for (int i = 0; i < ap_bundle_n_buffers(bundle); i++) {
+		ap_bundle_buffer bf;
+		const ap_host_tensor *t;
+
+		ap_bundle_buffer_get(bundle, i, &bf);
+		if (bf.kind != AP_BUNDLE_BUF_INPUT)
+			continue;
+		t = input_data(bf.name, bf.index, io, in, n_in);
+		if (!t)
+			return ap_error_set(err, AP_EINVAL, NULL, bf.name,
+					    "no test data for graph input %d '%s'", bf.index, bf.name);
+		if ((rc = ap_runtime_bind_input(rt, bf.index, t, err)) < 0) {
+			error_message(err, "bind");
+			return rc;
+		}
+	}
+	if ((rc = ap_runtime_bind_consts(rt, g, err)) < 0 ||
+	    (rc = ap_runtime_bind_params(rt, params, err)) < 0) {
+		error_message(err, "bind");
+		return rc;
+	}
+	return 0;
+}
+
+/* Compares output k (`got`) with the test set's `want` under o's
+ * tolerances (rtol, atol, the mismatch fraction), keeping the largest
+ * error seen in w.  0 when it passes; else AP_ESHAPE with `err` naming
+ * the output and either why the shapes differ or the first element off,
+ * with both values. */
+static int compare_output(int k, const ap_host_tensor *got, const ap_host_tensor *want,
+			  const check_opts *o, worst *w, ap_error *err)
+{
+	ap_compare_result r;
+	char at[160];
+	ap_host_tensor one_g = *got, one_w = *want;
+	double vg, vw;
+	size_t es = ap_dtype_size(got->dtype);
+
+	ap_compare_tensors(got, want, o->rtol, o->atol, &r);
+	if (!r.ok && !r.why[0] && o->mismatch > 0 &&
+	    (double)r.n_bad <= o->mismatch * (double)(want->nbytes / ap_dtype_size(want->dtype)))
+		r.ok = true;
+	if (r.max_at >= 0 && (r.max_abs_err > w->err || !w->where[0])) {
+		ap_compare_format_index(want->rank, want->dims, r.max_at, at, sizeof(at));
+		w->err = r.max_abs_err;
+		snprintf(w->where, sizeof(w->where), "output %d '%s'%s", k, got->name, at);
+	}
+	if (r.ok)
+		return 0;
+	if (r.why[0])
+		return ap_error_set(err, AP_ESHAPE, NULL, got->name, "output %d '%s': %s", k,
+				    got->name, r.why);
+	/* Say where the first bad element is, and its values. */
+	ap_compare_format_index(want->rank, want->dims, r.first_bad, at, sizeof(at));
+	one_g.rank = one_w.rank = 0;
+	one_g.nbytes = one_w.nbytes = es;
+	one_g.data = (uint8_t *)got->data + (size_t)r.first_bad * es;
+	one_w.data = (uint8_t *)want->data + (size_t)r.first_bad * es;
+	vg = ap_elem_get(one_g.data, got->dtype, 0);
+	vw = ap_elem_get(one_w.data, want->dtype, 0);
+	return ap_error_set(err, AP_ESHAPE, NULL, got->name,
+			    "output %d '%s': %lld of %lld elements off, first at %s: got %.8g, "
+			    "want %.8g", k, got->name, (long long)r.n_bad,
+			    (long long)(want->nbytes / (es ? es : 1)), at, vg, vw);
+}
+
 static int check_set(ap_client **cp, const char *setdir, const uint8_t *model, size_t model_len,
 		     const ap_onnx_io *io, const check_opts *o, const char *save_set, worst *w,
 		     int *n_kernels, unsigned *n_eager, bool *hit, double *run_ms, char *msg, size_t cap)
@@ -915,28 +1032,8 @@ static int check_set(ap_client **cp, const char *setdir, const uint8_t *model, s
 		error_message(&err, "load");
 		goto error;
 	}
-	for (int i = 0; i < ap_bundle_n_buffers(bundle); i++) {
-		ap_bundle_buffer bf;
-		const ap_host_tensor *t;
-		ap_bundle_buffer_get(bundle, i, &bf);
-		if (bf.kind != AP_BUNDLE_BUF_INPUT)
-			continue;
-		t = input_data(bf.name, bf.index, io, in, n_in);
-		if (!t) {
-			rc = ap_error_set(&err, AP_EINVAL, NULL, bf.name,
-					  "no test data for graph input %d '%s'", bf.index, bf.name);
-			goto error;
-		}
-		if ((rc = ap_runtime_bind_input(rt, bf.index, t, &err)) < 0) {
-			error_message(&err, "bind");
-			goto error;
-		}
-	}
-	if ((rc = ap_runtime_bind_consts(rt, g, &err)) < 0 ||
-	    (rc = ap_runtime_bind_params(rt, params, &err)) < 0) {
-		error_message(&err, "bind");
+	if ((rc = bind_set(rt, bundle, g, params, io, in, n_in, &err)) < 0)
 		goto error;
-	}
 	if ((rc = ap_runtime_run(rt, &err)) < 0) {
 		error_message(&err, "run");
 		goto error;
@@ -954,8 +1051,6 @@ static int check_set(ap_client **cp, const char *setdir, const uint8_t *model, s
 		goto error;
 	}
 	for (int k = 0; k < n_want; k++) {
-		ap_compare_result r;
-		char at[160];
 		got = ap_runtime_output(rt, k, &err);
 		if (!got) {
 			rc = err.code;
@@ -964,41 +1059,8 @@ static int check_set(ap_client **cp, const char *setdir, const uint8_t *model, s
 		/* Saved before the comparison: the next run checks against it. */
 		if (save_set && (rc = ap_testdata_save(save_set, "output", k, got, NULL, &err)) < 0)
 			goto error;
-		ap_compare_tensors(got, want[k], o->rtol, o->atol, &r);
-		if (!r.ok && !r.why[0] && o->mismatch > 0 &&
-		    (double)r.n_bad <= o->mismatch * (double)(want[k]->nbytes / ap_dtype_size(want[k]->dtype)))
-			r.ok = true;
-		if (r.max_at >= 0 && (r.max_abs_err > w->err || !w->where[0])) {
-			ap_compare_format_index(want[k]->rank, want[k]->dims, r.max_at, at,
-						sizeof(at));
-			w->err = r.max_abs_err;
-			snprintf(w->where, sizeof(w->where), "output %d '%s'%s", k, got->name, at);
-		}
-		if (!r.ok) {
-			if (r.why[0]) {
-				rc = ap_error_set(&err, AP_ESHAPE, NULL, got->name,
-						  "output %d '%s': %s", k, got->name, r.why);
-			} else {
-				/* Say where the first bad element is, and its values. */
-				ap_host_tensor one_g = *got, one_w = *want[k];
-				double vg, vw;
-				size_t es = ap_dtype_size(got->dtype);
-				ap_compare_format_index(want[k]->rank, want[k]->dims, r.first_bad, at,
-							sizeof(at));
-				one_g.rank = one_w.rank = 0;
-				one_g.nbytes = one_w.nbytes = es;
-				one_g.data = (uint8_t *)got->data + (size_t)r.first_bad * es;
-				one_w.data = (uint8_t *)want[k]->data + (size_t)r.first_bad * es;
-				vg = ap_elem_get(one_g.data, got->dtype, 0);
-				vw = ap_elem_get(one_w.data, want[k]->dtype, 0);
-				rc = ap_error_set(&err, AP_ESHAPE, NULL, got->name,
-						  "output %d '%s': %lld of %lld elements off, first at %s: "
-						  "got %.8g, want %.8g",
-						  k, got->name, (long long)r.n_bad,
-						  (long long)(want[k]->nbytes / (es ? es : 1)), at, vg, vw);
-			}
+		if ((rc = compare_output(k, got, want[k], o, w, &err)) < 0)
 			goto error;
-		}
 		got = ap_host_tensor_free(got);
 	}
 	rc = 0;
@@ -1242,8 +1304,14 @@ static int cmd_check(int argc, char **argv)
 	o.timeout_s = 900;
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-		if (!strcmp(a, "--target") && v) {
-			o.submit.target = argv[++i];
+		int took = compile_option(a, v, &o.submit, &barriers, &whole);
+
+		if (took < 0) {
+			rc = -took;
+			goto out;
+		}
+		if (took) {
+			i += took - 1;
 		} else if (!strcmp(a, "--rtol") && v) {
 			if (!parse_double(v, &o.rtol)) {
 				rc = usage_error("--rtol wants a number >= 0, not '%s'", v);
@@ -1276,28 +1344,6 @@ static int cmd_check(int argc, char **argv)
 				goto out;
 			}
 			o.timeout_s = (int)t;
-			i++;
-		} else if (!strcmp(a, "--no-cache")) {
-			o.submit.no_cache = true;
-		} else if (!strcmp(a, "--allow-tf32")) {
-			o.submit.allow_tf32 = true;
-		} else if (!strcmp(a, "--no-tune")) {
-			o.submit.no_tune = true;
-		} else if (!strcmp(a, "--host-check")) {
-			o.submit.host_check = true;
-		} else if (!strcmp(a, "--fusion") && v) {
-			if (!parse_fusion(v, &o.submit.fusion)) {
-				rc = usage_error("--fusion is none, rules or apollo, not '%s'", v);
-				goto out;
-			}
-			i++;
-		} else if (!strcmp(a, "--fusion-barrier") && v) {
-			if (!strv_push(&barriers, &o.submit.n_fusion_barriers, v))
-				goto out;
-			i++;
-		} else if (!strcmp(a, "--keep-whole") && v) {
-			if (!strv_push(&whole, &o.submit.n_keep_whole, v))
-				goto out;
 			i++;
 		} else if (!strcmp(a, "--save-outputs") && v) {
 			o.save_dir = v;

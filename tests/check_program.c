@@ -551,6 +551,78 @@ static void softmax_case(bool log_, int64_t rows, int64_t cols, float lo, float 
 	ap_graph_free(g);
 }
 
+/* The pipeline's dump after each stage (ap_build_options.dump_after): a
+ * softmax (expanded into a reduction and its consumers, stitched by Layer
+ * II) next to an independent elementwise op (merged by Layer III).  Each
+ * stage's dump names the stage and lists its items; the dump changes
+ * nothing in the program; an unknown stage is refused. */
+START_TEST(pipeline_dump_after_each_stage)
+{
+	static const struct {
+		const char *stage, *item;
+	} st[] = {
+		{ "expand", "node 0: " },      { "partition", "group 0: " },
+		{ "micro-graphs", "unit 0: " }, { "layer I", "unit 0: " },
+		{ "layer II", "unit 0: " },     { "emit", "unit 0: " },
+		{ "layer III", "launch 0: units" }, { "print", "launch 0: ap_" },
+		{ "plan", "buffer 0: x kind 0" },
+	};
+	ap_graph *g = ap_graph_new("dump");
+	int x = input(g, "x", AP_DT_F32, DIMS(8, 64)), w = input(g, "w", AP_DT_F32, DIMS(8, 64));
+	int y = value(g, "y", AP_DT_F32, DIMS(8, 64)), z = value(g, "z", AP_DT_F32, DIMS(8, 64));
+	ap_program *plain;
+	ap_error err;
+	int n;
+
+	n = node(g, "sm", AP_OP_SOFTMAX, LIST(x), LIST(y));
+	ap_node_set_ints(g, n, "axes", (int64_t[]){1}, 1);
+	node(g, "th", AP_OP_TANH, LIST(w), LIST(z));
+	output(g, y);
+	output(g, z);
+	plain = build_cuda(g, NULL);
+	for (size_t i = 0; i < sizeof(st) / sizeof(st[0]); i++) {
+		ap_build_options o = { .dump_after = st[i].stage };
+		char *text = NULL, head[64];
+		size_t len = 0;
+		int launches = 0;
+		ap_program *p;
+
+		o.dump_file = open_memstream(&text, &len);
+		ck_assert_ptr_nonnull(o.dump_file);
+		p = build_cuda(g, &o);
+		fclose(o.dump_file);
+		snprintf(head, sizeof(head), "== after %s\n", st[i].stage);
+		ck_assert_msg(!strncmp(text, head, strlen(head)), "%s: dump starts '%.40s'", st[i].stage,
+			      text);
+		ck_assert_msg(strstr(text, st[i].item), "%s: no '%s' in\n%s", st[i].stage, st[i].item,
+			      text);
+		if (!strcmp(st[i].stage, "print"))
+			for (const char *q = text; (q = strstr(q, "\nlaunch ")); q++)
+				launches++;
+		if (!strcmp(st[i].stage, "print"))
+			ck_assert_int_eq(launches, p->n_launches);
+		if (!strcmp(st[i].stage, "layer II"))   /* the softmax's parts, stitched */
+			ck_assert_ptr_nonnull(strstr(text, "layers II"));
+		/* the dump changes nothing */
+		ck_assert_int_eq(p->n_kernels, plain->n_kernels);
+		for (int k = 0; k < p->n_kernels; k++)
+			ck_assert_str_eq(p->kernels[k].src, plain->kernels[k].src);
+		ap_program_free(p);
+		free(text);
+	}
+	{
+		ap_build_options o = { .target = "sm_80", .dump_after = "layer IV" };
+
+		ap_error_clear(&err);
+		ck_assert_ptr_null(ap_program_build(g, &o, &err));
+		ck_assert_int_eq(err.code, AP_EINVAL);
+		ck_assert_ptr_nonnull(strstr(err.msg, "no such stage"));
+	}
+	ap_program_free(plain);
+	ap_graph_free(g);
+}
+END_TEST
+
 START_TEST(softmax_block_and_serial)
 {
 	softmax_case(false, 3, 200, 900, 1000);   /* large values: max-subtracted */
@@ -3764,6 +3836,7 @@ static Suite *program_suite(void)
 
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, elementwise_chain_is_one_kernel);
+	tcase_add_test(tc, pipeline_dump_after_each_stage);
 	tcase_add_test(tc, broadcast_chain_with_param);
 	tcase_add_test(tc, softmax_block_and_serial);
 	tcase_add_test(tc, layernorm_with_mean_and_invstddev);

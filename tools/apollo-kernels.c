@@ -7,6 +7,7 @@
  *
  *   apollo-kernels MODEL.onnx [--target T] [--data DIR] [--fusion none|rules|apollo]
  *                  [--allow-tf32] [--only NAME] [--ptxas] [--floor [WORKERS]]
+ *                  [--dump-after STAGE]
  *
  * --ptxas (CUDA targets): instead of the source, one line per kernel with
  * what ptxas reports for it through NVRTC (-Xptxas -v): registers per
@@ -20,6 +21,10 @@
  * worker (the kernels dealt round-robin, their sources concatenated), wall
  * milliseconds of each.  bench/compile.sh sets the daemon's cold compile
  * beside it.
+ *
+ * --dump-after STAGE: after that stage of the pipeline (server/driver/
+ * pipeline.c), each round writes what it left to stderr, one line per item
+ * (nodes, groups, micro-graphs with their kernels, launches, buffers).
  *
  * Output goes to stdout; errors to stderr with exit status 1.  This is
  * the same build the daemon runs (ap_program_build), so what it prints is
@@ -41,7 +46,9 @@ static int usage(void)
 {
 	fprintf(stderr, "usage: apollo-kernels MODEL.onnx [--target T] [--data DIR] "
 			"[--fusion none|rules|apollo] [--allow-tf32] [--only NAME] [--ptxas] "
-			"[--floor [WORKERS]]\n");
+			"[--floor [WORKERS]] [--dump-after STAGE]\n"
+			"  STAGE: expand, partition, micro-graphs, \"layer I\", \"layer II\", emit,\n"
+			"         \"layer III\", print, plan (what it left, each round, on stderr)\n");
 	return 1;
 }
 
@@ -183,6 +190,8 @@ int main(int argc, char **argv)
 			only = argv[++i];
 		else if (!strcmp(argv[i], "--ptxas"))
 			ptxas = true;
+		else if (!strcmp(argv[i], "--dump-after") && i + 1 < argc)
+			opt.dump_after = argv[++i];
 		else if (!strcmp(argv[i], "--floor")) {
 			long n = sysconf(_SC_NPROCESSORS_ONLN);
 

@@ -14,7 +14,7 @@ and outputs stay float32 ("mixed precision" as a training job feeds it).
 Its test_data_set_0 holds the original inputs and, as outputs, what
 onnxruntime (CPU, graph optimisations off) computes from the original
 float32 model on them: the reference the 16-bit model is checked against,
-with tolerances for its precision (README, "Tests").  Used by
+with tolerances for its precision (docs/testing.md).  Used by
 tests/precision.sh; never at build time.
 """
 import argparse

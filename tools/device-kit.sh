@@ -2,7 +2,7 @@
 # device-kit.sh [OUTDIR] -- the device kit (default build/device-kit): a folder
 # that a bare GPU machine (an NVIDIA driver, CUDA, PyTorch; none of the
 # libraries Apollo links, no package registry) runs with one command,
-# `sh OUTDIR/device-check.sh RESULTS` (tools/device-check.sh; README, "The
+# `sh OUTDIR/device-check.sh RESULTS` (tools/device-check.sh; docs/testing.md, "The
 # device kit").  It holds:
 #   bin/       apollod, apollo-client, tests/check_runtime and the stand-in
 #              driver tests/libcuda-standin.so, as built here (make all),

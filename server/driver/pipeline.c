@@ -51,6 +51,18 @@ static const char *const stage_names[AP_PIPELINE_STAGES] = {
 	"plan",
 };
 
+#define STAGE_LIST \
+	"expand, partition, micro-graphs, layer I, layer II, emit, layer III, print, plan"
+
+/* True when `name` is one of stage_names. */
+static bool stage_known(const char *name)
+{
+	for (int i = 0; i < AP_PIPELINE_STAGES; i++)
+		if (!strcmp(name, stage_names[i]))
+			return true;
+	return false;
+}
+
 const char *ap_pipeline_stage_name(int i)
 {
 	return i >= 0 && i < AP_PIPELINE_STAGES ? stage_names[i] : NULL;
@@ -833,19 +845,89 @@ static void program_reset(ap_program *prog)
 	prog->n_launches = 0;
 }
 
-/* One round, from the partition to printed launches.  0 (done), 1 (a
- * refusal was applied: run again), or an error. */
-static int round_once(pipe *P)
-{
-	double t = ap_now_ms();
-	refusal r;
-	int rc;
+/* ---- the dump after a stage (ap_build_options.dump_after) ---------------------------- */
 
-	memset(&r, 0, sizeof(r));
-	r.launch = -1;
-	units_clear(P);
-	program_reset(P->prog);
-	kernel_names_free(P);
+/* Writes the state a stage left, one line per item, to the dump file:
+ * after expand the primitive graph's nodes; after partition its groups;
+ * after micro-graphs, layer I, layer II and emit the round's units (their
+ * kind, groups, layers, member nodes, and once emitted their kernel);
+ * after layer III the launches' units; after print the program's
+ * launches; after plan its buffers.  Nothing when dump_after names
+ * another stage (or none).  Each round writes its own dump. */
+static void dump_stage(pipe *P, int id)
+{
+	const char *after = P->opt->dump_after;
+	FILE *f = P->opt->dump_file ? P->opt->dump_file : stderr;
+	const ap_program *prog = P->prog;
+
+	if (!after || strcmp(after, stage_names[id]))
+		return;
+	fprintf(f, "== after %s\n", stage_names[id]);
+	if (id == ST_EXPAND)
+		for (int i = 0; i < P->eg->n_nodes; i++)
+			fprintf(f, "node %d: %s %s\n", i, ap_op_name(P->eg->nodes[i].op),
+				P->eg->nodes[i].name);
+	if (id == ST_PARTITION)
+		for (int gi = 0; gi < P->part->n_groups; gi++) {
+			const ap_group *gr = &P->part->groups[gi];
+
+			fprintf(f, "group %d: %s, subgraph %d:", gi, ap_group_kind_name(gr->kind),
+				gr->subgraph);
+			for (int j = 0; j < gr->n_nodes; j++)
+				fprintf(f, " %s", P->part->g->nodes[gr->nodes[j]].name);
+			fputc('\n', f);
+		}
+	if (id >= ST_MGRAPHS && id <= ST_EMIT)
+		for (int i = 0; i < P->n_units; i++) {
+			const unit *u = &P->units[i];
+			const ap_mgraph *m = u->m;
+
+			fprintf(f, "unit %d: %s, groups", i, ap_group_kind_name(m->kind));
+			for (int q = 0; q < m->n_groups; q++)
+				fprintf(f, "%s%d", q ? "," : " ", m->groups[q]);
+			fprintf(f, ", layers%s%s%s%s", m->layers ? "" : " none",
+				m->layers & AP_LAYER_I ? " I" : "", m->layers & AP_LAYER_II ? " II" : "",
+				m->layers & AP_LAYER_III ? " III" : "");
+			if (u->k)   /* named by content when printed */
+				fprintf(f, ", kernel grid %ux%ux%u block %ux%ux%u", u->k->grid[0], u->k->grid[1], u->k->grid[2], u->k->block[0],
+					u->k->block[1], u->k->block[2]);
+			fputc(':', f);
+			for (int j = 0; j < m->g->n_nodes; j++)
+				if (m->member[j])
+					fprintf(f, " %s", m->g->nodes[j].name);
+			fputc('\n', f);
+		}
+	if (id == ST_LAYER3)
+		for (int li = 0; li < P->n_launches; li++) {
+			fprintf(f, "launch %d: units", li);
+			for (int j = 0; j < P->launches[li].n; j++)
+				fprintf(f, " %d", P->launches[li].units[j]);
+			fputc('\n', f);
+		}
+	if (id == ST_PRINT)
+		for (int li = 0; li < prog->n_launches; li++) {
+			const ap_kernel_src *k = &prog->kernels[prog->launches[li].kernel];
+
+			fprintf(f, "launch %d: %s grid %ux%ux%u block %ux%ux%u, %d nodes\n", li, k->name,
+				k->grid[0], k->grid[1], k->grid[2], k->block[0], k->block[1], k->block[2],
+				prog->launches[li].n_nodes);
+		}
+	if (id == ST_PLAN)
+		for (int i = 0; i < prog->n_buffers; i++)
+			fprintf(f, "buffer %d: %s kind %d, %lld bytes at %lld\n", i, prog->buffers[i].name,
+				(int)prog->buffers[i].kind, (long long)prog->buffers[i].nbytes,
+				(long long)prog->buffers[i].offset);
+	fflush(f);
+}
+
+/* ---- the stages of a round ---------------------------------------------------------
+ * Each returns 0 (go on), 1 (a refusal was applied: the round runs again)
+ * or an error with P->err set; `r` is the round's refusal record. */
+
+/* micro-graphs: one unit per partition group, extracted as tasks. */
+static int stage_mgraphs(pipe *P, refusal *r)
+{
+	(void)r;
 	P->units = calloc((size_t)P->part->n_groups + 1, sizeof(unit));
 	if (!P->units)
 		return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
@@ -859,111 +941,109 @@ static int round_once(pipe *P)
 			*P->err = P->units[i].err;
 			return P->units[i].rc;
 		}
-	P->prog->stage_ms[ST_MGRAPHS] += ap_now_ms() - t;
+	return 0;
+}
 
-	/* Layer I: window micro-graphs scheduled with isl; one that Layer I
-	 * wanted and refused (or the cost model turned down) is cut at its
-	 * pooling, with the reason in the explain report */
-	t = ap_now_ms();
-	if (P->part->level == AP_FUSE_APOLLO && !P->opt->no_layer1) {
-		unsigned n1 = 0;
+/* layer I: window micro-graphs scheduled with isl; one that Layer I
+ * wanted and refused (or the cost model turned down) is cut at its
+ * pooling, with the reason in the explain report. */
+static int stage_layer1(pipe *P, refusal *r)
+{
+	double t = ap_now_ms();
+	unsigned n1 = 0;
+	int rc;
 
-		run_tasks(P, P->n_units, layer1_task, P);
-		for (int i = 0; i < P->n_units; i++) {
-			unit *u = &P->units[i];
+	if (P->part->level != AP_FUSE_APOLLO || P->opt->no_layer1)
+		return 0;
+	run_tasks(P, P->n_units, layer1_task, P);
+	for (int i = 0; i < P->n_units; i++) {
+		unit *u = &P->units[i];
 
-			if (u->rc) {
-				*P->err = u->err;
-				return u->rc;
-			}
-			if (u->l1) {
-				char *d = NULL;
-
-				n1++;
-				u->m->layers |= AP_LAYER_I;
-				if (asprintf(&d, "Layer I: the pooled tensor is staged in shared memory per tile "
-					     "(%.2f evaluations per element)", ap_fuse_layer1_recompute(u->l1)) < 0)
-					return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
-				free(u->m->detail);
-				u->m->detail = d;
-				continue;
-			}
-			if (!u->l1_why[0])
-				continue;
-			r.who = "layer I";
-			snprintf(r.why, sizeof(r.why), "layer I: %s", u->l1_why);
-			snprintf(r.node, sizeof(r.node), "%s", ap_fuse_layer1_window_name(u->m));
-			r.unit = i;
-			P->prog->stage_ms[ST_LAYER1] += ap_now_ms() - t;
-			rc = apply_refusal(P, &r, NULL);
-			return rc ? rc : 1;
+		if (u->rc) {
+			*P->err = u->err;
+			return u->rc;
 		}
-		P->prog->layer_count[0] = n1;
+		if (u->l1) {
+			char *d = NULL;
+
+			n1++;
+			u->m->layers |= AP_LAYER_I;
+			if (asprintf(&d, "Layer I: the pooled tensor is staged in shared memory per tile "
+				     "(%.2f evaluations per element)", ap_fuse_layer1_recompute(u->l1)) < 0)
+				return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
+			free(u->m->detail);
+			u->m->detail = d;
+			continue;
+		}
+		if (!u->l1_why[0])
+			continue;
+		r->who = "layer I";
+		snprintf(r->why, sizeof(r->why), "layer I: %s", u->l1_why);
+		snprintf(r->node, sizeof(r->node), "%s", ap_fuse_layer1_window_name(u->m));
+		r->unit = i;
+		rc = apply_refusal(P, r, NULL);
+		return rc ? rc : 1;
 	}
-	P->prog->stage_ms[ST_LAYER1] += ap_now_ms() - t;
+	P->prog->layer_count[0] = n1;
 	P->prog->layer1_ms += ap_now_ms() - t;
-	t = ap_now_ms();
-	if (P->part->level == AP_FUSE_APOLLO) {
-		unsigned n2 = 0;
-		ap_mgraph **ms = malloc(((size_t)P->n_units + 1) * sizeof(*ms));
-		int n = P->n_units;
-		ap_layer1 **l1 = malloc(((size_t)P->n_units + 1) * sizeof(*l1));
-		const ap_mgraph **was = malloc(((size_t)P->n_units + 1) * sizeof(*was));
+	return 0;
+}
 
-		if (!ms || !l1 || !was) {
-			free(ms);
-			free(l1);
-			free(was);
-			return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
-		}
-		for (int i = 0; i < n; i++) {
-			ms[i] = P->units[i].m;
-			was[i] = ms[i];
-			l1[i] = P->units[i].l1;
-			P->units[i].l1 = NULL;
-		}
-		rc = ap_fuse_stitch(P->part, &ms, &n, P->no_stitch, &P->ti, &n2, P->err);
-		/* the array now owns the micro-graphs (stitched parts were freed);
-		 * Layer I's plans follow the micro-graphs Layer II left alone */
-		for (int i = 0; i < P->n_units; i++)
-			P->units[i].m = NULL;
-		for (int i = 0; i < n; i++) {
-			P->units[i].m = ms[i];
-			for (int j = 0; j < P->n_units; j++)
-				if (was[j] == ms[i]) {
-					P->units[i].l1 = l1[j];
-					l1[j] = NULL;
-				}
-		}
-		for (int j = 0; j < P->n_units; j++)
-			ap_fuse_layer1_free(l1[j]);
-		P->n_units = n;
+/* layer II: memory stitching (server/fuse/stitch.c) over the units;
+ * Layer I's plans follow the micro-graphs it left alone. */
+static int stage_layer2(pipe *P, refusal *r)
+{
+	unsigned n2 = 0;
+	ap_mgraph **ms;
+	ap_layer1 **l1;
+	const ap_mgraph **was;
+	int n = P->n_units, rc;
+
+	(void)r;
+	if (P->part->level != AP_FUSE_APOLLO)
+		return 0;
+	ms = malloc(((size_t)P->n_units + 1) * sizeof(*ms));
+	l1 = malloc(((size_t)P->n_units + 1) * sizeof(*l1));
+	was = malloc(((size_t)P->n_units + 1) * sizeof(*was));
+	if (!ms || !l1 || !was) {
 		free(ms);
 		free(l1);
 		free(was);
-		if (rc)
-			return rc;
-		P->prog->layer_count[1] = n2;
+		return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
 	}
-	P->prog->stage_ms[ST_LAYER2] += ap_now_ms() - t;
-
-	t = ap_now_ms();
-	for (int i = 0; i < P->n_units; i++) {
-		char buf[200];
-		const char *op, *why = hook_refuses(P, &P->units[i], buf, sizeof(buf), &op);
-
-		if (why) {
-			r.who = "lowering";
-			snprintf(r.why, sizeof(r.why), "%s", why);
-			r.unit = i;
-			r.op = op;
-			r.by_size = !op;
-			P->prog->stage_ms[ST_EMIT] += ap_now_ms() - t;
-			rc = apply_refusal(P, &r, NULL);
-			return rc ? rc : 1;
-		}
+	for (int i = 0; i < n; i++) {
+		ms[i] = P->units[i].m;
+		was[i] = ms[i];
+		l1[i] = P->units[i].l1;
+		P->units[i].l1 = NULL;
 	}
-	run_tasks(P, P->n_units, emit_task, P);
+	rc = ap_fuse_stitch(P->part, &ms, &n, P->no_stitch, &P->ti, &n2, P->err);
+	/* the array now owns the micro-graphs (stitched parts were freed) */
+	for (int i = 0; i < P->n_units; i++)
+		P->units[i].m = NULL;
+	for (int i = 0; i < n; i++) {
+		P->units[i].m = ms[i];
+		for (int j = 0; j < P->n_units; j++)
+			if (was[j] == ms[i]) {
+				P->units[i].l1 = l1[j];
+				l1[j] = NULL;
+			}
+	}
+	for (int j = 0; j < P->n_units; j++)
+		ap_fuse_layer1_free(l1[j]);
+	P->n_units = n;
+	free(ms);
+	free(l1);
+	free(was);
+	if (rc)
+		return rc;
+	P->prog->layer_count[1] = n2;
+	return 0;
+}
+
+/* The program's tuning counts: the sum of its units'. */
+static void sum_tuning(pipe *P)
+{
 	P->prog->tune_hits = P->prog->tune_measured = P->prog->tune_searched = 0;
 	P->prog->tune_tried = P->prog->tune_capped = 0;
 	for (int i = 0; i < P->n_units; i++) {
@@ -977,6 +1057,31 @@ static int round_once(pipe *P)
 		P->prog->tune_capped += u->tune_capped;
 		P->prog->tune_ms += u->tune_ms;
 	}
+}
+
+/* emit: each unit lowered by its emitter (tasks), after the test hooks'
+ * verdict; a unit its emitter refuses (AP_EUNSUPPORTED, AP_EINTERNAL) is
+ * taken apart by the upper layers. */
+static int stage_emit(pipe *P, refusal *r)
+{
+	int rc;
+
+	for (int i = 0; i < P->n_units; i++) {
+		char buf[200];
+		const char *op, *why = hook_refuses(P, &P->units[i], buf, sizeof(buf), &op);
+
+		if (why) {
+			r->who = "lowering";
+			snprintf(r->why, sizeof(r->why), "%s", why);
+			r->unit = i;
+			r->op = op;
+			r->by_size = !op;
+			rc = apply_refusal(P, r, NULL);
+			return rc ? rc : 1;
+		}
+	}
+	run_tasks(P, P->n_units, emit_task, P);
+	sum_tuning(P);
 	for (int i = 0; i < P->n_units; i++) {
 		unit *u = &P->units[i];
 
@@ -986,63 +1091,70 @@ static int round_once(pipe *P)
 			*P->err = u->err;
 			return u->rc;
 		}
-		r.who = "lowering";
-		snprintf(r.why, sizeof(r.why), "%s", u->err.msg);
-		snprintf(r.node, sizeof(r.node), "%s", u->err.node);
-		r.unit = i;
-		P->prog->stage_ms[ST_EMIT] += ap_now_ms() - t;
-		rc = apply_refusal(P, &r, &u->err);
+		r->who = "lowering";
+		snprintf(r->why, sizeof(r->why), "%s", u->err.msg);
+		snprintf(r->node, sizeof(r->node), "%s", u->err.node);
+		r->unit = i;
+		rc = apply_refusal(P, r, &u->err);
 		return rc ? rc : 1;
 	}
-	P->prog->stage_ms[ST_EMIT] += ap_now_ms() - t;
+	return 0;
+}
 
-	t = ap_now_ms();
-	{
-		ap_kir_kernel **ks = malloc(((size_t)P->n_units + 1) * sizeof(*ks));
-		ap_traffic *tr = malloc(((size_t)P->n_units + 1) * sizeof(*tr));
-		const ap_mgraph **ms = malloc(((size_t)P->n_units + 1) * sizeof(*ms));
-		unsigned n3 = 0;
+/* layer III: parallelism stitching (server/fuse/horizontal.c), the units'
+ * kernels grouped into launches. */
+static int stage_layer3(pipe *P, refusal *r)
+{
+	ap_kir_kernel **ks = malloc(((size_t)P->n_units + 1) * sizeof(*ks));
+	ap_traffic *tr = malloc(((size_t)P->n_units + 1) * sizeof(*tr));
+	const ap_mgraph **ms = malloc(((size_t)P->n_units + 1) * sizeof(*ms));
+	unsigned n3 = 0;
+	int rc;
 
-		if (!ks || !tr || !ms) {
-			free(ks);
-			free(tr);
-			free(ms);
-			return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
-		}
-		for (int i = 0; i < P->n_units; i++) {
-			ks[i] = P->units[i].k;
-			tr[i] = P->units[i].traffic;
-			ms[i] = P->units[i].m;
-			/* a build of candidates to time: each tuned kernel alone */
-			if (P->opt->tune && P->opt->tune->variant && P->units[i].k &&
-			    P->units[i].tuned != AP_TUNE_DEFAULT)
-				for (int q = 0; q < ms[i]->n_groups; q++)
-					P->no_merge[ms[i]->groups[q]] = true;
-		}
-		rc = ap_fuse_horizontal(P->part, ms, ks, tr, P->n_units,
-					P->part->level == AP_FUSE_APOLLO, P->no_merge, &P->ti,
-					&P->launches, &P->n_launches, &n3, P->err);
+	(void)r;
+	if (!ks || !tr || !ms) {
 		free(ks);
 		free(tr);
 		free(ms);
-		if (rc)
-			return rc;
-		P->prog->layer_count[2] = n3;
+		return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
 	}
-	P->prog->stage_ms[ST_LAYER3] += ap_now_ms() - t;
+	for (int i = 0; i < P->n_units; i++) {
+		ks[i] = P->units[i].k;
+		tr[i] = P->units[i].traffic;
+		ms[i] = P->units[i].m;
+		/* a build of candidates to time: each tuned kernel alone */
+		if (P->opt->tune && P->opt->tune->variant && P->units[i].k &&
+		    P->units[i].tuned != AP_TUNE_DEFAULT)
+			for (int q = 0; q < ms[i]->n_groups; q++)
+				P->no_merge[ms[i]->groups[q]] = true;
+	}
+	rc = ap_fuse_horizontal(P->part, ms, ks, tr, P->n_units, P->part->level == AP_FUSE_APOLLO,
+				P->no_merge, &P->ti, &P->launches, &P->n_launches, &n3, P->err);
+	free(ks);
+	free(tr);
+	free(ms);
+	if (rc)
+		return rc;
+	P->prog->layer_count[2] = n3;
+	return 0;
+}
 
-	t = ap_now_ms();
+/* print: each launch's kernel printed once for the target and offered to
+ * the backend hook; a refused one is taken apart. */
+static int stage_print(pipe *P, refusal *r)
+{
+	int rc;
+
 	P->launch_of_unit = malloc(((size_t)P->n_units + 1) * sizeof(int));
 	if (!P->launch_of_unit)
 		return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
 	for (int i = 0; i < P->n_units; i++)
 		P->launch_of_unit[i] = -1;
 	for (int li = 0; li < P->n_launches; li++) {
-		int ki = print_launch(P, li, &r);
+		int ki = print_launch(P, li, r);
 
 		if (ki == REFUSED) {
-			P->prog->stage_ms[ST_PRINT] += ap_now_ms() - t;
-			rc = apply_refusal(P, &r, NULL);
+			rc = apply_refusal(P, r, NULL);
 			return rc ? rc : 1;
 		}
 		if (ki < 0)
@@ -1052,7 +1164,39 @@ static int round_once(pipe *P)
 		for (int j = 0; j < P->launches[li].n; j++)
 			P->launch_of_unit[P->launches[li].units[j]] = P->prog->n_launches - 1;
 	}
-	P->prog->stage_ms[ST_PRINT] += ap_now_ms() - t;
+	return 0;
+}
+
+/* The stages of a round, in order (the file comment). */
+static const struct {
+	int id;                      /* ST_*: its stage_ms slot and name */
+	int (*run)(pipe *P, refusal *r);
+} round_stages[] = {
+	{ ST_MGRAPHS, stage_mgraphs }, { ST_LAYER1, stage_layer1 }, { ST_LAYER2, stage_layer2 },
+	{ ST_EMIT, stage_emit },       { ST_LAYER3, stage_layer3 }, { ST_PRINT, stage_print },
+};
+
+/* One round, from the partition to printed launches: the stages in order,
+ * each timed, the round's state dumped after the stage opt->dump_after
+ * names.  0 (done), 1 (a refusal was applied: run again), or an error. */
+static int round_once(pipe *P)
+{
+	refusal r;
+
+	memset(&r, 0, sizeof(r));
+	r.launch = -1;
+	units_clear(P);
+	program_reset(P->prog);
+	kernel_names_free(P);
+	for (size_t i = 0; i < sizeof(round_stages) / sizeof(round_stages[0]); i++) {
+		double t = ap_now_ms();
+		int rc = round_stages[i].run(P, &r);
+
+		P->prog->stage_ms[round_stages[i].id] += ap_now_ms() - t;
+		if (rc)
+			return rc;
+		dump_stage(P, round_stages[i].id);
+	}
 	return 0;
 }
 
@@ -1093,6 +1237,11 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g, const ap_bui
 			     P.opt->target);
 		return NULL;
 	}
+	if (P.opt->dump_after && !stage_known(P.opt->dump_after)) {
+		ap_error_set(err, AP_EINVAL, NULL, NULL, "dump after '%.64s': no such stage (%s)",
+			     P.opt->dump_after, STAGE_LIST);
+		return NULL;
+	}
 	P.ti.max_threads_per_block = P.opt->max_block_threads ? P.opt->max_block_threads : 256;
 	P.ti.allow_tf32 = P.opt->allow_tf32;
 	if (P.opt->hooks && P.opt->hooks->direct_gflops > 0)
@@ -1122,11 +1271,13 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g, const ap_bui
 	P.prog->stage_ms[ST_EXPAND] = ap_now_ms() - t;
 	if (!P.eg)
 		goto fail;
+	dump_stage(&P, ST_EXPAND);
 	t = ap_now_ms();
 	P.part = ap_partition_build(P.eg, &popt, err);
 	P.prog->stage_ms[ST_PARTITION] = ap_now_ms() - t;
 	if (!P.part)
 		goto fail;
+	dump_stage(&P, ST_PARTITION);
 	P.prog->partition_ms = ap_now_ms() - t0;
 	P.no_stitch = calloc((size_t)P.part->n_groups + 1, sizeof(bool));
 	P.no_merge = calloc((size_t)P.part->n_groups + 1, sizeof(bool));
@@ -1156,6 +1307,7 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g, const ap_bui
 	if (plan(&P) < 0)
 		goto fail;
 	P.prog->stage_ms[ST_PLAN] = ap_now_ms() - t;
+	dump_stage(&P, ST_PLAN);
 	P.prog->codegen_ms = ap_now_ms() - t0 - P.prog->partition_ms - P.hook_ms;
 	units_clear(&P);
 	kernel_names_free(&P);

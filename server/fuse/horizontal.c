@@ -277,106 +277,94 @@ static int cmp_level(const void *a, const void *b, void *lv)
 	return (x > y) - (x < y);
 }
 
-int ap_fuse_horizontal(const ap_partition *p, const ap_mgraph *const *units,
-		       ap_kir_kernel *const *kernels, const ap_traffic *traffic, int n, bool enabled,
-		       const bool *no_merge, const ap_target_info *t, ap_fuse_launch **launches,
-		       int *n_launches, unsigned *n_merged, ap_error *err)
+/* Layer III's greedy pack starting at unit cand[i]: later candidates of
+ * the same level, not yet launched, of the same block size, within the
+ * parameter and shared-memory limits, each taken when the cost model
+ * times the pack faster together than apart.  Writes pack[0..np) (pack[0]
+ * = cand[i]) and returns np (1 when `enabled` is false or the unit may not
+ * merge). */
+static int greedy_pack(const ap_mgraph *const *units, ap_kir_kernel *const *kernels,
+		       const ap_traffic *traffic, const int *cand, int nc, int i,
+		       const int *level, const int *pack_of, bool enabled, const bool *no_merge,
+		       const ap_target_info *t, int pack[MAX_PARTS])
 {
-	ap_fuse_launch *out = calloc((size_t)n + 1, sizeof(*out));
-	int *level = malloc(((size_t)n + 1) * sizeof(int));
-	int *cand = malloc(((size_t)n + 1) * sizeof(int));
-	int *pack_of = malloc(((size_t)n + 1) * sizeof(int));   /* per unit: its launch */
-	int *off = NULL, *adj = NULL, *loff = NULL, *ladj = NULL, *key = NULL, *order = NULL;
-	ap_fuse_launch *sorted = NULL;
-	int nl = 0, nc = 0, rc = AP_ENOMEM;
+	int u = cand[i], np = 1, params = kernels[u]->n_params;
+	unsigned smem = static_shared(kernels[u]);
 
-	*launches = NULL;
-	*n_launches = 0;
-	*n_merged = 0;
-	if (!out || !level || !cand || !pack_of)
-		goto out;
-	if (unit_levels(p, units, n, level, &off, &adj) < 0)
-		goto out;
-	for (int u = 0; u < n; u++) {
-		pack_of[u] = -1;
-		if (kernels[u])
-			cand[nc++] = u;
+	pack[0] = u;
+	if (!enabled || !mergeable(kernels[u]) || excluded(units[u], no_merge))
+		return 1;
+	for (int j = i + 1; j < nc && level[cand[j]] == level[u] && np < MAX_PARTS; j++) {
+		int v = cand[j];
+		ap_traffic a, b;
+		double apart, together;
+
+		if (pack_of[v] >= 0 || !mergeable(kernels[v]) || excluded(units[v], no_merge) ||
+		    kernels[v]->block[0] != kernels[u]->block[0] ||
+		    params + kernels[v]->n_params > MAX_PARAMS ||
+		    smem + static_shared(kernels[v]) > t->shared_per_block)
+			continue;
+		a = pack_traffic(traffic, pack, np);
+		pack[np] = v;
+		b = pack_traffic(traffic, pack, np + 1);
+		apart = ap_cost_time_us(&a, t) + ap_cost_time_us(&traffic[v], t);
+		together = ap_cost_time_us(&b, t);
+		if (together >= apart)
+			continue;
+		np++;
+		params += kernels[v]->n_params;
+		smem += static_shared(kernels[v]);
 	}
-	qsort_r(cand, (size_t)nc, sizeof(int), cmp_level, level);
-	for (int i = 0; i < nc;) {
-		int u = cand[i], pack[MAX_PARTS], np = 1, params = kernels[u]->n_params;
-		unsigned smem = static_shared(kernels[u]);
-		int j = i + 1;
+	return np;
+}
 
-		pack[0] = u;
-		/* the greedy pack: the same level, shape and limits, and faster */
-		if (enabled && mergeable(kernels[u]) && !excluded(units[u], no_merge)) {
-			for (; j < nc && level[cand[j]] == level[u] && np < MAX_PARTS; j++) {
-				int v = cand[j];
-				ap_traffic a, b;
-				double apart, together;
+/* Launch `fl` of the pack's np units (launch index li, noted in pack_of):
+ * the unit's own kernel when alone, else their kernels merged, block
+ * ranges one after another.  0; 1 when memory is short before fl was made
+ * (fl left zeroed); or the merge's error (AP_ENOMEM or err's code: fl is
+ * made, to be freed with the others). */
+static int pack_launch(ap_fuse_launch *fl, int li, const int *pack, int np,
+		       const ap_mgraph *const *units, ap_kir_kernel *const *kernels, int *pack_of,
+		       unsigned *n_merged, ap_error *err)
+{
+	int total_params = 0;
 
-				if (pack_of[v] >= 0 || !mergeable(kernels[v]) || excluded(units[v], no_merge) ||
-				    kernels[v]->block[0] != kernels[u]->block[0] ||
-				    params + kernels[v]->n_params > MAX_PARAMS ||
-				    smem + static_shared(kernels[v]) > t->shared_per_block)
-					continue;
-				a = pack_traffic(traffic, pack, np);
-				pack[np] = v;
-				b = pack_traffic(traffic, pack, np + 1);
-				apart = ap_cost_time_us(&a, t) + ap_cost_time_us(&traffic[v], t);
-				together = ap_cost_time_us(&b, t);
-				if (together >= apart)
-					continue;
-				np++;
-				params += kernels[v]->n_params;
-				smem += static_shared(kernels[v]);
-			}
-		}
-		/* the launch */
-		{
-			ap_fuse_launch *fl = &out[nl];
-			int total_params = 0;
-
-			for (int q = 0; q < np; q++)
-				total_params += kernels[pack[q]]->n_params;
-			if (launch_init(fl, np, total_params) < 0)
-				goto out;
-			nl++;
-			for (int q = 0; q < np; q++) {
-				fl->units[q] = pack[q];
-				fl->blocks[q] = grid_blocks(kernels[pack[q]]);
-				pack_of[pack[q]] = nl - 1;
-				bind_params(fl, units[pack[q]], kernels[pack[q]]);
-			}
-			if (np == 1) {
-				fl->block_begin[0] = 0;
-				fl->kernel = kernels[u];
-			} else {
-				fl->kernel = merge_kernels(kernels, pack, np, fl->block_begin, err);
-				if (!fl->kernel) {
-					rc = err && err->code ? err->code : AP_ENOMEM;
-					goto fail;
-				}
-				*n_merged += (unsigned)np;
-			}
-		}
-		/* the next unit not yet in a launch */
-		while (i < nc && pack_of[cand[i]] >= 0)
-			i++;
+	for (int q = 0; q < np; q++)
+		total_params += kernels[pack[q]]->n_params;
+	if (launch_init(fl, np, total_params) < 0)
+		return 1;
+	for (int q = 0; q < np; q++) {
+		fl->units[q] = pack[q];
+		fl->blocks[q] = grid_blocks(kernels[pack[q]]);
+		pack_of[pack[q]] = li;
+		bind_params(fl, units[pack[q]], kernels[pack[q]]);
 	}
-	/* launches in topological order, ties by their first unit */
-	loff = calloc((size_t)nl + 2, sizeof(int));
-	key = malloc(((size_t)nl + 1) * sizeof(int));
-	order = malloc(((size_t)nl + 1) * sizeof(int));
-	sorted = malloc(((size_t)nl + 1) * sizeof(*sorted));
-	if (!loff || !key || !order || !sorted)
-		goto out;
+	if (np == 1) {
+		fl->block_begin[0] = 0;
+		fl->kernel = kernels[pack[0]];
+		return 0;
+	}
+	fl->kernel = merge_kernels(kernels, pack, np, fl->block_begin, err);
+	if (!fl->kernel)
+		return err && err->code ? err->code : AP_ENOMEM;
+	*n_merged += (unsigned)np;
+	return 0;
+}
+
+/* The nl launches in topological order of the units' dependences (off,
+ * adj over n units; pack_of: each unit's launch), ties by their first
+ * unit: order[0..nl).  0, AP_ENOMEM, or AP_EINTERNAL (the merged launches
+ * form a cycle). */
+static int launch_order(const ap_fuse_launch *out, int nl, int n, const int *pack_of,
+			const int *off, const int *adj, int *order)
+{
+	int *loff = calloc((size_t)nl + 2, sizeof(int));
+	int *key = malloc(((size_t)nl + 1) * sizeof(int));
+	int *ladj = NULL, *fill = NULL, rc = AP_ENOMEM;
+
+	if (!loff || !key)
+		goto done;
 	for (int pass = 0; pass < 2; pass++) {
-		int *fill = pass ? calloc((size_t)nl + 1, sizeof(int)) : NULL;
-
-		if (pass && !fill)
-			goto out;
 		for (int u = 0; u < n; u++) {
 			if (pack_of[u] < 0)
 				continue;
@@ -395,10 +383,10 @@ int ap_fuse_horizontal(const ap_partition *p, const ap_mgraph *const *units,
 			for (int l = 0; l < nl; l++)
 				loff[l + 1] += loff[l];
 			ladj = malloc(((size_t)loff[nl] + 1) * sizeof(int));
-			if (!ladj)
-				goto out;
+			fill = calloc((size_t)nl + 1, sizeof(int));
+			if (!ladj || !fill)
+				goto done;
 		}
-		free(fill);
 	}
 	for (int l = 0; l < nl; l++) {
 		key[l] = n;
@@ -407,9 +395,65 @@ int ap_fuse_horizontal(const ap_partition *p, const ap_mgraph *const *units,
 				key[l] = out[l].units[q];
 	}
 	rc = ap__fuse_toposort(nl, loff, ladj, key, order);
+done:
+	free(loff);
+	free(key);
+	free(ladj);
+	free(fill);
+	return rc;
+}
+
+int ap_fuse_horizontal(const ap_partition *p, const ap_mgraph *const *units,
+		       ap_kir_kernel *const *kernels, const ap_traffic *traffic, int n, bool enabled,
+		       const bool *no_merge, const ap_target_info *t, ap_fuse_launch **launches,
+		       int *n_launches, unsigned *n_merged, ap_error *err)
+{
+	ap_fuse_launch *out = calloc((size_t)n + 1, sizeof(*out));
+	int *level = malloc(((size_t)n + 1) * sizeof(int));
+	int *cand = malloc(((size_t)n + 1) * sizeof(int));
+	int *pack_of = malloc(((size_t)n + 1) * sizeof(int));   /* per unit: its launch */
+	int *off = NULL, *adj = NULL, *order = NULL;
+	ap_fuse_launch *sorted = NULL;
+	int nl = 0, nc = 0, rc = AP_ENOMEM;
+
+	*launches = NULL;
+	*n_launches = 0;
+	*n_merged = 0;
+	if (!out || !level || !cand || !pack_of)
+		goto out;
+	if (unit_levels(p, units, n, level, &off, &adj) < 0)
+		goto out;
+	for (int u = 0; u < n; u++) {
+		pack_of[u] = -1;
+		if (kernels[u])
+			cand[nc++] = u;
+	}
+	qsort_r(cand, (size_t)nc, sizeof(int), cmp_level, level);
+	for (int i = 0; i < nc;) {
+		int pack[MAX_PARTS];
+		int np = greedy_pack(units, kernels, traffic, cand, nc, i, level, pack_of, enabled,
+				     no_merge, t, pack);
+
+		rc = pack_launch(&out[nl], nl, pack, np, units, kernels, pack_of, n_merged, err);
+		if (rc > 0)
+			goto out;
+		nl++;
+		if (rc)
+			goto fail;
+		/* the next unit not yet in a launch */
+		while (i < nc && pack_of[cand[i]] >= 0)
+			i++;
+	}
+	/* launches in topological order, ties by their first unit */
+	order = malloc(((size_t)nl + 1) * sizeof(int));
+	sorted = malloc(((size_t)nl + 1) * sizeof(*sorted));
+	if (!order || !sorted)
+		goto out;
+	rc = launch_order(out, nl, n, pack_of, off, adj, order);
+	if (rc == AP_ENOMEM)
+		goto out;
 	if (rc) {
-		ap_error_set(err, rc, NULL, NULL, rc == AP_EINTERNAL ?
-			     "Layer III: the merged launches form a cycle" : "out of memory");
+		ap_error_set(err, rc, NULL, NULL, "Layer III: the merged launches form a cycle");
 		goto fail;
 	}
 	for (int l = 0; l < nl; l++)
@@ -434,9 +478,6 @@ done:
 	free(pack_of);
 	free(off);
 	free(adj);
-	free(loff);
-	free(ladj);
-	free(key);
 	free(order);
 	free(sorted);
 	return rc;

@@ -5,7 +5,7 @@
  * The same families answer both ways: the HTTP endpoint (--metrics,
  * http.c) writes them as text, and a StatsRequest carries them in
  * StatsReply.metrics (`apollo-client stats --json`), so the two always
- * report the same numbers.  The README's Metrics section lists them.
+ * report the same numbers.  docs/cluster.md (Metrics) lists them.
  */
 #ifndef AP_NET_METRICS_H
 #define AP_NET_METRICS_H

@@ -8,7 +8,7 @@
  * (decode_memory_ratio).  Admission, authentication, time limits, the
  * memory of queued replies and of requests waiting for a worker
  * (max_compile_memory, max_pending_memory) are net.c's (see its file
- * comment and the README's Security model).  A payload over 64 KiB is unpacked on a worker
+ * comment and docs/security.md).  A payload over 64 KiB is unpacked on a worker
  * thread (libuv's pool, sized by `workers`), smaller ones on the loop
  * thread; a connection's frames are dispatched one at a time in arrival
  * order either way.  Ping, Hello and Stats are answered on the loop

@@ -279,6 +279,14 @@ typedef struct ap_build_options {
 	 * Time spent in the hook is not counted in codegen_ms. */
 	int (*accept_kernel)(const ap_kernel_src *k, void *user, ap_error *why);
 	void *accept_user;           /* passed to accept_kernel, borrowed */
+	/* Developers' view of the pipeline: after the stage this names
+	 * (ap_pipeline_stage_name: "expand", "partition", "micro-graphs",
+	 * "layer I", "layer II", "emit", "layer III", "print", "plan"), each
+	 * round writes what the stage left, one line per item, to dump_file
+	 * (NULL: stderr; borrowed).  NULL: no dump.  An unknown name fails the
+	 * build with AP_EINVAL.  apollo-kernels --dump-after. */
+	const char *dump_after;
+	FILE *dump_file;
 } ap_build_options;
 
 /* The compiler core (server/driver/pipeline.c), APOLLO's method end to
@@ -296,7 +304,8 @@ typedef struct ap_build_options {
  * `opt` may be NULL.  Returns NULL with `err` set: AP_EUNSUPPORTED (an op
  * or dtype lowering cannot handle even alone, naming the node; an unknown
  * target), AP_ECOMPILE (accept_kernel refused a single-node kernel: its
- * message, naming the node), AP_ENOMEM, AP_EINTERNAL. */
+ * message, naming the node), AP_EINVAL (dump_after names no stage),
+ * AP_ENOMEM, AP_EINTERNAL. */
 __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g,
 				       const ap_build_options *opt, ap_error *err);
 ap_program *ap_program_free(__ap_take ap_program *p);  /* accepts NULL */
