@@ -68,31 +68,152 @@ static const char *g_token;    /* --token-file, --token, else $APOLLO_TOKEN (TCP
 static char g_token_buf[256];  /* the token read from --token-file or copied from --token */
 static const char *g_daemon_user; /* --daemon-user; NULL = $APOLLO_DAEMON_USER */
 
+/* Each subcommand's synopsis (its lines of the usage) and what its
+ * --help adds; the options a synopsis names are the ones "did you mean"
+ * suggests from. */
+typedef struct subcommand_help {
+	const char *name, *synopsis, *about;
+} subcommand_help;
+
+static const subcommand_help g_help[] = {
+	{ "submit",
+	  "apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]\n"
+	  "              [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]\n"
+	  "              [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1] [--no-tune]\n"
+	  "              [--host-check] [--no-cache] [--namespace NS] [--daemon-import] [--explain]\n"
+	  "              [--fusion none|rules|apollo] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n",
+	  "Compiles a model (its structure; the weights stay here) and prints the bundle's\n"
+	  "launches and statistics; -o writes the bundle, --explain why launches were not fused,\n"
+	  "--dump the kernels' blobs.  Target cpu (host C, for checking), sm_XX or compute_XX\n"
+	  "(CUDA), host:sm_XX (a GPU's kernels emulated on the host).\n" },
+	{ "check",
+	  "apollo-client check DIR... [--target T] [--rtol R] [--atol A] [--jobs N] [--threads N]\n"
+	  "              [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--no-tune]\n"
+	  "              [--fusion none|rules|apollo] [--host-check] [--repeat N [--profile]]\n"
+	  "              [--mismatch FRACTION] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n"
+	  "              [--save-outputs DIR]\n",
+	  "Compiles each ONNX backend-test folder (model.onnx, test_data_set_*), runs it on the\n"
+	  "host and compares with the saved outputs; PASS/FAIL per folder.  --host-check (cpu,\n"
+	  "host:sm_XX) also checks races, cp.async groups and bounds.\n" },
+	{ "convert", "apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n",
+	  "Imports an ONNX model and writes Apollo's graph (apollo.Graph protobuf).\n" },
+	{ "tune",
+	  "apollo-client tune GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin] [--runs N]\n"
+	  "              [--warmup N] [--device I] [--dry-run] [--input NAME=FILE.pb ...] [--data DIR]\n",
+	  "Times each tuned kernel's candidates on this machine's GPU and reports the\n"
+	  "measurements to the daemon (two clients must agree before a record changes).\n" },
+	{ "ping", "apollo-client ping\n", "Asks the daemon for its name and version.\n" },
+	{ "stats", "apollo-client stats [--json]\n", "The daemon's counters and metrics.\n" },
+};
+
+#define N_SUBCOMMANDS ((int)(sizeof(g_help) / sizeof(g_help[0])))
+static const char *g_cmd;      /* the subcommand running; NULL before one is known */
+
+static const char g_common_help[] =
+	"every subcommand takes --socket PATH (default $APOLLO_SOCKET, else\n"
+	"$XDG_RUNTIME_DIR/apollod.sock, else /tmp/apollod-<uid>/apollod.sock; HOST:PORT for TCP,\n"
+	"with --token-file FILE (a private file), --token SECRET or $APOLLO_TOKEN) and --daemon-user\n"
+	"USER (default $APOLLO_DAEMON_USER: a daemon on a Unix socket must run as you, as root or\n"
+	"as USER); GPU targets name the device and driver found (--driver-version X.Y: the CUDA\n"
+	"version a bundle's driver supports).  Every option: docs/reference/apollo-client.md\n";
+
+static const subcommand_help *help_of(const char *name)
+{
+	for (int i = 0; name && i < N_SUBCOMMANDS; i++)
+		if (!strcmp(g_help[i].name, name))
+			return &g_help[i];
+	return NULL;
+}
+
 static void usage(FILE *f)
 {
-	fputs("usage:\n"
-	      "  apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]\n"
-	      "                [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]\n"
-	      "                [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1] [--no-tune]\n"
-	      "                [--host-check]\n"
-	      "                [--no-cache] [--namespace NS] [--daemon-import] [--explain]\n"
-	      "                [--fusion none|rules|apollo] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n"
-	      "  apollo-client check DIR... [--target T] [--rtol R] [--atol A] [--jobs N] [--threads N]\n"
-	      "                [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--no-tune] [--fusion none|rules|apollo]\n"
-	      "                [--host-check] (targets cpu and host:sm_XX: races, cp.async, bounds checked)\n"
-	      "                [--repeat N [--profile]] [--mismatch FRACTION]\n"
-	      "                [--fusion-barrier NODE ...] [--keep-whole OP ...] [--save-outputs DIR]\n"
-	      "  apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n"
-	      "  apollo-client tune GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin] [--runs N]\n"
-	      "                [--warmup N] [--device I] [--dry-run] [--input NAME=FILE.pb ...] [--data DIR]\n"
-	      "  apollo-client ping\n"
-	      "  apollo-client stats [--json]\n"
-	      "every subcommand takes --socket PATH (default $APOLLO_SOCKET, else\n"
-	      "$XDG_RUNTIME_DIR/apollod.sock, else /tmp/apollod-<uid>/apollod.sock; HOST:PORT for TCP,\n"
-	      "with --token-file FILE (a private file), --token SECRET or $APOLLO_TOKEN) and --daemon-user USER (default $APOLLO_DAEMON_USER:\n"
-	      "a daemon on a Unix socket must run as you, as root or as USER); GPU targets name the\n"
-	      "device and driver found (--driver-version X.Y: the CUDA version a bundle's driver supports)\n",
-	      f);
+	fputs("usage:\n", f);
+	for (int i = 0; i < N_SUBCOMMANDS; i++)
+		fprintf(f, "  %s", g_help[i].synopsis);
+	fputs(g_common_help, f);
+	fputs("apollo-client SUBCOMMAND --help: what it does\n", f);
+}
+
+/* `apollo-client NAME --help`: synopsis, what it does, the common options. */
+static int subcommand_usage(const subcommand_help *h)
+{
+	printf("usage: %s\n%s\n%s", h->synopsis, h->about, g_common_help);
+	return 0;
+}
+
+/* Levenshtein distance of a and b (each at most 63 bytes counted), the
+ * published dynamic programme over one row. */
+static int edit_distance(const char *a, const char *b)
+{
+	int la = (int)strnlen(a, 63), lb = (int)strnlen(b, 63), row[64];
+
+	for (int j = 0; j <= lb; j++)
+		row[j] = j;
+	for (int i = 1; i <= la; i++) {
+		int diag = row[0];
+
+		row[0] = i;
+		for (int j = 1; j <= lb; j++) {
+			int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+
+			if (up + 1 < best)
+				best = up + 1;
+			if (row[j - 1] + 1 < best)
+				best = row[j - 1] + 1;
+			diag = up;
+			row[j] = best;
+		}
+	}
+	return row[lb];
+}
+
+/* The word of `text` nearest to `word` among those starting with
+ * `prefix` ("--" for options, "" for words of a list separated by spaces
+ * or newlines): copied to out (cap bytes) when close enough to be a typo
+ * (at most a third of its length, at least 2, edits away).  False when
+ * none is. */
+static bool nearest(const char *word, const char *text, const char *prefix, char *out, size_t cap)
+{
+	int best = (int)strlen(word) / 3 < 2 ? 2 : (int)strlen(word) / 3;
+	bool found = false;
+
+	for (const char *p = text; *p;) {
+		char cand[64];
+		size_t n = strcspn(p, " []|.,;:()\n");
+
+		if (n && n < sizeof(cand) && !strncmp(p, prefix, strlen(prefix))) {
+			int d;
+
+			memcpy(cand, p, n);
+			cand[n] = '\0';
+			d = edit_distance(word, cand);
+			if (d <= best && strcmp(word, cand)) {
+				best = d;
+				snprintf(out, cap, "%s", cand);
+				found = true;
+			}
+		}
+		p += n ? n : 1;
+	}
+	return found;
+}
+
+static int usage_error(const char *fmt, ...);
+
+/* An option the running subcommand does not know (or one that wants a
+ * value and has none): the usage error, with the nearest known option. */
+static int unknown_option(const char *a)
+{
+	const subcommand_help *h = help_of(g_cmd);
+	char near[64];
+
+	if (h && strstr(h->synopsis, a) && a[0] == '-' &&
+	    strchr(" ]\n", h->synopsis[strstr(h->synopsis, a) - h->synopsis + strlen(a)]))
+		return usage_error("%s wants a value", a);
+	if ((h && nearest(a, h->synopsis, "-", near, sizeof(near))) ||
+	    nearest(a, g_common_help, "--", near, sizeof(near)))
+		return usage_error("unknown option '%s' (did you mean %s?)", a, near);
+	return usage_error("unknown option '%s'", a);
 }
 
 /* Reads the TCP token from `path`: a private file by common/trust.h's rule
@@ -165,12 +286,17 @@ static int usage_error(const char *fmt, ...)
 {
 	va_list ap;
 
-	fputs("apollo-client: ", stderr);
+	const subcommand_help *h = help_of(g_cmd);
+
+	fprintf(stderr, "apollo-client: %s%s", g_cmd ? g_cmd : "", g_cmd ? ": " : "");
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputs("\n", stderr);
-	usage(stderr);
+	/* three lines: the error, the synopsis's first line, where help is */
+	if (h)
+		fprintf(stderr, "usage: %.*s\n", (int)strcspn(h->synopsis, "\n"), h->synopsis);
+	fprintf(stderr, "more: apollo-client %s%s--help\n", h ? h->name : "", h ? " " : "");
 	return 2;
 }
 
@@ -587,19 +713,19 @@ static int submit_parse(int argc, char **argv, submit_args *s)
 			i++;
 		} else if (a[0] == '-' && a[1]) {
 			submit_args_clear(s);
-			return usage_error("submit: unknown or incomplete option '%s'", a);
+			return unknown_option(a);
 		} else if (!s->m.model) {
 			s->m.model = a;
 		} else {
 			submit_args_clear(s);
-			return usage_error("submit takes one model, got '%s' too", a);
+			return usage_error("one model, not '%s' too", a);
 		}
 	}
 	s->opt.fusion_barriers = s->barriers;
 	s->opt.keep_whole = s->whole;
 	if (!s->m.model) {
 		submit_args_clear(s);
-		return usage_error("submit: which model?");
+		return usage_error("which model?");
 	}
 	return 0;
 }
@@ -729,7 +855,7 @@ static int cmd_convert(int argc, char **argv)
 			i++;
 		} else if (a[0] == '-' && a[1]) {
 			bindings_clear(&m.b);
-			return usage_error("convert: unknown or incomplete option '%s'", a);
+			return unknown_option(a);
 		} else if (!m.model) {
 			m.model = a;
 		} else if (!out) {
@@ -1365,7 +1491,7 @@ static int cmd_check(int argc, char **argv)
 			}
 			i++;
 		} else if (a[0] == '-' && a[1]) {
-			rc = usage_error("check: unknown or incomplete option '%s'", a);
+			rc = unknown_option(a);
 			goto out;
 		} else {
 			dirs[n++] = argv[i];
@@ -1557,12 +1683,12 @@ static int cmd_tune(int argc, char **argv)
 			i++;
 		} else if (a[0] == '-' && a[1]) {
 			bindings_clear(&m.b);
-			return usage_error("tune: unknown or incomplete option '%s'", a);
+			return unknown_option(a);
 		} else if (!m.model) {
 			m.model = a;
 		} else {
 			bindings_clear(&m.b);
-			return usage_error("tune takes one model, got '%s' too", a);
+			return usage_error("one model, not '%s' too", a);
 		}
 	}
 	if (!m.model) {
@@ -1661,9 +1787,8 @@ static int cmd_ping(int argc, char **argv)
 	char server[128];
 	double t0;
 
-	(void)argv;
 	if (argc > 0)
-		return usage_error("ping takes no arguments");
+		return argv[0][0] == '-' ? unknown_option(argv[0]) : usage_error("no arguments");
 	ap_error_clear(&err);
 	t0 = ap_now_ms();
 	c = connect_daemon(&err);
@@ -1695,7 +1820,7 @@ static int cmd_stats(int argc, char **argv)
 		if (!strcmp(argv[i], "--json"))
 			json = true;
 		else
-			return usage_error("stats: unknown option '%s' (--json)", argv[i]);
+			return unknown_option(argv[i]);
 	}
 	ap_error_clear(&err);
 	c = connect_daemon(&err);
@@ -1848,8 +1973,16 @@ int main(int argc, char **argv)
 	}
 	{
 		int rc;
+		char near[64];
+
+		g_cmd = help_of(cmd) ? cmd : NULL;
+		for (int i = 0; g_cmd && i < n; i++)
+			if (!strcmp(rest[i], "--help") || !strcmp(rest[i], "-h")) {
+				free(rest);
+				return subcommand_usage(help_of(cmd));
+			}
 		if (!cmd)
-			rc = usage_error("which subcommand?");
+			rc = usage_error("which subcommand? (submit, check, convert, tune, ping, stats)");
 		else if (!strcmp(cmd, "submit"))
 			rc = cmd_submit(n, rest);
 		else if (!strcmp(cmd, "check"))
@@ -1862,8 +1995,11 @@ int main(int argc, char **argv)
 			rc = cmd_stats(n, rest);
 		else if (!strcmp(cmd, "tune"))
 			rc = cmd_tune(n, rest);
+		else if (nearest(cmd, "submit check convert tune ping stats", "", near, sizeof(near)))
+			rc = usage_error("unknown subcommand '%s' (did you mean %s?)", cmd, near);
 		else
-			rc = usage_error("unknown subcommand '%s'", cmd);
+			rc = usage_error("unknown subcommand '%s' (submit, check, convert, tune, ping, stats)",
+					 cmd);
 		free(rest);
 		return rc;
 	}
