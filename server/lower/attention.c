@@ -120,15 +120,13 @@ static int async_width(const ap_graph *g, int x, bool trans, ap_sview *sv, int *
 	return 0;
 }
 
-/* 1 when m is O = softmax(f(Q K^T)) V as the file comment says (p
- * filled), 0 with *why when not, AP_ENOMEM. */
-static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, char *why, size_t cap)
+/* The two products: mm2 reads the probabilities (a Div's output), mm1
+ * makes Y1 = Q K^T; their operands and outputs into p.  0 with *why when
+ * there are not two products or none reads probabilities. */
+static int find_products(const ap_graph *g, att_plan *p, char *why, size_t cap)
 {
-	const ap_graph *g = m->g;
-	int n_mm = 0, mms[2], dv_node, ex_node, sub_node, rs_node, rm_node, rc;
-	const ap_tensor *st, *qt, *kt, *vt, *ot;
+	int n_mm = 0, mms[2];
 
-	memset(p, 0, sizeof(*p));
 	for (int i = 0; i < g->n_nodes; i++)
 		if (g->nodes[i].op == AP_OP_MATMUL && n_mm++ < 2)
 			mms[n_mm - 1] = i;
@@ -154,7 +152,17 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, cha
 	p->q = g->nodes[p->mm1].inputs[0];
 	p->kt = g->nodes[p->mm1].inputs[1];
 	p->y1 = g->nodes[p->mm1].outputs[0];
-	/* P = E / l, E = Exp(S - m), m = ReduceMax(S), l = ReduceSum(E) */
+	return 1;
+}
+
+/* The softmax between the products: P = E / l, E = Exp(S - m),
+ * m = ReduceMax(S), l = ReduceSum(E) (or of exp(S - m) recomputed), both
+ * over S's last axis, kept; p->e, l, s and m set.  0 with *why when
+ * not. */
+static int match_softmax(const ap_graph *g, att_plan *p, char *why, size_t cap)
+{
+	int dv_node, ex_node, sub_node, rs_node, rm_node;
+
 	dv_node = producer(g, p->p, AP_OP_DIV);
 	p->e = g->nodes[dv_node].inputs[0];
 	p->l = g->nodes[dv_node].inputs[1];
@@ -183,11 +191,19 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, cha
 		snprintf(why, cap, "the softmax does not normalise the scores' last axis");
 		return 0;
 	}
-	st = &g->tensors[p->s];
-	qt = &g->tensors[p->q];
-	kt = &g->tensors[p->kt];
-	vt = &g->tensors[p->v];
-	ot = &g->tensors[p->o];
+	return 1;
+}
+
+/* Types and shapes: S [.., Nq, Nk], Q [.., Nq, D], K^T [.., D, Nk],
+ * V [.., Nk, Dv] and O [.., Nq, Dv] of one float type, batches equal
+ * (Q, K^T, V broadcast); the form (tensor cores or SIMT) and, on tensor
+ * cores, each operand's cp.async width; the head dims must fit the
+ * form's registers or shared memory.  0 with *why when not. */
+static int check_shapes(const ap_graph *g, const ap_target_info *t, att_plan *p, char *why, size_t cap)
+{
+	const ap_tensor *st = &g->tensors[p->s], *qt = &g->tensors[p->q], *kt = &g->tensors[p->kt];
+	const ap_tensor *vt = &g->tensors[p->v], *ot = &g->tensors[p->o];
+
 	if (st->rank < 2 || qt->rank < 2 || kt->rank < 2 || vt->rank < 2 || ot->rank != st->rank) {
 		snprintf(why, cap, "vector operands");
 		return 0;
@@ -237,20 +253,15 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, cha
 			 (long long)p->Dv);
 		return 0;
 	}
-	p->maps = calloc((size_t)g->n_tensors + 1, sizeof(ap_emap));
-	p->dep = calloc((size_t)g->n_tensors + 1, sizeof(bool));
-	if (!p->maps || !p->dep) {
-		plan_clear(p);
-		snprintf(why, cap, "out of memory");
-		return AP_ENOMEM;
-	}
-	if ((rc = ap__epilogue_maps(g, p->o, p->maps, false, why, cap)) <= 0) {
-		plan_clear(p);
-		return rc;
-	}
-	/* S from Y1 element for element: a chain of elementwise and broadcast
-	 * ops, each reading exactly one tensor that depends on Y1, of its own
-	 * shape (the rest -- a scale, a mask -- read at the element) */
+	return 1;
+}
+
+/* S from Y1 element for element: a chain of elementwise and broadcast
+ * ops, each reading exactly one tensor that depends on Y1, of its own
+ * shape (the rest -- a scale, a mask -- read at the element).  Fills
+ * p->dep (per tensor: computed from Y1).  0 with *why when not. */
+static int scores_from_product(const ap_graph *g, att_plan *p, char *why, size_t cap)
+{
 	p->dep[p->y1] = true;
 	for (int i = 0; i < g->n_nodes; i++)
 		for (int j = 0; j < g->nodes[i].n_inputs; j++)
@@ -264,7 +275,6 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, cha
 
 		if (pn < 0 || (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST) || g->nodes[pn].op == AP_OP_EXPAND) {
 			snprintf(why, cap, "the scores are not the first product element for element");
-			plan_clear(p);
 			return 0;
 		}
 		for (int j = 0; j < g->nodes[pn].n_inputs; j++) {
@@ -278,12 +288,18 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, cha
 		if (nd != 1 || !ap_dims_equal(g->tensors[next].rank, g->tensors[next].dims, g->tensors[x].rank,
 					      g->tensors[x].dims)) {
 			snprintf(why, cap, "the scores are not the first product element for element");
-			plan_clear(p);
 			return 0;
 		}
 		x = next;
 	}
-	/* what it writes: O's epilogue, and S, the max and the sum for others */
+	return 1;
+}
+
+/* What the kernel writes: O's epilogue (p->maps), and S, the max and the
+ * sum for other kernels (p->s_out, m_out, l_out).  0 with *why when the
+ * micro-graph writes anything else. */
+static int classify_outputs(const ap_graph *g, att_plan *p, char *why, size_t cap)
+{
 	for (int i = 0; i < g->n_outputs; i++) {
 		int x = g->outputs[i];
 
@@ -298,9 +314,36 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, cha
 		else {
 			snprintf(why, cap, "it would write %s, which only the unfused form computes",
 				 g->tensors[x].name);
-			plan_clear(p);
 			return 0;
 		}
+	}
+	return 1;
+}
+
+/* 1 when m is O = softmax(f(Q K^T)) V as the file comment says (p
+ * filled), 0 with *why when not, AP_ENOMEM. */
+static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, char *why, size_t cap)
+{
+	const ap_graph *g = m->g;
+	int rc;
+
+	memset(p, 0, sizeof(*p));
+	if (!find_products(g, p, why, cap) || !match_softmax(g, p, why, cap) || !check_shapes(g, t, p, why, cap))
+		return 0;
+	p->maps = calloc((size_t)g->n_tensors + 1, sizeof(ap_emap));
+	p->dep = calloc((size_t)g->n_tensors + 1, sizeof(bool));
+	if (!p->maps || !p->dep) {
+		plan_clear(p);
+		snprintf(why, cap, "out of memory");
+		return AP_ENOMEM;
+	}
+	if ((rc = ap__epilogue_maps(g, p->o, p->maps, false, why, cap)) <= 0) {
+		plan_clear(p);
+		return rc;
+	}
+	if (!scores_from_product(g, p, why, cap) || !classify_outputs(g, p, why, cap)) {
+		plan_clear(p);
+		return 0;
 	}
 	return 1;
 }
@@ -653,155 +696,222 @@ static ap_kir_expr *open_tiles(actx *c, int64_t per, ap_kir_block **saved)
 	return q0;
 }
 
-/* The SIMT form (the file comment): R warps a block, a query row each. */
+/* The SIMT form's state (emit_simt): R warps a block, one query row a
+ * warp, KEYS keys a tile, one key a lane. */
+typedef struct att_simt {
+	actx *c;
+	ap_dtype A;                     /* the accumulator type */
+	int nc;                         /* output columns a lane: lane, lane + 32, ... */
+	ap_kir_array *ks, *vs;          /* the key tile of K ([key][D + 1]) and of V ([key][Dv]) */
+	ap_kir_array *qs, *ps;          /* per warp: its row's query [D], its probabilities [KEYS] */
+	ap_kir_array *acc;              /* the lane's output columns (registers) */
+	ap_kir_expr *warp, *lane, *ninf;
+	ap_kir_expr *row, *rowc, *valid;  /* the warp's row, clamped to Nq - 1, row < Nq */
+	ap_kir_var *mrun, *lrun;        /* the row's running maximum and sum */
+} att_simt;
+
+/* The warp's row of Q into qs[warp][..] (the lanes striding over D), as
+ * the accumulator type. */
+static void simt_load_query(att_simt *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved;
+	ap_kir_var *d = ap_v_loop(v, "d", s->lane, ap_kir_idx(k, c->p->D), 32, &saved);
+	ap_lidx ix = idx2(c, c->p->q, s->rowc, ap_kir_ref(k, d));
+
+	ap_kir_store(k, v->cur, s->qs, ap_kir_add(k, ap_kir_muli(k, s->warp, c->p->D), ap_kir_ref(k, d)),
+		     ap_kir_cast(k, s->A, ap_val(v, c->p->q, &ix)));
+	ap_v_close(v, saved);
+}
+
+/* The score of this lane's key of the tile at key0 (the tiles of K and V
+ * staged first): the dot product of the row's query with the key, then
+ * the first product's epilogue (score); -inf past the last key.
+ * Returns it. */
+static ap_kir_expr *simt_score(att_simt *s, ap_kir_expr *key0)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_expr *key;
+	ap_kir_var *dot, *sv;
+	ap_kir_block *saved;
+
+	ap_kir_barrier(k, v->cur);
+	/* the key tile of K (from K^T) and of V */
+	stage_rows(c, s->ks, ap_kir_idx(k, 0), 1, KEYS, p->D, p->D + 1, key0, p->Nk, p->D);
+	stage_rows(c, s->vs, ap_kir_idx(k, 0), 2, KEYS, p->Dv, p->Dv, key0, p->Nk, p->Dv);
+	ap_kir_barrier(k, v->cur);
+	/* this lane's key: its score */
+	key = ap_kir_bind(k, v->cur, k->index_type, "key", ap_kir_add(k, key0, s->lane));
+	dot = ap_kir_var_new(k, s->A, "dot");
+	ap_kir_let(k, v->cur, dot, ap_kir_float(k, s->A, 0));
+	{
+		ap_kir_var *d = ap_v_loop(v, "d", ap_kir_idx(k, 0), ap_kir_idx(k, p->D), 1, &saved);
+
+		ap_kir_assign(k, v->cur, dot,
+			      ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, dot),
+					    ap_kir_binary(k, AP_KIR_MUL,
+							  ap_kir_load(k, s->qs, ap_kir_add(k, ap_kir_muli(k, s->warp, p->D), ap_kir_ref(k, d))),
+							  ap_kir_load(k, s->ks, ap_kir_add(k, ap_kir_muli(k, s->lane, p->D + 1), ap_kir_ref(k, d))))));
+		ap_v_close(v, saved);
+	}
+	/* S at (row, key): the first product's epilogue on the dot product */
+	sv = ap_kir_var_new(k, s->A, "s");
+	ap_kir_let(k, v->cur, sv, s->ninf);
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, key, ap_kir_idx(k, p->Nk)), &saved, NULL);
+	score(c, sv, ap_kir_ref(k, dot), s->row, key);
+	ap_v_close(v, saved);
+	return ap_kir_ref(k, sv);
+}
+
+/* The online softmax step for the tile (the file comment): the tile's
+ * maximum over the warp, the new maximum m', the lane's probability
+ * exp(s - m') into ps[warp][lane], l and m updated.  Returns the rescale
+ * factor exp(m - m') of the output (1 while every score is -inf). */
+static ap_kir_expr *simt_softmax(att_simt *s, ap_kir_expr *sval)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_dtype A = s->A;
+	ap_kir_expr *mt, *mnew, *dead, *alpha, *pv, *psum;
+
+	mt = xor_reduce(c, sval, true, 32);
+	mnew = ap_kir_bind(k, v->cur, A, "mn", ap_kir_binary(k, AP_KIR_MAX, ap_kir_ref(k, s->mrun), mt));
+	/* with every score so far -inf, nothing to rescale and nothing to add */
+	dead = ap_kir_bind(k, v->cur, AP_DT_BOOL, "dd", ap_kir_binary(k, AP_KIR_EQ, mnew, s->ninf));
+	alpha = ap_kir_bind(k, v->cur, A, "al",
+			    ap_kir_select(k, dead, ap_kir_float(k, A, 1),
+					  ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, s->mrun), mnew), NULL)));
+	pv = ap_kir_bind(k, v->cur, A, "p",
+			 ap_kir_select(k, dead, ap_kir_float(k, A, 0),
+				       ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, sval, mnew), NULL)));
+	psum = xor_reduce(c, pv, false, 32);
+	ap_kir_assign(k, v->cur, s->lrun, ap_kir_binary(k, AP_KIR_ADD, ap_kir_binary(k, AP_KIR_MUL, ap_kir_ref(k, s->lrun), alpha), psum));
+	ap_kir_assign(k, v->cur, s->mrun, mnew);
+	ap_kir_store(k, v->cur, s->ps, ap_kir_add(k, ap_kir_muli(k, s->warp, KEYS), s->lane), pv);
+	ap_kir_barrier(k, v->cur);
+	return alpha;
+}
+
+/* acc = acc * alpha + P V for this lane's output columns lane,
+ * lane + 32, ... (those below Dv): the warp's probabilities from ps, V's
+ * tile from vs. */
+static void simt_accumulate(att_simt *s, ap_kir_expr *alpha)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_kir_var *e = ap_kir_var_new(k, k->index_type, "i");
+	ap_kir_stmt *li = ap_kir_for_unroll(k, c->v->cur, e, ap_kir_idx(k, 0), ap_kir_idx(k, s->nc), 1, -1);
+	ap_kir_expr *col = ap_kir_add(k, s->lane, ap_kir_muli(k, ap_kir_ref(k, e), 32));
+	ap_kir_var *a2 = ap_kir_var_new(k, s->A, "a"), *j = ap_kir_var_new(k, k->index_type, "j");
+	ap_kir_stmt *lj, *guard;
+
+	if (!li)
+		return;
+	ap_kir_let(k, &li->body, a2, ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, s->acc, ap_kir_ref(k, e)), alpha));
+	guard = ap_kir_if(k, &li->body, ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, c->p->Dv)));
+	lj = guard ? ap_kir_for(k, &guard->body, j, ap_kir_idx(k, 0), ap_kir_idx(k, KEYS), 1) : NULL;
+	if (lj)
+		ap_kir_assign(k, &lj->body, a2,
+			      ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, a2),
+					    ap_kir_binary(k, AP_KIR_MUL,
+							  ap_kir_load(k, s->ps, ap_kir_add(k, ap_kir_muli(k, s->warp, KEYS), ap_kir_ref(k, j))),
+							  ap_kir_load(k, s->vs, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), c->p->Dv), col)))));
+	ap_kir_store(k, &li->body, s->acc, ap_kir_ref(k, e), ap_kir_ref(k, a2));
+}
+
+/* After the last key tile: O = acc / l at the lane's columns through O's
+ * epilogue (rows below Nq), and the row's statistics others read (lane
+ * 0). */
+static void simt_store(att_simt *s)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved, *s2;
+	ap_kir_var *i = ap_v_loop(v, "i", ap_kir_idx(k, 0), ap_kir_idx(k, s->nc), 1, &saved);
+	ap_kir_expr *col = ap_kir_bind(k, v->cur, k->index_type, "col",
+				       ap_kir_add(k, s->lane, ap_kir_muli(k, ap_kir_ref(k, i), 32)));
+
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, s->valid, ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, p->Dv))), &s2, NULL);
+	c->out = ap_kir_bind(k, v->cur, s->A, "o", ap_kir_binary(k, AP_KIR_DIV, ap_kir_load(k, s->acc, ap_kir_ref(k, i)),
+								  ap_kir_ref(k, s->lrun)));
+	ap__epilogue_store(v, p->maps, idx2(c, p->o, s->rowc, col));
+	c->out = NULL;
+	ap_v_close(v, s2);
+	ap_v_close(v, saved);
+	store_stats(c, s->row, ap_kir_binary(k, AP_KIR_EQ, s->lane, ap_kir_idx(k, 0)), s->mrun, s->lrun);
+}
+
+/* The SIMT form (the file comment): R warps a block, a query row each;
+ * per key tile, simt_score, simt_softmax and simt_accumulate, then
+ * simt_store.  Errors: AP_EUNSUPPORTED (R warps do not fit a block),
+ * AP_ENOMEM. */
 static int emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err)
 {
 	const att_plan *p = c->p;
 	ap_vctx *v = c->v;
 	ap_kir_kernel *k = c->k;
-	int nc;
 	unsigned nt = 32u * (unsigned)R;
 	int64_t ntiles;
-	ap_dtype A;
-	ap_kir_array *ks, *vs, *qs, *ps, *acc;
-	ap_kir_expr *tid, *warp, *lane, *row, *rowc, *qrow0, *valid, *ninf;
-	ap_kir_var *mrun, *lrun, *kt;
-	ap_kir_block *tsaved, *ksaved, *saved;
+	att_simt s;
+	ap_kir_expr *tid, *qrow0;
+	ap_kir_var *kt;
+	ap_kir_block *tsaved, *ksaved;
 
 	if (R < 1 || nt > ap_block_cap(t))
 		return ap_error_set(err, AP_EUNSUPPORTED, c->v->g->nodes[c->v->m->root].name, NULL,
 				    "attention emitter: %d rows per block", R);
-	A = p->acc;
-	nc = (int)((p->Dv + 31) / 32);
-	ks = ap_kir_shared(k, "ks", A, KEYS * (p->D + 1));
-	vs = ap_kir_shared(k, "vs", A, KEYS * p->Dv);
-	qs = ap_kir_shared(k, "qs", A, (int64_t)R * p->D);
-	ps = ap_kir_shared(k, "ps", A, (int64_t)R * KEYS);
-	acc = ap_kir_local(k, "acc", A, nc);
+	memset(&s, 0, sizeof(s));
+	s.c = c;
+	s.A = p->acc;
+	s.nc = (int)((p->Dv + 31) / 32);
+	s.ks = ap_kir_shared(k, "ks", s.A, KEYS * (p->D + 1));
+	s.vs = ap_kir_shared(k, "vs", s.A, KEYS * p->Dv);
+	s.qs = ap_kir_shared(k, "qs", s.A, (int64_t)R * p->D);
+	s.ps = ap_kir_shared(k, "ps", s.A, (int64_t)R * KEYS);
+	s.acc = ap_kir_local(k, "acc", s.A, s.nc);
 	if (ap_kir_failed(k))
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention");
 	ntiles = (p->Nk + KEYS - 1) / KEYS;
 	k->block[0] = nt;
 	tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
-	warp = ap_kir_bind(k, v->cur, k->index_type, "w", ap_kir_binary(k, AP_KIR_SHR, tid, ap_kir_idx(k, 5)));
-	lane = ap_kir_bind(k, v->cur, k->index_type, "ln", ap_kir_binary(k, AP_KIR_AND, tid, ap_kir_idx(k, 31)));
-	ninf = ap_kir_float(k, A, -INFINITY);
+	s.warp = ap_kir_bind(k, v->cur, k->index_type, "w", ap_kir_binary(k, AP_KIR_SHR, tid, ap_kir_idx(k, 5)));
+	s.lane = ap_kir_bind(k, v->cur, k->index_type, "ln", ap_kir_binary(k, AP_KIR_AND, tid, ap_kir_idx(k, 31)));
+	s.ninf = ap_kir_float(k, s.A, -INFINITY);
 	qrow0 = open_tiles(c, R, &tsaved);
 	/* this warp's row; past the last row, the last row again (never stored),
 	 * so that every warp takes part in the barriers and shuffles */
-	row = ap_kir_bind(k, v->cur, k->index_type, "row", ap_kir_add(k, qrow0, warp));
-	valid = ap_kir_bind(k, v->cur, AP_DT_BOOL, "ok", ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, p->Nq)));
-	rowc = ap_kir_bind(k, v->cur, k->index_type, "rc", ap_kir_binary(k, AP_KIR_MIN, row, ap_kir_idx(k, p->Nq - 1)));
-	/* the row's query into shared memory */
-	{
-		ap_kir_var *d = ap_v_loop(v, "d", lane, ap_kir_idx(k, p->D), 32, &saved);
-		ap_lidx ix = idx2(c, p->q, rowc, ap_kir_ref(k, d));
-
-		ap_kir_store(k, v->cur, qs, ap_kir_add(k, ap_kir_muli(k, warp, p->D), ap_kir_ref(k, d)),
-			     ap_kir_cast(k, A, ap_val(v, p->q, &ix)));
-		ap_v_close(v, saved);
-	}
-	mrun = ap_kir_var_new(k, A, "m");
-	lrun = ap_kir_var_new(k, A, "l");
-	ap_kir_let(k, v->cur, mrun, ninf);
-	ap_kir_let(k, v->cur, lrun, ap_kir_float(k, A, 0));
+	s.row = ap_kir_bind(k, v->cur, k->index_type, "row", ap_kir_add(k, qrow0, s.warp));
+	s.valid = ap_kir_bind(k, v->cur, AP_DT_BOOL, "ok", ap_kir_binary(k, AP_KIR_LT, s.row, ap_kir_idx(k, p->Nq)));
+	s.rowc = ap_kir_bind(k, v->cur, k->index_type, "rc", ap_kir_binary(k, AP_KIR_MIN, s.row, ap_kir_idx(k, p->Nq - 1)));
+	simt_load_query(&s);
+	s.mrun = ap_kir_var_new(k, s.A, "m");
+	s.lrun = ap_kir_var_new(k, s.A, "l");
+	ap_kir_let(k, v->cur, s.mrun, s.ninf);
+	ap_kir_let(k, v->cur, s.lrun, ap_kir_float(k, s.A, 0));
 	{
 		ap_kir_var *i = ap_kir_var_new(k, k->index_type, "z");
-		ap_kir_stmt *lz = ap_kir_for_unroll(k, v->cur, i, ap_kir_idx(k, 0), ap_kir_idx(k, nc), 1, -1);
+		ap_kir_stmt *lz = ap_kir_for_unroll(k, v->cur, i, ap_kir_idx(k, 0), ap_kir_idx(k, s.nc), 1, -1);
 
 		if (lz)
-			ap_kir_store(k, &lz->body, acc, ap_kir_ref(k, i), ap_kir_float(k, A, 0));
+			ap_kir_store(k, &lz->body, s.acc, ap_kir_ref(k, i), ap_kir_float(k, s.A, 0));
 	}
 	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, ntiles), 1, &ksaved);
 	{
 		ap_kir_expr *key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), KEYS));
-		ap_kir_expr *key, *sval, *mt, *mnew, *alpha, *pv, *psum, *dead;
-		ap_kir_var *e, *dot;
+		ap_kir_expr *sval = simt_score(&s, key0);
 
-		ap_kir_barrier(k, v->cur);
-		/* the key tile of K (from K^T) and of V */
-		stage_rows(c, ks, ap_kir_idx(k, 0), 1, KEYS, p->D, p->D + 1, key0, p->Nk, p->D);
-		stage_rows(c, vs, ap_kir_idx(k, 0), 2, KEYS, p->Dv, p->Dv, key0, p->Nk, p->Dv);
-		ap_kir_barrier(k, v->cur);
-		/* this lane's key: its score */
-		key = ap_kir_bind(k, v->cur, k->index_type, "key", ap_kir_add(k, key0, lane));
-		dot = ap_kir_var_new(k, A, "dot");
-		ap_kir_let(k, v->cur, dot, ap_kir_float(k, A, 0));
-		{
-			ap_kir_var *d = ap_v_loop(v, "d", ap_kir_idx(k, 0), ap_kir_idx(k, p->D), 1, &saved);
-
-			ap_kir_assign(k, v->cur, dot,
-				      ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, dot),
-						    ap_kir_binary(k, AP_KIR_MUL,
-								  ap_kir_load(k, qs, ap_kir_add(k, ap_kir_muli(k, warp, p->D), ap_kir_ref(k, d))),
-								  ap_kir_load(k, ks, ap_kir_add(k, ap_kir_muli(k, lane, p->D + 1), ap_kir_ref(k, d))))));
-			ap_v_close(v, saved);
-		}
-		{
-			/* S at (row, key): the first product's epilogue on the dot product */
-			ap_kir_var *sv = ap_kir_var_new(k, A, "s");
-			ap_kir_block *s2;
-
-			ap_kir_let(k, v->cur, sv, ninf);
-			ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, key, ap_kir_idx(k, p->Nk)), &s2, NULL);
-			score(c, sv, ap_kir_ref(k, dot), row, key);
-			ap_v_close(v, s2);
-			sval = ap_kir_ref(k, sv);
-		}
-		mt = xor_reduce(c, sval, true, 32);
-		mnew = ap_kir_bind(k, v->cur, A, "mn", ap_kir_binary(k, AP_KIR_MAX, ap_kir_ref(k, mrun), mt));
-		/* with every score so far -inf, nothing to rescale and nothing to add */
-		dead = ap_kir_bind(k, v->cur, AP_DT_BOOL, "dd", ap_kir_binary(k, AP_KIR_EQ, mnew, ninf));
-		alpha = ap_kir_bind(k, v->cur, A, "al",
-				    ap_kir_select(k, dead, ap_kir_float(k, A, 1),
-						  ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, mrun), mnew), NULL)));
-		pv = ap_kir_bind(k, v->cur, A, "p",
-				 ap_kir_select(k, dead, ap_kir_float(k, A, 0),
-					       ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, sval, mnew), NULL)));
-		psum = xor_reduce(c, pv, false, 32);
-		ap_kir_assign(k, v->cur, lrun, ap_kir_binary(k, AP_KIR_ADD, ap_kir_binary(k, AP_KIR_MUL, ap_kir_ref(k, lrun), alpha), psum));
-		ap_kir_assign(k, v->cur, mrun, mnew);
-		ap_kir_store(k, v->cur, ps, ap_kir_add(k, ap_kir_muli(k, warp, KEYS), lane), pv);
-		ap_kir_barrier(k, v->cur);
-		/* this lane's output columns lane, lane + 32, ... */
-		e = ap_kir_var_new(k, k->index_type, "i");
-		{
-			ap_kir_stmt *li = ap_kir_for_unroll(k, v->cur, e, ap_kir_idx(k, 0), ap_kir_idx(k, nc), 1, -1);
-			ap_kir_expr *col = ap_kir_add(k, lane, ap_kir_muli(k, ap_kir_ref(k, e), 32));
-			ap_kir_var *a2 = ap_kir_var_new(k, A, "a"), *j = ap_kir_var_new(k, k->index_type, "j");
-			ap_kir_stmt *lj, *guard;
-
-			if (li) {
-				ap_kir_let(k, &li->body, a2, ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, acc, ap_kir_ref(k, e)), alpha));
-				guard = ap_kir_if(k, &li->body, ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, p->Dv)));
-				lj = guard ? ap_kir_for(k, &guard->body, j, ap_kir_idx(k, 0), ap_kir_idx(k, KEYS), 1) : NULL;
-				if (lj)
-					ap_kir_assign(k, &lj->body, a2,
-						      ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, a2),
-								    ap_kir_binary(k, AP_KIR_MUL,
-										  ap_kir_load(k, ps, ap_kir_add(k, ap_kir_muli(k, warp, KEYS), ap_kir_ref(k, j))),
-										  ap_kir_load(k, vs, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), p->Dv), col)))));
-				ap_kir_store(k, &li->body, acc, ap_kir_ref(k, e), ap_kir_ref(k, a2));
-			}
-		}
+		simt_accumulate(&s, simt_softmax(&s, sval));
 	}
 	ap_v_close(v, ksaved);
-	/* O = acc / l, its epilogue, and the statistics others read */
-	{
-		ap_kir_var *i = ap_v_loop(v, "i", ap_kir_idx(k, 0), ap_kir_idx(k, nc), 1, &saved);
-		ap_kir_expr *col = ap_kir_bind(k, v->cur, k->index_type, "col",
-					       ap_kir_add(k, lane, ap_kir_muli(k, ap_kir_ref(k, i), 32)));
-		ap_kir_block *s2;
-
-		ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, valid, ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, p->Dv))), &s2, NULL);
-		c->out = ap_kir_bind(k, v->cur, A, "o", ap_kir_binary(k, AP_KIR_DIV, ap_kir_load(k, acc, ap_kir_ref(k, i)),
-								    ap_kir_ref(k, lrun)));
-		ap__epilogue_store(v, p->maps, idx2(c, p->o, rowc, col));
-		c->out = NULL;
-		ap_v_close(v, s2);
-		ap_v_close(v, saved);
-	}
-	store_stats(c, row, ap_kir_binary(k, AP_KIR_EQ, lane, ap_kir_idx(k, 0)), mrun, lrun);
+	simt_store(&s);
 	ap_v_close(v, tsaved);
 	return 0;
 }
@@ -891,301 +1001,449 @@ static void tf32_a_from_c(actx *c, ap_kir_array *cf, ap_kir_array *af, int tiles
  * K through 32-bit ldmatrix, V's B fragments one element a lane, P moved
  * from the C layout to the A layout by shuffles (tf32_a_from_c), every
  * operand rounded to TF32 first. */
-static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *err)
-{
-	const att_plan *p = c->p;
-	ap_vctx *v = c->v;
-	ap_kir_kernel *k = c->k;
-	ap_dtype T = p->t, A = AP_DT_F32;
-	int64_t Dp = tc_dpad(p), Dvp = tc_dvpad(p), ldq = tc_ldq(p), ldv = tc_ldv(p);
-	int BQ = 16 * W, NS = BK / 8, NO = (int)(Dvp / 8), NST = tc_stages(p);
-	bool tf32 = tc_tf32(p);
-	int KS = tf32 ? 8 : 16;          /* k step of an mma */
-	int AF, BF, CF;                  /* elements of the A, B and C fragments a lane */
-	unsigned nt = 32u * (unsigned)W;
-	int64_t ntiles;
-	ap_kir_array *qs, *ks, *vs, *qf, *kf, *vf, *sacc, *pf, *oacc;
-	ap_kir_expr *tid, *warp, *lane, *g, *tq, *l8, *j2, *l16, *hi, *q0, *wrow, *ninf;
-	ap_kir_var *kt, *mrun[2], *lrun[2];
-	ap_kir_block *tsaved, *ksaved, *saved;
 
-	if (!tc_fits(p, t, W, BK))
-		return ap_error_set(err, AP_EUNSUPPORTED, v->g->nodes[v->m->root].name, NULL,
-				    "attention emitter: %d warps and %d keys a tile do not fit", W, BK);
-	qs = ap_kir_shared(k, "qs", T, BQ * ldq);
-	ks = ap_kir_shared(k, "ks", T, NST * BK * ldq);
-	vs = ap_kir_shared(k, "vs", T, NST * BK * ldv);
-	ap_kir_mma_frag_sizes(p->mma, &AF, &BF, &CF);
-	qf = ap_kir_local(k, "qf", T, Dp / KS * AF);
-	kf = ap_kir_local(k, "kf", T, BF);
-	vf = ap_kir_local(k, "vf", T, BF);
-	sacc = ap_kir_local(k, "sf", A, NS * 4);
-	pf = ap_kir_local(k, "pf", T, NS * 4);     /* 16-bit: BK / 16 A fragments of 8; TF32: BK / 8 of 4 */
-	oacc = ap_kir_local(k, "of", A, NO * 4);
+/* The tensor-core form's state (emit_tc and its steps): W warps of 16
+ * query rows (BQ = 16 * W), key tiles of BK in NST stages. */
+typedef struct att_tc {
+	actx *c;
+	ap_dtype T, A;                  /* the operand type; float32 accumulators */
+	int64_t Dp, Dvp, ldq, ldv;      /* padded head dims; shared row lengths (tc_ldq, tc_ldv) */
+	int BK, BQ, NST;
+	int NS, NO;                     /* n8 tiles of a score tile (BK / 8) and of O (Dvp / 8) */
+	bool tf32;
+	int KS;                         /* k step of an mma */
+	int AF, BF, CF;                 /* elements of the A, B and C fragments a lane */
+	int64_t ntiles;                 /* key tiles */
+	ap_kir_array *qs, *ks, *vs;     /* shared: Q's tile, the K and V tiles */
+	ap_kir_array *qf, *kf, *vf;     /* registers: Q's A fragments, a B fragment of K, of V */
+	ap_kir_array *sacc, *pf, *oacc; /* registers: scores (C), probabilities (A), O (C) */
+	ap_kir_expr *warp, *lane, *g, *tq;       /* g = lane / 4, tq = lane % 4 */
+	ap_kir_expr *l8, *l16, *hi, *j2;         /* lane % 8, lane % 16, lane / 16, (lane / 8) % 2 */
+	ap_kir_expr *wrow, *ninf;       /* the warp's first row; -inf */
+	ap_kir_var *mrun[2], *lrun[2];  /* running max and sum of rows g (0) and g + 8 (1) */
+	/* the current key tile */
+	ap_kir_expr *key0, *kbase, *vbase;   /* its first key; its stage's K and V offsets */
+	ap_kir_expr *mnew[2], *dead[2], *alpha[2];
+	ap_kir_var *rs[2];              /* the lane's part of the tile's row sums */
+} att_tc;
+
+/* The shared tiles and the register fragments, and a comment per
+ * operand saying how it is staged.  AP_ENOMEM through err when an
+ * allocation failed. */
+static int tc_declare(att_tc *s, ap_error *err)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+
+	s->qs = ap_kir_shared(k, "qs", s->T, s->BQ * s->ldq);
+	s->ks = ap_kir_shared(k, "ks", s->T, s->NST * s->BK * s->ldq);
+	s->vs = ap_kir_shared(k, "vs", s->T, s->NST * s->BK * s->ldv);
+	ap_kir_mma_frag_sizes(p->mma, &s->AF, &s->BF, &s->CF);
+	s->qf = ap_kir_local(k, "qf", s->T, s->Dp / s->KS * s->AF);
+	s->kf = ap_kir_local(k, "kf", s->T, s->BF);
+	s->vf = ap_kir_local(k, "vf", s->T, s->BF);
+	s->sacc = ap_kir_local(k, "sf", s->A, s->NS * 4);
+	s->pf = ap_kir_local(k, "pf", s->T, s->NS * 4);     /* 16-bit: BK / 16 A fragments of 8; TF32: BK / 8 of 4 */
+	s->oacc = ap_kir_local(k, "of", s->A, s->NO * 4);
 	if (ap_kir_failed(k))
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention");
 	for (int r = 0; r < 3; r++) {
 		static const char *const names[] = {"Q", "K", "V"};
 
 		if (p->aw[r])
-			ap_kir_comment(k, v->cur, "operand %s: cp.async, %zu bytes a copy", names[r],
-				       (size_t)p->aw[r] * ap_dtype_size(T));
+			ap_kir_comment(k, c->v->cur, "operand %s: cp.async, %zu bytes a copy", names[r],
+				       (size_t)p->aw[r] * ap_dtype_size(s->T));
 		else
-			ap_kir_comment(k, v->cur, "operand %s: through registers (computed on the way, or "
+			ap_kir_comment(k, c->v->cur, "operand %s: through registers (computed on the way, or "
 				       "not contiguous along the head dim)", names[r]);
 	}
-	ntiles = (p->Nk + BK - 1) / BK;
-	k->block[0] = nt;
-	tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
-	warp = ap_kir_bind(k, v->cur, k->index_type, "w", ap_kir_binary(k, AP_KIR_SHR, tid, ap_kir_idx(k, 5)));
-	lane = ap_kir_bind(k, v->cur, k->index_type, "ln", ap_kir_binary(k, AP_KIR_AND, tid, ap_kir_idx(k, 31)));
-	g = ap_kir_bind(k, v->cur, k->index_type, "g", ap_kir_binary(k, AP_KIR_SHR, lane, ap_kir_idx(k, 2)));
-	tq = ap_kir_bind(k, v->cur, k->index_type, "tq", ap_kir_binary(k, AP_KIR_AND, lane, ap_kir_idx(k, 3)));
-	l8 = ap_kir_binary(k, AP_KIR_AND, lane, ap_kir_idx(k, 7));
-	l16 = ap_kir_binary(k, AP_KIR_AND, lane, ap_kir_idx(k, 15));
-	hi = ap_kir_binary(k, AP_KIR_SHR, lane, ap_kir_idx(k, 4));
-	j2 = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, lane, ap_kir_idx(k, 3)), ap_kir_idx(k, 1));
-	ninf = ap_kir_float(k, A, -INFINITY);
-	q0 = open_tiles(c, BQ, &tsaved);
-	/* the first of this warp's 16 rows */
-	wrow = ap_kir_bind(k, v->cur, k->index_type, "wr", ap_kir_add(k, q0, ap_kir_muli(k, warp, 16)));
-	stage_rows(c, qs, ap_kir_idx(k, 0), 0, BQ, Dp, ldq, q0, p->Nq, p->D);
+	return 0;
+}
+
+/* The thread's warp and lane, and the parts of the lane the fragment
+ * layouts use (the m16n8 C layout: g = lane / 4, tq = lane % 4; ldmatrix
+ * addressing: lane % 8, lane % 16, lane / 16, (lane / 8) % 2). */
+static void tc_lanes(att_tc *s)
+{
+	ap_kir_kernel *k = s->c->k;
+	ap_vctx *v = s->c->v;
+	ap_kir_expr *tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
+
+	s->warp = ap_kir_bind(k, v->cur, k->index_type, "w", ap_kir_binary(k, AP_KIR_SHR, tid, ap_kir_idx(k, 5)));
+	s->lane = ap_kir_bind(k, v->cur, k->index_type, "ln", ap_kir_binary(k, AP_KIR_AND, tid, ap_kir_idx(k, 31)));
+	s->g = ap_kir_bind(k, v->cur, k->index_type, "g", ap_kir_binary(k, AP_KIR_SHR, s->lane, ap_kir_idx(k, 2)));
+	s->tq = ap_kir_bind(k, v->cur, k->index_type, "tq", ap_kir_binary(k, AP_KIR_AND, s->lane, ap_kir_idx(k, 3)));
+	s->l8 = ap_kir_binary(k, AP_KIR_AND, s->lane, ap_kir_idx(k, 7));
+	s->l16 = ap_kir_binary(k, AP_KIR_AND, s->lane, ap_kir_idx(k, 15));
+	s->hi = ap_kir_binary(k, AP_KIR_SHR, s->lane, ap_kir_idx(k, 4));
+	s->j2 = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, s->lane, ap_kir_idx(k, 3)), ap_kir_idx(k, 1));
+	s->ninf = ap_kir_float(k, s->A, -INFINITY);
+}
+
+/* The block's BQ query rows from q0 into qs (with two stages, the first
+ * key tile's copies issued behind them), then the warp's 16 rows as A
+ * fragments qf by ldmatrix .x4 (matrix j = lane / 8: rows (j % 2) * 8..,
+ * k (j / 2) * KS / 2..), rounded for TF32. */
+static void tc_load_q(att_tc *s, ap_kir_expr *q0)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved;
+	ap_kir_var *kk;
+
+	stage_rows(c, s->qs, ap_kir_idx(k, 0), 0, s->BQ, s->Dp, s->ldq, q0, p->Nq, p->D);
 	if (p->aw[0])
 		ap_kir_cp_commit(k, v->cur);
-	if (NST == 2) {
+	if (s->NST == 2) {
 		/* the first key tile's copies, in flight while Q's fragments load */
-		stage_rows(c, ks, ap_kir_idx(k, 0), 1, BK, Dp, ldq, ap_kir_idx(k, 0), p->Nk, p->D);
-		stage_rows(c, vs, ap_kir_idx(k, 0), 2, BK, Dvp, ldv, ap_kir_idx(k, 0), p->Nk, p->Dv);
+		stage_rows(c, s->ks, ap_kir_idx(k, 0), 1, s->BK, s->Dp, s->ldq, ap_kir_idx(k, 0), p->Nk, p->D);
+		stage_rows(c, s->vs, ap_kir_idx(k, 0), 2, s->BK, s->Dvp, s->ldv, ap_kir_idx(k, 0), p->Nk, p->Dv);
 		ap_kir_cp_commit(k, v->cur);
 	}
 	if (p->aw[0])
-		ap_kir_cp_wait(k, v->cur, NST == 2 ? 1 : 0);    /* Q's group */
+		ap_kir_cp_wait(k, v->cur, s->NST == 2 ? 1 : 0);    /* Q's group */
 	ap_kir_barrier(k, v->cur);
-	{
-		/* matrix j = lane / 8 of the x4: rows (j % 2) * 8.., k (j / 2) * KS / 2.. */
-		ap_kir_var *kk = ap_v_loop_unrolled(v, "kq", Dp / KS, &saved);
+	kk = ap_v_loop_unrolled(v, "kq", s->Dp / s->KS, &saved);
+	ap_kir_ldmatrix(k, v->cur, s->qf, ap_kir_muli(k, ap_kir_ref(k, kk), s->AF), s->qs,
+			ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, s->warp, 16), s->l16), s->ldq),
+				   ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), s->KS), ap_kir_muli(k, s->hi, s->KS / 2))),
+			4, false);
+	ap_v_close(v, saved);
+	if (s->tf32)
+		round_tf32(c, s->qf, s->Dp / s->KS * s->AF);
+}
 
-		ap_kir_ldmatrix(k, v->cur, qf, ap_kir_muli(k, ap_kir_ref(k, kk), AF), qs,
-				ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, warp, 16), l16), ldq),
-					   ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), KS), ap_kir_muli(k, hi, KS / 2))),
-				4, false);
-		ap_v_close(v, saved);
-		if (tf32)
-			round_tf32(c, qf, Dp / KS * AF);
-	}
+/* The row statistics m = -inf, l = 0 of the lane's two rows and the
+ * output accumulators set to zero. */
+static void tc_init_state(att_tc *s)
+{
+	ap_kir_kernel *k = s->c->k;
+	ap_vctx *v = s->c->v;
+	ap_kir_block *saved;
+	ap_kir_var *i;
+
 	for (int h = 0; h < 2; h++) {
-		mrun[h] = ap_kir_var_new(k, A, "m");
-		lrun[h] = ap_kir_var_new(k, A, "l");
-		ap_kir_let(k, v->cur, mrun[h], ninf);
-		ap_kir_let(k, v->cur, lrun[h], ap_kir_float(k, A, 0));
+		s->mrun[h] = ap_kir_var_new(k, s->A, "m");
+		s->lrun[h] = ap_kir_var_new(k, s->A, "l");
+		ap_kir_let(k, v->cur, s->mrun[h], s->ninf);
+		ap_kir_let(k, v->cur, s->lrun[h], ap_kir_float(k, s->A, 0));
 	}
-	{
-		ap_kir_var *i = ap_v_loop_unrolled(v, "z", NO * 4, &saved);
+	i = ap_v_loop_unrolled(v, "z", s->NO * 4, &saved);
+	ap_kir_store(k, v->cur, s->oacc, ap_kir_ref(k, i), ap_kir_float(k, s->A, 0));
+	ap_v_close(v, saved);
+}
 
-		ap_kir_store(k, v->cur, oacc, ap_kir_ref(k, i), ap_kir_float(k, A, 0));
+/* Key tile kt in shared memory: with two stages, the next tile's copies
+ * go into the other stage (its last readers passed the barrier first)
+ * and this one's are waited for; with one, this tile is staged and
+ * waited for.  Sets key0 and the stage's offsets kbase / vbase. */
+static void tc_stage_kv(att_tc *s, ap_kir_var *kt)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_expr *kst;
+
+	s->key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), s->BK));
+	ap_kir_barrier(k, v->cur);
+	if (s->NST == 2) {
+		ap_kir_expr *nx = ap_kir_bind(k, v->cur, k->index_type, "kn", ap_kir_addi(k, ap_kir_ref(k, kt), 1));
+		ap_kir_block *s2;
+
+		kst = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), ap_kir_idx(k, 1)));
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, nx, ap_kir_idx(k, s->ntiles)), &s2, NULL);
+		{
+			ap_kir_expr *nst = ap_kir_binary(k, AP_KIR_AND, nx, ap_kir_idx(k, 1));
+			ap_kir_expr *nkey0 = ap_kir_muli(k, nx, s->BK);
+
+			stage_rows(c, s->ks, ap_kir_muli(k, nst, s->BK * s->ldq), 1, s->BK, s->Dp, s->ldq, nkey0, p->Nk, p->D);
+			stage_rows(c, s->vs, ap_kir_muli(k, nst, s->BK * s->ldv), 2, s->BK, s->Dvp, s->ldv, nkey0, p->Nk, p->Dv);
+		}
+		ap_v_close(v, s2);
+		ap_kir_cp_commit(k, v->cur);
+		ap_kir_cp_wait(k, v->cur, 1);
+	} else {
+		kst = ap_kir_idx(k, 0);
+		stage_rows(c, s->ks, kst, 1, s->BK, s->Dp, s->ldq, s->key0, p->Nk, p->D);
+		stage_rows(c, s->vs, kst, 2, s->BK, s->Dvp, s->ldv, s->key0, p->Nk, p->Dv);
+		async_done(c, p->aw[1] || p->aw[2]);
+	}
+	s->kbase = ap_kir_bind(k, v->cur, k->index_type, "kb", ap_kir_muli(k, kst, s->BK * s->ldq));
+	s->vbase = ap_kir_bind(k, v->cur, k->index_type, "vb", ap_kir_muli(k, kst, s->BK * s->ldv));
+	ap_kir_barrier(k, v->cur);
+}
+
+/* S = Q K^T for the tile: the NS score fragments set to zero, then per k
+ * step and n8 tile a B fragment of K by ldmatrix .x2 (K's rows are B's
+ * columns: matrix j2 holds k j2 * KS / 2..) and an mma. */
+static void tc_qk(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved, *s2;
+	ap_kir_var *i, *kk, *ni;
+	ap_kir_expr *si;
+
+	i = ap_v_loop_unrolled(v, "z", s->NS * 4, &saved);
+	ap_kir_store(k, v->cur, s->sacc, ap_kir_ref(k, i), ap_kir_float(k, s->A, 0));
+	ap_v_close(v, saved);
+	kk = ap_v_loop_unrolled(v, "kq", s->Dp / s->KS, &saved);
+	ni = ap_v_loop_unrolled(v, "ni", s->NS, &s2);
+	si = ap_kir_muli(k, ap_kir_ref(k, ni), 4);
+	ap_kir_ldmatrix(k, v->cur, s->kf, ap_kir_idx(k, 0), s->ks,
+			ap_kir_add(k, s->kbase,
+				   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8), s->l8), s->ldq),
+					      ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), s->KS), ap_kir_muli(k, s->j2, s->KS / 2)))),
+			2, false);
+	if (s->tf32)
+		round_tf32(c, s->kf, s->BF);
+	ap_kir_mma(k, v->cur, c->p->mma, s->sacc, si, s->qf, ap_kir_muli(k, ap_kir_ref(k, kk), s->AF), s->kf,
+		   ap_kir_idx(k, 0), s->sacc, si);
+	ap_v_close(v, s2);
+	ap_v_close(v, saved);
+}
+
+/* The scores: the first product's epilogue (score) on each element a
+ * lane holds, element e of n8 tile ni at row wrow + g + 8 * (e / 2), key
+ * key0 + 8 * ni + 2 * tq + e % 2; -inf past the last key. */
+static void tc_scores(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved;
+	ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", s->NS, &saved);
+
+	for (int e = 0; e < 4; e++) {
+		ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
+		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r",
+					       ap_kir_add(k, s->wrow, ap_kir_addi(k, s->g, 8 * (e >> 1))));
+		ap_kir_expr *key = ap_kir_bind(k, v->cur, k->index_type, "key",
+					       ap_kir_add(k, ap_kir_add(k, s->key0, ap_kir_muli(k, ap_kir_ref(k, ni), 8)),
+							  ap_kir_addi(k, ap_kir_muli(k, s->tq, 2), e & 1)));
+		ap_kir_var *sv = ap_kir_var_new(k, s->A, "s");
+		ap_kir_block *s2;
+
+		ap_kir_let(k, v->cur, sv, s->ninf);
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, key, ap_kir_idx(k, c->p->Nk)), &s2, NULL);
+		score(c, sv, ap_kir_load(k, s->sacc, si), row, key);
+		ap_v_close(v, s2);
+		ap_kir_store(k, v->cur, s->sacc, si, ap_kir_ref(k, sv));
+	}
+	ap_v_close(v, saved);
+}
+
+/* The online softmax's maxima for rows g (h = 0) and g + 8 (h = 1): the
+ * lane's maximum, then the row's over the four lanes that hold it (two
+ * xor shuffles); the new maximum mnew, `dead` while every score so far
+ * is -inf, the rescale factor alpha = exp(m - mnew), and rs = 0, the
+ * lane's part of the tile's row sum. */
+static void tc_row_max(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_dtype A = s->A;
+	ap_kir_block *saved;
+
+	for (int h = 0; h < 2; h++) {
+		ap_kir_var *mx = ap_kir_var_new(k, A, "mx"), *ni;
+		ap_kir_expr *mt;
+
+		ap_kir_let(k, v->cur, mx, s->ninf);
+		ni = ap_v_loop_unrolled(v, "ni", s->NS, &saved);
+		for (int e = 2 * h; e < 2 * h + 2; e++)
+			ap_kir_assign(k, v->cur, mx, ap_kir_binary(k, AP_KIR_MAX, ap_kir_ref(k, mx),
+								   ap_kir_load(k, s->sacc, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e))));
 		ap_v_close(v, saved);
+		mt = xor_reduce(c, ap_kir_ref(k, mx), true, 4);
+		s->mnew[h] = ap_kir_bind(k, v->cur, A, "mn", ap_kir_binary(k, AP_KIR_MAX, ap_kir_ref(k, s->mrun[h]), mt));
+		/* every score so far -inf: nothing to rescale, nothing to add */
+		s->dead[h] = ap_kir_bind(k, v->cur, AP_DT_BOOL, "dd", ap_kir_binary(k, AP_KIR_EQ, s->mnew[h], s->ninf));
+		s->alpha[h] = ap_kir_bind(k, v->cur, A, "al",
+					  ap_kir_select(k, s->dead[h], ap_kir_float(k, A, 1),
+							ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, s->mrun[h]), s->mnew[h]), NULL)));
+		s->rs[h] = ap_kir_var_new(k, A, "rs");
+		ap_kir_let(k, v->cur, s->rs[h], ap_kir_float(k, A, 0));
 	}
-	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, ntiles), 1, &ksaved);
-	{
-		ap_kir_expr *key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), BK));
-		ap_kir_expr *mt[2], *mnew[2], *dead[2], *alpha[2], *kst, *kbase, *vbase;
-		ap_kir_var *rs[2];
+}
 
-		ap_kir_barrier(k, v->cur);
-		if (NST == 2) {
-			/* this tile's stage; the next tile's copies go into the other
-			 * (its last readers passed the barrier above) and this one's
-			 * are waited for */
-			ap_kir_expr *nx = ap_kir_bind(k, v->cur, k->index_type, "kn", ap_kir_addi(k, ap_kir_ref(k, kt), 1));
-			ap_kir_block *s2;
+/* The probabilities exp(s - mnew) of the tile, summed into rs and moved
+ * into pf as PV's A fragments (16-bit: the C fragments of n8 tiles 2j,
+ * 2j + 1 are the A fragment of k16 step j; TF32: through the C layout
+ * and tf32_a_from_c); then l = l * alpha + rs, m = mnew, and O's
+ * accumulators rescaled by alpha. */
+static void tc_probabilities(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_dtype A = s->A;
+	ap_kir_block *saved;
+	ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", s->NS, &saved);
 
-			kst = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), ap_kir_idx(k, 1)));
-			ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, nx, ap_kir_idx(k, ntiles)), &s2, NULL);
-			{
-				ap_kir_expr *nst = ap_kir_binary(k, AP_KIR_AND, nx, ap_kir_idx(k, 1));
-				ap_kir_expr *nkey0 = ap_kir_muli(k, nx, BK);
+	for (int e = 0; e < 4; e++) {
+		ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
+		ap_kir_expr *pv = ap_kir_bind(k, v->cur, A, "p",
+					      ap_kir_select(k, s->dead[e >> 1], ap_kir_float(k, A, 0),
+							    ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_load(k, s->sacc, si), s->mnew[e >> 1]), NULL)));
 
-				stage_rows(c, ks, ap_kir_muli(k, nst, BK * ldq), 1, BK, Dp, ldq, nkey0, p->Nk, p->D);
-				stage_rows(c, vs, ap_kir_muli(k, nst, BK * ldv), 2, BK, Dvp, ldv, nkey0, p->Nk, p->Dv);
-			}
-			ap_v_close(v, s2);
-			ap_kir_cp_commit(k, v->cur);
-			ap_kir_cp_wait(k, v->cur, 1);
-		} else {
-			kst = ap_kir_idx(k, 0);
-			stage_rows(c, ks, kst, 1, BK, Dp, ldq, key0, p->Nk, p->D);
-			stage_rows(c, vs, kst, 2, BK, Dvp, ldv, key0, p->Nk, p->Dv);
-			async_done(c, p->aw[1] || p->aw[2]);
-		}
-		kbase = ap_kir_bind(k, v->cur, k->index_type, "kb", ap_kir_muli(k, kst, BK * ldq));
-		vbase = ap_kir_bind(k, v->cur, k->index_type, "vb", ap_kir_muli(k, kst, BK * ldv));
-		ap_kir_barrier(k, v->cur);
-		/* S = Q K^T */
-		{
-			ap_kir_var *i = ap_v_loop_unrolled(v, "z", NS * 4, &saved);
-
-			ap_kir_store(k, v->cur, sacc, ap_kir_ref(k, i), ap_kir_float(k, A, 0));
-			ap_v_close(v, saved);
-		}
-		{
-			ap_kir_block *s2;
-			ap_kir_var *kk = ap_v_loop_unrolled(v, "kq", Dp / KS, &saved);
-			ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", NS, &s2);
-			ap_kir_expr *si = ap_kir_muli(k, ap_kir_ref(k, ni), 4);
-
-			/* K's rows are B's columns: matrix j2 of the x2 holds k j2 * KS / 2.. */
-			ap_kir_ldmatrix(k, v->cur, kf, ap_kir_idx(k, 0), ks,
-					ap_kir_add(k, kbase,
-						   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8), l8), ldq),
-							      ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), KS), ap_kir_muli(k, j2, KS / 2)))),
-					2, false);
-			if (tf32)
-				round_tf32(c, kf, BF);
-			ap_kir_mma(k, v->cur, p->mma, sacc, si, qf, ap_kir_muli(k, ap_kir_ref(k, kk), AF), kf,
-				   ap_kir_idx(k, 0), sacc, si);
-			ap_v_close(v, s2);
-			ap_v_close(v, saved);
-		}
-		/* the scores: the first product's epilogue, -inf past the last key */
-		{
-			ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", NS, &saved);
-
-			for (int e = 0; e < 4; e++) {
-				ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
-				ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r",
-							       ap_kir_add(k, wrow, ap_kir_addi(k, g, 8 * (e >> 1))));
-				ap_kir_expr *key = ap_kir_bind(k, v->cur, k->index_type, "key",
-							       ap_kir_add(k, ap_kir_add(k, key0, ap_kir_muli(k, ap_kir_ref(k, ni), 8)),
-									  ap_kir_addi(k, ap_kir_muli(k, tq, 2), e & 1)));
-				ap_kir_var *sv = ap_kir_var_new(k, A, "s");
-				ap_kir_block *s2;
-
-				ap_kir_let(k, v->cur, sv, ninf);
-				ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, key, ap_kir_idx(k, p->Nk)), &s2, NULL);
-				score(c, sv, ap_kir_load(k, sacc, si), row, key);
-				ap_v_close(v, s2);
-				ap_kir_store(k, v->cur, sacc, si, ap_kir_ref(k, sv));
-			}
-			ap_v_close(v, saved);
-		}
-		/* online softmax: rows g (h = 0) and g + 8 (h = 1) */
-		for (int h = 0; h < 2; h++) {
-			ap_kir_var *mx = ap_kir_var_new(k, A, "mx"), *ni;
-
-			ap_kir_let(k, v->cur, mx, ninf);
-			ni = ap_v_loop_unrolled(v, "ni", NS, &saved);
-			for (int e = 2 * h; e < 2 * h + 2; e++)
-				ap_kir_assign(k, v->cur, mx, ap_kir_binary(k, AP_KIR_MAX, ap_kir_ref(k, mx),
-									   ap_kir_load(k, sacc, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e))));
-			ap_v_close(v, saved);
-			mt[h] = xor_reduce(c, ap_kir_ref(k, mx), true, 4);
-			mnew[h] = ap_kir_bind(k, v->cur, A, "mn", ap_kir_binary(k, AP_KIR_MAX, ap_kir_ref(k, mrun[h]), mt[h]));
-			/* every score so far -inf: nothing to rescale, nothing to add */
-			dead[h] = ap_kir_bind(k, v->cur, AP_DT_BOOL, "dd", ap_kir_binary(k, AP_KIR_EQ, mnew[h], ninf));
-			alpha[h] = ap_kir_bind(k, v->cur, A, "al",
-					       ap_kir_select(k, dead[h], ap_kir_float(k, A, 1),
-							     ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, mrun[h]), mnew[h]), NULL)));
-			rs[h] = ap_kir_var_new(k, A, "rs");
-			ap_kir_let(k, v->cur, rs[h], ap_kir_float(k, A, 0));
-		}
-		{
-			ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", NS, &saved);
-
-			for (int e = 0; e < 4; e++) {
-				ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
-				ap_kir_expr *pv = ap_kir_bind(k, v->cur, A, "p",
-							      ap_kir_select(k, dead[e >> 1], ap_kir_float(k, A, 0),
-									    ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_load(k, sacc, si), mnew[e >> 1]), NULL)));
-
-				ap_kir_assign(k, v->cur, rs[e >> 1], ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, rs[e >> 1]), pv));
-				/* 16-bit: the C fragments of n8 tiles 2j, 2j + 1 are the A
-				 * fragment of k16 step j; TF32: C layout, permuted below */
-				ap_kir_store(k, v->cur, tf32 ? sacc : pf, si, ap_kir_cast(k, tf32 ? A : T, pv));
-			}
-			ap_v_close(v, saved);
-		}
-		if (tf32)
-			tf32_a_from_c(c, sacc, pf, NS, tq);
-		for (int h = 0; h < 2; h++) {
-			ap_kir_assign(k, v->cur, lrun[h], ap_kir_binary(k, AP_KIR_ADD,
-									 ap_kir_binary(k, AP_KIR_MUL, ap_kir_ref(k, lrun[h]), alpha[h]),
-									 ap_kir_ref(k, rs[h])));
-			ap_kir_assign(k, v->cur, mrun[h], mnew[h]);
-		}
-		{
-			ap_kir_var *ni = ap_v_loop_unrolled(v, "no", NO, &saved);
-
-			for (int e = 0; e < 4; e++) {
-				ap_kir_expr *oi = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
-
-				ap_kir_store(k, v->cur, oacc, oi, ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, oacc, oi), alpha[e >> 1]));
-			}
-			ap_v_close(v, saved);
-		}
-		/* O += P V */
-		{
-			ap_kir_block *s2;
-			ap_kir_var *j = ap_v_loop_unrolled(v, "kj", BK / KS, &saved);
-			ap_kir_var *no = ap_v_loop_unrolled(v, "no", NO, &s2);
-			ap_kir_expr *oi = ap_kir_muli(k, ap_kir_ref(k, no), 4);
-
-			if (tf32) {
-				/* b0 = V[t][g], b1 = V[t + 4][g] of this k8 step: one
-				 * element a lane (ldmatrix does not transpose 32-bit) */
-				for (int e = 0; e < 2; e++)
-					ap_kir_store(k, v->cur, vf, ap_kir_idx(k, e),
-						     ap_kir_call(k, AP_KIR_TF32,
-								 ap_kir_load(k, vs, ap_kir_add(k, vbase,
-									ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), 8),
-														ap_kir_addi(k, tq, 4 * e)), ldv),
-										   ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, no), 8), g)))), NULL));
-			} else {
-				ap_kir_ldmatrix(k, v->cur, vf, ap_kir_idx(k, 0), vs,
-						ap_kir_add(k, vbase,
-							   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), 16),
-												   ap_kir_add(k, ap_kir_muli(k, j2, 8), l8)), ldv),
-								      ap_kir_muli(k, ap_kir_ref(k, no), 8))),
-						2, true);
-			}
-			ap_kir_mma(k, v->cur, p->mma, oacc, oi, pf, ap_kir_muli(k, ap_kir_ref(k, j), AF), vf,
-				   ap_kir_idx(k, 0), oacc, oi);
-			ap_v_close(v, s2);
-			ap_v_close(v, saved);
-		}
+		ap_kir_assign(k, v->cur, s->rs[e >> 1], ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, s->rs[e >> 1]), pv));
+		ap_kir_store(k, v->cur, s->tf32 ? s->sacc : s->pf, si, ap_kir_cast(k, s->tf32 ? A : s->T, pv));
 	}
-	ap_v_close(v, ksaved);
-	/* the four lanes of a row hold parts of its sum */
+	ap_v_close(v, saved);
+	if (s->tf32)
+		tf32_a_from_c(c, s->sacc, s->pf, s->NS, s->tq);
+	for (int h = 0; h < 2; h++) {
+		ap_kir_assign(k, v->cur, s->lrun[h], ap_kir_binary(k, AP_KIR_ADD,
+								    ap_kir_binary(k, AP_KIR_MUL, ap_kir_ref(k, s->lrun[h]), s->alpha[h]),
+								    ap_kir_ref(k, s->rs[h])));
+		ap_kir_assign(k, v->cur, s->mrun[h], s->mnew[h]);
+	}
+	ni = ap_v_loop_unrolled(v, "no", s->NO, &saved);
+	for (int e = 0; e < 4; e++) {
+		ap_kir_expr *oi = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
+
+		ap_kir_store(k, v->cur, s->oacc, oi, ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, s->oacc, oi), s->alpha[e >> 1]));
+	}
+	ap_v_close(v, saved);
+}
+
+/* O += P V: per k step j of the tile and n8 tile no of O, V's B fragment
+ * (16-bit: ldmatrix .x2 .trans, V's rows along k; TF32: b0 = V[t][g],
+ * b1 = V[t + 4][g], one element a lane, since ldmatrix does not transpose
+ * 32-bit elements) and an mma with the probabilities' A fragment. */
+static void tc_pv(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved, *s2;
+	ap_kir_var *j = ap_v_loop_unrolled(v, "kj", s->BK / s->KS, &saved);
+	ap_kir_var *no = ap_v_loop_unrolled(v, "no", s->NO, &s2);
+	ap_kir_expr *oi = ap_kir_muli(k, ap_kir_ref(k, no), 4);
+
+	if (s->tf32) {
+		for (int e = 0; e < 2; e++)
+			ap_kir_store(k, v->cur, s->vf, ap_kir_idx(k, e),
+				     ap_kir_call(k, AP_KIR_TF32,
+						 ap_kir_load(k, s->vs, ap_kir_add(k, s->vbase,
+							ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), 8),
+												ap_kir_addi(k, s->tq, 4 * e)), s->ldv),
+								   ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, no), 8), s->g)))), NULL));
+	} else {
+		ap_kir_ldmatrix(k, v->cur, s->vf, ap_kir_idx(k, 0), s->vs,
+				ap_kir_add(k, s->vbase,
+					   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), 16),
+										   ap_kir_add(k, ap_kir_muli(k, s->j2, 8), s->l8)), s->ldv),
+						      ap_kir_muli(k, ap_kir_ref(k, no), 8))),
+				2, true);
+	}
+	ap_kir_mma(k, v->cur, c->p->mma, s->oacc, oi, s->pf, ap_kir_muli(k, ap_kir_ref(k, j), s->AF), s->vf,
+		   ap_kir_idx(k, 0), s->oacc, oi);
+	ap_v_close(v, s2);
+	ap_v_close(v, saved);
+}
+
+/* After the last key tile: each row's sum from the four lanes that hold
+ * parts of it, O = acc / l through O's epilogue (rows below Nq, columns
+ * below Dv), and the statistics others read (from the lanes with
+ * tq = 0). */
+static void tc_store(att_tc *s)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved;
+	ap_kir_var *no;
+
 	for (int h = 0; h < 2; h++)
-		ap_kir_assign(k, v->cur, lrun[h], xor_reduce(c, ap_kir_ref(k, lrun[h]), false, 4));
-	/* O = acc / l, its epilogue, and the statistics others read */
-	{
-		ap_kir_var *no = ap_v_loop_unrolled(v, "no", NO, &saved);
+		ap_kir_assign(k, v->cur, s->lrun[h], xor_reduce(c, ap_kir_ref(k, s->lrun[h]), false, 4));
+	no = ap_v_loop_unrolled(v, "no", s->NO, &saved);
+	for (int e = 0; e < 4; e++) {
+		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r",
+					       ap_kir_add(k, s->wrow, ap_kir_addi(k, s->g, 8 * (e >> 1))));
+		ap_kir_expr *col = ap_kir_bind(k, v->cur, k->index_type, "col",
+					       ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, no), 8),
+							  ap_kir_addi(k, ap_kir_muli(k, s->tq, 2), e & 1)));
+		ap_kir_block *s2;
 
-		for (int e = 0; e < 4; e++) {
-			ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r",
-						       ap_kir_add(k, wrow, ap_kir_addi(k, g, 8 * (e >> 1))));
-			ap_kir_expr *col = ap_kir_bind(k, v->cur, k->index_type, "col",
-						       ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, no), 8),
-								  ap_kir_addi(k, ap_kir_muli(k, tq, 2), e & 1)));
-			ap_kir_block *s2;
-
-			ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, p->Nq)),
-						 ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, p->Dv))), &s2, NULL);
-			c->out = ap_kir_bind(k, v->cur, A, "o",
-					     ap_kir_binary(k, AP_KIR_DIV,
-							   ap_kir_load(k, oacc, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, no), 4), e)),
-							   ap_kir_ref(k, lrun[e >> 1])));
-			ap__epilogue_store(v, p->maps, idx2(c, p->o, row, col));
-			c->out = NULL;
-			ap_v_close(v, s2);
-		}
-		ap_v_close(v, saved);
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, p->Nq)),
+					 ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, p->Dv))), &s2, NULL);
+		c->out = ap_kir_bind(k, v->cur, s->A, "o",
+				     ap_kir_binary(k, AP_KIR_DIV,
+						   ap_kir_load(k, s->oacc, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, no), 4), e)),
+						   ap_kir_ref(k, s->lrun[e >> 1])));
+		ap__epilogue_store(v, p->maps, idx2(c, p->o, row, col));
+		c->out = NULL;
+		ap_v_close(v, s2);
 	}
+	ap_v_close(v, saved);
 	for (int h = 0; h < 2 && (p->m_out || p->l_out); h++) {
-		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r", ap_kir_add(k, wrow, ap_kir_addi(k, g, 8 * h)));
+		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r", ap_kir_add(k, s->wrow, ap_kir_addi(k, s->g, 8 * h)));
 
-		store_stats(c, row, ap_kir_binary(k, AP_KIR_EQ, tq, ap_kir_idx(k, 0)), mrun[h], lrun[h]);
+		store_stats(c, row, ap_kir_binary(k, AP_KIR_EQ, s->tq, ap_kir_idx(k, 0)), s->mrun[h], s->lrun[h]);
 	}
+}
+
+/* The tensor-core form (the comment above): W warps of 16 query rows, key
+ * tiles of BK; per key tile tc_stage_kv, tc_qk, tc_scores, tc_row_max,
+ * tc_probabilities and tc_pv, then tc_store.  Errors: AP_EUNSUPPORTED
+ * (the tiles do not fit the target: tc_fits), AP_ENOMEM. */
+static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *err)
+{
+	const att_plan *p = c->p;
+	ap_vctx *v = c->v;
+	ap_kir_kernel *k = c->k;
+	att_tc s;
+	int rc;
+	ap_kir_expr *q0;
+	ap_kir_var *kt;
+	ap_kir_block *tsaved, *ksaved;
+
+	if (!tc_fits(p, t, W, BK))
+		return ap_error_set(err, AP_EUNSUPPORTED, v->g->nodes[v->m->root].name, NULL,
+				    "attention emitter: %d warps and %d keys a tile do not fit", W, BK);
+	memset(&s, 0, sizeof(s));
+	s.c = c;
+	s.T = p->t;
+	s.A = AP_DT_F32;
+	s.Dp = tc_dpad(p);
+	s.Dvp = tc_dvpad(p);
+	s.ldq = tc_ldq(p);
+	s.ldv = tc_ldv(p);
+	s.BK = BK;
+	s.BQ = 16 * W;
+	s.NS = BK / 8;
+	s.NO = (int)(s.Dvp / 8);
+	s.NST = tc_stages(p);
+	s.tf32 = tc_tf32(p);
+	s.KS = s.tf32 ? 8 : 16;
+	if ((rc = tc_declare(&s, err)))
+		return rc;
+	s.ntiles = (p->Nk + BK - 1) / BK;
+	k->block[0] = 32u * (unsigned)W;
+	tc_lanes(&s);
+	q0 = open_tiles(c, s.BQ, &tsaved);
+	/* the first of this warp's 16 rows */
+	s.wrow = ap_kir_bind(k, v->cur, k->index_type, "wr", ap_kir_add(k, q0, ap_kir_muli(k, s.warp, 16)));
+	tc_load_q(&s, q0);
+	tc_init_state(&s);
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s.ntiles), 1, &ksaved);
+	tc_stage_kv(&s, kt);
+	tc_qk(&s);
+	tc_scores(&s);
+	tc_row_max(&s);
+	tc_probabilities(&s);
+	tc_pv(&s);
+	ap_v_close(v, ksaved);
+	tc_store(&s);
 	ap_v_close(v, tsaved);
 	return 0;
 }

@@ -256,12 +256,139 @@ static void analyze_operand(const ap_graph *g, const gemm_plan *p, int role, gem
 	}
 }
 
+/* Tensor cores where the target has them for the input type (float16,
+ * bfloat16 on sm_80 and later; float32 with allow_tf32), and the
+ * mma.sync shape for it. */
+static void choose_mma(gemm_plan *p, const ap_target_info *t)
+{
+	p->tc = t->gpu && t->arch >= 80 &&
+		(p->in_t == AP_DT_F16 || p->in_t == AP_DT_BF16 || (p->in_t == AP_DT_F32 && t->allow_tf32));
+	p->mma = p->in_t == AP_DT_F16 ? AP_KIR_MMA_F16_16816
+		 : p->in_t == AP_DT_BF16 ? AP_KIR_MMA_BF16_16816 : AP_KIR_MMA_TF32_1688;
+}
+
+/* The convolution's spatial dims (input D, output O, kernel KS, strides,
+ * dilations, leading pads) from node n and its input xt, weights wt,
+ * output yt; ohw and kk the numbers of output and kernel positions; *one
+ * when it is 1x1 with unit strides and no padding.  False with *why for
+ * a stride or dilation below 1. */
+static bool conv_dims(gemm_plan *p, const ap_node *n, const ap_tensor *xt, const ap_tensor *wt,
+		      const ap_tensor *yt, bool *one, char *why, size_t cap)
+{
+	*one = true;
+	p->ohw = 1;
+	p->kk = 1;
+	for (int d = 0; d < p->ns; d++) {
+		p->D[d] = xt->dims[2 + d];
+		p->O[d] = yt->dims[2 + d];
+		p->KS[d] = wt->dims[2 + d];
+		p->st[d] = ap_node_attr_at(n, "strides", d, 1);
+		p->dl[d] = ap_node_attr_at(n, "dilations", d, 1);
+		p->pd[d] = ap_node_attr_at(n, "pads", d, 0);
+		if (p->st[d] < 1 || p->dl[d] < 1) {
+			snprintf(why, cap, "stride %lld, dilation %lld", (long long)p->st[d], (long long)p->dl[d]);
+			return false;
+		}
+		p->ohw *= p->O[d];
+		p->kk *= p->KS[d];
+		*one = *one && p->KS[d] == 1 && p->st[d] == 1 && p->pd[d] == 0 &&
+		       ap_node_attr_at(n, "pads", p->ns + d, 0) == 0;
+	}
+	return true;
+}
+
+/* The implicit GEMM's operands that are buffers read as they are
+ * ("plain"; vec: elements per cp.async).  A: X itself for a 1x1
+ * convolution with unit stride and no padding (`one`; rows contiguous
+ * within an image).  B: the weights as they are for a Conv
+ * ([M][Cg * kernel], K contiguous); ConvTranspose's W[g * Cg + c][m][kpos]:
+ * K = (c, kpos) is two factors apart, so plain but composite, copied
+ * element by element (4- and 8-byte types; 16-bit ones go through
+ * registers). */
+static void conv_plain_operands(const ap_graph *g, gemm_plan *p, bool one)
+{
+	/* A gathered or computed A is also copied along its rows, NCHW's
+	 * contiguous output positions: neighbouring threads read neighbouring
+	 * elements, and a thread keeps one row for a whole tile (issue_async),
+	 * so the row's image and positions are computed once per tile
+	 * (squeezenet1_1 on the host, one thread: 51-52 -> 49.5-50.3 ms along
+	 * rows; its stem 4-5 -> 3.3-3.6 ms with the row computed once) */
+	p->a.t = p->x;
+	p->b.t = p->w;
+	p->a.plain = false;
+	p->b.plain = false;
+	p->a.k_fast = false;
+	p->b.k_fast = true;
+	if (!p->convt && one && g->tensors[p->x].producer < 0 && g->tensors[p->x].kind != AP_TENSOR_CONST) {
+		p->a_1x1 = true;
+		p->a.plain = true;
+		p->a.leaf = p->x;
+		p->a.k_fast = false;
+		p->a.s_outer = 1;
+		p->a.s_k = p->ohw;
+		p->a.vec = 0;
+		for (int w = (int)(16 / ap_dtype_size(p->in_t)); w >= 1 && !p->a.vec; w /= 2)
+			if ((size_t)w * ap_dtype_size(p->in_t) >= 4 && p->ohw % w == 0)
+				p->a.vec = w;
+	}
+	if (g->tensors[p->w].producer < 0 &&
+	    (g->tensors[p->w].kind != AP_TENSOR_CONST || ap_tensor_numel(&g->tensors[p->w]) > 16) &&
+	    (!p->convt || ap_dtype_size(p->in_t) >= 4)) {
+		p->b.plain = true;
+		p->b.leaf = p->w;
+		p->b.composite = p->convt;
+		p->b.s_outer = p->convt ? p->kk : p->K;
+		p->b.s_k = 1;
+		p->b.vec = p->convt ? 1 : 0;
+		for (int w = (int)(16 / ap_dtype_size(p->in_t)); w >= 1 && !p->b.vec; w /= 2)
+			if ((size_t)w * ap_dtype_size(p->in_t) >= 4 && p->K % w == 0)
+				p->b.vec = w;
+	}
+}
+
+/* The operands that are not plain: one that is a view of a buffer (X for
+ * the im2col rows; X or W through the transposes of a weight gradient)
+ * is gathered by cp.async one element a copy (16-bit types: the aligned
+ * pair holding it, see copy_mode), the padding zero-filled by the copy's
+ * source size.  A Cast of the float32 input of a converted graph is
+ * gathered in its own type and converted into the tile (staged,
+ * copy_mode): only casts, so the zero padding stays zero, and elements of
+ * 4 bytes at least, cp.async's smallest copy.  Anything else goes through
+ * registers. */
+static void conv_gathered_operands(const ap_graph *g, gemm_plan *p)
+{
+	for (int role = 0; role < 2; role++) {
+		gemm_opnd *op = role ? &p->b : &p->a;
+		bool staged = false, casts_only = false;
+
+		op->staged = false;
+		if (op->plain)
+			continue;
+		if (!ap_sview_of(g, op->t, &op->gv, &op->leaf)) {
+			if (!ap_sview_of_unary(g, op->t, &op->gv, &op->leaf, &casts_only) || !casts_only ||
+			    ap_dtype_size(g->tensors[op->leaf].dtype) < 4)
+				continue;
+			staged = true;
+		}
+		if (g->tensors[op->leaf].kind == AP_TENSOR_CONST || op->gv.rank != g->tensors[op->t].rank)
+			continue;
+		op->gather = true;
+		op->staged = staged;
+		op->casts_only = casts_only;
+		op->src_es = (int)ap_dtype_size(g->tensors[op->leaf].dtype);
+		op->vec = 1;
+	}
+}
+
 /* A Conv / ConvTranspose micro-graph as an implicit GEMM (the im2col
  * product formed tile by tile in shared memory, never in memory; Chetlur
  * et al., "cuDNN: Efficient Primitives for Deep Learning", 2014): one
  * convolution node of a float type, groups of at least 8 output channels
  * (depthwise convolutions are left to the pointwise emitter), every
- * output an element-for-element function of its result. */
+ * output an element-for-element function of its result.  Rows are
+ * (image, output position), columns a group's output channels, K (input
+ * channel of the group, kernel position); tile batches are the groups.
+ * 1 with p filled, 0 with *why, AP_ENOMEM. */
 static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, int node, char *why,
 			size_t cap)
 {
@@ -269,7 +396,7 @@ static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *
 	const ap_node *n = &g->nodes[node];
 	const ap_tensor *xt, *wt, *yt;
 	ap_conv_ops co;
-	bool one = true;
+	bool one;
 	int rc;
 
 	p->conv = true;
@@ -296,24 +423,8 @@ static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *
 			 (long long)p->Mg);
 		return false;
 	}
-	p->ohw = 1;
-	p->kk = 1;
-	for (int d = 0; d < p->ns; d++) {
-		p->D[d] = xt->dims[2 + d];
-		p->O[d] = yt->dims[2 + d];
-		p->KS[d] = wt->dims[2 + d];
-		p->st[d] = ap_node_attr_at(n, "strides", d, 1);
-		p->dl[d] = ap_node_attr_at(n, "dilations", d, 1);
-		p->pd[d] = ap_node_attr_at(n, "pads", d, 0);
-		if (p->st[d] < 1 || p->dl[d] < 1) {
-			snprintf(why, cap, "stride %lld, dilation %lld", (long long)p->st[d], (long long)p->dl[d]);
-			return false;
-		}
-		p->ohw *= p->O[d];
-		p->kk *= p->KS[d];
-		one = one && p->KS[d] == 1 && p->st[d] == 1 && p->pd[d] == 0 &&
-		      ap_node_attr_at(n, "pads", p->ns + d, 0) == 0;
-	}
+	if (!conv_dims(p, n, xt, wt, yt, &one, why, cap))
+		return false;
 	p->batch = 1;
 	p->nb = 0;
 	p->M = p->ohw;
@@ -334,83 +445,9 @@ static int analyze_conv(const ap_mgraph *m, const ap_target_info *t, gemm_plan *
 		plan_clear(p);
 		return rc;
 	}
-	/* A: X itself for a 1x1 convolution with unit stride and no padding
-	 * (rows contiguous within an image); B: the weights as they are for a
-	 * Conv ([M][Cg * kernel], K contiguous).  A gathered or computed A is
-	 * also copied along its rows, NCHW's contiguous output positions:
-	 * neighbouring threads read neighbouring elements, and a thread keeps
-	 * one row for a whole tile (issue_async), so the row's image and
-	 * positions are computed once per tile (squeezenet1_1 on the host,
-	 * one thread: 51-52 -> 49.5-50.3 ms along rows; its stem 4-5 -> 3.3-3.6
-	 * ms with the row computed once) */
-	p->a.t = p->x;
-	p->b.t = p->w;
-	p->a.plain = false;
-	p->b.plain = false;
-	p->a.k_fast = false;
-	p->b.k_fast = true;
-	if (!p->convt && one && g->tensors[p->x].producer < 0 && g->tensors[p->x].kind != AP_TENSOR_CONST) {
-		p->a_1x1 = true;
-		p->a.plain = true;
-		p->a.leaf = p->x;
-		p->a.k_fast = false;
-		p->a.s_outer = 1;
-		p->a.s_k = p->ohw;
-		p->a.vec = 0;
-		for (int w = (int)(16 / ap_dtype_size(p->in_t)); w >= 1 && !p->a.vec; w /= 2)
-			if ((size_t)w * ap_dtype_size(p->in_t) >= 4 && p->ohw % w == 0)
-				p->a.vec = w;
-	}
-	/* ConvTranspose's W[g * Cg + c][m][kpos]: K = (c, kpos) is two
-	 * factors apart, so plain but composite, copied element by element
-	 * (4- and 8-byte types; 16-bit ones go through registers) */
-	if (g->tensors[p->w].producer < 0 &&
-	    (g->tensors[p->w].kind != AP_TENSOR_CONST || ap_tensor_numel(&g->tensors[p->w]) > 16) &&
-	    (!p->convt || ap_dtype_size(p->in_t) >= 4)) {
-		p->b.plain = true;
-		p->b.leaf = p->w;
-		p->b.composite = p->convt;
-		p->b.s_outer = p->convt ? p->kk : p->K;
-		p->b.s_k = 1;
-		p->b.vec = p->convt ? 1 : 0;
-		for (int w = (int)(16 / ap_dtype_size(p->in_t)); w >= 1 && !p->b.vec; w /= 2)
-			if ((size_t)w * ap_dtype_size(p->in_t) >= 4 && p->K % w == 0)
-				p->b.vec = w;
-	}
-	/* the rest: an operand that is a view of a buffer (X for the im2col
-	 * rows; X or W through the transposes of a weight gradient) is
-	 * gathered by cp.async one element a copy (16-bit types: the aligned
-	 * pair holding it, see copy_mode), the padding zero-filled by the
-	 * copy's source size */
-	for (int role = 0; role < 2; role++) {
-		gemm_opnd *op = role ? &p->b : &p->a;
-		bool staged = false, casts_only = false;
-
-		op->staged = false;
-		if (op->plain)
-			continue;
-		if (!ap_sview_of(g, op->t, &op->gv, &op->leaf)) {
-			/* a Cast of the float32 input of a converted graph: gathered
-			 * in its own type, converted into the tile (copy_mode); only
-			 * casts, so the zero padding stays zero, and elements of 4
-			 * bytes at least, cp.async's smallest copy */
-			if (!ap_sview_of_unary(g, op->t, &op->gv, &op->leaf, &casts_only) || !casts_only ||
-			    ap_dtype_size(g->tensors[op->leaf].dtype) < 4)
-				continue;
-			staged = true;
-		}
-		if (g->tensors[op->leaf].kind == AP_TENSOR_CONST || op->gv.rank != g->tensors[op->t].rank)
-			continue;
-		op->gather = true;
-		op->staged = staged;
-		op->casts_only = casts_only;
-		op->src_es = (int)ap_dtype_size(g->tensors[op->leaf].dtype);
-		op->vec = 1;
-	}
-	p->tc = t->gpu && t->arch >= 80 &&
-		(p->in_t == AP_DT_F16 || p->in_t == AP_DT_BF16 || (p->in_t == AP_DT_F32 && t->allow_tf32));
-	p->mma = p->in_t == AP_DT_F16 ? AP_KIR_MMA_F16_16816
-		 : p->in_t == AP_DT_BF16 ? AP_KIR_MMA_BF16_16816 : AP_KIR_MMA_TF32_1688;
+	conv_plain_operands(g, p, one);
+	conv_gathered_operands(g, p);
+	choose_mma(p, t);
 	return true;
 }
 
@@ -505,10 +542,7 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, ch
 		if (p->bdims[d] > 1 && (b->n != 1 || b->s[0] != want))
 			p->a_linear = false;
 	}
-	p->tc = t->gpu && t->arch >= 80 &&
-		(p->in_t == AP_DT_F16 || p->in_t == AP_DT_BF16 || (p->in_t == AP_DT_F32 && t->allow_tf32));
-	p->mma = p->in_t == AP_DT_F16 ? AP_KIR_MMA_F16_16816
-		 : p->in_t == AP_DT_BF16 ? AP_KIR_MMA_BF16_16816 : AP_KIR_MMA_TF32_1688;
+	choose_mma(p, t);
 	return true;
 }
 
@@ -923,6 +957,16 @@ typedef struct gctx {
 	/* split-K: this block's rank in its cluster, its first K tile */
 	ap_kir_expr *rank, *kofs;
 	bool kpred;                     /* loads check k < K (a K tile may pass the end) */
+	/* the launch (set_launch): output tiles, tiles_m x tiles_n per tile
+	 * batch, walked by `grid` blocks (clusters with split-K); K tiles per
+	 * block */
+	int tiles_m, tiles_n, ktl;
+	int64_t tiles;
+	unsigned grid;
+	/* the thread's place (declare_threads): SIMT (ty, tx); tensor cores
+	 * its lane and its warp's first row and column of the tile */
+	ap_kir_expr *ty, *tx, *lane, *wm0, *wn0;
+	ap_kir_array *fa, *fb;          /* operand fragments / values of one k (registers) */
 } gctx;
 
 static ap_kir_expr *I(gctx *c, int64_t v)
@@ -1544,9 +1588,11 @@ static void complete_tile(gctx *c, ap_kir_expr *st)
 
 /* ---- SIMT arithmetic ---- */
 
-/* acc[i][j] += A[k][ty*TM + i] * B[k][tx*TN + j] over the K tile in stage st. */
-static void compute_simt(gctx *c, ap_kir_expr *st, ap_kir_array *fa, ap_kir_array *fb,
-			 ap_kir_expr *ty, ap_kir_expr *tx)
+/* acc[i][j] += A[k][ty*TM + i] * B[k][tx*TN + j] over the K tile in stage
+ * st: per k, the thread's TM values of A and TN of B from the shared
+ * tiles into the register arrays c->fa / c->fb (cast to the accumulator
+ * type), then TM x TN multiply-adds. */
+static void compute_simt(gctx *c, ap_kir_expr *st)
 {
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
@@ -1560,13 +1606,13 @@ static void compute_simt(gctx *c, ap_kir_expr *st, ap_kir_array *fa, ap_kir_arra
 		return;
 	for (int role = 0; role < 2; role++) {
 		int n = role ? TN : TM;
-		ap_kir_expr *base = ap_kir_muli(k, role ? tx : ty, n);
+		ap_kir_expr *base = ap_kir_muli(k, role ? c->tx : c->ty, n);
 
 		i = ap_kir_var_new(k, k->index_type, "f");
 		li = ap_kir_for_unroll(k, &lk->body, i, I(c, 0), I(c, n), 1, -1);
 		if (!li)
 			return;
-		ap_kir_store(k, &li->body, role ? fb : fa, ap_kir_ref(k, i),
+		ap_kir_store(k, &li->body, role ? c->fb : c->fa, ap_kir_ref(k, i),
 			     ap_kir_cast(k, A, ap_kir_load(k, role ? c->sb : c->sa,
 					 smem_index(c, role, st, ap_kir_add(k, base, ap_kir_ref(k, i)),
 						    ap_kir_ref(k, kk)))));
@@ -1584,135 +1630,187 @@ static void compute_simt(gctx *c, ap_kir_expr *st, ap_kir_array *fa, ap_kir_arra
 
 		ap_kir_store(k, &lj->body, c->acc, ai,
 			     ap_kir_binary(k, AP_KIR_ADD, ap_kir_load(k, c->acc, ai),
-					   ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, fa, ap_kir_ref(k, i)),
-							 ap_kir_load(k, fb, ap_kir_ref(k, j)))));
+					   ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, c->fa, ap_kir_ref(k, i)),
+							 ap_kir_load(k, c->fb, ap_kir_ref(k, j)))));
 	}
 }
 
 /* ---- tensor-core arithmetic ---- */
 
-/* Per k step of the K tile in stage st: A fragments of the warp's MI row
- * tiles and B fragments of its NI column tiles by ldmatrix, then MI x NI
- * mma.sync into the accumulators. */
-static void compute_tc(gctx *c, ap_kir_expr *st, ap_kir_array *fa, ap_kir_array *fb,
-		       ap_kir_expr *wm0, ap_kir_expr *wn0, ap_kir_expr *lane)
+/* What the steps of one K tile on tensor cores share (compute_tc): the
+ * stage, the k-step loop and its variable, the fragment shapes, and the
+ * parts of the lane that address ldmatrix's rows. */
+typedef struct tc_step {
+	ap_kir_expr *st;                /* the stage holding the K tile */
+	ap_kir_var *kk;                 /* the k step (ks elements of K) */
+	ap_kir_block *body;             /* the k-step loop's body */
+	bool tf32;                      /* m16n8k8 on float32 registers */
+	int E;                          /* elements in 16 bytes */
+	int MI, NI;                     /* the warp's m16 row tiles and n8 column tiles */
+	int na, nb, nc;                 /* elements of an A, B, C fragment a lane */
+	ap_kir_expr *l16, *l8, *hi, *j2;  /* lane % 16, lane % 8, lane / 16, (lane / 8) % 2 */
+} tc_step;
+
+/* The A fragments of the warp's MI row tiles into c->fa (na elements
+ * each).  ldmatrix .x4 from a row-major [m][k] tile: matrix j = lane / 8
+ * covers rows (j % 2) * 8.. and k (j / 2) * E..; in lane terms row
+ * lane % 16, k (lane / 16) * E.  k-major tiles (.trans): rows of the
+ * shared tile are k: k (j / 2) * 8 + lane % 8, m (j % 2) * 8.  TF32 from
+ * a k-major tile: one element a lane, a0 = A[g][t], a1 = A[g+8][t],
+ * a2 = A[g][t+4], a3 = A[g+8][t+4].  False when a loop could not be
+ * allocated (the kernel is marked failed). */
+static bool load_a_frags(gctx *c, const tc_step *s)
 {
 	ap_kir_kernel *k = c->k;
-	ap_vctx *v = c->v;
-	bool tf32 = c->p->mma == AP_KIR_MMA_TF32_1688;
-	int ks = tf32 ? 8 : 16, es = (int)ap_dtype_size(c->p->in_t), E = 16 / es;
-	int MI = c->c.bm / c->c.tm / 16, NI = c->c.bn / c->c.tn / 8;
-	int na, nb, nc;
-	ap_kir_var *kk = ap_kir_var_new(k, k->index_type, "ks"), *mi, *ni;
-	ap_kir_stmt *lk, *lm, *ln;
-	ap_kir_expr *l16 = ap_kir_binary(k, AP_KIR_AND, lane, I(c, 15));
-	ap_kir_expr *l8 = ap_kir_binary(k, AP_KIR_AND, lane, I(c, 7));
-	ap_kir_expr *hi = ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 4));                 /* lane / 16 */
-	ap_kir_expr *j2 = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 3)), I(c, 1));
+	ap_kir_expr *lane = c->lane;
+	ap_kir_var *mi = ap_kir_var_new(k, k->index_type, "mi");
+	ap_kir_stmt *lm = ap_kir_for_unroll(k, s->body, mi, I(c, 0), I(c, s->MI), 1, -1);
+	ap_kir_expr *row0, *o, *kx;
 
-	ap_kir_mma_frag_sizes(c->p->mma, &na, &nb, &nc);
-	lk = ap_kir_for_unroll(k, v->cur, kk, I(c, 0), I(c, c->c.bk), ks, -1);
+	if (!lm)
+		return false;
+	row0 = ap_kir_add(k, c->wm0, ap_kir_muli(k, ap_kir_ref(k, mi), 16));
+	if (s->tf32 && !c->a_rowk) {
+		ap_kir_expr *g4 = ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 2));
+		ap_kir_expr *q4 = ap_kir_binary(k, AP_KIR_AND, lane, I(c, 3));
+
+		for (int e = 0; e < 4; e++)
+			ap_kir_store(k, &lm->body, c->fa,
+				     ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, mi), s->na), e),
+				     ap_kir_load(k, c->sa, smem_index(c, 0, s->st,
+						ap_kir_add(k, row0, ap_kir_addi(k, g4, 8 * (e & 1))),
+						ap_kir_add(k, ap_kir_ref(k, s->kk), ap_kir_addi(k, q4, 4 * (e >> 1))))));
+		return true;
+	}
+	if (c->a_rowk) {
+		o = ap_kir_add(k, row0, s->l16);
+		kx = ap_kir_add(k, ap_kir_ref(k, s->kk), ap_kir_muli(k, s->hi, s->E));
+	} else {
+		o = ap_kir_add(k, row0, ap_kir_muli(k, s->j2, 8));
+		kx = ap_kir_add(k, ap_kir_ref(k, s->kk),
+				ap_kir_add(k, ap_kir_muli(k, s->hi, 8), s->l8));
+	}
+	ap_kir_ldmatrix(k, &lm->body, c->fa, ap_kir_muli(k, ap_kir_ref(k, mi), s->na), c->sa,
+			smem_index(c, 0, s->st, o, kx), 4, !c->a_rowk);
+	return true;
+}
+
+/* The B fragments of the warp's NI column tiles into c->fb (nb elements
+ * each).  ldmatrix .x2 of one n8 tile from an [n][k] tile: matrix
+ * j = (lane / 8) % 2 covers n lane % 8, k j * E..; k-major tiles
+ * (.trans): k j * 8 + lane % 8.  TF32 from a k-major tile: one element a
+ * lane, b0 = B[k=t][n=g], b1 = B[k=t+4][n=g].  False when a loop could
+ * not be allocated. */
+static bool load_b_frags(gctx *c, const tc_step *s)
+{
+	ap_kir_kernel *k = c->k;
+	ap_kir_expr *lane = c->lane;
+	ap_kir_var *ni = ap_kir_var_new(k, k->index_type, "ni");
+	ap_kir_stmt *ln = ap_kir_for_unroll(k, s->body, ni, I(c, 0), I(c, s->NI), 1, -1);
+	ap_kir_expr *col0, *o, *kx;
+
+	if (!ln)
+		return false;
+	col0 = ap_kir_add(k, c->wn0, ap_kir_muli(k, ap_kir_ref(k, ni), 8));
+	if (s->tf32 && !c->b_rowk) {
+		ap_kir_expr *g4 = ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 2));
+		ap_kir_expr *q4 = ap_kir_binary(k, AP_KIR_AND, lane, I(c, 3));
+
+		for (int e = 0; e < 2; e++)
+			ap_kir_store(k, &ln->body, c->fb,
+				     ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), s->nb), e),
+				     ap_kir_load(k, c->sb, smem_index(c, 1, s->st, ap_kir_add(k, col0, g4),
+						ap_kir_add(k, ap_kir_ref(k, s->kk), ap_kir_addi(k, q4, 4 * e)))));
+		return true;
+	}
+	if (c->b_rowk) {
+		o = ap_kir_add(k, col0, s->l8);
+		kx = ap_kir_add(k, ap_kir_ref(k, s->kk), ap_kir_muli(k, s->j2, s->E));
+	} else {
+		o = col0;
+		kx = ap_kir_add(k, ap_kir_ref(k, s->kk), ap_kir_add(k, ap_kir_muli(k, s->j2, 8), s->l8));
+	}
+	ap_kir_ldmatrix(k, &ln->body, c->fb, ap_kir_muli(k, ap_kir_ref(k, ni), s->nb), c->sb,
+			smem_index(c, 1, s->st, o, kx), 2, !c->b_rowk);
+	return true;
+}
+
+/* TF32: the fragments of the operands copied by cp.async as they are
+ * (float32) are rounded to TF32 in the registers (PTX cvt.rna.tf32.f32);
+ * register-staged operands were rounded on the way. */
+static void round_frags_tf32(gctx *c, const tc_step *s)
+{
+	ap_kir_kernel *k = c->k;
+
+	for (int role = 0; role < 2; role++) {
+		ap_kir_var *e;
+		ap_kir_stmt *le;
+		ap_kir_array *f = role ? c->fb : c->fa;
+		int n = role ? s->NI * s->nb : s->MI * s->na;
+
+		if (!(role ? c->b_async : c->a_async))
+			continue;
+		e = ap_kir_var_new(k, k->index_type, "r");
+		le = ap_kir_for_unroll(k, s->body, e, I(c, 0), I(c, n), 1, -1);
+		if (le)
+			ap_kir_store(k, &le->body, f, ap_kir_ref(k, e),
+				     ap_kir_call(k, AP_KIR_TF32, ap_kir_load(k, f, ap_kir_ref(k, e)), NULL));
+	}
+}
+
+/* MI x NI mma.sync of the warp's fragments into the accumulators
+ * (acc[(mi * NI + ni) * nc ..], float32). */
+static void mma_tiles(gctx *c, const tc_step *s)
+{
+	ap_kir_kernel *k = c->k;
+	ap_kir_var *mi, *ni;
+	ap_kir_stmt *lm, *ln;
+	ap_kir_expr *ai;
+
+	mi = ap_kir_var_new(k, k->index_type, "mi");
+	lm = ap_kir_for_unroll(k, s->body, mi, I(c, 0), I(c, s->MI), 1, -1);
+	if (!lm)
+		return;
+	ni = ap_kir_var_new(k, k->index_type, "ni");
+	ln = ap_kir_for_unroll(k, &lm->body, ni, I(c, 0), I(c, s->NI), 1, -1);
+	if (!ln)
+		return;
+	ai = ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), s->NI), ap_kir_ref(k, ni)), s->nc);
+	ap_kir_mma(k, &ln->body, c->p->mma, c->acc, ai, c->fa, ap_kir_muli(k, ap_kir_ref(k, mi), s->na), c->fb,
+		   ap_kir_muli(k, ap_kir_ref(k, ni), s->nb), c->acc, ai);
+}
+
+/* Per k step of the K tile in stage st: A fragments of the warp's MI row
+ * tiles and B fragments of its NI column tiles by ldmatrix (the warp's
+ * first row and column c->wm0, c->wn0), TF32 rounding where needed, then
+ * MI x NI mma.sync into the accumulators. */
+static void compute_tc(gctx *c, ap_kir_expr *st)
+{
+	ap_kir_kernel *k = c->k;
+	ap_kir_expr *lane = c->lane;
+	tc_step s;
+	ap_kir_stmt *lk;
+
+	s.st = st;
+	s.tf32 = c->p->mma == AP_KIR_MMA_TF32_1688;
+	s.E = 16 / (int)ap_dtype_size(c->p->in_t);
+	s.MI = c->c.bm / c->c.tm / 16;
+	s.NI = c->c.bn / c->c.tn / 8;
+	s.kk = ap_kir_var_new(k, k->index_type, "ks");
+	s.l16 = ap_kir_binary(k, AP_KIR_AND, lane, I(c, 15));
+	s.l8 = ap_kir_binary(k, AP_KIR_AND, lane, I(c, 7));
+	s.hi = ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 4));                 /* lane / 16 */
+	s.j2 = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 3)), I(c, 1));
+	ap_kir_mma_frag_sizes(c->p->mma, &s.na, &s.nb, &s.nc);
+	lk = ap_kir_for_unroll(k, c->v->cur, s.kk, I(c, 0), I(c, c->c.bk), s.tf32 ? 8 : 16, -1);
 	if (!lk)
 		return;
-	/* A: matrix j = lane / 8 covers rows (j % 2) * 8.. and k (j / 2) * E..; in
-	 * lane terms row lane % 16, k (lane / 16) * E.  k-major tiles (.trans):
-	 * rows of the shared tile are k: k (j / 2) * 8 + lane % 8, m (j % 2) * 8. */
-	mi = ap_kir_var_new(k, k->index_type, "mi");
-	lm = ap_kir_for_unroll(k, &lk->body, mi, I(c, 0), I(c, MI), 1, -1);
-	if (!lm)
+	s.body = &lk->body;
+	if (!load_a_frags(c, &s) || !load_b_frags(c, &s))
 		return;
-	{
-		ap_kir_expr *row0 = ap_kir_add(k, wm0, ap_kir_muli(k, ap_kir_ref(k, mi), 16));
-		ap_kir_expr *o, *kx;
-
-		if (tf32 && !c->a_rowk) {
-			/* a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4] */
-			ap_kir_expr *g4 = ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 2));
-			ap_kir_expr *q4 = ap_kir_binary(k, AP_KIR_AND, lane, I(c, 3));
-
-			for (int e = 0; e < 4; e++)
-				ap_kir_store(k, &lm->body, fa,
-					     ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, mi), na), e),
-					     ap_kir_load(k, c->sa, smem_index(c, 0, st,
-							ap_kir_add(k, row0, ap_kir_addi(k, g4, 8 * (e & 1))),
-							ap_kir_add(k, ap_kir_ref(k, kk), ap_kir_addi(k, q4, 4 * (e >> 1))))));
-		} else {
-			if (c->a_rowk) {
-				o = ap_kir_add(k, row0, l16);
-				kx = ap_kir_add(k, ap_kir_ref(k, kk), ap_kir_muli(k, hi, E));
-			} else {
-				o = ap_kir_add(k, row0, ap_kir_muli(k, j2, 8));
-				kx = ap_kir_add(k, ap_kir_ref(k, kk),
-						ap_kir_add(k, ap_kir_muli(k, hi, 8), l8));
-			}
-			ap_kir_ldmatrix(k, &lm->body, fa, ap_kir_muli(k, ap_kir_ref(k, mi), na), c->sa,
-					smem_index(c, 0, st, o, kx), 4, !c->a_rowk);
-		}
-	}
-	/* B, one n8 tile (x2): [n][k] tiles, matrix j = (lane / 8) % 2 covers
-	 * n lane % 8, k j * E..; k-major tiles (.trans): k j * 8 + lane % 8. */
-	ni = ap_kir_var_new(k, k->index_type, "ni");
-	ln = ap_kir_for_unroll(k, &lk->body, ni, I(c, 0), I(c, NI), 1, -1);
-	if (!ln)
-		return;
-	{
-		ap_kir_expr *col0 = ap_kir_add(k, wn0, ap_kir_muli(k, ap_kir_ref(k, ni), 8));
-		ap_kir_expr *o, *kx;
-
-		if (tf32 && !c->b_rowk) {
-			/* b0 = B[k=t][n=g], b1 = B[k=t+4][n=g] */
-			ap_kir_expr *g4 = ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 2));
-			ap_kir_expr *q4 = ap_kir_binary(k, AP_KIR_AND, lane, I(c, 3));
-
-			for (int e = 0; e < 2; e++)
-				ap_kir_store(k, &ln->body, fb,
-					     ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), nb), e),
-					     ap_kir_load(k, c->sb, smem_index(c, 1, st, ap_kir_add(k, col0, g4),
-							ap_kir_add(k, ap_kir_ref(k, kk), ap_kir_addi(k, q4, 4 * e)))));
-		} else {
-			if (c->b_rowk) {
-				o = ap_kir_add(k, col0, l8);
-				kx = ap_kir_add(k, ap_kir_ref(k, kk), ap_kir_muli(k, j2, E));
-			} else {
-				o = col0;
-				kx = ap_kir_add(k, ap_kir_ref(k, kk), ap_kir_add(k, ap_kir_muli(k, j2, 8), l8));
-			}
-			ap_kir_ldmatrix(k, &ln->body, fb, ap_kir_muli(k, ap_kir_ref(k, ni), nb), c->sb,
-					smem_index(c, 1, st, o, kx), 2, !c->b_rowk);
-		}
-	}
-	if (tf32 && (c->a_async || c->b_async)) {
-		/* operands copied as they are: round to TF32 in the registers */
-		for (int role = 0; role < 2; role++) {
-			ap_kir_var *e;
-			ap_kir_stmt *le;
-			int n = role ? NI * nb : MI * na;
-
-			if (!(role ? c->b_async : c->a_async))
-				continue;
-			e = ap_kir_var_new(k, k->index_type, "r");
-			le = ap_kir_for_unroll(k, &lk->body, e, I(c, 0), I(c, n), 1, -1);
-			if (le)
-				ap_kir_store(k, &le->body, role ? fb : fa, ap_kir_ref(k, e),
-					     ap_kir_call(k, AP_KIR_TF32,
-							 ap_kir_load(k, role ? fb : fa, ap_kir_ref(k, e)), NULL));
-		}
-	}
-	mi = ap_kir_var_new(k, k->index_type, "mi");
-	lm = ap_kir_for_unroll(k, &lk->body, mi, I(c, 0), I(c, MI), 1, -1);
-	if (!lm)
-		return;
-	ni = ap_kir_var_new(k, k->index_type, "ni");
-	ln = ap_kir_for_unroll(k, &lm->body, ni, I(c, 0), I(c, NI), 1, -1);
-	if (!ln)
-		return;
-	{
-		ap_kir_expr *ai = ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), NI),
-							    ap_kir_ref(k, ni)), nc);
-
-		ap_kir_mma(k, &ln->body, c->p->mma, c->acc, ai, fa, ap_kir_muli(k, ap_kir_ref(k, mi), na), fb,
-			   ap_kir_muli(k, ap_kir_ref(k, ni), nb), c->acc, ai);
-	}
+	if (s.tf32 && (c->a_async || c->b_async))
+		round_frags_tf32(c, &s);
+	mma_tiles(c, &s);
 }
 
 /* ---- split-K ---- */
@@ -1829,6 +1927,406 @@ static void store_outputs(gctx *c, ap_kir_expr *ai, ap_kir_expr *row, ap_kir_exp
 
 /* ---- the skeleton ---------------------------------------------------------------------- */
 
+/* How each operand reaches shared memory (copy_mode: cp.async where the
+ * operand is read as it is; the host copies: the same statement, printed
+ * as a copy), and a comment saying so for readers of the source
+ * (tests/check_gemm.c requires cp.async in the PTX when one is). */
+static void choose_staging(gctx *c)
+{
+	ap_kir_kernel *k = c->k;
+	const gemm_plan *p = c->p;
+
+	c->a_w = copy_mode(p, 0, &c->c, c->t, &c->a_mode);
+	c->b_w = copy_mode(p, 1, &c->c, c->t, &c->b_mode);
+	c->a_async = c->a_w > 0;
+	c->b_async = c->b_w > 0;
+	for (int role = 0; role < 2; role++) {
+		int w = role ? c->b_w : c->a_w;
+
+		stage_mode mode = role ? c->b_mode : c->a_mode;
+
+		if (mode == STAGE_PAIRS)
+			ap_kir_comment(k, c->v->cur, "operand %c: cp.async of the 4-byte pair holding each "
+				       "gathered element, extracted into the tile", role ? 'B' : 'A');
+		else if (mode == STAGE_COMPUTE)
+			ap_kir_comment(k, c->v->cur, "operand %c: cp.async of its %s elements, %d bytes a copy, "
+				       "%s into the tile", role ? 'B' : 'A',
+				       ap_dtype_name(c->g->tensors[(role ? p->b : p->a).leaf].dtype),
+				       w * (role ? p->b : p->a).src_es, (role ? p->b : p->a).casts_only ? "converted" : "computed");
+		else if (w > 0)
+			ap_kir_comment(k, c->v->cur, "operand %c: cp.async, %d bytes a copy", role ? 'B' : 'A',
+				       w * (int)ap_dtype_size(p->in_t));
+		else
+			ap_kir_comment(k, c->v->cur, "operand %c: through registers (%s)", role ? 'B' : 'A',
+				       !(role ? p->b : p->a).plain && !(role ? p->b : p->a).gather ? "computed on the way"
+				       : "no cp.async here");
+	}
+}
+
+/* The shared arrays: the A and B tiles sa / sb (rows lda / ldb elements,
+ * padded by pad_of; `stages` of them, one for a pair- or compute-staged
+ * operand), the raw copies of pair-staged (pa / pb with their places in
+ * the pair qa / qb) and compute-staged operands (ca / cb, the source
+ * buffer's type), and split-K's partial tile red (bm x bn accumulators).
+ * Static shared memory while it fits the target's per-block limit,
+ * dynamic past it.  A failed allocation marks the kernel failed (the
+ * caller checks). */
+static void declare_shared(gctx *c)
+{
+	ap_kir_kernel *k = c->k;
+	const gemm_plan *p = c->p;
+	int S = c->c.stages;
+	size_t smem;
+
+	c->lda = (c->a_rowk ? c->c.bk : c->c.bm) + pad_of(p->in_t);
+	c->ldb = (c->b_rowk ? c->c.bk : c->c.bn) + pad_of(p->in_t);
+	c->a_stage = (int64_t)c->lda * (c->a_rowk ? c->c.bm : c->c.bk);
+	c->b_stage = (int64_t)c->ldb * (c->b_rowk ? c->c.bn : c->c.bk);
+	smem = smem_bytes(p, &c->c, c->t);
+	{
+		ap_kir_array *(*shared)(ap_kir_kernel *, const char *, ap_dtype, int64_t) =
+			smem <= c->t->shared_per_block ? ap_kir_shared : ap_kir_shared_dyn;
+		int64_t pairs_a = (int64_t)S * c->c.bm * c->c.bk, pairs_b = (int64_t)S * c->c.bn * c->c.bk;
+
+		c->sa = shared(k, "sa", p->in_t, c->a_stage * (c->a_mode != STAGE_TILE ? 1 : S));
+		c->sb = shared(k, "sb", p->in_t, c->b_stage * (c->b_mode != STAGE_TILE ? 1 : S));
+		if (c->a_mode == STAGE_PAIRS) {
+			c->pa = shared(k, "pa", p->in_t, 2 * pairs_a);
+			c->qa = shared(k, "qa", AP_DT_U8, pairs_a);
+		} else if (c->a_mode == STAGE_COMPUTE) {
+			c->pa = shared(k, "ca", c->g->tensors[p->a.leaf].dtype, pairs_a);
+		}
+		if (c->b_mode == STAGE_PAIRS) {
+			c->pb = shared(k, "pb", p->in_t, 2 * pairs_b);
+			c->qb = shared(k, "qb", AP_DT_U8, pairs_b);
+		} else if (c->b_mode == STAGE_COMPUTE) {
+			c->pb = shared(k, "cb", c->g->tensors[p->b.leaf].dtype, pairs_b);
+		}
+		if (c->c.splitk > 1)
+			c->red = shared(k, "red", p->acc_t, (int64_t)c->c.bm * c->c.bn);
+	}
+}
+
+/* The launch: tiles_m x tiles_n output tiles per tile batch (tb of
+ * them), a grid-stride loop of `grid` blocks over them; split-K makes
+ * each tile a cluster of splitk blocks, rank r taking K tiles
+ * [r * ktl, (r + 1) * ktl) (c->rank, c->kofs) and checking k < K on
+ * every load.  Sets the kernel's grid, cluster and block. */
+static void set_launch(gctx *c)
+{
+	ap_kir_kernel *k = c->k;
+	const gemm_plan *p = c->p;
+	int KT;
+
+	c->tiles_m = (int)((p->Mr + c->c.bm - 1) / c->c.bm);
+	c->tiles_n = (int)((p->N + c->c.bn - 1) / c->c.bn);
+	c->tiles = p->tb * c->tiles_m * c->tiles_n;
+	KT = (int)((p->K + c->c.bk - 1) / c->c.bk);
+	c->kpred = p->K % c->c.bk != 0;
+	if (c->c.splitk > 1) {
+		/* a cluster of splitk blocks per tile, each ktl of its K tiles */
+		c->grid = ap_grid_for(c->tiles, 1);
+		if (c->grid > AP_MAX_GRID / (unsigned)c->c.splitk)
+			c->grid = AP_MAX_GRID / (unsigned)c->c.splitk;
+		k->cluster = (unsigned)c->c.splitk;
+		k->grid[0] = c->grid * k->cluster;
+		c->ktl = (KT + c->c.splitk - 1) / c->c.splitk;
+		c->rank = ap_kir_index_of(k, AP_KIR_CLUSTER_RANK);
+		c->kofs = ap_kir_muli(k, c->rank, c->ktl);
+		c->kpred = true;
+		ap_kir_comment(k, c->v->cur, "split-K: a cluster of %d blocks per tile, %d K tiles each, "
+			       "partial tiles summed through distributed shared memory", c->c.splitk, c->ktl);
+	} else {
+		c->grid = ap_grid_for(c->tiles, 1);
+		k->grid[0] = c->grid;
+		c->ktl = KT;
+		c->kofs = I(c, 0);
+	}
+	k->block[0] = c->nt;
+}
+
+/* The thread's place in the tile and its registers.  Tensor cores: warp
+ * (wm, wn) of WM x WN, wn fastest, its first row and column c->wm0 /
+ * c->wn0 and c->lane; fragments fa (MI A fragments), fb (NI B fragments)
+ * and float32 accumulators acc (MI x NI C fragments).  SIMT: thread
+ * (ty, tx) of the (bm / tm) x (bn / tn) grid, tx fastest; fa / fb the tm
+ * and tn operands of one k, acc the tm x tn register tile.  A failed
+ * allocation marks the kernel failed (the caller checks). */
+static void declare_threads(gctx *c)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	const gemm_plan *p = c->p;
+
+	c->tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
+	if (p->tc) {
+		int na, nb, nc, MI = c->c.bm / c->c.tm / 16, NI = c->c.bn / c->c.tn / 8;
+		ap_kir_expr *warp = ap_kir_binary(k, AP_KIR_SHR, c->tid, I(c, 5));
+
+		ap_kir_mma_frag_sizes(p->mma, &na, &nb, &nc);
+		c->fa = ap_kir_local(k, "fa", p->in_t, (int64_t)MI * na);
+		c->fb = ap_kir_local(k, "fb", p->in_t, (int64_t)NI * nb);
+		c->acc = ap_kir_local(k, "acc", AP_DT_F32, (int64_t)MI * NI * nc);
+		c->lane = ap_kir_bind(k, v->cur, k->index_type, "lane", ap_kir_binary(k, AP_KIR_AND, c->tid, I(c, 31)));
+		/* warp (wm, wn), wn fastest */
+		c->wm0 = ap_kir_bind(k, v->cur, k->index_type, "wm",
+				     ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, warp, I(c, c->c.tn)), c->c.bm / c->c.tm));
+		c->wn0 = ap_kir_bind(k, v->cur, k->index_type, "wn",
+				     ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, warp, I(c, c->c.tn)), c->c.bn / c->c.tn));
+	} else {
+		c->fa = ap_kir_local_scratch(k, "fa", p->acc_t, c->c.tm);
+		c->fb = ap_kir_local_scratch(k, "fb", p->acc_t, c->c.tn);
+		c->acc = ap_kir_local(k, "acc", p->acc_t, (int64_t)c->c.tm * c->c.tn);
+		c->tx = ap_kir_bind(k, v->cur, k->index_type, "tx",
+				    ap_kir_binary(k, AP_KIR_REM, c->tid, I(c, c->c.bn / c->c.tn)));
+		c->ty = ap_kir_bind(k, v->cur, k->index_type, "ty",
+				    ap_kir_binary(k, AP_KIR_DIV, c->tid, I(c, c->c.bn / c->c.tn)));
+	}
+}
+
+/* Whether every array declared so far exists (no allocation failed). */
+static bool declared(gctx *c)
+{
+	return !ap_kir_failed(c->k) && c->sa && c->sb && c->fa && c->fb && c->acc &&
+	       (c->a_mode == STAGE_TILE || c->pa) && (c->a_mode != STAGE_PAIRS || c->qa) &&
+	       (c->b_mode == STAGE_TILE || c->pb) && (c->b_mode != STAGE_PAIRS || c->qb) &&
+	       (c->c.splitk <= 1 || c->red);
+}
+
+/* Opens the grid-stride loop over the output tiles (*saved closes it):
+ * a barrier (the previous tile's last stage is read by everyone), then
+ * the tile's batch bi (c->tb_index; not folded: its coordinates
+ * c->bcoord, row-major over Y's batch dims) and its first row and column
+ * c->m0, c->n0 (tiles row-major within a batch). */
+static void open_tile(gctx *c, ap_kir_block **saved)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	const gemm_plan *p = c->p;
+	ap_kir_var *tile;
+	ap_kir_expr *r, *bi, *rest;
+	int64_t stride = 1, per = (int64_t)c->tiles_m * c->tiles_n;
+
+	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, c->c.splitk > 1 ? AP_KIR_CLUSTER_X : AP_KIR_BLOCK_X),
+			 I(c, c->tiles), c->grid, saved);
+	ap_kir_barrier(k, v->cur);
+	r = ap_kir_ref(k, tile);
+	bi = ap_kir_bind(k, v->cur, k->index_type, "bi", ap_kir_binary(k, AP_KIR_DIV, r, I(c, per)));
+	rest = ap_kir_binary(k, AP_KIR_REM, r, I(c, per));
+	c->m0 = ap_kir_bind(k, v->cur, k->index_type, "m0",
+			    ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, rest, I(c, c->tiles_n)), c->c.bm));
+	c->n0 = ap_kir_bind(k, v->cur, k->index_type, "n0",
+			    ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, rest, I(c, c->tiles_n)), c->c.bn));
+	c->tb_index = bi;
+	for (int d = p->nb - 1; d >= 0 && !p->fold; d--) {
+		c->bcoord[d] = p->bdims[d] == 1 ? I(c, 0)
+			       : ap_kir_bind(k, v->cur, k->index_type, "b",
+					     ap_kir_binary(k, AP_KIR_REM,
+							   ap_kir_binary(k, AP_KIR_DIV, bi, I(c, stride)),
+							   I(c, p->bdims[d])));
+		stride *= p->bdims[d];
+	}
+}
+
+/* At the start of a tile: the registers of register-staged loads (ra,
+ * rb: declared here so that they live from the issue to the store) and
+ * the accumulators set to zero. */
+static void clear_tile(gctx *c)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+
+	for (int i = 0; i < c->a_regs; i++) {
+		c->a_reg[i] = ap_kir_var_new(k, c->p->in_t, "ra");
+		ap_kir_let(k, v->cur, c->a_reg[i], NULL);
+	}
+	for (int i = 0; i < c->b_regs; i++) {
+		c->b_reg[i] = ap_kir_var_new(k, c->p->in_t, "rb");
+		ap_kir_let(k, v->cur, c->b_reg[i], NULL);
+	}
+	{
+		ap_kir_var *e = ap_kir_var_new(k, k->index_type, "z");
+		ap_kir_stmt *lz = ap_kir_for_unroll(k, v->cur, e, I(c, 0), I(c, c->acc->size), 1, -1);
+
+		if (lz)
+			ap_kir_store(k, &lz->body, c->acc, ap_kir_ref(k, e), ap_kir_const(k, c->acc->type, 0));
+	}
+}
+
+/* The arithmetic of the K tile in stage st: tensor cores or SIMT. */
+static void compute_tile(gctx *c, ap_kir_expr *st)
+{
+	if (c->p->tc)
+		compute_tc(c, st);
+	else
+		compute_simt(c, st);
+}
+
+/* The K loop with one stage: load, wait, compute (the host's default:
+ * its threads run one after the other, there is no latency to hide). */
+static void mainloop_single(gctx *c)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *ksaved;
+	ap_kir_var *kt = ap_v_loop(v, "kt", I(c, 0), I(c, c->ktl), 1, &ksaved);
+
+	ap_kir_barrier(k, v->cur);
+	issue_tile(c, I(c, 0), ap_kir_add(k, c->kofs, ap_kir_ref(k, kt)));
+	complete_tile(c, I(c, 0));
+	if (c->a_async || c->b_async) {
+		ap_kir_cp_commit(k, v->cur);
+		ap_kir_cp_wait(k, v->cur, 0);
+	}
+	ap_kir_barrier(k, v->cur);
+	extract_tile(c, I(c, 0), ap_kir_add(k, c->kofs, ap_kir_ref(k, kt)));
+	compute_tile(c, I(c, 0));
+	ap_v_close(v, ksaved);
+}
+
+/* The K loop with S >= 2 stages (the file comment): a prologue issuing
+ * tiles 0 .. S-2 (one cp.async group each, empty past the block's last
+ * K tile); then per K tile kt: wait for its group, issue tile kt + S - 1
+ * into the stage tile kt - 1 used, compute tile kt, and store the
+ * registers of the register-staged loads into their stage; the last
+ * groups are waited for after the loop. */
+static void mainloop_pipelined(gctx *c)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	int S = c->c.stages;
+	ap_kir_block *ksaved, *saved;
+	ap_kir_var *kt;
+	ap_kir_expr *stage, *nxt, *nst, *more;
+
+	/* prologue: stages 0 .. S-2 */
+	for (int st = 0; st < S - 1; st++) {
+		if (st < c->ktl) {
+			issue_tile(c, I(c, st), ap_kir_addi(k, c->kofs, st));
+			complete_tile(c, I(c, st));
+		}
+		if (c->a_async || c->b_async)
+			ap_kir_cp_commit(k, v->cur);
+	}
+	/* main loop */
+	kt = ap_v_loop(v, "kt", I(c, 0), I(c, c->ktl), 1, &ksaved);
+	if (c->a_async || c->b_async)
+		ap_kir_cp_wait(k, v->cur, S - 2);
+	ap_kir_barrier(k, v->cur);
+	stage = S == 2 ? ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), I(c, 1))
+		       : ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, kt), I(c, S));
+	stage = ap_kir_bind(k, v->cur, k->index_type, "st", stage);
+	extract_tile(c, stage, ap_kir_add(k, c->kofs, ap_kir_ref(k, kt)));
+	nxt = ap_kir_bind(k, v->cur, k->index_type, "nx", ap_kir_addi(k, ap_kir_ref(k, kt), S - 1));
+	nst = ap_kir_bind(k, v->cur, k->index_type, "ns",
+			  S == 2 ? ap_kir_binary(k, AP_KIR_AND, nxt, I(c, 1))
+				 : ap_kir_binary(k, AP_KIR_REM, nxt, I(c, S)));
+	more = ap_kir_binary(k, AP_KIR_LT, nxt, I(c, c->ktl));
+	ap_v_if(v, more, &saved, NULL);
+	issue_tile(c, nst, ap_kir_add(k, c->kofs, nxt));
+	ap_v_close(v, saved);
+	if (c->a_async || c->b_async)
+		ap_kir_cp_commit(k, v->cur);
+	compute_tile(c, stage);
+	if (!c->a_async || !c->b_async) {
+		ap_v_if(v, more, &saved, NULL);
+		complete_tile(c, nst);
+		ap_v_close(v, saved);
+	}
+	ap_v_close(v, ksaved);
+	if (c->a_async || c->b_async)
+		ap_kir_cp_wait(k, v->cur, 0);
+}
+
+/* The epilogue on tensor cores: each lane holds, per (mi, ni) tile, the
+ * m16n8 C fragment's elements e = 0..3 at row g + 8 * (e / 2) and column
+ * 2t + e % 2 (g = lane / 4, t = lane % 4); each inside the problem (and,
+ * with split-K, this block's to store: own_element) has its outputs
+ * stored. */
+static void epilogue_tc(gctx *c)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	const gemm_plan *p = c->p;
+	int na, nb, nc, MI = c->c.bm / c->c.tm / 16, NI = c->c.bn / c->c.tn / 8;
+	ap_kir_var *mi, *ni, *e;
+	ap_kir_block *s1, *s2, *s3, *s4;
+	ap_kir_expr *g4 = ap_kir_binary(k, AP_KIR_SHR, c->lane, I(c, 2));
+	ap_kir_expr *q4 = ap_kir_binary(k, AP_KIR_AND, c->lane, I(c, 3));
+	ap_kir_expr *row, *col, *ai, *in, *own;
+
+	ap_kir_mma_frag_sizes(p->mma, &na, &nb, &nc);
+	mi = ap_v_loop_unrolled(v, "mi", MI, &s1);
+	ni = ap_v_loop_unrolled(v, "ni", NI, &s2);
+	e = ap_v_loop_unrolled(v, "e", 4, &s3);
+	row = ap_kir_add(k, ap_kir_add(k, c->m0, c->wm0),
+			 ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), 16),
+				    ap_kir_add(k, g4, ap_kir_muli(k, ap_kir_binary(k, AP_KIR_SHR,
+									     ap_kir_ref(k, e), I(c, 1)), 8))));
+	col = ap_kir_add(k, ap_kir_add(k, c->n0, c->wn0),
+			 ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8),
+				    ap_kir_add(k, ap_kir_muli(k, q4, 2),
+					       ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, e), I(c, 1)))));
+	ai = ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), NI),
+						   ap_kir_ref(k, ni)), nc), ap_kir_ref(k, e));
+	own = own_element(c, ai);
+	row = ap_kir_bind(k, v->cur, k->index_type, "row", row);
+	col = ap_kir_bind(k, v->cur, k->index_type, "col", col);
+	in = ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, row, I(c, p->Mr)),
+			   ap_kir_binary(k, AP_KIR_LT, col, I(c, p->N)));
+	ap_v_if(v, own ? ap_kir_binary(k, AP_KIR_LAND, own, in) : in, &s4, NULL);
+	store_outputs(c, ai, row, col);
+	ap_v_close(v, s4);
+	ap_v_close(v, s3);
+	ap_v_close(v, s2);
+	ap_v_close(v, s1);
+}
+
+/* The epilogue in SIMT: thread (ty, tx) holds rows m0 + ty * tm + i and
+ * columns n0 + tx * tn + j, acc[i * tn + j]; each inside the problem
+ * (checked only where the problem does not fill the tile) and this
+ * block's to store under split-K has its outputs stored. */
+static void epilogue_simt(gctx *c)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	const gemm_plan *p = c->p;
+	ap_kir_var *i, *j;
+	ap_kir_block *s1, *s2, *s3;
+	ap_kir_expr *row, *col, *ai, *in;
+
+	i = ap_v_loop_unrolled(v, "i", c->c.tm, &s1);
+	j = ap_v_loop_unrolled(v, "j", c->c.tn, &s2);
+	row = ap_kir_bind(k, v->cur, k->index_type, "row",
+			  ap_kir_add(k, c->m0, ap_kir_add(k, ap_kir_muli(k, c->ty, c->c.tm), ap_kir_ref(k, i))));
+	col = ap_kir_bind(k, v->cur, k->index_type, "col",
+			  ap_kir_add(k, c->n0, ap_kir_add(k, ap_kir_muli(k, c->tx, c->c.tn), ap_kir_ref(k, j))));
+	ai = ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, i), c->c.tn), ap_kir_ref(k, j));
+	in = own_element(c, ai);
+	if (p->Mr % c->c.bm) {
+		ap_kir_expr *cm = ap_kir_binary(k, AP_KIR_LT, row, I(c, p->Mr));
+
+		in = in ? ap_kir_binary(k, AP_KIR_LAND, in, cm) : cm;
+	}
+	if (p->N % c->c.bn) {
+		ap_kir_expr *cn = ap_kir_binary(k, AP_KIR_LT, col, I(c, p->N));
+
+		in = in ? ap_kir_binary(k, AP_KIR_LAND, in, cn) : cn;
+	}
+	if (in)
+		ap_v_if(v, in, &s3, NULL);
+	store_outputs(c, ai, row, col);
+	if (in)
+		ap_v_close(v, s3);
+	ap_v_close(v, s2);
+	ap_v_close(v, s1);
+}
+
+/* The kernel (the file comment): per output tile, the K loop (one stage
+ * or a pipeline), split-K's cluster reduction, and the epilogue, which
+ * reads the accumulators as Y through the value builder's leaf hook.
+ * Errors: AP_EUNSUPPORTED (not a GEMM this emitter builds, or a
+ * configuration that does not fit the target), AP_ENOMEM. */
 static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
 		   ap_error *err)
 {
@@ -1836,14 +2334,8 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	gctx c;
 	ap_vctx v;
 	char why[200];
-	int rc, S, KT, KTL, tiles_m, tiles_n;
-	int64_t tiles;
-	unsigned grid;
-	ap_kir_var *tile, *kt;
-	ap_kir_block *tsaved, *ksaved, *saved;
-	ap_kir_expr *r, *ty = NULL, *tx = NULL, *lane = NULL, *wm0 = NULL, *wn0 = NULL, *stage, *nxt;
-	ap_kir_array *fa, *fb;
-	size_t smem;
+	int rc;
+	ap_kir_block *tsaved;
 
 	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
 		return ap_error_set(err, rc < 0 ? AP_ENOMEM : AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
@@ -1868,121 +2360,16 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	c.v = &v;
 	c.nt = threads_of(&p, &c.c);
 	tile_layouts(&p, &c.a_rowk, &c.b_rowk);
-	/* cp.async where the operand is read as it is (copy_mode; the host
-	 * copies: the same statement, printed as a copy) */
-	c.a_w = copy_mode(&p, 0, &c.c, t, &c.a_mode);
-	c.b_w = copy_mode(&p, 1, &c.c, t, &c.b_mode);
-	c.a_async = c.a_w > 0;
-	c.b_async = c.b_w > 0;
-	/* how each operand reaches shared memory, for readers of the source
-	 * (tests/check_gemm.c requires cp.async in the PTX when one is) */
-	for (int role = 0; role < 2; role++) {
-		int w = role ? c.b_w : c.a_w;
-
-		stage_mode mode = role ? c.b_mode : c.a_mode;
-
-		if (mode == STAGE_PAIRS)
-			ap_kir_comment(k, v.cur, "operand %c: cp.async of the 4-byte pair holding each "
-				       "gathered element, extracted into the tile", role ? 'B' : 'A');
-		else if (mode == STAGE_COMPUTE)
-			ap_kir_comment(k, v.cur, "operand %c: cp.async of its %s elements, %d bytes a copy, "
-				       "%s into the tile", role ? 'B' : 'A',
-				       ap_dtype_name(m->g->tensors[(role ? p.b : p.a).leaf].dtype),
-				       w * (role ? p.b : p.a).src_es, (role ? p.b : p.a).casts_only ? "converted" : "computed");
-		else if (w > 0)
-			ap_kir_comment(k, v.cur, "operand %c: cp.async, %d bytes a copy", role ? 'B' : 'A',
-				       w * (int)ap_dtype_size(p.in_t));
-		else
-			ap_kir_comment(k, v.cur, "operand %c: through registers (%s)", role ? 'B' : 'A',
-				       !(role ? p.b : p.a).plain && !(role ? p.b : p.a).gather ? "computed on the way"
-				       : "no cp.async here");
-	}
-	c.lda = (c.a_rowk ? c.c.bk : c.c.bm) + pad_of(p.in_t);
-	c.ldb = (c.b_rowk ? c.c.bk : c.c.bn) + pad_of(p.in_t);
-	c.a_stage = (int64_t)c.lda * (c.a_rowk ? c.c.bm : c.c.bk);
-	c.b_stage = (int64_t)c.ldb * (c.b_rowk ? c.c.bn : c.c.bk);
-	S = c.c.stages;
-	smem = smem_bytes(&p, &c.c, t);
-	{
-		ap_kir_array *(*shared)(ap_kir_kernel *, const char *, ap_dtype, int64_t) =
-			smem <= t->shared_per_block ? ap_kir_shared : ap_kir_shared_dyn;
-		int64_t pairs_a = (int64_t)S * c.c.bm * c.c.bk, pairs_b = (int64_t)S * c.c.bn * c.c.bk;
-
-		c.sa = shared(k, "sa", p.in_t, c.a_stage * (c.a_mode != STAGE_TILE ? 1 : S));
-		c.sb = shared(k, "sb", p.in_t, c.b_stage * (c.b_mode != STAGE_TILE ? 1 : S));
-		if (c.a_mode == STAGE_PAIRS) {
-			c.pa = shared(k, "pa", p.in_t, 2 * pairs_a);
-			c.qa = shared(k, "qa", AP_DT_U8, pairs_a);
-		} else if (c.a_mode == STAGE_COMPUTE) {
-			c.pa = shared(k, "ca", m->g->tensors[p.a.leaf].dtype, pairs_a);
-		}
-		if (c.b_mode == STAGE_PAIRS) {
-			c.pb = shared(k, "pb", p.in_t, 2 * pairs_b);
-			c.qb = shared(k, "qb", AP_DT_U8, pairs_b);
-		} else if (c.b_mode == STAGE_COMPUTE) {
-			c.pb = shared(k, "cb", m->g->tensors[p.b.leaf].dtype, pairs_b);
-		}
-		if (c.c.splitk > 1)
-			c.red = shared(k, "red", p.acc_t, (int64_t)c.c.bm * c.c.bn);
-	}
-	tiles_m = (int)((p.Mr + c.c.bm - 1) / c.c.bm);
-	tiles_n = (int)((p.N + c.c.bn - 1) / c.c.bn);
-	tiles = p.tb * tiles_m * tiles_n;
-	KT = (int)((p.K + c.c.bk - 1) / c.c.bk);
-	c.kpred = p.K % c.c.bk != 0;
-	if (c.c.splitk > 1) {
-		/* a cluster of splitk blocks per tile, each KTL of its K tiles */
-		grid = ap_grid_for(tiles, 1);
-		if (grid > AP_MAX_GRID / (unsigned)c.c.splitk)
-			grid = AP_MAX_GRID / (unsigned)c.c.splitk;
-		k->cluster = (unsigned)c.c.splitk;
-		k->grid[0] = grid * k->cluster;
-		KTL = (KT + c.c.splitk - 1) / c.c.splitk;
-		c.rank = ap_kir_index_of(k, AP_KIR_CLUSTER_RANK);
-		c.kofs = ap_kir_muli(k, c.rank, KTL);
-		c.kpred = true;
-		ap_kir_comment(k, v.cur, "split-K: a cluster of %d blocks per tile, %d K tiles each, "
-			       "partial tiles summed through distributed shared memory", c.c.splitk, KTL);
-	} else {
-		grid = ap_grid_for(tiles, 1);
-		k->grid[0] = grid;
-		KTL = KT;
-		c.kofs = I(&c, 0);
-	}
-	k->block[0] = c.nt;
-	c.tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
-	if (p.tc) {
-		int na, nb, nc, MI = c.c.bm / c.c.tm / 16, NI = c.c.bn / c.c.tn / 8;
-		ap_kir_expr *warp = ap_kir_binary(k, AP_KIR_SHR, c.tid, I(&c, 5));
-
-		ap_kir_mma_frag_sizes(p.mma, &na, &nb, &nc);
-		fa = ap_kir_local(k, "fa", p.in_t, (int64_t)MI * na);
-		fb = ap_kir_local(k, "fb", p.in_t, (int64_t)NI * nb);
-		c.acc = ap_kir_local(k, "acc", AP_DT_F32, (int64_t)MI * NI * nc);
-		lane = ap_kir_bind(k, v.cur, k->index_type, "lane", ap_kir_binary(k, AP_KIR_AND, c.tid, I(&c, 31)));
-		/* warp (wm, wn), wn fastest */
-		wm0 = ap_kir_bind(k, v.cur, k->index_type, "wm",
-				  ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, warp, I(&c, c.c.tn)), c.c.bm / c.c.tm));
-		wn0 = ap_kir_bind(k, v.cur, k->index_type, "wn",
-				  ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, warp, I(&c, c.c.tn)), c.c.bn / c.c.tn));
-	} else {
-		fa = ap_kir_local_scratch(k, "fa", p.acc_t, c.c.tm);
-		fb = ap_kir_local_scratch(k, "fb", p.acc_t, c.c.tn);
-		c.acc = ap_kir_local(k, "acc", p.acc_t, (int64_t)c.c.tm * c.c.tn);
-		tx = ap_kir_bind(k, v.cur, k->index_type, "tx",
-				 ap_kir_binary(k, AP_KIR_REM, c.tid, I(&c, c.c.bn / c.c.tn)));
-		ty = ap_kir_bind(k, v.cur, k->index_type, "ty",
-				 ap_kir_binary(k, AP_KIR_DIV, c.tid, I(&c, c.c.bn / c.c.tn)));
-	}
-	if (ap_kir_failed(k) || !c.sa || !c.sb || !fa || !fb || !c.acc ||
-	    (c.a_mode != STAGE_TILE && !c.pa) || (c.a_mode == STAGE_PAIRS && !c.qa) ||
-	    (c.b_mode != STAGE_TILE && !c.pb) || (c.b_mode == STAGE_PAIRS && !c.qb) ||
-	    (c.c.splitk > 1 && !c.red)) {
+	choose_staging(&c);
+	declare_shared(&c);
+	set_launch(&c);
+	declare_threads(&c);
+	if (!declared(&c)) {
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");
 		goto done;
 	}
-	/* registers of register-staged loads, declared here so that they live
-	 * from the issue to the store */
+	/* the registers of register-staged loads (declared per tile by
+	 * clear_tile) */
 	c.a_regs = c.a_async ? 0 : reg_count(&c, 0);
 	c.b_regs = c.b_async ? 0 : reg_count(&c, 1);
 	c.a_reg = calloc((size_t)c.a_regs + 1, sizeof(*c.a_reg));
@@ -1991,185 +2378,20 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");
 		goto done;
 	}
-	/* for each tile of the output (a grid-stride loop; usually one pass) */
-	tile = ap_v_loop(&v, "tile", ap_kir_index_of(k, c.c.splitk > 1 ? AP_KIR_CLUSTER_X : AP_KIR_BLOCK_X),
-			 I(&c, tiles), grid, &tsaved);
-	ap_kir_barrier(k, v.cur);   /* the previous tile's last stage is read by everyone */
-	r = ap_kir_ref(k, tile);
-	{
-		ap_kir_expr *bi = ap_kir_bind(k, v.cur, k->index_type, "bi",
-					      ap_kir_binary(k, AP_KIR_DIV, r, I(&c, (int64_t)tiles_m * tiles_n)));
-		ap_kir_expr *rest = ap_kir_binary(k, AP_KIR_REM, r, I(&c, (int64_t)tiles_m * tiles_n));
-		int64_t stride = 1;
-
-		c.m0 = ap_kir_bind(k, v.cur, k->index_type, "m0",
-				   ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, rest, I(&c, tiles_n)), c.c.bm));
-		c.n0 = ap_kir_bind(k, v.cur, k->index_type, "n0",
-				   ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, rest, I(&c, tiles_n)), c.c.bn));
-		c.tb_index = bi;
-		for (int d = p.nb - 1; d >= 0 && !p.fold; d--) {
-			c.bcoord[d] = p.bdims[d] == 1 ? I(&c, 0)
-				      : ap_kir_bind(k, v.cur, k->index_type, "b",
-						    ap_kir_binary(k, AP_KIR_REM,
-								  ap_kir_binary(k, AP_KIR_DIV, bi, I(&c, stride)),
-								  I(&c, p.bdims[d])));
-			stride *= p.bdims[d];
-		}
-	}
-	for (int i = 0; i < c.a_regs; i++) {
-		c.a_reg[i] = ap_kir_var_new(k, p.in_t, "ra");
-		ap_kir_let(k, v.cur, c.a_reg[i], NULL);
-	}
-	for (int i = 0; i < c.b_regs; i++) {
-		c.b_reg[i] = ap_kir_var_new(k, p.in_t, "rb");
-		ap_kir_let(k, v.cur, c.b_reg[i], NULL);
-	}
-	{
-		ap_kir_var *e = ap_kir_var_new(k, k->index_type, "z");
-		ap_kir_stmt *lz = ap_kir_for_unroll(k, v.cur, e, I(&c, 0), I(&c, c.acc->size), 1, -1);
-
-		if (lz)
-			ap_kir_store(k, &lz->body, c.acc, ap_kir_ref(k, e), ap_kir_const(k, c.acc->type, 0));
-	}
-	if (S == 1) {
-		/* one stage: load, wait, compute (the host's default: its threads
-		 * run one after the other, there is no latency to hide) */
-		kt = ap_v_loop(&v, "kt", I(&c, 0), I(&c, KTL), 1, &ksaved);
-		ap_kir_barrier(k, v.cur);
-		issue_tile(&c, I(&c, 0), ap_kir_add(k, c.kofs, ap_kir_ref(k, kt)));
-		complete_tile(&c, I(&c, 0));
-		if (c.a_async || c.b_async) {
-			ap_kir_cp_commit(k, v.cur);
-			ap_kir_cp_wait(k, v.cur, 0);
-		}
-		ap_kir_barrier(k, v.cur);
-		extract_tile(&c, I(&c, 0), ap_kir_add(k, c.kofs, ap_kir_ref(k, kt)));
-		if (p.tc)
-			compute_tc(&c, I(&c, 0), fa, fb, wm0, wn0, lane);
-		else
-			compute_simt(&c, I(&c, 0), fa, fb, ty, tx);
-		ap_v_close(&v, ksaved);
-	} else {
-		/* prologue: stages 0 .. S-2 */
-		for (int st = 0; st < S - 1; st++) {
-			if (st < KTL) {
-				issue_tile(&c, I(&c, st), ap_kir_addi(k, c.kofs, st));
-				complete_tile(&c, I(&c, st));
-			}
-			if (c.a_async || c.b_async)
-				ap_kir_cp_commit(k, v.cur);
-		}
-		/* main loop: wait for tile kt, issue tile kt + S - 1 into the stage
-		 * tile kt - 1 used, compute tile kt, store the registers of the
-		 * register-staged loads */
-		kt = ap_v_loop(&v, "kt", I(&c, 0), I(&c, KTL), 1, &ksaved);
-		if (c.a_async || c.b_async)
-			ap_kir_cp_wait(k, v.cur, S - 2);
-		ap_kir_barrier(k, v.cur);
-		stage = S == 2 ? ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), I(&c, 1))
-			       : ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, kt), I(&c, S));
-		stage = ap_kir_bind(k, v.cur, k->index_type, "st", stage);
-		extract_tile(&c, stage, ap_kir_add(k, c.kofs, ap_kir_ref(k, kt)));
-		nxt = ap_kir_bind(k, v.cur, k->index_type, "nx", ap_kir_addi(k, ap_kir_ref(k, kt), S - 1));
-		{
-			ap_kir_expr *nst = ap_kir_bind(k, v.cur, k->index_type, "ns",
-						       S == 2 ? ap_kir_binary(k, AP_KIR_AND, nxt, I(&c, 1))
-							      : ap_kir_binary(k, AP_KIR_REM, nxt, I(&c, S)));
-			ap_kir_expr *more = ap_kir_binary(k, AP_KIR_LT, nxt, I(&c, KTL));
-
-			ap_v_if(&v, more, &saved, NULL);
-			issue_tile(&c, nst, ap_kir_add(k, c.kofs, nxt));
-			ap_v_close(&v, saved);
-			if (c.a_async || c.b_async)
-				ap_kir_cp_commit(k, v.cur);
-			if (p.tc)
-				compute_tc(&c, stage, fa, fb, wm0, wn0, lane);
-			else
-				compute_simt(&c, stage, fa, fb, ty, tx);
-			if (!c.a_async || !c.b_async) {
-				ap_v_if(&v, more, &saved, NULL);
-				complete_tile(&c, nst);
-				ap_v_close(&v, saved);
-			}
-		}
-		ap_v_close(&v, ksaved);
-		if (c.a_async || c.b_async)
-			ap_kir_cp_wait(k, v.cur, 0);
-	}
+	open_tile(&c, &tsaved);
+	clear_tile(&c);
+	if (c.c.stages == 1)
+		mainloop_single(&c);
+	else
+		mainloop_pipelined(&c);
 	if (c.c.splitk > 1)
 		splitk_reduce(&c);
-	/* epilogue */
 	v.leaf = acc_leaf;
 	v.leaf_user = &c;
-	if (p.tc) {
-		int na, nb, nc, MI = c.c.bm / c.c.tm / 16, NI = c.c.bn / c.c.tn / 8;
-		ap_kir_var *mi, *ni, *e;
-		ap_kir_block *s1, *s2, *s3, *s4;
-		ap_kir_expr *g4 = ap_kir_binary(k, AP_KIR_SHR, lane, I(&c, 2));
-		ap_kir_expr *q4 = ap_kir_binary(k, AP_KIR_AND, lane, I(&c, 3));
-
-		ap_kir_mma_frag_sizes(p.mma, &na, &nb, &nc);
-		mi = ap_v_loop_unrolled(&v, "mi", MI, &s1);
-		ni = ap_v_loop_unrolled(&v, "ni", NI, &s2);
-		e = ap_v_loop_unrolled(&v, "e", 4, &s3);
-		{
-			ap_kir_expr *row = ap_kir_add(k, ap_kir_add(k, c.m0, wm0),
-					    ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), 16),
-						       ap_kir_add(k, g4, ap_kir_muli(k, ap_kir_binary(k, AP_KIR_SHR,
-									ap_kir_ref(k, e), I(&c, 1)), 8))));
-			ap_kir_expr *col = ap_kir_add(k, ap_kir_add(k, c.n0, wn0),
-					    ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8),
-						       ap_kir_add(k, ap_kir_muli(k, q4, 2),
-								  ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, e), I(&c, 1)))));
-			ap_kir_expr *ai = ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), NI),
-									  ap_kir_ref(k, ni)), nc), ap_kir_ref(k, e));
-
-			ap_kir_expr *in, *own = own_element(&c, ai);
-
-			row = ap_kir_bind(k, v.cur, k->index_type, "row", row);
-			col = ap_kir_bind(k, v.cur, k->index_type, "col", col);
-			in = ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, row, I(&c, p.Mr)),
-					   ap_kir_binary(k, AP_KIR_LT, col, I(&c, p.N)));
-			ap_v_if(&v, own ? ap_kir_binary(k, AP_KIR_LAND, own, in) : in, &s4, NULL);
-			store_outputs(&c, ai, row, col);
-			ap_v_close(&v, s4);
-		}
-		ap_v_close(&v, s3);
-		ap_v_close(&v, s2);
-		ap_v_close(&v, s1);
-	} else {
-		ap_kir_var *i, *j;
-		ap_kir_block *s1, *s2, *s3;
-
-		i = ap_v_loop_unrolled(&v, "i", c.c.tm, &s1);
-		j = ap_v_loop_unrolled(&v, "j", c.c.tn, &s2);
-		{
-			ap_kir_expr *row = ap_kir_bind(k, v.cur, k->index_type, "row",
-					    ap_kir_add(k, c.m0, ap_kir_add(k, ap_kir_muli(k, ty, c.c.tm), ap_kir_ref(k, i))));
-			ap_kir_expr *col = ap_kir_bind(k, v.cur, k->index_type, "col",
-					    ap_kir_add(k, c.n0, ap_kir_add(k, ap_kir_muli(k, tx, c.c.tn), ap_kir_ref(k, j))));
-			ap_kir_expr *ai = ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, i), c.c.tn), ap_kir_ref(k, j));
-			ap_kir_expr *in = own_element(&c, ai);
-
-			if (p.Mr % c.c.bm) {
-				ap_kir_expr *cm = ap_kir_binary(k, AP_KIR_LT, row, I(&c, p.Mr));
-
-				in = in ? ap_kir_binary(k, AP_KIR_LAND, in, cm) : cm;
-			}
-			if (p.N % c.c.bn) {
-				ap_kir_expr *cn = ap_kir_binary(k, AP_KIR_LT, col, I(&c, p.N));
-
-				in = in ? ap_kir_binary(k, AP_KIR_LAND, in, cn) : cn;
-			}
-			if (in)
-				ap_v_if(&v, in, &s3, NULL);
-			store_outputs(&c, ai, row, col);
-			if (in)
-				ap_v_close(&v, s3);
-		}
-		ap_v_close(&v, s2);
-		ap_v_close(&v, s1);
-	}
+	if (p.tc)
+		epilogue_tc(&c);
+	else
+		epilogue_simt(&c);
 	v.leaf = NULL;
 	if (c.c.splitk > 1)   /* the cluster's partials are read: the next tile may reuse them */
 		ap_kir_cluster_barrier(k, v.cur);

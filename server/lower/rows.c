@@ -135,17 +135,17 @@ static bool full_shaped(const rows_plan *p, const ap_tensor *t)
 	return ap_dims_equal(t->rank, t->dims, p->rank, p->S);
 }
 
-/* Analyses micro-graph m as a row group: 1 when it is one, 0 with *why
- * when not (a reason for people, e.g. for the explain report), AP_ENOMEM. */
-static int analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
+/* The reductions of m (all reducing the same shape over the same axes)
+ * into p->reds, and the row shape they define: S, the reduced axes,
+ * M rows of N columns, and the form (column: the last axis of size > 1
+ * is kept).  0 with *why when there is none, or too many, or they reduce
+ * different rows. */
+static int find_reductions(const ap_graph *g, rows_plan *p, char *why, size_t cap)
 {
-	const ap_graph *g = m->g;
 	const ap_tensor *x0;
 	const ap_attr *ax;
-	unsigned char *cur = NULL, *seen = NULL;
 	int last = -1;
 
-	memset(p, 0, sizeof(*p));
 	for (int i = 0; i < g->n_nodes; i++) {
 		if (ap_op_category_of(g->nodes[i].op) != AP_CAT_REDUCTION)
 			continue;
@@ -180,104 +180,108 @@ static int analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
 			last = d;
 	}
 	p->column = last >= 0 && !p->red[last];
-	p->cls = calloc((size_t)g->n_tensors + 1, 1);
-	p->level = calloc((size_t)g->n_tensors + 1, sizeof(int));
-	p->cached = calloc((size_t)g->n_tensors + 1, sizeof(bool));
-	cur = calloc((size_t)g->n_tensors + 1, 1);
-	seen = calloc((size_t)g->n_tensors + 1, 1);
-	if (!p->cls || !p->level || !p->cached || !cur || !seen) {
-		snprintf(why, cap, "out of memory");
-		free(cur);
-		free(seen);
-		plan_clear(p);
-		return AP_ENOMEM;
+	return true;
+}
+
+/* The level (the reductions it needs) and class of node i's output, the
+ * nodes taken in topological order: a reduction's result is a row value
+ * one level past its input; a transpose of a full tensor that is an
+ * output is written through its permutation (FULLT); an elementwise,
+ * broadcast or view op after a reduction makes a full tensor (FULL) or,
+ * from row values only, a row value (ROW); anything before every
+ * reduction stays unclassified (computed inline at any index).  False
+ * with *why for anything else. */
+static bool classify_node(const ap_graph *g, rows_plan *p, int i, char *why, size_t cap)
+{
+	const ap_node *n = &g->nodes[i];
+	ap_op_category cat = ap_op_category_of(n->op);
+	int lv = 0, o = n->outputs[0];
+	bool row_in = false, full_in = false;
+
+	for (int j = 0; j < n->n_inputs; j++) {
+		int x = n->inputs[j];
+
+		if (x < 0 || !p->level[x])
+			continue;
+		if (p->level[x] > lv)
+			lv = p->level[x];
+		if (p->cls[x] == CL_ROW)
+			row_in = true;
+		else
+			full_in = true;
 	}
-	/* levels and classes, nodes in topological order */
-	for (int i = 0; i < g->n_nodes; i++) {
-		const ap_node *n = &g->nodes[i];
-		ap_op_category cat = ap_op_category_of(n->op);
-		int lv = 0, o = n->outputs[0];
-		bool row_in = false, full_in = false;
+	if (cat == AP_CAT_REDUCTION) {
+		const ap_tensor *x = &g->tensors[n->inputs[0]];
 
-		for (int j = 0; j < n->n_inputs; j++) {
-			int x = n->inputs[j];
-
-			if (x < 0 || !p->level[x])
-				continue;
-			if (p->level[x] > lv)
-				lv = p->level[x];
-			if (p->cls[x] == CL_ROW)
-				row_in = true;
-			else
-				full_in = true;
+		if (!full_shaped(p, x)) {
+			snprintf(why, cap, "a reduction input of another shape");
+			return false;
 		}
-		if (cat == AP_CAT_REDUCTION) {
-			const ap_tensor *x = &g->tensors[n->inputs[0]];
-
-			if (!full_shaped(p, x)) {
-				snprintf(why, cap, "a reduction input of another shape");
-				goto fail;
-			}
-			if (row_in) {
-				snprintf(why, cap, "a reduction of a row value");
-				goto fail;
-			}
-			if (lv + 1 > MAX_LEVELS) {
-				snprintf(why, cap, "more than %d dependent reductions", MAX_LEVELS);
-				goto fail;
-			}
-			for (int r = 0; r < p->n_red; r++)
-				if (p->reds[r] == i)
-					p->level_of[r] = lv + 1;
-			if (lv + 1 > p->n_levels)
-				p->n_levels = lv + 1;
-			p->level[o] = lv + 1;
-			p->cls[o] = CL_ROW;
-			if (!row_shaped(p, &g->tensors[o])) {
-				snprintf(why, cap, "a reduction result of an unexpected shape");
-				goto fail;
-			}
-			continue;
+		if (row_in) {
+			snprintf(why, cap, "a reduction of a row value");
+			return false;
 		}
-		for (int j = 0; j < n->n_inputs; j++)
-			if (n->inputs[j] >= 0 && p->cls[n->inputs[j]] == CL_FULLT) {
-				snprintf(why, cap, "a transposed value read again");
-				goto fail;
-			}
-		if (n->op == AP_OP_TRANSPOSE && o >= 0 && g->tensors[o].is_output &&
-		    full_shaped(p, &g->tensors[n->inputs[0]]) && (lv == 0 || p->cls[n->inputs[0]] == CL_FULL)) {
-			/* written through the permutation */
-			p->level[o] = lv;
-			p->cls[o] = CL_FULLT;
-			continue;
+		if (lv + 1 > MAX_LEVELS) {
+			snprintf(why, cap, "more than %d dependent reductions", MAX_LEVELS);
+			return false;
 		}
-		if (!lv)
-			continue;   /* before every reduction: computed inline at any index */
-		if (n->n_outputs != 1 || o < 0) {
-			snprintf(why, cap, "%s after a reduction", ap_op_name(n->op));
-			goto fail;
+		for (int r = 0; r < p->n_red; r++)
+			if (p->reds[r] == i)
+				p->level_of[r] = lv + 1;
+		if (lv + 1 > p->n_levels)
+			p->n_levels = lv + 1;
+		p->level[o] = lv + 1;
+		p->cls[o] = CL_ROW;
+		if (!row_shaped(p, &g->tensors[o])) {
+			snprintf(why, cap, "a reduction result of an unexpected shape");
+			return false;
 		}
-		if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST && !ap_op_is_view(n->op)) {
-			snprintf(why, cap, "%s after a reduction", ap_op_name(n->op));
-			goto fail;
+		return true;
+	}
+	for (int j = 0; j < n->n_inputs; j++)
+		if (n->inputs[j] >= 0 && p->cls[n->inputs[j]] == CL_FULLT) {
+			snprintf(why, cap, "a transposed value read again");
+			return false;
 		}
+	if (n->op == AP_OP_TRANSPOSE && o >= 0 && g->tensors[o].is_output &&
+	    full_shaped(p, &g->tensors[n->inputs[0]]) && (lv == 0 || p->cls[n->inputs[0]] == CL_FULL)) {
+		/* written through the permutation */
 		p->level[o] = lv;
-		if (full_shaped(p, &g->tensors[o]) ||
-		    (ap_op_is_view(n->op) && p->cls[n->inputs[0]] == CL_FULL &&
-		     ap_tensor_numel(&g->tensors[o]) == p->M * p->N && !p->column &&
-		     full_shaped(p, &g->tensors[n->inputs[0]]))) {
-			p->cls[o] = CL_FULL;
-		} else if (!full_in && (row_shaped(p, &g->tensors[o]) ||
-					(ap_op_is_view(n->op) && ap_tensor_numel(&g->tensors[o]) == p->M))) {
-			/* a row value (a view of one keeps its linear index: the row) */
-			p->cls[o] = CL_ROW;
-		} else {
-			snprintf(why, cap, "%s after a reduction writes neither a row nor a full tensor",
-				 ap_op_name(n->op));
-			goto fail;
-		}
+		p->cls[o] = CL_FULLT;
+		return true;
 	}
-	/* outputs: row values, or full tensors iterated element by element */
+	if (!lv)
+		return true;   /* before every reduction: computed inline at any index */
+	if (n->n_outputs != 1 || o < 0) {
+		snprintf(why, cap, "%s after a reduction", ap_op_name(n->op));
+		return false;
+	}
+	if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST && !ap_op_is_view(n->op)) {
+		snprintf(why, cap, "%s after a reduction", ap_op_name(n->op));
+		return false;
+	}
+	p->level[o] = lv;
+	if (full_shaped(p, &g->tensors[o]) ||
+	    (ap_op_is_view(n->op) && p->cls[n->inputs[0]] == CL_FULL &&
+	     ap_tensor_numel(&g->tensors[o]) == p->M * p->N && !p->column &&
+	     full_shaped(p, &g->tensors[n->inputs[0]]))) {
+		p->cls[o] = CL_FULL;
+	} else if (!full_in && (row_shaped(p, &g->tensors[o]) ||
+				(ap_op_is_view(n->op) && ap_tensor_numel(&g->tensors[o]) == p->M))) {
+		/* a row value (a view of one keeps its linear index: the row) */
+		p->cls[o] = CL_ROW;
+	} else {
+		snprintf(why, cap, "%s after a reduction writes neither a row nor a full tensor",
+			 ap_op_name(n->op));
+		return false;
+	}
+	return true;
+}
+
+/* The outputs: row values, or full tensors iterated element by element
+ * (p->has_full_out).  False with *why for any other output. */
+static bool classify_outputs(const ap_graph *g, rows_plan *p, char *why, size_t cap)
+{
 	for (int i = 0; i < g->n_outputs; i++) {
 		int t = g->outputs[i];
 
@@ -295,9 +299,16 @@ static int analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
 		}
 		snprintf(why, cap, "it writes %s, neither a row value nor a full tensor",
 			 g->tensors[t].name);
-		goto fail;
+		return false;
 	}
-	/* leaves read only at the current element can be kept on chip */
+	return true;
+}
+
+/* The leaves read only at the current element (cur, seen: scratch for
+ * ap_v_mark_current), of the row's full size: they can be kept on chip
+ * (p->cached, n_cached, cached_bytes). */
+static void mark_cached(const ap_graph *g, rows_plan *p, unsigned char *cur, unsigned char *seen)
+{
 	for (int r = 0; r < p->n_red; r++)
 		ap_v_mark_current(g, g->nodes[p->reds[r]].inputs[0], true, cur, seen);
 	for (int i = 0; i < g->n_outputs; i++) {
@@ -318,14 +329,43 @@ static int analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
 			p->cached_bytes += ap_dtype_size(x->dtype);
 		}
 	}
+}
+
+/* Analyses micro-graph m as a row group: 1 when it is one, 0 with *why
+ * when not (a reason for people, e.g. for the explain report), AP_ENOMEM. */
+static int analyze(const ap_mgraph *m, rows_plan *p, char *why, size_t cap)
+{
+	const ap_graph *g = m->g;
+	unsigned char *cur = NULL, *seen = NULL;
+	bool ok = true;
+
+	memset(p, 0, sizeof(*p));
+	if (!find_reductions(g, p, why, cap))
+		return false;
+	p->cls = calloc((size_t)g->n_tensors + 1, 1);
+	p->level = calloc((size_t)g->n_tensors + 1, sizeof(int));
+	p->cached = calloc((size_t)g->n_tensors + 1, sizeof(bool));
+	cur = calloc((size_t)g->n_tensors + 1, 1);
+	seen = calloc((size_t)g->n_tensors + 1, 1);
+	if (!p->cls || !p->level || !p->cached || !cur || !seen) {
+		snprintf(why, cap, "out of memory");
+		free(cur);
+		free(seen);
+		plan_clear(p);
+		return AP_ENOMEM;
+	}
+	/* levels and classes, nodes in topological order */
+	for (int i = 0; i < g->n_nodes && ok; i++)
+		ok = classify_node(g, p, i, why, cap);
+	if (ok)
+		ok = classify_outputs(g, p, why, cap);
+	if (ok)
+		mark_cached(g, p, cur, seen);
 	free(cur);
 	free(seen);
-	return 1;
-fail:
-	free(cur);
-	free(seen);
-	plan_clear(p);
-	return 0;
+	if (!ok)
+		plan_clear(p);
+	return ok;
 }
 
 /* Passes over the row: one per level, plus one writing full outputs. */
@@ -577,6 +617,9 @@ typedef struct rows_ctx {
 	ap_kir_array **cache;           /* per tensor: on-chip copy of a cached leaf */
 	ap_kir_expr *slot_idx;          /* cache index of the current element */
 	ap_kir_expr *lane, *slot, *tid, *row, *valid;
+	unsigned wp_count;              /* warps a row spans (rows_threads) */
+	ap_kir_array *scratch[MAX_LEVELS][MAX_REDS];   /* per level and reduction: partials
+							  of the row's warps (rows_arrays) */
 } rows_ctx;
 
 static ap_kir_expr *hook(ap_vctx *v, int t, ap_lidx *ix, void *user)
@@ -833,6 +876,156 @@ static void row_values(rows_ctx *c, int lv)
 	}
 }
 
+/* The thread's lane and slot (its row of the block): row form,
+ * tid = lane + lanes * slot; column form, tid = slot + rows * lane.
+ * wp_count: the warps a row's partials span (combined through shared
+ * memory past one).  Sets the kernel's grid and block. */
+static void rows_threads(rows_ctx *c)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = &c->v;
+
+	k->grid[0] = c->L.grid;
+	k->block[0] = c->L.block;
+	c->tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
+	if (c->p.column) {
+		c->slot = ap_kir_binary(k, AP_KIR_REM, c->tid, ap_kir_idx(k, c->L.rows));
+		c->lane = ap_kir_binary(k, AP_KIR_DIV, c->tid, ap_kir_idx(k, c->L.rows));
+		c->wp_count = c->L.block / 32;
+	} else {
+		c->lane = ap_kir_binary(k, AP_KIR_REM, c->tid, ap_kir_idx(k, c->L.lanes));
+		c->slot = ap_kir_binary(k, AP_KIR_DIV, c->tid, ap_kir_idx(k, c->L.lanes));
+		c->wp_count = c->L.lanes > 32 ? c->L.lanes / 32 : 1;
+	}
+	c->lane = ap_kir_bind(k, v->cur, k->index_type, "lane", c->lane);
+	c->slot = ap_kir_bind(k, v->cur, k->index_type, "slot", c->slot);
+}
+
+/* The arrays: on-chip copies of the row's cached leaves (cache_T:
+ * registers, ept elements a thread, or shared memory, rows x N), and,
+ * when a row spans several warps, the shared scratch of each reduction
+ * (scr_LEVEL_J: one partial per row and warp, the accumulator type).  A
+ * failed allocation marks the kernel failed. */
+static void rows_arrays(rows_ctx *c)
+{
+	ap_kir_kernel *k = c->k;
+	const ap_graph *g = c->v.g;
+
+	for (int t2 = 0; t2 < g->n_tensors && c->L.cache != CACHE_NONE; t2++) {
+		char name[32];
+
+		if (!c->p.cached[t2])
+			continue;
+		snprintf(name, sizeof(name), "cache_%d", t2);
+		c->cache[t2] = c->L.cache == CACHE_REG
+				       ? ap_kir_local(k, name, g->tensors[t2].dtype, c->L.ept)
+				       : ap_kir_shared(k, name, g->tensors[t2].dtype,
+						       (int64_t)c->L.rows * c->p.N);
+	}
+	for (int lv = 1; lv <= c->p.n_levels; lv++)
+		for (int i = 0, j = 0; i < c->p.n_red; i++) {
+			char name[32];
+
+			if (c->p.level_of[i] != lv || c->wp_count <= 1)
+				continue;
+			snprintf(name, sizeof(name), "scr_%d_%d", lv, j++);
+			c->scratch[lv - 1][i] = ap_kir_shared(k, name,
+							      ap_acc_type(g->tensors[g->nodes[c->p.reds[i]].outputs[0]].dtype),
+							      (int64_t)c->L.rows * c->wp_count);
+		}
+}
+
+/* Opens the grid-stride loop over the block's rows (uniform per block;
+ * *saved closes it) and sets the thread's row c->row and c->valid:
+ * threads past the last row compute on the last row (never stored), so
+ * that no index leaves its tensor. */
+static void open_rows(rows_ctx *c, ap_kir_block **saved)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = &c->v;
+	ap_kir_var *r0 = ap_v_loop(v, "r", ap_kir_muli(k, ap_kir_index_of(k, AP_KIR_BLOCK_X), c->L.rows),
+				   ap_kir_idx(k, c->p.M), (int64_t)c->L.grid * c->L.rows, saved);
+	ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "rw", ap_kir_add(k, ap_kir_ref(k, r0), c->slot));
+
+	c->valid = ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, c->p.M));
+	c->row = ap_kir_bind(k, v->cur, k->index_type, "row",
+			     ap_kir_binary(k, AP_KIR_MIN, row, ap_kir_idx(k, c->p.M - 1)));
+}
+
+/* The reductions of level lv: an accumulator each (the accumulator type:
+ * float32 for 16-bit), one pass over the row, the partials combined
+ * across the row's lanes; their results and the row tensors they allow
+ * become row values.  False (the context failed) when out of memory. */
+static bool rows_level(rows_ctx *c, int lv)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = &c->v;
+	const ap_graph *g = v->g;
+	level_arg la;
+	ap_op ops[MAX_REDS];
+	ap_kir_array *scr[MAX_REDS];
+
+	memset(&la, 0, sizeof(la));
+	for (int i = 0; i < c->p.n_red; i++) {
+		const ap_node *node = &g->nodes[c->p.reds[i]];
+		ap_dtype dt = ap_acc_type(g->tensors[node->outputs[0]].dtype);   /* float32 for 16-bit */
+
+		if (c->p.level_of[i] != lv)
+			continue;
+		la.idx[la.n] = i;
+		la.acc[la.n] = ap_kir_var_new(k, dt, "acc");
+		ap_kir_let(k, v->cur, la.acc[la.n], ap_v_reduce_identity(v, node->op, dt));
+		ops[la.n] = node->op;
+		scr[la.n] = c->wp_count > 1 ? c->scratch[lv - 1][i] : NULL;
+		la.n++;
+	}
+	if (ap_kir_failed(k)) {
+		ap_v_fail(v, AP_ENOMEM, NULL, "out of memory");
+		return false;
+	}
+	row_pass(c, lv - 1, level_body, &la);
+	row_combine(c, la.acc, ops, la.n, scr, c->wp_count);
+	for (int i = 0; i < la.n; i++) {
+		int o = g->nodes[c->p.reds[la.idx[i]]].outputs[0];
+
+		c->row_val[o] = ap_kir_cast(k, g->tensors[o].dtype, ap_kir_ref(k, la.acc[i]));
+	}
+	row_values(c, lv);
+	return true;
+}
+
+/* The row outputs, written by the first lane of each valid row. */
+static void store_row_outputs(rows_ctx *c)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = &c->v;
+	const ap_graph *g = v->g;
+	ap_kir_block *sv;
+	bool any = false;
+
+	for (int i = 0; i < g->n_outputs; i++)
+		any |= c->p.cls[g->outputs[i]] == CL_ROW;
+	if (!any)
+		return;
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, c->valid,
+				 ap_kir_binary(k, AP_KIR_EQ, c->lane, ap_kir_idx(k, 0))),
+		&sv, NULL);
+	for (int i = 0; i < g->n_outputs; i++) {
+		int o = g->outputs[i];
+		ap_lidx r;
+
+		if (c->p.cls[o] != CL_ROW)
+			continue;
+		r = row_index(c, o);
+		ap_kir_store(k, v->cur, ap_v_buffer(v, o), c->row, ap_val(v, o, &r));
+	}
+	ap_v_close(v, sv);
+}
+
+/* The row-group kernel (the file comment): per block row, one pass per
+ * level of reductions (rows_level), a pass writing the full outputs, and
+ * the row outputs.  Errors: AP_EUNSUPPORTED (not a row group, or a
+ * configuration that does not fit), AP_ENOMEM. */
 static int rows_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
 		     ap_kir_kernel *k, ap_error *err)
 {
@@ -840,10 +1033,7 @@ static int rows_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info
 	ap_vctx *v = &c.v;
 	const ap_graph *g = m->g;
 	char why[200];
-	ap_kir_block *sv_rows, *sv;
-	ap_kir_var *r0;
-	ap_kir_array *scratch[MAX_LEVELS][MAX_REDS];
-	unsigned wp_count;
+	ap_kir_block *sv_rows;
 	int rc;
 
 	memset(&c, 0, sizeof(c));
@@ -875,112 +1065,15 @@ static int rows_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info
 	}
 	v->leaf = hook;
 	v->leaf_user = &c;
-	k->grid[0] = c.L.grid;
-	k->block[0] = c.L.block;
-	c.tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
-	if (c.p.column) {
-		c.slot = ap_kir_binary(k, AP_KIR_REM, c.tid, ap_kir_idx(k, c.L.rows));
-		c.lane = ap_kir_binary(k, AP_KIR_DIV, c.tid, ap_kir_idx(k, c.L.rows));
-		wp_count = c.L.block / 32;
-	} else {
-		c.lane = ap_kir_binary(k, AP_KIR_REM, c.tid, ap_kir_idx(k, c.L.lanes));
-		c.slot = ap_kir_binary(k, AP_KIR_DIV, c.tid, ap_kir_idx(k, c.L.lanes));
-		wp_count = c.L.lanes > 32 ? c.L.lanes / 32 : 1;
-	}
-	c.lane = ap_kir_bind(k, v->cur, k->index_type, "lane", c.lane);
-	c.slot = ap_kir_bind(k, v->cur, k->index_type, "slot", c.slot);
-	/* on-chip copies of the row's leaves */
-	for (int t2 = 0; t2 < g->n_tensors && c.L.cache != CACHE_NONE; t2++) {
-		char name[32];
-
-		if (!c.p.cached[t2])
-			continue;
-		snprintf(name, sizeof(name), "cache_%d", t2);
-		c.cache[t2] = c.L.cache == CACHE_REG
-				      ? ap_kir_local(k, name, g->tensors[t2].dtype, c.L.ept)
-				      : ap_kir_shared(k, name, g->tensors[t2].dtype,
-						      (int64_t)c.L.rows * c.p.N);
-	}
-	for (int lv = 1; lv <= c.p.n_levels; lv++)
-		for (int i = 0, j = 0; i < c.p.n_red; i++) {
-			char name[32];
-
-			if (c.p.level_of[i] != lv || wp_count <= 1)
-				continue;
-			snprintf(name, sizeof(name), "scr_%d_%d", lv, j++);
-			scratch[lv - 1][i] = ap_kir_shared(k, name,
-							   ap_acc_type(g->tensors[g->nodes[c.p.reds[i]].outputs[0]].dtype),
-							   (int64_t)c.L.rows * wp_count);
-		}
-	/* the rows of this block, grid-stride (uniform per block) */
-	r0 = ap_v_loop(v, "r", ap_kir_muli(k, ap_kir_index_of(k, AP_KIR_BLOCK_X), c.L.rows),
-		       ap_kir_idx(k, c.p.M), (int64_t)c.L.grid * c.L.rows, &sv_rows);
-	{
-		/* threads past the last row compute on the last row (never
-		 * stored), so that no index leaves its tensor */
-		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "rw",
-					       ap_kir_add(k, ap_kir_ref(k, r0), c.slot));
-
-		c.valid = ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, c.p.M));
-		c.row = ap_kir_bind(k, v->cur, k->index_type, "row",
-				    ap_kir_binary(k, AP_KIR_MIN, row, ap_kir_idx(k, c.p.M - 1)));
-	}
-	for (int lv = 1; lv <= c.p.n_levels && !v->rc; lv++) {
-		level_arg la;
-		ap_op ops[MAX_REDS];
-		ap_kir_array *scr[MAX_REDS];
-
-		memset(&la, 0, sizeof(la));
-		for (int i = 0; i < c.p.n_red; i++) {
-			const ap_node *node = &g->nodes[c.p.reds[i]];
-			ap_dtype dt = ap_acc_type(g->tensors[node->outputs[0]].dtype);   /* float32 for 16-bit */
-
-			if (c.p.level_of[i] != lv)
-				continue;
-			la.idx[la.n] = i;
-			la.acc[la.n] = ap_kir_var_new(k, dt, "acc");
-			ap_kir_let(k, v->cur, la.acc[la.n], ap_v_reduce_identity(v, node->op, dt));
-			ops[la.n] = node->op;
-			scr[la.n] = wp_count > 1 ? scratch[lv - 1][i] : NULL;
-			la.n++;
-		}
-		if (ap_kir_failed(k)) {
-			ap_v_fail(v, AP_ENOMEM, NULL, "out of memory");
+	rows_threads(&c);
+	rows_arrays(&c);
+	open_rows(&c, &sv_rows);
+	for (int lv = 1; lv <= c.p.n_levels && !v->rc; lv++)
+		if (!rows_level(&c, lv))
 			break;
-		}
-		row_pass(&c, lv - 1, level_body, &la);
-		row_combine(&c, la.acc, ops, la.n, scr, wp_count);
-		for (int i = 0; i < la.n; i++) {
-			int o = g->nodes[c.p.reds[la.idx[i]]].outputs[0];
-
-			c.row_val[o] = ap_kir_cast(k, g->tensors[o].dtype, ap_kir_ref(k, la.acc[i]));
-		}
-		row_values(&c, lv);
-	}
 	if (c.p.has_full_out)
 		row_pass(&c, c.p.n_levels, output_body, NULL);
-	/* row outputs: the first lane of the row writes them */
-	{
-		bool any = false;
-
-		for (int i = 0; i < g->n_outputs; i++)
-			any |= c.p.cls[g->outputs[i]] == CL_ROW;
-		if (any) {
-			ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, c.valid,
-						 ap_kir_binary(k, AP_KIR_EQ, c.lane, ap_kir_idx(k, 0))),
-				&sv, NULL);
-			for (int i = 0; i < g->n_outputs; i++) {
-				int o = g->outputs[i];
-				ap_lidx r;
-
-				if (c.p.cls[o] != CL_ROW)
-					continue;
-				r = row_index(&c, o);
-				ap_kir_store(k, v->cur, ap_v_buffer(v, o), c.row, ap_val(v, o, &r));
-			}
-			ap_v_close(v, sv);
-		}
-	}
+	store_row_outputs(&c);
 	if (c.L.cache == CACHE_SMEM)
 		ap_kir_barrier(k, v->cur);   /* the cache is reused by the next rows */
 	ap_v_close(v, sv_rows);

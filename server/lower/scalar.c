@@ -154,6 +154,129 @@ static ap_kir_expr *safe_div(ap_vctx *v, ap_kir_binop op, ap_kir_expr *a, ap_kir
 
 /* ---- elementwise and broadcast ops ---------------------------------------------------- */
 
+/* IsInf: x == +inf and / or x == -inf as the attributes detect_positive
+ * and detect_negative ask (both by default; neither: false). */
+static ap_kir_expr *is_inf(ap_vctx *v, const ap_node *node, ap_kir_expr *x)
+{
+	ap_dtype t = x->type;
+	bool neg = ap_node_int(node, "detect_negative", 1) != 0;
+	bool pos = ap_node_int(node, "detect_positive", 1) != 0;
+	ap_kir_expr *p = bin(v, AP_KIR_EQ, x, C(v, t, INFINITY));
+	ap_kir_expr *n = bin(v, AP_KIR_EQ, x, C(v, t, -INFINITY));
+
+	if (neg && pos)
+		return bin(v, AP_KIR_LOR, p, n);
+	return neg ? n : pos ? p : ap_kir_int(v->k, AP_DT_BOOL, 0);
+}
+
+/* Shrink: x + bias below -lambd, x - bias above lambd, 0 between. */
+static ap_kir_expr *shrink(ap_vctx *v, const ap_node *node, ap_kir_expr *x)
+{
+	ap_dtype t = x->type;
+	double bias = ap_node_float(node, "bias", 0.0), l = ap_node_float(node, "lambd", 0.5);
+
+	return sel(v, bin(v, AP_KIR_LT, x, C(v, t, -l)), bin(v, AP_KIR_ADD, x, C(v, t, bias)),
+		   sel(v, bin(v, AP_KIR_GT, x, C(v, t, l)), bin(v, AP_KIR_SUB, x, C(v, t, bias)),
+		       C(v, t, 0)));
+}
+
+/* The rectifiers with a negative branch: LeakyRelu (alpha * x), Elu
+ * (alpha * (exp(x) - 1)) and Selu (gamma * (alpha * exp(x) - alpha),
+ * gamma * x above 0), the ONNX defaults for alpha and gamma. */
+static ap_kir_expr *leaky_or_elu(ap_vctx *v, const ap_node *node, ap_kir_expr *x)
+{
+	ap_dtype t = x->type;
+
+	if (node->op == AP_OP_LEAKY_RELU) {
+		double a = ap_node_float(node, "alpha", 0.01);
+
+		return sel(v, bin(v, AP_KIR_LT, x, C(v, t, 0)), bin(v, AP_KIR_MUL, C(v, t, a), x), x);
+	}
+	if (node->op == AP_OP_ELU) {
+		double a = ap_node_float(node, "alpha", 1.0);
+
+		return sel(v, bin(v, AP_KIR_LT, x, C(v, t, 0)),
+			   bin(v, AP_KIR_MUL, C(v, t, a),
+			       bin(v, AP_KIR_SUB, fn1(v, AP_KIR_EXP, x), C(v, t, 1))), x);
+	}
+	{
+		double a = ap_node_float(node, "alpha", 1.67326319217681884765625);
+		double gm = ap_node_float(node, "gamma", 1.05070102214813232421875);
+
+		return sel(v, bin(v, AP_KIR_LE, x, C(v, t, 0)),
+			   bin(v, AP_KIR_MUL, C(v, t, gm),
+			       bin(v, AP_KIR_SUB, bin(v, AP_KIR_MUL, C(v, t, a), fn1(v, AP_KIR_EXP, x)),
+				   C(v, t, a))),
+			   bin(v, AP_KIR_MUL, C(v, t, gm), x));
+	}
+}
+
+/* HardSigmoid: h = clamp(alpha * x + beta, 0, 1); HardSwish: x * h with
+ * alpha = 1/6, beta = 1/2. */
+static ap_kir_expr *hard_sigmoid(ap_vctx *v, const ap_node *node, ap_kir_expr *x)
+{
+	ap_dtype t = x->type;
+	bool swish = node->op == AP_OP_HARD_SWISH;
+	double a = swish ? 1.0 / 6.0 : ap_node_float(node, "alpha", 0.2);
+	double b = swish ? 0.5 : ap_node_float(node, "beta", 0.5);
+	ap_kir_expr *h = once(v, bin(v, AP_KIR_ADD, bin(v, AP_KIR_MUL, C(v, t, a), x), C(v, t, b)));
+
+	h = sel(v, bin(v, AP_KIR_LT, h, C(v, t, 0)), C(v, t, 0),
+		sel(v, bin(v, AP_KIR_GT, h, C(v, t, 1)), C(v, t, 1), h));
+	return swish ? bin(v, AP_KIR_MUL, x, h) : h;
+}
+
+/* Gelu: 0.5 x (1 + erf(x / sqrt(2))), or with approximate = "tanh"
+ * 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))). */
+static ap_kir_expr *gelu(ap_vctx *v, const ap_node *node, ap_kir_expr *x)
+{
+	ap_dtype t = x->type;
+	const char *ap = ap_node_string(node, "approximate", "none");
+	ap_kir_expr *inner;
+
+	if (strcmp(ap, "tanh") == 0) {
+		ap_kir_expr *x3 = bin(v, AP_KIR_MUL, bin(v, AP_KIR_MUL, x, x), x);
+
+		inner = fn1(v, AP_KIR_TANH,
+			    bin(v, AP_KIR_MUL, C(v, t, 0.7978845608028654),
+				bin(v, AP_KIR_ADD, x, bin(v, AP_KIR_MUL, C(v, t, 0.044715), x3))));
+	} else {
+		inner = fn1(v, AP_KIR_ERF, bin(v, AP_KIR_MUL, x, C(v, t, 0.7071067811865476)));
+	}
+	return bin(v, AP_KIR_MUL, bin(v, AP_KIR_MUL, C(v, t, 0.5), x),
+		   bin(v, AP_KIR_ADD, C(v, t, 1), inner));
+}
+
+/* Clip to the attributes min and max (a bound the type cannot pass is
+ * left out). */
+static ap_kir_expr *clip(ap_vctx *v, const ap_node *node, ap_kir_expr *x)
+{
+	ap_dtype t = x->type;
+	double lo = ap_node_float(node, "min", -INFINITY), hi = ap_node_float(node, "max", INFINITY);
+	ap_kir_expr *c = x;
+
+	if (lo > ap_dtype_lowest(t))
+		c = once(v, sel(v, bin(v, AP_KIR_LT, c, C(v, t, lo)), C(v, t, lo), c));
+	if (hi < ap_dtype_highest(t))
+		c = sel(v, bin(v, AP_KIR_GT, c, C(v, t, hi)), C(v, t, hi), c);
+	return c;
+}
+
+/* The unary ops defined on integers (and bool) as well as floats. */
+static bool unary_on_ints(ap_op op)
+{
+	switch (op) {
+	case AP_OP_IDENTITY: case AP_OP_NEG: case AP_OP_ABS: case AP_OP_SIGN:
+	case AP_OP_RELU: case AP_OP_NOT: case AP_OP_CAST: case AP_OP_CLIP:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* One element of an elementwise op on x (Cast converts to `out`), see
+ * value.h; NULL (the context failed) for an op with no lowering here or
+ * an integer x where only floats are defined. */
 ap_kir_expr *ap_v_unary(ap_vctx *v, const ap_node *node, ap_kir_expr *x, ap_dtype out)
 {
 	ap_kir_kernel *k = v->k;
@@ -162,15 +285,8 @@ ap_kir_expr *ap_v_unary(ap_vctx *v, const ap_node *node, ap_kir_expr *x, ap_dtyp
 	if (!x)
 		return NULL;
 	t = x->type;
-	if (!ap_dtype_is_float(t)) {
-		switch (node->op) {
-		case AP_OP_IDENTITY: case AP_OP_NEG: case AP_OP_ABS: case AP_OP_SIGN:
-		case AP_OP_RELU: case AP_OP_NOT: case AP_OP_CAST: case AP_OP_CLIP:
-			break;
-		default:
-			return ap_v_fail(v, AP_EUNSUPPORTED, node, "dtype %s", ap_dtype_name(t));
-		}
-	}
+	if (!ap_dtype_is_float(t) && !unary_on_ints(node->op))
+		return ap_v_fail(v, AP_EUNSUPPORTED, node, "dtype %s", ap_dtype_name(t));
 	switch (node->op) {
 	case AP_OP_IDENTITY: return x;
 	case AP_OP_NEG: return ap_kir_unary(k, AP_KIR_NEG, x);
@@ -195,23 +311,8 @@ ap_kir_expr *ap_v_unary(ap_vctx *v, const ap_node *node, ap_kir_expr *x, ap_dtyp
 	case AP_OP_SIN: return fn1(v, AP_KIR_SIN, x);
 	case AP_OP_COS: return fn1(v, AP_KIR_COS, x);
 	case AP_OP_IS_NAN: return bin(v, AP_KIR_NE, x, x);
-	case AP_OP_IS_INF: {
-		bool neg = ap_node_int(node, "detect_negative", 1) != 0;
-		bool pos = ap_node_int(node, "detect_positive", 1) != 0;
-		ap_kir_expr *p = bin(v, AP_KIR_EQ, x, C(v, t, INFINITY));
-		ap_kir_expr *n = bin(v, AP_KIR_EQ, x, C(v, t, -INFINITY));
-
-		if (neg && pos)
-			return bin(v, AP_KIR_LOR, p, n);
-		return neg ? n : pos ? p : ap_kir_int(k, AP_DT_BOOL, 0);
-	}
-	case AP_OP_SHRINK: {
-		double bias = ap_node_float(node, "bias", 0.0), l = ap_node_float(node, "lambd", 0.5);
-
-		return sel(v, bin(v, AP_KIR_LT, x, C(v, t, -l)), bin(v, AP_KIR_ADD, x, C(v, t, bias)),
-			   sel(v, bin(v, AP_KIR_GT, x, C(v, t, l)), bin(v, AP_KIR_SUB, x, C(v, t, bias)),
-			       C(v, t, 0)));
-	}
+	case AP_OP_IS_INF: return is_inf(v, node, x);
+	case AP_OP_SHRINK: return shrink(v, node, x);
 	case AP_OP_FLOOR: return fn1(v, AP_KIR_FLOOR, x);
 	case AP_OP_CEIL: return fn1(v, AP_KIR_CEIL, x);
 	case AP_OP_NOT: return ap_kir_unary(k, AP_KIR_LNOT, x);
@@ -219,69 +320,21 @@ ap_kir_expr *ap_v_unary(ap_vctx *v, const ap_node *node, ap_kir_expr *x, ap_dtyp
 		return bin(v, AP_KIR_DIV, x, bin(v, AP_KIR_ADD, C(v, t, 1), fn1(v, AP_KIR_FABS, x)));
 	case AP_OP_CAST:
 		return ap_kir_cast(k, out, x);
-	case AP_OP_LEAKY_RELU: {
-		double a = ap_node_float(node, "alpha", 0.01);
-
-		return sel(v, bin(v, AP_KIR_LT, x, C(v, t, 0)), bin(v, AP_KIR_MUL, C(v, t, a), x), x);
-	}
-	case AP_OP_ELU: {
-		double a = ap_node_float(node, "alpha", 1.0);
-
-		return sel(v, bin(v, AP_KIR_LT, x, C(v, t, 0)),
-			   bin(v, AP_KIR_MUL, C(v, t, a),
-			       bin(v, AP_KIR_SUB, fn1(v, AP_KIR_EXP, x), C(v, t, 1))), x);
-	}
-	case AP_OP_SELU: {
-		double a = ap_node_float(node, "alpha", 1.67326319217681884765625);
-		double gm = ap_node_float(node, "gamma", 1.05070102214813232421875);
-
-		return sel(v, bin(v, AP_KIR_LE, x, C(v, t, 0)),
-			   bin(v, AP_KIR_MUL, C(v, t, gm),
-			       bin(v, AP_KIR_SUB, bin(v, AP_KIR_MUL, C(v, t, a), fn1(v, AP_KIR_EXP, x)),
-				   C(v, t, a))),
-			   bin(v, AP_KIR_MUL, C(v, t, gm), x));
-	}
+	case AP_OP_LEAKY_RELU:
+	case AP_OP_ELU:
+	case AP_OP_SELU:
+		return leaky_or_elu(v, node, x);
 	case AP_OP_HARD_SIGMOID:
-	case AP_OP_HARD_SWISH: {
-		bool swish = node->op == AP_OP_HARD_SWISH;
-		double a = swish ? 1.0 / 6.0 : ap_node_float(node, "alpha", 0.2);
-		double b = swish ? 0.5 : ap_node_float(node, "beta", 0.5);
-		ap_kir_expr *h = once(v, bin(v, AP_KIR_ADD, bin(v, AP_KIR_MUL, C(v, t, a), x), C(v, t, b)));
-
-		h = sel(v, bin(v, AP_KIR_LT, h, C(v, t, 0)), C(v, t, 0),
-			sel(v, bin(v, AP_KIR_GT, h, C(v, t, 1)), C(v, t, 1), h));
-		return swish ? bin(v, AP_KIR_MUL, x, h) : h;
-	}
+	case AP_OP_HARD_SWISH:
+		return hard_sigmoid(v, node, x);
 	case AP_OP_SOFTPLUS:
 		return softplus(v, x);
 	case AP_OP_MISH:
 		return bin(v, AP_KIR_MUL, x, fn1(v, AP_KIR_TANH, once(v, softplus(v, x))));
-	case AP_OP_GELU: {
-		const char *ap = ap_node_string(node, "approximate", "none");
-		ap_kir_expr *inner;
-
-		if (strcmp(ap, "tanh") == 0) {
-			ap_kir_expr *x3 = bin(v, AP_KIR_MUL, bin(v, AP_KIR_MUL, x, x), x);
-
-			inner = fn1(v, AP_KIR_TANH,
-				    bin(v, AP_KIR_MUL, C(v, t, 0.7978845608028654),
-					bin(v, AP_KIR_ADD, x, bin(v, AP_KIR_MUL, C(v, t, 0.044715), x3))));
-		} else {
-			inner = fn1(v, AP_KIR_ERF, bin(v, AP_KIR_MUL, x, C(v, t, 0.7071067811865476)));
-		}
-		return bin(v, AP_KIR_MUL, bin(v, AP_KIR_MUL, C(v, t, 0.5), x),
-			   bin(v, AP_KIR_ADD, C(v, t, 1), inner));
-	}
-	case AP_OP_CLIP: {
-		double lo = ap_node_float(node, "min", -INFINITY), hi = ap_node_float(node, "max", INFINITY);
-		ap_kir_expr *c = x;
-
-		if (lo > ap_dtype_lowest(t))
-			c = once(v, sel(v, bin(v, AP_KIR_LT, c, C(v, t, lo)), C(v, t, lo), c));
-		if (hi < ap_dtype_highest(t))
-			c = sel(v, bin(v, AP_KIR_GT, c, C(v, t, hi)), C(v, t, hi), c);
-		return c;
-	}
+	case AP_OP_GELU:
+		return gelu(v, node, x);
+	case AP_OP_CLIP:
+		return clip(v, node, x);
 	default:
 		return ap_v_fail(v, AP_EUNSUPPORTED, node, "not an elementwise op");
 	}

@@ -158,6 +158,11 @@ typedef struct tr_ctx {
 	tr_plan p;
 	ap_kir_array *tiles[MAX_STAGED];
 	ap_kir_expr *tile_idx;          /* smem index of the current element, phase 2 */
+	ap_vctx *v;
+	ap_kir_kernel *k;
+	int tile, rows;                 /* the knobs */
+	int64_t nb, na;                 /* tiles along the output axes b and a */
+	ap_kir_expr *tx, *ty;           /* the thread in the tile x rows block, tx fastest */
 } tr_ctx;
 
 static ap_kir_expr *hook(ap_vctx *v, int t, ap_lidx *ix, void *user)
@@ -172,110 +177,139 @@ static ap_kir_expr *hook(ap_vctx *v, int t, ap_lidx *ix, void *user)
 	return NULL;
 }
 
+/* The coordinates of tile tl (tiles ordered b fastest, then a, then the
+ * other axes' combinations): its first elements along b and a (*b0,
+ * *a0) and the other axes' coordinates (other[d], row-major from the
+ * batch index). */
+static void tile_coords(tr_ctx *c, ap_kir_expr *tl, ap_kir_expr **b0, ap_kir_expr **a0, ap_kir_expr **other)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_expr *tb = ap_kir_binary(k, AP_KIR_REM, tl, ap_kir_idx(k, c->nb));
+	ap_kir_expr *ta = ap_kir_binary(k, AP_KIR_REM, ap_kir_binary(k, AP_KIR_DIV, tl, ap_kir_idx(k, c->nb)),
+					ap_kir_idx(k, c->na));
+	ap_kir_expr *bt = ap_kir_binary(k, AP_KIR_DIV, tl, ap_kir_idx(k, c->nb * c->na));
+	int64_t stride = 1;
+
+	*b0 = ap_kir_bind(k, v->cur, k->index_type, "b0", ap_kir_muli(k, tb, c->tile));
+	*a0 = ap_kir_bind(k, v->cur, k->index_type, "a0", ap_kir_muli(k, ta, c->tile));
+	for (int d = c->p.rank - 1; d >= 0; d--) {
+		if (d == c->p.a || d == c->p.b)
+			continue;
+		other[d] = c->p.dims[d] == 1 ? ap_kir_idx(k, 0)
+			   : ap_kir_bind(k, v->cur, k->index_type, "o",
+					 ap_kir_binary(k, AP_KIR_REM,
+						       stride == 1 ? bt : ap_kir_binary(k, AP_KIR_DIV, bt,
+											ap_kir_idx(k, stride)),
+						       ap_kir_idx(k, c->p.dims[d])));
+		stride *= c->p.dims[d];
+	}
+}
+
+/* Element i of the thread in phase 0 or 1 of the tile (b0, a0, other):
+ * row r = ty + i * rows of the tile.  Phase 0: the staged tensors at
+ * (b0 + tx, a0 + r), b along tx (X's rows), into tiles[..][r][tx];
+ * phase 1: every output at (b0 + r, a0 + tx), a along tx, reading the
+ * staged tensors from tiles[..][tx][r] (the hook).  Inside the output
+ * only. */
+static void tr_element(tr_ctx *c, int phase, int i, ap_kir_expr *b0, ap_kir_expr *a0, ap_kir_expr *const *other)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	const ap_graph *g = v->g;
+	ap_kir_expr *r = ap_kir_addi(k, c->ty, (int64_t)i * c->rows);
+	ap_kir_expr *cb = phase == 0 ? ap_kir_add(k, b0, c->tx) : ap_kir_add(k, b0, r);
+	ap_kir_expr *ca = phase == 0 ? ap_kir_add(k, a0, r) : ap_kir_add(k, a0, c->tx);
+	ap_kir_block *sv;
+	ap_lidx ix = ap_lidx_shape(&g->tensors[c->p.out]);
+
+	for (int d = 0; d < c->p.rank; d++)
+		ix.c[d] = d == c->p.a ? ca : d == c->p.b ? cb : other[d];
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND,
+				 ap_kir_binary(k, AP_KIR_LT, cb, ap_kir_idx(k, c->p.dims[c->p.b])),
+				 ap_kir_binary(k, AP_KIR_LT, ca, ap_kir_idx(k, c->p.dims[c->p.a]))),
+		&sv, NULL);
+	if (phase == 0) {
+		ap_kir_expr *slot = ap_kir_add(k, ap_kir_muli(k, r, c->tile + 1), c->tx);
+
+		for (int q = 0; q < c->p.n_staged; q++) {
+			ap_lidx xi = ix;
+
+			ap_kir_store(k, v->cur, c->tiles[q], slot, ap_val(v, c->p.staged[q], &xi));
+		}
+	} else {
+		c->tile_idx = ap_kir_add(k, ap_kir_muli(k, c->tx, c->tile + 1), r);
+		for (int q = 0; q < g->n_outputs; q++) {
+			int o = g->outputs[q];
+			ap_lidx oi = ap_lidx_relin(v, &ix, o);
+
+			ap_kir_store(k, v->cur, ap_v_buffer(v, o), ap_lidx_linear(v, &oi),
+				     ap_val(v, o, &oi));
+		}
+		c->tile_idx = NULL;
+	}
+	ap_v_close(v, sv);
+}
+
+/* The tiled transpose (the file comment): a grid-stride loop over the
+ * tiles, each in two phases separated by barriers.  Errors:
+ * AP_EUNSUPPORTED (not a tiled transpose, or a configuration that does
+ * not fit), AP_ENOMEM. */
 static int tr_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
 		   ap_kir_kernel *k, ap_error *err)
 {
 	const ap_graph *g = m->g;
 	tr_ctx c;
 	ap_vctx v;
-	int tile = s->v[0], rows = s->v[1], rc;
-	int64_t nb, na, batch = 1, n_tiles;
+	int rc;
+	int64_t batch = 1, n_tiles;
 	unsigned grid;
-	ap_kir_expr *tx, *ty;
 	ap_kir_block *sv_t;
 	ap_kir_var *tv;
 
 	memset(&c, 0, sizeof(c));
+	c.tile = s->v[0];
+	c.rows = s->v[1];
 	if ((rc = analyze(m, &c.p)) < 0)
 		return ap_error_set(err, AP_ENOMEM, g->nodes[m->root].name, NULL, "out of memory");
 	if (!rc || !tr_config_ok(s, t))
 		return ap_error_set(err, AP_EUNSUPPORTED, g->nodes[m->root].name, NULL,
-				    "transpose emitter: not a tiled transpose (tile %d, rows %d)", tile, rows);
+				    "transpose emitter: not a tiled transpose (tile %d, rows %d)", c.tile, c.rows);
 	if ((rc = ap_vctx_init(&v, m, k, err)))
 		return rc;
+	c.v = &v;
+	c.k = k;
 	v.leaf = hook;
 	v.leaf_user = &c;
-	nb = (c.p.dims[c.p.b] + tile - 1) / tile;
-	na = (c.p.dims[c.p.a] + tile - 1) / tile;
+	c.nb = (c.p.dims[c.p.b] + c.tile - 1) / c.tile;
+	c.na = (c.p.dims[c.p.a] + c.tile - 1) / c.tile;
 	for (int d = 0; d < c.p.rank; d++)
 		if (d != c.p.a && d != c.p.b)
 			batch *= c.p.dims[d];
-	n_tiles = nb * na * batch;
+	n_tiles = c.nb * c.na * batch;
 	grid = ap_grid_for(n_tiles, 1);
 	k->grid[0] = grid;
-	k->block[0] = (unsigned)(tile * rows);
+	k->block[0] = (unsigned)(c.tile * c.rows);
 	for (int i = 0; i < c.p.n_staged; i++) {
 		char name[32];
 
 		snprintf(name, sizeof(name), "tile_%d", i);
 		c.tiles[i] = ap_kir_shared(k, name, g->tensors[c.p.staged[i]].dtype,
-					   (int64_t)tile * (tile + 1));
+					   (int64_t)c.tile * (c.tile + 1));
 	}
-	tx = ap_kir_bind(k, v.cur, k->index_type, "tx",
-			 ap_kir_binary(k, AP_KIR_REM, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, tile)));
-	ty = ap_kir_bind(k, v.cur, k->index_type, "ty",
-			 ap_kir_binary(k, AP_KIR_DIV, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, tile)));
+	c.tx = ap_kir_bind(k, v.cur, k->index_type, "tx",
+			   ap_kir_binary(k, AP_KIR_REM, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, c.tile)));
+	c.ty = ap_kir_bind(k, v.cur, k->index_type, "ty",
+			   ap_kir_binary(k, AP_KIR_DIV, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, c.tile)));
 	/* the tiles, grid-stride (uniform per block) */
 	tv = ap_v_loop(&v, "tl", ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_idx(k, n_tiles), grid, &sv_t);
 	{
-		ap_kir_expr *tl = ap_kir_ref(k, tv);
-		ap_kir_expr *tb = ap_kir_binary(k, AP_KIR_REM, tl, ap_kir_idx(k, nb));
-		ap_kir_expr *ta = ap_kir_binary(k, AP_KIR_REM, ap_kir_binary(k, AP_KIR_DIV, tl, ap_kir_idx(k, nb)),
-						ap_kir_idx(k, na));
-		ap_kir_expr *bt = ap_kir_binary(k, AP_KIR_DIV, tl, ap_kir_idx(k, nb * na));
-		ap_kir_expr *b0 = ap_kir_bind(k, v.cur, k->index_type, "b0", ap_kir_muli(k, tb, tile));
-		ap_kir_expr *a0 = ap_kir_bind(k, v.cur, k->index_type, "a0", ap_kir_muli(k, ta, tile));
-		ap_kir_expr *other[AP_MAX_RANK] = {NULL};
-		int64_t stride = 1;
+		ap_kir_expr *b0, *a0, *other[AP_MAX_RANK] = {NULL};
 
-		/* the other axes' coordinates from the batch index, row-major */
-		for (int d = c.p.rank - 1; d >= 0; d--) {
-			if (d == c.p.a || d == c.p.b)
-				continue;
-			other[d] = c.p.dims[d] == 1 ? ap_kir_idx(k, 0)
-				   : ap_kir_bind(k, v.cur, k->index_type, "o",
-						 ap_kir_binary(k, AP_KIR_REM,
-							       stride == 1 ? bt : ap_kir_binary(k, AP_KIR_DIV, bt,
-												ap_kir_idx(k, stride)),
-							       ap_kir_idx(k, c.p.dims[d])));
-			stride *= c.p.dims[d];
-		}
+		tile_coords(&c, ap_kir_ref(k, tv), &b0, &a0, other);
 		for (int phase = 0; phase < 2 && !v.rc; phase++) {
-			for (int i = 0; i < tile / rows && !v.rc; i++) {
-				/* phase 1: b along tx (X's rows); phase 2: a along tx */
-				ap_kir_expr *r = ap_kir_addi(k, ty, (int64_t)i * rows);
-				ap_kir_expr *cb = phase == 0 ? ap_kir_add(k, b0, tx) : ap_kir_add(k, b0, r);
-				ap_kir_expr *ca = phase == 0 ? ap_kir_add(k, a0, r) : ap_kir_add(k, a0, tx);
-				ap_kir_block *sv;
-				ap_lidx ix = ap_lidx_shape(&g->tensors[c.p.out]);
-
-				for (int d = 0; d < c.p.rank; d++)
-					ix.c[d] = d == c.p.a ? ca : d == c.p.b ? cb : other[d];
-				ap_v_if(&v, ap_kir_binary(k, AP_KIR_LAND,
-							  ap_kir_binary(k, AP_KIR_LT, cb, ap_kir_idx(k, c.p.dims[c.p.b])),
-							  ap_kir_binary(k, AP_KIR_LT, ca, ap_kir_idx(k, c.p.dims[c.p.a]))),
-					&sv, NULL);
-				if (phase == 0) {
-					ap_kir_expr *slot = ap_kir_add(k, ap_kir_muli(k, r, tile + 1), tx);
-
-					for (int q = 0; q < c.p.n_staged; q++) {
-						ap_lidx xi = ix;
-
-						ap_kir_store(k, v.cur, c.tiles[q], slot, ap_val(&v, c.p.staged[q], &xi));
-					}
-				} else {
-					c.tile_idx = ap_kir_add(k, ap_kir_muli(k, tx, tile + 1), r);
-					for (int q = 0; q < g->n_outputs; q++) {
-						int o = g->outputs[q];
-						ap_lidx oi = ap_lidx_relin(&v, &ix, o);
-
-						ap_kir_store(k, v.cur, ap_v_buffer(&v, o), ap_lidx_linear(&v, &oi),
-							     ap_val(&v, o, &oi));
-					}
-					c.tile_idx = NULL;
-				}
-				ap_v_close(&v, sv);
-			}
+			for (int i = 0; i < c.tile / c.rows && !v.rc; i++)
+				tr_element(&c, phase, i, b0, a0, other);
 			ap_kir_barrier(k, v.cur);   /* tiles full / free for the next tile */
 		}
 	}

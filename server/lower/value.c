@@ -551,12 +551,114 @@ static ap_kir_expr *pad_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *i
 
 /* ---- dispatch ------------------------------------------------------------------------- */
 
-/* The value of tensor t, made by node n of the micro-graph, at ix. */
+/* A broadcast op's value at ix: Expand reads its input at the broadcast
+ * index; Where selects between its second and third inputs by the first;
+ * any other is a binary op of its two inputs (ap_v_binary), each read at
+ * its broadcast index. */
+static ap_kir_expr *broadcast_value(ap_vctx *v, const ap_node *node, ap_lidx *ix)
+{
+	ap_kir_kernel *k = v->k;
+
+	if (node->op == AP_OP_EXPAND) {
+		ap_lidx r = ap_lidx_bcast(v, ix, node->inputs[0]);
+
+		return ap_val(v, node->inputs[0], &r);
+	}
+	if (node->op == AP_OP_WHERE) {
+		ap_lidx rc = ap_lidx_bcast(v, ix, node->inputs[0]);
+		ap_lidx ra = ap_lidx_bcast(v, ix, node->inputs[1]);
+		ap_lidx rb = ap_lidx_bcast(v, ix, node->inputs[2]);
+		ap_kir_expr *c = ap_val(v, node->inputs[0], &rc);
+		ap_kir_expr *a = ap_val(v, node->inputs[1], &ra);
+		ap_kir_expr *b = ap_val(v, node->inputs[2], &rb);
+
+		return ap_kir_select(k, ap_kir_cast(k, AP_DT_BOOL, c), a, b);
+	} else {
+		ap_lidx ra = ap_lidx_bcast(v, ix, node->inputs[0]);
+		ap_lidx rb = ap_lidx_bcast(v, ix, node->inputs[1]);
+		ap_kir_expr *a = ap_val(v, node->inputs[0], &ra);
+		ap_kir_expr *b = ap_val(v, node->inputs[1], &rb);
+
+		return ap_v_binary(v, node, a, b);
+	}
+}
+
+/* Transpose: output coordinate d is the input's coordinate perm[d]
+ * (reversed axes by default).  Fails the context on a bad perm. */
+static ap_kir_expr *transpose_value(ap_vctx *v, const ap_node *node, ap_lidx *ix)
+{
+	int x = node->inputs[0];
+	ap_lidx r = ap_lidx_shape(&v->g->tensors[x]);
+
+	for (int d = 0; d < ix->rank; d++) {
+		int64_t pd = ap_node_attr_at(node, "perm", d, ix->rank - 1 - d);
+
+		if (pd < 0 || pd >= r.rank)
+			return ap_v_fail(v, AP_EUNSUPPORTED, node, "bad perm");
+		r.c[pd] = ap_lidx_coord(v, ix, d);
+	}
+	return ap_val(v, x, &r);
+}
+
+/* Slice (starts and steps one per dim, as the importer writes them):
+ * input coordinate starts[d] + steps[d] * the output's. */
+static ap_kir_expr *slice_value(ap_vctx *v, const ap_node *node, ap_lidx *ix)
+{
+	ap_kir_kernel *k = v->k;
+	int x = node->inputs[0];
+	ap_lidx r = ap_lidx_shape(&v->g->tensors[x]);
+
+	for (int d = 0; d < r.rank; d++)
+		r.c[d] = ap_kir_addi(k, ap_kir_muli(k, ap_lidx_coord(v, ix, d),
+						    ap_node_attr_at(node, "steps", d, 1)),
+				     ap_node_attr_at(node, "starts", d, 0));
+	return ap_val(v, x, &r);
+}
+
+/* Tile: input coordinate the output's modulo the input's dim (where the
+ * dim is repeated). */
+static ap_kir_expr *tile_value(ap_vctx *v, const ap_node *node, ap_lidx *ix)
+{
+	ap_kir_kernel *k = v->k;
+	int x = node->inputs[0];
+	ap_lidx r = ap_lidx_shape(&v->g->tensors[x]);
+
+	for (int d = 0; d < r.rank; d++) {
+		ap_kir_expr *c = ap_lidx_coord(v, ix, d);
+
+		r.c[d] = r.dims[d] == ix->dims[d] ? c
+						  : ap_kir_binary(k, AP_KIR_REM, c, ap_kir_idx(k, r.dims[d]));
+	}
+	return ap_val(v, x, &r);
+}
+
+/* Split, output t: along `axis`, the input coordinate is the output's
+ * plus the sizes of the outputs before t. */
+static ap_kir_expr *split_value(ap_vctx *v, const ap_node *node, int t, ap_lidx *ix)
+{
+	const ap_graph *g = v->g;
+	int x = node->inputs[0];
+	int64_t axis = ap_node_int(node, "axis", 0), off = 0;
+	ap_lidx r = ap_lidx_shape(&g->tensors[x]);
+
+	for (int o = 0; o < node->n_outputs && node->outputs[o] != t; o++)
+		if (node->outputs[o] >= 0)
+			off += g->tensors[node->outputs[o]].dims[axis];
+	for (int d = 0; d < r.rank; d++)
+		r.c[d] = d == axis ? ap_kir_addi(v->k, ap_lidx_coord(v, ix, d), off)
+				   : ap_lidx_coord(v, ix, d);
+	return ap_val(v, x, &r);
+}
+
+/* The value of tensor t, made by node n of the micro-graph, at ix:
+ * elementwise and broadcast ops per element, reductions and the other
+ * loop ops through ap_v_loop_op (compute.c), movement ops as their
+ * input at the mapped index.  NULL (the context failed) for an op with
+ * no lowering. */
 static ap_kir_expr *op_value(ap_vctx *v, int n, int t, ap_lidx *ix)
 {
 	const ap_graph *g = v->g;
 	const ap_node *node = &g->nodes[n];
-	ap_kir_kernel *k = v->k;
 	ap_dtype out = g->tensors[t].dtype;
 
 	switch (ap_op_category_of(node->op)) {
@@ -566,28 +668,7 @@ static ap_kir_expr *op_value(ap_vctx *v, int n, int t, ap_lidx *ix)
 		return ap_v_unary(v, node, ap_val(v, node->inputs[0], &r), out);
 	}
 	case AP_CAT_BROADCAST:
-		if (node->op == AP_OP_EXPAND) {
-			ap_lidx r = ap_lidx_bcast(v, ix, node->inputs[0]);
-
-			return ap_val(v, node->inputs[0], &r);
-		}
-		if (node->op == AP_OP_WHERE) {
-			ap_lidx rc = ap_lidx_bcast(v, ix, node->inputs[0]);
-			ap_lidx ra = ap_lidx_bcast(v, ix, node->inputs[1]);
-			ap_lidx rb = ap_lidx_bcast(v, ix, node->inputs[2]);
-			ap_kir_expr *c = ap_val(v, node->inputs[0], &rc);
-			ap_kir_expr *a = ap_val(v, node->inputs[1], &ra);
-			ap_kir_expr *b = ap_val(v, node->inputs[2], &rb);
-
-			return ap_kir_select(k, ap_kir_cast(k, AP_DT_BOOL, c), a, b);
-		} else {
-			ap_lidx ra = ap_lidx_bcast(v, ix, node->inputs[0]);
-			ap_lidx rb = ap_lidx_bcast(v, ix, node->inputs[1]);
-			ap_kir_expr *a = ap_val(v, node->inputs[0], &ra);
-			ap_kir_expr *b = ap_val(v, node->inputs[1], &rb);
-
-			return ap_v_binary(v, node, a, b);
-		}
+		return broadcast_value(v, node, ix);
 	case AP_CAT_REDUCTION:
 		return ap_v_loop_op(v, node, t, ix);
 	default:
@@ -610,54 +691,14 @@ static ap_kir_expr *op_value(ap_vctx *v, int n, int t, ap_lidx *ix)
 		return gather_elements_value(v, node, t, ix);
 	case AP_OP_TRILU:
 		return trilu_value(v, node, t, ix);
-	case AP_OP_TRANSPOSE: {
-		int x = node->inputs[0];
-		ap_lidx r = ap_lidx_shape(&g->tensors[x]);
-
-		for (int d = 0; d < ix->rank; d++) {
-			int64_t pd = ap_node_attr_at(node, "perm", d, ix->rank - 1 - d);
-
-			if (pd < 0 || pd >= r.rank)
-				return ap_v_fail(v, AP_EUNSUPPORTED, node, "bad perm");
-			r.c[pd] = ap_lidx_coord(v, ix, d);
-		}
-		return ap_val(v, x, &r);
-	}
-	case AP_OP_SLICE: {
-		int x = node->inputs[0];
-		ap_lidx r = ap_lidx_shape(&g->tensors[x]);
-
-		for (int d = 0; d < r.rank; d++)
-			r.c[d] = ap_kir_addi(k, ap_kir_muli(k, ap_lidx_coord(v, ix, d),
-							    ap_node_attr_at(node, "steps", d, 1)),
-					     ap_node_attr_at(node, "starts", d, 0));
-		return ap_val(v, x, &r);
-	}
-	case AP_OP_TILE: {
-		int x = node->inputs[0];
-		ap_lidx r = ap_lidx_shape(&g->tensors[x]);
-
-		for (int d = 0; d < r.rank; d++) {
-			ap_kir_expr *c = ap_lidx_coord(v, ix, d);
-
-			r.c[d] = r.dims[d] == ix->dims[d] ? c
-							  : ap_kir_binary(k, AP_KIR_REM, c, ap_kir_idx(k, r.dims[d]));
-		}
-		return ap_val(v, x, &r);
-	}
-	case AP_OP_SPLIT: {
-		int x = node->inputs[0];
-		int64_t axis = ap_node_int(node, "axis", 0), off = 0;
-		ap_lidx r = ap_lidx_shape(&g->tensors[x]);
-
-		for (int o = 0; o < node->n_outputs && node->outputs[o] != t; o++)
-			if (node->outputs[o] >= 0)
-				off += g->tensors[node->outputs[o]].dims[axis];
-		for (int d = 0; d < r.rank; d++)
-			r.c[d] = d == axis ? ap_kir_addi(k, ap_lidx_coord(v, ix, d), off)
-					   : ap_lidx_coord(v, ix, d);
-		return ap_val(v, x, &r);
-	}
+	case AP_OP_TRANSPOSE:
+		return transpose_value(v, node, ix);
+	case AP_OP_SLICE:
+		return slice_value(v, node, ix);
+	case AP_OP_TILE:
+		return tile_value(v, node, ix);
+	case AP_OP_SPLIT:
+		return split_value(v, node, t, ix);
 	case AP_OP_CONCAT:
 		return concat_value(v, node, t, ix);
 	case AP_OP_GATHER:
