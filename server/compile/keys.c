@@ -1,7 +1,7 @@
 /* keys.c -- the compile job's cache keys (graph, kernel, ONNX
  * request) and its targets (compile.h).
  *
- * Cache keys hash inputs only (DESIGN.md): NVRTC output is not
+ * Cache keys hash inputs only (docs/design.md): NVRTC output is not
  * reproducible, so a key never depends on a compiled byte.  The stored
  * bundle has its kernel blobs replaced by their digests; blobs live once in
  * the content-addressed table, shared by every bundle and kernel key that

@@ -1,6 +1,6 @@
 /* layer1.c -- APOLLO's Layer I (MLSys 2022, section 4.1): polyhedral loop
  * fusion inside one micro-graph, with isl.  The only file of Apollo that
- * includes isl (STYLE.md).
+ * includes isl (docs/design.md, "Layout").
  *
  * What it fuses.  A window micro-graph (AP_GROUP_WINDOW: a MaxPool or
  * AveragePool with its producers and elementwise consumers) whose pooled
