@@ -40,6 +40,11 @@
  *
  * Errors name the ONNX node they concern (err->node) and say what was
  * wrong; no state outlives a call, so concurrent imports are independent.
+ *
+ * This file holds the entry point, the graph's inputs, initializers and
+ * outputs, the walk over the nodes and the dispatch from an ONNX op name to
+ * its importer; onnx_import_internal.h lists the other files (emit() is
+ * ap__onnx_emit in onnx_import_emit.c; the op families each have theirs).
  */
 #include "onnx_import_internal.h"
 #include "pb_budget.h"
@@ -221,11 +226,12 @@ static int import_node(imp *im, const Onnx__NodeProto *n)
 	return ap__onnx_fail(im, AP_EUNSUPPORTED, NULL, "op '%s' is not supported", op);
 }
 
-/* Registers a graph's initializers (undecoded) and imports its nodes. */
-static int import_nodes(imp *im, const Onnx__GraphProto *g)
+/* Registers a graph's initializers, undecoded (ival.lazy): a weight when
+ * floating-point and larger than AP_CONST_MAX_BYTES; one of rank > 8 is
+ * poisoned (an error only when used).  AP_ETOOLARGE for a negative or too
+ * large dimension, AP_ENOMEM. */
+static int import_initializers(imp *im, const Onnx__GraphProto *g)
 {
-	char made[NAME_CAP];
-
 	for (size_t i = 0; i < g->n_initializer; i++) {
 		const Onnx__TensorProto *tp = g->initializer[i];
 		const char *name = tp->name ? tp->name : "";
@@ -255,6 +261,18 @@ static int import_nodes(imp *im, const Onnx__GraphProto *g)
 		}
 		TRY(ap__onnx_bind(im, name, v));
 	}
+	return 0;
+}
+
+/* Registers a graph's initializers and imports its nodes in file order
+ * (the main graph, or the branch an If takes), naming each node for
+ * errors (its name, or "<op>_<counter>"); counts the nodes that add
+ * kernels (im->eager). */
+static int import_nodes(imp *im, const Onnx__GraphProto *g)
+{
+	char made[NAME_CAP];
+
+	TRY(import_initializers(im, g));
 	for (size_t i = 0; i < g->n_node; i++) {
 		const Onnx__NodeProto *n = g->node[i];
 		const char *op = n->op_type ? n->op_type : "";
@@ -303,6 +321,124 @@ static const ap_host_tensor *find_binding(const Onnx__GraphProto *g, const char 
 	return NULL;
 }
 
+/* The declared shape of a graph input (tt->shape) into sh: a symbolic
+ * dimension is -1 and needs a binding, whose shape must then match the
+ * declared dimensions.  AP_EUNSUPPORTED for rank > 8, AP_EINVAL for a
+ * symbolic dimension without a binding, AP_ESHAPE for a binding that does
+ * not match. */
+static int declared_shape(imp *im, const char *name, const Onnx__TypeProto__Tensor *tt,
+			  const ap_host_tensor *bind_t, ap_shape *sh)
+{
+	bool ok;
+
+	if (tt->shape->n_dim > AP_MAX_RANK)
+		return ap__onnx_fail(im, AP_EUNSUPPORTED, name, "graph input '%s' has rank %zu",
+				     name, tt->shape->n_dim);
+	sh->rank = (int)tt->shape->n_dim;
+	for (int d = 0; d < sh->rank; d++) {
+		const Onnx__TensorShapeProto__Dimension *dim = tt->shape->dim[d];
+
+		if (dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE) {
+			sh->dims[d] = dim->dim_value;
+		} else {
+			sh->dims[d] = -1;
+			if (!bind_t)
+				return ap__onnx_fail(im, AP_EINVAL, name,
+						     "graph input '%s' has symbolic dimension '%s' "
+						     "(dim %d) and no binding gives its size", name,
+						     dim->value_case ? dim->dim_param : "?", d);
+		}
+	}
+	if (!bind_t)
+		return 0;
+	ok = bind_t->rank == sh->rank;
+	for (int d = 0; ok && d < sh->rank; d++)
+		if (sh->dims[d] >= 0 && sh->dims[d] != bind_t->dims[d])
+			ok = false;
+	if (!ok)
+		return ap__onnx_fail(im, AP_ESHAPE, name, "the binding of graph input '%s' "
+				     "does not match its declared shape", name);
+	return 0;
+}
+
+/* The dtype and shape of graph input `name` (type tt, NULL when not a
+ * tensor; binding bind_t or NULL): the declared ones, the binding's where
+ * it gives them.  AP_EUNSUPPORTED (not a tensor, rank > 8), AP_ESHAPE (a
+ * binding of another dtype or shape), AP_EINVAL (no shape and no binding,
+ * a symbolic dimension without a binding, a negative dimension). */
+static int input_shape(imp *im, const char *name, const Onnx__TypeProto__Tensor *tt,
+		       const ap_host_tensor *bind_t, ap_shape *sh)
+{
+	if (!tt)
+		return ap__onnx_fail(im, AP_EUNSUPPORTED, name, "graph input '%s' is not a tensor",
+				     name);
+	memset(sh, 0, sizeof(*sh));
+	sh->dtype = tt->has_elem_type ? (ap_dtype)tt->elem_type : AP_DT_UNDEF;
+	if (bind_t && sh->dtype != AP_DT_UNDEF && bind_t->dtype != sh->dtype)
+		return ap__onnx_fail(im, AP_ESHAPE, name, "graph input '%s' is %s, its binding %s",
+				     name, ap_dtype_name(sh->dtype), ap_dtype_name(bind_t->dtype));
+	if (tt->shape)
+		TRY(declared_shape(im, name, tt, bind_t, sh));
+	else if (!bind_t)
+		return ap__onnx_fail(im, AP_EINVAL, name,
+				     "graph input '%s' has no shape and no binding", name);
+	if (bind_t) {
+		sh->rank = bind_t->rank;
+		memcpy(sh->dims, bind_t->dims, sizeof(sh->dims));
+		if (sh->dtype == AP_DT_UNDEF)
+			sh->dtype = bind_t->dtype;
+	}
+	for (int d = 0; d < sh->rank; d++)
+		if (sh->dims[d] < 0)
+			return ap__onnx_fail(im, AP_EINVAL, name,
+					     "graph input '%s' has dimension %lld", name,
+					     (long long)sh->dims[d]);
+	return 0;
+}
+
+/* What graph input v (its shape set; binding bind_t or NULL) is: a known
+ * value when it is an integer input given with data (a compile-time
+ * constant), else an INPUT tensor appended to the graph's inputs.
+ * AP_EUNSUPPORTED for a dtype graphs do not have, AP_ENOMEM. */
+static int input_value(imp *im, ival *v, const ap_host_tensor *bind_t)
+{
+	const ap_shape *sh = &v->sh;
+	char tn[NAME_CAP];
+	int t, *p;
+
+	if (bind_t && (bind_t->data || bind_t->nbytes == 0) && int_dtype(sh->dtype) &&
+	    bind_t->nbytes == (size_t)sh_numel(sh) * ap_dtype_size(sh->dtype)) {
+		/* an integer input given with data: a compile-time constant */
+		ap_host_tensor *c = ap__host_tensor_new(v->name, sh->dtype, sh->rank, sh->dims);
+
+		if (!c)
+			return ap__onnx_nomem(im);
+		if (c->nbytes)
+			memcpy(c->data, bind_t->data, c->nbytes);
+		v->data = c;
+		return 0;
+	}
+	if (!graph_dtype(sh->dtype))
+		return ap__onnx_fail(im, AP_EUNSUPPORTED, v->name, "graph input '%s' has dtype %s "
+				     "(float32, float64, int32, int64, bool supported)", v->name,
+				     ap_dtype_name(sh->dtype));
+	if (ap__onnx_uniq(im, &im->tnames, v->name, tn) < 0)
+		return AP_ENOMEM;
+	t = ap_graph_add_tensor(im->g, tn, sh->dtype, sh->rank, sh->dims, AP_TENSOR_INPUT, NULL, 0);
+	if (t < 0)
+		return ap__onnx_nomem(im);
+	p = realloc(im->g->inputs, (size_t)(im->g->n_inputs + 1) * sizeof(int));
+	if (!p)
+		return ap__onnx_nomem(im);
+	im->g->inputs = p;
+	im->g->inputs[im->g->n_inputs++] = t;
+	v->tensor = t;
+	return 0;
+}
+
+/* The graph inputs that are not initializers, each with its binding (by
+ * name, else by position among them; b[0..nb), entries may be NULL).
+ * Errors as input_shape and input_value. */
 static int import_inputs(imp *im, const Onnx__GraphProto *g, const ap_host_tensor *const *b,
 			 int nb)
 {
@@ -316,112 +452,60 @@ static int import_inputs(imp *im, const Onnx__GraphProto *g, const ap_host_tenso
 		const ap_host_tensor *bind_t;
 		ap_shape sh;
 		ival *v;
-		int t;
 
 		if (is_initializer(g, name))
 			continue;
 		bind_t = find_binding(g, name, pos, b, nb);
 		pos++;
 		im->node = NULL;
-		if (!tt)
-			return ap__onnx_fail(im, AP_EUNSUPPORTED, name,
-					     "graph input '%s' is not a tensor", name);
-		memset(&sh, 0, sizeof(sh));
-		sh.dtype = tt->has_elem_type ? (ap_dtype)tt->elem_type : AP_DT_UNDEF;
-		if (bind_t && sh.dtype != AP_DT_UNDEF && bind_t->dtype != sh.dtype)
-			return ap__onnx_fail(im, AP_ESHAPE, name,
-					     "graph input '%s' is %s, its binding %s", name,
-					     ap_dtype_name(sh.dtype), ap_dtype_name(bind_t->dtype));
-		if (tt->shape) {
-			if (tt->shape->n_dim > AP_MAX_RANK)
-				return ap__onnx_fail(im, AP_EUNSUPPORTED, name,
-						     "graph input '%s' has rank %zu", name,
-						     tt->shape->n_dim);
-			sh.rank = (int)tt->shape->n_dim;
-			for (int d = 0; d < sh.rank; d++) {
-				const Onnx__TensorShapeProto__Dimension *dim = tt->shape->dim[d];
-
-				if (dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE) {
-					sh.dims[d] = dim->dim_value;
-				} else {
-					sh.dims[d] = -1;
-					if (!bind_t)
-						return ap__onnx_fail(im, AP_EINVAL, name,
-								     "graph input '%s' has symbolic dimension '%s' "
-								     "(dim %d) and no binding gives its size",
-								     name,
-								     dim->value_case ? dim->dim_param : "?",
-								     d);
-				}
-			}
-			if (bind_t) {
-				bool ok = bind_t->rank == sh.rank;
-
-				for (int d = 0; ok && d < sh.rank; d++)
-					if (sh.dims[d] >= 0 && sh.dims[d] != bind_t->dims[d])
-						ok = false;
-				if (!ok)
-					return ap__onnx_fail(im, AP_ESHAPE, name,
-							     "the binding of graph input '%s' "
-							     "does not match its declared shape",
-							     name);
-			}
-		} else if (!bind_t) {
-			return ap__onnx_fail(im, AP_EINVAL, name,
-					     "graph input '%s' has no shape and no binding", name);
-		}
-		if (bind_t) {
-			sh.rank = bind_t->rank;
-			memcpy(sh.dims, bind_t->dims, sizeof(sh.dims));
-			if (sh.dtype == AP_DT_UNDEF)
-				sh.dtype = bind_t->dtype;
-		}
-		for (int d = 0; d < sh.rank; d++)
-			if (sh.dims[d] < 0)
-				return ap__onnx_fail(im, AP_EINVAL, name,
-						     "graph input '%s' has dimension %lld", name,
-						     (long long)sh.dims[d]);
+		TRY(input_shape(im, name, tt, bind_t, &sh));
 		v = ap__onnx_new_val(im, name);
 		if (!v)
 			return AP_ENOMEM;
 		v->sh = sh;
-		if (bind_t && (bind_t->data || bind_t->nbytes == 0) && int_dtype(sh.dtype) &&
-		    bind_t->nbytes == (size_t)sh_numel(&sh) * ap_dtype_size(sh.dtype)) {
-			/* an integer input given with data: a compile-time constant */
-			ap_host_tensor *c = ap__host_tensor_new(name, sh.dtype, sh.rank, sh.dims);
-
-			if (!c)
-				return ap__onnx_nomem(im);
-			if (c->nbytes)
-				memcpy(c->data, bind_t->data, c->nbytes);
-			v->data = c;
-		} else {
-			char tn[NAME_CAP];
-			int *p;
-
-			if (!graph_dtype(sh.dtype))
-				return ap__onnx_fail(im, AP_EUNSUPPORTED, name,
-						     "graph input '%s' has dtype %s "
-						     "(float32, float64, int32, int64, bool supported)",
-						     name, ap_dtype_name(sh.dtype));
-			if (ap__onnx_uniq(im, &im->tnames, name, tn) < 0)
-				return AP_ENOMEM;
-			t = ap_graph_add_tensor(im->g, tn, sh.dtype, sh.rank, sh.dims, AP_TENSOR_INPUT,
-						NULL, 0);
-			if (t < 0)
-				return ap__onnx_nomem(im);
-			p = realloc(im->g->inputs, (size_t)(im->g->n_inputs + 1) * sizeof(int));
-			if (!p)
-				return ap__onnx_nomem(im);
-			im->g->inputs = p;
-			im->g->inputs[im->g->n_inputs++] = t;
-			v->tensor = t;
-		}
+		TRY(input_value(im, v, bind_t));
 		TRY(ap__onnx_bind(im, name, v));
 	}
 	return 0;
 }
 
+/* A graph output that is an input, a constant or an output already: an
+ * Identity of v named `name` (a node forced when the Identity folds).
+ * The new tensor, or a negative AP_E*. */
+static int copy_output(imp *im, ival *v, const char *name)
+{
+	ival *y;
+	char nm[NAME_CAP];
+
+	snprintf(nm, sizeof(nm), "%s_output", name);
+	im->node = nm;
+	if (ap__onnx_emit1(im, AP_OP_IDENTITY, NULL, 1, &v, name, NULL, &y) < 0)
+		return im->err ? im->err->code : AP_EINVAL;
+	im->node = NULL;
+	if (y->tensor < 0) {
+		/* Identity of a constant folded: force a node */
+		int in = ap__onnx_materialise(im, v), out;
+
+		if (in < 0)
+			return in;
+		if (ap__onnx_uniq(im, &im->tnames, name, nm) < 0)
+			return AP_ENOMEM;
+		out = ap_graph_add_tensor(im->g, nm, v->sh.dtype, v->sh.rank, v->sh.dims,
+					  AP_TENSOR_VALUE, NULL, 0);
+		if (out < 0)
+			return ap__onnx_nomem(im);
+		snprintf(nm, sizeof(nm), "%s_output", name);
+		if (ap__onnx_emit_node(im, nm, AP_OP_IDENTITY, NULL, 0, 1, &in, 1, &out) < 0)
+			return AP_ENOMEM;
+		y->tensor = out;
+	}
+	return y->tensor;
+}
+
+/* Marks every graph output's tensor is_output and lists it in g->outputs:
+ * a VALUE tensor produced by a node, named as the model names it when
+ * that name is free (copy_output otherwise).  AP_EINVAL for an output no
+ * node produces, AP_EUNSUPPORTED for a poisoned one, AP_ENOMEM. */
 static int import_outputs(imp *im, const Onnx__GraphProto *g)
 {
 	im->node = NULL;
@@ -441,33 +525,9 @@ static int import_outputs(imp *im, const Onnx__GraphProto *g)
 		t = v->tensor;
 		if (t < 0 || im->g->tensors[t].kind != AP_TENSOR_VALUE || im->g->tensors[t].is_output) {
 			/* an input, constant or repeated output: copy it */
-			ival *y;
-			char nm[NAME_CAP];
-
-			snprintf(nm, sizeof(nm), "%s_output", name);
-			im->node = nm;
-			if (ap__onnx_emit1(im, AP_OP_IDENTITY, NULL, 1, &v, name, NULL, &y) < 0)
-				return im->err ? im->err->code : AP_EINVAL;
-			im->node = NULL;
-			if (y->tensor < 0) {
-				/* Identity of a constant folded: force a node */
-				int in = ap__onnx_materialise(im, v), out;
-
-				if (in < 0)
-					return in;
-				if (ap__onnx_uniq(im, &im->tnames, name, nm) < 0)
-					return AP_ENOMEM;
-				out = ap_graph_add_tensor(im->g, nm, v->sh.dtype, v->sh.rank, v->sh.dims,
-							  AP_TENSOR_VALUE, NULL, 0);
-				if (out < 0)
-					return ap__onnx_nomem(im);
-				snprintf(nm, sizeof(nm), "%s_output", name);
-				if (ap__onnx_emit_node(im, nm, AP_OP_IDENTITY, NULL, 0, 1, &in, 1,
-						       &out) < 0)
-					return AP_ENOMEM;
-				y->tensor = out;
-			}
-			t = y->tensor;
+			t = copy_output(im, v, name);
+			if (t < 0)
+				return t;
 		} else if (strcmp(im->g->tensors[t].name, name) != 0 &&
 			   !ap__onnx_ss_has(&im->tnames, name)) {
 			/* name the output tensor as the model does */
@@ -490,32 +550,27 @@ static int import_outputs(imp *im, const Onnx__GraphProto *g)
 	return 0;
 }
 
-__ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
-				   const ap_host_tensor *const *bindings, int n_bindings,
-				   __ap_give ap_params **params, ap_error *err)
+/* ---- the entry point ---------------------------------------------------------- */
+
+/* Decodes buf[0..len) as an onnx.ModelProto within MODEL_DECODE_RATIO
+ * times its size (plus MODEL_DECODE_FLOOR); when shape_only, only its
+ * structure (ap_onnx_skeleton: the large weights' bytes dropped).  NULL
+ * with err set: AP_ENOMEM, AP_ETOOLARGE (over the budget), AP_EMESSAGE
+ * (not a ModelProto), or ap_onnx_skeleton's errors. */
+static Onnx__ModelProto *decode_model(const uint8_t *buf, size_t len, bool shape_only,
+				      ap_error *err)
 {
 	Onnx__ModelProto *m;
 	ap_pb_budget budget;
-	imp im;
-	ap_error local;
 	uint8_t *skeleton = NULL;
-	int rc;
 
-	if (params)
-		*params = NULL;
-	if (!err)
-		err = &local;
-	ap_error_clear(err);
-	memset(&im, 0, sizeof(im));
-	im.err = err;
-	if (!params) {   /* structure only: the weights' bytes are never read */
+	if (shape_only) {   /* structure only: the weights' bytes are never read */
 		size_t n = 0;
 
 		if (ap_onnx_skeleton(buf, len, &skeleton, &n, err))
 			return NULL;
 		buf = skeleton;
 		len = n;
-		im.shape_only = true;
 	}
 	ap_pb_budget_init(&budget, ap_pb_decode_limit(len, MODEL_DECODE_RATIO, MODEL_DECODE_FLOOR));
 	m = onnx__model_proto__unpack(&budget.allocator, len, buf);
@@ -535,15 +590,47 @@ __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
 			     "%zu bytes do not decode as an ONNX ModelProto", len);
 		return NULL;
 	}
-	im.opset = -1;
+	return m;
+}
+
+/* The default-domain ("" or "ai.onnx") opset m imports (the last listed),
+ * 1 for a model of IR < 3 without opset_import, -1 when none. */
+static int64_t model_opset(const Onnx__ModelProto *m)
+{
+	int64_t opset = -1;
+
 	for (size_t i = 0; i < m->n_opset_import; i++) {
 		const Onnx__OperatorSetIdProto *o = m->opset_import[i];
 
 		if (!o->domain || !o->domain[0] || strcmp(o->domain, "ai.onnx") == 0)
-			im.opset = o->has_version ? o->version : 1;
+			opset = o->has_version ? o->version : 1;
 	}
 	if (m->n_opset_import == 0 && m->ir_version < 3)
-		im.opset = 1;
+		opset = 1;
+	return opset;
+}
+
+__ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
+				   const ap_host_tensor *const *bindings, int n_bindings,
+				   __ap_give ap_params **params, ap_error *err)
+{
+	Onnx__ModelProto *m;
+	imp im;
+	ap_error local;
+	int rc;
+
+	if (params)
+		*params = NULL;
+	if (!err)
+		err = &local;
+	ap_error_clear(err);
+	memset(&im, 0, sizeof(im));
+	im.err = err;
+	im.shape_only = !params;
+	m = decode_model(buf, len, im.shape_only, err);
+	if (!m)
+		return NULL;
+	im.opset = model_opset(m);
 	if (!m->graph) {
 		ap_error_set(err, AP_EMESSAGE, NULL, NULL, "the model has no graph");
 		goto fail;

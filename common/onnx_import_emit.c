@@ -51,8 +51,74 @@ static int add_param(imp *im, ap_host_tensor *t)
 	return 0;
 }
 
-/* The graph tensor of v, creating it (CONST, PARAM or Expand of a fill)
- * on first use. */
+/* A known value v of `bytes` bytes as a graph tensor: a CONST holding its
+ * data up to AP_CONST_MAX_BYTES, else a PARAM whose data moves to the
+ * parameter store.  The tensor, or errors decoding v, AP_ENOMEM. */
+static int materialise_known(imp *im, ival *v, int64_t bytes)
+{
+	const ap_host_tensor *d = ap__onnx_val_data(im, v);
+	char name[NAME_CAP];
+	int t;
+
+	if (!d)
+		return im->err ? im->err->code : AP_EINVAL;
+	if (ap__onnx_uniq(im, &im->tnames, v->name, name) < 0)
+		return AP_ENOMEM;
+	if (bytes >= 0 && bytes <= AP_CONST_MAX_BYTES) {
+		t = ap_graph_add_tensor(im->g, name, d->dtype, d->rank, d->dims, AP_TENSOR_CONST,
+					d->data, d->nbytes);
+	} else {
+		ap_host_tensor *p = v->data;
+		char *pn = ap_strdup(name);
+
+		if (!pn)
+			return ap__onnx_nomem(im);
+		free(p->name);
+		p->name = pn;
+		t = ap_graph_add_tensor(im->g, name, p->dtype, p->rank, p->dims, AP_TENSOR_PARAM,
+					NULL, 0);
+		if (t >= 0) {
+			if (add_param(im, p) < 0)
+				return AP_ENOMEM;
+			v->data = NULL;
+		}
+	}
+	if (t < 0)
+		return ap__onnx_nomem(im);
+	v->tensor = t;
+	return t;
+}
+
+/* A fill v (every element one value) as a graph tensor: an Expand of a
+ * scalar CONST to v's shape.  The tensor, or AP_ENOMEM. */
+static int materialise_fill(imp *im, ival *v)
+{
+	ival *s = ap__onnx_scalar_val(im, v->name, v->sh.dtype, v->fill_f, v->fill_i);
+	char name[NAME_CAP];
+	int st, out;
+
+	if (!s)
+		return AP_ENOMEM;
+	st = ap__onnx_materialise(im, s);
+	if (st < 0)
+		return st;
+	if (ap__onnx_uniq(im, &im->tnames, v->name, name) < 0)
+		return AP_ENOMEM;
+	out = ap_graph_add_tensor(im->g, name, v->sh.dtype, v->sh.rank, v->sh.dims,
+				  AP_TENSOR_VALUE, NULL, 0);
+	if (out < 0)
+		return ap__onnx_nomem(im);
+	if (ap__onnx_emit_node(im, v->name, AP_OP_EXPAND, NULL, 0, 1, &st, 1, &out) < 0)
+		return AP_ENOMEM;
+	v->tensor = out;
+	return out;
+}
+
+/* The graph tensor of v, creating it on first use: a weight of a
+ * structure-only import becomes a PARAM from its dims and dtype, a known
+ * value a CONST or PARAM (materialise_known), a fill an Expand
+ * (materialise_fill).  AP_EUNSUPPORTED for a poisoned value or a dtype
+ * graphs do not have. */
 int ap__onnx_materialise(imp *im, ival *v)
 {
 	char name[NAME_CAP];
@@ -82,57 +148,10 @@ int ap__onnx_materialise(imp *im, ival *v)
 		v->tensor = t;
 		return t;
 	}
-	if (known(v)) {
-		const ap_host_tensor *d = ap__onnx_val_data(im, v);
-
-		if (!d)
-			return im->err ? im->err->code : AP_EINVAL;
-		if (ap__onnx_uniq(im, &im->tnames, v->name, name) < 0)
-			return AP_ENOMEM;
-		if (bytes >= 0 && bytes <= AP_CONST_MAX_BYTES) {
-			t = ap_graph_add_tensor(im->g, name, d->dtype, d->rank, d->dims,
-						AP_TENSOR_CONST, d->data, d->nbytes);
-		} else {
-			ap_host_tensor *p = v->data;
-			char *pn = ap_strdup(name);
-
-			if (!pn)
-				return ap__onnx_nomem(im);
-			free(p->name);
-			p->name = pn;
-			t = ap_graph_add_tensor(im->g, name, p->dtype, p->rank, p->dims,
-						AP_TENSOR_PARAM, NULL, 0);
-			if (t >= 0) {
-				if (add_param(im, p) < 0)
-					return AP_ENOMEM;
-				v->data = NULL;
-			}
-		}
-		if (t < 0)
-			return ap__onnx_nomem(im);
-		v->tensor = t;
-		return t;
-	}
-	if (v->fill) {
-		ival *s = ap__onnx_scalar_val(im, v->name, v->sh.dtype, v->fill_f, v->fill_i);
-		int st, out;
-
-		if (!s)
-			return AP_ENOMEM;
-		st = ap__onnx_materialise(im, s);
-		if (st < 0)
-			return st;
-		if (ap__onnx_uniq(im, &im->tnames, v->name, name) < 0)
-			return AP_ENOMEM;
-		out = ap_graph_add_tensor(im->g, name, v->sh.dtype, v->sh.rank, v->sh.dims,
-					  AP_TENSOR_VALUE, NULL, 0);
-		if (out < 0)
-			return ap__onnx_nomem(im);
-		if (ap__onnx_emit_node(im, v->name, AP_OP_EXPAND, NULL, 0, 1, &st, 1, &out) < 0)
-			return AP_ENOMEM;
-		v->tensor = out;
-		return out;
-	}
+	if (known(v))
+		return materialise_known(im, v, bytes);
+	if (v->fill)
+		return materialise_fill(im, v);
 	return ap__onnx_fail(im, AP_EINTERNAL, v->name,
 			     "value '%s' has neither data nor a producer", v->name);
 }
@@ -247,11 +266,133 @@ static const ap_host_tensor *fold_input(imp *im, ival *v, ap_host_tensor **tmp)
 	return *tmp;
 }
 
-/* Lowers one normalised node.  ins[i] may be NULL (optional input left
- * out); out_names[k] NULL or "" = output not produced.  given: output
- * shapes of the ops whose output shape is not inferred (ap__op_shape_given).
- * outs[k] receives the new values.  Folds the node when every input is a
- * small known constant and every output is small. */
+/* Whether a node may be folded, its output shapes inferred (out_sh):
+ * every input known and readable (or a fill of at most FOLD_MAX_BYTES)
+ * and not a weight, every output named and of at most FOLD_MAX_BYTES, and
+ * the work within FOLD_MAX_WORK. */
+static bool foldable(const imp *im, ap_op op, const abuf *A, int n_in, ival *const *ins,
+		     int n_out, const char *const *out_names, const ap_shape *out_sh)
+{
+	for (int i = 0; i < n_in; i++) {
+		const ival *v = ins[i];
+
+		if (v && ((!readable(im, v) &&
+			   !(v->fill && sh_bytes(&v->sh) >= 0 && sh_bytes(&v->sh) <= FOLD_MAX_BYTES)) ||
+			  v->weight))
+			return false;
+	}
+	for (int k = 0; k < n_out; k++) {
+		int64_t b = sh_bytes(&out_sh[k]);
+
+		if (!out_names[k] || !out_names[k][0] || b < 0 || b > FOLD_MAX_BYTES)
+			return false;
+	}
+	return fold_work(op, A, n_in, ins, n_out, out_sh) <= FOLD_MAX_WORK;
+}
+
+/* Evaluates node nd on the data of its known inputs ins (ap__op_eval,
+ * onnx_fold.c) into outputs of the inferred shapes out_sh: outs[k] become
+ * known values.  0, or an error decoding an input, AP_ENOMEM, or the
+ * evaluator's error; when that is AP_EUNSUPPORTED (a dtype or op it does
+ * not handle) the error is cleared and *fallback set: the caller adds the
+ * node instead. */
+static int emit_fold(imp *im, const ap_node *nd, int n_in, ival *const *ins, int n_out,
+		     const char *const *out_names, const ap_shape *out_sh, ival **outs,
+		     bool *fallback)
+{
+	const ap_host_tensor *in_d[64];
+	ap_host_tensor *out_d[64], *tmp[64];
+	int rc = 0;
+
+	memset(tmp, 0, sizeof(tmp));
+	for (int i = 0; i < n_in && rc == 0; i++) {
+		in_d[i] = ins[i] ? fold_input(im, ins[i], &tmp[i]) : NULL;
+		if (ins[i] && !in_d[i])
+			rc = im->err && im->err->code ? im->err->code : AP_EINVAL;
+	}
+	if (rc) {
+		for (int i = 0; i < n_in; i++)
+			ap_host_tensor_free(tmp[i]);
+		return rc;
+	}
+	memset(out_d, 0, sizeof(out_d));
+	for (int k = 0; k < n_out; k++) {
+		out_d[k] = ap__host_tensor_new(out_names[k], out_sh[k].dtype, out_sh[k].rank,
+					       out_sh[k].dims);
+		if (!out_d[k])
+			rc = ap__onnx_nomem(im);
+	}
+	if (rc == 0)
+		rc = ap__op_eval(nd, in_d, n_in, out_d, n_out, im->err);
+	if (rc == 0) {
+		for (int k = 0; k < n_out; k++) {
+			outs[k] = ap__onnx_const_val(im, out_names[k], out_d[k]);
+			out_d[k] = NULL;
+			if (!outs[k])
+				rc = AP_ENOMEM;
+		}
+	}
+	for (int k = 0; k < n_out; k++)
+		ap_host_tensor_free(out_d[k]);
+	for (int i = 0; i < n_in; i++)
+		ap_host_tensor_free(tmp[i]);
+	if (rc == AP_EUNSUPPORTED) {
+		ap_error_clear(im->err);
+		*fallback = true;
+	}
+	return rc;
+}
+
+/* Adds node nd to the graph: its inputs ins materialised, each named
+ * output a new VALUE tensor of the inferred shape out_sh[k] (outs[k]).
+ * AP_EUNSUPPORTED for an output of a dtype graphs do not have; the errors
+ * of ap__onnx_materialise; AP_ENOMEM. */
+static int emit_add(imp *im, const ap_node *nd, int n_in, ival *const *ins, int n_out,
+		    const char *const *out_names, const ap_shape *out_sh, ival **outs)
+{
+	int tin[64], tout[64], rc;
+	char name[NAME_CAP];
+
+	for (int k = 0; k < n_out; k++)
+		if (out_names[k] && out_names[k][0] && !graph_dtype(out_sh[k].dtype))
+			return ap__onnx_fail(im, AP_EUNSUPPORTED, out_names[k],
+					     "%s output '%s' would have dtype %s "
+					     "(float32, float64, int32, int64, bool supported)",
+					     ap_op_name(nd->op), out_names[k],
+					     ap_dtype_name(out_sh[k].dtype));
+	for (int i = 0; i < n_in; i++) {
+		tin[i] = ins[i] ? ap__onnx_materialise(im, ins[i]) : -1;
+		if (tin[i] < -1 || (ins[i] && tin[i] < 0))
+			return tin[i];
+	}
+	for (int k = 0; k < n_out; k++) {
+		tout[k] = -1;
+		if (!out_names[k] || !out_names[k][0])
+			continue;
+		if (ap__onnx_uniq(im, &im->tnames, out_names[k], name) < 0)
+			return AP_ENOMEM;
+		tout[k] = ap_graph_add_tensor(im->g, name, out_sh[k].dtype, out_sh[k].rank,
+					      out_sh[k].dims, AP_TENSOR_VALUE, NULL, 0);
+		if (tout[k] < 0)
+			return ap__onnx_nomem(im);
+		outs[k] = ap__onnx_new_val(im, out_names[k]);
+		if (!outs[k])
+			return AP_ENOMEM;
+		outs[k]->sh = out_sh[k];
+		outs[k]->tensor = tout[k];
+	}
+	rc = ap__onnx_emit_node(im, im->node, nd->op, nd->attrs, nd->n_attrs, n_in, tin, n_out,
+				tout);
+	if (rc < 0)
+		return rc;
+	im->n_emitted++;
+	return 0;
+}
+
+/* Lowers one normalised node: the node, its output shapes (ap__op_infer:
+ * AP_ESHAPE, AP_EINVAL, AP_EUNSUPPORTED), then emit_fold when foldable,
+ * emit_add when not or when the evaluator does not handle it.  AP_EUNSUPPORTED for
+ * a poisoned input or more than 64 inputs or outputs. */
 int ap__onnx_emit(imp *im, ap_op op, abuf *A, int n_in, ival *const *ins, int n_out,
 		  const char *const *out_names, const ap_shape *given, ival **outs)
 {
@@ -259,7 +400,6 @@ int ap__onnx_emit(imp *im, ap_op op, abuf *A, int n_in, ival *const *ins, int n_
 	const ap_shape *in_sh[64];
 	const char *in_names[64];
 	ap_shape out_sh[64];
-	bool fold = true;
 	int rc;
 
 	if (n_in > 64 || n_out > 64)
@@ -278,109 +418,25 @@ int ap__onnx_emit(imp *im, ap_op op, abuf *A, int n_in, ival *const *ins, int n_
 			return ap__onnx_fail(im, AP_EUNSUPPORTED, ins[i]->name,
 					     "'%s' (%s of node '%s') is not supported",
 					     ins[i]->name, ins[i]->poison, ins[i]->poison_node);
-		if (ins[i] && ((!readable(im, ins[i]) &&
-		     !(ins[i]->fill && sh_bytes(&ins[i]->sh) >= 0 && sh_bytes(&ins[i]->sh) <= FOLD_MAX_BYTES)) ||
-		    ins[i]->weight))
-			fold = false;
 	}
 	for (int k = 0; k < n_out; k++) {
 		if (given)
 			out_sh[k] = given[k];
 		else
 			memset(&out_sh[k], 0, sizeof(out_sh[k]));
-		if (!out_names[k] || !out_names[k][0])
-			fold = false;
 		outs[k] = NULL;
 	}
 	rc = ap__op_infer(&nd, in_sh, n_in, out_sh, n_out, in_names, im->err);
 	if (rc < 0)
 		return rc;
-	for (int k = 0; k < n_out && fold; k++) {
-		int64_t b = sh_bytes(&out_sh[k]);
+	if (foldable(im, op, A, n_in, ins, n_out, out_names, out_sh)) {
+		bool fallback = false;
 
-		if (b < 0 || b > FOLD_MAX_BYTES)
-			fold = false;
-	}
-	if (fold && fold_work(op, A, n_in, ins, n_out, out_sh) > FOLD_MAX_WORK)
-		fold = false;
-	if (fold) {
-		const ap_host_tensor *in_d[64];
-		ap_host_tensor *out_d[64], *tmp[64];
-
-		memset(tmp, 0, sizeof(tmp));
-		for (int i = 0; i < n_in && rc == 0; i++) {
-			in_d[i] = ins[i] ? fold_input(im, ins[i], &tmp[i]) : NULL;
-			if (ins[i] && !in_d[i])
-				rc = im->err && im->err->code ? im->err->code : AP_EINVAL;
-		}
-		if (rc) {
-			for (int i = 0; i < n_in; i++)
-				ap_host_tensor_free(tmp[i]);
+		rc = emit_fold(im, &nd, n_in, ins, n_out, out_names, out_sh, outs, &fallback);
+		if (!fallback)
 			return rc;
-		}
-		memset(out_d, 0, sizeof(out_d));
-		for (int k = 0; k < n_out; k++) {
-			out_d[k] = ap__host_tensor_new(out_names[k], out_sh[k].dtype, out_sh[k].rank,
-						       out_sh[k].dims);
-			if (!out_d[k])
-				rc = ap__onnx_nomem(im);
-		}
-		if (rc == 0)
-			rc = ap__op_eval(&nd, in_d, n_in, out_d, n_out, im->err);
-		if (rc == 0) {
-			for (int k = 0; k < n_out; k++) {
-				outs[k] = ap__onnx_const_val(im, out_names[k], out_d[k]);
-				out_d[k] = NULL;
-				if (!outs[k])
-					rc = AP_ENOMEM;
-			}
-		}
-		for (int k = 0; k < n_out; k++)
-			ap_host_tensor_free(out_d[k]);
-		for (int i = 0; i < n_in; i++)
-			ap_host_tensor_free(tmp[i]);
-		if (rc != AP_EUNSUPPORTED)
-			return rc;
-		ap_error_clear(im->err);
 	}
-	{
-		int tin[64], tout[64];
-		char name[NAME_CAP];
-
-		for (int k = 0; k < n_out; k++)
-			if (out_names[k] && out_names[k][0] && !graph_dtype(out_sh[k].dtype))
-				return ap__onnx_fail(im, AP_EUNSUPPORTED, out_names[k],
-						     "%s output '%s' would have dtype %s (float32, float64, int32, int64, bool supported)",
-						     ap_op_name(op), out_names[k],
-						     ap_dtype_name(out_sh[k].dtype));
-		for (int i = 0; i < n_in; i++) {
-			tin[i] = ins[i] ? ap__onnx_materialise(im, ins[i]) : -1;
-			if (tin[i] < -1 || (ins[i] && tin[i] < 0))
-				return tin[i];
-		}
-		for (int k = 0; k < n_out; k++) {
-			tout[k] = -1;
-			if (!out_names[k] || !out_names[k][0])
-				continue;
-			if (ap__onnx_uniq(im, &im->tnames, out_names[k], name) < 0)
-				return AP_ENOMEM;
-			tout[k] = ap_graph_add_tensor(im->g, name, out_sh[k].dtype, out_sh[k].rank,
-						      out_sh[k].dims, AP_TENSOR_VALUE, NULL, 0);
-			if (tout[k] < 0)
-				return ap__onnx_nomem(im);
-			outs[k] = ap__onnx_new_val(im, out_names[k]);
-			if (!outs[k])
-				return AP_ENOMEM;
-			outs[k]->sh = out_sh[k];
-			outs[k]->tensor = tout[k];
-		}
-		rc = ap__onnx_emit_node(im, im->node, op, nd.attrs, nd.n_attrs, n_in, tin, n_out,
-					tout);
-		if (rc < 0)
-			return rc;
-		im->n_emitted++;
-	}
-	return 0;
+	return emit_add(im, &nd, n_in, ins, n_out, out_names, out_sh, outs);
 }
 
 int ap__onnx_emit1(imp *im, ap_op op, abuf *A, int n_in, ival *const *ins, const char *out_name,

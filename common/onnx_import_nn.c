@@ -200,6 +200,63 @@ static int window(imp *im, const Onnx__NodeProto *n, const ap_shape *x, const in
 	return 0;
 }
 
+/* ConvTranspose's output_padding into opad and, when output_shape is
+ * given (or auto_pad is SAME_*: in * stride), the pads that give that
+ * shape (ONNX ConvTranspose: total padding = stride * (in - 1) +
+ * output_padding + (kernel - 1) * dilation + 1 - out, split as auto_pad
+ * says; a negative total becomes extra output_padding).  x is the input,
+ * k its spatial rank.  AP_EINVAL for an output_shape of a bad length;
+ * errors as ap__onnx_aints. */
+static int conv_transpose_pads(imp *im, const Onnx__NodeProto *n, const ap_shape *x,
+			       const int64_t *kernel, int k, const int64_t *strides, int64_t *pads,
+			       const int64_t *dil, int64_t *opad)
+{
+	int64_t oshape[AP_MAX_RANK + 2];
+	char buf[32];
+	const char *ap = ap__onnx_astr(n, "auto_pad", "NOTSET", buf, sizeof(buf));
+	bool have_out;
+	int cnt;
+
+	for (int i = 0; i < k; i++)
+		opad[i] = 0;
+	TRY(ap__onnx_aints(im, n, "output_padding", opad, k, &cnt));
+	TRY(ap__onnx_aints(im, n, "output_shape", oshape, k + 2, &cnt));
+	have_out = cnt > 0;
+	if (have_out && cnt == k + 2)
+		memmove(oshape, oshape + 2, (size_t)k * sizeof(int64_t));
+	else if (have_out && cnt != k)
+		return ap__onnx_fail(im, AP_EINVAL, NULL,
+				     "ConvTranspose: output_shape has %d values", cnt);
+	if (!have_out && (strcmp(ap, "SAME_UPPER") == 0 || strcmp(ap, "SAME_LOWER") == 0)) {
+		for (int i = 0; i < k; i++)
+			oshape[i] = x->dims[2 + i] * strides[i];
+		have_out = true;
+	}
+	if (!have_out)
+		return 0;
+	for (int i = 0; i < k; i++) {
+		int64_t total = strides[i] * (x->dims[2 + i] - 1) + opad[i] +
+				(kernel[i] - 1) * dil[i] + 1 - oshape[i];
+
+		if (total < 0) {
+			opad[i] -= total;
+			total = 0;
+		}
+		if (strcmp(ap, "SAME_UPPER") == 0) {
+			pads[i] = total / 2;
+			pads[k + i] = total - total / 2;
+		} else {
+			pads[i] = total - total / 2;
+			pads[k + i] = total / 2;
+		}
+	}
+	return 0;
+}
+
+/* Conv and ConvTranspose: X, W and the optional bias; kernel_shape must be
+ * W's; the window (window) and, for ConvTranspose, the output padding
+ * (conv_transpose_pads) resolved to explicit attributes.  AP_ESHAPE when X
+ * and W do not fit. */
 int ap__onnx_imp_conv(imp *im, const Onnx__NodeProto *n, bool transpose)
 {
 	ival *in[3], *y;
@@ -226,44 +283,7 @@ int ap__onnx_imp_conv(imp *im, const Onnx__NodeProto *n, bool transpose)
 					     n->op_type);
 	TRY(window(im, n, &in[0]->sh, kernel, k, strides, pads, dil));
 	if (transpose) {
-		int64_t oshape[AP_MAX_RANK + 2];
-		char buf[32];
-		const char *ap = ap__onnx_astr(n, "auto_pad", "NOTSET", buf, sizeof(buf));
-		bool have_out;
-
-		for (int i = 0; i < k; i++)
-			opad[i] = 0;
-		TRY(ap__onnx_aints(im, n, "output_padding", opad, k, &cnt));
-		TRY(ap__onnx_aints(im, n, "output_shape", oshape, k + 2, &cnt));
-		have_out = cnt > 0;
-		if (have_out && cnt == k + 2)
-			memmove(oshape, oshape + 2, (size_t)k * sizeof(int64_t));
-		else if (have_out && cnt != k)
-			return ap__onnx_fail(im, AP_EINVAL, NULL,
-					     "ConvTranspose: output_shape has %d values", cnt);
-		if (!have_out && (strcmp(ap, "SAME_UPPER") == 0 || strcmp(ap, "SAME_LOWER") == 0)) {
-			for (int i = 0; i < k; i++)
-				oshape[i] = in[0]->sh.dims[2 + i] * strides[i];
-			have_out = true;
-		}
-		if (have_out) {
-			for (int i = 0; i < k; i++) {
-				int64_t total = strides[i] * (in[0]->sh.dims[2 + i] - 1) + opad[i] +
-						(kernel[i] - 1) * dil[i] + 1 - oshape[i];
-
-				if (total < 0) {
-					opad[i] -= total;
-					total = 0;
-				}
-				if (strcmp(ap, "SAME_UPPER") == 0) {
-					pads[i] = total / 2;
-					pads[k + i] = total - total / 2;
-				} else {
-					pads[i] = total - total / 2;
-					pads[k + i] = total / 2;
-				}
-			}
-		}
+		TRY(conv_transpose_pads(im, n, &in[0]->sh, kernel, k, strides, pads, dil, opad));
 		ab_ints(&A, "output_padding", opad, k);
 	}
 	ab_int(&A, "group", ap__onnx_aint(n, "group", 1));
