@@ -111,11 +111,15 @@ static int ein_sum_out(imp *im, ival **x, ein_op *o, const bool *keep, const cha
 
 /* Reads n's equation into eq (at most 255 bytes) and, without spaces, into
  * cleaned; *arrow and *comma point into cleaned ("->" and ',', NULL when
- * absent).  AP_EINVAL when the equation's operand count is not n_ops. */
+ * absent).  AP_EINVAL when the attribute is missing or the equation's
+ * operand count is not n_ops. */
 static int ein_equation(imp *im, const Onnx__NodeProto *n, int n_ops, char *eq, char *cleaned,
 			const char **arrow, const char **comma)
 {
-	ap__onnx_astr(n, "equation", "", eq, 256);
+	*arrow = *comma = NULL;
+	/* a missing equation leaves eq unwritten: refused, never read */
+	if (ap__onnx_astr(n, "equation", NULL, eq, 256) == NULL)
+		return ap__onnx_fail(im, AP_EINVAL, NULL, "Einsum: no 'equation' attribute");
 	for (size_t i = 0, j = 0; i <= strlen(eq); i++)
 		if (eq[i] != ' ')
 			cleaned[j++] = eq[i];

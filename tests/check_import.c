@@ -1,4 +1,4 @@
-/* check_import.c -- the ONNX importer (common/onnx_import.c).
+/* check_import.c -- the ONNX importer (common/onnx_import*.c).
  *
  * 1. Every test folder under ../shared/testdata (or $APOLLO_TESTDATA) is
  *    imported with the bindings of its test_data_set_0/input_*.pb, and each
@@ -989,6 +989,19 @@ START_TEST(errors_name_the_node)
 	ck_assert_ptr_null(g);
 	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
 	ck_assert_str_eq(err.node, "branchy");
+	mb_free(&b);
+
+	/* an Einsum without its equation: refused, the node named (it was read
+	 * from an unwritten buffer once) */
+	mb_init(&b, 13);
+	mb_input(&b, "x", 1, 2, d);
+	mb_node(&b, "Einsum", "x", "y", "no_equation");
+	mb_output(&b, "y");
+	g = mb_import(&b, NULL, 0, NULL, &err);
+	ck_assert_ptr_null(g);
+	ck_assert_int_eq(err.code, AP_EINVAL);
+	ck_assert_str_eq(err.node, "no_equation");
+	ck_assert_ptr_nonnull(strstr(err.msg, "no 'equation' attribute"));
 	mb_free(&b);
 
 	/* bytes that are not a model */
