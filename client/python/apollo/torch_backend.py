@@ -51,8 +51,9 @@ default):
 A wrong configuration -- an unknown option, target (by its form, or one
 the daemon does not list) or fusion level, a value of the wrong kind, in
 options or in the environment -- raises apollo.ConfigError (an
-ApolloError, code EINVAL) at the compiled model's first call, when a
-backend first sees its options; it never falls back to eager PyTorch.
+ApolloError, code EINVAL); it never falls back to eager PyTorch.  What
+needs no daemon raises from torch.compile itself (_options_at_compile); a
+target the daemon does not list, at the compiled model's first call.
 
 stats() counts, for the process: graphs submitted, answered from the cache,
 kernels, daemon compile time, graph breaks, graphs run eagerly and parts of
