@@ -4,6 +4,9 @@
 #     backend is found by name through its entry point;
 #   * tests/python_api.py: client, graphs, runner (host, and the CUDA path
 #     against the stand-in driver), errors, TCP with a token;
+#   * tests/python_compile.py: apollo.compile of ONNX models (static and
+#     symbolic batch, external data) called with numpy and torch, against
+#     onnxruntime, and its configuration and input errors (issue 27);
 #   * tests/torch_train.py gpt and cnn: 20 AdamW steps with
 #     torch.compile(backend="apollo") on target cpu against eager PyTorch
 #     (loss within 1e-4 relative at every step, parameters within 1e-4),
@@ -19,7 +22,7 @@
 #     steps) and float16 with a GradScaler (5), the cnn with a break under
 #     bfloat16: loss within 1e-3 relative of eager autocast;
 #   * tests/torch_checks.py config (a bad target, fusion level or option
-#     raises apollo.ConfigError at the first call) and shapes (batch size
+#     raises apollo.ConfigError at torch.compile or at the first call) and shapes (batch size
 #     and length change between steps: one submit per new shape, nothing
 #     eager, float64 loss within 1e-9) and ops (max_pool2d with its
 #     indices and backward, slice_scatter, grouped and depthwise
@@ -53,6 +56,12 @@ export PYTHONPATH="$AP_TMP/py" APOLLO_BUILD
 echo "torch: client/python installed with pip ($("$PY" -c 'import apollo, torch; print("apollo", apollo.__version__, "torch", torch.__version__)'))"
 
 "$PY" tests/python_api.py "$APOLLOD" || fail=1
+# apollo.compile: ONNX models as callables on numpy / torch, against onnxruntime
+if "$PY" tests/python_compile.py >"$AP_TMP/python_compile.log" 2>&1; then
+	grep '^python_compile: ' "$AP_TMP/python_compile.log" | cut -c1-150
+else
+	grep -v 'onnxruntime:' "$AP_TMP/python_compile.log" | tail -20; echo "torch: FAILED: python_compile"; fail=1
+fi
 
 field() { "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
 for m in gpt cnn; do

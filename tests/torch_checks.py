@@ -8,8 +8,9 @@ config: configuration errors -- an unknown target ("sm90", and "sm_999",
 which the daemon does not list), fusion level, option, an option value of
 the wrong kind (strict="maybe", threads=-1) and a bad value in the
 environment (APOLLO_FUSION) -- raise apollo.ConfigError (an ApolloError,
-code EINVAL) at the compiled model's first call, before anything runs in
-eager PyTorch; a good configuration runs.
+code EINVAL) before anything runs in eager PyTorch: a wrong target form,
+fusion level or option name at torch.compile itself, a target the daemon
+lacks at the first call; a good configuration runs.
 
 shapes: a one-layer GPT with F.scaled_dot_product_attention trained with
 AdamW while the batch size and the sequence length change between steps:
@@ -51,7 +52,7 @@ def check(cond, what):
 # ---- config --------------------------------------------------------------------------
 
 def config():
-    """Bad configurations raise ConfigError at the first call."""
+    """Bad configurations raise ConfigError at torch.compile or by the first call."""
     m = nn.Linear(4, 3)
     x = torch.randn(2, 4)
     bad = [({"target": "sm90"}, "unknown target"), ({"target": "sm_999"}, "no such target"),
@@ -70,10 +71,22 @@ def config():
             st = backend.stats()
             check(isinstance(e, apollo.ApolloError) and e.code == apollo.errors.EINVAL and words in e.message
                   and st["eager_graphs"] == 0 and st["graphs"] == 0,
-                  "%s: ConfigError at the first call, nothing run: %s"
+                  "%s: ConfigError by the first call, nothing run: %s"
                   % (opts or "APOLLO_FUSION=fastest", e.message.splitlines()[0][:110]))
         finally:
             os.environ.pop("APOLLO_FUSION", None)
+    # issue 27: torch.compile itself raises, before any call (the backend's
+    # _dynamo_backend_init hook checks the options it is given)
+    for opts, words in [({"target": "sm90"}, "did you mean sm_90"), ({"fusion": "max"}, "unknown fusion level"),
+                        ({"tagret": "cpu"}, "did you mean target")]:
+        torch._dynamo.reset()
+        backend.reset_stats()
+        try:
+            torch.compile(m, backend="apollo", options=opts)
+            check(False, "torch.compile(options=%s) raises" % opts)
+        except apollo.ConfigError as e:
+            check(words in e.message and backend.stats()["graphs"] == 0,
+                  "torch.compile(options=%s) raises ConfigError at once: %s" % (opts, e.message[:100]))
     torch._dynamo.reset()
     backend.reset_stats()
     y = torch.compile(m, backend="apollo", options={"target": "cpu", "fusion": "rules", "strict": "yes"})(x)

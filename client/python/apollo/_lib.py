@@ -43,6 +43,13 @@ class ap_graph(ctypes.Structure):
                 ("eager_kernels", ctypes.c_uint)]
 
 
+class ap_host_tensor(ctypes.Structure):
+    """common/graph.h's ap_host_tensor: a binding of ap_onnx_import (a
+    graph input's shape, with data NULL, or an integer input's value)."""
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int), ("rank", ctypes.c_int),
+                ("dims", ctypes.c_int64 * MAX_RANK), ("data", ctypes.c_void_p), ("nbytes", ctypes.c_size_t)]
+
+
 class ap_device_info(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char * 128), ("sm_count", ctypes.c_uint), ("cc_major", ctypes.c_uint),
                 ("cc_minor", ctypes.c_uint), ("driver_version", ctypes.c_uint)]
@@ -114,6 +121,10 @@ _PROTOS = {
     "ap_node_set_ints": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_char_p, c_int64_p, ctypes.c_int]),
     "ap_node_set_floats": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_char_p,
                                           ctypes.POINTER(ctypes.c_double), ctypes.c_int]),
+    "ap_onnx_import": (ctypes.POINTER(ap_graph), [ctypes.c_char_p, ctypes.c_size_t,
+                                                  ctypes.POINTER(ctypes.POINTER(ap_host_tensor)), ctypes.c_int,
+                                                  ctypes.POINTER(ctypes.c_void_p), _E]),
+    "ap_params_free": (_P, [_P]),
     "ap_client_connect_token": (_P, [ctypes.c_char_p, ctypes.c_char_p, _E]),
     "ap_client_free": (_P, [_P]),
     "ap_client_set_timeout_ms": (ctypes.c_int, [_P, ctypes.c_uint]),
@@ -138,6 +149,8 @@ _PROTOS = {
     "ap_runtime_new": (_P, [_P, ctypes.POINTER(ap_runtime_options), _E]),
     "ap_runtime_free": (_P, [_P]),
     "ap_runtime_bind_ptr": (ctypes.c_int, [_P, ctypes.c_int, _P, ctypes.c_uint64, _E]),
+    "ap_runtime_bind_params": (ctypes.c_int, [_P, _P, _E]),
+    "ap_runtime_bind_consts": (ctypes.c_int, [_P, _P, _E]),
     "ap_runtime_run_stream": (ctypes.c_int, [_P, _P, _E]),
     "ap_runtime_cuda_available": (ctypes.c_bool, [ctypes.c_char_p, ctypes.c_size_t]),
 }

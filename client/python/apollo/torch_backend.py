@@ -51,8 +51,9 @@ default):
 A wrong configuration -- an unknown option, target (by its form, or one
 the daemon does not list) or fusion level, a value of the wrong kind, in
 options or in the environment -- raises apollo.ConfigError (an
-ApolloError, code EINVAL) at the compiled model's first call, when a
-backend first sees its options; it never falls back to eager PyTorch.
+ApolloError, code EINVAL); it never falls back to eager PyTorch.  What
+needs no daemon raises from torch.compile itself (_options_at_compile); a
+target the daemon does not list, at the compiled model's first call.
 
 stats() counts, for the process: graphs submitted, answered from the cache,
 kernels, daemon compile time, graph breaks, graphs run eagerly and parts of
@@ -61,7 +62,6 @@ split graphs run eagerly.
 import contextlib
 import operator
 import os
-import re
 import sys
 import threading
 import warnings
@@ -74,6 +74,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupport
 
+from . import config
 from . import fx as afx
 from .client import Client
 from .errors import EINVAL, EUNSUPPORTED, ApolloError, ConfigError
@@ -112,23 +113,14 @@ def _text(v):
     return v
 
 
-_TARGET_RE = re.compile(r"^(cpu|(host:)?sm_[0-9]+a?|compute_[0-9]+)$")
-
-
 def _target(v):
     """cpu, sm_XX[a], compute_XX or host:sm_XX (the daemon's spelling);
     which of them the daemon has is checked once it is reached."""
-    v = _text(v)
-    if not _TARGET_RE.match(v):
-        raise ValueError("unknown target (cpu, sm_XX as sm_90 or sm_90a, compute_XX, host:sm_XX)")
-    return v
+    return config.parse_target(v)
 
 
 def _fusion(v):
-    v = _text(v)
-    if v not in ("", "none", "rules", "apollo"):
-        raise ValueError("unknown fusion level (none, rules, apollo)")
-    return v or None
+    return config.parse_fusion(_text(v))
 
 
 _OPTIONS = {  # name: (environment variable, default, parser)
@@ -176,10 +168,9 @@ class Options:
 
     def __init__(self, given=None):
         given = dict(given or {})
-        unknown = set(given) - set(_OPTIONS)
+        unknown = config.unknown_options(given, _OPTIONS)
         if unknown:
-            raise config_error("unknown apollo option(s): %s (known: %s)" %
-                               (", ".join(sorted(map(str, unknown))), ", ".join(sorted(_OPTIONS))))
+            raise config_error(unknown)
         for name, (env, default, parse) in _OPTIONS.items():
             if name in given and given[name] is not None:
                 val, where = given[name], "option %s=%r" % (name, given[name])
@@ -198,11 +189,9 @@ class Options:
         at `client` lists (host:sm_XX: sm_XX emulated on the host)."""
         if not self.target:
             return
-        have = client.targets
-        t = self.target[len("host:"):] if self.target.startswith("host:") else self.target
-        if t not in have:
-            raise config_error("target %r: the daemon has no such target (it has %s)"
-                               % (self.target, ", ".join(have)))
+        why = config.target_listed(self.target, client.targets)
+        if why:
+            raise config_error(why)
 
 
 # ---- process-wide counters ---------------------------------------------------------
@@ -601,6 +590,42 @@ def apollo_backend(gm, example_inputs, options=None, **_ignored):
                             decompositions=_decompositions())(gm, example_inputs)
 
 
+def _options_at_compile():
+    """Checks the options when torch.compile(model, backend="apollo",
+    options=...) is called, not at the compiled model's first call.
+
+    torch.compile hands its options to a backend only when Dynamo first
+    compiles a frame; what it calls at torch.compile() itself is the
+    backend's `_dynamo_backend_init` hook (no arguments), from
+    torch._dynamo.eval_frame.get_compiler_fn, whose caller holds the
+    _TorchCompileWrapper carrying `options`.  The hook looks for that
+    wrapper among its callers' locals (a few frames up) and checks its
+    options and the environment with Options(): a wrong option, target
+    form or fusion level raises ConfigError out of torch.compile.  Where
+    no wrapper is found (torch._dynamo.optimize("apollo"), another torch)
+    the environment alone is checked now and the options at the first
+    call, as before.  The daemon's list of targets is checked at the first
+    call (no connection is made here)."""
+    options = None
+    try:
+        from torch import _TorchCompileWrapper as wrapper_type
+    except ImportError:
+        wrapper_type = None
+    f = sys._getframe(1)
+    for _ in range(6):
+        if f is None or wrapper_type is None:
+            break
+        for v in f.f_locals.values():
+            if isinstance(v, wrapper_type) and getattr(v, "compiler_fn", None) is apollo_backend:
+                options = v.kwargs.get("options")
+                break
+        else:
+            f = f.f_back
+            continue
+        break
+    Options(options)
+
+
 def _register():
     try:
         from torch._dynamo.backends import registry
@@ -611,4 +636,5 @@ def _register():
     registry.register_backend(apollo_backend, name="apollo")
 
 
+apollo_backend._dynamo_backend_init = _options_at_compile
 _register()
