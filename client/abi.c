@@ -24,6 +24,7 @@ size_t ap_abi_sizeof(const char *name)
 		{ "ap_bundle_stats", sizeof(ap_bundle_stats) },
 		{ "ap_bundle_buffer", sizeof(ap_bundle_buffer) },
 		{ "ap_runtime_options", sizeof(ap_runtime_options) },
+		{ "ap_host_tensor", sizeof(ap_host_tensor) },
 	};
 
 	for (size_t i = 0; name && i < sizeof(types) / sizeof(types[0]); i++)

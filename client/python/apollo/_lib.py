@@ -169,7 +169,7 @@ def _check_abi(lib, path):
     a field added on one side only would have C read or write past the end
     of a buffer allocated here."""
     for st in (ap_error, ap_tensor, ap_graph, ap_submit_options, ap_device_info, ap_server_stats,
-               ap_bundle_stats, ap_bundle_buffer, ap_runtime_options):
+               ap_bundle_stats, ap_bundle_buffer, ap_runtime_options, ap_host_tensor):
         want = lib.ap_abi_sizeof(st.__name__.encode())
         if want != ctypes.sizeof(st):
             raise ImportError("apollo: %s is %d bytes in %s but %d in this package: the library and "
