@@ -26,55 +26,155 @@
 
 /* ---- the rules ------------------------------------------------------------------ */
 
-/* The kind of producer kind pk + consumer kind ck, or -1; *why explains. */
-int ap__partition_merged_kind(int pk, int ck, ap_fuse_level lv, char *why, size_t cap)
-{
-	bool pe = is_ewbc(pk), ce = is_ewbc(ck), pi = is_inj(pk), ci = is_inj(ck);
-	bool pa = pk == AP_GROUP_MATMUL || pk == AP_GROUP_CONV;
-	bool ca = ck == AP_GROUP_MATMUL || ck == AP_GROUP_CONV;
-	bool apollo = lv == AP_FUSE_APOLLO;
+/* Short names of the group kinds, for the table only. */
+enum {
+	EW = AP_GROUP_ELEMWISE,
+	BC = AP_GROUP_BROADCAST,
+	RED = AP_GROUP_REDUCTION,
+	INJ = AP_GROUP_INJECTIVE,
+	TR = AP_GROUP_TRANSPOSE,
+	MM = AP_GROUP_MATMUL,
+	CONV = AP_GROUP_CONV,
+	WIN = AP_GROUP_WINDOW,
+	ANY = -1,                /* as a consumer: every kind */
+};
 
-	if (pe && ce)
-		return pk == AP_GROUP_BROADCAST || ck == AP_GROUP_BROADCAST ? AP_GROUP_BROADCAST
-									    : AP_GROUP_ELEMWISE;  /* (1)-(3) */
-	if (pe && ck == AP_GROUP_REDUCTION)
-		return AP_GROUP_REDUCTION;                                                /* (4), (5) */
-	if (pk == AP_GROUP_REDUCTION) {
-		say(why, cap, "rule: a reduction ends its micro-graph");
-		return -1;
-	}
-	if (apollo) {
-		if ((pe || pi) && ci)        /* (6), and injective ops with their producers */
-			return pk == AP_GROUP_TRANSPOSE || ck == AP_GROUP_TRANSPOSE ? AP_GROUP_TRANSPOSE
-										     : AP_GROUP_INJECTIVE;
-		if (pi && (ce || ck == AP_GROUP_REDUCTION))   /* injective joins the group it feeds */
-			return ck == AP_GROUP_REDUCTION ? AP_GROUP_REDUCTION : pk;
-		if ((pe || pi) && ca)        /* prologue */
-			return ck;
-		if (pa && (ce || ci))        /* epilogue */
-			return pk;
-		/* Layer I: a pooling window with its producers, staged on chip
-		 * (elementwise ones, or a convolution / matmul whose output
-		 * tile Layer I recomputes with its halo), and its elementwise
-		 * consumers; the driver asks the cost model whether the staged
-		 * kernel pays and cuts the group where it does not */
-		if ((pe || pa) && ck == AP_GROUP_WINDOW)
-			return AP_GROUP_WINDOW;
-		if (pk == AP_GROUP_WINDOW && ce)
-			return AP_GROUP_WINDOW;
-	}
-	if (!apollo && ((pe || pi) && (ci || ca || ck == AP_GROUP_REDUCTION)))
+/* The sentence that explains a refused pair of kinds. */
+typedef enum refusal {
+	NO_RULE,                 /* no aggregation rule fuses P + C */
+	RULES_1_5,               /* level rules (or below) has no rule for P + C */
+	NO_EPILOGUE,             /* level rules (or below) has no epilogue rule */
+	REDUCTION_ENDS,          /* a reduction ends its micro-graph */
+	NO_ABSORB,               /* a reduction does not absorb a product */
+} refusal;
+
+/* One aggregation rule: producer kind + consumer kind -> group kind, from
+ * fusion level `level` on (AP_FUSE_RULES: at every level the table is asked
+ * at -- level none never asks, check_merge stops first; AP_FUSE_APOLLO: at
+ * level apollo only).  Below its level the pair is refused with `below`. */
+typedef struct fusion_rule {
+	int producer, consumer, kind;
+	ap_fuse_level level;
+	refusal below;
+} fusion_rule;
+
+/* APOLLO's table (DESIGN.md, partition.h), one row per pair of kinds that
+ * fuses.  No two rows have the same pair. */
+static const fusion_rule rules[] = {
+	/* (1)-(3) elementwise and broadcast */
+	{EW, EW, EW, AP_FUSE_RULES, NO_RULE},
+	{EW, BC, BC, AP_FUSE_RULES, NO_RULE},
+	{BC, EW, BC, AP_FUSE_RULES, NO_RULE},
+	{BC, BC, BC, AP_FUSE_RULES, NO_RULE},
+	/* (4), (5) producers of a reduction */
+	{EW, RED, RED, AP_FUSE_RULES, NO_RULE},
+	{BC, RED, RED, AP_FUSE_RULES, NO_RULE},
+	/* (6) elementwise/broadcast + transpose, and injective ops with their
+	 * producers */
+	{EW, INJ, INJ, AP_FUSE_APOLLO, RULES_1_5},
+	{EW, TR, TR, AP_FUSE_APOLLO, RULES_1_5},
+	{BC, INJ, INJ, AP_FUSE_APOLLO, RULES_1_5},
+	{BC, TR, TR, AP_FUSE_APOLLO, RULES_1_5},
+	{INJ, INJ, INJ, AP_FUSE_APOLLO, RULES_1_5},
+	{INJ, TR, TR, AP_FUSE_APOLLO, RULES_1_5},
+	{TR, INJ, TR, AP_FUSE_APOLLO, RULES_1_5},
+	{TR, TR, TR, AP_FUSE_APOLLO, RULES_1_5},
+	/* an injective op joins the group it feeds */
+	{INJ, EW, INJ, AP_FUSE_APOLLO, NO_RULE},
+	{INJ, BC, INJ, AP_FUSE_APOLLO, NO_RULE},
+	{TR, EW, TR, AP_FUSE_APOLLO, NO_RULE},
+	{TR, BC, TR, AP_FUSE_APOLLO, NO_RULE},
+	{INJ, RED, RED, AP_FUSE_APOLLO, RULES_1_5},
+	{TR, RED, RED, AP_FUSE_APOLLO, RULES_1_5},
+	/* (6) a prologue of a matmul or conv */
+	{EW, MM, MM, AP_FUSE_APOLLO, RULES_1_5},
+	{BC, MM, MM, AP_FUSE_APOLLO, RULES_1_5},
+	{INJ, MM, MM, AP_FUSE_APOLLO, RULES_1_5},
+	{TR, MM, MM, AP_FUSE_APOLLO, RULES_1_5},
+	{EW, CONV, CONV, AP_FUSE_APOLLO, RULES_1_5},
+	{BC, CONV, CONV, AP_FUSE_APOLLO, RULES_1_5},
+	{INJ, CONV, CONV, AP_FUSE_APOLLO, RULES_1_5},
+	{TR, CONV, CONV, AP_FUSE_APOLLO, RULES_1_5},
+	/* (6) an epilogue of a matmul or conv */
+	{MM, EW, MM, AP_FUSE_APOLLO, NO_EPILOGUE},
+	{MM, BC, MM, AP_FUSE_APOLLO, NO_EPILOGUE},
+	{MM, INJ, MM, AP_FUSE_APOLLO, NO_EPILOGUE},
+	{MM, TR, MM, AP_FUSE_APOLLO, NO_EPILOGUE},
+	{CONV, EW, CONV, AP_FUSE_APOLLO, NO_EPILOGUE},
+	{CONV, BC, CONV, AP_FUSE_APOLLO, NO_EPILOGUE},
+	{CONV, INJ, CONV, AP_FUSE_APOLLO, NO_EPILOGUE},
+	{CONV, TR, CONV, AP_FUSE_APOLLO, NO_EPILOGUE},
+	/* Layer I: a pooling window with its producers, staged on chip
+	 * (elementwise ones, or a convolution / matmul whose output tile
+	 * Layer I recomputes with its halo), and its elementwise consumers;
+	 * the driver asks the cost model whether the staged kernel pays and
+	 * cuts the group where it does not */
+	{EW, WIN, WIN, AP_FUSE_APOLLO, NO_RULE},
+	{BC, WIN, WIN, AP_FUSE_APOLLO, NO_RULE},
+	{MM, WIN, WIN, AP_FUSE_APOLLO, NO_RULE},
+	{CONV, WIN, WIN, AP_FUSE_APOLLO, NO_RULE},
+	{WIN, EW, WIN, AP_FUSE_APOLLO, NO_RULE},
+	{WIN, BC, WIN, AP_FUSE_APOLLO, NO_RULE},
+};
+
+/* Pairs that no rule fuses at any level and that have a sentence of their
+ * own (every other such pair: NO_RULE). */
+static const struct {
+	int producer, consumer;
+	refusal why;
+} never[] = {
+	{RED, ANY, REDUCTION_ENDS},
+	{MM, RED, NO_ABSORB},
+	{CONV, RED, NO_ABSORB},
+};
+
+/* Writes the sentence of refusal r for producer kind pk + consumer kind ck
+ * at level lv into why (cap bytes; nothing when why is NULL). */
+static void say_refusal(refusal r, int pk, int ck, ap_fuse_level lv, char *why, size_t cap)
+{
+	switch (r) {
+	case RULES_1_5:
 		say(why, cap, "rule: fusion level %s has no rule for %s + %s (rules 1-5 only)",
 		    ap_fuse_level_name(lv), ap_group_kind_name(pk), ap_group_kind_name(ck));
-	else if (!apollo && pa && (ce || ci))
+		break;
+	case NO_EPILOGUE:
 		say(why, cap, "rule: fusion level %s has no epilogue rule (%s + %s)",
 		    ap_fuse_level_name(lv), ap_group_kind_name(pk), ap_group_kind_name(ck));
-	else if (pa && ck == AP_GROUP_REDUCTION)
+		break;
+	case REDUCTION_ENDS:
+		say(why, cap, "rule: a reduction ends its micro-graph");
+		break;
+	case NO_ABSORB:
 		say(why, cap, "rule: a reduction does not absorb a %s (no %s + reduction rule)",
 		    ap_group_kind_name(pk), ap_group_kind_name(pk));
-	else
+		break;
+	case NO_RULE:
 		say(why, cap, "rule: no aggregation rule fuses %s + %s", ap_group_kind_name(pk),
 		    ap_group_kind_name(ck));
+		break;
+	}
+}
+
+/* The kind of producer kind pk + consumer kind ck at level lv: the row of
+ * `rules` for the pair, when lv reaches its level; else -1, and *why
+ * explains (`never` names the pairs with a sentence of their own). */
+int ap__partition_merged_kind(int pk, int ck, ap_fuse_level lv, char *why, size_t cap)
+{
+	refusal r = NO_RULE;
+
+	for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++) {
+		const fusion_rule *f = &rules[i];
+
+		if (f->producer != pk || f->consumer != ck)
+			continue;
+		if (f->level != AP_FUSE_APOLLO || lv == AP_FUSE_APOLLO)
+			return f->kind;
+		r = f->below;
+	}
+	for (size_t i = 0; i < sizeof(never) / sizeof(never[0]); i++)
+		if (never[i].producer == pk && (never[i].consumer == ANY || never[i].consumer == ck))
+			r = never[i].why;
+	say_refusal(r, pk, ck, lv, why, cap);
 	return -1;
 }
 
