@@ -112,8 +112,9 @@ const char *ap_boundary_reason_key(ap_boundary_reason r)
 	return "rule";
 }
 
-/* ---- the result ----------------------------------------------------------------- */
+/* ---- the result --------------------------------------------------------------- */
 
+/* Frees a group's arrays and zeroes it. */
 static void group_clear(ap_group *grp)
 {
 	free(grp->nodes);
@@ -292,8 +293,12 @@ fail:
 	return err ? err->code : AP_ENOMEM;
 }
 
-/* ---- the driver ------------------------------------------------------------------ */
+/* ---- the driver --------------------------------------------------------------- */
 
+/* Rounds of grouping (group.c) and, at level apollo, recompute
+ * (recompute.c), each on the graph the last one rewrote, until nothing is
+ * duplicated or MAX_REWRITES rounds ran; the last grouping becomes the
+ * partition (finish).  See partition.h. */
 __ap_give ap_partition *ap_partition_build(__ap_keep const ap_graph *g,
 					   const ap_partition_options *opt, ap_error *err)
 {
@@ -352,6 +357,7 @@ fail:
 	return ap_partition_free(part);
 }
 
+/* See partition.h: the CSR the grouping made, which the partition keeps. */
 const int *ap_partition_readers(const ap_partition *p, int t, int *n)
 {
 	const ap_partition_priv *pv = p->priv;

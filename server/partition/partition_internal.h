@@ -72,7 +72,7 @@ typedef struct ap_pctx {
 	int *tmark;          /* per tensor scratch marks (reads_mark) */
 	int tmark_stamp;
 	int *list;           /* node scratch list */
-	int *slice;          /* node scratch list (edge_reason) */
+	int *slice;          /* node scratch list (recompute_why) */
 	/* the group graph's topological order (order.c) */
 	int *ord;            /* per root: its place; producers have smaller ones */
 	int *at;             /* per place: the root there, -1 for none */
@@ -89,12 +89,15 @@ typedef struct ap_pctx {
 	bool outputs_failed; /* the last check_merge failed on written tensors */
 } ap_pctx;
 
-/* ---- small helpers (static inline: every file uses them, find on every
- * merge check) --------------------------------------------------------------- */
+/* ---- small helpers ------------------------------------------------------------ */
+
+/* static inline: every file of the partitioner uses them, and find runs in
+ * every merge check. */
 
 /* snprintf into buf, when buf is not NULL (the checks explain themselves
  * only when asked). */
-static inline void say(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static inline void say(char *buf, size_t cap, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
 static inline void say(char *buf, size_t cap, const char *fmt, ...)
 {
 	va_list ap;
@@ -177,7 +180,7 @@ static inline int cmp_int(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* ---- partition.c: the result ------------------------------------------------ */
+/* ---- partition.c: the result -------------------------------------------------- */
 
 /* Root, views, outputs and inputs of group gi of `part` from its members
  * (sorted) and part->group_of.  0 or AP_ENOMEM. */
@@ -185,14 +188,14 @@ int ap__partition_fill_group(ap_partition *part, int gi);
 
 /* ---- group.c: one grouping of one graph --------------------------------------- */
 
-/* Groups the live nodes of `g` into c (set up here: c's old content is
- * ignored, free it first): liveness, read-through nodes, readers, initial
- * groups, merges to a fixpoint.  0, or AP_ENOMEM, AP_EINTERNAL (the
- * initial groups form a cycle) with `err` set; c is then freed by
- * ap__partition_ctx_free either way. */
+/* Groups the live nodes of `g` into c: liveness, read-through nodes,
+ * readers, initial groups, merges to a fixpoint (steps 1-4).  c is set up
+ * here, its old content ignored (free it first); the caller frees it with
+ * ap__partition_ctx_free, on failure too.  0, or AP_ENOMEM, AP_EINTERNAL
+ * (the initial groups form a cycle) with `err` set. */
 int ap__partition_group(ap_pctx *c, const ap_graph *g, const ap_partition_options *opt,
 			ap_error *err);
-/* Frees c's arrays and zeroes it. */
+/* Frees c's arrays (NULL ones too) and zeroes it. */
 void ap__partition_ctx_free(ap_pctx *c);
 /* Unites the groups of nodes a and b (a's root stays root) with kind `kind`. */
 void ap__partition_unite(ap_pctx *c, int a, int b, int kind);
@@ -200,7 +203,7 @@ void ap__partition_unite(ap_pctx *c, int a, int b, int kind);
  * the count. */
 int ap__partition_members(ap_pctx *c, int a, int b);
 
-/* ---- rules.c: the aggregation rules and the merge checks ----------------------- */
+/* ---- rules.c: the aggregation rules and the merge checks ---------------------- */
 
 /* The group kind of producer kind pk + consumer kind ck at fusion level lv
  * (APOLLO's table), or -1 with `why` (may be NULL) explaining. */
@@ -218,7 +221,7 @@ bool ap__partition_barrier_hit(ap_pctx *c, int p, int q, char *why, size_t cap);
  * itself (nodes[0..n): the members of p it would compute). */
 double ap__partition_recompute_cost(ap_pctx *c, int p, int q, const int *nodes, int n);
 
-/* ---- order.c: the group graph's topological order ------------------------------ */
+/* ---- order.c: the group graph's topological order ----------------------------- */
 
 /* The groups in a topological order (Kahn, smallest node first) into
  * `out`; returns how many were placed, *n_groups how many there are
@@ -231,7 +234,7 @@ bool ap__partition_indirect_path(ap_pctx *c, int p, int q);
  * q and node u of p), keeping the topological order. */
 void ap__partition_merge(ap_pctx *c, int p, int q, int n, int u, int kind);
 
-/* ---- recompute.c: duplicating cheap producers ------------------------------------ */
+/* ---- recompute.c: duplicating cheap producers --------------------------------- */
 
 /* One round of recompute over the grouping c (level apollo): chooses the
  * cheap producer groups to duplicate into their consumers and, when there
@@ -244,7 +247,7 @@ int ap__partition_recompute(ap_pctx *c, int base, ap_graph **out, int *n_cloned,
  * why it was not (the recompute cap, or no bytes saved) and returns true. */
 bool ap__partition_recompute_why(ap_pctx *c, int p, int q, char *why, size_t cap);
 
-/* ---- subgraph.c: boundaries and sub-graphs ----------------------------------------- */
+/* ---- subgraph.c: boundaries and sub-graphs ------------------------------------ */
 
 /* Every edge between two groups of c, with its reason, into part (sorted).
  * 0 or AP_ENOMEM. */

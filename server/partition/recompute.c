@@ -24,7 +24,7 @@
 
 #define MAX_CLONE_NODES 16
 
-/* ---- which producers, into which consumers ----------------------------------------- */
+/* ---- which producers, into which consumers ------------------------------------ */
 
 typedef struct dup {
 	int P, C;            /* roots */
@@ -187,158 +187,221 @@ static int64_t group_read_bytes(ap_pctx *c, int P)
 	return b;
 }
 
-/* Chooses the duplications of this round; returns how many (in *out). */
-static int choose_dups(ap_pctx *c, dup **out, ap_error *err)
+/* What choose_dups works with: per root and per consumer of the producer
+ * at hand, and the duplications chosen so far. */
+typedef struct choice {
+	int *flag;           /* per root: 1 a duplicated producer, 2 a consumer
+				that takes a duplicate (each in one per round) */
+	int *cons;           /* the consumer groups of the producer at hand */
+	int n_cons;
+	int *slice;          /* scratch for slice_for */
+	int64_t *gain;       /* per consumer: the bytes it saves (clone_check),
+				meaningful where ok */
+	bool *ok;            /* per consumer: it takes a duplicate */
+	dup *d;              /* the duplications chosen, n_dup of cap */
+	int n_dup, cap;
+} choice;
+
+/* The consumer groups of group P's written tensors, each once, into cons;
+ * returns their count.  *remains gets whether one of those tensors is a
+ * graph output (then P's writes stay whatever its consumers do). */
+static int consumers(ap_pctx *c, int P, int *cons, bool *remains)
 {
 	const ap_graph *g = c->g;
-	int n_dup = 0, cap = 0;
-	dup *d = NULL;
-	int *flag = calloc((size_t)c->N + 1, sizeof(int));   /* 1 producer, 2 consumer */
-	int *cons = malloc(((size_t)c->N + 1) * sizeof(int));
-	int *slice = malloc(((size_t)c->N + 1) * sizeof(int));
-	int64_t *gain = malloc(((size_t)c->N + 1) * sizeof(int64_t));
-	bool *ok = malloc(((size_t)c->N + 1) * sizeof(bool));
+	int n_cons = 0;
 
-	*out = NULL;
-	if (!flag || !cons || !slice || !gain || !ok)
-		goto nomem;
-	for (int P = 0; P < c->N; P++) {
-		int n_cons = 0;
-		int64_t saved = 0;
-		bool remains = false, any = false;
+	*remains = false;
+	c->cur_stamp++;
+	for (int m = c->head[P]; m >= 0; m = c->next[m]) {
+		const ap_node *node = &g->nodes[m];
 
-		if (c->head[P] < 0 || find(c, P) != P || flag[P] || !cheap(c, P))
-			continue;
-		/* consumer groups of P's written tensors */
-		c->cur_stamp++;
-		for (int m = c->head[P]; m >= 0; m = c->next[m]) {
-			const ap_node *node = &g->nodes[m];
+		for (int o = 0; o < node->n_outputs; o++) {
+			int t = node->outputs[o];
 
-			for (int o = 0; o < node->n_outputs; o++) {
-				int t = node->outputs[o];
-
-				if (t < 0)
-					continue;
-				if (g->tensors[t].is_output)
-					remains = true;
-				for (int r = c->rd_off[t]; r < c->rd_off[t + 1]; r++) {
-					int h = find(c, c->rd[r]);
-
-					if (h != P && c->stamp[h] != c->cur_stamp) {
-						c->stamp[h] = c->cur_stamp;
-						cons[n_cons++] = h;
-					}
-				}
-			}
-		}
-		if (n_cons == 0)
-			continue;
-		for (int i = 0; i < n_cons; i++) {
-			double cost;
-			int n = slice_for(c, P, cons[i], slice);
-
-			ok[i] = flag[cons[i]] != 1 &&
-				clone_check(c, P, cons[i], slice, n, &gain[i], &cost) == CLONE_OK;
-		}
-		/* drop consumers that lose bytes, unless that keeps P alive */
-		for (int round = 0; round < 2; round++) {
-			bool all = !remains;
-			int64_t s = 0;
-
-			for (int i = 0; i < n_cons; i++) {
-				if (!ok[i])
-					all = false;
-				else
-					s += gain[i];
-			}
-			/* tensors no longer written: those only the absorbing consumers read */
-			for (int m = c->head[P]; m >= 0; m = c->next[m]) {
-				const ap_node *node = &g->nodes[m];
-
-				for (int o = 0; o < node->n_outputs; o++) {
-					int t = node->outputs[o];
-					bool keep = false, read = false;
-
-					if (t < 0)
-						continue;
-					if (g->tensors[t].is_output)
-						keep = true;
-					for (int r = c->rd_off[t]; r < c->rd_off[t + 1]; r++) {
-						int h = find(c, c->rd[r]);
-
-						if (h == P)
-							continue;
-						read = true;
-						for (int i = 0; i < n_cons; i++)
-							if (cons[i] == h && !ok[i])
-								keep = true;
-					}
-					if (read && !keep)
-						s += (int64_t)tensor_bytes(g, t);
-				}
-			}
-			if (all)
-				s += group_read_bytes(c, P);
-			saved = s;
-			if (saved > 0 || round == 1)
-				break;
-			for (int i = 0; i < n_cons; i++)
-				if (ok[i] && gain[i] <= 0)
-					ok[i] = false;
-		}
-		for (int i = 0; i < n_cons; i++)
-			if (ok[i])
-				any = true;
-		if (saved <= 0 || !any)
-			continue;
-		flag[P] = 1;
-		for (int i = 0; i < n_cons; i++) {
-			int n;
-
-			if (!ok[i])
+			if (t < 0)
 				continue;
-			if (n_dup == cap) {
-				int ncap = cap ? 2 * cap : 8;
-				dup *nd = realloc(d, (size_t)ncap * sizeof(*nd));
+			if (g->tensors[t].is_output)
+				*remains = true;
+			for (int r = c->rd_off[t]; r < c->rd_off[t + 1]; r++) {
+				int h = find(c, c->rd[r]);
 
-				if (!nd)
-					goto nomem;
-				d = nd;
-				cap = ncap;
+				if (h != P && c->stamp[h] != c->cur_stamp) {
+					c->stamp[h] = c->cur_stamp;
+					cons[n_cons++] = h;
+				}
 			}
-			n = slice_for(c, P, cons[i], slice);
-			d[n_dup].P = P;
-			d[n_dup].C = cons[i];
-			d[n_dup].n_nodes = n;
-			d[n_dup].nodes = malloc(((size_t)n + 1) * sizeof(int));
-			if (!d[n_dup].nodes)
-				goto nomem;
-			memcpy(d[n_dup].nodes, slice, (size_t)n * sizeof(int));
-			n_dup++;
-			flag[cons[i]] = 2;
 		}
 	}
-	free(flag);
-	free(cons);
-	free(slice);
-	free(gain);
-	free(ok);
-	*out = d;
-	return n_dup;
+	return n_cons;
+}
+
+/* Bytes of P's written tensors that P stops writing when the consumers
+ * marked ok take duplicates: those read outside P, only by them, and not
+ * graph outputs. */
+static int64_t unwritten_bytes(ap_pctx *c, const choice *s, int P)
+{
+	const ap_graph *g = c->g;
+	int64_t b = 0;
+
+	for (int m = c->head[P]; m >= 0; m = c->next[m]) {
+		const ap_node *node = &g->nodes[m];
+
+		for (int o = 0; o < node->n_outputs; o++) {
+			int t = node->outputs[o];
+			bool keep = false, read = false;
+
+			if (t < 0)
+				continue;
+			if (g->tensors[t].is_output)
+				keep = true;
+			for (int r = c->rd_off[t]; r < c->rd_off[t + 1]; r++) {
+				int h = find(c, c->rd[r]);
+
+				if (h == P)
+					continue;
+				read = true;
+				for (int i = 0; i < s->n_cons; i++)
+					if (s->cons[i] == h && !s->ok[i])
+						keep = true;
+			}
+			if (read && !keep)
+				b += (int64_t)tensor_bytes(g, t);
+		}
+	}
+	return b;
+}
+
+/* The bytes duplicating P into the consumers marked ok saves: their gains,
+ * P's writes that go away, and P's reads when every consumer takes a
+ * duplicate and P writes no graph output (`remains` false).  Consumers
+ * that lose bytes stay when the total is positive (they may be what lets
+ * P's writes and reads go away); otherwise they are dropped (s->ok
+ * cleared) and the bytes counted again. */
+static int64_t savings(ap_pctx *c, choice *s, int P, bool remains)
+{
+	int64_t saved = 0;
+
+	/* drop consumers that lose bytes, unless that keeps P alive */
+	for (int round = 0; round < 2; round++) {
+		bool all = !remains;
+		int64_t sum = 0;
+
+		for (int i = 0; i < s->n_cons; i++) {
+			if (!s->ok[i])
+				all = false;
+			else
+				sum += s->gain[i];
+		}
+		/* tensors no longer written: those only the absorbing consumers read */
+		sum += unwritten_bytes(c, s, P);
+		if (all)
+			sum += group_read_bytes(c, P);
+		saved = sum;
+		if (saved > 0 || round == 1)
+			break;
+		for (int i = 0; i < s->n_cons; i++)
+			if (s->ok[i] && s->gain[i] <= 0)
+				s->ok[i] = false;
+	}
+	return saved;
+}
+
+/* Records a duplication of P (its slice each needs) into every consumer
+ * marked ok, and flags them.  0 or AP_ENOMEM. */
+static int record(ap_pctx *c, choice *s, int P)
+{
+	s->flag[P] = 1;
+	for (int i = 0; i < s->n_cons; i++) {
+		int n;
+
+		if (!s->ok[i])
+			continue;
+		if (s->n_dup == s->cap) {
+			int ncap = s->cap ? 2 * s->cap : 8;
+			dup *nd = realloc(s->d, (size_t)ncap * sizeof(*nd));
+
+			if (!nd)
+				return AP_ENOMEM;
+			s->d = nd;
+			s->cap = ncap;
+		}
+		n = slice_for(c, P, s->cons[i], s->slice);
+		s->d[s->n_dup].P = P;
+		s->d[s->n_dup].C = s->cons[i];
+		s->d[s->n_dup].n_nodes = n;
+		s->d[s->n_dup].nodes = malloc(((size_t)n + 1) * sizeof(int));
+		if (!s->d[s->n_dup].nodes)
+			return AP_ENOMEM;
+		memcpy(s->d[s->n_dup].nodes, s->slice, (size_t)n * sizeof(int));
+		s->n_dup++;
+		s->flag[s->cons[i]] = 2;
+	}
+	return 0;
+}
+
+/* Chooses the duplications of this round: for every cheap producer group
+ * P not yet a consumer of one, the consumers that may compute its slice
+ * themselves (clone_check), kept when the bytes saved are positive.
+ * Returns how many, with the array (n entries, each owning its nodes) in
+ * *out; AP_ENOMEM with `err` set. */
+static int choose_dups(ap_pctx *c, dup **out, ap_error *err)
+{
+	choice s = {0};
+
+	s.flag = calloc((size_t)c->N + 1, sizeof(int));
+	s.cons = malloc(((size_t)c->N + 1) * sizeof(int));
+	s.slice = malloc(((size_t)c->N + 1) * sizeof(int));
+	s.gain = malloc(((size_t)c->N + 1) * sizeof(int64_t));
+	s.ok = malloc(((size_t)c->N + 1) * sizeof(bool));
+	*out = NULL;
+	if (!s.flag || !s.cons || !s.slice || !s.gain || !s.ok)
+		goto nomem;
+	for (int P = 0; P < c->N; P++) {
+		bool remains, any = false;
+
+		if (c->head[P] < 0 || find(c, P) != P || s.flag[P] || !cheap(c, P))
+			continue;
+		s.n_cons = consumers(c, P, s.cons, &remains);
+		if (s.n_cons == 0)
+			continue;
+		for (int i = 0; i < s.n_cons; i++) {
+			double cost;
+			int n = slice_for(c, P, s.cons[i], s.slice);
+
+			s.ok[i] = s.flag[s.cons[i]] != 1 &&
+				  clone_check(c, P, s.cons[i], s.slice, n, &s.gain[i], &cost) == CLONE_OK;
+		}
+		if (savings(c, &s, P, remains) <= 0)
+			continue;
+		for (int i = 0; i < s.n_cons; i++)
+			if (s.ok[i])
+				any = true;
+		if (!any)
+			continue;
+		if (record(c, &s, P) < 0)
+			goto nomem;
+	}
+	free(s.flag);
+	free(s.cons);
+	free(s.slice);
+	free(s.gain);
+	free(s.ok);
+	*out = s.d;
+	return s.n_dup;
 nomem:
-	for (int i = 0; i < n_dup; i++)
-		free(d[i].nodes);
-	free(d);
-	free(flag);
-	free(cons);
-	free(slice);
-	free(gain);
-	free(ok);
+	for (int i = 0; i < s.n_dup; i++)
+		free(s.d[i].nodes);
+	free(s.d);
+	free(s.flag);
+	free(s.cons);
+	free(s.slice);
+	free(s.gain);
+	free(s.ok);
 	ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory choosing producers to recompute");
 	return AP_ENOMEM;
 }
 
-/* ---- the rewrite ---------------------------------------------------------------------- */
+/* ---- the rewrite -------------------------------------------------------------- */
 
 /* What one rewrite clones: per node, the duplications that clone it
  * (ascending) as "slots", and per slot the tensors the clone writes. */
@@ -384,30 +447,23 @@ static int push_int(int **arr, int *n, int *cap, int v)
 	return 0;
 }
 
-/* A copy of c->g in which each duplication's nodes (and the read-through
- * views after them) are cloned right after their originals and the
- * consumer group's members read the clones.  Sets *n_cloned.  Linear in
- * the graph plus the clones. */
-static ap_graph *rewrite(ap_pctx *c, const dup *d, int n_dup, int base, int *n_cloned, ap_error *err)
-{
-	const ap_graph *g = c->g;
-	ap_graph *ng = ap_graph_new(g->name);
-	clones cl = {0};
-	int N = c->N, T = c->T, n_set = 0, cap_set = 0, n_slots, n_outs = 0;
-	int *vr_off = calloc((size_t)T + 2, sizeof(int));     /* per tensor: through readers, CSR */
-	int *vr = malloc(((size_t)N + 1) * sizeof(int));
-	int *set = NULL;                                      /* clone sets, one after another */
-	int *set_off = malloc(((size_t)n_dup + 1) * sizeof(int));
-	int *slot_of = NULL;                                  /* per entry of `set`: its slot */
-	int *fill = calloc((size_t)(N > T ? N : T) + 1, sizeof(int));   /* CSR fill, per tensor or node */
-	int *ins = malloc(((size_t)T + 1) * sizeof(int));
-	int *outs = malloc(((size_t)T + 1) * sizeof(int));
-	char name[400];
+/* What rewrite works with besides the clones. */
+typedef struct rewriting {
+	int *vr_off, *vr;    /* per tensor: the read-through nodes reading it, CSR */
+	int *set;            /* clone sets (slice, then read-through nodes after
+				it), one per duplication, one after another */
+	int n_set, cap_set;
+	int *set_off;        /* per duplication, + 1: where its set starts */
+	int *slot_of;        /* per entry of `set`: its slot */
+	int *fill;           /* CSR fill, per tensor or node */
+	int *ins, *outs;     /* a node's inputs and outputs in the new graph */
+	clones cl;
+} rewriting;
 
-	*n_cloned = 0;
-	cl.off = calloc((size_t)N + 2, sizeof(int));
-	if (!ng || !vr_off || !vr || !set_off || !fill || !ins || !outs || !cl.off)
-		goto nomem;
+/* Copies g's tensors (CONST data too), inputs, outputs and eager_kernels
+ * into the empty graph ng: tensor indices agree.  0 or AP_ENOMEM. */
+static int copy_tensors(const ap_graph *g, ap_graph *ng)
+{
 	for (int t = 0; t < g->n_tensors; t++) {
 		const ap_tensor *x = &g->tensors[t];
 		int idx = ap_graph_add_tensor(ng, x->name, x->dtype, x->rank, x->dims, x->kind,
@@ -415,89 +471,124 @@ static ap_graph *rewrite(ap_pctx *c, const dup *d, int n_dup, int base, int *n_c
 					      x->kind == AP_TENSOR_CONST ? x->nbytes : 0);
 
 		if (idx < 0)
-			goto nomem;
+			return AP_ENOMEM;
 		ng->tensors[idx].is_output = x->is_output;
 	}
 	ng->inputs = malloc(((size_t)g->n_inputs + 1) * sizeof(int));
 	ng->outputs = malloc(((size_t)g->n_outputs + 1) * sizeof(int));
 	if (!ng->inputs || !ng->outputs)
-		goto nomem;
+		return AP_ENOMEM;
 	memcpy(ng->inputs, g->inputs, (size_t)g->n_inputs * sizeof(int));
 	memcpy(ng->outputs, g->outputs, (size_t)g->n_outputs * sizeof(int));
 	ng->n_inputs = g->n_inputs;
 	ng->n_outputs = g->n_outputs;
 	ng->eager_kernels = g->eager_kernels;
-	/* read-through nodes by the tensor they read */
-	for (int n = 0; n < N; n++)
+	return 0;
+}
+
+/* The read-through nodes by the tensor they read (w->vr_off, w->vr),
+ * counted then placed with w->fill (zeroed, per tensor). */
+static void through_readers(ap_pctx *c, rewriting *w)
+{
+	const ap_graph *g = c->g;
+
+	for (int n = 0; n < c->N; n++)
 		if (c->through[n])
-			vr_off[g->nodes[n].inputs[0] + 1]++;
-	for (int t = 0; t < T; t++)
-		vr_off[t + 1] += vr_off[t];
-	for (int n = 0; n < N; n++)
+			w->vr_off[g->nodes[n].inputs[0] + 1]++;
+	for (int t = 0; t < c->T; t++)
+		w->vr_off[t + 1] += w->vr_off[t];
+	for (int n = 0; n < c->N; n++)
 		if (c->through[n])
-			vr[vr_off[g->nodes[n].inputs[0]] + fill[g->nodes[n].inputs[0]]++] = n;
-	/* clone sets: the slice, then read-through nodes reading a clone */
+			w->vr[w->vr_off[g->nodes[n].inputs[0]] + w->fill[g->nodes[n].inputs[0]]++] = n;
+}
+
+/* The clone set of each duplication k, ascending, at
+ * w->set[set_off[k] .. set_off[k + 1]): its slice, then the read-through
+ * nodes reading a member of the set (transitively).  0 or AP_ENOMEM. */
+static int clone_sets(ap_pctx *c, rewriting *w, const dup *d, int n_dup)
+{
+	const ap_graph *g = c->g;
+
 	for (int k = 0; k < n_dup; k++) {
-		set_off[k] = n_set;
+		w->set_off[k] = w->n_set;
 		c->mark_stamp++;
 		for (int i = 0; i < d[k].n_nodes; i++) {
 			c->mark[d[k].nodes[i]] = c->mark_stamp;
-			if (push_int(&set, &n_set, &cap_set, d[k].nodes[i]) < 0)
-				goto nomem;
+			if (push_int(&w->set, &w->n_set, &w->cap_set, d[k].nodes[i]) < 0)
+				return AP_ENOMEM;
 		}
-		for (int i = set_off[k]; i < n_set; i++) {
-			const ap_node *node = &g->nodes[set[i]];
+		for (int i = w->set_off[k]; i < w->n_set; i++) {
+			const ap_node *node = &g->nodes[w->set[i]];
 
 			for (int o = 0; o < node->n_outputs; o++) {
 				int t = node->outputs[o];
 
 				if (t < 0)
 					continue;
-				for (int r = vr_off[t]; r < vr_off[t + 1]; r++) {
-					if (c->mark[vr[r]] == c->mark_stamp)
+				for (int r = w->vr_off[t]; r < w->vr_off[t + 1]; r++) {
+					if (c->mark[w->vr[r]] == c->mark_stamp)
 						continue;
-					c->mark[vr[r]] = c->mark_stamp;
-					if (push_int(&set, &n_set, &cap_set, vr[r]) < 0)
-						goto nomem;
+					c->mark[w->vr[r]] = c->mark_stamp;
+					if (push_int(&w->set, &w->n_set, &w->cap_set, w->vr[r]) < 0)
+						return AP_ENOMEM;
 				}
 			}
 		}
-		qsort(set + set_off[k], (size_t)(n_set - set_off[k]), sizeof(int), cmp_int);
+		qsort(w->set + w->set_off[k], (size_t)(w->n_set - w->set_off[k]), sizeof(int), cmp_int);
 	}
-	set_off[n_dup] = n_set;
-	/* slots: per node, its duplications in ascending order */
-	n_slots = n_set;
-	cl.dup_of = malloc(((size_t)n_slots + 1) * sizeof(int));
-	cl.out_off = malloc(((size_t)n_slots + 1) * sizeof(int));
-	slot_of = malloc(((size_t)n_slots + 1) * sizeof(int));
-	if (!cl.dup_of || !cl.out_off || !slot_of)
-		goto nomem;
-	for (int i = 0; i < n_set; i++)
-		cl.off[set[i] + 1]++;
-	for (int n = 0; n < N; n++)
-		cl.off[n + 1] += cl.off[n];
-	memset(fill, 0, ((size_t)N + 1) * sizeof(int));
-	for (int k = 0; k < n_dup; k++) {
-		for (int i = set_off[k]; i < set_off[k + 1]; i++) {
-			int s = cl.off[set[i]] + fill[set[i]]++;
+	w->set_off[n_dup] = w->n_set;
+	return 0;
+}
 
-			cl.dup_of[s] = k;
-			slot_of[i] = s;
-		}
-	}
-	for (int n = 0; n < N; n++) {
-		for (int s = cl.off[n]; s < cl.off[n + 1]; s++) {
-			cl.out_off[s] = n_outs;
-			n_outs += g->nodes[n].n_outputs;
-		}
-	}
-	cl.outs = malloc(((size_t)n_outs + 1) * sizeof(int));
-	if (!cl.outs)
-		goto nomem;
-	/* the clones' tensors, duplication by duplication, in node order */
+/* The slots (w->cl.off, dup_of; w->slot_of): per node, the duplications
+ * that clone it in ascending order; and where each slot's output tensors
+ * go in w->cl.outs (out_off; cl.outs allocated, not filled).  0 or
+ * AP_ENOMEM. */
+static int clone_slots(ap_pctx *c, rewriting *w, int n_dup)
+{
+	clones *cl = &w->cl;
+	int n_slots = w->n_set, n_outs = 0;
+
+	cl->dup_of = malloc(((size_t)n_slots + 1) * sizeof(int));
+	cl->out_off = malloc(((size_t)n_slots + 1) * sizeof(int));
+	w->slot_of = malloc(((size_t)n_slots + 1) * sizeof(int));
+	if (!cl->dup_of || !cl->out_off || !w->slot_of)
+		return AP_ENOMEM;
+	for (int i = 0; i < w->n_set; i++)
+		cl->off[w->set[i] + 1]++;
+	for (int n = 0; n < c->N; n++)
+		cl->off[n + 1] += cl->off[n];
+	memset(w->fill, 0, ((size_t)c->N + 1) * sizeof(int));
 	for (int k = 0; k < n_dup; k++) {
-		for (int i = set_off[k]; i < set_off[k + 1]; i++) {
-			const ap_node *node = &g->nodes[set[i]];
+		for (int i = w->set_off[k]; i < w->set_off[k + 1]; i++) {
+			int s = cl->off[w->set[i]] + w->fill[w->set[i]]++;
+
+			cl->dup_of[s] = k;
+			w->slot_of[i] = s;
+		}
+	}
+	for (int n = 0; n < c->N; n++) {
+		for (int s = cl->off[n]; s < cl->off[n + 1]; s++) {
+			cl->out_off[s] = n_outs;
+			n_outs += c->g->nodes[n].n_outputs;
+		}
+	}
+	cl->outs = malloc(((size_t)n_outs + 1) * sizeof(int));
+	return cl->outs ? 0 : AP_ENOMEM;
+}
+
+/* The clones' tensors in ng, duplication by duplication, in node order:
+ * "NAME~(base + k)" for duplication k, of the original's dtype and shape;
+ * their indices into w->cl.outs (-1 for an absent output).  0 or
+ * AP_ENOMEM. */
+static int clone_tensors(ap_pctx *c, rewriting *w, ap_graph *ng, int n_dup, int base)
+{
+	const ap_graph *g = c->g;
+	char name[400];
+
+	for (int k = 0; k < n_dup; k++) {
+		for (int i = w->set_off[k]; i < w->set_off[k + 1]; i++) {
+			const ap_node *node = &g->nodes[w->set[i]];
 
 			for (int o = 0; o < node->n_outputs; o++) {
 				int t = node->outputs[o], nt = -1;
@@ -509,70 +600,118 @@ static ap_graph *rewrite(ap_pctx *c, const dup *d, int n_dup, int base, int *n_c
 					nt = ap_graph_add_tensor(ng, name, x->dtype, x->rank, x->dims,
 								 AP_TENSOR_VALUE, NULL, 0);
 					if (nt < 0)
-						goto nomem;
+						return AP_ENOMEM;
 				}
-				cl.outs[cl.out_off[slot_of[i]] + o] = nt;
+				w->cl.outs[w->cl.out_off[w->slot_of[i]] + o] = nt;
 			}
 		}
 	}
-	for (int n = 0; n < N; n++) {
+	return 0;
+}
+
+/* Every node of c->g into ng, in order, each followed by its clones: a
+ * member of a consumer group reads, for each input, the clone of the
+ * first duplication into its group that clones the input's producer; a
+ * clone reads its own duplication's clones where there are some.  Counts
+ * the clones of nodes not read through in *n_cloned.  0 or AP_ENOMEM. */
+static int copy_nodes(ap_pctx *c, rewriting *w, ap_graph *ng, const dup *d, int *n_cloned)
+{
+	const ap_graph *g = c->g;
+	const clones *cl = &w->cl;
+
+	for (int n = 0; n < c->N; n++) {
 		const ap_node *node = &g->nodes[n];
 		int r = find(c, n);
 
 		for (int i = 0; i < node->n_inputs; i++) {
 			int t = node->inputs[i], p = t >= 0 ? g->tensors[t].producer : -1;
 
-			ins[i] = t;
+			w->ins[i] = t;
 			if (p < 0 || c->through[n] || c->head[r] < 0)
 				continue;
 			/* the first duplication into n's group that clones t's producer */
-			for (int s = cl.off[p]; s < cl.off[p + 1]; s++) {
-				if (d[cl.dup_of[s]].C == r) {
-					ins[i] = clone_tensor(g, &cl, cl.dup_of[s], t);
+			for (int s = cl->off[p]; s < cl->off[p + 1]; s++) {
+				if (d[cl->dup_of[s]].C == r) {
+					w->ins[i] = clone_tensor(g, cl, cl->dup_of[s], t);
 					break;
 				}
 			}
 		}
-		if (ap__partition_copy_node(ng, node, ins, node->outputs) < 0)
-			goto nomem;
-		for (int s = cl.off[n]; s < cl.off[n + 1]; s++) {
-			int k = cl.dup_of[s];
+		if (ap__partition_copy_node(ng, node, w->ins, node->outputs) < 0)
+			return AP_ENOMEM;
+		for (int s = cl->off[n]; s < cl->off[n + 1]; s++) {
+			int k = cl->dup_of[s];
 
 			for (int i = 0; i < node->n_inputs; i++) {
-				int t = node->inputs[i], ct = t >= 0 ? clone_tensor(g, &cl, k, t) : -1;
+				int t = node->inputs[i], ct = t >= 0 ? clone_tensor(g, cl, k, t) : -1;
 
-				ins[i] = ct >= 0 ? ct : t;
+				w->ins[i] = ct >= 0 ? ct : t;
 			}
 			for (int o = 0; o < node->n_outputs; o++)
-				outs[o] = node->outputs[o] >= 0 ? cl.outs[cl.out_off[s] + o] : -1;
-			if (ap__partition_copy_node(ng, node, ins, outs) < 0)
-				goto nomem;
+				w->outs[o] = node->outputs[o] >= 0 ? cl->outs[cl->out_off[s] + o] : -1;
+			if (ap__partition_copy_node(ng, node, w->ins, w->outs) < 0)
+				return AP_ENOMEM;
 			if (!c->through[n])
 				(*n_cloned)++;
 		}
 	}
-	goto out;
-nomem:
-	ap_graph_free(ng);
-	ng = NULL;
-	ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory duplicating producers");
-out:
-	free(vr_off);
-	free(vr);
-	free(set);
-	free(set_off);
-	free(slot_of);
-	free(fill);
-	free(ins);
-	free(outs);
-	free(cl.off);
-	free(cl.dup_of);
-	free(cl.out_off);
-	free(cl.outs);
-	return ng;
+	return 0;
 }
 
-/* ---- the entries -------------------------------------------------------------------------- */
+/* Frees w's arrays (NULL ones too). */
+static void rewriting_free(rewriting *w)
+{
+	free(w->vr_off);
+	free(w->vr);
+	free(w->set);
+	free(w->set_off);
+	free(w->slot_of);
+	free(w->fill);
+	free(w->ins);
+	free(w->outs);
+	free(w->cl.off);
+	free(w->cl.dup_of);
+	free(w->cl.out_off);
+	free(w->cl.outs);
+}
+
+/* A copy of c->g in which each duplication's nodes (and the read-through
+ * views after them) are cloned right after their originals and the
+ * consumer group's members read the clones.  Sets *n_cloned.  Linear in
+ * the graph plus the clones.  NULL with `err` set: AP_ENOMEM. */
+static ap_graph *rewrite(ap_pctx *c, const dup *d, int n_dup, int base, int *n_cloned,
+			 ap_error *err)
+{
+	const ap_graph *g = c->g;
+	ap_graph *ng = ap_graph_new(g->name);
+	int N = c->N, T = c->T;
+	rewriting w = {0};
+
+	w.vr_off = calloc((size_t)T + 2, sizeof(int));
+	w.vr = malloc(((size_t)N + 1) * sizeof(int));
+	w.set_off = malloc(((size_t)n_dup + 1) * sizeof(int));
+	w.fill = calloc((size_t)(N > T ? N : T) + 1, sizeof(int));
+	w.ins = malloc(((size_t)T + 1) * sizeof(int));
+	w.outs = malloc(((size_t)T + 1) * sizeof(int));
+	*n_cloned = 0;
+	w.cl.off = calloc((size_t)N + 2, sizeof(int));
+	if (!ng || !w.vr_off || !w.vr || !w.set_off || !w.fill || !w.ins || !w.outs || !w.cl.off ||
+	    copy_tensors(g, ng) < 0)
+		goto nomem;
+	through_readers(c, &w);
+	if (clone_sets(c, &w, d, n_dup) < 0 || clone_slots(c, &w, n_dup) < 0 ||
+	    clone_tensors(c, &w, ng, n_dup, base) < 0 || copy_nodes(c, &w, ng, d, n_cloned) < 0)
+		goto nomem;
+	rewriting_free(&w);
+	return ng;
+nomem:
+	ap_graph_free(ng);
+	ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory duplicating producers");
+	rewriting_free(&w);
+	return NULL;
+}
+
+/* ---- the entries -------------------------------------------------------------- */
 
 int ap__partition_recompute(ap_pctx *c, int base, ap_graph **out, int *n_cloned, ap_error *err)
 {

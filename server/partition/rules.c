@@ -24,7 +24,7 @@
 
 #include <string.h>
 
-/* ---- the rules ------------------------------------------------------------------ */
+/* ---- the rules ---------------------------------------------------------------- */
 
 /* Short names of the group kinds, for the table only. */
 enum {
@@ -178,6 +178,9 @@ int ap__partition_merged_kind(int pk, int ck, ap_fuse_level lv, char *why, size_
 	return -1;
 }
 
+/* The kind of the group a node starts in: its op's category's; a view
+ * left in a group (a copy for a graph output) is elementwise, a pooling
+ * a window. */
 ap_group_kind ap__partition_node_kind(const ap_node *n)
 {
 	if (ap_op_is_view(n->op))
@@ -223,7 +226,7 @@ ap_group_kind ap__partition_kind_of_nodes(const ap_graph *g, const int *nodes, i
 	return k;
 }
 
-/* ---- evaluation counts (the cost model's, server/cost) ------------------------------ */
+/* ---- evaluation counts (the cost model's, server/cost) ------------------------ */
 
 /* Is tensor t needed outside the group made of roots p and q (q may be -1)? */
 static bool needed_outside(ap_pctx *c, int t, int p, int q)
@@ -239,6 +242,8 @@ static bool needed_outside(ap_pctx *c, int t, int p, int q)
 	return false;
 }
 
+/* The grouping as the cost model sees it (ap_cost_graph_view): the tensor
+ * in memory behind t, and whether the group being counted writes t. */
 static int gv_source_of(int t, void *user)
 {
 	ap_pctx *c = user;
@@ -269,12 +274,13 @@ static int eval_counts(ap_pctx *c, int a, int b)
 	return n;
 }
 
+/* E(t) from the last eval_counts. */
 static double E_get(ap_pctx *c, int t)
 {
 	return ap_cost_eval_of(c->evals, t);
 }
 
-/* ---- merge checks ---------------------------------------------------------------- */
+/* ---- merge checks ------------------------------------------------------------- */
 
 /* A member of q named as a barrier reads something group p makes. */
 bool ap__partition_barrier_hit(ap_pctx *c, int p, int q, char *why, size_t cap)
@@ -526,7 +532,7 @@ double ap__partition_recompute_cost(ap_pctx *c, int p, int q, const int *nodes, 
 	return compute * (reuse > 1 ? reuse : 1);
 }
 
-/* ---- pooling windows (Layer I) ------------------------------------------------------ */
+/* ---- pooling windows (Layer I) ------------------------------------------------ */
 
 bool ap_node_is_window(const ap_graph *g, const ap_node *n)
 {
@@ -655,7 +661,7 @@ static bool window_product_pays(ap_pctx *c, int p, char *why, size_t cap)
 	return true;
 }
 
-/* ---- all checks of one merge ---------------------------------------------------------- */
+/* ---- all checks of one merge -------------------------------------------------- */
 
 static const char *node_label(ap_pctx *c, int root)
 {

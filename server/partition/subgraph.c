@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- boundaries ------------------------------------------------------------------------ */
+/* ---- boundaries --------------------------------------------------------------- */
 
 static int add_boundary(ap_partition *part, int *cap, int u, int v, int t, ap_boundary_reason r,
 			const char *detail)
@@ -120,7 +120,7 @@ int ap__partition_collect_boundaries(ap_pctx *c, ap_partition *part)
 	return 0;
 }
 
-/* ---- sub-graphs ---------------------------------------------------------------------------- */
+/* ---- sub-graphs --------------------------------------------------------------- */
 
 /* Sub-graphs: connected groups (edges not touching an opaque group), with
  * strongly connected sets of those components merged (Kosaraju) so that
@@ -216,25 +216,30 @@ static int sub_deps(ap_partition *part, const int *eu, const int *ev, int ne)
 	return 0;
 }
 
-int ap__partition_compute_subgraphs(ap_partition *part)
+/* What compute_subgraphs works with, for G groups. */
+typedef struct condensation {
+	int *uf;             /* per group: union-find parent (connected groups) */
+	int *comp;           /* per group: its component, 0 .. nc-1 */
+	int nc;
+	int *eu, *ev;        /* the group edges eu[e] -> ev[e], ne of cap */
+	int ne, cap;
+	int *off, *adj;      /* the components' graph, CSR */
+	int *roff, *radj;    /* ... reversed */
+	int *fill, *stack, *it;   /* scratch (CSR fill, dfs) */
+	int *order, n_order; /* components in finishing order (forward dfs) */
+	int *scc, n_scc;     /* per component: its Kosaraju label, 0 .. n_scc-1 */
+	int *num;            /* per label: its sub-graph */
+	bool *seen;
+} condensation;
+
+/* Every edge between two groups of part (a tensor one writes that the
+ * other reads) into k->eu, k->ev, uniting in k->uf the two groups when
+ * neither is opaque.  0 or AP_ENOMEM. */
+static int group_edges(ap_partition *part, condensation *k)
 {
 	const ap_partition_priv *pv = part->priv;
-	int G = part->n_groups, rc = AP_ENOMEM, ne = 0, cap = 0, nc = 0, n_order = 0, n_scc = 0;
-	int *uf = malloc(((size_t)G + 1) * sizeof(int));
-	int *comp = malloc(((size_t)G + 1) * sizeof(int));
-	int *eu = NULL, *ev = NULL;
-	int *off = calloc((size_t)G + 2, sizeof(int)), *roff = calloc((size_t)G + 2, sizeof(int));
-	int *adj = NULL, *radj = NULL, *fill = calloc((size_t)G + 1, sizeof(int));
-	int *stack = malloc(((size_t)G + 1) * sizeof(int)), *it = malloc(((size_t)G + 1) * sizeof(int));
-	int *order = malloc(((size_t)G + 1) * sizeof(int)), *scc = malloc(((size_t)G + 1) * sizeof(int));
-	int *num = malloc(((size_t)G + 1) * sizeof(int));
-	bool *seen = calloc((size_t)G + 1, sizeof(bool));
 
-	if (!uf || !comp || !off || !roff || !fill || !stack || !it || !order || !scc || !num || !seen)
-		goto out;
-	for (int i = 0; i < G; i++)
-		uf[i] = i;
-	for (int gi = 0; gi < G; gi++) {
+	for (int gi = 0; gi < part->n_groups; gi++) {
 		const ap_group *grp = &part->groups[gi];
 
 		for (int j = 0; j < grp->n_outputs; j++) {
@@ -245,86 +250,134 @@ int ap__partition_compute_subgraphs(ap_partition *part)
 
 				if (h < 0 || h == gi)
 					continue;
-				if (ne == cap) {
-					int ncap = cap ? 2 * cap : 64;
-					int *nu = realloc(eu, (size_t)ncap * sizeof(int));
+				if (k->ne == k->cap) {
+					int ncap = k->cap ? 2 * k->cap : 64;
+					int *nu = realloc(k->eu, (size_t)ncap * sizeof(int));
 					int *nv;
 
 					if (!nu)
-						goto out;
-					eu = nu;
-					nv = realloc(ev, (size_t)ncap * sizeof(int));
+						return AP_ENOMEM;
+					k->eu = nu;
+					nv = realloc(k->ev, (size_t)ncap * sizeof(int));
 					if (!nv)
-						goto out;
-					ev = nv;
-					cap = ncap;
+						return AP_ENOMEM;
+					k->ev = nv;
+					k->cap = ncap;
 				}
-				eu[ne] = gi;
-				ev[ne++] = h;
+				k->eu[k->ne] = gi;
+				k->ev[k->ne++] = h;
 				if (grp->kind != AP_GROUP_OPAQUE && part->groups[h].kind != AP_GROUP_OPAQUE) {
-					int a = find_comp(uf, gi), b = find_comp(uf, h);
+					int a = find_comp(k->uf, gi), b = find_comp(k->uf, h);
 
 					if (a != b)
-						uf[b] = a;
+						k->uf[b] = a;
 				}
 			}
 		}
 	}
-	/* components, numbered 0..nc-1; their graph in CSR, forward and reverse */
-	for (int i = 0; i < G; i++)
-		comp[i] = -1;
-	for (int i = 0; i < G; i++)
-		if (comp[find_comp(uf, i)] < 0)
-			comp[find_comp(uf, i)] = nc++;
-	for (int i = 0; i < G; i++)
-		comp[i] = comp[find_comp(uf, i)];
-	adj = malloc(((size_t)ne + 1) * sizeof(int));
-	radj = malloc(((size_t)ne + 1) * sizeof(int));
-	if (!adj || !radj)
-		goto out;
-	for (int e = 0; e < ne; e++) {
-		off[comp[eu[e]] + 1]++;
-		roff[comp[ev[e]] + 1]++;
-	}
-	for (int i = 0; i < nc; i++) {
-		off[i + 1] += off[i];
-		roff[i + 1] += roff[i];
-	}
-	for (int e = 0; e < ne; e++)
-		adj[off[comp[eu[e]]] + fill[comp[eu[e]]]++] = comp[ev[e]];
-	memset(fill, 0, ((size_t)G + 1) * sizeof(int));
-	for (int e = 0; e < ne; e++)
-		radj[roff[comp[ev[e]]] + fill[comp[ev[e]]]++] = comp[eu[e]];
-	/* Kosaraju: finishing order forward, then labels backward; labels come
-	 * out in a topological order of the condensed graph */
-	for (int v = 0; v < nc; v++)
-		if (!seen[v])
-			dfs(off, adj, v, seen, stack, it, order, &n_order, NULL, 0);
-	memset(seen, 0, ((size_t)G + 1) * sizeof(bool));
-	for (int k = n_order - 1; k >= 0; k--)
-		if (!seen[order[k]])
-			dfs(roff, radj, order[k], seen, stack, it, NULL, NULL, scc, n_scc++);
-	/* number sub-graphs by their first group */
-	for (int i = 0; i < n_scc; i++)
-		num[i] = -1;
-	part->n_subgraphs = 0;
-	for (int i = 0; i < G; i++) {
-		int s = scc[comp[i]];
+	return 0;
+}
 
-		if (num[s] < 0)
-			num[s] = part->n_subgraphs++;
-		part->groups[i].subgraph = num[s];
+/* The components of k->uf numbered 0 .. nc-1 (k->comp, per group) and
+ * their graph in CSR, forward (off, adj) and reverse (roff, radj), an
+ * entry per group edge.  0 or AP_ENOMEM. */
+static int component_graph(condensation *k, int G)
+{
+	for (int i = 0; i < G; i++)
+		k->comp[i] = -1;
+	for (int i = 0; i < G; i++)
+		if (k->comp[find_comp(k->uf, i)] < 0)
+			k->comp[find_comp(k->uf, i)] = k->nc++;
+	for (int i = 0; i < G; i++)
+		k->comp[i] = k->comp[find_comp(k->uf, i)];
+	k->adj = malloc(((size_t)k->ne + 1) * sizeof(int));
+	k->radj = malloc(((size_t)k->ne + 1) * sizeof(int));
+	if (!k->adj || !k->radj)
+		return AP_ENOMEM;
+	for (int e = 0; e < k->ne; e++) {
+		k->off[k->comp[k->eu[e]] + 1]++;
+		k->roff[k->comp[k->ev[e]] + 1]++;
+	}
+	for (int i = 0; i < k->nc; i++) {
+		k->off[i + 1] += k->off[i];
+		k->roff[i + 1] += k->roff[i];
+	}
+	for (int e = 0; e < k->ne; e++)
+		k->adj[k->off[k->comp[k->eu[e]]] + k->fill[k->comp[k->eu[e]]]++] = k->comp[k->ev[e]];
+	memset(k->fill, 0, ((size_t)G + 1) * sizeof(int));
+	for (int e = 0; e < k->ne; e++)
+		k->radj[k->roff[k->comp[k->ev[e]]] + k->fill[k->comp[k->ev[e]]]++] = k->comp[k->eu[e]];
+	return 0;
+}
+
+/* Kosaraju: finishing order forward, then labels backward (k->scc); labels
+ * come out in a topological order of the condensed graph. */
+static void kosaraju(condensation *k, int G)
+{
+	for (int v = 0; v < k->nc; v++)
+		if (!k->seen[v])
+			dfs(k->off, k->adj, v, k->seen, k->stack, k->it, k->order, &k->n_order, NULL, 0);
+	memset(k->seen, 0, ((size_t)G + 1) * sizeof(bool));
+	for (int i = k->n_order - 1; i >= 0; i--)
+		if (!k->seen[k->order[i]])
+			dfs(k->roff, k->radj, k->order[i], k->seen, k->stack, k->it, NULL, NULL, k->scc,
+			    k->n_scc++);
+}
+
+/* Sub-graphs numbered by their first group (k->num per label, each group's
+ * subgraph), part->subgraphs allocated (zeroed).  0 or AP_ENOMEM. */
+static int number_subgraphs(ap_partition *part, condensation *k)
+{
+	for (int i = 0; i < k->n_scc; i++)
+		k->num[i] = -1;
+	part->n_subgraphs = 0;
+	for (int i = 0; i < part->n_groups; i++) {
+		int s = k->scc[k->comp[i]];
+
+		if (k->num[s] < 0)
+			k->num[s] = part->n_subgraphs++;
+		part->groups[i].subgraph = k->num[s];
 	}
 	part->subgraphs = calloc((size_t)part->n_subgraphs + 1, sizeof(ap_subgraph));
 	if (!part->subgraphs) {
 		part->n_subgraphs = 0;
-		goto out;
+		return AP_ENOMEM;
 	}
-	if (sub_deps(part, eu, ev, ne) < 0)
+	return 0;
+}
+
+/* Sub-graphs of part's groups (connected by edges that avoid opaque
+ * groups, strongly connected sets of those merged), their deps and
+ * waves (in the topological order of the Kosaraju labels).  0 or
+ * AP_ENOMEM. */
+int ap__partition_compute_subgraphs(ap_partition *part)
+{
+	int G = part->n_groups, rc = AP_ENOMEM;
+	condensation k = {0};
+
+	k.uf = malloc(((size_t)G + 1) * sizeof(int));
+	k.comp = malloc(((size_t)G + 1) * sizeof(int));
+	k.off = calloc((size_t)G + 2, sizeof(int));
+	k.roff = calloc((size_t)G + 2, sizeof(int));
+	k.fill = calloc((size_t)G + 1, sizeof(int));
+	k.stack = malloc(((size_t)G + 1) * sizeof(int));
+	k.it = malloc(((size_t)G + 1) * sizeof(int));
+	k.order = malloc(((size_t)G + 1) * sizeof(int));
+	k.scc = malloc(((size_t)G + 1) * sizeof(int));
+	k.num = malloc(((size_t)G + 1) * sizeof(int));
+	k.seen = calloc((size_t)G + 1, sizeof(bool));
+	if (!k.uf || !k.comp || !k.off || !k.roff || !k.fill || !k.stack || !k.it || !k.order ||
+	    !k.scc || !k.num || !k.seen)
 		goto out;
-	/* waves, in the topological order of the Kosaraju labels */
-	for (int l = 0; l < n_scc; l++) {
-		ap_subgraph *sg = &part->subgraphs[num[l]];
+	for (int i = 0; i < G; i++)
+		k.uf[i] = i;
+	if (group_edges(part, &k) < 0 || component_graph(&k, G) < 0)
+		goto out;
+	kosaraju(&k, G);
+	if (number_subgraphs(part, &k) < 0 || sub_deps(part, k.eu, k.ev, k.ne) < 0)
+		goto out;
+	for (int l = 0; l < k.n_scc; l++) {
+		ap_subgraph *sg = &part->subgraphs[k.num[l]];
 
 		for (int d = 0; d < sg->n_deps; d++)
 			if (part->subgraphs[sg->deps[d]].wave + 1 > sg->wave)
@@ -332,45 +385,36 @@ int ap__partition_compute_subgraphs(ap_partition *part)
 	}
 	rc = 0;
 out:
-	free(uf);
-	free(comp);
-	free(eu);
-	free(ev);
-	free(off);
-	free(roff);
-	free(adj);
-	free(radj);
-	free(fill);
-	free(stack);
-	free(it);
-	free(order);
-	free(scc);
-	free(num);
-	free(seen);
+	free(k.uf);
+	free(k.comp);
+	free(k.eu);
+	free(k.ev);
+	free(k.off);
+	free(k.roff);
+	free(k.adj);
+	free(k.radj);
+	free(k.fill);
+	free(k.stack);
+	free(k.it);
+	free(k.order);
+	free(k.scc);
+	free(k.num);
+	free(k.seen);
 	return rc;
 }
 
-/* ---- upward feedback ------------------------------------------------------------------------- */
+/* ---- upward feedback ---------------------------------------------------------- */
 
-int ap_partition_cut(ap_partition *p, int gi, const int *cut, int n_cut, const char *who,
-		     const char *why)
+/* The pieces of group `old` for a cut: maximal runs of its members (in
+ * their order) wholly inside or wholly outside cut[0..n_cut) (node
+ * indices; n_cut == 0: the first and second halves).  Piece j is members
+ * start[j] .. start[j + 1]; returns the number of pieces k (start has
+ * n_nodes + 1 entries, start[k] = n_nodes). */
+static int cut_runs(const ap_group *old, const int *cut, int n_cut, int *start)
 {
-	const ap_graph *g = p->g;
-	ap_group *ng, *old;
-	char **nr;
-	int *start = NULL, k = 0, rid, bcap = p->n_boundaries, n, rc = AP_ENOMEM;
-	int *old_nodes, *old_refs, n_refs;
-	char detail[512];
+	int n = old->n_nodes, k = 0;
 	bool prev = false;
 
-	if (gi < 0 || gi >= p->n_groups || p->groups[gi].n_nodes < 2)
-		return AP_EINVAL;
-	old = &p->groups[gi];
-	n = old->n_nodes;
-	start = malloc(((size_t)n + 1) * sizeof(int));
-	if (!start)
-		goto out;
-	/* pieces: maximal runs of members inside or outside the cut */
 	for (int i = 0; i < n; i++) {
 		bool in = false;
 
@@ -385,35 +429,52 @@ int ap_partition_cut(ap_partition *p, int gi, const int *cut, int n_cut, const c
 		prev = in;
 	}
 	start[k] = n;
-	if (k < 2) {
-		rc = AP_EINVAL;
-		goto out;
-	}
-	nr = realloc(p->refusals, (size_t)(p->n_refusals + 1) * sizeof(char *));
+	return k;
+}
+
+/* Appends a copy of `why` to p->refusals; returns its index or AP_ENOMEM. */
+static int add_refusal(ap_partition *p, const char *why)
+{
+	char **nr = realloc(p->refusals, (size_t)(p->n_refusals + 1) * sizeof(char *));
+
 	if (!nr)
-		goto out;
+		return AP_ENOMEM;
 	p->refusals = nr;
 	nr[p->n_refusals] = ap_strdup(why);
 	if (!nr[p->n_refusals])
-		goto out;
-	rid = p->n_refusals++;
-	ng = realloc(p->groups, (size_t)(p->n_groups + k - 1) * sizeof(*ng));
+		return AP_ENOMEM;
+	return p->n_refusals++;
+}
+
+/* Makes room for k - 1 more groups after group gi (zeroed; the later
+ * groups move up, p->group_of follows).  0 or AP_ENOMEM. */
+static int make_room(ap_partition *p, int gi, int k)
+{
+	ap_group *ng = realloc(p->groups, (size_t)(p->n_groups + k - 1) * sizeof(*ng));
+
 	if (!ng)
-		goto out;
+		return AP_ENOMEM;
 	p->groups = ng;
-	old = &p->groups[gi];
 	memmove(&p->groups[gi + k], &p->groups[gi + 1],
 		(size_t)(p->n_groups - gi - 1) * sizeof(ap_group));
 	for (int j = 1; j < k; j++)
 		memset(&p->groups[gi + j], 0, sizeof(ap_group));
 	p->n_groups += k - 1;
-	for (int v = 0; v < g->n_nodes; v++)
+	for (int v = 0; v < p->g->n_nodes; v++)
 		if (p->group_of[v] > gi)
 			p->group_of[v] += k - 1;
-	/* pieces 1..k-1 first, from the old member list; then piece 0 in place */
-	old_nodes = old->nodes;
-	old_refs = old->refusals;
-	n_refs = old->n_refusals;
+	return 0;
+}
+
+/* Groups gi .. gi + k - 1 become the k pieces of group gi (see cut_runs),
+ * each with gi's refusal lineage plus refusal rid, its kind from its
+ * nodes, and gi's sub-graph: pieces 1..k-1 first, from the old member
+ * list, then piece 0 in place.  0 or AP_ENOMEM. */
+static int split_pieces(ap_partition *p, int gi, int k, const int *start, int rid)
+{
+	const ap_group *old = &p->groups[gi];
+	int *old_nodes = old->nodes, *old_refs = old->refusals, n_refs = old->n_refusals;
+
 	for (int j = k - 1; j >= 0; j--) {
 		ap_group *grp = &p->groups[gi + j];
 		int cnt = start[j + 1] - start[j];
@@ -423,7 +484,7 @@ int ap_partition_cut(ap_partition *p, int gi, const int *cut, int n_cut, const c
 		if (!nodes || !refs) {
 			free(nodes);
 			free(refs);
-			goto out;
+			return AP_ENOMEM;
 		}
 		memcpy(nodes, old_nodes + start[j], (size_t)cnt * sizeof(int));
 		if (n_refs > 0)   /* old_refs is NULL before the first refusal */
@@ -441,12 +502,20 @@ int ap_partition_cut(ap_partition *p, int gi, const int *cut, int n_cut, const c
 		grp->n_refusals = n_refs + 1;
 		for (int i = 0; i < cnt; i++)
 			p->group_of[nodes[i]] = gi + j;
-		grp->kind = ap__partition_kind_of_nodes(g, nodes, cnt);
+		grp->kind = ap__partition_kind_of_nodes(p->g, nodes, cnt);
 	}
-	for (int j = 0; j < k; j++)
-		if (ap__partition_fill_group(p, gi + j) < 0)
-			goto out;
-	/* the edges between the pieces */
+	return 0;
+}
+
+/* A boundary with reason AP_WHY_REFUSED and detail "refused by WHO: WHY"
+ * for every edge into piece j from an earlier piece (groups gi .. gi + k
+ * - 1).  0 or AP_ENOMEM. */
+static int piece_boundaries(ap_partition *p, int gi, int k, const char *who, const char *why)
+{
+	const ap_graph *g = p->g;
+	int bcap = p->n_boundaries;
+	char detail[512];
+
 	snprintf(detail, sizeof(detail), "refused by %s: %s", who ? who : "lowering",
 		 why ? why : "");
 	for (int j = 1; j < k; j++) {
@@ -464,10 +533,39 @@ int ap_partition_cut(ap_partition *p, int gi, const int *cut, int n_cut, const c
 				u = g->tensors[t].producer;
 				if (u >= 0 && p->group_of[u] >= gi && p->group_of[u] < gi + j &&
 				    add_boundary(p, &bcap, u, grp->nodes[i], t, AP_WHY_REFUSED, detail) < 0)
-					goto out;
+					return AP_ENOMEM;
 			}
 		}
 	}
+	return 0;
+}
+
+/* Upward feedback (partition.h): splits group gi where the refusal says,
+ * records the refusal and the edges between the pieces.  The pieces or
+ * AP_EINVAL, AP_ENOMEM. */
+int ap_partition_cut(ap_partition *p, int gi, const int *cut, int n_cut, const char *who,
+		     const char *why)
+{
+	int *start, k, rid, rc = AP_ENOMEM;
+
+	if (gi < 0 || gi >= p->n_groups || p->groups[gi].n_nodes < 2)
+		return AP_EINVAL;
+	start = malloc(((size_t)p->groups[gi].n_nodes + 1) * sizeof(int));
+	if (!start)
+		return AP_ENOMEM;
+	k = cut_runs(&p->groups[gi], cut, n_cut, start);
+	if (k < 2) {
+		rc = AP_EINVAL;
+		goto out;
+	}
+	rid = add_refusal(p, why);
+	if (rid < 0 || make_room(p, gi, k) < 0 || split_pieces(p, gi, k, start, rid) < 0)
+		goto out;
+	for (int j = 0; j < k; j++)
+		if (ap__partition_fill_group(p, gi + j) < 0)
+			goto out;
+	if (piece_boundaries(p, gi, k, who, why) < 0)
+		goto out;
 	rc = k;
 out:
 	free(start);
