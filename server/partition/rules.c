@@ -48,73 +48,82 @@ typedef enum refusal {
 	NO_ABSORB,               /* a reduction does not absorb a product */
 } refusal;
 
-/* One aggregation rule: producer kind + consumer kind -> group kind, from
- * fusion level `level` on (AP_FUSE_RULES: at every level the table is asked
- * at -- level none never asks, check_merge stops first; AP_FUSE_APOLLO: at
- * level apollo only).  Below its level the pair is refused with `below`. */
+/* From which fusion level a rule holds. */
+typedef enum rule_level {
+	NEVER = 0,               /* no rule (an empty cell of the table) */
+	RULES,                   /* rules (1)-(5): at every level the table is
+				    asked at (level none never asks: check_merge
+				    stops first) */
+	APOLLO,                  /* level apollo only */
+} rule_level;
+
+/* One cell of the table: producer kind + consumer kind -> group kind, from
+ * level `level` on; below it the pair is refused with `below`. */
 typedef struct fusion_rule {
-	int producer, consumer, kind;
-	ap_fuse_level level;
+	int kind;
+	rule_level level;
 	refusal below;
 } fusion_rule;
 
-/* APOLLO's table (DESIGN.md, partition.h), one row per pair of kinds that
- * fuses.  No two rows have the same pair. */
-static const fusion_rule rules[] = {
+/* APOLLO's table (DESIGN.md, partition.h), indexed [producer kind]
+ * [consumer kind]; the cells not listed are NEVER (a sentence of their
+ * own, if any, in `never` below).  A pair listed twice does not build
+ * (-Wextra's -Woverride-init). */
+static const fusion_rule rules[AP_GROUP_KIND_COUNT][AP_GROUP_KIND_COUNT] = {
 	/* (1)-(3) elementwise and broadcast */
-	{EW, EW, EW, AP_FUSE_RULES, NO_RULE},
-	{EW, BC, BC, AP_FUSE_RULES, NO_RULE},
-	{BC, EW, BC, AP_FUSE_RULES, NO_RULE},
-	{BC, BC, BC, AP_FUSE_RULES, NO_RULE},
+	[EW][EW] = {EW, RULES, NO_RULE},
+	[EW][BC] = {BC, RULES, NO_RULE},
+	[BC][EW] = {BC, RULES, NO_RULE},
+	[BC][BC] = {BC, RULES, NO_RULE},
 	/* (4), (5) producers of a reduction */
-	{EW, RED, RED, AP_FUSE_RULES, NO_RULE},
-	{BC, RED, RED, AP_FUSE_RULES, NO_RULE},
+	[EW][RED] = {RED, RULES, NO_RULE},
+	[BC][RED] = {RED, RULES, NO_RULE},
 	/* (6) elementwise/broadcast + transpose, and injective ops with their
 	 * producers */
-	{EW, INJ, INJ, AP_FUSE_APOLLO, RULES_1_5},
-	{EW, TR, TR, AP_FUSE_APOLLO, RULES_1_5},
-	{BC, INJ, INJ, AP_FUSE_APOLLO, RULES_1_5},
-	{BC, TR, TR, AP_FUSE_APOLLO, RULES_1_5},
-	{INJ, INJ, INJ, AP_FUSE_APOLLO, RULES_1_5},
-	{INJ, TR, TR, AP_FUSE_APOLLO, RULES_1_5},
-	{TR, INJ, TR, AP_FUSE_APOLLO, RULES_1_5},
-	{TR, TR, TR, AP_FUSE_APOLLO, RULES_1_5},
+	[EW][INJ] = {INJ, APOLLO, RULES_1_5},
+	[EW][TR] = {TR, APOLLO, RULES_1_5},
+	[BC][INJ] = {INJ, APOLLO, RULES_1_5},
+	[BC][TR] = {TR, APOLLO, RULES_1_5},
+	[INJ][INJ] = {INJ, APOLLO, RULES_1_5},
+	[INJ][TR] = {TR, APOLLO, RULES_1_5},
+	[TR][INJ] = {TR, APOLLO, RULES_1_5},
+	[TR][TR] = {TR, APOLLO, RULES_1_5},
 	/* an injective op joins the group it feeds */
-	{INJ, EW, INJ, AP_FUSE_APOLLO, NO_RULE},
-	{INJ, BC, INJ, AP_FUSE_APOLLO, NO_RULE},
-	{TR, EW, TR, AP_FUSE_APOLLO, NO_RULE},
-	{TR, BC, TR, AP_FUSE_APOLLO, NO_RULE},
-	{INJ, RED, RED, AP_FUSE_APOLLO, RULES_1_5},
-	{TR, RED, RED, AP_FUSE_APOLLO, RULES_1_5},
+	[INJ][EW] = {INJ, APOLLO, NO_RULE},
+	[INJ][BC] = {INJ, APOLLO, NO_RULE},
+	[TR][EW] = {TR, APOLLO, NO_RULE},
+	[TR][BC] = {TR, APOLLO, NO_RULE},
+	[INJ][RED] = {RED, APOLLO, RULES_1_5},
+	[TR][RED] = {RED, APOLLO, RULES_1_5},
 	/* (6) a prologue of a matmul or conv */
-	{EW, MM, MM, AP_FUSE_APOLLO, RULES_1_5},
-	{BC, MM, MM, AP_FUSE_APOLLO, RULES_1_5},
-	{INJ, MM, MM, AP_FUSE_APOLLO, RULES_1_5},
-	{TR, MM, MM, AP_FUSE_APOLLO, RULES_1_5},
-	{EW, CONV, CONV, AP_FUSE_APOLLO, RULES_1_5},
-	{BC, CONV, CONV, AP_FUSE_APOLLO, RULES_1_5},
-	{INJ, CONV, CONV, AP_FUSE_APOLLO, RULES_1_5},
-	{TR, CONV, CONV, AP_FUSE_APOLLO, RULES_1_5},
+	[EW][MM] = {MM, APOLLO, RULES_1_5},
+	[BC][MM] = {MM, APOLLO, RULES_1_5},
+	[INJ][MM] = {MM, APOLLO, RULES_1_5},
+	[TR][MM] = {MM, APOLLO, RULES_1_5},
+	[EW][CONV] = {CONV, APOLLO, RULES_1_5},
+	[BC][CONV] = {CONV, APOLLO, RULES_1_5},
+	[INJ][CONV] = {CONV, APOLLO, RULES_1_5},
+	[TR][CONV] = {CONV, APOLLO, RULES_1_5},
 	/* (6) an epilogue of a matmul or conv */
-	{MM, EW, MM, AP_FUSE_APOLLO, NO_EPILOGUE},
-	{MM, BC, MM, AP_FUSE_APOLLO, NO_EPILOGUE},
-	{MM, INJ, MM, AP_FUSE_APOLLO, NO_EPILOGUE},
-	{MM, TR, MM, AP_FUSE_APOLLO, NO_EPILOGUE},
-	{CONV, EW, CONV, AP_FUSE_APOLLO, NO_EPILOGUE},
-	{CONV, BC, CONV, AP_FUSE_APOLLO, NO_EPILOGUE},
-	{CONV, INJ, CONV, AP_FUSE_APOLLO, NO_EPILOGUE},
-	{CONV, TR, CONV, AP_FUSE_APOLLO, NO_EPILOGUE},
+	[MM][EW] = {MM, APOLLO, NO_EPILOGUE},
+	[MM][BC] = {MM, APOLLO, NO_EPILOGUE},
+	[MM][INJ] = {MM, APOLLO, NO_EPILOGUE},
+	[MM][TR] = {MM, APOLLO, NO_EPILOGUE},
+	[CONV][EW] = {CONV, APOLLO, NO_EPILOGUE},
+	[CONV][BC] = {CONV, APOLLO, NO_EPILOGUE},
+	[CONV][INJ] = {CONV, APOLLO, NO_EPILOGUE},
+	[CONV][TR] = {CONV, APOLLO, NO_EPILOGUE},
 	/* Layer I: a pooling window with its producers, staged on chip
 	 * (elementwise ones, or a convolution / matmul whose output tile
 	 * Layer I recomputes with its halo), and its elementwise consumers;
 	 * the driver asks the cost model whether the staged kernel pays and
 	 * cuts the group where it does not */
-	{EW, WIN, WIN, AP_FUSE_APOLLO, NO_RULE},
-	{BC, WIN, WIN, AP_FUSE_APOLLO, NO_RULE},
-	{MM, WIN, WIN, AP_FUSE_APOLLO, NO_RULE},
-	{CONV, WIN, WIN, AP_FUSE_APOLLO, NO_RULE},
-	{WIN, EW, WIN, AP_FUSE_APOLLO, NO_RULE},
-	{WIN, BC, WIN, AP_FUSE_APOLLO, NO_RULE},
+	[EW][WIN] = {WIN, APOLLO, NO_RULE},
+	[BC][WIN] = {WIN, APOLLO, NO_RULE},
+	[MM][WIN] = {WIN, APOLLO, NO_RULE},
+	[CONV][WIN] = {WIN, APOLLO, NO_RULE},
+	[WIN][EW] = {WIN, APOLLO, NO_RULE},
+	[WIN][BC] = {WIN, APOLLO, NO_RULE},
 };
 
 /* Pairs that no rule fuses at any level and that have a sentence of their
@@ -155,19 +164,17 @@ static void say_refusal(refusal r, int pk, int ck, ap_fuse_level lv, char *why, 
 	}
 }
 
-/* The kind of producer kind pk + consumer kind ck at level lv: the row of
- * `rules` for the pair, when lv reaches its level; else -1, and *why
+/* The kind of producer kind pk + consumer kind ck at level lv: the cell
+ * of `rules` for the pair, when lv reaches its level; else -1, and *why
  * explains (`never` names the pairs with a sentence of their own). */
 int ap__partition_merged_kind(int pk, int ck, ap_fuse_level lv, char *why, size_t cap)
 {
 	refusal r = NO_RULE;
 
-	for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++) {
-		const fusion_rule *f = &rules[i];
+	if (pk >= 0 && pk < AP_GROUP_KIND_COUNT && ck >= 0 && ck < AP_GROUP_KIND_COUNT) {
+		const fusion_rule *f = &rules[pk][ck];
 
-		if (f->producer != pk || f->consumer != ck)
-			continue;
-		if (f->level != AP_FUSE_APOLLO || lv == AP_FUSE_APOLLO)
+		if (f->level == RULES || (f->level == APOLLO && lv == AP_FUSE_APOLLO))
 			return f->kind;
 		r = f->below;
 	}
