@@ -8,6 +8,7 @@
  */
 #include "partition_internal.h"
 
+/* "name:dtype[d0,d1,...]" of tensor t. */
 static void dump_tensor(FILE *f, const ap_graph *g, int t)
 {
 	const ap_tensor *x = &g->tensors[t];
@@ -18,6 +19,7 @@ static void dump_tensor(FILE *f, const ap_graph *g, int t)
 	fprintf(f, "]");
 }
 
+/* One line per group, then one per boundary (partition.h). */
 int ap_partition_dump(const ap_partition *p, FILE *f)
 {
 	const ap_graph *g = p->g;
@@ -55,6 +57,7 @@ int ap_partition_dump(const ap_partition *p, FILE *f)
 	return ferror(f) ? AP_EIO : 0;
 }
 
+/* The same as one JSON object (partition.h). */
 int ap_partition_dump_json(const ap_partition *p, FILE *f)
 {
 	const ap_graph *g = p->g;

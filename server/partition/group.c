@@ -243,6 +243,7 @@ typedef struct whole_member {
 	int id, node;
 } whole_member;
 
+/* qsort order of whole_member: by whole id, then node. */
 static int cmp_whole(const void *a, const void *b)
 {
 	const whole_member *x = a, *y = b;

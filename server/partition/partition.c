@@ -125,6 +125,8 @@ static void group_clear(ap_group *grp)
 	memset(grp, 0, sizeof(*grp));
 }
 
+/* Frees the groups, boundaries, sub-graphs, refusals and the private part
+ * (partition.h). */
 ap_partition *ap_partition_free(__ap_take ap_partition *p)
 {
 	if (!p)

@@ -32,6 +32,8 @@ typedef struct dup {
 	int *nodes;          /* members of P that C needs, ascending */
 } dup;
 
+/* May group p be duplicated: elementwise, broadcast, injective or
+ * transpose, of at most MAX_CLONE_NODES members? */
 static bool cheap(ap_pctx *c, int p)
 {
 	int k = c->kind[p];
@@ -713,6 +715,8 @@ nomem:
 
 /* ---- the entries -------------------------------------------------------------- */
 
+/* One round of recompute: choose_dups, then rewrite when there is
+ * something to duplicate (partition_internal.h). */
 int ap__partition_recompute(ap_pctx *c, int base, ap_graph **out, int *n_cloned, ap_error *err)
 {
 	dup *d = NULL;
@@ -729,6 +733,8 @@ int ap__partition_recompute(ap_pctx *c, int base, ap_graph **out, int *n_cloned,
 	return *out ? n_dup : AP_ENOMEM;
 }
 
+/* Why the cheap producer group p, read elsewhere too, was not recomputed
+ * in q: clone_check's answer as a sentence (partition_internal.h). */
 bool ap__partition_recompute_why(ap_pctx *c, int p, int q, char *why, size_t cap)
 {
 	int64_t gain;

@@ -7,9 +7,10 @@
  * (ap_boundary_reason) and one sentence why not.
  *
  * Two layers:
- *   - the rules proper: producer kind x consumer kind -> group kind at a
- *     fusion level (merged_kind), and the kind of a node or of a set of
- *     nodes;
+ *   - the rules proper, as data: a table indexed by producer kind and
+ *     consumer kind that gives the merged group's kind, the lowest fusion
+ *     level of the rule and the sentence below it (`rules`, read by
+ *     merged_kind); and the kind of a node or of a set of nodes;
  *   - the checks a merge passes beyond its kinds (check_merge, in this
  *     order): opaque ops, compound ops kept whole and fusion barriers; the
  *     rules; the tensors the merged group writes (one shape; a reduction's
@@ -18,7 +19,7 @@
  *     product pays (the cost model); a matmul or conv evaluated once per
  *     element and a prologue within max_recompute (the cost model's
  *     evaluation counts, kept for the two groups at hand); the size cap.
- * The checks never change the grouping; they only fill scratch marks.
+ * The checks never change the grouping; they only use its scratch state.
  */
 #include "partition_internal.h"
 
@@ -670,6 +671,7 @@ static bool window_product_pays(ap_pctx *c, int p, char *why, size_t cap)
 
 /* ---- all checks of one merge -------------------------------------------------- */
 
+/* The name of group root's node, for sentences. */
 static const char *node_label(ap_pctx *c, int root)
 {
 	return c->g->nodes[root].name;

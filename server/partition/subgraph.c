@@ -19,6 +19,9 @@
 
 /* ---- boundaries --------------------------------------------------------------- */
 
+/* Appends the boundary (producer node u, consumer node v, tensor t, reason
+ * r, a copy of detail) to part->boundaries, whose capacity *cap grows by
+ * doubling.  0 or AP_ENOMEM. */
 static int add_boundary(ap_partition *part, int *cap, int u, int v, int t, ap_boundary_reason r,
 			const char *detail)
 {
@@ -64,6 +67,7 @@ static ap_boundary_reason edge_reason(ap_pctx *c, int p, int q, char *why, size_
 	return (ap_boundary_reason)r;
 }
 
+/* qsort order of boundaries: by producer, consumer, tensor. */
 static int cmp_bound(const void *a, const void *b)
 {
 	const ap_boundary *x = a, *y = b;
@@ -171,6 +175,7 @@ typedef struct sub_edge {
 	int sub, dep;
 } sub_edge;
 
+/* qsort order of sub_edge: by sub-graph, then dependency. */
 static int cmp_sub_edge(const void *a, const void *b)
 {
 	const sub_edge *x = a, *y = b;
