@@ -7,7 +7,10 @@
 #      launch box per launch of the JSON's launch_list and one edge per
 #      boundary of its boundary_list, counted both from the elements and
 #      from what the page's script counted (data-rendered-*); a screenshot
-#      of each page is taken and its path and size printed;
+#      of each page is taken and its path and size printed; moving the
+#      mouse over a launch (a copy of the page with one more line of
+#      script) fills the hover panel with its kernel, schedule, bytes and
+#      recompute ratio;
 #   2. a small ONNX model made here whose node and tensor names hold
 #      <b>&"' : the page escapes them (no <b> element in the rendered DOM,
 #      the name shown as text) and still counts right;
@@ -129,6 +132,31 @@ for m in bert_like_2l squeezenet1_1; do
 	page_check "$m" "$page" "--explain --json" $(json_counts "$AP_TMP/$m.json") || status=1
 	screenshot "$m" "$page" || status=1
 done
+
+# The hover panel: a copy of bert_like_2l's page with a line of script that
+# moves the mouse over launch 1 shows that launch's kernel, schedule,
+# bytes and recompute ratio in #info, and marks its arrows.
+page=$AP_TMP/bert_like_2l.html
+if [ -f "$page" ]; then
+	sed 's|</body>|<script>document.querySelector("#launch-1 rect").dispatchEvent(new MouseEvent("mouseover", {bubbles: true}));</script></body>|' \
+		"$page" >"$AP_TMP/hover.html"
+	browser --dump-dom "file://$AP_TMP/hover.html" >"$AP_TMP/hover.dom"
+	info=$(sed -n 's/.*<div id="info">\(.*\)<\/div>.*/\1/p' "$AP_TMP/hover.dom" | head -1 | sed 's/<[^>]*>/ /g')
+	kernel=$(sed -n 's/.*id="launch-1" data-index="1" data-kernel="\([^"]*\)".*/\1/p' "$page")
+	hot=$(grep -o '<g class="boundary [^"]* hot"' "$AP_TMP/hover.dom" | wc -l)
+	case $info in
+	*"launch:  1"*"kernel:  $kernel"*"schedule: "*"global bytes: "*"recompute ratio: "*)
+		if [ "$hot" -ge 1 ]; then
+			echo "hover over launch 1: the panel shows$(echo "$info" | tr -s ' '); $hot arrows marked"
+		else
+			echo "FAILED: hover over launch 1 marks none of its arrows"
+			status=1
+		fi ;;
+	*)
+		echo "FAILED: hover over launch 1: the panel shows '$info', not its kernel $kernel, schedule, bytes and recompute ratio"
+		status=1 ;;
+	esac
+fi
 
 # 2. Names that are markup: node and tensor names holding <b>&"'.
 "$PY" - "$AP_TMP/markup.onnx" <<'EOF' || { echo "FAILED: could not write the model"; exit 1; }
