@@ -69,6 +69,7 @@ import contextlib
 import itertools
 import operator
 import os
+import re
 import sys
 import threading
 import warnings
