@@ -3,7 +3,7 @@
  *   apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]
  *                 [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]
  *                 [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1] [--no-tune]
- *                 [--no-cache] [--namespace NS] [--daemon-import] [--explain]
+ *                 [--no-cache] [--namespace NS] [--daemon-import] [--explain] [--explain-html FILE]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
  *                 [--keep-whole OP ...]
  *   apollo-client check DIR... [--target T] [--rtol R] [--atol A] [--jobs N]
@@ -30,7 +30,8 @@
  * DIR/<folder name>/ (model.onnx a link to the model), the reference data
  * for a run at another fusion level.  `submit --explain` lists every
  * launch with its ONNX nodes and category, and every boundary between
- * launches with the reason they were not fused.  Errors go to stderr as "apollo-client: ..."
+ * launches with the reason they were not fused; `--explain-html FILE`
+ * draws the same as one self-contained HTML page (explain_html.h).  Errors go to stderr as "apollo-client: ..."
  * and make the command exit 1 (2 for a usage error).
  *
  * `tune` measures the candidates of a graph's tuned kernels on this
@@ -56,6 +57,7 @@
 #include <unistd.h>
 
 #include "apollo.h"
+#include "explain_html.h"
 #include "proto/apollo.pb-c.h"
 #include "runtime.h"
 #include "tool.h"
@@ -81,9 +83,11 @@ static const subcommand_help g_help[] = {
 	  "              [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]\n"
 	  "              [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1] [--no-tune]\n"
 	  "              [--host-check] [--no-cache] [--namespace NS] [--daemon-import] [--explain]\n"
-	  "              [--fusion none|rules|apollo] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n",
+	  "              [--explain-html FILE] [--fusion none|rules|apollo] [--fusion-barrier NODE ...]\n"
+	  "              [--keep-whole OP ...]\n",
 	  "Compiles a model (its structure; the weights stay here) and prints the bundle's\n"
 	  "launches and statistics; -o writes the bundle, --explain why launches were not fused,\n"
+	  "--explain-html FILE the fused graph as an HTML page (open it in a browser),\n"
 	  "--dump the kernels' blobs.  Target cpu (host C, for checking), sm_XX or compute_XX\n"
 	  "(CUDA), host:sm_XX (a GPU's kernels emulated on the host).\n" },
 	{ "check",
@@ -649,7 +653,7 @@ static int compile_option(const char *a, const char *v, ap_submit_options *o,
 typedef struct submit_args {
 	model_args m;
 	ap_submit_options opt;
-	const char *out, *dump, *dump_sched;
+	const char *out, *dump, *dump_sched, *explain_html;
 	bool json, daemon_import;
 	const char **barriers, **whole;   /* malloc'd, of borrowed argv strings */
 	ap_report_info info;
@@ -687,6 +691,9 @@ static int submit_parse(int argc, char **argv, submit_args *s)
 			s->daemon_import = true;
 		} else if (!strcmp(a, "--explain")) {
 			s->info.explain = true;
+		} else if (!strcmp(a, "--explain-html") && v) {
+			s->explain_html = v;
+			i++;
 		} else if (!strcmp(a, "--format") && v) {
 			if (!strcmp(v, "ptx"))
 				s->opt.output = AP_OUTPUT_PTX;
@@ -815,6 +822,8 @@ static int cmd_submit(int argc, char **argv)
 		goto out;
 	}
 	rc = submit_write(&s, bundle);
+	if (!rc && s.explain_html && ap_report_html_file(s.explain_html, bundle, s.m.model, &err) < 0)
+		rc = fail("submit", &err);
 out:
 	fflush(stdout);
 	ap_bundle_free(bundle);

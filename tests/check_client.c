@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "client/apollo.h"
+#include "client/explain_html.h"
 #include "client/tool.h"
 #include "common/frame.h"
 #include "proto/apollo.pb-c.h"
@@ -1484,6 +1485,73 @@ START_TEST(explain_json)
 }
 END_TEST
 
+/* Occurrences of `needle` in `hay`. */
+static int count_of(const char *hay, const char *needle)
+{
+	int n = 0;
+
+	for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
+		n++;
+	return n;
+}
+
+/* The --explain-html page: one box per launch, one edge per boundary, the
+ * counts on the <svg>, every string from the bundle escaped, nothing
+ * fetched; a file that cannot be written is AP_EIO and leaves nothing. */
+START_TEST(explain_html)
+{
+	ap_bundle *b = explain_bundle();
+	Apollo__Bundle *pb = (Apollo__Bundle *)ap_bundle_pb(b);
+	ap_report_info info = { .model = "m<i>&.onnx" };
+	char *text = NULL, path[64];
+	size_t tlen = 0;
+	FILE *f;
+	ap_error err;
+	char *keep_node = pb->plan[0]->nodes[1], *keep_kernel = pb->kernels[1]->name;
+
+	/* (put back before ap_bundle_free, which frees the unpacked strings) */
+	pb->plan[0]->nodes[1] = "<b>&\"x'";
+	pb->kernels[1]->name = "k</title><script>";
+	f = open_memstream(&text, &tlen);
+	ck_assert_ptr_nonnull(f);
+	ck_assert_int_eq(ap_report_html(f, b, &info, &err), 0);
+	fclose(f);
+	ck_assert_ptr_nonnull(strstr(text, "<!DOCTYPE html>"));
+	ck_assert_ptr_nonnull(strstr(text, "data-launches=\"3\" data-boundaries=\"3\""));
+	ck_assert_int_eq(count_of(text, "<g class=\"launch "), 3);
+	ck_assert_int_eq(count_of(text, "<g class=\"boundary "), 3);
+	ck_assert_ptr_nonnull(strstr(text, "<g class=\"launch kind-stitched layer-II\" id=\"launch-1\""));
+	ck_assert_ptr_nonnull(strstr(text, "<g class=\"boundary reason-hint\" id=\"boundary-1\" "
+				   "data-producer=\"1\" data-consumer=\"2\" data-tensor=\"u&quot;q\""));
+	ck_assert_ptr_nonnull(strstr(text, "data-schedule=\"rows=1 cache=registers\""));
+	/* escaped as text and as attributes; no markup from the bundle */
+	ck_assert_ptr_nonnull(strstr(text, ">&lt;b&gt;&amp;&quot;x&#39;</text>"));
+	ck_assert_ptr_nonnull(strstr(text, "<title>Apollo: m&lt;i&gt;&amp;.onnx</title>"));
+	ck_assert_ptr_nonnull(strstr(text, "data-kernel=\"k&lt;/title&gt;&lt;script&gt;\""));
+	ck_assert_ptr_null(strstr(text, "<b>"));
+	ck_assert_ptr_null(strstr(text, "m<i>"));
+	ck_assert_int_eq(count_of(text, "<script>"), 1);
+	ck_assert_ptr_null(strstr(text, "u\"q"));
+	/* self-contained: no URL but the SVG namespace */
+	ck_assert_int_eq(count_of(text, "http"), 2);   /* Content-Security-Policy's http-equiv, xmlns */
+	ck_assert_ptr_null(strstr(text, "src="));
+	ck_assert_ptr_null(strstr(text, "href="));
+	free(text);
+
+	/* to a file; an unwritable path is AP_EIO naming it */
+	snprintf(path, sizeof(path), "/tmp/ap-html-%d.html", (int)getpid());
+	ck_assert_int_eq(ap_report_html_file(path, b, "m", &err), 0);
+	ck_assert_int_eq(access(path, R_OK), 0);
+	unlink(path);
+	ck_assert_int_eq(ap_report_html_file("/nonexistent/dir/x.html", b, "m", &err), AP_EIO);
+	ck_assert_ptr_nonnull(strstr(err.msg, "/nonexistent/dir/x.html"));
+	ck_assert_int_eq(ap_report_html_file(NULL, b, "m", &err), AP_EINVAL);
+	pb->plan[0]->nodes[1] = keep_node;
+	pb->kernels[1]->name = keep_kernel;
+	ap_bundle_free(b);
+}
+END_TEST
+
 /* ---- writing test data --------------------------------------------------------------- */
 
 START_TEST(testdata_encode_round_trip)
@@ -1596,6 +1664,7 @@ static Suite *client_suite(void)
 	tcase_add_test(tc, json_report);
 	tcase_add_test(tc, explain_text);
 	tcase_add_test(tc, explain_json);
+	tcase_add_test(tc, explain_html);
 	tcase_add_test(tc, testdata_encode_round_trip);
 	tcase_add_test(tc, compare_scalars);
 	tcase_add_test(tc, compare_tensors);

@@ -8,6 +8,9 @@
 set -e
 cd "$(dirname "$0")/.."
 PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler libisl-dev libsqlite3-dev check libssl-dev libhiredis-dev redis-server curl python3-venv clang libclang-rt-dev"
+# Only the tests use these: chromium renders the --explain-html pages
+# headless (tests/explain_html.sh).
+PKGS="$PKGS chromium"
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

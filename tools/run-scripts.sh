@@ -12,7 +12,8 @@
 # picks.  Only torch.sh writes into the source tree (client/python/build,
 # which it removes), and no other script reads it.
 #
-# The value-checking scripts (SHARED below) share one daemon cache,
+# The value-checking scripts (SHARED below; explain_html, which only
+# draws what it is answered, too) share one daemon cache,
 # $APOLLO_TEST_CACHE (default $APOLLO_BUILD/test-cache/cache.db, emptied
 # here first): its keys are content-addressed and name the daemon's
 # executable (server/compile/compile.c, build_identity), so a bundle
@@ -29,7 +30,7 @@ fi
 [ $# -gt 0 ] || set -- tests/*.sh
 APOLLO_BUILD=${APOLLO_BUILD:-$(pwd)/build}
 export APOLLO_BUILD
-SHARED="conformance differential fusion_levels onnx_ops"
+SHARED="conformance differential fusion_levels onnx_ops explain_html"
 if [ -z "$APOLLO_TEST_CACHE" ]; then
 	rm -rf "$APOLLO_BUILD/test-cache"
 	mkdir -p "$APOLLO_BUILD/test-cache" && chmod 700 "$APOLLO_BUILD/test-cache"

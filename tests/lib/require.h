@@ -3,7 +3,9 @@
  * Some checks need more than the build: the host C compiler ("cc"),
  * NVRTC and its headers ("nvrtc"), ../shared/testdata ("testdata"), the
  * stand-in CUDA driver that `make all` builds ("standin"), a CUDA device
- * ("gpu").  Where one is missing the check prints why and passes without
+ * ("gpu"); the scripts also know a headless Chromium ("browser",
+ * tests/explain_html.sh) and PyTorch in .venv ("torch", the same script's
+ * torch part).  Where one is missing the check prints why and passes without
  * doing its work (a developer's machine without NVRTC still runs the
  * rest).  $APOLLO_REQUIRE, a list of those names separated by commas
  * (.ci/run: APOLLO_REQUIRE=nvrtc,testdata,cc,standin), turns each such

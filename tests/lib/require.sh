@@ -2,7 +2,8 @@
 # directly): the shell side of tests/lib/require.h.
 #
 #   ap_skip WHAT MESSAGE   a check cannot run for want of WHAT (cc, nvrtc,
-#                          testdata, standin, gpu): prints MESSAGE and
+#                          testdata, standin, gpu, browser: a headless
+#                          Chromium, torch): prints MESSAGE and
 #                          returns 0, or, when $APOLLO_REQUIRE (names
 #                          separated by commas) names WHAT, prints that it
 #                          is required and returns 1.

@@ -146,6 +146,7 @@ _PROTOS = {
     "ap_bundle_n_buffers": (ctypes.c_int, [_P]),
     "ap_bundle_buffer_get": (ctypes.c_int, [_P, ctypes.c_int, ctypes.POINTER(ap_bundle_buffer)]),
     "ap_bundle_stats_get": (None, [_P, ctypes.POINTER(ap_bundle_stats)]),
+    "ap_report_html_file": (ctypes.c_int, [ctypes.c_char_p, _P, ctypes.c_char_p, _E]),
     "ap_runtime_new": (_P, [_P, ctypes.POINTER(ap_runtime_options), _E]),
     "ap_runtime_free": (_P, [_P]),
     "ap_runtime_bind_ptr": (ctypes.c_int, [_P, ctypes.c_int, _P, ctypes.c_uint64, _E]),

@@ -6,6 +6,7 @@ and apollo.Bundle, the compiled answer.
     c = apollo.Client("host:7070", token="s3cret")
     b = c.submit(graph, target="cpu", fusion="apollo", namespace="")
     b.stats["cache_hit"], b.stats["kernels"]
+    b.explain_html("graph.html")                # a picture of what was fused
 
 Errors raise ApolloError carrying the daemon's code, message, node and
 tensor; a daemon that cannot be reached raises DaemonUnavailable.  A client
@@ -37,6 +38,17 @@ class Bundle:
     @property
     def handle(self):
         return self._b
+
+    def explain_html(self, path, title=None):
+        """Writes the fused graph as one self-contained HTML page to `path`
+        (what `apollo-client submit --explain-html` writes: every launch a
+        box of its nodes, every boundary an arrow with its reason); `title`
+        names the model on the page.  Raises ApolloError (EIO: the file
+        could not be written)."""
+        err = new_error()
+        if lib.ap_report_html_file(os.fsencode(path), self._b,
+                                   title.encode() if title else None, ctypes.byref(err)) < 0:
+            raise_error(err)
 
     @classmethod
     def unpack(cls, data):

@@ -47,6 +47,12 @@ default):
     allow_tf32 APOLLO_ALLOW_TF32 1: float32 products may use TF32 tensor cores
     threads    APOLLO_THREADS    host threads per launch (0: the runtime's)
     quiet      APOLLO_QUIET      1: no graph-break lines
+    explain_html APOLLO_EXPLAIN_HTML  a folder (made when missing): each
+                                 compiled graph's fused graph written there
+                                 as NNN_<graph>.html, the page of
+                                 `apollo-client submit --explain-html`
+                                 (a page that cannot be written warns;
+                                 in strict mode it raises)
 
 A wrong configuration -- an unknown option, target (by its form, or one
 the daemon does not list) or fusion level, a value of the wrong kind, in
@@ -60,8 +66,10 @@ kernels, daemon compile time, graph breaks, graphs run eagerly and parts of
 split graphs run eagerly.
 """
 import contextlib
+import itertools
 import operator
 import os
+import re
 import sys
 import threading
 import warnings
@@ -77,7 +85,7 @@ from torch.fx.passes.operator_support import OperatorSupport
 from . import config
 from . import fx as afx
 from .client import Client
-from .errors import EINVAL, EUNSUPPORTED, ApolloError, ConfigError
+from .errors import EINVAL, EIO, EUNSUPPORTED, ApolloError, ConfigError
 from .runtime import Runtime
 
 aten = torch.ops.aten
@@ -134,6 +142,7 @@ _OPTIONS = {  # name: (environment variable, default, parser)
     "allow_tf32": ("APOLLO_ALLOW_TF32", False, _flag),
     "threads": ("APOLLO_THREADS", 0, _count),
     "quiet": ("APOLLO_QUIET", False, _flag),
+    "explain_html": ("APOLLO_EXPLAIN_HTML", None, _text),
 }
 
 try:
@@ -352,6 +361,21 @@ def _device_of(gm, example_inputs):
     return devs.pop() if devs else torch.device("cpu")
 
 
+_pages = itertools.count()
+
+
+def _explain_html(bundle, opts, name):
+    """The explain_html option: bundle's page as DIR/NNN_<name>.html."""
+    path = os.path.join(opts.explain_html, "%03d_%s.html" % (next(_pages), re.sub(r"[^\w.-]", "_", name)))
+    try:
+        os.makedirs(opts.explain_html, exist_ok=True)
+        bundle.explain_html(path, title=name)
+    except (OSError, ApolloError) as e:
+        if opts.strict:
+            raise ApolloError(EIO, "apollo: explain_html: %s: %s" % (path, e)) from None
+        warnings.warn("apollo: explain_html: %s: %s" % (path, e), RuntimeWarning, stacklevel=2)
+
+
 def _submit(gm, params, device, opts, name):
     """Converts and submits one FX graph; returns a _Compiled."""
     conv = afx.convert(gm, params, name)
@@ -362,6 +386,8 @@ def _submit(gm, params, device, opts, name):
                                   namespace=opts.namespace or "", no_cache=opts.no_cache,
                                   allow_tf32=opts.allow_tf32)
     dt = time.perf_counter() - t0
+    if opts.explain_html:
+        _explain_html(bundle, opts, name)
     st = bundle.stats
     with _lock:
         _stats["graphs"] += 1
