@@ -2036,6 +2036,19 @@ START_TEST(driver_negotiation)
 	 * cubin of another generation, under another key), else a refusal */
 	r = compile(fd, 3, g, &c12);
 	has12 = r->compiled->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE;
+#if defined(__SANITIZE_ADDRESS__)
+	/* NVRTC 12.9 never loads its libnvrtc-builtins inside a process under
+	 * AddressSanitizer (NVRTC_ERROR_BUILTIN_OPERATION_FAILURE; the same
+	 * request compiles in the plain build, which checks the cubin below):
+	 * the sanitized run checks only that the request reached NVRTC 12 */
+	if (!has12 && r->compiled->error->code == APOLLO__ERROR_CODE__ERR_COMPILE &&
+	    strstr(r->compiled->error->message, "BUILTIN_OPERATION_FAILURE")) {
+		printf("check_daemon: driver_negotiation: NVRTC 12 under ASan: %s\n",
+		       r->compiled->error->message);
+		apollo__envelope__free_unpacked(r, NULL);
+		goto out;
+	}
+#endif
 	if (has12) {
 		b = bundle_ok(r, "sm_90");
 		ck_assert_int_eq(cubin_abi(b->kernels[0]), 7);

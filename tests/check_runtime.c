@@ -1350,7 +1350,7 @@ START_TEST(contract_shared_memory)
 	char *ptx = ptx_kernel("sm_80", "", "	.shared .align 16 .b8 tile[4096];\n");
 	int *smem_attr, *launches;
 	int (*get_fn)(void **, void *, const char *), (*load)(void **, const void *);
-	int (*set_attr)(void *, int, int), (*get_attr)(int *, int, void *), (*init)(unsigned);
+	int (*set_attr)(void *, int, int), (*get_attr)(int *, int, void *), (*init)(unsigned), (*unload)(void *);
 	ap_runtime *rt;
 	ap_bundle *b;
 	ap_error err;
@@ -1399,6 +1399,7 @@ START_TEST(contract_shared_memory)
 	*(void **)&get_fn = sym(drv, "cuModuleGetFunction");
 	*(void **)&set_attr = sym(drv, "cuFuncSetAttribute");
 	*(void **)&get_attr = sym(drv, "cuFuncGetAttribute");
+	*(void **)&unload = sym(drv, "cuModuleUnload");
 	{
 		void *m, *f;
 		int v = 0;
@@ -1419,6 +1420,7 @@ START_TEST(contract_shared_memory)
 		ck_assert_int_eq(set_attr(f, 8, 232448 - 4096 + 1), 1);   /* CUDA_ERROR_INVALID_VALUE */
 		ck_assert_int_eq(set_attr(f, 8, 232448 - 4096), 0);
 		ck_assert_int_eq(launch(f, 1, 1, 1, 32, 1, 1, 48 * 1024, NULL, params, NULL), 0);
+		ck_assert_int_eq(unload(m), 0);
 	}
 	free(g.k.blob.data);
 out:
@@ -1477,7 +1479,7 @@ START_TEST(contract_block_and_grid)
 	ap_bundle_free(b);
 	/* what the stand-in does when asked anyway */
 	{
-		int (*init)(unsigned), (*load)(void **, const void *);
+		int (*init)(unsigned), (*load)(void **, const void *), (*unload)(void *);
 		int (*get_fn)(void **, void *, const char *), (*get_attr)(int *, int, void *);
 		int (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
 			      unsigned, void *, void **, void **);
@@ -1485,6 +1487,7 @@ START_TEST(contract_block_and_grid)
 		void *params[2] = { &a, &c }, *m, *f;
 		int v = 0;
 
+		*(void **)&unload = sym(drv, "cuModuleUnload");
 		*(void **)&init = sym(drv, "cuInit");
 		*(void **)&load = sym(drv, "cuModuleLoadData");
 		*(void **)&get_fn = sym(drv, "cuModuleGetFunction");
@@ -1499,6 +1502,7 @@ START_TEST(contract_block_and_grid)
 		ck_assert_int_eq(launch(f, 1, 1, 1, 2048, 1, 1, 0, NULL, params, NULL), 1);
 		ck_assert_int_eq(launch(f, 1, 65536, 1, 32, 1, 1, 0, NULL, params, NULL), 1);
 		ck_assert_int_eq(launch(f, 1, 1, 1, 128, 1, 1, 0, NULL, params, NULL), 0);
+		ck_assert_int_eq(unload(m), 0);
 	}
 	/* PTX for a newer target than the device: refused naming both, and by
 	 * the stand-in with CUDA_ERROR_INVALID_PTX */
@@ -1574,7 +1578,7 @@ START_TEST(contract_clusters)
 		      err.msg);
 	ap_bundle_free(b);
 	{
-		int (*init)(unsigned), (*load)(void **, const void *);
+		int (*init)(unsigned), (*load)(void **, const void *), (*unload)(void *);
 		int (*get_fn)(void **, void *, const char *), (*set_attr)(void *, int, int);
 		int (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
 			      unsigned, void *, void **, void **);
@@ -1582,6 +1586,7 @@ START_TEST(contract_clusters)
 		void *params[2] = { &a, &c }, *m, *f;
 
 		*(void **)&init = sym(drv, "cuInit");
+		*(void **)&unload = sym(drv, "cuModuleUnload");
 		*(void **)&load = sym(drv, "cuModuleLoadData");
 		*(void **)&get_fn = sym(drv, "cuModuleGetFunction");
 		*(void **)&set_attr = sym(drv, "cuFuncSetAttribute");
@@ -1591,11 +1596,13 @@ START_TEST(contract_clusters)
 		ck_assert_int_eq(get_fn(&f, m, "add_one"), 0);
 		ck_assert_int_eq(launch(f, 3, 1, 1, 128, 1, 1, 0, NULL, params, NULL), 912);
 		ck_assert_int_eq(launch(f, 4, 1, 1, 128, 1, 1, 0, NULL, params, NULL), 0);
+		ck_assert_int_eq(unload(m), 0);
 		ck_assert_int_eq(load(&m, big), 0);
 		ck_assert_int_eq(get_fn(&f, m, "add_one"), 0);
 		ck_assert_int_eq(launch(f, 16, 1, 1, 32, 1, 1, 0, NULL, params, NULL), 912);
 		ck_assert_int_eq(set_attr(f, 14, 1), 0);   /* NON_PORTABLE_CLUSTER_SIZE_ALLOWED */
 		ck_assert_int_eq(launch(f, 16, 1, 1, 32, 1, 1, 0, NULL, params, NULL), 0);
+		ck_assert_int_eq(unload(m), 0);
 	}
 out:
 	free(ptx);

@@ -1219,6 +1219,43 @@ static int plan(pipe *P)
 	return rc;
 }
 
+/* Sets up a build of g under opt: the target's figures (limits, TF32,
+ * test hooks), the printer, and the options of the expand and partition
+ * stages (xopt, popt; popt->target points into P).  0, or AP_EUNSUPPORTED
+ * (unknown target) / AP_EINVAL (dump_after names no stage) with `err`. */
+static int pipe_init(pipe *P, const ap_graph *g, const ap_build_options *opt,
+		     ap_expand_options *xopt, ap_partition_options *popt, ap_error *err)
+{
+	memset(P, 0, sizeof(*P));
+	P->g = g;
+	P->opt = opt ? opt : &P->dflt;
+	P->err = err;
+	if (ap_cost_target(P->opt->target, &P->ti) < 0)
+		return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL, "unknown target '%.64s'",
+				    P->opt->target);
+	if (P->opt->dump_after && !stage_known(P->opt->dump_after))
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "dump after '%.64s': no such stage (%s)",
+				    P->opt->dump_after, STAGE_LIST);
+	P->ti.max_threads_per_block = P->opt->max_block_threads ? P->opt->max_block_threads : 256;
+	P->ti.allow_tf32 = P->opt->allow_tf32;
+	if (P->opt->hooks && P->opt->hooks->direct_gflops > 0)
+		P->ti.direct_gflops = P->opt->hooks->direct_gflops;
+	/* a GPU target prints CUDA C, unless emulated on the host ("host:") */
+	P->print_target = P->ti.gpu && strncmp(P->opt->target, "host:", 5) ? AP_KIR_CUDA
+			: P->opt->host_check ? AP_KIR_HOST_CHECK : AP_KIR_HOST;
+	xopt->n_keep_whole = P->opt->n_keep_whole;
+	xopt->keep_whole = P->opt->keep_whole;
+	xopt->open_all = P->opt->hooks && P->opt->hooks->open_all;
+	popt->level = P->opt->fusion;
+	popt->max_group_nodes = P->opt->max_group_nodes;
+	popt->max_recompute = P->opt->max_recompute;
+	popt->n_barriers = P->opt->n_fusion_barriers;
+	popt->barriers = P->opt->fusion_barriers;
+	popt->target = &P->ti;
+	popt->no_layer1 = P->opt->no_layer1;
+	return 0;
+}
+
 __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g, const ap_build_options *opt,
 				       ap_error *err)
 {
@@ -1228,38 +1265,8 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g, const ap_bui
 	double t0 = ap_now_ms(), t;
 	int rc = 0, rounds = 0;
 
-	memset(&P, 0, sizeof(P));
-	P.g = g;
-	P.opt = opt ? opt : &P.dflt;
-	P.err = err;
-	if (ap_cost_target(P.opt->target, &P.ti) < 0) {
-		ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL, "unknown target '%.64s'",
-			     P.opt->target);
+	if (pipe_init(&P, g, opt, &xopt, &popt, err))
 		return NULL;
-	}
-	if (P.opt->dump_after && !stage_known(P.opt->dump_after)) {
-		ap_error_set(err, AP_EINVAL, NULL, NULL, "dump after '%.64s': no such stage (%s)",
-			     P.opt->dump_after, STAGE_LIST);
-		return NULL;
-	}
-	P.ti.max_threads_per_block = P.opt->max_block_threads ? P.opt->max_block_threads : 256;
-	P.ti.allow_tf32 = P.opt->allow_tf32;
-	if (P.opt->hooks && P.opt->hooks->direct_gflops > 0)
-		P.ti.direct_gflops = P.opt->hooks->direct_gflops;
-	/* a GPU target prints CUDA C, unless emulated on the host ("host:") */
-	P.print_target = P.ti.gpu && strncmp(P.opt->target, "host:", 5) ? AP_KIR_CUDA
-		       : P.opt->host_check ? AP_KIR_HOST_CHECK : AP_KIR_HOST;
-	xopt.n_keep_whole = P.opt->n_keep_whole;
-	xopt.keep_whole = P.opt->keep_whole;
-	xopt.open_all = P.opt->hooks && P.opt->hooks->open_all;
-	popt.level = P.opt->fusion;
-	popt.max_group_nodes = P.opt->max_group_nodes;
-	popt.max_recompute = P.opt->max_recompute;
-	popt.n_barriers = P.opt->n_fusion_barriers;
-	popt.barriers = P.opt->fusion_barriers;
-	popt.target = &P.ti;
-	popt.no_layer1 = P.opt->no_layer1;
-
 	P.prog = calloc(1, sizeof(*P.prog));
 	if (!P.prog) {
 		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory building the program");
