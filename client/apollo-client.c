@@ -2,18 +2,21 @@
  *
  *   apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]
  *                 [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]
- *                 [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1] [--no-tune]
- *                 [--no-cache] [--namespace NS] [--daemon-import] [--explain] [--explain-html FILE]
+ *                 [--shape NAME=DIMS ...] [--dump DIR] [--dump-schedules DIR] [--allow-tf32]
+ *                 [--no-layer1] [--no-tune] [--no-cache] [--namespace NS] [--daemon-import]
+ *                 [--explain] [--explain-html FILE]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
  *                 [--keep-whole OP ...]
  *   apollo-client check DIR... [--target T] [--rtol R] [--atol A] [--jobs N]
  *                 [--threads N] [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--no-tune]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
  *                 [--keep-whole OP ...] [--save-outputs DIR] [--repeat N [--profile]]
- *                 [--mismatch FRACTION]
+ *                 [--mismatch FRACTION] [--shape NAME=DIMS ...]
  *   apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]
+ *                 [--shape NAME=DIMS ...]
  *   apollo-client tune GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin] [--runs N]
  *                 [--warmup N] [--device I] [--dry-run] [--input NAME=FILE.pb ...] [--data DIR]
+ *                 [--shape NAME=DIMS ...]
  *   apollo-client ping
  *   apollo-client stats
  * Every subcommand takes --socket PATH (else $APOLLO_SOCKET, else the
@@ -22,8 +25,11 @@
  * $APOLLO_DAEMON_USER): on a Unix socket the daemon must run as you, as
  * root, or as that user, or the client refuses it (issue 11).
  *
- * An ONNX model is imported here, on the client (ap_onnx_import): its
- * weights stay in this process and only the Graph travels.  `check` runs the
+ * An ONNX model is imported here, on the client (ap_onnx_import_dir, the
+ * model file's folder holding the files of its external data): its
+ * weights stay in this process and only the Graph travels.  --shape
+ * NAME=DIMS gives a graph input's shape without data (its symbolic
+ * dimensions bound).  `check` runs the
  * answer with the runtime (client/runtime.h) and compares every output with
  * the folder's reference data; with --save-outputs DIR it also writes each
  * folder's inputs and computed outputs as a backend-test folder
@@ -81,7 +87,7 @@ static const subcommand_help g_help[] = {
 	{ "submit",
 	  "apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]\n"
 	  "              [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]\n"
-	  "              [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1] [--no-tune]\n"
+	  "              [--shape NAME=DIMS ...] [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1] [--no-tune]\n"
 	  "              [--host-check] [--no-cache] [--namespace NS] [--daemon-import] [--explain]\n"
 	  "              [--explain-html FILE] [--fusion none|rules|apollo] [--fusion-barrier NODE ...]\n"
 	  "              [--keep-whole OP ...]\n",
@@ -95,15 +101,17 @@ static const subcommand_help g_help[] = {
 	  "              [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--no-tune]\n"
 	  "              [--fusion none|rules|apollo] [--host-check] [--repeat N [--profile]]\n"
 	  "              [--mismatch FRACTION] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n"
-	  "              [--save-outputs DIR]\n",
+	  "              [--save-outputs DIR] [--shape NAME=DIMS ...]\n",
 	  "Compiles each ONNX backend-test folder (model.onnx, test_data_set_*), runs it on the\n"
 	  "host and compares with the saved outputs; PASS/FAIL per folder.  --host-check (cpu,\n"
 	  "host:sm_XX) also checks races, cp.async groups and bounds.\n" },
-	{ "convert", "apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n",
+	{ "convert", "apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n"
+	  "              [--shape NAME=DIMS ...]\n",
 	  "Imports an ONNX model and writes Apollo's graph (apollo.Graph protobuf).\n" },
 	{ "tune",
 	  "apollo-client tune GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin] [--runs N]\n"
-	  "              [--warmup N] [--device I] [--dry-run] [--input NAME=FILE.pb ...] [--data DIR]\n",
+	  "              [--warmup N] [--device I] [--dry-run] [--input NAME=FILE.pb ...] [--data DIR]\n"
+	  "              [--shape NAME=DIMS ...]\n",
 	  "Times each tuned kernel's candidates on this machine's GPU and reports the\n"
 	  "measurements to the daemon (two clients must agree before a record changes).\n" },
 	{ "ping", "apollo-client ping\n", "Asks the daemon for its name and version.\n" },
@@ -477,6 +485,52 @@ static int add_inputs_from_dir(bindings *b, const char *dir, const ap_onnx_io *i
 	return rc;
 }
 
+/* --shape NAME=DIMS: a binding of the shape alone (ap_shape_binding_parse),
+ * into `shapes`; one per name. */
+static int add_shape(bindings *shapes, const char *spec, ap_error *err)
+{
+	ap_host_tensor *t;
+	int rc = ap_shape_binding_parse(spec, &t, err);
+
+	if (rc < 0)
+		return rc;
+	if (bindings_find(shapes, t->name)) {
+		rc = ap_error_set(err, AP_EINVAL, NULL, t->name, "--shape %s is given twice",
+				  t->name);
+		ap_host_tensor_free(t);
+		return rc;
+	}
+	return bindings_add(shapes, t, err);
+}
+
+/* Adds a copy of each --shape binding to b, unless b binds that input
+ * with data already: then the data's shape must be the one --shape
+ * gives.  0, AP_ESHAPE (they disagree) or AP_ENOMEM. */
+static int merge_shapes(bindings *b, const bindings *shapes, ap_error *err)
+{
+	for (int i = 0; i < shapes->n; i++) {
+		const ap_host_tensor *s = shapes->t[i], *d = bindings_find(b, s->name);
+		ap_host_tensor *c;
+		bool same;
+
+		if (d) {
+			same = d->rank == s->rank &&
+			       !memcmp(d->dims, s->dims, (size_t)s->rank * sizeof(s->dims[0]));
+			if (!same)
+				return ap_error_set(err, AP_ESHAPE, NULL, s->name,
+						    "--shape %s disagrees with the shape of the data "
+						    "given for it", s->name);
+			continue;
+		}
+		c = ap_host_tensor_copy(s, NULL);
+		if (!c)
+			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		if (bindings_add(b, c, err) < 0)
+			return AP_ENOMEM;
+	}
+	return 0;
+}
+
 /* Every input with symbolic dims needs a binding. */
 static int check_symbolic(const ap_onnx_io *io, const bindings *b, ap_error *err)
 {
@@ -484,18 +538,40 @@ static int check_symbolic(const ap_onnx_io *io, const bindings *b, ap_error *err
 		if (io->input_symbolic[i] && !bindings_find(b, io->inputs[i]))
 			return ap_error_set(err, AP_ESHAPE, NULL, io->inputs[i],
 					    "input '%s' has symbolic dimension '%s': give its shape "
-					    "with --input %s=FILE.pb or --data DIR",
-					    io->inputs[i], io->input_symbolic[i], io->inputs[i]);
+					    "with --shape %s=DIMS (e.g. 1x3x224x224), --input "
+					    "%s=FILE.pb or --data DIR", io->inputs[i],
+					    io->input_symbolic[i], io->inputs[i], io->inputs[i]);
 	return 0;
 }
 
-/* Reads and imports an ONNX model with bindings. */
-static ap_graph *import_model(const uint8_t *buf, size_t len, const bindings *b,
-			      ap_params **params, double *ms, ap_error *err)
+/* The folder of the file at `path` into dir (cap bytes): "." for a bare
+ * file name; NULL when it does not fit. */
+static const char *model_folder(const char *path, char *dir, size_t cap)
+{
+	const char *slash = strrchr(path, '/');
+	size_t n = slash ? (size_t)(slash - path) : 0;
+
+	if (!slash)
+		return ".";
+	if (n == 0)
+		return "/";
+	if (n >= cap)
+		return NULL;
+	memcpy(dir, path, n);
+	dir[n] = 0;
+	return dir;
+}
+
+/* Imports the ONNX model read from the file `path` with bindings; the
+ * data of tensors kept in external files is read from the file's folder
+ * (ap_onnx_import_dir). */
+static ap_graph *import_model(const uint8_t *buf, size_t len, const char *path,
+			      const bindings *b, ap_params **params, double *ms, ap_error *err)
 {
 	double t0 = ap_now_ms();
-	ap_graph *g = ap_onnx_import(buf, len, (const ap_host_tensor *const *)b->t, b->n, params,
-				     err);
+	char dir[4096];
+	ap_graph *g = ap_onnx_import_dir(buf, len, model_folder(path, dir, sizeof(dir)),
+					 (const ap_host_tensor *const *)b->t, b->n, params, err);
 
 	*ms = ap_now_ms() - t0;
 	if (!g && err)
@@ -515,8 +591,15 @@ static ap_client *connect_daemon(ap_error *err)
 typedef struct model_args {
 	const char *model;
 	bindings b;
+	bindings shapes;   /* --shape */
 	const char *data_dir;
 } model_args;
+
+static void model_args_clear(model_args *m)
+{
+	bindings_clear(&m->b);
+	bindings_clear(&m->shapes);
+}
 
 /* Maps the model file (ap_file_map: the pages of weights that only their
  * structure is needed of are never read) and loads the bindings; for ONNX
@@ -547,6 +630,8 @@ static int load_model(model_args *m, const uint8_t **buf, size_t *len, ap_onnx_i
 	}
 	*is_onnx = true;
 	if (m->data_dir && (rc = add_inputs_from_dir(&m->b, m->data_dir, *io, err)) < 0)
+		return rc;
+	if ((rc = merge_shapes(&m->b, &m->shapes, err)) < 0)
 		return rc;
 	return check_symbolic(*io, &m->b, err);
 }
@@ -661,7 +746,7 @@ typedef struct submit_args {
 
 static void submit_args_clear(submit_args *s)
 {
-	bindings_clear(&s->m.b);
+	model_args_clear(&s->m);
 	free((void *)s->barriers);
 	free((void *)s->whole);
 	s->barriers = s->whole = NULL;
@@ -714,6 +799,13 @@ static int submit_parse(int argc, char **argv, submit_args *s)
 		} else if (!strcmp(a, "--input") && v) {
 			ap_error_clear(&err);
 			if (add_input_file(&s->m.b, v, &err) < 0) {
+				submit_args_clear(s);
+				return fail("submit", &err);
+			}
+			i++;
+		} else if (!strcmp(a, "--shape") && v) {
+			ap_error_clear(&err);
+			if (add_shape(&s->m.shapes, v, &err) < 0) {
 				submit_args_clear(s);
 				return fail("submit", &err);
 			}
@@ -796,7 +888,7 @@ static int cmd_submit(int argc, char **argv)
 	}
 	if (is_onnx && !s.daemon_import) {
 		/* the structure only: a submit never sends the weights */
-		g = import_model(buf, len, &s.m.b, NULL, &s.info.import_ms, &err);
+		g = import_model(buf, len, s.m.model, &s.m.b, NULL, &s.info.import_ms, &err);
 		if (!g) {
 			fail("submit", &err);
 			goto out;
@@ -855,7 +947,13 @@ static int cmd_convert(int argc, char **argv)
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "--input") && v) {
 			if (add_input_file(&m.b, v, &err) < 0) {
-				bindings_clear(&m.b);
+				model_args_clear(&m);
+				return fail("convert", &err);
+			}
+			i++;
+		} else if (!strcmp(a, "--shape") && v) {
+			if (add_shape(&m.shapes, v, &err) < 0) {
+				model_args_clear(&m);
 				return fail("convert", &err);
 			}
 			i++;
@@ -863,19 +961,19 @@ static int cmd_convert(int argc, char **argv)
 			m.data_dir = v;
 			i++;
 		} else if (a[0] == '-' && a[1]) {
-			bindings_clear(&m.b);
+			model_args_clear(&m);
 			return unknown_option(a);
 		} else if (!m.model) {
 			m.model = a;
 		} else if (!out) {
 			out = a;
 		} else {
-			bindings_clear(&m.b);
+			model_args_clear(&m);
 			return usage_error("convert takes MODEL.onnx GRAPH.pb");
 		}
 	}
 	if (!m.model || !out) {
-		bindings_clear(&m.b);
+		model_args_clear(&m);
 		return usage_error("convert takes MODEL.onnx GRAPH.pb");
 	}
 	if (load_model(&m, &buf, &len, &io, &is_onnx, &err) < 0) {
@@ -886,7 +984,7 @@ static int cmd_convert(int argc, char **argv)
 		fprintf(stderr, "apollo-client: convert: %s is not an ONNX model\n", m.model);
 		goto out;
 	}
-	g = import_model(buf, len, &m.b, NULL, &ms, &err);
+	g = import_model(buf, len, m.model, &m.b, NULL, &ms, &err);
 	if (!g) {
 		fail("convert", &err);
 		goto out;
@@ -919,7 +1017,7 @@ out:
 		ap_graph_pb_free(pb);
 	ap_graph_free(g);
 	ap_onnx_io_free(io);
-	bindings_clear(&m.b);
+	model_args_clear(&m);
 	ap_file_unmap(buf, len);
 	return rc;
 }
@@ -939,6 +1037,7 @@ typedef struct check_opts {
 	double mismatch;   /* --mismatch: fraction of an output's elements that may
 			      be outside the tolerance (low-precision graphs) */
 	bool profile;      /* --profile: per launch times of those runs */
+	bindings shapes;   /* --shape: checked against the data's shapes */
 } check_opts;
 
 /* The worst output seen so far in one test folder. */
@@ -1107,8 +1206,8 @@ static int compare_output(int k, const ap_host_tensor *got, const ap_host_tensor
 			    (long long)(want->nbytes / (es ? es : 1)), at, vg, vw);
 }
 
-static int check_set(ap_client **cp, const char *setdir, const uint8_t *model, size_t model_len,
-		     const ap_onnx_io *io, const check_opts *o, const char *save_set, worst *w,
+static int check_set(ap_client **cp, const char *setdir, const char *model_path,
+		     const uint8_t *model, size_t model_len, const ap_onnx_io *io, const check_opts *o, const char *save_set, worst *w,
 		     int *n_kernels, unsigned *n_eager, bool *hit, double *run_ms, char *msg, size_t cap)
 {
 	ap_host_tensor **in = NULL, **want = NULL, *got = NULL;
@@ -1138,7 +1237,9 @@ static int check_set(ap_client **cp, const char *setdir, const uint8_t *model, s
 			goto error;
 		}
 	}
-	g = import_model(model, model_len, &b, &params, &ms, &err);
+	if ((rc = merge_shapes(&b, &o->shapes, &err)) < 0)
+		goto error;
+	g = import_model(model, model_len, model_path, &b, &params, &ms, &err);
 	if (!g) {
 		rc = err.code;
 		goto error;
@@ -1266,7 +1367,7 @@ static bool check_dir(ap_client **cp, const char *dir_arg, const check_opts *o)
 		const char *sb = strrchr(sets[s], '/');
 		if (o->save_dir)
 			snprintf(save_set, sizeof(save_set), "%s/%s", save, sb ? sb + 1 : sets[s]);
-		if (check_set(cp, sets[s], model, model_len, io, o, o->save_dir ? save_set : NULL, &w,
+		if (check_set(cp, sets[s], path, model, model_len, io, o, o->save_dir ? save_set : NULL, &w,
 			      &n_kernels, &n_eager, &hit, &run_ms, msg, sizeof(msg)) < 0) {
 			failed_set = s;
 			goto done;
@@ -1483,6 +1584,15 @@ static int cmd_check(int argc, char **argv)
 		} else if (!strcmp(a, "--save-outputs") && v) {
 			o.save_dir = v;
 			i++;
+		} else if (!strcmp(a, "--shape") && v) {
+			ap_error err;
+
+			ap_error_clear(&err);
+			if (add_shape(&o.shapes, v, &err) < 0) {
+				rc = fail("check", &err);
+				goto out;
+			}
+			i++;
 		} else if (!strcmp(a, "--no-fork")) {
 			o.no_fork = true;
 		} else if (!strcmp(a, "--mismatch") && v) {
@@ -1522,6 +1632,7 @@ static int cmd_check(int argc, char **argv)
 	printf("%d passed, %d failed\n", pass, failed);
 	rc = failed ? 1 : 0;
 out:
+	bindings_clear(&o.shapes);
 	free((void *)barriers);
 	free((void *)whole);
 	free(dirs);
@@ -1665,7 +1776,7 @@ static int cmd_tune(int argc, char **argv)
 			o.submit.target = argv[++i];
 		} else if (!strcmp(a, "--format") && v) {
 			if (strcmp(v, "ptx") && strcmp(v, "cubin")) {
-				bindings_clear(&m.b);
+				model_args_clear(&m);
 				return usage_error("tune: --format is ptx or cubin, not '%s'", v);
 			}
 			o.submit.output = !strcmp(v, "ptx") ? AP_OUTPUT_PTX : AP_OUTPUT_CUBIN;
@@ -1675,7 +1786,7 @@ static int cmd_tune(int argc, char **argv)
 			int *dst = !strcmp(a, "--runs") ? &o.runs : !strcmp(a, "--warmup") ? &o.warmup
 											 : &o.device;
 			if (!parse_int(v, dst) || *dst < (dst == &o.runs) || *dst > 100000) {
-				bindings_clear(&m.b);
+				model_args_clear(&m);
 				return usage_error("tune: %s wants a count, not '%s'", a, v);
 			}
 			i++;
@@ -1686,26 +1797,32 @@ static int cmd_tune(int argc, char **argv)
 			i++;
 		} else if (!strcmp(a, "--input") && v) {
 			if (add_input_file(&m.b, v, &err) < 0) {
-				bindings_clear(&m.b);
+				model_args_clear(&m);
+				return fail("tune", &err);
+			}
+			i++;
+		} else if (!strcmp(a, "--shape") && v) {
+			if (add_shape(&m.shapes, v, &err) < 0) {
+				model_args_clear(&m);
 				return fail("tune", &err);
 			}
 			i++;
 		} else if (a[0] == '-' && a[1]) {
-			bindings_clear(&m.b);
+			model_args_clear(&m);
 			return unknown_option(a);
 		} else if (!m.model) {
 			m.model = a;
 		} else {
-			bindings_clear(&m.b);
+			model_args_clear(&m);
 			return usage_error("one model, not '%s' too", a);
 		}
 	}
 	if (!m.model) {
-		bindings_clear(&m.b);
+		model_args_clear(&m);
 		return usage_error("tune: which model?");
 	}
 	if (!strcmp(o.submit.target, "cpu")) {
-		bindings_clear(&m.b);
+		model_args_clear(&m);
 		return usage_error("tune: the host target is tuned by the cost model alone; give a GPU "
 				   "target (--target sm_90)");
 	}
@@ -1713,7 +1830,7 @@ static int cmd_tune(int argc, char **argv)
 		fail("tune", &err);
 		goto out;
 	}
-	if (is_onnx && !(g = import_model(buf, len, &m.b, NULL, &ms, &err))) {
+	if (is_onnx && !(g = import_model(buf, len, m.model, &m.b, NULL, &ms, &err))) {
 		fail("tune", &err);
 		goto out;
 	}
@@ -1782,7 +1899,7 @@ out:
 	ap_client_free(c);
 	ap_graph_free(g);
 	ap_onnx_io_free(io);
-	bindings_clear(&m.b);
+	model_args_clear(&m);
 	ap_file_unmap(buf, len);
 	return rc;
 }

@@ -283,7 +283,8 @@ __ap_give ap_bundle *ap_client_submit_onnx(ap_client *c, const uint8_t *buf, siz
  * alone (the file is mapped, not read: ap_file_map; the weights' bytes are
  * never read, decoded nor copied -- ap_onnx_import without a parameter
  * store), and submits the graph as ap_client_submit_graph.  Bindings as
- * for ap_onnx_import.  The warm path of a training job: with one ap_client
+ * for ap_onnx_import; tensors with external data are looked for in the
+ * file's folder (ap_onnx_import_dir; weights are never read).  The warm path of a training job: with one ap_client
  * kept for the job's life and used for each of its graphs, a warm submit
  * costs the import of the structure (about 0.1 ms for a 6 MB model) and
  * one round trip.  Errors: the file's (AP_EIO, AP_ETOOLARGE over 4 GiB),

@@ -1152,10 +1152,15 @@ ap_bundle *ap_client_submit_onnx_file(ap_client *c, const char *path,
 	size_t len = 0;
 	ap_graph *g;
 	ap_bundle *b = NULL;
+	const char *slash = strrchr(path, '/');
+	char dir[4096];
 
 	if (ap_file_map(path, (size_t)4 << 30, &buf, &len, err) < 0)
 		return NULL;
-	g = ap_onnx_import(buf, len, bindings, n_bindings, NULL, err);
+	/* external data is read from the model's folder */
+	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+	g = ap_onnx_import_dir(buf, len, slash == path ? "/" : dir, bindings, n_bindings, NULL,
+			       err);
 	ap_file_unmap(buf, len);
 	if (g)
 		b = ap_client_submit_graph(c, g, opt, err);

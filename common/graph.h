@@ -287,7 +287,9 @@ const ap_host_tensor *ap_params_find(const ap_params *p, const char *name);
 /* Imports a serialized ONNX ModelProto (IR 3-13, opsets 6-25).
  * `bindings` (n_bindings, may be 0) give, by graph-input name or, when the
  * name matches none, by position among the non-initializer inputs:
- * the concrete shape of an input with symbolic dims (data may be NULL),
+ * the concrete shape of an input with symbolic dims (data may be NULL;
+ * a binding of dtype AP_DT_UNDEF with nbytes 0, ap_shape_binding_parse,
+ * gives the shape alone and must name an input),
  * or the value of an integer input that must be a compile-time constant
  * (Reshape shape, Slice starts, axes, Gather indices...), which then
  * becomes a CONST (or a PARAM with data in *params when large) instead of
@@ -299,10 +301,74 @@ const ap_host_tensor *ap_params_find(const ap_params *p, const char *name);
  * read, decoded nor copied, and its PARAM comes from its dims and dtype --
  * the same graph as with the data (weights are never folded into).  Errors: AP_EMESSAGE (bytes that do not
  * decode), AP_EUNSUPPORTED (op/dtype/opset), AP_EINVAL, AP_ESHAPE,
- * AP_ETOOLARGE, with `err` naming the ONNX node. */
+ * AP_ETOOLARGE, with `err` naming the ONNX node.  A tensor whose data is
+ * in an external file is refused when its data is needed (AP_EUNSUPPORTED:
+ * no model folder; ap_onnx_import_dir with the folder reads it). */
 __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
 				   const ap_host_tensor *const *bindings, int n_bindings,
 				   __ap_give ap_params **params, ap_error *err);
+
+/* The most bytes of external data (ONNX IR: TensorProto.external_data) one
+ * import reads, all tensors together: the same limit as the model file
+ * itself (apollo-client's MAX_MODEL_BYTES, 2 GiB). */
+#define AP_ONNX_EXTERNAL_MAX_BYTES ((uint64_t)2 << 30)
+
+/* ap_onnx_import for a model whose tensors may keep their data in files
+ * beside it: ONNX external data (onnx/onnx.proto, TensorProto fields 13
+ * external_data and 14 data_location; docs/ExternalData.md of the ONNX
+ * IR spec): a tensor with data_location EXTERNAL, or with external_data
+ * entries, has its raw little-endian bytes (as raw_data holds them) in
+ * the file `location` (a path relative to the model's folder) from byte
+ * `offset` (default 0) for `length` bytes (default: to the end of the
+ * file); "checksum" is not verified; other keys are ignored.
+ *
+ * `model_dir` (borrowed, may be NULL) is the folder of the model file,
+ * whose path `location` is taken relative to: "." for a model in the
+ * current folder.  NULL when the model has no folder (the daemon's
+ * import of a model sent over the socket): then a tensor whose data is
+ * needed is refused (weights with external data must be bound by the
+ * client).  Everything else is as ap_onnx_import (bindings, params and
+ * their ownership: *params and the graph are the caller's).
+ *
+ * With `params` NULL (structure only) a floating-point tensor larger than
+ * AP_CONST_MAX_BYTES (a weight) is never read: its PARAM comes from its
+ * dims and data_type, and its file is never opened (it may be missing).
+ * The data of smaller tensors and of integer and bool ones is read when
+ * the import uses it (shapes, indices, folded constants), as it is for
+ * data inside the model, so that a model with external data imports to
+ * the graph its inline twin imports to.
+ *
+ * Before a byte is allocated or read, a tensor's data is checked: the
+ * location must be relative, without ".." components, and its real path
+ * (symbolic links resolved) must be under the real path of `model_dir`;
+ * the file must be a regular file; offset + length must be within its
+ * size; length must equal the tensor's element count times its dtype's
+ * size; and the bytes read by the whole import at most
+ * AP_ONNX_EXTERNAL_MAX_BYTES.
+ *
+ * Errors, besides ap_onnx_import's, each naming the tensor and the file:
+ * AP_EINVAL (no location, an absolute location or one with "..", one that
+ * leaves the folder through a link, a malformed offset or length, a
+ * length that disagrees with the dims, data past the end of the file),
+ * AP_EUNSUPPORTED (the data is needed and `model_dir` is NULL), AP_EIO
+ * (the file cannot be opened, is not a regular file, or cannot be read),
+ * AP_ETOOLARGE (over AP_ONNX_EXTERNAL_MAX_BYTES), AP_ENOMEM. */
+__ap_give ap_graph *ap_onnx_import_dir(const uint8_t *buf, size_t len, const char *model_dir,
+				       const ap_host_tensor *const *bindings, int n_bindings,
+				       __ap_give ap_params **params, ap_error *err);
+
+/* Parses a shape binding "NAME=DIMS" (DIMS: positive integers joined by
+ * 'x', e.g. "input=1x3x224x224"; "NAME=" alone is a scalar) into a
+ * binding without data: *out (the caller's; ap_host_tensor_free) has the
+ * name, the dims, dtype AP_DT_UNDEF, data NULL and nbytes 0.  Given to
+ * ap_onnx_import(_dir), such a binding gives the shape of the graph input
+ * of that name (its dtype is the model's): its name must be one of the
+ * graph's inputs, its rank and every fixed dimension the model's.
+ * Errors: AP_EINVAL (no '=', an empty or over-long name, a dim that is
+ * not a decimal integer, zero or negative, more than AP_MAX_RANK dims),
+ * AP_ETOOLARGE (a dim or the element count over AP_MAX_ELEMENTS),
+ * AP_ENOMEM; `err` quotes the text. */
+int ap_shape_binding_parse(const char *spec, __ap_give ap_host_tensor **out, ap_error *err);
 
 /* The serialized ModelProto in `len` bytes at `buf` without the data of
  * its floating-point tensors larger than AP_CONST_MAX_BYTES (by dims and
@@ -311,8 +377,8 @@ __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
  * every other byte as it was: 0 with *out (malloc'd, at most `len` bytes)
  * and *out_len; AP_EMESSAGE (not the wire format, or nested over 64
  * deep), AP_EINVAL (a large tensor's data does not match its dims, by
- * length), AP_EUNSUPPORTED (external data), AP_ENOMEM; `err` names the
- * tensor.  The data's bytes are skipped, never read (see
+ * length), AP_ENOMEM; `err` names the tensor.  A tensor with external
+ * data (ap_onnx_import_dir) is kept as it is: its file is not looked at.  The data's bytes are skipped, never read (see
  * onnx_skeleton.c). */
 int ap_onnx_skeleton(const uint8_t *buf, size_t len, __ap_give uint8_t **out, size_t *out_len,
 		     ap_error *err);

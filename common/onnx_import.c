@@ -321,6 +321,53 @@ static const ap_host_tensor *find_binding(const Onnx__GraphProto *g, const char 
 	return NULL;
 }
 
+/* A binding that gives a shape alone (ap_shape_binding_parse): no dtype,
+ * no bytes of data. */
+static bool shape_binding(const ap_host_tensor *b)
+{
+	return b->dtype == AP_DT_UNDEF && b->nbytes == 0;
+}
+
+/* Every binding of a shape alone names a graph input that is not an
+ * initializer.  0 or AP_EINVAL listing the inputs. */
+static int check_shape_bindings(imp *im, const Onnx__GraphProto *g,
+				const ap_host_tensor *const *b, int nb)
+{
+	char list[256];
+	size_t used = 0;
+
+	for (int i = 0; i < nb; i++) {
+		bool found = false;
+
+		if (!b[i] || !shape_binding(b[i]))
+			continue;
+		for (size_t k = 0; k < g->n_input && !found; k++)
+			found = b[i]->name && g->input[k]->name &&
+				!strcmp(g->input[k]->name, b[i]->name) &&
+				!is_initializer(g, b[i]->name);
+		if (found)
+			continue;
+		list[0] = 0;
+		for (size_t k = 0; k < g->n_input && used < sizeof(list) - 1; k++) {
+			const char *n = g->input[k]->name ? g->input[k]->name : "";
+			int w;
+
+			if (is_initializer(g, n))
+				continue;
+			w = snprintf(list + used, sizeof(list) - used, "%s'%s'", used ? ", " : "", n);
+			if (w > 0)
+				used += (size_t)w;
+			if (used > sizeof(list) - 1)
+				used = sizeof(list) - 1;   /* truncated */
+		}
+		im->node = NULL;
+		return ap__onnx_fail(im, AP_EINVAL, b[i]->name, "a shape is given for '%s', which "
+				     "is not an input of the model (its inputs: %s)",
+				     b[i]->name ? b[i]->name : "", used ? list : "none");
+	}
+	return 0;
+}
+
 /* The declared shape of a graph input (tt->shape) into sh: a symbolic
  * dimension is -1 and needs a binding, whose shape must then match the
  * declared dimensions.  AP_EUNSUPPORTED for rank > 8, AP_EINVAL for a
@@ -329,8 +376,6 @@ static const ap_host_tensor *find_binding(const Onnx__GraphProto *g, const char 
 static int declared_shape(imp *im, const char *name, const Onnx__TypeProto__Tensor *tt,
 			  const ap_host_tensor *bind_t, ap_shape *sh)
 {
-	bool ok;
-
 	if (tt->shape->n_dim > AP_MAX_RANK)
 		return ap__onnx_fail(im, AP_EUNSUPPORTED, name, "graph input '%s' has rank %zu",
 				     name, tt->shape->n_dim);
@@ -351,13 +396,16 @@ static int declared_shape(imp *im, const char *name, const Onnx__TypeProto__Tens
 	}
 	if (!bind_t)
 		return 0;
-	ok = bind_t->rank == sh->rank;
-	for (int d = 0; ok && d < sh->rank; d++)
-		if (sh->dims[d] >= 0 && sh->dims[d] != bind_t->dims[d])
-			ok = false;
-	if (!ok)
+	if (bind_t->rank != sh->rank)
 		return ap__onnx_fail(im, AP_ESHAPE, name, "the binding of graph input '%s' "
-				     "does not match its declared shape", name);
+				     "does not match its declared shape: the model gives it %d "
+				     "dimensions, the binding %d", name, sh->rank, bind_t->rank);
+	for (int d = 0; d < sh->rank; d++)
+		if (sh->dims[d] >= 0 && sh->dims[d] != bind_t->dims[d])
+			return ap__onnx_fail(im, AP_ESHAPE, name, "the binding of graph input "
+					     "'%s' does not match its declared shape: dimension %d "
+					     "is %lld in the model, %lld in the binding", name, d,
+					     (long long)sh->dims[d], (long long)bind_t->dims[d]);
 	return 0;
 }
 
@@ -374,7 +422,11 @@ static int input_shape(imp *im, const char *name, const Onnx__TypeProto__Tensor 
 				     name);
 	memset(sh, 0, sizeof(*sh));
 	sh->dtype = tt->has_elem_type ? (ap_dtype)tt->elem_type : AP_DT_UNDEF;
-	if (bind_t && sh->dtype != AP_DT_UNDEF && bind_t->dtype != sh->dtype)
+	if (bind_t && shape_binding(bind_t) && sh->dtype == AP_DT_UNDEF)
+		return ap__onnx_fail(im, AP_EINVAL, name, "graph input '%s' declares no dtype; "
+				     "a binding of its shape alone cannot give one", name);
+	if (bind_t && sh->dtype != AP_DT_UNDEF && !shape_binding(bind_t) &&
+	    bind_t->dtype != sh->dtype)
 		return ap__onnx_fail(im, AP_ESHAPE, name, "graph input '%s' is %s, its binding %s",
 				     name, ap_dtype_name(sh->dtype), ap_dtype_name(bind_t->dtype));
 	if (tt->shape)
@@ -444,6 +496,7 @@ static int import_inputs(imp *im, const Onnx__GraphProto *g, const ap_host_tenso
 {
 	int pos = 0;
 
+	TRY(check_shape_bindings(im, g, b, nb));
 	for (size_t i = 0; i < g->n_input; i++) {
 		const Onnx__ValueInfoProto *vi = g->input[i];
 		const char *name = vi->name ? vi->name : "";
@@ -614,6 +667,13 @@ __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
 				   const ap_host_tensor *const *bindings, int n_bindings,
 				   __ap_give ap_params **params, ap_error *err)
 {
+	return ap_onnx_import_dir(buf, len, NULL, bindings, n_bindings, params, err);
+}
+
+__ap_give ap_graph *ap_onnx_import_dir(const uint8_t *buf, size_t len, const char *model_dir,
+				       const ap_host_tensor *const *bindings, int n_bindings,
+				       __ap_give ap_params **params, ap_error *err)
+{
 	Onnx__ModelProto *m;
 	imp im;
 	ap_error local;
@@ -627,6 +687,7 @@ __ap_give ap_graph *ap_onnx_import(const uint8_t *buf, size_t len,
 	memset(&im, 0, sizeof(im));
 	im.err = err;
 	im.shape_only = !params;
+	im.model_dir = model_dir;
 	m = decode_model(buf, len, im.shape_only, err);
 	if (!m)
 		return NULL;

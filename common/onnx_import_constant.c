@@ -83,7 +83,7 @@ int ap__onnx_imp_constant_of_shape(imp *im, const Onnx__NodeProto *n)
 	TRY(ap__onnx_get_in(im, n, 0, true, &s));
 	TRY(ap__onnx_get_ints(im, s, "ConstantOfShape shape", shape, AP_MAX_RANK, &cnt));
 	if (a && a->t) {
-		ap_host_tensor *t = ap__onnx_tensor_from_proto(a->t, "value", im->err);
+		ap_host_tensor *t = ap__onnx_tensor_load(im, a->t, "value");
 
 		if (!t) {
 			snprintf(im->err->node, sizeof(im->err->node), "%s", im->node);

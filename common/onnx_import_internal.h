@@ -67,6 +67,8 @@ typedef struct imp {
 	ap_graph *g;
 	ap_params *params;
 	bool shape_only;                 /* no parameter store: large data never read */
+	const char *model_dir;           /* external data's folder; NULL: unknown */
+	uint64_t external_bytes;         /* external data read so far */
 	int params_cap;
 	int64_t opset;
 	ap_error *err;
@@ -209,6 +211,10 @@ ival *ap__onnx_new_val(imp *im, const char *name);
 /* The data of a known value, decoding it on first use; NULL with the
  * error set. */
 const ap_host_tensor *ap__onnx_val_data(imp *im, ival *v);
+/* A TensorProto's data, from the model or its external file (graph.h,
+ * ap_onnx_import_dir).  NULL with im->err set (the tensor's errors). */
+__ap_give ap_host_tensor *ap__onnx_tensor_load(imp *im, const Onnx__TensorProto *tp,
+					       const char *what);
 /* A new known value holding t (consumed, even on error); NULL on ENOMEM. */
 ival *ap__onnx_const_val(imp *im, const char *name, __ap_take ap_host_tensor *t);
 /* A new known int64 vector value of n elements; NULL on ENOMEM. */

@@ -194,6 +194,17 @@ ival *ap__onnx_new_val(imp *im, const char *name)
 
 /* ---- known values --------------------------------------------------------------- */
 
+/* A TensorProto's data: decoded from the model, or read from its external
+ * file (ap__onnx_external_load).  NULL with im->err set. */
+__ap_give ap_host_tensor *ap__onnx_tensor_load(imp *im, const Onnx__TensorProto *tp,
+					       const char *what)
+{
+	if (ap__onnx_is_external(tp))
+		return ap__onnx_external_load(tp, what, im->model_dir, &im->external_bytes,
+					      im->err);
+	return ap__onnx_tensor_from_proto(tp, what, im->err);
+}
+
 /* The data of a known value, decoding it on first use. */
 const ap_host_tensor *ap__onnx_val_data(imp *im, ival *v)
 {
@@ -203,7 +214,7 @@ const ap_host_tensor *ap__onnx_val_data(imp *im, ival *v)
 		ap__onnx_fail(im, AP_EINTERNAL, v->name, "value '%s' has no data", v->name);
 		return NULL;
 	}
-	v->data = ap__onnx_tensor_from_proto(v->lazy, v->name, im->err);
+	v->data = ap__onnx_tensor_load(im, v->lazy, v->name);
 	if (!v->data) {
 		snprintf(im->err->node, sizeof(im->err->node), "%s", im->node ? im->node : "");
 		return NULL;

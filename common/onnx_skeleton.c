@@ -102,8 +102,9 @@ static uint32_t typed_field(uint64_t dtype)
  * one's data must match its dims, as the full import checks it, by the
  * lengths alone (raw_data's bytes, or the values of its typed field: a
  * packed float or double run's length, a packed varint run's
- * terminators); external data is refused as the full import refuses it.
- * 0, or AP_EINVAL / AP_EUNSUPPORTED naming the tensor. */
+ * terminators); a tensor with external data (ap_onnx_import_dir) has none
+ * here to check: the importer checks its file when it reads it.
+ * 0, or AP_EINVAL naming the tensor. */
 static int tensor_examine(const uint8_t *p, size_t n, bool *strip, ap_error *err)
 {
 	ap_pbw r;
@@ -155,8 +156,7 @@ static int tensor_examine(const uint8_t *p, size_t n, bool *strip, ap_error *err
 	if (!large || overflow || numel > (uint64_t)AP_MAX_ELEMENTS)
 		return 0;   /* too many elements: the importer says so from the dims */
 	if (external)
-		return ap_error_set(err, AP_EUNSUPPORTED, NULL, nm,
-				    "tensor '%s' keeps its data in an external file", nm);
+		return 0;   /* no data here: the import checks the file's */
 	if (raw) {
 		if (raw_len != numel * es)
 			return ap_error_set(err, AP_EINVAL, NULL, nm,

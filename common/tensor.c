@@ -239,3 +239,70 @@ const ap_host_tensor *ap_params_find(const ap_params *p, const char *name)
 			return p->items[i];
 	return NULL;
 }
+
+/* One dim of a shape binding: a positive decimal integer up to
+ * AP_MAX_ELEMENTS ending at *end ('x' or NUL). */
+static int parse_dim(const char *spec, const char *p, const char **end, int64_t *out,
+		     ap_error *err)
+{
+	int64_t v = 0;
+	const char *q = p;
+
+	while (*q >= '0' && *q <= '9') {
+		v = v * 10 + (*q - '0');
+		if (v > AP_MAX_ELEMENTS)
+			return ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
+					    "shape '%.200s': dimension '%.*s...' is over %lld", spec,
+					    (int)(q - p + 1), p, (long long)AP_MAX_ELEMENTS);
+		q++;
+	}
+	if (q == p || (*q && *q != 'x'))
+		return ap_error_set(err, AP_EINVAL, NULL, NULL,
+				    "shape '%.200s': dimensions are positive integers joined by "
+				    "'x' (e.g. input=1x3x224x224), not '%.40s'", spec, p);
+	if (v == 0)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL,
+				    "shape '%.200s': a dimension is 0; give positive sizes", spec);
+	*end = q;
+	*out = v;
+	return 0;
+}
+
+int ap_shape_binding_parse(const char *spec, __ap_give ap_host_tensor **out, ap_error *err)
+{
+	const char *eq = spec ? strchr(spec, '=') : NULL, *p;
+	ap_host_tensor *t;
+	int64_t dims[AP_MAX_RANK];
+	int rank = 0;
+
+	*out = NULL;
+	if (!eq || eq == spec || eq - spec > 1024)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL,
+				    "shape '%.200s': want NAME=DIMS, e.g. input=1x3x224x224",
+				    spec ? spec : "");
+	for (p = eq + 1; *p; rank++) {
+		if (rank == AP_MAX_RANK)
+			return ap_error_set(err, AP_EINVAL, NULL, NULL,
+					    "shape '%.200s': more than %d dimensions", spec,
+					    AP_MAX_RANK);
+		if (parse_dim(spec, p, &p, &dims[rank], err))
+			return err ? err->code : AP_EINVAL;
+		if (*p == 'x' && !*++p)
+			return ap_error_set(err, AP_EINVAL, NULL, NULL,
+					    "shape '%.200s' ends with 'x'", spec);
+	}
+	if (ap__shape_numel(rank, dims) < 0)
+		return ap_error_set(err, AP_ETOOLARGE, NULL, NULL,
+				    "shape '%.200s' has more than %lld elements", spec,
+				    (long long)AP_MAX_ELEMENTS);
+	t = calloc(1, sizeof(*t));
+	if (!t || !(t->name = strndup(spec, (size_t)(eq - spec)))) {
+		free(t);
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	}
+	t->dtype = AP_DT_UNDEF;
+	t->rank = rank;
+	memcpy(t->dims, dims, (size_t)rank * sizeof(dims[0]));
+	*out = t;
+	return 0;
+}

@@ -40,6 +40,7 @@
 #include "common/graph.h"
 #include "common/pb_budget.h"
 #include "proto/apollo.pb-c.h"
+#include "proto/onnx.pb-c.h"
 #include "server/cache/cache.h"
 #include "server/compile/compile.h"
 #include "server/config.h"
@@ -792,6 +793,139 @@ START_TEST(compile_with_failing_cache)
 }
 END_TEST
 
+
+/* bert_like_2l with every initializer's raw_data over 1 KiB moved into
+ * dir/w.bin (ONNX external data): the serialized model, malloc'd. */
+static uint8_t *externalised_model(const char *dir, size_t *len)
+{
+	size_t n = 0;
+	uint8_t *buf = model_bytes("models/bert_like_2l", &n), *out;
+	Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, n, buf);
+	static Onnx__StringStringEntryProto ents[256][3];
+	static Onnx__StringStringEntryProto *ptrs[256][3];
+	static char vals[256][2][32];
+	ProtobufCBinaryData saved[256];
+	char path[600];
+	FILE *f;
+	long off = 0;
+	int k = 0;
+
+	ck_assert_ptr_nonnull(m);
+	snprintf(path, sizeof(path), "%s/w.bin", dir);
+	f = fopen(path, "wb");
+	ck_assert_ptr_nonnull(f);
+	for (size_t i = 0; i < m->graph->n_initializer && k < 256; i++) {
+		Onnx__TensorProto *t = m->graph->initializer[i];
+		const char *keys[3] = { "location", "offset", "length" };
+
+		if (!t->has_raw_data || t->raw_data.len <= 1024)
+			continue;
+		ck_assert_uint_eq(fwrite(t->raw_data.data, 1, t->raw_data.len, f), t->raw_data.len);
+		snprintf(vals[k][0], 32, "%ld", off);
+		snprintf(vals[k][1], 32, "%zu", t->raw_data.len);
+		off += (long)t->raw_data.len;
+		for (int e = 0; e < 3; e++) {
+			onnx__string_string_entry_proto__init(&ents[k][e]);
+			ents[k][e].key = (char *)keys[e];
+			ents[k][e].value = e == 0 ? "w.bin" : vals[k][e - 1];
+			ptrs[k][e] = &ents[k][e];
+		}
+		saved[k] = t->raw_data;
+		t->has_raw_data = 0;
+		t->raw_data.len = 0;
+		t->n_external_data = 3;
+		t->external_data = ptrs[k];
+		t->has_data_location = 1;
+		t->data_location = ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
+		k++;
+	}
+	fclose(f);
+	ck_assert_int_gt(k, 0);
+	*len = onnx__model_proto__get_packed_size(m);
+	out = malloc(*len);
+	ck_assert_ptr_nonnull(out);
+	onnx__model_proto__pack(m, out);
+	/* give the decoder back what it owns before freeing */
+	for (size_t i = 0, j = 0; i < m->graph->n_initializer && j < (size_t)k; i++) {
+		Onnx__TensorProto *t = m->graph->initializer[i];
+
+		if (t->n_external_data != 3 || t->external_data != ptrs[j])
+			continue;
+		t->raw_data = saved[j++];
+		t->has_raw_data = 1;
+		t->n_external_data = 0;
+		t->external_data = NULL;
+	}
+	onnx__model_proto__free_unpacked(m, NULL);
+	free(buf);
+	return out;
+}
+
+/* The importer reading external data (ap_onnx_import_dir) with each
+ * allocation failing in turn: a clean error or the same graph and
+ * weights, never a crash or a leak. */
+START_TEST(external_data_allocation_failures)
+{
+	char dir[] = "/tmp/apollo-faults.XXXXXX", cmd[100];
+	size_t len = 0, ilen = 0;
+	uint8_t *buf, *inl = model_bytes("models/bert_like_2l", &ilen), ref[32], h[32];
+	ap_params *params = NULL, *iparams = NULL;
+	ap_error err;
+	ap_graph *g;
+	long total, tried = 0;
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	buf = externalised_model(dir, &len);
+	/* the same graph and weights as the model with its data inside */
+	g = ap_onnx_import(inl, ilen, NULL, 0, &iparams, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_graph_hash_named(g, ref), 0);
+	ap_graph_free(g);
+	fa_arm(0);
+	g = ap_onnx_import_dir(buf, len, dir, NULL, 0, &params, &err);
+	total = fa_disarm();
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_graph_hash_named(g, h), 0);
+	ck_assert_int_eq(memcmp(h, ref, 32), 0);
+	ck_assert_int_eq(params->n, iparams->n);
+	for (int i = 0; i < params->n; i++) {
+		const ap_host_tensor *a = params->items[i], *b = ap_params_find(iparams, a->name);
+
+		ck_assert_ptr_nonnull(b);
+		ck_assert_uint_eq(a->nbytes, b->nbytes);
+		ck_assert_int_eq(memcmp(a->data, b->data, a->nbytes), 0);
+	}
+	ap_graph_free(g);
+	ap_params_free(params);
+	ap_params_free(iparams);
+	for (long n = 1;; n = fa_next(n, total)) {
+		params = NULL;
+		fa_arm(n);
+		g = ap_onnx_import_dir(buf, len, dir, NULL, 0, &params, &err);
+		fa_disarm();
+		tried++;
+		if (g) {
+			ck_assert_int_eq(ap_graph_hash_named(g, h), 0);
+			ck_assert_msg(!memcmp(h, ref, 32), "allocation %ld failed and the graph changed",
+				      n);
+			ap_graph_free(g);
+			ap_params_free(params);
+			if (!atomic_load(&fa_hit))
+				break;
+			continue;
+		}
+		ck_assert_msg(atomic_load(&fa_hit), "import failed without a fault: %s", err.msg);
+		ck_assert_ptr_null(params);
+		check_error("external data", n, err.code, &err);
+	}
+	printf("external_data_allocation_failures: %ld allocations, %ld tried\n", total, tried);
+	free(buf);
+	free(inl);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 static Suite *faults_suite(void)
 {
 	Suite *s = suite_create("faults");
@@ -801,6 +935,7 @@ static Suite *faults_suite(void)
 	tcase_set_timeout(tc, 1200);
 	tcase_add_test(tc, decoder_allocation_failures);
 	tcase_add_test(tc, importer_allocation_failures);
+	tcase_add_test(tc, external_data_allocation_failures);
 	tcase_add_test(tc, program_allocation_failures);
 	tcase_add_test(tc, compile_allocation_failures);
 	suite_add_tcase(s, tc);

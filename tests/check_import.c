@@ -1463,7 +1463,8 @@ static const struct sk_case {
 	{ "large typed int64", AP_DT_I64, 600, SK_TYPED, 600, 0 },
 	{ "large typed int64, one over", AP_DT_I64, 600, SK_TYPED, 601, AP_EINVAL },
 	{ "large typed int32", AP_DT_I32, 1500, SK_TYPED, 1500, 0 },
-	{ "large external", AP_DT_F32, 4096, SK_EXTERNAL, 0, AP_EUNSUPPORTED },
+	/* a large external tensor: external_data_read (the skeleton keeps it,
+	 * the structure imports without its file) */
 };
 
 static uint8_t *sk_model(const struct sk_case *c, size_t *len)
@@ -1701,6 +1702,295 @@ START_TEST(skeleton_constant_and_bad_bytes)
 }
 END_TEST
 
+
+/* ---- external data (ap_onnx_import_dir) and shape bindings ------------------------- */
+
+#define EXT_N 2048   /* floats: 8 KiB, over AP_CONST_MAX_BYTES, a weight */
+
+/* Makes the last initializer added keep its data in `location` (offset,
+ * length; a negative one is left out) instead of raw_data. */
+static void mb_externalise(mb *b, const char *location, long long offset, long long length)
+{
+	Onnx__TensorProto *t = b->inits[b->g.n_initializer - 1];
+	const char *keys[3] = { "location", "offset", "length" };
+	char vals[3][32];
+	int n = 0;
+
+	t->has_raw_data = 0;
+	t->raw_data.len = 0;
+	t->has_data_location = 1;
+	t->data_location = ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
+	t->external_data = mb_alloc(b, 3 * sizeof(*t->external_data));
+	snprintf(vals[1], sizeof(vals[1]), "%lld", offset);
+	snprintf(vals[2], sizeof(vals[2]), "%lld", length);
+	for (int k = 0; k < 3; k++) {
+		Onnx__StringStringEntryProto *e;
+
+		if ((k == 1 && offset < 0) || (k == 2 && length < 0))
+			continue;
+		e = mb_alloc(b, sizeof(*e));
+		onnx__string_string_entry_proto__init(e);
+		e->key = mb_str(b, keys[k]);
+		e->value = mb_str(b, k == 0 ? location : vals[k]);
+		t->external_data[n++] = e;
+	}
+	t->n_external_data = (size_t)n;
+}
+
+/* Y = X [N, EXT_N] + W, W's data in `location` at `offset` (length
+ * `length`, -1: left out). */
+static void ext_model(mb *b, const char *location, long long offset, long long length)
+{
+	int64_t dx[2] = { -1, EXT_N }, dw[1] = { EXT_N };
+	float zero[EXT_N] = { 0 };
+
+	mb_init(b, 17);
+	mb_input(b, "X", 1, 2, dx);
+	mb_init_tensor(b, "W", 1, 1, dw, zero, sizeof(zero));
+	mb_externalise(b, location, offset, length);
+	mb_node(b, "Add", "X,W", "Y", "add");
+	mb_output(b, "Y");
+}
+
+static ap_graph *mb_import_dir(mb *b, const char *dir, const ap_host_tensor *const *bind, int nb,
+			       ap_params **params, ap_error *err)
+{
+	size_t len = onnx__model_proto__get_packed_size(&b->m);
+	uint8_t *buf = malloc(len + 1);
+	ap_graph *g;
+
+	onnx__model_proto__pack(&b->m, buf);
+	g = ap_onnx_import_dir(buf, len, dir, bind, nb, params, err);
+	free(buf);
+	return g;
+}
+
+static void write_file(const char *path, const void *p, size_t n)
+{
+	FILE *f = fopen(path, "wb");
+
+	ck_assert_ptr_nonnull(f);
+	ck_assert_uint_eq(fwrite(p, 1, n, f), n);
+	fclose(f);
+}
+
+/* A temp folder base/ with base/m/ (the model's folder); the weights
+ * (prefixed by 16 bytes) in base/m/w.bin and base/outside.bin. */
+static void ext_folders(char *base, size_t cap, char *mdir, float *w)
+{
+	char p[600];
+	uint8_t buf[16 + EXT_N * 4];
+
+	snprintf(base, cap, "/tmp/apollo-ext.XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(base));
+	snprintf(mdir, 512, "%s/m", base);
+	ck_assert_int_eq(mkdir(mdir, 0700), 0);
+	for (int i = 0; i < EXT_N; i++)
+		w[i] = 0.5f * (float)i - 3.0f;
+	memset(buf, 0x7f, 16);
+	memcpy(buf + 16, w, EXT_N * 4);
+	snprintf(p, sizeof(p), "%s/w.bin", mdir);
+	write_file(p, buf, sizeof(buf));
+	snprintf(p, sizeof(p), "%s/outside.bin", base);
+	write_file(p, buf, sizeof(buf));
+}
+
+static void ext_cleanup(const char *base)
+{
+	char cmd[600];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", base);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(external_data_read)
+{
+	static float w[EXT_N];
+	char base[512], mdir[512], p[600];
+	ap_host_tensor *shape;
+	ap_params *params = NULL;
+	const ap_host_tensor *pw;
+	ap_graph *g, *s;
+	uint8_t h1[32], h2[32];
+	ap_error err;
+	mb b;
+
+	ext_folders(base, sizeof(base), mdir, w);
+	ck_assert_int_eq(ap_shape_binding_parse("X=3x2048", &shape, &err), 0);
+	ext_model(&b, "w.bin", 16, EXT_N * 4);
+	/* with weights: the values written */
+	g = mb_import_dir(&b, mdir, (const ap_host_tensor *const *)&shape, 1, &params, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	pw = ap_params_find(params, "W");
+	ck_assert_ptr_nonnull(pw);
+	ck_assert_uint_eq(pw->nbytes, sizeof(w));
+	ck_assert_int_eq(memcmp(pw->data, w, sizeof(w)), 0);
+	ck_assert_int_eq(g->tensors[g->inputs[0]].dims[0], 3);
+	/* structure only: the same graph, and the file is never opened */
+	snprintf(p, sizeof(p), "%s/w.bin", mdir);
+	ck_assert_int_eq(unlink(p), 0);
+	s = mb_import_dir(&b, mdir, (const ap_host_tensor *const *)&shape, 1, NULL, &err);
+	ck_assert_msg(s != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_graph_hash_named(g, h1), 0);
+	ck_assert_int_eq(ap_graph_hash_named(s, h2), 0);
+	ck_assert_int_eq(memcmp(h1, h2, 32), 0);
+	ap_graph_free(s);
+	/* ...and without a folder (the daemon's import) too */
+	s = mb_import_dir(&b, NULL, (const ap_host_tensor *const *)&shape, 1, NULL, &err);
+	ck_assert_msg(s != NULL, "%s", err.msg);
+	ap_graph_free(s);
+	/* with weights, the missing file is an error naming tensor and file */
+	ap_params_free(params);
+	params = NULL;
+	ck_assert_ptr_null(mb_import_dir(&b, mdir, (const ap_host_tensor *const *)&shape, 1,
+					 &params, &err));
+	ck_assert_int_eq(err.code, AP_EIO);
+	ck_assert_msg(strstr(err.msg, "'W'") && strstr(err.msg, "w.bin"), "%s", err.msg);
+	/* without a folder, weights cannot be read: the client binds them */
+	ck_assert_ptr_null(mb_import_dir(&b, NULL, (const ap_host_tensor *const *)&shape, 1,
+					 &params, &err));
+	ck_assert_int_eq(err.code, AP_EUNSUPPORTED);
+	ck_assert_msg(strstr(err.msg, "'W'") && strstr(err.msg, "bound by the client"), "%s",
+		      err.msg);
+	ck_assert_ptr_null(ap_onnx_import((const uint8_t *)"", 0, NULL, 0, NULL, &err));
+	ap_graph_free(g);
+	ap_params_free(params);
+	ap_host_tensor_free(shape);
+	mb_free(&b);
+	ext_cleanup(base);
+}
+END_TEST
+
+/* Imports the model with W at (location, offset, length) with weights:
+ * refused with `code` and a message holding 'W', the location and `what`. */
+static void ext_refused(const char *mdir, const char *location, long long offset,
+			long long length, int code, const char *what)
+{
+	ap_host_tensor *shape;
+	ap_params *params = NULL;
+	ap_error err;
+	mb b;
+
+	ck_assert_int_eq(ap_shape_binding_parse("X=1x2048", &shape, &err), 0);
+	ext_model(&b, location, offset, length);
+	ck_assert_ptr_null(mb_import_dir(&b, mdir, (const ap_host_tensor *const *)&shape, 1,
+					 &params, &err));
+	ck_assert_ptr_null(params);
+	ck_assert_msg(err.code == code, "%s: code %d: %s", location, err.code, err.msg);
+	ck_assert_msg(strstr(err.msg, "'W'") && strstr(err.msg, location) && strstr(err.msg, what),
+		      "%s", err.msg);
+	ap_host_tensor_free(shape);
+	mb_free(&b);
+}
+
+START_TEST(external_data_refused)
+{
+	static float w[EXT_N];
+	char base[512], mdir[512], p[700], q[700];
+
+	ext_folders(base, sizeof(base), mdir, w);
+	/* out of the folder: by "..", an absolute path, a link */
+	ext_refused(mdir, "../outside.bin", 16, EXT_N * 4, AP_EINVAL, "'..'");
+	ext_refused(mdir, "/etc/passwd", 0, -1, AP_EINVAL, "absolute");
+	snprintf(p, sizeof(p), "%s/outside.bin", base);
+	snprintf(q, sizeof(q), "%s/link.bin", mdir);
+	ck_assert_int_eq(symlink(p, q), 0);
+	ext_refused(mdir, "link.bin", 16, EXT_N * 4, AP_EINVAL, "outside");
+	/* a link that stays inside is followed */
+	snprintf(q, sizeof(q), "%s/inside.bin", mdir);
+	ck_assert_int_eq(symlink("w.bin", q), 0);
+	{
+		ap_host_tensor *shape;
+		ap_params *params = NULL;
+		ap_error err;
+		ap_graph *g;
+		mb b;
+
+		ck_assert_int_eq(ap_shape_binding_parse("X=1x2048", &shape, &err), 0);
+		ext_model(&b, "inside.bin", 16, -1);   /* length: to the end */
+		g = mb_import_dir(&b, mdir, (const ap_host_tensor *const *)&shape, 1, &params, &err);
+		ck_assert_msg(g != NULL, "%s", err.msg);
+		ck_assert_int_eq(memcmp(ap_params_find(params, "W")->data, w, sizeof(w)), 0);
+		ap_graph_free(g);
+		ap_params_free(params);
+		ap_host_tensor_free(shape);
+		mb_free(&b);
+	}
+	/* past the end of the file; a length that disagrees with the dims */
+	ext_refused(mdir, "w.bin", 32, EXT_N * 4, AP_EINVAL, "truncated");
+	ext_refused(mdir, "w.bin", 100000, EXT_N * 4, AP_EINVAL, "offset");
+	ext_refused(mdir, "w.bin", 16, EXT_N * 2, AP_EINVAL, "need 8192");
+	ext_refused(mdir, "w.bin", 0, -1, AP_EINVAL, "need 8192");
+	ext_refused(mdir, "w.bin", -1, -1, AP_EINVAL, "need 8192");
+	ext_refused(mdir, "missing.bin", 0, -1, AP_EIO, "cannot open");
+	/* a truncated file */
+	snprintf(p, sizeof(p), "%s/w.bin", mdir);
+	ck_assert_int_eq(truncate(p, 4096), 0);
+	ext_refused(mdir, "w.bin", 16, EXT_N * 4, AP_EINVAL, "truncated");
+	ext_cleanup(base);
+}
+END_TEST
+
+START_TEST(shape_bindings)
+{
+	static const struct { const char *spec; int code; const char *why; } bad[] = {
+		{ "X", AP_EINVAL, "NAME=DIMS" }, { "=3", AP_EINVAL, "NAME=DIMS" },
+		{ "X=0x2048", AP_EINVAL, "is 0" }, { "X=-1x2048", AP_EINVAL, "positive" },
+		{ "X=3x", AP_EINVAL, "ends with" }, { "X=3xx4", AP_EINVAL, "positive" },
+		{ "X=3*4", AP_EINVAL, "positive" }, { "X=1x1x1x1x1x1x1x1x1", AP_EINVAL, "more than" },
+		{ "X=99999999999999999999", AP_ETOOLARGE, "over" },
+		{ "X=100000x100000x100000", AP_ETOOLARGE, "elements" },
+	};
+	static const struct { const char *spec; int code; const char *why; } wrong[] = {
+		{ "X=3x100", AP_ESHAPE, "dimension 1 is 2048 in the model, 100 in the binding" },
+		{ "X=3", AP_ESHAPE, "the model gives it 2 dimensions, the binding 1" },
+		{ "Z=3x2048", AP_EINVAL, "'Z', which is not an input of the model (its inputs: 'X')" },
+		{ "W=2048", AP_EINVAL, "not an input" },
+	};
+	int64_t dx[2] = { -1, EXT_N }, dw[1] = { EXT_N };
+	static float zero[EXT_N];
+	ap_host_tensor *t;
+	ap_error err;
+	ap_graph *g;
+	mb b;
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		ap_error_clear(&err);
+		ck_assert_int_eq(ap_shape_binding_parse(bad[i].spec, &t, &err), bad[i].code);
+		ck_assert_ptr_null(t);
+		ck_assert_msg(strstr(err.msg, bad[i].why), "%s: %s", bad[i].spec, err.msg);
+	}
+	ck_assert_int_eq(ap_shape_binding_parse("in.put:0=1x3x224x224", &t, &err), 0);
+	ck_assert_str_eq(t->name, "in.put:0");
+	ck_assert_int_eq(t->rank, 4);
+	ck_assert_int_eq(t->dims[3], 224);
+	ck_assert_int_eq(t->dtype, AP_DT_UNDEF);
+	ck_assert_ptr_null(t->data);
+	ap_host_tensor_free(t);
+	mb_init(&b, 17);
+	mb_input(&b, "X", 1, 2, dx);
+	mb_init_tensor(&b, "W", 1, 1, dw, zero, sizeof(zero));
+	mb_node(&b, "Add", "X,W", "Y", "add");
+	mb_output(&b, "Y");
+	for (size_t i = 0; i < sizeof(wrong) / sizeof(wrong[0]); i++) {
+		ck_assert_int_eq(ap_shape_binding_parse(wrong[i].spec, &t, &err), 0);
+		g = mb_import(&b, (const ap_host_tensor *const *)&t, 1, NULL, &err);
+		ck_assert_ptr_null(g);
+		ck_assert_int_eq(err.code, wrong[i].code);
+		ck_assert_msg(strstr(err.msg, wrong[i].why), "%s: %s", wrong[i].spec, err.msg);
+		ap_host_tensor_free(t);
+	}
+	ck_assert_int_eq(ap_shape_binding_parse("X=5x2048", &t, &err), 0);
+	g = mb_import(&b, (const ap_host_tensor *const *)&t, 1, NULL, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	ck_assert_int_eq(g->tensors[g->inputs[0]].dtype, AP_DT_F32);
+	ck_assert_int_eq(g->tensors[g->inputs[0]].dims[0], 5);
+	ap_graph_free(g);
+	ap_host_tensor_free(t);
+	mb_free(&b);
+}
+END_TEST
+
 static Suite *import_suite(void)
 {
 	Suite *s = suite_create("import");
@@ -1729,6 +2019,9 @@ static Suite *import_suite(void)
 	tcase_add_test(tc, structure_never_reads_weights);
 	tcase_add_test(tc, skeleton_cases);
 	tcase_add_test(tc, skeleton_constant_and_bad_bytes);
+	tcase_add_test(tc, external_data_read);
+	tcase_add_test(tc, external_data_refused);
+	tcase_add_test(tc, shape_bindings);
 	suite_add_tcase(s, all);
 	suite_add_tcase(s, tc);
 	return s;

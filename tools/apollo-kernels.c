@@ -5,7 +5,8 @@
  * shape, dynamic shared memory, the nodes it computes, and its source
  * (CUDA C or host C, as NVRTC or the host compiler would get it).
  *
- *   apollo-kernels MODEL.onnx [--target T] [--data DIR] [--fusion none|rules|apollo]
+ *   apollo-kernels MODEL.onnx [--target T] [--data DIR] [--shape NAME=DIMS ...]
+ *                  [--fusion none|rules|apollo]
  *                  [--allow-tf32] [--only NAME] [--ptxas] [--floor [WORKERS]]
  *                  [--dump-after STAGE]
  *
@@ -21,6 +22,10 @@
  * worker (the kernels dealt round-robin, their sources concatenated), wall
  * milliseconds of each.  bench/compile.sh sets the daemon's cold compile
  * beside it.
+ *
+ * --shape NAME=DIMS (repeatable): graph input NAME's shape without data
+ * (e.g. input=1x3x224x224: its symbolic dimensions bound; ap_shape_binding_parse).
+ * A model's external data is read from the model file's folder.
  *
  * --dump-after STAGE: after that stage of the pipeline (server/driver/
  * pipeline.c), each round writes what it left to stderr, one line per item
@@ -45,11 +50,47 @@
 static int usage(void)
 {
 	fprintf(stderr, "usage: apollo-kernels MODEL.onnx [--target T] [--data DIR] "
-			"[--fusion none|rules|apollo] [--allow-tf32] [--only NAME] [--ptxas] "
+			"[--shape NAME=DIMS ...] [--fusion none|rules|apollo] [--allow-tf32] [--only NAME] [--ptxas] "
 			"[--floor [WORKERS]] [--dump-after STAGE]\n"
 			"  STAGE: expand, partition, micro-graphs, \"layer I\", \"layer II\", emit,\n"
 			"         \"layer III\", print, plan (what it left, each round, on stderr)\n");
 	return 1;
+}
+
+/* Appends the --shape binding `spec` to *ins (n entries).  0, or 1 after
+ * printing the error. */
+static int add_shape(const char *spec, ap_host_tensor ***ins, int *n)
+{
+	ap_host_tensor *t, **nv;
+	ap_error err;
+
+	ap_error_clear(&err);
+	if (ap_shape_binding_parse(spec, &t, &err) < 0) {
+		fprintf(stderr, "apollo-kernels: --shape: %s\n", err.msg);
+		return 1;
+	}
+	nv = realloc(*ins, (size_t)(*n + 1) * sizeof(*nv));
+	if (!nv) {
+		ap_host_tensor_free(t);
+		fprintf(stderr, "apollo-kernels: out of memory\n");
+		return 1;
+	}
+	nv[(*n)++] = t;
+	*ins = nv;
+	return 0;
+}
+
+/* The folder of the file at `path` (external data's), into dir. */
+static const char *model_folder(const char *path, char *dir, size_t cap)
+{
+	const char *slash = strrchr(path, '/');
+
+	if (!slash)
+		return ".";
+	if (slash == path)
+		return "/";
+	snprintf(dir, cap, "%.*s", (int)(slash - path), path);
+	return dir;
 }
 
 /* One line: the kernel's name, ptxas's figures for `arch`, its schedule. */
@@ -179,6 +220,9 @@ int main(int argc, char **argv)
 	ap_error err;
 	bool ptxas = false;
 	int floor_workers = 0;
+	const char *shapes[64];
+	int n_shapes = 0;
+	char dir[4096];
 
 	memset(&opt, 0, sizeof(opt));
 	for (int i = 1; i < argc; i++) {
@@ -186,6 +230,8 @@ int main(int argc, char **argv)
 			target = argv[++i];
 		else if (!strcmp(argv[i], "--data") && i + 1 < argc)
 			data = argv[++i];
+		else if (!strcmp(argv[i], "--shape") && i + 1 < argc && n_shapes < 64)
+			shapes[n_shapes++] = argv[++i];
 		else if (!strcmp(argv[i], "--only") && i + 1 < argc)
 			only = argv[++i];
 		else if (!strcmp(argv[i], "--ptxas"))
@@ -227,7 +273,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "apollo-kernels: %s\n", err.msg);
 		return 1;
 	}
-	g = ap_onnx_import(buf, len, (const ap_host_tensor *const *)ins, n_in, &params, &err);
+	for (int i = 0; i < n_shapes; i++)
+		if (add_shape(shapes[i], &ins, &n_in))
+			return 1;
+	g = ap_onnx_import_dir(buf, len, model_folder(model, dir, sizeof(dir)),
+			       (const ap_host_tensor *const *)ins, n_in, &params, &err);
 	if (!g) {
 		fprintf(stderr, "apollo-kernels: import: %s\n", err.msg);
 		return 1;
