@@ -32,7 +32,9 @@ for n in $sizes; do
 		exit 1
 	fi
 done
-ap_start >/dev/null
+# the 512-layer encoder's compile is estimated at about 1.1 GiB, over the
+# default max_compile_memory (1 GiB): a limit that holds the largest size
+ap_start --max-compile-memory 4G >/dev/null
 echo "bench/scale: target $TARGET, fastest of $REPS repetitions"
 # the sizes in turn, REPS times over, so that other load on the machine
 # falls on every size alike
