@@ -311,11 +311,15 @@ START_TEST(metrics_endpoint_limits)
 		const char *req;
 		size_t len;
 	} bad[] = {
-		{ "GET /met\0rics HTTP/1.1\r\n", 25 },
-		{ "GET /metrics\xff HTTP/1.1\r\n", 26 },
-		{ "GET /metrics\r\n", 14 },
-		{ "GET /metrics HTTP/1.1 extra\r\n", 29 },
-		{ "get /metrics HTTP/1.1\r\n", 23 },
+	/* sizeof, not a count by hand: two of these hold a NUL or a \xff, and a
+	 * length counted wrong sent bytes past the literal (ASan, CI) */
+#define REQ(s) { s, sizeof(s) - 1 }
+		REQ("GET /met\0rics HTTP/1.1\r\n"),
+		REQ("GET /metrics\xff HTTP/1.1\r\n"),
+		REQ("GET /metrics\r\n"),
+		REQ("GET /metrics HTTP/1.1 extra\r\n"),
+		REQ("get /metrics HTTP/1.1\r\n"),
+#undef REQ
 	};
 	char *body = malloc(1 << 16), c;
 	int port, st, idle[16], ok = 0;
