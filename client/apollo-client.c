@@ -1619,7 +1619,7 @@ static int cmd_check(int argc, char **argv)
 	o.submit.fusion_barriers = barriers;
 	o.submit.keep_whole = whole;
 	if (n == 0) {
-		rc = usage_error("check: which test folders?");
+		rc = usage_error("which test folders?");
 		goto out;
 	}
 	if (o.save_dir && mkdir(o.save_dir, 0777) < 0 && errno != EEXIST) {
@@ -1750,6 +1750,68 @@ static void tune_print(tune_rows *rows, const char *device, unsigned sms)
 	}
 }
 
+/* tune's arguments into m, o and *dry: 0, or the exit status of a usage
+ * error (printed; m cleared). */
+static int tune_parse(int argc, char **argv, model_args *m, tune_opts *o, bool *dry)
+{
+	ap_error err;
+
+	ap_error_clear(&err);
+	o->submit.target = "sm_90";
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!strcmp(a, "--target") && v) {
+			o->submit.target = argv[++i];
+		} else if (!strcmp(a, "--format") && v) {
+			if (strcmp(v, "ptx") && strcmp(v, "cubin")) {
+				model_args_clear(m);
+				return usage_error("--format is ptx or cubin, not '%s'", v);
+			}
+			o->submit.output = !strcmp(v, "ptx") ? AP_OUTPUT_PTX : AP_OUTPUT_CUBIN;
+			i++;
+		} else if ((!strcmp(a, "--runs") || !strcmp(a, "--warmup") || !strcmp(a, "--device")) &&
+			   v) {
+			int *dst = !strcmp(a, "--runs") ? &o->runs : !strcmp(a, "--warmup") ? &o->warmup
+											 : &o->device;
+			if (!parse_int(v, dst) || *dst < (dst == &o->runs) || *dst > 100000) {
+				model_args_clear(m);
+				return usage_error("%s wants a count, not '%s'", a, v);
+			}
+			i++;
+		} else if (!strcmp(a, "--dry-run")) {
+			*dry = true;
+		} else if (!strcmp(a, "--data") && v) {
+			m->data_dir = v;
+			i++;
+		} else if (!strcmp(a, "--input") && v) {
+			if (add_input_file(&m->b, v, &err) < 0) {
+				model_args_clear(m);
+				return fail("tune", &err);
+			}
+			i++;
+		} else if (!strcmp(a, "--shape") && v) {
+			if (add_shape(&m->shapes, v, &err) < 0) {
+				model_args_clear(m);
+				return fail("tune", &err);
+			}
+			i++;
+		} else if (a[0] == '-' && a[1]) {
+			model_args_clear(m);
+			return unknown_option(a);
+		} else if (!m->model) {
+			m->model = a;
+		} else {
+			model_args_clear(m);
+			return usage_error("one model, not '%s' too", a);
+		}
+	}
+	if (!m->model) {
+		model_args_clear(m);
+		return usage_error("which model?");
+	}
+	return 0;
+}
+
 static int cmd_tune(int argc, char **argv)
 {
 	model_args m = {0};
@@ -1769,61 +1831,13 @@ static int cmd_tune(int argc, char **argv)
 	int rc = 1;
 
 	ap_error_clear(&err);
-	o.submit.target = "sm_90";
-	for (int i = 0; i < argc; i++) {
-		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-		if (!strcmp(a, "--target") && v) {
-			o.submit.target = argv[++i];
-		} else if (!strcmp(a, "--format") && v) {
-			if (strcmp(v, "ptx") && strcmp(v, "cubin")) {
-				model_args_clear(&m);
-				return usage_error("tune: --format is ptx or cubin, not '%s'", v);
-			}
-			o.submit.output = !strcmp(v, "ptx") ? AP_OUTPUT_PTX : AP_OUTPUT_CUBIN;
-			i++;
-		} else if ((!strcmp(a, "--runs") || !strcmp(a, "--warmup") || !strcmp(a, "--device")) &&
-			   v) {
-			int *dst = !strcmp(a, "--runs") ? &o.runs : !strcmp(a, "--warmup") ? &o.warmup
-											 : &o.device;
-			if (!parse_int(v, dst) || *dst < (dst == &o.runs) || *dst > 100000) {
-				model_args_clear(&m);
-				return usage_error("tune: %s wants a count, not '%s'", a, v);
-			}
-			i++;
-		} else if (!strcmp(a, "--dry-run")) {
-			dry = true;
-		} else if (!strcmp(a, "--data") && v) {
-			m.data_dir = v;
-			i++;
-		} else if (!strcmp(a, "--input") && v) {
-			if (add_input_file(&m.b, v, &err) < 0) {
-				model_args_clear(&m);
-				return fail("tune", &err);
-			}
-			i++;
-		} else if (!strcmp(a, "--shape") && v) {
-			if (add_shape(&m.shapes, v, &err) < 0) {
-				model_args_clear(&m);
-				return fail("tune", &err);
-			}
-			i++;
-		} else if (a[0] == '-' && a[1]) {
-			model_args_clear(&m);
-			return unknown_option(a);
-		} else if (!m.model) {
-			m.model = a;
-		} else {
-			model_args_clear(&m);
-			return usage_error("one model, not '%s' too", a);
-		}
-	}
-	if (!m.model) {
-		model_args_clear(&m);
-		return usage_error("tune: which model?");
-	}
+	if ((rc = tune_parse(argc, argv, &m, &o, &dry)))
+		return rc;
+	rc = 1;
+
 	if (!strcmp(o.submit.target, "cpu")) {
 		model_args_clear(&m);
-		return usage_error("tune: the host target is tuned by the cost model alone; give a GPU "
+		return usage_error("the host target is tuned by the cost model alone; give a GPU "
 				   "target (--target sm_90)");
 	}
 	if (load_model(&m, &buf, &len, &io, &is_onnx, &err) < 0) {
