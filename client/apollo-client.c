@@ -57,6 +57,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -217,10 +218,10 @@ static int usage_error(const char *fmt, ...);
 static int unknown_option(const char *a)
 {
 	const subcommand_help *h = help_of(g_cmd);
+	const char *at = h && a[0] == '-' ? strstr(h->synopsis, a) : NULL;
 	char near[64];
 
-	if (h && strstr(h->synopsis, a) && a[0] == '-' &&
-	    strchr(" ]\n", h->synopsis[strstr(h->synopsis, a) - h->synopsis + strlen(a)]))
+	if (at && strchr(" ]\n", at[strlen(a)]))   /* named whole in the synopsis */
 		return usage_error("%s wants a value", a);
 	if ((h && nearest(a, h->synopsis, "-", near, sizeof(near))) ||
 	    nearest(a, g_common_help, "--", near, sizeof(near)))
@@ -702,19 +703,25 @@ static int dump_schedules(const ap_bundle *b, const char *dir, ap_error *err)
 static int compile_option(const char *a, const char *v, ap_submit_options *o,
 			  const char ***barriers, const char ***whole)
 {
-	if (!strcmp(a, "--no-cache"))
-		o->no_cache = true;
-	else if (!strcmp(a, "--allow-tf32"))
-		o->allow_tf32 = true;
-	else if (!strcmp(a, "--no-layer1"))
-		o->no_layer1 = true;
-	else if (!strcmp(a, "--no-tune"))
-		o->no_tune = true;
-	else if (!strcmp(a, "--host-check"))
-		o->host_check = true;
-	else if (!v)
+	static const struct {
+		const char *name;
+		size_t at;               /* offset of its bool in ap_submit_options */
+	} flags[] = {
+		{ "--no-cache", offsetof(ap_submit_options, no_cache) },
+		{ "--allow-tf32", offsetof(ap_submit_options, allow_tf32) },
+		{ "--no-layer1", offsetof(ap_submit_options, no_layer1) },
+		{ "--no-tune", offsetof(ap_submit_options, no_tune) },
+		{ "--host-check", offsetof(ap_submit_options, host_check) },
+	};
+
+	for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++)
+		if (!strcmp(a, flags[i].name)) {
+			*(bool *)((char *)o + flags[i].at) = true;
+			return 1;
+		}
+	if (!v)
 		return 0;
-	else if (!strcmp(a, "--target"))
+	if (!strcmp(a, "--target"))
 		o->target = v;
 	else if (!strcmp(a, "--namespace"))
 		o->cache_namespace = v;
@@ -730,8 +737,7 @@ static int compile_option(const char *a, const char *v, ap_submit_options *o,
 	} else {
 		return 0;
 	}
-	return !strcmp(a, "--no-cache") || !strcmp(a, "--allow-tf32") || !strcmp(a, "--no-layer1") ||
-	       !strcmp(a, "--no-tune") || !strcmp(a, "--host-check") ? 1 : 2;
+	return 2;
 }
 
 /* What `apollo-client submit` was asked for (beyond the compile options). */
