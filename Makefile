@@ -35,6 +35,12 @@ SERVER_OBJ  := $(call obj,$(SERVER_SRC))
 CLIENT_OBJ  := $(call obj,$(CLIENT_SRC))
 TESTS       := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
+# Quiet by default: compiles print nothing, each archive, library or
+# executable one line ("  LD  build/apollod"); `make V=1 ...` prints every
+# command in full.
+Q   = $(if $(filter 1,$(V)),,@)
+say = @$(if $(filter 1,$(V)),:,echo "  $(1)  $@")
+
 LIBS := $(BUILD)/libapserver.a $(BUILD)/libapollo-client.a $(BUILD)/libapcommon.a
 
 .PHONY: all deps check check-fast check-full check-unit check-scripts check-ub check-asan san-all fuzz fuzz-build \
@@ -53,7 +59,7 @@ help:
 	@echo "make check-full  make check with every configuration of every sweep (APOLLO_SWEEP=full), before a release"
 	@echo "make check-asan  build into $(SAN_BUILD)/ with AddressSanitizer + UBSan, run the suites and conformance"
 	@echo "make fuzz    build the libFuzzer harnesses (clang) into $(FUZZ_BUILD)/, run each $(FUZZ_SECONDS) s"
-	@echo "make demo    deps + build + start apollod + submit a real model twice"
+	@echo "make demo    the light path: build deps, apollod + apollo-client, a real model compiled twice and checked"
 	@echo "make bench   compile time (cold/warm), the warm path (bench/warm.sh), fusion, scale,"
 	@echo "             GEMM (ptxas, host) and host-vs-onnxruntime benchmarks, into docs/benchmarks.md"
 	@echo "make clean   remove $(BUILD)/, $(SAN_BUILD)/ and $(FUZZ_BUILD)/"
@@ -64,56 +70,67 @@ deps:
 # --- generated protobuf-c -------------------------------------------------
 $(BUILD)/proto/proto/%.pb-c.c $(BUILD)/proto/proto/%.pb-c.h: proto/%.proto
 	@mkdir -p $(BUILD)/proto
-	protoc-c --c_out=$(BUILD)/proto $<
+	$(call say,GEN)
+	$(Q)protoc-c --c_out=$(BUILD)/proto $<
 
 $(BUILD)/proto/proto/%.pb-c.o: $(BUILD)/proto/proto/%.pb-c.c
-	$(CC) $(CSTD) $(OPT) -fPIC -I$(BUILD)/proto -c $< -o $@
+	$(Q)$(CC) $(CSTD) $(OPT) -fPIC -I$(BUILD)/proto -c $< -o $@
 
 # --- objects ----------------------------------------------------------------
 $(BUILD)/obj/%.o: %.c $(PROTO_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -fPIC -MMD -MP -c $< -o $@
+	$(Q)$(CC) $(CFLAGS_ALL) -fPIC -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/tests/%.o: tests/%.c $(PROTO_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(CHECK_CFLAGS) -MMD -MP -c $< -o $@
+	$(Q)$(CC) $(CFLAGS_ALL) $(CHECK_CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/libapcommon.a: $(COMMON_OBJ)
-	@rm -f $@; ar rcs $@ $^
+	$(call say,AR)
+	$(Q)rm -f $@; ar rcs $@ $^
 $(BUILD)/libapserver.a: $(SERVER_OBJ)
-	@rm -f $@; ar rcs $@ $^ $(if $(SERVER_OBJ),,)
+	$(call say,AR)
+	$(Q)rm -f $@; ar rcs $@ $^ $(if $(SERVER_OBJ),,)
 $(BUILD)/libapollo-client.a: $(CLIENT_OBJ)
-	@rm -f $@; ar rcs $@ $^
+	$(call say,AR)
+	$(Q)rm -f $@; ar rcs $@ $^
 
 # The client library and what it needs from common/, as one shared object:
 # client/python (ctypes) loads it.  Only protobuf-c and libcrypto outside.
 $(BUILD)/libapollo-client.so: $(CLIENT_OBJ) $(COMMON_OBJ)
-	$(CC) -shared -o $@ $^ $(shell pkg-config --libs libprotobuf-c libcrypto 2>/dev/null) -ldl -lm -pthread
+	$(call say,LD)
+	$(Q)$(CC) -shared -o $@ $^ $(shell pkg-config --libs libprotobuf-c libcrypto 2>/dev/null) -ldl -lm -pthread
 
 $(BUILD)/apollod: $(call obj,server/main.c) $(LIBS)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
+	$(call say,LD)
+	$(Q)$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 $(BUILD)/apollo-client: $(call obj,client/apollo-client.c) $(LIBS)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
+	$(call say,LD)
+	$(Q)$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
 $(BUILD)/apollo-kernels: $(call obj,tools/apollo-kernels.c) $(LIBS)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
+	$(call say,LD)
+	$(Q)$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
 # bench/warm.sh's measuring client (kept connections, the daemon's CPU time,
 # whole apollo-client processes timed).
 $(BUILD)/bench_warm: $(call obj,bench/warm.c) $(LIBS)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
+	$(call say,LD)
+	$(Q)$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
 # check_faults fails allocations on purpose: Apollo's own calls go through
 # its __wrap_* functions (tests/check_faults.c).
 $(BUILD)/tests/check_faults: TEST_LDFLAGS = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=strdup
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(TEST_LDFLAGS) -o $@ $< $(LIBS) $(CHECK_LIBS) $(LDLIBS_ALL)
+	$(call say,LD)
+	$(Q)$(CC) $(CFLAGS_ALL) $(TEST_LDFLAGS) -o $@ $< $(LIBS) $(CHECK_LIBS) $(LDLIBS_ALL)
 
 # A stand-in CUDA driver for the GPU path's tests where no GPU exists.
 $(STANDIN): tests/cuda_standin.c
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -D_GNU_SOURCE -O1 -Wall -Werror -shared -fPIC -o $@ $<
+	$(call say,LD)
+	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -O1 -Wall -Werror -shared -fPIC -o $@ $<
 
 # --- tests ------------------------------------------------------------------
 # Three tiers (docs/testing.md, "Tiers"):
@@ -207,9 +224,11 @@ FUZZ_OPT := -O1 -g -fno-omit-frame-pointer \
 FUZZERS := envelope onnx tensor bundle compile runtime
 
 $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(LIBS)
-	$(CC) $(CFLAGS_ALL) -fsanitize=fuzzer -o $@ $< $(LIBS) $(LDLIBS_ALL)
+	$(call say,LD)
+	$(Q)$(CC) $(CFLAGS_ALL) -fsanitize=fuzzer -o $@ $< $(LIBS) $(LDLIBS_ALL)
 $(BUILD)/fuzz-seeds: tests/fuzz/seeds.c $(LIBS)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
+	$(call say,LD)
+	$(Q)$(CC) $(CFLAGS_ALL) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
 fuzz-build:
 	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) OPT="$(FUZZ_OPT)" \
@@ -221,9 +240,11 @@ fuzz: deps
 	@APOLLO_BUILD=$(abspath $(BUILD)) sh tests/fuzz/make-seeds.sh $(FUZZ_BUILD)/seeds
 	@sh tools/run-fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZERS)
 
-demo: deps
-	@$(MAKE) --no-print-directory -j$(JOBS) all
-	@APOLLO_BUILD=$(abspath $(BUILD)) sh tools/demo.sh
+# The light path (tools/demo.sh): test data checked first, only the build's
+# packages and onnx/onnxruntime/numpy installed, apollod and apollo-client
+# built (not the suites), then a real model compiled, cached and checked.
+demo:
+	@JOBS=$(JOBS) APOLLO_BUILD=$(abspath $(BUILD)) sh tools/demo.sh
 
 # Every benchmark of bench/run.sh, their tables written into
 # docs/benchmarks.md with the date, the machine and the commit

@@ -1,16 +1,26 @@
 #!/bin/sh
-# deps.sh -- install what Apollo needs and is missing; do nothing when all is
-# there.  Debian packages through apt-get; Python tooling for the tests
-# (onnx, onnxruntime, numpy; torch, torchvision, transformers) into the
-# project's own virtual environment .venv; where no CUDA toolkit is present,
-# the nvidia-cuda-nvrtc wheel into the same .venv so that apollod can still
-# dlopen NVRTC.
+# deps.sh [demo] -- install what Apollo needs and is missing; do nothing
+# when all is there.
+#   deps.sh        (make deps, make check) everything the tests use: Debian
+#                  packages through apt-get; Python tooling (onnx,
+#                  onnxruntime, numpy; torch, torchvision, transformers,
+#                  onnxscript) into the project's own virtual environment
+#                  .venv; where no CUDA toolkit is present, the
+#                  nvidia-cuda-nvrtc wheel into the same .venv so that
+#                  apollod can still dlopen NVRTC.
+#   deps.sh demo   (make demo) only what building the daemon and the client
+#                  needs, and onnx, onnxruntime, numpy (the demo's
+#                  comparison with onnxruntime): no PyTorch, no test tools.
 set -e
 cd "$(dirname "$0")/.."
-PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler libisl-dev libsqlite3-dev check libssl-dev libhiredis-dev redis-server curl python3-venv clang libclang-rt-dev"
-# Only the tests use these: chromium renders the --explain-html pages
+MODE=${1:-all}
+# Building apollod and apollo-client.
+PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler libisl-dev libsqlite3-dev libssl-dev libhiredis-dev python3-venv"
+# Only the tests use these: the Check library (the C suites), a real Redis
+# and curl (check_redis, cluster.sh, /metrics), clang and its sanitizer
+# runtimes (make fuzz), chromium rendering the --explain-html pages
 # headless (tests/explain_html.sh).
-PKGS="$PKGS chromium"
+[ "$MODE" = demo ] || PKGS="$PKGS check redis-server curl clang libclang-rt-dev chromium"
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -39,6 +49,7 @@ if ! .venv/bin/python -c "import onnx, onnxruntime, numpy" 2>/dev/null; then
 	echo "deps: installing onnx onnxruntime numpy into .venv"
 	$PIP onnx onnxruntime numpy || pip_failed "onnx onnxruntime numpy"
 fi
+[ "$MODE" = demo ] && exit 0
 # PyTorch for the PyTorch backend's tests (tests/torch.sh) and the ONNX
 # exports of real architectures (tests/export_models.py): torch,
 # torchvision, transformers and onnxscript (torch.onnx's newer exporter),
@@ -46,8 +57,11 @@ fi
 # Only the tests use them.
 if ! .venv/bin/python -c "import torch, torchvision, transformers, onnxscript" 2>/dev/null; then
 	echo "deps: installing torch, torchvision, transformers, onnxscript into .venv (the PyTorch tests and model exports)"
+	# PyTorch's CPU-only wheels (about 0.2 GB against PyPI's 4 GB with the
+	# CUDA wheels) where its index is reachable; PyPI's otherwise.
 	if ! .venv/bin/python -c "import torch, torchvision" 2>/dev/null; then
-		$PIP torch torchvision || pip_failed "torch torchvision"
+		$PIP --retries 0 --timeout 10 --index-url https://download.pytorch.org/whl/cpu torch torchvision 2>/dev/null ||
+			$PIP torch torchvision || pip_failed "torch torchvision"
 	fi
 	$PIP transformers onnxscript || pip_failed "transformers onnxscript"
 fi
