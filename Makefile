@@ -173,7 +173,7 @@ check-unit: $(TESTS)
 	@APOLLO_SWEEP=$(APOLLO_SWEEP) $(RUN_SUITES) $(TESTS)
 
 check-scripts: all
-	@JOBS=$(JOBS) APOLLO_BUILD=$(abspath $(BUILD)) sh tools/run-scripts.sh
+	@APOLLO_SWEEP=$(APOLLO_SWEEP) JOBS=$(JOBS) APOLLO_BUILD=$(abspath $(BUILD)) sh tools/run-scripts.sh
 
 # --- sanitizers ------------------------------------------------------------------
 # The same sources built into $(SAN_BUILD) with AddressSanitizer (and
@@ -215,7 +215,8 @@ check-asan: deps
 # --- fuzzing ------------------------------------------------------------------------
 # libFuzzer harnesses (tests/fuzz/fuzz_*.c) over the same sources, built by
 # clang into $(FUZZ_BUILD) with AddressSanitizer + UBSan; seeds from
-# ../shared/testdata (tests/fuzz/make-seeds.sh); each runs FUZZ_SECONDS.
+# ../shared/testdata (tests/fuzz/make-seeds.sh); each runs FUZZ_SECONDS,
+# $(JOBS) harnesses at a time.
 FUZZ_BUILD ?= build-fuzz
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 60
@@ -238,7 +239,7 @@ fuzz: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all $(BUILD)/fuzz-seeds
 	@$(MAKE) --no-print-directory fuzz-build
 	@APOLLO_BUILD=$(abspath $(BUILD)) sh tests/fuzz/make-seeds.sh $(FUZZ_BUILD)/seeds
-	@sh tools/run-fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZERS)
+	@JOBS=$(JOBS) sh tools/run-fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZERS)
 
 # The light path (tools/demo.sh): test data checked first, only the build's
 # packages and onnx/onnxruntime/numpy installed, apollod and apollo-client

@@ -182,6 +182,11 @@ int ap_runtime_time_tuned(__ap_keep const ap_bundle *b, __ap_keep const ap_graph
 			  int warmup, int runs, char *device_name, size_t cap, unsigned *sms,
 			  ap_runtime_timing_fn fn, void *user, ap_error *err);
 
+/* ap_runtime_time_tuned and ap_runtime_cuda_available as a kernel timer
+ * (common/kernel_timer.h), for the daemon's background tuner: apollod
+ * passes it in ap_autotune_options.timer (client/kernel_timer.c). */
+extern const struct ap_kernel_timer ap_runtime_kernel_timer;
+
 /* Binds buffer `buffer` -- its index among the bundle's buffers
  * (ap_bundle_buffer_get), of kind INPUT, PARAM or OUTPUT -- to the caller's
  * memory, without a copy: `ptr` is a host address for target cpu and a

@@ -24,6 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "client/runtime.h"
 #include "common/base.h"
 #include "server/backend/backend.h"
 #include "server/cache/cache.h"
@@ -226,6 +227,7 @@ int main(int argc, char **argv)
 	copt.autotune = (ap_autotune_options){
 		.refine = cfg.tune_refine,
 		.measure = cfg.tune_measure,
+		.timer = &ap_runtime_kernel_timer,
 		.device = (int)cfg.tune_device,
 	};
 	compiler = ap_compiler_new(cache, &copt);

@@ -67,6 +67,7 @@
 #include "server/tune/tune.h"
 #include "server/lower/value.h"
 #include "client/apollo.h"
+#include "client/runtime.h"
 #include "tests/lib/require.h"
 
 #define DIMS(...) ((const int64_t[]){__VA_ARGS__}), (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
@@ -914,6 +915,7 @@ START_TEST(background_tuner)
 	Apollo__Graph *pb = ap_graph_to_pb(g);
 	ap_compiler_options co = { .threads = 1,
 				   .autotune = { .refine = true, .measure = true, .runs = 5,
+						 .timer = &ap_runtime_kernel_timer,
 						 .warmup = 1 } };
 	Apollo__CompileResponse *r;
 	ap_compiler *c;

@@ -12,7 +12,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../client/runtime.h"
 #include "../../common/graph.h"
 #include "../backend/backend.h"
 #include "../config.h"
@@ -282,14 +281,15 @@ struct timing {
 	cands *t;
 };
 
-static int on_timed(void *user, const ap_bundle_launch_part *pt, double us, unsigned runs)
+static int on_timed(void *user, const uint8_t *tune_signature, const char *schedule, double us,
+		    unsigned runs)
 {
 	struct timing *tm = user;
 	cand *c;
 
 	if (stopping(tm->a))
 		return AP_EBUSY;
-	if (!(c = cand_get(tm->t, pt->tune_signature, pt->schedule)))
+	if (!(c = cand_get(tm->t, tune_signature, schedule)))
 		return AP_ENOMEM;
 	if (c->time_us == 0 || us < c->time_us) {
 		c->time_us = us;
@@ -304,16 +304,12 @@ static int time_variant(ap_autotune *a, const Apollo__CompileRequest *req, cands
 {
 	struct Apollo__Bundle *pb = NULL;
 	struct timing tm = { a, t };
-	ap_bundle *b;
 	int rc = ap_compiler_compile_bundle(a->c, req, &a->cancel, &pb, err);
 
 	if (rc)
 		return rc;
-	if (!(b = ap_bundle_from_pb(pb)))
-		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
-	rc = ap_runtime_time_tuned(b, NULL, a->o.device, a->o.warmup, a->o.runs, device[0] ? NULL : device,
-				   cap, sms, on_timed, &tm, err);
-	ap_bundle_free(b);
+	rc = a->o.timer->time_tuned(pb, a->o.device, a->o.warmup, a->o.runs, device[0] ? NULL : device,
+				    cap, sms, on_timed, &tm, err);
 	if (stopping(a))
 		return abandoned(err);
 	if (rc == AP_EUNSUPPORTED || rc == AP_ECOMPILE || rc == AP_EIO) {
@@ -500,7 +496,9 @@ ap_autotune *ap_autotune_new(ap_compiler *c, const ap_autotune_options *o)
 	if (a->o.measure) {
 		char why[256] = "";
 
-		a->measure_off = !ap_runtime_cuda_available(why, sizeof(why));
+		if (!a->o.timer)
+			snprintf(why, sizeof(why), "no kernel timer wired in");
+		a->measure_off = !a->o.timer || !a->o.timer->available(why, sizeof(why));
 		if (a->measure_off)
 			ap_log(AP_LOG_INFO, "background tuner: not timing on this host: %s", why);
 	}

@@ -23,8 +23,9 @@
  *            moved, so bundles compiled before are not served again.
  *   measure: when a CUDA driver (libcuda, or $APOLLO_LIBCUDA) and device
  *            `device` load, compiles each variant to a bundle, times it
- *            with the runtime (ap_runtime_time_tuned: warm-up, then the
- *            median of `runs` CUDA-event timings per launch) and stores
+ *            through the kernel timer of its options (common/kernel_timer.h;
+ *            apollod's is the client runtime's: warm-up, then the median
+ *            of `runs` CUDA-event timings per launch) and stores
  *            the fastest candidate of each kernel as a measured record
  *            for this device, exactly as a client's apollo-client tune
  *            report would be (ap_compiler_tune_report); kernels that
@@ -39,6 +40,7 @@
 #define AP_AUTOTUNE_H
 
 #include "../../common/base.h"
+#include "../../common/kernel_timer.h"
 
 struct Apollo__CompileRequest;
 typedef struct ap_compiler ap_compiler;
@@ -47,6 +49,10 @@ typedef struct ap_autotune ap_autotune;
 typedef struct ap_autotune_options {
 	bool refine;          /* ptxas -v refinement of the model's records */
 	bool measure;         /* timing on this host's GPU, when one loads */
+	const ap_kernel_timer *timer; /* how: borrowed, lives as long as the
+				       tuner (apollod: the client runtime's,
+				       ap_runtime_kernel_timer); NULL turns
+				       measuring off */
 	int device;           /* its CUDA ordinal */
 	unsigned queue_max;   /* jobs waiting at most; 0 = 8 */
 	int warmup, runs;     /* timing: 0 = 3 warm-up runs, 20 timed */
