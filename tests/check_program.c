@@ -3888,13 +3888,22 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, gemm_16bit_pair_staged);
 	tcase_add_test(tc, gemm_16bit_convert_staged);
 	suite_add_tcase(s, tc);
-	/* every model and training step built and run whole, at each fusion
-	 * level: the suite's minutes (tag slow: make check-fast leaves them
-	 * out; run alone: CK_RUN_CASE=models) */
+	/* the training steps built whole (tag slow: make check-fast leaves
+	 * them out; run alone: CK_RUN_CASE=models) */
 	tc = tcase_create("models");
 	tcase_set_tags(tc, "slow");
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, training_normalizations_are_one_launch);
+	suite_add_tcase(s, tc);
+	/* every model and training step built and run whole at each fusion
+	 * level, in process: two thirds of the suite's time, and what
+	 * tests/fusion_levels.sh checks through the daemon in make check
+	 * (values at each level, apollo no worse than rules, the targets on
+	 * bert_like_2l and mlp_gelu_ln).  Tag full: make check-full runs it,
+	 * make check and check-fast leave it out (CK_EXCLUDE_TAGS). */
+	tc = tcase_create("fusion_levels");
+	tcase_set_tags(tc, "slow full");
+	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, fusion_levels_on_models);
 	suite_add_tcase(s, tc);
 	return s;
