@@ -74,6 +74,22 @@ int ap_file_write(const char *path, const uint8_t *buf, size_t len, ap_error *er
 	return 0;
 }
 
+const char *ap_path_folder(const char *path, char *dir, size_t cap)
+{
+	const char *slash = strrchr(path, '/');
+	size_t n = slash ? (size_t)(slash - path) : 0;
+
+	if (!slash)
+		return ".";
+	if (n == 0)
+		return "/";
+	if (n >= cap)
+		return NULL;
+	memcpy(dir, path, n);
+	dir[n] = 0;
+	return dir;
+}
+
 void ap_strv_free(char **v, int n)
 {
 	if (!v)
