@@ -1671,9 +1671,9 @@ static int check_model(const char *model, const check_opts *o)
 		fflush(stdout);
 		return res.no_reference ? 3 : 1;
 	}
-	printf("%s %s  (%d outputs against onnxruntime, %d launches, %.0f ms)\n",
-	       res.mismatched ? "FAIL" : "PASS", model, res.compared, res.launches,
-	       ap_now_ms() - t0);
+	printf("%s %s  (%d output%s against onnxruntime, %d kernels, %.0f ms)\n",
+	       res.mismatched ? "FAIL" : "PASS", model, res.compared, res.compared == 1 ? "" : "s",
+	       res.launches, ap_now_ms() - t0);
 	fflush(stdout);
 	return res.mismatched ? 1 : 0;
 }
