@@ -7,11 +7,15 @@
  *                 [--explain] [--explain-html FILE]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
  *                 [--keep-whole OP ...]
- *   apollo-client check DIR... [--target T] [--rtol R] [--atol A] [--jobs N]
+ *   apollo-client run MODEL.onnx [--input NAME=FILE.npy|FILE.pb ...] [--shape NAME=DIMS ...]
+ *                 [--seed N] [--compare onnxruntime] [--rtol R] [--atol A] [--save DIR]
+ *                 [--target T] [--format ptx|cubin|so] [--threads N] [compile options]
+ *   apollo-client check DIR...|MODEL.onnx [--target T] [--rtol R] [--atol A] [--jobs N]
  *                 [--threads N] [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--no-tune]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
  *                 [--keep-whole OP ...] [--save-outputs DIR] [--repeat N [--profile]]
- *                 [--mismatch FRACTION] [--shape NAME=DIMS ...]
+ *                 [--mismatch FRACTION] [--shape NAME=DIMS ...] [--input NAME=FILE ...]
+ *                 [--seed N] [--compare onnxruntime]
  *   apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]
  *                 [--shape NAME=DIMS ...]
  *   apollo-client tune GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin] [--runs N]
@@ -34,7 +38,10 @@
  * the folder's reference data; with --save-outputs DIR it also writes each
  * folder's inputs and computed outputs as a backend-test folder
  * DIR/<folder name>/ (model.onnx a link to the model), the reference data
- * for a run at another fusion level.  `submit --explain` lists every
+ * for a run at another fusion level.  `run` (client/run.c, which this file
+ * only parses for) runs a model once on inputs from .npy / TensorProto
+ * files or random ones, and with --compare onnxruntime checks every output
+ * against onnxruntime's; `check MODEL.onnx` is that run.  `submit --explain` lists every
  * launch with its ONNX nodes and category, and every boundary between
  * launches with the reason they were not fused; `--explain-html FILE`
  * draws the same as one self-contained HTML page (explain_html.h).  Errors go to stderr as "apollo-client: ..."
