@@ -1710,6 +1710,53 @@ static int check_models(char **paths, int n, int *n_dirs, const check_opts *o, i
 	return worst;
 }
 
+/* One of check's own options at a (its value v, NULL when it is the last
+ * argument), into o: 1 or 2 arguments taken, 0 when a is none of them, or
+ * minus the exit status after printing the error. */
+static int check_option(const char *a, const char *v, check_opts *o)
+{
+	ap_error err;
+	char *end;
+	long t;
+
+	if (!strcmp(a, "--no-fork") || !strcmp(a, "--profile")) {
+		*(!strcmp(a, "--no-fork") ? &o->no_fork : &o->profile) = true;
+		return 1;
+	}
+	if (!v)
+		return 0;
+	if (!strcmp(a, "--rtol") || !strcmp(a, "--atol")) {
+		if (!parse_double(v, !strcmp(a, "--rtol") ? &o->rtol : &o->atol))
+			return -usage_error("%s wants a number >= 0, not '%s'", a, v);
+	} else if (!strcmp(a, "--jobs") || !strcmp(a, "-j")) {
+		if (!parse_int(v, &o->jobs) || o->jobs < 1)
+			return -usage_error("--jobs wants a count >= 1, not '%s'", v);
+	} else if (!strcmp(a, "--threads")) {
+		if (!parse_int(v, &o->threads))
+			return -usage_error("--threads wants a count, not '%s'", v);
+	} else if (!strcmp(a, "--timeout")) {
+		t = strtol(v, &end, 10);
+		if (!*v || *end || t < 0 || t > 86400)
+			return -usage_error("--timeout wants seconds (0 = none), not '%s'", v);
+		o->timeout_s = (int)t;
+	} else if (!strcmp(a, "--save-outputs")) {
+		o->save_dir = v;
+	} else if (!strcmp(a, "--shape")) {
+		ap_error_clear(&err);
+		if (add_shape(&o->shapes, v, &err) < 0)
+			return -fail("check", &err);
+	} else if (!strcmp(a, "--mismatch")) {
+		if (!parse_double(v, &o->mismatch) || o->mismatch > 1)
+			return -usage_error("--mismatch wants a fraction in [0, 1], not '%s'", v);
+	} else if (!strcmp(a, "--repeat")) {
+		if (!parse_int(v, &o->repeat) || o->repeat < 1)
+			return -usage_error("--repeat wants a count >= 1, not '%s'", v);
+	} else {
+		return 0;
+	}
+	return 2;
+}
+
 static int cmd_check(int argc, char **argv)
 {
 	check_opts o = {0};
@@ -1730,74 +1777,14 @@ static int cmd_check(int argc, char **argv)
 
 		if (!took)
 			took = run_option(a, v, &o.run, &o.inputs);
-
+		if (!took)
+			took = check_option(a, v, &o);
 		if (took < 0) {
 			rc = -took;
 			goto out;
 		}
 		if (took) {
 			i += took - 1;
-		} else if (!strcmp(a, "--rtol") && v) {
-			if (!parse_double(v, &o.rtol)) {
-				rc = usage_error("--rtol wants a number >= 0, not '%s'", v);
-				goto out;
-			}
-			i++;
-		} else if (!strcmp(a, "--atol") && v) {
-			if (!parse_double(v, &o.atol)) {
-				rc = usage_error("--atol wants a number >= 0, not '%s'", v);
-				goto out;
-			}
-			i++;
-		} else if ((!strcmp(a, "--jobs") || !strcmp(a, "-j")) && v) {
-			if (!parse_int(v, &o.jobs) || o.jobs < 1) {
-				rc = usage_error("--jobs wants a count >= 1, not '%s'", v);
-				goto out;
-			}
-			i++;
-		} else if (!strcmp(a, "--threads") && v) {
-			if (!parse_int(v, &o.threads)) {
-				rc = usage_error("--threads wants a count, not '%s'", v);
-				goto out;
-			}
-			i++;
-		} else if (!strcmp(a, "--timeout") && v) {
-			char *end;
-			long t = strtol(v, &end, 10);
-			if (!*v || *end || t < 0 || t > 86400) {
-				rc = usage_error("--timeout wants seconds (0 = none), not '%s'", v);
-				goto out;
-			}
-			o.timeout_s = (int)t;
-			i++;
-		} else if (!strcmp(a, "--save-outputs") && v) {
-			o.save_dir = v;
-			i++;
-		} else if (!strcmp(a, "--shape") && v) {
-			ap_error err;
-
-			ap_error_clear(&err);
-			if (add_shape(&o.shapes, v, &err) < 0) {
-				rc = fail("check", &err);
-				goto out;
-			}
-			i++;
-		} else if (!strcmp(a, "--no-fork")) {
-			o.no_fork = true;
-		} else if (!strcmp(a, "--mismatch") && v) {
-			if (!parse_double(v, &o.mismatch) || o.mismatch > 1) {
-				rc = usage_error("--mismatch wants a fraction in [0, 1], not '%s'", v);
-				goto out;
-			}
-			i++;
-		} else if (!strcmp(a, "--profile")) {
-			o.profile = true;
-		} else if (!strcmp(a, "--repeat") && v) {
-			if (!parse_int(v, &o.repeat) || o.repeat < 1) {
-				rc = usage_error("--repeat wants a count >= 1, not '%s'", v);
-				goto out;
-			}
-			i++;
 		} else if (a[0] == '-' && a[1]) {
 			rc = unknown_option(a);
 			goto out;
