@@ -1192,10 +1192,12 @@ static int cmd_run(int argc, char **argv)
 	ap_error_clear(&err);
 	rc = ap_run_model(&ra.r, &res, &err);
 	fflush(stdout);
-	if (rc < 0)
-		rc = fail("run", &err) && res.no_reference ? 3 : 1;
-	else
+	if (rc < 0) {
+		fail("run", &err);
+		rc = res.no_reference ? 3 : 1;
+	} else {
 		rc = res.mismatched ? 1 : 0;
+	}
 	run_args_clear(&ra);
 	return rc;
 }

@@ -134,11 +134,15 @@ static int copy_external(const char *dir, const char *model_path, const uint8_t 
 		return ap_error_set(err, AP_ETOOLARGE, NULL, NULL, "path too long: %s", model_path);
 	rc = ap_onnx_external_files(buf, len, mdir, &loc, &real, &n, err);
 	for (int i = 0; i < n && !rc; i++) {
+		bool copied = false;   /* "a.data" after "./a.data": the same file, there */
+
 		if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, loc[i]) >= sizeof(path))
 			rc = ap_error_set(err, AP_ETOOLARGE, NULL, NULL, "--save: path too long");
-		if (!rc)
+		for (int j = 0; j < i && !rc; j++)
+			copied |= !strcmp(real[j], real[i]) && access(path, F_OK) == 0;
+		if (!rc && !copied)
 			rc = make_parents(dir, loc[i], err);
-		if (!rc)
+		if (!rc && !copied)
 			rc = create_file(path, NULL, 0, real[i], err);
 	}
 	for (int i = 0; i < n; i++) {
