@@ -176,7 +176,8 @@ int ap_testdata_sets(const char *dir, char ***names, int *n, ap_error *err)
 	}
 	closedir(d);
 	d = NULL;
-	qsort(ents, (size_t)count, sizeof(*ents), cmp_set);
+	if (count)   /* ents is NULL for a folder without sets: qsort wants an array */
+		qsort(ents, (size_t)count, sizeof(*ents), cmp_set);
 	out = calloc(count ? (size_t)count : 1, sizeof(char *));
 	if (!out)
 		goto nomem;
