@@ -7,11 +7,15 @@
  *                 [--explain] [--explain-html FILE]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
  *                 [--keep-whole OP ...]
- *   apollo-client check DIR... [--target T] [--rtol R] [--atol A] [--jobs N]
+ *   apollo-client run MODEL.onnx [--input NAME=FILE.npy|FILE.pb ...] [--shape NAME=DIMS ...]
+ *                 [--seed N] [--compare onnxruntime] [--rtol R] [--atol A] [--save DIR]
+ *                 [--target T] [--format ptx|cubin|so] [--threads N] [compile options]
+ *   apollo-client check DIR...|MODEL.onnx [--target T] [--rtol R] [--atol A] [--jobs N]
  *                 [--threads N] [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--no-tune]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
  *                 [--keep-whole OP ...] [--save-outputs DIR] [--repeat N [--profile]]
- *                 [--mismatch FRACTION] [--shape NAME=DIMS ...]
+ *                 [--mismatch FRACTION] [--shape NAME=DIMS ...] [--input NAME=FILE ...]
+ *                 [--seed N] [--compare onnxruntime]
  *   apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]
  *                 [--shape NAME=DIMS ...]
  *   apollo-client tune GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin] [--runs N]
@@ -34,7 +38,10 @@
  * the folder's reference data; with --save-outputs DIR it also writes each
  * folder's inputs and computed outputs as a backend-test folder
  * DIR/<folder name>/ (model.onnx a link to the model), the reference data
- * for a run at another fusion level.  `submit --explain` lists every
+ * for a run at another fusion level.  `run` (client/run.c, which this file
+ * only parses for) runs a model once on inputs from .npy / TensorProto
+ * files or random ones, and with --compare onnxruntime checks every output
+ * against onnxruntime's; `check MODEL.onnx` is that run.  `submit --explain` lists every
  * launch with its ONNX nodes and category, and every boundary between
  * launches with the reason they were not fused; `--explain-html FILE`
  * draws the same as one self-contained HTML page (explain_html.h).  Errors go to stderr as "apollo-client: ..."
@@ -97,14 +104,28 @@ static const subcommand_help g_help[] = {
 	  "--explain-html FILE the fused graph as an HTML page (open it in a browser),\n"
 	  "--dump the kernels' blobs.  Target cpu (host C, for checking), sm_XX or compute_XX\n"
 	  "(CUDA), host:sm_XX (a GPU's kernels emulated on the host).\n" },
+	{ "run",
+	  "apollo-client run MODEL.onnx [--input NAME=FILE.npy|FILE.pb ...] [--shape NAME=DIMS ...]\n"
+	  "              [--seed N] [--compare onnxruntime] [--rtol R] [--atol A] [--save DIR]\n"
+	  "              [--target T] [--format ptx|cubin|so] [--threads N] [--fusion none|rules|apollo]\n"
+	  "              [--no-cache] [--allow-tf32] [--no-layer1] [--no-tune] [--host-check]\n"
+	  "              [--namespace NS] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n",
+	  "Runs a model once: each input from its .npy or TensorProto file, else random (--seed N,\n"
+	  "default 0: floats in [-1, 1), integers valid as indices), compiled by the daemon and run\n"
+	  "here (target cpu, or a GPU through the CUDA driver); prints each output's dtype, shape\n"
+	  "and values.  --compare onnxruntime runs the same inputs in onnxruntime and compares\n"
+	  "every output (exit 1 on a mismatch, 3 when onnxruntime cannot be used); --save DIR\n"
+	  "keeps the run as a backend-test folder for check.\n" },
 	{ "check",
-	  "apollo-client check DIR... [--target T] [--rtol R] [--atol A] [--jobs N] [--threads N]\n"
-	  "              [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--no-tune]\n"
+	  "apollo-client check DIR...|MODEL.onnx [--target T] [--rtol R] [--atol A] [--jobs N]\n"
+	  "              [--threads N] [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--no-tune]\n"
 	  "              [--fusion none|rules|apollo] [--host-check] [--repeat N [--profile]]\n"
 	  "              [--mismatch FRACTION] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n"
-	  "              [--save-outputs DIR] [--shape NAME=DIMS ...]\n",
+	  "              [--save-outputs DIR] [--shape NAME=DIMS ...] [--input NAME=FILE ...]\n"
+	  "              [--seed N] [--compare onnxruntime]\n",
 	  "Compiles each ONNX backend-test folder (model.onnx, test_data_set_*), runs it on the\n"
-	  "host and compares with the saved outputs; PASS/FAIL per folder.  --host-check (cpu,\n"
+	  "host and compares with the saved outputs; PASS/FAIL per folder.  A model file is run as\n"
+	  "`run --compare onnxruntime` runs it (--input, --seed: its inputs).  --host-check (cpu,\n"
 	  "host:sm_XX) also checks races, cp.async groups and bounds.\n" },
 	{ "convert", "apollo-client convert MODEL.onnx GRAPH.pb [--input NAME=FILE.pb ...] [--data DIR]\n"
 	  "              [--shape NAME=DIMS ...]\n",
@@ -357,6 +378,29 @@ static bool parse_fusion(const char *v, ap_fusion_level *out)
 	return true;
 }
 
+static bool parse_format(const char *v, ap_output_kind *out)
+{
+	if (!strcmp(v, "ptx"))
+		*out = AP_OUTPUT_PTX;
+	else if (!strcmp(v, "cubin"))
+		*out = AP_OUTPUT_CUBIN;
+	else if (!strcmp(v, "so"))
+		*out = AP_OUTPUT_SO;
+	else
+		return false;
+	return true;
+}
+
+/* A --seed: a decimal integer in [0, 2^64). */
+static bool parse_seed(const char *s, uint64_t *out)
+{
+	char *end;
+
+	errno = 0;
+	*out = strtoull(s, &end, 10);
+	return s[0] >= '0' && s[0] <= '9' && !*end && !errno;
+}
+
 /* Appends `v` to a growing array of borrowed strings; false on ENOMEM. */
 static bool strv_push(const char ***v, int *n, const char *s)
 {
@@ -390,24 +434,32 @@ static void error_message(ap_error *e, const char *prefix)
 typedef struct bindings {
 	int n;
 	ap_host_tensor **t;
+	const char **files;   /* the file each came from (borrowed from argv), or NULL */
 } bindings;
 
 static void bindings_clear(bindings *b)
 {
 	ap_host_tensors_free(b->t, b->n);
+	free((void *)b->files);
 	b->t = NULL;
+	b->files = NULL;
 	b->n = 0;
 }
 
 static int bindings_add(bindings *b, ap_host_tensor *t, ap_error *err)
 {
 	ap_host_tensor **nv = realloc(b->t, sizeof(*nv) * (size_t)(b->n + 1));
+	const char **nf = nv ? realloc((void *)b->files, sizeof(*nf) * (size_t)(b->n + 1)) : NULL;
 
-	if (!nv) {
+	if (nv)
+		b->t = nv;
+	if (nf)
+		b->files = nf;
+	if (!nv || !nf) {
 		ap_host_tensor_free(t);
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 	}
-	b->t = nv;
+	b->files[b->n] = NULL;
 	b->t[b->n++] = t;
 	return 0;
 }
@@ -420,35 +472,24 @@ static const ap_host_tensor *bindings_find(const bindings *b, const char *name)
 	return NULL;
 }
 
-/* --input NAME=FILE.pb */
+/* --input NAME=FILE: a .npy file, else a TensorProto (ap_tensor_file_read). */
 static int add_input_file(bindings *b, const char *spec, ap_error *err)
 {
 	const char *eq = strchr(spec, '=');
 	char name[512];
-	uint8_t *buf;
-	size_t len;
-	ap_host_tensor *t, *c;
+	ap_host_tensor *t;
 	int rc;
 
 	if (!eq || eq == spec || (size_t)(eq - spec) >= sizeof(name))
 		return ap_error_set(err, AP_EINVAL, NULL, NULL,
-				    "--input wants NAME=FILE.pb, got '%s'", spec);
+				    "--input wants NAME=FILE.npy or NAME=FILE.pb, got '%s'", spec);
 	memcpy(name, spec, (size_t)(eq - spec));
 	name[eq - spec] = 0;
-	rc = ap_file_read(eq + 1, (size_t)1 << 32, &buf, &len, err);
-	if (rc < 0)
+	if ((rc = ap_tensor_file_read(eq + 1, name, &t, err)) < 0 ||
+	    (rc = bindings_add(b, t, err)) < 0)
 		return rc;
-	t = ap_onnx_tensor_decode(buf, len, err);
-	free(buf);
-	if (!t) {
-		error_message(err, eq + 1);
-		return err ? err->code : AP_EMESSAGE;
-	}
-	c = ap_host_tensor_copy(t, name);
-	ap_host_tensor_free(t);
-	if (!c)
-		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
-	return bindings_add(b, c, err);
+	b->files[b->n - 1] = eq + 1;
+	return 0;
 }
 
 /* Adds the inputs of one data-set folder, renamed positionally after the
@@ -545,24 +586,6 @@ static int check_symbolic(const ap_onnx_io *io, const bindings *b, ap_error *err
 	return 0;
 }
 
-/* The folder of the file at `path` into dir (cap bytes): "." for a bare
- * file name; NULL when it does not fit. */
-static const char *model_folder(const char *path, char *dir, size_t cap)
-{
-	const char *slash = strrchr(path, '/');
-	size_t n = slash ? (size_t)(slash - path) : 0;
-
-	if (!slash)
-		return ".";
-	if (n == 0)
-		return "/";
-	if (n >= cap)
-		return NULL;
-	memcpy(dir, path, n);
-	dir[n] = 0;
-	return dir;
-}
-
 /* Imports the ONNX model read from the file `path` with bindings; the
  * data of tensors kept in external files is read from the file's folder
  * (ap_onnx_import_dir). */
@@ -571,7 +594,7 @@ static ap_graph *import_model(const uint8_t *buf, size_t len, const char *path,
 {
 	double t0 = ap_now_ms();
 	char dir[4096];
-	ap_graph *g = ap_onnx_import_dir(buf, len, model_folder(path, dir, sizeof(dir)),
+	ap_graph *g = ap_onnx_import_dir(buf, len, ap_path_folder(path, dir, sizeof(dir)),
 					 (const ap_host_tensor *const *)b->t, b->n, params, err);
 
 	*ms = ap_now_ms() - t0;
@@ -786,13 +809,7 @@ static int submit_parse(int argc, char **argv, submit_args *s)
 			s->explain_html = v;
 			i++;
 		} else if (!strcmp(a, "--format") && v) {
-			if (!strcmp(v, "ptx"))
-				s->opt.output = AP_OUTPUT_PTX;
-			else if (!strcmp(v, "cubin"))
-				s->opt.output = AP_OUTPUT_CUBIN;
-			else if (!strcmp(v, "so"))
-				s->opt.output = AP_OUTPUT_SO;
-			else {
+			if (!parse_format(v, &s->opt.output)) {
 				submit_args_clear(s);
 				return usage_error("--format is ptx, cubin or so, not '%s'", v);
 			}
@@ -1028,6 +1045,163 @@ out:
 	return rc;
 }
 
+/* ---- run ------------------------------------------------------------------------------ */
+
+/* The options run and `check MODEL.onnx` share, at a (its value v, NULL
+ * when a is the last argument): --input NAME=FILE (into inputs), --seed N,
+ * --compare onnxruntime (into r).  Returns the arguments it took (2), 0
+ * when a is none of them, or minus the exit status after printing the
+ * error: -2 a usage error, -1 a file that cannot be read. */
+static int run_option(const char *a, const char *v, ap_run_options *r, bindings *inputs)
+{
+	ap_error err;
+
+	if (!v)
+		return 0;
+	if (!strcmp(a, "--input")) {
+		ap_error_clear(&err);
+		if (add_input_file(inputs, v, &err) < 0)
+			return -fail(g_cmd, &err);
+	} else if (!strcmp(a, "--seed")) {
+		if (!parse_seed(v, &r->seed))
+			return -usage_error("--seed wants a non-negative integer, not '%s'", v);
+	} else if (!strcmp(a, "--compare")) {
+		if (strcmp(v, "onnxruntime"))
+			return -usage_error("--compare takes onnxruntime (the one reference runtime), "
+					    "not '%s'", v);
+		r->compare = true;
+	} else {
+		return 0;
+	}
+	return 2;
+}
+
+/* The daemon's address and the connection's options, from the command line. */
+static void run_connection(ap_run_options *r)
+{
+	r->socket = g_socket;
+	r->connect.token = g_token;
+	r->connect.daemon_user = g_daemon_user;
+}
+
+/* What `apollo-client run` was asked for. */
+typedef struct run_args {
+	bindings inputs, shapes;          /* --input, --shape */
+	ap_submit_options opt;
+	ap_run_options r;
+	const char **barriers, **whole;   /* malloc'd, of borrowed argv strings */
+} run_args;
+
+static void run_args_clear(run_args *a)
+{
+	bindings_clear(&a->inputs);
+	bindings_clear(&a->shapes);
+	free((void *)a->barriers);
+	free((void *)a->whole);
+	a->barriers = a->whole = NULL;
+}
+
+/* One option of run's own at a (value v): 2 taken, 0 not one, or minus the
+ * exit status after printing the error. */
+static int run_own_option(const char *a, const char *v, run_args *ra)
+{
+	ap_error err;
+
+	if (!v)
+		return 0;
+	if (!strcmp(a, "--shape")) {
+		ap_error_clear(&err);
+		if (add_shape(&ra->shapes, v, &err) < 0)
+			return -fail("run", &err);
+	} else if (!strcmp(a, "--rtol") || !strcmp(a, "--atol")) {
+		if (!parse_double(v, !strcmp(a, "--rtol") ? &ra->r.rtol : &ra->r.atol))
+			return -usage_error("%s wants a number >= 0, not '%s'", a, v);
+	} else if (!strcmp(a, "--threads")) {
+		if (!parse_int(v, &ra->r.threads))
+			return -usage_error("--threads wants a count, not '%s'", v);
+	} else if (!strcmp(a, "--format")) {
+		if (!parse_format(v, &ra->opt.output))
+			return -usage_error("--format is ptx, cubin or so, not '%s'", v);
+	} else if (!strcmp(a, "--save")) {
+		ra->r.save_dir = v;
+	} else {
+		return 0;
+	}
+	return 2;
+}
+
+/* run's arguments into ra: 0, or the exit status of an error (printed;
+ * ra cleared). */
+static int run_parse(int argc, char **argv, run_args *ra)
+{
+	ra->opt.target = "cpu";
+	ra->r.rtol = ra->r.atol = -1;
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		int took = compile_option(a, v, &ra->opt, &ra->barriers, &ra->whole);
+
+		if (!took)
+			took = run_option(a, v, &ra->r, &ra->inputs);
+		if (!took)
+			took = run_own_option(a, v, ra);
+		if (took < 0) {
+			run_args_clear(ra);
+			return -took;
+		}
+		if (took) {
+			i += took - 1;
+		} else if (a[0] == '-' && a[1]) {
+			run_args_clear(ra);
+			return unknown_option(a);
+		} else if (!ra->r.model) {
+			ra->r.model = a;
+		} else {
+			run_args_clear(ra);
+			return usage_error("one model, not '%s' too", a);
+		}
+	}
+	if (!ra->r.model) {
+		run_args_clear(ra);
+		return usage_error("which model?");
+	}
+	return 0;
+}
+
+/* `apollo-client run`: exit 0 (ran; the outputs matched when compared),
+ * 1 (an error, or a mismatch), 2 (usage), 3 (onnxruntime unavailable). */
+static int cmd_run(int argc, char **argv)
+{
+	run_args ra = {0};
+	ap_run_result res;
+	ap_device_info dev;
+	ap_error err;
+	int rc;
+
+	if ((rc = run_parse(argc, argv, &ra)))
+		return rc;
+	ra.opt.fusion_barriers = ra.barriers;
+	ra.opt.keep_whole = ra.whole;
+	gpu_device(&ra.opt, &dev);
+	ra.r.submit = &ra.opt;
+	ra.r.inputs = ra.inputs.t;
+	ra.r.input_files = ra.inputs.files;
+	ra.r.n_inputs = ra.inputs.n;
+	ra.r.shapes = ra.shapes.t;
+	ra.r.n_shapes = ra.shapes.n;
+	run_connection(&ra.r);
+	ap_error_clear(&err);
+	rc = ap_run_model(&ra.r, &res, &err);
+	fflush(stdout);
+	if (rc < 0) {
+		fail("run", &err);
+		rc = res.no_reference ? 3 : 1;
+	} else {
+		rc = res.mismatched ? 1 : 0;
+	}
+	run_args_clear(&ra);
+	return rc;
+}
+
 /* ---- check -------------------------------------------------------------------------- */
 
 typedef struct check_opts {
@@ -1044,6 +1218,8 @@ typedef struct check_opts {
 			      be outside the tolerance (low-precision graphs) */
 	bool profile;      /* --profile: per launch times of those runs */
 	bindings shapes;   /* --shape: checked against the data's shapes */
+	bindings inputs;   /* --input: a model file's inputs */
+	ap_run_options run;  /* a model file: --seed, --compare */
 } check_opts;
 
 /* The worst output seen so far in one test folder. */
@@ -1057,31 +1233,6 @@ static bool is_transport_error(int code)
 	return code == AP_EIO || code == AP_EFRAME || code == AP_EMESSAGE;
 }
 
-/* The data for the bundle's INPUT buffer `name` (graph input `index`):
- * the test input at the model's position of that name, else one whose
- * .pb name matches, else the index-th test input that the importer did not
- * fold into a constant (integer inputs become constants). */
-static const ap_host_tensor *input_data(const char *name, int index, const ap_onnx_io *io,
-					ap_host_tensor **in, int n_in)
-{
-	int k = ap_onnx_io_input(io, name), seen = 0;
-
-	if (k >= 0 && k < n_in)
-		return in[k];
-	for (int i = 0; i < n_in; i++)
-		if (in[i]->name && !strcmp(in[i]->name, name))
-			return in[i];
-	for (int i = 0; i < n_in; i++) {
-		if (in[i]->dtype == AP_DT_I64 || in[i]->dtype == AP_DT_I32)
-			continue;
-		if (seen++ == index)
-			return in[i];
-	}
-	return NULL;
-}
-
-/* Runs one data set of a test folder.  Returns 0 when every output is
- * within tolerance, else a negative code with `msg` saying what. */
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -1137,39 +1288,6 @@ static void print_profile(const ap_bundle *b, const ap_runtime *rt, int runs)
 	}
 }
 
-/* Binds a test set's inputs (by graph input, from `in`), the graph's
- * constants and the model's weights (params) to runtime rt.  0, or the
- * error with `err` set (its message prefixed "bind: "). */
-static int bind_set(ap_runtime *rt, const ap_bundle *bundle, const ap_graph *g,
-		    const ap_params *params, const ap_onnx_io *io, ap_host_tensor **in, int n_in,
-		    ap_error *err)
-{
-	int rc;
-
-	for (int i = 0; i < ap_bundle_n_buffers(bundle); i++) {
-		ap_bundle_buffer bf;
-		const ap_host_tensor *t;
-
-		ap_bundle_buffer_get(bundle, i, &bf);
-		if (bf.kind != AP_BUNDLE_BUF_INPUT)
-			continue;
-		t = input_data(bf.name, bf.index, io, in, n_in);
-		if (!t)
-			return ap_error_set(err, AP_EINVAL, NULL, bf.name,
-					    "no test data for graph input %d '%s'", bf.index, bf.name);
-		if ((rc = ap_runtime_bind_input(rt, bf.index, t, err)) < 0) {
-			error_message(err, "bind");
-			return rc;
-		}
-	}
-	if ((rc = ap_runtime_bind_consts(rt, g, err)) < 0 ||
-	    (rc = ap_runtime_bind_params(rt, params, err)) < 0) {
-		error_message(err, "bind");
-		return rc;
-	}
-	return 0;
-}
-
 /* Compares output k (`got`) with the test set's `want` under o's
  * tolerances (rtol, atol, the mismatch fraction), keeping the largest
  * error seen in w.  0 when it passes; else AP_ESHAPE with `err` naming
@@ -1212,6 +1330,8 @@ static int compare_output(int k, const ap_host_tensor *got, const ap_host_tensor
 			    (long long)(want->nbytes / (es ? es : 1)), at, vg, vw);
 }
 
+/* Runs one data set of a test folder.  Returns 0 when every output is
+ * within tolerance, else a negative code with `msg` saying what. */
 static int check_set(ap_client **cp, const char *setdir, const char *model_path,
 		     const uint8_t *model, size_t model_len, const ap_onnx_io *io, const check_opts *o, const char *save_set, worst *w,
 		     int *n_kernels, unsigned *n_eager, bool *hit, double *run_ms, char *msg, size_t cap)
@@ -1274,7 +1394,7 @@ static int check_set(ap_client **cp, const char *setdir, const char *model_path,
 		error_message(&err, "load");
 		goto error;
 	}
-	if ((rc = bind_set(rt, bundle, g, params, io, in, n_in, &err)) < 0)
+	if ((rc = ap_run_bind(rt, bundle, g, params, io, in, n_in, &err)) < 0)
 		goto error;
 	if ((rc = ap_runtime_run(rt, &err)) < 0) {
 		error_message(&err, "run");
@@ -1529,92 +1649,144 @@ static void check_all(char **dirs, int n, const check_opts *o, int *pass, int *f
 	free(slots);
 }
 
+/* `check MODEL.onnx`: the model run as `run --compare onnxruntime` runs
+ * it, with check's options; prints its report and a PASS or FAIL line.
+ * 0 (pass), 1 (fail), 3 (onnxruntime unavailable). */
+static int check_model(const char *model, const check_opts *o)
+{
+	ap_run_options r = o->run;
+	ap_run_result res;
+	ap_error err;
+	double t0 = ap_now_ms();
+
+	r.model = model;
+	r.compare = true;
+	r.submit = &o->submit;
+	r.inputs = o->inputs.t;
+	r.input_files = o->inputs.files;
+	r.n_inputs = o->inputs.n;
+	r.shapes = o->shapes.t;
+	r.n_shapes = o->shapes.n;
+	r.threads = o->threads;
+	r.rtol = o->rtol;   /* < 0 when not given: the dtype's */
+	r.atol = o->atol;
+	run_connection(&r);
+	ap_error_clear(&err);
+	if (ap_run_model(&r, &res, &err) < 0) {
+		printf("FAIL %s  %s%s%s%s\n", model, err.msg[0] ? err.msg : ap_error_name(err.code),
+		       err.tensor[0] && !strstr(err.msg, err.tensor) ? " (tensor '" : "",
+		       err.tensor[0] && !strstr(err.msg, err.tensor) ? err.tensor : "",
+		       err.tensor[0] && !strstr(err.msg, err.tensor) ? "')" : "");
+		fflush(stdout);
+		return res.no_reference ? 3 : 1;
+	}
+	printf("%s %s  (%d output%s against onnxruntime, %d kernels, %.0f ms)\n",
+	       res.mismatched ? "FAIL" : "PASS", model, res.compared, res.compared == 1 ? "" : "s",
+	       res.launches, ap_now_ms() - t0);
+	fflush(stdout);
+	return res.mismatched ? 1 : 0;
+}
+
+/* Runs each model file of paths[0..n) (check_model); the others, test
+ * folders, are moved to the front of paths, their count in *n_dirs.
+ * The worst outcome: 0, 1, or 3. */
+static int check_models(char **paths, int n, int *n_dirs, const check_opts *o, int *pass,
+			int *failed)
+{
+	int worst = 0;
+
+	*n_dirs = 0;
+	for (int i = 0; i < n; i++) {
+		struct stat st;
+		int r;
+
+		if (stat(paths[i], &st) < 0 || !S_ISREG(st.st_mode)) {
+			paths[(*n_dirs)++] = paths[i];
+			continue;
+		}
+		r = check_model(paths[i], o);
+		*pass += r == 0;
+		*failed += r != 0;
+		worst = r > worst ? r : worst;
+	}
+	return worst;
+}
+
+/* One of check's own options at a (its value v, NULL when it is the last
+ * argument), into o: 1 or 2 arguments taken, 0 when a is none of them, or
+ * minus the exit status after printing the error. */
+static int check_option(const char *a, const char *v, check_opts *o)
+{
+	ap_error err;
+	char *end;
+	long t;
+
+	if (!strcmp(a, "--no-fork") || !strcmp(a, "--profile")) {
+		*(!strcmp(a, "--no-fork") ? &o->no_fork : &o->profile) = true;
+		return 1;
+	}
+	if (!v)
+		return 0;
+	if (!strcmp(a, "--rtol") || !strcmp(a, "--atol")) {
+		if (!parse_double(v, !strcmp(a, "--rtol") ? &o->rtol : &o->atol))
+			return -usage_error("%s wants a number >= 0, not '%s'", a, v);
+	} else if (!strcmp(a, "--jobs") || !strcmp(a, "-j")) {
+		if (!parse_int(v, &o->jobs) || o->jobs < 1)
+			return -usage_error("--jobs wants a count >= 1, not '%s'", v);
+	} else if (!strcmp(a, "--threads")) {
+		if (!parse_int(v, &o->threads))
+			return -usage_error("--threads wants a count, not '%s'", v);
+	} else if (!strcmp(a, "--timeout")) {
+		t = strtol(v, &end, 10);
+		if (!*v || *end || t < 0 || t > 86400)
+			return -usage_error("--timeout wants seconds (0 = none), not '%s'", v);
+		o->timeout_s = (int)t;
+	} else if (!strcmp(a, "--save-outputs")) {
+		o->save_dir = v;
+	} else if (!strcmp(a, "--shape")) {
+		ap_error_clear(&err);
+		if (add_shape(&o->shapes, v, &err) < 0)
+			return -fail("check", &err);
+	} else if (!strcmp(a, "--mismatch")) {
+		if (!parse_double(v, &o->mismatch) || o->mismatch > 1)
+			return -usage_error("--mismatch wants a fraction in [0, 1], not '%s'", v);
+	} else if (!strcmp(a, "--repeat")) {
+		if (!parse_int(v, &o->repeat) || o->repeat < 1)
+			return -usage_error("--repeat wants a count >= 1, not '%s'", v);
+	} else {
+		return 0;
+	}
+	return 2;
+}
+
 static int cmd_check(int argc, char **argv)
 {
 	check_opts o = {0};
 	char **dirs = calloc((size_t)argc + 1, sizeof(char *));
 	const char **barriers = NULL, **whole = NULL;
 	ap_device_info dev;
-	int n = 0, pass = 0, failed = 0, rc = 1;
+	int n = 0, pass = 0, failed = 0, rc = 1, worst;
 
 	if (!dirs)
 		return 1;
 	o.submit.target = "cpu";
-	o.rtol = AP_COMPARE_RTOL;
-	o.atol = AP_COMPARE_ATOL;
+	o.rtol = o.atol = -1;   /* given, or the defaults of folders / of a model's dtypes */
 	o.jobs = 1;
 	o.timeout_s = 900;
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		int took = compile_option(a, v, &o.submit, &barriers, &whole);
 
+		if (!took)
+			took = run_option(a, v, &o.run, &o.inputs);
+		if (!took)
+			took = check_option(a, v, &o);
 		if (took < 0) {
 			rc = -took;
 			goto out;
 		}
 		if (took) {
 			i += took - 1;
-		} else if (!strcmp(a, "--rtol") && v) {
-			if (!parse_double(v, &o.rtol)) {
-				rc = usage_error("--rtol wants a number >= 0, not '%s'", v);
-				goto out;
-			}
-			i++;
-		} else if (!strcmp(a, "--atol") && v) {
-			if (!parse_double(v, &o.atol)) {
-				rc = usage_error("--atol wants a number >= 0, not '%s'", v);
-				goto out;
-			}
-			i++;
-		} else if ((!strcmp(a, "--jobs") || !strcmp(a, "-j")) && v) {
-			if (!parse_int(v, &o.jobs) || o.jobs < 1) {
-				rc = usage_error("--jobs wants a count >= 1, not '%s'", v);
-				goto out;
-			}
-			i++;
-		} else if (!strcmp(a, "--threads") && v) {
-			if (!parse_int(v, &o.threads)) {
-				rc = usage_error("--threads wants a count, not '%s'", v);
-				goto out;
-			}
-			i++;
-		} else if (!strcmp(a, "--timeout") && v) {
-			char *end;
-			long t = strtol(v, &end, 10);
-			if (!*v || *end || t < 0 || t > 86400) {
-				rc = usage_error("--timeout wants seconds (0 = none), not '%s'", v);
-				goto out;
-			}
-			o.timeout_s = (int)t;
-			i++;
-		} else if (!strcmp(a, "--save-outputs") && v) {
-			o.save_dir = v;
-			i++;
-		} else if (!strcmp(a, "--shape") && v) {
-			ap_error err;
-
-			ap_error_clear(&err);
-			if (add_shape(&o.shapes, v, &err) < 0) {
-				rc = fail("check", &err);
-				goto out;
-			}
-			i++;
-		} else if (!strcmp(a, "--no-fork")) {
-			o.no_fork = true;
-		} else if (!strcmp(a, "--mismatch") && v) {
-			if (!parse_double(v, &o.mismatch) || o.mismatch > 1) {
-				rc = usage_error("--mismatch wants a fraction in [0, 1], not '%s'", v);
-				goto out;
-			}
-			i++;
-		} else if (!strcmp(a, "--profile")) {
-			o.profile = true;
-		} else if (!strcmp(a, "--repeat") && v) {
-			if (!parse_int(v, &o.repeat) || o.repeat < 1) {
-				rc = usage_error("--repeat wants a count >= 1, not '%s'", v);
-				goto out;
-			}
-			i++;
 		} else if (a[0] == '-' && a[1]) {
 			rc = unknown_option(a);
 			goto out;
@@ -1625,7 +1797,7 @@ static int cmd_check(int argc, char **argv)
 	o.submit.fusion_barriers = barriers;
 	o.submit.keep_whole = whole;
 	if (n == 0) {
-		rc = usage_error("which test folders?");
+		rc = usage_error("which test folders or model?");
 		goto out;
 	}
 	if (o.save_dir && mkdir(o.save_dir, 0777) < 0 && errno != EEXIST) {
@@ -1634,11 +1806,20 @@ static int cmd_check(int argc, char **argv)
 		goto out;
 	}
 	gpu_device(&o.submit, &dev);
+	worst = check_models(dirs, n, &n, &o, &pass, &failed);
+	if (pass + failed == 0 && (o.inputs.n || o.run.compare)) {
+		rc = usage_error("--input and --compare are for a model file (check MODEL.onnx), "
+				 "not a test folder");
+		goto out;
+	}
+	o.rtol = o.rtol < 0 ? AP_COMPARE_RTOL : o.rtol;
+	o.atol = o.atol < 0 ? AP_COMPARE_ATOL : o.atol;
 	check_all(dirs, n, &o, &pass, &failed);
 	printf("%d passed, %d failed\n", pass, failed);
-	rc = failed ? 1 : 0;
+	rc = worst == 3 ? 3 : failed ? 1 : 0;
 out:
 	bindings_clear(&o.shapes);
+	bindings_clear(&o.inputs);
 	free((void *)barriers);
 	free((void *)whole);
 	free(dirs);
@@ -2128,9 +2309,11 @@ int main(int argc, char **argv)
 				return subcommand_usage(help_of(cmd));
 			}
 		if (!cmd)
-			rc = usage_error("which subcommand? (submit, check, convert, tune, ping, stats)");
+			rc = usage_error("which subcommand? (submit, run, check, convert, tune, ping, stats)");
 		else if (!strcmp(cmd, "submit"))
 			rc = cmd_submit(n, rest);
+		else if (!strcmp(cmd, "run"))
+			rc = cmd_run(n, rest);
 		else if (!strcmp(cmd, "check"))
 			rc = cmd_check(n, rest);
 		else if (!strcmp(cmd, "convert"))
@@ -2141,10 +2324,10 @@ int main(int argc, char **argv)
 			rc = cmd_stats(n, rest);
 		else if (!strcmp(cmd, "tune"))
 			rc = cmd_tune(n, rest);
-		else if (nearest(cmd, "submit check convert tune ping stats", "", near, sizeof(near)))
+		else if (nearest(cmd, "submit run check convert tune ping stats", "", near, sizeof(near)))
 			rc = usage_error("unknown subcommand '%s' (did you mean %s?)", cmd, near);
 		else
-			rc = usage_error("unknown subcommand '%s' (submit, check, convert, tune, ping, stats)",
+			rc = usage_error("unknown subcommand '%s' (submit, run, check, convert, tune, ping, stats)",
 					 cmd);
 		free(rest);
 		return rc;

@@ -42,6 +42,22 @@ static int64_t numel(int rank, const int64_t *dims)
 	return n;
 }
 
+/* How far an element is towards the edge of the tolerance (1) or past it:
+ * its error e over atol + rtol |b| for floats (infinite for a mismatch
+ * that no number measures: NaN, inf, a zero tolerance); the error itself
+ * for integers, which must match exactly. */
+static double tolerance_ratio(bool ok, double e, double b, bool floating, double rtol,
+			      double atol)
+{
+	double tol = atol + rtol * fabs(b);
+
+	if (!floating)
+		return e;
+	if (ok)
+		return e > 0 && tol > 0 ? e / tol : 0;
+	return tol > 0 && isfinite(e) ? e / tol : INFINITY;
+}
+
 bool ap_compare_tensors(const ap_host_tensor *got, const ap_host_tensor *want, double rtol,
 			double atol, ap_compare_result *r)
 {
@@ -49,9 +65,12 @@ bool ap_compare_tensors(const ap_host_tensor *got, const ap_host_tensor *want, d
 	size_t es = ap_dtype_size(want->dtype);
 	int64_t n;
 
+	double worst = -1;
+
 	memset(r, 0, sizeof(*r));
 	r->max_at = -1;
 	r->first_bad = -1;
+	r->worst_at = -1;
 	if (got->dtype != want->dtype || es == 0) {
 		snprintf(r->why, sizeof(r->why), "dtype %s, expected %s", ap_dtype_name(got->dtype),
 			 ap_dtype_name(want->dtype));
@@ -100,6 +119,12 @@ bool ap_compare_tensors(const ap_host_tensor *got, const ap_host_tensor *want, d
 			r->max_abs_err = e;
 			r->max_at = i;
 		}
+		if (floating && isfinite(b) && b != 0 && isfinite(e) && e / fabs(b) > r->max_rel_err)
+			r->max_rel_err = e / fabs(b);
+		if (tolerance_ratio(ok, e, b, floating, rtol, atol) > worst) {
+			worst = tolerance_ratio(ok, e, b, floating, rtol, atol);
+			r->worst_at = i;
+		}
 		if (!ok) {
 			if (r->first_bad < 0)
 				r->first_bad = i;
@@ -129,4 +154,29 @@ void ap_compare_format_index(int rank, const int64_t *dims, int64_t flat, char *
 					(long long)idx[d]);
 	if (len < cap)
 		snprintf(buf + len, cap - len, "]");
+}
+
+void ap_compare_tolerance(ap_dtype dt, double *rtol, double *atol)
+{
+	switch (dt) {
+	case AP_DT_F32:
+		*rtol = 1e-3;
+		*atol = 1e-4;
+		break;
+	case AP_DT_F64:
+		*rtol = 1e-5;
+		*atol = 1e-8;
+		break;
+	case AP_DT_F16:
+		*rtol = 1e-2;
+		*atol = 1e-2;
+		break;
+	case AP_DT_BF16:
+		*rtol = 5e-2;
+		*atol = 5e-2;
+		break;
+	default:        /* integers and bool: exactly */
+		*rtol = 0;
+		*atol = 0;
+	}
 }

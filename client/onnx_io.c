@@ -63,6 +63,96 @@ static char *first_symbolic(const Onnx__ValueInfoProto *vi, ap_dtype *dt, bool *
 	return sym;
 }
 
+/* The declared shape of `vi` into *sh (its symbols' names copied).
+ * False on ENOMEM. */
+static bool declared_shape(const Onnx__ValueInfoProto *vi, ap_onnx_shape *sh)
+{
+	const Onnx__TensorShapeProto *shape;
+
+	sh->rank = -1;
+	if (!vi->type || vi->type->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE ||
+	    !(shape = vi->type->tensor_type->shape) || shape->n_dim > AP_MAX_RANK)
+		return true;
+	sh->rank = (int)shape->n_dim;
+	for (int j = 0; j < sh->rank; j++) {
+		const Onnx__TensorShapeProto__Dimension *d = shape->dim[j];
+
+		sh->dims[j] = -1;
+		if (d->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE &&
+		    d->dim_value >= 0)
+			sh->dims[j] = d->dim_value;
+		else if (d->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM &&
+			 d->dim_param && *d->dim_param && !(sh->sym[j] = ap_strdup(d->dim_param)))
+			return false;
+	}
+	return true;
+}
+
+/* The dims the model states for tensor `name` of g (an initializer, a graph
+ * input or a value_info with every dimension fixed): its rank, or -1. */
+static int stated_dims(const Onnx__GraphProto *g, const char *name, int64_t *dims)
+{
+	for (size_t i = 0; i < g->n_initializer; i++) {
+		const Onnx__TensorProto *t = g->initializer[i];
+
+		if (t->name && !strcmp(t->name, name) && t->n_dims <= AP_MAX_RANK) {
+			memcpy(dims, t->dims, t->n_dims * sizeof(int64_t));
+			return (int)t->n_dims;
+		}
+	}
+	for (int list = 0; list < 2; list++) {
+		Onnx__ValueInfoProto **v = list ? g->value_info : g->input;
+		size_t n = list ? g->n_value_info : g->n_input;
+
+		for (size_t i = 0; i < n; i++) {
+			ap_onnx_shape sh = { 0 };
+			bool fixed;
+
+			if (!v[i]->name || strcmp(v[i]->name, name))
+				continue;
+			if (!declared_shape(v[i], &sh))
+				sh.rank = -1;
+			fixed = sh.rank >= 0;
+			for (int d = 0; d < sh.rank; d++) {
+				fixed = fixed && sh.dims[d] >= 0;
+				free(sh.sym[d]);
+			}
+			if (fixed)
+				memcpy(dims, sh.dims, (size_t)sh.rank * sizeof(int64_t));
+			return fixed ? sh.rank : -1;
+		}
+	}
+	return -1;
+}
+
+/* The valid index range of integer input `name`: the smallest stated
+ * dimension along the axis of a Gather (of the main graph) that takes it
+ * as indices; 0 when none is known. */
+static int64_t index_bound(const Onnx__GraphProto *g, const char *name)
+{
+	int64_t bound = 0, dims[AP_MAX_RANK];
+
+	for (size_t i = 0; i < g->n_node; i++) {
+		const Onnx__NodeProto *n = g->node[i];
+		int64_t axis = 0;
+		int rank;
+
+		if (!n->op_type || strcmp(n->op_type, "Gather") || n->n_input < 2 ||
+		    !n->input[1] || strcmp(n->input[1], name) || !n->input[0])
+			continue;
+		for (size_t a = 0; a < n->n_attribute; a++)
+			if (n->attribute[a]->name && !strcmp(n->attribute[a]->name, "axis"))
+				axis = n->attribute[a]->i;
+		rank = stated_dims(g, n->input[0], dims);
+		if (axis < 0)
+			axis += rank;
+		if (rank > 0 && axis >= 0 && axis < rank && dims[axis] > 0 &&
+		    (bound == 0 || dims[axis] < bound))
+			bound = dims[axis];
+	}
+	return bound;
+}
+
 ap_onnx_io *ap_onnx_io_free(ap_onnx_io *io)
 {
 	if (!io)
@@ -70,7 +160,10 @@ ap_onnx_io *ap_onnx_io_free(ap_onnx_io *io)
 	for (int i = 0; i < io->n_inputs; i++) {
 		free(io->inputs[i]);
 		free(io->input_symbolic[i]);
+		for (int d = 0; d < AP_MAX_RANK; d++)
+			free(io->input_shape[i].sym[d]);
 	}
+	free(io->input_shape);
 	for (int i = 0; i < io->n_outputs; i++)
 		free(io->outputs[i]);
 	free(io->inputs);
@@ -128,8 +221,10 @@ int ap_onnx_io_read(const uint8_t *buf, size_t len, ap_onnx_io **out, ap_error *
 	io->inputs = calloc(g->n_input + 1, sizeof(char *));
 	io->input_symbolic = calloc(g->n_input + 1, sizeof(char *));
 	io->input_dtype = calloc(g->n_input + 1, sizeof(ap_dtype));
+	io->input_shape = calloc(g->n_input + 1, sizeof(ap_onnx_shape));
 	io->outputs = calloc(g->n_output + 1, sizeof(char *));
-	if (!io->inputs || !io->input_symbolic || !io->input_dtype || !io->outputs)
+	if (!io->inputs || !io->input_symbolic || !io->input_dtype || !io->input_shape ||
+	    !io->outputs)
 		goto nomem;
 	for (size_t i = 0; i < g->n_input; i++) {
 		const Onnx__ValueInfoProto *vi = g->input[i];
@@ -141,8 +236,9 @@ int ap_onnx_io_read(const uint8_t *buf, size_t len, ap_onnx_io **out, ap_error *
 		io->inputs[k] = ap_strdup(name);
 		io->input_symbolic[k] = first_symbolic(vi, &io->input_dtype[k], &oom);
 		io->n_inputs++;
-		if (!io->inputs[k] || oom)
+		if (!io->inputs[k] || oom || !declared_shape(vi, &io->input_shape[k]))
 			goto nomem;
+		io->input_shape[k].index_bound = index_bound(g, name);
 	}
 	for (size_t i = 0; i < g->n_output; i++) {
 		io->outputs[i] = ap_strdup(g->output[i]->name);

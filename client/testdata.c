@@ -74,6 +74,22 @@ int ap_file_write(const char *path, const uint8_t *buf, size_t len, ap_error *er
 	return 0;
 }
 
+const char *ap_path_folder(const char *path, char *dir, size_t cap)
+{
+	const char *slash = strrchr(path, '/');
+	size_t n = slash ? (size_t)(slash - path) : 0;
+
+	if (!slash)
+		return ".";
+	if (n == 0)
+		return "/";
+	if (n >= cap)
+		return NULL;
+	memcpy(dir, path, n);
+	dir[n] = 0;
+	return dir;
+}
+
 void ap_strv_free(char **v, int n)
 {
 	if (!v)
@@ -160,7 +176,8 @@ int ap_testdata_sets(const char *dir, char ***names, int *n, ap_error *err)
 	}
 	closedir(d);
 	d = NULL;
-	qsort(ents, (size_t)count, sizeof(*ents), cmp_set);
+	if (count)   /* ents is NULL for a folder without sets: qsort wants an array */
+		qsort(ents, (size_t)count, sizeof(*ents), cmp_set);
 	out = calloc(count ? (size_t)count : 1, sizeof(char *));
 	if (!out)
 		goto nomem;

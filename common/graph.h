@@ -357,6 +357,22 @@ __ap_give ap_graph *ap_onnx_import_dir(const uint8_t *buf, size_t len, const cha
 				       const ap_host_tensor *const *bindings, int n_bindings,
 				       __ap_give ap_params **params, ap_error *err);
 
+/* The files that hold the external data of the ONNX model buf[0..len)
+ * (every tensor with external data: initializers, tensor attributes, in
+ * subgraphs too), for copying the model with its data: each distinct
+ * `location` once, in the order met, checked as ap_onnx_import_dir checks
+ * it before reading (relative, no "..", its real path inside the real
+ * path of `model_dir`, a regular file).  0 with *locations (as the model
+ * writes them) and *paths (their real paths), both n entries, malloc'd
+ * arrays of malloc'd strings (the caller frees each, then the arrays),
+ * *n may be 0; or AP_EMESSAGE (not a ModelProto), AP_EINVAL (no location,
+ * an absolute one, one with "..", one leading outside the folder),
+ * AP_EIO (a file missing or not a regular file), AP_ENOMEM, `err` naming
+ * the tensor and the file.  Nothing is read but the model's structure. */
+int ap_onnx_external_files(const uint8_t *buf, size_t len, const char *model_dir,
+			   __ap_give char ***locations, __ap_give char ***paths, int *n,
+			   ap_error *err);
+
 /* Parses a shape binding "NAME=DIMS" (DIMS: positive integers joined by
  * 'x', e.g. "input=1x3x224x224"; "NAME=" alone is a scalar) into a
  * binding without data: *out (the caller's; ap_host_tensor_free) has the

@@ -283,3 +283,118 @@ __ap_give ap_host_tensor *ap__onnx_external_load(const Onnx__TensorProto *tp, co
 		return NULL;
 	return t;
 }
+
+/* ---- the files a model's external data is in -------------------------------------------- */
+
+typedef struct ext_files {
+	const char *dir;
+	char **loc, **real;
+	int n;
+	ap_error *err;
+} ext_files;
+
+/* Adds tp's file to f unless listed already: checked as a load checks it
+ * (location, folder), and a regular file. */
+static int ext_add(ext_files *f, const Onnx__TensorProto *tp)
+{
+	const char *name = tp->name && tp->name[0] ? tp->name : "";
+	char real[PATH_MAX], **nl, **nr;
+	struct ext_ref r;
+	struct stat st;
+	int rc;
+
+	if ((rc = read_entries(tp, name, &r, f->err)) || (rc = check_location(name, r.location, f->err)))
+		return rc;
+	for (int i = 0; i < f->n; i++)
+		if (!strcmp(f->loc[i], r.location))
+			return 0;
+	if ((rc = resolve(name, f->dir, r.location, real, f->err)))
+		return rc;
+	if (stat(real, &st) < 0 || !S_ISREG(st.st_mode))
+		return ap_error_set(f->err, AP_EIO, NULL, name,
+				    "tensor '%s': external data file '%.200s' is not a regular file",
+				    name, r.location);
+	nl = realloc(f->loc, (size_t)(f->n + 1) * sizeof(char *));
+	if (nl)
+		f->loc = nl;
+	nr = nl ? realloc(f->real, (size_t)(f->n + 1) * sizeof(char *)) : NULL;
+	if (nr)
+		f->real = nr;
+	if (!nl || !nr || !(f->loc[f->n] = ap_strdup(r.location)))
+		return ap_error_set(f->err, AP_ENOMEM, NULL, NULL, "out of memory");
+	if (!(f->real[f->n] = ap_strdup(real))) {
+		free(f->loc[f->n]);
+		return ap_error_set(f->err, AP_ENOMEM, NULL, NULL, "out of memory");
+	}
+	f->n++;
+	return 0;
+}
+
+static int ext_graph(ext_files *f, const Onnx__GraphProto *g, int depth);
+
+static int ext_tensor(ext_files *f, const Onnx__TensorProto *tp)
+{
+	return tp && ap__onnx_is_external(tp) ? ext_add(f, tp) : 0;
+}
+
+/* Every tensor of a graph: initializers, and the tensor and graph
+ * attributes of its nodes, subgraphs included (at most 64 deep). */
+static int ext_graph(ext_files *f, const Onnx__GraphProto *g, int depth)
+{
+	int rc = 0;
+
+	if (!g)
+		return 0;
+	if (depth > 64)
+		return ap_error_set(f->err, AP_EMESSAGE, NULL, NULL, "subgraphs nested over 64 deep");
+	for (size_t i = 0; i < g->n_initializer && !rc; i++)
+		rc = ext_tensor(f, g->initializer[i]);
+	for (size_t i = 0; i < g->n_node && !rc; i++)
+		for (size_t a = 0; a < g->node[i]->n_attribute && !rc; a++) {
+			const Onnx__AttributeProto *at = g->node[i]->attribute[a];
+
+			rc = ext_tensor(f, at->t);
+			for (size_t k = 0; k < at->n_tensors && !rc; k++)
+				rc = ext_tensor(f, at->tensors[k]);
+			if (!rc)
+				rc = ext_graph(f, at->g, depth + 1);
+			for (size_t k = 0; k < at->n_graphs && !rc; k++)
+				rc = ext_graph(f, at->graphs[k], depth + 1);
+		}
+	return rc;
+}
+
+int ap_onnx_external_files(const uint8_t *buf, size_t len, const char *model_dir,
+			   char ***locations, char ***paths, int *n, ap_error *err)
+{
+	ext_files f = { model_dir, NULL, NULL, 0, err };
+	Onnx__ModelProto *m;
+	uint8_t *sk;
+	size_t sl;
+	int rc;
+
+	*locations = *paths = NULL;
+	*n = 0;
+	if ((rc = ap_onnx_skeleton(buf, len, &sk, &sl, err)) < 0)
+		return rc;
+	m = onnx__model_proto__unpack(NULL, sl, sk);
+	free(sk);
+	if (!m)
+		return ap_error_set(err, AP_EMESSAGE, NULL, NULL,
+				    "%zu bytes are not an ONNX ModelProto", len);
+	rc = ext_graph(&f, m->graph, 0);
+	onnx__model_proto__free_unpacked(m, NULL);
+	if (rc) {
+		for (int i = 0; i < f.n; i++) {
+			free(f.loc[i]);
+			free(f.real[i]);
+		}
+		free(f.loc);
+		free(f.real);
+		return rc;
+	}
+	*locations = f.loc;
+	*paths = f.real;
+	*n = f.n;
+	return 0;
+}

@@ -1222,6 +1222,14 @@ START_TEST(onnx_io_walk)
 	ck_assert_str_eq(io->outputs[1], "z");
 	ck_assert_int_eq(ap_onnx_io_input(io, "seq"), 1);
 	ck_assert_int_eq(ap_onnx_io_input(io, "W"), -1);
+	/* the declared shapes: fixed dims, symbolic ones by name */
+	ck_assert_int_eq(io->input_shape[0].rank, 2);
+	ck_assert_int_eq(io->input_shape[0].dims[1], 3);
+	ck_assert_ptr_null(io->input_shape[0].sym[0]);
+	ck_assert_int_eq(io->input_shape[1].dims[0], -1);
+	ck_assert_str_eq(io->input_shape[1].sym[0], "batch");
+	ck_assert_int_eq(io->input_shape[1].dims[1], 3);
+	ck_assert_int_eq(io->input_shape[1].index_bound, 0);
 	ap_onnx_io_free(io);
 
 	/* Truncated bytes and non-ONNX bytes are errors, not crashes. */
@@ -1234,6 +1242,155 @@ START_TEST(onnx_io_walk)
 	}
 	ck_assert_int_eq(ap_onnx_io_read((const uint8_t *)"\xff\xff", 2, &io, &err), AP_EMESSAGE);
 	ck_assert_ptr_null(ap_onnx_io_free(NULL));
+}
+END_TEST
+
+/* A token input read by a Gather of an embedding table: its valid range is
+ * the table's first dimension (the smallest, over two Gathers). */
+START_TEST(onnx_io_index_bound)
+{
+	pbuf graph = { .n = 0 }, model = { .n = 0 }, emb = { .n = 0 }, small = { .n = 0 };
+	pbuf gather = { .n = 0 }, gather2 = { .n = 0 }, axis = { .n = 0 };
+	int d_ids[2] = { -1, 7 }, d_out[3] = { -1, 7, 16 };
+	ap_onnx_io *io;
+	ap_error err;
+
+	pb_int(&emb, 1, 50);       /* dims [50, 16], no data: the skeleton keeps the dims */
+	pb_int(&emb, 1, 16);
+	pb_int(&emb, 2, 1);
+	pb_bytes(&emb, 8, "E", 1);
+	pb_int(&small, 1, 16);     /* dims [16, 30], gathered along axis -1 */
+	pb_int(&small, 1, 30);
+	pb_int(&small, 2, 1);
+	pb_bytes(&small, 8, "S", 1);
+	pb_bytes(&graph, 5, emb.b, emb.n);
+	pb_bytes(&graph, 5, small.b, small.n);
+	pb_bytes(&gather, 1, "E", 1);
+	pb_bytes(&gather, 1, "ids", 3);
+	pb_bytes(&gather, 2, "y", 1);
+	pb_bytes(&gather, 4, "Gather", 6);
+	pb_bytes(&graph, 1, gather.b, gather.n);
+	pb_bytes(&axis, 1, "axis", 4);
+	pb_int(&axis, 3, (uint64_t)-1);
+	pb_int(&axis, 20, 2);      /* AttributeProto.type INT */
+	pb_bytes(&gather2, 1, "S", 1);
+	pb_bytes(&gather2, 1, "ids", 3);
+	pb_bytes(&gather2, 2, "z", 1);
+	pb_bytes(&gather2, 4, "Gather", 6);
+	pb_bytes(&gather2, 5, axis.b, axis.n);
+	pb_bytes(&graph, 1, gather2.b, gather2.n);
+	value_info(&graph, 11, "ids", d_ids, 2);
+	value_info(&graph, 11, "other", d_ids, 2);
+	value_info(&graph, 12, "y", d_out, 3);
+	pb_int(&model, 1, 8);
+	pb_bytes(&model, 7, graph.b, graph.n);
+	ck_assert_int_eq(ap_onnx_io_read(model.b, model.n, &io, &err), 0);
+	ck_assert_int_eq(io->n_inputs, 2);
+	ck_assert_int_eq(io->input_shape[0].index_bound, 30);
+	ck_assert_int_eq(io->input_shape[1].index_bound, 0);
+	ap_onnx_io_free(io);
+}
+END_TEST
+
+/* Random inputs: deterministic per (seed, position), in their ranges. */
+START_TEST(run_random_inputs)
+{
+	int64_t dims[2] = { 64, 33 };
+	ap_host_tensor *a, *b, *c, *t;
+	ap_error err;
+	bool neg = false;
+
+	ck_assert_int_eq(ap_run_random_tensor("x", AP_DT_F32, 2, dims, 5, 0, 0, &a, &err), 0);
+	ck_assert_int_eq(ap_run_random_tensor("x", AP_DT_F32, 2, dims, 5, 0, 0, &b, &err), 0);
+	ck_assert_int_eq(ap_run_random_tensor("x", AP_DT_F32, 2, dims, 5, 1, 0, &c, &err), 0);
+	ck_assert_str_eq(a->name, "x");
+	ck_assert_uint_eq(a->nbytes, 64 * 33 * 4);
+	ck_assert_mem_eq(a->data, b->data, a->nbytes);
+	ck_assert(memcmp(a->data, c->data, a->nbytes));   /* another position, other values */
+	for (int i = 0; i < 64 * 33; i++) {
+		float v = ((float *)a->data)[i];
+
+		ck_assert(v >= -1 && v < 1);
+		neg |= v < -0.5f;
+	}
+	ck_assert(neg);
+	ap_host_tensor_free(b);
+	ap_host_tensor_free(c);
+	ck_assert_int_eq(ap_run_random_tensor("x", AP_DT_F32, 2, dims, 6, 0, 0, &b, &err), 0);
+	ck_assert(memcmp(a->data, b->data, a->nbytes));   /* another seed */
+	ap_host_tensor_free(a);
+	ap_host_tensor_free(b);
+	/* integers: [0, bound), else [0, 4); bool 0 or 1; int8 capped to its type */
+	{
+		static const struct { ap_dtype dt; int64_t bound, lo, hi; } c_[] = {
+			{ AP_DT_I64, 1000, 0, 999 }, { AP_DT_I32, 0, 0, 3 }, { AP_DT_BOOL, 0, 0, 1 },
+			{ AP_DT_I8, 100000, 0, 127 }, { AP_DT_U8, 0, 0, 3 },
+		};
+
+		for (size_t k = 0; k < sizeof(c_) / sizeof(c_[0]); k++) {
+			double lo = 1e18, hi = -1e18;
+
+			ck_assert_int_eq(ap_run_random_tensor("i", c_[k].dt, 2, dims, 0, 2, c_[k].bound,
+							      &t, &err), 0);
+			for (int i = 0; i < 64 * 33; i++) {
+				double v = ap_elem_get(t->data, t->dtype, i);
+
+				lo = v < lo ? v : lo;
+				hi = v > hi ? v : hi;
+			}
+			ck_assert_msg(lo == c_[k].lo && hi == c_[k].hi, "dtype %d: [%g, %g]",
+				      c_[k].dt, lo, hi);
+			ap_host_tensor_free(t);
+		}
+	}
+	/* a scalar; errors */
+	ck_assert_int_eq(ap_run_random_tensor("s", AP_DT_F16, 0, dims, 0, 0, 0, &t, &err), 0);
+	ck_assert_uint_eq(t->nbytes, 2);
+	ap_host_tensor_free(t);
+	ck_assert_int_eq(ap_run_random_tensor("u", AP_DT_UNDEF, 1, dims, 0, 0, 0, &t, &err),
+			 AP_EUNSUPPORTED);
+	dims[0] = (int64_t)1 << 30;
+	dims[1] = (int64_t)1 << 30;
+	ck_assert_int_eq(ap_run_random_tensor("big", AP_DT_F32, 2, dims, 0, 0, 0, &t, &err),
+			 AP_ETOOLARGE);
+	ck_assert_ptr_null(t);
+}
+END_TEST
+
+/* The worst element (furthest outside the tolerance) and the largest
+ * relative error, which run --compare prints. */
+START_TEST(compare_worst_and_relative)
+{
+	float want[4] = { 100, 1, 0, -2 }, got[4] = { 100.05f, 1.01f, 0, -2 };
+	ap_host_tensor w = tensor_f32(want, 1, 4, 1), g = tensor_f32(got, 1, 4, 1);
+	ap_compare_result r;
+	double rtol, atol;
+
+	ck_assert(!ap_compare_tensors(&g, &w, 1e-3, 1e-4, &r));
+	ck_assert_int_eq(r.n_bad, 1);
+	ck_assert_int_eq(r.max_at, 0);        /* the largest absolute error passes ... */
+	ck_assert_int_eq(r.worst_at, 1);      /* ... the worst element is the failing one */
+	ck_assert_double_eq_tol(r.max_rel_err, 0.01, 1e-5);
+	got[1] = 1.0f;
+	ck_assert(ap_compare_tensors(&g, &w, 1e-3, 1e-4, &r));
+	ck_assert_int_eq(r.worst_at, 0);
+	ap_compare_tolerance(AP_DT_F32, &rtol, &atol);
+	ck_assert(rtol == 1e-3 && atol == 1e-4);
+	ap_compare_tolerance(AP_DT_I64, &rtol, &atol);
+	ck_assert(rtol == 0 && atol == 0);
+	ap_compare_tolerance(AP_DT_BF16, &rtol, &atol);
+	ck_assert(rtol == 5e-2);
+}
+END_TEST
+
+START_TEST(path_folder)
+{
+	char buf[8];
+
+	ck_assert_str_eq(ap_path_folder("m.onnx", buf, sizeof(buf)), ".");
+	ck_assert_str_eq(ap_path_folder("/m.onnx", buf, sizeof(buf)), "/");
+	ck_assert_str_eq(ap_path_folder("a/b/m.onnx", buf, sizeof(buf)), "a/b");
+	ck_assert_ptr_null(ap_path_folder("abcdefghij/m.onnx", buf, sizeof(buf)));
 }
 END_TEST
 
@@ -1670,6 +1827,10 @@ static Suite *client_suite(void)
 	tcase_add_test(tc, compare_tensors);
 	tcase_add_test(tc, onnx_io_walk);
 	tcase_add_test(tc, onnx_io_real_model);
+	tcase_add_test(tc, onnx_io_index_bound);
+	tcase_add_test(tc, run_random_inputs);
+	tcase_add_test(tc, compare_worst_and_relative);
+	tcase_add_test(tc, path_folder);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1931,6 +1931,93 @@ START_TEST(external_data_refused)
 }
 END_TEST
 
+/* ap_onnx_external_files on ext_model's W at `location`: rc, and *loc the
+ * one location listed (or NULL). */
+static int ext_files(const char *mdir, const char *location, bool twice, char **loc, ap_error *err)
+{
+	int64_t dw[1] = { EXT_N };
+	static float zero[EXT_N];
+	char **locs, **paths;
+	uint8_t *buf;
+	size_t len;
+	int n, rc;
+	mb b;
+
+	ext_model(&b, location, 16, EXT_N * 4);
+	if (twice) {   /* a second tensor in the same file, spelled another way */
+		char other[64];
+
+		snprintf(other, sizeof(other), "./%s", location);
+		mb_init_tensor(&b, "W2", 1, 1, dw, zero, sizeof(zero));
+		mb_externalise(&b, location, 16, EXT_N * 4);
+		mb_init_tensor(&b, "W3", 1, 1, dw, zero, sizeof(zero));
+		mb_externalise(&b, other, 16, EXT_N * 4);
+	}
+	len = onnx__model_proto__get_packed_size(&b.m);
+	buf = malloc(len + 1);
+	onnx__model_proto__pack(&b.m, buf);
+	rc = ap_onnx_external_files(buf, len, mdir, &locs, &paths, &n, err);
+	free(buf);
+	mb_free(&b);
+	*loc = NULL;
+	if (rc == 0) {
+		ck_assert_int_eq(n, twice ? 2 : 1);
+		*loc = locs[0];
+		ck_assert_ptr_nonnull(strstr(paths[0], "/m/w.bin"));
+		ck_assert_int_eq(paths[0][0], '/');
+		if (twice)
+			ck_assert_str_eq(locs[1], "./w.bin");
+		for (int i = 0; i < n; i++) {
+			if (i)
+				free(locs[i]);
+			free(paths[i]);
+		}
+		free(locs);
+		free(paths);
+	}
+	return rc;
+}
+
+START_TEST(external_data_files)
+{
+	static float w[EXT_N];
+	char base[512], mdir[512], *loc, **locs, **paths;
+	int n;
+	ap_error err;
+	mb b;
+	uint8_t *buf;
+	size_t len;
+
+	ext_folders(base, sizeof(base), mdir, w);
+	ck_assert_int_eq(ext_files(mdir, "w.bin", false, &loc, &err), 0);
+	ck_assert_str_eq(loc, "w.bin");
+	free(loc);
+	ck_assert_int_eq(ext_files(mdir, "w.bin", true, &loc, &err), 0);   /* each location once */
+	free(loc);
+	/* checked as the importer checks before reading */
+	ck_assert_int_eq(ext_files(mdir, "../outside.bin", false, &loc, &err), AP_EINVAL);
+	ck_assert_msg(strstr(err.msg, "'W'") && strstr(err.msg, "'..'"), "%s", err.msg);
+	ck_assert_int_eq(ext_files(mdir, "/etc/passwd", false, &loc, &err), AP_EINVAL);
+	ck_assert_int_eq(ext_files(mdir, "missing.bin", false, &loc, &err), AP_EIO);
+	ck_assert_msg(strstr(err.msg, "missing.bin"), "%s", err.msg);
+	/* a model without external data lists none; bytes that are no model */
+	mb_init(&b, 17);
+	mb_output(&b, "Y");
+	len = onnx__model_proto__get_packed_size(&b.m);
+	buf = malloc(len + 1);
+	onnx__model_proto__pack(&b.m, buf);
+	ck_assert_int_eq(ap_onnx_external_files(buf, len, mdir, &locs, &paths, &n, &err), 0);
+	ck_assert_int_eq(n, 0);
+	free(locs);
+	free(paths);
+	free(buf);
+	mb_free(&b);
+	ck_assert_int_lt(ap_onnx_external_files((const uint8_t *)"\xff\xff", 2, mdir, &locs, &paths,
+						&n, &err), 0);
+	ext_cleanup(base);
+}
+END_TEST
+
 START_TEST(shape_bindings)
 {
 	static const struct { const char *spec; int code; const char *why; } bad[] = {
@@ -2021,6 +2108,7 @@ static Suite *import_suite(void)
 	tcase_add_test(tc, skeleton_constant_and_bad_bytes);
 	tcase_add_test(tc, external_data_read);
 	tcase_add_test(tc, external_data_refused);
+	tcase_add_test(tc, external_data_files);
 	tcase_add_test(tc, shape_bindings);
 	suite_add_tcase(s, all);
 	suite_add_tcase(s, tc);

@@ -42,7 +42,7 @@ lines() {
 	n=$((n + 1))
 }
 
-for s in submit check convert tune ping stats; do
+for s in submit run check convert tune ping stats; do
 	expect 0 "^usage: apollo-client $s" $s --help
 done
 expect 0 "^usage: apollo-client check" check -h
@@ -53,11 +53,20 @@ expect 2 "did you mean --json\?" stats --jsn
 expect 2 "did you mean --socket\?" ping --sockte x
 expect 2 "check: --rtol wants a value" check d --rtol
 expect 2 "unknown subcommand 'submti' \(did you mean submit\?\)" submti
-expect 2 "unknown subcommand 'frobnicate' \(submit, check" frobnicate
+expect 2 "unknown subcommand 'rnu' \(did you mean run\?\)" rnu
+expect 2 "unknown option '--compar' \(did you mean --compare\?\)" run --compar onnxruntime m.onnx
+expect 2 "run: --seed wants a value" run m.onnx --seed
+expect 2 "run: --seed wants a non-negative integer, not 'x'" run m.onnx --seed x
+expect 2 "run: --compare takes onnxruntime" run m.onnx --compare tvm
+expect 2 "run: which model\?" run
+expect 0 "--compare onnxruntime" check --help
+expect 2 "unknown subcommand 'frobnicate' \(submit, run, check" frobnicate
 expect 2 "unknown option '--zzzzzzzzzz'$" submit --zzzzzzzzzz m.onnx
 expect 2 "submit: which model\?" submit
 expect 2 "^more: apollo-client submit --help" submit --fusion fast m.onnx
 lines submit --tagret sm_90 m.onnx
 lines check --no-such-option
 lines submit
+lines run --compar onnxruntime m.onnx
+lines run
 echo "cli_help: $n checks passed"

@@ -30,7 +30,7 @@ fi
 [ $# -gt 0 ] || set -- tests/*.sh
 APOLLO_BUILD=${APOLLO_BUILD:-$(pwd)/build}
 export APOLLO_BUILD
-SHARED="conformance differential fusion_levels onnx_ops explain_html"
+SHARED="conformance differential fusion_levels onnx_ops explain_html run_model"
 if [ -z "$APOLLO_TEST_CACHE" ]; then
 	rm -rf "$APOLLO_BUILD/test-cache"
 	mkdir -p "$APOLLO_BUILD/test-cache" && chmod 700 "$APOLLO_BUILD/test-cache"

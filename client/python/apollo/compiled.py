@@ -7,14 +7,17 @@
     y = model(torch.randn(8, 3, 224, 224)) # torch tensors in, torch tensors out
 
 The model (a path, its bytes, or an onnx.ModelProto) is imported here, on
-the client, by the C importer (ap_onnx_import: the daemon's own import,
+the client, by the C importer (ap_onnx_import_dir: the daemon's own import,
 with the weights kept in a parameter store); the graph's structure goes to
 apollod as any submit does, and the weights never leave the process: each
 runtime gets them by copy from the store (ap_runtime_bind_params).
-Initializers that keep their data in an external file (`torch.onnx.export`
-writes `model.onnx.data` beside the model) are read into the model first
-(onnx_model.inline_external: the location confined to the model's folder,
-offset and length checked), so the C import sees ordinary raw data.
+Tensors that keep their data in an external file (`torch.onnx.export`
+writes `model.onnx.data` beside the model) are read by that importer from
+the model file's folder, as `apollo-client` reads them (the location
+confined to the folder, offset and length checked against the file and
+the tensor: common/onnx_external.c); a model given as bytes or as a
+ModelProto has no folder, so one with external data must be given by
+its path.
 
 Shapes come from the arrays of each call: the graph inputs' symbolic
 dimensions are bound to the given sizes (one symbol, one size across the
@@ -47,7 +50,7 @@ from . import config
 from ._lib import ap_error, ap_host_tensor, lib
 from .client import Client
 from .errors import EINVAL, ESHAPE, EUNSUPPORTED, ApolloError, ConfigError, new_error, raise_error
-from .onnx_model import ELEM_NAME, ModelInfo, inline_external
+from .onnx_model import ELEM_NAME, ModelInfo
 from .runtime import Runtime, cuda_available
 
 # ONNX element type -> numpy dtype name (those a graph input may have)
@@ -125,7 +128,7 @@ def _read_model(model):
 
 
 class _Imported:
-    """An ap_onnx_import result (graph and parameter store), freed with it."""
+    """An ap_onnx_import_dir result (graph and parameter store), freed with it."""
 
     def __init__(self, g, params):
         self.handle = g
@@ -184,9 +187,11 @@ class CompiledModel:
 
         self._buf, base_dir = _read_model(model)
         info = ModelInfo(self._buf)
-        if info.external:
-            self._buf = inline_external(self._buf, info, base_dir)
-            info = ModelInfo(self._buf)
+        if info.external and base_dir is None:
+            raise ApolloError(EINVAL, "tensor '%s' keeps its data in an external file, but the model was "
+                              "given as bytes: pass the model's path so that the file can be found "
+                              "beside it" % info.external[0], tensor=info.external[0])
+        self._dir = base_dir.encode() if base_dir is not None else None
         self.inputs = [{"name": n, "dtype": ELEM_NAME.get(e, "type %d" % e), "shape": d, "elem": e}
                        for n, e, d in info.inputs]
         self.input_names = [i["name"] for i in self.inputs]
@@ -285,7 +290,7 @@ class CompiledModel:
 
     # ---- compiling one signature -----------------------------------------------------
     def _import(self, shapes, values):
-        """ap_onnx_import with every input bound to its shape, and the
+        """ap_onnx_import_dir with every input bound to its shape, and the
         integer inputs in `values` ({position: ndarray}) to their values."""
         keep, ptrs = [], []
         for p, (spec, shape) in enumerate(zip(self.inputs, shapes)):
@@ -305,8 +310,8 @@ class CompiledModel:
         arr = (ctypes.POINTER(ap_host_tensor) * max(1, len(ptrs)))(*ptrs)
         params = ctypes.c_void_p()
         err = new_error()
-        g = lib.ap_onnx_import(self._buf, len(self._buf), arr, len(ptrs), ctypes.byref(params),
-                               ctypes.byref(err))
+        g = lib.ap_onnx_import_dir(self._buf, len(self._buf), self._dir, arr, len(ptrs),
+                                   ctypes.byref(params), ctypes.byref(err))
         if not g:
             return None, err
         return _Imported(g, params.value), None

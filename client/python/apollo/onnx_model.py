@@ -1,24 +1,19 @@
 """onnx_model.py -- what apollo.compile needs to know of an ONNX model
 before the C importer sees it, read from the protocol-buffer wire format
 here so that the package needs no `onnx`: the graph's inputs (name, element
-type, dims with symbolic ones), its outputs' names, and its initializers'
-external data, which is read into the model (the C import refuses a
-tensor that keeps its data in an external file).
+type, dims with symbolic ones), its outputs' names, and which initializers
+keep their data in an external file (the C importer, ap_onnx_import_dir,
+reads that data from the model's folder; a model given as bytes has none).
 
 Fields used (onnx.proto): ModelProto.graph = 7; GraphProto.initializer = 5,
 input = 11, output = 12; ValueInfoProto.name = 1, type = 2;
 TypeProto.tensor_type = 1; TypeProto.Tensor.elem_type = 1, shape = 2;
 TensorShapeProto.dim = 1; Dimension.dim_value = 1, dim_param = 2;
-TensorProto.dims = 1, data_type = 2, name = 8, raw_data = 9,
-external_data = 13 (StringStringEntryProto key = 1, value = 2),
-data_location = 14 (1: EXTERNAL).
+TensorProto.name = 8, data_location = 14 (1: EXTERNAL).
 """
-import os
+from .errors import EMESSAGE, ApolloError
 
-from .errors import EINVAL, EIO, EMESSAGE, ApolloError
-
-# ONNX element types (TensorProto.DataType) -> bytes per element
-ELEM_SIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
+# ONNX element types (TensorProto.DataType) -> names
 ELEM_NAME = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
              8: "string", 9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64",
              16: "bfloat16"}
@@ -39,16 +34,6 @@ def _varint(buf, i, end):
         shift += 7
         if c < 0x80:
             return v, i
-
-
-def _enc_varint(v):
-    out = bytearray()
-    while True:
-        c = v & 0x7f
-        v >>= 7
-        out.append(c | (0x80 if v else 0))
-        if not v:
-            return bytes(out)
 
 
 def fields(buf, start=0, end=None):
@@ -129,7 +114,6 @@ class ModelInfo:
                 graph = v
         if graph is None:
             raise _bad("no graph (ModelProto field 7)")
-        self.graph_span = graph
         inits, inputs, self.outputs, self.external = set(), [], [], []
         for n, wt, v, f0, f1 in fields(buf, *graph):
             if n == 5 and wt == 2:
@@ -148,94 +132,3 @@ class ModelInfo:
                 self.outputs.append(_value_info(buf, v)[0])
         # IR < 4 lists initializers among the inputs: they are weights
         self.inputs = [i for i in inputs if i[0] not in inits]
-
-
-def _tensor_external(buf, span, base_dir, name_hint):
-    """The TensorProto at span with its external data read into raw_data
-    (fields 13 and 14 dropped): the new message's bytes."""
-    dims, dtype, name, ext = [], 0, name_hint, {}
-    keep = []
-    for n, wt, v, f0, f1 in fields(buf, *span):
-        if n == 1 and wt == 0:
-            dims.append(v)
-        elif n == 1 and wt == 2:
-            i = v[0]
-            while i < v[1]:
-                d, i = _varint(buf, i, v[1])
-                dims.append(d)
-        elif n == 2 and wt == 0:
-            dtype = v
-        elif n == 8 and wt == 2:
-            name = _str(buf, v)
-        if n == 13 and wt == 2:
-            k = _sub(buf, v, 1)
-            val = _sub(buf, v, 2)
-            if k is not None:
-                ext[_str(buf, k)] = _str(buf, val) if val is not None else ""
-            continue
-        if n == 14:
-            continue
-        keep.append(bytes(buf[f0:f1]))
-    where = "tensor '%s' keeps its data in an external file" % name
-    loc = ext.get("location", "")
-    if not loc:
-        raise ApolloError(EINVAL, "%s with no location" % where, tensor=name)
-    if base_dir is None:
-        raise ApolloError(EINVAL, "%s ('%s'), but the model was given as bytes: pass the model's "
-                          "path so that the file can be found beside it" % (where, loc), tensor=name)
-    root = os.path.realpath(base_dir)
-    path = os.path.realpath(os.path.join(root, loc))
-    if os.path.isabs(loc) or os.path.commonpath([root, path]) != root:
-        raise ApolloError(EINVAL, "%s ('%s') outside the model's folder %s: refused"
-                          % (where, loc, root), tensor=name)
-    try:
-        offset = int(ext.get("offset", "0") or 0)
-        length = int(ext["length"]) if ext.get("length") else None
-    except ValueError:
-        raise ApolloError(EINVAL, "%s: offset/length are not numbers" % where, tensor=name) from None
-    numel = 1
-    for d in dims:
-        numel *= d
-    want = numel * ELEM_SIZE.get(dtype, 0) if dtype in ELEM_SIZE else None
-    if length is None:
-        length = want
-    if want is not None and length != want:
-        raise ApolloError(EINVAL, "%s of %d bytes, but its dims and dtype make %d"
-                          % (where, length, want), tensor=name)
-    try:
-        size = os.path.getsize(path)
-        if offset < 0 or length is None or offset + length > size:
-            raise ApolloError(EIO, "%s: '%s' is %d bytes, too short for %s bytes at offset %d"
-                              % (where, loc, size, length, offset), tensor=name)
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(length)
-    except OSError as e:
-        raise ApolloError(EIO, "%s: cannot read '%s': %s" % (where, path, e.strerror), tensor=name) from None
-    if len(data) != length:
-        raise ApolloError(EIO, "%s: '%s' ended early" % (where, loc), tensor=name)
-    return b"".join(keep) + b"\x4a" + _enc_varint(len(data)) + data
-
-
-def inline_external(buf, info, base_dir):
-    """`buf` with the data of every initializer that keeps it in an external
-    file (info.external) read in as raw_data: the location relative to
-    `base_dir` (the model's folder), confined to it; offset and length
-    checked against the file and against the tensor's dims."""
-    g0, g1 = info.graph_span
-    graph = []
-    for n, wt, v, f0, f1 in fields(buf, g0, g1):
-        if n == 5 and wt == 2 and any(n2 == 14 and wt2 == 0 and v2 == 1
-                                      for n2, wt2, v2, _, _ in fields(buf, *v)):
-            t = _tensor_external(buf, v, base_dir, "?")
-            graph.append(b"\x2a" + _enc_varint(len(t)) + t)
-        else:
-            graph.append(bytes(buf[f0:f1]))
-    graph = b"".join(graph)
-    model = []
-    for n, wt, v, f0, f1 in fields(buf):
-        if n == 7 and wt == 2 and v == (g0, g1):
-            model.append(b"\x3a" + _enc_varint(len(graph)) + graph)
-        else:
-            model.append(bytes(buf[f0:f1]))
-    return b"".join(model)
