@@ -9,7 +9,9 @@
 #   4. starts apollod on a private socket and cache, submits
 #      models/bert_like_2l (a 2-layer transformer encoder) cold, then again
 #      (a cache hit), runs the host bundle against the model's reference
-#      output (`apollo-client check`), stops the daemon.
+#      output (`apollo-client check`) and on random inputs against
+#      onnxruntime (`apollo-client run --compare onnxruntime`), stops the
+#      daemon.
 # Ends with what happened and three commands to try next.
 #   env: APOLLO_BUILD, APOLLO_TESTDATA, APOLLO_DEMO_MODEL (another folder
 #        under models/), JOBS, V
@@ -63,6 +65,10 @@ echo
 echo "== check: the cpu bundle run on this machine against the reference output"
 "$CLIENT" check --atol 1e-5 "$model" >"$AP_TMP/check" || { cat "$AP_TMP/check"; exit 1; }
 cat "$AP_TMP/check"
+echo
+echo "== run: random inputs, the cpu bundle against onnxruntime on the same inputs"
+"$CLIENT" run "$model/model.onnx" --compare onnxruntime >"$AP_TMP/run" 2>&1 || { cat "$AP_TMP/run"; exit 1; }
+cut -c1-150 "$AP_TMP/run"
 ap_stop
 
 # What happened, from the lines above; commands shown relative to here.
@@ -79,14 +85,15 @@ cat <<EOF
 == what happened ($(($(date +%s) - t_start)) s in all)
   $name: $eager kernels when run op by op became $launches launches of $distinct fused kernels for $target,
   compiled cold in $cold_ms ms; the same request again was a cache hit answered in $warm_ms ms;
-  the host (cpu) bundle of the same fusion matched onnxruntime's reference output (max abs error $err).
+  the host (cpu) bundle of the same fusion matched onnxruntime's reference output (max abs error $err)
+  and onnxruntime itself on random inputs.
 
 == try next
   A daemon of your own:   $bin/apollod --socket /tmp/apollod.sock &  export APOLLO_SOCKET=/tmp/apollod.sock
   Why each kernel boundary is where it is, and a picture of the fusion:
       $bin/apollo-client submit $model/model.onnx --explain --explain-html fused.html
   Your own ONNX model (weights in a .onnx.data file are fine; bind symbolic dims with --shape):
-      $bin/apollo-client check your_model.onnx --shape input=1x3x224x224 --compare onnxruntime
+      $bin/apollo-client run your_model.onnx --shape input=1x3x224x224 --compare onnxruntime
   Every test (installs PyTorch and the test tools into .venv first):
       make check
 EOF
