@@ -284,26 +284,74 @@ Apollo__Bundle *ap__compile_bundle_free(Apollo__Bundle *b)
 	return NULL;
 }
 
-/* Serializes `b` with every kernel blob left out (digests kept): what the
- * action cache stores.  NULL when out of memory. */
+/* Frees a bundle whose kernels borrow blobs (`refs`, n of them; a bundle
+ * from the cache, compile.c's from_cache): each borrowed pointer is taken
+ * out of its kernel first, so that the bundle frees only what it owns,
+ * then the references are given back and `refs` freed.  `b` and `refs`
+ * may be NULL.  Returns NULL. */
+Apollo__Bundle *ap__compile_bundle_release(Apollo__Bundle *b, struct blob_ref *refs, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (b && refs[i].kernel < b->n_kernels) {
+			b->kernels[refs[i].kernel]->blob.data = NULL;
+			b->kernels[refs[i].kernel]->blob.len = 0;
+		}
+		ap_blob_release(refs[i].blob);
+	}
+	free(refs);
+	return ap__compile_bundle_free(b);
+}
+
+/* The kernel before kernel `i` of `b` that carries the blob kernel i's
+ * digest names (the first with a blob of its own -- blob_of 0 -- and the
+ * same 32-byte digest), as Kernel.blob_of counts it: its index + 1; 0 when
+ * there is none (kernel i carries its own).  Kernels compiled as one
+ * program share one blob, so a bundle carries each distinct blob once. */
+uint32_t ap__compile_blob_owner(const Apollo__Bundle *b, size_t i)
+{
+	const Apollo__Kernel *k = b->kernels[i];
+
+	if (k->digest.len != 32)
+		return 0;
+	for (size_t j = 0; j < i; j++) {
+		const Apollo__Kernel *o = b->kernels[j];
+
+		if (!o->blob_of && o->digest.len == 32 && !memcmp(o->digest.data, k->digest.data, 32))
+			return (uint32_t)j + 1;
+	}
+	return 0;
+}
+
+/* Serializes `b` with every kernel blob left out (digests kept, blob_of
+ * cleared: the stored bundle names each kernel's blob by digest only):
+ * what the action cache stores.  NULL when out of memory. */
 uint8_t *ap__compile_pack_stripped(Apollo__Bundle *b, size_t *len)
 {
 	ProtobufCBinaryData *saved = calloc(b->n_kernels ? b->n_kernels : 1, sizeof(*saved));
+	uint32_t *of = calloc(b->n_kernels ? b->n_kernels : 1, sizeof(*of));
 	uint8_t *out = NULL;
 
-	if (!saved)
+	if (!saved || !of) {
+		free(saved);
+		free(of);
 		return NULL;
+	}
 	for (size_t i = 0; i < b->n_kernels; i++) {
 		saved[i] = b->kernels[i]->blob;
+		of[i] = b->kernels[i]->blob_of;
 		b->kernels[i]->blob.data = NULL;
 		b->kernels[i]->blob.len = 0;
+		b->kernels[i]->blob_of = 0;
 	}
 	*len = apollo__bundle__get_packed_size(b);
 	out = malloc(*len ? *len : 1);
 	if (out)
 		apollo__bundle__pack(b, out);
-	for (size_t i = 0; i < b->n_kernels; i++)
+	for (size_t i = 0; i < b->n_kernels; i++) {
 		b->kernels[i]->blob = saved[i];
+		b->kernels[i]->blob_of = of[i];
+	}
 	free(saved);
+	free(of);
 	return out;
 }

@@ -292,6 +292,17 @@ struct request {
 	unsigned mbt;
 	double t0, import_ms, cache_ms;
 	unsigned kernel_tier[4];   /* of a compiled request's kernels */
+	struct blob_ref *refs;     /* the blobs a bundle from L1 borrows (from_cache) */
+	size_t n_refs;
+};
+
+/* What ap_compile_run_as hands out: the response first (its address is the
+ * reply's), then the blobs its bundle borrows from the memory tier, given
+ * back by ap_compile_response_free. */
+struct reply {
+	Apollo__CompileResponse resp;
+	struct blob_ref *refs;
+	size_t n_refs;
 };
 
 /* The distinct tuning signatures of a bundle's launch parts (malloc'd,
@@ -356,32 +367,82 @@ static bool stale_tuning(ap_compiler *c, const struct request *r, const Apollo__
 	return false;
 }
 
-/* Rebuilds a reply from a stored (stripped) bundle: every kernel blob is
- * fetched by digest and verified.  NULL when anything is missing. */
-static Apollo__Bundle *from_cache(ap_compiler *c, const uint8_t *val, size_t len)
+/* Rebuilds a reply from a stored (stripped) bundle: each distinct blob is
+ * fetched by digest once, verified, and lent to the bundle by reference
+ * (ap_cache_blob_ref: no copy; the references go to r->refs), and every
+ * later kernel naming the same digest points at the first one that
+ * carries it (Kernel.blob_of, ap__compile_blob_owner), as share_blobs
+ * would make it.  So a warm answer's blobs are copied once, into the
+ * reply's frame, whatever the number of kernels sharing a program's blob
+ * (issue 26, item 2).  NULL when anything is missing. */
+static Apollo__Bundle *from_cache(ap_compiler *c, struct request *r, const uint8_t *val,
+				  size_t len)
 {
 	Apollo__Bundle *b = apollo__bundle__unpack(NULL, len, val);
+	struct blob_ref *refs;
+	size_t n = 0;
 
 	if (!b)
 		return NULL;
+	refs = malloc((b->n_kernels ? b->n_kernels : 1) * sizeof(*refs));
+	if (!refs)
+		return ap__compile_bundle_free(b);
 	for (size_t i = 0; i < b->n_kernels; i++) {
 		Apollo__Kernel *k = b->kernels[i];
-		uint8_t *data = NULL;
-		size_t n = 0;
+		ap_blob *blob = NULL;
 
-		if (k->digest.len != 32 || ap_cache_blob_get(c->cache, k->digest.data, &data, &n) != 1)
-			return ap__compile_bundle_free(b);
-		free(k->blob.data);
-		k->blob.data = data;
-		k->blob.len = n;
+		free(k->blob.data);   /* stored stripped: nothing */
+		k->blob.data = NULL;
+		k->blob.len = 0;
+		k->blob_of = 0;
+		if (k->digest.len != 32)
+			return ap__compile_bundle_release(b, refs, n);
+		if ((k->blob_of = ap__compile_blob_owner(b, i)))
+			continue;
+		if (ap_cache_blob_ref(c->cache, k->digest.data, &blob) != 1)
+			return ap__compile_bundle_release(b, refs, n);
+		k->blob.data = (uint8_t *)ap_blob_data(blob);
+		k->blob.len = ap_blob_len(blob);
+		refs[n].kernel = i;
+		refs[n++].blob = blob;
 	}
 	if (!b->stats) {
 		b->stats = malloc(sizeof(*b->stats));
 		if (!b->stats)
-			return ap__compile_bundle_free(b);
+			return ap__compile_bundle_release(b, refs, n);
 		apollo__stats__init(b->stats);
 	}
+	r->refs = refs;
+	r->n_refs = n;
 	return b;
+}
+
+/* Gives a bundle from the cache (its blobs borrowed: r->refs) copies of
+ * its own, so that it is freed as any bundle (ap_compiler_compile_bundle's
+ * callers).  0, or AP_ENOMEM with the bundle freed.  The references are
+ * given back either way. */
+static int own_blobs(struct request *r, Apollo__Bundle **b)
+{
+	bool oom = false;
+
+	for (size_t i = 0; i < r->n_refs; i++) {
+		Apollo__Kernel *k = (*b)->kernels[r->refs[i].kernel];
+		uint8_t *copy = oom ? NULL : malloc(k->blob.len ? k->blob.len : 1);
+
+		if (copy && k->blob.len)
+			memcpy(copy, k->blob.data, k->blob.len);
+		oom = !copy;
+		k->blob.data = copy;
+		if (!copy)
+			k->blob.len = 0;
+		ap_blob_release(r->refs[i].blob);
+	}
+	free(r->refs);
+	r->refs = NULL;
+	r->n_refs = 0;
+	if (oom)
+		*b = ap__compile_bundle_free(*b);
+	return oom ? AP_ENOMEM : 0;
 }
 
 /* An L2 action entry (the stripped bundle, then one blob per kernel in
@@ -413,6 +474,13 @@ static Apollo__Bundle *from_l2(ap_compiler *c, const struct request *r, const ui
 			uint8_t *copy;
 			int p = 1;
 
+			/* a blob already carried by an earlier kernel: named, not copied */
+			free(k->blob.data);
+			k->blob.data = NULL;
+			k->blob.len = 0;
+			k->blob_of = 0;
+			if ((k->blob_of = ap__compile_blob_owner(b, i)))
+				continue;
 			while (p < e->n && (k->digest.len != 32 || memcmp(dg[p], k->digest.data, 32)))
 				p++;
 			if (p == e->n) {
@@ -427,7 +495,6 @@ static Apollo__Bundle *from_l2(ap_compiler *c, const struct request *r, const ui
 				return ap__compile_bundle_free(b);
 			}
 			memcpy(copy, e->part[p], e->part_len[p]);
-			free(k->blob.data);
 			k->blob.data = copy;
 			k->blob.len = e->part_len[p];
 			ap_cache_blob_put_known(c->cache, copy, k->blob.len, dg[p]);
@@ -475,7 +542,7 @@ static Apollo__Bundle *lookup(ap_compiler *c, struct request *r, const uint8_t k
 	if (!r->use_cache)
 		return NULL;
 	if (ap_cache_get(c->cache, key, &val, &len) == 1) {
-		b = from_cache(c, val, len);
+		b = from_cache(c, r, val, len);
 		free(val);
 	}
 	if (!b && l2 && c->redis) {
@@ -1149,6 +1216,8 @@ int ap_compiler_compile_bundle(ap_compiler *c, const Apollo__CompileRequest *req
 		return rc;
 	if (!*out)
 		return ap_error_set(err, AP_EINTERNAL, NULL, NULL, "no bundle and no error");
+	if (own_blobs(&r, out))
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory copying blobs");
 	share_blobs(*out);
 	return 0;
 }
@@ -1164,7 +1233,8 @@ Apollo__CompileResponse *ap_compile_run_as(ap_compiler *c, const Apollo__Compile
 					   const uint8_t *digest, const char *client)
 {
 	struct request r = { .req = req, .digest = digest, .client = client, .t0 = ap_now_ms() };
-	Apollo__CompileResponse *resp = malloc(sizeof(*resp));
+	struct reply *reply = malloc(sizeof(*reply));
+	Apollo__CompileResponse *resp = reply ? &reply->resp : NULL;
 	Apollo__Bundle *b = NULL;
 	ap_error err;
 	int rc;
@@ -1172,6 +1242,8 @@ Apollo__CompileResponse *ap_compile_run_as(ap_compiler *c, const Apollo__Compile
 	if (!resp)
 		return NULL;
 	apollo__compile_response__init(resp);
+	reply->refs = NULL;
+	reply->n_refs = 0;
 	ap_error_clear(&err);
 	atomic_fetch_add(&c->requests, 1);
 	if (c->delay_ms) {
@@ -1189,6 +1261,8 @@ Apollo__CompileResponse *ap_compile_run_as(ap_compiler *c, const Apollo__Compile
 		share_blobs(b);
 		resp->result_case = APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE;
 		resp->bundle = b;
+		reply->refs = r.refs;
+		reply->n_refs = r.n_refs;
 		ap_log(AP_LOG_DEBUG, "compiled %zu kernels for %s in %.1f ms%s", b->n_kernels,
 		       b->target, b->stats->compile_ms, b->stats->cache_hit ? " (cache hit)" : "");
 		return resp;
@@ -1220,6 +1294,14 @@ Apollo__CompileResponse *ap_compile_run_as(ap_compiler *c, const Apollo__Compile
 
 void ap_compile_response_free(Apollo__CompileResponse *r)
 {
-	if (r)
-		apollo__compile_response__free_unpacked(r, NULL);
+	struct reply *reply = (struct reply *)r;
+
+	if (!r)
+		return;
+	if (reply->refs && r->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE) {
+		ap__compile_bundle_release(r->bundle, reply->refs, reply->n_refs);
+		r->bundle = NULL;
+		r->result_case = APOLLO__COMPILE_RESPONSE__RESULT__NOT_SET;
+	}
+	apollo__compile_response__free_unpacked(r, NULL);
 }

@@ -99,6 +99,14 @@ struct kblob {
 	ap_error err;
 };
 
+/* A blob a bundle borrows from the cache's memory tier (issue 26, item 2):
+ * kernel `kernel`'s blob.data points into `blob`, a reference its holder
+ * gives back once the bundle is freed (ap__compile_bundle_release). */
+struct blob_ref {
+	size_t kernel;
+	ap_blob *blob;
+};
+
 /* One request's kernel compiles: target and blobs, shared by the worker
  * that owns the request and the helper threads (through a task_batch);
  * each blobs[i] is written only by the thread that runs task i. */
@@ -164,6 +172,8 @@ int ap__compile_onnx_request_key(const Apollo__CompileRequest *req, const char *
 Apollo__Bundle *ap__compile_build_bundle(const ap_program *p, struct kblob *blobs, const char *target,
 				    int output, const uint8_t graph_hash[32], bool *oom);
 Apollo__Bundle *ap__compile_bundle_free(Apollo__Bundle *b);
+Apollo__Bundle *ap__compile_bundle_release(Apollo__Bundle *b, struct blob_ref *refs, size_t n);
+uint32_t ap__compile_blob_owner(const Apollo__Bundle *b, size_t i);
 uint8_t *ap__compile_pack_stripped(Apollo__Bundle *b, size_t *len);
 
 /* kernels.c */
