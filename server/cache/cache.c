@@ -1243,6 +1243,21 @@ int ap_cache_get(ap_cache *c, const uint8_t key[32], uint8_t **val, size_t *len)
 	return get_by_key(c, ST_ACTION_GET, key, val, len, NULL);
 }
 
+int ap_cache_get_ref(ap_cache *c, const uint8_t key[32], ap_blob **out)
+{
+	struct conn *co = acquire(c);
+	uint8_t digest[32];
+	int found;
+
+	if (!co)
+		return 0;
+	found = lookup_digest(c, co, ST_ACTION_GET, key, digest);
+	if (found == 1)
+		found = blob_ref(c, co, digest, out);
+	release(c, co);
+	return found == 1;
+}
+
 int ap_cache_put(ap_cache *c, const uint8_t key[32], const uint8_t *val, size_t len)
 {
 	uint8_t digest[32];

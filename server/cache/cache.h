@@ -88,6 +88,9 @@ const char *ap_cache_path(const ap_cache *c);
  * blob verified: 1 with *val (malloc'd, caller frees) and *len set, or 0
  * on a miss (also when the cache is off or failed). */
 int ap_cache_get(ap_cache *c, const uint8_t key[32], __ap_give uint8_t **val, size_t *len);
+/* As ap_cache_get, the value by reference (ap_cache_blob_ref: the caller
+ * releases *out; no copy when the memory tier holds it): 1 or 0. */
+int ap_cache_get_ref(ap_cache *c, const uint8_t key[32], __ap_give ap_blob **out);
 /* Stores `val` as a blob and points `key` at it, in one transaction
  * (replacing an older value).  Returns 0, or a negative AP_E* code when
  * nothing was stored: AP_EIO (cache off, an I/O error, no room), AP_EBUSY

@@ -38,6 +38,8 @@
  */
 #include "compile_internal.h"
 
+#include "../../common/frame.h"
+
 const double ap_compile_bucket_s[AP_COMPILE_BUCKETS] = {
 	0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 };
@@ -294,6 +296,11 @@ struct request {
 	unsigned kernel_tier[4];   /* of a compiled request's kernels */
 	struct blob_ref *refs;     /* the blobs a bundle from L1 borrows (from_cache) */
 	size_t n_refs;
+	bool want_frame;           /* ap_compile_run_frame: a warm answer may be spliced */
+	uint64_t frame_id;         /* ... the Envelope's id */
+	uint8_t *frame;            /* ... the spliced answer (warm_frame), or NULL */
+	size_t frame_len;
+	double warm_t0;            /* when warm_frame's lookup began */
 };
 
 /* What ap_compile_run_as hands out: the response first (its address is the
@@ -513,20 +520,54 @@ static Apollo__Bundle *from_l2(ap_compiler *c, const struct request *r, const ui
 }
 
 /* Sets a cached bundle's stats for this request (a hit from `tier`). */
+static void set_hit_stats(Apollo__Stats *st, const struct request *r, int tier)
+{
+	st->cache_hit = 1;
+	st->cache_tier = (Apollo__CacheTier)tier;
+	st->kernels_compiled = 0;
+	st->kernels_remote = 0;
+	st->kernels_shared = 0;
+	st->import_ms = r->import_ms;
+	st->partition_ms = 0;
+	st->codegen_ms = 0;
+	st->layer1_ms = 0;
+	st->backend_ms = 0;
+	st->cache_ms = r->cache_ms;
+	st->compile_ms = ap_now_ms() - r->t0;
+}
+
 static void hit_stats(Apollo__Bundle *b, const struct request *r, int tier)
 {
-	b->stats->cache_hit = 1;
-	b->stats->cache_tier = (Apollo__CacheTier)tier;
-	b->stats->kernels_compiled = 0;
-	b->stats->kernels_remote = 0;
-	b->stats->kernels_shared = 0;
-	b->stats->import_ms = r->import_ms;
-	b->stats->partition_ms = 0;
-	b->stats->codegen_ms = 0;
-	b->stats->layer1_ms = 0;
-	b->stats->backend_ms = 0;
-	b->stats->cache_ms = r->cache_ms;
-	b->stats->compile_ms = ap_now_ms() - r->t0;
+	set_hit_stats(b->stats, r, tier);
+}
+
+/* ap__compile_warm_frame's stats: an L1 hit's, the lookup's time (its
+ * blobs' included) in cache_ms. */
+static void warm_stats(Apollo__Stats *st, void *user)
+{
+	struct request *r = user;
+
+	r->cache_ms += ap_now_ms() - r->warm_t0;
+	set_hit_stats(st, r, APOLLO__CACHE_TIER__CACHE_L1);
+}
+
+/* The warm path's answer as a frame (ap_compile_run_frame): the bundle
+ * stored under `key` in L1, taken by reference, its bytes spliced with
+ * the blobs and this request's stats (ap__compile_warm_frame) -- the same
+ * bytes as packing the bundle lookup() would give, without decoding it.
+ * True with r->frame set; false when L1 has no bundle under `key` or its
+ * bytes do not splice (then the decoding path answers). */
+static bool warm_frame(ap_compiler *c, struct request *r, const uint8_t key[32])
+{
+	ap_blob *val = NULL;
+
+	r->warm_t0 = ap_now_ms();
+	if (ap_cache_get_ref(c->cache, key, &val) != 1)
+		return false;
+	r->frame = ap__compile_warm_frame(c->cache, ap_blob_data(val), ap_blob_len(val),
+					  r->frame_id, warm_stats, r, &r->frame_len);
+	ap_blob_release(val);
+	return r->frame != NULL;
 }
 
 /* Looks `key` up in L1, then (with `l2`) in L2; on a hit returns the
@@ -1043,9 +1084,11 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		return rc;
 	request_identity(c, r, &kb, bid, sizeof(bid));
 
-	/* Warm path: a request seen before names its key; no graph needed. */
+	/* Warm path: a request seen before names its key; no graph needed;
+	 * from L1, the answer is spliced from the stored bytes when the
+	 * caller takes a frame. */
 	if (r->use_cache && r->digest && memo_get(c, r->digest, gkey) &&
-	    (*out = lookup(c, r, gkey, true))) {
+	    ((r->want_frame && warm_frame(c, r, gkey)) || (*out = lookup(c, r, gkey, true)))) {
 		atomic_fetch_add(&c->memo_hits, 1);
 		return 0;
 	}
@@ -1229,10 +1272,11 @@ Apollo__CompileResponse *ap_compile_run_digest(ap_compiler *c, const Apollo__Com
 	return ap_compile_run_as(c, req, digest, NULL);
 }
 
-Apollo__CompileResponse *ap_compile_run_as(ap_compiler *c, const Apollo__CompileRequest *req,
-					   const uint8_t *digest, const char *client)
+/* Runs request r and answers: the response (NULL when out of memory), or,
+ * for a warm answer spliced as a frame, NULL with r->frame set. */
+static Apollo__CompileResponse *respond(ap_compiler *c, struct request *r)
 {
-	struct request r = { .req = req, .digest = digest, .client = client, .t0 = ap_now_ms() };
+	const Apollo__CompileRequest *req = r->req;
 	struct reply *reply = malloc(sizeof(*reply));
 	Apollo__CompileResponse *resp = reply ? &reply->resp : NULL;
 	Apollo__Bundle *b = NULL;
@@ -1250,19 +1294,25 @@ Apollo__CompileResponse *ap_compile_run_as(ap_compiler *c, const Apollo__Compile
 		struct timespec ts = { c->delay_ms / 1000, (long)(c->delay_ms % 1000) * 1000000L };
 		nanosleep(&ts, NULL);
 	}
-	rc = run(c, &r, &b, &err);
-	count_answer(c, &r, b, rc ? rc : b ? 0 : AP_EINTERNAL);
+	rc = run(c, r, &b, &err);
+	if (rc == 0 && !b && r->frame) {
+		free(reply);
+		atomic_fetch_add(&c->hits, 1);
+		atomic_fetch_add(&c->tier[APOLLO__CACHE_TIER__CACHE_L1], 1);
+		return NULL;
+	}
+	count_answer(c, r, b, rc ? rc : b ? 0 : AP_EINTERNAL);
 	if (rc == 0 && b) {
 		/* kernels searched just now: their candidates are refined and
 		 * timed in the background (autotune.h) */
-		if (c->autotune && r.gpu && !b->stats->cache_hit && b->stats->tune_searched &&
+		if (c->autotune && r->gpu && !b->stats->cache_hit && b->stats->tune_searched &&
 		    !(req->options && req->options->tune_variant))
 			ap_autotune_submit(c->autotune, req);
 		share_blobs(b);
 		resp->result_case = APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE;
 		resp->bundle = b;
-		reply->refs = r.refs;
-		reply->n_refs = r.n_refs;
+		reply->refs = r->refs;
+		reply->n_refs = r->n_refs;
 		ap_log(AP_LOG_DEBUG, "compiled %zu kernels for %s in %.1f ms%s", b->n_kernels,
 		       b->target, b->stats->compile_ms, b->stats->cache_hit ? " (cache hit)" : "");
 		return resp;
@@ -1290,6 +1340,46 @@ Apollo__CompileResponse *ap_compile_run_as(ap_compiler *c, const Apollo__Compile
 	ap_log(AP_LOG_INFO, "compile request failed (%s): %s%s%s", ap_error_name(rc), err.msg,
 	       err.node[0] ? " at node " : "", err.node);
 	return resp;
+}
+
+Apollo__CompileResponse *ap_compile_run_as(ap_compiler *c, const Apollo__CompileRequest *req,
+					   const uint8_t *digest, const char *client)
+{
+	struct request r = { .req = req, .digest = digest, .client = client, .t0 = ap_now_ms() };
+
+	return respond(c, &r);
+}
+
+uint8_t *ap_compile_run_frame(ap_compiler *c, const Apollo__CompileRequest *req,
+			      const uint8_t *digest, const char *client, uint64_t id, size_t *len,
+			      bool *bundle)
+{
+	struct request r = { .req = req, .digest = digest, .client = client, .t0 = ap_now_ms(),
+			     .want_frame = true, .frame_id = id };
+	Apollo__CompileResponse *resp = respond(c, &r);
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	uint8_t *f = NULL;
+	size_t n;
+
+	if (r.frame) {
+		*len = r.frame_len;
+		*bundle = true;
+		return r.frame;
+	}
+	if (!resp)
+		return NULL;
+	*bundle = resp->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE;
+	env.id = id;
+	env.msg_case = APOLLO__ENVELOPE__MSG_COMPILED;
+	env.compiled = resp;
+	n = apollo__envelope__get_packed_size(&env);
+	if (n <= UINT32_MAX && (f = malloc(AP_FRAME_HEADER_BYTES + n))) {
+		ap_frame_put_len(f, (uint32_t)n);
+		apollo__envelope__pack(&env, f + AP_FRAME_HEADER_BYTES);
+		*len = AP_FRAME_HEADER_BYTES + n;
+	}
+	ap_compile_response_free(resp);
+	return f;
 }
 
 void ap_compile_response_free(Apollo__CompileResponse *r)

@@ -112,7 +112,23 @@ __ap_give struct Apollo__CompileResponse *ap_compile_run_digest(
 __ap_give struct Apollo__CompileResponse *ap_compile_run_as(
 	ap_compiler *c, __ap_keep const struct Apollo__CompileRequest *req,
 	const uint8_t *digest, const char *client);
+/* Frees a response of ap_compile_run* (only those: its bundle may borrow
+ * blobs from the cache's memory tier, given back here).  Accepts NULL. */
 void ap_compile_response_free(__ap_take struct Apollo__CompileResponse *r);
+/* As ap_compile_run_as, the answer serialized as the daemon sends it: a
+ * frame (common/frame.h: the 4-byte big-endian length, then an Envelope
+ * with `id` and `compiled`, the CompileResponse), malloc'd, *len bytes;
+ * *bundle: whether it holds a bundle (else an Error).  A request the memo
+ * knows whose bundle is in L1 is answered from the stored bundle's bytes
+ * without decoding them (issue 26, item 2): each distinct blob is fetched
+ * from the memory tier by reference once and copied once, into the frame,
+ * and the bytes are those ap_compile_run_as's response packs to, byte for
+ * byte (its stats' times aside).  NULL only when out of memory (or a
+ * reply over 4 GiB). */
+__ap_give uint8_t *ap_compile_run_frame(ap_compiler *c,
+					__ap_keep const struct Apollo__CompileRequest *req,
+					const uint8_t *digest, const char *client, uint64_t id,
+					size_t *len, bool *bundle);
 
 /* What compiling a request will take in memory, judged before anything is
  * built (issue 29, item 5): `bytes`, beside the decoded request itself,
@@ -203,6 +219,8 @@ typedef struct ap_compile_counters {
 	 * searched, configurations evaluated, search time; client reports
 	 * (apollo-client tune) accepted, their measurements, records stored */
 	uint64_t tune_hits, tune_measured, tune_searched, tune_tried;
+	uint64_t tune_capped;       /* searches the time limit (tune_budget_ms) cut
+				       short or left undone (issue 26, item 3) */
 	double tune_s;
 	uint64_t tune_reports, tune_measurements, tune_records;
 	uint64_t tune_pending;      /* reported kernels still waiting for agreement */

@@ -174,6 +174,8 @@ Apollo__Bundle *ap__compile_build_bundle(const ap_program *p, struct kblob *blob
 Apollo__Bundle *ap__compile_bundle_free(Apollo__Bundle *b);
 Apollo__Bundle *ap__compile_bundle_release(Apollo__Bundle *b, struct blob_ref *refs, size_t n);
 uint32_t ap__compile_blob_owner(const Apollo__Bundle *b, size_t i);
+uint8_t *ap__compile_warm_frame(ap_cache *cache, const uint8_t *val, size_t n, uint64_t id,
+				void (*set)(Apollo__Stats *, void *), void *user, size_t *len);
 uint8_t *ap__compile_pack_stripped(Apollo__Bundle *b, size_t *len);
 
 /* kernels.c */

@@ -559,26 +559,21 @@ static void conn_shutdown(conn *c)
 static void work_compile(uv_work_t *req)
 {
 	struct job *j = req->data;
-	Apollo__CompileResponse *resp;
-	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	bool bundle = false;
 
 	atomic_fetch_sub(&j->c->srv->queued, 1);
-	resp = ap_compile_run_as(j->compiler, j->env->compile, j->has_digest ? j->digest : NULL,
-				 j->client);
+	/* the reply's frame (a warm one spliced from the cache's bytes);
+	 * NULL when out of memory: after_compile answers */
+	j->frame = ap_compile_run_frame(j->compiler, j->env->compile,
+					j->has_digest ? j->digest : NULL, j->client, j->id,
+					&j->frame_len, &bundle);
+	j->ok = j->frame && bundle;
 
 	/* Freeing a big request is slow too: done here, not on the loop. */
 	apollo__envelope__free_unpacked(j->env, NULL);
 	j->env = NULL;
 	if (j->req_len > TRIM_BYTES)
 		trim_heap();
-	if (!resp)
-		return;   /* out of memory: after_compile answers */
-	j->ok = resp->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE;
-	env.id = j->id;
-	env.msg_case = APOLLO__ENVELOPE__MSG_COMPILED;
-	env.compiled = resp;
-	j->frame = pack_frame(&env, &j->frame_len);
-	ap_compile_response_free(resp);
 }
 
 /* A tuning report (apollo-client tune), on a worker: the measurements are
