@@ -267,7 +267,8 @@ static bool memo_get(ap_compiler *c, const uint8_t digest[32], uint8_t key[32])
 	return found;
 }
 
-static void memo_put(ap_compiler *c, const uint8_t digest[32], const uint8_t key[32])
+static void memo_put(ap_compiler *c, const uint8_t digest[32], const uint8_t key[32],
+		     const ap_compile_admit *admit)
 {
 	struct memo_slot *m = memo_slot(c, digest);
 
@@ -275,7 +276,23 @@ static void memo_put(ap_compiler *c, const uint8_t digest[32], const uint8_t key
 	m->used = true;
 	memcpy(m->digest, digest, 32);
 	memcpy(m->key, key, 32);
+	m->has_admit = admit != NULL;
+	if (admit)
+		m->admit = *admit;
 	pthread_mutex_unlock(&c->memo_mu);
+}
+
+bool ap_compile_memo_admit(ap_compiler *c, const uint8_t digest[32], ap_compile_admit *out)
+{
+	struct memo_slot *m = memo_slot(c, digest);
+	bool found;
+
+	pthread_mutex_lock(&c->memo_mu);
+	found = m->used && m->has_admit && !memcmp(m->digest, digest, 32);
+	if (found)
+		*out = m->admit;
+	pthread_mutex_unlock(&c->memo_mu);
+	return found;
 }
 
 /* ---- the job --------------------------------------------------------------- */
@@ -296,6 +313,7 @@ struct request {
 	unsigned kernel_tier[4];   /* of a compiled request's kernels */
 	struct blob_ref *refs;     /* the blobs a bundle from L1 borrows (from_cache) */
 	size_t n_refs;
+	const ap_compile_admit *admit;   /* how net.c admitted it (memo_put); NULL */
 	bool want_frame;           /* ap_compile_run_frame: a warm answer may be spliced */
 	uint64_t frame_id;         /* ... the Envelope's id */
 	uint8_t *frame;            /* ... the spliced answer (warm_frame), or NULL */
@@ -1112,7 +1130,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		goto done;
 	}
 	if (r->use_cache && r->digest)
-		memo_put(c, r->digest, gkey);
+		memo_put(c, r->digest, gkey, r->admit);
 	if ((b = lookup(c, r, gkey, true))) {
 		if (have_rkey)
 			store_request_key(c, r, rkey, b);
@@ -1160,6 +1178,13 @@ done:
 Apollo__CompileResponse *ap_compile_run(ap_compiler *c, const Apollo__CompileRequest *req)
 {
 	return ap_compile_run_digest(c, req, NULL);
+}
+
+/* Counts a warm answer spliced from L1 (warm_frame). */
+static void count_warm(ap_compiler *c)
+{
+	atomic_fetch_add(&c->hits, 1);
+	atomic_fetch_add(&c->tier[APOLLO__CACHE_TIER__CACHE_L1], 1);
 }
 
 /* Counts an answer: its tier and kernels, or its error code. */
@@ -1297,8 +1322,7 @@ static Apollo__CompileResponse *respond(ap_compiler *c, struct request *r)
 	rc = run(c, r, &b, &err);
 	if (rc == 0 && !b && r->frame) {
 		free(reply);
-		atomic_fetch_add(&c->hits, 1);
-		atomic_fetch_add(&c->tier[APOLLO__CACHE_TIER__CACHE_L1], 1);
+		count_warm(c);
 		return NULL;
 	}
 	count_answer(c, r, b, rc ? rc : b ? 0 : AP_EINTERNAL);
@@ -1354,8 +1378,43 @@ uint8_t *ap_compile_run_frame(ap_compiler *c, const Apollo__CompileRequest *req,
 			      const uint8_t *digest, const char *client, uint64_t id, size_t *len,
 			      bool *bundle)
 {
+	return ap_compile_run_frame_admitted(c, req, digest, client, NULL, id, len, bundle);
+}
+
+uint8_t *ap_compile_warm_frame(ap_compiler *c, const Apollo__CompileRequest *req,
+			       const uint8_t digest[32], const char *client, uint64_t id,
+			       size_t *len)
+{
 	struct request r = { .req = req, .digest = digest, .client = client, .t0 = ap_now_ms(),
 			     .want_frame = true, .frame_id = id };
+	struct kernel_batch kb = { 0 };
+	uint8_t gkey[32];
+	char bid[400];
+	ap_error err;
+
+	if (resolve_target(c, &r, &err))
+		return NULL;
+	request_identity(c, &r, &kb, bid, sizeof(bid));
+	if (!r.use_cache || !memo_get(c, digest, gkey) || !warm_frame(c, &r, gkey))
+		return NULL;
+	atomic_fetch_add(&c->requests, 1);
+	atomic_fetch_add(&c->memo_hits, 1);
+	count_warm(c);
+	if (c->delay_ms) {
+		struct timespec ts = { c->delay_ms / 1000, (long)(c->delay_ms % 1000) * 1000000L };
+		nanosleep(&ts, NULL);
+	}
+	*len = r.frame_len;
+	return r.frame;
+}
+
+uint8_t *ap_compile_run_frame_admitted(ap_compiler *c, const Apollo__CompileRequest *req,
+				       const uint8_t *digest, const char *client,
+				       const ap_compile_admit *admit, uint64_t id, size_t *len,
+				       bool *bundle)
+{
+	struct request r = { .req = req, .digest = digest, .client = client, .t0 = ap_now_ms(),
+			     .want_frame = true, .frame_id = id, .admit = admit };
 	Apollo__CompileResponse *resp = respond(c, &r);
 	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
 	uint8_t *f = NULL;

@@ -151,6 +151,39 @@ typedef struct ap_compile_cost {
  * with ERR_TOO_LARGE before queueing it (net.c). */
 void ap_compile_estimate(__ap_keep const struct Apollo__CompileRequest *req, ap_compile_cost *out);
 
+/* What admitting a compile request took (net.c: the bytes its decoded
+ * Envelope held, and ap_compile_estimate's estimate): functions of the
+ * request's bytes, remembered with its key in the request memo, so that a
+ * repeat is admitted alike without its graph being decoded. */
+typedef struct ap_compile_admit {
+	uint64_t decoded;
+	ap_compile_cost cost;
+} ap_compile_admit;
+
+/* As ap_compile_run_frame, `admit` (may be NULL) remembered with the
+ * request's key in the memo (ap_compile_memo_admit). */
+__ap_give uint8_t *ap_compile_run_frame_admitted(ap_compiler *c,
+						 __ap_keep const struct Apollo__CompileRequest *req,
+						 const uint8_t *digest, const char *client,
+						 const ap_compile_admit *admit, uint64_t id,
+						 size_t *len, bool *bundle);
+/* Whether the request memo knows the request whose bytes have SHA-256
+ * `digest` together with how it was admitted: true with *out (the numbers
+ * ap_compile_run_frame_admitted was given), false when it does not (a
+ * request not seen, forgotten, or run without them). */
+bool ap_compile_memo_admit(ap_compiler *c, const uint8_t digest[32], ap_compile_admit *out);
+/* The warm answer alone (issue 26, item 2): for a request the memo knows
+ * whose bundle is in L1, the frame ap_compile_run_frame would give (its
+ * spliced warm answer), counted as a hit; NULL, with nothing counted,
+ * whenever it would take anything else (the memo or L1 missing it, a
+ * target refused, no cache, out of memory).  Reads only req's target,
+ * output, options and device: net.c hands it a request decoded without its
+ * graph (or model) and decodes the rest only when this gives NULL. */
+__ap_give uint8_t *ap_compile_warm_frame(ap_compiler *c,
+					 __ap_keep const struct Apollo__CompileRequest *req,
+					 const uint8_t digest[32], const char *client, uint64_t id,
+					 size_t *len);
+
 /* Measurements one tuning report may carry. */
 #define AP_TUNE_REPORT_MAX 4096
 

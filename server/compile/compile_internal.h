@@ -47,8 +47,9 @@ struct device_seen {
 
 /* Request digest -> graph key (see the file comment). */
 struct memo_slot {
-	bool used;
+	bool used, has_admit;
 	uint8_t digest[32], key[32];
+	ap_compile_admit admit;   /* has_admit: how net.c admitted it */
 };
 
 struct ap_compiler {
