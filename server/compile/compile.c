@@ -202,6 +202,7 @@ void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out)
 	out->tune_measured = atomic_load(&m->tune_measured);
 	out->tune_searched = atomic_load(&m->tune_searched);
 	out->tune_tried = atomic_load(&m->tune_tried);
+	out->tune_capped = atomic_load(&m->tune_capped);
 	out->tune_s = (double)atomic_load(&m->tune_us) / 1e6;
 	out->tune_reports = atomic_load(&m->tune_reports);
 	out->tune_measurements = atomic_load(&m->tune_measurements);
@@ -993,6 +994,7 @@ static void compiled_stats(ap_compiler *c, const struct request *r, const ap_gra
 	atomic_fetch_add(&c->tune_measured, prog->tune_measured);
 	atomic_fetch_add(&c->tune_searched, prog->tune_searched);
 	atomic_fetch_add(&c->tune_tried, prog->tune_tried);
+	atomic_fetch_add(&c->tune_capped, prog->tune_capped);
 	atomic_fetch_add(&c->tune_us, (uint64_t)(prog->tune_ms * 1000));
 	st->backend_ms = backend_ms;
 	st->kernels_compiled = compiled;

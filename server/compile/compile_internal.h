@@ -80,6 +80,7 @@ struct ap_compiler {
 	atomic_uint_fast64_t requests, errors, hits, misses, kernels_compiled, memo_hits;
 	atomic_uint_fast64_t tier[4], kernel_tier[4], errors_by_code[16];
 	atomic_uint_fast64_t tune_hits, tune_measured, tune_searched, tune_tried, tune_us;
+	atomic_uint_fast64_t tune_capped;
 	atomic_uint_fast64_t tune_reports, tune_measurements, tune_records, tune_pending;
 	char tune_reporters[256];   /* who may send tuning reports (compile.h) */
 	pthread_mutex_t devices_mu;
