@@ -11,8 +11,10 @@
  *     -> local cache L1, then the shared cache L2 (Redis, redis.h; a hit
  *        is copied into L1); neither is read nor written with
  *        options.no_cache:
- *     hit: the stored bundle, kernel blobs fetched by digest and verified,
- *          stats.cache_hit = true, cache_tier L1 or L2, nothing compiled
+ *     hit: the stored bundle, kernel blobs fetched by digest and verified
+ *          (each distinct blob once, lent by the memory tier by reference;
+ *          later kernels of the same blob get blob_of), stats.cache_hit =
+ *          true, cache_tier L1 or L2, nothing compiled
  *     single-flight (flight.h): an identical request already compiling
  *          is waited for (flight_wait_ms from arrival) and its bundle
  *          answers, cache_tier SHARED
