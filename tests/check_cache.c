@@ -3,7 +3,8 @@
  * writers, persistence, a cache that cannot work turning itself off, and a
  * file that is not a database (garbage, truncated, broken at run time)
  * replaced by a fresh one at the next open; the size limit with least
- * recently used eviction, the schema 1 upgrade and the memory tier; no
+ * recently used eviction, the schema 1 upgrade and the memory tier (its
+ * blobs lent by reference, evicted safely while held); no
  * room for a write -- a real file-size limit (EFBIG) and a real full file
  * system (ENOSPC, a small tmpfs) -- degrading the cache instead of turning
  * it off, with retries on a back-off and recovery once there is room. */
@@ -606,6 +607,126 @@ START_TEST(memory_tier)
 }
 END_TEST
 
+/* Issue 26, item 2: the memory tier lends blobs by reference.  Two
+ * readers of one digest get the same bytes (pointer identity), nothing is
+ * copied for them, and a blob evicted from the tier while a reader holds
+ * it stays whole until that reader gives it back (ASan checks the last). */
+START_TEST(memory_tier_references)
+{
+	ap_cache *c = open_ok();
+	uint8_t d[4][32], *bytes[4];
+	ap_blob *a = NULL, *b = NULL, *x = NULL;
+	ap_blob_counts before, after;
+	ap_cache_counts n;
+	const size_t len = 3000;
+
+	ap_cache_set_limits(c, 0, 4000);   /* room for one blob of 3000 bytes */
+	for (int i = 0; i < 4; i++) {
+		bytes[i] = malloc(len);
+		memset(bytes[i], 'a' + i, len);
+		ck_assert_int_eq(ap_cache_blob_put(c, bytes[i], len, d[i]), 0);
+	}
+	ck_assert_int_eq(ap_cache_blob_ref(c, d[0], &a), 1);   /* read from the file */
+	ap__blob_get_counts(&before);
+	ck_assert_int_eq(ap_cache_blob_ref(c, d[0], &b), 1);   /* from the tier */
+	ap__blob_get_counts(&after);
+	ck_assert_ptr_eq(ap_blob_data(a), ap_blob_data(b));   /* one blob, two holders */
+	ck_assert_uint_eq(after.made, before.made);
+	ck_assert_uint_eq(after.bytes_copied, before.bytes_copied);
+	ck_assert_int_eq(memcmp(ap_blob_digest(a), d[0], 32), 0);
+	b = ap_blob_release(b);
+
+	/* another blob takes the tier's room: d[0]'s entry goes, `a` stays */
+	ck_assert_int_eq(ap_cache_blob_ref(c, d[1], &x), 1);
+	ap_cache_get_counts(c, &n);
+	ck_assert_uint_eq(n.memory_blobs, 1);
+	ck_assert_uint_eq(n.memory_bytes, len);
+	ck_assert_uint_eq(ap_blob_len(a), len);
+	ck_assert_int_eq(memcmp(ap_blob_data(a), bytes[0], len), 0);
+	/* d[0] again: read from the file into a new blob, evicting d[1]'s entry
+	 * while `x` holds it */
+	ck_assert_int_eq(ap_cache_blob_ref(c, d[0], &b), 1);
+	ck_assert_ptr_ne(ap_blob_data(a), ap_blob_data(b));
+	ck_assert_int_eq(memcmp(ap_blob_data(x), bytes[1], len), 0);
+	a = ap_blob_release(a);
+	b = ap_blob_release(b);
+	x = ap_blob_release(x);
+	/* the tier's own reference outlives the cache's readers; freeing the
+	 * cache gives it back */
+	ap__blob_get_counts(&before);
+	ap_cache_free(c);
+	ap__blob_get_counts(&after);
+	ck_assert_uint_eq(after.alive + 1, before.alive);
+	for (int i = 0; i < 4; i++)
+		free(bytes[i]);
+}
+END_TEST
+
+/* Readers on several threads take and give back references while the
+ * tier, smaller than the blobs they read, evicts all the time: every read
+ * sees its own digest's bytes (run under ASan and TSan by make
+ * check-asan / check-tsan). */
+struct ref_reader {
+	pthread_t th;
+	ap_cache *c;
+	uint8_t (*d)[32];
+	int n_blobs, seed;
+	int bad;
+};
+
+static void *ref_reader_main(void *arg)
+{
+	struct ref_reader *r = arg;
+	unsigned x = (unsigned)r->seed;
+
+	for (int i = 0; i < 2000; i++) {
+		ap_blob *b = NULL;
+		uint8_t actual[32];
+		int k;
+
+		x = x * 1103515245u + 12345u;
+		k = (int)((x >> 16) % (unsigned)r->n_blobs);
+		if (ap_cache_blob_ref(r->c, r->d[k], &b) != 1) {
+			r->bad++;
+			continue;
+		}
+		sched_yield();   /* let another thread evict it meanwhile */
+		ap_sha256(ap_blob_data(b), ap_blob_len(b), actual);
+		r->bad += memcmp(actual, r->d[k], 32) != 0;
+		ap_blob_release(b);
+	}
+	return NULL;
+}
+
+START_TEST(memory_tier_concurrent_references)
+{
+	enum { BLOBS = 16, THREADS = 4 };
+	ap_cache *c = open_ok();
+	uint8_t d[BLOBS][32], buf[1024];
+	struct ref_reader r[THREADS];
+	ap_cache_counts n;
+
+	ap_cache_set_limits(c, 0, 4 * sizeof(buf));   /* 4 of the 16 blobs fit */
+	for (int i = 0; i < BLOBS; i++) {
+		memset(buf, i, sizeof(buf));
+		buf[0] = (uint8_t)(i * 7 + 1);
+		ck_assert_int_eq(ap_cache_blob_put(c, buf, sizeof(buf), d[i]), 0);
+	}
+	for (int i = 0; i < THREADS; i++) {
+		r[i] = (struct ref_reader){ .c = c, .d = d, .n_blobs = BLOBS, .seed = i + 1 };
+		pthread_create(&r[i].th, NULL, ref_reader_main, &r[i]);
+	}
+	for (int i = 0; i < THREADS; i++) {
+		pthread_join(r[i].th, NULL);
+		ck_assert_int_eq(r[i].bad, 0);
+	}
+	ap_cache_get_counts(c, &n);
+	ck_assert_uint_le(n.memory_bytes, 4 * sizeof(buf));
+	ck_assert_uint_gt(n.memory_hits, 0);
+	ap_cache_free(c);
+}
+END_TEST
+
 /* ---- no room (issue 29, item 6) ------------------------------------------------- */
 
 /* ap_cache_put of `n` bytes of `fill` under `key`: its result. */
@@ -936,6 +1057,8 @@ static Suite *cache_suite(void)
 	tcase_add_test(tc, lru_eviction);
 	tcase_add_test(tc, schema_1_upgraded);
 	tcase_add_test(tc, memory_tier);
+	tcase_add_test(tc, memory_tier_references);
+	tcase_add_test(tc, memory_tier_concurrent_references);
 	tcase_add_test(tc, file_size_limit_degrades);
 	tcase_add_test(tc, disk_full_degrades);
 	suite_add_tcase(s, tc);

@@ -4,7 +4,9 @@
  * wait; eight threads compiling one cold graph at once compile its
  * kernels once and get the same bundle; two graphs that differ only in
  * names, compiled at once, compile their shared kernels once; a request
- * seen before is answered through the request memo. */
+ * seen before is answered through the request memo, a warm answer holding
+ * each blob once, by reference, its frame spliced from the stored bytes
+ * byte for byte. */
 #include <check.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -384,6 +386,143 @@ START_TEST(request_memo)
 }
 END_TEST
 
+/* The frame of an Envelope {id, compiled = r}, packed as apollod sends
+ * it (malloc'd, *len bytes). */
+static uint8_t *frame_of(Apollo__CompileResponse *r, uint64_t id, size_t *len)
+{
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	uint8_t *f;
+
+	env.id = id;
+	env.msg_case = APOLLO__ENVELOPE__MSG_COMPILED;
+	env.compiled = r;
+	*len = 4 + apollo__envelope__get_packed_size(&env);
+	f = malloc(*len);
+	ck_assert_ptr_nonnull(f);
+	f[0] = (uint8_t)((*len - 4) >> 24);
+	f[1] = (uint8_t)((*len - 4) >> 16);
+	f[2] = (uint8_t)((*len - 4) >> 8);
+	f[3] = (uint8_t)(*len - 4);
+	apollo__envelope__pack(&env, f + 4);
+	return f;
+}
+
+/* Stores n blobs of `size` bytes and reads each back once (through the
+ * memory tier, which keeps what fits and evicts the rest). */
+static void read_through(ap_cache *cache, int n, size_t size)
+{
+	uint8_t *buf = malloc(size), d[32];
+
+	ck_assert_ptr_nonnull(buf);
+	for (int i = 0; i < n; i++) {
+		ap_blob *x = NULL;
+
+		memset(buf, i + 1, size);
+		ck_assert_int_eq(ap_cache_blob_put(cache, buf, size, d), 0);
+		ck_assert_int_eq(ap_cache_blob_ref(cache, d, &x), 1);
+		ap_blob_release(x);
+	}
+	free(buf);
+}
+
+/* Issue 26, item 2: kernels compiled as one program share one blob, and a
+ * warm answer holds it once.  With one compile worker all of
+ * mlp_gelu_ln's kernels are one program: the warm bundle carries the blob
+ * in its first kernel only (the others blob_of 1), that blob is the
+ * memory tier's (pointer identity) and no blob was made or copied to
+ * answer; the spliced frame (ap_compile_run_frame) is byte for byte the
+ * decoded answer packed, and both are the cold answer's bundle (stats
+ * aside); a warm answer still held while the memory tier evicts its blob
+ * packs to the same bytes. */
+START_TEST(warm_answer_holds_one_copy)
+{
+	ap_cache *cache;
+	ap_compiler *c = compiler(&cache, 1);
+	Apollo__Graph *g = model_pb("models/mlp_gelu_ln", NULL);
+	Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
+	Apollo__CompileResponse *cold, *warm, *held;
+	Apollo__Envelope *spliced;
+	Apollo__Stats *cold_stats;
+	ap_blob_counts b0, b1;
+	ap_blob *tier = NULL;
+	uint8_t d[32], *f1, *f2, *f3;
+	size_t n1, n2, n3;
+	bool bundle = false;
+
+	ap_cache_set_limits(cache, 0, 1 << 20);
+	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
+	req.graph = g;
+	req.target = "cpu";
+	ap_sha256("request bytes", 13, d);
+	cold = ap_compile_run_digest(c, &req, d);
+	free(bundle_text(cold));
+	ck_assert_uint_gt(cold->bundle->n_kernels, 2);
+	warm = ap_compile_run_digest(c, &req, d);   /* the blob into the tier */
+	ap_compile_response_free(warm);
+
+	ap__blob_get_counts(&b0);
+	warm = ap_compile_run_digest(c, &req, d);
+	ap__blob_get_counts(&b1);
+	ck_assert(warm->bundle->stats->cache_hit);
+	ck_assert_uint_eq(b1.made, b0.made);                 /* nothing copied */
+	ck_assert_uint_eq(b1.bytes_copied, b0.bytes_copied);
+	ck_assert_uint_gt(warm->bundle->kernels[0]->blob.len, 0);
+	ck_assert_uint_eq(warm->bundle->kernels[0]->blob_of, 0);
+	for (size_t k = 1; k < warm->bundle->n_kernels; k++) {
+		ck_assert_uint_eq(warm->bundle->kernels[k]->blob.len, 0);
+		ck_assert_uint_eq(warm->bundle->kernels[k]->blob_of, 1);
+	}
+	ck_assert_int_eq(ap_cache_blob_ref(cache, warm->bundle->kernels[0]->digest.data, &tier), 1);
+	ck_assert_ptr_eq(ap_blob_data(tier), warm->bundle->kernels[0]->blob.data);
+	ap_blob_release(tier);
+
+	/* the spliced frame: the same bytes, its stats' times aside */
+	f1 = ap_compile_run_frame(c, &req, d, NULL, 77, &n1, &bundle);
+	ap__blob_get_counts(&b0);
+	ck_assert_uint_eq(b0.made, b1.made);
+	ck_assert_ptr_nonnull(f1);
+	ck_assert(bundle);
+	spliced = apollo__envelope__unpack(NULL, n1 - 4, f1 + 4);
+	ck_assert_ptr_nonnull(spliced);
+	ck_assert_uint_eq(spliced->id, 77);
+	warm->bundle->stats->cache_ms = spliced->compiled->bundle->stats->cache_ms;
+	warm->bundle->stats->compile_ms = spliced->compiled->bundle->stats->compile_ms;
+	f2 = frame_of(warm, 77, &n2);
+	ck_assert_uint_eq(n1, n2);
+	ck_assert_int_eq(memcmp(f1, f2, n1), 0);
+	/* the cold answer's bundle with the warm stats: the same bytes again */
+	cold_stats = cold->bundle->stats;
+	cold->bundle->stats = warm->bundle->stats;
+	f3 = frame_of(cold, 77, &n3);
+	cold->bundle->stats = cold_stats;
+	ck_assert_uint_eq(n3, n2);
+	ck_assert_int_eq(memcmp(f3, f2, n2), 0);
+	free(f3);
+
+	/* held across eviction: 2 MiB of other blobs read through the 1 MiB
+	 * tier take its entry, the answer's reference keeps the blob whole,
+	 * and giving the answer back frees it (the last reference) */
+	held = warm;
+	ck_assert_uint_lt(held->bundle->kernels[0]->blob.len, 1 << 19);
+	read_through(cache, 64, 32768);
+	f3 = frame_of(held, 77, &n3);
+	ck_assert_uint_eq(n3, n2);
+	ck_assert_int_eq(memcmp(f3, f2, n2), 0);
+	free(f3);
+	ap__blob_get_counts(&b0);
+	ap_compile_response_free(held);
+	ap__blob_get_counts(&b1);
+	ck_assert_uint_eq(b1.alive + 1, b0.alive);
+	apollo__envelope__free_unpacked(spliced, NULL);
+	free(f1);
+	free(f2);
+	ap_compile_response_free(cold);
+	ap_graph_pb_free(g);
+	ap_compiler_free(c);
+	ap_cache_free(cache);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("flight");
@@ -396,6 +535,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, eight_identical_requests);
 	tcase_add_test(tc, kernels_shared_across_graphs);
 	tcase_add_test(tc, request_memo);
+	tcase_add_test(tc, warm_answer_holds_one_copy);
 	suite_add_tcase(s, tc);
 	return s;
 }

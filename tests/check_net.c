@@ -10,7 +10,9 @@
  * (compile replies aside, which come when done), a big undecodable frame
  * gets ERR_BAD_MESSAGE and the connection stays open, request ids are
  * echoed, a client that leaves while its big frame is decoded, a
- * half-closed client, and SIGTERM with big frames arriving.
+ * half-closed client, and SIGTERM with big frames arriving; a request
+ * answered before decoded without its graph and answered warm, or decoded
+ * whole when the cache lost its bundle.
  */
 #include <check.h>
 #include <errno.h>
@@ -25,6 +27,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <sqlite3.h>
 
 #include "common/frame.h"
 #include "proto/apollo.pb-c.h"
@@ -486,6 +490,103 @@ START_TEST(big_frames_sigterm)
 }
 END_TEST
 
+/* The bundle of a compile reply packed without its stats (times, tiers). */
+static uint8_t *bundle_sans_stats(Apollo__Envelope *r, size_t *len)
+{
+	Apollo__Bundle *b = r->compiled->bundle;
+	Apollo__Stats *st = b->stats;
+	uint8_t *p;
+
+	b->stats = NULL;
+	*len = apollo__bundle__get_packed_size(b);
+	p = malloc(*len + 1);
+	ck_assert_ptr_nonnull(p);
+	apollo__bundle__pack(b, p);
+	b->stats = st;
+	return p;
+}
+
+/* Compile request `id` (pad: a big frame, decoded by a job) sent on fd;
+ * its reply a bundle equal to `ref` (len bytes; NULL: the first, kept in
+ * *ref) but for its stats, a cache hit or not as `hit` says. */
+static void compile_expect(int fd, uint64_t id, size_t pad, bool hit, uint8_t **ref, size_t *len)
+{
+	buf_t b = { 0 };
+	Apollo__Envelope *r;
+	uint8_t *p;
+	size_t n;
+
+	put_compile(&b, id, 64, pad);
+	send_buf(fd, &b);
+	r = next_reply(fd);
+	ck_assert_ptr_nonnull(r);
+	expect_bundle(r, id);
+	ck_assert_int_eq(r->compiled->bundle->stats->cache_hit, hit);
+	if (hit)
+		ck_assert_int_eq(r->compiled->bundle->stats->cache_tier,
+				 APOLLO__CACHE_TIER__CACHE_L1);
+	p = bundle_sans_stats(r, &n);
+	if (!*ref) {
+		*ref = p;
+		*len = n;
+	} else {
+		ck_assert_uint_eq(n, *len);
+		ck_assert_int_eq(memcmp(p, *ref, n), 0);
+		free(p);
+	}
+	apollo__envelope__free_unpacked(r, NULL);
+}
+
+/* How many lines of the daemon's log hold `what`. */
+static int log_count(const daemon_t *d, const char *what)
+{
+	char path[160], line[4096];
+	FILE *f;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "%s/apollod.log", d->dir);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, what) != NULL;
+	fclose(f);
+	return n;
+}
+
+/* Issue 26, item 2: a compile request the daemon answered before is
+ * decoded without its graph, small frame (on the loop) or big (a decode
+ * job), and answered warm from L1 with the same bundle; when L1 has lost
+ * its bundle, the worker decodes it whole and compiles it again (its
+ * kernels from the kernel cache): the same bundle once more. */
+START_TEST(known_request_without_graph)
+{
+	daemon_t d;
+	char db[160];
+	sqlite3 *h;
+	uint8_t *ref = NULL;
+	size_t len = 0;
+	int fd;
+
+	start(&d);
+	fd = open_unix(d.sock);
+	ck_assert_int_ge(fd, 0);
+	compile_expect(fd, 1, PAD_BYTES, false, &ref, &len);   /* compiled */
+	compile_expect(fd, 2, 0, true, &ref, &len);            /* known: on the loop */
+	compile_expect(fd, 3, PAD_BYTES, true, &ref, &len);    /* known: a decode job */
+	snprintf(db, sizeof(db), "%s/cache.db", d.dir);
+	ck_assert_int_eq(sqlite3_open(db, &h), SQLITE_OK);
+	ck_assert_int_eq(sqlite3_exec(h, "DELETE FROM actions", NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(h);
+	compile_expect(fd, 4, 0, false, &ref, &len);           /* known, not warm: whole */
+	compile_expect(fd, 5, PAD_BYTES, true, &ref, &len);    /* stored again: warm */
+	close(fd);
+	ck_assert_int_eq(log_count(&d, "answered warm without decoding its graph"), 3);
+	ck_assert_int_eq(log_count(&d, "a known request, decoded whole"), 1);
+	stop(&d);
+	free(ref);
+}
+END_TEST
+
 static Suite *net_suite(void)
 {
 	Suite *s = suite_create("net");
@@ -495,6 +596,7 @@ static Suite *net_suite(void)
 	tcase_add_test(tc, big_frames_keep_order);
 	tcase_add_test(tc, big_frame_client_leaves);
 	tcase_add_test(tc, big_frames_sigterm);
+	tcase_add_test(tc, known_request_without_graph);
 	suite_add_tcase(s, tc);
 	return s;
 }

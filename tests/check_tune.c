@@ -46,6 +46,10 @@
  *                            search budget counts evaluations, so the two
  *                            bundles are byte-identical but for stats and
  *                            blobs, searched alike and never cut short
+ *   same_bundle_under_load_many_kernels  ppocr_mobile_v2_cls at sm_90
+ *                            (dozens of searched kernels) likewise, the
+ *                            kernels' digests included; with two compile
+ *                            workers under load, the same but for blobs
  */
 #include <check.h>
 #include <math.h>
@@ -68,6 +72,7 @@
 #include "server/lower/value.h"
 #include "client/apollo.h"
 #include "client/runtime.h"
+#include "client/tool.h"
 #include "tests/lib/require.h"
 
 #define DIMS(...) ((const int64_t[]){__VA_ARGS__}), (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
@@ -1095,67 +1100,80 @@ static uint8_t *read_testdata(const char *rel, size_t *len)
 	return buf;
 }
 
-/* The ONNX model compiled cold (a fresh cache) for `target` with a search
- * budget of `evals` (0: the default): the bundle
- * packed without its stats (times) and kernel blobs (backend output),
- * into *packed; its stats into *st. */
-static void compile_cold(const uint8_t *model, size_t len, const char *target, long long evals,
-			 uint8_t **packed, size_t *plen, Apollo__Stats *st)
-{
-	ap_compiler_options co = { .threads = 1, .tune_budget_evals = evals };
-	Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
-	Apollo__CompileResponse *r;
-	Apollo__Stats *saved;
-	ap_cache *cache = fresh_cache();
-	ap_compiler *c = ap_compiler_new(cache, &co);
-	Apollo__Bundle *b;
+/* What a cold compile answered: its bundle packed without its stats
+ * (times) and blobs (backend output), with (`full`) and without (`sans`)
+ * the kernels' digests and blob_of (which blob each kernel is in: the
+ * program it was compiled in), and its stats. */
+struct cold {
+	uint8_t *full, *sans;
+	size_t full_len, sans_len;
+	Apollo__Stats st;
+};
 
-	ck_assert_ptr_nonnull(c);
-	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_ONNX_MODEL;
-	req.onnx_model.data = (uint8_t *)model;
-	req.onnx_model.len = len;
-	req.target = (char *)target;
-	req.output = strcmp(target, "cpu") ? APOLLO__OUTPUT_KIND__OUTPUT_PTX
-					   : APOLLO__OUTPUT_KIND__OUTPUT_SO;
-	r = ap_compile_run(c, &req);
-	ck_assert_ptr_nonnull(r);
-	ck_assert_msg(r->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE, "compile: %s",
-		      r->result_case == APOLLO__COMPILE_RESPONSE__RESULT_ERROR ? r->error->message : "?");
-	b = r->bundle;
-	*st = *b->stats;
-	saved = b->stats;
+/* Packs b without stats and blobs; digests and blob_of kept or not. */
+static uint8_t *pack_sans(Apollo__Bundle *b, bool digests, size_t *len)
+{
+	Apollo__Stats *saved = b->stats;
+	uint8_t *p;
+
 	b->stats = NULL;
 	for (size_t i = 0; i < b->n_kernels; i++) {
 		free(b->kernels[i]->blob.data);
 		b->kernels[i]->blob.data = NULL;
 		b->kernels[i]->blob.len = 0;
-		b->kernels[i]->digest.len = 0;
-		b->kernels[i]->blob_of = 0;
+		if (!digests) {
+			b->kernels[i]->digest.len = 0;
+			b->kernels[i]->blob_of = 0;
+		}
 	}
-	*plen = apollo__bundle__get_packed_size(b);
-	*packed = malloc(*plen + 1);
-	ck_assert_ptr_nonnull(*packed);
-	apollo__bundle__pack(b, *packed);
+	*len = apollo__bundle__get_packed_size(b);
+	p = malloc(*len + 1);
+	ck_assert_ptr_nonnull(p);
+	apollo__bundle__pack(b, p);
 	b->stats = saved;
+	return p;
+}
+
+/* `tmpl` compiled cold (a fresh cache) by a compiler with `threads`
+ * compile workers and a search budget of `evals` (0: the default). */
+static void compile_req(const Apollo__CompileRequest *tmpl, long long evals, unsigned threads,
+			struct cold *out)
+{
+	ap_compiler_options co = { .threads = threads, .tune_budget_evals = evals };
+	Apollo__CompileRequest req = *tmpl;
+	Apollo__CompileResponse *r;
+	ap_cache *cache = fresh_cache();
+	ap_compiler *c = ap_compiler_new(cache, &co);
+
+	ck_assert_ptr_nonnull(c);
+	req.output = strcmp(req.target, "cpu") ? APOLLO__OUTPUT_KIND__OUTPUT_PTX
+					       : APOLLO__OUTPUT_KIND__OUTPUT_SO;
+	r = ap_compile_run(c, &req);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_msg(r->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE, "compile: %s",
+		      r->result_case == APOLLO__COMPILE_RESPONSE__RESULT_ERROR ? r->error->message : "?");
+	out->st = *r->bundle->stats;
+	out->full = pack_sans(r->bundle, true, &out->full_len);
+	out->sans = pack_sans(r->bundle, false, &out->sans_len);
 	ap_compile_response_free(r);
 	ap_compiler_free(c);
 	drop_cache(cache);
 }
 
-/* Compiles the model cold twice, idle and with one busy child per core
- * (killed after; each also dies with this test or after 300 s), and
- * asserts the two bundles are the same. */
-static void same_under_load(const uint8_t *model, size_t len, const char *target, long long evals)
+static void cold_free(struct cold *k)
 {
-	size_t idle_len, busy_len;
-	uint8_t *idle, *busy;
-	Apollo__Stats idle_st, busy_st;
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	pid_t kids[256];
-	int n_kids = 0;
+	free(k->full);
+	free(k->sans);
+}
 
-	compile_cold(model, len, target, evals, &idle, &idle_len, &idle_st);
-	for (long i = 0; i < (ncpu > 0 ? ncpu : 1) && n_kids < 256; i++) {
+/* One busy child per core (each also dies with this test or after 300 s):
+ * their pids in kids[] (at most 256), their count returned. */
+static int load_start(pid_t *kids)
+{
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	int n = 0;
+
+	for (long i = 0; i < (ncpu > 0 ? ncpu : 1) && n < 256; i++) {
 		pid_t pid = fork();
 
 		ck_assert_int_ge(pid, 0);
@@ -1167,35 +1185,69 @@ static void same_under_load(const uint8_t *model, size_t len, const char *target
 			for (;;)
 				spin++;
 		}
-		kids[n_kids++] = pid;
+		kids[n++] = pid;
 	}
-	compile_cold(model, len, target, evals, &busy, &busy_len, &busy_st);
-	for (int i = 0; i < n_kids; i++) {
+	return n;
+}
+
+/* Kills the busy children, asserting they were still spinning: the load
+ * lasted the whole compile. */
+static void load_stop(const pid_t *kids, int n)
+{
+	for (int i = 0; i < n; i++) {
 		int status;
 
 		kill(kids[i], SIGKILL);
 		ck_assert_int_eq(waitpid(kids[i], &status, 0), kids[i]);
-		/* it was still spinning: the load lasted the whole compile */
 		ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
 	}
-	/* searched alike, none cut short by the time limit */
-	ck_assert_uint_gt(idle_st.tune_searched, 0);
-	ck_assert_uint_eq(busy_st.tune_searched, idle_st.tune_searched);
-	ck_assert_uint_eq(busy_st.tune_tried, idle_st.tune_tried);
-	ck_assert_uint_eq(idle_st.tune_capped, 0);
-	ck_assert_uint_eq(busy_st.tune_capped, 0);
-	ck_assert_uint_eq(busy_st.global_bytes, idle_st.global_bytes);
-	/* kernels (named by their sources' hash), plan, schedules, tuning
-	 * signatures and buffers: byte for byte */
-	ck_assert_uint_eq(busy_len, idle_len);
-	ck_assert_msg(memcmp(busy, idle, idle_len) == 0,
-		      "the loaded machine built another bundle than the idle one (budget %lld)",
-		      evals);
+}
+
+/* Two cold compiles, none cut short by the time limit, their bundles byte
+ * for byte the same: with the kernels' digests (the blobs, hashed) when
+ * `digests`, else kernels (named by their sources' hash), plan, schedules,
+ * tuning signatures and buffers; with `alike`, searched alike too (one
+ * compile worker each: with more, two kernels of one signature may both be
+ * searched at once where one after the other the second takes the first's
+ * record -- the same configuration either way). */
+static void same_cold(const struct cold *a, const struct cold *b, bool digests, bool alike,
+		      const char *what)
+{
+	ck_assert_uint_gt(a->st.tune_searched, 0);
+	if (alike) {
+		ck_assert_uint_eq(b->st.tune_searched, a->st.tune_searched);
+		ck_assert_uint_eq(b->st.tune_tried, a->st.tune_tried);
+	}
+	ck_assert_uint_eq(a->st.tune_capped, 0);
+	ck_assert_uint_eq(b->st.tune_capped, 0);
+	ck_assert_uint_eq(b->st.global_bytes, a->st.global_bytes);
+	if (digests) {
+		ck_assert_uint_eq(b->full_len, a->full_len);
+		ck_assert_msg(memcmp(b->full, a->full, a->full_len) == 0, "%s: another bundle", what);
+	} else {
+		ck_assert_uint_eq(b->sans_len, a->sans_len);
+		ck_assert_msg(memcmp(b->sans, a->sans, a->sans_len) == 0, "%s: another bundle", what);
+	}
+}
+
+/* Compiles `req` cold twice, idle and with one busy child per core, and
+ * asserts the two bundles are the same (blobs aside). */
+static void same_under_load(const Apollo__CompileRequest *req, long long evals)
+{
+	struct cold idle, busy;
+	pid_t kids[256];
+	int n_kids;
+
+	compile_req(req, evals, 1, &idle);
+	n_kids = load_start(kids);
+	compile_req(req, evals, 1, &busy);
+	load_stop(kids, n_kids);
+	same_cold(&idle, &busy, false, true, "loaded");
 	fprintf(stderr, "same_bundle_under_load: %s, budget %lld: %u kernels searched, %u "
-		"configurations, %.1f ms idle, %.1f ms loaded\n", target, evals,
-		idle_st.tune_searched, idle_st.tune_tried, idle_st.tune_ms, busy_st.tune_ms);
-	free(idle);
-	free(busy);
+		"configurations, %.1f ms idle, %.1f ms loaded\n", req->target, evals,
+		idle.st.tune_searched, idle.st.tune_tried, idle.st.tune_ms, busy.st.tune_ms);
+	cold_free(&idle);
+	cold_free(&busy);
 }
 
 /* Issue 26, item 3: the tuner's budget is evaluations, so a loaded machine
@@ -1205,7 +1257,7 @@ static void same_under_load(const uint8_t *model, size_t len, const char *target
 START_TEST(same_bundle_under_load)
 {
 	ap_error err;
-	const char *target = ap_nvrtc_load(&err) ? "cpu" : "sm_90";
+	Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
 	size_t len;
 	uint8_t *model = read_testdata("models/bert_like_2l/model.onnx", &len);
 
@@ -1213,9 +1265,97 @@ START_TEST(same_bundle_under_load)
 		fprintf(stderr, "same_bundle_under_load: skipped, no ../shared/testdata\n");
 		return;
 	}
-	same_under_load(model, len, target, 0);
-	same_under_load(model, len, target, 1000);
+	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_ONNX_MODEL;
+	req.onnx_model.data = model;
+	req.onnx_model.len = len;
+	req.target = ap_nvrtc_load(&err) ? "cpu" : "sm_90";
+	same_under_load(&req, 0);
+	same_under_load(&req, 1000);
 	free(model);
+}
+END_TEST
+
+/* The graph of test-data model `rel` (its folder under ../shared/testdata)
+ * imported with its first test set's inputs binding its symbolic dims, as
+ * apollo-client sends it; NULL when the test data is absent. */
+static Apollo__Graph *testdata_graph(const char *rel)
+{
+	char file[300], set[300], *dir;
+	uint8_t *model;
+	size_t len;
+	ap_host_tensor **ts = NULL;
+	int n = 0;
+	ap_graph *g;
+	ap_error err;
+	Apollo__Graph *pb;
+
+	snprintf(file, sizeof(file), "%s/model.onnx", rel);
+	if (!(model = read_testdata(file, &len)))
+		return NULL;
+	/* read_testdata found it under one of its two roots: the same for the set */
+	snprintf(set, sizeof(set), "%s/../../shared/testdata/%s/test_data_set_0",
+		 getenv("APOLLO_BUILD") ? getenv("APOLLO_BUILD") : ".", rel);
+	dir = set;
+	if (access(dir, R_OK)) {
+		snprintf(set, sizeof(set), "../shared/testdata/%s/test_data_set_0", rel);
+		dir = set;
+	}
+	ck_assert_msg(ap_testdata_load(dir, "input", &ts, &n, &err) == 0, "%s", err.msg);
+	g = ap_onnx_import(model, len, (const ap_host_tensor *const *)ts, n, NULL, &err);
+	ck_assert_msg(g != NULL, "%s: %s", rel, err.msg);
+	pb = ap_graph_to_pb(g);
+	ck_assert_ptr_nonnull(pb);
+	ap_graph_free(g);
+	ap_host_tensors_free(ts, n);
+	free(model);
+	return pb;
+}
+
+/* Issue 26, item 3, on a model with many tuned kernels: ppocr_mobile_v2_cls
+ * (PaddleOCR's MobileNetV3 classifier, every kernel searched) at sm_90,
+ * compiled cold with one compile worker, idle and with every core busy:
+ * byte-identical bundles, the kernels' digests included (the same sources
+ * in the same program: the same PTX); and with two workers under load the
+ * same kernels, plan and schedules (its blobs are other programs: each
+ * worker compiles one). */
+START_TEST(same_bundle_under_load_many_kernels)
+{
+	ap_error err;
+	Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
+	Apollo__Graph *g;
+	struct cold idle, busy, busy2;
+	pid_t kids[256];
+	int n_kids;
+
+	if (ap_nvrtc_load(&err)) {
+		fprintf(stderr, "same_bundle_under_load_many_kernels: skipped, no NVRTC: %s\n",
+			err.msg);
+		return;
+	}
+	if (!(g = testdata_graph("models/ppocr_mobile_v2_cls"))) {
+		fprintf(stderr, "same_bundle_under_load_many_kernels: skipped, no test data\n");
+		return;
+	}
+	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
+	req.graph = g;
+	req.target = "sm_90";
+	compile_req(&req, 0, 1, &idle);
+	n_kids = load_start(kids);
+	compile_req(&req, 0, 1, &busy);
+	compile_req(&req, 0, 2, &busy2);
+	load_stop(kids, n_kids);
+	ck_assert_uint_ge(idle.st.tune_searched, 40);
+	same_cold(&idle, &busy, true, true, "loaded");
+	same_cold(&idle, &busy2, false, false, "loaded, two workers");
+	fprintf(stderr, "same_bundle_under_load_many_kernels: sm_90: %u kernels searched, %u "
+		"configurations, %.1f ms idle, %.1f ms loaded; two workers loaded: %u searched, "
+		"%u configurations, %.1f ms\n", idle.st.tune_searched, idle.st.tune_tried,
+		idle.st.tune_ms, busy.st.tune_ms, busy2.st.tune_searched, busy2.st.tune_tried,
+		busy2.st.tune_ms);
+	cold_free(&idle);
+	cold_free(&busy);
+	cold_free(&busy2);
+	ap_graph_pb_free(g);
 }
 END_TEST
 
@@ -1240,6 +1380,7 @@ int main(void)
 	tcase_add_test(tc, background_tuner);
 	tcase_add_test(tc, budget_counts_evaluations);
 	tcase_add_test(tc, same_bundle_under_load);
+	tcase_add_test(tc, same_bundle_under_load_many_kernels);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

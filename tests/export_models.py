@@ -123,13 +123,20 @@ MODELS = {
     "llama": ("transformers LlamaForCausalLM (rotary, RMSNorm, SwiGLU, grouped KV), 2 layers, width 64, 16 tokens", _hf("llama")),
     "t5_encoder": ("transformers T5EncoderModel (relative position buckets), 2 layers, width 64, 16 tokens", _hf("t5")),
 }
-__doc__ = __doc__ + "\n".join("    %-16s %s" % (k, v[0]) for k, v in MODELS.items()) + "\n"
+# Exported only when named (bench/warm.sh's kernel-count ladder), not by
+# default: tests/onnx_models.sh checks MODELS.
+NAMED_ONLY = {
+    "resnet18": ("torchvision resnet18, 1x3x64x64 (named only)", lambda: _vision(_tv("resnet18"), 64)()),
+    "mobilenet_v2": ("torchvision mobilenet_v2, 1x3x96x96 (named only)",
+                     lambda: _vision(_tv("mobilenet_v2"), 96)()),
+}
+__doc__ = __doc__ + "\n".join("    %-16s %s" % (k, v[0]) for k, v in {**MODELS, **NAMED_ONLY}.items()) + "\n"
 
 
 def export(name, out, rng):
     import torch
     torch.manual_seed(0)
-    model, args, in_names = MODELS[name][1]()
+    model, args, in_names = {**MODELS, **NAMED_ONLY}[name][1]()
     d = os.path.join(out, name)
     ds = os.path.join(d, "test_data_set_0")
     os.makedirs(ds, exist_ok=True)

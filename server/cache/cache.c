@@ -889,47 +889,39 @@ static void touch(ap_cache *c, struct conn *co, const uint8_t digest[32], int64_
 	ap_hot_touched(c->hot, digest, now);
 }
 
-/* Reads and verifies a blob: from the memory tier, else from the file on
- * `co` (then kept in the memory tier).  1 found (and *data set), 0 miss. */
-static int blob_get(ap_cache *c, struct conn *co, const uint8_t digest[32], uint8_t **data,
-		    size_t *len)
+/* Reads and verifies a blob from the file on `co` (then kept in the memory
+ * tier): 1 with *out a reference (the caller's), 0 miss or out of memory.
+ * The bytes are copied once, from SQLite's row into the blob. */
+static int blob_read(ap_cache *c, struct conn *co, const uint8_t digest[32], ap_blob **out)
 {
 	sqlite3_stmt *st = co->st[ST_BLOB_GET];
 	int64_t now = now_s(c), used = 0;
 	uint8_t actual[32];
-	uint8_t *copy = NULL;
+	ap_blob *b = NULL;
 	size_t n = 0;
 	int rc;
 
-	if (ap_hot_get(c->hot, digest, data, len, &used)) {
-		if (now - used >= TOUCH_S)
-			touch(c, co, digest, now);
-		return 1;
-	}
 	sqlite3_bind_blob(st, 1, digest, 32, SQLITE_STATIC);
 	rc = sqlite3_step(st);
 	if (rc == SQLITE_ROW) {
-		const void *p = sqlite3_column_blob(st, 0);
 		n = (size_t)sqlite3_column_bytes(st, 0);
 		used = sqlite3_column_int64(st, 1);
-		copy = malloc(n ? n : 1);
-		if (copy && n)
-			memcpy(copy, p, n);
+		b = ap_blob_new(sqlite3_column_blob(st, 0), n, digest);
 	}
 	reset(co, ST_BLOB_GET);
 	if (rc != SQLITE_ROW) {
 		check(c, co, rc, "reading a blob");
 		return 0;
 	}
-	if (!copy)
+	if (!b)
 		return 0;
-	ap_sha256(copy, n, actual);
+	ap_sha256(ap_blob_data(b), n, actual);
 	if (memcmp(actual, digest, 32)) {
 		char hex[65];
 		ap_hex(digest, 32, hex);
 		ap_log(AP_LOG_WARN, "cache %s: blob %s does not match its digest; removed", c->path,
 		       hex);
-		free(copy);
+		ap_blob_release(b);
 		remove_blob(c, co, digest, n);
 		return 0;
 	}
@@ -937,7 +929,58 @@ static int blob_get(ap_cache *c, struct conn *co, const uint8_t digest[32], uint
 		touch(c, co, digest, now);
 		used = now;
 	}
-	ap_hot_put(c->hot, digest, copy, n, used);
+	ap_hot_put(c->hot, b, used);
+	*out = b;
+	return 1;
+}
+
+/* A verified blob by reference: from the memory tier (marking the file's
+ * row used when it is due, on a connection taken only then), else from the
+ * file.  `co` may be NULL (one is acquired when needed).  1 with *out, 0
+ * miss. */
+static int blob_ref(ap_cache *c, struct conn *co, const uint8_t digest[32], ap_blob **out)
+{
+	int64_t used = 0, now;
+	int found;
+
+	if (ap_hot_ref(c->hot, digest, out, &used)) {
+		now = now_s(c);
+		if (now - used >= TOUCH_S) {
+			struct conn *mine = co ? NULL : acquire(c);
+
+			if (co || mine)
+				touch(c, co ? co : mine, digest, now);
+			release(c, mine);
+		}
+		return 1;
+	}
+	if (co)
+		return blob_read(c, co, digest, out);
+	if (!(co = acquire(c)))
+		return 0;
+	found = blob_read(c, co, digest, out);
+	release(c, co);
+	return found;
+}
+
+/* Reads and verifies a blob (blob_ref) and copies it out: 1 found (and
+ * *data malloc'd, *len set), 0 miss or out of memory. */
+static int blob_get(ap_cache *c, struct conn *co, const uint8_t digest[32], uint8_t **data,
+		    size_t *len)
+{
+	ap_blob *b = NULL;
+	uint8_t *copy;
+	size_t n;
+
+	if (!blob_ref(c, co, digest, &b))
+		return 0;
+	n = ap_blob_len(b);
+	copy = malloc(n ? n : 1);
+	if (copy)
+		memcpy(copy, ap_blob_data(b), n);
+	ap_blob_release(b);
+	if (!copy)
+		return 0;
 	*data = copy;
 	*len = n;
 	return 1;
@@ -1106,14 +1149,16 @@ static void maybe_evict(ap_cache *c, struct conn *co)
 
 int ap_cache_blob_get(ap_cache *c, const uint8_t digest[32], uint8_t **data, size_t *len)
 {
-	struct conn *co = acquire(c);
-	int found;
-
-	if (!co)
+	if (!ap_cache_enabled(c))
 		return 0;
-	found = blob_get(c, co, digest, data, len);
-	release(c, co);
-	return found;
+	return blob_get(c, NULL, digest, data, len);
+}
+
+int ap_cache_blob_ref(ap_cache *c, const uint8_t digest[32], ap_blob **out)
+{
+	if (!ap_cache_enabled(c))
+		return 0;
+	return blob_ref(c, NULL, digest, out);
 }
 
 /* Stores a blob whose digest is known; 0 or negative. */
@@ -1196,6 +1241,21 @@ static int put_by_key(ap_cache *c, int get, int put, atomic_uint_fast64_t *count
 int ap_cache_get(ap_cache *c, const uint8_t key[32], uint8_t **val, size_t *len)
 {
 	return get_by_key(c, ST_ACTION_GET, key, val, len, NULL);
+}
+
+int ap_cache_get_ref(ap_cache *c, const uint8_t key[32], ap_blob **out)
+{
+	struct conn *co = acquire(c);
+	uint8_t digest[32];
+	int found;
+
+	if (!co)
+		return 0;
+	found = lookup_digest(c, co, ST_ACTION_GET, key, digest);
+	if (found == 1)
+		found = blob_ref(c, co, digest, out);
+	release(c, co);
+	return found == 1;
 }
 
 int ap_cache_put(ap_cache *c, const uint8_t key[32], const uint8_t *val, size_t len)

@@ -45,6 +45,7 @@
 #define AP_CACHE_H
 
 #include "../../common/base.h"
+#include "blob.h"
 
 typedef struct ap_cache ap_cache;
 
@@ -87,6 +88,9 @@ const char *ap_cache_path(const ap_cache *c);
  * blob verified: 1 with *val (malloc'd, caller frees) and *len set, or 0
  * on a miss (also when the cache is off or failed). */
 int ap_cache_get(ap_cache *c, const uint8_t key[32], __ap_give uint8_t **val, size_t *len);
+/* As ap_cache_get, the value by reference (ap_cache_blob_ref: the caller
+ * releases *out; no copy when the memory tier holds it): 1 or 0. */
+int ap_cache_get_ref(ap_cache *c, const uint8_t key[32], __ap_give ap_blob **out);
 /* Stores `val` as a blob and points `key` at it, in one transaction
  * (replacing an older value).  Returns 0, or a negative AP_E* code when
  * nothing was stored: AP_EIO (cache off, an I/O error, no room), AP_EBUSY
@@ -101,6 +105,15 @@ int ap_cache_put(ap_cache *c, const uint8_t key[32], const uint8_t *val, size_t 
 int ap_cache_blob_get(ap_cache *c, const uint8_t digest[32], __ap_give uint8_t **data,
 		      size_t *len);
 int ap_cache_blob_put(ap_cache *c, const uint8_t *data, size_t len, uint8_t digest[32]);
+/* A blob by reference (issue 26, item 2): 1 with *out a new reference to
+ * the verified blob whose SHA-256 is `digest` (blob.h: the caller releases
+ * it with ap_blob_release; its bytes stay valid until then, even when the
+ * memory tier evicts it), else 0 (a miss, the cache off, out of memory; a
+ * row that fails verification is deleted).  A blob in the memory tier is
+ * handed out without a copy, so every caller asking for one digest shares
+ * one blob; one read from the file is copied once, into the blob the tier
+ * keeps (when it fits). */
+int ap_cache_blob_ref(ap_cache *c, const uint8_t digest[32], __ap_give ap_blob **out);
 /* As ap_cache_blob_put for bytes whose SHA-256 the caller computed (or
  * verified) moments ago: `digest` is trusted, the bytes are not hashed
  * again.  0 or negative. */

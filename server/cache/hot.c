@@ -2,9 +2,12 @@
  *
  * Approach: a chained hash table on the digest's first 8 bytes (digests
  * are uniformly spread already) and one doubly linked list in order of
- * use, most recent at the head.  A get moves its entry to the head and
- * copies the bytes out under the mutex (the copy is what the reply needs
- * anyway); a put evicts from the tail until the new blob fits.  The table
+ * use, most recent at the head.  Each entry holds one reference to an
+ * immutable blob (blob.h).  A get moves its entry to the head and takes
+ * another reference under the mutex -- no copy: kernels compiled as one
+ * program share one blob, and a warm answer names it once, whatever the
+ * number of kernels; a put evicts from the tail until the new blob fits,
+ * each evicted entry giving back only its own reference.  The table
  * doubles when it holds more entries than buckets.
  */
 #include "hot.h"
@@ -14,8 +17,8 @@
 #include <string.h>
 
 struct hot_entry {
-	uint8_t digest[32];
-	uint8_t *data;
+	const uint8_t *digest;             /* the blob's */
+	ap_blob *blob;                     /* the tier's reference */
 	size_t len;
 	int64_t touched;
 	struct hot_entry *chain;           /* next in the bucket */
@@ -61,7 +64,7 @@ ap_hot *ap_hot_free(ap_hot *h)
 		return NULL;
 	for (struct hot_entry *e = h->newest, *next; e; e = next) {
 		next = e->older;
-		free(e->data);
+		ap_blob_release(e->blob);
 		free(e);
 	}
 	free(h->buckets);
@@ -114,7 +117,7 @@ static void drop(ap_hot *h, struct hot_entry *e)
 	unlink_use(h, e);
 	h->bytes -= e->len;
 	h->n--;
-	free(e->data);
+	ap_blob_release(e->blob);
 	free(e);
 }
 
@@ -141,35 +144,25 @@ static void grow(ap_hot *h)
 	h->n_buckets = nb;
 }
 
-int ap_hot_get(ap_hot *h, const uint8_t digest[32], uint8_t **data, size_t *len,
-	       int64_t *last_touch)
+int ap_hot_ref(ap_hot *h, const uint8_t digest[32], ap_blob **out, int64_t *last_touch)
 {
 	struct hot_entry *e;
-	int found = 0;
 
 	if (!h)
 		return 0;
 	pthread_mutex_lock(&h->mu);
 	e = find(h, digest);
 	if (e) {
-		uint8_t *copy = malloc(e->len ? e->len : 1);
-
-		if (copy) {
-			memcpy(copy, e->data, e->len);
-			*data = copy;
-			*len = e->len;
-			*last_touch = e->touched;
-			unlink_use(h, e);
-			link_newest(h, e);
-			found = 1;
-		}
-	}
-	if (found)
+		*out = ap_blob_retain(e->blob);
+		*last_touch = e->touched;
+		unlink_use(h, e);
+		link_newest(h, e);
 		h->hits++;
-	else
+	} else {
 		h->misses++;
+	}
 	pthread_mutex_unlock(&h->mu);
-	return found;
+	return e != NULL;
 }
 
 void ap_hot_touched(ap_hot *h, const uint8_t digest[32], int64_t now)
@@ -185,38 +178,32 @@ void ap_hot_touched(ap_hot *h, const uint8_t digest[32], int64_t now)
 	pthread_mutex_unlock(&h->mu);
 }
 
-void ap_hot_put(ap_hot *h, const uint8_t digest[32], const uint8_t *data, size_t len,
-		int64_t now)
+void ap_hot_put(ap_hot *h, ap_blob *b, int64_t now)
 {
 	struct hot_entry *e;
+	size_t len = ap_blob_len(b);
 
 	if (!h || len > h->max_bytes)
 		return;
 	e = calloc(1, sizeof(*e));
 	if (!e)
 		return;
-	e->data = malloc(len ? len : 1);
-	if (!e->data) {
-		free(e);
-		return;
-	}
-	memcpy(e->data, data, len);
-	memcpy(e->digest, digest, 32);
+	e->digest = ap_blob_digest(b);
 	e->len = len;
 	e->touched = now;
 	pthread_mutex_lock(&h->mu);
-	if (find(h, digest)) {   /* another thread was first */
+	if (find(h, e->digest)) {   /* another thread was first */
 		pthread_mutex_unlock(&h->mu);
-		free(e->data);
 		free(e);
 		return;
 	}
+	e->blob = ap_blob_retain(b);
 	while (h->oldest && h->bytes + len > h->max_bytes)
 		drop(h, h->oldest);
 	if (h->n >= h->n_buckets)
 		grow(h);
-	e->chain = h->buckets[bucket_of(h, digest)];
-	h->buckets[bucket_of(h, digest)] = e;
+	e->chain = h->buckets[bucket_of(h, e->digest)];
+	h->buckets[bucket_of(h, e->digest)] = e;
 	link_newest(h, e);
 	h->bytes += len;
 	h->n++;

@@ -1,10 +1,19 @@
 /* bundle.c -- the reply bundle (apollo.Bundle) built from a program and
- * its kernels' blobs, freed, and packed without its blobs for the cache.
+ * its kernels' blobs, freed, and packed without its blobs for the cache;
+ * and a warm answer's frame spliced from the stored bundle's bytes.
  *
  * Every protobuf message is allocated with malloc, field by field, exactly
  * as protobuf-c's unpacker would (see compile.c).
+ *
+ * The warm answer (issue 26, item 2) is the stored bundle's bytes, copied,
+ * with each kernel's blob (or blob_of) and the request's stats put in: no
+ * message is decoded but the small Stats, nothing is packed but it, and
+ * each distinct blob is copied once, from the memory tier into the frame.
  */
 #include "compile_internal.h"
+
+#include "../../common/frame.h"
+#include "../../common/pb_wire.h"
 
 /* ---- protobuf building ---------------------------------------------------- */
 
@@ -284,26 +293,338 @@ Apollo__Bundle *ap__compile_bundle_free(Apollo__Bundle *b)
 	return NULL;
 }
 
-/* Serializes `b` with every kernel blob left out (digests kept): what the
- * action cache stores.  NULL when out of memory. */
+/* Frees a bundle whose kernels borrow blobs (`refs`, n of them; a bundle
+ * from the cache, compile.c's from_cache): each borrowed pointer is taken
+ * out of its kernel first, so that the bundle frees only what it owns,
+ * then the references are given back and `refs` freed.  `b` and `refs`
+ * may be NULL.  Returns NULL. */
+Apollo__Bundle *ap__compile_bundle_release(Apollo__Bundle *b, struct blob_ref *refs, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (b && refs[i].kernel < b->n_kernels) {
+			b->kernels[refs[i].kernel]->blob.data = NULL;
+			b->kernels[refs[i].kernel]->blob.len = 0;
+		}
+		ap_blob_release(refs[i].blob);
+	}
+	free(refs);
+	return ap__compile_bundle_free(b);
+}
+
+/* The kernel before kernel `i` of `b` that carries the blob kernel i's
+ * digest names (the first with a blob of its own -- blob_of 0 -- and the
+ * same 32-byte digest), as Kernel.blob_of counts it: its index + 1; 0 when
+ * there is none (kernel i carries its own).  Kernels compiled as one
+ * program share one blob, so a bundle carries each distinct blob once. */
+uint32_t ap__compile_blob_owner(const Apollo__Bundle *b, size_t i)
+{
+	const Apollo__Kernel *k = b->kernels[i];
+
+	if (k->digest.len != 32)
+		return 0;
+	for (size_t j = 0; j < i; j++) {
+		const Apollo__Kernel *o = b->kernels[j];
+
+		if (!o->blob_of && o->digest.len == 32 && !memcmp(o->digest.data, k->digest.data, 32))
+			return (uint32_t)j + 1;
+	}
+	return 0;
+}
+
+/* Serializes `b` with every kernel blob left out (digests kept, blob_of
+ * cleared: the stored bundle names each kernel's blob by digest only):
+ * what the action cache stores.  NULL when out of memory. */
 uint8_t *ap__compile_pack_stripped(Apollo__Bundle *b, size_t *len)
 {
 	ProtobufCBinaryData *saved = calloc(b->n_kernels ? b->n_kernels : 1, sizeof(*saved));
+	uint32_t *of = calloc(b->n_kernels ? b->n_kernels : 1, sizeof(*of));
 	uint8_t *out = NULL;
 
-	if (!saved)
+	if (!saved || !of) {
+		free(saved);
+		free(of);
 		return NULL;
+	}
 	for (size_t i = 0; i < b->n_kernels; i++) {
 		saved[i] = b->kernels[i]->blob;
+		of[i] = b->kernels[i]->blob_of;
 		b->kernels[i]->blob.data = NULL;
 		b->kernels[i]->blob.len = 0;
+		b->kernels[i]->blob_of = 0;
 	}
 	*len = apollo__bundle__get_packed_size(b);
 	out = malloc(*len ? *len : 1);
 	if (out)
 		apollo__bundle__pack(b, out);
-	for (size_t i = 0; i < b->n_kernels; i++)
+	for (size_t i = 0; i < b->n_kernels; i++) {
 		b->kernels[i]->blob = saved[i];
+		b->kernels[i]->blob_of = of[i];
+	}
 	free(saved);
+	free(of);
+	return out;
+}
+
+/* ---- a warm answer's frame, spliced (issue 26, item 2) ------------------- */
+
+/* Field numbers and one-byte tags (number << 3 | wire type) of the fields
+ * the splice writes (proto/apollo.proto). */
+enum {
+	ENVELOPE_ID = 1, ENVELOPE_COMPILED = 9, RESPONSE_BUNDLE = 1,
+	BUNDLE_KERNELS = 3, BUNDLE_STATS = 7,
+	KERNEL_BLOB = 4, KERNEL_DIGEST = 9, KERNEL_BLOB_OF = 11, KERNEL_LAST = 11,
+};
+#define TAG(number, wire) ((uint8_t)((number) << 3 | (wire)))
+
+/* One kernel of the stored bundle on its way into the answer. */
+struct warm_kernel {
+	const uint8_t *p;          /* the stored Kernel's bytes */
+	size_t n;
+	size_t split;              /* where its blob goes: the first field after 4 */
+	const uint8_t *digest;     /* 32 bytes, in p */
+	uint32_t blob_of;          /* k + 1: kernel k carries its blob; or */
+	ap_blob *blob;             /* its own, a reference */
+	size_t out;                /* its bytes in the answer */
+};
+
+static size_t varint_len(uint64_t v)
+{
+	size_t n = 1;
+
+	while (v >= 0x80) {
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
+/* The bytes of a length-delimited field of `len` bytes with a one-byte tag. */
+static size_t delimited_len(size_t len)
+{
+	return 1 + varint_len(len) + len;
+}
+
+/* Writes a one-byte tag and a varint at *w; advances it. */
+static void put_tag_varint(uint8_t **w, uint8_t tag, uint64_t v)
+{
+	*(*w)++ = tag;
+	*w += ap_pbw_put_varint(*w, v);
+}
+
+/* Reads stored Kernel `k` (k->p, k->n): its digest (field 9, 32 bytes,
+ * once) and where its blob goes; false when the bytes are not what
+ * ap__compile_pack_stripped writes (fields in order, numbers 1..11, no
+ * blob, no blob_of). */
+static bool warm_kernel_read(struct warm_kernel *k)
+{
+	ap_pbw r;
+	ap_pbw_field f;
+	uint32_t last = 0;
+	int rc;
+
+	k->split = k->n;
+	k->digest = NULL;
+	ap_pbw_init(&r, k->p, k->n);
+	while ((rc = ap_pbw_next(&r, &f)) == 1) {
+		if (f.number < last || f.number > KERNEL_LAST || f.number == KERNEL_BLOB ||
+		    f.number == KERNEL_BLOB_OF)
+			return false;
+		if (f.number > KERNEL_BLOB && last < KERNEL_BLOB)
+			k->split = (size_t)(f.start - k->p);
+		if (f.number == KERNEL_DIGEST) {
+			if (k->digest || f.wire != 2 || f.len != 32)
+				return false;
+			k->digest = f.data;
+		}
+		last = f.number;
+	}
+	return rc == 0 && k->digest;
+}
+
+/* Gives kernel i its blob: the kernel before it that carries the same
+ * digest (blob_of), else a reference from the cache; its size in the
+ * answer.  False when the blob is missing. */
+static bool warm_kernel_blob(ap_cache *cache, struct warm_kernel *ks, size_t i)
+{
+	struct warm_kernel *k = &ks[i];
+	size_t len;
+
+	for (size_t j = 0; j < i && !k->blob_of; j++)
+		if (!ks[j].blob_of && !memcmp(ks[j].digest, k->digest, 32))
+			k->blob_of = (uint32_t)j + 1;
+	if (k->blob_of) {
+		k->out = k->n + 1 + varint_len(k->blob_of);
+		return true;
+	}
+	if (ap_cache_blob_ref(cache, k->digest, &k->blob) != 1)
+		return false;
+	len = ap_blob_len(k->blob);
+	k->out = k->n + (len ? delimited_len(len) : 0);   /* proto3: no empty bytes */
+	return true;
+}
+
+/* Writes kernel k as the answer holds it: the stored fields with its blob
+ * (field 4) or blob_of (field 11) put in their places. */
+static void warm_kernel_write(uint8_t **w, const struct warm_kernel *k)
+{
+	put_tag_varint(w, TAG(BUNDLE_KERNELS, 2), k->out);
+	memcpy(*w, k->p, k->split);
+	*w += k->split;
+	if (k->blob && ap_blob_len(k->blob)) {
+		put_tag_varint(w, TAG(KERNEL_BLOB, 2), ap_blob_len(k->blob));
+		memcpy(*w, ap_blob_data(k->blob), ap_blob_len(k->blob));
+		*w += ap_blob_len(k->blob);
+	}
+	memcpy(*w, k->p + k->split, k->n - k->split);
+	*w += k->n - k->split;
+	if (k->blob_of)
+		put_tag_varint(w, TAG(KERNEL_BLOB_OF, 0), k->blob_of);
+}
+
+/* The stored bundle's top-level fields, read once: its kernels (each with
+ * its blob), its stats (field 7; NULL when it has none) and the answer's
+ * bundle size without the stats.  False when they are not in order, a
+ * kernel does not read, or a blob is missing. */
+static bool warm_read(ap_cache *cache, const uint8_t *val, size_t n, struct warm_kernel **ksp,
+		      size_t *nk, const ap_pbw_field **statsp, ap_pbw_field *stats, size_t *rest)
+{
+	ap_pbw r;
+	ap_pbw_field f;
+	uint32_t last = 0;
+	size_t cap = 0;
+	int rc;
+
+	*ksp = NULL;
+	*nk = *rest = 0;
+	*statsp = NULL;
+	ap_pbw_init(&r, val, n);
+	while ((rc = ap_pbw_next(&r, &f)) == 1) {
+		if (f.number < last || (f.number == BUNDLE_STATS && *statsp) ||
+		    ((f.number == BUNDLE_KERNELS || f.number == BUNDLE_STATS) && f.wire != 2) ||
+		    f.number > 15)
+			return false;
+		last = f.number;
+		if (f.number == BUNDLE_STATS) {
+			*stats = f;
+			*statsp = stats;
+			continue;
+		}
+		if (f.number != BUNDLE_KERNELS) {
+			*rest += (size_t)(f.end - f.start);
+			continue;
+		}
+		if (*nk == cap) {
+			struct warm_kernel *g = realloc(*ksp, (cap = cap ? 2 * cap : 64) * sizeof(*g));
+
+			if (!g)
+				return false;
+			*ksp = g;
+		}
+		(*ksp)[*nk] = (struct warm_kernel){ .p = f.data, .n = f.len };
+		if (!warm_kernel_read(&(*ksp)[*nk]) || !warm_kernel_blob(cache, *ksp, (*nk)++))
+			return false;
+		*rest += delimited_len((*ksp)[*nk - 1].out);
+	}
+	return rc == 0;
+}
+
+/* The answer's stats: the stored ones (a Stats of its own when there are
+ * none) with this request's changes; packed, malloc'd.  NULL when they
+ * do not decode or memory runs out. */
+static uint8_t *warm_stats(const ap_pbw_field *stored, void (*set)(Apollo__Stats *, void *),
+			   void *user, size_t *len)
+{
+	Apollo__Stats *st, fresh = APOLLO__STATS__INIT;
+	uint8_t *out;
+
+	st = stored ? apollo__stats__unpack(NULL, stored->len, stored->data) : &fresh;
+	if (!st)
+		return NULL;
+	set(st, user);
+	*len = apollo__stats__get_packed_size(st);
+	out = malloc(*len ? *len : 1);
+	if (out)
+		apollo__stats__pack(st, out);
+	if (st != &fresh)
+		apollo__stats__free_unpacked(st, NULL);
+	return out;
+}
+
+/* Writes the answer's frame at w (its size computed by the caller). */
+static void warm_write(uint8_t *w, const uint8_t *val, size_t n, const struct warm_kernel *ks,
+		       const uint8_t *stats, size_t stats_len, uint64_t id, size_t bundle,
+		       size_t envelope)
+{
+	size_t response = delimited_len(bundle), k = 0;
+	bool stats_done = false;
+	ap_pbw r;
+	ap_pbw_field f;
+
+	ap_frame_put_len(w, (uint32_t)envelope);
+	w += AP_FRAME_HEADER_BYTES;
+	if (id)
+		put_tag_varint(&w, TAG(ENVELOPE_ID, 0), id);
+	put_tag_varint(&w, TAG(ENVELOPE_COMPILED, 2), response);
+	put_tag_varint(&w, TAG(RESPONSE_BUNDLE, 2), bundle);
+	ap_pbw_init(&r, val, n);
+	while (ap_pbw_next(&r, &f) == 1) {
+		if (f.number >= BUNDLE_STATS && !stats_done) {
+			put_tag_varint(&w, TAG(BUNDLE_STATS, 2), stats_len);
+			memcpy(w, stats, stats_len);
+			w += stats_len;
+			stats_done = true;
+		}
+		if (f.number == BUNDLE_STATS)
+			continue;
+		if (f.number == BUNDLE_KERNELS) {
+			warm_kernel_write(&w, &ks[k++]);
+			continue;
+		}
+		memcpy(w, f.start, (size_t)(f.end - f.start));
+		w += f.end - f.start;
+	}
+	if (!stats_done) {
+		put_tag_varint(&w, TAG(BUNDLE_STATS, 2), stats_len);
+		memcpy(w, stats, stats_len);
+	}
+}
+
+/* The frame of a warm answer (issue 26, item 2), assembled from the bytes
+ * of the stored bundle `val` (n bytes, as ap__compile_pack_stripped wrote
+ * them) without decoding it into messages: a frame (common/frame.h: the
+ * 4-byte length, then an Envelope {id, compiled = CompileResponse
+ * {bundle}}), malloc'd, *len bytes.  The bundle is the stored one with
+ * each kernel's blob put back -- each distinct digest fetched once from
+ * `cache` by reference (ap_cache_blob_ref) and copied once, into the
+ * frame; a later kernel of the same digest gets blob_of instead, as
+ * compile.c's share_blobs gives it -- and its stats those stored, changed
+ * by set(stats, user).  Byte for byte what packing the decoded bundle would
+ * give: protobuf-c writes a message's fields in the order of their numbers,
+ * so each field put back goes before the first one numbered above it.
+ * NULL when a blob is missing, the bytes are not a stored bundle's, or
+ * memory runs out: the caller answers by decoding. */
+uint8_t *ap__compile_warm_frame(ap_cache *cache, const uint8_t *val, size_t n, uint64_t id,
+				void (*set)(Apollo__Stats *, void *), void *user, size_t *len)
+{
+	struct warm_kernel *ks = NULL;
+	ap_pbw_field stats_field;
+	const ap_pbw_field *stored = NULL;
+	size_t nk = 0, rest = 0, stats_len = 0, bundle, envelope;
+	uint8_t *stats = NULL, *out = NULL;
+
+	if (!warm_read(cache, val, n, &ks, &nk, &stored, &stats_field, &rest) ||
+	    !(stats = warm_stats(stored, set, user, &stats_len)))
+		goto done;
+	bundle = rest + delimited_len(stats_len);
+	envelope = (id ? 1 + varint_len(id) : 0) + delimited_len(delimited_len(bundle));
+	if (envelope > UINT32_MAX || !(out = malloc(AP_FRAME_HEADER_BYTES + envelope)))
+		goto done;
+	warm_write(out, val, n, ks, stats, stats_len, id, bundle, envelope);
+	*len = AP_FRAME_HEADER_BYTES + envelope;
+done:
+	for (size_t i = 0; i < nk; i++)
+		ap_blob_release(ks[i].blob);
+	free(ks);
+	free(stats);
 	return out;
 }

@@ -38,6 +38,8 @@
  */
 #include "compile_internal.h"
 
+#include "../../common/frame.h"
+
 const double ap_compile_bucket_s[AP_COMPILE_BUCKETS] = {
 	0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 };
@@ -200,6 +202,7 @@ void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out)
 	out->tune_measured = atomic_load(&m->tune_measured);
 	out->tune_searched = atomic_load(&m->tune_searched);
 	out->tune_tried = atomic_load(&m->tune_tried);
+	out->tune_capped = atomic_load(&m->tune_capped);
 	out->tune_s = (double)atomic_load(&m->tune_us) / 1e6;
 	out->tune_reports = atomic_load(&m->tune_reports);
 	out->tune_measurements = atomic_load(&m->tune_measurements);
@@ -265,7 +268,8 @@ static bool memo_get(ap_compiler *c, const uint8_t digest[32], uint8_t key[32])
 	return found;
 }
 
-static void memo_put(ap_compiler *c, const uint8_t digest[32], const uint8_t key[32])
+static void memo_put(ap_compiler *c, const uint8_t digest[32], const uint8_t key[32],
+		     const ap_compile_admit *admit)
 {
 	struct memo_slot *m = memo_slot(c, digest);
 
@@ -273,7 +277,23 @@ static void memo_put(ap_compiler *c, const uint8_t digest[32], const uint8_t key
 	m->used = true;
 	memcpy(m->digest, digest, 32);
 	memcpy(m->key, key, 32);
+	m->has_admit = admit != NULL;
+	if (admit)
+		m->admit = *admit;
 	pthread_mutex_unlock(&c->memo_mu);
+}
+
+bool ap_compile_memo_admit(ap_compiler *c, const uint8_t digest[32], ap_compile_admit *out)
+{
+	struct memo_slot *m = memo_slot(c, digest);
+	bool found;
+
+	pthread_mutex_lock(&c->memo_mu);
+	found = m->used && m->has_admit && !memcmp(m->digest, digest, 32);
+	if (found)
+		*out = m->admit;
+	pthread_mutex_unlock(&c->memo_mu);
+	return found;
 }
 
 /* ---- the job --------------------------------------------------------------- */
@@ -292,6 +312,23 @@ struct request {
 	unsigned mbt;
 	double t0, import_ms, cache_ms;
 	unsigned kernel_tier[4];   /* of a compiled request's kernels */
+	struct blob_ref *refs;     /* the blobs a bundle from L1 borrows (from_cache) */
+	size_t n_refs;
+	const ap_compile_admit *admit;   /* how net.c admitted it (memo_put); NULL */
+	bool want_frame;           /* ap_compile_run_frame: a warm answer may be spliced */
+	uint64_t frame_id;         /* ... the Envelope's id */
+	uint8_t *frame;            /* ... the spliced answer (warm_frame), or NULL */
+	size_t frame_len;
+	double warm_t0;            /* when warm_frame's lookup began */
+};
+
+/* What ap_compile_run_as hands out: the response first (its address is the
+ * reply's), then the blobs its bundle borrows from the memory tier, given
+ * back by ap_compile_response_free. */
+struct reply {
+	Apollo__CompileResponse resp;
+	struct blob_ref *refs;
+	size_t n_refs;
 };
 
 /* The distinct tuning signatures of a bundle's launch parts (malloc'd,
@@ -356,32 +393,82 @@ static bool stale_tuning(ap_compiler *c, const struct request *r, const Apollo__
 	return false;
 }
 
-/* Rebuilds a reply from a stored (stripped) bundle: every kernel blob is
- * fetched by digest and verified.  NULL when anything is missing. */
-static Apollo__Bundle *from_cache(ap_compiler *c, const uint8_t *val, size_t len)
+/* Rebuilds a reply from a stored (stripped) bundle: each distinct blob is
+ * fetched by digest once, verified, and lent to the bundle by reference
+ * (ap_cache_blob_ref: no copy; the references go to r->refs), and every
+ * later kernel naming the same digest points at the first one that
+ * carries it (Kernel.blob_of, ap__compile_blob_owner), as share_blobs
+ * would make it.  So a warm answer's blobs are copied once, into the
+ * reply's frame, whatever the number of kernels sharing a program's blob
+ * (issue 26, item 2).  NULL when anything is missing. */
+static Apollo__Bundle *from_cache(ap_compiler *c, struct request *r, const uint8_t *val,
+				  size_t len)
 {
 	Apollo__Bundle *b = apollo__bundle__unpack(NULL, len, val);
+	struct blob_ref *refs;
+	size_t n = 0;
 
 	if (!b)
 		return NULL;
+	refs = malloc((b->n_kernels ? b->n_kernels : 1) * sizeof(*refs));
+	if (!refs)
+		return ap__compile_bundle_free(b);
 	for (size_t i = 0; i < b->n_kernels; i++) {
 		Apollo__Kernel *k = b->kernels[i];
-		uint8_t *data = NULL;
-		size_t n = 0;
+		ap_blob *blob = NULL;
 
-		if (k->digest.len != 32 || ap_cache_blob_get(c->cache, k->digest.data, &data, &n) != 1)
-			return ap__compile_bundle_free(b);
-		free(k->blob.data);
-		k->blob.data = data;
-		k->blob.len = n;
+		free(k->blob.data);   /* stored stripped: nothing */
+		k->blob.data = NULL;
+		k->blob.len = 0;
+		k->blob_of = 0;
+		if (k->digest.len != 32)
+			return ap__compile_bundle_release(b, refs, n);
+		if ((k->blob_of = ap__compile_blob_owner(b, i)))
+			continue;
+		if (ap_cache_blob_ref(c->cache, k->digest.data, &blob) != 1)
+			return ap__compile_bundle_release(b, refs, n);
+		k->blob.data = (uint8_t *)ap_blob_data(blob);
+		k->blob.len = ap_blob_len(blob);
+		refs[n].kernel = i;
+		refs[n++].blob = blob;
 	}
 	if (!b->stats) {
 		b->stats = malloc(sizeof(*b->stats));
 		if (!b->stats)
-			return ap__compile_bundle_free(b);
+			return ap__compile_bundle_release(b, refs, n);
 		apollo__stats__init(b->stats);
 	}
+	r->refs = refs;
+	r->n_refs = n;
 	return b;
+}
+
+/* Gives a bundle from the cache (its blobs borrowed: r->refs) copies of
+ * its own, so that it is freed as any bundle (ap_compiler_compile_bundle's
+ * callers).  0, or AP_ENOMEM with the bundle freed.  The references are
+ * given back either way. */
+static int own_blobs(struct request *r, Apollo__Bundle **b)
+{
+	bool oom = false;
+
+	for (size_t i = 0; i < r->n_refs; i++) {
+		Apollo__Kernel *k = (*b)->kernels[r->refs[i].kernel];
+		uint8_t *copy = oom ? NULL : malloc(k->blob.len ? k->blob.len : 1);
+
+		if (copy && k->blob.len)
+			memcpy(copy, k->blob.data, k->blob.len);
+		oom = !copy;
+		k->blob.data = copy;
+		if (!copy)
+			k->blob.len = 0;
+		ap_blob_release(r->refs[i].blob);
+	}
+	free(r->refs);
+	r->refs = NULL;
+	r->n_refs = 0;
+	if (oom)
+		*b = ap__compile_bundle_free(*b);
+	return oom ? AP_ENOMEM : 0;
 }
 
 /* An L2 action entry (the stripped bundle, then one blob per kernel in
@@ -413,6 +500,13 @@ static Apollo__Bundle *from_l2(ap_compiler *c, const struct request *r, const ui
 			uint8_t *copy;
 			int p = 1;
 
+			/* a blob already carried by an earlier kernel: named, not copied */
+			free(k->blob.data);
+			k->blob.data = NULL;
+			k->blob.len = 0;
+			k->blob_of = 0;
+			if ((k->blob_of = ap__compile_blob_owner(b, i)))
+				continue;
 			while (p < e->n && (k->digest.len != 32 || memcmp(dg[p], k->digest.data, 32)))
 				p++;
 			if (p == e->n) {
@@ -427,7 +521,6 @@ static Apollo__Bundle *from_l2(ap_compiler *c, const struct request *r, const ui
 				return ap__compile_bundle_free(b);
 			}
 			memcpy(copy, e->part[p], e->part_len[p]);
-			free(k->blob.data);
 			k->blob.data = copy;
 			k->blob.len = e->part_len[p];
 			ap_cache_blob_put_known(c->cache, copy, k->blob.len, dg[p]);
@@ -446,20 +539,54 @@ static Apollo__Bundle *from_l2(ap_compiler *c, const struct request *r, const ui
 }
 
 /* Sets a cached bundle's stats for this request (a hit from `tier`). */
+static void set_hit_stats(Apollo__Stats *st, const struct request *r, int tier)
+{
+	st->cache_hit = 1;
+	st->cache_tier = (Apollo__CacheTier)tier;
+	st->kernels_compiled = 0;
+	st->kernels_remote = 0;
+	st->kernels_shared = 0;
+	st->import_ms = r->import_ms;
+	st->partition_ms = 0;
+	st->codegen_ms = 0;
+	st->layer1_ms = 0;
+	st->backend_ms = 0;
+	st->cache_ms = r->cache_ms;
+	st->compile_ms = ap_now_ms() - r->t0;
+}
+
 static void hit_stats(Apollo__Bundle *b, const struct request *r, int tier)
 {
-	b->stats->cache_hit = 1;
-	b->stats->cache_tier = (Apollo__CacheTier)tier;
-	b->stats->kernels_compiled = 0;
-	b->stats->kernels_remote = 0;
-	b->stats->kernels_shared = 0;
-	b->stats->import_ms = r->import_ms;
-	b->stats->partition_ms = 0;
-	b->stats->codegen_ms = 0;
-	b->stats->layer1_ms = 0;
-	b->stats->backend_ms = 0;
-	b->stats->cache_ms = r->cache_ms;
-	b->stats->compile_ms = ap_now_ms() - r->t0;
+	set_hit_stats(b->stats, r, tier);
+}
+
+/* ap__compile_warm_frame's stats: an L1 hit's, the lookup's time (its
+ * blobs' included) in cache_ms. */
+static void warm_stats(Apollo__Stats *st, void *user)
+{
+	struct request *r = user;
+
+	r->cache_ms += ap_now_ms() - r->warm_t0;
+	set_hit_stats(st, r, APOLLO__CACHE_TIER__CACHE_L1);
+}
+
+/* The warm path's answer as a frame (ap_compile_run_frame): the bundle
+ * stored under `key` in L1, taken by reference, its bytes spliced with
+ * the blobs and this request's stats (ap__compile_warm_frame) -- the same
+ * bytes as packing the bundle lookup() would give, without decoding it.
+ * True with r->frame set; false when L1 has no bundle under `key` or its
+ * bytes do not splice (then the decoding path answers). */
+static bool warm_frame(ap_compiler *c, struct request *r, const uint8_t key[32])
+{
+	ap_blob *val = NULL;
+
+	r->warm_t0 = ap_now_ms();
+	if (ap_cache_get_ref(c->cache, key, &val) != 1)
+		return false;
+	r->frame = ap__compile_warm_frame(c->cache, ap_blob_data(val), ap_blob_len(val),
+					  r->frame_id, warm_stats, r, &r->frame_len);
+	ap_blob_release(val);
+	return r->frame != NULL;
 }
 
 /* Looks `key` up in L1, then (with `l2`) in L2; on a hit returns the
@@ -475,7 +602,7 @@ static Apollo__Bundle *lookup(ap_compiler *c, struct request *r, const uint8_t k
 	if (!r->use_cache)
 		return NULL;
 	if (ap_cache_get(c->cache, key, &val, &len) == 1) {
-		b = from_cache(c, val, len);
+		b = from_cache(c, r, val, len);
 		free(val);
 	}
 	if (!b && l2 && c->redis) {
@@ -867,6 +994,7 @@ static void compiled_stats(ap_compiler *c, const struct request *r, const ap_gra
 	atomic_fetch_add(&c->tune_measured, prog->tune_measured);
 	atomic_fetch_add(&c->tune_searched, prog->tune_searched);
 	atomic_fetch_add(&c->tune_tried, prog->tune_tried);
+	atomic_fetch_add(&c->tune_capped, prog->tune_capped);
 	atomic_fetch_add(&c->tune_us, (uint64_t)(prog->tune_ms * 1000));
 	st->backend_ms = backend_ms;
 	st->kernels_compiled = compiled;
@@ -976,9 +1104,11 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		return rc;
 	request_identity(c, r, &kb, bid, sizeof(bid));
 
-	/* Warm path: a request seen before names its key; no graph needed. */
+	/* Warm path: a request seen before names its key; no graph needed;
+	 * from L1, the answer is spliced from the stored bytes when the
+	 * caller takes a frame. */
 	if (r->use_cache && r->digest && memo_get(c, r->digest, gkey) &&
-	    (*out = lookup(c, r, gkey, true))) {
+	    ((r->want_frame && warm_frame(c, r, gkey)) || (*out = lookup(c, r, gkey, true)))) {
 		atomic_fetch_add(&c->memo_hits, 1);
 		return 0;
 	}
@@ -1002,7 +1132,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		goto done;
 	}
 	if (r->use_cache && r->digest)
-		memo_put(c, r->digest, gkey);
+		memo_put(c, r->digest, gkey, r->admit);
 	if ((b = lookup(c, r, gkey, true))) {
 		if (have_rkey)
 			store_request_key(c, r, rkey, b);
@@ -1050,6 +1180,13 @@ done:
 Apollo__CompileResponse *ap_compile_run(ap_compiler *c, const Apollo__CompileRequest *req)
 {
 	return ap_compile_run_digest(c, req, NULL);
+}
+
+/* Counts a warm answer spliced from L1 (warm_frame). */
+static void count_warm(ap_compiler *c)
+{
+	atomic_fetch_add(&c->hits, 1);
+	atomic_fetch_add(&c->tier[APOLLO__CACHE_TIER__CACHE_L1], 1);
 }
 
 /* Counts an answer: its tier and kernels, or its error code. */
@@ -1149,6 +1286,8 @@ int ap_compiler_compile_bundle(ap_compiler *c, const Apollo__CompileRequest *req
 		return rc;
 	if (!*out)
 		return ap_error_set(err, AP_EINTERNAL, NULL, NULL, "no bundle and no error");
+	if (own_blobs(&r, out))
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory copying blobs");
 	share_blobs(*out);
 	return 0;
 }
@@ -1160,11 +1299,13 @@ Apollo__CompileResponse *ap_compile_run_digest(ap_compiler *c, const Apollo__Com
 	return ap_compile_run_as(c, req, digest, NULL);
 }
 
-Apollo__CompileResponse *ap_compile_run_as(ap_compiler *c, const Apollo__CompileRequest *req,
-					   const uint8_t *digest, const char *client)
+/* Runs request r and answers: the response (NULL when out of memory), or,
+ * for a warm answer spliced as a frame, NULL with r->frame set. */
+static Apollo__CompileResponse *respond(ap_compiler *c, struct request *r)
 {
-	struct request r = { .req = req, .digest = digest, .client = client, .t0 = ap_now_ms() };
-	Apollo__CompileResponse *resp = malloc(sizeof(*resp));
+	const Apollo__CompileRequest *req = r->req;
+	struct reply *reply = malloc(sizeof(*reply));
+	Apollo__CompileResponse *resp = reply ? &reply->resp : NULL;
 	Apollo__Bundle *b = NULL;
 	ap_error err;
 	int rc;
@@ -1172,23 +1313,32 @@ Apollo__CompileResponse *ap_compile_run_as(ap_compiler *c, const Apollo__Compile
 	if (!resp)
 		return NULL;
 	apollo__compile_response__init(resp);
+	reply->refs = NULL;
+	reply->n_refs = 0;
 	ap_error_clear(&err);
 	atomic_fetch_add(&c->requests, 1);
 	if (c->delay_ms) {
 		struct timespec ts = { c->delay_ms / 1000, (long)(c->delay_ms % 1000) * 1000000L };
 		nanosleep(&ts, NULL);
 	}
-	rc = run(c, &r, &b, &err);
-	count_answer(c, &r, b, rc ? rc : b ? 0 : AP_EINTERNAL);
+	rc = run(c, r, &b, &err);
+	if (rc == 0 && !b && r->frame) {
+		free(reply);
+		count_warm(c);
+		return NULL;
+	}
+	count_answer(c, r, b, rc ? rc : b ? 0 : AP_EINTERNAL);
 	if (rc == 0 && b) {
 		/* kernels searched just now: their candidates are refined and
 		 * timed in the background (autotune.h) */
-		if (c->autotune && r.gpu && !b->stats->cache_hit && b->stats->tune_searched &&
+		if (c->autotune && r->gpu && !b->stats->cache_hit && b->stats->tune_searched &&
 		    !(req->options && req->options->tune_variant))
 			ap_autotune_submit(c->autotune, req);
 		share_blobs(b);
 		resp->result_case = APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE;
 		resp->bundle = b;
+		reply->refs = r->refs;
+		reply->n_refs = r->n_refs;
 		ap_log(AP_LOG_DEBUG, "compiled %zu kernels for %s in %.1f ms%s", b->n_kernels,
 		       b->target, b->stats->compile_ms, b->stats->cache_hit ? " (cache hit)" : "");
 		return resp;
@@ -1218,8 +1368,91 @@ Apollo__CompileResponse *ap_compile_run_as(ap_compiler *c, const Apollo__Compile
 	return resp;
 }
 
+Apollo__CompileResponse *ap_compile_run_as(ap_compiler *c, const Apollo__CompileRequest *req,
+					   const uint8_t *digest, const char *client)
+{
+	struct request r = { .req = req, .digest = digest, .client = client, .t0 = ap_now_ms() };
+
+	return respond(c, &r);
+}
+
+uint8_t *ap_compile_run_frame(ap_compiler *c, const Apollo__CompileRequest *req,
+			      const uint8_t *digest, const char *client, uint64_t id, size_t *len,
+			      bool *bundle)
+{
+	return ap_compile_run_frame_admitted(c, req, digest, client, NULL, id, len, bundle);
+}
+
+uint8_t *ap_compile_warm_frame(ap_compiler *c, const Apollo__CompileRequest *req,
+			       const uint8_t digest[32], const char *client, uint64_t id,
+			       size_t *len)
+{
+	struct request r = { .req = req, .digest = digest, .client = client, .t0 = ap_now_ms(),
+			     .want_frame = true, .frame_id = id };
+	struct kernel_batch kb = { 0 };
+	uint8_t gkey[32];
+	char bid[400];
+	ap_error err;
+
+	if (resolve_target(c, &r, &err))
+		return NULL;
+	request_identity(c, &r, &kb, bid, sizeof(bid));
+	if (!r.use_cache || !memo_get(c, digest, gkey) || !warm_frame(c, &r, gkey))
+		return NULL;
+	atomic_fetch_add(&c->requests, 1);
+	atomic_fetch_add(&c->memo_hits, 1);
+	count_warm(c);
+	if (c->delay_ms) {
+		struct timespec ts = { c->delay_ms / 1000, (long)(c->delay_ms % 1000) * 1000000L };
+		nanosleep(&ts, NULL);
+	}
+	*len = r.frame_len;
+	return r.frame;
+}
+
+uint8_t *ap_compile_run_frame_admitted(ap_compiler *c, const Apollo__CompileRequest *req,
+				       const uint8_t *digest, const char *client,
+				       const ap_compile_admit *admit, uint64_t id, size_t *len,
+				       bool *bundle)
+{
+	struct request r = { .req = req, .digest = digest, .client = client, .t0 = ap_now_ms(),
+			     .want_frame = true, .frame_id = id, .admit = admit };
+	Apollo__CompileResponse *resp = respond(c, &r);
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	uint8_t *f = NULL;
+	size_t n;
+
+	if (r.frame) {
+		*len = r.frame_len;
+		*bundle = true;
+		return r.frame;
+	}
+	if (!resp)
+		return NULL;
+	*bundle = resp->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE;
+	env.id = id;
+	env.msg_case = APOLLO__ENVELOPE__MSG_COMPILED;
+	env.compiled = resp;
+	n = apollo__envelope__get_packed_size(&env);
+	if (n <= UINT32_MAX && (f = malloc(AP_FRAME_HEADER_BYTES + n))) {
+		ap_frame_put_len(f, (uint32_t)n);
+		apollo__envelope__pack(&env, f + AP_FRAME_HEADER_BYTES);
+		*len = AP_FRAME_HEADER_BYTES + n;
+	}
+	ap_compile_response_free(resp);
+	return f;
+}
+
 void ap_compile_response_free(Apollo__CompileResponse *r)
 {
-	if (r)
-		apollo__compile_response__free_unpacked(r, NULL);
+	struct reply *reply = (struct reply *)r;
+
+	if (!r)
+		return;
+	if (reply->refs && r->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE) {
+		ap__compile_bundle_release(r->bundle, reply->refs, reply->n_refs);
+		r->bundle = NULL;
+		r->result_case = APOLLO__COMPILE_RESPONSE__RESULT__NOT_SET;
+	}
+	apollo__compile_response__free_unpacked(r, NULL);
 }

@@ -11,8 +11,10 @@
  *     -> local cache L1, then the shared cache L2 (Redis, redis.h; a hit
  *        is copied into L1); neither is read nor written with
  *        options.no_cache:
- *     hit: the stored bundle, kernel blobs fetched by digest and verified,
- *          stats.cache_hit = true, cache_tier L1 or L2, nothing compiled
+ *     hit: the stored bundle, kernel blobs fetched by digest and verified
+ *          (each distinct blob once, lent by the memory tier by reference;
+ *          later kernels of the same blob get blob_of), stats.cache_hit =
+ *          true, cache_tier L1 or L2, nothing compiled
  *     single-flight (flight.h): an identical request already compiling
  *          is waited for (flight_wait_ms from arrival) and its bundle
  *          answers, cache_tier SHARED
@@ -112,7 +114,23 @@ __ap_give struct Apollo__CompileResponse *ap_compile_run_digest(
 __ap_give struct Apollo__CompileResponse *ap_compile_run_as(
 	ap_compiler *c, __ap_keep const struct Apollo__CompileRequest *req,
 	const uint8_t *digest, const char *client);
+/* Frees a response of ap_compile_run* (only those: its bundle may borrow
+ * blobs from the cache's memory tier, given back here).  Accepts NULL. */
 void ap_compile_response_free(__ap_take struct Apollo__CompileResponse *r);
+/* As ap_compile_run_as, the answer serialized as the daemon sends it: a
+ * frame (common/frame.h: the 4-byte big-endian length, then an Envelope
+ * with `id` and `compiled`, the CompileResponse), malloc'd, *len bytes;
+ * *bundle: whether it holds a bundle (else an Error).  A request the memo
+ * knows whose bundle is in L1 is answered from the stored bundle's bytes
+ * without decoding them (issue 26, item 2): each distinct blob is fetched
+ * from the memory tier by reference once and copied once, into the frame,
+ * and the bytes are those ap_compile_run_as's response packs to, byte for
+ * byte (its stats' times aside).  NULL only when out of memory (or a
+ * reply over 4 GiB). */
+__ap_give uint8_t *ap_compile_run_frame(ap_compiler *c,
+					__ap_keep const struct Apollo__CompileRequest *req,
+					const uint8_t *digest, const char *client, uint64_t id,
+					size_t *len, bool *bundle);
 
 /* What compiling a request will take in memory, judged before anything is
  * built (issue 29, item 5): `bytes`, beside the decoded request itself,
@@ -134,6 +152,39 @@ typedef struct ap_compile_cost {
  * any thread.  The daemon refuses a request above max_compile_memory
  * with ERR_TOO_LARGE before queueing it (net.c). */
 void ap_compile_estimate(__ap_keep const struct Apollo__CompileRequest *req, ap_compile_cost *out);
+
+/* What admitting a compile request took (net.c: the bytes its decoded
+ * Envelope held, and ap_compile_estimate's estimate): functions of the
+ * request's bytes, remembered with its key in the request memo, so that a
+ * repeat is admitted alike without its graph being decoded. */
+typedef struct ap_compile_admit {
+	uint64_t decoded;
+	ap_compile_cost cost;
+} ap_compile_admit;
+
+/* As ap_compile_run_frame, `admit` (may be NULL) remembered with the
+ * request's key in the memo (ap_compile_memo_admit). */
+__ap_give uint8_t *ap_compile_run_frame_admitted(ap_compiler *c,
+						 __ap_keep const struct Apollo__CompileRequest *req,
+						 const uint8_t *digest, const char *client,
+						 const ap_compile_admit *admit, uint64_t id,
+						 size_t *len, bool *bundle);
+/* Whether the request memo knows the request whose bytes have SHA-256
+ * `digest` together with how it was admitted: true with *out (the numbers
+ * ap_compile_run_frame_admitted was given), false when it does not (a
+ * request not seen, forgotten, or run without them). */
+bool ap_compile_memo_admit(ap_compiler *c, const uint8_t digest[32], ap_compile_admit *out);
+/* The warm answer alone (issue 26, item 2): for a request the memo knows
+ * whose bundle is in L1, the frame ap_compile_run_frame would give (its
+ * spliced warm answer), counted as a hit; NULL, with nothing counted,
+ * whenever it would take anything else (the memo or L1 missing it, a
+ * target refused, no cache, out of memory).  Reads only req's target,
+ * output, options and device: net.c hands it a request decoded without its
+ * graph (or model) and decodes the rest only when this gives NULL. */
+__ap_give uint8_t *ap_compile_warm_frame(ap_compiler *c,
+					 __ap_keep const struct Apollo__CompileRequest *req,
+					 const uint8_t digest[32], const char *client, uint64_t id,
+					 size_t *len);
 
 /* Measurements one tuning report may carry. */
 #define AP_TUNE_REPORT_MAX 4096
@@ -203,6 +254,8 @@ typedef struct ap_compile_counters {
 	 * searched, configurations evaluated, search time; client reports
 	 * (apollo-client tune) accepted, their measurements, records stored */
 	uint64_t tune_hits, tune_measured, tune_searched, tune_tried;
+	uint64_t tune_capped;       /* searches the time limit (tune_budget_ms) cut
+				       short or left undone (issue 26, item 3) */
 	double tune_s;
 	uint64_t tune_reports, tune_measurements, tune_records;
 	uint64_t tune_pending;      /* reported kernels still waiting for agreement */

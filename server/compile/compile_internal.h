@@ -47,8 +47,9 @@ struct device_seen {
 
 /* Request digest -> graph key (see the file comment). */
 struct memo_slot {
-	bool used;
+	bool used, has_admit;
 	uint8_t digest[32], key[32];
+	ap_compile_admit admit;   /* has_admit: how net.c admitted it */
 };
 
 struct ap_compiler {
@@ -79,6 +80,7 @@ struct ap_compiler {
 	atomic_uint_fast64_t requests, errors, hits, misses, kernels_compiled, memo_hits;
 	atomic_uint_fast64_t tier[4], kernel_tier[4], errors_by_code[16];
 	atomic_uint_fast64_t tune_hits, tune_measured, tune_searched, tune_tried, tune_us;
+	atomic_uint_fast64_t tune_capped;
 	atomic_uint_fast64_t tune_reports, tune_measurements, tune_records, tune_pending;
 	char tune_reporters[256];   /* who may send tuning reports (compile.h) */
 	pthread_mutex_t devices_mu;
@@ -97,6 +99,14 @@ struct kblob {
 	int tier;             /* where it came from: apollo.CacheTier */
 	int rc;
 	ap_error err;
+};
+
+/* A blob a bundle borrows from the cache's memory tier (issue 26, item 2):
+ * kernel `kernel`'s blob.data points into `blob`, a reference its holder
+ * gives back once the bundle is freed (ap__compile_bundle_release). */
+struct blob_ref {
+	size_t kernel;
+	ap_blob *blob;
 };
 
 /* One request's kernel compiles: target and blobs, shared by the worker
@@ -164,6 +174,10 @@ int ap__compile_onnx_request_key(const Apollo__CompileRequest *req, const char *
 Apollo__Bundle *ap__compile_build_bundle(const ap_program *p, struct kblob *blobs, const char *target,
 				    int output, const uint8_t graph_hash[32], bool *oom);
 Apollo__Bundle *ap__compile_bundle_free(Apollo__Bundle *b);
+Apollo__Bundle *ap__compile_bundle_release(Apollo__Bundle *b, struct blob_ref *refs, size_t n);
+uint32_t ap__compile_blob_owner(const Apollo__Bundle *b, size_t i);
+uint8_t *ap__compile_warm_frame(ap_cache *cache, const uint8_t *val, size_t n, uint64_t id,
+				void (*set)(Apollo__Stats *, void *), void *user, size_t *len);
 uint8_t *ap__compile_pack_stripped(Apollo__Bundle *b, size_t *len);
 
 /* kernels.c */

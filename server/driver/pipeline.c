@@ -36,6 +36,7 @@
 #include "../lower/lower.h"
 #include "../partition/mgraph.h"
 #include "../tune/tune.h"
+#include "../config.h"
 
 #include <stdatomic.h>
 
@@ -234,6 +235,17 @@ static int tune_unit(pipe *P, unit *u, const ap_emitter *em)
 			 &u->sched, &to, &u->err) < 0)
 		return u->rc = u->err.code ? u->err.code : AP_ENOMEM;
 	atomic_fetch_add(&P->tune_used_us, (uint64_t)(to.ms * 1000));
+	if (to.capped) {
+		const ap_graph *g = u->m->g;
+		char hex[17];
+
+		ap_hex(to.sig, 8, hex);
+		ap_log(AP_LOG_WARN, "tuning: the time limit (tune_budget_ms = %.0f) cut short the "
+		       "search of the %s kernel at node %s (signature %s...) after %u of %u "
+		       "evaluations: not kept as a record", h->budget_ms, em->name,
+		       u->m->root >= 0 && u->m->root < g->n_nodes ? g->nodes[u->m->root].name : "?",
+		       hex, to.tried, P->tune_share);
+	}
 	u->tuned = to.kind;
 	memcpy(u->tune_sig, to.sig, sizeof(u->tune_sig));
 	u->tune_tried = to.tried;

@@ -186,6 +186,10 @@ static void build_tuning(ap_metrics_snapshot *m, const ap_metrics_input *in)
 	       "Configurations the searches evaluated under the cost model.",
 	       (double)cc->tune_tried);
 	single(m, "apollo_tuning_seconds_total", "counter", "Time spent searching.", cc->tune_s);
+	single(m, "apollo_tuning_capped_total", "counter",
+	       "Kernel searches the safety time limit (tune_budget_ms) cut short or left "
+	       "undone: their bundles depend on the load and are not cached.",
+	       (double)cc->tune_capped);
 	single(m, "apollo_tuning_reports_total", "counter",
 	       "Tuning reports (apollo-client tune) accepted.", (double)cc->tune_reports);
 	single(m, "apollo_tuning_measurements_total", "counter",

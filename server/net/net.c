@@ -41,6 +41,16 @@
  * made.  So memory of requests waiting for a worker is bounded by the
  * configuration, not by how many clients send.
  *
+ * Known requests (issue 26, item 2): a compile request whose bytes the
+ * compiler has answered before (its digest in the request memo, with the
+ * decoded size and estimate it was admitted by) is decoded without its
+ * graph or model -- the warm path reads only target, output, options and
+ * device -- and admitted by those remembered numbers, which are functions
+ * of the same bytes; its worker answers it warm from L1
+ * (ap_compile_warm_frame: the stored bundle's bytes spliced), or, when the
+ * bundle is gone, decodes the kept payload whole and runs it as any other.
+ * The reply's frame comes packed from the compiler (ap_compile_run_frame).
+ *
  * Writing: each queued reply is counted at what it really costs (payload,
  * header, write request, allocator overhead), not by its payload alone (a
  * ping reply is 23 bytes of payload and about 240 of memory).  Above
@@ -234,6 +244,12 @@ struct job {
 	uint32_t req_len;        /* its frame's payload bytes */
 	uint64_t mem;            /* held against max_pending_memory */
 	Apollo__Envelope *env;   /* the request, unpacked; the worker frees it */
+	uint8_t *full;           /* env decoded without its graph: the payload, for the
+				    worker to decode whole unless the warm answer serves
+				    (decode_known); NULL: env is whole */
+	unsigned ratio;          /* decode_memory_ratio, for that */
+	ap_compile_admit admit;  /* how it was admitted (ap_compile_memo_admit) */
+	bool has_admit;
 	bool has_digest;
 	uint8_t digest[32];      /* of the CompileRequest's bytes (compile.h) */
 	char client[64];         /* who sent it: "uid:N", "tcp:ADDR" (ap_compile_run_as) */
@@ -278,22 +294,24 @@ struct frame_info {
 	uint8_t digest[32];
 	bool has_cost;           /* a CompileRequest: its estimate */
 	ap_compile_cost cost;
+	uint8_t *full;           /* decoded without its graph (decode_known): the
+				    payload, which its holder frees (NULL: none) */
 };
 
 /* A frame payload above DECODE_INLINE_MAX, unpacked on the worker pool. */
 struct decode {
 	uv_work_t req;
 	conn *c;
-	uint8_t *payload;        /* freed by the worker */
+	uint8_t *payload;        /* freed by the worker (or kept: info.full) */
 	unsigned ratio;          /* decode_memory_ratio */
+	ap_compiler *compiler;   /* whose request memo names known requests */
 	Apollo__Envelope *env;   /* the result; NULL when it does not decode */
 	struct frame_info info;
 };
 
 static void conn_close(conn *c);
 static bool take_slot(conn *c, char *msg, size_t cap);
-static bool request_digest(const uint8_t *payload, uint32_t len, const Apollo__Envelope *env,
-			   uint8_t digest[32]);
+static bool wire_digest(const uint8_t *payload, uint32_t len, uint8_t digest[32]);
 static bool mem_take(conn *c, uint64_t bytes, char *msg, size_t cap);
 static void mem_give(conn *c, uint64_t bytes);
 static void maybe_finish_drain(ap_server *s);
@@ -338,17 +356,106 @@ static Apollo__Envelope *decode_envelope(const uint8_t *payload, uint32_t len, u
 	return env;
 }
 
+/* The Envelope's bytes with its CompileRequest's source (the graph, field
+ * 1, or the ONNX model, field 2) left out -- what the warm path reads of
+ * a request (target, output, options, device, bindings) -- malloc'd,
+ * *out_len bytes (at most len: fields only go).  NULL when the bytes do
+ * not walk or memory runs out. */
+static uint8_t *without_source(const uint8_t *payload, uint32_t len, size_t *out_len)
+{
+	uint8_t *out = malloc(len ? len : 1), *w = out;
+	ap_pbw r, q;
+	ap_pbw_field f, g;
+	int rc = 0, rq = 0;
+
+	if (!out)
+		return NULL;
+	ap_pbw_init(&r, payload, len);
+	while (rq == 0 && (rc = ap_pbw_next(&r, &f)) == 1) {
+		size_t n = 0;
+
+		if (f.number != 8 || f.wire != 2) {
+			memcpy(w, f.start, (size_t)(f.end - f.start));
+			w += f.end - f.start;
+			continue;
+		}
+		for (int pass = 0; pass < 2 && rq == 0; pass++) {
+			if (pass) {
+				*w++ = 8 << 3 | 2;
+				w += ap_pbw_put_varint(w, n);
+			}
+			ap_pbw_init(&q, f.data, f.len);
+			while ((rq = ap_pbw_next(&q, &g)) == 1) {
+				if (g.number == 1 || g.number == 2)
+					continue;
+				if (pass) {
+					memcpy(w, g.start, (size_t)(g.end - g.start));
+					w += g.end - g.start;
+				}
+				n += (size_t)(g.end - g.start);
+			}
+		}
+	}
+	if (rc || rq) {
+		free(out);
+		return NULL;
+	}
+	*out_len = (size_t)(w - out);
+	return out;
+}
+
+/* A compile request the compiler answered before (issue 26, item 2: its
+ * digest is in the request memo with the numbers it was admitted by,
+ * ap_compile_memo_admit), decoded without its graph or model: a warm
+ * answer reads nothing else, and the worker decodes it whole only when it
+ * is not warm after all (work_compile).  It is admitted by the numbers its
+ * first decode gave -- functions of the same bytes -- and info->full takes
+ * the payload (the holder frees it).  NULL, with nothing taken, for any
+ * other frame. */
+static Apollo__Envelope *decode_known(ap_compiler *compiler, uint8_t *payload, uint32_t len,
+				      unsigned ratio, struct frame_info *info)
+{
+	ap_compile_admit a;
+	Apollo__Envelope *env;
+	uint8_t *shallow;
+	size_t n = 0, decoded;
+	int why;
+
+	if (!compiler || !ap_compile_memo_admit(compiler, info->digest, &a) ||
+	    !(shallow = without_source(payload, len, &n)))
+		return NULL;
+	env = decode_envelope(shallow, (uint32_t)n, ratio, &why, &decoded);
+	free(shallow);
+	if (!env || env->msg_case != APOLLO__ENVELOPE__MSG_COMPILE || !env->compile) {
+		if (env)
+			apollo__envelope__free_unpacked(env, NULL);
+		return NULL;
+	}
+	info->has_digest = true;
+	info->decoded = (size_t)a.decoded;
+	info->cost = a.cost;
+	info->has_cost = true;
+	info->full = payload;
+	return env;
+}
+
 /* Decodes one frame payload into *info (and the Envelope): digest and
- * compile estimate of a CompileRequest.  Loop or worker thread. */
-static Apollo__Envelope *decode_frame(const uint8_t *payload, uint32_t len, unsigned ratio,
-				      struct frame_info *info)
+ * compile estimate of a CompileRequest; a request the compiler knows is
+ * decoded without its graph (decode_known: info->full then holds the
+ * payload, else the caller keeps it).  Loop or worker thread. */
+static Apollo__Envelope *decode_frame(ap_compiler *compiler, uint8_t *payload, uint32_t len,
+				      unsigned ratio, struct frame_info *info)
 {
 	Apollo__Envelope *env;
+	bool raw;
 
 	memset(info, 0, sizeof(*info));
 	info->len = len;
+	raw = wire_digest(payload, len, info->digest);
+	if (raw && (env = decode_known(compiler, payload, len, ratio, info)))
+		return env;
 	env = decode_envelope(payload, len, ratio, &info->why, &info->decoded);
-	info->has_digest = request_digest(payload, len, env, info->digest);
+	info->has_digest = raw && env && env->msg_case == APOLLO__ENVELOPE__MSG_COMPILE;
 	if (env && env->msg_case == APOLLO__ENVELOPE__MSG_COMPILE && env->compile) {
 		ap_compile_estimate(env->compile, &info->cost);
 		info->has_cost = true;
@@ -356,18 +463,16 @@ static Apollo__Envelope *decode_frame(const uint8_t *payload, uint32_t len, unsi
 	return env;
 }
 
-/* The SHA-256 of the bytes of the one CompileRequest field of an
- * Envelope that decoded as a compile request: what names the request in
- * the compiler's memo (compile.h).  False (no digest) when the field is
- * not there exactly once. */
-static bool request_digest(const uint8_t *payload, uint32_t len, const Apollo__Envelope *env,
-			   uint8_t digest[32])
+/* The SHA-256 of the bytes of the one CompileRequest field (8) of an
+ * Envelope: what names the request in the compiler's memo (compile.h),
+ * when the Envelope decodes as a compile request.  False (no digest) when
+ * the field is not there exactly once. */
+static bool wire_digest(const uint8_t *payload, uint32_t len, uint8_t digest[32])
 {
 	const uint8_t *v;
 	size_t n;
 
-	if (!env || env->msg_case != APOLLO__ENVELOPE__MSG_COMPILE ||
-	    ap_pbw_single_field(payload, len, 8, &v, &n) != 1)
+	if (ap_pbw_single_field(payload, len, 8, &v, &n) != 1)
 		return false;
 	ap_sha256(v, n, digest);
 	return true;
@@ -556,29 +661,61 @@ static void conn_shutdown(conn *c)
 
 /* ---- requests ------------------------------------------------------------ */
 
+/* A job decoded without its graph (j->full) that the warm path did not
+ * answer: its Envelope decoded whole from the payload, in place of the
+ * shallow one.  False when it does not decode now (out of memory). */
+static bool decode_whole(struct job *j)
+{
+	size_t decoded;
+	int why;
+	Apollo__Envelope *env = decode_envelope(j->full, j->req_len, j->ratio, &why, &decoded);
+
+	if (!env || env->msg_case != APOLLO__ENVELOPE__MSG_COMPILE || !env->compile) {
+		if (env)
+			apollo__envelope__free_unpacked(env, NULL);
+		return false;
+	}
+	apollo__envelope__free_unpacked(j->env, NULL);
+	j->env = env;
+	return true;
+}
+
 static void work_compile(uv_work_t *req)
 {
 	struct job *j = req->data;
-	Apollo__CompileResponse *resp;
-	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	bool bundle = false;
 
 	atomic_fetch_sub(&j->c->srv->queued, 1);
-	resp = ap_compile_run_as(j->compiler, j->env->compile, j->has_digest ? j->digest : NULL,
-				 j->client);
+	if (j->full) {
+		/* decoded without its graph (decode_known): the warm answer, or
+		 * the request decoded whole for the rest of the path */
+		j->frame = ap_compile_warm_frame(j->compiler, j->env->compile, j->digest, j->client,
+						 j->id, &j->frame_len);
+		bundle = j->frame != NULL;
+		ap_log(AP_LOG_DEBUG, "request %llu: a known request, %s", (unsigned long long)j->id,
+		       j->frame ? "answered warm without decoding its graph" : "decoded whole");
+		if (!j->frame && !decode_whole(j)) {
+			free(j->full);
+			j->full = NULL;
+			return;   /* out of memory: after_compile answers */
+		}
+		free(j->full);
+		j->full = NULL;
+	}
+	/* the reply's frame (a warm one spliced from the cache's bytes);
+	 * NULL when out of memory: after_compile answers */
+	if (!j->frame)
+		j->frame = ap_compile_run_frame_admitted(j->compiler, j->env->compile,
+							 j->has_digest ? j->digest : NULL, j->client,
+							 j->has_admit ? &j->admit : NULL, j->id,
+							 &j->frame_len, &bundle);
+	j->ok = j->frame && bundle;
 
 	/* Freeing a big request is slow too: done here, not on the loop. */
 	apollo__envelope__free_unpacked(j->env, NULL);
 	j->env = NULL;
 	if (j->req_len > TRIM_BYTES)
 		trim_heap();
-	if (!resp)
-		return;   /* out of memory: after_compile answers */
-	j->ok = resp->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE;
-	env.id = j->id;
-	env.msg_case = APOLLO__ENVELOPE__MSG_COMPILED;
-	env.compiled = resp;
-	j->frame = pack_frame(&env, &j->frame_len);
-	ap_compile_response_free(resp);
 }
 
 /* A tuning report (apollo-client tune), on a worker: the measurements are
@@ -648,6 +785,7 @@ static void after_compile(uv_work_t *req, int status)
 	if (c->eof && !c->jobs)
 		conn_shutdown(c);
 	apollo__envelope__free_unpacked(j->env, NULL);   /* NULL unless cancelled */
+	free(j->full);
 	free(j);
 	conn_unref(c);
 	maybe_finish_drain(s);
@@ -678,7 +816,7 @@ static void send_compile_error(conn *c, uint64_t id, int code, const char *msg)
  * report): ERR_BUSY (draining, max_pending, max_pending_memory or the
  * holder's share of it), ERR_TOO_LARGE (max_compile_memory, or more than
  * max_pending_memory alone), ERR_NOMEM, ERR_INTERNAL. */
-static void handle_compile(conn *c, Apollo__Envelope *env, const struct frame_info *info)
+static void handle_compile(conn *c, Apollo__Envelope *env, struct frame_info *info)
 {
 	ap_server *s = c->srv;
 	bool tune = env->msg_case == APOLLO__ENVELOPE__MSG_TUNE_REPORT;
@@ -731,6 +869,12 @@ static void handle_compile(conn *c, Apollo__Envelope *env, const struct frame_in
 	j->req_len = info->len;
 	j->mem = cost;
 	j->env = env;
+	j->full = info->full;   /* taken */
+	info->full = NULL;
+	j->ratio = s->decode_ratio;
+	j->admit.decoded = info->decoded;
+	j->admit.cost = info->cost;
+	j->has_admit = info->has_cost && !tune;
 	j->kind = tune ? AP_KIND_TUNE : AP_KIND_COMPILE;
 	conn_client(c, j->client, sizeof(j->client));
 	if (info->has_digest) {
@@ -932,7 +1076,7 @@ static void handle_ping(conn *c, uint64_t id)
 
 /* One decoded frame: `env` (consumed), NULL when the payload did not
  * decode as an Envelope, for the reason info->why (decode_frame). */
-static void dispatch(conn *c, Apollo__Envelope *env, const struct frame_info *info)
+static void dispatch(conn *c, Apollo__Envelope *env, struct frame_info *info)
 {
 	ap_server *s = c->srv;
 	uint64_t errors = s->errors;
@@ -1013,8 +1157,9 @@ static void work_decode(uv_work_t *req)
 	struct decode *d = req->data;
 	uint32_t len = d->info.len;
 
-	d->env = decode_frame(d->payload, len, d->ratio, &d->info);
-	free(d->payload);
+	d->env = decode_frame(d->compiler, d->payload, len, d->ratio, &d->info);
+	if (!d->info.full)
+		free(d->payload);
 	d->payload = NULL;
 }
 
@@ -1052,8 +1197,9 @@ static void after_decode(uv_work_t *req, int status)
 		       d->info.len);
 		apollo__envelope__free_unpacked(d->env, NULL);
 	} else {
-		dispatch(c, d->env, &d->info);
+		dispatch(c, d->env, &d->info);   /* a compile job takes info.full */
 	}
+	free(d->info.full);
 	free(d);
 	/* Before resuming: once draining, frames are decoded inline, so the
 	 * last decode job ends the wait. */
@@ -1120,6 +1266,7 @@ static bool start_decode(conn *c, uint8_t *payload, uint32_t len)
 	d->payload = payload;
 	d->info.len = len;
 	d->ratio = s->decode_ratio;
+	d->compiler = s->compiler;
 	d->req.data = d;
 	if (uv_queue_work(&s->loop, &d->req, work_decode, after_decode)) {
 		mem_give(c, hold);
@@ -1141,9 +1288,11 @@ static void handle_frame(conn *c, uint8_t *payload, uint32_t len)
 
 	if (start_decode(c, payload, len))
 		return;
-	env = decode_frame(payload, len, c->srv->decode_ratio, &info);
-	free(payload);
-	dispatch(c, env, &info);
+	env = decode_frame(c->srv->compiler, payload, len, c->srv->decode_ratio, &info);
+	if (!info.full)
+		free(payload);
+	dispatch(c, env, &info);   /* a compile job takes info.full */
+	free(info.full);
 }
 
 /* Feeds `n` received bytes through the frame state machine.  When a frame
