@@ -66,6 +66,9 @@ typedef struct ctx {
 	unsigned long long blocks;   /* of the launch */
 	bool shadow;                 /* this block's shared accesses are tracked */
 	bool oom;
+	unsigned long long *moved;   /* counting: per parameter, bytes loaded then bytes
+					stored by this call (2 x params), added to the
+					launch's counts at its end */
 } ctx;
 
 /* ---- process-wide: the launch's extents and its violations ---------------------------- */
@@ -78,6 +81,76 @@ static unsigned g_count;
 static char g_text[MAX_MESSAGES * 320];
 static size_t g_len;
 
+/* Counting (ap_hostcheck_count): per parameter of the launch, a bit per
+ * byte read and per byte written, and the bytes of every access.  The
+ * kernel's worker threads update them at once: atomics. */
+typedef struct counter {
+	uint64_t *rbits, *wbits;
+	unsigned long long loads, stores;
+} counter;
+
+static int g_counting;
+static counter *g_cnt;           /* NULL: this launch is not counted */
+
+static void counters_free(void)
+{
+	for (int i = 0; g_cnt && i < g_n_extent; i++) {
+		free(g_cnt[i].rbits);
+		free(g_cnt[i].wbits);
+	}
+	free(g_cnt);
+	g_cnt = NULL;
+}
+
+/* The launch's counters for g_n_extent parameters; none when counting is
+ * off or memory runs out. */
+static void counters_new(void)
+{
+	bool ok;
+
+	if (!g_counting || g_n_extent <= 0)
+		return;
+	g_cnt = calloc((size_t)g_n_extent, sizeof(*g_cnt));
+	ok = g_cnt != NULL;
+	for (int i = 0; ok && i < g_n_extent; i++) {
+		size_t words = (size_t)(g_extent[i] / 64 + 1);
+
+		g_cnt[i].rbits = calloc(words, sizeof(uint64_t));
+		g_cnt[i].wbits = calloc(words, sizeof(uint64_t));
+		ok = g_cnt[i].rbits && g_cnt[i].wbits;
+	}
+	if (!ok)
+		counters_free();
+}
+
+void ap_hostcheck_count(int on)
+{
+	g_counting = on;
+}
+
+static unsigned long long bits_set(const uint64_t *b, unsigned long long bytes)
+{
+	unsigned long long n = 0;
+
+	for (size_t w = 0; w < (size_t)(bytes / 64 + 1); w++)
+		n += (unsigned long long)__builtin_popcountll(b[w]);
+	return n;
+}
+
+int ap_hostcheck_traffic_of(ap_hostcheck_traffic *out, int n)
+{
+	memset(out, 0, (size_t)(n > 0 ? n : 0) * sizeof(*out));
+	if (!g_cnt)
+		return -1;
+	for (int i = 0; i < n && i < g_n_extent; i++) {
+		out[i].read = bits_set(g_cnt[i].rbits, g_extent[i]);
+		out[i].written = bits_set(g_cnt[i].wbits, g_extent[i]);
+		out[i].loads = __atomic_load_n(&g_cnt[i].loads, __ATOMIC_RELAXED);
+		out[i].stores = __atomic_load_n(&g_cnt[i].stores, __ATOMIC_RELAXED);
+	}
+	return 0;
+}
+
 void ap_hostcheck_begin(const unsigned long long *bytes, int n)
 {
 	pthread_mutex_lock(&launch_mu);
@@ -89,6 +162,7 @@ void ap_hostcheck_begin(const unsigned long long *bytes, int n)
 	g_count = 0;
 	g_len = 0;
 	g_text[0] = '\0';
+	counters_new();
 }
 
 unsigned ap_hostcheck_end(char *buf, size_t cap)
@@ -97,6 +171,7 @@ unsigned ap_hostcheck_end(char *buf, size_t cap)
 
 	if (buf && cap)
 		snprintf(buf, cap, "%s", g_text);
+	counters_free();
 	free(g_extent);
 	g_extent = NULL;
 	g_n_extent = 0;
@@ -148,6 +223,8 @@ static void *ck_begin(const char *kernel, unsigned threads, unsigned block_threa
 		free(c);
 		return NULL;
 	}
+	if (g_cnt && !(c->moved = calloc(2 * (size_t)g_n_extent, sizeof(*c->moved))))
+		c->oom = true;
 	return c;
 }
 
@@ -159,6 +236,11 @@ static void ck_end(void *vc)
 		return;
 	if (c->oom)
 		report(c, "the checker ran out of memory: accesses went unchecked");
+	for (int i = 0; g_cnt && c->moved && i < g_n_extent; i++) {
+		__atomic_fetch_add(&g_cnt[i].loads, c->moved[2 * i], __ATOMIC_RELAXED);
+		__atomic_fetch_add(&g_cnt[i].stores, c->moved[2 * i + 1], __ATOMIC_RELAXED);
+	}
+	free(c->moved);
 	for (unsigned t = 0; t < c->nt; t++)
 		free(c->thr[t].p);
 	free(c->thr);
@@ -246,7 +328,9 @@ static int ck_block(void *vc, unsigned long long block)
 		c->thr[t].committed = 0;
 		c->thr[t].n = 0;
 	}
-	return c->shadow;
+	/* counting sees every block's accesses; shared memory is tracked in
+	 * the shadowed ones only (access()) */
+	return c->shadow || g_cnt;
 }
 
 /* The region holding [p, p + n), or the one p starts in (then *partial):
@@ -338,12 +422,43 @@ static region *access(ctx *c, const void *vp, unsigned n, unsigned t, unsigned a
 	return r->kind == AP_HCHECK_SHARED && c->cells && c->shadow ? r : NULL;
 }
 
+/* Counting: n bytes at p accessed (written or read), when they lie in a
+ * global parameter's buffer. */
+static void count(ctx *c, const void *p, unsigned n, bool write)
+{
+	bool partial;
+	region *r = c ? find(c, p, n, &partial) : NULL;
+	counter *k;
+	uint64_t *bits;
+	size_t off, take;
+
+	if (!r || partial || r->kind != AP_HCHECK_GLOBAL || r->param < 0 || r->param >= g_n_extent)
+		return;
+	k = &g_cnt[r->param];
+	bits = write ? k->wbits : k->rbits;
+	off = (size_t)((const char *)p - r->base);
+	if (c->moved)
+		c->moved[2 * r->param + write] += n;
+	for (size_t i = off; i < off + n; i += take) {   /* a word's bits at once */
+		size_t b = i % 64;
+		uint64_t mask;
+
+		take = off + n - i < 64 - b ? off + n - i : 64 - b;
+		mask = (take == 64 ? ~(uint64_t)0 : ((uint64_t)1 << take) - 1) << b;
+		if ((__atomic_load_n(&bits[i / 64], __ATOMIC_RELAXED) & mask) != mask)
+			__atomic_fetch_or(&bits[i / 64], mask, __ATOMIC_RELAXED);
+	}
+}
+
 static const void *ck_rd(void *vc, const void *p, unsigned n, unsigned t, unsigned align)
 {
 	ctx *c = vc;
-	region *r = access(c, p, n, t, align, "read");
+	region *r;
 	size_t off;
 
+	if (g_cnt)
+		count(c, p, n, false);
+	r = access(c, p, n, t, align, "read");
 	if (!r)
 		return p;
 	off = (size_t)((const char *)p - r->base);
@@ -427,9 +542,12 @@ static bool write_cell(ctx *c, region *r, size_t i, unsigned t, const char *what
 static void *ck_wr(void *vc, void *p, unsigned n, unsigned t, unsigned align)
 {
 	ctx *c = vc;
-	region *r = access(c, p, n, t, align, "write");
+	region *r;
 	size_t off;
 
+	if (g_cnt)
+		count(c, p, n, true);
+	r = access(c, p, n, t, align, "write");
 	if (!r)
 		return p;
 	off = (size_t)((char *)p - r->base);
@@ -448,6 +566,8 @@ static void ck_async(void *vc, void *dst, const void *src, unsigned n, unsigned 
 
 	if (!c || t >= c->nt)
 		return;
+	if (pred && g_cnt)
+		count(c, src, n, false);
 	if (pred)
 		access(c, src, n, t, n, "cp.async source read");
 	r = access(c, dst, n, t, n, "cp.async");

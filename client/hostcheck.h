@@ -26,6 +26,10 @@
  * blocks of a grid share one code path but for the edge tiles; the others
  * run unchecked at nearly the plain speed.
  *
+ * Counting (ap_hostcheck_count, tests/check_traffic.c): optionally, the
+ * distinct global bytes each kernel parameter had read and written in a
+ * launch, and the bytes of all its loads and stores.
+ *
  * Shadow state: one cell per shared byte (its last writer with that
  * write's barrier and cluster-barrier counts, its last reader(s), whether
  * a cp.async is delivering it), valid for the current block only (a block
@@ -53,5 +57,39 @@ void ap_hostcheck_begin(const unsigned long long *bytes, int n);
  * and writes the first ones, one per line, into `buf` (cap bytes,
  * NUL-terminated; may be NULL). */
 unsigned ap_hostcheck_end(char *buf, size_t cap);
+
+/* ---- counting global traffic (tests/check_traffic.c) ---------------------------------- */
+
+/* What one checked launch moved through one kernel parameter, in bytes. */
+typedef struct ap_hostcheck_traffic {
+	unsigned long long read;     /* distinct bytes read (loads, cp.async sources) */
+	unsigned long long written;  /* distinct bytes written */
+	unsigned long long loads;    /* bytes loaded, every access counted (a byte read by
+					two threads, or twice by one, counts twice) */
+	unsigned long long stores;   /* bytes stored, every access counted */
+} ap_hostcheck_traffic;
+
+/* Turns the counting of global traffic on or off (off at start) for the
+ * checked launches begun after the call (process-wide: call when no
+ * checked launch is under way).  A counted launch keeps, per parameter of
+ * known extent, one bit per byte read and one per byte written (two
+ * bitmaps of extent / 8 bytes each, allocated by ap_hostcheck_begin and
+ * freed by ap_hostcheck_end) and the bytes of every load and store; a
+ * predicated-off cp.async reads nothing.  While counting, every block of
+ * a launch sends its accesses through the checker (as
+ * APOLLO_HOSTCHECK_ALL_BLOCKS=1 does; the tracking of shared memory still
+ * follows that variable), so that no block goes uncounted.  Accesses
+ * outside their buffer are reported as ever and not counted; so are
+ * those the printer leaves unchecked (block-uniform control flow).  Off:
+ * nothing is allocated or counted, and the checker runs as before. */
+void ap_hostcheck_count(int on);
+
+/* The counts of the launch in progress (begun last), for its parameters
+ * 0..n-1, into out[0..n) (a parameter whose extent was 0 or beyond those
+ * ap_hostcheck_begin was given: zeros).  Call after the kernel returned
+ * and before ap_hostcheck_end (the launch is still held).  Returns 0, or
+ * -1 when the launch is not counted (counting off when it began, or its
+ * bitmaps could not be allocated: out[] is then zeroed). */
+int ap_hostcheck_traffic_of(ap_hostcheck_traffic *out, int n);
 
 #endif
