@@ -334,37 +334,6 @@ typedef struct job {
 	char what[200];
 } job;
 
-/* Bytes of k's SHARED and SHARED_DYN arrays whose name starts with
- * `prefix`, at `es` bytes an element (0: their own type's size). */
-static unsigned long long shared_named(const ap_kir_kernel *k, const char *prefix, size_t es)
-{
-	unsigned long long n = 0;
-
-	for (int i = 0; i < k->n_arrays; i++) {
-		const ap_kir_array *a = k->arrays[i];
-
-		if ((a->space == AP_KIR_SHARED || a->space == AP_KIR_SHARED_DYN) &&
-		    !strncmp(a->name, prefix, strlen(prefix)))
-			n += (unsigned long long)a->size * (es ? es : ap_dtype_size(a->type));
-	}
-	return n;
-}
-
-/* rows.c: the model sizes the cross-warp scratch of each reduction at 8
- * bytes a partial; the kernel's scr_* arrays hold the accumulator type. */
-static bool rows_scratch_8(const evidence *e)
-{
-	return e->tr->shared_bytes == e->f.shared - shared_named(e->k, "scr_", 0) + shared_named(e->k, "scr_", 8);
-}
-
-/* transpose.c: the model sizes each staged tile at 4 bytes an element;
- * the kernel's tile_* arrays hold the staged tensor's type. */
-static bool transpose_4_bytes(const evidence *e)
-{
-	return e->tr->shared_bytes == shared_named(e->k, "tile_", 4) &&
-	       e->f.shared == shared_named(e->k, "tile_", 0);
-}
-
 /* gemm.c: smem_bytes adds 16 bytes of alignment for every shared array
  * besides the two tiles (pair and compute staging, split-K's partials),
  * whatever their sizes: an upper bound, which valid() and the choice of
@@ -376,30 +345,6 @@ static bool gemm_align_16(const evidence *e)
 	for (int i = 0; i < e->k->n_arrays; i++)
 		n += e->k->arrays[i]->space == AP_KIR_SHARED || e->k->arrays[i]->space == AP_KIR_SHARED_DYN;
 	return n > 2 && e->tr->shared_bytes == e->f.shared + 16ull * (unsigned)(n - 2);
-}
-
-/* A grid of `work` items, `per` a block, as emitters.h's ap_grid_for. */
-static unsigned long long grid_for(int64_t work, int64_t per)
-{
-	int64_t g = per > 0 ? (work + per - 1) / per : 1;
-
-	return g < 1 ? 1 : g > 65535 ? 65535 : (unsigned long long)g;
-}
-
-/* movement.c: the model's grid covers the whole output (its elements /
- * vector / block), the kernel's the largest operand, which its loop over
- * the operands copies one after another (knobs: block, vector). */
-static bool movement_output_grid(const evidence *e)
-{
-	const ap_graph *g = e->m->g;
-	const ap_node *c = &g->nodes[g->tensors[g->outputs[0]].producer];
-	int64_t big = 1;
-
-	for (int i = 0; i < c->n_inputs; i++)
-		if (c->inputs[i] >= 0 && ap_tensor_numel(&g->tensors[c->inputs[i]]) > big)
-			big = ap_tensor_numel(&g->tensors[c->inputs[i]]);
-	return e->tr->blocks == grid_for(ap_tensor_numel(&g->tensors[g->outputs[0]]) / e->s->v[1], e->s->v[0]) &&
-	       e->f.blocks == grid_for(big / e->s->v[1], e->s->v[0]);
 }
 
 /* pointwise.c (ap__lower_inline_traffic, every emitter's bytes_read): the
@@ -466,15 +411,6 @@ typedef struct known_diff {
 } known_diff;
 
 static const known_diff known[] = {
-	{"row_reduce", CK_SHARED, rows_scratch_8, true, "rows_traffic sizes each reduction's cross-warp "
-	 "scratch at 8 bytes a partial, the kernel's holds the accumulator type (4 bytes for float32 and "
-	 "16-bit types)"},
-	{"column_reduce", CK_SHARED, rows_scratch_8, true, "as row_reduce's"},
-	{"stitched", CK_SHARED, rows_scratch_8, true, "as row_reduce's"},
-	{"transpose", CK_SHARED, transpose_4_bytes, true, "tr_traffic sizes a tile element at 4 bytes, "
-	 "the kernel's tiles hold the staged tensor's type (float16: half, float64: twice)"},
-	{"movement", CK_BLOCKS, movement_output_grid, true, "mv_traffic's grid covers the whole output, "
-	 "mv_emit's the largest operand (it copies the operands one after another)"},
 	{NULL, CK_READ, const_buffers, true, "ap__lower_inline_traffic counts the micro-graph's inputs, "
 	 "not the constants of more than AP_CONST_BAKE_MAX elements a kernel reads from a buffer"},
 	{"gemm", CK_SHARED, gemm_align_16, false, "smem_bytes adds 16 bytes of alignment for every "

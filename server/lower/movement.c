@@ -204,9 +204,18 @@ static int mv_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 
 static int mv_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
 {
+	int ci = concat_root(m);
+	int64_t biggest = 1;
+
 	memset(out, 0, sizeof(*out));
+	/* mv_emit's grid: the largest operand's copies (the operands are
+	 * copied one after another) */
+	for (int i = 0; ci >= 0 && i < m->g->nodes[ci].n_inputs; i++)
+		if (m->g->nodes[ci].inputs[i] >= 0 &&
+		    ap_tensor_numel(&m->g->tensors[m->g->nodes[ci].inputs[i]]) > biggest)
+			biggest = ap_tensor_numel(&m->g->tensors[m->g->nodes[ci].inputs[i]]);
 	out->threads = (unsigned)s->v[0];
-	out->blocks = ap_grid_for(ap_tensor_numel(&m->g->tensors[m->g->outputs[0]]) / s->v[1], s->v[0]);
+	out->blocks = ap_grid_for(biggest / s->v[1], s->v[0]);
 	return ap__lower_inline_traffic(m, out);
 }
 

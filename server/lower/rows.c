@@ -1126,8 +1126,11 @@ static int rows_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_i
 		out->flops *= n_passes(&p) > 0 ? n_passes(&p) : 1;
 		if (s->v[2] == CACHE_SMEM)
 			out->shared_bytes += (unsigned)smem_cache_bytes(&p, rows);
-		if (wp > 1)
-			out->shared_bytes += rows * wp * 8u * (unsigned)p.n_red;
+		/* each reduction's cross-warp scratch: a partial per row and
+		 * warp, of its accumulator type (rows_arrays) */
+		for (int r = 0; wp > 1 && r < p.n_red; r++)
+			out->shared_bytes += rows * wp *
+				(unsigned)ap_dtype_size(ap_acc_type(m->g->tensors[m->g->nodes[p.reds[r]].outputs[0]].dtype));
 		out->uncoalesced = p.column && rows < 8;
 		plan_clear(&p);
 	}

@@ -336,7 +336,10 @@ static int tr_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 		for (int d = 0; d < p.rank; d++)
 			tiles *= d == p.a || d == p.b ? (p.dims[d] + s->v[0] - 1) / s->v[0] : p.dims[d];
 		out->blocks = ap_grid_for(tiles, 1);
-		out->shared_bytes = (unsigned)(p.n_staged * s->v[0] * (s->v[0] + 1) * 4);
+		/* a tile (tile + 1 wide) per staged tensor, of its type */
+		for (int i = 0; i < p.n_staged; i++)
+			out->shared_bytes += (unsigned)(s->v[0] * (s->v[0] + 1)) *
+					     (unsigned)ap_dtype_size(m->g->tensors[p.staged[i]].dtype);
 	}
 	return 0;
 }
