@@ -11,7 +11,11 @@
  * closes again once Redis is back; secret files
  * are checked; tuning records travel between two compilers with their own
  * local caches (a searched record, then a measured one, each found by the
- * other compiler's build; a malformed record is ignored). */
+ * other compiler's build; a malformed record is ignored).  Cluster leases
+ * (issue 26, item 1): a lease is taken by one token and refused to
+ * another, renewed and released only by its own token, lapses after its
+ * ttl and is then taken over, and lives under a key no entry lookup
+ * reads. */
 #include <check.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -710,6 +714,94 @@ START_TEST(tuning_records_shared)
 }
 END_TEST
 
+/* ---- cluster leases ------------------------------------------------------------ */
+
+/* The lease's remaining lifetime, ms (redis-cli PTTL). */
+static long pttl(ap_redis *r, const uint8_t k[32])
+{
+	char ks[200], cmd[300], out[64];
+
+	ap_redis_lease_key_string(r, AP_REDIS_ACTION, k, ks, sizeof(ks));
+	snprintf(cmd, sizeof(cmd), "PTTL %s", ks);
+	cli(out, sizeof(out), cmd);
+	return atol(out);
+}
+
+START_TEST(lease_by_token)
+{
+	ap_redis *a = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	ap_redis *b = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	ap_redis_lease la, lb;
+	char ks[200], es[200], tok[AP_REDIS_TOKEN_CHARS + 1];
+	uint8_t k[32];
+	ap_redis_entry e;
+
+	key_of("cold graph", k);
+	ap_redis_lease_key_string(a, AP_REDIS_ACTION, k, ks, sizeof(ks));
+	ap_redis_key_string(a, AP_REDIS_ACTION, k, es, sizeof(es));
+	ck_assert_int_eq(strncmp(ks, "t:s5.1:lease:a:", 15), 0);
+	ck_assert_str_eq(ks + 15, es + 9);   /* the entry's key hex, under another kind */
+	ck_assert_int_eq(ap_redis_lease_holder(a, AP_REDIS_ACTION, k, tok), 0);
+	ck_assert_int_eq(ap_redis_lease_take(a, AP_REDIS_ACTION, k, 0, &la), AP_EINVAL);
+
+	/* taken by a, refused to b */
+	ck_assert_int_eq(ap_redis_lease_take(a, AP_REDIS_ACTION, k, 2000, &la), 1);
+	ck_assert_uint_eq(strlen(la.token), AP_REDIS_TOKEN_CHARS);
+	ck_assert_int_gt(pttl(a, k), 1000);
+	ck_assert_int_le(pttl(a, k), 2000);
+	ck_assert_int_eq(ap_redis_lease_take(b, AP_REDIS_ACTION, k, 2000, &lb), 0);
+	ck_assert_str_ne(la.token, lb.token);
+	ck_assert_int_eq(ap_redis_lease_holder(b, AP_REDIS_ACTION, k, tok), 1);
+	ck_assert_str_eq(tok, la.token);
+	/* a lease is not an entry: the lookup of the same key misses */
+	ck_assert_int_eq(ap_redis_get(a, AP_REDIS_ACTION, k, &e), 0);
+
+	/* renewed only by its token */
+	ck_assert_int_eq(ap_redis_lease_renew(b, &lb, 60000), 0);
+	ck_assert_int_le(pttl(a, k), 2000);
+	ck_assert_int_eq(ap_redis_lease_renew(a, &la, 60000), 1);
+	ck_assert_int_gt(pttl(a, k), 50000);
+
+	/* released only by its token */
+	ck_assert_int_eq(ap_redis_lease_release(b, &lb), 0);
+	ck_assert_int_eq(ap_redis_lease_holder(b, AP_REDIS_ACTION, k, tok), 1);
+	ck_assert_str_eq(tok, la.token);
+	ck_assert_int_eq(ap_redis_lease_release(a, &la), 1);
+	ck_assert_int_eq(ap_redis_lease_holder(b, AP_REDIS_ACTION, k, tok), 0);
+	ck_assert_int_eq(ap_redis_lease_release(a, &la), 0);
+	/* free again: b takes it */
+	ck_assert_int_eq(ap_redis_lease_take(b, AP_REDIS_ACTION, k, 2000, &lb), 1);
+	ap_redis_free(a);
+	ap_redis_free(b);
+}
+END_TEST
+
+/* A holder that stops renewing (killed) lets its lease lapse after the
+ * ttl; another takes it; the old token then neither renews nor releases
+ * the new holder's lease. */
+START_TEST(lease_lapse_take_over)
+{
+	ap_redis *a = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	ap_redis *b = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	ap_redis_lease la, lb;
+	char tok[AP_REDIS_TOKEN_CHARS + 1];
+	uint8_t k[32];
+
+	key_of("lapsing", k);
+	ck_assert_int_eq(ap_redis_lease_take(a, AP_REDIS_ACTION, k, 200, &la), 1);
+	ck_assert_int_eq(ap_redis_lease_take(b, AP_REDIS_ACTION, k, 200, &lb), 0);
+	usleep(300 * 1000);
+	ck_assert_int_eq(ap_redis_lease_holder(b, AP_REDIS_ACTION, k, tok), 0);
+	ck_assert_int_eq(ap_redis_lease_take(b, AP_REDIS_ACTION, k, 5000, &lb), 1);
+	ck_assert_int_eq(ap_redis_lease_renew(a, &la, 5000), 0);
+	ck_assert_int_eq(ap_redis_lease_release(a, &la), 0);
+	ck_assert_int_eq(ap_redis_lease_holder(a, AP_REDIS_ACTION, k, tok), 1);
+	ck_assert_str_eq(tok, lb.token);
+	ap_redis_free(a);
+	ap_redis_free(b);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("redis");
@@ -725,6 +817,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, breaker);
 	tcase_add_test(tc, secret_files);
 	tcase_add_test(tc, tuning_records_shared);
+	tcase_add_test(tc, lease_by_token);
+	tcase_add_test(tc, lease_lapse_take_over);
 	suite_add_tcase(s, tc);
 	return s;
 }
