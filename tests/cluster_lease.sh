@@ -1,17 +1,17 @@
 #!/bin/sh
 # cluster_lease.sh -- one compile per cold graph across the cluster (issue
 # 26, item 1): one redis-server and 8 apollods sharing it (their own
-# sockets and L1 caches, --redis-lease-ms 1500), 8 clients each.
+# sockets and L1 caches, --redis-lease-ms 3000), 8 clients each.
 #   1. all 64 clients submit the same cold graph at once (bert_like_2l, at
 #      sm_90 when NVRTC loads, else cpu): the kernels compiled over the
 #      whole cluster (each daemon's kernels_compiled, stats --json) are the
 #      graph's distinct kernels, and every client gets the same bundle
 #      (the same kernel blob digests, read from the bundles themselves);
-#   2. a 9th daemon takes the lease of another cold graph (mlp_gelu_ln)
-#      and is SIGKILLed while it holds it (APOLLO_TEST_LEASE_HOLD_MS keeps
-#      it from compiling), 64 clients of the 8 others waiting: its lease
-#      lapses, one of them takes it over and compiles, and every client
-#      gets the same bundle;
+#   2. a 9th daemon (--redis-lease-ms 1000) takes the lease of another
+#      cold graph (mlp_gelu_ln) and is SIGKILLed while it holds it
+#      (APOLLO_TEST_LEASE_HOLD_MS keeps it from compiling), 64 clients of
+#      the 8 others waiting: its lease lapses, one of them takes it over
+#      and compiles, and every client gets the same bundle;
 #   3. Redis stopped: every client still gets an answer (each daemon
 #      compiles the graph once, alone; no lease taken or waited on).
 # The background tuner is off (its variant builds would count as compiles).
@@ -54,14 +54,16 @@ redis-server --port 0 --unixsocket "$C/redis.sock" --unixsocketperm 600 --save '
 	--appendonly no --logfile "$C/redis.log" >/dev/null 2>&1 &
 REDIS_PID=$!
 
-# node I [ENV=VALUE...]: starts daemon I in the background
+# node I [ENV=VALUE...]: starts daemon I in the background, its lease
+# lasting $LEASE_MS
+LEASE_MS=3000
 node() {
 	i=$1
 	shift
 	mkdir -p "$C/node$i" && chmod 700 "$C/node$i"
 	env "$@" "$APOLLOD" --socket "$C/node$i/s" --cache "$C/node$i/cache.db" \
-		--redis "unix:$C/redis.sock" --redis-secret-file "$C/secret" --redis-lease-ms 1500 \
-		--redis-timeout-ms 300 --redis-breaker-failures 2 --workers 2 \
+		--redis "unix:$C/redis.sock" --redis-secret-file "$C/secret" \
+		--redis-lease-ms "$LEASE_MS" --redis-timeout-ms 300 --redis-breaker-failures 2 --workers 2 \
 		--no-tune-refine --no-tune-measure >"$C/node$i.log" 2>&1 &
 	PIDS="$PIDS $!"
 	eval "PID$i=$!"
@@ -207,6 +209,7 @@ stats >"$C/s1"
 check cold "$C/s0" "$C/s1" once
 
 # 2. the holder killed while it holds the lease
+LEASE_MS=1000
 node 9 APOLLO_TEST_LEASE_HOLD_MS=4000
 up 9
 "$CLIENT" --socket "$C/node9/s" submit "$MLP/model.onnx" --data "$MLP" --namespace kill \
