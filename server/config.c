@@ -240,6 +240,15 @@ static const ap_config_option options[] = {
 	  "Largest entry written to or read from Redis, bytes.  A larger reply is "
 	  "refused as it arrives (before it is all buffered) and counts as a miss; so "
 	  "is any reply whose parts together pass this + 64 KiB, or 1024 elements." },
+	{ "redis_lease_ms", NUM(AP_CFG_INT, redis_lease_ms), "5000", 0, 3600000, NULL,
+	  "One compile per cold graph across the cluster: before compiling a request "
+	  "that missed both caches, a daemon takes the graph's lease in Redis for this "
+	  "many milliseconds, renewed every third of it while it compiles and "
+	  "released once its entry is stored.  A daemon finding the lease held waits "
+	  "for that entry instead (at most flight_wait_ms from the request's arrival), "
+	  "and takes the lease over if its holder dies and the lease lapses.  Without "
+	  "Redis each daemon compiles alone.  0: no leases (every daemon compiles what "
+	  "it misses)." },
 	{ "metrics", STR(metrics), "", 0, 0, NULL,
 	  "Prometheus metrics over HTTP at [HOST:]PORT (GET /metrics); a bare PORT "
 	  "or :PORT listens on 127.0.0.1 only.  Empty: no metrics endpoint.  The "

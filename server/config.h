@@ -75,6 +75,7 @@ typedef struct ap_config {
 	long long redis_breaker_failures; /* failures in a row that open the breaker */
 	long long redis_breaker_open_ms;  /* how long it stays open */
 	long long redis_max_value_bytes;  /* largest entry read or written */
+	long long redis_lease_ms;  /* a cold request's cluster lease; 0 = none */
 	char metrics[256];         /* Prometheus endpoint "[HOST:]PORT" or "" */
 } ap_config;
 

@@ -221,6 +221,7 @@ int main(int argc, char **argv)
 	copt.redis = redis;
 	copt.no_flight = cfg.flight_wait_ms == 0;
 	copt.flight_wait_ms = (unsigned)cfg.flight_wait_ms;
+	copt.lease_ms = (unsigned)cfg.redis_lease_ms;
 	copt.tune_budget_evals = cfg.tune_budget_evals > 0 ? cfg.tune_budget_evals : -1;
 	copt.tune_budget_ms = cfg.tune_budget_ms > 0 ? (double)cfg.tune_budget_ms : -1;
 	copt.tune_reporters = cfg.tune_reporters;

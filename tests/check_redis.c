@@ -11,7 +11,15 @@
  * closes again once Redis is back; secret files
  * are checked; tuning records travel between two compilers with their own
  * local caches (a searched record, then a measured one, each found by the
- * other compiler's build; a malformed record is ignored). */
+ * other compiler's build; a malformed record is ignored).  Cluster leases
+ * (issue 26, item 1): a lease is taken by one token and refused to
+ * another, renewed and released only by its own token, lapses after its
+ * ttl and is then taken over, and lives under a key no entry lookup
+ * reads; a claim (server/compile/lease.h) holds it with renewals past its
+ * ttl, waits for the holder's entry, takes over a holder that stopped
+ * renewing, gives up at its deadline, and compiles alone at once without
+ * Redis; two compilers asked for one cold graph compile it once, the
+ * second answered from L2. */
 #include <check.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -30,6 +38,7 @@
 #include "server/cache/cache.h"
 #include "server/cache/redis.h"
 #include "server/compile/compile.h"
+#include "server/compile/lease.h"
 #include "server/plan/program.h"
 #include "server/config.h"
 
@@ -710,6 +719,330 @@ START_TEST(tuning_records_shared)
 }
 END_TEST
 
+/* ---- cluster leases ------------------------------------------------------------ */
+
+/* The lease's remaining lifetime, ms (redis-cli PTTL). */
+static long pttl(ap_redis *r, const uint8_t k[32])
+{
+	char ks[200], cmd[300], out[64];
+
+	ap_redis_lease_key_string(r, AP_REDIS_ACTION, k, ks, sizeof(ks));
+	snprintf(cmd, sizeof(cmd), "PTTL %s", ks);
+	cli(out, sizeof(out), cmd);
+	return atol(out);
+}
+
+START_TEST(lease_by_token)
+{
+	ap_redis *a = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	ap_redis *b = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	ap_redis_lease la, lb;
+	char ks[200], es[200], tok[AP_REDIS_TOKEN_CHARS + 1];
+	uint8_t k[32];
+	ap_redis_entry e;
+
+	key_of("cold graph", k);
+	ap_redis_lease_key_string(a, AP_REDIS_ACTION, k, ks, sizeof(ks));
+	ap_redis_key_string(a, AP_REDIS_ACTION, k, es, sizeof(es));
+	ck_assert_int_eq(strncmp(ks, "t:s5.1:lease:a:", 15), 0);
+	ck_assert_str_eq(ks + 15, es + 9);   /* the entry's key hex, under another kind */
+	ck_assert_int_eq(ap_redis_lease_holder(a, AP_REDIS_ACTION, k, tok), 0);
+	ck_assert_int_eq(ap_redis_lease_take(a, AP_REDIS_ACTION, k, 0, &la), AP_EINVAL);
+
+	/* taken by a, refused to b */
+	ck_assert_int_eq(ap_redis_lease_take(a, AP_REDIS_ACTION, k, 2000, &la), 1);
+	ck_assert_uint_eq(strlen(la.token), AP_REDIS_TOKEN_CHARS);
+	ck_assert_int_gt(pttl(a, k), 1000);
+	ck_assert_int_le(pttl(a, k), 2000);
+	ck_assert_int_eq(ap_redis_lease_take(b, AP_REDIS_ACTION, k, 2000, &lb), 0);
+	ck_assert_str_ne(la.token, lb.token);
+	ck_assert_int_eq(ap_redis_lease_holder(b, AP_REDIS_ACTION, k, tok), 1);
+	ck_assert_str_eq(tok, la.token);
+	/* a lease is not an entry: the lookup of the same key misses */
+	ck_assert_int_eq(ap_redis_get(a, AP_REDIS_ACTION, k, &e), 0);
+
+	/* renewed only by its token */
+	ck_assert_int_eq(ap_redis_lease_renew(b, &lb, 60000), 0);
+	ck_assert_int_le(pttl(a, k), 2000);
+	ck_assert_int_eq(ap_redis_lease_renew(a, &la, 60000), 1);
+	ck_assert_int_gt(pttl(a, k), 50000);
+
+	/* released only by its token */
+	ck_assert_int_eq(ap_redis_lease_release(b, &lb), 0);
+	ck_assert_int_eq(ap_redis_lease_holder(b, AP_REDIS_ACTION, k, tok), 1);
+	ck_assert_str_eq(tok, la.token);
+	ck_assert_int_eq(ap_redis_lease_release(a, &la), 1);
+	ck_assert_int_eq(ap_redis_lease_holder(b, AP_REDIS_ACTION, k, tok), 0);
+	ck_assert_int_eq(ap_redis_lease_release(a, &la), 0);
+	/* free again: b takes it */
+	ck_assert_int_eq(ap_redis_lease_take(b, AP_REDIS_ACTION, k, 2000, &lb), 1);
+	ap_redis_free(a);
+	ap_redis_free(b);
+}
+END_TEST
+
+/* A holder that stops renewing (killed) lets its lease lapse after the
+ * ttl; another takes it; the old token then neither renews nor releases
+ * the new holder's lease. */
+START_TEST(lease_lapse_take_over)
+{
+	ap_redis *a = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	ap_redis *b = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	ap_redis_lease la, lb;
+	char tok[AP_REDIS_TOKEN_CHARS + 1];
+	uint8_t k[32];
+
+	key_of("lapsing", k);
+	ck_assert_int_eq(ap_redis_lease_take(a, AP_REDIS_ACTION, k, 200, &la), 1);
+	ck_assert_int_eq(ap_redis_lease_take(b, AP_REDIS_ACTION, k, 200, &lb), 0);
+	usleep(300 * 1000);
+	ck_assert_int_eq(ap_redis_lease_holder(b, AP_REDIS_ACTION, k, tok), 0);
+	ck_assert_int_eq(ap_redis_lease_take(b, AP_REDIS_ACTION, k, 5000, &lb), 1);
+	ck_assert_int_eq(ap_redis_lease_renew(a, &la, 5000), 0);
+	ck_assert_int_eq(ap_redis_lease_release(a, &la), 0);
+	ck_assert_int_eq(ap_redis_lease_holder(a, AP_REDIS_ACTION, k, tok), 1);
+	ck_assert_str_eq(tok, lb.token);
+	ap_redis_free(a);
+	ap_redis_free(b);
+}
+END_TEST
+
+/* A claim in a thread of its own, as a second daemon's worker would. */
+struct claimer {
+	ap_leases *ls;
+	ap_redis *r;              /* found(): the action entry of key in r */
+	uint8_t key[32];
+	double deadline_ms;
+	int st;
+	ap_lease *held;
+	double ms;                /* the claim's duration */
+	pthread_t t;
+};
+
+static bool entry_found(void *user)
+{
+	struct claimer *c = user;
+	ap_redis_entry e;
+
+	if (ap_redis_get(c->r, AP_REDIS_ACTION, c->key, &e) != 1)
+		return false;
+	ap_redis_entry_clear(&e);
+	return true;
+}
+
+static void *claim_main(void *arg)
+{
+	struct claimer *c = arg;
+	double t = ap_now_ms();
+
+	c->st = ap_lease_claim(c->ls, c->key, c->deadline_ms, NULL, entry_found, c, &c->held);
+	c->ms = ap_now_ms() - t;
+	return NULL;
+}
+
+static void claim_start(struct claimer *c, ap_leases *ls, ap_redis *r, const uint8_t k[32],
+			double wait_ms)
+{
+	memset(c, 0, sizeof(*c));
+	c->ls = ls;
+	c->r = r;
+	memcpy(c->key, k, 32);
+	c->deadline_ms = ap_now_ms() + wait_ms;
+	ck_assert_int_eq(pthread_create(&c->t, NULL, claim_main, c), 0);
+}
+
+/* Daemon A holds (renewed past its ttl); B waits and is answered by A's
+ * entry; A releases. */
+START_TEST(lease_claim_waits_for_entry)
+{
+	ap_redis *r = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	ap_leases *la = ap_leases_new(r, 900), *lb = ap_leases_new(r, 900);
+	const uint8_t *parts[1] = { (const uint8_t *)"the bundle" };
+	size_t lens[1] = { 10 };
+	struct claimer a, b;
+	ap_lease_counts n;
+	char tok[AP_REDIS_TOKEN_CHARS + 1];
+	ap_redis_lease probe;
+	uint8_t k[32];
+
+	key_of("one compile", k);
+	claim_start(&a, la, r, k, 5000);
+	pthread_join(a.t, NULL);
+	ck_assert_int_eq(a.st, AP_LEASE_HOLD);
+	claim_start(&b, lb, r, k, 5000);
+	usleep(1500 * 1000);   /* past the ttl: the renewals keep it */
+	ck_assert_int_eq(ap_redis_lease_take(r, AP_REDIS_ACTION, k, 300, &probe), 0);
+	ck_assert_int_eq(ap_redis_lease_holder(r, AP_REDIS_ACTION, k, tok), 1);
+	ap_leases_get_counts(lb, &n);
+	ck_assert_uint_eq(n.waiting, 1);
+	ck_assert_int_eq(ap_redis_put(r, AP_REDIS_ACTION, k, 1, parts, lens), 0);
+	ap_lease_release(la, a.held);   /* as compile.c: after the entry is stored */
+	pthread_join(b.t, NULL);
+	ck_assert_int_eq(b.st, AP_LEASE_FOUND);
+	ck_assert_ptr_null(b.held);
+	ck_assert_int_eq(ap_redis_lease_holder(r, AP_REDIS_ACTION, k, tok), 0);
+	ap_leases_get_counts(la, &n);
+	ck_assert_uint_eq(n.taken, 1);
+	ck_assert_uint_eq(n.waited, 0);
+	ck_assert_uint_eq(n.lost, 0);
+	ap_leases_get_counts(lb, &n);
+	ck_assert_uint_eq(n.taken, 0);
+	ck_assert_uint_eq(n.waited, 1);
+	ck_assert_uint_eq(n.lapsed, 0);
+	ck_assert_uint_eq(n.waiting, 0);
+	ap_leases_free(la);
+	ap_leases_free(lb);
+	ap_redis_free(r);
+}
+END_TEST
+
+/* A holder that stops renewing (a SIGKILLed daemon: its lease taken by
+ * hand, never renewed): the waiter notices the lapse soon after the ttl
+ * and takes the lease over, rather than waiting out its bound. */
+START_TEST(lease_claim_takes_over)
+{
+	ap_redis *r = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	ap_leases *lb = ap_leases_new(r, 1000);
+	ap_redis_lease dead;
+	struct claimer b;
+	ap_lease_counts n;
+	char tok[AP_REDIS_TOKEN_CHARS + 1];
+	uint8_t k[32];
+
+	key_of("holder killed", k);
+	ck_assert_int_eq(ap_redis_lease_take(r, AP_REDIS_ACTION, k, 400, &dead), 1);
+	claim_start(&b, lb, r, k, 20000);
+	pthread_join(b.t, NULL);
+	ck_assert_int_eq(b.st, AP_LEASE_HOLD);
+	ck_assert_double_ge(b.ms, 300);
+	ck_assert_double_lt(b.ms, 10000);   /* about the ttl, not the 20 s bound */
+	ck_assert_int_eq(ap_redis_lease_holder(r, AP_REDIS_ACTION, k, tok), 1);
+	ck_assert_str_ne(tok, dead.token);
+	ck_assert_int_eq(ap_redis_lease_renew(r, &dead, 1000), 0);
+	ap_leases_get_counts(lb, &n);
+	ck_assert_uint_eq(n.waited, 1);
+	ck_assert_uint_eq(n.lapsed, 1);
+	ck_assert_uint_eq(n.taken, 1);
+	ck_assert_uint_eq(n.taken_over, 1);
+	ck_assert_uint_eq(n.timeouts, 0);
+	ap_lease_release(lb, b.held);
+	ck_assert_int_eq(ap_redis_lease_holder(r, AP_REDIS_ACTION, k, tok), 0);
+	ap_leases_free(lb);
+	ap_redis_free(r);
+}
+END_TEST
+
+/* A lease held past the waiter's bound: it compiles alone at the bound;
+ * without Redis a claim compiles alone at once. */
+START_TEST(lease_claim_bounded)
+{
+	ap_redis *r = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	ap_leases *la = ap_leases_new(r, 3000), *lb = ap_leases_new(r, 3000);
+	struct claimer a, b;
+	ap_lease_counts n;
+	uint8_t k[32];
+
+	key_of("slow compile", k);
+	claim_start(&a, la, r, k, 5000);
+	pthread_join(a.t, NULL);
+	ck_assert_int_eq(a.st, AP_LEASE_HOLD);
+	claim_start(&b, lb, r, k, 700);
+	pthread_join(b.t, NULL);
+	ck_assert_int_eq(b.st, AP_LEASE_ALONE);
+	ck_assert_double_ge(b.ms, 650);   /* at the bound (700 ms), not before */
+	ap_leases_get_counts(lb, &n);
+	ck_assert_uint_eq(n.waited, 1);
+	ck_assert_uint_eq(n.timeouts, 1);
+	ck_assert_uint_eq(n.lapsed, 0);
+
+	redis_stop();
+	key_of("no redis", k);
+	claim_start(&b, lb, r, k, 20000);
+	pthread_join(b.t, NULL);
+	ck_assert_int_eq(b.st, AP_LEASE_ALONE);
+	ck_assert_double_lt(b.ms, 5000);   /* at once, not at the 20 s bound */
+	ap_leases_get_counts(lb, &n);
+	ck_assert_uint_eq(n.waited, 1);
+	ap_lease_release(la, a.held);   /* fails quietly: nothing to release */
+	ap_leases_free(la);
+	ap_leases_free(lb);
+	ap_redis_free(r);
+}
+END_TEST
+
+struct compile_job {
+	ap_compiler *c;
+	Apollo__CompileRequest *req;
+	Apollo__CompileResponse *resp;
+	pthread_t t;
+};
+
+static void *compile_main(void *arg)
+{
+	struct compile_job *j = arg;
+
+	j->resp = ap_compile_run(j->c, j->req);
+	return NULL;
+}
+
+/* Two compilers (two daemons, their own L1) asked for one cold graph at
+ * once: the first takes the lease (and, by the test hook, holds it a
+ * while before compiling), the second waits and is answered from L2
+ * without compiling. */
+START_TEST(compilers_compile_once)
+{
+	ap_redis *r = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	ap_cache *ca = cache_at("la"), *cb = cache_at("lb");
+	ap_compiler_options o = { .threads = 1, .redis = r, .lease_ms = 3000 };
+	ap_compiler *a, *b;
+	Apollo__Graph *pb = gemm_pb();
+	Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
+	Apollo__CompileResponse *rb;
+	struct compile_job ja = { 0 };
+	ap_compile_counters n;
+
+	setenv("APOLLO_TEST_LEASE_HOLD_MS", "900", 1);
+	a = ap_compiler_new(ca, &o);
+	unsetenv("APOLLO_TEST_LEASE_HOLD_MS");
+	b = ap_compiler_new(cb, &o);
+	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
+	req.graph = pb;
+	req.target = "cpu";
+	ja.c = a;
+	ja.req = &req;
+	ck_assert_int_eq(pthread_create(&ja.t, NULL, compile_main, &ja), 0);
+	for (int i = 0; i < 200; i++) {
+		ap_compiler_get_counters(a, &n);
+		if (n.lease_taken)
+			break;
+		usleep(10 * 1000);
+	}
+	ck_assert_uint_eq(n.lease_taken, 1);
+	rb = ap_compile_run(b, &req);
+	pthread_join(ja.t, NULL);
+	ck_assert_int_eq(ja.resp->result_case, APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE);
+	ck_assert_int_eq(rb->result_case, APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE);
+	ck_assert_int_eq(ja.resp->bundle->stats->cache_hit, 0);
+	ck_assert_int_eq(rb->bundle->stats->cache_tier, APOLLO__CACHE_TIER__CACHE_L2);
+	ck_assert_uint_eq(rb->bundle->n_kernels, ja.resp->bundle->n_kernels);
+	ap_compiler_get_counters(b, &n);
+	ck_assert_uint_eq(n.kernels_compiled, 0);
+	ck_assert_uint_eq(n.lease_waited, 1);
+	ck_assert_uint_eq(n.lease_taken, 0);
+	ck_assert_uint_eq(n.tier[APOLLO__CACHE_TIER__CACHE_L2], 1);
+	ap_compiler_get_counters(a, &n);
+	ck_assert_uint_gt(n.kernels_compiled, 0);
+	ap_compile_response_free(ja.resp);
+	ap_compile_response_free(rb);
+	ap_graph_pb_free(pb);
+	ap_compiler_free(a);
+	ap_compiler_free(b);
+	ap_cache_free(ca);
+	ap_cache_free(cb);
+	ap_redis_free(r);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("redis");
@@ -725,6 +1058,12 @@ static Suite *suite(void)
 	tcase_add_test(tc, breaker);
 	tcase_add_test(tc, secret_files);
 	tcase_add_test(tc, tuning_records_shared);
+	tcase_add_test(tc, lease_by_token);
+	tcase_add_test(tc, lease_lapse_take_over);
+	tcase_add_test(tc, lease_claim_waits_for_entry);
+	tcase_add_test(tc, lease_claim_takes_over);
+	tcase_add_test(tc, lease_claim_bounded);
+	tcase_add_test(tc, compilers_compile_once);
 	suite_add_tcase(s, tc);
 	return s;
 }

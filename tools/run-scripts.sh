@@ -7,10 +7,11 @@
 # "scripts: N passed, N failed".
 #
 # The scripts are independent: each starts its own apollod (and cluster.sh
-# its Redis) on sockets and caches under its own mktemp directory; the
-# ports they listen on (metrics, python_api.py's TCP) are ones the kernel
-# picks.  Only torch.sh writes into the source tree (client/python/build,
-# which it removes), and no other script reads it.
+# and cluster_lease.sh their Redis) on sockets and caches under its own
+# mktemp directory; the ports they listen on (metrics, python_api.py's
+# TCP) are ones the kernel picks.  Only torch.sh writes into the source
+# tree (client/python/build, which it removes), and no other script reads
+# it.
 #
 # The value-checking scripts (SHARED below; explain_html, which only
 # draws what it is answered, too) share one daemon cache,
@@ -18,9 +19,10 @@
 # here first): its keys are content-addressed and name the daemon's
 # executable (server/compile/compile.c, build_identity), so a bundle
 # from it is the bundle a cold compile makes, and sharing changes nothing
-# but time.  The scripts that count compiles or hits (cluster.sh, tune.sh,
-# torch.sh) keep a fresh cache each.  Longest scripts start first, by the
-# times the last run wrote to $APOLLO_BUILD/script-times.
+# but time.  The scripts that count compiles or hits (cluster.sh,
+# cluster_lease.sh, tune.sh, torch.sh) keep a fresh cache each.  Longest
+# scripts start first, by the times the last run wrote to
+# $APOLLO_BUILD/script-times.
 cd "$(dirname "$0")/.." || exit 1
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 if [ "$1" = -P ]; then

@@ -35,6 +35,12 @@
  * The breaker (redis.h) is a small state machine under the mutex: every
  * call first asks allow() and ends with settle(ok), so a half-open probe
  * is always resolved.
+ *
+ * Leases (redis.h) go through the same pool, deadline and breaker: SET
+ * NX PX to take, GET to see the holder, and a compare-and-act Lua script
+ * (EVAL with one key; Redis keeps the compiled script, the text is about
+ * 100 bytes) to renew or release, so that a token that no longer holds
+ * the lease changes nothing.  A lease value is never verified nor served.
  */
 #include "redis.h"
 
@@ -539,7 +545,8 @@ static void release(ap_redis *r, struct rconn *c)
 /* An allowed call: one command on a pooled connection.  A pooled
  * connection that fails (Redis restarted since it was opened) is dropped
  * and the command tried once more on a new one (GET and SET may be
- * repeated).  The reply (caller frees), or NULL after settling the
+ * repeated; so may the lease scripts; a lease's SET NX repeated after a
+ * lost reply finds its own token, which lease.c recognises).  The reply (caller frees), or NULL after settling the
  * failure. */
 static redisReply *call(ap_redis *r, int argc, const char **argv, const size_t *lens)
 {
@@ -810,6 +817,130 @@ int ap_redis_put(ap_redis *r, int kind, const uint8_t key[32], int n, const uint
 	pthread_mutex_unlock(&r->mu);
 	free(v);
 	return rc;
+}
+
+/* ---- leases (redis.h) --------------------------------------------------------- */
+
+/* Lua, one key: extend / delete KEYS[1] only while it holds ARGV[1]. */
+static const char renew_script[] =
+	"if redis.call('get', KEYS[1]) == ARGV[1] then "
+	"return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0";
+static const char release_script[] =
+	"if redis.call('get', KEYS[1]) == ARGV[1] then "
+	"return redis.call('del', KEYS[1]) end return 0";
+
+void ap_redis_lease_key_string(const ap_redis *r, int kind, const uint8_t key[32], char *buf,
+			       size_t cap)
+{
+	char hex[65];
+
+	ap_hex(key, 32, hex);
+	snprintf(buf, cap, "%s:s%d.%d:lease:%c:%s", r->ns,
+		 APOLLO__SCHEMA_VERSION__SCHEMA_VERSION_CURRENT, FORMAT, kind, hex);
+}
+
+/* One lease command: argv[at] is filled with the lease key of (kind,
+ * key), every other length taken with strlen.  Its reply (caller frees),
+ * or NULL with *rc AP_EBUSY (breaker open, nothing sent) or AP_EIO
+ * (failed; call() settled it). */
+static redisReply *lease_call(ap_redis *r, int kind, const uint8_t key[32], int argc,
+			      const char **argv, int at, int *rc)
+{
+	char key_str[KEY_CAP];
+	size_t lens[8];
+	redisReply *rep;
+
+	ap_redis_lease_key_string(r, kind, key, key_str, sizeof(key_str));
+	argv[at] = key_str;
+	for (int i = 0; i < argc && i < 8; i++)
+		lens[i] = strlen(argv[i]);
+	if (!allow(r)) {
+		*rc = AP_EBUSY;
+		return NULL;
+	}
+	rep = call(r, argc, argv, lens);
+	*rc = rep ? 0 : AP_EIO;
+	return rep;
+}
+
+int ap_redis_lease_take(ap_redis *r, int kind, const uint8_t key[32], unsigned ttl_ms,
+			ap_redis_lease *l)
+{
+	char ttl[24];
+	const char *argv[6] = { "SET", NULL, l->token, "NX", "PX", ttl };
+	uint8_t raw[AP_REDIS_TOKEN_CHARS / 2];
+	redisReply *rep;
+	int rc;
+
+	memmove(l->key, key, 32);   /* key may be l->key itself */
+	memset(l->token, 0, sizeof(l->token));
+	l->kind = kind;
+	if (!ttl_ms)
+		return AP_EINVAL;
+	if (ap_random_bytes(raw, sizeof(raw)))
+		return AP_EIO;
+	ap_hex(raw, sizeof(raw), l->token);
+	snprintf(ttl, sizeof(ttl), "%u", ttl_ms);
+	rep = lease_call(r, kind, l->key, 6, argv, 1, &rc);
+	if (!rep)
+		return rc;
+	rc = rep->type == REDIS_REPLY_STATUS ? 1 : 0;   /* +OK, or nil: held */
+	freeReplyObject(rep);
+	return rc;
+}
+
+int ap_redis_lease_holder(ap_redis *r, int kind, const uint8_t key[32],
+			  char token[AP_REDIS_TOKEN_CHARS + 1])
+{
+	const char *argv[2] = { "GET", NULL };
+	redisReply *rep;
+	int rc;
+
+	token[0] = '\0';
+	rep = lease_call(r, kind, key, 2, argv, 1, &rc);
+	if (!rep)
+		return rc;
+	rc = rep->type == REDIS_REPLY_STRING ? 1 : 0;
+	if (rc && rep->len == AP_REDIS_TOKEN_CHARS &&
+	    strspn(rep->str, "0123456789abcdef") == AP_REDIS_TOKEN_CHARS) {
+		memcpy(token, rep->str, AP_REDIS_TOKEN_CHARS);
+		token[AP_REDIS_TOKEN_CHARS] = '\0';
+	}
+	freeReplyObject(rep);
+	return rc;
+}
+
+/* Runs a compare-and-act script on lease l (with `arg` as ARGV[2], or
+ * none): 1 when it acted, 0 when l's token no longer holds the lease, or
+ * the failure. */
+static int lease_script(ap_redis *r, const ap_redis_lease *l, const char *script,
+			const char *arg)
+{
+	const char *argv[6] = { "EVAL", script, "1", NULL, l->token, arg };
+	redisReply *rep;
+	int rc;
+
+	rep = lease_call(r, l->kind, l->key, arg ? 6 : 5, argv, 3, &rc);
+	if (!rep)
+		return rc;
+	rc = rep->type == REDIS_REPLY_INTEGER && rep->integer > 0 ? 1 : 0;
+	freeReplyObject(rep);
+	return rc;
+}
+
+int ap_redis_lease_renew(ap_redis *r, const ap_redis_lease *l, unsigned ttl_ms)
+{
+	char ttl[24];
+
+	if (!ttl_ms)
+		return AP_EINVAL;
+	snprintf(ttl, sizeof(ttl), "%u", ttl_ms);
+	return lease_script(r, l, renew_script, ttl);
+}
+
+int ap_redis_lease_release(ap_redis *r, const ap_redis_lease *l)
+{
+	return lease_script(r, l, release_script, NULL);
 }
 
 void ap_redis_get_counts(ap_redis *r, ap_redis_counts *out)

@@ -107,6 +107,57 @@ int ap_redis_put(ap_redis *r, int kind, const uint8_t key[32], int n,
 void ap_redis_key_string(const ap_redis *r, int kind, const uint8_t key[32], char *buf,
 			 size_t cap);
 
+/* ---- leases (issue 26, item 1) ---------------------------------------------------
+ *
+ * A lease says "a daemon of the cluster is compiling this key now", so
+ * that the others wait for its entry instead of compiling the same cold
+ * graph each (server/compile/lease.h does the waiting and the renewals).
+ * It is a plain string, the holder's token (AP_REDIS_TOKEN_CHARS hex
+ * characters of 16 random bytes), under
+ *   NAMESPACE:s<schema>.<format>:lease:<kind>:<hex of the 32-byte key>
+ * with a lifetime in milliseconds (PX).  Unsigned: a lease only ever
+ * delays a compile (at most the waiter's own bound), it is never served;
+ * it cannot be taken for an entry, whose keys have four parts and a
+ * one-letter kind where a lease key has "lease".  Taking is SET NX PX;
+ * renewing and releasing compare the token first, in one Lua script each
+ * (EVAL, one key), so that only the holder extends or deletes its lease
+ * and a lease that lapsed and was taken by another daemon is left alone.
+ * The calls count for the breaker like any other, and each returns
+ * AP_EBUSY at once while it is open. */
+#define AP_REDIS_TOKEN_CHARS 32
+
+typedef struct ap_redis_lease {
+	int kind;                                 /* AP_REDIS_ACTION, ... */
+	uint8_t key[32];
+	char token[AP_REDIS_TOKEN_CHARS + 1];     /* hex, NUL-terminated */
+} ap_redis_lease;
+
+/* Tries to take the lease of `key` of `kind` for `ttl_ms` (> 0) with a
+ * fresh random token, written to *l with kind and key whatever the
+ * outcome (so that a caller can recognise its own token when a lost reply
+ * made it look refused; `key` may be l->key itself).  1: taken; 0: another holds it; AP_EBUSY (breaker open,
+ * nothing sent), AP_EIO (failed, or no random bytes), AP_EINVAL (ttl_ms
+ * 0). */
+int ap_redis_lease_take(ap_redis *r, int kind, const uint8_t key[32], unsigned ttl_ms,
+			ap_redis_lease *l);
+/* Who holds the lease of `key` of `kind`: 1 with its token in `token`
+ * ("" when the value is not a token of ours: written by something else),
+ * 0 when nobody does; AP_EBUSY, AP_EIO as above. */
+int ap_redis_lease_holder(ap_redis *r, int kind, const uint8_t key[32],
+			  char token[AP_REDIS_TOKEN_CHARS + 1]);
+/* Extends lease *l to `ttl_ms` from now if its token still holds it
+ * (PEXPIRE under the compare).  1: renewed; 0: not ours any more (it
+ * lapsed, and maybe another daemon took it); AP_EBUSY, AP_EIO,
+ * AP_EINVAL (ttl_ms 0). */
+int ap_redis_lease_renew(ap_redis *r, const ap_redis_lease *l, unsigned ttl_ms);
+/* Deletes lease *l if its token still holds it.  1: released; 0: not
+ * ours (lapsed; another holder's lease is left alone); AP_EBUSY, AP_EIO. */
+int ap_redis_lease_release(ap_redis *r, const ap_redis_lease *l);
+/* The key string of a lease ("apollo:s5.1:lease:a:<hex>"), at most `cap`
+ * bytes with the NUL. */
+void ap_redis_lease_key_string(const ap_redis *r, int kind, const uint8_t key[32], char *buf,
+			       size_t cap);
+
 typedef enum ap_redis_state {
 	AP_REDIS_CLOSED = 0,      /* calls go to Redis */
 	AP_REDIS_OPEN = 1,        /* nothing is sent */

@@ -29,6 +29,17 @@
  * compile it once; a kernel flight publishes the digest and the blob.
  * no_cache requests take part in neither.
  *
+ * Cluster leases (lease.h, issue 26 item 1): a request flight's leader
+ * that misses L1 once more claims the graph key's lease in Redis before
+ * compiling (claim_lease): held by another daemon, it waits for that
+ * daemon's entry in L2 (tier L2) within the same bound as a follower,
+ * taking the lease over when its holder lapses; holding it, it compiles
+ * and releases it after store_compiled wrote L2 (or on failure), in
+ * run()'s epilogue.  So a cold graph submitted to every node at once is
+ * compiled by one.  Test hook: $APOLLO_TEST_LEASE_HOLD_MS=MS (read once,
+ * when the compiler is created) sleeps that long after taking a lease,
+ * before compiling, so that a test can kill the holder mid-compile.
+ *
  * Warm path: the daemon remembers, for the digest of a request's bytes
  * (net.c), the graph key it computed (a direct-mapped table of MEMO_SLOTS
  * entries, last writer wins).  A request seen before goes straight to the
@@ -96,6 +107,7 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 	ap_compiler *c = calloc(1, sizeof(*c));
 	const char *delay = getenv("APOLLO_TEST_COMPILE_DELAY_MS");
 	const char *refuse = getenv("APOLLO_TEST_REFUSE_KERNEL_NODES");
+	const char *hold = getenv("APOLLO_TEST_LEASE_HOLD_MS");
 	const char *nv;
 
 	if (!c)
@@ -128,6 +140,8 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 		c->delay_ms = (unsigned)strtoul(delay, NULL, 10);
 	if (refuse && *refuse)
 		c->refuse_nodes = (unsigned)strtoul(refuse, NULL, 10);
+	if (hold && *hold)
+		c->lease_hold_ms = (unsigned)strtoul(hold, NULL, 10);
 	host_cc_identity(c->cc_id, sizeof(c->cc_id));
 	build_identity(c->build_id, sizeof(c->build_id));
 	nv = ap_nvrtc_version();
@@ -149,6 +163,10 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 			break;   /* fewer helpers: slower, still correct */
 		c->n_helpers++;
 	}
+	if (c->redis && c->flights && opt && opt->lease_ms &&
+	    !(c->leases = ap_leases_new(c->redis, opt->lease_ms < 3 ? 3 : opt->lease_ms)))
+		ap_log(AP_LOG_WARN, "no cluster leases (out of memory or threads): every daemon "
+		       "compiles a cold graph it is asked for");
 	if (opt && (opt->autotune.refine || opt->autotune.measure) &&
 	    !(c->autotune = ap_autotune_new(c, &opt->autotune)))
 		ap_log(AP_LOG_WARN, "no background tuner: searched kernels keep the model's records");
@@ -167,6 +185,7 @@ ap_compiler *ap_compiler_free(ap_compiler *c)
 	for (unsigned t = 0; t < c->n_helpers; t++)
 		pthread_join(c->helpers[t], NULL);
 	free(c->helpers);
+	ap_leases_free(c->leases);
 	pthread_cond_destroy(&c->work);
 	pthread_mutex_destroy(&c->mu);
 	ap_flights_free(c->flights);
@@ -222,6 +241,18 @@ void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out)
 		ap_flights_get_counts(i ? m->kflights : m->flights, &f);
 		out->flight_timeouts += f.timeouts;
 		out->flight_waiting += f.waiting;
+	}
+	{
+		ap_lease_counts l;
+
+		ap_leases_get_counts(m->leases, &l);
+		out->lease_taken = l.taken;
+		out->lease_waited = l.waited;
+		out->lease_lapsed = l.lapsed;
+		out->lease_taken_over = l.taken_over;
+		out->lease_timeouts = l.timeouts;
+		out->lease_lost = l.lost;
+		out->lease_waiting = l.waiting;
 	}
 	pthread_mutex_lock(&m->hist_mu);
 	memcpy(out->compile_hist, m->hist, sizeof(out->compile_hist));
@@ -1056,13 +1087,57 @@ static void store_request_key(ap_compiler *c, const struct request *r, const uin
 	b->stats->cache_ms += ap_now_ms() - t;
 }
 
+/* claim_lease's probe of L2 while it waits: the bundle, when found. */
+struct l2_probe {
+	ap_compiler *c;
+	struct request *r;
+	const uint8_t *key;
+	Apollo__Bundle *b;
+};
+
+static bool l2_found(void *user)
+{
+	struct l2_probe *p = user;
+
+	p->b = lookup(p->c, p->r, p->key, true);
+	return p->b != NULL;
+}
+
+/* The cluster lease of a request this daemon leads (lease.h): > 0 when
+ * *out answers (another daemon's entry, from L2), 0 to compile (*lease:
+ * held, to be released once the bundle is stored; or NULL: alone). */
+static int claim_lease(ap_compiler *c, struct request *r, const uint8_t gkey[32],
+		       ap_lease **lease, Apollo__Bundle **out)
+{
+	struct l2_probe p = { c, r, gkey, NULL };
+	int st;
+
+	if (!c->leases)
+		return 0;
+	st = ap_lease_claim(c->leases, gkey, r->t0 + c->flight_wait_ms, r->cancel, l2_found, &p,
+			    lease);
+	if (st == AP_LEASE_FOUND) {
+		*out = p.b;
+		return 1;
+	}
+	if (st == AP_LEASE_HOLD && c->lease_hold_ms) {
+		struct timespec ts = { c->lease_hold_ms / 1000,
+				       (long)(c->lease_hold_ms % 1000) * 1000000L };
+
+		nanosleep(&ts, NULL);   /* test hook: the holder killed mid-compile */
+	}
+	return 0;
+}
+
 /* Single-flight: waits for an identical request compiling now, or leads
- * (*flight: the flight this request must publish to).  > 0 when *out
- * answers (the flight's bundle, or one a flight stored between our miss
- * and our join), 0 to compile (leading, or alone: no cache, no flights, or
- * a follower whose wait ran out), < 0 an error with `err` set. */
+ * (*flight: the flight this request must publish to) and then claims the
+ * cluster lease (*lease, claim_lease).  > 0 when *out answers (the
+ * flight's bundle, one a flight stored between our miss and our join, or
+ * another daemon's from L2), 0 to compile (leading, or alone: no cache,
+ * no flights, or a follower whose wait ran out), < 0 an error with `err`
+ * set. */
 static int join_flight(ap_compiler *c, struct request *r, const uint8_t gkey[32],
-		       ap_flight **flight, Apollo__Bundle **out, ap_error *err)
+		       ap_flight **flight, ap_lease **lease, Apollo__Bundle **out, ap_error *err)
 {
 	int role;
 
@@ -1075,9 +1150,11 @@ static int join_flight(ap_compiler *c, struct request *r, const uint8_t gkey[32]
 		*flight = NULL;
 		return rc;
 	}
-	if (role == AP_FLIGHT_LEAD && (*out = lookup(c, r, gkey, false)))
+	if (role != AP_FLIGHT_LEAD)
+		return 0;
+	if ((*out = lookup(c, r, gkey, false)))
 		return 1;
-	return 0;
+	return claim_lease(c, r, gkey, lease, out);
 }
 
 /* The job proper, in its steps: target, identity, the warm path (request
@@ -1094,6 +1171,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	uint8_t graph_hash[32], named_hash[32], gkey[32], rkey[32];
 	bool have_rkey = false, oom = false;
 	ap_flight *flight = NULL;     /* the request flight this request leads */
+	ap_lease *lease = NULL;       /* the cluster lease it holds */
 	char bid[400];
 	double t, backend_ms = 0;
 	unsigned compiled = 0;
@@ -1141,7 +1219,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		goto done;
 	}
 
-	if ((rc = join_flight(c, r, gkey, &flight, out, err))) {
+	if ((rc = join_flight(c, r, gkey, &flight, &lease, out, err))) {
 		rc = rc > 0 ? 0 : rc;
 		goto done;
 	}
@@ -1166,6 +1244,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 	*out = b;
 	rc = 0;
 done:
+	ap_lease_release(c->leases, lease);   /* after store_compiled wrote L2 */
 	if (flight)
 		publish(c, flight, rc, err, rc ? NULL : *out);
 	if (blobs && prog)

@@ -18,6 +18,9 @@
  *     single-flight (flight.h): an identical request already compiling
  *          is waited for (flight_wait_ms from arrival) and its bundle
  *          answers, cache_tier SHARED
+ *     cluster lease (lease.h; with L2): the flight's leader takes the
+ *          graph key's lease in Redis, or waits (the same bound) for the
+ *          daemon holding it to store its entry, answered from L2
  *   ap_program_build (partition, fuse, lower, print, plan)
  *   per kernel: kernel key -> L1 kernel cache, L2, a flight for the same
  *     kernel, else the backend (NVRTC for sm_XX / compute_XX, the host C
@@ -70,6 +73,11 @@ typedef struct ap_compiler_options {
 				      compile (and kernels alike) */
 	unsigned flight_wait_ms;   /* how long a request waits for an identical
 				      one in flight, from its arrival; 0 = 10 min */
+	unsigned lease_ms;         /* with redis and single-flight: a cold
+				      request's cluster lease lives this many ms,
+				      renewed every third of it, and the other
+				      daemons wait for its entry (lease.h);
+				      0 = no leases */
 	long long tune_budget_evals;   /* search budget per request, cost-model
 				      evaluations (server/tune/tune.h);
 				      0 = AP_TUNE_BUDGET_EVALS, < 0 = no search
@@ -245,6 +253,11 @@ typedef struct ap_compile_counters {
 	uint64_t memo_hits;         /* requests that skipped decoding their graph */
 	uint64_t flight_timeouts;   /* waits (requests and kernels) that gave up */
 	uint64_t flight_waiting;    /* requests and kernels waiting now */
+	/* cluster leases (lease.h, ap_lease_counts): taken (take-overs
+	 * included), waits, lapses seen while waiting, take-overs, waits that
+	 * reached flight_wait_ms, leases lost while held, waiting now */
+	uint64_t lease_taken, lease_waited, lease_lapsed, lease_taken_over;
+	uint64_t lease_timeouts, lease_lost, lease_waiting;
 	/* compile time (request wall time, seconds) of requests answered by
 	 * compiling: count per bucket (not cumulative; the last is +Inf), sum */
 	uint64_t compile_hist[AP_COMPILE_BUCKETS + 1];

@@ -28,6 +28,7 @@
 #include "../plan/program.h"
 #include "../tune/tune.h"
 #include "flight.h"
+#include "lease.h"
 #include "proto/apollo.pb-c.h"
 
 struct task_batch;
@@ -71,6 +72,8 @@ struct ap_compiler {
 	ap_redis *redis;         /* L2; NULL: none */
 	ap_flights *flights;     /* requests by graph key; NULL: no single-flight */
 	ap_flights *kflights;    /* kernels by kernel key */
+	ap_leases *leases;       /* cluster leases of cold requests (lease.h); NULL: none */
+	unsigned lease_hold_ms;  /* $APOLLO_TEST_LEASE_HOLD_MS: tests only */
 	unsigned flight_wait_ms;
 	unsigned tune_budget_evals;   /* per request; 0: no search */
 	double tune_budget_ms;   /* per request, the safety limit; 0: none */

@@ -19,9 +19,9 @@
 
 #include "proto/apollo.pb-c.h"
 
-#define MAX_FAM 48
-#define MAX_SAMPLES 192
-#define MAX_LABELS 320
+#define MAX_FAM 64
+#define MAX_SAMPLES 224
+#define MAX_LABELS 352
 #define POOL 1024
 
 struct ap_metrics_snapshot {
@@ -159,6 +159,21 @@ static void build_requests(ap_metrics_snapshot *m, const ap_metrics_input *in)
 	single(m, "apollo_flight_timeouts_total", "counter",
 	       "Waits for an identical compile that reached flight_wait_ms (then compiled "
 	       "alone).", (double)cc->flight_timeouts);
+	family(m, "apollo_cluster_leases_total", "counter",
+	       "Cluster leases of cold requests (redis_lease_ms): taken by this daemon "
+	       "(take-overs included), waits for another daemon's, lapses seen while "
+	       "waiting (the holder's lease gone without its entry), leases taken over "
+	       "after a lapse, waits that reached flight_wait_ms (then compiled here), "
+	       "leases lost while held (not renewed in time).");
+	sample(m, NULL, (double)cc->lease_taken, 1, "event", "taken");
+	sample(m, NULL, (double)cc->lease_waited, 1, "event", "waited");
+	sample(m, NULL, (double)cc->lease_lapsed, 1, "event", "lapsed");
+	sample(m, NULL, (double)cc->lease_taken_over, 1, "event", "taken_over");
+	sample(m, NULL, (double)cc->lease_timeouts, 1, "event", "timeout");
+	sample(m, NULL, (double)cc->lease_lost, 1, "event", "lost");
+	single(m, "apollo_cluster_lease_waiting", "gauge",
+	       "Requests waiting now for another daemon's compile (its cluster lease).",
+	       (double)cc->lease_waiting);
 	single(m, "apollo_request_memo_hits_total", "counter",
 	       "Compile requests answered by the key remembered for their bytes, without "
 	       "decoding their graph.", (double)cc->memo_hits);
