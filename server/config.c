@@ -217,7 +217,9 @@ static const ap_config_option options[] = {
 	  "File holding the password sent with AUTH after connecting (Redis "
 	  "requirepass); a trailing newline is ignored.  Empty: no AUTH." },
 	{ "redis_namespace", STR(redis_namespace), "apollo", 0, 0, NULL,
-	  "First part of every Redis key (NAMESPACE:s<schema>.<format>:a|k:<key>): "
+	  "First part of every Redis key (NAMESPACE:s<schema>.<format>:K:<key>, K "
+	  "a for answers, k kernels, b blobs, t tuning records; leases "
+	  "NAMESPACE:s<schema>.<format>:lease:a:<key>): "
 	  "daemons share entries only within one namespace; a new one starts an "
 	  "empty shared cache." },
 	{ "redis_ttl_s", NUM(AP_CFG_INT, redis_ttl_s), "604800", 0, 315360000LL, NULL,
