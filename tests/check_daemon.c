@@ -2530,7 +2530,14 @@ START_TEST(sigterm_stops_background_tuner)
 	}
 	printf("check_daemon: sigterm_stops_background_tuner: exit %.3f s after SIGTERM\n", exit_s);
 	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "apollod exit status %d", status);
+	/* 2 s (issue 26); a sanitized daemon on a loaded machine may take one
+	 * of the tuner's steps (a ptxas or NVRTC compile) several times as
+	 * long, and the sanitized run is there for memory errors, not time */
+#ifdef __SANITIZE_ADDRESS__
+	ck_assert_msg(exit_s < 6.0, "apollod took %.3f s to stop (see %s)", exit_s, d.log);
+#else
 	ck_assert_msg(exit_s < 2.0, "apollod took %.3f s to stop (see %s)", exit_s, d.log);
+#endif
 	ck_assert_msg(log_has(&d, "background tuner: job abandoned"), "no abandoned job in %s", d.log);
 	ck_assert(!log_has(&d, "job failed"));
 
