@@ -9,6 +9,8 @@
 cd "$(dirname "$0")/.." || exit 1
 B=${APOLLO_BUILD:-build}
 fail=0
+tmp=$(mktemp)
+trap 'rm -f "$tmp"' EXIT
 defined() { nm -g --defined-only "$B/$1" 2>/dev/null | awk 'NF == 3 { print $3 }' | sort -u; }
 used() { nm -u "$B/$1" 2>/dev/null | awk 'NF == 2 { print $2 }' | sort -u; }
 for a in libapcommon.a libapserver.a libapollo-client.a; do
@@ -22,8 +24,8 @@ for rule in "libapcommon.a libapserver.a libapollo-client.a" \
 	user=$1
 	shift
 	for lib in "$@"; do
-		bad=$(used "$user" | comm -12 - "$(defined "$lib" >"$B/.layering.$$"; echo "$B/.layering.$$")")
-		rm -f "$B/.layering.$$"
+		defined "$lib" >"$tmp"
+		bad=$(used "$user" | comm -12 - "$tmp")
 		if [ -n "$bad" ]; then
 			echo "layering: FAILED: $user uses symbols of $lib:" $bad
 			fail=1
