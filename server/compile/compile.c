@@ -351,6 +351,7 @@ struct request {
 	uint8_t *frame;            /* ... the spliced answer (warm_frame), or NULL */
 	size_t frame_len;
 	double warm_t0;            /* when warm_frame's lookup began */
+	struct ap__progress *progress;   /* its stage events; NULL: none */
 };
 
 /* What ap_compile_run_as hands out: the response first (its address is the
@@ -942,6 +943,7 @@ static void request_identity(ap_compiler *c, struct request *r, struct kernel_ba
 	kb->use_cache = r->use_cache;
 	kb->deadline = r->t0 + c->flight_wait_ms;
 	kb->cancel = r->cancel;
+	kb->progress = r->progress;
 }
 
 /* Builds the program of graph `g` (partition, fusion, tuning, lowering)
@@ -966,6 +968,10 @@ static int compile_program(ap_compiler *c, struct request *r, const ap_graph *g,
 	if ((rc = build_options(c, r->req, r->target, r->device, r->use_cache, &pool, &bo, &th, &tu,
 				err)))
 		return rc;
+	if (r->progress && r->progress->to) {
+		bo.stage_begin = ap__progress_stage;
+		bo.stage_user = r->progress;
+	}
 	*progp = ap_program_build(g, &bo, err);
 	if (!*progp)
 		return err->code ? err->code : AP_EINTERNAL;
@@ -1199,6 +1205,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		if ((*out = lookup(c, r, rkey, false)))
 			return 0;
 	}
+	ap__progress(r->progress, "import", 0, 0);
 	if ((rc = request_graph(req, &g, err)))
 		return rc;
 	r->import_ms = ap_now_ms() - t;
@@ -1238,6 +1245,8 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		goto done;
 	}
 	compiled_stats(c, r, g, prog, backend_ms, compiled, b);
+	if (r->use_cache && !prog->tune_capped)
+		ap__progress(r->progress, "cache", 0, 0);
 	store_compiled(c, r, gkey, have_rkey ? rkey : NULL, b, prog->tune_capped, prog->tune_ms);
 	b->stats->cache_ms = r->cache_ms;
 	b->stats->compile_ms = ap_now_ms() - r->t0;
@@ -1494,12 +1503,26 @@ uint8_t *ap_compile_run_frame_admitted(ap_compiler *c, const Apollo__CompileRequ
 				       const ap_compile_admit *admit, uint64_t id, size_t *len,
 				       bool *bundle)
 {
+	return ap_compile_run_frame_progress(c, req, digest, client, admit, NULL, id, len, bundle);
+}
+
+uint8_t *ap_compile_run_frame_progress(ap_compiler *c, const Apollo__CompileRequest *req,
+				       const uint8_t *digest, const char *client,
+				       const ap_compile_admit *admit,
+				       const ap_compile_progress *progress, uint64_t id,
+				       size_t *len, bool *bundle)
+{
+	struct ap__progress pr;
 	struct request r = { .req = req, .digest = digest, .client = client, .t0 = ap_now_ms(),
-			     .want_frame = true, .frame_id = id, .admit = admit };
-	Apollo__CompileResponse *resp = respond(c, &r);
+			     .want_frame = true, .frame_id = id, .admit = admit, .progress = &pr };
+	Apollo__CompileResponse *resp;
 	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
 	uint8_t *f = NULL;
 	size_t n;
+
+	ap__progress_init(&pr, progress, r.t0);
+	resp = respond(c, &r);
+	ap__progress_fini(&pr);
 
 	if (r.frame) {
 		*len = r.frame_len;

@@ -177,6 +177,31 @@ __ap_give uint8_t *ap_compile_run_frame_admitted(ap_compiler *c,
 						 const uint8_t *digest, const char *client,
 						 const ap_compile_admit *admit, uint64_t id,
 						 size_t *len, bool *bundle);
+/* Where a request's progress goes (issue 26, item 4): `fn` is called with
+ * the stage reached ("import", "partition", "layer I", "layer II",
+ * "tuning", "layer III", "codegen", "plan", "backend", "cache"), `done` of
+ * `total` units (kernels for "backend"; 0 of 0 for stages not counted) and
+ * the milliseconds since the request began.  Rate-bounded before the call:
+ * once per stage change, and within one stage at most every
+ * AP_PROGRESS_MIN_MS unless done reaches total.  Called on the request's
+ * worker or its helper threads, never two at once for one request, never
+ * after ap_compile_run_frame_progress returned; `stage` is a static
+ * string.  A warm answer calls it not at all. */
+#define AP_PROGRESS_MIN_MS 100.0
+typedef struct ap_compile_progress {
+	void (*fn)(void *user, const char *stage, uint32_t done, uint32_t total,
+		   double elapsed_ms);
+	void *user;                  /* passed to fn, borrowed */
+} ap_compile_progress;
+
+/* As ap_compile_run_frame_admitted, the request's stages reported to
+ * `progress` (borrowed; NULL: none) while it runs. */
+__ap_give uint8_t *ap_compile_run_frame_progress(ap_compiler *c,
+						 __ap_keep const struct Apollo__CompileRequest *req,
+						 const uint8_t *digest, const char *client,
+						 const ap_compile_admit *admit,
+						 const ap_compile_progress *progress, uint64_t id,
+						 size_t *len, bool *bundle);
 /* Whether the request memo knows the request whose bytes have SHA-256
  * `digest` together with how it was admitted: true with *out (the numbers
  * ap_compile_run_frame_admitted was given), false when it does not (a
