@@ -55,6 +55,12 @@ const double ap_compile_bucket_s[AP_COMPILE_BUCKETS] = {
 	0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 };
 
+const char *const ap_stage_names[AP_STAGES] = {
+	"import", "partition", "layer1", "tuning", "codegen", "backend", "cache",
+};
+
+const double ap_stage_bucket_s[AP_STAGE_BUCKETS] = { 0.001, 0.01, 0.1, 1, 10 };
+
 /* ---- set-up -------------------------------------------------------------- */
 
 /* "cc <first line of `$APOLLO_CC --version`>", or "cc unknown". */
@@ -257,6 +263,8 @@ void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out)
 	pthread_mutex_lock(&m->hist_mu);
 	memcpy(out->compile_hist, m->hist, sizeof(out->compile_hist));
 	out->compile_sum_s = m->hist_sum;
+	memcpy(out->stage_hist, m->stage_hist, sizeof(out->stage_hist));
+	memcpy(out->stage_sum_s, m->stage_sum, sizeof(out->stage_sum_s));
 	pthread_mutex_unlock(&m->hist_mu);
 }
 
@@ -1277,6 +1285,24 @@ static void count_warm(ap_compiler *c)
 	atomic_fetch_add(&c->tier[APOLLO__CACHE_TIER__CACHE_L1], 1);
 }
 
+/* Adds a compiled request's stage times (st, ms) to the stage histograms;
+ * c->hist_mu held. */
+static void count_stages(ap_compiler *c, const Apollo__Stats *st)
+{
+	const double ms[AP_STAGES] = { st->import_ms, st->partition_ms, st->layer1_ms, st->tune_ms,
+				       st->codegen_ms, st->backend_ms, st->cache_ms };
+
+	for (int s = 0; s < AP_STAGES; s++) {
+		double sec = ms[s] / 1e3;
+		int k = 0;
+
+		while (k < AP_STAGE_BUCKETS && sec > ap_stage_bucket_s[k])
+			k++;
+		c->stage_hist[s][k]++;
+		c->stage_sum[s] += sec;
+	}
+}
+
 /* Counts an answer: its tier and kernels, or its error code. */
 static void count_answer(ap_compiler *c, const struct request *r, const Apollo__Bundle *b, int rc)
 {
@@ -1305,6 +1331,7 @@ static void count_answer(ap_compiler *c, const struct request *r, const Apollo__
 		c->hist[k]++;
 		c->hist_sum += sec;
 	}
+	count_stages(c, b->stats);
 	pthread_mutex_unlock(&c->hist_mu);
 }
 

@@ -264,6 +264,16 @@ int ap_compile_device_id(const char *name, unsigned sms, char *id, size_t cap, a
 #define AP_COMPILE_BUCKETS 12
 extern const double ap_compile_bucket_s[AP_COMPILE_BUCKETS];
 
+/* The stages timed per compiled request (apollo.Stats: import_ms,
+ * partition_ms, layer1_ms, tune_ms, codegen_ms -- layer I and tuning are
+ * parts of codegen --, backend_ms, cache_ms), by name, and the upper
+ * bounds (seconds) of their latency histograms' buckets; the last bucket
+ * is +Inf (issue 26, item 4). */
+#define AP_STAGES 7
+#define AP_STAGE_BUCKETS 5
+extern const char *const ap_stage_names[AP_STAGES];
+extern const double ap_stage_bucket_s[AP_STAGE_BUCKETS];
+
 /* Totals since the compiler was created. */
 typedef struct ap_compile_counters {
 	uint64_t requests;          /* compile requests run */
@@ -287,6 +297,9 @@ typedef struct ap_compile_counters {
 	 * compiling: count per bucket (not cumulative; the last is +Inf), sum */
 	uint64_t compile_hist[AP_COMPILE_BUCKETS + 1];
 	double compile_sum_s;
+	/* the same per stage (ap_stage_names), seconds, of the same requests */
+	uint64_t stage_hist[AP_STAGES][AP_STAGE_BUCKETS + 1];
+	double stage_sum_s[AP_STAGES];
 	/* tuning (server/tune/tune.h) in compiled requests: kernels whose
 	 * configuration came from a record (of those measured), kernels
 	 * searched, configurations evaluated, search time; client reports

@@ -91,6 +91,8 @@ struct ap_compiler {
 	pthread_mutex_t hist_mu;
 	uint64_t hist[AP_COMPILE_BUCKETS + 1];
 	double hist_sum;
+	uint64_t stage_hist[AP_STAGES][AP_STAGE_BUCKETS + 1];   /* hist_mu, too */
+	double stage_sum[AP_STAGES];
 };
 
 /* A compiled kernel blob, before it goes into the bundle. */
