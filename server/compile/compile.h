@@ -183,10 +183,14 @@ __ap_give uint8_t *ap_compile_run_frame_admitted(ap_compiler *c,
  * `total` units (kernels for "backend"; 0 of 0 for stages not counted) and
  * the milliseconds since the request began.  Rate-bounded before the call:
  * once per stage change, and within one stage at most every
- * AP_PROGRESS_MIN_MS unless done reaches total.  Called on the request's
+ * AP_PROGRESS_MIN_MS unless done reaches total; a stage reported before
+ * (a round the refusals repeat), again no sooner than AP_PROGRESS_MIN_MS
+ * after the last event.  Called on the request's
  * worker or its helper threads, never two at once for one request, never
  * after ap_compile_run_frame_progress returned; `stage` is a static
- * string.  A warm answer calls it not at all. */
+ * string.  A warm answer calls it not at all.  After the backend refused
+ * a kernel the program is built again (kernels.c): the pipeline's stages
+ * are reported again from "partition". */
 #define AP_PROGRESS_MIN_MS 100.0
 typedef struct ap_compile_progress {
 	void (*fn)(void *user, const char *stage, uint32_t done, uint32_t total,

@@ -125,6 +125,9 @@ struct ap__progress {
 	const char *stage;           /* the last stage sent; NULL: none yet */
 	double last_ms;              /* when it was sent */
 	uint32_t last_done;          /* its `done` */
+#define AP__PROGRESS_STAGES 16
+	const char *seen[AP__PROGRESS_STAGES];   /* the stages reported so far */
+	unsigned n_seen;
 	uint32_t backend_done;       /* kernels the backend stage has finished (mu) */
 	uint32_t backend_total;      /* of how many (set before the stage) */
 };

@@ -4,8 +4,10 @@
  * the backend finishes, from the request's worker and its helper threads.
  * What goes out: calls of the request's ap_compile_progress, bounded in
  * rate -- one per stage change, and within a stage one per
- * AP_PROGRESS_MIN_MS unless it is the stage's last unit -- so that a large
- * graph (thousands of kernels) does not flood the client's socket.  The
+ * AP_PROGRESS_MIN_MS unless it is the stage's last unit, and a stage
+ * reached again (the driver's rounds after a refusal) no more often --
+ * so that a large graph (thousands of kernels, thousands of rounds) does
+ * not flood the client's socket.  The
  * invariant: calls for one request are serialised by its mutex, in the
  * order the stages were reached, and none after the request returns (the
  * worker joins its helpers before it answers).
@@ -34,18 +36,32 @@ void ap__progress_fini(struct ap__progress *p)
 	}
 }
 
+/* Whether `stage` was reported before (remembering it when not). */
+static bool seen_before(struct ap__progress *p, const char *stage)
+{
+	for (unsigned i = 0; i < p->n_seen; i++)
+		if (!strcmp(p->seen[i], stage))
+			return true;
+	if (p->n_seen < AP__PROGRESS_STAGES)
+		p->seen[p->n_seen++] = stage;
+	return false;
+}
+
 /* ap__progress with p->mu held. */
 static void report_locked(struct ap__progress *p, const char *stage, uint32_t done,
 			  uint32_t total)
 {
 	double now = ap_now_ms();
 	bool same = p->stage && !strcmp(p->stage, stage);
+	bool soon = now - p->last_ms < AP_PROGRESS_MIN_MS;
 
 	/* within a stage: a counted one at most every AP_PROGRESS_MIN_MS
-	 * (its last unit always), an uncounted one (a refusal's round
-	 * running the stage again) not again */
-	if (same && (!total || done == p->last_done ||
-		     (done < total && now - p->last_ms < AP_PROGRESS_MIN_MS)))
+	 * (its last unit always), an uncounted one not again */
+	if (same && (!total || done == p->last_done || (done < total && soon)))
+		return;
+	/* a stage reached again (the refusals' rounds, up to thousands):
+	 * no more often than a counted stage's units */
+	if (!same && seen_before(p, stage) && soon)
 		return;
 	p->stage = stage;
 	p->last_done = done;
