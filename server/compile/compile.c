@@ -1547,7 +1547,7 @@ uint8_t *ap_compile_run_frame_progress(ap_compiler *c, const Apollo__CompileRequ
 	uint8_t *f = NULL;
 	size_t n;
 
-	ap__progress_init(&pr, progress, r.t0);
+	ap__progress_init(&pr, progress, progress && progress->t0 > 0 ? progress->t0 : r.t0);
 	resp = respond(c, &r);
 	ap__progress_fini(&pr);
 

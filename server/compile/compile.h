@@ -181,7 +181,7 @@ __ap_give uint8_t *ap_compile_run_frame_admitted(ap_compiler *c,
  * the stage reached ("import", "partition", "layer I", "layer II",
  * "tuning", "layer III", "codegen", "plan", "backend", "cache"), `done` of
  * `total` units (kernels for "backend"; 0 of 0 for stages not counted) and
- * the milliseconds since the request began.  Rate-bounded before the call:
+ * the milliseconds since the request arrived (t0).  Rate-bounded before the call:
  * once per stage change, and within one stage at most every
  * AP_PROGRESS_MIN_MS unless done reaches total; a stage reported before
  * (a round the refusals repeat), again no sooner than AP_PROGRESS_MIN_MS
@@ -196,6 +196,8 @@ typedef struct ap_compile_progress {
 	void (*fn)(void *user, const char *stage, uint32_t done, uint32_t total,
 		   double elapsed_ms);
 	void *user;                  /* passed to fn, borrowed */
+	double t0;                   /* when the request arrived (ap_now_ms()), what
+					elapsed_ms counts from; 0: the compile's start */
 } ap_compile_progress;
 
 /* As ap_compile_run_frame_admitted, the request's stages reported to

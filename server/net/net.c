@@ -283,6 +283,7 @@ struct job {
 	int kind;                /* AP_KIND_COMPILE or AP_KIND_TUNE */
 	int code;                /* a tuning report refused: its AP_E* code */
 	bool progress;           /* CompileRequest.progress: stage events wanted */
+	double t_arrived;        /* ap_now_ms() when it was queued: Progress.elapsed_ms's 0 */
 };
 
 /* Who a connection is, for tuning reports (compile.h): "uid:N" on the Unix
@@ -816,7 +817,7 @@ static void work_compile(uv_work_t *req)
 	 * NULL when out of memory: after_compile answers.  Stage events, when
 	 * asked for, go to the loop through job_progress. */
 	if (!j->frame) {
-		ap_compile_progress pg = { job_progress, j };
+		ap_compile_progress pg = { job_progress, j, j->t_arrived };
 
 		j->frame = ap_compile_run_frame_progress(j->compiler, j->env->compile,
 							 j->has_digest ? j->digest : NULL, j->client,
@@ -993,6 +994,7 @@ static void handle_compile(conn *c, Apollo__Envelope *env, struct frame_info *in
 	j->has_admit = info->has_cost && !tune;
 	j->kind = tune ? AP_KIND_TUNE : AP_KIND_COMPILE;
 	j->progress = !tune && env->compile && env->compile->progress;
+	j->t_arrived = ap_now_ms();
 	conn_client(c, j->client, sizeof(j->client));
 	if (info->has_digest) {
 		j->has_digest = true;
