@@ -125,7 +125,7 @@ int ap_client_set_timeout_ms(ap_client *c, unsigned ms);
  * "layer III", "codegen", "plan", "backend", "cache" (borrowed for the
  * call only), `done` of `total` units ("backend": kernels compiled or
  * found; 0 of 0 for a stage not counted), `elapsed_ms` since the daemon
- * began the request.  Called on the submitting thread, inside the
+ * received the request.  Called on the submitting thread, inside the
  * ap_client_submit_* call, before it returns; at most one event per stage
  * change and per ~100 ms within a stage.  A warm (cached) answer may come
  * with none. */
