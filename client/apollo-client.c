@@ -1340,13 +1340,39 @@ static int compare_output(int k, const ap_host_tensor *got, const ap_host_tensor
 			    (long long)(want->nbytes / (es ? es : 1)), at, vg, vw);
 }
 
+/* The outputs of a run (rt) against the test set's want[0..n_want): their
+ * count, then each within o's tolerances (the worst kept in w); with
+ * save_set each is written there first (the next run checks against it).
+ * 0, or AP_ESHAPE / a comparison's or the runtime's error with `err`. */
+static int check_outputs(ap_runtime *rt, ap_host_tensor *const *want, int n_want, const check_opts *o,
+			 const char *save_set, worst *w, ap_error *err)
+{
+	int rc = 0;
+
+	if (ap_runtime_n_outputs(rt) != n_want)
+		return ap_error_set(err, AP_ESHAPE, NULL, NULL, "the bundle has %d outputs, the test data %d",
+				    ap_runtime_n_outputs(rt), n_want);
+	for (int k = 0; k < n_want && rc == 0; k++) {
+		ap_host_tensor *got = ap_runtime_output(rt, k, err);
+
+		if (!got)
+			return err->code;
+		if (save_set)
+			rc = ap_testdata_save(save_set, "output", k, got, NULL, err);
+		if (rc == 0)
+			rc = compare_output(k, got, want[k], o, w, err);
+		ap_host_tensor_free(got);
+	}
+	return rc < 0 ? rc : 0;
+}
+
 /* Runs one data set of a test folder.  Returns 0 when every output is
  * within tolerance, else a negative code with `msg` saying what. */
 static int check_set(ap_client **cp, const char *setdir, const char *model_path,
 		     const uint8_t *model, size_t model_len, const ap_onnx_io *io, const check_opts *o, const char *save_set, worst *w,
 		     int *n_kernels, unsigned *n_eager, bool *hit, double *run_ms, char *msg, size_t cap)
 {
-	ap_host_tensor **in = NULL, **want = NULL, *got = NULL;
+	ap_host_tensor **in = NULL, **want = NULL;
 	int n_in = 0, n_want = 0, rc;
 	bindings b = {0};
 	ap_graph *g = NULL;
@@ -1416,25 +1442,8 @@ static int check_set(ap_client **cp, const char *setdir, const char *model_path,
 	}
 	if (ro.profile)
 		print_profile(bundle, rt, o->repeat);
-	if (ap_runtime_n_outputs(rt) != n_want) {
-		rc = ap_error_set(&err, AP_ESHAPE, NULL, NULL,
-				  "the bundle has %d outputs, the test data %d",
-				  ap_runtime_n_outputs(rt), n_want);
+	if ((rc = check_outputs(rt, want, n_want, o, save_set, w, &err)) < 0)
 		goto error;
-	}
-	for (int k = 0; k < n_want; k++) {
-		got = ap_runtime_output(rt, k, &err);
-		if (!got) {
-			rc = err.code;
-			goto error;
-		}
-		/* Saved before the comparison: the next run checks against it. */
-		if (save_set && (rc = ap_testdata_save(save_set, "output", k, got, NULL, &err)) < 0)
-			goto error;
-		if ((rc = compare_output(k, got, want[k], o, w, &err)) < 0)
-			goto error;
-		got = ap_host_tensor_free(got);
-	}
 	rc = 0;
 	goto out;
 error:
@@ -1445,7 +1454,6 @@ error:
 	if (rc >= 0)
 		rc = AP_EINTERNAL;
 out:
-	ap_host_tensor_free(got);
 	ap_runtime_free(rt);
 	ap_bundle_free(bundle);
 	ap_params_free(params);
@@ -2009,6 +2017,36 @@ static int tune_parse(int argc, char **argv, model_args *m, tune_opts *o, bool *
 	return 0;
 }
 
+/* Sends the timed candidates of `rows` to the daemon as one tune report
+ * for `target` on `device` (sms SMs) and prints how many measured records
+ * it stored.  0, or 1 with the error printed. */
+static int tune_send(ap_client *c, const tune_rows *rows, const char *target, const char *device,
+		     unsigned sms)
+{
+	ap_tune_measurement *ms = calloc((size_t)(unsigned)rows->n + 1, sizeof(*ms));
+	unsigned records = 0;
+	ap_error err;
+	int rc;
+
+	ap_error_clear(&err);
+	if (!ms) {
+		fprintf(stderr, "apollo-client: tune: out of memory\n");
+		return 1;
+	}
+	for (int i = 0; i < rows->n; i++)
+		ms[i] = rows->r[i].m;
+	rc = ap_client_tune_report(c, target, device, sms, ms, rows->n, &records, &err);
+	free(ms);
+	if (rc < 0) {
+		fail("tune: report", &err);
+		return 1;
+	}
+	printf("%d measurements sent: %u measured records stored for %s on %s (a record "
+	       "needs the measurements of two clients, or of the daemon's own tuner)\n",
+	       rows->n, records, target, device);
+	return 0;
+}
+
 static int cmd_tune(int argc, char **argv)
 {
 	model_args m = {0};
@@ -2021,7 +2059,7 @@ static int cmd_tune(int argc, char **argv)
 	tune_rows rows = {0};
 	ap_device_info dev;
 	char device[128] = "";
-	unsigned sms = 0, records = 0;
+	unsigned sms = 0;
 	bool is_onnx = false, dry = false;
 	ap_error err;
 	double ms;
@@ -2083,27 +2121,7 @@ static int cmd_tune(int argc, char **argv)
 		goto out;
 	}
 	tune_print(&rows, device, sms);
-	if (!dry) {
-		ap_tune_measurement *ms_ = calloc((size_t)(unsigned)rows.n + 1, sizeof(*ms_));
-
-		if (!ms_) {
-			fprintf(stderr, "apollo-client: tune: out of memory\n");
-			goto out;
-		}
-		for (int i = 0; i < rows.n; i++)
-			ms_[i] = rows.r[i].m;
-		if (ap_client_tune_report(c, o.submit.target, device, sms, ms_, rows.n, &records,
-					  &err) < 0) {
-			free(ms_);
-			fail("tune: report", &err);
-			goto out;
-		}
-		free(ms_);
-		printf("%d measurements sent: %u measured records stored for %s on %s (a record "
-		       "needs the measurements of two clients, or of the daemon's own tuner)\n",
-		       rows.n, records, o.submit.target, device);
-	}
-	rc = 0;
+	rc = dry ? 0 : tune_send(c, &rows, o.submit.target, device, sms);
 out:
 	fflush(stdout);
 	tune_rows_clear(&rows);
