@@ -4,7 +4,7 @@
  *                 [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]
  *                 [--shape NAME=DIMS ...] [--dump DIR] [--dump-schedules DIR] [--allow-tf32]
  *                 [--no-layer1] [--no-tune] [--no-cache] [--namespace NS] [--daemon-import]
- *                 [--explain] [--explain-html FILE]
+ *                 [--explain] [--explain-html FILE] [--progress]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
  *                 [--keep-whole OP ...]
  *   apollo-client run MODEL.onnx [--input NAME=FILE.npy|FILE.pb ...] [--shape NAME=DIMS ...]
@@ -98,10 +98,11 @@ static const subcommand_help g_help[] = {
 	  "              [--shape NAME=DIMS ...] [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--no-layer1] [--no-tune]\n"
 	  "              [--host-check] [--no-cache] [--namespace NS] [--daemon-import] [--explain]\n"
 	  "              [--explain-html FILE] [--fusion none|rules|apollo] [--fusion-barrier NODE ...]\n"
-	  "              [--keep-whole OP ...]\n",
+	  "              [--keep-whole OP ...] [--progress]\n",
 	  "Compiles a model (its structure; the weights stay here) and prints the bundle's\n"
 	  "launches and statistics; -o writes the bundle, --explain why launches were not fused,\n"
 	  "--explain-html FILE the fused graph as an HTML page (open it in a browser),\n"
+	  "--progress the daemon's stages on stderr as it compiles (a live line on a terminal),\n"
 	  "--dump the kernels' blobs.  Target cpu (host C, for checking), sm_XX or compute_XX\n"
 	  "(CUDA), host:sm_XX (a GPU's kernels emulated on the host).\n" },
 	{ "run",
@@ -769,6 +770,7 @@ typedef struct submit_args {
 	ap_submit_options opt;
 	const char *out, *dump, *dump_sched, *explain_html;
 	bool json, daemon_import;
+	bool progress;                    /* --progress: stage events on stderr */
 	const char **barriers, **whole;   /* malloc'd, of borrowed argv strings */
 	ap_report_info info;
 } submit_args;
@@ -803,6 +805,8 @@ static int submit_parse(int argc, char **argv, submit_args *s)
 			s->json = true;
 		} else if (!strcmp(a, "--daemon-import")) {
 			s->daemon_import = true;
+		} else if (!strcmp(a, "--progress")) {
+			s->progress = true;
 		} else if (!strcmp(a, "--explain")) {
 			s->info.explain = true;
 		} else if (!strcmp(a, "--explain-html") && v) {
@@ -895,6 +899,7 @@ static int cmd_submit(int argc, char **argv)
 	ap_graph *g = NULL;
 	ap_client *c = NULL;
 	ap_bundle *bundle = NULL;
+	ap_progress_line line = { .f = stderr };
 	ap_error err;
 	bool is_onnx = false;
 	double t0;
@@ -923,6 +928,10 @@ static int cmd_submit(int argc, char **argv)
 		goto out;
 	}
 	gpu_device(&s.opt, &dev);
+	if (s.progress) {
+		line.tty = isatty(fileno(stderr));
+		ap_client_set_progress(c, ap_progress_print, &line);
+	}
 	t0 = ap_now_ms();
 	if (g)
 		bundle = ap_client_submit_graph(c, g, &s.opt, &err);
@@ -932,6 +941,7 @@ static int cmd_submit(int argc, char **argv)
 	else
 		bundle = ap_client_submit_graph_pb(c, buf, len, &s.opt, &err);
 	s.info.round_trip_ms = ap_now_ms() - t0;
+	ap_progress_done(&line);
 	if (!bundle) {
 		fail("submit", &err);
 		goto out;

@@ -120,6 +120,22 @@ void ap_client_set_max_frame(ap_client *c, uint32_t max_bytes);
  * Returns 0 or AP_EIO. */
 int ap_client_set_timeout_ms(ap_client *c, unsigned ms);
 
+/* A compile's progress as the daemon streams it (issue 26, item 4):
+ * `stage` one of "import", "partition", "layer I", "layer II", "tuning",
+ * "layer III", "codegen", "plan", "backend", "cache" (borrowed for the
+ * call only), `done` of `total` units ("backend": kernels compiled or
+ * found; 0 of 0 for a stage not counted), `elapsed_ms` since the daemon
+ * received the request.  Called on the submitting thread, inside the
+ * ap_client_submit_* call, before it returns; at most one event per stage
+ * change and per ~100 ms within a stage.  A warm (cached) answer may come
+ * with none. */
+typedef void (*ap_progress_fn)(void *user, const char *stage, unsigned done, unsigned total,
+			       double elapsed_ms);
+/* Asks for progress on this client's later submits: `fn` (NULL: stop
+ * asking) is called with `user` (borrowed) for each event.  A daemon that
+ * predates progress sends none.  Never fails. */
+void ap_client_set_progress(ap_client *c, ap_progress_fn fn, void *user);
+
 /* What the daemon said in its HelloReply ("" before a handshake).  Borrowed. */
 const char *ap_client_server(const ap_client *c);        /* "apollod 0.1.0" */
 const char *ap_client_nvrtc_version(const ap_client *c); /* "" when NVRTC is not loaded */

@@ -66,6 +66,8 @@ struct ap_client {
 	char *addr;
 	char *token;
 	long trust_uid;          /* -1: none beyond this user and root */
+	ap_progress_fn progress; /* compile progress wanted: its callback; NULL: not */
+	void *progress_user;
 };
 
 struct ap_bundle {
@@ -302,6 +304,21 @@ static int pending_error(ap_client *c, ap_error *err)
 
 static int reconnect(ap_client *c, ap_error *err);
 
+/* Hands one Progress to the client's callback, when it has one (a daemon
+ * may send them only when asked; an unasked one is dropped). */
+static void progress_event(ap_client *c, const Apollo__Progress *p)
+{
+	if (!c->progress || !p)
+		return;
+	c->progress(c->progress_user, p->stage ? p->stage : "", p->done, p->total, p->elapsed_ms);
+}
+
+void ap_client_set_progress(ap_client *c, ap_progress_fn fn, void *user)
+{
+	c->progress = fn;
+	c->progress_user = user;
+}
+
 /* One attempt of call(); *retry when the daemon had closed the connection
  * before it could read the request (worth one new connection). */
 static int call_once(ap_client *c, Apollo__Envelope *req, int want, Apollo__Envelope **reply,
@@ -340,6 +357,12 @@ static int call_once(ap_client *c, Apollo__Envelope *req, int want, Apollo__Enve
 		goto broken;
 	}
 	rc = read_envelope(c, &env, err, retry);
+	/* a compile's Progress envelopes (its id) come before its answer */
+	while (rc == 0 && env->msg_case == APOLLO__ENVELOPE__MSG_PROGRESS && env->id == req->id) {
+		progress_event(c, env->progress);
+		apollo__envelope__free_unpacked(env, NULL);
+		rc = read_envelope(c, &env, err, retry);
+	}
 	if (rc < 0)
 		goto broken;
 	if (env->msg_case == APOLLO__ENVELOPE__MSG_ERROR) {
@@ -988,6 +1011,7 @@ static ap_bundle *submit(ap_client *c, Apollo__CompileRequest *cr, const ap_subm
 		co.host_check = opt->host_check;
 	}
 	cr->options = &co;
+	cr->progress = c->progress != NULL;
 	req.msg_case = APOLLO__ENVELOPE__MSG_COMPILE;
 	req.compile = cr;
 	if (call(c, &req, APOLLO__ENVELOPE__MSG_COMPILED, &rep, err) < 0)

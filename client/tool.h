@@ -343,4 +343,24 @@ void ap_report_stats_json(FILE *f, const char *server, const ap_server_stats *s,
  *   launch P -> launch C via TENSOR: REASON (DETAIL) */
 void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info);
 
+/* ---- progress (progress.c) ------------------------------------------------- */
+
+/* `apollo-client submit --progress`'s display of a compile's stages on
+ * `f` (stderr): on a terminal one line redrawn in place ("\r", the line
+ * cleared), else one plain line per event, "progress: STAGE[ DONE/TOTAL]
+ * (MS ms)".  Zero it, set f and tty, pass it as the user of
+ * ap_progress_print (an ap_progress_fn), and end with ap_progress_done. */
+typedef struct ap_progress_line {
+	FILE *f;
+	bool tty;            /* redraw one line (isatty) */
+	bool drawn;          /* a line is showing that ap_progress_done ends */
+	unsigned events;     /* events printed */
+} ap_progress_line;
+
+/* An ap_progress_fn: prints one event as `user` (an ap_progress_line) says. */
+void ap_progress_print(void *user, const char *stage, unsigned done, unsigned total,
+		       double elapsed_ms);
+/* Ends a redrawn line with a newline (nothing when none is showing). */
+void ap_progress_done(ap_progress_line *p);
+
 #endif

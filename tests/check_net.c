@@ -12,7 +12,9 @@
  * echoed, a client that leaves while its big frame is decoded, a
  * half-closed client, and SIGTERM with big frames arriving; a request
  * answered before decoded without its graph and answered warm, or decoded
- * whole when the cache lost its bundle.
+ * whole when the cache lost its bundle; a compile's Progress events
+ * (issue 26, item 4), in order, with its id, before its answer, and only
+ * when asked for.
  */
 #include <check.h>
 #include <errno.h>
@@ -210,8 +212,9 @@ static void put_stats(buf_t *b, uint64_t id, size_t pad)
 	put_env(b, &env, pad);
 }
 
-/* out = Relu(x) on [2, cols] for the cpu target. */
-static void put_compile(buf_t *b, uint64_t id, int64_t cols, size_t pad)
+/* out = Relu(x) on [2, cols] for the cpu target; `progress`: with
+ * CompileRequest.progress set. */
+static void put_compile_progress(buf_t *b, uint64_t id, int64_t cols, size_t pad, bool progress)
 {
 	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
 	Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
@@ -250,10 +253,16 @@ static void put_compile(buf_t *b, uint64_t id, int64_t cols, size_t pad)
 	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
 	req.graph = &g;
 	req.target = "cpu";
+	req.progress = progress;
 	env.id = id;
 	env.msg_case = APOLLO__ENVELOPE__MSG_COMPILE;
 	env.compile = &req;
 	put_env(b, &env, pad);
+}
+
+static void put_compile(buf_t *b, uint64_t id, int64_t cols, size_t pad)
+{
+	put_compile_progress(b, id, cols, pad, false);
 }
 
 /* A frame of `n` bytes that is no Envelope: 0xff bytes are a varint that
@@ -587,6 +596,138 @@ START_TEST(known_request_without_graph)
 }
 END_TEST
 
+/* ---- progress (issue 26, item 4) -------------------------------------------- */
+
+/* The wire's stages in the order a cold compile reaches them. */
+static int stage_rank(const char *stage)
+{
+	static const char *const order[] = {
+		"import", "partition", "layer I", "layer II", "tuning",
+		"layer III", "codegen", "plan", "backend", "cache",
+	};
+
+	for (int i = 0; i < (int)(sizeof(order) / sizeof(order[0])); i++)
+		if (!strcmp(stage, order[i]))
+			return i;
+	ck_abort_msg("unknown progress stage '%s'", stage);
+	return -1;
+}
+
+/* Reads the replies to compile request `id` up to its answer, checking
+ * every Progress on the way: the request's id, stages in order (a stage
+ * may repeat, never go back), backend's done counting up to its total,
+ * elapsed_ms never decreasing.  Returns the answer (a bundle, checked);
+ * *events: how many came, *seen: a bit per stage rank. */
+static Apollo__Envelope *progress_until_answer(int fd, uint64_t id, int *events, unsigned *seen)
+{
+	Apollo__Envelope *r;
+	int rank = -1;
+	uint32_t done = 0, total = 0;
+	double ms = 0;
+
+	*events = 0;
+	*seen = 0;
+	while ((r = next_reply(fd)) && r->msg_case == APOLLO__ENVELOPE__MSG_PROGRESS) {
+		const Apollo__Progress *p = r->progress;
+		int k = stage_rank(p->stage);
+
+		ck_assert_uint_eq(r->id, id);
+		ck_assert_int_ge(k, rank);
+		ck_assert(p->elapsed_ms >= ms);
+		if (!strcmp(p->stage, "backend")) {
+			ck_assert_uint_gt(p->total, 0);
+			ck_assert_uint_le(p->done, p->total);
+			ck_assert_uint_ge(p->done, done);
+			done = p->done;
+			total = p->total;
+		} else {
+			ck_assert_uint_eq(p->total, 0);
+		}
+		rank = k;
+		ms = p->elapsed_ms;
+		*seen |= 1u << k;
+		(*events)++;
+		apollo__envelope__free_unpacked(r, NULL);
+	}
+	ck_assert_msg(r != NULL, "the daemon closed the connection before its answer");
+	expect_bundle(r, id);
+	ck_assert_uint_eq(done, total);   /* the backend's last event: all kernels */
+	return r;
+}
+
+/* Issue 26, item 4: a cold compile asking for progress gets its stages
+ * (import before partition before the fusion layers, codegen, backend 0..n
+ * of n kernels, the cache write), all with its id and before its answer; a
+ * request that does not ask gets none, even cold; a warm answer may come
+ * with none; an Envelope a client sends with a Progress in it, and a frame
+ * that is no Envelope, are answered ERR_BAD_MESSAGE as before, the
+ * connection still serving. */
+START_TEST(progress_events)
+{
+	daemon_t d;
+	buf_t b = { 0 };
+	Apollo__Envelope *r, env = APOLLO__ENVELOPE__INIT;
+	Apollo__Progress pg = APOLLO__PROGRESS__INIT;
+	unsigned seen;
+	int fd, events;
+
+	start(&d);
+	fd = open_unix(d.sock);
+	ck_assert_int_ge(fd, 0);
+	put_compile_progress(&b, 7, 64, 0, true);   /* cold, small frame */
+	send_buf(fd, &b);
+	r = progress_until_answer(fd, 7, &events, &seen);
+	ck_assert_int_eq(r->compiled->bundle->stats->cache_hit, 0);
+	apollo__envelope__free_unpacked(r, NULL);
+	ck_assert_int_ge(events, 5);
+	/* import, partition, layer I, codegen, backend, cache */
+	ck_assert_uint_eq(seen & 0x3c3, 0x3c3);
+
+	put_compile_progress(&b, 8, 96, PAD_BYTES, true);   /* cold, a decode job */
+	send_buf(fd, &b);
+	r = progress_until_answer(fd, 8, &events, &seen);
+	apollo__envelope__free_unpacked(r, NULL);
+	ck_assert_uint_eq(seen & 0x3c3, 0x3c3);
+
+	put_compile(&b, 9, 128, 0);                 /* cold, not asked: none */
+	send_buf(fd, &b);
+	r = next_reply(fd);
+	ck_assert_ptr_nonnull(r);
+	expect_bundle(r, 9);
+	ck_assert_int_eq(r->compiled->bundle->stats->cache_hit, 0);
+	apollo__envelope__free_unpacked(r, NULL);
+
+	put_compile_progress(&b, 10, 64, 0, true);  /* warm: events optional */
+	send_buf(fd, &b);
+	r = progress_until_answer(fd, 10, &events, &seen);
+	ck_assert_int_eq(r->compiled->bundle->stats->cache_hit, 1);
+	apollo__envelope__free_unpacked(r, NULL);
+
+	env.id = 11;                                /* a client's Progress: refused */
+	env.msg_case = APOLLO__ENVELOPE__MSG_PROGRESS;
+	env.progress = &pg;
+	pg.stage = "import";
+	put_env(&b, &env, 0);
+	put_garbage(&b, 100);
+	put_ping(&b, 12, 0);
+	send_buf(fd, &b);
+	r = next_reply(fd);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_uint_eq(r->id, 11);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_ERROR);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_BAD_MESSAGE);
+	apollo__envelope__free_unpacked(r, NULL);
+	r = next_reply(fd);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->msg_case, APOLLO__ENVELOPE__MSG_ERROR);
+	ck_assert_int_eq(r->error->code, APOLLO__ERROR_CODE__ERR_BAD_MESSAGE);
+	apollo__envelope__free_unpacked(r, NULL);
+	expect_pong(fd, 12);
+	close(fd);
+	stop(&d);
+}
+END_TEST
+
 static Suite *net_suite(void)
 {
 	Suite *s = suite_create("net");
@@ -597,6 +738,7 @@ static Suite *net_suite(void)
 	tcase_add_test(tc, big_frame_client_leaves);
 	tcase_add_test(tc, big_frames_sigterm);
 	tcase_add_test(tc, known_request_without_graph);
+	tcase_add_test(tc, progress_events);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -49,6 +49,8 @@ expect 0 "^usage: apollo-client check" check -h
 expect 0 "SUBCOMMAND --help" --help
 expect 2 "unknown option '--tagret' \(did you mean --target\?\)" submit --tagret sm_90 m.onnx
 expect 2 "did you mean --dump-schedules\?" submit --dump-schedule d m.onnx
+expect 0 "\[--progress\]" submit --help
+expect 2 "unknown option '--progres' \(did you mean --progress\?\)" submit --progres m.onnx
 expect 2 "did you mean --json\?" stats --jsn
 expect 2 "did you mean --socket\?" ping --sockte x
 expect 2 "check: --rtol wants a value" check d --rtol

@@ -10,7 +10,8 @@ Checks every line: comments (# HELP, # TYPE), samples `name{labels} value`
 with valid metric and label names, quoted label values with only \\\\, \\"
 and \\n escapes, numeric values; one TYPE and one HELP per family, before
 its samples, which come together; counters not negative; for histograms,
-buckets with `le`, cumulative, ending at +Inf equal to _count, and a _sum.
+buckets with `le`, cumulative, ending at +Inf equal to _count, and a _sum,
+per set of the other labels (a labelled histogram is one series per set).
 With --stats (the output of `apollo-client stats --json`), every sample of
 the text must be in it with the same value and vice versa (families named
 by --ignore excepted: they change between the two reads).  --expect checks
@@ -154,26 +155,40 @@ def parse(text):
 
 
 def check_histograms(types, samples):
+    """Each histogram, per set of labels other than le (a labelled
+    histogram is one series per set): buckets, one _sum, one _count."""
     for fam, t in types.items():
         if t != "histogram":
             continue
-        buckets = [s for s in samples if s[0] == fam + "_bucket"]
-        count = [s for s in samples if s[0] == fam + "_count"]
-        total = [s for s in samples if s[0] == fam + "_sum"]
-        if not buckets or len(count) != 1 or len(total) != 1:
-            fail(buckets[0][4] if buckets else 0, "histogram %s needs buckets, _sum, _count" % fam)
-        prev_le, prev = -math.inf, 0
-        for name, labels, value, _, lineno in buckets:
-            if "le" not in labels:
-                fail(lineno, "a bucket of %s without le" % fam)
-            le = parse_value(labels["le"], lineno)
-            if le <= prev_le or value < prev:
-                fail(lineno, "buckets of %s are not increasing and cumulative" % fam)
-            prev_le, prev = le, value
-        if prev_le != math.inf:
-            fail(buckets[-1][4], "the last bucket of %s is not +Inf" % fam)
-        if prev != count[0][2]:
-            fail(count[0][4], "%s_count %g != the +Inf bucket %g" % (fam, count[0][2], prev))
+        series = {}
+        for s in samples:
+            if s[0] in (fam + "_bucket", fam + "_count", fam + "_sum"):
+                rest = tuple(sorted((k, v) for k, v in s[1].items() if k != "le"))
+                series.setdefault(rest, []).append(s)
+        if not series:
+            fail(0, "histogram %s needs buckets, _sum, _count" % fam)
+        for group in series.values():
+            check_series(fam, group)
+
+
+def check_series(fam, group):
+    buckets = [s for s in group if s[0] == fam + "_bucket"]
+    count = [s for s in group if s[0] == fam + "_count"]
+    total = [s for s in group if s[0] == fam + "_sum"]
+    if not buckets or len(count) != 1 or len(total) != 1:
+        fail(group[0][4], "histogram %s needs buckets, _sum, _count" % fam)
+    prev_le, prev = -math.inf, 0
+    for name, labels, value, _, lineno in buckets:
+        if "le" not in labels:
+            fail(lineno, "a bucket of %s without le" % fam)
+        le = parse_value(labels["le"], lineno)
+        if le <= prev_le or value < prev:
+            fail(lineno, "buckets of %s are not increasing and cumulative" % fam)
+        prev_le, prev = le, value
+    if prev_le != math.inf:
+        fail(buckets[-1][4], "the last bucket of %s is not +Inf" % fam)
+    if prev != count[0][2]:
+        fail(count[0][4], "%s_count %g != the +Inf bucket %g" % (fam, count[0][2], prev))
 
 
 def key(name, labels):

@@ -176,6 +176,20 @@ def main():
           "the same graph again is answered from the cache (tier l1; the first compiled)")
     b3 = c.submit(g, target="cpu", allow_tf32=True)
     check(not b3.stats["cache_hit"], "allow_tf32 is another cache key")
+    # issue 26, item 4: a cold submit asking for progress sees the daemon's
+    # stages in order, the backend's kernels counted up to their total
+    events = []
+    bp = c.submit(g, target="cpu", namespace="progress",
+                  progress=lambda *e: events.append(e))
+    stages = [e[0] for e in events]
+    backend = [e for e in events if e[0] == "backend"]
+    check(not bp.stats["cache_hit"] and stages[:2] == ["import", "partition"] and "cache" in stages and
+          backend and backend[-1][1] == backend[-1][2] > 0 and
+          stages.index("codegen") < stages.index("backend") < stages.index("cache"),
+          "progress: %s" % " ".join(stages))
+    events.clear()
+    c.submit(g, target="cpu")
+    check(not events, "no progress asked for, none given")
     check(apollo.Bundle.unpack(b.pack()).n_launches == b.n_launches, "bundle pack / unpack")
     # issue 29, item 4: a bundle whose output buffer was shrunk (its kernels
     # and digests intact) is refused by the runtime before anything runs

@@ -37,7 +37,9 @@
 #     no graph break, nothing eager, within 1e-9 of eager;
 #   * the model with an op Apollo lacks (torch.atan2): the graph splits and
 #     the break is reported; strict mode turns it into an error;
-#   * no daemon: a warning and eager PyTorch; strict mode: an error.
+#   * no daemon: a warning and eager PyTorch; strict mode: an error;
+#   * tests/torch_checks.py progress: a compile over a second is logged
+#     once (logger "apollo", INFO) with the daemon's stage (issue 26, item 4).
 # Needs torch and transformers in .venv (make deps).
 cd "$(dirname "$0")/.." || exit 1
 . tests/daemon.inc
@@ -159,7 +161,7 @@ done
 
 # configuration errors, shapes that change and the ops of issue 24, each
 # against eager float64 within 1e-9
-for c in config shapes ops; do
+for c in config shapes ops progress; do
 	echo "== $c"
 	if "$PY" tests/torch_checks.py "$c" >"$AP_TMP/$c.log" 2>&1; then
 		grep '^torch_checks: ' "$AP_TMP/$c.log" | cut -c1-150

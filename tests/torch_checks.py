@@ -2,7 +2,7 @@
 """torch_checks.py -- checks of the torch.compile backend one at a time,
 against eager PyTorch, in float64 (issue 24).
 
-    torch_checks.py config|shapes|ops [OP...]
+    torch_checks.py config|shapes|ops [OP...]|progress
 
 config: configuration errors -- an unknown target ("sm90", and "sm_999",
 which the daemon does not list), fusion level, option, an option value of
@@ -25,6 +25,12 @@ torch_checks.py ops --list) in a small function compiled with
 torch.compile(backend="apollo"), forward and (where it has one) backward,
 against eager float64: every output and every input gradient within 1e-9
 relative to its largest value; no graph break, nothing eager.
+
+progress (issue 26, item 4): the backend asks the daemon for its stage
+events; a compile over backend.SLOW_COMPILE_S (set to 0 here, so that
+every cold one is) is logged exactly once at INFO on the "apollo" logger,
+naming the stage it waited for; a warm run under the usual second logs
+nothing.
 
 Prints one line per check; exits 1 on the first failure.
 """
@@ -389,10 +395,60 @@ def ops(names):
         OPS[n]()
 
 
+# ---- progress ------------------------------------------------------------------------
+
+def progress():
+    """A slow compile is logged once with the daemon's stage."""
+    import logging
+    import uuid
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.INFO)
+            self.records = []
+
+        def emit(self, record):
+            self.records.append(record.getMessage())
+
+    keep = Keep()
+    log = logging.getLogger("apollo")
+    log.addHandler(keep)
+    log.setLevel(logging.INFO)
+    m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).double()
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    opts = {"target": "cpu", "namespace": "progress-%s" % uuid.uuid4().hex}
+    slow = backend.SLOW_COMPILE_S
+    try:
+        backend.SLOW_COMPILE_S = 0.0          # every compile is "slow"
+        torch._dynamo.reset()
+        backend.reset_stats()
+        torch.compile(m, backend="apollo", options=opts)(x).sum().backward()
+        graphs = backend.stats()["graphs"]
+        check(graphs >= 2 and len(keep.records) == graphs and
+              all("compiling" in r and ("waiting for the daemon's" in r or "last stage" in r)
+                  for r in keep.records),
+              "%d cold compiles, each logged once: %s" % (graphs, keep.records[0][:110] if keep.records else "none"))
+        check(any(w in keep.records[0] for w in ("import", "partition", "layer", "tuning", "codegen",
+                                                 "plan", "backend", "cache")),
+              "the log names a stage")
+        backend.SLOW_COMPILE_S = slow
+        keep.records.clear()
+        torch._dynamo.reset()
+        backend.reset_stats()
+        torch.compile(m, backend="apollo", options=opts)(x).sum().backward()
+        check(backend.stats()["cache_hits"] == backend.stats()["graphs"] and not keep.records,
+              "warm: answered from the cache, nothing logged")
+    finally:
+        backend.SLOW_COMPILE_S = slow
+        log.removeHandler(keep)
+
+
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     if what == "config":
         config()
+    elif what == "progress":
+        progress()
     elif what == "shapes":
         shapes()
     elif what == "ops" and sys.argv[2:3] == ["--list"]:

@@ -55,6 +55,12 @@ const double ap_compile_bucket_s[AP_COMPILE_BUCKETS] = {
 	0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 };
 
+const char *const ap_stage_names[AP_STAGES] = {
+	"import", "partition", "layer1", "tuning", "codegen", "backend", "cache",
+};
+
+const double ap_stage_bucket_s[AP_STAGE_BUCKETS] = { 0.001, 0.01, 0.1, 1, 10 };
+
 /* ---- set-up -------------------------------------------------------------- */
 
 /* "cc <first line of `$APOLLO_CC --version`>", or "cc unknown". */
@@ -257,6 +263,8 @@ void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out)
 	pthread_mutex_lock(&m->hist_mu);
 	memcpy(out->compile_hist, m->hist, sizeof(out->compile_hist));
 	out->compile_sum_s = m->hist_sum;
+	memcpy(out->stage_hist, m->stage_hist, sizeof(out->stage_hist));
+	memcpy(out->stage_sum_s, m->stage_sum, sizeof(out->stage_sum_s));
 	pthread_mutex_unlock(&m->hist_mu);
 }
 
@@ -351,6 +359,7 @@ struct request {
 	uint8_t *frame;            /* ... the spliced answer (warm_frame), or NULL */
 	size_t frame_len;
 	double warm_t0;            /* when warm_frame's lookup began */
+	struct ap__progress *progress;   /* its stage events; NULL: none */
 };
 
 /* What ap_compile_run_as hands out: the response first (its address is the
@@ -942,6 +951,7 @@ static void request_identity(ap_compiler *c, struct request *r, struct kernel_ba
 	kb->use_cache = r->use_cache;
 	kb->deadline = r->t0 + c->flight_wait_ms;
 	kb->cancel = r->cancel;
+	kb->progress = r->progress;
 }
 
 /* Builds the program of graph `g` (partition, fusion, tuning, lowering)
@@ -966,6 +976,10 @@ static int compile_program(ap_compiler *c, struct request *r, const ap_graph *g,
 	if ((rc = build_options(c, r->req, r->target, r->device, r->use_cache, &pool, &bo, &th, &tu,
 				err)))
 		return rc;
+	if (r->progress && r->progress->to) {
+		bo.stage_begin = ap__progress_stage;
+		bo.stage_user = r->progress;
+	}
 	*progp = ap_program_build(g, &bo, err);
 	if (!*progp)
 		return err->code ? err->code : AP_EINTERNAL;
@@ -1199,6 +1213,7 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		if ((*out = lookup(c, r, rkey, false)))
 			return 0;
 	}
+	ap__progress(r->progress, "import", 0, 0);
 	if ((rc = request_graph(req, &g, err)))
 		return rc;
 	r->import_ms = ap_now_ms() - t;
@@ -1238,6 +1253,8 @@ static int run(ap_compiler *c, struct request *r, Apollo__Bundle **out, ap_error
 		goto done;
 	}
 	compiled_stats(c, r, g, prog, backend_ms, compiled, b);
+	if (r->use_cache && !prog->tune_capped)
+		ap__progress(r->progress, "cache", 0, 0);
 	store_compiled(c, r, gkey, have_rkey ? rkey : NULL, b, prog->tune_capped, prog->tune_ms);
 	b->stats->cache_ms = r->cache_ms;
 	b->stats->compile_ms = ap_now_ms() - r->t0;
@@ -1268,6 +1285,24 @@ static void count_warm(ap_compiler *c)
 	atomic_fetch_add(&c->tier[APOLLO__CACHE_TIER__CACHE_L1], 1);
 }
 
+/* Adds a compiled request's stage times (st, ms) to the stage histograms;
+ * c->hist_mu held. */
+static void count_stages(ap_compiler *c, const Apollo__Stats *st)
+{
+	const double ms[AP_STAGES] = { st->import_ms, st->partition_ms, st->layer1_ms, st->tune_ms,
+				       st->codegen_ms, st->backend_ms, st->cache_ms };
+
+	for (int s = 0; s < AP_STAGES; s++) {
+		double sec = ms[s] / 1e3;
+		int k = 0;
+
+		while (k < AP_STAGE_BUCKETS && sec > ap_stage_bucket_s[k])
+			k++;
+		c->stage_hist[s][k]++;
+		c->stage_sum[s] += sec;
+	}
+}
+
 /* Counts an answer: its tier and kernels, or its error code. */
 static void count_answer(ap_compiler *c, const struct request *r, const Apollo__Bundle *b, int rc)
 {
@@ -1296,6 +1331,7 @@ static void count_answer(ap_compiler *c, const struct request *r, const Apollo__
 		c->hist[k]++;
 		c->hist_sum += sec;
 	}
+	count_stages(c, b->stats);
 	pthread_mutex_unlock(&c->hist_mu);
 }
 
@@ -1494,12 +1530,26 @@ uint8_t *ap_compile_run_frame_admitted(ap_compiler *c, const Apollo__CompileRequ
 				       const ap_compile_admit *admit, uint64_t id, size_t *len,
 				       bool *bundle)
 {
+	return ap_compile_run_frame_progress(c, req, digest, client, admit, NULL, id, len, bundle);
+}
+
+uint8_t *ap_compile_run_frame_progress(ap_compiler *c, const Apollo__CompileRequest *req,
+				       const uint8_t *digest, const char *client,
+				       const ap_compile_admit *admit,
+				       const ap_compile_progress *progress, uint64_t id,
+				       size_t *len, bool *bundle)
+{
+	struct ap__progress pr;
 	struct request r = { .req = req, .digest = digest, .client = client, .t0 = ap_now_ms(),
-			     .want_frame = true, .frame_id = id, .admit = admit };
-	Apollo__CompileResponse *resp = respond(c, &r);
+			     .want_frame = true, .frame_id = id, .admit = admit, .progress = &pr };
+	Apollo__CompileResponse *resp;
 	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
 	uint8_t *f = NULL;
 	size_t n;
+
+	ap__progress_init(&pr, progress, progress && progress->t0 > 0 ? progress->t0 : r.t0);
+	resp = respond(c, &r);
+	ap__progress_fini(&pr);
 
 	if (r.frame) {
 		*len = r.frame_len;

@@ -177,6 +177,37 @@ __ap_give uint8_t *ap_compile_run_frame_admitted(ap_compiler *c,
 						 const uint8_t *digest, const char *client,
 						 const ap_compile_admit *admit, uint64_t id,
 						 size_t *len, bool *bundle);
+/* Where a request's progress goes (issue 26, item 4): `fn` is called with
+ * the stage reached ("import", "partition", "layer I", "layer II",
+ * "tuning", "layer III", "codegen", "plan", "backend", "cache"), `done` of
+ * `total` units (kernels for "backend"; 0 of 0 for stages not counted) and
+ * the milliseconds since the request arrived (t0).  Rate-bounded before the call:
+ * once per stage change, and within one stage at most every
+ * AP_PROGRESS_MIN_MS unless done reaches total; a stage reported before
+ * (a round the refusals repeat), again no sooner than AP_PROGRESS_MIN_MS
+ * after the last event.  Called on the request's
+ * worker or its helper threads, never two at once for one request, never
+ * after ap_compile_run_frame_progress returned; `stage` is a static
+ * string.  A warm answer calls it not at all.  After the backend refused
+ * a kernel the program is built again (kernels.c): the pipeline's stages
+ * are reported again from "partition". */
+#define AP_PROGRESS_MIN_MS 100.0
+typedef struct ap_compile_progress {
+	void (*fn)(void *user, const char *stage, uint32_t done, uint32_t total,
+		   double elapsed_ms);
+	void *user;                  /* passed to fn, borrowed */
+	double t0;                   /* when the request arrived (ap_now_ms()), what
+					elapsed_ms counts from; 0: the compile's start */
+} ap_compile_progress;
+
+/* As ap_compile_run_frame_admitted, the request's stages reported to
+ * `progress` (borrowed; NULL: none) while it runs. */
+__ap_give uint8_t *ap_compile_run_frame_progress(ap_compiler *c,
+						 __ap_keep const struct Apollo__CompileRequest *req,
+						 const uint8_t *digest, const char *client,
+						 const ap_compile_admit *admit,
+						 const ap_compile_progress *progress, uint64_t id,
+						 size_t *len, bool *bundle);
 /* Whether the request memo knows the request whose bytes have SHA-256
  * `digest` together with how it was admitted: true with *out (the numbers
  * ap_compile_run_frame_admitted was given), false when it does not (a
@@ -239,6 +270,16 @@ int ap_compile_device_id(const char *name, unsigned sms, char *id, size_t cap, a
 #define AP_COMPILE_BUCKETS 12
 extern const double ap_compile_bucket_s[AP_COMPILE_BUCKETS];
 
+/* The stages timed per compiled request (apollo.Stats: import_ms,
+ * partition_ms, layer1_ms, tune_ms, codegen_ms -- layer I and tuning are
+ * parts of codegen --, backend_ms, cache_ms), by name, and the upper
+ * bounds (seconds) of their latency histograms' buckets; the last bucket
+ * is +Inf (issue 26, item 4). */
+#define AP_STAGES 7
+#define AP_STAGE_BUCKETS 5
+extern const char *const ap_stage_names[AP_STAGES];
+extern const double ap_stage_bucket_s[AP_STAGE_BUCKETS];
+
 /* Totals since the compiler was created. */
 typedef struct ap_compile_counters {
 	uint64_t requests;          /* compile requests run */
@@ -262,6 +303,9 @@ typedef struct ap_compile_counters {
 	 * compiling: count per bucket (not cumulative; the last is +Inf), sum */
 	uint64_t compile_hist[AP_COMPILE_BUCKETS + 1];
 	double compile_sum_s;
+	/* the same per stage (ap_stage_names), seconds, of the same requests */
+	uint64_t stage_hist[AP_STAGES][AP_STAGE_BUCKETS + 1];
+	double stage_sum_s[AP_STAGES];
 	/* tuning (server/tune/tune.h) in compiled requests: kernels whose
 	 * configuration came from a record (of those measured), kernels
 	 * searched, configurations evaluated, search time; client reports

@@ -91,6 +91,8 @@ struct ap_compiler {
 	pthread_mutex_t hist_mu;
 	uint64_t hist[AP_COMPILE_BUCKETS + 1];
 	double hist_sum;
+	uint64_t stage_hist[AP_STAGES][AP_STAGE_BUCKETS + 1];   /* hist_mu, too */
+	double stage_sum[AP_STAGES];
 };
 
 /* A compiled kernel blob, before it goes into the bundle. */
@@ -112,6 +114,40 @@ struct blob_ref {
 	ap_blob *blob;
 };
 
+/* One request's progress (ap_compile_progress, progress.c): what was sent
+ * last, under `mu`, so that the worker and its helper threads may report
+ * and the rate bound holds.  Zeroed with `to` NULL: reports nothing. */
+struct ap__progress {
+	const ap_compile_progress *to;   /* NULL: none */
+	double t0;                   /* the request's start, ap_now_ms() */
+	pthread_mutex_t mu;          /* initialised by ap__progress_init only */
+	bool ready;                  /* mu initialised */
+	const char *stage;           /* the last stage sent; NULL: none yet */
+	double last_ms;              /* when it was sent */
+	uint32_t last_done;          /* its `done` */
+#define AP__PROGRESS_STAGES 16
+	const char *seen[AP__PROGRESS_STAGES];   /* the stages reported so far */
+	unsigned n_seen;
+	uint32_t backend_done;       /* kernels the backend stage has finished (mu) */
+	uint32_t backend_total;      /* of how many (set before the stage) */
+};
+
+/* Sets p up to report to `to` (NULL: nothing) for a request begun at t0. */
+void ap__progress_init(struct ap__progress *p, const ap_compile_progress *to, double t0);
+/* Releases what ap__progress_init took (nothing when `to` was NULL). */
+void ap__progress_fini(struct ap__progress *p);
+/* Reports `stage` at done of total, unless the rate bound drops it (the
+ * stage is the one sent last, less than AP_PROGRESS_MIN_MS ago, and done
+ * < total).  p may be NULL; any thread. */
+void ap__progress(struct ap__progress *p, const char *stage, uint32_t done, uint32_t total);
+/* ap_build_options.stage_begin for a request's struct ap__progress
+ * (`user`): the pipeline's stage reported under its wire name (expand,
+ * partition and micro-graphs as "partition", emit as "tuning", print as
+ * "codegen"). */
+void ap__progress_stage(void *user, const char *stage);
+/* The backend stage: `n` more of its backend_total kernels are done. */
+void ap__progress_kernels(struct ap__progress *p, unsigned n);
+
 /* One request's kernel compiles: target and blobs, shared by the worker
  * that owns the request and the helper threads (through a task_batch);
  * each blobs[i] is written only by the thread that runs task i. */
@@ -127,6 +163,7 @@ struct kernel_batch {
 	const atomic_bool *cancel;   /* set: compile no more kernels (the background
 					tuner stopping); NULL: never */
 	struct kblob *blobs;
+	struct ap__progress *progress;   /* the request's; NULL: not reported */
 	/* grouped compiles (ap__compile_kernels): per kernel its key, what the
 	 * probe found, its flight; the groups of misses, one program each */
 	uint8_t (*keys)[32];

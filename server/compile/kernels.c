@@ -339,6 +339,7 @@ static void group_task(int g, void *arg)
 			blob_store(kb, &whole);
 	}
 	free(ks);
+	ap__progress_kernels(kb->progress, (unsigned)n);
 	for (int i = 0; i < p->n_kernels; i++) {
 		struct kblob *out = &kb->blobs[i];
 
@@ -515,8 +516,19 @@ int ap__compile_kernels(ap_compiler *c, struct kernel_batch *kb, const ap_progra
 		if (kb->state[i] == K_COMPILE)
 			kb->group_of[i] = n_miss++ % workers;
 	kb->n_groups = n_miss < workers ? n_miss : workers;
+	if (kb->progress) {
+		/* backend n of m: the kernels found cached count as done */
+		unsigned hits = 0;
+
+		kb->progress->backend_total = (uint32_t)n;
+		ap__progress(kb->progress, "backend", 0, (uint32_t)n);
+		for (i = 0; i < n; i++)
+			hits += kb->state[i] == K_DONE;
+		ap__progress_kernels(kb->progress, hits);
+	}
 	ap__compile_run_tasks(c, kb->n_groups, group_task, kb);
 	ap__compile_run_tasks(c, n, follow_task, kb);
+	ap__progress_kernels(kb->progress, (unsigned)n);   /* the followed ones: all done */
 	for (i = 0; i < n; i++) {
 		if (blobs[i].rc && blobs[i].rc != AP_ECOMPILE) {
 			*err = blobs[i].err;

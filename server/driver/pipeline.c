@@ -64,6 +64,13 @@ static bool stage_known(const char *name)
 	return false;
 }
 
+/* Tells opt->stage_begin (when set) that stage `id` begins. */
+static void stage_begin(const ap_build_options *opt, int id)
+{
+	if (opt->stage_begin)
+		opt->stage_begin(opt->stage_user, stage_names[id]);
+}
+
 const char *ap_pipeline_stage_name(int i)
 {
 	return i >= 0 && i < AP_PIPELINE_STAGES ? stage_names[i] : NULL;
@@ -1201,8 +1208,12 @@ static int round_once(pipe *P)
 	program_reset(P->prog);
 	kernel_names_free(P);
 	for (size_t i = 0; i < sizeof(round_stages) / sizeof(round_stages[0]); i++) {
-		double t = ap_now_ms();
-		int rc = round_stages[i].run(P, &r);
+		double t;
+		int rc;
+
+		stage_begin(P->opt, round_stages[i].id);
+		t = ap_now_ms();
+		rc = round_stages[i].run(P, &r);
 
 		P->prog->stage_ms[round_stages[i].id] += ap_now_ms() - t;
 		if (rc)
@@ -1285,12 +1296,14 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g, const ap_bui
 		return NULL;
 	}
 	P.prog->target = P.print_target;
+	stage_begin(P.opt, ST_EXPAND);
 	t = ap_now_ms();
 	P.eg = ap_partition_expand(g, &xopt, &P.choices, err);
 	P.prog->stage_ms[ST_EXPAND] = ap_now_ms() - t;
 	if (!P.eg)
 		goto fail;
 	dump_stage(&P, ST_EXPAND);
+	stage_begin(P.opt, ST_PARTITION);
 	t = ap_now_ms();
 	P.part = ap_partition_build(P.eg, &popt, err);
 	P.prog->stage_ms[ST_PARTITION] = ap_now_ms() - t;
@@ -1322,6 +1335,7 @@ __ap_give ap_program *ap_program_build(__ap_keep const ap_graph *g, const ap_bui
 	}
 	if (rc < 0)
 		goto fail;
+	stage_begin(P.opt, ST_PLAN);
 	t = ap_now_ms();
 	if (plan(&P) < 0)
 		goto fail;

@@ -20,8 +20,8 @@
 #include "proto/apollo.pb-c.h"
 
 #define MAX_FAM 64
-#define MAX_SAMPLES 224
-#define MAX_LABELS 352
+#define MAX_SAMPLES 320
+#define MAX_LABELS 512
 #define POOL 1024
 
 struct ap_metrics_snapshot {
@@ -105,6 +105,58 @@ static void single(ap_metrics_snapshot *m, const char *name, const char *type, c
 	sample(m, NULL, v, 0);
 }
 
+/* The latency histogram per stage of compiled requests (issue 26, item
+ * 4): one family, a `stage` label, buckets ap_stage_bucket_s. */
+static void build_stages(ap_metrics_snapshot *m, const ap_metrics_input *in)
+{
+	const ap_compile_counters *cc = in->compile;
+	const char *le[AP_STAGE_BUCKETS];
+
+	for (int b = 0; b < AP_STAGE_BUCKETS; b++)
+		le[b] = keep(m, "%g", ap_stage_bucket_s[b]);
+	family(m, "apollo_stage_duration_seconds", "histogram",
+	       "Time of each stage of the compile requests answered by compiling: import, "
+	       "partition, layer1 and tuning (parts of codegen), codegen, backend, cache (writes).");
+	for (int s = 0; s < AP_STAGES; s++) {
+		uint64_t cum = 0, total = 0;
+
+		for (int b = 0; b <= AP_STAGE_BUCKETS; b++)
+			total += cc->stage_hist[s][b];
+		for (int b = 0; b < AP_STAGE_BUCKETS; b++) {
+			cum += cc->stage_hist[s][b];
+			sample(m, "_bucket", (double)cum, 2, "stage", ap_stage_names[s], "le", le[b]);
+		}
+		sample(m, "_bucket", (double)total, 2, "stage", ap_stage_names[s], "le", "+Inf");
+		sample(m, "_sum", cc->stage_sum_s[s], 1, "stage", ap_stage_names[s]);
+		sample(m, "_count", (double)total, 1, "stage", ap_stage_names[s]);
+	}
+}
+
+/* The hit ratio per cache tier (issue 26, item 4): of the compile requests
+ * answered with a bundle, the share each tier answered (l1, l2, shared;
+ * "any": all three), and the same of the kernels compiled requests needed;
+ * 0 before the first. */
+static void build_hit_ratio(ap_metrics_snapshot *m, const ap_metrics_input *in)
+{
+	const ap_compile_counters *cc = in->compile;
+	const uint64_t *of[2] = { cc->tier, cc->kernel_tier };
+	static const char *const what[2] = { "requests", "kernels" };
+
+	family(m, "apollo_cache_hit_ratio", "gauge",
+	       "Share of the compile requests answered with a bundle (of=requests), and of the "
+	       "kernels of compiled requests (of=kernels), that each cache tier served: l1, l2, "
+	       "shared (an identical compile in flight), any (all three); 0 before the first.");
+	for (int w = 0; w < 2; w++) {
+		uint64_t all = of[w][0] + of[w][1] + of[w][2] + of[w][3];
+
+		for (int t = 1; t < 4; t++)
+			sample(m, NULL, all ? (double)of[w][t] / (double)all : 0, 2, "of", what[w],
+			       "tier", tier_names[t]);
+		sample(m, NULL, all ? (double)(all - of[w][0]) / (double)all : 0, 2, "of", what[w],
+		       "tier", "any");
+	}
+}
+
 static void build_requests(ap_metrics_snapshot *m, const ap_metrics_input *in)
 {
 	const ap_compile_counters *cc = in->compile;
@@ -147,6 +199,8 @@ static void build_requests(ap_metrics_snapshot *m, const ap_metrics_input *in)
 		sample(m, "_sum", cc->compile_sum_s, 0);
 		sample(m, "_count", (double)total, 0);
 	}
+	build_stages(m, in);
+	build_hit_ratio(m, in);
 	single(m, "apollo_queue_depth", "gauge",
 	       "Compile requests waiting for a worker thread.", in->queued);
 	single(m, "apollo_in_flight", "gauge",

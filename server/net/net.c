@@ -94,6 +94,14 @@
  * done).  A decode job holds a connection reference like a compile job.
  * A compile job frees its Envelope on the worker too.
  *
+ * Progress (issue 26, item 4): a CompileRequest with `progress` set gets
+ * Progress envelopes with its id ahead of its answer.  The worker never
+ * touches the socket: job_progress packs each event (the compiler bounds
+ * their rate, compile.h) and queues it under a mutex, and a uv_async wakes
+ * the loop thread to send them; after_compile sends whatever is still
+ * queued before the answer, so no event comes after it.  A request without
+ * the flag gets none; a warm answer sends none.
+ *
  * Shutdown: the first SIGTERM / SIGINT closes the listeners and removes the
  * socket file; requests already running finish and are answered, new
  * compile requests get ERR_BUSY (frames are decoded inline from then on,
@@ -190,7 +198,23 @@ struct ap_server {
 	double start_ms;
 	size_t n_targets;
 	char **targets;               /* for HelloReply */
+	/* Progress (issue 26, item 4): frames the workers made, handed to the
+	 * loop thread (on_progress, or after_compile before the answer) */
+	uv_async_t progress_async;
+	bool progress_open;
+	uv_mutex_t progress_mu;       /* guards the list; initialised with the async */
+	struct progress_item *progress_head, *progress_tail;
 	uint8_t rbuf[READ_CHUNK];     /* every connection reads into this one */
+};
+
+/* One Progress frame on its way from a worker to the loop thread.  `c` is
+ * valid: the job that made it holds a reference to c until after_compile,
+ * which sends every queued item first. */
+struct progress_item {
+	struct progress_item *next;
+	conn *c;
+	uint8_t *frame;
+	size_t len;
 };
 
 struct conn {
@@ -258,6 +282,8 @@ struct job {
 	bool ok;                 /* the reply is a bundle (a TuneReply) */
 	int kind;                /* AP_KIND_COMPILE or AP_KIND_TUNE */
 	int code;                /* a tuning report refused: its AP_E* code */
+	bool progress;           /* CompileRequest.progress: stage events wanted */
+	double t_arrived;        /* ap_now_ms() when it was queued: Progress.elapsed_ms's 0 */
 };
 
 /* Who a connection is, for tuning reports (compile.h): "uid:N" on the Unix
@@ -659,6 +685,91 @@ static void conn_shutdown(conn *c)
 		conn_close(c);
 }
 
+/* ---- progress (issue 26, item 4) ------------------------------------------ */
+
+/* Sends every Progress frame the workers queued, in the order they were
+ * queued (loop thread).  A connection going away drops its frames
+ * (send_frame). */
+static void progress_flush(ap_server *s)
+{
+	struct progress_item *it, *next;
+
+	if (!s->progress_open)
+		return;
+	uv_mutex_lock(&s->progress_mu);
+	it = s->progress_head;
+	s->progress_head = s->progress_tail = NULL;
+	uv_mutex_unlock(&s->progress_mu);
+	for (; it; it = next) {
+		next = it->next;
+		send_frame(it->c, it->frame, it->len);
+		free(it);
+	}
+}
+
+static void on_progress(uv_async_t *h)
+{
+	progress_flush(h->data);
+}
+
+/* The compiler's ap_compile_progress for a job (`user`), on its worker or
+ * a helper thread: a Progress Envelope with the request's id, packed here
+ * and queued for the loop thread.  Out of memory drops the event (the
+ * answer still comes). */
+static void job_progress(void *user, const char *stage, uint32_t done, uint32_t total,
+			 double elapsed_ms)
+{
+	struct job *j = user;
+	ap_server *s = j->c->srv;
+	Apollo__Envelope env = APOLLO__ENVELOPE__INIT;
+	Apollo__Progress pg = APOLLO__PROGRESS__INIT;
+	struct progress_item *it = malloc(sizeof(*it));
+
+	if (!it)
+		return;
+	pg.stage = (char *)stage;
+	pg.done = done;
+	pg.total = total;
+	pg.elapsed_ms = elapsed_ms;
+	env.id = j->id;
+	env.msg_case = APOLLO__ENVELOPE__MSG_PROGRESS;
+	env.progress = &pg;
+	it->next = NULL;
+	it->c = j->c;
+	it->frame = pack_frame(&env, &it->len);
+	if (!it->frame) {
+		free(it);
+		return;
+	}
+	uv_mutex_lock(&s->progress_mu);
+	if (s->progress_tail)
+		s->progress_tail->next = it;
+	else
+		s->progress_head = it;
+	s->progress_tail = it;
+	uv_mutex_unlock(&s->progress_mu);
+	uv_async_send(&s->progress_async);
+}
+
+/* Opens the progress hand-over (unreferenced: it keeps no loop alive).
+ * 0 or a libuv error. */
+static int progress_start(ap_server *s)
+{
+	int r = uv_mutex_init(&s->progress_mu);
+
+	if (r)
+		return r;
+	r = uv_async_init(&s->loop, &s->progress_async, on_progress);
+	if (r) {
+		uv_mutex_destroy(&s->progress_mu);
+		return r;
+	}
+	s->progress_async.data = s;
+	s->progress_open = true;
+	uv_unref((uv_handle_t *)&s->progress_async);
+	return 0;
+}
+
 /* ---- requests ------------------------------------------------------------ */
 
 /* A job decoded without its graph (j->full) that the warm path did not
@@ -703,12 +814,17 @@ static void work_compile(uv_work_t *req)
 		j->full = NULL;
 	}
 	/* the reply's frame (a warm one spliced from the cache's bytes);
-	 * NULL when out of memory: after_compile answers */
-	if (!j->frame)
-		j->frame = ap_compile_run_frame_admitted(j->compiler, j->env->compile,
+	 * NULL when out of memory: after_compile answers.  Stage events, when
+	 * asked for, go to the loop through job_progress. */
+	if (!j->frame) {
+		ap_compile_progress pg = { job_progress, j, j->t_arrived };
+
+		j->frame = ap_compile_run_frame_progress(j->compiler, j->env->compile,
 							 j->has_digest ? j->digest : NULL, j->client,
-							 j->has_admit ? &j->admit : NULL, j->id,
-							 &j->frame_len, &bundle);
+							 j->has_admit ? &j->admit : NULL,
+							 j->progress && j->c->srv->progress_open ? &pg : NULL,
+							 j->id, &j->frame_len, &bundle);
+	}
 	j->ok = j->frame && bundle;
 
 	/* Freeing a big request is slow too: done here, not on the loop. */
@@ -764,6 +880,7 @@ static void after_compile(uv_work_t *req, int status)
 	conn *c = j->c;
 	ap_server *s = c->srv;
 
+	progress_flush(s);   /* this job's events before its answer */
 	s->in_flight--;
 	c->jobs--;
 	mem_give(c, j->mem);
@@ -876,6 +993,8 @@ static void handle_compile(conn *c, Apollo__Envelope *env, struct frame_info *in
 	j->admit.cost = info->cost;
 	j->has_admit = info->has_cost && !tune;
 	j->kind = tune ? AP_KIND_TUNE : AP_KIND_COMPILE;
+	j->progress = !tune && env->compile && env->compile->progress;
+	j->t_arrived = ap_now_ms();
 	conn_client(c, j->client, sizeof(j->client));
 	if (info->has_digest) {
 		j->has_digest = true;
@@ -1984,12 +2103,27 @@ static void on_watchdog(uv_timer_t *t)
 	ap_notify("WATCHDOG=1");
 }
 
+/* systemd's watchdog pings, at half the interval it asks for, as
+ * sd_watchdog_enabled(3) advises; none when it asks for none. */
+static void start_watchdog(ap_server *s)
+{
+	uint64_t watchdog_usec = ap_notify_watchdog_usec();
+	uint64_t ms = watchdog_usec / 2000 ? watchdog_usec / 2000 : 1;
+
+	if (!watchdog_usec)
+		return;
+	uv_timer_init(&s->loop, &s->watchdog);
+	s->watchdog.data = s;
+	s->watchdog_open = true;
+	uv_timer_start(&s->watchdog, on_watchdog, ms, ms);
+	uv_unref((uv_handle_t *)&s->watchdog);
+}
+
 int ap_server_new(const ap_config *cfg, ap_compiler *compiler, ap_cache *cache,
 		  ap_server **out, ap_error *err)
 {
 	ap_server *s;
 	char threads[16];
-	uint64_t watchdog_usec;
 	int r, rc, n_fds;
 
 	*out = NULL;
@@ -2059,16 +2193,10 @@ int ap_server_new(const ap_config *cfg, ap_compiler *compiler, ap_cache *cache,
 		goto error;
 	if (s->metrics)
 		ap_log(AP_LOG_INFO, "metrics on port %d (%s)", ap_http_port(s->metrics), cfg->metrics);
-	watchdog_usec = ap_notify_watchdog_usec();
-	if (watchdog_usec) {
-		/* ping at half the interval, as sd_watchdog_enabled(3) advises */
-		uint64_t ms = watchdog_usec / 2000 ? watchdog_usec / 2000 : 1;
-
-		uv_timer_init(&s->loop, &s->watchdog);
-		s->watchdog.data = s;
-		s->watchdog_open = true;
-		uv_timer_start(&s->watchdog, on_watchdog, ms, ms);
-		uv_unref((uv_handle_t *)&s->watchdog);
+	start_watchdog(s);
+	if ((r = progress_start(s))) {
+		rc = ap_error_set(err, AP_EIO, NULL, NULL, "uv_async_init: %s", uv_strerror(r));
+		goto error;
 	}
 
 	uv_signal_init(&s->loop, &s->sigterm);
@@ -2113,7 +2241,8 @@ static void close_any(uv_handle_t *h, void *arg)
 	bool server_handle = h == (uv_handle_t *)&s->pipe || h == (uv_handle_t *)&s->tcp ||
 			     h == (uv_handle_t *)&s->sigterm || h == (uv_handle_t *)&s->sigint ||
 			     h == (uv_handle_t *)&s->grace || h == (uv_handle_t *)&s->sweep ||
-			     h == (uv_handle_t *)&s->watchdog;
+			     h == (uv_handle_t *)&s->watchdog ||
+			     h == (uv_handle_t *)&s->progress_async;
 
 	if (uv_is_closing(h))
 		return;
@@ -2134,6 +2263,16 @@ ap_server *ap_server_free(ap_server *s)
 		uv_run(&s->loop, UV_RUN_DEFAULT);
 		if (uv_loop_close(&s->loop))
 			ap_log(AP_LOG_WARN, "the event loop still had open handles at exit");
+	}
+	if (s->progress_open) {
+		struct progress_item *it = s->progress_head, *next;
+
+		for (; it; it = next) {   /* none unless a job was cancelled mid-run */
+			next = it->next;
+			free(it->frame);
+			free(it);
+		}
+		uv_mutex_destroy(&s->progress_mu);
 	}
 	remove_socket_file(s);
 	for (size_t i = 0; i < s->n_targets; i++)

@@ -287,6 +287,12 @@ typedef struct ap_build_options {
 	 * build with AP_EINVAL.  apollo-kernels --dump-after. */
 	const char *dump_after;
 	FILE *dump_file;
+	/* Progress (issue 26, item 4): called as each stage begins, with its
+	 * name (ap_pipeline_stage_name's, a static string), on the thread
+	 * running ap_program_build; a round the refusals repeat calls it
+	 * again.  NULL: not called. */
+	void (*stage_begin)(void *user, const char *stage);
+	void *stage_user;            /* passed to stage_begin, borrowed */
 } ap_build_options;
 
 /* The compiler core (server/driver/pipeline.c), APOLLO's method end to

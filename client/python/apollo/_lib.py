@@ -96,6 +96,9 @@ class ap_runtime_options(ctypes.Structure):
 
 _P = ctypes.c_void_p
 _E = ctypes.POINTER(ap_error)
+# ap_progress_fn: (user, stage, done, total, elapsed_ms), apollo.h
+PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint,
+                               ctypes.c_double)
 # name: (restype, argtypes)
 _PROTOS = {
     "ap_abi_sizeof": (ctypes.c_size_t, [ctypes.c_char_p]),
@@ -131,6 +134,7 @@ _PROTOS = {
     "ap_client_connect_token": (_P, [ctypes.c_char_p, ctypes.c_char_p, _E]),
     "ap_client_free": (_P, [_P]),
     "ap_client_set_timeout_ms": (ctypes.c_int, [_P, ctypes.c_uint]),
+    "ap_client_set_progress": (None, [_P, PROGRESS_FN, _P]),
     "ap_client_server": (ctypes.c_char_p, [_P]),
     "ap_client_nvrtc_version": (ctypes.c_char_p, [_P]),
     "ap_client_n_targets": (ctypes.c_int, [_P]),

@@ -15,7 +15,7 @@ is not thread-safe: use one per thread.
 import ctypes
 import os
 
-from ._lib import (ap_bundle_buffer, ap_bundle_stats, ap_device_info, ap_server_stats,
+from ._lib import (PROGRESS_FN, ap_bundle_buffer, ap_bundle_stats, ap_device_info, ap_server_stats,
                    ap_submit_options, free,
                    lib)
 from .errors import ApolloError, DaemonUnavailable, EINVAL, ENOMEM, EIO, new_error, raise_error
@@ -163,7 +163,7 @@ class Client:
 
     def submit(self, graph, target="cpu", fusion=None, namespace="", no_cache=False,
                fusion_barriers=(), keep_whole=(), max_block_threads=0, allow_tf32=False,
-               device=0, driver_version=None, host_check=False):
+               device=0, driver_version=None, host_check=False, progress=None):
         """Sends `graph` (an apollo.Graph; PARAMs travel as shape and dtype
         only) and waits for the bundle.  `fusion`: None (the daemon's
         default), "none", "rules" or "apollo"; `allow_tf32`: float32
@@ -174,7 +174,12 @@ class Client:
         output that driver loads and applies that device's measured tuning
         records; `driver_version` ("12.4") states the driver's CUDA version
         where no driver can be asked.  `host_check`: host targets (cpu,
-        host:sm_XX) run in the checking mode."""
+        host:sm_XX) run in the checking mode.  `progress`: a callable
+        progress(stage, done, total, elapsed_ms) the daemon's stage events
+        are given to while it compiles ("import", "partition", ...,
+        "backend" with done of total kernels, "cache"), on this thread,
+        before submit returns; a warm answer usually has none.  An
+        exception it raises is printed and ignored (it cannot cross C)."""
         if fusion not in FUSION_LEVELS:
             raise ApolloError(EINVAL, "fusion level %r (none, rules, apollo)" % (fusion,))
         o = ap_submit_options()
@@ -203,7 +208,17 @@ class Client:
             o.n_keep_whole = len(whole)
             o.keep_whole = (ctypes.c_char_p * len(whole))(*whole)
         err = new_error()
-        h = lib.ap_client_submit_graph(self._c, graph.handle, ctypes.byref(o), ctypes.byref(err))
+        cb = None
+        if progress is not None:
+            def relay(_user, stage, done, total, elapsed_ms):
+                progress(stage.decode(errors="replace"), done, total, elapsed_ms)
+            cb = PROGRESS_FN(relay)
+            lib.ap_client_set_progress(self._c, cb, None)
+        try:
+            h = lib.ap_client_submit_graph(self._c, graph.handle, ctypes.byref(o), ctypes.byref(err))
+        finally:
+            if cb is not None:
+                lib.ap_client_set_progress(self._c, PROGRESS_FN(), None)
         if not h:
             raise_error(err)
         return Bundle(h)

@@ -67,6 +67,7 @@ split graphs run eagerly.
 """
 import contextlib
 import itertools
+import logging
 import operator
 import os
 import re
@@ -376,16 +377,57 @@ def _explain_html(bundle, opts, name):
         warnings.warn("apollo: explain_html: %s: %s" % (path, e), RuntimeWarning, stacklevel=2)
 
 
+_log = logging.getLogger("apollo")
+
+# A compile that takes longer than this (seconds) is logged once, at INFO,
+# with the stage the daemon was at.
+SLOW_COMPILE_S = 1.0
+
+
+class _Waiting:
+    """The daemon's progress events of one submit (Client.submit's
+    `progress`): remembers the last stage, and logs once, at INFO, what the
+    submit is waiting for when it has taken over SLOW_COMPILE_S -- from the
+    first event past that time, or at the end (done()) when none came."""
+
+    def __init__(self, name, t0):
+        self.name, self.t0 = name, t0
+        self.stage, self.logged = None, False
+
+    def _describe(self):
+        stage, done, total = self.stage
+        return "%s %d/%d kernels" % (stage, done, total) if total else stage
+
+    def __call__(self, stage, done, total, elapsed_ms):
+        import time
+        self.stage = (stage, done, total)
+        if not self.logged and time.perf_counter() - self.t0 > SLOW_COMPILE_S:
+            self.logged = True
+            _log.info("apollo: compiling %s for %.1f s: waiting for the daemon's %s",
+                      self.name, time.perf_counter() - self.t0, self._describe())
+
+    def done(self, dt):
+        if self.logged or dt <= SLOW_COMPILE_S:
+            return
+        self.logged = True
+        _log.info("apollo: compiling %s took %.1f s; the daemon's last stage: %s", self.name, dt,
+                  self._describe() if self.stage else "none reported")
+
+
 def _submit(gm, params, device, opts, name):
-    """Converts and submits one FX graph; returns a _Compiled."""
+    """Converts and submits one FX graph; returns a _Compiled.  A compile
+    over SLOW_COMPILE_S is logged once (logger "apollo", INFO) with the
+    stage the daemon was at."""
     conv = afx.convert(gm, params, name)
     target = _target_for(device, opts)
     import time
     t0 = time.perf_counter()
+    waiting = _Waiting(name, t0)
     bundle = _client(opts).submit(conv.graph, target=target, fusion=opts.fusion or None,
                                   namespace=opts.namespace or "", no_cache=opts.no_cache,
-                                  allow_tf32=opts.allow_tf32)
+                                  allow_tf32=opts.allow_tf32, progress=waiting)
     dt = time.perf_counter() - t0
+    waiting.done(dt)
     if opts.explain_html:
         _explain_html(bundle, opts, name)
     st = bundle.stats
