@@ -13,6 +13,7 @@
  */
 #include "ops_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,6 +208,8 @@ static void arity(ap_op op, int *min_in, int *max_in, int *min_out, int *max_out
 	case AP_OP_SPLIT: *max_out = 1 << 20; break;
 	case AP_OP_GATHER: case AP_OP_GATHER_ELEMENTS: *min_in = *max_in = 2; break;
 	case AP_OP_SCATTER_ELEMENTS: case AP_OP_SCATTER_ND: *min_in = *max_in = 3; break;
+	case AP_OP_ATTENTION: *min_in = 3; *max_in = 4; *max_out = 2; break;
+	case AP_OP_ATTENTION_GRAD: *min_in = 6; *max_in = 7; *min_out = *max_out = 3; break;
 	default: break;
 	}
 }
@@ -945,6 +948,86 @@ static int check_given(const ap_node *node, const ap_shape *x, ap_shape *out, in
 	return 0;
 }
 
+/* Attention and AttentionGrad (ops.def): Q, K, V of one float type and
+ * rank >= 3, the same leading batch dims, K's heads dividing Q's, K and V
+ * of one key count, the optional mask (input `mi`) BOOL or of Q's type and
+ * broadcasting to the scores [b..., H, L, S]; scale finite, is_causal 0 or
+ * 1.  Fills y (Y's shape) and lse (LogSumExp's). */
+static int check_attention(const ap_node *node, const ap_shape *q, const ap_shape *k, const ap_shape *v,
+			   const ap_shape *mask, ap_shape *y, ap_shape *lse, const char *const *names,
+			   int qi, int mi, ap_error *err)
+{
+	const char *op = ap_op_name(node->op);
+	int r = q->rank;
+	int64_t causal = ap_node_int(node, "is_causal", 0);
+	double scale = ap_node_float(node, "scale", NAN);
+	ap_shape s, b;
+
+	if (!is_float(q->dtype))
+		return bad_dtype(node, nm(names, qi), err, q->dtype);
+	if (k->dtype != q->dtype || v->dtype != q->dtype)
+		return ap_error_set(err, AP_ESHAPE, node->name, nm(names, qi + 1), "%s: Q, K and V dtypes differ", op);
+	if (r < 3 || k->rank != r || v->rank != r)
+		return bad_shape(node, nm(names, qi + 1), err, "Q, K and V need one rank >= 3", q, k);
+	for (int d = 0; d < r - 3; d++)
+		if (k->dims[d] != q->dims[d] || v->dims[d] != q->dims[d])
+			return bad_shape(node, nm(names, qi + 1), err, "batch dims differ", q, k);
+	if (k->dims[r - 3] < 1 || k->dims[r - 3] != v->dims[r - 3] || q->dims[r - 3] % k->dims[r - 3] != 0)
+		return bad_shape(node, nm(names, qi + 1), err, "K's heads must divide Q's (and equal V's)", q, k);
+	if (k->dims[r - 1] != q->dims[r - 1] || v->dims[r - 2] != k->dims[r - 2])
+		return bad_shape(node, nm(names, qi + 2), err, "head dims or key counts differ", k, v);
+	if (!(scale == scale) || scale == INFINITY || scale == -INFINITY)
+		return ap_error_set(err, AP_EINVAL, node->name, NULL, "%s: scale must be a finite number", op);
+	if (causal != 0 && causal != 1)
+		return ap_error_set(err, AP_EINVAL, node->name, NULL, "%s: is_causal must be 0 or 1", op);
+	s = *q;
+	s.dims[r - 1] = k->dims[r - 2];
+	if (mask) {
+		if (mask->dtype != AP_DT_BOOL && mask->dtype != q->dtype)
+			return bad_dtype(node, nm(names, mi), err, mask->dtype);
+		if (ap__broadcast(&s, mask, &b) < 0 || !ap_dims_equal(b.rank, b.dims, s.rank, s.dims))
+			return bad_shape(node, nm(names, mi), err, "the mask does not broadcast to the scores", mask, &s);
+	}
+	*y = *q;
+	y->dims[r - 1] = v->dims[r - 1];
+	*lse = *q;
+	lse->rank = r - 1;
+	lse->dtype = q->dtype == AP_DT_F16 || q->dtype == AP_DT_BF16 ? AP_DT_F32 : q->dtype;
+	return 0;
+}
+
+static int infer_attention(const ap_node *node, const ap_shape *const *in, int n_in, ap_shape *out,
+			   int n_out, const char *const *names, ap_error *err)
+{
+	ap_shape y, lse;
+	bool grad = node->op == AP_OP_ATTENTION_GRAD;
+	int qi = grad ? 1 : 0, mi = grad ? 6 : 3;
+	int rc = check_attention(node, in[qi], in[qi + 1], in[qi + 2], n_in > mi ? in[mi] : NULL, &y, &lse,
+				 names, qi, mi, err);
+
+	if (rc)
+		return rc;
+	if (!grad) {
+		out[0] = y;
+		if (n_out > 1)
+			out[1] = lse;
+		return 0;
+	}
+	for (int i = 0; i < 2; i++) {
+		const ap_shape *want = i ? &lse : &y, *got = in[i ? 5 : 4];
+
+		if (!ap_dims_equal(got->rank, got->dims, want->rank, want->dims) || got->dtype != want->dtype)
+			return bad_shape(node, nm(names, i ? 5 : 4), err, i ? "LogSumExp is not Attention's"
+								      : "Y is not Attention's", got, want);
+	}
+	if (!ap_dims_equal(in[0]->rank, in[0]->dims, y.rank, y.dims) || in[0]->dtype != y.dtype)
+		return bad_shape(node, nm(names, 0), err, "dY is not Y's shape", in[0], &y);
+	out[0] = *in[1];
+	out[1] = *in[2];
+	out[2] = *in[3];
+	return 0;
+}
+
 int ap__op_infer(const ap_node *node, const ap_shape *const *in, int n_in,
 		 ap_shape *out, int n_out, const char *const *in_names, ap_error *err)
 {
@@ -1026,6 +1109,8 @@ int ap__op_infer(const ap_node *node, const ap_shape *const *in, int n_in,
 		return infer_scatter_nd(node, in, &out[0], in_names, err);
 	case AP_OP_TRILU: case AP_OP_CUM_SUM: case AP_OP_ARG_MAX: case AP_OP_ARG_MIN:
 		return infer_axis_op(node, in[0], &out[0], in_names, err);
+	case AP_OP_ATTENTION: case AP_OP_ATTENTION_GRAD:
+		return infer_attention(node, in, n_in, out, n_out, in_names, err);
 	default:
 		break;
 	}

@@ -16,7 +16,9 @@
  * sum_j exp(s_j - m') v_j; m = m'.  At the end O = acc / l, which is
  * softmax(S) @ V (a row whose scores are all -inf gives NaN, as the
  * unfused graph does).  S, m and l are written too when another kernel
- * reads them (a training step's backward pass recomputes P from them).
+ * reads them, and so is what is computed from m and l alone (Attention's
+ * LogSumExp m + log l, which its backward, AttentionGrad, reads to
+ * recompute P: O(rows) saved, no S).
  *
  * Two forms.  The tensor-core form (float16 / bfloat16, and float32 with
  * allow_tf32, on sm_80 and later; "the tensor-core form" below) keeps 16
@@ -58,6 +60,8 @@ typedef struct att_plan {
 	ap_emap *maps;                  /* from O: its epilogue */
 	bool *dep;                      /* per tensor: computed from Y1 */
 	bool s_out, m_out, l_out;       /* written for other kernels */
+	int n_stat;                     /* outputs computed from m and l alone (a LogSumExp) */
+	int stat[4];
 	bool tc;                        /* the tensor-core form (16-bit operands, sm_80 and later) */
 	ap_kir_mma_kind mma;            /* its mma.sync shape and types */
 	/* tensor cores: per operand (Q, K^T, V), elements per cp.async when it
@@ -295,9 +299,41 @@ static int scores_from_product(const ap_graph *g, att_plan *p, char *why, size_t
 	return 1;
 }
 
-/* What the kernel writes: O's epilogue (p->maps), and S, the max and the
- * sum for other kernels (p->s_out, m_out, l_out).  0 with *why when the
- * micro-graph writes anything else. */
+/* Whether tensor x is computed from the row statistics m and l alone,
+ * element for element (elementwise ops, casts and views of m and l, and
+ * constants: Attention's LogSumExp, m + log l), with one element per row
+ * of S.  depth bounds the walk. */
+static bool from_stats(const ap_graph *g, const att_plan *p, int x, int depth)
+{
+	const ap_tensor *t = &g->tensors[x];
+	int pn = t->producer;
+	ap_op_category cat;
+
+	if (x == p->m || x == p->l || t->kind == AP_TENSOR_CONST)
+		return x != p->m && x != p->l ? ap_tensor_numel(t) == 1 : true;
+	if (pn < 0 || depth > 16 || ap_tensor_numel(t) != ap_tensor_numel(&g->tensors[p->m]))
+		return false;
+	cat = ap_op_category_of(g->nodes[pn].op);
+	if (cat != AP_CAT_ELEMWISE && cat != AP_CAT_BROADCAST && g->nodes[pn].op != AP_OP_RESHAPE)
+		return false;
+	if (g->nodes[pn].op == AP_OP_EXPAND || g->nodes[pn].op == AP_OP_WHERE)
+		return false;
+	for (int j = 0; j < g->nodes[pn].n_inputs; j++) {
+		int in = g->nodes[pn].inputs[j];
+
+		if (in >= 0 && !from_stats(g, p, in, depth + 1))
+			return false;
+		if (in >= 0 && g->nodes[pn].op != AP_OP_RESHAPE && g->tensors[in].kind != AP_TENSOR_CONST &&
+		    ap_tensor_numel(&g->tensors[in]) != ap_tensor_numel(t))
+			return false;
+	}
+	return true;
+}
+
+/* What the kernel writes: O's epilogue (p->maps), S, the max and the
+ * sum for other kernels (p->s_out, m_out, l_out), and outputs computed
+ * from the max and the sum alone (p->stat: the LogSumExp the backward
+ * reads).  0 with *why when the micro-graph writes anything else. */
 static int classify_outputs(const ap_graph *g, att_plan *p, char *why, size_t cap)
 {
 	for (int i = 0; i < g->n_outputs; i++) {
@@ -311,6 +347,8 @@ static int classify_outputs(const ap_graph *g, att_plan *p, char *why, size_t ca
 			p->m_out = true;
 		else if (x == p->l)
 			p->l_out = true;
+		else if (p->n_stat < 4 && from_stats(g, p, x, 0))
+			p->stat[p->n_stat++] = x;
 		else {
 			snprintf(why, cap, "it would write %s, which only the unfused form computes",
 				 g->tensors[x].name);
@@ -498,6 +536,7 @@ typedef struct actx {
 	ap_kir_kernel *k;
 	ap_kir_expr *bc[AP_MAX_RANK];   /* the block's batch coordinates */
 	ap_kir_expr *dot;               /* leaf hook: Y1's value (a lane's dot product) */
+	ap_kir_expr *mval, *lval;       /* leaf hook: the row's max and sum (accumulator type) */
 	ap_kir_expr *out;               /* leaf hook: O's value */
 } actx;
 
@@ -509,6 +548,12 @@ static ap_kir_expr *att_leaf(ap_vctx *v, int t, ap_lidx *ix, void *user)
 		return ap_kir_cast(v->k, v->g->tensors[t].dtype, c->dot);
 	if (t == c->p->o && c->out)
 		return ap_kir_cast(v->k, v->g->tensors[t].dtype, c->out);
+	/* the statistics enter a LogSumExp unrounded (FlashAttention keeps
+	 * them in float32 for 16-bit operands) */
+	if (t == c->p->m && c->mval)
+		return c->mval;
+	if (t == c->p->l && c->lval)
+		return c->lval;
 	return NULL;
 }
 
@@ -648,9 +693,18 @@ static void store_stats(actx *c, ap_kir_expr *row, ap_kir_expr *cond, ap_kir_var
 	const att_plan *p = c->p;
 	ap_kir_block *s2;
 
-	if (!p->m_out && !p->l_out)
+	if (!p->m_out && !p->l_out && !p->n_stat)
 		return;
 	ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, p->Nq)), cond), &s2, NULL);
+	for (int i = 0; i < p->n_stat; i++) {
+		ap_lidx mix = idx2(c, p->m, row, ap_kir_idx(k, 0)), ix = ap_lidx_relin(v, &mix, p->stat[i]);
+
+		c->mval = ap_kir_ref(k, m);
+		c->lval = ap_kir_ref(k, l);
+		ap_kir_store(k, v->cur, ap_v_buffer(v, p->stat[i]), ap_lidx_linear(v, &ix),
+			     ap_kir_cast(k, v->g->tensors[p->stat[i]].dtype, ap_val(v, p->stat[i], &ix)));
+		c->mval = c->lval = NULL;
+	}
 	for (int w = 0; w < 2; w++) {
 		int x = w ? p->l : p->m;
 		ap_lidx ix;
@@ -1385,7 +1439,7 @@ static void tc_store(att_tc *s)
 		ap_v_close(v, s2);
 	}
 	ap_v_close(v, saved);
-	for (int h = 0; h < 2 && (p->m_out || p->l_out); h++) {
+	for (int h = 0; h < 2 && (p->m_out || p->l_out || p->n_stat); h++) {
 		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r", ap_kir_add(k, s->wrow, ap_kir_addi(k, s->g, 8 * h)));
 
 		store_stats(c, row, ap_kir_binary(k, AP_KIR_EQ, s->tq, ap_kir_idx(k, 0)), s->mrun[h], s->lrun[h]);

@@ -38,6 +38,10 @@
  *                   same with var
  *   Gemm            y = MatMul(A', B') (* alpha) (+ C (* beta)), with
  *                   A' = Transpose(A) when transA, B' likewise
+ *   Attention       S = MatMul(Q, Transpose(K)) * scale, masked (Where
+ *                   -inf / Add; causal: Where(Cast(Trilu(Expand(1)))));
+ *                   softmax as above; Y = MatMul(P, V); LogSumExp =
+ *                   Cast(m) + Log(Cast(l)) reshaped (expand_attention)
  * and, when asked (open_all), the elementwise activations the lowering
  * otherwise computes natively:
  *   Gelu            0.5 * x * (1 + Erf(x * 1/sqrt(2))), or with
@@ -60,6 +64,7 @@
  */
 #include "partition.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -539,6 +544,145 @@ static void expand_gemm(ex *e, const ap_node *node)
 	}
 }
 
+/* ---- attention ------------------------------------------------------------------ */
+
+/* A node with one output and integer attributes (names[i] = vals[i]). */
+static int node_ints(ex *e, ap_op op, int n_in, const int *in, int out, int n_attr, const char *const *names,
+		     const int64_t *const *vals, const int *counts)
+{
+	int n = add_node(e, op, n_in, in, out);
+
+	if (n < 0)
+		return -1;
+	for (int i = 0; i < n_attr; i++)
+		if (ap_node_set_ints(e->ng, n, names[i], vals[i], counts[i]) < 0)
+			return fail(e, AP_ENOMEM, "out of memory setting attributes");
+	return out;
+}
+
+/* Key or value x [b..., Hk, S, D] read by H query heads: itself when
+ * Hk == H, else Reshape [b..., Hk, 1, S, D], Expand [b..., Hk, H/Hk, S, D],
+ * Reshape [b..., H, S, D] (views the kernels read in place). */
+static int kv_heads(ex *e, int x, int64_t H)
+{
+	int r = T(e, x)->rank, t;
+	int64_t d5[AP_MAX_RANK], d4[AP_MAX_RANK], Hk = T(e, x)->dims[r - 3];
+
+	if (e->rc || Hk == H)
+		return x;
+	if (r + 1 > AP_MAX_RANK)
+		return fail(e, AP_EUNSUPPORTED, "Attention: grouped-query heads need one dim more than the rank limit");
+	for (int d = 0; d < r; d++)
+		d4[d] = T(e, x)->dims[d];
+	for (int d = 0; d < r - 2; d++)
+		d5[d] = d4[d];
+	d5[r - 2] = 1;
+	d5[r - 1] = d4[r - 2];
+	d5[r] = d4[r - 1];
+	t = reshape(e, x, r + 1, d5, -1);
+	d5[r - 2] = H / Hk;
+	if (e->rc)
+		return -1;
+	{
+		int out = new_tensor(e, "Expand", T(e, x)->dtype, r + 1, d5);
+
+		t = add_node(e, AP_OP_EXPAND, 1, &t, out) < 0 ? -1 : out;
+	}
+	d4[r - 3] = H;
+	return reshape(e, t, r, d4, -1);
+}
+
+/* The causal condition [L, S] (BOOL): key j <= query i, as
+ * Cast(Trilu(Expand(1), lower, k = 0)) -- index arithmetic the kernels
+ * evaluate in place, no L x S constant. */
+static int causal_cond(ex *e, int64_t L, int64_t S)
+{
+	int64_t dims[2] = {L, S};
+	int one = scalar_const(e, AP_DT_F32, 1.0), ex1, tri, n;
+
+	if (e->rc)
+		return -1;
+	ex1 = new_tensor(e, "Expand", AP_DT_F32, 2, dims);
+	if (add_node(e, AP_OP_EXPAND, 1, &one, ex1) < 0)
+		return -1;
+	tri = new_tensor(e, "Trilu", AP_DT_F32, 2, dims);
+	n = add_node(e, AP_OP_TRILU, 1, &ex1, tri);
+	if (n < 0)
+		return -1;
+	if (ap_node_set_int(e->ng, n, "upper", 0) < 0 || ap_node_set_int(e->ng, n, "k", 0) < 0)
+		return fail(e, AP_ENOMEM, "out of memory setting attributes");
+	return cast(e, tri, AP_DT_BOOL, -1);
+}
+
+/* Attention (ops.def): KT = Transpose(K'); S = MatMul(Q, KT) * scale;
+ * S = Where(mask, S, -inf) or S + mask; S = Where(causal, S, -inf);
+ * softmax as expand_softmax (m, E, l, P); Y = MatMul(P, V');
+ * LogSumExp = Reshape(Cast(m) + Log(Cast(l))) -- K' and V' are K and V
+ * read by every query head of their group (kv_heads).  Layer II stitches
+ * the products and the softmax into one attention kernel
+ * (server/lower/attention.c), which writes the LogSumExp from its row
+ * statistics. */
+static void expand_attention(ex *e, const ap_node *node)
+{
+	int q = in_at(node, 0), k = in_at(node, 1), v = in_at(node, 2), mask = in_at(node, 3);
+	int y = out_at(node, 0), lse = out_at(node, 1), r = T(e, q)->rank;
+	ap_dtype dt = T(e, q)->dtype, acc = dt == AP_DT_F16 || dt == AP_DT_BF16 ? AP_DT_F32 : dt;
+	int64_t H = T(e, q)->dims[r - 3], L = T(e, q)->dims[r - 2], S = T(e, k)->dims[r - 2];
+	int64_t perm[AP_MAX_RANK], sd[AP_MAX_RANK], axis = r - 1, *pp = perm;
+	const char *pn = "perm";
+	int cnt = r, kt, s, m, d, ee, l, p, in[2];
+
+	k = kv_heads(e, k, H);
+	v = kv_heads(e, v, H);
+	if (e->rc)
+		return;
+	for (int i = 0; i < r; i++) {
+		perm[i] = i;
+		sd[i] = T(e, k)->dims[i];
+	}
+	perm[r - 2] = r - 1;
+	perm[r - 1] = r - 2;
+	sd[r - 2] = T(e, k)->dims[r - 1];
+	sd[r - 1] = S;
+	kt = new_tensor(e, "Transpose", dt, r, sd);
+	kt = node_ints(e, AP_OP_TRANSPOSE, 1, &k, kt, 1, &pn, (const int64_t *const *)&pp, &cnt);
+	for (int i = 0; i < r; i++)
+		sd[i] = T(e, q)->dims[i];
+	sd[r - 1] = S;
+	s = new_tensor(e, "MatMul", dt, r, sd);
+	in[0] = q;
+	in[1] = kt;
+	if (e->rc || add_node(e, AP_OP_MATMUL, 2, in, s) < 0)
+		return;
+	s = binary(e, AP_OP_MUL, s, scalar_const(e, dt, ap_node_float(node, "scale", 1.0)), -1);
+	if (mask >= 0 && T(e, mask)->dtype == AP_DT_BOOL) {
+		int w[3] = {mask, s, scalar_const(e, dt, -INFINITY)}, o = new_tensor(e, "Where", dt, r, sd);
+
+		s = add_node(e, AP_OP_WHERE, 3, w, o) < 0 ? -1 : o;
+	} else if (mask >= 0) {
+		s = binary(e, AP_OP_ADD, s, mask, -1);
+	}
+	if (ap_node_int(node, "is_causal", 0)) {
+		int w[3] = {causal_cond(e, L, S), s, scalar_const(e, dt, -INFINITY)}, o = new_tensor(e, "Where", dt, r, sd);
+
+		s = add_node(e, AP_OP_WHERE, 3, w, o) < 0 ? -1 : o;
+	}
+	m = reduce(e, AP_OP_REDUCE_MAX, s, &axis, 1, 1, -1);
+	d = binary(e, AP_OP_SUB, s, m, -1);
+	ee = unary(e, AP_OP_EXP, d, -1);
+	l = reduce(e, AP_OP_REDUCE_SUM, ee, &axis, 1, 1, -1);
+	p = binary(e, AP_OP_DIV, ee, l, -1);
+	in[0] = p;
+	in[1] = v;
+	if (e->rc || add_node(e, AP_OP_MATMUL, 2, in, y) < 0)
+		return;
+	if (lse >= 0) {
+		int a = binary(e, AP_OP_ADD, cast(e, m, acc, -1), unary(e, AP_OP_LOG, cast(e, l, acc, -1), -1), -1);
+
+		reshape(e, a, r - 1, T(e, lse)->dims, lse);
+	}
+}
+
 /* ---- elementwise activations ---------------------------------------------------- */
 
 static int clip01(ex *e, int x, int out)
@@ -672,6 +816,7 @@ static const struct {
 	{AP_OP_INSTANCE_NORM, expand_instance_norm, true},
 	{AP_OP_BATCH_NORM, expand_batch_norm, true},
 	{AP_OP_GEMM, expand_gemm, true},
+	{AP_OP_ATTENTION, expand_attention, true},
 	{AP_OP_GELU, expand_activation, false},
 	{AP_OP_SOFTPLUS, expand_activation, false},
 	{AP_OP_MISH, expand_activation, false},
