@@ -17,6 +17,7 @@ static const ap_emitter *const registry[] = {
 	/* the product emitters before the movement emitter: a product whose
 	 * output is concatenated keeps its tiled kernel (epilogue.c) */
 	&ap_emitter_attention,
+	&ap_emitter_attention_grad,
 	&ap_emitter_gemm,
 	&ap_emitter_depthwise,
 	&ap_emitter_movement,

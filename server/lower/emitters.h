@@ -17,6 +17,7 @@ extern const ap_emitter ap_emitter_column_reduce;  /* rows.c */
 extern const ap_emitter ap_emitter_transpose;      /* transpose.c */
 extern const ap_emitter ap_emitter_movement;       /* movement.c */
 extern const ap_emitter ap_emitter_attention;      /* attention.c: QK^T, softmax, PV */
+extern const ap_emitter ap_emitter_attention_grad; /* attention_grad.c: AttentionGrad */
 extern const ap_emitter ap_emitter_gemm;           /* gemm.c: MatMul on tiles */
 extern const ap_emitter ap_emitter_depthwise;      /* depthwise.c: convolutions of < 8 channels per group */
 extern const ap_emitter ap_emitter_pointwise;      /* pointwise.c */
