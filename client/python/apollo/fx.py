@@ -599,6 +599,57 @@ def _pool_attrs(n, k, first=1):
     return ks, st, pad, dil, bool(args[first + 4])
 
 
+def _sdpa_dropout_at(n):
+    """(position of Q, position of dropout_p) in the arguments of the
+    forward or backward flash attention op (is_causal follows dropout_p)."""
+    return (1, 6) if n.target == aten._scaled_dot_product_flash_attention_for_cpu_backward.default else (0, 3)
+
+
+def _sdpa_args(c, n, first, dt):
+    """scale, is_causal and the mask (a tensor of Q's dtype, or None) of a
+    scaled-dot-product attention op whose Q is argument `first`."""
+    args = list(n.args)
+    pd = _sdpa_dropout_at(n)[1]
+    causal = args[pd + 1] if len(args) > pd + 1 else n.kwargs.get("is_causal", False)
+    p = args[pd] if len(args) > pd else n.kwargs.get("dropout_p", 0.0)
+    scale = n.kwargs.get("scale")
+    e = _static_shape(_val(args[first]))[-1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(e)
+    mask = n.kwargs.get("attn_mask")
+    mt = c.t(mask, dt) if mask is not None else None
+    return float(scale), int(bool(causal)), mt, p
+
+
+def _sdpa(c, n):
+    """_scaled_dot_product_flash_attention_for_cpu (q, k, v [B, H, L, E];
+    K/V heads dividing Q's) -> (output, logsumexp): Apollo's Attention op,
+    whose LogSumExp is the saved state of the backward (O(L), no L x S
+    probabilities)."""
+    vals = _val(n)
+    dt = apollo_dtype(vals[0].dtype)
+    scale, causal, mask, _ = _sdpa_args(c, n, 0, dt)
+    ins = [c.t(n.args[i], dt) for i in range(3)] + ([mask] if mask is not None else [])
+    y, lse = c.g.node("Attention", ins, {"scale": scale, "is_causal": causal}, n_outputs=2)
+    return (y, c.cast(lse, apollo_dtype(vals[1].dtype)))
+
+
+def _sdpa_backward(c, n):
+    """_scaled_dot_product_flash_attention_for_cpu_backward(dY, q, k, v,
+    out, logsumexp, ...) -> (dq, dk, dv): Apollo's AttentionGrad op (one
+    kernel recomputing P from Q, K and the log-sum-exp)."""
+    vals = _val(n)
+    dt = apollo_dtype(vals[0].dtype)
+    scale, causal, mask, _ = _sdpa_args(c, n, 1, dt)
+    ins = [c.t(n.args[i], dt) for i in range(5)]
+    acc = G.FLOAT32 if dt in (G.FLOAT16, G.BFLOAT16) else dt
+    ins.append(c.t(n.args[5], acc))
+    if mask is not None:
+        ins.append(mask)
+    outs = c.g.node("AttentionGrad", ins, {"scale": scale, "is_causal": causal}, n_outputs=3)
+    return tuple(outs)
+
+
 def _indices_used(n):
     return any(u.target == operator.getitem and u.args[1] == 1 and u.users for u in n.users)
 
@@ -1212,6 +1263,8 @@ HANDLERS = {
     aten.convolution.default: _convolution, aten.convolution_backward.default: _convolution_backward,
     aten.avg_pool2d.default: _avg_pool, aten.max_pool2d_with_indices.default: _max_pool,
     aten.max_pool2d_with_indices_backward.default: _max_pool_backward,
+    aten._scaled_dot_product_flash_attention_for_cpu.default: _sdpa,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _sdpa_backward,
     aten.slice_scatter.default: _slice_scatter, aten.select_scatter.default: _slice_scatter,
     aten.view.default: _view, aten._unsafe_view.default: _view, aten.reshape.default: _view,
     aten.squeeze.dim: _view, aten.squeeze.dims: _view, aten.squeeze.default: _view,
@@ -1253,6 +1306,12 @@ def _precheck(node):
                 return "indexing with a boolean mask (a data-dependent shape)"
     if t == aten.div.Tensor_mode and node.kwargs.get("rounding_mode") not in (None, "floor"):
         return "div with rounding_mode=%r" % node.kwargs.get("rounding_mode")
+    if t in (aten._scaled_dot_product_flash_attention_for_cpu.default,
+             aten._scaled_dot_product_flash_attention_for_cpu_backward.default):
+        pd = _sdpa_dropout_at(node)[1]
+        p = node.args[pd] if len(node.args) > pd else node.kwargs.get("dropout_p", 0.0)
+        if p:
+            return "scaled_dot_product_attention with dropout_p=%g (no dropout inside the attention kernel)" % p
     if t == aten.avg_pool2d.default and len(node.args) > 6 and node.args[6] is not None:
         return "avg_pool2d with divisor_override"
     if t in (aten.scatter_reduce.two,) and node.kwargs.get("include_self", True) is False:

@@ -12,9 +12,11 @@ CPU tensors themselves, CUDA targets launch on the current stream of the
 tensors' device; inputs, weights and outputs are bound by their data
 pointers, without copies.
 
-scaled_dot_product_attention is traced through PyTorch's math kernel
-(_math_attention), so that attention and its backward are ops the
-converter takes.
+scaled_dot_product_attention on CPU tensors stays one op,
+_scaled_dot_product_flash_attention_for_cpu, with its backward: the
+converter makes them Apollo's Attention and AttentionGrad, one kernel each
+that saves the log-sum-exp, not the L x S probabilities.  On CUDA tensors
+it is traced through PyTorch's math kernel (_math_attention) for now.
 
 A graph Dynamo made with symbolic sizes (dynamic shapes: after a second
 input shape) is compiled for each concrete shape it is called with
@@ -603,10 +605,9 @@ def _decompositions():
 def _math_attention():
     """A context in which scaled_dot_product_attention takes PyTorch's math
     kernel (matmul, softmax, matmul and their masks), so that AOTAutograd
-    traces it, and its backward, into ops the converter has, on every
-    device; the fused kernels (flash, memory-efficient, cuDNN) would stay
-    single ops with no Apollo rewrite.  A no-op where torch lacks
-    torch.nn.attention."""
+    traces it, and its backward, into ops the converter has: used for CUDA
+    tensors, whose fused kernels (flash, memory-efficient, cuDNN) have no
+    Apollo rewrite yet.  A no-op where torch lacks torch.nn.attention."""
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:
@@ -653,7 +654,8 @@ def apollo_backend(gm, example_inputs, options=None, **_ignored):
         return _compile_graph(g, ex, opts, "backward", {})
 
     # AOTAutograd traces the forward and backward graphs here, in this call
-    with _math_attention():
+    on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
+    with _math_attention() if on_cuda else contextlib.nullcontext():
         return aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=fw,
                             decompositions=_decompositions())(gm, example_inputs)
 
