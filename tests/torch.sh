@@ -21,6 +21,9 @@
 #   * mixed precision: the SDPA block under torch.autocast bfloat16 (20
 #     steps) and float16 with a GradScaler (5), the cnn with a break under
 #     bfloat16: loss within 1e-3 relative of eager autocast;
+#   * tests/torch_checks.py ops sdpa: F.scaled_dot_product_attention (causal,
+#     masks, a scale, grouped-query heads, L != S) as one attention launch
+#     forward and one attention_grad launch backward, within 1e-9 of eager;
 #   * tests/torch_checks.py config (a bad target, fusion level or option
 #     raises apollo.ConfigError at torch.compile or at the first call) and shapes (batch size
 #     and length change between steps: one submit per new shape, nothing

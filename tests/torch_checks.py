@@ -37,6 +37,7 @@ Prints one line per check; exits 1 on the first failure.
 import copy
 import math
 import os
+import re
 import sys
 
 import torch
@@ -387,6 +388,43 @@ def _dropout():
     st = backend.stats()
     check(not st["graph_breaks"] and st["eager_graphs"] == 0 and st["eager_parts"] == 0,
           "dropout: %d graphs, no break, nothing eager" % st["graphs"])
+
+
+@op("sdpa")
+def _sdpa():
+    """F.scaled_dot_product_attention forward and backward as Apollo's
+    Attention and AttentionGrad (one kernel each, the log-sum-exp saved,
+    no L x S tensor): causal (L = S and top-left aligned L != S), boolean
+    and additive masks, a scale, grouped-query heads, cross-attention
+    lengths; each against eager float64, and the fused graphs' pages show
+    one attention launch forward and one attention_grad launch backward."""
+    import glob
+    import tempfile
+    g = torch.Generator().manual_seed(11)
+    B, H, E = 2, 4, 8
+    cases = [
+        ("causal", dict(is_causal=True), 12, 12, H),
+        ("causal L<S", dict(is_causal=True), 5, 9, H),
+        ("bool mask", dict(attn_mask=(_rand(12, 12, g=g) > -0.4) | torch.eye(12, dtype=torch.bool)), 12, 12, H),
+        ("additive mask, scale 0.2", dict(attn_mask=_rand(B, 1, 7, 11, g=g), scale=0.2), 7, 11, H),
+        ("grouped-query", dict(is_causal=True, enable_gqa=True), 10, 10, 2),
+    ]
+    for name, kw, L, S, Hk in cases:
+        def fn(q, k, v, kw=kw):
+            return F.scaled_dot_product_attention(q, k, v, **kw)
+        pages = tempfile.mkdtemp(prefix="apollo-sdpa-")
+        os.environ["APOLLO_EXPLAIN_HTML"] = pages
+        try:
+            run_op("sdpa %s" % name, fn, [_rand(B, H, L, E, g=g), _rand(B, Hk, S, E, g=g), _rand(B, Hk, S, E, g=g)])
+        finally:
+            del os.environ["APOLLO_EXPLAIN_HTML"]
+        files = sorted(glob.glob(os.path.join(pages, "*.html")))
+        kinds = [re.findall(r'data-emitter="([a-z_]+)"', open(f).read()) for f in files]
+        # a boolean mask reaches the op as an additive one (PyTorch's where:
+        # one pointwise kernel of the mask's size, as in eager)
+        fwd = [x for x in kinds[0] if not ("attn_mask" in kw and x == "pointwise")] if kinds else []
+        check(len(kinds) == 2 and fwd == ["attention"] and kinds[1] == ["attention_grad"],
+              "sdpa %s: the attention one launch forward and one backward (%s)" % (name, kinds))
 
 
 def ops(names):
