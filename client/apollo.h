@@ -393,6 +393,11 @@ typedef struct ap_bundle_stats {
 	double tune_ms;
 	unsigned tune_capped;        /* searches the daemon's time limit cut short
 					(a loaded machine's bundle, not cached) */
+	/* device memory of one run of the plan, bytes: what
+	 * ap_bundle_peak_bytes, ap_bundle_input_bytes, ap_bundle_output_bytes
+	 * and ap_bundle_const_bytes return (set even when the bundle carries
+	 * no Stats) */
+	uint64_t peak_bytes, input_bytes, output_bytes, const_bytes;
 } ap_bundle_stats;
 
 /* The name of a tier: "compiled", "l1", "l2", "shared". */
@@ -408,7 +413,43 @@ int ap_bundle_pack(const ap_bundle *b, __ap_give uint8_t **out, size_t *len);
 
 const char *ap_bundle_target(const ap_bundle *b);
 ap_output_kind ap_bundle_format(const ap_bundle *b);
+
+/* Device memory of one run of the bundle's plan, in bytes (issue 24,
+ * item 2: "memory no worse than eager").  `b` is borrowed and must not be
+ * NULL; nothing is allocated; these never fail.
+ *
+ * ap_bundle_workspace_bytes: the one workspace holding every
+ *   intermediate (BUF_INTERMEDIATE) at its offset.  The daemon lays it
+ *   out by liveness: an intermediate occupies its 256-byte aligned range
+ *   from the launch that writes it to the last launch that reads it, and
+ *   later intermediates reuse that range (first fit).  The runtime
+ *   allocates it whole, once per stream it runs the bundle on (a GPU
+ *   runtime takes 256 bytes when it is 0).
+ * ap_bundle_peak_bytes: the most device bytes held at once while the plan
+ *   runs: inputs + outputs + constants + the workspace.  The workspace is
+ *   held whole for the run, so the figure is the same at every launch;
+ *   it is the intermediates' live maximum plus first fit's gaps, which a
+ *   per-launch sum of live intermediates would leave out.  Not counted:
+ *   parameters (the caller binds its weights where they already are, as
+ *   an eager run holds them), kernel code and the workspaces of other
+ *   streams.
+ * ap_bundle_input_bytes: the graph inputs' buffers (BUF_INPUT).
+ * ap_bundle_output_bytes: the graph outputs' buffers (BUF_OUTPUT; an
+ *   output that is also an input is counted with the inputs).  A training
+ *   forward's outputs include the tensors it saves for its backward, so
+ *   this is the state a forward bundle hands on.
+ * ap_bundle_const_bytes: the constants the bundle carries (BUF_CONST),
+ *   which the runtime allocates and fills itself.
+ *
+ * Peak, inputs, outputs and constants are the daemon's figures
+ * (apollo.Stats) when it sent them; for a bundle from a daemon before
+ * them (all four 0), the same computed here from the bundle's buffers and
+ * workspace_bytes.  Sums stop at UINT64_MAX (sizes no runtime accepts). */
 uint64_t ap_bundle_workspace_bytes(const ap_bundle *b);
+uint64_t ap_bundle_peak_bytes(const ap_bundle *b);
+uint64_t ap_bundle_input_bytes(const ap_bundle *b);
+uint64_t ap_bundle_output_bytes(const ap_bundle *b);
+uint64_t ap_bundle_const_bytes(const ap_bundle *b);
 /* 32 bytes of canonical graph hash; *len receives its length (0 when absent). */
 const uint8_t *ap_bundle_graph_hash(const ap_bundle *b, size_t *len);
 
@@ -479,7 +520,9 @@ int ap_bundle_boundary_get(const ap_bundle *b, int i, ap_bundle_boundary *out);
 int ap_bundle_n_buffers(const ap_bundle *b);
 int ap_bundle_buffer_get(const ap_bundle *b, int i, ap_bundle_buffer *out);
 
-/* Zeros when the bundle carries no Stats. */
+/* Fills `out` from the bundle's apollo.Stats: zeros when it carries none,
+ * but for the memory figures (peak_bytes, input_bytes, output_bytes,
+ * const_bytes), which are always those of the accessors above. */
 void ap_bundle_stats_get(const ap_bundle *b, ap_bundle_stats *out);
 
 /* The underlying apollo.Bundle message (for code that links protobuf-c). */

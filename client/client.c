@@ -1255,6 +1255,52 @@ const char *ap_bundle_target(const ap_bundle *b) { return b->pb->target ? b->pb-
 ap_output_kind ap_bundle_format(const ap_bundle *b) { return (ap_output_kind)b->pb->format; }
 uint64_t ap_bundle_workspace_bytes(const ap_bundle *b) { return b->pb->workspace_bytes; }
 
+/* The memory figures of one run of the plan (apollo.h). */
+typedef struct bundle_memory {
+	uint64_t peak, input, output, constant;
+} bundle_memory;
+
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* The daemon's figures when its Stats carry them, else the same computed
+ * from the buffers as server/plan/plan.c does: a daemon before them sent
+ * all four 0 (a bundle whose figures are truly 0 computes to 0 too). */
+static bundle_memory memory_of(const ap_bundle *b)
+{
+	const Apollo__Stats *s = b->pb->stats;
+	bundle_memory m = { 0, 0, 0, 0 };
+
+	if (s && (s->peak_bytes || s->input_bytes || s->output_bytes || s->const_bytes)) {
+		m.peak = s->peak_bytes;
+		m.input = s->input_bytes;
+		m.output = s->output_bytes;
+		m.constant = s->const_bytes;
+		return m;
+	}
+	for (size_t i = 0; i < b->pb->n_buffers; i++) {
+		const Apollo__Buffer *bf = b->pb->buffers[i];
+
+		if (!bf)
+			continue;
+		if (bf->kind == APOLLO__BUFFER_KIND__BUF_INPUT)
+			m.input = add_sat(m.input, bf->bytes);
+		else if (bf->kind == APOLLO__BUFFER_KIND__BUF_OUTPUT)
+			m.output = add_sat(m.output, bf->bytes);
+		else if (bf->kind == APOLLO__BUFFER_KIND__BUF_CONST)
+			m.constant = add_sat(m.constant, bf->bytes);
+	}
+	m.peak = add_sat(add_sat(m.input, m.output), add_sat(m.constant, b->pb->workspace_bytes));
+	return m;
+}
+
+uint64_t ap_bundle_peak_bytes(const ap_bundle *b) { return memory_of(b).peak; }
+uint64_t ap_bundle_input_bytes(const ap_bundle *b) { return memory_of(b).input; }
+uint64_t ap_bundle_output_bytes(const ap_bundle *b) { return memory_of(b).output; }
+uint64_t ap_bundle_const_bytes(const ap_bundle *b) { return memory_of(b).constant; }
+
 const uint8_t *ap_bundle_graph_hash(const ap_bundle *b, size_t *len)
 {
 	*len = b->pb->graph_hash.len;
@@ -1470,8 +1516,13 @@ int ap_bundle_buffer_get(const ap_bundle *b, int i, ap_bundle_buffer *out)
 void ap_bundle_stats_get(const ap_bundle *b, ap_bundle_stats *out)
 {
 	const Apollo__Stats *s = b->pb->stats;
+	bundle_memory m = memory_of(b);
 
 	memset(out, 0, sizeof(*out));
+	out->peak_bytes = m.peak;
+	out->input_bytes = m.input;
+	out->output_bytes = m.output;
+	out->const_bytes = m.constant;
 	if (!s)
 		return;
 	out->kernels = s->kernels;

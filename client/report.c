@@ -196,8 +196,12 @@ void ap_report_json(FILE *f, const ap_bundle *b, const ap_report_info *info)
 	fprintf(f, ",\"global_bytes\":%llu,\"eager_bytes\":%llu,\"min_bytes\":%llu",
 		(unsigned long long)s.global_bytes, (unsigned long long)s.eager_bytes,
 		(unsigned long long)s.min_bytes);
-	fprintf(f, ",\"workspace_bytes\":%llu,\"buffers\":%d,\"blob_bytes\":%llu,\"boundaries\":%d",
-		(unsigned long long)ap_bundle_workspace_bytes(b), ap_bundle_n_buffers(b),
+	fprintf(f, ",\"workspace_bytes\":%llu,\"peak_bytes\":%llu,\"input_bytes\":%llu,"
+		   "\"output_bytes\":%llu,\"const_bytes\":%llu",
+		(unsigned long long)ap_bundle_workspace_bytes(b), (unsigned long long)s.peak_bytes,
+		(unsigned long long)s.input_bytes, (unsigned long long)s.output_bytes,
+		(unsigned long long)s.const_bytes);
+	fprintf(f, ",\"buffers\":%d,\"blob_bytes\":%llu,\"boundaries\":%d", ap_bundle_n_buffers(b),
 		(unsigned long long)blob_total(b), ap_bundle_n_boundaries(b));
 	fprintf(f, ",\"graph_hash\":\"%s\"", hex);
 	fputs(",\"kernel_list\":[", f);
@@ -433,6 +437,10 @@ void ap_report_text(FILE *f, const ap_bundle *b, const ap_report_info *info)
 		(unsigned long long)s.min_bytes,
 		(unsigned long long)ap_bundle_workspace_bytes(b), ap_bundle_n_buffers(b),
 		(unsigned long long)blob_total(b));
+	fprintf(f, "device memory: peak %llu B = inputs %llu B + outputs %llu B + constants %llu B + "
+		   "workspace %llu B (parameters not counted)\n", (unsigned long long)s.peak_bytes,
+		(unsigned long long)s.input_bytes, (unsigned long long)s.output_bytes,
+		(unsigned long long)s.const_bytes, (unsigned long long)ap_bundle_workspace_bytes(b));
 	if (explain) {
 		int nb = ap_bundle_n_boundaries(b);
 		fprintf(f, "%d boundaries between launches%s", nb, nb ? " (" : "\n");

@@ -317,7 +317,9 @@ void ap_json_string(FILE *f, const char *s);
  * compile_ms, import_ms, partition_ms, codegen_ms, backend_ms, cache_ms
  * (daemon side), client_import_ms, round_trip_ms, kernels_compiled,
  * kernels_remote, kernels_shared, global_bytes,
- * eager_bytes, min_bytes (bytes), workspace_bytes, buffers, blob_bytes,
+ * eager_bytes, min_bytes (bytes), workspace_bytes, peak_bytes,
+ * input_bytes, output_bytes, const_bytes (bytes of device memory of one
+ * run: ap_bundle_peak_bytes and its kin), buffers, blob_bytes,
  * boundaries, graph_hash, kernel_list (name, nodes, grid, block,
  * smem_bytes, blob_bytes, params), launch_list (kernel index, name,
  * category, nodes: one entry per launch, in plan order).  With

@@ -1551,6 +1551,108 @@ static char *report(const ap_bundle *b, bool json, bool explain, size_t *tlen)
 	return text;
 }
 
+/* A bundle of five buffers (input 100 B, output 200 B, a 24-byte
+ * constant, a 50-byte intermediate in a 256-byte workspace, a 1000-byte
+ * parameter) and no launch, with `st` as its stats (NULL: none). */
+static ap_bundle *memory_bundle(Apollo__Stats *st, uint64_t input_bytes)
+{
+	static const char *names[5] = { "x", "y", "c", "t", "w" };
+	static const int kinds[5] = { APOLLO__BUFFER_KIND__BUF_INPUT, APOLLO__BUFFER_KIND__BUF_OUTPUT,
+				      APOLLO__BUFFER_KIND__BUF_CONST, APOLLO__BUFFER_KIND__BUF_INTERMEDIATE,
+				      APOLLO__BUFFER_KIND__BUF_PARAM };
+	const uint64_t bytes[5] = { input_bytes, 200, 24, 50, 1000 };
+	Apollo__Buffer bf[5], *bufs[5];
+	Apollo__Bundle b = APOLLO__BUNDLE__INIT;
+	uint8_t *buf;
+	size_t n;
+	ap_bundle *out;
+
+	for (int i = 0; i < 5; i++) {
+		apollo__buffer__init(&bf[i]);
+		bf[i].name = (char *)names[i];
+		bf[i].kind = kinds[i];
+		bf[i].bytes = bytes[i];
+		bufs[i] = &bf[i];
+	}
+	b.target = "cpu";
+	b.n_buffers = 5;
+	b.buffers = bufs;
+	b.workspace_bytes = 256;
+	b.stats = st;
+	n = apollo__bundle__get_packed_size(&b);
+	buf = malloc(n);
+	ck_assert_ptr_nonnull(buf);
+	apollo__bundle__pack(&b, buf);
+	out = ap_bundle_unpack(buf, n, NULL);
+	free(buf);
+	ck_assert_ptr_nonnull(out);
+	return out;
+}
+
+/* Memory figures (issue 24, item 2): the daemon's when its Stats carry
+ * them, else computed from the buffers (a daemon before them): peak =
+ * inputs + outputs + constants + workspace, parameters not counted; sums
+ * stop at UINT64_MAX; ap_bundle_stats_get and both reports show them. */
+START_TEST(memory_figures)
+{
+	Apollo__Stats st = APOLLO__STATS__INIT;
+	ap_bundle_stats s;
+	ap_bundle *b = memory_bundle(NULL, 100);
+	size_t tlen;
+	char *text;
+
+	ck_assert_uint_eq(ap_bundle_workspace_bytes(b), 256);
+	ck_assert_uint_eq(ap_bundle_input_bytes(b), 100);
+	ck_assert_uint_eq(ap_bundle_output_bytes(b), 200);
+	ck_assert_uint_eq(ap_bundle_const_bytes(b), 24);
+	ck_assert_uint_eq(ap_bundle_peak_bytes(b), 100 + 200 + 24 + 256);
+	ap_bundle_stats_get(b, &s);
+	ck_assert_uint_eq(s.kernels, 0);   /* no Stats: zeros but for memory */
+	ck_assert_uint_eq(s.peak_bytes, 580);
+	ck_assert_uint_eq(s.input_bytes, 100);
+	ck_assert_uint_eq(s.output_bytes, 200);
+	ck_assert_uint_eq(s.const_bytes, 24);
+	ck_assert_uint_eq(ap_abi_sizeof("ap_bundle_stats"), sizeof(ap_bundle_stats));
+	text = report(b, true, false, &tlen);
+	assert_json_line(text, tlen);
+	ck_assert_ptr_nonnull(strstr(text, ",\"workspace_bytes\":256,\"peak_bytes\":580,\"input_bytes\":100,"
+				   "\"output_bytes\":200,\"const_bytes\":24,\"buffers\":5,"));
+	free(text);
+	text = report(b, false, false, &tlen);
+	ck_assert_ptr_nonnull(strstr(text, "\ndevice memory: peak 580 B = inputs 100 B + outputs 200 B + "
+				   "constants 24 B + workspace 256 B (parameters not counted)\n"));
+	free(text);
+	ap_bundle_free(b);
+	/* a Stats without the figures (a daemon before them): computed too */
+	st.kernels = 3;
+	b = memory_bundle(&st, 100);
+	ck_assert_uint_eq(ap_bundle_peak_bytes(b), 580);
+	ap_bundle_stats_get(b, &s);
+	ck_assert_uint_eq(s.kernels, 3);
+	ck_assert_uint_eq(s.output_bytes, 200);
+	ap_bundle_free(b);
+	/* the daemon's figures are taken as sent */
+	st.peak_bytes = 4096;
+	st.input_bytes = 1;
+	st.output_bytes = 2;
+	st.const_bytes = 3;
+	b = memory_bundle(&st, 100);
+	ck_assert_uint_eq(ap_bundle_peak_bytes(b), 4096);
+	ck_assert_uint_eq(ap_bundle_input_bytes(b), 1);
+	ck_assert_uint_eq(ap_bundle_output_bytes(b), 2);
+	ck_assert_uint_eq(ap_bundle_const_bytes(b), 3);
+	ap_bundle_stats_get(b, &s);
+	ck_assert_uint_eq(s.peak_bytes, 4096);
+	ck_assert_uint_eq(s.const_bytes, 3);
+	ap_bundle_free(b);
+	/* sizes no runtime accepts: the sums stop at UINT64_MAX */
+	b = memory_bundle(NULL, UINT64_MAX - 10);
+	ck_assert_uint_eq(ap_bundle_input_bytes(b), UINT64_MAX - 10);
+	ck_assert_uint_eq(ap_bundle_peak_bytes(b), UINT64_MAX);
+	ap_bundle_free(b);
+}
+END_TEST
+
 START_TEST(explain_text)
 {
 	ap_bundle *b = explain_bundle();
@@ -1819,6 +1921,7 @@ static Suite *client_suite(void)
 	suite_add_tcase(s, tc);
 	tc = tcase_create("tool");
 	tcase_add_test(tc, json_report);
+	tcase_add_test(tc, memory_figures);
 	tcase_add_test(tc, explain_text);
 	tcase_add_test(tc, explain_json);
 	tcase_add_test(tc, explain_html);

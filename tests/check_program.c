@@ -292,9 +292,66 @@ static int node(ap_graph *g, const char *name, ap_op op, int n_in, const int *in
 	return n;
 }
 
+/* The most workspace bytes (256-aligned sizes) live at any one launch: an
+ * intermediate is live from the launch that writes it to the last launch
+ * that binds it.  The layout's lower bound. */
+static uint64_t live_intermediates_max(const ap_program *p)
+{
+	int *def = malloc(((size_t)p->n_buffers + 1) * sizeof(int));
+	int *last = malloc(((size_t)p->n_buffers + 1) * sizeof(int));
+	uint64_t most = 0;
+
+	ck_assert_ptr_nonnull(def);
+	ck_assert_ptr_nonnull(last);
+	for (int bi = 0; bi < p->n_buffers; bi++)
+		def[bi] = last[bi] = -1;
+	for (int l = 0; l < p->n_launches; l++)
+		for (int a = 0; a < p->launches[l].n_args; a++) {
+			int bi = p->launches[l].args[a];
+
+			if (def[bi] < 0 && p->kernels[p->launches[l].kernel].params[a].written)
+				def[bi] = l;
+			last[bi] = l;
+		}
+	for (int l = 0; l < p->n_launches; l++) {
+		uint64_t live = 0;
+
+		for (int bi = 0; bi < p->n_buffers; bi++)
+			if (p->buffers[bi].kind == AP_BUF_INTERMEDIATE && def[bi] >= 0 && def[bi] <= l &&
+			    l <= last[bi])
+				live += (p->buffers[bi].nbytes + 255) / 256 * 256;
+		if (live > most)
+			most = live;
+	}
+	free(def);
+	free(last);
+	return most;
+}
+
+/* Every program's memory figures are its buffers' sums, and the workspace
+ * holds at least what is live at once. */
+static void check_memory_sums(const ap_program *p)
+{
+	uint64_t in = 0, out = 0, cst = 0;
+
+	for (int i = 0; i < p->n_buffers; i++) {
+		const ap_buffer *bf = &p->buffers[i];
+
+		in += bf->kind == AP_BUF_INPUT ? bf->nbytes : 0;
+		out += bf->kind == AP_BUF_OUTPUT ? bf->nbytes : 0;
+		cst += bf->kind == AP_BUF_CONST ? bf->nbytes : 0;
+	}
+	ck_assert_uint_eq(p->input_bytes, in);
+	ck_assert_uint_eq(p->output_bytes, out);
+	ck_assert_uint_eq(p->const_bytes, cst);
+	ck_assert_uint_eq(p->peak_bytes, in + out + cst + p->workspace_bytes);
+	ck_assert_uint_ge(p->workspace_bytes, live_intermediates_max(p));
+}
+
 /* Checks what every program must hold: launches with their kernel,
  * category and nodes; every boundary between two launches with a known
- * reason (never "unknown" or the partitioner's fall-back); bytes summed. */
+ * reason (never "unknown" or the partitioner's fall-back); bytes summed;
+ * the memory figures (check_memory_sums). */
 static void check_explain(const ap_program *p)
 {
 	static const char *const keys[] = {"level", "opaque", "keep-whole", "hint", "rule", "shape",
@@ -314,6 +371,7 @@ static void check_explain(const ap_program *p)
 		sum += ln->global_bytes;
 	}
 	ck_assert_uint_eq(sum, p->global_bytes);
+	check_memory_sums(p);
 	for (int i = 0; i < p->n_boundaries; i++) {
 		const ap_program_boundary *b = &p->boundaries[i];
 		bool known = false;
@@ -1954,6 +2012,121 @@ START_TEST(workspace_reuse)
 	free_outs(outs, 1);
 	free(xs);
 	free(ref);
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* ---- memory (issue 24, item 2) ------------------------------------------------------ */
+
+static const ap_buffer *buffer_named(const ap_program *p, const char *name)
+{
+	for (int i = 0; i < p->n_buffers; i++)
+		if (!strcmp(p->buffers[i].name, name))
+			return &p->buffers[i];
+	ck_abort_msg("no buffer %s", name);
+	return NULL;
+}
+
+/* x[8,16] -> MatMul W1[16,32] -> h1[8,32] -> MatMul W2[32,10] -> h2[8,10]
+ * -> MatMul W3[10,24] -> h3[8,24] (+ c[24], a constant, when `with_const`)
+ * -> MatMul W4[24,4] -> y[8,4]; h2 is an output too when `save_h2` (what a
+ * training forward saves for its backward). */
+static ap_graph *matmul_chain(bool save_h2, bool with_const)
+{
+	static float cv[24];
+	ap_graph *g = ap_graph_new(save_h2 ? "mm_saved" : with_const ? "mm_const" : "mm_chain");
+	int x = input(g, "x", AP_DT_F32, DIMS(8, 16));
+	int w1 = param(g, "W1", AP_DT_F32, DIMS(16, 32)), w2 = param(g, "W2", AP_DT_F32, DIMS(32, 10));
+	int w3 = param(g, "W3", AP_DT_F32, DIMS(10, 24)), w4 = param(g, "W4", AP_DT_F32, DIMS(24, 4));
+	int h1 = value(g, "h1", AP_DT_F32, DIMS(8, 32)), h2 = value(g, "h2", AP_DT_F32, DIMS(8, 10));
+	int h3 = value(g, "h3", AP_DT_F32, DIMS(8, 24)), y = value(g, "y", AP_DT_F32, DIMS(8, 4));
+
+	node(g, "mm1", AP_OP_MATMUL, LIST(x, w1), LIST(h1));
+	node(g, "mm2", AP_OP_MATMUL, LIST(h1, w2), LIST(h2));
+	node(g, "mm3", AP_OP_MATMUL, LIST(h2, w3), LIST(h3));
+	if (with_const) {
+		int a = value(g, "a", AP_DT_F32, DIMS(8, 24)), c;
+
+		for (int i = 0; i < 24; i++)
+			cv[i] = 0.5f * (float)i - 3;
+		c = tensor(g, "c", AP_DT_F32, AP_TENSOR_CONST, cv, DIMS(24));
+		node(g, "add", AP_OP_ADD, LIST(h3, c), LIST(a));
+		h3 = a;
+	}
+	node(g, "mm4", AP_OP_MATMUL, LIST(h3, w4), LIST(y));
+	output(g, y);
+	if (save_h2)
+		output(g, h2);
+	return g;
+}
+
+/* The memory figures by hand on four MatMuls (float32, 256-byte aligned
+ * workspace):
+ *   h1 8x32x4 = 1024 B, live over launches 0-1, at offset 0;
+ *   h2 8x10x4 =  320 B (512 aligned), live 1-2, at 1024 (h1 still live);
+ *   h3 8x24x4 =  768 B, live 2-3, at 0 (h1 dead, fits below h2);
+ * workspace 1536 = h1 + h2 live at launch 1; inputs x 512, outputs y 128:
+ * peak 2176.  With h2 saved (an output): outputs 128 + 320 = 448, the
+ * workspace h1 and h3 at 0, 1024: peak 1984.  With a 24-element constant
+ * added to h3: constants 96, peak 2272. */
+START_TEST(memory_figures_by_hand)
+{
+	ap_graph *g = matmul_chain(false, false);
+	ap_program *p = build(g);
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f;
+
+	ck_assert_int_eq(p->n_launches, 4);
+	ck_assert_uint_eq(buffer_named(p, "h1")->offset, 0);
+	ck_assert_uint_eq(buffer_named(p, "h2")->offset, 1024);
+	ck_assert_uint_eq(buffer_named(p, "h3")->offset, 0);
+	ck_assert_uint_eq(p->workspace_bytes, 1536);
+	ck_assert_uint_eq(live_intermediates_max(p), 1536);
+	ck_assert_uint_eq(p->input_bytes, 8 * 16 * 4);
+	ck_assert_uint_eq(p->output_bytes, 8 * 4 * 4);
+	ck_assert_uint_eq(p->const_bytes, 0);
+	ck_assert_uint_eq(p->peak_bytes, 512 + 128 + 1536);
+	check_memory_sums(p);
+	f = open_memstream(&text, &len);
+	ck_assert_int_eq(ap_program_explain(p, f, false), 0);
+	fclose(f);
+	ck_assert_ptr_nonnull(strstr(text, "\npeak_bytes 2176 input_bytes 512 output_bytes 128 const_bytes 0 "
+				   "workspace_bytes 1536\n"));
+	free(text);
+	text = NULL;
+	f = open_memstream(&text, &len);
+	ck_assert_int_eq(ap_program_explain(p, f, true), 0);
+	fclose(f);
+	ck_assert_ptr_nonnull(strstr(text, ",\"peak_bytes\":2176,\"input_bytes\":512,\"output_bytes\":128,"
+				   "\"const_bytes\":0,\"workspace_bytes\":1536,\"layers\":"));
+	free(text);
+	ap_program_free(p);
+	ap_graph_free(g);
+
+	/* a forward that saves h2: an output, out of the workspace */
+	g = matmul_chain(true, false);
+	p = build(g);
+	ck_assert_int_eq(p->n_launches, 4);
+	ck_assert_int_eq(buffer_named(p, "h2")->kind, AP_BUF_OUTPUT);
+	ck_assert_int_eq(buffer_named(p, "h2")->index, 1);
+	ck_assert_uint_eq(buffer_named(p, "h3")->offset, 0);
+	ck_assert_uint_eq(p->workspace_bytes, 1024);
+	ck_assert_uint_eq(p->output_bytes, 128 + 320);
+	ck_assert_uint_eq(p->peak_bytes, 512 + 448 + 1024);
+	check_memory_sums(p);
+	ap_program_free(p);
+	ap_graph_free(g);
+
+	/* a constant the bundle carries (24 elements, not uniform) */
+	g = matmul_chain(false, true);
+	p = build(g);
+	ck_assert_int_eq(buffer_named(p, "c")->kind, AP_BUF_CONST);
+	ck_assert_uint_eq(p->const_bytes, 24 * 4);
+	ck_assert_uint_eq(p->workspace_bytes, 1536);
+	ck_assert_uint_eq(p->peak_bytes, 512 + 128 + 96 + 1536);
+	check_memory_sums(p);
 	ap_program_free(p);
 	ap_graph_free(g);
 }
@@ -3876,6 +4049,11 @@ static Suite *program_suite(void)
 	tcase_add_test(tc, layer1_pooled_tensor_written);
 	tcase_add_test(tc, layer1_replay_and_legality);
 	tcase_add_test(tc, layer1_tile_knobs);
+	suite_add_tcase(s, tc);
+	/* memory figures of the plan (run alone: CK_RUN_CASE=memory) */
+	tc = tcase_create("memory");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, memory_figures_by_hand);
 	suite_add_tcase(s, tc);
 	/* fused attention in the models (run alone: CK_RUN_CASE=attention) */
 	tc = tcase_create("attention");

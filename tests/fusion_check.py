@@ -14,6 +14,12 @@ and checks:
     (one writes it, a later one reads it) has a boundary that says why
     they were not fused;
   - figures: min_bytes > 0, and min_bytes <= global_bytes, eager_bytes;
+  - memory (issue 24, item 2): workspace_bytes, peak_bytes, input_bytes,
+    output_bytes and const_bytes reported; input, output and const bytes
+    the sums of buffer_list's buffers of that kind; peak_bytes = inputs +
+    outputs + constants + workspace, so peak >= workspace and peak >=
+    inputs + outputs; outputs > 0; at level apollo a peak no higher than at
+    none (one kernel per primitive, the nearest to an eager run);
   - at level apollo, against rules on the same model: no more launches and
     no more global bytes;
   - the partition issue's targets at level apollo, on bert_like_2l and
@@ -142,6 +148,30 @@ def figure_checks(ck, name, level, r):
     ck.check(r.get("eager_kernels", 0) > 0, "%s: eager_kernels is 0" % tag)
 
 
+MEMORY = ("workspace_bytes", "peak_bytes", "input_bytes", "output_bytes", "const_bytes")
+
+
+def memory_checks(ck, name, level, r):
+    """The memory figures of one answer (issue 24, item 2) against its
+    buffer_list (--explain)."""
+    tag = "%s --fusion %s" % (name, level)
+    missing = [k for k in MEMORY if not isinstance(r.get(k), int)]
+    if not ck.check(not missing, "%s: %s not reported" % (tag, ", ".join(missing))):
+        return
+    ws, peak, i, o, c = (r[k] for k in MEMORY)
+    sums = {}
+    for b in r.get("buffer_list", []):
+        sums[b.get("kind")] = sums.get(b.get("kind"), 0) + b.get("bytes", 0)
+    ck.check((i, o, c) == (sums.get("input", 0), sums.get("output", 0), sums.get("const", 0)),
+             "%s: input/output/const bytes %d/%d/%d, the buffer list sums to %d/%d/%d" % (
+                 tag, i, o, c, sums.get("input", 0), sums.get("output", 0), sums.get("const", 0)))
+    ck.check(peak == i + o + c + ws, "%s: peak_bytes %d, not inputs %d + outputs %d + constants %d + "
+             "workspace %d" % (tag, peak, i, o, c, ws))
+    ck.check(peak >= ws and peak >= i + o, "%s: peak_bytes %d under the workspace %d or inputs + "
+             "outputs %d" % (tag, peak, ws, i + o))
+    ck.check(o > 0, "%s: output_bytes is 0" % tag)
+
+
 def launches_with(r, node):
     return [i for i, l in enumerate(r.get("launch_list", [])) if node in l.get("nodes", [])]
 
@@ -205,7 +235,12 @@ def main():
             reasons = explain_checks(ck, name, level, r)
             r["_reasons"] = reasons
             figure_checks(ck, name, level, r)
+            memory_checks(ck, name, level, r)
         ru, ap_ = res.get((name, "rules")), res.get((name, "apollo"))
+        no = res.get((name, "none"))
+        if no and ap_ and all(isinstance(x.get("peak_bytes"), int) for x in (no, ap_)):
+            ck.check(ap_["peak_bytes"] <= no["peak_bytes"],
+                     "%s: apollo's peak %d B more than none's %d B" % (name, ap_["peak_bytes"], no["peak_bytes"]))
         if ru and ap_:
             ck.check(ap_["kernels"] <= ru["kernels"],
                      "%s: apollo launches %d more than rules %d" % (name, ap_["kernels"], ru["kernels"]))
@@ -250,6 +285,17 @@ def main():
                          g, eb, m, ratio(g, m), ratio(g - m, eb - m) if eb > m else "-",
                          "%d/%d" % (ly.get("II", 0), ly.get("III", 0)), reasons or "-"))
     print("avoid.: (global - min) / (eager - min), the share of eager's avoidable traffic left")
+    fmt = "%-24s %-6s %12s %12s %12s %12s %10s"
+    print(fmt % ("model", "level", "peak B", "workspace B", "inputs B", "outputs B", "consts B"))
+    for d in a.dirs:
+        name = os.path.basename(d.rstrip("/"))
+        for level in LEVELS:
+            r = res.get((name, level))
+            if r and all(isinstance(r.get(k), int) for k in MEMORY):
+                print(fmt % ((name, level) + tuple(r[k] for k in ("peak_bytes", "workspace_bytes",
+                                                                  "input_bytes", "output_bytes",
+                                                                  "const_bytes"))))
+    print("peak: the device bytes one run holds (inputs + outputs + constants + workspace; weights not counted)")
     print("fusion_check: %d checks, %d failed" % (ck.n, ck.failed))
     return 1 if ck.failed else 0
 

@@ -174,6 +174,20 @@ def main():
     b2 = c.submit(g, target="cpu")
     check(b2.stats["cache_hit"] and b2.stats["cache_tier"] == 1 and b.stats["cache_tier"] == 0,
           "the same graph again is answered from the cache (tier l1; the first compiled)")
+    # issue 24, item 2: the memory of one run -- inputs x (4x6 float32) and
+    # idx (4x2 int64) 160 B, outputs 32 + 96 + 32 B, the workspace
+    # (intermediates, 256-byte aligned), no weights; the same from the cache
+    kinds = {}
+    for buf in b.buffers:
+        kinds[buf["kind"]] = kinds.get(buf["kind"], 0) + buf["bytes"]
+    check(b.input_bytes == 160 == kinds["input"] and b.output_bytes == 160 == kinds["output"] and
+          b.const_bytes == kinds.get("const", 0) and b.workspace_bytes % 256 == 0 and
+          b.peak_bytes == b.input_bytes + b.output_bytes + b.const_bytes + b.workspace_bytes and
+          b.peak_bytes >= b.workspace_bytes and b.stats["peak_bytes"] == b.peak_bytes and
+          b.stats["output_bytes"] == b.output_bytes and b2.memory == b.memory and
+          set(b.memory) == {"peak_bytes", "workspace_bytes", "input_bytes", "output_bytes", "const_bytes"},
+          "memory: peak %d B = inputs %d + outputs %d + constants %d + workspace %d (a hit says the same)" % (
+              b.peak_bytes, b.input_bytes, b.output_bytes, b.const_bytes, b.workspace_bytes))
     b3 = c.submit(g, target="cpu", allow_tf32=True)
     check(not b3.stats["cache_hit"], "allow_tf32 is another cache key")
     # issue 26, item 4: a cold submit asking for progress sees the daemon's

@@ -1025,6 +1025,10 @@ static void compiled_stats(ap_compiler *c, const struct request *r, const ap_gra
 	st->global_bytes = prog->global_bytes;
 	st->eager_bytes = prog->eager_bytes;
 	st->min_bytes = prog->min_bytes;
+	st->peak_bytes = prog->peak_bytes;
+	st->input_bytes = prog->input_bytes;
+	st->output_bytes = prog->output_bytes;
+	st->const_bytes = prog->const_bytes;
 	st->import_ms = r->import_ms;
 	st->partition_ms = prog->partition_ms;
 	st->codegen_ms = prog->codegen_ms;

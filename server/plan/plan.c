@@ -11,6 +11,18 @@
  * definition; only buffers still live are compared, so the cost is the
  * number of buffers times the number live at once).
  *
+ * Memory (bytes of one run of the plan): the runtime allocates the
+ * workspace whole for the run, so the device bytes held while the plan
+ * runs are the same at every launch: peak_bytes = input_bytes +
+ * output_bytes + const_bytes + workspace_bytes.  The layout above already
+ * reuses the workspace by liveness, so the workspace is what the
+ * intermediates live at once need plus first fit's gaps; a per-launch sum
+ * of live intermediates would leave those gaps out, though the runtime
+ * holds them.  Outputs are the OUTPUT buffers (a graph output that is
+ * also an input is one INPUT buffer, counted once); a training forward's
+ * outputs include the tensors it saves for the backward.  Parameters are
+ * not counted: the caller binds its weights where they already are.
+ *
  * Traffic model (bytes): a launch's global_bytes is what the driver
  * modelled (each tensor it reads, the elements it touches, once; each
  * tensor it writes, once), else the size of every distinct buffer it
@@ -268,6 +280,29 @@ static int layout_workspace(ap_program *p)
 	return 0;
 }
 
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* input_bytes, output_bytes, const_bytes and peak_bytes (see the top). */
+static void memory_model(ap_program *p)
+{
+	p->input_bytes = p->output_bytes = p->const_bytes = 0;
+	for (int i = 0; i < p->n_buffers; i++) {
+		const ap_buffer *bf = &p->buffers[i];
+
+		if (bf->kind == AP_BUF_INPUT)
+			p->input_bytes = add_sat(p->input_bytes, bf->nbytes);
+		else if (bf->kind == AP_BUF_OUTPUT)
+			p->output_bytes = add_sat(p->output_bytes, bf->nbytes);
+		else if (bf->kind == AP_BUF_CONST)
+			p->const_bytes = add_sat(p->const_bytes, bf->nbytes);
+	}
+	p->peak_bytes = add_sat(add_sat(p->input_bytes, p->output_bytes),
+				add_sat(p->const_bytes, p->workspace_bytes));
+}
+
 /* eager_bytes and min_bytes of `g` (before expansion); global_bytes summed
  * over the launches. */
 static void traffic_model(const ap_graph *g, ap_program *p)
@@ -368,6 +403,7 @@ int ap__plan_buffers(ap_program *p, const ap_graph *pg, const ap_graph *orig, ap
 	}
 	if (layout_workspace(p) < 0)
 		goto out;
+	memory_model(p);
 	traffic_model(orig, p);
 	rc = 0;
 out:
@@ -574,6 +610,10 @@ int ap_program_explain(const ap_program *p, FILE *f, bool json)
 		fprintf(f, "global_bytes %llu eager_bytes %llu min_bytes %llu\n",
 			(unsigned long long)p->global_bytes, (unsigned long long)p->eager_bytes,
 			(unsigned long long)p->min_bytes);
+		fprintf(f, "peak_bytes %llu input_bytes %llu output_bytes %llu const_bytes %llu "
+			   "workspace_bytes %llu\n", (unsigned long long)p->peak_bytes,
+			(unsigned long long)p->input_bytes, (unsigned long long)p->output_bytes,
+			(unsigned long long)p->const_bytes, (unsigned long long)p->workspace_bytes);
 		return ferror(f) ? AP_EIO : 0;
 	}
 	fprintf(f, "{\"fusion\":\"%s\",\"launches\":[", ap_fuse_level_name(p->fusion));
@@ -619,9 +659,14 @@ int ap_program_explain(const ap_program *p, FILE *f, bool json)
 	}
 	fprintf(f, "],\"stats\":{\"kernels\":%d,\"distinct_kernels\":%d,\"eager_kernels\":%u,"
 		   "\"global_bytes\":%llu,\"eager_bytes\":%llu,\"min_bytes\":%llu,"
+		   "\"peak_bytes\":%llu,\"input_bytes\":%llu,\"output_bytes\":%llu,"
+		   "\"const_bytes\":%llu,\"workspace_bytes\":%llu,"
 		   "\"layers\":{\"I\":%u,\"II\":%u,\"III\":%u}}}\n",
 		p->n_launches, p->n_kernels, p->eager_kernels, (unsigned long long)p->global_bytes,
-		(unsigned long long)p->eager_bytes, (unsigned long long)p->min_bytes, p->layer_count[0],
-		p->layer_count[1], p->layer_count[2]);
+		(unsigned long long)p->eager_bytes, (unsigned long long)p->min_bytes,
+		(unsigned long long)p->peak_bytes, (unsigned long long)p->input_bytes,
+		(unsigned long long)p->output_bytes, (unsigned long long)p->const_bytes,
+		(unsigned long long)p->workspace_bytes, p->layer_count[0], p->layer_count[1],
+		p->layer_count[2]);
 	return ferror(f) ? AP_EIO : 0;
 }

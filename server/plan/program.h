@@ -187,6 +187,19 @@ typedef struct ap_program {
 	 *   min_bytes    -> Stats.min_bytes: graph inputs, parameters and
 	 *     outputs, each touched once (the floor). */
 	uint64_t global_bytes, eager_bytes, min_bytes;
+	/* Device memory of one run of the plan (bytes; plan.c says why):
+	 *   input_bytes  -> Stats.input_bytes: the INPUT buffers;
+	 *   output_bytes -> Stats.output_bytes: the OUTPUT buffers (a graph
+	 *     output that is an input is counted with the inputs); a training
+	 *     forward's outputs include the tensors saved for its backward;
+	 *   const_bytes  -> Stats.const_bytes: the CONST buffers the bundle
+	 *     carries, which the runtime allocates;
+	 *   peak_bytes   -> Stats.peak_bytes: the most device bytes held at
+	 *     once while the plan runs, input + output + const +
+	 *     workspace_bytes (the runtime holds the whole workspace, laid out
+	 *     by liveness, for the run).  Parameters are not counted.
+	 * Each sum stops at UINT64_MAX. */
+	uint64_t input_bytes, output_bytes, const_bytes, peak_bytes;
 	double partition_ms, codegen_ms;
 	double layer1_ms;        /* Layer I (isl): plans and its kernels' emission, in codegen_ms */
 	/* tuning (ap_build_options.tune), over the kernels of the last round:
@@ -326,7 +339,11 @@ ap_program *ap_program_free(__ap_take ap_program *p);  /* accepts NULL */
  * "category":..,"subgraph":..,"global_bytes":..,"nodes":[..]}],
  * "boundaries":[{"producer":..,"consumer":..,"tensor":..,"reason":..,
  * "detail":..}],"stats":{"kernels":..,"distinct_kernels":..,
- * "eager_kernels":..,"global_bytes":..,"eager_bytes":..,"min_bytes":..}}.
+ * "eager_kernels":..,"global_bytes":..,"eager_bytes":..,"min_bytes":..,
+ * "peak_bytes":..,"input_bytes":..,"output_bytes":..,"const_bytes":..,
+ * "workspace_bytes":..,"layers":{..}}}; the text ends with a line
+ *   peak_bytes ... input_bytes ... output_bytes ... const_bytes ... workspace_bytes ...
+ * (ap_program's memory figures, bytes).
  * Returns 0 or AP_EIO. */
 int ap_program_explain(const ap_program *p, FILE *f, bool json);
 

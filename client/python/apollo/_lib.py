@@ -80,7 +80,8 @@ class ap_bundle_stats(ctypes.Structure):
                [("cache_hit", ctypes.c_bool), ("cache_tier", ctypes.c_int), ("kernels_remote", ctypes.c_uint),
                 ("kernels_shared", ctypes.c_uint), ("layer1_ms", ctypes.c_double)] + \
                [(n, ctypes.c_uint) for n in ("tune_hits", "tune_measured", "tune_searched", "tune_tried")] + \
-               [("tune_ms", ctypes.c_double), ("tune_capped", ctypes.c_uint)]
+               [("tune_ms", ctypes.c_double), ("tune_capped", ctypes.c_uint)] + \
+               [(n, ctypes.c_uint64) for n in ("peak_bytes", "input_bytes", "output_bytes", "const_bytes")]
 
 
 class ap_bundle_buffer(ctypes.Structure):
@@ -148,6 +149,10 @@ _PROTOS = {
     "ap_bundle_pack": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]),
     "ap_bundle_target": (ctypes.c_char_p, [_P]),
     "ap_bundle_workspace_bytes": (ctypes.c_uint64, [_P]),
+    "ap_bundle_peak_bytes": (ctypes.c_uint64, [_P]),
+    "ap_bundle_input_bytes": (ctypes.c_uint64, [_P]),
+    "ap_bundle_output_bytes": (ctypes.c_uint64, [_P]),
+    "ap_bundle_const_bytes": (ctypes.c_uint64, [_P]),
     "ap_bundle_n_kernels": (ctypes.c_int, [_P]),
     "ap_bundle_n_launches": (ctypes.c_int, [_P]),
     "ap_bundle_n_buffers": (ctypes.c_int, [_P]),

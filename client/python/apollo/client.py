@@ -6,6 +6,7 @@ and apollo.Bundle, the compiled answer.
     c = apollo.Client("host:7070", token="s3cret")
     b = c.submit(graph, target="cpu", fusion="apollo", namespace="")
     b.stats["cache_hit"], b.stats["kernels"]
+    b.peak_bytes, b.workspace_bytes, b.output_bytes   # device memory of one run
     b.explain_html("graph.html")                # a picture of what was fused
 
 Errors raise ApolloError carrying the daemon's code, message, node and
@@ -82,7 +83,44 @@ class Bundle:
 
     @property
     def workspace_bytes(self):
+        """Bytes of the workspace holding the intermediates, laid out by
+        liveness (256-byte aligned ranges reused once their last reader
+        has run); the runtime allocates it whole."""
         return int(lib.ap_bundle_workspace_bytes(self._b))
+
+    @property
+    def peak_bytes(self):
+        """The most device bytes held at once while the plan runs:
+        input_bytes + output_bytes + const_bytes + workspace_bytes (the
+        workspace is held whole for the run).  Parameters (weights) are not
+        counted: they are bound where they already are."""
+        return int(lib.ap_bundle_peak_bytes(self._b))
+
+    @property
+    def input_bytes(self):
+        """Bytes of the graph inputs' buffers."""
+        return int(lib.ap_bundle_input_bytes(self._b))
+
+    @property
+    def output_bytes(self):
+        """Bytes of the graph outputs' buffers (an output that is also an
+        input counted with the inputs): for a training forward, what it
+        hands on, the tensors saved for the backward included."""
+        return int(lib.ap_bundle_output_bytes(self._b))
+
+    @property
+    def const_bytes(self):
+        """Bytes of the constants the bundle carries (the runtime allocates
+        them)."""
+        return int(lib.ap_bundle_const_bytes(self._b))
+
+    @property
+    def memory(self):
+        """The memory figures of one run of the plan, in bytes, as a dict:
+        peak_bytes, workspace_bytes, input_bytes, output_bytes, const_bytes."""
+        return {"peak_bytes": self.peak_bytes, "workspace_bytes": self.workspace_bytes,
+                "input_bytes": self.input_bytes, "output_bytes": self.output_bytes,
+                "const_bytes": self.const_bytes}
 
     @property
     def stats(self):
