@@ -11,7 +11,8 @@
 #
 #   BENCH        a subset, by name: coldwarm (bench/run.sh's own table:
 #                cold and warm compile of every model), warm, fusion,
-#                layer1, compile, tune, autotune, scale, gemm, host
+#                layer1, compile, tune, autotune, scale, gemm, host,
+#                attention_memory
 #                (bench/NAME.sh).  The header then says which ran.
 #   -t TARGET    passed to the benchmarks that take one (coldwarm, warm,
 #                layer1, compile, tune); default: each picks sm_90 when the
@@ -24,7 +25,7 @@
 #   env: APOLLO_BUILD (default build/), and every benchmark's own.
 cd "$(dirname "$0")/.." || exit 1
 
-ALL="coldwarm warm fusion layer1 compile tune autotune scale gemm host"
+ALL="coldwarm warm fusion layer1 compile tune autotune scale gemm host attention_memory"
 out=docs/benchmarks.md
 target=
 quick=
@@ -97,6 +98,7 @@ describe() {
 	scale) echo "Partition and codegen time against graph size: transformer encoders of 8 ... 512 layers, and time(512)/time(64)." ;;
 	gemm) echo "The models' GEMM, convolution and attention shapes: FLOPs, bytes, what ptxas reports for sm_90, host time beside onnxruntime's (and the device's where nvidia-smi works)." ;;
 	host) echo "Every model and training step on target cpu, Apollo beside onnxruntime, same inputs, same threads." ;;
+	attention_memory) echo "GPT-2-small attention (12 heads of 64, batch 1, float16, causal, sm_90) at S = 512 ... 8192: the peak bytes of Apollo's forward and backward bundles beside eager PyTorch's tensors with the flash and the math kernel, and the growth per doubling of S." ;;
 	esac
 }
 command_of() {
