@@ -39,6 +39,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#define HEAD_MAX 256                /* the longest head dim (register rows) */
+
 typedef struct ag_plan {
 	int node;                       /* the AttentionGrad node */
 	int dy, q, k, v, y, lse, mask;  /* its inputs (mask: -1 when none) */
@@ -112,7 +114,10 @@ static int analyze(const ap_mgraph *m, ag_plan *p)
 	p->causal = ap_node_int(n, "is_causal", 0) != 0;
 	p->t = q->dtype;
 	p->acc = ap_acc_type(p->t);
-	return p->L > 0 && p->S > 0 && p->E > 0 && p->Ev > 0 && p->nb > 0;
+	/* the rows live in registers, their loops unrolled: head dims up to
+	 * HEAD_MAX (longer ones get no kernel: AttentionGrad is unsupported) */
+	return p->L > 0 && p->S > 0 && p->E > 0 && p->Ev > 0 && p->nb > 0 && p->E <= HEAD_MAX &&
+	       p->Ev <= HEAD_MAX;
 }
 
 static int ag_match(const ap_mgraph *m, const ap_target_info *t)
