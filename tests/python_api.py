@@ -23,7 +23,8 @@ import numpy as np
 import apollo
 from apollo import errors
 
-NP = {apollo.FLOAT32: np.float32, apollo.FLOAT16: np.float16, apollo.INT64: np.int64, apollo.BOOL: np.bool_}
+NP = {apollo.FLOAT32: np.float32, apollo.FLOAT16: np.float16, apollo.INT64: np.int64, apollo.BOOL: np.bool_,
+      apollo.FLOAT64: np.float64}
 
 
 def check(cond, what):
@@ -136,11 +137,54 @@ def shrink_output(packed):
     return _encode(top)
 
 
+def attention_ops(c):
+    """Attention and AttentionGrad (issue 24) on the host against numpy in
+    float64: 4 query heads on 2 key/value heads, L != S, a boolean mask,
+    causal; Y, the log-sum-exp and dQ, dK, dV within 1e-12 relative, one
+    launch each."""
+    B, H, Hk, L, S, E, Ev, sc = 2, 4, 2, 11, 13, 8, 5, 0.3
+    rng = np.random.default_rng(5)
+    Q, K, V = rng.standard_normal((B, H, L, E)), rng.standard_normal((B, Hk, S, E)), rng.standard_normal((B, Hk, S, Ev))
+    M = rng.random((L, S)) > 0.3
+    M[:, 0] = True
+    dY = rng.standard_normal((B, H, L, Ev))
+    Kr, Vr = np.repeat(K, H // Hk, axis=1), np.repeat(V, H // Hk, axis=1)
+    s = np.where(M & (np.tril(np.ones((L, S))) > 0), sc * Q @ Kr.transpose(0, 1, 3, 2), -np.inf)
+    mx = s.max(-1, keepdims=True)
+    P = np.exp(s - mx) / np.exp(s - mx).sum(-1, keepdims=True)
+    Y, lse = P @ Vr, (mx + np.log(np.exp(s - mx).sum(-1, keepdims=True)))[..., 0]
+    dS = P * (dY @ Vr.transpose(0, 1, 3, 2) - (dY * Y).sum(-1, keepdims=True))
+    want = [sc * dS @ Kr, (sc * dS.transpose(0, 1, 3, 2) @ Q).reshape(B, Hk, H // Hk, S, E).sum(2),
+            (P.transpose(0, 1, 3, 2) @ dY).reshape(B, Hk, H // Hk, S, Ev).sum(2)]
+    f = apollo.Graph("attention")
+    ins = [f.input(n, apollo.FLOAT64, a.shape) for n, a in (("q", Q), ("k", K), ("v", V))]
+    ins.append(f.input("m", apollo.BOOL, M.shape))
+    for o in f.node("Attention", ins, {"scale": sc, "is_causal": 1}, n_outputs=2):
+        f.output(o)
+    bf = c.submit(f, target="cpu")
+    got = run_host(bf, {"in": [Q, K, V, M]})
+    err = max(np.abs(a - e).max() / np.abs(e).max() for a, e in zip(got, [Y, lse]))
+    check(err < 1e-12 and bf.n_launches == 1, "Attention: Y and the log-sum-exp within %.1e, %d launch"
+          % (err, bf.n_launches))
+    b = apollo.Graph("attention_grad")
+    ins = [b.input(n, apollo.FLOAT64, a.shape) for n, a in (("dy", dY), ("q", Q), ("k", K), ("v", V), ("y", Y),
+                                                             ("lse", lse))]
+    ins.append(b.input("m", apollo.BOOL, M.shape))
+    for o in b.node("AttentionGrad", ins, {"scale": sc, "is_causal": 1}, n_outputs=3):
+        b.output(o)
+    bb = c.submit(b, target="cpu")
+    got = run_host(bb, {"in": [dY, Q, K, V, Y, lse, M]})
+    err = max(np.abs(a - e).max() / np.abs(e).max() for a, e in zip(got, want))
+    check(err < 1e-12 and bb.n_launches == 1, "AttentionGrad: dQ, dK, dV within %.1e, %d launch"
+          % (err, bb.n_launches))
+
+
 def main():
     apollod = sys.argv[1]
     c = apollo.Client()
     check(c.ping().startswith("apollod"), "ping answers '%s'" % c.server)
     check("cpu" in c.targets, "the daemon lists target cpu")
+    attention_ops(c)
     s0 = c.stats()
     check(s0["requests"] >= 1 and "uptime_s" in s0, "stats: %d requests" % s0["requests"])
 
