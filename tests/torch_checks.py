@@ -321,6 +321,27 @@ def _tensor_constant():
            + torch.tensor([[True, False, True]]), [_rand(2, 3, g=g)])
 
 
+@op("as_strided")
+def _as_strided():
+    """as_strided and as_strided_scatter, as AOTAutograd writes them for
+    a pooled channels-last tensor (Swin's and ConvNeXt's heads: permute,
+    adaptive_avg_pool2d, flatten) and its backward, and called directly:
+    strided positions that are not consecutive (a Gather), a strided
+    in-place update (as_strided_scatter at those positions)."""
+    g = torch.Generator().manual_seed(10)
+    run_op("adaptive_avg_pool2d of a permuted tensor, flattened (as_strided, as_strided_scatter)",
+           lambda x: F.adaptive_avg_pool2d(x.permute(0, 3, 1, 2), 1).flatten(1) * 2.0, [_rand(2, 4, 5, 3, g=g)])
+    run_op("torch.as_strided (3, 4) strides (1, 3) offset 2, of x and of x.t()",
+           lambda x: (torch.as_strided(x, (3, 4), (1, 3), 2) * 3.0,
+                      torch.as_strided(x.t() * 1.0, (2, 5), (1, 4))), [_rand(4, 5, g=g)])
+
+    def update(x):
+        y = x * 1.0
+        y.as_strided((2, 3), (1, 4), 1).mul_(2.0)      # an in-place update through a strided view
+        return y
+    run_op("an in-place update through a strided view (as_strided_scatter)", update, [_rand(4, 5, g=g)])
+
+
 def _agree(a, b):
     return (a == b).double().mean().item()
 

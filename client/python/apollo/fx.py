@@ -1031,6 +1031,104 @@ def _masked_fill(c, n):
     return c.op("Where", [c.t(n.args[1], G.BOOL), c.t(n.args[2], dt), c.t(n.args[0], dt)])
 
 
+def _memory_order(n, v):
+    """The permutation that puts the dims of example value `v` in its
+    memory order (largest stride first; where a size-1 dim goes does not
+    matter), when `v` is dense (its elements fill [storage_offset,
+    storage_offset + numel) once each); else Unsupported."""
+    shape, strides = [int(d) for d in v.shape], [int(s) for s in v.stride()]
+    perm = sorted(range(len(shape)), key=lambda d: (-strides[d], d))
+    want = 1
+    for d in reversed(perm):
+        if shape[d] > 1 and strides[d] != want:
+            raise Unsupported(n, "as_strided over a tensor that is not dense in memory (strides %s)" % strides)
+        want *= shape[d]
+    return perm
+
+
+def _to_memory(c, n, x, v):
+    """Apollo tensor `x` (example value `v`) flattened in v's memory
+    order: a Transpose when v's dims are permuted in memory, a Reshape."""
+    perm = _memory_order(n, v)
+    if [d for d in perm if v.shape[d] > 1] != [d for d in range(len(perm)) if v.shape[d] > 1]:
+        x = c.op("Transpose", [x], {"perm": perm})
+    return c.reshape(x, (int(v.numel()),))
+
+
+def _from_memory(c, n, flat, v):
+    """The inverse of _to_memory: a flat tensor in v's memory order as a
+    tensor of v's shape."""
+    perm = _memory_order(n, v)
+    shape = [int(d) for d in v.shape]
+    if [d for d in perm if shape[d] > 1] == [d for d in range(len(perm)) if shape[d] > 1]:
+        return c.reshape(flat, shape)
+    y = c.reshape(flat, tuple(shape[p] for p in perm))
+    return c.op("Transpose", [y], {"perm": [perm.index(d) for d in range(len(perm))]})
+
+
+def _strided_positions(n, v, size, stride, offset):
+    """The memory positions of as_strided(v, size, stride, offset), row-
+    major over `size`, relative to v's first element; Unsupported when one
+    falls outside v's own elements."""
+    base = int(v.storage_offset())
+    offset = base if offset is None else int(offset)
+    pos = [offset - base]
+    for sz, st in zip(size, stride):
+        pos = [p + i * int(st) for p in pos for i in range(int(sz))]
+    numel = int(v.numel())
+    if pos and (min(pos) < 0 or max(pos) >= numel):
+        raise Unsupported(n, "as_strided reaching outside its input's elements")
+    return pos
+
+
+def _as_strided(c, n):
+    """as_strided(x, size, stride, offset) -- AOTAutograd's view of a
+    tensor through its memory (e.g. a pooled channels-last result seen
+    as [N, C, 1, 1]): x flattened in its memory order (its example value's
+    strides; x must be dense), then the elements at the positions the
+    strides give -- a Reshape (or a Slice) when they are consecutive, else
+    a Gather at constant indices."""
+    shape, dt = _meta(n)
+    x = c.t(n.args[0])
+    v = _val(n.args[0])
+    size, stride = list(n.args[1]), list(n.args[2])
+    offset = n.args[3] if len(n.args) > 3 else n.kwargs.get("storage_offset")
+    pos = _strided_positions(n, v, size, stride, offset)
+    flat = _to_memory(c, n, x, v)
+    if not pos:
+        return c.expand(c.scalar(0, c.g.dtype(x)), shape)
+    if pos == list(range(pos[0], pos[0] + len(pos))):
+        if len(pos) != int(v.numel()):
+            flat = c.op("Slice", [flat], {"starts": [pos[0]], "steps": [1]}, shape=(len(pos),))
+        return c.reshape(flat, shape) if shape else c.reshape(flat, ())
+    idx = c.const_values(pos, G.INT64, tuple(shape))
+    return c.op("Gather", [flat, idx], {"axis": 0})
+
+
+def _as_strided_scatter(c, n):
+    """as_strided_scatter(x, src, size, stride, offset): x (its memory
+    order: the result keeps x's strides) with the elements at the strided
+    positions replaced by src -- src itself when they are all of x in
+    order, else a ScatterElements at constant indices."""
+    shape, dt = _meta(n)
+    x = c.t(n.args[0], dt)
+    src = c.t(n.args[1], dt)
+    v = _val(n.args[0])
+    size, stride = list(n.args[2]), list(n.args[3])
+    offset = n.args[4] if len(n.args) > 4 else n.kwargs.get("storage_offset")
+    pos = _strided_positions(n, v, size, stride, offset)
+    numel = int(v.numel())
+    if not pos:
+        return c.op("Identity", [x])
+    src_flat = c.reshape(src, (len(pos),))
+    if pos == list(range(numel)):
+        flat = src_flat
+    else:
+        flat = c.op("ScatterElements", [_to_memory(c, n, x, v), c.const_values(pos, G.INT64, (len(pos),)),
+                                        src_flat], {"axis": 0, "reduction": "none"})
+    return _from_memory(c, n, flat, _val(n))
+
+
 # ---- random numbers ------------------------------------------------------------
 #
 # A counter-based generator made of the graph's own integer ops, so that
@@ -1235,7 +1333,8 @@ HANDLERS = {
     aten.native_dropout.default: _dropout, aten.bernoulli.p: _bernoulli, aten.bernoulli.default: _bernoulli,
     aten.rand.default: _rand, aten.rand_like.default: _rand,
     aten.empty.memory_format: _empty, aten.empty_like.default: _empty, aten.empty_permuted.default: _empty,
-    aten.new_empty.default: _empty,
+    aten.new_empty.default: _empty, aten.empty_strided.default: _empty, aten.new_empty_strided.default: _empty,
+    aten.as_strided.default: _as_strided, aten.as_strided_scatter.default: _as_strided_scatter,
 }
 
 
