@@ -342,6 +342,40 @@ def _as_strided():
     run_op("an in-place update through a strided view (as_strided_scatter)", update, [_rand(4, 5, g=g)])
 
 
+@op("constant_fold")
+def _constant_fold():
+    """A mask made of constants (zeros, then slice assignments: Swin's
+    shifted-window mask) and torch.roll's indices, computed when the graph
+    is converted and added as constants; forward and backward."""
+    g = torch.Generator().manual_seed(11)
+
+    def masked(x):
+        m = x.new_zeros((8, 8))
+        cnt = 0
+        for h in (slice(0, -4), slice(-4, -2), slice(-2, None)):
+            for w in (slice(0, -4), slice(-4, -2), slice(-2, None)):
+                m[h, w] = cnt
+                cnt += 1
+        m = m.view(2, 4, 2, 4).permute(0, 2, 1, 3).reshape(4, 16)
+        m = m.unsqueeze(1) - m.unsqueeze(2)
+        m = m.masked_fill(m != 0, -100.0).masked_fill(m == 0, 0.0)
+        return torch.softmax(torch.roll(x, (-2, 1), (1, 2)).reshape(4, 16, 16) + m, -1)
+    x = _rand(4, 16, 16, g=g)
+    run_op("a shifted-window mask of slice assignments, torch.roll", masked, [x])
+    from torch.fx.experimental.proxy_tensor import make_fx
+    import apollo.fx as afx
+    gm = make_fx(torch.func.functionalize(masked, remove="mutations"),
+                 decomposition_table=backend._decompositions(), tracing_mode="fake")(x)
+    folded = afx.convert(gm, name="folded").graph.n_nodes
+    keep, afx.FOLD_MAX_NUMEL = afx.FOLD_MAX_NUMEL, 0
+    try:
+        whole = afx.convert(gm, name="unfolded").graph.n_nodes
+    finally:
+        afx.FOLD_MAX_NUMEL = keep
+    check(folded < whole / 2, "the mask and the roll's indices folded: %d Apollo nodes (%d unfolded)"
+          % (folded, whole))
+
+
 def _agree(a, b):
     return (a == b).double().mean().item()
 

@@ -108,6 +108,7 @@ class _Ctx:
     def __init__(self, name):
         self.g = G.Graph(name)
         self.env = {}
+        self.folded = {}          # FX node -> its real value, computed here (_fold)
         self.consts = {}          # PARAM name -> torch tensor (constants too large for CONST)
         self.n_const = 0
         self.rng_key = None       # the INPUT holding this call's generator key (_random_words)
@@ -118,7 +119,7 @@ class _Ctx:
         """The Apollo tensor of FX argument `a` (a Node, or a Python number
         made a scalar CONST of `dtype`), Cast to `dtype` when given."""
         if isinstance(a, torch.fx.Node):
-            t = self.env[a]
+            t = self.value(a)
             if isinstance(t, tuple):
                 raise TypeError("a tuple value used as a tensor")
             return self.cast(t, dtype) if dtype is not None else t
@@ -126,6 +127,16 @@ class _Ctx:
             return self.scalar(a, dtype if dtype is not None else
                                (G.BOOL if isinstance(a, bool) else G.INT64 if isinstance(a, int) else G.FLOAT32))
         raise TypeError("argument %r is not a tensor or a number" % (a,))
+
+    def value(self, a):
+        """The Apollo value (a tensor, or a tuple of them) of FX node `a`;
+        a node folded to a constant (_fold) is made one at its first use."""
+        t = self.env.get(a)
+        if t is None and a in self.folded:
+            t = self.env[a] = _materialize(self, a)
+        if t is None:
+            raise KeyError("no value for %s" % a)
+        return t
 
     def scalar(self, v, dtype):
         return self.const_values([v], dtype, ())
@@ -1385,27 +1396,126 @@ def unsupported(node):
 
 # ---- a whole graph ------------------------------------------------------------------
 
-def _attr_constant(c, gm, node):
-    """A get_attr node (a tensor constant AOTAutograd lifted onto the
-    module, e.g. a mask a model builds with torch.tensor) as a constant
-    of the Apollo graph, its bytes copied from the real tensor."""
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+def _attr_tensor(gm, node):
+    """The real tensor of get_attr node `node`, or None."""
+    from torch._subclasses.fake_tensor import FakeTensor
     t = gm
     for part in node.target.split("."):
         t = getattr(t, part, None)
-    if not isinstance(t, torch.Tensor) or isinstance(t, FakeTensor):
-        raise Unsupported(node, "a module attribute that is not a tensor with data")
+    return t if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) else None
+
+
+def _tensor_constant(c, node, t):
+    """Real tensor `t` (the value of `node`) as a constant of the Apollo
+    graph: one value repeated is a scalar Expanded, anything else its
+    bytes (CONST when small, else a PARAM the converter keeps)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     dt = apollo_dtype(t.dtype)
     if dt is None:
         raise Unsupported(node, "dtype %s is not carried by Apollo graphs" % str(t.dtype).replace("torch.", ""))
+    shape = tuple(int(d) for d in t.shape)
     with unset_fake_temporarily():
         h = t.detach().to("cpu").contiguous()
+        if h.numel() > 1 and bool((h.reshape(-1) == h.reshape(-1)[0]).all()):
+            v = h.reshape(-1)[0].item()
+            return c.expand(c.scalar(v, dt), shape)
         if h.dtype in (torch.bfloat16, torch.float16):
             h = h.view(torch.int16)
         elif h.dtype == torch.bool:
             h = h.to(torch.uint8)
         data = ctypes.string_at(h.data_ptr(), h.numel() * h.element_size()) if h.numel() else b""
-    return c.const_bytes(data, dt, tuple(int(d) for d in t.shape))
+    return c.const_bytes(data, dt, shape)
+
+
+def _attr_constant(c, gm, node):
+    """A get_attr node (a tensor constant AOTAutograd lifted onto the
+    module, e.g. a mask a model builds with torch.tensor) as a constant
+    of the Apollo graph, its bytes copied from the real tensor."""
+    t = _attr_tensor(gm, node)
+    if t is None:
+        raise Unsupported(node, "a module attribute that is not a tensor with data")
+    return _tensor_constant(c, node, t)
+
+
+# ---- constant folding ------------------------------------------------------------
+#
+# A node whose inputs are all constants -- made in the graph (full, arange,
+# zeros) or lifted onto the module (get_attr) -- is computed here, with
+# PyTorch on the host, and reaches the Apollo graph as a constant when a
+# node that is not constant uses it.  Swin's shifted-window attention mask
+# (zeros, then nine slice assignments: a chain of slice_scatter) and
+# torch.roll's indices (arange, add, fmod) become constants instead of
+# nested Concats and integer arithmetic in the kernels.  Random ops and
+# empty* are never folded (the graph draws its own numbers; empty's values
+# are the converter's zeros); nor is anything over FOLD_MAX_NUMEL elements.
+
+FOLD_MAX_NUMEL = 1 << 20
+FOLD_CONST_MAX_BYTES = 1 << 16
+_NO_FOLD = {aten.native_dropout.default, aten.bernoulli.p, aten.bernoulli.default, aten.rand.default,
+            aten.rand_like.default, aten.empty.memory_format, aten.empty_like.default,
+            aten.empty_permuted.default, aten.new_empty.default, aten.empty_strided.default,
+            aten.new_empty_strided.default}
+
+
+def _fold(c, node):
+    """node's real value when every input of it is folded (and it may be
+    folded), else None."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    if node.target in _NO_FOLD or node.target not in HANDLERS:
+        return None
+    if any(a not in c.folded for a in _tensor_args(node)):
+        return None
+    vals = _vals(node)
+    if not vals or sum(int(v.numel()) for v in vals) > FOLD_MAX_NUMEL or unsupported(node) is not None:
+        return None
+
+    def real(a):
+        if isinstance(a, torch.fx.Node):
+            return c.folded[a]
+        if isinstance(a, (list, tuple)):
+            return type(a)(real(x) for x in a)
+        if isinstance(a, torch.device):
+            return torch.device("cpu")
+        return a
+    try:
+        with unset_fake_temporarily(), torch.no_grad():
+            out = node.target(*real(node.args), **{k: real(v) for k, v in node.kwargs.items()})
+    except Exception:      # anything PyTorch refuses here is converted as usual
+        return None
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    if len(outs) != len(vals) or any(not isinstance(o, torch.Tensor) or tuple(o.shape) != tuple(v.shape)
+                                     or o.dtype != v.dtype for o, v in zip(outs, vals)):
+        return None
+    return tuple(outs) if isinstance(out, (list, tuple)) else out
+
+
+def _materialize(c, node):
+    """The Apollo value of folded node `node`, made at its first use by a
+    node that is not folded: small values and values of one repeated
+    number as constants; a node with no inputs (full, arange) and a large
+    value through its own rewrite (an Expand, a constant it makes), its
+    inputs made in turn."""
+    v = c.folded[node]
+    if node.op == "get_attr":
+        return _tensor_constant(c, node, v)
+    if node.target == operator.getitem:
+        if v.numel() * v.element_size() <= FOLD_CONST_MAX_BYTES or _one_value(v):
+            return _tensor_constant(c, node, v)
+        return c.value(node.args[0])[node.args[1]]
+    if isinstance(v, tuple):
+        if all(e.numel() * e.element_size() <= FOLD_CONST_MAX_BYTES for e in v):
+            return tuple(_tensor_constant(c, node, e) for e in v)
+        return HANDLERS[node.target](c, node)
+    if _tensor_args(node) and (v.numel() * v.element_size() <= FOLD_CONST_MAX_BYTES or _one_value(v)):
+        return _tensor_constant(c, node, v)
+    return HANDLERS[node.target](c, node)
+
+
+def _one_value(t):
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily():
+        f = t.reshape(-1)
+        return f.numel() > 0 and bool((f == f[0]).all())
 
 
 class Converted:
@@ -1476,12 +1586,21 @@ def convert(gm, params=None, name="fx"):
             pos += 1
         elif node.op == "call_function":
             if node.target == operator.getitem:
-                base = c.env.get(node.args[0])
+                if node.args[0] in c.folded:
+                    base = c.folded[node.args[0]]
+                    if isinstance(base, tuple):
+                        c.folded[node] = base[node.args[1]]
+                    continue
+                base = c.value(node.args[0])
                 c.env[node] = base[node.args[1]] if isinstance(base, tuple) else None
                 continue
             why = unsupported(node)
             if why:
                 raise Unsupported(node, why)
+            v = _fold(c, node)
+            if v is not None:
+                c.folded[node] = v      # made a constant at its first use (c.value)
+                continue
             try:
                 c.env[node] = HANDLERS[node.target](c, node)
             except Unsupported:
@@ -1506,6 +1625,11 @@ def convert(gm, params=None, name="fx"):
                     res.outputs.append(("arg", placeholders.index(o)))
                     continue
                 t = c.env.get(o)
+                if t is None and o in c.folded:
+                    try:
+                        t = c.value(o)
+                    except (TypeError, ValueError, KeyError, IndexError) as e:
+                        raise Unsupported(o, "cannot convert: %s" % e)
                 if t is None:
                     raise Unsupported(o, "an output with no value")
                 if t in made:
@@ -1526,7 +1650,12 @@ def convert(gm, params=None, name="fx"):
                 res.outputs.append(("out", made[t]))
                 res.out_meta.append((shape, v.dtype))
         elif node.op == "get_attr":
-            c.env[node] = _attr_constant(c, gm, node)
+            t = _attr_tensor(gm, node)
+            if t is None:
+                raise Unsupported(node, "a module attribute that is not a tensor with data")
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+            with unset_fake_temporarily():
+                c.folded[node] = t.detach().to("cpu")   # made a constant at its first use (c.value)
         elif node.op in ("call_module", "call_method"):
             raise Unsupported(node, "%s nodes are not converted" % node.op)
     if c.rng_key is not None:
