@@ -341,6 +341,19 @@ def _as_strided():
         return y
     run_op("an in-place update through a strided view (as_strided_scatter)", update, [_rand(4, 5, g=g)])
 
+    def of_view(x):
+        h = x * 3.0
+        return torch.as_strided(h[:, ::2], (2, 2), (1, 4)).exp() + h.sum()
+    torch._dynamo.reset()
+    backend.reset_stats()
+    x = _rand(4, 6, g=g)
+    y = torch.compile(of_view, backend="apollo", options={"quiet": True})(x)
+    st = backend.stats()
+    check(torch.equal(y, of_view(x)) and st["eager_graphs"] == 1 and len(st["graph_breaks"]) == 1
+          and "not dense" in st["graph_breaks"][0],
+          "as_strided of a strided view (it reads memory outside the view): a break, the graph run "
+          "eagerly, equal to eager")
+
 
 @op("constant_fold")
 def _constant_fold():

@@ -1042,54 +1042,90 @@ def _masked_fill(c, n):
     return c.op("Where", [c.t(n.args[1], G.BOOL), c.t(n.args[2], dt), c.t(n.args[0], dt)])
 
 
-def _memory_order(n, v):
+def _memory_order(v):
     """The permutation that puts the dims of example value `v` in its
     memory order (largest stride first; where a size-1 dim goes does not
-    matter), when `v` is dense (its elements fill [storage_offset,
-    storage_offset + numel) once each); else Unsupported."""
+    matter), or None when `v` is not dense (its elements do not fill
+    [storage_offset, storage_offset + numel) once each)."""
     shape, strides = [int(d) for d in v.shape], [int(s) for s in v.stride()]
     perm = sorted(range(len(shape)), key=lambda d: (-strides[d], d))
     want = 1
     for d in reversed(perm):
         if shape[d] > 1 and strides[d] != want:
-            raise Unsupported(n, "as_strided over a tensor that is not dense in memory (strides %s)" % strides)
+            return None
         want *= shape[d]
     return perm
 
 
-def _to_memory(c, n, x, v):
-    """Apollo tensor `x` (example value `v`) flattened in v's memory
+def _in_order(perm, shape):
+    return [d for d in perm if shape[d] > 1] == [d for d in range(len(perm)) if shape[d] > 1]
+
+
+def _to_memory(c, x, v):
+    """Apollo tensor `x` (example value `v`, dense) flattened in v's memory
     order: a Transpose when v's dims are permuted in memory, a Reshape."""
-    perm = _memory_order(n, v)
-    if [d for d in perm if v.shape[d] > 1] != [d for d in range(len(perm)) if v.shape[d] > 1]:
+    perm = _memory_order(v)
+    if not _in_order(perm, v.shape):
         x = c.op("Transpose", [x], {"perm": perm})
     return c.reshape(x, (int(v.numel()),))
 
 
-def _from_memory(c, n, flat, v):
+def _from_memory(c, flat, v):
     """The inverse of _to_memory: a flat tensor in v's memory order as a
     tensor of v's shape."""
-    perm = _memory_order(n, v)
+    perm = _memory_order(v)
     shape = [int(d) for d in v.shape]
-    if [d for d in perm if shape[d] > 1] == [d for d in range(len(perm)) if shape[d] > 1]:
+    if _in_order(perm, shape):
         return c.reshape(flat, shape)
     y = c.reshape(flat, tuple(shape[p] for p in perm))
     return c.op("Transpose", [y], {"perm": [perm.index(d) for d in range(len(perm))]})
 
 
-def _strided_positions(n, v, size, stride, offset):
-    """The memory positions of as_strided(v, size, stride, offset), row-
-    major over `size`, relative to v's first element; Unsupported when one
-    falls outside v's own elements."""
-    base = int(v.storage_offset())
-    offset = base if offset is None else int(offset)
-    pos = [offset - base]
-    for sz, st in zip(size, stride):
-        pos = [p + i * int(st) for p in pos for i in range(int(sz))]
-    numel = int(v.numel())
-    if pos and (min(pos) < 0 or max(pos) >= numel):
-        raise Unsupported(n, "as_strided reaching outside its input's elements")
-    return pos
+def _strided_args(n):
+    """(input's example value, size, stride, offset) of an as_strided or
+    as_strided_scatter node."""
+    first = 1 if n.target == aten.as_strided.default else 2
+    args = list(n.args) + [None] * 4
+    offset = args[first + 2] if args[first + 2] is not None else n.kwargs.get("storage_offset")
+    return _val(n.args[0]), [int(d) for d in args[first]], [int(d) for d in args[first + 1]], offset
+
+
+def _strided_positions(v, size, stride, offset, flat=False):
+    """The memory positions of as_strided(v, size, stride, offset) as an
+    INT64 tensor of shape `size` (flat: one dim), relative to v's first
+    element."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily():
+        base = int(v.storage_offset())
+        pos = torch.full(size, (base if offset is None else int(offset)) - base, dtype=torch.int64)
+        for d, (sz, st) in enumerate(zip(size, stride)):
+            pos = pos + (torch.arange(sz, dtype=torch.int64) * st).reshape([sz if j == d else 1
+                                                                              for j in range(len(size))])
+        return pos.reshape(-1) if flat else pos
+
+
+def _strided_why(n):
+    """Why an as_strided / as_strided_scatter node cannot be converted:
+    an input that is not dense in memory, or positions outside its
+    elements; None when it can."""
+    v, size, stride, offset = _strided_args(n)
+    if _memory_order(v) is None:
+        return "%s of a tensor that is not dense in memory (strides %s)" % (n.target, list(v.stride()))
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    pos = _strided_positions(v, size, stride, offset)
+    with unset_fake_temporarily():
+        if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= int(v.numel())):
+            return "%s reaching outside its input's elements" % n.target
+    return None
+
+
+def _consecutive(pos):
+    """The first position when `pos` (row-major) is consecutive, else None."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily():
+        f = pos.reshape(-1)
+        first = int(f[0])
+        return first if bool((f == torch.arange(first, first + f.numel())).all()) else None
 
 
 def _as_strided(c, n):
@@ -1101,19 +1137,17 @@ def _as_strided(c, n):
     a Gather at constant indices."""
     shape, dt = _meta(n)
     x = c.t(n.args[0])
-    v = _val(n.args[0])
-    size, stride = list(n.args[1]), list(n.args[2])
-    offset = n.args[3] if len(n.args) > 3 else n.kwargs.get("storage_offset")
-    pos = _strided_positions(n, v, size, stride, offset)
-    flat = _to_memory(c, n, x, v)
-    if not pos:
+    v, size, stride, offset = _strided_args(n)
+    pos = _strided_positions(v, size, stride, offset)
+    if pos.numel() == 0:
         return c.expand(c.scalar(0, c.g.dtype(x)), shape)
-    if pos == list(range(pos[0], pos[0] + len(pos))):
-        if len(pos) != int(v.numel()):
-            flat = c.op("Slice", [flat], {"starts": [pos[0]], "steps": [1]}, shape=(len(pos),))
-        return c.reshape(flat, shape) if shape else c.reshape(flat, ())
-    idx = c.const_values(pos, G.INT64, tuple(shape))
-    return c.op("Gather", [flat, idx], {"axis": 0})
+    flat = _to_memory(c, x, v)
+    first = _consecutive(pos)
+    if first is None:
+        return c.op("Gather", [flat, _tensor_constant(c, n, pos)], {"axis": 0})
+    if pos.numel() != int(v.numel()):
+        flat = c.op("Slice", [flat], {"starts": [first], "steps": [1]}, shape=(int(pos.numel()),))
+    return c.reshape(flat, shape)
 
 
 def _as_strided_scatter(c, n):
@@ -1124,20 +1158,18 @@ def _as_strided_scatter(c, n):
     shape, dt = _meta(n)
     x = c.t(n.args[0], dt)
     src = c.t(n.args[1], dt)
-    v = _val(n.args[0])
-    size, stride = list(n.args[2]), list(n.args[3])
-    offset = n.args[4] if len(n.args) > 4 else n.kwargs.get("storage_offset")
-    pos = _strided_positions(n, v, size, stride, offset)
-    numel = int(v.numel())
-    if not pos:
+    v, size, stride, offset = _strided_args(n)
+    pos = _strided_positions(v, size, stride, offset, flat=True)
+    cnt = int(pos.numel())
+    if cnt == 0:
         return c.op("Identity", [x])
-    src_flat = c.reshape(src, (len(pos),))
-    if pos == list(range(numel)):
+    src_flat = c.reshape(src, (cnt,))
+    if cnt == int(v.numel()) and _consecutive(pos) == 0:
         flat = src_flat
     else:
-        flat = c.op("ScatterElements", [_to_memory(c, n, x, v), c.const_values(pos, G.INT64, (len(pos),)),
-                                        src_flat], {"axis": 0, "reduction": "none"})
-    return _from_memory(c, n, flat, _val(n))
+        flat = c.op("ScatterElements", [_to_memory(c, x, v), _tensor_constant(c, n, pos), src_flat],
+                    {"axis": 0, "reduction": "none"})
+    return _from_memory(c, flat, _val(n))
 
 
 # ---- random numbers ------------------------------------------------------------
@@ -1369,6 +1401,8 @@ def _precheck(node):
         return "scatter_reduce with include_self=False"
     if t == aten.scatter_reduce.two and node.args[4] == "mean":
         return "scatter_reduce with reduce='mean'"
+    if t in (aten.as_strided.default, aten.as_strided_scatter.default):
+        return _strided_why(node)
     return None
 
 
