@@ -61,7 +61,8 @@ help:
 	@echo "make fuzz    build the libFuzzer harnesses (clang) into $(FUZZ_BUILD)/, run each $(FUZZ_SECONDS) s"
 	@echo "make demo    the light path: build deps, apollod + apollo-client, a real model compiled twice and checked"
 	@echo "make bench   compile time (cold/warm), the warm path (bench/warm.sh), fusion, scale,"
-	@echo "             GEMM (ptxas, host) and host-vs-onnxruntime benchmarks, into docs/benchmarks.md"
+	@echo "             GEMM (ptxas, host), host-vs-onnxruntime and PyTorch training (eager, Inductor,"
+	@echo "             Apollo: bench/torch_train.sh) benchmarks, into docs/benchmarks.md"
 	@echo "make clean   remove $(BUILD)/, $(SAN_BUILD)/ and $(FUZZ_BUILD)/"
 
 deps:

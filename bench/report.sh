@@ -12,20 +12,21 @@
 #   BENCH        a subset, by name: coldwarm (bench/run.sh's own table:
 #                cold and warm compile of every model), warm, fusion,
 #                layer1, compile, tune, autotune, scale, gemm, host,
-#                attention_memory
-#                (bench/NAME.sh).  The header then says which ran.
+#                attention_memory, torch_train (bench/NAME.sh).  The
+#                header then says which ran.
 #   -t TARGET    passed to the benchmarks that take one (coldwarm, warm,
 #                layer1, compile, tune); default: each picks sm_90 when the
 #                daemon has NVRTC, else cpu, as bench/run.sh does.
 #   --quick      fewer repetitions (WARM_RUNS=2, REPEAT=1, REPEAT_RUN=2,
 #                SCALE_REPS=1, CPU_SUBMITS=200, RPS_SECONDS=1,
 #                HOST_MAX_GFLOP=0.2; bench/scale.sh at 8, 64 and 256
-#                layers), to see that the benchmarks run; the header says
-#                so, and its numbers are not for comparison.
+#                layers; bench/torch_train.sh with 2 steps after 1),
+#                to see that the benchmarks run; the header says so, and
+#                its numbers are not for comparison.
 #   env: APOLLO_BUILD (default build/), and every benchmark's own.
 cd "$(dirname "$0")/.." || exit 1
 
-ALL="coldwarm warm fusion layer1 compile tune autotune scale gemm host attention_memory"
+ALL="coldwarm warm fusion layer1 compile tune autotune scale gemm host attention_memory torch_train"
 out=docs/benchmarks.md
 target=
 quick=
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
 	-o) out=$2; shift 2 ;;
 	-t) target=$2; shift 2 ;;
 	--quick) quick=1; shift ;;
-	-h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	-*) echo "bench/report: unknown option $1" >&2; exit 2 ;;
 	*) break ;;
 	esac
@@ -49,7 +50,9 @@ done
 partial=
 [ "$benches" = "$ALL" ] || partial=1
 scale_sizes=
+torch_args=
 if [ -n "$quick" ]; then
+	torch_args="--steps 2 --warmup 1"
 	WARM_RUNS=2 REPEAT=1 REPEAT_RUN=2 SCALE_REPS=1 CPU_SUBMITS=200 RPS_SECONDS=1 HOST_MAX_GFLOP=0.2
 	export WARM_RUNS REPEAT REPEAT_RUN SCALE_REPS CPU_SUBMITS RPS_SECONDS HOST_MAX_GFLOP
 	scale_sizes="8 64 256"
@@ -99,6 +102,7 @@ describe() {
 	gemm) echo "The models' GEMM, convolution and attention shapes: FLOPs, bytes, what ptxas reports for sm_90, host time beside onnxruntime's (and the device's where nvidia-smi works)." ;;
 	host) echo "Every model and training step on target cpu, Apollo beside onnxruntime, same inputs, same threads." ;;
 	attention_memory) echo "GPT-2-small attention (12 heads of 64, batch 1, float16, causal, sm_90) at S = 512 ... 8192: the peak bytes of Apollo's forward and backward bundles beside eager PyTorch's tensors with the flash and the math kernel, and the growth per doubling of S." ;;
+	torch_train) echo "Training steps of real PyTorch models (bench/torch_sweep.py's): eager, torch.compile with Inductor and with Apollo on target cpu, the first step cold and warm, graph breaks." ;;
 	esac
 }
 command_of() {
@@ -106,6 +110,7 @@ command_of() {
 	coldwarm) echo "BENCH_ONLY_COLD_WARM=1 sh bench/run.sh${target:+ $target}" ;;
 	warm | layer1 | compile | tune) echo "sh bench/$1.sh${target:+ $target}" ;;
 	scale) echo "sh bench/scale.sh${scale_sizes:+ $scale_sizes}" ;;
+	torch_train) echo "sh bench/torch_train.sh${torch_args:+ $torch_args}" ;;
 	*) echo "sh bench/$1.sh" ;;
 	esac
 }
@@ -152,12 +157,13 @@ tmp=$out.tmp.$$
 	echo "the machine's other load moves their numbers.  Not run here:"
 	echo "\`bench/net_latency.sh\` (ping round trips with and without large"
 	echo "compile frames in flight) and \`bench/torch_sweep.py\` (real models'"
-	echo "training steps through \`torch.compile\`, [torch.md](torch.md)); on a"
+	echo "training steps through \`torch.compile\` checked against eager, graph"
+	echo "breaks, [torch.md](torch.md); their times are torch_train's); on a"
 	echo "GPU machine, the device kit's \`device-check.sh\` times the GEMM and"
 	echo "attention shapes beside PyTorch ([testing.md](testing.md#the-device-kit))."
 	echo
 	if [ -n "$quick" ] || [ -n "$partial" ]; then
-		echo "**Not a full run:**${partial:+ only \`$benches\` ran;}${quick:+ \`--quick\` (fewer repetitions: WARM_RUNS=2, REPEAT=1, REPEAT_RUN=2, SCALE_REPS=1, CPU_SUBMITS=200, RPS_SECONDS=1, HOST_MAX_GFLOP=0.2; scale at $scale_sizes layers), so these numbers only show that the benchmarks run and are not for comparison.}"
+		echo "**Not a full run:**${partial:+ only \`$benches\` ran;}${quick:+ \`--quick\` (fewer repetitions: WARM_RUNS=2, REPEAT=1, REPEAT_RUN=2, SCALE_REPS=1, CPU_SUBMITS=200, RPS_SECONDS=1, HOST_MAX_GFLOP=0.2; scale at $scale_sizes layers; torch_train $torch_args), so these numbers only show that the benchmarks run and are not for comparison.}"
 		echo
 	fi
 	echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'), $(($(date +%s) - t_all)) s in all"

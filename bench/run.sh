@@ -24,8 +24,11 @@
 # transformer encoders of 8 ... 512 layers), the GEMM table (bench/gemm.sh:
 # the models' GEMM, convolution and attention shapes -- FLOPs, bytes,
 # ptxas's registers, spills and shared memory for sm_90, host time beside
-# onnxruntime's) and the host table (bench/host.sh: every model on target
-# cpu beside onnxruntime).  Prints numbers, asserts nothing.
+# onnxruntime's), the host table (bench/host.sh: every model on target
+# cpu beside onnxruntime) and the PyTorch training table
+# (bench/torch_train.sh: real models' training steps in eager PyTorch,
+# with Inductor and with Apollo, first steps cold and warm, graph breaks).
+# Prints numbers, asserts nothing.
 # `make bench` runs these through bench/report.sh, which writes their
 # tables into docs/benchmarks.md (keep its list in step with this one).
 #   TARGET: default sm_90 when the daemon has NVRTC, else cpu.
@@ -90,3 +93,5 @@ echo
 sh bench/gemm.sh
 echo
 sh bench/host.sh
+echo
+sh bench/torch_train.sh

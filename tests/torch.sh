@@ -31,7 +31,8 @@
 #     indices and backward, slice_scatter, grouped and depthwise
 #     convolution_backward, embedding_dense_backward, cross_entropy /
 #     nll_loss with label_smoothing and ignore_index, nearest and bilinear
-#     upsampling, indexing with several index tensors: forward and
+#     upsampling, indexing with several index tensors, as_strided and
+#     as_strided_scatter, a constant mask folded at conversion: forward and
 #     backward within 1e-9 of eager float64, no break; dropout, bernoulli
 #     and rand_like from the graph's counter-based generator: kept share,
 #     correlations, another mask per call and per op, reproducible by

@@ -322,6 +322,74 @@ def _tensor_constant():
            + torch.tensor([[True, False, True]]), [_rand(2, 3, g=g)])
 
 
+@op("as_strided")
+def _as_strided():
+    """as_strided and as_strided_scatter, as AOTAutograd writes them for
+    a pooled channels-last tensor (Swin's and ConvNeXt's heads: permute,
+    adaptive_avg_pool2d, flatten) and its backward, and called directly:
+    strided positions that are not consecutive (a Gather), a strided
+    in-place update (as_strided_scatter at those positions)."""
+    g = torch.Generator().manual_seed(10)
+    run_op("adaptive_avg_pool2d of a permuted tensor, flattened (as_strided, as_strided_scatter)",
+           lambda x: F.adaptive_avg_pool2d(x.permute(0, 3, 1, 2), 1).flatten(1) * 2.0, [_rand(2, 4, 5, 3, g=g)])
+    run_op("torch.as_strided (3, 4) strides (1, 3) offset 2, of x and of x.t()",
+           lambda x: (torch.as_strided(x, (3, 4), (1, 3), 2) * 3.0,
+                      torch.as_strided(x.t() * 1.0, (2, 5), (1, 4))), [_rand(4, 5, g=g)])
+
+    def update(x):
+        y = x * 1.0
+        y.as_strided((2, 3), (1, 4), 1).mul_(2.0)      # an in-place update through a strided view
+        return y
+    run_op("an in-place update through a strided view (as_strided_scatter)", update, [_rand(4, 5, g=g)])
+
+    def of_view(x):
+        h = x * 3.0
+        return torch.as_strided(h[:, ::2], (2, 2), (1, 4)).exp() + h.sum()
+    torch._dynamo.reset()
+    backend.reset_stats()
+    x = _rand(4, 6, g=g)
+    y = torch.compile(of_view, backend="apollo", options={"quiet": True})(x)
+    st = backend.stats()
+    check(torch.equal(y, of_view(x)) and st["eager_graphs"] == 1 and len(st["graph_breaks"]) == 1
+          and "not dense" in st["graph_breaks"][0],
+          "as_strided of a strided view (it reads memory outside the view): a break, the graph run "
+          "eagerly, equal to eager")
+
+
+@op("constant_fold")
+def _constant_fold():
+    """A mask made of constants (zeros, then slice assignments: Swin's
+    shifted-window mask) and torch.roll's indices, computed when the graph
+    is converted and added as constants; forward and backward."""
+    g = torch.Generator().manual_seed(11)
+
+    def masked(x):
+        m = x.new_zeros((8, 8))
+        cnt = 0
+        for h in (slice(0, -4), slice(-4, -2), slice(-2, None)):
+            for w in (slice(0, -4), slice(-4, -2), slice(-2, None)):
+                m[h, w] = cnt
+                cnt += 1
+        m = m.view(2, 4, 2, 4).permute(0, 2, 1, 3).reshape(4, 16)
+        m = m.unsqueeze(1) - m.unsqueeze(2)
+        m = m.masked_fill(m != 0, -100.0).masked_fill(m == 0, 0.0)
+        return torch.softmax(torch.roll(x, (-2, 1), (1, 2)).reshape(4, 16, 16) + m, -1)
+    x = _rand(4, 16, 16, g=g)
+    run_op("a shifted-window mask of slice assignments, torch.roll", masked, [x])
+    from torch.fx.experimental.proxy_tensor import make_fx
+    import apollo.fx as afx
+    gm = make_fx(torch.func.functionalize(masked, remove="mutations"),
+                 decomposition_table=backend._decompositions(), tracing_mode="fake")(x)
+    folded = afx.convert(gm, name="folded").graph.n_nodes
+    keep, afx.FOLD_MAX_NUMEL = afx.FOLD_MAX_NUMEL, 0
+    try:
+        whole = afx.convert(gm, name="unfolded").graph.n_nodes
+    finally:
+        afx.FOLD_MAX_NUMEL = keep
+    check(folded < whole / 2, "the mask and the roll's indices folded: %d Apollo nodes (%d unfolded)"
+          % (folded, whole))
+
+
 def _agree(a, b):
     return (a == b).double().mean().item()
 

@@ -108,6 +108,7 @@ class _Ctx:
     def __init__(self, name):
         self.g = G.Graph(name)
         self.env = {}
+        self.folded = {}          # FX node -> its real value, computed here (_fold)
         self.consts = {}          # PARAM name -> torch tensor (constants too large for CONST)
         self.n_const = 0
         self.rng_key = None       # the INPUT holding this call's generator key (_random_words)
@@ -118,7 +119,7 @@ class _Ctx:
         """The Apollo tensor of FX argument `a` (a Node, or a Python number
         made a scalar CONST of `dtype`), Cast to `dtype` when given."""
         if isinstance(a, torch.fx.Node):
-            t = self.env[a]
+            t = self.value(a)
             if isinstance(t, tuple):
                 raise TypeError("a tuple value used as a tensor")
             return self.cast(t, dtype) if dtype is not None else t
@@ -126,6 +127,16 @@ class _Ctx:
             return self.scalar(a, dtype if dtype is not None else
                                (G.BOOL if isinstance(a, bool) else G.INT64 if isinstance(a, int) else G.FLOAT32))
         raise TypeError("argument %r is not a tensor or a number" % (a,))
+
+    def value(self, a):
+        """The Apollo value (a tensor, or a tuple of them) of FX node `a`;
+        a node folded to a constant (_fold) is made one at its first use."""
+        t = self.env.get(a)
+        if t is None and a in self.folded:
+            t = self.env[a] = _materialize(self, a)
+        if t is None:
+            raise KeyError("no value for %s" % a)
+        return t
 
     def scalar(self, v, dtype):
         return self.const_values([v], dtype, ())
@@ -1082,6 +1093,136 @@ def _masked_fill(c, n):
     return c.op("Where", [c.t(n.args[1], G.BOOL), c.t(n.args[2], dt), c.t(n.args[0], dt)])
 
 
+def _memory_order(v):
+    """The permutation that puts the dims of example value `v` in its
+    memory order (largest stride first; where a size-1 dim goes does not
+    matter), or None when `v` is not dense (its elements do not fill
+    [storage_offset, storage_offset + numel) once each)."""
+    shape, strides = [int(d) for d in v.shape], [int(s) for s in v.stride()]
+    perm = sorted(range(len(shape)), key=lambda d: (-strides[d], d))
+    want = 1
+    for d in reversed(perm):
+        if shape[d] > 1 and strides[d] != want:
+            return None
+        want *= shape[d]
+    return perm
+
+
+def _in_order(perm, shape):
+    return [d for d in perm if shape[d] > 1] == [d for d in range(len(perm)) if shape[d] > 1]
+
+
+def _to_memory(c, x, v):
+    """Apollo tensor `x` (example value `v`, dense) flattened in v's memory
+    order: a Transpose when v's dims are permuted in memory, a Reshape."""
+    perm = _memory_order(v)
+    if not _in_order(perm, v.shape):
+        x = c.op("Transpose", [x], {"perm": perm})
+    return c.reshape(x, (int(v.numel()),))
+
+
+def _from_memory(c, flat, v):
+    """The inverse of _to_memory: a flat tensor in v's memory order as a
+    tensor of v's shape."""
+    perm = _memory_order(v)
+    shape = [int(d) for d in v.shape]
+    if _in_order(perm, shape):
+        return c.reshape(flat, shape)
+    y = c.reshape(flat, tuple(shape[p] for p in perm))
+    return c.op("Transpose", [y], {"perm": [perm.index(d) for d in range(len(perm))]})
+
+
+def _strided_args(n):
+    """(input's example value, size, stride, offset) of an as_strided or
+    as_strided_scatter node."""
+    first = 1 if n.target == aten.as_strided.default else 2
+    args = list(n.args) + [None] * 4
+    offset = args[first + 2] if args[first + 2] is not None else n.kwargs.get("storage_offset")
+    return _val(n.args[0]), [int(d) for d in args[first]], [int(d) for d in args[first + 1]], offset
+
+
+def _strided_positions(v, size, stride, offset, flat=False):
+    """The memory positions of as_strided(v, size, stride, offset) as an
+    INT64 tensor of shape `size` (flat: one dim), relative to v's first
+    element."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily():
+        base = int(v.storage_offset())
+        pos = torch.full(size, (base if offset is None else int(offset)) - base, dtype=torch.int64)
+        for d, (sz, st) in enumerate(zip(size, stride)):
+            pos = pos + (torch.arange(sz, dtype=torch.int64) * st).reshape([sz if j == d else 1
+                                                                              for j in range(len(size))])
+        return pos.reshape(-1) if flat else pos
+
+
+def _strided_why(n):
+    """Why an as_strided / as_strided_scatter node cannot be converted:
+    an input that is not dense in memory, or positions outside its
+    elements; None when it can."""
+    v, size, stride, offset = _strided_args(n)
+    if _memory_order(v) is None:
+        return "%s of a tensor that is not dense in memory (strides %s)" % (n.target, list(v.stride()))
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    pos = _strided_positions(v, size, stride, offset)
+    with unset_fake_temporarily():
+        if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= int(v.numel())):
+            return "%s reaching outside its input's elements" % n.target
+    return None
+
+
+def _consecutive(pos):
+    """The first position when `pos` (row-major) is consecutive, else None."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily():
+        f = pos.reshape(-1)
+        first = int(f[0])
+        return first if bool((f == torch.arange(first, first + f.numel())).all()) else None
+
+
+def _as_strided(c, n):
+    """as_strided(x, size, stride, offset) -- AOTAutograd's view of a
+    tensor through its memory (e.g. a pooled channels-last result seen
+    as [N, C, 1, 1]): x flattened in its memory order (its example value's
+    strides; x must be dense), then the elements at the positions the
+    strides give -- a Reshape (or a Slice) when they are consecutive, else
+    a Gather at constant indices."""
+    shape, dt = _meta(n)
+    x = c.t(n.args[0])
+    v, size, stride, offset = _strided_args(n)
+    pos = _strided_positions(v, size, stride, offset)
+    if pos.numel() == 0:
+        return c.expand(c.scalar(0, c.g.dtype(x)), shape)
+    flat = _to_memory(c, x, v)
+    first = _consecutive(pos)
+    if first is None:
+        return c.op("Gather", [flat, _tensor_constant(c, n, pos)], {"axis": 0})
+    if pos.numel() != int(v.numel()):
+        flat = c.op("Slice", [flat], {"starts": [first], "steps": [1]}, shape=(int(pos.numel()),))
+    return c.reshape(flat, shape)
+
+
+def _as_strided_scatter(c, n):
+    """as_strided_scatter(x, src, size, stride, offset): x (its memory
+    order: the result keeps x's strides) with the elements at the strided
+    positions replaced by src -- src itself when they are all of x in
+    order, else a ScatterElements at constant indices."""
+    shape, dt = _meta(n)
+    x = c.t(n.args[0], dt)
+    src = c.t(n.args[1], dt)
+    v, size, stride, offset = _strided_args(n)
+    pos = _strided_positions(v, size, stride, offset, flat=True)
+    cnt = int(pos.numel())
+    if cnt == 0:
+        return c.op("Identity", [x])
+    src_flat = c.reshape(src, (cnt,))
+    if cnt == int(v.numel()) and _consecutive(pos) == 0:
+        flat = src_flat
+    else:
+        flat = c.op("ScatterElements", [_to_memory(c, x, v), _tensor_constant(c, n, pos), src_flat],
+                    {"axis": 0, "reduction": "none"})
+    return _from_memory(c, flat, _val(n))
+
+
 # ---- random numbers ------------------------------------------------------------
 #
 # A counter-based generator made of the graph's own integer ops, so that
@@ -1288,7 +1429,8 @@ HANDLERS = {
     aten.native_dropout.default: _dropout, aten.bernoulli.p: _bernoulli, aten.bernoulli.default: _bernoulli,
     aten.rand.default: _rand, aten.rand_like.default: _rand,
     aten.empty.memory_format: _empty, aten.empty_like.default: _empty, aten.empty_permuted.default: _empty,
-    aten.new_empty.default: _empty,
+    aten.new_empty.default: _empty, aten.empty_strided.default: _empty, aten.new_empty_strided.default: _empty,
+    aten.as_strided.default: _as_strided, aten.as_strided_scatter.default: _as_strided_scatter,
 }
 
 
@@ -1318,6 +1460,8 @@ def _precheck(node):
         return "scatter_reduce with include_self=False"
     if t == aten.scatter_reduce.two and node.args[4] == "mean":
         return "scatter_reduce with reduce='mean'"
+    if t in (aten.as_strided.default, aten.as_strided_scatter.default):
+        return _strided_why(node)
     return None
 
 
@@ -1345,27 +1489,126 @@ def unsupported(node):
 
 # ---- a whole graph ------------------------------------------------------------------
 
-def _attr_constant(c, gm, node):
-    """A get_attr node (a tensor constant AOTAutograd lifted onto the
-    module, e.g. a mask a model builds with torch.tensor) as a constant
-    of the Apollo graph, its bytes copied from the real tensor."""
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+def _attr_tensor(gm, node):
+    """The real tensor of get_attr node `node`, or None."""
+    from torch._subclasses.fake_tensor import FakeTensor
     t = gm
     for part in node.target.split("."):
         t = getattr(t, part, None)
-    if not isinstance(t, torch.Tensor) or isinstance(t, FakeTensor):
-        raise Unsupported(node, "a module attribute that is not a tensor with data")
+    return t if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) else None
+
+
+def _tensor_constant(c, node, t):
+    """Real tensor `t` (the value of `node`) as a constant of the Apollo
+    graph: one value repeated is a scalar Expanded, anything else its
+    bytes (CONST when small, else a PARAM the converter keeps)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     dt = apollo_dtype(t.dtype)
     if dt is None:
         raise Unsupported(node, "dtype %s is not carried by Apollo graphs" % str(t.dtype).replace("torch.", ""))
+    shape = tuple(int(d) for d in t.shape)
     with unset_fake_temporarily():
         h = t.detach().to("cpu").contiguous()
+        if h.numel() > 1 and bool((h.reshape(-1) == h.reshape(-1)[0]).all()):
+            v = h.reshape(-1)[0].item()
+            return c.expand(c.scalar(v, dt), shape)
         if h.dtype in (torch.bfloat16, torch.float16):
             h = h.view(torch.int16)
         elif h.dtype == torch.bool:
             h = h.to(torch.uint8)
         data = ctypes.string_at(h.data_ptr(), h.numel() * h.element_size()) if h.numel() else b""
-    return c.const_bytes(data, dt, tuple(int(d) for d in t.shape))
+    return c.const_bytes(data, dt, shape)
+
+
+def _attr_constant(c, gm, node):
+    """A get_attr node (a tensor constant AOTAutograd lifted onto the
+    module, e.g. a mask a model builds with torch.tensor) as a constant
+    of the Apollo graph, its bytes copied from the real tensor."""
+    t = _attr_tensor(gm, node)
+    if t is None:
+        raise Unsupported(node, "a module attribute that is not a tensor with data")
+    return _tensor_constant(c, node, t)
+
+
+# ---- constant folding ------------------------------------------------------------
+#
+# A node whose inputs are all constants -- made in the graph (full, arange,
+# zeros) or lifted onto the module (get_attr) -- is computed here, with
+# PyTorch on the host, and reaches the Apollo graph as a constant when a
+# node that is not constant uses it.  Swin's shifted-window attention mask
+# (zeros, then nine slice assignments: a chain of slice_scatter) and
+# torch.roll's indices (arange, add, fmod) become constants instead of
+# nested Concats and integer arithmetic in the kernels.  Random ops and
+# empty* are never folded (the graph draws its own numbers; empty's values
+# are the converter's zeros); nor is anything over FOLD_MAX_NUMEL elements.
+
+FOLD_MAX_NUMEL = 1 << 20
+FOLD_CONST_MAX_BYTES = 1 << 16
+_NO_FOLD = {aten.native_dropout.default, aten.bernoulli.p, aten.bernoulli.default, aten.rand.default,
+            aten.rand_like.default, aten.empty.memory_format, aten.empty_like.default,
+            aten.empty_permuted.default, aten.new_empty.default, aten.empty_strided.default,
+            aten.new_empty_strided.default}
+
+
+def _fold(c, node):
+    """node's real value when every input of it is folded (and it may be
+    folded), else None."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    if node.target in _NO_FOLD or node.target not in HANDLERS:
+        return None
+    if any(a not in c.folded for a in _tensor_args(node)):
+        return None
+    vals = _vals(node)
+    if not vals or sum(int(v.numel()) for v in vals) > FOLD_MAX_NUMEL or unsupported(node) is not None:
+        return None
+
+    def real(a):
+        if isinstance(a, torch.fx.Node):
+            return c.folded[a]
+        if isinstance(a, (list, tuple)):
+            return type(a)(real(x) for x in a)
+        if isinstance(a, torch.device):
+            return torch.device("cpu")
+        return a
+    try:
+        with unset_fake_temporarily(), torch.no_grad():
+            out = node.target(*real(node.args), **{k: real(v) for k, v in node.kwargs.items()})
+    except Exception:      # anything PyTorch refuses here is converted as usual
+        return None
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    if len(outs) != len(vals) or any(not isinstance(o, torch.Tensor) or tuple(o.shape) != tuple(v.shape)
+                                     or o.dtype != v.dtype for o, v in zip(outs, vals)):
+        return None
+    return tuple(outs) if isinstance(out, (list, tuple)) else out
+
+
+def _materialize(c, node):
+    """The Apollo value of folded node `node`, made at its first use by a
+    node that is not folded: small values and values of one repeated
+    number as constants; a node with no inputs (full, arange) and a large
+    value through its own rewrite (an Expand, a constant it makes), its
+    inputs made in turn."""
+    v = c.folded[node]
+    if node.op == "get_attr":
+        return _tensor_constant(c, node, v)
+    if node.target == operator.getitem:
+        if v.numel() * v.element_size() <= FOLD_CONST_MAX_BYTES or _one_value(v):
+            return _tensor_constant(c, node, v)
+        return c.value(node.args[0])[node.args[1]]
+    if isinstance(v, tuple):
+        if all(e.numel() * e.element_size() <= FOLD_CONST_MAX_BYTES for e in v):
+            return tuple(_tensor_constant(c, node, e) for e in v)
+        return HANDLERS[node.target](c, node)
+    if _tensor_args(node) and (v.numel() * v.element_size() <= FOLD_CONST_MAX_BYTES or _one_value(v)):
+        return _tensor_constant(c, node, v)
+    return HANDLERS[node.target](c, node)
+
+
+def _one_value(t):
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily():
+        f = t.reshape(-1)
+        return f.numel() > 0 and bool((f == f[0]).all())
 
 
 class Converted:
@@ -1436,12 +1679,21 @@ def convert(gm, params=None, name="fx"):
             pos += 1
         elif node.op == "call_function":
             if node.target == operator.getitem:
-                base = c.env.get(node.args[0])
+                if node.args[0] in c.folded:
+                    base = c.folded[node.args[0]]
+                    if isinstance(base, tuple):
+                        c.folded[node] = base[node.args[1]]
+                    continue
+                base = c.value(node.args[0])
                 c.env[node] = base[node.args[1]] if isinstance(base, tuple) else None
                 continue
             why = unsupported(node)
             if why:
                 raise Unsupported(node, why)
+            v = _fold(c, node)
+            if v is not None:
+                c.folded[node] = v      # made a constant at its first use (c.value)
+                continue
             try:
                 c.env[node] = HANDLERS[node.target](c, node)
             except Unsupported:
@@ -1466,6 +1718,11 @@ def convert(gm, params=None, name="fx"):
                     res.outputs.append(("arg", placeholders.index(o)))
                     continue
                 t = c.env.get(o)
+                if t is None and o in c.folded:
+                    try:
+                        t = c.value(o)
+                    except (TypeError, ValueError, KeyError, IndexError) as e:
+                        raise Unsupported(o, "cannot convert: %s" % e)
                 if t is None:
                     raise Unsupported(o, "an output with no value")
                 if t in made:
@@ -1486,7 +1743,12 @@ def convert(gm, params=None, name="fx"):
                 res.outputs.append(("out", made[t]))
                 res.out_meta.append((shape, v.dtype))
         elif node.op == "get_attr":
-            c.env[node] = _attr_constant(c, gm, node)
+            t = _attr_tensor(gm, node)
+            if t is None:
+                raise Unsupported(node, "a module attribute that is not a tensor with data")
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+            with unset_fake_temporarily():
+                c.folded[node] = t.detach().to("cpu")   # made a constant at its first use (c.value)
         elif node.op in ("call_module", "call_method"):
             raise Unsupported(node, "%s nodes are not converted" % node.op)
     if c.rng_key is not None:

@@ -452,6 +452,11 @@ _TRIVIAL = {operator.getitem, aten.view.default, aten._unsafe_view.default, aten
             aten.t.default, aten.permute.default, aten.expand.default, aten.detach.default}
 
 
+# Ops that read their input's memory through strides rather than its
+# values: a graph that leaves one to PyTorch is not split (_compile_graph).
+_MEMORY_OPS = {aten.as_strided.default, aten.as_strided_scatter.default}
+
+
 class _Part(torch.nn.Module):
     """A fused partition compiled by Apollo, called from the eager graph."""
 
@@ -542,6 +547,13 @@ def _compile_graph(gm, example_inputs, opts, kind, params):
         if opts.strict:
             raise ApolloError(EUNSUPPORTED, "apollo: unsupported op in the %s graph: %s" % (kind, line))
         _say(opts, "apollo: graph break at %s" % line)
+    if any(n.target in _MEMORY_OPS for n, _ in breaks):
+        # a compiled part returns fresh contiguous tensors, not the views of
+        # the traced graph, so an as_strided left to PyTorch would read
+        # other memory than eager's: the whole graph runs eagerly
+        _say(opts, "apollo: %s graph runs in eager PyTorch: as_strided of a view, whose memory a split "
+                   "graph does not keep" % kind)
+        return _eager(gm)
     name = "%s_%d" % (kind, stats()["graphs"])
     if not breaks:
         try:
