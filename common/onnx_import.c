@@ -170,6 +170,7 @@ static int import_node(imp *im, const Onnx__NodeProto *n)
 	if (!strcmp(op, "Softmax")) return ap__onnx_imp_softmax(im, n, AP_OP_SOFTMAX);
 	if (!strcmp(op, "LogSoftmax")) return ap__onnx_imp_softmax(im, n, AP_OP_LOG_SOFTMAX);
 	if (!strcmp(op, "LayerNormalization")) return ap__onnx_imp_layer_norm(im, n);
+	if (!strcmp(op, "Attention")) return ap__onnx_imp_attention(im, n);
 	if (!strcmp(op, "BatchNormalization")) return ap__onnx_imp_batch_norm(im, n);
 	if (!strcmp(op, "InstanceNormalization")) return ap__onnx_imp_instance_norm(im, n);
 	if (!strcmp(op, "LRN")) return ap__onnx_imp_lrn(im, n);

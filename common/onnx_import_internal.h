@@ -303,6 +303,7 @@ int ap__onnx_imp_cumsum(imp *im, const Onnx__NodeProto *n);
 
 /* onnx_import_nn.c */
 int ap__onnx_imp_layer_norm(imp *im, const Onnx__NodeProto *n);
+int ap__onnx_imp_attention(imp *im, const Onnx__NodeProto *n);
 int ap__onnx_imp_batch_norm(imp *im, const Onnx__NodeProto *n);
 int ap__onnx_imp_instance_norm(imp *im, const Onnx__NodeProto *n);
 int ap__onnx_imp_lrn(imp *im, const Onnx__NodeProto *n);

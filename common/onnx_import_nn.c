@@ -9,6 +9,7 @@
  */
 #include "onnx_import_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -363,4 +364,88 @@ int ap__onnx_imp_dropout(imp *im, const Onnx__NodeProto *n)
 		return ap__onnx_fail(im, AP_EUNSUPPORTED, NULL, "Dropout in training mode");
 	TRY(ap__onnx_poison_out(im, n, 1, "Dropout's mask output"));
 	return ap__onnx_bind(im, out_name(n, 0), x);
+}
+
+/* One of Q, K, V of ONNX Attention in its 3-D form [B, S, heads * E] as
+ * [B, heads, S, E] (a Reshape and a Transpose); the 4-D form as it is. */
+static int attention_heads(imp *im, ival *x, int64_t heads, const char *base, const char *what, ival **out)
+{
+	char nm[256];
+	int64_t d[4], perm[4] = {0, 2, 1, 3};
+
+	if (x->sh.rank == 4) {
+		*out = x;
+		return 0;
+	}
+	if (x->sh.rank != 3 || heads < 1 || x->sh.dims[2] % heads != 0)
+		return ap__onnx_fail(im, AP_EINVAL, x->name,
+				     "Attention: %s must be [B, S, heads * E] (with q_num_heads / kv_num_heads) or "
+				     "[B, heads, S, E]", what);
+	d[0] = x->sh.dims[0];
+	d[1] = x->sh.dims[1];
+	d[2] = heads;
+	d[3] = x->sh.dims[2] / heads;
+	snprintf(nm, sizeof(nm), "%.200s_%s4", base, what);
+	TRY(ap__onnx_reshape_to(im, x, 4, d, nm, &x));
+	snprintf(nm, sizeof(nm), "%.200s_%sT", base, what);
+	return ap__onnx_transpose_to(im, x, perm, nm, out);
+}
+
+/* Attention (opset 23): Y = softmax(scale * Q K^T + mask, causal upper-left)
+ * V as Apollo's Attention (ops.def), grouped-query heads included; the 3-D
+ * form [B, S, heads * E] through q_num_heads / kv_num_heads.  Refused
+ * (AP_EUNSUPPORTED, naming the part): a KV cache (past_key / past_value
+ * inputs, present_key / present_value outputs), nonpad_kv_seqlen, the
+ * qk_matmul_output output and softcap. */
+int ap__onnx_imp_attention(imp *im, const Onnx__NodeProto *n)
+{
+	ival *q, *k, *v, *mask, *ins[4], *y;
+	const char *base = out_name(n, 0);
+	bool three;
+	double scale;
+	abuf A;
+
+	A.n = 0;
+	for (size_t i = 1; i < n->n_output; i++)
+		if (out_name(n, i)[0])
+			return ap__onnx_fail(im, AP_EUNSUPPORTED, NULL, "Attention: output %zu (%s) is not supported",
+					     i, i == 3 ? "qk_matmul_output" : "a KV cache's present_key / present_value");
+	for (size_t i = 4; i < n->n_input; i++)
+		if (n->input[i] && n->input[i][0])
+			return ap__onnx_fail(im, AP_EUNSUPPORTED, n->input[i], "Attention: input %zu (%s) is not supported",
+					     i, i == 6 ? "nonpad_kv_seqlen" : "a KV cache's past_key / past_value");
+	if (ap__onnx_afloat(n, "softcap", 0.0) != 0.0)
+		return ap__onnx_fail(im, AP_EUNSUPPORTED, NULL, "Attention: softcap is not supported");
+	TRY(ap__onnx_get_in(im, n, 0, true, &q));
+	TRY(ap__onnx_get_in(im, n, 1, true, &k));
+	TRY(ap__onnx_get_in(im, n, 2, true, &v));
+	TRY(ap__onnx_get_in(im, n, 3, false, &mask));
+	three = q->sh.rank == 3;
+	TRY(attention_heads(im, q, ap__onnx_aint(n, "q_num_heads", 0), base, "q", &ins[0]));
+	TRY(attention_heads(im, k, ap__onnx_aint(n, "kv_num_heads", 0), base, "k", &ins[1]));
+	TRY(attention_heads(im, v, ap__onnx_aint(n, "kv_num_heads", 0), base, "v", &ins[2]));
+	ins[3] = mask;
+	if (ins[0]->sh.dims[3] < 1)
+		return ap__onnx_fail(im, AP_EINVAL, q->name, "Attention: empty head dim");
+	scale = ap__onnx_attr(n, "scale") ? ap__onnx_afloat(n, "scale", 1.0) : 1.0 / sqrt((double)ins[0]->sh.dims[3]);
+	ab_float(&A, "scale", scale);
+	ab_int(&A, "is_causal", ap__onnx_aint(n, "is_causal", 0));
+	if (!three) {
+		TRY(ap__onnx_emit1(im, AP_OP_ATTENTION, &A, mask ? 4 : 3, ins, base, NULL, &y));
+		return ap__onnx_bind(im, base, y);
+	}
+	{
+		char nm[256];
+		int64_t perm[4] = {0, 2, 1, 3}, d[3];
+
+		snprintf(nm, sizeof(nm), "%.200s_y4", base);
+		TRY(ap__onnx_emit1(im, AP_OP_ATTENTION, &A, mask ? 4 : 3, ins, nm, NULL, &y));
+		snprintf(nm, sizeof(nm), "%.200s_yT", base);
+		TRY(ap__onnx_transpose_to(im, y, perm, nm, &y));
+		d[0] = y->sh.dims[0];
+		d[1] = y->sh.dims[1];
+		d[2] = y->sh.dims[2] * y->sh.dims[3];
+		TRY(ap__onnx_reshape_to(im, y, 3, d, base, &y));
+		return ap__onnx_bind(im, base, y);
+	}
 }

@@ -19,6 +19,9 @@
 #      mask's shape comes from the ids', and it matches onnxruntime;
 #   5. torchvision's resnet18 (random weights) at 1x3x224x224 against
 #      onnxruntime;
+#   5b. ONNX Attention (opset 23): 4-D causal grouped-query, 3-D with a
+#      boolean mask, an additive mask, one launch each, against
+#      onnxruntime; a KV cache output refused;
 #   6. the GPU path through the stand-in driver (tests/cuda_standin.c): a
 #      run at sm_90 loads, binds and launches the bundle (the stand-in does
 #      not compute, so values are not compared).
@@ -243,6 +246,37 @@ PYEOF
 else
 	ap_skip torch "run_model: no torchvision in .venv: resnet18 skipped" || exit 1
 fi
+
+# 5b. ONNX Attention (opset 23) as Apollo's Attention op: the 4-D form
+# causal with grouped-query heads, the 3-D form with q_num_heads and a
+# boolean mask, an additive mask; each one launch, against onnxruntime; a
+# KV cache (present_key) is refused naming it
+mkdir -p "$AP_TMP/att"
+"$PY" - "$AP_TMP/att" >"$AP_TMP/att.log" 2>&1 <<'PYEOF' || { cat "$AP_TMP/att.log"; fail "Attention models"; }
+import sys
+import onnx
+from onnx import TensorProto as T, helper as h
+vi = h.make_tensor_value_info
+def save(name, inputs, node, shape, outs=("Y",)):
+    g = h.make_graph([node], name, inputs, [vi(o, T.FLOAT, shape) for o in outs])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 23)]), "%s/%s.onnx" % (sys.argv[1], name))
+save("causal_gqa", [vi("Q", T.FLOAT, [2, 4, 9, 8]), vi("K", T.FLOAT, [2, 2, 11, 8]), vi("V", T.FLOAT, [2, 2, 11, 6])],
+     h.make_node("Attention", ["Q", "K", "V"], ["Y"], is_causal=1), [2, 4, 9, 6])
+save("heads3d_bool", [vi("Q", T.FLOAT, [2, 9, 32]), vi("K", T.FLOAT, [2, 11, 32]), vi("V", T.FLOAT, [2, 11, 24]),
+                      vi("M", T.BOOL, [9, 11])],
+     h.make_node("Attention", ["Q", "K", "V", "M"], ["Y"], q_num_heads=4, kv_num_heads=4, scale=0.2), [2, 9, 24])
+save("additive", [vi("Q", T.FLOAT, [1, 2, 5, 4]), vi("K", T.FLOAT, [1, 2, 7, 4]), vi("V", T.FLOAT, [1, 2, 7, 4]),
+                  vi("M", T.FLOAT, [1, 1, 5, 7])],
+     h.make_node("Attention", ["Q", "K", "V", "M"], ["Y"]), [1, 2, 5, 4])
+save("kv_cache", [vi("Q", T.FLOAT, [1, 2, 5, 4]), vi("K", T.FLOAT, [1, 2, 7, 4]), vi("V", T.FLOAT, [1, 2, 7, 4])],
+     h.make_node("Attention", ["Q", "K", "V"], ["Y", "PK"]), [1, 2, 5, 4], outs=("Y", "PK"))
+PYEOF
+for a in causal_gqa heads3d_bool additive; do
+	expect 0 "^onnxruntime: all 1 outputs match$" "$CLIENT" run "$AP_TMP/att/$a.onnx" --compare onnxruntime
+	grep -q "^bundle: 1 launches" "$AP_TMP/out" "$AP_TMP/err" || fail "Attention $a: not one launch"
+done
+expect 1 "Attention: output 1 .*present_key" "$CLIENT" run "$AP_TMP/att/kv_cache.onnx"
+echo "run_model: ONNX Attention (opset 23) matches onnxruntime, one launch each"
 
 # 6. the GPU path, through the stand-in driver
 STANDIN=$APOLLO_BUILD/tests/libcuda-standin.so
