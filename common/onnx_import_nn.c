@@ -396,7 +396,8 @@ static int attention_heads(imp *im, ival *x, int64_t heads, const char *base, co
  * form [B, S, heads * E] through q_num_heads / kv_num_heads.  Refused
  * (AP_EUNSUPPORTED, naming the part): a KV cache (past_key / past_value
  * inputs, present_key / present_value outputs), nonpad_kv_seqlen, the
- * qk_matmul_output output and softcap. */
+ * qk_matmul_output output, softcap, opset 25's sliding windows and any
+ * attribute it does not know. */
 int ap__onnx_imp_attention(imp *im, const Onnx__NodeProto *n)
 {
 	ival *q, *k, *v, *mask, *ins[4], *y;
@@ -416,6 +417,20 @@ int ap__onnx_imp_attention(imp *im, const Onnx__NodeProto *n)
 					     i, i == 6 ? "nonpad_kv_seqlen" : "a KV cache's past_key / past_value");
 	if (ap__onnx_afloat(n, "softcap", 0.0) != 0.0)
 		return ap__onnx_fail(im, AP_EUNSUPPORTED, NULL, "Attention: softcap is not supported");
+	for (size_t i = 0; i < n->n_attribute; i++) {
+		static const char *const known[] = {"is_causal", "kv_num_heads", "q_num_heads", "scale", "softcap",
+						    "softmax_precision", "qk_matmul_output_mode"};
+		const char *a = n->attribute[i]->name ? n->attribute[i]->name : "";
+		bool ok = false;
+
+		for (size_t j = 0; j < sizeof(known) / sizeof(known[0]); j++)
+			ok = ok || strcmp(a, known[j]) == 0;
+		/* opset 25's sliding windows: only "no window" (-1) is taken */
+		if ((!strcmp(a, "left_window_size") || !strcmp(a, "right_window_size")) && ap__onnx_aint(n, a, -1) == -1)
+			ok = true;
+		if (!ok)
+			return ap__onnx_fail(im, AP_EUNSUPPORTED, NULL, "Attention: attribute '%s' is not supported", a);
+	}
 	TRY(ap__onnx_get_in(im, n, 0, true, &q));
 	TRY(ap__onnx_get_in(im, n, 1, true, &k));
 	TRY(ap__onnx_get_in(im, n, 2, true, &v));
