@@ -1726,6 +1726,93 @@ START_TEST(attention_tensor_cores_tf32)
 }
 END_TEST
 
+/* ---- the attention backward -------------------------------------------------------------- */
+
+/* AttentionGrad over B x 4 query heads on 2 key/value heads, L = 11
+ * queries, S = 13 keys (no tile divides them), head dims 8 (E) and 6
+ * (Ev), scale 0.3, causal, an additive [L, S] mask; Y and the
+ * log-sum-exp are inputs like the rest (random: the op is defined on
+ * whatever it is given, P_ij = exp(s_ij - lse_i), D_i = dY_i . Y_i). */
+#define AG_B 2
+#define AG_H 4
+#define AG_HK 2
+#define AG_L 11
+#define AG_S 13
+#define AG_E 8
+#define AG_EV 6
+#define AG_SCALE 0.3
+
+/* FlashAttention-2's gradients (attention_grad.c's comment) in float64,
+ * straight from the definition: dQ, dK, dV. */
+static void ref_attention_grad(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *dy = in->data[m->g->inputs[0]], *q = in->data[m->g->inputs[1]];
+	const float *kk = in->data[m->g->inputs[2]], *v = in->data[m->g->inputs[3]];
+	const float *y = in->data[m->g->inputs[4]], *lse = in->data[m->g->inputs[5]];
+	const float *mask = in->data[m->g->inputs[6]];
+	int G = AG_H / AG_HK;
+
+	for (int b = 0; b < AG_B; b++)
+		for (int h = 0; h < AG_H; h++)
+			for (int i = 0; i < AG_L; i++) {
+				int64_t qi = ((int64_t)(b * AG_H + h) * AG_L + i);
+				double D = 0;
+
+				for (int e = 0; e < AG_EV; e++)
+					D += (double)dy[qi * AG_EV + e] * y[qi * AG_EV + e];
+				for (int j = 0; j <= i && j < AG_S; j++) {
+					int64_t kj = (int64_t)(b * AG_HK + h / G) * AG_S + j;
+					double s = 0, dp = 0, p, ds;
+
+					for (int e = 0; e < AG_E; e++)
+						s += (double)q[qi * AG_E + e] * kk[kj * AG_E + e];
+					s = AG_SCALE * s + mask[i * AG_S + j];
+					p = exp(s - lse[qi]);
+					for (int e = 0; e < AG_EV; e++) {
+						dp += (double)dy[qi * AG_EV + e] * v[kj * AG_EV + e];
+						want[2][kj * AG_EV + e] += p * dy[qi * AG_EV + e];
+					}
+					ds = p * (dp - D);
+					for (int e = 0; e < AG_E; e++) {
+						want[0][qi * AG_E + e] += AG_SCALE * ds * kk[kj * AG_E + e];
+						want[1][kj * AG_E + e] += AG_SCALE * ds * q[qi * AG_E + e];
+					}
+				}
+			}
+}
+
+/* The host's SIMT kernel, every configuration (threads 32 ... 256: key
+ * and query tiles of that many), against the float64 definition. */
+START_TEST(attention_backward)
+{
+	lcase lc = {"attention_grad_causal_gqa", "attention_grad", {"__syncthreads", "key sweep"}, {"bar.sync"}};
+	ap_graph *g = ap_graph_new("attg");
+	int in[7], out[3], n;
+	case_opts opts = {NULL, false, 0};
+	ap_mgraph *m;
+
+	g_dt = AP_DT_F32;
+	in[0] = tensor(g, "dy", DIMS(AG_B, AG_H, AG_L, AG_EV), AP_TENSOR_INPUT);
+	in[1] = tensor(g, "q", DIMS(AG_B, AG_H, AG_L, AG_E), AP_TENSOR_INPUT);
+	in[2] = tensor(g, "k", DIMS(AG_B, AG_HK, AG_S, AG_E), AP_TENSOR_INPUT);
+	in[3] = tensor(g, "v", DIMS(AG_B, AG_HK, AG_S, AG_EV), AP_TENSOR_INPUT);
+	in[4] = tensor(g, "y", DIMS(AG_B, AG_H, AG_L, AG_EV), AP_TENSOR_INPUT);
+	in[5] = tensor(g, "lse", DIMS(AG_B, AG_H, AG_L), AP_TENSOR_INPUT);
+	in[6] = tensor(g, "mask", DIMS(AG_L, AG_S), AP_TENSOR_INPUT);
+	out[0] = tensor(g, "dq", DIMS(AG_B, AG_H, AG_L, AG_E), AP_TENSOR_VALUE);
+	out[1] = tensor(g, "dk", DIMS(AG_B, AG_HK, AG_S, AG_E), AP_TENSOR_VALUE);
+	out[2] = tensor(g, "dv", DIMS(AG_B, AG_HK, AG_S, AG_EV), AP_TENSOR_VALUE);
+	n = ap_graph_add_node(g, "attention_grad", AP_OP_ATTENTION_GRAD, 7, in, 3, out);
+	ck_assert_int_ge(n, 0);
+	ap_node_set_float(g, n, "scale", AG_SCALE);
+	ap_node_set_int(g, n, "is_causal", 1);
+	for (int i = 0; i < 3; i++)
+		output(g, out[i]);
+	m = whole(g, AP_GROUP_OPAQUE);
+	run_case_with(&lc, g, m, ref_attention_grad, &opts, false);
+}
+END_TEST
+
 /* ---- depthwise and grouped convolutions -------------------------------------------------- */
 
 /* One convolution case: y = Conv(x or relu(x), w, b) with an epilogue
@@ -1974,11 +2061,12 @@ START_TEST(depthwise_f16)
 }
 END_TEST
 
-/* Every emitter of the registry has a case above. *//* Every emitter of the registry has a case above. */
+/* Every emitter of the registry has a case above. */
 START_TEST(registry_covered)
 {
 	static const char *const covered[] = {"stitched", "row_reduce", "column_reduce", "transpose",
-					      "attention", "gemm", "depthwise", "movement", "pointwise"};
+					      "attention", "attention_grad", "gemm", "depthwise", "movement",
+					      "pointwise"};
 	int n;
 	const ap_emitter *const *r = ap_emitters(&n);
 
@@ -2023,6 +2111,7 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, attention_online_softmax);
 	tcase_add_test(tc, attention_tensor_cores);
 	tcase_add_test(tc, attention_tensor_cores_tf32);
+	tcase_add_test(tc, attention_backward);
 	suite_add_tcase(s, tc);
 	/* a product's output concatenated (run alone: CK_RUN_CASE=concat) */
 	tc = tcase_create("concat");
