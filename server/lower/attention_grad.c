@@ -405,7 +405,7 @@ static void key_sweep(agc *c, ap_kir_expr *tile, ap_kir_array *sh)
 			ap_kir_expr *ir = ap_kir_bind(k, v->cur, k->index_type, "ir", ap_kir_add(k, ap_kir_ref(k, i0), c->tid));
 			ap_kir_expr *irc = ap_kir_bind(k, v->cur, k->index_type, "irc",
 						       ap_kir_binary(k, AP_KIR_MIN, ir, ap_kir_idx(k, p->L - 1)));
-			ap_kir_block *ls, *es;
+			ap_kir_block *es;
 			ap_kir_var *e;
 
 			/* the query tile: this thread's row into shared memory */
@@ -421,7 +421,6 @@ static void key_sweep(agc *c, ap_kir_expr *tile, ap_kir_array *sh)
 			ap_kir_store(k, v->cur, sh, ap_kir_addi(k, c->tid, ol), ld(c, p->lse, h, irc, NULL));
 			ap_kir_store(k, v->cur, sh, ap_kir_addi(k, c->tid, oD), delta(c, h, irc));
 			ap_kir_barrier(k, v->cur);
-			(void)ls;
 			rr = ap_v_loop(v, "r", ap_kir_idx(k, 0), ap_kir_idx(k, T), 1, &rs);
 			{
 				ap_kir_expr *i = ap_kir_bind(k, v->cur, k->index_type, "i", ap_kir_add(k, ap_kir_ref(k, i0), ap_kir_ref(k, rr)));
@@ -595,7 +594,7 @@ static int ag_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 	memset(out, 0, sizeof(*out));
 	if (ap__lower_inline_traffic(m, out) < 0)
 		return AP_ENOMEM;
-	if (!analyze(&*m, &p))
+	if (!analyze(m, &p))
 		return 0;
 	pairs = (double)p.nb * (double)p.H * (double)p.L * (double)p.S * (p.causal ? 0.5 : 1.0);
 	out->flops = pairs * 2.0 * (double)(4 * p.E + 3 * p.Ev);

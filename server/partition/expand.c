@@ -243,20 +243,27 @@ static int cast(ex *e, int x, ap_dtype to, int out)
 	return out;
 }
 
-static int transpose2d(ex *e, int x)
+static int transpose_last2(ex *e, int x)
 {
-	int64_t dims[2], perm[2] = {1, 0};
-	int out, n;
+	int64_t dims[AP_MAX_RANK], perm[AP_MAX_RANK];
+	int out, n, r;
 
 	if (e->rc || x < 0)
 		return -1;
-	dims[0] = T(e, x)->dims[1];
-	dims[1] = T(e, x)->dims[0];
-	out = new_tensor(e, "Transpose", T(e, x)->dtype, 2, dims);
+	r = T(e, x)->rank;
+	for (int d = 0; d < r; d++) {
+		perm[d] = d;
+		dims[d] = T(e, x)->dims[d];
+	}
+	perm[r - 2] = r - 1;
+	perm[r - 1] = r - 2;
+	dims[r - 2] = T(e, x)->dims[r - 1];
+	dims[r - 1] = T(e, x)->dims[r - 2];
+	out = new_tensor(e, "Transpose", T(e, x)->dtype, r, dims);
 	n = add_node(e, AP_OP_TRANSPOSE, 1, &x, out);
 	if (n < 0)
 		return -1;
-	if (ap_node_set_ints(e->ng, n, "perm", perm, 2) < 0)
+	if (ap_node_set_ints(e->ng, n, "perm", perm, r) < 0)
 		return fail(e, AP_ENOMEM, "out of memory setting attributes");
 	return out;
 }
@@ -525,9 +532,9 @@ static void expand_gemm(ex *e, const ap_node *node)
 	int in[2], p;
 
 	if (ap_node_int(node, "transA", 0))
-		a = transpose2d(e, a);
+		a = transpose_last2(e, a);
 	if (ap_node_int(node, "transB", 0))
-		b = transpose2d(e, b);
+		b = transpose_last2(e, b);
 	if (e->rc)
 		return;
 	p = (scale || use_c) ? new_tensor(e, "MatMul", dt, 2, T(e, y)->dims) : y;
@@ -545,20 +552,6 @@ static void expand_gemm(ex *e, const ap_node *node)
 }
 
 /* ---- attention ------------------------------------------------------------------ */
-
-/* A node with one output and integer attributes (names[i] = vals[i]). */
-static int node_ints(ex *e, ap_op op, int n_in, const int *in, int out, int n_attr, const char *const *names,
-		     const int64_t *const *vals, const int *counts)
-{
-	int n = add_node(e, op, n_in, in, out);
-
-	if (n < 0)
-		return -1;
-	for (int i = 0; i < n_attr; i++)
-		if (ap_node_set_ints(e->ng, n, names[i], vals[i], counts[i]) < 0)
-			return fail(e, AP_ENOMEM, "out of memory setting attributes");
-	return out;
-}
 
 /* Key or value x [b..., Hk, S, D] read by H query heads: itself when
  * Hk == H, else Reshape [b..., Hk, 1, S, D], Expand [b..., Hk, H/Hk, S, D],
@@ -614,6 +607,18 @@ static int causal_cond(ex *e, int64_t L, int64_t S)
 	return cast(e, tri, AP_DT_BOOL, -1);
 }
 
+/* Where(cond, s, -inf): the scores s where cond holds (BOOL, broadcast
+ * to s), -inf elsewhere. */
+static int masked_out(ex *e, int cond, int s)
+{
+	int w[3] = {cond, s, scalar_const(e, T(e, s)->dtype, -INFINITY)}, o;
+
+	if (e->rc || cond < 0 || s < 0)
+		return -1;
+	o = new_tensor(e, "Where", T(e, s)->dtype, T(e, s)->rank, T(e, s)->dims);
+	return add_node(e, AP_OP_WHERE, 3, w, o) < 0 ? -1 : o;
+}
+
 /* Attention (ops.def): KT = Transpose(K'); S = MatMul(Q, KT) * scale;
  * S = Where(mask, S, -inf) or S + mask; S = Where(causal, S, -inf);
  * softmax as expand_softmax (m, E, l, P); Y = MatMul(P, V');
@@ -628,24 +633,14 @@ static void expand_attention(ex *e, const ap_node *node)
 	int y = out_at(node, 0), lse = out_at(node, 1), r = T(e, q)->rank;
 	ap_dtype dt = T(e, q)->dtype, acc = dt == AP_DT_F16 || dt == AP_DT_BF16 ? AP_DT_F32 : dt;
 	int64_t H = T(e, q)->dims[r - 3], L = T(e, q)->dims[r - 2], S = T(e, k)->dims[r - 2];
-	int64_t perm[AP_MAX_RANK], sd[AP_MAX_RANK], axis = r - 1, *pp = perm;
-	const char *pn = "perm";
-	int cnt = r, kt, s, m, d, ee, l, p, in[2];
+	int64_t sd[AP_MAX_RANK], axis = r - 1;
+	int kt, s, m, d, ee, l, p, in[2];
 
 	k = kv_heads(e, k, H);
 	v = kv_heads(e, v, H);
+	kt = transpose_last2(e, k);
 	if (e->rc)
 		return;
-	for (int i = 0; i < r; i++) {
-		perm[i] = i;
-		sd[i] = T(e, k)->dims[i];
-	}
-	perm[r - 2] = r - 1;
-	perm[r - 1] = r - 2;
-	sd[r - 2] = T(e, k)->dims[r - 1];
-	sd[r - 1] = S;
-	kt = new_tensor(e, "Transpose", dt, r, sd);
-	kt = node_ints(e, AP_OP_TRANSPOSE, 1, &k, kt, 1, &pn, (const int64_t *const *)&pp, &cnt);
 	for (int i = 0; i < r; i++)
 		sd[i] = T(e, q)->dims[i];
 	sd[r - 1] = S;
@@ -655,18 +650,12 @@ static void expand_attention(ex *e, const ap_node *node)
 	if (e->rc || add_node(e, AP_OP_MATMUL, 2, in, s) < 0)
 		return;
 	s = binary(e, AP_OP_MUL, s, scalar_const(e, dt, ap_node_float(node, "scale", 1.0)), -1);
-	if (mask >= 0 && T(e, mask)->dtype == AP_DT_BOOL) {
-		int w[3] = {mask, s, scalar_const(e, dt, -INFINITY)}, o = new_tensor(e, "Where", dt, r, sd);
-
-		s = add_node(e, AP_OP_WHERE, 3, w, o) < 0 ? -1 : o;
-	} else if (mask >= 0) {
+	if (mask >= 0 && T(e, mask)->dtype == AP_DT_BOOL)
+		s = masked_out(e, mask, s);
+	else if (mask >= 0)
 		s = binary(e, AP_OP_ADD, s, mask, -1);
-	}
-	if (ap_node_int(node, "is_causal", 0)) {
-		int w[3] = {causal_cond(e, L, S), s, scalar_const(e, dt, -INFINITY)}, o = new_tensor(e, "Where", dt, r, sd);
-
-		s = add_node(e, AP_OP_WHERE, 3, w, o) < 0 ? -1 : o;
-	}
+	if (ap_node_int(node, "is_causal", 0))
+		s = masked_out(e, causal_cond(e, L, S), s);
 	m = reduce(e, AP_OP_REDUCE_MAX, s, &axis, 1, 1, -1);
 	d = binary(e, AP_OP_SUB, s, m, -1);
 	ee = unary(e, AP_OP_EXP, d, -1);

@@ -616,20 +616,19 @@ def _sdpa_dropout_at(n):
     return (1, 6) if n.target == aten._scaled_dot_product_flash_attention_for_cpu_backward.default else (0, 3)
 
 
-def _sdpa_args(c, n, first, dt):
-    """scale, is_causal and the mask (a tensor of Q's dtype, or None) of a
-    scaled-dot-product attention op whose Q is argument `first`."""
+def _sdpa_args(c, n, dt):
+    """scale, is_causal and the mask (a tensor of Q's dtype, or None) of the
+    forward or backward flash attention op n."""
     args = list(n.args)
-    pd = _sdpa_dropout_at(n)[1]
+    first, pd = _sdpa_dropout_at(n)
     causal = args[pd + 1] if len(args) > pd + 1 else n.kwargs.get("is_causal", False)
-    p = args[pd] if len(args) > pd else n.kwargs.get("dropout_p", 0.0)
     scale = n.kwargs.get("scale")
     e = _static_shape(_val(args[first]))[-1]
     if scale is None:
         scale = 1.0 / math.sqrt(e)
     mask = n.kwargs.get("attn_mask")
     mt = c.t(mask, dt) if mask is not None else None
-    return float(scale), int(bool(causal)), mt, p
+    return float(scale), int(bool(causal)), mt
 
 
 def _sdpa(c, n):
@@ -639,7 +638,7 @@ def _sdpa(c, n):
     probabilities)."""
     vals = _val(n)
     dt = apollo_dtype(vals[0].dtype)
-    scale, causal, mask, _ = _sdpa_args(c, n, 0, dt)
+    scale, causal, mask = _sdpa_args(c, n, dt)
     ins = [c.t(n.args[i], dt) for i in range(3)] + ([mask] if mask is not None else [])
     y, lse = c.g.node("Attention", ins, {"scale": scale, "is_causal": causal}, n_outputs=2)
     return (y, c.cast(lse, apollo_dtype(vals[1].dtype)))
@@ -651,7 +650,7 @@ def _sdpa_backward(c, n):
     kernel recomputing P from Q, K and the log-sum-exp)."""
     vals = _val(n)
     dt = apollo_dtype(vals[0].dtype)
-    scale, causal, mask, _ = _sdpa_args(c, n, 1, dt)
+    scale, causal, mask = _sdpa_args(c, n, dt)
     ins = [c.t(n.args[i], dt) for i in range(5)]
     acc = G.FLOAT32 if dt in (G.FLOAT16, G.BFLOAT16) else dt
     ins.append(c.t(n.args[5], acc))
