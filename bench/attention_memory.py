@@ -16,8 +16,10 @@ the tensors' sizes (the host has no device allocator to ask): with the
 flash kernel (Q, K, V, Y, the float32 log-sum-exp saved; the backward's
 gradients) and with the math kernel (which also saves the B x H x S x S
 probabilities).  Also printed: the forward's and the backward's launch
-counts, and the growth of Apollo's training-step peak from one length to
-the next (2.0 = linear in S; the quadratic math kernel gives 4.0).
+counts, the growth of Apollo's training-step peak from one length to
+the next (2.0 = linear in S; the quadratic math kernel gives 4.0), and
+for an sm_XX target whether the forward's and the backward's PTX
+(compute_XX) use the tensor cores (mma.sync).
 Needs apollod; not part of make check (seconds per length on 2 cores).
 """
 import argparse
@@ -78,6 +80,14 @@ def main():
         print("%6d %9d %9d %13d %13d %13d %13d %7s" % (S, bf.n_launches, bb.n_launches, bf.peak_bytes,
                                                         bb.peak_bytes, flash, math_, growth))
     print("bytes; fwd/bwd: launches; growth: Apollo's step peak (the larger bundle) over the previous length's")
+    if a.target.startswith("sm_"):
+        # the same two graphs as PTX (target compute_XX), at the first length: is each on tensor cores?
+        S = int(a.seqs.split(",")[0])
+        ptx = "compute_" + a.target[3:]
+        f, b = graphs(B, H, S, E, dt)
+        has = ["mma.sync" if b"mma.sync.aligned" in c.submit(g, target=ptx).pack() else "no mma.sync"
+               for g in (f, b)]
+        print("PTX (%s, S = %d): forward %s, backward %s" % (ptx, S, has[0], has[1]))
 
 
 if __name__ == "__main__":

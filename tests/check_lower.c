@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "client/hostcheck.h"
 #include "server/backend/backend.h"
 #include "server/kir/kir.h"
 #include "server/lower/lower.h"
@@ -186,6 +187,17 @@ static uint16_t *to_half(ap_dtype t, const float *x, int64_t n)
 	return h;
 }
 
+typedef struct case_opts {
+	const char *target;              /* "cpu" when NULL: the target of every configuration */
+	bool allow_tf32;
+	double rtol;                     /* 1e-4 when 0 */
+	bool host_check;                 /* run in the checking mode (client/hostcheck.c): a race, a
+					    read before its cp.async arrived, an access out of bounds
+					    fails the case */
+} case_opts;
+
+static const case_opts *g_opts;      /* set around run_case_opts */
+
 /* Runs kernel k (entry f) over all its blocks, split into two ranges;
  * returns the outputs (malloc'd, in m->g->outputs order) as floats.
  * float16 buffers are converted on the way in and out. */
@@ -194,6 +206,7 @@ static float **run(host_fn f, const ap_kir_kernel *k, const ap_mgraph *m, const 
 	void **args = calloc((size_t)k->n_params + 1, sizeof(void *));
 	float **outs = calloc((size_t)m->g->n_outputs + 1, sizeof(float *));
 	uint16_t **halves = calloc((size_t)k->n_params + 1, sizeof(uint16_t *));
+	unsigned long long *ext = calloc((size_t)k->n_params + 1, sizeof(*ext));
 	unsigned blocks = k->grid[0] * k->grid[1] * k->grid[2];
 
 	for (int i = 0; i < m->g->n_outputs; i++) {
@@ -216,14 +229,25 @@ static float **run(host_fn f, const ap_kir_kernel *k, const ap_mgraph *m, const 
 			args[arr->param] = in->data[arr->tensor];
 		}
 		ck_assert_ptr_nonnull(args[arr->param]);
+		ext[arr->param] = (unsigned long long)ap_tensor_numel(&m->g->tensors[arr->tensor]) *
+				  (is_half(m->g->tensors[arr->tensor].dtype) ? 2 : sizeof(float));
 		if (is_half(m->g->tensors[arr->tensor].dtype)) {
 			halves[arr->param] = to_half(m->g->tensors[arr->tensor].dtype, args[arr->param],
 						     ap_tensor_numel(&m->g->tensors[arr->tensor]));
 			args[arr->param] = halves[arr->param];
 		}
 	}
+	if (g_opts && g_opts->host_check)
+		ap_hostcheck_begin(ext, k->n_params);
 	f(args, 0, blocks / 2);
 	f(args, blocks / 2, blocks);
+	if (g_opts && g_opts->host_check) {
+		char msg[1024];
+		unsigned n = ap_hostcheck_end(msg, sizeof(msg));
+
+		ck_assert_msg(n == 0, "%s: the checking mode found %u: %s", k->name, n, msg);
+	}
+	free(ext);
 	for (int a = 0; a < k->n_arrays; a++) {
 		const ap_kir_array *arr = k->arrays[a];
 
@@ -360,14 +384,6 @@ static int next_config(const ap_space *sp, int *idx)
 	}
 	return 0;
 }
-
-typedef struct case_opts {
-	const char *target;              /* "cpu" when NULL: the target of every configuration */
-	bool allow_tf32;
-	double rtol;                     /* 1e-4 when 0 */
-} case_opts;
-
-static const case_opts *g_opts;      /* set around run_case_opts */
 
 /* The bytes of a shared object -> loaded (dlopen); frees so. */
 static void *so_load(uint8_t *so, size_t so_len)
@@ -552,7 +568,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 			n_refused++;
 			continue;
 		}
-		text = ap_kir_print(k, AP_KIR_HOST, &err);
+		text = ap_kir_print(k, g_opts && g_opts->host_check ? AP_KIR_HOST_CHECK : AP_KIR_HOST, &err);
 		ck_assert_msg(text != NULL, "%s: host print: %s", lc->name, err.msg);
 		if (!ap_sweep_take(&sw, &sp, idx, is_default)) {
 			free(text);
@@ -582,6 +598,12 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 		float **outs;
 
 		ck_assert_msg(f != NULL, "no symbol %s", ks[c]->name);
+		if (g_opts && g_opts->host_check) {
+			const ap_hcheck_ops **rt = dlsym(h[in_chunk[c]], "ap_check_rt");
+
+			ck_assert_ptr_nonnull(rt);
+			*rt = ap_hostcheck_ops();
+		}
 		outs = run(f, ks[c], m, &in);
 		for (int i = 0; i < m->g->n_outputs; i++) {
 			char what[96];
@@ -1052,7 +1074,7 @@ static void run_convert_case(const convert_case *c)
 	int x = tensor(g, "x", DIMS(2, c->M, c->K), AP_TENSOR_INPUT), w = tensor(g, "w", DIMS(24, c->K), AP_TENSOR_INPUT);
 	int cx, cw, wt, y, n;
 	lcase lc = {c->name, "gemm", {"converted into the tile", "cp.async"}, {"cp.async.ca.shared.global"}};
-	case_opts o = {c->target, false, c->dt == AP_DT_F16 ? 4e-3 : 2e-2};
+	case_opts o = {c->target, false, c->dt == AP_DT_F16 ? 4e-3 : 2e-2, false};
 	ap_mgraph *m;
 
 	if (c->K % 4 == 0)
@@ -1104,7 +1126,7 @@ static void run_staged_prologue(const char *name, const char *target)
 	ap_graph *g = ap_graph_new("gemm_prologue");
 	int x, w, half, one, xs, xa, wa, wt, y, n;
 	lcase lc = {name, "gemm", {"computed into the tile", "cp.async"}, {"cp.async.ca.shared.global"}};
-	case_opts o = {target, false, 4e-3};
+	case_opts o = {target, false, 4e-3, false};
 
 	g_dt = AP_DT_F16;
 	x = tensor(g, "x", DIMS(2, 9, 20), AP_TENSOR_INPUT);
@@ -1154,7 +1176,7 @@ static void run_register_prologue(const char *name, const char *target, ap_dtype
 	int x, cv, w, xa, y;
 	lcase lc = {name, "gemm", {"through registers (computed on the way)"},
 		    {dt == AP_DT_F16 ? "mma.sync.aligned.m16n8k16" : "ld.shared.f32"}};
-	case_opts o = {target, false, dt == AP_DT_F16 ? 4e-3 : 1e-4};
+	case_opts o = {target, false, dt == AP_DT_F16 ? 4e-3 : 1e-4, false};
 
 	g_dt = dt;
 	x = tensor(g, "x", DIMS(12, 20), AP_TENSOR_INPUT);
@@ -1371,7 +1393,7 @@ START_TEST(gemm_splitk)
 	int mm = tensor(g, "mm", DIMS(24, 20), AP_TENSOR_VALUE), y = tensor(g, "y", DIMS(24, 20), AP_TENSOR_VALUE);
 	lcase lc = {"gemm_splitk", "gemm", {"mma.sync.aligned.m16n8k8", "ldmatrix.sync.aligned", NULL},
 		    {"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "cp.async", NULL}};
-	case_opts o = {"sm_90", true, 1e-4};
+	case_opts o = {"sm_90", true, 1e-4, false};
 	ap_mgraph *m;
 	ap_target_info ti;
 	ap_space sp;
@@ -1439,7 +1461,7 @@ START_TEST(gemm_tf32)
 	lcase lc = {"gemm_tf32", "gemm", {"mma.sync.aligned.m16n8k8", "ldmatrix.sync.aligned", "cvt.rna.tf32.f32"},
 		    {"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "ldmatrix.sync.aligned", "cp.async"}};
 	ap_mgraph *m = whole(g, AP_GROUP_MATMUL);
-	case_opts o = {"sm_80", true, 1e-4};
+	case_opts o = {"sm_80", true, 1e-4, false};
 
 	g_tf32 = true;
 	g_opts = &o;
@@ -1633,7 +1655,7 @@ static void run_attention_case(const att_case *c, const lcase *lc)
 	ap_graph *g = ap_graph_new("att");
 	int64_t B = c->B, H = c->H, Nq = c->Nq, Nk = c->Nk, D = c->D, Dv = c->Dv;
 	int q, kk, v, mask, four, kt, y1, sc, s2, mx, d, e, l, pr, o, ot, n;
-	case_opts opts = {c->target, c->dt == AP_DT_F32 && c->target != NULL, c->rtol};   /* float32 on a GPU: TF32 */
+	case_opts opts = {c->target, c->dt == AP_DT_F32 && c->target != NULL, c->rtol, c->target != NULL};   /* float32 on a GPU: TF32; checked */
 	ap_mgraph *m;
 
 	g_dt = c->dt;
@@ -1728,88 +1750,176 @@ END_TEST
 
 /* ---- the attention backward -------------------------------------------------------------- */
 
-/* AttentionGrad over B x 4 query heads on 2 key/value heads, L = 11
- * queries, S = 13 keys (no tile divides them), head dims 8 (E) and 6
- * (Ev), scale 0.3, causal, an additive [L, S] mask; Y and the
- * log-sum-exp are inputs like the rest (random: the op is defined on
- * whatever it is given, P_ij = exp(s_ij - lse_i), D_i = dY_i . Y_i). */
-#define AG_B 2
-#define AG_H 4
-#define AG_HK 2
-#define AG_L 11
-#define AG_S 13
-#define AG_E 8
-#define AG_EV 6
-#define AG_SCALE 0.3
+/* An AttentionGrad case: B x H query heads on Hk key/value heads, L
+ * queries, S keys, head dims E and Ev, `scale`, causal or not, an
+ * additive [L, S] mask or none; Y and the log-sum-exp are inputs like the
+ * rest (ag_fill makes them the forward's), P_ij = exp(s_ij - lse_i),
+ * D_i = dY_i . Y_i. */
+typedef struct ag_case {
+	const char *name;
+	ap_dtype dt;
+	int B, H, Hk, L, S, E, Ev;
+	double scale;
+	bool causal, mask;
+	const char *target;              /* configurations run for it (host-emulated); NULL: cpu */
+	double rtol;
+} ag_case;
+
+static const ag_case *g_agc;
 
 /* FlashAttention-2's gradients (attention_grad.c's comment) in float64,
  * straight from the definition: dQ, dK, dV. */
 static void ref_attention_grad(const ap_mgraph *m, const buffers *in, double **want)
 {
+	const ag_case *c = g_agc;
 	const float *dy = in->data[m->g->inputs[0]], *q = in->data[m->g->inputs[1]];
 	const float *kk = in->data[m->g->inputs[2]], *v = in->data[m->g->inputs[3]];
 	const float *y = in->data[m->g->inputs[4]], *lse = in->data[m->g->inputs[5]];
-	const float *mask = in->data[m->g->inputs[6]];
-	int G = AG_H / AG_HK;
+	const float *mask = c->mask ? in->data[m->g->inputs[6]] : NULL;
+	int G = c->H / c->Hk;
 
-	for (int b = 0; b < AG_B; b++)
-		for (int h = 0; h < AG_H; h++)
-			for (int i = 0; i < AG_L; i++) {
-				int64_t qi = ((int64_t)(b * AG_H + h) * AG_L + i);
+	for (int b = 0; b < c->B; b++)
+		for (int h = 0; h < c->H; h++)
+			for (int i = 0; i < c->L; i++) {
+				int64_t qi = ((int64_t)(b * c->H + h) * c->L + i);
 				double D = 0;
 
-				for (int e = 0; e < AG_EV; e++)
-					D += (double)dy[qi * AG_EV + e] * y[qi * AG_EV + e];
-				for (int j = 0; j <= i && j < AG_S; j++) {
-					int64_t kj = (int64_t)(b * AG_HK + h / G) * AG_S + j;
+				for (int e = 0; e < c->Ev; e++)
+					D += (double)dy[qi * c->Ev + e] * y[qi * c->Ev + e];
+				for (int j = 0; j < c->S && (!c->causal || j <= i); j++) {
+					int64_t kj = (int64_t)(b * c->Hk + h / G) * c->S + j;
 					double s = 0, dp = 0, p, ds;
 
-					for (int e = 0; e < AG_E; e++)
-						s += (double)q[qi * AG_E + e] * kk[kj * AG_E + e];
-					s = AG_SCALE * s + mask[i * AG_S + j];
+					for (int e = 0; e < c->E; e++)
+						s += (double)q[qi * c->E + e] * kk[kj * c->E + e];
+					s = c->scale * s + (mask ? mask[i * c->S + j] : 0.0);
 					p = exp(s - lse[qi]);
-					for (int e = 0; e < AG_EV; e++) {
-						dp += (double)dy[qi * AG_EV + e] * v[kj * AG_EV + e];
-						want[2][kj * AG_EV + e] += p * dy[qi * AG_EV + e];
+					for (int e = 0; e < c->Ev; e++) {
+						dp += (double)dy[qi * c->Ev + e] * v[kj * c->Ev + e];
+						want[2][kj * c->Ev + e] += p * dy[qi * c->Ev + e];
 					}
 					ds = p * (dp - D);
-					for (int e = 0; e < AG_E; e++) {
-						want[0][qi * AG_E + e] += AG_SCALE * ds * kk[kj * AG_E + e];
-						want[1][kj * AG_E + e] += AG_SCALE * ds * q[qi * AG_E + e];
+					for (int e = 0; e < c->E; e++) {
+						want[0][qi * c->E + e] += c->scale * ds * kk[kj * c->E + e];
+						want[1][kj * c->E + e] += c->scale * ds * q[qi * c->E + e];
 					}
 				}
 			}
 }
 
-/* The host's SIMT kernel, every configuration (threads 32 ... 256: key
- * and query tiles of that many), against the float64 definition. */
-START_TEST(attention_backward)
+/* The forward's saved state for the case's random Q, K, V and mask: the
+ * log-sum-exp of each row's scores and Y = P V (rounded to the operand
+ * type), so that P <= 1 as in training (random ones would overflow
+ * float16's P and dS). */
+static void ag_fill(const ap_mgraph *m, buffers *in)
 {
-	lcase lc = {"attention_grad_causal_gqa", "attention_grad", {"__syncthreads", "key sweep"}, {"bar.sync"}};
+	const ag_case *c = g_agc;
+	const float *q = in->data[m->g->inputs[1]], *kk = in->data[m->g->inputs[2]];
+	const float *v = in->data[m->g->inputs[3]], *mask = c->mask ? in->data[m->g->inputs[6]] : NULL;
+	float *y = in->data[m->g->inputs[4]], *lse = in->data[m->g->inputs[5]];
+	double *s = malloc((size_t)c->S * sizeof(double));
+	int G = c->H / c->Hk;
+
+	for (int b = 0; b < c->B; b++)
+		for (int h = 0; h < c->H; h++)
+			for (int i = 0; i < c->L; i++) {
+				int64_t qi = ((int64_t)(b * c->H + h) * c->L + i);
+				int n = c->causal ? (i + 1 < c->S ? i + 1 : c->S) : c->S;
+				double mx = -INFINITY, sum = 0, l;
+
+				for (int j = 0; j < n; j++) {
+					int64_t kj = (int64_t)(b * c->Hk + h / G) * c->S + j;
+
+					s[j] = 0;
+					for (int e = 0; e < c->E; e++)
+						s[j] += (double)q[qi * c->E + e] * kk[kj * c->E + e];
+					s[j] = c->scale * s[j] + (mask ? mask[i * c->S + j] : 0.0);
+					mx = s[j] > mx ? s[j] : mx;
+				}
+				for (int j = 0; j < n; j++)
+					sum += exp(s[j] - mx);
+				l = mx + log(sum);
+				lse[qi] = (float)l;
+				for (int e = 0; e < c->Ev; e++) {
+					double o = 0;
+
+					for (int j = 0; j < n; j++)
+						o += exp(s[j] - (double)lse[qi]) * v[((int64_t)(b * c->Hk + h / G) * c->S + j) * c->Ev + e];
+					y[qi * c->Ev + e] = is_half(c->dt) ? (float)half_round(c->dt, (float)o) : (float)o;
+				}
+			}
+	free(s);
+}
+
+static void run_attention_grad_case(const ag_case *c, const lcase *lc)
+{
 	ap_graph *g = ap_graph_new("attg");
-	int in[7], out[3], n;
-	case_opts opts = {NULL, false, 0};
+	int in[7], out[3], n, n_in = c->mask ? 7 : 6;
+	case_opts opts = {c->target, false, c->rtol, c->target != NULL};
 	ap_mgraph *m;
 
+	g_dt = c->dt;
+	in[0] = tensor(g, "dy", DIMS(c->B, c->H, c->L, c->Ev), AP_TENSOR_INPUT);
+	in[1] = tensor(g, "q", DIMS(c->B, c->H, c->L, c->E), AP_TENSOR_INPUT);
+	in[2] = tensor(g, "k", DIMS(c->B, c->Hk, c->S, c->E), AP_TENSOR_INPUT);
+	in[3] = tensor(g, "v", DIMS(c->B, c->Hk, c->S, c->Ev), AP_TENSOR_INPUT);
+	in[4] = tensor(g, "y", DIMS(c->B, c->H, c->L, c->Ev), AP_TENSOR_INPUT);
+	g_dt = AP_DT_F32;       /* the log-sum-exp: the accumulation type */
+	in[5] = tensor(g, "lse", DIMS(c->B, c->H, c->L), AP_TENSOR_INPUT);
+	g_dt = c->dt;
+	if (c->mask)
+		in[6] = tensor(g, "mask", DIMS(c->L, c->S), AP_TENSOR_INPUT);
+	out[0] = tensor(g, "dq", DIMS(c->B, c->H, c->L, c->E), AP_TENSOR_VALUE);
+	out[1] = tensor(g, "dk", DIMS(c->B, c->Hk, c->S, c->E), AP_TENSOR_VALUE);
+	out[2] = tensor(g, "dv", DIMS(c->B, c->Hk, c->S, c->Ev), AP_TENSOR_VALUE);
 	g_dt = AP_DT_F32;
-	in[0] = tensor(g, "dy", DIMS(AG_B, AG_H, AG_L, AG_EV), AP_TENSOR_INPUT);
-	in[1] = tensor(g, "q", DIMS(AG_B, AG_H, AG_L, AG_E), AP_TENSOR_INPUT);
-	in[2] = tensor(g, "k", DIMS(AG_B, AG_HK, AG_S, AG_E), AP_TENSOR_INPUT);
-	in[3] = tensor(g, "v", DIMS(AG_B, AG_HK, AG_S, AG_EV), AP_TENSOR_INPUT);
-	in[4] = tensor(g, "y", DIMS(AG_B, AG_H, AG_L, AG_EV), AP_TENSOR_INPUT);
-	in[5] = tensor(g, "lse", DIMS(AG_B, AG_H, AG_L), AP_TENSOR_INPUT);
-	in[6] = tensor(g, "mask", DIMS(AG_L, AG_S), AP_TENSOR_INPUT);
-	out[0] = tensor(g, "dq", DIMS(AG_B, AG_H, AG_L, AG_E), AP_TENSOR_VALUE);
-	out[1] = tensor(g, "dk", DIMS(AG_B, AG_HK, AG_S, AG_E), AP_TENSOR_VALUE);
-	out[2] = tensor(g, "dv", DIMS(AG_B, AG_HK, AG_S, AG_EV), AP_TENSOR_VALUE);
-	n = ap_graph_add_node(g, "attention_grad", AP_OP_ATTENTION_GRAD, 7, in, 3, out);
+	n = ap_graph_add_node(g, "attention_grad", AP_OP_ATTENTION_GRAD, n_in, in, 3, out);
 	ck_assert_int_ge(n, 0);
-	ap_node_set_float(g, n, "scale", AG_SCALE);
-	ap_node_set_int(g, n, "is_causal", 1);
+	ap_node_set_float(g, n, "scale", c->scale);
+	ap_node_set_int(g, n, "is_causal", c->causal);
 	for (int i = 0; i < 3; i++)
 		output(g, out[i]);
 	m = whole(g, AP_GROUP_OPAQUE);
-	run_case_with(&lc, g, m, ref_attention_grad, &opts, false);
+	g_agc = c;
+	g_fill = ag_fill;
+	run_case_with(lc, g, m, ref_attention_grad, &opts, c->target != NULL);
+	g_fill = NULL;
+}
+
+/* The host's SIMT kernel, every configuration (threads 32 ... 256: key
+ * and query tiles of that many), against the float64 definition: 4 query
+ * heads on 2, L 11 and S 13 (no tile divides them), head dims 8 and 6,
+ * scale 0.3, causal, an additive mask. */
+START_TEST(attention_backward)
+{
+	static const ag_case c = {"attention_grad_causal_gqa", AP_DT_F32, 2, 4, 2, 11, 13, 8, 6, 0.3, true, true, NULL, 0};
+	lcase lc = {c.name, "attention_grad", {"__syncthreads", "key sweep"}, {"bar.sync"}};
+
+	run_attention_grad_case(&c, &lc);
+}
+END_TEST
+
+/* float16 and bfloat16 on sm_90: the tensor-core form (mma.sync,
+ * ldmatrix, cp.async), every configuration run on the host through the
+ * emulated instructions in the checking mode (a race, a read of bytes a
+ * cp.async has not delivered or out of bounds fails).  float16: 4 query heads on 2, L 37 and S 45
+ * (no tile divides them), head dims 24 (cp.async of 16 bytes, padded to
+ * 32) and 20 (8 bytes), causal with an additive mask; bfloat16: one head
+ * each, L 50 > S 21, head dims 16 and 7 (V and dY staged through
+ * registers: one stage), no mask.  Tolerances: P and dS
+ * are rounded to the operand type before their products (as
+ * FlashAttention-2 does), so about ten of its epsilons: 1e-2 for
+ * float16, 6e-2 for bfloat16. */
+START_TEST(attention_backward_tensor_cores)
+{
+	static const ag_case f16 = {"attention_grad_tc_f16", AP_DT_F16, 2, 4, 2, 37, 45, 24, 20, 0.3, true, true, "sm_90", 4e-3};
+	static const ag_case bf16 = {"attention_grad_tc_bf16", AP_DT_BF16, 1, 2, 2, 50, 21, 16, 7, 0.25, false, false, "sm_90", 2e-2};
+	lcase l1 = {f16.name, "attention_grad", {"mma.sync", "ldmatrix", "cp.async"},
+		    {"mma.sync.aligned.m16n8k16.row.col.f32.f16", "ldmatrix.sync.aligned.m8n8.x2.trans", "cp.async"}};
+	lcase l2 = {bf16.name, "attention_grad", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16.row.col.f32.bf16"}};
+
+	run_attention_grad_case(&f16, &l1);
+	run_attention_grad_case(&bf16, &l2);
 }
 END_TEST
 
@@ -1998,7 +2108,7 @@ static void run_conv_case(const conv_case *c)
 {
 	ap_graph *g = conv_graph(c);
 	lcase lc = {c->name, "depthwise", {"__syncthreads", "__shared__"}, {"ld.shared", "bar.sync"}};
-	case_opts o = {NULL, false, c->dt == AP_DT_F16 ? 4e-3 : 1e-4};
+	case_opts o = {NULL, false, c->dt == AP_DT_F16 ? 4e-3 : 1e-4, false};
 	ap_mgraph *m = whole(g, AP_GROUP_CONV);
 
 	g_cc = c;
@@ -2112,6 +2222,7 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, attention_tensor_cores);
 	tcase_add_test(tc, attention_tensor_cores_tf32);
 	tcase_add_test(tc, attention_backward);
+	tcase_add_test(tc, attention_backward_tensor_cores);
 	suite_add_tcase(s, tc);
 	/* a product's output concatenated (run alone: CK_RUN_CASE=concat) */
 	tc = tcase_create("concat");

@@ -97,33 +97,6 @@ static bool last_axis_kept(const ap_graph *g, int node)
 	return ax && ax->n_ints == 1 && ax->ints[0] == x->rank - 1 && ap_node_int(n, "keepdims", 1) == 1;
 }
 
-/* Elements per cp.async (16, 8 or 4 bytes: 8, 4 or 2 16-bit elements, 4,
- * 2 or 1 float32 ones) for
- * operand x of the tensor-core form, copied along its head dim (the last
- * dim; with `trans`, K^T's second last) into shared rows: x must be a
- * strided view of a buffer (*sv, *leaf) whose head dim is one factor of
- * stride 1, every other stride and the view's offset multiples of the
- * width, so that each copy is aligned.  0 when not. */
-static int async_width(const ap_graph *g, int x, bool trans, ap_sview *sv, int *leaf)
-{
-	const ap_tensor *t = &g->tensors[x];
-	int cd = t->rank - (trans ? 2 : 1), w, es = (int)ap_dtype_size(t->dtype);
-	int64_t st;
-
-	if (!ap_sview_of(g, x, sv, leaf) || sv->rank != t->rank || g->tensors[*leaf].kind == AP_TENSOR_CONST ||
-	    g->tensors[*leaf].dtype != t->dtype || !ap_sview_stride(sv, cd, &st) || st != 1)
-		return 0;
-	for (w = 16 / es; w * es >= 4; w /= 2) {
-		bool ok = t->dims[cd] % w == 0 && sv->off % w == 0;
-
-		for (int f = 0; f < sv->nf && ok; f++)
-			ok = f == sv->first[cd] || sv->fs[f] % w == 0;
-		if (ok)
-			return w;
-	}
-	return 0;
-}
-
 /* The two products: mm2 reads the probabilities (a Div's output), mm1
  * makes Y1 = Q K^T; their operands and outputs into p.  0 with *why when
  * there are not two products or none reads probabilities. */
@@ -243,7 +216,7 @@ static int check_shapes(const ap_graph *g, const ap_target_info *t, att_plan *p,
 		return 0;
 	}
 	for (int r = 0; p->tc && r < 3; r++)
-		p->aw[r] = async_width(g, r == 0 ? p->q : r == 1 ? p->kt : p->v, r == 1, &p->sv[r], &p->leaf[r]);
+		p->aw[r] = ap_sview_copy_width(g, r == 0 ? p->q : r == 1 ? p->kt : p->v, r == 1, &p->sv[r], &p->leaf[r]);
 	if (p->tc && (p->D > TC_HEAD_MAX || p->Dv > TC_HEAD_MAX)) {
 		snprintf(why, cap, "head dims %lld and %lld: the tensor-core form holds at most %d in registers",
 			 (long long)p->D, (long long)p->Dv, TC_HEAD_MAX);

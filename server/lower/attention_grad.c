@@ -28,10 +28,12 @@
  *
  * Everything is computed in the accumulation type (float32 for 16-bit
  * operands, the operands' type otherwise); the host runs the same kernel
- * (barriers emulated).  This is the SIMT form: no tensor cores yet.
- *
- * Knob: "threads" (keys of a key block, rows of a query block, and the
- * tile each stages).
+ * (barriers emulated).  That is the SIMT form (knob "threads": keys of a
+ * key block, rows of a query block, and the tile each stages), for
+ * float32 and float64, for every dtype on the host and before sm_80.
+ * float16 and bfloat16 on sm_80 and later take the tensor-core form (the
+ * comment above tc_sweep; knobs "warps" and "tile"): the same two sweeps
+ * with 16 held rows a warp on mma.sync, ldmatrix and cp.async.
  */
 #include "emitters.h"
 
@@ -51,7 +53,21 @@ typedef struct ag_plan {
 	double scale;
 	bool causal;
 	ap_dtype t, acc;
+	/* the tensor-core form (16-bit operands on sm_80 and later, head dims
+	 * up to TC_HEAD_MAX): its mma.sync kind and, per operand Q, K, V, dY
+	 * (AG_Q ...), the cp.async width (0: staged through registers) with
+	 * the operand as a view of its buffer */
+	bool tc;
+	ap_kir_mma_kind mma;
+	int aw[4], leaf[4];
+	ap_sview sv[4];
 } ag_plan;
+
+enum { AG_Q, AG_K, AG_V, AG_DY };
+
+#define TC_HEAD_MAX 128             /* tensor cores: the longest head dim (fragments in registers) */
+#define TC_PAD 8                    /* elements padding a shared row (16 bytes: ldmatrix's eight
+				       rows fall in distinct banks) */
 
 static bool written(const ap_graph *g, int x)
 {
@@ -61,9 +77,10 @@ static bool written(const ap_graph *g, int x)
 	return false;
 }
 
-/* m as one AttentionGrad node (its group: an opaque op alone).  1 with p
- * filled, 0 when not. */
-static int analyze(const ap_mgraph *m, ag_plan *p)
+/* m as one AttentionGrad node (its group: an opaque op alone), and the
+ * form target t takes (t NULL: the SIMT form).  1 with p filled, 0 when
+ * not. */
+static int analyze(const ap_mgraph *m, const ap_target_info *t, ag_plan *p)
 {
 	const ap_graph *g = m->g;
 	const ap_node *n;
@@ -114,6 +131,16 @@ static int analyze(const ap_mgraph *m, ag_plan *p)
 	p->causal = ap_node_int(n, "is_causal", 0) != 0;
 	p->t = q->dtype;
 	p->acc = ap_acc_type(p->t);
+	p->tc = t && t->gpu && t->arch >= 80 && (p->t == AP_DT_F16 || p->t == AP_DT_BF16) &&
+		k->dtype == p->t && v->dtype == p->t && g->tensors[p->dy].dtype == p->t &&
+		p->E <= TC_HEAD_MAX && p->Ev <= TC_HEAD_MAX;
+	if (p->tc) {
+		const int ops[4] = {p->q, p->k, p->v, p->dy};
+
+		p->mma = p->t == AP_DT_BF16 ? AP_KIR_MMA_BF16_16816 : AP_KIR_MMA_F16_16816;
+		for (int i = 0; i < 4; i++)
+			p->aw[i] = ap_sview_copy_width(g, ops[i], false, &p->sv[i], &p->leaf[i]);
+	}
 	/* the rows live in registers, their loops unrolled: head dims up to
 	 * HEAD_MAX (longer ones get no kernel: AttentionGrad is unsupported) */
 	return p->L > 0 && p->S > 0 && p->E > 0 && p->Ev > 0 && p->nb > 0 && p->E <= HEAD_MAX &&
@@ -124,8 +151,7 @@ static int ag_match(const ap_mgraph *m, const ap_target_info *t)
 {
 	ag_plan p;
 
-	(void)t;
-	return analyze(m, &p);
+	return analyze(m, t, &p);
 }
 
 /* Shared bytes of a block of T threads: the larger of the key sweep's
@@ -138,10 +164,60 @@ static size_t ag_smem(const ag_plan *p, int T)
 	return (size_t)(a > b ? a : b) * ap_dtype_size(p->acc);
 }
 
+/* Tensor-core tiles: head dims padded to 16 (the k step of m16n8k16 and
+ * two n8 tiles), shared rows padded by TC_PAD, the held rows' staging
+ * row as long as the longer of the two. */
+static int64_t tc_pad16(int64_t d)
+{
+	return (d + 15) / 16 * 16;
+}
+
+/* Stages of the streamed tiles: two (the next tile's copies in flight
+ * during this one's products) when all four operands go by cp.async. */
+static int tc_stages(const ag_plan *p)
+{
+	return p->aw[AG_Q] && p->aw[AG_K] && p->aw[AG_V] && p->aw[AG_DY] ? 2 : 1;
+}
+
+/* Shared bytes of W warps (16 held rows each) and streamed tiles of BT
+ * rows: the held rows' staging tile, NST stages of the two streamed
+ * operands, and the key sweep's per-query statistics (float32). */
+static size_t tc_smem(const ag_plan *p, int W, int BT)
+{
+	int64_t ld1 = tc_pad16(p->E) + TC_PAD, ld2 = tc_pad16(p->Ev) + TC_PAD, ldh = ld1 > ld2 ? ld1 : ld2;
+	int nst = tc_stages(p);
+
+	return (size_t)(16 * W * ldh + nst * BT * (ld1 + ld2)) * ap_dtype_size(p->t) + (size_t)nst * 2 * BT * 4;
+}
+
+static bool tc_fits(const ag_plan *p, const ap_target_info *t, int W, int BT)
+{
+	return W >= 1 && (unsigned)W * 32u <= ap_block_cap(t) && BT >= 16 && BT % 16 == 0 &&
+	       tc_smem(p, W, BT) <= t->shared_per_block;
+}
+
+/* Rows a block holds: threads (SIMT) or 16 a warp (tensor cores). */
+static int held_rows(const ag_plan *p, const ap_sched *s)
+{
+	return p->tc ? 16 * s->v[0] : s->v[0];
+}
+
+/* SIMT: "threads".  Tensor cores: "warps" (16 held keys or query rows
+ * each) and "tile" (rows of the streamed tiles). */
 static int ag_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 {
-	(void)m;
+	ag_plan p;
+	bool tc = analyze(m, t, &p) && p.tc;
+
 	sp->n = 1;
+	if (tc) {
+		ap_knob_pow2(&sp->knobs[0], "warps", 1, 8);
+		while (sp->knobs[0].n > 1 && (unsigned)sp->knobs[0].values[sp->knobs[0].n - 1] * 32u > ap_block_cap(t))
+			sp->knobs[0].n--;
+		sp->n = 2;
+		ap_knob_pow2(&sp->knobs[1], "tile", 16, 64);
+		return 0;
+	}
 	ap_knob_pow2(&sp->knobs[0], "threads", 32, 256);
 	while (sp->knobs[0].n > 1 && (unsigned)sp->knobs[0].values[sp->knobs[0].n - 1] > ap_block_cap(t))
 		sp->knobs[0].n--;
@@ -152,22 +228,44 @@ static int ag_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info 
 {
 	ag_plan p;
 
-	if (!analyze(m, &p))
+	if (!analyze(m, t, &p))
 		return 0;
+	if (p.tc)
+		return tc_fits(&p, t, s->v[0], s->v[1]);
 	return (unsigned)s->v[0] <= ap_block_cap(t) && ag_smem(&p, s->v[0]) <= t->shared_per_block;
 }
 
-/* 64 threads; fewer while the tiles do not fit in shared memory. */
+/* SIMT: 64 threads, fewer while the tiles do not fit in shared memory.
+ * Tensor cores: 4 warps (64 held rows), fewer while the grid leaves SMs
+ * idle or the tiles do not fit; tiles of 64 streamed rows (32 past head
+ * dim 64: the score, dP and gradient fragments share the registers), 16
+ * for short sequences. */
 static int ag_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
 {
 	ag_plan p;
-	int T = 64;
+	int T = 64, W = 4, BT;
 
 	(void)sp;
-	if (analyze(m, &p))
-		while (T > 32 && ag_smem(&p, T) > t->shared_per_block)
+	if (!analyze(m, t, &p) || !p.tc) {
+		while (T > 32 && p.E > 0 && ag_smem(&p, T) > t->shared_per_block)
 			T /= 2;
-	s->v[0] = T;
+		s->v[0] = T;
+		return 0;
+	}
+	while (W > 1 && (unsigned)W * 32u > ap_block_cap(t))
+		W /= 2;
+	while (W > 1 && p.nb * (p.Hk * ((p.S + 16 * W - 1) / (16 * W)) + p.H * ((p.L + 16 * W - 1) / (16 * W))) <
+			(int64_t)t->sm_count)
+		W /= 2;
+	BT = p.E > 64 || p.Ev > 64 ? 32 : 64;
+	while (BT > 16 && BT / 2 >= (p.L > p.S ? p.L : p.S))
+		BT /= 2;
+	while (W > 1 && !tc_fits(&p, t, W, BT))
+		W /= 2;
+	while (BT > 16 && !tc_fits(&p, t, W, BT))
+		BT /= 2;
+	s->v[0] = W;
+	s->v[1] = BT;
 	return 0;
 }
 
@@ -525,30 +623,506 @@ static void query_sweep(agc *c, ap_kir_expr *tile, ap_kir_array *sh)
 	ap_v_close(v, s2);
 }
 
+/* ---- the tensor-core form ---------------------------------------------------------------
+ *
+ * FlashAttention-2's backward (Dao 2023, algorithm 2) on mma.sync
+ * m16n8k16, laid out as the SIMT form's two sweeps so that each output is
+ * still written once: a block holds 16 * W rows (16 a warp) and streams
+ * the other side's rows in tiles of BT through shared memory.
+ *   key sweep    holds keys (K and V as A fragments, ldmatrix .x4) and
+ *                streams query tiles (Q, dY, and each query's LogSumExp
+ *                and D = dY . Y, computed while staging):
+ *                  S^T  = K Q^T, dP^T = V dY^T   (B: the tiles' rows, ldmatrix .x2)
+ *                  P^T, dS^T = P^T (dP^T - D)     per element, float32
+ *                  dV  += P^T dY, dK += dS^T Q    (A: P^T and dS^T from the C
+ *                                                  fragments; B: ldmatrix .x2 .trans)
+ *   query sweep  holds query rows (Q and dY) and streams key tiles (K, V):
+ *                  S = Q K^T, dP = dY V^T, dS = P (dP - D), dQ += dS K.
+ * The score and dP fragments of two n8 tiles are, element for element,
+ * the A fragment of one k16 step (the m16n8k16 C and A layouts, kir.h),
+ * so P and dS go to 16-bit registers without shared memory, rounded to
+ * the operand type as FlashAttention-2 rounds them.  With all four
+ * operands copied by cp.async the streamed tiles have two stages (the
+ * next tile's copies issued before this tile's products).  A key sweep
+ * over grouped-query heads runs the query tiles of its G heads as one
+ * sequence of tiles; causal: it starts at the query tile holding its
+ * first key, and a query sweep stops after the key tile holding its last
+ * row's diagonal. */
+
+typedef struct agt {
+	agc *c;
+	ap_dtype T;                     /* the operand type (accumulators: float32) */
+	int W, BH, BT, NST, NS;         /* warps; held rows; streamed rows; stages; n8 tiles of BT */
+	int AF, BF, CF;                 /* elements of the A, B and C fragments a lane */
+	int64_t Ep, Evp, ld1, ld2, ldh; /* padded head dims; shared rows of the two streamed operands and the held */
+	ap_kir_array *hs, *r1s, *r2s, *sts;     /* shared: held staging, streamed tiles, key sweep statistics */
+	ap_kir_array *xf, *yf, *bfr;            /* registers: held A fragments (K or Q; V or dY), a B fragment */
+	ap_kir_array *sacc, *dpacc, *pf, *dsf;  /* registers: S and dP (C), P and dS (A) */
+	ap_kir_array *acc1, *acc2;              /* registers: dK or dQ, dV (C) */
+	ap_kir_expr *warp, *g, *tq, *l8, *l16, *hi, *j2;
+	/* the sweep */
+	bool keys;                      /* a key sweep (else a query sweep) */
+	ap_kir_expr *hrow0;             /* the lane's first held row (the warp's row g) */
+	ap_kir_expr *lse[2], *D[2];     /* query sweep: rows g and g + 8's statistics */
+	ap_kir_expr *hq, *hk;           /* query sweep: the query head; both: the key/value head */
+	ap_kir_expr *first, *per;       /* key sweep: the first query tile, tiles a query head */
+} agt;
+
+/* Streamed tile u of the sweep: its query head *h and first row *t0 (a
+ * key sweep runs per query tiles of each of its G heads in turn). */
+static void tc_tile_of(agt *s, ap_kir_expr *u, ap_kir_expr **h, ap_kir_expr **t0)
+{
+	ap_kir_kernel *k = s->c->k;
+	ap_vctx *v = s->c->v;
+
+	if (!s->keys) {
+		*h = s->hq;
+		*t0 = ap_kir_bind(k, v->cur, k->index_type, "t0", ap_kir_muli(k, u, s->BT));
+		return;
+	}
+	*h = ap_kir_bind(k, v->cur, k->index_type, "h",
+			 ap_kir_add(k, ap_kir_muli(k, s->hk, s->c->p->G), ap_kir_binary(k, AP_KIR_DIV, u, s->per)));
+	*t0 = ap_kir_bind(k, v->cur, k->index_type, "t0",
+			  ap_kir_muli(k, ap_kir_add(k, s->first, ap_kir_binary(k, AP_KIR_REM, u, s->per)), s->BT));
+}
+
+/* Stages rows [r0, r0 + n) of operand `op` (AG_Q ...) at head h into the
+ * shared array arr (row r at base + r * ld, `cols` elements), the block's
+ * threads striding over it; zero past row rows_ok and past the head dim.
+ * By cp.async (p->aw[op] elements a copy; the caller commits and waits)
+ * when the plan says so, else through registers. */
+static void tc_stage(agt *s, ap_kir_array *arr, ap_kir_expr *base, int op, ap_kir_expr *h, ap_kir_expr *r0,
+		     int n, int64_t cols, int64_t ld, int64_t rows_ok)
+{
+	agc *c = s->c;
+	const ag_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	const int x = op == AG_Q ? p->q : op == AG_K ? p->k : op == AG_V ? p->v : p->dy;
+	const int64_t cols_ok = op == AG_Q || op == AG_K ? p->E : p->Ev;
+	int w = p->aw[op] ? p->aw[op] : 1;
+	ap_kir_block *saved, *s2;
+	ap_kir_var *e = ap_v_loop(v, "e", c->tid, ap_kir_idx(k, n * cols / w), ap_kir_block_threads(k), &saved);
+	ap_kir_expr *r = ap_kir_bind(k, v->cur, k->index_type, "sr", ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, e), ap_kir_idx(k, cols / w)));
+	ap_kir_expr *j = ap_kir_bind(k, v->cur, k->index_type, "sc",
+				     ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, e), ap_kir_idx(k, cols / w)), w));
+	ap_kir_expr *gr = ap_kir_bind(k, v->cur, k->index_type, "gr", ap_kir_add(k, r0, r));
+	ap_kir_expr *ok = ap_kir_binary(k, AP_KIR_LT, gr, ap_kir_idx(k, rows_ok));
+	ap_kir_expr *at = ap_kir_add(k, base, ap_kir_add(k, ap_kir_muli(k, r, ld), j));
+	ap_kir_var *val;
+	ap_lidx ix;
+
+	if (cols_ok < cols)
+		ok = ap_kir_binary(k, AP_KIR_LAND, ok, ap_kir_binary(k, AP_KIR_LT, j, ap_kir_idx(k, cols_ok)));
+	ix = at4(c, x, h, gr, j);
+	if (p->aw[op]) {
+		ap_kir_cp_async(k, v->cur, arr, at, ap_v_buffer(v, p->leaf[op]), ap_sview_offset(k, &p->sv[op], &ix), w, ok);
+		ap_v_close(v, saved);
+		return;
+	}
+	val = ap_kir_var_new(k, s->T, "x");
+	ap_kir_let(k, v->cur, val, ap_kir_float(k, s->T, 0));
+	ap_v_if(v, ok, &s2, NULL);
+	ap_kir_assign(k, v->cur, val, ap_kir_cast(k, s->T, ap_val(v, x, &ix)));
+	ap_v_close(v, s2);
+	ap_kir_store(k, v->cur, arr, at, ap_kir_ref(k, val));
+	ap_v_close(v, saved);
+}
+
+/* The block's held rows [r0, r0 + BH) of operand `op` (cols: its padded
+ * head dim) at head h into the staging tile, then the warp's 16 as A
+ * fragments `dst` (ldmatrix .x4 a k16 step: matrix j = lane / 8 holds
+ * rows (j % 2) * 8.., k (j / 2) * 8..). */
+static void tc_hold(agt *s, ap_kir_array *dst, int op, ap_kir_expr *h, ap_kir_expr *r0, int64_t cols, int64_t rows_ok)
+{
+	ap_kir_kernel *k = s->c->k;
+	ap_vctx *v = s->c->v;
+	ap_kir_block *saved;
+	ap_kir_var *kk;
+
+	ap_kir_barrier(k, v->cur);
+	tc_stage(s, s->hs, ap_kir_idx(k, 0), op, h, r0, s->BH, cols, s->ldh, rows_ok);
+	if (s->c->p->aw[op]) {
+		ap_kir_cp_commit(k, v->cur);
+		ap_kir_cp_wait(k, v->cur, 0);
+	}
+	ap_kir_barrier(k, v->cur);
+	kk = ap_v_loop_unrolled(v, "kh", cols / 16, &saved);
+	ap_kir_ldmatrix(k, v->cur, dst, ap_kir_muli(k, ap_kir_ref(k, kk), s->AF), s->hs,
+			ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, s->warp, 16), s->l16), s->ldh),
+				   ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), 16), ap_kir_muli(k, s->hi, 8))),
+			4, false);
+	ap_v_close(v, saved);
+}
+
+/* arr[0 .. n) = 0, unrolled. */
+static void tc_zero(agt *s, ap_kir_array *arr, int64_t n)
+{
+	ap_kir_block *saved;
+	ap_kir_var *i = ap_v_loop_unrolled(s->c->v, "z", n, &saved);
+
+	ap_kir_store(s->c->k, s->c->v->cur, arr, ap_kir_ref(s->c->k, i), ap_kir_float(s->c->k, AP_DT_F32, 0));
+	ap_v_close(s->c->v, saved);
+}
+
+/* The streamed tile starting at row t0 (head h of the queries, hk of the
+ * keys) into stage st: the key sweep's Q and dY rows and, a query a
+ * thread, its LogSumExp and D (0 past the last query); the query sweep's
+ * K and V rows. */
+static void tc_stage_tile(agt *s, ap_kir_expr *st, ap_kir_expr *h, ap_kir_expr *hk, ap_kir_expr *t0)
+{
+	agc *c = s->c;
+	const ag_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_expr *b1 = ap_kir_muli(k, st, s->BT * s->ld1), *b2 = ap_kir_muli(k, st, s->BT * s->ld2);
+	ap_kir_block *saved, *s2;
+	ap_kir_var *rr;
+
+	if (!s->keys) {
+		tc_stage(s, s->r1s, b1, AG_K, hk, t0, s->BT, s->Ep, s->ld1, p->S);
+		tc_stage(s, s->r2s, b2, AG_V, hk, t0, s->BT, s->Evp, s->ld2, p->S);
+		return;
+	}
+	tc_stage(s, s->r1s, b1, AG_Q, h, t0, s->BT, s->Ep, s->ld1, p->L);
+	tc_stage(s, s->r2s, b2, AG_DY, h, t0, s->BT, s->Evp, s->ld2, p->L);
+	rr = ap_v_loop(v, "qr", c->tid, ap_kir_idx(k, s->BT), ap_kir_block_threads(k), &saved);
+	{
+		ap_kir_expr *i = ap_kir_bind(k, v->cur, k->index_type, "qi", ap_kir_add(k, t0, ap_kir_ref(k, rr)));
+		ap_kir_expr *at = ap_kir_bind(k, v->cur, k->index_type, "qa",
+					      ap_kir_add(k, ap_kir_muli(k, st, 2 * s->BT), ap_kir_ref(k, rr)));
+		ap_kir_stmt *br;
+
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, i, ap_kir_idx(k, p->L)), &s2, &br);
+		ap_kir_store(k, v->cur, s->sts, at, ld(c, p->lse, h, i, NULL));
+		ap_kir_store(k, v->cur, s->sts, ap_kir_addi(k, at, s->BT), delta(c, h, i));
+		ap_v_else(v, br);
+		ap_kir_store(k, v->cur, s->sts, at, ap_kir_float(k, AP_DT_F32, 0));
+		ap_kir_store(k, v->cur, s->sts, ap_kir_addi(k, at, s->BT), ap_kir_float(k, AP_DT_F32, 0));
+		ap_v_close(v, s2);
+	}
+	ap_v_close(v, saved);
+}
+
+/* acc (NS n8 tiles of float32 C fragments) += the held A fragments af
+ * (nk k16 steps) times the streamed tile's rows as B's columns (rows
+ * base.. of `tile`, ldmatrix .x2: matrix j2 holds k j2 * 8..). */
+static void tc_product(agt *s, ap_kir_array *acc, ap_kir_array *af, ap_kir_array *tile, ap_kir_expr *base,
+		       int64_t ld, int64_t nk)
+{
+	ap_kir_kernel *k = s->c->k;
+	ap_vctx *v = s->c->v;
+	ap_kir_block *saved, *s2;
+	ap_kir_var *kk = ap_v_loop_unrolled(v, "kk", nk, &saved);
+	ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", s->NS, &s2);
+	ap_kir_expr *ci = ap_kir_muli(k, ap_kir_ref(k, ni), 4);
+
+	ap_kir_ldmatrix(k, v->cur, s->bfr, ap_kir_idx(k, 0), tile,
+			ap_kir_add(k, base,
+				   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8), s->l8), ld),
+					      ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), 16), ap_kir_muli(k, s->j2, 8)))),
+			2, false);
+	ap_kir_mma(k, v->cur, s->c->p->mma, acc, ci, af, ap_kir_muli(k, ap_kir_ref(k, kk), s->AF), s->bfr,
+		   ap_kir_idx(k, 0), acc, ci);
+	ap_v_close(v, s2);
+	ap_v_close(v, saved);
+}
+
+/* acc (nn n8 tiles) += af (the tile's BT / 16 k16 steps of P or dS) times
+ * the streamed tile's rows along k (ldmatrix .x2 .trans). */
+static void tc_accumulate(agt *s, ap_kir_array *acc, ap_kir_array *af, ap_kir_array *tile, ap_kir_expr *base,
+			  int64_t ld, int64_t nn)
+{
+	ap_kir_kernel *k = s->c->k;
+	ap_vctx *v = s->c->v;
+	ap_kir_block *saved, *s2;
+	ap_kir_var *j = ap_v_loop_unrolled(v, "kj", s->BT / 16, &saved);
+	ap_kir_var *no = ap_v_loop_unrolled(v, "no", nn, &s2);
+	ap_kir_expr *ci = ap_kir_muli(k, ap_kir_ref(k, no), 4);
+
+	ap_kir_ldmatrix(k, v->cur, s->bfr, ap_kir_idx(k, 0), tile,
+			ap_kir_add(k, base,
+				   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), 16),
+									   ap_kir_add(k, ap_kir_muli(k, s->j2, 8), s->l8)), ld),
+					      ap_kir_muli(k, ap_kir_ref(k, no), 8))),
+			2, true);
+	ap_kir_mma(k, v->cur, s->c->p->mma, acc, ci, af, ap_kir_muli(k, ap_kir_ref(k, j), s->AF), s->bfr,
+		   ap_kir_idx(k, 0), acc, ci);
+	ap_v_close(v, s2);
+	ap_v_close(v, saved);
+}
+
+/* One streamed tile (rows t0.., stage st; query head h): the two
+ * products, P and dS on each element a lane holds (element e of n8 tile
+ * ni: held row hrow0 + g + 8 (e / 2), streamed row t0 + 8 ni + 2 tq +
+ * e % 2; P = 0 past the last query or key), and the gradient products. */
+static void tc_tile(agt *s, ap_kir_expr *st, ap_kir_expr *h, ap_kir_expr *t0)
+{
+	agc *c = s->c;
+	const ag_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_expr *b1 = ap_kir_bind(k, v->cur, k->index_type, "b1", ap_kir_muli(k, st, s->BT * s->ld1));
+	ap_kir_expr *b2 = ap_kir_bind(k, v->cur, k->index_type, "b2", ap_kir_muli(k, st, s->BT * s->ld2));
+	ap_kir_expr *bs = ap_kir_bind(k, v->cur, k->index_type, "bs", ap_kir_muli(k, st, 2 * s->BT));
+	ap_kir_block *saved;
+	ap_kir_var *ni;
+
+	tc_zero(s, s->sacc, s->NS * 4);
+	tc_zero(s, s->dpacc, s->NS * 4);
+	tc_product(s, s->sacc, s->xf, s->r1s, b1, s->ld1, s->Ep / 16);
+	tc_product(s, s->dpacc, s->yf, s->r2s, b2, s->ld2, s->Evp / 16);
+	ni = ap_v_loop_unrolled(v, "ni", s->NS, &saved);
+	for (int e = 0; e < 4; e++) {
+		ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
+		ap_kir_expr *col = ap_kir_bind(k, v->cur, k->index_type, "cl",
+					       ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8), ap_kir_addi(k, ap_kir_muli(k, s->tq, 2), e & 1)));
+		ap_kir_expr *hr = ap_kir_bind(k, v->cur, k->index_type, "hr", ap_kir_addi(k, s->hrow0, 8 * (e >> 1)));
+		ap_kir_expr *sr = ap_kir_bind(k, v->cur, k->index_type, "tr", ap_kir_add(k, t0, col));
+		ap_kir_expr *i = s->keys ? sr : hr, *j = s->keys ? hr : sr;
+		ap_kir_expr *valid = ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, i, ap_kir_idx(k, p->L)),
+						   ap_kir_binary(k, AP_KIR_LT, j, ap_kir_idx(k, p->S)));
+		ap_kir_expr *lse = s->keys ? ap_kir_load(k, s->sts, ap_kir_add(k, bs, col)) : s->lse[e >> 1];
+		ap_kir_expr *D = s->keys ? ap_kir_load(k, s->sts, ap_kir_add(k, ap_kir_addi(k, bs, s->BT), col)) : s->D[e >> 1];
+		ap_kir_expr *pv, *ds;
+
+		/* the mask is read at clamped coordinates; P past the ends is 0 */
+		pv = prob(c, ap_kir_load(k, s->sacc, si), h,
+			  ap_kir_binary(k, AP_KIR_MIN, i, ap_kir_idx(k, p->L - 1)),
+			  ap_kir_binary(k, AP_KIR_MIN, j, ap_kir_idx(k, p->S - 1)), lse);
+		pv = ap_kir_bind(k, v->cur, AP_DT_F32, "pp", ap_kir_select(k, valid, pv, ap_kir_float(k, AP_DT_F32, 0)));
+		ds = ap_kir_binary(k, AP_KIR_MUL, pv, ap_kir_binary(k, AP_KIR_SUB, ap_kir_load(k, s->dpacc, si), D));
+		ap_kir_store(k, v->cur, s->pf, si, ap_kir_cast(k, s->T, pv));
+		ap_kir_store(k, v->cur, s->dsf, si, ap_kir_cast(k, s->T, ds));
+	}
+	ap_v_close(v, saved);
+	tc_accumulate(s, s->acc1, s->dsf, s->r1s, b1, s->ld1, s->Ep / 8);
+	if (s->keys)
+		tc_accumulate(s, s->acc2, s->pf, s->r2s, b2, s->ld2, s->Evp / 8);
+}
+
+/* Stores acc (nn n8 tiles over the warp's held rows) times f (NULL: 1)
+ * into output x at head h: rows below rows_ok, columns below cols_ok. */
+static void tc_store(agt *s, int x, ap_kir_array *acc, int64_t nn, ap_kir_expr *f, ap_kir_expr *h,
+		     int64_t rows_ok, int64_t cols_ok)
+{
+	agc *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved, *s2;
+	ap_kir_var *no;
+
+	if (x < 0)
+		return;
+	no = ap_v_loop_unrolled(v, "no", nn, &saved);
+	for (int e = 0; e < 4; e++) {
+		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r", ap_kir_addi(k, s->hrow0, 8 * (e >> 1)));
+		ap_kir_expr *col = ap_kir_bind(k, v->cur, k->index_type, "col",
+					       ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, no), 8), ap_kir_addi(k, ap_kir_muli(k, s->tq, 2), e & 1)));
+		ap_kir_expr *val = ap_kir_load(k, acc, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, no), 4), e));
+		ap_lidx ix;
+
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, rows_ok)),
+					 ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, cols_ok))), &s2, NULL);
+		ix = at4(c, x, h, row, col);
+		if (f)
+			val = ap_kir_binary(k, AP_KIR_MUL, val, f);
+		ap_kir_store(k, v->cur, ap_v_buffer(v, x), ap_lidx_linear(v, &ix), ap_kir_cast(k, v->g->tensors[x].dtype, val));
+		ap_v_close(v, s2);
+	}
+	ap_v_close(v, saved);
+}
+
+/* One sweep of block tile `tile` (the comment above): the held rows'
+ * fragments, then the streamed tiles (u < n, pipelined over NST
+ * stages), then the gradients. */
+static void tc_sweep(agt *s, bool keys, ap_kir_expr *tile)
+{
+	agc *c = s->c;
+	const ag_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	int64_t held = keys ? p->S : p->L, streamed = keys ? p->L : p->S;
+	int64_t blocks = (held + s->BH - 1) / s->BH, nt = (streamed + s->BT - 1) / s->BT;
+	ap_kir_expr *bh, *r0, *h, *hk, *n;
+	ap_kir_block *saved, *s2;
+	ap_kir_var *u;
+
+	s->keys = keys;
+	bh = ap_kir_bind(k, v->cur, k->index_type, "bh", ap_kir_binary(k, AP_KIR_DIV, tile, ap_kir_idx(k, blocks)));
+	r0 = ap_kir_bind(k, v->cur, k->index_type, "r0",
+			 ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, tile, ap_kir_idx(k, blocks)), s->BH));
+	s->hrow0 = ap_kir_bind(k, v->cur, k->index_type, "hw",
+			       ap_kir_add(k, r0, ap_kir_add(k, ap_kir_muli(k, s->warp, 16), s->g)));
+	if (keys) {
+		hk = ap_kir_bind(k, v->cur, k->index_type, "hk", ap_kir_binary(k, AP_KIR_REM, bh, ap_kir_idx(k, p->Hk)));
+		batch_coords(c, ap_kir_binary(k, AP_KIR_DIV, bh, ap_kir_idx(k, p->Hk)));
+		h = NULL;
+		tc_hold(s, s->xf, AG_K, hk, r0, s->Ep, p->S);
+		tc_hold(s, s->yf, AG_V, hk, r0, s->Evp, p->S);
+		/* causal: from the query tile holding key r0 */
+		s->first = p->causal ? ap_kir_bind(k, v->cur, k->index_type, "t1", ap_kir_binary(k, AP_KIR_DIV, r0, ap_kir_idx(k, s->BT)))
+				     : ap_kir_idx(k, 0);
+		s->per = ap_kir_bind(k, v->cur, k->index_type, "np", ap_kir_binary(k, AP_KIR_SUB, ap_kir_idx(k, nt), s->first));
+		n = ap_kir_bind(k, v->cur, k->index_type, "nu", ap_kir_muli(k, s->per, p->G));
+		tc_zero(s, s->acc2, s->Evp / 8 * 4);
+	} else {
+		h = ap_kir_bind(k, v->cur, k->index_type, "h", ap_kir_binary(k, AP_KIR_REM, bh, ap_kir_idx(k, p->H)));
+		hk = ap_kir_bind(k, v->cur, k->index_type, "hk", ap_kir_binary(k, AP_KIR_DIV, h, ap_kir_idx(k, p->G)));
+		batch_coords(c, ap_kir_binary(k, AP_KIR_DIV, bh, ap_kir_idx(k, p->H)));
+		tc_hold(s, s->xf, AG_Q, h, r0, s->Ep, p->L);
+		tc_hold(s, s->yf, AG_DY, h, r0, s->Evp, p->L);
+		for (int e = 0; e < 2; e++) {
+			ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "rc",
+						       ap_kir_binary(k, AP_KIR_MIN, ap_kir_addi(k, s->hrow0, 8 * e), ap_kir_idx(k, p->L - 1)));
+
+			s->lse[e] = ap_kir_bind(k, v->cur, AP_DT_F32, "lse", ld(c, p->lse, h, row, NULL));
+			s->D[e] = ap_kir_bind(k, v->cur, AP_DT_F32, "Dd", delta(c, h, row));
+		}
+		/* causal: key tiles up to the block's last row */
+		n = p->causal ? ap_kir_bind(k, v->cur, k->index_type, "nu",
+					    ap_kir_binary(k, AP_KIR_DIV,
+							  ap_kir_addi(k, ap_kir_binary(k, AP_KIR_MIN, ap_kir_addi(k, r0, s->BH), ap_kir_idx(k, p->S)),
+								      s->BT - 1), ap_kir_idx(k, s->BT)))
+			      : ap_kir_idx(k, nt);
+	}
+	s->hq = h;
+	s->hk = hk;
+	tc_zero(s, s->acc1, s->Ep / 8 * 4);
+	if (s->NST == 2) {
+		/* the first tile's copies, into stage 0 */
+		ap_kir_block *s3;
+		ap_kir_expr *h0, *t00;
+
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, ap_kir_idx(k, 0), n), &s3, NULL);
+		tc_tile_of(s, ap_kir_idx(k, 0), &h0, &t00);
+		tc_stage_tile(s, ap_kir_idx(k, 0), h0, hk, t00);
+		ap_v_close(v, s3);
+		ap_kir_cp_commit(k, v->cur);
+	}
+	u = ap_v_loop(v, "u", ap_kir_idx(k, 0), n, 1, &saved);
+	{
+		ap_kir_expr *hu, *t0, *st;
+
+		tc_tile_of(s, ap_kir_ref(k, u), &hu, &t0);
+		ap_kir_barrier(k, v->cur);
+		if (s->NST == 2) {
+			ap_kir_expr *nx = ap_kir_bind(k, v->cur, k->index_type, "un", ap_kir_addi(k, ap_kir_ref(k, u), 1));
+			ap_kir_expr *hn, *tn;
+
+			st = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, u), ap_kir_idx(k, 1)));
+			ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, nx, n), &s2, NULL);
+			tc_tile_of(s, nx, &hn, &tn);
+			tc_stage_tile(s, ap_kir_binary(k, AP_KIR_AND, nx, ap_kir_idx(k, 1)), hn, hk, tn);
+			ap_v_close(v, s2);
+			ap_kir_cp_commit(k, v->cur);
+			ap_kir_cp_wait(k, v->cur, 1);
+		} else {
+			st = ap_kir_idx(k, 0);
+			tc_stage_tile(s, st, hu, hk, t0);
+			if (p->aw[AG_Q] || p->aw[AG_K] || p->aw[AG_V] || p->aw[AG_DY]) {
+				ap_kir_cp_commit(k, v->cur);
+				ap_kir_cp_wait(k, v->cur, 0);
+			}
+		}
+		ap_kir_barrier(k, v->cur);
+		tc_tile(s, st, hu, t0);
+	}
+	ap_v_close(v, saved);
+	if (keys) {
+		tc_store(s, p->dk, s->acc1, s->Ep / 8, c->scale, hk, p->S, p->E);
+		tc_store(s, p->dv, s->acc2, s->Evp / 8, NULL, hk, p->S, p->Ev);
+	} else {
+		tc_store(s, p->dq, s->acc1, s->Ep / 8, c->scale, h, p->L, p->E);
+	}
+}
+
+/* The tensor-core form's arrays and lanes for W warps and streamed tiles
+ * of BT rows.  AP_ENOMEM through err when an allocation failed. */
+static int tc_setup(agt *s, agc *c, int W, int BT, ap_error *err)
+{
+	const ag_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_expr *lane;
+
+	memset(s, 0, sizeof(*s));
+	s->c = c;
+	s->T = p->t;
+	s->W = W;
+	s->BH = 16 * W;
+	s->BT = BT;
+	s->NS = BT / 8;
+	s->NST = tc_stages(p);
+	s->Ep = tc_pad16(p->E);
+	s->Evp = tc_pad16(p->Ev);
+	s->ld1 = s->Ep + TC_PAD;
+	s->ld2 = s->Evp + TC_PAD;
+	s->ldh = s->ld1 > s->ld2 ? s->ld1 : s->ld2;
+	ap_kir_mma_frag_sizes(p->mma, &s->AF, &s->BF, &s->CF);
+	s->hs = ap_kir_shared(k, "hs", s->T, s->BH * s->ldh);
+	s->r1s = ap_kir_shared(k, "r1s", s->T, s->NST * BT * s->ld1);
+	s->r2s = ap_kir_shared(k, "r2s", s->T, s->NST * BT * s->ld2);
+	s->sts = ap_kir_shared(k, "sts", AP_DT_F32, s->NST * 2 * BT);
+	s->xf = ap_kir_local(k, "xf", s->T, s->Ep / 16 * s->AF);
+	s->yf = ap_kir_local(k, "yf", s->T, s->Evp / 16 * s->AF);
+	s->bfr = ap_kir_local(k, "bf", s->T, s->BF);
+	s->sacc = ap_kir_local(k, "sa", AP_DT_F32, s->NS * 4);
+	s->dpacc = ap_kir_local(k, "dpa", AP_DT_F32, s->NS * 4);
+	s->pf = ap_kir_local(k, "pf", s->T, s->NS * 4);
+	s->dsf = ap_kir_local(k, "dsf", s->T, s->NS * 4);
+	s->acc1 = ap_kir_local(k, "ga", AP_DT_F32, s->Ep / 8 * 4);
+	s->acc2 = ap_kir_local(k, "gv", AP_DT_F32, s->Evp / 8 * 4);
+	if (ap_kir_failed(k))
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering the attention backward");
+	s->warp = ap_kir_bind(k, v->cur, k->index_type, "w", ap_kir_binary(k, AP_KIR_SHR, c->tid, ap_kir_idx(k, 5)));
+	lane = ap_kir_bind(k, v->cur, k->index_type, "ln", ap_kir_binary(k, AP_KIR_AND, c->tid, ap_kir_idx(k, 31)));
+	s->g = ap_kir_bind(k, v->cur, k->index_type, "g", ap_kir_binary(k, AP_KIR_SHR, lane, ap_kir_idx(k, 2)));
+	s->tq = ap_kir_bind(k, v->cur, k->index_type, "tq", ap_kir_binary(k, AP_KIR_AND, lane, ap_kir_idx(k, 3)));
+	s->l8 = ap_kir_binary(k, AP_KIR_AND, lane, ap_kir_idx(k, 7));
+	s->l16 = ap_kir_binary(k, AP_KIR_AND, lane, ap_kir_idx(k, 15));
+	s->hi = ap_kir_binary(k, AP_KIR_SHR, lane, ap_kir_idx(k, 4));
+	s->j2 = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, lane, ap_kir_idx(k, 3)), ap_kir_idx(k, 1));
+	for (int r = 0; r < 4; r++) {
+		static const char *const names[] = {"Q", "K", "V", "dY"};
+
+		if (p->aw[r])
+			ap_kir_comment(k, v->cur, "operand %s: cp.async, %zu bytes a copy", names[r],
+				       (size_t)p->aw[r] * ap_dtype_size(s->T));
+		else
+			ap_kir_comment(k, v->cur, "operand %s: through registers (not a contiguous, aligned view)", names[r]);
+	}
+	return 0;
+}
+
 /* The whole kernel: a grid-stride loop over the key sweep's tiles, then
  * the query sweep's (each block's branch uniform, so the barriers inside
- * are reached by all its threads). */
+ * are reached by all its threads); the SIMT or the tensor-core form as
+ * the plan says.  Errors: AP_EUNSUPPORTED (not one AttentionGrad node,
+ * or a schedule whose block does not fit the target), AP_ENOMEM. */
 static int ag_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
 		   ap_error *err)
 {
 	ag_plan p;
 	agc c;
+	agt ts;
 	ap_vctx v;
-	int rc, T = s->v[0];
+	int rc, R;
 	int64_t nk, nq;
 	unsigned grid;
-	ap_kir_array *sh;
+	ap_kir_array *sh = NULL;
 	ap_kir_var *tile;
 	ap_kir_block *saved, *s2;
 	ap_kir_stmt *br;
 
-	if (!analyze(m, &p))
+	if (!analyze(m, t, &p))
 		return ap_error_set(err, AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
 				    "attention backward emitter: not one AttentionGrad node");
-	if (T < 32 || (unsigned)T > ap_block_cap(t) || ag_smem(&p, T) > t->shared_per_block)
+	if (p.tc ? !tc_fits(&p, t, s->v[0], s->v[1])
+		 : s->v[0] < 32 || (unsigned)s->v[0] > ap_block_cap(t) || ag_smem(&p, s->v[0]) > t->shared_per_block)
 		return ap_error_set(err, AP_EUNSUPPORTED, m->g->nodes[p.node].name, NULL,
-				    "attention backward emitter: %d threads (head dims %lld, %lld) do not fit a block",
-				    T, (long long)p.E, (long long)p.Ev);
+				    "attention backward emitter: the schedule's block (head dims %lld, %lld) does not fit",
+				    (long long)p.E, (long long)p.Ev);
 	if ((rc = ap_vctx_init(&v, m, k, err)))
 		return rc;
 	memset(&c, 0, sizeof(c));
@@ -556,22 +1130,36 @@ static int ag_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	c.v = &v;
 	c.k = k;
 	c.A = p.acc;
-	c.T = T;
-	nk = p.nb * p.Hk * ((p.S + T - 1) / T);
-	nq = p.nb * p.H * ((p.L + T - 1) / T);
+	c.T = s->v[0];
+	R = held_rows(&p, s);
+	nk = p.nb * p.Hk * ((p.S + R - 1) / R);
+	nq = p.nb * p.H * ((p.L + R - 1) / R);
 	grid = ap_grid_for(nk + nq, 1);
-	k->block[0] = (unsigned)T;
+	k->block[0] = p.tc ? 32u * (unsigned)s->v[0] : (unsigned)s->v[0];
 	k->grid[0] = grid;
-	sh = ap_kir_shared(k, "sh", c.A, (int64_t)(ag_smem(&p, T) / ap_dtype_size(c.A)));
 	c.tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
 	c.scale = ap_kir_float(k, c.A, p.scale);
+	if (p.tc) {
+		if ((rc = tc_setup(&ts, &c, s->v[0], s->v[1], err))) {
+			ap_vctx_clear(&v);
+			return rc;
+		}
+	} else {
+		sh = ap_kir_shared(k, "sh", c.A, (int64_t)(ag_smem(&p, c.T) / ap_dtype_size(c.A)));
+	}
 	tile = ap_v_loop(&v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_idx(k, nk + nq), grid, &saved);
 	ap_v_if(&v, ap_kir_binary(k, AP_KIR_LT, ap_kir_ref(k, tile), ap_kir_idx(k, nk)), &s2, &br);
-	ap_kir_comment(k, v.cur, "key sweep: dK and dV of T keys");
-	key_sweep(&c, ap_kir_ref(k, tile), sh);
+	ap_kir_comment(k, v.cur, "key sweep: dK and dV of a block of keys");
+	if (p.tc)
+		tc_sweep(&ts, true, ap_kir_ref(k, tile));
+	else
+		key_sweep(&c, ap_kir_ref(k, tile), sh);
 	ap_v_else(&v, br);
-	ap_kir_comment(k, v.cur, "query sweep: dQ of T query rows");
-	query_sweep(&c, ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, tile), ap_kir_idx(k, nk)), sh);
+	ap_kir_comment(k, v.cur, "query sweep: dQ of a block of query rows");
+	if (p.tc)
+		tc_sweep(&ts, false, ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, tile), ap_kir_idx(k, nk)));
+	else
+		query_sweep(&c, ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, tile), ap_kir_idx(k, nk)), sh);
 	ap_v_close(&v, s2);
 	ap_kir_barrier(k, v.cur);
 	ap_v_close(&v, saved);
@@ -584,24 +1172,26 @@ static int ag_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 
 /* Bytes: every input and output once.  Arithmetic: the key sweep's
  * q.k, dY.v, dV and dK updates and the query sweep's q.k, dY.v and dQ
- * update per (query, key) pair seen (about half of them when causal). */
+ * update per (query, key) pair seen (about half of them when causal); on
+ * tensor cores for the tensor-core form. */
 static int ag_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
 {
 	ag_plan p;
 	double pairs;
+	int R;
 
-	(void)t;
 	memset(out, 0, sizeof(*out));
 	if (ap__lower_inline_traffic(m, out) < 0)
 		return AP_ENOMEM;
-	if (!analyze(m, &p))
+	if (!analyze(m, t, &p))
 		return 0;
+	R = held_rows(&p, s);
 	pairs = (double)p.nb * (double)p.H * (double)p.L * (double)p.S * (p.causal ? 0.5 : 1.0);
 	out->flops = pairs * 2.0 * (double)(4 * p.E + 3 * p.Ev);
-	out->threads = (unsigned)s->v[0];
-	out->blocks = ap_grid_for(p.nb * p.Hk * ((p.S + s->v[0] - 1) / s->v[0]) +
-				  p.nb * p.H * ((p.L + s->v[0] - 1) / s->v[0]), 1);
-	out->shared_bytes = (unsigned)ag_smem(&p, s->v[0]);
+	out->threads = p.tc ? 32u * (unsigned)s->v[0] : (unsigned)s->v[0];
+	out->blocks = ap_grid_for(p.nb * p.Hk * ((p.S + R - 1) / R) + p.nb * p.H * ((p.L + R - 1) / R), 1);
+	out->shared_bytes = (unsigned)(p.tc ? tc_smem(&p, s->v[0], s->v[1]) : ag_smem(&p, s->v[0]));
+	out->tensor_cores = p.tc;
 	return 0;
 }
 

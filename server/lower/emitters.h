@@ -144,6 +144,15 @@ bool ap_sview_of(const ap_graph *g, int t, ap_sview *out, int *leaf);
  * False when t is not of that form, or has no such op (ap_sview_of's
  * case). */
 bool ap_sview_of_unary(const ap_graph *g, int t, ap_sview *out, int *leaf, bool *casts_only);
+/* Elements per cp.async (16, 8 or 4 bytes: 8, 4 or 2 16-bit elements, 4,
+ * 2 or 1 float32 ones) when rows of x are copied along its last dim
+ * (with `trans`, its second last) into shared memory: x must be a
+ * strided view of a buffer (*sv, *leaf; not a constant, of x's type)
+ * whose copied dim is one factor of stride 1, every other stride and the
+ * view's offset multiples of the width, so that each copy is aligned
+ * (buffers are at least 16-byte aligned).  0 when not (copy through
+ * registers).  Used by the attention emitters' staging. */
+int ap_sview_copy_width(const ap_graph *g, int x, bool trans, ap_sview *sv, int *leaf);
 /* Regroups v as `rank` x `dims` (a reshape): adjacent contiguous factors
  * merge, then each new dim takes factors from the outside, splitting one
  * whose extent the remainder divides.  False (v unchanged) when it cannot:

@@ -239,6 +239,28 @@ bool ap_sview_of_unary(const ap_graph *g, int t, ap_sview *out, int *leaf, bool 
 	return true;
 }
 
+/* (emitters.h) */
+int ap_sview_copy_width(const ap_graph *g, int x, bool trans, ap_sview *sv, int *leaf)
+{
+	const ap_tensor *t = &g->tensors[x];
+	int cd = t->rank - (trans ? 2 : 1), w, es = (int)ap_dtype_size(t->dtype);
+	int64_t st;
+
+	if (cd < 0 || !ap_sview_of(g, x, sv, leaf) || sv->rank != t->rank ||
+	    g->tensors[*leaf].kind == AP_TENSOR_CONST || g->tensors[*leaf].dtype != t->dtype ||
+	    !ap_sview_stride(sv, cd, &st) || st != 1)
+		return 0;
+	for (w = 16 / es; w * es >= 4; w /= 2) {
+		bool ok = t->dims[cd] % w == 0 && sv->off % w == 0;
+
+		for (int f = 0; f < sv->nf && ok; f++)
+			ok = f == sv->first[cd] || sv->fs[f] % w == 0;
+		if (ok)
+			return w;
+	}
+	return 0;
+}
+
 /* Offset in the leaf buffer of element ix of a view: per dim, its factors'
  * coordinates (outermost without a remainder) times their strides. */
 ap_kir_expr *ap_sview_offset(ap_kir_kernel *k, const ap_sview *sv, const ap_lidx *ix)

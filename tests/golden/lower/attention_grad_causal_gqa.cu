@@ -27,7 +27,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) attention_grad_causal_gqa(fl
 	/* p9: reads float32 [11,13] */
 	for (int tile0 = ((int)blockIdx.x); tile0 < 12; tile0 += 12) {
 		if ((tile0 < 4)) {
-			/* key sweep: dK and dV of T keys */
+			/* key sweep: dK and dV of a block of keys */
 			int hk1 = (tile0 % 2);
 			int b2 = ((tile0 / 2) % 2);
 			int j3 = ((int)threadIdx.x);
@@ -117,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) attention_grad_causal_gqa(fl
 				}
 			}
 		} else {
-			/* query sweep: dQ of T query rows */
+			/* query sweep: dQ of a block of query rows */
 			int bh42 = (tile0 + (-4));
 			int h43 = (bh42 % 4);
 			int hk44 = (h43 / 2);
