@@ -24,6 +24,11 @@
 #   * tests/torch_checks.py ops sdpa: F.scaled_dot_product_attention (causal,
 #     masks, a scale, grouped-query heads, L != S) as one attention launch
 #     forward and one attention_grad launch backward, within 1e-9 of eager;
+#   * tests/torch_checks.py ops sdpa_cuda: the CUDA attention ops (flash,
+#     memory-efficient with attn_bias and its gradient, cuDNN) called by
+#     name on CPU float64 tensors, traced through their meta kernels and run
+#     as Attention / AttentionGrad on the host: within 1e-12 of the CPU
+#     flash op and its backward; dropout refused after a math-kernel retrace;
 #   * tests/torch_checks.py config (a bad target, fusion level or option
 #     raises apollo.ConfigError at torch.compile or at the first call) and shapes (batch size
 #     and length change between steps: one submit per new shape, nothing

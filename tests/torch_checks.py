@@ -24,7 +24,9 @@ ops: each op the converter took for issue 24 (the list: python3
 torch_checks.py ops --list) in a small function compiled with
 torch.compile(backend="apollo"), forward and (where it has one) backward,
 against eager float64: every output and every input gradient within 1e-9
-relative to its largest value; no graph break, nothing eager.
+relative to its largest value; no graph break, nothing eager.  sdpa_cuda:
+the CUDA attention ops, which have no CPU kernel, against the CPU flash
+op in float64 instead (its docstring).
 
 progress (issue 26, item 4): the backend asks the daemon for its stage
 events; a compile over backend.SLOW_COMPILE_S (set to 0 here, so that
@@ -34,7 +36,9 @@ nothing.
 
 Prints one line per check; exits 1 on the first failure.
 """
+import contextlib
 import copy
+import io
 import math
 import os
 import re
@@ -493,6 +497,202 @@ def _sdpa():
         fwd = [x for x in kinds[0] if not ("attn_mask" in kw and x == "pointwise")] if kinds else []
         check(len(kinds) == 2 and fwd == ["attention"] and kinds[1] == ["attention_grad"],
               "sdpa %s: the attention one launch forward and one backward (%s)" % (name, kinds))
+
+
+class _Recorded:
+    """While active, records the (op, attributes) of every node the
+    converter adds to an Apollo graph."""
+
+    def __enter__(self):
+        self.ops = []
+        self._node = apollo.graph.Graph.node
+        rec = self
+
+        def node(g, op, inputs, attrs=None, *rest, **kw):
+            rec.ops.append((op, dict(attrs or {})))
+            return rec._node(g, op, inputs, attrs, *rest, **kw)
+        apollo.graph.Graph.node = node
+        return self
+
+    def __exit__(self, *exc):
+        apollo.graph.Graph.node = self._node
+
+
+def _rel(a, b):
+    """max |a - b| relative to max |b| (float64)."""
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-300)).item()
+
+
+def _cuda_attention(form, q, k, v, bias, causal, scale):
+    """The CUDA op of `form` called by name: (output, log-sum-exp)."""
+    if form == "flash":
+        r = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, scale=scale)
+    elif form == "efficient":
+        r = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, causal, scale=scale)
+    else:
+        r = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, bias, True, 0.0, causal, scale=scale)
+    return r[0], r[1]
+
+
+def _math_attention(q, k, v, bias, causal, scale):
+    """softmax(scale q k^T + bias, causal top-left) v in float64 autograd,
+    key/value heads repeated for grouped-query attention."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = scale * q @ k.transpose(-1, -2)
+    if bias is not None:
+        s = s + bias
+    if causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+        s = s.masked_fill(~keep, -math.inf)
+    return torch.softmax(s, -1) @ v
+
+
+@op("sdpa_cuda")
+def _sdpa_cuda():
+    """The CUDA forms of scaled_dot_product_attention -- the flash,
+    memory-efficient and cuDNN kernels' ops and their backwards, which
+    AOTAutograd traces for CUDA tensors -- as Attention and AttentionGrad,
+    run on the host.  There is no GPU here, and these ops have no CPU
+    kernel: each is called by name on CPU float64 tensors, so that Dynamo
+    and AOTAutograd trace it through its meta kernel -- the graphs of a
+    CUDA trace: the log-sum-exp float32 whatever the dtype, [B, H, L
+    rounded up to 32] for the memory-efficient kernel, [B, H, L, 1] for
+    cuDNN, the Philox state returned and saved -- and only Apollo's
+    kernels run.  Against aten._scaled_dot_product_flash_attention_for_cpu
+    in float64: the output within 1e-12, the log-sum-exp within float32
+    rounding (its padding +inf, as the CUDA kernel writes it); the
+    gradients within 1e-12 of the CPU op's backward handed the same float32
+    log-sum-exp, and within 1e-5 of float64 autograd through math
+    attention (the float32 log-sum-exp's rounding); the memory-efficient
+    kernel's attn_bias gradient within 1e-12 of P * (dY V^T - rowsum(dY *
+    Y)).  Each call converted to one Attention and one AttentionGrad with
+    its scale and is_causal.  Also: a memory-efficient forward without the
+    log-sum-exp (inference), the pre-dispatch scaled_dot_product_attention
+    (make_fx(pre_dispatch=True): a boolean mask, grouped-query heads), and
+    dropout_p > 0 and flash's bottom-right causal refused with their
+    reasons (strict)."""
+    aten = torch.ops.aten
+    B, H, E = 2, 4, 8
+    cases = [  # name, form, L, S, key/value heads, is_causal, scale, attn_bias shape
+        ("flash causal, grouped-query, scale 0.3", "flash", 9, 9, 2, True, 0.3, None),
+        ("flash L 5, S 11", "flash", 5, 11, H, False, None, None),
+        ("efficient causal L 5 < S 11, attn_bias and its gradient, scale 0.3", "efficient", 5, 11, H, True, 0.3,
+         (B, H, 5, 11)),
+        # the kernel itself takes no grouped heads; its meta kernel does, and so does the rewrite
+        ("efficient L 37 (log-sum-exp [.., 64]), attn_bias [B, 1, L, S] and its gradient, grouped-query",
+         "efficient", 37, 6, 2, False, None, (B, 1, 37, 6)),
+        ("cudnn causal L 6 < S 10, grouped-query, attn_bias, scale 0.25", "cudnn", 6, 10, 2, True, 0.25,
+         (B, H, 6, 10)),
+    ]
+    g = torch.Generator().manual_seed(5)
+    for name, form, L, S, Hk, causal, scale, bshape in cases:
+        q = _rand(B, H, L, E, g=g).requires_grad_()
+        k = _rand(B, Hk, S, E, g=g).requires_grad_()
+        v = _rand(B, Hk, S, E, g=g).requires_grad_()
+        bias = _rand(*bshape, g=g).requires_grad_(form == "efficient") if bshape else None
+        torch._dynamo.reset()
+        backend.reset_stats()
+        with _Recorded() as rec:
+            fn = torch.compile(lambda q, k, v, b: _cuda_attention(form, q, k, v, b, causal, scale),
+                               backend="apollo", options={"strict": True})
+            y, lse = fn(q, k, v, bias)
+            dy = _rand(*y.shape, g=g)
+            y.backward(dy)
+        st = backend.stats()
+        sc = scale if scale is not None else 1.0 / math.sqrt(E)
+        att = [(o, a) for o, a in rec.ops if o in ("Attention", "AttentionGrad")]
+        check([o for o, _ in att] == ["Attention", "AttentionGrad"]
+              and all(a == {"scale": sc, "is_causal": int(causal)} for _, a in att)
+              and st["graphs"] == 2 and not st["graph_breaks"] and st["eager_graphs"] == 0
+              and st["eager_parts"] == 0,
+              "sdpa_cuda %s: %s, 2 graphs, no break, nothing eager" % (name, att))
+        qd, kd, vd, yd = q.detach(), k.detach(), v.detach(), y.detach()
+        bd = bias.detach() if bias is not None else None
+        ry, rlse = aten._scaled_dot_product_flash_attention_for_cpu(qd, kd, vd, 0.0, causal, attn_mask=bd, scale=sc)
+        rows = {"flash": L, "efficient": (L + 31) // 32 * 32, "cudnn": L}[form]
+        l32 = lse.reshape(B, H, -1)[..., :L]
+        lse_ok = (lse.dtype == torch.float32 and lse.shape[:3] == (B, H, rows)
+                  and lse.dim() == (4 if form == "cudnn" else 3)
+                  and bool(((l32.double() - rlse).abs() <= 2.0 ** -24 * rlse.abs() + 1e-15).all())
+                  and bool((lse.reshape(B, H, -1)[..., L:] == math.inf).all()))
+        check(_rel(y, ry) <= 1e-12 and lse_ok,
+              "sdpa_cuda %s: output within %.1e; log-sum-exp %s float32, within float32 rounding, %d rows +inf"
+              % (name, _rel(y, ry), list(lse.shape), rows - L))
+        # the CPU op's backward, handed the float32 log-sum-exp the backward graph read
+        used = torch.empty_strided(rlse.shape, rlse.stride(), dtype=torch.float64).copy_(l32)
+        ref = aten._scaled_dot_product_flash_attention_for_cpu_backward(dy, qd, kd, vd, yd, used, 0.0, causal,
+                                                                        attn_mask=bd, scale=sc)
+        got = [q.grad, k.grad, v.grad]
+        if bias is not None and bias.requires_grad:
+            kr, vr = kd.repeat_interleave(H // Hk, 1), vd.repeat_interleave(H // Hk, 1)
+            p = torch.exp(sc * qd @ kr.transpose(-1, -2) + bd - used.unsqueeze(-1))
+            p = p.tril() if causal else p
+            ds = p * (dy @ vr.transpose(-1, -2) - (dy * yd).sum(-1, keepdim=True))
+            ref = list(ref) + [ds.sum_to_size(bias.shape)]
+            got.append(bias.grad)
+        worst = max(_rel(a, b) for a, b in zip(got, ref))
+        ins = [x.detach().requires_grad_() for x in (q, k, v)]
+        b64 = bd.clone().requires_grad_() if len(got) == 4 else bd
+        ins += [b64] if len(got) == 4 else []
+        exact = torch.autograd.grad(_math_attention(*ins[:3], b64, causal, sc), ins, dy)
+        off = max(_rel(a, b) for a, b in zip(got, exact))
+        check(worst <= 1e-12 and off <= 1e-5,
+              "sdpa_cuda %s: %d gradients within %.1e of the CPU op's backward on the same log-sum-exp, "
+              "%.1e of float64 autograd" % (name, len(got), worst, off))
+
+    # inference: the memory-efficient forward asked for no log-sum-exp
+    torch._dynamo.reset()
+    backend.reset_stats()
+    q, k, v = _rand(B, H, 7, E, g=g), _rand(B, H, 9, E, g=g), _rand(B, H, 9, E, g=g)
+    y, lse = torch.compile(lambda q, k, v: aten._scaled_dot_product_efficient_attention(q, k, v, None, False)[:2],
+                           backend="apollo", options={"strict": True})(q, k, v)
+    ry = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0]
+    check(_rel(y, ry) <= 1e-12 and lse.shape == (B, H, 0) and backend.stats()["graphs"] == 1,
+          "sdpa_cuda efficient, compute_log_sumexp=False: output within %.1e, log-sum-exp %s"
+          % (_rel(y, ry), list(lse.shape)))
+
+    # pre-dispatch graphs keep scaled_dot_product_attention itself
+    from torch.fx.experimental.proxy_tensor import make_fx
+    q, k, v = _rand(B, H, 6, E, g=g), _rand(B, 2, 10, E, g=g), _rand(B, 2, 10, E, g=g)
+    m = (_rand(6, 10, g=g) > -0.5) | torch.eye(6, 10, dtype=torch.bool)
+
+    def sdpa(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.4, enable_gqa=True)
+    gm = make_fx(sdpa, pre_dispatch=True)(q, k, v, m)
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    with _Recorded() as rec:
+        compiled = backend._submit(gm, {}, torch.device("cpu"), backend.Options({"strict": True}), "predispatch")
+    y = compiled(q, k, v, m)[0]
+    ry = sdpa(q, k, v, m)
+    att = [(o, a) for o, a in rec.ops if o == "Attention"]
+    check(targets == [aten.scaled_dot_product_attention.default] and _rel(y, ry) <= 1e-12
+          and att == [("Attention", {"scale": 0.4, "is_causal": 0})],
+          "sdpa_cuda pre-dispatch scaled_dot_product_attention, boolean mask, grouped-query: %s, "
+          "within %.1e of eager" % (att, _rel(y, ry)))
+
+    # refused, naming the reason
+    q, k, v = _rand(B, H, 5, E, g=g), _rand(B, H, 7, E, g=g), _rand(B, H, 7, E, g=g)
+    refused = [
+        ("dropout_p=0.1", lambda q, k, v: aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.1)[0]),
+        ("bottom-right", lambda q, k, v: aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]),
+    ]
+    for words, f in refused:
+        torch._dynamo.reset()
+        backend.reset_stats()
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):
+                torch.compile(f, backend="apollo", options={"strict": True})(q, k, v)
+            check(False, "sdpa_cuda %s is refused" % words)
+        except Exception as e:      # Dynamo may wrap the backend's ApolloError
+            text = re.sub(r"\s+", " ", str(e))
+            why = (text[text.rfind("): ") + 3:] if "): " in text else text).split(" Set TORCHDYNAMO")[0]
+            # the backend traced it again through the math kernel first, to
+            # no avail: the op is called by name
+            check(words in why and "unsupported op in the forward graph" in text
+                  and "tracing attention again through PyTorch's math kernel" in said.getvalue(),
+                  "sdpa_cuda refused (strict), after a second trace: %s" % why[:120])
 
 
 def ops(names):

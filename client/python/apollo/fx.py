@@ -122,6 +122,8 @@ class _Ctx:
             t = self.value(a)
             if isinstance(t, tuple):
                 raise TypeError("a tuple value used as a tensor")
+            if isinstance(t, _Unread):
+                raise TypeError("a result of a fused attention op that Apollo does not compute")
             return self.cast(t, dtype) if dtype is not None else t
         if isinstance(a, (bool, int, float)):
             return self.scalar(a, dtype if dtype is not None else
@@ -610,54 +612,249 @@ def _pool_attrs(n, k, first=1):
     return ks, st, pad, dil, bool(args[first + 4])
 
 
-def _sdpa_dropout_at(n):
-    """(position of Q, position of dropout_p) in the arguments of the
-    forward or backward flash attention op (is_causal follows dropout_p)."""
-    return (1, 6) if n.target == aten._scaled_dot_product_flash_attention_for_cpu_backward.default else (0, 3)
+# ---- attention ------------------------------------------------------------------
+#
+# F.scaled_dot_product_attention reaches AOTAutograd's graphs as the fused
+# op PyTorch's dispatcher picked for the device, with its backward: on CPU
+# _scaled_dot_product_flash_attention_for_cpu; on CUDA the flash,
+# memory-efficient or cuDNN kernel's op (PyTorch's sdp_utils choose by
+# dtype, head size, mask and GPU).  A pre-dispatch graph
+# (make_fx(pre_dispatch=True), torch.export's training IR) keeps
+# scaled_dot_product_attention itself.  Each forward becomes Apollo's
+# Attention and each backward AttentionGrad; their arguments are read by
+# name off the op's schema (_sdpa_named), so the forms differ only in
+# where the log-sum-exp lives and what else they return.  That else -- the
+# Philox seed and offset of the kernel's dropout (uint64 on CUDA's flash),
+# cum_seq_q / cum_seq_k (None for dense inputs), max_q / max_k (numbers),
+# the empty debug mask -- is no value of the Apollo graph: nothing reads it
+# without dropout, which is refused (_Unread).
+
+_SDPA_FORWARD = {
+    aten._scaled_dot_product_flash_attention_for_cpu.default: "cpu",
+    aten._scaled_dot_product_flash_attention.default: "flash",
+    aten._scaled_dot_product_efficient_attention.default: "efficient",
+    aten._scaled_dot_product_cudnn_attention.default: "cudnn",
+    aten.scaled_dot_product_attention.default: "sdpa",
+}
+_SDPA_BACKWARD = {
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: "cpu",
+    aten._scaled_dot_product_flash_attention_backward.default: "flash",
+    aten._scaled_dot_product_efficient_attention_backward.default: "efficient",
+    aten._scaled_dot_product_cudnn_attention_backward.default: "cudnn",
+}
+# the arguments the rewrites read (by schema name); the others -- philox_seed,
+# philox_offset, cum_seq_q, cum_seq_k, max_q, max_k, the flags -- are not
+# inputs of the Apollo graph
+_SDPA_READ = ("grad_out", "grad_out_", "query", "key", "value", "out", "logsumexp", "attn_mask", "attn_bias")
 
 
-def _sdpa_args(c, n, dt):
-    """scale, is_causal and the mask (a tensor of Q's dtype, or None) of the
-    forward or backward flash attention op n."""
-    args = list(n.args)
-    first, pd = _sdpa_dropout_at(n)
-    causal = args[pd + 1] if len(args) > pd + 1 else n.kwargs.get("is_causal", False)
-    scale = n.kwargs.get("scale")
-    e = _static_shape(_val(args[first]))[-1]
+class _Unread:
+    """A result of a fused attention op that the Apollo graph does not
+    compute: the Philox seed and offset (rng_state, unused), an empty
+    debug mask, the [B, H, 0] log-sum-exp of a memory-efficient forward
+    asked for none.  Eager's kernels allocate these without writing them
+    when there is no dropout; a graph that returns one returns an empty
+    tensor of `shape` and `dtype` made at the call (Converted.outputs'
+    ("empty", shape, dtype)), and an op that reads one is refused."""
+
+    def __init__(self, v):
+        self.shape = tuple(int(d) for d in v.shape)
+        self.dtype = v.dtype
+
+
+def _sdpa_named(n):
+    """{argument name: value} of attention op n by its schema, defaults
+    filled in (a tensor argument left out or passed as None is None)."""
+    out = {}
+    for i, a in enumerate(n.target._schema.arguments):
+        if i < len(n.args) and not a.kwarg_only:
+            out[a.name] = n.args[i]
+        elif a.name in n.kwargs:
+            out[a.name] = n.kwargs[a.name]
+        else:
+            out[a.name] = a.default_value if a.has_default_value() else None
+    return out
+
+
+def _sdpa_read(n):
+    """The FX nodes attention op n's rewrite reads (_SDPA_READ)."""
+    a = _sdpa_named(n)
+    return [a[k] for k in _SDPA_READ if isinstance(a.get(k), torch.fx.Node)]
+
+
+def _sdpa_values(n):
+    """The example values of attention op n that its rewrite reads or
+    makes, which unsupported() checks: the arguments it reads, a
+    forward's output and log-sum-exp, a backward's gradients."""
+    v = _val(n)
+    outs = list(v) if isinstance(v, (list, tuple)) else [v]
+    if n.target in _SDPA_FORWARD:
+        outs = outs[:2]
+    return [x for x in outs if isinstance(x, torch.Tensor)] + [_val(a) for a in _sdpa_read(n)]
+
+
+def _sdpa_why(n):
+    """Why attention op n (forward or backward) cannot be converted, or None."""
+    a = _sdpa_named(n)
+    p = a.get("dropout_p") or 0.0
+    if not isinstance(p, (int, float)) or p:
+        return ("scaled_dot_product_attention with dropout_p=%s (no dropout inside the attention kernel)"
+                % ("%g" % p if isinstance(p, (int, float)) else p))
+    if a.get("return_debug_mask"):
+        return "%s with return_debug_mask (the attention probabilities are not kept)" % op_name(n)
+    if any(isinstance(a.get(k), torch.fx.Node) for k in ("cum_seq_q", "cum_seq_k")):
+        return "variable-length (nested tensor) attention"
+    q, k = _static_shape(_val(a["query"])), _static_shape(_val(a["key"]))
+    if q is None or k is None:
+        return None       # unsupported() names the dynamic shape
+    if len(q) < 3:
+        return "attention of rank-%d tensors (Attention takes rank 3 and more)" % len(q)
+    form = _SDPA_FORWARD.get(n.target) or _SDPA_BACKWARD.get(n.target)
+    if form == "flash" and a.get("is_causal") and q[-2] != k[-2]:
+        return ("flash attention with is_causal and L %d != S %d (the flash kernel aligns the causal mask "
+                "bottom-right, Apollo's Attention top-left)" % (q[-2], k[-2]))
+    return None
+
+
+def refused_attention(gm):
+    """Why a forward attention op of GraphModule `gm` cannot be converted
+    ("op (node): reason", _sdpa_why: dropout_p > 0 ...), or None."""
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in _SDPA_FORWARD:
+            why = _sdpa_why(n)
+            if why:
+                return "%s (%s): %s" % (op_name(n), n.name, why)
+    return None
+
+
+def _sdpa_attrs(c, a, dt):
+    """scale, is_causal and the mask of the attention arguments `a`
+    (_sdpa_named): the mask None, BOOL (true = attend) or additive in the
+    computation's dtype `dt`; the scale 1/sqrt(E) unless given."""
+    scale = a.get("scale")
     if scale is None:
-        scale = 1.0 / math.sqrt(e)
-    mask = n.kwargs.get("attn_mask")
-    mt = c.t(mask, dt) if mask is not None else None
-    return float(scale), int(bool(causal)), mt
+        scale = 1.0 / math.sqrt(_static_shape(_val(a["query"]))[-1])
+    mask = a.get("attn_mask", a.get("attn_bias"))
+    if mask is not None:
+        mask = c.t(mask, G.BOOL if _val(mask).dtype == torch.bool else dt)
+    return float(scale), int(bool(a.get("is_causal"))), mask
+
+
+def _sdpa_lse_out(c, lse, v):
+    """Attention's log-sum-exp [b..., H, L] as the forward op returns it
+    (example value v): in v's dtype; [B, H, L, 1] for cuDNN; [B, H, L
+    rounded up to 32] for memory-efficient attention on CUDA, the rows
+    past L +inf as its kernel writes them; an _Unread when v is empty (a
+    memory-efficient forward with compute_log_sumexp=False)."""
+    shape = _static_shape(v)
+    if not math.prod(shape):
+        return _Unread(v)
+    lse = c.cast(lse, apollo_dtype(v.dtype))
+    have = c.shape(lse)
+    if len(shape) == len(have) and shape[-1] > have[-1]:
+        r = len(shape)
+        return c.op("Pad", [lse], {"pads": [0] * r + [0] * (r - 1) + [shape[-1] - have[-1]],
+                                   "mode": "constant", "value": math.inf})
+    return c.reshape(lse, shape)
+
+
+def _sdpa_lse_in(c, a, dt):
+    """The log-sum-exp a backward op is handed (arguments `a`) as
+    AttentionGrad reads it: [b..., H, L] in the accumulation type `dt`,
+    memory-efficient attention's padded rows cut off, cuDNN's trailing 1
+    dropped."""
+    t = c.t(a["logsumexp"], dt)
+    want = _static_shape(_val(a["query"]))[:-1]
+    s = tuple(c.shape(t))
+    if s[:len(want)] == want and all(d == 1 for d in s[len(want):]):
+        return c.reshape(t, want)
+    if len(s) == len(want) and s[:-1] == want[:-1] and s[-1] > want[-1]:
+        return c.op("Slice", [t], {"starts": [0] * len(s), "steps": [1] * len(s)}, shape=want)
+    raise ValueError("a log-sum-exp of shape %s for queries of %s" % (list(s), list(want)))
 
 
 def _sdpa(c, n):
-    """_scaled_dot_product_flash_attention_for_cpu (q, k, v [B, H, L, E];
-    K/V heads dividing Q's) -> (output, logsumexp): Apollo's Attention op,
-    whose LogSumExp is the saved state of the backward (O(L), no L x S
-    probabilities)."""
-    vals = _val(n)
-    dt = apollo_dtype(vals[0].dtype)
-    scale, causal, mask = _sdpa_args(c, n, dt)
-    ins = [c.t(n.args[i], dt) for i in range(3)] + ([mask] if mask is not None else [])
-    y, lse = c.g.node("Attention", ins, {"scale": scale, "is_causal": causal}, n_outputs=2)
-    return (y, c.cast(lse, apollo_dtype(vals[1].dtype)))
+    """The forward attention ops (_SDPA_FORWARD: q [b..., H, L, E], k [b...,
+    Hk, S, E], v [b..., Hk, S, Ev], Hk dividing H; a mask or attn_bias
+    broadcast to [b..., H, L, S]) -> Apollo's Attention: the output, and
+    for the fused ops the log-sum-exp (the backward's saved state, O(L),
+    no L x S probabilities) as the op lays it out (_sdpa_lse_out), their
+    other tensors _Unread and their numbers as they are."""
+    a = _sdpa_named(n)
+    v = _val(n)
+    outs = list(v) if isinstance(v, (list, tuple)) else [v]
+    dt = apollo_dtype(outs[0].dtype)
+    scale, causal, mask = _sdpa_attrs(c, a, dt)
+    ins = [c.t(a[k], dt) for k in ("query", "key", "value")] + ([mask] if mask is not None else [])
+    made = c.g.node("Attention", ins, {"scale": scale, "is_causal": causal}, n_outputs=len(outs[:2]))
+    if len(outs) == 1:
+        return made[0]
+    rest = [_Unread(x) if isinstance(x, torch.Tensor) else x for x in outs[2:]]
+    return (made[0], _sdpa_lse_out(c, made[1], outs[1])) + tuple(rest)
+
+
+def _repeat_heads(c, t, g):
+    """t [b..., Hk, S, E] with each head repeated g times: [b..., Hk*g, S,
+    E], whose head h is t's head h // g (grouped-query attention)."""
+    s = tuple(c.shape(t))
+    t = c.expand(c.reshape(t, s[:-2] + (1,) + s[-2:]), s[:-2] + (g,) + s[-2:])
+    return c.reshape(t, s[:-3] + (s[-3] * g,) + s[-2:])
+
+
+def _sdpa_bias_grad(c, ins, scale, causal, want):
+    """The gradient of memory-efficient attention's attn_bias, which
+    AttentionGrad does not make.  `ins`: dY, Q, K, V, Y, LSE, bias as
+    AttentionGrad takes them; `want`: the example value of the gradient.
+    dBias = P * (dY V^T - rowsum(dY * Y)), P = exp(scale Q K^T + bias -
+    LSE), zero above the diagonal when causal: [b..., H, L, S], no larger
+    than the bias PyTorch hands the op (expanded to that shape), summed
+    over the axes the bias broadcasts along; computed in the log-sum-exp's
+    type (the accumulation type), then want's dtype."""
+    acc = c.g.dtype(ins[5])
+    dy, q, k, v, y, lse, bias = [c.cast(t, acc) for t in ins]
+    r = len(c.shape(q))
+    g = c.shape(q)[-3] // c.shape(k)[-3]
+    if g > 1:
+        k, v = _repeat_heads(c, k, g), _repeat_heads(c, v, g)
+    perm = list(range(r - 2)) + [r - 1, r - 2]
+    s = c.op("Mul", [c.op("MatMul", [q, c.op("Transpose", [k], {"perm": perm})]), c.scalar(scale, acc)])
+    s = c.op("Sub", [c.op("Add", [s, bias]), c.reshape(lse, tuple(c.shape(lse)) + (1,))])
+    p = c.op("Exp", [s])
+    if causal:
+        p = c.op("Trilu", [p], {"upper": 0, "k": 0})
+    dp = c.op("MatMul", [dy, c.op("Transpose", [v], {"perm": perm})])
+    rows = c.op("ReduceSum", [c.op("Mul", [dy, y])], {"axes": [r - 1], "keepdims": 1})
+    ds = c.op("Mul", [p, c.op("Sub", [dp, rows])])
+    shape = _static_shape(want)
+    full = c.shape(ds)
+    padded = (1,) * (len(full) - len(shape)) + tuple(shape)
+    axes = [i for i in range(len(full)) if padded[i] == 1 and full[i] != 1]
+    if axes:
+        ds = c.op("ReduceSum", [ds], {"axes": axes, "keepdims": 1})
+    return c.cast(c.reshape(ds, shape), apollo_dtype(want.dtype))
 
 
 def _sdpa_backward(c, n):
-    """_scaled_dot_product_flash_attention_for_cpu_backward(dY, q, k, v,
-    out, logsumexp, ...) -> (dq, dk, dv): Apollo's AttentionGrad op (one
-    kernel recomputing P from Q, K and the log-sum-exp)."""
-    vals = _val(n)
-    dt = apollo_dtype(vals[0].dtype)
-    scale, causal, mask = _sdpa_args(c, n, dt)
-    ins = [c.t(n.args[i], dt) for i in range(5)]
+    """The backward attention ops (_SDPA_BACKWARD: grad_out, q, k, v, out,
+    logsumexp in the forward's layout, the mask or attn_bias) -> Apollo's
+    AttentionGrad (one kernel recomputing P from Q, K and the log-sum-exp):
+    dq, dk, dv; memory-efficient attention's fourth result, the gradient
+    of attn_bias, when it is asked for (_sdpa_bias_grad), else None."""
+    a = _sdpa_named(n)
+    v = _val(n)
+    dt = apollo_dtype(v[0].dtype)
     acc = G.FLOAT32 if dt in (G.FLOAT16, G.BFLOAT16) else dt
-    ins.append(c.t(n.args[5], acc))
+    scale, causal, mask = _sdpa_attrs(c, a, dt)
+    ins = [c.t(a[k], dt) for k in ("grad_out" if "grad_out" in a else "grad_out_", "query", "key", "value", "out")]
+    ins.append(_sdpa_lse_in(c, a, acc))
     if mask is not None:
         ins.append(mask)
-    outs = c.g.node("AttentionGrad", ins, {"scale": scale, "is_causal": causal}, n_outputs=3)
-    return tuple(outs)
+    outs = tuple(c.g.node("AttentionGrad", ins, {"scale": scale, "is_causal": causal}, n_outputs=3))
+    if len(v) < 4:
+        return outs
+    if not isinstance(v[3], torch.Tensor):
+        return outs + (None,)
+    return outs + (_sdpa_bias_grad(c, ins, scale, causal, v[3]),)
 
 
 def _indices_used(n):
@@ -1403,8 +1600,6 @@ HANDLERS = {
     aten.convolution.default: _convolution, aten.convolution_backward.default: _convolution_backward,
     aten.avg_pool2d.default: _avg_pool, aten.max_pool2d_with_indices.default: _max_pool,
     aten.max_pool2d_with_indices_backward.default: _max_pool_backward,
-    aten._scaled_dot_product_flash_attention_for_cpu.default: _sdpa,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _sdpa_backward,
     aten.slice_scatter.default: _slice_scatter, aten.select_scatter.default: _slice_scatter,
     aten.view.default: _view, aten._unsafe_view.default: _view, aten.reshape.default: _view,
     aten.squeeze.dim: _view, aten.squeeze.dims: _view, aten.squeeze.default: _view,
@@ -1431,6 +1626,8 @@ HANDLERS = {
     aten.new_empty.default: _empty, aten.empty_strided.default: _empty, aten.new_empty_strided.default: _empty,
     aten.as_strided.default: _as_strided, aten.as_strided_scatter.default: _as_strided_scatter,
 }
+HANDLERS.update({op: _sdpa for op in _SDPA_FORWARD})
+HANDLERS.update({op: _sdpa_backward for op in _SDPA_BACKWARD})
 
 
 # ---- what can be converted ----------------------------------------------------
@@ -1447,12 +1644,12 @@ def _precheck(node):
                 return "indexing with a boolean mask (a data-dependent shape)"
     if t == aten.div.Tensor_mode and node.kwargs.get("rounding_mode") not in (None, "floor"):
         return "div with rounding_mode=%r" % node.kwargs.get("rounding_mode")
-    if t in (aten._scaled_dot_product_flash_attention_for_cpu.default,
-             aten._scaled_dot_product_flash_attention_for_cpu_backward.default):
-        pd = _sdpa_dropout_at(node)[1]
-        p = node.args[pd] if len(node.args) > pd else node.kwargs.get("dropout_p", 0.0)
-        if p:
-            return "scaled_dot_product_attention with dropout_p=%g (no dropout inside the attention kernel)" % p
+    if t in _SDPA_FORWARD or t in _SDPA_BACKWARD:
+        return _sdpa_why(node)
+    for a in _tensor_args(node):
+        if a.op == "call_function" and a.target == operator.getitem and a.args[0].target in _SDPA_FORWARD \
+                and a.args[1] >= 2:
+            return "reads a result of %s that Apollo does not compute (its Philox state)" % op_name(a.args[0])
     if t == aten.avg_pool2d.default and len(node.args) > 6 and node.args[6] is not None:
         return "avg_pool2d with divisor_override"
     if t in (aten.scatter_reduce.two,) and node.kwargs.get("include_self", True) is False:
@@ -1472,7 +1669,11 @@ def unsupported(node):
         return None
     if node.target not in HANDLERS:
         return "no Apollo rewrite for this op"
-    for v in _vals(node) + [_val(a) for a in _tensor_args(node)]:
+    if node.target in _SDPA_FORWARD or node.target in _SDPA_BACKWARD:
+        checked = _sdpa_values(node)
+    else:
+        checked = _vals(node) + [_val(a) for a in _tensor_args(node)]
+    for v in checked:
         if not isinstance(v, torch.Tensor):
             continue
         if _static_shape(v) is None:
@@ -1623,7 +1824,9 @@ class Converted:
     outputs    per FX output: ("out", k) the graph's output k, ("arg", i)
                placeholder i returned as it is, ("none",) None, ("value",
                v) the number v (a size of a graph specialized to its
-               shapes)
+               shapes), ("empty", shape, torch dtype) a tensor made
+               empty at the call (a fused attention's Philox state,
+               which nothing reads: _Unread)
     out_meta   per graph output: (shape, torch dtype)
     """
 
@@ -1641,6 +1844,14 @@ def _param_name(name):
     return out or "param"
 
 
+def _unread_input(node):
+    """Whether placeholder `node` is read by nothing that is converted:
+    used only as an argument an attention backward's rewrite does not read
+    (its Philox seed and offset, saved by the forward)."""
+    return bool(node.users) and all(u.op == "call_function" and u.target in _SDPA_BACKWARD
+                                    and node not in _sdpa_read(u) for u in node.users)
+
+
 def convert(gm, params=None, name="fx"):
     """Converts GraphModule `gm` (every call_function node supported, see
     unsupported()); `params` maps placeholder positions to parameter names
@@ -1656,6 +1867,9 @@ def convert(gm, params=None, name="fx"):
             v = _val(node)
             if isinstance(v, (int, float, bool)) and not any(u.op != "output" for u in node.users):
                 pos += 1      # a size the graph was specialized to: not an input of the Apollo graph
+                continue
+            if _unread_input(node):
+                pos += 1      # the Philox state an attention backward is handed and does not read
                 continue
             if not isinstance(v, torch.Tensor):
                 raise Unsupported(node, "a placeholder that is not a tensor (%s)" % type(v).__name__)
@@ -1717,6 +1931,9 @@ def convert(gm, params=None, name="fx"):
                     res.outputs.append(("arg", placeholders.index(o)))
                     continue
                 t = c.env.get(o)
+                if isinstance(t, _Unread):
+                    res.outputs.append(("empty", t.shape, t.dtype))
+                    continue
                 if t is None and o in c.folded:
                     try:
                         t = c.value(o)

@@ -12,11 +12,14 @@ CPU tensors themselves, CUDA targets launch on the current stream of the
 tensors' device; inputs, weights and outputs are bound by their data
 pointers, without copies.
 
-scaled_dot_product_attention on CPU tensors stays one op,
-_scaled_dot_product_flash_attention_for_cpu, with its backward: the
-converter makes them Apollo's Attention and AttentionGrad, one kernel each
-that saves the log-sum-exp, not the L x S probabilities.  On CUDA tensors
-it is traced through PyTorch's math kernel (_math_attention) for now.
+scaled_dot_product_attention stays one op with its backward: the fused
+kernel PyTorch picks for the tensors' device, the CPU flash kernel's op on
+CPU, the flash, memory-efficient or cuDNN kernel's op on CUDA.  The
+converter makes each of them Apollo's Attention and AttentionGrad, one
+kernel each that saves the log-sum-exp, not the L x S probabilities.  A
+forward graph whose fused attention the converter refuses -- dropout_p >
+0, which CUDA's fused kernels take -- is traced again through PyTorch's
+math kernel (_RetraceMath), whose dropout the converter has.
 
 A graph Dynamo made with symbolic sizes (dynamic shapes: after a second
 input shape) is compiled for each concrete shape it is called with
@@ -339,6 +342,8 @@ class _Compiled:
                 res.append(outs[spec[1]])
             elif spec[0] in ("arg", "value"):
                 res.append(args[spec[1]] if spec[0] == "arg" else spec[1])
+            elif spec[0] == "empty":
+                res.append(torch.empty(spec[1], dtype=spec[2], device=self.device))
             else:
                 res.append(None)
         return res
@@ -608,18 +613,18 @@ def _decompositions():
     # PyTorch's decomposition of the CPU flash attention is for export and
     # inference only: its second result is the attention weights [N, H, L,
     # S] where the op's is the logsumexp [N, H, L], which the op's backward
-    # (run eagerly) reads, so gradients came out wrong.  Attention is traced
-    # through the math kernel instead (_math_attention).
+    # (run eagerly) reads, so gradients came out wrong.  The op is
+    # converted whole (fx.py's Attention and AttentionGrad).
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     return table
 
 
 def _math_attention():
     """A context in which scaled_dot_product_attention takes PyTorch's math
-    kernel (matmul, softmax, matmul and their masks), so that AOTAutograd
-    traces it, and its backward, into ops the converter has: used for CUDA
-    tensors, whose fused kernels (flash, memory-efficient, cuDNN) have no
-    Apollo rewrite yet.  A no-op where torch lacks torch.nn.attention."""
+    kernel (matmul, softmax, dropout, matmul and their masks), so that
+    AOTAutograd traces it, and its backward, into ops the converter has:
+    used for a graph whose fused attention the converter refuses
+    (_RetraceMath).  A no-op where torch lacks torch.nn.attention."""
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:
@@ -642,6 +647,15 @@ def _param_positions(gm, example_inputs):
     return out
 
 
+class _RetraceMath(Exception):
+    """Raised by the forward compiler when AOTAutograd's forward graph holds
+    a fused attention op the converter refuses (fx.refused_attention: its
+    dropout_p > 0, say -- PyTorch picks the flash or memory-efficient
+    kernel for it on CUDA): apollo_backend traces the graph again with the
+    math kernel, whose dropout is the converter's random ops, instead of
+    splitting the graph at the attention."""
+
+
 def apollo_backend(gm, example_inputs, options=None, **_ignored):
     """The "apollo" backend of torch.compile (see the module comment)."""
     opts = Options(options)
@@ -659,17 +673,26 @@ def apollo_backend(gm, example_inputs, options=None, **_ignored):
         return gm.forward
     params = _param_positions(gm, example_inputs)
 
-    def fw(g, ex):
-        return _compile_graph(g, ex, opts, "forward", params)
+    def trace(math_attention):
+        def fw(g, ex):
+            why = None if math_attention else afx.refused_attention(g)
+            if why:
+                _say(opts, "apollo: tracing attention again through PyTorch's math kernel: %s" % why)
+                raise _RetraceMath(why)
+            return _compile_graph(g, ex, opts, "forward", params)
 
-    def bw(g, ex):
-        return _compile_graph(g, ex, opts, "backward", {})
+        def bw(g, ex):
+            return _compile_graph(g, ex, opts, "backward", {})
 
-    # AOTAutograd traces the forward and backward graphs here, in this call
-    on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
-    with _math_attention() if on_cuda else contextlib.nullcontext():
+        # AOTAutograd traces the forward and backward graphs here, in this call
         return aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=fw,
                             decompositions=_decompositions())(gm, example_inputs)
+
+    try:
+        return trace(False)
+    except _RetraceMath:
+        with _math_attention():
+            return trace(True)
 
 
 def _options_at_compile():
