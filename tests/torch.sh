@@ -120,9 +120,9 @@ for m in gpt cnn; do
 	fi
 done
 
-# float64 attention (issue 24): scaled_dot_product_attention is traced
-# through PyTorch's math kernel into ops Apollo compiles, forward and
-# backward; float64 LayerNorm statistics are float64.  Before, the backward
+# float64 attention (issue 24): scaled_dot_product_attention becomes
+# Apollo's Attention and AttentionGrad ops (fx.py), forward and backward;
+# float64 LayerNorm statistics are float64.  Before, the backward
 # read the attention weights as the flash kernel's logsumexp (losses 1e-4
 # to 1e-3 off after 3 steps) and every float64 forward with a LayerNorm ran
 # in eager PyTorch.  Neither breaks now: gpt2's mask (indexing with two
