@@ -244,6 +244,43 @@ START_TEST(search_finds_known_best)
 }
 END_TEST
 
+/* Split-K is priced (gm_traffic: a split block's pipeline fill and its
+ * cluster's reduction stand outside the overlapped main loop) so that it
+ * pays only where the tiles leave SMs idle: TF32 4096^3 on sm_90 (1,024
+ * tiles of 128 x 128, 7.8 waves on 132 SMs) is not split -- it was split
+ * 8 ways for the last wave's quantisation alone -- while a weight
+ * gradient's product (64 x 64 over K = 65,536: 16 tiles of 16 x 16)
+ * still is. */
+START_TEST(splitk_only_for_idle_sms)
+{
+	ap_target_info t;
+
+	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
+	t.allow_tf32 = true;
+	for (int c = 0; c < 2; c++) {
+		ap_graph *g = c ? matmul_graph(64, 64, 65536, false) : matmul_graph(4096, 4096, 4096, false);
+		ap_mgraph *m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+		ap_space sp;
+		ap_sched dflt;
+		ap_tune_result r;
+		ap_error err;
+		int sk;
+
+		ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+		ck_assert_int_eq(ap_tune_search(&ap_emitter_gemm, m, &t, NULL, &r, &err), 0);
+		sk = r.best.v[knob_ix(&sp, "splitk")];
+		printf("check_tune: split-K %d (tile %d x %d) for %s (%.1f us modelled)\n", sk, r.best.v[0], r.best.v[1],
+		       c ? "64 x 64 over K 65536" : "4096^3", r.best_us);
+		if (c)
+			ck_assert_int_gt(sk, 1);
+		else
+			ck_assert_int_eq(sk, 1);
+		ap_mgraph_free(m);
+		ap_graph_free(g);
+	}
+}
+END_TEST
+
 START_TEST(never_worse_than_default)
 {
 	static const char *const targets[] = {"cpu", "sm_80", "sm_90"};
@@ -1369,6 +1406,7 @@ int main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, search_finds_known_best);
 	tcase_add_test(tc, never_worse_than_default);
+	tcase_add_test(tc, splitk_only_for_idle_sms);
 	tcase_add_test(tc, sched_text);
 	tcase_add_test(tc, records_in_the_cache);
 	tcase_add_test(tc, records_reused_by_builds);

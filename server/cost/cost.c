@@ -439,6 +439,8 @@ double ap_cost_schedule_us(const ap_traffic *t, const ap_target_info *ti)
 		work = sh_us;
 	if (alu_us > work)
 		work = alu_us;
+	if (t->loop_fraction > 0)
+		work /= t->loop_fraction;
 	if (blocks < ti->sm_count)
 		used = (double)blocks / ti->sm_count;
 	/* a host worker thread runs one block at a time */

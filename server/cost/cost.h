@@ -131,6 +131,11 @@ typedef struct ap_traffic {
 	double alu_fraction;   /* of the arithmetic peak the inner loop can reach
 				  (host: the SIMD lanes a row of the register
 				  tile fills); 0 = all of it */
+	double loop_fraction;  /* of a block's time its overlapped main loop
+				  fills (copies, shared-memory reads and
+				  arithmetic at once); the rest -- a pipeline's
+				  fill, a cluster's reduction -- is added in
+				  series: the work divided by it; 0 = all */
 } ap_traffic;
 
 /* Modelled time of one launch in microseconds: launch_us plus
@@ -152,6 +157,8 @@ double ap_cost_time_us(const ap_traffic *t, const ap_target_info *ti);
  *     (host: worker threads x 1, a thread runs one block at a time),
  *     the last one partly empty (the tail effect), and a grid smaller than
  *     the SM count uses that fraction of the machine;
+ *   - work outside a block's overlapped main loop (loop_fraction: a
+ *     split-K block's pipeline fill and cluster reduction) in series;
  * plus launch_us.  Microseconds; a configuration whose block does not fit
  * an SM (0 blocks per SM) or that needs more than 255 registers per thread
  * (it would spill) costs INFINITY.  The method is the roofline with

@@ -2452,6 +2452,18 @@ static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 		 * tuner does not search host GEMMs: host_rule_only) */
 		if (!t->gpu && !p.tc)
 			out->alu_fraction = fmin(1.0, c.tm * c.tn / 16.0);
+		/* split-K: a block's pipeline fills (stages - 1 K tiles copied
+		 * before its first product) and its cluster's reduction and
+		 * barrier (about one K tile more) stand outside the overlapped
+		 * main loop: it fills ktl / (ktl + stages) of a block's time over
+		 * its ktl K tiles.  Idle SMs outweigh that many times over; the
+		 * last wave's quantisation of a grid of many waves never does
+		 * (TF32 4096^3 was split 8 ways without it). */
+		if (c.splitk > 1) {
+			double ktl = ceil(ceil((double)p.K / c.bk) / c.splitk);
+
+			out->loop_fraction = ktl / (ktl + c.stages);
+		}
 	}
 	plan_clear(&p);
 	return 0;
