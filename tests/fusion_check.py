@@ -28,7 +28,8 @@ and checks:
   - the fusion-phase issue's targets at level apollo (Layers II and III):
     launches at most LAUNCH_TARGETS[model], and no model with more launches
     or more global bytes than BEFORE_LAYERS (the same measure before the
-    fusion layers existed);
+    fusion layers existed, plus the model's constant buffers read once:
+    see BEFORE_LAYERS);
   - hints travel (mlp_gelu_ln, level apollo): --fusion-barrier on a node
     that shares a launch with an earlier node gives a boundary with reason
     "hint" into a launch holding that node; --keep-whole ReduceMean puts all
@@ -52,7 +53,12 @@ TRAFFIC_RATIO = 0.5
 LAUNCH_TARGETS = {"bert_like_2l": 18, "mlp_gelu_ln": 6, "squeezenet1_1": 25,
                   "prenorm_layer_train": 40, "mlp_residual_train": 22,
                   "small_convnet_train": 25}
-# (launches, global bytes) at --fusion apollo before the fusion layers.
+# (launches, global bytes) at --fusion apollo before the fusion layers
+# (0526259).  Its kernels had every constant (parameters aside) baked into
+# their source -- the constant buffers, BUF_CONST, came a day later
+# (f16dfce) -- so these bytes hold none; a launch now counts the constants it
+# reads from a buffer, and any plan reads each at least once: the check adds
+# the model's const_bytes to these figures.
 BEFORE_LAYERS = {"bert_like_2l": (28, 16021504), "mlp_gelu_ln": (8, 6547328),
                  "ppocr_mobile_v2_cls": (103, 6430444), "silero_vad_op18_ifless": (11, 1251884),
                  "squeezenet1_1": (31, 31904800), "mlp_residual_train": (29, 1394764),
@@ -259,9 +265,10 @@ def main():
                      "%s --fusion apollo: %d launches, target %d" % (name, ap_["kernels"], LAUNCH_TARGETS[name]))
         if ap_ and name in BEFORE_LAYERS:
             k0, g0 = BEFORE_LAYERS[name]
+            g0 += ap_.get("const_bytes", 0)
             ck.check(ap_["kernels"] <= k0 and ap_["global_bytes"] <= g0,
-                     "%s --fusion apollo: %d launches / %d B, more than before the fusion layers (%d / %d)" % (
-                         name, ap_["kernels"], ap_["global_bytes"], k0, g0))
+                     "%s --fusion apollo: %d launches / %d B, more than before the fusion layers (%d / %d "
+                     "with its constants read once)" % (name, ap_["kernels"], ap_["global_bytes"], k0, g0))
             layers = ap_.get("layers", {})
             ck.check(layers.get("II", 0) + layers.get("III", 0) > 0,
                      "%s --fusion apollo: no micro-graph changed by Layer II or III" % name)

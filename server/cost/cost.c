@@ -341,7 +341,9 @@ static double touched_depth(const ap_graph *g, int t, int depth)
 {
 	double all = numel(g, t), sum = 0;
 
-	if (depth > 16)
+	/* a view's result that is written (a copy: a graph output, or a
+	 * micro-graph's) takes every element it has */
+	if (depth > 16 || (depth > 0 && g->tensors[t].is_output))
 		return all;
 	for (int i = 0; i < g->n_nodes && sum < all; i++) {
 		const ap_node *n = &g->nodes[i];

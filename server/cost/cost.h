@@ -101,8 +101,11 @@ double ap_cost_reads_per_element(const ap_graph *g, const ap_node *n, int i);
 
 /* Elements of tensor t that the nodes of g reading it touch: a Slice or a
  * Gather reads only what it selects (its output's element count), a view
- * passes on what its own readers touch, every other reader reads t whole;
- * never more than t has.  For modelled bytes: a kernel reading the Q part
+ * passes on what its own readers touch (all of its elements when its
+ * result is an output of g: it is copied), every other reader reads t
+ * whole; the sum over the readers, never more than t has (so the
+ * elements a set of readers touches are at most the sum of what its parts
+ * touch).  For modelled bytes: a kernel reading the Q part
  * of a fused QKV buffer moves a third of it.  Linear in g's nodes. */
 double ap_cost_touched(const ap_graph *g, int t);
 

@@ -731,43 +731,58 @@ static int print_launch(pipe *P, int li, refusal *r)
 }
 
 /* Modelled bytes of a launch (the cost model's, server/cost): every
- * program tensor its parts read, counted once with the most elements any
- * part touches of it (ap_cost_touched: a slice moves its part only), plus
- * every tensor it writes. */
+ * program tensor its parts read -- their inputs, and the constants the
+ * kernel reads from a buffer (its arguments) -- with the elements the
+ * parts touch of it (ap_cost_touched: a slice moves its part only),
+ * summed over the parts and never more than the tensor has, plus every
+ * tensor it writes, once.  A Layer III part runs its own blocks and loads
+ * its own operands: two parts reading one tensor whole (squeezenet's
+ * expand 1x1 and 3x3 on the squeeze output) count it once, as the cache
+ * serves the second within the launch; two reading different slices
+ * move both.  So the bytes of the launches reading a tensor add up to at
+ * least what the program graph's readers touch of it: the floor
+ * min_bytes (plan.c) stays below global_bytes.  0 when out of memory
+ * (the plan then counts the launch's buffers whole). */
 static uint64_t launch_bytes(const pipe *P, const ap_fuse_launch *fl)
 {
 	int cap = 0, n = 0;
-	struct { int t; double bytes; } *seen = NULL;
+	struct { int t; double bytes, whole; } *seen = NULL;
 	double total = 0;
 
 	for (int j = 0; j < fl->n; j++)
-		cap += P->units[fl->units[j]].m->g->n_inputs + P->units[fl->units[j]].m->g->n_outputs;
+		cap += P->units[fl->units[j]].m->g->n_tensors;
 	seen = malloc(((size_t)cap + 1) * sizeof(*seen));
 	if (!seen)
 		return 0;
 	for (int j = 0; j < fl->n; j++) {
 		const ap_mgraph *m = P->units[fl->units[j]].m;
+		const ap_graph *g = m->g;
 
-		for (int i = 0; i < m->g->n_inputs + m->g->n_outputs; i++) {
-			bool in = i < m->g->n_inputs;
-			int lt = in ? m->g->inputs[i] : m->g->outputs[i - m->g->n_inputs];
-			const ap_tensor *x = &m->g->tensors[lt];
-			double elems = in ? ap_cost_touched(m->g, lt) : (double)ap_tensor_numel(x);
-			double b = (elems > 0 ? elems : 0) * (double)ap_dtype_size(x->dtype);
+		for (int lt = 0; lt < g->n_tensors; lt++) {
+			const ap_tensor *x = &g->tensors[lt];
+			bool in = x->producer < 0 && x->kind != AP_TENSOR_CONST, bound = false;
+			double elems, whole = ap_tensor_numel(x) > 0 ? (double)ap_tensor_numel(x) : 0;
 			int k;
 
+			/* a constant counts when the kernel reads it from memory */
+			for (int a = 0; x->producer < 0 && x->kind == AP_TENSOR_CONST && a < fl->n_args; a++)
+				bound = bound || fl->args[a] == m->tensor_of[lt];
+			if (!in && !bound && !x->is_output)
+				continue;
+			elems = x->is_output ? whole : ap_cost_touched(g, lt);
+			whole *= (double)ap_dtype_size(x->dtype);
 			for (k = 0; k < n && seen[k].t != m->tensor_of[lt]; k++)
 				;
 			if (k == n) {
 				seen[n].t = m->tensor_of[lt];
-				seen[n++].bytes = b;
-			} else if (b > seen[k].bytes) {
-				seen[k].bytes = b;
+				seen[n].bytes = 0;
+				seen[n++].whole = whole;
 			}
+			seen[k].bytes += elems * (double)ap_dtype_size(x->dtype);
 		}
 	}
 	for (int k = 0; k < n; k++)
-		total += seen[k].bytes;
+		total += seen[k].bytes < seen[k].whole ? seen[k].bytes : seen[k].whole;
 	free(seen);
 	return (uint64_t)total;
 }

@@ -24,13 +24,20 @@
  * not counted: the caller binds its weights where they already are.
  *
  * Traffic model (bytes): a launch's global_bytes is what the driver
- * modelled (each tensor it reads, the elements it touches, once; each
- * tensor it writes, once), else the size of every distinct buffer it
- * binds; the program's is the sum over its launches; eager_bytes sums,
- * over the imported graph's non-view nodes (before expansion), the bytes
- * of their distinct non-constant inputs (the part a Slice or Gather
- * selects) and outputs (an op-by-op runtime); min_bytes is the graph's
- * inputs, parameters and outputs, each touched once.
+ * modelled (each tensor it reads -- its parts' inputs and the constants
+ * it reads from a buffer -- the elements its parts touch, summed over the
+ * parts and at most the tensor's size; each tensor it writes, once), else
+ * the size of every distinct buffer it binds; the program's is the sum
+ * over its launches.  eager_bytes sums, over the imported graph's
+ * non-view nodes (before expansion), the bytes of their distinct
+ * non-constant inputs (the part a Slice or Gather selects) and outputs
+ * (an op-by-op runtime).  min_bytes is the floor: each graph input,
+ * parameter and constant a launch reads, the elements the program
+ * graph's readers touch of it (ap_cost_touched), and each graph output a
+ * launch writes, once.  Every reader of a tensor is in some launch's
+ * parts, so the launches' bytes add up to at least the floor:
+ * global_bytes >= min_bytes on every graph; an input no kernel reads
+ * (unused, or an output passed through) costs nothing.
  *
  * Explain data: each launch lists its parts (micro-graphs) with the
  * imported node names they compute, their kinds and sub-graphs; each edge
@@ -303,12 +310,12 @@ static void memory_model(ap_program *p)
 				add_sat(p->const_bytes, p->workspace_bytes));
 }
 
-/* eager_bytes and min_bytes of `g` (before expansion); global_bytes summed
- * over the launches. */
-static void traffic_model(const ap_graph *g, ap_program *p)
+/* eager_bytes of `g` (before expansion); global_bytes summed over the
+ * launches; min_bytes, the floor (floor_bytes), as given. */
+static void traffic_model(const ap_graph *g, uint64_t min_bytes, ap_program *p)
 {
 	unsigned eager = 0;
-	uint64_t eb = 0, mb = 0;
+	uint64_t eb = 0;
 
 	for (int n = 0; n < g->n_nodes; n++) {
 		const ap_node *node = &g->nodes[n];
@@ -336,15 +343,47 @@ static void traffic_model(const ap_graph *g, ap_program *p)
 			if (node->outputs[i] >= 0)
 				eb += tensor_bytes(&g->tensors[node->outputs[i]]);
 	}
-	for (int i = 0; i < p->n_buffers; i++)
-		if (p->buffers[i].kind != AP_BUF_INTERMEDIATE)
-			mb += p->buffers[i].nbytes;
 	p->eager_kernels = g->eager_kernels ? g->eager_kernels : eager;
 	p->eager_bytes = eb;
-	p->min_bytes = mb;
+	p->min_bytes = min_bytes;
 	p->global_bytes = 0;
 	for (int i = 0; i < p->n_launches; i++)
 		p->global_bytes += p->launches[i].global_bytes;
+}
+
+/* The floor of the program's traffic into *out (bytes): every graph
+ * input, parameter and constant buffer some launch reads, the elements
+ * pg's readers touch of it (ap_cost_touched); every graph output some
+ * launch writes, whole; each buffer once.  p's launch arguments are
+ * buffers by now; buf_of: per tensor of pg, its buffer or -1.  0, or
+ * AP_ENOMEM. */
+static int floor_bytes(const ap_program *p, const ap_graph *pg, const int *buf_of, uint64_t *out)
+{
+	unsigned char *use = calloc((size_t)p->n_buffers + 1, 1);   /* 1 read, 2 written, 4 counted */
+	double sum = 0;
+
+	if (!use)
+		return AP_ENOMEM;
+	for (int l = 0; l < p->n_launches; l++) {
+		const ap_launch *ln = &p->launches[l];
+
+		for (int a = 0; a < ln->n_args; a++)
+			use[ln->args[a]] |= p->kernels[ln->kernel].params[a].written ? 2 : 1;
+	}
+	for (int t = 0; t < pg->n_tensors; t++) {
+		int bi = buf_of[t];
+		double whole, touched;
+
+		if (bi < 0 || p->buffers[bi].kind == AP_BUF_INTERMEDIATE || (use[bi] & 4) || !use[bi])
+			continue;
+		use[bi] |= 4;
+		whole = (double)p->buffers[bi].nbytes;
+		touched = ap_cost_touched(pg, t) * (double)ap_dtype_size(pg->tensors[t].dtype);
+		sum += (use[bi] & 2) || touched > whole ? whole : touched;
+	}
+	free(use);
+	*out = (uint64_t)sum;
+	return 0;
 }
 
 int ap__plan_buffers(ap_program *p, const ap_graph *pg, const ap_graph *orig, ap_error *err)
@@ -352,6 +391,7 @@ int ap__plan_buffers(ap_program *p, const ap_graph *pg, const ap_graph *orig, ap
 	builder b;
 	int *stamp = NULL;           /* per tensor: 1 + the last launch that counted it */
 	bool *kernel_done = NULL;
+	uint64_t min_bytes = 0;
 	int rc = AP_ENOMEM;
 
 	memset(&b, 0, sizeof(b));
@@ -404,7 +444,9 @@ int ap__plan_buffers(ap_program *p, const ap_graph *pg, const ap_graph *orig, ap
 	if (layout_workspace(p) < 0)
 		goto out;
 	memory_model(p);
-	traffic_model(orig, p);
+	if (floor_bytes(p, pg, b.buf_of, &min_bytes) < 0)
+		goto out;
+	traffic_model(orig, min_bytes, p);
 	rc = 0;
 out:
 	free(b.buf_of);

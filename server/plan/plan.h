@@ -19,9 +19,10 @@
  * launch's global_bytes (every distinct buffer it binds, once) and each
  * kernel's (of its first launch); places intermediates in one workspace
  * by liveness (first fit, 256-byte aligned); fills eager_kernels,
- * eager_bytes (of `orig`, the graph before expansion), min_bytes and
- * global_bytes, and the memory figures (input_bytes, output_bytes,
- * const_bytes, peak_bytes).  0 or AP_ENOMEM with `err` set. */
+ * eager_bytes (of `orig`, the graph before expansion), min_bytes (the
+ * floor, over pg's readers) and global_bytes, and the memory figures
+ * (input_bytes, output_bytes, const_bytes, peak_bytes).  0 or AP_ENOMEM
+ * with `err` set. */
 int ap__plan_buffers(ap_program *p, __ap_keep const ap_graph *pg, __ap_keep const ap_graph *orig,
 		     ap_error *err);
 

@@ -184,8 +184,10 @@ typedef struct ap_program {
 	 *   eager_bytes  -> Stats.eager_bytes: the same for one kernel per node
 	 *     of the imported graph before expansion (views free, constants
 	 *     baked in);
-	 *   min_bytes    -> Stats.min_bytes: graph inputs, parameters and
-	 *     outputs, each touched once (the floor). */
+	 *   min_bytes    -> Stats.min_bytes: the floor, never above
+	 *     global_bytes: graph inputs, parameters and constants a launch
+	 *     reads, the elements the graph's readers touch of each (a slice
+	 *     or gather its part only), and outputs a launch writes, once. */
 	uint64_t global_bytes, eager_bytes, min_bytes;
 	/* Device memory of one run of the plan (bytes; plan.c says why):
 	 *   input_bytes  -> Stats.input_bytes: the INPUT buffers;
