@@ -499,6 +499,48 @@ def _sdpa():
               "sdpa %s: the attention one launch forward and one backward (%s)" % (name, kinds))
 
 
+@op("sdpa_tc")
+def _sdpa_tc():
+    """The tensor-core attention kernels through torch.compile: float16 and
+    bfloat16 F.scaled_dot_product_attention (causal with grouped-query
+    heads; an additive mask with L != S) compiled for host:sm_90, sm_90's
+    kernels run on the host with mma.sync, ldmatrix and cp.async emulated
+    from the PTX ISA's definitions; forward and gradients against eager
+    float64 on the same 16-bit inputs, within a few of the type's epsilons
+    (P and dS are rounded to it: 4e-3 float16, 3e-2 bfloat16), and the
+    pages show the tensor-core schedules (warps=.. keys=.., warps=.. tile=..)."""
+    import glob
+    import tempfile
+    g = torch.Generator().manual_seed(5)
+    B, H, E = 2, 4, 32
+    cases = [("causal grouped-query", dict(is_causal=True, enable_gqa=True), 37, 37, 2),
+             ("additive mask L<S", dict(attn_mask=_rand(B, 1, 21, 45, g=g)), 21, 45, 4)]
+    for dt, tol in ((torch.float16, 4e-3), (torch.bfloat16, 3e-2)):
+        for name, kw, L, S, Hk in cases:
+            def fn(q, k, v, kw=kw):
+                return F.scaled_dot_product_attention(q, k, v, **{a: (b.to(dt) if torch.is_tensor(b) else b)
+                                                                 for a, b in kw.items()})
+            q, k, v = (_rand(*shape, g=g).to(dt).requires_grad_() for shape in
+                       ((B, H, L, E), (B, Hk, S, E), (B, Hk, S, E)))
+            dy = _rand(B, H, L, E, g=g).to(dt)
+            pages = tempfile.mkdtemp(prefix="apollo-sdpa-tc-")
+            torch._dynamo.reset()
+            y = torch.compile(fn, backend="apollo",
+                              options={"target": "host:sm_90", "explain_html": pages})(q, k, v)
+            y.backward(dy)
+            r = [x.detach().double().requires_grad_() for x in (q, k, v)]
+            y64 = F.scaled_dot_product_attention(
+                *r, **{a: (b.double() if torch.is_tensor(b) else b) for a, b in kw.items()})
+            y64.backward(dy.double())
+            errs = [_rel(y.detach().double(), y64.detach())] + [_rel(x.grad.double(), x64.grad)
+                                                               for x, x64 in zip((q, k, v), r)]
+            text = " ".join(open(f).read() for f in glob.glob(os.path.join(pages, "*.html")))
+            tc = "warps=" in text and "keys=" in text and "tile=" in text
+            check(max(errs) <= tol and tc,
+                  "sdpa_tc %s %s on host:sm_90: y, dq, dk, dv within %s of float64 (%.1e), tensor-core "
+                  "schedules %s" % (str(dt)[6:], name, ", ".join("%.1e" % e for e in errs), tol, tc))
+
+
 class _Recorded:
     """While active, records the (op, attributes) of every node the
     converter adds to an Apollo graph."""
