@@ -1192,6 +1192,16 @@ static int ag_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 	out->blocks = ap_grid_for(p.nb * p.Hk * ((p.S + R - 1) / R) + p.nb * p.H * ((p.L + R - 1) / R), 1);
 	out->shared_bytes = (unsigned)(p.tc ? tc_smem(&p, s->v[0], s->v[1]) : ag_smem(&p, s->v[0]));
 	out->tensor_cores = p.tc;
+	if (p.tc) {
+		/* registers a thread: S and dP (float32), P and dS (16-bit pairs)
+		 * of a tile's BT / 8 n8 tiles, the gradient accumulators, the
+		 * held fragments, about 40 for addresses and statistics (ptxas
+		 * at GPT-2's head dim 64 on sm_90: 168 at tile 16, 226 at 64) */
+		int64_t ns = s->v[1] / 8, ep = tc_pad16(p.E), evp = tc_pad16(p.Ev);
+		int64_t regs = ns * 4 * 2 + ns * 4 + (ep + evp) / 8 * 4 + (ep + evp) / 4 + 40;
+
+		out->regs = (unsigned)(regs > 255 ? 255 : regs);
+	}
 	return 0;
 }
 
