@@ -11,7 +11,7 @@
 #
 #   BENCH        a subset, by name: coldwarm (bench/run.sh's own table:
 #                cold and warm compile of every model), warm, fusion,
-#                layer1, compile, tune, autotune, scale, gemm, host,
+#                layer1, compile, tune, autotune, scale, gemm, gemm_sass, host,
 #                attention_memory, torch_train (bench/NAME.sh).  The
 #                header then says which ran.
 #   -t TARGET    passed to the benchmarks that take one (coldwarm, warm,
@@ -26,7 +26,7 @@
 #   env: APOLLO_BUILD (default build/), and every benchmark's own.
 cd "$(dirname "$0")/.." || exit 1
 
-ALL="coldwarm warm fusion layer1 compile tune autotune scale gemm host attention_memory torch_train"
+ALL="coldwarm warm fusion layer1 compile tune autotune scale gemm gemm_sass host attention_memory torch_train"
 out=docs/benchmarks.md
 target=
 quick=
@@ -101,6 +101,7 @@ describe() {
 	scale) echo "Partition and codegen time against graph size: transformer encoders of 8 ... 512 layers, and time(512)/time(64)." ;;
 	gemm) echo "The models' GEMM, convolution and attention shapes: FLOPs, bytes, what ptxas reports for sm_90, host time beside onnxruntime's (and the device's where nvidia-smi works)." ;;
 	host) echo "Every model and training step on target cpu, Apollo beside onnxruntime, same inputs, same threads." ;;
+	gemm_sass) echo "The K loop of 4096^3 and 1024^3 MatMuls on sm_90 read from their SASS (nvdisasm): instructions a K tile, the share that multiply (HMMA / FFMA), barriers, integer address arithmetic, shared loads, asynchronous copies, the epilogue's stores by width. A static count, not a timing." ;;
 	attention_memory) echo "GPT-2-small attention (12 heads of 64, batch 1, float16, causal, sm_90) at S = 512 ... 8192: the peak bytes of Apollo's forward and backward bundles beside eager PyTorch's tensors with the flash and the math kernel, and the growth per doubling of S." ;;
 	torch_train) echo "Training steps of real PyTorch models (bench/torch_sweep.py's): eager, torch.compile with Inductor and with Apollo on target cpu, the first step cold and warm, graph breaks." ;;
 	esac

@@ -1239,22 +1239,33 @@ static void extents(gctx *c, int role, int *rows, int64_t *total)
 
 /* Opens the loop over operand `role`'s copies of one K tile, dealt to the
  * threads (copy i of `copies`, each `w` elements along the contiguous
- * coordinate), and gives the copy's tile coordinates (*o, *kk); the
- * caller closes the loop with ap_v_close(v, *saved). */
-static ap_kir_var *copy_loop(gctx *c, int role, int w, ap_kir_expr **o, ap_kir_expr **kk, int64_t *copies,
-			     ap_kir_block **saved)
+ * coordinate), and gives the copy's index and tile coordinates (*o,
+ * *kk); the caller closes the loop with ap_v_close(v, *saved).  When
+ * every thread makes the same number of copies (at most COPY_UNROLL) the
+ * loop has that constant trip count and is unrolled, copy i = tid + j *
+ * threads: its coordinates are shifts and masks of tid the compiler
+ * computes once, outside the K loop (issue 25: no division in the main
+ * loop); otherwise a thread-strided loop. */
+#define COPY_UNROLL 8
+static ap_kir_expr *copy_loop(gctx *c, int role, int w, ap_kir_expr **o, ap_kir_expr **kk, int64_t *copies,
+			      ap_kir_block **saved)
 {
 	const gemm_opnd *op = role ? &c->p->b : &c->p->a;
 	ap_kir_kernel *k = c->k;
 	int rows = role ? c->c.bn : c->c.bm;
 	int64_t fast_ext = op->k_fast ? c->c.bk : rows, slow_ext = op->k_fast ? rows : c->c.bk;
-	ap_kir_var *i;
-	ap_kir_expr *fast, *slow;
+	ap_kir_expr *i, *fast, *slow;
 
 	*copies = fast_ext / w * slow_ext;
-	i = ap_v_loop(c->v, "c", c->tid, I(c, *copies), c->nt, saved);
-	fast = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, i), I(c, fast_ext / w)), w);
-	slow = ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, i), I(c, fast_ext / w));
+	if (*copies % c->nt == 0 && *copies / c->nt <= COPY_UNROLL) {
+		ap_kir_var *j = ap_v_loop_unrolled(c->v, "c", *copies / c->nt, saved);
+
+		i = ap_kir_bind(k, c->v->cur, k->index_type, "ci", ap_kir_add(k, c->tid, ap_kir_muli(k, ap_kir_ref(k, j), c->nt)));
+	} else {
+		i = ap_kir_ref(k, ap_v_loop(c->v, "c", c->tid, I(c, *copies), c->nt, saved));
+	}
+	fast = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, i, I(c, fast_ext / w)), w);
+	slow = ap_kir_binary(k, AP_KIR_DIV, i, I(c, fast_ext / w));
 	*o = op->k_fast ? slow : fast;
 	*kk = op->k_fast ? fast : slow;
 	return i;
@@ -1292,7 +1303,7 @@ static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 					     I(c, c->c.bk), (int64_t)(c->nt / (unsigned)rows), &saved));
 		copy = ap_kir_add(k, ap_kir_muli(k, kk, rows), o);
 	} else {
-		copy = ap_kir_ref(k, copy_loop(c, role, w, &o, &kk, &copies, &saved));
+		copy = copy_loop(c, role, w, &o, &kk, &copies, &saved);
 		og = ap_kir_add(k, role ? c->n0 : c->m0, o);
 	}
 	kg = ap_kir_add(k, ap_kir_muli(k, kt, c->c.bk), kk);
@@ -1437,12 +1448,11 @@ static void extract_staged(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *ktil
 	ap_kir_kernel *k = c->k;
 	ap_kir_block *saved;
 	ap_kir_array *stg = role ? c->pb : c->pa;
-	ap_kir_var *i;
-	ap_kir_expr *o, *kk, *slot, *val;
+	ap_kir_expr *i, *o, *kk, *slot, *val;
 	int64_t copies;
 
 	i = copy_loop(c, role, 1, &o, &kk, &copies, &saved);
-	slot = ap_kir_bind(k, c->v->cur, k->index_type, "q", ap_kir_add(k, ap_kir_muli(k, st, copies), ap_kir_ref(k, i)));
+	slot = ap_kir_bind(k, c->v->cur, k->index_type, "q", ap_kir_add(k, ap_kir_muli(k, st, copies), i));
 	if ((role ? c->b_mode : c->a_mode) == STAGE_PAIRS) {
 		val = ap_kir_load(k, stg, ap_kir_add(k, ap_kir_muli(k, slot, 2),
 						     ap_kir_cast(k, k->index_type,
@@ -2196,7 +2206,7 @@ static void mainloop_pipelined(gctx *c)
 	ap_vctx *v = c->v;
 	int S = c->c.stages;
 	ap_kir_block *ksaved, *saved;
-	ap_kir_var *kt;
+	ap_kir_var *kt, *stv = NULL, *nsv = NULL;
 	ap_kir_expr *stage, *nxt, *nst, *more;
 
 	/* prologue: stages 0 .. S-2 */
@@ -2208,19 +2218,26 @@ static void mainloop_pipelined(gctx *c)
 		if (c->a_async || c->b_async)
 			ap_kir_cp_commit(k, v->cur);
 	}
+	/* the stages of tile kt and of tile kt + S - 1: kt % S and (kt + S -
+	 * 1) % S, carried across iterations (S > 2: advanced by a compare
+	 * and select at the end of each, no division in the loop) */
+	if (S > 2) {
+		stv = ap_kir_var_new(k, k->index_type, "st");
+		nsv = ap_kir_var_new(k, k->index_type, "ns");
+		ap_kir_let(k, v->cur, stv, I(c, 0));
+		ap_kir_let(k, v->cur, nsv, I(c, S - 1));
+	}
 	/* main loop */
 	kt = ap_v_loop(v, "kt", I(c, 0), I(c, c->ktl), 1, &ksaved);
 	if (c->a_async || c->b_async)
 		ap_kir_cp_wait(k, v->cur, S - 2);
 	ap_kir_barrier(k, v->cur);
-	stage = S == 2 ? ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), I(c, 1))
-		       : ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, kt), I(c, S));
-	stage = ap_kir_bind(k, v->cur, k->index_type, "st", stage);
+	stage = S == 2 ? ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), I(c, 1)))
+		       : ap_kir_ref(k, stv);
 	extract_tile(c, stage, ap_kir_add(k, c->kofs, ap_kir_ref(k, kt)));
 	nxt = ap_kir_bind(k, v->cur, k->index_type, "nx", ap_kir_addi(k, ap_kir_ref(k, kt), S - 1));
-	nst = ap_kir_bind(k, v->cur, k->index_type, "ns",
-			  S == 2 ? ap_kir_binary(k, AP_KIR_AND, nxt, I(c, 1))
-				 : ap_kir_binary(k, AP_KIR_REM, nxt, I(c, S)));
+	nst = S == 2 ? ap_kir_bind(k, v->cur, k->index_type, "ns", ap_kir_binary(k, AP_KIR_AND, nxt, I(c, 1)))
+		     : ap_kir_ref(k, nsv);
 	more = ap_kir_binary(k, AP_KIR_LT, nxt, I(c, c->ktl));
 	ap_v_if(v, more, &saved, NULL);
 	issue_tile(c, nst, ap_kir_add(k, c->kofs, nxt));
@@ -2232,6 +2249,12 @@ static void mainloop_pipelined(gctx *c)
 		ap_v_if(v, more, &saved, NULL);
 		complete_tile(c, nst);
 		ap_v_close(v, saved);
+	}
+	for (int i = 0; S > 2 && i < 2; i++) {
+		ap_kir_var *x = i ? nsv : stv;
+
+		ap_kir_assign(k, v->cur, x, ap_kir_select(k, ap_kir_binary(k, AP_KIR_EQ, ap_kir_ref(k, x), I(c, S - 1)),
+							  I(c, 0), ap_kir_addi(k, ap_kir_ref(k, x), 1)));
 	}
 	ap_v_close(v, ksaved);
 	if (c->a_async || c->b_async)

@@ -30,65 +30,73 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_batched(float *__restr
 		for (int z8 = 0; z8 < 1; z8 += 1) {
 			acc[z8] = 0x0p+0f;
 		}
-		for (int c9 = ((int)threadIdx.x); c9 < 256; c9 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(((c9 % 16) * 20) + (c9 / 16))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((c9 % 16) < 40)) ? &p1[((((m04 + (c9 / 16)) * 40) + (c9 % 16)) + (b7 * 640))] : p1), "r"((((c9 % 16) < 40)) ? 4 : 0) : "memory"); }
+		#pragma unroll
+		for (int c9 = 0; c9 < 1; c9 += 1) {
+			int ci10 = (((int)threadIdx.x) + (c9 * 256));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(((ci10 % 16) * 20) + (ci10 / 16))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((ci10 % 16) < 40)) ? &p1[((((m04 + (ci10 / 16)) * 40) + (ci10 % 16)) + (b7 * 640))] : p1), "r"((((ci10 % 16) < 40)) ? 4 : 0) : "memory"); }
 		}
-		for (int c10 = ((int)threadIdx.x); c10 < 64; c10 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c10 / 4) * 20) + ((c10 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c10 % 4) * 4)) < 28) && ((c10 / 4) < 40))) ? &p2[(((n05 + ((c10 % 4) * 4)) + ((c10 / 4) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c10 % 4) * 4)) < 28) && ((c10 / 4) < 40))) ? 16 : 0) : "memory"); }
-		}
-		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int c11 = ((int)threadIdx.x); c11 < 256; c11 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(320 + (((c11 % 16) * 20) + (c11 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((16 + (c11 % 16)) < 40)) ? &p1[((((m04 + (c11 / 16)) * 40) + (16 + (c11 % 16))) + (b7 * 640))] : p1), "r"((((16 + (c11 % 16)) < 40)) ? 4 : 0) : "memory"); }
-		}
-		for (int c12 = ((int)threadIdx.x); c12 < 64; c12 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((c12 / 4) * 20) + ((c12 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c12 % 4) * 4)) < 28) && ((16 + (c12 / 4)) < 40))) ? &p2[(((n05 + ((c12 % 4) * 4)) + ((16 + (c12 / 4)) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c12 % 4) * 4)) < 28) && ((16 + (c12 / 4)) < 40))) ? 16 : 0) : "memory"); }
+		for (int c11 = ((int)threadIdx.x); c11 < 64; c11 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c11 / 4) * 20) + ((c11 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c11 % 4) * 4)) < 28) && ((c11 / 4) < 40))) ? &p2[(((n05 + ((c11 % 4) * 4)) + ((c11 / 4) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c11 % 4) * 4)) < 28) && ((c11 / 4) < 40))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int kt13 = 0; kt13 < 3; kt13 += 1) {
+		#pragma unroll
+		for (int c12 = 0; c12 < 1; c12 += 1) {
+			int ci13 = (((int)threadIdx.x) + (c12 * 256));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(320 + (((ci13 % 16) * 20) + (ci13 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((16 + (ci13 % 16)) < 40)) ? &p1[((((m04 + (ci13 / 16)) * 40) + (16 + (ci13 % 16))) + (b7 * 640))] : p1), "r"((((16 + (ci13 % 16)) < 40)) ? 4 : 0) : "memory"); }
+		}
+		for (int c14 = ((int)threadIdx.x); c14 < 64; c14 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((c14 / 4) * 20) + ((c14 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c14 % 4) * 4)) < 28) && ((16 + (c14 / 4)) < 40))) ? &p2[(((n05 + ((c14 % 4) * 4)) + ((16 + (c14 / 4)) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c14 % 4) * 4)) < 28) && ((16 + (c14 / 4)) < 40))) ? 16 : 0) : "memory"); }
+		}
+		asm volatile("cp.async.commit_group;\n" ::: "memory");
+		int st15 = 0;
+		int ns16 = 2;
+		for (int kt17 = 0; kt17 < 3; kt17 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int st14 = (kt13 % 3);
-			int nx15 = (kt13 + 2);
-			int ns16 = (nx15 % 3);
-			if ((nx15 < 3)) {
-				for (int c17 = ((int)threadIdx.x); c17 < 256; c17 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((ns16 * 320) + (((c17 % 16) * 20) + (c17 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((nx15 * 16) + (c17 % 16)) < 40)) ? &p1[((((m04 + (c17 / 16)) * 40) + ((nx15 * 16) + (c17 % 16))) + (b7 * 640))] : p1), "r"(((((nx15 * 16) + (c17 % 16)) < 40)) ? 4 : 0) : "memory"); }
+			int nx18 = (kt17 + 2);
+			if ((nx18 < 3)) {
+				#pragma unroll
+				for (int c19 = 0; c19 < 1; c19 += 1) {
+					int ci20 = (((int)threadIdx.x) + (c19 * 256));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((ns16 * 320) + (((ci20 % 16) * 20) + (ci20 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((nx18 * 16) + (ci20 % 16)) < 40)) ? &p1[((((m04 + (ci20 / 16)) * 40) + ((nx18 * 16) + (ci20 % 16))) + (b7 * 640))] : p1), "r"(((((nx18 * 16) + (ci20 % 16)) < 40)) ? 4 : 0) : "memory"); }
 				}
-				for (int c18 = ((int)threadIdx.x); c18 < 64; c18 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns16 * 320) + (((c18 / 4) * 20) + ((c18 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c18 % 4) * 4)) < 28) && (((nx15 * 16) + (c18 / 4)) < 40))) ? &p2[(((n05 + ((c18 % 4) * 4)) + (((nx15 * 16) + (c18 / 4)) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c18 % 4) * 4)) < 28) && (((nx15 * 16) + (c18 / 4)) < 40))) ? 16 : 0) : "memory"); }
+				for (int c21 = ((int)threadIdx.x); c21 < 64; c21 += 256) {
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns16 * 320) + (((c21 / 4) * 20) + ((c21 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c21 % 4) * 4)) < 28) && (((nx18 * 16) + (c21 / 4)) < 40))) ? &p2[(((n05 + ((c21 % 4) * 4)) + (((nx18 * 16) + (c21 / 4)) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c21 % 4) * 4)) < 28) && (((nx18 * 16) + (c21 / 4)) < 40))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int kk19 = 0; kk19 < 16; kk19 += 1) {
+			for (int kk22 = 0; kk22 < 16; kk22 += 1) {
 				#pragma unroll
-				for (int f20 = 0; f20 < 1; f20 += 1) {
-					fa[f20] = sa[((st14 * 320) + ((kk19 * 20) + (ty1 + f20)))];
+				for (int f23 = 0; f23 < 1; f23 += 1) {
+					fa[f23] = sa[((st15 * 320) + ((kk22 * 20) + (ty1 + f23)))];
 				}
 				#pragma unroll
-				for (int f21 = 0; f21 < 1; f21 += 1) {
-					fb[f21] = sb[((st14 * 320) + ((kk19 * 20) + (tx0 + f21)))];
+				for (int f24 = 0; f24 < 1; f24 += 1) {
+					fb[f24] = sb[((st15 * 320) + ((kk22 * 20) + (tx0 + f24)))];
 				}
 				#pragma unroll
-				for (int i22 = 0; i22 < 1; i22 += 1) {
+				for (int i25 = 0; i25 < 1; i25 += 1) {
 					#pragma unroll
-					for (int j23 = 0; j23 < 1; j23 += 1) {
-						acc[(i22 + j23)] = (acc[(i22 + j23)] + (fa[i22] * fb[j23]));
+					for (int j26 = 0; j26 < 1; j26 += 1) {
+						acc[(i25 + j26)] = (acc[(i25 + j26)] + (fa[i25] * fb[j26]));
 					}
 				}
 			}
+			st15 = ((st15 == 2) ? 0 : (st15 + 1));
+			ns16 = ((ns16 == 2) ? 0 : (ns16 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int i24 = 0; i24 < 1; i24 += 1) {
+		for (int i27 = 0; i27 < 1; i27 += 1) {
 			#pragma unroll
-			for (int j25 = 0; j25 < 1; j25 += 1) {
-				int row26 = (m04 + (ty1 + i24));
-				int col27 = (n05 + (tx0 + j25));
-				if ((col27 < 28)) {
-					float v28 = acc[(i24 + j25)];
-					float v29 = tanhf(v28);
-					p0[((((bi3 * 16) + row26) * 28) + col27)] = v29;
+			for (int j28 = 0; j28 < 1; j28 += 1) {
+				int row29 = (m04 + (ty1 + i27));
+				int col30 = (n05 + (tx0 + j28));
+				if ((col30 < 28)) {
+					float v31 = acc[(i27 + j28)];
+					float v32 = tanhf(v31);
+					p0[((((bi3 * 16) + row29) * 28) + col30)] = v32;
 				}
 			}
 		}

@@ -30,63 +30,69 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_concat(float *__restri
 		for (int z6 = 0; z6 < 1; z6 += 1) {
 			acc[z6] = 0x0p+0f;
 		}
-		for (int c7 = ((int)threadIdx.x); c7 < 256; c7 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(((c7 % 16) * 20) + (c7 / 16))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((c7 % 16) < 12)) ? &p1[(((m04 + (c7 / 16)) * 12) + (c7 % 16))] : p1), "r"((((c7 % 16) < 12)) ? 4 : 0) : "memory"); }
+		#pragma unroll
+		for (int c7 = 0; c7 < 1; c7 += 1) {
+			int ci8 = (((int)threadIdx.x) + (c7 * 256));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(((ci8 % 16) * 20) + (ci8 / 16))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((ci8 % 16) < 12)) ? &p1[(((m04 + (ci8 / 16)) * 12) + (ci8 % 16))] : p1), "r"((((ci8 % 16) < 12)) ? 4 : 0) : "memory"); }
 		}
-		for (int c8 = ((int)threadIdx.x); c8 < 64; c8 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c8 / 4) * 20) + ((c8 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c8 % 4) * 4)) < 24) && ((c8 / 4) < 12))) ? &p2[((n05 + ((c8 % 4) * 4)) + ((c8 / 4) * 24))] : p2), "r"(((((n05 + ((c8 % 4) * 4)) < 24) && ((c8 / 4) < 12))) ? 16 : 0) : "memory"); }
+		for (int c9 = ((int)threadIdx.x); c9 < 64; c9 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c9 / 4) * 20) + ((c9 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c9 % 4) * 4)) < 24) && ((c9 / 4) < 12))) ? &p2[((n05 + ((c9 % 4) * 4)) + ((c9 / 4) * 24))] : p2), "r"(((((n05 + ((c9 % 4) * 4)) < 24) && ((c9 / 4) < 12))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int kt9 = 0; kt9 < 1; kt9 += 1) {
+		int st10 = 0;
+		int ns11 = 2;
+		for (int kt12 = 0; kt12 < 1; kt12 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int st10 = (kt9 % 3);
-			int nx11 = (kt9 + 2);
-			int ns12 = (nx11 % 3);
-			if ((nx11 < 1)) {
-				for (int c13 = ((int)threadIdx.x); c13 < 256; c13 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((ns12 * 320) + (((c13 % 16) * 20) + (c13 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((nx11 * 16) + (c13 % 16)) < 12)) ? &p1[(((m04 + (c13 / 16)) * 12) + ((nx11 * 16) + (c13 % 16)))] : p1), "r"(((((nx11 * 16) + (c13 % 16)) < 12)) ? 4 : 0) : "memory"); }
+			int nx13 = (kt12 + 2);
+			if ((nx13 < 1)) {
+				#pragma unroll
+				for (int c14 = 0; c14 < 1; c14 += 1) {
+					int ci15 = (((int)threadIdx.x) + (c14 * 256));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((ns11 * 320) + (((ci15 % 16) * 20) + (ci15 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((nx13 * 16) + (ci15 % 16)) < 12)) ? &p1[(((m04 + (ci15 / 16)) * 12) + ((nx13 * 16) + (ci15 % 16)))] : p1), "r"(((((nx13 * 16) + (ci15 % 16)) < 12)) ? 4 : 0) : "memory"); }
 				}
-				for (int c14 = ((int)threadIdx.x); c14 < 64; c14 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns12 * 320) + (((c14 / 4) * 20) + ((c14 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c14 % 4) * 4)) < 24) && (((nx11 * 16) + (c14 / 4)) < 12))) ? &p2[((n05 + ((c14 % 4) * 4)) + (((nx11 * 16) + (c14 / 4)) * 24))] : p2), "r"(((((n05 + ((c14 % 4) * 4)) < 24) && (((nx11 * 16) + (c14 / 4)) < 12))) ? 16 : 0) : "memory"); }
+				for (int c16 = ((int)threadIdx.x); c16 < 64; c16 += 256) {
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns11 * 320) + (((c16 / 4) * 20) + ((c16 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c16 % 4) * 4)) < 24) && (((nx13 * 16) + (c16 / 4)) < 12))) ? &p2[((n05 + ((c16 % 4) * 4)) + (((nx13 * 16) + (c16 / 4)) * 24))] : p2), "r"(((((n05 + ((c16 % 4) * 4)) < 24) && (((nx13 * 16) + (c16 / 4)) < 12))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int kk15 = 0; kk15 < 16; kk15 += 1) {
+			for (int kk17 = 0; kk17 < 16; kk17 += 1) {
 				#pragma unroll
-				for (int f16 = 0; f16 < 1; f16 += 1) {
-					fa[f16] = sa[((st10 * 320) + ((kk15 * 20) + (ty1 + f16)))];
+				for (int f18 = 0; f18 < 1; f18 += 1) {
+					fa[f18] = sa[((st10 * 320) + ((kk17 * 20) + (ty1 + f18)))];
 				}
 				#pragma unroll
-				for (int f17 = 0; f17 < 1; f17 += 1) {
-					fb[f17] = sb[((st10 * 320) + ((kk15 * 20) + (tx0 + f17)))];
+				for (int f19 = 0; f19 < 1; f19 += 1) {
+					fb[f19] = sb[((st10 * 320) + ((kk17 * 20) + (tx0 + f19)))];
 				}
 				#pragma unroll
-				for (int i18 = 0; i18 < 1; i18 += 1) {
+				for (int i20 = 0; i20 < 1; i20 += 1) {
 					#pragma unroll
-					for (int j19 = 0; j19 < 1; j19 += 1) {
-						acc[(i18 + j19)] = (acc[(i18 + j19)] + (fa[i18] * fb[j19]));
+					for (int j21 = 0; j21 < 1; j21 += 1) {
+						acc[(i20 + j21)] = (acc[(i20 + j21)] + (fa[i20] * fb[j21]));
 					}
 				}
 			}
+			st10 = ((st10 == 2) ? 0 : (st10 + 1));
+			ns11 = ((ns11 == 2) ? 0 : (ns11 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int i20 = 0; i20 < 1; i20 += 1) {
+		for (int i22 = 0; i22 < 1; i22 += 1) {
 			#pragma unroll
-			for (int j21 = 0; j21 < 1; j21 += 1) {
-				int row22 = (m04 + (ty1 + i20));
-				int col23 = (n05 + (tx0 + j21));
-				if ((col23 < 24)) {
-					float v24 = p3[((row22 * 24) + col23)];
-					p0[(((((row22 / 8) % 2) * 576) + ((row22 % 8) * 24)) + col23)] = v24;
-					float v25 = acc[(i20 + j21)];
-					float v26 = ((v25 < 0x0p+0f) ? 0x0p+0f : v25);
-					p0[(((((row22 / 8) % 2) * 576) + (((row22 % 8) + 8) * 24)) + col23)] = v26;
-					float v27 = p4[((row22 * 24) + col23)];
-					p0[(((((row22 / 8) % 2) * 576) + (((row22 % 8) + 16) * 24)) + col23)] = v27;
+			for (int j23 = 0; j23 < 1; j23 += 1) {
+				int row24 = (m04 + (ty1 + i22));
+				int col25 = (n05 + (tx0 + j23));
+				if ((col25 < 24)) {
+					float v26 = p3[((row24 * 24) + col25)];
+					p0[(((((row24 / 8) % 2) * 576) + ((row24 % 8) * 24)) + col25)] = v26;
+					float v27 = acc[(i22 + j23)];
+					float v28 = ((v27 < 0x0p+0f) ? 0x0p+0f : v27);
+					p0[(((((row24 / 8) % 2) * 576) + (((row24 % 8) + 8) * 24)) + col25)] = v28;
+					float v29 = p4[((row24 * 24) + col25)];
+					p0[(((((row24 / 8) % 2) * 576) + (((row24 % 8) + 16) * 24)) + col25)] = v29;
 				}
 			}
 		}

@@ -32,69 +32,83 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_convert_bf16_odd(__nv_b
 		for (int z7 = 0; z7 < 4; z7 += 1) {
 			acc[z7] = 0x0p+0f;
 		}
-		for (int c8 = ((int)threadIdx.x); c8 < 512; c8 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[c8]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((c8 % 32) < 23)) ? &p1[(((m05 + (c8 / 32)) * 23) + (c8 % 32))] : p1), "r"((((c8 % 32) < 23)) ? 4 : 0) : "memory"); }
+		#pragma unroll
+		for (int c8 = 0; c8 < 8; c8 += 1) {
+			int ci9 = (((int)threadIdx.x) + (c8 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[ci9]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((ci9 % 32) < 23)) ? &p1[(((m05 + (ci9 / 32)) * 23) + (ci9 % 32))] : p1), "r"((((ci9 % 32) < 23)) ? 4 : 0) : "memory"); }
 		}
-		for (int c9 = ((int)threadIdx.x); c9 < 512; c9 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[c9]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (c9 / 32)) < 24) && ((c9 % 32) < 23))) ? &p2[(((n06 + (c9 / 32)) * 23) + (c9 % 32))] : p2), "r"(((((n06 + (c9 / 32)) < 24) && ((c9 % 32) < 23))) ? 4 : 0) : "memory"); }
+		#pragma unroll
+		for (int c10 = 0; c10 < 8; c10 += 1) {
+			int ci11 = (((int)threadIdx.x) + (c10 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[ci11]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci11 / 32)) < 24) && ((ci11 % 32) < 23))) ? &p2[(((n06 + (ci11 / 32)) * 23) + (ci11 % 32))] : p2), "r"(((((n06 + (ci11 / 32)) < 24) && ((ci11 % 32) < 23))) ? 4 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int kt10 = 0; kt10 < 1; kt10 += 1) {
+		int st12 = 0;
+		int ns13 = 2;
+		for (int kt14 = 0; kt14 < 1; kt14 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int st11 = (kt10 % 3);
-			for (int c12 = ((int)threadIdx.x); c12 < 512; c12 += 64) {
-				int q13 = ((st11 * 512) + c12);
-				sa[(((c12 / 32) * 40) + (c12 % 32))] = __float2bfloat16_rn(ca[q13]);
+			#pragma unroll
+			for (int c15 = 0; c15 < 8; c15 += 1) {
+				int ci16 = (((int)threadIdx.x) + (c15 * 64));
+				int q17 = ((st12 * 512) + ci16);
+				sa[(((ci16 / 32) * 40) + (ci16 % 32))] = __float2bfloat16_rn(ca[q17]);
 			}
-			for (int c14 = ((int)threadIdx.x); c14 < 512; c14 += 64) {
-				int q15 = ((st11 * 512) + c14);
-				sb[(((c14 / 32) * 40) + (c14 % 32))] = __float2bfloat16_rn(cb[q15]);
+			#pragma unroll
+			for (int c18 = 0; c18 < 8; c18 += 1) {
+				int ci19 = (((int)threadIdx.x) + (c18 * 64));
+				int q20 = ((st12 * 512) + ci19);
+				sb[(((ci19 / 32) * 40) + (ci19 % 32))] = __float2bfloat16_rn(cb[q20]);
 			}
 			__syncthreads();
-			int nx16 = (kt10 + 2);
-			int ns17 = (nx16 % 3);
-			if ((nx16 < 1)) {
-				for (int c18 = ((int)threadIdx.x); c18 < 512; c18 += 64) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[((ns17 * 512) + c18)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((nx16 * 32) + (c18 % 32)) < 23)) ? &p1[(((m05 + (c18 / 32)) * 23) + ((nx16 * 32) + (c18 % 32)))] : p1), "r"(((((nx16 * 32) + (c18 % 32)) < 23)) ? 4 : 0) : "memory"); }
+			int nx21 = (kt14 + 2);
+			if ((nx21 < 1)) {
+				#pragma unroll
+				for (int c22 = 0; c22 < 8; c22 += 1) {
+					int ci23 = (((int)threadIdx.x) + (c22 * 64));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[((ns13 * 512) + ci23)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((nx21 * 32) + (ci23 % 32)) < 23)) ? &p1[(((m05 + (ci23 / 32)) * 23) + ((nx21 * 32) + (ci23 % 32)))] : p1), "r"(((((nx21 * 32) + (ci23 % 32)) < 23)) ? 4 : 0) : "memory"); }
 				}
-				for (int c19 = ((int)threadIdx.x); c19 < 512; c19 += 64) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[((ns17 * 512) + c19)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (c19 / 32)) < 24) && (((nx16 * 32) + (c19 % 32)) < 23))) ? &p2[(((n06 + (c19 / 32)) * 23) + ((nx16 * 32) + (c19 % 32)))] : p2), "r"(((((n06 + (c19 / 32)) < 24) && (((nx16 * 32) + (c19 % 32)) < 23))) ? 4 : 0) : "memory"); }
+				#pragma unroll
+				for (int c24 = 0; c24 < 8; c24 += 1) {
+					int ci25 = (((int)threadIdx.x) + (c24 * 64));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[((ns13 * 512) + ci25)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci25 / 32)) < 24) && (((nx21 * 32) + (ci25 % 32)) < 23))) ? &p2[(((n06 + (ci25 / 32)) * 23) + ((nx21 * 32) + (ci25 % 32)))] : p2), "r"(((((n06 + (ci25 / 32)) < 24) && (((nx21 * 32) + (ci25 % 32)) < 23))) ? 4 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int ks20 = 0; ks20 < 32; ks20 += 16) {
+			for (int ks26 = 0; ks26 < 32; ks26 += 16) {
 				#pragma unroll
-				for (int mi21 = 0; mi21 < 1; mi21 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((((wm1 + (mi21 * 16)) + (lane0 & 15)) * 40) + (ks20 + ((lane0 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi21 * 8)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); fa[(mi21 * 8) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); fa[(mi21 * 8) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); fa[(mi21 * 8) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); fa[(mi21 * 8) + 4] = __ushort_as_bfloat16((unsigned short)(ap_r2 & 0xffffu)); fa[(mi21 * 8) + 5] = __ushort_as_bfloat16((unsigned short)(ap_r2 >> 16)); fa[(mi21 * 8) + 6] = __ushort_as_bfloat16((unsigned short)(ap_r3 & 0xffffu)); fa[(mi21 * 8) + 7] = __ushort_as_bfloat16((unsigned short)(ap_r3 >> 16)); }
+				for (int mi27 = 0; mi27 < 1; mi27 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((((wm1 + (mi27 * 16)) + (lane0 & 15)) * 40) + (ks26 + ((lane0 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi27 * 8)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); fa[(mi27 * 8) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); fa[(mi27 * 8) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); fa[(mi27 * 8) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); fa[(mi27 * 8) + 4] = __ushort_as_bfloat16((unsigned short)(ap_r2 & 0xffffu)); fa[(mi27 * 8) + 5] = __ushort_as_bfloat16((unsigned short)(ap_r2 >> 16)); fa[(mi27 * 8) + 6] = __ushort_as_bfloat16((unsigned short)(ap_r3 & 0xffffu)); fa[(mi27 * 8) + 7] = __ushort_as_bfloat16((unsigned short)(ap_r3 >> 16)); }
 				}
 				#pragma unroll
-				for (int ni22 = 0; ni22 < 1; ni22 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((((wn2 + (ni22 * 8)) + (lane0 & 7)) * 40) + (ks20 + (((lane0 >> 3) & 1) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni22 * 4)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); fb[(ni22 * 4) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); fb[(ni22 * 4) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); fb[(ni22 * 4) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
+				for (int ni28 = 0; ni28 < 1; ni28 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((((wn2 + (ni28 * 8)) + (lane0 & 7)) * 40) + (ks26 + (((lane0 >> 3) & 1) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni28 * 4)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); fb[(ni28 * 4) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); fb[(ni28 * 4) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); fb[(ni28 * 4) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
 				}
 				#pragma unroll
-				for (int mi23 = 0; mi23 < 1; mi23 += 1) {
+				for (int mi29 = 0; mi29 < 1; mi29 += 1) {
 					#pragma unroll
-					for (int ni24 = 0; ni24 < 1; ni24 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi23 + ni24) * 4)]), "=f"(acc[((mi23 + ni24) * 4) + 1]), "=f"(acc[((mi23 + ni24) * 4) + 2]), "=f"(acc[((mi23 + ni24) * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(fa[(mi23 * 8)]) | ((unsigned)__bfloat16_as_ushort(fa[(mi23 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fa[(mi23 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(fa[(mi23 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fa[(mi23 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(fa[(mi23 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fa[(mi23 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(fa[(mi23 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fb[(ni24 * 4)]) | ((unsigned)__bfloat16_as_ushort(fb[(ni24 * 4) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fb[(ni24 * 4) + 2]) | ((unsigned)__bfloat16_as_ushort(fb[(ni24 * 4) + 3]) << 16))), "f"(acc[((mi23 + ni24) * 4)]), "f"(acc[((mi23 + ni24) * 4) + 1]), "f"(acc[((mi23 + ni24) * 4) + 2]), "f"(acc[((mi23 + ni24) * 4) + 3]));
+					for (int ni30 = 0; ni30 < 1; ni30 += 1) {
+						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi29 + ni30) * 4)]), "=f"(acc[((mi29 + ni30) * 4) + 1]), "=f"(acc[((mi29 + ni30) * 4) + 2]), "=f"(acc[((mi29 + ni30) * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8)]) | ((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fb[(ni30 * 4)]) | ((unsigned)__bfloat16_as_ushort(fb[(ni30 * 4) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fb[(ni30 * 4) + 2]) | ((unsigned)__bfloat16_as_ushort(fb[(ni30 * 4) + 3]) << 16))), "f"(acc[((mi29 + ni30) * 4)]), "f"(acc[((mi29 + ni30) * 4) + 1]), "f"(acc[((mi29 + ni30) * 4) + 2]), "f"(acc[((mi29 + ni30) * 4) + 3]));
 					}
 				}
 			}
+			st12 = ((st12 == 2) ? 0 : (st12 + 1));
+			ns13 = ((ns13 == 2) ? 0 : (ns13 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int mi25 = 0; mi25 < 1; mi25 += 1) {
+		for (int mi31 = 0; mi31 < 1; mi31 += 1) {
 			#pragma unroll
-			for (int ni26 = 0; ni26 < 1; ni26 += 1) {
+			for (int ni32 = 0; ni32 < 1; ni32 += 1) {
 				#pragma unroll
-				for (int e27 = 0; e27 < 4; e27 += 1) {
-					int row28 = ((m05 + wm1) + ((mi25 * 16) + ((lane0 >> 2) + ((e27 >> 1) * 8))));
-					int col29 = ((n06 + wn2) + ((ni26 * 8) + (((lane0 & 3) * 2) + (e27 & 1))));
-					if (((row28 < 16) && (col29 < 24))) {
-						__nv_bfloat16 v30 = __float2bfloat16_rn(acc[(((mi25 + ni26) * 4) + e27)]);
-						p0[((row28 * 24) + col29)] = v30;
+				for (int e33 = 0; e33 < 4; e33 += 1) {
+					int row34 = ((m05 + wm1) + ((mi31 * 16) + ((lane0 >> 2) + ((e33 >> 1) * 8))));
+					int col35 = ((n06 + wn2) + ((ni32 * 8) + (((lane0 & 3) * 2) + (e33 & 1))));
+					if (((row34 < 16) && (col35 < 24))) {
+						__nv_bfloat16 v36 = __float2bfloat16_rn(acc[(((mi31 + ni32) * 4) + e33)]);
+						p0[((row34 * 24) + col35)] = v36;
 					}
 				}
 			}

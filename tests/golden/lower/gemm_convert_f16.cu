@@ -32,75 +32,93 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_convert_f16(__half *__r
 		for (int z7 = 0; z7 < 4; z7 += 1) {
 			acc[z7] = 0x0p+0f;
 		}
-		for (int c8 = ((int)threadIdx.x); c8 < 128; c8 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(c8 * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (c8 / 8)) < 24) && (((c8 % 8) * 4) < 36))) ? &p1[(((m05 + (c8 / 8)) * 36) + ((c8 % 8) * 4))] : p1), "r"(((((m05 + (c8 / 8)) < 24) && (((c8 % 8) * 4) < 36))) ? 16 : 0) : "memory"); }
+		#pragma unroll
+		for (int c8 = 0; c8 < 2; c8 += 1) {
+			int ci9 = (((int)threadIdx.x) + (c8 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(ci9 * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci9 / 8)) < 24) && (((ci9 % 8) * 4) < 36))) ? &p1[(((m05 + (ci9 / 8)) * 36) + ((ci9 % 8) * 4))] : p1), "r"(((((m05 + (ci9 / 8)) < 24) && (((ci9 % 8) * 4) < 36))) ? 16 : 0) : "memory"); }
 		}
-		for (int c9 = ((int)threadIdx.x); c9 < 128; c9 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[(c9 * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (c9 / 8)) < 24) && (((c9 % 8) * 4) < 36))) ? &p2[(((n06 + (c9 / 8)) * 36) + ((c9 % 8) * 4))] : p2), "r"(((((n06 + (c9 / 8)) < 24) && (((c9 % 8) * 4) < 36))) ? 16 : 0) : "memory"); }
-		}
-		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int c10 = ((int)threadIdx.x); c10 < 128; c10 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[((128 + c10) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (c10 / 8)) < 24) && ((32 + ((c10 % 8) * 4)) < 36))) ? &p1[(((m05 + (c10 / 8)) * 36) + (32 + ((c10 % 8) * 4)))] : p1), "r"(((((m05 + (c10 / 8)) < 24) && ((32 + ((c10 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
-		}
-		for (int c11 = ((int)threadIdx.x); c11 < 128; c11 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[((128 + c11) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (c11 / 8)) < 24) && ((32 + ((c11 % 8) * 4)) < 36))) ? &p2[(((n06 + (c11 / 8)) * 36) + (32 + ((c11 % 8) * 4)))] : p2), "r"(((((n06 + (c11 / 8)) < 24) && ((32 + ((c11 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
+		#pragma unroll
+		for (int c10 = 0; c10 < 2; c10 += 1) {
+			int ci11 = (((int)threadIdx.x) + (c10 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[(ci11 * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci11 / 8)) < 24) && (((ci11 % 8) * 4) < 36))) ? &p2[(((n06 + (ci11 / 8)) * 36) + ((ci11 % 8) * 4))] : p2), "r"(((((n06 + (ci11 / 8)) < 24) && (((ci11 % 8) * 4) < 36))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int kt12 = 0; kt12 < 2; kt12 += 1) {
+		#pragma unroll
+		for (int c12 = 0; c12 < 2; c12 += 1) {
+			int ci13 = (((int)threadIdx.x) + (c12 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[((128 + ci13) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci13 / 8)) < 24) && ((32 + ((ci13 % 8) * 4)) < 36))) ? &p1[(((m05 + (ci13 / 8)) * 36) + (32 + ((ci13 % 8) * 4)))] : p1), "r"(((((m05 + (ci13 / 8)) < 24) && ((32 + ((ci13 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
+		}
+		#pragma unroll
+		for (int c14 = 0; c14 < 2; c14 += 1) {
+			int ci15 = (((int)threadIdx.x) + (c14 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[((128 + ci15) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci15 / 8)) < 24) && ((32 + ((ci15 % 8) * 4)) < 36))) ? &p2[(((n06 + (ci15 / 8)) * 36) + (32 + ((ci15 % 8) * 4)))] : p2), "r"(((((n06 + (ci15 / 8)) < 24) && ((32 + ((ci15 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
+		}
+		asm volatile("cp.async.commit_group;\n" ::: "memory");
+		int st16 = 0;
+		int ns17 = 2;
+		for (int kt18 = 0; kt18 < 2; kt18 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int st13 = (kt12 % 3);
-			for (int c14 = ((int)threadIdx.x); c14 < 512; c14 += 64) {
-				int q15 = ((st13 * 512) + c14);
-				sa[(((c14 / 32) * 40) + (c14 % 32))] = __float2half_rn(ca[q15]);
+			#pragma unroll
+			for (int c19 = 0; c19 < 8; c19 += 1) {
+				int ci20 = (((int)threadIdx.x) + (c19 * 64));
+				int q21 = ((st16 * 512) + ci20);
+				sa[(((ci20 / 32) * 40) + (ci20 % 32))] = __float2half_rn(ca[q21]);
 			}
-			for (int c16 = ((int)threadIdx.x); c16 < 512; c16 += 64) {
-				int q17 = ((st13 * 512) + c16);
-				sb[(((c16 / 32) * 40) + (c16 % 32))] = __float2half_rn(cb[q17]);
+			#pragma unroll
+			for (int c22 = 0; c22 < 8; c22 += 1) {
+				int ci23 = (((int)threadIdx.x) + (c22 * 64));
+				int q24 = ((st16 * 512) + ci23);
+				sb[(((ci23 / 32) * 40) + (ci23 % 32))] = __float2half_rn(cb[q24]);
 			}
 			__syncthreads();
-			int nx18 = (kt12 + 2);
-			int ns19 = (nx18 % 3);
-			if ((nx18 < 2)) {
-				for (int c20 = ((int)threadIdx.x); c20 < 128; c20 += 64) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(((ns19 * 128) + c20) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (c20 / 8)) < 24) && (((nx18 * 32) + ((c20 % 8) * 4)) < 36))) ? &p1[(((m05 + (c20 / 8)) * 36) + ((nx18 * 32) + ((c20 % 8) * 4)))] : p1), "r"(((((m05 + (c20 / 8)) < 24) && (((nx18 * 32) + ((c20 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
+			int nx25 = (kt18 + 2);
+			if ((nx25 < 2)) {
+				#pragma unroll
+				for (int c26 = 0; c26 < 2; c26 += 1) {
+					int ci27 = (((int)threadIdx.x) + (c26 * 64));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(((ns17 * 128) + ci27) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci27 / 8)) < 24) && (((nx25 * 32) + ((ci27 % 8) * 4)) < 36))) ? &p1[(((m05 + (ci27 / 8)) * 36) + ((nx25 * 32) + ((ci27 % 8) * 4)))] : p1), "r"(((((m05 + (ci27 / 8)) < 24) && (((nx25 * 32) + ((ci27 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
 				}
-				for (int c21 = ((int)threadIdx.x); c21 < 128; c21 += 64) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[(((ns19 * 128) + c21) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (c21 / 8)) < 24) && (((nx18 * 32) + ((c21 % 8) * 4)) < 36))) ? &p2[(((n06 + (c21 / 8)) * 36) + ((nx18 * 32) + ((c21 % 8) * 4)))] : p2), "r"(((((n06 + (c21 / 8)) < 24) && (((nx18 * 32) + ((c21 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
+				#pragma unroll
+				for (int c28 = 0; c28 < 2; c28 += 1) {
+					int ci29 = (((int)threadIdx.x) + (c28 * 64));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[(((ns17 * 128) + ci29) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci29 / 8)) < 24) && (((nx25 * 32) + ((ci29 % 8) * 4)) < 36))) ? &p2[(((n06 + (ci29 / 8)) * 36) + ((nx25 * 32) + ((ci29 % 8) * 4)))] : p2), "r"(((((n06 + (ci29 / 8)) < 24) && (((nx25 * 32) + ((ci29 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int ks22 = 0; ks22 < 32; ks22 += 16) {
+			for (int ks30 = 0; ks30 < 32; ks30 += 16) {
 				#pragma unroll
-				for (int mi23 = 0; mi23 < 1; mi23 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((((wm1 + (mi23 * 16)) + (lane0 & 15)) * 40) + (ks22 + ((lane0 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi23 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fa[(mi23 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fa[(mi23 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fa[(mi23 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); fa[(mi23 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); fa[(mi23 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); fa[(mi23 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); fa[(mi23 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
+				for (int mi31 = 0; mi31 < 1; mi31 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((((wm1 + (mi31 * 16)) + (lane0 & 15)) * 40) + (ks30 + ((lane0 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi31 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fa[(mi31 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fa[(mi31 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fa[(mi31 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); fa[(mi31 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); fa[(mi31 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); fa[(mi31 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); fa[(mi31 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
 				}
 				#pragma unroll
-				for (int ni24 = 0; ni24 < 1; ni24 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((((wn2 + (ni24 * 8)) + (lane0 & 7)) * 40) + (ks22 + (((lane0 >> 3) & 1) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni24 * 4)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fb[(ni24 * 4) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fb[(ni24 * 4) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fb[(ni24 * 4) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+				for (int ni32 = 0; ni32 < 1; ni32 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((((wn2 + (ni32 * 8)) + (lane0 & 7)) * 40) + (ks30 + (((lane0 >> 3) & 1) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni32 * 4)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fb[(ni32 * 4) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fb[(ni32 * 4) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fb[(ni32 * 4) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
 				}
 				#pragma unroll
-				for (int mi25 = 0; mi25 < 1; mi25 += 1) {
+				for (int mi33 = 0; mi33 < 1; mi33 += 1) {
 					#pragma unroll
-					for (int ni26 = 0; ni26 < 1; ni26 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi25 + ni26) * 4)]), "=f"(acc[((mi25 + ni26) * 4) + 1]), "=f"(acc[((mi25 + ni26) * 4) + 2]), "=f"(acc[((mi25 + ni26) * 4) + 3]) : "r"(((unsigned)__half_as_ushort(fa[(mi25 * 8)]) | ((unsigned)__half_as_ushort(fa[(mi25 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi25 * 8) + 2]) | ((unsigned)__half_as_ushort(fa[(mi25 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi25 * 8) + 4]) | ((unsigned)__half_as_ushort(fa[(mi25 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi25 * 8) + 6]) | ((unsigned)__half_as_ushort(fa[(mi25 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni26 * 4)]) | ((unsigned)__half_as_ushort(fb[(ni26 * 4) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni26 * 4) + 2]) | ((unsigned)__half_as_ushort(fb[(ni26 * 4) + 3]) << 16))), "f"(acc[((mi25 + ni26) * 4)]), "f"(acc[((mi25 + ni26) * 4) + 1]), "f"(acc[((mi25 + ni26) * 4) + 2]), "f"(acc[((mi25 + ni26) * 4) + 3]));
+					for (int ni34 = 0; ni34 < 1; ni34 += 1) {
+						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi33 + ni34) * 4)]), "=f"(acc[((mi33 + ni34) * 4) + 1]), "=f"(acc[((mi33 + ni34) * 4) + 2]), "=f"(acc[((mi33 + ni34) * 4) + 3]) : "r"(((unsigned)__half_as_ushort(fa[(mi33 * 8)]) | ((unsigned)__half_as_ushort(fa[(mi33 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi33 * 8) + 2]) | ((unsigned)__half_as_ushort(fa[(mi33 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi33 * 8) + 4]) | ((unsigned)__half_as_ushort(fa[(mi33 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi33 * 8) + 6]) | ((unsigned)__half_as_ushort(fa[(mi33 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni34 * 4)]) | ((unsigned)__half_as_ushort(fb[(ni34 * 4) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni34 * 4) + 2]) | ((unsigned)__half_as_ushort(fb[(ni34 * 4) + 3]) << 16))), "f"(acc[((mi33 + ni34) * 4)]), "f"(acc[((mi33 + ni34) * 4) + 1]), "f"(acc[((mi33 + ni34) * 4) + 2]), "f"(acc[((mi33 + ni34) * 4) + 3]));
 					}
 				}
 			}
+			st16 = ((st16 == 2) ? 0 : (st16 + 1));
+			ns17 = ((ns17 == 2) ? 0 : (ns17 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int mi27 = 0; mi27 < 1; mi27 += 1) {
+		for (int mi35 = 0; mi35 < 1; mi35 += 1) {
 			#pragma unroll
-			for (int ni28 = 0; ni28 < 1; ni28 += 1) {
+			for (int ni36 = 0; ni36 < 1; ni36 += 1) {
 				#pragma unroll
-				for (int e29 = 0; e29 < 4; e29 += 1) {
-					int row30 = ((m05 + wm1) + ((mi27 * 16) + ((lane0 >> 2) + ((e29 >> 1) * 8))));
-					int col31 = ((n06 + wn2) + ((ni28 * 8) + (((lane0 & 3) * 2) + (e29 & 1))));
-					if (((row30 < 24) && (col31 < 24))) {
-						__half v32 = __float2half_rn(acc[(((mi27 + ni28) * 4) + e29)]);
-						p0[((row30 * 24) + col31)] = v32;
+				for (int e37 = 0; e37 < 4; e37 += 1) {
+					int row38 = ((m05 + wm1) + ((mi35 * 16) + ((lane0 >> 2) + ((e37 >> 1) * 8))));
+					int col39 = ((n06 + wn2) + ((ni36 * 8) + (((lane0 & 3) * 2) + (e37 & 1))));
+					if (((row38 < 24) && (col39 < 24))) {
+						__half v40 = __float2half_rn(acc[(((mi35 + ni36) * 4) + e37)]);
+						p0[((row38 * 24) + col39)] = v40;
 					}
 				}
 			}

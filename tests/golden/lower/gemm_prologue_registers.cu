@@ -54,22 +54,22 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_prologue_registers(flo
 		}
 		sa[(320 + (((((int)threadIdx.x) % 16) * 20) + (((int)threadIdx.x) / 16)))] = ra6;
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int kt16 = 0; kt16 < 2; kt16 += 1) {
+		int st16 = 0;
+		int ns17 = 2;
+		for (int kt18 = 0; kt18 < 2; kt18 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int st17 = (kt16 % 3);
-			int nx18 = (kt16 + 2);
-			int ns19 = (nx18 % 3);
-			if ((nx18 < 2)) {
+			int nx19 = (kt18 + 2);
+			if ((nx19 < 2)) {
 				ra6 = 0x0p+0f;
-				if ((((m04 + (((int)threadIdx.x) / 16)) < 12) && (((nx18 * 16) + (((int)threadIdx.x) % 16)) < 20))) {
-					float v20 = p1[(((m04 + (((int)threadIdx.x) / 16)) * 20) + ((nx18 * 16) + (((int)threadIdx.x) % 16)))];
-					float v21 = p2[((nx18 * 16) + (((int)threadIdx.x) % 16))];
+				if ((((m04 + (((int)threadIdx.x) / 16)) < 12) && (((nx19 * 16) + (((int)threadIdx.x) % 16)) < 20))) {
+					float v20 = p1[(((m04 + (((int)threadIdx.x) / 16)) * 20) + ((nx19 * 16) + (((int)threadIdx.x) % 16)))];
+					float v21 = p2[((nx19 * 16) + (((int)threadIdx.x) % 16))];
 					float v22 = (v20 + v21);
 					ra6 = v22;
 				}
 				for (int c23 = ((int)threadIdx.x); c23 < 64; c23 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns19 * 320) + (((c23 / 4) * 20) + ((c23 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c23 % 4) * 4)) < 24) && (((nx18 * 16) + (c23 / 4)) < 20))) ? &p3[((n05 + ((c23 % 4) * 4)) + (((nx18 * 16) + (c23 / 4)) * 24))] : p3), "r"(((((n05 + ((c23 % 4) * 4)) < 24) && (((nx18 * 16) + (c23 / 4)) < 20))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns17 * 320) + (((c23 / 4) * 20) + ((c23 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c23 % 4) * 4)) < 24) && (((nx19 * 16) + (c23 / 4)) < 20))) ? &p3[((n05 + ((c23 % 4) * 4)) + (((nx19 * 16) + (c23 / 4)) * 24))] : p3), "r"(((((n05 + ((c23 % 4) * 4)) < 24) && (((nx19 * 16) + (c23 / 4)) < 20))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -77,11 +77,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_prologue_registers(flo
 			for (int kk24 = 0; kk24 < 16; kk24 += 1) {
 				#pragma unroll
 				for (int f25 = 0; f25 < 1; f25 += 1) {
-					fa[f25] = sa[((st17 * 320) + ((kk24 * 20) + (ty1 + f25)))];
+					fa[f25] = sa[((st16 * 320) + ((kk24 * 20) + (ty1 + f25)))];
 				}
 				#pragma unroll
 				for (int f26 = 0; f26 < 1; f26 += 1) {
-					fb[f26] = sb[((st17 * 320) + ((kk24 * 20) + (tx0 + f26)))];
+					fb[f26] = sb[((st16 * 320) + ((kk24 * 20) + (tx0 + f26)))];
 				}
 				#pragma unroll
 				for (int i27 = 0; i27 < 1; i27 += 1) {
@@ -91,9 +91,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_prologue_registers(flo
 					}
 				}
 			}
-			if ((nx18 < 2)) {
-				sa[((ns19 * 320) + (((((int)threadIdx.x) % 16) * 20) + (((int)threadIdx.x) / 16)))] = ra6;
+			if ((nx19 < 2)) {
+				sa[((ns17 * 320) + (((((int)threadIdx.x) % 16) * 20) + (((int)threadIdx.x) / 16)))] = ra6;
 			}
+			st16 = ((st16 == 2) ? 0 : (st16 + 1));
+			ns17 = ((ns17 == 2) ? 0 : (ns17 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll

@@ -95,8 +95,10 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_prologue_registers_f16(
 			__half v39 = __float2half_rn((__half2float(v37) + __half2float(v38)));
 			ra14 = v39;
 		}
-		for (int c40 = ((int)threadIdx.x); c40 < 64; c40 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c40 / 2) * 24) + ((c40 % 2) * 8))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((c40 % 2) * 8)) < 24) && ((c40 / 2) < 20))) ? &p3[((n06 + ((c40 % 2) * 8)) + ((c40 / 2) * 24))] : p3), "r"(((((n06 + ((c40 % 2) * 8)) < 24) && ((c40 / 2) < 20))) ? 16 : 0) : "memory"); }
+		#pragma unroll
+		for (int c40 = 0; c40 < 1; c40 += 1) {
+			int ci41 = (((int)threadIdx.x) + (c40 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((ci41 / 2) * 24) + ((ci41 % 2) * 8))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci41 % 2) * 8)) < 24) && ((ci41 / 2) < 20))) ? &p3[((n06 + ((ci41 % 2) * 8)) + ((ci41 / 2) * 24))] : p3), "r"(((((n06 + ((ci41 % 2) * 8)) < 24) && ((ci41 / 2) < 20))) ? 16 : 0) : "memory"); }
 		}
 		sa[(((((int)threadIdx.x) / 32) * 40) + (((int)threadIdx.x) % 32))] = ra7;
 		sa[((((((int)threadIdx.x) + 64) / 32) * 40) + ((((int)threadIdx.x) + 64) % 32))] = ra8;
@@ -108,115 +110,119 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_prologue_registers_f16(
 		sa[((((((int)threadIdx.x) + 448) / 32) * 40) + ((((int)threadIdx.x) + 448) % 32))] = ra14;
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int kt41 = 0; kt41 < 1; kt41 += 1) {
+		int st42 = 0;
+		int ns43 = 2;
+		for (int kt44 = 0; kt44 < 1; kt44 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int st42 = (kt41 % 3);
-			int nx43 = (kt41 + 2);
-			int ns44 = (nx43 % 3);
-			if ((nx43 < 1)) {
+			int nx45 = (kt44 + 2);
+			if ((nx45 < 1)) {
 				ra7 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + (((int)threadIdx.x) / 32)) < 12) && (((nx43 * 32) + (((int)threadIdx.x) % 32)) < 20))) {
-					__half v45 = p1[(((m05 + (((int)threadIdx.x) / 32)) * 20) + ((nx43 * 32) + (((int)threadIdx.x) % 32)))];
-					__half v46 = p2[((nx43 * 32) + (((int)threadIdx.x) % 32))];
-					__half v47 = __float2half_rn((__half2float(v45) + __half2float(v46)));
-					ra7 = v47;
+				if ((((m05 + (((int)threadIdx.x) / 32)) < 12) && (((nx45 * 32) + (((int)threadIdx.x) % 32)) < 20))) {
+					__half v46 = p1[(((m05 + (((int)threadIdx.x) / 32)) * 20) + ((nx45 * 32) + (((int)threadIdx.x) % 32)))];
+					__half v47 = p2[((nx45 * 32) + (((int)threadIdx.x) % 32))];
+					__half v48 = __float2half_rn((__half2float(v46) + __half2float(v47)));
+					ra7 = v48;
 				}
 				ra8 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + ((((int)threadIdx.x) + 64) / 32)) < 12) && (((nx43 * 32) + ((((int)threadIdx.x) + 64) % 32)) < 20))) {
-					__half v48 = p1[(((m05 + ((((int)threadIdx.x) + 64) / 32)) * 20) + ((nx43 * 32) + ((((int)threadIdx.x) + 64) % 32)))];
-					__half v49 = p2[((nx43 * 32) + ((((int)threadIdx.x) + 64) % 32))];
-					__half v50 = __float2half_rn((__half2float(v48) + __half2float(v49)));
-					ra8 = v50;
+				if ((((m05 + ((((int)threadIdx.x) + 64) / 32)) < 12) && (((nx45 * 32) + ((((int)threadIdx.x) + 64) % 32)) < 20))) {
+					__half v49 = p1[(((m05 + ((((int)threadIdx.x) + 64) / 32)) * 20) + ((nx45 * 32) + ((((int)threadIdx.x) + 64) % 32)))];
+					__half v50 = p2[((nx45 * 32) + ((((int)threadIdx.x) + 64) % 32))];
+					__half v51 = __float2half_rn((__half2float(v49) + __half2float(v50)));
+					ra8 = v51;
 				}
 				ra9 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + ((((int)threadIdx.x) + 128) / 32)) < 12) && (((nx43 * 32) + ((((int)threadIdx.x) + 128) % 32)) < 20))) {
-					__half v51 = p1[(((m05 + ((((int)threadIdx.x) + 128) / 32)) * 20) + ((nx43 * 32) + ((((int)threadIdx.x) + 128) % 32)))];
-					__half v52 = p2[((nx43 * 32) + ((((int)threadIdx.x) + 128) % 32))];
-					__half v53 = __float2half_rn((__half2float(v51) + __half2float(v52)));
-					ra9 = v53;
+				if ((((m05 + ((((int)threadIdx.x) + 128) / 32)) < 12) && (((nx45 * 32) + ((((int)threadIdx.x) + 128) % 32)) < 20))) {
+					__half v52 = p1[(((m05 + ((((int)threadIdx.x) + 128) / 32)) * 20) + ((nx45 * 32) + ((((int)threadIdx.x) + 128) % 32)))];
+					__half v53 = p2[((nx45 * 32) + ((((int)threadIdx.x) + 128) % 32))];
+					__half v54 = __float2half_rn((__half2float(v52) + __half2float(v53)));
+					ra9 = v54;
 				}
 				ra10 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + ((((int)threadIdx.x) + 192) / 32)) < 12) && (((nx43 * 32) + ((((int)threadIdx.x) + 192) % 32)) < 20))) {
-					__half v54 = p1[(((m05 + ((((int)threadIdx.x) + 192) / 32)) * 20) + ((nx43 * 32) + ((((int)threadIdx.x) + 192) % 32)))];
-					__half v55 = p2[((nx43 * 32) + ((((int)threadIdx.x) + 192) % 32))];
-					__half v56 = __float2half_rn((__half2float(v54) + __half2float(v55)));
-					ra10 = v56;
+				if ((((m05 + ((((int)threadIdx.x) + 192) / 32)) < 12) && (((nx45 * 32) + ((((int)threadIdx.x) + 192) % 32)) < 20))) {
+					__half v55 = p1[(((m05 + ((((int)threadIdx.x) + 192) / 32)) * 20) + ((nx45 * 32) + ((((int)threadIdx.x) + 192) % 32)))];
+					__half v56 = p2[((nx45 * 32) + ((((int)threadIdx.x) + 192) % 32))];
+					__half v57 = __float2half_rn((__half2float(v55) + __half2float(v56)));
+					ra10 = v57;
 				}
 				ra11 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + ((((int)threadIdx.x) + 256) / 32)) < 12) && (((nx43 * 32) + ((((int)threadIdx.x) + 256) % 32)) < 20))) {
-					__half v57 = p1[(((m05 + ((((int)threadIdx.x) + 256) / 32)) * 20) + ((nx43 * 32) + ((((int)threadIdx.x) + 256) % 32)))];
-					__half v58 = p2[((nx43 * 32) + ((((int)threadIdx.x) + 256) % 32))];
-					__half v59 = __float2half_rn((__half2float(v57) + __half2float(v58)));
-					ra11 = v59;
+				if ((((m05 + ((((int)threadIdx.x) + 256) / 32)) < 12) && (((nx45 * 32) + ((((int)threadIdx.x) + 256) % 32)) < 20))) {
+					__half v58 = p1[(((m05 + ((((int)threadIdx.x) + 256) / 32)) * 20) + ((nx45 * 32) + ((((int)threadIdx.x) + 256) % 32)))];
+					__half v59 = p2[((nx45 * 32) + ((((int)threadIdx.x) + 256) % 32))];
+					__half v60 = __float2half_rn((__half2float(v58) + __half2float(v59)));
+					ra11 = v60;
 				}
 				ra12 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + ((((int)threadIdx.x) + 320) / 32)) < 12) && (((nx43 * 32) + ((((int)threadIdx.x) + 320) % 32)) < 20))) {
-					__half v60 = p1[(((m05 + ((((int)threadIdx.x) + 320) / 32)) * 20) + ((nx43 * 32) + ((((int)threadIdx.x) + 320) % 32)))];
-					__half v61 = p2[((nx43 * 32) + ((((int)threadIdx.x) + 320) % 32))];
-					__half v62 = __float2half_rn((__half2float(v60) + __half2float(v61)));
-					ra12 = v62;
+				if ((((m05 + ((((int)threadIdx.x) + 320) / 32)) < 12) && (((nx45 * 32) + ((((int)threadIdx.x) + 320) % 32)) < 20))) {
+					__half v61 = p1[(((m05 + ((((int)threadIdx.x) + 320) / 32)) * 20) + ((nx45 * 32) + ((((int)threadIdx.x) + 320) % 32)))];
+					__half v62 = p2[((nx45 * 32) + ((((int)threadIdx.x) + 320) % 32))];
+					__half v63 = __float2half_rn((__half2float(v61) + __half2float(v62)));
+					ra12 = v63;
 				}
 				ra13 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + ((((int)threadIdx.x) + 384) / 32)) < 12) && (((nx43 * 32) + ((((int)threadIdx.x) + 384) % 32)) < 20))) {
-					__half v63 = p1[(((m05 + ((((int)threadIdx.x) + 384) / 32)) * 20) + ((nx43 * 32) + ((((int)threadIdx.x) + 384) % 32)))];
-					__half v64 = p2[((nx43 * 32) + ((((int)threadIdx.x) + 384) % 32))];
-					__half v65 = __float2half_rn((__half2float(v63) + __half2float(v64)));
-					ra13 = v65;
+				if ((((m05 + ((((int)threadIdx.x) + 384) / 32)) < 12) && (((nx45 * 32) + ((((int)threadIdx.x) + 384) % 32)) < 20))) {
+					__half v64 = p1[(((m05 + ((((int)threadIdx.x) + 384) / 32)) * 20) + ((nx45 * 32) + ((((int)threadIdx.x) + 384) % 32)))];
+					__half v65 = p2[((nx45 * 32) + ((((int)threadIdx.x) + 384) % 32))];
+					__half v66 = __float2half_rn((__half2float(v64) + __half2float(v65)));
+					ra13 = v66;
 				}
 				ra14 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + ((((int)threadIdx.x) + 448) / 32)) < 12) && (((nx43 * 32) + ((((int)threadIdx.x) + 448) % 32)) < 20))) {
-					__half v66 = p1[(((m05 + ((((int)threadIdx.x) + 448) / 32)) * 20) + ((nx43 * 32) + ((((int)threadIdx.x) + 448) % 32)))];
-					__half v67 = p2[((nx43 * 32) + ((((int)threadIdx.x) + 448) % 32))];
-					__half v68 = __float2half_rn((__half2float(v66) + __half2float(v67)));
-					ra14 = v68;
+				if ((((m05 + ((((int)threadIdx.x) + 448) / 32)) < 12) && (((nx45 * 32) + ((((int)threadIdx.x) + 448) % 32)) < 20))) {
+					__half v67 = p1[(((m05 + ((((int)threadIdx.x) + 448) / 32)) * 20) + ((nx45 * 32) + ((((int)threadIdx.x) + 448) % 32)))];
+					__half v68 = p2[((nx45 * 32) + ((((int)threadIdx.x) + 448) % 32))];
+					__half v69 = __float2half_rn((__half2float(v67) + __half2float(v68)));
+					ra14 = v69;
 				}
-				for (int c69 = ((int)threadIdx.x); c69 < 64; c69 += 64) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns44 * 768) + (((c69 / 2) * 24) + ((c69 % 2) * 8)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((c69 % 2) * 8)) < 24) && (((nx43 * 32) + (c69 / 2)) < 20))) ? &p3[((n06 + ((c69 % 2) * 8)) + (((nx43 * 32) + (c69 / 2)) * 24))] : p3), "r"(((((n06 + ((c69 % 2) * 8)) < 24) && (((nx43 * 32) + (c69 / 2)) < 20))) ? 16 : 0) : "memory"); }
+				#pragma unroll
+				for (int c70 = 0; c70 < 1; c70 += 1) {
+					int ci71 = (((int)threadIdx.x) + (c70 * 64));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns43 * 768) + (((ci71 / 2) * 24) + ((ci71 % 2) * 8)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci71 % 2) * 8)) < 24) && (((nx45 * 32) + (ci71 / 2)) < 20))) ? &p3[((n06 + ((ci71 % 2) * 8)) + (((nx45 * 32) + (ci71 / 2)) * 24))] : p3), "r"(((((n06 + ((ci71 % 2) * 8)) < 24) && (((nx45 * 32) + (ci71 / 2)) < 20))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int ks70 = 0; ks70 < 32; ks70 += 16) {
-				#pragma unroll
-				for (int mi71 = 0; mi71 < 1; mi71 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((st42 * 640) + ((((wm1 + (mi71 * 16)) + (lane0 & 15)) * 40) + (ks70 + ((lane0 >> 4) * 8))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi71 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fa[(mi71 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fa[(mi71 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fa[(mi71 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); fa[(mi71 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); fa[(mi71 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); fa[(mi71 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); fa[(mi71 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
-				}
-				#pragma unroll
-				for (int ni72 = 0; ni72 < 1; ni72 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((st42 * 768) + (((ks70 + ((((lane0 >> 3) & 1) * 8) + (lane0 & 7))) * 24) + (wn2 + (ni72 * 8))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni72 * 4)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fb[(ni72 * 4) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fb[(ni72 * 4) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fb[(ni72 * 4) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
-				}
+			for (int ks72 = 0; ks72 < 32; ks72 += 16) {
 				#pragma unroll
 				for (int mi73 = 0; mi73 < 1; mi73 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((st42 * 640) + ((((wm1 + (mi73 * 16)) + (lane0 & 15)) * 40) + (ks72 + ((lane0 >> 4) * 8))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi73 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fa[(mi73 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fa[(mi73 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fa[(mi73 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); fa[(mi73 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); fa[(mi73 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); fa[(mi73 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); fa[(mi73 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
+				}
+				#pragma unroll
+				for (int ni74 = 0; ni74 < 1; ni74 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((st42 * 768) + (((ks72 + ((((lane0 >> 3) & 1) * 8) + (lane0 & 7))) * 24) + (wn2 + (ni74 * 8))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni74 * 4)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fb[(ni74 * 4) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fb[(ni74 * 4) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fb[(ni74 * 4) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+				}
+				#pragma unroll
+				for (int mi75 = 0; mi75 < 1; mi75 += 1) {
 					#pragma unroll
-					for (int ni74 = 0; ni74 < 1; ni74 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi73 + ni74) * 4)]), "=f"(acc[((mi73 + ni74) * 4) + 1]), "=f"(acc[((mi73 + ni74) * 4) + 2]), "=f"(acc[((mi73 + ni74) * 4) + 3]) : "r"(((unsigned)__half_as_ushort(fa[(mi73 * 8)]) | ((unsigned)__half_as_ushort(fa[(mi73 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi73 * 8) + 2]) | ((unsigned)__half_as_ushort(fa[(mi73 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi73 * 8) + 4]) | ((unsigned)__half_as_ushort(fa[(mi73 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi73 * 8) + 6]) | ((unsigned)__half_as_ushort(fa[(mi73 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni74 * 4)]) | ((unsigned)__half_as_ushort(fb[(ni74 * 4) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni74 * 4) + 2]) | ((unsigned)__half_as_ushort(fb[(ni74 * 4) + 3]) << 16))), "f"(acc[((mi73 + ni74) * 4)]), "f"(acc[((mi73 + ni74) * 4) + 1]), "f"(acc[((mi73 + ni74) * 4) + 2]), "f"(acc[((mi73 + ni74) * 4) + 3]));
+					for (int ni76 = 0; ni76 < 1; ni76 += 1) {
+						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi75 + ni76) * 4)]), "=f"(acc[((mi75 + ni76) * 4) + 1]), "=f"(acc[((mi75 + ni76) * 4) + 2]), "=f"(acc[((mi75 + ni76) * 4) + 3]) : "r"(((unsigned)__half_as_ushort(fa[(mi75 * 8)]) | ((unsigned)__half_as_ushort(fa[(mi75 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi75 * 8) + 2]) | ((unsigned)__half_as_ushort(fa[(mi75 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi75 * 8) + 4]) | ((unsigned)__half_as_ushort(fa[(mi75 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi75 * 8) + 6]) | ((unsigned)__half_as_ushort(fa[(mi75 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni76 * 4)]) | ((unsigned)__half_as_ushort(fb[(ni76 * 4) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni76 * 4) + 2]) | ((unsigned)__half_as_ushort(fb[(ni76 * 4) + 3]) << 16))), "f"(acc[((mi75 + ni76) * 4)]), "f"(acc[((mi75 + ni76) * 4) + 1]), "f"(acc[((mi75 + ni76) * 4) + 2]), "f"(acc[((mi75 + ni76) * 4) + 3]));
 					}
 				}
 			}
-			if ((nx43 < 1)) {
-				sa[((ns44 * 640) + (((((int)threadIdx.x) / 32) * 40) + (((int)threadIdx.x) % 32)))] = ra7;
-				sa[((ns44 * 640) + ((((((int)threadIdx.x) + 64) / 32) * 40) + ((((int)threadIdx.x) + 64) % 32)))] = ra8;
-				sa[((ns44 * 640) + ((((((int)threadIdx.x) + 128) / 32) * 40) + ((((int)threadIdx.x) + 128) % 32)))] = ra9;
-				sa[((ns44 * 640) + ((((((int)threadIdx.x) + 192) / 32) * 40) + ((((int)threadIdx.x) + 192) % 32)))] = ra10;
-				sa[((ns44 * 640) + ((((((int)threadIdx.x) + 256) / 32) * 40) + ((((int)threadIdx.x) + 256) % 32)))] = ra11;
-				sa[((ns44 * 640) + ((((((int)threadIdx.x) + 320) / 32) * 40) + ((((int)threadIdx.x) + 320) % 32)))] = ra12;
-				sa[((ns44 * 640) + ((((((int)threadIdx.x) + 384) / 32) * 40) + ((((int)threadIdx.x) + 384) % 32)))] = ra13;
-				sa[((ns44 * 640) + ((((((int)threadIdx.x) + 448) / 32) * 40) + ((((int)threadIdx.x) + 448) % 32)))] = ra14;
+			if ((nx45 < 1)) {
+				sa[((ns43 * 640) + (((((int)threadIdx.x) / 32) * 40) + (((int)threadIdx.x) % 32)))] = ra7;
+				sa[((ns43 * 640) + ((((((int)threadIdx.x) + 64) / 32) * 40) + ((((int)threadIdx.x) + 64) % 32)))] = ra8;
+				sa[((ns43 * 640) + ((((((int)threadIdx.x) + 128) / 32) * 40) + ((((int)threadIdx.x) + 128) % 32)))] = ra9;
+				sa[((ns43 * 640) + ((((((int)threadIdx.x) + 192) / 32) * 40) + ((((int)threadIdx.x) + 192) % 32)))] = ra10;
+				sa[((ns43 * 640) + ((((((int)threadIdx.x) + 256) / 32) * 40) + ((((int)threadIdx.x) + 256) % 32)))] = ra11;
+				sa[((ns43 * 640) + ((((((int)threadIdx.x) + 320) / 32) * 40) + ((((int)threadIdx.x) + 320) % 32)))] = ra12;
+				sa[((ns43 * 640) + ((((((int)threadIdx.x) + 384) / 32) * 40) + ((((int)threadIdx.x) + 384) % 32)))] = ra13;
+				sa[((ns43 * 640) + ((((((int)threadIdx.x) + 448) / 32) * 40) + ((((int)threadIdx.x) + 448) % 32)))] = ra14;
 			}
+			st42 = ((st42 == 2) ? 0 : (st42 + 1));
+			ns43 = ((ns43 == 2) ? 0 : (ns43 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int mi75 = 0; mi75 < 1; mi75 += 1) {
+		for (int mi77 = 0; mi77 < 1; mi77 += 1) {
 			#pragma unroll
-			for (int ni76 = 0; ni76 < 1; ni76 += 1) {
+			for (int ni78 = 0; ni78 < 1; ni78 += 1) {
 				#pragma unroll
-				for (int e77 = 0; e77 < 4; e77 += 1) {
-					int row78 = ((m05 + wm1) + ((mi75 * 16) + ((lane0 >> 2) + ((e77 >> 1) * 8))));
-					int col79 = ((n06 + wn2) + ((ni76 * 8) + (((lane0 & 3) * 2) + (e77 & 1))));
-					if (((row78 < 12) && (col79 < 24))) {
-						__half v80 = __float2half_rn(acc[(((mi75 + ni76) * 4) + e77)]);
-						p0[((row78 * 24) + col79)] = v80;
+				for (int e79 = 0; e79 < 4; e79 += 1) {
+					int row80 = ((m05 + wm1) + ((mi77 * 16) + ((lane0 >> 2) + ((e79 >> 1) * 8))));
+					int col81 = ((n06 + wn2) + ((ni78 * 8) + (((lane0 & 3) * 2) + (e79 & 1))));
+					if (((row80 < 12) && (col81 < 24))) {
+						__half v82 = __float2half_rn(acc[(((mi77 + ni78) * 4) + e79)]);
+						p0[((row80 * 24) + col81)] = v82;
 					}
 				}
 			}

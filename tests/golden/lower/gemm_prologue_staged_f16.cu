@@ -32,82 +32,96 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_prologue_staged_f16(__h
 		for (int z7 = 0; z7 < 4; z7 += 1) {
 			acc[z7] = 0x0p+0f;
 		}
-		for (int c8 = ((int)threadIdx.x); c8 < 128; c8 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(c8 * 4)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (c8 / 8)) < 18) && (((c8 % 8) * 4) < 20))) ? &p1[(((m05 + (c8 / 8)) * 20) + ((c8 % 8) * 4))] : p1), "r"(((((m05 + (c8 / 8)) < 18) && (((c8 % 8) * 4) < 20))) ? 8 : 0) : "memory"); }
+		#pragma unroll
+		for (int c8 = 0; c8 < 2; c8 += 1) {
+			int ci9 = (((int)threadIdx.x) + (c8 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(ci9 * 4)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci9 / 8)) < 18) && (((ci9 % 8) * 4) < 20))) ? &p1[(((m05 + (ci9 / 8)) * 20) + ((ci9 % 8) * 4))] : p1), "r"(((((m05 + (ci9 / 8)) < 18) && (((ci9 % 8) * 4) < 20))) ? 8 : 0) : "memory"); }
 		}
-		for (int c9 = ((int)threadIdx.x); c9 < 128; c9 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[(c9 * 4)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (c9 / 8)) < 24) && (((c9 % 8) * 4) < 20))) ? &p2[(((n06 + (c9 / 8)) * 20) + ((c9 % 8) * 4))] : p2), "r"(((((n06 + (c9 / 8)) < 24) && (((c9 % 8) * 4) < 20))) ? 8 : 0) : "memory"); }
+		#pragma unroll
+		for (int c10 = 0; c10 < 2; c10 += 1) {
+			int ci11 = (((int)threadIdx.x) + (c10 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[(ci11 * 4)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci11 / 8)) < 24) && (((ci11 % 8) * 4) < 20))) ? &p2[(((n06 + (ci11 / 8)) * 20) + ((ci11 % 8) * 4))] : p2), "r"(((((n06 + (ci11 / 8)) < 24) && (((ci11 % 8) * 4) < 20))) ? 8 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int kt10 = 0; kt10 < 1; kt10 += 1) {
+		int st12 = 0;
+		int ns13 = 2;
+		for (int kt14 = 0; kt14 < 1; kt14 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int st11 = (kt10 % 3);
-			for (int c12 = ((int)threadIdx.x); c12 < 512; c12 += 64) {
-				int q13 = ((st11 * 512) + c12);
-				__half s14 = ca[q13];
-				__half x15 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((kt10 * 32) + (c12 % 32)) < 20)) {
-					__half v16 = __float2half_rn((__half2float(s14) * 0x1p-1f));
-					__half v17 = __float2half_rn((__half2float(v16) + 0x1p+0f));
-					x15 = v17;
+			#pragma unroll
+			for (int c15 = 0; c15 < 8; c15 += 1) {
+				int ci16 = (((int)threadIdx.x) + (c15 * 64));
+				int q17 = ((st12 * 512) + ci16);
+				__half s18 = ca[q17];
+				__half x19 = __ushort_as_half((unsigned short)0x0000u);
+				if ((((kt14 * 32) + (ci16 % 32)) < 20)) {
+					__half v20 = __float2half_rn((__half2float(s18) * 0x1p-1f));
+					__half v21 = __float2half_rn((__half2float(v20) + 0x1p+0f));
+					x19 = v21;
 				}
-				sa[(((c12 / 32) * 40) + (c12 % 32))] = x15;
+				sa[(((ci16 / 32) * 40) + (ci16 % 32))] = x19;
 			}
-			for (int c18 = ((int)threadIdx.x); c18 < 512; c18 += 64) {
-				int q19 = ((st11 * 512) + c18);
-				__half s20 = cb[q19];
-				__half x21 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((kt10 * 32) + (c18 % 32)) < 20)) {
-					__half v22 = __float2half_rn((__half2float(s20) + 0x1p+0f));
-					x21 = v22;
+			#pragma unroll
+			for (int c22 = 0; c22 < 8; c22 += 1) {
+				int ci23 = (((int)threadIdx.x) + (c22 * 64));
+				int q24 = ((st12 * 512) + ci23);
+				__half s25 = cb[q24];
+				__half x26 = __ushort_as_half((unsigned short)0x0000u);
+				if ((((kt14 * 32) + (ci23 % 32)) < 20)) {
+					__half v27 = __float2half_rn((__half2float(s25) + 0x1p+0f));
+					x26 = v27;
 				}
-				sb[(((c18 / 32) * 40) + (c18 % 32))] = x21;
+				sb[(((ci23 / 32) * 40) + (ci23 % 32))] = x26;
 			}
 			__syncthreads();
-			int nx23 = (kt10 + 2);
-			int ns24 = (nx23 % 3);
-			if ((nx23 < 1)) {
-				for (int c25 = ((int)threadIdx.x); c25 < 128; c25 += 64) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(((ns24 * 128) + c25) * 4)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (c25 / 8)) < 18) && (((nx23 * 32) + ((c25 % 8) * 4)) < 20))) ? &p1[(((m05 + (c25 / 8)) * 20) + ((nx23 * 32) + ((c25 % 8) * 4)))] : p1), "r"(((((m05 + (c25 / 8)) < 18) && (((nx23 * 32) + ((c25 % 8) * 4)) < 20))) ? 8 : 0) : "memory"); }
+			int nx28 = (kt14 + 2);
+			if ((nx28 < 1)) {
+				#pragma unroll
+				for (int c29 = 0; c29 < 2; c29 += 1) {
+					int ci30 = (((int)threadIdx.x) + (c29 * 64));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(((ns13 * 128) + ci30) * 4)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci30 / 8)) < 18) && (((nx28 * 32) + ((ci30 % 8) * 4)) < 20))) ? &p1[(((m05 + (ci30 / 8)) * 20) + ((nx28 * 32) + ((ci30 % 8) * 4)))] : p1), "r"(((((m05 + (ci30 / 8)) < 18) && (((nx28 * 32) + ((ci30 % 8) * 4)) < 20))) ? 8 : 0) : "memory"); }
 				}
-				for (int c26 = ((int)threadIdx.x); c26 < 128; c26 += 64) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[(((ns24 * 128) + c26) * 4)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (c26 / 8)) < 24) && (((nx23 * 32) + ((c26 % 8) * 4)) < 20))) ? &p2[(((n06 + (c26 / 8)) * 20) + ((nx23 * 32) + ((c26 % 8) * 4)))] : p2), "r"(((((n06 + (c26 / 8)) < 24) && (((nx23 * 32) + ((c26 % 8) * 4)) < 20))) ? 8 : 0) : "memory"); }
+				#pragma unroll
+				for (int c31 = 0; c31 < 2; c31 += 1) {
+					int ci32 = (((int)threadIdx.x) + (c31 * 64));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[(((ns13 * 128) + ci32) * 4)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci32 / 8)) < 24) && (((nx28 * 32) + ((ci32 % 8) * 4)) < 20))) ? &p2[(((n06 + (ci32 / 8)) * 20) + ((nx28 * 32) + ((ci32 % 8) * 4)))] : p2), "r"(((((n06 + (ci32 / 8)) < 24) && (((nx28 * 32) + ((ci32 % 8) * 4)) < 20))) ? 8 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int ks27 = 0; ks27 < 32; ks27 += 16) {
+			for (int ks33 = 0; ks33 < 32; ks33 += 16) {
 				#pragma unroll
-				for (int mi28 = 0; mi28 < 1; mi28 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((((wm1 + (mi28 * 16)) + (lane0 & 15)) * 40) + (ks27 + ((lane0 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi28 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fa[(mi28 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fa[(mi28 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fa[(mi28 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); fa[(mi28 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); fa[(mi28 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); fa[(mi28 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); fa[(mi28 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
+				for (int mi34 = 0; mi34 < 1; mi34 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((((wm1 + (mi34 * 16)) + (lane0 & 15)) * 40) + (ks33 + ((lane0 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi34 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fa[(mi34 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fa[(mi34 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fa[(mi34 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); fa[(mi34 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); fa[(mi34 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); fa[(mi34 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); fa[(mi34 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
 				}
 				#pragma unroll
-				for (int ni29 = 0; ni29 < 1; ni29 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((((wn2 + (ni29 * 8)) + (lane0 & 7)) * 40) + (ks27 + (((lane0 >> 3) & 1) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni29 * 4)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fb[(ni29 * 4) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fb[(ni29 * 4) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fb[(ni29 * 4) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+				for (int ni35 = 0; ni35 < 1; ni35 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((((wn2 + (ni35 * 8)) + (lane0 & 7)) * 40) + (ks33 + (((lane0 >> 3) & 1) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni35 * 4)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fb[(ni35 * 4) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fb[(ni35 * 4) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fb[(ni35 * 4) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
 				}
 				#pragma unroll
-				for (int mi30 = 0; mi30 < 1; mi30 += 1) {
+				for (int mi36 = 0; mi36 < 1; mi36 += 1) {
 					#pragma unroll
-					for (int ni31 = 0; ni31 < 1; ni31 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi30 + ni31) * 4)]), "=f"(acc[((mi30 + ni31) * 4) + 1]), "=f"(acc[((mi30 + ni31) * 4) + 2]), "=f"(acc[((mi30 + ni31) * 4) + 3]) : "r"(((unsigned)__half_as_ushort(fa[(mi30 * 8)]) | ((unsigned)__half_as_ushort(fa[(mi30 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi30 * 8) + 2]) | ((unsigned)__half_as_ushort(fa[(mi30 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi30 * 8) + 4]) | ((unsigned)__half_as_ushort(fa[(mi30 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi30 * 8) + 6]) | ((unsigned)__half_as_ushort(fa[(mi30 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni31 * 4)]) | ((unsigned)__half_as_ushort(fb[(ni31 * 4) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni31 * 4) + 2]) | ((unsigned)__half_as_ushort(fb[(ni31 * 4) + 3]) << 16))), "f"(acc[((mi30 + ni31) * 4)]), "f"(acc[((mi30 + ni31) * 4) + 1]), "f"(acc[((mi30 + ni31) * 4) + 2]), "f"(acc[((mi30 + ni31) * 4) + 3]));
+					for (int ni37 = 0; ni37 < 1; ni37 += 1) {
+						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi36 + ni37) * 4)]), "=f"(acc[((mi36 + ni37) * 4) + 1]), "=f"(acc[((mi36 + ni37) * 4) + 2]), "=f"(acc[((mi36 + ni37) * 4) + 3]) : "r"(((unsigned)__half_as_ushort(fa[(mi36 * 8)]) | ((unsigned)__half_as_ushort(fa[(mi36 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi36 * 8) + 2]) | ((unsigned)__half_as_ushort(fa[(mi36 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi36 * 8) + 4]) | ((unsigned)__half_as_ushort(fa[(mi36 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi36 * 8) + 6]) | ((unsigned)__half_as_ushort(fa[(mi36 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni37 * 4)]) | ((unsigned)__half_as_ushort(fb[(ni37 * 4) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni37 * 4) + 2]) | ((unsigned)__half_as_ushort(fb[(ni37 * 4) + 3]) << 16))), "f"(acc[((mi36 + ni37) * 4)]), "f"(acc[((mi36 + ni37) * 4) + 1]), "f"(acc[((mi36 + ni37) * 4) + 2]), "f"(acc[((mi36 + ni37) * 4) + 3]));
 					}
 				}
 			}
+			st12 = ((st12 == 2) ? 0 : (st12 + 1));
+			ns13 = ((ns13 == 2) ? 0 : (ns13 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int mi32 = 0; mi32 < 1; mi32 += 1) {
+		for (int mi38 = 0; mi38 < 1; mi38 += 1) {
 			#pragma unroll
-			for (int ni33 = 0; ni33 < 1; ni33 += 1) {
+			for (int ni39 = 0; ni39 < 1; ni39 += 1) {
 				#pragma unroll
-				for (int e34 = 0; e34 < 4; e34 += 1) {
-					int row35 = ((m05 + wm1) + ((mi32 * 16) + ((lane0 >> 2) + ((e34 >> 1) * 8))));
-					int col36 = ((n06 + wn2) + ((ni33 * 8) + (((lane0 & 3) * 2) + (e34 & 1))));
-					if (((row35 < 18) && (col36 < 24))) {
-						__half v37 = __float2half_rn(acc[(((mi32 + ni33) * 4) + e34)]);
-						p0[((row35 * 24) + col36)] = v37;
+				for (int e40 = 0; e40 < 4; e40 += 1) {
+					int row41 = ((m05 + wm1) + ((mi38 * 16) + ((lane0 >> 2) + ((e40 >> 1) * 8))));
+					int col42 = ((n06 + wn2) + ((ni39 * 8) + (((lane0 & 3) * 2) + (e40 & 1))));
+					if (((row41 < 18) && (col42 < 24))) {
+						__half v43 = __float2half_rn(acc[(((mi38 + ni39) * 4) + e40)]);
+						p0[((row41 * 24) + col42)] = v43;
 					}
 				}
 			}

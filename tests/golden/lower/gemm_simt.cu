@@ -46,66 +46,70 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_simt(float *__restrict
 			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((c10 / 4) * 20) + ((c10 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c10 % 4) * 4)) < 24) && ((16 + (c10 / 4)) < 36))) ? &p3[((n05 + ((c10 % 4) * 4)) + ((16 + (c10 / 4)) * 24))] : p3), "r"(((((n05 + ((c10 % 4) * 4)) < 24) && ((16 + (c10 / 4)) < 36))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int kt11 = 0; kt11 < 3; kt11 += 1) {
+		int st11 = 0;
+		int ns12 = 2;
+		for (int kt13 = 0; kt13 < 3; kt13 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int st12 = (kt11 % 3);
-			for (int c13 = ((int)threadIdx.x); c13 < 256; c13 += 256) {
-				int q14 = ((st12 * 256) + c13);
-				float s15 = ca[q14];
-				float x16 = 0x0p+0f;
-				if ((((kt11 * 16) + (c13 % 16)) < 36)) {
-					float v17 = ((s15 < 0x0p+0f) ? 0x0p+0f : s15);
-					x16 = v17;
+			#pragma unroll
+			for (int c14 = 0; c14 < 1; c14 += 1) {
+				int ci15 = (((int)threadIdx.x) + (c14 * 256));
+				int q16 = ((st11 * 256) + ci15);
+				float s17 = ca[q16];
+				float x18 = 0x0p+0f;
+				if ((((kt13 * 16) + (ci15 % 16)) < 36)) {
+					float v19 = ((s17 < 0x0p+0f) ? 0x0p+0f : s17);
+					x18 = v19;
 				}
-				sa[(((c13 % 16) * 20) + (c13 / 16))] = x16;
+				sa[(((ci15 % 16) * 20) + (ci15 / 16))] = x18;
 			}
 			__syncthreads();
-			int nx18 = (kt11 + 2);
-			int ns19 = (nx18 % 3);
-			if ((nx18 < 3)) {
-				for (int c20 = ((int)threadIdx.x); c20 < 64; c20 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(((ns19 * 64) + c20) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (c20 / 4)) < 40) && (((nx18 * 16) + ((c20 % 4) * 4)) < 36))) ? &p2[(((m04 + (c20 / 4)) * 36) + ((nx18 * 16) + ((c20 % 4) * 4)))] : p2), "r"(((((m04 + (c20 / 4)) < 40) && (((nx18 * 16) + ((c20 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
-				}
+			int nx20 = (kt13 + 2);
+			if ((nx20 < 3)) {
 				for (int c21 = ((int)threadIdx.x); c21 < 64; c21 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns19 * 320) + (((c21 / 4) * 20) + ((c21 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c21 % 4) * 4)) < 24) && (((nx18 * 16) + (c21 / 4)) < 36))) ? &p3[((n05 + ((c21 % 4) * 4)) + (((nx18 * 16) + (c21 / 4)) * 24))] : p3), "r"(((((n05 + ((c21 % 4) * 4)) < 24) && (((nx18 * 16) + (c21 / 4)) < 36))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(((ns12 * 64) + c21) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (c21 / 4)) < 40) && (((nx20 * 16) + ((c21 % 4) * 4)) < 36))) ? &p2[(((m04 + (c21 / 4)) * 36) + ((nx20 * 16) + ((c21 % 4) * 4)))] : p2), "r"(((((m04 + (c21 / 4)) < 40) && (((nx20 * 16) + ((c21 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
+				}
+				for (int c22 = ((int)threadIdx.x); c22 < 64; c22 += 256) {
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns12 * 320) + (((c22 / 4) * 20) + ((c22 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c22 % 4) * 4)) < 24) && (((nx20 * 16) + (c22 / 4)) < 36))) ? &p3[((n05 + ((c22 % 4) * 4)) + (((nx20 * 16) + (c22 / 4)) * 24))] : p3), "r"(((((n05 + ((c22 % 4) * 4)) < 24) && (((nx20 * 16) + (c22 / 4)) < 36))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int kk22 = 0; kk22 < 16; kk22 += 1) {
-				#pragma unroll
-				for (int f23 = 0; f23 < 1; f23 += 1) {
-					fa[f23] = sa[((kk22 * 20) + (ty1 + f23))];
-				}
+			for (int kk23 = 0; kk23 < 16; kk23 += 1) {
 				#pragma unroll
 				for (int f24 = 0; f24 < 1; f24 += 1) {
-					fb[f24] = sb[((st12 * 320) + ((kk22 * 20) + (tx0 + f24)))];
+					fa[f24] = sa[((kk23 * 20) + (ty1 + f24))];
 				}
 				#pragma unroll
-				for (int i25 = 0; i25 < 1; i25 += 1) {
+				for (int f25 = 0; f25 < 1; f25 += 1) {
+					fb[f25] = sb[((st11 * 320) + ((kk23 * 20) + (tx0 + f25)))];
+				}
+				#pragma unroll
+				for (int i26 = 0; i26 < 1; i26 += 1) {
 					#pragma unroll
-					for (int j26 = 0; j26 < 1; j26 += 1) {
-						acc[(i25 + j26)] = (acc[(i25 + j26)] + (fa[i25] * fb[j26]));
+					for (int j27 = 0; j27 < 1; j27 += 1) {
+						acc[(i26 + j27)] = (acc[(i26 + j27)] + (fa[i26] * fb[j27]));
 					}
 				}
 			}
+			st11 = ((st11 == 2) ? 0 : (st11 + 1));
+			ns12 = ((ns12 == 2) ? 0 : (ns12 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int i27 = 0; i27 < 1; i27 += 1) {
+		for (int i28 = 0; i28 < 1; i28 += 1) {
 			#pragma unroll
-			for (int j28 = 0; j28 < 1; j28 += 1) {
-				int row29 = (m04 + (ty1 + i27));
-				int col30 = (n05 + (tx0 + j28));
-				if (((row29 < 40) && (col30 < 24))) {
-					float v31 = acc[(i27 + j28)];
-					float v32 = p4[col30];
-					float v33 = (v31 + v32);
-					float v34 = p5[((row29 * 24) + col30)];
-					float v35 = (v33 + v34);
-					p0[((row29 * 24) + col30)] = v35;
-					p1[(((((row29 / 20) % 2) * 480) + (col30 * 20)) + (row29 % 20))] = v35;
+			for (int j29 = 0; j29 < 1; j29 += 1) {
+				int row30 = (m04 + (ty1 + i28));
+				int col31 = (n05 + (tx0 + j29));
+				if (((row30 < 40) && (col31 < 24))) {
+					float v32 = acc[(i28 + j29)];
+					float v33 = p4[col31];
+					float v34 = (v32 + v33);
+					float v35 = p5[((row30 * 24) + col31)];
+					float v36 = (v34 + v35);
+					p0[((row30 * 24) + col31)] = v36;
+					p1[(((((row30 / 20) % 2) * 480) + (col31 * 20)) + (row30 % 20))] = v36;
 				}
 			}
 		}

@@ -33,84 +33,92 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_split_epilogue(float *
 		for (int z6 = 0; z6 < 1; z6 += 1) {
 			acc[z6] = 0x0p+0f;
 		}
-		for (int c7 = ((int)threadIdx.x); c7 < 256; c7 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(((c7 % 16) * 20) + (c7 / 16))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (c7 / 16)) < 20) && ((c7 % 16) < 24))) ? &p4[(((m04 + (c7 / 16)) * 24) + (c7 % 16))] : p4), "r"(((((m04 + (c7 / 16)) < 20) && ((c7 % 16) < 24))) ? 4 : 0) : "memory"); }
+		#pragma unroll
+		for (int c7 = 0; c7 < 1; c7 += 1) {
+			int ci8 = (((int)threadIdx.x) + (c7 * 256));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(((ci8 % 16) * 20) + (ci8 / 16))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (ci8 / 16)) < 20) && ((ci8 % 16) < 24))) ? &p4[(((m04 + (ci8 / 16)) * 24) + (ci8 % 16))] : p4), "r"(((((m04 + (ci8 / 16)) < 20) && ((ci8 % 16) < 24))) ? 4 : 0) : "memory"); }
 		}
-		for (int c8 = ((int)threadIdx.x); c8 < 128; c8 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c8 / 8) * 20) + ((c8 % 8) * 2))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c8 % 8) * 2)) < 30) && ((c8 / 8) < 24))) ? &p5[((n05 + ((c8 % 8) * 2)) + ((c8 / 8) * 30))] : p5), "r"(((((n05 + ((c8 % 8) * 2)) < 30) && ((c8 / 8) < 24))) ? 8 : 0) : "memory"); }
-		}
-		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int c9 = ((int)threadIdx.x); c9 < 256; c9 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(320 + (((c9 % 16) * 20) + (c9 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (c9 / 16)) < 20) && ((16 + (c9 % 16)) < 24))) ? &p4[(((m04 + (c9 / 16)) * 24) + (16 + (c9 % 16)))] : p4), "r"(((((m04 + (c9 / 16)) < 20) && ((16 + (c9 % 16)) < 24))) ? 4 : 0) : "memory"); }
-		}
-		for (int c10 = ((int)threadIdx.x); c10 < 128; c10 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((c10 / 8) * 20) + ((c10 % 8) * 2)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c10 % 8) * 2)) < 30) && ((16 + (c10 / 8)) < 24))) ? &p5[((n05 + ((c10 % 8) * 2)) + ((16 + (c10 / 8)) * 30))] : p5), "r"(((((n05 + ((c10 % 8) * 2)) < 30) && ((16 + (c10 / 8)) < 24))) ? 8 : 0) : "memory"); }
+		for (int c9 = ((int)threadIdx.x); c9 < 128; c9 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c9 / 8) * 20) + ((c9 % 8) * 2))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c9 % 8) * 2)) < 30) && ((c9 / 8) < 24))) ? &p5[((n05 + ((c9 % 8) * 2)) + ((c9 / 8) * 30))] : p5), "r"(((((n05 + ((c9 % 8) * 2)) < 30) && ((c9 / 8) < 24))) ? 8 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int kt11 = 0; kt11 < 2; kt11 += 1) {
+		#pragma unroll
+		for (int c10 = 0; c10 < 1; c10 += 1) {
+			int ci11 = (((int)threadIdx.x) + (c10 * 256));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(320 + (((ci11 % 16) * 20) + (ci11 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (ci11 / 16)) < 20) && ((16 + (ci11 % 16)) < 24))) ? &p4[(((m04 + (ci11 / 16)) * 24) + (16 + (ci11 % 16)))] : p4), "r"(((((m04 + (ci11 / 16)) < 20) && ((16 + (ci11 % 16)) < 24))) ? 4 : 0) : "memory"); }
+		}
+		for (int c12 = ((int)threadIdx.x); c12 < 128; c12 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((c12 / 8) * 20) + ((c12 % 8) * 2)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c12 % 8) * 2)) < 30) && ((16 + (c12 / 8)) < 24))) ? &p5[((n05 + ((c12 % 8) * 2)) + ((16 + (c12 / 8)) * 30))] : p5), "r"(((((n05 + ((c12 % 8) * 2)) < 30) && ((16 + (c12 / 8)) < 24))) ? 8 : 0) : "memory"); }
+		}
+		asm volatile("cp.async.commit_group;\n" ::: "memory");
+		int st13 = 0;
+		int ns14 = 2;
+		for (int kt15 = 0; kt15 < 2; kt15 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int st12 = (kt11 % 3);
-			int nx13 = (kt11 + 2);
-			int ns14 = (nx13 % 3);
-			if ((nx13 < 2)) {
-				for (int c15 = ((int)threadIdx.x); c15 < 256; c15 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((ns14 * 320) + (((c15 % 16) * 20) + (c15 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (c15 / 16)) < 20) && (((nx13 * 16) + (c15 % 16)) < 24))) ? &p4[(((m04 + (c15 / 16)) * 24) + ((nx13 * 16) + (c15 % 16)))] : p4), "r"(((((m04 + (c15 / 16)) < 20) && (((nx13 * 16) + (c15 % 16)) < 24))) ? 4 : 0) : "memory"); }
+			int nx16 = (kt15 + 2);
+			if ((nx16 < 2)) {
+				#pragma unroll
+				for (int c17 = 0; c17 < 1; c17 += 1) {
+					int ci18 = (((int)threadIdx.x) + (c17 * 256));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((ns14 * 320) + (((ci18 % 16) * 20) + (ci18 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (ci18 / 16)) < 20) && (((nx16 * 16) + (ci18 % 16)) < 24))) ? &p4[(((m04 + (ci18 / 16)) * 24) + ((nx16 * 16) + (ci18 % 16)))] : p4), "r"(((((m04 + (ci18 / 16)) < 20) && (((nx16 * 16) + (ci18 % 16)) < 24))) ? 4 : 0) : "memory"); }
 				}
-				for (int c16 = ((int)threadIdx.x); c16 < 128; c16 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns14 * 320) + (((c16 / 8) * 20) + ((c16 % 8) * 2)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c16 % 8) * 2)) < 30) && (((nx13 * 16) + (c16 / 8)) < 24))) ? &p5[((n05 + ((c16 % 8) * 2)) + (((nx13 * 16) + (c16 / 8)) * 30))] : p5), "r"(((((n05 + ((c16 % 8) * 2)) < 30) && (((nx13 * 16) + (c16 / 8)) < 24))) ? 8 : 0) : "memory"); }
+				for (int c19 = ((int)threadIdx.x); c19 < 128; c19 += 256) {
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns14 * 320) + (((c19 / 8) * 20) + ((c19 % 8) * 2)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c19 % 8) * 2)) < 30) && (((nx16 * 16) + (c19 / 8)) < 24))) ? &p5[((n05 + ((c19 % 8) * 2)) + (((nx16 * 16) + (c19 / 8)) * 30))] : p5), "r"(((((n05 + ((c19 % 8) * 2)) < 30) && (((nx16 * 16) + (c19 / 8)) < 24))) ? 8 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int kk17 = 0; kk17 < 16; kk17 += 1) {
+			for (int kk20 = 0; kk20 < 16; kk20 += 1) {
 				#pragma unroll
-				for (int f18 = 0; f18 < 1; f18 += 1) {
-					fa[f18] = sa[((st12 * 320) + ((kk17 * 20) + (ty1 + f18)))];
+				for (int f21 = 0; f21 < 1; f21 += 1) {
+					fa[f21] = sa[((st13 * 320) + ((kk20 * 20) + (ty1 + f21)))];
 				}
 				#pragma unroll
-				for (int f19 = 0; f19 < 1; f19 += 1) {
-					fb[f19] = sb[((st12 * 320) + ((kk17 * 20) + (tx0 + f19)))];
+				for (int f22 = 0; f22 < 1; f22 += 1) {
+					fb[f22] = sb[((st13 * 320) + ((kk20 * 20) + (tx0 + f22)))];
 				}
 				#pragma unroll
-				for (int i20 = 0; i20 < 1; i20 += 1) {
+				for (int i23 = 0; i23 < 1; i23 += 1) {
 					#pragma unroll
-					for (int j21 = 0; j21 < 1; j21 += 1) {
-						acc[(i20 + j21)] = (acc[(i20 + j21)] + (fa[i20] * fb[j21]));
+					for (int j24 = 0; j24 < 1; j24 += 1) {
+						acc[(i23 + j24)] = (acc[(i23 + j24)] + (fa[i23] * fb[j24]));
 					}
 				}
 			}
+			st13 = ((st13 == 2) ? 0 : (st13 + 1));
+			ns14 = ((ns14 == 2) ? 0 : (ns14 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int i22 = 0; i22 < 1; i22 += 1) {
+		for (int i25 = 0; i25 < 1; i25 += 1) {
 			#pragma unroll
-			for (int j23 = 0; j23 < 1; j23 += 1) {
-				int row24 = (m04 + (ty1 + i22));
-				int col25 = (n05 + (tx0 + j23));
-				if (((row24 < 20) && (col25 < 30))) {
-					if (((col25 >= 0) && (col25 < 8))) {
-						float v26 = acc[(i22 + j23)];
-						float v27 = p6[col25];
-						float v28 = (v26 + v27);
-						p0[((row24 * 8) + col25)] = v28;
-					}
-					if (((col25 >= 8) && (col25 < 20))) {
-						float v29 = acc[(i22 + j23)];
-						float v30 = p6[col25];
+			for (int j26 = 0; j26 < 1; j26 += 1) {
+				int row27 = (m04 + (ty1 + i25));
+				int col28 = (n05 + (tx0 + j26));
+				if (((row27 < 20) && (col28 < 30))) {
+					if (((col28 >= 0) && (col28 < 8))) {
+						float v29 = acc[(i25 + j26)];
+						float v30 = p6[col28];
 						float v31 = (v29 + v30);
-						float v32 = ((v31 < 0x0p+0f) ? 0x0p+0f : v31);
-						p1[((row24 * 12) + (col25 + (-8)))] = v32;
+						p0[((row27 * 8) + col28)] = v31;
 					}
-					if (((col25 >= 20) && (col25 < 30))) {
-						float v33 = acc[(i22 + j23)];
-						float v34 = p6[col25];
-						float v35 = (v33 + v34);
-						p2[((row24 * 10) + (col25 + (-20)))] = v35;
+					if (((col28 >= 8) && (col28 < 20))) {
+						float v32 = acc[(i25 + j26)];
+						float v33 = p6[col28];
+						float v34 = (v32 + v33);
+						float v35 = ((v34 < 0x0p+0f) ? 0x0p+0f : v34);
+						p1[((row27 * 12) + (col28 + (-8)))] = v35;
 					}
-					float v36 = p7[((row24 * 30) + col25)];
-					float v37 = (v36 * v36);
-					p3[((row24 * 30) + col25)] = v37;
+					if (((col28 >= 20) && (col28 < 30))) {
+						float v36 = acc[(i25 + j26)];
+						float v37 = p6[col28];
+						float v38 = (v36 + v37);
+						p2[((row27 * 10) + (col28 + (-20)))] = v38;
+					}
+					float v39 = p7[((row27 * 30) + col28)];
+					float v40 = (v39 * v39);
+					p3[((row27 * 30) + col28)] = v40;
 				}
 			}
 		}

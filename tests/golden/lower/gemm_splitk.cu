@@ -35,77 +35,91 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_splitk(float *__restric
 		for (int z7 = 0; z7 < 4; z7 += 1) {
 			acc[z7] = 0x0p+0f;
 		}
-		for (int c8 = ((int)threadIdx.x); c8 < 64; c8 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(((c8 / 4) * 20) + ((c8 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (c8 / 4)) < 24)) ? &p1[(((m05 + (c8 / 4)) * 512) + ((c8 % 4) * 4))] : p1), "r"((((m05 + (c8 / 4)) < 24)) ? 16 : 0) : "memory"); }
+		#pragma unroll
+		for (int c8 = 0; c8 < 1; c8 += 1) {
+			int ci9 = (((int)threadIdx.x) + (c8 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(((ci9 / 4) * 20) + ((ci9 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (ci9 / 4)) < 24)) ? &p1[(((m05 + (ci9 / 4)) * 512) + ((ci9 % 4) * 4))] : p1), "r"((((m05 + (ci9 / 4)) < 24)) ? 16 : 0) : "memory"); }
 		}
-		for (int c9 = ((int)threadIdx.x); c9 < 64; c9 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c9 / 4) * 20) + ((c9 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + ((c9 % 4) * 4)) < 20)) ? &p2[((n06 + ((c9 % 4) * 4)) + ((c9 / 4) * 20))] : p2), "r"((((n06 + ((c9 % 4) * 4)) < 20)) ? 16 : 0) : "memory"); }
-		}
-		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int c10 = ((int)threadIdx.x); c10 < 64; c10 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(320 + (((c10 / 4) * 20) + ((c10 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (c10 / 4)) < 24)) ? &p1[(((m05 + (c10 / 4)) * 512) + (16 + ((c10 % 4) * 4)))] : p1), "r"((((m05 + (c10 / 4)) < 24)) ? 16 : 0) : "memory"); }
-		}
-		for (int c11 = ((int)threadIdx.x); c11 < 64; c11 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((c11 / 4) * 20) + ((c11 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + ((c11 % 4) * 4)) < 20)) ? &p2[((n06 + ((c11 % 4) * 4)) + ((16 + (c11 / 4)) * 20))] : p2), "r"((((n06 + ((c11 % 4) * 4)) < 20)) ? 16 : 0) : "memory"); }
+		#pragma unroll
+		for (int c10 = 0; c10 < 1; c10 += 1) {
+			int ci11 = (((int)threadIdx.x) + (c10 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((ci11 / 4) * 20) + ((ci11 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + ((ci11 % 4) * 4)) < 20)) ? &p2[((n06 + ((ci11 % 4) * 4)) + ((ci11 / 4) * 20))] : p2), "r"((((n06 + ((ci11 % 4) * 4)) < 20)) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int kt12 = 0; kt12 < 32; kt12 += 1) {
+		#pragma unroll
+		for (int c12 = 0; c12 < 1; c12 += 1) {
+			int ci13 = (((int)threadIdx.x) + (c12 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(320 + (((ci13 / 4) * 20) + ((ci13 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (ci13 / 4)) < 24)) ? &p1[(((m05 + (ci13 / 4)) * 512) + (16 + ((ci13 % 4) * 4)))] : p1), "r"((((m05 + (ci13 / 4)) < 24)) ? 16 : 0) : "memory"); }
+		}
+		#pragma unroll
+		for (int c14 = 0; c14 < 1; c14 += 1) {
+			int ci15 = (((int)threadIdx.x) + (c14 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((ci15 / 4) * 20) + ((ci15 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + ((ci15 % 4) * 4)) < 20)) ? &p2[((n06 + ((ci15 % 4) * 4)) + ((16 + (ci15 / 4)) * 20))] : p2), "r"((((n06 + ((ci15 % 4) * 4)) < 20)) ? 16 : 0) : "memory"); }
+		}
+		asm volatile("cp.async.commit_group;\n" ::: "memory");
+		int st16 = 0;
+		int ns17 = 2;
+		for (int kt18 = 0; kt18 < 32; kt18 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int st13 = (kt12 % 3);
-			int nx14 = (kt12 + 2);
-			int ns15 = (nx14 % 3);
-			if ((nx14 < 32)) {
-				for (int c16 = ((int)threadIdx.x); c16 < 64; c16 += 64) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((ns15 * 320) + (((c16 / 4) * 20) + ((c16 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (c16 / 4)) < 24)) ? &p1[(((m05 + (c16 / 4)) * 512) + ((nx14 * 16) + ((c16 % 4) * 4)))] : p1), "r"((((m05 + (c16 / 4)) < 24)) ? 16 : 0) : "memory"); }
+			int nx19 = (kt18 + 2);
+			if ((nx19 < 32)) {
+				#pragma unroll
+				for (int c20 = 0; c20 < 1; c20 += 1) {
+					int ci21 = (((int)threadIdx.x) + (c20 * 64));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((ns17 * 320) + (((ci21 / 4) * 20) + ((ci21 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (ci21 / 4)) < 24)) ? &p1[(((m05 + (ci21 / 4)) * 512) + ((nx19 * 16) + ((ci21 % 4) * 4)))] : p1), "r"((((m05 + (ci21 / 4)) < 24)) ? 16 : 0) : "memory"); }
 				}
-				for (int c17 = ((int)threadIdx.x); c17 < 64; c17 += 64) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns15 * 320) + (((c17 / 4) * 20) + ((c17 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + ((c17 % 4) * 4)) < 20)) ? &p2[((n06 + ((c17 % 4) * 4)) + (((nx14 * 16) + (c17 / 4)) * 20))] : p2), "r"((((n06 + ((c17 % 4) * 4)) < 20)) ? 16 : 0) : "memory"); }
+				#pragma unroll
+				for (int c22 = 0; c22 < 1; c22 += 1) {
+					int ci23 = (((int)threadIdx.x) + (c22 * 64));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns17 * 320) + (((ci23 / 4) * 20) + ((ci23 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + ((ci23 % 4) * 4)) < 20)) ? &p2[((n06 + ((ci23 % 4) * 4)) + (((nx19 * 16) + (ci23 / 4)) * 20))] : p2), "r"((((n06 + ((ci23 % 4) * 4)) < 20)) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int ks18 = 0; ks18 < 16; ks18 += 8) {
+			for (int ks24 = 0; ks24 < 16; ks24 += 8) {
 				#pragma unroll
-				for (int mi19 = 0; mi19 < 1; mi19 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((st13 * 320) + ((((wm1 + (mi19 * 16)) + (lane0 & 15)) * 20) + (ks18 + ((lane0 >> 4) * 4))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi19 * 4)] = __uint_as_float(ap_r0); fa[(mi19 * 4) + 1] = __uint_as_float(ap_r1); fa[(mi19 * 4) + 2] = __uint_as_float(ap_r2); fa[(mi19 * 4) + 3] = __uint_as_float(ap_r3); }
+				for (int mi25 = 0; mi25 < 1; mi25 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((st16 * 320) + ((((wm1 + (mi25 * 16)) + (lane0 & 15)) * 20) + (ks24 + ((lane0 >> 4) * 4))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi25 * 4)] = __uint_as_float(ap_r0); fa[(mi25 * 4) + 1] = __uint_as_float(ap_r1); fa[(mi25 * 4) + 2] = __uint_as_float(ap_r2); fa[(mi25 * 4) + 3] = __uint_as_float(ap_r3); }
 				}
 				#pragma unroll
-				for (int ni20 = 0; ni20 < 1; ni20 += 1) {
-					fb[(ni20 * 2)] = sb[((st13 * 320) + (((ks18 + (lane0 & 3)) * 20) + ((wn2 + (ni20 * 8)) + (lane0 >> 2))))];
-					fb[((ni20 * 2) + 1)] = sb[((st13 * 320) + (((ks18 + ((lane0 & 3) + 4)) * 20) + ((wn2 + (ni20 * 8)) + (lane0 >> 2))))];
+				for (int ni26 = 0; ni26 < 1; ni26 += 1) {
+					fb[(ni26 * 2)] = sb[((st16 * 320) + (((ks24 + (lane0 & 3)) * 20) + ((wn2 + (ni26 * 8)) + (lane0 >> 2))))];
+					fb[((ni26 * 2) + 1)] = sb[((st16 * 320) + (((ks24 + ((lane0 & 3) + 4)) * 20) + ((wn2 + (ni26 * 8)) + (lane0 >> 2))))];
 				}
 				#pragma unroll
-				for (int r21 = 0; r21 < 4; r21 += 1) {
-					fa[r21] = ap_tf32f(fa[r21]);
+				for (int r27 = 0; r27 < 4; r27 += 1) {
+					fa[r27] = ap_tf32f(fa[r27]);
 				}
 				#pragma unroll
-				for (int r22 = 0; r22 < 2; r22 += 1) {
-					fb[r22] = ap_tf32f(fb[r22]);
+				for (int r28 = 0; r28 < 2; r28 += 1) {
+					fb[r28] = ap_tf32f(fb[r28]);
 				}
 				#pragma unroll
-				for (int mi23 = 0; mi23 < 1; mi23 += 1) {
+				for (int mi29 = 0; mi29 < 1; mi29 += 1) {
 					#pragma unroll
-					for (int ni24 = 0; ni24 < 1; ni24 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi23 + ni24) * 4)]), "=f"(acc[((mi23 + ni24) * 4) + 1]), "=f"(acc[((mi23 + ni24) * 4) + 2]), "=f"(acc[((mi23 + ni24) * 4) + 3]) : "r"(__float_as_uint(fa[(mi23 * 4)])), "r"(__float_as_uint(fa[(mi23 * 4) + 1])), "r"(__float_as_uint(fa[(mi23 * 4) + 2])), "r"(__float_as_uint(fa[(mi23 * 4) + 3])), "r"(__float_as_uint(fb[(ni24 * 2)])), "r"(__float_as_uint(fb[(ni24 * 2) + 1])), "f"(acc[((mi23 + ni24) * 4)]), "f"(acc[((mi23 + ni24) * 4) + 1]), "f"(acc[((mi23 + ni24) * 4) + 2]), "f"(acc[((mi23 + ni24) * 4) + 3]));
+					for (int ni30 = 0; ni30 < 1; ni30 += 1) {
+						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi29 + ni30) * 4)]), "=f"(acc[((mi29 + ni30) * 4) + 1]), "=f"(acc[((mi29 + ni30) * 4) + 2]), "=f"(acc[((mi29 + ni30) * 4) + 3]) : "r"(__float_as_uint(fa[(mi29 * 4)])), "r"(__float_as_uint(fa[(mi29 * 4) + 1])), "r"(__float_as_uint(fa[(mi29 * 4) + 2])), "r"(__float_as_uint(fa[(mi29 * 4) + 3])), "r"(__float_as_uint(fb[(ni30 * 2)])), "r"(__float_as_uint(fb[(ni30 * 2) + 1])), "f"(acc[((mi29 + ni30) * 4)]), "f"(acc[((mi29 + ni30) * 4) + 1]), "f"(acc[((mi29 + ni30) * 4) + 2]), "f"(acc[((mi29 + ni30) * 4) + 3]));
 					}
 				}
 			}
+			st16 = ((st16 == 2) ? 0 : (st16 + 1));
+			ns17 = ((ns17 == 2) ? 0 : (ns17 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int mi25 = 0; mi25 < 1; mi25 += 1) {
+		for (int mi31 = 0; mi31 < 1; mi31 += 1) {
 			#pragma unroll
-			for (int ni26 = 0; ni26 < 1; ni26 += 1) {
+			for (int ni32 = 0; ni32 < 1; ni32 += 1) {
 				#pragma unroll
-				for (int e27 = 0; e27 < 4; e27 += 1) {
-					int row28 = ((m05 + wm1) + ((mi25 * 16) + ((lane0 >> 2) + ((e27 >> 1) * 8))));
-					int col29 = ((n06 + wn2) + ((ni26 * 8) + (((lane0 & 3) * 2) + (e27 & 1))));
-					if (((row28 < 24) && (col29 < 20))) {
-						float v30 = acc[(((mi25 + ni26) * 4) + e27)];
-						float v31 = p3[col29];
-						float v32 = (v30 + v31);
-						p0[((row28 * 20) + col29)] = v32;
+				for (int e33 = 0; e33 < 4; e33 += 1) {
+					int row34 = ((m05 + wm1) + ((mi31 * 16) + ((lane0 >> 2) + ((e33 >> 1) * 8))));
+					int col35 = ((n06 + wn2) + ((ni32 * 8) + (((lane0 & 3) * 2) + (e33 & 1))));
+					if (((row34 < 24) && (col35 < 20))) {
+						float v36 = acc[(((mi31 + ni32) * 4) + e33)];
+						float v37 = p3[col35];
+						float v38 = (v36 + v37);
+						p0[((row34 * 20) + col35)] = v38;
 					}
 				}
 			}

@@ -38,91 +38,107 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_tf32(float *__restrict_
 		for (int z7 = 0; z7 < 4; z7 += 1) {
 			acc[z7] = 0x0p+0f;
 		}
-		for (int c8 = ((int)threadIdx.x); c8 < 64; c8 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(c8 * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (c8 / 4)) < 40) && (((c8 % 4) * 4) < 36))) ? &p2[(((m05 + (c8 / 4)) * 36) + ((c8 % 4) * 4))] : p2), "r"(((((m05 + (c8 / 4)) < 40) && (((c8 % 4) * 4) < 36))) ? 16 : 0) : "memory"); }
+		#pragma unroll
+		for (int c8 = 0; c8 < 1; c8 += 1) {
+			int ci9 = (((int)threadIdx.x) + (c8 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(ci9 * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci9 / 4)) < 40) && (((ci9 % 4) * 4) < 36))) ? &p2[(((m05 + (ci9 / 4)) * 36) + ((ci9 % 4) * 4))] : p2), "r"(((((m05 + (ci9 / 4)) < 40) && (((ci9 % 4) * 4) < 36))) ? 16 : 0) : "memory"); }
 		}
-		for (int c9 = ((int)threadIdx.x); c9 < 64; c9 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c9 / 4) * 20) + ((c9 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((c9 % 4) * 4)) < 24) && ((c9 / 4) < 36))) ? &p3[((n06 + ((c9 % 4) * 4)) + ((c9 / 4) * 24))] : p3), "r"(((((n06 + ((c9 % 4) * 4)) < 24) && ((c9 / 4) < 36))) ? 16 : 0) : "memory"); }
-		}
-		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int c10 = ((int)threadIdx.x); c10 < 64; c10 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[((64 + c10) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (c10 / 4)) < 40) && ((16 + ((c10 % 4) * 4)) < 36))) ? &p2[(((m05 + (c10 / 4)) * 36) + (16 + ((c10 % 4) * 4)))] : p2), "r"(((((m05 + (c10 / 4)) < 40) && ((16 + ((c10 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
-		}
-		for (int c11 = ((int)threadIdx.x); c11 < 64; c11 += 64) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((c11 / 4) * 20) + ((c11 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((c11 % 4) * 4)) < 24) && ((16 + (c11 / 4)) < 36))) ? &p3[((n06 + ((c11 % 4) * 4)) + ((16 + (c11 / 4)) * 24))] : p3), "r"(((((n06 + ((c11 % 4) * 4)) < 24) && ((16 + (c11 / 4)) < 36))) ? 16 : 0) : "memory"); }
+		#pragma unroll
+		for (int c10 = 0; c10 < 1; c10 += 1) {
+			int ci11 = (((int)threadIdx.x) + (c10 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((ci11 / 4) * 20) + ((ci11 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci11 % 4) * 4)) < 24) && ((ci11 / 4) < 36))) ? &p3[((n06 + ((ci11 % 4) * 4)) + ((ci11 / 4) * 24))] : p3), "r"(((((n06 + ((ci11 % 4) * 4)) < 24) && ((ci11 / 4) < 36))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int kt12 = 0; kt12 < 3; kt12 += 1) {
+		#pragma unroll
+		for (int c12 = 0; c12 < 1; c12 += 1) {
+			int ci13 = (((int)threadIdx.x) + (c12 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[((64 + ci13) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci13 / 4)) < 40) && ((16 + ((ci13 % 4) * 4)) < 36))) ? &p2[(((m05 + (ci13 / 4)) * 36) + (16 + ((ci13 % 4) * 4)))] : p2), "r"(((((m05 + (ci13 / 4)) < 40) && ((16 + ((ci13 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
+		}
+		#pragma unroll
+		for (int c14 = 0; c14 < 1; c14 += 1) {
+			int ci15 = (((int)threadIdx.x) + (c14 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((ci15 / 4) * 20) + ((ci15 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci15 % 4) * 4)) < 24) && ((16 + (ci15 / 4)) < 36))) ? &p3[((n06 + ((ci15 % 4) * 4)) + ((16 + (ci15 / 4)) * 24))] : p3), "r"(((((n06 + ((ci15 % 4) * 4)) < 24) && ((16 + (ci15 / 4)) < 36))) ? 16 : 0) : "memory"); }
+		}
+		asm volatile("cp.async.commit_group;\n" ::: "memory");
+		int st16 = 0;
+		int ns17 = 2;
+		for (int kt18 = 0; kt18 < 3; kt18 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int st13 = (kt12 % 3);
-			for (int c14 = ((int)threadIdx.x); c14 < 256; c14 += 64) {
-				int q15 = ((st13 * 256) + c14);
-				float s16 = ca[q15];
-				float x17 = 0x0p+0f;
-				if ((((kt12 * 16) + (c14 % 16)) < 36)) {
-					float v18 = ((s16 < 0x0p+0f) ? 0x0p+0f : s16);
-					x17 = v18;
+			#pragma unroll
+			for (int c19 = 0; c19 < 4; c19 += 1) {
+				int ci20 = (((int)threadIdx.x) + (c19 * 64));
+				int q21 = ((st16 * 256) + ci20);
+				float s22 = ca[q21];
+				float x23 = 0x0p+0f;
+				if ((((kt18 * 16) + (ci20 % 16)) < 36)) {
+					float v24 = ((s22 < 0x0p+0f) ? 0x0p+0f : s22);
+					x23 = v24;
 				}
-				sa[(((c14 / 16) * 20) + (c14 % 16))] = ap_tf32f(x17);
+				sa[(((ci20 / 16) * 20) + (ci20 % 16))] = ap_tf32f(x23);
 			}
 			__syncthreads();
-			int nx19 = (kt12 + 2);
-			int ns20 = (nx19 % 3);
-			if ((nx19 < 3)) {
-				for (int c21 = ((int)threadIdx.x); c21 < 64; c21 += 64) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(((ns20 * 64) + c21) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (c21 / 4)) < 40) && (((nx19 * 16) + ((c21 % 4) * 4)) < 36))) ? &p2[(((m05 + (c21 / 4)) * 36) + ((nx19 * 16) + ((c21 % 4) * 4)))] : p2), "r"(((((m05 + (c21 / 4)) < 40) && (((nx19 * 16) + ((c21 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
+			int nx25 = (kt18 + 2);
+			if ((nx25 < 3)) {
+				#pragma unroll
+				for (int c26 = 0; c26 < 1; c26 += 1) {
+					int ci27 = (((int)threadIdx.x) + (c26 * 64));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(((ns17 * 64) + ci27) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci27 / 4)) < 40) && (((nx25 * 16) + ((ci27 % 4) * 4)) < 36))) ? &p2[(((m05 + (ci27 / 4)) * 36) + ((nx25 * 16) + ((ci27 % 4) * 4)))] : p2), "r"(((((m05 + (ci27 / 4)) < 40) && (((nx25 * 16) + ((ci27 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
 				}
-				for (int c22 = ((int)threadIdx.x); c22 < 64; c22 += 64) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns20 * 320) + (((c22 / 4) * 20) + ((c22 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((c22 % 4) * 4)) < 24) && (((nx19 * 16) + (c22 / 4)) < 36))) ? &p3[((n06 + ((c22 % 4) * 4)) + (((nx19 * 16) + (c22 / 4)) * 24))] : p3), "r"(((((n06 + ((c22 % 4) * 4)) < 24) && (((nx19 * 16) + (c22 / 4)) < 36))) ? 16 : 0) : "memory"); }
+				#pragma unroll
+				for (int c28 = 0; c28 < 1; c28 += 1) {
+					int ci29 = (((int)threadIdx.x) + (c28 * 64));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns17 * 320) + (((ci29 / 4) * 20) + ((ci29 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci29 % 4) * 4)) < 24) && (((nx25 * 16) + (ci29 / 4)) < 36))) ? &p3[((n06 + ((ci29 % 4) * 4)) + (((nx25 * 16) + (ci29 / 4)) * 24))] : p3), "r"(((((n06 + ((ci29 % 4) * 4)) < 24) && (((nx25 * 16) + (ci29 / 4)) < 36))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int ks23 = 0; ks23 < 16; ks23 += 8) {
+			for (int ks30 = 0; ks30 < 16; ks30 += 8) {
 				#pragma unroll
-				for (int mi24 = 0; mi24 < 1; mi24 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((((wm1 + (mi24 * 16)) + (lane0 & 15)) * 20) + (ks23 + ((lane0 >> 4) * 4)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi24 * 4)] = __uint_as_float(ap_r0); fa[(mi24 * 4) + 1] = __uint_as_float(ap_r1); fa[(mi24 * 4) + 2] = __uint_as_float(ap_r2); fa[(mi24 * 4) + 3] = __uint_as_float(ap_r3); }
+				for (int mi31 = 0; mi31 < 1; mi31 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((((wm1 + (mi31 * 16)) + (lane0 & 15)) * 20) + (ks30 + ((lane0 >> 4) * 4)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi31 * 4)] = __uint_as_float(ap_r0); fa[(mi31 * 4) + 1] = __uint_as_float(ap_r1); fa[(mi31 * 4) + 2] = __uint_as_float(ap_r2); fa[(mi31 * 4) + 3] = __uint_as_float(ap_r3); }
 				}
 				#pragma unroll
-				for (int ni25 = 0; ni25 < 1; ni25 += 1) {
-					fb[(ni25 * 2)] = sb[((st13 * 320) + (((ks23 + (lane0 & 3)) * 20) + ((wn2 + (ni25 * 8)) + (lane0 >> 2))))];
-					fb[((ni25 * 2) + 1)] = sb[((st13 * 320) + (((ks23 + ((lane0 & 3) + 4)) * 20) + ((wn2 + (ni25 * 8)) + (lane0 >> 2))))];
+				for (int ni32 = 0; ni32 < 1; ni32 += 1) {
+					fb[(ni32 * 2)] = sb[((st16 * 320) + (((ks30 + (lane0 & 3)) * 20) + ((wn2 + (ni32 * 8)) + (lane0 >> 2))))];
+					fb[((ni32 * 2) + 1)] = sb[((st16 * 320) + (((ks30 + ((lane0 & 3) + 4)) * 20) + ((wn2 + (ni32 * 8)) + (lane0 >> 2))))];
 				}
 				#pragma unroll
-				for (int r26 = 0; r26 < 4; r26 += 1) {
-					fa[r26] = ap_tf32f(fa[r26]);
+				for (int r33 = 0; r33 < 4; r33 += 1) {
+					fa[r33] = ap_tf32f(fa[r33]);
 				}
 				#pragma unroll
-				for (int r27 = 0; r27 < 2; r27 += 1) {
-					fb[r27] = ap_tf32f(fb[r27]);
+				for (int r34 = 0; r34 < 2; r34 += 1) {
+					fb[r34] = ap_tf32f(fb[r34]);
 				}
 				#pragma unroll
-				for (int mi28 = 0; mi28 < 1; mi28 += 1) {
+				for (int mi35 = 0; mi35 < 1; mi35 += 1) {
 					#pragma unroll
-					for (int ni29 = 0; ni29 < 1; ni29 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi28 + ni29) * 4)]), "=f"(acc[((mi28 + ni29) * 4) + 1]), "=f"(acc[((mi28 + ni29) * 4) + 2]), "=f"(acc[((mi28 + ni29) * 4) + 3]) : "r"(__float_as_uint(fa[(mi28 * 4)])), "r"(__float_as_uint(fa[(mi28 * 4) + 1])), "r"(__float_as_uint(fa[(mi28 * 4) + 2])), "r"(__float_as_uint(fa[(mi28 * 4) + 3])), "r"(__float_as_uint(fb[(ni29 * 2)])), "r"(__float_as_uint(fb[(ni29 * 2) + 1])), "f"(acc[((mi28 + ni29) * 4)]), "f"(acc[((mi28 + ni29) * 4) + 1]), "f"(acc[((mi28 + ni29) * 4) + 2]), "f"(acc[((mi28 + ni29) * 4) + 3]));
+					for (int ni36 = 0; ni36 < 1; ni36 += 1) {
+						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi35 + ni36) * 4)]), "=f"(acc[((mi35 + ni36) * 4) + 1]), "=f"(acc[((mi35 + ni36) * 4) + 2]), "=f"(acc[((mi35 + ni36) * 4) + 3]) : "r"(__float_as_uint(fa[(mi35 * 4)])), "r"(__float_as_uint(fa[(mi35 * 4) + 1])), "r"(__float_as_uint(fa[(mi35 * 4) + 2])), "r"(__float_as_uint(fa[(mi35 * 4) + 3])), "r"(__float_as_uint(fb[(ni36 * 2)])), "r"(__float_as_uint(fb[(ni36 * 2) + 1])), "f"(acc[((mi35 + ni36) * 4)]), "f"(acc[((mi35 + ni36) * 4) + 1]), "f"(acc[((mi35 + ni36) * 4) + 2]), "f"(acc[((mi35 + ni36) * 4) + 3]));
 					}
 				}
 			}
+			st16 = ((st16 == 2) ? 0 : (st16 + 1));
+			ns17 = ((ns17 == 2) ? 0 : (ns17 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int mi30 = 0; mi30 < 1; mi30 += 1) {
+		for (int mi37 = 0; mi37 < 1; mi37 += 1) {
 			#pragma unroll
-			for (int ni31 = 0; ni31 < 1; ni31 += 1) {
+			for (int ni38 = 0; ni38 < 1; ni38 += 1) {
 				#pragma unroll
-				for (int e32 = 0; e32 < 4; e32 += 1) {
-					int row33 = ((m05 + wm1) + ((mi30 * 16) + ((lane0 >> 2) + ((e32 >> 1) * 8))));
-					int col34 = ((n06 + wn2) + ((ni31 * 8) + (((lane0 & 3) * 2) + (e32 & 1))));
-					if (((row33 < 40) && (col34 < 24))) {
-						float v35 = acc[(((mi30 + ni31) * 4) + e32)];
-						float v36 = p4[col34];
-						float v37 = (v35 + v36);
-						float v38 = p5[((row33 * 24) + col34)];
-						float v39 = (v37 + v38);
-						p0[((row33 * 24) + col34)] = v39;
-						p1[(((((row33 / 20) % 2) * 480) + (col34 * 20)) + (row33 % 20))] = v39;
+				for (int e39 = 0; e39 < 4; e39 += 1) {
+					int row40 = ((m05 + wm1) + ((mi37 * 16) + ((lane0 >> 2) + ((e39 >> 1) * 8))));
+					int col41 = ((n06 + wn2) + ((ni38 * 8) + (((lane0 & 3) * 2) + (e39 & 1))));
+					if (((row40 < 40) && (col41 < 24))) {
+						float v42 = acc[(((mi37 + ni38) * 4) + e39)];
+						float v43 = p4[col41];
+						float v44 = (v42 + v43);
+						float v45 = p5[((row40 * 24) + col41)];
+						float v46 = (v44 + v45);
+						p0[((row40 * 24) + col41)] = v46;
+						p1[(((((row40 / 20) % 2) * 480) + (col41 * 20)) + (row40 % 20))] = v46;
 					}
 				}
 			}

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""gemm_sass.py -- what a GEMM's main loop costs, read from its SASS.
+
+    gemm_sass.py [--target sm_90] [--dtype float16] [--size 4096]
+                 [--allow-tf32] [--nvdisasm PATH]
+
+Compiles a SIZE^3 MatMul for --target through the daemon at
+$APOLLO_SOCKET (cubin), disassembles each kernel with nvdisasm (Triton's
+copy in the project's .venv by default, or PyPI's nvidia-cuda-nvdisasm)
+and finds its K loop: the backward branch whose body holds the most
+matrix-multiply instructions (HMMA for tensor cores, FFMA for SIMT).
+Prints, per pass of that loop (one K tile), the instructions issued, the
+multiply instructions among them and their share, the block barriers,
+the integer address arithmetic (IMAD, IADD3, LEA, SHF, LOP3, ISETP, SEL,
+MOV) and the shared-memory loads (LDSM / LDS) and asynchronous copies
+(LDGSTS); and the epilogue's global stores by width.  The issue's
+reading (float16 4096^3, sm_90, 3 stages): about 125 instructions a
+K tile, 16 of them HMMA.  A static count, not a timing: no GPU needed.
+"""
+import argparse
+import glob
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
+import apollo  # noqa: E402
+from apollo import graph as G  # noqa: E402
+
+DT = {"float16": G.FLOAT16, "bfloat16": G.BFLOAT16, "float32": G.FLOAT32}
+INT = ("IMAD", "IADD3", "LEA", "SHF", "LOP3", "ISETP", "SEL", "MOV", "IABS", "I2F", "F2I", "IMNMX", "PRMT")
+
+
+def cubins(data):
+    """The ELF images (cubins) inside a packed bundle: each from its
+    magic to the furthest of its section header table, program header
+    table and sections' bytes (ELF64: e_phoff 0x20, e_shoff 0x28,
+    e_phentsize/e_phnum 0x36, e_shentsize/e_shnum 0x3A; a section header's
+    offset and size at 0x18 and 0x20)."""
+    out, at = [], 0
+    while True:
+        at = data.find(b"\x7fELF", at)
+        if at < 0:
+            return out
+        phoff, shoff = struct.unpack_from("<QQ", data, at + 0x20)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, at + 0x36)
+        end = max(shoff + shentsize * shnum, phoff + phentsize * phnum)
+        for i in range(shnum):
+            sh = at + shoff + i * shentsize
+            stype, = struct.unpack_from("<I", data, sh + 4)
+            off, size = struct.unpack_from("<QQ", data, sh + 0x18)
+            if stype != 8:          # SHT_NOBITS takes no bytes in the file
+                end = max(end, off + size)
+        out.append(data[at:at + end])
+        at += end
+
+
+def sass(nvdisasm, blob):
+    """nvdisasm's listing of one cubin as (address, opcode, text) rows."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(blob)
+        f.flush()
+        text = subprocess.run([nvdisasm, "-c", f.name], check=True, capture_output=True, text=True).stdout
+    rows, labels, pending = [], {}, []
+    for line in text.splitlines():
+        lab = re.match(r"\s*(\.L_x_\d+):", line)
+        if lab:
+            pending.append(lab.group(1))
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*);", line)
+        if m:
+            addr = int(m.group(1), 16)
+            for name in pending:
+                labels[name] = addr
+            pending = []
+            rows.append((addr, m.group(3), m.group(3) + m.group(4)))
+    # branch targets by address
+    return [(a, op, re.sub(r"`\((\.L_x_\d+)\)", lambda m: "0x%x" % labels.get(m.group(1), 1 << 62), t))
+            for a, op, t in rows]
+
+
+def k_loop(rows, mul):
+    """The body of the backward branch holding the most `mul`
+    instructions (the innermost such loop on a tie)."""
+    best = None
+    for i, (addr, op, text) in enumerate(rows):
+        m = re.search(r"BRA\s+0x([0-9a-f]+)", text) if op.startswith("BRA") else None
+        if not m:
+            continue
+        target = int(m.group(1), 16)
+        if target >= addr:
+            continue
+        body = [r for r in rows if target <= r[0] <= addr]
+        n = sum(r[1].startswith(mul) for r in body)
+        if best is None or (n, -len(body)) > (best[0], -len(best[1])):
+            best = (n, body)
+    return best[1] if best else []
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default="sm_90")
+    ap.add_argument("--dtype", default="float16", choices=sorted(DT))
+    ap.add_argument("--size", type=int, default=4096)
+    ap.add_argument("--allow-tf32", action="store_true")
+    ap.add_argument("--nvdisasm", default=None)
+    a = ap.parse_args()
+    tool = a.nvdisasm or next(iter(glob.glob(os.path.join(os.path.dirname(__file__), "..", ".venv", "lib", "python3*",
+                                                        "site-packages", "*", "backends", "nvidia", "bin", "nvdisasm"))
+                                   + glob.glob(os.path.join(os.path.dirname(__file__), "..", ".venv", "lib",
+                                                            "python3*", "site-packages", "nvidia", "*", "bin",
+                                                            "nvdisasm"))), None)
+    if not tool:
+        print("gemm_sass: no nvdisasm (pip install nvidia-cuda-nvdisasm into .venv, or --nvdisasm)")
+        return 1
+    n = a.size
+    g = apollo.Graph("gemm_sass_%d" % n)
+    x, w = g.input("a", DT[a.dtype], [n, n]), g.input("b", DT[a.dtype], [n, n])
+    (y,) = g.node("MatMul", [x, w])
+    g.output(y)
+    c = apollo.Client(os.environ.get("APOLLO_SOCKET"))
+    try:
+        b = c.submit(g, target=a.target, driver_version="12.4", allow_tf32=a.allow_tf32)
+    except apollo.ApolloError as e:
+        print("gemm_sass: %s is not compiled here (%s)" % (a.target, e))
+        return 1
+    page = os.path.join(tempfile.mkdtemp(prefix="gemm-sass-"), "p.html")
+    b.explain_html(page)
+    sched = sorted(set(re.findall(r"bm=[^<\"\n]*", open(page).read())))
+    print("gemm_sass: %d^3 %s%s on %s, schedule %s" % (n, a.dtype, " (TF32)" if a.allow_tf32 else "", a.target,
+                                                       "; ".join(sched)))
+    print("%-10s %7s %7s %6s %6s %9s %6s %6s %14s" % ("kernel", "instrs", "mul", "share", "bar", "int addr",
+                                                       "lds", "ldgsts", "stores"))
+    for i, blob in enumerate(cubins(b.pack())):
+        rows = sass(tool, blob)
+        mul = "HMMA" if any(r[1].startswith("HMMA") for r in rows) else "FFMA"
+        body = k_loop(rows, mul)
+        count = lambda *ops: sum(any(r[1].startswith(o) for o in ops) for r in body)  # noqa: E731
+        nm = count(mul)
+        stores = {}
+        for r in rows:
+            if r[1].startswith("STG"):
+                stores[r[1]] = stores.get(r[1], 0) + 1
+        print("%-10s %7d %7d %5.0f%% %6d %9d %6d %6d %14s" % (
+            "#%d %s" % (i, mul), len(body), nm, 100.0 * nm / max(1, len(body)), count("BAR"), count(*INT),
+            count("LDSM", "LDS"), count("LDGSTS"), " ".join("%s:%d" % kv for kv in sorted(stores.items()))))
+    print("per pass of the K loop (one K tile); stores: the whole kernel's global stores by width")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
