@@ -19,7 +19,12 @@
  * ttl, waits for the holder's entry, takes over a holder that stopped
  * renewing, gives up at its deadline, and compiles alone at once without
  * Redis; two compilers asked for one cold graph compile it once, the
- * second answered from L2. */
+ * second answered from L2.  Kernel leases: two compilers given two
+ * different cold graphs that share a kernel compile it once, the second
+ * waiting for the first's entry; a kernel lease whose holder died is taken
+ * over after its ttl; without Redis both compile; two compilers each
+ * holding a kernel the other needs both finish, each kernel compiled
+ * once. */
 #include <check.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -546,10 +551,14 @@ START_TEST(secret_files)
 END_TEST
 
 
-/* relu(A[256,128] x B[128,512]): one GEMM kernel the tuner searches. */
-static Apollo__Graph *gemm_pb(void)
+/* relu(A[256,128] x B[128,512]): one GEMM kernel the tuner searches
+ * (which 0); beside it a second
+ * output exp(C[64,64]) (which 1; which 2: the same, but the output tensor
+ * named otherwise): three graphs (three graph keys, three request leases)
+ * that share the GEMM kernel, the last two the exp one too. */
+static Apollo__Graph *kernels_pb(int which)
 {
-	ap_graph *g = ap_graph_new("mm");
+	ap_graph *g = ap_graph_new(which ? "mm_and_more" : "mm");
 	int a = ap_graph_add_tensor(g, "a", AP_DT_F32, 2, (const int64_t[]){256, 128},
 				    AP_TENSOR_INPUT, NULL, 0);
 	int b = ap_graph_add_tensor(g, "b", AP_DT_F32, 2, (const int64_t[]){128, 512},
@@ -566,6 +575,16 @@ static Apollo__Graph *gemm_pb(void)
 	ap_graph_add_node(g, "mm", AP_OP_MATMUL, 2, (int[]){a, b}, 1, &y);
 	ap_graph_add_node(g, "relu", AP_OP_RELU, 1, (int[]){y}, 1, &r);
 	ap_graph_add_output(g, r);
+	if (which) {
+		int c = ap_graph_add_tensor(g, "c", AP_DT_F32, 2, (const int64_t[]){64, 64},
+					    AP_TENSOR_INPUT, NULL, 0);
+		int e = ap_graph_add_tensor(g, which == 1 ? "e" : "e2", AP_DT_F32, 2,
+					    (const int64_t[]){64, 64}, AP_TENSOR_VALUE, NULL, 0);
+
+		ap_graph_add_input(g, c);
+		ap_graph_add_node(g, "exp", AP_OP_EXP, 1, (int[]){c}, 1, &e);
+		ap_graph_add_output(g, e);
+	}
 	ck_assert_msg(ap_graph_validate(g, &err) == 0, "%s", err.msg);
 	pb = ap_graph_to_pb(g);
 	ck_assert_ptr_nonnull(pb);
@@ -624,7 +643,7 @@ START_TEST(tuning_records_shared)
 	ap_compiler_options o = { .threads = 1, .redis = r };
 	ap_compiler *a = ap_compiler_new(ca, &o), *b = ap_compiler_new(cb, &o);
 	ap_compiler *c = ap_compiler_new(cc, &o);
-	Apollo__Graph *pb = gemm_pb();
+	Apollo__Graph *pb = kernels_pb(0);
 	unsigned hits, meas, searched, records = 0, pending = 0;
 	uint8_t sig[32], sig_b[32];
 	char sched[256], sched_b[256], other[256] = "", *tok, *save = NULL;
@@ -835,7 +854,7 @@ static void *claim_main(void *arg)
 	struct claimer *c = arg;
 	double t = ap_now_ms();
 
-	c->st = ap_lease_claim(c->ls, c->key, c->deadline_ms, NULL, entry_found, c, &c->held);
+	c->st = ap_lease_claim(c->ls, AP_REDIS_ACTION, c->key, c->deadline_ms, NULL, entry_found, c, &c->held);
 	c->ms = ap_now_ms() - t;
 	return NULL;
 }
@@ -873,7 +892,7 @@ START_TEST(lease_claim_waits_for_entry)
 	usleep(1500 * 1000);   /* past the ttl: the renewals keep it */
 	ck_assert_int_eq(ap_redis_lease_take(r, AP_REDIS_ACTION, k, 300, &probe), 0);
 	ck_assert_int_eq(ap_redis_lease_holder(r, AP_REDIS_ACTION, k, tok), 1);
-	ap_leases_get_counts(lb, &n);
+	ap_leases_get_counts(lb, AP_REDIS_ACTION, &n);
 	ck_assert_uint_eq(n.waiting, 1);
 	ck_assert_int_eq(ap_redis_put(r, AP_REDIS_ACTION, k, 1, parts, lens), 0);
 	ap_lease_release(la, a.held);   /* as compile.c: after the entry is stored */
@@ -881,11 +900,11 @@ START_TEST(lease_claim_waits_for_entry)
 	ck_assert_int_eq(b.st, AP_LEASE_FOUND);
 	ck_assert_ptr_null(b.held);
 	ck_assert_int_eq(ap_redis_lease_holder(r, AP_REDIS_ACTION, k, tok), 0);
-	ap_leases_get_counts(la, &n);
+	ap_leases_get_counts(la, AP_REDIS_ACTION, &n);
 	ck_assert_uint_eq(n.taken, 1);
 	ck_assert_uint_eq(n.waited, 0);
 	ck_assert_uint_eq(n.lost, 0);
-	ap_leases_get_counts(lb, &n);
+	ap_leases_get_counts(lb, AP_REDIS_ACTION, &n);
 	ck_assert_uint_eq(n.taken, 0);
 	ck_assert_uint_eq(n.waited, 1);
 	ck_assert_uint_eq(n.lapsed, 0);
@@ -919,7 +938,7 @@ START_TEST(lease_claim_takes_over)
 	ck_assert_int_eq(ap_redis_lease_holder(r, AP_REDIS_ACTION, k, tok), 1);
 	ck_assert_str_ne(tok, dead.token);
 	ck_assert_int_eq(ap_redis_lease_renew(r, &dead, 1000), 0);
-	ap_leases_get_counts(lb, &n);
+	ap_leases_get_counts(lb, AP_REDIS_ACTION, &n);
 	ck_assert_uint_eq(n.waited, 1);
 	ck_assert_uint_eq(n.lapsed, 1);
 	ck_assert_uint_eq(n.taken, 1);
@@ -950,7 +969,7 @@ START_TEST(lease_claim_bounded)
 	pthread_join(b.t, NULL);
 	ck_assert_int_eq(b.st, AP_LEASE_ALONE);
 	ck_assert_double_ge(b.ms, 650);   /* at the bound (700 ms), not before */
-	ap_leases_get_counts(lb, &n);
+	ap_leases_get_counts(lb, AP_REDIS_ACTION, &n);
 	ck_assert_uint_eq(n.waited, 1);
 	ck_assert_uint_eq(n.timeouts, 1);
 	ck_assert_uint_eq(n.lapsed, 0);
@@ -961,7 +980,7 @@ START_TEST(lease_claim_bounded)
 	pthread_join(b.t, NULL);
 	ck_assert_int_eq(b.st, AP_LEASE_ALONE);
 	ck_assert_double_lt(b.ms, 5000);   /* at once, not at the 20 s bound */
-	ap_leases_get_counts(lb, &n);
+	ap_leases_get_counts(lb, AP_REDIS_ACTION, &n);
 	ck_assert_uint_eq(n.waited, 1);
 	ap_lease_release(la, a.held);   /* fails quietly: nothing to release */
 	ap_leases_free(la);
@@ -970,19 +989,148 @@ START_TEST(lease_claim_bounded)
 }
 END_TEST
 
-struct compile_job {
+/* A compile of graph kernels_pb(which) for cpu on c, in a thread. */
+struct kjob {
 	ap_compiler *c;
-	Apollo__CompileRequest *req;
+	Apollo__Graph *pb;
+	Apollo__CompileRequest req;
 	Apollo__CompileResponse *resp;
+	double ms;
 	pthread_t t;
 };
 
-static void *compile_main(void *arg)
+static void *kjob_main(void *arg)
 {
-	struct compile_job *j = arg;
+	struct kjob *j = arg;
+	double t = ap_now_ms();
 
-	j->resp = ap_compile_run(j->c, j->req);
+	j->resp = ap_compile_run(j->c, &j->req);
+	j->ms = ap_now_ms() - t;
 	return NULL;
+}
+
+static void kjob_start(struct kjob *j, ap_compiler *c, int which)
+{
+	Apollo__CompileRequest init = APOLLO__COMPILE_REQUEST__INIT;
+
+	memset(j, 0, sizeof(*j));
+	j->c = c;
+	j->pb = kernels_pb(which);
+	j->req = init;
+	j->req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
+	j->req.graph = j->pb;
+	j->req.target = "cpu";
+	ck_assert_int_eq(pthread_create(&j->t, NULL, kjob_main, j), 0);
+}
+
+/* Joins j: its bundle answered; returns the kernels compiled by c. */
+static uint64_t kjob_join(struct kjob *j)
+{
+	ap_compile_counters n;
+
+	pthread_join(j->t, NULL);
+	ck_assert_msg(j->resp->result_case == APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE, "%s",
+		      j->resp->error ? j->resp->error->message : "?");
+	ap_compiler_get_counters(j->c, &n);
+	return n.kernels_compiled;
+}
+
+static void kjob_free(struct kjob *j)
+{
+	ap_compile_response_free(j->resp);
+	ap_graph_pb_free(j->pb);
+}
+
+/* Kernel `name`'s blob digest in j's bundle (fails when it has none). */
+static const uint8_t *kernel_digest(const struct kjob *j, const char *prefix)
+{
+	const Apollo__Bundle *b = j->resp->bundle;
+
+	for (size_t i = 0; i < b->n_kernels; i++)
+		if (!strncmp(b->kernels[i]->name, prefix, strlen(prefix)))
+			return b->kernels[i]->digest.data;
+	for (size_t i = 0; i < b->n_kernels; i++)
+		fprintf(stderr, "kernel %s\n", b->kernels[i]->name);
+	ck_abort_msg("no kernel %s", prefix);
+	return NULL;
+}
+
+/* Compiler `name` (its own L1, *cache) on r, leases of lease_ms; with
+ * the test hook `hook` (APOLLO_TEST_LEASE_HOLD_MS, a request's lease;
+ * APOLLO_TEST_KERNEL_LEASE_HOLD_MS, its kernels') set to hold_ms when
+ * that is nonzero. */
+#define KHOLD "APOLLO_TEST_KERNEL_LEASE_HOLD_MS"
+
+static ap_compiler *lease_compiler(ap_redis *r, const char *name, unsigned lease_ms,
+				   const char *hook, unsigned hold_ms, ap_cache **cache)
+{
+	ap_compiler_options o = { .threads = 1, .redis = r, .lease_ms = lease_ms,
+				  .flight_wait_ms = 20000 };
+	char ms[16];
+	ap_compiler *c;
+
+	*cache = cache_at(name);
+	snprintf(ms, sizeof(ms), "%u", hold_ms);
+	if (hold_ms)
+		setenv(hook, ms, 1);
+	c = ap_compiler_new(*cache, &o);
+	unsetenv(hook);
+	ck_assert_ptr_nonnull(c);
+	return c;
+}
+
+/* Two daemons on one Redis: compilers a and b with their own L1, and a
+ * compile job for each. */
+struct pair {
+	ap_redis *r;
+	ap_cache *ca, *cb;
+	ap_compiler *a, *b;
+	struct kjob ja, jb;
+	ap_compile_counters na, nb;   /* pair_counts */
+};
+
+/* Opens p: leases of lease_ms, a's test hook `hook` set to hold_a ms and
+ * b's to hold_b (0: none). */
+static void pair_open(struct pair *p, unsigned lease_ms, const char *hook, unsigned hold_a,
+		      unsigned hold_b)
+{
+	memset(p, 0, sizeof(*p));
+	p->r = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	p->a = lease_compiler(p->r, "pa", lease_ms, hook, hold_a, &p->ca);
+	p->b = lease_compiler(p->r, "pb", lease_ms, hook, hold_b, &p->cb);
+}
+
+static void pair_counts(struct pair *p)
+{
+	ap_compiler_get_counters(p->a, &p->na);
+	ap_compiler_get_counters(p->b, &p->nb);
+}
+
+/* Waits until a has taken a lease (its request's, or with `kernel` one
+ * of its kernels'); fails after 3 s. */
+static void pair_a_holds(struct pair *p, bool kernel)
+{
+	for (int i = 0; i < 300; i++) {
+		pair_counts(p);
+		if ((kernel ? p->na.kernel_lease : p->na.lease).taken)
+			return;
+		usleep(10 * 1000);
+	}
+	ck_abort_msg("compiler a took no lease");
+}
+
+/* Frees p's jobs (those started), compilers, caches and client. */
+static void pair_close(struct pair *p)
+{
+	if (p->ja.resp)
+		kjob_free(&p->ja);
+	if (p->jb.resp)
+		kjob_free(&p->jb);
+	ap_compiler_free(p->a);
+	ap_compiler_free(p->b);
+	ap_cache_free(p->ca);
+	ap_cache_free(p->cb);
+	ap_redis_free(p->r);
 }
 
 /* Two compilers (two daemons, their own L1) asked for one cold graph at
@@ -991,55 +1139,155 @@ static void *compile_main(void *arg)
  * without compiling. */
 START_TEST(compilers_compile_once)
 {
-	ap_redis *r = client(secret, sizeof(secret) - 1, 1 << 20, 3);
-	ap_cache *ca = cache_at("la"), *cb = cache_at("lb");
-	ap_compiler_options o = { .threads = 1, .redis = r, .lease_ms = 3000 };
-	ap_compiler *a, *b;
-	Apollo__Graph *pb = gemm_pb();
-	Apollo__CompileRequest req = APOLLO__COMPILE_REQUEST__INIT;
-	Apollo__CompileResponse *rb;
-	struct compile_job ja = { 0 };
-	ap_compile_counters n;
+	struct pair p;
 
-	setenv("APOLLO_TEST_LEASE_HOLD_MS", "900", 1);
-	a = ap_compiler_new(ca, &o);
-	unsetenv("APOLLO_TEST_LEASE_HOLD_MS");
-	b = ap_compiler_new(cb, &o);
-	req.source_case = APOLLO__COMPILE_REQUEST__SOURCE_GRAPH;
-	req.graph = pb;
-	req.target = "cpu";
-	ja.c = a;
-	ja.req = &req;
-	ck_assert_int_eq(pthread_create(&ja.t, NULL, compile_main, &ja), 0);
-	for (int i = 0; i < 200; i++) {
-		ap_compiler_get_counters(a, &n);
-		if (n.lease_taken)
-			break;
-		usleep(10 * 1000);
-	}
-	ck_assert_uint_eq(n.lease_taken, 1);
-	rb = ap_compile_run(b, &req);
-	pthread_join(ja.t, NULL);
-	ck_assert_int_eq(ja.resp->result_case, APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE);
-	ck_assert_int_eq(rb->result_case, APOLLO__COMPILE_RESPONSE__RESULT_BUNDLE);
-	ck_assert_int_eq(ja.resp->bundle->stats->cache_hit, 0);
-	ck_assert_int_eq(rb->bundle->stats->cache_tier, APOLLO__CACHE_TIER__CACHE_L2);
-	ck_assert_uint_eq(rb->bundle->n_kernels, ja.resp->bundle->n_kernels);
-	ap_compiler_get_counters(b, &n);
-	ck_assert_uint_eq(n.kernels_compiled, 0);
-	ck_assert_uint_eq(n.lease_waited, 1);
-	ck_assert_uint_eq(n.lease_taken, 0);
-	ck_assert_uint_eq(n.tier[APOLLO__CACHE_TIER__CACHE_L2], 1);
-	ap_compiler_get_counters(a, &n);
-	ck_assert_uint_gt(n.kernels_compiled, 0);
-	ap_compile_response_free(ja.resp);
-	ap_compile_response_free(rb);
-	ap_graph_pb_free(pb);
-	ap_compiler_free(a);
-	ap_compiler_free(b);
-	ap_cache_free(ca);
-	ap_cache_free(cb);
-	ap_redis_free(r);
+	pair_open(&p, 3000, "APOLLO_TEST_LEASE_HOLD_MS", 900, 0);
+	kjob_start(&p.ja, p.a, 0);
+	pair_a_holds(&p, false);
+	kjob_start(&p.jb, p.b, 0);
+	ck_assert_uint_gt(kjob_join(&p.ja), 0);
+	ck_assert_uint_eq(kjob_join(&p.jb), 0);
+	ck_assert_int_eq(p.ja.resp->bundle->stats->cache_hit, 0);
+	ck_assert_int_eq(p.jb.resp->bundle->stats->cache_tier, APOLLO__CACHE_TIER__CACHE_L2);
+	ck_assert_uint_eq(p.jb.resp->bundle->n_kernels, p.ja.resp->bundle->n_kernels);
+	pair_counts(&p);
+	ck_assert_uint_eq(p.nb.lease.waited, 1);
+	ck_assert_uint_eq(p.nb.lease.taken, 0);
+	ck_assert_uint_eq(p.nb.tier[APOLLO__CACHE_TIER__CACHE_L2], 1);
+	pair_close(&p);
+}
+END_TEST
+
+/* ---- cluster leases per kernel -------------------------------------------------- */
+
+/* Two daemons, two different cold graphs that share the GEMM kernel: A
+ * takes the kernel's lease (and holds it a while); B, compiling its other
+ * kernel, finds the GEMM's held, waits, and takes A's entry from L2: the
+ * GEMM is compiled once in the cluster. */
+START_TEST(kernel_lease_shared)
+{
+	struct pair p;
+	char line[256];
+
+	pair_open(&p, 3000, KHOLD, 900, 0);
+	kjob_start(&p.ja, p.a, 0);
+	pair_a_holds(&p, true);
+	kjob_start(&p.jb, p.b, 1);
+	ck_assert_uint_eq(kjob_join(&p.ja) + kjob_join(&p.jb), 2);   /* GEMM and exp, once each */
+	pair_counts(&p);
+	ck_assert_uint_eq(p.na.kernels_compiled, 1);
+	ck_assert_uint_eq(p.nb.kernels_compiled, 1);
+	ck_assert_uint_eq(p.nb.kernel_lease.waited, 1);
+	ck_assert_uint_eq(p.nb.kernel_lease.taken, 1);   /* exp's */
+	ck_assert_uint_eq(p.nb.kernel_lease.lapsed, 0);
+	ck_assert_uint_eq(p.nb.kernel_lease.timeouts, 0);
+	ck_assert_uint_eq(p.nb.kernel_lease.waiting, 0);
+	ck_assert_uint_eq(p.nb.kernel_tier[APOLLO__CACHE_TIER__CACHE_L2], 1);
+	ck_assert_uint_eq(p.nb.lease.taken, 1);          /* its request's, another graph */
+	ck_assert_uint_eq(p.nb.lease.waited, 0);
+	ck_assert_mem_eq(kernel_digest(&p.ja, "ap_MatMul_"), kernel_digest(&p.jb, "ap_MatMul_"),
+			 32);
+	cli(line, sizeof(line), "--scan --pattern 't:*:lease:*'");
+	ck_assert_str_eq(line, "");   /* every lease released */
+	pair_close(&p);
+}
+END_TEST
+
+/* The key of the one kernel entry in Redis (redis-cli SCAN). */
+static void only_kernel_key(uint8_t key[32])
+{
+	char line[256];
+	const char *hex;
+
+	cli(line, sizeof(line), "--scan --pattern 't:*:k:*'");
+	hex = strrchr(line, ':');
+	ck_assert_msg(hex && strlen(hex + 1) == 64, "no kernel entry: %s", line);
+	for (int i = 0; i < 32; i++)
+		ck_assert_int_eq(sscanf(hex + 1 + 2 * i, "%2hhx", &key[i]), 1);
+}
+
+/* A kernel lease whose holder died (taken by hand with a short ttl, never
+ * renewed nor released) is taken over after the ttl and compiled here. */
+START_TEST(kernel_lease_taken_over)
+{
+	struct pair p;
+	ap_redis_lease dead;
+	char tok[AP_REDIS_TOKEN_CHARS + 1], out[64];
+	uint8_t gemm[32];
+
+	/* the GEMM kernel's key, from a's compile; then Redis emptied */
+	pair_open(&p, 1000, KHOLD, 0, 0);
+	kjob_start(&p.ja, p.a, 0);
+	ck_assert_uint_eq(kjob_join(&p.ja), 1);
+	only_kernel_key(gemm);
+	cli(out, sizeof(out), "flushall");
+
+	ck_assert_int_eq(ap_redis_lease_take(p.r, AP_REDIS_KERNEL, gemm, 400, &dead), 1);
+	kjob_start(&p.jb, p.b, 1);
+	ck_assert_uint_eq(kjob_join(&p.jb), 2);
+	ck_assert_double_ge(p.jb.ms, 300);      /* after the dead holder's ttl ... */
+	ck_assert_double_lt(p.jb.ms, 10000);    /* ... not at the 20 s bound */
+	pair_counts(&p);
+	ck_assert_uint_eq(p.nb.kernels_compiled, 2);
+	ck_assert_uint_eq(p.nb.kernel_lease.waited, 1);
+	ck_assert_uint_eq(p.nb.kernel_lease.lapsed, 1);
+	ck_assert_uint_eq(p.nb.kernel_lease.taken_over, 1);
+	ck_assert_uint_eq(p.nb.kernel_lease.taken, 2);
+	ck_assert_uint_eq(p.nb.kernel_lease.timeouts, 0);
+	ck_assert_int_eq(ap_redis_lease_holder(p.r, AP_REDIS_KERNEL, gemm, tok), 0);   /* released */
+	pair_close(&p);
+}
+END_TEST
+
+/* Redis unreachable: two daemons compile the shared kernel each, at once,
+ * taking and waiting on no lease. */
+START_TEST(kernel_lease_without_redis)
+{
+	struct pair p;
+
+	pair_open(&p, 1000, KHOLD, 0, 0);
+	redis_stop();
+	kjob_start(&p.ja, p.a, 0);
+	kjob_start(&p.jb, p.b, 1);
+	ck_assert_uint_eq(kjob_join(&p.ja), 1);
+	ck_assert_uint_eq(kjob_join(&p.jb), 2);
+	ck_assert_double_lt(p.jb.ms, 10000);
+	pair_counts(&p);
+	ck_assert_uint_eq(p.na.kernel_lease.taken + p.nb.kernel_lease.taken, 0);
+	ck_assert_uint_eq(p.na.kernel_lease.waited + p.nb.kernel_lease.waited, 0);
+	pair_close(&p);
+}
+END_TEST
+
+/* Two daemons that may each hold a kernel lease the other needs (two
+ * graphs of the same GEMM and exp kernels, their exp outputs named apart,
+ * started together, each holding what it took a while): each compiles and
+ * releases its own before waiting for the other's, so both finish long
+ * before their bound, and the two kernels are compiled once in the
+ * cluster. */
+START_TEST(kernel_lease_no_deadlock)
+{
+	struct pair p;
+
+	pair_open(&p, 3000, KHOLD, 500, 500);
+	kjob_start(&p.ja, p.a, 1);
+	kjob_start(&p.jb, p.b, 2);
+	ck_assert_uint_eq(kjob_join(&p.ja) + kjob_join(&p.jb), 2);
+	ck_assert_double_lt(p.ja.ms, 10000);
+	ck_assert_double_lt(p.jb.ms, 10000);
+	pair_counts(&p);
+	fprintf(stderr, "no_deadlock: a took %u waited %u, b took %u waited %u; %.0f, %.0f ms\n",
+		(unsigned)p.na.kernel_lease.taken, (unsigned)p.na.kernel_lease.waited,
+		(unsigned)p.nb.kernel_lease.taken, (unsigned)p.nb.kernel_lease.waited, p.ja.ms,
+		p.jb.ms);
+	ck_assert_uint_eq(p.na.kernel_lease.timeouts + p.nb.kernel_lease.timeouts, 0);
+	ck_assert_uint_eq(p.na.lease.taken + p.nb.lease.taken, 2);   /* two graph keys */
+	ck_assert_uint_eq(p.na.kernel_lease.taken + p.nb.kernel_lease.taken, 2);
+	ck_assert_uint_ge(p.na.kernel_lease.waited + p.nb.kernel_lease.waited, 1);
+	ck_assert_mem_eq(kernel_digest(&p.ja, "ap_MatMul_"), kernel_digest(&p.jb, "ap_MatMul_"),
+			 32);
+	ck_assert_mem_eq(kernel_digest(&p.ja, "ap_Exp_"), kernel_digest(&p.jb, "ap_Exp_"), 32);
+	pair_close(&p);
 }
 END_TEST
 
@@ -1064,6 +1312,10 @@ static Suite *suite(void)
 	tcase_add_test(tc, lease_claim_takes_over);
 	tcase_add_test(tc, lease_claim_bounded);
 	tcase_add_test(tc, compilers_compile_once);
+	tcase_add_test(tc, kernel_lease_shared);
+	tcase_add_test(tc, kernel_lease_taken_over);
+	tcase_add_test(tc, kernel_lease_without_redis);
+	tcase_add_test(tc, kernel_lease_no_deadlock);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -12,7 +12,12 @@
 #      (APOLLO_TEST_LEASE_HOLD_MS keeps it from compiling), 64 clients of
 #      the 8 others waiting: its lease lapses, one of them takes it over
 #      and compiles, and every client gets the same bundle;
-#   3. Redis stopped: every client still gets an answer (each daemon
+#   3. two different cold graphs that share every kernel (squeezenet1_1
+#      under two namespaces, odd daemons' clients asking for one, even
+#      daemons' for the other) at once: each kernel is compiled once in
+#      the cluster (kernel leases, server/compile/kernels.c), no wait
+#      reaching its bound, and every client gets the same kernel blobs;
+#   4. Redis stopped: every client still gets an answer (each daemon
 #      compiles the graph once, alone; no lease taken or waited on).
 # The background tuner is off (its variant builds would count as compiles).
 cd "$(dirname "$0")/.." || exit 1
@@ -23,8 +28,10 @@ C=$AP_TMP/lease
 N=8
 BERT=$TESTDATA/models/bert_like_2l
 MLP=$TESTDATA/models/mlp_gelu_ln
+SQUEEZE=$TESTDATA/models/squeezenet1_1
 PIDS=
 REDIS_PID=
+SPLIT_NS=
 
 stop_all() {
 	for p in $PIDS; do
@@ -107,7 +114,8 @@ stats() {
 }
 
 # submit_all CASE MODEL_DIR [FLAGS]: 8 clients per daemon at once, each
-# writing CASE-I-J.json and CASE-I-J.pb; waits for all
+# writing CASE-I-J.json and CASE-I-J.pb; waits for all.  With $SPLIT_NS
+# set, daemon I's clients add --namespace $SPLIT_NS<I mod 2>.
 submit_all() {
 	c=$1 m=$2
 	shift 2
@@ -115,9 +123,12 @@ submit_all() {
 	i=1
 	while [ $i -le $N ]; do
 		j=1
+		ns=
+		[ -z "$SPLIT_NS" ] || ns="--namespace $SPLIT_NS$((i % 2))"
 		while [ $j -le 8 ]; do
+			# shellcheck disable=SC2086 # $ns: none, or a flag and its value
 			"$CLIENT" --socket "$C/node$i/s" submit "$m/model.onnx" --data "$m" --json \
-				-o "$C/$c-$i-$j.pb" "$@" >"$C/$c-$i-$j.json" 2>"$C/$c-$i-$j.err" &
+				-o "$C/$c-$i-$j.pb" $ns "$@" >"$C/$c-$i-$j.json" 2>"$C/$c-$i-$j.err" &
 			clients="$clients $!"
 			j=$((j + 1))
 		done
@@ -178,15 +189,19 @@ distinct = runs[0]["distinct_kernels"]
 b = [json.loads(l) for l in open(before)]
 a = [json.loads(l) for l in open(after)]
 compiled = sum(x["kernels_compiled"] for x in a) - sum(x["kernels_compiled"] for x in b)
-def lease(x, ev):
-    for s in x["metrics"]["apollo_cluster_leases_total"]["samples"]:
+def lease(x, ev, fam="apollo_cluster_leases_total"):
+    for s in x["metrics"][fam]["samples"]:
         if s["labels"]["event"] == ev: return s["value"]
-ev = {e: int(sum(lease(x, e) for x in a) - sum(lease(x, e) for x in b))
-      for e in ("taken", "waited", "lapsed", "taken_over", "timeout")}
+events = ("taken", "waited", "lapsed", "taken_over", "timeout")
+ev = {e: int(sum(lease(x, e) for x in a) - sum(lease(x, e) for x in b)) for e in events}
+kev = {e: int(sum(lease(x, e, "apollo_cluster_kernel_leases_total") for x in a) -
+              sum(lease(x, e, "apollo_cluster_kernel_leases_total") for x in b)) for e in events}
 caches = sorted(r["cache"] for r in runs)
-if want == "once":
+if want in ("once", "shared"):
     assert compiled == distinct, "%d kernels compiled in the cluster for %d distinct" % (compiled, distinct)
-    assert ev["timeout"] == 0, ev
+    assert ev["timeout"] == 0 and kev["timeout"] == 0, (ev, kev)
+    # shared: two request leases (two graph keys), the kernels' shared
+    assert want == "once" or ev["taken"] == 2, ev
 elif want == "taken-over":
     assert compiled == distinct, "%d kernels compiled in the cluster for %d distinct" % (compiled, distinct)
     assert ev["taken_over"] == 1 and ev["lapsed"] >= 1, ev
@@ -195,9 +210,11 @@ else:   # alone: each daemon compiled it once (its kernels maybe from its L1), n
         c = [r["cache"] for r in runs[8 * i:8 * i + 8]]
         assert c.count("miss") == 1, "daemon %d answered %s" % (i + 1, c)
     assert ev["waited"] == 0 and ev["taken"] == 0, ev
+    assert kev["waited"] == 0 and kev["taken"] == 0, kev
 print("cluster_lease: %s: %d clients, %d bundle(s) of %d distinct kernels, %d compiled in the "
-      "cluster; leases %s; answers %s" % (case, len(runs), len(ds), distinct, compiled,
-      " ".join("%s %d" % kv for kv in ev.items()),
+      "cluster; leases %s; kernel leases %s; answers %s" % (case, len(runs), len(ds), distinct,
+      compiled, " ".join("%s %d" % kv for kv in ev.items()),
+      " ".join("%s %d" % kv for kv in kev.items()),
       ", ".join("%s %d" % (c, caches.count(c)) for c in sorted(set(caches)))))
 EOF
 }
@@ -231,11 +248,18 @@ wait "$waiters"
 stats >"$C/s2"
 check kill "$C/s1" "$C/s2" taken-over
 
-# 3. Redis stopped: every daemon compiles alone
+# 3. two cold graphs (one model, two namespaces) sharing every kernel
+SPLIT_NS=shared
+submit_all shared "$SQUEEZE" --target "$TARGET"
+SPLIT_NS=
+stats >"$C/s3"
+check shared "$C/s2" "$C/s3" shared
+
+# 4. Redis stopped: every daemon compiles alone
 kill -TERM "$REDIS_PID"
 wait "$REDIS_PID" 2>/dev/null
 REDIS_PID=
 submit_all outage "$MLP" --namespace outage
-stats >"$C/s3"
-check outage "$C/s2" "$C/s3" alone
+stats >"$C/s4"
+check outage "$C/s3" "$C/s4" alone
 echo "cluster_lease: all passed"

@@ -36,9 +36,13 @@
  * taking the lease over when its holder lapses; holding it, it compiles
  * and releases it after store_compiled wrote L2 (or on failure), in
  * run()'s epilogue.  So a cold graph submitted to every node at once is
- * compiled by one.  Test hook: $APOLLO_TEST_LEASE_HOLD_MS=MS (read once,
- * when the compiler is created) sleeps that long after taking a lease,
- * before compiling, so that a test can kill the holder mid-compile.
+ * compiled by one; its kernels have leases of their own (kernels.c), so
+ * that two cold graphs sharing a kernel compile it once.  Test hooks:
+ * $APOLLO_TEST_LEASE_HOLD_MS=MS (read once, when the compiler is created)
+ * sleeps that long after taking a request's lease, before compiling, so
+ * that a test can kill the holder mid-compile;
+ * $APOLLO_TEST_KERNEL_LEASE_HOLD_MS=MS the same after a request took its
+ * kernels' leases, before compiling them.
  *
  * Warm path: the daemon remembers, for the digest of a request's bytes
  * (net.c), the graph key it computed (a direct-mapped table of MEMO_SLOTS
@@ -114,6 +118,7 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 	const char *delay = getenv("APOLLO_TEST_COMPILE_DELAY_MS");
 	const char *refuse = getenv("APOLLO_TEST_REFUSE_KERNEL_NODES");
 	const char *hold = getenv("APOLLO_TEST_LEASE_HOLD_MS");
+	const char *khold = getenv("APOLLO_TEST_KERNEL_LEASE_HOLD_MS");
 	const char *nv;
 
 	if (!c)
@@ -148,6 +153,8 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 		c->refuse_nodes = (unsigned)strtoul(refuse, NULL, 10);
 	if (hold && *hold)
 		c->lease_hold_ms = (unsigned)strtoul(hold, NULL, 10);
+	if (khold && *khold)
+		c->klease_hold_ms = (unsigned)strtoul(khold, NULL, 10);
 	host_cc_identity(c->cc_id, sizeof(c->cc_id));
 	build_identity(c->build_id, sizeof(c->build_id));
 	nv = ap_nvrtc_version();
@@ -248,18 +255,8 @@ void ap_compiler_get_counters(const ap_compiler *c, ap_compile_counters *out)
 		out->flight_timeouts += f.timeouts;
 		out->flight_waiting += f.waiting;
 	}
-	{
-		ap_lease_counts l;
-
-		ap_leases_get_counts(m->leases, &l);
-		out->lease_taken = l.taken;
-		out->lease_waited = l.waited;
-		out->lease_lapsed = l.lapsed;
-		out->lease_taken_over = l.taken_over;
-		out->lease_timeouts = l.timeouts;
-		out->lease_lost = l.lost;
-		out->lease_waiting = l.waiting;
-	}
+	ap_leases_get_counts(m->leases, AP_REDIS_ACTION, &out->lease);
+	ap_leases_get_counts(m->leases, AP_REDIS_KERNEL, &out->kernel_lease);
 	pthread_mutex_lock(&m->hist_mu);
 	memcpy(out->compile_hist, m->hist, sizeof(out->compile_hist));
 	out->compile_sum_s = m->hist_sum;
@@ -1132,18 +1129,14 @@ static int claim_lease(ap_compiler *c, struct request *r, const uint8_t gkey[32]
 
 	if (!c->leases)
 		return 0;
-	st = ap_lease_claim(c->leases, gkey, r->t0 + c->flight_wait_ms, r->cancel, l2_found, &p,
+	st = ap_lease_claim(c->leases, AP_REDIS_ACTION, gkey, r->t0 + c->flight_wait_ms, r->cancel, l2_found, &p,
 			    lease);
 	if (st == AP_LEASE_FOUND) {
 		*out = p.b;
 		return 1;
 	}
-	if (st == AP_LEASE_HOLD && c->lease_hold_ms) {
-		struct timespec ts = { c->lease_hold_ms / 1000,
-				       (long)(c->lease_hold_ms % 1000) * 1000000L };
-
-		nanosleep(&ts, NULL);   /* test hook: the holder killed mid-compile */
-	}
+	if (st == AP_LEASE_HOLD)
+		ap_lease_sleep(c->lease_hold_ms);   /* test hook: the holder killed mid-compile */
 	return 0;
 }
 

@@ -47,6 +47,7 @@
 #include "../../common/base.h"
 #include "../cache/cache.h"
 #include "autotune.h"
+#include "lease.h"
 
 struct Apollo__CompileRequest;
 struct Apollo__CompileResponse;
@@ -294,11 +295,11 @@ typedef struct ap_compile_counters {
 	uint64_t memo_hits;         /* requests that skipped decoding their graph */
 	uint64_t flight_timeouts;   /* waits (requests and kernels) that gave up */
 	uint64_t flight_waiting;    /* requests and kernels waiting now */
-	/* cluster leases (lease.h, ap_lease_counts): taken (take-overs
-	 * included), waits, lapses seen while waiting, take-overs, waits that
-	 * reached flight_wait_ms, leases lost while held, waiting now */
-	uint64_t lease_taken, lease_waited, lease_lapsed, lease_taken_over;
-	uint64_t lease_timeouts, lease_lost, lease_waiting;
+	/* cluster leases (lease.h, ap_lease_counts) of cold requests and of
+	 * cold kernels: taken (take-overs included), waits, lapses seen while
+	 * waiting, take-overs, waits that reached flight_wait_ms, leases lost
+	 * while held, waiting now */
+	ap_lease_counts lease, kernel_lease;
 	/* compile time (request wall time, seconds) of requests answered by
 	 * compiling: count per bucket (not cumulative; the last is +Inf), sum */
 	uint64_t compile_hist[AP_COMPILE_BUCKETS + 1];

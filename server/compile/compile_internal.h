@@ -72,8 +72,10 @@ struct ap_compiler {
 	ap_redis *redis;         /* L2; NULL: none */
 	ap_flights *flights;     /* requests by graph key; NULL: no single-flight */
 	ap_flights *kflights;    /* kernels by kernel key */
-	ap_leases *leases;       /* cluster leases of cold requests (lease.h); NULL: none */
+	ap_leases *leases;       /* cluster leases of cold requests and kernels
+				    (lease.h); NULL: none */
 	unsigned lease_hold_ms;  /* $APOLLO_TEST_LEASE_HOLD_MS: tests only */
+	unsigned klease_hold_ms; /* $APOLLO_TEST_KERNEL_LEASE_HOLD_MS: tests only */
 	unsigned flight_wait_ms;
 	unsigned tune_budget_evals;   /* per request; 0: no search */
 	double tune_budget_ms;   /* per request, the safety limit; 0: none */
@@ -165,10 +167,13 @@ struct kernel_batch {
 	struct kblob *blobs;
 	struct ap__progress *progress;   /* the request's; NULL: not reported */
 	/* grouped compiles (ap__compile_kernels): per kernel its key, what the
-	 * probe found, its flight; the groups of misses, one program each */
+	 * probe found, its flight and cluster lease; the groups of misses, one
+	 * program each */
 	uint8_t (*keys)[32];
-	enum { K_DONE, K_COMPILE, K_FOLLOW } *state;
+	enum { K_DONE, K_COMPILE, K_FOLLOW, K_LEASED } *state;
 	ap_flight **flight;
+	ap_lease **lease;            /* the kernel's cluster lease, held while compiling */
+	ap_lease_wait **lwait;       /* K_LEASED: the wait for another daemon's */
 	int *group_of, n_groups;
 };
 

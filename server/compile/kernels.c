@@ -15,6 +15,22 @@
  * (Kernel.blob_of).  A group the backend rejects is compiled kernel by
  * kernel, so the rejection names its kernel.
  *
+ * Cluster leases per kernel (issue 26, item 1; lease.h): the kernel
+ * flight's leader that missed L1 and L2 takes the kernel's lease in Redis
+ * (kind AP_REDIS_KERNEL, keyed by the kernel key) without waiting, so that
+ * two daemons compiling two different cold graphs that share a kernel
+ * compile it once.  Taken, it compiles the kernel in its group and
+ * releases the lease once L2 holds the kernel's entry (or it failed).
+ * Found held, the kernel waits -- but only after this request compiled
+ * its own kernels and released their leases (wait_leased): a request
+ * never sleeps holding a kernel lease, so a daemon compiling A that holds
+ * X and needs Y never waits for one compiling B that holds Y and needs X
+ * (each releases its own before waiting for the other's).  The wait polls
+ * L2 until flight_wait_ms from the request's start: the entry appearing
+ * answers the kernel (tier L2); a holder that lapsed without its entry
+ * is taken over and the kernel compiled here; at the bound, cancelled, or
+ * with Redis unreachable (the breaker open), it is compiled alone.
+ *
  * Backend refusals (upward feedback, issue 3): a kernel NVRTC or cc
  * rejects (AP_ECOMPILE) does not fail the request.  The parallel round
  * still compiles every other kernel; then the program is built again with
@@ -231,18 +247,37 @@ static bool kernel_follow(const struct kernel_batch *kb, ap_flight *f, struct kb
 	return true;
 }
 
+/* ap_lease_claim's found(): kernel `key` from L1 or L2 into `out`. */
+struct kfind {
+	const struct kernel_batch *kb;
+	const uint8_t *key;
+	struct kblob *out;
+};
+
+static bool kernel_found(void *user)
+{
+	struct kfind *f = user;
+
+	return kernel_cached(f->kb, f->key, f->out);
+}
+
 /* What must happen to a kernel before it can be compiled: its source
- * checked, its key made, L1 and L2 asked, its flight joined.  K_DONE:
- * `out` holds the blob (from L1, L2) or the failure; K_FOLLOW: another
- * request compiles it, *f is the flight to wait on; K_COMPILE: this
- * request compiles it, leading flight *f (NULL: none). */
+ * checked, its key made, L1 and L2 asked, its flight joined, its cluster
+ * lease taken.  K_DONE: `out` holds the blob (from L1, L2) or the
+ * failure; K_FOLLOW: another request compiles it, *f is the flight to
+ * wait on; K_LEASED: another daemon holds its lease, *w is the wait, and
+ * this request leads flight *f (NULL: none); K_COMPILE: this request
+ * compiles it, leading flight *f (NULL: none), holding lease *l (NULL:
+ * none -- no leases, Redis unavailable). */
 static int kernel_probe(const struct kernel_batch *kb, const ap_kernel_src *ks, uint8_t key[32],
-			struct kblob *out, ap_flight **f)
+			struct kblob *out, ap_flight **f, ap_lease **l, ap_lease_wait **w)
 {
 	const char *src = ks->src;
 	const char *bid = kb->backend;
 
 	*f = NULL;
+	*l = NULL;
+	*w = NULL;
 	ap_error_clear(&out->err);
 	if (!src) {
 		out->rc = ap_error_set(&out->err, AP_EINTERNAL, ks->n_nodes ? ks->nodes[0] : NULL, NULL,
@@ -271,7 +306,34 @@ static int kernel_probe(const struct kernel_batch *kb, const ap_kernel_src *ks, 
 		if (role != AP_FLIGHT_LEAD)
 			*f = NULL;
 	}
+	if (kb->use_cache && kb->c->leases) {
+		struct kfind fd = { kb, key, out };
+
+		switch (ap_lease_try(kb->c->leases, AP_REDIS_KERNEL, key, kernel_found, &fd, l, w)) {
+		case AP_LEASE_FOUND:   /* stored, its lease released, since our miss */
+			if (*f)
+				kernel_publish(kb->c, *f, out);
+			*f = NULL;
+			return K_DONE;
+		case AP_LEASE_WAIT:
+			return K_LEASED;
+		default:
+			break;
+		}
+	}
 	return K_COMPILE;
+}
+
+/* Kernel `key`'s wait *w for another daemon's lease, to its end: true
+ * when `out` holds the holder's entry (from L2); false to compile,
+ * holding *l (taken over after the holder lapsed) or alone. */
+static bool kernel_wait_lease(const struct kernel_batch *kb, const uint8_t key[32],
+			      struct kblob *out, ap_lease_wait *w, ap_lease **l)
+{
+	struct kfind fd = { kb, key, out };
+
+	return ap_lease_await(kb->c->leases, w, kb->deadline, kb->cancel, kernel_found, &fd, l) ==
+	       AP_LEASE_FOUND;
 }
 
 /* One kernel alone into `out` (the rebuild after a refusal asks kernel by
@@ -280,13 +342,20 @@ static void compile_kernel(const struct kernel_batch *kb, const ap_kernel_src *k
 {
 	uint8_t key[32];
 	ap_flight *f = NULL;
-	int st = kernel_probe(kb, ks, key, out, &f);
+	ap_lease *l = NULL;
+	ap_lease_wait *w = NULL;
+	int st = kernel_probe(kb, ks, key, out, &f, &l, &w);
 
-	if (st == K_FOLLOW && kernel_follow(kb, f, out))
-		return;
+	if (st == K_FOLLOW) {
+		if (kernel_follow(kb, f, out))
+			return;
+		f = NULL;   /* the wait ran out (and let go of the flight): alone */
+	}
 	if (st == K_DONE)
 		return;
-	kernel_backend(kb, ks, key, out);
+	if (st != K_LEASED || !kernel_wait_lease(kb, key, out, w, &l))
+		kernel_backend(kb, ks, key, out);
+	ap_lease_release(kb->c->leases, l);   /* after kernel_backend stored it */
 	if (f)
 		kernel_publish(kb->c, f, out);
 }
@@ -296,7 +365,8 @@ static void probe_task(int i, void *arg)
 	struct kernel_batch *kb = arg;
 	struct kblob *b = &kb->blobs[i];
 
-	kb->state[i] = kernel_probe(kb, &kb->p->kernels[i], kb->keys[i], b, &kb->flight[i]);
+	kb->state[i] = kernel_probe(kb, &kb->p->kernels[i], kb->keys[i], b, &kb->flight[i],
+				    &kb->lease[i], &kb->lwait[i]);
 }
 
 /* Group g of the kernels this request compiles: one translation unit
@@ -362,12 +432,81 @@ static void group_task(int g, void *arg)
 				kernel_store(kb, kb->keys[i], out);
 			}
 		}
+		/* stored in L2 (or failed): others may take it, or the lease */
+		ap_lease_release(kb->c->leases, kb->lease[i]);
+		kb->lease[i] = NULL;
 		if (kb->flight[i]) {
 			kernel_publish(kb->c, kb->flight[i], out);
 			kb->flight[i] = NULL;
 		}
 	}
 	free(whole.data);
+}
+
+/* One round of group_task over the kernels in K_COMPILE, n_miss of them
+ * dealt to groups 0..workers-1 (group_of), compiled each holding its
+ * lease (if any) and nothing else; then K_DONE. */
+static void compile_round(ap_compiler *c, struct kernel_batch *kb, int n_miss, int workers)
+{
+	kb->n_groups = n_miss < workers ? n_miss : workers;
+	ap__compile_run_tasks(c, kb->n_groups, group_task, kb);
+	for (int i = 0; i < kb->p->n_kernels; i++)
+		if (kb->state[i] == K_COMPILE)
+			kb->state[i] = K_DONE;
+}
+
+/* The kernels whose cluster lease another daemon held at the probe
+ * (K_LEASED), after this request compiled its own and released their
+ * leases: polled together, one sleep a round, until each is answered
+ * from L2 (K_DONE, its flight published) or must be compiled here --
+ * taken over after its holder lapsed, or alone at the deadline, when
+ * cancelled, or without Redis -- those of a round compiled in a round of
+ * their own (compile_round) before the next sleep.  So this request never
+ * sleeps holding a kernel lease, and two daemons never wait for each
+ * other's kernels (each has released its own before waiting). */
+static void wait_leased(ap_compiler *c, struct kernel_batch *kb, int workers)
+{
+	int n = kb->p->n_kernels;
+
+	for (;;) {
+		double pause = -1;
+		int n_miss = 0;
+
+		for (int i = 0; i < n; i++)
+			if (kb->state[i] == K_LEASED) {
+				double p = ap_lease_pause(c->leases, kb->lwait[i], kb->deadline);
+
+				pause = pause < 0 || p < pause ? p : pause;
+			}
+		if (pause < 0)
+			return;
+		ap_lease_sleep(pause);
+		for (int i = 0; i < n; i++) {
+			struct kfind fd = { kb, kb->keys[i], &kb->blobs[i] };
+			int st;
+
+			if (kb->state[i] != K_LEASED)
+				continue;
+			st = ap_lease_poll(c->leases, kb->lwait[i], kb->deadline, kb->cancel,
+					   kernel_found, &fd, &kb->lease[i]);
+			if (st == AP_LEASE_WAIT)
+				continue;
+			kb->lwait[i] = NULL;
+			if (st != AP_LEASE_FOUND) {
+				kb->state[i] = K_COMPILE;
+				kb->group_of[i] = n_miss++ % workers;
+				continue;
+			}
+			kb->state[i] = K_DONE;
+			ap__progress_kernels(kb->progress, 1);
+			if (kb->flight[i]) {
+				kernel_publish(c, kb->flight[i], &kb->blobs[i]);
+				kb->flight[i] = NULL;
+			}
+		}
+		if (n_miss)
+			compile_round(c, kb, n_miss, workers);
+	}
 }
 
 /* A kernel another request compiles: its outcome, or, when the wait runs
@@ -485,7 +624,9 @@ void ap__compile_run_tasks(void *pool, int n, void (*fn)(int i, void *arg), void
  * layer, so dealing spreads each kind evenly; balancing by source bytes
  * was measured worse (bench/compile.sh: prenorm_layer_train 1.21x the
  * NVRTC floor against 1.02x), since NVRTC's time is not proportional to a
- * source's length; last the
+ * source's length; then the
+ * kernels whose cluster lease another daemon held (wait_leased), after
+ * this request released its own leases; last the
  * kernels another request was compiling (follow_task) -- after this
  * request has published its own, so two requests waiting on each other's
  * flights never both wait.  0, or the first failure's code with `err`
@@ -502,7 +643,9 @@ int ap__compile_kernels(ap_compiler *c, struct kernel_batch *kb, const ap_progra
 	kb->state = calloc((size_t)n + 1, sizeof(*kb->state));
 	kb->flight = calloc((size_t)n + 1, sizeof(*kb->flight));
 	kb->group_of = calloc((size_t)n + 1, sizeof(*kb->group_of));
-	if (!kb->keys || !kb->state || !kb->flight || !kb->group_of) {
+	kb->lease = calloc((size_t)n + 1, sizeof(*kb->lease));
+	kb->lwait = calloc((size_t)n + 1, sizeof(*kb->lwait));
+	if (!kb->keys || !kb->state || !kb->flight || !kb->group_of || !kb->lease || !kb->lwait) {
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 		goto out;
 	}
@@ -515,7 +658,6 @@ int ap__compile_kernels(ap_compiler *c, struct kernel_batch *kb, const ap_progra
 	for (i = 0; i < n; i++)
 		if (kb->state[i] == K_COMPILE)
 			kb->group_of[i] = n_miss++ % workers;
-	kb->n_groups = n_miss < workers ? n_miss : workers;
 	if (kb->progress) {
 		/* backend n of m: the kernels found cached count as done */
 		unsigned hits = 0;
@@ -526,7 +668,13 @@ int ap__compile_kernels(ap_compiler *c, struct kernel_batch *kb, const ap_progra
 			hits += kb->state[i] == K_DONE;
 		ap__progress_kernels(kb->progress, hits);
 	}
-	ap__compile_run_tasks(c, kb->n_groups, group_task, kb);
+	for (i = 0; i < n && c->klease_hold_ms; i++)
+		if (kb->lease[i]) {
+			ap_lease_sleep(c->klease_hold_ms);   /* test hook: a slow holder */
+			break;
+		}
+	compile_round(c, kb, n_miss, workers);
+	wait_leased(c, kb, workers);
 	ap__compile_run_tasks(c, n, follow_task, kb);
 	ap__progress_kernels(kb->progress, (unsigned)n);   /* the followed ones: all done */
 	for (i = 0; i < n; i++) {
@@ -544,14 +692,20 @@ int ap__compile_kernels(ap_compiler *c, struct kernel_batch *kb, const ap_progra
 		}
 	}
 out:
+	for (i = 0; kb->lease && i < n; i++)
+		ap_lease_release(c->leases, kb->lease[i]);   /* none left but after a failure */
 	free(kb->keys);
 	free(kb->state);
 	free(kb->flight);
 	free(kb->group_of);
+	free(kb->lease);
+	free(kb->lwait);
 	kb->keys = NULL;
 	kb->state = NULL;
 	kb->flight = NULL;
 	kb->group_of = NULL;
+	kb->lease = NULL;
+	kb->lwait = NULL;
 	return rc;
 }
 

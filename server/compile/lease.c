@@ -37,10 +37,24 @@ struct ap_leases {
 	bool stop;
 	pthread_t thread;
 	ap_lease *held;        /* under mu */
-	ap_lease_counts n;     /* under mu */
+	ap_lease_counts n[2];  /* under mu: requests' leases, kernels' (ix) */
 };
 
-static void sleep_ms(double ms)
+/* A wait for another daemon's lease (lease.h, ap_lease_try). */
+struct ap_lease_wait {
+	ap_lease *mine;        /* the token this daemon tried (and tries) with */
+	char seen[AP_REDIS_TOKEN_CHARS + 1];   /* the last holder seen ("" unknown) */
+	bool held;             /* one was seen since the last lapse */
+	double pause;          /* the next back-off, ms */
+};
+
+/* The counts of leases of `kind`: requests' or kernels'. */
+static int ix(int kind)
+{
+	return kind == AP_REDIS_KERNEL;
+}
+
+void ap_lease_sleep(double ms)
 {
 	struct timespec ts;
 
@@ -68,7 +82,7 @@ static void mark_lost(ap_leases *ls, const ap_redis_lease *copy)
 	for (ap_lease *l = ls->held; l; l = l->next)
 		if (!l->lost && !strcmp(l->l.token, copy->token)) {
 			l->lost = true;
-			ls->n.lost++;
+			ls->n[ix(l->l.kind)].lost++;
 			key_label(copy->key, k);
 			ap_log(AP_LOG_WARN, "cluster lease of %s... lapsed while held (this daemon "
 			       "stalled for over %u ms, or Redis lost it): another daemon may compile it "
@@ -178,8 +192,8 @@ static int hold(ap_leases *ls, ap_lease *l, bool over, bool (*found)(void *), vo
 	pthread_mutex_lock(&ls->mu);
 	l->next = ls->held;
 	ls->held = l;
-	ls->n.taken++;
-	ls->n.taken_over += over;
+	ls->n[ix(l->l.kind)].taken++;
+	ls->n[ix(l->l.kind)].taken_over += over;
 	pthread_mutex_unlock(&ls->mu);
 	if (found(user)) {
 		ap_lease_release(ls, l);
@@ -189,118 +203,150 @@ static int hold(ap_leases *ls, ap_lease *l, bool over, bool (*found)(void *), vo
 	return AP_LEASE_HOLD;
 }
 
+/* Adds `lapsed` lapses to the counts of w's kind. */
+static void count_lapses(ap_leases *ls, const ap_lease_wait *w, uint64_t lapsed)
+{
+	pthread_mutex_lock(&ls->mu);
+	ls->n[ix(w->mine->l.kind)].lapsed += lapsed;
+	pthread_mutex_unlock(&ls->mu);
+}
+
 /* One poll of a wait: the holder's token, then the entry.  Returns a
- * claim's outcome when the wait ends, 0 to go on.  *seen is the last
- * holder seen ("" unknown), *held whether one was seen since the last
- * lapse.  `l` (the token this daemon tried with) is taken over by hold()
- * when the wait ends holding it (*l set to NULL then). */
-static int poll_once(ap_leases *ls, ap_lease **l, char *seen, bool *held,
-		     bool (*found)(void *), void *user, ap_lease **out)
+ * claim's outcome when the wait ends, AP_LEASE_WAIT to go on.  w->mine
+ * (the token this daemon tried with) is taken over by hold() when the
+ * wait ends holding it (w->mine set to NULL then). */
+static int poll_once(ap_leases *ls, ap_lease_wait *w, bool (*found)(void *), void *user,
+		     ap_lease **out)
 {
 	char tok[AP_REDIS_TOKEN_CHARS + 1];
-	ap_lease *mine = *l;
-	int rc = ap_redis_lease_holder(ls->r, AP_REDIS_ACTION, mine->l.key, tok);
+	ap_lease *mine = w->mine;
+	int rc = ap_redis_lease_holder(ls->r, mine->l.kind, mine->l.key, tok);
 
 	if (rc < 0)
 		return AP_LEASE_ALONE;   /* Redis went away: compile alone */
 	if (rc == 1 && !strcmp(tok, mine->l.token)) {
-		*l = NULL;               /* our own SET NX, its reply lost */
+		w->mine = NULL;          /* our own SET NX, its reply lost */
 		return hold(ls, mine, false, found, user, out);
 	}
 	if (found(user))
 		return AP_LEASE_FOUND;
 	if (rc == 1) {
-		if (*held && seen[0] && tok[0] && strcmp(seen, tok)) {
-			pthread_mutex_lock(&ls->mu);
-			ls->n.lapsed++;       /* another holder: the one before left no entry */
-			pthread_mutex_unlock(&ls->mu);
-		}
-		memcpy(seen, tok, sizeof(tok));
-		*held = true;
-		return 0;
+		/* another holder: the one before left no entry */
+		if (w->held && w->seen[0] && tok[0] && strcmp(w->seen, tok))
+			count_lapses(ls, w, 1);
+		memcpy(w->seen, tok, sizeof(tok));
+		w->held = true;
+		return AP_LEASE_WAIT;
 	}
 	/* nobody holds it and there is no entry: the holder's lease lapsed */
-	pthread_mutex_lock(&ls->mu);
-	ls->n.lapsed += *held;
-	pthread_mutex_unlock(&ls->mu);
-	*held = false;
-	seen[0] = '\0';
-	rc = ap_redis_lease_take(ls->r, AP_REDIS_ACTION, mine->l.key, ls->ttl_ms, &mine->l);
+	count_lapses(ls, w, w->held);
+	w->held = false;
+	w->seen[0] = '\0';
+	rc = ap_redis_lease_take(ls->r, mine->l.kind, mine->l.key, ls->ttl_ms, &mine->l);
 	if (rc < 0)
 		return AP_LEASE_ALONE;
 	if (rc == 0)
-		return 0;                /* another waiter took it first: wait for it */
+		return AP_LEASE_WAIT;    /* another waiter took it first: wait for it */
 	{
 		char k[17];
 
 		key_label(mine->l.key, k);
-		ap_log(AP_LOG_INFO, "cluster lease of %s... lapsed without its entry: this daemon "
-		       "takes it over and compiles", k);
+		ap_log(AP_LOG_INFO, "cluster lease of %s %s... lapsed without its entry: this "
+		       "daemon takes it over and compiles",
+		       mine->l.kind == AP_REDIS_KERNEL ? "kernel" : "request", k);
 	}
-	*l = NULL;
+	w->mine = NULL;
 	return hold(ls, mine, true, found, user, out);
 }
 
-/* Waits for the lease held by another daemon (see lease.h). */
-static int wait_held(ap_leases *ls, ap_lease *l, double deadline_ms, const atomic_bool *cancel,
-		     bool (*found)(void *), void *user, ap_lease **out)
-{
-	char seen[AP_REDIS_TOKEN_CHARS + 1] = "";
-	bool held = true;
-	double pause = POLL_FIRST_MS, max = POLL_MAX_MS;
-	int st = 0;
-
-	if (max > ls->ttl_ms / 4.0)
-		max = ls->ttl_ms / 4.0 > 1 ? ls->ttl_ms / 4.0 : 1;
-	pthread_mutex_lock(&ls->mu);
-	ls->n.waited++;
-	ls->n.waiting++;
-	pthread_mutex_unlock(&ls->mu);
-	while (!st) {
-		double left = deadline_ms - ap_now_ms();
-
-		if (cancel && atomic_load(cancel)) {
-			st = AP_LEASE_ALONE;
-		} else if (left <= 0) {
-			char k[17];
-
-			key_label(l->l.key, k);
-			ap_log(AP_LOG_INFO, "cluster lease of %s... still held at the end of "
-			       "flight_wait_ms: compiling this request here too", k);
-			pthread_mutex_lock(&ls->mu);
-			ls->n.timeouts++;
-			pthread_mutex_unlock(&ls->mu);
-			st = AP_LEASE_ALONE;
-		} else {
-			sleep_ms(pause < left ? pause : left);
-			pause = pause * 2 < max ? pause * 2 : max;
-			st = poll_once(ls, &l, seen, &held, found, user, out);
-		}
-	}
-	pthread_mutex_lock(&ls->mu);
-	ls->n.waiting--;
-	pthread_mutex_unlock(&ls->mu);
-	free(l);
-	return st;
-}
-
-int ap_lease_claim(ap_leases *ls, const uint8_t key[32], double deadline_ms,
-		   const atomic_bool *cancel, bool (*found)(void *user), void *user, ap_lease **out)
+int ap_lease_try(ap_leases *ls, int kind, const uint8_t key[32], bool (*found)(void *user),
+		 void *user, ap_lease **out, ap_lease_wait **wait)
 {
 	ap_lease *l = calloc(1, sizeof(*l));
+	ap_lease_wait *w;
 	int rc;
 
 	*out = NULL;
+	*wait = NULL;
 	if (!l)
 		return AP_LEASE_ALONE;
-	rc = ap_redis_lease_take(ls->r, AP_REDIS_ACTION, key, ls->ttl_ms, &l->l);
+	rc = ap_redis_lease_take(ls->r, kind, key, ls->ttl_ms, &l->l);
 	if (rc == 1)
 		return hold(ls, l, false, found, user, out);
-	if (rc < 0) {
+	if (rc < 0 || !(w = calloc(1, sizeof(*w)))) {
 		free(l);
 		return AP_LEASE_ALONE;
 	}
-	return wait_held(ls, l, deadline_ms, cancel, found, user, out);
+	w->mine = l;
+	w->held = true;
+	w->pause = POLL_FIRST_MS;
+	pthread_mutex_lock(&ls->mu);
+	ls->n[ix(kind)].waited++;
+	ls->n[ix(kind)].waiting++;
+	pthread_mutex_unlock(&ls->mu);
+	*wait = w;
+	return AP_LEASE_WAIT;
+}
+
+double ap_lease_pause(const ap_leases *ls, ap_lease_wait *w, double deadline_ms)
+{
+	double left = deadline_ms - ap_now_ms(), max = POLL_MAX_MS, p = w->pause;
+
+	if (max > ls->ttl_ms / 4.0)
+		max = ls->ttl_ms / 4.0 > 1 ? ls->ttl_ms / 4.0 : 1;
+	w->pause = p * 2 < max ? p * 2 : max;
+	if (p > max)
+		p = max;
+	return left <= 0 ? 0 : p < left ? p : left;
+}
+
+int ap_lease_poll(ap_leases *ls, ap_lease_wait *w, double deadline_ms, const atomic_bool *cancel,
+		  bool (*found)(void *user), void *user, ap_lease **out)
+{
+	int kind = w->mine->l.kind, st = AP_LEASE_ALONE;
+
+	*out = NULL;
+	if (!(cancel && atomic_load(cancel)))
+		st = poll_once(ls, w, found, user, out);
+	if (st == AP_LEASE_WAIT && ap_now_ms() < deadline_ms)
+		return AP_LEASE_WAIT;
+	pthread_mutex_lock(&ls->mu);
+	if (st == AP_LEASE_WAIT) {
+		char k[17];
+
+		key_label(w->mine->l.key, k);
+		ap_log(AP_LOG_INFO, "cluster lease of %s %s... still held at the end of "
+		       "flight_wait_ms: compiling it here too",
+		       kind == AP_REDIS_KERNEL ? "kernel" : "request", k);
+		ls->n[ix(kind)].timeouts++;
+		st = AP_LEASE_ALONE;
+	}
+	ls->n[ix(kind)].waiting--;
+	pthread_mutex_unlock(&ls->mu);
+	free(w->mine);
+	free(w);
+	return st;
+}
+
+int ap_lease_await(ap_leases *ls, ap_lease_wait *w, double deadline_ms, const atomic_bool *cancel,
+		  bool (*found)(void *user), void *user, ap_lease **out)
+{
+	int st;
+
+	do {
+		ap_lease_sleep(ap_lease_pause(ls, w, deadline_ms));
+		st = ap_lease_poll(ls, w, deadline_ms, cancel, found, user, out);
+	} while (st == AP_LEASE_WAIT);
+	return st;
+}
+
+int ap_lease_claim(ap_leases *ls, int kind, const uint8_t key[32], double deadline_ms,
+		   const atomic_bool *cancel, bool (*found)(void *user), void *user, ap_lease **out)
+{
+	ap_lease_wait *w;
+	int st = ap_lease_try(ls, kind, key, found, user, out, &w);
+
+	return st == AP_LEASE_WAIT ? ap_lease_await(ls, w, deadline_ms, cancel, found, user, out) : st;
 }
 
 void ap_lease_release(ap_leases *ls, ap_lease *l)
@@ -319,12 +365,12 @@ void ap_lease_release(ap_leases *ls, ap_lease *l)
 	free(l);
 }
 
-void ap_leases_get_counts(ap_leases *ls, ap_lease_counts *out)
+void ap_leases_get_counts(ap_leases *ls, int kind, ap_lease_counts *out)
 {
 	memset(out, 0, sizeof(*out));
 	if (!ls)
 		return;
 	pthread_mutex_lock(&ls->mu);
-	*out = ls->n;
+	*out = ls->n[ix(kind)];
 	pthread_mutex_unlock(&ls->mu);
 }

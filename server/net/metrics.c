@@ -105,6 +105,20 @@ static void single(ap_metrics_snapshot *m, const char *name, const char *type, c
 	sample(m, NULL, v, 0);
 }
 
+/* A family of cluster lease counts `n` by event, and its gauge of waits. */
+static void leases(ap_metrics_snapshot *m, const char *name, const char *gauge, const char *help,
+		   const char *gauge_help, const ap_lease_counts *n)
+{
+	family(m, name, "counter", help);
+	sample(m, NULL, (double)n->taken, 1, "event", "taken");
+	sample(m, NULL, (double)n->waited, 1, "event", "waited");
+	sample(m, NULL, (double)n->lapsed, 1, "event", "lapsed");
+	sample(m, NULL, (double)n->taken_over, 1, "event", "taken_over");
+	sample(m, NULL, (double)n->timeouts, 1, "event", "timeout");
+	sample(m, NULL, (double)n->lost, 1, "event", "lost");
+	single(m, gauge, "gauge", gauge_help, (double)n->waiting);
+}
+
 /* The latency histogram per stage of compiled requests (issue 26, item
  * 4): one family, a `stage` label, buckets ap_stage_bucket_s. */
 static void build_stages(ap_metrics_snapshot *m, const ap_metrics_input *in)
@@ -213,21 +227,21 @@ static void build_requests(ap_metrics_snapshot *m, const ap_metrics_input *in)
 	single(m, "apollo_flight_timeouts_total", "counter",
 	       "Waits for an identical compile that reached flight_wait_ms (then compiled "
 	       "alone).", (double)cc->flight_timeouts);
-	family(m, "apollo_cluster_leases_total", "counter",
+	leases(m, "apollo_cluster_leases_total", "apollo_cluster_lease_waiting",
 	       "Cluster leases of cold requests (redis_lease_ms): taken by this daemon "
 	       "(take-overs included), waits for another daemon's, lapses seen while "
 	       "waiting (the holder's lease gone without its entry), leases taken over "
 	       "after a lapse, waits that reached flight_wait_ms (then compiled here), "
-	       "leases lost while held (not renewed in time).");
-	sample(m, NULL, (double)cc->lease_taken, 1, "event", "taken");
-	sample(m, NULL, (double)cc->lease_waited, 1, "event", "waited");
-	sample(m, NULL, (double)cc->lease_lapsed, 1, "event", "lapsed");
-	sample(m, NULL, (double)cc->lease_taken_over, 1, "event", "taken_over");
-	sample(m, NULL, (double)cc->lease_timeouts, 1, "event", "timeout");
-	sample(m, NULL, (double)cc->lease_lost, 1, "event", "lost");
-	single(m, "apollo_cluster_lease_waiting", "gauge",
+	       "leases lost while held (not renewed in time).",
 	       "Requests waiting now for another daemon's compile (its cluster lease).",
-	       (double)cc->lease_waiting);
+	       &cc->lease);
+	leases(m, "apollo_cluster_kernel_leases_total", "apollo_cluster_kernel_lease_waiting",
+	       "Cluster leases of cold kernels (redis_lease_ms), the same events as "
+	       "apollo_cluster_leases_total's: taken, waits for another daemon's, lapses "
+	       "seen while waiting, take-overs, waits that reached flight_wait_ms, leases "
+	       "lost while held.",
+	       "Kernels waiting now for another daemon's compile (its cluster lease).",
+	       &cc->kernel_lease);
 	single(m, "apollo_request_memo_hits_total", "counter",
 	       "Compile requests answered by the key remembered for their bytes, without "
 	       "decoding their graph.", (double)cc->memo_hits);
