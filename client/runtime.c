@@ -433,6 +433,20 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 						    bf->kind == APOLLO__BUFFER_KIND__BUF_INPUT ? "input"
 						    : bf->kind == APOLLO__BUFFER_KIND__BUF_PARAM ? "param"
 						    : "constant", bf->name);
+			/* two tensors one launch binds are live at once, so the
+			 * planner never lets them share workspace bytes (plan.c);
+			 * aliased arguments would let a kernel's writes through one
+			 * reach what it reads through the other */
+			for (size_t a2 = 0; a2 < a; a2++) {
+				const Apollo__Buffer *o = b->buffers[la->args[a2]];
+
+				if (la->args[a2] != la->args[a] && bf->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE &&
+				    o->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE && bf->bytes && o->bytes &&
+				    bf->offset < o->offset + o->bytes && o->offset < bf->offset + bf->bytes)
+					return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
+							    "launch %zu of kernel '%s': intermediates '%s' and '%s' "
+							    "overlap in the workspace", l, kk->name, o->name, bf->name);
+			}
 		}
 	}
 	return 0;

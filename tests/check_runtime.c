@@ -590,7 +590,7 @@ enum breakage {
 	BR_NO_SYMBOL, BR_BAD_BLOB, BR_EMPTY_BLOB, BR_DIGEST, BR_NO_DIGEST,
 	BR_CONST_SHORT, BR_DATA_NOT_CONST, BR_WRITES_CONST, BR_KIND,
 	BR_SHARE_FORWARD, BR_SHARE_AND_OWN, BR_SHARE_DIGEST,
-	BR_SHRUNK, BR_HUGE_DIMS, BR_ARG_BYTES_COUNT,
+	BR_SHRUNK, BR_HUGE_DIMS, BR_ARG_BYTES_COUNT, BR_ALIAS,
 };
 
 START_TEST(malformed_bundles)
@@ -616,6 +616,10 @@ START_TEST(malformed_bundles)
 		 * launch without its per-argument bytes */
 		{ BR_SHRUNK, AP_EINVAL }, { BR_HUGE_DIMS, AP_ETOOLARGE },
 		{ BR_ARG_BYTES_COUNT, AP_EINVAL },
+		/* two intermediates one launch binds sharing workspace bytes
+		 * (fuzz_runtime's finding: an input turned intermediate at a
+		 * live one's offset) */
+		{ BR_ALIAS, AP_EINVAL },
 	};
 	static uint64_t touched[2];
 	static int64_t half_z[1] = { ROWS / 2 }, huge[2] = { 1LL << 35, 1LL << 35 };
@@ -682,6 +686,11 @@ START_TEST(malformed_bundles)
 			h.l[1].arg_bytes = touched;
 			h.l[1].n_arg_bytes = 1;
 			break;
+		case BR_ALIAS:
+			h.buf[0].kind = APOLLO__BUFFER_KIND__BUF_INTERMEDIATE;
+			h.buf[0].offset = h.buf[2].offset;
+			h.buf[0].index = -1;
+			break;
 		}
 		b = hb_bundle(&h);
 		rt = ap_runtime_new(b, NULL, &err);
@@ -689,6 +698,7 @@ START_TEST(malformed_bundles)
 		ck_assert_msg(err.code == cases[i].code, "case %zu: code %d (%s), want %d", i,
 			      err.code, err.msg, cases[i].code);
 		ck_assert(err.msg[0] != 0);
+		ck_assert_msg(cases[i].what != BR_ALIAS || strstr(err.msg, "overlap"), "alias: %s", err.msg);
 		ap_bundle_free(b);
 	}
 }
