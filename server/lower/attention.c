@@ -1088,24 +1088,36 @@ static int tc_declare(att_tc *s, ap_error *err)
 	return 0;
 }
 
-/* The thread's warp and lane, and the parts of the lane the fragment
- * layouts use (the m16n8 C layout: g = lane / 4, tq = lane % 4; ldmatrix
- * addressing: lane % 8, lane % 16, lane / 16, (lane / 8) % 2). */
-static void tc_lanes(att_tc *s)
+/* (emitters.h) */
+void ap__mma_lanes(ap_kir_kernel *k, ap_kir_block *b, ap_mma_lanes *l)
 {
-	ap_kir_kernel *k = s->c->k;
-	ap_vctx *v = s->c->v;
 	ap_kir_expr *tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
 
-	s->warp = ap_kir_bind(k, v->cur, k->index_type, "w", ap_kir_binary(k, AP_KIR_SHR, tid, ap_kir_idx(k, 5)));
-	s->lane = ap_kir_bind(k, v->cur, k->index_type, "ln", ap_kir_binary(k, AP_KIR_AND, tid, ap_kir_idx(k, 31)));
-	s->g = ap_kir_bind(k, v->cur, k->index_type, "g", ap_kir_binary(k, AP_KIR_SHR, s->lane, ap_kir_idx(k, 2)));
-	s->tq = ap_kir_bind(k, v->cur, k->index_type, "tq", ap_kir_binary(k, AP_KIR_AND, s->lane, ap_kir_idx(k, 3)));
-	s->l8 = ap_kir_binary(k, AP_KIR_AND, s->lane, ap_kir_idx(k, 7));
-	s->l16 = ap_kir_binary(k, AP_KIR_AND, s->lane, ap_kir_idx(k, 15));
-	s->hi = ap_kir_binary(k, AP_KIR_SHR, s->lane, ap_kir_idx(k, 4));
-	s->j2 = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, s->lane, ap_kir_idx(k, 3)), ap_kir_idx(k, 1));
-	s->ninf = ap_kir_float(k, s->A, -INFINITY);
+	l->warp = ap_kir_bind(k, b, k->index_type, "w", ap_kir_binary(k, AP_KIR_SHR, tid, ap_kir_idx(k, 5)));
+	l->lane = ap_kir_bind(k, b, k->index_type, "ln", ap_kir_binary(k, AP_KIR_AND, tid, ap_kir_idx(k, 31)));
+	l->g = ap_kir_bind(k, b, k->index_type, "g", ap_kir_binary(k, AP_KIR_SHR, l->lane, ap_kir_idx(k, 2)));
+	l->tq = ap_kir_bind(k, b, k->index_type, "tq", ap_kir_binary(k, AP_KIR_AND, l->lane, ap_kir_idx(k, 3)));
+	l->l8 = ap_kir_binary(k, AP_KIR_AND, l->lane, ap_kir_idx(k, 7));
+	l->l16 = ap_kir_binary(k, AP_KIR_AND, l->lane, ap_kir_idx(k, 15));
+	l->hi = ap_kir_binary(k, AP_KIR_SHR, l->lane, ap_kir_idx(k, 4));
+	l->j2 = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, l->lane, ap_kir_idx(k, 3)), ap_kir_idx(k, 1));
+}
+
+/* The thread's warp and lane parts (ap__mma_lanes) and -inf. */
+static void tc_lanes(att_tc *s)
+{
+	ap_mma_lanes l;
+
+	ap__mma_lanes(s->c->k, s->c->v->cur, &l);
+	s->warp = l.warp;
+	s->lane = l.lane;
+	s->g = l.g;
+	s->tq = l.tq;
+	s->l8 = l.l8;
+	s->l16 = l.l16;
+	s->hi = l.hi;
+	s->j2 = l.j2;
+	s->ninf = ap_kir_float(s->c->k, s->A, -INFINITY);
 }
 
 /* The block's BQ query rows from q0 into qs (with two stages, the first

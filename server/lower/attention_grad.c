@@ -659,7 +659,7 @@ typedef struct agt {
 	ap_kir_array *xf, *yf, *bfr;            /* registers: held A fragments (K or Q; V or dY), a B fragment */
 	ap_kir_array *sacc, *dpacc, *pf, *dsf;  /* registers: S and dP (C), P and dS (A) */
 	ap_kir_array *acc1, *acc2;              /* registers: dK or dQ, dV (C) */
-	ap_kir_expr *warp, *g, *tq, *l8, *l16, *hi, *j2;
+	ap_mma_lanes ln;                /* the thread's place in the fragment layouts */
 	/* the sweep */
 	bool keys;                      /* a key sweep (else a query sweep) */
 	ap_kir_expr *hrow0;             /* the lane's first held row (the warp's row g) */
@@ -749,8 +749,8 @@ static void tc_hold(agt *s, ap_kir_array *dst, int op, ap_kir_expr *h, ap_kir_ex
 	ap_kir_barrier(k, v->cur);
 	kk = ap_v_loop_unrolled(v, "kh", cols / 16, &saved);
 	ap_kir_ldmatrix(k, v->cur, dst, ap_kir_muli(k, ap_kir_ref(k, kk), s->AF), s->hs,
-			ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, s->warp, 16), s->l16), s->ldh),
-				   ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), 16), ap_kir_muli(k, s->hi, 8))),
+			ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, s->ln.warp, 16), s->ln.l16), s->ldh),
+				   ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), 16), ap_kir_muli(k, s->ln.hi, 8))),
 			4, false);
 	ap_v_close(v, saved);
 }
@@ -819,8 +819,8 @@ static void tc_product(agt *s, ap_kir_array *acc, ap_kir_array *af, ap_kir_array
 
 	ap_kir_ldmatrix(k, v->cur, s->bfr, ap_kir_idx(k, 0), tile,
 			ap_kir_add(k, base,
-				   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8), s->l8), ld),
-					      ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), 16), ap_kir_muli(k, s->j2, 8)))),
+				   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8), s->ln.l8), ld),
+					      ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), 16), ap_kir_muli(k, s->ln.j2, 8)))),
 			2, false);
 	ap_kir_mma(k, v->cur, s->c->p->mma, acc, ci, af, ap_kir_muli(k, ap_kir_ref(k, kk), s->AF), s->bfr,
 		   ap_kir_idx(k, 0), acc, ci);
@@ -843,7 +843,7 @@ static void tc_accumulate(agt *s, ap_kir_array *acc, ap_kir_array *af, ap_kir_ar
 	ap_kir_ldmatrix(k, v->cur, s->bfr, ap_kir_idx(k, 0), tile,
 			ap_kir_add(k, base,
 				   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), 16),
-									   ap_kir_add(k, ap_kir_muli(k, s->j2, 8), s->l8)), ld),
+									   ap_kir_add(k, ap_kir_muli(k, s->ln.j2, 8), s->ln.l8)), ld),
 					      ap_kir_muli(k, ap_kir_ref(k, no), 8))),
 			2, true);
 	ap_kir_mma(k, v->cur, s->c->p->mma, acc, ci, af, ap_kir_muli(k, ap_kir_ref(k, j), s->AF), s->bfr,
@@ -876,7 +876,7 @@ static void tc_tile(agt *s, ap_kir_expr *st, ap_kir_expr *h, ap_kir_expr *t0)
 	for (int e = 0; e < 4; e++) {
 		ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
 		ap_kir_expr *col = ap_kir_bind(k, v->cur, k->index_type, "cl",
-					       ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8), ap_kir_addi(k, ap_kir_muli(k, s->tq, 2), e & 1)));
+					       ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8), ap_kir_addi(k, ap_kir_muli(k, s->ln.tq, 2), e & 1)));
 		ap_kir_expr *hr = ap_kir_bind(k, v->cur, k->index_type, "hr", ap_kir_addi(k, s->hrow0, 8 * (e >> 1)));
 		ap_kir_expr *sr = ap_kir_bind(k, v->cur, k->index_type, "tr", ap_kir_add(k, t0, col));
 		ap_kir_expr *i = s->keys ? sr : hr, *j = s->keys ? hr : sr;
@@ -918,7 +918,7 @@ static void tc_store(agt *s, int x, ap_kir_array *acc, int64_t nn, ap_kir_expr *
 	for (int e = 0; e < 4; e++) {
 		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r", ap_kir_addi(k, s->hrow0, 8 * (e >> 1)));
 		ap_kir_expr *col = ap_kir_bind(k, v->cur, k->index_type, "col",
-					       ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, no), 8), ap_kir_addi(k, ap_kir_muli(k, s->tq, 2), e & 1)));
+					       ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, no), 8), ap_kir_addi(k, ap_kir_muli(k, s->ln.tq, 2), e & 1)));
 		ap_kir_expr *val = ap_kir_load(k, acc, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, no), 4), e));
 		ap_lidx ix;
 
@@ -953,7 +953,7 @@ static void tc_sweep(agt *s, bool keys, ap_kir_expr *tile)
 	r0 = ap_kir_bind(k, v->cur, k->index_type, "r0",
 			 ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, tile, ap_kir_idx(k, blocks)), s->BH));
 	s->hrow0 = ap_kir_bind(k, v->cur, k->index_type, "hw",
-			       ap_kir_add(k, r0, ap_kir_add(k, ap_kir_muli(k, s->warp, 16), s->g)));
+			       ap_kir_add(k, r0, ap_kir_add(k, ap_kir_muli(k, s->ln.warp, 16), s->ln.g)));
 	if (keys) {
 		hk = ap_kir_bind(k, v->cur, k->index_type, "hk", ap_kir_binary(k, AP_KIR_REM, bh, ap_kir_idx(k, p->Hk)));
 		batch_coords(c, ap_kir_binary(k, AP_KIR_DIV, bh, ap_kir_idx(k, p->Hk)));
@@ -1044,7 +1044,6 @@ static int tc_setup(agt *s, agc *c, int W, int BT, ap_error *err)
 	const ag_plan *p = c->p;
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
-	ap_kir_expr *lane;
 
 	memset(s, 0, sizeof(*s));
 	s->c = c;
@@ -1075,14 +1074,7 @@ static int tc_setup(agt *s, agc *c, int W, int BT, ap_error *err)
 	s->acc2 = ap_kir_local(k, "gv", AP_DT_F32, s->Evp / 8 * 4);
 	if (ap_kir_failed(k))
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering the attention backward");
-	s->warp = ap_kir_bind(k, v->cur, k->index_type, "w", ap_kir_binary(k, AP_KIR_SHR, c->tid, ap_kir_idx(k, 5)));
-	lane = ap_kir_bind(k, v->cur, k->index_type, "ln", ap_kir_binary(k, AP_KIR_AND, c->tid, ap_kir_idx(k, 31)));
-	s->g = ap_kir_bind(k, v->cur, k->index_type, "g", ap_kir_binary(k, AP_KIR_SHR, lane, ap_kir_idx(k, 2)));
-	s->tq = ap_kir_bind(k, v->cur, k->index_type, "tq", ap_kir_binary(k, AP_KIR_AND, lane, ap_kir_idx(k, 3)));
-	s->l8 = ap_kir_binary(k, AP_KIR_AND, lane, ap_kir_idx(k, 7));
-	s->l16 = ap_kir_binary(k, AP_KIR_AND, lane, ap_kir_idx(k, 15));
-	s->hi = ap_kir_binary(k, AP_KIR_SHR, lane, ap_kir_idx(k, 4));
-	s->j2 = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, lane, ap_kir_idx(k, 3)), ap_kir_idx(k, 1));
+	ap__mma_lanes(k, v->cur, &s->ln);
 	for (int r = 0; r < 4; r++) {
 		static const char *const names[] = {"Q", "K", "V", "dY"};
 

@@ -144,6 +144,15 @@ bool ap_sview_of(const ap_graph *g, int t, ap_sview *out, int *leaf);
  * False when t is not of that form, or has no such op (ap_sview_of's
  * case). */
 bool ap_sview_of_unary(const ap_graph *g, int t, ap_sview *out, int *leaf, bool *casts_only);
+/* A thread's place in the mma.sync fragment layouts (kir.h): its warp
+ * (tid / 32) and lane (tid % 32), bound in block b; the m16n8 C layout's
+ * g = lane / 4 and tq = lane % 4 (bound); ldmatrix's addressing parts
+ * lane % 8, lane % 16, lane / 16 and (lane / 8) % 2 (expressions).  The
+ * attention emitters' tensor-core forms share it (attention.c). */
+typedef struct ap_mma_lanes {
+	ap_kir_expr *warp, *lane, *g, *tq, *l8, *l16, *hi, *j2;
+} ap_mma_lanes;
+void ap__mma_lanes(ap_kir_kernel *k, ap_kir_block *b, ap_mma_lanes *l);
 /* Elements per cp.async (16, 8 or 4 bytes: 8, 4 or 2 16-bit elements, 4,
  * 2 or 1 float32 ones) when rows of x are copied along its last dim
  * (with `trans`, its second last) into shared memory: x must be a
