@@ -942,6 +942,23 @@ static void print_elem_addr(printer *p, const ap_kir_array *a, const ap_kir_expr
 	print_elem_index(p, a, idx, NULL, off);
 }
 
+/* The shared-window address of element idx of shared array a, for an
+ * instruction's address operand: the array's start converted once,
+ * then 32-bit arithmetic (PTX ISA, state spaces: a .shared address is
+ * 32 bits) -- so the compiler keeps one base register for a tile's
+ * accesses and folds their constant parts into the instructions'
+ * immediate offsets ([Ra+imm]), where converting each element's generic
+ * pointer cost integer instructions per access (issue 25: the GEMM's K
+ * loop). */
+static void print_shared_addr(printer *p, const ap_kir_array *a, const ap_kir_expr *idx)
+{
+	sb_printf(&p->out, "(unsigned)__cvta_generic_to_shared(");
+	print_array_ref(p, a);
+	sb_printf(&p->out, ") + (unsigned)(");
+	print_expr(p, idx);
+	sb_printf(&p->out, ") * %zuu", ap_dtype_size(a->type));
+}
+
 /* cp.async: CUDA, one asynchronous copy of 4, 8 or 16 bytes (.cg, which
  * bypasses L1, needs 16), zero-filled when the predicate fails (src-size
  * 0, the source pointer then the buffer's start); host, a copy now. */
@@ -952,9 +969,9 @@ static void print_cp_async(printer *p, const ap_kir_stmt *s, int depth)
 
 	sb_indent(b, depth);
 	if (p->target == AP_KIR_CUDA) {
-		sb_printf(b, "{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(");
-		print_elem_addr(p, s->arr, s->index, 0);
-		sb_printf(b, "); asm volatile(\"cp.async.%s.shared.global [%%0], [%%1], %zu, %%2;\\n\" :: "
+		sb_printf(b, "{ const unsigned ap_sa = ");
+		print_shared_addr(p, s->arr, s->index);
+		sb_printf(b, "; asm volatile(\"cp.async.%s.shared.global [%%0], [%%1], %zu, %%2;\\n\" :: "
 			  "\"r\"(ap_sa), \"l\"(", bytes == 16 ? "cg" : "ca", bytes);
 		if (s->cond) {
 			sb_printf(b, "(");
@@ -1037,9 +1054,9 @@ static void print_ldmatrix_cuda(printer *p, const ap_kir_stmt *s, int depth)
 	bool wide = ap_dtype_size(s->src->type) == 4;
 
 	sb_indent(b, depth);
-	sb_printf(b, "{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(");
-	print_elem_addr(p, s->src, s->src_index, 0);
-	sb_printf(b, "); asm volatile(\"ldmatrix.sync.aligned.m8n8.x%d%s.shared.b16 {", s->width,
+	sb_printf(b, "{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = ");
+	print_shared_addr(p, s->src, s->src_index);
+	sb_printf(b, "; asm volatile(\"ldmatrix.sync.aligned.m8n8.x%d%s.shared.b16 {", s->width,
 		  s->trans ? ".trans" : "");
 	for (int j = 0; j < s->width; j++)
 		sb_printf(b, "%s%%%d", j ? ", " : "", j);

@@ -967,6 +967,11 @@ typedef struct gctx {
 	 * its lane and its warp's first row and column of the tile */
 	ap_kir_expr *ty, *tx, *lane, *wm0, *wn0;
 	ap_kir_array *fa, *fb;          /* operand fragments / values of one k (registers) */
+	/* hoist_copies: per operand, its copies' source element and tile
+	 * place for copy 0 of K tile 0, bound before the K loop (NULL: not
+	 * hoisted), and what each further copy of a thread adds */
+	ap_kir_expr *cp_src[2], *cp_dst[2];
+	int64_t cp_dsrc[2], cp_ddst[2];
 } gctx;
 
 static ap_kir_expr *I(gctx *c, int64_t v)
@@ -1217,13 +1222,22 @@ static ap_kir_expr *conv_element(gctx *c, int role, ap_kir_expr *o, ap_kir_expr 
 
 /* Shared-memory index of (outer, k) in stage `st` of operand `role`'s
  * tile (a pair- or compute-staged operand has one tile: st is ignored). */
+/* The place of tile element (o, kk) in one stage of operand `role`'s
+ * shared tile (linear in both: a sum of places is a place's offset). */
+static ap_kir_expr *smem_lin(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk)
+{
+	ap_kir_kernel *k = c->k;
+	int ld = role ? c->ldb : c->lda;
+
+	return (role ? c->b_rowk : c->a_rowk) ? ap_kir_add(k, ap_kir_muli(k, o, ld), kk)
+					      : ap_kir_add(k, ap_kir_muli(k, kk, ld), o);
+}
+
 static ap_kir_expr *smem_index(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *o, ap_kir_expr *kk)
 {
 	ap_kir_kernel *k = c->k;
-	bool rowk = role ? c->b_rowk : c->a_rowk;
-	int ld = role ? c->ldb : c->lda;
 	int64_t stage = role ? c->b_stage : c->a_stage;
-	ap_kir_expr *e = rowk ? ap_kir_add(k, ap_kir_muli(k, o, ld), kk) : ap_kir_add(k, ap_kir_muli(k, kk, ld), o);
+	ap_kir_expr *e = smem_lin(c, role, o, kk);
 
 	if ((role ? c->b_mode : c->a_mode) != STAGE_TILE)
 		return e;
@@ -1248,7 +1262,7 @@ static void extents(gctx *c, int role, int *rows, int64_t *total)
  * loop); otherwise a thread-strided loop. */
 #define COPY_UNROLL 8
 static ap_kir_expr *copy_loop(gctx *c, int role, int w, ap_kir_expr **o, ap_kir_expr **kk, int64_t *copies,
-			      ap_kir_block **saved)
+			      ap_kir_var **jv, ap_kir_block **saved)
 {
 	const gemm_opnd *op = role ? &c->p->b : &c->p->a;
 	ap_kir_kernel *k = c->k;
@@ -1256,10 +1270,12 @@ static ap_kir_expr *copy_loop(gctx *c, int role, int w, ap_kir_expr **o, ap_kir_
 	int64_t fast_ext = op->k_fast ? c->c.bk : rows, slow_ext = op->k_fast ? rows : c->c.bk;
 	ap_kir_expr *i, *fast, *slow;
 
+	*jv = NULL;
 	*copies = fast_ext / w * slow_ext;
 	if (*copies % c->nt == 0 && *copies / c->nt <= COPY_UNROLL) {
 		ap_kir_var *j = ap_v_loop_unrolled(c->v, "c", *copies / c->nt, saved);
 
+		*jv = j;
 		i = ap_kir_bind(k, c->v->cur, k->index_type, "ci", ap_kir_add(k, c->tid, ap_kir_muli(k, ap_kir_ref(k, j), c->nt)));
 	} else {
 		i = ap_kir_ref(k, ap_v_loop(c->v, "c", c->tid, I(c, *copies), c->nt, saved));
@@ -1286,6 +1302,7 @@ static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 	int64_t total, copies;
 	ap_kir_block *saved;
 	ap_kir_expr *o, *kk, *og, *kg, *src, *copy, *pred = NULL;
+	ap_kir_var *j = NULL;
 	conv_row row, *rowp = NULL;
 
 	extents(c, role, &rows, &total);
@@ -1303,7 +1320,7 @@ static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 					     I(c, c->c.bk), (int64_t)(c->nt / (unsigned)rows), &saved));
 		copy = ap_kir_add(k, ap_kir_muli(k, kk, rows), o);
 	} else {
-		copy = copy_loop(c, role, w, &o, &kk, &copies, &saved);
+		copy = copy_loop(c, role, w, &o, &kk, &copies, &j, &saved);
 		og = ap_kir_add(k, role ? c->n0 : c->m0, o);
 	}
 	kg = ap_kir_add(k, ap_kir_muli(k, kt, c->c.bk), kk);
@@ -1357,11 +1374,66 @@ static void issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt)
 
 		ap_kir_cp_async(k, v->cur, role ? c->pb : c->pa, ap_kir_muli(k, slot, w), ap_v_buffer(v, op->leaf),
 				src, w, pred);
+	} else if (c->cp_src[role] && j) {
+		/* hoisted (hoist_copies): copy 0's places plus this copy's
+		 * and this K tile's increments */
+		ap_kir_expr *dj = ap_kir_ref(k, j);
+
+		src = ap_kir_add(k, c->cp_src[role],
+				 ap_kir_add(k, ap_kir_muli(k, dj, c->cp_dsrc[role]),
+					    ap_kir_muli(k, kt, (int64_t)c->c.bk * op->s_k)));
+		ap_kir_cp_async(k, v->cur, role ? c->sb : c->sa,
+				ap_kir_add(k, ap_kir_mul(k, st, I(c, role ? c->b_stage : c->a_stage)),
+					   ap_kir_add(k, c->cp_dst[role], ap_kir_muli(k, dj, c->cp_ddst[role]))),
+				ap_v_buffer(v, op->leaf), src, w, pred);
 	} else {
 		ap_kir_cp_async(k, v->cur, role ? c->sb : c->sa, smem_index(c, role, st, o, kk),
 				ap_v_buffer(v, op->leaf), src, w, pred);
 	}
 	ap_v_close(v, saved);
+}
+
+/* The copies' addresses of plain operands computed once a tile, before
+ * its K loop (issue 25: copy addresses advanced by increments, not
+ * recomputed in the main loop): an operand copied by cp.async straight
+ * into its tile, not gathered, whose element offset is linear in its
+ * outer coordinate and k (plain_offset: no folded batch, no composite
+ * dimension), with copy_loop's unrolled numbering and whole rows of
+ * copies per thread stride (threads a multiple of the copies a row):
+ * copy j of a thread is copy 0 moved j * threads / row_copies rows, so
+ * its source and tile places are copy 0's plus j times a constant, and
+ * K tile kt's source is K tile 0's plus kt * bk * s_k.  issue_async uses
+ * them where set. */
+static void hoist_copies(gctx *c)
+{
+	ap_kir_kernel *k = c->k;
+
+	for (int role = 0; role < 2; role++) {
+		const gemm_opnd *op = role ? &c->p->b : &c->p->a;
+		int w = role ? c->b_w : c->a_w, rows = role ? c->c.bn : c->c.bm;
+		int64_t fast_ext = op->k_fast ? c->c.bk : rows, slow_ext = op->k_fast ? rows : c->c.bk;
+		int64_t f = fast_ext / w, copies = f * slow_ext, step, d_o, d_k;
+		ap_kir_expr *fast, *slow, *o, *kk;
+
+		c->cp_src[role] = c->cp_dst[role] = NULL;
+		if (!(role ? c->b_async : c->a_async) || (role ? c->b_mode : c->a_mode) != STAGE_TILE ||
+		    op->gather || c->p->conv || op->composite || (role == 0 && c->p->fold && !c->p->a_linear) ||
+		    copies % c->nt || copies / c->nt > COPY_UNROLL || c->nt % f)
+			continue;
+		step = c->nt / f;
+		fast = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, c->tid, I(c, f)), w);
+		slow = ap_kir_binary(k, AP_KIR_DIV, c->tid, I(c, f));
+		o = op->k_fast ? slow : fast;
+		kk = op->k_fast ? fast : slow;
+		d_o = op->k_fast ? step : 0;
+		d_k = op->k_fast ? 0 : step;
+		c->cp_src[role] = ap_kir_bind(k, c->v->cur, k->index_type, "cs",
+					      plain_offset(c, role, ap_kir_add(k, role ? c->n0 : c->m0, o), kk));
+		c->cp_dst[role] = ap_kir_bind(k, c->v->cur, k->index_type, "cd", smem_lin(c, role, o, kk));
+		c->cp_dsrc[role] = d_o * op->s_outer + d_k * op->s_k;
+		c->cp_ddst[role] = (role ? c->b_rowk : c->a_rowk) ? d_o * (role ? c->ldb : c->lda) + d_k
+								  : d_k * (role ? c->ldb : c->lda) + d_o;
+	}
 }
 
 /* The value builder's leaf hook while a compute-staged tile element is
@@ -1449,9 +1521,10 @@ static void extract_staged(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *ktil
 	ap_kir_block *saved;
 	ap_kir_array *stg = role ? c->pb : c->pa;
 	ap_kir_expr *i, *o, *kk, *slot, *val;
+	ap_kir_var *j;
 	int64_t copies;
 
-	i = copy_loop(c, role, 1, &o, &kk, &copies, &saved);
+	i = copy_loop(c, role, 1, &o, &kk, &copies, &j, &saved);
 	slot = ap_kir_bind(k, c->v->cur, k->index_type, "q", ap_kir_add(k, ap_kir_muli(k, st, copies), i));
 	if ((role ? c->b_mode : c->a_mode) == STAGE_PAIRS) {
 		val = ap_kir_load(k, stg, ap_kir_add(k, ap_kir_muli(k, slot, 2),
@@ -1659,14 +1732,17 @@ typedef struct tc_step {
 	int MI, NI;                     /* the warp's m16 row tiles and n8 column tiles */
 	int na, nb, nc;                 /* elements of an A, B, C fragment a lane */
 	ap_kir_expr *l16, *l8, *hi, *j2;  /* lane % 16, lane % 8, lane / 16, (lane / 8) % 2 */
+	/* ldmatrix: the place in stage st of the lane's row address for the
+	 * warp's first row (column) tile and k step 0, bound once a K tile;
+	 * row tile mi and k step kk read at abase + smem_lin(16 mi, kk) (B:
+	 * 8 ni), a constant offset once the loops are unrolled, which the
+	 * compiler folds into the instruction (print.c) */
+	ap_kir_expr *abase, *bbase;
 } tc_step;
 
 /* The A fragments of the warp's MI row tiles into c->fa (na elements
- * each).  ldmatrix .x4 from a row-major [m][k] tile: matrix j = lane / 8
- * covers rows (j % 2) * 8.. and k (j / 2) * E..; in lane terms row
- * lane % 16, k (lane / 16) * E.  k-major tiles (.trans): rows of the
- * shared tile are k: k (j / 2) * 8 + lane % 8, m (j % 2) * 8.  TF32 from
- * a k-major tile: one element a lane, a0 = A[g][t], a1 = A[g+8][t],
+ * each): ldmatrix .x4 at s->abase (compute_tc).  TF32 from a k-major
+ * tile: one element a lane, a0 = A[g][t], a1 = A[g+8][t],
  * a2 = A[g][t+4], a3 = A[g+8][t+4].  False when a loop could not be
  * allocated (the kernel is marked failed). */
 static bool load_a_frags(gctx *c, const tc_step *s)
@@ -1675,7 +1751,7 @@ static bool load_a_frags(gctx *c, const tc_step *s)
 	ap_kir_expr *lane = c->lane;
 	ap_kir_var *mi = ap_kir_var_new(k, k->index_type, "mi");
 	ap_kir_stmt *lm = ap_kir_for_unroll(k, s->body, mi, I(c, 0), I(c, s->MI), 1, -1);
-	ap_kir_expr *row0, *o, *kx;
+	ap_kir_expr *row0;
 
 	if (!lm)
 		return false;
@@ -1692,23 +1768,15 @@ static bool load_a_frags(gctx *c, const tc_step *s)
 						ap_kir_add(k, ap_kir_ref(k, s->kk), ap_kir_addi(k, q4, 4 * (e >> 1))))));
 		return true;
 	}
-	if (c->a_rowk) {
-		o = ap_kir_add(k, row0, s->l16);
-		kx = ap_kir_add(k, ap_kir_ref(k, s->kk), ap_kir_muli(k, s->hi, s->E));
-	} else {
-		o = ap_kir_add(k, row0, ap_kir_muli(k, s->j2, 8));
-		kx = ap_kir_add(k, ap_kir_ref(k, s->kk),
-				ap_kir_add(k, ap_kir_muli(k, s->hi, 8), s->l8));
-	}
 	ap_kir_ldmatrix(k, &lm->body, c->fa, ap_kir_muli(k, ap_kir_ref(k, mi), s->na), c->sa,
-			smem_index(c, 0, s->st, o, kx), 4, !c->a_rowk);
+			ap_kir_add(k, s->abase, smem_lin(c, 0, ap_kir_muli(k, ap_kir_ref(k, mi), 16), ap_kir_ref(k, s->kk))),
+			4, !c->a_rowk);
 	return true;
 }
 
 /* The B fragments of the warp's NI column tiles into c->fb (nb elements
- * each).  ldmatrix .x2 of one n8 tile from an [n][k] tile: matrix
- * j = (lane / 8) % 2 covers n lane % 8, k j * E..; k-major tiles
- * (.trans): k j * 8 + lane % 8.  TF32 from a k-major tile: one element a
+ * each): ldmatrix .x2 of one n8 tile at s->bbase (compute_tc).  TF32
+ * from a k-major tile: one element a
  * lane, b0 = B[k=t][n=g], b1 = B[k=t+4][n=g].  False when a loop could
  * not be allocated. */
 static bool load_b_frags(gctx *c, const tc_step *s)
@@ -1717,7 +1785,7 @@ static bool load_b_frags(gctx *c, const tc_step *s)
 	ap_kir_expr *lane = c->lane;
 	ap_kir_var *ni = ap_kir_var_new(k, k->index_type, "ni");
 	ap_kir_stmt *ln = ap_kir_for_unroll(k, s->body, ni, I(c, 0), I(c, s->NI), 1, -1);
-	ap_kir_expr *col0, *o, *kx;
+	ap_kir_expr *col0;
 
 	if (!ln)
 		return false;
@@ -1733,15 +1801,9 @@ static bool load_b_frags(gctx *c, const tc_step *s)
 						ap_kir_add(k, ap_kir_ref(k, s->kk), ap_kir_addi(k, q4, 4 * e)))));
 		return true;
 	}
-	if (c->b_rowk) {
-		o = ap_kir_add(k, col0, s->l8);
-		kx = ap_kir_add(k, ap_kir_ref(k, s->kk), ap_kir_muli(k, s->j2, s->E));
-	} else {
-		o = col0;
-		kx = ap_kir_add(k, ap_kir_ref(k, s->kk), ap_kir_add(k, ap_kir_muli(k, s->j2, 8), s->l8));
-	}
 	ap_kir_ldmatrix(k, &ln->body, c->fb, ap_kir_muli(k, ap_kir_ref(k, ni), s->nb), c->sb,
-			smem_index(c, 1, s->st, o, kx), 2, !c->b_rowk);
+			ap_kir_add(k, s->bbase, smem_lin(c, 1, ap_kir_muli(k, ap_kir_ref(k, ni), 8), ap_kir_ref(k, s->kk))),
+			2, !c->b_rowk);
 	return true;
 }
 
@@ -1812,6 +1874,23 @@ static void compute_tc(gctx *c, ap_kir_expr *st)
 	s.hi = ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 4));                 /* lane / 16 */
 	s.j2 = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 3)), I(c, 1));
 	ap_kir_mma_frag_sizes(c->p->mma, &s.na, &s.nb, &s.nc);
+	/* A, ldmatrix .x4 from a row-major [m][k] tile: matrix j = lane / 8
+	 * covers rows (j % 2) * 8.. and k (j / 2) * E..; in lane terms row
+	 * lane % 16, k (lane / 16) * E.  k-major tiles (.trans): rows of the
+	 * shared tile are k: k (j / 2) * 8 + lane % 8, m (j % 2) * 8.
+	 * B, .x2 of one n8 tile from an [n][k] tile: matrix j = (lane / 8) % 2
+	 * covers n lane % 8, k j * E..; k-major tiles (.trans): k j * 8 +
+	 * lane % 8. */
+	s.abase = s.bbase = NULL;
+	if (!s.tf32 || c->a_rowk)
+		s.abase = ap_kir_bind(k, c->v->cur, k->index_type, "ab",
+				      c->a_rowk ? smem_index(c, 0, st, ap_kir_add(k, c->wm0, s.l16), ap_kir_muli(k, s.hi, s.E))
+						: smem_index(c, 0, st, ap_kir_add(k, c->wm0, ap_kir_muli(k, s.j2, 8)),
+							     ap_kir_add(k, ap_kir_muli(k, s.hi, 8), s.l8)));
+	if (!s.tf32 || c->b_rowk)
+		s.bbase = ap_kir_bind(k, c->v->cur, k->index_type, "bb",
+				      c->b_rowk ? smem_index(c, 1, st, ap_kir_add(k, c->wn0, s.l8), ap_kir_muli(k, s.j2, s.E))
+						: smem_index(c, 1, st, c->wn0, ap_kir_add(k, ap_kir_muli(k, s.j2, 8), s.l8)));
 	lk = ap_kir_for_unroll(k, c->v->cur, s.kk, I(c, 0), I(c, c->c.bk), s.tf32 ? 8 : 16, -1);
 	if (!lk)
 		return;
@@ -2209,6 +2288,7 @@ static void mainloop_pipelined(gctx *c)
 	ap_kir_var *kt, *stv = NULL, *nsv = NULL;
 	ap_kir_expr *stage, *nxt, *nst, *more;
 
+	hoist_copies(c);
 	/* prologue: stages 0 .. S-2 */
 	for (int st = 0; st < S - 1; st++) {
 		if (st < c->ktl) {
@@ -2430,6 +2510,37 @@ done:
 
 /* ---- traffic --------------------------------------------------------------------------- */
 
+/* Of a block's time, what its K loop of mma.sync fills between its
+ * barriers: every K tile ends in __syncthreads, where the warps'
+ * tensor-core work drains and the next tile's starts again -- a bubble
+ * of about TC_BUBBLE_CLK cycles (the barrier's latency plus an HMMA's
+ * result latency, both ~ 20-35 cycles on sm_80/sm_90: Jia et al.,
+ * "Dissecting the Ampere GPU architecture via microbenchmarking", and Luo
+ * et al., "Benchmarking and dissecting the Nvidia Hopper GPU
+ * architecture", 2024) which the other blocks resident on the SM fill.
+ * The work between bubbles is the K tile's mma.sync of the block's
+ * warps on an SM's four tensor cores, at the peak rate (t->tc_gflops or
+ * tf32_gflops over the SMs at the clock shared_gbps implies: 128 bytes
+ * a clock an SM): a longer K tile (bk) or larger warp tile amortises the
+ * barrier (issue 25: bk 32 and 64 over 16).  The bubble stalls the whole
+ * loop (copies and shared-memory reads too): ap_traffic.loop_fraction. */
+#define TC_BUBBLE_CLK 50.0
+static double tc_barrier_fraction(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t,
+				const ap_traffic *tr)
+{
+	bool tf32 = p->mma == AP_KIR_MMA_TF32_1688;
+	double peak = tf32 ? t->tf32_gflops : t->tc_gflops;
+	double clk_ghz = t->shared_gbps / ((double)t->sm_count * 128.0);
+	double per_clk = peak / ((double)t->sm_count * clk_ghz * 4.0);   /* FLOP a clock a tensor core */
+	double mmas = (double)(c->bm / c->tm / 16) * (double)(c->bn / c->tn / 8) * (double)(c->bk / (tf32 ? 8 : 16));
+	double work = (double)(c->tm * c->tn) / 4.0 * mmas * (tf32 ? 2048.0 : 4096.0) / per_clk;
+	unsigned per_sm = ap_cost_blocks_per_sm_regs(t, tr->threads, tr->shared_bytes, tr->regs);
+
+	if (peak <= 0 || clk_ghz <= 0 || per_sm == 0)
+		return 1;
+	return work / (work + TC_BUBBLE_CLK / per_sm);
+}
+
 static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
 {
 	gemm_plan p;
@@ -2487,6 +2598,9 @@ static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 
 			out->loop_fraction = ktl / (ktl + c.stages);
 		}
+		if (t->gpu && p.tc)
+			out->loop_fraction = (out->loop_fraction > 0 ? out->loop_fraction : 1.0) *
+					     tc_barrier_fraction(&p, &c, t, out);
 	}
 	plan_clear(&p);
 	return 0;

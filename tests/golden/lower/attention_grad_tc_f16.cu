@@ -52,28 +52,28 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_grad_tc_f16(__half
 				int sr11 = (e10 / 4);
 				int sc12 = ((e10 % 4) * 8);
 				int gr13 = (r06 + sr11);
-				{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&hs[((sr11 * 40) + sc12)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr13 < 45) && (sc12 < 24))) ? &p3[((((b9 * 2160) + (hk8 * 1080)) + (gr13 * 24)) + sc12)] : p3), "r"((((gr13 < 45) && (sc12 < 24))) ? 16 : 0) : "memory"); }
+				{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(hs) + (unsigned)(((sr11 * 40) + sc12)) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr13 < 45) && (sc12 < 24))) ? &p3[((((b9 * 2160) + (hk8 * 1080)) + (gr13 * 24)) + sc12)] : p3), "r"((((gr13 < 45) && (sc12 < 24))) ? 16 : 0) : "memory"); }
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 			__syncthreads();
 			#pragma unroll
 			for (int kh14 = 0; kh14 < 2; kh14 += 1) {
-				{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&hs[((((w0 * 16) + (ln1 & 15)) * 40) + ((kh14 * 16) + ((ln1 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); xf[(kh14 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); xf[(kh14 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); xf[(kh14 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); xf[(kh14 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); xf[(kh14 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); xf[(kh14 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); xf[(kh14 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); xf[(kh14 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
+				{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(hs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 40) + ((kh14 * 16) + ((ln1 >> 4) * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); xf[(kh14 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); xf[(kh14 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); xf[(kh14 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); xf[(kh14 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); xf[(kh14 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); xf[(kh14 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); xf[(kh14 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); xf[(kh14 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
 			}
 			__syncthreads();
 			for (int e15 = ((int)threadIdx.x); e15 < 128; e15 += 32) {
 				int sr16 = (e15 / 8);
 				int sc17 = ((e15 % 8) * 4);
 				int gr18 = (r06 + sr16);
-				{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&hs[((sr16 * 40) + sc17)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr18 < 45) && (sc17 < 20))) ? &p4[((((b9 * 1800) + (hk8 * 900)) + (gr18 * 20)) + sc17)] : p4), "r"((((gr18 < 45) && (sc17 < 20))) ? 8 : 0) : "memory"); }
+				{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(hs) + (unsigned)(((sr16 * 40) + sc17)) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr18 < 45) && (sc17 < 20))) ? &p4[((((b9 * 1800) + (hk8 * 900)) + (gr18 * 20)) + sc17)] : p4), "r"((((gr18 < 45) && (sc17 < 20))) ? 8 : 0) : "memory"); }
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 			__syncthreads();
 			#pragma unroll
 			for (int kh19 = 0; kh19 < 2; kh19 += 1) {
-				{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&hs[((((w0 * 16) + (ln1 & 15)) * 40) + ((kh19 * 16) + ((ln1 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); yf[(kh19 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); yf[(kh19 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); yf[(kh19 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); yf[(kh19 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); yf[(kh19 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); yf[(kh19 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); yf[(kh19 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); yf[(kh19 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
+				{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(hs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 40) + ((kh19 * 16) + ((ln1 >> 4) * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); yf[(kh19 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); yf[(kh19 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); yf[(kh19 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); yf[(kh19 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); yf[(kh19 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); yf[(kh19 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); yf[(kh19 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); yf[(kh19 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
 			}
 			int t120 = (r06 / 64);
 			int np21 = (1 - t120);
@@ -93,13 +93,13 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_grad_tc_f16(__half
 					int sr28 = (e27 / 4);
 					int sc29 = ((e27 % 4) * 8);
 					int gr30 = (t026 + sr28);
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&r1s[((sr28 * 40) + sc29)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr30 < 37) && (sc29 < 24))) ? &p5[((((b9 * 3552) + (h25 * 888)) + (gr30 * 24)) + sc29)] : p5), "r"((((gr30 < 37) && (sc29 < 24))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(r1s) + (unsigned)(((sr28 * 40) + sc29)) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr30 < 37) && (sc29 < 24))) ? &p5[((((b9 * 3552) + (h25 * 888)) + (gr30 * 24)) + sc29)] : p5), "r"((((gr30 < 37) && (sc29 < 24))) ? 16 : 0) : "memory"); }
 				}
 				for (int e31 = ((int)threadIdx.x); e31 < 512; e31 += 32) {
 					int sr32 = (e31 / 8);
 					int sc33 = ((e31 % 8) * 4);
 					int gr34 = (t026 + sr32);
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&r2s[((sr32 * 40) + sc33)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr34 < 37) && (sc33 < 20))) ? &p6[((((b9 * 2960) + (h25 * 740)) + (gr34 * 20)) + sc33)] : p6), "r"((((gr34 < 37) && (sc33 < 20))) ? 8 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(r2s) + (unsigned)(((sr32 * 40) + sc33)) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr34 < 37) && (sc33 < 20))) ? &p6[((((b9 * 2960) + (h25 * 740)) + (gr34 * 20)) + sc33)] : p6), "r"((((gr34 < 37) && (sc33 < 20))) ? 8 : 0) : "memory"); }
 				}
 				for (int qr35 = ((int)threadIdx.x); qr35 < 64; qr35 += 32) {
 					int qi36 = (t026 + qr35);
@@ -133,13 +133,13 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_grad_tc_f16(__half
 						int sr50 = (e49 / 4);
 						int sc51 = ((e49 % 4) * 8);
 						int gr52 = (t048 + sr50);
-						{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&r1s[(((un45 & 1) * 2560) + ((sr50 * 40) + sc51))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr52 < 37) && (sc51 < 24))) ? &p5[((((b9 * 3552) + (h47 * 888)) + (gr52 * 24)) + sc51)] : p5), "r"((((gr52 < 37) && (sc51 < 24))) ? 16 : 0) : "memory"); }
+						{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(r1s) + (unsigned)((((un45 & 1) * 2560) + ((sr50 * 40) + sc51))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr52 < 37) && (sc51 < 24))) ? &p5[((((b9 * 3552) + (h47 * 888)) + (gr52 * 24)) + sc51)] : p5), "r"((((gr52 < 37) && (sc51 < 24))) ? 16 : 0) : "memory"); }
 					}
 					for (int e53 = ((int)threadIdx.x); e53 < 512; e53 += 32) {
 						int sr54 = (e53 / 8);
 						int sc55 = ((e53 % 8) * 4);
 						int gr56 = (t048 + sr54);
-						{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&r2s[(((un45 & 1) * 2560) + ((sr54 * 40) + sc55))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr56 < 37) && (sc55 < 20))) ? &p6[((((b9 * 2960) + (h47 * 740)) + (gr56 * 20)) + sc55)] : p6), "r"((((gr56 < 37) && (sc55 < 20))) ? 8 : 0) : "memory"); }
+						{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(r2s) + (unsigned)((((un45 & 1) * 2560) + ((sr54 * 40) + sc55))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr56 < 37) && (sc55 < 20))) ? &p6[((((b9 * 2960) + (h47 * 740)) + (gr56 * 20)) + sc55)] : p6), "r"((((gr56 < 37) && (sc55 < 20))) ? 8 : 0) : "memory"); }
 					}
 					for (int qr57 = ((int)threadIdx.x); qr57 < 64; qr57 += 32) {
 						int qi58 = (t048 + qr57);
@@ -178,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_grad_tc_f16(__half
 				for (int kk70 = 0; kk70 < 2; kk70 += 1) {
 					#pragma unroll
 					for (int ni71 = 0; ni71 < 8; ni71 += 1) {
-						{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&r1s[(b165 + ((((ni71 * 8) + (ln1 & 7)) * 40) + ((kk70 * 16) + (((ln1 >> 3) & 1) * 8))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); bf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); bf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); bf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); bf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+						{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(r1s) + (unsigned)((b165 + ((((ni71 * 8) + (ln1 & 7)) * 40) + ((kk70 * 16) + (((ln1 >> 3) & 1) * 8))))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); bf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); bf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); bf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); bf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
 						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sa[(ni71 * 4)]), "=f"(sa[(ni71 * 4) + 1]), "=f"(sa[(ni71 * 4) + 2]), "=f"(sa[(ni71 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(xf[(kk70 * 8)]) | ((unsigned)__half_as_ushort(xf[(kk70 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(xf[(kk70 * 8) + 2]) | ((unsigned)__half_as_ushort(xf[(kk70 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(xf[(kk70 * 8) + 4]) | ((unsigned)__half_as_ushort(xf[(kk70 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(xf[(kk70 * 8) + 6]) | ((unsigned)__half_as_ushort(xf[(kk70 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(bf[0]) | ((unsigned)__half_as_ushort(bf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(bf[0 + 2]) | ((unsigned)__half_as_ushort(bf[0 + 3]) << 16))), "f"(sa[(ni71 * 4)]), "f"(sa[(ni71 * 4) + 1]), "f"(sa[(ni71 * 4) + 2]), "f"(sa[(ni71 * 4) + 3]));
 					}
 				}
@@ -186,7 +186,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_grad_tc_f16(__half
 				for (int kk72 = 0; kk72 < 2; kk72 += 1) {
 					#pragma unroll
 					for (int ni73 = 0; ni73 < 8; ni73 += 1) {
-						{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&r2s[(b266 + ((((ni73 * 8) + (ln1 & 7)) * 40) + ((kk72 * 16) + (((ln1 >> 3) & 1) * 8))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); bf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); bf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); bf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); bf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+						{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(r2s) + (unsigned)((b266 + ((((ni73 * 8) + (ln1 & 7)) * 40) + ((kk72 * 16) + (((ln1 >> 3) & 1) * 8))))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); bf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); bf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); bf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); bf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
 						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(dpa[(ni73 * 4)]), "=f"(dpa[(ni73 * 4) + 1]), "=f"(dpa[(ni73 * 4) + 2]), "=f"(dpa[(ni73 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(yf[(kk72 * 8)]) | ((unsigned)__half_as_ushort(yf[(kk72 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(yf[(kk72 * 8) + 2]) | ((unsigned)__half_as_ushort(yf[(kk72 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(yf[(kk72 * 8) + 4]) | ((unsigned)__half_as_ushort(yf[(kk72 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(yf[(kk72 * 8) + 6]) | ((unsigned)__half_as_ushort(yf[(kk72 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(bf[0]) | ((unsigned)__half_as_ushort(bf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(bf[0 + 2]) | ((unsigned)__half_as_ushort(bf[0 + 3]) << 16))), "f"(dpa[(ni73 * 4)]), "f"(dpa[(ni73 * 4) + 1]), "f"(dpa[(ni73 * 4) + 2]), "f"(dpa[(ni73 * 4) + 3]));
 					}
 				}
@@ -231,7 +231,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_grad_tc_f16(__half
 				for (int kj101 = 0; kj101 < 4; kj101 += 1) {
 					#pragma unroll
 					for (int no102 = 0; no102 < 4; no102 += 1) {
-						{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&r1s[(b165 + ((((kj101 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 40) + (no102 * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); bf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); bf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); bf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); bf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+						{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(r1s) + (unsigned)((b165 + ((((kj101 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 40) + (no102 * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); bf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); bf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); bf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); bf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
 						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(ga[(no102 * 4)]), "=f"(ga[(no102 * 4) + 1]), "=f"(ga[(no102 * 4) + 2]), "=f"(ga[(no102 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(dsf[(kj101 * 8)]) | ((unsigned)__half_as_ushort(dsf[(kj101 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(dsf[(kj101 * 8) + 2]) | ((unsigned)__half_as_ushort(dsf[(kj101 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(dsf[(kj101 * 8) + 4]) | ((unsigned)__half_as_ushort(dsf[(kj101 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(dsf[(kj101 * 8) + 6]) | ((unsigned)__half_as_ushort(dsf[(kj101 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(bf[0]) | ((unsigned)__half_as_ushort(bf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(bf[0 + 2]) | ((unsigned)__half_as_ushort(bf[0 + 3]) << 16))), "f"(ga[(no102 * 4)]), "f"(ga[(no102 * 4) + 1]), "f"(ga[(no102 * 4) + 2]), "f"(ga[(no102 * 4) + 3]));
 					}
 				}
@@ -239,7 +239,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_grad_tc_f16(__half
 				for (int kj103 = 0; kj103 < 4; kj103 += 1) {
 					#pragma unroll
 					for (int no104 = 0; no104 < 4; no104 += 1) {
-						{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&r2s[(b266 + ((((kj103 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 40) + (no104 * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); bf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); bf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); bf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); bf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+						{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(r2s) + (unsigned)((b266 + ((((kj103 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 40) + (no104 * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); bf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); bf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); bf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); bf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
 						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(gv[(no104 * 4)]), "=f"(gv[(no104 * 4) + 1]), "=f"(gv[(no104 * 4) + 2]), "=f"(gv[(no104 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(pf[(kj103 * 8)]) | ((unsigned)__half_as_ushort(pf[(kj103 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj103 * 8) + 2]) | ((unsigned)__half_as_ushort(pf[(kj103 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj103 * 8) + 4]) | ((unsigned)__half_as_ushort(pf[(kj103 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj103 * 8) + 6]) | ((unsigned)__half_as_ushort(pf[(kj103 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(bf[0]) | ((unsigned)__half_as_ushort(bf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(bf[0 + 2]) | ((unsigned)__half_as_ushort(bf[0 + 3]) << 16))), "f"(gv[(no104 * 4)]), "f"(gv[(no104 * 4) + 1]), "f"(gv[(no104 * 4) + 2]), "f"(gv[(no104 * 4) + 3]));
 					}
 				}
@@ -299,28 +299,28 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_grad_tc_f16(__half
 				int sr126 = (e125 / 4);
 				int sc127 = ((e125 % 4) * 8);
 				int gr128 = (r0120 + sr126);
-				{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&hs[((sr126 * 40) + sc127)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr128 < 37) && (sc127 < 24))) ? &p5[((((b124 * 3552) + (h122 * 888)) + (gr128 * 24)) + sc127)] : p5), "r"((((gr128 < 37) && (sc127 < 24))) ? 16 : 0) : "memory"); }
+				{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(hs) + (unsigned)(((sr126 * 40) + sc127)) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr128 < 37) && (sc127 < 24))) ? &p5[((((b124 * 3552) + (h122 * 888)) + (gr128 * 24)) + sc127)] : p5), "r"((((gr128 < 37) && (sc127 < 24))) ? 16 : 0) : "memory"); }
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 			__syncthreads();
 			#pragma unroll
 			for (int kh129 = 0; kh129 < 2; kh129 += 1) {
-				{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&hs[((((w0 * 16) + (ln1 & 15)) * 40) + ((kh129 * 16) + ((ln1 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); xf[(kh129 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); xf[(kh129 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); xf[(kh129 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); xf[(kh129 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); xf[(kh129 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); xf[(kh129 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); xf[(kh129 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); xf[(kh129 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
+				{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(hs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 40) + ((kh129 * 16) + ((ln1 >> 4) * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); xf[(kh129 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); xf[(kh129 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); xf[(kh129 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); xf[(kh129 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); xf[(kh129 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); xf[(kh129 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); xf[(kh129 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); xf[(kh129 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
 			}
 			__syncthreads();
 			for (int e130 = ((int)threadIdx.x); e130 < 128; e130 += 32) {
 				int sr131 = (e130 / 8);
 				int sc132 = ((e130 % 8) * 4);
 				int gr133 = (r0120 + sr131);
-				{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&hs[((sr131 * 40) + sc132)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr133 < 37) && (sc132 < 20))) ? &p6[((((b124 * 2960) + (h122 * 740)) + (gr133 * 20)) + sc132)] : p6), "r"((((gr133 < 37) && (sc132 < 20))) ? 8 : 0) : "memory"); }
+				{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(hs) + (unsigned)(((sr131 * 40) + sc132)) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr133 < 37) && (sc132 < 20))) ? &p6[((((b124 * 2960) + (h122 * 740)) + (gr133 * 20)) + sc132)] : p6), "r"((((gr133 < 37) && (sc132 < 20))) ? 8 : 0) : "memory"); }
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 			__syncthreads();
 			#pragma unroll
 			for (int kh134 = 0; kh134 < 2; kh134 += 1) {
-				{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&hs[((((w0 * 16) + (ln1 & 15)) * 40) + ((kh134 * 16) + ((ln1 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); yf[(kh134 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); yf[(kh134 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); yf[(kh134 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); yf[(kh134 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); yf[(kh134 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); yf[(kh134 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); yf[(kh134 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); yf[(kh134 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
+				{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(hs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 40) + ((kh134 * 16) + ((ln1 >> 4) * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); yf[(kh134 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); yf[(kh134 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); yf[(kh134 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); yf[(kh134 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); yf[(kh134 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); yf[(kh134 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); yf[(kh134 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); yf[(kh134 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
 			}
 			int rc135 = (hw121 < 36 ? hw121 : 36);
 			float v136 = p7[(((b124 * 148) + (h122 * 37)) + rc135)];
@@ -347,12 +347,12 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_grad_tc_f16(__half
 				for (int e149 = ((int)threadIdx.x); e149 < 256; e149 += 32) {
 					int sr150 = (e149 / 4);
 					int sc151 = ((e149 % 4) * 8);
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&r1s[((sr150 * 40) + sc151)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((sr150 < 45) && (sc151 < 24))) ? &p3[((((b124 * 2160) + (hk123 * 1080)) + (sr150 * 24)) + sc151)] : p3), "r"((((sr150 < 45) && (sc151 < 24))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(r1s) + (unsigned)(((sr150 * 40) + sc151)) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((sr150 < 45) && (sc151 < 24))) ? &p3[((((b124 * 2160) + (hk123 * 1080)) + (sr150 * 24)) + sc151)] : p3), "r"((((sr150 < 45) && (sc151 < 24))) ? 16 : 0) : "memory"); }
 				}
 				for (int e152 = ((int)threadIdx.x); e152 < 512; e152 += 32) {
 					int sr153 = (e152 / 8);
 					int sc154 = ((e152 % 8) * 4);
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&r2s[((sr153 * 40) + sc154)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((sr153 < 45) && (sc154 < 20))) ? &p4[((((b124 * 1800) + (hk123 * 900)) + (sr153 * 20)) + sc154)] : p4), "r"((((sr153 < 45) && (sc154 < 20))) ? 8 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(r2s) + (unsigned)(((sr153 * 40) + sc154)) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((sr153 < 45) && (sc154 < 20))) ? &p4[((((b124 * 1800) + (hk123 * 900)) + (sr153 * 20)) + sc154)] : p4), "r"((((sr153 < 45) && (sc154 < 20))) ? 8 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -367,13 +367,13 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_grad_tc_f16(__half
 						int sr161 = (e160 / 4);
 						int sc162 = ((e160 % 4) * 8);
 						int gr163 = (t0159 + sr161);
-						{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&r1s[(((un157 & 1) * 2560) + ((sr161 * 40) + sc162))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr163 < 45) && (sc162 < 24))) ? &p3[((((b124 * 2160) + (hk123 * 1080)) + (gr163 * 24)) + sc162)] : p3), "r"((((gr163 < 45) && (sc162 < 24))) ? 16 : 0) : "memory"); }
+						{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(r1s) + (unsigned)((((un157 & 1) * 2560) + ((sr161 * 40) + sc162))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr163 < 45) && (sc162 < 24))) ? &p3[((((b124 * 2160) + (hk123 * 1080)) + (gr163 * 24)) + sc162)] : p3), "r"((((gr163 < 45) && (sc162 < 24))) ? 16 : 0) : "memory"); }
 					}
 					for (int e164 = ((int)threadIdx.x); e164 < 512; e164 += 32) {
 						int sr165 = (e164 / 8);
 						int sc166 = ((e164 % 8) * 4);
 						int gr167 = (t0159 + sr165);
-						{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&r2s[(((un157 & 1) * 2560) + ((sr165 * 40) + sc166))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr167 < 45) && (sc166 < 20))) ? &p4[((((b124 * 1800) + (hk123 * 900)) + (gr167 * 20)) + sc166)] : p4), "r"((((gr167 < 45) && (sc166 < 20))) ? 8 : 0) : "memory"); }
+						{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(r2s) + (unsigned)((((un157 & 1) * 2560) + ((sr165 * 40) + sc166))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr167 < 45) && (sc166 < 20))) ? &p4[((((b124 * 1800) + (hk123 * 900)) + (gr167 * 20)) + sc166)] : p4), "r"((((gr167 < 45) && (sc166 < 20))) ? 8 : 0) : "memory"); }
 					}
 				}
 				asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -394,7 +394,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_grad_tc_f16(__half
 				for (int kk173 = 0; kk173 < 2; kk173 += 1) {
 					#pragma unroll
 					for (int ni174 = 0; ni174 < 8; ni174 += 1) {
-						{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&r1s[(b1168 + ((((ni174 * 8) + (ln1 & 7)) * 40) + ((kk173 * 16) + (((ln1 >> 3) & 1) * 8))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); bf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); bf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); bf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); bf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+						{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(r1s) + (unsigned)((b1168 + ((((ni174 * 8) + (ln1 & 7)) * 40) + ((kk173 * 16) + (((ln1 >> 3) & 1) * 8))))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); bf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); bf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); bf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); bf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
 						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sa[(ni174 * 4)]), "=f"(sa[(ni174 * 4) + 1]), "=f"(sa[(ni174 * 4) + 2]), "=f"(sa[(ni174 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(xf[(kk173 * 8)]) | ((unsigned)__half_as_ushort(xf[(kk173 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(xf[(kk173 * 8) + 2]) | ((unsigned)__half_as_ushort(xf[(kk173 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(xf[(kk173 * 8) + 4]) | ((unsigned)__half_as_ushort(xf[(kk173 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(xf[(kk173 * 8) + 6]) | ((unsigned)__half_as_ushort(xf[(kk173 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(bf[0]) | ((unsigned)__half_as_ushort(bf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(bf[0 + 2]) | ((unsigned)__half_as_ushort(bf[0 + 3]) << 16))), "f"(sa[(ni174 * 4)]), "f"(sa[(ni174 * 4) + 1]), "f"(sa[(ni174 * 4) + 2]), "f"(sa[(ni174 * 4) + 3]));
 					}
 				}
@@ -402,7 +402,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_grad_tc_f16(__half
 				for (int kk175 = 0; kk175 < 2; kk175 += 1) {
 					#pragma unroll
 					for (int ni176 = 0; ni176 < 8; ni176 += 1) {
-						{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&r2s[(b2169 + ((((ni176 * 8) + (ln1 & 7)) * 40) + ((kk175 * 16) + (((ln1 >> 3) & 1) * 8))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); bf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); bf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); bf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); bf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+						{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(r2s) + (unsigned)((b2169 + ((((ni176 * 8) + (ln1 & 7)) * 40) + ((kk175 * 16) + (((ln1 >> 3) & 1) * 8))))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); bf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); bf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); bf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); bf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
 						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(dpa[(ni176 * 4)]), "=f"(dpa[(ni176 * 4) + 1]), "=f"(dpa[(ni176 * 4) + 2]), "=f"(dpa[(ni176 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(yf[(kk175 * 8)]) | ((unsigned)__half_as_ushort(yf[(kk175 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(yf[(kk175 * 8) + 2]) | ((unsigned)__half_as_ushort(yf[(kk175 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(yf[(kk175 * 8) + 4]) | ((unsigned)__half_as_ushort(yf[(kk175 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(yf[(kk175 * 8) + 6]) | ((unsigned)__half_as_ushort(yf[(kk175 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(bf[0]) | ((unsigned)__half_as_ushort(bf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(bf[0 + 2]) | ((unsigned)__half_as_ushort(bf[0 + 3]) << 16))), "f"(dpa[(ni176 * 4)]), "f"(dpa[(ni176 * 4) + 1]), "f"(dpa[(ni176 * 4) + 2]), "f"(dpa[(ni176 * 4) + 3]));
 					}
 				}
@@ -447,7 +447,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_grad_tc_f16(__half
 				for (int kj204 = 0; kj204 < 4; kj204 += 1) {
 					#pragma unroll
 					for (int no205 = 0; no205 < 4; no205 += 1) {
-						{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&r1s[(b1168 + ((((kj204 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 40) + (no205 * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); bf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); bf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); bf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); bf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+						{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(r1s) + (unsigned)((b1168 + ((((kj204 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 40) + (no205 * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); bf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); bf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); bf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); bf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
 						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(ga[(no205 * 4)]), "=f"(ga[(no205 * 4) + 1]), "=f"(ga[(no205 * 4) + 2]), "=f"(ga[(no205 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(dsf[(kj204 * 8)]) | ((unsigned)__half_as_ushort(dsf[(kj204 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(dsf[(kj204 * 8) + 2]) | ((unsigned)__half_as_ushort(dsf[(kj204 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(dsf[(kj204 * 8) + 4]) | ((unsigned)__half_as_ushort(dsf[(kj204 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(dsf[(kj204 * 8) + 6]) | ((unsigned)__half_as_ushort(dsf[(kj204 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(bf[0]) | ((unsigned)__half_as_ushort(bf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(bf[0 + 2]) | ((unsigned)__half_as_ushort(bf[0 + 3]) << 16))), "f"(ga[(no205 * 4)]), "f"(ga[(no205 * 4) + 1]), "f"(ga[(no205 * 4) + 2]), "f"(ga[(no205 * 4) + 3]));
 					}
 				}

@@ -41,23 +41,23 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_bf16_stats(__nv
 		int wr9 = (q06 + (w0 * 16));
 		for (int e10 = ((int)threadIdx.x); e10 < 64; e10 += 32) {
 			int gr11 = (q06 + (e10 / 4));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&qs[(((e10 / 4) * 40) + ((e10 % 4) * 8))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr11 < 37) && (((e10 % 4) * 8) < 24))) ? &p4[((((b8 * 2664) + (b7 * 888)) + (gr11 * 24)) + ((e10 % 4) * 8))] : p4), "r"((((gr11 < 37) && (((e10 % 4) * 8) < 24))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)((((e10 / 4) * 40) + ((e10 % 4) * 8))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr11 < 37) && (((e10 % 4) * 8) < 24))) ? &p4[((((b8 * 2664) + (b7 * 888)) + (gr11 * 24)) + ((e10 % 4) * 8))] : p4), "r"((((gr11 < 37) && (((e10 % 4) * 8) < 24))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		for (int e12 = ((int)threadIdx.x); e12 < 256; e12 += 32) {
 			int gr13 = (e12 / 4);
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[(((e12 / 4) * 40) + ((e12 % 4) * 8))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr13 < 45) && (((e12 % 4) * 8) < 24))) ? &p5[((((b8 * 3240) + (b7 * 1080)) + ((e12 % 4) * 8)) + (gr13 * 24))] : p5), "r"((((gr13 < 45) && (((e12 % 4) * 8) < 24))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((e12 / 4) * 40) + ((e12 % 4) * 8))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr13 < 45) && (((e12 % 4) * 8) < 24))) ? &p5[((((b8 * 3240) + (b7 * 1080)) + ((e12 % 4) * 8)) + (gr13 * 24))] : p5), "r"((((gr13 < 45) && (((e12 % 4) * 8) < 24))) ? 16 : 0) : "memory"); }
 		}
 		for (int e14 = ((int)threadIdx.x); e14 < 384; e14 += 32) {
 			int gr15 = (e14 / 6);
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[(((e14 / 6) * 32) + ((e14 % 6) * 4))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr15 < 45) && (((e14 % 6) * 4) < 20))) ? &p6[((((b8 * 2700) + (b7 * 900)) + (gr15 * 20)) + ((e14 % 6) * 4))] : p6), "r"((((gr15 < 45) && (((e14 % 6) * 4) < 20))) ? 8 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((e14 / 6) * 32) + ((e14 % 6) * 4))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr15 < 45) && (((e14 % 6) * 4) < 20))) ? &p6[((((b8 * 2700) + (b7 * 900)) + (gr15 * 20)) + ((e14 % 6) * 4))] : p6), "r"((((gr15 < 45) && (((e14 % 6) * 4) < 20))) ? 8 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 		__syncthreads();
 		#pragma unroll
 		for (int kq16 = 0; kq16 < 2; kq16 += 1) {
-			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&qs[((((w0 * 16) + (ln1 & 15)) * 40) + ((kq16 * 16) + ((ln1 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq16 * 8)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); qf[(kq16 * 8) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); qf[(kq16 * 8) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); qf[(kq16 * 8) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); qf[(kq16 * 8) + 4] = __ushort_as_bfloat16((unsigned short)(ap_r2 & 0xffffu)); qf[(kq16 * 8) + 5] = __ushort_as_bfloat16((unsigned short)(ap_r2 >> 16)); qf[(kq16 * 8) + 6] = __ushort_as_bfloat16((unsigned short)(ap_r3 & 0xffffu)); qf[(kq16 * 8) + 7] = __ushort_as_bfloat16((unsigned short)(ap_r3 >> 16)); }
+			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 40) + ((kq16 * 16) + ((ln1 >> 4) * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq16 * 8)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); qf[(kq16 * 8) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); qf[(kq16 * 8) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); qf[(kq16 * 8) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); qf[(kq16 * 8) + 4] = __ushort_as_bfloat16((unsigned short)(ap_r2 & 0xffffu)); qf[(kq16 * 8) + 5] = __ushort_as_bfloat16((unsigned short)(ap_r2 >> 16)); qf[(kq16 * 8) + 6] = __ushort_as_bfloat16((unsigned short)(ap_r3 & 0xffffu)); qf[(kq16 * 8) + 7] = __ushort_as_bfloat16((unsigned short)(ap_r3 >> 16)); }
 		}
 		float m17 = (-AP_INFF);
 		float l18 = 0x0p+0f;
@@ -75,11 +75,11 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_bf16_stats(__nv
 			if ((kn24 < 1)) {
 				for (int e26 = ((int)threadIdx.x); e26 < 256; e26 += 32) {
 					int gr27 = ((kn24 * 64) + (e26 / 4));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[(((kn24 & 1) * 2560) + (((e26 / 4) * 40) + ((e26 % 4) * 8)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr27 < 45) && (((e26 % 4) * 8) < 24))) ? &p5[((((b8 * 3240) + (b7 * 1080)) + ((e26 % 4) * 8)) + (gr27 * 24))] : p5), "r"((((gr27 < 45) && (((e26 % 4) * 8) < 24))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((kn24 & 1) * 2560) + (((e26 / 4) * 40) + ((e26 % 4) * 8)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr27 < 45) && (((e26 % 4) * 8) < 24))) ? &p5[((((b8 * 3240) + (b7 * 1080)) + ((e26 % 4) * 8)) + (gr27 * 24))] : p5), "r"((((gr27 < 45) && (((e26 % 4) * 8) < 24))) ? 16 : 0) : "memory"); }
 				}
 				for (int e28 = ((int)threadIdx.x); e28 < 384; e28 += 32) {
 					int gr29 = ((kn24 * 64) + (e28 / 6));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[(((kn24 & 1) * 2048) + (((e28 / 6) * 32) + ((e28 % 6) * 4)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr29 < 45) && (((e28 % 6) * 4) < 20))) ? &p6[((((b8 * 2700) + (b7 * 900)) + (gr29 * 20)) + ((e28 % 6) * 4))] : p6), "r"((((gr29 < 45) && (((e28 % 6) * 4) < 20))) ? 8 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((kn24 & 1) * 2048) + (((e28 / 6) * 32) + ((e28 % 6) * 4)))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr29 < 45) && (((e28 % 6) * 4) < 20))) ? &p6[((((b8 * 2700) + (b7 * 900)) + (gr29 * 20)) + ((e28 % 6) * 4))] : p6), "r"((((gr29 < 45) && (((e28 % 6) * 4) < 20))) ? 8 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -95,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_bf16_stats(__nv
 			for (int kq33 = 0; kq33 < 2; kq33 += 1) {
 				#pragma unroll
 				for (int ni34 = 0; ni34 < 8; ni34 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[(kb30 + ((((ni34 * 8) + (ln1 & 7)) * 40) + ((kq33 * 16) + (((ln1 >> 3) & 1) * 8))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((kb30 + ((((ni34 * 8) + (ln1 & 7)) * 40) + ((kq33 * 16) + (((ln1 >> 3) & 1) * 8))))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
 					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni34 * 4)]), "=f"(sf[(ni34 * 4) + 1]), "=f"(sf[(ni34 * 4) + 2]), "=f"(sf[(ni34 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8)]) | ((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 3]) << 16))), "f"(sf[(ni34 * 4)]), "f"(sf[(ni34 * 4) + 1]), "f"(sf[(ni34 * 4) + 2]), "f"(sf[(ni34 * 4) + 3]));
 				}
 			}
@@ -226,7 +226,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_bf16_stats(__nv
 			for (int kj92 = 0; kj92 < 4; kj92 += 1) {
 				#pragma unroll
 				for (int no93 = 0; no93 < 3; no93 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[(vb31 + ((((kj92 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 32) + (no93 * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((vb31 + ((((kj92 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 32) + (no93 * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
 					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no93 * 4)]), "=f"(of[(no93 * 4) + 1]), "=f"(of[(no93 * 4) + 2]), "=f"(of[(no93 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8)]) | ((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 3]) << 16))), "f"(of[(no93 * 4)]), "f"(of[(no93 * 4) + 1]), "f"(of[(no93 * 4) + 2]), "f"(of[(no93 * 4) + 3]));
 				}
 			}

@@ -38,23 +38,23 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_f16(__half *__r
 		int wr9 = (q06 + (w0 * 16));
 		for (int e10 = ((int)threadIdx.x); e10 < 32; e10 += 32) {
 			int gr11 = (q06 + (e10 / 2));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&qs[(((e10 / 2) * 24) + ((e10 % 2) * 8))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr11 < 37)) ? &p1[((((b8 * 1776) + (b7 * 592)) + (gr11 * 16)) + ((e10 % 2) * 8))] : p1), "r"(((gr11 < 37)) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)((((e10 / 2) * 24) + ((e10 % 2) * 8))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr11 < 37)) ? &p1[((((b8 * 1776) + (b7 * 592)) + (gr11 * 16)) + ((e10 % 2) * 8))] : p1), "r"(((gr11 < 37)) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		for (int e12 = ((int)threadIdx.x); e12 < 128; e12 += 32) {
 			int gr13 = (e12 / 2);
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[(((e12 / 2) * 24) + ((e12 % 2) * 8))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr13 < 45)) ? &p2[((((b8 * 2160) + (b7 * 720)) + ((e12 % 2) * 8)) + (gr13 * 16))] : p2), "r"(((gr13 < 45)) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((e12 / 2) * 24) + ((e12 % 2) * 8))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr13 < 45)) ? &p2[((((b8 * 2160) + (b7 * 720)) + ((e12 % 2) * 8)) + (gr13 * 16))] : p2), "r"(((gr13 < 45)) ? 16 : 0) : "memory"); }
 		}
 		for (int e14 = ((int)threadIdx.x); e14 < 256; e14 += 32) {
 			int gr15 = (e14 / 4);
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[(((e14 / 4) * 24) + ((e14 % 4) * 4))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr15 < 45) && (((e14 % 4) * 4) < 12))) ? &p3[((((b8 * 1620) + (b7 * 540)) + (gr15 * 12)) + ((e14 % 4) * 4))] : p3), "r"((((gr15 < 45) && (((e14 % 4) * 4) < 12))) ? 8 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((e14 / 4) * 24) + ((e14 % 4) * 4))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr15 < 45) && (((e14 % 4) * 4) < 12))) ? &p3[((((b8 * 1620) + (b7 * 540)) + (gr15 * 12)) + ((e14 % 4) * 4))] : p3), "r"((((gr15 < 45) && (((e14 % 4) * 4) < 12))) ? 8 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 		__syncthreads();
 		#pragma unroll
 		for (int kq16 = 0; kq16 < 1; kq16 += 1) {
-			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&qs[((((w0 * 16) + (ln1 & 15)) * 24) + ((kq16 * 16) + ((ln1 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq16 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); qf[(kq16 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); qf[(kq16 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); qf[(kq16 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); qf[(kq16 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); qf[(kq16 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); qf[(kq16 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); qf[(kq16 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
+			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 24) + ((kq16 * 16) + ((ln1 >> 4) * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq16 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); qf[(kq16 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); qf[(kq16 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); qf[(kq16 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); qf[(kq16 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); qf[(kq16 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); qf[(kq16 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); qf[(kq16 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
 		}
 		float m17 = (-AP_INFF);
 		float l18 = 0x0p+0f;
@@ -72,11 +72,11 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_f16(__half *__r
 			if ((kn24 < 1)) {
 				for (int e26 = ((int)threadIdx.x); e26 < 128; e26 += 32) {
 					int gr27 = ((kn24 * 64) + (e26 / 2));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[(((kn24 & 1) * 1536) + (((e26 / 2) * 24) + ((e26 % 2) * 8)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr27 < 45)) ? &p2[((((b8 * 2160) + (b7 * 720)) + ((e26 % 2) * 8)) + (gr27 * 16))] : p2), "r"(((gr27 < 45)) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((kn24 & 1) * 1536) + (((e26 / 2) * 24) + ((e26 % 2) * 8)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr27 < 45)) ? &p2[((((b8 * 2160) + (b7 * 720)) + ((e26 % 2) * 8)) + (gr27 * 16))] : p2), "r"(((gr27 < 45)) ? 16 : 0) : "memory"); }
 				}
 				for (int e28 = ((int)threadIdx.x); e28 < 256; e28 += 32) {
 					int gr29 = ((kn24 * 64) + (e28 / 4));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[(((kn24 & 1) * 1536) + (((e28 / 4) * 24) + ((e28 % 4) * 4)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr29 < 45) && (((e28 % 4) * 4) < 12))) ? &p3[((((b8 * 1620) + (b7 * 540)) + (gr29 * 12)) + ((e28 % 4) * 4))] : p3), "r"((((gr29 < 45) && (((e28 % 4) * 4) < 12))) ? 8 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((kn24 & 1) * 1536) + (((e28 / 4) * 24) + ((e28 % 4) * 4)))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr29 < 45) && (((e28 % 4) * 4) < 12))) ? &p3[((((b8 * 1620) + (b7 * 540)) + (gr29 * 12)) + ((e28 % 4) * 4))] : p3), "r"((((gr29 < 45) && (((e28 % 4) * 4) < 12))) ? 8 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -92,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_f16(__half *__r
 			for (int kq33 = 0; kq33 < 1; kq33 += 1) {
 				#pragma unroll
 				for (int ni34 = 0; ni34 < 8; ni34 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[(kb30 + ((((ni34 * 8) + (ln1 & 7)) * 24) + ((kq33 * 16) + (((ln1 >> 3) & 1) * 8))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((kb30 + ((((ni34 * 8) + (ln1 & 7)) * 24) + ((kq33 * 16) + (((ln1 >> 3) & 1) * 8))))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
 					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni34 * 4)]), "=f"(sf[(ni34 * 4) + 1]), "=f"(sf[(ni34 * 4) + 2]), "=f"(sf[(ni34 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(qf[(kq33 * 8)]) | ((unsigned)__half_as_ushort(qf[(kq33 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq33 * 8) + 2]) | ((unsigned)__half_as_ushort(qf[(kq33 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq33 * 8) + 4]) | ((unsigned)__half_as_ushort(qf[(kq33 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq33 * 8) + 6]) | ((unsigned)__half_as_ushort(qf[(kq33 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(kf[0]) | ((unsigned)__half_as_ushort(kf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(kf[0 + 2]) | ((unsigned)__half_as_ushort(kf[0 + 3]) << 16))), "f"(sf[(ni34 * 4)]), "f"(sf[(ni34 * 4) + 1]), "f"(sf[(ni34 * 4) + 2]), "f"(sf[(ni34 * 4) + 3]));
 				}
 			}
@@ -211,7 +211,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_f16(__half *__r
 			for (int kj92 = 0; kj92 < 4; kj92 += 1) {
 				#pragma unroll
 				for (int no93 = 0; no93 < 2; no93 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[(vb31 + ((((kj92 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 24) + (no93 * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((vb31 + ((((kj92 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 24) + (no93 * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
 					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no93 * 4)]), "=f"(of[(no93 * 4) + 1]), "=f"(of[(no93 * 4) + 2]), "=f"(of[(no93 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(pf[(kj92 * 8)]) | ((unsigned)__half_as_ushort(pf[(kj92 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj92 * 8) + 2]) | ((unsigned)__half_as_ushort(pf[(kj92 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj92 * 8) + 4]) | ((unsigned)__half_as_ushort(pf[(kj92 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj92 * 8) + 6]) | ((unsigned)__half_as_ushort(pf[(kj92 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(vf[0]) | ((unsigned)__half_as_ushort(vf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(vf[0 + 2]) | ((unsigned)__half_as_ushort(vf[0 + 3]) << 16))), "f"(of[(no93 * 4)]), "f"(of[(no93 * 4) + 1]), "f"(of[(no93 * 4) + 2]), "f"(of[(no93 * 4) + 3]));
 				}
 			}

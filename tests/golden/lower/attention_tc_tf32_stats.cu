@@ -45,23 +45,23 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_tf32_stats(floa
 		int wr9 = (q06 + (w0 * 16));
 		for (int e10 = ((int)threadIdx.x); e10 < 96; e10 += 32) {
 			int gr11 = (q06 + (e10 / 6));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&qs[(((e10 / 6) * 28) + ((e10 % 6) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr11 < 37) && (((e10 % 6) * 4) < 20))) ? &p4[((((b8 * 2220) + (b7 * 740)) + (gr11 * 20)) + ((e10 % 6) * 4))] : p4), "r"((((gr11 < 37) && (((e10 % 6) * 4) < 20))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)((((e10 / 6) * 28) + ((e10 % 6) * 4))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr11 < 37) && (((e10 % 6) * 4) < 20))) ? &p4[((((b8 * 2220) + (b7 * 740)) + (gr11 * 20)) + ((e10 % 6) * 4))] : p4), "r"((((gr11 < 37) && (((e10 % 6) * 4) < 20))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		for (int e12 = ((int)threadIdx.x); e12 < 384; e12 += 32) {
 			int gr13 = (e12 / 6);
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[(((e12 / 6) * 28) + ((e12 % 6) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr13 < 45) && (((e12 % 6) * 4) < 20))) ? &p5[((((b8 * 2700) + (b7 * 900)) + ((e12 % 6) * 4)) + (gr13 * 20))] : p5), "r"((((gr13 < 45) && (((e12 % 6) * 4) < 20))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((e12 / 6) * 28) + ((e12 % 6) * 4))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr13 < 45) && (((e12 % 6) * 4) < 20))) ? &p5[((((b8 * 2700) + (b7 * 900)) + ((e12 % 6) * 4)) + (gr13 * 20))] : p5), "r"((((gr13 < 45) && (((e12 % 6) * 4) < 20))) ? 16 : 0) : "memory"); }
 		}
 		for (int e14 = ((int)threadIdx.x); e14 < 256; e14 += 32) {
 			int gr15 = (e14 / 4);
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[(((e14 / 4) * 40) + ((e14 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr15 < 45) && (((e14 % 4) * 4) < 12))) ? &p6[((((b8 * 1620) + (b7 * 540)) + (gr15 * 12)) + ((e14 % 4) * 4))] : p6), "r"((((gr15 < 45) && (((e14 % 4) * 4) < 12))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((e14 / 4) * 40) + ((e14 % 4) * 4))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr15 < 45) && (((e14 % 4) * 4) < 12))) ? &p6[((((b8 * 1620) + (b7 * 540)) + (gr15 * 12)) + ((e14 % 4) * 4))] : p6), "r"((((gr15 < 45) && (((e14 % 4) * 4) < 12))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 		__syncthreads();
 		#pragma unroll
 		for (int kq16 = 0; kq16 < 3; kq16 += 1) {
-			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&qs[((((w0 * 16) + (ln1 & 15)) * 28) + ((kq16 * 8) + ((ln1 >> 4) * 4)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq16 * 4)] = __uint_as_float(ap_r0); qf[(kq16 * 4) + 1] = __uint_as_float(ap_r1); qf[(kq16 * 4) + 2] = __uint_as_float(ap_r2); qf[(kq16 * 4) + 3] = __uint_as_float(ap_r3); }
+			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 28) + ((kq16 * 8) + ((ln1 >> 4) * 4)))) * 4u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq16 * 4)] = __uint_as_float(ap_r0); qf[(kq16 * 4) + 1] = __uint_as_float(ap_r1); qf[(kq16 * 4) + 2] = __uint_as_float(ap_r2); qf[(kq16 * 4) + 3] = __uint_as_float(ap_r3); }
 		}
 		#pragma unroll
 		for (int r17 = 0; r17 < 12; r17 += 1) {
@@ -83,11 +83,11 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_tf32_stats(floa
 			if ((kn25 < 1)) {
 				for (int e27 = ((int)threadIdx.x); e27 < 384; e27 += 32) {
 					int gr28 = ((kn25 * 64) + (e27 / 6));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[(((kn25 & 1) * 1792) + (((e27 / 6) * 28) + ((e27 % 6) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr28 < 45) && (((e27 % 6) * 4) < 20))) ? &p5[((((b8 * 2700) + (b7 * 900)) + ((e27 % 6) * 4)) + (gr28 * 20))] : p5), "r"((((gr28 < 45) && (((e27 % 6) * 4) < 20))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((kn25 & 1) * 1792) + (((e27 / 6) * 28) + ((e27 % 6) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr28 < 45) && (((e27 % 6) * 4) < 20))) ? &p5[((((b8 * 2700) + (b7 * 900)) + ((e27 % 6) * 4)) + (gr28 * 20))] : p5), "r"((((gr28 < 45) && (((e27 % 6) * 4) < 20))) ? 16 : 0) : "memory"); }
 				}
 				for (int e29 = ((int)threadIdx.x); e29 < 256; e29 += 32) {
 					int gr30 = ((kn25 * 64) + (e29 / 4));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&vs[(((kn25 & 1) * 2560) + (((e29 / 4) * 40) + ((e29 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr30 < 45) && (((e29 % 4) * 4) < 12))) ? &p6[((((b8 * 1620) + (b7 * 540)) + (gr30 * 12)) + ((e29 % 4) * 4))] : p6), "r"((((gr30 < 45) && (((e29 % 4) * 4) < 12))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((kn25 & 1) * 2560) + (((e29 / 4) * 40) + ((e29 % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr30 < 45) && (((e29 % 4) * 4) < 12))) ? &p6[((((b8 * 1620) + (b7 * 540)) + (gr30 * 12)) + ((e29 % 4) * 4))] : p6), "r"((((gr30 < 45) && (((e29 % 4) * 4) < 12))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -103,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_tf32_stats(floa
 			for (int kq34 = 0; kq34 < 3; kq34 += 1) {
 				#pragma unroll
 				for (int ni35 = 0; ni35 < 8; ni35 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ks[(kb31 + ((((ni35 * 8) + (ln1 & 7)) * 28) + ((kq34 * 8) + (((ln1 >> 3) & 1) * 4))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __uint_as_float(ap_r0); kf[0 + 1] = __uint_as_float(ap_r1); }
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((kb31 + ((((ni35 * 8) + (ln1 & 7)) * 28) + ((kq34 * 8) + (((ln1 >> 3) & 1) * 4))))) * 4u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __uint_as_float(ap_r0); kf[0 + 1] = __uint_as_float(ap_r1); }
 					#pragma unroll
 					for (int r36 = 0; r36 < 2; r36 += 1) {
 						kf[r36] = ap_tf32f(kf[r36]);

@@ -30,73 +30,75 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_batched(float *__restr
 		for (int z8 = 0; z8 < 1; z8 += 1) {
 			acc[z8] = 0x0p+0f;
 		}
+		int cs9 = ((((m04 + (((int)threadIdx.x) / 16)) * 40) + (((int)threadIdx.x) % 16)) + (b7 * 640));
+		int cd10 = (((((int)threadIdx.x) % 16) * 20) + (((int)threadIdx.x) / 16));
 		#pragma unroll
-		for (int c9 = 0; c9 < 1; c9 += 1) {
-			int ci10 = (((int)threadIdx.x) + (c9 * 256));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(((ci10 % 16) * 20) + (ci10 / 16))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((ci10 % 16) < 40)) ? &p1[((((m04 + (ci10 / 16)) * 40) + (ci10 % 16)) + (b7 * 640))] : p1), "r"((((ci10 % 16) < 40)) ? 4 : 0) : "memory"); }
+		for (int c11 = 0; c11 < 1; c11 += 1) {
+			int ci12 = (((int)threadIdx.x) + (c11 * 256));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((cd10 + (c11 * 16))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((ci12 % 16) < 40)) ? &p1[(cs9 + (c11 * 640))] : p1), "r"((((ci12 % 16) < 40)) ? 4 : 0) : "memory"); }
 		}
-		for (int c11 = ((int)threadIdx.x); c11 < 64; c11 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c11 / 4) * 20) + ((c11 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c11 % 4) * 4)) < 28) && ((c11 / 4) < 40))) ? &p2[(((n05 + ((c11 % 4) * 4)) + ((c11 / 4) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c11 % 4) * 4)) < 28) && ((c11 / 4) < 40))) ? 16 : 0) : "memory"); }
+		for (int c13 = ((int)threadIdx.x); c13 < 64; c13 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((((c13 / 4) * 20) + ((c13 % 4) * 4))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c13 % 4) * 4)) < 28) && ((c13 / 4) < 40))) ? &p2[(((n05 + ((c13 % 4) * 4)) + ((c13 / 4) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c13 % 4) * 4)) < 28) && ((c13 / 4) < 40))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		#pragma unroll
-		for (int c12 = 0; c12 < 1; c12 += 1) {
-			int ci13 = (((int)threadIdx.x) + (c12 * 256));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(320 + (((ci13 % 16) * 20) + (ci13 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((16 + (ci13 % 16)) < 40)) ? &p1[((((m04 + (ci13 / 16)) * 40) + (16 + (ci13 % 16))) + (b7 * 640))] : p1), "r"((((16 + (ci13 % 16)) < 40)) ? 4 : 0) : "memory"); }
+		for (int c14 = 0; c14 < 1; c14 += 1) {
+			int ci15 = (((int)threadIdx.x) + (c14 * 256));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((320 + (cd10 + (c14 * 16)))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((16 + (ci15 % 16)) < 40)) ? &p1[(cs9 + ((c14 * 640) + 16))] : p1), "r"((((16 + (ci15 % 16)) < 40)) ? 4 : 0) : "memory"); }
 		}
-		for (int c14 = ((int)threadIdx.x); c14 < 64; c14 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((c14 / 4) * 20) + ((c14 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c14 % 4) * 4)) < 28) && ((16 + (c14 / 4)) < 40))) ? &p2[(((n05 + ((c14 % 4) * 4)) + ((16 + (c14 / 4)) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c14 % 4) * 4)) < 28) && ((16 + (c14 / 4)) < 40))) ? 16 : 0) : "memory"); }
+		for (int c16 = ((int)threadIdx.x); c16 < 64; c16 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((320 + (((c16 / 4) * 20) + ((c16 % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c16 % 4) * 4)) < 28) && ((16 + (c16 / 4)) < 40))) ? &p2[(((n05 + ((c16 % 4) * 4)) + ((16 + (c16 / 4)) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c16 % 4) * 4)) < 28) && ((16 + (c16 / 4)) < 40))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		int st15 = 0;
-		int ns16 = 2;
-		for (int kt17 = 0; kt17 < 3; kt17 += 1) {
+		int st17 = 0;
+		int ns18 = 2;
+		for (int kt19 = 0; kt19 < 3; kt19 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int nx18 = (kt17 + 2);
-			if ((nx18 < 3)) {
+			int nx20 = (kt19 + 2);
+			if ((nx20 < 3)) {
 				#pragma unroll
-				for (int c19 = 0; c19 < 1; c19 += 1) {
-					int ci20 = (((int)threadIdx.x) + (c19 * 256));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((ns16 * 320) + (((ci20 % 16) * 20) + (ci20 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((nx18 * 16) + (ci20 % 16)) < 40)) ? &p1[((((m04 + (ci20 / 16)) * 40) + ((nx18 * 16) + (ci20 % 16))) + (b7 * 640))] : p1), "r"(((((nx18 * 16) + (ci20 % 16)) < 40)) ? 4 : 0) : "memory"); }
+				for (int c21 = 0; c21 < 1; c21 += 1) {
+					int ci22 = (((int)threadIdx.x) + (c21 * 256));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)(((ns18 * 320) + (cd10 + (c21 * 16)))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((nx20 * 16) + (ci22 % 16)) < 40)) ? &p1[(cs9 + ((c21 * 640) + (nx20 * 16)))] : p1), "r"(((((nx20 * 16) + (ci22 % 16)) < 40)) ? 4 : 0) : "memory"); }
 				}
-				for (int c21 = ((int)threadIdx.x); c21 < 64; c21 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns16 * 320) + (((c21 / 4) * 20) + ((c21 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c21 % 4) * 4)) < 28) && (((nx18 * 16) + (c21 / 4)) < 40))) ? &p2[(((n05 + ((c21 % 4) * 4)) + (((nx18 * 16) + (c21 / 4)) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c21 % 4) * 4)) < 28) && (((nx18 * 16) + (c21 / 4)) < 40))) ? 16 : 0) : "memory"); }
+				for (int c23 = ((int)threadIdx.x); c23 < 64; c23 += 256) {
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns18 * 320) + (((c23 / 4) * 20) + ((c23 % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c23 % 4) * 4)) < 28) && (((nx20 * 16) + (c23 / 4)) < 40))) ? &p2[(((n05 + ((c23 % 4) * 4)) + (((nx20 * 16) + (c23 / 4)) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c23 % 4) * 4)) < 28) && (((nx20 * 16) + (c23 / 4)) < 40))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int kk22 = 0; kk22 < 16; kk22 += 1) {
+			for (int kk24 = 0; kk24 < 16; kk24 += 1) {
 				#pragma unroll
-				for (int f23 = 0; f23 < 1; f23 += 1) {
-					fa[f23] = sa[((st15 * 320) + ((kk22 * 20) + (ty1 + f23)))];
+				for (int f25 = 0; f25 < 1; f25 += 1) {
+					fa[f25] = sa[((st17 * 320) + ((kk24 * 20) + (ty1 + f25)))];
 				}
 				#pragma unroll
-				for (int f24 = 0; f24 < 1; f24 += 1) {
-					fb[f24] = sb[((st15 * 320) + ((kk22 * 20) + (tx0 + f24)))];
+				for (int f26 = 0; f26 < 1; f26 += 1) {
+					fb[f26] = sb[((st17 * 320) + ((kk24 * 20) + (tx0 + f26)))];
 				}
 				#pragma unroll
-				for (int i25 = 0; i25 < 1; i25 += 1) {
+				for (int i27 = 0; i27 < 1; i27 += 1) {
 					#pragma unroll
-					for (int j26 = 0; j26 < 1; j26 += 1) {
-						acc[(i25 + j26)] = (acc[(i25 + j26)] + (fa[i25] * fb[j26]));
+					for (int j28 = 0; j28 < 1; j28 += 1) {
+						acc[(i27 + j28)] = (acc[(i27 + j28)] + (fa[i27] * fb[j28]));
 					}
 				}
 			}
-			st15 = ((st15 == 2) ? 0 : (st15 + 1));
-			ns16 = ((ns16 == 2) ? 0 : (ns16 + 1));
+			st17 = ((st17 == 2) ? 0 : (st17 + 1));
+			ns18 = ((ns18 == 2) ? 0 : (ns18 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int i27 = 0; i27 < 1; i27 += 1) {
+		for (int i29 = 0; i29 < 1; i29 += 1) {
 			#pragma unroll
-			for (int j28 = 0; j28 < 1; j28 += 1) {
-				int row29 = (m04 + (ty1 + i27));
-				int col30 = (n05 + (tx0 + j28));
-				if ((col30 < 28)) {
-					float v31 = acc[(i27 + j28)];
-					float v32 = tanhf(v31);
-					p0[((((bi3 * 16) + row29) * 28) + col30)] = v32;
+			for (int j30 = 0; j30 < 1; j30 += 1) {
+				int row31 = (m04 + (ty1 + i29));
+				int col32 = (n05 + (tx0 + j30));
+				if ((col32 < 28)) {
+					float v33 = acc[(i29 + j30)];
+					float v34 = tanhf(v33);
+					p0[((((bi3 * 16) + row31) * 28) + col32)] = v34;
 				}
 			}
 		}

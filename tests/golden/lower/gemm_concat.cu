@@ -30,69 +30,71 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_concat(float *__restri
 		for (int z6 = 0; z6 < 1; z6 += 1) {
 			acc[z6] = 0x0p+0f;
 		}
+		int cs7 = (((m04 + (((int)threadIdx.x) / 16)) * 12) + (((int)threadIdx.x) % 16));
+		int cd8 = (((((int)threadIdx.x) % 16) * 20) + (((int)threadIdx.x) / 16));
 		#pragma unroll
-		for (int c7 = 0; c7 < 1; c7 += 1) {
-			int ci8 = (((int)threadIdx.x) + (c7 * 256));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(((ci8 % 16) * 20) + (ci8 / 16))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((ci8 % 16) < 12)) ? &p1[(((m04 + (ci8 / 16)) * 12) + (ci8 % 16))] : p1), "r"((((ci8 % 16) < 12)) ? 4 : 0) : "memory"); }
+		for (int c9 = 0; c9 < 1; c9 += 1) {
+			int ci10 = (((int)threadIdx.x) + (c9 * 256));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((cd8 + (c9 * 16))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((ci10 % 16) < 12)) ? &p1[(cs7 + (c9 * 192))] : p1), "r"((((ci10 % 16) < 12)) ? 4 : 0) : "memory"); }
 		}
-		for (int c9 = ((int)threadIdx.x); c9 < 64; c9 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c9 / 4) * 20) + ((c9 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c9 % 4) * 4)) < 24) && ((c9 / 4) < 12))) ? &p2[((n05 + ((c9 % 4) * 4)) + ((c9 / 4) * 24))] : p2), "r"(((((n05 + ((c9 % 4) * 4)) < 24) && ((c9 / 4) < 12))) ? 16 : 0) : "memory"); }
+		for (int c11 = ((int)threadIdx.x); c11 < 64; c11 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((((c11 / 4) * 20) + ((c11 % 4) * 4))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c11 % 4) * 4)) < 24) && ((c11 / 4) < 12))) ? &p2[((n05 + ((c11 % 4) * 4)) + ((c11 / 4) * 24))] : p2), "r"(((((n05 + ((c11 % 4) * 4)) < 24) && ((c11 / 4) < 12))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		int st10 = 0;
-		int ns11 = 2;
-		for (int kt12 = 0; kt12 < 1; kt12 += 1) {
+		int st12 = 0;
+		int ns13 = 2;
+		for (int kt14 = 0; kt14 < 1; kt14 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int nx13 = (kt12 + 2);
-			if ((nx13 < 1)) {
+			int nx15 = (kt14 + 2);
+			if ((nx15 < 1)) {
 				#pragma unroll
-				for (int c14 = 0; c14 < 1; c14 += 1) {
-					int ci15 = (((int)threadIdx.x) + (c14 * 256));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((ns11 * 320) + (((ci15 % 16) * 20) + (ci15 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((nx13 * 16) + (ci15 % 16)) < 12)) ? &p1[(((m04 + (ci15 / 16)) * 12) + ((nx13 * 16) + (ci15 % 16)))] : p1), "r"(((((nx13 * 16) + (ci15 % 16)) < 12)) ? 4 : 0) : "memory"); }
+				for (int c16 = 0; c16 < 1; c16 += 1) {
+					int ci17 = (((int)threadIdx.x) + (c16 * 256));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)(((ns13 * 320) + (cd8 + (c16 * 16)))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((nx15 * 16) + (ci17 % 16)) < 12)) ? &p1[(cs7 + ((c16 * 192) + (nx15 * 16)))] : p1), "r"(((((nx15 * 16) + (ci17 % 16)) < 12)) ? 4 : 0) : "memory"); }
 				}
-				for (int c16 = ((int)threadIdx.x); c16 < 64; c16 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns11 * 320) + (((c16 / 4) * 20) + ((c16 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c16 % 4) * 4)) < 24) && (((nx13 * 16) + (c16 / 4)) < 12))) ? &p2[((n05 + ((c16 % 4) * 4)) + (((nx13 * 16) + (c16 / 4)) * 24))] : p2), "r"(((((n05 + ((c16 % 4) * 4)) < 24) && (((nx13 * 16) + (c16 / 4)) < 12))) ? 16 : 0) : "memory"); }
+				for (int c18 = ((int)threadIdx.x); c18 < 64; c18 += 256) {
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns13 * 320) + (((c18 / 4) * 20) + ((c18 % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c18 % 4) * 4)) < 24) && (((nx15 * 16) + (c18 / 4)) < 12))) ? &p2[((n05 + ((c18 % 4) * 4)) + (((nx15 * 16) + (c18 / 4)) * 24))] : p2), "r"(((((n05 + ((c18 % 4) * 4)) < 24) && (((nx15 * 16) + (c18 / 4)) < 12))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int kk17 = 0; kk17 < 16; kk17 += 1) {
+			for (int kk19 = 0; kk19 < 16; kk19 += 1) {
 				#pragma unroll
-				for (int f18 = 0; f18 < 1; f18 += 1) {
-					fa[f18] = sa[((st10 * 320) + ((kk17 * 20) + (ty1 + f18)))];
+				for (int f20 = 0; f20 < 1; f20 += 1) {
+					fa[f20] = sa[((st12 * 320) + ((kk19 * 20) + (ty1 + f20)))];
 				}
 				#pragma unroll
-				for (int f19 = 0; f19 < 1; f19 += 1) {
-					fb[f19] = sb[((st10 * 320) + ((kk17 * 20) + (tx0 + f19)))];
+				for (int f21 = 0; f21 < 1; f21 += 1) {
+					fb[f21] = sb[((st12 * 320) + ((kk19 * 20) + (tx0 + f21)))];
 				}
 				#pragma unroll
-				for (int i20 = 0; i20 < 1; i20 += 1) {
+				for (int i22 = 0; i22 < 1; i22 += 1) {
 					#pragma unroll
-					for (int j21 = 0; j21 < 1; j21 += 1) {
-						acc[(i20 + j21)] = (acc[(i20 + j21)] + (fa[i20] * fb[j21]));
+					for (int j23 = 0; j23 < 1; j23 += 1) {
+						acc[(i22 + j23)] = (acc[(i22 + j23)] + (fa[i22] * fb[j23]));
 					}
 				}
 			}
-			st10 = ((st10 == 2) ? 0 : (st10 + 1));
-			ns11 = ((ns11 == 2) ? 0 : (ns11 + 1));
+			st12 = ((st12 == 2) ? 0 : (st12 + 1));
+			ns13 = ((ns13 == 2) ? 0 : (ns13 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int i22 = 0; i22 < 1; i22 += 1) {
+		for (int i24 = 0; i24 < 1; i24 += 1) {
 			#pragma unroll
-			for (int j23 = 0; j23 < 1; j23 += 1) {
-				int row24 = (m04 + (ty1 + i22));
-				int col25 = (n05 + (tx0 + j23));
-				if ((col25 < 24)) {
-					float v26 = p3[((row24 * 24) + col25)];
-					p0[(((((row24 / 8) % 2) * 576) + ((row24 % 8) * 24)) + col25)] = v26;
-					float v27 = acc[(i22 + j23)];
-					float v28 = ((v27 < 0x0p+0f) ? 0x0p+0f : v27);
-					p0[(((((row24 / 8) % 2) * 576) + (((row24 % 8) + 8) * 24)) + col25)] = v28;
-					float v29 = p4[((row24 * 24) + col25)];
-					p0[(((((row24 / 8) % 2) * 576) + (((row24 % 8) + 16) * 24)) + col25)] = v29;
+			for (int j25 = 0; j25 < 1; j25 += 1) {
+				int row26 = (m04 + (ty1 + i24));
+				int col27 = (n05 + (tx0 + j25));
+				if ((col27 < 24)) {
+					float v28 = p3[((row26 * 24) + col27)];
+					p0[(((((row26 / 8) % 2) * 576) + ((row26 % 8) * 24)) + col27)] = v28;
+					float v29 = acc[(i24 + j25)];
+					float v30 = ((v29 < 0x0p+0f) ? 0x0p+0f : v29);
+					p0[(((((row26 / 8) % 2) * 576) + (((row26 % 8) + 8) * 24)) + col27)] = v30;
+					float v31 = p4[((row26 * 24) + col27)];
+					p0[(((((row26 / 8) % 2) * 576) + (((row26 % 8) + 16) * 24)) + col27)] = v31;
 				}
 			}
 		}

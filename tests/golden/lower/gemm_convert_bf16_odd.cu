@@ -35,12 +35,12 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_convert_bf16_odd(__nv_b
 		#pragma unroll
 		for (int c8 = 0; c8 < 8; c8 += 1) {
 			int ci9 = (((int)threadIdx.x) + (c8 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[ci9]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((ci9 % 32) < 23)) ? &p1[(((m05 + (ci9 / 32)) * 23) + (ci9 % 32))] : p1), "r"((((ci9 % 32) < 23)) ? 4 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ca) + (unsigned)(ci9) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((ci9 % 32) < 23)) ? &p1[(((m05 + (ci9 / 32)) * 23) + (ci9 % 32))] : p1), "r"((((ci9 % 32) < 23)) ? 4 : 0) : "memory"); }
 		}
 		#pragma unroll
 		for (int c10 = 0; c10 < 8; c10 += 1) {
 			int ci11 = (((int)threadIdx.x) + (c10 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[ci11]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci11 / 32)) < 24) && ((ci11 % 32) < 23))) ? &p2[(((n06 + (ci11 / 32)) * 23) + (ci11 % 32))] : p2), "r"(((((n06 + (ci11 / 32)) < 24) && ((ci11 % 32) < 23))) ? 4 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(cb) + (unsigned)(ci11) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci11 / 32)) < 24) && ((ci11 % 32) < 23))) ? &p2[(((n06 + (ci11 / 32)) * 23) + (ci11 % 32))] : p2), "r"(((((n06 + (ci11 / 32)) < 24) && ((ci11 % 32) < 23))) ? 4 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -67,30 +67,32 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_convert_bf16_odd(__nv_b
 				#pragma unroll
 				for (int c22 = 0; c22 < 8; c22 += 1) {
 					int ci23 = (((int)threadIdx.x) + (c22 * 64));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[((ns13 * 512) + ci23)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((nx21 * 32) + (ci23 % 32)) < 23)) ? &p1[(((m05 + (ci23 / 32)) * 23) + ((nx21 * 32) + (ci23 % 32)))] : p1), "r"(((((nx21 * 32) + (ci23 % 32)) < 23)) ? 4 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ca) + (unsigned)(((ns13 * 512) + ci23)) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((nx21 * 32) + (ci23 % 32)) < 23)) ? &p1[(((m05 + (ci23 / 32)) * 23) + ((nx21 * 32) + (ci23 % 32)))] : p1), "r"(((((nx21 * 32) + (ci23 % 32)) < 23)) ? 4 : 0) : "memory"); }
 				}
 				#pragma unroll
 				for (int c24 = 0; c24 < 8; c24 += 1) {
 					int ci25 = (((int)threadIdx.x) + (c24 * 64));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[((ns13 * 512) + ci25)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci25 / 32)) < 24) && (((nx21 * 32) + (ci25 % 32)) < 23))) ? &p2[(((n06 + (ci25 / 32)) * 23) + ((nx21 * 32) + (ci25 % 32)))] : p2), "r"(((((n06 + (ci25 / 32)) < 24) && (((nx21 * 32) + (ci25 % 32)) < 23))) ? 4 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(cb) + (unsigned)(((ns13 * 512) + ci25)) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci25 / 32)) < 24) && (((nx21 * 32) + (ci25 % 32)) < 23))) ? &p2[(((n06 + (ci25 / 32)) * 23) + ((nx21 * 32) + (ci25 % 32)))] : p2), "r"(((((n06 + (ci25 / 32)) < 24) && (((nx21 * 32) + (ci25 % 32)) < 23))) ? 4 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
+			int ab27 = (((wm1 + (lane0 & 15)) * 40) + ((lane0 >> 4) * 8));
+			int bb28 = (((wn2 + (lane0 & 7)) * 40) + (((lane0 >> 3) & 1) * 8));
 			#pragma unroll
 			for (int ks26 = 0; ks26 < 32; ks26 += 16) {
 				#pragma unroll
-				for (int mi27 = 0; mi27 < 1; mi27 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((((wm1 + (mi27 * 16)) + (lane0 & 15)) * 40) + (ks26 + ((lane0 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi27 * 8)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); fa[(mi27 * 8) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); fa[(mi27 * 8) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); fa[(mi27 * 8) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); fa[(mi27 * 8) + 4] = __ushort_as_bfloat16((unsigned short)(ap_r2 & 0xffffu)); fa[(mi27 * 8) + 5] = __ushort_as_bfloat16((unsigned short)(ap_r2 >> 16)); fa[(mi27 * 8) + 6] = __ushort_as_bfloat16((unsigned short)(ap_r3 & 0xffffu)); fa[(mi27 * 8) + 7] = __ushort_as_bfloat16((unsigned short)(ap_r3 >> 16)); }
-				}
-				#pragma unroll
-				for (int ni28 = 0; ni28 < 1; ni28 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((((wn2 + (ni28 * 8)) + (lane0 & 7)) * 40) + (ks26 + (((lane0 >> 3) & 1) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni28 * 4)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); fb[(ni28 * 4) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); fb[(ni28 * 4) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); fb[(ni28 * 4) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
-				}
-				#pragma unroll
 				for (int mi29 = 0; mi29 < 1; mi29 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((ab27 + (((mi29 * 16) * 40) + ks26))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi29 * 8)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); fa[(mi29 * 8) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); fa[(mi29 * 8) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); fa[(mi29 * 8) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); fa[(mi29 * 8) + 4] = __ushort_as_bfloat16((unsigned short)(ap_r2 & 0xffffu)); fa[(mi29 * 8) + 5] = __ushort_as_bfloat16((unsigned short)(ap_r2 >> 16)); fa[(mi29 * 8) + 6] = __ushort_as_bfloat16((unsigned short)(ap_r3 & 0xffffu)); fa[(mi29 * 8) + 7] = __ushort_as_bfloat16((unsigned short)(ap_r3 >> 16)); }
+				}
+				#pragma unroll
+				for (int ni30 = 0; ni30 < 1; ni30 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((bb28 + (((ni30 * 8) * 40) + ks26))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni30 * 4)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); fb[(ni30 * 4) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); fb[(ni30 * 4) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); fb[(ni30 * 4) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
+				}
+				#pragma unroll
+				for (int mi31 = 0; mi31 < 1; mi31 += 1) {
 					#pragma unroll
-					for (int ni30 = 0; ni30 < 1; ni30 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi29 + ni30) * 4)]), "=f"(acc[((mi29 + ni30) * 4) + 1]), "=f"(acc[((mi29 + ni30) * 4) + 2]), "=f"(acc[((mi29 + ni30) * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8)]) | ((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(fa[(mi29 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fb[(ni30 * 4)]) | ((unsigned)__bfloat16_as_ushort(fb[(ni30 * 4) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fb[(ni30 * 4) + 2]) | ((unsigned)__bfloat16_as_ushort(fb[(ni30 * 4) + 3]) << 16))), "f"(acc[((mi29 + ni30) * 4)]), "f"(acc[((mi29 + ni30) * 4) + 1]), "f"(acc[((mi29 + ni30) * 4) + 2]), "f"(acc[((mi29 + ni30) * 4) + 3]));
+					for (int ni32 = 0; ni32 < 1; ni32 += 1) {
+						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi31 + ni32) * 4)]), "=f"(acc[((mi31 + ni32) * 4) + 1]), "=f"(acc[((mi31 + ni32) * 4) + 2]), "=f"(acc[((mi31 + ni32) * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(fa[(mi31 * 8)]) | ((unsigned)__bfloat16_as_ushort(fa[(mi31 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fa[(mi31 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(fa[(mi31 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fa[(mi31 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(fa[(mi31 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fa[(mi31 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(fa[(mi31 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fb[(ni32 * 4)]) | ((unsigned)__bfloat16_as_ushort(fb[(ni32 * 4) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(fb[(ni32 * 4) + 2]) | ((unsigned)__bfloat16_as_ushort(fb[(ni32 * 4) + 3]) << 16))), "f"(acc[((mi31 + ni32) * 4)]), "f"(acc[((mi31 + ni32) * 4) + 1]), "f"(acc[((mi31 + ni32) * 4) + 2]), "f"(acc[((mi31 + ni32) * 4) + 3]));
 					}
 				}
 			}
@@ -99,16 +101,16 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_convert_bf16_odd(__nv_b
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int mi31 = 0; mi31 < 1; mi31 += 1) {
+		for (int mi33 = 0; mi33 < 1; mi33 += 1) {
 			#pragma unroll
-			for (int ni32 = 0; ni32 < 1; ni32 += 1) {
+			for (int ni34 = 0; ni34 < 1; ni34 += 1) {
 				#pragma unroll
-				for (int e33 = 0; e33 < 4; e33 += 1) {
-					int row34 = ((m05 + wm1) + ((mi31 * 16) + ((lane0 >> 2) + ((e33 >> 1) * 8))));
-					int col35 = ((n06 + wn2) + ((ni32 * 8) + (((lane0 & 3) * 2) + (e33 & 1))));
-					if (((row34 < 16) && (col35 < 24))) {
-						__nv_bfloat16 v36 = __float2bfloat16_rn(acc[(((mi31 + ni32) * 4) + e33)]);
-						p0[((row34 * 24) + col35)] = v36;
+				for (int e35 = 0; e35 < 4; e35 += 1) {
+					int row36 = ((m05 + wm1) + ((mi33 * 16) + ((lane0 >> 2) + ((e35 >> 1) * 8))));
+					int col37 = ((n06 + wn2) + ((ni34 * 8) + (((lane0 & 3) * 2) + (e35 & 1))));
+					if (((row36 < 16) && (col37 < 24))) {
+						__nv_bfloat16 v38 = __float2bfloat16_rn(acc[(((mi33 + ni34) * 4) + e35)]);
+						p0[((row36 * 24) + col37)] = v38;
 					}
 				}
 			}

@@ -35,23 +35,23 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_convert_f16(__half *__r
 		#pragma unroll
 		for (int c8 = 0; c8 < 2; c8 += 1) {
 			int ci9 = (((int)threadIdx.x) + (c8 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(ci9 * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci9 / 8)) < 24) && (((ci9 % 8) * 4) < 36))) ? &p1[(((m05 + (ci9 / 8)) * 36) + ((ci9 % 8) * 4))] : p1), "r"(((((m05 + (ci9 / 8)) < 24) && (((ci9 % 8) * 4) < 36))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ca) + (unsigned)((ci9 * 4)) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci9 / 8)) < 24) && (((ci9 % 8) * 4) < 36))) ? &p1[(((m05 + (ci9 / 8)) * 36) + ((ci9 % 8) * 4))] : p1), "r"(((((m05 + (ci9 / 8)) < 24) && (((ci9 % 8) * 4) < 36))) ? 16 : 0) : "memory"); }
 		}
 		#pragma unroll
 		for (int c10 = 0; c10 < 2; c10 += 1) {
 			int ci11 = (((int)threadIdx.x) + (c10 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[(ci11 * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci11 / 8)) < 24) && (((ci11 % 8) * 4) < 36))) ? &p2[(((n06 + (ci11 / 8)) * 36) + ((ci11 % 8) * 4))] : p2), "r"(((((n06 + (ci11 / 8)) < 24) && (((ci11 % 8) * 4) < 36))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(cb) + (unsigned)((ci11 * 4)) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci11 / 8)) < 24) && (((ci11 % 8) * 4) < 36))) ? &p2[(((n06 + (ci11 / 8)) * 36) + ((ci11 % 8) * 4))] : p2), "r"(((((n06 + (ci11 / 8)) < 24) && (((ci11 % 8) * 4) < 36))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		#pragma unroll
 		for (int c12 = 0; c12 < 2; c12 += 1) {
 			int ci13 = (((int)threadIdx.x) + (c12 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[((128 + ci13) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci13 / 8)) < 24) && ((32 + ((ci13 % 8) * 4)) < 36))) ? &p1[(((m05 + (ci13 / 8)) * 36) + (32 + ((ci13 % 8) * 4)))] : p1), "r"(((((m05 + (ci13 / 8)) < 24) && ((32 + ((ci13 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ca) + (unsigned)(((128 + ci13) * 4)) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci13 / 8)) < 24) && ((32 + ((ci13 % 8) * 4)) < 36))) ? &p1[(((m05 + (ci13 / 8)) * 36) + (32 + ((ci13 % 8) * 4)))] : p1), "r"(((((m05 + (ci13 / 8)) < 24) && ((32 + ((ci13 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
 		}
 		#pragma unroll
 		for (int c14 = 0; c14 < 2; c14 += 1) {
 			int ci15 = (((int)threadIdx.x) + (c14 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[((128 + ci15) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci15 / 8)) < 24) && ((32 + ((ci15 % 8) * 4)) < 36))) ? &p2[(((n06 + (ci15 / 8)) * 36) + (32 + ((ci15 % 8) * 4)))] : p2), "r"(((((n06 + (ci15 / 8)) < 24) && ((32 + ((ci15 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(cb) + (unsigned)(((128 + ci15) * 4)) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci15 / 8)) < 24) && ((32 + ((ci15 % 8) * 4)) < 36))) ? &p2[(((n06 + (ci15 / 8)) * 36) + (32 + ((ci15 % 8) * 4)))] : p2), "r"(((((n06 + (ci15 / 8)) < 24) && ((32 + ((ci15 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		int st16 = 0;
@@ -77,30 +77,32 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_convert_f16(__half *__r
 				#pragma unroll
 				for (int c26 = 0; c26 < 2; c26 += 1) {
 					int ci27 = (((int)threadIdx.x) + (c26 * 64));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(((ns17 * 128) + ci27) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci27 / 8)) < 24) && (((nx25 * 32) + ((ci27 % 8) * 4)) < 36))) ? &p1[(((m05 + (ci27 / 8)) * 36) + ((nx25 * 32) + ((ci27 % 8) * 4)))] : p1), "r"(((((m05 + (ci27 / 8)) < 24) && (((nx25 * 32) + ((ci27 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ca) + (unsigned)((((ns17 * 128) + ci27) * 4)) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci27 / 8)) < 24) && (((nx25 * 32) + ((ci27 % 8) * 4)) < 36))) ? &p1[(((m05 + (ci27 / 8)) * 36) + ((nx25 * 32) + ((ci27 % 8) * 4)))] : p1), "r"(((((m05 + (ci27 / 8)) < 24) && (((nx25 * 32) + ((ci27 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
 				}
 				#pragma unroll
 				for (int c28 = 0; c28 < 2; c28 += 1) {
 					int ci29 = (((int)threadIdx.x) + (c28 * 64));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[(((ns17 * 128) + ci29) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci29 / 8)) < 24) && (((nx25 * 32) + ((ci29 % 8) * 4)) < 36))) ? &p2[(((n06 + (ci29 / 8)) * 36) + ((nx25 * 32) + ((ci29 % 8) * 4)))] : p2), "r"(((((n06 + (ci29 / 8)) < 24) && (((nx25 * 32) + ((ci29 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(cb) + (unsigned)((((ns17 * 128) + ci29) * 4)) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci29 / 8)) < 24) && (((nx25 * 32) + ((ci29 % 8) * 4)) < 36))) ? &p2[(((n06 + (ci29 / 8)) * 36) + ((nx25 * 32) + ((ci29 % 8) * 4)))] : p2), "r"(((((n06 + (ci29 / 8)) < 24) && (((nx25 * 32) + ((ci29 % 8) * 4)) < 36))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
+			int ab31 = (((wm1 + (lane0 & 15)) * 40) + ((lane0 >> 4) * 8));
+			int bb32 = (((wn2 + (lane0 & 7)) * 40) + (((lane0 >> 3) & 1) * 8));
 			#pragma unroll
 			for (int ks30 = 0; ks30 < 32; ks30 += 16) {
 				#pragma unroll
-				for (int mi31 = 0; mi31 < 1; mi31 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((((wm1 + (mi31 * 16)) + (lane0 & 15)) * 40) + (ks30 + ((lane0 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi31 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fa[(mi31 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fa[(mi31 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fa[(mi31 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); fa[(mi31 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); fa[(mi31 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); fa[(mi31 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); fa[(mi31 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
-				}
-				#pragma unroll
-				for (int ni32 = 0; ni32 < 1; ni32 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((((wn2 + (ni32 * 8)) + (lane0 & 7)) * 40) + (ks30 + (((lane0 >> 3) & 1) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni32 * 4)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fb[(ni32 * 4) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fb[(ni32 * 4) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fb[(ni32 * 4) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
-				}
-				#pragma unroll
 				for (int mi33 = 0; mi33 < 1; mi33 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((ab31 + (((mi33 * 16) * 40) + ks30))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi33 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fa[(mi33 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fa[(mi33 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fa[(mi33 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); fa[(mi33 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); fa[(mi33 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); fa[(mi33 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); fa[(mi33 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
+				}
+				#pragma unroll
+				for (int ni34 = 0; ni34 < 1; ni34 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((bb32 + (((ni34 * 8) * 40) + ks30))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni34 * 4)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fb[(ni34 * 4) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fb[(ni34 * 4) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fb[(ni34 * 4) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+				}
+				#pragma unroll
+				for (int mi35 = 0; mi35 < 1; mi35 += 1) {
 					#pragma unroll
-					for (int ni34 = 0; ni34 < 1; ni34 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi33 + ni34) * 4)]), "=f"(acc[((mi33 + ni34) * 4) + 1]), "=f"(acc[((mi33 + ni34) * 4) + 2]), "=f"(acc[((mi33 + ni34) * 4) + 3]) : "r"(((unsigned)__half_as_ushort(fa[(mi33 * 8)]) | ((unsigned)__half_as_ushort(fa[(mi33 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi33 * 8) + 2]) | ((unsigned)__half_as_ushort(fa[(mi33 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi33 * 8) + 4]) | ((unsigned)__half_as_ushort(fa[(mi33 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi33 * 8) + 6]) | ((unsigned)__half_as_ushort(fa[(mi33 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni34 * 4)]) | ((unsigned)__half_as_ushort(fb[(ni34 * 4) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni34 * 4) + 2]) | ((unsigned)__half_as_ushort(fb[(ni34 * 4) + 3]) << 16))), "f"(acc[((mi33 + ni34) * 4)]), "f"(acc[((mi33 + ni34) * 4) + 1]), "f"(acc[((mi33 + ni34) * 4) + 2]), "f"(acc[((mi33 + ni34) * 4) + 3]));
+					for (int ni36 = 0; ni36 < 1; ni36 += 1) {
+						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi35 + ni36) * 4)]), "=f"(acc[((mi35 + ni36) * 4) + 1]), "=f"(acc[((mi35 + ni36) * 4) + 2]), "=f"(acc[((mi35 + ni36) * 4) + 3]) : "r"(((unsigned)__half_as_ushort(fa[(mi35 * 8)]) | ((unsigned)__half_as_ushort(fa[(mi35 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi35 * 8) + 2]) | ((unsigned)__half_as_ushort(fa[(mi35 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi35 * 8) + 4]) | ((unsigned)__half_as_ushort(fa[(mi35 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi35 * 8) + 6]) | ((unsigned)__half_as_ushort(fa[(mi35 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni36 * 4)]) | ((unsigned)__half_as_ushort(fb[(ni36 * 4) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni36 * 4) + 2]) | ((unsigned)__half_as_ushort(fb[(ni36 * 4) + 3]) << 16))), "f"(acc[((mi35 + ni36) * 4)]), "f"(acc[((mi35 + ni36) * 4) + 1]), "f"(acc[((mi35 + ni36) * 4) + 2]), "f"(acc[((mi35 + ni36) * 4) + 3]));
 					}
 				}
 			}
@@ -109,16 +111,16 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_convert_f16(__half *__r
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int mi35 = 0; mi35 < 1; mi35 += 1) {
+		for (int mi37 = 0; mi37 < 1; mi37 += 1) {
 			#pragma unroll
-			for (int ni36 = 0; ni36 < 1; ni36 += 1) {
+			for (int ni38 = 0; ni38 < 1; ni38 += 1) {
 				#pragma unroll
-				for (int e37 = 0; e37 < 4; e37 += 1) {
-					int row38 = ((m05 + wm1) + ((mi35 * 16) + ((lane0 >> 2) + ((e37 >> 1) * 8))));
-					int col39 = ((n06 + wn2) + ((ni36 * 8) + (((lane0 & 3) * 2) + (e37 & 1))));
-					if (((row38 < 24) && (col39 < 24))) {
-						__half v40 = __float2half_rn(acc[(((mi35 + ni36) * 4) + e37)]);
-						p0[((row38 * 24) + col39)] = v40;
+				for (int e39 = 0; e39 < 4; e39 += 1) {
+					int row40 = ((m05 + wm1) + ((mi37 * 16) + ((lane0 >> 2) + ((e39 >> 1) * 8))));
+					int col41 = ((n06 + wn2) + ((ni38 * 8) + (((lane0 & 3) * 2) + (e39 & 1))));
+					if (((row40 < 24) && (col41 < 24))) {
+						__half v42 = __float2half_rn(acc[(((mi37 + ni38) * 4) + e39)]);
+						p0[((row40 * 24) + col41)] = v42;
 					}
 				}
 			}

@@ -39,66 +39,68 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_prologue_registers_f16(
 		for (int z15 = 0; z15 < 4; z15 += 1) {
 			acc[z15] = 0x0p+0f;
 		}
+		int cs16 = ((n06 + ((((int)threadIdx.x) % 2) * 8)) + ((((int)threadIdx.x) / 2) * 24));
+		int cd17 = (((((int)threadIdx.x) / 2) * 24) + ((((int)threadIdx.x) % 2) * 8));
 		ra7 = __ushort_as_half((unsigned short)0x0000u);
 		if ((((m05 + (((int)threadIdx.x) / 32)) < 12) && ((((int)threadIdx.x) % 32) < 20))) {
-			__half v16 = p1[(((m05 + (((int)threadIdx.x) / 32)) * 20) + (((int)threadIdx.x) % 32))];
-			__half v17 = p2[(((int)threadIdx.x) % 32)];
-			__half v18 = __float2half_rn((__half2float(v16) + __half2float(v17)));
-			ra7 = v18;
+			__half v18 = p1[(((m05 + (((int)threadIdx.x) / 32)) * 20) + (((int)threadIdx.x) % 32))];
+			__half v19 = p2[(((int)threadIdx.x) % 32)];
+			__half v20 = __float2half_rn((__half2float(v18) + __half2float(v19)));
+			ra7 = v20;
 		}
 		ra8 = __ushort_as_half((unsigned short)0x0000u);
 		if ((((m05 + ((((int)threadIdx.x) + 64) / 32)) < 12) && (((((int)threadIdx.x) + 64) % 32) < 20))) {
-			__half v19 = p1[(((m05 + ((((int)threadIdx.x) + 64) / 32)) * 20) + ((((int)threadIdx.x) + 64) % 32))];
-			__half v20 = p2[((((int)threadIdx.x) + 64) % 32)];
-			__half v21 = __float2half_rn((__half2float(v19) + __half2float(v20)));
-			ra8 = v21;
+			__half v21 = p1[(((m05 + ((((int)threadIdx.x) + 64) / 32)) * 20) + ((((int)threadIdx.x) + 64) % 32))];
+			__half v22 = p2[((((int)threadIdx.x) + 64) % 32)];
+			__half v23 = __float2half_rn((__half2float(v21) + __half2float(v22)));
+			ra8 = v23;
 		}
 		ra9 = __ushort_as_half((unsigned short)0x0000u);
 		if ((((m05 + ((((int)threadIdx.x) + 128) / 32)) < 12) && (((((int)threadIdx.x) + 128) % 32) < 20))) {
-			__half v22 = p1[(((m05 + ((((int)threadIdx.x) + 128) / 32)) * 20) + ((((int)threadIdx.x) + 128) % 32))];
-			__half v23 = p2[((((int)threadIdx.x) + 128) % 32)];
-			__half v24 = __float2half_rn((__half2float(v22) + __half2float(v23)));
-			ra9 = v24;
+			__half v24 = p1[(((m05 + ((((int)threadIdx.x) + 128) / 32)) * 20) + ((((int)threadIdx.x) + 128) % 32))];
+			__half v25 = p2[((((int)threadIdx.x) + 128) % 32)];
+			__half v26 = __float2half_rn((__half2float(v24) + __half2float(v25)));
+			ra9 = v26;
 		}
 		ra10 = __ushort_as_half((unsigned short)0x0000u);
 		if ((((m05 + ((((int)threadIdx.x) + 192) / 32)) < 12) && (((((int)threadIdx.x) + 192) % 32) < 20))) {
-			__half v25 = p1[(((m05 + ((((int)threadIdx.x) + 192) / 32)) * 20) + ((((int)threadIdx.x) + 192) % 32))];
-			__half v26 = p2[((((int)threadIdx.x) + 192) % 32)];
-			__half v27 = __float2half_rn((__half2float(v25) + __half2float(v26)));
-			ra10 = v27;
+			__half v27 = p1[(((m05 + ((((int)threadIdx.x) + 192) / 32)) * 20) + ((((int)threadIdx.x) + 192) % 32))];
+			__half v28 = p2[((((int)threadIdx.x) + 192) % 32)];
+			__half v29 = __float2half_rn((__half2float(v27) + __half2float(v28)));
+			ra10 = v29;
 		}
 		ra11 = __ushort_as_half((unsigned short)0x0000u);
 		if ((((m05 + ((((int)threadIdx.x) + 256) / 32)) < 12) && (((((int)threadIdx.x) + 256) % 32) < 20))) {
-			__half v28 = p1[(((m05 + ((((int)threadIdx.x) + 256) / 32)) * 20) + ((((int)threadIdx.x) + 256) % 32))];
-			__half v29 = p2[((((int)threadIdx.x) + 256) % 32)];
-			__half v30 = __float2half_rn((__half2float(v28) + __half2float(v29)));
-			ra11 = v30;
+			__half v30 = p1[(((m05 + ((((int)threadIdx.x) + 256) / 32)) * 20) + ((((int)threadIdx.x) + 256) % 32))];
+			__half v31 = p2[((((int)threadIdx.x) + 256) % 32)];
+			__half v32 = __float2half_rn((__half2float(v30) + __half2float(v31)));
+			ra11 = v32;
 		}
 		ra12 = __ushort_as_half((unsigned short)0x0000u);
 		if ((((m05 + ((((int)threadIdx.x) + 320) / 32)) < 12) && (((((int)threadIdx.x) + 320) % 32) < 20))) {
-			__half v31 = p1[(((m05 + ((((int)threadIdx.x) + 320) / 32)) * 20) + ((((int)threadIdx.x) + 320) % 32))];
-			__half v32 = p2[((((int)threadIdx.x) + 320) % 32)];
-			__half v33 = __float2half_rn((__half2float(v31) + __half2float(v32)));
-			ra12 = v33;
+			__half v33 = p1[(((m05 + ((((int)threadIdx.x) + 320) / 32)) * 20) + ((((int)threadIdx.x) + 320) % 32))];
+			__half v34 = p2[((((int)threadIdx.x) + 320) % 32)];
+			__half v35 = __float2half_rn((__half2float(v33) + __half2float(v34)));
+			ra12 = v35;
 		}
 		ra13 = __ushort_as_half((unsigned short)0x0000u);
 		if ((((m05 + ((((int)threadIdx.x) + 384) / 32)) < 12) && (((((int)threadIdx.x) + 384) % 32) < 20))) {
-			__half v34 = p1[(((m05 + ((((int)threadIdx.x) + 384) / 32)) * 20) + ((((int)threadIdx.x) + 384) % 32))];
-			__half v35 = p2[((((int)threadIdx.x) + 384) % 32)];
-			__half v36 = __float2half_rn((__half2float(v34) + __half2float(v35)));
-			ra13 = v36;
+			__half v36 = p1[(((m05 + ((((int)threadIdx.x) + 384) / 32)) * 20) + ((((int)threadIdx.x) + 384) % 32))];
+			__half v37 = p2[((((int)threadIdx.x) + 384) % 32)];
+			__half v38 = __float2half_rn((__half2float(v36) + __half2float(v37)));
+			ra13 = v38;
 		}
 		ra14 = __ushort_as_half((unsigned short)0x0000u);
 		if ((((m05 + ((((int)threadIdx.x) + 448) / 32)) < 12) && (((((int)threadIdx.x) + 448) % 32) < 20))) {
-			__half v37 = p1[(((m05 + ((((int)threadIdx.x) + 448) / 32)) * 20) + ((((int)threadIdx.x) + 448) % 32))];
-			__half v38 = p2[((((int)threadIdx.x) + 448) % 32)];
-			__half v39 = __float2half_rn((__half2float(v37) + __half2float(v38)));
-			ra14 = v39;
+			__half v39 = p1[(((m05 + ((((int)threadIdx.x) + 448) / 32)) * 20) + ((((int)threadIdx.x) + 448) % 32))];
+			__half v40 = p2[((((int)threadIdx.x) + 448) % 32)];
+			__half v41 = __float2half_rn((__half2float(v39) + __half2float(v40)));
+			ra14 = v41;
 		}
 		#pragma unroll
-		for (int c40 = 0; c40 < 1; c40 += 1) {
-			int ci41 = (((int)threadIdx.x) + (c40 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((ci41 / 2) * 24) + ((ci41 % 2) * 8))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci41 % 2) * 8)) < 24) && ((ci41 / 2) < 20))) ? &p3[((n06 + ((ci41 % 2) * 8)) + ((ci41 / 2) * 24))] : p3), "r"(((((n06 + ((ci41 % 2) * 8)) < 24) && ((ci41 / 2) < 20))) ? 16 : 0) : "memory"); }
+		for (int c42 = 0; c42 < 1; c42 += 1) {
+			int ci43 = (((int)threadIdx.x) + (c42 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((cd17 + (c42 * 768))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci43 % 2) * 8)) < 24) && ((ci43 / 2) < 20))) ? &p3[(cs16 + (c42 * 768))] : p3), "r"(((((n06 + ((ci43 % 2) * 8)) < 24) && ((ci43 / 2) < 20))) ? 16 : 0) : "memory"); }
 		}
 		sa[(((((int)threadIdx.x) / 32) * 40) + (((int)threadIdx.x) % 32))] = ra7;
 		sa[((((((int)threadIdx.x) + 64) / 32) * 40) + ((((int)threadIdx.x) + 64) % 32))] = ra8;
@@ -110,119 +112,121 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_prologue_registers_f16(
 		sa[((((((int)threadIdx.x) + 448) / 32) * 40) + ((((int)threadIdx.x) + 448) % 32))] = ra14;
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		int st42 = 0;
-		int ns43 = 2;
-		for (int kt44 = 0; kt44 < 1; kt44 += 1) {
+		int st44 = 0;
+		int ns45 = 2;
+		for (int kt46 = 0; kt46 < 1; kt46 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int nx45 = (kt44 + 2);
-			if ((nx45 < 1)) {
+			int nx47 = (kt46 + 2);
+			if ((nx47 < 1)) {
 				ra7 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + (((int)threadIdx.x) / 32)) < 12) && (((nx45 * 32) + (((int)threadIdx.x) % 32)) < 20))) {
-					__half v46 = p1[(((m05 + (((int)threadIdx.x) / 32)) * 20) + ((nx45 * 32) + (((int)threadIdx.x) % 32)))];
-					__half v47 = p2[((nx45 * 32) + (((int)threadIdx.x) % 32))];
-					__half v48 = __float2half_rn((__half2float(v46) + __half2float(v47)));
-					ra7 = v48;
+				if ((((m05 + (((int)threadIdx.x) / 32)) < 12) && (((nx47 * 32) + (((int)threadIdx.x) % 32)) < 20))) {
+					__half v48 = p1[(((m05 + (((int)threadIdx.x) / 32)) * 20) + ((nx47 * 32) + (((int)threadIdx.x) % 32)))];
+					__half v49 = p2[((nx47 * 32) + (((int)threadIdx.x) % 32))];
+					__half v50 = __float2half_rn((__half2float(v48) + __half2float(v49)));
+					ra7 = v50;
 				}
 				ra8 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + ((((int)threadIdx.x) + 64) / 32)) < 12) && (((nx45 * 32) + ((((int)threadIdx.x) + 64) % 32)) < 20))) {
-					__half v49 = p1[(((m05 + ((((int)threadIdx.x) + 64) / 32)) * 20) + ((nx45 * 32) + ((((int)threadIdx.x) + 64) % 32)))];
-					__half v50 = p2[((nx45 * 32) + ((((int)threadIdx.x) + 64) % 32))];
-					__half v51 = __float2half_rn((__half2float(v49) + __half2float(v50)));
-					ra8 = v51;
+				if ((((m05 + ((((int)threadIdx.x) + 64) / 32)) < 12) && (((nx47 * 32) + ((((int)threadIdx.x) + 64) % 32)) < 20))) {
+					__half v51 = p1[(((m05 + ((((int)threadIdx.x) + 64) / 32)) * 20) + ((nx47 * 32) + ((((int)threadIdx.x) + 64) % 32)))];
+					__half v52 = p2[((nx47 * 32) + ((((int)threadIdx.x) + 64) % 32))];
+					__half v53 = __float2half_rn((__half2float(v51) + __half2float(v52)));
+					ra8 = v53;
 				}
 				ra9 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + ((((int)threadIdx.x) + 128) / 32)) < 12) && (((nx45 * 32) + ((((int)threadIdx.x) + 128) % 32)) < 20))) {
-					__half v52 = p1[(((m05 + ((((int)threadIdx.x) + 128) / 32)) * 20) + ((nx45 * 32) + ((((int)threadIdx.x) + 128) % 32)))];
-					__half v53 = p2[((nx45 * 32) + ((((int)threadIdx.x) + 128) % 32))];
-					__half v54 = __float2half_rn((__half2float(v52) + __half2float(v53)));
-					ra9 = v54;
+				if ((((m05 + ((((int)threadIdx.x) + 128) / 32)) < 12) && (((nx47 * 32) + ((((int)threadIdx.x) + 128) % 32)) < 20))) {
+					__half v54 = p1[(((m05 + ((((int)threadIdx.x) + 128) / 32)) * 20) + ((nx47 * 32) + ((((int)threadIdx.x) + 128) % 32)))];
+					__half v55 = p2[((nx47 * 32) + ((((int)threadIdx.x) + 128) % 32))];
+					__half v56 = __float2half_rn((__half2float(v54) + __half2float(v55)));
+					ra9 = v56;
 				}
 				ra10 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + ((((int)threadIdx.x) + 192) / 32)) < 12) && (((nx45 * 32) + ((((int)threadIdx.x) + 192) % 32)) < 20))) {
-					__half v55 = p1[(((m05 + ((((int)threadIdx.x) + 192) / 32)) * 20) + ((nx45 * 32) + ((((int)threadIdx.x) + 192) % 32)))];
-					__half v56 = p2[((nx45 * 32) + ((((int)threadIdx.x) + 192) % 32))];
-					__half v57 = __float2half_rn((__half2float(v55) + __half2float(v56)));
-					ra10 = v57;
+				if ((((m05 + ((((int)threadIdx.x) + 192) / 32)) < 12) && (((nx47 * 32) + ((((int)threadIdx.x) + 192) % 32)) < 20))) {
+					__half v57 = p1[(((m05 + ((((int)threadIdx.x) + 192) / 32)) * 20) + ((nx47 * 32) + ((((int)threadIdx.x) + 192) % 32)))];
+					__half v58 = p2[((nx47 * 32) + ((((int)threadIdx.x) + 192) % 32))];
+					__half v59 = __float2half_rn((__half2float(v57) + __half2float(v58)));
+					ra10 = v59;
 				}
 				ra11 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + ((((int)threadIdx.x) + 256) / 32)) < 12) && (((nx45 * 32) + ((((int)threadIdx.x) + 256) % 32)) < 20))) {
-					__half v58 = p1[(((m05 + ((((int)threadIdx.x) + 256) / 32)) * 20) + ((nx45 * 32) + ((((int)threadIdx.x) + 256) % 32)))];
-					__half v59 = p2[((nx45 * 32) + ((((int)threadIdx.x) + 256) % 32))];
-					__half v60 = __float2half_rn((__half2float(v58) + __half2float(v59)));
-					ra11 = v60;
+				if ((((m05 + ((((int)threadIdx.x) + 256) / 32)) < 12) && (((nx47 * 32) + ((((int)threadIdx.x) + 256) % 32)) < 20))) {
+					__half v60 = p1[(((m05 + ((((int)threadIdx.x) + 256) / 32)) * 20) + ((nx47 * 32) + ((((int)threadIdx.x) + 256) % 32)))];
+					__half v61 = p2[((nx47 * 32) + ((((int)threadIdx.x) + 256) % 32))];
+					__half v62 = __float2half_rn((__half2float(v60) + __half2float(v61)));
+					ra11 = v62;
 				}
 				ra12 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + ((((int)threadIdx.x) + 320) / 32)) < 12) && (((nx45 * 32) + ((((int)threadIdx.x) + 320) % 32)) < 20))) {
-					__half v61 = p1[(((m05 + ((((int)threadIdx.x) + 320) / 32)) * 20) + ((nx45 * 32) + ((((int)threadIdx.x) + 320) % 32)))];
-					__half v62 = p2[((nx45 * 32) + ((((int)threadIdx.x) + 320) % 32))];
-					__half v63 = __float2half_rn((__half2float(v61) + __half2float(v62)));
-					ra12 = v63;
+				if ((((m05 + ((((int)threadIdx.x) + 320) / 32)) < 12) && (((nx47 * 32) + ((((int)threadIdx.x) + 320) % 32)) < 20))) {
+					__half v63 = p1[(((m05 + ((((int)threadIdx.x) + 320) / 32)) * 20) + ((nx47 * 32) + ((((int)threadIdx.x) + 320) % 32)))];
+					__half v64 = p2[((nx47 * 32) + ((((int)threadIdx.x) + 320) % 32))];
+					__half v65 = __float2half_rn((__half2float(v63) + __half2float(v64)));
+					ra12 = v65;
 				}
 				ra13 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + ((((int)threadIdx.x) + 384) / 32)) < 12) && (((nx45 * 32) + ((((int)threadIdx.x) + 384) % 32)) < 20))) {
-					__half v64 = p1[(((m05 + ((((int)threadIdx.x) + 384) / 32)) * 20) + ((nx45 * 32) + ((((int)threadIdx.x) + 384) % 32)))];
-					__half v65 = p2[((nx45 * 32) + ((((int)threadIdx.x) + 384) % 32))];
-					__half v66 = __float2half_rn((__half2float(v64) + __half2float(v65)));
-					ra13 = v66;
+				if ((((m05 + ((((int)threadIdx.x) + 384) / 32)) < 12) && (((nx47 * 32) + ((((int)threadIdx.x) + 384) % 32)) < 20))) {
+					__half v66 = p1[(((m05 + ((((int)threadIdx.x) + 384) / 32)) * 20) + ((nx47 * 32) + ((((int)threadIdx.x) + 384) % 32)))];
+					__half v67 = p2[((nx47 * 32) + ((((int)threadIdx.x) + 384) % 32))];
+					__half v68 = __float2half_rn((__half2float(v66) + __half2float(v67)));
+					ra13 = v68;
 				}
 				ra14 = __ushort_as_half((unsigned short)0x0000u);
-				if ((((m05 + ((((int)threadIdx.x) + 448) / 32)) < 12) && (((nx45 * 32) + ((((int)threadIdx.x) + 448) % 32)) < 20))) {
-					__half v67 = p1[(((m05 + ((((int)threadIdx.x) + 448) / 32)) * 20) + ((nx45 * 32) + ((((int)threadIdx.x) + 448) % 32)))];
-					__half v68 = p2[((nx45 * 32) + ((((int)threadIdx.x) + 448) % 32))];
-					__half v69 = __float2half_rn((__half2float(v67) + __half2float(v68)));
-					ra14 = v69;
+				if ((((m05 + ((((int)threadIdx.x) + 448) / 32)) < 12) && (((nx47 * 32) + ((((int)threadIdx.x) + 448) % 32)) < 20))) {
+					__half v69 = p1[(((m05 + ((((int)threadIdx.x) + 448) / 32)) * 20) + ((nx47 * 32) + ((((int)threadIdx.x) + 448) % 32)))];
+					__half v70 = p2[((nx47 * 32) + ((((int)threadIdx.x) + 448) % 32))];
+					__half v71 = __float2half_rn((__half2float(v69) + __half2float(v70)));
+					ra14 = v71;
 				}
 				#pragma unroll
-				for (int c70 = 0; c70 < 1; c70 += 1) {
-					int ci71 = (((int)threadIdx.x) + (c70 * 64));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns43 * 768) + (((ci71 / 2) * 24) + ((ci71 % 2) * 8)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci71 % 2) * 8)) < 24) && (((nx45 * 32) + (ci71 / 2)) < 20))) ? &p3[((n06 + ((ci71 % 2) * 8)) + (((nx45 * 32) + (ci71 / 2)) * 24))] : p3), "r"(((((n06 + ((ci71 % 2) * 8)) < 24) && (((nx45 * 32) + (ci71 / 2)) < 20))) ? 16 : 0) : "memory"); }
+				for (int c72 = 0; c72 < 1; c72 += 1) {
+					int ci73 = (((int)threadIdx.x) + (c72 * 64));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns45 * 768) + (cd17 + (c72 * 768)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci73 % 2) * 8)) < 24) && (((nx47 * 32) + (ci73 / 2)) < 20))) ? &p3[(cs16 + ((c72 * 768) + (nx47 * 768)))] : p3), "r"(((((n06 + ((ci73 % 2) * 8)) < 24) && (((nx47 * 32) + (ci73 / 2)) < 20))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
+			int ab75 = ((st44 * 640) + (((wm1 + (lane0 & 15)) * 40) + ((lane0 >> 4) * 8)));
+			int bb76 = ((st44 * 768) + ((((((lane0 >> 3) & 1) * 8) + (lane0 & 7)) * 24) + wn2));
 			#pragma unroll
-			for (int ks72 = 0; ks72 < 32; ks72 += 16) {
+			for (int ks74 = 0; ks74 < 32; ks74 += 16) {
 				#pragma unroll
-				for (int mi73 = 0; mi73 < 1; mi73 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((st42 * 640) + ((((wm1 + (mi73 * 16)) + (lane0 & 15)) * 40) + (ks72 + ((lane0 >> 4) * 8))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi73 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fa[(mi73 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fa[(mi73 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fa[(mi73 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); fa[(mi73 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); fa[(mi73 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); fa[(mi73 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); fa[(mi73 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
+				for (int mi77 = 0; mi77 < 1; mi77 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((ab75 + (((mi77 * 16) * 40) + ks74))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi77 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fa[(mi77 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fa[(mi77 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fa[(mi77 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); fa[(mi77 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); fa[(mi77 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); fa[(mi77 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); fa[(mi77 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
 				}
 				#pragma unroll
-				for (int ni74 = 0; ni74 < 1; ni74 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((st42 * 768) + (((ks72 + ((((lane0 >> 3) & 1) * 8) + (lane0 & 7))) * 24) + (wn2 + (ni74 * 8))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni74 * 4)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fb[(ni74 * 4) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fb[(ni74 * 4) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fb[(ni74 * 4) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+				for (int ni78 = 0; ni78 < 1; ni78 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((bb76 + ((ks74 * 24) + (ni78 * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni78 * 4)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fb[(ni78 * 4) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fb[(ni78 * 4) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fb[(ni78 * 4) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
 				}
 				#pragma unroll
-				for (int mi75 = 0; mi75 < 1; mi75 += 1) {
+				for (int mi79 = 0; mi79 < 1; mi79 += 1) {
 					#pragma unroll
-					for (int ni76 = 0; ni76 < 1; ni76 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi75 + ni76) * 4)]), "=f"(acc[((mi75 + ni76) * 4) + 1]), "=f"(acc[((mi75 + ni76) * 4) + 2]), "=f"(acc[((mi75 + ni76) * 4) + 3]) : "r"(((unsigned)__half_as_ushort(fa[(mi75 * 8)]) | ((unsigned)__half_as_ushort(fa[(mi75 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi75 * 8) + 2]) | ((unsigned)__half_as_ushort(fa[(mi75 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi75 * 8) + 4]) | ((unsigned)__half_as_ushort(fa[(mi75 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi75 * 8) + 6]) | ((unsigned)__half_as_ushort(fa[(mi75 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni76 * 4)]) | ((unsigned)__half_as_ushort(fb[(ni76 * 4) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni76 * 4) + 2]) | ((unsigned)__half_as_ushort(fb[(ni76 * 4) + 3]) << 16))), "f"(acc[((mi75 + ni76) * 4)]), "f"(acc[((mi75 + ni76) * 4) + 1]), "f"(acc[((mi75 + ni76) * 4) + 2]), "f"(acc[((mi75 + ni76) * 4) + 3]));
+					for (int ni80 = 0; ni80 < 1; ni80 += 1) {
+						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi79 + ni80) * 4)]), "=f"(acc[((mi79 + ni80) * 4) + 1]), "=f"(acc[((mi79 + ni80) * 4) + 2]), "=f"(acc[((mi79 + ni80) * 4) + 3]) : "r"(((unsigned)__half_as_ushort(fa[(mi79 * 8)]) | ((unsigned)__half_as_ushort(fa[(mi79 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi79 * 8) + 2]) | ((unsigned)__half_as_ushort(fa[(mi79 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi79 * 8) + 4]) | ((unsigned)__half_as_ushort(fa[(mi79 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi79 * 8) + 6]) | ((unsigned)__half_as_ushort(fa[(mi79 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni80 * 4)]) | ((unsigned)__half_as_ushort(fb[(ni80 * 4) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni80 * 4) + 2]) | ((unsigned)__half_as_ushort(fb[(ni80 * 4) + 3]) << 16))), "f"(acc[((mi79 + ni80) * 4)]), "f"(acc[((mi79 + ni80) * 4) + 1]), "f"(acc[((mi79 + ni80) * 4) + 2]), "f"(acc[((mi79 + ni80) * 4) + 3]));
 					}
 				}
 			}
-			if ((nx45 < 1)) {
-				sa[((ns43 * 640) + (((((int)threadIdx.x) / 32) * 40) + (((int)threadIdx.x) % 32)))] = ra7;
-				sa[((ns43 * 640) + ((((((int)threadIdx.x) + 64) / 32) * 40) + ((((int)threadIdx.x) + 64) % 32)))] = ra8;
-				sa[((ns43 * 640) + ((((((int)threadIdx.x) + 128) / 32) * 40) + ((((int)threadIdx.x) + 128) % 32)))] = ra9;
-				sa[((ns43 * 640) + ((((((int)threadIdx.x) + 192) / 32) * 40) + ((((int)threadIdx.x) + 192) % 32)))] = ra10;
-				sa[((ns43 * 640) + ((((((int)threadIdx.x) + 256) / 32) * 40) + ((((int)threadIdx.x) + 256) % 32)))] = ra11;
-				sa[((ns43 * 640) + ((((((int)threadIdx.x) + 320) / 32) * 40) + ((((int)threadIdx.x) + 320) % 32)))] = ra12;
-				sa[((ns43 * 640) + ((((((int)threadIdx.x) + 384) / 32) * 40) + ((((int)threadIdx.x) + 384) % 32)))] = ra13;
-				sa[((ns43 * 640) + ((((((int)threadIdx.x) + 448) / 32) * 40) + ((((int)threadIdx.x) + 448) % 32)))] = ra14;
+			if ((nx47 < 1)) {
+				sa[((ns45 * 640) + (((((int)threadIdx.x) / 32) * 40) + (((int)threadIdx.x) % 32)))] = ra7;
+				sa[((ns45 * 640) + ((((((int)threadIdx.x) + 64) / 32) * 40) + ((((int)threadIdx.x) + 64) % 32)))] = ra8;
+				sa[((ns45 * 640) + ((((((int)threadIdx.x) + 128) / 32) * 40) + ((((int)threadIdx.x) + 128) % 32)))] = ra9;
+				sa[((ns45 * 640) + ((((((int)threadIdx.x) + 192) / 32) * 40) + ((((int)threadIdx.x) + 192) % 32)))] = ra10;
+				sa[((ns45 * 640) + ((((((int)threadIdx.x) + 256) / 32) * 40) + ((((int)threadIdx.x) + 256) % 32)))] = ra11;
+				sa[((ns45 * 640) + ((((((int)threadIdx.x) + 320) / 32) * 40) + ((((int)threadIdx.x) + 320) % 32)))] = ra12;
+				sa[((ns45 * 640) + ((((((int)threadIdx.x) + 384) / 32) * 40) + ((((int)threadIdx.x) + 384) % 32)))] = ra13;
+				sa[((ns45 * 640) + ((((((int)threadIdx.x) + 448) / 32) * 40) + ((((int)threadIdx.x) + 448) % 32)))] = ra14;
 			}
-			st42 = ((st42 == 2) ? 0 : (st42 + 1));
-			ns43 = ((ns43 == 2) ? 0 : (ns43 + 1));
+			st44 = ((st44 == 2) ? 0 : (st44 + 1));
+			ns45 = ((ns45 == 2) ? 0 : (ns45 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int mi77 = 0; mi77 < 1; mi77 += 1) {
+		for (int mi81 = 0; mi81 < 1; mi81 += 1) {
 			#pragma unroll
-			for (int ni78 = 0; ni78 < 1; ni78 += 1) {
+			for (int ni82 = 0; ni82 < 1; ni82 += 1) {
 				#pragma unroll
-				for (int e79 = 0; e79 < 4; e79 += 1) {
-					int row80 = ((m05 + wm1) + ((mi77 * 16) + ((lane0 >> 2) + ((e79 >> 1) * 8))));
-					int col81 = ((n06 + wn2) + ((ni78 * 8) + (((lane0 & 3) * 2) + (e79 & 1))));
-					if (((row80 < 12) && (col81 < 24))) {
-						__half v82 = __float2half_rn(acc[(((mi77 + ni78) * 4) + e79)]);
-						p0[((row80 * 24) + col81)] = v82;
+				for (int e83 = 0; e83 < 4; e83 += 1) {
+					int row84 = ((m05 + wm1) + ((mi81 * 16) + ((lane0 >> 2) + ((e83 >> 1) * 8))));
+					int col85 = ((n06 + wn2) + ((ni82 * 8) + (((lane0 & 3) * 2) + (e83 & 1))));
+					if (((row84 < 12) && (col85 < 24))) {
+						__half v86 = __float2half_rn(acc[(((mi81 + ni82) * 4) + e83)]);
+						p0[((row84 * 24) + col85)] = v86;
 					}
 				}
 			}

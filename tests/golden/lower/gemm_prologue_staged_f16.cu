@@ -35,12 +35,12 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_prologue_staged_f16(__h
 		#pragma unroll
 		for (int c8 = 0; c8 < 2; c8 += 1) {
 			int ci9 = (((int)threadIdx.x) + (c8 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(ci9 * 4)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci9 / 8)) < 18) && (((ci9 % 8) * 4) < 20))) ? &p1[(((m05 + (ci9 / 8)) * 20) + ((ci9 % 8) * 4))] : p1), "r"(((((m05 + (ci9 / 8)) < 18) && (((ci9 % 8) * 4) < 20))) ? 8 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ca) + (unsigned)((ci9 * 4)) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci9 / 8)) < 18) && (((ci9 % 8) * 4) < 20))) ? &p1[(((m05 + (ci9 / 8)) * 20) + ((ci9 % 8) * 4))] : p1), "r"(((((m05 + (ci9 / 8)) < 18) && (((ci9 % 8) * 4) < 20))) ? 8 : 0) : "memory"); }
 		}
 		#pragma unroll
 		for (int c10 = 0; c10 < 2; c10 += 1) {
 			int ci11 = (((int)threadIdx.x) + (c10 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[(ci11 * 4)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci11 / 8)) < 24) && (((ci11 % 8) * 4) < 20))) ? &p2[(((n06 + (ci11 / 8)) * 20) + ((ci11 % 8) * 4))] : p2), "r"(((((n06 + (ci11 / 8)) < 24) && (((ci11 % 8) * 4) < 20))) ? 8 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(cb) + (unsigned)((ci11 * 4)) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci11 / 8)) < 24) && (((ci11 % 8) * 4) < 20))) ? &p2[(((n06 + (ci11 / 8)) * 20) + ((ci11 % 8) * 4))] : p2), "r"(((((n06 + (ci11 / 8)) < 24) && (((ci11 % 8) * 4) < 20))) ? 8 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -80,30 +80,32 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_prologue_staged_f16(__h
 				#pragma unroll
 				for (int c29 = 0; c29 < 2; c29 += 1) {
 					int ci30 = (((int)threadIdx.x) + (c29 * 64));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(((ns13 * 128) + ci30) * 4)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci30 / 8)) < 18) && (((nx28 * 32) + ((ci30 % 8) * 4)) < 20))) ? &p1[(((m05 + (ci30 / 8)) * 20) + ((nx28 * 32) + ((ci30 % 8) * 4)))] : p1), "r"(((((m05 + (ci30 / 8)) < 18) && (((nx28 * 32) + ((ci30 % 8) * 4)) < 20))) ? 8 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ca) + (unsigned)((((ns13 * 128) + ci30) * 4)) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci30 / 8)) < 18) && (((nx28 * 32) + ((ci30 % 8) * 4)) < 20))) ? &p1[(((m05 + (ci30 / 8)) * 20) + ((nx28 * 32) + ((ci30 % 8) * 4)))] : p1), "r"(((((m05 + (ci30 / 8)) < 18) && (((nx28 * 32) + ((ci30 % 8) * 4)) < 20))) ? 8 : 0) : "memory"); }
 				}
 				#pragma unroll
 				for (int c31 = 0; c31 < 2; c31 += 1) {
 					int ci32 = (((int)threadIdx.x) + (c31 * 64));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&cb[(((ns13 * 128) + ci32) * 4)]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci32 / 8)) < 24) && (((nx28 * 32) + ((ci32 % 8) * 4)) < 20))) ? &p2[(((n06 + (ci32 / 8)) * 20) + ((nx28 * 32) + ((ci32 % 8) * 4)))] : p2), "r"(((((n06 + (ci32 / 8)) < 24) && (((nx28 * 32) + ((ci32 % 8) * 4)) < 20))) ? 8 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(cb) + (unsigned)((((ns13 * 128) + ci32) * 4)) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (ci32 / 8)) < 24) && (((nx28 * 32) + ((ci32 % 8) * 4)) < 20))) ? &p2[(((n06 + (ci32 / 8)) * 20) + ((nx28 * 32) + ((ci32 % 8) * 4)))] : p2), "r"(((((n06 + (ci32 / 8)) < 24) && (((nx28 * 32) + ((ci32 % 8) * 4)) < 20))) ? 8 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
+			int ab34 = (((wm1 + (lane0 & 15)) * 40) + ((lane0 >> 4) * 8));
+			int bb35 = (((wn2 + (lane0 & 7)) * 40) + (((lane0 >> 3) & 1) * 8));
 			#pragma unroll
 			for (int ks33 = 0; ks33 < 32; ks33 += 16) {
 				#pragma unroll
-				for (int mi34 = 0; mi34 < 1; mi34 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((((wm1 + (mi34 * 16)) + (lane0 & 15)) * 40) + (ks33 + ((lane0 >> 4) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi34 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fa[(mi34 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fa[(mi34 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fa[(mi34 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); fa[(mi34 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); fa[(mi34 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); fa[(mi34 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); fa[(mi34 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
-				}
-				#pragma unroll
-				for (int ni35 = 0; ni35 < 1; ni35 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((((wn2 + (ni35 * 8)) + (lane0 & 7)) * 40) + (ks33 + (((lane0 >> 3) & 1) * 8)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni35 * 4)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fb[(ni35 * 4) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fb[(ni35 * 4) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fb[(ni35 * 4) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
-				}
-				#pragma unroll
 				for (int mi36 = 0; mi36 < 1; mi36 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((ab34 + (((mi36 * 16) * 40) + ks33))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi36 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fa[(mi36 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fa[(mi36 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fa[(mi36 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); fa[(mi36 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); fa[(mi36 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); fa[(mi36 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); fa[(mi36 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
+				}
+				#pragma unroll
+				for (int ni37 = 0; ni37 < 1; ni37 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((bb35 + (((ni37 * 8) * 40) + ks33))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); fb[(ni37 * 4)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); fb[(ni37 * 4) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); fb[(ni37 * 4) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); fb[(ni37 * 4) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+				}
+				#pragma unroll
+				for (int mi38 = 0; mi38 < 1; mi38 += 1) {
 					#pragma unroll
-					for (int ni37 = 0; ni37 < 1; ni37 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi36 + ni37) * 4)]), "=f"(acc[((mi36 + ni37) * 4) + 1]), "=f"(acc[((mi36 + ni37) * 4) + 2]), "=f"(acc[((mi36 + ni37) * 4) + 3]) : "r"(((unsigned)__half_as_ushort(fa[(mi36 * 8)]) | ((unsigned)__half_as_ushort(fa[(mi36 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi36 * 8) + 2]) | ((unsigned)__half_as_ushort(fa[(mi36 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi36 * 8) + 4]) | ((unsigned)__half_as_ushort(fa[(mi36 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi36 * 8) + 6]) | ((unsigned)__half_as_ushort(fa[(mi36 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni37 * 4)]) | ((unsigned)__half_as_ushort(fb[(ni37 * 4) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni37 * 4) + 2]) | ((unsigned)__half_as_ushort(fb[(ni37 * 4) + 3]) << 16))), "f"(acc[((mi36 + ni37) * 4)]), "f"(acc[((mi36 + ni37) * 4) + 1]), "f"(acc[((mi36 + ni37) * 4) + 2]), "f"(acc[((mi36 + ni37) * 4) + 3]));
+					for (int ni39 = 0; ni39 < 1; ni39 += 1) {
+						asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi38 + ni39) * 4)]), "=f"(acc[((mi38 + ni39) * 4) + 1]), "=f"(acc[((mi38 + ni39) * 4) + 2]), "=f"(acc[((mi38 + ni39) * 4) + 3]) : "r"(((unsigned)__half_as_ushort(fa[(mi38 * 8)]) | ((unsigned)__half_as_ushort(fa[(mi38 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi38 * 8) + 2]) | ((unsigned)__half_as_ushort(fa[(mi38 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi38 * 8) + 4]) | ((unsigned)__half_as_ushort(fa[(mi38 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(fa[(mi38 * 8) + 6]) | ((unsigned)__half_as_ushort(fa[(mi38 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni39 * 4)]) | ((unsigned)__half_as_ushort(fb[(ni39 * 4) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(fb[(ni39 * 4) + 2]) | ((unsigned)__half_as_ushort(fb[(ni39 * 4) + 3]) << 16))), "f"(acc[((mi38 + ni39) * 4)]), "f"(acc[((mi38 + ni39) * 4) + 1]), "f"(acc[((mi38 + ni39) * 4) + 2]), "f"(acc[((mi38 + ni39) * 4) + 3]));
 					}
 				}
 			}
@@ -112,16 +114,16 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_prologue_staged_f16(__h
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int mi38 = 0; mi38 < 1; mi38 += 1) {
+		for (int mi40 = 0; mi40 < 1; mi40 += 1) {
 			#pragma unroll
-			for (int ni39 = 0; ni39 < 1; ni39 += 1) {
+			for (int ni41 = 0; ni41 < 1; ni41 += 1) {
 				#pragma unroll
-				for (int e40 = 0; e40 < 4; e40 += 1) {
-					int row41 = ((m05 + wm1) + ((mi38 * 16) + ((lane0 >> 2) + ((e40 >> 1) * 8))));
-					int col42 = ((n06 + wn2) + ((ni39 * 8) + (((lane0 & 3) * 2) + (e40 & 1))));
-					if (((row41 < 18) && (col42 < 24))) {
-						__half v43 = __float2half_rn(acc[(((mi38 + ni39) * 4) + e40)]);
-						p0[((row41 * 24) + col42)] = v43;
+				for (int e42 = 0; e42 < 4; e42 += 1) {
+					int row43 = ((m05 + wm1) + ((mi40 * 16) + ((lane0 >> 2) + ((e42 >> 1) * 8))));
+					int col44 = ((n06 + wn2) + ((ni41 * 8) + (((lane0 & 3) * 2) + (e42 & 1))));
+					if (((row43 < 18) && (col44 < 24))) {
+						__half v45 = __float2half_rn(acc[(((mi40 + ni41) * 4) + e42)]);
+						p0[((row43 * 24) + col44)] = v45;
 					}
 				}
 			}

@@ -33,92 +33,94 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_split_epilogue(float *
 		for (int z6 = 0; z6 < 1; z6 += 1) {
 			acc[z6] = 0x0p+0f;
 		}
+		int cs7 = (((m04 + (((int)threadIdx.x) / 16)) * 24) + (((int)threadIdx.x) % 16));
+		int cd8 = (((((int)threadIdx.x) % 16) * 20) + (((int)threadIdx.x) / 16));
 		#pragma unroll
-		for (int c7 = 0; c7 < 1; c7 += 1) {
-			int ci8 = (((int)threadIdx.x) + (c7 * 256));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(((ci8 % 16) * 20) + (ci8 / 16))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (ci8 / 16)) < 20) && ((ci8 % 16) < 24))) ? &p4[(((m04 + (ci8 / 16)) * 24) + (ci8 % 16))] : p4), "r"(((((m04 + (ci8 / 16)) < 20) && ((ci8 % 16) < 24))) ? 4 : 0) : "memory"); }
+		for (int c9 = 0; c9 < 1; c9 += 1) {
+			int ci10 = (((int)threadIdx.x) + (c9 * 256));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((cd8 + (c9 * 16))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (ci10 / 16)) < 20) && ((ci10 % 16) < 24))) ? &p4[(cs7 + (c9 * 384))] : p4), "r"(((((m04 + (ci10 / 16)) < 20) && ((ci10 % 16) < 24))) ? 4 : 0) : "memory"); }
 		}
-		for (int c9 = ((int)threadIdx.x); c9 < 128; c9 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((c9 / 8) * 20) + ((c9 % 8) * 2))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c9 % 8) * 2)) < 30) && ((c9 / 8) < 24))) ? &p5[((n05 + ((c9 % 8) * 2)) + ((c9 / 8) * 30))] : p5), "r"(((((n05 + ((c9 % 8) * 2)) < 30) && ((c9 / 8) < 24))) ? 8 : 0) : "memory"); }
+		for (int c11 = ((int)threadIdx.x); c11 < 128; c11 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((((c11 / 8) * 20) + ((c11 % 8) * 2))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c11 % 8) * 2)) < 30) && ((c11 / 8) < 24))) ? &p5[((n05 + ((c11 % 8) * 2)) + ((c11 / 8) * 30))] : p5), "r"(((((n05 + ((c11 % 8) * 2)) < 30) && ((c11 / 8) < 24))) ? 8 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		#pragma unroll
-		for (int c10 = 0; c10 < 1; c10 += 1) {
-			int ci11 = (((int)threadIdx.x) + (c10 * 256));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(320 + (((ci11 % 16) * 20) + (ci11 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (ci11 / 16)) < 20) && ((16 + (ci11 % 16)) < 24))) ? &p4[(((m04 + (ci11 / 16)) * 24) + (16 + (ci11 % 16)))] : p4), "r"(((((m04 + (ci11 / 16)) < 20) && ((16 + (ci11 % 16)) < 24))) ? 4 : 0) : "memory"); }
+		for (int c12 = 0; c12 < 1; c12 += 1) {
+			int ci13 = (((int)threadIdx.x) + (c12 * 256));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((320 + (cd8 + (c12 * 16)))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (ci13 / 16)) < 20) && ((16 + (ci13 % 16)) < 24))) ? &p4[(cs7 + ((c12 * 384) + 16))] : p4), "r"(((((m04 + (ci13 / 16)) < 20) && ((16 + (ci13 % 16)) < 24))) ? 4 : 0) : "memory"); }
 		}
-		for (int c12 = ((int)threadIdx.x); c12 < 128; c12 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((c12 / 8) * 20) + ((c12 % 8) * 2)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c12 % 8) * 2)) < 30) && ((16 + (c12 / 8)) < 24))) ? &p5[((n05 + ((c12 % 8) * 2)) + ((16 + (c12 / 8)) * 30))] : p5), "r"(((((n05 + ((c12 % 8) * 2)) < 30) && ((16 + (c12 / 8)) < 24))) ? 8 : 0) : "memory"); }
+		for (int c14 = ((int)threadIdx.x); c14 < 128; c14 += 256) {
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((320 + (((c14 / 8) * 20) + ((c14 % 8) * 2)))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c14 % 8) * 2)) < 30) && ((16 + (c14 / 8)) < 24))) ? &p5[((n05 + ((c14 % 8) * 2)) + ((16 + (c14 / 8)) * 30))] : p5), "r"(((((n05 + ((c14 % 8) * 2)) < 30) && ((16 + (c14 / 8)) < 24))) ? 8 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		int st13 = 0;
-		int ns14 = 2;
-		for (int kt15 = 0; kt15 < 2; kt15 += 1) {
+		int st15 = 0;
+		int ns16 = 2;
+		for (int kt17 = 0; kt17 < 2; kt17 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int nx16 = (kt15 + 2);
-			if ((nx16 < 2)) {
+			int nx18 = (kt17 + 2);
+			if ((nx18 < 2)) {
 				#pragma unroll
-				for (int c17 = 0; c17 < 1; c17 += 1) {
-					int ci18 = (((int)threadIdx.x) + (c17 * 256));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((ns14 * 320) + (((ci18 % 16) * 20) + (ci18 / 16)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (ci18 / 16)) < 20) && (((nx16 * 16) + (ci18 % 16)) < 24))) ? &p4[(((m04 + (ci18 / 16)) * 24) + ((nx16 * 16) + (ci18 % 16)))] : p4), "r"(((((m04 + (ci18 / 16)) < 20) && (((nx16 * 16) + (ci18 % 16)) < 24))) ? 4 : 0) : "memory"); }
+				for (int c19 = 0; c19 < 1; c19 += 1) {
+					int ci20 = (((int)threadIdx.x) + (c19 * 256));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)(((ns16 * 320) + (cd8 + (c19 * 16)))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (ci20 / 16)) < 20) && (((nx18 * 16) + (ci20 % 16)) < 24))) ? &p4[(cs7 + ((c19 * 384) + (nx18 * 16)))] : p4), "r"(((((m04 + (ci20 / 16)) < 20) && (((nx18 * 16) + (ci20 % 16)) < 24))) ? 4 : 0) : "memory"); }
 				}
-				for (int c19 = ((int)threadIdx.x); c19 < 128; c19 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns14 * 320) + (((c19 / 8) * 20) + ((c19 % 8) * 2)))]); asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c19 % 8) * 2)) < 30) && (((nx16 * 16) + (c19 / 8)) < 24))) ? &p5[((n05 + ((c19 % 8) * 2)) + (((nx16 * 16) + (c19 / 8)) * 30))] : p5), "r"(((((n05 + ((c19 % 8) * 2)) < 30) && (((nx16 * 16) + (c19 / 8)) < 24))) ? 8 : 0) : "memory"); }
+				for (int c21 = ((int)threadIdx.x); c21 < 128; c21 += 256) {
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns16 * 320) + (((c21 / 8) * 20) + ((c21 % 8) * 2)))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c21 % 8) * 2)) < 30) && (((nx18 * 16) + (c21 / 8)) < 24))) ? &p5[((n05 + ((c21 % 8) * 2)) + (((nx18 * 16) + (c21 / 8)) * 30))] : p5), "r"(((((n05 + ((c21 % 8) * 2)) < 30) && (((nx18 * 16) + (c21 / 8)) < 24))) ? 8 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			#pragma unroll
-			for (int kk20 = 0; kk20 < 16; kk20 += 1) {
+			for (int kk22 = 0; kk22 < 16; kk22 += 1) {
 				#pragma unroll
-				for (int f21 = 0; f21 < 1; f21 += 1) {
-					fa[f21] = sa[((st13 * 320) + ((kk20 * 20) + (ty1 + f21)))];
+				for (int f23 = 0; f23 < 1; f23 += 1) {
+					fa[f23] = sa[((st15 * 320) + ((kk22 * 20) + (ty1 + f23)))];
 				}
 				#pragma unroll
-				for (int f22 = 0; f22 < 1; f22 += 1) {
-					fb[f22] = sb[((st13 * 320) + ((kk20 * 20) + (tx0 + f22)))];
+				for (int f24 = 0; f24 < 1; f24 += 1) {
+					fb[f24] = sb[((st15 * 320) + ((kk22 * 20) + (tx0 + f24)))];
 				}
 				#pragma unroll
-				for (int i23 = 0; i23 < 1; i23 += 1) {
+				for (int i25 = 0; i25 < 1; i25 += 1) {
 					#pragma unroll
-					for (int j24 = 0; j24 < 1; j24 += 1) {
-						acc[(i23 + j24)] = (acc[(i23 + j24)] + (fa[i23] * fb[j24]));
+					for (int j26 = 0; j26 < 1; j26 += 1) {
+						acc[(i25 + j26)] = (acc[(i25 + j26)] + (fa[i25] * fb[j26]));
 					}
 				}
 			}
-			st13 = ((st13 == 2) ? 0 : (st13 + 1));
-			ns14 = ((ns14 == 2) ? 0 : (ns14 + 1));
+			st15 = ((st15 == 2) ? 0 : (st15 + 1));
+			ns16 = ((ns16 == 2) ? 0 : (ns16 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int i25 = 0; i25 < 1; i25 += 1) {
+		for (int i27 = 0; i27 < 1; i27 += 1) {
 			#pragma unroll
-			for (int j26 = 0; j26 < 1; j26 += 1) {
-				int row27 = (m04 + (ty1 + i25));
-				int col28 = (n05 + (tx0 + j26));
-				if (((row27 < 20) && (col28 < 30))) {
-					if (((col28 >= 0) && (col28 < 8))) {
-						float v29 = acc[(i25 + j26)];
-						float v30 = p6[col28];
-						float v31 = (v29 + v30);
-						p0[((row27 * 8) + col28)] = v31;
+			for (int j28 = 0; j28 < 1; j28 += 1) {
+				int row29 = (m04 + (ty1 + i27));
+				int col30 = (n05 + (tx0 + j28));
+				if (((row29 < 20) && (col30 < 30))) {
+					if (((col30 >= 0) && (col30 < 8))) {
+						float v31 = acc[(i27 + j28)];
+						float v32 = p6[col30];
+						float v33 = (v31 + v32);
+						p0[((row29 * 8) + col30)] = v33;
 					}
-					if (((col28 >= 8) && (col28 < 20))) {
-						float v32 = acc[(i25 + j26)];
-						float v33 = p6[col28];
-						float v34 = (v32 + v33);
-						float v35 = ((v34 < 0x0p+0f) ? 0x0p+0f : v34);
-						p1[((row27 * 12) + (col28 + (-8)))] = v35;
+					if (((col30 >= 8) && (col30 < 20))) {
+						float v34 = acc[(i27 + j28)];
+						float v35 = p6[col30];
+						float v36 = (v34 + v35);
+						float v37 = ((v36 < 0x0p+0f) ? 0x0p+0f : v36);
+						p1[((row29 * 12) + (col30 + (-8)))] = v37;
 					}
-					if (((col28 >= 20) && (col28 < 30))) {
-						float v36 = acc[(i25 + j26)];
-						float v37 = p6[col28];
-						float v38 = (v36 + v37);
-						p2[((row27 * 10) + (col28 + (-20)))] = v38;
+					if (((col30 >= 20) && (col30 < 30))) {
+						float v38 = acc[(i27 + j28)];
+						float v39 = p6[col30];
+						float v40 = (v38 + v39);
+						p2[((row29 * 10) + (col30 + (-20)))] = v40;
 					}
-					float v39 = p7[((row27 * 30) + col28)];
-					float v40 = (v39 * v39);
-					p3[((row27 * 30) + col28)] = v40;
+					float v41 = p7[((row29 * 30) + col30)];
+					float v42 = (v41 * v41);
+					p3[((row29 * 30) + col30)] = v42;
 				}
 			}
 		}

@@ -35,91 +35,96 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_splitk(float *__restric
 		for (int z7 = 0; z7 < 4; z7 += 1) {
 			acc[z7] = 0x0p+0f;
 		}
-		#pragma unroll
-		for (int c8 = 0; c8 < 1; c8 += 1) {
-			int ci9 = (((int)threadIdx.x) + (c8 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(((ci9 / 4) * 20) + ((ci9 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (ci9 / 4)) < 24)) ? &p1[(((m05 + (ci9 / 4)) * 512) + ((ci9 % 4) * 4))] : p1), "r"((((m05 + (ci9 / 4)) < 24)) ? 16 : 0) : "memory"); }
-		}
-		#pragma unroll
-		for (int c10 = 0; c10 < 1; c10 += 1) {
-			int ci11 = (((int)threadIdx.x) + (c10 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((ci11 / 4) * 20) + ((ci11 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + ((ci11 % 4) * 4)) < 20)) ? &p2[((n06 + ((ci11 % 4) * 4)) + ((ci11 / 4) * 20))] : p2), "r"((((n06 + ((ci11 % 4) * 4)) < 20)) ? 16 : 0) : "memory"); }
-		}
-		asm volatile("cp.async.commit_group;\n" ::: "memory");
+		int cs8 = (((m05 + (((int)threadIdx.x) / 4)) * 512) + ((((int)threadIdx.x) % 4) * 4));
+		int cd9 = (((((int)threadIdx.x) / 4) * 20) + ((((int)threadIdx.x) % 4) * 4));
+		int cs10 = ((n06 + ((((int)threadIdx.x) % 4) * 4)) + ((((int)threadIdx.x) / 4) * 20));
+		int cd11 = (((((int)threadIdx.x) / 4) * 20) + ((((int)threadIdx.x) % 4) * 4));
 		#pragma unroll
 		for (int c12 = 0; c12 < 1; c12 += 1) {
 			int ci13 = (((int)threadIdx.x) + (c12 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[(320 + (((ci13 / 4) * 20) + ((ci13 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (ci13 / 4)) < 24)) ? &p1[(((m05 + (ci13 / 4)) * 512) + (16 + ((ci13 % 4) * 4)))] : p1), "r"((((m05 + (ci13 / 4)) < 24)) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((cd9 + (c12 * 320))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (ci13 / 4)) < 24)) ? &p1[(cs8 + (c12 * 8192))] : p1), "r"((((m05 + (ci13 / 4)) < 24)) ? 16 : 0) : "memory"); }
 		}
 		#pragma unroll
 		for (int c14 = 0; c14 < 1; c14 += 1) {
 			int ci15 = (((int)threadIdx.x) + (c14 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((ci15 / 4) * 20) + ((ci15 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + ((ci15 % 4) * 4)) < 20)) ? &p2[((n06 + ((ci15 % 4) * 4)) + ((16 + (ci15 / 4)) * 20))] : p2), "r"((((n06 + ((ci15 % 4) * 4)) < 20)) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((cd11 + (c14 * 320))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + ((ci15 % 4) * 4)) < 20)) ? &p2[(cs10 + (c14 * 320))] : p2), "r"((((n06 + ((ci15 % 4) * 4)) < 20)) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		int st16 = 0;
-		int ns17 = 2;
-		for (int kt18 = 0; kt18 < 32; kt18 += 1) {
+		#pragma unroll
+		for (int c16 = 0; c16 < 1; c16 += 1) {
+			int ci17 = (((int)threadIdx.x) + (c16 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((320 + (cd9 + (c16 * 320)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (ci17 / 4)) < 24)) ? &p1[(cs8 + ((c16 * 8192) + 16))] : p1), "r"((((m05 + (ci17 / 4)) < 24)) ? 16 : 0) : "memory"); }
+		}
+		#pragma unroll
+		for (int c18 = 0; c18 < 1; c18 += 1) {
+			int ci19 = (((int)threadIdx.x) + (c18 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((320 + (cd11 + (c18 * 320)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + ((ci19 % 4) * 4)) < 20)) ? &p2[(cs10 + ((c18 * 320) + 320))] : p2), "r"((((n06 + ((ci19 % 4) * 4)) < 20)) ? 16 : 0) : "memory"); }
+		}
+		asm volatile("cp.async.commit_group;\n" ::: "memory");
+		int st20 = 0;
+		int ns21 = 2;
+		for (int kt22 = 0; kt22 < 32; kt22 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
-			int nx19 = (kt18 + 2);
-			if ((nx19 < 32)) {
+			int nx23 = (kt22 + 2);
+			if ((nx23 < 32)) {
 				#pragma unroll
-				for (int c20 = 0; c20 < 1; c20 += 1) {
-					int ci21 = (((int)threadIdx.x) + (c20 * 64));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((ns17 * 320) + (((ci21 / 4) * 20) + ((ci21 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (ci21 / 4)) < 24)) ? &p1[(((m05 + (ci21 / 4)) * 512) + ((nx19 * 16) + ((ci21 % 4) * 4)))] : p1), "r"((((m05 + (ci21 / 4)) < 24)) ? 16 : 0) : "memory"); }
+				for (int c24 = 0; c24 < 1; c24 += 1) {
+					int ci25 = (((int)threadIdx.x) + (c24 * 64));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)(((ns21 * 320) + (cd9 + (c24 * 320)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (ci25 / 4)) < 24)) ? &p1[(cs8 + ((c24 * 8192) + (nx23 * 16)))] : p1), "r"((((m05 + (ci25 / 4)) < 24)) ? 16 : 0) : "memory"); }
 				}
 				#pragma unroll
-				for (int c22 = 0; c22 < 1; c22 += 1) {
-					int ci23 = (((int)threadIdx.x) + (c22 * 64));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns17 * 320) + (((ci23 / 4) * 20) + ((ci23 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + ((ci23 % 4) * 4)) < 20)) ? &p2[((n06 + ((ci23 % 4) * 4)) + (((nx19 * 16) + (ci23 / 4)) * 20))] : p2), "r"((((n06 + ((ci23 % 4) * 4)) < 20)) ? 16 : 0) : "memory"); }
+				for (int c26 = 0; c26 < 1; c26 += 1) {
+					int ci27 = (((int)threadIdx.x) + (c26 * 64));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns21 * 320) + (cd11 + (c26 * 320)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + ((ci27 % 4) * 4)) < 20)) ? &p2[(cs10 + ((c26 * 320) + (nx23 * 320)))] : p2), "r"((((n06 + ((ci27 % 4) * 4)) < 20)) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
+			int ab29 = ((st20 * 320) + (((wm1 + (lane0 & 15)) * 20) + ((lane0 >> 4) * 4)));
 			#pragma unroll
-			for (int ks24 = 0; ks24 < 16; ks24 += 8) {
+			for (int ks28 = 0; ks28 < 16; ks28 += 8) {
 				#pragma unroll
-				for (int mi25 = 0; mi25 < 1; mi25 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((st16 * 320) + ((((wm1 + (mi25 * 16)) + (lane0 & 15)) * 20) + (ks24 + ((lane0 >> 4) * 4))))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi25 * 4)] = __uint_as_float(ap_r0); fa[(mi25 * 4) + 1] = __uint_as_float(ap_r1); fa[(mi25 * 4) + 2] = __uint_as_float(ap_r2); fa[(mi25 * 4) + 3] = __uint_as_float(ap_r3); }
+				for (int mi30 = 0; mi30 < 1; mi30 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((ab29 + (((mi30 * 16) * 20) + ks28))) * 4u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi30 * 4)] = __uint_as_float(ap_r0); fa[(mi30 * 4) + 1] = __uint_as_float(ap_r1); fa[(mi30 * 4) + 2] = __uint_as_float(ap_r2); fa[(mi30 * 4) + 3] = __uint_as_float(ap_r3); }
 				}
 				#pragma unroll
-				for (int ni26 = 0; ni26 < 1; ni26 += 1) {
-					fb[(ni26 * 2)] = sb[((st16 * 320) + (((ks24 + (lane0 & 3)) * 20) + ((wn2 + (ni26 * 8)) + (lane0 >> 2))))];
-					fb[((ni26 * 2) + 1)] = sb[((st16 * 320) + (((ks24 + ((lane0 & 3) + 4)) * 20) + ((wn2 + (ni26 * 8)) + (lane0 >> 2))))];
+				for (int ni31 = 0; ni31 < 1; ni31 += 1) {
+					fb[(ni31 * 2)] = sb[((st20 * 320) + (((ks28 + (lane0 & 3)) * 20) + ((wn2 + (ni31 * 8)) + (lane0 >> 2))))];
+					fb[((ni31 * 2) + 1)] = sb[((st20 * 320) + (((ks28 + ((lane0 & 3) + 4)) * 20) + ((wn2 + (ni31 * 8)) + (lane0 >> 2))))];
 				}
 				#pragma unroll
-				for (int r27 = 0; r27 < 4; r27 += 1) {
-					fa[r27] = ap_tf32f(fa[r27]);
+				for (int r32 = 0; r32 < 4; r32 += 1) {
+					fa[r32] = ap_tf32f(fa[r32]);
 				}
 				#pragma unroll
-				for (int r28 = 0; r28 < 2; r28 += 1) {
-					fb[r28] = ap_tf32f(fb[r28]);
+				for (int r33 = 0; r33 < 2; r33 += 1) {
+					fb[r33] = ap_tf32f(fb[r33]);
 				}
 				#pragma unroll
-				for (int mi29 = 0; mi29 < 1; mi29 += 1) {
+				for (int mi34 = 0; mi34 < 1; mi34 += 1) {
 					#pragma unroll
-					for (int ni30 = 0; ni30 < 1; ni30 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi29 + ni30) * 4)]), "=f"(acc[((mi29 + ni30) * 4) + 1]), "=f"(acc[((mi29 + ni30) * 4) + 2]), "=f"(acc[((mi29 + ni30) * 4) + 3]) : "r"(__float_as_uint(fa[(mi29 * 4)])), "r"(__float_as_uint(fa[(mi29 * 4) + 1])), "r"(__float_as_uint(fa[(mi29 * 4) + 2])), "r"(__float_as_uint(fa[(mi29 * 4) + 3])), "r"(__float_as_uint(fb[(ni30 * 2)])), "r"(__float_as_uint(fb[(ni30 * 2) + 1])), "f"(acc[((mi29 + ni30) * 4)]), "f"(acc[((mi29 + ni30) * 4) + 1]), "f"(acc[((mi29 + ni30) * 4) + 2]), "f"(acc[((mi29 + ni30) * 4) + 3]));
+					for (int ni35 = 0; ni35 < 1; ni35 += 1) {
+						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi34 + ni35) * 4)]), "=f"(acc[((mi34 + ni35) * 4) + 1]), "=f"(acc[((mi34 + ni35) * 4) + 2]), "=f"(acc[((mi34 + ni35) * 4) + 3]) : "r"(__float_as_uint(fa[(mi34 * 4)])), "r"(__float_as_uint(fa[(mi34 * 4) + 1])), "r"(__float_as_uint(fa[(mi34 * 4) + 2])), "r"(__float_as_uint(fa[(mi34 * 4) + 3])), "r"(__float_as_uint(fb[(ni35 * 2)])), "r"(__float_as_uint(fb[(ni35 * 2) + 1])), "f"(acc[((mi34 + ni35) * 4)]), "f"(acc[((mi34 + ni35) * 4) + 1]), "f"(acc[((mi34 + ni35) * 4) + 2]), "f"(acc[((mi34 + ni35) * 4) + 3]));
 					}
 				}
 			}
-			st16 = ((st16 == 2) ? 0 : (st16 + 1));
-			ns17 = ((ns17 == 2) ? 0 : (ns17 + 1));
+			st20 = ((st20 == 2) ? 0 : (st20 + 1));
+			ns21 = ((ns21 == 2) ? 0 : (ns21 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int mi31 = 0; mi31 < 1; mi31 += 1) {
+		for (int mi36 = 0; mi36 < 1; mi36 += 1) {
 			#pragma unroll
-			for (int ni32 = 0; ni32 < 1; ni32 += 1) {
+			for (int ni37 = 0; ni37 < 1; ni37 += 1) {
 				#pragma unroll
-				for (int e33 = 0; e33 < 4; e33 += 1) {
-					int row34 = ((m05 + wm1) + ((mi31 * 16) + ((lane0 >> 2) + ((e33 >> 1) * 8))));
-					int col35 = ((n06 + wn2) + ((ni32 * 8) + (((lane0 & 3) * 2) + (e33 & 1))));
-					if (((row34 < 24) && (col35 < 20))) {
-						float v36 = acc[(((mi31 + ni32) * 4) + e33)];
-						float v37 = p3[col35];
-						float v38 = (v36 + v37);
-						p0[((row34 * 20) + col35)] = v38;
+				for (int e38 = 0; e38 < 4; e38 += 1) {
+					int row39 = ((m05 + wm1) + ((mi36 * 16) + ((lane0 >> 2) + ((e38 >> 1) * 8))));
+					int col40 = ((n06 + wn2) + ((ni37 * 8) + (((lane0 & 3) * 2) + (e38 & 1))));
+					if (((row39 < 24) && (col40 < 20))) {
+						float v41 = acc[(((mi36 + ni37) * 4) + e38)];
+						float v42 = p3[col40];
+						float v43 = (v41 + v42);
+						p0[((row39 * 20) + col40)] = v43;
 					}
 				}
 			}

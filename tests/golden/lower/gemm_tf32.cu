@@ -38,107 +38,110 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_tf32(float *__restrict_
 		for (int z7 = 0; z7 < 4; z7 += 1) {
 			acc[z7] = 0x0p+0f;
 		}
-		#pragma unroll
-		for (int c8 = 0; c8 < 1; c8 += 1) {
-			int ci9 = (((int)threadIdx.x) + (c8 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(ci9 * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci9 / 4)) < 40) && (((ci9 % 4) * 4) < 36))) ? &p2[(((m05 + (ci9 / 4)) * 36) + ((ci9 % 4) * 4))] : p2), "r"(((((m05 + (ci9 / 4)) < 40) && (((ci9 % 4) * 4) < 36))) ? 16 : 0) : "memory"); }
-		}
+		int cs8 = ((n06 + ((((int)threadIdx.x) % 4) * 4)) + ((((int)threadIdx.x) / 4) * 24));
+		int cd9 = (((((int)threadIdx.x) / 4) * 20) + ((((int)threadIdx.x) % 4) * 4));
 		#pragma unroll
 		for (int c10 = 0; c10 < 1; c10 += 1) {
 			int ci11 = (((int)threadIdx.x) + (c10 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(((ci11 / 4) * 20) + ((ci11 % 4) * 4))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci11 % 4) * 4)) < 24) && ((ci11 / 4) < 36))) ? &p3[((n06 + ((ci11 % 4) * 4)) + ((ci11 / 4) * 24))] : p3), "r"(((((n06 + ((ci11 % 4) * 4)) < 24) && ((ci11 / 4) < 36))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ca) + (unsigned)((ci11 * 4)) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci11 / 4)) < 40) && (((ci11 % 4) * 4) < 36))) ? &p2[(((m05 + (ci11 / 4)) * 36) + ((ci11 % 4) * 4))] : p2), "r"(((((m05 + (ci11 / 4)) < 40) && (((ci11 % 4) * 4) < 36))) ? 16 : 0) : "memory"); }
 		}
-		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		#pragma unroll
 		for (int c12 = 0; c12 < 1; c12 += 1) {
 			int ci13 = (((int)threadIdx.x) + (c12 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[((64 + ci13) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci13 / 4)) < 40) && ((16 + ((ci13 % 4) * 4)) < 36))) ? &p2[(((m05 + (ci13 / 4)) * 36) + (16 + ((ci13 % 4) * 4)))] : p2), "r"(((((m05 + (ci13 / 4)) < 40) && ((16 + ((ci13 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((cd9 + (c12 * 320))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci13 % 4) * 4)) < 24) && ((ci13 / 4) < 36))) ? &p3[(cs8 + (c12 * 384))] : p3), "r"(((((n06 + ((ci13 % 4) * 4)) < 24) && ((ci13 / 4) < 36))) ? 16 : 0) : "memory"); }
 		}
+		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		#pragma unroll
 		for (int c14 = 0; c14 < 1; c14 += 1) {
 			int ci15 = (((int)threadIdx.x) + (c14 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[(320 + (((ci15 / 4) * 20) + ((ci15 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci15 % 4) * 4)) < 24) && ((16 + (ci15 / 4)) < 36))) ? &p3[((n06 + ((ci15 % 4) * 4)) + ((16 + (ci15 / 4)) * 24))] : p3), "r"(((((n06 + ((ci15 % 4) * 4)) < 24) && ((16 + (ci15 / 4)) < 36))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ca) + (unsigned)(((64 + ci15) * 4)) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci15 / 4)) < 40) && ((16 + ((ci15 % 4) * 4)) < 36))) ? &p2[(((m05 + (ci15 / 4)) * 36) + (16 + ((ci15 % 4) * 4)))] : p2), "r"(((((m05 + (ci15 / 4)) < 40) && ((16 + ((ci15 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
+		}
+		#pragma unroll
+		for (int c16 = 0; c16 < 1; c16 += 1) {
+			int ci17 = (((int)threadIdx.x) + (c16 * 64));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((320 + (cd9 + (c16 * 320)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci17 % 4) * 4)) < 24) && ((16 + (ci17 / 4)) < 36))) ? &p3[(cs8 + ((c16 * 384) + 384))] : p3), "r"(((((n06 + ((ci17 % 4) * 4)) < 24) && ((16 + (ci17 / 4)) < 36))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		int st16 = 0;
-		int ns17 = 2;
-		for (int kt18 = 0; kt18 < 3; kt18 += 1) {
+		int st18 = 0;
+		int ns19 = 2;
+		for (int kt20 = 0; kt20 < 3; kt20 += 1) {
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 			__syncthreads();
 			#pragma unroll
-			for (int c19 = 0; c19 < 4; c19 += 1) {
-				int ci20 = (((int)threadIdx.x) + (c19 * 64));
-				int q21 = ((st16 * 256) + ci20);
-				float s22 = ca[q21];
-				float x23 = 0x0p+0f;
-				if ((((kt18 * 16) + (ci20 % 16)) < 36)) {
-					float v24 = ((s22 < 0x0p+0f) ? 0x0p+0f : s22);
-					x23 = v24;
+			for (int c21 = 0; c21 < 4; c21 += 1) {
+				int ci22 = (((int)threadIdx.x) + (c21 * 64));
+				int q23 = ((st18 * 256) + ci22);
+				float s24 = ca[q23];
+				float x25 = 0x0p+0f;
+				if ((((kt20 * 16) + (ci22 % 16)) < 36)) {
+					float v26 = ((s24 < 0x0p+0f) ? 0x0p+0f : s24);
+					x25 = v26;
 				}
-				sa[(((ci20 / 16) * 20) + (ci20 % 16))] = ap_tf32f(x23);
+				sa[(((ci22 / 16) * 20) + (ci22 % 16))] = ap_tf32f(x25);
 			}
 			__syncthreads();
-			int nx25 = (kt18 + 2);
-			if ((nx25 < 3)) {
-				#pragma unroll
-				for (int c26 = 0; c26 < 1; c26 += 1) {
-					int ci27 = (((int)threadIdx.x) + (c26 * 64));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&ca[(((ns17 * 64) + ci27) * 4)]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci27 / 4)) < 40) && (((nx25 * 16) + ((ci27 % 4) * 4)) < 36))) ? &p2[(((m05 + (ci27 / 4)) * 36) + ((nx25 * 16) + ((ci27 % 4) * 4)))] : p2), "r"(((((m05 + (ci27 / 4)) < 40) && (((nx25 * 16) + ((ci27 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
-				}
+			int nx27 = (kt20 + 2);
+			if ((nx27 < 3)) {
 				#pragma unroll
 				for (int c28 = 0; c28 < 1; c28 += 1) {
 					int ci29 = (((int)threadIdx.x) + (c28 * 64));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sb[((ns17 * 320) + (((ci29 / 4) * 20) + ((ci29 % 4) * 4)))]); asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci29 % 4) * 4)) < 24) && (((nx25 * 16) + (ci29 / 4)) < 36))) ? &p3[((n06 + ((ci29 % 4) * 4)) + (((nx25 * 16) + (ci29 / 4)) * 24))] : p3), "r"(((((n06 + ((ci29 % 4) * 4)) < 24) && (((nx25 * 16) + (ci29 / 4)) < 36))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ca) + (unsigned)((((ns19 * 64) + ci29) * 4)) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m05 + (ci29 / 4)) < 40) && (((nx27 * 16) + ((ci29 % 4) * 4)) < 36))) ? &p2[(((m05 + (ci29 / 4)) * 36) + ((nx27 * 16) + ((ci29 % 4) * 4)))] : p2), "r"(((((m05 + (ci29 / 4)) < 40) && (((nx27 * 16) + ((ci29 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
+				}
+				#pragma unroll
+				for (int c30 = 0; c30 < 1; c30 += 1) {
+					int ci31 = (((int)threadIdx.x) + (c30 * 64));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns19 * 320) + (cd9 + (c30 * 320)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci31 % 4) * 4)) < 24) && (((nx27 * 16) + (ci31 / 4)) < 36))) ? &p3[(cs8 + ((c30 * 384) + (nx27 * 384)))] : p3), "r"(((((n06 + ((ci31 % 4) * 4)) < 24) && (((nx27 * 16) + (ci31 / 4)) < 36))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
+			int ab33 = (((wm1 + (lane0 & 15)) * 20) + ((lane0 >> 4) * 4));
 			#pragma unroll
-			for (int ks30 = 0; ks30 < 16; ks30 += 8) {
+			for (int ks32 = 0; ks32 < 16; ks32 += 8) {
 				#pragma unroll
-				for (int mi31 = 0; mi31 < 1; mi31 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(&sa[((((wm1 + (mi31 * 16)) + (lane0 & 15)) * 20) + (ks30 + ((lane0 >> 4) * 4)))]); asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi31 * 4)] = __uint_as_float(ap_r0); fa[(mi31 * 4) + 1] = __uint_as_float(ap_r1); fa[(mi31 * 4) + 2] = __uint_as_float(ap_r2); fa[(mi31 * 4) + 3] = __uint_as_float(ap_r3); }
+				for (int mi34 = 0; mi34 < 1; mi34 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((ab33 + (((mi34 * 16) * 20) + ks32))) * 4u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi34 * 4)] = __uint_as_float(ap_r0); fa[(mi34 * 4) + 1] = __uint_as_float(ap_r1); fa[(mi34 * 4) + 2] = __uint_as_float(ap_r2); fa[(mi34 * 4) + 3] = __uint_as_float(ap_r3); }
 				}
 				#pragma unroll
-				for (int ni32 = 0; ni32 < 1; ni32 += 1) {
-					fb[(ni32 * 2)] = sb[((st16 * 320) + (((ks30 + (lane0 & 3)) * 20) + ((wn2 + (ni32 * 8)) + (lane0 >> 2))))];
-					fb[((ni32 * 2) + 1)] = sb[((st16 * 320) + (((ks30 + ((lane0 & 3) + 4)) * 20) + ((wn2 + (ni32 * 8)) + (lane0 >> 2))))];
+				for (int ni35 = 0; ni35 < 1; ni35 += 1) {
+					fb[(ni35 * 2)] = sb[((st18 * 320) + (((ks32 + (lane0 & 3)) * 20) + ((wn2 + (ni35 * 8)) + (lane0 >> 2))))];
+					fb[((ni35 * 2) + 1)] = sb[((st18 * 320) + (((ks32 + ((lane0 & 3) + 4)) * 20) + ((wn2 + (ni35 * 8)) + (lane0 >> 2))))];
 				}
 				#pragma unroll
-				for (int r33 = 0; r33 < 4; r33 += 1) {
-					fa[r33] = ap_tf32f(fa[r33]);
+				for (int r36 = 0; r36 < 4; r36 += 1) {
+					fa[r36] = ap_tf32f(fa[r36]);
 				}
 				#pragma unroll
-				for (int r34 = 0; r34 < 2; r34 += 1) {
-					fb[r34] = ap_tf32f(fb[r34]);
+				for (int r37 = 0; r37 < 2; r37 += 1) {
+					fb[r37] = ap_tf32f(fb[r37]);
 				}
 				#pragma unroll
-				for (int mi35 = 0; mi35 < 1; mi35 += 1) {
+				for (int mi38 = 0; mi38 < 1; mi38 += 1) {
 					#pragma unroll
-					for (int ni36 = 0; ni36 < 1; ni36 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi35 + ni36) * 4)]), "=f"(acc[((mi35 + ni36) * 4) + 1]), "=f"(acc[((mi35 + ni36) * 4) + 2]), "=f"(acc[((mi35 + ni36) * 4) + 3]) : "r"(__float_as_uint(fa[(mi35 * 4)])), "r"(__float_as_uint(fa[(mi35 * 4) + 1])), "r"(__float_as_uint(fa[(mi35 * 4) + 2])), "r"(__float_as_uint(fa[(mi35 * 4) + 3])), "r"(__float_as_uint(fb[(ni36 * 2)])), "r"(__float_as_uint(fb[(ni36 * 2) + 1])), "f"(acc[((mi35 + ni36) * 4)]), "f"(acc[((mi35 + ni36) * 4) + 1]), "f"(acc[((mi35 + ni36) * 4) + 2]), "f"(acc[((mi35 + ni36) * 4) + 3]));
+					for (int ni39 = 0; ni39 < 1; ni39 += 1) {
+						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi38 + ni39) * 4)]), "=f"(acc[((mi38 + ni39) * 4) + 1]), "=f"(acc[((mi38 + ni39) * 4) + 2]), "=f"(acc[((mi38 + ni39) * 4) + 3]) : "r"(__float_as_uint(fa[(mi38 * 4)])), "r"(__float_as_uint(fa[(mi38 * 4) + 1])), "r"(__float_as_uint(fa[(mi38 * 4) + 2])), "r"(__float_as_uint(fa[(mi38 * 4) + 3])), "r"(__float_as_uint(fb[(ni39 * 2)])), "r"(__float_as_uint(fb[(ni39 * 2) + 1])), "f"(acc[((mi38 + ni39) * 4)]), "f"(acc[((mi38 + ni39) * 4) + 1]), "f"(acc[((mi38 + ni39) * 4) + 2]), "f"(acc[((mi38 + ni39) * 4) + 3]));
 					}
 				}
 			}
-			st16 = ((st16 == 2) ? 0 : (st16 + 1));
-			ns17 = ((ns17 == 2) ? 0 : (ns17 + 1));
+			st18 = ((st18 == 2) ? 0 : (st18 + 1));
+			ns19 = ((ns19 == 2) ? 0 : (ns19 + 1));
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int mi37 = 0; mi37 < 1; mi37 += 1) {
+		for (int mi40 = 0; mi40 < 1; mi40 += 1) {
 			#pragma unroll
-			for (int ni38 = 0; ni38 < 1; ni38 += 1) {
+			for (int ni41 = 0; ni41 < 1; ni41 += 1) {
 				#pragma unroll
-				for (int e39 = 0; e39 < 4; e39 += 1) {
-					int row40 = ((m05 + wm1) + ((mi37 * 16) + ((lane0 >> 2) + ((e39 >> 1) * 8))));
-					int col41 = ((n06 + wn2) + ((ni38 * 8) + (((lane0 & 3) * 2) + (e39 & 1))));
-					if (((row40 < 40) && (col41 < 24))) {
-						float v42 = acc[(((mi37 + ni38) * 4) + e39)];
-						float v43 = p4[col41];
-						float v44 = (v42 + v43);
-						float v45 = p5[((row40 * 24) + col41)];
-						float v46 = (v44 + v45);
-						p0[((row40 * 24) + col41)] = v46;
-						p1[(((((row40 / 20) % 2) * 480) + (col41 * 20)) + (row40 % 20))] = v46;
+				for (int e42 = 0; e42 < 4; e42 += 1) {
+					int row43 = ((m05 + wm1) + ((mi40 * 16) + ((lane0 >> 2) + ((e42 >> 1) * 8))));
+					int col44 = ((n06 + wn2) + ((ni41 * 8) + (((lane0 & 3) * 2) + (e42 & 1))));
+					if (((row43 < 40) && (col44 < 24))) {
+						float v45 = acc[(((mi40 + ni41) * 4) + e42)];
+						float v46 = p4[col44];
+						float v47 = (v45 + v46);
+						float v48 = p5[((row43 * 24) + col44)];
+						float v49 = (v47 + v48);
+						p0[((row43 * 24) + col44)] = v49;
+						p1[(((((row43 / 20) % 2) * 480) + (col44 * 20)) + (row43 % 20))] = v49;
 					}
 				}
 			}
