@@ -2514,10 +2514,10 @@ done:
  * barriers: every K tile ends in __syncthreads, where the warps'
  * tensor-core work drains and the next tile's starts again -- a bubble
  * of about TC_BUBBLE_CLK cycles (the barrier's latency plus an HMMA's
- * result latency, both ~ 20-35 cycles on sm_80/sm_90: Jia et al.,
- * "Dissecting the Ampere GPU architecture via microbenchmarking", and Luo
- * et al., "Benchmarking and dissecting the Nvidia Hopper GPU
- * architecture", 2024) which the other blocks resident on the SM fill.
+ * result latency, both some 20-35 cycles on sm_80/sm_90: Abdelkhalik et
+ * al., "Demystifying the Nvidia Ampere architecture through
+ * microbenchmarking and instruction-level analysis", 2022; Luo et al.,
+ * "Benchmarking and dissecting the Nvidia Hopper GPU architecture", 2024) which the other blocks resident on the SM fill.
  * The work between bubbles is the K tile's mma.sync of the block's
  * warps on an SM's four tensor cores, at the peak rate (t->tc_gflops or
  * tf32_gflops over the SMs at the clock shared_gbps implies: 128 bytes
