@@ -1,5 +1,6 @@
 /* autotune.c -- the daemon's background tuner (see autotune.h). */
 #include "autotune.h"
+#include "../tune/records.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -261,10 +262,8 @@ static void store_refined(ap_autotune *a, const char *target, const cands *t)
 		memcpy(sigs[n++], t->v[i].sig, 32);
 		moved += mv;
 	}
-	if (n > 0 && ap_cache_tuning_put_many(cache, (const uint8_t (*)[32])sigs, target, recs, n,
-					      moved > 0) == 0) {
-		for (int i = 0; i < n; i++)
-			ap_compiler_tuning_publish(a->c, sigs[i], target, &recs[i]);
+	if (n > 0 && ap_tune_records_put_many(ap_compiler_tiers(a->c), (const uint8_t (*)[32])sigs,
+					      target, recs, n, moved > 0) == 0) {
 		atomic_fetch_add(&a->refined, (uint64_t)n);
 		atomic_fetch_add(&a->moved, (uint64_t)moved);
 		ap_log(AP_LOG_INFO, "background tuner: %d %s kernels refined with ptxas, %d choices moved",
