@@ -433,8 +433,8 @@ static bool stale_tuning(ap_compiler *c, const struct request *r, const Apollo__
 			ap_tune_record rec;
 
 			if (p->tune_signature.len == 32 &&
-			    ap_cache_tuning_get(c->cache, p->tune_signature.data, r->target, r->device,
-						&rec) == 1 &&
+			    ap_tune_records_local(c->tiers, p->tune_signature.data, r->target, r->device,
+						  &rec) == 1 &&
 			    strcmp(rec.config, p->schedule ? p->schedule : ""))
 				return true;
 		}

@@ -188,7 +188,7 @@ static int report_check(ap_compiler *c, const Apollo__TuneReport *rep, ap_tune_r
 			return ap_error_set(err, AP_EINVAL, NULL, NULL, "tuning report: measurement %zu: %s",
 					    i, why);
 		ap_hex(m->signature.data, 8, hex);
-		found = ap_cache_tuning_get(c->cache, m->signature.data, rep->target, "", &model[i]);
+		found = ap_tune_records_local(c->tiers, m->signature.data, rep->target, "", &model[i]);
 		if (found < 0)
 			return ap_error_set(err, AP_EIO, NULL, NULL,
 					    "tuning report: the tuning records cannot be read");
@@ -268,7 +268,7 @@ int ap_compiler_tune_report(ap_compiler *c, const char *client, const Apollo__Tu
 			(*pending)++;
 			continue;
 		}
-		if (ap_cache_tuning_get(c->cache, m->signature.data, rep->target, device, &had) == 1 &&
+		if (ap_tune_records_local(c->tiers, m->signature.data, rep->target, device, &had) == 1 &&
 		    !strcmp(had.config, agreed))
 			continue;   /* the same choice: nothing retires */
 		*r = *mr;

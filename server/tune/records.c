@@ -129,6 +129,12 @@ int ap_tune_records_get(ap_tiers *t, const uint8_t sig[32], const char *target,
 	return get_one(t, sig, target, "", rec);
 }
 
+int ap_tune_records_local(ap_tiers *t, const uint8_t sig[32], const char *target,
+			  const char *device, ap_tune_record *rec)
+{
+	return ap_cache_tuning_get(ap_tiers_cache(t), sig, target, device, rec);
+}
+
 /* The six parts of r (nums: its numbers' text, 128 bytes). */
 static void record_parts(const ap_tune_record *r, char *nums, const uint8_t *parts[6],
 			 size_t lens[6])

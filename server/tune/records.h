@@ -32,6 +32,16 @@
 int ap_tune_records_get(ap_tiers *t, const uint8_t sig[32], const char *target,
 			const char *device, bool model_only, ap_tune_record *rec);
 
+/* The record of (sig, target) in L1 alone, as ap_cache_tuning_get reads
+ * it (`device` NULL: the newest measured record before the model's; "":
+ * the model's; else that device's measured record): what this node has
+ * stored or copied, for the checks that must not reach another node's
+ * records (a report's candidates, whether a choice changed, a bundle's
+ * staleness).  1 with *rec set, 0 when there is none (also without a
+ * cache), negative on an L1 error.  Not counted in the tiers' counts. */
+int ap_tune_records_local(ap_tiers *t, const uint8_t sig[32], const char *target,
+			  const char *device, ap_tune_record *rec);
+
 /* Stores `r` for (sig, target) in L1 (ap_cache_tuning_put: a measured
  * record by its device) and L2.  0, or L1's negative code (L2 fails open). */
 int ap_tune_records_put(ap_tiers *t, const uint8_t sig[32], const char *target,
