@@ -119,15 +119,16 @@ typedef struct ap_tier_codec {
 /* Reads the value of `kind` named `key` (its 32-byte key in L2) through
  * the tiers, by the policy above and `flags`.  Returns AP_TIER_L1 or
  * AP_TIER_L2 (the value is in `user`; an L2 value was copied into L1 when
- * the policy says so), AP_TIER_MISS, or a negative L1 error from
- * io->l1_get. */
+ * the policy says so), AP_TIER_MISS (also for a NULL `t` or a kind out of
+ * range), or a negative L1 error from io->l1_get (L2 then not asked). */
 int ap_tiers_get(ap_tiers *t, ap_tier_kind kind, const uint8_t key[32], unsigned flags,
 		 const ap_tier_codec *io, void *user);
 /* Writes a value of `kind` named `key` through: L1 by io->l1_put (when
  * the policy writes L1 and `flags` allow), then L2, the `n` parts
  * (parts[i], lens[i] bytes: borrowed; AP_TIERS_L1_ONLY or no L2: not
  * written).  Returns L1's result: 0 (also when L1 was not written) or its
- * negative AP_E* code; L2's failures are counted by redis.c, not
+ * negative AP_E* code; AP_EINVAL when `t` is NULL or `kind` out of range
+ * (nothing written).  L2's failures are counted by redis.c, not
  * returned. */
 int ap_tiers_put(ap_tiers *t, ap_tier_kind kind, const uint8_t key[32], unsigned flags,
 		 const ap_tier_codec *io, void *user, int n, const uint8_t *const *parts,
