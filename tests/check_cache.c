@@ -263,6 +263,18 @@ START_TEST(tiers_without_redis)
 	ck_assert_int_eq(ap_cache_get(c, k2, &val, &len), 1);
 	ck_assert_mem_eq(val, "bundle", 6);
 	free(val);
+	{
+		ap_blob *b = NULL;
+
+		ck_assert_int_eq(ap_tiers_action_ref(t, k, &b), AP_TIER_MISS);
+		ck_assert_int_eq(ap_tiers_action_ref(t, k2, &b), AP_TIER_L1);
+		ck_assert_uint_eq(ap_blob_len(b), 6);
+		ck_assert_mem_eq(ap_blob_data(b), "bundle", 6);
+		ap_blob_release(b);
+		ap_tiers_get_counts(t, AP_TIER_ACTION, &n);
+		ck_assert_uint_eq(n.l1_hits, 2);
+		ck_assert_uint_eq(n.misses, 1);
+	}
 	ap_tiers_free(t);
 	ap_cache_free(c);
 }

@@ -343,6 +343,14 @@ int ap_tiers_action_get(ap_tiers *t, const uint8_t key[32], unsigned flags,
 	return tier;
 }
 
+int ap_tiers_action_ref(ap_tiers *t, const uint8_t key[32], ap_blob **out)
+{
+	if (!t || ap_cache_get_ref(t->cache, key, out) != 1)
+		return AP_TIER_MISS;
+	atomic_fetch_add(&t->n[AP_TIER_ACTION].l1_hits, 1);
+	return AP_TIER_L1;
+}
+
 int ap_tiers_action_put(ap_tiers *t, const uint8_t key[32], unsigned flags, const uint8_t *bundle,
 			size_t len, int n_blobs, const uint8_t *const *blob, const size_t *blob_len)
 {

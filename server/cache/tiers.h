@@ -196,6 +196,12 @@ typedef bool (*ap_tier_action_check)(void *user, int tier, const ap_tier_action 
  * stored.  Returns AP_TIER_L1, AP_TIER_L2 or AP_TIER_MISS. */
 int ap_tiers_action_get(ap_tiers *t, const uint8_t key[32], unsigned flags,
 			ap_tier_action_check check, void *user, bool *copied);
+/* The warm path's read: the stripped bundle stored under `key` in L1
+ * alone, by reference (ap_cache_get_ref: no copy when the memory tier
+ * holds it).  AP_TIER_L1 with *out (a reference the caller releases,
+ * ap_blob_release) and counted as an L1 hit, or AP_TIER_MISS, not counted
+ * (the caller goes on to ap_tiers_action_get, which counts). */
+int ap_tiers_action_ref(ap_tiers *t, const uint8_t key[32], __ap_give ap_blob **out);
 /* Stores the stripped bundle `bundle` (len bytes) under `key`: in L1 (its
  * blobs are in L1 already, stored with their kernels), and in L2 with the
  * n_blobs distinct blobs it names (blob[i], blob_len[i] bytes; borrowed),

@@ -628,7 +628,7 @@ static bool warm_frame(ap_compiler *c, struct request *r, const uint8_t key[32])
 	ap_blob *val = NULL;
 
 	r->warm_t0 = ap_now_ms();
-	if (ap_cache_get_ref(c->cache, key, &val) != 1)
+	if (ap_tiers_action_ref(c->tiers, key, &val) != AP_TIER_L1)
 		return false;
 	r->frame = ap__compile_warm_frame(c->cache, ap_blob_data(val), ap_blob_len(val),
 					  r->frame_id, warm_stats, r, &r->frame_len);
