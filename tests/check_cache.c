@@ -7,7 +7,8 @@
  * blobs lent by reference, evicted safely while held); no
  * room for a write -- a real file-size limit (EFBIG) and a real full file
  * system (ENOSPC, a small tmpfs) -- degrading the cache instead of turning
- * it off, with retries on a back-off and recovery once there is room. */
+ * it off, with retries on a back-off and recovery once there is room; the
+ * tiers (server/cache/tiers.c) over L1 alone (with Redis: check_redis). */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -25,6 +26,7 @@
 
 #include "common/graph.h"
 #include "server/cache/cache.h"
+#include "server/cache/tiers.h"
 #include "server/config.h"
 
 static char dir[64];
@@ -195,6 +197,85 @@ START_TEST(digest_mismatch_is_a_miss)
 	ap_sha256("bundle bytes", 12, digest);
 	ck_assert_int_eq(ap__cache_blob_overwrite(c, digest, (const uint8_t *)"bundle bytez", 12), 0);
 	ck_assert_int_eq(ap_cache_get(c, k, &val, &len), 0);
+	ap_cache_free(c);
+}
+END_TEST
+
+/* A check of ap_tiers_action_get taking every bundle it is shown. */
+static bool take_any(void *user, int tier, const ap_tier_action *a)
+{
+	*(int *)user = tier;
+	return a->len > 0;
+}
+
+/* The tiers over L1 alone (no Redis; cache/tiers.h): the policy table, a
+ * kernel written through and read back from L1 (counted), misses counted,
+ * a blob put that writes no L1 row (the kernel's carries it), a bundle
+ * taken by its check, and nothing written to L1 by an L2-only put. */
+START_TEST(tiers_without_redis)
+{
+	ap_cache *c = open_ok();
+	ap_tiers *t = ap_tiers_new(c, NULL);
+	const uint8_t blob[] = "compiled kernel bytes";
+	uint8_t k[32], k2[32], d[32], dg[32], *val = NULL;
+	size_t len = 0;
+	int seen = 0;
+	ap_tiers_counts n;
+	ap_cache_counts cc;
+
+	ck_assert_ptr_nonnull(t);
+	ck_assert_ptr_eq(ap_tiers_cache(t), c);
+	ck_assert_ptr_null(ap_tiers_redis(t));
+	ck_assert_ptr_null(ap_tiers_policy(AP_TIER_KINDS));
+	for (int kind = 0; kind < AP_TIER_KINDS; kind++) {
+		ck_assert(ap_tiers_policy(kind)->get_l1);
+		ck_assert(ap_tiers_policy(kind)->copy_l2_hit == (kind != AP_TIER_BLOB));
+	}
+	key_of("tiers kernel", k);
+	key_of("tiers kernel two", k2);
+	ap_sha256(blob, sizeof(blob), d);
+	ck_assert_int_eq(ap_tiers_kernel_get(t, k, 0, &val, &len, dg), AP_TIER_MISS);
+	ck_assert_int_eq(ap_tiers_blob_put(t, blob, sizeof(blob), d), 0);
+	ap_cache_get_counts(c, &cc);
+	ck_assert_uint_eq(cc.blobs, 0);
+	ck_assert_int_eq(ap_tiers_kernel_put(t, k, AP_TIERS_L2_ONLY, blob, sizeof(blob), d), 0);
+	ck_assert_int_eq(ap_tiers_kernel_get(t, k, 0, &val, &len, dg), AP_TIER_MISS);
+	ck_assert_int_eq(ap_tiers_kernel_put(t, k, 0, blob, sizeof(blob), d), 0);
+	ck_assert_int_eq(ap_tiers_kernel_get(t, k, 0, &val, &len, dg), AP_TIER_L1);
+	ck_assert_uint_eq(len, sizeof(blob));
+	ck_assert_mem_eq(val, blob, len);
+	ck_assert_mem_eq(dg, d, 32);
+	free(val);
+	val = NULL;
+	ck_assert_int_eq(ap_tiers_blob_get(t, d, 0, &val, &len), AP_TIER_L1);
+	free(val);
+	val = NULL;
+	ap_tiers_get_counts(t, AP_TIER_KERNEL, &n);
+	ck_assert_uint_eq(n.l1_hits, 1);
+	ck_assert_uint_eq(n.misses, 2);
+	ck_assert_uint_eq(n.l2_hits, 0);
+	ck_assert_uint_eq(n.puts, 2);
+	ck_assert_int_eq(ap_tiers_action_get(t, k2, 0, take_any, &seen, NULL), AP_TIER_MISS);
+	ck_assert_int_eq(ap_tiers_action_put(t, k2, 0, (const uint8_t *)"bundle", 6, 0, NULL, NULL),
+			 0);
+	ck_assert_int_eq(ap_tiers_action_get(t, k2, 0, take_any, &seen, NULL), AP_TIER_L1);
+	ck_assert_int_eq(seen, AP_TIER_L1);
+	ck_assert_int_eq(ap_cache_get(c, k2, &val, &len), 1);
+	ck_assert_mem_eq(val, "bundle", 6);
+	free(val);
+	{
+		ap_blob *b = NULL;
+
+		ck_assert_int_eq(ap_tiers_action_ref(t, k, &b), AP_TIER_MISS);
+		ck_assert_int_eq(ap_tiers_action_ref(t, k2, &b), AP_TIER_L1);
+		ck_assert_uint_eq(ap_blob_len(b), 6);
+		ck_assert_mem_eq(ap_blob_data(b), "bundle", 6);
+		ap_blob_release(b);
+		ap_tiers_get_counts(t, AP_TIER_ACTION, &n);
+		ck_assert_uint_eq(n.l1_hits, 2);
+		ck_assert_uint_eq(n.misses, 1);
+	}
+	ap_tiers_free(t);
 	ap_cache_free(c);
 }
 END_TEST
@@ -1048,6 +1129,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(tc, persists_across_open);
 	tcase_add_test(tc, digest_mismatch_is_a_miss);
 	tcase_add_test(tc, kernel_shared_by_two_keys);
+	tcase_add_test(tc, tiers_without_redis);
 	tcase_add_test(tc, concurrent_writers);
 	tcase_add_test(tc, unopenable_path_degrades);
 	tcase_add_test(tc, garbage_file_is_replaced);

@@ -11,7 +11,11 @@
  * closes again once Redis is back; secret files
  * are checked; tuning records travel between two compilers with their own
  * local caches (a searched record, then a measured one, each found by the
- * other compiler's build; a malformed record is ignored).  Cluster leases
+ * other compiler's build; a malformed record is ignored).  The tiered
+ * read-through (cache/tiers.h) of kernels, blobs, bundles and tuning
+ * records: an L1 miss served from Redis is copied into L1 and counted as
+ * an L2 hit; an altered or refused entry is a miss, counted, L1 untouched.
+ * Cluster leases
  * (issue 26, item 1): a lease is taken by one token and refused to
  * another, renewed and released only by its own token, lapses after its
  * ttl and is then taken over, and lives under a key no entry lookup
@@ -42,9 +46,11 @@
 #include "proto/apollo.pb-c.h"
 #include "server/cache/cache.h"
 #include "server/cache/redis.h"
+#include "server/cache/tiers.h"
 #include "server/compile/compile.h"
 #include "server/compile/lease.h"
 #include "server/plan/program.h"
+#include "server/tune/records.h"
 #include "server/config.h"
 
 static char dir[64], sock[96];
@@ -662,6 +668,13 @@ START_TEST(tuning_records_shared)
 	ck_assert_mem_eq(sig, sig_b, 32);
 	ck_assert_str_eq(sched, sched_b);
 	ck_assert_int_eq(ap_cache_tuning_get(cb, sig, "sm_90", "", &rec), 1);   /* copied into L1 */
+	{
+		ap_tiers_counts tc;
+
+		ap_tiers_get_counts(ap_compiler_tiers(b), AP_TIER_TUNING, &tc);
+		ck_assert_uint_eq(tc.l2_hits, 1);
+		ck_assert_uint_eq(tc.copied, 1);
+	}
 
 	/* a client measures another candidate on node a; node b builds it */
 	ck_assert_int_eq(ap_cache_tuning_get(ca, sig, "sm_90", "", &rec), 1);
@@ -726,6 +739,13 @@ START_TEST(tuning_records_shared)
 	build_on(c, pb, &hits, &meas, &searched, sig_b, sched_b, sizeof(sched_b));
 	ck_assert_uint_eq(hits, 0);
 	ck_assert_uint_eq(searched, 1);
+	{
+		ap_tiers_counts tc;
+
+		ap_tiers_get_counts(ap_compiler_tiers(c), AP_TIER_TUNING, &tc);
+		ck_assert_uint_ge(tc.refused, 1);
+		ck_assert_uint_eq(tc.l2_hits, 0);
+	}
 
 	ap_graph_pb_free(pb);
 	ap_compiler_free(a);
@@ -734,6 +754,182 @@ START_TEST(tuning_records_shared)
 	ap_cache_free(ca);
 	ap_cache_free(cb);
 	ap_cache_free(cc);
+	ap_redis_free(r);
+}
+END_TEST
+
+/* A check of ap_tiers_action_get that takes a bundle and keeps its first
+ * blob (user: bool, whether to take it). */
+static bool take_first(void *user, int tier, const ap_tier_action *a)
+{
+	(void)tier;
+	if (!*(bool *)user)
+		return false;
+	if (a->n_blobs > 0)
+		a->keep[0] = true;
+	return true;
+}
+
+/* The tiered read-through itself (cache/tiers.h), each kind: node b writes
+ * through (its L1 and L2); node a, whose L1 is empty, reads through: a miss
+ * in L1 served from L2 is copied into L1 and counted as an L2 hit, the
+ * next read an L1 hit; an entry whose signature fails (redis.c counts it)
+ * and a signed entry its kind refuses (a blob not matching its digest, a
+ * bundle its check turns down) are misses, counted, and leave L1 as it
+ * was. */
+START_TEST(tiers_read_through)
+{
+	ap_redis *r = client(secret, sizeof(secret) - 1, 1 << 20, 3);
+	ap_cache *ca = cache_at("ta"), *cb = cache_at("tb");
+	ap_tiers *a = ap_tiers_new(ca, r), *b = ap_tiers_new(cb, r);
+	static const uint8_t blob[] = "a kernel's compiled bytes", other[] = "other bytes";
+	uint8_t k[32], k2[32], k3[32], d[32], d3[32], ak[32], ak2[32], *data = NULL, dg[32];
+	const uint8_t *blobs[1] = { blob };
+	size_t blens[1] = { sizeof(blob) }, len = 0;
+	char ks[200], out[200], cmd[400];
+	ap_tiers_counts n;
+	ap_cache_counts cc0, cc1;
+	ap_redis_counts rn0, rn1;
+	ap_tune_record rec = { .emitter = "gemm", .config = "bm=64 bn=64", .method = "exhaustive",
+			       .modelled_us = 3.5, .measured_us = -1, .tried = 12 }, got;
+	bool take = true, copied = false;
+
+	ck_assert_ptr_nonnull(a);
+	ck_assert_ptr_nonnull(b);
+	ck_assert_str_eq(ap_tiers_policy(AP_TIER_KERNEL)->name, "kernel");
+	ck_assert(!ap_tiers_policy(AP_TIER_BLOB)->put_l1);
+	key_of("tiered kernel", k);
+	ap_sha256(blob, sizeof(blob), d);
+
+	/* kernels: written through by b, read through by a */
+	ck_assert_int_eq(ap_tiers_blob_put(b, blob, sizeof(blob), d), 0);
+	ck_assert_int_eq(ap_tiers_kernel_put(b, k, 0, blob, sizeof(blob), d), 0);
+	ck_assert_int_eq(ap_cache_kernel_get(ca, k, &data, &len, dg), 0);
+	ck_assert_int_eq(ap_tiers_kernel_get(a, k, AP_TIERS_L1_ONLY, &data, &len, dg), AP_TIER_MISS);
+	ck_assert_int_eq(ap_tiers_kernel_get(a, k, 0, &data, &len, dg), AP_TIER_L2);
+	ck_assert_uint_eq(len, sizeof(blob));
+	ck_assert_mem_eq(data, blob, len);
+	ck_assert_mem_eq(dg, d, 32);
+	free(data);
+	data = NULL;
+	ap_tiers_get_counts(a, AP_TIER_KERNEL, &n);
+	ck_assert_uint_eq(n.l2_hits, 1);
+	ck_assert_uint_eq(n.copied, 1);
+	ck_assert_uint_eq(n.l1_hits, 0);
+	ck_assert_uint_eq(n.misses, 1);
+	ck_assert_int_eq(ap_cache_kernel_get(ca, k, &data, &len, dg), 1);   /* copied into L1 */
+	free(data);
+	data = NULL;
+	ck_assert_int_eq(ap_tiers_kernel_get(a, k, 0, &data, &len, dg), AP_TIER_L1);
+	free(data);
+	data = NULL;
+	ap_tiers_get_counts(a, AP_TIER_KERNEL, &n);
+	ck_assert_uint_eq(n.l1_hits, 1);
+
+	/* an entry altered in Redis: its signature fails, a miss, L1 untouched */
+	key_of("tiered kernel two", k2);
+	ck_assert_int_eq(ap_tiers_kernel_put(b, k2, 0, blob, sizeof(blob), d), 0);
+	ap_redis_key_string(r, AP_REDIS_KERNEL, k2, ks, sizeof(ks));
+	snprintf(cmd, sizeof(cmd), "SETRANGE %s 40 X", ks);
+	cli(out, sizeof(out), cmd);
+	ap_redis_get_counts(r, &rn0);
+	ap_cache_get_counts(ca, &cc0);
+	ck_assert_int_eq(ap_tiers_kernel_get(a, k2, 0, &data, &len, dg), AP_TIER_MISS);
+	ck_assert_ptr_null(data);
+	ap_redis_get_counts(r, &rn1);
+	ck_assert_uint_eq(rn1.verify_failures, rn0.verify_failures + 1);
+	ap_cache_get_counts(ca, &cc1);
+	ck_assert_uint_eq(cc1.kernels, cc0.kernels);
+	ck_assert_uint_eq(cc1.blobs, cc0.blobs);
+	ck_assert_int_eq(ap_cache_kernel_get(ca, k2, &data, &len, dg), 0);
+
+	/* a signed entry naming a blob whose bytes do not match its digest:
+	 * refused by the blob's codec, counted, nothing copied */
+	key_of("tiered kernel three", k3);
+	key_of("not the digest of other", d3);
+	{
+		const uint8_t *p[1] = { d3 }, *q[1] = { other };
+		size_t pl[1] = { 32 }, ql[1] = { sizeof(other) };
+
+		ck_assert_int_eq(ap_redis_put(r, AP_REDIS_KERNEL, k3, 1, p, pl), 0);
+		ck_assert_int_eq(ap_redis_put(r, AP_REDIS_BLOB, d3, 1, q, ql), 0);
+	}
+	ck_assert_int_eq(ap_tiers_kernel_get(a, k3, 0, &data, &len, dg), AP_TIER_MISS);
+	ck_assert_ptr_null(data);
+	ap_tiers_get_counts(a, AP_TIER_BLOB, &n);
+	ck_assert_uint_eq(n.refused, 1);
+	ap_tiers_get_counts(a, AP_TIER_KERNEL, &n);
+	ck_assert_uint_eq(n.refused, 1);
+	ck_assert_uint_eq(n.l2_hits, 1);
+	ap_cache_get_counts(ca, &cc1);
+	ck_assert_uint_eq(cc1.kernels, cc0.kernels);
+	ck_assert_uint_eq(cc1.blobs, cc0.blobs);
+	ck_assert_int_eq(ap_cache_blob_get(ca, d3, &data, &len), 0);
+
+	/* actions: the bundle and its blob, copied into L1 once taken */
+	key_of("tiered action", ak);
+	ck_assert_int_eq(ap_tiers_action_put(b, ak, 0, (const uint8_t *)"bundle", 6, 1, blobs, blens),
+			 0);
+	take = false;   /* refused by its check: nothing copied */
+	ck_assert_int_eq(ap_tiers_action_get(a, ak, 0, take_first, &take, &copied), AP_TIER_MISS);
+	ck_assert(!copied);
+	ck_assert_int_eq(ap_cache_get(ca, ak, &data, &len), 0);
+	ap_tiers_get_counts(a, AP_TIER_ACTION, &n);
+	ck_assert_uint_eq(n.refused, 1);
+	take = true;
+	ck_assert_int_eq(ap_tiers_action_get(a, ak, AP_TIERS_L1_ONLY, take_first, &take, &copied),
+			 AP_TIER_MISS);
+	ck_assert_int_eq(ap_tiers_action_get(a, ak, 0, take_first, &take, &copied), AP_TIER_L2);
+	ck_assert(copied);
+	ck_assert_int_eq(ap_cache_get(ca, ak, &data, &len), 1);
+	ck_assert_uint_eq(len, 6);
+	ck_assert_mem_eq(data, "bundle", 6);
+	free(data);
+	data = NULL;
+	ck_assert_int_eq(ap_cache_blob_get(ca, d, &data, &len), 1);
+	free(data);
+	data = NULL;
+	ck_assert_int_eq(ap_tiers_action_get(a, ak, 0, take_first, &take, &copied), AP_TIER_L1);
+	ap_tiers_get_counts(a, AP_TIER_ACTION, &n);
+	ck_assert_uint_eq(n.l2_hits, 1);
+	ck_assert_uint_eq(n.l1_hits, 1);
+	/* L1 only: written to L1, not to L2 */
+	key_of("tiered action two", ak2);
+	ck_assert_int_eq(ap_tiers_action_put(b, ak2, AP_TIERS_L1_ONLY, (const uint8_t *)"b2", 2, 0,
+					     NULL, NULL), 0);
+	ck_assert_int_eq(ap_tiers_action_get(a, ak2, 0, take_first, &take, &copied), AP_TIER_MISS);
+
+	/* tuning records (server/tune/records.h): b's model record reaches a */
+	key_of("a kernel signature", k);
+	ck_assert_int_eq(ap_tune_records_put(b, k, "sm_90", &rec), 0);
+	ck_assert_int_eq(ap_cache_tuning_get(ca, k, "sm_90", "", &got), 0);
+	ck_assert_int_eq(ap_tune_records_get(a, k, "sm_90", "Some GPU|132", false, &got), 1);
+	ck_assert_str_eq(got.config, rec.config);
+	ck_assert_double_eq(got.modelled_us, 3.5);
+	ap_tiers_get_counts(a, AP_TIER_TUNING, &n);
+	ck_assert_uint_eq(n.l2_hits, 1);   /* the model's; the device's measured one missed */
+	ck_assert_uint_eq(n.misses, 1);
+	ck_assert_uint_eq(n.copied, 1);
+	ck_assert_int_eq(ap_cache_tuning_get(ca, k, "sm_90", "", &got), 1);
+	ck_assert_int_eq(ap_tune_records_get(a, k, "sm_90", NULL, false, &got), 1);
+	ap_tiers_get_counts(a, AP_TIER_TUNING, &n);
+	ck_assert_uint_eq(n.l1_hits, 1);
+
+	/* no L2: reads stop at L1, writes go to L1 alone */
+	{
+		ap_tiers *solo = ap_tiers_new(ca, NULL);
+
+		key_of("tiered action", ak);
+		ck_assert_int_eq(ap_tiers_action_get(solo, ak, 0, take_first, &take, &copied),
+				 AP_TIER_L1);
+		ck_assert_int_eq(ap_tiers_kernel_get(solo, k3, 0, &data, &len, dg), AP_TIER_MISS);
+		ap_tiers_free(solo);
+	}
+
+	ap_tiers_free(a);
+	ap_tiers_free(b);
+	ap_cache_free(ca);
+	ap_cache_free(cb);
 	ap_redis_free(r);
 }
 END_TEST
@@ -1306,6 +1502,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, breaker);
 	tcase_add_test(tc, secret_files);
 	tcase_add_test(tc, tuning_records_shared);
+	tcase_add_test(tc, tiers_read_through);
 	tcase_add_test(tc, lease_by_token);
 	tcase_add_test(tc, lease_lapse_take_over);
 	tcase_add_test(tc, lease_claim_waits_for_entry);

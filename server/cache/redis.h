@@ -3,7 +3,7 @@
  * Several daemons (one per GPU node) point at one Redis and share what each
  * compiles: the compile job looks in the local SQLite cache (L1) first,
  * then here, then compiles; an entry found here is copied into L1; a new
- * entry is written to both (server/compile/compile.c).
+ * entry is written to both (server/cache/tiers.h, for every kind).
  *
  * Entries: a value is a list of parts (an action: the stripped bundle and
  * then each distinct kernel blob it names, once; a kernel: the digest of

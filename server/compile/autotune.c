@@ -1,5 +1,6 @@
 /* autotune.c -- the daemon's background tuner (see autotune.h). */
 #include "autotune.h"
+#include "../tune/records.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -133,7 +134,7 @@ static bool refined_before(ap_autotune *a, const char *target, const uint8_t sig
 {
 	ap_tune_record rec;
 
-	return ap_cache_tuning_get(ap_compiler_cache(a->c), sig, target, "", &rec) == 1 &&
+	return ap_tune_records_local(ap_compiler_tiers(a->c), sig, target, "", &rec) == 1 &&
 	       !strcmp(rec.method, "ptxas");
 }
 
@@ -244,7 +245,7 @@ static bool refine_record(const cands *t, const uint8_t sig[32], const ap_tune_r
 /* Stores the refined records of every kernel the job compiled. */
 static void store_refined(ap_autotune *a, const char *target, const cands *t)
 {
-	ap_cache *cache = ap_compiler_cache(a->c);
+	ap_tiers *tiers = ap_compiler_tiers(a->c);
 	uint8_t (*sigs)[32] = calloc((size_t)t->n + 1, 32);
 	ap_tune_record *recs = calloc((size_t)t->n + 1, sizeof(*recs));
 	int n = 0, moved = 0;
@@ -255,16 +256,14 @@ static void store_refined(ap_autotune *a, const char *target, const cands *t)
 
 		for (int j = 0; j < i && first; j++)
 			first = memcmp(t->v[j].sig, t->v[i].sig, 32) != 0;
-		if (!first || ap_cache_tuning_get(cache, t->v[i].sig, target, "", &rec) != 1 ||
+		if (!first || ap_tune_records_local(tiers, t->v[i].sig, target, "", &rec) != 1 ||
 		    !refine_record(t, t->v[i].sig, &rec, &recs[n], &mv))
 			continue;
 		memcpy(sigs[n++], t->v[i].sig, 32);
 		moved += mv;
 	}
-	if (n > 0 && ap_cache_tuning_put_many(cache, (const uint8_t (*)[32])sigs, target, recs, n,
+	if (n > 0 && ap_tune_records_put_many(tiers, (const uint8_t (*)[32])sigs, target, recs, n,
 					      moved > 0) == 0) {
-		for (int i = 0; i < n; i++)
-			ap_compiler_tuning_publish(a->c, sigs[i], target, &recs[i]);
 		atomic_fetch_add(&a->refined, (uint64_t)n);
 		atomic_fetch_add(&a->moved, (uint64_t)moved);
 		ap_log(AP_LOG_INFO, "background tuner: %d %s kernels refined with ptxas, %d choices moved",
@@ -347,7 +346,7 @@ static int report(ap_autotune *a, const char *target, const char *device, unsign
 		/* a kernel measured on this device before keeps its record: no
 		 * new generation (every bundle retired) for the same numbers */
 		if (t->v[i].time_us <= 0 ||
-		    ap_cache_tuning_get(ap_compiler_cache(a->c), t->v[i].sig, target, id, &had) == 1)
+		    ap_tune_records_local(ap_compiler_tiers(a->c), t->v[i].sig, target, id, &had) == 1)
 			continue;
 		apollo__tune_measurement__init(&ms[rep.n_measurements]);
 		ms[rep.n_measurements].signature.data = t->v[i].sig;

@@ -1,8 +1,9 @@
 /* compile.c -- the compile job (see compile.h): request -> graph -> cache
  * -> program -> backend -> bundle.  Its parts: keys and targets (keys.c),
  * the kernels' parallel compile and backend refusals (kernels.c), the reply
- * bundle (bundle.c), tuning records and reports (tuning.c); the shared
- * state in compile_internal.h.
+ * bundle (bundle.c), the tuning hooks and reports (tuning.c; the records
+ * themselves: server/tune/records.h); the shared state in
+ * compile_internal.h.
  *
  * Approach: the job is a straight line; each step either fills the next
  * structure or stops with an ap_error, which becomes the reply's Error.
@@ -12,7 +13,10 @@
  * rebuilt from the cache alike.
  *
  * Cache tiers (issue 10): L1 is the SQLite file (cache.h), L2 the shared
- * Redis (redis.h).  A request looks in L1, then L2; an L2 hit (the
+ * Redis (redis.h), read and written through cache/tiers.h (the policy,
+ * once for bundles, kernels, blobs and tuning records; this file gives it
+ * the bundle's check, from_cache and from_l2).  A request looks in L1,
+ * then L2; an L2 hit (the
  * stripped bundle and its blobs, signed; every blob checked against the
  * digest its kernel names, once) is copied into L1 with those digests, so
  * nothing is hashed twice.  A bundle compiled here goes to L1 and, with
@@ -125,6 +129,7 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 		return NULL;
 	c->cache = cache;
 	c->redis = opt ? opt->redis : NULL;
+	c->tiers = ap_tiers_new(cache, c->redis);
 	c->flight_wait_ms = opt && opt->flight_wait_ms ? opt->flight_wait_ms : DEFAULT_FLIGHT_WAIT_MS;
 	c->tune_budget_evals = !opt || !opt->tune_budget_evals ? AP_TUNE_BUDGET_EVALS
 			       : opt->tune_budget_evals < 0 ? 0
@@ -168,7 +173,7 @@ ap_compiler *ap_compiler_new(ap_cache *cache, const ap_compiler_options *opt)
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->work, NULL);
 	c->helpers = calloc(c->threads, sizeof(pthread_t));
-	if (!c->helpers || !c->memo || !c->devices ||
+	if (!c->helpers || !c->memo || !c->devices || !c->tiers ||
 	    (!(opt && opt->no_flight) && (!c->flights || !c->kflights)))
 		return ap_compiler_free(c);
 	for (unsigned t = 1; t < c->threads; t++) {
@@ -205,6 +210,7 @@ ap_compiler *ap_compiler_free(ap_compiler *c)
 	ap_flights_free(c->kflights);
 	free(c->memo);
 	free(c->devices);
+	ap_tiers_free(c->tiers);
 	pthread_mutex_destroy(&c->devices_mu);
 	pthread_mutex_destroy(&c->memo_mu);
 	pthread_mutex_destroy(&c->hist_mu);
@@ -273,6 +279,11 @@ struct ap_redis *ap_compiler_redis(const ap_compiler *c)
 ap_cache *ap_compiler_cache(const ap_compiler *c)
 {
 	return c ? c->cache : NULL;
+}
+
+ap_tiers *ap_compiler_tiers(const ap_compiler *c)
+{
+	return c ? c->tiers : NULL;
 }
 
 ap_autotune *ap_compiler_autotune(const ap_compiler *c)
@@ -422,8 +433,8 @@ static bool stale_tuning(ap_compiler *c, const struct request *r, const Apollo__
 			ap_tune_record rec;
 
 			if (p->tune_signature.len == 32 &&
-			    ap_cache_tuning_get(c->cache, p->tune_signature.data, r->target, r->device,
-						&rec) == 1 &&
+			    ap_tune_records_local(c->tiers, p->tune_signature.data, r->target, r->device,
+						  &rec) == 1 &&
 			    strcmp(rec.config, p->schedule ? p->schedule : ""))
 				return true;
 		}
@@ -508,64 +519,46 @@ static int own_blobs(struct request *r, Apollo__Bundle **b)
 	return oom ? AP_ENOMEM : 0;
 }
 
-/* An L2 action entry (the stripped bundle, then one blob per kernel in
- * order) as a bundle: every blob checked once against its kernel's digest,
- * then stored in L1 with that digest, and the action under `key`.  NULL
- * when anything does not fit (a miss). */
-static Apollo__Bundle *from_l2(ap_compiler *c, const struct request *r, const uint8_t key[32],
-			       const ap_redis_entry *e)
+/* An L2 action entry (the stripped bundle, then the distinct blobs its
+ * kernels name, each hashed once by the tiers) as a bundle: every kernel
+ * given a copy of the blob matching its digest, which the tiers then copy
+ * into L1 (a->keep) with the bundle under the key.  NULL when anything
+ * does not fit (refused: a miss, nothing copied). */
+static Apollo__Bundle *from_l2(ap_compiler *c, const struct request *r, const ap_tier_action *a)
 {
-	Apollo__Bundle *b;
+	Apollo__Bundle *b = apollo__bundle__unpack(NULL, a->len, a->bundle);
 
-	if (e->n < 1)
-		return NULL;
-	b = apollo__bundle__unpack(NULL, e->part_len[0], e->part[0]);
-	if (!b || (size_t)(e->n - 1) > b->n_kernels || (e->n == 1 && b->n_kernels > 0))
+	if (!b || (size_t)a->n_blobs > b->n_kernels || (a->n_blobs == 0 && b->n_kernels > 0))
 		return ap__compile_bundle_free(b);
 	if (stale_tuning(c, r, b))
 		return ap__compile_bundle_free(b);   /* built before this device's measured records */
-	{
-		/* the distinct blobs, each verified once; kernels find theirs by digest */
-		uint8_t (*dg)[32] = calloc((size_t)e->n, 32);
+	for (size_t i = 0; i < b->n_kernels; i++) {
+		Apollo__Kernel *k = b->kernels[i];
+		uint8_t *copy;
+		int p = 0;
 
-		if (!dg)
+		/* a blob already carried by an earlier kernel: named, not copied */
+		free(k->blob.data);
+		k->blob.data = NULL;
+		k->blob.len = 0;
+		k->blob_of = 0;
+		if ((k->blob_of = ap__compile_blob_owner(b, i)))
+			continue;
+		while (p < a->n_blobs && (k->digest.len != 32 || memcmp(a->digest[p], k->digest.data, 32)))
+			p++;
+		if (p == a->n_blobs) {
+			ap_log(AP_LOG_WARN, "shared cache: kernel %zu of a signed bundle has no blob "
+			       "matching its digest; not served", i);
 			return ap__compile_bundle_free(b);
-		for (int p = 1; p < e->n; p++)
-			ap_sha256(e->part[p], e->part_len[p], dg[p]);
-		for (size_t i = 0; i < b->n_kernels; i++) {
-			Apollo__Kernel *k = b->kernels[i];
-			uint8_t *copy;
-			int p = 1;
-
-			/* a blob already carried by an earlier kernel: named, not copied */
-			free(k->blob.data);
-			k->blob.data = NULL;
-			k->blob.len = 0;
-			k->blob_of = 0;
-			if ((k->blob_of = ap__compile_blob_owner(b, i)))
-				continue;
-			while (p < e->n && (k->digest.len != 32 || memcmp(dg[p], k->digest.data, 32)))
-				p++;
-			if (p == e->n) {
-				ap_log(AP_LOG_WARN, "shared cache: kernel %zu of a signed bundle has no blob "
-				       "matching its digest; not served", i);
-				free(dg);
-				return ap__compile_bundle_free(b);
-			}
-			copy = malloc(e->part_len[p] ? e->part_len[p] : 1);
-			if (!copy) {
-				free(dg);
-				return ap__compile_bundle_free(b);
-			}
-			memcpy(copy, e->part[p], e->part_len[p]);
-			k->blob.data = copy;
-			k->blob.len = e->part_len[p];
-			ap_cache_blob_put_known(c->cache, copy, k->blob.len, dg[p]);
 		}
-		free(dg);
+		copy = malloc(a->blob_len[p] ? a->blob_len[p] : 1);
+		if (!copy)
+			return ap__compile_bundle_free(b);
+		memcpy(copy, a->blob[p], a->blob_len[p]);
+		k->blob.data = copy;
+		k->blob.len = a->blob_len[p];
+		a->keep[p] = true;
 	}
-	if (ap_cache_put(c->cache, key, e->part[0], e->part_len[0]) == 0)
-		note_tuned(c, r, key, b);
 	if (!b->stats) {
 		b->stats = malloc(sizeof(*b->stats));
 		if (!b->stats)
@@ -573,6 +566,23 @@ static Apollo__Bundle *from_l2(ap_compiler *c, const struct request *r, const ui
 		apollo__stats__init(b->stats);
 	}
 	return b;
+}
+
+/* A lookup's bundle (ap_tiers_action_get's check). */
+struct found {
+	ap_compiler *c;
+	struct request *r;
+	Apollo__Bundle *b;
+};
+
+/* Takes a stored bundle: from L1 (from_cache) or from L2 (from_l2). */
+static bool take_bundle(void *user, int tier, const ap_tier_action *a)
+{
+	struct found *f = user;
+
+	f->b = tier == AP_TIER_L1 ? from_cache(f->c, f->r, a->bundle, a->len)
+				  : from_l2(f->c, f->r, a);
+	return f->b != NULL;
 }
 
 /* Sets a cached bundle's stats for this request (a hit from `tier`). */
@@ -618,7 +628,7 @@ static bool warm_frame(ap_compiler *c, struct request *r, const uint8_t key[32])
 	ap_blob *val = NULL;
 
 	r->warm_t0 = ap_now_ms();
-	if (ap_cache_get_ref(c->cache, key, &val) != 1)
+	if (ap_tiers_action_ref(c->tiers, key, &val) != AP_TIER_L1)
 		return false;
 	r->frame = ap__compile_warm_frame(c->cache, ap_blob_data(val), ap_blob_len(val),
 					  r->frame_id, warm_stats, r, &r->frame_len);
@@ -626,66 +636,62 @@ static bool warm_frame(ap_compiler *c, struct request *r, const uint8_t key[32])
 	return r->frame != NULL;
 }
 
-/* Looks `key` up in L1, then (with `l2`) in L2; on a hit returns the
+/* Looks `key` up in L1, then (with `l2`) in L2 (cache/tiers.h: an L2 hit
+ * is copied into L1, and its tuned kernels noted); on a hit returns the
  * bundle with this request's stats. */
 static Apollo__Bundle *lookup(ap_compiler *c, struct request *r, const uint8_t key[32], bool l2)
 {
 	double t = ap_now_ms();
-	uint8_t *val = NULL;
-	size_t len = 0;
-	Apollo__Bundle *b = NULL;
-	int tier = APOLLO__CACHE_TIER__CACHE_L1;
+	struct found f = { c, r, NULL };
+	bool copied = false;
+	int tier;
 
 	if (!r->use_cache)
 		return NULL;
-	if (ap_cache_get(c->cache, key, &val, &len) == 1) {
-		b = from_cache(c, r, val, len);
-		free(val);
-	}
-	if (!b && l2 && c->redis) {
-		ap_redis_entry e;
-
-		if (ap_redis_get(c->redis, AP_REDIS_ACTION, key, &e) == 1) {
-			b = from_l2(c, r, key, &e);
-			tier = APOLLO__CACHE_TIER__CACHE_L2;
-			ap_redis_entry_clear(&e);
-		}
-	}
+	tier = ap_tiers_action_get(c->tiers, key, l2 ? 0 : AP_TIERS_L1_ONLY, take_bundle, &f,
+				   &copied);
+	if (tier == AP_TIER_L2 && copied)
+		note_tuned(c, r, key, f.b);
 	r->cache_ms += ap_now_ms() - t;
-	if (b)
-		hit_stats(b, r, tier);
-	return b;
+	if (f.b)
+		hit_stats(f.b, r, tier);
+	return f.b;
 }
 
-/* Writes a bundle compiled here to L2: the stripped bundle `val` and the
- * blob of every kernel. */
-static void store_l2(ap_compiler *c, const uint8_t key[32], const Apollo__Bundle *b,
-		     const uint8_t *val, size_t len)
+/* Stores the stripped bundle `val` (len bytes) of compiled bundle b under
+ * `key` through the tiers (L1; with `l2`, L2 too, with each distinct blob
+ * of its kernels once: kernels compiled as one program share one, and
+ * from_l2 matches them to kernels by digest).  L1's result: 0 or
+ * negative. */
+static int store_bundle(ap_compiler *c, const uint8_t key[32], const Apollo__Bundle *b,
+			const uint8_t *val, size_t len, bool l2)
 {
-	const uint8_t **parts = calloc(b->n_kernels + 1, sizeof(*parts));
-	size_t *lens = calloc(b->n_kernels + 1, sizeof(*lens));
+	const uint8_t **blobs = NULL;
+	size_t *lens = NULL;
+	int n = 0, rc;
 
-	if (parts && lens && b->n_kernels < INT_MAX) {
-		int n = 1;
-
-		parts[0] = val;
-		lens[0] = len;
-		/* each distinct blob once (kernels compiled as one program
-		 * share one); from_l2 matches them to kernels by digest */
-		for (size_t i = 0; i < b->n_kernels; i++) {
+	if (l2 && c->redis) {
+		if (b->n_kernels < INT_MAX) {
+			blobs = calloc(b->n_kernels + 1, sizeof(*blobs));
+			lens = calloc(b->n_kernels + 1, sizeof(*lens));
+		}
+		for (size_t i = 0; blobs && lens && i < b->n_kernels; i++) {
 			bool seen = false;
 
 			for (size_t j = 0; j < i && !seen; j++)
 				seen = !memcmp(b->kernels[j]->digest.data, b->kernels[i]->digest.data, 32);
 			if (seen)
 				continue;
-			parts[n] = b->kernels[i]->blob.data;
+			blobs[n] = b->kernels[i]->blob.data;
 			lens[n++] = b->kernels[i]->blob.len;
 		}
-		ap_redis_put(c->redis, AP_REDIS_ACTION, key, n, parts, lens);
+		if (!blobs || !lens)   /* out of memory: L1 only, as the sharing fails open */
+			l2 = false;
 	}
-	free(parts);
+	rc = ap_tiers_action_put(c->tiers, key, l2 ? 0 : AP_TIERS_L1_ONLY, val, len, n, blobs, lens);
+	free(blobs);
 	free(lens);
+	return rc;
 }
 
 /* A follower of a request flight: 1 with *out (the leader's bundle,
@@ -1076,12 +1082,10 @@ static void store_compiled(ap_compiler *c, struct request *r, const uint8_t gkey
 	b->stats->compile_ms = ap_now_ms() - r->t0;
 	val = ap__compile_pack_stripped(b, &len);
 	if (val) {
-		if (ap_cache_put(c->cache, gkey, val, len) == 0)
+		if (store_bundle(c, gkey, b, val, len, true) == 0)
 			note_tuned(c, r, gkey, b);
-		if (rkey && ap_cache_put(c->cache, rkey, val, len) == 0)
+		if (rkey && store_bundle(c, rkey, b, val, len, false) == 0)
 			note_tuned(c, r, rkey, b);
-		if (c->redis)
-			store_l2(c, gkey, b, val, len);
 	}
 	free(val);
 	r->cache_ms += ap_now_ms() - t;
@@ -1096,7 +1100,7 @@ static void store_request_key(ap_compiler *c, const struct request *r, const uin
 	uint8_t *val = ap__compile_pack_stripped(b, &len);
 	double t = ap_now_ms();
 
-	if (val && ap_cache_put(c->cache, rkey, val, len) == 0)
+	if (val && store_bundle(c, rkey, b, val, len, false) == 0)
 		note_tuned(c, r, rkey, b);
 	free(val);
 	b->stats->cache_ms += ap_now_ms() - t;

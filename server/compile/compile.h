@@ -56,6 +56,7 @@ struct Apollo__TuneReport;
 typedef struct ap_compiler ap_compiler;
 
 struct ap_redis;
+struct ap_tiers;
 
 /* The default search budget of one request, in cost-model evaluations,
  * its kernels together (the daemon's tune_budget_evals; each micro-graph
@@ -336,14 +337,10 @@ struct ap_graph;
 ap_cache *ap_compiler_cache(const ap_compiler *c);
 ap_autotune *ap_compiler_autotune(const ap_compiler *c);
 
-/* Writes tuning record r of (sig, target) to the shared cache (Redis),
- * where other daemons' builds find it when their local cache has no such
- * record (a measured one: for requests naming r's device, when theirs has
- * none for it); the last writer of a (kernel, target, device or the
- * model's) wins.  Nothing without a
- * shared cache; failures cost nothing but the sharing (redis.h). */
-void ap_compiler_tuning_publish(ap_compiler *c, const uint8_t sig[32], const char *target,
-				__ap_keep const ap_tune_record *r);
+/* The compiler's cache tiers (cache/tiers.h: its cache as L1, its Redis as
+ * L2), owned by the compiler: valid while it lives.  Tuning records are
+ * read and written through them (server/tune/records.h). */
+struct ap_tiers *ap_compiler_tiers(const ap_compiler *c);
 
 /* Builds req's graph as a compile would (target, graph or ONNX import,
  * options, req->device's tuning records and search), without the backend: *g and *prog

@@ -3,7 +3,8 @@
  * bundle, one request's kernel batch, and the functions one part calls in
  * another.  The job itself is compile.c's; its parts are keys.c (cache keys,
  * targets), kernels.c (the kernels' parallel compile, backend refusals),
- * bundle.c (the reply's protobuf), tuning.c (tuning records, reports).
+ * bundle.c (the reply's protobuf), tuning.c (the tuning hooks over
+ * server/tune/records.h, reports).  The cache tiers: server/cache/tiers.h.
  * Private to server/compile/.  Every function's contract is at its
  * definition. */
 #ifndef AP_COMPILE_INTERNAL_H
@@ -24,8 +25,10 @@
 #include "../../common/graph.h"
 #include "../backend/backend.h"
 #include "../cache/redis.h"
+#include "../cache/tiers.h"
 #include "../config.h"
 #include "../plan/program.h"
+#include "../tune/records.h"
 #include "../tune/tune.h"
 #include "flight.h"
 #include "lease.h"
@@ -70,6 +73,7 @@ struct ap_compiler {
 	char nvrtc_id[64];
 	char build_id[64];       /* "apollod 0.1.0 exe <sha256 prefix>" */
 	ap_redis *redis;         /* L2; NULL: none */
+	ap_tiers *tiers;         /* cache and redis read and written through (tiers.h) */
 	ap_flights *flights;     /* requests by graph key; NULL: no single-flight */
 	ap_flights *kflights;    /* kernels by kernel key */
 	ap_leases *leases;       /* cluster leases of cold requests and kernels

@@ -49,47 +49,17 @@
 
 /* ---- kernels -------------------------------------------------------------- */
 
-/* Kernel `key` from L1, else from L2 (its blob's digest, then the blob
- * from L1 by that digest or from L2, verified; then copied into L1): true
- * with out's blob, digest and tier. */
-static bool kernel_cached(const struct kernel_batch *kb, const uint8_t key[32], struct kblob *out)
+/* Kernel `key` through the tiers (ap_tiers_kernel_get: L1, else L2 and
+ * copied into L1; `flags` AP_TIERS_L1_ONLY: L1 alone): true with out's
+ * blob, digest and tier. */
+static bool kernel_cached(const struct kernel_batch *kb, const uint8_t key[32], unsigned flags,
+			  struct kblob *out)
 {
-	ap_compiler *c = kb->c;
-	ap_redis_entry e;
-	uint8_t d[32];
+	int tier = ap_tiers_kernel_get(kb->c->tiers, key, flags, &out->data, &out->len, out->digest);
 
-	if (ap_cache_kernel_get(c->cache, key, &out->data, &out->len, out->digest) == 1) {
-		out->tier = APOLLO__CACHE_TIER__CACHE_L1;
-		return true;
-	}
-	if (!c->redis || ap_redis_get(c->redis, AP_REDIS_KERNEL, key, &e) != 1)
+	if (tier == AP_TIER_MISS)
 		return false;
-	if (e.n != 1 || e.part_len[0] != 32) {
-		ap_redis_entry_clear(&e);
-		return false;
-	}
-	memcpy(out->digest, e.part[0], 32);
-	ap_redis_entry_clear(&e);
-	if (ap_cache_blob_get(c->cache, out->digest, &out->data, &out->len) != 1) {
-		if (ap_redis_get(c->redis, AP_REDIS_BLOB, out->digest, &e) != 1)
-			return false;
-		if (e.n == 1 && (out->data = malloc(e.part_len[0] ? e.part_len[0] : 1))) {
-			memcpy(out->data, e.part[0], e.part_len[0]);
-			out->len = e.part_len[0];
-		}
-		ap_redis_entry_clear(&e);
-		if (!out->data)
-			return false;
-		ap_sha256(out->data, out->len, d);
-		if (memcmp(d, out->digest, 32)) {
-			ap_log(AP_LOG_WARN, "shared cache: a signed blob does not match its digest; not "
-			       "served");
-			free(out->data), out->data = NULL;
-			return false;
-		}
-	}
-	ap_cache_kernel_put_known(c->cache, key, out->data, out->len, out->digest);
-	out->tier = APOLLO__CACHE_TIER__CACHE_L2;
+	out->tier = tier;
 	return true;
 }
 
@@ -112,30 +82,20 @@ static void backend_run(const struct kernel_batch *kb, const char *src, const ch
 }
 
 /* Stores the blob of `out` in L2 by its digest (once per backend run:
- * every kernel of a program shares it). */
+ * every kernel of a program shares it; L1 stores it with each kernel). */
 static void blob_store(const struct kernel_batch *kb, const struct kblob *out)
 {
-	if (kb->use_cache && kb->c->redis) {
-		const uint8_t *parts[1] = { out->data };
-		size_t lens[1] = { out->len };
-
-		ap_redis_put(kb->c->redis, AP_REDIS_BLOB, out->digest, 1, parts, lens);
-	}
+	if (kb->use_cache)
+		ap_tiers_blob_put(kb->c->tiers, out->data, out->len, out->digest);
 }
 
-/* Stores kernel `key` -> out's blob in L1 (content-addressed: a blob
- * several kernels share is stored once) and key -> its digest in L2 (the
- * blob itself: blob_store). */
+/* Stores kernel `key` -> out's blob through the tiers: in L1 with the blob
+ * (content-addressed: a blob several kernels share is stored once), in L2
+ * key -> its digest (the blob itself: blob_store). */
 static void kernel_store(const struct kernel_batch *kb, const uint8_t key[32], const struct kblob *out)
 {
-	if (kb->use_cache) {
-		const uint8_t *parts[1] = { out->digest };
-		size_t lens[1] = { 32 };
-
-		ap_cache_kernel_put_known(kb->c->cache, key, out->data, out->len, out->digest);
-		if (kb->c->redis)
-			ap_redis_put(kb->c->redis, AP_REDIS_KERNEL, key, 1, parts, lens);
-	}
+	if (kb->use_cache)
+		ap_tiers_kernel_put(kb->c->tiers, key, 0, out->data, out->len, out->digest);
 }
 
 /* One translation unit of kernels ks[0..n) (the printers guard what
@@ -258,7 +218,7 @@ static bool kernel_found(void *user)
 {
 	struct kfind *f = user;
 
-	return kernel_cached(f->kb, f->key, f->out);
+	return kernel_cached(f->kb, f->key, 0, f->out);
 }
 
 /* What must happen to a kernel before it can be compiled: its source
@@ -288,17 +248,15 @@ static int kernel_probe(const struct kernel_batch *kb, const ap_kernel_src *ks, 
 		out->rc = ap_error_set(&out->err, AP_ENOMEM, NULL, NULL, "out of memory");
 		return K_DONE;
 	}
-	if (kb->use_cache && kernel_cached(kb, key, out))
+	if (kb->use_cache && kernel_cached(kb, key, 0, out))
 		return K_DONE;
 	if (kb->use_cache && kb->c->kflights) {
 		int role = ap_flight_join(kb->c->kflights, key, f);
 
 		if (role == AP_FLIGHT_FOLLOW)
 			return K_FOLLOW;
-		if (role == AP_FLIGHT_LEAD &&
-		    ap_cache_kernel_get(kb->c->cache, key, &out->data, &out->len, out->digest) == 1) {
+		if (role == AP_FLIGHT_LEAD && kernel_cached(kb, key, AP_TIERS_L1_ONLY, out)) {
 			/* a flight stored it between our miss and our join */
-			out->tier = APOLLO__CACHE_TIER__CACHE_L1;
 			kernel_publish(kb->c, *f, out);
 			*f = NULL;
 			return K_DONE;

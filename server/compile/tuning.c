@@ -1,58 +1,10 @@
-/* tuning.c -- tuning records in the cache tiers (server/tune/tune.h's
- * hooks), the devices clients name, and tuning reports (compile.h).
+/* tuning.c -- the build's tuning hooks (server/tune/tune.h) over the
+ * records of server/tune/records.h, the devices clients name, and tuning
+ * reports (compile.h).
  */
 #include "compile_internal.h"
 
-/* ---- tuning records (server/tune/tune.h) ----------------------------------- */
-
-/* Tuning records in the shared cache: kind 't', keyed by SHA-256 over
- * (signature, target, measured or not, and a measured record's device):
- * one model record per kernel and target, one measured record per kernel,
- * target and device (agreed on by two clients of some node, or measured by
- * a node's own tuner).  The value's parts: emitter, config, method, device,
- * candidates, then "sms modelled_us measured_us tried" as text. */
-static void tuning_l2_key(const uint8_t sig[32], const char *target, const char *device,
-			  uint8_t key[32])
-{
-	ap_sha256_ctx *h = ap_sha256_new();
-	static const char tag[] = "apollo tuning record v2";
-
-	if (!h) {
-		memset(key, 0, 32);   /* never read: the put and get below fail first */
-		return;
-	}
-	ap_sha256_update(h, tag, sizeof(tag));
-	ap_sha256_update(h, sig, 32);
-	ap_sha256_update(h, target, strlen(target) + 1);
-	ap_sha256_update(h, device && *device ? "m" : "c", 1);
-	if (device && *device)
-		ap_sha256_update(h, device, strlen(device) + 1);
-	ap_sha256_final(h, key);
-}
-
-void ap_compiler_tuning_publish(ap_compiler *c, const uint8_t sig[32], const char *target,
-				const ap_tune_record *r)
-{
-	char nums[128];
-	const uint8_t *parts[6];
-	size_t lens[6];
-	uint8_t key[32];
-
-	if (!c->redis)
-		return;
-	snprintf(nums, sizeof(nums), "%u %.17g %.17g %u", r->sms, r->modelled_us, r->measured_us,
-		 r->tried);
-	parts[0] = (const uint8_t *)r->emitter;
-	parts[1] = (const uint8_t *)r->config;
-	parts[2] = (const uint8_t *)r->method;
-	parts[3] = (const uint8_t *)r->device;
-	parts[4] = (const uint8_t *)r->candidates;
-	parts[5] = (const uint8_t *)nums;
-	for (int i = 0; i < 6; i++)
-		lens[i] = strnlen((const char *)parts[i], 1024);
-	tuning_l2_key(sig, target, r->measured_us >= 0 ? r->device : NULL, key);
-	ap_redis_put(c->redis, AP_REDIS_TUNING, key, 6, parts, lens);
-}
+/* ---- tuning records (server/tune/records.h) -------------------------------- */
 
 /* Whether s is min..max bytes of printable ASCII. */
 static bool printable(const char *s, size_t min, size_t max)
@@ -65,88 +17,23 @@ static bool printable(const char *s, size_t min, size_t max)
 	return s && n >= min;
 }
 
-/* Copies part i of e into dst (cap bytes) when it is printable text that
- * fits (no NUL inside: printable() would stop there). */
-static bool l2_text(const ap_redis_entry *e, int i, char *dst, size_t cap)
-{
-	if (e->part_len[i] >= cap || memchr(e->part[i], 0, e->part_len[i]))
-		return false;
-	memcpy(dst, e->part[i], e->part_len[i]);
-	dst[e->part_len[i]] = '\0';
-	return printable(dst, 0, cap - 1);
-}
-
-/* The shared cache's record of (sig, target): `device`'s measured one, or
- * (device NULL) the model's: 1 with *out (its strings checked printable
- * and in bounds, its numbers finite, a measured one's device the one asked
- * for; the config is parsed again by the tuner), 0 when absent or
- * malformed. */
-static int tuning_l2_get(ap_compiler *c, const uint8_t sig[32], const char *target,
-			 const char *device, ap_tune_record *out)
-{
-	ap_redis_entry e = {0};
-	uint8_t key[32];
-	char nums[128];
-	bool measured = device != NULL;
-	int ok;
-
-	tuning_l2_key(sig, target, device, key);
-	if (ap_redis_get(c->redis, AP_REDIS_TUNING, key, &e) != 1)
-		return 0;
-	memset(out, 0, sizeof(*out));
-	ok = e.n == 6 && l2_text(&e, 0, out->emitter, sizeof(out->emitter)) &&
-	     l2_text(&e, 1, out->config, sizeof(out->config)) &&
-	     l2_text(&e, 2, out->method, sizeof(out->method)) &&
-	     l2_text(&e, 3, out->device, sizeof(out->device)) &&
-	     l2_text(&e, 4, out->candidates, sizeof(out->candidates)) &&
-	     l2_text(&e, 5, nums, sizeof(nums)) &&
-	     sscanf(nums, "%u %lf %lf %u", &out->sms, &out->modelled_us, &out->measured_us,
-		    &out->tried) == 4 &&
-	     isfinite(out->modelled_us) && isfinite(out->measured_us) &&
-	     (out->measured_us >= 0) == measured && (!measured || !strcmp(out->device, device));
-	ap_redis_entry_clear(&e);
-	if (!ok)
-		ap_log(AP_LOG_WARN, "shared cache: a malformed tuning record, ignored");
-	return ok;
-}
-
-/* A record for a request: its device's measured record (local, else the
- * shared cache's, copied locally), else the model's (local, else shared);
- * a request naming no device, and a tune_variant build (which times the
- * model's candidates), use the model's only.  Measured records of other
- * devices never apply. */
+/* ap_tune_hooks.lookup of a request (struct tune_user): its device's
+ * measured record, else the model's, through the tiers; a request naming
+ * no device, and a tune_variant build (which times the model's
+ * candidates), use the model's only (ap_tune_records_get). */
 int ap__compile_tune_lookup(void *user, const uint8_t sig[32], ap_tune_record *rec)
 {
 	struct tune_user *u = user;
-	bool device = !u->variant && u->device[0];
-	ap_tune_record l2;
-	int rc = device ? ap_cache_tuning_get(u->c->cache, sig, u->target, u->device, rec) : 0;
 
-	if (rc < 0)
-		return rc;
-	if (rc == 0 && device && u->c->redis &&
-	    tuning_l2_get(u->c, sig, u->target, u->device, &l2)) {
-		ap_cache_tuning_put(u->c->cache, sig, u->target, &l2);
-		*rec = l2;
-		return 1;
-	}
-	if (rc == 1)
-		return 1;
-	rc = ap_cache_tuning_get(u->c->cache, sig, u->target, "", rec);
-	if (rc == 0 && u->c->redis && tuning_l2_get(u->c, sig, u->target, NULL, &l2)) {
-		ap_cache_tuning_put(u->c->cache, sig, u->target, &l2);
-		*rec = l2;
-		return 1;
-	}
-	return rc;
+	return ap_tune_records_get(u->c->tiers, sig, u->target, u->device, u->variant, rec);
 }
 
+/* ap_tune_hooks.store: the model's record of a search, to L1 and L2. */
 void ap__compile_tune_store(void *user, const uint8_t sig[32], const ap_tune_record *rec)
 {
 	struct tune_user *u = user;
 
-	ap_cache_tuning_put(u->c->cache, sig, u->target, rec);
-	ap_compiler_tuning_publish(u->c, sig, u->target, rec);
+	ap_tune_records_put(u->c->tiers, sig, u->target, rec);
 }
 
 /* Measurement indices ordered by signature, then time. */
@@ -301,7 +188,7 @@ static int report_check(ap_compiler *c, const Apollo__TuneReport *rep, ap_tune_r
 			return ap_error_set(err, AP_EINVAL, NULL, NULL, "tuning report: measurement %zu: %s",
 					    i, why);
 		ap_hex(m->signature.data, 8, hex);
-		found = ap_cache_tuning_get(c->cache, m->signature.data, rep->target, "", &model[i]);
+		found = ap_tune_records_local(c->tiers, m->signature.data, rep->target, "", &model[i]);
 		if (found < 0)
 			return ap_error_set(err, AP_EIO, NULL, NULL,
 					    "tuning report: the tuning records cannot be read");
@@ -381,7 +268,7 @@ int ap_compiler_tune_report(ap_compiler *c, const char *client, const Apollo__Tu
 			(*pending)++;
 			continue;
 		}
-		if (ap_cache_tuning_get(c->cache, m->signature.data, rep->target, device, &had) == 1 &&
+		if (ap_tune_records_local(c->tiers, m->signature.data, rep->target, device, &had) == 1 &&
 		    !strcmp(had.config, agreed))
 			continue;   /* the same choice: nothing retires */
 		*r = *mr;
@@ -395,14 +282,12 @@ int ap_compiler_tune_report(ap_compiler *c, const char *client, const Apollo__Tu
 		r->tried = clients;
 		memcpy(sigs[n_recs++], m->signature.data, 32);
 	}
-	if (n_recs && ap_cache_tuning_put_many(c->cache, (const uint8_t (*)[32])sigs, rep->target,
+	if (n_recs && ap_tune_records_put_many(c->tiers, (const uint8_t (*)[32])sigs, rep->target,
 					       recs, n_recs, false) < 0) {
 		rc = ap_error_set(err, AP_EIO, NULL, NULL,
 				  "tuning report: the measured records could not be stored");
 		goto out;
 	}
-	for (int i = 0; i < n_recs; i++)
-		ap_compiler_tuning_publish(c, sigs[i], rep->target, &recs[i]);
 	*records = (unsigned)n_recs;
 	*generation = ap_cache_tuning_generation(c->cache);
 	atomic_fetch_add(&c->tune_reports, 1);

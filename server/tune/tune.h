@@ -22,8 +22,9 @@
  * slower and the model does not charge for) are left out.
  *
  * Records of tuning results (the chosen configuration, its modelled and
- * measured time, how it was found) live in the cache (cache.h,
- * ap_cache_tuning_*), keyed by ap_tune_signature.
+ * measured time, how it was found) live in the cache tiers, keyed by
+ * ap_tune_signature: read and written by records.h (L1: cache.h's
+ * ap_cache_tuning_*; L2: the shared cache).
  */
 #ifndef AP_TUNE_H
 #define AP_TUNE_H
