@@ -803,17 +803,21 @@ static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 {
 	/* bk[tc]: one array, indexed (a choice between two arrays by ?: reads
 	 * as an overflow to GCC's object-size sanitizer) */
-	static const int tiles[] = {16, 32, 64, 128}, bk[2][3] = {{8, 16, 32}, {16, 32, 64}};
-	static const int thr[] = {1, 2, 4, 8}, warps[] = {1, 2, 4}, st_async[] = {2, 3, 4}, st_sync[] = {1, 2};
+	static const int tiles[] = {16, 32, 64, 128, 256}, bk[2][3] = {{8, 16, 32}, {16, 32, 64}};
+	static const int thr[] = {1, 2, 4, 8}, warps[] = {1, 2, 4}, st_async[] = {2, 3, 4, 5}, st_sync[] = {1, 2};
 	gemm_plan p;
 	char why[160];
 	bool tc;
 
-	int nm = 4, nn = 4, nk = 3, rc;
+	int nm, nn, nk = 3, rc;
 
 	if ((rc = analyze(m, t, &p, why, sizeof(why))) < 0)
 		return rc;
 	tc = p.tc;
+	/* 256-row or -column tiles on tensor cores only (128 x 256 and
+	 * 256 x 128 with 16 warps: a SIMT thread's register tile caps the
+	 * SIMT block at 128) */
+	nm = nn = tc ? 5 : 4;
 	/* no tile beyond the next power of two of the problem (at least 16) */
 	while (nm > 1 && tiles[nm - 2] >= p.Mr)
 		nm--;
@@ -829,7 +833,7 @@ static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 	knob(&sp->knobs[K_TM], tc ? "wm" : "tm", tc ? warps : thr, tc ? 3 : 4);
 	knob(&sp->knobs[K_TN], tc ? "wn" : "tn", tc ? warps : thr, tc ? 3 : 4);
 	if (t->gpu && t->arch >= 80)
-		knob(&sp->knobs[K_STAGES], "stages", st_async, 3);
+		knob(&sp->knobs[K_STAGES], "stages", st_async, 4);
 	else
 		knob(&sp->knobs[K_STAGES], "stages", st_sync, 2);
 	{
@@ -1732,8 +1736,9 @@ typedef struct tc_step {
 	int MI, NI;                     /* the warp's m16 row tiles and n8 column tiles */
 	int na, nb, nc;                 /* elements of an A, B, C fragment a lane */
 	ap_kir_expr *l16, *l8, *hi, *j2;  /* lane % 16, lane % 8, lane / 16, (lane / 8) % 2 */
-	/* ldmatrix: the place in stage st of the lane's row address for the
-	 * warp's first row (column) tile and k step 0, bound once a K tile;
+	/* the place in stage st of the lane's first element (ldmatrix: its
+	 * row address) for the warp's first row (column) tile and k step 0,
+	 * bound once a K tile;
 	 * row tile mi and k step kk read at abase + smem_lin(16 mi, kk) (B:
 	 * 8 ni), a constant offset once the loops are unrolled, which the
 	 * compiler folds into the instruction (print.c) */
@@ -1742,30 +1747,24 @@ typedef struct tc_step {
 
 /* The A fragments of the warp's MI row tiles into c->fa (na elements
  * each): ldmatrix .x4 at s->abase (compute_tc).  TF32 from a k-major
- * tile: one element a lane, a0 = A[g][t], a1 = A[g+8][t],
+ * tile (s->abase: the lane's (g, t)): one element a lane, a0 = A[g][t], a1 = A[g+8][t],
  * a2 = A[g][t+4], a3 = A[g+8][t+4].  False when a loop could not be
  * allocated (the kernel is marked failed). */
 static bool load_a_frags(gctx *c, const tc_step *s)
 {
 	ap_kir_kernel *k = c->k;
-	ap_kir_expr *lane = c->lane;
 	ap_kir_var *mi = ap_kir_var_new(k, k->index_type, "mi");
 	ap_kir_stmt *lm = ap_kir_for_unroll(k, s->body, mi, I(c, 0), I(c, s->MI), 1, -1);
-	ap_kir_expr *row0;
 
 	if (!lm)
 		return false;
-	row0 = ap_kir_add(k, c->wm0, ap_kir_muli(k, ap_kir_ref(k, mi), 16));
 	if (s->tf32 && !c->a_rowk) {
-		ap_kir_expr *g4 = ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 2));
-		ap_kir_expr *q4 = ap_kir_binary(k, AP_KIR_AND, lane, I(c, 3));
-
 		for (int e = 0; e < 4; e++)
 			ap_kir_store(k, &lm->body, c->fa,
 				     ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, mi), s->na), e),
-				     ap_kir_load(k, c->sa, smem_index(c, 0, s->st,
-						ap_kir_add(k, row0, ap_kir_addi(k, g4, 8 * (e & 1))),
-						ap_kir_add(k, ap_kir_ref(k, s->kk), ap_kir_addi(k, q4, 4 * (e >> 1))))));
+				     ap_kir_load(k, c->sa, ap_kir_add(k, s->abase,
+						smem_lin(c, 0, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, mi), 16), 8 * (e & 1)),
+							 ap_kir_addi(k, ap_kir_ref(k, s->kk), 4 * (e >> 1))))));
 		return true;
 	}
 	ap_kir_ldmatrix(k, &lm->body, c->fa, ap_kir_muli(k, ap_kir_ref(k, mi), s->na), c->sa,
@@ -1776,29 +1775,24 @@ static bool load_a_frags(gctx *c, const tc_step *s)
 
 /* The B fragments of the warp's NI column tiles into c->fb (nb elements
  * each): ldmatrix .x2 of one n8 tile at s->bbase (compute_tc).  TF32
- * from a k-major tile: one element a
- * lane, b0 = B[k=t][n=g], b1 = B[k=t+4][n=g].  False when a loop could
+ * from a k-major tile (s->bbase: the lane's (g, t)): one element a lane,
+ * b0 = B[k=t][n=g], b1 = B[k=t+4][n=g].  False when a loop could
  * not be allocated. */
 static bool load_b_frags(gctx *c, const tc_step *s)
 {
 	ap_kir_kernel *k = c->k;
-	ap_kir_expr *lane = c->lane;
 	ap_kir_var *ni = ap_kir_var_new(k, k->index_type, "ni");
 	ap_kir_stmt *ln = ap_kir_for_unroll(k, s->body, ni, I(c, 0), I(c, s->NI), 1, -1);
-	ap_kir_expr *col0;
 
 	if (!ln)
 		return false;
-	col0 = ap_kir_add(k, c->wn0, ap_kir_muli(k, ap_kir_ref(k, ni), 8));
 	if (s->tf32 && !c->b_rowk) {
-		ap_kir_expr *g4 = ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 2));
-		ap_kir_expr *q4 = ap_kir_binary(k, AP_KIR_AND, lane, I(c, 3));
-
 		for (int e = 0; e < 2; e++)
 			ap_kir_store(k, &ln->body, c->fb,
 				     ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), s->nb), e),
-				     ap_kir_load(k, c->sb, smem_index(c, 1, s->st, ap_kir_add(k, col0, g4),
-						ap_kir_add(k, ap_kir_ref(k, s->kk), ap_kir_addi(k, q4, 4 * e)))));
+				     ap_kir_load(k, c->sb, ap_kir_add(k, s->bbase,
+						smem_lin(c, 1, ap_kir_muli(k, ap_kir_ref(k, ni), 8),
+							 ap_kir_addi(k, ap_kir_ref(k, s->kk), 4 * e)))));
 		return true;
 	}
 	ap_kir_ldmatrix(k, &ln->body, c->fb, ap_kir_muli(k, ap_kir_ref(k, ni), s->nb), c->sb,
@@ -1862,6 +1856,7 @@ static void compute_tc(gctx *c, ap_kir_expr *st)
 	ap_kir_expr *lane = c->lane;
 	tc_step s;
 	ap_kir_stmt *lk;
+	ap_kir_expr *g4, *q4;
 
 	s.st = st;
 	s.tf32 = c->p->mma == AP_KIR_MMA_TF32_1688;
@@ -1874,6 +1869,8 @@ static void compute_tc(gctx *c, ap_kir_expr *st)
 	s.hi = ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 4));                 /* lane / 16 */
 	s.j2 = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 3)), I(c, 1));
 	ap_kir_mma_frag_sizes(c->p->mma, &s.na, &s.nb, &s.nc);
+	g4 = ap_kir_binary(k, AP_KIR_SHR, lane, I(c, 2));
+	q4 = ap_kir_binary(k, AP_KIR_AND, lane, I(c, 3));
 	/* A, ldmatrix .x4 from a row-major [m][k] tile: matrix j = lane / 8
 	 * covers rows (j % 2) * 8.. and k (j / 2) * E..; in lane terms row
 	 * lane % 16, k (lane / 16) * E.  k-major tiles (.trans): rows of the
@@ -1881,16 +1878,21 @@ static void compute_tc(gctx *c, ap_kir_expr *st)
 	 * B, .x2 of one n8 tile from an [n][k] tile: matrix j = (lane / 8) % 2
 	 * covers n lane % 8, k j * E..; k-major tiles (.trans): k j * 8 +
 	 * lane % 8. */
-	s.abase = s.bbase = NULL;
-	if (!s.tf32 || c->a_rowk)
-		s.abase = ap_kir_bind(k, c->v->cur, k->index_type, "ab",
-				      c->a_rowk ? smem_index(c, 0, st, ap_kir_add(k, c->wm0, s.l16), ap_kir_muli(k, s.hi, s.E))
-						: smem_index(c, 0, st, ap_kir_add(k, c->wm0, ap_kir_muli(k, s.j2, 8)),
-							     ap_kir_add(k, ap_kir_muli(k, s.hi, 8), s.l8)));
-	if (!s.tf32 || c->b_rowk)
-		s.bbase = ap_kir_bind(k, c->v->cur, k->index_type, "bb",
-				      c->b_rowk ? smem_index(c, 1, st, ap_kir_add(k, c->wn0, s.l8), ap_kir_muli(k, s.j2, s.E))
-						: smem_index(c, 1, st, c->wn0, ap_kir_add(k, ap_kir_muli(k, s.j2, 8), s.l8)));
+	if (s.tf32 && !c->a_rowk)   /* TF32, k-major: a lane's element (g, t) of each */
+		s.abase = smem_index(c, 0, st, ap_kir_add(k, c->wm0, g4), q4);
+	else if (c->a_rowk)
+		s.abase = smem_index(c, 0, st, ap_kir_add(k, c->wm0, s.l16), ap_kir_muli(k, s.hi, s.E));
+	else
+		s.abase = smem_index(c, 0, st, ap_kir_add(k, c->wm0, ap_kir_muli(k, s.j2, 8)),
+				     ap_kir_add(k, ap_kir_muli(k, s.hi, 8), s.l8));
+	if (s.tf32 && !c->b_rowk)
+		s.bbase = smem_index(c, 1, st, ap_kir_add(k, c->wn0, g4), q4);
+	else if (c->b_rowk)
+		s.bbase = smem_index(c, 1, st, ap_kir_add(k, c->wn0, s.l8), ap_kir_muli(k, s.j2, s.E));
+	else
+		s.bbase = smem_index(c, 1, st, c->wn0, ap_kir_add(k, ap_kir_muli(k, s.j2, 8), s.l8));
+	s.abase = ap_kir_bind(k, c->v->cur, k->index_type, "ab", s.abase);
+	s.bbase = ap_kir_bind(k, c->v->cur, k->index_type, "bb", s.bbase);
 	lk = ap_kir_for_unroll(k, c->v->cur, s.kk, I(c, 0), I(c, c->c.bk), s.tf32 ? 8 : 16, -1);
 	if (!lk)
 		return;

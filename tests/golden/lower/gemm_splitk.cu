@@ -81,30 +81,31 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_splitk(float *__restric
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			int ab29 = ((st20 * 320) + (((wm1 + (lane0 & 15)) * 20) + ((lane0 >> 4) * 4)));
+			int bb30 = ((st20 * 320) + (((lane0 & 3) * 20) + (wn2 + (lane0 >> 2))));
 			#pragma unroll
 			for (int ks28 = 0; ks28 < 16; ks28 += 8) {
 				#pragma unroll
-				for (int mi30 = 0; mi30 < 1; mi30 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((ab29 + (((mi30 * 16) * 20) + ks28))) * 4u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi30 * 4)] = __uint_as_float(ap_r0); fa[(mi30 * 4) + 1] = __uint_as_float(ap_r1); fa[(mi30 * 4) + 2] = __uint_as_float(ap_r2); fa[(mi30 * 4) + 3] = __uint_as_float(ap_r3); }
+				for (int mi31 = 0; mi31 < 1; mi31 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((ab29 + (((mi31 * 16) * 20) + ks28))) * 4u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi31 * 4)] = __uint_as_float(ap_r0); fa[(mi31 * 4) + 1] = __uint_as_float(ap_r1); fa[(mi31 * 4) + 2] = __uint_as_float(ap_r2); fa[(mi31 * 4) + 3] = __uint_as_float(ap_r3); }
 				}
 				#pragma unroll
-				for (int ni31 = 0; ni31 < 1; ni31 += 1) {
-					fb[(ni31 * 2)] = sb[((st20 * 320) + (((ks28 + (lane0 & 3)) * 20) + ((wn2 + (ni31 * 8)) + (lane0 >> 2))))];
-					fb[((ni31 * 2) + 1)] = sb[((st20 * 320) + (((ks28 + ((lane0 & 3) + 4)) * 20) + ((wn2 + (ni31 * 8)) + (lane0 >> 2))))];
+				for (int ni32 = 0; ni32 < 1; ni32 += 1) {
+					fb[(ni32 * 2)] = sb[(bb30 + ((ks28 * 20) + (ni32 * 8)))];
+					fb[((ni32 * 2) + 1)] = sb[(bb30 + (((ks28 + 4) * 20) + (ni32 * 8)))];
 				}
 				#pragma unroll
-				for (int r32 = 0; r32 < 4; r32 += 1) {
-					fa[r32] = ap_tf32f(fa[r32]);
+				for (int r33 = 0; r33 < 4; r33 += 1) {
+					fa[r33] = ap_tf32f(fa[r33]);
 				}
 				#pragma unroll
-				for (int r33 = 0; r33 < 2; r33 += 1) {
-					fb[r33] = ap_tf32f(fb[r33]);
+				for (int r34 = 0; r34 < 2; r34 += 1) {
+					fb[r34] = ap_tf32f(fb[r34]);
 				}
 				#pragma unroll
-				for (int mi34 = 0; mi34 < 1; mi34 += 1) {
+				for (int mi35 = 0; mi35 < 1; mi35 += 1) {
 					#pragma unroll
-					for (int ni35 = 0; ni35 < 1; ni35 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi34 + ni35) * 4)]), "=f"(acc[((mi34 + ni35) * 4) + 1]), "=f"(acc[((mi34 + ni35) * 4) + 2]), "=f"(acc[((mi34 + ni35) * 4) + 3]) : "r"(__float_as_uint(fa[(mi34 * 4)])), "r"(__float_as_uint(fa[(mi34 * 4) + 1])), "r"(__float_as_uint(fa[(mi34 * 4) + 2])), "r"(__float_as_uint(fa[(mi34 * 4) + 3])), "r"(__float_as_uint(fb[(ni35 * 2)])), "r"(__float_as_uint(fb[(ni35 * 2) + 1])), "f"(acc[((mi34 + ni35) * 4)]), "f"(acc[((mi34 + ni35) * 4) + 1]), "f"(acc[((mi34 + ni35) * 4) + 2]), "f"(acc[((mi34 + ni35) * 4) + 3]));
+					for (int ni36 = 0; ni36 < 1; ni36 += 1) {
+						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi35 + ni36) * 4)]), "=f"(acc[((mi35 + ni36) * 4) + 1]), "=f"(acc[((mi35 + ni36) * 4) + 2]), "=f"(acc[((mi35 + ni36) * 4) + 3]) : "r"(__float_as_uint(fa[(mi35 * 4)])), "r"(__float_as_uint(fa[(mi35 * 4) + 1])), "r"(__float_as_uint(fa[(mi35 * 4) + 2])), "r"(__float_as_uint(fa[(mi35 * 4) + 3])), "r"(__float_as_uint(fb[(ni36 * 2)])), "r"(__float_as_uint(fb[(ni36 * 2) + 1])), "f"(acc[((mi35 + ni36) * 4)]), "f"(acc[((mi35 + ni36) * 4) + 1]), "f"(acc[((mi35 + ni36) * 4) + 2]), "f"(acc[((mi35 + ni36) * 4) + 3]));
 					}
 				}
 			}
@@ -113,18 +114,18 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_splitk(float *__restric
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int mi36 = 0; mi36 < 1; mi36 += 1) {
+		for (int mi37 = 0; mi37 < 1; mi37 += 1) {
 			#pragma unroll
-			for (int ni37 = 0; ni37 < 1; ni37 += 1) {
+			for (int ni38 = 0; ni38 < 1; ni38 += 1) {
 				#pragma unroll
-				for (int e38 = 0; e38 < 4; e38 += 1) {
-					int row39 = ((m05 + wm1) + ((mi36 * 16) + ((lane0 >> 2) + ((e38 >> 1) * 8))));
-					int col40 = ((n06 + wn2) + ((ni37 * 8) + (((lane0 & 3) * 2) + (e38 & 1))));
-					if (((row39 < 24) && (col40 < 20))) {
-						float v41 = acc[(((mi36 + ni37) * 4) + e38)];
-						float v42 = p3[col40];
-						float v43 = (v41 + v42);
-						p0[((row39 * 20) + col40)] = v43;
+				for (int e39 = 0; e39 < 4; e39 += 1) {
+					int row40 = ((m05 + wm1) + ((mi37 * 16) + ((lane0 >> 2) + ((e39 >> 1) * 8))));
+					int col41 = ((n06 + wn2) + ((ni38 * 8) + (((lane0 & 3) * 2) + (e39 & 1))));
+					if (((row40 < 24) && (col41 < 20))) {
+						float v42 = acc[(((mi37 + ni38) * 4) + e39)];
+						float v43 = p3[col41];
+						float v44 = (v42 + v43);
+						p0[((row40 * 20) + col41)] = v44;
 					}
 				}
 			}

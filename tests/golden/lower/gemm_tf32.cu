@@ -95,30 +95,31 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_tf32(float *__restrict_
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			int ab33 = (((wm1 + (lane0 & 15)) * 20) + ((lane0 >> 4) * 4));
+			int bb34 = ((st18 * 320) + (((lane0 & 3) * 20) + (wn2 + (lane0 >> 2))));
 			#pragma unroll
 			for (int ks32 = 0; ks32 < 16; ks32 += 8) {
 				#pragma unroll
-				for (int mi34 = 0; mi34 < 1; mi34 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((ab33 + (((mi34 * 16) * 20) + ks32))) * 4u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi34 * 4)] = __uint_as_float(ap_r0); fa[(mi34 * 4) + 1] = __uint_as_float(ap_r1); fa[(mi34 * 4) + 2] = __uint_as_float(ap_r2); fa[(mi34 * 4) + 3] = __uint_as_float(ap_r3); }
+				for (int mi35 = 0; mi35 < 1; mi35 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((ab33 + (((mi35 * 16) * 20) + ks32))) * 4u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); fa[(mi35 * 4)] = __uint_as_float(ap_r0); fa[(mi35 * 4) + 1] = __uint_as_float(ap_r1); fa[(mi35 * 4) + 2] = __uint_as_float(ap_r2); fa[(mi35 * 4) + 3] = __uint_as_float(ap_r3); }
 				}
 				#pragma unroll
-				for (int ni35 = 0; ni35 < 1; ni35 += 1) {
-					fb[(ni35 * 2)] = sb[((st18 * 320) + (((ks32 + (lane0 & 3)) * 20) + ((wn2 + (ni35 * 8)) + (lane0 >> 2))))];
-					fb[((ni35 * 2) + 1)] = sb[((st18 * 320) + (((ks32 + ((lane0 & 3) + 4)) * 20) + ((wn2 + (ni35 * 8)) + (lane0 >> 2))))];
+				for (int ni36 = 0; ni36 < 1; ni36 += 1) {
+					fb[(ni36 * 2)] = sb[(bb34 + ((ks32 * 20) + (ni36 * 8)))];
+					fb[((ni36 * 2) + 1)] = sb[(bb34 + (((ks32 + 4) * 20) + (ni36 * 8)))];
 				}
 				#pragma unroll
-				for (int r36 = 0; r36 < 4; r36 += 1) {
-					fa[r36] = ap_tf32f(fa[r36]);
+				for (int r37 = 0; r37 < 4; r37 += 1) {
+					fa[r37] = ap_tf32f(fa[r37]);
 				}
 				#pragma unroll
-				for (int r37 = 0; r37 < 2; r37 += 1) {
-					fb[r37] = ap_tf32f(fb[r37]);
+				for (int r38 = 0; r38 < 2; r38 += 1) {
+					fb[r38] = ap_tf32f(fb[r38]);
 				}
 				#pragma unroll
-				for (int mi38 = 0; mi38 < 1; mi38 += 1) {
+				for (int mi39 = 0; mi39 < 1; mi39 += 1) {
 					#pragma unroll
-					for (int ni39 = 0; ni39 < 1; ni39 += 1) {
-						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi38 + ni39) * 4)]), "=f"(acc[((mi38 + ni39) * 4) + 1]), "=f"(acc[((mi38 + ni39) * 4) + 2]), "=f"(acc[((mi38 + ni39) * 4) + 3]) : "r"(__float_as_uint(fa[(mi38 * 4)])), "r"(__float_as_uint(fa[(mi38 * 4) + 1])), "r"(__float_as_uint(fa[(mi38 * 4) + 2])), "r"(__float_as_uint(fa[(mi38 * 4) + 3])), "r"(__float_as_uint(fb[(ni39 * 2)])), "r"(__float_as_uint(fb[(ni39 * 2) + 1])), "f"(acc[((mi38 + ni39) * 4)]), "f"(acc[((mi38 + ni39) * 4) + 1]), "f"(acc[((mi38 + ni39) * 4) + 2]), "f"(acc[((mi38 + ni39) * 4) + 3]));
+					for (int ni40 = 0; ni40 < 1; ni40 += 1) {
+						asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(acc[((mi39 + ni40) * 4)]), "=f"(acc[((mi39 + ni40) * 4) + 1]), "=f"(acc[((mi39 + ni40) * 4) + 2]), "=f"(acc[((mi39 + ni40) * 4) + 3]) : "r"(__float_as_uint(fa[(mi39 * 4)])), "r"(__float_as_uint(fa[(mi39 * 4) + 1])), "r"(__float_as_uint(fa[(mi39 * 4) + 2])), "r"(__float_as_uint(fa[(mi39 * 4) + 3])), "r"(__float_as_uint(fb[(ni40 * 2)])), "r"(__float_as_uint(fb[(ni40 * 2) + 1])), "f"(acc[((mi39 + ni40) * 4)]), "f"(acc[((mi39 + ni40) * 4) + 1]), "f"(acc[((mi39 + ni40) * 4) + 2]), "f"(acc[((mi39 + ni40) * 4) + 3]));
 					}
 				}
 			}
@@ -127,21 +128,21 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_tf32(float *__restrict_
 		}
 		asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 		#pragma unroll
-		for (int mi40 = 0; mi40 < 1; mi40 += 1) {
+		for (int mi41 = 0; mi41 < 1; mi41 += 1) {
 			#pragma unroll
-			for (int ni41 = 0; ni41 < 1; ni41 += 1) {
+			for (int ni42 = 0; ni42 < 1; ni42 += 1) {
 				#pragma unroll
-				for (int e42 = 0; e42 < 4; e42 += 1) {
-					int row43 = ((m05 + wm1) + ((mi40 * 16) + ((lane0 >> 2) + ((e42 >> 1) * 8))));
-					int col44 = ((n06 + wn2) + ((ni41 * 8) + (((lane0 & 3) * 2) + (e42 & 1))));
-					if (((row43 < 40) && (col44 < 24))) {
-						float v45 = acc[(((mi40 + ni41) * 4) + e42)];
-						float v46 = p4[col44];
-						float v47 = (v45 + v46);
-						float v48 = p5[((row43 * 24) + col44)];
-						float v49 = (v47 + v48);
-						p0[((row43 * 24) + col44)] = v49;
-						p1[(((((row43 / 20) % 2) * 480) + (col44 * 20)) + (row43 % 20))] = v49;
+				for (int e43 = 0; e43 < 4; e43 += 1) {
+					int row44 = ((m05 + wm1) + ((mi41 * 16) + ((lane0 >> 2) + ((e43 >> 1) * 8))));
+					int col45 = ((n06 + wn2) + ((ni42 * 8) + (((lane0 & 3) * 2) + (e43 & 1))));
+					if (((row44 < 40) && (col45 < 24))) {
+						float v46 = acc[(((mi41 + ni42) * 4) + e43)];
+						float v47 = p4[col45];
+						float v48 = (v46 + v47);
+						float v49 = p5[((row44 * 24) + col45)];
+						float v50 = (v48 + v49);
+						p0[((row44 * 24) + col45)] = v50;
+						p1[(((((row44 / 20) % 2) * 480) + (col45 * 20)) + (row44 % 20))] = v50;
 					}
 				}
 			}
