@@ -2343,6 +2343,61 @@ static void mainloop_pipelined(gctx *c)
 		ap_kir_cp_wait(k, v->cur, 0);
 }
 
+/* Whether the tensor-core epilogue stores its C fragments' element pairs
+ * (2t, 2t + 1 of a row: adjacent columns) as one vector store each: every
+ * output of the micro-graph is Y's element's value at Y's own index (no
+ * view, transpose, part or Concat between them: ap_emap with no steps), Y
+ * is a row-major matrix (not a convolution's NCHW) of an even number of
+ * columns (so a pair starts at an even element: aligned), the output
+ * types make a vector of two, at most PAIR_OUTPUTS_MAX outputs, and with
+ * split-K a pair never straddles two
+ * ranks' shares of the accumulators. */
+#define PAIR_OUTPUTS_MAX 8
+static bool pair_stores(gctx *c)
+{
+	const ap_graph *g = c->g;
+
+	if (g->n_outputs > PAIR_OUTPUTS_MAX || c->p->conv || c->p->N % 2 || (c->c.splitk > 1 && (c->acc->size / c->c.splitk) % 2))
+		return false;
+	for (int i = 0; i < g->n_outputs; i++) {
+		const ap_emap *mp = &c->p->maps[g->outputs[i]];
+
+		if (!mp->derived || mp->n || !ap_kir_vector_ok(g->tensors[g->outputs[i]].dtype, 2))
+			return false;
+	}
+	return true;
+}
+
+/* The outputs of accumulator elements acc[ai] and acc[ai + 1], Y[row][col]
+ * and Y[row][col + 1] (pair_stores holds; the caller checks the pair is
+ * inside the problem): both values of every output, then one two-wide
+ * vector store each (the epilogue's stores halved: issue 25, item 2). */
+static void store_output_pairs(gctx *c, ap_kir_expr *ai, ap_kir_expr *row, ap_kir_expr *col)
+{
+	ap_kir_kernel *k = c->k;
+	const ap_graph *g = c->g;
+	ap_kir_expr *vals[PAIR_OUTPUTS_MAX][2];
+	int n = g->n_outputs;
+
+	for (int j = 0; j < 2 && !c->v->rc; j++) {
+		ap_lidx ix = y_index(c, row, ap_kir_addi(k, col, j));
+
+		c->acc_index = ap_kir_addi(k, ai, j);
+		for (int i = 0; i < n && !c->v->rc; i++) {
+			ap_lidx r = ix;
+			ap_kir_var *x = ap_kir_var_new(k, g->tensors[g->outputs[i]].dtype, "w");
+
+			ap_kir_let(k, c->v->cur, x, ap_val(c->v, g->outputs[i], &r));
+			vals[i][j] = ap_kir_ref(k, x);
+		}
+	}
+	for (int i = 0; i < n && !c->v->rc; i++) {
+		ap_lidx ix = y_index(c, row, col);
+
+		ap_kir_vstore(k, c->v->cur, ap_v_buffer(c->v, g->outputs[i]), ap_lidx_linear(c->v, &ix), 2, vals[i]);
+	}
+}
+
 /* The epilogue on tensor cores: each lane holds, per (mi, ni) tile, the
  * m16n8 C fragment's elements e = 0..3 at row g + 8 * (e / 2) and column
  * 2t + e % 2 (g = lane / 4, t = lane % 4); each inside the problem (and,
@@ -2360,27 +2415,33 @@ static void epilogue_tc(gctx *c)
 	ap_kir_expr *q4 = ap_kir_binary(k, AP_KIR_AND, c->lane, I(c, 3));
 	ap_kir_expr *row, *col, *ai, *in, *own;
 
+	bool pairs = pair_stores(c);
+	ap_kir_expr *ev;
+
 	ap_kir_mma_frag_sizes(p->mma, &na, &nb, &nc);
 	mi = ap_v_loop_unrolled(v, "mi", MI, &s1);
 	ni = ap_v_loop_unrolled(v, "ni", NI, &s2);
-	e = ap_v_loop_unrolled(v, "e", 4, &s3);
+	/* element e of the fragment (pairs: e = 2 * e2, and e + 1 with it) */
+	e = ap_v_loop_unrolled(v, "e", pairs ? 2 : 4, &s3);
+	ev = pairs ? ap_kir_muli(k, ap_kir_ref(k, e), 2) : ap_kir_ref(k, e);
 	row = ap_kir_add(k, ap_kir_add(k, c->m0, c->wm0),
 			 ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), 16),
-				    ap_kir_add(k, g4, ap_kir_muli(k, ap_kir_binary(k, AP_KIR_SHR,
-									     ap_kir_ref(k, e), I(c, 1)), 8))));
+				    ap_kir_add(k, g4, ap_kir_muli(k, ap_kir_binary(k, AP_KIR_SHR, ev, I(c, 1)), 8))));
 	col = ap_kir_add(k, ap_kir_add(k, c->n0, c->wn0),
 			 ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8),
-				    ap_kir_add(k, ap_kir_muli(k, q4, 2),
-					       ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, e), I(c, 1)))));
+				    ap_kir_add(k, ap_kir_muli(k, q4, 2), ap_kir_binary(k, AP_KIR_AND, ev, I(c, 1)))));
 	ai = ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), NI),
-						   ap_kir_ref(k, ni)), nc), ap_kir_ref(k, e));
+						   ap_kir_ref(k, ni)), nc), ev);
 	own = own_element(c, ai);
 	row = ap_kir_bind(k, v->cur, k->index_type, "row", row);
 	col = ap_kir_bind(k, v->cur, k->index_type, "col", col);
 	in = ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, row, I(c, p->Mr)),
 			   ap_kir_binary(k, AP_KIR_LT, col, I(c, p->N)));
 	ap_v_if(v, own ? ap_kir_binary(k, AP_KIR_LAND, own, in) : in, &s4, NULL);
-	store_outputs(c, ai, row, col);
+	if (pairs)
+		store_output_pairs(c, ai, row, col);
+	else
+		store_outputs(c, ai, row, col);
 	ap_v_close(v, s4);
 	ap_v_close(v, s3);
 	ap_v_close(v, s2);

@@ -105,12 +105,15 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_convert_bf16_odd(__nv_b
 			#pragma unroll
 			for (int ni34 = 0; ni34 < 1; ni34 += 1) {
 				#pragma unroll
-				for (int e35 = 0; e35 < 4; e35 += 1) {
-					int row36 = ((m05 + wm1) + ((mi33 * 16) + ((lane0 >> 2) + ((e35 >> 1) * 8))));
-					int col37 = ((n06 + wn2) + ((ni34 * 8) + (((lane0 & 3) * 2) + (e35 & 1))));
+				for (int e35 = 0; e35 < 2; e35 += 1) {
+					int row36 = ((m05 + wm1) + ((mi33 * 16) + ((lane0 >> 2) + (((e35 * 2) >> 1) * 8))));
+					int col37 = ((n06 + wn2) + ((ni34 * 8) + (((lane0 & 3) * 2) + ((e35 * 2) & 1))));
 					if (((row36 < 16) && (col37 < 24))) {
-						__nv_bfloat16 v38 = __float2bfloat16_rn(acc[(((mi33 + ni34) * 4) + e35)]);
-						p0[((row36 * 24) + col37)] = v38;
+						__nv_bfloat16 v39 = __float2bfloat16_rn(acc[(((mi33 + ni34) * 4) + (e35 * 2))]);
+						__nv_bfloat16 w38 = v39;
+						__nv_bfloat16 v41 = __float2bfloat16_rn(acc[((((mi33 + ni34) * 4) + (e35 * 2)) + 1)]);
+						__nv_bfloat16 w40 = v41;
+						{ __nv_bfloat162 ap_vec; ap_vec.x = w38; ap_vec.y = w40; *(__nv_bfloat162 *)(p0 + ((row36 * 24) + col37)) = ap_vec; }
 					}
 				}
 			}

@@ -115,12 +115,15 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_convert_f16(__half *__r
 			#pragma unroll
 			for (int ni38 = 0; ni38 < 1; ni38 += 1) {
 				#pragma unroll
-				for (int e39 = 0; e39 < 4; e39 += 1) {
-					int row40 = ((m05 + wm1) + ((mi37 * 16) + ((lane0 >> 2) + ((e39 >> 1) * 8))));
-					int col41 = ((n06 + wn2) + ((ni38 * 8) + (((lane0 & 3) * 2) + (e39 & 1))));
+				for (int e39 = 0; e39 < 2; e39 += 1) {
+					int row40 = ((m05 + wm1) + ((mi37 * 16) + ((lane0 >> 2) + (((e39 * 2) >> 1) * 8))));
+					int col41 = ((n06 + wn2) + ((ni38 * 8) + (((lane0 & 3) * 2) + ((e39 * 2) & 1))));
 					if (((row40 < 24) && (col41 < 24))) {
-						__half v42 = __float2half_rn(acc[(((mi37 + ni38) * 4) + e39)]);
-						p0[((row40 * 24) + col41)] = v42;
+						__half v43 = __float2half_rn(acc[(((mi37 + ni38) * 4) + (e39 * 2))]);
+						__half w42 = v43;
+						__half v45 = __float2half_rn(acc[((((mi37 + ni38) * 4) + (e39 * 2)) + 1)]);
+						__half w44 = v45;
+						{ __half2 ap_vec; ap_vec.x = w42; ap_vec.y = w44; *(__half2 *)(p0 + ((row40 * 24) + col41)) = ap_vec; }
 					}
 				}
 			}

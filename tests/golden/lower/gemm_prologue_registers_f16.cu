@@ -221,12 +221,15 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_prologue_registers_f16(
 			#pragma unroll
 			for (int ni82 = 0; ni82 < 1; ni82 += 1) {
 				#pragma unroll
-				for (int e83 = 0; e83 < 4; e83 += 1) {
-					int row84 = ((m05 + wm1) + ((mi81 * 16) + ((lane0 >> 2) + ((e83 >> 1) * 8))));
-					int col85 = ((n06 + wn2) + ((ni82 * 8) + (((lane0 & 3) * 2) + (e83 & 1))));
+				for (int e83 = 0; e83 < 2; e83 += 1) {
+					int row84 = ((m05 + wm1) + ((mi81 * 16) + ((lane0 >> 2) + (((e83 * 2) >> 1) * 8))));
+					int col85 = ((n06 + wn2) + ((ni82 * 8) + (((lane0 & 3) * 2) + ((e83 * 2) & 1))));
 					if (((row84 < 12) && (col85 < 24))) {
-						__half v86 = __float2half_rn(acc[(((mi81 + ni82) * 4) + e83)]);
-						p0[((row84 * 24) + col85)] = v86;
+						__half v87 = __float2half_rn(acc[(((mi81 + ni82) * 4) + (e83 * 2))]);
+						__half w86 = v87;
+						__half v89 = __float2half_rn(acc[((((mi81 + ni82) * 4) + (e83 * 2)) + 1)]);
+						__half w88 = v89;
+						{ __half2 ap_vec; ap_vec.x = w86; ap_vec.y = w88; *(__half2 *)(p0 + ((row84 * 24) + col85)) = ap_vec; }
 					}
 				}
 			}

@@ -118,12 +118,15 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_prologue_staged_f16(__h
 			#pragma unroll
 			for (int ni41 = 0; ni41 < 1; ni41 += 1) {
 				#pragma unroll
-				for (int e42 = 0; e42 < 4; e42 += 1) {
-					int row43 = ((m05 + wm1) + ((mi40 * 16) + ((lane0 >> 2) + ((e42 >> 1) * 8))));
-					int col44 = ((n06 + wn2) + ((ni41 * 8) + (((lane0 & 3) * 2) + (e42 & 1))));
+				for (int e42 = 0; e42 < 2; e42 += 1) {
+					int row43 = ((m05 + wm1) + ((mi40 * 16) + ((lane0 >> 2) + (((e42 * 2) >> 1) * 8))));
+					int col44 = ((n06 + wn2) + ((ni41 * 8) + (((lane0 & 3) * 2) + ((e42 * 2) & 1))));
 					if (((row43 < 18) && (col44 < 24))) {
-						__half v45 = __float2half_rn(acc[(((mi40 + ni41) * 4) + e42)]);
-						p0[((row43 * 24) + col44)] = v45;
+						__half v46 = __float2half_rn(acc[(((mi40 + ni41) * 4) + (e42 * 2))]);
+						__half w45 = v46;
+						__half v48 = __float2half_rn(acc[((((mi40 + ni41) * 4) + (e42 * 2)) + 1)]);
+						__half w47 = v48;
+						{ __half2 ap_vec; ap_vec.x = w45; ap_vec.y = w47; *(__half2 *)(p0 + ((row43 * 24) + col44)) = ap_vec; }
 					}
 				}
 			}

@@ -118,14 +118,19 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_splitk(float *__restric
 			#pragma unroll
 			for (int ni38 = 0; ni38 < 1; ni38 += 1) {
 				#pragma unroll
-				for (int e39 = 0; e39 < 4; e39 += 1) {
-					int row40 = ((m05 + wm1) + ((mi37 * 16) + ((lane0 >> 2) + ((e39 >> 1) * 8))));
-					int col41 = ((n06 + wn2) + ((ni38 * 8) + (((lane0 & 3) * 2) + (e39 & 1))));
+				for (int e39 = 0; e39 < 2; e39 += 1) {
+					int row40 = ((m05 + wm1) + ((mi37 * 16) + ((lane0 >> 2) + (((e39 * 2) >> 1) * 8))));
+					int col41 = ((n06 + wn2) + ((ni38 * 8) + (((lane0 & 3) * 2) + ((e39 * 2) & 1))));
 					if (((row40 < 24) && (col41 < 20))) {
-						float v42 = acc[(((mi37 + ni38) * 4) + e39)];
-						float v43 = p3[col41];
-						float v44 = (v42 + v43);
-						p0[((row40 * 20) + col41)] = v44;
+						float v43 = acc[(((mi37 + ni38) * 4) + (e39 * 2))];
+						float v44 = p3[col41];
+						float v45 = (v43 + v44);
+						float w42 = v45;
+						float v47 = acc[((((mi37 + ni38) * 4) + (e39 * 2)) + 1)];
+						float v48 = p3[(col41 + 1)];
+						float v49 = (v47 + v48);
+						float w46 = v49;
+						{ float2 ap_vec; ap_vec.x = w42; ap_vec.y = w46; *(float2 *)(p0 + ((row40 * 20) + col41)) = ap_vec; }
 					}
 				}
 			}
