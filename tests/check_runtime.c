@@ -2249,6 +2249,32 @@ START_TEST(library_fallback)
 }
 END_TEST
 
+/* --explain names the library call and why it was chosen (the daemon's
+ * modelled times and what chose it). */
+START_TEST(library_explained)
+{
+	ap_report_info info = {.model = "lb", .explain = true};
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	ap_bundle *b;
+	lb g;
+
+	lb_init(&g, &lb_cases[3]);
+	g.lc.library_us = 12.5;
+	g.lc.kernel_us = 20.25;
+	g.lc.chosen_by = "measured tuning record";
+	b = pack_bundle(&g.b);
+	ap_report_text(f, b, &info);
+	fclose(f);
+	ck_assert_msg(strstr(text, "library: cuBLASLt matmul 9 x 11 x 13 (3 batches) float16, epilogue bias; "
+			      "chosen by the measured tuning record (schedule lib=1): 12.5 us modelled vs "
+			      "20.2 us for Apollo's kernel") != NULL, "%s", text);
+	free(text);
+	ap_bundle_free(b);
+}
+END_TEST
+
 /* Malformed library calls are refused by the bundle check, before
  * anything loads, with a message naming what is wrong. */
 START_TEST(library_malformed)
@@ -2324,6 +2350,7 @@ static Suite *runtime_suite(void)
 	tcase_add_test(tc, library_matmul_standin);
 	tcase_add_test(tc, library_fallback);
 	tcase_add_test(tc, library_malformed);
+	tcase_add_test(tc, library_explained);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("gpu");
 	tcase_set_tags(tc, "gpu");

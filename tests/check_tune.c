@@ -171,7 +171,7 @@ static double standin_cost(const ap_emitter *em, const ap_mgraph *m, const ap_sc
 	if (rc <= 0)
 		return rc < 0 ? rc : INFINITY;
 	for (int i = 0; i < s->n; i++)
-		d += fabs(log2((double)s->v[i]) - log2((double)g_want.v[i]));
+		d += fabs(log2(1.0 + s->v[i]) - log2(1.0 + g_want.v[i]));   /* lib is 0 or 1 */
 	return d;
 }
 
@@ -368,15 +368,19 @@ START_TEST(sched_text)
 	ck_assert_int_eq(memcmp(back.v, s.v, sizeof(s.v)), 0);
 	ck_assert_ptr_eq(back.em, &ap_emitter_gemm);
 	free(d);
-	/* sm_90 has split-K for this K: a text without the knob is refused */
-	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 tm=2 bk=16 bn=32 bm=32", &back), 0);
+	/* sm_90 has split-K for this K, and the library (lib) for this
+	 * product: a text without either knob is refused */
+	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 tm=2 bk=16 bn=32 bm=32 lib=0", &back), 0);
 	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 splitk=2 tm=2 bk=16 bn=32 bm=32",
+					&back), 0);
+	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 splitk=2 tm=2 bk=16 bn=32 bm=32 lib=0",
 					&back), 1);
+	ck_assert_int_eq(back.v[knob_ix(&sp, "lib")], 0);
 	ck_assert_int_eq(back.v[knob_ix(&sp, "bm")], 32);
 	ck_assert_int_eq(back.v[knob_ix(&sp, "stages")], 3);
 	ck_assert_int_eq(back.v[knob_ix(&sp, "splitk")], 2);
 	/* 4 blocks a cluster would leave each slice one K tile */
-	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 splitk=4 tm=2 bk=16 bn=32 bm=32",
+	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 splitk=4 tm=2 bk=16 bn=32 bm=32 lib=0",
 					&back), 0);
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		ck_assert_msg(ap_sched_parse(&ap_emitter_gemm, m, &t, bad[i], &back) == 0, "accepted '%s'",
@@ -823,6 +827,204 @@ START_TEST(records_reused_by_builds)
 END_TEST
 
 
+
+/* ---- the library candidate (issue 25): cuBLASLt beside Apollo's GEMM ----------------- */
+
+/* relu(A[M,K] x B[K,N] + bias[N]) of dtype dt (shape 0); relu(exp(A) x
+ * B), a prologue (shape 1); A x B + R[M,N], a residual, not a bias (shape 2). */
+static ap_graph *lib_graph(ap_dtype dt, int64_t M, int64_t N, int64_t K, int shape)
+{
+	ap_graph *g = ap_graph_new("lib");
+	int a = ap_graph_add_tensor(g, "a", dt, 2, (int64_t[]){M, K}, AP_TENSOR_INPUT, NULL, 0);
+	int b = ap_graph_add_tensor(g, "b", dt, 2, (int64_t[]){K, N}, AP_TENSOR_PARAM, NULL, 0);
+	int y = ap_graph_add_tensor(g, "y", dt, 2, (int64_t[]){M, N}, AP_TENSOR_VALUE, NULL, 0);
+	int o = ap_graph_add_tensor(g, "out", dt, 2, (int64_t[]){M, N}, AP_TENSOR_VALUE, NULL, 0);
+	ap_error err;
+
+	g->inputs = realloc(g->inputs, 4 * sizeof(int));
+	g->inputs[g->n_inputs++] = a;
+	if (shape == 1) {
+		int e = ap_graph_add_tensor(g, "e", dt, 2, (int64_t[]){M, K}, AP_TENSOR_VALUE, NULL, 0);
+
+		node(g, "exp", AP_OP_EXP, 1, (int[]){a}, e);
+		node(g, "mm", AP_OP_MATMUL, 2, (int[]){e, b}, y);
+		node(g, "relu", AP_OP_RELU, 1, (int[]){y}, o);
+	} else {
+		int r = shape == 0 ? ap_graph_add_tensor(g, "bias", dt, 1, (int64_t[]){N}, AP_TENSOR_PARAM, NULL, 0)
+				   : ap_graph_add_tensor(g, "res", dt, 2, (int64_t[]){M, N}, AP_TENSOR_INPUT, NULL, 0);
+		int z = ap_graph_add_tensor(g, "z", dt, 2, (int64_t[]){M, N}, AP_TENSOR_VALUE, NULL, 0);
+
+		if (shape == 2)
+			g->inputs[g->n_inputs++] = r;
+		node(g, "mm", AP_OP_MATMUL, 2, (int[]){a, b}, y);
+		node(g, "add", AP_OP_ADD, 2, (int[]){y, r}, z);
+		node(g, "relu", AP_OP_RELU, 1, (int[]){z}, o);
+	}
+	output(g, o);
+	ck_assert_msg(ap_graph_validate(g, &err) == 0, "validate: %s", err.msg);
+	return g;
+}
+
+static int has_knob(const ap_space *sp, const char *name)
+{
+	for (int i = 0; i < sp->n; i++)
+		if (!strcmp(sp->knobs[i].name, name))
+			return i;
+	return -1;
+}
+
+/* Where the knob exists and what the cost model makes of it: a large
+ * float16 product with bias + ReLU at sm_90 gets lib (0, 1), lib=1 is one
+ * point (the default tile), the default rule takes the side the cost model
+ * prices lower (the library for 4096^3: Apollo's mma.sync tiles are
+ * modelled bound by their shared-memory reads), and a build carries the
+ * call on the launch with its params bound and both modelled times; no
+ * knob on the host, with a prologue, or with a residual Add. */
+START_TEST(library_knob)
+{
+	ap_target_info t, cpu;
+	ap_graph *g = lib_graph(AP_DT_F16, 4096, 4096, 4096, 0);
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+	ap_space sp;
+	ap_sched dflt, s;
+	ap_traffic tr;
+	ap_error err;
+	double own_us, lib_us;
+	int li;
+
+	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
+	ck_assert_int_eq(ap_cost_target("cpu", &cpu), 0);
+	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+	li = has_knob(&sp, "lib");
+	ck_assert_int_ge(li, 0);
+	ck_assert_int_eq(sp.knobs[li].n, 2);
+	s = dflt;
+	s.v[li] = 0;
+	ck_assert_int_eq(ap_emitter_gemm.traffic(m, &s, &t, &tr), 0);
+	own_us = ap_cost_schedule_us(&tr, &t);
+	s.v[li] = 1;
+	ck_assert_int_eq(ap_emitter_gemm.valid(m, &s, &t), 1);
+	ck_assert_int_eq(ap_emitter_gemm.traffic(m, &s, &t, &tr), 0);
+	lib_us = ap_cost_schedule_us(&tr, &t);
+	/* the library's model: 2 * 4096^3 flops at 0.8 of 989 TFLOP/s */
+	ck_assert_double_eq_tol(tr.flops, 2.0 * 4096 * 4096 * 4096, 1);
+	ck_assert_msg(lib_us >= 2.0 * 4096 * 4096 * 4096 / (0.8 * 989e6) && lib_us < 1.2 * 2.0 * 4096 * 4096 * 4096 / (0.8 * 989e6),
+		      "library %.1f us", lib_us);
+	printf("check_tune: float16 4096^3 + bias + relu at sm_90: library %.1f us, Apollo's kernel %.1f us "
+	       "modelled; default lib=%d\n", lib_us, own_us, dflt.v[li]);
+	ck_assert_int_eq(dflt.v[li], lib_us < own_us);
+	ck_assert_int_eq(dflt.v[li], 1);
+	/* lib=1 is one point: another tile with lib=1 is not valid */
+	s.v[0] = s.v[0] == 64 ? 128 : 64;
+	ck_assert_int_eq(ap_emitter_gemm.valid(m, &s, &t), 0);
+	/* the host: no knob */
+	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &cpu, &sp, &dflt, &err), 0);
+	ck_assert_int_lt(has_knob(&sp, "lib"), 0);
+	ap_mgraph_free(m);
+	/* the build: the launch carries the call */
+	{
+		ap_build_options o = {.target = "sm_90"};
+		ap_program *p = ap_program_build(g, &o, &err);
+		const ap_launch *ln = NULL;
+		const ap_kir_library *lib;
+		const ap_kernel_src *ks;
+
+		ck_assert_msg(p != NULL, "build: %s", err.msg);
+		for (int i = 0; i < p->n_launches; i++)
+			if (p->launches[i].library)
+				ln = &p->launches[i];
+		ck_assert_ptr_nonnull(ln);
+		lib = ln->library;
+		ks = &p->kernels[ln->kernel];
+		ck_assert_int_eq(lib->m, 4096);
+		ck_assert_int_eq(lib->n, 4096);
+		ck_assert_int_eq(lib->k, 4096);
+		ck_assert_int_eq(lib->epilogue, 6);   /* CUBLASLT_EPILOGUE_RELU_BIAS */
+		ck_assert(!lib->trans_a && !lib->trans_b);
+		ck_assert_int_eq(lib->lda, 4096);
+		ck_assert_str_eq(ks->params[lib->a].name, "a");
+		ck_assert_str_eq(ks->params[lib->b].name, "b");
+		ck_assert_str_eq(ks->params[lib->bias].name, "bias");
+		ck_assert_str_eq(ks->params[lib->d].name, "out");
+		ck_assert(ks->params[lib->d].written);
+		/* the build's own target figures (its block cap): both times
+		 * noted, the library's the lower */
+		ck_assert_msg(isfinite(lib->library_us) && lib->library_us > 0 && lib->library_us < lib->kernel_us,
+			      "library %g us, kernel %g us", lib->library_us, lib->kernel_us);
+		ck_assert_int_eq(ln->library_choice, AP_TUNE_DEFAULT);
+		ck_assert_ptr_nonnull(strstr(ln->parts[0].schedule, "lib=1"));
+		ap_program_free(p);
+	}
+	ap_graph_free(g);
+	/* a prologue, a residual: never the library */
+	for (int shape = 1; shape <= 2; shape++) {
+		g = lib_graph(AP_DT_F16, 1024, 1024, 1024, shape);
+		m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+		ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+		ck_assert_msg(has_knob(&sp, "lib") < 0, "shape %d has the library knob", shape);
+		ap_mgraph_free(m);
+		ap_graph_free(g);
+	}
+}
+END_TEST
+
+/* A measured record decides between the two: one that measured the
+ * library faster puts the launch on it (lib=1, the call attached, chosen
+ * by the measured record), one that measured Apollo's kernel faster on
+ * the kernel (lib=0, no call), whatever the cost model says. */
+START_TEST(library_measured_record)
+{
+	ap_cache *c = fresh_cache();
+	ap_graph *g = lib_graph(AP_DT_F16, 2048, 2048, 2048, 0);
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+	ap_target_info t;
+	ap_space sp;
+	ap_sched dflt, s;
+	ap_error err;
+	uint8_t sig[32];
+	int li;
+
+	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
+	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+	li = knob_ix(&sp, "lib");
+	ck_assert_int_eq(ap_tune_signature(&ap_emitter_gemm, m, "sm_90", &t, 0, sig), 0);
+	for (int side = 0; side < 2; side++) {
+		char want[256], got[256];
+		ap_tune_record r;
+		ap_program *p;
+		char *d;
+		const ap_launch *ln = NULL;
+
+		s = dflt;
+		s.v[li] = side;
+		ck_assert_int_eq(ap_emitter_gemm.valid(m, &s, &t), 1);
+		d = ap_sched_describe(&ap_emitter_gemm, m, &t, &s);
+		snprintf(want, sizeof(want), "%s", d);
+		free(d);
+		/* measured: this side 100 us, the other one never measured faster */
+		r = record(want, 500.0, 100.0, "test device");
+		ck_assert_int_eq(ap_cache_tuning_put(c, sig, "sm_90", &r), 0);
+		p = build(g, "sm_90", c, got, sizeof(got), "mm");
+		ck_assert_uint_eq(p->tune_measured, 1);
+		ck_assert_str_eq(got, want);
+		for (int i = 0; i < p->n_launches; i++)
+			for (int q = 0; q < p->launches[i].parts[0].n_nodes; q++)
+				if (!strcmp(p->launches[i].parts[0].nodes[q], "mm"))
+					ln = &p->launches[i];
+		ck_assert_ptr_nonnull(ln);
+		if (side) {
+			ck_assert_ptr_nonnull(ln->library);
+			ck_assert_int_eq(ln->library_choice, AP_TUNE_MEASURED);
+		} else {
+			ck_assert_ptr_null(ln->library);
+		}
+		ap_program_free(p);
+	}
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+	drop_cache(c);
+}
+END_TEST
 
 /* A stitched softmax over R rows of N: its modelled arithmetic counts each
  * value once per element of its own tensor (the row's maximum and sum once
@@ -1419,6 +1621,12 @@ int main(void)
 	tcase_add_test(tc, budget_counts_evaluations);
 	tcase_add_test(tc, same_bundle_under_load);
 	tcase_add_test(tc, same_bundle_under_load_many_kernels);
+	suite_add_tcase(s, tc);
+	/* the library candidate (issue 25) */
+	tc = tcase_create("library");
+	tcase_set_timeout(tc, 240);
+	tcase_add_test(tc, library_knob);
+	tcase_add_test(tc, library_measured_record);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
