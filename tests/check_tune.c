@@ -1306,6 +1306,174 @@ out_graph:
 }
 END_TEST
 
+/* binary16 of v (a multiple of 1/8 below 2 in magnitude: exact) and back */
+static uint16_t e2e_f16(double v)
+{
+	uint16_t s = v < 0 ? 0x8000 : 0;
+	int e;
+
+	v = fabs(v);
+	if (v == 0)
+		return s;
+	e = ilogb(v);
+	return s | (uint16_t)((e + 15) << 10) | (uint16_t)(ldexp(v, 10 - e) - 1024);
+}
+
+static double e2e_from_f16(uint16_t h)
+{
+	int e = (h >> 10) & 31, f = h & 1023;
+	double v = e ? ldexp(f + 1024, e - 25) : ldexp(f, -24);
+
+	return h & 0x8000 ? -v : v;
+}
+
+static ap_host_tensor *e2e_tensor(const char *name, int rank, int64_t d0, int64_t d1, int salt)
+{
+	ap_host_tensor *t = calloc(1, sizeof(*t));
+	int64_t n = rank == 1 ? d0 : d0 * d1;
+
+	t->name = strdup(name);
+	t->dtype = AP_DT_F16;
+	t->rank = rank;
+	t->dims[0] = d0;
+	t->dims[1] = d1;
+	t->nbytes = (size_t)n * 2;
+	t->data = malloc(t->nbytes);
+	for (int64_t i = 0; i < n; i++)
+		((uint16_t *)t->data)[i] = e2e_f16((double)((int)((i * 37 + salt * 11) % 13) - 6) / 8);
+	return t;
+}
+
+/* From the daemon to the runtime: relu(A[M,K] B[K,N] + bias) in float16
+ * at sm_90 with a measured record for lib=1 (the stand-in GPU's) is
+ * compiled (NVRTC) into a bundle whose launch carries the call, chosen by
+ * that record; the runtime runs it through the stand-in driver and the
+ * stand-in cuBLASLt -- one cublasLtMatmul, no kernel launch -- and the
+ * output matches a float64 reference: the daemon's leading dimensions,
+ * arg indices and epilogue are those of the graph. */
+START_TEST(library_end_to_end)
+{
+	enum { M = 40, N = 24, K = 56 };
+	const char *bdir = getenv("APOLLO_BUILD");
+	char drv_so[300], lt_so[300], want[256];
+	ap_graph *g = lib_graph(AP_DT_F16, M, N, K, 0);
+	Apollo__Graph *pb = ap_graph_to_pb(g);
+	ap_compiler_options co = {.threads = 1};
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+	Apollo__CompileResponse *r;
+	const Apollo__LibraryCall *lc = NULL;
+	ap_host_tensor *a, *b, *bias, *out;
+	ap_tune_record rec;
+	ap_target_info t;
+	ap_compiler *c;
+	ap_cache *cache;
+	ap_runtime *rt;
+	ap_bundle *bun;
+	ap_space sp;
+	ap_sched s;
+	ap_error err;
+	uint8_t sig[32], *buf;
+	size_t len;
+	void *drv, *lt;
+	int *matmuls, *launches, m0, l0;
+	char *d;
+
+	if (ap_nvrtc_load(&err)) {
+		AP_SKIP("nvrtc", "library_end_to_end: skipped, no NVRTC (%s)", err.msg);
+		goto out_graph;
+	}
+	snprintf(drv_so, sizeof(drv_so), "%s/tests/libcuda-standin.so", bdir && *bdir ? bdir : "build");
+	snprintf(lt_so, sizeof(lt_so), "%s/tests/libcublaslt-standin.so", bdir && *bdir ? bdir : "build");
+	ck_assert_msg(access(drv_so, R_OK) == 0 && access(lt_so, R_OK) == 0, "no stand-ins at %s (make all)", drv_so);
+	/* a measured record naming lib=1 for the stand-in GPU */
+	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
+	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &s, &err), 0);
+	s.v[knob_ix(&sp, "lib")] = 1;
+	ck_assert_int_eq(ap_emitter_gemm.valid(m, &s, &t), 1);
+	d = ap_sched_describe(&ap_emitter_gemm, m, &t, &s);
+	snprintf(want, sizeof(want), "%s", d);
+	free(d);
+	ck_assert_int_eq(ap_tune_signature(&ap_emitter_gemm, m, "sm_90", &t, 0, sig), 0);
+	rec = record(want, 50.0, 1.0, "Apollo stand-in GPU|132");   /* the daemon's device id: NAME|SMS */
+	cache = fresh_cache();
+	ck_assert_int_eq(ap_cache_tuning_put(cache, sig, "sm_90", &rec), 0);
+	c = ap_compiler_new(cache, &co);
+	ck_assert_ptr_nonnull(c);
+	r = compile_variant(c, pb, 0);
+	for (size_t l = 0; l < r->bundle->n_plan; l++)
+		if (r->bundle->plan[l]->library)
+			lc = r->bundle->plan[l]->library;
+	ck_assert_msg(lc != NULL, "no launch carries the library call");
+	ck_assert_str_eq(lc->chosen_by, "measured tuning record");
+	ck_assert_uint_eq(lc->m, M);
+	ck_assert_uint_eq(lc->n, N);
+	ck_assert_uint_eq(lc->k, K);
+	ck_assert_int_eq(lc->epilogue, APOLLO__LIBRARY_EPILOGUE__LIB_EPI_BIAS_RELU);
+	len = apollo__bundle__get_packed_size(r->bundle);
+	buf = malloc(len);
+	apollo__bundle__pack(r->bundle, buf);
+	bun = ap_bundle_unpack(buf, len, &err);
+	free(buf);
+	ck_assert_msg(bun != NULL, "%s", err.msg);
+	ap_compile_response_free(r);
+
+	/* the runtime, through both stand-ins */
+	setenv("APOLLO_LIBCUDA", drv_so, 1);
+	setenv("APOLLO_LIBCUBLASLT", lt_so, 1);
+	setenv("APOLLO_STANDIN_DEVICE", "h100", 1);
+	drv = dlopen(drv_so, RTLD_NOW | RTLD_LOCAL);
+	lt = dlopen(lt_so, RTLD_NOW | RTLD_LOCAL);
+	ck_assert(drv && lt);
+	matmuls = dlsym(lt, "lt_matmuls");
+	launches = dlsym(drv, "fake_launches");
+	ck_assert(matmuls && launches);
+	rt = ap_runtime_new(bun, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	a = e2e_tensor("a", 2, M, K, 1);
+	b = e2e_tensor("b", 2, K, N, 2);
+	bias = e2e_tensor("bias", 1, N, 0, 3);
+	ck_assert_msg(ap_runtime_bind_input(rt, 0, a, &err) == 0, "%s", err.msg);
+	ck_assert_msg(ap_runtime_bind_name(rt, "b", b, &err) == 0, "%s", err.msg);
+	ck_assert_msg(ap_runtime_bind_name(rt, "bias", bias, &err) == 0, "%s", err.msg);
+	m0 = *matmuls;
+	l0 = *launches;
+	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(*matmuls - m0, 1);
+	ck_assert_int_eq(*launches - l0, 0);
+	out = ap_runtime_output(rt, 0, &err);
+	ck_assert_msg(out != NULL, "%s", err.msg);
+	ck_assert_int_eq(out->dtype, AP_DT_F16);
+	for (int i = 0; i < M; i++)
+		for (int j = 0; j < N; j++) {
+			double v = e2e_from_f16(((uint16_t *)bias->data)[j]), got;
+
+			for (int p = 0; p < K; p++)
+				v += e2e_from_f16(((uint16_t *)a->data)[i * K + p]) *
+				     e2e_from_f16(((uint16_t *)b->data)[p * N + j]);
+			v = v > 0 ? v : 0;
+			got = e2e_from_f16(((uint16_t *)out->data)[i * N + j]);
+			ck_assert_msg(fabs(got - v) <= 1e-3 * fabs(v) + 1e-3, "out[%d][%d] = %g, want %g", i, j, got, v);
+		}
+	ap_host_tensor_free(out);
+	ap_host_tensor_free(a);
+	ap_host_tensor_free(b);
+	ap_host_tensor_free(bias);
+	ap_runtime_free(rt);
+	ap_bundle_free(bun);
+	unsetenv("APOLLO_LIBCUDA");
+	unsetenv("APOLLO_LIBCUBLASLT");
+	unsetenv("APOLLO_STANDIN_DEVICE");
+	dlclose(lt);
+	dlclose(drv);
+	ap_compiler_free(c);
+	drop_cache(cache);
+out_graph:
+	ap_mgraph_free(m);
+	ap_graph_pb_free(pb);
+	ap_graph_free(g);
+}
+END_TEST
+
 /* ---- the same bundle whatever the load ------------------------------------------ */
 
 /* Reads ../shared/testdata/REL (from $APOLLO_BUILD's parent or the current
@@ -1627,6 +1795,7 @@ int main(void)
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, library_knob);
 	tcase_add_test(tc, library_measured_record);
+	tcase_add_test(tc, library_end_to_end);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
