@@ -257,4 +257,5 @@ void ap__library_traffic(const ap_kir_library *lib, const ap_target_info *t, ap_
 	out->tile_bytes = es * B * K * (M * cols + N * rows);
 	out->shared_read = es * (out->flops / 2) * (1.0 / 128 + 1.0 / 256);
 	out->alu_fraction = AP_LIBRARY_EFFICIENCY * (tf32 ? t->tf32_gflops / t->tc_gflops : 1);
+	out->library = true;
 }

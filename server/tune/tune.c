@@ -28,6 +28,8 @@ double ap_tune_refined_us(const ap_traffic *t, const ap_ptxas_stats *ps, const a
 	ap_traffic tr = *t;
 	double spill = (double)ps->spill_store_bytes + (double)ps->spill_load_bytes;
 
+	if (t->library)   /* the library runs, not the kernel ptxas compiled */
+		return ap_cost_schedule_us(t, ti);
 	if (ps->registers > 0)
 		tr.regs = (unsigned)ps->registers;
 	if (ps->shared_bytes > 0 && (unsigned)ps->shared_bytes > tr.shared_bytes)
