@@ -144,6 +144,10 @@ int ap_library_check(const Apollo__Bundle *b, size_t l, ap_error *err)
 				    "launch %zu: library matmul of %u x %u x %u (m, n, k >= 1)", l,
 				    lc->m, lc->n, lc->k);
 	batch = lc->batch ? lc->batch : 1;
+	if (batch > INT32_MAX)   /* cuBLASLt's BATCH_COUNT is an int32 */
+		return ap_error_set(err, AP_EINVAL, kn, NULL,
+				    "launch %zu: library matmul of %llu batches (at most 2^31 - 1)", l,
+				    (unsigned long long)batch);
 	bias = epi_bias(lc->epilogue);
 	beta = lc->beta != 0;
 	if ((rc = check_operand(b, l, la, "A", lc->a_arg, lc->a_type, lc->trans_a ? lc->k : lc->m,

@@ -2293,6 +2293,7 @@ START_TEST(library_malformed)
 		{ "batch overlap", "overlap" },
 		{ "zero m", "m, n, k >= 1" },
 		{ "bias arg", "argument 7 of 5" },
+		{ "batch count", "at most 2^31 - 1" },
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -2313,6 +2314,7 @@ START_TEST(library_malformed)
 		case 8: g.lc.stride_d = 1; break;
 		case 9: g.lc.m = 0; break;
 		case 10: g.lc.bias_arg = 7; break;
+		case 11: g.lc.batch = 0x80000000u; break;
 		}
 		b = pack_bundle(&g.b);
 		ck_assert_int_eq(ap_runtime_check(b, &err), AP_EINVAL);
