@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "client/library.h"
 #include "client/runtime.h"
 #include "client/tool.h"
 #include "proto/apollo.pb-c.h"
@@ -2275,6 +2276,34 @@ START_TEST(library_explained)
 }
 END_TEST
 
+/* A real libcublasLt, where one is installed (CUDA 13's here, no GPU):
+ * every entry point client/library.c declares resolves by its name (only
+ * cublasLtCreate may fail, without a device: CUBLAS_STATUS_NOT_INITIALIZED). */
+START_TEST(library_real_entry_points)
+{
+	char why[512] = "";
+	ap_cublaslt *lt;
+	void *so = NULL;
+
+	unsetenv("APOLLO_LIBCUBLASLT");
+	for (int v = 13; v >= 11 && !so; v--) {
+		char name[32];
+
+		snprintf(name, sizeof(name), "libcublasLt.so.%d", v);
+		so = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+	}
+	if (!so) {
+		AP_SKIP("cublaslt", "library_real_entry_points: SKIPPED: no libcublasLt.so.13/.12/.11");
+		return;
+	}
+	lt = ap_cublaslt_open(why, sizeof(why));
+	printf("library_real_entry_points: %s\n", lt ? "cuBLASLt loaded, a handle made" : why);
+	ck_assert_msg(lt || (strstr(why, "lacks") == NULL && strstr(why, "cublasLtCreate") != NULL), "%s", why);
+	ap_cublaslt_close(lt);
+	dlclose(so);
+}
+END_TEST
+
 /* Malformed library calls are refused by the bundle check, before
  * anything loads, with a message naming what is wrong. */
 START_TEST(library_malformed)
@@ -2353,6 +2382,7 @@ static Suite *runtime_suite(void)
 	tcase_add_test(tc, library_fallback);
 	tcase_add_test(tc, library_malformed);
 	tcase_add_test(tc, library_explained);
+	tcase_add_test(tc, library_real_entry_points);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("gpu");
 	tcase_set_tags(tc, "gpu");
