@@ -908,11 +908,13 @@ static int has_knob(const ap_space *sp, const char *name)
 
 /* Where the knob exists and what the cost model makes of it: a large
  * float16 product with bias + ReLU at sm_90 gets lib (0, 1), lib=1 is one
- * point (the default tile), the default rule takes the side the cost model
- * prices lower (the library for 4096^3: Apollo's mma.sync tiles are
- * modelled bound by their shared-memory reads), and a build carries the
- * call on the launch with its params bound and both modelled times; no
- * knob on the host, with a prologue, or with a residual Add. */
+ * point (the default tile); the default rule takes the library only where
+ * the model prices it below a finite time of its own tile (here the model
+ * calls the default tile a spill, so the rule keeps the kernel); the
+ * search's candidates hold both sides and it picks the library for 4096^3
+ * and the kernel for 256^3; a build (searched) carries the call on the
+ * launch with its params bound and both modelled times; no knob on the
+ * host, with a prologue, or with a residual Add. */
 START_TEST(library_knob)
 {
 	ap_target_info t, cpu;
@@ -950,19 +952,48 @@ START_TEST(library_knob)
 				lib_us, 1e-9);
 	printf("check_tune: float16 4096^3 + bias + relu at sm_90: library %.1f us, Apollo's kernel %.1f us "
 	       "modelled; default lib=%d\n", lib_us, own_us, dflt.v[li]);
-	ck_assert_int_eq(dflt.v[li], lib_us < own_us);
-	ck_assert_int_eq(dflt.v[li], 1);
+	ck_assert_int_eq(dflt.v[li], isfinite(own_us) && lib_us < own_us);
 	/* lib=1 is one point: another tile with lib=1 is not valid */
 	s.v[0] = s.v[0] == 64 ? 128 : 64;
 	ck_assert_int_eq(ap_emitter_gemm.valid(m, &s, &t), 0);
+	/* the search's candidates hold both sides where the model prices
+	 * both (a measurement compares them): for 256^3 the default is the
+	 * kernel, the library is among them */
+	for (int c = 0; c < 2; c++) {
+		ap_graph *g2 = c ? lib_graph(AP_DT_F16, 256, 256, 256, 0) : NULL;
+		ap_mgraph *m2 = c ? whole(g2, AP_GROUP_MATMUL, AP_OP_MATMUL) : m;
+		ap_tune_result r;
+		int sides[2] = {0, 0};
+
+		ck_assert_int_eq(ap_tune_search(&ap_emitter_gemm, m2, &t, NULL, &r, &err), 0);
+		for (int i = 0; i < r.n_top; i++)
+			sides[r.top[i].v[li] != 0]++;
+		printf("check_tune: %s: default lib=%d, candidates: %d kernel tiles, %d library\n",
+		       c ? "256^3" : "4096^3", r.dflt.v[li], sides[0], sides[1]);
+		/* 4096^3: the model prices every kernel tile the walk reaches as a
+		 * register spill (INFINITY), so no kernel tile is a candidate */
+		ck_assert_int_ge(sides[0], c ? 1 : 0);
+		ck_assert_int_eq(sides[1], 1);
+		/* the search's pick: the library for 4096^3, the kernel for 256^3 */
+		printf("check_tune: %s: the search picks lib=%d (%.1f us)\n", c ? "256^3" : "4096^3",
+		       r.best.v[li], r.best_us);
+		ck_assert_int_eq(r.best.v[li], c ? 0 : 1);
+		for (int i = 1; i < r.n_top; i++)
+			ck_assert(r.top_us[i] >= r.top_us[i - 1]);
+		if (c) {
+			ap_mgraph_free(m2);
+			ap_graph_free(g2);
+		}
+	}
 	/* the host: no knob */
 	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &cpu, &sp, &dflt, &err), 0);
 	ck_assert_int_lt(has_knob(&sp, "lib"), 0);
 	ap_mgraph_free(m);
-	/* the build: the launch carries the call */
+	/* the build (searched under the cost model): the launch carries the call */
 	{
-		ap_build_options o = {.target = "sm_90"};
-		ap_program *p = ap_program_build(g, &o, &err);
+		ap_cache *c = fresh_cache();
+		char sched[256];
+		ap_program *p = build(g, "sm_90", c, sched, sizeof(sched), "mm");
 		const ap_launch *ln = NULL;
 		const ap_kir_library *lib;
 		const ap_kernel_src *ks;
@@ -989,9 +1020,10 @@ START_TEST(library_knob)
 		 * noted, the library's the lower */
 		ck_assert_msg(isfinite(lib->library_us) && lib->library_us > 0 && lib->library_us < lib->kernel_us,
 			      "library %g us, kernel %g us", lib->library_us, lib->kernel_us);
-		ck_assert_int_eq(ln->library_choice, AP_TUNE_DEFAULT);
+		ck_assert_int_eq(ln->library_choice, AP_TUNE_SEARCHED);
 		ck_assert_ptr_nonnull(strstr(ln->parts[0].schedule, "lib=1"));
 		ap_program_free(p);
+		drop_cache(c);
 	}
 	ap_graph_free(g);
 	/* a prologue, a residual: never the library */

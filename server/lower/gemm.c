@@ -966,7 +966,9 @@ static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
 	}
 	plan_clear(&p);
 	/* lib: the library where the cost model expects it to be faster than
-	 * this kernel (a measured tuning record overrides both) */
+	 * this kernel; where the model calls this tile a spill (INFINITY) the
+	 * rule keeps the kernel and leaves the choice to a search, which can
+	 * walk the tiles from here (a measured tuning record overrides both) */
 	if (sp->n > K_LIB) {
 		ap_traffic own, lib;
 
@@ -976,7 +978,8 @@ static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
 		s->v[K_LIB] = 1;
 		if ((rc = gm_traffic(m, s, t, &lib)) < 0)
 			return rc;
-		s->v[K_LIB] = ap_cost_schedule_us(&lib, t) < ap_cost_schedule_us(&own, t);
+		s->v[K_LIB] = isfinite(ap_cost_schedule_us(&own, t)) &&
+			      ap_cost_schedule_us(&lib, t) < ap_cost_schedule_us(&own, t);
 	}
 	return 0;
 }
