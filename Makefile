@@ -47,7 +47,7 @@ LIBS := $(BUILD)/libapserver.a $(BUILD)/libapollo-client.a $(BUILD)/libapcommon.
 	demo bench clean help
 # Keep generated headers and test objects: they are not throw-away intermediates.
 .SECONDARY:
-STANDIN := $(BUILD)/tests/libcuda-standin.so
+STANDIN := $(BUILD)/tests/libcuda-standin.so $(BUILD)/tests/libcublaslt-standin.so
 all: $(BUILD)/apollod $(BUILD)/apollo-client $(BUILD)/apollo-kernels $(BUILD)/libapollo-client.so \
 	$(TESTS) $(STANDIN)
 
@@ -128,10 +128,15 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
 	$(Q)$(CC) $(CFLAGS_ALL) $(TEST_LDFLAGS) -o $@ $< $(LIBS) $(CHECK_LIBS) $(LDLIBS_ALL)
 
 # A stand-in CUDA driver for the GPU path's tests where no GPU exists.
-$(STANDIN): tests/cuda_standin.c
+$(BUILD)/tests/libcuda-standin.so: tests/cuda_standin.c
 	@mkdir -p $(dir $@)
 	$(call say,LD)
 	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -O1 -Wall -Werror -shared -fPIC -o $@ $<
+# ... and a stand-in cuBLASLt beside it (library launches, issue 25).
+$(BUILD)/tests/libcublaslt-standin.so: tests/cublaslt_standin.c
+	@mkdir -p $(dir $@)
+	$(call say,LD)
+	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -O1 -Wall -Werror -shared -fPIC -o $@ $< -lm
 
 # --- tests ------------------------------------------------------------------
 # Three tiers (docs/testing.md, "Tiers"):

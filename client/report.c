@@ -348,9 +348,47 @@ static void text_reason_counts(FILE *f, const ap_bundle *b)
 /* Under a launch of the explain report: which fusion layer stitched it
  * and how ("    stitched by Layer II: ..." / "    stitched: Layer III ...",
  * then its parts). */
+/* The library call of launch i, when the daemon chose one (issue 25):
+ * "    library: cuBLASLt matmul 4096 x 4096 x 4096 float16, epilogue
+ * bias+relu; chosen by the cost model: 174.3 us modelled vs 193.1 us for
+ * Apollo's kernel (which the host target, or a runtime without
+ * libcublasLt, runs)".  Nothing without one. */
+static void text_library(FILE *f, const ap_bundle *b, int i)
+{
+	const Apollo__Bundle *pb = ap_bundle_pb(b);
+	const Apollo__LibraryCall *lc;
+	const char *epi;
+
+	if (i < 0 || (size_t)i >= pb->n_plan || !(lc = pb->plan[i]->library))
+		return;
+	switch (lc->epilogue) {
+	case APOLLO__LIBRARY_EPILOGUE__LIB_EPI_RELU: epi = "relu"; break;
+	case APOLLO__LIBRARY_EPILOGUE__LIB_EPI_BIAS: epi = "bias"; break;
+	case APOLLO__LIBRARY_EPILOGUE__LIB_EPI_BIAS_RELU: epi = "bias+relu"; break;
+	case APOLLO__LIBRARY_EPILOGUE__LIB_EPI_GELU: epi = "gelu"; break;
+	case APOLLO__LIBRARY_EPILOGUE__LIB_EPI_BIAS_GELU: epi = "bias+gelu"; break;
+	default: epi = "none"; break;
+	}
+	fprintf(f, "    library: cuBLASLt matmul %u x %u x %u", lc->m, lc->n, lc->k);
+	if (lc->batch > 1)
+		fprintf(f, " (%u batches)", lc->batch);
+	fprintf(f, " %s%s, epilogue %s; chosen by the %s (schedule lib=1): %.1f us modelled vs ",
+		ap_dtype_name((ap_dtype)lc->a_type),
+		lc->compute == APOLLO__LIBRARY_COMPUTE__LIB_COMPUTE_F32_FAST_TF32 ? " (TF32)" : "", epi,
+		lc->chosen_by && *lc->chosen_by ? lc->chosen_by : "cost model", lc->library_us);
+	if (isfinite(lc->kernel_us))
+		fprintf(f, "%.1f us", lc->kernel_us);
+	else
+		fprintf(f, "a register spill");
+	fprintf(f, " for Apollo's kernel at this tile, which the host target and a runtime "
+		"without libcublasLt run\n");
+}
+
 static void text_layers(FILE *f, const ap_bundle *b, int i)
 {
 	int np = ap_bundle_launch_n_parts(b, i);
+
+	text_library(f, b, i);
 
 	if (np > 1)
 		fprintf(f, "    stitched: Layer III launches %d independent micro-graphs together, "

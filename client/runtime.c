@@ -28,6 +28,7 @@
  */
 #include "runtime.h"
 #include "hostcheck.h"
+#include "library.h"
 
 #include <dlfcn.h>
 #include <stddef.h>
@@ -223,6 +224,13 @@ struct ap_runtime {
 	int n_ws;
 	bool legacy_pending;     /* copies on the legacy stream no run waited for yet */
 	CUevent copy_ev;         /* marks them for a run on another stream */
+	/* library launches (library.h): cuBLASLt when it loaded, each launch's
+	 * cached plan; lib_why says why a launch runs Apollo's kernel instead */
+	ap_cublaslt *lt;
+	ap_lib_plan **lib_plans; /* per launch of the plan */
+	int lib_launches;        /* launches with a LibraryCall */
+	int lib_fallbacks;       /* of those, run with Apollo's kernel (last run) */
+	char lib_why[512];
 };
 
 /* The driver's words for r, with its name where the driver gives one
@@ -319,6 +327,16 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 		if (b->buffers[i]->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE &&
 		    b->buffers[i]->offset + b->buffers[i]->bytes > need)
 			need = b->buffers[i]->offset + b->buffers[i]->bytes;   /* bounded by check_buffer */
+	}
+	/* a library call's scratch slice counts as well (its bounds are
+	 * checked with its launch, ap_library_check) */
+	for (size_t l = 0; l < b->n_plan; l++) {
+		uint64_t e = b->plan[l] ? ap_library_workspace_end(b->plan[l]) : 0;
+
+		if (e > b->workspace_bytes)
+			e = b->workspace_bytes;   /* past it: refused with its launch */
+		if (e > need)
+			need = e;
 	}
 	/* the workspace is allocated from this number: no more than its
 	 * intermediates need (the planner aligns them to 256 bytes) */
@@ -448,6 +466,8 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 							    "overlap in the workspace", l, kk->name, o->name, bf->name);
 			}
 		}
+		if ((rc = ap_library_check(b, l, err)) < 0)
+			return rc;
 	}
 	return 0;
 }
@@ -1238,6 +1258,24 @@ static int gpu_setup(ap_runtime *rt, int device, ap_error *err)
 		if (!rt->external && own_storage(rt, bf, err) < 0)
 			return err ? err->code : AP_ENOMEM;
 	}
+	/* Library launches: cuBLASLt once for the runtime; without it each
+	 * runs its own kernel (Launch.kernel), said once per process. */
+	if (rt->lib_launches) {
+		rt->lib_plans = calloc(rt->b->n_plan, sizeof(*rt->lib_plans));
+		if (!rt->lib_plans)
+			return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+		rt->lt = ap_cublaslt_open(rt->lib_why, sizeof(rt->lib_why));
+		if (!rt->lt) {
+			static atomic_int said;
+
+			rt->lib_fallbacks = rt->lib_launches;
+			if (!atomic_exchange(&said, 1))
+				fprintf(stderr, "apollo: %s; the bundle's %d library launch%s run%s "
+					"Apollo's own kernel%s instead\n", rt->lib_why,
+					rt->lib_launches, rt->lib_launches == 1 ? "" : "es",
+					rt->lib_launches == 1 ? "s" : "", rt->lib_launches == 1 ? "" : "s");
+		}
+	}
 	return 0;
 }
 
@@ -1298,6 +1336,8 @@ static void gpu_teardown(ap_runtime *rt)
 		return;
 	if (rt->cu_ready) {
 		cu->cuCtxSetCurrent(rt->ctx);
+		ap_cublaslt_close(rt->lt);
+		rt->lt = NULL;
 		for (int e = 0; e < 2; e++)
 			if (rt->ev[e])
 				cu->cuEventDestroy(rt->ev[e]);
@@ -1339,6 +1379,7 @@ ap_runtime *ap_runtime_free(ap_runtime *rt)
 	}
 	free(rt->libs);
 	free(rt->lib_fds);
+	free(rt->lib_plans);
 	free(rt->argv);
 	free(rt->launch_ms);
 	free(rt->kernels);
@@ -1397,6 +1438,8 @@ ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *op
 		if (bf->kind == APOLLO__BUFFER_KIND__BUF_OUTPUT)
 			rt->n_outputs++;
 	}
+	for (size_t l = 0; l < b->n_plan; l++)
+		rt->lib_launches += b->plan[l]->library != NULL;
 	if (rt->host) {
 		if (threads <= 0) {
 			long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -1432,6 +1475,16 @@ ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *op
 }
 
 bool ap_runtime_is_host(const ap_runtime *rt) { return rt->host; }
+
+int ap_runtime_library(const ap_runtime *rt, int *fallbacks, char *why, size_t cap)
+{
+	if (fallbacks)
+		*fallbacks = rt->host ? rt->lib_launches : rt->lib_fallbacks;
+	if (why && cap)
+		snprintf(why, cap, "%s", rt->host && rt->lib_launches ? "the host target runs Apollo's kernels"
+					 : rt->lib_why);
+	return rt->lib_launches;
+}
 int ap_runtime_n_inputs(const ap_runtime *rt) { return rt->n_inputs; }
 int ap_runtime_n_outputs(const ap_runtime *rt) { return rt->n_outputs; }
 
@@ -1705,7 +1758,7 @@ static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 	void **pp = calloc(rt->max_args ? (size_t)rt->max_args : 1, sizeof(void *));
 	struct rt_ws *ws = NULL;
 	CUresult r;
-	int rc = 0;
+	int rc = 0, fallbacks = 0;
 
 	if (!vals || !pp) {
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
@@ -1736,8 +1789,33 @@ static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 		double t0 = rt->launch_ms ? ap_now_ms() : 0;
 		bool events = rt->launch_ms && rt->ev[1];
 
+		bool own = true;
+
 		r = events ? cu->cuEventRecord(rt->ev[0], stream) : 0;
-		if (r == 0)
+		if (r == 0 && la->library && rt->lt) {
+			ap_error lerr;
+
+			rc = ap_cublaslt_matmul(rt->lt, &rt->lib_plans[l], la->library, vals, ws->dev,
+						stream, kk->name, &lerr);
+			if (rc == 0) {
+				own = false;
+			} else if (rc == AP_EUNSUPPORTED) {
+				/* the library refused this product: our kernel, said once */
+				rc = 0;
+				if (!rt->lib_why[0]) {
+					snprintf(rt->lib_why, sizeof(rt->lib_why), "%s", lerr.msg);
+					fprintf(stderr, "apollo: %s; running Apollo's kernel instead\n",
+						lerr.msg);
+				}
+			} else {
+				if (err)
+					*err = lerr;
+				goto out;
+			}
+		}
+		if (own && la->library)
+			fallbacks++;
+		if (r == 0 && own)
 			r = cu->cuLaunchKernel(k->cufn, kk->grid[0], kk->grid[1], kk->grid[2],
 					       kk->block[0], kk->block[1], kk->block[2],
 					       kk->dynamic_shared_bytes, stream, pp, NULL);
@@ -1769,6 +1847,7 @@ static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 		else
 			rt->legacy_pending = false;   /* the copies are done */
 	}
+	rt->lib_fallbacks = fallbacks;
 out:
 	free(vals);
 	free(pp);

@@ -124,6 +124,14 @@ ap_runtime *ap_runtime_free(__ap_take ap_runtime *rt);   /* accepts NULL */
 /* True when the bundle's target runs on the host. */
 bool ap_runtime_is_host(const ap_runtime *rt);
 
+/* Library launches (apollo.LibraryCall, client/library.h): returns how
+ * many launches of the plan carry one; *fallbacks (if not NULL) how many
+ * of those ran Apollo's own kernel in the last run (all of them on the
+ * host target, or where libcublasLt could not be loaded: $APOLLO_LIBCUBLASLT,
+ * else libcublasLt.so.13/.12/.11), and why (up to cap bytes, "" when none
+ * fell back). */
+int ap_runtime_library(const ap_runtime *rt, int *fallbacks, char *why, size_t cap);
+
 /* Number of INPUT buffers; the largest Buffer.index + 1. */
 int ap_runtime_n_inputs(const ap_runtime *rt);
 /* Number of OUTPUT buffers. */

@@ -13,11 +13,13 @@
 #include <check.h>
 #include <dlfcn.h>
 #include <elf.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "client/library.h"
 #include "client/runtime.h"
 #include "client/tool.h"
 #include "proto/apollo.pb-c.h"
@@ -1865,6 +1867,494 @@ START_TEST(gpu_absent_is_an_error)
 }
 END_TEST
 
+/* ---- library launches (issue 25): cuBLASLt, and its stand-in ------------------------- */
+
+/* A bundle of one launch that is a library matmul: buffers A, B, bias, C
+ * (inputs 0-3) and D (output 0), each 1-D, sized for the call's dims,
+ * leading dimensions and batch strides; Apollo's own kernel for it is a
+ * PTX entry gemm_own of five pointers (the stand-in driver records its
+ * launches); the call's workspace is the bundle's first 4096 bytes. */
+typedef struct lb {
+	Apollo__Bundle b;
+	Apollo__Kernel k, *kp[1];
+	Apollo__KernelParam p[5], *pp[5];
+	Apollo__Launch l, *lp[1];
+	Apollo__LibraryCall lc;
+	Apollo__Buffer buf[5], *bp[5];
+	uint32_t grid[3], block[3], args[5];
+	uint64_t arg_bytes[5];
+	int64_t dims[5];
+} lb;
+
+static const char lb_ptx[] =
+	".version 8.0\n.target sm_90\n.address_size 64\n\n"
+	".visible .entry gemm_own(\n"
+	"	.param .u64 p0,\n	.param .u64 p1,\n	.param .u64 p2,\n"
+	"	.param .u64 p3,\n	.param .u64 p4\n"
+	")\n{\n	ret;\n}\n";
+
+typedef struct lb_case {
+	int in, out;            /* Apollo dtypes: A/B, and C/D/bias */
+	int compute;
+	uint32_t m, n, k, batch, pad;
+	bool ta, tb;
+	int epi;
+	float alpha, beta;
+} lb_case;
+
+/* elements of a rows x cols operand with leading dimension cols + pad,
+ * batch copies (the stride, out) one after the other */
+static uint64_t lb_elems(uint32_t rows, uint32_t cols, uint32_t pad, uint32_t batch, uint64_t *stride)
+{
+	*stride = (uint64_t)rows * (cols + pad);
+	return *stride * batch;
+}
+
+static void lb_init(lb *g, const lb_case *c)
+{
+	static const char *names[5] = { "A", "B", "bias", "C", "D" };
+	Apollo__Bundle bi = APOLLO__BUNDLE__INIT;
+	Apollo__Kernel ki = APOLLO__KERNEL__INIT;
+	Apollo__KernelParam pi = APOLLO__KERNEL_PARAM__INIT;
+	Apollo__Launch li = APOLLO__LAUNCH__INIT;
+	Apollo__LibraryCall lci = APOLLO__LIBRARY_CALL__INIT;
+	Apollo__Buffer bfi = APOLLO__BUFFER__INIT;
+	uint32_t batch = c->batch ? c->batch : 1;
+	uint64_t sa, sb, sc, sd;
+	uint64_t n[5];
+
+	memset(g, 0, sizeof(*g));
+	n[0] = c->ta ? lb_elems(c->k, c->m, c->pad, batch, &sa) : lb_elems(c->m, c->k, c->pad, batch, &sa);
+	n[1] = c->tb ? lb_elems(c->n, c->k, c->pad, batch, &sb) : lb_elems(c->k, c->n, c->pad, batch, &sb);
+	n[2] = c->n;
+	n[3] = lb_elems(c->m, c->n, c->pad, batch, &sc);
+	n[4] = lb_elems(c->m, c->n, c->pad, batch, &sd);
+	for (int i = 0; i < 5; i++) {
+		int dt = i < 2 ? c->in : c->out;
+
+		g->p[i] = pi;
+		g->p[i].name = (char *)names[i];
+		g->p[i].dtype = dt;
+		g->p[i].written = i == 4;
+		g->pp[i] = &g->p[i];
+		g->dims[i] = (int64_t)n[i];
+		g->buf[i] = bfi;
+		g->buf[i].name = (char *)names[i];
+		g->buf[i].dtype = dt;
+		g->buf[i].n_dims = 1;
+		g->buf[i].dims = &g->dims[i];
+		g->buf[i].bytes = n[i] * ap_dtype_size((ap_dtype)dt);
+		g->buf[i].kind = i == 4 ? APOLLO__BUFFER_KIND__BUF_OUTPUT : APOLLO__BUFFER_KIND__BUF_INPUT;
+		g->buf[i].index = i == 4 ? 0 : i;
+		g->bp[i] = &g->buf[i];
+		g->args[i] = (uint32_t)i;
+		g->arg_bytes[i] = g->buf[i].bytes;
+	}
+	g->grid[0] = g->grid[1] = g->grid[2] = 1;
+	g->block[0] = 128; g->block[1] = g->block[2] = 1;
+	g->k = ki;
+	g->k.name = "gemm_own"; g->k.target = "sm_90";
+	g->k.format = APOLLO__OUTPUT_KIND__OUTPUT_PTX;
+	g->k.blob.data = (uint8_t *)lb_ptx; g->k.blob.len = strlen(lb_ptx);
+	g->k.n_grid = 3; g->k.grid = g->grid; g->k.n_block = 3; g->k.block = g->block;
+	g->k.n_params = 5; g->k.params = g->pp;
+	g->kp[0] = &g->k;
+	g->lc = lci;
+	g->lc.op = APOLLO__LIBRARY_OP__LIB_MATMUL;
+	g->lc.a_type = g->lc.b_type = c->in;
+	g->lc.c_type = g->lc.d_type = g->lc.bias_type = c->out;
+	g->lc.compute = c->compute;
+	g->lc.m = c->m; g->lc.n = c->n; g->lc.k = c->k; g->lc.batch = c->batch;
+	g->lc.stride_a = batch > 1 ? sa : 0; g->lc.stride_b = batch > 1 ? sb : 0;
+	g->lc.stride_c = batch > 1 ? sc : 0; g->lc.stride_d = batch > 1 ? sd : 0;
+	g->lc.lda = (c->ta ? c->m : c->k) + c->pad;
+	g->lc.ldb = (c->tb ? c->k : c->n) + c->pad;
+	g->lc.ldc = g->lc.ldd = c->n + c->pad;
+	g->lc.trans_a = c->ta; g->lc.trans_b = c->tb;
+	g->lc.epilogue = c->epi;
+	g->lc.alpha = c->alpha; g->lc.beta = c->beta;
+	g->lc.a_arg = 0; g->lc.b_arg = 1; g->lc.bias_arg = 2; g->lc.c_arg = 3; g->lc.d_arg = 4;
+	g->lc.workspace_offset = 0; g->lc.workspace_bytes = 4096;
+	g->l = li;
+	g->l.n_args = 5; g->l.args = g->args;
+	g->l.n_arg_bytes = 5; g->l.arg_bytes = g->arg_bytes;
+	g->l.library = &g->lc;
+	g->lp[0] = &g->l;
+	g->b = bi;
+	g->b.target = "sm_90"; g->b.format = APOLLO__OUTPUT_KIND__OUTPUT_PTX;
+	g->b.n_kernels = 1; g->b.kernels = g->kp;
+	g->b.n_plan = 1; g->b.plan = g->lp;
+	g->b.n_buffers = 5; g->b.buffers = g->bp;
+	g->b.workspace_bytes = 4096;
+}
+
+/* binary16 and bfloat16 of the test's values (multiples of 1/8 of
+ * magnitude < 2: exact in both), and back */
+static uint16_t lb_f16(double v)
+{
+	uint16_t s = v < 0 ? 0x8000 : 0;
+	int e;
+
+	v = fabs(v);
+	if (v == 0)
+		return s;
+	e = ilogb(v);
+	return s | (uint16_t)((e + 15) << 10) | (uint16_t)(ldexp(v, 10 - e) - 1024);
+}
+
+static double lb_from(int dt, const void *p, uint64_t i)
+{
+	if (dt == AP_DT_F32)
+		return ((const float *)p)[i];
+	if (dt == AP_DT_BF16) {
+		uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+		float f;
+
+		memcpy(&f, &u, 4);
+		return f;
+	}
+	{
+		uint16_t h = ((const uint16_t *)p)[i];
+		int e = (h >> 10) & 31, f = h & 1023;
+		double v = e ? ldexp(f + 1024, e - 25) : ldexp(f, -24);
+
+		return h & 0x8000 ? -v : v;
+	}
+}
+
+static ap_host_tensor *lb_tensor(const Apollo__Buffer *bf, int salt)
+{
+	ap_host_tensor *t = calloc(1, sizeof(*t));
+	uint64_t n = (uint64_t)bf->dims[0];
+
+	t->name = strdup(bf->name);
+	t->dtype = (ap_dtype)bf->dtype;
+	t->rank = 1;
+	t->dims[0] = (int64_t)n;
+	t->nbytes = bf->bytes;
+	t->data = malloc(t->nbytes);
+	for (uint64_t i = 0; i < n; i++) {
+		double v = (double)((int)((i * 37 + (uint64_t)salt * 11) % 13) - 6) / 8;
+
+		if (t->dtype == AP_DT_F32) {
+			((float *)t->data)[i] = (float)v;
+		} else if (t->dtype == AP_DT_F16) {
+			((uint16_t *)t->data)[i] = lb_f16(v);
+		} else {
+			float f = (float)v;
+			uint32_t u;
+
+			memcpy(&u, &f, 4);
+			((uint16_t *)t->data)[i] = (uint16_t)(u >> 16);
+		}
+	}
+	return t;
+}
+
+/* D of the case, row-major in float64, from the bound data */
+static double lb_ref(const lb *g, const lb_case *c, ap_host_tensor *const *t, uint32_t bt,
+		     uint32_t i, uint32_t j)
+{
+	const Apollo__LibraryCall *lc = &g->lc;
+	double acc = 0, v;
+
+	for (uint32_t p = 0; p < c->k; p++) {
+		uint64_t ai = bt * lc->stride_a + (c->ta ? (uint64_t)p * lc->lda + i : (uint64_t)i * lc->lda + p);
+		uint64_t bi = bt * lc->stride_b + (c->tb ? (uint64_t)j * lc->ldb + p : (uint64_t)p * lc->ldb + j);
+
+		acc += lb_from(c->in, t[0]->data, ai) * lb_from(c->in, t[1]->data, bi);
+	}
+	v = c->alpha * acc;
+	if (c->beta != 0)
+		v += c->beta * lb_from(c->out, t[3]->data, bt * lc->stride_c + (uint64_t)i * lc->ldc + j);
+	if (c->epi & 4)
+		v += lb_from(c->out, t[2]->data, j);
+	if (c->epi & 2)
+		v = v > 0 ? v : 0;
+	if (c->epi & 32)
+		v = 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+	return v;
+}
+
+/* The stand-in cuBLASLt, named by $APOLLO_LIBCUBLASLT; NULL when not built. */
+static void *lt_open(const char *test)
+{
+	const char *b = getenv("APOLLO_BUILD");
+	char buf[600];
+	void *lt;
+
+	snprintf(buf, sizeof(buf), "%s/tests/libcublaslt-standin.so", b && *b ? b : "build");
+	if (access(buf, R_OK) != 0) {
+		printf("%s: SKIPPED: no stand-in cuBLASLt at %s (make all)\n", test, buf);
+		return NULL;
+	}
+	lt = dlopen(buf, RTLD_NOW | RTLD_LOCAL);
+	ck_assert_ptr_nonnull(lt);
+	setenv("APOLLO_LIBCUBLASLT", buf, 1);
+	return lt;
+}
+
+/* Runs case c through the runtime; returns D (the caller frees it) and
+ * the driver's launches of gemm_own the run made in *own. */
+static ap_host_tensor *lb_run(lb *g, const lb_case *c, void *drv, ap_host_tensor **t, int *own,
+			      int *fallbacks, char *why, size_t cap)
+{
+	int *log_n = sym(drv, "fake_log_n");
+	ap_host_tensor *d;
+	ap_runtime *rt;
+	ap_bundle *b;
+	ap_error err;
+	int n0;
+
+	lb_init(g, c);
+	b = pack_bundle(&g->b);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	for (int i = 0; i < 4; i++) {
+		t[i] = lb_tensor(&g->buf[i], i + 1);
+		ck_assert_msg(ap_runtime_bind_input(rt, i, t[i], &err) == 0, "%s", err.msg);
+	}
+	n0 = *log_n;
+	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
+	*own = *log_n - n0;
+	ck_assert_int_eq(ap_runtime_library(rt, fallbacks, why, cap), 1);
+	d = ap_runtime_output(rt, 0, &err);
+	ck_assert_msg(d != NULL, "%s", err.msg);
+	ap_runtime_free(rt);
+	ap_bundle_free(b);
+	return d;
+}
+
+static const lb_case lb_cases[] = {
+	/* float, one product, no epilogue */
+	{ AP_DT_F32, AP_DT_F32, 0, 7, 5, 3, 0, 0, false, false, 1, 1.0f, 0.0f },
+	/* float16, A transposed, padded rows, ReLU */
+	{ AP_DT_F16, AP_DT_F16, 0, 33, 17, 40, 0, 3, true, false, 2, 1.0f, 0.0f },
+	/* bfloat16 into float, B transposed, bias + GELU, a residual (beta) */
+	{ AP_DT_BF16, AP_DT_F32, 0, 16, 24, 8, 0, 1, false, true, 36, 0.75f, 0.5f },
+	/* float16 into float, 3 batches, both transposed, bias, beta 1 */
+	{ AP_DT_F16, AP_DT_F32, 0, 9, 11, 13, 3, 2, true, true, 4, 1.0f, 1.0f },
+	/* float with TF32 compute, bias + ReLU */
+	{ AP_DT_F32, AP_DT_F32, 1, 4, 6, 5, 0, 0, false, false, 6, 1.0f, 0.0f },
+};
+
+/* Each case through the stand-in driver and the stand-in cuBLASLt: one
+ * cublasLtMatmul per run and no launch of Apollo's kernel; D matches the
+ * float64 reference (float 1e-5, float16 within its rounding, bfloat16
+ * inputs exact so a float D within 1e-5); the workspace slice and stream
+ * passed through. */
+START_TEST(library_matmul_standin)
+{
+	void *drv = standin_open("library_matmul_standin", "h100");
+	void *lt = drv ? lt_open("library_matmul_standin") : NULL;
+
+	if (!lt) {
+		if (drv)
+			standin_close(drv);
+		return;
+	}
+	int *matmuls = sym(lt, "lt_matmuls"), *handles = sym(lt, "lt_handles");
+	int *descs = sym(lt, "lt_descs"), *layouts = sym(lt, "lt_layouts");
+	size_t *ws_bytes = sym(lt, "lt_last_workspace_bytes");
+
+	for (size_t ci = 0; ci < sizeof(lb_cases) / sizeof(lb_cases[0]); ci++) {
+		const lb_case *c = &lb_cases[ci];
+		ap_host_tensor *t[4], *d;
+		char why[512];
+		int own, fb, m0 = *matmuls;
+		double worst = 0;
+		lb g;
+
+		d = lb_run(&g, c, drv, t, &own, &fb, why, sizeof(why));
+		ck_assert_int_eq(*matmuls - m0, 1);
+		ck_assert_int_eq(own, 0);
+		ck_assert_int_eq(fb, 0);
+		ck_assert_int_eq(*ws_bytes, 4096);
+		ck_assert_int_eq(*handles, 0);               /* freed with the runtime */
+		ck_assert_int_eq(*descs, 0);
+		ck_assert_int_eq(*layouts, 0);
+		for (uint32_t bt = 0; bt < (c->batch ? c->batch : 1); bt++)
+			for (uint32_t i = 0; i < c->m; i++)
+				for (uint32_t j = 0; j < c->n; j++) {
+					double want = lb_ref(&g, c, t, bt, i, j);
+					double got = lb_from(c->out, d->data,
+							     bt * g.lc.stride_d + (uint64_t)i * g.lc.ldd + j);
+					double tol = c->out == AP_DT_F16 ? 1e-3 * fabs(want) + 1e-3 : 1e-5 * fabs(want) + 1e-5;
+
+					ck_assert_msg(fabs(got - want) <= tol,
+						      "case %zu: D[%u][%u][%u] = %g, want %g", ci, bt, i, j, got, want);
+					if (fabs(want) > worst)
+						worst = fabs(want);
+				}
+		ck_assert_msg(worst > 0.5, "case %zu: the products are all near 0", ci);
+		for (int i = 0; i < 4; i++)
+			ap_host_tensor_free(t[i]);
+		ap_host_tensor_free(d);
+	}
+	unsetenv("APOLLO_LIBCUBLASLT");
+	dlclose(lt);
+	standin_close(drv);
+}
+END_TEST
+
+/* Without libcublasLt the runtime runs Apollo's kernel for the launch (the
+ * stand-in driver records gemm_own with the five buffers) and says why;
+ * so it does where the library refuses the product (the stand-in's
+ * heuristic wants more workspace than the call has). */
+START_TEST(library_fallback)
+{
+	void *drv = standin_open("library_fallback", "h100");
+	void *lt = drv ? lt_open("library_fallback") : NULL;
+
+	if (!lt) {
+		if (drv)
+			standin_close(drv);
+		return;
+	}
+	fake_launch_view *log = sym(drv, "fake_log");
+	int *log_n = sym(drv, "fake_log_n");
+	int *matmuls = sym(lt, "lt_matmuls");
+	ap_host_tensor *t[4], *d;
+	char why[512];
+	int own, fb, m0;
+	lb g;
+
+	setenv("APOLLO_LIBCUBLASLT", "/nonexistent/libcublasLt.so.13", 1);
+	m0 = *matmuls;
+	d = lb_run(&g, &lb_cases[1], drv, t, &own, &fb, why, sizeof(why));
+	ck_assert_int_eq(own, 1);
+	ck_assert_int_eq(fb, 1);
+	ck_assert_int_eq(*matmuls, m0);
+	ck_assert_msg(strstr(why, "no cuBLASLt") != NULL, "%s", why);
+	ck_assert_str_eq(log[*log_n - 1].kernel, "gemm_own");
+	ck_assert_int_eq(log[*log_n - 1].n_params, 5);
+	ck_assert(log[*log_n - 1].params[4] != 0);
+	for (int i = 0; i < 4; i++)
+		ap_host_tensor_free(t[i]);
+	ap_host_tensor_free(d);
+
+	lt_open("library_fallback");
+	setenv("APOLLO_STANDIN_LT_WORKSPACE", "1000000", 1);
+	d = lb_run(&g, &lb_cases[1], drv, t, &own, &fb, why, sizeof(why));
+	unsetenv("APOLLO_STANDIN_LT_WORKSPACE");
+	ck_assert_int_eq(own, 1);
+	ck_assert_int_eq(fb, 1);
+	ck_assert_int_eq(*matmuls, m0);
+	ck_assert_msg(strstr(why, "cublasLtMatmulAlgoGetHeuristic") != NULL, "%s", why);
+	for (int i = 0; i < 4; i++)
+		ap_host_tensor_free(t[i]);
+	ap_host_tensor_free(d);
+	unsetenv("APOLLO_LIBCUBLASLT");
+	dlclose(lt);
+	standin_close(drv);
+}
+END_TEST
+
+/* --explain names the library call and why it was chosen (the daemon's
+ * modelled times and what chose it). */
+START_TEST(library_explained)
+{
+	ap_report_info info = {.model = "lb", .explain = true};
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	ap_bundle *b;
+	lb g;
+
+	lb_init(&g, &lb_cases[3]);
+	g.lc.library_us = 12.5;
+	g.lc.kernel_us = 20.25;
+	g.lc.chosen_by = "measured tuning record";
+	b = pack_bundle(&g.b);
+	ap_report_text(f, b, &info);
+	fclose(f);
+	ck_assert_msg(strstr(text, "library: cuBLASLt matmul 9 x 11 x 13 (3 batches) float16, epilogue bias; "
+			      "chosen by the measured tuning record (schedule lib=1): 12.5 us modelled vs "
+			      "20.2 us for Apollo's kernel") != NULL, "%s", text);
+	free(text);
+	ap_bundle_free(b);
+}
+END_TEST
+
+/* A real libcublasLt, where one is installed (CUDA 13's here, no GPU):
+ * every entry point client/library.c declares resolves by its name (only
+ * cublasLtCreate may fail, without a device: CUBLAS_STATUS_NOT_INITIALIZED). */
+START_TEST(library_real_entry_points)
+{
+	char why[512] = "";
+	ap_cublaslt *lt;
+	void *so = NULL;
+
+	unsetenv("APOLLO_LIBCUBLASLT");
+	for (int v = 13; v >= 11 && !so; v--) {
+		char name[32];
+
+		snprintf(name, sizeof(name), "libcublasLt.so.%d", v);
+		so = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+	}
+	if (!so) {
+		AP_SKIP("cublaslt", "library_real_entry_points: SKIPPED: no libcublasLt.so.13/.12/.11");
+		return;
+	}
+	lt = ap_cublaslt_open(why, sizeof(why));
+	printf("library_real_entry_points: %s\n", lt ? "cuBLASLt loaded, a handle made" : why);
+	ck_assert_msg(lt || (strstr(why, "lacks") == NULL && strstr(why, "cublasLtCreate") != NULL), "%s", why);
+	ap_cublaslt_close(lt);
+	dlclose(so);
+}
+END_TEST
+
+/* Malformed library calls are refused by the bundle check, before
+ * anything loads, with a message naming what is wrong. */
+START_TEST(library_malformed)
+{
+	static const struct {
+		const char *what, *says;
+	} cases[] = {
+		{ "k past A", "past the" },
+		{ "arg index", "argument 9 of 5" },
+		{ "workspace past", "outside the 4096-byte workspace" },
+		{ "ld short", "leading dimension" },
+		{ "D into an input", "read-only" },
+		{ "dtype", "is float16 but buffer" },
+		{ "op", "unknown op" },
+		{ "epilogue", "unknown epilogue" },
+		{ "batch overlap", "overlap" },
+		{ "zero m", "m, n, k >= 1" },
+		{ "bias arg", "argument 7 of 5" },
+		{ "batch count", "at most 2^31 - 1" },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		ap_bundle *b;
+		ap_error err;
+		lb g;
+
+		lb_init(&g, &lb_cases[3]);
+		switch (i) {
+		case 0: g.lc.k += 1; break;
+		case 1: g.lc.a_arg = 9; break;
+		case 2: g.lc.workspace_offset = 256; break;
+		case 3: g.lc.ldd = g.lc.n - 1; break;
+		case 4: g.lc.d_arg = 3; g.lc.c_arg = 4; g.p[3].written = false; break;
+		case 5: g.lc.d_type = g.lc.c_type = g.lc.bias_type = APOLLO__DATA_TYPE__DT_FLOAT16; break;
+		case 6: g.lc.op = 7; break;
+		case 7: g.lc.epilogue = 5; break;
+		case 8: g.lc.stride_d = 1; break;
+		case 9: g.lc.m = 0; break;
+		case 10: g.lc.bias_arg = 7; break;
+		case 11: g.lc.batch = 0x80000000u; break;
+		}
+		b = pack_bundle(&g.b);
+		ck_assert_int_eq(ap_runtime_check(b, &err), AP_EINVAL);
+		ck_assert_msg(strstr(err.msg, cases[i].says) != NULL, "%s: '%s' does not say '%s'",
+			      cases[i].what, err.msg, cases[i].says);
+		ck_assert_msg(strstr(err.msg, "launch 0") != NULL, "%s: %s", cases[i].what, err.msg);
+		ap_bundle_free(b);
+	}
+}
+END_TEST
+
 static Suite *runtime_suite(void)
 {
 	Suite *s = suite_create("runtime");
@@ -1888,6 +2378,11 @@ static Suite *runtime_suite(void)
 	tcase_add_test(tc, async_fault_reported_by_its_run);
 	tcase_add_test(tc, memsets_on_the_launch_stream);
 	tcase_add_test(tc, workspace_per_stream);
+	tcase_add_test(tc, library_matmul_standin);
+	tcase_add_test(tc, library_fallback);
+	tcase_add_test(tc, library_malformed);
+	tcase_add_test(tc, library_explained);
+	tcase_add_test(tc, library_real_entry_points);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("gpu");
 	tcase_set_tags(tc, "gpu");

@@ -903,6 +903,21 @@ static void one_config(batch *b, const ap_mgraph *m, const ap_emitter *em, const
 		return;
 	}
 	ck_assert_msg(em->traffic(m, s, ti, &tr) == 0, "%s: traffic failed", what);
+	if (tr.library) {
+		/* lib=1 (issue 25): the traffic is cuBLASLt's call, attached to
+		 * the kernel, which is lib=0's and is checked against its traffic */
+		const ap_kir_library *lib = k->library;
+		ap_sched s0 = *s;
+
+		ck_assert_msg(lib != NULL, "%s: library traffic but no call on the kernel", what);
+		ck_assert_msg(fabs(2.0 * (double)lib->m * (double)lib->n * (double)lib->k * (double)lib->batch - tr.flops) < 1,
+			      "%s: the call's %lld x %lld x %lld x %lld against %g flops", what, (long long)lib->m,
+			      (long long)lib->n, (long long)lib->k, (long long)lib->batch, tr.flops);
+		s0.v[s->n - 1] = 0;   /* lib, the gemm space's last knob */
+		ck_assert_msg(em->traffic(m, &s0, ti, &tr) == 0 && !tr.library, "%s: lib=0's traffic", what);
+	} else {
+		ck_assert_msg(k->library == NULL, "%s: a library call without its traffic", what);
+	}
 	check_structure(em->name, m, s, k, &tr, what);
 	n->lowered++;
 	if (run && capped && run_cost(&tr) > RUN_MAX) {

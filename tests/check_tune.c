@@ -146,6 +146,28 @@ static ap_mgraph *whole(ap_graph *g, ap_group_kind kind, ap_op root_op)
 	return m;
 }
 
+/* As whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL), views read through as the
+ * partitioner leaves them (not members). */
+static ap_mgraph *whole_views(ap_graph *g)
+{
+	ap_error err;
+	int nodes[16], gi = 0, root = 0;
+	bool member[16];
+	ap_mgraph *m;
+
+	ck_assert_int_le(g->n_nodes, 16);
+	for (int i = 0; i < g->n_nodes; i++) {
+		nodes[i] = i;
+		member[i] = !ap_op_is_view(g->nodes[i].op);
+		if (g->nodes[i].op == AP_OP_MATMUL)
+			root = i;
+	}
+	m = ap_mgraph_extract(g, nodes, member, g->n_nodes, g->outputs, g->n_outputs, AP_GROUP_MATMUL,
+			      root, &gi, 1, &err);
+	ck_assert_msg(m != NULL, "extract: %s", err.msg);
+	return m;
+}
+
 static int knob_ix(const ap_space *sp, const char *name)
 {
 	for (int i = 0; i < sp->n; i++)
@@ -171,7 +193,7 @@ static double standin_cost(const ap_emitter *em, const ap_mgraph *m, const ap_sc
 	if (rc <= 0)
 		return rc < 0 ? rc : INFINITY;
 	for (int i = 0; i < s->n; i++)
-		d += fabs(log2((double)s->v[i]) - log2((double)g_want.v[i]));
+		d += fabs(log2(1.0 + s->v[i]) - log2(1.0 + g_want.v[i]));   /* lib is 0 or 1 */
 	return d;
 }
 
@@ -368,15 +390,19 @@ START_TEST(sched_text)
 	ck_assert_int_eq(memcmp(back.v, s.v, sizeof(s.v)), 0);
 	ck_assert_ptr_eq(back.em, &ap_emitter_gemm);
 	free(d);
-	/* sm_90 has split-K for this K: a text without the knob is refused */
-	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 tm=2 bk=16 bn=32 bm=32", &back), 0);
+	/* sm_90 has split-K for this K, and the library (lib) for this
+	 * product: a text without either knob is refused */
+	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 tm=2 bk=16 bn=32 bm=32 lib=0", &back), 0);
 	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 splitk=2 tm=2 bk=16 bn=32 bm=32",
+					&back), 0);
+	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 splitk=2 tm=2 bk=16 bn=32 bm=32 lib=0",
 					&back), 1);
+	ck_assert_int_eq(back.v[knob_ix(&sp, "lib")], 0);
 	ck_assert_int_eq(back.v[knob_ix(&sp, "bm")], 32);
 	ck_assert_int_eq(back.v[knob_ix(&sp, "stages")], 3);
 	ck_assert_int_eq(back.v[knob_ix(&sp, "splitk")], 2);
 	/* 4 blocks a cluster would leave each slice one K tile */
-	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 splitk=4 tm=2 bk=16 bn=32 bm=32",
+	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 splitk=4 tm=2 bk=16 bn=32 bm=32 lib=0",
 					&back), 0);
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		ck_assert_msg(ap_sched_parse(&ap_emitter_gemm, m, &t, bad[i], &back) == 0, "accepted '%s'",
@@ -824,6 +850,252 @@ END_TEST
 
 
 
+/* ---- the library candidate (issue 25): cuBLASLt beside Apollo's GEMM ----------------- */
+
+/* relu(A[M,K] x B[K,N] + bias[N]) of dtype dt (shape 0; shape 3: B the
+ * transpose of a weight w[N,K], as a Linear layer); relu(exp(A) x B), a
+ * prologue (shape 1); A x B + R[M,N], a residual, not a bias (shape 2). */
+static ap_graph *lib_graph(ap_dtype dt, int64_t M, int64_t N, int64_t K, int shape)
+{
+	ap_graph *g = ap_graph_new("lib");
+	int a = ap_graph_add_tensor(g, "a", dt, 2, (int64_t[]){M, K}, AP_TENSOR_INPUT, NULL, 0);
+	int b = ap_graph_add_tensor(g, "b", dt, 2, (int64_t[]){K, N}, AP_TENSOR_PARAM, NULL, 0);
+	int y = ap_graph_add_tensor(g, "y", dt, 2, (int64_t[]){M, N}, AP_TENSOR_VALUE, NULL, 0);
+	int o = ap_graph_add_tensor(g, "out", dt, 2, (int64_t[]){M, N}, AP_TENSOR_VALUE, NULL, 0);
+	ap_error err;
+
+	g->inputs = realloc(g->inputs, 4 * sizeof(int));
+	g->inputs[g->n_inputs++] = a;
+	if (shape == 3) {
+		/* a Linear layer: the weight stored [N, K], read transposed */
+		int w = ap_graph_add_tensor(g, "w", dt, 2, (int64_t[]){N, K}, AP_TENSOR_PARAM, NULL, 0);
+		int n = ap_graph_add_node(g, "tr", AP_OP_TRANSPOSE, 1, (int[]){w}, 1, &b);
+
+		ck_assert_int_ge(n, 0);
+		g->tensors[b].kind = AP_TENSOR_VALUE;
+		ap_node_set_ints(g, n, "perm", (const int64_t[]){1, 0}, 2);
+		shape = 0;
+	}
+	if (shape == 1) {
+		int e = ap_graph_add_tensor(g, "e", dt, 2, (int64_t[]){M, K}, AP_TENSOR_VALUE, NULL, 0);
+
+		node(g, "exp", AP_OP_EXP, 1, (int[]){a}, e);
+		node(g, "mm", AP_OP_MATMUL, 2, (int[]){e, b}, y);
+		node(g, "relu", AP_OP_RELU, 1, (int[]){y}, o);
+	} else {
+		int r = shape == 0 ? ap_graph_add_tensor(g, "bias", dt, 1, (int64_t[]){N}, AP_TENSOR_PARAM, NULL, 0)
+				   : ap_graph_add_tensor(g, "res", dt, 2, (int64_t[]){M, N}, AP_TENSOR_INPUT, NULL, 0);
+		int z = ap_graph_add_tensor(g, "z", dt, 2, (int64_t[]){M, N}, AP_TENSOR_VALUE, NULL, 0);
+
+		if (shape == 2)
+			g->inputs[g->n_inputs++] = r;
+		node(g, "mm", AP_OP_MATMUL, 2, (int[]){a, b}, y);
+		node(g, "add", AP_OP_ADD, 2, (int[]){y, r}, z);
+		node(g, "relu", AP_OP_RELU, 1, (int[]){z}, o);
+	}
+	output(g, o);
+	ck_assert_msg(ap_graph_validate(g, &err) == 0, "validate: %s", err.msg);
+	return g;
+}
+
+static int has_knob(const ap_space *sp, const char *name)
+{
+	for (int i = 0; i < sp->n; i++)
+		if (!strcmp(sp->knobs[i].name, name))
+			return i;
+	return -1;
+}
+
+/* Where the knob exists and what the cost model makes of it: a large
+ * float16 product with bias + ReLU at sm_90 gets lib (0, 1), lib=1 is one
+ * point (the default tile); the default rule takes the library only where
+ * the model prices it below a finite time of its own tile (here the model
+ * calls the default tile a spill, so the rule keeps the kernel); the
+ * search's candidates hold both sides and it picks the library for 4096^3
+ * and the kernel for 256^3; a build (searched) carries the call on the
+ * launch with its params bound and both modelled times; no knob on the
+ * host, with a prologue, or with a residual Add. */
+START_TEST(library_knob)
+{
+	ap_target_info t, cpu;
+	ap_graph *g = lib_graph(AP_DT_F16, 4096, 4096, 4096, 0);
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+	ap_space sp;
+	ap_sched dflt, s;
+	ap_traffic tr;
+	ap_error err;
+	double own_us, lib_us;
+	int li;
+
+	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
+	ck_assert_int_eq(ap_cost_target("cpu", &cpu), 0);
+	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+	li = has_knob(&sp, "lib");
+	ck_assert_int_ge(li, 0);
+	ck_assert_int_eq(sp.knobs[li].n, 2);
+	s = dflt;
+	s.v[li] = 0;
+	ck_assert_int_eq(ap_emitter_gemm.traffic(m, &s, &t, &tr), 0);
+	own_us = ap_cost_schedule_us(&tr, &t);
+	s.v[li] = 1;
+	ck_assert_int_eq(ap_emitter_gemm.valid(m, &s, &t), 1);
+	ck_assert_int_eq(ap_emitter_gemm.traffic(m, &s, &t, &tr), 0);
+	lib_us = ap_cost_schedule_us(&tr, &t);
+	/* the library's model: 2 * 4096^3 flops at 0.8 of 989 TFLOP/s */
+	ck_assert_double_eq_tol(tr.flops, 2.0 * 4096 * 4096 * 4096, 1);
+	ck_assert_msg(lib_us >= 2.0 * 4096 * 4096 * 4096 / (0.8 * 989e6) && lib_us < 1.2 * 2.0 * 4096 * 4096 * 4096 / (0.8 * 989e6),
+		      "library %.1f us", lib_us);
+	/* the background tuner's refinement leaves the library's price alone:
+	 * ptxas's figures are of the kernel beside it */
+	ck_assert(tr.library);
+	ck_assert_double_eq_tol(ap_tune_refined_us(&tr, &(ap_ptxas_stats){.registers = 255, .spill_store_bytes = 4096}, &t),
+				lib_us, 1e-9);
+	printf("check_tune: float16 4096^3 + bias + relu at sm_90: library %.1f us, Apollo's kernel %.1f us "
+	       "modelled; default lib=%d\n", lib_us, own_us, dflt.v[li]);
+	ck_assert_int_eq(dflt.v[li], isfinite(own_us) && lib_us < own_us);
+	/* lib=1 is one point: another tile with lib=1 is not valid */
+	s.v[0] = s.v[0] == 64 ? 128 : 64;
+	ck_assert_int_eq(ap_emitter_gemm.valid(m, &s, &t), 0);
+	/* the search's candidates hold both sides where the model prices
+	 * both (a measurement compares them): for 256^3 the default is the
+	 * kernel, the library is among them */
+	for (int c = 0; c < 2; c++) {
+		ap_graph *g2 = c ? lib_graph(AP_DT_F16, 256, 256, 256, 0) : NULL;
+		ap_mgraph *m2 = c ? whole(g2, AP_GROUP_MATMUL, AP_OP_MATMUL) : m;
+		ap_tune_result r;
+		int sides[2] = {0, 0};
+
+		ck_assert_int_eq(ap_tune_search(&ap_emitter_gemm, m2, &t, NULL, &r, &err), 0);
+		for (int i = 0; i < r.n_top; i++)
+			sides[r.top[i].v[li] != 0]++;
+		printf("check_tune: %s: default lib=%d, candidates: %d kernel tiles, %d library\n",
+		       c ? "256^3" : "4096^3", r.dflt.v[li], sides[0], sides[1]);
+		/* 4096^3: the model prices every kernel tile the walk reaches as a
+		 * register spill (INFINITY), so no kernel tile is a candidate */
+		ck_assert_int_ge(sides[0], c ? 1 : 0);
+		ck_assert_int_eq(sides[1], 1);
+		/* the search's pick: the library for 4096^3, the kernel for 256^3 */
+		printf("check_tune: %s: the search picks lib=%d (%.1f us)\n", c ? "256^3" : "4096^3",
+		       r.best.v[li], r.best_us);
+		ck_assert_int_eq(r.best.v[li], c ? 0 : 1);
+		for (int i = 1; i < r.n_top; i++)
+			ck_assert(r.top_us[i] >= r.top_us[i - 1]);
+		if (c) {
+			ap_mgraph_free(m2);
+			ap_graph_free(g2);
+		}
+	}
+	/* the host: no knob */
+	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &cpu, &sp, &dflt, &err), 0);
+	ck_assert_int_lt(has_knob(&sp, "lib"), 0);
+	ap_mgraph_free(m);
+	/* the build (searched under the cost model): the launch carries the call */
+	{
+		ap_cache *c = fresh_cache();
+		char sched[256];
+		ap_program *p = build(g, "sm_90", c, sched, sizeof(sched), "mm");
+		const ap_launch *ln = NULL;
+		const ap_kir_library *lib;
+		const ap_kernel_src *ks;
+
+		ck_assert_msg(p != NULL, "build: %s", err.msg);
+		for (int i = 0; i < p->n_launches; i++)
+			if (p->launches[i].library)
+				ln = &p->launches[i];
+		ck_assert_ptr_nonnull(ln);
+		lib = ln->library;
+		ks = &p->kernels[ln->kernel];
+		ck_assert_int_eq(lib->m, 4096);
+		ck_assert_int_eq(lib->n, 4096);
+		ck_assert_int_eq(lib->k, 4096);
+		ck_assert_int_eq(lib->epilogue, 6);   /* CUBLASLT_EPILOGUE_RELU_BIAS */
+		ck_assert(!lib->trans_a && !lib->trans_b);
+		ck_assert_int_eq(lib->lda, 4096);
+		ck_assert_str_eq(ks->params[lib->a].name, "a");
+		ck_assert_str_eq(ks->params[lib->b].name, "b");
+		ck_assert_str_eq(ks->params[lib->bias].name, "bias");
+		ck_assert_str_eq(ks->params[lib->d].name, "out");
+		ck_assert(ks->params[lib->d].written);
+		/* the build's own target figures (its block cap): both times
+		 * noted, the library's the lower */
+		ck_assert_msg(isfinite(lib->library_us) && lib->library_us > 0 && lib->library_us < lib->kernel_us,
+			      "library %g us, kernel %g us", lib->library_us, lib->kernel_us);
+		ck_assert_int_eq(ln->library_choice, AP_TUNE_SEARCHED);
+		ck_assert_ptr_nonnull(strstr(ln->parts[0].schedule, "lib=1"));
+		ap_program_free(p);
+		drop_cache(c);
+	}
+	ap_graph_free(g);
+	/* a prologue, a residual: never the library */
+	for (int shape = 1; shape <= 2; shape++) {
+		g = lib_graph(AP_DT_F16, 1024, 1024, 1024, shape);
+		m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+		ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+		ck_assert_msg(has_knob(&sp, "lib") < 0, "shape %d has the library knob", shape);
+		ap_mgraph_free(m);
+		ap_graph_free(g);
+	}
+}
+END_TEST
+
+/* A measured record decides between the two: one that measured the
+ * library faster puts the launch on it (lib=1, the call attached, chosen
+ * by the measured record), one that measured Apollo's kernel faster on
+ * the kernel (lib=0, no call), whatever the cost model says. */
+START_TEST(library_measured_record)
+{
+	ap_cache *c = fresh_cache();
+	ap_graph *g = lib_graph(AP_DT_F16, 2048, 2048, 2048, 0);
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+	ap_target_info t;
+	ap_space sp;
+	ap_sched dflt, s;
+	ap_error err;
+	uint8_t sig[32];
+	int li;
+
+	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
+	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+	li = knob_ix(&sp, "lib");
+	ck_assert_int_eq(ap_tune_signature(&ap_emitter_gemm, m, "sm_90", &t, 0, sig), 0);
+	for (int side = 0; side < 2; side++) {
+		char want[256], got[256];
+		ap_tune_record r;
+		ap_program *p;
+		char *d;
+		const ap_launch *ln = NULL;
+
+		s = dflt;
+		s.v[li] = side;
+		ck_assert_int_eq(ap_emitter_gemm.valid(m, &s, &t), 1);
+		d = ap_sched_describe(&ap_emitter_gemm, m, &t, &s);
+		snprintf(want, sizeof(want), "%s", d);
+		free(d);
+		/* measured: this side 100 us, the other one never measured faster */
+		r = record(want, 500.0, 100.0, "test device");
+		ck_assert_int_eq(ap_cache_tuning_put(c, sig, "sm_90", &r), 0);
+		p = build(g, "sm_90", c, got, sizeof(got), "mm");
+		ck_assert_uint_eq(p->tune_measured, 1);
+		ck_assert_str_eq(got, want);
+		for (int i = 0; i < p->n_launches; i++)
+			for (int q = 0; q < p->launches[i].parts[0].n_nodes; q++)
+				if (!strcmp(p->launches[i].parts[0].nodes[q], "mm"))
+					ln = &p->launches[i];
+		ck_assert_ptr_nonnull(ln);
+		if (side) {
+			ck_assert_ptr_nonnull(ln->library);
+			ck_assert_int_eq(ln->library_choice, AP_TUNE_MEASURED);
+		} else {
+			ck_assert_ptr_null(ln->library);
+		}
+		ap_program_free(p);
+	}
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+	drop_cache(c);
+}
+END_TEST
+
 /* A stitched softmax over R rows of N: its modelled arithmetic counts each
  * value once per element of its own tensor (the row's maximum and sum once
  * per row, read from registers by the elementwise ops), times the kernel's
@@ -1101,6 +1373,183 @@ START_TEST(background_tuner)
 out_graph:
 	ap_graph_pb_free(pb);
 	ap_graph_free(g);
+}
+END_TEST
+
+/* binary16 of v (a multiple of 1/8 below 2 in magnitude: exact) and back */
+static uint16_t e2e_f16(double v)
+{
+	uint16_t s = v < 0 ? 0x8000 : 0;
+	int e;
+
+	v = fabs(v);
+	if (v == 0)
+		return s;
+	e = ilogb(v);
+	return s | (uint16_t)((e + 15) << 10) | (uint16_t)(ldexp(v, 10 - e) - 1024);
+}
+
+static double e2e_from_f16(uint16_t h)
+{
+	int e = (h >> 10) & 31, f = h & 1023;
+	double v = e ? ldexp(f + 1024, e - 25) : ldexp(f, -24);
+
+	return h & 0x8000 ? -v : v;
+}
+
+static ap_host_tensor *e2e_tensor(const char *name, int rank, int64_t d0, int64_t d1, int salt)
+{
+	ap_host_tensor *t = calloc(1, sizeof(*t));
+	int64_t n = rank == 1 ? d0 : d0 * d1;
+
+	t->name = strdup(name);
+	t->dtype = AP_DT_F16;
+	t->rank = rank;
+	t->dims[0] = d0;
+	t->dims[1] = d1;
+	t->nbytes = (size_t)n * 2;
+	t->data = malloc(t->nbytes);
+	for (int64_t i = 0; i < n; i++)
+		((uint16_t *)t->data)[i] = e2e_f16((double)((int)((i * 37 + salt * 11) % 13) - 6) / 8);
+	return t;
+}
+
+/* From the daemon to the runtime: relu(A[M,K] B[K,N] + bias) in float16
+ * (and with B a transposed weight w[N,K])
+ * at sm_90 with a measured record for lib=1 (the stand-in GPU's) is
+ * compiled (NVRTC) into a bundle whose launch carries the call, chosen by
+ * that record; the runtime runs it through the stand-in driver and the
+ * stand-in cuBLASLt -- one cublasLtMatmul, no kernel launch -- and the
+ * output matches a float64 reference: the daemon's leading dimensions,
+ * arg indices and epilogue are those of the graph. */
+static void e2e_case(int shape)
+{
+	enum { M = 40, N = 24, K = 56 };
+	const char *bdir = getenv("APOLLO_BUILD");
+	char drv_so[300], lt_so[300], want[256];
+	ap_graph *g = lib_graph(AP_DT_F16, M, N, K, shape);
+	Apollo__Graph *pb = ap_graph_to_pb(g);
+	ap_compiler_options co = {.threads = 1};
+	ap_mgraph *m = whole_views(g);
+	Apollo__CompileResponse *r;
+	const Apollo__LibraryCall *lc = NULL;
+	ap_host_tensor *a, *b, *bias, *out;
+	ap_tune_record rec;
+	ap_target_info t;
+	ap_compiler *c;
+	ap_cache *cache;
+	ap_runtime *rt;
+	ap_bundle *bun;
+	ap_space sp;
+	ap_sched s;
+	ap_error err;
+	uint8_t sig[32], *buf;
+	size_t len;
+	void *drv, *lt;
+	int *matmuls, *launches, m0, l0;
+	char *d;
+
+	if (ap_nvrtc_load(&err)) {
+		AP_SKIP("nvrtc", "library_end_to_end: skipped, no NVRTC (%s)", err.msg);
+		goto out_graph;
+	}
+	snprintf(drv_so, sizeof(drv_so), "%s/tests/libcuda-standin.so", bdir && *bdir ? bdir : "build");
+	snprintf(lt_so, sizeof(lt_so), "%s/tests/libcublaslt-standin.so", bdir && *bdir ? bdir : "build");
+	ck_assert_msg(access(drv_so, R_OK) == 0 && access(lt_so, R_OK) == 0, "no stand-ins at %s (make all)", drv_so);
+	/* a measured record naming lib=1 for the stand-in GPU */
+	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
+	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &s, &err), 0);
+	s.v[knob_ix(&sp, "lib")] = 1;
+	ck_assert_int_eq(ap_emitter_gemm.valid(m, &s, &t), 1);
+	d = ap_sched_describe(&ap_emitter_gemm, m, &t, &s);
+	snprintf(want, sizeof(want), "%s", d);
+	free(d);
+	ck_assert_int_eq(ap_tune_signature(&ap_emitter_gemm, m, "sm_90", &t, 0, sig), 0);
+	rec = record(want, 50.0, 1.0, "Apollo stand-in GPU|132");   /* the daemon's device id: NAME|SMS */
+	cache = fresh_cache();
+	ck_assert_int_eq(ap_cache_tuning_put(cache, sig, "sm_90", &rec), 0);
+	c = ap_compiler_new(cache, &co);
+	ck_assert_ptr_nonnull(c);
+	r = compile_variant(c, pb, 0);
+	for (size_t l = 0; l < r->bundle->n_plan; l++)
+		if (r->bundle->plan[l]->library)
+			lc = r->bundle->plan[l]->library;
+	ck_assert_msg(lc != NULL, "no launch carries the library call");
+	ck_assert_str_eq(lc->chosen_by, "measured tuning record");
+	ck_assert_uint_eq(lc->m, M);
+	ck_assert_uint_eq(lc->n, N);
+	ck_assert_uint_eq(lc->k, K);
+	ck_assert_int_eq(lc->epilogue, APOLLO__LIBRARY_EPILOGUE__LIB_EPI_BIAS_RELU);
+	ck_assert_int_eq(lc->trans_b, shape == 3);
+	ck_assert_uint_eq(lc->ldb, shape == 3 ? K : N);
+	len = apollo__bundle__get_packed_size(r->bundle);
+	buf = malloc(len);
+	apollo__bundle__pack(r->bundle, buf);
+	bun = ap_bundle_unpack(buf, len, &err);
+	free(buf);
+	ck_assert_msg(bun != NULL, "%s", err.msg);
+	ap_compile_response_free(r);
+
+	/* the runtime, through both stand-ins */
+	setenv("APOLLO_LIBCUDA", drv_so, 1);
+	setenv("APOLLO_LIBCUBLASLT", lt_so, 1);
+	setenv("APOLLO_STANDIN_DEVICE", "h100", 1);
+	drv = dlopen(drv_so, RTLD_NOW | RTLD_LOCAL);
+	lt = dlopen(lt_so, RTLD_NOW | RTLD_LOCAL);
+	ck_assert(drv && lt);
+	matmuls = dlsym(lt, "lt_matmuls");
+	launches = dlsym(drv, "fake_launches");
+	ck_assert(matmuls && launches);
+	rt = ap_runtime_new(bun, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	a = e2e_tensor("a", 2, M, K, 1);
+	b = shape == 3 ? e2e_tensor("w", 2, N, K, 2) : e2e_tensor("b", 2, K, N, 2);
+	bias = e2e_tensor("bias", 1, N, 0, 3);
+	ck_assert_msg(ap_runtime_bind_input(rt, 0, a, &err) == 0, "%s", err.msg);
+	ck_assert_msg(ap_runtime_bind_name(rt, b->name, b, &err) == 0, "%s", err.msg);
+	ck_assert_msg(ap_runtime_bind_name(rt, "bias", bias, &err) == 0, "%s", err.msg);
+	m0 = *matmuls;
+	l0 = *launches;
+	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(*matmuls - m0, 1);
+	ck_assert_int_eq(*launches - l0, 0);
+	out = ap_runtime_output(rt, 0, &err);
+	ck_assert_msg(out != NULL, "%s", err.msg);
+	ck_assert_int_eq(out->dtype, AP_DT_F16);
+	for (int i = 0; i < M; i++)
+		for (int j = 0; j < N; j++) {
+			double v = e2e_from_f16(((uint16_t *)bias->data)[j]), got;
+
+			for (int p = 0; p < K; p++)
+				v += e2e_from_f16(((uint16_t *)a->data)[i * K + p]) *
+				     e2e_from_f16(((uint16_t *)b->data)[shape == 3 ? j * K + p : p * N + j]);
+			v = v > 0 ? v : 0;
+			got = e2e_from_f16(((uint16_t *)out->data)[i * N + j]);
+			ck_assert_msg(fabs(got - v) <= 1e-3 * fabs(v) + 1e-3, "out[%d][%d] = %g, want %g", i, j, got, v);
+		}
+	ap_host_tensor_free(out);
+	ap_host_tensor_free(a);
+	ap_host_tensor_free(b);
+	ap_host_tensor_free(bias);
+	ap_runtime_free(rt);
+	ap_bundle_free(bun);
+	unsetenv("APOLLO_LIBCUDA");
+	unsetenv("APOLLO_LIBCUBLASLT");
+	unsetenv("APOLLO_STANDIN_DEVICE");
+	dlclose(lt);
+	dlclose(drv);
+	ap_compiler_free(c);
+	drop_cache(cache);
+out_graph:
+	ap_mgraph_free(m);
+	ap_graph_pb_free(pb);
+	ap_graph_free(g);
+}
+
+START_TEST(library_end_to_end)
+{
+	e2e_case(0);
+	e2e_case(3);   /* B transposed: a Linear layer's weight */
 }
 END_TEST
 
@@ -1419,6 +1868,13 @@ int main(void)
 	tcase_add_test(tc, budget_counts_evaluations);
 	tcase_add_test(tc, same_bundle_under_load);
 	tcase_add_test(tc, same_bundle_under_load_many_kernels);
+	suite_add_tcase(s, tc);
+	/* the library candidate (issue 25) */
+	tc = tcase_create("library");
+	tcase_set_timeout(tc, 240);
+	tcase_add_test(tc, library_knob);
+	tcase_add_test(tc, library_measured_record);
+	tcase_add_test(tc, library_end_to_end);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

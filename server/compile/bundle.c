@@ -152,6 +152,53 @@ static Apollo__LaunchPart *part_msg(const ap_launch_part *pt, bool *oom)
 	return pp;
 }
 
+/* The apollo.LibraryCall of a launch a library computes (issue 25): the
+ * kernel IR's call (server/kir/kir.h, params = the launch's args), with
+ * what chose it (an ap_tune_kind); NULL when out of memory. */
+static Apollo__LibraryCall *library_msg(const ap_kir_library *lib, int choice, bool *oom)
+{
+	static const char *const by[] = { "cost model", "tuning search (cost model)",
+					   "tuning record (cost model)", "measured tuning record" };
+	Apollo__LibraryCall *lc = xcalloc(1, sizeof(*lc), oom);
+
+	if (!lc)
+		return NULL;
+	apollo__library_call__init(lc);
+	lc->op = (Apollo__LibraryOp)lib->op;
+	lc->a_type = (Apollo__DataType)lib->a_type;
+	lc->b_type = (Apollo__DataType)lib->b_type;
+	lc->c_type = (Apollo__DataType)lib->c_type;
+	lc->d_type = (Apollo__DataType)lib->d_type;
+	lc->bias_type = (Apollo__DataType)lib->bias_type;
+	lc->compute = (Apollo__LibraryCompute)lib->compute;
+	lc->m = (uint32_t)lib->m;
+	lc->n = (uint32_t)lib->n;
+	lc->k = (uint32_t)lib->k;
+	lc->batch = (uint32_t)lib->batch;
+	lc->stride_a = (uint64_t)lib->stride_a;
+	lc->stride_b = (uint64_t)lib->stride_b;
+	lc->stride_c = (uint64_t)lib->stride_c;
+	lc->stride_d = (uint64_t)lib->stride_d;
+	lc->lda = (uint32_t)lib->lda;
+	lc->ldb = (uint32_t)lib->ldb;
+	lc->ldc = (uint32_t)lib->ldc;
+	lc->ldd = (uint32_t)lib->ldd;
+	lc->trans_a = lib->trans_a;
+	lc->trans_b = lib->trans_b;
+	lc->epilogue = (Apollo__LibraryEpilogue)lib->epilogue;
+	lc->alpha = lib->alpha;
+	lc->beta = lib->beta;
+	lc->a_arg = (uint32_t)lib->a;
+	lc->b_arg = (uint32_t)lib->b;
+	lc->c_arg = lib->c >= 0 ? (uint32_t)lib->c : 0;
+	lc->d_arg = (uint32_t)lib->d;
+	lc->bias_arg = lib->bias >= 0 ? (uint32_t)lib->bias : 0;
+	lc->library_us = lib->library_us;
+	lc->kernel_us = lib->kernel_us;
+	lc->chosen_by = xstrdup(by[choice >= 0 && choice < 4 ? choice : 0], oom);
+	return lc;
+}
+
 /* One apollo.Launch of the launch plan: its kernel, arguments (buffer
  * indices) with the bytes each may touch, nodes, category, parts; NULL
  * when out of memory. */
@@ -188,6 +235,8 @@ static Apollo__Launch *launch_msg(const ap_program *p, const ap_launch *l, bool 
 			break;
 		pl->n_parts = (size_t)j + 1;
 	}
+	if (l->library)
+		pl->library = library_msg(l->library, l->library_choice, oom);
 	return pl;
 }
 

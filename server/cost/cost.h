@@ -139,6 +139,9 @@ typedef struct ap_traffic {
 				  arithmetic at once); the rest -- a pipeline's
 				  fill, a cluster's reduction -- is added in
 				  series: the work divided by it; 0 = all */
+	bool library;          /* a library call computes the launch (issue 25):
+				  the figures are the library's, and ptxas's
+				  of the kernel beside it do not apply */
 } ap_traffic;
 
 /* Modelled time of one launch in microseconds: launch_us plus

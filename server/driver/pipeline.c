@@ -851,6 +851,14 @@ static int add_launch(pipe *P, int li, int ki)
 			return AP_ENOMEM;
 		ln->layers |= u->m->layers;
 	}
+	/* a library call stands for one micro-graph's kernel, never for a
+	 * launch Layer III merged */
+	if (fl->n == 1 && fl->kernel && fl->kernel->library) {
+		if (!(ln->library = malloc(sizeof(*ln->library))))
+			return AP_ENOMEM;
+		*ln->library = *fl->kernel->library;
+		ln->library_choice = (int)P->units[fl->units[0]].tuned;
+	}
 	ln->global_bytes = launch_bytes(P, fl);
 	ln->category = fl->n > 1 ? "parallel" : ln->parts[0].category;
 	ln->subgraph = ln->parts[0].subgraph;

@@ -120,6 +120,7 @@ ap_kir_kernel *ap_kir_kernel_free(__ap_take ap_kir_kernel *k)
 		free(k->arena);
 	}
 	free(k->arrays);
+	free(k->library);
 	free(k);
 	return NULL;
 }

@@ -260,6 +260,26 @@ struct ap_kir_stmt {
 
 typedef struct ap_kir_arena ap_kir_arena;
 
+/* A library call that computes the same product as the kernel it is
+ * attached to (issue 25; apollo.LibraryCall, whose fields and units these
+ * are): the GEMM emitter sets it on a CUDA kernel whose schedule has
+ * lib=1, the bundle carries it on the kernel's launch, and a runtime with
+ * cuBLASLt runs the call instead of the kernel.  Row-major, elements. */
+typedef struct ap_kir_library {
+	int op;                   /* apollo.LibraryOp: 1 = cuBLASLt matmul */
+	ap_dtype a_type, b_type, c_type, d_type, bias_type;
+	int compute;              /* apollo.LibraryCompute: 0 f32, 1 f32 with TF32 */
+	int64_t m, n, k, batch;
+	int64_t stride_a, stride_b, stride_c, stride_d;
+	int64_t lda, ldb, ldc, ldd;
+	bool trans_a, trans_b;
+	int epilogue;             /* apollo.LibraryEpilogue (cublasLtEpilogue_t numbers) */
+	float alpha, beta;
+	int a, b, c, d, bias;     /* the kernel's params; -1: none */
+	double library_us;        /* the cost model's time of the call, microseconds */
+	double kernel_us;         /* ... and of the kernel under the same other knobs */
+} ap_kir_library;
+
 typedef struct ap_kir_kernel {
 	char *name;               /* entry point */
 	unsigned grid[3], block[3];
@@ -281,6 +301,7 @@ typedef struct ap_kir_kernel {
 	ap_kir_block body;
 	ap_kir_arena *arena;
 	bool failed;              /* an allocation failed somewhere */
+	ap_kir_library *library;  /* NULL, or the call standing for it (malloc'd, owned) */
 } ap_kir_kernel;
 
 typedef enum ap_kir_target {

@@ -51,6 +51,7 @@
  * configuration comes from the cost model (ap_cost_gemm_tile).
  */
 #include "emitters.h"
+#include "library.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -551,7 +552,7 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, ch
 /* SIMT order; tensor cores: tm = wm, tn = wn.  The space has K_SPLITK
  * only where split-K can be built and has more than one value (see
  * splitk_values), so other schedules read as they always did. */
-enum { K_BM, K_BN, K_BK, K_TM, K_TN, K_STAGES, K_SPLITK };
+enum { K_BM, K_BN, K_BK, K_TM, K_TN, K_STAGES, K_SPLITK, K_LIB };
 
 typedef struct gemm_cfg {
 	int bm, bn, bk, tm, tn, stages;   /* tensor cores: tm, tn = warps along M, N */
@@ -799,6 +800,53 @@ static void knob(ap_knob *kb, const char *name, const int *vals, int n)
 	memcpy(kb->values, vals, (size_t)n * sizeof(int));
 }
 
+/* The library's call for the product (library.h), from the plan: 1 with
+ * *lib filled, 0 where cuBLASLt cannot compute it (or on the host),
+ * AP_ENOMEM.  A folded batch (B without batch dims) is one product of Mr
+ * rows when A's rows are linear; otherwise each operand's batch dims
+ * collapse into one stride or the library is not offered. */
+static int lib_call(const ap_mgraph *m, const ap_target_info *t, const gemm_plan *p, ap_kir_library *lib)
+{
+	ap_lib_gemm gm;
+	char why[160];
+
+	if (p->conv || !t->gpu)
+		return 0;
+	memset(&gm, 0, sizeof(gm));
+	gm.node = p->node;
+	gm.y = p->y;
+	gm.in_t = p->in_t;
+	gm.batch = p->tb;
+	gm.M = p->Mr;
+	gm.N = p->N;
+	gm.K = p->K;
+	for (int r = 0; r < 2; r++) {
+		const gemm_opnd *o = r ? &p->b : &p->a;
+		ap_lib_operand *lo = r ? &gm.b : &gm.a;
+		int64_t s = -1, inner = 1;
+
+		lo->plain = o->plain && !o->staged && !o->composite && !o->gather;
+		lo->leaf = o->leaf;
+		lo->s_base = o->s_base;
+		lo->s_outer = o->s_outer;
+		lo->s_k = o->s_k;
+		lo->batch_ok = !p->fold || r == 1 || p->a_linear;
+		for (int d = p->nb - 1; d >= 0 && !p->fold && lo->batch_ok; d--) {
+			int64_t sd = o->batch[d].n ? o->batch[d].s[0] : 0;
+
+			if (p->bdims[d] == 1)
+				continue;
+			if (o->batch[d].n > 1 || (s >= 0 && sd != s * inner))
+				lo->batch_ok = false;
+			if (s < 0)
+				s = sd;
+			inner *= p->bdims[d];
+		}
+		lo->s_batch = s < 0 ? 0 : s;
+	}
+	return ap__library_express(m, t, &gm, lib, why, sizeof(why));
+}
+
 static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 {
 	/* bk[tc]: one array, indexed (a choice between two arrays by ?: reads
@@ -844,8 +892,25 @@ static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 			knob(&sp->knobs[K_SPLITK], "splitk", vals, n);
 		}
 	}
+	/* lib: cuBLASLt computes the product instead (library.h), where it
+	 * can; the knob comes after splitk, which is then always listed */
+	{
+		ap_kir_library lib;
+		static const int lib_vals[] = {0, 1}, one[] = {1};
+
+		if ((rc = lib_call(m, t, &p, &lib)) < 0)
+			return rc;
+		if (rc == 1) {
+			if (sp->n == 6)
+				knob(&sp->knobs[K_SPLITK], "splitk", one, 1);
+			sp->n = 8;
+			knob(&sp->knobs[K_LIB], "lib", lib_vals, 2);
+		}
+	}
 	return 0;
 }
+
+static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out);
 
 /* Default: the tile from the cost model, the rest by rule. */
 static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
@@ -904,7 +969,41 @@ static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
 		}
 	}
 	plan_clear(&p);
+	/* lib: the library where the cost model expects it to be faster than
+	 * this kernel; where the model calls this tile a spill (INFINITY) the
+	 * rule keeps the kernel and leaves the choice to a search, which can
+	 * walk the tiles from here (a measured tuning record overrides both) */
+	if (sp->n > K_LIB) {
+		ap_traffic own, lib;
+
+		s->v[K_LIB] = 0;
+		if ((rc = gm_traffic(m, s, t, &own)) < 0)
+			return rc;
+		s->v[K_LIB] = 1;
+		if ((rc = gm_traffic(m, s, t, &lib)) < 0)
+			return rc;
+		s->v[K_LIB] = isfinite(ap_cost_schedule_us(&own, t)) &&
+			      ap_cost_schedule_us(&lib, t) < ap_cost_schedule_us(&own, t);
+	}
 	return 0;
+}
+
+/* lib=1 is one point of the space: the default rule's other knobs (the
+ * kernel a runtime without the library runs), so that the tuner's
+ * candidates hold one library point beside Apollo's tiles.  1, 0 or
+ * AP_ENOMEM. */
+static int lib_point(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+{
+	ap_space sp;
+	ap_sched d = *s;
+	int rc;
+
+	if ((rc = gm_space(m, t, &sp)) < 0 || (rc = gm_choose(m, t, &sp, &d)) < 0)
+		return rc;
+	for (int i = 0; i < K_LIB; i++)
+		if (d.v[i] != s->v[i])
+			return 0;
+	return 1;
 }
 
 static int gm_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
@@ -919,6 +1018,8 @@ static int gm_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info 
 		return rc;
 	ok = cfg_valid(&p, &c, t);
 	plan_clear(&p);
+	if (ok && s->n > K_LIB && s->v[K_LIB])
+		return lib_point(m, s, t);
 	return ok;
 }
 
@@ -2493,6 +2594,37 @@ static void epilogue_simt(gctx *c)
  * reads the accumulators as Y through the value builder's leaf hook.
  * Errors: AP_EUNSUPPORTED (not a GEMM this emitter builds, or a
  * configuration that does not fit the target), AP_ENOMEM. */
+/* lib=1: the library's call attached to kernel k (built as for lib=0),
+ * its params bound and both modelled times noted (--explain).  0 or
+ * AP_ENOMEM; a call that cannot be bound (an operand baked into the
+ * kernel) is left out: the kernel runs. */
+static int attach_library(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
+			  const gemm_plan *p, ap_kir_kernel *k)
+{
+	ap_kir_library lib;
+	ap_traffic tr;
+	ap_sched own = *s;
+	int rc = lib_call(m, t, p, &lib), d_t, bias_t;
+	ap_lib_gemm gm = {.node = p->node, .y = p->y, .in_t = p->in_t, .N = p->N};
+
+	if (rc <= 0)
+		return rc;
+	ap__library_tensors(m, &gm, &d_t, &bias_t);
+	if (!ap__library_bind(&lib, k, p->a.leaf, p->b.leaf, d_t, bias_t))
+		return 0;
+	ap__library_traffic(&lib, t, &tr);
+	lib.library_us = ap_cost_schedule_us(&tr, t);
+	own.v[K_LIB] = 0;
+	if ((rc = gm_traffic(m, &own, t, &tr)) < 0)
+		return rc;
+	lib.kernel_us = ap_cost_schedule_us(&tr, t);
+	k->library = malloc(sizeof(lib));
+	if (!k->library)
+		return AP_ENOMEM;
+	*k->library = lib;
+	return 0;
+}
+
 static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
 		   ap_error *err)
 {
@@ -2563,6 +2695,8 @@ static int gm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		ap_kir_cluster_barrier(k, v.cur);
 	ap_v_close(&v, tsaved);
 	rc = v.rc;
+	if (rc == 0 && s->n > K_LIB && s->v[K_LIB] && attach_library(m, s, t, &p, k) < 0)
+		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");
 done:
 	free(c.a_reg);
 	free(c.b_reg);
@@ -2616,6 +2750,15 @@ static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 		return AP_ENOMEM;
 	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
 		return rc;
+	if (s->n > K_LIB && s->v[K_LIB]) {   /* the library's call (library.h) */
+		ap_kir_library lib;
+
+		rc = lib_call(m, t, &p, &lib);
+		plan_clear(&p);
+		if (rc == 1)
+			ap__library_traffic(&lib, t, out);
+		return rc < 0 ? rc : 0;
+	}
 	/* the inline model counts a prologue once per multiply; tiles evaluate
 	 * it once per block column (A) or block row (B) */
 	out->flops = 2.0 * (double)p.tb * (double)p.Mr * (double)p.N * (double)p.K;

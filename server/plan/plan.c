@@ -90,6 +90,7 @@ void ap__launch_clear(ap_launch *l)
 		free(l->parts[i].layer1);
 	}
 	free(l->parts);
+	free(l->library);
 	memset(l, 0, sizeof(*l));
 }
 

@@ -134,6 +134,13 @@ typedef struct ap_launch {
 				    AP_LAYER_III when it has several */
 	int n_parts;
 	ap_launch_part *parts;   /* -> Launch.parts, in block order */
+	ap_kir_library *library; /* -> Launch.library: a library call computes
+				    this launch's product (its params are
+				    the launch's args); NULL: none (owned) */
+	int library_choice;      /* what chose it: an ap_tune_kind (0 the default
+				    rule's cost-model comparison, 1 a search under
+				    the cost model, 2 a record of one, 3 a
+				    measured record) */
 } ap_launch;
 
 /* Why two launches were not fused (-> apollo.Boundary, Bundle.boundaries):

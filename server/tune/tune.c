@@ -28,6 +28,8 @@ double ap_tune_refined_us(const ap_traffic *t, const ap_ptxas_stats *ps, const a
 	ap_traffic tr = *t;
 	double spill = (double)ps->spill_store_bytes + (double)ps->spill_load_bytes;
 
+	if (t->library)   /* the library runs, not the kernel ptxas compiled */
+		return ap_cost_schedule_us(t, ti);
 	if (ps->registers > 0)
 		tr.regs = (unsigned)ps->registers;
 	if (ps->shared_bytes > 0 && (unsigned)ps->shared_bytes > tr.shared_bytes)
@@ -153,6 +155,53 @@ static void keep_top(ap_tune_result *r, const ap_sched *s, double us)
 	r->top_us[i] = us;
 }
 
+/* A space with a library knob "lib" (the GEMM's, issue 25): the
+ * default's other side -- the library where the default is Apollo's
+ * kernel, or the kernel where it is the library -- is a candidate too, so
+ * that a measurement (apollo-client tune, --tune-measure) compares the two
+ * whatever the model ranked.  It takes the last place that does not hold
+ * the default; the candidates are then sorted by modelled time (the
+ * search's best stays r->best). */
+static void lib_candidate(search *q, const ap_space *sp, double us0)
+{
+	ap_tune_result *r = q->r;
+
+	for (int k = 0; k < sp->n && isfinite(us0); k++) {
+		ap_sched alt = r->dflt;
+		bool in = false;
+		double us;
+		int i;
+
+		if (strcmp(sp->knobs[k].name, "lib") || sp->knobs[k].n != 2)
+			continue;
+		alt.v[k] = !alt.v[k];
+		for (i = 0; i < r->n_top; i++)
+			in = in || !memcmp(r->top[i].v, alt.v, sizeof(alt.v));
+		if (in || (q->em->valid && q->em->valid(q->m, &alt, q->t) != 1))
+			return;
+		us = q->cost(q->em, q->m, &alt, q->t, q->user);
+		if (!(us >= 0) || !isfinite(us))
+			return;
+		i = r->n_top < AP_TUNE_TOP ? r->n_top++ : AP_TUNE_TOP - 1;
+		while (i > 0 && !memcmp(r->top[i].v, r->dflt.v, sizeof(r->dflt.v)) && i == r->n_top - 1 &&
+		       r->n_top == AP_TUNE_TOP)
+			i--;
+		r->top[i] = alt;
+		r->top_us[i] = us;
+		for (int a = 1; a < r->n_top; a++)
+			for (int b = a; b > 0 && r->top_us[b - 1] > r->top_us[b]; b--) {
+				ap_sched ts = r->top[b];
+				double tu = r->top_us[b];
+
+				r->top[b] = r->top[b - 1];
+				r->top_us[b] = r->top_us[b - 1];
+				r->top[b - 1] = ts;
+				r->top_us[b - 1] = tu;
+			}
+		return;
+	}
+}
+
 /* The cost of configuration s, counted and kept among the best; a cost
  * function's error ends the search (q->rc) and reads as INFINITY. */
 static double evaluate(search *q, const ap_sched *s)
@@ -163,7 +212,8 @@ static double evaluate(search *q, const ap_sched *s)
 		ap_traffic tr;
 
 		memset(&tr, 0, sizeof(tr));
-		if (q->em->traffic(q->m, s, q->t, &tr) == 0 && tr.regs > q->max_regs) {
+		/* a library call (issue 25) is no register tile NVRTC compiles */
+		if (q->em->traffic(q->m, s, q->t, &tr) == 0 && tr.regs > q->max_regs && !tr.library) {
 			q->r->tried++;
 			return INFINITY;
 		}
@@ -318,6 +368,17 @@ int ap_tune_search(const ap_emitter *em, const ap_mgraph *m, const ap_target_inf
 		memset(&tr, 0, sizeof(tr));
 		if (em->traffic(m, &r->dflt, t, &tr) < 0)
 			return oom(err);
+		/* a default that is a library call (issue 25): the growth is
+		 * measured from the kernel beside it (the same tile, lib=0) */
+		for (int k = 0; tr.library && k < sp.n; k++)
+			if (!strcmp(sp.knobs[k].name, "lib")) {
+				ap_sched own = r->dflt;
+
+				own.v[k] = 0;
+				memset(&tr, 0, sizeof(tr));
+				if (em->traffic(m, &own, t, &tr) < 0)
+					return oom(err);
+			}
 		q.max_regs = tr.regs ? (unsigned)(tr.regs * AP_TUNE_REG_GROWTH) : 0;
 	}
 	q.S.cap = 64;
@@ -374,6 +435,7 @@ int ap_tune_search(const ap_emitter *em, const ap_mgraph *m, const ap_target_inf
 			r->top_us[i] = us0;
 		}
 	}
+	lib_candidate(&q, &sp, us0);
 	r->ms = ap_now_ms() - t0;
 	return 0;
 }

@@ -92,7 +92,9 @@ double ap_tune_model_us(const ap_emitter *em, const ap_mgraph *m, const ap_sched
  * ptxas counts spill instructions, not their trips round a loop) -- then
  * ap_cost_schedule_us.  Microseconds; INFINITY when the block no longer
  * fits an SM.  This is issue 9's "model refined by what NVRTC reports for
- * each candidate" (the background tuner, server/compile/autotune.h). */
+ * each candidate" (the background tuner, server/compile/autotune.h).  A
+ * library call's traffic (t->library, issue 25) is priced as it is: the
+ * ptxas figures are of the kernel beside it, which the library replaces. */
 double ap_tune_refined_us(const ap_traffic *t, const ap_ptxas_stats *ps, const ap_target_info *ti);
 
 /* Searches em's space for m on t (see the file comment); `o` may be NULL.

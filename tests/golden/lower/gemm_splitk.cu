@@ -16,7 +16,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_splitk(float *__restric
 	__align__(16) float fb[2];
 	__align__(16) float acc[4];
 	/* matmul micro-graph: MatMul Add */
-	/* emitter gemm: bm=16 bn=16 bk=16 wm=1 wn=2 stages=3 */
+	/* emitter gemm: bm=16 bn=16 bk=16 wm=1 wn=2 stages=3 splitk=1 lib=0 */
 	/* p0: writes float32 [24,20] */
 	/* p1: reads float32 [24,512] */
 	/* p2: reads float32 [512,20] */
