@@ -873,7 +873,6 @@ static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 		nn--;
 	while (nk > 1 && bk[tc][nk - 2] >= p.K)
 		nk--;
-	plan_clear(&p);
 	sp->n = 6;
 	knob(&sp->knobs[K_BM], "bm", tiles, nm);
 	knob(&sp->knobs[K_BN], "bn", tiles, nn);
@@ -898,7 +897,9 @@ static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 		ap_kir_library lib;
 		static const int lib_vals[] = {0, 1}, one[] = {1};
 
-		if ((rc = lib_call(m, t, &p, &lib)) < 0)
+		rc = lib_call(m, t, &p, &lib);
+		plan_clear(&p);
+		if (rc < 0)
 			return rc;
 		if (rc == 1) {
 			if (sp->n == 6)
@@ -930,15 +931,17 @@ static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
 		c.stages--;
 	while (!cfg_valid(&p, &c, t) && c.bk > (p.tc ? 16 : 8))
 		c.bk /= 2;
-	/* register pressure: more warps (tensor cores) while the warp tile
-	 * allows, then a shorter K tile */
+	/* register pressure: more warps (tensor cores, up to 8) while the
+	 * warp tile allows, then a shorter K tile (a 128 x 128 tile: 2 x 4
+	 * warps of 64 x 32, where the 2 x 2 the rule gives held twice the
+	 * accumulators the budget allows) */
 	while (p.tc && live_values(&p, &c, t) > LIVE_BUDGET) {
 		gemm_cfg d = c;
 
-		if (c.bm / c.tm >= 32 && c.tm * c.tn < 4)
+		if (c.bn / c.tn >= 16 && c.tm * c.tn < 8 && c.tn < 4)
+			d.tn *= 2;   /* N first: a warp's n8 tiles cost one ldmatrix .x2 each, its m16 tiles one .x4 */
+		else if (c.bm / c.tm >= 32 && c.tm * c.tn < 8 && c.tm < 4)
 			d.tm *= 2;
-		else if (c.bn / c.tn >= 16 && c.tm * c.tn < 4)
-			d.tn *= 2;
 		else if (c.bk > 16)
 			d.bk /= 2;
 		else
