@@ -2085,7 +2085,7 @@ static void *lt_open(const char *test)
 
 	snprintf(buf, sizeof(buf), "%s/tests/libcublaslt-standin.so", b && *b ? b : "build");
 	if (access(buf, R_OK) != 0) {
-		printf("%s: SKIPPED: no stand-in cuBLASLt at %s (make all)\n", test, buf);
+		AP_SKIP("standin", "%s: SKIPPED: no stand-in cuBLASLt at %s (make all)", test, buf);
 		return NULL;
 	}
 	lt = dlopen(buf, RTLD_NOW | RTLD_LOCAL);
