@@ -1520,13 +1520,17 @@ static void hoist_copies(gctx *c)
 		const gemm_opnd *op = role ? &c->p->b : &c->p->a;
 		int w = role ? c->b_w : c->a_w, rows = role ? c->c.bn : c->c.bm;
 		int64_t fast_ext = op->k_fast ? c->c.bk : rows, slow_ext = op->k_fast ? rows : c->c.bk;
-		int64_t f = fast_ext / w, copies = f * slow_ext, step, d_o, d_k;
+		int64_t f, copies, step, d_o, d_k;
 		ap_kir_expr *fast, *slow, *o, *kk;
 
 		c->cp_src[role] = c->cp_dst[role] = NULL;
-		if (!(role ? c->b_async : c->a_async) || (role ? c->b_mode : c->a_mode) != STAGE_TILE ||
-		    op->gather || c->p->conv || op->composite || (role == 0 && c->p->fold && !c->p->a_linear) ||
-		    copies % c->nt || copies / c->nt > COPY_UNROLL || c->nt % f)
+		/* w is set for cp.async operands only */
+		if (!(role ? c->b_async : c->a_async) || w <= 0 || (role ? c->b_mode : c->a_mode) != STAGE_TILE ||
+		    op->gather || c->p->conv || op->composite || (role == 0 && c->p->fold && !c->p->a_linear))
+			continue;
+		f = fast_ext / w;
+		copies = f * slow_ext;
+		if (f <= 0 || copies % c->nt || copies / c->nt > COPY_UNROLL || c->nt % f)
 			continue;
 		step = c->nt / f;
 		fast = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, c->tid, I(c, f)), w);
