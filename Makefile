@@ -199,6 +199,7 @@ SAN_MAKE  := $(MAKE) --no-print-directory -j$(JOBS) BUILD=$(SAN_BUILD) OPT="$(SA
 # signal 11", a bogus DTLS range) once enough of them are loaded
 # (check_gemm); Apollo's own thread-locals are static TLS, still scanned.
 SAN_ENV   := ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:abort_on_error=0:strict_string_checks=1:intercept_tls_get_addr=0 \
+	     LSAN_OPTIONS=suppressions=$(abspath tools/lsan.supp) \
 	     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	     APOLLO_BUILD=$(abspath $(SAN_BUILD))
 

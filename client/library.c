@@ -347,9 +347,8 @@ ap_cublaslt *ap_cublaslt_open(char *why, size_t cap)
 		lt_status s = lt->create(&lt->h);
 
 		if (s != 0) {
+			/* the library stays loaded (see ap_cublaslt_close) */
 			snprintf(why, cap, "cublasLtCreate (%s): %s", path, lt_status_name(s));
-			lt->h = NULL;
-			dlclose(lt->so);
 			free(lt);
 			return NULL;
 		}
@@ -384,7 +383,11 @@ void ap_cublaslt_close(ap_cublaslt *lt)
 	}
 	if (lt->h)
 		lt->destroy(lt->h);
-	dlclose(lt->so);
+	/* Not dlclose'd: once cublasLtCreate has run, the library holds
+	 * process state of its own (allocations it keeps, the CUDA runtime it
+	 * initialised) that unloading would orphan; dlopen's reference count
+	 * reuses the mapping on the next open.  (tools/lsan.supp: what it
+	 * keeps is not ours.) */
 	free(lt);
 }
 
