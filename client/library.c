@@ -302,15 +302,19 @@ ap_cublaslt *ap_cublaslt_open(char *why, size_t cap)
 		snprintf(why, cap, "out of memory");
 		return NULL;
 	}
+	/* RTLD_NODELETE, as server/backend/nvrtc.c: the library stays mapped
+	 * after dlclose -- once cublasLtCreate has run it holds process state
+	 * of its own (the CUDA runtime it initialised, allocations it keeps)
+	 * that unloading would orphan (tools/lsan.supp: not ours) */
 	if (env && *env) {
 		path = env;
-		lt->so = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+		lt->so = dlopen(env, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
 		if (!lt->so)
 			snprintf(tried, sizeof(tried), "%s", dlerror());
 	} else {
 		for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && !lt->so; i++) {
 			path = names[i];
-			lt->so = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+			lt->so = dlopen(names[i], RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
 		}
 		if (!lt->so)
 			snprintf(tried, sizeof(tried), "none of libcublasLt.so.13, .12, .11 loads");
@@ -347,8 +351,8 @@ ap_cublaslt *ap_cublaslt_open(char *why, size_t cap)
 		lt_status s = lt->create(&lt->h);
 
 		if (s != 0) {
-			/* the library stays loaded (see ap_cublaslt_close) */
 			snprintf(why, cap, "cublasLtCreate (%s): %s", path, lt_status_name(s));
+			dlclose(lt->so);
 			free(lt);
 			return NULL;
 		}
@@ -383,11 +387,7 @@ void ap_cublaslt_close(ap_cublaslt *lt)
 	}
 	if (lt->h)
 		lt->destroy(lt->h);
-	/* Not dlclose'd: once cublasLtCreate has run, the library holds
-	 * process state of its own (allocations it keeps, the CUDA runtime it
-	 * initialised) that unloading would orphan; dlopen's reference count
-	 * reuses the mapping on the next open.  (tools/lsan.supp: what it
-	 * keeps is not ours.) */
+	dlclose(lt->so);
 	free(lt);
 }
 

@@ -30,14 +30,6 @@ static int readers(const ap_graph *g, int t, int *node)
 	return n;
 }
 
-static bool is_output(const ap_graph *g, int t)
-{
-	for (int i = 0; i < g->n_outputs; i++)
-		if (g->outputs[i] == t)
-			return true;
-	return false;
-}
-
 /* Marks t and what it is computed from (its producers, transitively). */
 static int mark_ancestors(const ap_graph *g, int t, bool *node_seen)
 {
@@ -68,8 +60,8 @@ static bool walk_epilogue(const ap_graph *g, const ap_lib_gemm *gm, int *d_t, in
 
 		if (nr == 0)
 			break;
-		if (nr > 1 || is_output(g, cur)) {
-			snprintf(why, cap, "the product is read by %d ops", nr + is_output(g, cur));
+		if (nr > 1 || g->tensors[cur].is_output) {
+			snprintf(why, cap, "the product is read by %d ops", nr + g->tensors[cur].is_output);
 			return false;
 		}
 		n = &g->nodes[node];
@@ -102,7 +94,7 @@ static bool walk_epilogue(const ap_graph *g, const ap_lib_gemm *gm, int *d_t, in
 		cur = n->outputs[0];
 		(*nodes)++;
 	}
-	if (!is_output(g, cur) || g->n_outputs != 1) {
+	if (!g->tensors[cur].is_output || g->n_outputs != 1) {
 		snprintf(why, cap, "%d outputs", g->n_outputs);
 		return false;
 	}
