@@ -159,9 +159,9 @@ static void keep_top(ap_tune_result *r, const ap_sched *s, double us)
  * default's other side -- the library where the default is Apollo's
  * kernel, or the kernel where it is the library -- is a candidate too, so
  * that a measurement (apollo-client tune, --tune-measure) compares the two
- * whatever the model ranked.  It takes the last place that does not hold
- * the default; the candidates are then sorted by modelled time (the
- * search's best stays r->best). */
+ * whatever the model ranked.  A full list drops its last candidate that
+ * is not the default to make room; the candidate goes in at its modelled
+ * time's place (keep_top; the search's best stays r->best). */
 static void lib_candidate(search *q, const ap_space *sp, double us0)
 {
 	ap_tune_result *r = q->r;
@@ -182,22 +182,18 @@ static void lib_candidate(search *q, const ap_space *sp, double us0)
 		us = q->cost(q->em, q->m, &alt, q->t, q->user);
 		if (!(us >= 0) || !isfinite(us))
 			return;
-		i = r->n_top < AP_TUNE_TOP ? r->n_top++ : AP_TUNE_TOP - 1;
-		while (i > 0 && !memcmp(r->top[i].v, r->dflt.v, sizeof(r->dflt.v)) && i == r->n_top - 1 &&
-		       r->n_top == AP_TUNE_TOP)
-			i--;
-		r->top[i] = alt;
-		r->top_us[i] = us;
-		for (int a = 1; a < r->n_top; a++)
-			for (int b = a; b > 0 && r->top_us[b - 1] > r->top_us[b]; b--) {
-				ap_sched ts = r->top[b];
-				double tu = r->top_us[b];
-
-				r->top[b] = r->top[b - 1];
-				r->top_us[b] = r->top_us[b - 1];
-				r->top[b - 1] = ts;
-				r->top_us[b - 1] = tu;
+		if (r->n_top == AP_TUNE_TOP) {
+			/* make room: drop the last candidate that is not the default */
+			i = AP_TUNE_TOP - 1;
+			if (i > 0 && !memcmp(r->top[i].v, r->dflt.v, sizeof(r->dflt.v)))
+				i--;
+			for (; i < r->n_top - 1; i++) {
+				r->top[i] = r->top[i + 1];
+				r->top_us[i] = r->top_us[i + 1];
 			}
+			r->n_top--;
+		}
+		keep_top(r, &alt, us);
 		return;
 	}
 }
