@@ -57,10 +57,13 @@ fi
 # Only the tests use them.
 if ! .venv/bin/python -c "import torch, torchvision, transformers, onnxscript" 2>/dev/null; then
 	echo "deps: installing torch, torchvision, transformers, onnxscript into .venv (the PyTorch tests and model exports)"
-	# PyTorch's CPU-only wheels (about 0.2 GB against PyPI's 4 GB with the
-	# CUDA wheels) where its index is reachable; PyPI's otherwise.
+	# PyTorch's CPU-only wheels (about 0.2 GB against PyPI's 6 GB installed
+	# with the CUDA wheels and triton) where its index is reachable; else
+	# PyPI's torch with only the CUDA wheels the system's toolkit lacks
+	# (tools/torch_lean.py: about 2 GB); else PyPI's full set.
 	if ! .venv/bin/python -c "import torch, torchvision" 2>/dev/null; then
 		$PIP --retries 0 --timeout 10 --index-url https://download.pytorch.org/whl/cpu torch torchvision 2>/dev/null ||
+			.venv/bin/python tools/torch_lean.py ||
 			$PIP torch torchvision || pip_failed "torch torchvision"
 	fi
 	$PIP transformers onnxscript || pip_failed "transformers onnxscript"
