@@ -42,6 +42,7 @@ import io
 import math
 import os
 import re
+import shutil
 import sys
 
 import torch
@@ -492,6 +493,7 @@ def _sdpa():
             del os.environ["APOLLO_EXPLAIN_HTML"]
         files = sorted(glob.glob(os.path.join(pages, "*.html")))
         kinds = [re.findall(r'data-emitter="([a-z_]+)"', open(f).read()) for f in files]
+        shutil.rmtree(pages)
         # a boolean mask reaches the op as an additive one (PyTorch's where:
         # one pointwise kernel of the mask's size, as in eager)
         fwd = [x for x in kinds[0] if not ("attn_mask" in kw and x == "pointwise")] if kinds else []
@@ -535,6 +537,7 @@ def _sdpa_tc():
             errs = [_rel(y.detach().double(), y64.detach())] + [_rel(x.grad.double(), x64.grad)
                                                                for x, x64 in zip((q, k, v), r)]
             text = " ".join(open(f).read() for f in glob.glob(os.path.join(pages, "*.html")))
+            shutil.rmtree(pages)
             tc = "warps=" in text and "keys=" in text and "tile=" in text
             check(max(errs) <= tol and tc,
                   "sdpa_tc %s %s on host:sm_90: y, dq, dk, dv within %s of float64 (%.1e), tensor-core "
