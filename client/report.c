@@ -350,7 +350,8 @@ static void text_reason_counts(FILE *f, const ap_bundle *b)
  * then its parts). */
 /* The library call of launch i, when the daemon chose one (issue 25):
  * "    library: cuBLASLt matmul 4096 x 4096 x 4096 float16, epilogue
- * bias+relu; chosen by the cost model: 174.3 us modelled vs 193.1 us for
+ * bias+relu (then ", alpha A" when not 1, ", plus B x C" for a residual,
+ * ", N KiB workspace"); chosen by the cost model: 174.3 us modelled vs 193.1 us for
  * Apollo's kernel (which the host target, or a runtime without
  * libcublasLt, runs)".  Nothing without one. */
 static void text_library(FILE *f, const ap_bundle *b, int i)
@@ -365,16 +366,22 @@ static void text_library(FILE *f, const ap_bundle *b, int i)
 	case APOLLO__LIBRARY_EPILOGUE__LIB_EPI_RELU: epi = "relu"; break;
 	case APOLLO__LIBRARY_EPILOGUE__LIB_EPI_BIAS: epi = "bias"; break;
 	case APOLLO__LIBRARY_EPILOGUE__LIB_EPI_BIAS_RELU: epi = "bias+relu"; break;
-	case APOLLO__LIBRARY_EPILOGUE__LIB_EPI_GELU: epi = "gelu"; break;
-	case APOLLO__LIBRARY_EPILOGUE__LIB_EPI_BIAS_GELU: epi = "bias+gelu"; break;
+	case APOLLO__LIBRARY_EPILOGUE__LIB_EPI_GELU: epi = "gelu(tanh)"; break;
+	case APOLLO__LIBRARY_EPILOGUE__LIB_EPI_BIAS_GELU: epi = "bias+gelu(tanh)"; break;
 	default: epi = "none"; break;
 	}
 	fprintf(f, "    library: cuBLASLt matmul %u x %u x %u", lc->m, lc->n, lc->k);
 	if (lc->batch > 1)
 		fprintf(f, " (%u batches)", lc->batch);
-	fprintf(f, " %s%s, epilogue %s; chosen by the %s (schedule lib=1): %.1f us modelled vs ",
-		ap_dtype_name((ap_dtype)lc->a_type),
-		lc->compute == APOLLO__LIBRARY_COMPUTE__LIB_COMPUTE_F32_FAST_TF32 ? " (TF32)" : "", epi,
+	fprintf(f, " %s%s, epilogue %s", ap_dtype_name((ap_dtype)lc->a_type),
+		lc->compute == APOLLO__LIBRARY_COMPUTE__LIB_COMPUTE_F32_FAST_TF32 ? " (TF32)" : "", epi);
+	if (lc->alpha != 1)
+		fprintf(f, ", alpha %g", (double)lc->alpha);
+	if (lc->beta != 0)
+		fprintf(f, ", plus %g x C", (double)lc->beta);
+	if (lc->workspace_bytes)
+		fprintf(f, ", %llu KiB workspace", (unsigned long long)(lc->workspace_bytes >> 10));
+	fprintf(f, "; chosen by the %s (schedule lib=1): %.1f us modelled vs ",
 		lc->chosen_by && *lc->chosen_by ? lc->chosen_by : "cost model", lc->library_us);
 	if (isfinite(lc->kernel_us))
 		fprintf(f, "%.1f us", lc->kernel_us);

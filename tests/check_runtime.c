@@ -2268,7 +2268,7 @@ START_TEST(library_explained)
 	b = pack_bundle(&g.b);
 	ap_report_text(f, b, &info);
 	fclose(f);
-	ck_assert_msg(strstr(text, "library: cuBLASLt matmul 9 x 11 x 13 (3 batches) float16, epilogue bias; "
+	ck_assert_msg(strstr(text, "library: cuBLASLt matmul 9 x 11 x 13 (3 batches) float16, epilogue bias, plus 1 x C, 4 KiB workspace; "
 			      "chosen by the measured tuning record (schedule lib=1): 12.5 us modelled vs "
 			      "20.2 us for Apollo's kernel") != NULL, "%s", text);
 	free(text);

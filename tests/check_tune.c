@@ -852,9 +852,72 @@ END_TEST
 
 /* ---- the library candidate (issue 25): cuBLASLt beside Apollo's GEMM ----------------- */
 
-/* relu(A[M,K] x B[K,N] + bias[N]) of dtype dt (shape 0; shape 3: B the
- * transpose of a weight w[N,K], as a Linear layer); relu(exp(A) x B), a
- * prologue (shape 1); A x B + R[M,N], a residual, not a bias (shape 2). */
+static uint16_t e2e_f16(double v);
+
+/* A scalar constant of type dt (float16, bfloat16 or float) holding v
+ * rounded to it. */
+static int lib_scalar(ap_graph *g, ap_dtype dt, double v)
+{
+	char name[32];
+	float f = (float)v;
+	uint32_t bits;
+	uint16_t h = e2e_f16(v);
+
+	memcpy(&bits, &f, 4);
+	if (dt == AP_DT_BF16)   /* the upper half, rounded to nearest even */
+		h = (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+	snprintf(name, sizeof(name), "c%d", g->n_tensors);
+	return ap_graph_add_tensor(g, name, dt, 0, NULL, AP_TENSOR_CONST,
+				   dt == AP_DT_F32 ? (const void *)&f : (const void *)&h, ap_dtype_size(dt));
+}
+
+/* A node op(x, y) (y < 0: op(x)) writing a new [M, N] tensor of dt (or
+ * out when out >= 0); returns the tensor. */
+static int lib_op(ap_graph *g, ap_dtype dt, ap_op op, int x, int y, int out, int64_t M, int64_t N)
+{
+	char name[32];
+
+	snprintf(name, sizeof(name), "v%d", g->n_tensors);
+	if (out < 0)
+		out = ap_graph_add_tensor(g, name, dt, 2, (int64_t[]){M, N}, AP_TENSOR_VALUE, NULL, 0);
+	snprintf(name, sizeof(name), "n%d", g->n_nodes);
+	node(g, name, op, y < 0 ? 1 : 2, (int[]){x, y}, out);
+	return out;
+}
+
+/* out = GELU(x) as the partition's expansion writes it from nodes of dt:
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (tanh) or
+ * 0.5 x (1 + erf(x / sqrt 2)). */
+static void lib_gelu(ap_graph *g, ap_dtype dt, int x, int out, bool tanh_form, int64_t M, int64_t N)
+{
+	int inner;
+
+	if (tanh_form) {
+		int x3 = lib_op(g, dt, AP_OP_MUL, lib_op(g, dt, AP_OP_MUL, x, x, -1, M, N), x, -1, M, N);
+		int u = lib_op(g, dt, AP_OP_ADD, x,
+			       lib_op(g, dt, AP_OP_MUL, lib_scalar(g, dt, 0.044715), x3, -1, M, N), -1, M, N);
+
+		inner = lib_op(g, dt, AP_OP_TANH,
+			       lib_op(g, dt, AP_OP_MUL, lib_scalar(g, dt, 0.7978845608028654), u, -1, M, N),
+			       -1, -1, M, N);
+	} else {
+		inner = lib_op(g, dt, AP_OP_ERF,
+			       lib_op(g, dt, AP_OP_MUL, x, lib_scalar(g, dt, 0.7071067811865476), -1, M, N),
+			       -1, -1, M, N);
+	}
+	lib_op(g, dt, AP_OP_MUL, lib_op(g, dt, AP_OP_MUL, lib_scalar(g, dt, 0.5), x, -1, M, N),
+	       lib_op(g, dt, AP_OP_ADD, lib_scalar(g, dt, 1.0), inner, -1, M, N), out, M, N);
+}
+
+/* The product A[M,K] x B[K,N] of dtype dt and an epilogue, by shape:
+ *   0  relu(A B + bias[N])
+ *   1  relu(exp(A) B)                  a prologue: never the library
+ *   2  relu(A B + R[M,N])              a residual: C, beta = 1
+ *   3  as 0 with B the transpose of a weight w[N,K] (a Linear layer)
+ *   4  relu(A B) + R                   the residual after the activation: never
+ *   5  gelu_tanh(0.5 A B + R + bias)   alpha 0.5, C, bias, GELU (tanh)
+ *   6  gelu_erf(A B + bias)            erf's GELU, not cuBLASLt's: never
+ * GELU is written out as the partition expands it (lib_gelu). */
 static ap_graph *lib_graph(ap_dtype dt, int64_t M, int64_t N, int64_t K, int shape)
 {
 	ap_graph *g = ap_graph_new("lib");
@@ -862,6 +925,7 @@ static ap_graph *lib_graph(ap_dtype dt, int64_t M, int64_t N, int64_t K, int sha
 	int b = ap_graph_add_tensor(g, "b", dt, 2, (int64_t[]){K, N}, AP_TENSOR_PARAM, NULL, 0);
 	int y = ap_graph_add_tensor(g, "y", dt, 2, (int64_t[]){M, N}, AP_TENSOR_VALUE, NULL, 0);
 	int o = ap_graph_add_tensor(g, "out", dt, 2, (int64_t[]){M, N}, AP_TENSOR_VALUE, NULL, 0);
+	int bias = -1, res = -1, z, cur;
 	ap_error err;
 
 	g->inputs = realloc(g->inputs, 4 * sizeof(int));
@@ -876,23 +940,47 @@ static ap_graph *lib_graph(ap_dtype dt, int64_t M, int64_t N, int64_t K, int sha
 		ap_node_set_ints(g, n, "perm", (const int64_t[]){1, 0}, 2);
 		shape = 0;
 	}
+	if (shape == 0 || shape == 5 || shape == 6)
+		bias = ap_graph_add_tensor(g, "bias", dt, 1, (int64_t[]){N}, AP_TENSOR_PARAM, NULL, 0);
+	if (shape == 2 || shape == 4 || shape == 5) {
+		res = ap_graph_add_tensor(g, "res", dt, 2, (int64_t[]){M, N}, AP_TENSOR_INPUT, NULL, 0);
+		g->inputs[g->n_inputs++] = res;
+	}
 	if (shape == 1) {
 		int e = ap_graph_add_tensor(g, "e", dt, 2, (int64_t[]){M, K}, AP_TENSOR_VALUE, NULL, 0);
 
 		node(g, "exp", AP_OP_EXP, 1, (int[]){a}, e);
 		node(g, "mm", AP_OP_MATMUL, 2, (int[]){e, b}, y);
 		node(g, "relu", AP_OP_RELU, 1, (int[]){y}, o);
-	} else {
-		int r = shape == 0 ? ap_graph_add_tensor(g, "bias", dt, 1, (int64_t[]){N}, AP_TENSOR_PARAM, NULL, 0)
-				   : ap_graph_add_tensor(g, "res", dt, 2, (int64_t[]){M, N}, AP_TENSOR_INPUT, NULL, 0);
-		int z = ap_graph_add_tensor(g, "z", dt, 2, (int64_t[]){M, N}, AP_TENSOR_VALUE, NULL, 0);
-
-		if (shape == 2)
-			g->inputs[g->n_inputs++] = r;
-		node(g, "mm", AP_OP_MATMUL, 2, (int[]){a, b}, y);
-		node(g, "add", AP_OP_ADD, 2, (int[]){y, r}, z);
-		node(g, "relu", AP_OP_RELU, 1, (int[]){z}, o);
+		goto done;
 	}
+	node(g, "mm", AP_OP_MATMUL, 2, (int[]){a, b}, y);
+	cur = y;
+	if (shape == 5) {
+		z = ap_graph_add_tensor(g, "scaled", dt, 2, (int64_t[]){M, N}, AP_TENSOR_VALUE, NULL, 0);
+		node(g, "scale", AP_OP_MUL, 2, (int[]){cur, lib_scalar(g, dt, 0.5)}, z);
+		cur = z;
+	}
+	if (res >= 0 && shape != 4) {
+		z = ap_graph_add_tensor(g, "z", dt, 2, (int64_t[]){M, N}, AP_TENSOR_VALUE, NULL, 0);
+		node(g, "residual", AP_OP_ADD, 2, (int[]){cur, res}, z);
+		cur = z;
+	}
+	if (bias >= 0) {
+		z = ap_graph_add_tensor(g, "zb", dt, 2, (int64_t[]){M, N}, AP_TENSOR_VALUE, NULL, 0);
+		node(g, "add", AP_OP_ADD, 2, (int[]){cur, bias}, z);
+		cur = z;
+	}
+	if (shape == 5 || shape == 6) {
+		lib_gelu(g, dt, cur, o, shape == 5, M, N);
+	} else if (shape == 4) {
+		z = ap_graph_add_tensor(g, "r", dt, 2, (int64_t[]){M, N}, AP_TENSOR_VALUE, NULL, 0);
+		node(g, "relu", AP_OP_RELU, 1, (int[]){cur}, z);
+		node(g, "residual", AP_OP_ADD, 2, (int[]){z, res}, o);
+	} else {
+		node(g, "relu", AP_OP_RELU, 1, (int[]){cur}, o);
+	}
+done:
 	output(g, o);
 	ck_assert_msg(ap_graph_validate(g, &err) == 0, "validate: %s", err.msg);
 	return g;
@@ -914,7 +1002,9 @@ static int has_knob(const ap_space *sp, const char *name)
  * search's candidates hold both sides and it picks the library for 4096^3
  * and the kernel for 256^3; a build (searched) carries the call on the
  * launch with its params bound and both modelled times; no knob on the
- * host, with a prologue, or with a residual Add. */
+ * host, with a prologue, a residual after the activation or erf's GELU,
+ * and a knob for a residual before it and for alpha + tanh's GELU
+ * (float16, bfloat16 and float alike). */
 START_TEST(library_knob)
 {
 	ap_target_info t, cpu;
@@ -1026,15 +1116,24 @@ START_TEST(library_knob)
 		drop_cache(c);
 	}
 	ap_graph_free(g);
-	/* a prologue, a residual: never the library */
-	for (int shape = 1; shape <= 2; shape++) {
-		g = lib_graph(AP_DT_F16, 1024, 1024, 1024, shape);
-		m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
-		ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
-		ck_assert_msg(has_knob(&sp, "lib") < 0, "shape %d has the library knob", shape);
-		ap_mgraph_free(m);
-		ap_graph_free(g);
-	}
+	/* a prologue, a residual after the activation, erf's GELU: never
+	 * the library; a residual before it, alpha and tanh's GELU: the
+	 * library (checked in library_epilogues) */
+	for (int shape = 1; shape <= 6; shape++)
+		for (int d = 0; d < 3; d++) {
+			const ap_dtype dts[] = { AP_DT_F16, AP_DT_BF16, AP_DT_F32 };
+
+			if (shape == 3)   /* a transposed weight: library_end_to_end */
+				continue;
+			g = lib_graph(dts[d], 1024, 1024, 1024, shape);
+			m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+			ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+			ck_assert_msg((has_knob(&sp, "lib") >= 0) == (shape == 2 || shape == 5),
+				      "shape %d %s: library knob %d", shape, ap_dtype_name(dts[d]),
+				      has_knob(&sp, "lib"));
+			ap_mgraph_free(m);
+			ap_graph_free(g);
+		}
 }
 END_TEST
 
@@ -1414,14 +1513,18 @@ static ap_host_tensor *e2e_tensor(const char *name, int rank, int64_t d0, int64_
 	return t;
 }
 
-/* From the daemon to the runtime: relu(A[M,K] B[K,N] + bias) in float16
- * (and with B a transposed weight w[N,K])
+/* From the daemon to the runtime: lib_graph's shape in float16 --
+ * relu(A[M,K] B[K,N] + bias), with B a transposed weight w[N,K], with a
+ * residual instead of the bias (C, beta 1), gelu_tanh(0.5 A B + R + bias)
+ * (alpha, C, bias, GELU) --
  * at sm_90 with a measured record for lib=1 (the stand-in GPU's) is
  * compiled (NVRTC) into a bundle whose launch carries the call, chosen by
  * that record; the runtime runs it through the stand-in driver and the
  * stand-in cuBLASLt -- one cublasLtMatmul, no kernel launch -- and the
  * output matches a float64 reference: the daemon's leading dimensions,
- * arg indices and epilogue are those of the graph. */
+ * arg indices, alpha, beta and epilogue are those of the graph, and the
+ * call's 32 MiB workspace a 256-byte aligned slice of the bundle's that
+ * the runtime hands to cublasLtMatmul. */
 static void e2e_case(int shape)
 {
 	enum { M = 40, N = 24, K = 56 };
@@ -1433,7 +1536,11 @@ static void e2e_case(int shape)
 	ap_mgraph *m = whole_views(g);
 	Apollo__CompileResponse *r;
 	const Apollo__LibraryCall *lc = NULL;
-	ap_host_tensor *a, *b, *bias, *out;
+	ap_host_tensor *a, *b, *bias = NULL, *res = NULL, *out;
+	bool has_bias = shape == 0 || shape == 3 || shape == 5, has_res = shape == 2 || shape == 5;
+	double alpha = shape == 5 ? 0.5 : 1;
+	size_t *ws_bytes;
+	int lc_epi;
 	ap_tune_record rec;
 	ap_target_info t;
 	ap_compiler *c;
@@ -1479,9 +1586,22 @@ static void e2e_case(int shape)
 	ck_assert_uint_eq(lc->m, M);
 	ck_assert_uint_eq(lc->n, N);
 	ck_assert_uint_eq(lc->k, K);
-	ck_assert_int_eq(lc->epilogue, APOLLO__LIBRARY_EPILOGUE__LIB_EPI_BIAS_RELU);
+	ck_assert_int_eq(lc->epilogue, shape == 5 ? APOLLO__LIBRARY_EPILOGUE__LIB_EPI_BIAS_GELU
+				       : has_bias ? APOLLO__LIBRARY_EPILOGUE__LIB_EPI_BIAS_RELU
+				       : APOLLO__LIBRARY_EPILOGUE__LIB_EPI_RELU);
 	ck_assert_int_eq(lc->trans_b, shape == 3);
 	ck_assert_uint_eq(lc->ldb, shape == 3 ? K : N);
+	ck_assert_double_eq(lc->alpha, alpha);
+	lc_epi = lc->epilogue;
+	ck_assert_double_eq(lc->beta, has_res ? 1 : 0);
+	if (has_res) {
+		ck_assert_uint_eq(lc->ldc, N);
+		ck_assert_str_eq(r->bundle->buffers[r->bundle->plan[0]->args[lc->c_arg]]->name, "res");
+	}
+	/* cuBLAS's recommended scratch on Hopper, inside the bundle's workspace */
+	ck_assert_uint_eq(lc->workspace_bytes, 32u << 20);
+	ck_assert_uint_eq(lc->workspace_offset % 256, 0);
+	ck_assert_uint_ge(r->bundle->workspace_bytes, lc->workspace_offset + lc->workspace_bytes);
 	len = apollo__bundle__get_packed_size(r->bundle);
 	buf = malloc(len);
 	apollo__bundle__pack(r->bundle, buf);
@@ -1499,38 +1619,58 @@ static void e2e_case(int shape)
 	ck_assert(drv && lt);
 	matmuls = dlsym(lt, "lt_matmuls");
 	launches = dlsym(drv, "fake_launches");
-	ck_assert(matmuls && launches);
+	ws_bytes = dlsym(lt, "lt_last_workspace_bytes");
+	ck_assert(matmuls && launches && ws_bytes);
 	rt = ap_runtime_new(bun, NULL, &err);
 	ck_assert_msg(rt != NULL, "%s", err.msg);
 	a = e2e_tensor("a", 2, M, K, 1);
 	b = shape == 3 ? e2e_tensor("w", 2, N, K, 2) : e2e_tensor("b", 2, K, N, 2);
-	bias = e2e_tensor("bias", 1, N, 0, 3);
 	ck_assert_msg(ap_runtime_bind_input(rt, 0, a, &err) == 0, "%s", err.msg);
 	ck_assert_msg(ap_runtime_bind_name(rt, b->name, b, &err) == 0, "%s", err.msg);
-	ck_assert_msg(ap_runtime_bind_name(rt, "bias", bias, &err) == 0, "%s", err.msg);
+	if (has_bias) {
+		bias = e2e_tensor("bias", 1, N, 0, 3);
+		ck_assert_msg(ap_runtime_bind_name(rt, "bias", bias, &err) == 0, "%s", err.msg);
+	}
+	if (has_res) {
+		res = e2e_tensor("res", 2, M, N, 4);
+		ck_assert_msg(ap_runtime_bind_name(rt, "res", res, &err) == 0, "%s", err.msg);
+	}
 	m0 = *matmuls;
 	l0 = *launches;
 	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
 	ck_assert_int_eq(*matmuls - m0, 1);
 	ck_assert_int_eq(*launches - l0, 0);
+	ck_assert_uint_eq(*ws_bytes, 32u << 20);   /* the runtime passed the plan's slice */
 	out = ap_runtime_output(rt, 0, &err);
 	ck_assert_msg(out != NULL, "%s", err.msg);
 	ck_assert_int_eq(out->dtype, AP_DT_F16);
 	for (int i = 0; i < M; i++)
 		for (int j = 0; j < N; j++) {
-			double v = e2e_from_f16(((uint16_t *)bias->data)[j]), got;
+			double v = 0, got;
 
 			for (int p = 0; p < K; p++)
 				v += e2e_from_f16(((uint16_t *)a->data)[i * K + p]) *
 				     e2e_from_f16(((uint16_t *)b->data)[shape == 3 ? j * K + p : p * N + j]);
-			v = v > 0 ? v : 0;
+			v *= alpha;
+			if (has_bias)
+				v += e2e_from_f16(((uint16_t *)bias->data)[j]);
+			if (has_res)
+				v += e2e_from_f16(((uint16_t *)res->data)[i * N + j]);
+			if (shape == 5)   /* GELU, tanh approximation */
+				v = 0.5 * v * (1 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+			else
+				v = v > 0 ? v : 0;
 			got = e2e_from_f16(((uint16_t *)out->data)[i * N + j]);
 			ck_assert_msg(fabs(got - v) <= 1e-3 * fabs(v) + 1e-3, "out[%d][%d] = %g, want %g", i, j, got, v);
 		}
+	printf("check_tune: library_end_to_end shape %d: one cublasLtMatmul (stand-in), epilogue %d, "
+	       "alpha %g, beta %g, %d x %d within float16 rounding of float64\n", shape, (int)lc_epi,
+	       alpha, has_res ? 1.0 : 0.0, M, N);
 	ap_host_tensor_free(out);
 	ap_host_tensor_free(a);
 	ap_host_tensor_free(b);
 	ap_host_tensor_free(bias);
+	ap_host_tensor_free(res);
 	ap_runtime_free(rt);
 	ap_bundle_free(bun);
 	unsetenv("APOLLO_LIBCUDA");
@@ -1550,6 +1690,8 @@ START_TEST(library_end_to_end)
 {
 	e2e_case(0);
 	e2e_case(3);   /* B transposed: a Linear layer's weight */
+	e2e_case(2);   /* a residual: C with beta 1 */
+	e2e_case(5);   /* alpha, residual, bias and GELU (tanh) */
 }
 END_TEST
 

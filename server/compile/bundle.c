@@ -193,6 +193,8 @@ static Apollo__LibraryCall *library_msg(const ap_kir_library *lib, int choice, b
 	lc->c_arg = lib->c >= 0 ? (uint32_t)lib->c : 0;
 	lc->d_arg = (uint32_t)lib->d;
 	lc->bias_arg = lib->bias >= 0 ? (uint32_t)lib->bias : 0;
+	lc->workspace_offset = (uint64_t)lib->workspace_offset;
+	lc->workspace_bytes = (uint64_t)lib->workspace_bytes;
 	lc->library_us = lib->library_us;
 	lc->kernel_us = lib->kernel_us;
 	lc->chosen_by = xstrdup(by[choice >= 0 && choice < 4 ? choice : 0], oom);

@@ -276,6 +276,8 @@ typedef struct ap_kir_library {
 	int epilogue;             /* apollo.LibraryEpilogue (cublasLtEpilogue_t numbers) */
 	float alpha, beta;
 	int a, b, c, d, bias;     /* the kernel's params; -1: none */
+	int64_t workspace_bytes;  /* scratch the call may use (bytes; 0: none) ... */
+	int64_t workspace_offset; /* ... at this offset of the workspace (the plan places it) */
 	double library_us;        /* the cost model's time of the call, microseconds */
 	double kernel_us;         /* ... and of the kernel under the same other knobs */
 } ap_kir_library;

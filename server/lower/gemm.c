@@ -2611,13 +2611,13 @@ static int attach_library(const ap_mgraph *m, const ap_sched *s, const ap_target
 	ap_kir_library lib;
 	ap_traffic tr;
 	ap_sched own = *s;
-	int rc = lib_call(m, t, p, &lib), d_t, bias_t;
+	int rc = lib_call(m, t, p, &lib), d_t, bias_t, c_t;
 	ap_lib_gemm gm = {.node = p->node, .y = p->y, .in_t = p->in_t, .N = p->N};
 
 	if (rc <= 0)
 		return rc;
-	ap__library_tensors(m, &gm, &d_t, &bias_t);
-	if (!ap__library_bind(&lib, k, p->a.leaf, p->b.leaf, d_t, bias_t))
+	ap__library_tensors(m, &gm, &d_t, &bias_t, &c_t);
+	if (!ap__library_bind(&lib, k, p->a.leaf, p->b.leaf, d_t, bias_t, c_t))
 		return 0;
 	ap__library_traffic(&lib, t, &tr);
 	lib.library_us = ap_cost_schedule_us(&tr, t);

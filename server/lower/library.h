@@ -20,6 +20,8 @@ enum {
 	AP_LIB_EPI_RELU = 2,
 	AP_LIB_EPI_BIAS = 4,
 	AP_LIB_EPI_BIAS_RELU = 6,
+	AP_LIB_EPI_GELU = 32,        /* the tanh approximation */
+	AP_LIB_EPI_BIAS_GELU = 36,
 };
 
 /* One operand of the product as the GEMM emitter analysed it: element
@@ -47,18 +49,25 @@ typedef struct ap_lib_gemm {
  * target t, and its call: a CUDA target (not the host); A and B plain,
  * unit-stride along one of their dims, from offset 0, batch strides
  * single; float16, bfloat16 or float (float with TF32 where the request
- * allows it); the epilogue, walked from y, none, Add of a bias vector of
- * N elements (a buffer of y's type), Relu, or bias then Relu, the last
- * tensor the micro-graph's only output and nothing else computed.  1 with
- * *out filled (params -1: the caller binds them), 0 with the reason in
- * why, AP_ENOMEM. */
+ * allows it); the epilogue D = act(alpha * (A B) + beta * C + bias) as
+ * cuBLASLt computes it: from y, a Mul by a constant scalar (alpha), Adds
+ * of a bias vector of N elements and of a residual C of y's shape (buffers
+ * of y's type; beta = 1), then an activation the nodes compute from that
+ * value and scalar constants alone that is the identity, ReLU or GELU's
+ * tanh approximation (read as a function and compared at every 1/16 from -8 to 8 within
+ * the rounding of its constants; erf's GELU is refused), its result the
+ * micro-graph's only output and nothing else computed.  The call asks for
+ * cuBLAS's recommended workspace (32 MiB from sm_90, 4 MiB before), placed
+ * by the plan.  1 with *out filled (params -1: the caller binds them), 0
+ * with the reason in why, AP_ENOMEM. */
 int ap__library_express(const ap_mgraph *m, const ap_target_info *t, const ap_lib_gemm *gm,
 			ap_kir_library *out, char *why, size_t cap);
 
 /* What the cost model should expect of the call (ap_cost_schedule_us
- * reads it): the operands read once and D written once from DRAM, A
- * re-read per 256-column and B per 128-row block tile from L2 (cuBLASLt's
- * usual 128 x 256 tiles on sm_80/sm_90), one 384-thread block of 168
+ * reads it): the operands (the residual C too when beta != 0) read once
+ * and D written once from DRAM, A re-read per 256-column and B per
+ * 128-row block tile from L2 (cuBLASLt's usual 128 x 256 tiles on
+ * sm_80/sm_90), one 384-thread block of 168
  * registers a thread per SM in waves over those tiles, and the arithmetic at
  * AP_LIBRARY_EFFICIENCY of the target's peak (tensor cores for 16-bit
  * types and TF32, the FP32 units otherwise). */
@@ -71,13 +80,15 @@ void ap__library_traffic(const ap_kir_library *lib, const ap_target_info *t, ap_
 #define AP_LIBRARY_EFFICIENCY 0.8
 
 /* Binds lib's a, b, c, d and bias to the params of kernel k that hold
- * m->g tensors a_t, b_t, c_t (-1), d_t and bias_t (-1).  false when one
- * of them has no param (a constant baked into the kernel): then no call. */
+ * m->g tensors a_t, b_t, d_t, bias_t (-1: none) and c_t (-1: none).
+ * false when one of them has no param (a constant baked into the kernel):
+ * then no call. */
 bool ap__library_bind(ap_kir_library *lib, const ap_kir_kernel *k, int a_t, int b_t, int d_t,
-		      int bias_t);
+		      int bias_t, int c_t);
 
 /* The tensors of m->g the call reads and writes (after ap__library_express
- * accepted m): D and the bias (-1: none). */
-void ap__library_tensors(const ap_mgraph *m, const ap_lib_gemm *gm, int *d_t, int *bias_t);
+ * accepted m): D, the bias and the residual C (-1: none). */
+void ap__library_tensors(const ap_mgraph *m, const ap_lib_gemm *gm, int *d_t, int *bias_t,
+			 int *c_t);
 
 #endif

@@ -188,6 +188,9 @@ static int buffer_for(builder *b, int t)
 				: kind == AP_TENSOR_CONST ? AP_BUF_CONST : AP_BUF_INTERMEDIATE, -1);
 }
 
+/* A stretch of the workspace live from launch def to launch last: an
+ * intermediate buffer (buf >= 0), or the scratch a library call needs
+ * during its launch only (buf = -1 - the launch's index). */
 typedef struct interval {
 	int buf;
 	int def, last;
@@ -210,11 +213,16 @@ static int cmp_off(const void *a, const void *b)
 	return ((*x)->off > (*y)->off) - ((*x)->off < (*y)->off);
 }
 
-/* First-fit placement of intermediates by liveness over the launches. */
+/* First-fit placement of intermediates by liveness over the launches,
+ * and of each library call's scratch (ap_kir_library.workspace_bytes) as
+ * a stretch live during its own launch: launches run one after another
+ * on one stream, so the calls share one region that no intermediate their
+ * launch binds overlaps. */
 static int layout_workspace(ap_program *p)
 {
-	interval *iv = calloc((size_t)p->n_buffers + 1, sizeof(*iv));
-	interval **live = calloc((size_t)p->n_buffers + 1, sizeof(*live));
+	size_t cap = (size_t)p->n_buffers + (size_t)p->n_launches + 1;
+	interval *iv = calloc(cap, sizeof(*iv));
+	interval **live = calloc(cap, sizeof(*live));
 	int *slot = malloc(((size_t)p->n_buffers + 1) * sizeof(int));
 	int n = 0, n_live = 0;
 	uint64_t top = 0;
@@ -256,6 +264,17 @@ static int layout_workspace(ap_program *p)
 	for (int i = 0; i < n; i++)
 		if (iv[i].def > iv[i].last)
 			iv[i].def = iv[i].last;
+	for (int l = 0; l < p->n_launches; l++) {
+		const ap_kir_library *lib = p->launches[l].library;
+
+		if (!lib || lib->workspace_bytes <= 0)
+			continue;
+		iv[n].buf = -1 - l;
+		iv[n].def = iv[n].last = l;
+		iv[n].size = ((uint64_t)lib->workspace_bytes + WORKSPACE_ALIGN - 1) / WORKSPACE_ALIGN *
+			     WORKSPACE_ALIGN;
+		n++;
+	}
 	qsort(iv, (size_t)n, sizeof(*iv), cmp_def);
 	for (int i = 0; i < n; i++) {
 		uint64_t off = 0;
@@ -276,7 +295,10 @@ static int layout_workspace(ap_program *p)
 				off = live[j]->off + live[j]->size;
 		}
 		iv[i].off = off;
-		p->buffers[iv[i].buf].offset = off;
+		if (iv[i].buf >= 0)
+			p->buffers[iv[i].buf].offset = off;
+		else
+			p->launches[-1 - iv[i].buf].library->workspace_offset = (int64_t)off;
 		if (off + iv[i].size > top)
 			top = off + iv[i].size;
 		live[n_live++] = &iv[i];
