@@ -313,11 +313,137 @@ static int check_buffer(const Apollo__Bundle *b, size_t i, ap_error *err)
 	return 0;
 }
 
+/* Kernel k of bundle b: a name, 3 grid and 3 block dims, none zero, at
+ * most 2^32 blocks, a blob (its own, or an earlier kernel's) that matches
+ * its SHA-256 digest, no empty param.  0 or AP_EINVAL / AP_ETOOLARGE. */
+static int check_bundle_kernel(const Apollo__Bundle *b, size_t k, ap_error *err)
+{
+	const Apollo__Kernel *kk = b->kernels[k];
+	const ProtobufCBinaryData *blob;
+	unsigned long long blocks = 1;
+	uint8_t d[32];
+
+	if (!kk || !kk->name || !*kk->name)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL, "kernel %zu has no name", k);
+	if (kk->n_grid != 3 || kk->n_block != 3)
+		return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+				    "kernel '%s' has %zu grid and %zu block values, not 3",
+				    kk->name, kk->n_grid, kk->n_block);
+	for (int d = 0; d < 3; d++) {
+		if (kk->grid[d] == 0 || kk->block[d] == 0)
+			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+					    "kernel '%s' has a zero grid or block dimension",
+					    kk->name);
+		blocks *= kk->grid[d];
+	}
+	if (blocks > UINT32_MAX)
+		return ap_error_set(err, AP_ETOOLARGE, kk->name, NULL,
+				    "kernel '%s' has %llu blocks", kk->name, blocks);
+	blob = ap_bundle_pb_kernel_blob(b, k);
+	if (!blob || (kk->blob_of && kk->blob.len))
+		return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+				    "kernel '%s' shares the blob of kernel %u, which is not an "
+				    "earlier kernel with a blob of its own", kk->name,
+				    kk->blob_of - 1);
+	if (blob->len == 0)
+		return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+				    "kernel '%s' has an empty blob", kk->name);
+	if (kk->digest.len != 32)
+		return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+				    "kernel '%s' carries no SHA-256 digest of its blob", kk->name);
+	/* a shared blob is hashed once, with its owner (checked before) */
+	if (!kk->blob_of)
+		ap_sha256(blob->data, blob->len, d);
+	if (memcmp(kk->blob_of ? b->kernels[kk->blob_of - 1]->digest.data : d, kk->digest.data, 32))
+		return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+				    "kernel '%s': its blob does not match its digest; "
+				    "not loading it", kk->name);
+	for (size_t p = 0; p < kk->n_params; p++)
+		if (!kk->params[p])
+			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+					    "kernel '%s' param %zu is empty", kk->name, p);
+	return 0;
+}
+
+/* Launch l of bundle b: a kernel of the bundle, one argument per param,
+ * each a buffer of the bundle at least as large as the bytes it may
+ * touch, of the param's type, never an input, param or constant written,
+ * no two intermediates overlapping in the workspace, and its library call
+ * (ap_library_check).  0 or a negative AP_E* code. */
+static int check_bundle_launch(const Apollo__Bundle *b, size_t l, ap_error *err)
+{
+	const Apollo__Launch *la = b->plan[l];
+	const Apollo__Kernel *kk;
+
+	if (!la || la->kernel >= b->n_kernels)
+		return ap_error_set(err, AP_EINVAL, NULL, NULL,
+				    "launch %zu names kernel %u of %zu", l,
+				    la ? la->kernel : 0, b->n_kernels);
+	kk = b->kernels[la->kernel];
+	if (la->n_args != kk->n_params)
+		return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+				    "launch %zu of kernel '%s' binds %zu arguments to %zu params",
+				    l, kk->name, la->n_args, kk->n_params);
+	if (la->n_arg_bytes != la->n_args)
+		return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+				    "launch %zu of kernel '%s' says how many bytes %zu of its %zu "
+				    "arguments may touch", l, kk->name, la->n_arg_bytes, la->n_args);
+	for (size_t a = 0; a < la->n_args; a++) {
+		const Apollo__Buffer *bf;
+		const Apollo__KernelParam *pp = kk->params[a];
+		if (la->args[a] >= b->n_buffers)
+			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+					    "launch %zu of kernel '%s': argument %zu names buffer %u of %zu",
+					    l, kk->name, a, la->args[a], b->n_buffers);
+		bf = b->buffers[la->args[a]];
+		if (bf->bytes < la->arg_bytes[a])
+			return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
+					    "launch %zu of kernel '%s': argument %zu may touch %llu bytes "
+					    "but buffer '%s' has %llu", l, kk->name, a,
+					    (unsigned long long)la->arg_bytes[a], bf->name,
+					    (unsigned long long)bf->bytes);
+		if (pp->dtype != APOLLO__DATA_TYPE__DT_UNDEFINED && pp->dtype != bf->dtype)
+			return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
+					    "launch %zu of kernel '%s': param '%s' is %s but buffer '%s' is %s",
+					    l, kk->name, pp->name,
+					    ap_dtype_name((ap_dtype)pp->dtype), bf->name,
+					    ap_dtype_name((ap_dtype)bf->dtype));
+		if (pp->written && (bf->kind == APOLLO__BUFFER_KIND__BUF_INPUT ||
+				    bf->kind == APOLLO__BUFFER_KIND__BUF_PARAM ||
+				    bf->kind == APOLLO__BUFFER_KIND__BUF_CONST))
+			return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
+					    "kernel '%s' writes %s buffer '%s'", kk->name,
+					    bf->kind == APOLLO__BUFFER_KIND__BUF_INPUT ? "input"
+					    : bf->kind == APOLLO__BUFFER_KIND__BUF_PARAM ? "param"
+					    : "constant", bf->name);
+		/* two tensors one launch binds are live at once, so the
+		 * planner never lets them share workspace bytes (plan.c);
+		 * aliased arguments would let a kernel's writes through one
+		 * reach what it reads through the other */
+		for (size_t a2 = 0; a2 < a; a2++) {
+			const Apollo__Buffer *o = b->buffers[la->args[a2]];
+
+			if (la->args[a2] != la->args[a] && bf->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE &&
+			    o->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE && bf->bytes && o->bytes &&
+			    bf->offset < o->offset + o->bytes && o->offset < bf->offset + bf->bytes)
+				return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
+						    "launch %zu of kernel '%s': intermediates '%s' and '%s' "
+						    "overlap in the workspace", l, kk->name, o->name, bf->name);
+		}
+	}
+	return ap_library_check(b, l, err);
+}
+
+/* Everything of bundle b the runtime relies on before it allocates or
+ * launches (the bundle is untrusted): counts within int, every buffer
+ * (check_buffer), a workspace no larger than its intermediates and
+ * library scratch need, unique input and output positions, every kernel
+ * (check_bundle_kernel) and launch (check_bundle_launch).  0 or a
+ * negative AP_E* code with the field named in err. */
 static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 {
-	int rc;
-
 	uint64_t need = 0;   /* the end of the last intermediate in the workspace */
+	int rc;
 
 	if (b->n_kernels > INT32_MAX || b->n_buffers > INT32_MAX || b->n_plan > INT32_MAX)
 		return ap_error_set(err, AP_ETOOLARGE, NULL, NULL, "bundle too large");
@@ -362,113 +488,12 @@ static int check_bundle(const Apollo__Bundle *b, ap_error *err)
 						    (int)x->index);
 		}
 	}
-	for (size_t k = 0; k < b->n_kernels; k++) {
-		const Apollo__Kernel *kk = b->kernels[k];
-		unsigned long long blocks = 1;
-		if (!kk || !kk->name || !*kk->name)
-			return ap_error_set(err, AP_EINVAL, NULL, NULL, "kernel %zu has no name", k);
-		if (kk->n_grid != 3 || kk->n_block != 3)
-			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
-					    "kernel '%s' has %zu grid and %zu block values, not 3",
-					    kk->name, kk->n_grid, kk->n_block);
-		for (int d = 0; d < 3; d++) {
-			if (kk->grid[d] == 0 || kk->block[d] == 0)
-				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
-						    "kernel '%s' has a zero grid or block dimension",
-						    kk->name);
-			blocks *= kk->grid[d];
-		}
-		if (blocks > UINT32_MAX)
-			return ap_error_set(err, AP_ETOOLARGE, kk->name, NULL,
-					    "kernel '%s' has %llu blocks", kk->name, blocks);
-		const ProtobufCBinaryData *blob = ap_bundle_pb_kernel_blob(b, k);
-		uint8_t d[32];
-
-		if (!blob || (kk->blob_of && kk->blob.len))
-			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
-					    "kernel '%s' shares the blob of kernel %u, which is not an "
-					    "earlier kernel with a blob of its own", kk->name,
-					    kk->blob_of - 1);
-		if (blob->len == 0)
-			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
-					    "kernel '%s' has an empty blob", kk->name);
-		if (kk->digest.len != 32)
-			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
-					    "kernel '%s' carries no SHA-256 digest of its blob", kk->name);
-		/* a shared blob is hashed once, with its owner (checked before) */
-		if (!kk->blob_of)
-			ap_sha256(blob->data, blob->len, d);
-		if (memcmp(kk->blob_of ? b->kernels[kk->blob_of - 1]->digest.data : d, kk->digest.data, 32))
-			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
-					    "kernel '%s': its blob does not match its digest; "
-					    "not loading it", kk->name);
-		for (size_t p = 0; p < kk->n_params; p++)
-			if (!kk->params[p])
-				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
-						    "kernel '%s' param %zu is empty", kk->name, p);
-	}
-	for (size_t l = 0; l < b->n_plan; l++) {
-		const Apollo__Launch *la = b->plan[l];
-		const Apollo__Kernel *kk;
-		if (!la || la->kernel >= b->n_kernels)
-			return ap_error_set(err, AP_EINVAL, NULL, NULL,
-					    "launch %zu names kernel %u of %zu", l,
-					    la ? la->kernel : 0, b->n_kernels);
-		kk = b->kernels[la->kernel];
-		if (la->n_args != kk->n_params)
-			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
-					    "launch %zu of kernel '%s' binds %zu arguments to %zu params",
-					    l, kk->name, la->n_args, kk->n_params);
-		if (la->n_arg_bytes != la->n_args)
-			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
-					    "launch %zu of kernel '%s' says how many bytes %zu of its %zu "
-					    "arguments may touch", l, kk->name, la->n_arg_bytes, la->n_args);
-		for (size_t a = 0; a < la->n_args; a++) {
-			const Apollo__Buffer *bf;
-			const Apollo__KernelParam *pp = kk->params[a];
-			if (la->args[a] >= b->n_buffers)
-				return ap_error_set(err, AP_EINVAL, kk->name, NULL,
-						    "launch %zu of kernel '%s': argument %zu names buffer %u of %zu",
-						    l, kk->name, a, la->args[a], b->n_buffers);
-			bf = b->buffers[la->args[a]];
-			if (bf->bytes < la->arg_bytes[a])
-				return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
-						    "launch %zu of kernel '%s': argument %zu may touch %llu bytes "
-						    "but buffer '%s' has %llu", l, kk->name, a,
-						    (unsigned long long)la->arg_bytes[a], bf->name,
-						    (unsigned long long)bf->bytes);
-			if (pp->dtype != APOLLO__DATA_TYPE__DT_UNDEFINED && pp->dtype != bf->dtype)
-				return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
-						    "launch %zu of kernel '%s': param '%s' is %s but buffer '%s' is %s",
-						    l, kk->name, pp->name,
-						    ap_dtype_name((ap_dtype)pp->dtype), bf->name,
-						    ap_dtype_name((ap_dtype)bf->dtype));
-			if (pp->written && (bf->kind == APOLLO__BUFFER_KIND__BUF_INPUT ||
-					    bf->kind == APOLLO__BUFFER_KIND__BUF_PARAM ||
-					    bf->kind == APOLLO__BUFFER_KIND__BUF_CONST))
-				return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
-						    "kernel '%s' writes %s buffer '%s'", kk->name,
-						    bf->kind == APOLLO__BUFFER_KIND__BUF_INPUT ? "input"
-						    : bf->kind == APOLLO__BUFFER_KIND__BUF_PARAM ? "param"
-						    : "constant", bf->name);
-			/* two tensors one launch binds are live at once, so the
-			 * planner never lets them share workspace bytes (plan.c);
-			 * aliased arguments would let a kernel's writes through one
-			 * reach what it reads through the other */
-			for (size_t a2 = 0; a2 < a; a2++) {
-				const Apollo__Buffer *o = b->buffers[la->args[a2]];
-
-				if (la->args[a2] != la->args[a] && bf->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE &&
-				    o->kind == APOLLO__BUFFER_KIND__BUF_INTERMEDIATE && bf->bytes && o->bytes &&
-				    bf->offset < o->offset + o->bytes && o->offset < bf->offset + bf->bytes)
-					return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
-							    "launch %zu of kernel '%s': intermediates '%s' and '%s' "
-							    "overlap in the workspace", l, kk->name, o->name, bf->name);
-			}
-		}
-		if ((rc = ap_library_check(b, l, err)) < 0)
+	for (size_t k = 0; k < b->n_kernels; k++)
+		if ((rc = check_bundle_kernel(b, k, err)) < 0)
 			return rc;
-	}
+	for (size_t l = 0; l < b->n_plan; l++)
+		if ((rc = check_bundle_launch(b, l, err)) < 0)
+			return rc;
 	return 0;
 }
 
