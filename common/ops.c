@@ -951,15 +951,15 @@ static int check_given(const ap_node *node, const ap_shape *x, ap_shape *out, in
 /* Attention and AttentionGrad (ops.def): Q, K, V of one float type and
  * rank >= 3, the same leading batch dims, K's heads dividing Q's, K and V
  * of one key count, the optional mask (input `mi`) BOOL or of Q's type and
- * broadcasting to the scores [b..., H, L, S]; scale finite, is_causal 0 or
- * 1.  Fills y (Y's shape) and lse (LogSumExp's). */
+ * broadcasting to the scores [b..., H, L, S]; scale finite, is_causal and
+ * safe_softmax 0 or 1.  Fills y (Y's shape) and lse (LogSumExp's). */
 static int check_attention(const ap_node *node, const ap_shape *q, const ap_shape *k, const ap_shape *v,
 			   const ap_shape *mask, ap_shape *y, ap_shape *lse, const char *const *names,
 			   int qi, int mi, ap_error *err)
 {
 	const char *op = ap_op_name(node->op);
 	int r = q->rank;
-	int64_t causal = ap_node_int(node, "is_causal", 0);
+	int64_t causal = ap_node_int(node, "is_causal", 0), safe = ap_node_int(node, "safe_softmax", 1);
 	double scale = ap_node_float(node, "scale", NAN);
 	ap_shape s, b;
 
@@ -980,6 +980,8 @@ static int check_attention(const ap_node *node, const ap_shape *q, const ap_shap
 		return ap_error_set(err, AP_EINVAL, node->name, NULL, "%s: scale must be a finite number", op);
 	if (causal != 0 && causal != 1)
 		return ap_error_set(err, AP_EINVAL, node->name, NULL, "%s: is_causal must be 0 or 1", op);
+	if (safe != 0 && safe != 1)
+		return ap_error_set(err, AP_EINVAL, node->name, NULL, "%s: safe_softmax must be 0 or 1", op);
 	s = *q;
 	s.dims[r - 1] = k->dims[r - 2];
 	if (mask) {

@@ -463,13 +463,27 @@ def _dropout():
           "dropout: %d graphs, no break, nothing eager" % st["graphs"])
 
 
+def _is_float(x):
+    return torch.is_tensor(x) and x.is_floating_point()
+
+
+def _masked_rows(L, S, rows, g):
+    """A boolean attention mask [L, S]: random, each row attending to at
+    least one key, except `rows`, which attend to none."""
+    m = (_rand(L, S, g=g) > -0.4) | torch.eye(L, S, dtype=torch.bool)
+    m[list(rows)] = False
+    return m
+
+
 @op("sdpa")
 def _sdpa():
     """F.scaled_dot_product_attention forward and backward as Apollo's
     Attention and AttentionGrad (one kernel each, the log-sum-exp saved,
     no L x S tensor): causal (L = S and top-left aligned L != S), boolean
     and additive masks, a scale, grouped-query heads, cross-attention
-    lengths; each against eager float64, and the fused graphs' pages show
+    lengths, rows masked entirely (0 and 0 gradients, as eager: PyTorch's
+    safe softmax, Attention's safe_softmax); each against eager float64,
+    and the fused graphs' pages show
     one attention launch forward and one attention_grad launch backward."""
     import glob
     import tempfile
@@ -481,6 +495,11 @@ def _sdpa():
         ("bool mask", dict(attn_mask=(_rand(12, 12, g=g) > -0.4) | torch.eye(12, dtype=torch.bool)), 12, 12, H),
         ("additive mask, scale 0.2", dict(attn_mask=_rand(B, 1, 7, 11, g=g), scale=0.2), 7, 11, H),
         ("grouped-query", dict(is_causal=True, enable_gqa=True), 10, 10, 2),
+        # rows that attend to nothing: 0 out and 0 gradients, as eager
+        # (PyTorch's safe softmax), not NaN
+        ("fully masked rows", dict(attn_mask=_masked_rows(9, 11, (2, 6), g)), 9, 11, H),
+        ("-inf rows of an additive mask", dict(attn_mask=torch.where(
+            _masked_rows(9, 11, (0, 8), g), 0.0, -math.inf).double()), 9, 11, H),
     ]
     for name, kw, L, S, Hk in cases:
         def fn(q, k, v, kw=kw):
@@ -505,7 +524,8 @@ def _sdpa():
 def _sdpa_tc():
     """The tensor-core attention kernels through torch.compile: float16 and
     bfloat16 F.scaled_dot_product_attention (causal with grouped-query
-    heads; an additive mask with L != S) compiled for host:sm_90, sm_90's
+    heads; an additive mask with L != S; a boolean mask with rows masked
+    entirely) compiled for host:sm_90, sm_90's
     kernels run on the host with mma.sync, ldmatrix and cp.async emulated
     from the PTX ISA's definitions; forward and gradients against eager
     float64 on the same 16-bit inputs, within a few of the type's epsilons
@@ -516,11 +536,12 @@ def _sdpa_tc():
     g = torch.Generator().manual_seed(5)
     B, H, E = 2, 4, 32
     cases = [("causal grouped-query", dict(is_causal=True, enable_gqa=True), 37, 37, 2),
-             ("additive mask L<S", dict(attn_mask=_rand(B, 1, 21, 45, g=g)), 21, 45, 4)]
+             ("additive mask L<S", dict(attn_mask=_rand(B, 1, 21, 45, g=g)), 21, 45, 4),
+             ("fully masked rows", dict(attn_mask=_masked_rows(19, 23, (0, 9, 18), g)), 19, 23, 4)]
     for dt, tol in ((torch.float16, 4e-3), (torch.bfloat16, 3e-2)):
         for name, kw, L, S, Hk in cases:
             def fn(q, k, v, kw=kw):
-                return F.scaled_dot_product_attention(q, k, v, **{a: (b.to(dt) if torch.is_tensor(b) else b)
+                return F.scaled_dot_product_attention(q, k, v, **{a: (b.to(dt) if _is_float(b) else b)
                                                                  for a, b in kw.items()})
             q, k, v = (_rand(*shape, g=g).to(dt).requires_grad_() for shape in
                        ((B, H, L, E), (B, Hk, S, E), (B, Hk, S, E)))
@@ -532,7 +553,7 @@ def _sdpa_tc():
             y.backward(dy)
             r = [x.detach().double().requires_grad_() for x in (q, k, v)]
             y64 = F.scaled_dot_product_attention(
-                *r, **{a: (b.double() if torch.is_tensor(b) else b) for a, b in kw.items()})
+                *r, **{a: (b.double() if _is_float(b) else b) for a, b in kw.items()})
             y64.backward(dy.double())
             errs = [_rel(y.detach().double(), y64.detach())] + [_rel(x.grad.double(), x64.grad)
                                                                for x, x64 in zip((q, k, v), r)]

@@ -15,7 +15,8 @@
  * l = l * exp(m - m') + sum_j exp(s_j - m'); acc = acc * exp(m - m') +
  * sum_j exp(s_j - m') v_j; m = m'.  At the end O = acc / l, which is
  * softmax(S) @ V (a row whose scores are all -inf gives NaN, as the
- * unfused graph does).  S, m and l are written too when another kernel
+ * unfused graph does; in the safe form -- Attention's safe_softmax,
+ * expand.c -- acc / Max(l, 1) = 0).  S, m and l are written too when another kernel
  * reads them, and so is what is computed from m and l alone (Attention's
  * LogSumExp m + log l, which its backward, AttentionGrad, reads to
  * recompute P: O(rows) saved, no S).
@@ -60,6 +61,9 @@ typedef struct att_plan {
 	ap_emap *maps;                  /* from O: its epilogue */
 	bool *dep;                      /* per tensor: computed from Y1 */
 	bool s_out, m_out, l_out;       /* written for other kernels */
+	bool safe;                      /* safe softmax: the max is Max(m, lowest finite), the
+					   divisor Max(l, 1) -- a row of -inf scores gives 0
+					   (match_softmax) */
 	int n_stat;                     /* outputs computed from m and l alone (a LogSumExp) */
 	int stat[4];
 	bool tc;                        /* the tensor-core form (16-bit operands, sm_80 and later) */
@@ -132,18 +136,48 @@ static int find_products(const ap_graph *g, att_plan *p, char *why, size_t cap)
 	return 1;
 }
 
+/* Whether x is Max(y, c) for a constant scalar c equal to want: y's
+ * tensor, else -1. */
+static int max_with(const ap_graph *g, int x, double want)
+{
+	int n = producer(g, x, AP_OP_MAX);
+
+	if (n < 0 || g->nodes[n].n_inputs != 2)
+		return -1;
+	for (int j = 0; j < 2; j++) {
+		const ap_tensor *c = &g->tensors[g->nodes[n].inputs[j]];
+
+		if (c->kind == AP_TENSOR_CONST && c->data && ap_tensor_numel(c) == 1 &&
+		    ap_elem_get(c->data, c->dtype, 0) == want)
+			return g->nodes[n].inputs[1 - j];
+	}
+	return -1;
+}
+
+/* The lowest finite value of float type t. */
+static double lowest_finite(ap_dtype t)
+{
+	return t == AP_DT_F16 ? -65504.0 : t == AP_DT_BF16 ? -3.3895313892515355e38
+	       : t == AP_DT_F32 ? -3.4028234663852886e38 : -1.7976931348623157e308;
+}
+
 /* The softmax between the products: P = E / l, E = Exp(S - m),
  * m = ReduceMax(S), l = ReduceSum(E) (or of exp(S - m) recomputed), both
- * over S's last axis, kept; p->e, l, s and m set.  0 with *why when
- * not. */
+ * over S's last axis, kept; or its safe form (expand.c, safe_softmax),
+ * E = Exp(S - Max(m, lowest finite)), P = E / Max(l, 1).  p->e, l, s, m
+ * and safe set (m and l the reductions).  0 with *why when not. */
 static int match_softmax(const ap_graph *g, att_plan *p, char *why, size_t cap)
 {
-	int dv_node, ex_node, sub_node, rs_node, rm_node;
+	int dv_node, ex_node, sub_node, rs_node, rm_node, msub, lm;
 
 	dv_node = producer(g, p->p, AP_OP_DIV);
 	p->e = g->nodes[dv_node].inputs[0];
 	p->l = g->nodes[dv_node].inputs[1];
 	ex_node = producer(g, p->e, AP_OP_EXP);
+	if ((lm = max_with(g, p->l, 1.0)) >= 0) {
+		p->safe = true;
+		p->l = lm;
+	}
 	rs_node = producer(g, p->l, AP_OP_REDUCE_SUM);
 	sub_node = ex_node >= 0 ? producer(g, g->nodes[ex_node].inputs[0], AP_OP_SUB) : -1;
 	if (ex_node < 0 || rs_node < 0 || sub_node < 0) {
@@ -151,13 +185,26 @@ static int match_softmax(const ap_graph *g, att_plan *p, char *why, size_t cap)
 		return 0;
 	}
 	p->s = g->nodes[sub_node].inputs[0];
-	p->m = g->nodes[sub_node].inputs[1];
+	msub = p->m = g->nodes[sub_node].inputs[1];
+	if (p->safe) {
+		const ap_tensor *st = &g->tensors[p->s];
+
+		p->m = max_with(g, msub, lowest_finite(st->dtype));
+		if (p->m < 0) {
+			snprintf(why, cap, "a sum clamped to 1 without the max clamped to the lowest value");
+			return 0;
+		}
+	}
 	if (g->nodes[rs_node].inputs[0] != p->e) {
 		/* the partitioner may have recomputed exp(S - max) for the sum */
 		int e2 = producer(g, g->nodes[rs_node].inputs[0], AP_OP_EXP);
 		int s2 = e2 >= 0 ? producer(g, g->nodes[e2].inputs[0], AP_OP_SUB) : -1;
 
-		if (s2 < 0 || g->nodes[s2].inputs[0] != p->s || g->nodes[s2].inputs[1] != p->m) {
+		int ms2 = s2 >= 0 ? g->nodes[s2].inputs[1] : -1;
+
+		/* (the safe form's clamped max may be recomputed with it) */
+		if (s2 < 0 || g->nodes[s2].inputs[0] != p->s ||
+		    (ms2 != msub && (!p->safe || max_with(g, ms2, lowest_finite(g->tensors[p->s].dtype)) != p->m))) {
 			snprintf(why, cap, "the sum is not of exp(S - max)");
 			return 0;
 		}
@@ -512,6 +559,15 @@ typedef struct actx {
 	ap_kir_expr *mval, *lval;       /* leaf hook: the row's max and sum (accumulator type) */
 	ap_kir_expr *out;               /* leaf hook: O's value */
 } actx;
+
+/* What the output accumulator of a row is divided by: its sum l, or in
+ * the safe form Max(l, 1) -- l itself wherever a score is finite (the
+ * largest adds exp(0) = 1), 1 for a row of -inf scores, whose
+ * accumulator stayed 0. */
+static ap_kir_expr *divisor(actx *c, ap_kir_expr *l)
+{
+	return c->p->safe ? ap_v_max(c->v, l, ap_kir_float(c->k, l->type, 1.0)) : l;
+}
 
 static ap_kir_expr *att_leaf(ap_vctx *v, int t, ap_lidx *ix, void *user)
 {
@@ -868,7 +924,7 @@ static void simt_store(att_simt *s)
 
 	ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, s->valid, ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, p->Dv))), &s2, NULL);
 	c->out = ap_kir_bind(k, v->cur, s->A, "o", ap_kir_binary(k, AP_KIR_DIV, ap_kir_load(k, s->acc, ap_kir_ref(k, i)),
-								  ap_kir_ref(k, s->lrun)));
+								  divisor(c, ap_kir_ref(k, s->lrun))));
 	ap__epilogue_store(v, p->maps, idx2(c, p->o, s->rowc, col));
 	c->out = NULL;
 	ap_v_close(v, s2);
@@ -1418,7 +1474,7 @@ static void tc_store(att_tc *s)
 		c->out = ap_kir_bind(k, v->cur, s->A, "o",
 				     ap_kir_binary(k, AP_KIR_DIV,
 						   ap_kir_load(k, s->oacc, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, no), 4), e)),
-						   ap_kir_ref(k, s->lrun[e >> 1])));
+						   divisor(c, ap_kir_ref(k, s->lrun[e >> 1]))));
 		ap__epilogue_store(v, p->maps, idx2(c, p->o, row, col));
 		c->out = NULL;
 		ap_v_close(v, s2);

@@ -619,10 +619,28 @@ static int masked_out(ex *e, int cond, int s)
 	return add_node(e, AP_OP_WHERE, 3, w, o) < 0 ? -1 : o;
 }
 
+/* The lowest finite value of float type dt. */
+static double lowest_finite(ap_dtype dt)
+{
+	switch (dt) {
+	case AP_DT_F16: return -65504.0;
+	case AP_DT_BF16: return -3.3895313892515355e38;
+	case AP_DT_F32: return -3.4028234663852886e38;
+	default: return -1.7976931348623157e308;
+	}
+}
+
 /* Attention (ops.def): KT = Transpose(K'); S = MatMul(Q, KT) * scale;
  * S = Where(mask, S, -inf) or S + mask; S = Where(causal, S, -inf);
  * softmax as expand_softmax (m, E, l, P); Y = MatMul(P, V');
- * LogSumExp = Reshape(Cast(m) + Log(Cast(l))) -- K' and V' are K and V
+ * LogSumExp = Reshape(Cast(m) + Log(Cast(l))).  With safe_softmax (the
+ * default), a row whose scores are all -inf gives P = 0 (ONNX's
+ * reference, PyTorch's _safe_softmax):
+ * m = Max(ReduceMax(S), lowest finite) -- so E = Exp(-inf - lowest) = 0
+ * -- and the sum divided by and logged is Max(l, 1), which is l on every
+ * other row (its largest score adds exp(0) = 1); such a row's
+ * LogSumExp is the lowest finite value, from which AttentionGrad
+ * recomputes P = 0.  K' and V' are K and V
  * read by every query head of their group (kv_heads).  Layer II stitches
  * the products and the softmax into one attention kernel
  * (server/lower/attention.c), which writes the LogSumExp from its row
@@ -634,6 +652,7 @@ static void expand_attention(ex *e, const ap_node *node)
 	ap_dtype dt = T(e, q)->dtype, acc = dt == AP_DT_F16 || dt == AP_DT_BF16 ? AP_DT_F32 : dt;
 	int64_t H = T(e, q)->dims[r - 3], L = T(e, q)->dims[r - 2], S = T(e, k)->dims[r - 2];
 	int64_t sd[AP_MAX_RANK], axis = r - 1;
+	bool safe = ap_node_int(node, "safe_softmax", 1) != 0;
 	int kt, s, m, d, ee, l, p, in[2];
 
 	k = kv_heads(e, k, H);
@@ -657,9 +676,13 @@ static void expand_attention(ex *e, const ap_node *node)
 	if (ap_node_int(node, "is_causal", 0))
 		s = masked_out(e, causal_cond(e, L, S), s);
 	m = reduce(e, AP_OP_REDUCE_MAX, s, &axis, 1, 1, -1);
+	if (safe)
+		m = binary(e, AP_OP_MAX, m, scalar_const(e, dt, lowest_finite(dt)), -1);
 	d = binary(e, AP_OP_SUB, s, m, -1);
 	ee = unary(e, AP_OP_EXP, d, -1);
 	l = reduce(e, AP_OP_REDUCE_SUM, ee, &axis, 1, 1, -1);
+	if (safe)
+		l = binary(e, AP_OP_MAX, l, scalar_const(e, dt, 1.0), -1);
 	p = binary(e, AP_OP_DIV, ee, l, -1);
 	in[0] = p;
 	in[1] = v;
