@@ -786,10 +786,9 @@ def _sdpa(c, n):
     dt = apollo_dtype(outs[0].dtype)
     scale, causal, mask = _sdpa_attrs(c, a, dt)
     ins = [c.t(a[k], dt) for k in ("query", "key", "value")] + ([mask] if mask is not None else [])
-    # safe_softmax (Attention's default, said here): a row whose scores
-    # are all masked gives 0, as PyTorch's attention does (_safe_softmax)
-    made = c.g.node("Attention", ins, {"scale": scale, "is_causal": causal, "safe_softmax": 1},
-                    n_outputs=len(outs[:2]))
+    # (Attention's safe_softmax default: a row whose scores are all masked
+    # gives 0, as PyTorch's attention does -- its _safe_softmax)
+    made = c.g.node("Attention", ins, {"scale": scale, "is_causal": causal}, n_outputs=len(outs[:2]))
     if len(outs) == 1:
         return made[0]
     rest = [_Unread(x) if isinstance(x, torch.Tensor) else x for x in outs[2:]]
