@@ -23,7 +23,10 @@
  *   - integer operators folded and run; the visitor's order; two kernels
  *     stitched into one launch by ap_kir_clone_into, equal bit for bit to
  *     the two run apart; the verifier, one good and one bad kernel a rule.
- * CUDA text is compiled with NVRTC for compute_80 where it loads (PTX
+ *   - wgmma (sm_90a): two warpgroups' m64nNk16 products from shared
+ *     operands laid out K- and MN-major with gaps between core matrices,
+ *     vs float64;
+ * CUDA text is compiled with NVRTC for compute_80 (wgmma: sm_90a) where it loads (PTX
  * checked for shfl.sync, ld/st .v4.f32), else the test says it skipped.
  */
 #include <check.h>
@@ -2305,6 +2308,195 @@ END_TEST
 START_TEST(mma_tf32) { run_mma(AP_KIR_MMA_TF32_1688, false); }
 END_TEST
 
+/* ---- wgmma (sm_90a) ---------------------------------------------------- */
+
+/* Byte offset of element (r, k) -- r along M or N, k along K -- of a
+ * wgmma operand laid out without swizzling, written as the test's own
+ * walk over core matrices (8 x 16 bytes): core (r / 8, k / 8) of a
+ * K-major operand, (r / 8, k / 8) of an MN-major one whose rows run along
+ * K; each core matrix's place from its coordinates and the two byte
+ * offsets, then the element's place inside it. */
+static size_t wg_test_place(bool mn, int lbo, int sbo, int r, int k)
+{
+	int core_r = r / 8, core_k = k / 8, in_r = r % 8, in_k = k % 8;
+	size_t core = (size_t)core_r * sbo + (size_t)core_k * lbo;
+
+	/* K-major: 8 rows of r, each 8 consecutive k; MN-major: 8 rows of k,
+	 * each 8 consecutive r */
+	return core + (mn ? (size_t)in_k * 16 + (size_t)in_r * 2 : (size_t)in_r * 16 + (size_t)in_k * 2);
+}
+
+/* Two warpgroups (256 threads), each D(64 x N) = C + A_w B with its own 64
+ * rows of A (128 x 16) and one B (16 x N), in float16 or bfloat16: the
+ * operands' bytes placed in global memory as the test lays them out
+ * (gaps between core matrices filled with NaN), copied as they are into
+ * shared memory, fenced for the async proxy, then one wgmma per
+ * warpgroup; each thread stores its accumulators at the (row, column) of
+ * the ISA's fragment figure; compared with a float64 reference.  The
+ * CUDA text is compiled for sm_90a by NVRTC (PTX checked for wgmma). */
+static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N)
+{
+	ap_dtype T = kind == AP_KIR_WGMMA_F16 ? AP_DT_F16 : AP_DT_BF16;
+	ap_kir_wg_layout la = {a_mn, a_mn ? 16 * 128 + 64 : 128, a_mn ? 128 : 384};
+	ap_kir_wg_layout lb = {b_mn, b_mn ? (N / 8) * 128 + 32 : 128, b_mn ? 128 : 256 + 16 * (N / 8)};
+	size_t a_bytes = 0, b_bytes = 0;
+	ap_kir_kernel *k = ap_kir_kernel_new("k_wgmma");
+	ap_kir_array *gD, *gA, *gB, *gC, *sA, *sB, *acc;
+	ap_kir_expr *t, *w, *l, *g, *q, *idx;
+	ap_kir_var *i;
+	ap_kir_stmt *loop;
+	uint16_t *ha, *hb;
+	float *cv, *dv, a32[128][16], b32[16][256];
+	void *args[4], *h;
+	char *host, *cuda, *ptx;
+	host_fn f;
+
+	for (int r = 0; r < 128; r++)
+		for (int kk = 0; kk < 16; kk++) {
+			size_t e = wg_test_place(a_mn, la.lbo, la.sbo, r, kk) + 2;
+
+			a_bytes = e > a_bytes ? e : a_bytes;
+		}
+	for (int n = 0; n < N; n++)
+		for (int kk = 0; kk < 16; kk++) {
+			size_t e = wg_test_place(b_mn, lb.lbo, lb.sbo, n, kk) + 2;
+
+			b_bytes = e > b_bytes ? e : b_bytes;
+		}
+	a_bytes = (a_bytes + 15) / 16 * 16;
+	b_bytes = (b_bytes + 15) / 16 * 16;
+	ha = malloc(a_bytes);
+	hb = malloc(b_bytes);
+	cv = malloc(sizeof(float) * 128 * N);
+	dv = calloc(128 * (size_t)N, sizeof(float));
+	ck_assert(ha && hb && cv && dv);
+	for (size_t x = 0; x < a_bytes / 2; x++)
+		ha[x] = 0x7e00;   /* NaN in both types' top bits: a read of a gap shows */
+	for (size_t x = 0; x < b_bytes / 2; x++)
+		hb[x] = 0x7fc0;
+	srand(11 + N + 2 * a_mn + b_mn);
+	for (int r = 0; r < 128; r++)
+		for (int kk = 0; kk < 16; kk++) {
+			float v = (float)(rand() % 17 - 8) / 4;
+
+			a32[r][kk] = v;
+			ha[wg_test_place(a_mn, la.lbo, la.sbo, r, kk) / 2] =
+				T == AP_DT_BF16 ? ap_kir_f32_to_bf16(v) : ap_kir_f32_to_f16(v);
+		}
+	for (int kk = 0; kk < 16; kk++)
+		for (int n = 0; n < N; n++) {
+			float v = (float)(rand() % 13 - 6) / 8;
+
+			b32[kk][n] = v;
+			hb[wg_test_place(b_mn, lb.lbo, lb.sbo, n, kk) / 2] =
+				T == AP_DT_BF16 ? ap_kir_f32_to_bf16(v) : ap_kir_f32_to_f16(v);
+		}
+	for (int x = 0; x < 128 * N; x++)
+		cv[x] = (float)(rand() % 9 - 4) / 2;
+
+	k->block[0] = 256;
+	gD = ap_kir_param(k, "D", AP_DT_F32, true, -1);
+	gA = ap_kir_param(k, "A", T, false, -1);
+	gB = ap_kir_param(k, "B", T, false, -1);
+	gC = ap_kir_param(k, "C", AP_DT_F32, false, -1);
+	sA = ap_kir_shared_dyn(k, "sA", T, (int64_t)a_bytes / 2);
+	sB = ap_kir_shared_dyn(k, "sB", T, (int64_t)b_bytes / 2);
+	acc = ap_kir_local(k, "acc", AP_DT_F32, N / 2);
+	t = ap_kir_index_of(k, AP_KIR_THREAD_X);
+	for (int op = 0; op < 2; op++) {
+		i = ap_kir_var_new(k, k->index_type, "i");
+		loop = ap_kir_for(k, &k->body, i, t, ap_kir_idx(k, (int64_t)(op ? b_bytes : a_bytes) / 2), 256);
+		ap_kir_store(k, &loop->body, op ? sB : sA, ap_kir_ref(k, i),
+			     ap_kir_load(k, op ? gB : gA, ap_kir_ref(k, i)));
+	}
+	ap_kir_fence_proxy_async(k, &k->body);
+	ap_kir_barrier(k, &k->body);
+	/* the ISA's D figure: warp w of the warpgroup, lane l: element e at row
+	 * 16 (w % 4) + l / 4 (+ 8 for e % 4 >= 2), column 8 (e / 4) + 2 (l % 4) + e % 2 */
+	w = ap_kir_binary(k, AP_KIR_SHR, t, ap_kir_idx(k, 5));
+	l = ap_kir_binary(k, AP_KIR_AND, t, ap_kir_idx(k, 31));
+	g = ap_kir_add(k, ap_kir_muli(k, w, 16), ap_kir_binary(k, AP_KIR_SHR, l, ap_kir_idx(k, 2)));
+	q = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_AND, l, ap_kir_idx(k, 3)), 2);
+	for (int e = 0; e < N / 2; e++) {
+		idx = ap_kir_add(k, ap_kir_muli(k, ap_kir_addi(k, g, e % 4 >= 2 ? 8 : 0), N),
+				 ap_kir_addi(k, q, 8 * (e / 4) + e % 2));
+		ap_kir_store(k, &k->body, acc, ap_kir_idx(k, e), ap_kir_load(k, gC, idx));
+	}
+	ap_kir_wgmma_fence(k, &k->body, acc);
+	/* warpgroup v = t / 128: A's rows 64 v .. (a core-matrix row group's start) */
+	{
+		ap_kir_expr *v = ap_kir_binary(k, AP_KIR_SHR, t, ap_kir_idx(k, 7));
+		ap_kir_expr *a0 = ap_kir_muli(k, v, 8 * (int64_t)la.sbo / 2);   /* 8 core rows on */
+
+		ap_kir_wgmma(k, &k->body, kind, N, acc, ap_kir_idx(k, 0), sA, a0, la, sB, ap_kir_idx(k, 0), lb);
+	}
+	ap_kir_wgmma_commit(k, &k->body);
+	ap_kir_wgmma_wait(k, &k->body, 0, acc);
+	for (int e = 0; e < N / 2; e++) {
+		idx = ap_kir_add(k, ap_kir_muli(k, ap_kir_addi(k, g, e % 4 >= 2 ? 8 : 0), N),
+				 ap_kir_addi(k, q, 8 * (e / 4) + e % 2));
+		ap_kir_store(k, &k->body, gD, idx, ap_kir_load(k, acc, ap_kir_idx(k, e)));
+	}
+	f = print_and_load(k, &host, &cuda, &h);
+	ck_assert_ptr_nonnull(strstr(cuda, "wgmma.mma_async.sync.aligned"));
+	ck_assert_ptr_nonnull(strstr(cuda, "fence.proxy.async.shared::cta"));
+	args[0] = dv;
+	args[1] = ha;
+	args[2] = hb;
+	args[3] = cv;
+	f(args, 0, 1);
+	for (int r = 0; r < 128; r++)
+		for (int n = 0; n < N; n++) {
+			double ref = cv[r * N + n];
+
+			for (int kk = 0; kk < 16; kk++)
+				ref += (double)a32[r][kk] * b32[kk][n];
+			ck_assert_msg(fabs(dv[r * N + n] - ref) <= 1e-5 * (fabs(ref) + 1),
+				      "wgmma n%d A %s B %s: D[%d][%d] = %.9g, want %.9g", N, a_mn ? "MN" : "K",
+				      b_mn ? "MN" : "K", r, n, (double)dv[r * N + n], ref);
+		}
+	{
+		uint8_t *out = NULL;
+		size_t len = 0;
+		ap_error err;
+
+		if (ap_nvrtc_load(&err) != 0 || !ap_nvrtc_include_dir()) {
+			AP_SKIP("nvrtc", "SKIP NVRTC compile of k_wgmma: NVRTC or cuda_fp16.h missing");
+		} else {
+			if (ap_nvrtc_compile(cuda, k->name, "sm_90a", false, &out, &len, &err) != 0)
+				fprintf(stderr, "NVRTC failed on k_wgmma: %s\n%s\n", err.msg, cuda);
+			ck_assert_ptr_nonnull(out);
+			ptx = (char *)out;
+			ck_assert_ptr_nonnull(strstr(ptx, "wgmma.mma_async.sync.aligned.m64n"));
+			ck_assert_ptr_nonnull(strstr(ptx, "wgmma.wait_group.sync.aligned"));
+			free(ptx);
+		}
+	}
+	free(host);
+	free(cuda);
+	free(ha);
+	free(hb);
+	free(cv);
+	free(dv);
+	dlclose(h);
+	ap_kir_kernel_free(k);
+}
+
+START_TEST(wgmma_f16)
+{
+	run_wgmma(AP_KIR_WGMMA_F16, false, true, 64);
+	run_wgmma(AP_KIR_WGMMA_F16, false, false, 8);
+	run_wgmma(AP_KIR_WGMMA_F16, true, true, 256);
+}
+END_TEST
+
+START_TEST(wgmma_bf16)
+{
+	run_wgmma(AP_KIR_WGMMA_BF16, true, false, 128);
+	run_wgmma(AP_KIR_WGMMA_BF16, false, true, 24);
+}
+END_TEST
+
 /* TF32 rounding against a reference written from the definition: the
  * value of the 10-bit mantissa nearest to x, ties away from zero. */
 START_TEST(tf32_rounding)
@@ -2514,6 +2706,8 @@ static Suite *kir_suite(void)
 	tcase_add_test(tc, mma_f16);
 	tcase_add_test(tc, mma_bf16);
 	tcase_add_test(tc, mma_tf32);
+	tcase_add_test(tc, wgmma_f16);
+	tcase_add_test(tc, wgmma_bf16);
 	tcase_add_test(tc, tf32_rounding);
 	tcase_add_test(tc, cp_async_zero_fill);
 	tcase_add_test(tc, matrix_rules);

@@ -288,16 +288,26 @@ static void clone_stmt(cloner *c, ap_kir_block *into, const ap_kir_stmt *s)
 		n->trans = s->trans;
 		break;
 	case AP_KIR_S_MMA:
+	case AP_KIR_S_WGMMA:
 		n->mma = s->mma;
+		n->width = s->width;
+		n->wg[0] = s->wg[0];
+		n->wg[1] = s->wg[1];
 		for (int i = 0; i < 4; i++) {
-			n->frag[i] = map_array(c, s->frag[i]);
-			n->frag_off[i] = clone_expr(c, s->frag_off[i]);
+			n->frag[i] = s->frag[i] ? map_array(c, s->frag[i]) : NULL;
+			n->frag_off[i] = s->frag_off[i] ? clone_expr(c, s->frag_off[i]) : NULL;
 		}
+		break;
+	case AP_KIR_S_WGMMA_FENCE:
+	case AP_KIR_S_WGMMA_WAIT:
+		n->frag[0] = map_array(c, s->frag[0]);
 		break;
 	case AP_KIR_S_BARRIER:
 	case AP_KIR_S_CLUSTER_BARRIER:
 	case AP_KIR_S_CP_COMMIT:
 	case AP_KIR_S_CP_WAIT:
+	case AP_KIR_S_WGMMA_COMMIT:
+	case AP_KIR_S_FENCE_ASYNC:
 		break;
 	}
 }

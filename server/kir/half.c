@@ -142,6 +142,37 @@ const char ap__kir_host_tf32_src[] =
 	"\treturn c.f;\n"
 	"}\n";
 
+/* The wgmma matrix descriptor (PTX ISA, "Matrix Descriptor Format"):
+ * bits 0-13 the start address, 16-29 the leading dimension byte offset,
+ * 32-45 the stride dimension byte offset, each encoded (x & 0x3FFFF) >> 4;
+ * bits 62-63 the swizzling mode (0: none, the only one Apollo emits).
+ * ap_wg_addr decodes one and gives the byte address of element (r, k) --
+ * r along M (A) or N (B), k along K -- by the ISA's canonical layouts
+ * without swizzling, T = 16 / es elements in 16 bytes:
+ *   K-major  ((8,m),(T,2k)):((1T,SBO),(1,LBO)):
+ *     (r % 8) 16 + (r / 8) SBO + (k % T) es + (k / T) LBO;
+ *   MN-major ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)):
+ *     (r % T) es + (r / T) SBO + (k % 8) 16 + (k / 8) LBO.
+ * On the host the start address is the byte offset into the operand's
+ * shared array. */
+const char ap__kir_host_wgmma_src[] =
+	"static inline unsigned long long ap_wg_desc(unsigned long long a, unsigned lbo, unsigned sbo)\n"
+	"{\n"
+	"\treturn ((a & 0x3FFFFull) >> 4) | ((unsigned long long)((lbo & 0x3FFFFu) >> 4) << 16) |\n"
+	"\t       ((unsigned long long)((sbo & 0x3FFFFu) >> 4) << 32);\n"
+	"}\n"
+	"static inline unsigned long long ap_wg_addr(unsigned long long d, int mn_major, unsigned r, "
+	"unsigned k, unsigned es)\n"
+	"{\n"
+	"\tconst unsigned long long start = (d & 0x3FFFull) << 4, lbo = ((d >> 16) & 0x3FFFull) << 4,\n"
+	"\t\t\t\t sbo = ((d >> 32) & 0x3FFFull) << 4;\n"
+	"\tconst unsigned T = 16u / es;\n"
+	"\n"
+	"\tif (!mn_major)\n"
+	"\t\treturn start + (r % 8u) * 16u + (r / 8u) * sbo + (k % T) * es + (k / T) * lbo;\n"
+	"\treturn start + (r % T) * es + (r / T) * sbo + (k % 8u) * 16u + (k / 8u) * lbo;\n"
+	"}\n";
+
 bool ap_kir_is_float_type(ap_dtype t)
 {
 	return t == AP_DT_F32 || t == AP_DT_F64 || t == AP_DT_F16 || t == AP_DT_BF16;

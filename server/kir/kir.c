@@ -1039,6 +1039,81 @@ ap_kir_stmt *ap_kir_mma(ap_kir_kernel *k, ap_kir_block *b, ap_kir_mma_kind kind,
 	return s;
 }
 
+/* A wgmma layout the ISA allows: 16-byte multiples below 2^18. */
+static bool wg_layout_ok(ap_kir_wg_layout l)
+{
+	return l.lbo >= 16 && l.sbo >= 16 && l.lbo % 16 == 0 && l.sbo % 16 == 0 && l.lbo < (1 << 18) &&
+	       l.sbo < (1 << 18);
+}
+
+ap_kir_stmt *ap_kir_wgmma(ap_kir_kernel *k, ap_kir_block *b, ap_kir_wgmma_kind kind, int n,
+			  ap_kir_array *d, ap_kir_expr *d_off, ap_kir_array *a, ap_kir_expr *a_start,
+			  ap_kir_wg_layout la, ap_kir_array *bb, ap_kir_expr *b_start,
+			  ap_kir_wg_layout lb)
+{
+	ap_dtype in = kind == AP_KIR_WGMMA_F16 ? AP_DT_F16 : AP_DT_BF16;
+	ap_kir_stmt *s;
+
+	if ((unsigned)kind > AP_KIR_WGMMA_BF16 || n < 8 || n > 256 || n % 8 || !d || !d_off || !a ||
+	    !a_start || !bb || !b_start || d->space != AP_KIR_LOCAL || d->type != AP_DT_F32 ||
+	    !is_shared_space(a->space) || !is_shared_space(bb->space) || a->type != in || bb->type != in ||
+	    !is_int_type(d_off->type) || !is_int_type(a_start->type) || !is_int_type(b_start->type) ||
+	    !wg_layout_ok(la) || !wg_layout_ok(lb))
+		return fail(k);
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_WGMMA);
+	if (s) {
+		s->mma = kind;
+		s->width = n;
+		s->frag[0] = d;
+		s->frag[1] = a;
+		s->frag[2] = bb;
+		s->frag_off[0] = d_off;
+		s->frag_off[1] = a_start;
+		s->frag_off[2] = b_start;
+		s->wg[0] = la;
+		s->wg[1] = lb;
+	}
+	return s;
+}
+
+/* wgmma.fence / wait_group: acc a float32 register array (or NULL for
+ * the commit). */
+static ap_kir_stmt *wg_sync(ap_kir_kernel *k, ap_kir_block *b, ap_kir_stmt_kind kind, int n,
+			    ap_kir_array *acc)
+{
+	ap_kir_stmt *s;
+
+	if (n < 0 || (kind != AP_KIR_S_WGMMA_COMMIT && (!acc || acc->space != AP_KIR_LOCAL ||
+							 acc->type != AP_DT_F32)))
+		return fail(k);
+	s = ap__kir_stmt_append(k, b, kind);
+	if (s) {
+		s->step = n;
+		s->frag[0] = acc;
+	}
+	return s;
+}
+
+ap_kir_stmt *ap_kir_wgmma_fence(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *acc)
+{
+	return wg_sync(k, b, AP_KIR_S_WGMMA_FENCE, 0, acc);
+}
+
+ap_kir_stmt *ap_kir_wgmma_commit(ap_kir_kernel *k, ap_kir_block *b)
+{
+	return wg_sync(k, b, AP_KIR_S_WGMMA_COMMIT, 0, NULL);
+}
+
+ap_kir_stmt *ap_kir_wgmma_wait(ap_kir_kernel *k, ap_kir_block *b, int n, ap_kir_array *acc)
+{
+	return wg_sync(k, b, AP_KIR_S_WGMMA_WAIT, n, acc);
+}
+
+ap_kir_stmt *ap_kir_fence_proxy_async(ap_kir_kernel *k, ap_kir_block *b)
+{
+	return ap__kir_stmt_append(k, b, AP_KIR_S_FENCE_ASYNC);
+}
+
 ap_kir_stmt *ap_kir_comment(ap_kir_kernel *k, ap_kir_block *b, const char *fmt, ...)
 {
 	char buf[256];

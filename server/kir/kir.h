@@ -193,6 +193,11 @@ typedef enum ap_kir_stmt_kind {
 				     arrive.release + wait.acquire): shared memory
 				     written before it is visible to the
 				     cluster's blocks after it */
+	AP_KIR_S_WGMMA,    /* warpgroup: wgmma.mma_async (ap_kir_wgmma) */
+	AP_KIR_S_WGMMA_FENCE,  /* warpgroup: wgmma.fence (registers of arr) */
+	AP_KIR_S_WGMMA_COMMIT, /* warpgroup: wgmma.commit_group */
+	AP_KIR_S_WGMMA_WAIT,   /* warpgroup: wgmma.wait_group step (registers of arr) */
+	AP_KIR_S_FENCE_ASYNC,  /* fence.proxy.async.shared::cta */
 } ap_kir_stmt_kind;
 
 /* The warp-level matrix multiply-accumulates of PTX (ISA, "Warp-level
@@ -212,6 +217,35 @@ typedef enum ap_kir_mma_kind {
 	AP_KIR_MMA_BF16_16816 = 1,
 	AP_KIR_MMA_TF32_1688 = 2,
 } ap_kir_mma_kind;
+
+/* The warpgroup-level matrix multiply-accumulates of PTX (ISA 8.0+,
+ * sm_90a; "Asynchronous Warpgroup Level Matrix Multiply-Accumulate
+ * Instructions"), D = A * B + D of shape m64nNk16 with A and B in shared
+ * memory, each described by a matrix descriptor, and D float32 in the
+ * registers of the warpgroup's 128 threads (4 consecutive warps, the
+ * first a multiple of 4): warp w (of the warpgroup), lane l (g = l / 4,
+ * t = l % 4) holds N / 2 elements, element i at row 16 w + g + 8 ((i / 2)
+ * % 2), column 8 (i / 4) + 2 t + i % 2 (ISA figure "WGMMA .m64nNk16
+ * register fragment layout for accumulator matrix D"). */
+typedef enum ap_kir_wgmma_kind {
+	AP_KIR_WGMMA_F16 = 0,      /* .f32.f16.f16 */
+	AP_KIR_WGMMA_BF16 = 1,     /* .f32.bf16.bf16 */
+} ap_kir_wgmma_kind;
+
+/* Where a wgmma operand lies in shared memory, no swizzling (PTX ISA,
+ * "Shared Memory Matrix Layout", its canonical layouts in CuTe's
+ * notation with T = 16 bytes / element size):
+ *   K-major (imm-trans 0):  ((8,m),(T,2k)) : ((1T,SBO),(1,LBO)) -- core
+ *     matrices of 8 rows (M or N) of 16 bytes (T elements along K), the
+ *     next 8 rows SBO bytes on, the next T elements of K LBO bytes on;
+ *   MN-major (imm-trans 1): ((T,1,m),(8,k)) : ((1,T,SBO),(1T,LBO)) --
+ *     core matrices of 8 rows (K) of 16 bytes (T elements along M or
+ *     N), the next T of M or N SBO bytes on, the next 8 of K LBO on.
+ * lbo and sbo are bytes, multiples of 16, below 2^18. */
+typedef struct ap_kir_wg_layout {
+	bool mn_major;
+	int lbo, sbo;
+} ap_kir_wg_layout;
 
 /* The four warp shuffles of the CUDA C Programming Guide ("Warp Shuffle
  * Functions"): the `lane` operand is laneMask, delta, delta and srcLane. */
@@ -254,8 +288,13 @@ struct ap_kir_stmt {
 				     lane's row (first element) */
 	bool trans;               /* LDMATRIX: .trans */
 	int mma;                  /* MMA: an ap_kir_mma_kind */
-	ap_kir_array *frag[4];    /* MMA: D, A, B, C (LOCAL arrays) */
-	ap_kir_expr *frag_off[4]; /* MMA: first element of each fragment */
+	ap_kir_array *frag[4];    /* MMA: D, A, B, C (LOCAL arrays); WGMMA: D, A, B
+				     (A, B shared); WGMMA_FENCE / _WAIT: frag[0]
+				     the accumulators (whole array) */
+	ap_kir_expr *frag_off[4]; /* MMA: first element of each fragment; WGMMA:
+				     D's first element, A's and B's first (the
+				     descriptors' start addresses) */
+	ap_kir_wg_layout wg[2];   /* WGMMA: A's and B's layouts (width: N) */
 };
 
 typedef struct ap_kir_arena ap_kir_arena;
@@ -518,6 +557,39 @@ ap_kir_stmt *ap_kir_ldmatrix(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *ds
 ap_kir_stmt *ap_kir_mma(ap_kir_kernel *k, ap_kir_block *b, ap_kir_mma_kind kind,
 			ap_kir_array *d, ap_kir_expr *d_off, ap_kir_array *a, ap_kir_expr *a_off,
 			ap_kir_array *bb, ap_kir_expr *b_off, ap_kir_array *c, ap_kir_expr *c_off);
+/* Warpgroup-collective D = A * B + D, wgmma.mma_async.sync.aligned.
+ * m64nNk16.f32.{f16,bf16} (ap_kir_wgmma_kind): D is the LOCAL float32
+ * array d from element d_off (N / 2 of a thread, in the layout of
+ * ap_kir_wgmma_kind's comment); A (64 x 16) starts at element a_start of
+ * the shared array a and lies as layout la says, B (16 x N) at b_start
+ * of bb as lb says (ap_kir_wg_layout; each start 16-byte aligned).  N is
+ * a multiple of 8 in [8, 256].  Every thread of every warpgroup of the
+ * block takes part (block-uniform control flow, blocks of whole
+ * warpgroups); the start expressions may differ between warpgroups and
+ * must not within one.  Asynchronous: the product is in D after a
+ * wgmma_wait that covers its commit group, and the shared tiles may not
+ * be written before then; shared memory written by ordinary stores or
+ * cp.async before it must be fenced (ap_kir_fence_proxy_async) by each
+ * writing thread, then a barrier.  The host computes at once (products
+ * exact in float32, summed in order of k after D), reading A and B
+ * through the descriptors it encodes, as the ISA defines them.  Fails on
+ * a NULL operand, a bad kind or N, spaces or types, or a bad layout. */
+ap_kir_stmt *ap_kir_wgmma(ap_kir_kernel *k, ap_kir_block *b, ap_kir_wgmma_kind kind, int n,
+			  ap_kir_array *d, ap_kir_expr *d_off, ap_kir_array *a, ap_kir_expr *a_start,
+			  ap_kir_wg_layout la, ap_kir_array *bb, ap_kir_expr *b_start,
+			  ap_kir_wg_layout lb);
+/* wgmma.fence.sync.aligned before the first wgmma that touches the
+ * accumulators `acc` (their registers fenced too); wgmma.commit_group;
+ * wgmma.wait_group n (n >= 0) then `acc`'s registers fenced, so no read
+ * of them moves above it.  Warpgroup-collective, block-uniform. */
+ap_kir_stmt *ap_kir_wgmma_fence(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *acc);
+ap_kir_stmt *ap_kir_wgmma_commit(ap_kir_kernel *k, ap_kir_block *b);
+ap_kir_stmt *ap_kir_wgmma_wait(ap_kir_kernel *k, ap_kir_block *b, int n, ap_kir_array *acc);
+/* fence.proxy.async.shared::cta: the thread's shared-memory writes so far
+ * are visible to the async proxy (wgmma's operand reads) after the next
+ * barrier.  The host: nothing to do. */
+ap_kir_stmt *ap_kir_fence_proxy_async(ap_kir_kernel *k, ap_kir_block *b);
+
 /* Elements per lane of the fragments of `kind`: A, B and C/D. */
 void ap_kir_mma_frag_sizes(ap_kir_mma_kind kind, int *a, int *b, int *c);
 ap_kir_stmt *ap_kir_comment(ap_kir_kernel *k, ap_kir_block *b, const char *fmt, ...)
@@ -653,7 +725,10 @@ typedef struct ap_kir_limits {
  *             an ldmatrix without a shared source or of another count
  *             than 1, 2, 4; an mma kind out of range;
  *   warp      ldmatrix or mma in a block that is not whole warps (they
- *             also count as collectives for the uniform rule).
+ *             also count as collectives for the uniform rule);
+ *   warpgroup wgmma and its fence, commit and wait in a block that is not
+ *             whole warpgroups (128 threads), or under thread-dependent
+ *             control flow; a wgmma N or layout out of range.
  * Also AP_ENOMEM (out of memory) and AP_EINTERNAL for a kernel whose
  * construction failed. */
 int ap_kir_verify(const ap_kir_kernel *k, const ap_kir_limits *lim, ap_error *err);

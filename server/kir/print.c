@@ -127,6 +127,7 @@ typedef struct printer {
 	uint32_t shfl_types;         /* host: 1 << dtype of every shuffled type */
 	bool uses_tf32;              /* the TF32 rounding function */
 	bool uses_ldmatrix, uses_mma;
+	int wgmma_n;                 /* the widest wgmma's N (0: none) */
 	unsigned char *promoted;     /* host, per array id: inside the current thread loop,
 					the thread's slice of this register array is a
 					local copy (see print_phase) */
@@ -661,6 +662,7 @@ static bool stmt_has_collective(const ap_kir_stmt *s)
 	case AP_KIR_S_SHFL:
 	case AP_KIR_S_LDMATRIX:
 	case AP_KIR_S_MMA:
+	case AP_KIR_S_WGMMA:
 		return true;
 	case AP_KIR_S_FOR:
 		return block_has_collective(&s->body);
@@ -1125,6 +1127,96 @@ static void print_mma_cuda(printer *p, const ap_kir_stmt *s, int depth)
 	sb_printf(b, ");\n");
 }
 
+/* The accumulators' registers fenced (CUTLASS's idea): an empty asm that
+ * reads and writes each, so no access moves across the wgmma fence or
+ * wait beside it. */
+static void print_wg_operand_fence(printer *p, const ap_kir_array *acc, int depth)
+{
+	sbuf *b = &p->out;
+
+	for (int64_t i = 0; i < acc->size; i++) {
+		sb_indent(b, depth);
+		sb_printf(b, "asm volatile(\"\" : \"+f\"(%s[%lld]) :: \"memory\");\n", acc->name, (long long)i);
+	}
+}
+
+/* wgmma.mma_async (ap_kir_wgmma): the two descriptors, then D's N / 2
+ * registers in and out, scale-d 1 (D accumulates), A and B unscaled and
+ * transposed as their layouts are MN-major. */
+static void print_wgmma_cuda(printer *p, const ap_kir_stmt *s, int depth)
+{
+	static const char *const ty[] = {"f16", "bf16"};
+	sbuf *b = &p->out;
+	int nd = s->width / 2;
+
+	sb_indent(b, depth);
+	sb_printf(b, "{\n");
+	for (int i = 1; i <= 2; i++) {
+		sb_indent(b, depth + 1);
+		sb_printf(b, "const unsigned long long ap_d%c = ap_wg_desc(", i == 1 ? 'a' : 'b');
+		print_shared_addr(p, s->frag[i], s->frag_off[i]);
+		sb_printf(b, ", %du, %du);\n", s->wg[i - 1].lbo, s->wg[i - 1].sbo);
+	}
+	sb_indent(b, depth + 1);
+	sb_printf(b, "asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"
+		  "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {", nd + 2, s->width, ty[s->mma], ty[s->mma]);
+	for (int i = 0; i < nd; i++)
+		sb_printf(b, "%s%%%d", i ? ", " : "", i);
+	sb_printf(b, "}, %%%d, %%%d, p, 1, 1, %d, %d;\\n}\\n\"\n", nd, nd + 1, s->wg[0].mn_major,
+		  s->wg[1].mn_major);
+	sb_indent(b, depth + 2);
+	sb_printf(b, ": ");
+	for (int i = 0; i < nd; i++) {
+		sb_printf(b, "%s\"+f\"(", i ? ", " : "");
+		print_frag_elem_cuda(p, s->frag[0], s->frag_off[0], i);
+		sb_printf(b, ")");
+	}
+	sb_printf(b, "\n");
+	sb_indent(b, depth + 2);
+	sb_printf(b, ": \"l\"(ap_da), \"l\"(ap_db), \"r\"(1) : \"memory\");\n");
+	sb_indent(b, depth);
+	sb_printf(b, "}\n");
+}
+
+/* The wgmma fence, commit and wait, and the async-proxy fence: PTX on
+ * CUDA; the host computes each wgmma at once (nothing to wait for). */
+static void print_wg_sync(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+	bool cuda = p->target == AP_KIR_CUDA;
+
+	switch (s->kind) {
+	case AP_KIR_S_WGMMA_FENCE:
+		if (cuda)
+			print_wg_operand_fence(p, s->frag[0], depth);
+		sb_indent(b, depth);
+		sb_printf(b, cuda ? "asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\");\n"
+				  : "/* wgmma.fence */\n");
+		break;
+	case AP_KIR_S_WGMMA_COMMIT:
+		sb_indent(b, depth);
+		sb_printf(b, cuda ? "asm volatile(\"wgmma.commit_group.sync.aligned;\\n\" ::: \"memory\");\n"
+				  : "/* wgmma.commit_group */\n");
+		break;
+	case AP_KIR_S_WGMMA_WAIT:
+		sb_indent(b, depth);
+		if (cuda)
+			sb_printf(b, "asm volatile(\"wgmma.wait_group.sync.aligned %lld;\\n\" ::: \"memory\");\n",
+				  (long long)s->step);
+		else
+			sb_printf(b, "/* wgmma.wait_group %lld: the host computed each wgmma at once */\n",
+				  (long long)s->step);
+		if (cuda)
+			print_wg_operand_fence(p, s->frag[0], depth);
+		break;
+	default:   /* AP_KIR_S_FENCE_ASYNC */
+		sb_indent(b, depth);
+		sb_printf(b, cuda ? "asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\");\n"
+				  : "/* fence.proxy.async.shared::cta */\n");
+		break;
+	}
+}
+
 /* One statement in thread mode (CUDA, or inside a host phase). */
 static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
 {
@@ -1236,13 +1328,22 @@ static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
 		else
 			sb_printf(b, "/* cp.async.wait_group %lld */\n", (long long)s->step);
 		break;
+	case AP_KIR_S_WGMMA_FENCE:
+	case AP_KIR_S_WGMMA_COMMIT:
+	case AP_KIR_S_WGMMA_WAIT:
+	case AP_KIR_S_FENCE_ASYNC:
+		print_wg_sync(p, s, depth);
+		break;
 	case AP_KIR_S_LDMATRIX:
 	case AP_KIR_S_MMA:
+	case AP_KIR_S_WGMMA:
 		if (p->target == AP_KIR_CUDA) {
 			if (s->kind == AP_KIR_S_LDMATRIX)
 				print_ldmatrix_cuda(p, s, depth);
-			else
+			else if (s->kind == AP_KIR_S_MMA)
 				print_mma_cuda(p, s, depth);
+			else
+				print_wgmma_cuda(p, s, depth);
 		} else {
 			p->bad = true;
 			snprintf(p->bad_msg, sizeof(p->bad_msg), "warp matrix statement inside a thread phase");
@@ -1358,6 +1459,9 @@ static int use_stmt(const ap_kir_stmt *s, int depth, void *user)
 		note_array(u, s->frag[0], true);
 		for (int i = 1; i < 4; i++)
 			note_array(u, s->frag[i], false);
+		break;
+	case AP_KIR_S_WGMMA:
+		note_array(u, s->frag[0], true);
 		break;
 	default:
 		break;
@@ -1688,6 +1792,97 @@ static void print_mma_host(printer *p, const ap_kir_stmt *s, int depth)
 	close_thread_loop(p, depth);
 }
 
+/* Host wgmma (ap_kir_wgmma), in three steps: each thread's N / 2
+ * accumulators into its warpgroup's D (the ISA's fragment layout), the
+ * warpgroup's first thread reading A (64 x 16) and B (16 x N) through the
+ * descriptors its start addresses make (ap_wg_desc: the start a byte
+ * offset into the shared array) and decodes (ap_wg_addr: the ISA's
+ * canonical layouts); then D += A B per warpgroup, summed in order of k;
+ * then each thread's accumulators back. */
+static void print_wgmma_host(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+	int nd = s->width / 2, es = 2;
+	const char *cv = half_to_f32(p, s->frag[1]->type);
+
+	sb_indent(b, depth);
+	sb_printf(b, "/* wgmma m64n%dk16: accumulators in, A and B through their descriptors, "
+		  "D += A * B per warpgroup, accumulators out */\n", s->width);
+	open_thread_loop(p, depth);
+	sb_indent(b, depth + 1);
+	sb_printf(b, "const unsigned ap_wi = ap_t >> 7, ap_g = ((ap_t >> 5) & 3u) * 16u + ((ap_t & 31u) >> 2), "
+		  "ap_q = 2u * (ap_t & 3u);\n");
+	sb_indent(b, depth + 1);
+	sb_printf(b, "for (unsigned ap_i = 0; ap_i < %du; ap_i++)\n", nd);
+	sb_indent(b, depth + 2);
+	sb_printf(b, "ap_wg_d[ap_wi][ap_g + 8u * ((ap_i >> 1) & 1u)][8u * (ap_i >> 2) + ap_q + (ap_i & 1u)] = ");
+	print_slot(p, s->frag[0], s->frag_off[0], " + ap_i");
+	sb_printf(b, ";\n");
+	sb_indent(b, depth + 1);
+	sb_printf(b, "if ((ap_t & 127u) == 0) {\n");
+	for (int i = 1; i <= 2; i++) {
+		const ap_kir_array *a = s->frag[i];
+		const ap_kir_wg_layout *l = &s->wg[i - 1];
+
+		sb_indent(b, depth + 2);
+		sb_printf(b, "{\n");
+		sb_indent(b, depth + 2);
+		sb_printf(b, "const unsigned long long ap_d = ap_wg_desc((unsigned long long)(");
+		print_expr(p, s->frag_off[i]);
+		sb_printf(b, ") * %du, %du, %du);\n", es, l->lbo, l->sbo);
+		sb_indent(b, depth + 2);
+		sb_printf(b, "for (unsigned ap_r = 0; ap_r < %du; ap_r++)\n", i == 1 ? 64 : s->width);
+		sb_indent(b, depth + 3);
+		sb_printf(b, "for (unsigned ap_k = 0; ap_k < 16u; ap_k++) {\n");
+		sb_indent(b, depth + 4);
+		sb_printf(b, "const unsigned short *ap_e = (const unsigned short *)((const char *)");
+		print_array_ref(p, a);
+		sb_printf(b, " + ap_wg_addr(ap_d, %d, ap_r, ap_k, %du));\n", l->mn_major, es);
+		sb_indent(b, depth + 4);
+		if (i == 1)
+			sb_printf(b, "ap_wg_a[ap_wi][ap_r][ap_k] = ");
+		else
+			sb_printf(b, "ap_wg_b[ap_wi][ap_k][ap_r] = ");
+		if (checked(p, a))
+			sb_printf(b, "%s(*(const unsigned short *)AP_CK_RD(ap_e, %du, ap_t, %du));\n", cv, es, es);
+		else
+			sb_printf(b, "%s(*ap_e);\n", cv);
+		sb_indent(b, depth + 3);
+		sb_printf(b, "}\n");
+		sb_indent(b, depth + 2);
+		sb_printf(b, "}\n");
+	}
+	sb_indent(b, depth + 1);
+	sb_printf(b, "}\n");
+	close_thread_loop(p, depth);
+	sb_indent(b, depth);
+	sb_printf(b, "for (unsigned ap_wi = 0; ap_wi < %uu; ap_wi++)\n", p->nt / 128);
+	sb_indent(b, depth + 1);
+	sb_printf(b, "for (int ap_i = 0; ap_i < 64; ap_i++)\n");
+	sb_indent(b, depth + 2);
+	sb_printf(b, "for (int ap_n = 0; ap_n < %d; ap_n++) {\n", s->width);
+	sb_indent(b, depth + 3);
+	sb_printf(b, "float ap_s = ap_wg_d[ap_wi][ap_i][ap_n];\n");
+	sb_indent(b, depth + 3);
+	sb_printf(b, "for (int ap_k = 0; ap_k < 16; ap_k++)\n");
+	sb_indent(b, depth + 4);
+	sb_printf(b, "ap_s += ap_wg_a[ap_wi][ap_i][ap_k] * ap_wg_b[ap_wi][ap_k][ap_n];\n");
+	sb_indent(b, depth + 3);
+	sb_printf(b, "ap_wg_d[ap_wi][ap_i][ap_n] = ap_s;\n");
+	sb_indent(b, depth + 2);
+	sb_printf(b, "}\n");
+	open_thread_loop(p, depth);
+	sb_indent(b, depth + 1);
+	sb_printf(b, "const unsigned ap_wi = ap_t >> 7, ap_g = ((ap_t >> 5) & 3u) * 16u + ((ap_t & 31u) >> 2), "
+		  "ap_q = 2u * (ap_t & 3u);\n");
+	sb_indent(b, depth + 1);
+	sb_printf(b, "for (unsigned ap_i = 0; ap_i < %du; ap_i++)\n", nd);
+	sb_indent(b, depth + 2);
+	print_slot(p, s->frag[0], s->frag_off[0], " + ap_i");
+	sb_printf(b, " = ap_wg_d[ap_wi][ap_g + 8u * ((ap_i >> 1) & 1u)][8u * (ap_i >> 2) + ap_q + (ap_i & 1u)];\n");
+	close_thread_loop(p, depth);
+}
+
 static void print_block_host(printer *p, const ap_kir_block *blk, int depth)
 {
 	sbuf *b = &p->out;
@@ -1721,6 +1916,9 @@ static void print_block_host(printer *p, const ap_kir_block *blk, int depth)
 			break;
 		case AP_KIR_S_MMA:
 			print_mma_host(p, s, depth);
+			break;
+		case AP_KIR_S_WGMMA:
+			print_wgmma_host(p, s, depth);
 			break;
 		case AP_KIR_S_FOR:
 		case AP_KIR_S_IF:
@@ -1824,6 +2022,13 @@ static void print_prelude(printer *p)
 				  "  asm volatile(\"mapa.shared::cluster.u32 %%0, %%1, %%2;\" : \"=r\"(m) : \"r\"(a), \"r\"(r));\n"
 				  "  asm volatile(\"ld.shared::cluster.f64 %%0, [%%1];\" : \"=d\"(v) : \"r\"(m) : \"memory\");\n"
 				  "  return v; }\n#endif\n");
+		if (p->wgmma_n)   /* PTX ISA: the wgmma matrix descriptor, no swizzling */
+			sb_printf(b, "#ifndef AP_WGMMA_DEFINED\n#define AP_WGMMA_DEFINED\n"
+				  "static __device__ __forceinline__ unsigned long long ap_wg_desc(unsigned a, "
+				  "unsigned lbo, unsigned sbo)\n"
+				  "{ return (unsigned long long)((a & 0x3FFFFu) >> 4) | "
+				  "((unsigned long long)((lbo & 0x3FFFFu) >> 4) << 16) | "
+				  "((unsigned long long)((sbo & 0x3FFFFu) >> 4) << 32); }\n#endif\n");
 	} else {
 		sb_printf(b, "#include <math.h>\n#include <string.h>\n"
 			  "#define AP_INFF __builtin_inff()\n"
@@ -1844,6 +2049,9 @@ static void print_prelude(printer *p)
 		if (p->uses_tf32 || p->uses_mma)
 			sb_printf(b, "#ifndef AP_TF32_DEFINED\n#define AP_TF32_DEFINED\n%s#endif\n",
 				  ap__kir_host_tf32_src);
+		if (p->wgmma_n)
+			sb_printf(b, "#ifndef AP_WGMMA_DEFINED\n#define AP_WGMMA_DEFINED\n%s#endif\n",
+				  ap__kir_host_wgmma_src);
 		if (p->check)   /* the checker's table, set by the runtime (hostcheck.h) */
 			sb_printf(b, "#ifndef AP_CHECK_DEFINED\n#define AP_CHECK_DEFINED\n%s"
 				  "const ap_hcheck_ops *ap_check_rt;\n"
@@ -2069,6 +2277,12 @@ static void print_host(printer *p)
 	if (p->uses_mma)
 		sb_printf(b, "\tfloat ap_mma_a[%u][16][16], ap_mma_b[%u][16][8], ap_mma_c[%u][16][8];\n",
 			  p->nt / 32 ? p->nt / 32 : 1, p->nt / 32 ? p->nt / 32 : 1, p->nt / 32 ? p->nt / 32 : 1);
+	if (p->wgmma_n) {
+		unsigned w = p->nt / 128 ? p->nt / 128 : 1;
+
+		sb_printf(b, "\tfloat ap_wg_a[%u][64][16], ap_wg_b[%u][16][%d], ap_wg_d[%u][64][%d];\n", w, w,
+			  p->wgmma_n, w, p->wgmma_n);
+	}
 	if (p->has_collective)
 		print_local_decls(p, 1, LD_SLOTS);
 	print_shared_decls(p, 1);
@@ -2130,6 +2344,12 @@ static int scan_stmt(const ap_kir_stmt *s, int depth, void *user)
 			p->vec_array[s->frag[i]->id] = 1;
 			note_type(p, s->frag[i]->type);
 		}
+	}
+	if (s->kind == AP_KIR_S_WGMMA) {
+		if (s->width > p->wgmma_n)
+			p->wgmma_n = s->width;
+		for (int i = 0; i < 3; i++)
+			note_type(p, s->frag[i]->type);
 	}
 	if (s->kind == AP_KIR_S_CP_ASYNC)
 		p->vec_array[s->arr->id] = 1;

@@ -409,6 +409,49 @@ static void check_mma(vctx *v, const ap_kir_stmt *s, bool ctx)
 	}
 }
 
+/* wgmma and its fence, commit and wait: block-uniform control flow,
+ * whole warpgroups; the product's accumulators a (non-scratch) float32
+ * register array holding N / 2 from the offset, A and B shared arrays of
+ * the kind's type (the builder checks N and the layouts; a clone or a
+ * hand-built statement is checked again here). */
+static void check_wgmma(vctx *v, const ap_kir_stmt *s, bool ctx)
+{
+	unsigned nt = ap_kir_block_threads(v->k);
+	const ap_kir_array *d = s->frag[0];
+
+	if (!ctx)
+		bad(v, "uniform", "wgmma under thread-dependent control flow");
+	else if (nt % 128)
+		bad(v, "warpgroup", "wgmma in a block of %u threads, not whole warpgroups", nt);
+	if (s->kind == AP_KIR_S_WGMMA_COMMIT || s->kind == AP_KIR_S_FENCE_ASYNC)
+		return;
+	if (d->space != AP_KIR_LOCAL || d->scratch || d->type != AP_DT_F32) {
+		bad(v, "matrix", "wgmma accumulators %s are not a float32 (non-scratch) register array",
+		    d->name);
+		return;
+	}
+	if (s->kind != AP_KIR_S_WGMMA)
+		return;
+	if (s->width < 8 || s->width > 256 || s->width % 8 || (unsigned)s->mma > AP_KIR_WGMMA_BF16)
+		bad(v, "warpgroup", "wgmma m64n%dk16 kind %d", s->width, s->mma);
+	for (int i = 1; i <= 2 && !v->rc; i++) {
+		const ap_kir_wg_layout *l = &s->wg[i - 1];
+
+		if (s->frag[i]->space != AP_KIR_SHARED && s->frag[i]->space != AP_KIR_SHARED_DYN)
+			bad(v, "matrix", "wgmma operand %s is not a shared array", s->frag[i]->name);
+		else if (s->frag[i]->type != (s->mma == AP_KIR_WGMMA_F16 ? AP_DT_F16 : AP_DT_BF16))
+			bad(v, "types", "wgmma operand %s of type %s", s->frag[i]->name,
+			    ap_dtype_name(s->frag[i]->type));
+		else if (l->lbo < 16 || l->sbo < 16 || l->lbo % 16 || l->sbo % 16 || l->lbo >= (1 << 18) ||
+			 l->sbo >= (1 << 18))
+			bad(v, "warpgroup", "wgmma operand %s: byte offsets %d, %d", s->frag[i]->name, l->lbo,
+			    l->sbo);
+		else
+			check_index(v, s->frag[i], s->frag_off[i], 1);
+	}
+	check_index(v, d, s->frag_off[0], s->width / 2);
+}
+
 static void check_block(vctx *v, const ap_kir_block *b, bool ctx);
 
 static void check_stmt(vctx *v, const ap_kir_stmt *s, bool ctx)
@@ -498,6 +541,14 @@ static void check_stmt(vctx *v, const ap_kir_stmt *s, bool ctx)
 		break;
 	case AP_KIR_S_MMA:
 		check_mma(v, s, ctx);
+		break;
+	case AP_KIR_S_WGMMA:
+	case AP_KIR_S_WGMMA_FENCE:
+	case AP_KIR_S_WGMMA_COMMIT:
+	case AP_KIR_S_WGMMA_WAIT:
+		check_wgmma(v, s, ctx);
+		break;
+	case AP_KIR_S_FENCE_ASYNC:
 		break;
 	case AP_KIR_S_CP_WAIT:
 		if (s->step < 0)

@@ -66,6 +66,15 @@ static int visit_stmt_exprs(const ap_kir_stmt *s, const ap_kir_visitor *v, void 
 		for (int i = 0; !rc && i < 4; i++)
 			rc = visit_expr(s->frag_off[i], s, v, user);
 		break;
+	case AP_KIR_S_WGMMA:
+		for (int i = 0; !rc && i < 3; i++)
+			rc = visit_expr(s->frag_off[i], s, v, user);
+		break;
+	case AP_KIR_S_WGMMA_FENCE:
+	case AP_KIR_S_WGMMA_COMMIT:
+	case AP_KIR_S_WGMMA_WAIT:
+	case AP_KIR_S_FENCE_ASYNC:
+		break;
 	case AP_KIR_S_BARRIER:
 	case AP_KIR_S_CLUSTER_BARRIER:
 	case AP_KIR_S_COMMENT:
