@@ -17,7 +17,8 @@ zeros, marked "ref": false in OUT/shapes.json (only a rehearsal against the
 stand-in driver, which checks no numbers, has no PyTorch).  Needs numpy.
 
 `report` reads what device-check.sh left in each folder -- apollo_V.out
-for V = tf32, simt (float32 with and without --allow-tf32) and f16: the
+for V = tf32, simt (float32 with and without --allow-tf32), f16 and, on a
+Hopper GPU, wg (the 16-bit shapes built for sm_90a: wgmma): the
 output of `apollo-client check --repeat N --profile` (the kernels' time
 per run from the runtime's events, and the run's wall-clock median) --
 times PyTorch's op on the same shape (bench/gemm_shapes.py torch_timer:
@@ -307,6 +308,8 @@ def cmd_report(a):
     n_ok = n_bad = 0
     for r in rows:
         variants = (("tf32", True), ("simt", False)) if r["dtype"] == "float32" else (("f16", False),)
+        if r["dtype"] != "float32" and os.path.exists(os.path.join(r["dir"], "apollo_wg.out")):
+            variants += (("wg", False),)   # the sm_90a kernel (wgmma), where the device is Hopper
         for v, tf32 in variants:
             st, kern, wall, note = parse_out(os.path.join(r["dir"], "apollo_%s.out" % v))
             n_ok += st == "PASS"

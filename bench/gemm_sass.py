@@ -81,6 +81,19 @@ def sass(nvdisasm, blob):
             for a, op, t in rows]
 
 
+def mma_equiv(op):
+    """An instruction's tensor-core work in m16n8k16 products: HMMA.16816
+    one (HMMA.1688 a half), HGMMA.64xNx16 (wgmma, sm_90a) 4 N / 8; others 0."""
+    m = re.match(r"HGMMA\.64x(\d+)x(\d+)", op)
+    if m:
+        return 4 * int(m.group(1)) // 8 * int(m.group(2)) // 16
+    if op.startswith("HMMA.16816"):
+        return 1
+    if op.startswith("HMMA.1688"):
+        return 0.5
+    return 0
+
+
 def k_loop(rows, mul):
     """The body of the backward branch holding the most `mul`
     instructions (the innermost such loop on a tie)."""
@@ -131,22 +144,24 @@ def main():
     sched = sorted(set(re.findall(r"bm=[^<\"\n]*", open(page).read())))
     print("gemm_sass: %d^3 %s%s on %s, schedule %s" % (n, a.dtype, " (TF32)" if a.allow_tf32 else "", a.target,
                                                        "; ".join(sched)))
-    print("%-10s %7s %7s %6s %6s %9s %6s %6s %14s" % ("kernel", "instrs", "mul", "share", "bar", "int addr",
-                                                       "lds", "ldgsts", "stores"))
+    print("%-11s %7s %7s %6s %7s %6s %9s %6s %6s %14s" % ("kernel", "instrs", "mul", "share", "m16n8k16", "bar",
+                                                            "int addr", "lds", "ldgsts", "stores"))
     for i, blob in enumerate(cubins(b.pack())):
         rows = sass(tool, blob)
-        mul = "HMMA" if any(r[1].startswith("HMMA") for r in rows) else "FFMA"
+        mul = next((m for m in ("HGMMA", "HMMA") if any(r[1].startswith(m) for r in rows)), "FFMA")
         body = k_loop(rows, mul)
         count = lambda *ops: sum(any(r[1].startswith(o) for o in ops) for r in body)  # noqa: E731
         nm = count(mul)
+        eq = sum(mma_equiv(r[2]) for r in body)
         stores = {}
         for r in rows:
             if r[1].startswith("STG"):
                 stores[r[1]] = stores.get(r[1], 0) + 1
-        print("%-10s %7d %7d %5.0f%% %6d %9d %6d %6d %14s" % (
-            "#%d %s" % (i, mul), len(body), nm, 100.0 * nm / max(1, len(body)), count("BAR"), count(*INT),
+        print("%-11s %7d %7d %5.0f%% %7d %6d %9d %6d %6d %14s" % (
+            "#%d %s" % (i, mul), len(body), nm, 100.0 * nm / max(1, len(body)), eq, count("BAR"), count(*INT),
             count("LDSM", "LDS"), count("LDGSTS"), " ".join("%s:%d" % kv for kv in sorted(stores.items()))))
-    print("per pass of the K loop (one K tile); stores: the whole kernel's global stores by width")
+    print("per pass of the K loop (one K tile); m16n8k16: the tensor-core work in m16n8k16 products "
+          "(an HGMMA.64xNx16 is 4 N / 8 of them); stores: the whole kernel's global stores by width")
     return 0
 
 

@@ -17,7 +17,10 @@
  *     sm_80 and sm_90.
  * With directories as arguments (tests/precision.sh passes the float16 and
  * bfloat16 versions of the models), those are checked instead, tensor
- * cores expected without --allow-tf32.  Skipped (with a message) when
+ * cores expected without --allow-tf32, and built for sm_90a too: every
+ * GEMM kernel (products, convolutions) holds wgmma in its PTX and ptxas
+ * reports no spills for it (the float16 graphs; the bfloat16 ones too
+ * under APOLLO_SWEEP=full).  Skipped (with a message) when
  * NVRTC cannot be loaded.
  */
 #include <check.h>
@@ -31,6 +34,7 @@
 #include "server/backend/backend.h"
 #include "server/plan/program.h"
 #include "tests/lib/require.h"
+#include "tests/lib/sweep.h"
 
 #define TESTDATA "../shared/testdata"
 
@@ -186,10 +190,47 @@ static void check_model(const char *dir, bool tf32, bool all_async, int *n_gemm,
 	ap_graph_free(g);
 }
 
+/* A 16-bit model built for sm_90a: every GEMM kernel (products and
+ * convolutions) holds wgmma in its PTX, and ptxas reports no spills for
+ * it; *n_wg counts them. */
+static void check_model_wgmma(const char *dir, int *n_wg)
+{
+	ap_build_options o = {.target = "sm_90a"};
+	ap_error err;
+	ap_graph *g = import_dir(dir);
+	ap_program *p;
+
+	ck_assert_msg(g != NULL, "%s: import failed", dir);
+	p = ap_program_build(g, &o, &err);
+	ck_assert_msg(p != NULL, "%s: build for sm_90a: %s", dir, err.msg);
+	for (int i = 0; i < p->n_kernels; i++) {
+		const ap_kernel_src *k = &p->kernels[i];
+		uint8_t *out = NULL;
+		size_t len = 0;
+		ap_ptxas_stats st;
+
+		if (!emitter_is(k, "gemm"))
+			continue;
+		ck_assert_msg(ap_nvrtc_compile(k->src, k->name, "sm_90a", false, &out, &len, &err) == 0, "%s %s: %s",
+			      dir, k->name, err.msg);
+		ck_assert_msg(strstr((char *)out, "wgmma.mma_async.sync.aligned"), "%s: kernel %s lacks wgmma on sm_90a",
+			      dir, k->name);
+		free(out);
+		ck_assert_msg(ap_nvrtc_ptxas_stats(k->src, k->name, "sm_90a", &st, &err) == 0, "%s %s: %s", dir,
+			      k->name, err.msg);
+		ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0,
+			      "%s: wgmma kernel %s spills %d / %d bytes (%d registers)", dir, k->name,
+			      st.spill_store_bytes, st.spill_load_bytes, st.registers);
+		(*n_wg)++;
+	}
+	ap_program_free(p);
+	ap_graph_free(g);
+}
+
 START_TEST(models_tensor_cores_and_spills)
 {
 	ap_error err;
-	int n_gemm = 0, n_async = 0, n_prologue = 0, n_splitk = 0, n_spill = 0, n_att = 0;
+	int n_gemm = 0, n_async = 0, n_prologue = 0, n_splitk = 0, n_spill = 0, n_att = 0, n_wg = 0;
 	char dir[512];
 
 	if (ap_nvrtc_load(&err) != 0) {
@@ -197,8 +238,14 @@ START_TEST(models_tensor_cores_and_spills)
 		return;
 	}
 	for (int d = 0; d < n_arg_dirs; d++) {
-		/* 16-bit graphs: tensor cores whatever allow_tf32 says */
+		/* 16-bit graphs: tensor cores whatever allow_tf32 says; on
+		 * sm_90a by wgmma */
 		check_model(arg_dirs[d], true, true, &n_gemm, &n_async, &n_prologue, &n_splitk, &n_spill, &n_att);
+		/* sm_90a: the float16 graphs (about a minute of NVRTC and ptxas);
+		 * the bfloat16 ones, the same kernels in another type, under
+		 * APOLLO_SWEEP=full */
+		if (!strstr(arg_dirs[d], "bfloat16__") || ap_sweep_stride() == 1)
+			check_model_wgmma(arg_dirs[d], &n_wg);
 	}
 	for (size_t d = 0; d < sizeof(dirs) / sizeof(dirs[0]) && n_arg_dirs == 0; d++) {
 		snprintf(dir, sizeof(dir), "%s/%s", TESTDATA, dirs[d]);
@@ -213,7 +260,10 @@ START_TEST(models_tensor_cores_and_spills)
 	       "%d with both operands computed on the way (prologues), %d split-K (clusters); "
 	       "%d kernels without spills; %d tensor-core attention kernels\n", n_gemm, n_async, n_prologue, n_splitk,
 	       n_spill, n_att);
+	if (n_arg_dirs)
+		printf("check_gemm: %d GEMM kernels built for sm_90a, each with wgmma and without spills\n", n_wg);
 	ck_assert_int_gt(n_gemm, n_arg_dirs ? 2 * n_arg_dirs : 20);
+	ck_assert_int_ge(n_wg, n_arg_dirs ? n_arg_dirs : 0);
 	ck_assert_int_gt(n_async, n_gemm / 2);
 	/* the 16-bit models with attention patterns (bert_like_2l, the prenorm
 	 * training step's forward): one tensor-core kernel each at least */

@@ -1207,6 +1207,104 @@ START_TEST(gemm_convert_staged)
 }
 END_TEST
 
+/* wgmma (sm_90a, server/lower/gemm_kernel.c): y = x w + b in float16
+ * and bfloat16, x [72, K], w [K, 40] -- B with N contiguous, so its
+ * tiles are MN-major; M and N not multiples of the tiles; K 128 (float16)
+ * long enough for split-K clusters, 64 (bfloat16, under APOLLO_SWEEP=full)
+ * -- every configuration the sweep takes run on the
+ * host in the checking mode through the emulated wgmma (a stage read
+ * before its fence and barrier, or a tile element the descriptor
+ * misplaces, fails); the default kernel's CUDA holds wgmma and its PTX
+ * for sm_90a too, without spills.  Then the convert-staged and
+ * register-prologue products above on sm_90a: K-major tiles, operands
+ * computed into the tile and through registers. */
+static ap_dtype g_wg_dt;
+static int g_wg_k;
+
+static void ref_gemm_wg(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *x = in->data[m->g->inputs[0]], *w = in->data[m->g->inputs[1]];
+	const float *b = in->data[m->g->inputs[2]];
+
+	for (int i = 0; i < 72; i++)
+		for (int j = 0; j < 40; j++) {
+			double acc = 0;
+
+			for (int k = 0; k < g_wg_k; k++)
+				acc += (double)x[i * g_wg_k + k] * w[k * 40 + j];
+			want[0][i * 40 + j] = half_round(g_wg_dt, half_round(g_wg_dt, acc) + b[j]);
+		}
+}
+
+static void run_wg_bias(const char *name, ap_dtype dt, int K)
+{
+	ap_graph *g = ap_graph_new("gemm_wg");
+	int x, w, b, mm, y;
+	lcase lc = {name, "gemm", {"cp.async"}, {"mma.sync.aligned.m16n8k16"}};
+	case_opts o = {"sm_90a", false, dt == AP_DT_F16 ? 4e-3 : 2e-2, true};
+	ap_target_info ti;
+	ap_error err;
+	ap_mgraph *m;
+
+	g_dt = dt;
+	x = tensor(g, "x", DIMS(72, K), AP_TENSOR_INPUT);
+	w = tensor(g, "w", DIMS(K, 40), AP_TENSOR_INPUT);
+	b = tensor(g, "b", DIMS(40), AP_TENSOR_INPUT);
+	mm = tensor(g, "mm", DIMS(72, 40), AP_TENSOR_VALUE);
+	y = tensor(g, "y", DIMS(72, 40), AP_TENSOR_VALUE);
+	g_dt = AP_DT_F32;
+	node(g, "mm", AP_OP_MATMUL, LIST(x, w), LIST(mm));
+	node(g, "bias", AP_OP_ADD, LIST(mm, b), LIST(y));
+	output(g, y);
+	m = whole(g, AP_GROUP_MATMUL);
+	g_wg_dt = dt;
+	g_wg_k = K;
+	g_opts = &o;
+	run_case(&lc, m, ref_gemm_wg);
+	g_opts = NULL;
+	ck_assert_int_eq(ap_cost_target("sm_90a", &ti), 0);
+	{
+		ap_lower_options lo = {0, NULL, true};
+		ap_kir_kernel *k = ap_lower(m, &ti, name, &lo, NULL, &err);
+		char *cuda, *probe;
+		uint8_t *ptx = NULL;
+		size_t len = 0;
+		ap_ptxas_stats st;
+
+		ck_assert_msg(k != NULL, "%s", err.msg);
+		cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
+		ck_assert_ptr_nonnull(cuda);
+		ck_assert_ptr_nonnull(strstr(cuda, "wgmma.mma_async.sync.aligned.m64n"));
+		ck_assert_ptr_nonnull(strstr(cuda, "fence.proxy.async.shared::cta"));
+		probe = nvrtc_ptx("extern \"C\" __global__ void ap_probe() {}", "ap_probe");
+		if (probe) {   /* NVRTC is there */
+			free(probe);
+			ck_assert_msg(ap_nvrtc_compile(cuda, k->name, "sm_90a", false, &ptx, &len, &err) == 0, "%s",
+				      err.msg);
+			ck_assert_ptr_nonnull(strstr((char *)ptx, "wgmma.mma_async.sync.aligned"));
+			free(ptx);
+			ck_assert_int_eq(ap_nvrtc_ptxas_stats(cuda, k->name, "sm_90a", &st, &err), 0);
+			ck_assert_int_eq(st.spill_store_bytes + st.spill_load_bytes, 0);
+		}
+		free(cuda);
+		ap_kir_kernel_free(k);
+	}
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+
+START_TEST(gemm_wgmma)
+{
+	static const convert_case cv = {"gemm_convert_f16_sm90a", "sm_90a", AP_DT_F16, 12, 36};
+
+	run_wg_bias("gemm_wg_f16", AP_DT_F16, 128);
+	if (ap_sweep_stride() == 1)   /* the same kernels in another type: make check-full */
+		run_wg_bias("gemm_wg_bf16", AP_DT_BF16, 64);
+	run_convert_case(&cv);
+	run_register_prologue("gemm_prologue_registers_f16_sm90a", "sm_90a", AP_DT_F16);
+}
+END_TEST
+
 /* A product whose output is concatenated (SqueezeNet's fire modules:
  * expand1x1 -> ReLU -> Concat with the expand3x3 branch): out =
  * Concat(s, relu(x @ w), t) along the rows, x [2, 8, 12], w [12, 24], s
@@ -2072,7 +2170,9 @@ static ap_graph *conv_graph(const conv_case *c)
  * spill stores or loads (skipped without NVRTC). */
 static void expect_no_spills(const ap_mgraph *m, const char *name)
 {
-	static const char *const archs[] = {"sm_80", "sm_90"};
+	static const char *const archs[] = {"sm_80", "sm_90", "sm_90a"};
+	/* sm_90a's kernels (wgmma) where the case is built for it */
+	int n = g_opts && g_opts->target && !strcmp(g_opts->target, "sm_90a") ? 3 : 2;
 	ap_error err;
 
 	if (nvrtc_state == 0) {
@@ -2080,7 +2180,7 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 		if (nvrtc_state < 0)
 			AP_SKIP("nvrtc", "check_lower: NVRTC not loaded, spills of %s not checked (%s)", name, err.msg);
 	}
-	for (int a = 0; a < 2 && nvrtc_state > 0; a++) {
+	for (int a = 0; a < n && nvrtc_state > 0; a++) {
 		ap_target_info ti;
 		ap_lower_options lo = {256, NULL, true};
 		ap_ptxas_stats st;
@@ -2244,6 +2344,7 @@ static Suite *lower_suite(void)
 	tc = tcase_create("splitk");
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, gemm_splitk);
+	tcase_add_test(tc, gemm_wgmma);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1,26 +1,28 @@
 #!/bin/sh
 # emulated.sh -- the GPU's kernels run on the host in the checking mode
 # (target host:sm_XX, --host-check): every model and training step under
-# ../shared/testdata is lowered for sm_80 and for sm_90 -- tensor cores,
+# ../shared/testdata is lowered for sm_80, sm_90 and sm_90a -- tensor cores,
 # ldmatrix, cp.async pipelines, pair and compute staging, split-K clusters,
-# tensor-core attention -- printed as host C with every shared and global
-# access, cp.async and barrier going through the checker
-# (client/hostcheck.c), run, and compared with the reference outputs.  A
-# data race, a read of bytes a cp.async has not delivered, a cluster peer
-# read without a cluster barrier, an out-of-bounds or misaligned access
-# fails the run like a wrong answer.  Per architecture:
+# tensor-core attention, and on sm_90a wgmma from shared tiles laid out in
+# core matrices -- printed as host C with every shared and global access,
+# cp.async and barrier going through the checker (client/hostcheck.c),
+# run, and compared with the reference outputs.  A data race, a read of
+# bytes a cp.async has not delivered, a cluster peer read without a
+# cluster barrier, an out-of-bounds or misaligned access fails the run
+# like a wrong answer.  Per architecture:
 #   float32 (SIMT kernels):           rtol 1e-3, atol 1e-5;
 #   float32 --allow-tf32 (TF32 mma):  rtol 1e-2, atol 5e-2, 1% of the
 #                                     elements may lie outside;
 #   float16 / bfloat16 (tools/convert_precision.py, against onnxruntime's
 #   float32 outputs): rtol 1e-2 / 5e-2, atol the same, 1% outside.
-# With APOLLO_SWEEP other than "full" (make check), sm_80 runs float32 and
-# float16 only: its TF32 and bfloat16 kernels are sm_90's mma.sync code
-# without clusters, which its float32 (split-K without clusters) and
-# float16 (mma.sync, cp.async) runs already take; make check-full runs all
-# eight.
+# sm_90a differs from sm_90 only in its 16-bit GEMM kernels (wgmma), so it
+# runs float16 and bfloat16.  With APOLLO_SWEEP other than "full" (make
+# check) each kernel family runs once: sm_80 float32 and float16 (mma.sync,
+# cp.async, split-K without clusters), sm_90 float32 and tf32 (clusters,
+# mma.sync on 32-bit tiles), sm_90a float16 and bfloat16 (wgmma); make
+# check-full runs every type on every architecture.
 #   env: APOLLO_BUILD, APOLLO_JOBS (parallel checks, default 2),
-#        APOLLO_EMU_ARCHS (default "sm_80 sm_90"), APOLLO_SWEEP
+#        APOLLO_EMU_ARCHS (default "sm_80 sm_90 sm_90a"), APOLLO_SWEEP
 cd "$(dirname "$0")/.." || exit 1
 . tests/daemon.inc
 
@@ -54,22 +56,34 @@ run() {
 		grep -v "^PASS" "$AP_TMP/run.out" | sed "s/^/emulated $label: /" | head -40
 	fi
 }
-for arch in ${APOLLO_EMU_ARCHS:-sm_80 sm_90}; do
+# whether type $2 runs on architecture $1 (the header's table)
+runs() {
+	[ "$APOLLO_SWEEP" = full ] && { [ "$1" != sm_90a ] || [ "$2" = float16 ] || [ "$2" = bfloat16 ]; } && return 0
+	case "$1 $2" in
+	"sm_80 float32" | "sm_80 float16" | "sm_90 float32" | "sm_90 tf32" | "sm_90a float16" | "sm_90a bfloat16") return 0 ;;
+	esac
+	return 1
+}
+for arch in ${APOLLO_EMU_ARCHS:-sm_80 sm_90 sm_90a}; do
 	t=host:$arch
-	# shellcheck disable=SC2086
-	run "$arch float32" --target "$t" --atol 1e-5 $dirs
-	# shellcheck disable=SC2046
-	run "$arch float16" --target "$t" --rtol 1e-2 --atol 1e-2 --mismatch 0.01 \
-		$(ls -d "$AP_TMP"/prec/float16__*/)
-	if [ "$arch" = sm_80 ] && [ "$APOLLO_SWEEP" != full ]; then
-		echo "emulated sm_80 tf32, bfloat16: in make check-full (APOLLO_SWEEP=full)"
-		continue
+	if runs "$arch" float32; then
+		# shellcheck disable=SC2086
+		run "$arch float32" --target "$t" --atol 1e-5 $dirs
 	fi
-	# shellcheck disable=SC2086
-	run "$arch tf32" --target "$t" --allow-tf32 --rtol 1e-2 --atol 5e-2 --mismatch 0.01 $dirs
-	# shellcheck disable=SC2046
-	run "$arch bfloat16" --target "$t" --rtol 5e-2 --atol 5e-2 --mismatch 0.01 \
-		$(ls -d "$AP_TMP"/prec/bfloat16__*/)
+	if runs "$arch" float16; then
+		# shellcheck disable=SC2046
+		run "$arch float16" --target "$t" --rtol 1e-2 --atol 1e-2 --mismatch 0.01 \
+			$(ls -d "$AP_TMP"/prec/float16__*/)
+	fi
+	if runs "$arch" tf32; then
+		# shellcheck disable=SC2086
+		run "$arch tf32" --target "$t" --allow-tf32 --rtol 1e-2 --atol 5e-2 --mismatch 0.01 $dirs
+	fi
+	if runs "$arch" bfloat16; then
+		# shellcheck disable=SC2046
+		run "$arch bfloat16" --target "$t" --rtol 5e-2 --atol 5e-2 --mismatch 0.01 \
+			$(ls -d "$AP_TMP"/prec/bfloat16__*/)
+	fi
 done
 [ $status -eq 0 ] && echo "emulated: PASS" || echo "emulated: FAILED"
 exit $status

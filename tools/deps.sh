@@ -75,6 +75,11 @@ if ! ls .venv/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 >/
 	echo "deps: installing nvidia-cuda-nvrtc-cu12 into .venv (NVRTC 12 for CUDA 12 drivers)"
 	$PIP nvidia-cuda-nvrtc-cu12 || echo "deps: nvidia-cuda-nvrtc-cu12 unavailable; CUDA 12 drivers will be refused"
 fi
+# nvdisasm (6 MB) for the SASS the tests and bench/gemm_sass.py read (HGMMA,
+# HMMA per issued instruction): PyPI's wheel, NVIDIA's own disassembler
+if ! ls .venv/lib/python3*/site-packages/nvidia/*/bin/nvdisasm >/dev/null 2>&1; then
+	$PIP nvidia-cuda-nvdisasm || echo "deps: nvidia-cuda-nvdisasm unavailable; SASS is not read"
+fi
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 if ! ls "$CUDA_HOME"/lib64/libnvrtc.so.* >/dev/null 2>&1; then
 	if ! ls .venv/lib/python3*/site-packages/nvidia/cu*/lib/libnvrtc.so.* >/dev/null 2>&1 &&

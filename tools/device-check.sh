@@ -13,10 +13,13 @@
 #      5e-2, 1% outside), and their float16 (rtol/atol 1e-2) and bfloat16
 #      (5e-2) variants (made by tools/convert_precision.py when the kit was
 #      built), 1% of an output's elements allowed outside for the 16-bit ones;
+#      on sm_90 (Hopper) the 16-bit variants again for sm_90a, whose GEMM
+#      and convolution kernels run on wgmma (columns f16_90a, bf16_90a);
 #   4. bench/gemm.sh's GEMM and attention shapes (bench/gemm_device.py makes
 #      them here with numpy, references from PyTorch in float64): checked,
 #      then timed one at a time (check --repeat N --profile) beside PyTorch's
-#      torch.matmul / conv2d / F.scaled_dot_product_attention;
+#      torch.matmul / conv2d / F.scaled_dot_product_attention (on sm_90 the
+#      16-bit shapes also for sm_90a: variant wg);
 #   5. every model's bundle (float32, --fusion apollo) under compute-sanitizer
 #      memcheck, racecheck and synccheck, the models of a tool in parallel,
 #      each run under a time limit; with too little time left, one model per
@@ -211,7 +214,7 @@ record() {   # record FILE COLUMN PREFIX-TO-STRIP
 # check; folders without a result line are recorded as TIMEOUT
 check() {
 	col=$1 pre=$2 out=$3 secs=$4; shift 4
-	tmo "$secs" "$CLIENT" check --target "$TARGET" --jobs "$JOBS" --timeout 240 "$@" >"$out" 2>&1
+	tmo "$secs" "$CLIENT" check --target "${CHECK_TARGET:-$TARGET}" --jobs "$JOBS" --timeout 240 "$@" >"$out" 2>&1
 	rc=$?
 	record "$out" "$col" "$pre"
 	for d in $DIRS_NOW; do
@@ -283,10 +286,27 @@ DIRS_NOW=$DIRSBF
 # shellcheck disable=SC2086
 check bfloat16 bfloat16__ "$LOGS/check_bfloat16.txt" 120 $TOLBF $DIRSBF
 step_end rc$?
+# Hopper: the 16-bit graphs again for sm_90a, whose GEMM and convolution
+# kernels run on wgmma (the host emulates it from the PTX ISA: this is
+# where the emulation meets the hardware)
+WG=
+[ "$TARGET" = sm_90 ] && WG=sm_90a
+if [ -n "$WG" ]; then
+	step float16_sm90a
+	DIRS_NOW=$DIRS16
+	# shellcheck disable=SC2086
+	CHECK_TARGET=$WG check f16_90a float16__ "$LOGS/check_float16_sm90a.txt" 120 $TOL16 $DIRS16
+	step_end rc$?
+	step bfloat16_sm90a
+	DIRS_NOW=$DIRSBF
+	# shellcheck disable=SC2086
+	CHECK_TARGET=$WG check bf16_90a bfloat16__ "$LOGS/check_bfloat16_sm90a.txt" 120 $TOLBF $DIRSBF
+	step_end rc$?
+fi
 
 say ""
-say "== models x fusion level x dtype (float32 at none / rules / apollo, float32 TF32, float16, bfloat16 at apollo; $OK = passed)"
-cols="none rules apollo tf32 float16 bfloat16"
+say "== models x fusion level x dtype (float32 at none / rules / apollo, float32 TF32, float16, bfloat16 at apollo${WG:+; f16_90a, bf16_90a: the 16-bit graphs for $WG (wgmma)}; $OK = passed)"
+cols="none rules apollo tf32 float16 bfloat16${WG:+ f16_90a bf16_90a}"
 line=$(printf "%-28s" model); for c in $cols; do line="$line$(printf " %-8s" "$c")"; done; say "$line"
 for d in $DIRS32; do
 	m=${d##*/}
@@ -331,6 +351,8 @@ else
 	tmo 150 "$CLIENT" check --target "$TARGET" --jobs "$JOBS" $tol32 $f32 >"$LOGS/gemm_check_simt.txt" 2>&1
 	# shellcheck disable=SC2086
 	tmo 150 "$CLIENT" check --target "$TARGET" --jobs "$JOBS" $TOL16 $f16 >"$LOGS/gemm_check_f16.txt" 2>&1
+	# shellcheck disable=SC2086
+	[ -n "$WG" ] && tmo 150 "$CLIENT" check --target "$WG" --jobs "$JOBS" $TOL16 $f16 >"$LOGS/gemm_check_f16_sm90a.txt" 2>&1
 	# ... then time them one at a time (cache hits)
 	for d in $f32 $f16; do
 		case $d in
@@ -343,6 +365,14 @@ else
 				>"$d/apollo_$1.out" 2>&1 </dev/null
 			shift 2
 		done
+		# the sm_90a kernel (wgmma) of the same 16-bit product
+		case $d in
+		*__float32) ;;
+		*)
+			# shellcheck disable=SC2086
+			[ -n "$WG" ] && tmo 60 "$CLIENT" check "$d" --target "$WG" --repeat "$REPEAT" --profile $TOL16 \
+				>"$d/apollo_wg.out" 2>&1 </dev/null ;;
+		esac
 	done
 	rh=
 	[ "$MODE" = rehearsal ] && rh=--rehearsal

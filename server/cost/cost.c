@@ -101,6 +101,7 @@ int ap_cost_target(const char *target, ap_target_info *out)
 	/* mma.sync m16n8k16 for float16 / bfloat16 and TF32 need sm_80 */
 	out->tc_gflops = arch >= 80 ? row->tc_gflops : 0;
 	out->tf32_gflops = arch >= 80 ? row->tf32_gflops : 0;
+	out->wgmma = arch == 90 && t[strlen(t) - 1] == 'a';
 	out->launch_us = 3;
 	return 0;
 }

@@ -50,6 +50,9 @@ typedef struct ap_target_info {
 	double tc_gflops;                /* dense float16 tensor-core throughput with float32
 					    accumulation, GFLOP/s (0: none usable) */
 	double tf32_gflops;              /* dense TF32 tensor-core throughput (0: none) */
+	bool wgmma;                      /* sm_90a (the arch-specific target, "a"): Hopper's
+					    warpgroup MMA (wgmma) may be used; its kernels load
+					    on compute capability 9.0 only */
 	bool allow_tf32;                 /* the request's numerics: float32 products may run
 					    on TF32 tensor cores (off by default, as in PyTorch) */
 	double launch_us;                /* fixed cost of one launch, microseconds */

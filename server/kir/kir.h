@@ -14,7 +14,9 @@
  * variables, block and thread indices and constants), `if`/`else`, `let`
  * (declares a scalar register, optionally with a value), `assign` (to a
  * register), `store` (to an array element), `barrier` (__syncthreads),
- * warp shuffles (`shfl`, CUDA's __shfl_*_sync), vector loads and stores of
+ * warp shuffles (`shfl`, CUDA's __shfl_*_sync), the warp and warpgroup
+ * matrix statements (ldmatrix, mma.sync; wgmma with its fence, commit and
+ * wait, and the async-proxy fence: sm_90a), vector loads and stores of
  * 2, 4 or 8 consecutive elements (`vload`, `vstore`: one 4, 8 or 16-byte
  * access on the GPU) and comments.  This is the shape of isl's AST (for /
  * if / block / user nodes), so a polyhedral schedule can later be printed

@@ -204,6 +204,7 @@ static void choose_mma(gemm_plan *p, const ap_target_info *t)
 		(p->in_t == AP_DT_F16 || p->in_t == AP_DT_BF16 || (p->in_t == AP_DT_F32 && t->allow_tf32));
 	p->mma = p->in_t == AP_DT_F16 ? AP_KIR_MMA_F16_16816
 		 : p->in_t == AP_DT_BF16 ? AP_KIR_MMA_BF16_16816 : AP_KIR_MMA_TF32_1688;
+	p->wg = p->tc && t->wgmma && p->mma != AP_KIR_MMA_TF32_1688;
 }
 
 /* The convolution's spatial dims (input D, output O, kernel KS, strides,
@@ -519,10 +520,11 @@ static int splitk_values(const gemm_plan *p, const ap_target_info *t, int *vals)
 
 /* Shared-memory padding (elements) of a tile row: 16 bytes keeps rows
  * 16-byte aligned for vector and ldmatrix accesses and spreads
- * consecutive rows over the banks. */
-int ap__gemm_pad_of(ap_dtype t)
+ * consecutive rows over the banks.  wgmma's tiles are core matrices of
+ * 8 rows of 16 bytes, back to back: no padding. */
+int ap__gemm_pad_of(const gemm_plan *p)
 {
-	return (int)(16 / ap_dtype_size(t));
+	return p->wg ? 0 : (int)(16 / ap_dtype_size(p->in_t));
 }
 
 /* Shared tile layouts: for each operand, whether its tile is kept with K
@@ -631,7 +633,7 @@ size_t ap__gemm_smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_targe
 {
 	bool ar, br;
 	stage_mode ma, mb;
-	size_t es = ap_dtype_size(p->in_t), pad = (size_t)ap__gemm_pad_of(p->in_t), S = (size_t)c->stages;
+	size_t es = ap_dtype_size(p->in_t), pad = (size_t)ap__gemm_pad_of(p), S = (size_t)c->stages;
 	size_t a, b;
 
 	ap__gemm_tile_layouts(p, &ar, &br);
@@ -651,6 +653,8 @@ size_t ap__gemm_smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_targe
 
 unsigned ap__gemm_threads_of(const gemm_plan *p, const gemm_cfg *c)
 {
+	if (p->wg)
+		return 128u * (unsigned)(c->tm * c->tn);
 	if (p->tc)
 		return 32u * (unsigned)(c->tm * c->tn);
 	return (unsigned)((c->bm / c->tm) * (c->bn / c->tn));
@@ -676,6 +680,14 @@ bool ap__gemm_cfg_valid(const gemm_plan *p, const gemm_cfg *c, const ap_target_i
 		return false;
 	if (ap__gemm_smem_bytes(p, c, t) > smem_limit(t))
 		return false;
+	if (p->wg) {
+		/* a warpgroup's tile: m64 rows per wgmma, N a multiple of 8 up to
+		 * 256, at most 128 accumulators a thread */
+		int wtm = c->bm / c->tm, wtn = c->bn / c->tn;
+
+		return c->bm % c->tm == 0 && c->bn % c->tn == 0 && wtm % 64 == 0 && wtn % 8 == 0 && wtn <= 256 &&
+		       c->bk % 16 == 0 && wtm / 64 * (wtn / 8) * 4 <= 128;
+	}
 	if (p->tc) {
 		int ks = p->mma == AP_KIR_MMA_TF32_1688 ? 8 : 16;
 		int wtm = c->bm / c->tm, wtn = c->bn / c->tn;
@@ -791,8 +803,9 @@ static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 	 * 256 x 128 with 16 warps: a SIMT thread's register tile caps the
 	 * SIMT block at 128) */
 	nm = nn = tc ? 5 : 4;
-	/* no tile beyond the next power of two of the problem (at least 16) */
-	while (nm > 1 && tiles[nm - 2] >= p.Mr)
+	/* no tile beyond the next power of two of the problem (at least 16;
+	 * wgmma: 64 rows, its instruction's) */
+	while (nm > (p.wg ? 3 : 1) && tiles[nm - 2] >= p.Mr)
 		nm--;
 	while (nn > 1 && tiles[nn - 2] >= p.N)
 		nn--;
@@ -802,8 +815,8 @@ static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 	knob(&sp->knobs[K_BM], "bm", tiles, nm);
 	knob(&sp->knobs[K_BN], "bn", tiles, nn);
 	knob(&sp->knobs[K_BK], "bk", bk[tc], nk);
-	knob(&sp->knobs[K_TM], tc ? "wm" : "tm", tc ? warps : thr, tc ? 3 : 4);
-	knob(&sp->knobs[K_TN], tc ? "wn" : "tn", tc ? warps : thr, tc ? 3 : 4);
+	knob(&sp->knobs[K_TM], p.wg ? "wgm" : tc ? "wm" : "tm", tc ? warps : thr, tc ? 3 : 4);
+	knob(&sp->knobs[K_TN], p.wg ? "wgn" : tc ? "wn" : "tn", tc ? warps : thr, tc ? 3 : 4);
 	if (t->gpu && t->arch >= 80)
 		knob(&sp->knobs[K_STAGES], "stages", st_async, 4);
 	else
@@ -838,6 +851,21 @@ static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 
 static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out);
 
+/* wgmma's default tile (sm_90a): CUTLASS's Hopper shape, a 128 x 128
+ * tile of two warpgroups of 64 x 128 (64 accumulators a thread), K tiles
+ * of 64 -- each smaller where the problem is (64 rows, a power of two of
+ * at least 16 columns, K tiles of 16 or 32); the cost model's stages. */
+static gemm_cfg wg_default(const gemm_plan *p, int stages)
+{
+	gemm_cfg c = {p->Mr > 64 ? 128 : 64, 128, p->K >= 64 ? 64 : p->K > 16 ? 32 : 16, 1, 1,
+		      stages < 2 ? 2 : stages, 1};
+
+	while (c.bn > 16 && c.bn / 2 >= p->N)
+		c.bn /= 2;
+	c.tm = c.bm / 64;
+	return c;
+}
+
 /* Default: the tile from the cost model, the rest by rule. */
 static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
 {
@@ -851,6 +879,8 @@ static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
 		return rc;
 	ap_cost_gemm_default(t, p.tb, p.Mr, p.N, p.K, ap_dtype_size(p.in_t), p.tc, &tile);
 	c = (gemm_cfg){tile.bm, tile.bn, tile.bk, tile.tm, tile.tn, tile.stages, 1};
+	if (p.wg)
+		c = wg_default(&p, tile.stages);
 	/* shrink what the target cannot hold */
 	while (!ap__gemm_cfg_valid(&p, &c, t) && c.stages > 1)
 		c.stages--;
@@ -860,7 +890,11 @@ static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
 	 * warp tile allows, then a shorter K tile (a 128 x 128 tile: 2 x 4
 	 * warps of 64 x 32, where the 2 x 2 the rule gives held twice the
 	 * accumulators the budget allows) */
-	while (p.tc && live_values(&p, &c, t) > LIVE_BUDGET) {
+	/* wgmma: a register-staged prologue's share of the tile shrinks with
+	 * the K tile (the warpgroups stay: their tile is the instruction's) */
+	while (p.wg && live_values(&p, &c, t) > LIVE_BUDGET && c.bk > 16)
+		c.bk /= 2;
+	while (p.tc && !p.wg && live_values(&p, &c, t) > LIVE_BUDGET) {
 		gemm_cfg d = c;
 
 		if (c.bn / c.tn >= 16 && c.tm * c.tn < 8 && c.tn < 4)
@@ -1008,6 +1042,9 @@ static double tc_barrier_fraction(const gemm_plan *p, const gemm_cfg *c, const a
 	double per_clk = peak / ((double)t->sm_count * clk_ghz * 4.0);   /* FLOP a clock a tensor core */
 	double mmas = (double)(c->bm / c->tm / 16) * (double)(c->bn / c->tn / 8) * (double)(c->bk / (tf32 ? 8 : 16));
 	double work = (double)(c->tm * c->tn) / 4.0 * mmas * (tf32 ? 2048.0 : 4096.0) / per_clk;
+
+	if (p->wg)   /* the block's products on the SM's four tensor cores */
+		work = 2.0 * c->bm * c->bn * c->bk / (4.0 * per_clk);
 	unsigned per_sm = ap_cost_blocks_per_sm_regs(t, tr->threads, tr->shared_bytes, tr->regs);
 
 	if (peak <= 0 || clk_ghz <= 0 || per_sm == 0)

@@ -74,6 +74,9 @@ typedef struct gemm_plan {
 					   across batches too: offset row * s_outer */
 	gemm_opnd a, b;                 /* b is described as [N][K] */
 	bool tc;                        /* tensor cores */
+	bool wg;                        /* ... by wgmma (sm_90a, float16 / bfloat16): tm / tn
+					   count warpgroups, the shared tiles are laid out
+					   in core matrices (ap__gemm_smem_lin) */
 	ap_kir_mma_kind mma;
 	ap_emap *maps;                  /* per tensor of m->g */
 	/* convolution as an implicit GEMM: rows (n, output position), columns
@@ -151,6 +154,7 @@ typedef struct gctx {
 	/* the thread's place (declare_threads): SIMT (ty, tx); tensor cores
 	 * its lane and its warp's first row and column of the tile */
 	ap_kir_expr *ty, *tx, *lane, *wm0, *wn0;
+	ap_kir_expr *wg0;               /* wgmma: the warpgroup's first row (wm0 is its warp's) */
 	ap_kir_array *fa, *fb;          /* operand fragments / values of one k (registers) */
 	/* ap__gemm_hoist_copies: per operand, its copies' source element and tile
 	 * place for copy 0 of K tile 0, bound before the K loop (NULL: not
@@ -170,7 +174,7 @@ void ap__gemm_plan_clear(gemm_plan *p);
 int ap__gemm_analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, char *why,
 		     size_t cap);
 gemm_cfg ap__gemm_cfg_of(const ap_sched *s);
-int ap__gemm_pad_of(ap_dtype t);
+int ap__gemm_pad_of(const gemm_plan *p);
 void ap__gemm_tile_layouts(const gemm_plan *p, bool *a_rowk, bool *b_rowk);
 int ap__gemm_copy_mode(const gemm_plan *p, int role, const gemm_cfg *c, const ap_target_info *t,
 		       stage_mode *mode);

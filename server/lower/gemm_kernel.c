@@ -243,6 +243,68 @@ static void compute_tc(gctx *c, ap_kir_expr *st)
 	mma_tiles(c, &s);
 }
 
+/* ---- wgmma (sm_90a) ---- */
+
+/* wgmma's layout of operand `role`'s tile (ap__gemm_smem_lin's wg_place):
+ * K-major when the tile keeps K contiguous -- core matrices 128 bytes
+ * apart along K (LBO), 8 rows of bk elements apart along M or N (SBO) --
+ * else MN-major: 128 bytes apart along M or N (SBO), 8 k of all the
+ * tile's rows apart along K (LBO). */
+static ap_kir_wg_layout wg_layout(gctx *c, int role)
+{
+	int es = (int)ap_dtype_size(c->p->in_t), rows = role ? c->c.bn : c->c.bm;
+	ap_kir_wg_layout l;
+
+	l.mn_major = !(role ? c->b_rowk : c->a_rowk);
+	l.lbo = l.mn_major ? 8 * rows * es : 128;
+	l.sbo = l.mn_major ? 128 : 8 * c->c.bk * es;
+	return l;
+}
+
+/* The K tile in stage st on wgmma: per k16 step and m64 tile of the
+ * warpgroup, one wgmma.m64nNk16 with N the warpgroup's columns, A from
+ * the warpgroup's rows, B from its columns (each descriptor's start the
+ * core matrix at (row, k)); then the group committed and waited for, so
+ * the stage may be refilled after the next barrier. */
+static void compute_wg(gctx *c, ap_kir_expr *st)
+{
+	ap_kir_kernel *k = c->k;
+	ap_kir_block *cur = c->v->cur;
+	int MI = c->c.bm / c->c.tm / 64, NI = c->c.bn / c->c.tn / 8;
+	ap_kir_wgmma_kind kind = c->p->in_t == AP_DT_F16 ? AP_KIR_WGMMA_F16 : AP_KIR_WGMMA_BF16;
+	ap_kir_wg_layout la = wg_layout(c, 0), lb = wg_layout(c, 1);
+	ap_kir_var *kk, *mi;
+	ap_kir_stmt *lk, *lm;
+	ap_kir_expr *a0, *b0;
+
+	ap_kir_wgmma_fence(k, cur, c->acc);
+	kk = ap_kir_var_new(k, k->index_type, "ks");
+	lk = ap_kir_for_unroll(k, cur, kk, I(c, 0), I(c, c->c.bk), 16, -1);
+	if (!lk)
+		return;
+	b0 = ap__gemm_smem_index(c, 1, st, c->wn0, ap_kir_ref(k, kk));
+	mi = ap_kir_var_new(k, k->index_type, "mi");
+	lm = ap_kir_for_unroll(k, &lk->body, mi, I(c, 0), I(c, MI), 1, -1);
+	if (!lm)
+		return;
+	a0 = ap__gemm_smem_index(c, 0, st, ap_kir_add(k, c->wg0, ap_kir_muli(k, ap_kir_ref(k, mi), 64)),
+				 ap_kir_ref(k, kk));
+	ap_kir_wgmma(k, &lm->body, kind, 8 * NI, c->acc, ap_kir_muli(k, ap_kir_ref(k, mi), 4 * NI), c->sa, a0, la,
+		     c->sb, b0, lb);
+	ap_kir_wgmma_commit(k, cur);
+	ap_kir_wgmma_wait(k, cur, 0, c->acc);
+}
+
+/* The barrier after which the stage's tiles are read: on wgmma each
+ * thread first fences its shared-memory writes (cp.async, stores) for the
+ * async proxy that wgmma reads through. */
+static void tiles_ready(gctx *c)
+{
+	if (c->p->wg)
+		ap_kir_fence_proxy_async(c->k, c->v->cur);
+	ap_kir_barrier(c->k, c->v->cur);
+}
+
 /* ---- split-K ---- */
 
 /* Every block of the cluster leaves its partial accumulators in shared
@@ -408,8 +470,8 @@ static void declare_shared(gctx *c)
 	int S = c->c.stages;
 	size_t smem;
 
-	c->lda = (c->a_rowk ? c->c.bk : c->c.bm) + ap__gemm_pad_of(p->in_t);
-	c->ldb = (c->b_rowk ? c->c.bk : c->c.bn) + ap__gemm_pad_of(p->in_t);
+	c->lda = (c->a_rowk ? c->c.bk : c->c.bm) + ap__gemm_pad_of(p);
+	c->ldb = (c->b_rowk ? c->c.bk : c->c.bn) + ap__gemm_pad_of(p);
 	c->a_stage = (int64_t)c->lda * (c->a_rowk ? c->c.bm : c->c.bk);
 	c->b_stage = (int64_t)c->ldb * (c->b_rowk ? c->c.bn : c->c.bk);
 	smem = ap__gemm_smem_bytes(p, &c->c, c->t);
@@ -489,7 +551,21 @@ static void declare_threads(gctx *c)
 	const gemm_plan *p = c->p;
 
 	c->tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
-	if (p->tc) {
+	if (p->wg) {
+		/* warpgroup (wgm, wgn) of tm x tn, wgn fastest; its warp q holds
+		 * rows 16 q .. of each of its m64 tiles */
+		int MI = c->c.bm / c->c.tm / 64, NI = c->c.bn / c->c.tn / 8;
+		ap_kir_expr *wgi = ap_kir_binary(k, AP_KIR_SHR, c->tid, I(c, 7));
+		ap_kir_expr *q = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, c->tid, I(c, 5)), I(c, 3));
+
+		c->acc = ap_kir_local(k, "acc", AP_DT_F32, (int64_t)MI * NI * 4);
+		c->lane = ap_kir_bind(k, v->cur, k->index_type, "lane", ap_kir_binary(k, AP_KIR_AND, c->tid, I(c, 31)));
+		c->wg0 = ap_kir_bind(k, v->cur, k->index_type, "wg",
+				     ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, wgi, I(c, c->c.tn)), c->c.bm / c->c.tm));
+		c->wm0 = ap_kir_bind(k, v->cur, k->index_type, "wm", ap_kir_add(k, c->wg0, ap_kir_muli(k, q, 16)));
+		c->wn0 = ap_kir_bind(k, v->cur, k->index_type, "wn",
+				     ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, wgi, I(c, c->c.tn)), c->c.bn / c->c.tn));
+	} else if (p->tc) {
 		int na, nb, nc, MI = c->c.bm / c->c.tm / 16, NI = c->c.bn / c->c.tn / 8;
 		ap_kir_expr *warp = ap_kir_binary(k, AP_KIR_SHR, c->tid, I(c, 5));
 
@@ -517,7 +593,7 @@ static void declare_threads(gctx *c)
 /* Whether every array declared so far exists (no allocation failed). */
 static bool declared(gctx *c)
 {
-	return !ap_kir_failed(c->k) && c->sa && c->sb && c->fa && c->fb && c->acc &&
+	return !ap_kir_failed(c->k) && c->sa && c->sb && (c->p->wg || (c->fa && c->fb)) && c->acc &&
 	       (c->a_mode == STAGE_TILE || c->pa) && (c->a_mode != STAGE_PAIRS || c->qa) &&
 	       (c->b_mode == STAGE_TILE || c->pb) && (c->b_mode != STAGE_PAIRS || c->qb) &&
 	       (c->c.splitk <= 1 || c->red);
@@ -583,10 +659,12 @@ static void clear_tile(gctx *c)
 	}
 }
 
-/* The arithmetic of the K tile in stage st: tensor cores or SIMT. */
+/* The arithmetic of the K tile in stage st: wgmma, mma.sync or SIMT. */
 static void compute_tile(gctx *c, ap_kir_expr *st)
 {
-	if (c->p->tc)
+	if (c->p->wg)
+		compute_wg(c, st);
+	else if (c->p->tc)
 		compute_tc(c, st);
 	else
 		compute_simt(c, st);
@@ -608,7 +686,7 @@ static void mainloop_single(gctx *c)
 		ap_kir_cp_commit(k, v->cur);
 		ap_kir_cp_wait(k, v->cur, 0);
 	}
-	ap_kir_barrier(k, v->cur);
+	tiles_ready(c);
 	ap__gemm_extract_tile(c, I(c, 0), ap_kir_add(k, c->kofs, ap_kir_ref(k, kt)));
 	compute_tile(c, I(c, 0));
 	ap_v_close(v, ksaved);
@@ -652,7 +730,7 @@ static void mainloop_pipelined(gctx *c)
 	kt = ap_v_loop(v, "kt", I(c, 0), I(c, c->ktl), 1, &ksaved);
 	if (c->a_async || c->b_async)
 		ap_kir_cp_wait(k, v->cur, S - 2);
-	ap_kir_barrier(k, v->cur);
+	tiles_ready(c);
 	stage = S == 2 ? ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), I(c, 1)))
 		       : ap_kir_ref(k, stv);
 	ap__gemm_extract_tile(c, stage, ap_kir_add(k, c->kofs, ap_kir_ref(k, kt)));
@@ -747,7 +825,7 @@ static void epilogue_tc(gctx *c)
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
 	const gemm_plan *p = c->p;
-	int na, nb, nc, MI = c->c.bm / c->c.tm / 16, NI = c->c.bn / c->c.tn / 8;
+	int na, nb, nc, MI = c->c.bm / c->c.tm / (p->wg ? 64 : 16), NI = c->c.bn / c->c.tn / 8;
 	ap_kir_var *mi, *ni, *e;
 	ap_kir_block *s1, *s2, *s3, *s4;
 	ap_kir_expr *g4 = ap_kir_binary(k, AP_KIR_SHR, c->lane, I(c, 2));
@@ -764,7 +842,7 @@ static void epilogue_tc(gctx *c)
 	e = ap_v_loop_unrolled(v, "e", pairs ? 2 : 4, &s3);
 	ev = pairs ? ap_kir_muli(k, ap_kir_ref(k, e), 2) : ap_kir_ref(k, e);
 	row = ap_kir_add(k, ap_kir_add(k, c->m0, c->wm0),
-			 ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), 16),
+			 ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, mi), p->wg ? 64 : 16),
 				    ap_kir_add(k, g4, ap_kir_muli(k, ap_kir_binary(k, AP_KIR_SHR, ev, I(c, 1)), 8))));
 	col = ap_kir_add(k, ap_kir_add(k, c->n0, c->wn0),
 			 ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8),

@@ -255,6 +255,30 @@ static ap_kir_expr *conv_element(gctx *c, int role, ap_kir_expr *o, ap_kir_expr 
 
 /* Shared-memory index of (outer, k) in stage `st` of operand `role`'s
  * tile (a pair- or compute-staged operand has one tile: st is ignored). */
+/* wgmma's tiles (sm_90a): element (o, kk) of operand `role` in the
+ * canonical layout without swizzling of its major-ness (kir.h,
+ * ap_kir_wg_layout) -- core matrices of 8 rows of 8 elements (16 bytes)
+ * back to back: K-major (a tile with K contiguous), the bk / 8 core
+ * matrices of 8 rows o side by side along K, LBO 128 bytes, SBO 8 bk
+ * elements; MN-major, the rows / 8 core matrices of 8 k side by side
+ * along M or N, SBO 128 bytes, LBO 8 rows elements.  A copy of up to 8
+ * elements along the contiguous coordinate, from a multiple of its
+ * width, stays in one 16-byte row. */
+static ap_kir_expr *wg_place(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk)
+{
+	ap_kir_kernel *k = c->k;
+	bool rowk = role ? c->b_rowk : c->a_rowk;
+	ap_kir_expr *hi_o = ap_kir_binary(k, AP_KIR_SHR, o, I(c, 3)), *lo_o = ap_kir_binary(k, AP_KIR_AND, o, I(c, 7));
+	ap_kir_expr *hi_k = ap_kir_binary(k, AP_KIR_SHR, kk, I(c, 3)), *lo_k = ap_kir_binary(k, AP_KIR_AND, kk, I(c, 7));
+
+	if (rowk)
+		return ap_kir_add(k, ap_kir_add(k, ap_kir_muli(k, hi_o, 8 * c->c.bk), ap_kir_muli(k, hi_k, 64)),
+				  ap_kir_add(k, ap_kir_muli(k, lo_o, 8), lo_k));
+	return ap_kir_add(k, ap_kir_add(k, ap_kir_muli(k, hi_k, 8 * (int64_t)(role ? c->c.bn : c->c.bm)),
+					ap_kir_muli(k, hi_o, 64)),
+			  ap_kir_add(k, ap_kir_muli(k, lo_k, 8), lo_o));
+}
+
 /* The place of tile element (o, kk) in one stage of operand `role`'s
  * shared tile (linear in both: a sum of places is a place's offset). */
 ap_kir_expr *ap__gemm_smem_lin(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk)
@@ -262,6 +286,8 @@ ap_kir_expr *ap__gemm_smem_lin(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *k
 	ap_kir_kernel *k = c->k;
 	int ld = role ? c->ldb : c->lda;
 
+	if (c->p->wg)
+		return wg_place(c, role, o, kk);
 	return (role ? c->b_rowk : c->a_rowk) ? ap_kir_add(k, ap_kir_muli(k, o, ld), kk)
 					      : ap_kir_add(k, ap_kir_muli(k, kk, ld), o);
 }
@@ -465,12 +491,16 @@ void ap__gemm_hoist_copies(gctx *c)
 		kk = op->k_fast ? fast : slow;
 		d_o = op->k_fast ? step : 0;
 		d_k = op->k_fast ? 0 : step;
+		if (c->p->wg && (d_o % 8 || d_k % 8))
+			continue;   /* wgmma's tiles: a move of part of a core matrix is not linear */
 		c->cp_src[role] = ap_kir_bind(k, c->v->cur, k->index_type, "cs",
 					      plain_offset(c, role, ap_kir_add(k, role ? c->n0 : c->m0, o), kk));
 		c->cp_dst[role] = ap_kir_bind(k, c->v->cur, k->index_type, "cd", ap__gemm_smem_lin(c, role, o, kk));
 		c->cp_dsrc[role] = d_o * op->s_outer + d_k * op->s_k;
 		c->cp_ddst[role] = (role ? c->b_rowk : c->a_rowk) ? d_o * (role ? c->ldb : c->lda) + d_k
 								  : d_k * (role ? c->ldb : c->lda) + d_o;
+		if (c->p->wg)   /* whole core matrices on (checked above): linear */
+			ap_kir_is_int(wg_place(c, role, I(c, d_o), I(c, d_k)), &c->cp_ddst[role]);
 	}
 }
 
@@ -586,6 +616,8 @@ void ap__gemm_extract_tile(gctx *c, ap_kir_expr *st, ap_kir_expr *ktile)
 	for (int role = 0; role < 2; role++)
 		if ((role ? c->b_mode : c->a_mode) != STAGE_TILE)
 			extract_staged(c, role, st, ktile);
+	if (c->p->wg)   /* the tiles' stores, for wgmma's async-proxy reads */
+		ap_kir_fence_proxy_async(c->k, c->v->cur);
 	ap_kir_barrier(c->k, c->v->cur);
 }
 
