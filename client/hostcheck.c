@@ -38,6 +38,8 @@ typedef struct cell {
 	int32_t pender;              /* the thread whose cp.async delivers it; -1: none */
 	uint8_t multi;               /* read by several threads at (r_be, r_ce) */
 	uint8_t multi_rank;          /* ... of several block ranks */
+	uint16_t wg_mask;            /* warpgroups (t / 128, mod 16) whose wgmma still reads it */
+	uint32_t w_fence;            /* the writer's fence.proxy.async count when it wrote */
 } cell;
 
 typedef struct pend {
@@ -49,6 +51,13 @@ typedef struct thread_state {
 	unsigned committed;          /* cp.async groups committed in this block */
 	pend *p;
 	size_t n, cap;
+	unsigned fences;             /* fence.proxy.async executed (all blocks) */
+	/* a warpgroup's first thread: its wgmma groups committed in this block
+	 * and the shared bytes its wgmmas read, pending until a wait covers
+	 * their group */
+	unsigned wg_committed;
+	pend *wp;
+	size_t wn, wcap;
 } thread_state;
 
 typedef struct ctx {
@@ -241,8 +250,10 @@ static void ck_end(void *vc)
 		__atomic_fetch_add(&g_cnt[i].stores, c->moved[2 * i + 1], __ATOMIC_RELAXED);
 	}
 	free(c->moved);
-	for (unsigned t = 0; t < c->nt; t++)
+	for (unsigned t = 0; t < c->nt; t++) {
 		free(c->thr[t].p);
+		free(c->thr[t].wp);
+	}
 	free(c->thr);
 	free(c->cells);
 	free(c->r);
@@ -327,6 +338,8 @@ static int ck_block(void *vc, unsigned long long block)
 	for (unsigned t = 0; t < c->nt; t++) {
 		c->thr[t].committed = 0;
 		c->thr[t].n = 0;
+		c->thr[t].wg_committed = 0;
+		c->thr[t].wn = 0;
 	}
 	/* counting sees every block's accesses; shared memory is tracked in
 	 * the shadowed ones only (access()) */
@@ -472,6 +485,8 @@ static const void *ck_rd(void *vc, const void *p, unsigned n, unsigned t, unsign
 			x->r_be = c->be;
 			x->r_ce = c->ce;
 			x->multi = x->multi_rank = 0;
+			x->wg_mask = 0;
+			x->w_fence = 0;
 			continue;
 		}
 		if (x->reader == (int32_t)t && x->r_be == c->be && x->r_ce == c->ce && x->pender < 0)
@@ -517,6 +532,12 @@ static bool write_cell(ctx *c, region *r, size_t i, unsigned t, const char *what
 		       "is still delivering it", t, what, r->name, i, r->rank, x->pender);
 		return false;
 	}
+	if (x->wg_mask) {
+		report(c, "thread %u %s shared %s[byte %zu] (rank %d) while a wgmma of warpgroup %d still "
+		       "reads it (no wgmma.wait_group of that warpgroup covers its group)", t, what, r->name, i,
+		       r->rank, __builtin_ctz(x->wg_mask));
+		return false;
+	}
 	if (!ordered(c, x->writer, x->w_be, x->w_ce, t)) {
 		report(c, "data race on shared %s[byte %zu] (rank %d): thread %d wrote it after barrier "
 		       "%u, thread %u %s it with no barrier between", r->name, i, r->rank, x->writer,
@@ -535,6 +556,7 @@ static bool write_cell(ctx *c, region *r, size_t i, unsigned t, const char *what
 	x->writer = (int32_t)t;
 	x->w_be = c->be;
 	x->w_ce = c->ce;
+	x->w_fence = c->thr[t].fences;
 	x->reader = -1;
 	return true;
 }
@@ -627,6 +649,7 @@ static void ck_wait(void *vc, unsigned t, int pending)
 			x->writer = (int32_t)t;
 			x->w_be = c->be;
 			x->w_ce = c->ce;
+			x->w_fence = c->thr[t].fences;
 			x->reader = -1;
 		}
 	}
@@ -644,6 +667,103 @@ static void ck_barrier(void *vc, int cluster)
 		c->ce++;
 }
 
+/* ---- wgmma (sm_90a): the async proxy ---------------------------------------------------- */
+
+static void ck_fence_async(void *vc, unsigned t)
+{
+	ctx *c = vc;
+
+	if (c && t < c->nt)
+		c->thr[t].fences++;
+}
+
+/* A pending range of warpgroup leader L's wgmma reads, in its current
+ * group; false when out of memory (reported at the end). */
+static bool wg_pend(ctx *c, unsigned L, size_t first, unsigned n)
+{
+	thread_state *ts = &c->thr[L];
+
+	if (ts->wn == ts->wcap) {
+		size_t cap = ts->wcap ? 2 * ts->wcap : 64;
+		pend *np = realloc(ts->wp, cap * sizeof(*np));
+
+		if (!np) {
+			c->oom = true;
+			return false;
+		}
+		ts->wp = np;
+		ts->wcap = cap;
+	}
+	ts->wp[ts->wn++] = (pend){ first, n, ts->wg_committed };
+	return true;
+}
+
+/* n bytes at p read by a wgmma of thread t's warpgroup: an ordinary read
+ * (a race with their writer, a cp.async not delivered), then the async
+ * proxy's rule -- the writer fenced (fence.proxy.async) after writing --
+ * and the bytes marked read by the warpgroup until its wait covers the
+ * group (a write before then is reported by write_cell). */
+static const void *ck_wg_rd(void *vc, const void *p, unsigned n, unsigned t)
+{
+	ctx *c = vc;
+	region *r;
+	size_t off;
+	unsigned before = g_count, L = t & ~127u;
+
+	ck_rd(vc, p, n, t, n);
+	if (!c || t >= c->nt || g_count != before)
+		return p;
+	r = access(c, p, n, t, 1, "wgmma read");
+	if (!r)
+		return p;
+	off = (size_t)((const char *)p - r->base);
+	for (unsigned i = 0; i < n; i++) {
+		cell *x = cell_at(c, r->cell + off + i);
+
+		if (x->writer >= 0 && (unsigned)x->writer < c->nt && c->thr[x->writer].fences == x->w_fence) {
+			report(c, "wgmma of thread %u's warpgroup reads shared %s[byte %zu] (rank %d), which thread "
+			       "%d wrote with no fence.proxy.async after it: the async proxy may not see the write",
+			       t, r->name, off + i, r->rank, x->writer);
+			return p;
+		}
+		x->wg_mask |= (uint16_t)(1u << ((t / 128) % 16));
+	}
+	wg_pend(c, L, r->cell + off, n);
+	return p;
+}
+
+static void ck_wg_commit(void *vc, unsigned t)
+{
+	ctx *c = vc;
+
+	if (c && t < c->nt && t % 128 == 0)
+		c->thr[t].wg_committed++;
+}
+
+/* wgmma.wait_group N of warpgroup t / 128: every group but the N most
+ * recent committed is complete, its shared reads done. */
+static void ck_wg_wait(void *vc, unsigned t, int pending)
+{
+	ctx *c = vc;
+	thread_state *ts;
+	size_t keep = 0;
+
+	if (!c || t >= c->nt || t % 128)
+		return;
+	ts = &c->thr[t];
+	for (size_t i = 0; i < ts->wn; i++) {
+		pend *q = &ts->wp[i];
+
+		if ((long long)q->group >= (long long)ts->wg_committed - pending) {
+			ts->wp[keep++] = *q;
+			continue;
+		}
+		for (unsigned j = 0; j < q->bytes; j++)
+			cell_at(c, q->cell + j)->wg_mask &= (uint16_t)~(1u << ((t / 128) % 16));
+	}
+	ts->wn = keep;
+}
+
 static const ap_hcheck_ops ops = {
 	.begin = ck_begin,
 	.end = ck_end,
@@ -655,6 +775,10 @@ static const ap_hcheck_ops ops = {
 	.commit = ck_commit,
 	.wait = ck_wait,
 	.barrier = ck_barrier,
+	.fence_async = ck_fence_async,
+	.wg_rd = ck_wg_rd,
+	.wg_commit = ck_wg_commit,
+	.wg_wait = ck_wg_wait,
 };
 
 const ap_hcheck_ops *ap_hostcheck_ops(void)

@@ -13,7 +13,13 @@
  * per access rd()/wr() (which return the pointer, so an access reads
  * `*(T *)ops->rd(...)`), async()
  * for a cp.async, commit()/wait() for cp.async.commit_group/wait_group,
- * barrier() at each barrier, and end().  Threads are numbered within the
+ * barrier() at each barrier, and end(); for sm_90a's wgmma (Hopper's
+ * async proxy): fence_async() for fence.proxy.async.shared::cta, wg_rd()
+ * for each shared element a wgmma reads (by the warpgroup of thread t,
+ * pending until that warpgroup's wgmma.wait_group covers it), and
+ * wg_commit() / wg_wait() for wgmma.commit_group / wait_group (every
+ * thread of the warpgroup calls them; the warpgroup's first thread
+ * counts).  Threads are numbered within the
  * host's (wide) block: thread t is in block rank t / block_threads of its
  * cluster.
  *
@@ -40,7 +46,11 @@
 	void (*async)(void *ctx, void *dst, const void *src, unsigned bytes, unsigned t, int pred); \
 	void (*commit)(void *ctx, unsigned t); \
 	void (*wait)(void *ctx, unsigned t, int pending); \
-	void (*barrier)(void *ctx, int cluster);
+	void (*barrier)(void *ctx, int cluster); \
+	void (*fence_async)(void *ctx, unsigned t); \
+	const void *(*wg_rd)(void *ctx, const void *p, unsigned bytes, unsigned t); \
+	void (*wg_commit)(void *ctx, unsigned t); \
+	void (*wg_wait)(void *ctx, unsigned t, int pending);
 
 typedef struct ap_hcheck_ops {
 	AP_HCHECK_FIELDS

@@ -12,7 +12,12 @@
  *           thread reads bytes another thread's copy delivered with no
  *           barrier between;
  *   cluster split-K's barrier.cluster replaced by __syncthreads: a block
- *           reads a peer's partial sums with no cluster barrier between.
+ *           reads a peer's partial sums with no cluster barrier between;
+ * and into a float16 GEMM lowered for sm_90a (wgmma from shared tiles):
+ *   fence   every fence.proxy.async removed: a wgmma reads tile bytes whose
+ *           writers never made them visible to the async proxy;
+ *   wgwait  wgmma.wait_group 1 for 0: the next K tile's copies overwrite a
+ *           stage the previous tile's wgmma may still be reading.
  * Without the checker each buggy kernel still computes the right numbers
  * on the host (copies land at once, phases run in order), which is why the
  * checking mode exists.
@@ -211,7 +216,7 @@ END_TEST
 
 /* ---- real kernels with injected bugs ------------------------------------------------ */
 
-typedef enum { BUG_NONE, BUG_WAIT, BUG_BARRIER, BUG_CLUSTER } sync_bug;
+typedef enum { BUG_NONE, BUG_WAIT, BUG_BARRIER, BUG_CLUSTER, BUG_FENCE, BUG_WGWAIT } sync_bug;
 
 /* Injects `bug` into every place of block b it applies to; returns how many. */
 static int inject(ap_kir_block *b, sync_bug bug)
@@ -224,8 +229,14 @@ static int inject(ap_kir_block *b, sync_bug bug)
 			n += inject(&s->body, bug);
 			n += inject(&s->orelse, bug);
 		}
-		if (bug == BUG_WAIT && s->kind == AP_KIR_S_CP_WAIT) {
+		if ((bug == BUG_WAIT && s->kind == AP_KIR_S_CP_WAIT) ||
+		    (bug == BUG_WGWAIT && s->kind == AP_KIR_S_WGMMA_WAIT)) {
 			s->step++;
+			n++;
+		}
+		if (bug == BUG_FENCE && s->kind == AP_KIR_S_FENCE_ASYNC) {
+			s->kind = AP_KIR_S_COMMENT;
+			s->text = (char *)"fence removed";
 			n++;
 		}
 		if (bug == BUG_CLUSTER && s->kind == AP_KIR_S_CLUSTER_BARRIER) {
@@ -367,7 +378,10 @@ static void *as_type(ap_dtype dt, const float *v, int64_t n)
 	return out;
 }
 
-/* Lowers the product for sm_90 (TF32 allowed when `tf`), injects `bug`,
+/* The target run_checked lowers for. */
+static const char *g_target = "sm_90";
+
+/* Lowers the product for g_target (TF32 allowed when `tf`), injects `bug`,
  * prints it in the checking mode, runs it over every block and returns the
  * checker's count (its messages in `msg`).  With no bug, the result must
  * match the float64 reference within `tol` (relative to the row's scale);
@@ -397,7 +411,7 @@ static unsigned run_checked(product *p, bool tf, sync_bug bug, bool cluster, dou
 	m = ap_mgraph_extract(g, nodes, member, g->n_nodes, g->outputs, g->n_outputs,
 			      AP_GROUP_MATMUL, 0, &gi, 1, &err);
 	ck_assert_msg(m != NULL, "%s", err.msg);
-	ck_assert_int_eq(ap_cost_target("sm_90", &ti), 0);
+	ck_assert_int_eq(ap_cost_target(g_target, &ti), 0);
 	ti.allow_tf32 = tf;
 	k = ap_lower(m, &ti, "checked_gemm", &lo, NULL, &err);
 	ck_assert_msg(k != NULL, "%s", err.msg);
@@ -514,6 +528,102 @@ START_TEST(splitk_cluster_bug_found)
 }
 END_TEST
 
+/* The checker alone on sm_90a's async proxy: a wgmma read of bytes
+ * written without fence.proxy.async; a write to bytes a wgmma still reads
+ * (no wgmma.wait_group covering its group); the clean sequences beside
+ * each. */
+START_TEST(unit_wgmma)
+{
+	const ap_hcheck_ops *o = ap_hostcheck_ops();
+	_Alignas(16) uint16_t s[64];
+	_Alignas(16) float g[4];
+	char msg[2048];
+	void *c;
+
+	/* written, barrier, read by the wgmma of warpgroup 0: the fence is missing */
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 256, 256);
+	o->wr(c, &s[0], 2, 5, 2);
+	o->barrier(c, 0);
+	o->wg_rd(c, &s[0], 2, 0);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_ptr_nonnull(strstr(msg, "no fence.proxy.async"));
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 256, 256);
+	o->wr(c, &s[0], 2, 5, 2);
+	o->fence_async(c, 5);
+	o->barrier(c, 0);
+	o->wg_rd(c, &s[0], 2, 0);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 0);
+	/* a wgmma of warpgroup 1 reads, a barrier, another thread overwrites: the
+	 * group is still pending without the warpgroup's wait */
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 256, 256);
+	o->wg_rd(c, &s[8], 2, 128);
+	for (unsigned t = 128; t < 256; t++)
+		o->wg_commit(c, t);
+	o->barrier(c, 0);
+	o->wr(c, &s[8], 2, 3, 2);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_ptr_nonnull(strstr(msg, "while a wgmma of warpgroup 1 still reads it"));
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 256, 256);
+	o->wg_rd(c, &s[8], 2, 128);
+	for (unsigned t = 128; t < 256; t++)
+		o->wg_commit(c, t);
+	for (unsigned t = 128; t < 256; t++)
+		o->wg_wait(c, t, 0);
+	o->barrier(c, 0);
+	o->wr(c, &s[8], 2, 3, 2);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 0);
+	/* wait_group 1 with two groups committed: the older group's bytes are
+	 * free, the newer's not */
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 128, 128);
+	o->wg_rd(c, &s[0], 2, 0);
+	o->wg_commit(c, 0);
+	o->wg_rd(c, &s[16], 2, 0);
+	o->wg_commit(c, 0);
+	o->wg_wait(c, 0, 1);
+	o->barrier(c, 0);
+	o->wr(c, &s[0], 2, 7, 2);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 0);
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 128, 128);
+	o->wg_rd(c, &s[0], 2, 0);
+	o->wg_commit(c, 0);
+	o->wg_rd(c, &s[16], 2, 0);
+	o->wg_commit(c, 0);
+	o->wg_wait(c, 0, 1);
+	o->barrier(c, 0);
+	o->wr(c, &s[16], 2, 7, 2);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+}
+END_TEST
+
+/* A float16 GEMM on sm_90a (wgmma, its tiles in core-matrix layouts, the
+ * same cp.async pipeline): clean, then without the async-proxy fences and
+ * with wgmma.wait_group 1 for 0. */
+START_TEST(wgmma_bugs_found)
+{
+	product p = { .m = 64, .k = 256, .n = 64, .dt = AP_DT_F16 };
+	char msg[2048];
+	int sites;
+
+	product_data(&p, false);
+	g_target = "sm_90a";
+	ck_assert_uint_eq(run_checked(&p, false, BUG_NONE, false, 1e-2, &sites, msg, sizeof(msg)), 0);
+	ck_assert_msg(run_checked(&p, false, BUG_FENCE, false, 0, &sites, msg, sizeof(msg)) > 0,
+		      "the missing fence.proxy.async not found");
+	ck_assert_int_gt(sites, 0);
+	ck_assert_msg(strstr(msg, "no fence.proxy.async"), "%s", msg);
+	printf("check_hostcheck: no fence.proxy.async (%d sites): %.200s\n", sites, msg);
+	ck_assert_msg(run_checked(&p, false, BUG_WGWAIT, false, 0, &sites, msg, sizeof(msg)) > 0,
+		      "wgmma.wait_group 1 not found");
+	ck_assert_int_gt(sites, 0);
+	ck_assert_msg(strstr(msg, "still reads it"), "%s", msg);
+	printf("check_hostcheck: wgmma.wait_group 1 (%d sites): %.200s\n", sites, msg);
+	ck_assert_msg(run_checked(&p, false, BUG_WAIT, false, 0, &sites, msg, sizeof(msg)) > 0,
+		      "wait_group S-1 not found on sm_90a");
+	g_target = "sm_90";
+	product_free(&p);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("hostcheck");
@@ -525,6 +635,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, unit_clusters);
 	tcase_add_test(tc, gemm_pipeline_bugs_found);
 	tcase_add_test(tc, splitk_cluster_bug_found);
+	tcase_add_test(tc, unit_wgmma);
+	tcase_add_test(tc, wgmma_bugs_found);
 	suite_add_tcase(s, tc);
 	return s;
 }

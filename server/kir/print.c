@@ -1196,12 +1196,16 @@ static void print_wg_sync(printer *p, const ap_kir_stmt *s, int depth)
 	case AP_KIR_S_WGMMA_COMMIT:
 		sb_indent(b, depth);
 		sb_printf(b, cuda ? "asm volatile(\"wgmma.commit_group.sync.aligned;\\n\" ::: \"memory\");\n"
-				  : "/* wgmma.commit_group */\n");
+			     : p->check ? "AP_CK(wg_commit(ap_ck, ap_t));   /* wgmma.commit_group */\n"
+					: "/* wgmma.commit_group */\n");
 		break;
 	case AP_KIR_S_WGMMA_WAIT:
 		sb_indent(b, depth);
 		if (cuda)
 			sb_printf(b, "asm volatile(\"wgmma.wait_group.sync.aligned %lld;\\n\" ::: \"memory\");\n",
+				  (long long)s->step);
+		else if (p->check)
+			sb_printf(b, "AP_CK(wg_wait(ap_ck, ap_t, %lld));   /* wgmma.wait_group */\n",
 				  (long long)s->step);
 		else
 			sb_printf(b, "/* wgmma.wait_group %lld: the host computed each wgmma at once */\n",
@@ -1212,7 +1216,8 @@ static void print_wg_sync(printer *p, const ap_kir_stmt *s, int depth)
 	default:   /* AP_KIR_S_FENCE_ASYNC */
 		sb_indent(b, depth);
 		sb_printf(b, cuda ? "asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\");\n"
-				  : "/* fence.proxy.async.shared::cta */\n");
+			     : p->check ? "AP_CK(fence_async(ap_ck, ap_t));   /* fence.proxy.async.shared::cta */\n"
+					: "/* fence.proxy.async.shared::cta */\n");
 		break;
 	}
 }
@@ -1844,7 +1849,7 @@ static void print_wgmma_host(printer *p, const ap_kir_stmt *s, int depth)
 		else
 			sb_printf(b, "ap_wg_b[ap_wi][ap_k][ap_r] = ");
 		if (checked(p, a))
-			sb_printf(b, "%s(*(const unsigned short *)AP_CK_RD(ap_e, %du, ap_t, %du));\n", cv, es, es);
+			sb_printf(b, "%s(*(const unsigned short *)AP_CK_WGRD(ap_e, %du, ap_t));\n", cv, es);
 		else
 			sb_printf(b, "%s(*ap_e);\n", cv);
 		sb_indent(b, depth + 3);
@@ -2060,6 +2065,8 @@ static void print_prelude(printer *p)
 				  "(a)) : (const void *)(p))\n"
 				  "#define AP_CK_WR(p, n, t, a) (ap_ckb ? ap_check_rt->wr(ap_ck, (p), (n), (t), "
 				  "(a)) : (void *)(p))\n"
+				  "#define AP_CK_WGRD(p, n, t) (ap_ckb ? ap_check_rt->wg_rd(ap_ck, (p), (n), (t)) "
+				  ": (const void *)(p))\n"
 				  "#define AP_CK(call) do { if (ap_ckb) ap_check_rt->call; } while (0)\n"
 				  "#endif\n", AP_HCHECK_DECL);
 	}
