@@ -67,6 +67,27 @@ bool ap_dtype_in_graphs(ap_dtype dt)
 	return ap_dtype_size(dt) > 0;
 }
 
+double ap_dtype_lowest_finite(ap_dtype dt)
+{
+	switch (dt) {
+	case AP_DT_F16: return -65504.0;
+	case AP_DT_BF16: return -3.3895313892515355e38;
+	case AP_DT_F32: return -3.4028234663852886e38;
+	default: return -1.7976931348623157e308;
+	}
+}
+
+bool ap_tensor_scalar(const ap_graph *g, int t, double *v)
+{
+	const ap_tensor *x = t >= 0 && t < g->n_tensors ? &g->tensors[t] : NULL;
+
+	if (!x || x->kind != AP_TENSOR_CONST || !x->data || ap_tensor_numel(x) != 1 ||
+	    x->nbytes < ap_dtype_size(x->dtype))
+		return false;
+	*v = ap_elem_get(x->data, x->dtype, 0);
+	return true;
+}
+
 int64_t ap_tensor_numel(const ap_tensor *t)
 {
 	int64_t n = 1;

@@ -146,6 +146,10 @@ const char *ap_dtype_name(ap_dtype dt);      /* "float32", ... */
 bool ap_dtype_in_graphs(ap_dtype dt);
 /* F32, F64, F16 and BF16. */
 bool ap_dtype_is_floating(ap_dtype dt);
+/* The lowest finite value of floating type dt (-65504 for F16, -(2 - 2^-7)
+ * 2^127 for BF16, -FLT_MAX, and -DBL_MAX for F64 and any other type): the
+ * max a safe softmax clamps a fully masked row's maximum to. */
+double ap_dtype_lowest_finite(ap_dtype dt);
 
 /* ---- 16-bit floats and typed elements (half.c) ---------------------------- */
 
@@ -166,6 +170,11 @@ double ap_elem_get(const void *data, ap_dtype dt, int64_t i);
 void ap_elem_set(void *data, ap_dtype dt, int64_t i, double v);
 /* Element count, or -1 when it exceeds AP_MAX_ELEMENTS or a dim is < 0. */
 int64_t ap_tensor_numel(const ap_tensor *t);
+/* True when tensor t of g (t >= 0) is a constant of one element with its
+ * data (at least one element's bytes), the value in *v (ap_elem_get):
+ * the scalar operands the lowering reads off a graph (an epilogue's
+ * alpha, a safe softmax's clamp). */
+bool ap_tensor_scalar(const ap_graph *g, int t, double *v);
 /* True when two shapes are the same: equal ranks (0..AP_MAX_RANK) and
  * equal dims, position by position (rank_a dims in dims_a, rank_b in
  * dims_b; dtypes are not compared).  No broadcasting: [1,4] is not [4]. */

@@ -145,20 +145,12 @@ static int max_with(const ap_graph *g, int x, double want)
 	if (n < 0 || g->nodes[n].n_inputs != 2)
 		return -1;
 	for (int j = 0; j < 2; j++) {
-		const ap_tensor *c = &g->tensors[g->nodes[n].inputs[j]];
+		double v;
 
-		if (c->kind == AP_TENSOR_CONST && c->data && ap_tensor_numel(c) == 1 &&
-		    ap_elem_get(c->data, c->dtype, 0) == want)
+		if (ap_tensor_scalar(g, g->nodes[n].inputs[j], &v) && v == want)
 			return g->nodes[n].inputs[1 - j];
 	}
 	return -1;
-}
-
-/* The lowest finite value of float type t. */
-static double lowest_finite(ap_dtype t)
-{
-	return t == AP_DT_F16 ? -65504.0 : t == AP_DT_BF16 ? -3.3895313892515355e38
-	       : t == AP_DT_F32 ? -3.4028234663852886e38 : -1.7976931348623157e308;
 }
 
 /* The softmax between the products: P = E / l, E = Exp(S - m),
@@ -189,7 +181,7 @@ static int match_softmax(const ap_graph *g, att_plan *p, char *why, size_t cap)
 	if (p->safe) {
 		const ap_tensor *st = &g->tensors[p->s];
 
-		p->m = max_with(g, msub, lowest_finite(st->dtype));
+		p->m = max_with(g, msub, ap_dtype_lowest_finite(st->dtype));
 		if (p->m < 0) {
 			snprintf(why, cap, "a sum clamped to 1 without the max clamped to the lowest value");
 			return 0;
@@ -204,7 +196,7 @@ static int match_softmax(const ap_graph *g, att_plan *p, char *why, size_t cap)
 
 		/* (the safe form's clamped max may be recomputed with it) */
 		if (s2 < 0 || g->nodes[s2].inputs[0] != p->s ||
-		    (ms2 != msub && (!p->safe || max_with(g, ms2, lowest_finite(g->tensors[p->s].dtype)) != p->m))) {
+		    (ms2 != msub && (!p->safe || max_with(g, ms2, ap_dtype_lowest_finite(g->tensors[p->s].dtype)) != p->m))) {
 			snprintf(why, cap, "the sum is not of exp(S - max)");
 			return 0;
 		}

@@ -52,16 +52,10 @@ typedef struct lib_epi {
 	int act;
 } lib_epi;
 
-/* The value of t when it is a constant of one element. */
+/* The value of t when it is a finite constant of one element. */
 static bool scalar_const(const ap_graph *g, int t, double *v)
 {
-	const ap_tensor *x = t >= 0 ? &g->tensors[t] : NULL;
-
-	if (!x || x->kind != AP_TENSOR_CONST || !x->data || ap_tensor_numel(x) != 1 ||
-	    x->nbytes < ap_dtype_size(x->dtype))
-		return false;
-	*v = ap_elem_get(x->data, x->dtype, 0);
-	return isfinite(*v);
+	return ap_tensor_scalar(g, t, v) && isfinite(*v);
 }
 
 /* Where the activation is tested: it is read off the nodes as a function

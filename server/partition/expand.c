@@ -620,15 +620,6 @@ static int masked_out(ex *e, int cond, int s)
 }
 
 /* The lowest finite value of float type dt. */
-static double lowest_finite(ap_dtype dt)
-{
-	switch (dt) {
-	case AP_DT_F16: return -65504.0;
-	case AP_DT_BF16: return -3.3895313892515355e38;
-	case AP_DT_F32: return -3.4028234663852886e38;
-	default: return -1.7976931348623157e308;
-	}
-}
 
 /* Attention (ops.def): KT = Transpose(K'); S = MatMul(Q, KT) * scale;
  * S = Where(mask, S, -inf) or S + mask; S = Where(causal, S, -inf);
@@ -677,7 +668,7 @@ static void expand_attention(ex *e, const ap_node *node)
 		s = masked_out(e, causal_cond(e, L, S), s);
 	m = reduce(e, AP_OP_REDUCE_MAX, s, &axis, 1, 1, -1);
 	if (safe)
-		m = binary(e, AP_OP_MAX, m, scalar_const(e, dt, lowest_finite(dt)), -1);
+		m = binary(e, AP_OP_MAX, m, scalar_const(e, dt, ap_dtype_lowest_finite(dt)), -1);
 	d = binary(e, AP_OP_SUB, s, m, -1);
 	ee = unary(e, AP_OP_EXP, d, -1);
 	l = reduce(e, AP_OP_REDUCE_SUM, ee, &axis, 1, 1, -1);
