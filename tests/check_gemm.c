@@ -18,8 +18,8 @@
  * With directories as arguments (tests/precision.sh passes the float16 and
  * bfloat16 versions of the models), those are checked instead, tensor
  * cores expected without --allow-tf32, and built for sm_90a too: every
- * GEMM kernel (products, convolutions) holds wgmma in its PTX and ptxas
- * reports no spills for it (the float16 graphs; the bfloat16 ones too
+ * GEMM kernel (products, convolutions) and tensor-core attention kernel
+ * holds wgmma in its PTX and ptxas reports no spills for it (the float16 graphs; the bfloat16 ones too
  * under APOLLO_SWEEP=full).  Skipped (with a message) when
  * NVRTC cannot be loaded.
  */
@@ -191,9 +191,10 @@ static void check_model(const char *dir, bool tf32, bool all_async, int *n_gemm,
 }
 
 /* A 16-bit model built for sm_90a: every GEMM kernel (products and
- * convolutions) holds wgmma in its PTX, and ptxas reports no spills for
- * it; *n_wg counts them. */
-static void check_model_wgmma(const char *dir, int *n_wg)
+ * convolutions) and every tensor-core attention kernel holds wgmma in
+ * its PTX, and ptxas reports no spills for it; *n_wg counts the GEMM
+ * kernels, *n_att the attention ones. */
+static void check_model_wgmma(const char *dir, int *n_wg, int *n_att)
 {
 	ap_build_options o = {.target = "sm_90a"};
 	ap_error err;
@@ -209,7 +210,9 @@ static void check_model_wgmma(const char *dir, int *n_wg)
 		size_t len = 0;
 		ap_ptxas_stats st;
 
-		if (!emitter_is(k, "gemm"))
+		bool att = emitter_is(k, "attention");
+
+		if (!emitter_is(k, "gemm") && !att)
 			continue;
 		ck_assert_msg(ap_nvrtc_compile(k->src, k->name, "sm_90a", false, &out, &len, &err) == 0, "%s %s: %s",
 			      dir, k->name, err.msg);
@@ -221,7 +224,10 @@ static void check_model_wgmma(const char *dir, int *n_wg)
 		ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0,
 			      "%s: wgmma kernel %s spills %d / %d bytes (%d registers)", dir, k->name,
 			      st.spill_store_bytes, st.spill_load_bytes, st.registers);
-		(*n_wg)++;
+		if (att)
+			(*n_att)++;
+		else
+			(*n_wg)++;
 	}
 	ap_program_free(p);
 	ap_graph_free(g);
@@ -230,7 +236,7 @@ static void check_model_wgmma(const char *dir, int *n_wg)
 START_TEST(models_tensor_cores_and_spills)
 {
 	ap_error err;
-	int n_gemm = 0, n_async = 0, n_prologue = 0, n_splitk = 0, n_spill = 0, n_att = 0, n_wg = 0;
+	int n_gemm = 0, n_async = 0, n_prologue = 0, n_splitk = 0, n_spill = 0, n_att = 0, n_wg = 0, n_att_wg = 0;
 	char dir[512];
 
 	if (ap_nvrtc_load(&err) != 0) {
@@ -245,7 +251,7 @@ START_TEST(models_tensor_cores_and_spills)
 		 * the bfloat16 ones, the same kernels in another type, under
 		 * APOLLO_SWEEP=full */
 		if (!strstr(arg_dirs[d], "bfloat16__") || ap_sweep_stride() == 1)
-			check_model_wgmma(arg_dirs[d], &n_wg);
+			check_model_wgmma(arg_dirs[d], &n_wg, &n_att_wg);
 	}
 	for (size_t d = 0; d < sizeof(dirs) / sizeof(dirs[0]) && n_arg_dirs == 0; d++) {
 		snprintf(dir, sizeof(dir), "%s/%s", TESTDATA, dirs[d]);
@@ -261,7 +267,8 @@ START_TEST(models_tensor_cores_and_spills)
 	       "%d kernels without spills; %d tensor-core attention kernels\n", n_gemm, n_async, n_prologue, n_splitk,
 	       n_spill, n_att);
 	if (n_arg_dirs)
-		printf("check_gemm: %d GEMM kernels built for sm_90a, each with wgmma and without spills\n", n_wg);
+		printf("check_gemm: %d GEMM and %d attention kernels built for sm_90a, each with wgmma and without "
+		       "spills\n", n_wg, n_att_wg);
 	ck_assert_int_gt(n_gemm, n_arg_dirs ? 2 * n_arg_dirs : 20);
 	ck_assert_int_ge(n_wg, n_arg_dirs ? n_arg_dirs : 0);
 	ck_assert_int_gt(n_async, n_gemm / 2);
@@ -270,10 +277,18 @@ START_TEST(models_tensor_cores_and_spills)
 	{
 		int want = 0;
 
-		for (int d = 0; d < n_arg_dirs; d++)
-			want += strstr(arg_dirs[d], "bert_like_2l") || strstr(arg_dirs[d], "prenorm_layer_train");
+		int want_wg = 0;
+
+		for (int d = 0; d < n_arg_dirs; d++) {
+			bool has = strstr(arg_dirs[d], "bert_like_2l") || strstr(arg_dirs[d], "prenorm_layer_train");
+
+			want += has;
+			want_wg += has && (!strstr(arg_dirs[d], "bfloat16__") || ap_sweep_stride() == 1);
+		}
 		ck_assert_msg(n_att >= want, "%d tensor-core attention kernels in %d models with attention", n_att,
 			      want);
+		ck_assert_msg(n_att_wg >= want_wg, "%d wgmma attention kernels in %d models with attention (sm_90a)",
+			      n_att_wg, want_wg);
 	}
 }
 END_TEST

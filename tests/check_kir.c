@@ -25,7 +25,7 @@
  *     the two run apart; the verifier, one good and one bad kernel a rule.
  *   - wgmma (sm_90a): two warpgroups' m64nNk16 products from shared
  *     operands laid out K- and MN-major with gaps between core matrices,
- *     vs float64;
+ *     and with A from registers, vs float64;
  * CUDA text is compiled with NVRTC for compute_80 (wgmma: sm_90a) where it loads (PTX
  * checked for shfl.sync, ld/st .v4.f32), else the test says it skipped.
  */
@@ -2334,20 +2334,20 @@ static size_t wg_test_place(bool mn, int lbo, int sbo, int r, int k)
  * warpgroup; each thread stores its accumulators at the (row, column) of
  * the ISA's fragment figure; compared with a float64 reference.  The
  * CUDA text is compiled for sm_90a by NVRTC (PTX checked for wgmma). */
-static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N)
+static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool a_reg)
 {
 	ap_dtype T = kind == AP_KIR_WGMMA_F16 ? AP_DT_F16 : AP_DT_BF16;
 	ap_kir_wg_layout la = {a_mn, a_mn ? 16 * 128 + 64 : 128, a_mn ? 128 : 384};
 	ap_kir_wg_layout lb = {b_mn, b_mn ? (N / 8) * 128 + 32 : 128, b_mn ? 128 : 256 + 16 * (N / 8)};
 	size_t a_bytes = 0, b_bytes = 0;
 	ap_kir_kernel *k = ap_kir_kernel_new("k_wgmma");
-	ap_kir_array *gD, *gA, *gB, *gC, *sA, *sB, *acc;
+	ap_kir_array *gD, *gA, *gB, *gC, *sA, *sB, *acc, *fa, *gAr;
 	ap_kir_expr *t, *w, *l, *g, *q, *idx;
 	ap_kir_var *i;
 	ap_kir_stmt *loop;
-	uint16_t *ha, *hb;
+	uint16_t *ha, *hb, har[128 * 16];
 	float *cv, *dv, a32[128][16], b32[16][256];
-	void *args[4], *h;
+	void *args[5], *h;
 	char *host, *cuda, *ptx;
 	host_fn f;
 
@@ -2382,6 +2382,7 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N)
 			a32[r][kk] = v;
 			ha[wg_test_place(a_mn, la.lbo, la.sbo, r, kk) / 2] =
 				T == AP_DT_BF16 ? ap_kir_f32_to_bf16(v) : ap_kir_f32_to_f16(v);
+			har[r * 16 + kk] = ha[wg_test_place(a_mn, la.lbo, la.sbo, r, kk) / 2];
 		}
 	for (int kk = 0; kk < 16; kk++)
 		for (int n = 0; n < N; n++) {
@@ -2399,6 +2400,8 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N)
 	gA = ap_kir_param(k, "A", T, false, -1);
 	gB = ap_kir_param(k, "B", T, false, -1);
 	gC = ap_kir_param(k, "C", AP_DT_F32, false, -1);
+	gAr = ap_kir_param(k, "Ar", T, false, -1);   /* A row-major 128 x 16, for the register form */
+	fa = ap_kir_local(k, "fa", T, 8);
 	sA = ap_kir_shared_dyn(k, "sA", T, (int64_t)a_bytes / 2);
 	sB = ap_kir_shared_dyn(k, "sB", T, (int64_t)b_bytes / 2);
 	acc = ap_kir_local(k, "acc", AP_DT_F32, N / 2);
@@ -2428,7 +2431,18 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N)
 		ap_kir_expr *v = ap_kir_binary(k, AP_KIR_SHR, t, ap_kir_idx(k, 7));
 		ap_kir_expr *a0 = ap_kir_muli(k, v, 8 * (int64_t)la.sbo / 2);   /* 8 core rows on */
 
-		ap_kir_wgmma(k, &k->body, kind, N, acc, ap_kir_idx(k, 0), sA, a0, la, sB, ap_kir_idx(k, 0), lb);
+		if (a_reg) {
+			/* A's fragment from registers: element e at row g (+ 8 for e % 4 >= 2),
+			 * column q + e % 2 (+ 8 from e = 4), as mma.sync's m16n8k16 A */
+			for (int e = 0; e < 8; e++)
+				ap_kir_store(k, &k->body, fa, ap_kir_idx(k, e),
+					     ap_kir_load(k, gAr, ap_kir_add(k, ap_kir_muli(k, ap_kir_addi(k, g, e % 4 >= 2 ? 8 : 0), 16),
+									  ap_kir_addi(k, q, e % 2 + (e >= 4 ? 8 : 0)))));
+			ap_kir_wgmma(k, &k->body, kind, N, acc, ap_kir_idx(k, 0), fa, ap_kir_idx(k, 0), la, sB,
+				     ap_kir_idx(k, 0), lb);
+		} else {
+			ap_kir_wgmma(k, &k->body, kind, N, acc, ap_kir_idx(k, 0), sA, a0, la, sB, ap_kir_idx(k, 0), lb);
+		}
 	}
 	ap_kir_wgmma_commit(k, &k->body);
 	ap_kir_wgmma_wait(k, &k->body, 0, acc);
@@ -2444,6 +2458,7 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N)
 	args[1] = ha;
 	args[2] = hb;
 	args[3] = cv;
+	args[4] = har;
 	f(args, 0, 1);
 	for (int r = 0; r < 128; r++)
 		for (int n = 0; n < N; n++) {
@@ -2452,7 +2467,7 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N)
 			for (int kk = 0; kk < 16; kk++)
 				ref += (double)a32[r][kk] * b32[kk][n];
 			ck_assert_msg(fabs(dv[r * N + n] - ref) <= 1e-5 * (fabs(ref) + 1),
-				      "wgmma n%d A %s B %s: D[%d][%d] = %.9g, want %.9g", N, a_mn ? "MN" : "K",
+				      "wgmma n%d A %s B %s: D[%d][%d] = %.9g, want %.9g", N, a_reg ? "registers" : a_mn ? "MN" : "K",
 				      b_mn ? "MN" : "K", r, n, (double)dv[r * N + n], ref);
 		}
 	{
@@ -2484,16 +2499,18 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N)
 
 START_TEST(wgmma_f16)
 {
-	run_wgmma(AP_KIR_WGMMA_F16, false, true, 64);
-	run_wgmma(AP_KIR_WGMMA_F16, false, false, 8);
-	run_wgmma(AP_KIR_WGMMA_F16, true, true, 256);
+	run_wgmma(AP_KIR_WGMMA_F16, false, true, 64, false);
+	run_wgmma(AP_KIR_WGMMA_F16, false, false, 8, false);
+	run_wgmma(AP_KIR_WGMMA_F16, true, true, 256, false);
+	run_wgmma(AP_KIR_WGMMA_F16, false, true, 32, true);
 }
 END_TEST
 
 START_TEST(wgmma_bf16)
 {
-	run_wgmma(AP_KIR_WGMMA_BF16, true, false, 128);
-	run_wgmma(AP_KIR_WGMMA_BF16, false, true, 24);
+	run_wgmma(AP_KIR_WGMMA_BF16, true, false, 128, false);
+	run_wgmma(AP_KIR_WGMMA_BF16, false, true, 24, false);
+	run_wgmma(AP_KIR_WGMMA_BF16, false, false, 16, true);
 }
 END_TEST
 

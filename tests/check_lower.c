@@ -1832,6 +1832,25 @@ START_TEST(attention_tensor_cores)
 }
 END_TEST
 
+/* float16 and bfloat16 on sm_90a: the tensor-core form on wgmma (4 and 8
+ * warps: one and two warpgroups of 64 query rows; fewer warps stay on
+ * mma.sync), S = Q K^T from the shared Q and K tiles, O += P V with P
+ * from registers; every configuration run on the host in the checking
+ * mode (the async-proxy fences, the wgmma waits); the same shapes and
+ * tolerances as on sm_90.  The default kernel's CUDA holds wgmma and its
+ * PTX for sm_90a too, without spills. */
+START_TEST(attention_wgmma)
+{
+	static const att_case f16 = {"attention_wg_f16", AP_DT_F16, 2, 3, 37, 45, 16, 12, false, "sm_90a", 4e-3};
+	static const att_case bf16 = {"attention_wg_bf16_stats", AP_DT_BF16, 2, 3, 37, 45, 24, 20, true, "sm_90a", 2e-2};
+	lcase l1 = {f16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16"}};
+	lcase l2 = {bf16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16.row.col.f32.bf16"}};
+
+	run_attention_case(&f16, &l1);
+	run_attention_case(&bf16, &l2);
+}
+END_TEST
+
 /* float32 with allow_tf32 on sm_90: the tensor-core form on TF32 mma.sync
  * m16n8k8 (Q and K by 32-bit ldmatrix, V one element a lane, P moved from
  * the C to the A layout by shuffles), every configuration run on the host;
@@ -2193,6 +2212,8 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 		ck_assert_msg(k != NULL, "%s: %s", name, err.msg);
 		cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
 		ck_assert_ptr_nonnull(cuda);
+		/* the sm_90a cases are 16-bit tensor-core ones: on wgmma there */
+		ck_assert_msg(a < 2 || strstr(cuda, "wgmma.mma_async.sync.aligned"), "%s: no wgmma on sm_90a", name);
 		ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, name, archs[a], &st, &err) == 0, "%s: %s", name, err.msg);
 		ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0,
 			      "%s (%s): spills %d / %d bytes, %d registers", name, archs[a], st.spill_store_bytes,
@@ -2320,6 +2341,7 @@ static Suite *lower_suite(void)
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, attention_online_softmax);
 	tcase_add_test(tc, attention_tensor_cores);
+	tcase_add_test(tc, attention_wgmma);
 	tcase_add_test(tc, attention_tensor_cores_tf32);
 	tcase_add_test(tc, attention_backward);
 	tcase_add_test(tc, attention_backward_tensor_cores);

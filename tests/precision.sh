@@ -3,8 +3,9 @@
 # in float16 and in bfloat16 (tools/convert_precision.py: weights and every
 # value of the graph in the 16-bit type, inputs and outputs float32),
 # checked on target cpu against onnxruntime running the original float32
-# model on the same inputs; then their kernels for sm_90 through
-# build/tests/check_gemm (tensor-core PTX, no spills).  Tolerances
+# model on the same inputs; then their kernels for sm_90 and sm_90a through
+# build/tests/check_gemm (tensor-core PTX, wgmma on sm_90a, no spills), and
+# the sm_90a SASS of some (HGMMA, tests/sass_check.py).  Tolerances
 # (docs/testing.md): float16 rtol 1e-2, atol 1e-2; bfloat16 (8 bits of
 # mantissa) rtol 5e-2, atol 5e-2; and
 # at most 1% of an output's elements outside them, since a ReLU whose
@@ -44,5 +45,27 @@ sed 's/^/bfloat16 /' "$AP_TMP/bf16.out"
 # shellcheck disable=SC2046
 "$APOLLO_BUILD/tests/check_gemm" $(ls -d "$AP_TMP"/prec/*__*/) >"$AP_TMP/gemm.out" 2>&1 || status=1
 grep -E "check_gemm:|Checks:|:F:|:E:" "$AP_TMP/gemm.out" | sed 's/^/16-bit sm_90 /'
+# sm_90a from the daemon (tuned, cubin): every GEMM and attention kernel
+# holds HGMMA (wgmma) in its SASS (tests/sass_check.py, nvdisasm); make
+# check takes a product, a convolution and an attention model, make
+# check-full every float16 model
+if ls "$REPO"/.venv/lib/python3*/site-packages/nvidia/*/bin/nvdisasm >/dev/null 2>&1; then
+	sel="float16__bert_like_2l float16__small_convnet_train float16__mlp_residual_train"
+	[ "$APOLLO_SWEEP" = full ] && sel=$(cd "$AP_TMP/prec" && ls -d float16__*)
+	for m in $sel; do
+		d=$AP_TMP/prec/$m
+		if ! "$CLIENT" submit "$d/model.onnx" --data "$d/test_data_set_0" --target sm_90a --format cubin \
+			-o "$AP_TMP/sm90a.pb" --explain >"$AP_TMP/sm90a.txt" 2>&1; then
+			status=1
+			echo "16-bit sm_90a SASS $m: submit failed: $(tail -2 "$AP_TMP/sm90a.txt")"
+			continue
+		fi
+		"$PY" tests/sass_check.py "$AP_TMP/sm90a.pb" "$AP_TMP/sm90a.txt" --need HGMMA >"$AP_TMP/sass.out" 2>&1 ||
+			{ status=1; grep MISSING "$AP_TMP/sass.out" | sed "s/^/16-bit sm_90a SASS $m: /"; }
+		echo "16-bit sm_90a SASS $m: $(tail -1 "$AP_TMP/sass.out")"
+	done
+else
+	ap_skip nvdisasm "precision: no nvdisasm in .venv (make deps): the sm_90a SASS not read" || status=1
+fi
 [ $status -eq 0 ] || echo "precision: FAILED"
 exit $status

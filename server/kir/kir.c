@@ -1054,12 +1054,16 @@ ap_kir_stmt *ap_kir_wgmma(ap_kir_kernel *k, ap_kir_block *b, ap_kir_wgmma_kind k
 	ap_dtype in = kind == AP_KIR_WGMMA_F16 ? AP_DT_F16 : AP_DT_BF16;
 	ap_kir_stmt *s;
 
+	bool rs = a && a->space == AP_KIR_LOCAL;   /* A from registers */
+
 	if ((unsigned)kind > AP_KIR_WGMMA_BF16 || n < 8 || n > 256 || n % 8 || !d || !d_off || !a ||
 	    !a_start || !bb || !b_start || d->space != AP_KIR_LOCAL || d->type != AP_DT_F32 ||
-	    !is_shared_space(a->space) || !is_shared_space(bb->space) || a->type != in || bb->type != in ||
+	    (!rs && !is_shared_space(a->space)) || !is_shared_space(bb->space) || a->type != in || bb->type != in ||
 	    !is_int_type(d_off->type) || !is_int_type(a_start->type) || !is_int_type(b_start->type) ||
-	    !wg_layout_ok(la) || !wg_layout_ok(lb))
+	    (!rs && !wg_layout_ok(la)) || !wg_layout_ok(lb))
 		return fail(k);
+	if (rs)
+		la = (ap_kir_wg_layout){false, 16, 16};
 	s = ap__kir_stmt_append(k, b, AP_KIR_S_WGMMA);
 	if (s) {
 		s->mma = kind;

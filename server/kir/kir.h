@@ -568,7 +568,10 @@ ap_kir_stmt *ap_kir_mma(ap_kir_kernel *k, ap_kir_block *b, ap_kir_mma_kind kind,
  * a multiple of 8 in [8, 256].  Every thread of every warpgroup of the
  * block takes part (block-uniform control flow, blocks of whole
  * warpgroups); the start expressions may differ between warpgroups and
- * must not within one.  Asynchronous: the product is in D after a
+ * must not within one.  A may instead be a LOCAL array of the kind's
+ * type (the RS form: A from registers, 8 elements a thread from a_start,
+ * in the layout of mma.sync m16n8k16's A per warp, warp w of the
+ * warpgroup holding rows 16 w..; la is then ignored).  Asynchronous: the product is in D after a
  * wgmma_wait that covers its commit group, and the shared tiles may not
  * be written before then; shared memory written by ordinary stores or
  * cp.async before it must be fenced (ap_kir_fence_proxy_async) by each

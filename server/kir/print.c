@@ -1149,9 +1149,11 @@ static void print_wgmma_cuda(printer *p, const ap_kir_stmt *s, int depth)
 	sbuf *b = &p->out;
 	int nd = s->width / 2;
 
+	bool rs = s->frag[1]->space == AP_KIR_LOCAL;   /* A from registers: 4 32-bit registers */
+
 	sb_indent(b, depth);
 	sb_printf(b, "{\n");
-	for (int i = 1; i <= 2; i++) {
+	for (int i = rs ? 2 : 1; i <= 2; i++) {
 		sb_indent(b, depth + 1);
 		sb_printf(b, "const unsigned long long ap_d%c = ap_wg_desc(", i == 1 ? 'a' : 'b');
 		print_shared_addr(p, s->frag[i], s->frag_off[i]);
@@ -1159,11 +1161,16 @@ static void print_wgmma_cuda(printer *p, const ap_kir_stmt *s, int depth)
 	}
 	sb_indent(b, depth + 1);
 	sb_printf(b, "asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"
-		  "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {", nd + 2, s->width, ty[s->mma], ty[s->mma]);
+		  "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {", nd + (rs ? 5 : 2), s->width, ty[s->mma],
+		  ty[s->mma]);
 	for (int i = 0; i < nd; i++)
 		sb_printf(b, "%s%%%d", i ? ", " : "", i);
-	sb_printf(b, "}, %%%d, %%%d, p, 1, 1, %d, %d;\\n}\\n\"\n", nd, nd + 1, s->wg[0].mn_major,
-		  s->wg[1].mn_major);
+	if (rs)
+		sb_printf(b, "}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, %d;\\n}\\n\"\n", nd, nd + 1, nd + 2, nd + 3,
+			  nd + 4, s->wg[1].mn_major);
+	else
+		sb_printf(b, "}, %%%d, %%%d, p, 1, 1, %d, %d;\\n}\\n\"\n", nd, nd + 1, s->wg[0].mn_major,
+			  s->wg[1].mn_major);
 	sb_indent(b, depth + 2);
 	sb_printf(b, ": ");
 	for (int i = 0; i < nd; i++) {
@@ -1173,7 +1180,13 @@ static void print_wgmma_cuda(printer *p, const ap_kir_stmt *s, int depth)
 	}
 	sb_printf(b, "\n");
 	sb_indent(b, depth + 2);
-	sb_printf(b, ": \"l\"(ap_da), \"l\"(ap_db), \"r\"(1) : \"memory\");\n");
+	sb_printf(b, ": ");
+	for (int i = 0; rs && i < 8; i += 2) {
+		sb_printf(b, "\"r\"(");
+		print_reg32_value(p, s->frag[1], s->frag_off[1], i);
+		sb_printf(b, "), ");
+	}
+	sb_printf(b, "%s\"l\"(ap_db), \"r\"(1) : \"memory\");\n", rs ? "" : "\"l\"(ap_da), ");
 	sb_indent(b, depth);
 	sb_printf(b, "}\n");
 }
@@ -1467,6 +1480,7 @@ static int use_stmt(const ap_kir_stmt *s, int depth, void *user)
 		break;
 	case AP_KIR_S_WGMMA:
 		note_array(u, s->frag[0], true);
+		note_array(u, s->frag[1], false);
 		break;
 	default:
 		break;
@@ -1823,9 +1837,19 @@ static void print_wgmma_host(printer *p, const ap_kir_stmt *s, int depth)
 	sb_printf(b, "ap_wg_d[ap_wi][ap_g + 8u * ((ap_i >> 1) & 1u)][8u * (ap_i >> 2) + ap_q + (ap_i & 1u)] = ");
 	print_slot(p, s->frag[0], s->frag_off[0], " + ap_i");
 	sb_printf(b, ";\n");
+	if (s->frag[1]->space == AP_KIR_LOCAL) {
+		/* A from registers: element i at row 16 w + g (+ 8), column 2 t + i % 2 (+ 8) */
+		sb_indent(b, depth + 1);
+		sb_printf(b, "for (unsigned ap_i = 0; ap_i < 8u; ap_i++)\n");
+		sb_indent(b, depth + 2);
+		sb_printf(b, "ap_wg_a[ap_wi][ap_g + 8u * ((ap_i >> 1) & 1u)][8u * (ap_i >> 2) + ap_q + (ap_i & 1u)] = "
+			  "%s(", cv);
+		print_slot(p, s->frag[1], s->frag_off[1], " + ap_i");
+		sb_printf(b, ");\n");
+	}
 	sb_indent(b, depth + 1);
 	sb_printf(b, "if ((ap_t & 127u) == 0) {\n");
-	for (int i = 1; i <= 2; i++) {
+	for (int i = s->frag[1]->space == AP_KIR_LOCAL ? 2 : 1; i <= 2; i++) {
 		const ap_kir_array *a = s->frag[i];
 		const ap_kir_wg_layout *l = &s->wg[i - 1];
 

@@ -437,6 +437,14 @@ static void check_wgmma(vctx *v, const ap_kir_stmt *s, bool ctx)
 	for (int i = 1; i <= 2 && !v->rc; i++) {
 		const ap_kir_wg_layout *l = &s->wg[i - 1];
 
+		if (i == 1 && s->frag[1]->space == AP_KIR_LOCAL) {   /* A from registers */
+			if (s->frag[1]->scratch || s->frag[1]->type != (s->mma == AP_KIR_WGMMA_F16 ? AP_DT_F16 : AP_DT_BF16))
+				bad(v, "matrix", "wgmma A fragment %s: a (non-scratch) register array of the kind's type",
+				    s->frag[1]->name);
+			else
+				check_index(v, s->frag[1], s->frag_off[1], 8);
+			continue;
+		}
 		if (s->frag[i]->space != AP_KIR_SHARED && s->frag[i]->space != AP_KIR_SHARED_DYN)
 			bad(v, "matrix", "wgmma operand %s is not a shared array", s->frag[i]->name);
 		else if (s->frag[i]->type != (s->mma == AP_KIR_WGMMA_F16 ? AP_DT_F16 : AP_DT_BF16))

@@ -460,6 +460,14 @@ static int tc_stages(const att_plan *p)
 	return p->aw[1] && p->aw[2] ? 2 : 1;
 }
 
+/* The tensor-core form on wgmma (sm_90a): 16-bit operands, V's head dim
+ * at most 256 (one wgmma's N); a block of whole warpgroups (W a multiple
+ * of 4) takes it. */
+static bool tc_wg(const att_plan *p, const ap_target_info *t)
+{
+	return p->tc && t->wgmma && !tc_tf32(p) && tc_dvpad(p) <= 256;
+}
+
 static size_t tc_smem(const att_plan *p, int W, int BK)
 {
 	return (size_t)(16 * W * tc_ldq(p) + tc_stages(p) * BK * (tc_ldq(p) + tc_ldv(p))) * ap_dtype_size(p->t);
@@ -512,7 +520,8 @@ static int at_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
 		return 0;
 	}
 	W = sp->knobs[0].values[sp->knobs[0].n > 2 ? 2 : sp->knobs[0].n - 1];
-	while (W > 1 && p.batch * ((p.Nq + 16 * W - 1) / (16 * W)) < (int64_t)t->sm_count)
+	/* wgmma: a warpgroup at least (64 query rows) */
+	while (W > (tc_wg(&p, t) ? 4 : 1) && p.batch * ((p.Nq + 16 * W - 1) / (16 * W)) < (int64_t)t->sm_count)
 		W /= 2;
 	BK = p.Nk > 32 ? 64 : p.Nk > 16 ? 32 : 16;
 	if ((tc_dpad(&p) > 64 || tc_dvpad(&p) > 64) && BK > 32)
@@ -536,6 +545,9 @@ static int at_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info 
 	if (rc <= 0)
 		return rc;
 	rc = !p.tc || tc_fits(&p, t, s->v[0], s->v[1]);
+	/* sm_90a: whole warpgroups (wgmma) wherever a warpgroup's tiles fit */
+	if (rc && tc_wg(&p, t) && s->v[0] % 4 && tc_fits(&p, t, 4, 16))
+		rc = 0;
 	plan_clear(&p);
 	return rc;
 }
@@ -550,7 +562,25 @@ typedef struct actx {
 	ap_kir_expr *dot;               /* leaf hook: Y1's value (a lane's dot product) */
 	ap_kir_expr *mval, *lval;       /* leaf hook: the row's max and sum (accumulator type) */
 	ap_kir_expr *out;               /* leaf hook: O's value */
+	bool wg;                        /* the tensor-core form on wgmma (sm_90a): Q, K and V
+					   tiles in core-matrix layouts (wg_place) */
 } actx;
+
+/* sm_90a's wgmma tiles: element (r, j) of a tile of `cols` columns in
+ * the canonical core-matrix layout without swizzling -- 8 rows of 8
+ * elements (16 bytes) a core matrix, the cols / 8 core matrices of 8
+ * rows side by side (kir.h, ap_kir_wg_layout).  Read as K-major (rows
+ * along M or N, columns along K: Q and K, LBO 128 bytes, SBO 8 cols
+ * elements) or as MN-major (rows along K, columns along N: V, SBO 128
+ * bytes, LBO 8 cols elements). */
+static ap_kir_expr *wg_place(ap_kir_kernel *k, ap_kir_expr *r, ap_kir_expr *j, int64_t cols)
+{
+	ap_kir_expr *hr = ap_kir_binary(k, AP_KIR_SHR, r, ap_kir_idx(k, 3)), *lr = ap_kir_binary(k, AP_KIR_AND, r, ap_kir_idx(k, 7));
+	ap_kir_expr *hj = ap_kir_binary(k, AP_KIR_SHR, j, ap_kir_idx(k, 3)), *lj = ap_kir_binary(k, AP_KIR_AND, j, ap_kir_idx(k, 7));
+
+	return ap_kir_add(k, ap_kir_add(k, ap_kir_muli(k, hr, 8 * cols), ap_kir_muli(k, hj, 64)),
+			  ap_kir_add(k, ap_kir_muli(k, lr, 8), lj));
+}
 
 /* What the output accumulator of a row is divided by: its sum l, or in
  * the safe form Max(l, 1) -- l itself wherever a score is finite (the
@@ -643,7 +673,7 @@ static void stage_rows(actx *c, ap_kir_array *arr, ap_kir_expr *base, int role, 
 	ap_kir_expr *j = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, e), ap_kir_idx(k, cols / w)), w);
 	ap_kir_expr *gr = ap_kir_bind(k, v->cur, k->index_type, "gr", ap_kir_add(k, r0, r));
 	ap_kir_expr *ok = ap_kir_binary(k, AP_KIR_LT, gr, ap_kir_idx(k, rows_ok));
-	ap_kir_expr *at = ap_kir_add(k, base, ap_kir_add(k, ap_kir_muli(k, r, ld), j));
+	ap_kir_expr *at = ap_kir_add(k, base, c->wg ? wg_place(k, r, j, cols) : ap_kir_add(k, ap_kir_muli(k, r, ld), j));
 	ap_kir_var *val;
 	ap_lidx ix;
 
@@ -1192,6 +1222,11 @@ static void tc_load_q(att_tc *s, ap_kir_expr *q0)
 	}
 	if (p->aw[0])
 		ap_kir_cp_wait(k, v->cur, s->NST == 2 ? 1 : 0);    /* Q's group */
+	if (c->wg) {   /* wgmma reads Q from shared memory through the async proxy */
+		ap_kir_fence_proxy_async(k, v->cur);
+		ap_kir_barrier(k, v->cur);
+		return;
+	}
 	ap_kir_barrier(k, v->cur);
 	kk = ap_v_loop_unrolled(v, "kq", s->Dp / s->KS, &saved);
 	ap_kir_ldmatrix(k, v->cur, s->qf, ap_kir_muli(k, ap_kir_ref(k, kk), s->AF), s->qs,
@@ -1261,7 +1296,72 @@ static void tc_stage_kv(att_tc *s, ap_kir_var *kt)
 	}
 	s->kbase = ap_kir_bind(k, v->cur, k->index_type, "kb", ap_kir_muli(k, kst, s->BK * s->ldq));
 	s->vbase = ap_kir_bind(k, v->cur, k->index_type, "vb", ap_kir_muli(k, kst, s->BK * s->ldv));
+	if (c->wg)
+		ap_kir_fence_proxy_async(k, v->cur);
 	ap_kir_barrier(k, v->cur);
+}
+
+/* wgmma's layouts of the Q and K tiles (K-major: rows along M or N, the
+ * head dim along K) and of the V tile (MN-major: keys along K, its head
+ * dim along N), wg_place's. */
+static ap_kir_wg_layout wg_qk_layout(const att_tc *s)
+{
+	return (ap_kir_wg_layout){false, 128, (int)(16 * s->Dp)};
+}
+
+static ap_kir_wg_layout wg_v_layout(const att_tc *s)
+{
+	return (ap_kir_wg_layout){true, (int)(16 * s->Dvp), 128};
+}
+
+/* S = Q K^T on wgmma (sm_90a, FlashAttention-3's first product): per k16
+ * step of the head dim one m64nBKk16 of the warpgroup -- A its 64 query
+ * rows of the Q tile, B the K tile -- into the score accumulators, whose
+ * layout is mma.sync's per warp (warp q of the warpgroup: rows 16 q..). */
+static void wg_qk(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved;
+	ap_kir_var *i, *kk;
+	ap_kir_expr *row0 = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_SHR, s->warp, ap_kir_idx(k, 2)), 64);
+
+	i = ap_v_loop_unrolled(v, "z", s->NS * 4, &saved);
+	ap_kir_store(k, v->cur, s->sacc, ap_kir_ref(k, i), ap_kir_float(k, s->A, 0));
+	ap_v_close(v, saved);
+	ap_kir_wgmma_fence(k, v->cur, s->sacc);
+	kk = ap_v_loop_unrolled(v, "kq", s->Dp / 16, &saved);
+	ap_kir_wgmma(k, v->cur, s->T == AP_DT_F16 ? AP_KIR_WGMMA_F16 : AP_KIR_WGMMA_BF16, s->BK, s->sacc,
+		     ap_kir_idx(k, 0), s->qs, wg_place(k, row0, ap_kir_muli(k, ap_kir_ref(k, kk), 16), s->Dp),
+		     wg_qk_layout(s), s->ks,
+		     ap_kir_add(k, s->kbase, wg_place(k, ap_kir_idx(k, 0), ap_kir_muli(k, ap_kir_ref(k, kk), 16), s->Dp)),
+		     wg_qk_layout(s));
+	ap_v_close(v, saved);
+	ap_kir_wgmma_commit(k, v->cur);
+	ap_kir_wgmma_wait(k, v->cur, 0, s->sacc);
+}
+
+/* O += P V on wgmma: per k16 step j of the key tile one m64nDvk16 with A
+ * the probabilities' registers (pf: the A fragment of step j, the same
+ * layout as mma.sync's) and B the V tile's keys 16 j.. */
+static void wg_pv(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved;
+	ap_kir_var *j;
+
+	ap_kir_wgmma_fence(k, v->cur, s->oacc);
+	j = ap_v_loop_unrolled(v, "kj", s->BK / 16, &saved);
+	ap_kir_wgmma(k, v->cur, s->T == AP_DT_F16 ? AP_KIR_WGMMA_F16 : AP_KIR_WGMMA_BF16, (int)s->Dvp, s->oacc,
+		     ap_kir_idx(k, 0), s->pf, ap_kir_muli(k, ap_kir_ref(k, j), 8), wg_qk_layout(s), s->vs,
+		     ap_kir_add(k, s->vbase, wg_place(k, ap_kir_muli(k, ap_kir_ref(k, j), 16), ap_kir_idx(k, 0), s->Dvp)),
+		     wg_v_layout(s));
+	ap_v_close(v, saved);
+	ap_kir_wgmma_commit(k, v->cur);
+	ap_kir_wgmma_wait(k, v->cur, 0, s->oacc);
 }
 
 /* S = Q K^T for the tile: the NS score fragments set to zero, then per k
@@ -1512,6 +1612,13 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 	s.NST = tc_stages(p);
 	s.tf32 = tc_tf32(p);
 	s.KS = s.tf32 ? 8 : 16;
+	c->wg = tc_wg(p, t) && W % 4 == 0;
+	if (c->wg) {   /* core-matrix tiles: no padding */
+		s.ldq = s.Dp;
+		s.ldv = s.Dvp;
+		ap_kir_comment(k, v->cur, "wgmma (sm_90a): %d warpgroups of 64 query rows, Q, K and V tiles "
+			       "in core-matrix layouts", W / 4);
+	}
 	if ((rc = tc_declare(&s, err)))
 		return rc;
 	s.ntiles = (p->Nk + BK - 1) / BK;
@@ -1524,11 +1631,17 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 	tc_init_state(&s);
 	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s.ntiles), 1, &ksaved);
 	tc_stage_kv(&s, kt);
-	tc_qk(&s);
+	if (c->wg)
+		wg_qk(&s);
+	else
+		tc_qk(&s);
 	tc_scores(&s);
 	tc_row_max(&s);
 	tc_probabilities(&s);
-	tc_pv(&s);
+	if (c->wg)
+		wg_pv(&s);
+	else
+		tc_pv(&s);
 	ap_v_close(v, ksaved);
 	tc_store(&s);
 	ap_v_close(v, tsaved);
