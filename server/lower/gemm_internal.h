@@ -155,6 +155,9 @@ typedef struct gctx {
 	 * its lane and its warp's first row and column of the tile */
 	ap_kir_expr *ty, *tx, *lane, *wm0, *wn0;
 	ap_kir_expr *wg0;               /* wgmma: the warpgroup's first row (wm0 is its warp's) */
+	bool wg_overlap;                /* wgmma: a K tile's products stay in flight while the
+					   next is issued (wait_group 1; copies run S - 2 tiles
+					   ahead: mainloop_pipelined) */
 	ap_kir_array *fa, *fb;          /* operand fragments / values of one k (registers) */
 	/* ap__gemm_hoist_copies: per operand, its copies' source element and tile
 	 * place for copy 0 of K tile 0, bound before the K loop (NULL: not

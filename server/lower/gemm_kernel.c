@@ -264,8 +264,10 @@ static ap_kir_wg_layout wg_layout(gctx *c, int role)
 /* The K tile in stage st on wgmma: per k16 step and m64 tile of the
  * warpgroup, one wgmma.m64nNk16 with N the warpgroup's columns, A from
  * the warpgroup's rows, B from its columns (each descriptor's start the
- * core matrix at (row, k)); then the group committed and waited for, so
- * the stage may be refilled after the next barrier. */
+ * core matrix at (row, k)); then the group committed and waited for --
+ * all of it, so that the stage may be refilled after the next barrier,
+ * or (c->wg_overlap) all but this tile's, whose stage the copies leave
+ * alone one tile longer. */
 static void compute_wg(gctx *c, ap_kir_expr *st)
 {
 	ap_kir_kernel *k = c->k;
@@ -292,7 +294,7 @@ static void compute_wg(gctx *c, ap_kir_expr *st)
 	ap_kir_wgmma(k, &lm->body, kind, 8 * NI, c->acc, ap_kir_muli(k, ap_kir_ref(k, mi), 4 * NI), c->sa, a0, la,
 		     c->sb, b0, lb);
 	ap_kir_wgmma_commit(k, cur);
-	ap_kir_wgmma_wait(k, cur, 0, c->acc);
+	ap_kir_wgmma_wait(k, cur, c->wg_overlap ? 1 : 0, c->acc);
 }
 
 /* The barrier after which the stage's tiles are read: on wgmma each
@@ -693,23 +695,25 @@ static void mainloop_single(gctx *c)
 }
 
 /* The K loop with S >= 2 stages (the file comment): a prologue issuing
- * tiles 0 .. S-2 (one cp.async group each, empty past the block's last
- * K tile); then per K tile kt: wait for its group, issue tile kt + S - 1
- * into the stage tile kt - 1 used, compute tile kt, and store the
+ * tiles 0 .. D-1 (one cp.async group each, empty past the block's last
+ * K tile); then per K tile kt: wait for its group, issue tile kt + D
+ * into the stage tile kt + D - S used, compute tile kt, and store the
  * registers of the register-staged loads into their stage; the last
- * groups are waited for after the loop. */
+ * groups are waited for after the loop.  D is S - 1, or S - 2 when a
+ * tile's wgmma stay in flight through the next tile (c->wg_overlap: the
+ * stage of tile kt - 1 is still being read while tile kt is issued). */
 static void mainloop_pipelined(gctx *c)
 {
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
-	int S = c->c.stages;
+	int S = c->c.stages, D = c->wg_overlap ? S - 2 : S - 1;
 	ap_kir_block *ksaved, *saved;
 	ap_kir_var *kt, *stv = NULL, *nsv = NULL;
 	ap_kir_expr *stage, *nxt, *nst, *more;
 
 	ap__gemm_hoist_copies(c);
-	/* prologue: stages 0 .. S-2 */
-	for (int st = 0; st < S - 1; st++) {
+	/* prologue: stages 0 .. D-1 */
+	for (int st = 0; st < D; st++) {
 		if (st < c->ktl) {
 			ap__gemm_issue_tile(c, I(c, st), ap_kir_addi(k, c->kofs, st));
 			ap__gemm_complete_tile(c, I(c, st));
@@ -717,24 +721,24 @@ static void mainloop_pipelined(gctx *c)
 		if (c->a_async || c->b_async)
 			ap_kir_cp_commit(k, v->cur);
 	}
-	/* the stages of tile kt and of tile kt + S - 1: kt % S and (kt + S -
-	 * 1) % S, carried across iterations (S > 2: advanced by a compare
-	 * and select at the end of each, no division in the loop) */
+	/* the stages of tile kt and of tile kt + D: kt % S and (kt + D) % S,
+	 * carried across iterations (S > 2: advanced by a compare and select
+	 * at the end of each, no division in the loop) */
 	if (S > 2) {
 		stv = ap_kir_var_new(k, k->index_type, "st");
 		nsv = ap_kir_var_new(k, k->index_type, "ns");
 		ap_kir_let(k, v->cur, stv, I(c, 0));
-		ap_kir_let(k, v->cur, nsv, I(c, S - 1));
+		ap_kir_let(k, v->cur, nsv, I(c, D));
 	}
 	/* main loop */
 	kt = ap_v_loop(v, "kt", I(c, 0), I(c, c->ktl), 1, &ksaved);
 	if (c->a_async || c->b_async)
-		ap_kir_cp_wait(k, v->cur, S - 2);
+		ap_kir_cp_wait(k, v->cur, D - 1);
 	tiles_ready(c);
 	stage = S == 2 ? ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), I(c, 1)))
 		       : ap_kir_ref(k, stv);
 	ap__gemm_extract_tile(c, stage, ap_kir_add(k, c->kofs, ap_kir_ref(k, kt)));
-	nxt = ap_kir_bind(k, v->cur, k->index_type, "nx", ap_kir_addi(k, ap_kir_ref(k, kt), S - 1));
+	nxt = ap_kir_bind(k, v->cur, k->index_type, "nx", ap_kir_addi(k, ap_kir_ref(k, kt), D));
 	nst = S == 2 ? ap_kir_bind(k, v->cur, k->index_type, "ns", ap_kir_binary(k, AP_KIR_AND, nxt, I(c, 1)))
 		     : ap_kir_ref(k, nsv);
 	more = ap_kir_binary(k, AP_KIR_LT, nxt, I(c, c->ktl));
@@ -756,6 +760,8 @@ static void mainloop_pipelined(gctx *c)
 							  I(c, 0), ap_kir_addi(k, ap_kir_ref(k, x), 1)));
 	}
 	ap_v_close(v, ksaved);
+	if (c->wg_overlap)   /* the last tile's products */
+		ap_kir_wgmma_wait(k, v->cur, 0, c->acc);
 	if (c->a_async || c->b_async)
 		ap_kir_cp_wait(k, v->cur, 0);
 }
@@ -944,6 +950,10 @@ int ap__gemm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t
 	c.nt = ap__gemm_threads_of(&p, &c.c);
 	ap__gemm_tile_layouts(&p, &c.a_rowk, &c.b_rowk);
 	choose_staging(&c);
+	/* wgmma's overlap needs a stage between the one read and the one
+	 * filled, and operands staged straight into their stages (a pair- or
+	 * compute-staged operand has one tile, rewritten every K tile) */
+	c.wg_overlap = p.wg && c.c.stages >= 3 && c.a_mode == STAGE_TILE && c.b_mode == STAGE_TILE;
 	declare_shared(&c);
 	set_launch(&c);
 	declare_threads(&c);
