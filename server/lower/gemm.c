@@ -20,6 +20,18 @@
  *   accumulators in registers (the warp-level GEMM of the PTX ISA's mma
  *   and CUTLASS's "multistage" mainloop).
  *
+ *   wgmma (target sm_90a, float16 / bfloat16: gemm_plan.wg): the same
+ *   tiles per warpgroup of four warps -- knobs wgm x wgn warpgroups, each
+ *   (BM/wgm) x (BN/wgn) of m64nNk16 products whose A and B the tensor
+ *   cores read from shared memory through matrix descriptors (PTX ISA,
+ *   "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"); the shared
+ *   tiles in the ISA's canonical core-matrix layouts without swizzling
+ *   (gemm_stage.c, wg_place), fenced for the async proxy before the
+ *   barrier that publishes them; a K tile's products may stay in flight
+ *   through the next (wait_group 1; CUTLASS's Hopper cp.async mainloop).
+ *   The accumulators keep the mma.sync form's per-warp layout, so the
+ *   epilogue and split-K are shared.
+ *
  * Staging (both forms): a multi-stage pipeline over the K tiles: stage
  * s of S holds K tile kt with s = kt % S; loads for tile kt + S - 1 are
  * issued before tile kt is computed.  An operand that is a buffer read
