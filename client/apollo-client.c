@@ -281,14 +281,52 @@ static int read_token_file(const char *path, ap_error *e)
  * applies that device's measured tuning records (apollo.DeviceInfo). */
 static unsigned g_driver;      /* --driver-version, 1000 * major + 10 * minor; 0: the driver's */
 
+/* ap_device_probe in a child process: the probe's cuInit must not happen
+ * in this one, whose `check` forks a child per model that initialises
+ * CUDA itself (a driver initialised before fork() is unusable in the
+ * child: cuInit there fails with CUDA_ERROR_NOT_INITIALIZED, which the
+ * device kit met on an H200).  *dev zeroed when the probe fails. */
+static void probe_in_child(ap_device_info *dev)
+{
+	int fd[2], st;
+	pid_t pid;
+
+	memset(dev, 0, sizeof(*dev));
+	if (pipe(fd) != 0)
+		return;
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		ap_device_info d;
+		ap_error e;
+
+		close(fd[0]);
+		if (ap_device_probe(0, &d, &e) == 0 && write(fd[1], &d, sizeof(d)) != (ssize_t)sizeof(d))
+			_exit(1);
+		_exit(0);
+	}
+	close(fd[1]);
+	if (pid > 0) {
+		ap_device_info d;
+		size_t got = 0;
+		ssize_t r;
+
+		while (got < sizeof(d) && (r = read(fd[0], (char *)&d + got, sizeof(d) - got)) > 0)
+			got += (size_t)r;
+		waitpid(pid, &st, 0);
+		if (got == sizeof(d)) {
+			d.name[sizeof(d.name) - 1] = '\0';
+			*dev = d;
+		}
+	}
+	close(fd[0]);
+}
+
 static void gpu_device(ap_submit_options *opt, ap_device_info *dev)
 {
-	ap_error e;
-
 	if (!opt->target || !strcmp(opt->target, "cpu") || !strncmp(opt->target, "host:", 5))
 		return;
-	if (ap_device_probe(0, dev, &e) < 0)
-		memset(dev, 0, sizeof(*dev));
+	probe_in_child(dev);
 	if (g_driver)   /* the driver the bundle is for, said outright */
 		dev->driver_version = g_driver;
 	if (dev->name[0] || dev->driver_version)
