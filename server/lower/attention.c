@@ -566,14 +566,8 @@ typedef struct actx {
 					   tiles in core-matrix layouts (wg_place) */
 } actx;
 
-/* sm_90a's wgmma tiles: element (r, j) of a tile of `cols` columns in
- * the canonical core-matrix layout without swizzling -- 8 rows of 8
- * elements (16 bytes) a core matrix, the cols / 8 core matrices of 8
- * rows side by side (kir.h, ap_kir_wg_layout).  Read as K-major (rows
- * along M or N, columns along K: Q and K, LBO 128 bytes, SBO 8 cols
- * elements) or as MN-major (rows along K, columns along N: V, SBO 128
- * bytes, LBO 8 cols elements). */
-static ap_kir_expr *wg_place(ap_kir_kernel *k, ap_kir_expr *r, ap_kir_expr *j, int64_t cols)
+/* (emitters.h) Q and K are read K-major, V MN-major. */
+ap_kir_expr *ap__wg_place(ap_kir_kernel *k, ap_kir_expr *r, ap_kir_expr *j, int64_t cols)
 {
 	ap_kir_expr *hr = ap_kir_binary(k, AP_KIR_SHR, r, ap_kir_idx(k, 3)), *lr = ap_kir_binary(k, AP_KIR_AND, r, ap_kir_idx(k, 7));
 	ap_kir_expr *hj = ap_kir_binary(k, AP_KIR_SHR, j, ap_kir_idx(k, 3)), *lj = ap_kir_binary(k, AP_KIR_AND, j, ap_kir_idx(k, 7));
@@ -673,7 +667,7 @@ static void stage_rows(actx *c, ap_kir_array *arr, ap_kir_expr *base, int role, 
 	ap_kir_expr *j = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, e), ap_kir_idx(k, cols / w)), w);
 	ap_kir_expr *gr = ap_kir_bind(k, v->cur, k->index_type, "gr", ap_kir_add(k, r0, r));
 	ap_kir_expr *ok = ap_kir_binary(k, AP_KIR_LT, gr, ap_kir_idx(k, rows_ok));
-	ap_kir_expr *at = ap_kir_add(k, base, c->wg ? wg_place(k, r, j, cols) : ap_kir_add(k, ap_kir_muli(k, r, ld), j));
+	ap_kir_expr *at = ap_kir_add(k, base, c->wg ? ap__wg_place(k, r, j, cols) : ap_kir_add(k, ap_kir_muli(k, r, ld), j));
 	ap_kir_var *val;
 	ap_lidx ix;
 
@@ -1333,9 +1327,9 @@ static void wg_qk(att_tc *s)
 	ap_kir_wgmma_fence(k, v->cur, s->sacc);
 	kk = ap_v_loop_unrolled(v, "kq", s->Dp / 16, &saved);
 	ap_kir_wgmma(k, v->cur, s->T == AP_DT_F16 ? AP_KIR_WGMMA_F16 : AP_KIR_WGMMA_BF16, s->BK, s->sacc,
-		     ap_kir_idx(k, 0), s->qs, wg_place(k, row0, ap_kir_muli(k, ap_kir_ref(k, kk), 16), s->Dp),
+		     ap_kir_idx(k, 0), s->qs, ap__wg_place(k, row0, ap_kir_muli(k, ap_kir_ref(k, kk), 16), s->Dp),
 		     wg_qk_layout(s), s->ks,
-		     ap_kir_add(k, s->kbase, wg_place(k, ap_kir_idx(k, 0), ap_kir_muli(k, ap_kir_ref(k, kk), 16), s->Dp)),
+		     ap_kir_add(k, s->kbase, ap__wg_place(k, ap_kir_idx(k, 0), ap_kir_muli(k, ap_kir_ref(k, kk), 16), s->Dp)),
 		     wg_qk_layout(s));
 	ap_v_close(v, saved);
 	ap_kir_wgmma_commit(k, v->cur);
@@ -1357,7 +1351,7 @@ static void wg_pv(att_tc *s)
 	j = ap_v_loop_unrolled(v, "kj", s->BK / 16, &saved);
 	ap_kir_wgmma(k, v->cur, s->T == AP_DT_F16 ? AP_KIR_WGMMA_F16 : AP_KIR_WGMMA_BF16, (int)s->Dvp, s->oacc,
 		     ap_kir_idx(k, 0), s->pf, ap_kir_muli(k, ap_kir_ref(k, j), 8), wg_qk_layout(s), s->vs,
-		     ap_kir_add(k, s->vbase, wg_place(k, ap_kir_muli(k, ap_kir_ref(k, j), 16), ap_kir_idx(k, 0), s->Dvp)),
+		     ap_kir_add(k, s->vbase, ap__wg_place(k, ap_kir_muli(k, ap_kir_ref(k, j), 16), ap_kir_idx(k, 0), s->Dvp)),
 		     wg_v_layout(s));
 	ap_v_close(v, saved);
 	ap_kir_wgmma_commit(k, v->cur);

@@ -153,6 +153,14 @@ typedef struct ap_mma_lanes {
 	ap_kir_expr *warp, *lane, *g, *tq, *l8, *l16, *hi, *j2;
 } ap_mma_lanes;
 void ap__mma_lanes(ap_kir_kernel *k, ap_kir_block *b, ap_mma_lanes *l);
+/* wgmma's shared tiles (sm_90a): element (r, j) of a tile of `cols`
+ * columns in the canonical core-matrix layout without swizzling (kir.h,
+ * ap_kir_wg_layout) -- 8 rows of 8 elements (16 bytes) a core matrix,
+ * the cols / 8 core matrices of 8 rows side by side.  Read as K-major
+ * (rows along M or N, columns along K: LBO 128 bytes, SBO 8 cols
+ * elements) or as MN-major (rows along K, columns along M or N: SBO 128
+ * bytes, LBO 8 cols elements).  An element offset (attention.c). */
+ap_kir_expr *ap__wg_place(ap_kir_kernel *k, ap_kir_expr *r, ap_kir_expr *j, int64_t cols);
 /* Elements per cp.async (16, 8 or 4 bytes: 8, 4 or 2 16-bit elements, 4,
  * 2 or 1 float32 ones) when rows of x are copied along its last dim
  * (with `trans`, its second last) into shared memory: x must be a

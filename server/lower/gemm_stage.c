@@ -266,17 +266,9 @@ static ap_kir_expr *conv_element(gctx *c, int role, ap_kir_expr *o, ap_kir_expr 
  * width, stays in one 16-byte row. */
 static ap_kir_expr *wg_place(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk)
 {
-	ap_kir_kernel *k = c->k;
-	bool rowk = role ? c->b_rowk : c->a_rowk;
-	ap_kir_expr *hi_o = ap_kir_binary(k, AP_KIR_SHR, o, I(c, 3)), *lo_o = ap_kir_binary(k, AP_KIR_AND, o, I(c, 7));
-	ap_kir_expr *hi_k = ap_kir_binary(k, AP_KIR_SHR, kk, I(c, 3)), *lo_k = ap_kir_binary(k, AP_KIR_AND, kk, I(c, 7));
-
-	if (rowk)
-		return ap_kir_add(k, ap_kir_add(k, ap_kir_muli(k, hi_o, 8 * c->c.bk), ap_kir_muli(k, hi_k, 64)),
-				  ap_kir_add(k, ap_kir_muli(k, lo_o, 8), lo_k));
-	return ap_kir_add(k, ap_kir_add(k, ap_kir_muli(k, hi_k, 8 * (int64_t)(role ? c->c.bn : c->c.bm)),
-					ap_kir_muli(k, hi_o, 64)),
-			  ap_kir_add(k, ap_kir_muli(k, lo_k, 8), lo_o));
+	if (role ? c->b_rowk : c->a_rowk)
+		return ap__wg_place(c->k, o, kk, c->c.bk);
+	return ap__wg_place(c->k, kk, o, role ? c->c.bn : c->c.bm);
 }
 
 /* The place of tile element (o, kk) in one stage of operand `role`'s
