@@ -18,7 +18,10 @@ stand-in driver, which checks no numbers, has no PyTorch).  Needs numpy.
 
 `report` reads what device-check.sh left in each folder -- apollo_V.out
 for V = tf32, simt (float32 with and without --allow-tf32), f16 and, on a
-Hopper GPU, wg (the 16-bit shapes built for sm_90a: wgmma): the
+Hopper GPU, wg (the 16-bit shapes built for sm_90a: wgmma), each run with
+APOLLO_LIBCUBLASLT=off so that the times are Apollo's kernels', and lib,
+lib_tf32, lib_simt where the plan gives the product to cuBLASLt (the plan
+as a user runs it): the
 output of `apollo-client check --repeat N --profile` (the kernels' time
 per run from the runtime's events, and the run's wall-clock median) --
 times PyTorch's op on the same shape (bench/gemm_shapes.py torch_timer:
@@ -261,26 +264,30 @@ def cmd_make(a):
 # ---- report -----------------------------------------------------------------------------
 
 def parse_out(path):
-    """(status, kernel ms per run, run wall ms, note) from one
-    `apollo-client check --repeat N --profile` output."""
+    """(status, kernel ms per run, run wall ms, note, library) from one
+    `apollo-client check --repeat N --profile` output; library: how many of
+    the plan's library launches ran on cuBLASLt ("" without any)."""
     try:
         with open(path) as f:
             text = f.read()
     except OSError:
-        return "-", None, None, "not run"
+        return "-", None, None, "not run", ""
     kern = wall = None
-    status, note = "FAIL", "no result"
+    status, note, lib = "FAIL", "no result", ""
     for line in text.splitlines():
         m = re.match(r"^profile: (\d+) launches, ([0-9.]+) ms per run", line)
         if m:
             kern = float(m.group(2))
+        m = re.match(r"^library: (\d+) of (\d+) launches on cuBLASLt", line)
+        if m:
+            lib = "%s/%s launches on cuBLASLt" % (m.group(1), m.group(2))
         m = re.match(r"^(PASS|FAIL) (\S+)\s+(.*)$", line)
         if m:
             status, note = m.group(1), m.group(3)
             r = re.search(r"run ([0-9.]+) ms median", line)
             if r:
                 wall = float(r.group(1))
-    return status, kern, wall, note
+    return status, kern, wall, note, lib
 
 
 def tflops(fl, ms):
@@ -297,8 +304,11 @@ def cmd_report(a):
         print("Apollo: times not measured (stand-in driver: kernels are launched, not run); "
               "check = the bundle compiled, loaded and launched through the runtime")
     else:
-        print("Apollo: kernel time per run from the runtime's CUDA events (check --repeat %d "
-              "--profile), wall = median run (launches and synchronisation); PyTorch: CUDA "
+        print("Apollo: kernel time per timed run from the runtime's CUDA events (check --repeat %d "
+              "--profile; the checked first run, which loads the kernels and the library, left "
+              "out), wall = median run (launches and synchronisation); variants tf32, simt, f16, "
+              "wg: Apollo's kernels (APOLLO_LIBCUBLASLT=off), lib*: the plan as run by default, "
+              "its library launches on cuBLASLt; PyTorch: CUDA "
               "events around the op, median; ratio = Apollo TFLOP/s / PyTorch TFLOP/s "
               "(above 1: Apollo faster)" % a.repeat)
     print("%-19s %-24s %-8s %9s  %-5s %9s %8s %9s  %9s %8s  %6s" % (
@@ -308,10 +318,13 @@ def cmd_report(a):
     n_ok = n_bad = 0
     for r in rows:
         variants = (("tf32", True), ("simt", False)) if r["dtype"] == "float32" else (("f16", False),)
-        if r["dtype"] != "float32" and os.path.exists(os.path.join(r["dir"], "apollo_wg.out")):
-            variants += (("wg", False),)   # the sm_90a kernel (wgmma), where the device is Hopper
+        # wg: the sm_90a kernel (wgmma), where the device is Hopper; lib,
+        # lib_tf32: the plan as users run it, where it gives the product to
+        # cuBLASLt (the others run Apollo's kernels: APOLLO_LIBCUBLASLT=off)
+        variants += tuple((v, v == "lib_tf32") for v in ("wg", "lib", "lib_tf32", "lib_simt")
+                          if os.path.exists(os.path.join(r["dir"], "apollo_%s.out" % v)))
         for v, tf32 in variants:
-            st, kern, wall, note = parse_out(os.path.join(r["dir"], "apollo_%s.out" % v))
+            st, kern, wall, note, lib = parse_out(os.path.join(r["dir"], "apollo_%s.out" % v))
             n_ok += st == "PASS"
             n_bad += st != "PASS"
             if a.rehearsal and st == "PASS":
@@ -323,7 +336,7 @@ def cmd_report(a):
                 t = tr(r["name"], r["dtype"], tf32, max(a.repeat, 3))
             at, tt = tflops(r["flops"], kern), tflops(r["flops"], t if isinstance(t, float) else None)
             ratio = at / tt if at and tt else None
-            if ratio:
+            if ratio and not v.startswith("lib"):
                 worst.append((ratio, r["name"], v))
             fmt = lambda x, f: (f % x) if isinstance(x, float) else "-"
             line = "%-19s %-24s %-8s %9.1f  %-5s %9s %8s %9s  %9s %8s  %6s" % (
@@ -332,12 +345,14 @@ def cmd_report(a):
                 fmt(ratio, "%.2f"))
             if st == "FAIL":
                 line += "  " + note[:100]
+            elif v.startswith("lib") and lib:
+                line += "  " + lib
             elif isinstance(t, str):
                 line += "  torch: " + t
             print(line)
     if worst:
         worst.sort()
-        print("ratio Apollo/PyTorch: median %.2f, lowest %.2f (%s %s), highest %.2f (%s %s)" % (
+        print("ratio Apollo's kernels/PyTorch: median %.2f, lowest %.2f (%s %s), highest %.2f (%s %s)" % (
             worst[len(worst) // 2][0], worst[0][0], worst[0][1], worst[0][2],
             worst[-1][0], worst[-1][1], worst[-1][2]))
     print("gemm checks: %d ok, %d failed, of %d%s" % (

@@ -1309,15 +1309,25 @@ static int time_runs(ap_runtime *rt, int n, double *median_ms, ap_error *err)
 	return rc;
 }
 
-/* The launches of the plan by time per run, with their kernels and nodes. */
+/* The launches of the plan by time per run (the timed runs, not the
+ * checked first one), with their kernels and nodes; then, where the plan
+ * has library launches, how many ran on cuBLASLt and why the others did
+ * not ("library: K of N launches on cuBLASLt[; F ran Apollo's kernel: WHY]"). */
 static void print_profile(const ap_bundle *b, const ap_runtime *rt, int runs)
 {
-	int n = ap_bundle_n_launches(b);
+	int n = ap_bundle_n_launches(b), fallbacks = 0, n_lib;
 	double total = 0;
+	char why[512];
 
 	for (int i = 0; i < n; i++)
 		total += ap_runtime_launch_ms(rt, i);
 	printf("profile: %d launches, %.3f ms per run\n", n, total / runs);
+	n_lib = ap_runtime_library(rt, &fallbacks, why, sizeof(why));
+	if (n_lib > 0 && fallbacks == 0)
+		printf("library: %d of %d launches on cuBLASLt\n", n_lib, n_lib);
+	else if (n_lib > 0)
+		printf("library: %d of %d launches on cuBLASLt; %d ran Apollo's kernel: %s\n",
+		       n_lib - fallbacks, n_lib, fallbacks, why[0] ? why : "the library refused them");
 	for (int i = 0; i < n; i++) {
 		unsigned kern = 0;
 		int n_args = 0, n_nodes = 0;
@@ -1474,6 +1484,8 @@ static int check_set(ap_client **cp, const char *setdir, const char *model_path,
 		error_message(&err, "run");
 		goto error;
 	}
+	/* the timed runs only: the first loaded the kernels and the library */
+	ap_runtime_profile_reset(rt);
 	if (o->repeat > 0 && (rc = time_runs(rt, o->repeat, run_ms, &err)) < 0) {
 		error_message(&err, "run");
 		goto error;

@@ -306,6 +306,11 @@ ap_cublaslt *ap_cublaslt_open(char *why, size_t cap)
 	 * after dlclose -- once cublasLtCreate has run it holds process state
 	 * of its own (the CUDA runtime it initialised, allocations it keeps)
 	 * that unloading would orphan (tools/lsan.supp: not ours) */
+	if (env && strcmp(env, "off") == 0) {
+		snprintf(why, cap, "no cuBLASLt: $APOLLO_LIBCUBLASLT=off");
+		free(lt);
+		return NULL;
+	}
 	if (env && *env) {
 		path = env;
 		lt->so = dlopen(env, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);

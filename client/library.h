@@ -41,8 +41,10 @@ uint64_t ap_library_workspace_end(const Apollo__Launch *la);
 /* The loaded library: the handle and the entry points. */
 typedef struct ap_cublaslt ap_cublaslt;
 
-/* Loads libcublasLt: $APOLLO_LIBCUBLASLT if set, else libcublasLt.so.13,
- * .12, .11 in that order; resolves its entry points and creates a handle
+/* Loads libcublasLt: $APOLLO_LIBCUBLASLT if set ("off": none, so that
+ * every library launch runs Apollo's kernel -- how bench/ times Apollo's
+ * own kernels of the products the plan gives to the library), else
+ * libcublasLt.so.13, .12, .11 in that order; resolves its entry points and creates a handle
  * (cublasLtCreate).  NULL with the reason in why (up to cap bytes).  Owned
  * by the caller: ap_cublaslt_close. */
 ap_cublaslt *ap_cublaslt_open(char *why, size_t cap);

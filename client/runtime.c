@@ -1985,6 +1985,12 @@ int ap_runtime_run_stream(ap_runtime *rt, void *stream, ap_error *err)
 	return 0;
 }
 
+void ap_runtime_profile_reset(ap_runtime *rt)
+{
+	if (rt->launch_ms)
+		memset(rt->launch_ms, 0, rt->b->n_plan * sizeof(*rt->launch_ms));
+}
+
 double ap_runtime_launch_ms(const ap_runtime *rt, int i)
 {
 	if (!rt->launch_ms || i < 0 || (size_t)i >= rt->b->n_plan)

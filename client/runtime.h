@@ -236,6 +236,12 @@ int ap_runtime_run_stream(ap_runtime *rt, void *stream, ap_error *err);
  * launch on its stream, each launch waited for -- or, with a driver without
  * events, from the launch until cuCtxSynchronize returned).  -1 when profiling is off or i is not a launch of the plan. */
 double ap_runtime_launch_ms(const ap_runtime *rt, int i);
+/* Sets every launch's profiled time back to zero, so that what follows
+ * leaves out the runs before: the first run of a runtime pays for loading
+ * the modules' kernels (the driver loads them lazily at their first
+ * launch) and for initialising cuBLASLt, up to hundreds of milliseconds
+ * against a kernel's microseconds.  No effect when profiling is off. */
+void ap_runtime_profile_reset(ap_runtime *rt);
 
 /* A host copy of the OUTPUT buffer with Buffer.index `index` (name, dtype,
  * dims, data).  NULL with `err` (AP_EINVAL: no such output; AP_ENOMEM;

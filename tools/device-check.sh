@@ -353,7 +353,10 @@ else
 	tmo 150 "$CLIENT" check --target "$TARGET" --jobs "$JOBS" $TOL16 $f16 >"$LOGS/gemm_check_f16.txt" 2>&1
 	# shellcheck disable=SC2086
 	[ -n "$WG" ] && tmo 150 "$CLIENT" check --target "$WG" --jobs "$JOBS" $TOL16 $f16 >"$LOGS/gemm_check_f16_sm90a.txt" 2>&1
-	# ... then time them one at a time (cache hits)
+	# ... then time them one at a time (cache hits): Apollo's kernels with
+	# the library off (APOLLO_LIBCUBLASLT=off: a product the plan gives to
+	# cuBLASLt runs Apollo's kernel), then, where the plan has library
+	# launches, the plan as a user runs it (variants lib, lib_tf32)
 	for d in $f32 $f16; do
 		case $d in
 		*__float32) set -- tf32 "--allow-tf32 $TOL_TF32" simt "$tol32" ;;
@@ -361,8 +364,13 @@ else
 		esac
 		while [ $# -gt 0 ]; do
 			# shellcheck disable=SC2086
-			tmo 60 "$CLIENT" check "$d" --target "$TARGET" --repeat "$REPEAT" --profile $2 \
-				>"$d/apollo_$1.out" 2>&1 </dev/null
+			APOLLO_LIBCUBLASLT=off tmo 60 "$CLIENT" check "$d" --target "$TARGET" --repeat "$REPEAT" \
+				--profile $2 >"$d/apollo_$1.out" 2>&1 </dev/null
+			lv=lib; [ "$1" = f16 ] || lv=lib_$1
+			# shellcheck disable=SC2086
+			grep -q '^library:' "$d/apollo_$1.out" &&
+				tmo 60 "$CLIENT" check "$d" --target "$TARGET" --repeat "$REPEAT" --profile $2 \
+					>"$d/apollo_$lv.out" 2>&1 </dev/null
 			shift 2
 		done
 		# the sm_90a kernel (wgmma) of the same 16-bit product
@@ -370,8 +378,8 @@ else
 		*__float32) ;;
 		*)
 			# shellcheck disable=SC2086
-			[ -n "$WG" ] && tmo 60 "$CLIENT" check "$d" --target "$WG" --repeat "$REPEAT" --profile $TOL16 \
-				>"$d/apollo_wg.out" 2>&1 </dev/null ;;
+			[ -n "$WG" ] && APOLLO_LIBCUBLASLT=off tmo 60 "$CLIENT" check "$d" --target "$WG" \
+				--repeat "$REPEAT" --profile $TOL16 >"$d/apollo_wg.out" 2>&1 </dev/null ;;
 		esac
 	done
 	rh=
