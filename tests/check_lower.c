@@ -499,10 +499,11 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 	ap_sched dflt;
 	ap_kir_kernel *ks[MAX_CFG];
 	int n_k = 0, n_refused = 0, n_invalid = 0, n_unrun = 0, idx[AP_SPACE_MAX_KNOBS] = {0};
-	int n_chunks, in_chunk[MAX_CFG];
+	int n_chunks, in_chunk[MAX_CFG], n_built = 0, cap_built = 0, dpos = -1, stride = ap_sweep_stride();
+	int (*built)[AP_SPACE_MAX_KNOBS] = NULL;   /* the knob indices of each configuration that builds */
+	bool *take;
 	void *h[64];
 	char **texts = calloc(MAX_CFG, sizeof(char *));
-	ap_sweep sw;
 	ap_error err;
 	buffers in;
 	double **want;
@@ -541,9 +542,9 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 		free(cuda);
 		ap_kir_kernel_free(k);
 	}
-	/* every configuration of the space lowered and printed; those the
-	 * sweep takes (APOLLO_SWEEP) kept to be compiled and run */
-	ap_sweep_init(&sw);
+	/* every configuration of the space lowered and printed; then those
+	 * the sweep selects (APOLLO_SWEEP: ap_sweep_select) lowered again and
+	 * kept to be compiled and run */
 	do {
 		ap_sched s = {em, sp.n, {0}};
 		ap_lower_options lo = {256, &s, true};
@@ -560,7 +561,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 			n_invalid++;
 			continue;
 		}
-		snprintf(name, sizeof(name), "%s_%d", lc->name, n_k + n_unrun + n_refused);
+		snprintf(name, sizeof(name), "%s_%d", lc->name, n_built);
 		ap_error_clear(&err);
 		k = ap_lower(m, &ti, name, &lo, NULL, &err);
 		if (!k) {
@@ -570,16 +571,43 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 		}
 		text = ap_kir_print(k, g_opts && g_opts->host_check ? AP_KIR_HOST_CHECK : AP_KIR_HOST, &err);
 		ck_assert_msg(text != NULL, "%s: host print: %s", lc->name, err.msg);
-		if (!ap_sweep_take(&sw, &sp, idx, is_default)) {
-			free(text);
-			ap_kir_kernel_free(k);
+		free(text);
+		ap_kir_kernel_free(k);
+		if (n_built == cap_built) {
+			cap_built = cap_built ? 2 * cap_built : 256;
+			built = realloc(built, (size_t)cap_built * sizeof(*built));
+			ck_assert_ptr_nonnull(built);
+		}
+		memcpy(built[n_built], idx, sizeof(built[0]));
+		if (is_default)
+			dpos = n_built;
+		n_built++;
+	} while (next_config(&sp, idx));
+	take = calloc((size_t)n_built + 1, sizeof(bool));
+	ck_assert_ptr_nonnull(take);
+	ap_sweep_select(stride, &sp, (const int (*)[AP_SPACE_MAX_KNOBS])built, n_built, dpos, take);
+	for (int c = 0; c < n_built; c++) {
+		ap_sched s = {em, sp.n, {0}};
+		ap_lower_options lo = {256, &s, true};
+		char name[64];
+
+		if (!take[c]) {
 			n_unrun++;
 			continue;
 		}
+		for (int i = 0; i < sp.n; i++)
+			s.v[i] = sp.knobs[i].values[built[c][i]];
+		snprintf(name, sizeof(name), "%s_%d", lc->name, c);
 		ck_assert_int_lt(n_k, MAX_CFG);
-		texts[n_k] = text;
-		ks[n_k++] = k;
-	} while (next_config(&sp, idx));
+		ks[n_k] = ap_lower(m, &ti, name, &lo, NULL, &err);
+		ck_assert_msg(ks[n_k] != NULL, "%s %s: %s", lc->name, name, err.msg);
+		texts[n_k] = ap_kir_print(ks[n_k], g_opts && g_opts->host_check ? AP_KIR_HOST_CHECK : AP_KIR_HOST,
+					  &err);
+		ck_assert_ptr_nonnull(texts[n_k]);
+		n_k++;
+	}
+	free(take);
+	free(built);
 	ck_assert_msg(n_k >= 1, "%s: no configuration builds", lc->name);
 	/* compiled in parts at once, loaded */
 	n_chunks = host_jobs() < n_k ? host_jobs() : n_k;
@@ -620,7 +648,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 	printf("check_lower: %s (%s, %s): %d configurations run, %d refused, %d outside the target",
 	       lc->name, em->name, g_opts && g_opts->target ? g_opts->target : "cpu", n_k, n_refused, n_invalid);
 	if (n_unrun)
-		printf(", %d more lowered, not run (APOLLO_SWEEP sample, stride %d)", n_unrun, sw.stride);
+		printf(", %d more lowered, not run (APOLLO_SWEEP sample, stride %d)", n_unrun, stride);
 	printf("\n");
 	for (int i = 0; i < m->g->n_outputs; i++)
 		free(want[i]);

@@ -24,8 +24,8 @@
 #   * tests/torch_checks.py ops sdpa: F.scaled_dot_product_attention (causal,
 #     masks, a scale, grouped-query heads, L != S) as one attention launch
 #     forward and one attention_grad launch backward, within 1e-9 of eager;
-#   * tests/torch_checks.py ops sdpa_tc: float16 and bfloat16 attention
-#     compiled for host:sm_90 -- the tensor-core forward and backward run on
+#   * tests/torch_checks.py ops sdpa_tc: float16 and bfloat16 (one case of
+#     three but in make check-full) attention compiled for host:sm_90 -- the tensor-core forward and backward run on
 #     the host with mma.sync, ldmatrix and cp.async emulated -- within
 #     4e-3 / 3e-2 of eager float64;
 #   * tests/torch_checks.py ops sdpa_cuda: the CUDA attention ops (flash,

@@ -14,9 +14,14 @@
  *              AP_SWEEP_STRIDE-th configuration that builds (in the
  *              space's order, the first knob fastest), and, for every
  *              knob, each of its values -- the first and the last among
- *              them -- in at least one configuration run (the first
- *              configuration that builds with a value not run yet is
- *              taken);
+ *              them -- in at least one configuration run.  A test that
+ *              sees every configuration that builds before it runs any
+ *              (check_lower: ap_sweep_select) covers the values not yet
+ *              run greedily, each time the configuration that runs the
+ *              most of them (a knob of V values needs about V
+ *              configurations, not one per value of every knob); one that
+ *              decides as it goes (ap_sweep_take) takes the first
+ *              configuration with a value not run yet;
  *   sample:K   the same with stride K (make check-asan: the host kernels
  *              are compiled by the unsanitised cc, ASan instruments only
  *              the emitters, which every configuration still drives).
@@ -35,7 +40,7 @@
 
 #include "server/lower/lower.h"
 
-#define AP_SWEEP_STRIDE 5
+#define AP_SWEEP_STRIDE 10
 
 typedef struct ap_sweep {
 	int stride;                       /* 1: every configuration */
@@ -81,6 +86,48 @@ static inline bool ap_sweep_take(ap_sweep *sw, const ap_space *sp, const int *id
 	for (int i = 0; take && i < sp->n; i++)
 		sw->run[i][idx[i]] = true;
 	return take;
+}
+
+/* The offline form of the sample: of the n configurations of sp that
+ * build, cfg[c] their knob indices in the space's order and `dflt` the
+ * default's position (-1: none builds), sets take[c] for those compiled
+ * and run and returns how many: with stride 1 all; else the default, every
+ * stride-th, then, while a value of a knob that some configuration builds
+ * with has not run, the configuration that runs the most such values (the
+ * first of equals) -- the greedy set cover (Chvatal 1979).  The same
+ * inputs give the same selection. */
+static inline int ap_sweep_select(int stride, const ap_space *sp, const int (*cfg)[AP_SPACE_MAX_KNOBS],
+				  int n, int dflt, bool *take)
+{
+	bool run[AP_SPACE_MAX_KNOBS][AP_KNOB_MAX_VALUES] = {{false}};
+	int n_take = 0;
+
+	for (int c = 0; c < n; c++) {
+		take[c] = stride <= 1 || c == dflt || c % stride == 0;
+		n_take += take[c];
+		for (int i = 0; take[c] && i < sp->n; i++)
+			run[i][cfg[c][i]] = true;
+	}
+	for (;;) {
+		int best = -1, best_new = 0;
+
+		for (int c = 0; c < n; c++) {
+			int fresh = 0;
+
+			for (int i = 0; !take[c] && i < sp->n; i++)
+				fresh += !run[i][cfg[c][i]];
+			if (fresh > best_new) {
+				best = c;
+				best_new = fresh;
+			}
+		}
+		if (best < 0)
+			return n_take;
+		take[best] = true;
+		n_take++;
+		for (int i = 0; i < sp->n; i++)
+			run[i][cfg[best][i]] = true;
+	}
 }
 
 #endif
