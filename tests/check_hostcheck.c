@@ -413,7 +413,7 @@ static unsigned run_checked(product *p, bool tf, sync_bug bug, bool cluster, dou
 	ck_assert_msg(m != NULL, "%s", err.msg);
 	ck_assert_int_eq(ap_cost_target(g_target, &ti), 0);
 	ti.allow_tf32 = tf;
-	k = ap_lower(m, &ti, "checked_gemm", &lo, NULL, &err);
+	k = ap_lower_mgraph(m, &ti, "checked_gemm", &lo, NULL, &err);
 	ck_assert_msg(k != NULL, "%s", err.msg);
 	ck_assert_msg(!cluster || k->cluster > 1, "the default rule does not split K here");
 	*sites = inject(&k->body, bug);

@@ -495,6 +495,8 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 {
 	ap_target_info ti;
 	const ap_emitter *em;
+	ap_bound b;                              /* m on ti, bound once for every configuration */
+	ap_kir_target host_kind = g_opts && g_opts->host_check ? AP_KIR_HOST_CHECK : AP_KIR_HOST;
 	ap_space sp;
 	ap_sched dflt;
 	ap_kir_kernel *ks[MAX_CFG];
@@ -511,10 +513,11 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 	ck_assert_int_eq(ap_cost_target(g_opts && g_opts->target ? g_opts->target : "cpu", &ti), 0);
 	ti.max_threads_per_block = 256;
 	ti.allow_tf32 = g_opts && g_opts->allow_tf32;
-	ck_assert_int_eq(ap_emitter_for(m, &ti, &em, &err), 0);
-	ck_assert_msg(strcmp(em->name, lc->emitter) == 0, "%s: matched by %s, not %s", lc->name,
+	ck_assert_int_eq(ap_bind_first(m, &ti, &b, &err), 0);
+	em = b.em;
+	ck_assert_msg(strcmp(em->name, lc->emitter) == 0, "%s: bound by %s, not %s", lc->name,
 		      em->name, lc->emitter);
-	ck_assert_int_eq(ap_emitter_default(em, m, &ti, &sp, &dflt, &err), 0);
+	ck_assert_int_eq(ap_emitter_default(&b, &sp, &dflt, &err), 0);
 	ck_assert_int_ge(sp.n, 1);
 	/* the default configuration: golden CUDA text and its constructs */
 	{
@@ -526,7 +529,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 		ck_assert_int_eq(ap_cost_target("sm_80", &gi), 0);
 		gi.max_threads_per_block = 256;
 		gi.allow_tf32 = ti.allow_tf32;
-		k = ap_lower(m, &gi, lc->name, &lo, NULL, &err);
+		k = ap_lower_mgraph(m, &gi, lc->name, &lo, NULL, &err);
 		ck_assert_msg(k != NULL, "%s default: %s", lc->name, err.msg);
 		cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
 		ck_assert_ptr_nonnull(cuda);
@@ -557,19 +560,19 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 			s.v[i] = sp.knobs[i].values[idx[i]];
 			is_default &= s.v[i] == dflt.v[i];
 		}
-		if (em->valid && em->valid(m, &s, &ti) <= 0) {
+		if (em->valid && em->valid(&b, &s) <= 0) {
 			n_invalid++;
 			continue;
 		}
 		snprintf(name, sizeof(name), "%s_%d", lc->name, n_built);
 		ap_error_clear(&err);
-		k = ap_lower(m, &ti, name, &lo, NULL, &err);
+		k = ap_lower(&b, name, &lo, NULL, &err);
 		if (!k) {
 			ck_assert_msg(err.code == AP_EUNSUPPORTED, "%s %s: %s", lc->name, name, err.msg);
 			n_refused++;
 			continue;
 		}
-		text = ap_kir_print(k, g_opts && g_opts->host_check ? AP_KIR_HOST_CHECK : AP_KIR_HOST, &err);
+		text = ap_kir_print(k, host_kind, &err);
 		ck_assert_msg(text != NULL, "%s: host print: %s", lc->name, err.msg);
 		free(text);
 		ap_kir_kernel_free(k);
@@ -599,15 +602,15 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 			s.v[i] = sp.knobs[i].values[built[c][i]];
 		snprintf(name, sizeof(name), "%s_%d", lc->name, c);
 		ck_assert_int_lt(n_k, MAX_CFG);
-		ks[n_k] = ap_lower(m, &ti, name, &lo, NULL, &err);
+		ks[n_k] = ap_lower(&b, name, &lo, NULL, &err);
 		ck_assert_msg(ks[n_k] != NULL, "%s %s: %s", lc->name, name, err.msg);
-		texts[n_k] = ap_kir_print(ks[n_k], g_opts && g_opts->host_check ? AP_KIR_HOST_CHECK : AP_KIR_HOST,
-					  &err);
+		texts[n_k] = ap_kir_print(ks[n_k], host_kind, &err);
 		ck_assert_ptr_nonnull(texts[n_k]);
 		n_k++;
 	}
 	free(take);
 	free(built);
+	ap_unbind(&b);
 	ck_assert_msg(n_k >= 1, "%s: no configuration builds", lc->name);
 	/* compiled in parts at once, loaded */
 	n_chunks = host_jobs() < n_k ? host_jobs() : n_k;
@@ -1293,7 +1296,7 @@ static void run_wg_bias(const char *name, ap_dtype dt, int K)
 	ck_assert_int_eq(ap_cost_target("sm_90a", &ti), 0);
 	{
 		ap_lower_options lo = {0, NULL, true};
-		ap_kir_kernel *k = ap_lower(m, &ti, name, &lo, NULL, &err);
+		ap_kir_kernel *k = ap_lower_mgraph(m, &ti, name, &lo, NULL, &err);
 		char *cuda, *probe;
 		uint8_t *ptx = NULL;
 		size_t len = 0;
@@ -1398,18 +1401,19 @@ START_TEST(gemm_concat_epilogue)
 	/* not of the product's shape; read after the Concat */
 	for (int i = 0; i < 2; i++) {
 		ap_target_info ti;
-		const ap_emitter *em;
+		ap_bound b;
 		ap_error err;
 
 		g = i ? gemm_concat_graph((const int64_t[]){2, 8, 24}, 1, true)
 		      : gemm_concat_graph((const int64_t[]){2, 8, 5}, 2, false);
 		m = whole(g, AP_GROUP_MATMUL);
 		ck_assert_int_eq(ap_cost_target("cpu", &ti), 0);
-		ck_assert_int_eq(ap_emitter_for(m, &ti, &em, &err), 0);
+		ck_assert_int_eq(ap_bind_first(m, &ti, &b, &err), 0);
 		/* the movement emitter builds a micro-graph whose output is a
 		 * Concat; the pointwise emitter the rest */
-		ck_assert_msg(strcmp(em->name, i ? "pointwise" : "movement") == 0, "case %d: matched by %s", i,
-			      em->name);
+		ck_assert_msg(strcmp(b.em->name, i ? "pointwise" : "movement") == 0, "case %d: bound by %s", i,
+			      b.em->name);
+		ap_unbind(&b);
 		ap_mgraph_free(m);
 		ap_graph_free(g);
 	}
@@ -1438,7 +1442,7 @@ START_TEST(host_isa_clones)
 	buffers in;
 
 	ck_assert_int_eq(ap_cost_target("cpu", &ti), 0);
-	k = ap_lower(m, &ti, "isa_gemm", &lo, NULL, &err);
+	k = ap_lower_mgraph(m, &ti, "isa_gemm", &lo, NULL, &err);
 	ck_assert_msg(k != NULL, "%s", err.msg);
 	src = ap_kir_print(k, AP_KIR_HOST, &err);
 	ck_assert_ptr_nonnull(src);
@@ -1539,16 +1543,17 @@ START_TEST(gemm_splitk)
 	ck_assert_int_eq(ap_cost_target("sm_90", &ti), 0);
 	ti.allow_tf32 = true;
 	{
-		const ap_emitter *em;
+		ap_bound b;
 
-		ck_assert_int_eq(ap_emitter_for(m, &ti, &em, &err), 0);
-		ck_assert_str_eq(em->name, "gemm");
-		ck_assert_int_eq(ap_emitter_default(em, m, &ti, &sp, &s, &err), 0);
+		ck_assert_int_eq(ap_bind_first(m, &ti, &b, &err), 0);
+		ck_assert_str_eq(b.em->name, "gemm");
+		ck_assert_int_eq(ap_emitter_default(&b, &sp, &s, &err), 0);
+		ap_unbind(&b);
 	}
 	ck_assert_int_gt(ap_sched_get(&s, &sp, "splitk", 1), 1);
 	{
 		ap_lower_options lo = {0, NULL, true};
-		ap_kir_kernel *k = ap_lower(m, &ti, "gemm_splitk_sm90", &lo, NULL, &err);
+		ap_kir_kernel *k = ap_lower_mgraph(m, &ti, "gemm_splitk_sm90", &lo, NULL, &err);
 		char *cuda, *probe;
 		uint8_t *ptx = NULL;
 		size_t len = 0;
@@ -2236,7 +2241,7 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 
 		ck_assert_int_eq(ap_cost_target(archs[a], &ti), 0);
 		ti.allow_tf32 = g_opts && g_opts->allow_tf32;
-		k = ap_lower(m, &ti, name, &lo, NULL, &err);
+		k = ap_lower_mgraph(m, &ti, name, &lo, NULL, &err);
 		ck_assert_msg(k != NULL, "%s: %s", name, err.msg);
 		cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
 		ck_assert_ptr_nonnull(cuda);

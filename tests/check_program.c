@@ -4077,6 +4077,7 @@ START_TEST(layer1_tile_knobs)
 	l1_built b = l1_graph(&sh);
 	ap_mgraph *m = l1_mgraph(&b);
 	const ap_emitter *em = &ap_fuse_layer1_emitter;
+	ap_bound bd;
 	ap_target_info ti;
 	ap_space sp;
 	ap_sched d, small;
@@ -4087,7 +4088,8 @@ START_TEST(layer1_tile_knobs)
 	ap_error err;
 
 	ck_assert_int_eq(ap_cost_target("sm_80", &ti), 0);
-	ck_assert_int_eq(ap_emitter_default(em, m, &ti, &sp, &d, &err), 0);
+	ck_assert_int_eq(ap_bind(em, m, &ti, &bd), 1);
+	ck_assert_int_eq(ap_emitter_default(&bd, &sp, &d, &err), 0);
 	ck_assert_int_eq(sp.n, 2);
 	ck_assert_str_eq(sp.knobs[0].name, "th");
 	ck_assert_str_eq(sp.knobs[1].name, "tw");
@@ -4102,7 +4104,7 @@ START_TEST(layer1_tile_knobs)
 	small = d;
 	small.v[0] = 1;
 	small.v[1] = 8;
-	ck_assert_int_eq(em->valid(m, &small, &ti), 1);
+	ck_assert_int_eq(em->valid(&bd, &small), 1);
 	ck_assert_int_eq(ap_fuse_layer1_plan(m, &ti, 0, &small, &l, why, sizeof(why)), 1);
 	desc = ap_fuse_layer1_describe(l);
 	ck_assert_msg(strstr(desc, "tile=1x1x1x8 ") == desc, "%s", desc);
@@ -4111,20 +4113,37 @@ START_TEST(layer1_tile_knobs)
 	desc2 = ap_fuse_layer1_describe(l2);
 	ck_assert_str_eq(desc, desc2);
 	/* its arithmetic: the micro-graph's times the recompute ratio (> 1) */
-	ck_assert_int_eq(em->traffic(m, NULL, &ti, &base), 0);
-	ck_assert_int_eq(em->traffic(m, &small, &ti, &tr), 0);
+	ck_assert_int_eq(em->traffic(&bd, NULL, &base), 0);
+	ck_assert_int_eq(em->traffic(&bd, &small, &tr), 0);
 	ck_assert(ap_fuse_layer1_recompute(l) > 1.0);
 	ck_assert_double_eq_tol(tr.flops, base.flops * ap_fuse_layer1_recompute(l), 1e-6 * tr.flops);
 	ck_assert_uint_eq(tr.shared_bytes, 3 * 10 * sizeof(float));   /* (1-1)+3 rows, (8-1)+3 columns */
+	/* the emitter's own kernel of that configuration (ap_lower: its plan,
+	 * then its kernel) is the plan's: the launch its traffic models */
+	{
+		ap_lower_options lo = {0, &small, true};
+		ap_kir_kernel *k = ap_lower(&bd, "l1_small", &lo, NULL, &err),
+			      *kp = ap_fuse_layer1_emit(m, l, &ti, "l1_small", &err);
+
+		ck_assert_msg(k && kp, "%s", err.msg);
+		ck_assert_uint_eq(k->grid[0], kp->grid[0]);
+		ck_assert_uint_eq(k->block[0], kp->block[0]);
+		ck_assert_uint_eq(k->grid[0], tr.blocks);
+		ck_assert_uint_eq(k->block[0], tr.threads);
+		ck_assert_uint_eq(ap_kir_shared_bytes(k), ap_kir_shared_bytes(kp));
+		ap_kir_kernel_free(k);
+		ap_kir_kernel_free(kp);
+	}
 	/* the search keeps the rule or beats it under the model */
-	ck_assert_int_eq(ap_tune_search(em, m, &ti, NULL, &r, &err), 0);
+	ck_assert_int_eq(ap_tune_search(&bd, NULL, &r, &err), 0);
 	ck_assert(r.best_us <= r.default_us);
-	ck_assert_int_eq(em->valid(m, &r.best, &ti), 1);
+	ck_assert_int_eq(em->valid(&bd, &r.best), 1);
 	free(desc);
 	free(desc2);
 	free(text);
 	ap_fuse_layer1_free(l);
 	ap_fuse_layer1_free(l2);
+	ap_unbind(&bd);
 	ap_mgraph_free(m);
 	l1_free(&b);
 }

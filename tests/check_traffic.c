@@ -879,14 +879,16 @@ static double run_cost(const ap_traffic *tr)
 static int g_kno;   /* kernels lowered: unique names */
 static int g_too_large;   /* configurations the sample did not run for their size */
 
-/* Lowers configuration s of em, checks its structure against em->traffic
- * and, with `run`, queues it to run counted (with `capped`, unless its
- * run_cost passes RUN_MAX). */
-static void one_config(batch *b, const ap_mgraph *m, const ap_emitter *em, const ap_target_info *ti,
-		       const ap_sched *s, const char *label, bool run, bool capped, sweep_count *n)
+/* Lowers configuration s of the emitter bd binds, checks its structure
+ * against that binding's traffic and, with `run`, queues it to run counted
+ * (with `capped`, unless its run_cost passes RUN_MAX). */
+static void one_config(batch *b, const ap_bound *bd, const ap_sched *s, const char *label, bool run,
+		       bool capped, sweep_count *n)
 {
+	const ap_mgraph *m = bd->m;
+	const ap_emitter *em = bd->em;
 	ap_lower_options lo = {256, s, true};
-	char name[32], what[200], *cfg = ap_sched_describe(em, m, ti, s);
+	char name[32], what[200], *cfg = ap_sched_describe(bd, s);
 	ap_traffic tr;
 	ap_kir_kernel *k;
 	ap_error err;
@@ -896,13 +898,13 @@ static void one_config(batch *b, const ap_mgraph *m, const ap_emitter *em, const
 	free(cfg);
 	snprintf(name, sizeof(name), "tk_%d", g_kno++);
 	ap_error_clear(&err);
-	k = ap_lower(m, ti, name, &lo, NULL, &err);
+	k = ap_lower(bd, name, &lo, NULL, &err);
 	if (!k) {
 		ck_assert_msg(err.code == AP_EUNSUPPORTED, "%s: %s", what, err.msg);
 		n->refused++;
 		return;
 	}
-	ck_assert_msg(em->traffic(m, s, ti, &tr) == 0, "%s: traffic failed", what);
+	ck_assert_msg(em->traffic(bd, s, &tr) == 0, "%s: traffic failed", what);
 	if (tr.library) {
 		/* lib=1 (issue 25): the traffic is cuBLASLt's call, attached to
 		 * the kernel, which is lib=0's and is checked against its traffic */
@@ -914,7 +916,7 @@ static void one_config(batch *b, const ap_mgraph *m, const ap_emitter *em, const
 			      "%s: the call's %lld x %lld x %lld x %lld against %g flops", what, (long long)lib->m,
 			      (long long)lib->n, (long long)lib->k, (long long)lib->batch, tr.flops);
 		s0.v[s->n - 1] = 0;   /* lib, the gemm space's last knob */
-		ck_assert_msg(em->traffic(m, &s0, ti, &tr) == 0 && !tr.library, "%s: lib=0's traffic", what);
+		ck_assert_msg(em->traffic(bd, &s0, &tr) == 0 && !tr.library, "%s: lib=0's traffic", what);
 	} else {
 		ck_assert_msg(k->library == NULL, "%s: a library call without its traffic", what);
 	}
@@ -932,11 +934,11 @@ static void one_config(batch *b, const ap_mgraph *m, const ap_emitter *em, const
 	batch_add(b, m, s, k, &tr, what);
 }
 
-/* Every configuration of em's space for m on ti that `valid` accepts, as
- * the plan samples them (see the file comment). */
-static sweep_count sweep(batch *b, const ap_mgraph *m, const ap_emitter *em, const ap_target_info *ti,
-			 const char *label, const sweep_plan *pl)
+/* Every configuration of the space of the emitter bd binds that `valid`
+ * accepts, as the plan samples them (see the file comment). */
+static sweep_count sweep(batch *b, const ap_bound *bd, const char *label, const sweep_plan *pl)
 {
+	const ap_emitter *em = bd->em;
 	ap_space sp;
 	ap_sched dflt;
 	ap_sweep sw, rs;
@@ -945,7 +947,7 @@ static sweep_count sweep(batch *b, const ap_mgraph *m, const ap_emitter *em, con
 	sweep_count n = {0};
 	bool full;
 
-	ck_assert_int_eq(ap_emitter_default(em, m, ti, &sp, &dflt, &err), 0);
+	ck_assert_int_eq(ap_emitter_default(bd, &sp, &dflt, &err), 0);
 	ap_sweep_init(&sw);
 	ap_sweep_init(&rs);
 	full = sw.stride == 1;
@@ -960,14 +962,14 @@ static sweep_count sweep(batch *b, const ap_mgraph *m, const ap_emitter *em, con
 			s.v[i] = sp.knobs[i].values[idx[i]];
 			dfl &= s.v[i] == dflt.v[i];
 		}
-		if (em->valid && em->valid(m, &s, ti) <= 0)
+		if (em->valid && em->valid(bd, &s) <= 0)
 			continue;
 		lower = ap_sweep_take(&sw, &sp, idx, dfl) || !pl->model;
 		run = ap_sweep_take(&rs, &sp, idx, dfl);
 		if (pl->model && !full)
 			run = dfl;
 		if (lower || run)
-			one_config(b, m, em, ti, &s, label, run, pl->model || !full, &n);
+			one_config(b, bd, &s, label, run, pl->model || !full, &n);
 	} while (next_config(&sp, idx));
 	return n;
 }
@@ -988,16 +990,24 @@ static int check_at(batch *b, const ap_mgraph *m, const char *label, int t, bool
 	ck_assert_int_eq(ap_cost_target(g_targets[t], &ti), 0);
 	ti.max_threads_per_block = 256;
 	ti.allow_tf32 = tf32;
-	ck_assert_int_eq(ap_emitter_for(m, &ti, &first, &err), 0);
+	{
+		ap_bound fb;
+
+		ck_assert_int_eq(ap_bind_first(m, &ti, &fb, &err), 0);
+		first = fb.em;
+		ap_unbind(&fb);
+	}
 	snprintf(what, sizeof(what), "%.100s at %s", label, g_targets[t]);
 	for (int e = 0; e < n; e++) {
-		int rc = r[e]->match(m, &ti);
+		ap_bound bd;
+		int rc = all || r[e] == first ? ap_bind(r[e], m, &ti, &bd) : 0;
 		sweep_count c;
 
 		ck_assert_int_ge(rc, 0);
-		if (!rc || (!all && r[e] != first))
+		if (!rc)
 			continue;
-		c = sweep(b, m, r[e], &ti, what, pl);
+		c = sweep(b, &bd, what, pl);
+		ap_unbind(&bd);
 		if (!pl->model)
 			printf("check_traffic: %s: %s: %d configurations lowered, %d refused, %d to run, %d too "
 			       "large to run\n", what, r[e]->name, c.lowered, c.refused, c.queued, c.too_large);
@@ -1706,14 +1716,15 @@ static void check_model(batch *b, sigset *seen, const char *rel)
 		ti.allow_tf32 = tf32;
 		ms = model_mgraphs(g, &ti, &n);
 		for (int i = 0; i < n; i++) {
-			const ap_emitter *em;
+			ap_bound bd;
 			uint8_t sig[32];
 			ap_error err;
 			char label[160];
 			sweep_plan pl = {true};
 
-			ck_assert_int_eq(ap_emitter_for(ms[i], &ti, &em, &err), 0);
-			ck_assert_int_eq(ap_tune_signature(em, ms[i], g_targets[t], &ti, 256, sig), 0);
+			ck_assert_int_eq(ap_bind_first(ms[i], &ti, &bd, &err), 0);
+			ck_assert_int_eq(ap_tune_signature(bd.em, ms[i], g_targets[t], &ti, 256, sig), 0);
+			ap_unbind(&bd);
 			if (writes_nothing(ms[i]) || !sig_add(seen, sig)) {
 				same += !writes_nothing(ms[i]);
 			} else {

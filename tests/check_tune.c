@@ -124,6 +124,47 @@ static ap_graph *matmul_graph(int64_t M, int64_t N, int64_t K, bool extra)
 	return g;
 }
 
+/* The binding of m on t to em for a test's calls (ap_bind, asserted to
+ * bind): made on first use and kept in a small table (a test that binds
+ * the same micro-graph on the same target again gets the same binding);
+ * mgraph_free releases m's.  The key holds a copy of the target, so that
+ * one variable reused for another target binds again. */
+#define N_BOUND 16
+static struct {
+	bool used;
+	ap_bound b;
+	ap_target_info t;
+} g_bound[N_BOUND];
+
+static const ap_bound *B(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t)
+{
+	int f = -1;
+
+	for (int i = 0; i < N_BOUND; i++) {
+		if (g_bound[i].used && g_bound[i].b.em == em && g_bound[i].b.m == m &&
+		    !memcmp(&g_bound[i].t, t, sizeof(*t)))
+			return &g_bound[i].b;
+		if (!g_bound[i].used && f < 0)
+			f = i;
+	}
+	ck_assert_int_ge(f, 0);
+	g_bound[f].t = *t;
+	ck_assert_int_eq(ap_bind(em, m, &g_bound[f].t, &g_bound[f].b), 1);
+	g_bound[f].used = true;
+	return &g_bound[f].b;
+}
+
+/* ap_mgraph_free, the test's bindings of m released first. */
+static void mgraph_free(ap_mgraph *m)
+{
+	for (int i = 0; i < N_BOUND; i++)
+		if (g_bound[i].used && g_bound[i].b.m == m) {
+			ap_unbind(&g_bound[i].b);
+			g_bound[i].used = false;
+		}
+	ap_mgraph_free(m);
+}
+
 /* The micro-graph of all of g's nodes, rooted at its first node of
  * category `root_cat` (or node 0). */
 static ap_mgraph *whole(ap_graph *g, ap_group_kind kind, ap_op root_op)
@@ -183,11 +224,10 @@ static int knob_ix(const ap_space *sp, const char *name)
  * plus 10; invalid points INFINITY as the real model gives them. */
 static ap_sched g_want;
 
-static double standin_cost(const ap_emitter *em, const ap_mgraph *m, const ap_sched *s,
-			   const ap_target_info *t, void *user)
+static double standin_cost(const ap_bound *b, const ap_sched *s, void *user)
 {
 	double d = 10;
-	int rc = em->valid ? em->valid(m, s, t) : 1;
+	int rc = b->em->valid ? b->em->valid(b, s) : 1;
 
 	(void)user;
 	if (rc <= 0)
@@ -209,7 +249,7 @@ START_TEST(search_finds_known_best)
 	ap_error err;
 
 	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
-	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+	ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &dflt, &err), 0);
 	/* the target: a valid tile that is not the default */
 	g_want = dflt;
 	g_want.v[knob_ix(&sp, "bm")] = 64;
@@ -218,14 +258,14 @@ START_TEST(search_finds_known_best)
 	g_want.v[knob_ix(&sp, "tm")] = 4;
 	g_want.v[knob_ix(&sp, "tn")] = 2;
 	g_want.v[knob_ix(&sp, "stages")] = 2;
-	ck_assert_int_eq(ap_emitter_gemm.valid(m, &g_want, &t), 1);
+	ck_assert_int_eq(ap_emitter_gemm.valid(B(&ap_emitter_gemm, m, &t), &g_want), 1);
 	ck_assert(memcmp(g_want.v, dflt.v, sizeof(dflt.v)) != 0);
 	o.cost = standin_cost;
 
 	/* exhaustive: the space enumerated */
 	o.exhaustive_max = 100000;
 	o.max_points = 100000;
-	ck_assert_int_eq(ap_tune_search(&ap_emitter_gemm, m, &t, &o, &r, &err), 0);
+	ck_assert_int_eq(ap_tune_search(B(&ap_emitter_gemm, m, &t), &o, &r, &err), 0);
 	ck_assert_str_eq(r.method, "exhaustive");
 	ck_assert_int_eq(memcmp(r.best.v, g_want.v, sizeof(g_want.v)), 0);
 	ck_assert(fabs(r.best_us - 10) < 1e-9);
@@ -249,7 +289,7 @@ START_TEST(search_finds_known_best)
 	o.exhaustive_max = 1;
 	o.max_points = 600;
 	o.seed = 12345;
-	ck_assert_int_eq(ap_tune_search(&ap_emitter_gemm, m, &t, &o, &r, &err), 0);
+	ck_assert_int_eq(ap_tune_search(B(&ap_emitter_gemm, m, &t), &o, &r, &err), 0);
 	ck_assert_str_eq(r.method, "annealing");
 	ck_assert_uint_le(r.tried, 600);
 	ck_assert_uint_lt(r.tried, (unsigned)r.space);
@@ -259,9 +299,9 @@ START_TEST(search_finds_known_best)
 	g_want = dflt;
 	o.exhaustive_max = 100000;
 	o.max_points = 100000;
-	ck_assert_int_eq(ap_tune_search(&ap_emitter_gemm, m, &t, &o, &r, &err), 0);
+	ck_assert_int_eq(ap_tune_search(B(&ap_emitter_gemm, m, &t), &o, &r, &err), 0);
 	ck_assert_int_eq(memcmp(r.best.v, dflt.v, sizeof(dflt.v)), 0);
-	ap_mgraph_free(m);
+	mgraph_free(m);
 	ap_graph_free(g);
 }
 END_TEST
@@ -288,8 +328,8 @@ START_TEST(splitk_only_for_idle_sms)
 		ap_error err;
 		int sk;
 
-		ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
-		ck_assert_int_eq(ap_tune_search(&ap_emitter_gemm, m, &t, NULL, &r, &err), 0);
+		ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &dflt, &err), 0);
+		ck_assert_int_eq(ap_tune_search(B(&ap_emitter_gemm, m, &t), NULL, &r, &err), 0);
 		sk = r.best.v[knob_ix(&sp, "splitk")];
 		printf("check_tune: split-K %d (tile %d x %d) for %s (%.1f us modelled)\n", sk, r.best.v[0], r.best.v[1],
 		       c ? "64 x 64 over K 65536" : "4096^3", r.best_us);
@@ -297,7 +337,7 @@ START_TEST(splitk_only_for_idle_sms)
 			ck_assert_int_gt(sk, 1);
 		else
 			ck_assert_int_eq(sk, 1);
-		ap_mgraph_free(m);
+		mgraph_free(m);
 		ap_graph_free(g);
 	}
 }
@@ -319,18 +359,18 @@ START_TEST(never_worse_than_default)
 			ap_error err;
 			ap_traffic tr;
 
-			ck_assert_int_eq(ap_tune_search(&ap_emitter_gemm, m, &t, NULL, &r, &err), 0);
+			ck_assert_int_eq(ap_tune_search(B(&ap_emitter_gemm, m, &t), NULL, &r, &err), 0);
 			ck_assert_msg(isfinite(r.default_us), "%s: the default is valid", targets[ti]);
 			ck_assert_msg(r.best_us <= r.default_us, "%s %lld: tuned %.3f us > default %.3f us",
 				      targets[ti], (long long)shapes[si][0], r.best_us, r.default_us);
 			ck_assert_uint_ge(r.tried, 2);
 			/* the chosen point builds, and its modelled time is what
 			 * the search reported */
-			ck_assert_int_eq(ap_emitter_gemm.valid(m, &r.best, &t), 1);
+			ck_assert_int_eq(ap_emitter_gemm.valid(B(&ap_emitter_gemm, m, &t), &r.best), 1);
 			memset(&tr, 0, sizeof(tr));
-			ck_assert_int_eq(ap_emitter_gemm.traffic(m, &r.best, &t, &tr), 0);
+			ck_assert_int_eq(ap_emitter_gemm.traffic(B(&ap_emitter_gemm, m, &t), &r.best, &tr), 0);
 			ck_assert(fabs(ap_cost_schedule_us(&tr, &t) - r.best_us) < 1e-9);
-			ap_mgraph_free(m);
+			mgraph_free(m);
 			ap_graph_free(g);
 		}
 	}
@@ -345,7 +385,7 @@ START_TEST(never_worse_than_default)
 		ap_error err;
 
 		ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
-		ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &s16, &err), 0);
+		ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &s16, &err), 0);
 		s128 = s16;
 		s16.v[knob_ix(&sp, "bm")] = 16;
 		s16.v[knob_ix(&sp, "bn")] = 16;
@@ -355,9 +395,9 @@ START_TEST(never_worse_than_default)
 		s128.v[knob_ix(&sp, "bn")] = 128;
 		s128.v[knob_ix(&sp, "tm")] = 8;
 		s128.v[knob_ix(&sp, "tn")] = 8;
-		ck_assert(ap_tune_model_us(&ap_emitter_gemm, m, &s128, &t, NULL) <
-			  ap_tune_model_us(&ap_emitter_gemm, m, &s16, &t, NULL));
-		ap_mgraph_free(m);
+		ck_assert(ap_tune_model_us(B(&ap_emitter_gemm, m, &t), &s128, NULL) <
+			  ap_tune_model_us(B(&ap_emitter_gemm, m, &t), &s16, NULL));
+		mgraph_free(m);
 		ap_graph_free(g);
 	}
 }
@@ -383,31 +423,31 @@ START_TEST(sched_text)
 	};
 
 	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
-	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &s, &err), 0);
-	d = ap_sched_describe(&ap_emitter_gemm, m, &t, &s);
+	ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &s, &err), 0);
+	d = ap_sched_describe(B(&ap_emitter_gemm, m, &t), &s);
 	ck_assert_ptr_nonnull(d);
-	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, d, &back), 1);
+	ck_assert_int_eq(ap_sched_parse(B(&ap_emitter_gemm, m, &t), d, &back), 1);
 	ck_assert_int_eq(memcmp(back.v, s.v, sizeof(s.v)), 0);
 	ck_assert_ptr_eq(back.em, &ap_emitter_gemm);
 	free(d);
 	/* sm_90 has split-K for this K, and the library (lib) for this
 	 * product: a text without either knob is refused */
-	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 tm=2 bk=16 bn=32 bm=32 lib=0", &back), 0);
-	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 splitk=2 tm=2 bk=16 bn=32 bm=32",
+	ck_assert_int_eq(ap_sched_parse(B(&ap_emitter_gemm, m, &t), "stages=3 tn=2 tm=2 bk=16 bn=32 bm=32 lib=0", &back), 0);
+	ck_assert_int_eq(ap_sched_parse(B(&ap_emitter_gemm, m, &t), "stages=3 tn=2 splitk=2 tm=2 bk=16 bn=32 bm=32",
 					&back), 0);
-	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 splitk=2 tm=2 bk=16 bn=32 bm=32 lib=0",
+	ck_assert_int_eq(ap_sched_parse(B(&ap_emitter_gemm, m, &t), "stages=3 tn=2 splitk=2 tm=2 bk=16 bn=32 bm=32 lib=0",
 					&back), 1);
 	ck_assert_int_eq(back.v[knob_ix(&sp, "lib")], 0);
 	ck_assert_int_eq(back.v[knob_ix(&sp, "bm")], 32);
 	ck_assert_int_eq(back.v[knob_ix(&sp, "stages")], 3);
 	ck_assert_int_eq(back.v[knob_ix(&sp, "splitk")], 2);
 	/* 4 blocks a cluster would leave each slice one K tile */
-	ck_assert_int_eq(ap_sched_parse(&ap_emitter_gemm, m, &t, "stages=3 tn=2 splitk=4 tm=2 bk=16 bn=32 bm=32 lib=0",
+	ck_assert_int_eq(ap_sched_parse(B(&ap_emitter_gemm, m, &t), "stages=3 tn=2 splitk=4 tm=2 bk=16 bn=32 bm=32 lib=0",
 					&back), 0);
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-		ck_assert_msg(ap_sched_parse(&ap_emitter_gemm, m, &t, bad[i], &back) == 0, "accepted '%s'",
+		ck_assert_msg(ap_sched_parse(B(&ap_emitter_gemm, m, &t), bad[i], &back) == 0, "accepted '%s'",
 			      bad[i]);
-	ap_mgraph_free(m);
+	mgraph_free(m);
 	ap_graph_free(g);
 }
 END_TEST
@@ -558,9 +598,9 @@ START_TEST(budget_counts_evaluations)
 	h.budget_evals = 10000;
 
 	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
-	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+	ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &dflt, &err), 0);
 	/* the safety limit spent before the kernel: its default rule, counted */
-	ck_assert_int_eq(ap_tune_unit(&h, &ap_emitter_gemm, m, &t, 0, 50, -1, &s, &out, &err), 0);
+	ck_assert_int_eq(ap_tune_unit(&h, B(&ap_emitter_gemm, m, &t), 0, 50, -1, &s, &out, &err), 0);
 	ck_assert_int_eq(out.kind, AP_TUNE_DEFAULT);
 	ck_assert(out.capped);
 	ck_assert_uint_eq(out.tried, 0);
@@ -568,13 +608,13 @@ START_TEST(budget_counts_evaluations)
 	ck_assert_int_eq(lookup_rec(&sc, out.sig, &rec), 0);
 	/* a limit that passes during the search (checked every 16
 	 * evaluations): cut short, counted, no record */
-	ck_assert_int_eq(ap_tune_unit(&h, &ap_emitter_gemm, m, &t, 0, 1000, 1e-9, &s, &out, &err), 0);
+	ck_assert_int_eq(ap_tune_unit(&h, B(&ap_emitter_gemm, m, &t), 0, 1000, 1e-9, &s, &out, &err), 0);
 	ck_assert_int_eq(out.kind, AP_TUNE_SEARCHED);
 	ck_assert(out.capped);
 	ck_assert_uint_eq(out.tried, 16);
 	ck_assert_int_eq(lookup_rec(&sc, out.sig, &rec), 0);
 	/* a share of 50 evaluations: exactly 50, whatever the time */
-	ck_assert_int_eq(ap_tune_unit(&h, &ap_emitter_gemm, m, &t, 0, 50, 0, &s, &out, &err), 0);
+	ck_assert_int_eq(ap_tune_unit(&h, B(&ap_emitter_gemm, m, &t), 0, 50, 0, &s, &out, &err), 0);
 	ck_assert_int_eq(out.kind, AP_TUNE_SEARCHED);
 	ck_assert(!out.capped);
 	ck_assert_uint_eq(out.tried, 50);
@@ -584,10 +624,10 @@ START_TEST(budget_counts_evaluations)
 	drop_cache(c);
 	c = fresh_cache();
 	sc.c = c;
-	ck_assert_int_eq(ap_tune_unit(&h, &ap_emitter_gemm, m, &t, 0, 1, 0, &s, &out, &err), 0);
+	ck_assert_int_eq(ap_tune_unit(&h, B(&ap_emitter_gemm, m, &t), 0, 1, 0, &s, &out, &err), 0);
 	ck_assert_int_eq(out.kind, AP_TUNE_DEFAULT);
 	ck_assert(!out.capped);
-	ap_mgraph_free(m);
+	mgraph_free(m);
 	ap_graph_free(g);
 	drop_cache(c);
 }
@@ -673,7 +713,7 @@ START_TEST(variants_take_candidates)
 		ap_program_free(p);
 	}
 	ck_assert(!ap_tune_is_candidate(&model, "bm=1"));
-	ap_mgraph_free(m);
+	mgraph_free(m);
 	ap_graph_free(g);
 	drop_cache(c);
 }
@@ -810,11 +850,11 @@ START_TEST(records_reused_by_builds)
 	/* a measured record with another configuration wins */
 	m = whole(g1, AP_GROUP_MATMUL, AP_OP_MATMUL);
 	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
-	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+	ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &dflt, &err), 0);
 	alt = dflt;
 	alt.v[knob_ix(&sp, "stages")] = dflt.v[knob_ix(&sp, "stages")] == 2 ? 4 : 2;
-	ck_assert_int_eq(ap_emitter_gemm.valid(m, &alt, &t), 1);
-	d = ap_sched_describe(&ap_emitter_gemm, m, &t, &alt);
+	ck_assert_int_eq(ap_emitter_gemm.valid(B(&ap_emitter_gemm, m, &t), &alt), 1);
+	d = ap_sched_describe(B(&ap_emitter_gemm, m, &t), &alt);
 	snprintf(want, sizeof(want), "%s", d);
 	free(d);
 	ck_assert_str_ne(want, s1);
@@ -841,7 +881,7 @@ START_TEST(records_reused_by_builds)
 	ck_assert_str_eq(s3, s1);
 	ap_program_free(p);
 
-	ap_mgraph_free(m);
+	mgraph_free(m);
 	ap_graph_free(g1);
 	ap_graph_free(g2);
 	drop_cache(c);
@@ -1019,17 +1059,17 @@ START_TEST(library_knob)
 
 	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
 	ck_assert_int_eq(ap_cost_target("cpu", &cpu), 0);
-	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+	ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &dflt, &err), 0);
 	li = has_knob(&sp, "lib");
 	ck_assert_int_ge(li, 0);
 	ck_assert_int_eq(sp.knobs[li].n, 2);
 	s = dflt;
 	s.v[li] = 0;
-	ck_assert_int_eq(ap_emitter_gemm.traffic(m, &s, &t, &tr), 0);
+	ck_assert_int_eq(ap_emitter_gemm.traffic(B(&ap_emitter_gemm, m, &t), &s, &tr), 0);
 	own_us = ap_cost_schedule_us(&tr, &t);
 	s.v[li] = 1;
-	ck_assert_int_eq(ap_emitter_gemm.valid(m, &s, &t), 1);
-	ck_assert_int_eq(ap_emitter_gemm.traffic(m, &s, &t, &tr), 0);
+	ck_assert_int_eq(ap_emitter_gemm.valid(B(&ap_emitter_gemm, m, &t), &s), 1);
+	ck_assert_int_eq(ap_emitter_gemm.traffic(B(&ap_emitter_gemm, m, &t), &s, &tr), 0);
 	lib_us = ap_cost_schedule_us(&tr, &t);
 	/* the library's model: 2 * 4096^3 flops at 0.8 of 989 TFLOP/s */
 	ck_assert_double_eq_tol(tr.flops, 2.0 * 4096 * 4096 * 4096, 1);
@@ -1045,7 +1085,7 @@ START_TEST(library_knob)
 	ck_assert_int_eq(dflt.v[li], isfinite(own_us) && lib_us < own_us);
 	/* lib=1 is one point: another tile with lib=1 is not valid */
 	s.v[0] = s.v[0] == 64 ? 128 : 64;
-	ck_assert_int_eq(ap_emitter_gemm.valid(m, &s, &t), 0);
+	ck_assert_int_eq(ap_emitter_gemm.valid(B(&ap_emitter_gemm, m, &t), &s), 0);
 	/* the search's candidates hold both sides where the model prices
 	 * both (a measurement compares them): for 256^3 the default is the
 	 * kernel, the library is among them */
@@ -1055,7 +1095,7 @@ START_TEST(library_knob)
 		ap_tune_result r;
 		int sides[2] = {0, 0};
 
-		ck_assert_int_eq(ap_tune_search(&ap_emitter_gemm, m2, &t, NULL, &r, &err), 0);
+		ck_assert_int_eq(ap_tune_search(B(&ap_emitter_gemm, m2, &t), NULL, &r, &err), 0);
 		for (int i = 0; i < r.n_top; i++)
 			sides[r.top[i].v[li] != 0]++;
 		printf("check_tune: %s: default lib=%d, candidates: %d kernel tiles, %d library\n",
@@ -1071,14 +1111,14 @@ START_TEST(library_knob)
 		for (int i = 1; i < r.n_top; i++)
 			ck_assert(r.top_us[i] >= r.top_us[i - 1]);
 		if (c) {
-			ap_mgraph_free(m2);
+			mgraph_free(m2);
 			ap_graph_free(g2);
 		}
 	}
 	/* the host: no knob */
-	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &cpu, &sp, &dflt, &err), 0);
+	ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &cpu), &sp, &dflt, &err), 0);
 	ck_assert_int_lt(has_knob(&sp, "lib"), 0);
-	ap_mgraph_free(m);
+	mgraph_free(m);
 	/* the build (searched under the cost model): the launch carries the call */
 	{
 		ap_cache *c = fresh_cache();
@@ -1127,11 +1167,11 @@ START_TEST(library_knob)
 				continue;
 			g = lib_graph(dts[d], 1024, 1024, 1024, shape);
 			m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
-			ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+			ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &dflt, &err), 0);
 			ck_assert_msg((has_knob(&sp, "lib") >= 0) == (shape == 2 || shape == 5),
 				      "shape %d %s: library knob %d", shape, ap_dtype_name(dts[d]),
 				      has_knob(&sp, "lib"));
-			ap_mgraph_free(m);
+			mgraph_free(m);
 			ap_graph_free(g);
 		}
 }
@@ -1154,7 +1194,7 @@ START_TEST(library_measured_record)
 	int li;
 
 	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
-	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &dflt, &err), 0);
+	ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &dflt, &err), 0);
 	li = knob_ix(&sp, "lib");
 	ck_assert_int_eq(ap_tune_signature(&ap_emitter_gemm, m, "sm_90", &t, 0, sig), 0);
 	for (int side = 0; side < 2; side++) {
@@ -1166,8 +1206,8 @@ START_TEST(library_measured_record)
 
 		s = dflt;
 		s.v[li] = side;
-		ck_assert_int_eq(ap_emitter_gemm.valid(m, &s, &t), 1);
-		d = ap_sched_describe(&ap_emitter_gemm, m, &t, &s);
+		ck_assert_int_eq(ap_emitter_gemm.valid(B(&ap_emitter_gemm, m, &t), &s), 1);
+		d = ap_sched_describe(B(&ap_emitter_gemm, m, &t), &s);
 		snprintf(want, sizeof(want), "%s", d);
 		free(d);
 		/* measured: this side 100 us, the other one never measured faster */
@@ -1189,7 +1229,7 @@ START_TEST(library_measured_record)
 		}
 		ap_program_free(p);
 	}
-	ap_mgraph_free(m);
+	mgraph_free(m);
 	ap_graph_free(g);
 	drop_cache(c);
 }
@@ -1228,14 +1268,13 @@ START_TEST(stitched_flops_count_reductions_once)
 	ck_assert_msg(ap_graph_validate(g, &err) == 0, "validate: %s", err.msg);
 	m = whole(g, AP_GROUP_STITCHED, AP_OP_REDUCE_MAX);
 	ck_assert_int_eq(ap_cost_target("sm_90", &ti), 0);
-	ck_assert_int_eq(ap_emitter_stitched.match(m, &ti), 1);
-	ck_assert_int_eq(ap_emitter_default(&ap_emitter_stitched, m, &ti, &sp, &s, &err), 0);
-	ck_assert_int_eq(ap_emitter_stitched.traffic(m, &s, &ti, &tr), 0);
+	ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_stitched, m, &ti), &sp, &s, &err), 0);
+	ck_assert_int_eq(ap_emitter_stitched.traffic(B(&ap_emitter_stitched, m, &ti), &s, &tr), 0);
 	/* five ops of R x N evaluations each (the reductions read N per row),
 	 * times at most three passes (two reduction levels and the outputs') */
 	ck_assert_msg(tr.flops >= 5.0 * R * N && tr.flops <= 15.0 * R * N, "%g modelled operations",
 		      tr.flops);
-	ap_mgraph_free(m);
+	mgraph_free(m);
 	ap_graph_free(g);
 }
 END_TEST
@@ -1256,9 +1295,9 @@ START_TEST(refined_us_reads_ptxas)
 	double base, more, spilled;
 
 	ck_assert_int_eq(ap_cost_target("sm_90", &ti), 0);
-	ck_assert_int_eq(ap_emitter_default(em, m, &ti, &sp, &s, &err), 0);
+	ck_assert_int_eq(ap_emitter_default(B(em, m, &ti), &sp, &s, &err), 0);
 	memset(&tr, 0, sizeof(tr));
-	ck_assert_int_eq(em->traffic(m, &s, &ti, &tr), 0);
+	ck_assert_int_eq(em->traffic(B(em, m, &ti), &s, &tr), 0);
 	ck_assert_uint_gt(tr.regs, 0);
 	base = ap_cost_schedule_us(&tr, &ti);
 	ck_assert(isfinite(base) && base > 0);
@@ -1277,7 +1316,7 @@ START_TEST(refined_us_reads_ptxas)
 	ck_assert_msg(spilled > 2 * base, "spilled %g us, base %g us", spilled, base);
 	/* static shared memory past the SM's: the block does not fit */
 	ck_assert(isinf(ap_tune_refined_us(&tr, &(ap_ptxas_stats){ .shared_bytes = 1 << 22 }, &ti)));
-	ap_mgraph_free(m);
+	mgraph_free(m);
 	ap_graph_free(g);
 }
 END_TEST
@@ -1565,10 +1604,10 @@ static void e2e_case(int shape)
 	ck_assert_msg(access(drv_so, R_OK) == 0 && access(lt_so, R_OK) == 0, "no stand-ins at %s (make all)", drv_so);
 	/* a measured record naming lib=1 for the stand-in GPU */
 	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
-	ck_assert_int_eq(ap_emitter_default(&ap_emitter_gemm, m, &t, &sp, &s, &err), 0);
+	ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &s, &err), 0);
 	s.v[knob_ix(&sp, "lib")] = 1;
-	ck_assert_int_eq(ap_emitter_gemm.valid(m, &s, &t), 1);
-	d = ap_sched_describe(&ap_emitter_gemm, m, &t, &s);
+	ck_assert_int_eq(ap_emitter_gemm.valid(B(&ap_emitter_gemm, m, &t), &s), 1);
+	d = ap_sched_describe(B(&ap_emitter_gemm, m, &t), &s);
 	snprintf(want, sizeof(want), "%s", d);
 	free(d);
 	ck_assert_int_eq(ap_tune_signature(&ap_emitter_gemm, m, "sm_90", &t, 0, sig), 0);
@@ -1681,7 +1720,7 @@ static void e2e_case(int shape)
 	ap_compiler_free(c);
 	drop_cache(cache);
 out_graph:
-	ap_mgraph_free(m);
+	mgraph_free(m);
 	ap_graph_pb_free(pb);
 	ap_graph_free(g);
 }

@@ -82,6 +82,8 @@ typedef struct name_index name_index;
 typedef struct unit {
 	ap_mgraph *m;
 	ap_kir_kernel *k;            /* after emit (NULL: nothing to launch) */
+	ap_bound b;                  /* its emitter's binding (emit: the registry's
+					first, or Layer I's with l1); ap_unbind */
 	ap_sched sched;
 	ap_layer1 *l1;               /* Layer I's plan (NULL: an emitter builds it) */
 	char l1_why[300];            /* why Layer I refused a micro-graph it was wanted for */
@@ -158,6 +160,7 @@ static void units_clear(pipe *P)
 		ap_mgraph_free(P->units[i].m);
 		ap_kir_kernel_free(P->units[i].k);
 		ap_fuse_layer1_free(P->units[i].l1);
+		ap_unbind(&P->units[i].b);
 	}
 	free(P->units);
 	P->units = NULL;
@@ -215,13 +218,13 @@ static const char *hook_refuses(const pipe *P, const unit *u, char *buf, size_t 
 	return NULL;
 }
 
-/* Tuning of unit u on emitter em (a no-op without P->opt->tune): u->sched
+/* Tuning of unit u on the emitter b binds (a no-op without P->opt->tune): u->sched
  * from a record, a search of the round's share of evaluations (the same
  * whatever the tasks' order: the budget is not time), or the rule;
  * u->tuned says which.  The build's wall-time safety limit (h->budget_ms,
  * summed over the tasks) may cut a search short: u->tune_capped.  0, or
  * u->rc set (AP_ENOMEM). */
-static int tune_unit(pipe *P, unit *u, const ap_emitter *em)
+static int tune_unit(pipe *P, unit *u, const ap_bound *b)
 {
 	const ap_tune_hooks *h = P->opt->tune;
 	ap_tune_outcome to;
@@ -238,8 +241,8 @@ static int tune_unit(pipe *P, unit *u, const ap_emitter *em)
 		if (left <= 0)
 			left = -1;   /* spent */
 	}
-	if (ap_tune_unit(h, em, u->m, &P->ti, P->opt->max_block_threads, P->tune_share, left,
-			 &u->sched, &to, &u->err) < 0)
+	if (ap_tune_unit(h, b, P->opt->max_block_threads, P->tune_share, left, &u->sched, &to,
+			 &u->err) < 0)
 		return u->rc = u->err.code ? u->err.code : AP_ENOMEM;
 	atomic_fetch_add(&P->tune_used_us, (uint64_t)(to.ms * 1000));
 	if (to.capped) {
@@ -249,7 +252,7 @@ static int tune_unit(pipe *P, unit *u, const ap_emitter *em)
 		ap_hex(to.sig, 8, hex);
 		ap_log(AP_LOG_WARN, "tuning: the time limit (tune_budget_ms = %.0f) cut short the "
 		       "search of the %s kernel at node %s (signature %s...) after %u of %u "
-		       "evaluations: not kept as a record", h->budget_ms, em->name,
+		       "evaluations: not kept as a record", h->budget_ms, b->em->name,
 		       u->m->root >= 0 && u->m->root < g->n_nodes ? g->nodes[u->m->root].name : "?",
 		       hex, to.tried, P->tune_share);
 	}
@@ -268,6 +271,7 @@ static void layer1_task(int i, void *arg)
 {
 	pipe *P = arg;
 	unit *u = &P->units[i];
+	ap_bound lb;
 	int rc;
 
 	u->l1_why[0] = 0;
@@ -275,7 +279,14 @@ static void layer1_task(int i, void *arg)
 	if (!ap_fuse_layer1_wanted(u->m) || mgraph_is_empty(u->m))
 		return;
 	/* the tile is a tuner's knob: a record, a search, or the rule */
-	if (tune_unit(P, u, &ap_fuse_layer1_emitter) < 0)
+	if ((rc = ap_bind(&ap_fuse_layer1_emitter, u->m, &P->ti, &lb)) < 0) {
+		u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory in Layer I");
+		return;
+	}
+	u->tuned = AP_TUNE_DEFAULT;
+	rc = rc > 0 ? tune_unit(P, u, &lb) : 0;
+	ap_unbind(&lb);
+	if (rc < 0)
 		return;
 	rc = ap_fuse_layer1_plan(u->m, &P->ti, P->opt->max_block_threads,
 				 u->tuned != AP_TUNE_DEFAULT ? &u->sched : NULL, &u->l1, u->l1_why,
@@ -296,6 +307,13 @@ static void emit_task(int i, void *arg)
 	u->rc = 0;
 	if (mgraph_is_empty(u->m))
 		return;
+	/* its binding: Layer I's where it planned the micro-graph (its window
+	 * analysis binds whatever it planned), else the registry's first */
+	if ((u->l1 ? ap_bind(&ap_fuse_layer1_emitter, u->m, &P->ti, &u->b)
+		   : ap_bind_first(u->m, &P->ti, &u->b, &u->err) == 0) <= 0) {
+		u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory lowering a micro-graph");
+		return;
+	}
 	if (u->l1) {
 		if (u->tuned == AP_TUNE_DEFAULT) {
 			memset(&u->sched, 0, sizeof(u->sched));
@@ -316,33 +334,27 @@ static void emit_task(int i, void *arg)
 		return;
 	}
 	if (P->opt->tune) {
-		const ap_emitter *em;
-
-		if (ap_emitter_for(u->m, &P->ti, &em, &u->err) < 0) {
-			u->rc = u->err.code ? u->err.code : AP_ENOMEM;
-			return;
-		}
-		if (tune_unit(P, u, em) < 0)
+		if (tune_unit(P, u, &u->b) < 0)
 			return;
 		lo.sched = &u->sched;
 	} else {
 		u->tuned = AP_TUNE_DEFAULT;
 	}
-	u->k = ap_lower(u->m, &P->ti, PLACEHOLDER, &lo, &u->sched, &u->err);
+	u->k = ap_lower(&u->b, PLACEHOLDER, &lo, &u->sched, &u->err);
 	if (!u->k && lo.sched && u->err.code == AP_EUNSUPPORTED) {
 		/* a tuned configuration the emitter refused after all (a record
 		 * of an older build): the default rule, never a fusion undone */
 		lo.sched = NULL;
 		u->tuned = AP_TUNE_DEFAULT;
 		ap_error_clear(&u->err);
-		u->k = ap_lower(u->m, &P->ti, PLACEHOLDER, &lo, &u->sched, &u->err);
+		u->k = ap_lower(&u->b, PLACEHOLDER, &lo, &u->sched, &u->err);
 	}
 	if (!u->k) {
 		u->rc = u->err.code ? u->err.code : AP_ENOMEM;
 		return;
 	}
 	memset(&u->traffic, 0, sizeof(u->traffic));
-	if (u->sched.em->traffic(u->m, &u->sched, &P->ti, &u->traffic) < 0) {
+	if (u->b.em->traffic(&u->b, &u->sched, &u->traffic) < 0) {
 		u->k = ap_kir_kernel_free(u->k);
 		u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory modelling a kernel");
 	}
@@ -827,7 +839,7 @@ static int add_launch(pipe *P, int li, int ki)
 			/* a tuned tile is named by its knobs, as its record's
 			 * candidates are (what a measurement names) */
 			pt->schedule = u->tuned != AP_TUNE_DEFAULT
-					       ? ap_sched_describe(u->sched.em, u->m, &P->ti, &u->sched)
+					       ? ap_sched_describe(&u->b, &u->sched)
 					       : ap_fuse_layer1_describe(u->l1);
 			if (!pt->schedule || !(pt->layer1 = ap_fuse_layer1_text(u->l1)))
 				return AP_ENOMEM;
@@ -838,9 +850,9 @@ static int add_launch(pipe *P, int li, int ki)
 			pt->emitter = u->sched.em->name;
 			pt->recompute = !strcmp(u->sched.em->name, "gemm") ||
 						!strcmp(u->sched.em->name, "attention") ? 0
-					: u->sched.em->recompute ? u->sched.em->recompute(u->m)
+					: u->b.em->recompute ? u->b.em->recompute(&u->b)
 					: ap_lower_recompute(u->m);
-			if (!(pt->schedule = ap_sched_describe(u->sched.em, u->m, &P->ti, &u->sched)))
+			if (!(pt->schedule = ap_sched_describe(&u->b, &u->sched)))
 				return AP_ENOMEM;
 			pt->tuned = u->tuned != AP_TUNE_DEFAULT;
 			memcpy(pt->tune_sig, u->tune_sig, sizeof(pt->tune_sig));

@@ -115,10 +115,14 @@ struct ap_emitter;
  * whole extent) or, for a global-pooling window, "planes" (channels
  * staged at once); `choose` is the plan's rule, `valid` the staged box
  * within the shared-memory budget, `traffic` the micro-graph's with its
- * arithmetic times the tile's recompute ratio, a block per tile.  The
- * tuner (server/tune) searches it like an emitter's; it never matches by
- * itself (the driver picks Layer I) and its `emit` refuses (kernels come
- * from the plan).  host_rule_only: the host keeps the rule. */
+ * arithmetic times the tile's recompute ratio, a block per tile, and
+ * `emit` the kernel of the configuration's plan (ap_fuse_layer1_plan,
+ * then the plan's kernel as ap_fuse_layer1_emit builds it, without the
+ * verifier: ap_lower runs it).  Its binding (ap_bind) is the window
+ * analysis, no isl: 1 for a window micro-graph Layer I applies to.  The
+ * tuner (server/tune) searches it like an emitter's; it is not in the
+ * registry (the driver binds it where Layer I is wanted and pays).
+ * host_rule_only: the host keeps the rule. */
 extern const struct ap_emitter ap_fuse_layer1_emitter;
 
 /* ---- Layer II (stitch.c) ---------------------------------------------------------- */

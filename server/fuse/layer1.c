@@ -2076,38 +2076,41 @@ char *ap_fuse_layer1_describe(const ap_layer1 *l)
 
 /* ---- the emitter record ---------------------------------------------------------------- */
 
-static int l1_match(const ap_mgraph *m, const ap_target_info *t)
+/* The window analysis a configuration needs (no isl), kept for the
+ * binding: 1 for a window micro-graph Layer I applies to, 0 when not,
+ * AP_ENOMEM.  The driver binds Layer I itself (it is not in the
+ * registry: the cost model decides whether it pays, ap_fuse_layer1_pays). */
+static int l1_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
 {
-	return 0;   /* Layer I is chosen by the driver, never by the registry */
-}
-
-/* The window analysis a configuration needs (no isl): 1 with *l filled,
- * 0 when Layer I does not apply, AP_ENOMEM. */
-static int l1_analyze(const ap_mgraph *m, ap_layer1 *l)
-{
+	ap_layer1 *l;
 	char why[160];
+	int rc;
 
-	memset(l, 0, sizeof(*l));
+	(void)t;
 	if (m->kind != AP_GROUP_WINDOW)
 		return 0;
-	return analyze(m, l, why, sizeof(why));
+	if (!(l = calloc(1, sizeof(*l))))
+		return AP_ENOMEM;
+	if ((rc = analyze(m, l, why, sizeof(why))) <= 0) {
+		free(l);
+		return rc;
+	}
+	*an = l;
+	return 1;
 }
 
 /* The tile as knobs: "th" rows and "tw" columns of the two innermost
  * output dimensions (powers of two, then the whole extent), or "planes"
  * staged at once by a global-pooling window; the default rule's values
  * are always among them. */
-static int l1_space(const ap_mgraph *m, const ap_target_info *t, ap_space *out)
+static int l1_space(const ap_bound *b, ap_space *out)
 {
-	ap_layer1 l;
+	ap_layer1 l = *(const ap_layer1 *)b->an;   /* choose_tile sets the tile */
 	int64_t v[AP_KNOB_MAX_VALUES];
-	int rc = l1_analyze(m, &l);
 	bool rule;
 
 	memset(out, 0, sizeof(*out));
-	if (rc <= 0)
-		return rc;
-	rule = choose_tile(m->g, &l, t);
+	rule = choose_tile(b->m->g, &l, b->t);
 	out->n = l.reduce ? 1 : 2;
 	for (int q = 0; q < out->n; q++) {
 		ap_knob *k = &out->knobs[q];
@@ -2123,16 +2126,13 @@ static int l1_space(const ap_mgraph *m, const ap_target_info *t, ap_space *out)
 	return 0;
 }
 
-static int l1_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+static int l1_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 {
-	ap_layer1 l;
-	int rc = l1_analyze(m, &l);
+	ap_layer1 l = *(const ap_layer1 *)b->an;
 
-	if (rc < 0)
-		return rc;
 	for (int q = 0; q < sp->n; q++)
 		s->v[q] = sp->knobs[q].values[0];
-	if (rc > 0 && choose_tile(m->g, &l, t)) {
+	if (choose_tile(b->m->g, &l, b->t)) {
 		if (l.reduce)
 			s->v[0] = (int)l.tile[1];
 		else
@@ -2141,20 +2141,32 @@ static int l1_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
 	return 0;
 }
 
-static int l1_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+static int l1_valid(const ap_bound *b, const ap_sched *s)
 {
-	ap_layer1 l;
-	int rc = l1_analyze(m, &l);
+	const ap_layer1 *l = b->an;
 
-	if (rc <= 0 || s->n != (l.reduce ? 1 : 2))
-		return rc;
-	return tile_box_bytes(m->g, &l, s->v[0], s->v[s->n - 1]) <= smem_cap_of(t);
+	if (s->n != (l->reduce ? 1 : 2))
+		return 0;
+	return tile_box_bytes(b->m->g, l, s->v[0], s->v[s->n - 1]) <= smem_cap_of(b->t);
 }
 
-static int l1_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
-		   ap_error *err)
+/* The kernel of configuration s: its plan (isl), then the plan's kernel
+ * (emit_kernel), as ap_fuse_layer1_plan and ap_fuse_layer1_emit make
+ * them.  AP_EUNSUPPORTED when Layer I refuses the tile (the message says
+ * why), AP_ENOMEM. */
+static int l1_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
 {
-	return ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL, "layer I kernels come from a plan");
+	ap_layer1 *l = NULL;
+	char why[300];
+	int rc = ap_fuse_layer1_plan(b->m, b->t, 0, s, &l, why, sizeof(why));
+
+	if (rc <= 0)
+		return ap_error_set(err, rc < 0 ? AP_ENOMEM : AP_EUNSUPPORTED,
+				    b->m->g->nodes[((const ap_layer1 *)b->an)->window].name, NULL, "layer I: %s",
+				    rc < 0 ? "out of memory" : why);
+	rc = emit_kernel(b->m, l, b->t, k, err);
+	ap_fuse_layer1_free(l);
+	return rc;
 }
 
 /* A tile's launch for the cost model: the micro-graph's traffic (every
@@ -2162,19 +2174,19 @@ static int l1_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
  * ratio of the tile's halo (the staged tensor's producer, a convolution
  * or product, dominates it), one block per tile, the box's thread grid
  * (at most 256 threads) and its shared memory. */
-static int l1_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
+static int l1_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 {
-	ap_layer1 l;
+	ap_layer1 l = *(const ap_layer1 *)b->an;   /* set_tile sets the tile */
 	int64_t bh, bw;
-	int tx, ty, rc = 0;
+	int tx, ty;
 
 	memset(out, 0, sizeof(*out));
-	if (ap__lower_inline_traffic(m, out) < 0)
+	if (ap__lower_inline_traffic(b->m, out) < 0)
 		return AP_ENOMEM;
-	if (!s || (rc = l1_analyze(m, &l)) <= 0 || s->n != (l.reduce ? 1 : 2))
-		return s && s->n && rc < 0 ? rc : 0;
-	out->shared_bytes = (unsigned)tile_box(m->g, &l, s->v[0], s->v[s->n - 1], &bh, &bw);
-	set_tile(m->g, &l, s->v[0], s->v[s->n - 1]);
+	if (!s || s->n != (l.reduce ? 1 : 2))
+		return 0;
+	out->shared_bytes = (unsigned)tile_box(b->m->g, &l, s->v[0], s->v[s->n - 1], &bh, &bw);
+	set_tile(b->m->g, &l, s->v[0], s->v[s->n - 1]);
 	thread_grid(bh, bw, 256, &tx, &ty);
 	out->blocks = ap_grid_for(l.n_tiles, 1);
 	out->threads = (unsigned)(tx * ty);
@@ -2183,5 +2195,5 @@ static int l1_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 }
 
 const ap_emitter ap_fuse_layer1_emitter = {
-	"layer1", l1_match, l1_space, l1_choose, l1_emit, l1_traffic, l1_valid, true, NULL,
+	"layer1", l1_bind, NULL, l1_space, l1_choose, l1_emit, l1_traffic, l1_valid, true, NULL,
 };

@@ -407,11 +407,30 @@ int ap_lower_attention_ok(const ap_mgraph *m, const ap_target_info *t, char *why
 	return rc;
 }
 
-static int at_match(const ap_mgraph *m, const ap_target_info *t)
+/* The analysis of an attention micro-graph, kept for the binding. */
+static int at_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
 {
+	att_plan *p;
 	char why[200];
+	int rc;
 
-	return m->kind == AP_GROUP_ATTENTION ? ap_lower_attention_ok(m, t, why, sizeof(why)) : 0;
+	if (m->kind != AP_GROUP_ATTENTION)
+		return 0;
+	if (!(p = malloc(sizeof(*p))))
+		return AP_ENOMEM;
+	if ((rc = analyze(m, t, p, why, sizeof(why))) <= 0) {
+		plan_clear(p);
+		free(p);
+		return rc;
+	}
+	*an = p;
+	return 1;
+}
+
+static void at_unbind(void *an)
+{
+	plan_clear(an);
+	free(an);
 }
 
 /* Tensor-core tiles: head dims padded to the mma shapes (the k step of
@@ -481,23 +500,18 @@ static bool tc_fits(const att_plan *p, const ap_target_info *t, int W, int BK)
 
 /* SIMT: "rows" (query rows a block, a warp each).  Tensor cores: "warps"
  * (16 query rows each) and "keys" (a tile of K and V). */
-static int at_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+static int at_space(const ap_bound *b, ap_space *sp)
 {
-	att_plan p;
-	char why[200];
-	int rc = analyze(m, t, &p, why, sizeof(why));
+	const att_plan *p = b->an;
 
-	if (rc < 0)
-		return rc;
 	sp->n = 1;
-	ap_knob_pow2(&sp->knobs[0], p.tc ? "warps" : "rows", 1, 8);
-	while (sp->knobs[0].n > 1 && (unsigned)sp->knobs[0].values[sp->knobs[0].n - 1] * 32u > ap_block_cap(t))
+	ap_knob_pow2(&sp->knobs[0], p->tc ? "warps" : "rows", 1, 8);
+	while (sp->knobs[0].n > 1 && (unsigned)sp->knobs[0].values[sp->knobs[0].n - 1] * 32u > ap_block_cap(b->t))
 		sp->knobs[0].n--;
-	if (rc > 0 && p.tc) {
+	if (p->tc) {
 		sp->n = 2;
 		ap_knob_pow2(&sp->knobs[1], "keys", 16, 64);
 	}
-	plan_clear(&p);
 	return 0;
 }
 
@@ -506,49 +520,40 @@ static int at_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
  * sequences, 32 past head dim 64: the score and output fragments share
  * the registers), and fewer warps while the tiles do not fit in shared
  * memory. */
-static int at_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 {
-	att_plan p;
-	char why[200];
-	int rc = analyze(m, t, &p, why, sizeof(why)), W, BK;
+	const att_plan *p = b->an;
+	const ap_target_info *t = b->t;
+	int W, BK;
 
-	if (rc < 0)
-		return rc;
-	if (rc == 0 || !p.tc) {
+	if (!p->tc) {
 		s->v[0] = sp->knobs[0].values[sp->knobs[0].n > 2 ? 2 : sp->knobs[0].n - 1];   /* 4 rows */
-		plan_clear(&p);
 		return 0;
 	}
 	W = sp->knobs[0].values[sp->knobs[0].n > 2 ? 2 : sp->knobs[0].n - 1];
 	/* wgmma: a warpgroup at least (64 query rows) */
-	while (W > (tc_wg(&p, t) ? 4 : 1) && p.batch * ((p.Nq + 16 * W - 1) / (16 * W)) < (int64_t)t->sm_count)
+	while (W > (tc_wg(p, t) ? 4 : 1) && p->batch * ((p->Nq + 16 * W - 1) / (16 * W)) < (int64_t)t->sm_count)
 		W /= 2;
-	BK = p.Nk > 32 ? 64 : p.Nk > 16 ? 32 : 16;
-	if ((tc_dpad(&p) > 64 || tc_dvpad(&p) > 64) && BK > 32)
+	BK = p->Nk > 32 ? 64 : p->Nk > 16 ? 32 : 16;
+	if ((tc_dpad(p) > 64 || tc_dvpad(p) > 64) && BK > 32)
 		BK = 32;
-	while (W > 1 && !tc_fits(&p, t, W, BK))
+	while (W > 1 && !tc_fits(p, t, W, BK))
 		W /= 2;
-	while (BK > 16 && !tc_fits(&p, t, W, BK))
+	while (BK > 16 && !tc_fits(p, t, W, BK))
 		BK /= 2;
 	s->v[0] = W;
 	s->v[1] = BK;
-	plan_clear(&p);
 	return 0;
 }
 
-static int at_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+static int at_valid(const ap_bound *b, const ap_sched *s)
 {
-	att_plan p;
-	char why[200];
-	int rc = analyze(m, t, &p, why, sizeof(why));
+	const att_plan *p = b->an;
+	int rc = !p->tc || tc_fits(p, b->t, s->v[0], s->v[1]);
 
-	if (rc <= 0)
-		return rc;
-	rc = !p.tc || tc_fits(&p, t, s->v[0], s->v[1]);
 	/* sm_90a: whole warpgroups (wgmma) wherever a warpgroup's tiles fit */
-	if (rc && tc_wg(&p, t) && s->v[0] % 4 && tc_fits(&p, t, 4, 16))
+	if (rc && tc_wg(p, b->t) && s->v[0] % 4 && tc_fits(p, b->t, 4, 16))
 		rc = 0;
-	plan_clear(&p);
 	return rc;
 }
 
@@ -1642,63 +1647,50 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 	return 0;
 }
 
-static int at_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
-		   ap_error *err)
+static int at_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
 {
-	att_plan p;
+	const att_plan *p = b->an;
 	actx c;
 	ap_vctx v;
-	char why[200];
 	int rc;
 
-	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
-		return ap_error_set(err, rc < 0 ? AP_ENOMEM : AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
-				    "attention emitter: %s", why);
-	if ((rc = ap_vctx_init(&v, m, k, err))) {
-		plan_clear(&p);
+	if ((rc = ap_vctx_init(&v, b->m, k, err)))
 		return rc;
-	}
 	memset(&c, 0, sizeof(c));
-	c.p = &p;
+	c.p = p;
 	c.v = &v;
 	c.k = k;
 	v.leaf = att_leaf;
 	v.leaf_user = &c;
-	rc = p.tc ? emit_tc(&c, t, s->v[0], s->v[1], err) : emit_simt(&c, t, s->v[0], err);
+	rc = p->tc ? emit_tc(&c, b->t, s->v[0], s->v[1], err) : emit_simt(&c, b->t, s->v[0], err);
 	if (!rc)
 		rc = v.rc;
 	v.leaf = NULL;
 	ap_vctx_clear(&v);
-	plan_clear(&p);
 	return rc;
 }
 
-static int at_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
+static int at_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 {
-	att_plan p;
-	char why[200];
-	int rc;
+	const att_plan *p = b->an;
 
 	memset(out, 0, sizeof(*out));
-	if (ap__lower_inline_traffic(m, out) < 0)
+	if (ap__lower_inline_traffic(b->m, out) < 0)
 		return AP_ENOMEM;
-	if ((rc = analyze(m, t, &p, why, sizeof(why))) <= 0)
-		return rc;
-	out->flops = 2.0 * (double)p.batch * (double)p.Nq * (double)p.Nk * (double)(p.D + p.Dv);
+	out->flops = 2.0 * (double)p->batch * (double)p->Nq * (double)p->Nk * (double)(p->D + p->Dv);
 	out->threads = 32u * (unsigned)s->v[0];
-	if (p.tc) {
-		out->blocks = ap_grid_for(p.batch * ((p.Nq + 16 * s->v[0] - 1) / (16 * s->v[0])), 1);
-		out->shared_bytes = (unsigned)tc_smem(&p, s->v[0], s->v[1]);
+	if (p->tc) {
+		out->blocks = ap_grid_for(p->batch * ((p->Nq + 16 * s->v[0] - 1) / (16 * s->v[0])), 1);
+		out->shared_bytes = (unsigned)tc_smem(p, s->v[0], s->v[1]);
 		out->tensor_cores = true;
 	} else {
-		out->blocks = ap_grid_for(p.batch * ((p.Nq + s->v[0] - 1) / s->v[0]), 1);
-		out->shared_bytes = (unsigned)((KEYS * (p.D + 1 + p.Dv) + s->v[0] * (p.D + KEYS)) *
-					       ap_dtype_size(p.acc));
+		out->blocks = ap_grid_for(p->batch * ((p->Nq + s->v[0] - 1) / s->v[0]), 1);
+		out->shared_bytes = (unsigned)((KEYS * (p->D + 1 + p->Dv) + s->v[0] * (p->D + KEYS)) *
+					       ap_dtype_size(p->acc));
 	}
-	plan_clear(&p);
 	return 0;
 }
 
 const ap_emitter ap_emitter_attention = {
-	"attention", at_match, at_space, at_choose, at_emit, at_traffic, at_valid, false, NULL,
+	"attention", at_bind, at_unbind, at_space, at_choose, at_emit, at_traffic, at_valid, false, NULL,
 };

@@ -39,6 +39,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define HEAD_MAX 256                /* the longest head dim (register rows) */
@@ -147,11 +148,19 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, ag_plan *p)
 	       p->Ev <= HEAD_MAX;
 }
 
-static int ag_match(const ap_mgraph *m, const ap_target_info *t)
+/* The analysis of one AttentionGrad node, kept for the binding. */
+static int ag_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
 {
-	ag_plan p;
+	ag_plan *p = malloc(sizeof(*p));
 
-	return analyze(m, t, &p);
+	if (!p)
+		return AP_ENOMEM;
+	if (!analyze(m, t, p)) {
+		free(p);
+		return 0;
+	}
+	*an = p;
+	return 1;
 }
 
 /* Shared bytes of a block of T threads: the larger of the key sweep's
@@ -204,10 +213,10 @@ static int held_rows(const ag_plan *p, const ap_sched *s)
 
 /* SIMT: "threads".  Tensor cores: "warps" (16 held keys or query rows
  * each) and "tile" (rows of the streamed tiles). */
-static int ag_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+static int ag_space(const ap_bound *b, ap_space *sp)
 {
-	ag_plan p;
-	bool tc = analyze(m, t, &p) && p.tc;
+	const ap_target_info *t = b->t;
+	bool tc = ((const ag_plan *)b->an)->tc;
 
 	sp->n = 1;
 	if (tc) {
@@ -224,15 +233,14 @@ static int ag_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 	return 0;
 }
 
-static int ag_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+static int ag_valid(const ap_bound *b, const ap_sched *s)
 {
-	ag_plan p;
+	const ag_plan *p = b->an;
+	const ap_target_info *t = b->t;
 
-	if (!analyze(m, t, &p))
-		return 0;
-	if (p.tc)
-		return tc_fits(&p, t, s->v[0], s->v[1]);
-	return (unsigned)s->v[0] <= ap_block_cap(t) && ag_smem(&p, s->v[0]) <= t->shared_per_block;
+	if (p->tc)
+		return tc_fits(p, t, s->v[0], s->v[1]);
+	return (unsigned)s->v[0] <= ap_block_cap(t) && ag_smem(p, s->v[0]) <= t->shared_per_block;
 }
 
 /* SIMT: 64 threads, fewer while the tiles do not fit in shared memory.
@@ -240,29 +248,30 @@ static int ag_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info 
  * idle or the tiles do not fit; tiles of 64 streamed rows (32 past head
  * dim 64: the score, dP and gradient fragments share the registers), 16
  * for short sequences. */
-static int ag_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+static int ag_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 {
-	ag_plan p;
+	const ag_plan *p = b->an;
+	const ap_target_info *t = b->t;
 	int T = 64, W = 4, BT;
 
 	(void)sp;
-	if (!analyze(m, t, &p) || !p.tc) {
-		while (T > 32 && p.E > 0 && ag_smem(&p, T) > t->shared_per_block)
+	if (!p->tc) {
+		while (T > 32 && p->E > 0 && ag_smem(p, T) > t->shared_per_block)
 			T /= 2;
 		s->v[0] = T;
 		return 0;
 	}
 	while (W > 1 && (unsigned)W * 32u > ap_block_cap(t))
 		W /= 2;
-	while (W > 1 && p.nb * (p.Hk * ((p.S + 16 * W - 1) / (16 * W)) + p.H * ((p.L + 16 * W - 1) / (16 * W))) <
+	while (W > 1 && p->nb * (p->Hk * ((p->S + 16 * W - 1) / (16 * W)) + p->H * ((p->L + 16 * W - 1) / (16 * W))) <
 			(int64_t)t->sm_count)
 		W /= 2;
-	BT = p.E > 64 || p.Ev > 64 ? 32 : 64;
-	while (BT > 16 && BT / 2 >= (p.L > p.S ? p.L : p.S))
+	BT = p->E > 64 || p->Ev > 64 ? 32 : 64;
+	while (BT > 16 && BT / 2 >= (p->L > p->S ? p->L : p->S))
 		BT /= 2;
-	while (W > 1 && !tc_fits(&p, t, W, BT))
+	while (W > 1 && !tc_fits(p, t, W, BT))
 		W /= 2;
-	while (BT > 16 && !tc_fits(&p, t, W, BT))
+	while (BT > 16 && !tc_fits(p, t, W, BT))
 		BT /= 2;
 	s->v[0] = W;
 	s->v[1] = BT;
@@ -1092,10 +1101,11 @@ static int tc_setup(agt *s, agc *c, int W, int BT, ap_error *err)
  * are reached by all its threads); the SIMT or the tensor-core form as
  * the plan says.  Errors: AP_EUNSUPPORTED (not one AttentionGrad node,
  * or a schedule whose block does not fit the target), AP_ENOMEM. */
-static int ag_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
-		   ap_error *err)
+static int ag_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
 {
-	ag_plan p;
+	const ap_mgraph *m = b->m;
+	const ap_target_info *t = b->t;
+	const ag_plan *p = b->an;
 	agc c;
 	agt ts;
 	ap_vctx v;
@@ -1107,48 +1117,45 @@ static int ag_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	ap_kir_block *saved, *s2;
 	ap_kir_stmt *br;
 
-	if (!analyze(m, t, &p))
-		return ap_error_set(err, AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
-				    "attention backward emitter: not one AttentionGrad node");
-	if (p.tc ? !tc_fits(&p, t, s->v[0], s->v[1])
-		 : s->v[0] < 32 || (unsigned)s->v[0] > ap_block_cap(t) || ag_smem(&p, s->v[0]) > t->shared_per_block)
-		return ap_error_set(err, AP_EUNSUPPORTED, m->g->nodes[p.node].name, NULL,
+	if (p->tc ? !tc_fits(p, t, s->v[0], s->v[1])
+		 : s->v[0] < 32 || (unsigned)s->v[0] > ap_block_cap(t) || ag_smem(p, s->v[0]) > t->shared_per_block)
+		return ap_error_set(err, AP_EUNSUPPORTED, m->g->nodes[p->node].name, NULL,
 				    "attention backward emitter: the schedule's block (head dims %lld, %lld) does not fit",
-				    (long long)p.E, (long long)p.Ev);
+				    (long long)p->E, (long long)p->Ev);
 	if ((rc = ap_vctx_init(&v, m, k, err)))
 		return rc;
 	memset(&c, 0, sizeof(c));
-	c.p = &p;
+	c.p = p;
 	c.v = &v;
 	c.k = k;
-	c.A = p.acc;
+	c.A = p->acc;
 	c.T = s->v[0];
-	R = held_rows(&p, s);
-	nk = p.nb * p.Hk * ((p.S + R - 1) / R);
-	nq = p.nb * p.H * ((p.L + R - 1) / R);
+	R = held_rows(p, s);
+	nk = p->nb * p->Hk * ((p->S + R - 1) / R);
+	nq = p->nb * p->H * ((p->L + R - 1) / R);
 	grid = ap_grid_for(nk + nq, 1);
-	k->block[0] = p.tc ? 32u * (unsigned)s->v[0] : (unsigned)s->v[0];
+	k->block[0] = p->tc ? 32u * (unsigned)s->v[0] : (unsigned)s->v[0];
 	k->grid[0] = grid;
 	c.tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
-	c.scale = ap_kir_float(k, c.A, p.scale);
-	if (p.tc) {
+	c.scale = ap_kir_float(k, c.A, p->scale);
+	if (p->tc) {
 		if ((rc = tc_setup(&ts, &c, s->v[0], s->v[1], err))) {
 			ap_vctx_clear(&v);
 			return rc;
 		}
 	} else {
-		sh = ap_kir_shared(k, "sh", c.A, (int64_t)(ag_smem(&p, c.T) / ap_dtype_size(c.A)));
+		sh = ap_kir_shared(k, "sh", c.A, (int64_t)(ag_smem(p, c.T) / ap_dtype_size(c.A)));
 	}
 	tile = ap_v_loop(&v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_idx(k, nk + nq), grid, &saved);
 	ap_v_if(&v, ap_kir_binary(k, AP_KIR_LT, ap_kir_ref(k, tile), ap_kir_idx(k, nk)), &s2, &br);
 	ap_kir_comment(k, v.cur, "key sweep: dK and dV of a block of keys");
-	if (p.tc)
+	if (p->tc)
 		tc_sweep(&ts, true, ap_kir_ref(k, tile));
 	else
 		key_sweep(&c, ap_kir_ref(k, tile), sh);
 	ap_v_else(&v, br);
 	ap_kir_comment(k, v.cur, "query sweep: dQ of a block of query rows");
-	if (p.tc)
+	if (p->tc)
 		tc_sweep(&ts, false, ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, tile), ap_kir_idx(k, nk)));
 	else
 		query_sweep(&c, ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, tile), ap_kir_idx(k, nk)), sh);
@@ -1166,30 +1173,28 @@ static int ag_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
  * q.k, dY.v, dV and dK updates and the query sweep's q.k, dY.v and dQ
  * update per (query, key) pair seen (about half of them when causal); on
  * tensor cores for the tensor-core form. */
-static int ag_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
+static int ag_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 {
-	ag_plan p;
+	const ag_plan *p = b->an;
 	double pairs;
 	int R;
 
 	memset(out, 0, sizeof(*out));
-	if (ap__lower_inline_traffic(m, out) < 0)
+	if (ap__lower_inline_traffic(b->m, out) < 0)
 		return AP_ENOMEM;
-	if (!analyze(m, t, &p))
-		return 0;
-	R = held_rows(&p, s);
-	pairs = (double)p.nb * (double)p.H * (double)p.L * (double)p.S * (p.causal ? 0.5 : 1.0);
-	out->flops = pairs * 2.0 * (double)(4 * p.E + 3 * p.Ev);
-	out->threads = p.tc ? 32u * (unsigned)s->v[0] : (unsigned)s->v[0];
-	out->blocks = ap_grid_for(p.nb * p.Hk * ((p.S + R - 1) / R) + p.nb * p.H * ((p.L + R - 1) / R), 1);
-	out->shared_bytes = (unsigned)(p.tc ? tc_smem(&p, s->v[0], s->v[1]) : ag_smem(&p, s->v[0]));
-	out->tensor_cores = p.tc;
-	if (p.tc) {
+	R = held_rows(p, s);
+	pairs = (double)p->nb * (double)p->H * (double)p->L * (double)p->S * (p->causal ? 0.5 : 1.0);
+	out->flops = pairs * 2.0 * (double)(4 * p->E + 3 * p->Ev);
+	out->threads = p->tc ? 32u * (unsigned)s->v[0] : (unsigned)s->v[0];
+	out->blocks = ap_grid_for(p->nb * p->Hk * ((p->S + R - 1) / R) + p->nb * p->H * ((p->L + R - 1) / R), 1);
+	out->shared_bytes = (unsigned)(p->tc ? tc_smem(p, s->v[0], s->v[1]) : ag_smem(p, s->v[0]));
+	out->tensor_cores = p->tc;
+	if (p->tc) {
 		/* registers a thread: S and dP (float32), P and dS (16-bit pairs)
 		 * of a tile's BT / 8 n8 tiles, the gradient accumulators, the
 		 * held fragments, about 40 for addresses and statistics (ptxas
 		 * at GPT-2's head dim 64 on sm_90: 168 at tile 16, 226 at 64) */
-		int64_t ns = s->v[1] / 8, ep = tc_pad16(p.E), evp = tc_pad16(p.Ev);
+		int64_t ns = s->v[1] / 8, ep = tc_pad16(p->E), evp = tc_pad16(p->Ev);
 		int64_t regs = ns * 4 * 2 + ns * 4 + (ep + evp) / 8 * 4 + (ep + evp) / 4 + 40;
 
 		out->regs = (unsigned)(regs > 255 ? 255 : regs);
@@ -1198,5 +1203,5 @@ static int ag_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 }
 
 const ap_emitter ap_emitter_attention_grad = {
-	"attention_grad", ag_match, ag_space, ag_choose, ag_emit, ag_traffic, ag_valid, false, NULL,
+	"attention_grad", ag_bind, NULL, ag_space, ag_choose, ag_emit, ag_traffic, ag_valid, false, NULL,
 };

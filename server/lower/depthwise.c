@@ -220,8 +220,9 @@ static bool cfg_valid(const dw_plan *p, const ap_sched *s, const ap_target_info 
 	       g.strip <= MAX_STRIP && (p->ns == 2 || g.th == 1);
 }
 
-static int dw_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+static int dw_space(const ap_bound *b, ap_space *sp)
 {
+	(void)b;
 	sp->n = 3;
 	ap_knob_pow2(&sp->knobs[K_TH], "th", 1, 32);
 	ap_knob_pow2(&sp->knobs[K_TW], "tw", 8, 64);
@@ -262,48 +263,49 @@ static void choose_rule(const dw_plan *p, const ap_target_info *t, ap_sched *s)
 	}
 }
 
-static int dw_match(const ap_mgraph *m, const ap_target_info *t)
+/* A convolution this emitter builds whose default rule finds a
+ * configuration: the analysis, kept for the binding. */
+static int dw_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
 {
-	dw_plan p;
+	dw_plan *p = malloc(sizeof(*p));
 	char why[160];
 	ap_sched s;
 	int rc;
 
-	if ((rc = analyze(m, &p, why, sizeof(why))) <= 0)
+	if (!p)
+		return AP_ENOMEM;
+	if ((rc = analyze(m, p, why, sizeof(why))) <= 0) {
+		free(p);
 		return rc;
+	}
 	memset(&s, 0, sizeof(s));
 	s.n = 3;
-	choose_rule(&p, t, &s);
-	rc = cfg_valid(&p, &s, t);
-	plan_clear(&p);
-	return rc;
+	choose_rule(p, t, &s);
+	if (!cfg_valid(p, &s, t)) {
+		plan_clear(p);
+		free(p);
+		return 0;
+	}
+	*an = p;
+	return 1;
 }
 
-static int dw_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+static void dw_unbind(void *an)
 {
-	dw_plan p;
-	char why[160];
-	int rc;
+	plan_clear(an);
+	free(an);
+}
 
-	if ((rc = analyze(m, &p, why, sizeof(why))) <= 0)
-		return rc;
-	choose_rule(&p, t, s);
-	plan_clear(&p);
+static int dw_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
+{
+	(void)sp;
+	choose_rule(b->an, b->t, s);
 	return 0;
 }
 
-static int dw_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+static int dw_valid(const ap_bound *b, const ap_sched *s)
 {
-	dw_plan p;
-	char why[160];
-	bool ok;
-	int rc;
-
-	if ((rc = analyze(m, &p, why, sizeof(why))) <= 0)
-		return rc;
-	ok = s->n >= 3 && cfg_valid(&p, s, t);
-	plan_clear(&p);
-	return ok;
+	return s->n >= 3 && cfg_valid(b->an, s, b->t);
 }
 
 /* ---- the kernel ---------------------------------------------------------------------- */
@@ -438,15 +440,15 @@ static void accumulate(ap_vctx *v, const dw_plan *p, const dw_geom *gm, ap_kir_a
 	ap_v_close(v, sv);
 }
 
-static int dw_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
-		   ap_error *err)
+static int dw_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
 {
+	const ap_mgraph *m = b->m;
+	const ap_target_info *t = b->t;
 	const ap_graph *g = m->g;
-	dw_plan p;
+	const dw_plan *p = b->an;
 	dw_geom gm;
 	dw_ctx c;
 	ap_vctx v;
-	char why[160];
 	ap_kir_array *halo, *wts;
 	ap_kir_expr *tid, *tx, *ty;
 	ap_kir_var *acc[4], *tv, *cv;
@@ -454,28 +456,22 @@ static int dw_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	unsigned grid;
 	int rc;
 
-	if ((rc = analyze(m, &p, why, sizeof(why))) < 0)
-		return ap_error_set(err, AP_ENOMEM, g->nodes[m->root].name, NULL, "out of memory");
-	if (!rc || s->n < 3 || !cfg_valid(&p, s, t) || s->v[K_COLS] > 4) {
-		plan_clear(&p);
+	if (s->n < 3 || !cfg_valid(p, s, t) || s->v[K_COLS] > 4)
 		return ap_error_set(err, AP_EUNSUPPORTED, g->nodes[m->root].name, NULL,
-				    "depthwise emitter: %s (th %d, tw %d, cols %d)", rc ? "configuration refused" : why,
+				    "depthwise emitter: configuration refused (th %d, tw %d, cols %d)",
 				    s->n >= 3 ? s->v[K_TH] : 0, s->n >= 3 ? s->v[K_TW] : 0, s->n >= 3 ? s->v[K_COLS] : 0);
-	}
-	if ((rc = ap_vctx_init(&v, m, k, err))) {
-		plan_clear(&p);
+	if ((rc = ap_vctx_init(&v, m, k, err)))
 		return rc;
-	}
-	geom_of(&p, s, &gm);
+	geom_of(p, s, &gm);
 	memset(&c, 0, sizeof(c));
-	c.p = &p;
+	c.p = p;
 	v.leaf = acc_leaf;
 	v.leaf_user = &c;
 	grid = ap_grid_for(gm.blocks, 1);
 	k->grid[0] = grid;
 	k->block[0] = (unsigned)gm.threads;
-	halo = ap_kir_shared(k, "halo", p.acc_t, gm.hh * gm.hw);
-	wts = ap_kir_shared(k, "wts", p.acc_t, p.KH * p.KW);
+	halo = ap_kir_shared(k, "halo", p->acc_t, gm.hh * gm.hw);
+	wts = ap_kir_shared(k, "wts", p->acc_t, p->KH * p->KW);
 	tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
 	tx = ap_kir_bind(k, v.cur, k->index_type, "tx", ap_kir_binary(k, AP_KIR_REM, tid, I(k, gm.tx_n)));
 	ty = ap_kir_bind(k, v.cur, k->index_type, "ty", ap_kir_binary(k, AP_KIR_DIV, tid, I(k, gm.tx_n)));
@@ -487,27 +483,27 @@ static int dw_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		ap_kir_expr *bh = ap_kir_binary(k, AP_KIR_REM, ap_kir_binary(k, AP_KIR_DIV, tl, I(k, gm.tiles_w)),
 						I(k, gm.tiles_h));
 		ap_kir_expr *nm = ap_v_once(&v, ap_kir_binary(k, AP_KIR_DIV, tl, I(k, gm.tiles_w * gm.tiles_h)));
-		ap_kir_expr *mo = ap_kir_bind(k, v.cur, k->index_type, "mo", ap_kir_binary(k, AP_KIR_REM, nm, I(k, p.M)));
-		ap_kir_expr *n = ap_kir_bind(k, v.cur, k->index_type, "n", ap_kir_binary(k, AP_KIR_DIV, nm, I(k, p.M)));
+		ap_kir_expr *mo = ap_kir_bind(k, v.cur, k->index_type, "mo", ap_kir_binary(k, AP_KIR_REM, nm, I(k, p->M)));
+		ap_kir_expr *n = ap_kir_bind(k, v.cur, k->index_type, "n", ap_kir_binary(k, AP_KIR_DIV, nm, I(k, p->M)));
 		ap_kir_expr *oh0 = ap_kir_bind(k, v.cur, k->index_type, "oh", ap_kir_muli(k, bh, gm.th));
 		ap_kir_expr *ow0 = ap_kir_bind(k, v.cur, k->index_type, "ow", ap_kir_muli(k, bw, gm.tw));
-		ap_kir_expr *ih0 = ap_v_once(&v, ap_kir_addi(k, ap_kir_muli(k, oh0, p.sh), -p.ph));
-		ap_kir_expr *iw0 = ap_v_once(&v, ap_kir_addi(k, ap_kir_muli(k, ow0, p.sw), -p.pw));
-		ap_kir_expr *c0 = ap_v_once(&v, ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, mo, I(k, p.Mg)), p.Cg));
+		ap_kir_expr *ih0 = ap_v_once(&v, ap_kir_addi(k, ap_kir_muli(k, oh0, p->sh), -p->ph));
+		ap_kir_expr *iw0 = ap_v_once(&v, ap_kir_addi(k, ap_kir_muli(k, ow0, p->sw), -p->pw));
+		ap_kir_expr *c0 = ap_v_once(&v, ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, mo, I(k, p->Mg)), p->Cg));
 
 		for (int j = 0; j < gm.cols; j++) {
-			acc[j] = ap_kir_var_new(k, p.acc_t, "acc");
-			ap_kir_let(k, v.cur, acc[j], ap_v_const(&v, p.acc_t, 0));
+			acc[j] = ap_kir_var_new(k, p->acc_t, "acc");
+			ap_kir_let(k, v.cur, acc[j], ap_v_const(&v, p->acc_t, 0));
 		}
 		/* the group's input channels, one staged halo each */
-		cv = ap_v_loop(&v, "c", I(k, 0), I(k, p.Cg), 1, &sv_c);
+		cv = ap_v_loop(&v, "c", I(k, 0), I(k, p->Cg), 1, &sv_c);
 		{
 			ap_kir_expr *cc = ap_kir_ref(k, cv);
 			ap_kir_expr *ci = ap_v_once(&v, ap_kir_add(k, c0, cc));
 
-			stage(&v, &p, &gm, halo, wts, tid, n, ci, mo, cc, ih0, iw0);
+			stage(&v, p, &gm, halo, wts, tid, n, ci, mo, cc, ih0, iw0);
 			ap_kir_barrier(k, v.cur);   /* halo and weights staged */
-			accumulate(&v, &p, &gm, halo, wts, tx, ty, acc);
+			accumulate(&v, p, &gm, halo, wts, tx, ty, acc);
 			ap_kir_barrier(k, v.cur);   /* halo free for the next channel or tile */
 		}
 		ap_v_close(&v, sv_c);
@@ -517,13 +513,13 @@ static int dw_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 			ap_kir_expr *oh = ap_kir_add(k, oh0, ty);
 			ap_kir_expr *ow = ap_kir_add(k, ow0, ap_kir_addi(k, ap_kir_muli(k, tx, gm.cols), j));
 			/* (1-D: OH = 1, the tile's other rows compute nothing) */
-			ap_kir_expr *in = ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, oh, I(k, p.OH)),
-							ap_kir_binary(k, AP_KIR_LT, ow, I(k, p.OW)));
+			ap_kir_expr *in = ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, oh, I(k, p->OH)),
+							ap_kir_binary(k, AP_KIR_LT, ow, I(k, p->OW)));
 			ap_kir_block *sv;
 
 			ap_v_if(&v, in, &sv, NULL);
 			c.acc = ap_kir_ref(k, acc[j]);
-			ap__epilogue_store(&v, p.maps, plane_index(&v, &p, p.y, n, mo, oh, ow));
+			ap__epilogue_store(&v, p->maps, plane_index(&v, p, p->y, n, mo, oh, ow));
 			c.acc = NULL;
 			ap_v_close(&v, sv);
 		}
@@ -532,25 +528,20 @@ static int dw_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	v.leaf = NULL;
 	rc = v.rc;
 	ap_vctx_clear(&v);
-	plan_clear(&p);
 	return rc;
 }
 
 /* ---- traffic --------------------------------------------------------------------------- */
 
-static int dw_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
+static int dw_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 {
-	dw_plan p;
+	const dw_plan *p = b->an;
 	dw_geom gm;
-	char why[160];
-	int rc;
 
 	memset(out, 0, sizeof(*out));
-	if (ap__lower_inline_traffic(m, out) < 0)
+	if (ap__lower_inline_traffic(b->m, out) < 0)
 		return AP_ENOMEM;
-	if ((rc = analyze(m, &p, why, sizeof(why))) <= 0)
-		return rc;
-	geom_of(&p, s, &gm);
+	geom_of(p, s, &gm);
 	if (gm.threads > 0) {
 		/* every input element and output once (the inline model's bytes);
 		 * 2 K flops per output, K = Cg KH KW, the prologue once per staged
@@ -559,23 +550,22 @@ static int dw_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 		 * weights; a thread reads its strip and the weights from shared
 		 * memory once per kernel row, its outputs' cols x KW products
 		 * from registers */
-		double outs = (double)p.N * (double)p.M * (double)p.OH * (double)p.OW;
-		double es = (double)ap_dtype_size(p.in_t), as = (double)ap_dtype_size(p.acc_t);
-		double staged = (double)gm.blocks * (double)p.Cg * (double)(gm.hh * gm.hw);
-		double thread_rows = (double)gm.blocks * gm.threads * (double)p.Cg * (double)p.KH;
+		double outs = (double)p->N * (double)p->M * (double)p->OH * (double)p->OW;
+		double es = (double)ap_dtype_size(p->in_t), as = (double)ap_dtype_size(p->acc_t);
+		double staged = (double)gm.blocks * (double)p->Cg * (double)(gm.hh * gm.hw);
+		double thread_rows = (double)gm.blocks * gm.threads * (double)p->Cg * (double)p->KH;
 
-		out->flops = 2.0 * outs * (double)(p.Cg * p.KH * p.KW);
+		out->flops = 2.0 * outs * (double)(p->Cg * p->KH * p->KW);
 		out->threads = (unsigned)gm.threads;
 		out->blocks = ap_grid_for(gm.blocks, 1);
 		out->shared_bytes = (unsigned)gm.smem_bytes;
-		out->tile_bytes = es * (staged + (double)gm.blocks * (double)(p.Cg * p.KH * p.KW));
-		out->shared_read = as * thread_rows * (double)(gm.strip + p.KW);
-		out->regs = (unsigned)(32 + 2 * gm.cols + gm.strip + p.KW);
+		out->tile_bytes = es * (staged + (double)gm.blocks * (double)(p->Cg * p->KH * p->KW));
+		out->shared_read = as * thread_rows * (double)(gm.strip + p->KW);
+		out->regs = (unsigned)(32 + 2 * gm.cols + gm.strip + p->KW);
 	}
-	plan_clear(&p);
 	return 0;
 }
 
 const ap_emitter ap_emitter_depthwise = {
-	"depthwise", dw_match, dw_space, dw_choose, dw_emit, dw_traffic, dw_valid, false, NULL,
+	"depthwise", dw_bind, dw_unbind, dw_space, dw_choose, dw_emit, dw_traffic, dw_valid, false, NULL,
 };

@@ -36,51 +36,64 @@ static int oom(ap_error *err, const ap_mgraph *m)
 			    "out of memory lowering a micro-graph");
 }
 
-int ap_emitter_for(const ap_mgraph *m, const ap_target_info *t, const ap_emitter **out,
-		   ap_error *err)
+int ap_bind(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t, ap_bound *b)
+{
+	void *an = NULL;
+	int rc = em->bind(m, t, &an);
+
+	*b = (ap_bound){em, m, t, rc > 0 ? an : NULL};
+	if (rc <= 0 && an)   /* a declining bind keeps nothing */
+		em->unbind ? em->unbind(an) : free(an);
+	return rc;
+}
+
+void ap_unbind(ap_bound *b)
+{
+	if (b->an)
+		b->em->unbind ? b->em->unbind(b->an) : free(b->an);
+	b->an = NULL;
+}
+
+int ap_bind_first(const ap_mgraph *m, const ap_target_info *t, ap_bound *b, ap_error *err)
 {
 	int n;
 	const ap_emitter *const *r = ap_emitters(&n);
 
 	for (int i = 0; i < n; i++) {
-		int rc = r[i]->match(m, t);
+		int rc = ap_bind(r[i], m, t, b);
 
 		if (rc < 0)
 			return oom(err, m);
-		if (rc > 0) {
-			*out = r[i];
+		if (rc > 0)
 			return 0;
-		}
 	}
-	*out = &ap_emitter_pointwise;
-	return 0;
+	/* pointwise binds every micro-graph: a refusal is an allocation's */
+	return oom(err, m);
 }
 
-int ap_emitter_default(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
-		       ap_space *sp, ap_sched *s, ap_error *err)
+int ap_emitter_default(const ap_bound *b, ap_space *sp, ap_sched *s, ap_error *err)
 {
 	memset(sp, 0, sizeof(*sp));
 	memset(s, 0, sizeof(*s));
-	if (em->space(m, t, sp) < 0)
-		return oom(err, m);
-	s->em = em;
+	if (b->em->space(b, sp) < 0)
+		return oom(err, b->m);
+	s->em = b->em;
 	s->n = sp->n;
 	for (int i = 0; i < sp->n; i++)
 		s->v[i] = sp->knobs[i].values[0];
-	if (em->choose(m, t, sp, s) < 0)
-		return oom(err, m);
+	if (b->em->choose(b, sp, s) < 0)
+		return oom(err, b->m);
 	return 0;
 }
 
-char *ap_sched_describe(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
-			const ap_sched *s)
+char *ap_sched_describe(const ap_bound *b, const ap_sched *s)
 {
 	ap_space sp;
 	char buf[256] = "";
 	size_t len = 0;
 
 	memset(&sp, 0, sizeof(sp));
-	if (em->space(m, t, &sp) < 0)
+	if (b->em->space(b, &sp) < 0)
 		return NULL;
 	for (int i = 0; i < sp.n && i < s->n && len + 32 < sizeof(buf); i++)
 		len += (size_t)snprintf(buf + len, sizeof(buf) - len, "%s%s=%d", i ? " " : "",
@@ -88,9 +101,9 @@ char *ap_sched_describe(const ap_emitter *em, const ap_mgraph *m, const ap_targe
 	return ap_strdup(buf);
 }
 
-int ap_sched_parse(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
-		   const char *text, ap_sched *s)
+int ap_sched_parse(const ap_bound *b, const char *text, ap_sched *s)
 {
+	const ap_emitter *em = b->em;
 	ap_space sp;
 	bool set[AP_SPACE_MAX_KNOBS] = {false};
 	const char *p = text;
@@ -98,7 +111,7 @@ int ap_sched_parse(const ap_emitter *em, const ap_mgraph *m, const ap_target_inf
 
 	memset(&sp, 0, sizeof(sp));
 	memset(s, 0, sizeof(*s));
-	if (!text || em->space(m, t, &sp) < 0)
+	if (!text || em->space(b, &sp) < 0)
 		return text ? AP_ENOMEM : 0;
 	s->em = em;
 	s->n = sp.n;
@@ -135,7 +148,7 @@ int ap_sched_parse(const ap_emitter *em, const ap_mgraph *m, const ap_target_inf
 	for (int i = 0; i < sp.n; i++)
 		if (!set[i])
 			return 0;
-	if (em->valid && (rc = em->valid(m, s, t)) <= 0)
+	if (em->valid && (rc = em->valid(b, s)) <= 0)
 		return rc;
 	return 1;
 }
@@ -199,24 +212,31 @@ static void add_header(ap_kir_kernel *k, const ap_mgraph *m, const ap_sched *s, 
 	}
 }
 
-__ap_give ap_kir_kernel *ap_lower(const ap_mgraph *m, const ap_target_info *t, const char *name,
-				  const ap_lower_options *opt, ap_sched *used, ap_error *err)
+__ap_give ap_kir_kernel *ap_lower(const ap_bound *b, const char *name, const ap_lower_options *opt,
+				  ap_sched *used, ap_error *err)
 {
-	const ap_emitter *em;
+	const ap_emitter *em = b->em;
+	const ap_mgraph *m = b->m;
+	const ap_target_info *t = b->t;
 	ap_space sp;
 	ap_sched s;
 	ap_kir_kernel *k;
 	int rc;
 
 	if (opt && opt->sched && opt->sched->em) {
-		em = opt->sched->em;
+		if (opt->sched->em != em) {
+			ap_error_set(err, AP_EINTERNAL, m->g->nodes[m->root].name, NULL,
+				     "a configuration of emitter %s for a micro-graph bound to %s",
+				     opt->sched->em->name, em->name);
+			return NULL;
+		}
 		memset(&sp, 0, sizeof(sp));
-		if (em->space(m, t, &sp) < 0) {
+		if (em->space(b, &sp) < 0) {
 			oom(err, m);
 			return NULL;
 		}
 		s = *opt->sched;
-	} else if (ap_emitter_for(m, t, &em, err) < 0 || ap_emitter_default(em, m, t, &sp, &s, err) < 0) {
+	} else if (ap_emitter_default(b, &sp, &s, err) < 0) {
 		return NULL;
 	}
 	k = ap_kir_kernel_new(name);
@@ -225,7 +245,7 @@ __ap_give ap_kir_kernel *ap_lower(const ap_mgraph *m, const ap_target_info *t, c
 		return NULL;
 	}
 	k->index_type = ap_index_type_for(m->g);
-	rc = em->emit(m, &s, t, k, err);
+	rc = em->emit(b, &s, k, err);
 	if (rc)
 		return ap_kir_kernel_free(k);
 	add_header(k, m, &s, &sp);
@@ -257,5 +277,29 @@ __ap_give ap_kir_kernel *ap_lower(const ap_mgraph *m, const ap_target_info *t, c
 	}
 	if (used)
 		*used = s;
+	return k;
+}
+
+__ap_give ap_kir_kernel *ap_lower_mgraph(const ap_mgraph *m, const ap_target_info *t, const char *name,
+					 const ap_lower_options *opt, ap_sched *used, ap_error *err)
+{
+	ap_bound b;
+	ap_kir_kernel *k;
+	int rc;
+
+	if (opt && opt->sched && opt->sched->em) {
+		if ((rc = ap_bind(opt->sched->em, m, t, &b)) <= 0) {
+			if (rc < 0)
+				oom(err, m);
+			else
+				ap_error_set(err, AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
+					     "emitter %s does not build this micro-graph", opt->sched->em->name);
+			return NULL;
+		}
+	} else if (ap_bind_first(m, t, &b, err) < 0) {
+		return NULL;
+	}
+	k = ap_lower(&b, name, opt, used, err);
+	ap_unbind(&b);
 	return k;
 }

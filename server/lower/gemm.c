@@ -732,14 +732,28 @@ static int64_t live_values(const gemm_plan *p, const gemm_cfg *c, const ap_targe
  * spilling, with the fragments and addresses beside them). */
 #define LIVE_BUDGET 64
 
-static int gm_match(const ap_mgraph *m, const ap_target_info *t)
+/* The analysis (ap__gemm_analyze), kept for the binding. */
+static int gm_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
 {
-	gemm_plan p;
+	gemm_plan *p = malloc(sizeof(*p));
 	char why[160];
-	int rc = ap__gemm_analyze(m, t, &p, why, sizeof(why));
+	int rc;
 
-	ap__gemm_plan_clear(&p);
-	return rc;
+	if (!p)
+		return AP_ENOMEM;
+	rc = ap__gemm_analyze(m, t, p, why, sizeof(why));
+	if (rc <= 0) {
+		free(p);
+		return rc;
+	}
+	*an = p;
+	return 1;
+}
+
+static void gm_unbind(void *an)
+{
+	ap__gemm_plan_clear(an);
+	free(an);
 }
 
 static void knob(ap_knob *kb, const char *name, const int *vals, int n)
@@ -796,45 +810,43 @@ static int lib_call(const ap_mgraph *m, const ap_target_info *t, const gemm_plan
 	return ap__library_express(m, t, &gm, lib, why, sizeof(why));
 }
 
-static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+static int gm_space(const ap_bound *b, ap_space *sp)
 {
 	/* bk[tc]: one array, indexed (a choice between two arrays by ?: reads
 	 * as an overflow to GCC's object-size sanitizer) */
 	static const int tiles[] = {16, 32, 64, 128, 256}, bk[2][3] = {{8, 16, 32}, {16, 32, 64}};
 	static const int thr[] = {1, 2, 4, 8}, warps[] = {1, 2, 4}, st_async[] = {2, 3, 4, 5}, st_sync[] = {1, 2};
-	gemm_plan p;
-	char why[160];
+	const gemm_plan *p = b->an;
+	const ap_target_info *t = b->t;
 	bool tc;
 
 	int nm, nn, nk = 3, rc;
 
-	if ((rc = ap__gemm_analyze(m, t, &p, why, sizeof(why))) < 0)
-		return rc;
-	tc = p.tc;
+	tc = p->tc;
 	/* 256-row or -column tiles on tensor cores only (128 x 256 and
 	 * 256 x 128 with 16 warps: a SIMT thread's register tile caps the
 	 * SIMT block at 128) */
 	nm = nn = tc ? 5 : 4;
 	/* no tile beyond the next power of two of the problem (at least 16;
 	 * wgmma: 64 rows, its instruction's) */
-	while (nm > (p.wg ? 3 : 1) && tiles[nm - 2] >= p.Mr)
+	while (nm > (p->wg ? 3 : 1) && tiles[nm - 2] >= p->Mr)
 		nm--;
-	while (nn > 1 && tiles[nn - 2] >= p.N)
+	while (nn > 1 && tiles[nn - 2] >= p->N)
 		nn--;
-	while (nk > 1 && bk[tc][nk - 2] >= p.K)
+	while (nk > 1 && bk[tc][nk - 2] >= p->K)
 		nk--;
 	sp->n = 6;
 	knob(&sp->knobs[K_BM], "bm", tiles, nm);
 	knob(&sp->knobs[K_BN], "bn", tiles, nn);
 	knob(&sp->knobs[K_BK], "bk", bk[tc], nk);
-	knob(&sp->knobs[K_TM], p.wg ? "wgm" : tc ? "wm" : "tm", tc ? warps : thr, tc ? 3 : 4);
-	knob(&sp->knobs[K_TN], p.wg ? "wgn" : tc ? "wn" : "tn", tc ? warps : thr, tc ? 3 : 4);
+	knob(&sp->knobs[K_TM], p->wg ? "wgm" : tc ? "wm" : "tm", tc ? warps : thr, tc ? 3 : 4);
+	knob(&sp->knobs[K_TN], p->wg ? "wgn" : tc ? "wn" : "tn", tc ? warps : thr, tc ? 3 : 4);
 	if (t->gpu && t->arch >= 80)
 		knob(&sp->knobs[K_STAGES], "stages", st_async, 4);
 	else
 		knob(&sp->knobs[K_STAGES], "stages", st_sync, 2);
 	{
-		int vals[4], n = splitk_values(&p, t, vals);
+		int vals[4], n = splitk_values(p, t, vals);
 
 		if (n > 1) {
 			sp->n = 7;
@@ -847,8 +859,7 @@ static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 		ap_kir_library lib;
 		static const int lib_vals[] = {0, 1}, one[] = {1};
 
-		rc = lib_call(m, t, &p, &lib);
-		ap__gemm_plan_clear(&p);
+		rc = lib_call(b->m, t, p, &lib);
 		if (rc < 0)
 			return rc;
 		if (rc == 1) {
@@ -861,7 +872,7 @@ static int gm_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 	return 0;
 }
 
-static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out);
+static int gm_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out);
 
 /* wgmma's default tile (sm_90a): CUTLASS's Hopper shape, a 128 x 128
  * tile of two warpgroups of 64 x 128 (64 accumulators a thread), K tiles
@@ -879,24 +890,22 @@ static gemm_cfg wg_default(const gemm_plan *p, int stages)
 }
 
 /* Default: the tile from the cost model, the rest by rule. */
-static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+static int gm_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 {
-	gemm_plan p;
-	char why[160];
+	const gemm_plan *p = b->an;
+	const ap_target_info *t = b->t;
 	ap_cost_gemm_tile tile;
 	gemm_cfg c;
 	int rc;
 
-	if ((rc = ap__gemm_analyze(m, t, &p, why, sizeof(why))) <= 0)
-		return rc;
-	ap_cost_gemm_default(t, p.tb, p.Mr, p.N, p.K, ap_dtype_size(p.in_t), p.tc, &tile);
+	ap_cost_gemm_default(t, p->tb, p->Mr, p->N, p->K, ap_dtype_size(p->in_t), p->tc, &tile);
 	c = (gemm_cfg){tile.bm, tile.bn, tile.bk, tile.tm, tile.tn, tile.stages, 1};
-	if (p.wg)
-		c = wg_default(&p, tile.stages);
+	if (p->wg)
+		c = wg_default(p, tile.stages);
 	/* shrink what the target cannot hold */
-	while (!ap__gemm_cfg_valid(&p, &c, t) && c.stages > 1)
+	while (!ap__gemm_cfg_valid(p, &c, t) && c.stages > 1)
 		c.stages--;
-	while (!ap__gemm_cfg_valid(&p, &c, t) && c.bk > (p.tc ? 16 : 8))
+	while (!ap__gemm_cfg_valid(p, &c, t) && c.bk > (p->tc ? 16 : 8))
 		c.bk /= 2;
 	/* register pressure: more warps (tensor cores, up to 8) while the
 	 * warp tile allows, then a shorter K tile (a 128 x 128 tile: 2 x 4
@@ -904,9 +913,9 @@ static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
 	 * accumulators the budget allows) */
 	/* wgmma: a register-staged prologue's share of the tile shrinks with
 	 * the K tile (the warpgroups stay: their tile is the instruction's) */
-	while (p.wg && live_values(&p, &c, t) > LIVE_BUDGET && c.bk > 16)
+	while (p->wg && live_values(p, &c, t) > LIVE_BUDGET && c.bk > 16)
 		c.bk /= 2;
-	while (p.tc && !p.wg && live_values(&p, &c, t) > LIVE_BUDGET) {
+	while (p->tc && !p->wg && live_values(p, &c, t) > LIVE_BUDGET) {
 		gemm_cfg d = c;
 
 		if (c.bn / c.tn >= 16 && c.tm * c.tn < 8 && c.tn < 4)
@@ -917,7 +926,7 @@ static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
 			d.bk /= 2;
 		else
 			break;
-		if (!ap__gemm_cfg_valid(&p, &d, t))
+		if (!ap__gemm_cfg_valid(p, &d, t))
 			break;
 		c = d;
 	}
@@ -930,19 +939,18 @@ static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
 	/* split-K on GPUs when the tiles leave most SMs idle: the most blocks
 	 * per tile that still fit the SMs, each slice at least 4 K tiles */
 	if (sp->n > K_SPLITK) {
-		int64_t tiles = p.tb * ((p.Mr + c.bm - 1) / c.bm) * ((p.N + c.bn - 1) / c.bn);
-		int64_t kt = (p.K + c.bk - 1) / c.bk;
+		int64_t tiles = p->tb * ((p->Mr + c.bm - 1) / c.bm) * ((p->N + c.bn - 1) / c.bn);
+		int64_t kt = (p->K + c.bk - 1) / c.bk;
 
 		s->v[K_SPLITK] = 1;
 		for (int i = 0; t->gpu && tiles * 2 <= (int64_t)t->sm_count && i < sp->knobs[K_SPLITK].n; i++) {
 			gemm_cfg d = c;
 
 			d.splitk = sp->knobs[K_SPLITK].values[i];
-			if (tiles * d.splitk <= (int64_t)t->sm_count && kt >= 4 * d.splitk && ap__gemm_cfg_valid(&p, &d, t))
+			if (tiles * d.splitk <= (int64_t)t->sm_count && kt >= 4 * d.splitk && ap__gemm_cfg_valid(p, &d, t))
 				s->v[K_SPLITK] = d.splitk;
 		}
 	}
-	ap__gemm_plan_clear(&p);
 	/* lib: the library where the cost model expects it to be faster than
 	 * this kernel; where the model calls this tile a spill (INFINITY) the
 	 * rule keeps the kernel and leaves the choice to a search, which can
@@ -951,10 +959,10 @@ static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
 		ap_traffic own, lib;
 
 		s->v[K_LIB] = 0;
-		if ((rc = gm_traffic(m, s, t, &own)) < 0)
+		if ((rc = gm_traffic(b, s, &own)) < 0)
 			return rc;
 		s->v[K_LIB] = 1;
-		if ((rc = gm_traffic(m, s, t, &lib)) < 0)
+		if ((rc = gm_traffic(b, s, &lib)) < 0)
 			return rc;
 		s->v[K_LIB] = isfinite(ap_cost_schedule_us(&own, t)) &&
 			      ap_cost_schedule_us(&lib, t) < ap_cost_schedule_us(&own, t);
@@ -966,13 +974,13 @@ static int gm_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space
  * kernel a runtime without the library runs), so that the tuner's
  * candidates hold one library point beside Apollo's tiles.  1, 0 or
  * AP_ENOMEM. */
-static int lib_point(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+static int lib_point(const ap_bound *b, const ap_sched *s)
 {
 	ap_space sp;
 	ap_sched d = *s;
 	int rc;
 
-	if ((rc = gm_space(m, t, &sp)) < 0 || (rc = gm_choose(m, t, &sp, &d)) < 0)
+	if ((rc = gm_space(b, &sp)) < 0 || (rc = gm_choose(b, &sp, &d)) < 0)
 		return rc;
 	for (int i = 0; i < K_LIB; i++)
 		if (d.v[i] != s->v[i])
@@ -980,30 +988,26 @@ static int lib_point(const ap_mgraph *m, const ap_sched *s, const ap_target_info
 	return 1;
 }
 
-static int gm_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+static int gm_valid(const ap_bound *b, const ap_sched *s)
 {
-	gemm_plan p;
-	char why[160];
 	gemm_cfg c = ap__gemm_cfg_of(s);
-	bool ok;
-	int rc;
 
-	if ((rc = ap__gemm_analyze(m, t, &p, why, sizeof(why))) <= 0)
-		return rc;
-	ok = ap__gemm_cfg_valid(&p, &c, t);
-	ap__gemm_plan_clear(&p);
-	if (ok && s->n > K_LIB && s->v[K_LIB])
-		return lib_point(m, s, t);
-	return ok;
+	if (!ap__gemm_cfg_valid(b->an, &c, b->t))
+		return 0;
+	if (s->n > K_LIB && s->v[K_LIB])
+		return lib_point(b, s);
+	return 1;
 }
 
 /* lib=1: the library's call attached to kernel k (built as for lib=0),
  * its params bound and both modelled times noted (--explain).  0 or
  * AP_ENOMEM; a call that cannot be bound (an operand baked into the
  * kernel) is left out: the kernel runs. */
-int ap__gemm_attach_library(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
-			    const gemm_plan *p, ap_kir_kernel *k)
+int ap__gemm_attach_library(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k)
 {
+	const gemm_plan *p = b->an;
+	const ap_mgraph *m = b->m;
+	const ap_target_info *t = b->t;
 	ap_kir_library lib;
 	ap_traffic tr;
 	ap_sched own = *s;
@@ -1018,7 +1022,7 @@ int ap__gemm_attach_library(const ap_mgraph *m, const ap_sched *s, const ap_targ
 	ap__library_traffic(&lib, t, &tr);
 	lib.library_us = ap_cost_schedule_us(&tr, t);
 	own.v[K_LIB] = 0;
-	if ((rc = gm_traffic(m, &own, t, &tr)) < 0)
+	if ((rc = gm_traffic(b, &own, &tr)) < 0)
 		return rc;
 	lib.kernel_us = ap_cost_schedule_us(&tr, t);
 	k->library = malloc(sizeof(lib));
@@ -1064,59 +1068,56 @@ static double tc_barrier_fraction(const gemm_plan *p, const gemm_cfg *c, const a
 	return work / (work + TC_BUBBLE_CLK / per_sm);
 }
 
-static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
+static int gm_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 {
-	gemm_plan p;
-	char why[160];
+	const gemm_plan *p = b->an;
+	const ap_target_info *t = b->t;
 	gemm_cfg c = ap__gemm_cfg_of(s);
 	int rc;
 
 	memset(out, 0, sizeof(*out));
-	if (ap__lower_inline_traffic(m, out) < 0)
+	if (ap__lower_inline_traffic(b->m, out) < 0)
 		return AP_ENOMEM;
-	if ((rc = ap__gemm_analyze(m, t, &p, why, sizeof(why))) <= 0)
-		return rc;
 	if (s->n > K_LIB && s->v[K_LIB]) {   /* the library's call (library.h) */
 		ap_kir_library lib;
 
-		rc = lib_call(m, t, &p, &lib);
-		ap__gemm_plan_clear(&p);
+		rc = lib_call(b->m, t, p, &lib);
 		if (rc == 1)
 			ap__library_traffic(&lib, t, out);
 		return rc < 0 ? rc : 0;
 	}
 	/* the inline model counts a prologue once per multiply; tiles evaluate
 	 * it once per block column (A) or block row (B) */
-	out->flops = 2.0 * (double)p.tb * (double)p.Mr * (double)p.N * (double)p.K;
-	out->threads = ap__gemm_threads_of(&p, &c);
-	out->blocks = ap_grid_for(p.tb * ((p.Mr + c.bm - 1) / c.bm) * ((p.N + c.bn - 1) / c.bn), 1) *
+	out->flops = 2.0 * (double)p->tb * (double)p->Mr * (double)p->N * (double)p->K;
+	out->threads = ap__gemm_threads_of(p, &c);
+	out->blocks = ap_grid_for(p->tb * ((p->Mr + c.bm - 1) / c.bm) * ((p->N + c.bn - 1) / c.bn), 1) *
 		      (unsigned)c.splitk;
-	out->shared_bytes = (unsigned)ap__gemm_smem_bytes(&p, &c, t);
-	out->tensor_cores = p.tc;
+	out->shared_bytes = (unsigned)ap__gemm_smem_bytes(p, &c, t);
+	out->tensor_cores = p->tc;
 	{
 		/* what only the tile changes: every block column re-reads A's rows,
 		 * every block row B's columns (from L2); a SIMT thread reads tm + tn
 		 * values from shared memory per tm x tn multiply-adds, a warp of
 		 * tensor cores wtm + wtn per wtm x wtn; registers from the live
 		 * values of the default rule's estimate, plus addresses */
-		double es = (double)ap_dtype_size(p.in_t), macs = out->flops / 2;
-		double rows = (double)((p.Mr + c.bm - 1) / c.bm), cols = (double)((p.N + c.bn - 1) / c.bn);
-		double fm = p.tc ? (double)c.bm / c.tm : c.tm, fn = p.tc ? (double)c.bn / c.tn : c.tn;
-		int64_t live = live_values(&p, &c, t) + 32;
+		double es = (double)ap_dtype_size(p->in_t), macs = out->flops / 2;
+		double rows = (double)((p->Mr + c.bm - 1) / c.bm), cols = (double)((p->N + c.bn - 1) / c.bn);
+		double fm = p->tc ? (double)c.bm / c.tm : c.tm, fn = p->tc ? (double)c.bn / c.tn : c.tn;
+		int64_t live = live_values(p, &c, t) + 32;
 
-		out->tile_bytes = es * (double)p.tb * (double)p.K * ((double)p.Mr * cols + (double)p.N * rows);
+		out->tile_bytes = es * (double)p->tb * (double)p->K * ((double)p->Mr * cols + (double)p->N * rows);
 		out->shared_read = es * macs * (1.0 / fm + 1.0 / fn);
 		/* split-K: each block writes its partial tile, and the cluster reads
 		 * them all back once */
 		if (c.splitk > 1)
-			out->shared_read += 2.0 * (double)out->blocks * c.bm * c.bn * (double)ap_dtype_size(p.acc_t);
+			out->shared_read += 2.0 * (double)out->blocks * c.bm * c.bn * (double)ap_dtype_size(p->acc_t);
 		/* past the default rule's budget ptxas spills (measured on the
 		 * models): more than a thread may hold */
 		out->regs = t->gpu && live - 32 > LIVE_BUDGET ? 256u : (unsigned)(live > 255 ? 255 : live);
 		/* the host's C compiler vectorises a thread's register tile,
 		 * roughly: the vector unit is busy from 16 accumulators on (the
 		 * tuner does not search host GEMMs: host_rule_only) */
-		if (!t->gpu && !p.tc)
+		if (!t->gpu && !p->tc)
 			out->alu_fraction = fmin(1.0, c.tm * c.tn / 16.0);
 		/* split-K: a block's pipeline fills (stages - 1 K tiles copied
 		 * before its first product) and its cluster's reduction and
@@ -1126,18 +1127,17 @@ static int gm_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_inf
 		 * last wave's quantisation of a grid of many waves never does
 		 * (TF32 4096^3 was split 8 ways without it). */
 		if (c.splitk > 1) {
-			double ktl = ceil(ceil((double)p.K / c.bk) / c.splitk);
+			double ktl = ceil(ceil((double)p->K / c.bk) / c.splitk);
 
 			out->loop_fraction = ktl / (ktl + c.stages);
 		}
-		if (t->gpu && p.tc)
+		if (t->gpu && p->tc)
 			out->loop_fraction = (out->loop_fraction > 0 ? out->loop_fraction : 1.0) *
-					     tc_barrier_fraction(&p, &c, t, out);
+					     tc_barrier_fraction(p, &c, t, out);
 	}
-	ap__gemm_plan_clear(&p);
 	return 0;
 }
 
 const ap_emitter ap_emitter_gemm = {
-	"gemm", gm_match, gm_space, gm_choose, ap__gemm_emit, gm_traffic, gm_valid, true, NULL,
+	"gemm", gm_bind, gm_unbind, gm_space, gm_choose, ap__gemm_emit, gm_traffic, gm_valid, true, NULL,
 };

@@ -184,8 +184,7 @@ int ap__gemm_copy_mode(const gemm_plan *p, int role, const gemm_cfg *c, const ap
 size_t ap__gemm_smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t);
 unsigned ap__gemm_threads_of(const gemm_plan *p, const gemm_cfg *c);
 bool ap__gemm_cfg_valid(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t);
-int ap__gemm_attach_library(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
-			    const gemm_plan *p, ap_kir_kernel *k);
+int ap__gemm_attach_library(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k);
 
 /* gemm_stage.c: operand indexing and staging */
 ap_kir_expr *ap__gemm_row_split(gctx *c, ap_kir_expr *row, ap_kir_expr **bc);
@@ -202,7 +201,6 @@ void ap__gemm_issue_tile(gctx *c, ap_kir_expr *st, ap_kir_expr *kt);
 void ap__gemm_complete_tile(gctx *c, ap_kir_expr *st);
 
 /* gemm_kernel.c: the kernel (the emitter's `emit`) */
-int ap__gemm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
-		  ap_error *err);
+int ap__gemm_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err);
 
 #endif

@@ -916,44 +916,38 @@ static void epilogue_simt(gctx *c)
  * reads the accumulators as Y through the value builder's leaf hook.
  * Errors: AP_EUNSUPPORTED (not a GEMM this emitter builds, or a
  * configuration that does not fit the target), AP_ENOMEM. */
-int ap__gemm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
-		  ap_error *err)
+int ap__gemm_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
 {
-	gemm_plan p;
+	const ap_mgraph *m = b->m;
+	const ap_target_info *t = b->t;
+	const gemm_plan *p = b->an;
 	gctx c;
 	ap_vctx v;
-	char why[200];
 	int rc;
 	ap_kir_block *tsaved;
 
-	if ((rc = ap__gemm_analyze(m, t, &p, why, sizeof(why))) <= 0)
-		return ap_error_set(err, rc < 0 ? AP_ENOMEM : AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
-				    "gemm emitter: %s", why);
 	memset(&c, 0, sizeof(c));
 	c.m = m;
 	c.g = m->g;
-	c.p = &p;
+	c.p = p;
 	c.c = ap__gemm_cfg_of(s);
 	c.t = t;
 	c.k = k;
-	if (!ap__gemm_cfg_valid(&p, &c.c, t)) {
-		ap__gemm_plan_clear(&p);
+	if (!ap__gemm_cfg_valid(p, &c.c, t)) {
 		return ap_error_set(err, AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
 				    "gemm emitter: configuration %dx%dx%d/%dx%d/%d does not fit the target",
 				    c.c.bm, c.c.bn, c.c.bk, c.c.tm, c.c.tn, c.c.stages);
 	}
-	if ((rc = ap_vctx_init(&v, m, k, err))) {
-		ap__gemm_plan_clear(&p);
+	if ((rc = ap_vctx_init(&v, m, k, err)))
 		return rc;
-	}
 	c.v = &v;
-	c.nt = ap__gemm_threads_of(&p, &c.c);
-	ap__gemm_tile_layouts(&p, &c.a_rowk, &c.b_rowk);
+	c.nt = ap__gemm_threads_of(p, &c.c);
+	ap__gemm_tile_layouts(p, &c.a_rowk, &c.b_rowk);
 	choose_staging(&c);
 	/* wgmma's overlap needs a stage between the one read and the one
 	 * filled, and operands staged straight into their stages (a pair- or
 	 * compute-staged operand has one tile, rewritten every K tile) */
-	c.wg_overlap = p.wg && c.c.stages >= 3 && c.a_mode == STAGE_TILE && c.b_mode == STAGE_TILE;
+	c.wg_overlap = p->wg && c.c.stages >= 3 && c.a_mode == STAGE_TILE && c.b_mode == STAGE_TILE;
 	declare_shared(&c);
 	set_launch(&c);
 	declare_threads(&c);
@@ -981,7 +975,7 @@ int ap__gemm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t
 		splitk_reduce(&c);
 	v.leaf = acc_leaf;
 	v.leaf_user = &c;
-	if (p.tc)
+	if (p->tc)
 		epilogue_tc(&c);
 	else
 		epilogue_simt(&c);
@@ -990,12 +984,11 @@ int ap__gemm_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t
 		ap_kir_cluster_barrier(k, v.cur);
 	ap_v_close(&v, tsaved);
 	rc = v.rc;
-	if (rc == 0 && s->n > K_LIB && s->v[K_LIB] && ap__gemm_attach_library(m, s, t, &p, k) < 0)
+	if (rc == 0 && s->n > K_LIB && s->v[K_LIB] && ap__gemm_attach_library(b, s, k) < 0)
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");
 done:
 	free(c.a_reg);
 	free(c.b_reg);
 	ap_vctx_clear(&v);
-	ap__gemm_plan_clear(&p);
 	return rc;
 }

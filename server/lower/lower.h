@@ -5,7 +5,10 @@
  * templates): pointwise loops, row and column reductions with warp
  * shuffles, stitched reductions (Layer II), shared-memory transposes.
  * Each one has
- *   - match:   whether it can build a kernel for a micro-graph;
+ *   - bind:    its analysis of one micro-graph on one target, made once
+ *              (operands, layouts, which fragments, what it cannot build);
+ *              declining is "it does not build this micro-graph"
+ *              (ap_bind; the registry's order picks the first that binds);
  *   - space:   its parameter space, the knobs a tuner searches (block
  *              size, elements per thread, vector width, rows per block...),
  *              each with its allowed values for this micro-graph;
@@ -16,9 +19,15 @@
  *              model (server/cost/cost.h);
  *   - valid:   which points of the space can be built (the space is a
  *              cross product; a tile may not fit the target).
+ * Every callback after bind reads the one analysis of the bound
+ * micro-graph (ap_bound; XLA's fusion emitters analyse a fusion once the
+ * same way), and each emitter resolves a configuration into its tile plan
+ * by one function that valid, traffic and emit all call: what the cost
+ * model is told is what the kernel is built from (check_traffic compares
+ * the two for every emitter).
  * Every emitter builds values with the shared value builder (value.h), so
  * the per-op scalar semantics and index maps are the same everywhere.
- * The registry is ordered: the first emitter whose match accepts a
+ * The registry is ordered: the first emitter that binds a
  * micro-graph is its emitter; the last one (pointwise) accepts every
  * micro-graph.
  */
@@ -55,28 +64,41 @@ typedef struct ap_sched {
 	int v[AP_SPACE_MAX_KNOBS];
 } ap_sched;
 
+/* A micro-graph bound to an emitter on a target: the emitter's analysis
+ * of it, made once by ap_bind and read by every later callback.  m and t
+ * are kept, not owned: they must outlive the binding; `an` is owned by
+ * the binding (ap_unbind frees it). */
+typedef struct ap_bound {
+	const struct ap_emitter *em;
+	const ap_mgraph *m;
+	const ap_target_info *t;
+	void *an;             /* the emitter's analysis (NULL: it keeps none) */
+} ap_bound;
+
 typedef struct ap_emitter {
 	const char *name;     /* "pointwise", "row_reduce", ... (static) */
-	/* 1 when it builds a kernel for m, 0 when not, AP_ENOMEM (every
-	 * function below also gives AP_ENOMEM when its analysis could not
-	 * allocate: an allocation failure never reads as "no") */
-	int (*match)(const ap_mgraph *m, const ap_target_info *t);
+	/* Analyses m on t: 1 when it builds a kernel for m, with *an its
+	 * analysis (malloc'd, or NULL when it keeps none), 0 when not (*an
+	 * NULL), AP_ENOMEM (an allocation failure never reads as "no").
+	 * Every function below gets the binding of a 1, and also gives
+	 * AP_ENOMEM where it allocates. */
+	int (*bind)(const ap_mgraph *m, const ap_target_info *t, void **an);
+	/* Frees an analysis bind made (not NULL); NULL: free(). */
+	void (*unbind)(void *an);
 	/* 0 or AP_ENOMEM */
-	int (*space)(const ap_mgraph *m, const ap_target_info *t, ap_space *out);
+	int (*space)(const ap_bound *b, ap_space *out);
 	/* Fills s->v (s->em and s->n are set by the caller).  0 or AP_ENOMEM. */
-	int (*choose)(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s);
+	int (*choose)(const ap_bound *b, const ap_space *sp, ap_sched *s);
 	/* Builds the body, launch shape and parameters of `k` (a fresh kernel
 	 * with its name set).  0, or AP_EUNSUPPORTED (an op or dtype it cannot
 	 * handle, naming the node) / AP_ENOMEM with `err` set. */
-	int (*emit)(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
-		    ap_error *err);
+	int (*emit)(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err);
 	/* 0 or AP_ENOMEM */
-	int (*traffic)(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
-		       ap_traffic *out);
+	int (*traffic)(const ap_bound *b, const ap_sched *s, ap_traffic *out);
 	/* Whether configuration s can be built for m on t (threads, shared
 	 * memory, tile divisibility): 1, 0 or AP_ENOMEM; NULL: every point of
 	 * the space can. */
-	int (*valid)(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t);
+	int (*valid)(const ap_bound *b, const ap_sched *s);
 	/* The cost model cannot rank its configurations on the host (the C
 	 * compiler's vectorisation of a register tile decides, and the
 	 * model's guesses ran slower than the default rule there): the
@@ -87,32 +109,38 @@ typedef struct ap_emitter {
 	 * for m computes (1: each once; ap_launch_part.recompute), as this
 	 * emitter evaluates them; 0 on ENOMEM.  NULL: the inline model
 	 * (ap_lower_recompute). */
-	double (*recompute)(const ap_mgraph *m);
+	double (*recompute)(const ap_bound *b);
 } ap_emitter;
 
-/* The registry, in match order; *n gets its length. */
+/* Binds m on t to em (em->bind): 1 with *b filled (release it with
+ * ap_unbind), 0 when em does not build m (*b holds no analysis;
+ * ap_unbind is harmless), AP_ENOMEM.  m and t must outlive *b. */
+int ap_bind(const ap_emitter *em, __ap_keep const ap_mgraph *m, __ap_keep const ap_target_info *t,
+	    ap_bound *b);
+/* Frees b's analysis (b may be zeroed or unbound: nothing to free). */
+void ap_unbind(ap_bound *b);
+
+/* The registry, in binding order; *n gets its length. */
 const ap_emitter *const *ap_emitters(int *n);
-/* The first emitter of the registry that matches m, in *out (pointwise
- * matches every micro-graph).  0, or AP_ENOMEM with `err` set. */
-int ap_emitter_for(const ap_mgraph *m, const ap_target_info *t, const ap_emitter **out,
-		   ap_error *err);
-/* The space of `em` for m, and its default configuration in *s.  0, or
- * AP_ENOMEM with `err` set. */
-int ap_emitter_default(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
-		       ap_space *sp, ap_sched *s, ap_error *err);
-/* "knob=value knob=value ..." for configuration s of em on m (a malloc'd
- * string), or NULL on ENOMEM. */
-__ap_give char *ap_sched_describe(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
-				  const ap_sched *s);
+/* Binds m on t to the first emitter of the registry that builds it
+ * (pointwise builds every micro-graph): 0 with *b filled (ap_unbind
+ * releases it), or AP_ENOMEM with `err` set. */
+int ap_bind_first(__ap_keep const ap_mgraph *m, __ap_keep const ap_target_info *t, ap_bound *b,
+		  ap_error *err);
+/* The space of b's emitter for its micro-graph, and its default
+ * configuration in *s.  0, or AP_ENOMEM with `err` set. */
+int ap_emitter_default(const ap_bound *b, ap_space *sp, ap_sched *s, ap_error *err);
+/* "knob=value knob=value ..." for configuration s of b's emitter (a
+ * malloc'd string), or NULL on ENOMEM. */
+__ap_give char *ap_sched_describe(const ap_bound *b, const ap_sched *s);
 /* Parses "knob=value knob=value ..." (ap_sched_describe's text: every knob
- * of em's space for m on t once, in any order, each value one of the
+ * of the bound emitter's space once, in any order, each value one of the
  * knob's allowed values) into *s, then asks em->valid.  1 with *s set, 0
  * when the text is not a buildable configuration (unknown or repeated
  * knob, a value outside the space, a knob missing, a point the emitter
  * refuses), AP_ENOMEM.  Text from a client or a record is untrusted: this
  * is its check. */
-int ap_sched_parse(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
-		   const char *text, ap_sched *s);
+int ap_sched_parse(const ap_bound *b, const char *text, ap_sched *s);
 /* Value of knob `name` in s, or `dflt` when the space has no such knob. */
 int ap_sched_get(const ap_sched *s, const ap_space *sp, const char *name, int dflt);
 
@@ -139,14 +167,14 @@ double ap_lower_recompute(__ap_keep const ap_mgraph *m);
 
 typedef struct ap_lower_options {
 	unsigned max_block_threads;  /* 0 = 256; a power of two in [32, 1024] */
-	const ap_sched *sched;       /* a configuration to use (its emitter must
-					match); NULL = the default rule */
+	const ap_sched *sched;       /* a configuration to use (of the bound
+					emitter); NULL = the default rule */
 	bool verify;                 /* run ap_kir_verify on the result */
 } ap_lower_options;
 
-/* Lowers micro-graph m to a kernel named `name` (a C identifier) for
- * target t: its emitter (ap_emitter_for, or opt->sched's), the default
- * configuration unless opt->sched gives one (written to *used when not
+/* Lowers the micro-graph b binds to a kernel named `name` (a C
+ * identifier) for b's target: the default configuration of b's emitter
+ * unless opt->sched gives one (of b's emitter; written to *used when not
  * NULL), the emitter's kernel, and a header of comments listing the fused
  * ops and what each parameter holds (no graph names, so that the same
  * kernel in two graphs prints the same).  Every GLOBAL array of the
@@ -155,9 +183,18 @@ typedef struct ap_lower_options {
  * reads, in order of first use; CONST tensors are baked in.  Returns NULL
  * with `err` set: AP_EUNSUPPORTED (an op or dtype this lowering cannot
  * handle, naming the node), AP_ENOMEM, AP_EINTERNAL (the verifier
- * rejected the kernel: a bug, the message says which rule). */
-__ap_give ap_kir_kernel *ap_lower(__ap_keep const ap_mgraph *m, const ap_target_info *t,
-				  const char *name, const ap_lower_options *opt, ap_sched *used,
-				  ap_error *err);
+ * rejected the kernel: a bug, the message says which rule; opt->sched of
+ * another emitter than b's). */
+__ap_give ap_kir_kernel *ap_lower(const ap_bound *b, const char *name, const ap_lower_options *opt,
+				  ap_sched *used, ap_error *err);
+/* ap_lower of m on t through a binding made for the call and released
+ * before it returns: opt->sched's emitter when it names one, else the
+ * registry's first (ap_bind_first).  For one kernel of a micro-graph (a
+ * test, a tool); a caller lowering several configurations binds once.
+ * NULL with `err`: ap_lower's errors, and AP_EUNSUPPORTED when
+ * opt->sched's emitter does not build m. */
+__ap_give ap_kir_kernel *ap_lower_mgraph(__ap_keep const ap_mgraph *m, const ap_target_info *t,
+					 const char *name, const ap_lower_options *opt, ap_sched *used,
+					 ap_error *err);
 
 #endif

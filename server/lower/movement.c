@@ -37,19 +37,11 @@ static int concat_root(const ap_mgraph *m)
 	return p;
 }
 
-static int mv_match(const ap_mgraph *m, const ap_target_info *t)
+/* Can every operand region of concatenation node ci be copied w elements
+ * at a time? */
+static bool regions_allow(const ap_graph *g, int ci, int w)
 {
-	int c = concat_root(m);
-
-	return c >= 0 && ap_node_int(&m->g->nodes[c], "axis", 0) >= 0;
-}
-
-/* Can every operand region of the concatenation be copied w elements at a
- * time? */
-static bool regions_allow(const ap_mgraph *m, int w)
-{
-	const ap_graph *g = m->g;
-	const ap_node *c = &g->nodes[concat_root(m)];
+	const ap_node *c = &g->nodes[ci];
 	const ap_tensor *o = &g->tensors[c->outputs[0]];
 	int64_t axis = ap_node_int(c, "axis", 0), off = 0;
 
@@ -68,23 +60,59 @@ static bool regions_allow(const ap_mgraph *m, int w)
 	return true;
 }
 
-static int mv_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+/* The analysis: the concatenation, the copy widths its operand regions
+ * allow, and its largest operand (the grid covers its copies: the
+ * operands are copied one after another). */
+typedef struct mv_plan {
+	int concat;                      /* the Concat node */
+	bool width_ok[5];                /* [w]: copies of w elements, w = 2 or 4 */
+	int64_t biggest;                 /* elements of the largest operand (>= 1) */
+} mv_plan;
+
+static int mv_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
+{
+	const ap_graph *g = m->g;
+	int c = concat_root(m);
+	mv_plan *p;
+
+	(void)t;
+	if (c < 0 || ap_node_int(&g->nodes[c], "axis", 0) < 0)
+		return 0;
+	if (!(p = calloc(1, sizeof(*p))))
+		return AP_ENOMEM;
+	p->concat = c;
+	for (int w = 2; w <= 4; w *= 2)
+		p->width_ok[w] = regions_allow(g, c, w);
+	p->biggest = 1;
+	for (int i = 0; i < g->nodes[c].n_inputs; i++)
+		if (g->nodes[c].inputs[i] >= 0 && ap_tensor_numel(&g->tensors[g->nodes[c].inputs[i]]) > p->biggest)
+			p->biggest = ap_tensor_numel(&g->tensors[g->nodes[c].inputs[i]]);
+	*an = p;
+	return 1;
+}
+
+static bool width_ok(const mv_plan *p, int w)
+{
+	return w <= 1 || ((w == 2 || w == 4) && p->width_ok[w]);
+}
+
+static int mv_space(const ap_bound *b, ap_space *sp)
 {
 	sp->n = 2;
-	ap_knob_pow2(&sp->knobs[0], "block", 32, ap_block_cap(t));
+	ap_knob_pow2(&sp->knobs[0], "block", 32, ap_block_cap(b->t));
 	sp->knobs[1] = (ap_knob){"vector", 1, {1}};
 	for (int w = 2; w <= 4; w *= 2)
-		if (regions_allow(m, w))
+		if (width_ok(b->an, w))
 			sp->knobs[1].values[sp->knobs[1].n++] = w;
 	return 0;
 }
 
-static int mv_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+static int mv_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 {
-	int64_t n = ap_tensor_numel(&m->g->tensors[m->g->outputs[0]]);
+	int64_t n = ap_tensor_numel(&b->m->g->tensors[b->m->g->outputs[0]]);
 	int w = sp->knobs[1].values[sp->knobs[1].n - 1];
 
-	s->v[0] = (int)ap_pow2_at_least(n / w, 32, ap_block_cap(t));
+	s->v[0] = (int)ap_pow2_at_least(n / w, 32, ap_block_cap(b->t));
 	s->v[1] = w;
 	return 0;
 }
@@ -102,36 +130,33 @@ static ap_kir_expr *mv_leaf(ap_vctx *v, int t, ap_lidx *ix, void *user)
 	return t == h->leaf ? ap_kir_ref(v->k, h->lanes[h->lane]) : NULL;
 }
 
-static int mv_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+static int mv_valid(const ap_bound *b, const ap_sched *s)
 {
-	return concat_root(m) >= 0 && (s->v[1] <= 1 || regions_allow(m, s->v[1]));
+	return width_ok(b->an, s->v[1]);
 }
 
-static int mv_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
-		   ap_error *err)
+static int mv_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
 {
+	const ap_mgraph *m = b->m;
+	const mv_plan *p = b->an;
 	const ap_graph *g = m->g;
-	int ci = concat_root(m), rc;
 	const ap_node *c;
 	const ap_tensor *ot;
 	unsigned bs = (unsigned)s->v[0], grid;
-	int w = s->v[1];
-	int64_t axis, off = 0, biggest = 1;
+	int w = s->v[1], rc;
+	int64_t axis, off = 0;
 	mv_hook h;
 	ap_vctx v;
 
-	if (ci < 0 || (w > 1 && !regions_allow(m, w)))
+	if (!width_ok(p, w))
 		return ap_error_set(err, AP_EUNSUPPORTED, g->nodes[m->root].name, NULL,
 				    "movement emitter: not a concatenation copied %d at a time", w);
-	c = &g->nodes[ci];
+	c = &g->nodes[p->concat];
 	ot = &g->tensors[c->outputs[0]];
 	axis = ap_node_int(c, "axis", 0);
 	if ((rc = ap_vctx_init(&v, m, k, err)))
 		return rc;
-	for (int i = 0; i < c->n_inputs; i++)
-		if (c->inputs[i] >= 0 && ap_tensor_numel(&g->tensors[c->inputs[i]]) > biggest)
-			biggest = ap_tensor_numel(&g->tensors[c->inputs[i]]);
-	grid = ap_grid_for(biggest / w, bs);
+	grid = ap_grid_for(p->biggest / w, bs);
 	k->grid[0] = grid;
 	k->block[0] = bs;
 	memset(&h, 0, sizeof(h));
@@ -202,23 +227,16 @@ static int mv_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	return rc;
 }
 
-static int mv_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
+static int mv_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 {
-	int ci = concat_root(m);
-	int64_t biggest = 1;
+	const mv_plan *p = b->an;
 
 	memset(out, 0, sizeof(*out));
-	/* mv_emit's grid: the largest operand's copies (the operands are
-	 * copied one after another) */
-	for (int i = 0; ci >= 0 && i < m->g->nodes[ci].n_inputs; i++)
-		if (m->g->nodes[ci].inputs[i] >= 0 &&
-		    ap_tensor_numel(&m->g->tensors[m->g->nodes[ci].inputs[i]]) > biggest)
-			biggest = ap_tensor_numel(&m->g->tensors[m->g->nodes[ci].inputs[i]]);
 	out->threads = (unsigned)s->v[0];
-	out->blocks = ap_grid_for(biggest / s->v[1], s->v[0]);
-	return ap__lower_inline_traffic(m, out);
+	out->blocks = ap_grid_for(p->biggest / s->v[1], s->v[0]);   /* mv_emit's grid */
+	return ap__lower_inline_traffic(b->m, out);
 }
 
 const ap_emitter ap_emitter_movement = {
-	"movement", mv_match, mv_space, mv_choose, mv_emit, mv_traffic, mv_valid, false, NULL,
+	"movement", mv_bind, NULL, mv_space, mv_choose, mv_emit, mv_traffic, mv_valid, false, NULL,
 };

@@ -79,11 +79,6 @@ static int64_t max_output_numel(const ap_mgraph *m)
 	return max_n;
 }
 
-static int pw_match(const ap_mgraph *m, const ap_target_info *t)
-{
-	return 1;
-}
-
 /* ---- vector access analysis --------------------------------------------------- */
 
 /* How a tensor is read relative to the linear index L of the element the
@@ -203,28 +198,52 @@ static bool vector_leaf(const ap_graph *g, int t, const vdesc *vd, int w)
 	return vd[t].kind == VD_SAME || (vd[t].kind == VD_MOD && vd[t].mod % w == 0);
 }
 
-static int pw_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+/* The analysis: the vector widths the outputs allow and the largest
+ * output's elements (the grid covers them). */
+typedef struct pw_plan {
+	bool vector_ok[5];               /* [w]: w = 2 or 4 elements a thread at once */
+	int64_t max_numel;
+} pw_plan;
+
+/* Binds every micro-graph (the registry's last emitter). */
+static int pw_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
 {
+	pw_plan *p = calloc(1, sizeof(*p));
+
+	(void)t;
+	if (!p)
+		return AP_ENOMEM;
+	for (int w = 2; w <= 4; w *= 2)
+		p->vector_ok[w] = vector_ok(m, w, NULL);
+	p->max_numel = max_output_numel(m);
+	*an = p;
+	return 1;
+}
+
+static int pw_space(const ap_bound *b, ap_space *sp)
+{
+	const pw_plan *p = b->an;
+
 	sp->n = 2;
-	ap_knob_pow2(&sp->knobs[0], "block", 32, ap_block_cap(t));
+	ap_knob_pow2(&sp->knobs[0], "block", 32, ap_block_cap(b->t));
 	sp->knobs[1] = (ap_knob){"vector", 1, {1}};
 	for (int w = 2; w <= 4; w *= 2)
-		if (vector_ok(m, w, NULL))
+		if (p->vector_ok[w])
 			sp->knobs[1].values[sp->knobs[1].n++] = w;
 	return 0;
 }
 
 /* Default: the widest vector that is allowed and leaves a block's worth of
  * work per block; the block as large as the elements (cap). */
-static int pw_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+static int pw_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 {
-	int64_t n = max_output_numel(m);
+	int64_t n = ((const pw_plan *)b->an)->max_numel;
 	int w = 1;
 
 	for (int i = 0; i < sp->knobs[1].n; i++)
 		if (sp->knobs[1].values[i] > w && n / sp->knobs[1].values[i] >= 32)
 			w = sp->knobs[1].values[i];
-	s->v[0] = (int)ap_pow2_at_least(n / w, 32, ap_block_cap(t));
+	s->v[0] = (int)ap_pow2_at_least(n / w, 32, ap_block_cap(b->t));
 	s->v[1] = w;
 	return 0;
 }
@@ -331,9 +350,9 @@ static int emit_vector(const ap_mgraph *m, ap_vctx *v, unsigned bs, int w)
 	return v->rc;
 }
 
-static int pw_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_kir_kernel *k,
-		   ap_error *err)
+static int pw_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
 {
+	const ap_mgraph *m = b->m;
 	const ap_graph *g = m->g;
 	unsigned bs = (unsigned)s->v[0], grid;
 	bool *done = calloc((size_t)g->n_outputs + 1, sizeof(bool));
@@ -352,7 +371,7 @@ static int pw_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 		free(done);
 		return rc;
 	}
-	grid = ap_grid_for(max_output_numel(m), bs);
+	grid = ap_grid_for(((const pw_plan *)b->an)->max_numel, bs);
 	k->grid[0] = grid;
 	k->block[0] = bs;
 	for (int i = 0; i < g->n_outputs && !v.rc; i++) {
@@ -506,14 +525,14 @@ int ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out)
 	return c && nodes ? 0 : AP_ENOMEM;
 }
 
-static int pw_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
+static int pw_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 {
 	memset(out, 0, sizeof(*out));
 	out->threads = (unsigned)s->v[0];
-	out->blocks = ap_grid_for(max_output_numel(m) / (s->n > 1 ? s->v[1] : 1), s->v[0]);
-	return ap__lower_inline_traffic(m, out);
+	out->blocks = ap_grid_for(((const pw_plan *)b->an)->max_numel / (s->n > 1 ? s->v[1] : 1), s->v[0]);
+	return ap__lower_inline_traffic(b->m, out);
 }
 
 const ap_emitter ap_emitter_pointwise = {
-	"pointwise", pw_match, pw_space, pw_choose, pw_emit, pw_traffic, NULL, false, NULL,
+	"pointwise", pw_bind, NULL, pw_space, pw_choose, pw_emit, pw_traffic, NULL, false, NULL,
 };

@@ -486,60 +486,67 @@ int ap_lower_stitchable(const ap_mgraph *m, const ap_target_info *t, char *why, 
 	return ok;
 }
 
-static int rr_match_form(const ap_mgraph *m, const ap_target_info *t, bool column, bool stitched)
+/* Binds a row group of the form asked (a plain reduction along rows or
+ * columns, or a stitched group) whose default configuration fits: the
+ * analysis, kept. */
+static int rr_bind_form(const ap_mgraph *m, const ap_target_info *t, void **an, bool column,
+			bool stitched)
 {
-	rows_plan p;
+	rows_plan *p;
 	char why[160];
 	unsigned lanes, rows;
 	int cache, rc;
-	bool ok;
 
 	if (stitched ? m->kind != AP_GROUP_STITCHED && m->kind != AP_GROUP_WHOLE
 		     : !is_plain_reduction(m))
 		return 0;
-	if ((rc = analyze(m, &p, why, sizeof(why))) <= 0)
+	if (!(p = malloc(sizeof(*p))))
+		return AP_ENOMEM;
+	if ((rc = analyze(m, p, why, sizeof(why))) <= 0) {
+		free(p);
 		return rc;
-	ok = stitched || p.column == column;
-	if (ok)
-		ok = default_config(&p, t, &lanes, &rows, &cache);
-	plan_clear(&p);
-	return ok;
+	}
+	if ((stitched || p->column == column) && default_config(p, t, &lanes, &rows, &cache)) {
+		*an = p;
+		return 1;
+	}
+	plan_clear(p);
+	free(p);
+	return 0;
 }
 
-static int row_match(const ap_mgraph *m, const ap_target_info *t)
+static int row_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
 {
-	return rr_match_form(m, t, false, false);
+	return rr_bind_form(m, t, an, false, false);
 }
 
-static int col_match(const ap_mgraph *m, const ap_target_info *t)
+static int col_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
 {
-	return rr_match_form(m, t, true, false);
+	return rr_bind_form(m, t, an, true, false);
 }
 
-static int st_match(const ap_mgraph *m, const ap_target_info *t)
+static int st_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
 {
-	return rr_match_form(m, t, false, true);
+	return rr_bind_form(m, t, an, false, true);
+}
+
+static void rows_unbind(void *an)
+{
+	plan_clear(an);
+	free(an);
 }
 
 /* Space: lanes and rows powers of two with lanes * rows in [32, cap]
  * (column form: rows <= 16, so a warp holds two lanes of a row at least);
  * cache modes that fit. */
-static int rows_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+static int rows_space(const ap_bound *b, ap_space *sp)
 {
-	rows_plan p;
-	char why[160];
-	unsigned cap = ap_block_cap(t);
-	int rc;
+	const rows_plan *p = b->an;
+	unsigned cap = ap_block_cap(b->t);
 
 	memset(sp, 0, sizeof(*sp));
 	sp->n = 3;
-	if ((rc = analyze(m, &p, why, sizeof(why))) <= 0) {
-		ap_knob_pow2(&sp->knobs[0], "lanes", 32, 32);
-		ap_knob_pow2(&sp->knobs[1], "rows", 1, 1);
-		sp->knobs[2] = (ap_knob){"cache", 1, {0}};
-		return rc;
-	}
-	if (p.column) {
+	if (p->column) {
 		ap_knob_pow2(&sp->knobs[0], "lanes", 2, cap);
 		ap_knob_pow2(&sp->knobs[1], "rows", 1, 16);
 	} else {
@@ -547,7 +554,6 @@ static int rows_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
 		ap_knob_pow2(&sp->knobs[1], "rows", 1, cap / 2);
 	}
 	sp->knobs[2] = (ap_knob){"cache", 3, {CACHE_NONE, CACHE_REG, CACHE_SMEM}};
-	plan_clear(&p);
 	return 0;
 }
 
@@ -574,32 +580,18 @@ static bool config_ok(const rows_plan *p, unsigned lanes, unsigned rows, int cac
 	return true;
 }
 
-static int rows_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+static int rows_valid(const ap_bound *b, const ap_sched *s)
 {
-	rows_plan p;
-	char why[160];
-	int rc = analyze(m, &p, why, sizeof(why));
-
-	if (rc <= 0)
-		return rc;
-	rc = config_ok(&p, (unsigned)s->v[0], (unsigned)s->v[1], s->v[2], t);
-	plan_clear(&p);
-	return rc;
+	return config_ok(b->an, (unsigned)s->v[0], (unsigned)s->v[1], s->v[2], b->t);
 }
 
-static int rows_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+static int rows_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 {
-	rows_plan p;
-	char why[160];
 	unsigned lanes = 32, rows = 1;
-	int cache = CACHE_NONE, rc;
+	int cache = CACHE_NONE;
 
-	if ((rc = analyze(m, &p, why, sizeof(why))) < 0)
-		return rc;
-	if (rc) {
-		default_config(&p, t, &lanes, &rows, &cache);
-		plan_clear(&p);
-	}
+	(void)sp;
+	default_config(b->an, b->t, &lanes, &rows, &cache);
 	s->v[0] = (int)lanes;
 	s->v[1] = (int)rows;
 	s->v[2] = cache;
@@ -610,7 +602,7 @@ static int rows_choose(const ap_mgraph *m, const ap_target_info *t, const ap_spa
 
 typedef struct rows_ctx {
 	ap_vctx v;
-	rows_plan p;
+	const rows_plan *p;             /* the binding's analysis */
 	layout L;
 	ap_kir_kernel *k;
 	ap_kir_expr **row_val;          /* per tensor: its value for the current row */
@@ -638,7 +630,7 @@ static ap_kir_expr *hook(ap_vctx *v, int t, ap_lidx *ix, void *user)
 static ap_lidx full_index(rows_ctx *c, ap_kir_expr *row, ap_kir_expr *col)
 {
 	ap_kir_kernel *k = c->k;
-	const rows_plan *p = &c->p;
+	const rows_plan *p = c->p;
 	ap_lidx ix;
 	int64_t ks = 1, rs = 1;
 
@@ -682,7 +674,7 @@ static void row_combine(rows_ctx *c, ap_kir_var *const *acc, const ap_op *ops, i
 	const layout *L = &c->L;
 	unsigned first, last, width;
 
-	if (c->p.column) {
+	if (c->p->column) {
 		first = L->rows;                  /* lane bits above the row bits */
 		last = 16;
 		width = 32;
@@ -712,7 +704,7 @@ static void row_combine(rows_ctx *c, ap_kir_var *const *acc, const ap_op *ops, i
 		ap_kir_block *saved;
 		ap_kir_var *w;
 
-		if (c->p.column) {
+		if (c->p->column) {
 			wp = ap_kir_binary(k, AP_KIR_DIV, c->tid, ap_kir_idx(k, 32));
 			writer = ap_kir_binary(k, AP_KIR_LT, ap_kir_binary(k, AP_KIR_REM, c->tid, ap_kir_idx(k, 32)),
 					       ap_kir_idx(k, L->rows));
@@ -767,14 +759,14 @@ static void row_pass(rows_ctx *c, int pass, pass_body body, void *arg)
 		v->cur = f ? &f->body : NULL;
 		v->depth++;
 		col = ap_v_once(v, ap_kir_add(k, c->lane, ap_kir_muli(k, ap_kir_ref(k, kv), L->lanes)));
-		if (L->ept * L->lanes > c->p.N)
-			in_range = ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, c->p.N));
+		if (L->ept * L->lanes > c->p->N)
+			in_range = ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, c->p->N));
 		c->slot_idx = ap_kir_ref(k, kv);
 	} else {
-		kv = ap_v_loop(v, "col", c->lane, ap_kir_idx(k, c->p.N), L->lanes, &sv_loop);
+		kv = ap_v_loop(v, "col", c->lane, ap_kir_idx(k, c->p->N), L->lanes, &sv_loop);
 		col = ap_kir_ref(k, kv);
 		c->slot_idx = L->cache == CACHE_SMEM
-				      ? ap_kir_add(k, ap_kir_muli(k, c->slot, c->p.N), col) : NULL;
+				      ? ap_kir_add(k, ap_kir_muli(k, c->slot, c->p->N), col) : NULL;
 	}
 	if (in_range)
 		ap_v_if(v, in_range, &sv_in, NULL);
@@ -785,7 +777,7 @@ static void row_pass(rows_ctx *c, int pass, pass_body body, void *arg)
 
 		c->slot_idx = NULL;
 		for (int t = 0; t < v->g->n_tensors; t++) {
-			if (!c->p.cached[t])
+			if (!c->p->cached[t])
 				continue;
 			{
 				ap_lidx r = ap_lidx_relin(v, &ix, t);
@@ -816,7 +808,7 @@ static void level_body(rows_ctx *c, int pass, ap_lidx *ix, void *arg)
 	ap_vctx *v = &c->v;
 
 	for (int i = 0; i < la->n; i++) {
-		const ap_node *node = &v->g->nodes[c->p.reds[la->idx[i]]];
+		const ap_node *node = &v->g->nodes[c->p->reds[la->idx[i]]];
 		ap_lidx r = *ix;
 
 		if (!la->acc[i])
@@ -836,11 +828,11 @@ static void output_body(rows_ctx *c, int pass, ap_lidx *ix, void *arg)
 		int o = g->outputs[i];
 		ap_lidx r;
 
-		if (c->p.cls[o] == CL_FULL) {
+		if (c->p->cls[o] == CL_FULL) {
 			r = ap_lidx_relin(v, ix, o);
 			ap_kir_store(c->k, v->cur, ap_v_buffer(v, o), ap_lidx_linear(v, &r),
 				     ap_val(v, o, &r));
-		} else if (c->p.cls[o] == CL_FULLT) {
+		} else if (c->p->cls[o] == CL_FULLT) {
 			/* the element of the transposed output: out[d] = in[perm[d]] */
 			const ap_node *tn = &g->nodes[g->tensors[o].producer];
 			ap_lidx in = *ix, out = ap_lidx_shape(&g->tensors[o]);
@@ -867,7 +859,7 @@ static void row_values(rows_ctx *c, int lv)
 		int o = g->nodes[i].outputs[0];
 		ap_lidx r;
 
-		if (o < 0 || c->p.cls[o] != CL_ROW || c->row_val[o] || c->p.level[o] > lv)
+		if (o < 0 || c->p->cls[o] != CL_ROW || c->row_val[o] || c->p->level[o] > lv)
 			continue;
 		if (ap_op_category_of(g->nodes[i].op) == AP_CAT_REDUCTION)
 			continue;
@@ -888,7 +880,7 @@ static void rows_threads(rows_ctx *c)
 	k->grid[0] = c->L.grid;
 	k->block[0] = c->L.block;
 	c->tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
-	if (c->p.column) {
+	if (c->p->column) {
 		c->slot = ap_kir_binary(k, AP_KIR_REM, c->tid, ap_kir_idx(k, c->L.rows));
 		c->lane = ap_kir_binary(k, AP_KIR_DIV, c->tid, ap_kir_idx(k, c->L.rows));
 		c->wp_count = c->L.block / 32;
@@ -914,23 +906,23 @@ static void rows_arrays(rows_ctx *c)
 	for (int t2 = 0; t2 < g->n_tensors && c->L.cache != CACHE_NONE; t2++) {
 		char name[32];
 
-		if (!c->p.cached[t2])
+		if (!c->p->cached[t2])
 			continue;
 		snprintf(name, sizeof(name), "cache_%d", t2);
 		c->cache[t2] = c->L.cache == CACHE_REG
 				       ? ap_kir_local(k, name, g->tensors[t2].dtype, c->L.ept)
 				       : ap_kir_shared(k, name, g->tensors[t2].dtype,
-						       (int64_t)c->L.rows * c->p.N);
+						       (int64_t)c->L.rows * c->p->N);
 	}
-	for (int lv = 1; lv <= c->p.n_levels; lv++)
-		for (int i = 0, j = 0; i < c->p.n_red; i++) {
+	for (int lv = 1; lv <= c->p->n_levels; lv++)
+		for (int i = 0, j = 0; i < c->p->n_red; i++) {
 			char name[32];
 
-			if (c->p.level_of[i] != lv || c->wp_count <= 1)
+			if (c->p->level_of[i] != lv || c->wp_count <= 1)
 				continue;
 			snprintf(name, sizeof(name), "scr_%d_%d", lv, j++);
 			c->scratch[lv - 1][i] = ap_kir_shared(k, name,
-							      ap_acc_type(g->tensors[g->nodes[c->p.reds[i]].outputs[0]].dtype),
+							      ap_acc_type(g->tensors[g->nodes[c->p->reds[i]].outputs[0]].dtype),
 							      (int64_t)c->L.rows * c->wp_count);
 		}
 }
@@ -944,12 +936,12 @@ static void open_rows(rows_ctx *c, ap_kir_block **saved)
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = &c->v;
 	ap_kir_var *r0 = ap_v_loop(v, "r", ap_kir_muli(k, ap_kir_index_of(k, AP_KIR_BLOCK_X), c->L.rows),
-				   ap_kir_idx(k, c->p.M), (int64_t)c->L.grid * c->L.rows, saved);
+				   ap_kir_idx(k, c->p->M), (int64_t)c->L.grid * c->L.rows, saved);
 	ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "rw", ap_kir_add(k, ap_kir_ref(k, r0), c->slot));
 
-	c->valid = ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, c->p.M));
+	c->valid = ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, c->p->M));
 	c->row = ap_kir_bind(k, v->cur, k->index_type, "row",
-			     ap_kir_binary(k, AP_KIR_MIN, row, ap_kir_idx(k, c->p.M - 1)));
+			     ap_kir_binary(k, AP_KIR_MIN, row, ap_kir_idx(k, c->p->M - 1)));
 }
 
 /* The reductions of level lv: an accumulator each (the accumulator type:
@@ -966,11 +958,11 @@ static bool rows_level(rows_ctx *c, int lv)
 	ap_kir_array *scr[MAX_REDS];
 
 	memset(&la, 0, sizeof(la));
-	for (int i = 0; i < c->p.n_red; i++) {
-		const ap_node *node = &g->nodes[c->p.reds[i]];
+	for (int i = 0; i < c->p->n_red; i++) {
+		const ap_node *node = &g->nodes[c->p->reds[i]];
 		ap_dtype dt = ap_acc_type(g->tensors[node->outputs[0]].dtype);   /* float32 for 16-bit */
 
-		if (c->p.level_of[i] != lv)
+		if (c->p->level_of[i] != lv)
 			continue;
 		la.idx[la.n] = i;
 		la.acc[la.n] = ap_kir_var_new(k, dt, "acc");
@@ -986,7 +978,7 @@ static bool rows_level(rows_ctx *c, int lv)
 	row_pass(c, lv - 1, level_body, &la);
 	row_combine(c, la.acc, ops, la.n, scr, c->wp_count);
 	for (int i = 0; i < la.n; i++) {
-		int o = g->nodes[c->p.reds[la.idx[i]]].outputs[0];
+		int o = g->nodes[c->p->reds[la.idx[i]]].outputs[0];
 
 		c->row_val[o] = ap_kir_cast(k, g->tensors[o].dtype, ap_kir_ref(k, la.acc[i]));
 	}
@@ -1004,7 +996,7 @@ static void store_row_outputs(rows_ctx *c)
 	bool any = false;
 
 	for (int i = 0; i < g->n_outputs; i++)
-		any |= c->p.cls[g->outputs[i]] == CL_ROW;
+		any |= c->p->cls[g->outputs[i]] == CL_ROW;
 	if (!any)
 		return;
 	ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, c->valid,
@@ -1014,7 +1006,7 @@ static void store_row_outputs(rows_ctx *c)
 		int o = g->outputs[i];
 		ap_lidx r;
 
-		if (c->p.cls[o] != CL_ROW)
+		if (c->p->cls[o] != CL_ROW)
 			continue;
 		r = row_index(c, o);
 		ap_kir_store(k, v->cur, ap_v_buffer(v, o), c->row, ap_val(v, o, &r));
@@ -1026,37 +1018,31 @@ static void store_row_outputs(rows_ctx *c)
  * level of reductions (rows_level), a pass writing the full outputs, and
  * the row outputs.  Errors: AP_EUNSUPPORTED (not a row group, or a
  * configuration that does not fit), AP_ENOMEM. */
-static int rows_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
-		     ap_kir_kernel *k, ap_error *err)
+static int rows_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
 {
+	const ap_mgraph *m = b->m;
+	const ap_target_info *t = b->t;
 	rows_ctx c;
 	ap_vctx *v = &c.v;
 	const ap_graph *g = m->g;
-	char why[200];
 	ap_kir_block *sv_rows;
 	int rc;
 
 	memset(&c, 0, sizeof(c));
-	if ((rc = analyze(m, &c.p, why, sizeof(why))) <= 0)
-		return ap_error_set(err, rc < 0 ? AP_ENOMEM : AP_EUNSUPPORTED, g->nodes[m->root].name, NULL,
-				    "reduction emitter: %s", why);
+	c.p = b->an;
 	c.k = k;
 	c.L.lanes = (unsigned)s->v[0];
 	c.L.rows = (unsigned)s->v[1];
 	c.L.cache = s->v[2];
-	if (!config_ok(&c.p, c.L.lanes, c.L.rows, c.L.cache, t)) {
-		plan_clear(&c.p);
+	if (!config_ok(c.p, c.L.lanes, c.L.rows, c.L.cache, t))
 		return ap_error_set(err, AP_EUNSUPPORTED, g->nodes[m->root].name, NULL,
 				    "reduction emitter: configuration lanes=%u rows=%u cache=%d does not fit",
 				    c.L.lanes, c.L.rows, c.L.cache);
-	}
 	c.L.block = block_threads(c.L.lanes, c.L.rows);
-	c.L.ept = (c.p.N + c.L.lanes - 1) / c.L.lanes;
-	c.L.grid = ap_grid_for(c.p.M, c.L.rows);
-	if ((rc = ap_vctx_init(v, m, k, err))) {
-		plan_clear(&c.p);
+	c.L.ept = (c.p->N + c.L.lanes - 1) / c.L.lanes;
+	c.L.grid = ap_grid_for(c.p->M, c.L.rows);
+	if ((rc = ap_vctx_init(v, m, k, err)))
 		return rc;
-	}
 	c.row_val = calloc((size_t)g->n_tensors + 1, sizeof(*c.row_val));
 	c.cache = calloc((size_t)g->n_tensors + 1, sizeof(*c.cache));
 	if (!c.row_val || !c.cache) {
@@ -1068,11 +1054,11 @@ static int rows_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info
 	rows_threads(&c);
 	rows_arrays(&c);
 	open_rows(&c, &sv_rows);
-	for (int lv = 1; lv <= c.p.n_levels && !v->rc; lv++)
+	for (int lv = 1; lv <= c.p->n_levels && !v->rc; lv++)
 		if (!rows_level(&c, lv))
 			break;
-	if (c.p.has_full_out)
-		row_pass(&c, c.p.n_levels, output_body, NULL);
+	if (c.p->has_full_out)
+		row_pass(&c, c.p->n_levels, output_body, NULL);
 	store_row_outputs(&c);
 	if (c.L.cache == CACHE_SMEM)
 		ap_kir_barrier(k, v->cur);   /* the cache is reused by the next rows */
@@ -1082,7 +1068,6 @@ out:
 	free(c.row_val);
 	free(c.cache);
 	ap_vctx_clear(v);
-	plan_clear(&c.p);
 	return rc;
 }
 
@@ -1101,13 +1086,12 @@ static double once_flops(const ap_graph *g)
 	return f;
 }
 
-static int rows_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
-			ap_traffic *out)
+static int rows_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 {
-	rows_plan p;
-	char why[160];
+	const ap_mgraph *m = b->m;
+	const rows_plan *p = b->an;
 	unsigned lanes = (unsigned)s->v[0], rows = (unsigned)s->v[1];
-	int rc;
+	unsigned wp;
 
 	memset(out, 0, sizeof(*out));
 	if (ap__lower_inline_traffic(m, out) < 0)
@@ -1117,23 +1101,17 @@ static int rows_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_i
 	 * not once per reader's element as the inline model counts */
 	out->flops = once_flops(m->g);
 	out->threads = lanes * rows;
-	if ((rc = analyze(m, &p, why, sizeof(why))) < 0)
-		return rc;
-	if (rc) {
-		unsigned wp = p.column ? out->threads / 32 : (lanes > 32 ? lanes / 32 : 1);
-
-		out->blocks = ap_grid_for(p.M, rows);
-		out->flops *= n_passes(&p) > 0 ? n_passes(&p) : 1;
-		if (s->v[2] == CACHE_SMEM)
-			out->shared_bytes += (unsigned)smem_cache_bytes(&p, rows);
-		/* each reduction's cross-warp scratch: a partial per row and
-		 * warp, of its accumulator type (rows_arrays) */
-		for (int r = 0; wp > 1 && r < p.n_red; r++)
-			out->shared_bytes += rows * wp *
-				(unsigned)ap_dtype_size(ap_acc_type(m->g->tensors[m->g->nodes[p.reds[r]].outputs[0]].dtype));
-		out->uncoalesced = p.column && rows < 8;
-		plan_clear(&p);
-	}
+	wp = p->column ? out->threads / 32 : (lanes > 32 ? lanes / 32 : 1);
+	out->blocks = ap_grid_for(p->M, rows);
+	out->flops *= n_passes(p) > 0 ? n_passes(p) : 1;
+	if (s->v[2] == CACHE_SMEM)
+		out->shared_bytes += (unsigned)smem_cache_bytes(p, rows);
+	/* each reduction's cross-warp scratch: a partial per row and warp, of
+	 * its accumulator type (rows_arrays) */
+	for (int r = 0; wp > 1 && r < p->n_red; r++)
+		out->shared_bytes += rows * wp *
+			(unsigned)ap_dtype_size(ap_acc_type(m->g->tensors[m->g->nodes[p->reds[r]].outputs[0]].dtype));
+	out->uncoalesced = p->column && rows < 8;
 	return 0;
 }
 
@@ -1175,21 +1153,18 @@ static bool pass_written(int t, void *user)
  * largest output (smaller ones are broadcast operands, as in the inline
  * model); 1 when none is evaluated more than once.  Not a row group: the
  * inline model. */
-static double rows_recompute(const ap_mgraph *m)
+static double rows_recompute(const ap_bound *b)
 {
-	const ap_graph *g = m->g;
-	rows_plan p;
-	char why[160];
+	const ap_graph *g = b->m->g;
+	const rows_plan *pp = b->an;
 	ap_cost_evals_ctx *c = NULL;
 	pass_view pv = {g, NULL};
 	ap_cost_graph_view gv = {pass_source_of, pass_written, &pv};
-	int *nodes = NULL, n = 0, rc;
+	int *nodes = NULL, n = 0;
 	bool *root = NULL;
 	double *total = NULL, worst = 1;
 	int64_t space = 0;
 
-	if ((rc = analyze(m, &p, why, sizeof(why))) <= 0)
-		return rc < 0 ? 0 : ap_lower_recompute(m);
 	c = ap_cost_evals_new(g);
 	nodes = malloc(((size_t)g->n_nodes + 1) * sizeof(*nodes));
 	root = calloc((size_t)g->n_tensors + 1, sizeof(*root));
@@ -1204,24 +1179,24 @@ static double rows_recompute(const ap_mgraph *m)
 		int o = g->nodes[i].outputs[0];
 
 		if (ap_op_category_of(g->nodes[i].op) == AP_CAT_REDUCTION || o < 0 ||
-		    p.cls[o] == CL_ROW || p.cls[o] == CL_FULLT)
+		    pp->cls[o] == CL_ROW || pp->cls[o] == CL_FULLT)
 			continue;
 		nodes[n++] = i;
 	}
 	pv.root = root;
-	for (int pass = 1; pass <= n_passes(&p); pass++) {
+	for (int pass = 1; pass <= n_passes(pp); pass++) {
 		memset(root, 0, ((size_t)g->n_tensors + 1) * sizeof(*root));
-		if (pass <= p.n_levels) {
-			for (int r = 0; r < p.n_red; r++)
-				if (p.level_of[r] == pass)
-					root[pass_source_of(g->nodes[p.reds[r]].inputs[0], &pv)] = true;
+		if (pass <= pp->n_levels) {
+			for (int r = 0; r < pp->n_red; r++)
+				if (pp->level_of[r] == pass)
+					root[pass_source_of(g->nodes[pp->reds[r]].inputs[0], &pv)] = true;
 		} else {
 			for (int i = 0; i < g->n_outputs; i++) {
 				int o = g->outputs[i];
 
-				if (p.cls[o] == CL_FULL)
+				if (pp->cls[o] == CL_FULL)
 					root[o] = true;
-				else if (p.cls[o] == CL_FULLT)
+				else if (pp->cls[o] == CL_FULLT)
 					root[pass_source_of(g->nodes[g->tensors[o].producer].inputs[0], &pv)] = true;
 			}
 		}
@@ -1247,21 +1222,20 @@ out:
 	free(nodes);
 	free(root);
 	free(total);
-	plan_clear(&p);
 	return worst;
 }
 
 const ap_emitter ap_emitter_row_reduce = {
-	"row_reduce", row_match, rows_space, rows_choose, rows_emit, rows_traffic, rows_valid, false,
+	"row_reduce", row_bind, rows_unbind, rows_space, rows_choose, rows_emit, rows_traffic, rows_valid, false,
 	rows_recompute,
 };
 
 const ap_emitter ap_emitter_column_reduce = {
-	"column_reduce", col_match, rows_space, rows_choose, rows_emit, rows_traffic, rows_valid, false,
+	"column_reduce", col_bind, rows_unbind, rows_space, rows_choose, rows_emit, rows_traffic, rows_valid, false,
 	rows_recompute,
 };
 
 const ap_emitter ap_emitter_stitched = {
-	"stitched", st_match, rows_space, rows_choose, rows_emit, rows_traffic, rows_valid, false,
+	"stitched", st_bind, rows_unbind, rows_space, rows_choose, rows_emit, rows_traffic, rows_valid, false,
 	rows_recompute,
 };

@@ -119,23 +119,36 @@ static int analyze(const ap_mgraph *m, tr_plan *p)
 	return p->dims[p->a] >= 8 && p->dims[p->b] >= 8;
 }
 
-static int tr_match(const ap_mgraph *m, const ap_target_info *t)
+/* The analysis of a tiled transpose, kept for the binding. */
+static int tr_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
 {
-	tr_plan p;
+	tr_plan *p = malloc(sizeof(*p));
+	int rc;
 
-	return analyze(m, &p);
+	(void)t;
+	if (!p)
+		return AP_ENOMEM;
+	if ((rc = analyze(m, p)) <= 0) {
+		free(p);
+		return rc;
+	}
+	*an = p;
+	return 1;
 }
 
-static int tr_space(const ap_mgraph *m, const ap_target_info *t, ap_space *sp)
+static int tr_space(const ap_bound *b, ap_space *sp)
 {
+	(void)b;
 	sp->n = 2;
 	sp->knobs[0] = (ap_knob){"tile", 2, {16, 32}};
 	ap_knob_pow2(&sp->knobs[1], "rows", 2, 32);
 	return 0;
 }
 
-static int tr_choose(const ap_mgraph *m, const ap_target_info *t, const ap_space *sp, ap_sched *s)
+static int tr_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 {
+	(void)b;
+	(void)sp;
 	s->v[0] = 32;
 	s->v[1] = 8;
 	return 0;
@@ -149,13 +162,13 @@ static bool tr_config_ok(const ap_sched *s, const ap_target_info *t)
 	       (unsigned)(tile * rows) <= ap_block_cap(t) && tile * rows >= 32;
 }
 
-static int tr_valid(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t)
+static int tr_valid(const ap_bound *b, const ap_sched *s)
 {
-	return tr_config_ok(s, t);
+	return tr_config_ok(s, b->t);
 }
 
 typedef struct tr_ctx {
-	tr_plan p;
+	const tr_plan *p;               /* the binding's analysis */
 	ap_kir_array *tiles[MAX_STAGED];
 	ap_kir_expr *tile_idx;          /* smem index of the current element, phase 2 */
 	ap_vctx *v;
@@ -171,8 +184,8 @@ static ap_kir_expr *hook(ap_vctx *v, int t, ap_lidx *ix, void *user)
 
 	if (!c->tile_idx)
 		return NULL;
-	for (int i = 0; i < c->p.n_staged; i++)
-		if (c->p.staged[i] == t)
+	for (int i = 0; i < c->p->n_staged; i++)
+		if (c->p->staged[i] == t)
 			return ap_kir_load(v->k, c->tiles[i], c->tile_idx);
 	return NULL;
 }
@@ -193,16 +206,16 @@ static void tile_coords(tr_ctx *c, ap_kir_expr *tl, ap_kir_expr **b0, ap_kir_exp
 
 	*b0 = ap_kir_bind(k, v->cur, k->index_type, "b0", ap_kir_muli(k, tb, c->tile));
 	*a0 = ap_kir_bind(k, v->cur, k->index_type, "a0", ap_kir_muli(k, ta, c->tile));
-	for (int d = c->p.rank - 1; d >= 0; d--) {
-		if (d == c->p.a || d == c->p.b)
+	for (int d = c->p->rank - 1; d >= 0; d--) {
+		if (d == c->p->a || d == c->p->b)
 			continue;
-		other[d] = c->p.dims[d] == 1 ? ap_kir_idx(k, 0)
+		other[d] = c->p->dims[d] == 1 ? ap_kir_idx(k, 0)
 			   : ap_kir_bind(k, v->cur, k->index_type, "o",
 					 ap_kir_binary(k, AP_KIR_REM,
 						       stride == 1 ? bt : ap_kir_binary(k, AP_KIR_DIV, bt,
 											ap_kir_idx(k, stride)),
-						       ap_kir_idx(k, c->p.dims[d])));
-		stride *= c->p.dims[d];
+						       ap_kir_idx(k, c->p->dims[d])));
+		stride *= c->p->dims[d];
 	}
 }
 
@@ -221,21 +234,21 @@ static void tr_element(tr_ctx *c, int phase, int i, ap_kir_expr *b0, ap_kir_expr
 	ap_kir_expr *cb = phase == 0 ? ap_kir_add(k, b0, c->tx) : ap_kir_add(k, b0, r);
 	ap_kir_expr *ca = phase == 0 ? ap_kir_add(k, a0, r) : ap_kir_add(k, a0, c->tx);
 	ap_kir_block *sv;
-	ap_lidx ix = ap_lidx_shape(&g->tensors[c->p.out]);
+	ap_lidx ix = ap_lidx_shape(&g->tensors[c->p->out]);
 
-	for (int d = 0; d < c->p.rank; d++)
-		ix.c[d] = d == c->p.a ? ca : d == c->p.b ? cb : other[d];
+	for (int d = 0; d < c->p->rank; d++)
+		ix.c[d] = d == c->p->a ? ca : d == c->p->b ? cb : other[d];
 	ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND,
-				 ap_kir_binary(k, AP_KIR_LT, cb, ap_kir_idx(k, c->p.dims[c->p.b])),
-				 ap_kir_binary(k, AP_KIR_LT, ca, ap_kir_idx(k, c->p.dims[c->p.a]))),
+				 ap_kir_binary(k, AP_KIR_LT, cb, ap_kir_idx(k, c->p->dims[c->p->b])),
+				 ap_kir_binary(k, AP_KIR_LT, ca, ap_kir_idx(k, c->p->dims[c->p->a]))),
 		&sv, NULL);
 	if (phase == 0) {
 		ap_kir_expr *slot = ap_kir_add(k, ap_kir_muli(k, r, c->tile + 1), c->tx);
 
-		for (int q = 0; q < c->p.n_staged; q++) {
+		for (int q = 0; q < c->p->n_staged; q++) {
 			ap_lidx xi = ix;
 
-			ap_kir_store(k, v->cur, c->tiles[q], slot, ap_val(v, c->p.staged[q], &xi));
+			ap_kir_store(k, v->cur, c->tiles[q], slot, ap_val(v, c->p->staged[q], &xi));
 		}
 	} else {
 		c->tile_idx = ap_kir_add(k, ap_kir_muli(k, c->tx, c->tile + 1), r);
@@ -255,9 +268,9 @@ static void tr_element(tr_ctx *c, int phase, int i, ap_kir_expr *b0, ap_kir_expr
  * tiles, each in two phases separated by barriers.  Errors:
  * AP_EUNSUPPORTED (not a tiled transpose, or a configuration that does
  * not fit), AP_ENOMEM. */
-static int tr_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t,
-		   ap_kir_kernel *k, ap_error *err)
+static int tr_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
 {
+	const ap_mgraph *m = b->m;
 	const ap_graph *g = m->g;
 	tr_ctx c;
 	ap_vctx v;
@@ -270,31 +283,30 @@ static int tr_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	memset(&c, 0, sizeof(c));
 	c.tile = s->v[0];
 	c.rows = s->v[1];
-	if ((rc = analyze(m, &c.p)) < 0)
-		return ap_error_set(err, AP_ENOMEM, g->nodes[m->root].name, NULL, "out of memory");
-	if (!rc || !tr_config_ok(s, t))
+	c.p = b->an;
+	if (!tr_config_ok(s, b->t))
 		return ap_error_set(err, AP_EUNSUPPORTED, g->nodes[m->root].name, NULL,
-				    "transpose emitter: not a tiled transpose (tile %d, rows %d)", c.tile, c.rows);
+				    "transpose emitter: configuration tile %d, rows %d does not fit", c.tile, c.rows);
 	if ((rc = ap_vctx_init(&v, m, k, err)))
 		return rc;
 	c.v = &v;
 	c.k = k;
 	v.leaf = hook;
 	v.leaf_user = &c;
-	c.nb = (c.p.dims[c.p.b] + c.tile - 1) / c.tile;
-	c.na = (c.p.dims[c.p.a] + c.tile - 1) / c.tile;
-	for (int d = 0; d < c.p.rank; d++)
-		if (d != c.p.a && d != c.p.b)
-			batch *= c.p.dims[d];
+	c.nb = (c.p->dims[c.p->b] + c.tile - 1) / c.tile;
+	c.na = (c.p->dims[c.p->a] + c.tile - 1) / c.tile;
+	for (int d = 0; d < c.p->rank; d++)
+		if (d != c.p->a && d != c.p->b)
+			batch *= c.p->dims[d];
 	n_tiles = c.nb * c.na * batch;
 	grid = ap_grid_for(n_tiles, 1);
 	k->grid[0] = grid;
 	k->block[0] = (unsigned)(c.tile * c.rows);
-	for (int i = 0; i < c.p.n_staged; i++) {
+	for (int i = 0; i < c.p->n_staged; i++) {
 		char name[32];
 
 		snprintf(name, sizeof(name), "tile_%d", i);
-		c.tiles[i] = ap_kir_shared(k, name, g->tensors[c.p.staged[i]].dtype,
+		c.tiles[i] = ap_kir_shared(k, name, g->tensors[c.p->staged[i]].dtype,
 					   (int64_t)c.tile * (c.tile + 1));
 	}
 	c.tx = ap_kir_bind(k, v.cur, k->index_type, "tx",
@@ -319,31 +331,25 @@ static int tr_emit(const ap_mgraph *m, const ap_sched *s, const ap_target_info *
 	return rc;
 }
 
-static int tr_traffic(const ap_mgraph *m, const ap_sched *s, const ap_target_info *t, ap_traffic *out)
+static int tr_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 {
-	tr_plan p;
-	int rc;
+	const tr_plan *p = b->an;
+	int64_t tiles = 1;
 
 	memset(out, 0, sizeof(*out));
-	if (ap__lower_inline_traffic(m, out) < 0)
+	if (ap__lower_inline_traffic(b->m, out) < 0)
 		return AP_ENOMEM;
 	out->threads = (unsigned)(s->v[0] * s->v[1]);
-	if ((rc = analyze(m, &p)) < 0)
-		return AP_ENOMEM;
-	if (rc) {
-		int64_t tiles = 1;
-
-		for (int d = 0; d < p.rank; d++)
-			tiles *= d == p.a || d == p.b ? (p.dims[d] + s->v[0] - 1) / s->v[0] : p.dims[d];
-		out->blocks = ap_grid_for(tiles, 1);
-		/* a tile (tile + 1 wide) per staged tensor, of its type */
-		for (int i = 0; i < p.n_staged; i++)
-			out->shared_bytes += (unsigned)(s->v[0] * (s->v[0] + 1)) *
-					     (unsigned)ap_dtype_size(m->g->tensors[p.staged[i]].dtype);
-	}
+	for (int d = 0; d < p->rank; d++)
+		tiles *= d == p->a || d == p->b ? (p->dims[d] + s->v[0] - 1) / s->v[0] : p->dims[d];
+	out->blocks = ap_grid_for(tiles, 1);
+	/* a tile (tile + 1 wide) per staged tensor, of its type */
+	for (int i = 0; i < p->n_staged; i++)
+		out->shared_bytes += (unsigned)(s->v[0] * (s->v[0] + 1)) *
+				     (unsigned)ap_dtype_size(b->m->g->tensors[p->staged[i]].dtype);
 	return 0;
 }
 
 const ap_emitter ap_emitter_transpose = {
-	"transpose", tr_match, tr_space, tr_choose, tr_emit, tr_traffic, tr_valid, false, NULL,
+	"transpose", tr_bind, NULL, tr_space, tr_choose, tr_emit, tr_traffic, tr_valid, false, NULL,
 };

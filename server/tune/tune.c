@@ -8,19 +8,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-double ap_tune_model_us(const ap_emitter *em, const ap_mgraph *m, const ap_sched *s,
-			const ap_target_info *t, void *user)
+double ap_tune_model_us(const ap_bound *b, const ap_sched *s, void *user)
 {
 	ap_traffic tr;
 	int rc;
 
 	(void)user;
-	if (em->valid && (rc = em->valid(m, s, t)) <= 0)
+	if (b->em->valid && (rc = b->em->valid(b, s)) <= 0)
 		return rc < 0 ? rc : INFINITY;
 	memset(&tr, 0, sizeof(tr));
-	if (em->traffic(m, s, t, &tr) < 0)
+	if (b->em->traffic(b, s, &tr) < 0)
 		return AP_ENOMEM;
-	return ap_cost_schedule_us(&tr, t);
+	return ap_cost_schedule_us(&tr, b->t);
 }
 
 double ap_tune_refined_us(const ap_traffic *t, const ap_ptxas_stats *ps, const ap_target_info *ti)
@@ -111,9 +110,7 @@ static int oom(ap_error *err)
 /* ---- the search --------------------------------------------------------------------- */
 
 typedef struct search {
-	const ap_emitter *em;
-	const ap_mgraph *m;
-	const ap_target_info *t;
+	const ap_bound *b;           /* the micro-graph, bound once for every point */
 	const ap_space *sp;
 	ap_tune_cost_fn cost;
 	void *user;
@@ -177,9 +174,9 @@ static void lib_candidate(search *q, const ap_space *sp, double us0)
 		alt.v[k] = !alt.v[k];
 		for (i = 0; i < r->n_top; i++)
 			in = in || !memcmp(r->top[i].v, alt.v, sizeof(alt.v));
-		if (in || (q->em->valid && q->em->valid(q->m, &alt, q->t) != 1))
+		if (in || (q->b->em->valid && q->b->em->valid(q->b, &alt) != 1))
 			return;
-		us = q->cost(q->em, q->m, &alt, q->t, q->user);
+		us = q->cost(q->b, &alt, q->user);
 		if (!(us >= 0) || !isfinite(us))
 			return;
 		if (r->n_top == AP_TUNE_TOP) {
@@ -209,12 +206,12 @@ static double evaluate(search *q, const ap_sched *s)
 
 		memset(&tr, 0, sizeof(tr));
 		/* a library call (issue 25) is no register tile NVRTC compiles */
-		if (q->em->traffic(q->m, s, q->t, &tr) == 0 && tr.regs > q->max_regs && !tr.library) {
+		if (q->b->em->traffic(q->b, s, &tr) == 0 && tr.regs > q->max_regs && !tr.library) {
 			q->r->tried++;
 			return INFINITY;
 		}
 	}
-	us = q->cost(q->em, q->m, s, q->t, q->user);
+	us = q->cost(q->b, s, q->user);
 	q->r->tried++;
 	if (us < 0) {
 		q->rc = us <= -1 ? (int)us : AP_EINTERNAL;
@@ -233,7 +230,7 @@ static double visit(search *q, const point *p, bool *fresh)
 	ap_sched s;
 
 	if (*fresh) {
-		sched_of(q->em, q->sp, p, &s);
+		sched_of(q->b->em, q->sp, p, &s);
 		q->S.cost[sl] = evaluate(q, &s);
 	}
 	return q->S.cost[sl];
@@ -321,9 +318,11 @@ static void annealing(search *q, const point *start, double start_us, uint64_t s
 
 #define AP_TUNE_REG_GROWTH 1
 
-int ap_tune_search(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
-		   const ap_tune_options *o, ap_tune_result *r, ap_error *err)
+int ap_tune_search(const ap_bound *b, const ap_tune_options *o, ap_tune_result *r, ap_error *err)
 {
+	const ap_emitter *em = b->em;
+	const ap_mgraph *m = b->m;
+	const ap_target_info *t = b->t;
 	ap_tune_options dflt = {0};
 	ap_space sp;
 	search q;
@@ -335,16 +334,14 @@ int ap_tune_search(const ap_emitter *em, const ap_mgraph *m, const ap_target_inf
 	if (!o)
 		o = &dflt;
 	memset(r, 0, sizeof(*r));
-	if ((rc = ap_emitter_default(em, m, t, &sp, &r->dflt, err)) < 0)
+	if ((rc = ap_emitter_default(b, &sp, &r->dflt, err)) < 0)
 		return rc;
 	for (int i = 0; i < sp.n; i++)
 		total *= sp.knobs[i].n;
 	r->space = total;
 	exhaustive_max = o->exhaustive_max ? o->exhaustive_max : 1024;
 	memset(&q, 0, sizeof(q));
-	q.em = em;
-	q.m = m;
-	q.t = t;
+	q.b = b;
 	q.sp = &sp;
 	q.cost = o->cost ? o->cost : ap_tune_model_us;
 	q.user = o->user;
@@ -362,7 +359,7 @@ int ap_tune_search(const ap_emitter *em, const ap_mgraph *m, const ap_target_inf
 		ap_traffic tr;
 
 		memset(&tr, 0, sizeof(tr));
-		if (em->traffic(m, &r->dflt, t, &tr) < 0)
+		if (em->traffic(b, &r->dflt, &tr) < 0)
 			return oom(err);
 		/* a default that is a library call (issue 25): the growth is
 		 * measured from the kernel beside it (the same tile, lib=0) */
@@ -372,7 +369,7 @@ int ap_tune_search(const ap_emitter *em, const ap_mgraph *m, const ap_target_inf
 
 				own.v[k] = 0;
 				memset(&tr, 0, sizeof(tr));
-				if (em->traffic(m, &own, t, &tr) < 0)
+				if (em->traffic(b, &own, &tr) < 0)
 					return oom(err);
 			}
 		q.max_regs = tr.regs ? (unsigned)(tr.regs * AP_TUNE_REG_GROWTH) : 0;
@@ -457,14 +454,13 @@ int ap_tune_signature(const ap_emitter *em, const ap_mgraph *m, const char *targ
 }
 
 /* "a;b;c": the candidates' descriptions, as many as fit. */
-static int describe_candidates(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
-			       const ap_tune_result *r, char *buf, size_t cap)
+static int describe_candidates(const ap_bound *b, const ap_tune_result *r, char *buf, size_t cap)
 {
 	size_t len = 0;
 
 	buf[0] = 0;
 	for (int i = 0; i < r->n_top; i++) {
-		char *d = ap_sched_describe(em, m, t, &r->top[i]);
+		char *d = ap_sched_describe(b, &r->top[i]);
 
 		if (!d)
 			return AP_ENOMEM;
@@ -518,10 +514,12 @@ unsigned ap_tune_share(const ap_tune_hooks *h, int n_units)
 	return share < cap ? share : cap;
 }
 
-int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *m,
-		 const ap_target_info *t, unsigned max_block_threads, unsigned max_evals,
-		 double left_ms, ap_sched *s, ap_tune_outcome *out, ap_error *err)
+int ap_tune_unit(const ap_tune_hooks *h, const ap_bound *b, unsigned max_block_threads,
+		 unsigned max_evals, double left_ms, ap_sched *s, ap_tune_outcome *out, ap_error *err)
 {
+	const ap_emitter *em = b->em;
+	const ap_mgraph *m = b->m;
+	const ap_target_info *t = b->t;
 	ap_tune_record rec;
 	ap_space sp;
 	int rc;
@@ -535,13 +533,13 @@ int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *
 		/* a variant: the record's candidate of that rank, when it has one
 		 * this build can use; else its choice */
 		if (h->variant && nth_candidate(rec.candidates, h->variant - 1, cand, sizeof(cand)) &&
-		    (rc = ap_sched_parse(em, m, t, cand, s)) != 0) {
+		    (rc = ap_sched_parse(b, cand, s)) != 0) {
 			if (rc < 0)
 				return oom(err);
 			out->kind = AP_TUNE_RECORD;
 			return 0;
 		}
-		rc = ap_sched_parse(em, m, t, rec.config, s);
+		rc = ap_sched_parse(b, rec.config, s);
 		if (rc < 0)
 			return oom(err);
 		if (rc == 1) {
@@ -560,11 +558,11 @@ int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *
 			 * counted, so that the bundle says it is not the idle
 			 * machine's */
 			out->capped = true;
-			return ap_emitter_default(em, m, t, &sp, s, err);
+			return ap_emitter_default(b, &sp, s, err);
 		}
 		o.max_points = max_evals;
 		o.budget_ms = left_ms;
-		if ((rc = ap_tune_search(em, m, t, &o, &out->result, err)) < 0)
+		if ((rc = ap_tune_search(b, &o, &out->result, err)) < 0)
 			return rc;
 		*s = out->result.best;
 		if (h->variant && (int)h->variant <= out->result.n_top)
@@ -578,7 +576,7 @@ int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *
 		if (!h->store || out->capped)
 			return 0;
 		memset(&rec, 0, sizeof(rec));
-		if (!(d = ap_sched_describe(em, m, t, s)))
+		if (!(d = ap_sched_describe(b, s)))
 			return oom(err);
 		snprintf(rec.emitter, sizeof(rec.emitter), "%s", em->name);
 		snprintf(rec.config, sizeof(rec.config), "%s", d);
@@ -587,10 +585,10 @@ int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *
 		rec.modelled_us = out->result.best_us;
 		rec.measured_us = -1;
 		rec.tried = out->result.tried;
-		if (describe_candidates(em, m, t, &out->result, rec.candidates, sizeof(rec.candidates)) < 0)
+		if (describe_candidates(b, &out->result, rec.candidates, sizeof(rec.candidates)) < 0)
 			return oom(err);
 		h->store(h->user, out->sig, &rec);
 		return 0;
 	}
-	return ap_emitter_default(em, m, t, &sp, s, err);
+	return ap_emitter_default(b, &sp, s, err);
 }

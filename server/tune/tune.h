@@ -40,10 +40,10 @@
  * time on its GPU (apollo-client tune). */
 #define AP_TUNE_TOP 4   /* = AP_TUNE_CANDIDATES of client/apollo.h (check_tune asserts it) */
 
-/* Modelled microseconds of configuration s of em for m on t; INFINITY for
- * a point the target cannot hold; a negative AP_E* code on failure. */
-typedef double (*ap_tune_cost_fn)(const ap_emitter *em, const ap_mgraph *m, const ap_sched *s,
-				  const ap_target_info *t, void *user);
+/* Modelled microseconds of configuration s of the emitter b is bound to,
+ * for its micro-graph on its target; INFINITY for a point the target
+ * cannot hold; a negative AP_E* code on failure. */
+typedef double (*ap_tune_cost_fn)(const ap_bound *b, const ap_sched *s, void *user);
 
 typedef struct ap_tune_options {
 	unsigned max_points;       /* evaluations at most (the search's budget:
@@ -80,8 +80,7 @@ typedef struct ap_tune_result {
 /* The cost model's time for configuration s (em->traffic, then
  * ap_cost_schedule_us, which weighs tile re-reads, shared-memory traffic,
  * occupancy and waves); INFINITY when em->valid refuses s; AP_ENOMEM. */
-double ap_tune_model_us(const ap_emitter *em, const ap_mgraph *m, const ap_sched *s,
-			const ap_target_info *t, void *user);
+double ap_tune_model_us(const ap_bound *b, const ap_sched *s, void *user);
 
 /* The cost model's time of a compiled configuration: `t` (the emitter's
  * ap_traffic for it, ap_launch_part.traffic) with ptxas's figures in
@@ -97,11 +96,12 @@ double ap_tune_model_us(const ap_emitter *em, const ap_mgraph *m, const ap_sched
  * ptxas figures are of the kernel beside it, which the library replaces. */
 double ap_tune_refined_us(const ap_traffic *t, const ap_ptxas_stats *ps, const ap_target_info *ti);
 
-/* Searches em's space for m on t (see the file comment); `o` may be NULL.
- * Fills *r.  0, or AP_ENOMEM / the cost function's error with `err` set.
- * A space with one valid point returns it without search. */
-int ap_tune_search(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t,
-		   const ap_tune_options *o, ap_tune_result *r, ap_error *err);
+/* Searches the space of the emitter b is bound to, for its micro-graph on
+ * its target (see the file comment), every point read from the one
+ * binding; `o` may be NULL.  Fills *r.  0, or AP_ENOMEM / the cost
+ * function's error with `err` set.  A space with one valid point returns
+ * it without search. */
+int ap_tune_search(const ap_bound *b, const ap_tune_options *o, ap_tune_result *r, ap_error *err);
 
 /* The canonical signature of a tunable kernel: SHA-256 over the
  * micro-graph's canonical hash (ap_graph_hash_kernel: structure, shapes,
@@ -177,9 +177,9 @@ typedef struct ap_tune_outcome {
  * same whatever its tasks' order and timing. */
 unsigned ap_tune_share(const ap_tune_hooks *h, int n_units);
 
-/* The configuration for micro-graph m on emitter em: the record of its
- * signature when h has one whose config parses (ap_sched_parse) for this
- * emitter (with h->variant, its variant-th candidate), else a search of
+/* The configuration for the micro-graph b binds, on b's emitter: the
+ * record of its signature when h has one whose config parses
+ * (ap_sched_parse) for this emitter (with h->variant, its variant-th candidate), else a search of
  * at most max_evals evaluations (none below 2: the default and one more
  * point) and at most left_ms milliseconds (0: no limit; < 0: the build's
  * safety limit is spent, the default rule and out->capped), stored
@@ -187,9 +187,8 @@ unsigned ap_tune_share(const ap_tune_hooks *h, int n_units);
  * limit cut it short (not for an emitter marked host_rule_only on the
  * host), else the default rule.  *s always gets a buildable
  * configuration.  0, or AP_ENOMEM / a cost function's error with `err`. */
-int ap_tune_unit(const ap_tune_hooks *h, const ap_emitter *em, const ap_mgraph *m,
-		 const ap_target_info *t, unsigned max_block_threads, unsigned max_evals,
-		 double left_ms, ap_sched *s, ap_tune_outcome *out, ap_error *err);
+int ap_tune_unit(const ap_tune_hooks *h, const ap_bound *b, unsigned max_block_threads,
+		 unsigned max_evals, double left_ms, ap_sched *s, ap_tune_outcome *out, ap_error *err);
 
 /* Whether `config` is one of rec's candidates or its chosen
  * configuration (exact text): what a client may report a time for. */
