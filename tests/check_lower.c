@@ -560,7 +560,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 			s.v[i] = sp.knobs[i].values[idx[i]];
 			is_default &= s.v[i] == dflt.v[i];
 		}
-		if (em->valid && em->valid(&b, &s) <= 0) {
+		if (ap_sched_valid(&b, &s) <= 0) {
 			n_invalid++;
 			continue;
 		}

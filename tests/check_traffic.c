@@ -904,7 +904,7 @@ static void one_config(batch *b, const ap_bound *bd, const ap_sched *s, const ch
 		n->refused++;
 		return;
 	}
-	ck_assert_msg(em->traffic(bd, s, &tr) == 0, "%s: traffic failed", what);
+	ck_assert_msg(ap_traffic_of(bd, s, &tr) == 0, "%s: traffic failed", what);
 	if (tr.library) {
 		/* lib=1 (issue 25): the traffic is cuBLASLt's call, attached to
 		 * the kernel, which is lib=0's and is checked against its traffic */
@@ -916,7 +916,7 @@ static void one_config(batch *b, const ap_bound *bd, const ap_sched *s, const ch
 			      "%s: the call's %lld x %lld x %lld x %lld against %g flops", what, (long long)lib->m,
 			      (long long)lib->n, (long long)lib->k, (long long)lib->batch, tr.flops);
 		s0.v[s->n - 1] = 0;   /* lib, the gemm space's last knob */
-		ck_assert_msg(em->traffic(bd, &s0, &tr) == 0 && !tr.library, "%s: lib=0's traffic", what);
+		ck_assert_msg(ap_traffic_of(bd, &s0, &tr) == 0 && !tr.library, "%s: lib=0's traffic", what);
 	} else {
 		ck_assert_msg(k->library == NULL, "%s: a library call without its traffic", what);
 	}
@@ -962,7 +962,7 @@ static sweep_count sweep(batch *b, const ap_bound *bd, const char *label, const 
 			s.v[i] = sp.knobs[i].values[idx[i]];
 			dfl &= s.v[i] == dflt.v[i];
 		}
-		if (em->valid && em->valid(bd, &s) <= 0)
+		if (ap_sched_valid(bd, &s) <= 0)
 			continue;
 		lower = ap_sweep_take(&sw, &sp, idx, dfl) || !pl->model;
 		run = ap_sweep_take(&rs, &sp, idx, dfl);

@@ -227,7 +227,7 @@ static ap_sched g_want;
 static double standin_cost(const ap_bound *b, const ap_sched *s, void *user)
 {
 	double d = 10;
-	int rc = b->em->valid ? b->em->valid(b, s) : 1;
+	int rc = ap_sched_valid(b, s);
 
 	(void)user;
 	if (rc <= 0)
@@ -258,7 +258,7 @@ START_TEST(search_finds_known_best)
 	g_want.v[knob_ix(&sp, "tm")] = 4;
 	g_want.v[knob_ix(&sp, "tn")] = 2;
 	g_want.v[knob_ix(&sp, "stages")] = 2;
-	ck_assert_int_eq(ap_emitter_gemm.valid(B(&ap_emitter_gemm, m, &t), &g_want), 1);
+	ck_assert_int_eq(ap_sched_valid(B(&ap_emitter_gemm, m, &t), &g_want), 1);
 	ck_assert(memcmp(g_want.v, dflt.v, sizeof(dflt.v)) != 0);
 	o.cost = standin_cost;
 
@@ -366,9 +366,9 @@ START_TEST(never_worse_than_default)
 			ck_assert_uint_ge(r.tried, 2);
 			/* the chosen point builds, and its modelled time is what
 			 * the search reported */
-			ck_assert_int_eq(ap_emitter_gemm.valid(B(&ap_emitter_gemm, m, &t), &r.best), 1);
+			ck_assert_int_eq(ap_sched_valid(B(&ap_emitter_gemm, m, &t), &r.best), 1);
 			memset(&tr, 0, sizeof(tr));
-			ck_assert_int_eq(ap_emitter_gemm.traffic(B(&ap_emitter_gemm, m, &t), &r.best, &tr), 0);
+			ck_assert_int_eq(ap_traffic_of(B(&ap_emitter_gemm, m, &t), &r.best, &tr), 0);
 			ck_assert(fabs(ap_cost_schedule_us(&tr, &t) - r.best_us) < 1e-9);
 			mgraph_free(m);
 			ap_graph_free(g);
@@ -853,7 +853,7 @@ START_TEST(records_reused_by_builds)
 	ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &dflt, &err), 0);
 	alt = dflt;
 	alt.v[knob_ix(&sp, "stages")] = dflt.v[knob_ix(&sp, "stages")] == 2 ? 4 : 2;
-	ck_assert_int_eq(ap_emitter_gemm.valid(B(&ap_emitter_gemm, m, &t), &alt), 1);
+	ck_assert_int_eq(ap_sched_valid(B(&ap_emitter_gemm, m, &t), &alt), 1);
 	d = ap_sched_describe(B(&ap_emitter_gemm, m, &t), &alt);
 	snprintf(want, sizeof(want), "%s", d);
 	free(d);
@@ -1065,11 +1065,11 @@ START_TEST(library_knob)
 	ck_assert_int_eq(sp.knobs[li].n, 2);
 	s = dflt;
 	s.v[li] = 0;
-	ck_assert_int_eq(ap_emitter_gemm.traffic(B(&ap_emitter_gemm, m, &t), &s, &tr), 0);
+	ck_assert_int_eq(ap_traffic_of(B(&ap_emitter_gemm, m, &t), &s, &tr), 0);
 	own_us = ap_cost_schedule_us(&tr, &t);
 	s.v[li] = 1;
-	ck_assert_int_eq(ap_emitter_gemm.valid(B(&ap_emitter_gemm, m, &t), &s), 1);
-	ck_assert_int_eq(ap_emitter_gemm.traffic(B(&ap_emitter_gemm, m, &t), &s, &tr), 0);
+	ck_assert_int_eq(ap_sched_valid(B(&ap_emitter_gemm, m, &t), &s), 1);
+	ck_assert_int_eq(ap_traffic_of(B(&ap_emitter_gemm, m, &t), &s, &tr), 0);
 	lib_us = ap_cost_schedule_us(&tr, &t);
 	/* the library's model: 2 * 4096^3 flops at 0.8 of 989 TFLOP/s */
 	ck_assert_double_eq_tol(tr.flops, 2.0 * 4096 * 4096 * 4096, 1);
@@ -1085,7 +1085,7 @@ START_TEST(library_knob)
 	ck_assert_int_eq(dflt.v[li], isfinite(own_us) && lib_us < own_us);
 	/* lib=1 is one point: another tile with lib=1 is not valid */
 	s.v[0] = s.v[0] == 64 ? 128 : 64;
-	ck_assert_int_eq(ap_emitter_gemm.valid(B(&ap_emitter_gemm, m, &t), &s), 0);
+	ck_assert_int_eq(ap_sched_valid(B(&ap_emitter_gemm, m, &t), &s), 0);
 	/* the search's candidates hold both sides where the model prices
 	 * both (a measurement compares them): for 256^3 the default is the
 	 * kernel, the library is among them */
@@ -1206,7 +1206,7 @@ START_TEST(library_measured_record)
 
 		s = dflt;
 		s.v[li] = side;
-		ck_assert_int_eq(ap_emitter_gemm.valid(B(&ap_emitter_gemm, m, &t), &s), 1);
+		ck_assert_int_eq(ap_sched_valid(B(&ap_emitter_gemm, m, &t), &s), 1);
 		d = ap_sched_describe(B(&ap_emitter_gemm, m, &t), &s);
 		snprintf(want, sizeof(want), "%s", d);
 		free(d);
@@ -1269,7 +1269,7 @@ START_TEST(stitched_flops_count_reductions_once)
 	m = whole(g, AP_GROUP_STITCHED, AP_OP_REDUCE_MAX);
 	ck_assert_int_eq(ap_cost_target("sm_90", &ti), 0);
 	ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_stitched, m, &ti), &sp, &s, &err), 0);
-	ck_assert_int_eq(ap_emitter_stitched.traffic(B(&ap_emitter_stitched, m, &ti), &s, &tr), 0);
+	ck_assert_int_eq(ap_traffic_of(B(&ap_emitter_stitched, m, &ti), &s, &tr), 0);
 	/* five ops of R x N evaluations each (the reductions read N per row),
 	 * times at most three passes (two reduction levels and the outputs') */
 	ck_assert_msg(tr.flops >= 5.0 * R * N && tr.flops <= 15.0 * R * N, "%g modelled operations",
@@ -1297,7 +1297,7 @@ START_TEST(refined_us_reads_ptxas)
 	ck_assert_int_eq(ap_cost_target("sm_90", &ti), 0);
 	ck_assert_int_eq(ap_emitter_default(B(em, m, &ti), &sp, &s, &err), 0);
 	memset(&tr, 0, sizeof(tr));
-	ck_assert_int_eq(em->traffic(B(em, m, &ti), &s, &tr), 0);
+	ck_assert_int_eq(ap_traffic_of(B(em, m, &ti), &s, &tr), 0);
 	ck_assert_uint_gt(tr.regs, 0);
 	base = ap_cost_schedule_us(&tr, &ti);
 	ck_assert(isfinite(base) && base > 0);
@@ -1606,7 +1606,7 @@ static void e2e_case(int shape)
 	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
 	ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &s, &err), 0);
 	s.v[knob_ix(&sp, "lib")] = 1;
-	ck_assert_int_eq(ap_emitter_gemm.valid(B(&ap_emitter_gemm, m, &t), &s), 1);
+	ck_assert_int_eq(ap_sched_valid(B(&ap_emitter_gemm, m, &t), &s), 1);
 	d = ap_sched_describe(B(&ap_emitter_gemm, m, &t), &s);
 	snprintf(want, sizeof(want), "%s", d);
 	free(d);

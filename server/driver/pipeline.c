@@ -354,7 +354,7 @@ static void emit_task(int i, void *arg)
 		return;
 	}
 	memset(&u->traffic, 0, sizeof(u->traffic));
-	if (u->b.em->traffic(&u->b, &u->sched, &u->traffic) < 0) {
+	if (ap_traffic_of(&u->b, &u->sched, &u->traffic) < 0) {
 		u->k = ap_kir_kernel_free(u->k);
 		u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory modelling a kernel");
 	}

@@ -2141,24 +2141,46 @@ static int l1_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 	return 0;
 }
 
-static int l1_valid(const ap_bound *b, const ap_sched *s)
-{
-	const ap_layer1 *l = b->an;
+/* A tile resolved without isl: its staged box's shared bytes and thread
+ * grid as tile_box and thread_grid estimate them, and its blocks (one a
+ * tile) -- what l1_traffic models; the kernel's own box is isl's
+ * (l1_emit plans the tile). */
+typedef struct l1_res {
+	bool tiled;                        /* s gives the tile (else: the micro-graph's traffic only) */
+	unsigned smem;
+	int tx, ty;
+	unsigned blocks;
+	double recompute;
+} l1_res;
 
-	if (s->n != (l->reduce ? 1 : 2))
+_Static_assert(sizeof(l1_res) <= AP_PLAN_BYTES, "the Layer I plan fits ap_plan");
+
+static int l1_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
+{
+	ap_layer1 l = *(const ap_layer1 *)b->an;   /* set_tile sets the tile */
+	l1_res *r = (l1_res *)out->x;
+	int64_t bh, bw;
+
+	if (s->n != (l.reduce ? 1 : 2))
 		return 0;
-	return tile_box_bytes(b->m->g, l, s->v[0], s->v[s->n - 1]) <= smem_cap_of(b->t);
+	r->tiled = true;
+	r->smem = (unsigned)tile_box(b->m->g, &l, s->v[0], s->v[s->n - 1], &bh, &bw);
+	set_tile(b->m->g, &l, s->v[0], s->v[s->n - 1]);
+	thread_grid(bh, bw, 256, &r->tx, &r->ty);
+	r->blocks = ap_grid_for(l.n_tiles, 1);
+	r->recompute = l.recompute;
+	return tile_box_bytes(b->m->g, b->an, s->v[0], s->v[s->n - 1]) <= smem_cap_of(b->t);
 }
 
 /* The kernel of configuration s: its plan (isl), then the plan's kernel
  * (emit_kernel), as ap_fuse_layer1_plan and ap_fuse_layer1_emit make
  * them.  AP_EUNSUPPORTED when Layer I refuses the tile (the message says
  * why), AP_ENOMEM. */
-static int l1_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
+static int l1_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_error *err)
 {
 	ap_layer1 *l = NULL;
 	char why[300];
-	int rc = ap_fuse_layer1_plan(b->m, b->t, 0, s, &l, why, sizeof(why));
+	int rc = ap_fuse_layer1_plan(b->m, b->t, 0, &pl->s, &l, why, sizeof(why));
 
 	if (rc <= 0)
 		return ap_error_set(err, rc < 0 ? AP_ENOMEM : AP_EUNSUPPORTED,
@@ -2174,26 +2196,22 @@ static int l1_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_er
  * ratio of the tile's halo (the staged tensor's producer, a convolution
  * or product, dominates it), one block per tile, the box's thread grid
  * (at most 256 threads) and its shared memory. */
-static int l1_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
+static int l1_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 {
-	ap_layer1 l = *(const ap_layer1 *)b->an;   /* set_tile sets the tile */
-	int64_t bh, bw;
-	int tx, ty;
+	const l1_res *r = (const l1_res *)pl->x;
 
 	memset(out, 0, sizeof(*out));
 	if (ap__lower_inline_traffic(b->m, out) < 0)
 		return AP_ENOMEM;
-	if (!s || s->n != (l.reduce ? 1 : 2))
+	if (!r->tiled)
 		return 0;
-	out->shared_bytes = (unsigned)tile_box(b->m->g, &l, s->v[0], s->v[s->n - 1], &bh, &bw);
-	set_tile(b->m->g, &l, s->v[0], s->v[s->n - 1]);
-	thread_grid(bh, bw, 256, &tx, &ty);
-	out->blocks = ap_grid_for(l.n_tiles, 1);
-	out->threads = (unsigned)(tx * ty);
-	out->flops *= l.recompute;
+	out->shared_bytes = r->smem;
+	out->blocks = r->blocks;
+	out->threads = (unsigned)(r->tx * r->ty);
+	out->flops *= r->recompute;
 	return 0;
 }
 
 const ap_emitter ap_fuse_layer1_emitter = {
-	"layer1", l1_bind, NULL, l1_space, l1_choose, l1_emit, l1_traffic, l1_valid, true, NULL,
+	"layer1", l1_bind, NULL, l1_space, l1_choose, l1_emit, l1_traffic, l1_resolve, true, NULL,
 };

@@ -546,13 +546,34 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 	return 0;
 }
 
-static int at_valid(const ap_bound *b, const ap_sched *s)
+/* A configuration resolved: warps (tensor cores) or rows (SIMT) a block,
+ * keys a tile (tensor cores), and the launch at_traffic models. */
+typedef struct at_res {
+	int w, bk;
+	unsigned threads, blocks, smem;
+} at_res;
+
+_Static_assert(sizeof(at_res) <= AP_PLAN_BYTES, "the attention plan fits ap_plan");
+
+static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 {
 	const att_plan *p = b->an;
-	int rc = !p->tc || tc_fits(p, b->t, s->v[0], s->v[1]);
+	at_res *r = (at_res *)out->x;
+	int rc;
 
+	r->w = s->v[0];
+	r->bk = p->tc ? s->v[1] : 0;
+	r->threads = 32u * (unsigned)r->w;
+	if (p->tc) {
+		r->blocks = ap_grid_for(p->batch * ((p->Nq + 16 * r->w - 1) / (16 * r->w)), 1);
+		r->smem = (unsigned)tc_smem(p, r->w, r->bk);
+	} else {
+		r->blocks = ap_grid_for(p->batch * ((p->Nq + r->w - 1) / r->w), 1);
+		r->smem = (unsigned)((KEYS * (p->D + 1 + p->Dv) + r->w * (p->D + KEYS)) * ap_dtype_size(p->acc));
+	}
+	rc = !p->tc || tc_fits(p, b->t, r->w, r->bk);
 	/* sm_90a: whole warpgroups (wgmma) wherever a warpgroup's tiles fit */
-	if (rc && tc_wg(p, b->t) && s->v[0] % 4 && tc_fits(p, b->t, 4, 16))
+	if (rc && tc_wg(p, b->t) && r->w % 4 && tc_fits(p, b->t, 4, 16))
 		rc = 0;
 	return rc;
 }
@@ -1647,9 +1668,10 @@ static int emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *er
 	return 0;
 }
 
-static int at_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
+static int at_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_error *err)
 {
 	const att_plan *p = b->an;
+	const at_res *r = (const at_res *)pl->x;
 	actx c;
 	ap_vctx v;
 	int rc;
@@ -1662,7 +1684,7 @@ static int at_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_er
 	c.k = k;
 	v.leaf = att_leaf;
 	v.leaf_user = &c;
-	rc = p->tc ? emit_tc(&c, b->t, s->v[0], s->v[1], err) : emit_simt(&c, b->t, s->v[0], err);
+	rc = p->tc ? emit_tc(&c, b->t, r->w, r->bk, err) : emit_simt(&c, b->t, r->w, err);
 	if (!rc)
 		rc = v.rc;
 	v.leaf = NULL;
@@ -1670,27 +1692,22 @@ static int at_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_er
 	return rc;
 }
 
-static int at_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
+static int at_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 {
 	const att_plan *p = b->an;
+	const at_res *r = (const at_res *)pl->x;
 
 	memset(out, 0, sizeof(*out));
 	if (ap__lower_inline_traffic(b->m, out) < 0)
 		return AP_ENOMEM;
 	out->flops = 2.0 * (double)p->batch * (double)p->Nq * (double)p->Nk * (double)(p->D + p->Dv);
-	out->threads = 32u * (unsigned)s->v[0];
-	if (p->tc) {
-		out->blocks = ap_grid_for(p->batch * ((p->Nq + 16 * s->v[0] - 1) / (16 * s->v[0])), 1);
-		out->shared_bytes = (unsigned)tc_smem(p, s->v[0], s->v[1]);
-		out->tensor_cores = true;
-	} else {
-		out->blocks = ap_grid_for(p->batch * ((p->Nq + s->v[0] - 1) / s->v[0]), 1);
-		out->shared_bytes = (unsigned)((KEYS * (p->D + 1 + p->Dv) + s->v[0] * (p->D + KEYS)) *
-					       ap_dtype_size(p->acc));
-	}
+	out->threads = r->threads;
+	out->blocks = r->blocks;
+	out->shared_bytes = r->smem;
+	out->tensor_cores = p->tc;
 	return 0;
 }
 
 const ap_emitter ap_emitter_attention = {
-	"attention", at_bind, at_unbind, at_space, at_choose, at_emit, at_traffic, at_valid, false, NULL,
+	"attention", at_bind, at_unbind, at_space, at_choose, at_emit, at_traffic, at_resolve, false, NULL,
 };

@@ -233,14 +233,35 @@ static int ag_space(const ap_bound *b, ap_space *sp)
 	return 0;
 }
 
-static int ag_valid(const ap_bound *b, const ap_sched *s)
+/* A configuration resolved: threads (SIMT) or warps and the streamed
+ * tile's rows (tensor cores), the rows a block holds, the key sweep's
+ * and the query sweep's blocks, and the launch ag_traffic models. */
+typedef struct ag_res {
+	int t, bt;                      /* threads or warps; tile rows (tensor cores) */
+	int held;                       /* rows a block holds (held_rows) */
+	int64_t nk, nq;                 /* blocks of the key sweep, of the query sweep */
+	unsigned threads, blocks, smem;
+} ag_res;
+
+_Static_assert(sizeof(ag_res) <= AP_PLAN_BYTES, "the attention backward plan fits ap_plan");
+
+static int ag_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 {
 	const ag_plan *p = b->an;
 	const ap_target_info *t = b->t;
+	ag_res *r = (ag_res *)out->x;
 
+	r->t = s->v[0];
+	r->bt = p->tc ? s->v[1] : 0;
+	r->held = held_rows(p, s);
+	r->nk = p->nb * p->Hk * ((p->S + r->held - 1) / r->held);
+	r->nq = p->nb * p->H * ((p->L + r->held - 1) / r->held);
+	r->threads = p->tc ? 32u * (unsigned)r->t : (unsigned)r->t;
+	r->blocks = ap_grid_for(r->nk + r->nq, 1);
+	r->smem = (unsigned)(p->tc ? tc_smem(p, r->t, r->bt) : ag_smem(p, r->t));
 	if (p->tc)
-		return tc_fits(p, t, s->v[0], s->v[1]);
-	return (unsigned)s->v[0] <= ap_block_cap(t) && ag_smem(p, s->v[0]) <= t->shared_per_block;
+		return tc_fits(p, t, r->t, r->bt);
+	return r->t >= 32 && (unsigned)r->t <= ap_block_cap(t) && ag_smem(p, r->t) <= t->shared_per_block;
 }
 
 /* SIMT: 64 threads, fewer while the tiles do not fit in shared memory.
@@ -1101,15 +1122,16 @@ static int tc_setup(agt *s, agc *c, int W, int BT, ap_error *err)
  * are reached by all its threads); the SIMT or the tensor-core form as
  * the plan says.  Errors: AP_EUNSUPPORTED (not one AttentionGrad node,
  * or a schedule whose block does not fit the target), AP_ENOMEM. */
-static int ag_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
+static int ag_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_error *err)
 {
+	const ag_res *r = (const ag_res *)pl->x;
 	const ap_mgraph *m = b->m;
 	const ap_target_info *t = b->t;
 	const ag_plan *p = b->an;
 	agc c;
 	agt ts;
 	ap_vctx v;
-	int rc, R;
+	int rc;
 	int64_t nk, nq;
 	unsigned grid;
 	ap_kir_array *sh = NULL;
@@ -1117,8 +1139,8 @@ static int ag_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_er
 	ap_kir_block *saved, *s2;
 	ap_kir_stmt *br;
 
-	if (p->tc ? !tc_fits(p, t, s->v[0], s->v[1])
-		 : s->v[0] < 32 || (unsigned)s->v[0] > ap_block_cap(t) || ag_smem(p, s->v[0]) > t->shared_per_block)
+	if (p->tc ? !tc_fits(p, t, r->t, r->bt)
+		 : r->t < 32 || (unsigned)r->t > ap_block_cap(t) || ag_smem(p, r->t) > t->shared_per_block)
 		return ap_error_set(err, AP_EUNSUPPORTED, m->g->nodes[p->node].name, NULL,
 				    "attention backward emitter: the schedule's block (head dims %lld, %lld) does not fit",
 				    (long long)p->E, (long long)p->Ev);
@@ -1129,17 +1151,16 @@ static int ag_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_er
 	c.v = &v;
 	c.k = k;
 	c.A = p->acc;
-	c.T = s->v[0];
-	R = held_rows(p, s);
-	nk = p->nb * p->Hk * ((p->S + R - 1) / R);
-	nq = p->nb * p->H * ((p->L + R - 1) / R);
-	grid = ap_grid_for(nk + nq, 1);
-	k->block[0] = p->tc ? 32u * (unsigned)s->v[0] : (unsigned)s->v[0];
+	c.T = r->t;
+	nk = r->nk;
+	nq = r->nq;
+	grid = r->blocks;
+	k->block[0] = r->threads;
 	k->grid[0] = grid;
 	c.tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
 	c.scale = ap_kir_float(k, c.A, p->scale);
 	if (p->tc) {
-		if ((rc = tc_setup(&ts, &c, s->v[0], s->v[1], err))) {
+		if ((rc = tc_setup(&ts, &c, r->t, r->bt, err))) {
 			ap_vctx_clear(&v);
 			return rc;
 		}
@@ -1173,28 +1194,27 @@ static int ag_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_er
  * q.k, dY.v, dV and dK updates and the query sweep's q.k, dY.v and dQ
  * update per (query, key) pair seen (about half of them when causal); on
  * tensor cores for the tensor-core form. */
-static int ag_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
+static int ag_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 {
 	const ag_plan *p = b->an;
+	const ag_res *r = (const ag_res *)pl->x;
 	double pairs;
-	int R;
 
 	memset(out, 0, sizeof(*out));
 	if (ap__lower_inline_traffic(b->m, out) < 0)
 		return AP_ENOMEM;
-	R = held_rows(p, s);
 	pairs = (double)p->nb * (double)p->H * (double)p->L * (double)p->S * (p->causal ? 0.5 : 1.0);
 	out->flops = pairs * 2.0 * (double)(4 * p->E + 3 * p->Ev);
-	out->threads = p->tc ? 32u * (unsigned)s->v[0] : (unsigned)s->v[0];
-	out->blocks = ap_grid_for(p->nb * p->Hk * ((p->S + R - 1) / R) + p->nb * p->H * ((p->L + R - 1) / R), 1);
-	out->shared_bytes = (unsigned)(p->tc ? tc_smem(p, s->v[0], s->v[1]) : ag_smem(p, s->v[0]));
+	out->threads = r->threads;
+	out->blocks = r->blocks;
+	out->shared_bytes = r->smem;
 	out->tensor_cores = p->tc;
 	if (p->tc) {
 		/* registers a thread: S and dP (float32), P and dS (16-bit pairs)
 		 * of a tile's BT / 8 n8 tiles, the gradient accumulators, the
 		 * held fragments, about 40 for addresses and statistics (ptxas
 		 * at GPT-2's head dim 64 on sm_90: 168 at tile 16, 226 at 64) */
-		int64_t ns = s->v[1] / 8, ep = tc_pad16(p->E), evp = tc_pad16(p->Ev);
+		int64_t ns = r->bt / 8, ep = tc_pad16(p->E), evp = tc_pad16(p->Ev);
 		int64_t regs = ns * 4 * 2 + ns * 4 + (ep + evp) / 8 * 4 + (ep + evp) / 4 + 40;
 
 		out->regs = (unsigned)(regs > 255 ? 255 : regs);
@@ -1203,5 +1223,5 @@ static int ag_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 }
 
 const ap_emitter ap_emitter_attention_grad = {
-	"attention_grad", ag_bind, NULL, ag_space, ag_choose, ag_emit, ag_traffic, ag_valid, false, NULL,
+	"attention_grad", ag_bind, NULL, ag_space, ag_choose, ag_emit, ag_traffic, ag_resolve, false, NULL,
 };

@@ -303,9 +303,16 @@ static int dw_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 	return 0;
 }
 
-static int dw_valid(const ap_bound *b, const ap_sched *s)
+_Static_assert(sizeof(dw_geom) <= AP_PLAN_BYTES, "the depthwise plan fits ap_plan");
+
+/* The plan: the tile's geometry (geom_of), which dw_traffic models and
+ * dw_emit builds; it fits when cfg_valid. */
+static int dw_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 {
-	return s->n >= 3 && cfg_valid(b->an, s, b->t);
+	if (s->n < 3)
+		return 0;
+	geom_of(b->an, s, (dw_geom *)out->x);
+	return cfg_valid(b->an, s, b->t);
 }
 
 /* ---- the kernel ---------------------------------------------------------------------- */
@@ -440,8 +447,9 @@ static void accumulate(ap_vctx *v, const dw_plan *p, const dw_geom *gm, ap_kir_a
 	ap_v_close(v, sv);
 }
 
-static int dw_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
+static int dw_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_error *err)
 {
+	const ap_sched *s = &pl->s;
 	const ap_mgraph *m = b->m;
 	const ap_target_info *t = b->t;
 	const ap_graph *g = m->g;
@@ -462,7 +470,7 @@ static int dw_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_er
 				    s->n >= 3 ? s->v[K_TH] : 0, s->n >= 3 ? s->v[K_TW] : 0, s->n >= 3 ? s->v[K_COLS] : 0);
 	if ((rc = ap_vctx_init(&v, m, k, err)))
 		return rc;
-	geom_of(p, s, &gm);
+	gm = *(const dw_geom *)pl->x;
 	memset(&c, 0, sizeof(c));
 	c.p = p;
 	v.leaf = acc_leaf;
@@ -533,15 +541,14 @@ static int dw_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_er
 
 /* ---- traffic --------------------------------------------------------------------------- */
 
-static int dw_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
+static int dw_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 {
 	const dw_plan *p = b->an;
-	dw_geom gm;
+	dw_geom gm = *(const dw_geom *)pl->x;
 
 	memset(out, 0, sizeof(*out));
 	if (ap__lower_inline_traffic(b->m, out) < 0)
 		return AP_ENOMEM;
-	geom_of(p, s, &gm);
 	if (gm.threads > 0) {
 		/* every input element and output once (the inline model's bytes);
 		 * 2 K flops per output, K = Cg KH KW, the prologue once per staged
@@ -567,5 +574,5 @@ static int dw_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 }
 
 const ap_emitter ap_emitter_depthwise = {
-	"depthwise", dw_bind, dw_unbind, dw_space, dw_choose, dw_emit, dw_traffic, dw_valid, false, NULL,
+	"depthwise", dw_bind, dw_unbind, dw_space, dw_choose, dw_emit, dw_traffic, dw_resolve, false, NULL,
 };

@@ -54,6 +54,29 @@ void ap_unbind(ap_bound *b)
 	b->an = NULL;
 }
 
+int ap_resolve(const ap_bound *b, const ap_sched *s, ap_plan *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->s = *s;
+	return b->em->resolve ? b->em->resolve(b, s, p) : 1;
+}
+
+int ap_sched_valid(const ap_bound *b, const ap_sched *s)
+{
+	ap_plan p;
+
+	return ap_resolve(b, s, &p);
+}
+
+int ap_traffic_of(const ap_bound *b, const ap_sched *s, ap_traffic *out)
+{
+	ap_plan p;
+
+	if (ap_resolve(b, s, &p) < 0)
+		return AP_ENOMEM;
+	return b->em->traffic(b, &p, out);
+}
+
 int ap_bind_first(const ap_mgraph *m, const ap_target_info *t, ap_bound *b, ap_error *err)
 {
 	int n;
@@ -107,7 +130,6 @@ int ap_sched_parse(const ap_bound *b, const char *text, ap_sched *s)
 	ap_space sp;
 	bool set[AP_SPACE_MAX_KNOBS] = {false};
 	const char *p = text;
-	int rc;
 
 	memset(&sp, 0, sizeof(sp));
 	memset(s, 0, sizeof(*s));
@@ -148,9 +170,7 @@ int ap_sched_parse(const ap_bound *b, const char *text, ap_sched *s)
 	for (int i = 0; i < sp.n; i++)
 		if (!set[i])
 			return 0;
-	if (em->valid && (rc = em->valid(b, s)) <= 0)
-		return rc;
-	return 1;
+	return ap_sched_valid(b, s);
 }
 
 int ap_sched_get(const ap_sched *s, const ap_space *sp, const char *name, int dflt)
@@ -220,6 +240,7 @@ __ap_give ap_kir_kernel *ap_lower(const ap_bound *b, const char *name, const ap_
 	const ap_target_info *t = b->t;
 	ap_space sp;
 	ap_sched s;
+	ap_plan plan;
 	ap_kir_kernel *k;
 	int rc;
 
@@ -245,7 +266,14 @@ __ap_give ap_kir_kernel *ap_lower(const ap_bound *b, const char *name, const ap_
 		return NULL;
 	}
 	k->index_type = ap_index_type_for(m->g);
-	rc = em->emit(b, &s, k, err);
+	/* the plan's decisions, whether or not it fits: the emitter refuses
+	 * one that does not (AP_EUNSUPPORTED, naming what) */
+	if (ap_resolve(b, &s, &plan) < 0) {
+		ap_kir_kernel_free(k);
+		oom(err, m);
+		return NULL;
+	}
+	rc = em->emit(b, &plan, k, err);
 	if (rc)
 		return ap_kir_kernel_free(k);
 	add_header(k, m, &s, &sp);

@@ -872,7 +872,8 @@ static int gm_space(const ap_bound *b, ap_space *sp)
 	return 0;
 }
 
-static int gm_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out);
+
+static int traffic_of(const ap_bound *b, const ap_sched *s, ap_traffic *out);
 
 /* wgmma's default tile (sm_90a): CUTLASS's Hopper shape, a 128 x 128
  * tile of two warpgroups of 64 x 128 (64 accumulators a thread), K tiles
@@ -959,10 +960,10 @@ static int gm_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 		ap_traffic own, lib;
 
 		s->v[K_LIB] = 0;
-		if ((rc = gm_traffic(b, s, &own)) < 0)
+		if ((rc = traffic_of(b, s, &own)) < 0)
 			return rc;
 		s->v[K_LIB] = 1;
-		if ((rc = gm_traffic(b, s, &lib)) < 0)
+		if ((rc = traffic_of(b, s, &lib)) < 0)
 			return rc;
 		s->v[K_LIB] = isfinite(ap_cost_schedule_us(&own, t)) &&
 			      ap_cost_schedule_us(&lib, t) < ap_cost_schedule_us(&own, t);
@@ -988,15 +989,50 @@ static int lib_point(const ap_bound *b, const ap_sched *s)
 	return 1;
 }
 
-static int gm_valid(const ap_bound *b, const ap_sched *s)
-{
-	gemm_cfg c = ap__gemm_cfg_of(s);
+_Static_assert(sizeof(gemm_res) <= AP_PLAN_BYTES, "the gemm plan fits ap_plan");
 
-	if (!ap__gemm_cfg_valid(b->an, &c, b->t))
+/* The plan of configuration s: its tile, each operand's staging, threads
+ * and shared bytes, whether the target holds it (no verdict on lib=1's
+ * other knobs: gm_resolve's). */
+static void plan_of(const ap_bound *b, const ap_sched *s, ap_plan *out)
+{
+	const gemm_plan *p = b->an;
+	gemm_res *r = (gemm_res *)out->x;
+
+	memset(out, 0, sizeof(*out));
+	out->s = *s;
+	r->c = ap__gemm_cfg_of(s);
+	for (int role = 0; role < 2; role++)
+		r->w[role] = ap__gemm_copy_mode(p, role, &r->c, b->t, &r->mode[role]);
+	r->threads = ap__gemm_threads_of(p, &r->c);
+	r->smem = ap__gemm_smem_bytes(p, &r->c, b->t);
+	r->fits = ap__gemm_cfg_valid(p, &r->c, b->t);
+	r->lib = s->n > K_LIB && s->v[K_LIB];
+}
+
+/* plan_of; it fits when the target holds it, and lib=1 is one point of
+ * the space (lib_point). */
+static int gm_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
+{
+	const gemm_res *r = (const gemm_res *)out->x;
+
+	plan_of(b, s, out);
+	if (!r->fits)
 		return 0;
-	if (s->n > K_LIB && s->v[K_LIB])
-		return lib_point(b, s);
-	return 1;
+	return r->lib ? lib_point(b, s) : 1;
+}
+
+static int gm_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out);
+
+/* gm_traffic of configuration s, its plan made here (plan_of: the default
+ * rule and the library's call price configurations without lib_point's
+ * verdict, which runs the rule). */
+static int traffic_of(const ap_bound *b, const ap_sched *s, ap_traffic *out)
+{
+	ap_plan pl;
+
+	plan_of(b, s, &pl);
+	return gm_traffic(b, &pl, out);
 }
 
 /* lib=1: the library's call attached to kernel k (built as for lib=0),
@@ -1022,7 +1058,7 @@ int ap__gemm_attach_library(const ap_bound *b, const ap_sched *s, ap_kir_kernel 
 	ap__library_traffic(&lib, t, &tr);
 	lib.library_us = ap_cost_schedule_us(&tr, t);
 	own.v[K_LIB] = 0;
-	if ((rc = gm_traffic(b, &own, &tr)) < 0)
+	if ((rc = traffic_of(b, &own, &tr)) < 0)
 		return rc;
 	lib.kernel_us = ap_cost_schedule_us(&tr, t);
 	k->library = malloc(sizeof(lib));
@@ -1068,17 +1104,18 @@ static double tc_barrier_fraction(const gemm_plan *p, const gemm_cfg *c, const a
 	return work / (work + TC_BUBBLE_CLK / per_sm);
 }
 
-static int gm_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
+static int gm_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 {
 	const gemm_plan *p = b->an;
+	const gemm_res *r = (const gemm_res *)pl->x;
+	const gemm_cfg *c = &r->c;
 	const ap_target_info *t = b->t;
-	gemm_cfg c = ap__gemm_cfg_of(s);
 	int rc;
 
 	memset(out, 0, sizeof(*out));
 	if (ap__lower_inline_traffic(b->m, out) < 0)
 		return AP_ENOMEM;
-	if (s->n > K_LIB && s->v[K_LIB]) {   /* the library's call (library.h) */
+	if (r->lib) {   /* the library's call (library.h) */
 		ap_kir_library lib;
 
 		rc = lib_call(b->m, t, p, &lib);
@@ -1089,10 +1126,10 @@ static int gm_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 	/* the inline model counts a prologue once per multiply; tiles evaluate
 	 * it once per block column (A) or block row (B) */
 	out->flops = 2.0 * (double)p->tb * (double)p->Mr * (double)p->N * (double)p->K;
-	out->threads = ap__gemm_threads_of(p, &c);
-	out->blocks = ap_grid_for(p->tb * ((p->Mr + c.bm - 1) / c.bm) * ((p->N + c.bn - 1) / c.bn), 1) *
-		      (unsigned)c.splitk;
-	out->shared_bytes = (unsigned)ap__gemm_smem_bytes(p, &c, t);
+	out->threads = r->threads;
+	out->blocks = ap_grid_for(p->tb * ((p->Mr + c->bm - 1) / c->bm) * ((p->N + c->bn - 1) / c->bn), 1) *
+		      (unsigned)c->splitk;
+	out->shared_bytes = (unsigned)r->smem;
 	out->tensor_cores = p->tc;
 	{
 		/* what only the tile changes: every block column re-reads A's rows,
@@ -1101,16 +1138,16 @@ static int gm_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 		 * tensor cores wtm + wtn per wtm x wtn; registers from the live
 		 * values of the default rule's estimate, plus addresses */
 		double es = (double)ap_dtype_size(p->in_t), macs = out->flops / 2;
-		double rows = (double)((p->Mr + c.bm - 1) / c.bm), cols = (double)((p->N + c.bn - 1) / c.bn);
-		double fm = p->tc ? (double)c.bm / c.tm : c.tm, fn = p->tc ? (double)c.bn / c.tn : c.tn;
-		int64_t live = live_values(p, &c, t) + 32;
+		double rows = (double)((p->Mr + c->bm - 1) / c->bm), cols = (double)((p->N + c->bn - 1) / c->bn);
+		double fm = p->tc ? (double)c->bm / c->tm : c->tm, fn = p->tc ? (double)c->bn / c->tn : c->tn;
+		int64_t live = live_values(p, c, t) + 32;
 
 		out->tile_bytes = es * (double)p->tb * (double)p->K * ((double)p->Mr * cols + (double)p->N * rows);
 		out->shared_read = es * macs * (1.0 / fm + 1.0 / fn);
 		/* split-K: each block writes its partial tile, and the cluster reads
 		 * them all back once */
-		if (c.splitk > 1)
-			out->shared_read += 2.0 * (double)out->blocks * c.bm * c.bn * (double)ap_dtype_size(p->acc_t);
+		if (c->splitk > 1)
+			out->shared_read += 2.0 * (double)out->blocks * c->bm * c->bn * (double)ap_dtype_size(p->acc_t);
 		/* past the default rule's budget ptxas spills (measured on the
 		 * models): more than a thread may hold */
 		out->regs = t->gpu && live - 32 > LIVE_BUDGET ? 256u : (unsigned)(live > 255 ? 255 : live);
@@ -1118,7 +1155,7 @@ static int gm_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 		 * roughly: the vector unit is busy from 16 accumulators on (the
 		 * tuner does not search host GEMMs: host_rule_only) */
 		if (!t->gpu && !p->tc)
-			out->alu_fraction = fmin(1.0, c.tm * c.tn / 16.0);
+			out->alu_fraction = fmin(1.0, c->tm * c->tn / 16.0);
 		/* split-K: a block's pipeline fills (stages - 1 K tiles copied
 		 * before its first product) and its cluster's reduction and
 		 * barrier (about one K tile more) stand outside the overlapped
@@ -1126,18 +1163,18 @@ static int gm_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 		 * its ktl K tiles.  Idle SMs outweigh that many times over; the
 		 * last wave's quantisation of a grid of many waves never does
 		 * (TF32 4096^3 was split 8 ways without it). */
-		if (c.splitk > 1) {
-			double ktl = ceil(ceil((double)p->K / c.bk) / c.splitk);
+		if (c->splitk > 1) {
+			double ktl = ceil(ceil((double)p->K / c->bk) / c->splitk);
 
-			out->loop_fraction = ktl / (ktl + c.stages);
+			out->loop_fraction = ktl / (ktl + c->stages);
 		}
 		if (t->gpu && p->tc)
 			out->loop_fraction = (out->loop_fraction > 0 ? out->loop_fraction : 1.0) *
-					     tc_barrier_fraction(p, &c, t, out);
+					     tc_barrier_fraction(p, c, t, out);
 	}
 	return 0;
 }
 
 const ap_emitter ap_emitter_gemm = {
-	"gemm", gm_bind, gm_unbind, gm_space, gm_choose, ap__gemm_emit, gm_traffic, gm_valid, true, NULL,
+	"gemm", gm_bind, gm_unbind, gm_space, gm_choose, ap__gemm_emit, gm_traffic, gm_resolve, true, NULL,
 };

@@ -108,11 +108,26 @@ typedef enum stage_mode {
 	STAGE_COMPUTE,                  /* the source's elements, then the operand computed */
 } stage_mode;
 
+/* A configuration resolved (the gemm emitter's ap_plan.x): the tile,
+ * how each operand reaches shared memory, the block's threads and shared
+ * bytes, whether it fits the target -- what gm_traffic models and
+ * ap__gemm_emit builds. */
+typedef struct gemm_res {
+	gemm_cfg c;
+	stage_mode mode[2];               /* A, B (ap__gemm_copy_mode) */
+	int w[2];                         /* elements a cp.async; 0: through registers */
+	unsigned threads;
+	size_t smem;                      /* ap__gemm_smem_bytes */
+	bool fits;                        /* ap__gemm_cfg_valid */
+	bool lib;                         /* lib=1: cuBLASLt's call computes the product */
+} gemm_res;
+
 typedef struct gctx {
 	const ap_mgraph *m;
 	const ap_graph *g;
 	const gemm_plan *p;
-	gemm_cfg c;
+	const gemm_res *r;              /* the configuration's plan (gm_resolve) */
+	gemm_cfg c;                     /* r->c */
 	const ap_target_info *t;
 	ap_vctx *v;
 	ap_kir_kernel *k;
@@ -201,6 +216,6 @@ void ap__gemm_issue_tile(gctx *c, ap_kir_expr *st, ap_kir_expr *kt);
 void ap__gemm_complete_tile(gctx *c, ap_kir_expr *st);
 
 /* gemm_kernel.c: the kernel (the emitter's `emit`) */
-int ap__gemm_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err);
+int ap__gemm_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_error *err);
 
 #endif

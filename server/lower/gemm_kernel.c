@@ -430,8 +430,10 @@ static void choose_staging(gctx *c)
 	ap_kir_kernel *k = c->k;
 	const gemm_plan *p = c->p;
 
-	c->a_w = ap__gemm_copy_mode(p, 0, &c->c, c->t, &c->a_mode);
-	c->b_w = ap__gemm_copy_mode(p, 1, &c->c, c->t, &c->b_mode);
+	c->a_w = c->r->w[0];
+	c->b_w = c->r->w[1];
+	c->a_mode = c->r->mode[0];
+	c->b_mode = c->r->mode[1];
 	c->a_async = c->a_w > 0;
 	c->b_async = c->b_w > 0;
 	for (int role = 0; role < 2; role++) {
@@ -476,7 +478,7 @@ static void declare_shared(gctx *c)
 	c->ldb = (c->b_rowk ? c->c.bk : c->c.bn) + ap__gemm_pad_of(p);
 	c->a_stage = (int64_t)c->lda * (c->a_rowk ? c->c.bm : c->c.bk);
 	c->b_stage = (int64_t)c->ldb * (c->b_rowk ? c->c.bn : c->c.bk);
-	smem = ap__gemm_smem_bytes(p, &c->c, c->t);
+	smem = c->r->smem;
 	{
 		ap_kir_array *(*shared)(ap_kir_kernel *, const char *, ap_dtype, int64_t) =
 			smem <= c->t->shared_per_block ? ap_kir_shared : ap_kir_shared_dyn;
@@ -916,11 +918,12 @@ static void epilogue_simt(gctx *c)
  * reads the accumulators as Y through the value builder's leaf hook.
  * Errors: AP_EUNSUPPORTED (not a GEMM this emitter builds, or a
  * configuration that does not fit the target), AP_ENOMEM. */
-int ap__gemm_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
+int ap__gemm_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_error *err)
 {
 	const ap_mgraph *m = b->m;
 	const ap_target_info *t = b->t;
 	const gemm_plan *p = b->an;
+	const gemm_res *r = (const gemm_res *)pl->x;
 	gctx c;
 	ap_vctx v;
 	int rc;
@@ -930,18 +933,18 @@ int ap__gemm_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_err
 	c.m = m;
 	c.g = m->g;
 	c.p = p;
-	c.c = ap__gemm_cfg_of(s);
+	c.r = r;
+	c.c = r->c;
 	c.t = t;
 	c.k = k;
-	if (!ap__gemm_cfg_valid(p, &c.c, t)) {
+	if (!r->fits)
 		return ap_error_set(err, AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
 				    "gemm emitter: configuration %dx%dx%d/%dx%d/%d does not fit the target",
 				    c.c.bm, c.c.bn, c.c.bk, c.c.tm, c.c.tn, c.c.stages);
-	}
 	if ((rc = ap_vctx_init(&v, m, k, err)))
 		return rc;
 	c.v = &v;
-	c.nt = ap__gemm_threads_of(p, &c.c);
+	c.nt = r->threads;
 	ap__gemm_tile_layouts(p, &c.a_rowk, &c.b_rowk);
 	choose_staging(&c);
 	/* wgmma's overlap needs a stage between the one read and the one
@@ -984,7 +987,7 @@ int ap__gemm_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_err
 		ap_kir_cluster_barrier(k, v.cur);
 	ap_v_close(&v, tsaved);
 	rc = v.rc;
-	if (rc == 0 && s->n > K_LIB && s->v[K_LIB] && ap__gemm_attach_library(b, s, k) < 0)
+	if (rc == 0 && r->lib && ap__gemm_attach_library(b, &pl->s, k) < 0)
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");
 done:
 	free(c.a_reg);

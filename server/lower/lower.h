@@ -17,14 +17,16 @@
  *   - emit:    the kernel for one configuration;
  *   - traffic: what that configuration moves and computes, for the cost
  *              model (server/cost/cost.h);
- *   - valid:   which points of the space can be built (the space is a
- *              cross product; a tile may not fit the target).
+ *   - resolve: a configuration's plan (ap_plan), and whether it can be
+ *              built (the space is a cross product; a tile may not fit
+ *              the target).
  * Every callback after bind reads the one analysis of the bound
  * micro-graph (ap_bound; XLA's fusion emitters analyse a fusion once the
- * same way), and each emitter resolves a configuration into its tile plan
- * by one function that valid, traffic and emit all call: what the cost
- * model is told is what the kernel is built from (check_traffic compares
- * the two for every emitter).
+ * same way), and a configuration is resolved once into a plan (ap_plan:
+ * the tile, each operand's staging, the launch) that decides whether it
+ * is valid and that traffic and emit both read: what the cost model is
+ * told is what the kernel is built from (check_traffic compares the two
+ * for every emitter).
  * Every emitter builds values with the shared value builder (value.h), so
  * the per-op scalar semantics and index maps are the same everywhere.
  * The registry is ordered: the first emitter that binds a
@@ -33,6 +35,8 @@
  */
 #ifndef AP_LOWER_H
 #define AP_LOWER_H
+
+#include <stddef.h>
 
 #include "../cost/cost.h"
 #include "../kir/kir.h"
@@ -75,6 +79,16 @@ typedef struct ap_bound {
 	void *an;             /* the emitter's analysis (NULL: it keeps none) */
 } ap_bound;
 
+/* A configuration resolved against a binding: the emitter's decisions
+ * for it (tile, staging of each operand, launch, shared memory), made
+ * once by its `resolve` and read by `traffic` and `emit`, so that the cost
+ * model is told what the kernel is built from.  Plain data, copyable. */
+#define AP_PLAN_BYTES 256
+typedef struct ap_plan {
+	ap_sched s;                                  /* the configuration */
+	_Alignas(max_align_t) unsigned char x[AP_PLAN_BYTES];   /* the emitter's decisions */
+} ap_plan;
+
 typedef struct ap_emitter {
 	const char *name;     /* "pointwise", "row_reduce", ... (static) */
 	/* Analyses m on t: 1 when it builds a kernel for m, with *an its
@@ -90,15 +104,18 @@ typedef struct ap_emitter {
 	/* Fills s->v (s->em and s->n are set by the caller).  0 or AP_ENOMEM. */
 	int (*choose)(const ap_bound *b, const ap_space *sp, ap_sched *s);
 	/* Builds the body, launch shape and parameters of `k` (a fresh kernel
-	 * with its name set).  0, or AP_EUNSUPPORTED (an op or dtype it cannot
-	 * handle, naming the node) / AP_ENOMEM with `err` set. */
-	int (*emit)(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err);
-	/* 0 or AP_ENOMEM */
-	int (*traffic)(const ap_bound *b, const ap_sched *s, ap_traffic *out);
-	/* Whether configuration s can be built for m on t (threads, shared
-	 * memory, tile divisibility): 1, 0 or AP_ENOMEM; NULL: every point of
-	 * the space can. */
-	int (*valid)(const ap_bound *b, const ap_sched *s);
+	 * with its name set) from plan p.  0, or AP_EUNSUPPORTED (an op or
+	 * dtype it cannot handle, naming the node; a plan that does not fit
+	 * the target) / AP_ENOMEM with `err` set. */
+	int (*emit)(const ap_bound *b, const ap_plan *p, ap_kir_kernel *k, ap_error *err);
+	/* What plan p's kernel moves and computes.  0 or AP_ENOMEM. */
+	int (*traffic)(const ap_bound *b, const ap_plan *p, ap_traffic *out);
+	/* Resolves configuration s into *out (out->s = *s, out->x the
+	 * emitter's decisions, filled whether or not s fits): 1 when s can be
+	 * built for m on t (threads, shared memory, tile divisibility), 0
+	 * when not, AP_ENOMEM.  NULL: every point of the space can, and the
+	 * configuration is the whole plan. */
+	int (*resolve)(const ap_bound *b, const ap_sched *s, ap_plan *out);
 	/* The cost model cannot rank its configurations on the host (the C
 	 * compiler's vectorisation of a register tile decides, and the
 	 * model's guesses ran slower than the default rule there): the
@@ -119,6 +136,15 @@ int ap_bind(const ap_emitter *em, __ap_keep const ap_mgraph *m, __ap_keep const 
 	    ap_bound *b);
 /* Frees b's analysis (b may be zeroed or unbound: nothing to free). */
 void ap_unbind(ap_bound *b);
+/* Resolves configuration s of b's emitter (em->resolve; see there) into
+ * *p: 1 buildable, 0 not (p still holds its decisions), AP_ENOMEM. */
+int ap_resolve(const ap_bound *b, const ap_sched *s, ap_plan *p);
+/* Whether s can be built: ap_resolve's answer, the plan dropped. */
+int ap_sched_valid(const ap_bound *b, const ap_sched *s);
+/* The traffic of configuration s (ap_resolve, then em->traffic on the
+ * plan, whether or not s fits: the tuner prices what it then refuses).
+ * 0 or AP_ENOMEM. */
+int ap_traffic_of(const ap_bound *b, const ap_sched *s, ap_traffic *out);
 
 /* The registry, in binding order; *n gets its length. */
 const ap_emitter *const *ap_emitters(int *n);

@@ -130,13 +130,17 @@ static ap_kir_expr *mv_leaf(ap_vctx *v, int t, ap_lidx *ix, void *user)
 	return t == h->leaf ? ap_kir_ref(v->k, h->lanes[h->lane]) : NULL;
 }
 
-static int mv_valid(const ap_bound *b, const ap_sched *s)
+/* The configuration is the plan (block, vector width); it fits where
+ * every operand region allows the width. */
+static int mv_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 {
+	(void)out;
 	return width_ok(b->an, s->v[1]);
 }
 
-static int mv_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
+static int mv_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_error *err)
 {
+	const ap_sched *s = &pl->s;
 	const ap_mgraph *m = b->m;
 	const mv_plan *p = b->an;
 	const ap_graph *g = m->g;
@@ -227,8 +231,9 @@ static int mv_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_er
 	return rc;
 }
 
-static int mv_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
+static int mv_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 {
+	const ap_sched *s = &pl->s;
 	const mv_plan *p = b->an;
 
 	memset(out, 0, sizeof(*out));
@@ -238,5 +243,5 @@ static int mv_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 }
 
 const ap_emitter ap_emitter_movement = {
-	"movement", mv_bind, NULL, mv_space, mv_choose, mv_emit, mv_traffic, mv_valid, false, NULL,
+	"movement", mv_bind, NULL, mv_space, mv_choose, mv_emit, mv_traffic, mv_resolve, false, NULL,
 };

@@ -350,8 +350,9 @@ static int emit_vector(const ap_mgraph *m, ap_vctx *v, unsigned bs, int w)
 	return v->rc;
 }
 
-static int pw_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
+static int pw_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_error *err)
 {
+	const ap_sched *s = &pl->s;
 	const ap_mgraph *m = b->m;
 	const ap_graph *g = m->g;
 	unsigned bs = (unsigned)s->v[0], grid;
@@ -525,8 +526,9 @@ int ap__lower_inline_traffic(const ap_mgraph *m, ap_traffic *out)
 	return c && nodes ? 0 : AP_ENOMEM;
 }
 
-static int pw_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
+static int pw_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 {
+	const ap_sched *s = &pl->s;
 	memset(out, 0, sizeof(*out));
 	out->threads = (unsigned)s->v[0];
 	out->blocks = ap_grid_for(((const pw_plan *)b->an)->max_numel / (s->n > 1 ? s->v[1] : 1), s->v[0]);

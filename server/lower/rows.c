@@ -580,9 +580,22 @@ static bool config_ok(const rows_plan *p, unsigned lanes, unsigned rows, int cac
 	return true;
 }
 
-static int rows_valid(const ap_bound *b, const ap_sched *s)
+_Static_assert(sizeof(layout) <= AP_PLAN_BYTES, "the row layout fits ap_plan");
+
+/* The plan of (lanes, rows, cache): the block, the elements a thread
+ * holds of a row, the grid over the row groups; it fits when config_ok. */
+static int rows_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 {
-	return config_ok(b->an, (unsigned)s->v[0], (unsigned)s->v[1], s->v[2], b->t);
+	const rows_plan *p = b->an;
+	layout *L = (layout *)out->x;
+
+	L->lanes = (unsigned)s->v[0];
+	L->rows = (unsigned)s->v[1];
+	L->cache = s->v[2];
+	L->block = block_threads(L->lanes, L->rows);
+	L->ept = (p->N + L->lanes - 1) / L->lanes;
+	L->grid = ap_grid_for(p->M, L->rows);
+	return config_ok(p, L->lanes, L->rows, L->cache, b->t);
 }
 
 static int rows_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
@@ -1018,7 +1031,7 @@ static void store_row_outputs(rows_ctx *c)
  * level of reductions (rows_level), a pass writing the full outputs, and
  * the row outputs.  Errors: AP_EUNSUPPORTED (not a row group, or a
  * configuration that does not fit), AP_ENOMEM. */
-static int rows_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
+static int rows_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_error *err)
 {
 	const ap_mgraph *m = b->m;
 	const ap_target_info *t = b->t;
@@ -1031,16 +1044,11 @@ static int rows_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_
 	memset(&c, 0, sizeof(c));
 	c.p = b->an;
 	c.k = k;
-	c.L.lanes = (unsigned)s->v[0];
-	c.L.rows = (unsigned)s->v[1];
-	c.L.cache = s->v[2];
+	c.L = *(const layout *)pl->x;
 	if (!config_ok(c.p, c.L.lanes, c.L.rows, c.L.cache, t))
 		return ap_error_set(err, AP_EUNSUPPORTED, g->nodes[m->root].name, NULL,
 				    "reduction emitter: configuration lanes=%u rows=%u cache=%d does not fit",
 				    c.L.lanes, c.L.rows, c.L.cache);
-	c.L.block = block_threads(c.L.lanes, c.L.rows);
-	c.L.ept = (c.p->N + c.L.lanes - 1) / c.L.lanes;
-	c.L.grid = ap_grid_for(c.p->M, c.L.rows);
 	if ((rc = ap_vctx_init(v, m, k, err)))
 		return rc;
 	c.row_val = calloc((size_t)g->n_tensors + 1, sizeof(*c.row_val));
@@ -1086,11 +1094,12 @@ static double once_flops(const ap_graph *g)
 	return f;
 }
 
-static int rows_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
+static int rows_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 {
 	const ap_mgraph *m = b->m;
 	const rows_plan *p = b->an;
-	unsigned lanes = (unsigned)s->v[0], rows = (unsigned)s->v[1];
+	const layout *L = (const layout *)pl->x;
+	unsigned lanes = L->lanes, rows = L->rows;
 	unsigned wp;
 
 	memset(out, 0, sizeof(*out));
@@ -1100,11 +1109,11 @@ static int rows_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 	 * (a reduction once per row, its readers take it from a register),
 	 * not once per reader's element as the inline model counts */
 	out->flops = once_flops(m->g);
-	out->threads = lanes * rows;
+	out->threads = L->block;
 	wp = p->column ? out->threads / 32 : (lanes > 32 ? lanes / 32 : 1);
-	out->blocks = ap_grid_for(p->M, rows);
+	out->blocks = L->grid;
 	out->flops *= n_passes(p) > 0 ? n_passes(p) : 1;
-	if (s->v[2] == CACHE_SMEM)
+	if (L->cache == CACHE_SMEM)
 		out->shared_bytes += (unsigned)smem_cache_bytes(p, rows);
 	/* each reduction's cross-warp scratch: a partial per row and warp, of
 	 * its accumulator type (rows_arrays) */
@@ -1226,16 +1235,16 @@ out:
 }
 
 const ap_emitter ap_emitter_row_reduce = {
-	"row_reduce", row_bind, rows_unbind, rows_space, rows_choose, rows_emit, rows_traffic, rows_valid, false,
+	"row_reduce", row_bind, rows_unbind, rows_space, rows_choose, rows_emit, rows_traffic, rows_resolve, false,
 	rows_recompute,
 };
 
 const ap_emitter ap_emitter_column_reduce = {
-	"column_reduce", col_bind, rows_unbind, rows_space, rows_choose, rows_emit, rows_traffic, rows_valid, false,
+	"column_reduce", col_bind, rows_unbind, rows_space, rows_choose, rows_emit, rows_traffic, rows_resolve, false,
 	rows_recompute,
 };
 
 const ap_emitter ap_emitter_stitched = {
-	"stitched", st_bind, rows_unbind, rows_space, rows_choose, rows_emit, rows_traffic, rows_valid, false,
+	"stitched", st_bind, rows_unbind, rows_space, rows_choose, rows_emit, rows_traffic, rows_resolve, false,
 	rows_recompute,
 };

@@ -162,8 +162,10 @@ static bool tr_config_ok(const ap_sched *s, const ap_target_info *t)
 	       (unsigned)(tile * rows) <= ap_block_cap(t) && tile * rows >= 32;
 }
 
-static int tr_valid(const ap_bound *b, const ap_sched *s)
+/* The configuration is the plan (tile, rows); it fits by tr_config_ok. */
+static int tr_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 {
+	(void)out;
 	return tr_config_ok(s, b->t);
 }
 
@@ -268,8 +270,9 @@ static void tr_element(tr_ctx *c, int phase, int i, ap_kir_expr *b0, ap_kir_expr
  * tiles, each in two phases separated by barriers.  Errors:
  * AP_EUNSUPPORTED (not a tiled transpose, or a configuration that does
  * not fit), AP_ENOMEM. */
-static int tr_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_error *err)
+static int tr_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_error *err)
 {
+	const ap_sched *s = &pl->s;
 	const ap_mgraph *m = b->m;
 	const ap_graph *g = m->g;
 	tr_ctx c;
@@ -331,8 +334,9 @@ static int tr_emit(const ap_bound *b, const ap_sched *s, ap_kir_kernel *k, ap_er
 	return rc;
 }
 
-static int tr_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
+static int tr_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 {
+	const ap_sched *s = &pl->s;
 	const tr_plan *p = b->an;
 	int64_t tiles = 1;
 
@@ -351,5 +355,5 @@ static int tr_traffic(const ap_bound *b, const ap_sched *s, ap_traffic *out)
 }
 
 const ap_emitter ap_emitter_transpose = {
-	"transpose", tr_bind, NULL, tr_space, tr_choose, tr_emit, tr_traffic, tr_valid, false, NULL,
+	"transpose", tr_bind, NULL, tr_space, tr_choose, tr_emit, tr_traffic, tr_resolve, false, NULL,
 };

@@ -11,13 +11,14 @@
 double ap_tune_model_us(const ap_bound *b, const ap_sched *s, void *user)
 {
 	ap_traffic tr;
+	ap_plan p;
 	int rc;
 
 	(void)user;
-	if (b->em->valid && (rc = b->em->valid(b, s)) <= 0)
+	if ((rc = ap_resolve(b, s, &p)) <= 0)
 		return rc < 0 ? rc : INFINITY;
 	memset(&tr, 0, sizeof(tr));
-	if (b->em->traffic(b, s, &tr) < 0)
+	if (b->em->traffic(b, &p, &tr) < 0)
 		return AP_ENOMEM;
 	return ap_cost_schedule_us(&tr, b->t);
 }
@@ -174,7 +175,7 @@ static void lib_candidate(search *q, const ap_space *sp, double us0)
 		alt.v[k] = !alt.v[k];
 		for (i = 0; i < r->n_top; i++)
 			in = in || !memcmp(r->top[i].v, alt.v, sizeof(alt.v));
-		if (in || (q->b->em->valid && q->b->em->valid(q->b, &alt) != 1))
+		if (in || ap_sched_valid(q->b, &alt) != 1)
 			return;
 		us = q->cost(q->b, &alt, q->user);
 		if (!(us >= 0) || !isfinite(us))
@@ -206,7 +207,7 @@ static double evaluate(search *q, const ap_sched *s)
 
 		memset(&tr, 0, sizeof(tr));
 		/* a library call (issue 25) is no register tile NVRTC compiles */
-		if (q->b->em->traffic(q->b, s, &tr) == 0 && tr.regs > q->max_regs && !tr.library) {
+		if (ap_traffic_of(q->b, s, &tr) == 0 && tr.regs > q->max_regs && !tr.library) {
 			q->r->tried++;
 			return INFINITY;
 		}
@@ -320,7 +321,6 @@ static void annealing(search *q, const point *start, double start_us, uint64_t s
 
 int ap_tune_search(const ap_bound *b, const ap_tune_options *o, ap_tune_result *r, ap_error *err)
 {
-	const ap_emitter *em = b->em;
 	const ap_mgraph *m = b->m;
 	const ap_target_info *t = b->t;
 	ap_tune_options dflt = {0};
@@ -359,7 +359,7 @@ int ap_tune_search(const ap_bound *b, const ap_tune_options *o, ap_tune_result *
 		ap_traffic tr;
 
 		memset(&tr, 0, sizeof(tr));
-		if (em->traffic(b, &r->dflt, &tr) < 0)
+		if (ap_traffic_of(b, &r->dflt, &tr) < 0)
 			return oom(err);
 		/* a default that is a library call (issue 25): the growth is
 		 * measured from the kernel beside it (the same tile, lib=0) */
@@ -369,7 +369,7 @@ int ap_tune_search(const ap_bound *b, const ap_tune_options *o, ap_tune_result *
 
 				own.v[k] = 0;
 				memset(&tr, 0, sizeof(tr));
-				if (em->traffic(b, &own, &tr) < 0)
+				if (ap_traffic_of(b, &own, &tr) < 0)
 					return oom(err);
 			}
 		q.max_regs = tr.regs ? (unsigned)(tr.regs * AP_TUNE_REG_GROWTH) : 0;
