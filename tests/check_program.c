@@ -3825,6 +3825,10 @@ START_TEST(layer1_pooling_windows)
 
 			ck_assert_ptr_nonnull(strstr(cuda_text(pc, 0), "__shared__"));
 			ck_assert_ptr_nonnull(strstr(cuda_text(pc, 0), "__syncthreads()"));
+			/* lowered on its binding like every emitter's kernel: the
+			 * header names the emitter and its tile, then the plan's */
+			ck_assert_ptr_nonnull(strstr(cuda_text(pc, 0), "emitter layer1: "));
+			ck_assert_ptr_nonnull(strstr(cuda_text(pc, 0), "Layer I: the pooled tensor staged"));
 			ap_program_free(pc);
 		}
 		/* the issue's starting point: two kernels, inlining would evaluate

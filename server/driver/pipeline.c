@@ -82,10 +82,10 @@ typedef struct name_index name_index;
 typedef struct unit {
 	ap_mgraph *m;
 	ap_kir_kernel *k;            /* after emit (NULL: nothing to launch) */
-	ap_bound b;                  /* its emitter's binding (emit: the registry's
-					first, or Layer I's with l1); ap_unbind */
+	ap_bound b;                  /* its emitter's binding: Layer I's where it planned
+					the micro-graph (the plan kept in it), else the
+					registry's first (emit); ap_unbind */
 	ap_sched sched;
-	ap_layer1 *l1;               /* Layer I's plan (NULL: an emitter builds it) */
 	char l1_why[300];            /* why Layer I refused a micro-graph it was wanted for */
 	double l1_ms;                /* Layer I's emission time */
 	ap_traffic traffic;
@@ -97,6 +97,12 @@ typedef struct unit {
 	ap_error err;                /* emit's failure */
 	int rc;
 } unit;
+
+/* Layer I's plan of unit u (NULL: an emitter of the registry builds it). */
+static const ap_layer1 *l1_of(const unit *u)
+{
+	return ap_fuse_layer1_bound_plan(&u->b);
+}
 
 /* What a lower layer refused, and where to undo fusion. */
 typedef struct refusal {
@@ -159,7 +165,6 @@ static void units_clear(pipe *P)
 	for (int i = 0; i < P->n_units; i++) {
 		ap_mgraph_free(P->units[i].m);
 		ap_kir_kernel_free(P->units[i].k);
-		ap_fuse_layer1_free(P->units[i].l1);
 		ap_unbind(&P->units[i].b);
 	}
 	free(P->units);
@@ -271,30 +276,43 @@ static void layer1_task(int i, void *arg)
 {
 	pipe *P = arg;
 	unit *u = &P->units[i];
-	ap_bound lb;
+	ap_sched tile;
 	int rc;
 
 	u->l1_why[0] = 0;
 	u->rc = 0;
 	if (!ap_fuse_layer1_wanted(u->m) || mgraph_is_empty(u->m))
 		return;
-	/* the tile is a tuner's knob: a record, a search, or the rule */
-	if ((rc = ap_bind(&ap_fuse_layer1_emitter, u->m, &P->ti, &lb)) < 0) {
-		u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory in Layer I");
+	if ((rc = ap_bind(&ap_fuse_layer1_emitter, u->m, &P->ti, &u->b)) <= 0) {
+		ap_layer1 *l = NULL;
+
+		if (rc < 0) {
+			u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory in Layer I");
+			return;
+		}
+		/* its window analysis refuses: the plan says why */
+		if (ap_fuse_layer1_plan(u->m, &P->ti, P->opt->max_block_threads, NULL, &l, u->l1_why,
+					sizeof(u->l1_why)) < 0)
+			u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory in Layer I");
+		ap_fuse_layer1_free(l);
 		return;
 	}
-	u->tuned = AP_TUNE_DEFAULT;
-	rc = rc > 0 ? tune_unit(P, u, &lb) : 0;
-	ap_unbind(&lb);
-	if (rc < 0)
+	/* the tile is a tuner's knob: a record, a search, or the rule */
+	if (tune_unit(P, u, &u->b) < 0) {
+		ap_unbind(&u->b);
 		return;
-	rc = ap_fuse_layer1_plan(u->m, &P->ti, P->opt->max_block_threads,
-				 u->tuned != AP_TUNE_DEFAULT ? &u->sched : NULL, &u->l1, u->l1_why,
-				 sizeof(u->l1_why));
+	}
+	tile = u->tuned != AP_TUNE_DEFAULT ? u->sched : (ap_sched){&ap_fuse_layer1_emitter, 0, {0}};
+	rc = ap_fuse_layer1_plan_bound(&u->b, P->opt->max_block_threads, &tile, u->l1_why, sizeof(u->l1_why));
 	if (rc < 0)
 		u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory in Layer I");
-	else if (rc > 0 && !ap_fuse_layer1_pays(u->m, u->l1, &P->ti, u->l1_why, sizeof(u->l1_why)))
-		u->l1 = ap_fuse_layer1_free(u->l1);
+	if (rc <= 0 || !ap_fuse_layer1_pays(u->m, l1_of(u), &P->ti, u->l1_why, sizeof(u->l1_why))) {
+		ap_unbind(&u->b);
+		return;
+	}
+	/* the plan's tile: the configuration ap_lower builds on the binding */
+	if (u->tuned == AP_TUNE_DEFAULT)
+		u->sched = tile;
 }
 
 static void emit_task(int i, void *arg)
@@ -302,46 +320,34 @@ static void emit_task(int i, void *arg)
 	pipe *P = arg;
 	unit *u = &P->units[i];
 	ap_lower_options lo = {P->opt->max_block_threads, NULL, true};
+	bool layer1;
+	double t0;
 
 	ap_error_clear(&u->err);
 	u->rc = 0;
 	if (mgraph_is_empty(u->m))
 		return;
-	/* its binding: Layer I's where it planned the micro-graph (its window
-	 * analysis binds whatever it planned), else the registry's first */
-	if ((u->l1 ? ap_bind(&ap_fuse_layer1_emitter, u->m, &P->ti, &u->b)
-		   : ap_bind_first(u->m, &P->ti, &u->b, &u->err) == 0) <= 0) {
-		u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory lowering a micro-graph");
+	/* its binding: Layer I's with its plan (layer1_task), else the
+	 * registry's first */
+	if (!u->b.em && ap_bind_first(u->m, &P->ti, &u->b, &u->err) < 0) {
+		u->rc = u->err.code ? u->err.code : AP_ENOMEM;
 		return;
 	}
-	if (u->l1) {
-		if (u->tuned == AP_TUNE_DEFAULT) {
-			memset(&u->sched, 0, sizeof(u->sched));
-			u->sched.em = &ap_fuse_layer1_emitter;
-		}
-		double t0 = ap_now_ms();
-
-		u->k = ap_fuse_layer1_emit(u->m, u->l1, &P->ti, PLACEHOLDER, &u->err);
-		u->l1_ms = ap_now_ms() - t0;
-		if (!u->k) {
-			u->rc = u->err.code ? u->err.code : AP_ENOMEM;
-			return;
-		}
-		if (ap_fuse_layer1_traffic(u->m, u->l1, &u->traffic) < 0) {
-			u->k = ap_kir_kernel_free(u->k);
-			u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory modelling a kernel");
-		}
-		return;
-	}
-	if (P->opt->tune) {
+	layer1 = l1_of(u) != NULL;
+	if (layer1) {
+		lo.sched = &u->sched;   /* the plan's tile */
+	} else if (P->opt->tune) {
 		if (tune_unit(P, u, &u->b) < 0)
 			return;
 		lo.sched = &u->sched;
 	} else {
 		u->tuned = AP_TUNE_DEFAULT;
 	}
+	t0 = ap_now_ms();
 	u->k = ap_lower(&u->b, PLACEHOLDER, &lo, &u->sched, &u->err);
-	if (!u->k && lo.sched && u->err.code == AP_EUNSUPPORTED) {
+	if (layer1)
+		u->l1_ms = ap_now_ms() - t0;
+	if (!u->k && lo.sched && !layer1 && u->err.code == AP_EUNSUPPORTED) {
 		/* a tuned configuration the emitter refused after all (a record
 		 * of an older build): the default rule, never a fusion undone */
 		lo.sched = NULL;
@@ -833,15 +839,15 @@ static int add_launch(pipe *P, int li, int ki)
 		pt->blocks = fl->blocks[j];
 		pt->layers = u->m->layers;
 		pt->detail = ap_strdup(u->m->detail);
-		if (u->k && u->l1) {
+		if (u->k && l1_of(u)) {
 			pt->emitter = ap_fuse_layer1_emitter.name;
-			pt->recompute = ap_fuse_layer1_recompute(u->l1);
+			pt->recompute = ap_fuse_layer1_recompute(l1_of(u));
 			/* a tuned tile is named by its knobs, as its record's
 			 * candidates are (what a measurement names) */
 			pt->schedule = u->tuned != AP_TUNE_DEFAULT
 					       ? ap_sched_describe(&u->b, &u->sched)
-					       : ap_fuse_layer1_describe(u->l1);
-			if (!pt->schedule || !(pt->layer1 = ap_fuse_layer1_text(u->l1)))
+					       : ap_fuse_layer1_describe(l1_of(u));
+			if (!pt->schedule || !(pt->layer1 = ap_fuse_layer1_text(l1_of(u))))
 				return AP_ENOMEM;
 			pt->tuned = u->tuned != AP_TUNE_DEFAULT;
 			memcpy(pt->tune_sig, u->tune_sig, sizeof(pt->tune_sig));
@@ -1017,13 +1023,13 @@ static int stage_layer1(pipe *P, refusal *r)
 			*P->err = u->err;
 			return u->rc;
 		}
-		if (u->l1) {
+		if (l1_of(u)) {
 			char *d = NULL;
 
 			n1++;
 			u->m->layers |= AP_LAYER_I;
 			if (asprintf(&d, "Layer I: the pooled tensor is staged in shared memory per tile "
-				     "(%.2f evaluations per element)", ap_fuse_layer1_recompute(u->l1)) < 0)
+				     "(%.2f evaluations per element)", ap_fuse_layer1_recompute(l1_of(u))) < 0)
 				return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
 			free(u->m->detail);
 			u->m->detail = d;
@@ -1049,46 +1055,48 @@ static int stage_layer2(pipe *P, refusal *r)
 {
 	unsigned n2 = 0;
 	ap_mgraph **ms;
-	ap_layer1 **l1;
-	const ap_mgraph **was;
+	unit *old;
 	int n = P->n_units, rc;
 
 	(void)r;
 	if (P->part->level != AP_FUSE_APOLLO)
 		return 0;
 	ms = malloc(((size_t)P->n_units + 1) * sizeof(*ms));
-	l1 = malloc(((size_t)P->n_units + 1) * sizeof(*l1));
-	was = malloc(((size_t)P->n_units + 1) * sizeof(*was));
-	if (!ms || !l1 || !was) {
+	old = malloc(((size_t)P->n_units + 1) * sizeof(*old));
+	if (!ms || !old) {
 		free(ms);
-		free(l1);
-		free(was);
+		free(old);
 		return ap_error_set(P->err, AP_ENOMEM, NULL, NULL, "out of memory");
 	}
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; i < n; i++)
 		ms[i] = P->units[i].m;
-		was[i] = ms[i];
-		l1[i] = P->units[i].l1;
-		P->units[i].l1 = NULL;
-	}
+	memcpy(old, P->units, (size_t)n * sizeof(*old));
 	rc = ap_fuse_stitch(P->part, &ms, &n, P->no_stitch, &P->ti, &n2, P->err);
-	/* the array now owns the micro-graphs (stitched parts were freed) */
-	for (int i = 0; i < P->n_units; i++)
-		P->units[i].m = NULL;
+	/* the array now owns the micro-graphs (stitched parts were freed); a
+	 * unit (Layer I's binding, plan and tile with it) follows its
+	 * micro-graph where Layer II left it alone, a stitched one starts
+	 * afresh */
 	for (int i = 0; i < n; i++) {
-		P->units[i].m = ms[i];
-		for (int j = 0; j < P->n_units; j++)
-			if (was[j] == ms[i]) {
-				P->units[i].l1 = l1[j];
-				l1[j] = NULL;
-			}
+		int j = 0;
+
+		while (j < P->n_units && old[j].m != ms[i])
+			j++;
+		if (j < P->n_units) {
+			P->units[i] = old[j];
+			old[j].m = NULL;
+		} else {
+			memset(&P->units[i], 0, sizeof(P->units[i]));
+			P->units[i].m = ms[i];
+		}
 	}
 	for (int j = 0; j < P->n_units; j++)
-		ap_fuse_layer1_free(l1[j]);
+		if (old[j].m)   /* stitched into another: its binding goes */
+			ap_unbind(&old[j].b);
+	for (int i = n; i < P->n_units; i++)
+		memset(&P->units[i], 0, sizeof(P->units[i]));
 	P->n_units = n;
 	free(ms);
-	free(l1);
-	free(was);
+	free(old);
 	if (rc)
 		return rc;
 	P->prog->layer_count[1] = n2;

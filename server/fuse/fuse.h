@@ -116,14 +116,29 @@ struct ap_emitter;
  * staged at once); `choose` is the plan's rule, `valid` the staged box
  * within the shared-memory budget, `traffic` the micro-graph's with its
  * arithmetic times the tile's recompute ratio, a block per tile, and
- * `emit` the kernel of the configuration's plan (ap_fuse_layer1_plan,
- * then the plan's kernel as ap_fuse_layer1_emit builds it, without the
- * verifier: ap_lower runs it).  Its binding (ap_bind) is the window
- * analysis, no isl: 1 for a window micro-graph Layer I applies to.  The
- * tuner (server/tune) searches it like an emitter's; it is not in the
- * registry (the driver binds it where Layer I is wanted and pays).
+ * `emit` the kernel of the configuration's plan (the binding's, see
+ * ap_fuse_layer1_plan_bound, or one made then; the kernel as
+ * ap_fuse_layer1_emit builds it, ap_lower adding the header and
+ * parameter extents every emitter's kernel has).  Its binding (ap_bind)
+ * is the window analysis, no isl: 1 for a window micro-graph Layer I
+ * applies to.  The tuner (server/tune) searches it like an emitter's; it
+ * is not in the registry (the driver binds it where Layer I is wanted and
+ * the cost model says it pays).
  * host_rule_only: the host keeps the rule. */
 extern const struct ap_emitter ap_fuse_layer1_emitter;
+
+struct ap_bound;
+/* Plans the micro-graph b binds to Layer I (ap_bind with
+ * ap_fuse_layer1_emitter) with its tile *s (no knobs: the rule's), as
+ * ap_fuse_layer1_plan does, and keeps the plan in the binding, where the
+ * emitter's resolve, traffic and emit read it for that tile (the kernel
+ * ap_lower builds on b is the plan's).  1 with *s set to the plan's tile
+ * (the rule's, or *s's when its box fits), 0 with `why` (Layer I refuses:
+ * see ap_fuse_layer1_plan; or b is not Layer I's), AP_ENOMEM. */
+int ap_fuse_layer1_plan_bound(struct ap_bound *b, unsigned max_threads, struct ap_sched *s, char *why,
+			      size_t cap);
+/* The plan kept in b (borrowed; NULL: none, or b is not Layer I's). */
+const ap_layer1 *ap_fuse_layer1_bound_plan(const struct ap_bound *b);
 
 /* ---- Layer II (stitch.c) ---------------------------------------------------------- */
 

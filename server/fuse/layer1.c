@@ -2076,27 +2076,93 @@ char *ap_fuse_layer1_describe(const ap_layer1 *l)
 
 /* ---- the emitter record ---------------------------------------------------------------- */
 
-/* The window analysis a configuration needs (no isl), kept for the
- * binding: 1 for a window micro-graph Layer I applies to, 0 when not,
- * AP_ENOMEM.  The driver binds Layer I itself (it is not in the
- * registry: the cost model decides whether it pays, ap_fuse_layer1_pays). */
+/* Layer I's binding: the window analysis a configuration needs (no
+ * isl), and the isl plan of the configuration the driver chose, once
+ * made (ap_fuse_layer1_plan_bound). */
+typedef struct l1_bound {
+	ap_layer1 win;
+	ap_layer1 *plan;                   /* owned; NULL until planned */
+} l1_bound;
+
+static const ap_layer1 *win_of(const ap_bound *b)
+{
+	return &((const l1_bound *)b->an)->win;
+}
+
+/* 1 for a window micro-graph Layer I applies to, 0 when not, AP_ENOMEM.
+ * Not in the registry: the driver binds Layer I where the micro-graph
+ * wants it, and keeps it where the cost model says it pays
+ * (ap_fuse_layer1_pays). */
 static int l1_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
 {
-	ap_layer1 *l;
+	l1_bound *lb;
 	char why[160];
 	int rc;
 
 	(void)t;
 	if (m->kind != AP_GROUP_WINDOW)
 		return 0;
-	if (!(l = calloc(1, sizeof(*l))))
+	if (!(lb = calloc(1, sizeof(*lb))))
 		return AP_ENOMEM;
-	if ((rc = analyze(m, l, why, sizeof(why))) <= 0) {
-		free(l);
+	if ((rc = analyze(m, &lb->win, why, sizeof(why))) <= 0) {
+		free(lb);
 		return rc;
 	}
-	*an = l;
+	*an = lb;
 	return 1;
+}
+
+static void l1_unbind(void *an)
+{
+	ap_fuse_layer1_free(((l1_bound *)an)->plan);
+	free(an);
+}
+
+/* Configuration *s of plan l's tile (Layer I's knobs). */
+static void sched_of_plan(const ap_layer1 *l, ap_sched *s)
+{
+	s->em = &ap_fuse_layer1_emitter;
+	s->n = l->reduce ? 1 : 2;
+	if (l->reduce)
+		s->v[0] = (int)l->tile[1];
+	else
+		s->v[0] = (int)l->tile[l->rank - 2], s->v[1] = (int)l->tile[l->rank - 1];
+}
+
+/* The binding's plan when it is configuration s's (its tile), else NULL. */
+static const ap_layer1 *plan_for(const ap_bound *b, const ap_sched *s)
+{
+	const ap_layer1 *l = ((const l1_bound *)b->an)->plan;
+	ap_sched ps;
+
+	if (!l)
+		return NULL;
+	sched_of_plan(l, &ps);
+	return s->n == ps.n && !memcmp(s->v, ps.v, (size_t)ps.n * sizeof(ps.v[0])) ? l : NULL;
+}
+
+int ap_fuse_layer1_plan_bound(ap_bound *b, unsigned max_threads, ap_sched *s, char *why, size_t cap)
+{
+	l1_bound *lb = b->an;
+	ap_layer1 *l = NULL;
+	int rc;
+
+	if (b->em != &ap_fuse_layer1_emitter || !lb) {
+		snprintf(why, cap, "not bound to Layer I");
+		return 0;
+	}
+	rc = ap_fuse_layer1_plan(b->m, b->t, max_threads, s->n ? s : NULL, &l, why, cap);
+	if (rc <= 0)
+		return rc;
+	ap_fuse_layer1_free(lb->plan);
+	lb->plan = l;
+	sched_of_plan(l, s);
+	return 1;
+}
+
+const ap_layer1 *ap_fuse_layer1_bound_plan(const ap_bound *b)
+{
+	return b->em == &ap_fuse_layer1_emitter && b->an ? ((const l1_bound *)b->an)->plan : NULL;
 }
 
 /* The tile as knobs: "th" rows and "tw" columns of the two innermost
@@ -2105,7 +2171,7 @@ static int l1_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
  * are always among them. */
 static int l1_space(const ap_bound *b, ap_space *out)
 {
-	ap_layer1 l = *(const ap_layer1 *)b->an;   /* choose_tile sets the tile */
+	ap_layer1 l = *win_of(b);   /* choose_tile sets the tile */
 	int64_t v[AP_KNOB_MAX_VALUES];
 	bool rule;
 
@@ -2128,7 +2194,7 @@ static int l1_space(const ap_bound *b, ap_space *out)
 
 static int l1_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 {
-	ap_layer1 l = *(const ap_layer1 *)b->an;
+	ap_layer1 l = *win_of(b);
 
 	for (int q = 0; q < sp->n; q++)
 		s->v[q] = sp->knobs[q].values[0];
@@ -2141,10 +2207,10 @@ static int l1_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 	return 0;
 }
 
-/* A tile resolved without isl: its staged box's shared bytes and thread
- * grid as tile_box and thread_grid estimate them, and its blocks (one a
- * tile) -- what l1_traffic models; the kernel's own box is isl's
- * (l1_emit plans the tile). */
+/* A tile resolved: its staged box's shared bytes, thread grid, blocks
+ * (one a tile) and recompute ratio -- the binding's isl plan's where it is
+ * this tile's, else as tile_box and thread_grid estimate them (the
+ * tuner's points, before any plan).  What l1_traffic models. */
 typedef struct l1_res {
 	bool tiled;                        /* s gives the tile (else: the micro-graph's traffic only) */
 	unsigned smem;
@@ -2157,35 +2223,47 @@ _Static_assert(sizeof(l1_res) <= AP_PLAN_BYTES, "the Layer I plan fits ap_plan")
 
 static int l1_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 {
-	ap_layer1 l = *(const ap_layer1 *)b->an;   /* set_tile sets the tile */
+	ap_layer1 l = *win_of(b);   /* set_tile sets the tile */
+	const ap_layer1 *pl = plan_for(b, s);
 	l1_res *r = (l1_res *)out->x;
 	int64_t bh, bw;
 
 	if (s->n != (l.reduce ? 1 : 2))
 		return 0;
 	r->tiled = true;
+	if (pl) {
+		r->smem = pl->smem_bytes;
+		r->tx = pl->tx;
+		r->ty = pl->ty;
+		r->blocks = ap_grid_for(pl->n_tiles, 1);
+		r->recompute = pl->recompute;
+		return 1;
+	}
 	r->smem = (unsigned)tile_box(b->m->g, &l, s->v[0], s->v[s->n - 1], &bh, &bw);
 	set_tile(b->m->g, &l, s->v[0], s->v[s->n - 1]);
 	thread_grid(bh, bw, 256, &r->tx, &r->ty);
 	r->blocks = ap_grid_for(l.n_tiles, 1);
 	r->recompute = l.recompute;
-	return tile_box_bytes(b->m->g, b->an, s->v[0], s->v[s->n - 1]) <= smem_cap_of(b->t);
+	return tile_box_bytes(b->m->g, win_of(b), s->v[0], s->v[s->n - 1]) <= smem_cap_of(b->t);
 }
 
-/* The kernel of configuration s: its plan (isl), then the plan's kernel
- * (emit_kernel), as ap_fuse_layer1_plan and ap_fuse_layer1_emit make
- * them.  AP_EUNSUPPORTED when Layer I refuses the tile (the message says
- * why), AP_ENOMEM. */
+/* The kernel of configuration s: the binding's plan where it is this
+ * tile's, else the tile planned now (isl); then the plan's kernel
+ * (emit_kernel), as ap_fuse_layer1_emit builds it.  AP_EUNSUPPORTED when
+ * Layer I refuses the tile (the message says why), AP_ENOMEM. */
 static int l1_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_error *err)
 {
+	const ap_layer1 *bound = plan_for(b, &pl->s);
 	ap_layer1 *l = NULL;
 	char why[300];
-	int rc = ap_fuse_layer1_plan(b->m, b->t, 0, &pl->s, &l, why, sizeof(why));
+	int rc;
 
+	if (bound)
+		return emit_kernel(b->m, bound, b->t, k, err);
+	rc = ap_fuse_layer1_plan(b->m, b->t, 0, &pl->s, &l, why, sizeof(why));
 	if (rc <= 0)
-		return ap_error_set(err, rc < 0 ? AP_ENOMEM : AP_EUNSUPPORTED,
-				    b->m->g->nodes[((const ap_layer1 *)b->an)->window].name, NULL, "layer I: %s",
-				    rc < 0 ? "out of memory" : why);
+		return ap_error_set(err, rc < 0 ? AP_ENOMEM : AP_EUNSUPPORTED, b->m->g->nodes[win_of(b)->window].name,
+				    NULL, "layer I: %s", rc < 0 ? "out of memory" : why);
 	rc = emit_kernel(b->m, l, b->t, k, err);
 	ap_fuse_layer1_free(l);
 	return rc;
@@ -2213,5 +2291,5 @@ static int l1_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 }
 
 const ap_emitter ap_fuse_layer1_emitter = {
-	"layer1", l1_bind, NULL, l1_space, l1_choose, l1_emit, l1_traffic, l1_resolve, true, NULL,
+	"layer1", l1_bind, l1_unbind, l1_space, l1_choose, l1_emit, l1_traffic, l1_resolve, true, NULL,
 };
