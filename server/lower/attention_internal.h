@@ -1,0 +1,188 @@
+/* attention_internal.h -- what the attention emitter's three files share
+ * (internal to server/lower/): the analysis (att_plan), the tensor-core
+ * tiles' geometry, the kernel context and the steps both forms use.
+ *   attention.c         the analysis, the space, the plan, the emitter record
+ *   attention_kernel.c  the steps both forms share, and the SIMT form
+ *   attention_tc.c      the tensor-core form (mma.sync, and wgmma on sm_90a)
+ * The method is attention.c's file comment.
+ */
+#ifndef AP_LOWER_ATTENTION_INTERNAL_H
+#define AP_LOWER_ATTENTION_INTERNAL_H
+
+#include "emitters.h"
+
+#define KEYS 32                     /* SIMT: keys per tile, one per lane */
+#define TC_HEAD_MAX 128             /* tensor cores: the largest head dim (registers) */
+#define TC_PAD 8                    /* tensor cores: elements padding a shared row (16 bytes:
+				       ldmatrix's eight rows fall in distinct banks) */
+
+typedef struct att_plan {
+	int mm1, mm2;                   /* the two products */
+	int y1, s, m, e, l, p, o;       /* tensors: QK^T, scores, max, exp, sum, probabilities, PV */
+	int q, kt, v;                   /* operands: Q [.., Nq, D], K^T [.., D, Nk], V [.., Nk, Dv] */
+	int nb;                         /* batch dims of S (and O) */
+	int64_t bdims[AP_MAX_RANK], batch, Nq, Nk, D, Dv;
+	ap_dtype t, acc;
+	ap_emap *maps;                  /* from O: its epilogue */
+	bool *dep;                      /* per tensor: computed from Y1 */
+	bool s_out, m_out, l_out;       /* written for other kernels */
+	bool safe;                      /* safe softmax: the max is Max(m, lowest finite), the
+					   divisor Max(l, 1) -- a row of -inf scores gives 0
+					   (match_softmax) */
+	int n_stat;                     /* outputs computed from m and l alone (a LogSumExp) */
+	int stat[4];
+	bool tc;                        /* the tensor-core form (16-bit operands, sm_80 and later) */
+	ap_kir_mma_kind mma;            /* its mma.sync shape and types */
+	/* tensor cores: per operand (Q, K^T, V), elements per cp.async when it
+	 * is a strided view of a buffer, contiguous along the head dim (0: read
+	 * through the value builder), its view and buffer */
+	int aw[3];
+	ap_sview sv[3];
+	int leaf[3];
+} att_plan;
+
+/* Tensor-core tiles: head dims padded to the mma shapes (the k step of
+ * QK^T: 16 for 16-bit operands, 8 for TF32; n8 for PV) and the shared
+ * bytes of W warps (16 query rows each) and BK keys a tile. */
+static inline bool tc_tf32(const att_plan *p)
+{
+	return p->mma == AP_KIR_MMA_TF32_1688;
+}
+
+static inline int64_t tc_dpad(const att_plan *p)
+{
+	int ks = tc_tf32(p) ? 8 : 16;
+
+	return (p->D + ks - 1) / ks * ks;
+}
+
+static inline int64_t tc_dvpad(const att_plan *p)
+{
+	return (p->Dv + 7) / 8 * 8;
+}
+
+/* Row lengths (elements) of the shared Q / K tiles and of the V tile.
+ * ldmatrix reads eight 16-byte rows at a time: 16 bytes of padding a row
+ * put them in distinct banks (a row stride of 4 mod 32 words).  TF32
+ * reads V's B fragments one element a lane (V[k][n] at rows t, t + 4 and
+ * column g): a stride of 8 mod 32 words keeps the 32 lanes in distinct
+ * banks. */
+static inline int64_t tc_ldq(const att_plan *p)
+{
+	return tc_dpad(p) + (tc_tf32(p) ? 4 : TC_PAD);
+}
+
+static inline int64_t tc_ldv(const att_plan *p)
+{
+	int64_t d = tc_dvpad(p);
+
+	return tc_tf32(p) ? d + (8 - d % 32 + 32) % 32 : d + TC_PAD;
+}
+
+/* Stages of the K and V tiles: two (the next tile's copies in flight
+ * while the block computes on this one) when both are copied by
+ * cp.async, else one. */
+static inline int tc_stages(const att_plan *p)
+{
+	return p->aw[1] && p->aw[2] ? 2 : 1;
+}
+
+/* The tensor-core form on wgmma (sm_90a): 16-bit operands, V's head dim
+ * at most 256 (one wgmma's N); a block of whole warpgroups (W a multiple
+ * of 4) takes it. */
+static inline bool tc_wg(const att_plan *p, const ap_target_info *t)
+{
+	return p->tc && t->wgmma && !tc_tf32(p) && tc_dvpad(p) <= 256;
+}
+
+static inline size_t tc_smem(const att_plan *p, int W, int BK)
+{
+	return (size_t)(16 * W * tc_ldq(p) + tc_stages(p) * BK * (tc_ldq(p) + tc_ldv(p))) * ap_dtype_size(p->t);
+}
+
+static inline bool tc_fits(const att_plan *p, const ap_target_info *t, int W, int BK)
+{
+	return W >= 1 && (unsigned)W * 32u <= ap_block_cap(t) && BK % 16 == 0 && BK >= 16 &&
+	       tc_smem(p, W, BK) <= t->shared_per_block;
+}
+
+typedef struct actx {
+	const att_plan *p;
+	ap_vctx *v;
+	ap_kir_kernel *k;
+	ap_kir_expr *bc[AP_MAX_RANK];   /* the block's batch coordinates */
+	ap_kir_expr *dot;               /* leaf hook: Y1's value (a lane's dot product) */
+	ap_kir_expr *mval, *lval;       /* leaf hook: the row's max and sum (accumulator type) */
+	ap_kir_expr *out;               /* leaf hook: O's value */
+	bool wg;                        /* the tensor-core form on wgmma (sm_90a): Q, K and V
+					   tiles in core-matrix layouts (wg_place) */
+} actx;
+
+/* ---- attention_kernel.c: the shared steps and the SIMT form ---- */
+
+/* What the output accumulator of a row is divided by: its sum l, or in
+ * the safe form Max(l, 1) -- l itself wherever a score is finite (the
+ * largest adds exp(0) = 1), 1 for a row of -inf scores, whose
+ * accumulator stayed 0. */
+ap_kir_expr *ap__att_divisor(actx *c, ap_kir_expr *l);
+
+/* The value builder's leaf hook of both forms: Y1's value is c->dot, the
+ * row's max and sum c->mval and c->lval, O's value c->out (each where the
+ * form set it); every other tensor the builder's own. */
+ap_kir_expr *ap__att_leaf(ap_vctx *v, int t, ap_lidx *ix, void *user);
+
+/* Index into tensor x (of rank >= 2) at the block's batch, broadcast the
+ * numpy way, and (r, c) for its last two dims. */
+ap_lidx ap__att_idx2(actx *c, int x, ap_kir_expr *r, ap_kir_expr *col);
+
+/* Butterfly over groups of `lanes` consecutive lanes (a power of two):
+ * every lane ends with the max (or sum) of v over its group. */
+ap_kir_expr *ap__att_xor_reduce(actx *c, ap_kir_expr *v, bool max, int lanes);
+
+/* Stages rows [r0, r0 + n) of a tile of operand `role` (0 Q, 1 K^T, 2 V)
+ * into the shared array `arr` (row r at arr[base + r * ld], `cols` elements of
+ * arr's type), the block's threads striding over it: element (r, j) is
+ * the operand at (r0 + r, j) -- K^T at (j, r0 + r) -- and zero past row
+ * `rows_ok` or column `cols_ok`.  Copied by cp.async (p->aw[role]
+ * elements at a time, from its buffer; the caller commits and waits) when
+ * the plan says so, else read through the value builder (views and
+ * prologues in place). */
+void ap__att_stage_rows(actx *c, ap_kir_array *arr, ap_kir_expr *base, int role, int64_t n, int64_t cols,
+		       int64_t ld, ap_kir_expr *r0, int64_t rows_ok, int64_t cols_ok);
+
+/* The copies this thread issued are complete (when there are any): the
+ * barrier that follows makes them the block's. */
+void ap__att_async_done(actx *c, bool any);
+
+/* sv = S at (row, key) (float32 or float64): the first product's
+ * epilogue on `dot`, Y1's value there; S is also stored when another
+ * kernel reads it and row < Nq (rows past it are read at the last row,
+ * never stored). */
+void ap__att_score(actx *c, ap_kir_var *sv, ap_kir_expr *dot, ap_kir_expr *row, ap_kir_expr *key);
+
+/* The row statistics other kernels read (the max m and the sum l of
+ * row), stored when row < Nq and `cond`. */
+void ap__att_store_stats(actx *c, ap_kir_expr *row, ap_kir_expr *cond, ap_kir_var *m, ap_kir_var *l);
+
+/* Opens the grid-stride loop over the block tiles, `per` query rows of
+ * one batch each (the grid is set here), with a barrier first (the
+ * previous tile's shared memory is free after it); sets c->bc to the
+ * tile's batch coordinates and returns its first query row.  *saved
+ * closes the loop (ap_v_close). */
+ap_kir_expr *ap__att_open_tiles(actx *c, int64_t per, ap_kir_block **saved);
+
+/* The SIMT form (the file comment): R warps a block, a query row each;
+ * per key tile, simt_score, simt_softmax and simt_accumulate, then
+ * simt_store.  Errors: AP_EUNSUPPORTED (R warps do not fit a block),
+ * AP_ENOMEM. */
+int ap__att_emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err);
+
+/* ---- attention_tc.c: the tensor-core form ---- */
+
+/* The tensor-core form (attention_tc.c, the comment on att_tc): W warps of 16 query rows, key
+ * tiles of BK; per key tile tc_stage_kv, tc_qk, tc_scores, tc_row_max,
+ * tc_probabilities and tc_pv, then tc_store.  Errors: AP_EUNSUPPORTED
+ * (the tiles do not fit the target: tc_fits), AP_ENOMEM. */
+int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *err);
+
+#endif

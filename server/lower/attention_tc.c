@@ -1,0 +1,639 @@
+/* attention_tc.c -- the attention emitter's tensor-core form: 16 query
+ * rows a warp on mma.sync (float16, bfloat16; TF32 for float32 with
+ * allow_tf32), and on sm_90a a warpgroup per 64 query rows on wgmma (see
+ * attention.c).
+ */
+#include "attention_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Rounds the n float32 elements of register array f to TF32 (what the
+ * tensor core reads of them: PTX cvt.rna.tf32.f32). */
+static void round_tf32(actx *c, ap_kir_array *f, int n)
+{
+	ap_kir_block *saved;
+	ap_kir_var *i = ap_v_loop_unrolled(c->v, "r", n, &saved);
+
+	ap_kir_store(c->k, c->v->cur, f, ap_kir_ref(c->k, i),
+		     ap_kir_call(c->k, AP_KIR_TF32, ap_kir_load(c->k, f, ap_kir_ref(c->k, i)), NULL));
+	ap_v_close(c->v, saved);
+}
+
+/* TF32: the probabilities of the warp's 16 rows, held in the m16n8 C
+ * layout in cf (per n8 tile j: P[g][2t, 2t + 1], P[g + 8][2t, 2t + 1]),
+ * into the m16n8k8 A layout in af (per k8 step j: P[g][t], P[g + 8][t],
+ * P[g][t + 4], P[g + 8][t + 4]), rounded to TF32.  P[g][c] sits in lane
+ * 4g + c / 2, element c % 2: two source lanes, 4g + t / 2 and
+ * 4g + 2 + t / 2, each shuffled (its four elements; the caller's parity
+ * picks). */
+static void tf32_a_from_c(actx *c, ap_kir_array *cf, ap_kir_array *af, int tiles, ap_kir_expr *tq)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_expr *lane = ap_kir_binary(k, AP_KIR_AND, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, 31));
+	ap_kir_expr *odd = ap_kir_bind(k, v->cur, AP_DT_BOOL, "od",
+				       ap_kir_binary(k, AP_KIR_NE, ap_kir_binary(k, AP_KIR_AND, tq, ap_kir_idx(k, 1)),
+						     ap_kir_idx(k, 0)));
+	ap_kir_expr *src[2];
+	ap_kir_block *saved;
+	ap_kir_var *j;
+
+	src[0] = ap_kir_bind(k, v->cur, k->index_type, "sl",
+			     ap_kir_add(k, ap_kir_binary(k, AP_KIR_AND, lane, ap_kir_idx(k, ~3)),
+					ap_kir_binary(k, AP_KIR_SHR, tq, ap_kir_idx(k, 1))));
+	src[1] = ap_kir_bind(k, v->cur, k->index_type, "sl", ap_kir_addi(k, src[0], 2));
+	j = ap_v_loop_unrolled(v, "pj", tiles, &saved);
+	for (int h = 0; h < 2; h++)          /* source lane: columns t, t + 4 */
+		for (int r = 0; r < 2; r++) {    /* rows g, g + 8 */
+			ap_kir_var *x[2];
+
+			for (int e = 0; e < 2; e++) {
+				x[e] = ap_kir_var_new(k, AP_DT_F32, "px");
+				ap_kir_let(k, v->cur, x[e], NULL);
+				ap_kir_shfl(k, v->cur, x[e], AP_KIR_SHFL_IDX,
+					    ap_kir_load(k, cf, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, j), 4), 2 * r + e)),
+					    src[h], 32);
+			}
+			ap_kir_store(k, v->cur, af, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, j), 4), 2 * h + r),
+				     ap_kir_call(k, AP_KIR_TF32,
+						 ap_kir_select(k, odd, ap_kir_ref(k, x[1]), ap_kir_ref(k, x[0])), NULL));
+		}
+	ap_v_close(v, saved);
+}
+
+/* ---- the tensor-core form ---------------------------------------------------------------
+ *
+ * FlashAttention-2's warp layout (Dao, "FlashAttention-2", 2023, section
+ * 3.3) on mma.sync m16n8k16: a block takes 16 * W query rows of one batch,
+ * 16 rows a warp, and walks the keys in tiles of BK.  Q's tile is staged
+ * in shared memory once and held as A fragments (ldmatrix .x4); each key
+ * tile of K and V is staged in shared memory (rows padded by tc_ldq /
+ * tc_ldv; zero past the head dims and past the last key).  For a tile:
+ *   S = Q K^T      K's rows are B's columns: ldmatrix .x2, mma into BK / 8
+ *                  accumulator fragments (float32);
+ *   scores         the first product's epilogue on each element a lane
+ *                  holds (rows g and g + 8 of the warp's 16, g = lane / 4),
+ *                  -inf past the last key;
+ *   online softmax a row's maximum over the four lanes that hold it (two
+ *                  xor shuffles), exp(s - m') in float32, the lane's part
+ *                  of the row sum kept per lane (the four are summed at
+ *                  the end: the rescale factor is the same for all four);
+ *   O += P V       the score fragments of two n8 tiles are, element for
+ *                  element, the A fragment of one k16 step (the m16n8k16
+ *                  C and A layouts, kir.h), so P goes to 16-bit registers
+ *                  without shared memory; V's tile is B with its rows
+ *                  along k: ldmatrix .x2 .trans.
+ * With K and V both copied by cp.async the tiles have two stages: the
+ * next tile's copies are issued before this tile's products.  At the end
+ * O = acc / l through O's epilogue; the statistics other kernels read as
+ * in the SIMT form.  P is rounded to the operand type before PV as the
+ * unfused graph rounds its probabilities, but before the division by the
+ * sum (as FlashAttention does).  TF32 (m16n8k8, float32 registers): Q and
+ * K through 32-bit ldmatrix, V's B fragments one element a lane, P moved
+ * from the C layout to the A layout by shuffles (tf32_a_from_c), every
+ * operand rounded to TF32 first. */
+
+/* The tensor-core form's state (emit_tc and its steps): W warps of 16
+ * query rows (BQ = 16 * W), key tiles of BK in NST stages. */
+typedef struct att_tc {
+	actx *c;
+	ap_dtype T, A;                  /* the operand type; float32 accumulators */
+	int64_t Dp, Dvp, ldq, ldv;      /* padded head dims; shared row lengths (tc_ldq, tc_ldv) */
+	int BK, BQ, NST;
+	int NS, NO;                     /* n8 tiles of a score tile (BK / 8) and of O (Dvp / 8) */
+	bool tf32;
+	int KS;                         /* k step of an mma */
+	int AF, BF, CF;                 /* elements of the A, B and C fragments a lane */
+	int64_t ntiles;                 /* key tiles */
+	ap_kir_array *qs, *ks, *vs;     /* shared: Q's tile, the K and V tiles */
+	ap_kir_array *qf, *kf, *vf;     /* registers: Q's A fragments, a B fragment of K, of V */
+	ap_kir_array *sacc, *pf, *oacc; /* registers: scores (C), probabilities (A), O (C) */
+	ap_kir_expr *warp, *lane, *g, *tq;       /* g = lane / 4, tq = lane % 4 */
+	ap_kir_expr *l8, *l16, *hi, *j2;         /* lane % 8, lane % 16, lane / 16, (lane / 8) % 2 */
+	ap_kir_expr *wrow, *ninf;       /* the warp's first row; -inf */
+	ap_kir_var *mrun[2], *lrun[2];  /* running max and sum of rows g (0) and g + 8 (1) */
+	/* the current key tile */
+	ap_kir_expr *key0, *kbase, *vbase;   /* its first key; its stage's K and V offsets */
+	ap_kir_expr *mnew[2], *dead[2], *alpha[2];
+	ap_kir_var *rs[2];              /* the lane's part of the tile's row sums */
+} att_tc;
+
+/* The shared tiles and the register fragments, and a comment per
+ * operand saying how it is staged.  AP_ENOMEM through err when an
+ * allocation failed. */
+static int tc_declare(att_tc *s, ap_error *err)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+
+	s->qs = ap_kir_shared(k, "qs", s->T, s->BQ * s->ldq);
+	s->ks = ap_kir_shared(k, "ks", s->T, s->NST * s->BK * s->ldq);
+	s->vs = ap_kir_shared(k, "vs", s->T, s->NST * s->BK * s->ldv);
+	ap_kir_mma_frag_sizes(p->mma, &s->AF, &s->BF, &s->CF);
+	s->qf = ap_kir_local(k, "qf", s->T, s->Dp / s->KS * s->AF);
+	s->kf = ap_kir_local(k, "kf", s->T, s->BF);
+	s->vf = ap_kir_local(k, "vf", s->T, s->BF);
+	s->sacc = ap_kir_local(k, "sf", s->A, s->NS * 4);
+	s->pf = ap_kir_local(k, "pf", s->T, s->NS * 4);     /* 16-bit: BK / 16 A fragments of 8; TF32: BK / 8 of 4 */
+	s->oacc = ap_kir_local(k, "of", s->A, s->NO * 4);
+	if (ap_kir_failed(k))
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention");
+	for (int r = 0; r < 3; r++) {
+		static const char *const names[] = {"Q", "K", "V"};
+
+		if (p->aw[r])
+			ap_kir_comment(k, c->v->cur, "operand %s: cp.async, %zu bytes a copy", names[r],
+				       (size_t)p->aw[r] * ap_dtype_size(s->T));
+		else
+			ap_kir_comment(k, c->v->cur, "operand %s: through registers (computed on the way, or "
+				       "not contiguous along the head dim)", names[r]);
+	}
+	return 0;
+}
+
+/* (emitters.h) */
+void ap__mma_lanes(ap_kir_kernel *k, ap_kir_block *b, ap_mma_lanes *l)
+{
+	ap_kir_expr *tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
+
+	l->warp = ap_kir_bind(k, b, k->index_type, "w", ap_kir_binary(k, AP_KIR_SHR, tid, ap_kir_idx(k, 5)));
+	l->lane = ap_kir_bind(k, b, k->index_type, "ln", ap_kir_binary(k, AP_KIR_AND, tid, ap_kir_idx(k, 31)));
+	l->g = ap_kir_bind(k, b, k->index_type, "g", ap_kir_binary(k, AP_KIR_SHR, l->lane, ap_kir_idx(k, 2)));
+	l->tq = ap_kir_bind(k, b, k->index_type, "tq", ap_kir_binary(k, AP_KIR_AND, l->lane, ap_kir_idx(k, 3)));
+	l->l8 = ap_kir_binary(k, AP_KIR_AND, l->lane, ap_kir_idx(k, 7));
+	l->l16 = ap_kir_binary(k, AP_KIR_AND, l->lane, ap_kir_idx(k, 15));
+	l->hi = ap_kir_binary(k, AP_KIR_SHR, l->lane, ap_kir_idx(k, 4));
+	l->j2 = ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, l->lane, ap_kir_idx(k, 3)), ap_kir_idx(k, 1));
+}
+
+/* The thread's warp and lane parts (ap__mma_lanes) and -inf. */
+static void tc_lanes(att_tc *s)
+{
+	ap_mma_lanes l;
+
+	ap__mma_lanes(s->c->k, s->c->v->cur, &l);
+	s->warp = l.warp;
+	s->lane = l.lane;
+	s->g = l.g;
+	s->tq = l.tq;
+	s->l8 = l.l8;
+	s->l16 = l.l16;
+	s->hi = l.hi;
+	s->j2 = l.j2;
+	s->ninf = ap_kir_float(s->c->k, s->A, -INFINITY);
+}
+
+/* The block's BQ query rows from q0 into qs (with two stages, the first
+ * key tile's copies issued behind them), then the warp's 16 rows as A
+ * fragments qf by ldmatrix .x4 (matrix j = lane / 8: rows (j % 2) * 8..,
+ * k (j / 2) * KS / 2..), rounded for TF32. */
+static void tc_load_q(att_tc *s, ap_kir_expr *q0)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved;
+	ap_kir_var *kk;
+
+	ap__att_stage_rows(c, s->qs, ap_kir_idx(k, 0), 0, s->BQ, s->Dp, s->ldq, q0, p->Nq, p->D);
+	if (p->aw[0])
+		ap_kir_cp_commit(k, v->cur);
+	if (s->NST == 2) {
+		/* the first key tile's copies, in flight while Q's fragments load */
+		ap__att_stage_rows(c, s->ks, ap_kir_idx(k, 0), 1, s->BK, s->Dp, s->ldq, ap_kir_idx(k, 0), p->Nk, p->D);
+		ap__att_stage_rows(c, s->vs, ap_kir_idx(k, 0), 2, s->BK, s->Dvp, s->ldv, ap_kir_idx(k, 0), p->Nk, p->Dv);
+		ap_kir_cp_commit(k, v->cur);
+	}
+	if (p->aw[0])
+		ap_kir_cp_wait(k, v->cur, s->NST == 2 ? 1 : 0);    /* Q's group */
+	if (c->wg) {   /* wgmma reads Q from shared memory through the async proxy */
+		ap_kir_fence_proxy_async(k, v->cur);
+		ap_kir_barrier(k, v->cur);
+		return;
+	}
+	ap_kir_barrier(k, v->cur);
+	kk = ap_v_loop_unrolled(v, "kq", s->Dp / s->KS, &saved);
+	ap_kir_ldmatrix(k, v->cur, s->qf, ap_kir_muli(k, ap_kir_ref(k, kk), s->AF), s->qs,
+			ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, s->warp, 16), s->l16), s->ldq),
+				   ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), s->KS), ap_kir_muli(k, s->hi, s->KS / 2))),
+			4, false);
+	ap_v_close(v, saved);
+	if (s->tf32)
+		round_tf32(c, s->qf, s->Dp / s->KS * s->AF);
+}
+
+/* The row statistics m = -inf, l = 0 of the lane's two rows and the
+ * output accumulators set to zero. */
+static void tc_init_state(att_tc *s)
+{
+	ap_kir_kernel *k = s->c->k;
+	ap_vctx *v = s->c->v;
+	ap_kir_block *saved;
+	ap_kir_var *i;
+
+	for (int h = 0; h < 2; h++) {
+		s->mrun[h] = ap_kir_var_new(k, s->A, "m");
+		s->lrun[h] = ap_kir_var_new(k, s->A, "l");
+		ap_kir_let(k, v->cur, s->mrun[h], s->ninf);
+		ap_kir_let(k, v->cur, s->lrun[h], ap_kir_float(k, s->A, 0));
+	}
+	i = ap_v_loop_unrolled(v, "z", s->NO * 4, &saved);
+	ap_kir_store(k, v->cur, s->oacc, ap_kir_ref(k, i), ap_kir_float(k, s->A, 0));
+	ap_v_close(v, saved);
+}
+
+/* Key tile kt in shared memory: with two stages, the next tile's copies
+ * go into the other stage (its last readers passed the barrier first)
+ * and this one's are waited for; with one, this tile is staged and
+ * waited for.  Sets key0 and the stage's offsets kbase / vbase. */
+static void tc_stage_kv(att_tc *s, ap_kir_var *kt)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_expr *kst;
+
+	s->key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), s->BK));
+	ap_kir_barrier(k, v->cur);
+	if (s->NST == 2) {
+		ap_kir_expr *nx = ap_kir_bind(k, v->cur, k->index_type, "kn", ap_kir_addi(k, ap_kir_ref(k, kt), 1));
+		ap_kir_block *s2;
+
+		kst = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), ap_kir_idx(k, 1)));
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, nx, ap_kir_idx(k, s->ntiles)), &s2, NULL);
+		{
+			ap_kir_expr *nst = ap_kir_binary(k, AP_KIR_AND, nx, ap_kir_idx(k, 1));
+			ap_kir_expr *nkey0 = ap_kir_muli(k, nx, s->BK);
+
+			ap__att_stage_rows(c, s->ks, ap_kir_muli(k, nst, s->BK * s->ldq), 1, s->BK, s->Dp, s->ldq, nkey0, p->Nk, p->D);
+			ap__att_stage_rows(c, s->vs, ap_kir_muli(k, nst, s->BK * s->ldv), 2, s->BK, s->Dvp, s->ldv, nkey0, p->Nk, p->Dv);
+		}
+		ap_v_close(v, s2);
+		ap_kir_cp_commit(k, v->cur);
+		ap_kir_cp_wait(k, v->cur, 1);
+	} else {
+		kst = ap_kir_idx(k, 0);
+		ap__att_stage_rows(c, s->ks, kst, 1, s->BK, s->Dp, s->ldq, s->key0, p->Nk, p->D);
+		ap__att_stage_rows(c, s->vs, kst, 2, s->BK, s->Dvp, s->ldv, s->key0, p->Nk, p->Dv);
+		ap__att_async_done(c, p->aw[1] || p->aw[2]);
+	}
+	s->kbase = ap_kir_bind(k, v->cur, k->index_type, "kb", ap_kir_muli(k, kst, s->BK * s->ldq));
+	s->vbase = ap_kir_bind(k, v->cur, k->index_type, "vb", ap_kir_muli(k, kst, s->BK * s->ldv));
+	if (c->wg)
+		ap_kir_fence_proxy_async(k, v->cur);
+	ap_kir_barrier(k, v->cur);
+}
+
+/* wgmma's layouts of the Q and K tiles (K-major: rows along M or N, the
+ * head dim along K) and of the V tile (MN-major: keys along K, its head
+ * dim along N), wg_place's. */
+static ap_kir_wg_layout wg_qk_layout(const att_tc *s)
+{
+	return (ap_kir_wg_layout){false, 128, (int)(16 * s->Dp)};
+}
+
+static ap_kir_wg_layout wg_v_layout(const att_tc *s)
+{
+	return (ap_kir_wg_layout){true, (int)(16 * s->Dvp), 128};
+}
+
+/* S = Q K^T on wgmma (sm_90a, FlashAttention-3's first product): per k16
+ * step of the head dim one m64nBKk16 of the warpgroup -- A its 64 query
+ * rows of the Q tile, B the K tile -- into the score accumulators, whose
+ * layout is mma.sync's per warp (warp q of the warpgroup: rows 16 q..). */
+static void wg_qk(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved;
+	ap_kir_var *i, *kk;
+	ap_kir_expr *row0 = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_SHR, s->warp, ap_kir_idx(k, 2)), 64);
+
+	i = ap_v_loop_unrolled(v, "z", s->NS * 4, &saved);
+	ap_kir_store(k, v->cur, s->sacc, ap_kir_ref(k, i), ap_kir_float(k, s->A, 0));
+	ap_v_close(v, saved);
+	ap_kir_wgmma_fence(k, v->cur, s->sacc);
+	kk = ap_v_loop_unrolled(v, "kq", s->Dp / 16, &saved);
+	ap_kir_wgmma(k, v->cur, s->T == AP_DT_F16 ? AP_KIR_WGMMA_F16 : AP_KIR_WGMMA_BF16, s->BK, s->sacc,
+		     ap_kir_idx(k, 0), s->qs, ap__wg_place(k, row0, ap_kir_muli(k, ap_kir_ref(k, kk), 16), s->Dp),
+		     wg_qk_layout(s), s->ks,
+		     ap_kir_add(k, s->kbase, ap__wg_place(k, ap_kir_idx(k, 0), ap_kir_muli(k, ap_kir_ref(k, kk), 16), s->Dp)),
+		     wg_qk_layout(s));
+	ap_v_close(v, saved);
+	ap_kir_wgmma_commit(k, v->cur);
+	ap_kir_wgmma_wait(k, v->cur, 0, s->sacc);
+}
+
+/* O += P V on wgmma: per k16 step j of the key tile one m64nDvk16 with A
+ * the probabilities' registers (pf: the A fragment of step j, the same
+ * layout as mma.sync's) and B the V tile's keys 16 j.. */
+static void wg_pv(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved;
+	ap_kir_var *j;
+
+	ap_kir_wgmma_fence(k, v->cur, s->oacc);
+	j = ap_v_loop_unrolled(v, "kj", s->BK / 16, &saved);
+	ap_kir_wgmma(k, v->cur, s->T == AP_DT_F16 ? AP_KIR_WGMMA_F16 : AP_KIR_WGMMA_BF16, (int)s->Dvp, s->oacc,
+		     ap_kir_idx(k, 0), s->pf, ap_kir_muli(k, ap_kir_ref(k, j), 8), wg_qk_layout(s), s->vs,
+		     ap_kir_add(k, s->vbase, ap__wg_place(k, ap_kir_muli(k, ap_kir_ref(k, j), 16), ap_kir_idx(k, 0), s->Dvp)),
+		     wg_v_layout(s));
+	ap_v_close(v, saved);
+	ap_kir_wgmma_commit(k, v->cur);
+	ap_kir_wgmma_wait(k, v->cur, 0, s->oacc);
+}
+
+/* S = Q K^T for the tile: the NS score fragments set to zero, then per k
+ * step and n8 tile a B fragment of K by ldmatrix .x2 (K's rows are B's
+ * columns: matrix j2 holds k j2 * KS / 2..) and an mma. */
+static void tc_qk(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved, *s2;
+	ap_kir_var *i, *kk, *ni;
+	ap_kir_expr *si;
+
+	i = ap_v_loop_unrolled(v, "z", s->NS * 4, &saved);
+	ap_kir_store(k, v->cur, s->sacc, ap_kir_ref(k, i), ap_kir_float(k, s->A, 0));
+	ap_v_close(v, saved);
+	kk = ap_v_loop_unrolled(v, "kq", s->Dp / s->KS, &saved);
+	ni = ap_v_loop_unrolled(v, "ni", s->NS, &s2);
+	si = ap_kir_muli(k, ap_kir_ref(k, ni), 4);
+	ap_kir_ldmatrix(k, v->cur, s->kf, ap_kir_idx(k, 0), s->ks,
+			ap_kir_add(k, s->kbase,
+				   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, ni), 8), s->l8), s->ldq),
+					      ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, kk), s->KS), ap_kir_muli(k, s->j2, s->KS / 2)))),
+			2, false);
+	if (s->tf32)
+		round_tf32(c, s->kf, s->BF);
+	ap_kir_mma(k, v->cur, c->p->mma, s->sacc, si, s->qf, ap_kir_muli(k, ap_kir_ref(k, kk), s->AF), s->kf,
+		   ap_kir_idx(k, 0), s->sacc, si);
+	ap_v_close(v, s2);
+	ap_v_close(v, saved);
+}
+
+/* The scores: the first product's epilogue (score) on each element a
+ * lane holds, element e of n8 tile ni at row wrow + g + 8 * (e / 2), key
+ * key0 + 8 * ni + 2 * tq + e % 2; -inf past the last key. */
+static void tc_scores(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved;
+	ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", s->NS, &saved);
+
+	for (int e = 0; e < 4; e++) {
+		ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
+		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r",
+					       ap_kir_add(k, s->wrow, ap_kir_addi(k, s->g, 8 * (e >> 1))));
+		ap_kir_expr *key = ap_kir_bind(k, v->cur, k->index_type, "key",
+					       ap_kir_add(k, ap_kir_add(k, s->key0, ap_kir_muli(k, ap_kir_ref(k, ni), 8)),
+							  ap_kir_addi(k, ap_kir_muli(k, s->tq, 2), e & 1)));
+		ap_kir_var *sv = ap_kir_var_new(k, s->A, "s");
+		ap_kir_block *s2;
+
+		ap_kir_let(k, v->cur, sv, s->ninf);
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, key, ap_kir_idx(k, c->p->Nk)), &s2, NULL);
+		ap__att_score(c, sv, ap_kir_load(k, s->sacc, si), row, key);
+		ap_v_close(v, s2);
+		ap_kir_store(k, v->cur, s->sacc, si, ap_kir_ref(k, sv));
+	}
+	ap_v_close(v, saved);
+}
+
+/* The online softmax's maxima for rows g (h = 0) and g + 8 (h = 1): the
+ * lane's maximum, then the row's over the four lanes that hold it (two
+ * xor shuffles); the new maximum mnew, `dead` while every score so far
+ * is -inf, the rescale factor alpha = exp(m - mnew), and rs = 0, the
+ * lane's part of the tile's row sum. */
+static void tc_row_max(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_dtype A = s->A;
+	ap_kir_block *saved;
+
+	for (int h = 0; h < 2; h++) {
+		ap_kir_var *mx = ap_kir_var_new(k, A, "mx"), *ni;
+		ap_kir_expr *mt;
+
+		ap_kir_let(k, v->cur, mx, s->ninf);
+		ni = ap_v_loop_unrolled(v, "ni", s->NS, &saved);
+		for (int e = 2 * h; e < 2 * h + 2; e++)
+			ap_kir_assign(k, v->cur, mx, ap_kir_binary(k, AP_KIR_MAX, ap_kir_ref(k, mx),
+								   ap_kir_load(k, s->sacc, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e))));
+		ap_v_close(v, saved);
+		mt = ap__att_xor_reduce(c, ap_kir_ref(k, mx), true, 4);
+		s->mnew[h] = ap_kir_bind(k, v->cur, A, "mn", ap_kir_binary(k, AP_KIR_MAX, ap_kir_ref(k, s->mrun[h]), mt));
+		/* every score so far -inf: nothing to rescale, nothing to add */
+		s->dead[h] = ap_kir_bind(k, v->cur, AP_DT_BOOL, "dd", ap_kir_binary(k, AP_KIR_EQ, s->mnew[h], s->ninf));
+		s->alpha[h] = ap_kir_bind(k, v->cur, A, "al",
+					  ap_kir_select(k, s->dead[h], ap_kir_float(k, A, 1),
+							ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, s->mrun[h]), s->mnew[h]), NULL)));
+		s->rs[h] = ap_kir_var_new(k, A, "rs");
+		ap_kir_let(k, v->cur, s->rs[h], ap_kir_float(k, A, 0));
+	}
+}
+
+/* The probabilities exp(s - mnew) of the tile, summed into rs and moved
+ * into pf as PV's A fragments (16-bit: the C fragments of n8 tiles 2j,
+ * 2j + 1 are the A fragment of k16 step j; TF32: through the C layout
+ * and tf32_a_from_c); then l = l * alpha + rs, m = mnew, and O's
+ * accumulators rescaled by alpha. */
+static void tc_probabilities(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_dtype A = s->A;
+	ap_kir_block *saved;
+	ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", s->NS, &saved);
+
+	for (int e = 0; e < 4; e++) {
+		ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
+		ap_kir_expr *pv = ap_kir_bind(k, v->cur, A, "p",
+					      ap_kir_select(k, s->dead[e >> 1], ap_kir_float(k, A, 0),
+							    ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_load(k, s->sacc, si), s->mnew[e >> 1]), NULL)));
+
+		ap_kir_assign(k, v->cur, s->rs[e >> 1], ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, s->rs[e >> 1]), pv));
+		ap_kir_store(k, v->cur, s->tf32 ? s->sacc : s->pf, si, ap_kir_cast(k, s->tf32 ? A : s->T, pv));
+	}
+	ap_v_close(v, saved);
+	if (s->tf32)
+		tf32_a_from_c(c, s->sacc, s->pf, s->NS, s->tq);
+	for (int h = 0; h < 2; h++) {
+		ap_kir_assign(k, v->cur, s->lrun[h], ap_kir_binary(k, AP_KIR_ADD,
+								    ap_kir_binary(k, AP_KIR_MUL, ap_kir_ref(k, s->lrun[h]), s->alpha[h]),
+								    ap_kir_ref(k, s->rs[h])));
+		ap_kir_assign(k, v->cur, s->mrun[h], s->mnew[h]);
+	}
+	ni = ap_v_loop_unrolled(v, "no", s->NO, &saved);
+	for (int e = 0; e < 4; e++) {
+		ap_kir_expr *oi = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
+
+		ap_kir_store(k, v->cur, s->oacc, oi, ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, s->oacc, oi), s->alpha[e >> 1]));
+	}
+	ap_v_close(v, saved);
+}
+
+/* O += P V: per k step j of the tile and n8 tile no of O, V's B fragment
+ * (16-bit: ldmatrix .x2 .trans, V's rows along k; TF32: b0 = V[t][g],
+ * b1 = V[t + 4][g], one element a lane, since ldmatrix does not transpose
+ * 32-bit elements) and an mma with the probabilities' A fragment. */
+static void tc_pv(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved, *s2;
+	ap_kir_var *j = ap_v_loop_unrolled(v, "kj", s->BK / s->KS, &saved);
+	ap_kir_var *no = ap_v_loop_unrolled(v, "no", s->NO, &s2);
+	ap_kir_expr *oi = ap_kir_muli(k, ap_kir_ref(k, no), 4);
+
+	if (s->tf32) {
+		for (int e = 0; e < 2; e++)
+			ap_kir_store(k, v->cur, s->vf, ap_kir_idx(k, e),
+				     ap_kir_call(k, AP_KIR_TF32,
+						 ap_kir_load(k, s->vs, ap_kir_add(k, s->vbase,
+							ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), 8),
+												ap_kir_addi(k, s->tq, 4 * e)), s->ldv),
+								   ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, no), 8), s->g)))), NULL));
+	} else {
+		ap_kir_ldmatrix(k, v->cur, s->vf, ap_kir_idx(k, 0), s->vs,
+				ap_kir_add(k, s->vbase,
+					   ap_kir_add(k, ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, j), 16),
+										   ap_kir_add(k, ap_kir_muli(k, s->j2, 8), s->l8)), s->ldv),
+						      ap_kir_muli(k, ap_kir_ref(k, no), 8))),
+				2, true);
+	}
+	ap_kir_mma(k, v->cur, c->p->mma, s->oacc, oi, s->pf, ap_kir_muli(k, ap_kir_ref(k, j), s->AF), s->vf,
+		   ap_kir_idx(k, 0), s->oacc, oi);
+	ap_v_close(v, s2);
+	ap_v_close(v, saved);
+}
+
+/* After the last key tile: each row's sum from the four lanes that hold
+ * parts of it, O = acc / l through O's epilogue (rows below Nq, columns
+ * below Dv), and the statistics others read (from the lanes with
+ * tq = 0). */
+static void tc_store(att_tc *s)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved;
+	ap_kir_var *no;
+
+	for (int h = 0; h < 2; h++)
+		ap_kir_assign(k, v->cur, s->lrun[h], ap__att_xor_reduce(c, ap_kir_ref(k, s->lrun[h]), false, 4));
+	no = ap_v_loop_unrolled(v, "no", s->NO, &saved);
+	for (int e = 0; e < 4; e++) {
+		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r",
+					       ap_kir_add(k, s->wrow, ap_kir_addi(k, s->g, 8 * (e >> 1))));
+		ap_kir_expr *col = ap_kir_bind(k, v->cur, k->index_type, "col",
+					       ap_kir_add(k, ap_kir_muli(k, ap_kir_ref(k, no), 8),
+							  ap_kir_addi(k, ap_kir_muli(k, s->tq, 2), e & 1)));
+		ap_kir_block *s2;
+
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, p->Nq)),
+					 ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, p->Dv))), &s2, NULL);
+		c->out = ap_kir_bind(k, v->cur, s->A, "o",
+				     ap_kir_binary(k, AP_KIR_DIV,
+						   ap_kir_load(k, s->oacc, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, no), 4), e)),
+						   ap__att_divisor(c, ap_kir_ref(k, s->lrun[e >> 1]))));
+		ap__epilogue_store(v, p->maps, ap__att_idx2(c, p->o, row, col));
+		c->out = NULL;
+		ap_v_close(v, s2);
+	}
+	ap_v_close(v, saved);
+	for (int h = 0; h < 2 && (p->m_out || p->l_out || p->n_stat); h++) {
+		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r", ap_kir_add(k, s->wrow, ap_kir_addi(k, s->g, 8 * h)));
+
+		ap__att_store_stats(c, row, ap_kir_binary(k, AP_KIR_EQ, s->tq, ap_kir_idx(k, 0)), s->mrun[h], s->lrun[h]);
+	}
+}
+
+/* The tensor-core form (the comment above): W warps of 16 query rows, key
+ * tiles of BK; per key tile tc_stage_kv, tc_qk, tc_scores, tc_row_max,
+ * tc_probabilities and tc_pv, then tc_store.  Errors: AP_EUNSUPPORTED
+ * (the tiles do not fit the target: tc_fits), AP_ENOMEM. */
+int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *err)
+{
+	const att_plan *p = c->p;
+	ap_vctx *v = c->v;
+	ap_kir_kernel *k = c->k;
+	att_tc s;
+	int rc;
+	ap_kir_expr *q0;
+	ap_kir_var *kt;
+	ap_kir_block *tsaved, *ksaved;
+
+	if (!tc_fits(p, t, W, BK))
+		return ap_error_set(err, AP_EUNSUPPORTED, v->g->nodes[v->m->root].name, NULL,
+				    "attention emitter: %d warps and %d keys a tile do not fit", W, BK);
+	memset(&s, 0, sizeof(s));
+	s.c = c;
+	s.T = p->t;
+	s.A = AP_DT_F32;
+	s.Dp = tc_dpad(p);
+	s.Dvp = tc_dvpad(p);
+	s.ldq = tc_ldq(p);
+	s.ldv = tc_ldv(p);
+	s.BK = BK;
+	s.BQ = 16 * W;
+	s.NS = BK / 8;
+	s.NO = (int)(s.Dvp / 8);
+	s.NST = tc_stages(p);
+	s.tf32 = tc_tf32(p);
+	s.KS = s.tf32 ? 8 : 16;
+	c->wg = tc_wg(p, t) && W % 4 == 0;
+	if (c->wg) {   /* core-matrix tiles: no padding */
+		s.ldq = s.Dp;
+		s.ldv = s.Dvp;
+		ap_kir_comment(k, v->cur, "wgmma (sm_90a): %d warpgroups of 64 query rows, Q, K and V tiles "
+			       "in core-matrix layouts", W / 4);
+	}
+	if ((rc = tc_declare(&s, err)))
+		return rc;
+	s.ntiles = (p->Nk + BK - 1) / BK;
+	k->block[0] = 32u * (unsigned)W;
+	tc_lanes(&s);
+	q0 = ap__att_open_tiles(c, s.BQ, &tsaved);
+	/* the first of this warp's 16 rows */
+	s.wrow = ap_kir_bind(k, v->cur, k->index_type, "wr", ap_kir_add(k, q0, ap_kir_muli(k, s.warp, 16)));
+	tc_load_q(&s, q0);
+	tc_init_state(&s);
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s.ntiles), 1, &ksaved);
+	tc_stage_kv(&s, kt);
+	if (c->wg)
+		wg_qk(&s);
+	else
+		tc_qk(&s);
+	tc_scores(&s);
+	tc_row_max(&s);
+	tc_probabilities(&s);
+	if (c->wg)
+		wg_pv(&s);
+	else
+		tc_pv(&s);
+	ap_v_close(v, ksaved);
+	tc_store(&s);
+	ap_v_close(v, tsaved);
+	return 0;
+}
+
