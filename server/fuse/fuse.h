@@ -71,11 +71,6 @@ __ap_give ap_kir_kernel *ap_fuse_layer1_emit(__ap_keep const ap_mgraph *m, __ap_
 double ap_fuse_layer1_recompute(__ap_keep const ap_layer1 *l);
 /* Milliseconds the plan spent (isl included). */
 double ap_fuse_layer1_ms(__ap_keep const ap_layer1 *l);
-/* The launch's traffic for the cost model: every input and output once,
- * the arithmetic times the plan's recompute ratio, grid, block and shared
- * memory of the plan.  0 or AP_ENOMEM. */
-int ap_fuse_layer1_traffic(__ap_keep const ap_mgraph *m, __ap_keep const ap_layer1 *l,
-			   ap_traffic *out);
 /* The plan as text: tile, threads, recompute, then isl's forms of the
  * domain, reads, writes and schedule tree, one "key: value" per line.
  * Malloc'd; NULL on ENOMEM. */

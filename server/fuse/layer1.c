@@ -1914,18 +1914,6 @@ double ap_fuse_layer1_ms(const ap_layer1 *l)
 	return l->isl_ms;
 }
 
-int ap_fuse_layer1_traffic(const ap_mgraph *m, const ap_layer1 *l, ap_traffic *out)
-{
-	memset(out, 0, sizeof(*out));
-	if (ap__lower_inline_traffic(m, out) < 0)
-		return AP_ENOMEM;
-	out->blocks = ap_grid_for(l->n_tiles, 1);
-	out->threads = (unsigned)(l->tx * l->ty);
-	out->shared_bytes = l->smem_bytes;
-	out->flops *= l->recompute;   /* the halo's evaluations, as l1_traffic */
-	return 0;
-}
-
 __ap_give char *ap_fuse_layer1_text(const ap_layer1 *l)
 {
 	tbuf b = {0};
