@@ -2311,19 +2311,48 @@ END_TEST
 /* ---- wgmma (sm_90a) ---------------------------------------------------- */
 
 /* Byte offset of element (r, k) -- r along M or N, k along K -- of a
- * wgmma operand laid out without swizzling, written as the test's own
- * walk over core matrices (8 x 16 bytes): core (r / 8, k / 8) of a
- * K-major operand, (r / 8, k / 8) of an MN-major one whose rows run along
- * K; each core matrix's place from its coordinates and the two byte
- * offsets, then the element's place inside it. */
-static size_t wg_test_place(bool mn, int lbo, int sbo, int r, int k)
+ * wgmma operand of 16-bit elements, written as the test's own walk over
+ * its pieces rather than the descriptor's address arithmetic.  Without
+ * swizzling (sw 0): core matrices (8 x 16 bytes), core (r / 8, k / 8)
+ * of a K-major operand, (r / 8, k / 8) of an MN-major one whose rows run
+ * along K; each core matrix's place from its coordinates and the two
+ * byte offsets, then the element's place inside it.  With a swizzle of
+ * sw bytes: atoms of 8 rows of sw bytes (rows along M or N for K-major,
+ * along K for MN-major), each row sw / 16 chunks of 16 bytes; the
+ * element's chunk c in its row is stored at chunk c ^ x, x the row's
+ * index within the atom scaled to the chunks the pattern permutes --
+ * (row * sw / 128) -- the PTX ISA's swizzle-atom figures read as a
+ * table.  Atoms lie SBO apart across 8-row groups and (MN-major) LBO
+ * apart along M or N, both multiples of 8 sw here. */
+static size_t wg_test_place(bool mn, int lbo, int sbo, int sw, int r, int k)
 {
-	int core_r = r / 8, core_k = k / 8, in_r = r % 8, in_k = k % 8;
-	size_t core = (size_t)core_r * sbo + (size_t)core_k * lbo;
+	int in_r, in_k, chunks, row, c, x;
+	size_t atom;
 
-	/* K-major: 8 rows of r, each 8 consecutive k; MN-major: 8 rows of k,
-	 * each 8 consecutive r */
-	return core + (mn ? (size_t)in_k * 16 + (size_t)in_r * 2 : (size_t)in_r * 16 + (size_t)in_k * 2);
+	if (!sw) {
+		int core_r = r / 8, core_k = k / 8;
+		size_t core = (size_t)core_r * sbo + (size_t)core_k * lbo;
+
+		in_r = r % 8;
+		in_k = k % 8;
+		/* K-major: 8 rows of r, each 8 consecutive k; MN-major: 8 rows of k,
+		 * each 8 consecutive r */
+		return core + (mn ? (size_t)in_k * 16 + (size_t)in_r * 2 : (size_t)in_r * 16 + (size_t)in_k * 2);
+	}
+	chunks = sw / 16;
+	if (!mn) {   /* atom rows: 8 values of r; a row's chunks along k */
+		row = r % 8;
+		c = k / 8;
+		atom = (size_t)(r / 8) * sbo;
+		in_k = k % 8;
+		x = row * sw / 128;
+		return atom + (size_t)row * sw + (size_t)(c ^ x) * 16 + (size_t)in_k * 2;
+	}
+	row = k % 8;   /* atom rows: 8 values of k; a row's chunks along r */
+	c = (r / 8) % chunks;
+	atom = (size_t)(r / (8 * chunks)) * lbo + (size_t)(k / 8) * sbo;
+	x = row * sw / 128;
+	return atom + (size_t)row * sw + (size_t)(c ^ x) * 16 + (size_t)(r % 8) * 2;
 }
 
 /* Two warpgroups (256 threads), each D(64 x N) = C + A_w B with its own 64
@@ -2334,13 +2363,23 @@ static size_t wg_test_place(bool mn, int lbo, int sbo, int r, int k)
  * warpgroup; each thread stores its accumulators at the (row, column) of
  * the ISA's fragment figure; compared with a float64 reference.  The
  * CUDA text is compiled for sm_90a by NVRTC (PTX checked for wgmma). */
-static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool a_reg)
+static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool a_reg, int sw)
 {
 	ap_dtype T = kind == AP_KIR_WGMMA_F16 ? AP_DT_F16 : AP_DT_BF16;
-	ap_kir_wg_layout la = {a_mn, a_mn ? 16 * 128 + 64 : 128, a_mn ? 128 : 384};
-	ap_kir_wg_layout lb = {b_mn, b_mn ? (N / 8) * 128 + 32 : 128, b_mn ? 128 : 256 + 16 * (N / 8)};
+	ap_kir_wg_layout la = {a_mn, a_mn ? 16 * 128 + 64 : 128, a_mn ? 128 : 384, 0};
+	ap_kir_wg_layout lb = {b_mn, b_mn ? (N / 8) * 128 + 32 : 128, b_mn ? 128 : 256 + 16 * (N / 8), 0};
+	int rep = 8 * sw, along = sw / 2;   /* the pattern's repeat (bytes); elements an atom row */
 	size_t a_bytes = 0, b_bytes = 0;
 	ap_kir_kernel *k = ap_kir_kernel_new("k_wgmma");
+
+	if (sw) {
+		/* atoms a repeat each; a gap of one repeat between 8-row groups
+		 * (SBO) and, MN-major, between atoms along M or N (LBO) */
+		la = a_mn ? (ap_kir_wg_layout){true, 2 * rep, ((128 + along - 1) / along * 2 + 1) * rep, sw}
+			  : (ap_kir_wg_layout){false, 16, 2 * rep, sw};
+		lb = b_mn ? (ap_kir_wg_layout){true, 2 * rep, ((N + along - 1) / along * 2 + 1) * rep, sw}
+			  : (ap_kir_wg_layout){false, 16, 2 * rep, sw};
+	}
 	ap_kir_array *gD, *gA, *gB, *gC, *sA, *sB, *acc, *fa, *gAr;
 	ap_kir_expr *t, *w, *l, *g, *q, *idx;
 	ap_kir_var *i;
@@ -2353,13 +2392,13 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool 
 
 	for (int r = 0; r < 128; r++)
 		for (int kk = 0; kk < 16; kk++) {
-			size_t e = wg_test_place(a_mn, la.lbo, la.sbo, r, kk) + 2;
+			size_t e = wg_test_place(a_mn, la.lbo, la.sbo, sw, r, kk) + 2;
 
 			a_bytes = e > a_bytes ? e : a_bytes;
 		}
 	for (int n = 0; n < N; n++)
 		for (int kk = 0; kk < 16; kk++) {
-			size_t e = wg_test_place(b_mn, lb.lbo, lb.sbo, n, kk) + 2;
+			size_t e = wg_test_place(b_mn, lb.lbo, lb.sbo, sw, n, kk) + 2;
 
 			b_bytes = e > b_bytes ? e : b_bytes;
 		}
@@ -2380,16 +2419,16 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool 
 			float v = (float)(rand() % 17 - 8) / 4;
 
 			a32[r][kk] = v;
-			ha[wg_test_place(a_mn, la.lbo, la.sbo, r, kk) / 2] =
+			ha[wg_test_place(a_mn, la.lbo, la.sbo, sw, r, kk) / 2] =
 				T == AP_DT_BF16 ? ap_kir_f32_to_bf16(v) : ap_kir_f32_to_f16(v);
-			har[r * 16 + kk] = ha[wg_test_place(a_mn, la.lbo, la.sbo, r, kk) / 2];
+			har[r * 16 + kk] = ha[wg_test_place(a_mn, la.lbo, la.sbo, sw, r, kk) / 2];
 		}
 	for (int kk = 0; kk < 16; kk++)
 		for (int n = 0; n < N; n++) {
 			float v = (float)(rand() % 13 - 6) / 8;
 
 			b32[kk][n] = v;
-			hb[wg_test_place(b_mn, lb.lbo, lb.sbo, n, kk) / 2] =
+			hb[wg_test_place(b_mn, lb.lbo, lb.sbo, sw, n, kk) / 2] =
 				T == AP_DT_BF16 ? ap_kir_f32_to_bf16(v) : ap_kir_f32_to_f16(v);
 		}
 	for (int x = 0; x < 128 * N; x++)
@@ -2402,8 +2441,8 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool 
 	gC = ap_kir_param(k, "C", AP_DT_F32, false, -1);
 	gAr = ap_kir_param(k, "Ar", T, false, -1);   /* A row-major 128 x 16, for the register form */
 	fa = ap_kir_local(k, "fa", T, 8);
-	sA = ap_kir_shared_dyn(k, "sA", T, (int64_t)a_bytes / 2);
-	sB = ap_kir_shared_dyn(k, "sB", T, (int64_t)b_bytes / 2);
+	sA = ap_kir_shared_dyn_aligned(k, "sA", T, (int64_t)a_bytes / 2, sw ? (unsigned)rep : 16);
+	sB = ap_kir_shared_dyn_aligned(k, "sB", T, (int64_t)b_bytes / 2, sw ? (unsigned)rep : 16);
 	acc = ap_kir_local(k, "acc", AP_DT_F32, N / 2);
 	t = ap_kir_index_of(k, AP_KIR_THREAD_X);
 	for (int op = 0; op < 2; op++) {
@@ -2429,7 +2468,8 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool 
 	/* warpgroup v = t / 128: A's rows 64 v .. (a core-matrix row group's start) */
 	{
 		ap_kir_expr *v = ap_kir_binary(k, AP_KIR_SHR, t, ap_kir_idx(k, 7));
-		ap_kir_expr *a0 = ap_kir_muli(k, v, 8 * (int64_t)la.sbo / 2);   /* 8 core rows on */
+		/* 64 rows on: 8 groups of 8 rows (SBO), or MN-major swizzled 64 / along atoms (LBO) */
+		ap_kir_expr *a0 = ap_kir_muli(k, v, (sw && a_mn ? (int64_t)(64 / along) * la.lbo : 8 * (int64_t)la.sbo) / 2);
 
 		if (a_reg) {
 			/* A's fragment from registers: element e at row g (+ 8 for e % 4 >= 2),
@@ -2454,6 +2494,8 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool 
 	f = print_and_load(k, &host, &cuda, &h);
 	ck_assert_ptr_nonnull(strstr(cuda, "wgmma.mma_async.sync.aligned"));
 	ck_assert_ptr_nonnull(strstr(cuda, "fence.proxy.async.shared::cta"));
+	if (sw)   /* the arrays' start aligned at run time to the repeat */
+		ck_assert_ptr_nonnull(strstr(cuda, "ap_smem_raw"));
 	args[0] = dv;
 	args[1] = ha;
 	args[2] = hb;
@@ -2467,8 +2509,8 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool 
 			for (int kk = 0; kk < 16; kk++)
 				ref += (double)a32[r][kk] * b32[kk][n];
 			ck_assert_msg(fabs(dv[r * N + n] - ref) <= 1e-5 * (fabs(ref) + 1),
-				      "wgmma n%d A %s B %s: D[%d][%d] = %.9g, want %.9g", N, a_reg ? "registers" : a_mn ? "MN" : "K",
-				      b_mn ? "MN" : "K", r, n, (double)dv[r * N + n], ref);
+				      "wgmma n%d swizzle %d A %s B %s: D[%d][%d] = %.9g, want %.9g", N, sw,
+				      a_reg ? "registers" : a_mn ? "MN" : "K", b_mn ? "MN" : "K", r, n, (double)dv[r * N + n], ref);
 		}
 	{
 		uint8_t *out = NULL;
@@ -2499,18 +2541,33 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool 
 
 START_TEST(wgmma_f16)
 {
-	run_wgmma(AP_KIR_WGMMA_F16, false, true, 64, false);
-	run_wgmma(AP_KIR_WGMMA_F16, false, false, 8, false);
-	run_wgmma(AP_KIR_WGMMA_F16, true, true, 256, false);
-	run_wgmma(AP_KIR_WGMMA_F16, false, true, 32, true);
+	run_wgmma(AP_KIR_WGMMA_F16, false, true, 64, false, 0);
+	run_wgmma(AP_KIR_WGMMA_F16, false, false, 8, false, 0);
+	run_wgmma(AP_KIR_WGMMA_F16, true, true, 256, false, 0);
+	run_wgmma(AP_KIR_WGMMA_F16, false, true, 32, true, 0);
 }
 END_TEST
 
 START_TEST(wgmma_bf16)
 {
-	run_wgmma(AP_KIR_WGMMA_BF16, true, false, 128, false);
-	run_wgmma(AP_KIR_WGMMA_BF16, false, true, 24, false);
-	run_wgmma(AP_KIR_WGMMA_BF16, false, false, 16, true);
+	run_wgmma(AP_KIR_WGMMA_BF16, true, false, 128, false, 0);
+	run_wgmma(AP_KIR_WGMMA_BF16, false, true, 24, false, 0);
+	run_wgmma(AP_KIR_WGMMA_BF16, false, false, 16, true, 0);
+}
+END_TEST
+
+/* Swizzled operands, each mode with both major-nesses and both types;
+ * N below, at and above an atom row's elements along N. */
+START_TEST(wgmma_swizzled)
+{
+	run_wgmma(AP_KIR_WGMMA_F16, false, true, 128, false, 128);
+	run_wgmma(AP_KIR_WGMMA_F16, true, false, 64, false, 128);
+	run_wgmma(AP_KIR_WGMMA_BF16, true, true, 256, false, 128);
+	run_wgmma(AP_KIR_WGMMA_F16, false, false, 24, false, 64);
+	run_wgmma(AP_KIR_WGMMA_BF16, true, true, 40, false, 64);
+	run_wgmma(AP_KIR_WGMMA_F16, true, true, 8, false, 32);
+	run_wgmma(AP_KIR_WGMMA_BF16, false, true, 48, true, 32);
+	run_wgmma(AP_KIR_WGMMA_F16, false, false, 16, false, 32);
 }
 END_TEST
 
@@ -2725,6 +2782,7 @@ static Suite *kir_suite(void)
 	tcase_add_test(tc, mma_tf32);
 	tcase_add_test(tc, wgmma_f16);
 	tcase_add_test(tc, wgmma_bf16);
+	tcase_add_test(tc, wgmma_swizzled);
 	tcase_add_test(tc, tf32_rounding);
 	tcase_add_test(tc, cp_async_zero_fill);
 	tcase_add_test(tc, matrix_rules);

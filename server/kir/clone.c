@@ -338,7 +338,7 @@ static ap_kir_array *clone_array(cloner *c, const ap_kir_array *a)
 		r = ap_kir_shared(c->dst, name, a->type, a->size);
 		break;
 	case AP_KIR_SHARED_DYN:
-		r = ap_kir_shared_dyn(c->dst, name, a->type, a->size);
+		r = ap_kir_shared_dyn_aligned(c->dst, name, a->type, a->size, a->align);
 		break;
 	case AP_KIR_LOCAL:
 		r = a->scratch ? ap_kir_local_scratch(c->dst, name, a->type, a->size)

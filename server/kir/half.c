@@ -145,32 +145,51 @@ const char ap__kir_host_tf32_src[] =
 /* The wgmma matrix descriptor (PTX ISA, "Matrix Descriptor Format"):
  * bits 0-13 the start address, 16-29 the leading dimension byte offset,
  * 32-45 the stride dimension byte offset, each encoded (x & 0x3FFFF) >> 4;
- * bits 62-63 the swizzling mode (0: none, the only one Apollo emits).
+ * bits 49-51 the base offset (0: Apollo's swizzled arrays start on the
+ * pattern's repeat); bits 62-63 the swizzling mode (0 none, 1 128-byte,
+ * 2 64-byte, 3 32-byte; ap_wg_desc takes the swizzle in bytes).
  * ap_wg_addr decodes one and gives the byte address of element (r, k) --
  * r along M (A) or N (B), k along K -- by the ISA's canonical layouts
- * without swizzling, T = 16 / es elements in 16 bytes:
- *   K-major  ((8,m),(T,2k)):((1T,SBO),(1,LBO)):
+ * (kir.h, ap_kir_wg_layout), T = 16 / es elements in 16 bytes, W the
+ * swizzle's bytes and X = W / 16:
+ *   none, K-major  ((8,m),(T,2k)):((1T,SBO),(1,LBO)):
  *     (r % 8) 16 + (r / 8) SBO + (k % T) es + (k / T) LBO;
- *   MN-major ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)):
- *     (r % T) es + (r / T) SBO + (k % 8) 16 + (k / 8) LBO.
- * On the host the start address is the byte offset into the operand's
- * shared array. */
+ *   none, MN-major ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)):
+ *     (r % T) es + (r / T) SBO + (k % 8) 16 + (k / 8) LBO;
+ *   W, K-major     ((8,m),(T,2k)):((XT,SBO),(1,T)):
+ *     (r % 8) W + (r / 8) SBO + (k % T) es + (k / T) 16;
+ *   W, MN-major    ((T,X,m),(8,k)):((1,T,LBO),(XT,SBO)):
+ *     (r % T) es + (r / T % X) 16 + (r / (X T)) LBO + (k % 8) W + (k / 8) SBO;
+ * the start added, then swizzled: a ^ (((a >> 7) & (X - 1)) << 4).  On
+ * the host the start address is the byte offset into the operand's
+ * shared array, which the device's array base (aligned to the repeat)
+ * leaves unchanged in the swizzle's bits. */
 const char ap__kir_host_wgmma_src[] =
-	"static inline unsigned long long ap_wg_desc(unsigned long long a, unsigned lbo, unsigned sbo)\n"
+	"static inline unsigned long long ap_wg_desc(unsigned long long a, unsigned lbo, unsigned sbo, "
+	"unsigned sw)\n"
 	"{\n"
 	"\treturn ((a & 0x3FFFFull) >> 4) | ((unsigned long long)((lbo & 0x3FFFFu) >> 4) << 16) |\n"
-	"\t       ((unsigned long long)((sbo & 0x3FFFFu) >> 4) << 32);\n"
+	"\t       ((unsigned long long)((sbo & 0x3FFFFu) >> 4) << 32) |\n"
+	"\t       ((unsigned long long)(sw == 128u ? 1u : sw == 64u ? 2u : sw == 32u ? 3u : 0u) << 62);\n"
 	"}\n"
 	"static inline unsigned long long ap_wg_addr(unsigned long long d, int mn_major, unsigned r, "
 	"unsigned k, unsigned es)\n"
 	"{\n"
 	"\tconst unsigned long long start = (d & 0x3FFFull) << 4, lbo = ((d >> 16) & 0x3FFFull) << 4,\n"
 	"\t\t\t\t sbo = ((d >> 32) & 0x3FFFull) << 4;\n"
-	"\tconst unsigned T = 16u / es;\n"
+	"\tconst unsigned T = 16u / es, mode = (unsigned)(d >> 62);\n"
+	"\tconst unsigned W = mode == 1u ? 128u : mode == 2u ? 64u : mode == 3u ? 32u : 0u, X = W / 16u;\n"
+	"\tunsigned long long a;\n"
 	"\n"
-	"\tif (!mn_major)\n"
+	"\tif (!W && !mn_major)\n"
 	"\t\treturn start + (r % 8u) * 16u + (r / 8u) * sbo + (k % T) * es + (k / T) * lbo;\n"
-	"\treturn start + (r % T) * es + (r / T) * sbo + (k % 8u) * 16u + (k / 8u) * lbo;\n"
+	"\tif (!W)\n"
+	"\t\treturn start + (r % T) * es + (r / T) * sbo + (k % 8u) * 16u + (k / 8u) * lbo;\n"
+	"\tif (!mn_major)\n"
+	"\t\ta = start + (r % 8u) * W + (r / 8u) * sbo + (k % T) * es + (k / T) * 16u;\n"
+	"\telse\n"
+	"\t\ta = start + (r % T) * es + (r / T % X) * 16u + (r / (X * T)) * lbo + (k % 8u) * W + (k / 8u) * sbo;\n"
+	"\treturn a ^ (((a >> 7) & (X - 1u)) << 4);\n"
 	"}\n";
 
 bool ap_kir_is_float_type(ap_dtype t)

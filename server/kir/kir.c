@@ -216,17 +216,39 @@ ap_kir_array *ap_kir_shared(ap_kir_kernel *k, const char *name, ap_dtype type, i
 	return array_new(k, name, type, AP_KIR_SHARED, size);
 }
 
-ap_kir_array *ap_kir_shared_dyn(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size)
+/* Bytes of slack the run-time alignment of the dynamic shared memory
+ * takes (ap_kir_shared_dyn_aligned). */
+static unsigned smem_slack(const ap_kir_kernel *k)
 {
-	ap_kir_array *a = array_new(k, name, type, AP_KIR_SHARED_DYN, size);
-	uint64_t off;
+	return k->smem_align > 16 ? k->smem_align - 16 : 0;
+}
 
+ap_kir_array *ap_kir_shared_dyn_aligned(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size,
+					unsigned align)
+{
+	ap_kir_array *a;
+	uint64_t off, end;
+
+	if (k && (align < 16 || align > 1024 || (align & (align - 1)))) {
+		k->failed = true;
+		return NULL;
+	}
+	a = array_new(k, name, type, AP_KIR_SHARED_DYN, size);
 	if (!a)
 		return NULL;
-	off = ((uint64_t)k->smem_bytes + 15) & ~(uint64_t)15;
+	end = k->smem_bytes - smem_slack(k);   /* the arrays' end, before the slack */
+	off = (end + align - 1) & ~(uint64_t)(align - 1);
 	a->offset = off;
-	k->smem_bytes = (unsigned)(off + (uint64_t)size * ap_dtype_size(type));
+	a->align = align;
+	if (align > k->smem_align)
+		k->smem_align = align;
+	k->smem_bytes = (unsigned)(off + (uint64_t)size * ap_dtype_size(type) + smem_slack(k));
 	return a;
+}
+
+ap_kir_array *ap_kir_shared_dyn(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size)
+{
+	return ap_kir_shared_dyn_aligned(k, name, type, size, 16);
 }
 
 ap_kir_array *ap_kir_local(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size)
@@ -1039,10 +1061,11 @@ ap_kir_stmt *ap_kir_mma(ap_kir_kernel *k, ap_kir_block *b, ap_kir_mma_kind kind,
 	return s;
 }
 
-/* A wgmma layout the ISA allows: 16-byte multiples below 2^18. */
+/* A wgmma layout the ISA allows: 16-byte multiples below 2^18, a swizzle
+ * of none, 32, 64 or 128 bytes. */
 static bool wg_layout_ok(ap_kir_wg_layout l)
 {
-	return l.lbo >= 16 && l.sbo >= 16 && l.lbo % 16 == 0 && l.sbo % 16 == 0 && l.lbo < (1 << 18) &&
+	return (l.swizzle == 0 || l.swizzle == 32 || l.swizzle == 64 || l.swizzle == 128) && l.lbo >= 16 && l.sbo >= 16 && l.lbo % 16 == 0 && l.sbo % 16 == 0 && l.lbo < (1 << 18) &&
 	       l.sbo < (1 << 18);
 }
 
@@ -1063,7 +1086,7 @@ ap_kir_stmt *ap_kir_wgmma(ap_kir_kernel *k, ap_kir_block *b, ap_kir_wgmma_kind k
 	    (!rs && !wg_layout_ok(la)) || !wg_layout_ok(lb))
 		return fail(k);
 	if (rs)
-		la = (ap_kir_wg_layout){false, 16, 16};
+		la = (ap_kir_wg_layout){false, 16, 16, 0};
 	s = ap__kir_stmt_append(k, b, AP_KIR_S_WGMMA);
 	if (s) {
 		s->mma = kind;

@@ -87,6 +87,9 @@ typedef struct ap_kir_array {
 	bool written;          /* GLOBAL: the kernel stores to it */
 	int tensor;            /* GLOBAL: graph tensor bound to it (-1 if none) */
 	uint64_t offset;       /* SHARED_DYN: byte offset in dynamic shared memory */
+	unsigned align;        /* SHARED_DYN: the offset's alignment in bytes (16,
+				  or up to 1024 for a swizzled wgmma operand:
+				  ap_kir_shared_dyn_aligned) */
 	bool scratch;          /* LOCAL: no value lives across a barrier or other
 				  collective (each use is preceded by a store in
 				  the same stretch between collectives); the
@@ -234,19 +237,34 @@ typedef enum ap_kir_wgmma_kind {
 	AP_KIR_WGMMA_BF16 = 1,     /* .f32.bf16.bf16 */
 } ap_kir_wgmma_kind;
 
-/* Where a wgmma operand lies in shared memory, no swizzling (PTX ISA,
- * "Shared Memory Matrix Layout", its canonical layouts in CuTe's
- * notation with T = 16 bytes / element size):
+/* Where a wgmma operand lies in shared memory (PTX ISA, "Shared Memory
+ * Matrix Layout", its canonical layouts in CuTe's notation with T = 16
+ * bytes / element size).  Without swizzling (swizzle 0):
  *   K-major (imm-trans 0):  ((8,m),(T,2k)) : ((1T,SBO),(1,LBO)) -- core
  *     matrices of 8 rows (M or N) of 16 bytes (T elements along K), the
  *     next 8 rows SBO bytes on, the next T elements of K LBO bytes on;
  *   MN-major (imm-trans 1): ((T,1,m),(8,k)) : ((1,T,SBO),(1T,LBO)) --
  *     core matrices of 8 rows (K) of 16 bytes (T elements along M or
  *     N), the next T of M or N SBO bytes on, the next 8 of K LBO on.
- * lbo and sbo are bytes, multiples of 16, below 2^18. */
+ * With a swizzle of W = 32, 64 or 128 bytes (X = W / 16 chunks of 16
+ * bytes a row), atoms of 8 rows of W bytes:
+ *   K-major:  ((8,m),(T,2k)) : ((XT,SBO),(1,T)) -- a row of an atom holds
+ *     X T elements of K, the next 8 rows SBO bytes on; LBO is not used
+ *     (a wgmma's 16 elements of K lie in one atom row; the next atom
+ *     along K is reached by the start address);
+ *   MN-major: ((T,X,m),(8,k)) : ((1,T,LBO),(XT,SBO)) -- a row of an atom
+ *     holds X T elements of M or N (one k), the next X T of M or N LBO
+ *     bytes on, the next 8 of K SBO bytes on;
+ * then the byte address a is swizzled, a ^ (((a >> 7) & (X - 1)) << 4)
+ * (CuTe's Swizzle<log2 X, 4, 3>: the 16-byte chunk within a 128-byte
+ * span XOR-ed with the span's index), on the shared-memory address, so
+ * a swizzled operand's array must start on the pattern's repeat, 8 W
+ * bytes (ap_kir_shared_dyn_aligned).  lbo and sbo are bytes, multiples
+ * of 16, below 2^18. */
 typedef struct ap_kir_wg_layout {
 	bool mn_major;
 	int lbo, sbo;
+	int swizzle;   /* 0, 32, 64 or 128 bytes */
 } ap_kir_wg_layout;
 
 /* The four warp shuffles of the CUDA C Programming Guide ("Warp Shuffle
@@ -326,7 +344,11 @@ typedef struct ap_kir_library {
 typedef struct ap_kir_kernel {
 	char *name;               /* entry point */
 	unsigned grid[3], block[3];
-	unsigned smem_bytes;      /* dynamic shared memory (bytes), grows with ap_kir_shared_dyn */
+	unsigned smem_bytes;      /* dynamic shared memory (bytes), grows with ap_kir_shared_dyn;
+				     includes smem_align - 16 bytes of slack when
+				     smem_align > 16 */
+	unsigned smem_align;      /* the largest alignment of a SHARED_DYN array
+				     (0 or 16: none beyond the default) */
 	unsigned cluster;         /* blocks per thread-block cluster along x (grid[0] a
 				     multiple of it; CUDA: __cluster_dims__, sm_90
 				     and later); 1 = no cluster.  The host runs the
@@ -385,6 +407,16 @@ ap_kir_array *ap_kir_shared(ap_kir_kernel *k, const char *name, ap_dtype type, i
 /* Places the array at the next 16-byte aligned offset of the dynamic shared
  * memory and grows k->smem_bytes. */
 ap_kir_array *ap_kir_shared_dyn(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size);
+/* The same at the next offset that is a multiple of `align` bytes (a power
+ * of two in [16, 1024]): a swizzled wgmma operand must start on its
+ * swizzle pattern's repeat (PTX ISA, "Matrix Descriptor Format": the base
+ * offset is 0 when the pattern starts on a 1024-, 512- or 256-byte
+ * boundary for the 128-, 64- and 32-byte swizzles).  The CUDA printer
+ * aligns the dynamic shared memory's start at run time (the driver
+ * promises 16 bytes), so k->smem_bytes gains align - 16 bytes of slack
+ * once.  NULL (k failed) on a bad alignment or ENOMEM. */
+ap_kir_array *ap_kir_shared_dyn_aligned(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size,
+					unsigned align);
 ap_kir_array *ap_kir_local(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size);
 /* A LOCAL array marked scratch (see ap_kir_array.scratch): the caller
  * promises that every element read was stored earlier in the same

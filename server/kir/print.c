@@ -1157,7 +1157,7 @@ static void print_wgmma_cuda(printer *p, const ap_kir_stmt *s, int depth)
 		sb_indent(b, depth + 1);
 		sb_printf(b, "const unsigned long long ap_d%c = ap_wg_desc(", i == 1 ? 'a' : 'b');
 		print_shared_addr(p, s->frag[i], s->frag_off[i]);
-		sb_printf(b, ", %du, %du);\n", s->wg[i - 1].lbo, s->wg[i - 1].sbo);
+		sb_printf(b, ", %du, %du, %du);\n", s->wg[i - 1].lbo, s->wg[i - 1].sbo, s->wg[i - 1].swizzle);
 	}
 	sb_indent(b, depth + 1);
 	sb_printf(b, "asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"
@@ -1858,7 +1858,7 @@ static void print_wgmma_host(printer *p, const ap_kir_stmt *s, int depth)
 		sb_indent(b, depth + 2);
 		sb_printf(b, "const unsigned long long ap_d = ap_wg_desc((unsigned long long)(");
 		print_expr(p, s->frag_off[i]);
-		sb_printf(b, ") * %du, %du, %du);\n", es, l->lbo, l->sbo);
+		sb_printf(b, ") * %du, %du, %du, %du);\n", es, l->lbo, l->sbo, l->swizzle);
 		sb_indent(b, depth + 2);
 		sb_printf(b, "for (unsigned ap_r = 0; ap_r < %du; ap_r++)\n", i == 1 ? 64 : s->width);
 		sb_indent(b, depth + 3);
@@ -2051,13 +2051,15 @@ static void print_prelude(printer *p)
 				  "  asm volatile(\"mapa.shared::cluster.u32 %%0, %%1, %%2;\" : \"=r\"(m) : \"r\"(a), \"r\"(r));\n"
 				  "  asm volatile(\"ld.shared::cluster.f64 %%0, [%%1];\" : \"=d\"(v) : \"r\"(m) : \"memory\");\n"
 				  "  return v; }\n#endif\n");
-		if (p->wgmma_n)   /* PTX ISA: the wgmma matrix descriptor, no swizzling */
+		if (p->wgmma_n)   /* PTX ISA: the wgmma matrix descriptor (half.c, ap__kir_host_wgmma_src) */
 			sb_printf(b, "#ifndef AP_WGMMA_DEFINED\n#define AP_WGMMA_DEFINED\n"
 				  "static __device__ __forceinline__ unsigned long long ap_wg_desc(unsigned a, "
-				  "unsigned lbo, unsigned sbo)\n"
+				  "unsigned lbo, unsigned sbo, unsigned sw)\n"
 				  "{ return (unsigned long long)((a & 0x3FFFFu) >> 4) | "
 				  "((unsigned long long)((lbo & 0x3FFFFu) >> 4) << 16) | "
-				  "((unsigned long long)((sbo & 0x3FFFFu) >> 4) << 32); }\n#endif\n");
+				  "((unsigned long long)((sbo & 0x3FFFFu) >> 4) << 32) | "
+				  "((unsigned long long)(sw == 128u ? 1u : sw == 64u ? 2u : sw == 32u ? 3u : 0u) << 62); }\n"
+				  "#endif\n");
 	} else {
 		sb_printf(b, "#include <math.h>\n#include <string.h>\n"
 			  "#define AP_INFF __builtin_inff()\n"
@@ -2146,7 +2148,15 @@ static void print_shared_decls(printer *p, int depth)
 			  (k->smem_bytes + 15u) / 16u * 16u);
 	} else if (k->smem_bytes > 0) {
 		sb_indent(b, depth);
-		if (cuda)
+		if (cuda && k->smem_align > 16) {
+			/* the driver aligns dynamic shared memory to 16 bytes: the
+			 * arrays' offsets (ap_kir_shared_dyn_aligned) count from a
+			 * start aligned here, within the slack smem_bytes holds */
+			sb_printf(b, "extern __shared__ __align__(16) unsigned char ap_smem_raw[];\n");
+			sb_indent(b, depth);
+			sb_printf(b, "unsigned char *const ap_smem = ap_smem_raw + ((0u - (unsigned)"
+				  "__cvta_generic_to_shared(ap_smem_raw)) & %uu);\n", k->smem_align - 1);
+		} else if (cuda)
 			sb_printf(b, "extern __shared__ __align__(16) unsigned char ap_smem[];\n");
 		else
 			sb_printf(b, "_Alignas(16) unsigned char ap_smem[%u];\n",

@@ -413,7 +413,8 @@ static void check_mma(vctx *v, const ap_kir_stmt *s, bool ctx)
  * whole warpgroups; the product's accumulators a (non-scratch) float32
  * register array holding N / 2 from the offset, A and B shared arrays of
  * the kind's type (the builder checks N and the layouts; a clone or a
- * hand-built statement is checked again here). */
+ * hand-built statement is checked again here), a swizzled one a dynamic
+ * shared array aligned to its pattern's repeat (rule swizzle). */
 static void check_wgmma(vctx *v, const ap_kir_stmt *s, bool ctx)
 {
 	unsigned nt = ap_kir_block_threads(v->k);
@@ -454,6 +455,15 @@ static void check_wgmma(vctx *v, const ap_kir_stmt *s, bool ctx)
 			 l->sbo >= (1 << 18))
 			bad(v, "warpgroup", "wgmma operand %s: byte offsets %d, %d", s->frag[i]->name, l->lbo,
 			    l->sbo);
+		else if (l->swizzle != 0 && l->swizzle != 32 && l->swizzle != 64 && l->swizzle != 128)
+			bad(v, "swizzle", "wgmma operand %s: a swizzle of %d bytes (none, 32, 64 or 128)",
+			    s->frag[i]->name, l->swizzle);
+		else if (l->swizzle && (s->frag[i]->space != AP_KIR_SHARED_DYN ||
+					s->frag[i]->align < 8u * (unsigned)l->swizzle))
+			bad(v, "swizzle",
+			    "wgmma operand %s swizzled by %d bytes does not start on the pattern's repeat "
+			    "(a dynamic shared array aligned to %d bytes: ap_kir_shared_dyn_aligned)",
+			    s->frag[i]->name, l->swizzle, 8 * l->swizzle);
 		else
 			check_index(v, s->frag[i], s->frag_off[i], 1);
 	}

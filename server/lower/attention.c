@@ -475,7 +475,7 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 	r->threads = 32u * (unsigned)r->w;
 	if (p->tc) {
 		r->blocks = ap_grid_for(p->batch * ((p->Nq + 16 * r->w - 1) / (16 * r->w)), 1);
-		r->smem = (unsigned)tc_smem(p, r->w, r->bk);
+		r->smem = (unsigned)tc_smem(p, b->t, r->w, r->bk);
 	} else {
 		r->blocks = ap_grid_for(p->batch * ((p->Nq + r->w - 1) / r->w), 1);
 		r->smem = (unsigned)((KEYS * (p->D + 1 + p->Dv) + r->w * (p->D + KEYS)) * ap_dtype_size(p->acc));

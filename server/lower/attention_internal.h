@@ -95,15 +95,42 @@ static inline bool tc_wg(const att_plan *p, const ap_target_info *t)
 	return p->tc && t->wgmma && !tc_tf32(p) && tc_dvpad(p) <= 256;
 }
 
-static inline size_t tc_smem(const att_plan *p, int W, int BK)
+/* The swizzle (bytes: 128, 64 or 32) of a wgmma tile whose rows hold
+ * `cols` elements of es bytes along their contiguous coordinate (the head
+ * dim): the widest atom row dividing a row (kir.h, ap_kir_wg_layout;
+ * gemm.c's ap__gemm_wg_swizzle says why).  0 when none does. */
+static inline int tc_wg_swizzle(int64_t cols, size_t es)
 {
-	return (size_t)(16 * W * tc_ldq(p) + tc_stages(p) * BK * (tc_ldq(p) + tc_ldv(p))) * ap_dtype_size(p->t);
+	for (int w = 128; w >= 32; w /= 2)
+		if ((cols * (int64_t)es) % w == 0)
+			return w;
+	return 0;
+}
+
+/* Bytes of shared memory of W warps and BK keys a tile on t: the Q tile
+ * and the K and V tiles' stages, padded rows; on wgmma unpadded swizzled
+ * tiles, each starting on its pattern's repeat, plus the slack of the
+ * run-time alignment (ap_kir_shared_dyn_aligned). */
+static inline size_t tc_smem(const att_plan *p, const ap_target_info *t, int W, int BK)
+{
+	size_t es = ap_dtype_size(p->t), rq, rv, off;
+
+	if (!tc_wg(p, t) || W % 4)
+		return (size_t)(16 * W * tc_ldq(p) + tc_stages(p) * BK * (tc_ldq(p) + tc_ldv(p))) * es;
+	rq = 8 * (size_t)tc_wg_swizzle(tc_dpad(p), es);
+	rv = 8 * (size_t)tc_wg_swizzle(tc_dvpad(p), es);
+	rq = rq ? rq : 16;
+	rv = rv ? rv : 16;
+	off = (size_t)(16 * W) * (size_t)tc_dpad(p) * es;
+	off = (off + rq - 1) / rq * rq + (size_t)(tc_stages(p) * BK) * (size_t)tc_dpad(p) * es;
+	off = (off + rv - 1) / rv * rv + (size_t)(tc_stages(p) * BK) * (size_t)tc_dvpad(p) * es;
+	return off + (rq > rv ? rq : rv) - 16;
 }
 
 static inline bool tc_fits(const att_plan *p, const ap_target_info *t, int W, int BK)
 {
 	return W >= 1 && (unsigned)W * 32u <= ap_block_cap(t) && BK % 16 == 0 && BK >= 16 &&
-	       tc_smem(p, W, BK) <= t->shared_per_block;
+	       tc_smem(p, t, W, BK) <= t->shared_per_block;
 }
 
 typedef struct actx {
@@ -115,10 +142,18 @@ typedef struct actx {
 	ap_kir_expr *mval, *lval;       /* leaf hook: the row's max and sum (accumulator type) */
 	ap_kir_expr *out;               /* leaf hook: O's value */
 	bool wg;                        /* the tensor-core form on wgmma (sm_90a): Q, K and V
-					   tiles in core-matrix layouts (wg_place) */
+					   tiles in wgmma's layouts (ap__att_wg_place) */
+	int sw[3];                      /* wg: the Q, K and V tiles' swizzles (tc_wg_swizzle) */
 } actx;
 
 /* ---- attention_kernel.c: the shared steps and the SIMT form ---- */
+
+/* wgmma's place (an element offset) of element (r, j) -- r the tile's row
+ * (a query or key), j its head-dim column -- of operand `role`'s tile (0
+ * Q, 1 K, 2 V) of `rows` rows of `cols` columns: swizzled by c->sw[role]
+ * bytes (ap__wg_swizzled_place) or in core matrices (ap__wg_place).  Read
+ * K-major for Q and K, MN-major for V. */
+ap_kir_expr *ap__att_wg_place(actx *c, int role, ap_kir_expr *r, ap_kir_expr *j, int64_t rows, int64_t cols);
 
 /* What the output accumulator of a row is divided by: its sum l, or in
  * the safe form Max(l, 1) -- l itself wherever a score is finite (the

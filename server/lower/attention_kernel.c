@@ -19,6 +19,32 @@ ap_kir_expr *ap__wg_place(ap_kir_kernel *k, ap_kir_expr *r, ap_kir_expr *j, int6
 			  ap_kir_add(k, ap_kir_muli(k, lr, 8), lj));
 }
 
+ap_kir_expr *ap__wg_swizzled_place(ap_kir_kernel *k, ap_kir_expr *r, ap_kir_expr *j, int64_t rows, int64_t ja,
+				   int es)
+{
+	ap_kir_expr *lr = ap_kir_binary(k, AP_KIR_AND, r, ap_kir_idx(k, 7));
+	ap_kir_expr *atom = ap_kir_add(k, ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, j, ap_kir_idx(k, ja)), rows * ja),
+				       ap_kir_muli(k, ap_kir_binary(k, AP_KIR_SHR, r, ap_kir_idx(k, 3)), 8 * ja));
+	/* the row's chunk permutation: row * W / 128, W = ja es bytes a row */
+	ap_kir_expr *x = ap_kir_binary(k, AP_KIR_SHR, ap_kir_muli(k, lr, ja * es), ap_kir_idx(k, 7));
+	ap_kir_expr *chunk = ap_kir_binary(k, AP_KIR_XOR,
+					   ap_kir_binary(k, AP_KIR_DIV, ap_kir_binary(k, AP_KIR_REM, j, ap_kir_idx(k, ja)),
+							 ap_kir_idx(k, 16 / es)),
+					   x);
+
+	return ap_kir_add(k, ap_kir_add(k, atom, ap_kir_muli(k, lr, ja)),
+			  ap_kir_add(k, ap_kir_muli(k, chunk, 16 / es), ap_kir_binary(k, AP_KIR_REM, j, ap_kir_idx(k, 16 / es))));
+}
+
+ap_kir_expr *ap__att_wg_place(actx *c, int role, ap_kir_expr *r, ap_kir_expr *j, int64_t rows, int64_t cols)
+{
+	int es = (int)ap_dtype_size(c->p->t);
+
+	if (c->sw[role])
+		return ap__wg_swizzled_place(c->k, r, j, rows, c->sw[role] / es, es);
+	return ap__wg_place(c->k, r, j, cols);
+}
+
 /* What the output accumulator of a row is divided by: its sum l, or in
  * the safe form Max(l, 1) -- l itself wherever a score is finite (the
  * largest adds exp(0) = 1), 1 for a row of -inf scores, whose
@@ -110,7 +136,8 @@ void ap__att_stage_rows(actx *c, ap_kir_array *arr, ap_kir_expr *base, int role,
 	ap_kir_expr *j = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, e), ap_kir_idx(k, cols / w)), w);
 	ap_kir_expr *gr = ap_kir_bind(k, v->cur, k->index_type, "gr", ap_kir_add(k, r0, r));
 	ap_kir_expr *ok = ap_kir_binary(k, AP_KIR_LT, gr, ap_kir_idx(k, rows_ok));
-	ap_kir_expr *at = ap_kir_add(k, base, c->wg ? ap__wg_place(k, r, j, cols) : ap_kir_add(k, ap_kir_muli(k, r, ld), j));
+	ap_kir_expr *at = ap_kir_add(k, base, c->wg ? ap__att_wg_place(c, role, r, j, n, cols)
+						    : ap_kir_add(k, ap_kir_muli(k, r, ld), j));
 	ap_kir_var *val;
 	ap_lidx ix;
 

@@ -130,9 +130,15 @@ static int tc_declare(att_tc *s, ap_error *err)
 	const att_plan *p = c->p;
 	ap_kir_kernel *k = c->k;
 
-	s->qs = ap_kir_shared(k, "qs", s->T, s->BQ * s->ldq);
-	s->ks = ap_kir_shared(k, "ks", s->T, s->NST * s->BK * s->ldq);
-	s->vs = ap_kir_shared(k, "vs", s->T, s->NST * s->BK * s->ldv);
+	if (c->wg) {   /* swizzled tiles start on their patterns' repeats */
+		s->qs = ap_kir_shared_dyn_aligned(k, "qs", s->T, s->BQ * s->ldq, c->sw[0] ? 8u * (unsigned)c->sw[0] : 16u);
+		s->ks = ap_kir_shared_dyn_aligned(k, "ks", s->T, s->NST * s->BK * s->ldq, c->sw[1] ? 8u * (unsigned)c->sw[1] : 16u);
+		s->vs = ap_kir_shared_dyn_aligned(k, "vs", s->T, s->NST * s->BK * s->ldv, c->sw[2] ? 8u * (unsigned)c->sw[2] : 16u);
+	} else {
+		s->qs = ap_kir_shared(k, "qs", s->T, s->BQ * s->ldq);
+		s->ks = ap_kir_shared(k, "ks", s->T, s->NST * s->BK * s->ldq);
+		s->vs = ap_kir_shared(k, "vs", s->T, s->NST * s->BK * s->ldv);
+	}
 	ap_kir_mma_frag_sizes(p->mma, &s->AF, &s->BF, &s->CF);
 	s->qf = ap_kir_local(k, "qf", s->T, s->Dp / s->KS * s->AF);
 	s->kf = ap_kir_local(k, "kf", s->T, s->BF);
@@ -292,15 +298,21 @@ static void tc_stage_kv(att_tc *s, ap_kir_var *kt)
 
 /* wgmma's layouts of the Q and K tiles (K-major: rows along M or N, the
  * head dim along K) and of the V tile (MN-major: keys along K, its head
- * dim along N), wg_place's. */
+ * dim along N), ap__att_wg_place's: swizzled, atoms of 8 rows 8 W bytes
+ * apart (SBO), V's next W bytes of head dim BK W bytes on (LBO). */
 static ap_kir_wg_layout wg_qk_layout(const att_tc *s)
 {
-	return (ap_kir_wg_layout){false, 128, (int)(16 * s->Dp)};
+	int sw = s->c->sw[1];
+
+	return sw ? (ap_kir_wg_layout){false, 16, 8 * sw, sw} : (ap_kir_wg_layout){false, 128, (int)(16 * s->Dp), 0};
 }
 
 static ap_kir_wg_layout wg_v_layout(const att_tc *s)
 {
-	return (ap_kir_wg_layout){true, (int)(16 * s->Dvp), 128};
+	int sw = s->c->sw[2];
+
+	return sw ? (ap_kir_wg_layout){true, (int)s->BK * sw, 8 * sw, sw}
+		  : (ap_kir_wg_layout){true, (int)(16 * s->Dvp), 128, 0};
 }
 
 /* S = Q K^T on wgmma (sm_90a, FlashAttention-3's first product): per k16
@@ -322,9 +334,10 @@ static void wg_qk(att_tc *s)
 	ap_kir_wgmma_fence(k, v->cur, s->sacc);
 	kk = ap_v_loop_unrolled(v, "kq", s->Dp / 16, &saved);
 	ap_kir_wgmma(k, v->cur, s->T == AP_DT_F16 ? AP_KIR_WGMMA_F16 : AP_KIR_WGMMA_BF16, s->BK, s->sacc,
-		     ap_kir_idx(k, 0), s->qs, ap__wg_place(k, row0, ap_kir_muli(k, ap_kir_ref(k, kk), 16), s->Dp),
+		     ap_kir_idx(k, 0), s->qs, ap__att_wg_place(c, 0, row0, ap_kir_muli(k, ap_kir_ref(k, kk), 16), s->BQ, s->Dp),
 		     wg_qk_layout(s), s->ks,
-		     ap_kir_add(k, s->kbase, ap__wg_place(k, ap_kir_idx(k, 0), ap_kir_muli(k, ap_kir_ref(k, kk), 16), s->Dp)),
+		     ap_kir_add(k, s->kbase,
+				ap__att_wg_place(c, 1, ap_kir_idx(k, 0), ap_kir_muli(k, ap_kir_ref(k, kk), 16), s->BK, s->Dp)),
 		     wg_qk_layout(s));
 	ap_v_close(v, saved);
 	ap_kir_wgmma_commit(k, v->cur);
@@ -346,7 +359,8 @@ static void wg_pv(att_tc *s)
 	j = ap_v_loop_unrolled(v, "kj", s->BK / 16, &saved);
 	ap_kir_wgmma(k, v->cur, s->T == AP_DT_F16 ? AP_KIR_WGMMA_F16 : AP_KIR_WGMMA_BF16, (int)s->Dvp, s->oacc,
 		     ap_kir_idx(k, 0), s->pf, ap_kir_muli(k, ap_kir_ref(k, j), 8), wg_qk_layout(s), s->vs,
-		     ap_kir_add(k, s->vbase, ap__wg_place(k, ap_kir_muli(k, ap_kir_ref(k, j), 16), ap_kir_idx(k, 0), s->Dvp)),
+		     ap_kir_add(k, s->vbase,
+				ap__att_wg_place(c, 2, ap_kir_muli(k, ap_kir_ref(k, j), 16), ap_kir_idx(k, 0), s->BK, s->Dvp)),
 		     wg_v_layout(s));
 	ap_v_close(v, saved);
 	ap_kir_wgmma_commit(k, v->cur);
@@ -602,11 +616,13 @@ int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *e
 	s.tf32 = tc_tf32(p);
 	s.KS = s.tf32 ? 8 : 16;
 	c->wg = tc_wg(p, t) && W % 4 == 0;
-	if (c->wg) {   /* core-matrix tiles: no padding */
+	if (c->wg) {   /* wgmma's tiles: no padding, swizzled */
 		s.ldq = s.Dp;
 		s.ldv = s.Dvp;
-		ap_kir_comment(k, v->cur, "wgmma (sm_90a): %d warpgroups of 64 query rows, Q, K and V tiles "
-			       "in core-matrix layouts", W / 4);
+		c->sw[0] = c->sw[1] = tc_wg_swizzle(s.Dp, ap_dtype_size(s.T));
+		c->sw[2] = tc_wg_swizzle(s.Dvp, ap_dtype_size(s.T));
+		ap_kir_comment(k, v->cur, "wgmma (sm_90a): %d warpgroups of 64 query rows, Q and K tiles "
+			       "swizzled by %d bytes, V by %d", W / 4, c->sw[0], c->sw[2]);
 	}
 	if ((rc = tc_declare(&s, err)))
 		return rc;

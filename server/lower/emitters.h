@@ -161,6 +161,17 @@ void ap__mma_lanes(ap_kir_kernel *k, ap_kir_block *b, ap_mma_lanes *l);
  * elements) or as MN-major (rows along K, columns along M or N: SBO 128
  * bytes, LBO 8 cols elements).  An element offset (attention.c). */
 ap_kir_expr *ap__wg_place(ap_kir_kernel *k, ap_kir_expr *r, ap_kir_expr *j, int64_t cols);
+/* The same in a swizzled layout (kir.h, ap_kir_wg_layout): element (r, j)
+ * of a tile of `rows` rows (a multiple of 8) of es-byte elements, in
+ * atoms of 8 rows of ja columns (W = ja es bytes: 32, 64 or 128) -- the
+ * 16-byte chunk c of row r stored at chunk c ^ ((r % 8) W / 128) of the
+ * atom's row -- atoms of 8 rows 8 W bytes apart (SBO), the rows / 8 atoms
+ * of the next ja columns rows W bytes on (K-major: the start address
+ * reaches them; MN-major: LBO).  A shift of r by a multiple of 8 and of
+ * j by a multiple of ja moves the place linearly; within an atom it is
+ * not linear.  An element offset (attention_kernel.c). */
+ap_kir_expr *ap__wg_swizzled_place(ap_kir_kernel *k, ap_kir_expr *r, ap_kir_expr *j, int64_t rows, int64_t ja,
+				   int es);
 /* Elements per cp.async (16, 8 or 4 bytes: 8, 4 or 2 16-bit elements, 4,
  * 2 or 1 float32 ones) when rows of x are copied along its last dim
  * (with `trans`, its second last) into shared memory: x must be a

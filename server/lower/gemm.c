@@ -638,9 +638,43 @@ static size_t staging_bytes(stage_mode m, const gemm_opnd *op, size_t es, size_t
 	return 0;
 }
 
+/* The swizzle, in bytes (0, 32, 64 or 128), of operand `role`'s shared
+ * tile on wgmma (kir.h, ap_kir_wg_layout): the widest whose atom row --
+ * W bytes of the tile's contiguous coordinate -- divides that extent and,
+ * for an MN-major tile, every warpgroup's start along M or N (A's m64
+ * tiles, B's bn / tn columns), so that a descriptor's start is an atom's
+ * row 0.  Swizzling spreads the 16-byte chunks a warp's copies write
+ * along the contiguous coordinate over all 32 banks: unswizzled, chunks
+ * 128 bytes apart (the next core matrix) share 4 banks -- up to 8-way
+ * conflicts on an MN-major tile's cp.async writes (PTX ISA, "Shared
+ * Memory Matrix Layout"; CUTLASS picks its sm90 atoms the same way).  0
+ * off wgmma. */
+int ap__gemm_wg_swizzle(const gemm_plan *p, const gemm_cfg *c, int role)
+{
+	bool ar, br;
+	int es = (int)ap_dtype_size(p->in_t), ext, start;
+
+	if (!p->wg)
+		return 0;
+	ap__gemm_tile_layouts(p, &ar, &br);
+	if (role ? br : ar) {
+		ext = c->bk * es;
+		start = ext;
+	} else {
+		ext = (role ? c->bn : c->bm) * es;
+		start = (role ? c->bn / c->tn : 64) * es;
+	}
+	for (int w = 128; w >= 32; w /= 2)
+		if (ext % w == 0 && start % w == 0)
+			return w;
+	return 0;
+}
+
 /* Bytes of shared memory of configuration c on t: each operand's tile
  * stages (a pair- or compute-staged operand: one tile, plus per stage its
- * staging buffer), and split-K's partial accumulator tile. */
+ * staging buffer), and split-K's partial accumulator tile; swizzled
+ * wgmma tiles add B's start rounded up to its repeat and the slack of the
+ * run-time alignment (ap_kir_shared_dyn_aligned). */
 size_t ap__gemm_smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t)
 {
 	bool ar, br;
@@ -660,6 +694,13 @@ size_t ap__gemm_smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_targe
 	/* split-K: every block's partial accumulator tile, for the cluster */
 	if (c->splitk > 1)
 		b += 16 + (size_t)c->bm * (size_t)c->bn * ap_dtype_size(p->acc_t);
+	{
+		size_t ra = 8 * (size_t)ap__gemm_wg_swizzle(p, c, 0), rb = 8 * (size_t)ap__gemm_wg_swizzle(p, c, 1);
+		size_t rep = ra > rb ? ra : rb;
+
+		if (rep)
+			b += (rb > 16 ? rb - 16 : 0) + rep - 16;
+	}
 	return a + b;
 }
 
@@ -1002,8 +1043,10 @@ static void plan_of(const ap_bound *b, const ap_sched *s, ap_plan *out)
 	memset(out, 0, sizeof(*out));
 	out->s = *s;
 	r->c = ap__gemm_cfg_of(s);
-	for (int role = 0; role < 2; role++)
+	for (int role = 0; role < 2; role++) {
 		r->w[role] = ap__gemm_copy_mode(p, role, &r->c, b->t, &r->mode[role]);
+		r->sw[role] = ap__gemm_wg_swizzle(p, &r->c, role);
+	}
 	r->threads = ap__gemm_threads_of(p, &r->c);
 	r->smem = ap__gemm_smem_bytes(p, &r->c, b->t);
 	r->fits = ap__gemm_cfg_valid(p, &r->c, b->t);

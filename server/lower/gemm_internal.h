@@ -116,6 +116,7 @@ typedef struct gemm_res {
 	gemm_cfg c;
 	stage_mode mode[2];               /* A, B (ap__gemm_copy_mode) */
 	int w[2];                         /* elements a cp.async; 0: through registers */
+	int sw[2];                        /* wgmma: the tile's swizzle in bytes (ap__gemm_wg_swizzle) */
 	unsigned threads;
 	size_t smem;                      /* ap__gemm_smem_bytes */
 	bool fits;                        /* ap__gemm_cfg_valid */
@@ -196,6 +197,7 @@ int ap__gemm_pad_of(const gemm_plan *p);
 void ap__gemm_tile_layouts(const gemm_plan *p, bool *a_rowk, bool *b_rowk);
 int ap__gemm_copy_mode(const gemm_plan *p, int role, const gemm_cfg *c, const ap_target_info *t,
 		       stage_mode *mode);
+int ap__gemm_wg_swizzle(const gemm_plan *p, const gemm_cfg *c, int role);
 size_t ap__gemm_smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t);
 unsigned ap__gemm_threads_of(const gemm_plan *p, const gemm_cfg *c);
 bool ap__gemm_cfg_valid(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t);

@@ -249,13 +249,22 @@ static void compute_tc(gctx *c, ap_kir_expr *st)
  * K-major when the tile keeps K contiguous -- core matrices 128 bytes
  * apart along K (LBO), 8 rows of bk elements apart along M or N (SBO) --
  * else MN-major: 128 bytes apart along M or N (SBO), 8 k of all the
- * tile's rows apart along K (LBO). */
+ * tile's rows apart along K (LBO).  Swizzled by W = r->sw[role] bytes
+ * (ap__wg_swizzled_place): atoms of 8 rows 8 W bytes apart (SBO);
+ * MN-major, the next W bytes along M or N bk W bytes on (LBO); K-major
+ * leaves LBO unused (16, as encoded 1). */
 static ap_kir_wg_layout wg_layout(gctx *c, int role)
 {
-	int es = (int)ap_dtype_size(c->p->in_t), rows = role ? c->c.bn : c->c.bm;
+	int es = (int)ap_dtype_size(c->p->in_t), rows = role ? c->c.bn : c->c.bm, sw = c->r->sw[role];
 	ap_kir_wg_layout l;
 
 	l.mn_major = !(role ? c->b_rowk : c->a_rowk);
+	l.swizzle = sw;
+	if (sw) {
+		l.lbo = l.mn_major ? c->c.bk * sw : 16;
+		l.sbo = 8 * sw;
+		return l;
+	}
 	l.lbo = l.mn_major ? 8 * rows * es : 128;
 	l.sbo = l.mn_major ? 128 : 8 * c->c.bk * es;
 	return l;
@@ -484,8 +493,13 @@ static void declare_shared(gctx *c)
 			smem <= c->t->shared_per_block ? ap_kir_shared : ap_kir_shared_dyn;
 		int64_t pairs_a = (int64_t)S * c->c.bm * c->c.bk, pairs_b = (int64_t)S * c->c.bn * c->c.bk;
 
-		c->sa = shared(k, "sa", p->in_t, c->a_stage * (c->a_mode != STAGE_TILE ? 1 : S));
-		c->sb = shared(k, "sb", p->in_t, c->b_stage * (c->b_mode != STAGE_TILE ? 1 : S));
+		int64_t na = c->a_stage * (c->a_mode != STAGE_TILE ? 1 : S), nb = c->b_stage * (c->b_mode != STAGE_TILE ? 1 : S);
+
+		/* a swizzled wgmma tile starts on its pattern's repeat (8 W bytes) */
+		c->sa = c->r->sw[0] ? ap_kir_shared_dyn_aligned(k, "sa", p->in_t, na, 8u * (unsigned)c->r->sw[0])
+				    : shared(k, "sa", p->in_t, na);
+		c->sb = c->r->sw[1] ? ap_kir_shared_dyn_aligned(k, "sb", p->in_t, nb, 8u * (unsigned)c->r->sw[1])
+				    : shared(k, "sb", p->in_t, nb);
 		if (c->a_mode == STAGE_PAIRS) {
 			c->pa = shared(k, "pa", p->in_t, 2 * pairs_a);
 			c->qa = shared(k, "qa", AP_DT_U8, pairs_a);

@@ -256,19 +256,24 @@ static ap_kir_expr *conv_element(gctx *c, int role, ap_kir_expr *o, ap_kir_expr 
 /* Shared-memory index of (outer, k) in stage `st` of operand `role`'s
  * tile (a pair- or compute-staged operand has one tile: st is ignored). */
 /* wgmma's tiles (sm_90a): element (o, kk) of operand `role` in the
- * canonical layout without swizzling of its major-ness (kir.h,
- * ap_kir_wg_layout) -- core matrices of 8 rows of 8 elements (16 bytes)
- * back to back: K-major (a tile with K contiguous), the bk / 8 core
- * matrices of 8 rows o side by side along K, LBO 128 bytes, SBO 8 bk
- * elements; MN-major, the rows / 8 core matrices of 8 k side by side
- * along M or N, SBO 128 bytes, LBO 8 rows elements.  A copy of up to 8
- * elements along the contiguous coordinate, from a multiple of its
- * width, stays in one 16-byte row. */
+ * canonical layout of its major-ness (kir.h, ap_kir_wg_layout), as
+ * (row, column) of ap__wg_place: K-major (a tile with K contiguous) rows
+ * o, columns kk; MN-major rows kk, columns o.  Unswizzled, core matrices
+ * of 8 rows of 8 elements (16 bytes) back to back; swizzled by
+ * r->sw[role] bytes, atoms of 8 rows of that many bytes, 16-byte chunks
+ * permuted per row (ap__wg_swizzled_place).  A copy of up to 8 elements
+ * along the columns, from a multiple of its width, stays in one 16-byte
+ * chunk either way. */
 static ap_kir_expr *wg_place(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk)
 {
-	if (role ? c->b_rowk : c->a_rowk)
-		return ap__wg_place(c->k, o, kk, c->c.bk);
-	return ap__wg_place(c->k, kk, o, role ? c->c.bn : c->c.bm);
+	bool rowk = role ? c->b_rowk : c->a_rowk;
+	int sw = c->r->sw[role], rows = role ? c->c.bn : c->c.bm;
+	ap_kir_expr *r = rowk ? o : kk, *j = rowk ? kk : o;
+
+	if (sw)
+		return ap__wg_swizzled_place(c->k, r, j, rowk ? rows : c->c.bk,
+					     sw / (int)ap_dtype_size(c->p->in_t), (int)ap_dtype_size(c->p->in_t));
+	return ap__wg_place(c->k, r, j, rowk ? c->c.bk : rows);
 }
 
 /* The place of tile element (o, kk) in one stage of operand `role`'s
@@ -483,15 +488,22 @@ void ap__gemm_hoist_copies(gctx *c)
 		kk = op->k_fast ? fast : slow;
 		d_o = op->k_fast ? step : 0;
 		d_k = op->k_fast ? 0 : step;
-		if (c->p->wg && (d_o % 8 || d_k % 8))
-			continue;   /* wgmma's tiles: a move of part of a core matrix is not linear */
+		if (c->p->wg) {
+			/* wgmma's tiles: a move by whole core matrices, or swizzled by
+			 * whole atoms, is linear; a move of part of one is not */
+			int64_t dr = (role ? c->b_rowk : c->a_rowk) ? d_o : d_k, dj = (role ? c->b_rowk : c->a_rowk) ? d_k : d_o;
+			int64_t ja = c->r->sw[role] ? c->r->sw[role] / (int64_t)ap_dtype_size(c->p->in_t) : 8;
+
+			if (dr % 8 || dj % ja)
+				continue;
+		}
 		c->cp_src[role] = ap_kir_bind(k, c->v->cur, k->index_type, "cs",
 					      plain_offset(c, role, ap_kir_add(k, role ? c->n0 : c->m0, o), kk));
 		c->cp_dst[role] = ap_kir_bind(k, c->v->cur, k->index_type, "cd", ap__gemm_smem_lin(c, role, o, kk));
 		c->cp_dsrc[role] = d_o * op->s_outer + d_k * op->s_k;
 		c->cp_ddst[role] = (role ? c->b_rowk : c->a_rowk) ? d_o * (role ? c->ldb : c->lda) + d_k
 								  : d_k * (role ? c->ldb : c->lda) + d_o;
-		if (c->p->wg)   /* whole core matrices on (checked above): linear */
+		if (c->p->wg)   /* whole core matrices or atoms on (checked above): linear */
 			ap_kir_is_int(wg_place(c, role, I(c, d_o), I(c, d_k)), &c->cp_ddst[role]);
 	}
 }
