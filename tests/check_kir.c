@@ -2735,6 +2735,58 @@ START_TEST(shared_budget_counts_alignment)
 }
 END_TEST
 
+/* Aligned dynamic shared arrays: offsets rounded up to each array's
+ * alignment, the run-time alignment's slack (the largest alignment less
+ * 16) counted once in smem_bytes and printed as a re-aligned start; a bad
+ * alignment refused.  A swizzled wgmma operand in an array that does not
+ * start on its pattern's repeat fails rule swizzle. */
+START_TEST(shared_dyn_aligned_and_swizzle_rule)
+{
+	ap_kir_kernel *k = ap_kir_kernel_new("aligned_dyn");
+	ap_kir_array *a, *b, *c, *bad, *acc;
+	ap_kir_wg_layout lk = {false, 16, 1024, 128};
+	ap_error err;
+	char *cuda = NULL;
+
+	ck_assert_ptr_nonnull(k);
+	a = ap_kir_shared_dyn(k, "a", AP_DT_F16, 24);                 /* 48 bytes at 0 */
+	b = ap_kir_shared_dyn_aligned(k, "b", AP_DT_F16, 512, 1024);   /* 1024 bytes at 1024 */
+	c = ap_kir_shared_dyn_aligned(k, "c", AP_DT_F16, 8, 256);      /* at 2048 */
+	ck_assert(a && b && c);
+	ck_assert_uint_eq(a->offset, 0);
+	ck_assert_uint_eq(b->offset, 1024);
+	ck_assert_uint_eq(c->offset, 2048);
+	ck_assert_uint_eq(k->smem_align, 1024);
+	ck_assert_uint_eq(k->smem_bytes, 2048 + 16 + 1008);
+	bad = ap_kir_shared_dyn_aligned(k, "bad", AP_DT_F16, 8, 48);
+	ck_assert_ptr_null(bad);
+	ck_assert(ap_kir_failed(k));
+	ap_kir_kernel_free(k);
+
+	k = ap_kir_kernel_new("swizzle_rule");
+	k->block[0] = 128;
+	a = ap_kir_shared_dyn(k, "a", AP_DT_F16, 4096);                /* 16-byte aligned only */
+	b = ap_kir_shared_dyn_aligned(k, "b", AP_DT_F16, 4096, 1024);
+	acc = ap_kir_local(k, "acc", AP_DT_F32, 32);
+	ck_assert_ptr_nonnull(ap_kir_wgmma(k, &k->body, AP_KIR_WGMMA_F16, 64, acc, ap_kir_idx(k, 0), b,
+					   ap_kir_idx(k, 0), lk, b, ap_kir_idx(k, 0), lk));
+	ck_assert_int_eq(ap_kir_verify(k, NULL, &err), 0);
+	cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
+	ck_assert_ptr_nonnull(cuda);
+	ck_assert_ptr_nonnull(strstr(cuda, "__cvta_generic_to_shared(ap_smem_raw)) & 1023u"));
+	free(cuda);
+	ck_assert_ptr_nonnull(ap_kir_wgmma(k, &k->body, AP_KIR_WGMMA_F16, 64, acc, ap_kir_idx(k, 0), a,
+					   ap_kir_idx(k, 0), lk, b, ap_kir_idx(k, 0), lk));
+	ck_assert_int_eq(ap_kir_verify(k, NULL, &err), AP_EINTERNAL);
+	ck_assert_msg(strstr(err.msg, "rule swizzle") != NULL, "%s", err.msg);
+	/* a swizzle the ISA has not: the builder refuses it */
+	lk.swizzle = 16;
+	ck_assert_ptr_null(ap_kir_wgmma(k, &k->body, AP_KIR_WGMMA_F16, 64, acc, ap_kir_idx(k, 0), b,
+					ap_kir_idx(k, 0), lk, b, ap_kir_idx(k, 0), lk));
+	ap_kir_kernel_free(k);
+}
+END_TEST
+
 static Suite *kir_suite(void)
 {
 	Suite *s = suite_create("kir");
@@ -2783,6 +2835,7 @@ static Suite *kir_suite(void)
 	tcase_add_test(tc, wgmma_f16);
 	tcase_add_test(tc, wgmma_bf16);
 	tcase_add_test(tc, wgmma_swizzled);
+	tcase_add_test(tc, shared_dyn_aligned_and_swizzle_rule);
 	tcase_add_test(tc, tf32_rounding);
 	tcase_add_test(tc, cp_async_zero_fill);
 	tcase_add_test(tc, matrix_rules);
