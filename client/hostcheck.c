@@ -78,7 +78,19 @@ typedef struct ctx {
 	unsigned long long *moved;   /* counting: per parameter, bytes loaded then bytes
 					stored by this call (2 x params), added to the
 					launch's counts at its end */
+	struct bank_rec *bank;       /* counting: this stretch's cp.async into shared memory */
+	size_t n_bank, cap_bank;
+	unsigned *bank_seq;          /* per thread: its copies in this stretch */
 } ctx;
+
+/* One thread's cp.async into shared memory (banks_flush). */
+typedef struct bank_rec {
+	unsigned warp, seq, lane, bytes;
+	unsigned long long word;     /* its first 4-byte word: the region's index in the
+					high 32 bits, the offset / 4 in the low */
+} bank_rec;
+
+static void banks_flush(ctx *c);
 
 /* ---- process-wide: the launch's extents and its violations ---------------------------- */
 
@@ -100,6 +112,8 @@ typedef struct counter {
 
 static int g_counting;
 static counter *g_cnt;           /* NULL: this launch is not counted */
+static unsigned long long g_wave, g_ideal;   /* shared-memory wavefronts of cp.async
+						 (ap_hostcheck_banks_of), atomics */
 
 static void counters_free(void)
 {
@@ -146,6 +160,17 @@ static unsigned long long bits_set(const uint64_t *b, unsigned long long bytes)
 	return n;
 }
 
+int ap_hostcheck_banks_of(unsigned long long *wavefronts, unsigned long long *ideal)
+{
+	*wavefronts = __atomic_load_n(&g_wave, __ATOMIC_RELAXED);
+	*ideal = __atomic_load_n(&g_ideal, __ATOMIC_RELAXED);
+	if (!g_cnt) {
+		*wavefronts = *ideal = 0;
+		return -1;
+	}
+	return 0;
+}
+
 int ap_hostcheck_traffic_of(ap_hostcheck_traffic *out, int n)
 {
 	memset(out, 0, (size_t)(n > 0 ? n : 0) * sizeof(*out));
@@ -171,6 +196,7 @@ void ap_hostcheck_begin(const unsigned long long *bytes, int n)
 	g_count = 0;
 	g_len = 0;
 	g_text[0] = '\0';
+	g_wave = g_ideal = 0;
 	counters_new();
 }
 
@@ -232,7 +258,8 @@ static void *ck_begin(const char *kernel, unsigned threads, unsigned block_threa
 		free(c);
 		return NULL;
 	}
-	if (g_cnt && !(c->moved = calloc(2 * (size_t)g_n_extent, sizeof(*c->moved))))
+	if (g_cnt && (!(c->moved = calloc(2 * (size_t)g_n_extent, sizeof(*c->moved))) ||
+		      !(c->bank_seq = calloc(c->nt, sizeof(*c->bank_seq)))))
 		c->oom = true;
 	return c;
 }
@@ -243,6 +270,8 @@ static void ck_end(void *vc)
 
 	if (!c)
 		return;
+	if (g_cnt && c->bank_seq)
+		banks_flush(c);
 	if (c->oom)
 		report(c, "the checker ran out of memory: accesses went unchecked");
 	for (int i = 0; g_cnt && c->moved && i < g_n_extent; i++) {
@@ -250,6 +279,8 @@ static void ck_end(void *vc)
 		__atomic_fetch_add(&g_cnt[i].stores, c->moved[2 * i + 1], __ATOMIC_RELAXED);
 	}
 	free(c->moved);
+	free(c->bank);
+	free(c->bank_seq);
 	for (unsigned t = 0; t < c->nt; t++) {
 		free(c->thr[t].p);
 		free(c->thr[t].wp);
@@ -326,6 +357,8 @@ static int ck_block(void *vc, unsigned long long block)
 
 	if (!c)
 		return 0;
+	if (g_cnt)
+		banks_flush(c);
 	if (!c->cells && c->n_cells && !c->oom) {
 		c->cells = calloc(c->n_cells, sizeof(*c->cells));
 		if (!c->cells)
@@ -579,6 +612,97 @@ static void *ck_wr(void *vc, void *p, unsigned n, unsigned t, unsigned align)
 	return p;
 }
 
+/* ---- counting: shared-memory bank conflicts of cp.async (ap_hostcheck_banks_of) ---------- */
+
+static int bank_cmp(const void *pa, const void *pb)
+{
+	const bank_rec *a = pa, *b = pb;
+
+	if (a->warp != b->warp)
+		return a->warp < b->warp ? -1 : 1;
+	if (a->seq != b->seq)
+		return a->seq < b->seq ? -1 : 1;
+	return a->lane < b->lane ? -1 : a->lane > b->lane;
+}
+
+/* The wavefronts one part of a warp's instruction takes, recs r[0, n)
+ * (at most 32 distinct words: 8 lanes of 16 bytes, 16 of 8 or 32 of 4
+ * or fewer), and those it needs (hostcheck.h's model). */
+static void part_wavefronts(const bank_rec *r, size_t n, unsigned long long *wave,
+			    unsigned long long *ideal)
+{
+	unsigned long long words[64];
+	unsigned per_bank[32] = {0}, most = 0;
+	size_t nw = 0;
+
+	for (size_t i = 0; i < n; i++)
+		for (unsigned w = 0; w < (r[i].bytes + 3) / 4; w++) {
+			unsigned long long x = r[i].word + w;
+			size_t j = 0;
+
+			while (j < nw && words[j] != x)
+				j++;
+			if (j < nw || nw == sizeof(words) / sizeof(words[0]))
+				continue;
+			words[nw++] = x;
+			if (++per_bank[(x & 0xffffffffull) % 32] > most)
+				most = per_bank[(x & 0xffffffffull) % 32];
+		}
+	*wave += most;
+	*ideal += (nw + 31) / 32;
+}
+
+/* Adds the stretch's copies (since the last barrier or block start) to
+ * the launch's wavefronts: grouped per warp and copy number, each group
+ * split into the parts of a warp the hardware serves at once. */
+static void banks_flush(ctx *c)
+{
+	unsigned long long wave = 0, ideal = 0;
+
+	if (!c->n_bank)
+		return;
+	qsort(c->bank, c->n_bank, sizeof(*c->bank), bank_cmp);
+	for (size_t i = 0, j; i < c->n_bank; i = j) {
+		unsigned part = c->bank[i].bytes >= 16 ? 8 : c->bank[i].bytes == 8 ? 16 : 32;
+
+		for (j = i; j < c->n_bank && c->bank[j].warp == c->bank[i].warp && c->bank[j].seq == c->bank[i].seq; j++)
+			;
+		for (size_t a = i, b; a < j; a = b) {
+			for (b = a; b < j && c->bank[b].lane / part == c->bank[a].lane / part; b++)
+				;
+			part_wavefronts(c->bank + a, b - a, &wave, &ideal);
+		}
+	}
+	__atomic_fetch_add(&g_wave, wave, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&g_ideal, ideal, __ATOMIC_RELAXED);
+	c->n_bank = 0;
+	memset(c->bank_seq, 0, c->nt * sizeof(*c->bank_seq));
+}
+
+/* Counting: thread t's cp.async of n bytes to dst, when dst is shared. */
+static void bank_note(ctx *c, const void *dst, unsigned n, unsigned t)
+{
+	bool partial;
+	region *r = find(c, dst, n, &partial);
+
+	if (!r || partial || r->kind != AP_HCHECK_SHARED || !c->bank_seq)
+		return;
+	if (c->n_bank == c->cap_bank) {
+		size_t cap = c->cap_bank ? 2 * c->cap_bank : 256;
+		bank_rec *nb = realloc(c->bank, cap * sizeof(*nb));
+
+		if (!nb) {
+			c->oom = true;
+			return;
+		}
+		c->bank = nb;
+		c->cap_bank = cap;
+	}
+	c->bank[c->n_bank++] = (bank_rec){t / 32, c->bank_seq[t]++, t % 32, n,
+					  ((unsigned long long)(r - c->r) << 32) |
+						  (unsigned long long)(((const char *)dst - r->base) / 4)};
+}
+
 static void ck_async(void *vc, void *dst, const void *src, unsigned n, unsigned t, int pred)
 {
 	ctx *c = vc;
@@ -590,6 +714,8 @@ static void ck_async(void *vc, void *dst, const void *src, unsigned n, unsigned 
 		return;
 	if (pred && g_cnt)
 		count(c, src, n, false);
+	if (g_cnt)
+		bank_note(c, dst, n, t);
 	if (pred)
 		access(c, src, n, t, n, "cp.async source read");
 	r = access(c, dst, n, t, n, "cp.async");
@@ -662,6 +788,8 @@ static void ck_barrier(void *vc, int cluster)
 
 	if (!c)
 		return;
+	if (g_cnt)
+		banks_flush(c);
 	c->be++;
 	if (cluster)
 		c->ce++;

@@ -28,7 +28,9 @@
  *
  * Counting (ap_hostcheck_count, tests/check_traffic.c): optionally, the
  * distinct global bytes each kernel parameter had read and written in a
- * launch, and the bytes of all its loads and stores.
+ * launch, and the bytes of all its loads and stores; and the shared-memory
+ * wavefronts its cp.async copies take against those they need
+ * (ap_hostcheck_banks_of: bank conflicts, which the host cannot time).
  *
  * Shadow state: one cell per shared byte (its last writer with that
  * write's barrier and cluster-barrier counts, its last reader(s), whether
@@ -91,5 +93,23 @@ void ap_hostcheck_count(int on);
  * -1 when the launch is not counted (counting off when it began, or its
  * bitmaps could not be allocated: out[] is then zeroed). */
 int ap_hostcheck_traffic_of(ap_hostcheck_traffic *out, int n);
+
+/* Shared-memory bank conflicts of the counted launch in progress: the
+ * cp.async copies into shared memory, each warp's k-th copy of a stretch
+ * between barriers taken as one instruction (a copy loop runs the same
+ * copies in every thread; a predicated-off copy still writes its zeros,
+ * so it counts too).  The model (the CUDA C Programming Guide's "Shared
+ * Memory" section and Nsight Compute's wavefronts): 32 banks of 4-byte
+ * words; a warp's 16-byte accesses are served a quarter-warp (8 lanes) at
+ * a time, 8-byte ones a half-warp at a time, narrower ones all 32 lanes
+ * at once; a part of a warp takes as many wavefronts as the most distinct
+ * words any one bank holds among its lanes (lanes on one word share it),
+ * where it needs at least ceil(distinct words / 32).  Offsets count from
+ * each shared array's start (a shift of a whole instruction's addresses
+ * keeps its conflicts).  *wavefronts gets the launch's wavefronts, *ideal
+ * those it needs without a conflict; both 0 when it made no copies.
+ * Returns 0, or -1 when the launch is not counted (see
+ * ap_hostcheck_traffic_of). */
+int ap_hostcheck_banks_of(unsigned long long *wavefronts, unsigned long long *ideal);
 
 #endif

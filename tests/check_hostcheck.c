@@ -172,6 +172,74 @@ START_TEST(unit_cp_async)
 }
 END_TEST
 
+/* The bank model (hostcheck.h, ap_hostcheck_banks_of) on hand-placed
+ * copies of one warp, each figure worked out from the model by hand:
+ *   16 bytes a lane, lane l at 16 l: every quarter-warp covers 128
+ *     consecutive bytes, one wavefront each -- 4, needing 4;
+ *   16 bytes at 128 l: a quarter-warp's 8 lanes all in banks 0-3, each
+ *     bank 8 distinct words -- 8 a quarter, 32, needing 4;
+ *   4 bytes at 8 l: 32 lanes at once, banks 0, 2, .., 30 twice each --
+ *     2, needing 1;
+ *   4 bytes, every lane the same word: one word, broadcast -- 1, needing 1;
+ *   8 bytes at 8 l: two half-warps of 128 bytes -- 2, needing 2;
+ *   16 bytes at 128 (l % 8) + 16 (l / 8): quarter-warp q holds 8 rows of
+ *     banks 4q..4q+3 -- 8 each, 32, needing 4 (served all at once, the
+ *     warp would take 8: the quarter-warp split shows).
+ * Copies between barriers pair up by their number in each thread; a
+ * barrier starts the count again.  Not counting: -1. */
+START_TEST(unit_banks)
+{
+	const ap_hcheck_ops *o = ap_hostcheck_ops();
+	_Alignas(16) static char sh[4096], g[4096];
+	static const struct { unsigned bytes, stride, wave, ideal; } cases[] = {
+		{16, 16, 4, 4}, {16, 128, 32, 4}, {4, 8, 2, 1}, {4, 0, 1, 1}, {8, 8, 2, 2},
+		{16, 1, 32, 4},   /* stride 1: the quarter-warp layout above */
+	};
+	unsigned long long wave, ideal;
+	char msg[2048];
+	void *c;
+
+	ap_hostcheck_count(1);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		c = ctx_new(o, sh, sizeof(sh), g, sizeof(g), 32, 32);
+		for (unsigned l = 0; l < 32; l++)
+			o->async(c, sh + (cases[i].stride == 1 ? 128 * (l % 8) + 16 * (l / 8) : l * cases[i].stride), g,
+				 cases[i].bytes, l, 1);
+		o->end(c);
+		ck_assert_int_eq(ap_hostcheck_banks_of(&wave, &ideal), 0);
+		ck_assert_msg(wave == cases[i].wave && ideal == cases[i].ideal,
+			      "case %zu: %llu wavefronts for %llu, want %u for %u", i, wave, ideal, cases[i].wave,
+			      cases[i].ideal);
+		/* 32 copies into one word race (reported); the others do not */
+		ck_assert_uint_eq(ap_hostcheck_end(msg, sizeof(msg)) == 0, cases[i].stride != 0);
+	}
+	/* two copies a lane (16 l, then 2048 + 128 l): grouped by number, 4 + 32;
+	 * across a barrier the same: 4 + 32 */
+	for (int bar = 0; bar < 2; bar++) {
+		c = ctx_new(o, sh, sizeof(sh), g, sizeof(g), 32, 32);
+		for (unsigned l = 0; l < 32; l++)
+			o->async(c, sh + 16 * l, g, 16, l, 1);
+		if (bar)
+			o->barrier(c, 0);
+		for (unsigned l = 0; l < 32; l++)
+			o->async(c, sh + 2048 + 128 * (l % 16), g, 16, l, 0);
+		o->end(c);
+		ck_assert_int_eq(ap_hostcheck_banks_of(&wave, &ideal), 0);
+		/* the second copy: 16 lanes distinct, the others repeat them (same
+		 * words): each quarter 8 distinct rows in banks 0-3 -- 32 */
+		ck_assert_msg(wave == 36 && ideal == 8, "barrier %d: %llu wavefronts for %llu", bar, wave, ideal);
+		ap_hostcheck_end(msg, sizeof(msg));
+	}
+	ap_hostcheck_count(0);
+	c = ctx_new(o, sh, sizeof(sh), g, sizeof(g), 32, 32);
+	o->async(c, sh, g, 16, 0, 1);
+	o->end(c);
+	ck_assert_int_eq(ap_hostcheck_banks_of(&wave, &ideal), -1);
+	ck_assert(wave == 0 && ideal == 0);
+	ap_hostcheck_end(msg, sizeof(msg));
+}
+END_TEST
+
 START_TEST(unit_clusters)
 {
 	const ap_hcheck_ops *o = ap_hostcheck_ops();
@@ -632,6 +700,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, unit_races_and_barriers);
 	tcase_add_test(tc, unit_cp_async);
+	tcase_add_test(tc, unit_banks);
 	tcase_add_test(tc, unit_clusters);
 	tcase_add_test(tc, gemm_pipeline_bugs_found);
 	tcase_add_test(tc, splitk_cluster_bug_found);

@@ -47,6 +47,10 @@
  *                    reads two tensors, above 1 for an implicit-GEMM
  *                    convolution whose padding is zero-filled, not loaded;
  *   and the checker must find no violation.
+ * shared_banks runs float16 products' default configurations counted at
+ * sm_90a and sm_80 and reads the cp.async copies' shared-memory wavefronts
+ * (ap_hostcheck_banks_of): on sm_90a's swizzled wgmma tiles every copy
+ * takes exactly the wavefronts its bytes need; sm_80's are printed.
  * A difference known[] explains -- its predicate recognises it, exactly
  * where it can -- is counted and printed with its reason at the end of
  * each test instead of failing it; any other fails the test.
@@ -103,7 +107,7 @@ static const char *const g_targets[] = {"cpu", "sm_80", "sm_90"};
 
 /* What the traffic's structure is compared with: the grid's blocks, a
  * block's threads, the shared memory (static arrays + dynamic), whether
- * the body holds an mma.sync, whether it computes on floats. */
+ * the body holds an mma.sync or a wgmma, whether it computes on floats. */
 typedef struct kfacts {
 	unsigned long long blocks, threads, shared;
 	bool mma, arith;
@@ -112,7 +116,7 @@ typedef struct kfacts {
 static int facts_stmt(const ap_kir_stmt *s, int depth, void *user)
 {
 	(void)depth;
-	if (s->kind == AP_KIR_S_MMA)
+	if (s->kind == AP_KIR_S_MMA || s->kind == AP_KIR_S_WGMMA)
 		((kfacts *)user)->mma = ((kfacts *)user)->arith = true;
 	return 0;
 }
@@ -333,6 +337,17 @@ typedef struct job {
 	const char *emitter;             /* static */
 	char what[200];
 } job;
+
+/* Each counted run's shared-memory wavefronts of its cp.async copies
+ * (ap_hostcheck_banks_of), by its `what` -- the shared_banks test reads
+ * them back. */
+typedef struct bank_fig {
+	char what[200];
+	unsigned long long wave, ideal;
+} bank_fig;
+
+static bank_fig g_banks[64];
+static int g_n_banks;
 
 /* gemm.c: smem_bytes adds 16 bytes of alignment for every shared array
  * besides the two tiles (pair and compute staging, split-K's partials),
@@ -679,6 +694,15 @@ static void run_counted(const job *j, host_fn f)
 	ap_hostcheck_begin(ext, np);
 	f(args, 0, k->grid[0] * k->grid[1] * k->grid[2]);
 	rc = ap_hostcheck_traffic_of(cnt, np);
+	if (g_n_banks < (int)(sizeof(g_banks) / sizeof(g_banks[0]))) {
+		bank_fig *bf = &g_banks[g_n_banks++];
+
+		snprintf(bf->what, sizeof(bf->what), "%s", j->what);
+		ck_assert_int_eq(ap_hostcheck_banks_of(&bf->wave, &bf->ideal), 0);
+		if (g_survey > 1)
+			printf("check_traffic: cp.async wavefronts %llu, without conflicts %llu: %s\n", bf->wave, bf->ideal,
+			       j->what);
+	}
 	nv = ap_hostcheck_end(msg, sizeof(msg));
 	ap_hostcheck_count(0);
 	ck_assert_msg(rc == 0, "%s: the launch was not counted", j->what);
@@ -1444,6 +1468,88 @@ START_TEST(gemm)
 }
 END_TEST
 
+/* The cp.async copies' shared-memory bank conflicts (ap_hostcheck_banks_of,
+ * counted in the emulation) of float16 products' default configurations:
+ * on sm_90a the wgmma tiles are swizzled (ap_kir_wg_layout), so every
+ * copy must take exactly the wavefronts its bytes need -- A K-major
+ * (x [M, K] row-major), B MN-major (w [K, N] row-major) and, with w
+ * transposed, K-major; bk of 64 (128-byte atoms) and 32 (64-byte).  The
+ * mma.sync tiles of sm_80 (rows padded by 16 bytes) are printed beside
+ * them. */
+static void banks_case(batch *b, ap_graph *g, const char *tgt, const char *label, int bk)
+{
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL);
+	ap_target_info ti;
+	ap_bound bd;
+	ap_space sp;
+	ap_sched s;
+	ap_error err;
+	sweep_count n = {0};
+	char what[120];
+
+	ck_assert_int_eq(ap_cost_target(tgt, &ti), 0);
+	ti.max_threads_per_block = 256;
+	ck_assert_int_eq(ap_bind_first(m, &ti, &bd, &err), 0);
+	ck_assert_str_eq(bd.em->name, "gemm");
+	ck_assert_int_eq(ap_emitter_default(&bd, &sp, &s, &err), 0);
+	for (int i = 0; i < sp.n; i++)
+		if (!strcmp(sp.knobs[i].name, "bk"))
+			s.v[i] = bk;
+		else if (!strcmp(sp.knobs[i].name, "lib"))
+			s.v[i] = 0;
+	snprintf(what, sizeof(what), "%s at %s bk=%d", label, tgt, bk);
+	one_config(b, &bd, &s, what, true, false, &n);
+	ck_assert_msg(n.queued == 1 || b->n_same > 0, "%s: not queued (%d lowered, %d refused)", what, n.lowered,
+		      n.refused);
+	ap_unbind(&bd);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+
+static ap_graph *product_t_graph(int64_t M, int64_t K, int64_t N)
+{
+	ap_graph *g = ap_graph_new("mmt");
+	int x = tensor(g, "x", DIMS(M, K), AP_TENSOR_INPUT), w = tensor(g, "w", DIMS(N, K), AP_TENSOR_INPUT);
+	int wt = tensor(g, "wt", DIMS(K, N), AP_TENSOR_VALUE), y = tensor(g, "y", DIMS(M, N), AP_TENSOR_VALUE);
+
+	ap_node_set_ints(g, node(g, "wt", AP_OP_TRANSPOSE, LIST(w), LIST(wt)), "perm", (const int64_t[]){1, 0}, 2);
+	node(g, "mm", AP_OP_MATMUL, LIST(x, wt), LIST(y));
+	output(g, y);
+	return g;
+}
+
+START_TEST(shared_banks)
+{
+	batch b = {0};
+	static const char *const tgts[] = {"sm_90a", "sm_80"};
+	int checked = 0;
+
+	g_n_banks = 0;
+	g_dt = AP_DT_F16;
+	for (int t = 0; t < 2; t++)
+		for (int bk = 32; bk <= 64; bk *= 2) {
+			banks_case(&b, product_graph(128, 256, 128, false), tgts[t], "x @ w f16 128x256x128", bk);
+			banks_case(&b, product_t_graph(128, 256, 128), tgts[t], "x @ w^T f16 128x256x128", bk);
+		}
+	g_dt = AP_DT_F32;
+	batch_done(&b);
+	for (int i = 0; i < g_n_banks; i++) {
+		const bank_fig *f = &g_banks[i];
+
+		printf("check_traffic: shared_banks: cp.async wavefronts %llu, needed %llu (%.2fx): %s\n", f->wave,
+		       f->ideal, f->ideal ? (double)f->wave / (double)f->ideal : 0.0, f->what);
+		ck_assert_msg(f->ideal > 0 && f->wave >= f->ideal, "%s: %llu wavefronts for %llu needed", f->what,
+			      f->wave, f->ideal);
+		if (strstr(f->what, "sm_90a")) {
+			ck_assert_msg(f->wave == f->ideal, "%s: swizzled wgmma tiles, yet the copies take %llu wavefronts "
+				      "for %llu", f->what, f->wave, f->ideal);
+			checked++;
+		}
+	}
+	ck_assert_int_eq(checked, 4);
+}
+END_TEST
+
 /* ---- attention and convolutions ------------------------------------------------------ */
 
 /* O = softmax(Q K^T / 4 + mask) V over B x H heads, written as O^T
@@ -1774,6 +1880,7 @@ static Suite *traffic_suite(void)
 	tcase_add_test(tc, stitched);
 	tcase_add_test(tc, movement);
 	tcase_add_test(tc, gemm);
+	tcase_add_test(tc, shared_banks);
 	tcase_add_test(tc, attention);
 	tcase_add_test(tc, convolutions);
 	suite_add_tcase(s, tc);

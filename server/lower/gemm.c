@@ -672,8 +672,8 @@ int ap__gemm_wg_swizzle(const gemm_plan *p, const gemm_cfg *c, int role)
 
 /* Bytes of shared memory of configuration c on t: each operand's tile
  * stages (a pair- or compute-staged operand: one tile, plus per stage its
- * staging buffer), and split-K's partial accumulator tile; swizzled
- * wgmma tiles add B's start rounded up to its repeat and the slack of the
+ * staging buffer), and split-K's partial accumulator tile; wgmma's
+ * tiles add B's start rounded up to its repeat and the slack of the
  * run-time alignment (ap_kir_shared_dyn_aligned). */
 size_t ap__gemm_smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t)
 {
@@ -689,18 +689,21 @@ size_t ap__gemm_smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_targe
 	b = br ? (size_t)c->bn * ((size_t)c->bk + pad) : (size_t)c->bk * ((size_t)c->bn + pad);
 	a *= es * (ma != STAGE_TILE ? 1 : S);
 	b *= es * (mb != STAGE_TILE ? 1 : S);
+	if (p->wg) {
+		/* wgmma's tiles: dynamic, B's start on its repeat after A's
+		 * tiles, and the run-time alignment's slack (gemm_kernel.c,
+		 * declare_shared) */
+		size_t ra = 8 * (size_t)ap__gemm_wg_swizzle(p, c, 0), rb = 8 * (size_t)ap__gemm_wg_swizzle(p, c, 1);
+
+		ra = ra ? ra : 16;
+		rb = rb ? rb : 16;
+		b += (a + rb - 1) / rb * rb - a + (ra > rb ? ra : rb) - 16;
+	}
 	a += staging_bytes(ma, &p->a, es, S * (size_t)c->bm * (size_t)c->bk);
 	b += staging_bytes(mb, &p->b, es, S * (size_t)c->bn * (size_t)c->bk);
 	/* split-K: every block's partial accumulator tile, for the cluster */
 	if (c->splitk > 1)
 		b += 16 + (size_t)c->bm * (size_t)c->bn * ap_dtype_size(p->acc_t);
-	{
-		size_t ra = 8 * (size_t)ap__gemm_wg_swizzle(p, c, 0), rb = 8 * (size_t)ap__gemm_wg_swizzle(p, c, 1);
-		size_t rep = ra > rb ? ra : rb;
-
-		if (rep)
-			b += (rb > 16 ? rb - 16 : 0) + rep - 16;
-	}
 	return a + b;
 }
 

@@ -474,7 +474,8 @@ static void choose_staging(gctx *c)
  * the pair qa / qb) and compute-staged operands (ca / cb, the source
  * buffer's type), and split-K's partial tile red (bm x bn accumulators).
  * Static shared memory while it fits the target's per-block limit,
- * dynamic past it.  A failed allocation marks the kernel failed (the
+ * dynamic past it; wgmma's tiles always dynamic, aligned to their
+ * swizzles' repeats.  A failed allocation marks the kernel failed (the
  * caller checks). */
 static void declare_shared(gctx *c)
 {
@@ -495,11 +496,14 @@ static void declare_shared(gctx *c)
 
 		int64_t na = c->a_stage * (c->a_mode != STAGE_TILE ? 1 : S), nb = c->b_stage * (c->b_mode != STAGE_TILE ? 1 : S);
 
-		/* a swizzled wgmma tile starts on its pattern's repeat (8 W bytes) */
-		c->sa = c->r->sw[0] ? ap_kir_shared_dyn_aligned(k, "sa", p->in_t, na, 8u * (unsigned)c->r->sw[0])
-				    : shared(k, "sa", p->in_t, na);
-		c->sb = c->r->sw[1] ? ap_kir_shared_dyn_aligned(k, "sb", p->in_t, nb, 8u * (unsigned)c->r->sw[1])
-				    : shared(k, "sb", p->in_t, nb);
+		/* wgmma's tiles: dynamic, a swizzled one starting on its
+		 * pattern's repeat (8 W bytes; ap__gemm_smem_bytes counts it) */
+		c->sa = p->wg ? ap_kir_shared_dyn_aligned(k, "sa", p->in_t, na,
+							  c->r->sw[0] ? 8u * (unsigned)c->r->sw[0] : 16u)
+			      : shared(k, "sa", p->in_t, na);
+		c->sb = p->wg ? ap_kir_shared_dyn_aligned(k, "sb", p->in_t, nb,
+							  c->r->sw[1] ? 8u * (unsigned)c->r->sw[1] : 16u)
+			      : shared(k, "sb", p->in_t, nb);
 		if (c->a_mode == STAGE_PAIRS) {
 			c->pa = shared(k, "pa", p->in_t, 2 * pairs_a);
 			c->qa = shared(k, "qa", AP_DT_U8, pairs_a);
