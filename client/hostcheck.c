@@ -78,14 +78,15 @@ typedef struct ctx {
 	unsigned long long *moved;   /* counting: per parameter, bytes loaded then bytes
 					stored by this call (2 x params), added to the
 					launch's counts at its end */
-	struct bank_rec *bank;       /* counting: this stretch's cp.async into shared memory */
+	struct bank_rec *bank;       /* counting: this stretch's cp.async into shared memory
+					and ldmatrix rows */
 	size_t n_bank, cap_bank;
-	unsigned *bank_seq;          /* per thread: its copies in this stretch */
+	unsigned *bank_seq;          /* per kind and thread (2 x nt): its accesses in this stretch */
 } ctx;
 
 /* One thread's cp.async into shared memory (banks_flush). */
 typedef struct bank_rec {
-	unsigned warp, seq, lane, bytes;
+	unsigned kind, warp, seq, lane, bytes;   /* kind: AP_HOSTCHECK_BANKS_* */
 	unsigned long long word;     /* its first 4-byte word: the region's index in the
 					high 32 bits, the offset / 4 in the low */
 } bank_rec;
@@ -112,8 +113,9 @@ typedef struct counter {
 
 static int g_counting;
 static counter *g_cnt;           /* NULL: this launch is not counted */
-static unsigned long long g_wave, g_ideal;   /* shared-memory wavefronts of cp.async
-						 (ap_hostcheck_banks_of), atomics */
+static unsigned long long g_wave[2], g_ideal[2];   /* shared-memory wavefronts of cp.async
+						       and ldmatrix (ap_hostcheck_banks_of),
+						       atomics */
 
 static void counters_free(void)
 {
@@ -160,10 +162,14 @@ static unsigned long long bits_set(const uint64_t *b, unsigned long long bytes)
 	return n;
 }
 
-int ap_hostcheck_banks_of(unsigned long long *wavefronts, unsigned long long *ideal)
+int ap_hostcheck_banks_of(int kind, unsigned long long *wavefronts, unsigned long long *ideal)
 {
-	*wavefronts = __atomic_load_n(&g_wave, __ATOMIC_RELAXED);
-	*ideal = __atomic_load_n(&g_ideal, __ATOMIC_RELAXED);
+	if (kind != AP_HOSTCHECK_BANKS_COPY && kind != AP_HOSTCHECK_BANKS_LDMATRIX) {
+		*wavefronts = *ideal = 0;
+		return -1;
+	}
+	*wavefronts = __atomic_load_n(&g_wave[kind], __ATOMIC_RELAXED);
+	*ideal = __atomic_load_n(&g_ideal[kind], __ATOMIC_RELAXED);
 	if (!g_cnt) {
 		*wavefronts = *ideal = 0;
 		return -1;
@@ -196,7 +202,8 @@ void ap_hostcheck_begin(const unsigned long long *bytes, int n)
 	g_count = 0;
 	g_len = 0;
 	g_text[0] = '\0';
-	g_wave = g_ideal = 0;
+	memset(g_wave, 0, sizeof(g_wave));
+	memset(g_ideal, 0, sizeof(g_ideal));
 	counters_new();
 }
 
@@ -259,7 +266,7 @@ static void *ck_begin(const char *kernel, unsigned threads, unsigned block_threa
 		return NULL;
 	}
 	if (g_cnt && (!(c->moved = calloc(2 * (size_t)g_n_extent, sizeof(*c->moved))) ||
-		      !(c->bank_seq = calloc(c->nt, sizeof(*c->bank_seq)))))
+		      !(c->bank_seq = calloc(2 * (size_t)c->nt, sizeof(*c->bank_seq)))))
 		c->oom = true;
 	return c;
 }
@@ -618,6 +625,8 @@ static int bank_cmp(const void *pa, const void *pb)
 {
 	const bank_rec *a = pa, *b = pb;
 
+	if (a->kind != b->kind)
+		return a->kind < b->kind ? -1 : 1;
 	if (a->warp != b->warp)
 		return a->warp < b->warp ? -1 : 1;
 	if (a->seq != b->seq)
@@ -657,7 +666,7 @@ static void part_wavefronts(const bank_rec *r, size_t n, unsigned long long *wav
  * split into the parts of a warp the hardware serves at once. */
 static void banks_flush(ctx *c)
 {
-	unsigned long long wave = 0, ideal = 0;
+	unsigned long long wave[2] = {0, 0}, ideal[2] = {0, 0};
 
 	if (!c->n_bank)
 		return;
@@ -665,22 +674,27 @@ static void banks_flush(ctx *c)
 	for (size_t i = 0, j; i < c->n_bank; i = j) {
 		unsigned part = c->bank[i].bytes >= 16 ? 8 : c->bank[i].bytes == 8 ? 16 : 32;
 
-		for (j = i; j < c->n_bank && c->bank[j].warp == c->bank[i].warp && c->bank[j].seq == c->bank[i].seq; j++)
+		for (j = i; j < c->n_bank && c->bank[j].kind == c->bank[i].kind && c->bank[j].warp == c->bank[i].warp &&
+			    c->bank[j].seq == c->bank[i].seq;
+		     j++)
 			;
 		for (size_t a = i, b; a < j; a = b) {
 			for (b = a; b < j && c->bank[b].lane / part == c->bank[a].lane / part; b++)
 				;
-			part_wavefronts(c->bank + a, b - a, &wave, &ideal);
+			part_wavefronts(c->bank + a, b - a, &wave[c->bank[i].kind], &ideal[c->bank[i].kind]);
 		}
 	}
-	__atomic_fetch_add(&g_wave, wave, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&g_ideal, ideal, __ATOMIC_RELAXED);
+	for (int k = 0; k < 2; k++) {
+		__atomic_fetch_add(&g_wave[k], wave[k], __ATOMIC_RELAXED);
+		__atomic_fetch_add(&g_ideal[k], ideal[k], __ATOMIC_RELAXED);
+	}
 	c->n_bank = 0;
-	memset(c->bank_seq, 0, c->nt * sizeof(*c->bank_seq));
+	memset(c->bank_seq, 0, 2 * (size_t)c->nt * sizeof(*c->bank_seq));
 }
 
-/* Counting: thread t's cp.async of n bytes to dst, when dst is shared. */
-static void bank_note(ctx *c, const void *dst, unsigned n, unsigned t)
+/* Counting: thread t's access of `kind` (AP_HOSTCHECK_BANKS_*), n bytes
+ * at dst, when dst is shared. */
+static void bank_note(ctx *c, unsigned kind, const void *dst, unsigned n, unsigned t)
 {
 	bool partial;
 	region *r = find(c, dst, n, &partial);
@@ -698,7 +712,7 @@ static void bank_note(ctx *c, const void *dst, unsigned n, unsigned t)
 		c->bank = nb;
 		c->cap_bank = cap;
 	}
-	c->bank[c->n_bank++] = (bank_rec){t / 32, c->bank_seq[t]++, t % 32, n,
+	c->bank[c->n_bank++] = (bank_rec){kind, t / 32, c->bank_seq[kind * c->nt + t]++, t % 32, n,
 					  ((unsigned long long)(r - c->r) << 32) |
 						  (unsigned long long)(((const char *)dst - r->base) / 4)};
 }
@@ -715,7 +729,7 @@ static void ck_async(void *vc, void *dst, const void *src, unsigned n, unsigned 
 	if (pred && g_cnt)
 		count(c, src, n, false);
 	if (g_cnt)
-		bank_note(c, dst, n, t);
+		bank_note(c, AP_HOSTCHECK_BANKS_COPY, dst, n, t);
 	if (pred)
 		access(c, src, n, t, n, "cp.async source read");
 	r = access(c, dst, n, t, n, "cp.async");
@@ -892,6 +906,17 @@ static void ck_wg_wait(void *vc, unsigned t, int pending)
 	ts->wn = keep;
 }
 
+/* ldmatrix's row of lane t: a 16-byte read like any other, noted for the
+ * bank count as part of the warp's ldmatrix. */
+static const void *ck_lm_rd(void *vc, const void *p, unsigned t)
+{
+	ctx *c = vc;
+
+	if (g_cnt && c && t < c->nt)
+		bank_note(c, AP_HOSTCHECK_BANKS_LDMATRIX, p, 16, t);
+	return ck_rd(vc, p, 16, t, 16);
+}
+
 static const ap_hcheck_ops ops = {
 	.begin = ck_begin,
 	.end = ck_end,
@@ -907,6 +932,7 @@ static const ap_hcheck_ops ops = {
 	.wg_rd = ck_wg_rd,
 	.wg_commit = ck_wg_commit,
 	.wg_wait = ck_wg_wait,
+	.lm_rd = ck_lm_rd,
 };
 
 const ap_hcheck_ops *ap_hostcheck_ops(void)

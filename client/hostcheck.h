@@ -94,22 +94,27 @@ void ap_hostcheck_count(int on);
  * bitmaps could not be allocated: out[] is then zeroed). */
 int ap_hostcheck_traffic_of(ap_hostcheck_traffic *out, int n);
 
-/* Shared-memory bank conflicts of the counted launch in progress: the
- * cp.async copies into shared memory, each warp's k-th copy of a stretch
- * between barriers taken as one instruction (a copy loop runs the same
- * copies in every thread; a predicated-off copy still writes its zeros,
- * so it counts too).  The model (the CUDA C Programming Guide's "Shared
- * Memory" section and Nsight Compute's wavefronts): 32 banks of 4-byte
- * words; a warp's 16-byte accesses are served a quarter-warp (8 lanes) at
- * a time, 8-byte ones a half-warp at a time, narrower ones all 32 lanes
- * at once; a part of a warp takes as many wavefronts as the most distinct
- * words any one bank holds among its lanes (lanes on one word share it),
- * where it needs at least ceil(distinct words / 32).  Offsets count from
- * each shared array's start (a shift of a whole instruction's addresses
- * keeps its conflicts).  *wavefronts gets the launch's wavefronts, *ideal
- * those it needs without a conflict; both 0 when it made no copies.
- * Returns 0, or -1 when the launch is not counted (see
- * ap_hostcheck_traffic_of). */
-int ap_hostcheck_banks_of(unsigned long long *wavefronts, unsigned long long *ideal);
+/* Shared-memory bank conflicts of the counted launch in progress, of
+ * one kind of access: AP_HOSTCHECK_BANKS_COPY, the cp.async copies into
+ * shared memory, each warp's k-th copy of a stretch between barriers
+ * taken as one instruction (a copy loop runs the same copies in every
+ * thread; a predicated-off copy still writes its zeros, so it counts too);
+ * AP_HOSTCHECK_BANKS_LDMATRIX, the ldmatrix rows, each warp's k-th
+ * ldmatrix one instruction (a warp-collective: every lane runs it).  The
+ * model (the CUDA C Programming Guide's "Shared Memory" section and
+ * Nsight Compute's wavefronts): 32 banks of 4-byte words; a warp's
+ * 16-byte accesses are served a quarter-warp (8 lanes; an ldmatrix's
+ * 8x8 matrix) at a time, 8-byte ones a half-warp at a time, narrower ones
+ * all 32 lanes at once; a part of a warp takes as many wavefronts as the
+ * most distinct words any one bank holds among its lanes (lanes on one
+ * word share it), where it needs at least ceil(distinct words / 32).
+ * Offsets count from each shared array's start (a shift of a whole
+ * instruction's addresses keeps its conflicts).  *wavefronts gets the
+ * launch's wavefronts, *ideal those it needs without a conflict; both 0
+ * when it made no such access.  Returns 0, or -1 when the launch is not
+ * counted (see ap_hostcheck_traffic_of) or `kind` is unknown. */
+#define AP_HOSTCHECK_BANKS_COPY 0
+#define AP_HOSTCHECK_BANKS_LDMATRIX 1
+int ap_hostcheck_banks_of(int kind, unsigned long long *wavefronts, unsigned long long *ideal);
 
 #endif

@@ -19,7 +19,9 @@
  * pending until that warpgroup's wgmma.wait_group covers it), and
  * wg_commit() / wg_wait() for wgmma.commit_group / wait_group (every
  * thread of the warpgroup calls them; the warpgroup's first thread
- * counts).  Threads are numbered within the
+ * counts); lm_rd() for the 16-byte row lane t gives an ldmatrix (a read,
+ * which the counting also takes as part of the warp's instruction).
+ * Threads are numbered within the
  * host's (wide) block: thread t is in block rank t / block_threads of its
  * cluster.
  *
@@ -50,7 +52,8 @@
 	void (*fence_async)(void *ctx, unsigned t); \
 	const void *(*wg_rd)(void *ctx, const void *p, unsigned bytes, unsigned t); \
 	void (*wg_commit)(void *ctx, unsigned t); \
-	void (*wg_wait)(void *ctx, unsigned t, int pending);
+	void (*wg_wait)(void *ctx, unsigned t, int pending); \
+	const void *(*lm_rd)(void *ctx, const void *p, unsigned t);
 
 typedef struct ap_hcheck_ops {
 	AP_HCHECK_FIELDS

@@ -206,7 +206,7 @@ START_TEST(unit_banks)
 			o->async(c, sh + (cases[i].stride == 1 ? 128 * (l % 8) + 16 * (l / 8) : l * cases[i].stride), g,
 				 cases[i].bytes, l, 1);
 		o->end(c);
-		ck_assert_int_eq(ap_hostcheck_banks_of(&wave, &ideal), 0);
+		ck_assert_int_eq(ap_hostcheck_banks_of(AP_HOSTCHECK_BANKS_COPY, &wave, &ideal), 0);
 		ck_assert_msg(wave == cases[i].wave && ideal == cases[i].ideal,
 			      "case %zu: %llu wavefronts for %llu, want %u for %u", i, wave, ideal, cases[i].wave,
 			      cases[i].ideal);
@@ -224,7 +224,7 @@ START_TEST(unit_banks)
 		for (unsigned l = 0; l < 32; l++)
 			o->async(c, sh + 2048 + 128 * (l % 16), g, 16, l, 0);
 		o->end(c);
-		ck_assert_int_eq(ap_hostcheck_banks_of(&wave, &ideal), 0);
+		ck_assert_int_eq(ap_hostcheck_banks_of(AP_HOSTCHECK_BANKS_COPY, &wave, &ideal), 0);
 		/* the second copy: 16 lanes distinct, the others repeat them (same
 		 * words): each quarter 8 distinct rows in banks 0-3 -- 32 */
 		ck_assert_msg(wave == 36 && ideal == 8, "barrier %d: %llu wavefronts for %llu", bar, wave, ideal);
@@ -234,7 +234,7 @@ START_TEST(unit_banks)
 	c = ctx_new(o, sh, sizeof(sh), g, sizeof(g), 32, 32);
 	o->async(c, sh, g, 16, 0, 1);
 	o->end(c);
-	ck_assert_int_eq(ap_hostcheck_banks_of(&wave, &ideal), -1);
+	ck_assert_int_eq(ap_hostcheck_banks_of(AP_HOSTCHECK_BANKS_COPY, &wave, &ideal), -1);
 	ck_assert(wave == 0 && ideal == 0);
 	ap_hostcheck_end(msg, sizeof(msg));
 }

@@ -47,10 +47,9 @@
  *                    reads two tensors, above 1 for an implicit-GEMM
  *                    convolution whose padding is zero-filled, not loaded;
  *   and the checker must find no violation.
- * shared_banks runs float16 products' default configurations counted at
- * sm_90a and sm_80 and reads the cp.async copies' shared-memory wavefronts
- * (ap_hostcheck_banks_of): on sm_90a's swizzled wgmma tiles every copy
- * takes exactly the wavefronts its bytes need; sm_80's are printed.
+ * shared_banks runs float16 products counted at sm_90a and sm_80 and reads
+ * the shared-memory wavefronts of their cp.async copies and ldmatrix rows
+ * (ap_hostcheck_banks_of): each must take exactly those its bytes need.
  * A difference known[] explains -- its predicate recognises it, exactly
  * where it can -- is counted and printed with its reason at the end of
  * each test instead of failing it; any other fails the test.
@@ -343,7 +342,8 @@ typedef struct job {
  * them back. */
 typedef struct bank_fig {
 	char what[200];
-	unsigned long long wave, ideal;
+	unsigned long long wave, ideal;         /* cp.async into shared memory */
+	unsigned long long lm_wave, lm_ideal;   /* ldmatrix rows */
 } bank_fig;
 
 static bank_fig g_banks[64];
@@ -698,10 +698,11 @@ static void run_counted(const job *j, host_fn f)
 		bank_fig *bf = &g_banks[g_n_banks++];
 
 		snprintf(bf->what, sizeof(bf->what), "%s", j->what);
-		ck_assert_int_eq(ap_hostcheck_banks_of(&bf->wave, &bf->ideal), 0);
+		ck_assert_int_eq(ap_hostcheck_banks_of(AP_HOSTCHECK_BANKS_COPY, &bf->wave, &bf->ideal), 0);
+		ck_assert_int_eq(ap_hostcheck_banks_of(AP_HOSTCHECK_BANKS_LDMATRIX, &bf->lm_wave, &bf->lm_ideal), 0);
 		if (g_survey > 1)
-			printf("check_traffic: cp.async wavefronts %llu, without conflicts %llu: %s\n", bf->wave, bf->ideal,
-			       j->what);
+			printf("check_traffic: wavefronts: cp.async %llu for %llu, ldmatrix %llu for %llu: %s\n", bf->wave,
+			       bf->ideal, bf->lm_wave, bf->lm_ideal, j->what);
 	}
 	nv = ap_hostcheck_end(msg, sizeof(msg));
 	ap_hostcheck_count(0);
@@ -1468,15 +1469,17 @@ START_TEST(gemm)
 }
 END_TEST
 
-/* The cp.async copies' shared-memory bank conflicts (ap_hostcheck_banks_of,
- * counted in the emulation) of float16 products' default configurations:
- * on sm_90a the wgmma tiles are swizzled (ap_kir_wg_layout), so every
- * copy must take exactly the wavefronts its bytes need -- A K-major
- * (x [M, K] row-major), B MN-major (w [K, N] row-major) and, with w
- * transposed, K-major; bk of 64 (128-byte atoms) and 32 (64-byte).  The
- * mma.sync tiles of sm_80 (rows padded by 16 bytes) are printed beside
- * them. */
-static void banks_case(batch *b, ap_graph *g, const char *tgt, const char *label, int bk)
+/* Shared-memory bank conflicts (ap_hostcheck_banks_of, counted in the
+ * emulation) of float16 products' default configurations, bk 32 and 64,
+ * A K-major (x [M, K] row-major), B MN-major (w [K, N] row-major) and,
+ * with w transposed, K-major: every cp.async copy must take exactly the
+ * wavefronts its bytes need -- on sm_90a's swizzled wgmma tiles
+ * (ap_kir_wg_layout; with the swizzle off, 6x), on sm_80's padded
+ * mma.sync tiles by dealing lines shorter than 128 bytes 8 at a time
+ * (gemm_stage.c, copy_interleaved; before, 1.5-2x at bk 32), in the
+ * default tiles and in the 4096^3 product's 128 x 128 -- and on sm_80
+ * every ldmatrix too (the 16-byte padding's purpose). */
+static void banks_case(batch *b, ap_graph *g, const char *tgt, const char *label, int bk, bool large)
 {
 	ap_mgraph *m = whole(g, AP_GROUP_MATMUL);
 	ap_target_info ti;
@@ -1497,6 +1500,12 @@ static void banks_case(batch *b, ap_graph *g, const char *tgt, const char *label
 			s.v[i] = bk;
 		else if (!strcmp(sp.knobs[i].name, "lib"))
 			s.v[i] = 0;
+		else if (large && (!strcmp(sp.knobs[i].name, "bm") || !strcmp(sp.knobs[i].name, "bn")))
+			s.v[i] = 128;   /* the 4096^3 product's tile (mma.sync: 2 x 4 warps) */
+		else if (large && !strcmp(sp.knobs[i].name, "wm"))
+			s.v[i] = 2;
+		else if (large && !strcmp(sp.knobs[i].name, "wn"))
+			s.v[i] = 4;
 	snprintf(what, sizeof(what), "%s at %s bk=%d", label, tgt, bk);
 	one_config(b, &bd, &s, what, true, false, &n);
 	ck_assert_msg(n.queued == 1 || b->n_same > 0, "%s: not queued (%d lowered, %d refused)", what, n.lowered,
@@ -1527,23 +1536,33 @@ START_TEST(shared_banks)
 	g_n_banks = 0;
 	g_dt = AP_DT_F16;
 	for (int t = 0; t < 2; t++)
-		for (int bk = 32; bk <= 64; bk *= 2) {
-			banks_case(&b, product_graph(128, 256, 128, false), tgts[t], "x @ w f16 128x256x128", bk);
-			banks_case(&b, product_t_graph(128, 256, 128), tgts[t], "x @ w^T f16 128x256x128", bk);
-		}
+		for (int bk = 32; bk <= 64; bk *= 2)
+			for (int large = 0; large <= t; large++) {
+				banks_case(&b, product_graph(128, 256, 128, false), tgts[t], "x @ w f16 128x256x128", bk,
+					   large);
+				banks_case(&b, product_t_graph(128, 256, 128), tgts[t], "x @ w^T f16 128x256x128", bk,
+					   large);
+			}
 	g_dt = AP_DT_F32;
 	batch_done(&b);
 	for (int i = 0; i < g_n_banks; i++) {
 		const bank_fig *f = &g_banks[i];
 
-		printf("check_traffic: shared_banks: cp.async wavefronts %llu, needed %llu (%.2fx): %s\n", f->wave,
-		       f->ideal, f->ideal ? (double)f->wave / (double)f->ideal : 0.0, f->what);
+		printf("check_traffic: shared_banks: cp.async wavefronts %llu, needed %llu (%.2fx); ldmatrix %llu, "
+		       "needed %llu (%.2fx): %s\n", f->wave, f->ideal, f->ideal ? (double)f->wave / (double)f->ideal : 0.0,
+		       f->lm_wave, f->lm_ideal, f->lm_ideal ? (double)f->lm_wave / (double)f->lm_ideal : 0.0, f->what);
 		ck_assert_msg(f->ideal > 0 && f->wave >= f->ideal, "%s: %llu wavefronts for %llu needed", f->what,
 			      f->wave, f->ideal);
+		ck_assert_msg(f->wave == f->ideal, "%s: the copies take %llu wavefronts for %llu", f->what, f->wave,
+			      f->ideal);
 		if (strstr(f->what, "sm_90a")) {
-			ck_assert_msg(f->wave == f->ideal, "%s: swizzled wgmma tiles, yet the copies take %llu wavefronts "
-				      "for %llu", f->what, f->wave, f->ideal);
 			checked++;
+		} else {
+			/* mma.sync's rows padded by 16 bytes: ldmatrix's 8 rows of a
+			 * matrix in distinct banks (the padding's purpose) */
+			ck_assert_msg(f->lm_ideal > 0 && f->lm_wave == f->lm_ideal,
+				      "%s: padded tiles, yet ldmatrix takes %llu wavefronts for %llu", f->what, f->lm_wave,
+				      f->lm_ideal);
 		}
 	}
 	ck_assert_int_eq(checked, 4);

@@ -1681,9 +1681,9 @@ static void print_ldmatrix_host(printer *p, const ap_kir_stmt *s, int depth)
 		sb_indent(b, depth + 1);
 		sb_printf(b, "if ((ap_t & 31u) < %du)\n", 8 * s->width);
 		sb_indent(b, depth + 2);
-		sb_printf(b, "(void)AP_CK_RD(&");
+		sb_printf(b, "(void)AP_CK_LM(&");
 		print_array_ref(p, s->src);
-		sb_printf(b, "[ap_lm_row[ap_t]], 16u, ap_t, 16u);\n");
+		sb_printf(b, "[ap_lm_row[ap_t]], ap_t);\n");
 	}
 	close_thread_loop(p, depth);
 	open_thread_loop(p, depth);
@@ -2092,6 +2092,8 @@ static void print_prelude(printer *p)
 				  "#define AP_CK_WR(p, n, t, a) (ap_ckb ? ap_check_rt->wr(ap_ck, (p), (n), (t), "
 				  "(a)) : (void *)(p))\n"
 				  "#define AP_CK_WGRD(p, n, t) (ap_ckb ? ap_check_rt->wg_rd(ap_ck, (p), (n), (t)) "
+				  ": (const void *)(p))\n"
+				  "#define AP_CK_LM(p, t) (ap_ckb ? ap_check_rt->lm_rd(ap_ck, (p), (t)) "
 				  ": (const void *)(p))\n"
 				  "#define AP_CK(call) do { if (ap_ckb) ap_check_rt->call; } while (0)\n"
 				  "#endif\n", AP_HCHECK_DECL);

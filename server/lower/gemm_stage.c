@@ -318,6 +318,42 @@ static void extents(gctx *c, int role, int *rows, int64_t *total)
  * computes once, outside the K loop (issue 25: no division in the main
  * loop); otherwise a thread-strided loop. */
 #define COPY_UNROLL 8
+
+/* Whether operand `role`'s copies of w elements, f = fast extent / w of
+ * them along a line of the tile, are dealt 8 lines at a time: copy i at
+ * line 8 (i / 8f) + i % 8, chunk (i / 8) % f.  For a padded tile (rows
+ * 16 bytes longer than their data, ap__gemm_pad_of, for ldmatrix) whose
+ * line is shorter than 128 bytes (f < 8), the plain order puts the 8
+ * lanes of a quarter-warp -- served together for 16-byte accesses -- on
+ * 8 / f lines that share banks (2-way for f = 4: lines 80 bytes apart);
+ * 8 lines of one chunk lie (f + 1) 16 bytes apart, 8 distinct bank groups
+ * for even f.  A warp still reads whole lines' 32-byte sectors.  Tile-
+ * staged cp.async operands of the mma.sync and SIMT paths only (wgmma's
+ * tiles are swizzled; pair and compute staging keep copy order, which
+ * ap__gemm_extract_tile reads back). */
+static bool copy_interleaved(gctx *c, int role, int64_t f, int64_t slow_ext)
+{
+	return !c->p->wg && (role ? c->b_async : c->a_async) && (role ? c->b_mode : c->a_mode) == STAGE_TILE &&
+	       f < 8 && f % 2 == 0 && slow_ext % 8 == 0;
+}
+
+/* Copy i's chunk along the line (fast, in elements) and line (slow), in
+ * the order copy_interleaved says, of f chunks of w elements a line. */
+static void copy_coords(gctx *c, bool inter, ap_kir_expr *i, int64_t f, int w, ap_kir_expr **fast,
+			ap_kir_expr **slow)
+{
+	ap_kir_kernel *k = c->k;
+
+	if (inter) {
+		*fast = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_binary(k, AP_KIR_DIV, i, I(c, 8)), I(c, f)), w);
+		*slow = ap_kir_add(k, ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, i, I(c, 8 * f)), 8),
+				   ap_kir_binary(k, AP_KIR_REM, i, I(c, 8)));
+		return;
+	}
+	*fast = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, i, I(c, f)), w);
+	*slow = ap_kir_binary(k, AP_KIR_DIV, i, I(c, f));
+}
+
 static ap_kir_expr *copy_loop(gctx *c, int role, int w, ap_kir_expr **o, ap_kir_expr **kk, int64_t *copies,
 			      ap_kir_var **jv, ap_kir_block **saved)
 {
@@ -337,8 +373,7 @@ static ap_kir_expr *copy_loop(gctx *c, int role, int w, ap_kir_expr **o, ap_kir_
 	} else {
 		i = ap_kir_ref(k, ap_v_loop(c->v, "c", c->tid, I(c, *copies), c->nt, saved));
 	}
-	fast = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, i, I(c, fast_ext / w)), w);
-	slow = ap_kir_binary(k, AP_KIR_DIV, i, I(c, fast_ext / w));
+	copy_coords(c, w > 0 && copy_interleaved(c, role, fast_ext / w, slow_ext), i, fast_ext / w, w, &fast, &slow);
 	*o = op->k_fast ? slow : fast;
 	*kk = op->k_fast ? fast : slow;
 	return i;
@@ -471,6 +506,7 @@ void ap__gemm_hoist_copies(gctx *c)
 		int64_t fast_ext = op->k_fast ? c->c.bk : rows, slow_ext = op->k_fast ? rows : c->c.bk;
 		int64_t f, copies, step, d_o, d_k;
 		ap_kir_expr *fast, *slow, *o, *kk;
+		bool inter;
 
 		c->cp_src[role] = c->cp_dst[role] = NULL;
 		/* w is set for cp.async operands only */
@@ -479,11 +515,13 @@ void ap__gemm_hoist_copies(gctx *c)
 			continue;
 		f = fast_ext / w;
 		copies = f * slow_ext;
-		if (f <= 0 || copies % c->nt || copies / c->nt > COPY_UNROLL || c->nt % f)
+		inter = f > 0 && copy_interleaved(c, role, f, slow_ext);
+		/* interleaved: copy j is copy 0 moved whole groups of 8 lines
+		 * when the threads are whole groups (8 f copies) */
+		if (f <= 0 || copies % c->nt || copies / c->nt > COPY_UNROLL || c->nt % (inter ? 8 * f : f))
 			continue;
 		step = c->nt / f;
-		fast = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, c->tid, I(c, f)), w);
-		slow = ap_kir_binary(k, AP_KIR_DIV, c->tid, I(c, f));
+		copy_coords(c, inter, c->tid, f, w, &fast, &slow);
 		o = op->k_fast ? slow : fast;
 		kk = op->k_fast ? fast : slow;
 		d_o = op->k_fast ? step : 0;

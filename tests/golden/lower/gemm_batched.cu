@@ -38,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_batched(float *__restr
 			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((cd10 + (c11 * 16))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((ci12 % 16) < 40)) ? &p1[(cs9 + (c11 * 640))] : p1), "r"((((ci12 % 16) < 40)) ? 4 : 0) : "memory"); }
 		}
 		for (int c13 = ((int)threadIdx.x); c13 < 64; c13 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((((c13 / 4) * 20) + ((c13 % 4) * 4))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c13 % 4) * 4)) < 28) && ((c13 / 4) < 40))) ? &p2[(((n05 + ((c13 % 4) * 4)) + ((c13 / 4) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c13 % 4) * 4)) < 28) && ((c13 / 4) < 40))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((((((c13 / 32) * 8) + (c13 % 8)) * 20) + (((c13 / 8) % 4) * 4))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + (((c13 / 8) % 4) * 4)) < 28) && ((((c13 / 32) * 8) + (c13 % 8)) < 40))) ? &p2[(((n05 + (((c13 / 8) % 4) * 4)) + ((((c13 / 32) * 8) + (c13 % 8)) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + (((c13 / 8) % 4) * 4)) < 28) && ((((c13 / 32) * 8) + (c13 % 8)) < 40))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		#pragma unroll
@@ -47,7 +47,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_batched(float *__restr
 			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((320 + (cd10 + (c14 * 16)))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((16 + (ci15 % 16)) < 40)) ? &p1[(cs9 + ((c14 * 640) + 16))] : p1), "r"((((16 + (ci15 % 16)) < 40)) ? 4 : 0) : "memory"); }
 		}
 		for (int c16 = ((int)threadIdx.x); c16 < 64; c16 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((320 + (((c16 / 4) * 20) + ((c16 % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c16 % 4) * 4)) < 28) && ((16 + (c16 / 4)) < 40))) ? &p2[(((n05 + ((c16 % 4) * 4)) + ((16 + (c16 / 4)) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c16 % 4) * 4)) < 28) && ((16 + (c16 / 4)) < 40))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((320 + (((((c16 / 32) * 8) + (c16 % 8)) * 20) + (((c16 / 8) % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + (((c16 / 8) % 4) * 4)) < 28) && ((16 + (((c16 / 32) * 8) + (c16 % 8))) < 40))) ? &p2[(((n05 + (((c16 / 8) % 4) * 4)) + ((16 + (((c16 / 32) * 8) + (c16 % 8))) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + (((c16 / 8) % 4) * 4)) < 28) && ((16 + (((c16 / 32) * 8) + (c16 % 8))) < 40))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		int st17 = 0;
@@ -63,7 +63,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_batched(float *__restr
 					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)(((ns18 * 320) + (cd10 + (c21 * 16)))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((nx20 * 16) + (ci22 % 16)) < 40)) ? &p1[(cs9 + ((c21 * 640) + (nx20 * 16)))] : p1), "r"(((((nx20 * 16) + (ci22 % 16)) < 40)) ? 4 : 0) : "memory"); }
 				}
 				for (int c23 = ((int)threadIdx.x); c23 < 64; c23 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns18 * 320) + (((c23 / 4) * 20) + ((c23 % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c23 % 4) * 4)) < 28) && (((nx20 * 16) + (c23 / 4)) < 40))) ? &p2[(((n05 + ((c23 % 4) * 4)) + (((nx20 * 16) + (c23 / 4)) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + ((c23 % 4) * 4)) < 28) && (((nx20 * 16) + (c23 / 4)) < 40))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns18 * 320) + (((((c23 / 32) * 8) + (c23 % 8)) * 20) + (((c23 / 8) % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + (((c23 / 8) % 4) * 4)) < 28) && (((nx20 * 16) + (((c23 / 32) * 8) + (c23 % 8))) < 40))) ? &p2[(((n05 + (((c23 / 8) % 4) * 4)) + (((nx20 * 16) + (((c23 / 32) * 8) + (c23 % 8))) * 28)) + (b6 * 1120))] : p2), "r"(((((n05 + (((c23 / 8) % 4) * 4)) < 28) && (((nx20 * 16) + (((c23 / 32) * 8) + (c23 % 8))) < 40))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -38,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_concat(float *__restri
 			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((cd8 + (c9 * 16))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"((((ci10 % 16) < 12)) ? &p1[(cs7 + (c9 * 192))] : p1), "r"((((ci10 % 16) < 12)) ? 4 : 0) : "memory"); }
 		}
 		for (int c11 = ((int)threadIdx.x); c11 < 64; c11 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((((c11 / 4) * 20) + ((c11 % 4) * 4))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c11 % 4) * 4)) < 24) && ((c11 / 4) < 12))) ? &p2[((n05 + ((c11 % 4) * 4)) + ((c11 / 4) * 24))] : p2), "r"(((((n05 + ((c11 % 4) * 4)) < 24) && ((c11 / 4) < 12))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((((((c11 / 32) * 8) + (c11 % 8)) * 20) + (((c11 / 8) % 4) * 4))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + (((c11 / 8) % 4) * 4)) < 24) && ((((c11 / 32) * 8) + (c11 % 8)) < 12))) ? &p2[((n05 + (((c11 / 8) % 4) * 4)) + ((((c11 / 32) * 8) + (c11 % 8)) * 24))] : p2), "r"(((((n05 + (((c11 / 8) % 4) * 4)) < 24) && ((((c11 / 32) * 8) + (c11 % 8)) < 12))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -55,7 +55,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_concat(float *__restri
 					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)(((ns13 * 320) + (cd8 + (c16 * 16)))) * 4u; asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(ap_sa), "l"(((((nx15 * 16) + (ci17 % 16)) < 12)) ? &p1[(cs7 + ((c16 * 192) + (nx15 * 16)))] : p1), "r"(((((nx15 * 16) + (ci17 % 16)) < 12)) ? 4 : 0) : "memory"); }
 				}
 				for (int c18 = ((int)threadIdx.x); c18 < 64; c18 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns13 * 320) + (((c18 / 4) * 20) + ((c18 % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c18 % 4) * 4)) < 24) && (((nx15 * 16) + (c18 / 4)) < 12))) ? &p2[((n05 + ((c18 % 4) * 4)) + (((nx15 * 16) + (c18 / 4)) * 24))] : p2), "r"(((((n05 + ((c18 % 4) * 4)) < 24) && (((nx15 * 16) + (c18 / 4)) < 12))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns13 * 320) + (((((c18 / 32) * 8) + (c18 % 8)) * 20) + (((c18 / 8) % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + (((c18 / 8) % 4) * 4)) < 24) && (((nx15 * 16) + (((c18 / 32) * 8) + (c18 % 8))) < 12))) ? &p2[((n05 + (((c18 / 8) % 4) * 4)) + (((nx15 * 16) + (((c18 / 32) * 8) + (c18 % 8))) * 24))] : p2), "r"(((((n05 + (((c18 / 8) % 4) * 4)) < 24) && (((nx15 * 16) + (((c18 / 32) * 8) + (c18 % 8))) < 12))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -38,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_prologue_registers(flo
 			ra6 = v10;
 		}
 		for (int c11 = ((int)threadIdx.x); c11 < 64; c11 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((((c11 / 4) * 20) + ((c11 % 4) * 4))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c11 % 4) * 4)) < 24) && ((c11 / 4) < 20))) ? &p3[((n05 + ((c11 % 4) * 4)) + ((c11 / 4) * 24))] : p3), "r"(((((n05 + ((c11 % 4) * 4)) < 24) && ((c11 / 4) < 20))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((((((c11 / 32) * 8) + (c11 % 8)) * 20) + (((c11 / 8) % 4) * 4))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + (((c11 / 8) % 4) * 4)) < 24) && ((((c11 / 32) * 8) + (c11 % 8)) < 20))) ? &p3[((n05 + (((c11 / 8) % 4) * 4)) + ((((c11 / 32) * 8) + (c11 % 8)) * 24))] : p3), "r"(((((n05 + (((c11 / 8) % 4) * 4)) < 24) && ((((c11 / 32) * 8) + (c11 % 8)) < 20))) ? 16 : 0) : "memory"); }
 		}
 		sa[(((((int)threadIdx.x) % 16) * 20) + (((int)threadIdx.x) / 16))] = ra6;
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -50,7 +50,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_prologue_registers(flo
 			ra6 = v14;
 		}
 		for (int c15 = ((int)threadIdx.x); c15 < 64; c15 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((320 + (((c15 / 4) * 20) + ((c15 % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c15 % 4) * 4)) < 24) && ((16 + (c15 / 4)) < 20))) ? &p3[((n05 + ((c15 % 4) * 4)) + ((16 + (c15 / 4)) * 24))] : p3), "r"(((((n05 + ((c15 % 4) * 4)) < 24) && ((16 + (c15 / 4)) < 20))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((320 + (((((c15 / 32) * 8) + (c15 % 8)) * 20) + (((c15 / 8) % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + (((c15 / 8) % 4) * 4)) < 24) && ((16 + (((c15 / 32) * 8) + (c15 % 8))) < 20))) ? &p3[((n05 + (((c15 / 8) % 4) * 4)) + ((16 + (((c15 / 32) * 8) + (c15 % 8))) * 24))] : p3), "r"(((((n05 + (((c15 / 8) % 4) * 4)) < 24) && ((16 + (((c15 / 32) * 8) + (c15 % 8))) < 20))) ? 16 : 0) : "memory"); }
 		}
 		sa[(320 + (((((int)threadIdx.x) % 16) * 20) + (((int)threadIdx.x) / 16)))] = ra6;
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -69,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_prologue_registers(flo
 					ra6 = v22;
 				}
 				for (int c23 = ((int)threadIdx.x); c23 < 64; c23 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns17 * 320) + (((c23 / 4) * 20) + ((c23 % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c23 % 4) * 4)) < 24) && (((nx19 * 16) + (c23 / 4)) < 20))) ? &p3[((n05 + ((c23 % 4) * 4)) + (((nx19 * 16) + (c23 / 4)) * 24))] : p3), "r"(((((n05 + ((c23 % 4) * 4)) < 24) && (((nx19 * 16) + (c23 / 4)) < 20))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns17 * 320) + (((((c23 / 32) * 8) + (c23 % 8)) * 20) + (((c23 / 8) % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + (((c23 / 8) % 4) * 4)) < 24) && (((nx19 * 16) + (((c23 / 32) * 8) + (c23 % 8))) < 20))) ? &p3[((n05 + (((c23 / 8) % 4) * 4)) + (((nx19 * 16) + (((c23 / 32) * 8) + (c23 % 8))) * 24))] : p3), "r"(((((n05 + (((c23 / 8) % 4) * 4)) < 24) && (((nx19 * 16) + (((c23 / 32) * 8) + (c23 % 8))) < 20))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -39,8 +39,8 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_prologue_registers_f16_
 		for (int z15 = 0; z15 < 4; z15 += 1) {
 			acc[z15] = 0x0p+0f;
 		}
-		int cs16 = ((n06 + ((((int)threadIdx.x) % 2) * 8)) + ((((int)threadIdx.x) / 2) * 24));
-		int cd17 = (((((int)threadIdx.x) / 2) * 24) + ((((int)threadIdx.x) % 2) * 8));
+		int cs16 = ((n06 + (((((int)threadIdx.x) / 8) % 2) * 8)) + ((((((int)threadIdx.x) / 16) * 8) + (((int)threadIdx.x) % 8)) * 24));
+		int cd17 = (((((((int)threadIdx.x) / 16) * 8) + (((int)threadIdx.x) % 8)) * 24) + (((((int)threadIdx.x) / 8) % 2) * 8));
 		ra7 = __ushort_as_half((unsigned short)0x0000u);
 		if ((((m05 + (((int)threadIdx.x) / 32)) < 12) && ((((int)threadIdx.x) % 32) < 20))) {
 			__half v18 = p1[(((m05 + (((int)threadIdx.x) / 32)) * 20) + (((int)threadIdx.x) % 32))];
@@ -100,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_prologue_registers_f16_
 		#pragma unroll
 		for (int c42 = 0; c42 < 1; c42 += 1) {
 			int ci43 = (((int)threadIdx.x) + (c42 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((cd17 + (c42 * 768))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci43 % 2) * 8)) < 24) && ((ci43 / 2) < 20))) ? &p3[(cs16 + (c42 * 768))] : p3), "r"(((((n06 + ((ci43 % 2) * 8)) < 24) && ((ci43 / 2) < 20))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((cd17 + (c42 * 768))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (((ci43 / 8) % 2) * 8)) < 24) && ((((ci43 / 16) * 8) + (ci43 % 8)) < 20))) ? &p3[(cs16 + (c42 * 768))] : p3), "r"(((((n06 + (((ci43 / 8) % 2) * 8)) < 24) && ((((ci43 / 16) * 8) + (ci43 % 8)) < 20))) ? 16 : 0) : "memory"); }
 		}
 		sa[(((((int)threadIdx.x) / 32) * 40) + (((int)threadIdx.x) % 32))] = ra7;
 		sa[((((((int)threadIdx.x) + 64) / 32) * 40) + ((((int)threadIdx.x) + 64) % 32))] = ra8;
@@ -178,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_prologue_registers_f16_
 				#pragma unroll
 				for (int c72 = 0; c72 < 1; c72 += 1) {
 					int ci73 = (((int)threadIdx.x) + (c72 * 64));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns45 * 768) + (cd17 + (c72 * 768)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci73 % 2) * 8)) < 24) && (((nx47 * 32) + (ci73 / 2)) < 20))) ? &p3[(cs16 + ((c72 * 768) + (nx47 * 768)))] : p3), "r"(((((n06 + ((ci73 % 2) * 8)) < 24) && (((nx47 * 32) + (ci73 / 2)) < 20))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns45 * 768) + (cd17 + (c72 * 768)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (((ci73 / 8) % 2) * 8)) < 24) && (((nx47 * 32) + (((ci73 / 16) * 8) + (ci73 % 8))) < 20))) ? &p3[(cs16 + ((c72 * 768) + (nx47 * 768)))] : p3), "r"(((((n06 + (((ci73 / 8) % 2) * 8)) < 24) && (((nx47 * 32) + (((ci73 / 16) * 8) + (ci73 % 8))) < 20))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");

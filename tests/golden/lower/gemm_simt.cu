@@ -36,14 +36,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_simt(float *__restrict
 			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ca) + (unsigned)((c7 * 4)) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (c7 / 4)) < 40) && (((c7 % 4) * 4) < 36))) ? &p2[(((m04 + (c7 / 4)) * 36) + ((c7 % 4) * 4))] : p2), "r"(((((m04 + (c7 / 4)) < 40) && (((c7 % 4) * 4) < 36))) ? 16 : 0) : "memory"); }
 		}
 		for (int c8 = ((int)threadIdx.x); c8 < 64; c8 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((((c8 / 4) * 20) + ((c8 % 4) * 4))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c8 % 4) * 4)) < 24) && ((c8 / 4) < 36))) ? &p3[((n05 + ((c8 % 4) * 4)) + ((c8 / 4) * 24))] : p3), "r"(((((n05 + ((c8 % 4) * 4)) < 24) && ((c8 / 4) < 36))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((((((c8 / 32) * 8) + (c8 % 8)) * 20) + (((c8 / 8) % 4) * 4))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + (((c8 / 8) % 4) * 4)) < 24) && ((((c8 / 32) * 8) + (c8 % 8)) < 36))) ? &p3[((n05 + (((c8 / 8) % 4) * 4)) + ((((c8 / 32) * 8) + (c8 % 8)) * 24))] : p3), "r"(((((n05 + (((c8 / 8) % 4) * 4)) < 24) && ((((c8 / 32) * 8) + (c8 % 8)) < 36))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		for (int c9 = ((int)threadIdx.x); c9 < 64; c9 += 256) {
 			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ca) + (unsigned)(((64 + c9) * 4)) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (c9 / 4)) < 40) && ((16 + ((c9 % 4) * 4)) < 36))) ? &p2[(((m04 + (c9 / 4)) * 36) + (16 + ((c9 % 4) * 4)))] : p2), "r"(((((m04 + (c9 / 4)) < 40) && ((16 + ((c9 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
 		}
 		for (int c10 = ((int)threadIdx.x); c10 < 64; c10 += 256) {
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((320 + (((c10 / 4) * 20) + ((c10 % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c10 % 4) * 4)) < 24) && ((16 + (c10 / 4)) < 36))) ? &p3[((n05 + ((c10 % 4) * 4)) + ((16 + (c10 / 4)) * 24))] : p3), "r"(((((n05 + ((c10 % 4) * 4)) < 24) && ((16 + (c10 / 4)) < 36))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((320 + (((((c10 / 32) * 8) + (c10 % 8)) * 20) + (((c10 / 8) % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + (((c10 / 8) % 4) * 4)) < 24) && ((16 + (((c10 / 32) * 8) + (c10 % 8))) < 36))) ? &p3[((n05 + (((c10 / 8) % 4) * 4)) + ((16 + (((c10 / 32) * 8) + (c10 % 8))) * 24))] : p3), "r"(((((n05 + (((c10 / 8) % 4) * 4)) < 24) && ((16 + (((c10 / 32) * 8) + (c10 % 8))) < 36))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		int st11 = 0;
@@ -70,7 +70,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_simt(float *__restrict
 					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ca) + (unsigned)((((ns12 * 64) + c21) * 4)) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((m04 + (c21 / 4)) < 40) && (((nx20 * 16) + ((c21 % 4) * 4)) < 36))) ? &p2[(((m04 + (c21 / 4)) * 36) + ((nx20 * 16) + ((c21 % 4) * 4)))] : p2), "r"(((((m04 + (c21 / 4)) < 40) && (((nx20 * 16) + ((c21 % 4) * 4)) < 36))) ? 16 : 0) : "memory"); }
 				}
 				for (int c22 = ((int)threadIdx.x); c22 < 64; c22 += 256) {
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns12 * 320) + (((c22 / 4) * 20) + ((c22 % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + ((c22 % 4) * 4)) < 24) && (((nx20 * 16) + (c22 / 4)) < 36))) ? &p3[((n05 + ((c22 % 4) * 4)) + (((nx20 * 16) + (c22 / 4)) * 24))] : p3), "r"(((((n05 + ((c22 % 4) * 4)) < 24) && (((nx20 * 16) + (c22 / 4)) < 36))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns12 * 320) + (((((c22 / 32) * 8) + (c22 % 8)) * 20) + (((c22 / 8) % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n05 + (((c22 / 8) % 4) * 4)) < 24) && (((nx20 * 16) + (((c22 / 32) * 8) + (c22 % 8))) < 36))) ? &p3[((n05 + (((c22 / 8) % 4) * 4)) + (((nx20 * 16) + (((c22 / 32) * 8) + (c22 % 8))) * 24))] : p3), "r"(((((n05 + (((c22 / 8) % 4) * 4)) < 24) && (((nx20 * 16) + (((c22 / 32) * 8) + (c22 % 8))) < 36))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");

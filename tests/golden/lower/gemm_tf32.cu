@@ -38,8 +38,8 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_tf32(float *__restrict_
 		for (int z7 = 0; z7 < 4; z7 += 1) {
 			acc[z7] = 0x0p+0f;
 		}
-		int cs8 = ((n06 + ((((int)threadIdx.x) % 4) * 4)) + ((((int)threadIdx.x) / 4) * 24));
-		int cd9 = (((((int)threadIdx.x) / 4) * 20) + ((((int)threadIdx.x) % 4) * 4));
+		int cs8 = ((n06 + (((((int)threadIdx.x) / 8) % 4) * 4)) + ((((((int)threadIdx.x) / 32) * 8) + (((int)threadIdx.x) % 8)) * 24));
+		int cd9 = (((((((int)threadIdx.x) / 32) * 8) + (((int)threadIdx.x) % 8)) * 20) + (((((int)threadIdx.x) / 8) % 4) * 4));
 		#pragma unroll
 		for (int c10 = 0; c10 < 1; c10 += 1) {
 			int ci11 = (((int)threadIdx.x) + (c10 * 64));
@@ -48,7 +48,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_tf32(float *__restrict_
 		#pragma unroll
 		for (int c12 = 0; c12 < 1; c12 += 1) {
 			int ci13 = (((int)threadIdx.x) + (c12 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((cd9 + (c12 * 320))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci13 % 4) * 4)) < 24) && ((ci13 / 4) < 36))) ? &p3[(cs8 + (c12 * 384))] : p3), "r"(((((n06 + ((ci13 % 4) * 4)) < 24) && ((ci13 / 4) < 36))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((cd9 + (c12 * 320))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (((ci13 / 8) % 4) * 4)) < 24) && ((((ci13 / 32) * 8) + (ci13 % 8)) < 36))) ? &p3[(cs8 + (c12 * 384))] : p3), "r"(((((n06 + (((ci13 / 8) % 4) * 4)) < 24) && ((((ci13 / 32) * 8) + (ci13 % 8)) < 36))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		#pragma unroll
@@ -59,7 +59,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_tf32(float *__restrict_
 		#pragma unroll
 		for (int c16 = 0; c16 < 1; c16 += 1) {
 			int ci17 = (((int)threadIdx.x) + (c16 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((320 + (cd9 + (c16 * 320)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci17 % 4) * 4)) < 24) && ((16 + (ci17 / 4)) < 36))) ? &p3[(cs8 + ((c16 * 384) + 384))] : p3), "r"(((((n06 + ((ci17 % 4) * 4)) < 24) && ((16 + (ci17 / 4)) < 36))) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((320 + (cd9 + (c16 * 320)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (((ci17 / 8) % 4) * 4)) < 24) && ((16 + (((ci17 / 32) * 8) + (ci17 % 8))) < 36))) ? &p3[(cs8 + ((c16 * 384) + 384))] : p3), "r"(((((n06 + (((ci17 / 8) % 4) * 4)) < 24) && ((16 + (((ci17 / 32) * 8) + (ci17 % 8))) < 36))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		int st18 = 0;
@@ -90,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_tf32(float *__restrict_
 				#pragma unroll
 				for (int c30 = 0; c30 < 1; c30 += 1) {
 					int ci31 = (((int)threadIdx.x) + (c30 * 64));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns19 * 320) + (cd9 + (c30 * 320)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + ((ci31 % 4) * 4)) < 24) && (((nx27 * 16) + (ci31 / 4)) < 36))) ? &p3[(cs8 + ((c30 * 384) + (nx27 * 384)))] : p3), "r"(((((n06 + ((ci31 % 4) * 4)) < 24) && (((nx27 * 16) + (ci31 / 4)) < 36))) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns19 * 320) + (cd9 + (c30 * 320)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((((n06 + (((ci31 / 8) % 4) * 4)) < 24) && (((nx27 * 16) + (((ci31 / 32) * 8) + (ci31 % 8))) < 36))) ? &p3[(cs8 + ((c30 * 384) + (nx27 * 384)))] : p3), "r"(((((n06 + (((ci31 / 8) % 4) * 4)) < 24) && (((nx27 * 16) + (((ci31 / 32) * 8) + (ci31 % 8))) < 36))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
