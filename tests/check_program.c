@@ -4092,7 +4092,7 @@ START_TEST(layer1_tile_knobs)
 	ap_error err;
 
 	ck_assert_int_eq(ap_cost_target("sm_80", &ti), 0);
-	ck_assert_int_eq(ap_bind(em, m, &ti, &bd), 1);
+	ck_assert_int_eq(ap_bind(em, m, &ti, &bd, NULL, 0), 1);
 	ck_assert_int_eq(ap_emitter_default(&bd, &sp, &d, &err), 0);
 	ck_assert_int_eq(sp.n, 2);
 	ck_assert_str_eq(sp.knobs[0].name, "th");

@@ -1025,7 +1025,7 @@ static int check_at(batch *b, const ap_mgraph *m, const char *label, int t, bool
 	snprintf(what, sizeof(what), "%.100s at %s", label, g_targets[t]);
 	for (int e = 0; e < n; e++) {
 		ap_bound bd;
-		int rc = all || r[e] == first ? ap_bind(r[e], m, &ti, &bd) : 0;
+		int rc = all || r[e] == first ? ap_bind(r[e], m, &ti, &bd, NULL, 0) : 0;
 		sweep_count c;
 
 		ck_assert_int_ge(rc, 0);

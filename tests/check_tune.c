@@ -149,7 +149,7 @@ static const ap_bound *B(const ap_emitter *em, const ap_mgraph *m, const ap_targ
 	}
 	ck_assert_int_ge(f, 0);
 	g_bound[f].t = *t;
-	ck_assert_int_eq(ap_bind(em, m, &g_bound[f].t, &g_bound[f].b), 1);
+	ck_assert_int_eq(ap_bind(em, m, &g_bound[f].t, &g_bound[f].b, NULL, 0), 1);
 	g_bound[f].used = true;
 	return &g_bound[f].b;
 }

@@ -283,18 +283,10 @@ static void layer1_task(int i, void *arg)
 	u->rc = 0;
 	if (!ap_fuse_layer1_wanted(u->m) || mgraph_is_empty(u->m))
 		return;
-	if ((rc = ap_bind(&ap_fuse_layer1_emitter, u->m, &P->ti, &u->b)) <= 0) {
-		ap_layer1 *l = NULL;
-
-		if (rc < 0) {
+	/* a window analysis that refuses says why (u->l1_why) */
+	if ((rc = ap_bind(&ap_fuse_layer1_emitter, u->m, &P->ti, &u->b, u->l1_why, sizeof(u->l1_why))) <= 0) {
+		if (rc < 0)
 			u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory in Layer I");
-			return;
-		}
-		/* its window analysis refuses: the plan says why */
-		if (ap_fuse_layer1_plan(u->m, &P->ti, P->opt->max_block_threads, NULL, &l, u->l1_why,
-					sizeof(u->l1_why)) < 0)
-			u->rc = ap_error_set(&u->err, AP_ENOMEM, NULL, NULL, "out of memory in Layer I");
-		ap_fuse_layer1_free(l);
 		return;
 	}
 	/* the tile is a tuner's knob: a record, a search, or the rule */

@@ -2081,18 +2081,19 @@ static const ap_layer1 *win_of(const ap_bound *b)
  * Not in the registry: the driver binds Layer I where the micro-graph
  * wants it, and keeps it where the cost model says it pays
  * (ap_fuse_layer1_pays). */
-static int l1_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
+static int l1_bind(const ap_mgraph *m, const ap_target_info *t, void **an, char *why, size_t cap)
 {
 	l1_bound *lb;
-	char why[160];
 	int rc;
 
 	(void)t;
-	if (m->kind != AP_GROUP_WINDOW)
+	if (m->kind != AP_GROUP_WINDOW) {
+		snprintf(why, cap, "not a window micro-graph");
 		return 0;
+	}
 	if (!(lb = calloc(1, sizeof(*lb))))
 		return AP_ENOMEM;
-	if ((rc = analyze(m, &lb->win, why, sizeof(why))) <= 0) {
+	if ((rc = analyze(m, &lb->win, why, cap)) <= 0) {
 		free(lb);
 		return rc;
 	}

@@ -382,17 +382,18 @@ int ap_lower_attention_ok(const ap_mgraph *m, const ap_target_info *t, char *why
 }
 
 /* The analysis of an attention micro-graph, kept for the binding. */
-static int at_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
+static int at_bind(const ap_mgraph *m, const ap_target_info *t, void **an, char *why, size_t cap)
 {
 	att_plan *p;
-	char why[200];
 	int rc;
 
-	if (m->kind != AP_GROUP_ATTENTION)
+	if (m->kind != AP_GROUP_ATTENTION) {
+		snprintf(why, cap, "not an attention micro-graph");
 		return 0;
+	}
 	if (!(p = malloc(sizeof(*p))))
 		return AP_ENOMEM;
-	if ((rc = analyze(m, t, p, why, sizeof(why))) <= 0) {
+	if ((rc = analyze(m, t, p, why, cap)) <= 0) {
 		plan_clear(p);
 		free(p);
 		return rc;

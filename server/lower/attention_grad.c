@@ -149,7 +149,7 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, ag_plan *p)
 }
 
 /* The analysis of one AttentionGrad node, kept for the binding. */
-static int ag_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
+static int ag_bind(const ap_mgraph *m, const ap_target_info *t, void **an, char *why, size_t cap)
 {
 	ag_plan *p = malloc(sizeof(*p));
 

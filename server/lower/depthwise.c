@@ -265,16 +265,15 @@ static void choose_rule(const dw_plan *p, const ap_target_info *t, ap_sched *s)
 
 /* A convolution this emitter builds whose default rule finds a
  * configuration: the analysis, kept for the binding. */
-static int dw_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
+static int dw_bind(const ap_mgraph *m, const ap_target_info *t, void **an, char *why, size_t cap)
 {
 	dw_plan *p = malloc(sizeof(*p));
-	char why[160];
 	ap_sched s;
 	int rc;
 
 	if (!p)
 		return AP_ENOMEM;
-	if ((rc = analyze(m, p, why, sizeof(why))) <= 0) {
+	if ((rc = analyze(m, p, why, cap)) <= 0) {
 		free(p);
 		return rc;
 	}
@@ -282,6 +281,7 @@ static int dw_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
 	s.n = 3;
 	choose_rule(p, t, &s);
 	if (!cfg_valid(p, &s, t)) {
+		snprintf(why, cap, "no tile of the depthwise rule fits the target");
 		plan_clear(p);
 		free(p);
 		return 0;

@@ -36,11 +36,21 @@ static int oom(ap_error *err, const ap_mgraph *m)
 			    "out of memory lowering a micro-graph");
 }
 
-int ap_bind(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t, ap_bound *b)
+int ap_bind(const ap_emitter *em, const ap_mgraph *m, const ap_target_info *t, ap_bound *b, char *why,
+	    size_t cap)
 {
+	char own[200];
 	void *an = NULL;
-	int rc = em->bind(m, t, &an);
+	int rc;
 
+	if (!why || !cap) {
+		why = own;
+		cap = sizeof(own);
+	}
+	why[0] = 0;
+	rc = em->bind(m, t, &an, why, cap);
+	if (rc == 0 && !why[0])
+		snprintf(why, cap, "the %s emitter does not build this micro-graph", em->name);
 	*b = (ap_bound){em, m, t, rc > 0 ? an : NULL};
 	if (rc <= 0 && an)   /* a declining bind keeps nothing */
 		em->unbind ? em->unbind(an) : free(an);
@@ -83,7 +93,7 @@ int ap_bind_first(const ap_mgraph *m, const ap_target_info *t, ap_bound *b, ap_e
 	const ap_emitter *const *r = ap_emitters(&n);
 
 	for (int i = 0; i < n; i++) {
-		int rc = ap_bind(r[i], m, t, b);
+		int rc = ap_bind(r[i], m, t, b, NULL, 0);
 
 		if (rc < 0)
 			return oom(err, m);
@@ -313,15 +323,16 @@ __ap_give ap_kir_kernel *ap_lower_mgraph(const ap_mgraph *m, const ap_target_inf
 {
 	ap_bound b;
 	ap_kir_kernel *k;
+	char why[200];
 	int rc;
 
 	if (opt && opt->sched && opt->sched->em) {
-		if ((rc = ap_bind(opt->sched->em, m, t, &b)) <= 0) {
+		if ((rc = ap_bind(opt->sched->em, m, t, &b, why, sizeof(why))) <= 0) {
 			if (rc < 0)
 				oom(err, m);
 			else
 				ap_error_set(err, AP_EUNSUPPORTED, m->g->nodes[m->root].name, NULL,
-					     "emitter %s does not build this micro-graph", opt->sched->em->name);
+					     "emitter %s refuses this micro-graph: %s", opt->sched->em->name, why);
 			return NULL;
 		}
 	} else if (ap_bind_first(m, t, &b, err) < 0) {

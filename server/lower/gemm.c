@@ -777,15 +777,14 @@ static int64_t live_values(const gemm_plan *p, const gemm_cfg *c, const ap_targe
 #define LIVE_BUDGET 64
 
 /* The analysis (ap__gemm_analyze), kept for the binding. */
-static int gm_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
+static int gm_bind(const ap_mgraph *m, const ap_target_info *t, void **an, char *why, size_t cap)
 {
 	gemm_plan *p = malloc(sizeof(*p));
-	char why[160];
 	int rc;
 
 	if (!p)
 		return AP_ENOMEM;
-	rc = ap__gemm_analyze(m, t, p, why, sizeof(why));
+	rc = ap__gemm_analyze(m, t, p, why, cap);
 	if (rc <= 0) {
 		free(p);
 		return rc;

@@ -93,10 +93,11 @@ typedef struct ap_emitter {
 	const char *name;     /* "pointwise", "row_reduce", ... (static) */
 	/* Analyses m on t: 1 when it builds a kernel for m, with *an its
 	 * analysis (malloc'd, or NULL when it keeps none), 0 when not (*an
-	 * NULL), AP_ENOMEM (an allocation failure never reads as "no").
-	 * Every function below gets the binding of a 1, and also gives
-	 * AP_ENOMEM where it allocates. */
-	int (*bind)(const ap_mgraph *m, const ap_target_info *t, void **an);
+	 * NULL; why, cap bytes, never NULL, says why where the emitter can
+	 * tell, else stays empty), AP_ENOMEM (an allocation failure never
+	 * reads as "no").  Every function below gets the binding of a 1, and
+	 * also gives AP_ENOMEM where it allocates. */
+	int (*bind)(const ap_mgraph *m, const ap_target_info *t, void **an, char *why, size_t cap);
 	/* Frees an analysis bind made (not NULL); NULL: free(). */
 	void (*unbind)(void *an);
 	/* 0 or AP_ENOMEM */
@@ -131,9 +132,11 @@ typedef struct ap_emitter {
 
 /* Binds m on t to em (em->bind): 1 with *b filled (release it with
  * ap_unbind), 0 when em does not build m (*b holds no analysis;
- * ap_unbind is harmless), AP_ENOMEM.  m and t must outlive *b. */
+ * ap_unbind is harmless; why, when not NULL, gets the emitter's reason,
+ * or that em does not build the micro-graph, in cap bytes), AP_ENOMEM.
+ * m and t must outlive *b. */
 int ap_bind(const ap_emitter *em, __ap_keep const ap_mgraph *m, __ap_keep const ap_target_info *t,
-	    ap_bound *b);
+	    ap_bound *b, char *why, size_t cap);
 /* Frees b's analysis (b may be zeroed or unbound: nothing to free). */
 void ap_unbind(ap_bound *b);
 /* Resolves configuration s of b's emitter (em->resolve; see there) into

@@ -69,15 +69,17 @@ typedef struct mv_plan {
 	int64_t biggest;                 /* elements of the largest operand (>= 1) */
 } mv_plan;
 
-static int mv_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
+static int mv_bind(const ap_mgraph *m, const ap_target_info *t, void **an, char *why, size_t cap)
 {
 	const ap_graph *g = m->g;
 	int c = concat_root(m);
 	mv_plan *p;
 
 	(void)t;
-	if (c < 0 || ap_node_int(&g->nodes[c], "axis", 0) < 0)
+	if (c < 0 || ap_node_int(&g->nodes[c], "axis", 0) < 0) {
+		snprintf(why, cap, "not a Concat micro-graph with a non-negative axis");
 		return 0;
+	}
 	if (!(p = calloc(1, sizeof(*p))))
 		return AP_ENOMEM;
 	p->concat = c;

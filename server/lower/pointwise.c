@@ -206,11 +206,13 @@ typedef struct pw_plan {
 } pw_plan;
 
 /* Binds every micro-graph (the registry's last emitter). */
-static int pw_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
+static int pw_bind(const ap_mgraph *m, const ap_target_info *t, void **an, char *why, size_t cap)
 {
 	pw_plan *p = calloc(1, sizeof(*p));
 
 	(void)t;
+	(void)why;   /* binds every micro-graph */
+	(void)cap;
 	if (!p)
 		return AP_ENOMEM;
 	for (int w = 2; w <= 4; w *= 2)

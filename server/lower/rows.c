@@ -490,19 +490,20 @@ int ap_lower_stitchable(const ap_mgraph *m, const ap_target_info *t, char *why, 
  * columns, or a stitched group) whose default configuration fits: the
  * analysis, kept. */
 static int rr_bind_form(const ap_mgraph *m, const ap_target_info *t, void **an, bool column,
-			bool stitched)
+			bool stitched, char *why, size_t cap)
 {
 	rows_plan *p;
-	char why[160];
 	unsigned lanes, rows;
 	int cache, rc;
 
 	if (stitched ? m->kind != AP_GROUP_STITCHED && m->kind != AP_GROUP_WHOLE
-		     : !is_plain_reduction(m))
+		     : !is_plain_reduction(m)) {
+		snprintf(why, cap, stitched ? "not a stitched micro-graph" : "not a plain reduction");
 		return 0;
+	}
 	if (!(p = malloc(sizeof(*p))))
 		return AP_ENOMEM;
-	if ((rc = analyze(m, p, why, sizeof(why))) <= 0) {
+	if ((rc = analyze(m, p, why, cap)) <= 0) {
 		free(p);
 		return rc;
 	}
@@ -510,24 +511,28 @@ static int rr_bind_form(const ap_mgraph *m, const ap_target_info *t, void **an, 
 		*an = p;
 		return 1;
 	}
+	if (!stitched && p->column != column)
+		snprintf(why, cap, "a %s reduction", p->column ? "column" : "row");
+	else
+		snprintf(why, cap, "no configuration of the rule fits the target");
 	plan_clear(p);
 	free(p);
 	return 0;
 }
 
-static int row_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
+static int row_bind(const ap_mgraph *m, const ap_target_info *t, void **an, char *why, size_t cap)
 {
-	return rr_bind_form(m, t, an, false, false);
+	return rr_bind_form(m, t, an, false, false, why, cap);
 }
 
-static int col_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
+static int col_bind(const ap_mgraph *m, const ap_target_info *t, void **an, char *why, size_t cap)
 {
-	return rr_bind_form(m, t, an, true, false);
+	return rr_bind_form(m, t, an, true, false, why, cap);
 }
 
-static int st_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
+static int st_bind(const ap_mgraph *m, const ap_target_info *t, void **an, char *why, size_t cap)
 {
-	return rr_bind_form(m, t, an, false, true);
+	return rr_bind_form(m, t, an, false, true, why, cap);
 }
 
 static void rows_unbind(void *an)

@@ -120,7 +120,7 @@ static int analyze(const ap_mgraph *m, tr_plan *p)
 }
 
 /* The analysis of a tiled transpose, kept for the binding. */
-static int tr_bind(const ap_mgraph *m, const ap_target_info *t, void **an)
+static int tr_bind(const ap_mgraph *m, const ap_target_info *t, void **an, char *why, size_t cap)
 {
 	tr_plan *p = malloc(sizeof(*p));
 	int rc;
