@@ -1307,6 +1307,15 @@ static void run_wg_bias(const char *name, ap_dtype dt, int K)
 		ck_assert_ptr_nonnull(cuda);
 		ck_assert_ptr_nonnull(strstr(cuda, "wgmma.mma_async.sync.aligned.m64n"));
 		ck_assert_ptr_nonnull(strstr(cuda, "fence.proxy.async.shared::cta"));
+		/* the wgmma kernel's own text (the golden above is sm_80's):
+		 * swizzled tiles in dynamic shared memory aligned at run time */
+		ck_assert_ptr_nonnull(strstr(cuda, "ap_smem_raw"));
+		{
+			char gname[64];
+
+			snprintf(gname, sizeof(gname), "%s_sm90a", name);
+			golden(gname, cuda);
+		}
 		probe = nvrtc_ptx("extern \"C\" __global__ void ap_probe() {}", "ap_probe");
 		if (probe) {   /* NVRTC is there */
 			free(probe);

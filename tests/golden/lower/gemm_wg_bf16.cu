@@ -31,30 +31,30 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_wg_bf16(__nv_bfloat16 *
 		for (int z7 = 0; z7 < 4; z7 += 1) {
 			acc[z7] = 0x0p+0f;
 		}
-		int cs8 = (((m05 + (((int)threadIdx.x) / 4)) * 64) + ((((int)threadIdx.x) % 4) * 8));
-		int cd9 = (((((int)threadIdx.x) / 4) * 40) + ((((int)threadIdx.x) % 4) * 8));
-		int cs10 = ((n06 + ((((int)threadIdx.x) % 2) * 8)) + ((((int)threadIdx.x) / 2) * 40));
-		int cd11 = (((((int)threadIdx.x) / 2) * 24) + ((((int)threadIdx.x) % 2) * 8));
+		int cs8 = (((m05 + (((((int)threadIdx.x) / 32) * 8) + (((int)threadIdx.x) % 8))) * 64) + (((((int)threadIdx.x) / 8) % 4) * 8));
+		int cd9 = (((((((int)threadIdx.x) / 32) * 8) + (((int)threadIdx.x) % 8)) * 40) + (((((int)threadIdx.x) / 8) % 4) * 8));
+		int cs10 = ((n06 + (((((int)threadIdx.x) / 8) % 2) * 8)) + ((((((int)threadIdx.x) / 16) * 8) + (((int)threadIdx.x) % 8)) * 40));
+		int cd11 = (((((((int)threadIdx.x) / 16) * 8) + (((int)threadIdx.x) % 8)) * 24) + (((((int)threadIdx.x) / 8) % 2) * 8));
 		#pragma unroll
 		for (int c12 = 0; c12 < 1; c12 += 1) {
 			int ci13 = (((int)threadIdx.x) + (c12 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((cd9 + (c12 * 640))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (ci13 / 4)) < 72)) ? &p1[(cs8 + (c12 * 1024))] : p1), "r"((((m05 + (ci13 / 4)) < 72)) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((cd9 + (c12 * 640))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (((ci13 / 32) * 8) + (ci13 % 8))) < 72)) ? &p1[(cs8 + (c12 * 1024))] : p1), "r"((((m05 + (((ci13 / 32) * 8) + (ci13 % 8))) < 72)) ? 16 : 0) : "memory"); }
 		}
 		#pragma unroll
 		for (int c14 = 0; c14 < 1; c14 += 1) {
 			int ci15 = (((int)threadIdx.x) + (c14 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((cd11 + (c14 * 768))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + ((ci15 % 2) * 8)) < 40)) ? &p2[(cs10 + (c14 * 1280))] : p2), "r"((((n06 + ((ci15 % 2) * 8)) < 40)) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((cd11 + (c14 * 768))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + (((ci15 / 8) % 2) * 8)) < 40)) ? &p2[(cs10 + (c14 * 1280))] : p2), "r"((((n06 + (((ci15 / 8) % 2) * 8)) < 40)) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		#pragma unroll
 		for (int c16 = 0; c16 < 1; c16 += 1) {
 			int ci17 = (((int)threadIdx.x) + (c16 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((640 + (cd9 + (c16 * 640)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (ci17 / 4)) < 72)) ? &p1[(cs8 + ((c16 * 1024) + 32))] : p1), "r"((((m05 + (ci17 / 4)) < 72)) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)((640 + (cd9 + (c16 * 640)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (((ci17 / 32) * 8) + (ci17 % 8))) < 72)) ? &p1[(cs8 + ((c16 * 1024) + 32))] : p1), "r"((((m05 + (((ci17 / 32) * 8) + (ci17 % 8))) < 72)) ? 16 : 0) : "memory"); }
 		}
 		#pragma unroll
 		for (int c18 = 0; c18 < 1; c18 += 1) {
 			int ci19 = (((int)threadIdx.x) + (c18 * 64));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((768 + (cd11 + (c18 * 768)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + ((ci19 % 2) * 8)) < 40)) ? &p2[(cs10 + ((c18 * 1280) + 1280))] : p2), "r"((((n06 + ((ci19 % 2) * 8)) < 40)) ? 16 : 0) : "memory"); }
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)((768 + (cd11 + (c18 * 768)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + (((ci19 / 8) % 2) * 8)) < 40)) ? &p2[(cs10 + ((c18 * 1280) + 1280))] : p2), "r"((((n06 + (((ci19 / 8) % 2) * 8)) < 40)) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		int st20 = 0;
@@ -67,12 +67,12 @@ extern "C" __global__ void __launch_bounds__(64, 1) gemm_wg_bf16(__nv_bfloat16 *
 				#pragma unroll
 				for (int c24 = 0; c24 < 1; c24 += 1) {
 					int ci25 = (((int)threadIdx.x) + (c24 * 64));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)(((ns21 * 640) + (cd9 + (c24 * 640)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (ci25 / 4)) < 72)) ? &p1[(cs8 + ((c24 * 1024) + (nx23 * 32)))] : p1), "r"((((m05 + (ci25 / 4)) < 72)) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sa) + (unsigned)(((ns21 * 640) + (cd9 + (c24 * 640)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((m05 + (((ci25 / 32) * 8) + (ci25 % 8))) < 72)) ? &p1[(cs8 + ((c24 * 1024) + (nx23 * 32)))] : p1), "r"((((m05 + (((ci25 / 32) * 8) + (ci25 % 8))) < 72)) ? 16 : 0) : "memory"); }
 				}
 				#pragma unroll
 				for (int c26 = 0; c26 < 1; c26 += 1) {
 					int ci27 = (((int)threadIdx.x) + (c26 * 64));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns21 * 768) + (cd11 + (c26 * 768)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + ((ci27 % 2) * 8)) < 40)) ? &p2[(cs10 + ((c26 * 1280) + (nx23 * 1280)))] : p2), "r"((((n06 + ((ci27 % 2) * 8)) < 40)) ? 16 : 0) : "memory"); }
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(sb) + (unsigned)(((ns21 * 768) + (cd11 + (c26 * 768)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((n06 + (((ci27 / 8) % 2) * 8)) < 40)) ? &p2[(cs10 + ((c26 * 1280) + (nx23 * 1280)))] : p2), "r"((((n06 + (((ci27 / 8) % 2) * 8)) < 40)) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
