@@ -196,6 +196,12 @@ static const ap_config_option options[] = {
 	  "or device nothing is timed." },
 	{ "tune_device", NUM(AP_CFG_INT, tune_device), "0", 0, 1023, NULL,
 	  "CUDA device ordinal tune_measure times on." },
+	{ "tune_nice", NUM(AP_CFG_INT, tune_nice), "19", 0, 19, NULL,
+	  "Background tuning: the nice value of the tuner's thread and of the ptxas "
+	  "it runs.  19 (the lowest priority) keeps it out of the way of requests "
+	  "and of other work on the host; a node that exists to compile may give it "
+	  "more (0: the same priority as the requests' threads).  On a host kept "
+	  "busy at normal priority a tuner at 19 makes almost no progress." },
 	{ "tune_reporters", STR(tune_reporters), "any", 0, 0, NULL,
 	  "Who may send tuning reports (apollo-client tune): \"any\", \"none\", or a "
 	  "comma-separated list of uids and the word tcp (every authenticated TCP "

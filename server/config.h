@@ -64,6 +64,7 @@ typedef struct ap_config {
 	int tune_refine;           /* background tuner: ptxas -v refinement */
 	int tune_measure;          /* background tuner: timing on this host's GPU */
 	long long tune_device;     /* its CUDA ordinal */
+	long long tune_nice;       /* the tuner thread's nice value, 0..19 */
 	char tune_reporters[256];  /* "any", "none", or uids and "tcp" (compile.h) */
 	char redis[256];           /* "HOST:PORT", "unix:PATH" or ""; see redis.h */
 	char redis_secret_file[1024];   /* the cluster secret (HMAC key) */

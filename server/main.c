@@ -230,6 +230,7 @@ int main(int argc, char **argv)
 		.measure = cfg.tune_measure,
 		.timer = &ap_runtime_kernel_timer,
 		.device = (int)cfg.tune_device,
+		.nice = (int)cfg.tune_nice,
 	};
 	compiler = ap_compiler_new(cache, &copt);
 	if (!compiler) {

@@ -429,9 +429,11 @@ static void *tuner_main(void *arg)
 {
 	ap_autotune *a = arg;
 
-	/* background work: below every request's threads (Linux sets a
-	 * thread's nice value through its thread id) */
-	setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+	/* background work: below every request's threads unless told
+	 * otherwise (Linux sets a thread's nice value through its thread id;
+	 * a nice value at or above the daemon's own needs no privilege) */
+	if (a->o.nice > 0)
+		setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), a->o.nice);
 	pthread_mutex_lock(&a->mu);
 	for (;;) {
 		struct job j;

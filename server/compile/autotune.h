@@ -54,6 +54,8 @@ typedef struct ap_autotune_options {
 				       ap_runtime_kernel_timer); NULL turns
 				       measuring off */
 	int device;           /* its CUDA ordinal */
+	int nice;             /* the tuner thread's nice value, 0..19 (apollod:
+				 tune_nice, 19); ptxas inherits it */
 	unsigned queue_max;   /* jobs waiting at most; 0 = 8 */
 	int warmup, runs;     /* timing: 0 = 3 warm-up runs, 20 timed */
 } ap_autotune_options;
