@@ -246,6 +246,28 @@ ap_kir_array *ap_kir_shared_dyn_aligned(ap_kir_kernel *k, const char *name, ap_d
 	return a;
 }
 
+size_t ap_kir_shared_dyn_bytes(int n, const size_t *bytes, const unsigned *align)
+{
+	size_t end = 0, most = 16;
+
+	for (int i = 0; i < n; i++) {
+		size_t al = align[i] ? align[i] : 16;
+
+		end = (end + al - 1) / al * al + bytes[i];
+		if (al > most)
+			most = al;
+	}
+	return end + most - 16;
+}
+
+int ap_kir_wg_swizzle_fit(int64_t extent, int64_t start)
+{
+	for (int w = 128; w >= 32; w /= 2)
+		if (extent % w == 0 && start % w == 0)
+			return w;
+	return 0;
+}
+
 ap_kir_array *ap_kir_shared_dyn(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size)
 {
 	return ap_kir_shared_dyn_aligned(k, name, type, size, 16);

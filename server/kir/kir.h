@@ -267,6 +267,16 @@ typedef struct ap_kir_wg_layout {
 	int swizzle;   /* 0, 32, 64 or 128 bytes */
 } ap_kir_wg_layout;
 
+/* The swizzle (128, 64 or 32 bytes; 0 when none fits) for a wgmma operand
+ * tile whose contiguous coordinate spans `extent` bytes and whose
+ * descriptors start every `start` bytes along it (the warpgroups' or the
+ * k16 steps' starts): the widest whose atom row, that many bytes, divides
+ * both, so that every descriptor's start is an atom's row 0 (PTX ISA,
+ * "Shared Memory Matrix Layout"; CUTLASS picks its sm90 atoms the same
+ * way).  Wider is better: the 16-byte chunks a warp's copies write along
+ * the coordinate spread over more banks. */
+int ap_kir_wg_swizzle_fit(int64_t extent, int64_t start);
+
 /* The four warp shuffles of the CUDA C Programming Guide ("Warp Shuffle
  * Functions"): the `lane` operand is laneMask, delta, delta and srcLane. */
 typedef enum ap_kir_shfl_kind {
@@ -417,6 +427,14 @@ ap_kir_array *ap_kir_shared_dyn(ap_kir_kernel *k, const char *name, ap_dtype typ
  * once.  NULL (k failed) on a bad alignment or ENOMEM. */
 ap_kir_array *ap_kir_shared_dyn_aligned(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size,
 					unsigned align);
+/* Bytes of dynamic shared memory that n arrays of bytes[i] bytes take
+ * when declared in this order with ap_kir_shared_dyn_aligned(align[i])
+ * (0 stands for 16) into a kernel holding none yet: each on the next
+ * multiple of its alignment, then the run-time alignment's slack (the
+ * largest alignment - 16) -- what the kernel's smem_bytes will be, for
+ * an emitter sizing its tiles before it builds them.  Arrays declared
+ * afterwards with ap_kir_shared_dyn add to it. */
+size_t ap_kir_shared_dyn_bytes(int n, const size_t *bytes, const unsigned *align);
 ap_kir_array *ap_kir_local(ap_kir_kernel *k, const char *name, ap_dtype type, int64_t size);
 /* A LOCAL array marked scratch (see ap_kir_array.scratch): the caller
  * promises that every element read was stored earlier in the same

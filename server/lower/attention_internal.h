@@ -101,10 +101,7 @@ static inline bool tc_wg(const att_plan *p, const ap_target_info *t)
  * gemm.c's ap__gemm_wg_swizzle says why).  0 when none does. */
 static inline int tc_wg_swizzle(int64_t cols, size_t es)
 {
-	for (int w = 128; w >= 32; w /= 2)
-		if ((cols * (int64_t)es) % w == 0)
-			return w;
-	return 0;
+	return ap_kir_wg_swizzle_fit(cols * (int64_t)es, cols * (int64_t)es);
 }
 
 /* Bytes of shared memory of W warps and BK keys a tile on t: the Q tile
@@ -113,18 +110,18 @@ static inline int tc_wg_swizzle(int64_t cols, size_t es)
  * run-time alignment (ap_kir_shared_dyn_aligned). */
 static inline size_t tc_smem(const att_plan *p, const ap_target_info *t, int W, int BK)
 {
-	size_t es = ap_dtype_size(p->t), rq, rv, off;
+	size_t es = ap_dtype_size(p->t);
+	unsigned rq, rv;
 
 	if (!tc_wg(p, t) || W % 4)
 		return (size_t)(16 * W * tc_ldq(p) + tc_stages(p) * BK * (tc_ldq(p) + tc_ldv(p))) * es;
-	rq = 8 * (size_t)tc_wg_swizzle(tc_dpad(p), es);
-	rv = 8 * (size_t)tc_wg_swizzle(tc_dvpad(p), es);
-	rq = rq ? rq : 16;
-	rv = rv ? rv : 16;
-	off = (size_t)(16 * W) * (size_t)tc_dpad(p) * es;
-	off = (off + rq - 1) / rq * rq + (size_t)(tc_stages(p) * BK) * (size_t)tc_dpad(p) * es;
-	off = (off + rv - 1) / rv * rv + (size_t)(tc_stages(p) * BK) * (size_t)tc_dvpad(p) * es;
-	return off + (rq > rv ? rq : rv) - 16;
+	rq = 8u * (unsigned)tc_wg_swizzle(tc_dpad(p), es);
+	rv = 8u * (unsigned)tc_wg_swizzle(tc_dvpad(p), es);
+	/* Q, then K's and V's stages, in tc_declare's order */
+	return ap_kir_shared_dyn_bytes(3, (const size_t[]){ (size_t)(16 * W) * (size_t)tc_dpad(p) * es,
+				       (size_t)(tc_stages(p) * BK) * (size_t)tc_dpad(p) * es,
+				       (size_t)(tc_stages(p) * BK) * (size_t)tc_dvpad(p) * es },
+				       (const unsigned[]){ rq, rq, rv });
 }
 
 static inline bool tc_fits(const att_plan *p, const ap_target_info *t, int W, int BK)

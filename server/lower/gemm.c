@@ -664,10 +664,7 @@ int ap__gemm_wg_swizzle(const gemm_plan *p, const gemm_cfg *c, int role)
 		ext = (role ? c->bn : c->bm) * es;
 		start = (role ? c->bn / c->tn : 64) * es;
 	}
-	for (int w = 128; w >= 32; w /= 2)
-		if (ext % w == 0 && start % w == 0)
-			return w;
-	return 0;
+	return ap_kir_wg_swizzle_fit(ext, start);
 }
 
 /* Bytes of shared memory of configuration c on t: each operand's tile
@@ -693,11 +690,11 @@ size_t ap__gemm_smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_targe
 		/* wgmma's tiles: dynamic, B's start on its repeat after A's
 		 * tiles, and the run-time alignment's slack (gemm_kernel.c,
 		 * declare_shared) */
-		size_t ra = 8 * (size_t)ap__gemm_wg_swizzle(p, c, 0), rb = 8 * (size_t)ap__gemm_wg_swizzle(p, c, 1);
+		size_t tiles[2] = { a, b };
+		unsigned al[2] = { 8u * (unsigned)ap__gemm_wg_swizzle(p, c, 0),
+				   8u * (unsigned)ap__gemm_wg_swizzle(p, c, 1) };
 
-		ra = ra ? ra : 16;
-		rb = rb ? rb : 16;
-		b += (a + rb - 1) / rb * rb - a + (ra > rb ? ra : rb) - 16;
+		b = ap_kir_shared_dyn_bytes(2, tiles, al) - a;
 	}
 	a += staging_bytes(ma, &p->a, es, S * (size_t)c->bm * (size_t)c->bk);
 	b += staging_bytes(mb, &p->b, es, S * (size_t)c->bn * (size_t)c->bk);
