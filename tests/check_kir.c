@@ -2758,6 +2758,15 @@ START_TEST(shared_dyn_aligned_and_swizzle_rule)
 	ck_assert_uint_eq(c->offset, 2048);
 	ck_assert_uint_eq(k->smem_align, 1024);
 	ck_assert_uint_eq(k->smem_bytes, 2048 + 16 + 1008);
+	/* the emitters' sizing before they build: the same bytes */
+	ck_assert_uint_eq(ap_kir_shared_dyn_bytes(3, (const size_t[]){ 48, 1024, 16 },
+						  (const unsigned[]){ 0, 1024, 256 }), 2048 + 16 + 1008);
+	ck_assert_uint_eq(ap_kir_shared_dyn_bytes(2, (const size_t[]){ 48, 16 }, (const unsigned[]){ 16, 0 }), 64);
+	/* the widest atom row dividing the extent and the starts */
+	ck_assert_int_eq(ap_kir_wg_swizzle_fit(256, 128), 128);
+	ck_assert_int_eq(ap_kir_wg_swizzle_fit(192, 192), 64);
+	ck_assert_int_eq(ap_kir_wg_swizzle_fit(256, 96), 32);
+	ck_assert_int_eq(ap_kir_wg_swizzle_fit(80, 80), 0);
 	bad = ap_kir_shared_dyn_aligned(k, "bad", AP_DT_F16, 8, 48);
 	ck_assert_ptr_null(bad);
 	ck_assert(ap_kir_failed(k));
