@@ -37,6 +37,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/tmap.h"
 #include "server/backend/backend.h"
 #include "server/kir/kir.h"
 #include "tests/lib/require.h"
@@ -2740,6 +2741,155 @@ END_TEST
  * 16) counted once in smem_bytes and printed as a re-aligned start; a bad
  * alignment refused.  A swizzled wgmma operand in an array that does not
  * start on its pattern's repeat fails rule swizzle. */
+/* ---- tensor maps (common/tmap.h) -------------------------------------------------- */
+
+/* A 2-D float16 tensor map: `cols` x `rows` elements, rows `pitch` bytes
+ * apart, a box of bx x by, swizzle mode sw. */
+static ap_tmap_desc tmap_2d(uint64_t cols, uint64_t rows, uint64_t pitch, uint32_t bx, uint32_t by, int sw)
+{
+	ap_tmap_desc d = { .dtype = AP_TMAP_FLOAT16, .rank = 2, .dims = { cols, rows },
+			   .strides = { pitch }, .box = { bx, by }, .estrides = { 1, 1 }, .swizzle = sw };
+
+	return d;
+}
+
+/* cuTensorMapEncodeTiled's rules: a good map passes; each broken rule is
+ * refused, naming what broke. */
+START_TEST(tmap_rules)
+{
+	static const struct {
+		const char *what, *says;
+	} bad[] = {
+		{ "dtype", "data type" }, { "rank", "rank 6" }, { "interleave rank", "with interleave" },
+		{ "dim", "dims[1]" }, { "box", "box[1] = 257" }, { "box row", "multiple of 16 bytes" },
+		{ "estride", "element strides[1] = 9" }, { "stride", "strides[0] = 200" },
+		{ "span", "at most the 64-byte swizzle" }, { "nan", "floating-point" },
+		{ "i32", "32-byte interleave needs" }, { "address", "aligned to 16" },
+	};
+	char why[160];
+	_Alignas(16) static uint8_t buf[64];
+
+	ap_tmap_desc ok = tmap_2d(100, 70, 208, 64, 16, AP_TMAP_SWIZZLE_128B);
+	ck_assert_int_eq(ap_tmap_check(&ok, buf, why, sizeof(why)), 0);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		ap_tmap_desc d = ok;
+		const void *g = buf;
+
+		switch (i) {
+		case 0: d.dtype = 13; break;
+		case 1: d.rank = 6; break;
+		case 2: d.interleave = AP_TMAP_INTERLEAVE_16B; break;
+		case 3: d.dims[1] = 0; break;
+		case 4: d.box[1] = 257; break;
+		case 5: d.box[0] = 12; break;
+		case 6: d.estrides[1] = 9; break;
+		case 7: d.strides[0] = 200; break;
+		case 8: d.swizzle = AP_TMAP_SWIZZLE_64B; break;
+		case 9: d.dtype = AP_TMAP_UINT16; d.oob = AP_TMAP_OOB_NAN; break;
+		case 10: d.rank = 3; d.dims[2] = 1; d.strides[1] = 208 * 70; d.box[2] = 1; d.estrides[2] = 1;
+			 d.box[0] = 16; d.interleave = AP_TMAP_INTERLEAVE_32B; d.strides[0] = 224; break;
+		default: g = buf + 8; break;
+		}
+		ck_assert_msg(ap_tmap_check(&d, g, why, sizeof(why)) == -1, "%s accepted", bad[i].what);
+		ck_assert_msg(strstr(why, bad[i].says), "%s: '%s' lacks '%s'", bad[i].what, why, bad[i].says);
+	}
+	/* bytes of a box: dimension 0's whole box, ceil(box / stride) of the others */
+	ok.box[1] = 8;
+	ok.estrides[1] = 3;
+	ck_assert_uint_eq(ap_tmap_box_bytes(&ok), 64 * 3 * 2);
+}
+END_TEST
+
+/* The host tile load places a swizzled box where a wgmma descriptor of the
+ * same swizzle reads it: every element of 16 rows x (128, 64, 32 bytes)
+ * boxes, at coordinates inside, across and before the tensor's edges, is
+ * found at the place the test's own walk of the PTX ISA's atom figures
+ * (wg_test_place) gives -- read K-major (a row of the box is a row of A,
+ * its columns k) and MN-major (a row of the box is one k, its columns
+ * M) -- holding the tensor's value, or 0 outside the tensor. */
+START_TEST(tmap_load_swizzled)
+{
+	enum { COLS = 100, ROWS = 70, PITCH = 208 };
+	static const int32_t at[][2] = { { 0, 0 }, { 64, 60 }, { -8, -3 }, { 36, 5 } };
+	static uint16_t g[ROWS * PITCH / 2];
+	_Alignas(1024) static uint8_t box[4096];
+	char why[160];
+
+	for (int r = 0; r < ROWS; r++)
+		for (int c = 0; c < PITCH / 2; c++)
+			g[r * PITCH / 2 + c] = c < COLS ? (uint16_t)(1 + r * 128 + c) : 0xdead;
+	for (int sw = 32; sw <= 128; sw *= 2) {
+		int mode = sw == 32 ? AP_TMAP_SWIZZLE_32B : sw == 64 ? AP_TMAP_SWIZZLE_64B : AP_TMAP_SWIZZLE_128B;
+		uint32_t bx = (uint32_t)sw / 2;
+		ap_tmap_desc d = tmap_2d(COLS, ROWS, PITCH, bx, 16, mode);
+
+		for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
+			memset(box, 0xee, sizeof(box));
+			ck_assert_int_eq(ap_tmap_load(&d, g, at[i], box, sizeof(box), why, sizeof(why)), 16 * sw);
+			for (int r = 0; r < 16; r++)
+				for (int c = 0; c < (int)bx; c++) {
+					int64_t gx = at[i][0] + c, gy = at[i][1] + r;
+					uint16_t want = gx >= 0 && gx < COLS && gy >= 0 && gy < ROWS
+							? g[gy * PITCH / 2 + gx] : 0, kv, mv;
+
+					memcpy(&kv, box + wg_test_place(false, 16, 8 * sw, sw, r, c), 2);
+					memcpy(&mv, box + wg_test_place(true, 16 * sw, 8 * sw, sw, c, r), 2);
+					ck_assert_msg(kv == want && mv == want,
+						      "swizzle %d at (%d, %d): box (%d, %d) K-major %#x MN-major %#x, want %#x",
+						      sw, at[i][0], at[i][1], r, c, kv, mv, want);
+				}
+		}
+	}
+}
+END_TEST
+
+/* Unswizzled loads are dense; element strides take every n-th row; the
+ * NaN fill; and the loads refused: a destination too small or misaligned,
+ * an interleaved map. */
+START_TEST(tmap_load_strides_fill_refusals)
+{
+	static float g[12 * 20];
+	_Alignas(1024) static uint8_t box[2048];
+	ap_tmap_desc d = { .dtype = AP_TMAP_FLOAT32, .rank = 2, .dims = { 20, 12 }, .strides = { 80 },
+			   .box = { 8, 8 }, .estrides = { 1, 3 }, .oob = AP_TMAP_OOB_NAN };
+	const int32_t c0[2] = { 16, 4 };
+	char why[160];
+	float *f = (float *)box;
+
+	for (int i = 0; i < 12 * 20; i++)
+		g[i] = (float)i;
+	ck_assert_int_eq(ap_tmap_load(&d, g, c0, box, sizeof(box), why, sizeof(why)), 8 * 3 * 4);
+	for (int r = 0; r < 3; r++)
+		for (int c = 0; c < 8; c++) {
+			int gx = 16 + c, gy = 4 + 3 * r;
+			uint32_t bits;
+
+			memcpy(&bits, &f[r * 8 + c], 4);
+			if (gx < 20 && gy < 12)
+				ck_assert_msg(f[r * 8 + c] == g[gy * 20 + gx], "(%d, %d): %g", r, c, f[r * 8 + c]);
+			else
+				ck_assert_msg(bits == 0x7fffffffu, "(%d, %d) outside: %#x", r, c, bits);
+		}
+	ck_assert_int_eq(ap_tmap_load(&d, g, c0, box, 95, why, sizeof(why)), -1);
+	ck_assert_ptr_nonnull(strstr(why, "do not fit"));
+	ck_assert_int_eq(ap_tmap_load(&d, g, c0, box + 16, 1024, why, sizeof(why)), -1);
+	ck_assert_ptr_nonnull(strstr(why, "aligned to 128"));
+	d.swizzle = AP_TMAP_SWIZZLE_32B;
+	ck_assert_int_eq(ap_tmap_load(&d, g, c0, box + 128, 1024, why, sizeof(why)), -1);
+	ck_assert_ptr_nonnull(strstr(why, "aligned to 256"));
+	d.swizzle = AP_TMAP_SWIZZLE_NONE;
+	d.rank = 3;
+	d.dims[2] = 1;
+	d.strides[1] = 960;
+	d.box[2] = 1;
+	d.estrides[2] = 1;
+	d.interleave = AP_TMAP_INTERLEAVE_16B;
+	ck_assert_int_eq(ap_tmap_check(&d, g, why, sizeof(why)), 0);
+	ck_assert_int_eq(ap_tmap_load(&d, g, (const int32_t[3]){ 0, 0, 0 }, box, sizeof(box), why, sizeof(why)), -1);
+	ck_assert_ptr_nonnull(strstr(why, "not emulated"));
+}
+END_TEST
+
 START_TEST(shared_dyn_aligned_and_swizzle_rule)
 {
 	ap_kir_kernel *k = ap_kir_kernel_new("aligned_dyn");
@@ -2845,6 +2995,9 @@ static Suite *kir_suite(void)
 	tcase_add_test(tc, wgmma_bf16);
 	tcase_add_test(tc, wgmma_swizzled);
 	tcase_add_test(tc, shared_dyn_aligned_and_swizzle_rule);
+	tcase_add_test(tc, tmap_rules);
+	tcase_add_test(tc, tmap_load_swizzled);
+	tcase_add_test(tc, tmap_load_strides_fill_refusals);
 	tcase_add_test(tc, tf32_rounding);
 	tcase_add_test(tc, cp_async_zero_fill);
 	tcase_add_test(tc, matrix_rules);
