@@ -9,7 +9,10 @@
  * (ce > a_ce), or a and t are in the same block rank and some barrier came
  * between (be > a_be).  The host runs every thread of a phase to completion
  * before the next phase, so the counts at an access are the barriers that
- * thread has passed.
+ * thread has passed.  Bytes a bulk copy wrote have no generic writer:
+ * they are ordered by their mbarrier instead -- readable by a thread
+ * whose last wait on it saw the phase their landing counted in complete
+ * (cell.bulk, bulk_phase; ctx.acq).
  */
 #include "hostcheck.h"
 
@@ -40,7 +43,36 @@ typedef struct cell {
 	uint8_t multi_rank;          /* ... of several block ranks */
 	uint16_t wg_mask;            /* warpgroups (t / 128, mod 16) whose wgmma still reads it */
 	uint32_t w_fence;            /* the writer's fence.proxy.async count when it wrote */
+	int8_t bulk;                 /* the mbarrier (index in ctx.mb) whose bulk copy wrote
+					it last; -1: none, or a generic write since */
+	uint8_t bulk_fly;            /* that copy has not landed yet */
+	uint32_t bulk_phase;         /* the phase of ctx.mb[bulk] its landing counted in:
+					readable after a wait that saw it complete */
 } cell;
+
+#define MAX_MBAR 16
+
+/* An mbarrier of the current block (PTX ISA, "mbarrier"), keyed by its
+ * address: phases completed so far (the current one's parity is
+ * phase % 2), arrivals still expected in the current phase and per
+ * phase, the tx-count (bytes of asynchronous copies expected less those
+ * landed). */
+typedef struct mbar {
+	const char *addr;
+	uint64_t phase;
+	int32_t pending, expected;
+	int64_t tx;
+	uint64_t stuck;              /* 1 + the phase a deadlock was reported in; 0: none */
+} mbar;
+
+/* A bulk copy in flight: its cells (first; SIZE_MAX when the block's
+ * shared memory is not tracked), bytes, mbarrier and issuing thread. */
+typedef struct bulk_pend {
+	size_t cell;
+	unsigned bytes, t;
+	int bar;
+	const char *name;            /* the destination's array */
+} bulk_pend;
 
 typedef struct pend {
 	size_t cell;                 /* first cell */
@@ -82,6 +114,13 @@ typedef struct ctx {
 					and ldmatrix rows */
 	size_t n_bank, cap_bank;
 	unsigned *bank_seq;          /* per kind and thread (2 x nt): its accesses in this stretch */
+	mbar mb[MAX_MBAR];           /* this block's mbarriers (n_mb in use) */
+	int n_mb;
+	bool mb_full;                /* more than MAX_MBAR: reported once */
+	bulk_pend *bp;               /* bulk copies in flight */
+	size_t n_bp, cap_bp;
+	uint64_t *acq;               /* nt x MAX_MBAR: the phases of each mbarrier
+					completed when the thread last waited on it */
 } ctx;
 
 /* One thread's cp.async into shared memory (banks_flush). */
@@ -249,6 +288,8 @@ static void report(ctx *c, const char *fmt, ...)
 
 /* ---- the table's functions ------------------------------------------------------------ */
 
+static void bulk_left(ctx *c);
+
 static void *ck_begin(const char *kernel, unsigned threads, unsigned block_threads,
 		      unsigned long long blocks)
 {
@@ -261,7 +302,10 @@ static void *ck_begin(const char *kernel, unsigned threads, unsigned block_threa
 	c->nt = threads ? threads : 1;
 	c->bt = block_threads ? block_threads : c->nt;
 	c->thr = calloc(c->nt, sizeof(*c->thr));
-	if (!c->thr) {
+	c->acq = calloc((size_t)c->nt * MAX_MBAR, sizeof(*c->acq));
+	if (!c->thr || !c->acq) {
+		free(c->thr);
+		free(c->acq);
 		free(c);
 		return NULL;
 	}
@@ -279,6 +323,7 @@ static void ck_end(void *vc)
 		return;
 	if (g_cnt && c->bank_seq)
 		banks_flush(c);
+	bulk_left(c);
 	if (c->oom)
 		report(c, "the checker ran out of memory: accesses went unchecked");
 	for (int i = 0; g_cnt && c->moved && i < g_n_extent; i++) {
@@ -293,6 +338,8 @@ static void ck_end(void *vc)
 		free(c->thr[t].wp);
 	}
 	free(c->thr);
+	free(c->acq);
+	free(c->bp);
 	free(c->cells);
 	free(c->r);
 	free(c);
@@ -371,8 +418,12 @@ static int ck_block(void *vc, unsigned long long block)
 		if (!c->cells)
 			c->oom = true;
 	}
+	bulk_left(c);
 	c->gen++;
 	c->be = c->ce = 0;
+	c->n_mb = 0;
+	c->mb_full = false;
+	memset(c->acq, 0, (size_t)c->nt * MAX_MBAR * sizeof(*c->acq));
 	c->block = block;
 	c->shadow = shadowed(block, c->blocks);
 	for (unsigned t = 0; t < c->nt; t++) {
@@ -425,8 +476,17 @@ static cell *cell_at(ctx *c, size_t i)
 		memset(x, 0, sizeof(*x));
 		x->gen = c->gen;
 		x->writer = x->reader = x->pender = -1;
+		x->bulk = -1;
 	}
 	return x;
+}
+
+/* Whether thread t may see the bytes of cell x a bulk copy delivered:
+ * it waited on the mbarrier after the phase the landing counted in
+ * completed. */
+static bool bulk_seen(const ctx *c, const cell *x, unsigned t)
+{
+	return x->bulk < 0 || (!x->bulk_fly && c->acq[(size_t)t * MAX_MBAR + (size_t)x->bulk] > x->bulk_phase);
 }
 
 static bool ordered(const ctx *c, int a, uint32_t a_be, uint32_t a_ce, unsigned t)
@@ -527,10 +587,25 @@ static const void *ck_rd(void *vc, const void *p, unsigned n, unsigned t, unsign
 			x->multi = x->multi_rank = 0;
 			x->wg_mask = 0;
 			x->w_fence = 0;
+			x->bulk = -1;
+			x->bulk_fly = 0;
 			continue;
 		}
-		if (x->reader == (int32_t)t && x->r_be == c->be && x->r_ce == c->ce && x->pender < 0)
+		if (x->reader == (int32_t)t && x->r_be == c->be && x->r_ce == c->ce && x->pender < 0 &&
+		    x->bulk < 0)
 			continue;   /* read by this thread since the last barrier: seen */
+		if (x->bulk_fly) {
+			report(c, "thread %u reads shared %s[byte %zu] (rank %d) before the bulk copy on mbarrier "
+			       "%d has delivered it (no wait on the phase it completes)", t, r->name, off + i,
+			       r->rank, x->bulk);
+			return p;
+		}
+		if (!bulk_seen(c, x, t)) {
+			report(c, "thread %u reads shared %s[byte %zu] (rank %d), which a bulk copy on mbarrier %d "
+			       "delivered in phase %u, without a wait that saw that phase complete", t, r->name,
+			       off + i, r->rank, x->bulk, x->bulk_phase);
+			return p;
+		}
 		if (x->pender >= 0) {
 			report(c, "thread %u (rank %u) reads shared %s[byte %zu] (rank %d) before the "
 			       "cp.async of thread %d has delivered it (no cp.async.wait_group of that "
@@ -567,6 +642,17 @@ static bool write_cell(ctx *c, region *r, size_t i, unsigned t, const char *what
 	cell *x = cell_at(c, r->cell + i);
 	bool readers_ordered;
 
+	if (x->bulk_fly) {
+		report(c, "thread %u %s shared %s[byte %zu] (rank %d) while a bulk copy on mbarrier %d is "
+		       "still delivering it", t, what, r->name, i, r->rank, x->bulk);
+		return false;
+	}
+	if (!bulk_seen(c, x, t)) {
+		report(c, "thread %u %s shared %s[byte %zu] (rank %d), which a bulk copy on mbarrier %d "
+		       "delivered, without a wait on the phase that covers it", t, what, r->name, i, r->rank,
+		       x->bulk);
+		return false;
+	}
 	if (x->pender >= 0) {
 		report(c, "thread %u %s shared %s[byte %zu] (rank %d) while the cp.async of thread %d "
 		       "is still delivering it", t, what, r->name, i, r->rank, x->pender);
@@ -598,6 +684,7 @@ static bool write_cell(ctx *c, region *r, size_t i, unsigned t, const char *what
 	x->w_ce = c->ce;
 	x->w_fence = c->thr[t].fences;
 	x->reader = -1;
+	x->bulk = -1;
 	return true;
 }
 
@@ -917,6 +1004,210 @@ static const void *ck_lm_rd(void *vc, const void *p, unsigned t)
 	return ck_rd(vc, p, 16, t, 16);
 }
 
+/* ---- mbarriers and bulk copies (sm_90) ------------------------------------------------- */
+
+/* The mbarrier at addr (its index in c->mb), created by an init; -1
+ * after a report (never initialised in this block, or too many). */
+static int mbar_find(ctx *c, const void *addr, unsigned t, bool init, const char *what)
+{
+	for (int i = 0; i < c->n_mb; i++)
+		if (c->mb[i].addr == addr)
+			return i;
+	if (!init) {
+		report(c, "thread %u: %s on the mbarrier at %p, which no mbarrier.init of this block "
+		       "initialised", t, what, addr);
+		return -1;
+	}
+	if (c->n_mb == MAX_MBAR) {
+		if (!c->mb_full)
+			report(c, "more than %d mbarriers in a block: the rest go unchecked", MAX_MBAR);
+		c->mb_full = true;
+		return -1;
+	}
+	c->mb[c->n_mb] = (mbar){ .addr = addr };
+	return c->n_mb++;
+}
+
+/* The completion test: no arrival and no byte pending ends the phase. */
+static void mbar_complete(mbar *m)
+{
+	if (m->pending == 0 && m->tx == 0) {
+		m->phase++;
+		m->pending = m->expected;
+	}
+}
+
+static bool bulk_on(const ctx *c, int b)
+{
+	for (size_t i = 0; i < c->n_bp; i++)
+		if (c->bp[i].bar == b)
+			return true;
+	return false;
+}
+
+static void ck_mbar_init(void *vc, void *bar, unsigned count, unsigned t)
+{
+	ctx *c = vc;
+	int b;
+
+	if (!c || t >= c->nt)
+		return;
+	if (count < 1 || count >= 1u << 20) {
+		report(c, "thread %u: mbarrier.init with %u expected arrivals (1 to 2^20 - 1)", t, count);
+		return;
+	}
+	if ((b = mbar_find(c, bar, t, true, "mbarrier.init")) < 0)
+		return;
+	if (c->mb[b].expected && (c->mb[b].pending != c->mb[b].expected || c->mb[b].tx || bulk_on(c, b)))
+		report(c, "thread %u: mbarrier.init of mbarrier %d while its phase %llu has %d arrival(s), "
+		       "%lld tx byte(s) or a bulk copy pending", t, b, (unsigned long long)c->mb[b].phase,
+		       c->mb[b].expected - c->mb[b].pending, (long long)c->mb[b].tx);
+	c->mb[b] = (mbar){ .addr = bar, .pending = (int32_t)count, .expected = (int32_t)count };
+	for (unsigned u = 0; u < c->nt; u++)
+		c->acq[(size_t)u * MAX_MBAR + (size_t)b] = 0;
+}
+
+static void ck_mbar_arrive(void *vc, void *bar, unsigned tx, unsigned t)
+{
+	ctx *c = vc;
+	mbar *m;
+	int b;
+
+	if (!c || t >= c->nt || (b = mbar_find(c, bar, t, false, "mbarrier.arrive")) < 0)
+		return;
+	m = &c->mb[b];
+	if (m->tx + (int64_t)tx >= 1 << 20) {
+		report(c, "thread %u: mbarrier.arrive.expect_tx of %u bytes on mbarrier %d takes its tx-count "
+		       "to %lld (at most 2^20 - 1)", t, tx, b, (long long)(m->tx + (int64_t)tx));
+		return;
+	}
+	m->tx += (int64_t)tx;
+	if (--m->pending < 0) {
+		report(c, "thread %u: mbarrier.arrive on mbarrier %d: more arrivals in phase %llu than the %d "
+		       "it expects", t, b, (unsigned long long)m->phase, m->expected);
+		m->pending = 0;
+		return;
+	}
+	mbar_complete(m);
+}
+
+/* The bulk copies on mbarrier b land, oldest first, each counting down
+ * the tx-count of the phase current at its landing. */
+static void bulk_deliver(ctx *c, int b)
+{
+	mbar *m = &c->mb[b];
+	size_t keep = 0;
+
+	for (size_t i = 0; i < c->n_bp; i++) {
+		bulk_pend *q = &c->bp[i];
+
+		if (q->bar != b) {
+			c->bp[keep++] = *q;
+			continue;
+		}
+		for (unsigned j = 0; q->cell != SIZE_MAX && j < q->bytes; j++) {
+			cell *x = cell_at(c, q->cell + j);
+
+			x->bulk_fly = 0;
+			x->bulk_phase = (uint32_t)m->phase;
+		}
+		m->tx -= (int64_t)q->bytes;
+		mbar_complete(m);
+	}
+	c->n_bp = keep;
+}
+
+/* A wait between phases (every thread of the block calls it).  Copies
+ * land as late as they may: only when the phase of the parity asked for
+ * is not complete yet (a wait that returns at once, e.g. for the wrong
+ * parity, leaves them in flight, so the reads after it are reported);
+ * then the phase must be complete -- nothing else can complete it now. */
+static void ck_mbar_wait(void *vc, void *bar, unsigned parity, unsigned t)
+{
+	ctx *c = vc;
+	mbar *m;
+	uint64_t *a;
+	int b;
+
+	if (!c || t >= c->nt || (b = mbar_find(c, bar, t, false, "mbarrier wait")) < 0)
+		return;
+	m = &c->mb[b];
+	if ((m->phase & 1u) == (parity & 1u))
+		bulk_deliver(c, b);
+	if ((m->phase & 1u) == (parity & 1u)) {
+		if (m->stuck != m->phase + 1)
+			report(c, "deadlock: thread %u waits on mbarrier %d for the phase of parity %u, but phase "
+			       "%llu still expects %d arrival(s) of %d and %lld tx byte(s), and nothing else can "
+			       "complete it", t, b, parity & 1u, (unsigned long long)m->phase, m->pending,
+			       m->expected, (long long)m->tx);
+		m->stuck = m->phase + 1;
+		return;
+	}
+	a = &c->acq[(size_t)t * MAX_MBAR + (size_t)b];
+	if (m->phase >= *a + 2)
+		report(c, "thread %u waits on mbarrier %d (parity %u) after %llu phases completed since its "
+		       "last wait: the parity cannot tell them apart", t, b, parity & 1u,
+		       (unsigned long long)(m->phase - *a));
+	if (m->phase > *a)
+		*a = m->phase;
+}
+
+static void ck_bulk(void *vc, void *dst, const void *src, unsigned n, void *bar, unsigned t)
+{
+	ctx *c = vc;
+	region *r;
+	size_t off;
+	int b;
+
+	if (!c || t >= c->nt)
+		return;
+	if (g_cnt)
+		count(c, src, n, false);
+	access(c, src, n, t, 16, "bulk copy source read");
+	if (n == 0 || n % 16) {
+		report(c, "thread %u: bulk copy of %u bytes (a positive multiple of 16)", t, n);
+		return;
+	}
+	if ((b = mbar_find(c, bar, t, false, "bulk copy")) < 0)
+		return;
+	r = access(c, dst, n, t, 16, "bulk copy");
+	off = r ? (size_t)((char *)dst - r->base) : 0;
+	for (unsigned i = 0; r && i < n; i++) {
+		cell *x;
+
+		if (!write_cell(c, r, off + i, t, "copies into (cp.async.bulk)")) {
+			r = NULL;   /* reported; its bytes still count on the barrier */
+			break;
+		}
+		x = &c->cells[r->cell + off + i];
+		x->writer = -1;   /* the async proxy's: ordered by the mbarrier */
+		x->bulk = (int8_t)b;
+		x->bulk_fly = 1;
+	}
+	if (c->n_bp == c->cap_bp) {
+		size_t cap = c->cap_bp ? 2 * c->cap_bp : 16;
+		bulk_pend *np = realloc(c->bp, cap * sizeof(*np));
+
+		if (!np) {
+			c->oom = true;
+			return;
+		}
+		c->bp = np;
+		c->cap_bp = cap;
+	}
+	c->bp[c->n_bp++] = (bulk_pend){ r ? r->cell + off : SIZE_MAX, n, t, b, r ? r->name : "?" };
+}
+
+/* At a block's end: a bulk copy still in flight was never waited for. */
+static void bulk_left(ctx *c)
+{
+	for (size_t i = 0; i < c->n_bp; i++)
+		report(c, "a bulk copy of %u bytes into shared %s by thread %u on mbarrier %d is still in flight "
+		       "when the block ends (no wait on its phase)", c->bp[i].bytes, c->bp[i].name, c->bp[i].t,
+		       c->bp[i].bar);
+	c->n_bp = 0;
+}
+
 static const ap_hcheck_ops ops = {
 	.begin = ck_begin,
 	.end = ck_end,
@@ -933,6 +1224,10 @@ static const ap_hcheck_ops ops = {
 	.wg_commit = ck_wg_commit,
 	.wg_wait = ck_wg_wait,
 	.lm_rd = ck_lm_rd,
+	.mbar_init = ck_mbar_init,
+	.mbar_arrive = ck_mbar_arrive,
+	.mbar_wait = ck_mbar_wait,
+	.bulk = ck_bulk,
 };
 
 const ap_hcheck_ops *ap_hostcheck_ops(void)

@@ -15,6 +15,19 @@
  *     "cp.async.wait_group"), and is then written by that thread at that
  *     point, so other threads still need a barrier after the wait;
  *   - a write to bytes a cp.async is still delivering;
+ *   - with mbarriers and bulk copies (cp.async.bulk, sm_90; PTX ISA
+ *     "mbarrier"): a read or write of bytes a bulk copy has not delivered,
+ *     or delivered in a phase of its mbarrier the thread has not waited to
+ *     see complete (copies land only when a wait would otherwise block: a
+ *     wait that returns at once -- the wrong parity -- leaves them in
+ *     flight); a deadlock, a wait whose phase nothing left can complete
+ *     (arrivals or tx bytes missing: a short expect_tx); more arrivals in
+ *     a phase than expected; use before mbarrier.init, a count out of
+ *     range, a re-init while something pends; a wait after two or more
+ *     phases completed since the thread's last (parity aliasing); a copy
+ *     still in flight when the block ends.  An mbarrier orders the bulk
+ *     copies that complete on it, not other threads' ordinary stores
+ *     (those still need a barrier);
  *   - a global access outside its buffer (extents given by the runtime per
  *     launch), a shared access outside its array, and a vector, ldmatrix
  *     row or cp.async address not aligned to its size.
@@ -34,9 +47,12 @@
  *
  * Shadow state: one cell per shared byte (its last writer with that
  * write's barrier and cluster-barrier counts, its last reader(s), whether
- * a cp.async is delivering it), valid for the current block only (a block
- * generation stamp, so nothing is cleared between blocks); a list of
- * pending copies per thread.  A kernel call (one worker's range of blocks)
+ * a cp.async or a bulk copy is delivering it, and the mbarrier phase a
+ * bulk copy's landing counted in), valid for the current block only (a
+ * block generation stamp, so nothing is cleared between blocks); a list of
+ * pending copies per thread; the block's mbarriers (phase, arrivals and
+ * tx-count still expected), its bulk copies in flight, and per thread the
+ * phases of each mbarrier it has seen complete.  A kernel call (one worker's range of blocks)
  * owns its state; violations are gathered process-wide under a lock.
  */
 #ifndef AP_CLIENT_HOSTCHECK_H

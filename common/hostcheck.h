@@ -20,7 +20,13 @@
  * wg_commit() / wg_wait() for wgmma.commit_group / wait_group (every
  * thread of the warpgroup calls them; the warpgroup's first thread
  * counts); lm_rd() for the 16-byte row lane t gives an ldmatrix (a read,
- * which the counting also takes as part of the warp's instruction).
+ * which the counting also takes as part of the warp's instruction);
+ * mbar_init() / mbar_arrive() (tx: expect_tx bytes, 0 for none) /
+ * mbar_wait() for the mbarrier at `bar` (shared memory, 8 bytes), and
+ * bulk() for a cp.async.bulk of `bytes` completing on `bar` -- the host
+ * copies at once; the checker keeps the bytes pending until a wait on
+ * the phase the copy completes (mbar_wait is called for every thread of
+ * the block between phases).
  * Threads are numbered within the
  * host's (wide) block: thread t is in block rank t / block_threads of its
  * cluster.
@@ -53,7 +59,11 @@
 	const void *(*wg_rd)(void *ctx, const void *p, unsigned bytes, unsigned t); \
 	void (*wg_commit)(void *ctx, unsigned t); \
 	void (*wg_wait)(void *ctx, unsigned t, int pending); \
-	const void *(*lm_rd)(void *ctx, const void *p, unsigned t);
+	const void *(*lm_rd)(void *ctx, const void *p, unsigned t); \
+	void (*mbar_init)(void *ctx, void *bar, unsigned count, unsigned t); \
+	void (*mbar_arrive)(void *ctx, void *bar, unsigned tx, unsigned t); \
+	void (*mbar_wait)(void *ctx, void *bar, unsigned parity, unsigned t); \
+	void (*bulk)(void *ctx, void *dst, const void *src, unsigned bytes, void *bar, unsigned t);
 
 typedef struct ap_hcheck_ops {
 	AP_HCHECK_FIELDS

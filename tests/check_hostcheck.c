@@ -692,6 +692,299 @@ START_TEST(wgmma_bugs_found)
 }
 END_TEST
 
+/* mbarriers and bulk copies through the table (docs/hopper-pipeline.md,
+ * section 2, one row each): a copy's bytes readable after a wait on the
+ * phase it completes, not before and not after a wait that returned for
+ * the wrong parity; a short expect_tx or a missing arrival a deadlock
+ * naming the phase; more arrivals than expected; use before init; a copy
+ * still in flight at the block's end; a copy over bytes still landing;
+ * a wait that skipped a phase (parity aliasing). */
+START_TEST(unit_mbarrier)
+{
+	const ap_hcheck_ops *o = ap_hostcheck_ops();
+	_Alignas(16) float s[64];
+	_Alignas(16) float g[64];
+	_Alignas(8) long long bar[2];
+	char msg[2048];
+	void *c;
+
+#define MB_START(nt)                                                    \
+	do {                                                            \
+		c = ctx_new(o, s, sizeof(s), g, sizeof(g), (nt), (nt)); \
+		o->region(c, bar, sizeof(bar), "bar", AP_HCHECK_SHARED, 0, -1); \
+	} while (0)
+	/* clean: init, arrive.expect_tx, copy; every thread waits, reads */
+	MB_START(4);
+	o->mbar_init(c, &bar[0], 1, 0);
+	o->mbar_arrive(c, &bar[0], 64, 0);
+	o->bulk(c, &s[0], &g[0], 64, &bar[0], 0);
+	for (unsigned t = 0; t < 4; t++)
+		o->mbar_wait(c, &bar[0], 0, t);
+	o->rd(c, &s[5], 4, 2, 4);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 0);
+	/* the same read before any wait: the copy has not landed */
+	MB_START(4);
+	o->mbar_init(c, &bar[0], 1, 0);
+	o->mbar_arrive(c, &bar[0], 64, 0);
+	o->bulk(c, &s[0], &g[0], 64, &bar[0], 0);
+	o->rd(c, &s[5], 4, 2, 4);
+	for (unsigned t = 0; t < 4; t++)
+		o->mbar_wait(c, &bar[0], 0, t);
+	ck_assert_uint_ge(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_msg(strstr(msg, "before the bulk copy"), "%s", msg);
+	/* a wait for parity 1 in phase 0 returns at once: still in flight,
+	 * reported at the read and at the block's end */
+	MB_START(4);
+	o->mbar_init(c, &bar[0], 1, 0);
+	o->mbar_arrive(c, &bar[0], 64, 0);
+	o->bulk(c, &s[0], &g[0], 64, &bar[0], 0);
+	for (unsigned t = 0; t < 4; t++)
+		o->mbar_wait(c, &bar[0], 1, t);
+	o->rd(c, &s[5], 4, 2, 4);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 2);
+	ck_assert_msg(strstr(msg, "before the bulk copy") && strstr(msg, "still in flight when the block ends"),
+		      "%s", msg);
+	/* expect_tx 16 bytes short: the phase never completes */
+	MB_START(4);
+	o->mbar_init(c, &bar[0], 1, 0);
+	o->mbar_arrive(c, &bar[0], 48, 0);
+	o->bulk(c, &s[0], &g[0], 64, &bar[0], 0);
+	for (unsigned t = 0; t < 4; t++)
+		o->mbar_wait(c, &bar[0], 0, t);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_msg(strstr(msg, "deadlock") && strstr(msg, "-16 tx byte"), "%s", msg);
+	/* two arrivals expected, one made */
+	MB_START(4);
+	o->mbar_init(c, &bar[1], 2, 0);
+	o->mbar_arrive(c, &bar[1], 0, 3);
+	for (unsigned t = 0; t < 4; t++)
+		o->mbar_wait(c, &bar[1], 0, t);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_msg(strstr(msg, "expects 1 arrival(s) of 2"), "%s", msg);
+	/* one expected, two made in the phase (the first completes it, the
+	 * second counts in phase 1: fine); then a third and fourth in phase 1
+	 * with one expected: the fourth is one too many */
+	MB_START(4);
+	o->mbar_init(c, &bar[0], 2, 0);
+	for (unsigned t = 0; t < 3; t++)
+		o->mbar_arrive(c, &bar[0], 0, t);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 0);
+	MB_START(4);
+	o->mbar_init(c, &bar[0], 1, 0);
+	o->mbar_arrive(c, &bar[0], 64, 0);
+	o->mbar_arrive(c, &bar[0], 0, 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_msg(strstr(msg, "more arrivals in phase 0 than the 1"), "%s", msg);
+	/* no init; a bad count */
+	MB_START(4);
+	o->mbar_arrive(c, &bar[1], 0, 1);
+	o->mbar_init(c, &bar[0], 0, 0);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 2);
+	ck_assert_msg(strstr(msg, "no mbarrier.init") && strstr(msg, "with 0 expected arrivals"), "%s", msg);
+	/* the next copy into the stage while the last still lands */
+	MB_START(4);
+	o->mbar_init(c, &bar[0], 1, 0);
+	o->mbar_arrive(c, &bar[0], 128, 0);
+	o->bulk(c, &s[0], &g[0], 64, &bar[0], 0);
+	o->bulk(c, &s[0], &g[16], 64, &bar[0], 0);
+	for (unsigned t = 0; t < 4; t++)
+		o->mbar_wait(c, &bar[0], 0, t);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_msg(strstr(msg, "still delivering it"), "%s", msg);
+	/* two phases pass between thread 1's waits: parity aliasing; thread 0
+	 * waited on each */
+	MB_START(2);
+	o->mbar_init(c, &bar[0], 1, 0);
+	o->mbar_arrive(c, &bar[0], 0, 0);
+	o->mbar_wait(c, &bar[0], 0, 0);
+	o->mbar_arrive(c, &bar[0], 0, 0);
+	o->mbar_wait(c, &bar[0], 1, 0);
+	o->mbar_wait(c, &bar[0], 1, 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_msg(strstr(msg, "thread 1 waits on mbarrier 0 (parity 1) after 2 phases"), "%s", msg);
+#undef MB_START
+}
+END_TEST
+
+typedef enum bulk_bug { BULK_OK, BULK_NOWAIT, BULK_PARITY, BULK_TXSHORT, BULK_NOSYNC } bulk_bug;
+
+/* A hand-built two-stage bulk-copy pipeline (sm_90; the structure a TMA
+ * pipeline without warp specialisation has): 2 blocks of 128 threads,
+ * each summing 4 chunks of 128 floats of x, chunk i in stage i % 2 with
+ * mbarrier i % 2, parity (i / 2) % 2; thread 0 initialises the barriers
+ * (fence.proxy.async, barrier), then issues each chunk's arrive.expect_tx
+ * and copy, the next into a stage once every thread has read it (a
+ * barrier); thread t adds element (t + 1) % 128 of each chunk (another
+ * thread's, so only the wait makes it safe). */
+static ap_kir_kernel *bulk_kernel(bulk_bug bug)
+{
+	ap_kir_kernel *k = ap_kir_kernel_new("bulk_stages");
+	ap_kir_array *x, *out, *tile, *bars;
+	ap_kir_expr *tid, *blk, *zero;
+	ap_kir_var *acc, *i;
+	ap_kir_stmt *s, *loop;
+	ap_kir_block *body;
+	int tx = bug == BULK_TXSHORT ? 496 : 512;
+
+	ck_assert_ptr_nonnull(k);
+	k->grid[0] = 2;
+	k->block[0] = 128;
+	x = ap_kir_param(k, "x", AP_DT_F32, false, -1);
+	out = ap_kir_param(k, "out", AP_DT_F32, true, -1);
+	x->size = 2 * 4 * 128;
+	out->size = 2 * 128;
+	tile = ap_kir_shared_dyn(k, "tile", AP_DT_F32, 2 * 128);
+	bars = ap_kir_mbarriers(k, "bars", 2);
+	tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
+	blk = ap_kir_index_of(k, AP_KIR_BLOCK_X);
+	zero = ap_kir_idx(k, 0);
+	s = ap_kir_if(k, &k->body, ap_kir_binary(k, AP_KIR_EQ, tid, zero));
+	ap_kir_mbar_init(k, &s->body, bars, ap_kir_idx(k, 0), ap_kir_int(k, AP_DT_I32, 1));
+	ap_kir_mbar_init(k, &s->body, bars, ap_kir_idx(k, 1), ap_kir_int(k, AP_DT_I32, 1));
+	ap_kir_fence_proxy_async(k, &s->body);
+	ap_kir_barrier(k, &k->body);
+	s = ap_kir_if(k, &k->body, ap_kir_binary(k, AP_KIR_EQ, tid, zero));
+	for (int st = 0; st < 2; st++) {
+		ap_kir_mbar_arrive(k, &s->body, bars, ap_kir_idx(k, st), ap_kir_int(k, AP_DT_I32, tx));
+		ap_kir_bulk_copy(k, &s->body, tile, ap_kir_idx(k, 128 * st), x,
+				 ap_kir_addi(k, ap_kir_muli(k, blk, 512), 128 * st), 512, bars, ap_kir_idx(k, st));
+	}
+	acc = ap_kir_var_new(k, AP_DT_F32, "acc");
+	ap_kir_let(k, &k->body, acc, ap_kir_float(k, AP_DT_F32, 0));
+	i = ap_kir_var_new(k, ap_kir_idx(k, 0)->type, "i");
+	loop = ap_kir_for(k, &k->body, i, ap_kir_idx(k, 0), ap_kir_idx(k, 4), 1);
+	body = &loop->body;
+	{
+		ap_kir_expr *st = ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, i), ap_kir_idx(k, 2));
+		ap_kir_expr *ph = ap_kir_binary(k, AP_KIR_REM, ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, i),
+									       ap_kir_idx(k, 2)), ap_kir_idx(k, 2));
+
+		if (bug == BULK_PARITY)
+			ph = ap_kir_binary(k, AP_KIR_XOR, ph, ap_kir_idx(k, 1));
+		if (bug != BULK_NOWAIT)
+			ap_kir_mbar_wait(k, body, bars, st, ph);
+		ap_kir_assign(k, body, acc, ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, acc),
+				ap_kir_load(k, tile, ap_kir_add(k, ap_kir_muli(k, st, 128),
+					ap_kir_binary(k, AP_KIR_REM, ap_kir_addi(k, tid, 1), ap_kir_idx(k, 128))))));
+		if (bug != BULK_NOSYNC)
+			ap_kir_barrier(k, body);
+		s = ap_kir_if(k, body, ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_EQ, tid, zero),
+				ap_kir_binary(k, AP_KIR_LT, ap_kir_addi(k, ap_kir_ref(k, i), 2), ap_kir_idx(k, 4))));
+		ap_kir_mbar_arrive(k, &s->body, bars, st, ap_kir_int(k, AP_DT_I32, tx));
+		ap_kir_bulk_copy(k, &s->body, tile, ap_kir_muli(k, st, 128), x,
+				 ap_kir_muli(k, ap_kir_add(k, ap_kir_muli(k, blk, 4), ap_kir_addi(k, ap_kir_ref(k, i), 2)),
+					     128), 512, bars, st);
+	}
+	ap_kir_store(k, &k->body, out, ap_kir_add(k, ap_kir_muli(k, blk, 128), tid), ap_kir_ref(k, acc));
+	ck_assert_msg(!ap_kir_failed(k), "bulk_stages failed to build");
+	return k;
+}
+
+/* Runs bulk_kernel(bug) on the host (checking mode when check), x[i] = i
+ * mod 97; the messages' count (checking) or 0; the sums compared with a
+ * float64 reference when ok_values. */
+static unsigned run_bulk(bulk_bug bug, bool check, bool ok_values, char *msg, size_t cap)
+{
+	ap_kir_kernel *k = bulk_kernel(bug);
+	ap_error err;
+	char *src;
+	void *h, *args[2];
+	float x[1024], out[256];
+	unsigned long long ext[2] = { sizeof(x), sizeof(out) };
+	unsigned n = 0;
+	host_fn f;
+	void *sym;
+
+	ck_assert_msg(ap_kir_verify(k, NULL, &err) == 0, "%s", err.msg);
+	src = ap_kir_print(k, check ? AP_KIR_HOST_CHECK : AP_KIR_HOST, &err);
+	ck_assert_msg(src != NULL, "%s", err.msg);
+	h = load(src);
+	if (check) {
+		const ap_hcheck_ops **rt = dlsym(h, "ap_check_rt");
+
+		ck_assert_ptr_nonnull(rt);
+		*rt = ap_hostcheck_ops();
+	}
+	for (int e = 0; e < 1024; e++)
+		x[e] = (float)(e % 97);
+	memset(out, 0, sizeof(out));
+	args[0] = x;
+	args[1] = out;
+	sym = dlsym(h, k->name);
+	memcpy(&f, &sym, sizeof(f));
+	if (check)
+		ap_hostcheck_begin(ext, 2);
+	f(args, 0, 2);
+	if (check)
+		n = ap_hostcheck_end(msg, cap);
+	for (int b = 0; ok_values && b < 2; b++)
+		for (int t = 0; t < 128; t++) {
+			double want = 0;
+
+			for (int c = 0; c < 4; c++)
+				want += (double)x[(b * 4 + c) * 128 + (t + 1) % 128];
+			ck_assert_msg(out[b * 128 + t] == (float)want, "block %d thread %d: %g, want %g", b, t,
+				      out[b * 128 + t], want);
+		}
+	dlclose(h);
+	free(src);
+	ap_kir_kernel_free(k);
+	return n;
+}
+
+START_TEST(bulk_pipeline_bugs_found)
+{
+	ap_kir_kernel *k = bulk_kernel(BULK_OK);
+	char msg[2048], *cuda;
+	ap_error err;
+
+	/* CUDA: the PTX of each step; NVRTC compiles it for sm_90 where it loads */
+	cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
+	ck_assert_msg(cuda != NULL, "%s", err.msg);
+	ck_assert_ptr_nonnull(strstr(cuda, "mbarrier.init.shared::cta.b64"));
+	ck_assert_ptr_nonnull(strstr(cuda, "mbarrier.arrive.expect_tx.shared::cta.b64"));
+	ck_assert_ptr_nonnull(strstr(cuda, "mbarrier.try_wait.parity.shared::cta.b64"));
+	ck_assert_ptr_nonnull(strstr(cuda, "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"));
+	if (ap_nvrtc_load(&err) == 0) {
+		uint8_t *ptx = NULL;
+		size_t len = 0;
+
+		ck_assert_msg(ap_nvrtc_compile(cuda, k->name, "compute_90", false, &ptx, &len, &err) == 0, "%s",
+			      err.msg);
+		ck_assert_ptr_nonnull(strstr((char *)ptx, "cp.async.bulk.shared::cluster.global"));
+		ck_assert_ptr_nonnull(strstr((char *)ptx, "mbarrier.try_wait.parity"));
+		free(ptx);
+		/* NVRTC copies inline PTX as it is: a cubin has ptxas read it */
+		ptx = NULL;
+		ck_assert_msg(ap_nvrtc_compile(cuda, k->name, "sm_90", true, &ptx, &len, &err) == 0, "ptxas: %s",
+			      err.msg);
+		ck_assert_uint_gt(len, 0);
+		free(ptx);
+	} else {
+		printf("SKIP NVRTC compile of bulk_stages: %s\n", err.msg);
+	}
+	free(cuda);
+	ap_kir_kernel_free(k);
+	/* the host: right sums plain and checked, clean */
+	ck_assert_uint_eq(run_bulk(BULK_OK, false, true, msg, sizeof(msg)), 0);
+	ck_assert_msg(run_bulk(BULK_OK, true, true, msg, sizeof(msg)) == 0, "%s", msg);
+	/* each bug: the plain host still gets the sums (copies land at once),
+	 * the checker names it */
+	ck_assert_uint_eq(run_bulk(BULK_NOWAIT, false, true, msg, sizeof(msg)), 0);
+	ck_assert_uint_gt(run_bulk(BULK_NOWAIT, true, false, msg, sizeof(msg)), 0);
+	ck_assert_msg(strstr(msg, "before the bulk copy"), "no wait: %s", msg);
+	ck_assert_uint_gt(run_bulk(BULK_PARITY, true, false, msg, sizeof(msg)), 0);
+	ck_assert_msg(strstr(msg, "before the bulk copy"), "wrong parity: %s", msg);
+	ck_assert_uint_gt(run_bulk(BULK_TXSHORT, true, false, msg, sizeof(msg)), 0);
+	ck_assert_msg(strstr(msg, "deadlock") && strstr(msg, "-16 tx byte"), "short expect_tx: %s", msg);
+	ck_assert_uint_gt(run_bulk(BULK_NOSYNC, true, false, msg, sizeof(msg)), 0);
+	/* the host runs thread 0 (which reads, then copies the next chunk
+	 * into the stage) before the others read it */
+	ck_assert_msg(strstr(msg, "before the bulk copy"), "stage reused unsynced: %s", msg);
+	printf("check_hostcheck: bulk pipeline, stage reused without a barrier: %.200s\n", msg);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("hostcheck");
@@ -706,6 +999,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, splitk_cluster_bug_found);
 	tcase_add_test(tc, unit_wgmma);
 	tcase_add_test(tc, wgmma_bugs_found);
+	tcase_add_test(tc, unit_mbarrier);
+	tcase_add_test(tc, bulk_pipeline_bugs_found);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -2890,6 +2890,67 @@ START_TEST(tmap_load_strides_fill_refusals)
 }
 END_TEST
 
+/* Rule mbarrier and the builders' refusals: an ordinary store or load on
+ * an mbarrier array, a wait under thread-dependent control flow, a bulk
+ * copy of a size that is not a multiple of 16, an mbarrier statement on
+ * an ordinary array, a constant count out of range; a good kernel
+ * passes. */
+START_TEST(mbarrier_rules)
+{
+	static const char *says[] = { "mbarrier array bars used by an ordinary statement",
+				      "load of mbarrier array bars", "rule uniform: mbarrier wait" };
+	ap_error err;
+
+	for (int i = 0; i < 4; i++) {
+		ap_kir_kernel *k = ap_kir_kernel_new("mbar_rules");
+		ap_kir_array *g = ap_kir_param(k, "g", AP_DT_F32, true, -1);
+		ap_kir_array *t = ap_kir_shared(k, "t", AP_DT_F32, 64);
+		ap_kir_array *bars = ap_kir_mbarriers(k, "bars", 2);
+		ap_kir_expr *tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
+		ap_kir_stmt *s;
+
+		k->block[0] = 64;
+		g->size = 64;
+		ap_kir_mbar_init(k, &k->body, bars, ap_kir_idx(k, 1), ap_kir_int(k, AP_DT_I32, 64));
+		ap_kir_bulk_copy(k, &k->body, t, ap_kir_idx(k, 0), g, ap_kir_idx(k, 0), 256, bars, ap_kir_idx(k, 1));
+		if (i == 0)
+			ap_kir_store(k, &k->body, bars, ap_kir_idx(k, 0), ap_kir_i64(k, 0));
+		if (i == 1)
+			ap_kir_store(k, &k->body, g, tid, ap_kir_cast(k, AP_DT_F32, ap_kir_load(k, bars, ap_kir_idx(k, 0))));
+		s = ap_kir_if(k, &k->body, ap_kir_binary(k, AP_KIR_LT, tid, ap_kir_idx(k, i == 2 ? 32 : 64)));
+		if (i == 2)
+			ap_kir_mbar_wait(k, &s->body, bars, ap_kir_idx(k, 1), ap_kir_idx(k, 0));
+		else
+			ap_kir_mbar_wait(k, &k->body, bars, ap_kir_idx(k, 1), ap_kir_idx(k, 0));
+		ck_assert(!ap_kir_failed(k));
+		if (i == 3) {
+			ck_assert_msg(ap_kir_verify(k, NULL, &err) == 0, "%s", err.msg);
+		} else {
+			ck_assert_int_ne(ap_kir_verify(k, NULL, &err), 0);
+			ck_assert_msg(strstr(err.msg, says[i]), "case %d: %s", i, err.msg);
+		}
+		/* the builders refuse */
+		ck_assert_ptr_null(ap_kir_bulk_copy(k, &k->body, t, ap_kir_idx(k, 0), g, ap_kir_idx(k, 0), 24, bars,
+						    ap_kir_idx(k, 0)));
+		ap_kir_kernel_free(k);
+	}
+	{
+		ap_kir_kernel *k = ap_kir_kernel_new("mbar_build");
+		ap_kir_array *t = ap_kir_shared(k, "t", AP_DT_I64, 2);
+
+		ck_assert_ptr_null(ap_kir_mbar_init(k, &k->body, t, ap_kir_idx(k, 0), ap_kir_int(k, AP_DT_I32, 1)));
+		ap_kir_kernel_free(k);
+		k = ap_kir_kernel_new("mbar_build");
+		t = ap_kir_mbarriers(k, "bars", 1);
+		ck_assert_ptr_null(ap_kir_mbar_init(k, &k->body, t, ap_kir_idx(k, 0), ap_kir_int(k, AP_DT_I32, 1 << 20)));
+		ap_kir_kernel_free(k);
+		k = ap_kir_kernel_new("mbar_build");
+		ck_assert_ptr_null(ap_kir_mbarriers(k, "bars", 65));
+		ap_kir_kernel_free(k);
+	}
+}
+END_TEST
+
 START_TEST(shared_dyn_aligned_and_swizzle_rule)
 {
 	ap_kir_kernel *k = ap_kir_kernel_new("aligned_dyn");
@@ -2998,6 +3059,7 @@ static Suite *kir_suite(void)
 	tcase_add_test(tc, tmap_rules);
 	tcase_add_test(tc, tmap_load_swizzled);
 	tcase_add_test(tc, tmap_load_strides_fill_refusals);
+	tcase_add_test(tc, mbarrier_rules);
 	tcase_add_test(tc, tf32_rounding);
 	tcase_add_test(tc, cp_async_zero_fill);
 	tcase_add_test(tc, matrix_rules);

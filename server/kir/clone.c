@@ -302,6 +302,22 @@ static void clone_stmt(cloner *c, ap_kir_block *into, const ap_kir_stmt *s)
 	case AP_KIR_S_WGMMA_WAIT:
 		n->frag[0] = map_array(c, s->frag[0]);
 		break;
+	case AP_KIR_S_MBAR_INIT:
+	case AP_KIR_S_MBAR_ARRIVE:
+	case AP_KIR_S_MBAR_WAIT:
+		n->arr = map_array(c, s->arr);
+		n->index = clone_expr(c, s->index);
+		n->value = opt_expr(c, s->value);
+		break;
+	case AP_KIR_S_BULK_COPY:
+		n->arr = map_array(c, s->arr);
+		n->index = clone_expr(c, s->index);
+		n->src = map_array(c, s->src);
+		n->src_index = clone_expr(c, s->src_index);
+		n->width = s->width;
+		n->bar = map_array(c, s->bar);
+		n->bar_index = clone_expr(c, s->bar_index);
+		break;
 	case AP_KIR_S_BARRIER:
 	case AP_KIR_S_CLUSTER_BARRIER:
 	case AP_KIR_S_CP_COMMIT:
@@ -335,7 +351,8 @@ static ap_kir_array *clone_array(cloner *c, const ap_kir_array *a)
 			r->size = a->size;
 		break;
 	case AP_KIR_SHARED:
-		r = ap_kir_shared(c->dst, name, a->type, a->size);
+		r = a->mbar ? ap_kir_mbarriers(c->dst, name, (int)a->size)
+			    : ap_kir_shared(c->dst, name, a->type, a->size);
 		break;
 	case AP_KIR_SHARED_DYN:
 		r = ap_kir_shared_dyn_aligned(c->dst, name, a->type, a->size, a->align);

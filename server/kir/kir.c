@@ -1163,6 +1163,81 @@ ap_kir_stmt *ap_kir_fence_proxy_async(ap_kir_kernel *k, ap_kir_block *b)
 	return ap__kir_stmt_append(k, b, AP_KIR_S_FENCE_ASYNC);
 }
 
+ap_kir_array *ap_kir_mbarriers(ap_kir_kernel *k, const char *name, int n)
+{
+	ap_kir_array *a;
+
+	if (k && (n < 1 || n > 64)) {
+		k->failed = true;
+		return NULL;
+	}
+	a = ap_kir_shared(k, name, AP_DT_I64, n);
+	if (a)
+		a->mbar = true;
+	return a;
+}
+
+/* An mbarrier statement on bar[index] with value v. */
+static ap_kir_stmt *mbar_stmt(ap_kir_kernel *k, ap_kir_block *b, ap_kir_stmt_kind kind, ap_kir_array *bar,
+			      ap_kir_expr *index, ap_kir_expr *v, bool need_v)
+{
+	ap_kir_stmt *s;
+
+	if (!bar || !bar->mbar || !index || (need_v && !v))
+		return fail(k);
+	s = ap__kir_stmt_append(k, b, kind);
+	if (s) {
+		s->arr = bar;
+		s->index = index;
+		s->value = v;
+	}
+	return s;
+}
+
+ap_kir_stmt *ap_kir_mbar_init(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *bar, ap_kir_expr *index,
+			      ap_kir_expr *count)
+{
+	if (count && count->kind == AP_KIR_E_INT && (count->ival < 1 || count->ival > (1 << 20) - 1))
+		return fail(k);
+	return mbar_stmt(k, b, AP_KIR_S_MBAR_INIT, bar, index, count, true);
+}
+
+ap_kir_stmt *ap_kir_mbar_arrive(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *bar, ap_kir_expr *index,
+				ap_kir_expr *tx)
+{
+	return mbar_stmt(k, b, AP_KIR_S_MBAR_ARRIVE, bar, index, tx, false);
+}
+
+ap_kir_stmt *ap_kir_mbar_wait(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *bar, ap_kir_expr *index,
+			      ap_kir_expr *parity)
+{
+	return mbar_stmt(k, b, AP_KIR_S_MBAR_WAIT, bar, index, parity, true);
+}
+
+ap_kir_stmt *ap_kir_bulk_copy(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *dst, ap_kir_expr *index,
+			      ap_kir_array *src, ap_kir_expr *src_index, int bytes, ap_kir_array *bar,
+			      ap_kir_expr *bar_index)
+{
+	ap_kir_stmt *s;
+
+	if (!dst || !index || !src || !src_index || !bar || !bar->mbar || !bar_index || bytes <= 0 ||
+	    bytes % 16 || (dst->space != AP_KIR_SHARED && dst->space != AP_KIR_SHARED_DYN) || dst->mbar ||
+	    src->space != AP_KIR_GLOBAL || src->type != dst->type ||
+	    (size_t)bytes % ap_dtype_size(dst->type))
+		return fail(k);
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_BULK_COPY);
+	if (s) {
+		s->arr = dst;
+		s->index = index;
+		s->src = src;
+		s->src_index = src_index;
+		s->width = bytes;
+		s->bar = bar;
+		s->bar_index = bar_index;
+	}
+	return s;
+}
+
 ap_kir_stmt *ap_kir_comment(ap_kir_kernel *k, ap_kir_block *b, const char *fmt, ...)
 {
 	char buf[256];

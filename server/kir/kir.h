@@ -90,6 +90,7 @@ typedef struct ap_kir_array {
 	unsigned align;        /* SHARED_DYN: the offset's alignment in bytes (16,
 				  or up to 1024 for a swizzled wgmma operand:
 				  ap_kir_shared_dyn_aligned) */
+	bool mbar;             /* SHARED: an array of mbarriers (ap_kir_mbarriers) */
 	bool scratch;          /* LOCAL: no value lives across a barrier or other
 				  collective (each use is preceded by a store in
 				  the same stretch between collectives); the
@@ -203,6 +204,11 @@ typedef enum ap_kir_stmt_kind {
 	AP_KIR_S_WGMMA_COMMIT, /* warpgroup: wgmma.commit_group */
 	AP_KIR_S_WGMMA_WAIT,   /* warpgroup: wgmma.wait_group step (registers of arr) */
 	AP_KIR_S_FENCE_ASYNC,  /* fence.proxy.async.shared::cta */
+	AP_KIR_S_MBAR_INIT,    /* mbarrier.init arr[index], value (expected arrivals) */
+	AP_KIR_S_MBAR_ARRIVE,  /* mbarrier.arrive arr[index] (value: expect_tx bytes, or NULL) */
+	AP_KIR_S_MBAR_WAIT,    /* until mbarrier.try_wait.parity arr[index], value succeeds */
+	AP_KIR_S_BULK_COPY,    /* cp.async.bulk arr[index..] <- src[src_index..], width
+				  bytes, completing on bar[bar_index] */
 } ap_kir_stmt_kind;
 
 /* The warp-level matrix multiply-accumulates of PTX (ISA, "Warp-level
@@ -325,6 +331,8 @@ struct ap_kir_stmt {
 				     D's first element, A's and B's first (the
 				     descriptors' start addresses) */
 	ap_kir_wg_layout wg[2];   /* WGMMA: A's and B's layouts (width: N) */
+	ap_kir_array *bar;        /* BULK_COPY: the mbarrier array ... */
+	ap_kir_expr *bar_index;   /* ... and the barrier it completes on */
 };
 
 typedef struct ap_kir_arena ap_kir_arena;
@@ -645,6 +653,58 @@ ap_kir_stmt *ap_kir_wgmma_wait(ap_kir_kernel *k, ap_kir_block *b, int n, ap_kir_
  * barrier.  The host: nothing to do. */
 ap_kir_stmt *ap_kir_fence_proxy_async(ap_kir_kernel *k, ap_kir_block *b);
 
+/* ---- mbarriers and bulk copies (sm_90; PTX ISA, "Parallel Synchronization
+ * and Communication Instructions: mbarrier" and "cp.async.bulk") ----------
+ *
+ * An mbarrier counts, per phase, the arrivals still expected and the
+ * bytes of asynchronous copies still to land (tx-count); when both reach
+ * zero the phase completes, the phase number advances and the expected
+ * arrivals are restored.  A wait names the parity of the phase it waits
+ * for: it returns once the phase of that parity has completed (the
+ * barrier's current phase has the other parity).  These are per-thread
+ * instructions: the emitter puts those one thread issues (init, an
+ * arrive with its tx bytes, a bulk copy) under an IF on the thread index.
+ * A wait by every thread of the block is block-collective here (uniform
+ * control flow: the host runs it between phases); the generic-proxy
+ * ordering of other threads' ordinary stores still needs a barrier (the
+ * checker counts no mbarrier as ordering them).  The host copies at
+ * once; its checking mode keeps the copy's bytes pending until a wait on
+ * the phase the copy completes, and reports reads before it, deadlocks
+ * (a wait whose phase nothing can complete) and protocol errors. */
+
+/* n (1..64) mbarriers, a SHARED array of 8-byte objects that only the
+ * statements below may touch.  NULL (k failed) on a bad n or ENOMEM. */
+ap_kir_array *ap_kir_mbarriers(ap_kir_kernel *k, const char *name, int n);
+/* mbarrier.init.shared::cta.b64 bar[index], count: phase 0, `count`
+ * (1 .. 2^20 - 1) arrivals expected per phase, tx-count 0.  Other threads
+ * may use it after a barrier; the async proxy (bulk copies) after
+ * ap_kir_fence_proxy_async by the initialising thread and then a
+ * barrier (the CUDA guide's TMA example).  Fails on NULL operands, an
+ * array not from ap_kir_mbarriers, a constant count out of range. */
+ap_kir_stmt *ap_kir_mbar_init(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *bar, ap_kir_expr *index,
+			      ap_kir_expr *count);
+/* mbarrier.arrive[.expect_tx].shared::cta.b64 bar[index] (, tx): with tx
+ * (integer bytes, may be NULL) the phase first expects tx more bytes of
+ * asynchronous copies, then the thread arrives once. */
+ap_kir_stmt *ap_kir_mbar_arrive(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *bar, ap_kir_expr *index,
+				ap_kir_expr *tx);
+/* Until mbarrier.try_wait.parity.shared::cta.b64 bar[index], parity
+ * succeeds: the phase of that parity (0 or 1, an integer expression) has
+ * completed, and the bytes bulk copies delivered in it are visible to
+ * the thread.  Block-collective on the host (see above). */
+ap_kir_stmt *ap_kir_mbar_wait(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *bar, ap_kir_expr *index,
+			      ap_kir_expr *parity);
+/* cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes:
+ * `bytes` (a multiple of 16, > 0) contiguous bytes from the GLOBAL array
+ * src at element src_index to the SHARED / SHARED_DYN array dst at
+ * element index (both addresses 16-byte aligned; checked at run time),
+ * asynchronously; on landing they count down bar[bar_index]'s tx-count.
+ * Fails on NULL operands, spaces, a type mismatch, bad bytes or a bar
+ * array not from ap_kir_mbarriers. */
+ap_kir_stmt *ap_kir_bulk_copy(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *dst, ap_kir_expr *index,
+			      ap_kir_array *src, ap_kir_expr *src_index, int bytes, ap_kir_array *bar,
+			      ap_kir_expr *bar_index);
+
 /* Elements per lane of the fragments of `kind`: A, B and C/D. */
 void ap_kir_mma_frag_sizes(ap_kir_mma_kind kind, int *a, int *b, int *c);
 ap_kir_stmt *ap_kir_comment(ap_kir_kernel *k, ap_kir_block *b, const char *fmt, ...)
@@ -784,6 +844,12 @@ typedef struct ap_kir_limits {
  *   warpgroup wgmma and its fence, commit and wait in a block that is not
  *             whole warpgroups (128 threads), or under thread-dependent
  *             control flow; a wgmma N or layout out of range.
+ *   mbarrier  an mbarrier statement on an array not from ap_kir_mbarriers,
+ *             an mbarrier array touched by any other statement or load,
+ *             an init count out of 1 .. 2^20 - 1, a missing count or
+ *             parity, a bulk copy that is not global to a shared array of
+ *             its type or not a positive multiple of 16 bytes (a wait
+ *             under thread-dependent control flow breaks rule uniform).
  * Also AP_ENOMEM (out of memory) and AP_EINTERNAL for a kernel whose
  * construction failed. */
 int ap_kir_verify(const ap_kir_kernel *k, const ap_kir_limits *lim, ap_error *err);

@@ -663,6 +663,7 @@ static bool stmt_has_collective(const ap_kir_stmt *s)
 	case AP_KIR_S_LDMATRIX:
 	case AP_KIR_S_MMA:
 	case AP_KIR_S_WGMMA:
+	case AP_KIR_S_MBAR_WAIT:   /* the host: between phases (every arrival made) */
 		return true;
 	case AP_KIR_S_FOR:
 		return block_has_collective(&s->body);
@@ -1021,6 +1022,137 @@ static void print_cp_async(printer *p, const ap_kir_stmt *s, int depth)
 	sb_printf(b, "[ap_cs + ap_e] : (%s)0; }\n", ctype(p, s->arr->type));
 }
 
+static void open_thread_loop(printer *p, int depth);
+static void close_thread_loop(printer *p, int depth);
+
+/* &bar[index] as the host sees it: the checker's key of an mbarrier. */
+static void print_host_elem_ptr(printer *p, const ap_kir_array *a, const ap_kir_expr *idx)
+{
+	sb_printf(&p->out, "(void *)&");
+	print_array_ref(p, a);
+	sb_printf(&p->out, "[");
+	print_expr(p, idx);
+	sb_printf(&p->out, "]");
+}
+
+/* mbarrier.init / arrive and cp.async.bulk (thread mode): PTX on CUDA
+ * (PTX ISA 8.0, sm_90); the host copies at once and, checking, tells the
+ * checker each step (common/hostcheck.h: mbar_init, mbar_arrive, bulk). */
+static void print_mbar_thread(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+	bool cuda = p->target == AP_KIR_CUDA;
+	const ap_kir_array *bar = s->kind == AP_KIR_S_BULK_COPY ? s->bar : s->arr;
+	const ap_kir_expr *bi = s->kind == AP_KIR_S_BULK_COPY ? s->bar_index : s->index;
+
+	sb_indent(b, depth);
+	if (cuda) {
+		sb_printf(b, "{ const unsigned ap_mb = ");
+		print_shared_addr(p, bar, bi);
+		sb_printf(b, "; ");
+	} else if (s->kind != AP_KIR_S_BULK_COPY) {
+		if (!p->check) {
+			sb_printf(b, "/* %s: the host's copies land at once */\n",
+				  s->kind == AP_KIR_S_MBAR_INIT ? "mbarrier.init" : "mbarrier.arrive");
+			return;
+		}
+		sb_printf(b, "AP_CK(%s(ap_ck, ", s->kind == AP_KIR_S_MBAR_INIT ? "mbar_init" : "mbar_arrive");
+		print_host_elem_ptr(p, bar, bi);
+		sb_printf(b, ", (unsigned)(");
+		if (s->value)
+			print_expr(p, s->value);
+		else
+			sb_printf(b, "0");
+		sb_printf(b, "), ap_t));\n");
+		return;
+	}
+	switch (s->kind) {
+	case AP_KIR_S_MBAR_INIT:
+		sb_printf(b, "asm volatile(\"mbarrier.init.shared::cta.b64 [%%0], %%1;\\n\" :: \"r\"(ap_mb), \"r\"((unsigned)(");
+		print_expr(p, s->value);
+		sb_printf(b, ")) : \"memory\"); }\n");
+		break;
+	case AP_KIR_S_MBAR_ARRIVE:
+		if (s->value) {
+			sb_printf(b, "asm volatile(\"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%%0], %%1;\\n\" :: "
+				  "\"r\"(ap_mb), \"r\"((unsigned)(");
+			print_expr(p, s->value);
+			sb_printf(b, ")) : \"memory\"); }\n");
+		} else {
+			sb_printf(b, "asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%%0];\\n\" :: \"r\"(ap_mb) : "
+				  "\"memory\"); }\n");
+		}
+		break;
+	default:   /* AP_KIR_S_BULK_COPY */
+		if (cuda) {
+			sb_printf(b, "const unsigned ap_sa = ");
+			print_shared_addr(p, s->arr, s->index);
+			sb_printf(b, "; asm volatile(\"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+				  "[%%0], [%%1], %d, [%%2];\\n\" :: \"r\"(ap_sa), \"l\"(", s->width);
+			print_elem_addr(p, s->src, s->src_index, 0);
+			sb_printf(b, "), \"r\"(ap_mb) : \"memory\"); }\n");
+			break;
+		}
+		sb_printf(b, "{ /* cp.async.bulk */ const long long ap_ci = ");
+		print_expr(p, s->index);
+		sb_printf(b, ", ap_cs = ");
+		print_expr(p, s->src_index);
+		sb_printf(b, ";");
+		if (p->check) {
+			sb_printf(b, " AP_CK(bulk(ap_ck, &");
+			print_array_ref(p, s->arr);
+			print_elem_index(p, s->arr, NULL, "ap_ci", 0);
+			sb_printf(b, ", &");
+			print_array_ref(p, s->src);
+			sb_printf(b, "[ap_cs], %du, ", s->width);
+			print_host_elem_ptr(p, bar, bi);
+			sb_printf(b, ", ap_t));");
+		}
+		sb_printf(b, " for (int ap_e = 0; ap_e < %d; ap_e++) ",
+			  (int)((size_t)s->width / ap_dtype_size(s->arr->type)));
+		print_array_ref(p, s->arr);
+		print_elem_index(p, s->arr, NULL, "ap_ci + ap_e", 0);
+		sb_printf(b, " = ");
+		print_array_ref(p, s->src);
+		sb_printf(b, "[ap_cs + ap_e]; }\n");
+		break;
+	}
+}
+
+/* The wait on an mbarrier phase: CUDA, try_wait.parity until it succeeds
+ * (thread mode); the host, block mode between phases -- every arrival
+ * and copy of the phases before has been made -- telling the checker
+ * each thread's wait (which reports a phase nothing can complete). */
+static void print_mbar_wait(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+
+	if (p->target == AP_KIR_CUDA) {
+		sb_indent(b, depth);
+		sb_printf(b, "{ const unsigned ap_mb = ");
+		print_shared_addr(p, s->arr, s->index);
+		sb_printf(b, ", ap_par = (unsigned)(");
+		print_expr(p, s->value);
+		sb_printf(b, "); unsigned ap_ok; do asm volatile(\"{ .reg .pred ap_p; mbarrier.try_wait.parity.shared::cta.b64 "
+			  "ap_p, [%%1], %%2; selp.u32 %%0, 1, 0, ap_p; }\\n\" : \"=r\"(ap_ok) : \"r\"(ap_mb), "
+			  "\"r\"(ap_par) : \"memory\"); while (!ap_ok); }\n");
+		return;
+	}
+	if (!p->check) {
+		sb_indent(b, depth);
+		sb_printf(b, "/* mbarrier wait: the host's copies landed at once */\n");
+		return;
+	}
+	open_thread_loop(p, depth);
+	sb_indent(b, depth + 1);
+	sb_printf(b, "AP_CK(mbar_wait(ap_ck, ");
+	print_host_elem_ptr(p, s->arr, s->index);
+	sb_printf(b, ", (unsigned)(");
+	print_expr(p, s->value);
+	sb_printf(b, "), ap_t));\n");
+	close_thread_loop(p, depth);
+}
+
 /* `arr[off + i]` (thread mode). */
 static void print_frag_elem_cuda(printer *p, const ap_kir_array *a, const ap_kir_expr *off, int i)
 {
@@ -1351,6 +1483,19 @@ static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
 	case AP_KIR_S_WGMMA_WAIT:
 	case AP_KIR_S_FENCE_ASYNC:
 		print_wg_sync(p, s, depth);
+		break;
+	case AP_KIR_S_MBAR_INIT:
+	case AP_KIR_S_MBAR_ARRIVE:
+	case AP_KIR_S_BULK_COPY:
+		print_mbar_thread(p, s, depth);
+		break;
+	case AP_KIR_S_MBAR_WAIT:
+		if (p->target == AP_KIR_CUDA) {
+			print_mbar_wait(p, s, depth);
+		} else {
+			p->bad = true;
+			snprintf(p->bad_msg, sizeof(p->bad_msg), "mbarrier wait inside a thread phase");
+		}
 		break;
 	case AP_KIR_S_LDMATRIX:
 	case AP_KIR_S_MMA:
@@ -1948,6 +2093,9 @@ static void print_block_host(printer *p, const ap_kir_block *blk, int depth)
 			break;
 		case AP_KIR_S_WGMMA:
 			print_wgmma_host(p, s, depth);
+			break;
+		case AP_KIR_S_MBAR_WAIT:
+			print_mbar_wait(p, s, depth);
 			break;
 		case AP_KIR_S_FOR:
 		case AP_KIR_S_IF:

@@ -252,6 +252,8 @@ static void check_expr(vctx *v, const ap_kir_expr *e)
 			bad(v, "cluster", "a cluster index in a kernel without clusters");
 		break;
 	case AP_KIR_E_LOAD:
+		if (e->arr->mbar)
+			bad(v, "mbarrier", "load of mbarrier array %s", e->arr->name);
 		if (e->c && (v->k->cluster < 2 || !is_int(e->c->type) ||
 			     (e->arr->space != AP_KIR_SHARED && e->arr->space != AP_KIR_SHARED_DYN)))
 			bad(v, "cluster", "load of %s from another block's shared memory", e->arr->name);
@@ -470,13 +472,89 @@ static void check_wgmma(vctx *v, const ap_kir_stmt *s, bool ctx)
 	check_index(v, d, s->frag_off[0], s->width / 2);
 }
 
+/* An integer expression (may be NULL when `need` is false). */
+static void check_int_value(vctx *v, const ap_kir_expr *e, bool need, const char *what)
+{
+	if (!e) {
+		if (need)
+			bad(v, "mbarrier", "%s missing", what);
+		return;
+	}
+	check_expr(v, e);
+	if (!is_int(e->type))
+		bad(v, "types", "%s of type %s, not an integer", what, ap_dtype_name(e->type));
+}
+
+/* Rule mbarrier: mbarrier statements on arrays from ap_kir_mbarriers at
+ * valid indices; a wait under block-uniform control flow (the host runs
+ * it between phases); a bulk copy from global to a shared array of its
+ * type, a positive multiple of 16 bytes, completing on an mbarrier; no
+ * other statement touching an mbarrier array. */
+static void check_mbar(vctx *v, const ap_kir_stmt *s, bool ctx)
+{
+	const ap_kir_array *bar = s->kind == AP_KIR_S_BULK_COPY ? s->bar : s->arr;
+	const ap_kir_expr *bi = s->kind == AP_KIR_S_BULK_COPY ? s->bar_index : s->index;
+
+	if (!bar || !bar->mbar) {
+		bad(v, "mbarrier", "%s is not an mbarrier array (ap_kir_mbarriers)", bar ? bar->name : "(none)");
+		return;
+	}
+	check_index(v, bar, bi, 1);
+	switch (s->kind) {
+	case AP_KIR_S_MBAR_INIT:
+		check_int_value(v, s->value, true, "mbarrier.init's count");
+		if (s->value && s->value->kind == AP_KIR_E_INT && (s->value->ival < 1 || s->value->ival >= 1 << 20))
+			bad(v, "mbarrier", "mbarrier.init of %s with count %lld (1 to 2^20 - 1)", bar->name,
+			    (long long)s->value->ival);
+		break;
+	case AP_KIR_S_MBAR_ARRIVE:
+		check_int_value(v, s->value, false, "mbarrier.arrive's tx bytes");
+		break;
+	case AP_KIR_S_MBAR_WAIT:
+		check_int_value(v, s->value, true, "mbarrier wait's parity");
+		if (!ctx)
+			bad(v, "uniform", "mbarrier wait on %s under thread-dependent control flow", bar->name);
+		break;
+	default:   /* AP_KIR_S_BULK_COPY */
+		if ((s->arr->space != AP_KIR_SHARED && s->arr->space != AP_KIR_SHARED_DYN) || s->arr->mbar ||
+		    s->src->space != AP_KIR_GLOBAL || s->src->type != s->arr->type)
+			bad(v, "mbarrier", "bulk copy from %s into %s: global to a shared array of its type",
+			    s->src->name, s->arr->name);
+		else if (s->width <= 0 || s->width % 16 || (size_t)s->width % ap_dtype_size(s->arr->type))
+			bad(v, "mbarrier", "bulk copy of %d bytes (a positive multiple of 16)", s->width);
+		else {
+			check_index(v, s->arr, s->index, (int)((size_t)s->width / ap_dtype_size(s->arr->type)));
+			check_index(v, s->src, s->src_index, 1);
+		}
+		break;
+	}
+}
+
+static bool is_mbar_stmt(const ap_kir_stmt *s)
+{
+	return s->kind == AP_KIR_S_MBAR_INIT || s->kind == AP_KIR_S_MBAR_ARRIVE ||
+	       s->kind == AP_KIR_S_MBAR_WAIT || s->kind == AP_KIR_S_BULK_COPY;
+}
+
 static void check_block(vctx *v, const ap_kir_block *b, bool ctx);
 
 static void check_stmt(vctx *v, const ap_kir_stmt *s, bool ctx)
 {
 	bool inner;
 
+	if (!is_mbar_stmt(s) && ((s->arr && s->arr->mbar) || (s->src && s->src->mbar) ||
+				 (s->frag[1] && s->frag[1]->mbar) || (s->frag[2] && s->frag[2]->mbar))) {
+		bad(v, "mbarrier", "mbarrier array %s used by an ordinary statement",
+		    s->arr && s->arr->mbar ? s->arr->name : s->src && s->src->mbar ? s->src->name : "(operand)");
+		return;
+	}
 	switch (s->kind) {
+	case AP_KIR_S_MBAR_INIT:
+	case AP_KIR_S_MBAR_ARRIVE:
+	case AP_KIR_S_MBAR_WAIT:
+	case AP_KIR_S_BULK_COPY:
+		check_mbar(v, s, ctx);
+		break;
 	case AP_KIR_S_FOR:
 		check_expr(v, s->lo);
 		check_expr(v, s->hi);

@@ -70,6 +70,16 @@ static int visit_stmt_exprs(const ap_kir_stmt *s, const ap_kir_visitor *v, void 
 		for (int i = 0; !rc && i < 3; i++)
 			rc = visit_expr(s->frag_off[i], s, v, user);
 		break;
+	case AP_KIR_S_MBAR_INIT:
+	case AP_KIR_S_MBAR_ARRIVE:
+	case AP_KIR_S_MBAR_WAIT:
+		if (!(rc = visit_expr(s->index, s, v, user)))
+			rc = visit_expr(s->value, s, v, user);
+		break;
+	case AP_KIR_S_BULK_COPY:
+		if (!(rc = visit_expr(s->index, s, v, user)) && !(rc = visit_expr(s->src_index, s, v, user)))
+			rc = visit_expr(s->bar_index, s, v, user);
+		break;
 	case AP_KIR_S_WGMMA_FENCE:
 	case AP_KIR_S_WGMMA_COMMIT:
 	case AP_KIR_S_WGMMA_WAIT:
