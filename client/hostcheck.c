@@ -595,14 +595,14 @@ static const void *ck_rd(void *vc, const void *p, unsigned n, unsigned t, unsign
 		    x->bulk < 0)
 			continue;   /* read by this thread since the last barrier: seen */
 		if (x->bulk_fly) {
-			report(c, "thread %u reads shared %s[byte %zu] (rank %d) before the bulk copy on mbarrier "
-			       "%d has delivered it (no wait on the phase it completes)", t, r->name, off + i,
+			report(c, "thread %u reads shared %s[byte %zu] (rank %d) before the bulk copy or TMA load on "
+			       "mbarrier %d has delivered it (no wait on the phase it completes)", t, r->name, off + i,
 			       r->rank, x->bulk);
 			return p;
 		}
 		if (!bulk_seen(c, x, t)) {
-			report(c, "thread %u reads shared %s[byte %zu] (rank %d), which a bulk copy on mbarrier %d "
-			       "delivered in phase %u, without a wait that saw that phase complete", t, r->name,
+			report(c, "thread %u reads shared %s[byte %zu] (rank %d), which a bulk copy or TMA load on "
+			       "mbarrier %d delivered in phase %u, without a wait that saw that phase complete", t, r->name,
 			       off + i, r->rank, x->bulk, x->bulk_phase);
 			return p;
 		}
@@ -1152,30 +1152,23 @@ static void ck_mbar_wait(void *vc, void *bar, unsigned parity, unsigned t)
 		*a = m->phase;
 }
 
-static void ck_bulk(void *vc, void *dst, const void *src, unsigned n, void *bar, unsigned t)
+/* n bytes at dst written by an asynchronous copy of thread t (what:
+ * "bulk copy", "TMA load", dst aligned to `align`), landing on the
+ * mbarrier at bar: the write checks, then the bytes in flight. */
+static void async_land(ctx *c, void *dst, unsigned n, void *bar, unsigned t, unsigned align, const char *what)
 {
-	ctx *c = vc;
 	region *r;
 	size_t off;
 	int b;
 
-	if (!c || t >= c->nt)
+	if ((b = mbar_find(c, bar, t, false, what)) < 0)
 		return;
-	if (g_cnt)
-		count(c, src, n, false);
-	access(c, src, n, t, 16, "bulk copy source read");
-	if (n == 0 || n % 16) {
-		report(c, "thread %u: bulk copy of %u bytes (a positive multiple of 16)", t, n);
-		return;
-	}
-	if ((b = mbar_find(c, bar, t, false, "bulk copy")) < 0)
-		return;
-	r = access(c, dst, n, t, 16, "bulk copy");
+	r = access(c, dst, n, t, align, what);
 	off = r ? (size_t)((char *)dst - r->base) : 0;
 	for (unsigned i = 0; r && i < n; i++) {
 		cell *x;
 
-		if (!write_cell(c, r, off + i, t, "copies into (cp.async.bulk)")) {
+		if (!write_cell(c, r, off + i, t, "copies into (an asynchronous copy)")) {
 			r = NULL;   /* reported; its bytes still count on the barrier */
 			break;
 		}
@@ -1196,6 +1189,33 @@ static void ck_bulk(void *vc, void *dst, const void *src, unsigned n, void *bar,
 		c->cap_bp = cap;
 	}
 	c->bp[c->n_bp++] = (bulk_pend){ r ? r->cell + off : SIZE_MAX, n, t, b, r ? r->name : "?" };
+}
+
+static void ck_bulk(void *vc, void *dst, const void *src, unsigned n, void *bar, unsigned t)
+{
+	ctx *c = vc;
+
+	if (!c || t >= c->nt)
+		return;
+	if (g_cnt)
+		count(c, src, n, false);
+	access(c, src, n, t, 16, "bulk copy source read");
+	if (n == 0 || n % 16) {
+		report(c, "thread %u: bulk copy of %u bytes (a positive multiple of 16)", t, n);
+		return;
+	}
+	async_land(c, dst, n, bar, t, 16, "bulk copy");
+}
+
+/* A TMA tile load's box of n bytes at dst.  Its alignment (128 bytes, a
+ * swizzle's repeat) is the verifier's rule tma: the host's shared arrays
+ * do not sit at the device's addresses. */
+static void ck_tma(void *vc, void *dst, unsigned n, void *bar, unsigned t)
+{
+	ctx *c = vc;
+
+	if (c && t < c->nt)
+		async_land(c, dst, n, bar, t, 1, "TMA load");
 }
 
 /* At a block's end: a bulk copy still in flight was never waited for. */
@@ -1228,6 +1248,7 @@ static const ap_hcheck_ops ops = {
 	.mbar_arrive = ck_mbar_arrive,
 	.mbar_wait = ck_mbar_wait,
 	.bulk = ck_bulk,
+	.tma = ck_tma,
 };
 
 const ap_hcheck_ops *ap_hostcheck_ops(void)

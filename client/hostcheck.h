@@ -15,8 +15,9 @@
  *     "cp.async.wait_group"), and is then written by that thread at that
  *     point, so other threads still need a barrier after the wait;
  *   - a write to bytes a cp.async is still delivering;
- *   - with mbarriers and bulk copies (cp.async.bulk, sm_90; PTX ISA
- *     "mbarrier"): a read or write of bytes a bulk copy has not delivered,
+ *   - with mbarriers, bulk copies and TMA loads (cp.async.bulk[.tensor],
+ *     sm_90; PTX ISA "mbarrier"): a read or write of bytes such a copy has
+ *     not delivered,
  *     or delivered in a phase of its mbarrier the thread has not waited to
  *     see complete (copies land only when a wait would otherwise block: a
  *     wait that returns at once -- the wrong parity -- leaves them in

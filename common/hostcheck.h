@@ -23,7 +23,9 @@
  * which the counting also takes as part of the warp's instruction);
  * mbar_init() / mbar_arrive() (tx: expect_tx bytes, 0 for none) /
  * mbar_wait() for the mbarrier at `bar` (shared memory, 8 bytes), and
- * bulk() for a cp.async.bulk of `bytes` completing on `bar` -- the host
+ * bulk() for a cp.async.bulk of `bytes` completing on `bar`, tma() for a
+ * TMA tile load's box of `bytes` at dst (its source reads come through
+ * rd(), element by element, from the host's load) -- the host
  * copies at once; the checker keeps the bytes pending until a wait on
  * the phase the copy completes (mbar_wait is called for every thread of
  * the block between phases).
@@ -63,7 +65,8 @@
 	void (*mbar_init)(void *ctx, void *bar, unsigned count, unsigned t); \
 	void (*mbar_arrive)(void *ctx, void *bar, unsigned tx, unsigned t); \
 	void (*mbar_wait)(void *ctx, void *bar, unsigned parity, unsigned t); \
-	void (*bulk)(void *ctx, void *dst, const void *src, unsigned bytes, void *bar, unsigned t);
+	void (*bulk)(void *ctx, void *dst, const void *src, unsigned bytes, void *bar, unsigned t); \
+	void (*tma)(void *ctx, void *dst, unsigned bytes, void *bar, unsigned t);
 
 typedef struct ap_hcheck_ops {
 	AP_HCHECK_FIELDS

@@ -2948,6 +2948,40 @@ START_TEST(mbarrier_rules)
 		ck_assert_ptr_null(ap_kir_mbarriers(k, "bars", 65));
 		ap_kir_kernel_free(k);
 	}
+	/* rule tma and its builders: a 128-byte-swizzled box into an array
+	 * aligned to 16 only; a map of another type; a load from an array
+	 * without a map */
+	{
+		ap_tmap_desc d = { .dtype = AP_TMAP_FLOAT16, .rank = 2, .dims = { 64, 64 }, .strides = { 128 },
+				   .box = { 64, 8 }, .estrides = { 1, 1 }, .swizzle = AP_TMAP_SWIZZLE_128B };
+		ap_kir_kernel *k = ap_kir_kernel_new("tma_rules");
+		ap_kir_array *g = ap_kir_param(k, "g", AP_DT_F16, false, -1);
+		ap_kir_array *h = ap_kir_param(k, "h", AP_DT_F32, false, -1);
+		ap_kir_array *t = ap_kir_shared_dyn(k, "t", AP_DT_F16, 512);
+		ap_kir_array *bars = ap_kir_mbarriers(k, "bars", 1);
+		ap_kir_expr *co[2] = { ap_kir_idx(k, 0), ap_kir_idx(k, 8) };
+
+		k->block[0] = 32;
+		g->size = h->size = 64 * 64;
+		ck_assert_int_eq(ap_kir_tensor_map(k, g, &d), 0);
+		ck_assert_ptr_nonnull(ap_kir_tma_load(k, &k->body, t, ap_kir_idx(k, 0), g, co, bars, ap_kir_idx(k, 0)));
+		ck_assert_int_ne(ap_kir_verify(k, NULL, &err), 0);
+		ck_assert_msg(strstr(err.msg, "rule tma") && strstr(err.msg, "swizzle needs 1024"), "%s", err.msg);
+		ap_kir_kernel_free(k);
+		k = ap_kir_kernel_new("tma_rules");
+		h = ap_kir_param(k, "h", AP_DT_F32, false, -1);
+		ck_assert_int_eq(ap_kir_tensor_map(k, h, &d), -1);
+		ck_assert(ap_kir_failed(k));
+		ap_kir_kernel_free(k);
+		k = ap_kir_kernel_new("tma_rules");
+		g = ap_kir_param(k, "g", AP_DT_F16, false, -1);
+		t = ap_kir_shared_dyn_aligned(k, "t", AP_DT_F16, 512, 1024);
+		bars = ap_kir_mbarriers(k, "bars", 1);
+		co[0] = ap_kir_idx(k, 0);
+		co[1] = ap_kir_idx(k, 0);
+		ck_assert_ptr_null(ap_kir_tma_load(k, &k->body, t, ap_kir_idx(k, 0), g, co, bars, ap_kir_idx(k, 0)));
+		ap_kir_kernel_free(k);
+	}
 }
 END_TEST
 

@@ -309,6 +309,19 @@ static void clone_stmt(cloner *c, ap_kir_block *into, const ap_kir_stmt *s)
 		n->index = clone_expr(c, s->index);
 		n->value = opt_expr(c, s->value);
 		break;
+	case AP_KIR_S_TMA_LOAD:
+		n->arr = map_array(c, s->arr);
+		n->index = clone_expr(c, s->index);
+		n->src = map_array(c, s->src);
+		n->width = s->width;
+		n->values = ap__kir_alloc(c->dst, (size_t)s->width * sizeof(*n->values));
+		for (int i = 0; n->values && i < s->width; i++)
+			n->values[i] = clone_expr(c, s->values[i]);
+		if (!n->values)
+			c->failed = true;
+		n->bar = map_array(c, s->bar);
+		n->bar_index = clone_expr(c, s->bar_index);
+		break;
 	case AP_KIR_S_BULK_COPY:
 		n->arr = map_array(c, s->arr);
 		n->index = clone_expr(c, s->index);
@@ -349,6 +362,8 @@ static ap_kir_array *clone_array(cloner *c, const ap_kir_array *a)
 		r = ap_kir_param(c->dst, name, a->type, a->written, a->tensor);
 		if (r)
 			r->size = a->size;
+		if (r && a->tmap && ap_kir_tensor_map(c->dst, r, a->tmap))
+			r = NULL;
 		break;
 	case AP_KIR_SHARED:
 		r = a->mbar ? ap_kir_mbarriers(c->dst, name, (int)a->size)

@@ -1238,6 +1238,77 @@ ap_kir_stmt *ap_kir_bulk_copy(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *d
 	return s;
 }
 
+/* The tensor-map type of an IR element type; -1 for none. */
+static int tmap_dtype(ap_dtype t)
+{
+	switch (t) {
+	case AP_DT_F16:
+		return AP_TMAP_FLOAT16;
+	case AP_DT_BF16:
+		return AP_TMAP_BFLOAT16;
+	case AP_DT_F32:
+		return AP_TMAP_FLOAT32;
+	case AP_DT_F64:
+		return AP_TMAP_FLOAT64;
+	case AP_DT_I32:
+		return AP_TMAP_INT32;
+	case AP_DT_I64:
+		return AP_TMAP_INT64;
+	case AP_DT_U8:
+		return AP_TMAP_UINT8;
+	default:
+		return -1;
+	}
+}
+
+int ap_kir_tensor_map(ap_kir_kernel *k, ap_kir_array *buf, const ap_tmap_desc *d)
+{
+	ap_tmap_desc *c;
+
+	if (!k || k->failed)
+		return -1;
+	if (!buf || !d || buf->space != AP_KIR_GLOBAL || buf->tmap || tmap_dtype(buf->type) != d->dtype ||
+	    ap_tmap_check(d, NULL, NULL, 0)) {
+		k->failed = true;
+		return -1;
+	}
+	if (!(c = ap__kir_alloc(k, sizeof(*c))))
+		return -1;
+	*c = *d;
+	buf->tmap = c;
+	return 0;
+}
+
+ap_kir_stmt *ap_kir_tma_load(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *dst, ap_kir_expr *index,
+			     ap_kir_array *buf, ap_kir_expr *const *coords, ap_kir_array *bar,
+			     ap_kir_expr *bar_index)
+{
+	ap_kir_stmt *s;
+	ap_kir_expr **v;
+
+	if (!dst || !index || !buf || !buf->tmap || !coords || !bar || !bar->mbar || !bar_index ||
+	    dst->space != AP_KIR_SHARED_DYN || dst->type != buf->type)
+		return fail(k);
+	for (int i = 0; i < buf->tmap->rank; i++)
+		if (!coords[i])
+			return fail(k);
+	if (!(v = ap__kir_alloc(k, (size_t)buf->tmap->rank * sizeof(*v))))
+		return fail(k);
+	s = ap__kir_stmt_append(k, b, AP_KIR_S_TMA_LOAD);
+	if (s) {
+		s->arr = dst;
+		s->index = index;
+		s->src = buf;
+		s->width = buf->tmap->rank;
+		s->values = v;
+		for (int i = 0; i < s->width; i++)
+			v[i] = coords[i];
+		s->bar = bar;
+		s->bar_index = bar_index;
+	}
+	return s;
+}
+
 ap_kir_stmt *ap_kir_comment(ap_kir_kernel *k, ap_kir_block *b, const char *fmt, ...)
 {
 	char buf[256];

@@ -66,6 +66,7 @@
 #ifndef AP_KIR_H
 #define AP_KIR_H
 
+#include "common/tmap.h"
 #include "../../common/graph.h"
 
 typedef enum ap_kir_space {
@@ -91,6 +92,8 @@ typedef struct ap_kir_array {
 				  or up to 1024 for a swizzled wgmma operand:
 				  ap_kir_shared_dyn_aligned) */
 	bool mbar;             /* SHARED: an array of mbarriers (ap_kir_mbarriers) */
+	ap_tmap_desc *tmap;    /* GLOBAL: also passed as this tiled tensor map
+				  (ap_kir_tensor_map; owned by the arena) */
 	bool scratch;          /* LOCAL: no value lives across a barrier or other
 				  collective (each use is preceded by a store in
 				  the same stretch between collectives); the
@@ -209,6 +212,9 @@ typedef enum ap_kir_stmt_kind {
 	AP_KIR_S_MBAR_WAIT,    /* until mbarrier.try_wait.parity arr[index], value succeeds */
 	AP_KIR_S_BULK_COPY,    /* cp.async.bulk arr[index..] <- src[src_index..], width
 				  bytes, completing on bar[bar_index] */
+	AP_KIR_S_TMA_LOAD,     /* cp.async.bulk.tensor: the box of src's tensor map at
+				  values[0 .. width-1] -> arr[index..], completing on
+				  bar[bar_index] */
 } ap_kir_stmt_kind;
 
 /* The warp-level matrix multiply-accumulates of PTX (ISA, "Warp-level
@@ -704,6 +710,31 @@ ap_kir_stmt *ap_kir_mbar_wait(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *b
 ap_kir_stmt *ap_kir_bulk_copy(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *dst, ap_kir_expr *index,
 			      ap_kir_array *src, ap_kir_expr *src_index, int bytes, ap_kir_array *bar,
 			      ap_kir_expr *bar_index);
+/* Passes the GLOBAL array buf to the kernel also as a tiled tensor map
+ * (Hopper's TMA; common/tmap.h) described by d -- its dims, strides,
+ * box, element strides and swizzle fixed when the kernel is built; the
+ * runtime encodes it with buf's address (cuTensorMapEncodeTiled).  The
+ * map's element type must be buf's (float16, bfloat16, float32, int32,
+ * float64, int64, uint8).  CUDA: one more kernel parameter per map, after
+ * the arrays' (`const __grid_constant__ ap_tmap NAME_tmap`, in the order
+ * of the arrays); the host needs none (the description is compiled in).
+ * Returns 0, or -1 (k failed) for a non-GLOBAL buf, a second map on it,
+ * a type mismatch or a description ap_tmap_check refuses. */
+int ap_kir_tensor_map(ap_kir_kernel *k, ap_kir_array *buf, const ap_tmap_desc *d);
+/* cp.async.bulk.tensor.Nd.shared::cluster.global.tile.mbarrier::
+ * complete_tx::bytes: the box of buf's tensor map (ap_kir_tensor_map) at
+ * element coordinates coords[0 .. rank-1] (integer expressions, innermost
+ * first, may be negative or past the end: those elements are filled) into
+ * the SHARED_DYN array dst of buf's type from element index, dense and
+ * swizzled by the map's mode (ap_tmap_load); dst must be aligned to the
+ * swizzle's repeat (8 x its span; 128 bytes without swizzle).  On landing
+ * the box's bytes (ap_tmap_box_bytes) count down bar[bar_index]'s
+ * tx-count.  A per-thread instruction, like ap_kir_bulk_copy.  Fails on
+ * NULL operands, a buf without a map, or spaces and types that do not
+ * fit. */
+ap_kir_stmt *ap_kir_tma_load(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *dst, ap_kir_expr *index,
+			     ap_kir_array *buf, ap_kir_expr *const *coords, ap_kir_array *bar,
+			     ap_kir_expr *bar_index);
 
 /* Elements per lane of the fragments of `kind`: A, B and C/D. */
 void ap_kir_mma_frag_sizes(ap_kir_mma_kind kind, int *a, int *b, int *c);
@@ -850,6 +881,10 @@ typedef struct ap_kir_limits {
  *             parity, a bulk copy that is not global to a shared array of
  *             its type or not a positive multiple of 16 bytes (a wait
  *             under thread-dependent control flow breaks rule uniform).
+ *   tma       a TMA load whose source has no tensor map, or whose
+ *             destination is not a dynamic shared array of its type
+ *             aligned to the map's swizzle repeat (or 128 bytes), or does
+ *             not hold the box.
  * Also AP_ENOMEM (out of memory) and AP_EINTERNAL for a kernel whose
  * construction failed. */
 int ap_kir_verify(const ap_kir_kernel *k, const ap_kir_limits *lim, ap_error *err);

@@ -33,5 +33,9 @@ extern const char ap__kir_host_tf32_src[];
 /* Host C text of ap_wg_desc / ap_wg_addr: the wgmma matrix descriptor's
  * encoding and its decoding into element addresses (half.c). */
 extern const char ap__kir_host_wgmma_src[];
+/* Host C text of ap_tmap_host_load: common/tmap.c's ap_tmap_load (the
+ * TMA tile load) over a compiled-in description, optionally telling the
+ * checker of each element read (half.c; check_kir compares the two). */
+extern const char ap__kir_host_tmap_src[];
 
 #endif

@@ -122,6 +122,7 @@ typedef struct printer {
 					cluster, the blocks of one run as one) */
 	unsigned bt;                 /* threads per block */
 	bool uses_dsmem;             /* a load from another block's shared memory */
+	bool uses_tma;               /* a TMA load (the host: ap_tmap_host_load) */
 	bool uses_f16, uses_bf16;    /* a value, register or array of the type */
 	unsigned char *vec_array;    /* per array id: a vector access uses it */
 	uint32_t shfl_types;         /* host: 1 << dtype of every shuffled type */
@@ -1035,6 +1036,81 @@ static void print_host_elem_ptr(printer *p, const ap_kir_array *a, const ap_kir_
 	sb_printf(&p->out, "]");
 }
 
+/* Whether an array of k is also passed as a tensor map. */
+static bool kernel_has_tmap(const ap_kir_kernel *k)
+{
+	for (int i = 0; i < k->n_arrays; i++)
+		if (k->arrays[i]->tmap)
+			return true;
+	return false;
+}
+
+/* A TMA tile load, after print_mbar_thread's opening (CUDA: `{ const
+ * unsigned ap_mb = BAR; `; the host: the indent).  CUDA: the PTX with the
+ * map parameter's generic address (PTX ISA, "cp.async.bulk.tensor":
+ * the tensor map operand may be a .param address -- __grid_constant__
+ * keeps it there).  The host: ap_tmap_host_load (half.c's
+ * ap__kir_host_tmap_src, common/tmap.c's load as text) with the map's
+ * description compiled in; checking, the checker marks the box in
+ * flight on the barrier (tma) and sees every element read (rd). */
+static void print_tma_load(printer *p, const ap_kir_stmt *s, int depth, bool cuda)
+{
+	sbuf *b = &p->out;
+	const ap_tmap_desc *d = s->src->tmap;
+
+	(void)depth;
+	if (cuda) {
+		sb_printf(b, "const unsigned ap_sa = ");
+		print_shared_addr(p, s->arr, s->index);
+		sb_printf(b, "; asm volatile(\"cp.async.bulk.tensor.%dd.shared::cluster.global.tile.mbarrier::"
+			  "complete_tx::bytes [%%0], [%%1, {", d->rank);
+		for (int i = 0; i < d->rank; i++)
+			sb_printf(b, "%s%%%d", i ? ", " : "", 3 + i);
+		sb_printf(b, "}], [%%2];\\n\" :: \"r\"(ap_sa), \"l\"((unsigned long long)&%s_tmap), \"r\"(ap_mb)",
+			  s->src->name);
+		for (int i = 0; i < d->rank; i++) {
+			sb_printf(b, ", \"r\"((int)(");
+			print_expr(p, s->values[i]);
+			sb_printf(b, "))");
+		}
+		sb_printf(b, " : \"memory\"); }\n");
+		return;
+	}
+	sb_printf(b, "{ /* cp.async.bulk.tensor */ static const ap_tmap_h ap_td = { %zuu, %d, %uu, %d, {",
+		  ap_tmap_elem_bytes(d->dtype), d->rank, ap_tmap_swizzle_span(d->swizzle), d->oob == AP_TMAP_OOB_NAN);
+	for (int i = 0; i < AP_TMAP_MAX_RANK; i++)
+		sb_printf(b, "%s%lluull", i ? ", " : "", (unsigned long long)(i < d->rank ? d->dims[i] : 1));
+	sb_printf(b, "}, {");
+	for (int i = 0; i < AP_TMAP_MAX_RANK - 1; i++)
+		sb_printf(b, "%s%lluull", i ? ", " : "", (unsigned long long)(i + 1 < d->rank ? d->strides[i] : 0));
+	sb_printf(b, "}, {");
+	for (int i = 0; i < AP_TMAP_MAX_RANK; i++)
+		sb_printf(b, "%s%uu", i ? ", " : "", i < d->rank ? d->box[i] : 1);
+	sb_printf(b, "}, {");
+	for (int i = 0; i < AP_TMAP_MAX_RANK; i++)
+		sb_printf(b, "%s%uu", i ? ", " : "", i < d->rank ? d->estrides[i] : 1);
+	sb_printf(b, "} }; const long long ap_tc[%d] = { ", AP_TMAP_MAX_RANK);
+	for (int i = 0; i < d->rank; i++) {
+		sb_printf(b, "%s(long long)(", i ? ", " : "");
+		print_expr(p, s->values[i]);
+		sb_printf(b, ")");
+	}
+	sb_printf(b, " }; void *const ap_dst = (void *)&");
+	print_array_ref(p, s->arr);
+	sb_printf(b, "[");
+	print_expr(p, s->index);
+	sb_printf(b, "];");
+	if (p->check) {
+		sb_printf(b, " AP_CK(tma(ap_ck, ap_dst, %zuu, ", ap_tmap_box_bytes(d));
+		print_host_elem_ptr(p, s->bar, s->bar_index);
+		sb_printf(b, ", ap_t));");
+	}
+	sb_printf(b, " ap_tmap_host_load(&ap_td, ");
+	print_array_ref(p, s->src);
+	sb_printf(b, ", ap_tc, ap_dst, %s, ap_t); }\n",
+		  p->check ? "ap_ckb ? ap_check_rt->rd : 0, ap_ck" : "0, 0");
+}
+
 /* mbarrier.init / arrive and cp.async.bulk (thread mode): PTX on CUDA
  * (PTX ISA 8.0, sm_90); the host copies at once and, checking, tells the
  * checker each step (common/hostcheck.h: mbar_init, mbar_arrive, bulk). */
@@ -1042,15 +1118,16 @@ static void print_mbar_thread(printer *p, const ap_kir_stmt *s, int depth)
 {
 	sbuf *b = &p->out;
 	bool cuda = p->target == AP_KIR_CUDA;
-	const ap_kir_array *bar = s->kind == AP_KIR_S_BULK_COPY ? s->bar : s->arr;
-	const ap_kir_expr *bi = s->kind == AP_KIR_S_BULK_COPY ? s->bar_index : s->index;
+	bool copy = s->kind == AP_KIR_S_BULK_COPY || s->kind == AP_KIR_S_TMA_LOAD;
+	const ap_kir_array *bar = copy ? s->bar : s->arr;
+	const ap_kir_expr *bi = copy ? s->bar_index : s->index;
 
 	sb_indent(b, depth);
 	if (cuda) {
 		sb_printf(b, "{ const unsigned ap_mb = ");
 		print_shared_addr(p, bar, bi);
 		sb_printf(b, "; ");
-	} else if (s->kind != AP_KIR_S_BULK_COPY) {
+	} else if (!copy) {
 		if (!p->check) {
 			sb_printf(b, "/* %s: the host's copies land at once */\n",
 				  s->kind == AP_KIR_S_MBAR_INIT ? "mbarrier.init" : "mbarrier.arrive");
@@ -1082,6 +1159,9 @@ static void print_mbar_thread(printer *p, const ap_kir_stmt *s, int depth)
 			sb_printf(b, "asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%%0];\\n\" :: \"r\"(ap_mb) : "
 				  "\"memory\"); }\n");
 		}
+		break;
+	case AP_KIR_S_TMA_LOAD:
+		print_tma_load(p, s, depth, cuda);
 		break;
 	default:   /* AP_KIR_S_BULK_COPY */
 		if (cuda) {
@@ -1487,6 +1567,7 @@ static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
 	case AP_KIR_S_MBAR_INIT:
 	case AP_KIR_S_MBAR_ARRIVE:
 	case AP_KIR_S_BULK_COPY:
+	case AP_KIR_S_TMA_LOAD:
 		print_mbar_thread(p, s, depth);
 		break;
 	case AP_KIR_S_MBAR_WAIT:
@@ -2199,6 +2280,9 @@ static void print_prelude(printer *p)
 				  "  asm volatile(\"mapa.shared::cluster.u32 %%0, %%1, %%2;\" : \"=r\"(m) : \"r\"(a), \"r\"(r));\n"
 				  "  asm volatile(\"ld.shared::cluster.f64 %%0, [%%1];\" : \"=d\"(v) : \"r\"(m) : \"memory\");\n"
 				  "  return v; }\n#endif\n");
+		if (kernel_has_tmap(k))   /* CUtensorMap: 128 opaque bytes, 64-byte aligned */
+			sb_printf(b, "#ifndef AP_TMAP_DEFINED\n#define AP_TMAP_DEFINED\n"
+				  "typedef struct __align__(64) { unsigned long long w[16]; } ap_tmap;\n#endif\n");
 		if (p->wgmma_n)   /* PTX ISA: the wgmma matrix descriptor (half.c, ap__kir_host_wgmma_src) */
 			sb_printf(b, "#ifndef AP_WGMMA_DEFINED\n#define AP_WGMMA_DEFINED\n"
 				  "static __device__ __forceinline__ unsigned long long ap_wg_desc(unsigned a, "
@@ -2231,6 +2315,9 @@ static void print_prelude(printer *p)
 		if (p->wgmma_n)
 			sb_printf(b, "#ifndef AP_WGMMA_DEFINED\n#define AP_WGMMA_DEFINED\n%s#endif\n",
 				  ap__kir_host_wgmma_src);
+		if (p->uses_tma)
+			sb_printf(b, "#ifndef AP_TMAP_DEFINED\n#define AP_TMAP_DEFINED\n%s#endif\n",
+				  ap__kir_host_tmap_src);
 		if (p->check)   /* the checker's table, set by the runtime (hostcheck.h) */
 			sb_printf(b, "#ifndef AP_CHECK_DEFINED\n#define AP_CHECK_DEFINED\n%s"
 				  "const ap_hcheck_ops *ap_check_rt;\n"
@@ -2341,6 +2428,13 @@ static void print_cuda(printer *p)
 			continue;
 		sb_printf(b, "%s%s%s *__restrict__ %s", i ? ", " : "", a->written ? "" : "const ",
 			  ctype(p, a->type), a->name);
+	}
+	/* tensor maps after the arrays, in parameter order (ap_kir_tensor_map) */
+	for (int i = 0; i < k->n_params; i++) {
+		const ap_kir_array *a = param_at(k, i);
+
+		if (a && a->tmap)
+			sb_printf(b, ", const __grid_constant__ ap_tmap %s_tmap", a->name);
 	}
 	sb_printf(b, ")\n{\n");
 	print_shared_decls(p, 1);
@@ -2544,6 +2638,8 @@ static int scan_stmt(const ap_kir_stmt *s, int depth, void *user)
 	}
 	if (s->kind == AP_KIR_S_CP_ASYNC)
 		p->vec_array[s->arr->id] = 1;
+	if (s->kind == AP_KIR_S_TMA_LOAD)
+		p->uses_tma = true;
 	return 0;
 }
 

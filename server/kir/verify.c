@@ -485,6 +485,8 @@ static void check_int_value(vctx *v, const ap_kir_expr *e, bool need, const char
 		bad(v, "types", "%s of type %s, not an integer", what, ap_dtype_name(e->type));
 }
 
+static void check_tma(vctx *v, const ap_kir_stmt *s);
+
 /* Rule mbarrier: mbarrier statements on arrays from ap_kir_mbarriers at
  * valid indices; a wait under block-uniform control flow (the host runs
  * it between phases); a bulk copy from global to a shared array of its
@@ -492,8 +494,9 @@ static void check_int_value(vctx *v, const ap_kir_expr *e, bool need, const char
  * other statement touching an mbarrier array. */
 static void check_mbar(vctx *v, const ap_kir_stmt *s, bool ctx)
 {
-	const ap_kir_array *bar = s->kind == AP_KIR_S_BULK_COPY ? s->bar : s->arr;
-	const ap_kir_expr *bi = s->kind == AP_KIR_S_BULK_COPY ? s->bar_index : s->index;
+	bool copy = s->kind == AP_KIR_S_BULK_COPY || s->kind == AP_KIR_S_TMA_LOAD;
+	const ap_kir_array *bar = copy ? s->bar : s->arr;
+	const ap_kir_expr *bi = copy ? s->bar_index : s->index;
 
 	if (!bar || !bar->mbar) {
 		bad(v, "mbarrier", "%s is not an mbarrier array (ap_kir_mbarriers)", bar ? bar->name : "(none)");
@@ -515,6 +518,9 @@ static void check_mbar(vctx *v, const ap_kir_stmt *s, bool ctx)
 		if (!ctx)
 			bad(v, "uniform", "mbarrier wait on %s under thread-dependent control flow", bar->name);
 		break;
+	case AP_KIR_S_TMA_LOAD:
+		check_tma(v, s);
+		break;
 	default:   /* AP_KIR_S_BULK_COPY */
 		if ((s->arr->space != AP_KIR_SHARED && s->arr->space != AP_KIR_SHARED_DYN) || s->arr->mbar ||
 		    s->src->space != AP_KIR_GLOBAL || s->src->type != s->arr->type)
@@ -530,10 +536,46 @@ static void check_mbar(vctx *v, const ap_kir_stmt *s, bool ctx)
 	}
 }
 
+/* Rule tma: a TMA load from an array with a tensor map into a dynamic
+ * shared array of its type, aligned to the swizzle's repeat (the
+ * hardware swizzles address bits; 128 bytes without swizzle), holding the
+ * box from its index; integer coordinates; an mbarrier to complete on. */
+static void check_tma(vctx *v, const ap_kir_stmt *s)
+{
+	const ap_tmap_desc *d = s->src->tmap;
+	unsigned span, align;
+	size_t es, box;
+	int64_t i;
+
+	if (!d) {
+		bad(v, "tma", "TMA load from %s, which has no tensor map (ap_kir_tensor_map)", s->src->name);
+		return;
+	}
+	span = ap_tmap_swizzle_span(d->swizzle);
+	align = span ? 8 * span : 128;
+	es = ap_dtype_size(s->arr->type);
+	box = ap_tmap_box_bytes(d);
+	if (s->arr->space != AP_KIR_SHARED_DYN || s->arr->type != s->src->type || s->arr->mbar)
+		bad(v, "tma", "TMA load into %s: a dynamic shared array of %s's type", s->arr->name, s->src->name);
+	else if (s->arr->align < align)
+		bad(v, "tma", "TMA load into %s (aligned to %u bytes): the map's swizzle needs %u",
+		    s->arr->name, s->arr->align, align);
+	else if (s->width != d->rank)
+		bad(v, "tma", "TMA load with %d coordinates for a map of rank %d", s->width, d->rank);
+	else if (ap_kir_is_int(s->index, &i) && (uint64_t)i * es % align)
+		bad(v, "tma", "TMA load into %s at element %lld: not on a %u-byte boundary", s->arr->name,
+		    (long long)i, align);
+	else {
+		check_index(v, s->arr, s->index, (int)(box / es));
+		for (int c = 0; c < s->width; c++)
+			check_int_value(v, s->values[c], true, "a TMA coordinate");
+	}
+}
+
 static bool is_mbar_stmt(const ap_kir_stmt *s)
 {
 	return s->kind == AP_KIR_S_MBAR_INIT || s->kind == AP_KIR_S_MBAR_ARRIVE ||
-	       s->kind == AP_KIR_S_MBAR_WAIT || s->kind == AP_KIR_S_BULK_COPY;
+	       s->kind == AP_KIR_S_MBAR_WAIT || s->kind == AP_KIR_S_BULK_COPY || s->kind == AP_KIR_S_TMA_LOAD;
 }
 
 static void check_block(vctx *v, const ap_kir_block *b, bool ctx);
@@ -553,6 +595,7 @@ static void check_stmt(vctx *v, const ap_kir_stmt *s, bool ctx)
 	case AP_KIR_S_MBAR_ARRIVE:
 	case AP_KIR_S_MBAR_WAIT:
 	case AP_KIR_S_BULK_COPY:
+	case AP_KIR_S_TMA_LOAD:
 		check_mbar(v, s, ctx);
 		break;
 	case AP_KIR_S_FOR:

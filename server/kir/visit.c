@@ -76,6 +76,13 @@ static int visit_stmt_exprs(const ap_kir_stmt *s, const ap_kir_visitor *v, void 
 		if (!(rc = visit_expr(s->index, s, v, user)))
 			rc = visit_expr(s->value, s, v, user);
 		break;
+	case AP_KIR_S_TMA_LOAD:
+		rc = visit_expr(s->index, s, v, user);
+		for (int i = 0; !rc && s->values && i < s->width; i++)
+			rc = visit_expr(s->values[i], s, v, user);
+		if (!rc)
+			rc = visit_expr(s->bar_index, s, v, user);
+		break;
 	case AP_KIR_S_BULK_COPY:
 		if (!(rc = visit_expr(s->index, s, v, user)) && !(rc = visit_expr(s->src_index, s, v, user)))
 			rc = visit_expr(s->bar_index, s, v, user);
