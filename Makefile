@@ -128,10 +128,11 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
 	$(Q)$(CC) $(CFLAGS_ALL) $(TEST_LDFLAGS) -o $@ $< $(LIBS) $(CHECK_LIBS) $(LDLIBS_ALL)
 
 # A stand-in CUDA driver for the GPU path's tests where no GPU exists.
-$(BUILD)/tests/libcuda-standin.so: tests/cuda_standin.c
+# Its cuTensorMapEncodeTiled enforces the driver's rules with common/tmap.c.
+$(BUILD)/tests/libcuda-standin.so: tests/cuda_standin.c common/tmap.c common/tmap.h
 	@mkdir -p $(dir $@)
 	$(call say,LD)
-	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -O1 -Wall -Werror -shared -fPIC -o $@ $<
+	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -O1 -Wall -Werror -shared -fPIC -I. -o $@ tests/cuda_standin.c common/tmap.c
 # ... and a stand-in cuBLASLt beside it (library launches, issue 25).
 $(BUILD)/tests/libcublaslt-standin.so: tests/cublaslt_standin.c
 	@mkdir -p $(dir $@)

@@ -29,6 +29,7 @@
 #include "runtime.h"
 #include "hostcheck.h"
 #include "library.h"
+#include "../common/tmap.h"
 
 #include <dlfcn.h>
 #include <stddef.h>
@@ -123,7 +124,16 @@ typedef struct cuda_api {
 	CUresult (*cuFuncGetAttribute)(int *, int, CUfunction);
 	CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned);
 	CUresult (*cuGetErrorName)(CUresult, const char **);
+	/* optional (CUDA 12+): tensor maps for TMA kernels (a bundle with one
+	 * is refused without it) */
+	CUresult (*cuTensorMapEncodeTiled)(void *, int, uint32_t, void *, const uint64_t *, const uint64_t *,
+					   const uint32_t *, const uint32_t *, int, int, int, int);
 } cuda_api;
+
+/* A CUtensorMap: 128 opaque bytes, 64-byte aligned (CUDA Driver API). */
+typedef struct rt_tmap {
+	_Alignas(64) unsigned long long w[16];
+} rt_tmap;
 
 /* ---- the runtime ---------------------------------------------------------------- */
 
@@ -160,6 +170,7 @@ typedef struct rt_kernel {
 	bool cumod_owner;
 	cu_fn_facts facts;       /* GPU */
 	unsigned long long blocks;
+	int n_tmaps;             /* its params with a tensor map (apollo.TensorMap) */
 } rt_kernel;
 
 typedef struct rt_buffer {
@@ -203,6 +214,7 @@ struct ap_runtime {
 	void *workspace;         /* host */
 	int n_inputs, n_outputs;
 	int max_args;
+	int n_tmaps;             /* most tensor maps of a kernel */
 	void **argv;             /* host: scratch argument array */
 	pool *pool;
 	double *launch_ms;       /* profile: per launch of the plan, summed over runs */
@@ -313,6 +325,62 @@ static int check_buffer(const Apollo__Bundle *b, size_t i, ap_error *err)
 	return 0;
 }
 
+/* The tensor map of param pp (apollo.TensorMap) as a description: every
+ * repeated field as long as its rank says, the param's element type, and
+ * what cuTensorMapEncodeTiled accepts (ap_tmap_check).  0, or -1 with the
+ * reason in why. */
+static int tmap_of(const Apollo__KernelParam *pp, ap_tmap_desc *d, char *why, size_t cap)
+{
+	static const struct { Apollo__DataType dt; int tm; } types[] = {
+		{ APOLLO__DATA_TYPE__DT_FLOAT16, AP_TMAP_FLOAT16 }, { APOLLO__DATA_TYPE__DT_BFLOAT16, AP_TMAP_BFLOAT16 },
+		{ APOLLO__DATA_TYPE__DT_FLOAT, AP_TMAP_FLOAT32 }, { APOLLO__DATA_TYPE__DT_DOUBLE, AP_TMAP_FLOAT64 },
+		{ APOLLO__DATA_TYPE__DT_INT32, AP_TMAP_INT32 }, { APOLLO__DATA_TYPE__DT_INT64, AP_TMAP_INT64 },
+		{ APOLLO__DATA_TYPE__DT_UINT8, AP_TMAP_UINT8 },
+	};
+	const Apollo__TensorMap *m = pp->tmap;
+	size_t r = m->rank;
+	bool typed = false;
+
+	if (r < 1 || r > AP_TMAP_MAX_RANK || m->n_dims != r || m->n_strides != r - 1 || m->n_box != r ||
+	    m->n_element_strides != r) {
+		snprintf(why, cap, "rank %u with %zu dims, %zu strides, %zu box and %zu element-stride values",
+			 m->rank, m->n_dims, m->n_strides, m->n_box, m->n_element_strides);
+		return -1;
+	}
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+		typed |= types[i].dt == pp->dtype && types[i].tm == m->dtype;
+	if (!typed) {
+		snprintf(why, cap, "data type %d does not hold the param's %s", m->dtype,
+			 ap_dtype_name((ap_dtype)pp->dtype));
+		return -1;
+	}
+	memset(d, 0, sizeof(*d));
+	d->dtype = m->dtype;
+	d->rank = (int)r;
+	for (size_t i = 0; i < r; i++) {
+		d->dims[i] = m->dims[i];
+		d->box[i] = m->box[i];
+		d->estrides[i] = m->element_strides[i];
+		if (i + 1 < r)
+			d->strides[i] = m->strides[i];
+	}
+	d->interleave = m->interleave;
+	d->swizzle = m->swizzle;
+	d->l2 = m->l2_promotion;
+	d->oob = m->oob_fill;
+	return ap_tmap_check(d, NULL, why, cap);
+}
+
+/* Bytes of the buffer a tensor map may read: its last element's end. */
+static unsigned long long tmap_extent(const ap_tmap_desc *d)
+{
+	unsigned long long e = d->dims[0] * ap_tmap_elem_bytes(d->dtype);
+
+	for (int i = 1; i < d->rank; i++)
+		e += (d->dims[i] - 1) * d->strides[i - 1];
+	return e;
+}
+
 /* Kernel k of bundle b: a name, 3 grid and 3 block dims, none zero, at
  * most 2^32 blocks, a blob (its own, or an earlier kernel's) that matches
  * its SHA-256 digest, no empty param.  0 or AP_EINVAL / AP_ETOOLARGE. */
@@ -358,10 +426,17 @@ static int check_bundle_kernel(const Apollo__Bundle *b, size_t k, ap_error *err)
 		return ap_error_set(err, AP_EINVAL, kk->name, NULL,
 				    "kernel '%s': its blob does not match its digest; "
 				    "not loading it", kk->name);
-	for (size_t p = 0; p < kk->n_params; p++)
+	for (size_t p = 0; p < kk->n_params; p++) {
+		ap_tmap_desc d;
+		char why[160];
+
 		if (!kk->params[p])
 			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
 					    "kernel '%s' param %zu is empty", kk->name, p);
+		if (kk->params[p]->tmap && tmap_of(kk->params[p], &d, why, sizeof(why)) < 0)
+			return ap_error_set(err, AP_EINVAL, kk->name, NULL,
+					    "kernel '%s' param %zu's tensor map: %s", kk->name, p, why);
+	}
 	return 0;
 }
 
@@ -402,6 +477,16 @@ static int check_bundle_launch(const Apollo__Bundle *b, size_t l, ap_error *err)
 					    "but buffer '%s' has %llu", l, kk->name, a,
 					    (unsigned long long)la->arg_bytes[a], bf->name,
 					    (unsigned long long)bf->bytes);
+		if (pp->tmap) {
+			ap_tmap_desc d;
+			char why[160];
+
+			if (tmap_of(pp, &d, why, sizeof(why)) < 0 || tmap_extent(&d) > bf->bytes)
+				return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
+						    "launch %zu of kernel '%s': param '%s''s tensor map reaches "
+						    "byte %llu of buffer '%s' (%llu bytes)", l, kk->name, pp->name,
+						    tmap_extent(&d), bf->name, (unsigned long long)bf->bytes);
+		}
 		if (pp->dtype != APOLLO__DATA_TYPE__DT_UNDEFINED && pp->dtype != bf->dtype)
 			return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
 					    "launch %zu of kernel '%s': param '%s' is %s but buffer '%s' is %s",
@@ -858,6 +943,7 @@ static bool cuda_load(cuda_api *api, char *why, size_t cap)
 			{ offsetof(cuda_api, cuStreamWaitEvent), "cuStreamWaitEvent" },
 			{ offsetof(cuda_api, cuGetErrorName), "cuGetErrorName" },
 			{ offsetof(cuda_api, cuDriverGetVersion), "cuDriverGetVersion" },
+			{ offsetof(cuda_api, cuTensorMapEncodeTiled), "cuTensorMapEncodeTiled" },
 		};
 
 		for (size_t i = 0; i < sizeof(opt) / sizeof(opt[0]); i++) {
@@ -1452,6 +1538,12 @@ ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *op
 		const Apollo__Kernel *kk = b->kernels[k];
 		rt->kernels[k].pb = kk;
 		rt->kernels[k].blocks = (unsigned long long)kk->grid[0] * kk->grid[1] * kk->grid[2];
+		int maps = 0;
+
+		for (size_t p = 0; p < kk->n_params; p++)
+			maps += kk->params[p]->tmap != NULL;
+		rt->kernels[k].n_tmaps = maps;
+		rt->n_tmaps = maps > rt->n_tmaps ? maps : rt->n_tmaps;
 		if ((int)kk->n_params > rt->max_args)
 			rt->max_args = (int)kk->n_params;
 	}
@@ -1480,6 +1572,12 @@ ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *op
 	} else {
 		if (gpu_setup(rt, opt ? opt->device : 0, err) < 0)
 			return ap_runtime_free(rt);
+		if (rt->n_tmaps && !rt->cu.cuTensorMapEncodeTiled) {
+			ap_error_set(err, AP_EUNSUPPORTED, NULL, NULL,
+				     "the bundle's TMA kernels need cuTensorMapEncodeTiled, which this CUDA "
+				     "driver lacks (CUDA 12 or later)");
+			return ap_runtime_free(rt);
+		}
 	}
 	/* the bundle's constants: bound here, once, whatever the client */
 	for (int i = 0; i < rt->n_buffers; i++) {
@@ -1776,16 +1874,50 @@ static int run_prologue(ap_runtime *rt, CUstream stream, struct rt_ws *ws, ap_er
 /* Queues the plan on `stream`; with no stream (NULL) waits for it, so that
  * an error a kernel raises on the device is reported by the run that
  * launched it. */
+/* The tensor maps of kernel kk's params for this launch (vals: the
+ * params' device addresses), encoded by the driver into maps (this run's:
+ * runs on several streams may overlap), their addresses into pp (the
+ * kernel's parameters after the pointers, in param order).  Encoded at every launch: an address may change with
+ * ap_runtime_bind_ptr or the stream's workspace, and an encode is a few
+ * microseconds of host work.  0 or AP_EIO with the driver's error. */
+static int encode_tmaps(ap_runtime *rt, const Apollo__Kernel *kk, const CUdeviceptr *vals, rt_tmap *maps,
+			void **pp, ap_error *err)
+{
+	int m = 0;
+
+	for (size_t a = 0; a < kk->n_params; a++) {
+		ap_tmap_desc d;
+		char why[160];
+		CUresult r;
+
+		if (!kk->params[a]->tmap)
+			continue;
+		if (tmap_of(kk->params[a], &d, why, sizeof(why)) < 0)   /* checked at load */
+			return ap_error_set(err, AP_EINVAL, kk->name, NULL, "%s", why);
+		r = rt->cu.cuTensorMapEncodeTiled(&maps[m], d.dtype, (unsigned)d.rank,
+						  (void *)(uintptr_t)vals[a], d.dims, d.strides, d.box,
+						  d.estrides, d.interleave, d.swizzle, d.l2, d.oob);
+		if (r != 0)
+			return ap_error_set(err, AP_EIO, kk->name, NULL,
+					    "kernel '%s': cuTensorMapEncodeTiled for param %zu failed: %s",
+					    kk->name, a, cu_err(&rt->cu, r));
+		pp[m] = &maps[m];
+		m++;
+	}
+	return 0;
+}
+
 static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 {
 	cuda_api *cu = &rt->cu;
 	CUdeviceptr *vals = calloc(rt->max_args ? (size_t)rt->max_args : 1, sizeof(CUdeviceptr));
-	void **pp = calloc(rt->max_args ? (size_t)rt->max_args : 1, sizeof(void *));
+	void **pp = calloc((size_t)rt->max_args + (size_t)rt->n_tmaps + 1, sizeof(void *));
+	rt_tmap *maps = rt->n_tmaps ? aligned_alloc(64, (size_t)rt->n_tmaps * sizeof(rt_tmap)) : NULL;
 	struct rt_ws *ws = NULL;
 	CUresult r;
 	int rc = 0, fallbacks = 0;
 
-	if (!vals || !pp) {
+	if (!vals || !pp || (rt->n_tmaps && !maps)) {
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 		goto out;
 	}
@@ -1811,6 +1943,8 @@ static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 					  ? ws->dev + bf->pb->offset : bf->dev;
 			pp[a] = &vals[a];
 		}
+		if (k->n_tmaps && (rc = encode_tmaps(rt, kk, vals, maps, pp + la->n_args, err)) < 0)
+			goto out;
 		double t0 = rt->launch_ms ? ap_now_ms() : 0;
 		bool events = rt->launch_ms && rt->ev[1];
 
@@ -1876,6 +2010,7 @@ static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 out:
 	free(vals);
 	free(pp);
+	free(maps);
 	return rc;
 }
 

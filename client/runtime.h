@@ -106,7 +106,10 @@ typedef struct ap_runtime_options {
  * workspace; buffer bytes equal to dims x dtype size; every blob equal to
  * its SHA-256 digest (a blob is native code: one that is not the bytes the
  * daemon named is never loaded; the digest proves integrity, not who made
- * the bundle -- that is the connection's business, see apollo.h).
+ * the bundle -- that is the connection's business, see apollo.h); every
+ * tensor map (apollo.TensorMap) with as many values as its rank, of its
+ * param's type, accepted by cuTensorMapEncodeTiled's rules
+ * (common/tmap.h), on a buffer holding every byte it reaches.
  * 0, or AP_EINVAL / AP_ETOOLARGE naming the kernel or buffer. */
 int ap_runtime_check(__ap_keep const ap_bundle *b, ap_error *err);
 
@@ -114,8 +117,9 @@ int ap_runtime_check(__ap_keep const ap_bundle *b, ap_error *err);
  * contract (GPU, see above) and allocates its buffers.  `opt` may be NULL.
  * Returns NULL with `err`: AP_EINVAL (a malformed bundle, naming the kernel
  * or buffer), AP_EUNSUPPORTED (a target this runtime cannot run, no CUDA
- * driver / device, or a launch the device cannot run: the message says
- * which), AP_ECOMPILE (dlopen, dlsym or cuModuleLoadData failed),
+ * driver / device, a launch the device cannot run, or tensor maps with a
+ * driver lacking cuTensorMapEncodeTiled: the message says which),
+ * AP_ECOMPILE (dlopen, dlsym or cuModuleLoadData failed),
  * AP_ETOOLARGE, AP_ENOMEM, AP_EIO. */
 __ap_give ap_runtime *ap_runtime_new(__ap_keep const ap_bundle *b,
 				     const ap_runtime_options *opt, ap_error *err);

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/tmap.h"
 #include "client/library.h"
 #include "client/runtime.h"
 #include "client/tool.h"
@@ -1717,6 +1718,105 @@ typedef struct fake_launch_view {   /* tests/cuda_standin.c's fake_launch */
 	unsigned long long params[64];
 } fake_launch_view;
 
+/* Tensor maps (TMA kernels): a PTX kernel whose first param also passes as
+ * a tiled map (apollo.TensorMap) gets the map, encoded by the driver from
+ * the buffer's device address, as its third parameter, at every launch
+ * (the stand-in's encoding keeps the address in its first 8 bytes, which
+ * the launch log records); maps the driver's rules or the buffer refuse,
+ * or whose fields do not match their rank, stop the bundle at load. */
+static const char ptx_tma[] =
+	".version 8.0\n.target sm_90\n.address_size 64\n\n"
+	".visible .entry tma_copy(\n"
+	"	.param .u64 p0,\n	.param .u64 p1,\n	.param .align 64 .b8 p0_tmap[128]\n"
+	")\n{\n	ret;\n}\n";
+
+START_TEST(gpu_tensor_maps)
+{
+	void *drv = standin_open("gpu_tensor_maps", "h100");
+	Apollo__Bundle bb = APOLLO__BUNDLE__INIT;
+	Apollo__Kernel k = APOLLO__KERNEL__INIT, *kp[1] = { &k };
+	Apollo__KernelParam p0 = APOLLO__KERNEL_PARAM__INIT, p1 = APOLLO__KERNEL_PARAM__INIT;
+	Apollo__KernelParam *pp[2] = { &p0, &p1 };
+	Apollo__TensorMap tm = APOLLO__TENSOR_MAP__INIT;
+	Apollo__Launch l = APOLLO__LAUNCH__INIT, *lp[1] = { &l };
+	Apollo__Buffer b0 = APOLLO__BUFFER__INIT, b1 = APOLLO__BUFFER__INIT, *bp[2] = { &b0, &b1 };
+	uint32_t grid[3] = { 2, 1, 1 }, block[3] = { 128, 1, 1 }, args[2] = { 0, 1 };
+	uint64_t tdims[2] = { 64, 32 }, tstrides[1] = { 128 };
+	uint32_t tbox[2] = { 64, 16 }, testr[2] = { 1, 1 };
+	int64_t dims[2] = { 32, 64 };
+	ap_bundle *b;
+	ap_runtime *rt;
+	ap_error err;
+	fake_launch_view *log;
+	int *log_n, *encodes;
+	unsigned long long *last_addr;
+	ap_tmap_desc *last;
+
+	if (!drv)
+		return;
+	log = sym(drv, "fake_log");
+	log_n = sym(drv, "fake_log_n");
+	encodes = sym(drv, "fake_tmap_encodes");
+	last_addr = sym(drv, "fake_tmap_last_addr");
+	last = sym(drv, "fake_tmap_last");
+	tm.dtype = AP_TMAP_FLOAT16; tm.rank = 2;
+	tm.n_dims = 2; tm.dims = tdims; tm.n_strides = 1; tm.strides = tstrides;
+	tm.n_box = 2; tm.box = tbox; tm.n_element_strides = 2; tm.element_strides = testr;
+	tm.swizzle = AP_TMAP_SWIZZLE_128B;
+	p0.name = "x"; p0.dtype = APOLLO__DATA_TYPE__DT_FLOAT16; p0.tmap = &tm;
+	p1.name = "y"; p1.dtype = APOLLO__DATA_TYPE__DT_FLOAT16; p1.written = 1;
+	k.name = "tma_copy"; k.target = "sm_90"; k.format = APOLLO__OUTPUT_KIND__OUTPUT_PTX;
+	k.blob.data = (uint8_t *)ptx_tma; k.blob.len = strlen(ptx_tma);
+	k.n_grid = 3; k.grid = grid; k.n_block = 3; k.block = block;
+	k.n_params = 2; k.params = pp;
+	l.n_args = 2; l.args = args;
+	b0.name = "x"; b0.kind = APOLLO__BUFFER_KIND__BUF_INPUT; b0.dtype = APOLLO__DATA_TYPE__DT_FLOAT16;
+	b0.n_dims = 2; b0.dims = dims; b0.bytes = 4096;
+	b1 = b0;
+	b1.name = "y"; b1.kind = APOLLO__BUFFER_KIND__BUF_OUTPUT;
+	bb.target = "sm_90"; bb.format = APOLLO__OUTPUT_KIND__OUTPUT_PTX;
+	bb.n_kernels = 1; bb.kernels = kp; bb.n_plan = 1; bb.plan = lp;
+	bb.n_buffers = 2; bb.buffers = bp;
+	b = pack_bundle(&bb);
+	rt = ap_runtime_new(b, NULL, &err);
+	ck_assert_msg(rt != NULL, "%s", err.msg);
+	ck_assert_int_eq(ap_runtime_bind_zeros(rt, &err), 0);
+	*log_n = 0;
+	*encodes = 0;
+	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
+	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(*encodes, 2);                 /* one per launch */
+	ck_assert_int_eq(*log_n, 2);
+	ck_assert_int_eq(log[1].n_params, 3);
+	ck_assert_uint_eq(log[1].params[2], log[1].params[0]);   /* the map of x's address */
+	ck_assert_uint_eq(*last_addr, log[1].params[0]);
+	ck_assert_int_eq(last->rank, 2);
+	ck_assert_uint_eq(last->dims[0], 64);
+	ck_assert_uint_eq(last->strides[0], 128);
+	ck_assert_uint_eq(last->box[1], 16);
+	ck_assert_int_eq(last->swizzle, AP_TMAP_SWIZZLE_128B);
+	ap_runtime_free(rt);
+	ap_bundle_free(b);
+	/* refused at load: a box row the driver refuses, a map reaching past
+	 * the buffer, a missing stride, a map of another type than the param */
+	for (int c = 0; c < 4; c++) {
+		const char *says[] = { "multiple of 16 bytes", "reaches byte 8192", "rank 2 with 2 dims, 0 strides",
+				       "does not hold the param's" };
+
+		tbox[0] = c == 0 ? 12 : 64;
+		tdims[1] = c == 1 ? 64 : 32;
+		tm.n_strides = c == 2 ? 0 : 1;
+		tm.dtype = c == 3 ? AP_TMAP_BFLOAT16 : AP_TMAP_FLOAT16;
+		b = pack_bundle(&bb);
+		rt = ap_runtime_new(b, NULL, &err);
+		ck_assert_msg(rt == NULL, "case %d loaded", c);
+		ck_assert_msg(strstr(err.msg, says[c]), "case %d: %s", c, err.msg);
+		ap_bundle_free(b);
+	}
+	standin_close(drv);
+}
+END_TEST
+
 typedef struct fake_memop {
 	char op;
 	unsigned long long ptr;
@@ -2390,6 +2490,7 @@ static Suite *runtime_suite(void)
 	tcase_add_test(tc, empty_shapes);
 	tcase_add_test(tc, zero_copy_binding);
 	tcase_add_test(tc, gpu_path_with_fake_driver);
+	tcase_add_test(tc, gpu_tensor_maps);
 	tcase_add_test(tc, contract_cubin_architecture);
 	tcase_add_test(tc, contract_nvrtc_cubins);
 	tcase_add_test(tc, contract_shared_memory);

@@ -34,7 +34,10 @@
  *     the grid, is larger than 8 blocks (16 where the function allows
  *     non-portable sizes) or runs on a device without clusters, or a
  *     function that must have a cluster launched without one ->
- *     CUDA_ERROR_INVALID_CLUSTER_SIZE (912).
+ *     CUDA_ERROR_INVALID_CLUSTER_SIZE (912);
+ *   cuTensorMapEncodeTiled: a map not 64-byte aligned or a description
+ *     the Driver API's rules refuse (common/tmap.c, ap_tmap_check) ->
+ *     CUDA_ERROR_INVALID_VALUE.
  *
  * Environment:
  *   APOLLO_STANDIN_DEVICE=h100 (default) | a100: the device profile, read
@@ -55,6 +58,7 @@
  * used; one sequence number over both) are exported for tests (dlsym,
  * ctypes).
  */
+#include "common/tmap.h"
 #include <elf.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -807,6 +811,46 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
 		fake_faults++;
 	}
 	fake_clock_ms += fake_launch_ms(gx * gy * gz, bx * by * bz, smem);
+	return OK;
+}
+
+/* cuTensorMapEncodeTiled: the map address 64-byte aligned and what
+ * ap_tmap_check accepts (the Driver API's rules), else
+ * CUDA_ERROR_INVALID_VALUE; the "encoding" is the stand-in's own -- the
+ * global address in w[0], the rank in w[1], the dims from w[2] -- and the
+ * calls are counted and the last one's description kept. */
+int fake_tmap_encodes;
+ap_tmap_desc fake_tmap_last;
+unsigned long long fake_tmap_last_addr;
+
+int cuTensorMapEncodeTiled(void *map, int dtype, uint32_t rank, void *addr, const uint64_t *dims,
+			   const uint64_t *strides, const uint32_t *box, const uint32_t *estrides, int interleave,
+			   int swizzle, int l2, int oob)
+{
+	ap_tmap_desc d = { .dtype = dtype, .rank = (int)rank, .interleave = interleave, .swizzle = swizzle,
+			   .l2 = l2, .oob = oob };
+	unsigned long long *w = map;
+
+	if (!map || (uintptr_t)map % 64 || rank < 1 || rank > AP_TMAP_MAX_RANK || !dims || !box || !estrides ||
+	    (rank > 1 && !strides))
+		return E_INVALID_VALUE;
+	for (uint32_t i = 0; i < rank; i++) {
+		d.dims[i] = dims[i];
+		d.box[i] = box[i];
+		d.estrides[i] = estrides[i];
+		if (i + 1 < rank)
+			d.strides[i] = strides[i];
+	}
+	if (ap_tmap_check(&d, addr, NULL, 0))
+		return E_INVALID_VALUE;
+	memset(w, 0, 128);
+	w[0] = (unsigned long long)(uintptr_t)addr;
+	w[1] = rank;
+	for (uint32_t i = 0; i < rank && i < 14; i++)
+		w[2 + i] = dims[i];
+	fake_tmap_encodes++;
+	fake_tmap_last = d;
+	fake_tmap_last_addr = (unsigned long long)(uintptr_t)addr;
 	return OK;
 }
 

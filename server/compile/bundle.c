@@ -82,6 +82,32 @@ static char **strs_dup(char *const *src, int n, size_t *n_out, bool *oom)
 	return v;
 }
 
+/* apollo.TensorMap of d; NULL (and *oom) when out of memory. */
+static Apollo__TensorMap *tmap_pb(const ap_tmap_desc *d, bool *oom)
+{
+	Apollo__TensorMap *m = xcalloc(1, sizeof(*m), oom);
+	size_t r = (size_t)d->rank;
+
+	if (!m)
+		return NULL;
+	apollo__tensor_map__init(m);
+	m->dtype = d->dtype;
+	m->rank = (uint32_t)d->rank;
+	m->interleave = d->interleave;
+	m->swizzle = d->swizzle;
+	m->l2_promotion = d->l2;
+	m->oob_fill = d->oob;
+	m->dims = xmemdup(d->dims, r * sizeof(uint64_t), oom);
+	m->n_dims = m->dims ? r : 0;
+	m->strides = r > 1 ? xmemdup(d->strides, (r - 1) * sizeof(uint64_t), oom) : NULL;
+	m->n_strides = m->strides ? r - 1 : 0;
+	m->box = xmemdup(d->box, r * sizeof(uint32_t), oom);
+	m->n_box = m->box ? r : 0;
+	m->element_strides = xmemdup(d->estrides, r * sizeof(uint32_t), oom);
+	m->n_element_strides = m->element_strides ? r : 0;
+	return m;
+}
+
 /* One apollo.Kernel from kernel `ks` and its blob (taken: blob->data
  * belongs to the message afterwards); NULL when out of memory. */
 static Apollo__Kernel *kernel_msg(const ap_kernel_src *ks, struct kblob *blob, const char *target,
@@ -121,6 +147,8 @@ static Apollo__Kernel *kernel_msg(const ap_kernel_src *ks, struct kblob *blob, c
 		kp->name = xstrdup(ks->params[a].name, oom);
 		kp->dtype = (Apollo__DataType)ks->params[a].dtype;
 		kp->written = ks->params[a].written;
+		if (ks->params[a].has_tmap)
+			kp->tmap = tmap_pb(&ks->params[a].tmap, oom);
 	}
 	k->nodes = strs_dup(ks->nodes, ks->n_nodes, &k->n_nodes, oom);
 	return k;

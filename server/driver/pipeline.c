@@ -625,15 +625,12 @@ static int fill_kernel(pipe *P, const ap_fuse_launch *fl, const ap_kir_kernel *k
 
 		if (a->space != AP_KIR_GLOBAL || a->param < 0 || a->param >= k->n_params)
 			continue;
-		/* a tensor map is one more kernel parameter, which a bundle cannot
-		 * carry yet (docs/hopper-pipeline.md, step 5: program.h, the proto
-		 * and the runtime's encoding) */
-		if (a->tmap)
-			return ap_error_set(P->err, AP_EUNSUPPORTED, NULL, NULL,
-					    "kernel %s passes %s as a TMA tensor map, which bundles do not "
-					    "carry yet", name, a->name);
 		ks->params[a->param].dtype = a->type;
 		ks->params[a->param].written = a->written;
+		if (a->tmap) {
+			ks->params[a->param].has_tmap = true;
+			ks->params[a->param].tmap = *a->tmap;
+		}
 	}
 	for (int j = 0; j < fl->n; j++) {
 		const unit *u = &P->units[fl->units[j]];

@@ -21,6 +21,7 @@
 #ifndef AP_PROGRAM_H
 #define AP_PROGRAM_H
 
+#include "../../common/tmap.h"
 #include <stdio.h>
 
 #include "../../common/graph.h"
@@ -54,6 +55,11 @@ typedef struct ap_kernel_param {
 	char *name;
 	ap_dtype dtype;
 	bool written;
+	bool has_tmap;           /* the kernel also takes a tensor map of this
+				    param's buffer (ap_kir_tensor_map): one more
+				    CUDA parameter after all pointers, in param
+				    order, encoded by the runtime */
+	ap_tmap_desc tmap;       /* ... described so */
 } ap_kernel_param;
 
 typedef struct ap_kernel_src {
