@@ -32,6 +32,7 @@
 
 #include "client/hostcheck.h"
 #include "common/tmap.h"
+#include "tests/lib/tma_box.h"
 #include "server/backend/backend.h"
 #include "server/kir/kir.h"
 #include "server/lower/lower.h"
@@ -986,58 +987,13 @@ START_TEST(bulk_pipeline_bugs_found)
 }
 END_TEST
 
-/* A hand-built TMA kernel (sm_90): 4 blocks of 128 threads, each loading
- * one 64 x 16 box of a 104 x 70 float16 tensor with the 128-byte swizzle
- * at coordinates across the tensor's edges (-8 or 48 along x, -3 or 57
- * along y), waiting on its mbarrier, and copying the shared box out as it
- * lies.  The host's load (the printed ap_tmap_host_load) must give the
- * bytes common/tmap.c's ap_tmap_load gives, plain and checked; the
- * checker must find nothing, and a read before the wait; NVRTC and ptxas
- * take the CUDA for sm_90. */
-static ap_kir_kernel *tma_kernel(bool wait)
-{
-	ap_kir_kernel *k = ap_kir_kernel_new("tma_box");
-	ap_kir_array *g, *out, *box, *bars;
-	ap_kir_expr *tid, *blk, *zero, *co[2];
-	ap_kir_var *j;
-	ap_kir_stmt *s;
-	ap_tmap_desc d = { .dtype = AP_TMAP_FLOAT16, .rank = 2, .dims = { 104, 70 }, .strides = { 208 },
-			   .box = { 64, 16 }, .estrides = { 1, 1 }, .swizzle = AP_TMAP_SWIZZLE_128B };
-
-	k->grid[0] = 4;
-	k->block[0] = 128;
-	g = ap_kir_param(k, "g", AP_DT_F16, false, -1);
-	out = ap_kir_param(k, "out", AP_DT_F16, true, -1);
-	g->size = 104 * 70;
-	out->size = 4 * 1024;
-	ck_assert_int_eq(ap_kir_tensor_map(k, g, &d), 0);
-	box = ap_kir_shared_dyn_aligned(k, "box", AP_DT_F16, 1024, 1024);
-	bars = ap_kir_mbarriers(k, "bars", 1);
-	tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
-	blk = ap_kir_index_of(k, AP_KIR_BLOCK_X);
-	zero = ap_kir_idx(k, 0);
-	co[0] = ap_kir_addi(k, ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, blk, ap_kir_idx(k, 2)), 56), -8);
-	co[1] = ap_kir_addi(k, ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, blk, ap_kir_idx(k, 2)), 60), -3);
-	s = ap_kir_if(k, &k->body, ap_kir_binary(k, AP_KIR_EQ, tid, zero));
-	ap_kir_mbar_init(k, &s->body, bars, zero, ap_kir_int(k, AP_DT_I32, 1));
-	ap_kir_fence_proxy_async(k, &s->body);
-	ap_kir_barrier(k, &k->body);
-	s = ap_kir_if(k, &k->body, ap_kir_binary(k, AP_KIR_EQ, tid, zero));
-	ap_kir_mbar_arrive(k, &s->body, bars, zero, ap_kir_int(k, AP_DT_I32, 2048));
-	ck_assert_ptr_nonnull(ap_kir_tma_load(k, &s->body, box, zero, g, co, bars, zero));
-	if (wait)
-		ap_kir_mbar_wait(k, &k->body, bars, zero, zero);
-	j = ap_kir_var_new(k, zero->type, "j");
-	s = ap_kir_for(k, &k->body, j, ap_kir_idx(k, 0), ap_kir_idx(k, 8), 1);
-	ap_kir_store(k, &s->body, out, ap_kir_add(k, ap_kir_muli(k, blk, 1024), ap_kir_add(k, ap_kir_muli(k, tid, 8),
-		     ap_kir_ref(k, j))), ap_kir_load(k, box, ap_kir_add(k, ap_kir_muli(k, tid, 8), ap_kir_ref(k, j))));
-	ck_assert_msg(!ap_kir_failed(k), "tma_box failed to build");
-	return k;
-}
-
+/* The hand-built TMA kernel of tests/lib/tma_box.h: the host's load (the
+ * printed ap_tmap_host_load) must give the bytes common/tmap.c's
+ * ap_tmap_load gives, plain and checked; the checker must find nothing,
+ * and a read before the wait; NVRTC and ptxas take the CUDA for sm_90. */
 static unsigned run_tma(bool wait, bool check, char *msg, size_t cap)
 {
-	ap_kir_kernel *k = tma_kernel(wait);
+	ap_kir_kernel *k = tma_box_kernel(wait);
 	const ap_tmap_desc *d = k->arrays[0]->tmap;
 	_Alignas(1024) static uint8_t ref[2048];
 	static uint16_t g[104 * 70], out[4 * 1024];
@@ -1067,7 +1023,7 @@ static unsigned run_tma(bool wait, bool check, char *msg, size_t cap)
 	if (check)
 		n = ap_hostcheck_end(msg, cap);
 	for (int b = 0; wait && b < 4; b++) {
-		const int32_t co[2] = { (b % 2) * 56 - 8, (b / 2) * 60 - 3 };
+		const int32_t co[2] = { TMA_BOX_X0(b), TMA_BOX_Y0(b) };
 
 		ck_assert_int_eq(ap_tmap_load(d, g, co, ref, sizeof(ref), why, sizeof(why)), 2048);
 		for (int e = 0; e < 1024; e++) {
@@ -1086,7 +1042,7 @@ static unsigned run_tma(bool wait, bool check, char *msg, size_t cap)
 
 START_TEST(tma_load_kernel)
 {
-	ap_kir_kernel *k = tma_kernel(true);
+	ap_kir_kernel *k = tma_box_kernel(true);
 	char msg[2048], *cuda;
 	ap_error err;
 

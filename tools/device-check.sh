@@ -6,7 +6,9 @@
 #      a temporary folder, no background tuning) and reads the device's
 #      target: $APOLLO_DEVICE_TARGET, else nvidia-smi's compute_cap (9.0 ->
 #      sm_90);
-#   2. check_runtime's gpu tests (a PTX bundle through the driver API);
+#   2. check_runtime's gpu tests (a PTX bundle through the driver API; on
+#      Hopper a hand-built TMA + mbarrier kernel whose boxes must equal the
+#      host's emulation: swizzle, zero fill, complete-tx of a filled box);
 #   3. tests/gpu.sh's checks at that target with apollo-client check: every
 #      model and training step of data/ at --fusion none, rules and apollo
 #      (rtol 1e-3, atol 1e-5), float32 with --allow-tf32 (rtol 1e-2, atol
