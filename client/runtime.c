@@ -32,6 +32,7 @@
 #include "../common/tmap.h"
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <stddef.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -371,13 +372,18 @@ static int tmap_of(const Apollo__KernelParam *pp, ap_tmap_desc *d, char *why, si
 	return ap_tmap_check(d, NULL, why, cap);
 }
 
-/* Bytes of the buffer a tensor map may read: its last element's end. */
+/* Bytes of the buffer a tensor map may read: its last element's end
+ * (ULLONG_MAX when that overflows: dims up to 2^32 times strides below
+ * 2^40 do not fit 64 bits). */
 static unsigned long long tmap_extent(const ap_tmap_desc *d)
 {
-	unsigned long long e = d->dims[0] * ap_tmap_elem_bytes(d->dtype);
+	unsigned long long e, t;
 
+	if (__builtin_mul_overflow(d->dims[0], (unsigned long long)ap_tmap_elem_bytes(d->dtype), &e))
+		return ULLONG_MAX;
 	for (int i = 1; i < d->rank; i++)
-		e += (d->dims[i] - 1) * d->strides[i - 1];
+		if (__builtin_mul_overflow(d->dims[i] - 1, d->strides[i - 1], &t) || __builtin_add_overflow(e, t, &e))
+			return ULLONG_MAX;
 	return e;
 }
 

@@ -1800,12 +1800,13 @@ START_TEST(gpu_tensor_maps)
 	ap_bundle_free(b);
 	/* refused at load: a box row the driver refuses, a map reaching past
 	 * the buffer, a missing stride, a map of another type than the param */
-	for (int c = 0; c < 4; c++) {
+	for (int c = 0; c < 5; c++) {
 		const char *says[] = { "multiple of 16 bytes", "reaches byte 8192", "rank 2 with 2 dims, 0 strides",
-				       "does not hold the param's" };
+				       "does not hold the param's", "reaches byte 18446744073709551615" };
 
 		tbox[0] = c == 0 ? 12 : 64;
-		tdims[1] = c == 1 ? 64 : 32;
+		tdims[1] = c == 1 ? 64 : c == 4 ? 1ull << 32 : 32;
+		tstrides[0] = c == 4 ? 1ull << 39 : 128;   /* 4: the extent overflows 64 bits */
 		tm.n_strides = c == 2 ? 0 : 1;
 		tm.dtype = c == 3 ? AP_TMAP_BFLOAT16 : AP_TMAP_FLOAT16;
 		b = pack_bundle(&bb);
