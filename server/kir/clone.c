@@ -214,6 +214,51 @@ static ap_kir_expr *opt_expr(cloner *c, const ap_kir_expr *e)
 	return e ? clone_expr(c, e) : NULL;
 }
 
+/* The tensor-core statements' fragments, layouts and shapes. */
+static void clone_matrix(cloner *c, ap_kir_stmt *n, const ap_kir_stmt *s)
+{
+	if (s->kind == AP_KIR_S_WGMMA_FENCE || s->kind == AP_KIR_S_WGMMA_WAIT) {
+		n->frag[0] = map_array(c, s->frag[0]);
+		return;
+	}
+	n->mma = s->mma;
+	n->width = s->width;
+	n->wg[0] = s->wg[0];
+	n->wg[1] = s->wg[1];
+	for (int i = 0; i < 4; i++) {
+		n->frag[i] = s->frag[i] ? map_array(c, s->frag[i]) : NULL;
+		n->frag_off[i] = s->frag_off[i] ? clone_expr(c, s->frag_off[i]) : NULL;
+	}
+}
+
+/* The mbarrier statements and the asynchronous copies' operands. */
+static void clone_async(cloner *c, ap_kir_stmt *n, const ap_kir_stmt *s)
+{
+	n->arr = map_array(c, s->arr);
+	n->index = clone_expr(c, s->index);
+	switch (s->kind) {
+	case AP_KIR_S_TMA_LOAD:
+		n->src = map_array(c, s->src);
+		n->width = s->width;
+		n->values = ap__kir_alloc(c->dst, (size_t)s->width * sizeof(*n->values));
+		for (int i = 0; n->values && i < s->width; i++)
+			n->values[i] = clone_expr(c, s->values[i]);
+		if (!n->values)
+			c->failed = true;
+		break;
+	case AP_KIR_S_BULK_COPY:
+		n->src = map_array(c, s->src);
+		n->src_index = clone_expr(c, s->src_index);
+		n->width = s->width;
+		break;
+	default:   /* MBAR_INIT, MBAR_ARRIVE, MBAR_WAIT */
+		n->value = opt_expr(c, s->value);
+		return;
+	}
+	n->bar = map_array(c, s->bar);
+	n->bar_index = clone_expr(c, s->bar_index);
+}
+
 static void clone_block(cloner *c, ap_kir_block *into, const ap_kir_block *from);
 
 static void clone_stmt(cloner *c, ap_kir_block *into, const ap_kir_stmt *s)
@@ -289,47 +334,16 @@ static void clone_stmt(cloner *c, ap_kir_block *into, const ap_kir_stmt *s)
 		break;
 	case AP_KIR_S_MMA:
 	case AP_KIR_S_WGMMA:
-		n->mma = s->mma;
-		n->width = s->width;
-		n->wg[0] = s->wg[0];
-		n->wg[1] = s->wg[1];
-		for (int i = 0; i < 4; i++) {
-			n->frag[i] = s->frag[i] ? map_array(c, s->frag[i]) : NULL;
-			n->frag_off[i] = s->frag_off[i] ? clone_expr(c, s->frag_off[i]) : NULL;
-		}
-		break;
 	case AP_KIR_S_WGMMA_FENCE:
 	case AP_KIR_S_WGMMA_WAIT:
-		n->frag[0] = map_array(c, s->frag[0]);
+		clone_matrix(c, n, s);
 		break;
 	case AP_KIR_S_MBAR_INIT:
 	case AP_KIR_S_MBAR_ARRIVE:
 	case AP_KIR_S_MBAR_WAIT:
-		n->arr = map_array(c, s->arr);
-		n->index = clone_expr(c, s->index);
-		n->value = opt_expr(c, s->value);
-		break;
 	case AP_KIR_S_TMA_LOAD:
-		n->arr = map_array(c, s->arr);
-		n->index = clone_expr(c, s->index);
-		n->src = map_array(c, s->src);
-		n->width = s->width;
-		n->values = ap__kir_alloc(c->dst, (size_t)s->width * sizeof(*n->values));
-		for (int i = 0; n->values && i < s->width; i++)
-			n->values[i] = clone_expr(c, s->values[i]);
-		if (!n->values)
-			c->failed = true;
-		n->bar = map_array(c, s->bar);
-		n->bar_index = clone_expr(c, s->bar_index);
-		break;
 	case AP_KIR_S_BULK_COPY:
-		n->arr = map_array(c, s->arr);
-		n->index = clone_expr(c, s->index);
-		n->src = map_array(c, s->src);
-		n->src_index = clone_expr(c, s->src_index);
-		n->width = s->width;
-		n->bar = map_array(c, s->bar);
-		n->bar_index = clone_expr(c, s->bar_index);
+		clone_async(c, n, s);
 		break;
 	case AP_KIR_S_BARRIER:
 	case AP_KIR_S_CLUSTER_BARRIER:

@@ -2190,6 +2190,46 @@ static void print_block_host(printer *p, const ap_kir_block *blk, int depth)
 		print_phase(p, run, NULL, depth);
 }
 
+/* CUDA: the device functions and types the kernel's statements use
+ * (TF32 rounding, distributed shared memory loads, the wgmma matrix
+ * descriptor, the tensor-map parameter type), each guarded: several
+ * kernels may share one translation unit. */
+static void print_cuda_helpers(printer *p)
+{
+	const ap_kir_kernel *k = p->k;
+	sbuf *b = &p->out;
+
+	if (p->uses_tf32)
+		sb_printf(b, "#ifndef AP_TF32_DEFINED\n#define AP_TF32_DEFINED\n"
+			  "static __device__ __forceinline__ float ap_tf32f(float x)\n"
+			  "{ unsigned r; asm(\"cvt.rna.tf32.f32 %%0, %%1;\" : \"=r\"(r) : \"f\"(x)); "
+			  "return __uint_as_float(r); }\n#endif\n");
+	if (p->uses_dsmem)   /* PTX ISA: mapa, ld.shared::cluster (sm_90) */
+		sb_printf(b, "#ifndef AP_DSMEM_DEFINED\n#define AP_DSMEM_DEFINED\n"
+			  "static __device__ __forceinline__ float ap_dsmem_f32(const float *p, unsigned r)\n"
+			  "{ unsigned a = (unsigned)__cvta_generic_to_shared(p), m; float v;\n"
+			  "  asm volatile(\"mapa.shared::cluster.u32 %%0, %%1, %%2;\" : \"=r\"(m) : \"r\"(a), \"r\"(r));\n"
+			  "  asm volatile(\"ld.shared::cluster.f32 %%0, [%%1];\" : \"=f\"(v) : \"r\"(m) : \"memory\");\n"
+			  "  return v; }\n"
+			  "static __device__ __forceinline__ double ap_dsmem_f64(const double *p, unsigned r)\n"
+			  "{ unsigned a = (unsigned)__cvta_generic_to_shared(p), m; double v;\n"
+			  "  asm volatile(\"mapa.shared::cluster.u32 %%0, %%1, %%2;\" : \"=r\"(m) : \"r\"(a), \"r\"(r));\n"
+			  "  asm volatile(\"ld.shared::cluster.f64 %%0, [%%1];\" : \"=d\"(v) : \"r\"(m) : \"memory\");\n"
+			  "  return v; }\n#endif\n");
+	if (kernel_has_tmap(k))   /* CUtensorMap: 128 opaque bytes, 64-byte aligned */
+		sb_printf(b, "#ifndef AP_TMAP_DEFINED\n#define AP_TMAP_DEFINED\n"
+			  "typedef struct __align__(64) { unsigned long long w[16]; } ap_tmap;\n#endif\n");
+	if (p->wgmma_n)   /* PTX ISA: the wgmma matrix descriptor (half.c, ap__kir_host_wgmma_src) */
+		sb_printf(b, "#ifndef AP_WGMMA_DEFINED\n#define AP_WGMMA_DEFINED\n"
+			  "static __device__ __forceinline__ unsigned long long ap_wg_desc(unsigned a, "
+			  "unsigned lbo, unsigned sbo, unsigned sw)\n"
+			  "{ return (unsigned long long)((a & 0x3FFFFu) >> 4) | "
+			  "((unsigned long long)((lbo & 0x3FFFFu) >> 4) << 16) | "
+			  "((unsigned long long)((sbo & 0x3FFFFu) >> 4) << 32) | "
+			  "((unsigned long long)(sw == 128u ? 1u : sw == 64u ? 2u : sw == 32u ? 3u : 0u) << 62); }\n"
+			  "#endif\n");
+}
+
 /* ---- translation units ------------------------------------------------------------- */
 
 static void print_const_data(printer *p, const ap_kir_array *a)
@@ -2263,35 +2303,7 @@ static void print_prelude(printer *p)
 			  "#define AP_NANF __int_as_float(0x7fffffff)\n"
 			  "#define AP_INF __longlong_as_double(0x7ff0000000000000LL)\n"
 			  "#define AP_NAN __longlong_as_double(0x7fffffffffffffffLL)\n");
-		if (p->uses_tf32)
-			sb_printf(b, "#ifndef AP_TF32_DEFINED\n#define AP_TF32_DEFINED\n"
-				  "static __device__ __forceinline__ float ap_tf32f(float x)\n"
-				  "{ unsigned r; asm(\"cvt.rna.tf32.f32 %%0, %%1;\" : \"=r\"(r) : \"f\"(x)); "
-				  "return __uint_as_float(r); }\n#endif\n");
-		if (p->uses_dsmem)   /* PTX ISA: mapa, ld.shared::cluster (sm_90) */
-			sb_printf(b, "#ifndef AP_DSMEM_DEFINED\n#define AP_DSMEM_DEFINED\n"
-				  "static __device__ __forceinline__ float ap_dsmem_f32(const float *p, unsigned r)\n"
-				  "{ unsigned a = (unsigned)__cvta_generic_to_shared(p), m; float v;\n"
-				  "  asm volatile(\"mapa.shared::cluster.u32 %%0, %%1, %%2;\" : \"=r\"(m) : \"r\"(a), \"r\"(r));\n"
-				  "  asm volatile(\"ld.shared::cluster.f32 %%0, [%%1];\" : \"=f\"(v) : \"r\"(m) : \"memory\");\n"
-				  "  return v; }\n"
-				  "static __device__ __forceinline__ double ap_dsmem_f64(const double *p, unsigned r)\n"
-				  "{ unsigned a = (unsigned)__cvta_generic_to_shared(p), m; double v;\n"
-				  "  asm volatile(\"mapa.shared::cluster.u32 %%0, %%1, %%2;\" : \"=r\"(m) : \"r\"(a), \"r\"(r));\n"
-				  "  asm volatile(\"ld.shared::cluster.f64 %%0, [%%1];\" : \"=d\"(v) : \"r\"(m) : \"memory\");\n"
-				  "  return v; }\n#endif\n");
-		if (kernel_has_tmap(k))   /* CUtensorMap: 128 opaque bytes, 64-byte aligned */
-			sb_printf(b, "#ifndef AP_TMAP_DEFINED\n#define AP_TMAP_DEFINED\n"
-				  "typedef struct __align__(64) { unsigned long long w[16]; } ap_tmap;\n#endif\n");
-		if (p->wgmma_n)   /* PTX ISA: the wgmma matrix descriptor (half.c, ap__kir_host_wgmma_src) */
-			sb_printf(b, "#ifndef AP_WGMMA_DEFINED\n#define AP_WGMMA_DEFINED\n"
-				  "static __device__ __forceinline__ unsigned long long ap_wg_desc(unsigned a, "
-				  "unsigned lbo, unsigned sbo, unsigned sw)\n"
-				  "{ return (unsigned long long)((a & 0x3FFFFu) >> 4) | "
-				  "((unsigned long long)((lbo & 0x3FFFFu) >> 4) << 16) | "
-				  "((unsigned long long)((sbo & 0x3FFFFu) >> 4) << 32) | "
-				  "((unsigned long long)(sw == 128u ? 1u : sw == 64u ? 2u : sw == 32u ? 3u : 0u) << 62); }\n"
-				  "#endif\n");
+		print_cuda_helpers(p);
 	} else {
 		sb_printf(b, "#include <math.h>\n#include <string.h>\n"
 			  "#define AP_INFF __builtin_inff()\n"
