@@ -487,7 +487,11 @@ static int check_bundle_launch(const Apollo__Bundle *b, size_t l, ap_error *err)
 			ap_tmap_desc d;
 			char why[160];
 
-			if (tmap_of(pp, &d, why, sizeof(why)) < 0 || tmap_extent(&d) > bf->bytes)
+			if (tmap_of(pp, &d, why, sizeof(why)) < 0)
+				return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
+						    "launch %zu of kernel '%s': param '%s''s tensor map: %s", l,
+						    kk->name, pp->name, why);
+			if (tmap_extent(&d) > bf->bytes)
 				return ap_error_set(err, AP_EINVAL, kk->name, bf->name,
 						    "launch %zu of kernel '%s': param '%s''s tensor map reaches "
 						    "byte %llu of buffer '%s' (%llu bytes)", l, kk->name, pp->name,
