@@ -332,15 +332,8 @@ static int check_buffer(const Apollo__Bundle *b, size_t i, ap_error *err)
  * reason in why. */
 static int tmap_of(const Apollo__KernelParam *pp, ap_tmap_desc *d, char *why, size_t cap)
 {
-	static const struct { Apollo__DataType dt; int tm; } types[] = {
-		{ APOLLO__DATA_TYPE__DT_FLOAT16, AP_TMAP_FLOAT16 }, { APOLLO__DATA_TYPE__DT_BFLOAT16, AP_TMAP_BFLOAT16 },
-		{ APOLLO__DATA_TYPE__DT_FLOAT, AP_TMAP_FLOAT32 }, { APOLLO__DATA_TYPE__DT_DOUBLE, AP_TMAP_FLOAT64 },
-		{ APOLLO__DATA_TYPE__DT_INT32, AP_TMAP_INT32 }, { APOLLO__DATA_TYPE__DT_INT64, AP_TMAP_INT64 },
-		{ APOLLO__DATA_TYPE__DT_UINT8, AP_TMAP_UINT8 },
-	};
 	const Apollo__TensorMap *m = pp->tmap;
 	size_t r = m->rank;
-	bool typed = false;
 
 	if (r < 1 || r > AP_TMAP_MAX_RANK || m->n_dims != r || m->n_strides != r - 1 || m->n_box != r ||
 	    m->n_element_strides != r) {
@@ -348,9 +341,7 @@ static int tmap_of(const Apollo__KernelParam *pp, ap_tmap_desc *d, char *why, si
 			 m->rank, m->n_dims, m->n_strides, m->n_box, m->n_element_strides);
 		return -1;
 	}
-	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
-		typed |= types[i].dt == pp->dtype && types[i].tm == m->dtype;
-	if (!typed) {
+	if (ap_tmap_dtype_of((int)pp->dtype) != m->dtype) {
 		snprintf(why, cap, "data type %d does not hold the param's %s", m->dtype,
 			 ap_dtype_name((ap_dtype)pp->dtype));
 		return -1;

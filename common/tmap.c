@@ -32,6 +32,28 @@ size_t ap_tmap_elem_bytes(int dtype)
 	}
 }
 
+int ap_tmap_dtype_of(int dt)
+{
+	switch (dt) {
+	case 1:
+		return AP_TMAP_FLOAT32;
+	case 2:
+		return AP_TMAP_UINT8;
+	case 6:
+		return AP_TMAP_INT32;
+	case 7:
+		return AP_TMAP_INT64;
+	case 10:
+		return AP_TMAP_FLOAT16;
+	case 11:
+		return AP_TMAP_FLOAT64;
+	case 16:
+		return AP_TMAP_BFLOAT16;
+	default:
+		return -1;
+	}
+}
+
 unsigned ap_tmap_swizzle_span(int swizzle)
 {
 	switch (swizzle) {

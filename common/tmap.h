@@ -55,6 +55,12 @@ typedef struct ap_tmap_desc {
  * not one. */
 size_t ap_tmap_elem_bytes(int dtype);
 
+/* The tensor-map type holding elements of ONNX TensorProto.DataType
+ * number `dt` (ap_dtype and apollo.DataType share the numbers: 1 float,
+ * 2 uint8, 6 int32, 7 int64, 10 float16, 11 double, 16 bfloat16); -1 for
+ * a type no map holds here. */
+int ap_tmap_dtype_of(int dt);
+
 /* The span of a swizzle mode in bytes (32, 64, 128; 0 for NONE or a bad
  * mode): a swizzled box's dimension-0 row must fit it, and the pattern
  * repeats every 8 spans (the destination's required alignment). */

@@ -1238,36 +1238,13 @@ ap_kir_stmt *ap_kir_bulk_copy(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *d
 	return s;
 }
 
-/* The tensor-map type of an IR element type; -1 for none. */
-static int tmap_dtype(ap_dtype t)
-{
-	switch (t) {
-	case AP_DT_F16:
-		return AP_TMAP_FLOAT16;
-	case AP_DT_BF16:
-		return AP_TMAP_BFLOAT16;
-	case AP_DT_F32:
-		return AP_TMAP_FLOAT32;
-	case AP_DT_F64:
-		return AP_TMAP_FLOAT64;
-	case AP_DT_I32:
-		return AP_TMAP_INT32;
-	case AP_DT_I64:
-		return AP_TMAP_INT64;
-	case AP_DT_U8:
-		return AP_TMAP_UINT8;
-	default:
-		return -1;
-	}
-}
-
 int ap_kir_tensor_map(ap_kir_kernel *k, ap_kir_array *buf, const ap_tmap_desc *d)
 {
 	ap_tmap_desc *c;
 
 	if (!k || k->failed)
 		return -1;
-	if (!buf || !d || buf->space != AP_KIR_GLOBAL || buf->tmap || tmap_dtype(buf->type) != d->dtype ||
+	if (!buf || !d || buf->space != AP_KIR_GLOBAL || buf->tmap || ap_tmap_dtype_of((int)buf->type) != d->dtype ||
 	    ap_tmap_check(d, NULL, NULL, 0)) {
 		k->failed = true;
 		return -1;

@@ -1053,12 +1053,11 @@ static bool kernel_has_tmap(const ap_kir_kernel *k)
  * ap__kir_host_tmap_src, common/tmap.c's load as text) with the map's
  * description compiled in; checking, the checker marks the box in
  * flight on the barrier (tma) and sees every element read (rd). */
-static void print_tma_load(printer *p, const ap_kir_stmt *s, int depth, bool cuda)
+static void print_tma_load(printer *p, const ap_kir_stmt *s, bool cuda)
 {
 	sbuf *b = &p->out;
 	const ap_tmap_desc *d = s->src->tmap;
 
-	(void)depth;
 	if (cuda) {
 		sb_printf(b, "const unsigned ap_sa = ");
 		print_shared_addr(p, s->arr, s->index);
@@ -1161,7 +1160,7 @@ static void print_mbar_thread(printer *p, const ap_kir_stmt *s, int depth)
 		}
 		break;
 	case AP_KIR_S_TMA_LOAD:
-		print_tma_load(p, s, depth, cuda);
+		print_tma_load(p, s, cuda);
 		break;
 	default:   /* AP_KIR_S_BULK_COPY */
 		if (cuda) {
