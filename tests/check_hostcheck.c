@@ -24,6 +24,7 @@
  */
 #include <check.h>
 #include <dlfcn.h>
+#include <glob.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -286,18 +287,47 @@ END_TEST
 
 /* ---- real kernels with injected bugs ------------------------------------------------ */
 
-typedef enum { BUG_NONE, BUG_WAIT, BUG_BARRIER, BUG_CLUSTER, BUG_FENCE, BUG_WGWAIT } sync_bug;
+typedef enum {
+	BUG_NONE, BUG_WAIT, BUG_BARRIER, BUG_CLUSTER, BUG_FENCE, BUG_WGWAIT,
+	BUG_MBWAIT,     /* TMA: the wait on a stage's mbarrier removed */
+	BUG_PARITY,     /* TMA: that wait's parity flipped */
+	BUG_TMASYNC,    /* TMA: the barrier before a refill removed (a stage reused while read) */
+} sync_bug;
 
-/* Injects `bug` into every place of block b it applies to; returns how many. */
-static int inject(ap_kir_block *b, sync_bug bug)
+/* Whether block b holds an mbarrier wait (not nested). */
+static bool holds_mbar_wait(const ap_kir_block *b)
+{
+	for (const ap_kir_stmt *s = b->first; s; s = s->next)
+		if (s->kind == AP_KIR_S_MBAR_WAIT)
+			return true;
+	return false;
+}
+
+/* Injects `bug` into every place of block b of kernel k it applies to;
+ * returns how many. */
+static int inject(ap_kir_kernel *k, ap_kir_block *b, sync_bug bug)
 {
 	int n = 0;
 	ap_kir_stmt *prev = NULL;
 
 	for (ap_kir_stmt *s = b->first; s; prev = s, s = s->next) {
 		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF) {
-			n += inject(&s->body, bug);
-			n += inject(&s->orelse, bug);
+			n += inject(k, &s->body, bug);
+			n += inject(k, &s->orelse, bug);
+		}
+		if (bug == BUG_MBWAIT && s->kind == AP_KIR_S_MBAR_WAIT) {
+			s->kind = AP_KIR_S_COMMENT;
+			s->text = (char *)"mbarrier wait removed";
+			n++;
+		}
+		if (bug == BUG_PARITY && s->kind == AP_KIR_S_MBAR_WAIT) {
+			s->value = ap_kir_binary(k, AP_KIR_XOR, s->value, ap_kir_idx(k, 1));
+			n++;
+		}
+		if (bug == BUG_TMASYNC && s->kind == AP_KIR_S_BARRIER && holds_mbar_wait(b)) {
+			s->kind = AP_KIR_S_COMMENT;
+			s->text = (char *)"barrier removed";
+			n++;
 		}
 		if ((bug == BUG_WAIT && s->kind == AP_KIR_S_CP_WAIT) ||
 		    (bug == BUG_WGWAIT && s->kind == AP_KIR_S_WGMMA_WAIT)) {
@@ -448,8 +478,111 @@ static void *as_type(ap_dtype dt, const float *v, int64_t n)
 	return out;
 }
 
-/* The target run_checked lowers for. */
+/* The target run_checked lowers for; with g_tma the default rule's
+ * schedule with tma=1 (TMA fills on an mbarrier ring, gemm_tma.c), and
+ * with g_sms > 0 the target's SMs cut to that many (persistent blocks then
+ * walk several tiles each). */
 static const char *g_target = "sm_90";
+static bool g_tma;
+static unsigned g_sms;
+
+/* The SASS of cubin bin (nvdisasm from PyPI's wheel in .venv), malloc'd;
+ * NULL when there is no nvdisasm. */
+static char *sass_of(const uint8_t *bin, size_t len)
+{
+	char path[] = "/tmp/check_hostcheck_cubin_XXXXXX", cmd[1024];
+	glob_t gl;
+	FILE *f;
+	char *out = NULL;
+	size_t n = 0, cap = 0;
+	int fd;
+
+	if (glob(".venv/lib/python3*/site-packages/nvidia/cu*/bin/nvdisasm", 0, NULL, &gl) != 0 || gl.gl_pathc == 0)
+		return NULL;
+	fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, bin, len), (ssize_t)len);
+	close(fd);
+	snprintf(cmd, sizeof(cmd), "'%s' -c '%s'", gl.gl_pathv[0], path);
+	globfree(&gl);
+	f = popen(cmd, "r");
+	ck_assert_ptr_nonnull(f);
+	for (;;) {
+		if (n + 4096 + 1 > cap) {
+			cap = 2 * cap + 8192;
+			out = realloc(out, cap);
+			ck_assert_ptr_nonnull(out);
+		}
+		size_t got = fread(out + n, 1, 4096, f);
+
+		if (got == 0)
+			break;
+		n += got;
+	}
+	out[n] = 0;
+	ck_assert_int_eq(pclose(f), 0);
+	unlink(path);
+	return out;
+}
+
+/* A tma=1 kernel's CUDA for sm_90a: the TMA and mbarrier PTX, a cubin
+ * without spills whose SASS holds HGMMA and UTMALDG (the TMA load). */
+static void tma_cuda_checks(ap_kir_kernel *k)
+{
+	ap_error err;
+	char *cuda = ap_kir_print(k, AP_KIR_CUDA, &err), *sass;
+	ap_ptxas_stats st;
+	uint8_t *bin = NULL;
+	size_t len = 0;
+
+	ck_assert_msg(cuda != NULL, "%s", err.msg);
+	ck_assert_ptr_nonnull(strstr(cuda, "cp.async.bulk.tensor.2d"));
+	ck_assert_ptr_nonnull(strstr(cuda, "mbarrier.try_wait.parity"));
+	ck_assert_ptr_nonnull(strstr(cuda, "__grid_constant__"));
+	if (ap_nvrtc_load(&err) != 0) {
+		printf("SKIP NVRTC compile of the tma=1 GEMM: %s\n", err.msg);
+		free(cuda);
+		return;
+	}
+	ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, k->name, "sm_90a", &st, &err) == 0, "%s", err.msg);
+	ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0, "tma=1 GEMM spills %d / %d bytes",
+		      st.spill_store_bytes, st.spill_load_bytes);
+	ck_assert_msg(ap_nvrtc_compile(cuda, k->name, "sm_90a", true, &bin, &len, &err) == 0, "%s", err.msg);
+	sass = sass_of(bin, len);
+	if (sass) {
+		ck_assert_msg(strstr(sass, "UTMALDG"), "no UTMALDG in the tma=1 GEMM's SASS");
+		ck_assert_msg(strstr(sass, "HGMMA"), "no HGMMA in the tma=1 GEMM's SASS");
+		ck_assert_msg(!strstr(sass, "LDGSTS"), "cp.async (LDGSTS) left in the tma=1 GEMM's SASS");
+		printf("check_hostcheck: tma=1 GEMM for sm_90a: %d registers, no spills, UTMALDG and HGMMA in its SASS\n",
+		       st.registers);
+		free(sass);
+	} else {
+		printf("SKIP the tma=1 GEMM's SASS: no nvdisasm in .venv\n");
+	}
+	free(bin);
+	free(cuda);
+}
+
+/* The default schedule of m's first emitter on ti with tma=1, into *s
+ * (the knob must exist and the configuration be valid). */
+static void tma_schedule(const ap_mgraph *m, const ap_target_info *ti, ap_sched *s)
+{
+	ap_bound b;
+	ap_space sp;
+	ap_error err;
+	int at = -1;
+
+	ck_assert_int_eq(ap_bind_first(m, ti, &b, &err), 0);
+	ck_assert_int_eq(ap_emitter_default(&b, &sp, s, &err), 0);
+	for (int i = 0; i < sp.n; i++)
+		if (!strcmp(sp.knobs[i].name, "tma"))
+			at = i;
+	ck_assert_msg(at >= 0, "no tma knob for this product");
+	ck_assert_int_eq(s->v[at], 0);   /* the default rule keeps cp.async */
+	s->v[at] = 1;
+	ck_assert_int_eq(ap_sched_valid(&b, s), 1);
+	ap_unbind(&b);
+}
 
 /* Lowers the product for g_target (TF32 allowed when `tf`), injects `bug`,
  * prints it in the checking mode, runs it over every block and returns the
@@ -465,6 +598,7 @@ static unsigned run_checked(product *p, bool tf, sync_bug bug, bool cluster, dou
 	bool *member = malloc((size_t)g->n_nodes * sizeof(bool));
 	ap_target_info ti;
 	ap_lower_options lo = { 0, NULL, true };
+	ap_sched tma_s;
 	ap_kir_kernel *k;
 	ap_mgraph *m;
 	ap_error err;
@@ -483,13 +617,22 @@ static unsigned run_checked(product *p, bool tf, sync_bug bug, bool cluster, dou
 	ck_assert_msg(m != NULL, "%s", err.msg);
 	ck_assert_int_eq(ap_cost_target(g_target, &ti), 0);
 	ti.allow_tf32 = tf;
+	if (g_sms)
+		ti.sm_count = g_sms;
+	if (g_tma) {
+		tma_schedule(m, &ti, &tma_s);
+		lo.sched = &tma_s;
+	}
 	k = ap_lower_mgraph(m, &ti, "checked_gemm", &lo, NULL, &err);
 	ck_assert_msg(k != NULL, "%s", err.msg);
 	ck_assert_msg(!cluster || k->cluster > 1, "the default rule does not split K here");
-	*sites = inject(&k->body, bug);
+	if (g_tma && bug == BUG_NONE)
+		tma_cuda_checks(k);
+	*sites = inject(k, &k->body, bug);
 	src = ap_kir_print(k, AP_KIR_HOST_CHECK, &err);
 	ck_assert_msg(src != NULL, "%s", err.msg);
-	ck_assert_ptr_nonnull(strstr(src, "AP_CK(async("));   /* a cp.async pipeline */
+	/* a cp.async pipeline, or TMA's */
+	ck_assert_ptr_nonnull(strstr(src, g_tma ? "AP_CK(tma(" : "AP_CK(async("));
 	h = load(src);
 	rt = dlsym(h, "ap_check_rt");
 	ck_assert_ptr_nonnull(rt);
@@ -689,6 +832,42 @@ START_TEST(wgmma_bugs_found)
 	printf("check_hostcheck: wgmma.wait_group 1 (%d sites): %.200s\n", sites, msg);
 	ck_assert_msg(run_checked(&p, false, BUG_WAIT, false, 0, &sites, msg, sizeof(msg)) > 0,
 		      "wait_group S-1 not found on sm_90a");
+	g_target = "sm_90";
+	product_free(&p);
+}
+END_TEST
+
+/* A float16 GEMM on sm_90a with tma=1 (gemm_tma.c): M, N and K not
+ * multiples of the tile (TMA's zero fill), K tiles not a multiple of the
+ * stages, one SM so that the block walks every tile and carries its ring's
+ * stages and parities across them; clean and equal to the float64
+ * reference, then each of a missing mbarrier wait, a flipped parity and a
+ * refill without the barrier reported. */
+START_TEST(tma_gemm_bugs_found)
+{
+	product p = { .m = 150, .k = 296, .n = 136, .dt = AP_DT_F16, .bias = true };
+	char msg[2048];
+	int sites;
+	static const struct { sync_bug bug; const char *what, *want; } bugs[] = {
+		{ BUG_MBWAIT, "no mbarrier wait", "before the bulk copy or TMA load on mbarrier" },
+		{ BUG_PARITY, "a flipped parity", "before the bulk copy or TMA load on mbarrier" },
+		{ BUG_TMASYNC, "no barrier before a refill", "copies into (an asynchronous copy) it with no barrier" },
+	};
+
+	product_data(&p, false);
+	g_target = "sm_90a";
+	g_tma = true;
+	g_sms = 1;
+	ck_assert_uint_eq(run_checked(&p, false, BUG_NONE, false, 1e-2, &sites, msg, sizeof(msg)), 0);
+	for (size_t i = 0; i < sizeof(bugs) / sizeof(bugs[0]); i++) {
+		ck_assert_msg(run_checked(&p, false, bugs[i].bug, false, 0, &sites, msg, sizeof(msg)) > 0, "%s not found",
+			      bugs[i].what);
+		ck_assert_int_gt(sites, 0);
+		ck_assert_msg(strstr(msg, bugs[i].want), "%s", msg);
+		printf("check_hostcheck: tma, %s (%d sites): %.300s\n", bugs[i].what, sites, msg);
+	}
+	g_tma = false;
+	g_sms = 0;
 	g_target = "sm_90";
 	product_free(&p);
 }
@@ -1084,6 +1263,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, splitk_cluster_bug_found);
 	tcase_add_test(tc, unit_wgmma);
 	tcase_add_test(tc, wgmma_bugs_found);
+	tcase_add_test(tc, tma_gemm_bugs_found);
 	tcase_add_test(tc, unit_mbarrier);
 	tcase_add_test(tc, bulk_pipeline_bugs_found);
 	tcase_add_test(tc, tma_load_kernel);

@@ -1294,14 +1294,33 @@ static void run_wg_bias(const char *name, ap_dtype dt, int K)
 	run_case(&lc, m, ref_gemm_wg);
 	g_opts = NULL;
 	ck_assert_int_eq(ap_cost_target("sm_90a", &ti), 0);
-	{
+	/* the default rule's kernel (cp.async), then the same tile with its
+	 * operands filled by TMA (tma=1, gemm_tma.c) */
+	for (int tma = 0; tma < 2; tma++) {
 		ap_lower_options lo = {0, NULL, true};
-		ap_kir_kernel *k = ap_lower_mgraph(m, &ti, name, &lo, NULL, &err);
+		ap_sched s;
+		ap_kir_kernel *k;
 		char *cuda, *probe;
 		uint8_t *ptx = NULL;
 		size_t len = 0;
 		ap_ptxas_stats st;
 
+		if (tma) {
+			ap_bound bd;
+			ap_space sp;
+			int at = -1;
+
+			ck_assert_int_eq(ap_bind_first(m, &ti, &bd, &err), 0);
+			ck_assert_int_eq(ap_emitter_default(&bd, &sp, &s, &err), 0);
+			for (int i = 0; i < sp.n; i++)
+				at = strcmp(sp.knobs[i].name, "tma") ? at : i;
+			ck_assert_int_ge(at, 0);
+			s.v[at] = 1;
+			ck_assert_int_eq(ap_sched_valid(&bd, &s), 1);
+			ap_unbind(&bd);
+			lo.sched = &s;
+		}
+		k = ap_lower_mgraph(m, &ti, name, &lo, NULL, &err);
 		ck_assert_msg(k != NULL, "%s", err.msg);
 		cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
 		ck_assert_ptr_nonnull(cuda);
@@ -1310,10 +1329,12 @@ static void run_wg_bias(const char *name, ap_dtype dt, int K)
 		/* the wgmma kernel's own text (the golden above is sm_80's):
 		 * swizzled tiles in dynamic shared memory aligned at run time */
 		ck_assert_ptr_nonnull(strstr(cuda, "ap_smem_raw"));
+		ck_assert_int_eq(strstr(cuda, "cp.async.bulk.tensor.2d") != NULL, tma);
+		ck_assert_int_eq(strstr(cuda, "cp.async.cg") != NULL || strstr(cuda, "cp.async.ca") != NULL, !tma);
 		{
 			char gname[64];
 
-			snprintf(gname, sizeof(gname), "%s_sm90a", name);
+			snprintf(gname, sizeof(gname), "%s%s_sm90a", name, tma ? "_tma" : "");
 			golden(gname, cuda);
 		}
 		probe = nvrtc_ptx("extern \"C\" __global__ void ap_probe() {}", "ap_probe");

@@ -505,7 +505,7 @@ int ap__gemm_analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, 
 gemm_cfg ap__gemm_cfg_of(const ap_sched *s)
 {
 	gemm_cfg c = {s->v[K_BM], s->v[K_BN], s->v[K_BK], s->v[K_TM], s->v[K_TN], s->v[K_STAGES],
-		      s->n > K_SPLITK ? s->v[K_SPLITK] : 1};
+		      s->n > K_SPLITK ? s->v[K_SPLITK] : 1, s->n > K_TMA ? s->v[K_TMA] : 0};
 
 	return c;
 }
@@ -701,6 +701,9 @@ size_t ap__gemm_smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_targe
 	/* split-K: every block's partial accumulator tile, for the cluster */
 	if (c->splitk > 1)
 		b += 16 + (size_t)c->bm * (size_t)c->bn * ap_dtype_size(p->acc_t);
+	/* tma=1: the ring's mbarriers, 8 bytes a stage */
+	if (c->tma)
+		b += 8 * S;
 	return a + b;
 }
 
@@ -732,6 +735,8 @@ bool ap__gemm_cfg_valid(const gemm_plan *p, const gemm_cfg *c, const ap_target_i
 			      (p->K + c->bk - 1) / c->bk < 2 * c->splitk))
 		return false;
 	if (ap__gemm_smem_bytes(p, c, t) > smem_limit(t))
+		return false;
+	if (c->tma && !ap__gemm_tma_fits(p, c))
 		return false;
 	if (p->wg) {
 		/* a warpgroup's tile: m64 rows per wgmma, N a multiple of 8 up to
@@ -909,6 +914,19 @@ static int gm_space(const ap_bound *b, ap_space *sp)
 			knob(&sp->knobs[K_LIB], "lib", lib_vals, 2);
 		}
 	}
+	/* tma: wgmma's tiles filled by TMA (gemm_tma.c) where the operands
+	 * are tensor maps; after lib, with splitk and lib listed (lib=0 only
+	 * where the library cannot) */
+	if (ap__gemm_tma_operands(p)) {
+		static const int tma_vals[] = {0, 1}, one[] = {1}, zero[] = {0};
+
+		if (sp->n == 6)
+			knob(&sp->knobs[K_SPLITK], "splitk", one, 1);
+		if (sp->n < 8)
+			knob(&sp->knobs[K_LIB], "lib", zero, 1);
+		sp->n = 9;
+		knob(&sp->knobs[K_TMA], "tma", tma_vals, 2);
+	}
 	return 0;
 }
 
@@ -922,7 +940,7 @@ static int traffic_of(const ap_bound *b, const ap_sched *s, ap_traffic *out);
 static gemm_cfg wg_default(const gemm_plan *p, int stages)
 {
 	gemm_cfg c = {p->Mr > 64 ? 128 : 64, 128, p->K >= 64 ? 64 : p->K > 16 ? 32 : 16, 1, 1,
-		      stages < 2 ? 2 : stages, 1};
+		      stages < 2 ? 2 : stages, 1, 0};
 
 	while (c.bn > 16 && c.bn / 2 >= p->N)
 		c.bn /= 2;
@@ -940,7 +958,7 @@ static int gm_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 	int rc;
 
 	ap_cost_gemm_default(t, p->tb, p->Mr, p->N, p->K, ap_dtype_size(p->in_t), p->tc, &tile);
-	c = (gemm_cfg){tile.bm, tile.bn, tile.bk, tile.tm, tile.tn, tile.stages, 1};
+	c = (gemm_cfg){tile.bm, tile.bn, tile.bk, tile.tm, tile.tn, tile.stages, 1, 0};
 	if (p->wg)
 		c = wg_default(p, tile.stages);
 	/* shrink what the target cannot hold */
@@ -996,7 +1014,11 @@ static int gm_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 	 * this kernel; where the model calls this tile a spill (INFINITY) the
 	 * rule keeps the kernel and leaves the choice to a search, which can
 	 * walk the tiles from here (a measured tuning record overrides both) */
-	if (sp->n > K_LIB) {
+	/* tma=0 until a device run has validated tma=1 (docs/limits.md): the
+	 * tuner's search and a measured record may choose it */
+	if (sp->n > K_TMA)
+		s->v[K_TMA] = 0;
+	if (sp->n > K_LIB && sp->knobs[K_LIB].n > 1) {
 		ap_traffic own, lib;
 
 		s->v[K_LIB] = 0;
@@ -1023,8 +1045,8 @@ static int lib_point(const ap_bound *b, const ap_sched *s)
 
 	if ((rc = gm_space(b, &sp)) < 0 || (rc = gm_choose(b, &sp, &d)) < 0)
 		return rc;
-	for (int i = 0; i < K_LIB; i++)
-		if (d.v[i] != s->v[i])
+	for (int i = 0; i < s->n; i++)
+		if (i != K_LIB && d.v[i] != s->v[i])
 			return 0;
 	return 1;
 }

@@ -12,7 +12,9 @@
  *                  copies, pair and compute staging, register-staged loads;
  *   gemm_kernel.c  the arithmetic (SIMT and mma.sync over a K tile),
  *                  split-K's cluster reduction, the epilogue and the
- *                  kernel's skeleton (ap__gemm_emit).
+ *                  kernel's skeleton (ap__gemm_emit);
+ *   gemm_tma.c     wgmma's tiles filled by TMA (tma=1): the operands'
+ *                  tensor maps, the mbarrier ring, the persistent loop.
  *
  * Each function's comment is at its definition.
  */
@@ -94,11 +96,13 @@ typedef struct gemm_plan {
 /* SIMT order; tensor cores: tm = wm, tn = wn.  The space has K_SPLITK
  * only where split-K can be built and has more than one value (see
  * splitk_values), so other schedules read as they always did. */
-enum { K_BM, K_BN, K_BK, K_TM, K_TN, K_STAGES, K_SPLITK, K_LIB };
+enum { K_BM, K_BN, K_BK, K_TM, K_TN, K_STAGES, K_SPLITK, K_LIB, K_TMA };
 
 typedef struct gemm_cfg {
 	int bm, bn, bk, tm, tn, stages;   /* tensor cores: tm, tn = warps along M, N */
 	int splitk;                       /* blocks (a thread-block cluster) sharing a tile's K */
+	int tma;                          /* 1: wgmma's tiles filled by TMA on an mbarrier ring,
+					     persistent blocks (gemm_tma.c); 0: cp.async */
 } gemm_cfg;
 
 /* How an operand copied by cp.async reaches its tile (ap__gemm_copy_mode). */
@@ -151,6 +155,7 @@ typedef struct gctx {
 	ap_kir_expr *bcoord[AP_MAX_RANK]; /* Y's batch coordinates of the tile */
 	ap_kir_expr *tb_index;          /* the tile's linear batch (not folded) */
 	ap_kir_expr *m0, *n0;           /* the tile's first row and column */
+	ap_kir_expr *tile;              /* the tile's index (open_tile) */
 	ap_kir_expr *tid;
 	/* register-staged loads: per operand, the registers of one tile */
 	int a_regs, b_regs;
@@ -180,6 +185,11 @@ typedef struct gctx {
 	 * hoisted), and what each further copy of a thread adds */
 	ap_kir_expr *cp_src[2], *cp_dst[2];
 	int64_t cp_dsrc[2], cp_ddst[2];
+	/* tma=1 (gemm_tma.c): the ring's mbarriers, one a stage; the stage the
+	 * next fill goes to, the stage and parity the next K tile is read
+	 * from (carried across the block's tiles) */
+	ap_kir_array *full;
+	ap_kir_var *pst, *cst, *cph;
 } gctx;
 
 /* An index constant of the kernel's index type. */
@@ -189,6 +199,9 @@ static inline ap_kir_expr *I(gctx *c, int64_t v)
 }
 
 /* gemm.c: analysis and configuration */
+bool ap__gemm_tma_operands(const gemm_plan *p);
+bool ap__gemm_tma_fits(const gemm_plan *p, const gemm_cfg *c);
+void ap__gemm_tma_box(const gemm_plan *p, const gemm_cfg *c, int role, int *ja, int *rows, int *nbox);
 void ap__gemm_plan_clear(gemm_plan *p);
 int ap__gemm_analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, char *why,
 		     size_t cap);
@@ -217,7 +230,13 @@ int ap__gemm_reg_count(gctx *c, int role);
 void ap__gemm_issue_tile(gctx *c, ap_kir_expr *st, ap_kir_expr *kt);
 void ap__gemm_complete_tile(gctx *c, ap_kir_expr *st);
 
+/* gemm_tma.c: the TMA main loop (tma=1) */
+int ap__gemm_tma_setup(gctx *c);
+void ap__gemm_tma_prefetch(gctx *c, ap_kir_expr *tile);
+void ap__gemm_mainloop_tma(gctx *c, ap_kir_expr *tile);
+
 /* gemm_kernel.c: the kernel (the emitter's `emit`) */
+void ap__gemm_compute_tile(gctx *c, ap_kir_expr *st);
 int ap__gemm_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_error *err);
 
 #endif

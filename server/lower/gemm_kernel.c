@@ -450,6 +450,8 @@ static void choose_staging(gctx *c)
 
 		stage_mode mode = role ? c->b_mode : c->a_mode;
 
+		if (c->c.tma)
+			continue;   /* ap__gemm_tma_setup says how */
 		if (mode == STAGE_PAIRS)
 			ap_kir_comment(k, c->v->cur, "operand %c: cp.async of the 4-byte pair holding each "
 				       "gathered element, extracted into the tile", role ? 'B' : 'A');
@@ -552,6 +554,9 @@ static void set_launch(gctx *c)
 			       "partial tiles summed through distributed shared memory", c->c.splitk, c->ktl);
 	} else {
 		c->grid = ap_grid_for(c->tiles, 1);
+		/* tma=1: persistent, at most a block an SM */
+		if (c->c.tma && c->t->sm_count > 0 && c->grid > c->t->sm_count)
+			c->grid = c->t->sm_count;
 		k->grid[0] = c->grid;
 		c->ktl = KT;
 		c->kofs = I(c, 0);
@@ -639,6 +644,7 @@ static void open_tile(gctx *c, ap_kir_block **saved)
 			 I(c, c->tiles), c->grid, saved);
 	ap_kir_barrier(k, v->cur);
 	r = ap_kir_ref(k, tile);
+	c->tile = ap_kir_ref(k, tile);
 	bi = ap_kir_bind(k, v->cur, k->index_type, "bi", ap_kir_binary(k, AP_KIR_DIV, r, I(c, per)));
 	rest = ap_kir_binary(k, AP_KIR_REM, r, I(c, per));
 	c->m0 = ap_kir_bind(k, v->cur, k->index_type, "m0",
@@ -682,7 +688,7 @@ static void clear_tile(gctx *c)
 }
 
 /* The arithmetic of the K tile in stage st: wgmma, mma.sync or SIMT. */
-static void compute_tile(gctx *c, ap_kir_expr *st)
+void ap__gemm_compute_tile(gctx *c, ap_kir_expr *st)
 {
 	if (c->p->wg)
 		compute_wg(c, st);
@@ -710,7 +716,7 @@ static void mainloop_single(gctx *c)
 	}
 	tiles_ready(c);
 	ap__gemm_extract_tile(c, I(c, 0), ap_kir_add(k, c->kofs, ap_kir_ref(k, kt)));
-	compute_tile(c, I(c, 0));
+	ap__gemm_compute_tile(c, I(c, 0));
 	ap_v_close(v, ksaved);
 }
 
@@ -767,7 +773,7 @@ static void mainloop_pipelined(gctx *c)
 	ap_v_close(v, saved);
 	if (c->a_async || c->b_async)
 		ap_kir_cp_commit(k, v->cur);
-	compute_tile(c, stage);
+	ap__gemm_compute_tile(c, stage);
 	if (!c->a_async || !c->b_async) {
 		ap_v_if(v, more, &saved, NULL);
 		ap__gemm_complete_tile(c, nst);
@@ -986,9 +992,16 @@ int ap__gemm_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_err
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");
 		goto done;
 	}
+	if (c.c.tma && ap__gemm_tma_setup(&c) < 0) {
+		rc = ap_error_set(err, ap_kir_failed(k) ? AP_ENOMEM : AP_EINTERNAL, NULL, NULL,
+				  "gemm emitter: the operands' tensor maps (tma=1) could not be made");
+		goto done;
+	}
 	open_tile(&c, &tsaved);
 	clear_tile(&c);
-	if (c.c.stages == 1)
+	if (c.c.tma)
+		ap__gemm_mainloop_tma(&c, c.tile);
+	else if (c.c.stages == 1)
 		mainloop_single(&c);
 	else
 		mainloop_pipelined(&c);

@@ -42,7 +42,7 @@
 #include "../kir/kir.h"
 #include "../partition/mgraph.h"
 
-#define AP_SPACE_MAX_KNOBS 8
+#define AP_SPACE_MAX_KNOBS 9
 #define AP_KNOB_MAX_VALUES 12
 
 typedef struct ap_knob {

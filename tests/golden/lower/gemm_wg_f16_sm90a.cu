@@ -17,7 +17,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_wg_f16(__half *__restr
 	__half *sb = (__half *)(ap_smem + 49152);
 	float acc[32];
 	/* matmul micro-graph: MatMul Add */
-	/* emitter gemm: bm=128 bn=64 bk=64 wgm=2 wgn=1 stages=3 splitk=1 lib=0 */
+	/* emitter gemm: bm=128 bn=64 bk=64 wgm=2 wgn=1 stages=3 splitk=1 lib=0 tma=0 */
 	/* p0: writes float16 [72,40] */
 	/* p1: reads float16 [72,128] */
 	/* p2: reads float16 [128,40] */

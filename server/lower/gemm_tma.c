@@ -1,0 +1,290 @@
+/* gemm_tma.c -- wgmma's operand tiles filled by TMA (schedule knob tma=1,
+ * sm_90a): each operand a 2-D tensor map, each stage of the tiles a set
+ * of boxes landing on the stage's mbarrier, persistent blocks (one per SM
+ * at most) walking the output tiles and loading the next tile's first
+ * stages before the epilogue of this one.  The phase form of
+ * docs/hopper-pipeline.md (no warp specialisation): thread 0 issues every
+ * fill, every thread waits on the stage it reads.
+ *
+ * Why a wgmma tile is a set of TMA boxes.  A tile with the swizzle of W
+ * bytes (ap__gemm_wg_swizzle; W / es = ja elements) is laid out in atoms
+ * of 8 rows of W bytes, 8 W bytes apart (SBO), each row's 16-byte chunks
+ * permuted by XOR with (row * W / 128) mod (W / 16) (ap__wg_swizzled_place)
+ * -- which is the order in which a TMA box of ja x R elements with the
+ * same swizzle lands (PTX ISA, "Tensor Memory Accelerator: swizzling
+ * modes"; common/tmap.c, ap_tmap_load; check_kir tmap_load_swizzled pins
+ * the two to the ISA's atom figures).  So:
+ *   - K-major (K contiguous in memory and in the tile): the tile's rows
+ *     (bm or bn of them, R) split along K into bk / ja boxes of ja x R,
+ *     box i at i R ja elements of the stage (the next atom column);
+ *   - MN-major (M or N contiguous): the tile's bk rows of K split along
+ *     M or N into rows / ja boxes of ja x bk, box i at i bk ja.
+ * TMA fills what lies past the tensor's edges with zeros, so M, N and K
+ * need no predicates, and the whole box counts toward the stage's
+ * transaction bytes (assumed here as in common/tmap.h; the device kit's
+ * gpu_tma_box settles it).
+ *
+ * The pipeline, per block (S stages, D = S - 2 fills ahead when a K
+ * tile's wgmma stay in flight through the next, else S - 1):
+ *   init full[0..S) (count 1), fence.proxy.async, barrier
+ *   fill the first tile's K tiles 0 .. D-1
+ *   for each tile of the block (grid-stride):
+ *     for kt:  barrier (every thread's wgmma reading the stage about to be
+ *              refilled have completed: wait_group 1 ran in kt - 1)
+ *              fill K tile kt + D (if any) into stage pst
+ *              wait full[cst] parity cph; wgmma on stage cst
+ *     wgmma.wait_group 0; barrier; fill the next tile's K tiles 0 .. D-1
+ *     epilogue (registers only: the fills land meanwhile)
+ * pst, cst and cph are carried across tiles, advanced by compare and
+ * select (no division in the loop).
+ */
+#include "gemm_internal.h"
+
+#include "common/tmap.h"
+
+#include <string.h>
+
+/* Whether operand `role` can be a 2-D tensor map: a buffer read through
+ * views with one stride 1 -- the coordinate its wgmma tile keeps
+ * contiguous -- and the other a multiple of 16 bytes (the driver's rule
+ * for a global stride), starting at the buffer's first element (the
+ * runtime binds a map to the buffer's address). */
+static bool tma_operand(const gemm_plan *p, int role)
+{
+	const gemm_opnd *o = role ? &p->b : &p->a;
+	int64_t es = (int64_t)ap_dtype_size(p->in_t), far, outer = role ? p->N : p->Mr;
+	bool ar, br;
+
+	ap__gemm_tile_layouts(p, &ar, &br);
+	if (!o->plain || o->composite || o->staged || o->gather || o->vec <= 0 || o->k_fast != (role ? br : ar) ||
+	    o->s_base != 0)
+		return false;
+	far = o->k_fast ? o->s_outer : o->s_k;
+	return far > 0 && (far * es) % 16 == 0 && far * es < ((int64_t)1 << 40) && outer <= ((int64_t)1 << 32) &&
+	       p->K <= ((int64_t)1 << 32);
+}
+
+/* Whether the product's operands can be filled by TMA in some
+ * configuration: wgmma, no convolution, one tile batch whose A rows are
+ * one stride apart (no batch dims, or folded into linear rows), two
+ * distinct buffers (a map per buffer), each a tensor map (tma_operand). */
+bool ap__gemm_tma_operands(const gemm_plan *p)
+{
+	return p->wg && !p->conv && p->tb == 1 && (!p->fold || p->a_linear) && p->a.leaf != p->b.leaf &&
+	       tma_operand(p, 0) && tma_operand(p, 1);
+}
+
+/* Operand `role`'s boxes in configuration c (the file comment): ja
+ * elements along the tile's contiguous coordinate (the swizzle's span),
+ * `rows` along the other, `nbox` of them a stage. */
+void ap__gemm_tma_box(const gemm_plan *p, const gemm_cfg *c, int role, int *ja, int *rows, int *nbox)
+{
+	bool ar, br;
+	int es = (int)ap_dtype_size(p->in_t), sw = ap__gemm_wg_swizzle(p, c, role), outer = role ? c->bn : c->bm;
+
+	ap__gemm_tile_layouts(p, &ar, &br);
+	*ja = sw / es;
+	if (*ja <= 0) {
+		*rows = *nbox = 0;
+		return;
+	}
+	*rows = (role ? br : ar) ? outer : c->bk;
+	*nbox = ((role ? br : ar) ? c->bk : outer) / *ja;
+}
+
+/* Whether configuration c can run tma=1: the operands can (above), no
+ * split-K, two stages at least, both tiles swizzled (an unswizzled
+ * core-matrix tile is not a box) and every box within the driver's 256
+ * elements a dimension. */
+bool ap__gemm_tma_fits(const gemm_plan *p, const gemm_cfg *c)
+{
+	if (!ap__gemm_tma_operands(p) || c->splitk > 1 || c->stages < 2)
+		return false;
+	for (int role = 0; role < 2; role++) {
+		int ja, rows, nbox;
+
+		ap__gemm_tma_box(p, c, role, &ja, &rows, &nbox);
+		if (ja <= 0 || nbox <= 0 || rows > 256 || ja > 256)
+			return false;
+	}
+	return true;
+}
+
+static int swizzle_mode(int bytes)
+{
+	return bytes == 128 ? AP_TMAP_SWIZZLE_128B : bytes == 64 ? AP_TMAP_SWIZZLE_64B : AP_TMAP_SWIZZLE_32B;
+}
+
+/* Fills d with operand `role`'s map: dimension 0 the contiguous
+ * coordinate (K for a K-major tile, else M or N), dimension 1 the other,
+ * its stride in bytes; the box of ap__gemm_tma_box; zero fill. */
+static void tma_desc(gctx *c, int role, ap_tmap_desc *d)
+{
+	const gemm_plan *p = c->p;
+	const gemm_opnd *o = role ? &p->b : &p->a;
+	uint64_t es = ap_dtype_size(p->in_t), outer = (uint64_t)(role ? p->N : p->Mr);
+	int ja, rows, nbox;
+
+	ap__gemm_tma_box(p, &c->c, role, &ja, &rows, &nbox);
+	memset(d, 0, sizeof(*d));
+	d->dtype = ap_tmap_dtype_of(p->in_t);
+	d->rank = 2;
+	d->dims[0] = o->k_fast ? (uint64_t)p->K : outer;
+	d->dims[1] = o->k_fast ? outer : (uint64_t)p->K;
+	d->strides[0] = (uint64_t)(o->k_fast ? o->s_outer : o->s_k) * es;
+	d->box[0] = (uint32_t)ja;
+	d->box[1] = (uint32_t)rows;
+	d->estrides[0] = d->estrides[1] = 1;
+	d->swizzle = swizzle_mode(c->r->sw[role]);
+	d->l2 = AP_TMAP_L2_128B;
+	d->oob = AP_TMAP_OOB_ZERO;
+}
+
+/* x = x == S - 1 ? 0 : x + 1, and *flip ^= 1 where it wrapped (NULL: no
+ * parity). */
+static void advance(gctx *c, ap_kir_block *b, ap_kir_var *x, ap_kir_var *flip)
+{
+	ap_kir_kernel *k = c->k;
+	ap_kir_expr *last = ap_kir_binary(k, AP_KIR_EQ, ap_kir_ref(k, x), I(c, c->c.stages - 1));
+
+	if (flip)
+		ap_kir_assign(k, b, flip, ap_kir_select(k, last, ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, flip), I(c, 1)),
+							ap_kir_ref(k, flip)));
+	last = ap_kir_binary(k, AP_KIR_EQ, ap_kir_ref(k, x), I(c, c->c.stages - 1));
+	ap_kir_assign(k, b, x, ap_kir_select(k, last, I(c, 0), ap_kir_addi(k, ap_kir_ref(k, x), 1)));
+}
+
+/* Fills: thread 0 (an IF in b) expects the stage's bytes on full[pst]
+ * and issues K tile kt's boxes of A (rows m0 ..) and B (columns n0 ..)
+ * into stage pst; then every thread advances pst. */
+static void fill(gctx *c, ap_kir_block *b, ap_kir_expr *kt, ap_kir_expr *m0, ap_kir_expr *n0)
+{
+	ap_kir_kernel *k = c->k;
+	int64_t es = (int64_t)ap_dtype_size(c->p->in_t);
+	ap_kir_expr *st = ap_kir_ref(k, c->pst), *k0 = ap_kir_muli(k, kt, c->c.bk);
+	ap_kir_stmt *one = ap_kir_if(k, b, ap_kir_binary(k, AP_KIR_EQ, c->tid, I(c, 0)));
+
+	if (!one)
+		return;
+	ap_kir_mbar_arrive(k, &one->body, c->full, st,
+			   ap_kir_int(k, AP_DT_I32, (int64_t)(c->c.bm + c->c.bn) * c->c.bk * es));
+	for (int role = 0; role < 2; role++) {
+		const gemm_opnd *o = role ? &c->p->b : &c->p->a;
+		ap_kir_expr *o0 = role ? n0 : m0;
+		int ja, rows, nbox;
+
+		ap__gemm_tma_box(c->p, &c->c, role, &ja, &rows, &nbox);
+		for (int i = 0; i < nbox; i++) {
+			/* box i: along the contiguous coordinate i ja on from the
+			 * tile's start (K for a K-major tile) */
+			ap_kir_expr *co[2];
+
+			co[0] = ap_kir_addi(k, o->k_fast ? k0 : o0, (int64_t)i * ja);
+			co[1] = o->k_fast ? o0 : k0;
+			ap_kir_tma_load(k, &one->body, role ? c->sb : c->sa,
+					ap_kir_addi(k, ap_kir_mul(k, st, I(c, role ? c->b_stage : c->a_stage)),
+						    (int64_t)i * rows * ja),
+					ap_v_buffer(c->v, o->leaf), co, c->full, st);
+		}
+	}
+	advance(c, b, c->pst, NULL);
+}
+
+/* The fills ahead of the pipeline: D, or S - 1 without wgmma overlap. */
+static int ahead(gctx *c)
+{
+	return c->wg_overlap ? c->c.stages - 2 : c->c.stages - 1;
+}
+
+/* Tile `tile`'s first row and column (row-major over tiles_m x tiles_n;
+ * tma=1 has one tile batch). */
+static void tile_origin(gctx *c, ap_kir_block *b, ap_kir_expr *tile, ap_kir_expr **m0, ap_kir_expr **n0)
+{
+	ap_kir_kernel *k = c->k;
+
+	*m0 = ap_kir_bind(k, b, k->index_type, "pm",
+			  ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, tile, I(c, c->tiles_n)), c->c.bm));
+	*n0 = ap_kir_bind(k, b, k->index_type, "pn",
+			  ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, tile, I(c, c->tiles_n)), c->c.bn));
+}
+
+/* Fills K tiles 0 .. min(D, ktl) - 1 of output tile `tile` (the caller
+ * knows it exists and that the stages are free). */
+void ap__gemm_tma_prefetch(gctx *c, ap_kir_expr *tile)
+{
+	ap_kir_expr *m0, *n0;
+	int n = ahead(c) < c->ktl ? ahead(c) : c->ktl;
+
+	tile_origin(c, c->v->cur, tile, &m0, &n0);
+	for (int j = 0; j < n; j++)
+		fill(c, c->v->cur, I(c, j), m0, n0);
+}
+
+/* Before the tile loop: the two tensor maps, the ring's barriers
+ * initialised by thread 0 and fenced for the async proxy, pst / cst / cph
+ * at 0, and the block's first tile prefetched.  0, or -1 when a map is
+ * refused (the kernel is marked failed). */
+int ap__gemm_tma_setup(gctx *c)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_stmt *one;
+
+	for (int role = 0; role < 2; role++) {
+		ap_tmap_desc d;
+
+		tma_desc(c, role, &d);
+		if (ap_kir_tensor_map(k, ap_v_buffer(v, (role ? c->p->b : c->p->a).leaf), &d) < 0)
+			return -1;
+	}
+	ap_kir_comment(k, v->cur, "operands A and B by TMA: boxes of the tensor maps into %d stages, each on its "
+		       "mbarrier; persistent blocks", c->c.stages);
+	c->full = ap_kir_mbarriers(k, "full", c->c.stages);
+	one = ap_kir_if(k, v->cur, ap_kir_binary(k, AP_KIR_EQ, c->tid, I(c, 0)));
+	if (!c->full || !one)
+		return -1;
+	for (int s = 0; s < c->c.stages; s++)
+		ap_kir_mbar_init(k, &one->body, c->full, I(c, s), ap_kir_int(k, AP_DT_I32, 1));
+	ap_kir_fence_proxy_async(k, &one->body);
+	ap_kir_barrier(k, v->cur);
+	c->pst = ap_kir_var_new(k, k->index_type, "pst");
+	c->cst = ap_kir_var_new(k, k->index_type, "cst");
+	c->cph = ap_kir_var_new(k, k->index_type, "cph");
+	ap_kir_let(k, v->cur, c->pst, I(c, 0));
+	ap_kir_let(k, v->cur, c->cst, I(c, 0));
+	ap_kir_let(k, v->cur, c->cph, I(c, 0));
+	ap__gemm_tma_prefetch(c, ap_kir_index_of(k, AP_KIR_BLOCK_X));
+	return ap_kir_failed(k) ? -1 : 0;
+}
+
+/* The K loop of output tile `tile` (first row and column c->m0, c->n0;
+ * its first D K tiles already filled) and the next tile's prefetch (the
+ * file comment). */
+void ap__gemm_mainloop_tma(gctx *c, ap_kir_expr *tile)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	int D = ahead(c);
+	ap_kir_block *ksaved, *saved;
+	ap_kir_var *kt = ap_v_loop(v, "kt", I(c, 0), I(c, c->ktl), 1, &ksaved);
+	ap_kir_expr *nxt, *next;
+
+	ap_kir_barrier(k, v->cur);
+	nxt = ap_kir_bind(k, v->cur, k->index_type, "nx", ap_kir_addi(k, ap_kir_ref(k, kt), D));
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, nxt, I(c, c->ktl)), &saved, NULL);
+	fill(c, v->cur, nxt, c->m0, c->n0);
+	ap_v_close(v, saved);
+	ap_kir_mbar_wait(k, v->cur, c->full, ap_kir_ref(k, c->cst), ap_kir_ref(k, c->cph));
+	ap__gemm_compute_tile(c, ap_kir_ref(k, c->cst));
+	advance(c, v->cur, c->cst, c->cph);
+	ap_v_close(v, ksaved);
+	if (c->wg_overlap)   /* the last K tile's products */
+		ap_kir_wgmma_wait(k, v->cur, 0, c->acc);
+	/* every thread's products are complete: the stages are free for the
+	 * next tile's first K tiles, which land during this one's epilogue */
+	ap_kir_barrier(k, v->cur);
+	next = ap_kir_bind(k, v->cur, k->index_type, "nt", ap_kir_addi(k, tile, c->grid));
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, next, I(c, c->tiles)), &saved, NULL);
+	ap__gemm_tma_prefetch(c, next);
+	ap_v_close(v, saved);
+}
