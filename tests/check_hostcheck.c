@@ -387,6 +387,7 @@ typedef struct product {
 	int64_t m, k, n;
 	ap_dtype dt;
 	bool bias;
+	bool wt;                        /* w stored n x k, read through a Transpose (a linear layer) */
 	float *x, *w, *b;
 	double *want;
 } product;
@@ -394,15 +395,24 @@ typedef struct product {
 static ap_graph *product_graph(const product *p)
 {
 	ap_graph *g = ap_graph_new("checked");
-	int64_t dx[2] = { p->m, p->k }, dw[2] = { p->k, p->n }, dy[2] = { p->m, p->n }, db[1] = { p->n };
+	int64_t dx[2] = { p->m, p->k }, dw[2] = { p->k, p->n }, dwt[2] = { p->n, p->k }, dy[2] = { p->m, p->n };
+	int64_t db[1] = { p->n };
 	int x = ap_graph_add_tensor(g, "x", p->dt, 2, dx, AP_TENSOR_INPUT, NULL, 0);
-	int w = ap_graph_add_tensor(g, "w", p->dt, 2, dw, AP_TENSOR_INPUT, NULL, 0);
+	int w = ap_graph_add_tensor(g, "w", p->dt, 2, p->wt ? dwt : dw, AP_TENSOR_INPUT, NULL, 0);
 	int mm = ap_graph_add_tensor(g, "mm", p->dt, 2, dy, AP_TENSOR_VALUE, NULL, 0);
-	int out = mm;
+	int out = mm, win = w;
 
 	g->inputs = malloc(3 * sizeof(int));
 	g->inputs[g->n_inputs++] = x;
-	g->inputs[g->n_inputs++] = w;
+	g->inputs[g->n_inputs++] = win;
+	if (p->wt) {
+		int n;
+
+		w = ap_graph_add_tensor(g, "wT", p->dt, 2, dw, AP_TENSOR_VALUE, NULL, 0);
+		n = ap_graph_add_node(g, "tr", AP_OP_TRANSPOSE, 1, &win, 1, &w);
+		ck_assert_int_ge(n, 0);
+		ap_node_set_ints(g, n, "perm", (const int64_t[]){ 1, 0 }, 2);
+	}
 	ck_assert_int_ge(ap_graph_add_node(g, "mm", AP_OP_MATMUL, 2, (int[]){ x, w }, 1, &mm), 0);
 	if (p->bias) {
 		int b = ap_graph_add_tensor(g, "b", p->dt, 1, db, AP_TENSOR_INPUT, NULL, 0);
@@ -644,9 +654,17 @@ static unsigned run_checked(product *p, bool tf, sync_bug bug, bool cluster, dou
 		if (arr->space != AP_KIR_GLOBAL)
 			continue;
 		numel = ap_tensor_numel(&m->g->tensors[arr->tensor]);
-		if (arr->written)
+		if (arr->written) {
 			args[arr->param] = calloc((size_t)numel, p->dt == AP_DT_F16 ? 2 : 4);
-		else
+		} else if (p->wt && !strcmp(m->g->tensors[arr->tensor].name, "w")) {   /* w as n x k */
+			float *t = malloc((size_t)numel * sizeof(float));
+
+			for (int64_t i = 0; i < p->k; i++)
+				for (int64_t j = 0; j < p->n; j++)
+					t[j * p->k + i] = p->w[i * p->n + j];
+			args[arr->param] = as_type(p->dt, t, numel);
+			free(t);
+		} else
 			args[arr->param] = as_type(p->dt, !strcmp(m->g->tensors[arr->tensor].name, "x") ? p->x
 							  : !strcmp(m->g->tensors[arr->tensor].name, "w") ? p->w
 							  : p->b, numel);
@@ -866,10 +884,21 @@ START_TEST(tma_gemm_bugs_found)
 		ck_assert_msg(strstr(msg, bugs[i].want), "%s", msg);
 		printf("check_hostcheck: tma, %s (%d sites): %.300s\n", bugs[i].what, sites, msg);
 	}
+	product_free(&p);
+	/* a linear layer's weight (n x k, read transposed): B's tile K-major,
+	 * both operands boxes of span x rows */
+	{
+		product q = { .m = 200, .k = 120, .n = 72, .dt = AP_DT_F16, .wt = true };
+
+		product_data(&q, false);
+		ck_assert_uint_eq(run_checked(&q, false, BUG_NONE, false, 1e-2, &sites, msg, sizeof(msg)), 0);
+		ck_assert_msg(run_checked(&q, false, BUG_PARITY, false, 0, &sites, msg, sizeof(msg)) > 0,
+			      "a flipped parity not found (B K-major)");
+		product_free(&q);
+	}
 	g_tma = false;
 	g_sms = 0;
 	g_target = "sm_90";
-	product_free(&p);
 }
 END_TEST
 

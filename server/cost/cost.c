@@ -426,7 +426,7 @@ double ap_cost_schedule_us(const ap_traffic *t, const ap_target_info *ti)
 	unsigned per_sm = ap_cost_blocks_per_sm_regs(ti, threads, t->shared_bytes, t->regs);
 	double work, used = 1.0, slots, waves;
 
-	if (per_sm == 0 || t->regs > 255)   /* does not fit, or spills */
+	if (per_sm == 0 || t->regs > 255 || t->unvalidated)   /* does not fit, spills, or not run on a device */
 		return INFINITY;
 	/* too few resident threads to keep enough loads in flight */
 	if (ti->gpu) {

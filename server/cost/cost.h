@@ -145,6 +145,11 @@ typedef struct ap_traffic {
 	bool library;          /* a library call computes the launch (issue 25):
 				  the figures are the library's, and ptxas's
 				  of the kernel beside it do not apply */
+	bool unvalidated;      /* the kernel's form has not run on a device yet
+				  (the GEMM's tma=1 until the device kit checks
+				  it: docs/limits.md): no modelled time
+				  (INFINITY), so that neither the default rule
+				  nor a search chooses it; a tuning record can */
 } ap_traffic;
 
 /* Modelled time of one launch in microseconds: launch_us plus
@@ -169,8 +174,8 @@ double ap_cost_time_us(const ap_traffic *t, const ap_target_info *ti);
  *   - work outside a block's overlapped main loop (loop_fraction: a
  *     split-K block's pipeline fill and cluster reduction) in series;
  * plus launch_us.  Microseconds; a configuration whose block does not fit
- * an SM (0 blocks per SM) or that needs more than 255 registers per thread
- * (it would spill) costs INFINITY.  The method is the roofline with
+ * an SM (0 blocks per SM), that needs more than 255 registers per thread
+ * (it would spill) or whose form is `unvalidated` costs INFINITY.  The method is the roofline with
  * an occupancy and wave correction of XLA's GpuPerformanceModel and of
  * APOLLO's section 5 cost model. */
 double ap_cost_schedule_us(const ap_traffic *t, const ap_target_info *ti);

@@ -1195,6 +1195,7 @@ static int gm_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 		      (unsigned)c->splitk;
 	out->shared_bytes = (unsigned)r->smem;
 	out->tensor_cores = p->tc;
+	out->unvalidated = c->tma != 0;
 	{
 		/* what only the tile changes: every block column re-reads A's rows,
 		 * every block row B's columns (from L2); a SIMT thread reads tm + tn
