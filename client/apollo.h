@@ -257,6 +257,9 @@ typedef struct ap_submit_options {
 					their own (to compare with it on) */
 	bool no_tune;                /* every kernel on its emitter's default rule
 					(no tuning record, no search) */
+	bool tma;                    /* sm_90a: GEMM tiles filled by TMA where the
+					operands allow (CompileOptions.tma; not yet
+					run on a GPU) */
 	unsigned tune_variant;       /* 1..4: every tuned kernel on the i-th candidate
 					of its tuning record, each in a launch of its
 					own, for timing (apollo-client tune); 0 = the

@@ -1007,6 +1007,7 @@ static ap_bundle *submit(ap_client *c, Apollo__CompileRequest *cr, const ap_subm
 		co.allow_tf32 = opt->allow_tf32;
 		co.no_layer1 = opt->no_layer1;
 		co.no_tune = opt->no_tune;
+		co.tma = opt->tma;
 		co.tune_variant = opt->tune_variant;
 		co.host_check = opt->host_check;
 	}

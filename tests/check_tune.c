@@ -306,6 +306,61 @@ START_TEST(search_finds_known_best)
 }
 END_TEST
 
+/* The GEMM's TMA form (tma=1, not yet run on a device): for a float16
+ * 4096^3 product on sm_90a the knob exists; without the request's TMA
+ * option the default rule and the search keep tma=0 -- the tma=1 twin of
+ * the default's kernel is valid but unpriced (INFINITY) -- while with it the space
+ * holds tma=1 only and no split-K, the default and the search use it, and
+ * the tuning signature differs (records of one never serve the other). */
+START_TEST(tma_only_when_asked)
+{
+	ap_graph *g = matmul_graph(4096, 4096, 4096, false);
+	ap_mgraph *m;
+	uint8_t sig[2][32];
+
+	for (int i = 0; i < g->n_tensors; i++)
+		g->tensors[i].dtype = AP_DT_F16;
+	m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+	for (int asked = 0; asked < 2; asked++) {
+		ap_target_info t;
+		ap_space sp;
+		ap_sched dflt, twin;
+		ap_tune_result r;
+		ap_error err;
+		ap_plan pl;
+		ap_traffic tr;
+		int tx;
+
+		ck_assert_int_eq(ap_cost_target("sm_90a", &t), 0);
+		t.tma = asked;
+		ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &dflt, &err), 0);
+		tx = knob_ix(&sp, "tma");
+		ck_assert_int_ge(tx, 0);
+		ck_assert_int_eq(sp.knobs[tx].n, asked ? 1 : 2);
+		ck_assert_int_eq(dflt.v[tx], asked);
+		ck_assert_int_eq(sp.knobs[knob_ix(&sp, "splitk")].n, asked ? 1 : sp.knobs[knob_ix(&sp, "splitk")].n);
+		ck_assert_int_eq(ap_tune_search(B(&ap_emitter_gemm, m, &t), NULL, &r, &err), 0);
+		ck_assert_int_eq(r.best.v[tx], asked);
+		if (!asked) {
+			twin = dflt;
+			twin.v[tx] = 1;
+			twin.v[knob_ix(&sp, "lib")] = 0;   /* the kernel, not cuBLASLt's call */
+			ck_assert_int_eq(ap_sched_valid(B(&ap_emitter_gemm, m, &t), &twin), 1);
+			ck_assert_int_eq(ap_emitter_gemm.resolve(B(&ap_emitter_gemm, m, &t), &twin, &pl), 1);
+			ck_assert_int_eq(ap_emitter_gemm.traffic(B(&ap_emitter_gemm, m, &t), &pl, &tr), 0);
+			ck_assert(tr.unvalidated);
+			ck_assert(isinf(ap_cost_schedule_us(&tr, &t)));
+		}
+		printf("check_tune: 4096^3 float16 on sm_90a, TMA %s: search chose tma=%d (%.1f us modelled)\n",
+		       asked ? "asked for" : "not asked for", r.best.v[tx], r.best_us);
+		ck_assert_int_eq(ap_tune_signature(&ap_emitter_gemm, m, "sm_90a", &t, 0, sig[asked]), 0);
+	}
+	ck_assert_int_ne(memcmp(sig[0], sig[1], 32), 0);
+	mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
 /* Split-K is priced (gm_traffic: a split block's pipeline fill and its
  * cluster's reduction stand outside the overlapped main loop) so that it
  * pays only where the tiles leave SMs idle: TF32 4096^3 on sm_90 (1,024
@@ -2037,6 +2092,7 @@ int main(void)
 	tcase_add_test(tc, search_finds_known_best);
 	tcase_add_test(tc, never_worse_than_default);
 	tcase_add_test(tc, splitk_only_for_idle_sms);
+	tcase_add_test(tc, tma_only_when_asked);
 	tcase_add_test(tc, sched_text);
 	tcase_add_test(tc, records_in_the_cache);
 	tcase_add_test(tc, records_reused_by_builds);

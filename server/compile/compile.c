@@ -848,6 +848,7 @@ static int build_options(ap_compiler *c, const Apollo__CompileRequest *req, cons
 		.n_keep_whole = o ? (int)o->n_keep_whole : 0,
 		.keep_whole = o ? o->keep_whole : NULL,
 		.allow_tf32 = o && o->allow_tf32,
+		.tma = o && o->tma,
 		.no_layer1 = o && o->no_layer1,
 		.host_check = o && o->host_check,
 	};

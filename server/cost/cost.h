@@ -55,6 +55,9 @@ typedef struct ap_target_info {
 					    on compute capability 9.0 only */
 	bool allow_tf32;                 /* the request's numerics: float32 products may run
 					    on TF32 tensor cores (off by default, as in PyTorch) */
+	bool tma;                        /* the request asks for wgmma tiles filled by TMA
+					    where they can be (the GEMM's tma=1: its default
+					    rule then, and priced; off: unvalidated) */
 	double launch_us;                /* fixed cost of one launch, microseconds */
 } ap_target_info;
 

@@ -916,16 +916,21 @@ static int gm_space(const ap_bound *b, ap_space *sp)
 	}
 	/* tma: wgmma's tiles filled by TMA (gemm_tma.c) where the operands
 	 * are tensor maps; after lib, with splitk and lib listed (lib=0 only
-	 * where the library cannot) */
+	 * where the library cannot).  A request asking for TMA
+	 * (ap_target_info.tma) gets the TMA form's space: tma=1, and no
+	 * split-K, which that form does not combine with */
 	if (ap__gemm_tma_operands(p)) {
 		static const int tma_vals[] = {0, 1}, one[] = {1}, zero[] = {0};
 
-		if (sp->n == 6)
+		if (sp->n == 6 || t->tma)
 			knob(&sp->knobs[K_SPLITK], "splitk", one, 1);
 		if (sp->n < 8)
 			knob(&sp->knobs[K_LIB], "lib", zero, 1);
 		sp->n = 9;
-		knob(&sp->knobs[K_TMA], "tma", tma_vals, 2);
+		if (t->tma)
+			knob(&sp->knobs[K_TMA], "tma", one, 1);
+		else
+			knob(&sp->knobs[K_TMA], "tma", tma_vals, 2);
 	}
 	return 0;
 }
@@ -1014,10 +1019,11 @@ static int gm_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 	 * this kernel; where the model calls this tile a spill (INFINITY) the
 	 * rule keeps the kernel and leaves the choice to a search, which can
 	 * walk the tiles from here (a measured tuning record overrides both) */
-	/* tma=0 until a device run has validated tma=1 (docs/limits.md): the
-	 * tuner's search and a measured record may choose it */
+	/* tma=1 where the request asks for it (ap_target_info.tma: the
+	 * space's only value, split-K off); else 0 until a device run has
+	 * validated it (docs/limits.md): only a tuning record chooses it then */
 	if (sp->n > K_TMA)
-		s->v[K_TMA] = 0;
+		s->v[K_TMA] = sp->knobs[K_TMA].values[0];
 	if (sp->n > K_LIB && sp->knobs[K_LIB].n > 1) {
 		ap_traffic own, lib;
 
@@ -1195,7 +1201,7 @@ static int gm_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 		      (unsigned)c->splitk;
 	out->shared_bytes = (unsigned)r->smem;
 	out->tensor_cores = p->tc;
-	out->unvalidated = c->tma != 0;
+	out->unvalidated = c->tma && !t->tma;
 	{
 		/* what only the tile changes: every block column re-reads A's rows,
 		 * every block row B's columns (from L2); a SIMT thread reads tm + tn

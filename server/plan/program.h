@@ -274,6 +274,8 @@ typedef struct ap_build_options {
 	bool allow_tf32;             /* float32 products may run on TF32 tensor
 					cores (CompileOptions.allow_tf32; off by
 					default, as in PyTorch) */
+	bool tma;                    /* sm_90a GEMM tiles by TMA where they can
+					(CompileOptions.tma; ap_target_info.tma) */
 	/* partition (CompileOptions.fusion, fusion_barriers, keep_whole): */
 	ap_fuse_level fusion;      /* 0 = AP_FUSE_DEFAULT (apollo) */
 	int n_fusion_barriers;

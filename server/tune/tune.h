@@ -108,8 +108,8 @@ int ap_tune_search(const ap_bound *b, const ap_tune_options *o, ap_tune_result *
  * dtypes, the values of constants baked into the source only -- a bias
  * read from a buffer counts by shape, so identical layers share a
  * signature; no names), its kind and member count, the emitter's
- * name, the target name `target` ("sm_90", "cpu"), the block-size cap and
- * the TF32 option.  Two graphs holding the same micro-graph share it.
+ * name, the target name `target` ("sm_90", "cpu"), the block-size cap,
+ * the TF32 option and the TMA option (only when set).  Two graphs holding the same micro-graph share it.
  * 0 or AP_ENOMEM. */
 int ap_tune_signature(const ap_emitter *em, const ap_mgraph *m, const char *target,
 		      const ap_target_info *t, unsigned max_block_threads, uint8_t sig[32]);
