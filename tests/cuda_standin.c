@@ -525,11 +525,13 @@ static void nv_info(const uint8_t *img, const Elf64_Shdr *s,
 	}
 }
 
-struct info_ctx { fake_fn *fn; const uint8_t *img; };
+struct info_ctx { fake_fn *fn; const uint8_t *img; int kparams; };
 
 /* EIATTR codes as NVRTC's cubins carry them: 0x05 the .maxntid dims,
  * 0x0a the parameter bank (symbol, then 16-bit offset and 16-bit size:
- * Apollo's kernels take 8-byte pointers only), 0x3d the compile-time
+ * its size / 8 the parameters when all are 8-byte pointers), 0x17 one
+ * parameter's record (KPARAM_INFO: counted, the parameters when a tensor
+ * map of 128 bytes is among them), 0x3d the compile-time
  * cluster dims, 0x3e explicit cluster, 0x2f (in .nv.info) a function's
  * register count by symbol index. */
 static void fn_info(void *user, int attr, const uint8_t *p, unsigned n)
@@ -549,6 +551,8 @@ static void fn_info(void *user, int attr, const uint8_t *p, unsigned n)
 		c->fn->n_params = (int)(v[1] >> 16) / 8;
 	} else if (attr == 0x3e) {
 		c->fn->cluster_must = 1;
+	} else if (attr == 0x17) {
+		c->kparams++;
 	}
 }
 
@@ -568,7 +572,7 @@ static int cubin_function(const fake_module *mod, const char *name, fake_fn *fn)
 {
 	char sec[160];
 	Elf64_Shdr s;
-	struct info_ctx c = { fn, mod->bin };
+	struct info_ctx c = { fn, mod->bin, 0 };
 
 	snprintf(sec, sizeof(sec), ".text.%s", name);
 	if (!cubin_section(mod->bin, sec, &s))
@@ -579,6 +583,8 @@ static int cubin_function(const fake_module *mod, const char *name, fake_fn *fn)
 	snprintf(sec, sizeof(sec), ".nv.info.%s", name);
 	if (cubin_section(mod->bin, sec, &s))
 		nv_info(mod->bin, &s, fn_info, &c);
+	if (c.kparams > 0)
+		fn->n_params = c.kparams;
 	if (cubin_section(mod->bin, ".nv.info", &s))
 		nv_info(mod->bin, &s, regs_info, &c);
 	return 0;
