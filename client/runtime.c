@@ -172,6 +172,8 @@ typedef struct rt_kernel {
 	cu_fn_facts facts;       /* GPU */
 	unsigned long long blocks;
 	int n_tmaps;             /* its params with a tensor map (apollo.TensorMap) */
+	ap_tmap_desc *tmap;      /* their descriptions, parsed once at load (owned) */
+	size_t *tmap_param;      /* and the param each belongs to (owned) */
 } rt_kernel;
 
 typedef struct rt_buffer {
@@ -323,6 +325,31 @@ static int check_buffer(const Apollo__Bundle *b, size_t i, ap_error *err)
 	    (bf->index < 0 || (size_t)bf->index >= b->n_buffers))
 		return ap_error_set(err, AP_EINVAL, NULL, bf->name,
 				    "buffer '%s' has index %d", bf->name, (int)bf->index);
+	return 0;
+}
+
+static int tmap_of(const Apollo__KernelParam *pp, ap_tmap_desc *d, char *why, size_t cap);
+
+/* Kernel k's tensor maps (k->n_tmaps of them, the bundle already checked:
+ * tmap_of accepted each) parsed into k->tmap / k->tmap_param once, for
+ * every launch's encoding.  0, or AP_ENOMEM / AP_EINVAL with err. */
+static int parse_tmaps(rt_kernel *k, ap_error *err)
+{
+	const Apollo__Kernel *kk = k->pb;
+	char why[160];
+	int m = 0;
+
+	k->tmap = calloc((size_t)k->n_tmaps, sizeof(*k->tmap));
+	k->tmap_param = calloc((size_t)k->n_tmaps, sizeof(*k->tmap_param));
+	if (!k->tmap || !k->tmap_param)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	for (size_t a = 0; a < kk->n_params && m < k->n_tmaps; a++) {
+		if (!kk->params[a]->tmap)
+			continue;
+		if (tmap_of(kk->params[a], &k->tmap[m], why, sizeof(why)) < 0)
+			return ap_error_set(err, AP_EINVAL, kk->name, NULL, "kernel '%s': %s", kk->name, why);
+		k->tmap_param[m++] = a;
+	}
 	return 0;
 }
 
@@ -1494,6 +1521,10 @@ ap_runtime *ap_runtime_free(ap_runtime *rt)
 	free(rt->lib_plans);
 	free(rt->argv);
 	free(rt->launch_ms);
+	for (int k = 0; rt->kernels && k < rt->n_kernels; k++) {
+		free(rt->kernels[k].tmap);
+		free(rt->kernels[k].tmap_param);
+	}
 	free(rt->kernels);
 	free(rt->buffers);
 	free(rt);
@@ -1544,6 +1575,8 @@ ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *op
 		for (size_t p = 0; p < kk->n_params; p++)
 			maps += kk->params[p]->tmap != NULL;
 		rt->kernels[k].n_tmaps = maps;
+		if (maps && parse_tmaps(&rt->kernels[k], err) < 0)
+			return ap_runtime_free(rt);
 		rt->n_tmaps = maps > rt->n_tmaps ? maps : rt->n_tmaps;
 		if ((int)kk->n_params > rt->max_args)
 			rt->max_args = (int)kk->n_params;
@@ -1881,29 +1914,21 @@ static int run_prologue(ap_runtime *rt, CUstream stream, struct rt_ws *ws, ap_er
  * kernel's parameters after the pointers, in param order).  Encoded at every launch: an address may change with
  * ap_runtime_bind_ptr or the stream's workspace, and an encode is a few
  * microseconds of host work.  0 or AP_EIO with the driver's error. */
-static int encode_tmaps(ap_runtime *rt, const Apollo__Kernel *kk, const CUdeviceptr *vals, rt_tmap *maps,
+static int encode_tmaps(ap_runtime *rt, const rt_kernel *k, const CUdeviceptr *vals, rt_tmap *maps,
 			void **pp, ap_error *err)
 {
-	int m = 0;
+	for (int m = 0; m < k->n_tmaps; m++) {
+		const ap_tmap_desc *d = &k->tmap[m];
+		size_t a = k->tmap_param[m];
+		CUresult r = rt->cu.cuTensorMapEncodeTiled(&maps[m], d->dtype, (unsigned)d->rank,
+							   (void *)(uintptr_t)vals[a], d->dims, d->strides, d->box,
+							   d->estrides, d->interleave, d->swizzle, d->l2, d->oob);
 
-	for (size_t a = 0; a < kk->n_params; a++) {
-		ap_tmap_desc d;
-		char why[160];
-		CUresult r;
-
-		if (!kk->params[a]->tmap)
-			continue;
-		if (tmap_of(kk->params[a], &d, why, sizeof(why)) < 0)   /* checked at load */
-			return ap_error_set(err, AP_EINVAL, kk->name, NULL, "%s", why);
-		r = rt->cu.cuTensorMapEncodeTiled(&maps[m], d.dtype, (unsigned)d.rank,
-						  (void *)(uintptr_t)vals[a], d.dims, d.strides, d.box,
-						  d.estrides, d.interleave, d.swizzle, d.l2, d.oob);
 		if (r != 0)
-			return ap_error_set(err, AP_EIO, kk->name, NULL,
+			return ap_error_set(err, AP_EIO, k->pb->name, NULL,
 					    "kernel '%s': cuTensorMapEncodeTiled for param %zu failed: %s",
-					    kk->name, a, cu_err(&rt->cu, r));
+					    k->pb->name, a, cu_err(&rt->cu, r));
 		pp[m] = &maps[m];
-		m++;
 	}
 	return 0;
 }
@@ -1944,7 +1969,7 @@ static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 					  ? ws->dev + bf->pb->offset : bf->dev;
 			pp[a] = &vals[a];
 		}
-		if (k->n_tmaps && (rc = encode_tmaps(rt, kk, vals, maps, pp + la->n_args, err)) < 0)
+		if (k->n_tmaps && (rc = encode_tmaps(rt, k, vals, maps, pp + la->n_args, err)) < 0)
 			goto out;
 		double t0 = rt->launch_ms ? ap_now_ms() : 0;
 		bool events = rt->launch_ms && rt->ev[1];
