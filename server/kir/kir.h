@@ -917,6 +917,17 @@ int ap_kir_verify(const ap_kir_kernel *k, const ap_kir_limits *lim, ap_error *er
  *     shared array (per block of a cluster) at entry. */
 __ap_give char *ap_kir_print(const ap_kir_kernel *k, ap_kir_target target, ap_error *err);
 
+/* ap_kir_print with `flags`, a set of AP_KIR_PRINT_*:
+ *   AP_KIR_PRINT_BASELINE (host targets): every kernel built for the
+ *     baseline ISA only, without the x86-64-v3 clone a register-tiled
+ *     kernel gets (print.c, AP_HOST_ISA) -- for kernels of an emulated GPU
+ *     target ("host:sm_XX"), run on the host to check the GPU's kernels,
+ *     not for speed: GCC compiles a cloned function twice.
+ * Same returns and errors as ap_kir_print (flags 0: the same text). */
+#define AP_KIR_PRINT_BASELINE 1u
+__ap_give char *ap_kir_print_with(const ap_kir_kernel *k, ap_kir_target target, unsigned flags,
+				  ap_error *err);
+
 /* C type name of a scalar type ("float", "long long", "unsigned char");
  * "unsigned short" (the bit pattern, the host's type) for F16 and BF16. */
 const char *ap_kir_ctype(ap_dtype t);

@@ -135,6 +135,7 @@ typedef struct printer {
 	bool bad;                    /* a collective in non-uniform control flow */
 	bool const_init;             /* printing a constant array's initializer */
 	bool check;                  /* host: the checking mode (AP_KIR_HOST_CHECK) */
+	bool baseline;               /* host: no x86-64-v3 clone (AP_KIR_PRINT_BASELINE) */
 	char bad_msg[160];
 } printer;
 
@@ -2553,7 +2554,7 @@ static void print_host(printer *p)
 		sb_printf(b, "};\n");
 	}
 	sb_printf(b, "%svoid %s(void *const *args, unsigned block_begin, unsigned block_end)\n{\n",
-		  has_register_tile(p) ? "AP_HOST_ISA " : "", k->name);
+		  !p->baseline && has_register_tile(p) ? "AP_HOST_ISA " : "", k->name);
 	for (int i = 0; i < k->n_params; i++) {
 		const ap_kir_array *a = param_at(k, i);
 
@@ -2677,6 +2678,12 @@ static void scan_kernel(printer *p)
 
 __ap_give char *ap_kir_print(const ap_kir_kernel *k, ap_kir_target target, ap_error *err)
 {
+	return ap_kir_print_with(k, target, 0, err);
+}
+
+__ap_give char *ap_kir_print_with(const ap_kir_kernel *k, ap_kir_target target, unsigned flags,
+				  ap_error *err)
+{
 	printer p;
 
 	if (!k || k->failed) {
@@ -2686,6 +2693,7 @@ __ap_give char *ap_kir_print(const ap_kir_kernel *k, ap_kir_target target, ap_er
 	memset(&p, 0, sizeof(p));
 	p.k = k;
 	p.check = target == AP_KIR_HOST_CHECK;
+	p.baseline = (flags & AP_KIR_PRINT_BASELINE) != 0;
 	p.target = p.check ? AP_KIR_HOST : target;
 	p.bt = ap_kir_block_threads(k);
 	p.nt = p.bt * (p.target == AP_KIR_HOST && k->cluster > 1 ? k->cluster : 1);
