@@ -33,6 +33,7 @@
 
 #include "client/hostcheck.h"
 #include "common/tmap.h"
+#include "tests/lib/sched.h"
 #include "tests/lib/tma_box.h"
 #include "server/backend/backend.h"
 #include "server/kir/kir.h"
@@ -573,27 +574,6 @@ static void tma_cuda_checks(ap_kir_kernel *k)
 	free(cuda);
 }
 
-/* The default schedule of m's first emitter on ti with tma=1, into *s
- * (the knob must exist and the configuration be valid). */
-static void tma_schedule(const ap_mgraph *m, const ap_target_info *ti, ap_sched *s)
-{
-	ap_bound b;
-	ap_space sp;
-	ap_error err;
-	int at = -1;
-
-	ck_assert_int_eq(ap_bind_first(m, ti, &b, &err), 0);
-	ck_assert_int_eq(ap_emitter_default(&b, &sp, s, &err), 0);
-	for (int i = 0; i < sp.n; i++)
-		if (!strcmp(sp.knobs[i].name, "tma"))
-			at = i;
-	ck_assert_msg(at >= 0, "no tma knob for this product");
-	ck_assert_int_eq(s->v[at], 0);   /* the default rule keeps cp.async */
-	s->v[at] = 1;
-	ck_assert_int_eq(ap_sched_valid(&b, s), 1);
-	ap_unbind(&b);
-}
-
 /* Lowers the product for g_target (TF32 allowed when `tf`), injects `bug`,
  * prints it in the checking mode, runs it over every block and returns the
  * checker's count (its messages in `msg`).  With no bug, the result must
@@ -630,7 +610,7 @@ static unsigned run_checked(product *p, bool tf, sync_bug bug, bool cluster, dou
 	if (g_sms)
 		ti.sm_count = g_sms;
 	if (g_tma) {
-		tma_schedule(m, &ti, &tma_s);
+		ap_test_default_with(m, &ti, "tma", 0, 1, &tma_s);   /* the default keeps cp.async */
 		lo.sched = &tma_s;
 	}
 	k = ap_lower_mgraph(m, &ti, "checked_gemm", &lo, NULL, &err);

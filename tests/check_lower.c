@@ -32,6 +32,7 @@
 #include "server/kir/kir.h"
 #include "server/lower/lower.h"
 #include "tests/lib/require.h"
+#include "tests/lib/sched.h"
 #include "tests/lib/sweep.h"
 
 #define MAX_CFG 2048
@@ -497,6 +498,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 	const ap_emitter *em;
 	ap_bound b;                              /* m on ti, bound once for every configuration */
 	ap_kir_target host_kind = g_opts && g_opts->host_check ? AP_KIR_HOST_CHECK : AP_KIR_HOST;
+	unsigned host_flags;                     /* a GPU target's kernels: emulated, baseline only */
 	ap_space sp;
 	ap_sched dflt;
 	ap_kir_kernel *ks[MAX_CFG];
@@ -513,6 +515,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 	ck_assert_int_eq(ap_cost_target(g_opts && g_opts->target ? g_opts->target : "cpu", &ti), 0);
 	ti.max_threads_per_block = 256;
 	ti.allow_tf32 = g_opts && g_opts->allow_tf32;
+	host_flags = ti.gpu ? AP_KIR_PRINT_BASELINE : 0;
 	ck_assert_int_eq(ap_bind_first(m, &ti, &b, &err), 0);
 	em = b.em;
 	ck_assert_msg(strcmp(em->name, lc->emitter) == 0, "%s: bound by %s, not %s", lc->name,
@@ -572,7 +575,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 			n_refused++;
 			continue;
 		}
-		text = ap_kir_print(k, host_kind, &err);
+		text = ap_kir_print_with(k, host_kind, host_flags, &err);
 		ck_assert_msg(text != NULL, "%s: host print: %s", lc->name, err.msg);
 		free(text);
 		ap_kir_kernel_free(k);
@@ -604,7 +607,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 		ck_assert_int_lt(n_k, MAX_CFG);
 		ks[n_k] = ap_lower(&b, name, &lo, NULL, &err);
 		ck_assert_msg(ks[n_k] != NULL, "%s %s: %s", lc->name, name, err.msg);
-		texts[n_k] = ap_kir_print(ks[n_k], host_kind, &err);
+		texts[n_k] = ap_kir_print_with(ks[n_k], host_kind, host_flags, &err);
 		ck_assert_ptr_nonnull(texts[n_k]);
 		n_k++;
 	}
@@ -1306,18 +1309,7 @@ static void run_wg_bias(const char *name, ap_dtype dt, int K)
 		ap_ptxas_stats st;
 
 		if (tma) {
-			ap_bound bd;
-			ap_space sp;
-			int at = -1;
-
-			ck_assert_int_eq(ap_bind_first(m, &ti, &bd, &err), 0);
-			ck_assert_int_eq(ap_emitter_default(&bd, &sp, &s, &err), 0);
-			for (int i = 0; i < sp.n; i++)
-				at = strcmp(sp.knobs[i].name, "tma") ? at : i;
-			ck_assert_int_ge(at, 0);
-			s.v[at] = 1;
-			ck_assert_int_eq(ap_sched_valid(&bd, &s), 1);
-			ap_unbind(&bd);
+			ap_test_default_with(m, &ti, "tma", 0, 1, &s);
 			lo.sched = &s;
 		}
 		k = ap_lower_mgraph(m, &ti, name, &lo, NULL, &err);
@@ -1477,6 +1469,14 @@ START_TEST(host_isa_clones)
 	src = ap_kir_print(k, AP_KIR_HOST, &err);
 	ck_assert_ptr_nonnull(src);
 	ck_assert_msg(strstr(src, "AP_HOST_ISA void isa_gemm("), "no clone declaration in\n%.2000s", src);
+	{   /* an emulated GPU target's print: the same kernel, no clone */
+		char *base = ap_kir_print_with(k, AP_KIR_HOST, AP_KIR_PRINT_BASELINE, &err);
+
+		ck_assert_ptr_nonnull(base);
+		ck_assert_msg(strstr(base, "\nvoid isa_gemm(") && !strstr(base, "AP_HOST_ISA void"),
+			      "a clone declared in the baseline print:\n%.2000s", base);
+		free(base);
+	}
 	h[0] = host_load(src, "clones");
 	snprintf(base_cc, sizeof(base_cc), "%s -DAP_HOST_ISA=", cc && *cc ? cc : "cc");
 	setenv("APOLLO_CC", base_cc, 1);

@@ -237,6 +237,8 @@ void ap__gemm_mainloop_tma(gctx *c, ap_kir_expr *tile);
 
 /* gemm_kernel.c: the kernel (the emitter's `emit`) */
 void ap__gemm_compute_tile(gctx *c, ap_kir_expr *st);
+void ap__gemm_tile_origin(gctx *c, ap_kir_block *b, ap_kir_expr *rest, const char *mname,
+			  const char *nname, ap_kir_expr **m0, ap_kir_expr **n0);
 int ap__gemm_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_error *err);
 
 #endif

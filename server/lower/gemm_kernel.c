@@ -626,6 +626,19 @@ static bool declared(gctx *c)
 	       (c->c.splitk <= 1 || c->red);
 }
 
+/* A tile's index within its batch, `rest` (tiles row-major), split into
+ * the tile's first row and column, bound in b as mname and nname. */
+void ap__gemm_tile_origin(gctx *c, ap_kir_block *b, ap_kir_expr *rest, const char *mname,
+			  const char *nname, ap_kir_expr **m0, ap_kir_expr **n0)
+{
+	ap_kir_kernel *k = c->k;
+
+	*m0 = ap_kir_bind(k, b, k->index_type, mname,
+			  ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, rest, I(c, c->tiles_n)), c->c.bm));
+	*n0 = ap_kir_bind(k, b, k->index_type, nname,
+			  ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, rest, I(c, c->tiles_n)), c->c.bn));
+}
+
 /* Opens the grid-stride loop over the output tiles (*saved closes it):
  * a barrier (the previous tile's last stage is read by everyone), then
  * the tile's batch bi (c->tb_index; not folded: its coordinates
@@ -647,10 +660,7 @@ static void open_tile(gctx *c, ap_kir_block **saved)
 	c->tile = ap_kir_ref(k, tile);
 	bi = ap_kir_bind(k, v->cur, k->index_type, "bi", ap_kir_binary(k, AP_KIR_DIV, r, I(c, per)));
 	rest = ap_kir_binary(k, AP_KIR_REM, r, I(c, per));
-	c->m0 = ap_kir_bind(k, v->cur, k->index_type, "m0",
-			    ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, rest, I(c, c->tiles_n)), c->c.bm));
-	c->n0 = ap_kir_bind(k, v->cur, k->index_type, "n0",
-			    ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, rest, I(c, c->tiles_n)), c->c.bn));
+	ap__gemm_tile_origin(c, v->cur, rest, "m0", "n0", &c->m0, &c->n0);
 	c->tb_index = bi;
 	for (int d = p->nb - 1; d >= 0 && !p->fold; d--) {
 		c->bcoord[d] = p->bdims[d] == 1 ? I(c, 0)

@@ -196,18 +196,6 @@ static int ahead(gctx *c)
 	return c->wg_overlap ? c->c.stages - 2 : c->c.stages - 1;
 }
 
-/* Tile `tile`'s first row and column (row-major over tiles_m x tiles_n;
- * tma=1 has one tile batch). */
-static void tile_origin(gctx *c, ap_kir_block *b, ap_kir_expr *tile, ap_kir_expr **m0, ap_kir_expr **n0)
-{
-	ap_kir_kernel *k = c->k;
-
-	*m0 = ap_kir_bind(k, b, k->index_type, "pm",
-			  ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, tile, I(c, c->tiles_n)), c->c.bm));
-	*n0 = ap_kir_bind(k, b, k->index_type, "pn",
-			  ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, tile, I(c, c->tiles_n)), c->c.bn));
-}
-
 /* Fills K tiles 0 .. min(D, ktl) - 1 of output tile `tile` (the caller
  * knows it exists and that the stages are free). */
 void ap__gemm_tma_prefetch(gctx *c, ap_kir_expr *tile)
@@ -215,7 +203,7 @@ void ap__gemm_tma_prefetch(gctx *c, ap_kir_expr *tile)
 	ap_kir_expr *m0, *n0;
 	int n = ahead(c) < c->ktl ? ahead(c) : c->ktl;
 
-	tile_origin(c, c->v->cur, tile, &m0, &n0);
+	ap__gemm_tile_origin(c, c->v->cur, tile, "pm", "pn", &m0, &n0);   /* tma=1: one tile batch */
 	for (int j = 0; j < n; j++)
 		fill(c, c->v->cur, I(c, j), m0, n0);
 }
