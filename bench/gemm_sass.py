@@ -2,7 +2,7 @@
 """gemm_sass.py -- what a GEMM's main loop costs, read from its SASS.
 
     gemm_sass.py [--target sm_90] [--dtype float16] [--size 4096]
-                 [--allow-tf32] [--nvdisasm PATH]
+                 [--allow-tf32] [--tma] [--nvdisasm PATH]
 
 Compiles a SIZE^3 MatMul for --target through the daemon at
 $APOLLO_SOCKET (cubin), disassembles each kernel with nvdisasm (Triton's
@@ -13,7 +13,7 @@ Prints, per pass of that loop (one K tile), the instructions issued, the
 multiply instructions among them and their share, the block barriers,
 the integer address arithmetic (IMAD, IADD3, LEA, SHF, LOP3, ISETP, SEL,
 MOV) and the shared-memory loads (LDSM / LDS) and asynchronous copies
-(LDGSTS); and the epilogue's global stores by width.  The issue's
+(LDGSTS: cp.async; UTMALDG: TMA tile loads, --tma on sm_90a); and the epilogue's global stores by width.  The issue's
 reading (float16 4096^3, sm_90, 3 stages): about 125 instructions a
 K tile, 16 of them HMMA.  A static count, not a timing: no GPU needed.
 """
@@ -118,6 +118,7 @@ def main():
     ap.add_argument("--dtype", default="float16", choices=sorted(DT))
     ap.add_argument("--size", type=int, default=4096)
     ap.add_argument("--allow-tf32", action="store_true")
+    ap.add_argument("--tma", action="store_true", help="sm_90a: the GEMM's TMA form (CompileOptions.tma)")
     ap.add_argument("--nvdisasm", default=None)
     a = ap.parse_args()
     tool = a.nvdisasm or next(iter(glob.glob(os.path.join(os.path.dirname(__file__), "..", ".venv", "lib", "python3*",
@@ -135,17 +136,17 @@ def main():
     g.output(y)
     c = apollo.Client(os.environ.get("APOLLO_SOCKET"))
     try:
-        b = c.submit(g, target=a.target, driver_version="12.4", allow_tf32=a.allow_tf32)
+        b = c.submit(g, target=a.target, driver_version="12.4", allow_tf32=a.allow_tf32, tma=a.tma)
     except apollo.ApolloError as e:
         print("gemm_sass: %s is not compiled here (%s)" % (a.target, e))
         return 1
     page = os.path.join(tempfile.mkdtemp(prefix="gemm-sass-"), "p.html")
     b.explain_html(page)
     sched = sorted(set(re.findall(r"bm=[^<\"\n]*", open(page).read())))
-    print("gemm_sass: %d^3 %s%s on %s, schedule %s" % (n, a.dtype, " (TF32)" if a.allow_tf32 else "", a.target,
-                                                       "; ".join(sched)))
-    print("%-11s %7s %7s %6s %7s %6s %9s %6s %6s %14s" % ("kernel", "instrs", "mul", "share", "m16n8k16", "bar",
-                                                            "int addr", "lds", "ldgsts", "stores"))
+    print("gemm_sass: %d^3 %s%s%s on %s, schedule %s" % (n, a.dtype, " (TF32)" if a.allow_tf32 else "",
+                                                         " (TMA)" if a.tma else "", a.target, "; ".join(sched)))
+    print("%-11s %7s %7s %6s %7s %6s %9s %6s %6s %7s %14s" % ("kernel", "instrs", "mul", "share", "m16n8k16", "bar",
+                                                                "int addr", "lds", "ldgsts", "utmaldg", "stores"))
     for i, blob in enumerate(cubins(b.pack())):
         rows = sass(tool, blob)
         mul = next((m for m in ("HGMMA", "HMMA") if any(r[1].startswith(m) for r in rows)), "FFMA")
@@ -157,9 +158,10 @@ def main():
         for r in rows:
             if r[1].startswith("STG"):
                 stores[r[1]] = stores.get(r[1], 0) + 1
-        print("%-11s %7d %7d %5.0f%% %7d %6d %9d %6d %6d %14s" % (
+        print("%-11s %7d %7d %5.0f%% %7d %6d %9d %6d %6d %7d %14s" % (
             "#%d %s" % (i, mul), len(body), nm, 100.0 * nm / max(1, len(body)), eq, count("BAR"), count(*INT),
-            count("LDSM", "LDS"), count("LDGSTS"), " ".join("%s:%d" % kv for kv in sorted(stores.items()))))
+            count("LDSM", "LDS"), count("LDGSTS"), count("UTMALDG"),
+            " ".join("%s:%d" % kv for kv in sorted(stores.items()))))
     print("per pass of the K loop (one K tile); m16n8k16: the tensor-core work in m16n8k16 products "
           "(an HGMMA.64xNx16 is 4 N / 8 of them); stores: the whole kernel's global stores by width")
     return 0

@@ -208,6 +208,14 @@ int ap_client_tune_report(ap_client *c, const char *target, const char *device,
  * (client/abi.c). */
 size_t ap_abi_sizeof(const char *name);
 
+/* Field i (0-based, declaration order) of the struct named `type` (one
+ * of ap_abi_sizeof's): its name (static storage), and its byte offset in
+ * *offset when offset is not NULL; NULL past the last field or for
+ * another type.  Bindings compare their field lists with it, name and
+ * offset, at load time: a field one side lacks fails the import even
+ * where it fits in padding and the sizes agree. */
+const char *ap_abi_field(const char *type, int i, size_t *offset);
+
 /* ---- compiling ------------------------------------------------------------ */
 
 /* How much the partitioner may fuse, numbered as apollo.FusionLevel. */

@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -1893,6 +1894,40 @@ START_TEST(testdata_encode_round_trip)
 }
 END_TEST
 
+/* ap_abi_field: every mirrored struct's fields in declaration order at
+ * their offsets -- increasing, inside the struct -- and a bool in padding
+ * (ap_submit_options.tma, once missing from the Python binding) listed. */
+START_TEST(abi_fields)
+{
+	static const char *const types[] = { "ap_error", "ap_tensor", "ap_graph", "ap_submit_options",
+					     "ap_device_info", "ap_server_stats", "ap_bundle_stats",
+					     "ap_bundle_buffer", "ap_runtime_options", "ap_host_tensor" };
+	size_t off = 0;
+
+	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+		size_t prev = 0;
+		int n = 0;
+
+		ck_assert_uint_gt(ap_abi_sizeof(types[t]), 0);
+		for (const char *f; (f = ap_abi_field(types[t], n, &off)) != NULL; n++) {
+			ck_assert_msg(n == 0 ? off == 0 : off > prev, "%s.%s at %zu after %zu", types[t], f, off,
+				      prev);
+			ck_assert_uint_lt(off, ap_abi_sizeof(types[t]));
+			prev = off;
+		}
+		ck_assert_msg(n >= 4, "%s: %d fields", types[t], n);
+	}
+	ck_assert_str_eq(ap_abi_field("ap_submit_options", 13, &off), "tma");
+	ck_assert_uint_eq(off, offsetof(ap_submit_options, tma));
+	ck_assert_str_eq(ap_abi_field("ap_submit_options", 14, &off), "tune_variant");
+	ck_assert_uint_eq(off, offsetof(ap_submit_options, tune_variant));
+	ck_assert_ptr_null(ap_abi_field("ap_submit_options", 17, NULL));
+	ck_assert_ptr_null(ap_abi_field("ap_submit_options", -1, NULL));
+	ck_assert_ptr_null(ap_abi_field("ap_nothing", 0, NULL));
+	ck_assert_ptr_null(ap_abi_field(NULL, 0, NULL));
+}
+END_TEST
+
 static Suite *client_suite(void)
 {
 	Suite *s = suite_create("client");
@@ -1900,6 +1935,7 @@ static Suite *client_suite(void)
 
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, frame_round_trip);
+	tcase_add_test(tc, abi_fields);
 	tcase_add_test(tc, frame_oversized_rejected_before_reading);
 	tcase_add_test(tc, frame_zero_length);
 	tcase_add_test(tc, frame_truncated_payload);

@@ -12,6 +12,7 @@ addresses.  Prints one line per check; exits 1 on the first failure.
 """
 import ctypes
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -179,12 +180,31 @@ def attention_ops(c):
           % (err, bb.n_launches))
 
 
+def abi_mismatch():
+    """A package whose ap_submit_options lacks a field the library has
+    (tma: a bool that fits in padding, so the sizes agree) does not
+    import: the error names the struct and the field."""
+    d = tempfile.mkdtemp(prefix="apollo-abi-")
+    shutil.copytree(os.path.dirname(apollo.__file__), os.path.join(d, "apollo"))
+    lib_py = os.path.join(d, "apollo", "_lib.py")
+    text = open(lib_py).read()
+    check('("tma", ctypes.c_bool),' in text, "the binding mirrors ap_submit_options.tma")
+    open(lib_py, "w").write(text.replace('("tma", ctypes.c_bool),', ""))
+    r = subprocess.run([sys.executable, "-c", "import apollo"], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=d))
+    shutil.rmtree(d)
+    last = (r.stderr.strip().splitlines() or [""])[-1]
+    check(r.returncode != 0 and "ap_submit_options's field 13 is tma" in last,
+          "a binding without a field in padding is refused at import: %s" % last[:140])
+
+
 def main():
     apollod = sys.argv[1]
     c = apollo.Client()
     check(c.ping().startswith("apollod"), "ping answers '%s'" % c.server)
     check("cpu" in c.targets, "the daemon lists target cpu")
     attention_ops(c)
+    abi_mismatch()
     s0 = c.stats()
     check(s0["requests"] >= 1 and "uptime_s" in s0, "stats: %d requests" % s0["requests"])
 

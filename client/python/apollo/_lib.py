@@ -61,7 +61,8 @@ class ap_submit_options(ctypes.Structure):
                 ("fusion", ctypes.c_int), ("n_fusion_barriers", ctypes.c_int),
                 ("fusion_barriers", ctypes.POINTER(ctypes.c_char_p)), ("n_keep_whole", ctypes.c_int),
                 ("keep_whole", ctypes.POINTER(ctypes.c_char_p)), ("allow_tf32", ctypes.c_bool),
-                ("no_layer1", ctypes.c_bool), ("no_tune", ctypes.c_bool), ("tune_variant", ctypes.c_uint),
+                ("no_layer1", ctypes.c_bool), ("no_tune", ctypes.c_bool), ("tma", ctypes.c_bool),
+                ("tune_variant", ctypes.c_uint),
                 ("device", ctypes.POINTER(ap_device_info)), ("host_check", ctypes.c_bool)]
 
 
@@ -103,6 +104,7 @@ PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_
 # name: (restype, argtypes)
 _PROTOS = {
     "ap_abi_sizeof": (ctypes.c_size_t, [ctypes.c_char_p]),
+    "ap_abi_field": (ctypes.c_char_p, [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_size_t)]),
     "ap_error_name": (ctypes.c_char_p, [ctypes.c_int]),
     "ap_dtype_in_graphs": (ctypes.c_bool, [ctypes.c_int]),
     "ap_dtype_size": (ctypes.c_size_t, [ctypes.c_int]),
@@ -178,9 +180,10 @@ def _candidates():
 
 
 def _check_abi(lib, path):
-    """Each struct mirrored here has the size the library was built with:
-    a field added on one side only would have C read or write past the end
-    of a buffer allocated here."""
+    """Each struct mirrored here has the size the library was built with,
+    and the same fields at the same offsets (ap_abi_field): a field added
+    on one side only would have C read or write past the end of a buffer
+    allocated here, or leave a value in padding the other side reads."""
     for st in (ap_error, ap_tensor, ap_graph, ap_submit_options, ap_device_info, ap_server_stats,
                ap_bundle_stats, ap_bundle_buffer, ap_runtime_options, ap_host_tensor):
         want = lib.ap_abi_sizeof(st.__name__.encode())
@@ -188,6 +191,20 @@ def _check_abi(lib, path):
             raise ImportError("apollo: %s is %d bytes in %s but %d in this package: the library and "
                               "the package come from different versions" % (st.__name__, want, path,
                                                                             ctypes.sizeof(st)))
+        theirs, off = [], ctypes.c_size_t()
+        while True:
+            name = lib.ap_abi_field(st.__name__.encode(), len(theirs), ctypes.byref(off))
+            if name is None:
+                break
+            theirs.append((name.decode(), off.value))
+        ours = [(f[0], getattr(st, f[0]).offset) for f in st._fields_]
+        if theirs != ours:
+            diff = next((i for i in range(max(len(ours), len(theirs)))
+                         if i >= len(ours) or i >= len(theirs) or ours[i] != theirs[i]), 0)
+            raise ImportError("apollo: %s's field %d is %s in %s but %s in this package: the library and "
+                              "the package come from different versions" % (
+                                  st.__name__, diff, "%s at byte %d" % theirs[diff] if diff < len(theirs) else "absent",
+                                  path, "%s at byte %d" % ours[diff] if diff < len(ours) else "absent"))
 
 
 def _load():

@@ -201,7 +201,7 @@ class Client:
 
     def submit(self, graph, target="cpu", fusion=None, namespace="", no_cache=False,
                fusion_barriers=(), keep_whole=(), max_block_threads=0, allow_tf32=False,
-               device=0, driver_version=None, host_check=False, progress=None):
+               device=0, driver_version=None, host_check=False, progress=None, tma=False):
         """Sends `graph` (an apollo.Graph; PARAMs travel as shape and dtype
         only) and waits for the bundle.  `fusion`: None (the daemon's
         default), "none", "rules" or "apollo"; `allow_tf32`: float32
@@ -212,7 +212,9 @@ class Client:
         output that driver loads and applies that device's measured tuning
         records; `driver_version` ("12.4") states the driver's CUDA version
         where no driver can be asked.  `host_check`: host targets (cpu,
-        host:sm_XX) run in the checking mode.  `progress`: a callable
+        host:sm_XX) run in the checking mode.  `tma`: on sm_90a, GEMM tiles
+        filled by TMA where the operands allow (CompileOptions.tma; not yet
+        run on a GPU; part of the cache key).  `progress`: a callable
         progress(stage, done, total, elapsed_ms) the daemon's stage events
         are given to while it compiles ("import", "partition", ...,
         "backend" with done of total kernels, "cache"), on this thread,
@@ -237,6 +239,7 @@ class Client:
         o.max_block_threads = max_block_threads
         o.fusion = FUSION_LEVELS[fusion]
         o.allow_tf32 = bool(allow_tf32)
+        o.tma = bool(tma)
         keep = [ctypes.c_char_p(s.encode()) for s in fusion_barriers]
         whole = [ctypes.c_char_p(s.encode()) for s in keep_whole]
         if keep:
