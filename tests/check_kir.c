@@ -3041,6 +3041,85 @@ START_TEST(shared_dyn_aligned_and_swizzle_rule)
 }
 END_TEST
 
+/* Rule wgmma_regs: a wgmma's registers (accumulators, an A fragment in
+ * registers) touched by another statement before a wait_group covers its
+ * commit group -- straight-line, across a loop whose wait leaves one
+ * group in flight (the GEMM's overlap), in one arm of an if -- reported;
+ * the same kernels with the wait in place pass. */
+static ap_kir_kernel *wg_regs_kernel(int variant)
+{
+	ap_kir_kernel *k = ap_kir_kernel_new("wg_regs");
+	ap_kir_wg_layout lk = {false, 16, 1024, 128};
+	ap_kir_array *out, *b, *acc, *fa;
+	ap_kir_expr *tid;
+	ap_kir_block *body = &k->body;
+	ap_kir_var *kt = NULL;
+
+	k->block[0] = 128;
+	out = ap_kir_param(k, "p0", AP_DT_F32, true, -1);
+	b = ap_kir_shared_dyn_aligned(k, "b", AP_DT_F16, 4096, 1024);
+	acc = ap_kir_local(k, "acc", AP_DT_F32, 32);
+	fa = ap_kir_local(k, "fa", AP_DT_F16, 8);
+	tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
+	if (variant == 2 || variant == 3) {   /* K tiles with one group left in flight */
+		ap_kir_stmt *l;
+
+		kt = ap_kir_var_new(k, AP_DT_I64, "kt");
+		l = ap_kir_for(k, body, kt, ap_kir_idx(k, 0), ap_kir_idx(k, 4), 1);
+		body = &l->body;
+	}
+	ap_kir_wgmma_fence(k, body, acc);
+	if (variant == 4) {
+		ap_kir_wgmma(k, body, AP_KIR_WGMMA_F16, 64, acc, ap_kir_idx(k, 0), fa, ap_kir_idx(k, 0), lk, b,
+			     ap_kir_idx(k, 0), lk);
+	} else {
+		ap_kir_wgmma(k, body, AP_KIR_WGMMA_F16, 64, acc, ap_kir_idx(k, 0), b, ap_kir_idx(k, 0), lk, b,
+			     ap_kir_idx(k, 0), lk);
+	}
+	ap_kir_wgmma_commit(k, body);
+	if (variant == 2 || variant == 3)
+		ap_kir_wgmma_wait(k, body, 1, acc);
+	if (variant == 0 || variant == 3)
+		ap_kir_wgmma_wait(k, &k->body, 0, acc);
+	if (variant == 5) {   /* waited for in one arm only */
+		ap_kir_stmt *c = ap_kir_if(k, &k->body, ap_kir_binary(k, AP_KIR_LT, ap_kir_index_of(k, AP_KIR_BLOCK_X),
+								       ap_kir_idx(k, 1)));
+		ap_kir_wgmma_wait(k, &c->body, 0, acc);
+	}
+	if (variant == 4)   /* the A fragment rewritten under the wgmma reading it */
+		ap_kir_store(k, &k->body, fa, ap_kir_idx(k, 0), ap_kir_const(k, AP_DT_F16, 0));
+	ap_kir_store(k, &k->body, out, tid, ap_kir_load(k, acc, ap_kir_idx(k, 0)));
+	return k;
+}
+
+START_TEST(wgmma_regs_in_flight)
+{
+	/* variant: 0 waited, 1 no wait, 2 loop's wait 1 only, 3 and a wait 0 after,
+	 * 4 A fragment stored to in flight, 5 a wait in one arm */
+	static const bool ok[6] = { true, false, false, true, false, false };
+	static const char *const what[6] = { NULL, "register array acc", "register array acc", NULL,
+					     "register array fa", "register array acc" };
+
+	for (int variant = 0; variant < 6; variant++) {
+		ap_kir_kernel *k = wg_regs_kernel(variant);
+		ap_error err;
+		int rc;
+
+		ck_assert_ptr_nonnull(k);
+		ck_assert(!ap_kir_failed(k));
+		ap_error_clear(&err);
+		rc = ap_kir_verify(k, NULL, &err);
+		if (ok[variant]) {
+			ck_assert_msg(rc == 0, "variant %d: %s", variant, err.msg);
+		} else {
+			ck_assert_msg(rc == AP_EINTERNAL && strstr(err.msg, "rule wgmma_regs") &&
+				      strstr(err.msg, what[variant]), "variant %d: %d %s", variant, rc, err.msg);
+		}
+		ap_kir_kernel_free(k);
+	}
+}
+END_TEST
+
 static Suite *kir_suite(void)
 {
 	Suite *s = suite_create("kir");
@@ -3089,6 +3168,7 @@ static Suite *kir_suite(void)
 	tcase_add_test(tc, wgmma_f16);
 	tcase_add_test(tc, wgmma_bf16);
 	tcase_add_test(tc, wgmma_swizzled);
+	tcase_add_test(tc, wgmma_regs_in_flight);
 	tcase_add_test(tc, shared_dyn_aligned_and_swizzle_rule);
 	tcase_add_test(tc, tmap_rules);
 	tcase_add_test(tc, tmap_load_swizzled);

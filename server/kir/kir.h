@@ -885,6 +885,19 @@ typedef struct ap_kir_limits {
  *             destination is not a dynamic shared array of its type
  *             aligned to the map's swizzle repeat (or 128 bytes), or does
  *             not hold the box.
+ *   wgmma_regs a register array a wgmma writes (its accumulators) or reads
+ *             (an A fragment in registers) touched by any other statement
+ *             while that wgmma is in flight: after the wgmma and before a
+ *             wgmma.wait_group that covers its commit group (PTX ISA,
+ *             "Asynchronous Warpgroup Level Matrix Multiply-Accumulate":
+ *             accessing those registers before the wait is undefined).  A
+ *             later wgmma on the same accumulators, and the fence and
+ *             wait naming them, are not accesses.  The host runs each
+ *             wgmma at issue and cannot see such a read; this rule does,
+ *             statically: loops are walked twice (what is in flight at
+ *             the end of a pass stays so at the start of the next) and
+ *             both arms of an if are joined, each commit group aligned on
+ *             the newest.
  * Also AP_ENOMEM (out of memory) and AP_EINTERNAL for a kernel whose
  * construction failed. */
 int ap_kir_verify(const ap_kir_kernel *k, const ap_kir_limits *lim, ap_error *err);

@@ -14,6 +14,9 @@
  *      far in the enclosing lists), checking every statement and
  *      expression, each barrier and shuffle against the uniformity of
  *      its control flow.
+ *   4. the registers of wgmma in flight (rule wgmma_regs): a walk that
+ *      keeps, per commit group still pending, the register arrays its
+ *      wgmmas write or read, and reports any other statement touching one.
  * The first violation is reported, as "kernel NAME: rule RULE: what".
  */
 #include "kir_internal.h"
@@ -21,6 +24,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct vctx {
 	const ap_kir_kernel *k;
@@ -713,6 +717,157 @@ static void check_block(vctx *v, const ap_kir_block *b, bool ctx)
 	}
 }
 
+/* ---- 4. registers of wgmma in flight ----------------------------------------------- */
+
+#define WG_GROUPS 8   /* commit groups tracked (older ones merge into the oldest) */
+#define WG_ARRAYS 8   /* register arrays per group */
+
+/* What is in flight: the wgmmas not yet committed (open) and the commit
+ * groups not yet waited for, newest first (grp[0]). */
+typedef struct wg_group {
+	int n;
+	const ap_kir_array *arr[WG_ARRAYS];
+} wg_group;
+
+typedef struct wg_state {
+	wg_group open;
+	int ng;
+	wg_group grp[WG_GROUPS];
+} wg_state;
+
+static void wg_add(vctx *v, wg_group *g, const ap_kir_array *a)
+{
+	for (int i = 0; i < g->n; i++)
+		if (g->arr[i] == a)
+			return;
+	if (g->n == WG_ARRAYS) {
+		bad(v, "wgmma_regs", "more than %d register arrays in one wgmma commit group", WG_ARRAYS);
+		return;
+	}
+	g->arr[g->n++] = a;
+}
+
+static void wg_union(vctx *v, wg_group *into, const wg_group *from)
+{
+	for (int i = 0; i < from->n; i++)
+		wg_add(v, into, from->arr[i]);
+}
+
+/* Either state may hold: each group the union of both at its distance
+ * from the newest. */
+static void wg_join(vctx *v, wg_state *a, const wg_state *b)
+{
+	wg_union(v, &a->open, &b->open);
+	for (int i = 0; i < b->ng; i++)
+		wg_union(v, &a->grp[i], &b->grp[i]);
+	if (b->ng > a->ng)
+		a->ng = b->ng;
+}
+
+static const wg_group *wg_holder(const wg_state *st, const ap_kir_array *a)
+{
+	for (int i = -1; i < st->ng; i++) {
+		const wg_group *g = i < 0 ? &st->open : &st->grp[i];
+
+		for (int j = 0; j < g->n; j++)
+			if (g->arr[j] == a)
+				return g;
+	}
+	return NULL;
+}
+
+static void wg_touch(vctx *v, const wg_state *st, const ap_kir_array *a, const char *what)
+{
+	if (a && a->space == AP_KIR_LOCAL && wg_holder(st, a))
+		bad(v, "wgmma_regs", "%s %s while a wgmma on it is in flight (no wgmma.wait_group covers "
+		    "its commit group)", what, a->name);
+}
+
+static void wg_expr(vctx *v, const wg_state *st, const ap_kir_expr *e)
+{
+	if (!e)
+		return;
+	if (e->kind == AP_KIR_E_LOAD)
+		wg_touch(v, st, e->arr, "register array");
+	wg_expr(v, st, e->a);
+	wg_expr(v, st, e->b);
+	wg_expr(v, st, e->c);
+}
+
+static void wg_block(vctx *v, wg_state *st, const ap_kir_block *b);
+
+static void wg_stmt(vctx *v, wg_state *st, const ap_kir_stmt *s)
+{
+	wg_state in, body;
+
+	switch (s->kind) {
+	case AP_KIR_S_WGMMA:
+		wg_expr(v, st, s->frag_off[0]);
+		wg_expr(v, st, s->frag_off[1]);
+		wg_expr(v, st, s->frag_off[2]);
+		wg_add(v, &st->open, s->frag[0]);
+		if (s->frag[1] && s->frag[1]->space == AP_KIR_LOCAL)
+			wg_add(v, &st->open, s->frag[1]);
+		return;
+	case AP_KIR_S_WGMMA_COMMIT:
+		if (st->ng == WG_GROUPS) {   /* the oldest two become one (conservative) */
+			wg_union(v, &st->grp[WG_GROUPS - 2], &st->grp[WG_GROUPS - 1]);
+			st->ng--;
+		}
+		memmove(&st->grp[1], &st->grp[0], (size_t)st->ng * sizeof(st->grp[0]));
+		st->grp[0] = st->open;
+		st->open.n = 0;
+		st->ng++;
+		return;
+	case AP_KIR_S_WGMMA_WAIT:
+		if (s->step >= 0 && s->step < st->ng)
+			st->ng = (int)s->step;
+		return;
+	case AP_KIR_S_WGMMA_FENCE:
+	case AP_KIR_S_COMMENT:
+		return;
+	case AP_KIR_S_FOR:
+		wg_expr(v, st, s->lo);
+		wg_expr(v, st, s->hi);
+		in = *st;
+		wg_block(v, st, &s->body);       /* the first pass */
+		body = *st;
+		wg_join(v, &body, &in);          /* a later pass starts from either */
+		wg_block(v, &body, &s->body);
+		wg_join(v, st, &in);             /* none, one or more passes */
+		wg_join(v, st, &body);
+		return;
+	case AP_KIR_S_IF:
+		wg_expr(v, st, s->cond);
+		in = *st;
+		wg_block(v, st, &s->body);
+		wg_block(v, &in, &s->orelse);
+		wg_join(v, st, &in);
+		return;
+	default:
+		break;
+	}
+	wg_touch(v, st, s->arr, "register array");
+	wg_touch(v, st, s->src, "register array");
+	for (int i = 0; i < 4; i++) {
+		wg_touch(v, st, s->frag[i], "fragment");
+		wg_expr(v, st, s->frag_off[i]);
+	}
+	wg_expr(v, st, s->index);
+	wg_expr(v, st, s->value);
+	wg_expr(v, st, s->lane);
+	wg_expr(v, st, s->src_index);
+	wg_expr(v, st, s->bar_index);
+	for (int i = 0; s->values && i < s->width; i++)   /* VSTORE, TMA coordinates */
+		wg_expr(v, st, s->values[i]);
+}
+
+static void wg_block(vctx *v, wg_state *st, const ap_kir_block *b)
+{
+	for (const ap_kir_stmt *s = b->first; s && !v->rc; s = s->next)
+		wg_stmt(v, st, s);
+}
+
 int ap_kir_verify(const ap_kir_kernel *k, const ap_kir_limits *lim, ap_error *err)
 {
 	vctx v = { 0 };
@@ -740,6 +895,12 @@ int ap_kir_verify(const ap_kir_kernel *k, const ap_kir_limits *lim, ap_error *er
 	} while (v.changed);
 	if (!v.rc)
 		check_block(&v, &k->body, true);
+	if (!v.rc) {
+		wg_state st;
+
+		memset(&st, 0, sizeof(st));
+		wg_block(&v, &st, &k->body);
+	}
 done:
 	free(v.in_scope);
 	free(v.declared);
