@@ -422,6 +422,10 @@ static int at_space(const ap_bound *b, ap_space *sp)
 		sp->n = 2;
 		ap_knob_pow2(&sp->knobs[1], "keys", 16, 64);
 	}
+	if (tc_overlap_fits(p, b->t)) {   /* wgmma: the softmax beside O += P V (not yet run on a GPU) */
+		sp->n = 3;
+		sp->knobs[2] = (ap_knob){ .name = "overlap", .n = 2, .values = { 0, 1 } };
+	}
 	return 0;
 }
 
@@ -453,6 +457,8 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 		BK /= 2;
 	s->v[0] = W;
 	s->v[1] = BK;
+	if (sp->n > 2)
+		s->v[2] = 0;   /* overlap: only by a tuning record until a GPU has run it */
 	return 0;
 }
 
@@ -460,6 +466,7 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
  * keys a tile (tensor cores), and the launch at_traffic models. */
 typedef struct at_res {
 	int w, bk;
+	bool overlap;
 	unsigned threads, blocks, smem;
 } at_res;
 
@@ -473,6 +480,7 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 
 	r->w = s->v[0];
 	r->bk = p->tc ? s->v[1] : 0;
+	r->overlap = s->n > 2 && s->v[2];
 	r->threads = 32u * (unsigned)r->w;
 	if (p->tc) {
 		r->blocks = ap_grid_for(p->batch * ((p->Nq + 16 * r->w - 1) / (16 * r->w)), 1);
@@ -484,6 +492,9 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 	rc = !p->tc || tc_fits(p, b->t, r->w, r->bk);
 	/* sm_90a: whole warpgroups (wgmma) wherever a warpgroup's tiles fit */
 	if (rc && tc_wg(p, b->t) && r->w % 4 && tc_fits(p, b->t, 4, 16))
+		rc = 0;
+	/* the overlap is a form of the wgmma kernel */
+	if (rc && r->overlap && (!tc_overlap_fits(p, b->t) || r->w % 4))
 		rc = 0;
 	return rc;
 }
@@ -502,6 +513,7 @@ static int at_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_er
 	c.p = p;
 	c.v = &v;
 	c.k = k;
+	c.overlap = r->overlap;
 	v.leaf = ap__att_leaf;
 	v.leaf_user = &c;
 	rc = p->tc ? ap__att_emit_tc(&c, b->t, r->w, r->bk, err) : ap__att_emit_simt(&c, b->t, r->w, err);
@@ -525,6 +537,7 @@ static int at_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 	out->blocks = r->blocks;
 	out->shared_bytes = r->smem;
 	out->tensor_cores = p->tc;
+	out->unvalidated = r->overlap;   /* no time until a GPU has run it (cost.h) */
 	return 0;
 }
 

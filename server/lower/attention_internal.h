@@ -95,6 +95,14 @@ static inline bool tc_wg(const att_plan *p, const ap_target_info *t)
 	return p->tc && t->wgmma && !tc_tf32(p) && tc_dvpad(p) <= 256;
 }
 
+/* The wgmma form's overlap of the softmax with O += P V (knob overlap):
+ * it needs the next tile's copies to wait for the previous tile's last
+ * reader, so two K / V stages. */
+static inline bool tc_overlap_fits(const att_plan *p, const ap_target_info *t)
+{
+	return tc_wg(p, t) && tc_stages(p) == 2;
+}
+
 /* The swizzle (bytes: 128, 64 or 32) of a wgmma tile whose rows hold
  * `cols` elements of es bytes along their contiguous coordinate (the head
  * dim): the widest atom row dividing a row (kir.h, ap_kir_wg_layout;
@@ -141,6 +149,8 @@ typedef struct actx {
 	bool wg;                        /* the tensor-core form on wgmma (sm_90a): Q, K and V
 					   tiles in wgmma's layouts (ap__att_wg_place) */
 	int sw[3];                      /* wg: the Q, K and V tiles' swizzles (tc_wg_swizzle) */
+	bool overlap;                   /* wg with two K / V stages: tile j's softmax beside
+					   tile j-1's O += P V (knob overlap; attention_tc.c) */
 } actx;
 
 /* ---- attention_kernel.c: the shared steps and the SIMT form ---- */

@@ -319,7 +319,7 @@ static ap_kir_wg_layout wg_v_layout(const att_tc *s)
  * step of the head dim one m64nBKk16 of the warpgroup -- A its 64 query
  * rows of the Q tile, B the K tile -- into the score accumulators, whose
  * layout is mma.sync's per warp (warp q of the warpgroup: rows 16 q..). */
-static void wg_qk(att_tc *s)
+static void wg_qk(att_tc *s, bool wait)
 {
 	actx *c = s->c;
 	ap_kir_kernel *k = c->k;
@@ -341,13 +341,14 @@ static void wg_qk(att_tc *s)
 		     wg_qk_layout(s));
 	ap_v_close(v, saved);
 	ap_kir_wgmma_commit(k, v->cur);
-	ap_kir_wgmma_wait(k, v->cur, 0, s->sacc);
+	if (wait)
+		ap_kir_wgmma_wait(k, v->cur, 0, s->sacc);
 }
 
 /* O += P V on wgmma: per k16 step j of the key tile one m64nDvk16 with A
  * the probabilities' registers (pf: the A fragment of step j, the same
  * layout as mma.sync's) and B the V tile's keys 16 j.. */
-static void wg_pv(att_tc *s)
+static void wg_pv(att_tc *s, bool wait)
 {
 	actx *c = s->c;
 	ap_kir_kernel *k = c->k;
@@ -364,7 +365,8 @@ static void wg_pv(att_tc *s)
 		     wg_v_layout(s));
 	ap_v_close(v, saved);
 	ap_kir_wgmma_commit(k, v->cur);
-	ap_kir_wgmma_wait(k, v->cur, 0, s->oacc);
+	if (wait)
+		ap_kir_wgmma_wait(k, v->cur, 0, s->oacc);
 }
 
 /* S = Q K^T for the tile: the NS score fragments set to zero, then per k
@@ -582,6 +584,120 @@ static void tc_store(att_tc *s)
 	}
 }
 
+/* ---- the overlap of the softmax with O += P V (wgmma, two stages) ---- */
+
+/* The copies of key tile `tile` (an index expression) into stage st. */
+static void ov_copy_tile(att_tc *s, ap_kir_expr *tile, ap_kir_expr *st)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_kir_expr *key0 = ap_kir_muli(k, tile, s->BK);
+
+	ap__att_stage_rows(c, s->ks, ap_kir_muli(k, st, s->BK * s->ldq), 1, s->BK, s->Dp, s->ldq, key0, p->Nk, p->D);
+	ap__att_stage_rows(c, s->vs, ap_kir_muli(k, st, s->BK * s->ldv), 2, s->BK, s->Dvp, s->ldv, key0, p->Nk, p->Dv);
+	ap_kir_cp_commit(k, c->v->cur);
+}
+
+/* The probabilities p = exp(s - mnew) of the tile, kept in the scores'
+ * registers, and their row sums rs: what runs while the previous tile's
+ * O += P V is in flight (it reads P and writes O). */
+static void ov_probabilities(att_tc *s)
+{
+	ap_kir_kernel *k = s->c->k;
+	ap_vctx *v = s->c->v;
+	ap_dtype A = s->A;
+	ap_kir_block *saved;
+	ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", s->NS, &saved);
+
+	for (int e = 0; e < 4; e++) {
+		ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
+		ap_kir_expr *pv = ap_kir_bind(k, v->cur, A, "p",
+					      ap_kir_select(k, s->dead[e >> 1], ap_kir_float(k, A, 0),
+							    ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_load(k, s->sacc, si), s->mnew[e >> 1]), NULL)));
+
+		ap_kir_assign(k, v->cur, s->rs[e >> 1], ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, s->rs[e >> 1]), pv));
+		ap_kir_store(k, v->cur, s->sacc, si, pv);
+	}
+	ap_v_close(v, saved);
+}
+
+/* After the previous O += P V completed: l = l * alpha + rs, m = mnew,
+ * O rescaled by alpha, and P (the operand type) from the scores'
+ * registers as the next O += P V's A fragments. */
+static void ov_commit_probabilities(att_tc *s)
+{
+	ap_kir_kernel *k = s->c->k;
+	ap_vctx *v = s->c->v;
+	ap_kir_block *saved;
+	ap_kir_var *ni;
+
+	for (int h = 0; h < 2; h++) {
+		ap_kir_assign(k, v->cur, s->lrun[h], ap_kir_binary(k, AP_KIR_ADD,
+								    ap_kir_binary(k, AP_KIR_MUL, ap_kir_ref(k, s->lrun[h]), s->alpha[h]),
+								    ap_kir_ref(k, s->rs[h])));
+		ap_kir_assign(k, v->cur, s->mrun[h], s->mnew[h]);
+	}
+	ni = ap_v_loop_unrolled(v, "no", s->NO, &saved);
+	for (int e = 0; e < 4; e++) {
+		ap_kir_expr *oi = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
+
+		ap_kir_store(k, v->cur, s->oacc, oi, ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, s->oacc, oi), s->alpha[e >> 1]));
+	}
+	ap_v_close(v, saved);
+	ni = ap_v_loop_unrolled(v, "ni", s->NS * 4, &saved);
+	ap_kir_store(k, v->cur, s->pf, ap_kir_ref(k, ni), ap_kir_cast(k, s->T, ap_kir_load(k, s->sacc, ap_kir_ref(k, ni))));
+	ap_v_close(v, saved);
+}
+
+/* The key loop with FlashAttention-3's overlap inside a warpgroup
+ * (docs/hopper-pipeline.md, "The overlap without warp specialisation"):
+ * tile j's scores and probabilities are computed while tile j-1's
+ * O += P V runs on the tensor cores; the copies of tile j+1 go into the
+ * stage of tile j-1 once every warpgroup's O += P V of it completed.
+ * Tile 0's copies were issued with Q's (tc_load_q). */
+static void ov_key_loop(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_var *kt;
+	ap_kir_expr *st, *prev;
+	ap_kir_block *ksaved, *s2;
+	ap_kir_stmt *first;
+
+	ap_kir_comment(k, v->cur, "the key loop: tile j's softmax overlaps tile j-1's O += P V (wgmma in flight)");
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s->ntiles), 1, &ksaved);
+	ap_kir_cp_wait(k, v->cur, 0);   /* tile kt landed (this thread's copies) */
+	ap_kir_fence_proxy_async(k, v->cur);
+	ap_kir_barrier(k, v->cur);      /* ... and every thread's */
+	st = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), ap_kir_idx(k, 1)));
+	prev = ap_kir_bind(k, v->cur, k->index_type, "sp", ap_kir_binary(k, AP_KIR_AND, ap_kir_addi(k, ap_kir_ref(k, kt), 1), ap_kir_idx(k, 1)));
+	s->key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), s->BK));
+	s->kbase = ap_kir_bind(k, v->cur, k->index_type, "kb", ap_kir_muli(k, st, s->BK * s->ldq));
+	wg_qk(s, false);
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_GT, ap_kir_ref(k, kt), ap_kir_idx(k, 0)), &s2, &first);
+	s->vbase = ap_kir_bind(k, v->cur, k->index_type, "vp", ap_kir_muli(k, prev, s->BK * s->ldv));
+	wg_pv(s, false);                /* tile kt-1's O += P V, in flight ... */
+	ap_kir_wgmma_wait(k, v->cur, 1, s->sacc);   /* ... while S is complete */
+	ap_v_else(v, first);
+	ap_kir_wgmma_wait(k, v->cur, 0, s->sacc);
+	ap_v_close(v, s2);
+	tc_scores(s);
+	tc_row_max(s);
+	ov_probabilities(s);
+	ap_kir_wgmma_wait(k, v->cur, 0, s->oacc);   /* O += P V of tile kt-1 done here ... */
+	ap_kir_barrier(k, v->cur);                  /* ... and in every warpgroup: its stage is free */
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, ap_kir_addi(k, ap_kir_ref(k, kt), 1), ap_kir_idx(k, s->ntiles)), &s2, NULL);
+	ov_copy_tile(s, ap_kir_addi(k, ap_kir_ref(k, kt), 1), prev);
+	ap_v_close(v, s2);
+	ov_commit_probabilities(s);
+	ap_v_close(v, ksaved);
+	/* the last tile's O += P V */
+	s->vbase = ap_kir_idx(k, ((s->ntiles - 1) & 1) * s->BK * s->ldv);
+	wg_pv(s, true);
+}
+
 /* The tensor-core form (the comment above): W warps of 16 query rows, key
  * tiles of BK; per key tile tc_stage_kv, tc_qk, tc_scores, tc_row_max,
  * tc_probabilities and tc_pv, then tc_store.  Errors: AP_EUNSUPPORTED
@@ -634,17 +750,23 @@ int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *e
 	s.wrow = ap_kir_bind(k, v->cur, k->index_type, "wr", ap_kir_add(k, q0, ap_kir_muli(k, s.warp, 16)));
 	tc_load_q(&s, q0);
 	tc_init_state(&s);
+	if (c->wg && c->overlap && s.NST == 2) {
+		ov_key_loop(&s);
+		tc_store(&s);
+		ap_v_close(v, tsaved);
+		return 0;
+	}
 	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s.ntiles), 1, &ksaved);
 	tc_stage_kv(&s, kt);
 	if (c->wg)
-		wg_qk(&s);
+		wg_qk(&s, true);
 	else
 		tc_qk(&s);
 	tc_scores(&s);
 	tc_row_max(&s);
 	tc_probabilities(&s);
 	if (c->wg)
-		wg_pv(&s);
+		wg_pv(&s, true);
 	else
 		tc_pv(&s);
 	ap_v_close(v, ksaved);

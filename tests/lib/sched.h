@@ -11,9 +11,27 @@
 #define APOLLO_TESTS_LIB_SCHED_H
 
 #include <check.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "server/lower/lower.h"
+
+/* Whether the space of m's first emitter on ti has knob `knob`. */
+static inline bool ap_test_space_has(const ap_mgraph *m, const ap_target_info *ti, const char *knob)
+{
+	ap_bound b;
+	ap_space sp;
+	ap_sched s;
+	ap_error err;
+	bool has = false;
+
+	ck_assert_int_eq(ap_bind_first(m, ti, &b, &err), 0);
+	ck_assert_int_eq(ap_emitter_default(&b, &sp, &s, &err), 0);
+	for (int i = 0; i < sp.n; i++)
+		has |= !strcmp(sp.knobs[i].name, knob);
+	ap_unbind(&b);
+	return has;
+}
 
 /* Fills *s with the default schedule of m on ti (m bound by its first
  * emitter) with knob `knob` set to `value`; fails the test when the knob
