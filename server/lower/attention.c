@@ -409,7 +409,9 @@ static void at_unbind(void *an)
 }
 
 /* SIMT: "rows" (query rows a block, a warp each).  Tensor cores: "warps"
- * (16 query rows each) and "keys" (a tile of K and V). */
+ * (16 query rows each) and "keys" (a tile of K and V); on wgmma with two
+ * K / V stages also "overlap" (1: the softmax beside O += P V,
+ * attention_tc.c ov_key_loop). */
 static int at_space(const ap_bound *b, ap_space *sp)
 {
 	const att_plan *p = b->an;
