@@ -3086,6 +3086,18 @@ static ap_kir_kernel *wg_regs_kernel(int variant)
 								       ap_kir_idx(k, 1)));
 		ap_kir_wgmma_wait(k, &c->body, 0, acc);
 	}
+	if (variant == 6) {   /* acc complete; another accumulator in flight from one arm only */
+		ap_kir_array *acc2 = ap_kir_local(k, "acc2", AP_DT_F32, 32);
+		ap_kir_stmt *c;
+
+		ap_kir_wgmma_wait(k, &k->body, 0, acc);
+		c = ap_kir_if(k, &k->body, ap_kir_binary(k, AP_KIR_LT, ap_kir_index_of(k, AP_KIR_BLOCK_X),
+							 ap_kir_idx(k, 1)));
+		ap_kir_wgmma_fence(k, &c->orelse, acc2);
+		ap_kir_wgmma(k, &c->orelse, AP_KIR_WGMMA_F16, 64, acc2, ap_kir_idx(k, 0), b, ap_kir_idx(k, 0), lk, b,
+			     ap_kir_idx(k, 0), lk);
+		ap_kir_wgmma_commit(k, &c->orelse);
+	}
 	if (variant == 4)   /* the A fragment rewritten under the wgmma reading it */
 		ap_kir_store(k, &k->body, fa, ap_kir_idx(k, 0), ap_kir_const(k, AP_DT_F16, 0));
 	ap_kir_store(k, &k->body, out, tid, ap_kir_load(k, acc, ap_kir_idx(k, 0)));
@@ -3095,12 +3107,13 @@ static ap_kir_kernel *wg_regs_kernel(int variant)
 START_TEST(wgmma_regs_in_flight)
 {
 	/* variant: 0 waited, 1 no wait, 2 loop's wait 1 only, 3 and a wait 0 after,
-	 * 4 A fragment stored to in flight, 5 a wait in one arm */
-	static const bool ok[6] = { true, false, false, true, false, false };
-	static const char *const what[6] = { NULL, "register array acc", "register array acc", NULL,
-					     "register array fa", "register array acc" };
+	 * 4 A fragment stored to in flight, 5 a wait in one arm, 6 waited, then
+	 * another accumulator in flight from one arm (acc itself is complete) */
+	static const bool ok[7] = { true, false, false, true, false, false, true };
+	static const char *const what[7] = { NULL, "register array acc", "register array acc", NULL,
+					     "register array fa", "register array acc", NULL };
 
-	for (int variant = 0; variant < 6; variant++) {
+	for (int variant = 0; variant < 7; variant++) {
 		ap_kir_kernel *k = wg_regs_kernel(variant);
 		ap_error err;
 		int rc;

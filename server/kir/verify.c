@@ -757,6 +757,8 @@ static void wg_union(vctx *v, wg_group *into, const wg_group *from)
  * from the newest. */
 static void wg_join(vctx *v, wg_state *a, const wg_state *b)
 {
+	for (int i = a->ng; i < b->ng; i++)   /* groups a has not: empty there */
+		a->grp[i].n = 0;
 	wg_union(v, &a->open, &b->open);
 	for (int i = 0; i < b->ng; i++)
 		wg_union(v, &a->grp[i], &b->grp[i]);
@@ -820,6 +822,8 @@ static void wg_stmt(vctx *v, wg_state *st, const ap_kir_stmt *s)
 		st->ng++;
 		return;
 	case AP_KIR_S_WGMMA_WAIT:
+		for (int i = s->step >= 0 ? (int)s->step : st->ng; i < st->ng; i++)
+			st->grp[i].n = 0;   /* complete */
 		if (s->step >= 0 && s->step < st->ng)
 			st->ng = (int)s->step;
 		return;
