@@ -465,16 +465,12 @@ static void tc_row_max(att_tc *s)
 	}
 }
 
-/* The probabilities exp(s - mnew) of the tile, summed into rs and moved
- * into pf as PV's A fragments (16-bit: the C fragments of n8 tiles 2j,
- * 2j + 1 are the A fragment of k16 step j; TF32: through the C layout
- * and tf32_a_from_c); then l = l * alpha + rs, m = mnew, and O's
- * accumulators rescaled by alpha. */
-static void tc_probabilities(att_tc *s)
+/* The probabilities exp(s - mnew) of the tile, summed into rs and stored
+ * (as `type`) into `dst` at the scores' element indices. */
+static void tile_probabilities(att_tc *s, ap_kir_array *dst, ap_dtype type)
 {
-	actx *c = s->c;
-	ap_kir_kernel *k = c->k;
-	ap_vctx *v = c->v;
+	ap_kir_kernel *k = s->c->k;
+	ap_vctx *v = s->c->v;
 	ap_dtype A = s->A;
 	ap_kir_block *saved;
 	ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", s->NS, &saved);
@@ -486,11 +482,19 @@ static void tc_probabilities(att_tc *s)
 							    ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_load(k, s->sacc, si), s->mnew[e >> 1]), NULL)));
 
 		ap_kir_assign(k, v->cur, s->rs[e >> 1], ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, s->rs[e >> 1]), pv));
-		ap_kir_store(k, v->cur, s->tf32 ? s->sacc : s->pf, si, ap_kir_cast(k, s->tf32 ? A : s->T, pv));
+		ap_kir_store(k, v->cur, dst, si, ap_kir_cast(k, type, pv));
 	}
 	ap_v_close(v, saved);
-	if (s->tf32)
-		tf32_a_from_c(c, s->sacc, s->pf, s->NS, s->tq);
+}
+
+/* l = l * alpha + rs, m = mnew, and O's accumulators rescaled by alpha. */
+static void rescale_state(att_tc *s)
+{
+	ap_kir_kernel *k = s->c->k;
+	ap_vctx *v = s->c->v;
+	ap_kir_block *saved;
+	ap_kir_var *ni;
+
 	for (int h = 0; h < 2; h++) {
 		ap_kir_assign(k, v->cur, s->lrun[h], ap_kir_binary(k, AP_KIR_ADD,
 								    ap_kir_binary(k, AP_KIR_MUL, ap_kir_ref(k, s->lrun[h]), s->alpha[h]),
@@ -504,6 +508,19 @@ static void tc_probabilities(att_tc *s)
 		ap_kir_store(k, v->cur, s->oacc, oi, ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, s->oacc, oi), s->alpha[e >> 1]));
 	}
 	ap_v_close(v, saved);
+}
+
+/* The probabilities exp(s - mnew) of the tile, summed into rs and moved
+ * into pf as PV's A fragments (16-bit: the C fragments of n8 tiles 2j,
+ * 2j + 1 are the A fragment of k16 step j; TF32: through the C layout
+ * and tf32_a_from_c); then l = l * alpha + rs, m = mnew, and O's
+ * accumulators rescaled by alpha. */
+static void tc_probabilities(att_tc *s)
+{
+	tile_probabilities(s, s->tf32 ? s->sacc : s->pf, s->tf32 ? s->A : s->T);
+	if (s->tf32)
+		tf32_a_from_c(s->c, s->sacc, s->pf, s->NS, s->tq);
+	rescale_state(s);
 }
 
 /* O += P V: per k step j of the tile and n8 tile no of O, V's B fragment
@@ -599,32 +616,9 @@ static void ov_copy_tile(att_tc *s, ap_kir_expr *tile, ap_kir_expr *st)
 	ap_kir_cp_commit(k, c->v->cur);
 }
 
-/* The probabilities p = exp(s - mnew) of the tile, kept in the scores'
- * registers, and their row sums rs: what runs while the previous tile's
- * O += P V is in flight (it reads P and writes O). */
-static void ov_probabilities(att_tc *s)
-{
-	ap_kir_kernel *k = s->c->k;
-	ap_vctx *v = s->c->v;
-	ap_dtype A = s->A;
-	ap_kir_block *saved;
-	ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", s->NS, &saved);
-
-	for (int e = 0; e < 4; e++) {
-		ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
-		ap_kir_expr *pv = ap_kir_bind(k, v->cur, A, "p",
-					      ap_kir_select(k, s->dead[e >> 1], ap_kir_float(k, A, 0),
-							    ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_load(k, s->sacc, si), s->mnew[e >> 1]), NULL)));
-
-		ap_kir_assign(k, v->cur, s->rs[e >> 1], ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, s->rs[e >> 1]), pv));
-		ap_kir_store(k, v->cur, s->sacc, si, pv);
-	}
-	ap_v_close(v, saved);
-}
-
-/* After the previous O += P V completed: l = l * alpha + rs, m = mnew,
- * O rescaled by alpha, and P (the operand type) from the scores'
- * registers as the next O += P V's A fragments. */
+/* After the previous O += P V completed: l, m and O's rescale
+ * (rescale_state), and P (the operand type) from the scores' registers as
+ * the next O += P V's A fragments. */
 static void ov_commit_probabilities(att_tc *s)
 {
 	ap_kir_kernel *k = s->c->k;
@@ -632,19 +626,7 @@ static void ov_commit_probabilities(att_tc *s)
 	ap_kir_block *saved;
 	ap_kir_var *ni;
 
-	for (int h = 0; h < 2; h++) {
-		ap_kir_assign(k, v->cur, s->lrun[h], ap_kir_binary(k, AP_KIR_ADD,
-								    ap_kir_binary(k, AP_KIR_MUL, ap_kir_ref(k, s->lrun[h]), s->alpha[h]),
-								    ap_kir_ref(k, s->rs[h])));
-		ap_kir_assign(k, v->cur, s->mrun[h], s->mnew[h]);
-	}
-	ni = ap_v_loop_unrolled(v, "no", s->NO, &saved);
-	for (int e = 0; e < 4; e++) {
-		ap_kir_expr *oi = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
-
-		ap_kir_store(k, v->cur, s->oacc, oi, ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, s->oacc, oi), s->alpha[e >> 1]));
-	}
-	ap_v_close(v, saved);
+	rescale_state(s);
 	ni = ap_v_loop_unrolled(v, "ni", s->NS * 4, &saved);
 	ap_kir_store(k, v->cur, s->pf, ap_kir_ref(k, ni), ap_kir_cast(k, s->T, ap_kir_load(k, s->sacc, ap_kir_ref(k, ni))));
 	ap_v_close(v, saved);
@@ -685,7 +667,8 @@ static void ov_key_loop(att_tc *s)
 	ap_v_close(v, s2);
 	tc_scores(s);
 	tc_row_max(s);
-	ov_probabilities(s);
+	/* the probabilities in S's registers: O += P V of tile kt-1 still reads P */
+	tile_probabilities(s, s->sacc, s->A);
 	ap_kir_wgmma_wait(k, v->cur, 0, s->oacc);   /* O += P V of tile kt-1 done here ... */
 	ap_kir_barrier(k, v->cur);                  /* ... and in every warpgroup: its stage is free */
 	ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, ap_kir_addi(k, ap_kir_ref(k, kt), 1), ap_kir_idx(k, s->ntiles)), &s2, NULL);
