@@ -16,7 +16,8 @@
  *      its control flow.
  *   4. the registers of wgmma in flight (rule wgmma_regs): a walk that
  *      keeps, per commit group still pending, the register arrays its
- *      wgmmas write or read, and reports any other statement touching one.
+ *      wgmmas write or read, and reports any other statement touching one
+ *      (a loop that commits or waits walked twice, others once).
  * The first violation is reported, as "kernel NAME: rule RULE: what".
  */
 #include "kir_internal.h"
@@ -798,6 +799,19 @@ static void wg_expr(vctx *v, const wg_state *st, const ap_kir_expr *e)
 
 static void wg_block(vctx *v, wg_state *st, const ap_kir_block *b);
 
+/* Whether b holds a statement that changes what is in flight (a wgmma,
+ * commit or wait); a loop without one leaves the state as it found it,
+ * so one walk of its body is enough (two would make nests 2^depth). */
+static bool wg_changes(const ap_kir_block *b)
+{
+	for (const ap_kir_stmt *s = b->first; s; s = s->next)
+		if (s->kind == AP_KIR_S_WGMMA || s->kind == AP_KIR_S_WGMMA_COMMIT || s->kind == AP_KIR_S_WGMMA_WAIT ||
+		    ((s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF) &&
+		     (wg_changes(&s->body) || wg_changes(&s->orelse))))
+			return true;
+	return false;
+}
+
 static void wg_stmt(vctx *v, wg_state *st, const ap_kir_stmt *s)
 {
 	wg_state in, body;
@@ -833,6 +847,10 @@ static void wg_stmt(vctx *v, wg_state *st, const ap_kir_stmt *s)
 	case AP_KIR_S_FOR:
 		wg_expr(v, st, s->lo);
 		wg_expr(v, st, s->hi);
+		if (!wg_changes(&s->body)) {
+			wg_block(v, st, &s->body);
+			return;
+		}
 		in = *st;
 		wg_block(v, st, &s->body);       /* the first pass */
 		body = *st;
@@ -899,7 +917,7 @@ int ap_kir_verify(const ap_kir_kernel *k, const ap_kir_limits *lim, ap_error *er
 	} while (v.changed);
 	if (!v.rc)
 		check_block(&v, &k->body, true);
-	if (!v.rc) {
+	if (!v.rc && wg_changes(&k->body)) {   /* kernels without wgmma: nothing in flight */
 		wg_state st;
 
 		memset(&st, 0, sizeof(st));
