@@ -767,21 +767,21 @@ static void wg_join(vctx *v, wg_state *a, const wg_state *b)
 		a->ng = b->ng;
 }
 
-static const wg_group *wg_holder(const wg_state *st, const ap_kir_array *a)
+static bool wg_in_flight(const wg_state *st, const ap_kir_array *a)
 {
 	for (int i = -1; i < st->ng; i++) {
 		const wg_group *g = i < 0 ? &st->open : &st->grp[i];
 
 		for (int j = 0; j < g->n; j++)
 			if (g->arr[j] == a)
-				return g;
+				return true;
 	}
-	return NULL;
+	return false;
 }
 
 static void wg_touch(vctx *v, const wg_state *st, const ap_kir_array *a, const char *what)
 {
-	if (a && a->space == AP_KIR_LOCAL && wg_holder(st, a))
+	if (a && a->space == AP_KIR_LOCAL && wg_in_flight(st, a))
 		bad(v, "wgmma_regs", "%s %s while a wgmma on it is in flight (no wgmma.wait_group covers "
 		    "its commit group)", what, a->name);
 }
@@ -836,10 +836,8 @@ static void wg_stmt(vctx *v, wg_state *st, const ap_kir_stmt *s)
 		st->ng++;
 		return;
 	case AP_KIR_S_WGMMA_WAIT:
-		for (int i = s->step >= 0 ? (int)s->step : st->ng; i < st->ng; i++)
-			st->grp[i].n = 0;   /* complete */
-		if (s->step >= 0 && s->step < st->ng)
-			st->ng = (int)s->step;
+		for (; s->step >= 0 && s->step < st->ng; st->ng--)
+			st->grp[st->ng - 1].n = 0;   /* the oldest complete first */
 		return;
 	case AP_KIR_S_WGMMA_FENCE:
 	case AP_KIR_S_COMMENT:

@@ -193,6 +193,17 @@ static void tc_lanes(att_tc *s)
 	s->ninf = ap_kir_float(s->c->k, s->A, -INFINITY);
 }
 
+/* Key tile rows key0.. of K and V into their stages' shared tiles at
+ * element offsets koff and voff (ap__att_stage_rows; the caller commits). */
+static void stage_kv_rows(att_tc *s, ap_kir_expr *koff, ap_kir_expr *voff, ap_kir_expr *key0)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+
+	ap__att_stage_rows(c, s->ks, koff, 1, s->BK, s->Dp, s->ldq, key0, p->Nk, p->D);
+	ap__att_stage_rows(c, s->vs, voff, 2, s->BK, s->Dvp, s->ldv, key0, p->Nk, p->Dv);
+}
+
 /* The block's BQ query rows from q0 into qs (with two stages, the first
  * key tile's copies issued behind them), then the warp's 16 rows as A
  * fragments qf by ldmatrix .x4 (matrix j = lane / 8: rows (j % 2) * 8..,
@@ -211,8 +222,7 @@ static void tc_load_q(att_tc *s, ap_kir_expr *q0)
 		ap_kir_cp_commit(k, v->cur);
 	if (s->NST == 2) {
 		/* the first key tile's copies, in flight while Q's fragments load */
-		ap__att_stage_rows(c, s->ks, ap_kir_idx(k, 0), 1, s->BK, s->Dp, s->ldq, ap_kir_idx(k, 0), p->Nk, p->D);
-		ap__att_stage_rows(c, s->vs, ap_kir_idx(k, 0), 2, s->BK, s->Dvp, s->ldv, ap_kir_idx(k, 0), p->Nk, p->Dv);
+		stage_kv_rows(s, ap_kir_idx(k, 0), ap_kir_idx(k, 0), ap_kir_idx(k, 0));
 		ap_kir_cp_commit(k, v->cur);
 	}
 	if (p->aw[0])
@@ -277,16 +287,14 @@ static void tc_stage_kv(att_tc *s, ap_kir_var *kt)
 			ap_kir_expr *nst = ap_kir_binary(k, AP_KIR_AND, nx, ap_kir_idx(k, 1));
 			ap_kir_expr *nkey0 = ap_kir_muli(k, nx, s->BK);
 
-			ap__att_stage_rows(c, s->ks, ap_kir_muli(k, nst, s->BK * s->ldq), 1, s->BK, s->Dp, s->ldq, nkey0, p->Nk, p->D);
-			ap__att_stage_rows(c, s->vs, ap_kir_muli(k, nst, s->BK * s->ldv), 2, s->BK, s->Dvp, s->ldv, nkey0, p->Nk, p->Dv);
+			stage_kv_rows(s, ap_kir_muli(k, nst, s->BK * s->ldq), ap_kir_muli(k, nst, s->BK * s->ldv), nkey0);
 		}
 		ap_v_close(v, s2);
 		ap_kir_cp_commit(k, v->cur);
 		ap_kir_cp_wait(k, v->cur, 1);
 	} else {
 		kst = ap_kir_idx(k, 0);
-		ap__att_stage_rows(c, s->ks, kst, 1, s->BK, s->Dp, s->ldq, s->key0, p->Nk, p->D);
-		ap__att_stage_rows(c, s->vs, kst, 2, s->BK, s->Dvp, s->ldv, s->key0, p->Nk, p->Dv);
+		stage_kv_rows(s, kst, kst, s->key0);
 		ap__att_async_done(c, p->aw[1] || p->aw[2]);
 	}
 	s->kbase = ap_kir_bind(k, v->cur, k->index_type, "kb", ap_kir_muli(k, kst, s->BK * s->ldq));
@@ -603,19 +611,6 @@ static void tc_store(att_tc *s)
 
 /* ---- the overlap of the softmax with O += P V (wgmma, two stages) ---- */
 
-/* The copies of key tile `tile` (an index expression) into stage st. */
-static void ov_copy_tile(att_tc *s, ap_kir_expr *tile, ap_kir_expr *st)
-{
-	actx *c = s->c;
-	const att_plan *p = c->p;
-	ap_kir_kernel *k = c->k;
-	ap_kir_expr *key0 = ap_kir_muli(k, tile, s->BK);
-
-	ap__att_stage_rows(c, s->ks, ap_kir_muli(k, st, s->BK * s->ldq), 1, s->BK, s->Dp, s->ldq, key0, p->Nk, p->D);
-	ap__att_stage_rows(c, s->vs, ap_kir_muli(k, st, s->BK * s->ldv), 2, s->BK, s->Dvp, s->ldv, key0, p->Nk, p->Dv);
-	ap_kir_cp_commit(k, c->v->cur);
-}
-
 /* After the previous O += P V completed: l, m and O's rescale
  * (rescale_state), and P (the operand type) from the scores' registers as
  * the next O += P V's A fragments. */
@@ -672,7 +667,9 @@ static void ov_key_loop(att_tc *s)
 	ap_kir_wgmma_wait(k, v->cur, 0, s->oacc);   /* O += P V of tile kt-1 done here ... */
 	ap_kir_barrier(k, v->cur);                  /* ... and in every warpgroup: its stage is free */
 	ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, ap_kir_addi(k, ap_kir_ref(k, kt), 1), ap_kir_idx(k, s->ntiles)), &s2, NULL);
-	ov_copy_tile(s, ap_kir_addi(k, ap_kir_ref(k, kt), 1), prev);
+	stage_kv_rows(s, ap_kir_muli(k, prev, s->BK * s->ldq), ap_kir_muli(k, prev, s->BK * s->ldv),
+		      ap_kir_muli(k, ap_kir_addi(k, ap_kir_ref(k, kt), 1), s->BK));
+	ap_kir_cp_commit(k, v->cur);
 	ap_v_close(v, s2);
 	ov_commit_probabilities(s);
 	ap_v_close(v, ksaved);
