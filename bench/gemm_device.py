@@ -307,7 +307,7 @@ def cmd_report(a):
         print("Apollo: kernel time per timed run from the runtime's CUDA events (check --repeat %d "
               "--profile; the checked first run, which loads the kernels and the library, left "
               "out), wall = median run (launches and synchronisation); variants tf32, simt, f16, "
-              "wg, tma (sm_90a, --tma): Apollo's kernels (APOLLO_LIBCUBLASLT=off), lib*: the plan as run by default, "
+              "wg, new (sm_90a; new: --unvalidated, the TMA GEMM and the attention overlap): Apollo's kernels (APOLLO_LIBCUBLASLT=off), lib*: the plan as run by default, "
               "its library launches on cuBLASLt; PyTorch: CUDA "
               "events around the op, median; ratio = Apollo TFLOP/s / PyTorch TFLOP/s "
               "(above 1: Apollo faster)" % a.repeat)
@@ -318,11 +318,13 @@ def cmd_report(a):
     n_ok = n_bad = 0
     for r in rows:
         variants = (("tf32", True), ("simt", False)) if r["dtype"] == "float32" else (("f16", False),)
-        # wg: the sm_90a kernel (wgmma), where the device is Hopper; tma:
-        # its TMA form (--tma: TMA + mbarrier stages, persistent blocks); lib,
+        # wg: the sm_90a kernel (wgmma), where the device is Hopper; new:
+        # the forms not yet run on a GPU (--unvalidated: the GEMM's TMA form,
+        # TMA + mbarrier stages and persistent blocks, and the attention
+        # forward's softmax / O += P V overlap); lib,
         # lib_tf32: the plan as users run it, where it gives the product to
         # cuBLASLt (the others run Apollo's kernels: APOLLO_LIBCUBLASLT=off)
-        variants += tuple((v, v == "lib_tf32") for v in ("wg", "tma", "lib", "lib_tf32", "lib_simt")
+        variants += tuple((v, v == "lib_tf32") for v in ("wg", "new", "lib", "lib_tf32", "lib_simt")
                           if os.path.exists(os.path.join(r["dir"], "apollo_%s.out" % v)))
         for v, tf32 in variants:
             st, kern, wall, note, lib = parse_out(os.path.join(r["dir"], "apollo_%s.out" % v))

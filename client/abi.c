@@ -57,7 +57,7 @@ static const struct abi_field {
 	F(ap_submit_options, fusion_barriers) F(ap_submit_options, n_keep_whole)
 	F(ap_submit_options, keep_whole) F(ap_submit_options, allow_tf32) F(ap_submit_options, no_layer1)
 	F(ap_submit_options, no_tune) F(ap_submit_options, tma) F(ap_submit_options, tune_variant)
-	F(ap_submit_options, device) F(ap_submit_options, host_check)
+	F(ap_submit_options, device) F(ap_submit_options, host_check) F(ap_submit_options, unvalidated)
 	F(ap_device_info, name) F(ap_device_info, sm_count) F(ap_device_info, cc_major)
 	F(ap_device_info, cc_minor) F(ap_device_info, driver_version)
 	F(ap_server_stats, requests) F(ap_server_stats, errors) F(ap_server_stats, cache_hits)

@@ -3,7 +3,7 @@
  *   apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]
  *                 [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]
  *                 [--shape NAME=DIMS ...] [--dump DIR] [--dump-schedules DIR] [--allow-tf32]
- *                 [--tma] [--no-layer1] [--no-tune] [--no-cache] [--namespace NS] [--daemon-import]
+ *                 [--tma] [--unvalidated] [--no-layer1] [--no-tune] [--no-cache] [--namespace NS] [--daemon-import]
  *                 [--explain] [--explain-html FILE] [--progress]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
  *                 [--keep-whole OP ...]
@@ -11,7 +11,7 @@
  *                 [--seed N] [--compare onnxruntime] [--rtol R] [--atol A] [--save DIR]
  *                 [--target T] [--format ptx|cubin|so] [--threads N] [compile options]
  *   apollo-client check DIR...|MODEL.onnx [--target T] [--rtol R] [--atol A] [--jobs N]
- *                 [--threads N] [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--tma] [--no-tune]
+ *                 [--threads N] [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--tma] [--unvalidated] [--no-tune]
  *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...]
  *                 [--keep-whole OP ...] [--save-outputs DIR] [--repeat N [--profile]]
  *                 [--mismatch FRACTION] [--shape NAME=DIMS ...] [--input NAME=FILE ...]
@@ -95,7 +95,7 @@ static const subcommand_help g_help[] = {
 	{ "submit",
 	  "apollo-client submit GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin|so]\n"
 	  "              [-o BUNDLE.pb] [--json] [--input NAME=FILE.pb ...] [--data DIR]\n"
-	  "              [--shape NAME=DIMS ...] [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--tma] [--no-layer1] [--no-tune]\n"
+	  "              [--shape NAME=DIMS ...] [--dump DIR] [--dump-schedules DIR] [--allow-tf32] [--tma] [--unvalidated] [--no-layer1] [--no-tune]\n"
 	  "              [--host-check] [--no-cache] [--namespace NS] [--daemon-import] [--explain]\n"
 	  "              [--explain-html FILE] [--fusion none|rules|apollo] [--fusion-barrier NODE ...]\n"
 	  "              [--keep-whole OP ...] [--progress]\n",
@@ -109,7 +109,7 @@ static const subcommand_help g_help[] = {
 	  "apollo-client run MODEL.onnx [--input NAME=FILE.npy|FILE.pb ...] [--shape NAME=DIMS ...]\n"
 	  "              [--seed N] [--compare onnxruntime] [--rtol R] [--atol A] [--save DIR]\n"
 	  "              [--target T] [--format ptx|cubin|so] [--threads N] [--fusion none|rules|apollo]\n"
-	  "              [--no-cache] [--allow-tf32] [--tma] [--no-layer1] [--no-tune] [--host-check]\n"
+	  "              [--no-cache] [--allow-tf32] [--tma] [--unvalidated] [--no-layer1] [--no-tune] [--host-check]\n"
 	  "              [--namespace NS] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n",
 	  "Runs a model once: each input from its .npy or TensorProto file, else random (--seed N,\n"
 	  "default 0: floats in [-1, 1), integers valid as indices), compiled by the daemon and run\n"
@@ -119,7 +119,7 @@ static const subcommand_help g_help[] = {
 	  "keeps the run as a backend-test folder for check.\n" },
 	{ "check",
 	  "apollo-client check DIR...|MODEL.onnx [--target T] [--rtol R] [--atol A] [--jobs N]\n"
-	  "              [--threads N] [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--tma] [--no-tune]\n"
+	  "              [--threads N] [--timeout S] [--no-fork] [--no-cache] [--allow-tf32] [--tma] [--unvalidated] [--no-tune]\n"
 	  "              [--fusion none|rules|apollo] [--host-check] [--repeat N [--profile]]\n"
 	  "              [--mismatch FRACTION] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n"
 	  "              [--save-outputs DIR] [--shape NAME=DIMS ...] [--input NAME=FILE ...]\n"
@@ -775,6 +775,7 @@ static int compile_option(const char *a, const char *v, ap_submit_options *o,
 		{ "--no-tune", offsetof(ap_submit_options, no_tune) },
 		{ "--host-check", offsetof(ap_submit_options, host_check) },
 		{ "--tma", offsetof(ap_submit_options, tma) },
+		{ "--unvalidated", offsetof(ap_submit_options, unvalidated) },
 	};
 
 	for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++)

@@ -280,6 +280,11 @@ typedef struct ap_submit_options {
 					checking mode; the runtime fails a run on a
 					race, a cp.async read before arrival, an
 					out-of-bounds or misaligned access */
+	bool unvalidated;            /* the forms not yet run on a GPU wherever they
+					fit (sm_90a: the GEMMs' TMA form, as tma, and
+					the attention forward's overlap), for the
+					device kit to validate them
+					(CompileOptions.unvalidated) */
 } ap_submit_options;
 
 /* Sends graph `g` (its structure: PARAM tensors travel as shape and dtype

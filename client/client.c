@@ -1010,6 +1010,7 @@ static ap_bundle *submit(ap_client *c, Apollo__CompileRequest *cr, const ap_subm
 		co.tma = opt->tma;
 		co.tune_variant = opt->tune_variant;
 		co.host_check = opt->host_check;
+		co.unvalidated = opt->unvalidated;
 	}
 	cr->options = &co;
 	cr->progress = c->progress != NULL;

@@ -68,6 +68,12 @@ unsigned ap_tmap_swizzle_span(int swizzle)
 	}
 }
 
+int ap_tmap_swizzle_of(unsigned bytes)
+{
+	return bytes == 128 ? AP_TMAP_SWIZZLE_128B : bytes == 64 ? AP_TMAP_SWIZZLE_64B
+	       : bytes == 32 ? AP_TMAP_SWIZZLE_32B : AP_TMAP_SWIZZLE_NONE;
+}
+
 static int refuse(char *why, size_t cap, const char *fmt, ...)
 {
 	va_list ap;

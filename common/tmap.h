@@ -66,6 +66,10 @@ int ap_tmap_dtype_of(int dt);
  * repeats every 8 spans (the destination's required alignment). */
 unsigned ap_tmap_swizzle_span(int swizzle);
 
+/* The swizzle mode whose span is `bytes` (32, 64 or 128), the inverse of
+ * ap_tmap_swizzle_span; AP_TMAP_SWIZZLE_NONE for any other value. */
+int ap_tmap_swizzle_of(unsigned bytes);
+
 /* Whether cuTensorMapEncodeTiled accepts d with the tensor at `global`
  * (may be NULL: the address is not checked): 0, or -1 with the first
  * broken rule in why (cap bytes; why may be NULL), e.g. "strides[0] =

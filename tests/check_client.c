@@ -1921,7 +1921,9 @@ START_TEST(abi_fields)
 	ck_assert_uint_eq(off, offsetof(ap_submit_options, tma));
 	ck_assert_str_eq(ap_abi_field("ap_submit_options", 14, &off), "tune_variant");
 	ck_assert_uint_eq(off, offsetof(ap_submit_options, tune_variant));
-	ck_assert_ptr_null(ap_abi_field("ap_submit_options", 17, NULL));
+	ck_assert_str_eq(ap_abi_field("ap_submit_options", 17, &off), "unvalidated");
+	ck_assert_uint_eq(off, offsetof(ap_submit_options, unvalidated));
+	ck_assert_ptr_null(ap_abi_field("ap_submit_options", 18, NULL));
 	ck_assert_ptr_null(ap_abi_field("ap_submit_options", -1, NULL));
 	ck_assert_ptr_null(ap_abi_field("ap_nothing", 0, NULL));
 	ck_assert_ptr_null(ap_abi_field(NULL, 0, NULL));

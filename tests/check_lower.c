@@ -30,7 +30,9 @@
 #include "client/hostcheck.h"
 #include "server/backend/backend.h"
 #include "server/kir/kir.h"
+#include "server/lower/emitters.h"
 #include "server/lower/lower.h"
+#include "server/tune/tune.h"
 #include "tests/lib/require.h"
 #include "tests/lib/sched.h"
 #include "tests/lib/sweep.h"
@@ -198,6 +200,8 @@ typedef struct case_opts {
 } case_opts;
 
 static const case_opts *g_opts;      /* set around run_case_opts */
+static unsigned g_sms;               /* > 0: the target's SM count for the sweep (a persistent
+					grid of few blocks, each walking several tiles) */
 
 /* Runs kernel k (entry f) over all its blocks, split into two ranges;
  * returns the outputs (malloc'd, in m->g->outputs order) as floats.
@@ -513,6 +517,8 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 	double **want;
 
 	ck_assert_int_eq(ap_cost_target(g_opts && g_opts->target ? g_opts->target : "cpu", &ti), 0);
+	if (g_sms)
+		ti.sm_count = g_sms;
 	ti.max_threads_per_block = 256;
 	ti.allow_tf32 = g_opts && g_opts->allow_tf32;
 	host_flags = ti.gpu ? AP_KIR_PRINT_BASELINE : 0;
@@ -1456,8 +1462,8 @@ START_TEST(host_isa_clones)
 	ap_lower_options lo = {256, NULL, true};
 	ap_kir_kernel *k;
 	ap_error err;
-	const char *cc = getenv("APOLLO_CC");
-	char *src, base_cc[512], *saved = cc ? strdup(cc) : NULL;
+	const char *clones = getenv("APOLLO_HOST_CLONES");
+	char *src, *saved = clones ? strdup(clones) : NULL;
 	void *h[2];
 	float **outs[2];
 	double *want[2];
@@ -1477,14 +1483,16 @@ START_TEST(host_isa_clones)
 			      "a clone declared in the baseline print:\n%.2000s", base);
 		free(base);
 	}
+	/* the test runners build without clones (APOLLO_HOST_CLONES=0):
+	 * this test asks for each form itself */
+	setenv("APOLLO_HOST_CLONES", "1", 1);
 	h[0] = host_load(src, "clones");
-	snprintf(base_cc, sizeof(base_cc), "%s -DAP_HOST_ISA=", cc && *cc ? cc : "cc");
-	setenv("APOLLO_CC", base_cc, 1);
+	setenv("APOLLO_HOST_CLONES", "0", 1);
 	h[1] = host_load(src, "baseline");
 	if (saved)
-		setenv("APOLLO_CC", saved, 1);
+		setenv("APOLLO_HOST_CLONES", saved, 1);
 	else
-		unsetenv("APOLLO_CC");
+		unsetenv("APOLLO_HOST_CLONES");
 	buffers_init(&in, m);
 	for (int i = 0; i < 2; i++) {
 		host_fn f = (host_fn)dlsym(h[i], "isa_gemm");
@@ -1811,13 +1819,14 @@ static int scalar_dt(ap_graph *g, const char *name, float v)
 	return t;
 }
 
-static void run_attention_case(const att_case *c, const lcase *lc)
+/* The attention pattern of case c, unfused: Y = softmax(Q K^T / 4 + mask) V
+ * with Y transposed to [B, Nq, H, Dv] (and the scores, row maxima and row
+ * sums as outputs with c->stats). */
+static ap_graph *attention_graph(const att_case *c)
 {
 	ap_graph *g = ap_graph_new("att");
 	int64_t B = c->B, H = c->H, Nq = c->Nq, Nk = c->Nk, D = c->D, Dv = c->Dv;
 	int q, kk, v, mask, four, kt, y1, sc, s2, mx, d, e, l, pr, o, ot, n;
-	case_opts opts = {c->target, c->dt == AP_DT_F32 && c->target != NULL, c->rtol, c->target != NULL};   /* float32 on a GPU: TF32; checked */
-	ap_mgraph *m;
 
 	g_dt = c->dt;
 	q = tensor(g, "q", DIMS(B, H, Nq, D), AP_TENSOR_INPUT);
@@ -1858,7 +1867,15 @@ static void run_attention_case(const att_case *c, const lcase *lc)
 		output(g, mx);
 		output(g, l);
 	}
-	m = whole(g, AP_GROUP_ATTENTION);
+	return g;
+}
+
+static void run_attention_case(const att_case *c, const lcase *lc)
+{
+	ap_graph *g = attention_graph(c);
+	case_opts opts = {c->target, c->dt == AP_DT_F32 && c->target != NULL, c->rtol, c->target != NULL};   /* float32 on a GPU: TF32; checked */
+	ap_mgraph *m = whole(g, AP_GROUP_ATTENTION);
+
 	g_ac = c;
 	g_fill = mask_first_tile;
 	run_case_with(lc, g, m, ref_attention, &opts, c->target != NULL);
@@ -1934,6 +1951,134 @@ START_TEST(attention_wgmma_overlap)
 	else
 		unsetenv("APOLLO_SWEEP");
 	free(saved);
+}
+END_TEST
+
+/* K and V by TMA (knob tma=1, attention_tc.c tma_fill): head dims 64 and
+ * 32 (128- and 64-byte swizzles, one and two boxes a tile per operand),
+ * K and V [2, 3, 150, D] as 4-D tensor maps, every configuration of the
+ * sm_90a space run in the checking host mode against float64 -- both
+ * forms (overlap 0 and 1), 150 keys in 3-10 tiles, the last tile's boxes
+ * zero-filled past key 150 -- on a target of one SM, so that tma=1's
+ * persistent grid (as many blocks as one SM holds) has blocks walking
+ * two query tiles, carrying the stages' phases on; the CUDA of tma=1
+ * compiles without spills and holds cp.async.bulk.tensor
+ * (expect_no_spills). */
+START_TEST(attention_wgmma_tma)
+{
+	static const att_case f16 = {"attention_wg_tma_f16", AP_DT_F16, 2, 3, 70, 150, 64, 32, false, "sm_90a", 4e-3};
+	lcase lc = {f16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16"}};
+	const char *sw = getenv("APOLLO_SWEEP");
+	char *saved = sw ? strdup(sw) : NULL;
+	ap_graph *g = attention_graph(&f16);
+	ap_mgraph *m = whole(g, AP_GROUP_ATTENTION);
+	ap_target_info ti;
+
+	ck_assert_int_eq(ap_cost_target("sm_90a", &ti), 0);
+	ck_assert_msg(ap_test_space_has(m, &ti, "tma"), "no tma knob for K and V [2, 3, 150, 64 / 32]");
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+	setenv("APOLLO_SWEEP", "full", 1);
+	g_sms = 1;
+	run_attention_case(&f16, &lc);
+	g_sms = 0;
+	if (saved)
+		setenv("APOLLO_SWEEP", saved, 1);
+	else
+		unsetenv("APOLLO_SWEEP");
+	free(saved);
+}
+END_TEST
+
+/* A tuning record written before the space had `overlap` (a late knob,
+ * lower.h) still parses: without the knob it means overlap=0, the form
+ * the kernels had before it; a record missing `keys` (not late) does not. */
+START_TEST(attention_record_before_overlap)
+{
+	static const att_case f16 = {"attention_record", AP_DT_F16, 1, 1, 70, 150, 16, 12, true, "sm_90a", 4e-3};
+	ap_graph *g = attention_graph(&f16);
+	ap_mgraph *m = whole(g, AP_GROUP_ATTENTION);
+	ap_target_info ti;
+	ap_bound b;
+	ap_space sp;
+	ap_sched dflt, back;
+	ap_error err;
+	char text[2][256] = {"", ""}, *d, *save = NULL;
+	int ov = -1, keys = -1;
+
+	ck_assert_int_eq(ap_cost_target("sm_90a", &ti), 0);
+	ck_assert_int_eq(ap_bind_first(m, &ti, &b, &err), 0);
+	ck_assert_ptr_eq(b.em, &ap_emitter_attention);
+	ck_assert_int_eq(ap_emitter_default(&b, &sp, &dflt, &err), 0);
+	for (int i = 0; i < sp.n; i++) {
+		ov = strcmp(sp.knobs[i].name, "overlap") ? ov : i;
+		keys = strcmp(sp.knobs[i].name, "keys") ? keys : i;
+	}
+	ck_assert_int_ge(ov, 0);
+	ck_assert_int_ge(keys, 0);
+	ck_assert(sp.knobs[ov].late && !sp.knobs[keys].late);
+	dflt.v[ov] = 1;   /* so that the missing knob's value is seen to come from the text's absence */
+	ck_assert_ptr_nonnull(d = ap_sched_describe(&b, &dflt));
+	/* text[0]: every knob but overlap; text[1]: but overlap and keys */
+	for (char *tok = strtok_r(d, " ", &save); tok; tok = strtok_r(NULL, " ", &save))
+		for (int t = 0; t < 2; t++)
+			if (strncmp(tok, "overlap=", 8) && (t == 0 || strncmp(tok, "keys=", 5)))
+				snprintf(text[t] + strlen(text[t]), sizeof(text[t]) - strlen(text[t]), "%s%s",
+					 *text[t] ? " " : "", tok);
+	free(d);
+	ck_assert_msg(!strstr(text[0], "overlap") && strstr(text[0], "keys="), "%s", text[0]);
+	ck_assert_int_eq(ap_sched_parse(&b, text[0], &back), 1);
+	for (int i = 0; i < sp.n; i++)
+		ck_assert_int_eq(back.v[i], i == ov ? 0 : dflt.v[i]);
+	ck_assert_msg(!strstr(text[1], "keys="), "%s", text[1]);
+	ck_assert_int_eq(ap_sched_parse(&b, text[1], &back), 0);
+	ap_unbind(&b);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
+/* A request asking for the forms not yet run on a GPU (--unvalidated,
+ * ap_target_info.unvalidated): the default rule takes overlap=1 and the
+ * cost model prices it; without the request overlap=1 has no time
+ * (INFINITY, `unvalidated`) and the default keeps 0.  The two requests'
+ * tuning signatures differ (records of one never serve the other). */
+START_TEST(attention_overlap_unvalidated)
+{
+	static const att_case f16 = {"attention_unvalidated", AP_DT_F16, 1, 1, 70, 150, 16, 12, true, "sm_90a", 4e-3};
+	ap_graph *g = attention_graph(&f16);
+	ap_mgraph *m = whole(g, AP_GROUP_ATTENTION);
+	uint8_t sig[2][32];
+
+	for (int asked = 0; asked < 2; asked++) {
+		ap_target_info ti;
+		ap_bound b;
+		ap_space sp;
+		ap_sched dflt, ov1;
+		ap_plan pl;
+		ap_traffic tr;
+		ap_error err;
+		int ov = 2;
+
+		ck_assert_int_eq(ap_cost_target("sm_90a", &ti), 0);
+		ti.unvalidated = ti.tma = asked;
+		ck_assert_int_eq(ap_bind_first(m, &ti, &b, &err), 0);
+		ck_assert_int_eq(ap_emitter_default(&b, &sp, &dflt, &err), 0);
+		ck_assert_int_eq(sp.n, 3);
+		ck_assert_str_eq(sp.knobs[ov].name, "overlap");
+		ck_assert_int_eq(dflt.v[ov], asked);
+		ov1 = dflt;
+		ov1.v[ov] = 1;
+		ck_assert_int_eq(b.em->resolve(&b, &ov1, &pl), 1);
+		ck_assert_int_eq(b.em->traffic(&b, &pl, &tr), 0);
+		ck_assert_int_eq(tr.unvalidated, !asked);
+		ck_assert_int_eq(isinf(ap_cost_schedule_us(&tr, &ti)) != 0, !asked);
+		ck_assert_int_eq(ap_tune_signature(b.em, m, "sm_90a", &ti, 0, sig[asked]), 0);
+		ap_unbind(&b);
+	}
+	ck_assert_int_ne(memcmp(sig[0], sig[1], 32), 0);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
 }
 END_TEST
 
@@ -2286,8 +2431,10 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 			AP_SKIP("nvrtc", "check_lower: NVRTC not loaded, spills of %s not checked (%s)", name, err.msg);
 	}
 	/* a = 3: sm_90a again with the attention's overlap (overlap=1), where
-	 * the space has it: a form the default rule does not take yet */
-	for (int a = 0; a < n + (n == 3) && nvrtc_state > 0; a++) {
+	 * the space has it: a form the default rule does not take yet; a = 4:
+	 * every such form (--unvalidated), where the space has K and V by TMA
+	 * (tma=1) */
+	for (int a = 0; a < n + 2 * (n == 3) && nvrtc_state > 0; a++) {
 		ap_target_info ti;
 		ap_lower_options lo = {256, NULL, true};
 		ap_ptxas_stats st;
@@ -2297,6 +2444,9 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 
 		ck_assert_int_eq(ap_cost_target(archs[a < 3 ? a : 2], &ti), 0);
 		ti.allow_tf32 = g_opts && g_opts->allow_tf32;
+		ti.unvalidated = ti.tma = a == 4;
+		if (a == 4 && !ap_test_space_has(m, &ti, "tma"))
+			break;
 		if (a == 3) {
 			if (!ap_test_space_has(m, &ti, "overlap"))
 				break;
@@ -2310,13 +2460,15 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 		/* the sm_90a cases are 16-bit tensor-core ones: on wgmma there */
 		ck_assert_msg(a < 2 || strstr(cuda, "wgmma.mma_async.sync.aligned"), "%s: no wgmma on sm_90a", name);
 		ck_assert_msg(a < 3 || strstr(cuda, "wgmma.wait_group.sync.aligned 1"), "%s: no overlap", name);
+		ck_assert_msg(a < 4 || strstr(cuda, "cp.async.bulk.tensor."), "%s: K and V not by TMA", name);
 		ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, name, archs[a < 3 ? a : 2], &st, &err) == 0, "%s: %s", name,
 			      err.msg);
 		ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0,
 			      "%s (%s): spills %d / %d bytes, %d registers", name, archs[a < 3 ? a : 2],
 			      st.spill_store_bytes, st.spill_load_bytes, st.registers);
 		printf("check_lower: %s on %s%s: %d registers, no spills, %d bytes of shared memory\n", name,
-		       archs[a < 3 ? a : 2], a == 3 ? " (overlap=1)" : "", st.registers, st.shared_bytes);
+		       archs[a < 3 ? a : 2], a == 3 ? " (overlap=1)" : a == 4 ? " (overlap=1 tma=1)" : "",
+		       st.registers, st.shared_bytes);
 		free(cuda);
 		ap_kir_kernel_free(k);
 	}
@@ -2440,6 +2592,9 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, attention_tensor_cores);
 	tcase_add_test(tc, attention_wgmma);
 	tcase_add_test(tc, attention_wgmma_overlap);
+	tcase_add_test(tc, attention_wgmma_tma);
+	tcase_add_test(tc, attention_record_before_overlap);
+	tcase_add_test(tc, attention_overlap_unvalidated);
 	tcase_add_test(tc, attention_tensor_cores_tf32);
 	tcase_add_test(tc, attention_backward);
 	tcase_add_test(tc, attention_backward_tensor_cores);

@@ -12,6 +12,9 @@
  *                            host, sm_80 and sm_90: best <= default
  *   sched_text               ap_sched_parse takes ap_sched_describe's text
  *                            back and refuses every malformed variant
+ *   record_before_late_knob  a measured GEMM record without the `tma` knob
+ *                            (written before it existed) is built with tma=0,
+ *                            one missing bk is searched again
  *   records_in_the_cache     measured beats modelled, targets apart, the
  *                            generation moves only with measurements
  *   records_reused_by_builds a second graph holding the same kernel takes
@@ -361,6 +364,90 @@ START_TEST(tma_only_when_asked)
 }
 END_TEST
 
+/* A measured record written before the GEMM's space had `lib` and `tma`
+ * (late knobs: lower.h) is still the kernel's schedule, with lib=0 and
+ * tma=0 -- Apollo's cp.async kernel it was measured in -- and not searched
+ * again; one missing
+ * a knob that is not late (bk) is another space's and searched again. */
+static ap_tune_record g_old_record;
+
+static int lookup_old_record(void *user, const uint8_t sig[32], ap_tune_record *rec)
+{
+	(void)user;
+	(void)sig;
+	*rec = g_old_record;
+	return 1;
+}
+
+START_TEST(record_before_late_knob)
+{
+	ap_graph *g = matmul_graph(4096, 4096, 4096, false);
+	ap_tune_hooks h = {.target = "sm_90a", .budget_evals = 100, .lookup = lookup_old_record};
+	ap_target_info t;
+	ap_space sp;
+	ap_sched dflt, s;
+	ap_tune_outcome out;
+	ap_error err;
+	ap_mgraph *m;
+	int tx, lx, bk;
+
+	for (int i = 0; i < g->n_tensors; i++)
+		g->tensors[i].dtype = AP_DT_F16;
+	m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+	ck_assert_int_eq(ap_cost_target("sm_90a", &t), 0);
+	ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &dflt, &err), 0);
+	tx = knob_ix(&sp, "tma");
+	lx = knob_ix(&sp, "lib");
+	bk = knob_ix(&sp, "bk");
+	ck_assert(tx >= 0 && lx >= 0 && bk >= 0 && sp.knobs[tx].late && sp.knobs[lx].late && !sp.knobs[bk].late);
+	/* the record: the default's knobs but tma and lib, one of them moved to a
+	 * value the default rule did not take (so that the record is seen to
+	 * be used) */
+	memset(&g_old_record, 0, sizeof(g_old_record));
+	snprintf(g_old_record.emitter, sizeof(g_old_record.emitter), "%s", ap_emitter_gemm.name);
+	g_old_record.measured_us = 1234.5;
+	dflt.v[lx] = 0;   /* Apollo's kernel (lib=1 takes the default rule's tile only) */
+	{
+		bool moved = false;
+
+		for (int i = 0; i < sp.n && !moved; i++)
+			for (int j = 0; j < sp.knobs[i].n && !moved && !sp.knobs[i].late; j++) {
+				int was = dflt.v[i];
+
+				dflt.v[i] = sp.knobs[i].values[j];
+				moved = dflt.v[i] != was && ap_sched_valid(B(&ap_emitter_gemm, m, &t), &dflt) == 1;
+				if (!moved)
+					dflt.v[i] = was;
+			}
+		ck_assert(moved);
+	}
+	for (int i = 0, len = 0; i < sp.n; i++)
+		if (i != tx && i != lx)
+			len += snprintf(g_old_record.config + len, sizeof(g_old_record.config) - (size_t)len,
+					"%s%s=%d", len ? " " : "", sp.knobs[i].name, dflt.v[i]);
+	ck_assert_int_eq(ap_tune_unit(&h, B(&ap_emitter_gemm, m, &t), 0, 100, 0, &s, &out, &err), 0);
+	ck_assert_msg(out.kind == AP_TUNE_MEASURED, "record '%s' not used (kind %d)", g_old_record.config,
+		      (int)out.kind);
+	ck_assert_int_eq(s.v[tx], 0);
+	for (int i = 0; i < sp.n; i++)
+		ck_assert_int_eq(s.v[i], dflt.v[i]);
+	/* without bk: searched */
+	{
+		char *p = strstr(g_old_record.config, "bk="), *e = strchr(p, ' ');
+
+		if (e)
+			memmove(p, e + 1, strlen(e + 1) + 1);
+		else
+			p[p > g_old_record.config ? -1 : 0] = '\0';
+	}
+	ck_assert_ptr_null(strstr(g_old_record.config, "bk="));
+	ck_assert_int_eq(ap_tune_unit(&h, B(&ap_emitter_gemm, m, &t), 0, 100, 0, &s, &out, &err), 0);
+	ck_assert_int_eq(out.kind, AP_TUNE_SEARCHED);
+	mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
 /* Split-K is priced (gm_traffic: a split block's pipeline fill and its
  * cluster's reduction stand outside the overlapped main loop) so that it
  * pays only where the tiles leave SMs idle: TF32 4096^3 on sm_90 (1,024
@@ -486,10 +573,13 @@ START_TEST(sched_text)
 	ck_assert_ptr_eq(back.em, &ap_emitter_gemm);
 	free(d);
 	/* sm_90 has split-K for this K, and the library (lib) for this
-	 * product: a text without either knob is refused */
+	 * product: a text without splitk is refused; one without lib -- a
+	 * record from before the knob (lower.h, `late`) -- means lib=0 */
 	ck_assert_int_eq(ap_sched_parse(B(&ap_emitter_gemm, m, &t), "stages=3 tn=2 tm=2 bk=16 bn=32 bm=32 lib=0", &back), 0);
+	ck_assert(sp.knobs[knob_ix(&sp, "lib")].late && !sp.knobs[knob_ix(&sp, "splitk")].late);
 	ck_assert_int_eq(ap_sched_parse(B(&ap_emitter_gemm, m, &t), "stages=3 tn=2 splitk=2 tm=2 bk=16 bn=32 bm=32",
-					&back), 0);
+					&back), 1);
+	ck_assert_int_eq(back.v[knob_ix(&sp, "lib")], 0);
 	ck_assert_int_eq(ap_sched_parse(B(&ap_emitter_gemm, m, &t), "stages=3 tn=2 splitk=2 tm=2 bk=16 bn=32 bm=32 lib=0",
 					&back), 1);
 	ck_assert_int_eq(back.v[knob_ix(&sp, "lib")], 0);
@@ -2093,6 +2183,7 @@ int main(void)
 	tcase_add_test(tc, never_worse_than_default);
 	tcase_add_test(tc, splitk_only_for_idle_sms);
 	tcase_add_test(tc, tma_only_when_asked);
+	tcase_add_test(tc, record_before_late_knob);
 	tcase_add_test(tc, sched_text);
 	tcase_add_test(tc, records_in_the_cache);
 	tcase_add_test(tc, records_reused_by_builds);

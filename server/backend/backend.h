@@ -83,8 +83,13 @@ int ap_nvrtc_ptxas_stats(const char *src, const char *name, const char *arch, ap
 
 /* ---- host C compiler (hostcc.c) ----------------------------------------- */
 
+/* Whether host kernels get their x86-64-v3 clone: true unless
+ * $APOLLO_HOST_CLONES is "0" (hostcc.c's comment). */
+bool ap_hostcc_clones(void);
+
 /* Compiles one C11 translation unit with $APOLLO_CC (default "cc") as
- * `-O2 -shared -fPIC -lm` into a shared object, returned as bytes in *out
+ * `-O3 -ffp-contract=off -shared -fPIC -lm` (and -DAP_HOST_ISA= when
+ * ap_hostcc_clones() is false) into a shared object, returned as bytes in *out
  * (malloc'd, caller frees).  Works in a private temporary directory that is
  * removed afterwards.  Errors: AP_ECOMPILE (compiler log in err->msg),
  * AP_EIO, AP_ENOMEM. */

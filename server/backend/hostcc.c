@@ -19,6 +19,11 @@
  * beside the baseline one, chosen at load time (print.c, AP_HOST_ISA).
  * -ffp-contract=off: no a * b + c fused into one FMA in that clone, so a
  * kernel rounds the same on every node, with or without AVX2.
+ * APOLLO_HOST_CLONES=0 leaves the clone out (-DAP_HOST_ISA=): GCC builds
+ * a cloned function twice, so compiles take about half as long and the
+ * kernels run the baseline code -- the same values (check_lower's
+ * host_isa_clones compares the two bit for bit).  The test runners set it
+ * (tools/run-suites.sh, run-scripts.sh); compile.c puts it in the cache key.
  */
 #include "backend.h"
 
@@ -107,6 +112,13 @@ static int read_file(const char *path, uint8_t **out, size_t *len, size_t max)
 	return 0;
 }
 
+bool ap_hostcc_clones(void)
+{
+	const char *v = getenv("APOLLO_HOST_CLONES");
+
+	return !v || strcmp(v, "0") != 0;
+}
+
 int ap_hostcc_compile(const char *src, __ap_give uint8_t **out, size_t *out_len,
 		      ap_error *err)
 {
@@ -148,6 +160,8 @@ int ap_hostcc_compile(const char *src, __ap_give uint8_t **out, size_t *out_len,
 		argv[argc++] = tok ? tok : "cc";
 		for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++)
 			argv[argc++] = defaults[i];
+		if (!ap_hostcc_clones())
+			argv[argc++] = "-DAP_HOST_ISA=";
 		for (tok = tok ? strtok_r(NULL, " \t", &save) : NULL; tok && argc < MAX_CC_ARGS;
 		     tok = strtok_r(NULL, " \t", &save))
 			argv[argc++] = tok;

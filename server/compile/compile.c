@@ -71,7 +71,8 @@ const double ap_stage_bucket_s[AP_STAGE_BUCKETS] = { 0.001, 0.01, 0.1, 1, 10 };
 
 /* ---- set-up -------------------------------------------------------------- */
 
-/* "cc <first line of `$APOLLO_CC --version`>", or "cc unknown". */
+/* "cc <$APOLLO_CC>[ (no clones)]: <first line of its --version>" or
+ * "...: unknown". */
 static void host_cc_identity(char *buf, size_t cap)
 {
 	const char *cc = getenv("APOLLO_CC");
@@ -90,7 +91,7 @@ static void host_cc_identity(char *buf, size_t cap)
 		pclose(p);
 	}
 	line[strcspn(line, "\r\n")] = '\0';
-	snprintf(buf, cap, "cc %s: %s", cc, line[0] ? line : "unknown");
+	snprintf(buf, cap, "cc %s%s: %s", cc, ap_hostcc_clones() ? "" : " (no clones)", line[0] ? line : "unknown");
 }
 
 /* Identifies this very build: AP_VERSION and a hash of the executable, so
@@ -849,6 +850,7 @@ static int build_options(ap_compiler *c, const Apollo__CompileRequest *req, cons
 		.keep_whole = o ? o->keep_whole : NULL,
 		.allow_tf32 = o && o->allow_tf32,
 		.tma = o && o->tma,
+		.unvalidated = o && o->unvalidated,
 		.no_layer1 = o && o->no_layer1,
 		.host_check = o && o->host_check,
 	};

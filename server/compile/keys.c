@@ -97,6 +97,8 @@ static void key_options(ap_sha256_ctx *h, const Apollo__CompileOptions *opt)
 		key_uint(h, "host_check", 1);
 	if (opt && opt->tma)
 		key_uint(h, "tma", 1);
+	if (opt && opt->unvalidated)
+		key_uint(h, "unvalidated", 1);
 }
 
 /* A key can only be had whole: without a hash context it would be all

@@ -58,6 +58,10 @@ typedef struct ap_target_info {
 	bool tma;                        /* the request asks for wgmma tiles filled by TMA
 					    where they can be (the GEMM's tma=1: its default
 					    rule then, and priced; off: unvalidated) */
+	bool unvalidated;                /* the request asks for every form not yet run on a
+					    GPU wherever it fits (with tma; the attention
+					    forward's overlap=1): the default rules take
+					    them and the cost model prices them */
 	double launch_us;                /* fixed cost of one launch, microseconds */
 } ap_target_info;
 
@@ -149,10 +153,12 @@ typedef struct ap_traffic {
 				  the figures are the library's, and ptxas's
 				  of the kernel beside it do not apply */
 	bool unvalidated;      /* the kernel's form has not run on a device yet
-				  (the GEMM's tma=1 until the device kit checks
-				  it: docs/limits.md): no modelled time
-				  (INFINITY), so that neither the default rule
-				  nor a search chooses it; a tuning record can */
+				  (the GEMM's tma=1, attention's overlap=1 until
+				  the device kit checks them: docs/limits.md): no
+				  modelled time (INFINITY), so that neither the
+				  default rule nor a search chooses it; a tuning
+				  record can.  Emitters leave it false where the
+				  request asks for such forms (tma, unvalidated) */
 } ap_traffic;
 
 /* Modelled time of one launch in microseconds: launch_us plus

@@ -1301,7 +1301,8 @@ static int pipe_init(pipe *P, const ap_graph *g, const ap_build_options *opt,
 				    P->opt->dump_after, STAGE_LIST);
 	P->ti.max_threads_per_block = P->opt->max_block_threads ? P->opt->max_block_threads : 256;
 	P->ti.allow_tf32 = P->opt->allow_tf32;
-	P->ti.tma = P->opt->tma;
+	P->ti.tma = P->opt->tma || P->opt->unvalidated;
+	P->ti.unvalidated = P->opt->unvalidated;
 	if (P->opt->hooks && P->opt->hooks->direct_gflops > 0)
 		P->ti.direct_gflops = P->opt->hooks->direct_gflops;
 	/* a GPU target prints CUDA C, unless emulated on the host ("host:") */

@@ -230,6 +230,7 @@ static int check_shapes(const ap_graph *g, const ap_target_info *t, att_plan *p,
 	}
 	for (int r = 0; p->tc && r < 3; r++)
 		p->aw[r] = ap_sview_copy_width(g, r == 0 ? p->q : r == 1 ? p->kt : p->v, r == 1, &p->sv[r], &p->leaf[r]);
+	p->kv_tma = p->tc && ap__att_kv_tma(g, p);
 	if (p->tc && (p->D > TC_HEAD_MAX || p->Dv > TC_HEAD_MAX)) {
 		snprintf(why, cap, "head dims %lld and %lld: the tensor-core form holds at most %d in registers",
 			 (long long)p->D, (long long)p->Dv, TC_HEAD_MAX);
@@ -411,7 +412,9 @@ static void at_unbind(void *an)
 /* SIMT: "rows" (query rows a block, a warp each).  Tensor cores: "warps"
  * (16 query rows each) and "keys" (a tile of K and V); on wgmma with two
  * K / V stages also "overlap" (1: the softmax beside O += P V,
- * attention_tc.c ov_key_loop). */
+ * attention_tc.c ov_key_loop) and "tma" (1: K and V tiles filled by TMA,
+ * where they are tensor maps); each only 1 where the request asks for the
+ * forms not yet run on a GPU (ap_target_info.unvalidated). */
 static int at_space(const ap_bound *b, ap_space *sp)
 {
 	const att_plan *p = b->an;
@@ -426,7 +429,17 @@ static int at_space(const ap_bound *b, ap_space *sp)
 	}
 	if (tc_overlap_fits(p, b->t)) {   /* wgmma: the softmax beside O += P V (not yet run on a GPU) */
 		sp->n = 3;
-		sp->knobs[2] = (ap_knob){ .name = "overlap", .n = 2, .values = { 0, 1 } };
+		sp->knobs[2] = (ap_knob){ .name = "overlap", .n = 2, .values = { 0, 1 }, .late = true };
+		/* a request for the forms not yet run on a GPU gets the overlap
+		 * only, where a warpgroup's tiles fit (the device kit validates it) */
+		if (b->t->unvalidated && tc_fits(p, b->t, 4, 16))
+			sp->knobs[2] = (ap_knob){ .name = "overlap", .n = 1, .values = { 1 }, .late = true };
+	}
+	if (tc_tma_fits(p, b->t)) {   /* wgmma: K and V tiles by TMA (not yet run on a GPU) */
+		sp->n = 4;
+		sp->knobs[3] = (ap_knob){ .name = "tma", .n = 2, .values = { 0, 1 }, .late = true };
+		if (b->t->unvalidated && tc_fits(p, b->t, 4, 16))
+			sp->knobs[3] = (ap_knob){ .name = "tma", .n = 1, .values = { 1 }, .late = true };
 	}
 	return 0;
 }
@@ -459,8 +472,19 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 		BK /= 2;
 	s->v[0] = W;
 	s->v[1] = BK;
-	if (sp->n > 2)
-		s->v[2] = 0;   /* overlap: only by a tuning record until a GPU has run it */
+	/* overlap: only by a tuning record until a GPU has run it, unless the
+	 * request asks for such forms (the space's only value then): whole
+	 * warpgroups, the key tile shrunk until they fit */
+	if (sp->n > 3)
+		s->v[3] = sp->knobs[3].values[0];   /* tma: as overlap */
+	if (sp->n > 2) {
+		s->v[2] = sp->knobs[2].values[0];
+		if (s->v[2] && s->v[0] % 4) {
+			s->v[0] = 4;
+			while (s->v[1] > 16 && !tc_fits(p, t, 4, s->v[1]))
+				s->v[1] /= 2;
+		}
+	}
 	return 0;
 }
 
@@ -468,7 +492,7 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
  * keys a tile (tensor cores), and the launch at_traffic models. */
 typedef struct at_res {
 	int w, bk;
-	bool overlap;
+	bool overlap, tma;
 	unsigned threads, blocks, smem;
 } at_res;
 
@@ -483,6 +507,7 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 	r->w = s->v[0];
 	r->bk = p->tc ? s->v[1] : 0;
 	r->overlap = s->n > 2 && s->v[2];
+	r->tma = s->n > 3 && s->v[3];
 	r->threads = 32u * (unsigned)r->w;
 	if (p->tc) {
 		r->blocks = ap_grid_for(p->batch * ((p->Nq + 16 * r->w - 1) / (16 * r->w)), 1);
@@ -498,6 +523,11 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 	/* the overlap is a form of the wgmma kernel */
 	if (rc && r->overlap && (!tc_overlap_fits(p, b->t) || r->w % 4))
 		rc = 0;
+	/* so is TMA filling (its two mbarriers: 16 bytes more) */
+	if (rc && r->tma && (!tc_tma_fits(p, b->t) || r->w % 4))
+		rc = 0;
+	if (r->tma)
+		r->smem += 16;
 	return rc;
 }
 
@@ -516,6 +546,7 @@ static int at_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_er
 	c.v = &v;
 	c.k = k;
 	c.overlap = r->overlap;
+	c.tma = r->tma;
 	v.leaf = ap__att_leaf;
 	v.leaf_user = &c;
 	rc = p->tc ? ap__att_emit_tc(&c, b->t, r->w, r->bk, err) : ap__att_emit_simt(&c, b->t, r->w, err);
@@ -539,7 +570,8 @@ static int at_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 	out->blocks = r->blocks;
 	out->shared_bytes = r->smem;
 	out->tensor_cores = p->tc;
-	out->unvalidated = r->overlap;   /* no time until a GPU has run it (cost.h) */
+	/* no time until a GPU has run them (cost.h) */
+	out->unvalidated = (r->overlap || r->tma) && !b->t->unvalidated;
 	return 0;
 }
 

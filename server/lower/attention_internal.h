@@ -39,6 +39,8 @@ typedef struct att_plan {
 	int aw[3];
 	ap_sview sv[3];
 	int leaf[3];
+	bool kv_tma;                    /* K and V can each be a tiled tensor map (ap__att_kv_tma):
+					   the wgmma form may fill their tiles by TMA (knob tma) */
 } att_plan;
 
 /* Tensor-core tiles: head dims padded to the mma shapes (the k step of
@@ -112,6 +114,17 @@ static inline int tc_wg_swizzle(int64_t cols, size_t es)
 	return ap_kir_wg_swizzle_fit(cols * (int64_t)es, cols * (int64_t)es);
 }
 
+/* The wgmma form's K and V tiles filled by TMA (knob tma): two stages,
+ * both operands tensor maps (ap__att_kv_tma) and both tiles swizzled
+ * (a box lands in a swizzled tile's order, attention_tc.c). */
+static inline bool tc_tma_fits(const att_plan *p, const ap_target_info *t)
+{
+	size_t es = ap_dtype_size(p->t);
+
+	return tc_overlap_fits(p, t) && p->kv_tma && tc_wg_swizzle(tc_dpad(p), es) > 0 &&
+	       tc_wg_swizzle(tc_dvpad(p), es) > 0;
+}
+
 /* Bytes of shared memory of W warps and BK keys a tile on t: the Q tile
  * and the K and V tiles' stages, padded rows; on wgmma unpadded swizzled
  * tiles, each starting on its pattern's repeat, plus the slack of the
@@ -151,6 +164,8 @@ typedef struct actx {
 	int sw[3];                      /* wg: the Q, K and V tiles' swizzles (tc_wg_swizzle) */
 	bool overlap;                   /* wg with two K / V stages: tile j's softmax beside
 					   tile j-1's O += P V (knob overlap; attention_tc.c) */
+	bool tma;                       /* wg with two K / V stages: their tiles filled by TMA
+					   on two mbarriers (knob tma; attention_tc.c) */
 } actx;
 
 /* ---- attention_kernel.c: the shared steps and the SIMT form ---- */
@@ -207,11 +222,12 @@ void ap__att_score(actx *c, ap_kir_var *sv, ap_kir_expr *dot, ap_kir_expr *row, 
 void ap__att_store_stats(actx *c, ap_kir_expr *row, ap_kir_expr *cond, ap_kir_var *m, ap_kir_var *l);
 
 /* Opens the grid-stride loop over the block tiles, `per` query rows of
- * one batch each (the grid is set here), with a barrier first (the
- * previous tile's shared memory is free after it); sets c->bc to the
- * tile's batch coordinates and returns its first query row.  *saved
- * closes the loop (ap_v_close). */
-ap_kir_expr *ap__att_open_tiles(actx *c, int64_t per, ap_kir_block **saved);
+ * one batch each (the grid is set here: a block a tile, at most
+ * max_grid blocks when max_grid > 0), with a barrier first (the previous
+ * tile's shared memory is free after it); sets c->bc to the tile's batch
+ * coordinates and returns its first query row.  *saved closes the loop
+ * (ap_v_close). */
+ap_kir_expr *ap__att_open_tiles(actx *c, int64_t per, unsigned max_grid, ap_kir_block **saved);
 
 /* The SIMT form (the file comment): R warps a block, a query row each;
  * per key tile, simt_score, simt_softmax and simt_accumulate, then
@@ -226,5 +242,14 @@ int ap__att_emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err);
  * tc_probabilities and tc_pv, then tc_store.  Errors: AP_EUNSUPPORTED
  * (the tiles do not fit the target: tc_fits), AP_ENOMEM. */
 int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *err);
+
+/* Whether K (the plan's K^T operand) and V can each be a tiled tensor map
+ * (common/tmap.h) filled a key tile at a time: copied by cp.async (a
+ * strided view contiguous along the head dim), the view starting at its
+ * buffer's first element (the runtime binds a map to the buffer), the
+ * head and key dims one factor each, at most five factors of extent > 1,
+ * every stride but the head dim's a positive multiple of 16 bytes, and K
+ * and V in distinct buffers (a map per buffer).  attention_tc.c. */
+bool ap__att_kv_tma(const ap_graph *g, const att_plan *p);
 
 #endif

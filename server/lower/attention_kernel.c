@@ -238,7 +238,7 @@ void ap__att_store_stats(actx *c, ap_kir_expr *row, ap_kir_expr *cond, ap_kir_va
  * previous tile's shared memory is free after it); sets c->bc to the
  * tile's batch coordinates and returns its first query row.  *saved
  * closes the loop (ap_v_close). */
-ap_kir_expr *ap__att_open_tiles(actx *c, int64_t per, ap_kir_block **saved)
+ap_kir_expr *ap__att_open_tiles(actx *c, int64_t per, unsigned max_grid, ap_kir_block **saved)
 {
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
@@ -248,6 +248,8 @@ ap_kir_expr *ap__att_open_tiles(actx *c, int64_t per, ap_kir_block **saved)
 	ap_kir_var *tile;
 	ap_kir_expr *bi, *q0;
 
+	if (max_grid > 0 && grid > max_grid)
+		grid = max_grid;
 	k->grid[0] = grid;
 	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_idx(k, p->batch * qblocks), grid, saved);
 	ap_kir_barrier(k, v->cur);
@@ -454,7 +456,7 @@ int ap__att_emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err)
 	s.warp = ap_kir_bind(k, v->cur, k->index_type, "w", ap_kir_binary(k, AP_KIR_SHR, tid, ap_kir_idx(k, 5)));
 	s.lane = ap_kir_bind(k, v->cur, k->index_type, "ln", ap_kir_binary(k, AP_KIR_AND, tid, ap_kir_idx(k, 31)));
 	s.ninf = ap_kir_float(k, s.A, -INFINITY);
-	qrow0 = ap__att_open_tiles(c, R, &tsaved);
+	qrow0 = ap__att_open_tiles(c, R, 0, &tsaved);
 	/* this warp's row; past the last row, the last row again (never stored),
 	 * so that every warp takes part in the barriers and shuffles */
 	s.row = ap_kir_bind(k, v->cur, k->index_type, "row", ap_kir_add(k, qrow0, s.warp));

@@ -5,6 +5,8 @@
  */
 #include "attention_internal.h"
 
+#include "common/tmap.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +98,14 @@ static void tf32_a_from_c(actx *c, ap_kir_array *cf, ap_kir_array *af, int tiles
  * from the C layout to the A layout by shuffles (tf32_a_from_c), every
  * operand rounded to TF32 first. */
 
+/* A tensor map of K or V (knob tma): its dimensions, innermost first, as
+ * factors of the operand's strided view -- dim[i] the view's dimension,
+ * fac[i] the factor (kv_map_of). */
+typedef struct kv_map {
+	int n;
+	int dim[AP_TMAP_MAX_RANK], fac[AP_TMAP_MAX_RANK];
+} kv_map;
+
 /* The tensor-core form's state (emit_tc and its steps): W warps of 16
  * query rows (BQ = 16 * W), key tiles of BK in NST stages. */
 typedef struct att_tc {
@@ -119,7 +129,229 @@ typedef struct att_tc {
 	ap_kir_expr *key0, *kbase, *vbase;   /* its first key; its stage's K and V offsets */
 	ap_kir_expr *mnew[2], *dead[2], *alpha[2];
 	ap_kir_var *rs[2];              /* the lane's part of the tile's row sums */
+	/* knob tma: K's and V's maps, the stages' mbarriers, and the key tiles
+	 * this block loaded before the current query tile (a stage's uses
+	 * continue across query tiles: tile kt of this one is the block's
+	 * kn + kt-th, in stage (kn + kt) % 2, phase parity ((kn + kt) / 2) % 2) */
+	kv_map map[2];
+	ap_kir_array *full;
+	ap_kir_var *kn;
 } att_tc;
+
+/* ---- K and V by TMA (knob tma, wgmma) ----------------------------------------------
+ *
+ * A swizzled wgmma tile of R rows whose contiguous coordinate (the head
+ * dim) spans ja = swizzle / es elements per atom row is, atom column by
+ * atom column, a TMA box of ja x R elements with the same swizzle:
+ * columns i ja .. lie at i R ja (ap__wg_swizzled_place; gemm_tma.c's file
+ * comment says why, check_kir's tmap_load_swizzled pins it).  K's and V's
+ * key tiles are both such tiles (R = BK keys; K read K-major, V MN-major,
+ * the same placement), so a stage is Dp / ja boxes of K and Dvp / ja of
+ * V, box i at head-dim coordinate i ja and key key0, every batch
+ * coordinate the block's.  The map's dimensions are the view's factors
+ * (head, key, then the batch dims' factors of extent > 1): past D, Dv and
+ * Nk the boxes are zero-filled, which is the padding the tiles need.
+ * Thread 0 expects the stage's bytes on its mbarrier and issues the
+ * boxes; every thread waits on the stage it reads (the phase form of
+ * docs/hopper-pipeline.md, as the GEMM's tma=1). */
+
+/* Operand `role`'s (1 K^T, 2 V) map with boxes of ja head-dim elements x
+ * BK keys, swizzled by sw bytes, zero fill: *m its dimensions, *d the
+ * description.  False when the view is not such a map (ap__att_kv_tma's
+ * rules). */
+static bool kv_map_of(const ap_graph *g, const att_plan *p, int role, int ja, int BK, int sw, kv_map *m,
+		      ap_tmap_desc *d)
+{
+	const ap_sview *sv = &p->sv[role];
+	int rank = g->tensors[role == 1 ? p->kt : p->v].rank;
+	int hd = role == 1 ? rank - 2 : rank - 1, kd = role == 1 ? rank - 1 : rank - 2;
+	int64_t es = (int64_t)ap_dtype_size(p->t);
+
+	memset(m, 0, sizeof(*m));
+	memset(d, 0, sizeof(*d));
+	if (!p->aw[role] || ja <= 0 || sv->off != 0 || sv->rank != rank || sv->first[hd + 1] - sv->first[hd] != 1 ||
+	    sv->first[kd + 1] - sv->first[kd] != 1 || sv->fs[sv->first[hd]] != 1)
+		return false;
+	m->dim[0] = hd;
+	m->fac[0] = sv->first[hd];
+	m->dim[1] = kd;
+	m->fac[1] = sv->first[kd];
+	m->n = 2;
+	for (int dd = rank - 3; dd >= 0; dd--)
+		for (int q = sv->first[dd + 1] - 1; q >= sv->first[dd]; q--) {
+			if (sv->fe[q] <= 1)
+				continue;
+			if (m->n == AP_TMAP_MAX_RANK)
+				return false;
+			m->dim[m->n] = dd;
+			m->fac[m->n++] = q;
+		}
+	d->dtype = ap_tmap_dtype_of(p->t);
+	d->rank = m->n;
+	for (int i = 0; i < m->n; i++) {
+		int64_t fs = sv->fs[m->fac[i]];
+
+		d->dims[i] = (uint64_t)sv->fe[m->fac[i]];
+		if (i > 0 && (fs <= 0 || (fs * es) % 16))
+			return false;
+		if (i > 0)
+			d->strides[i - 1] = (uint64_t)(fs * es);
+		d->box[i] = i == 0 ? (uint32_t)ja : i == 1 ? (uint32_t)BK : 1u;
+		d->estrides[i] = 1;
+	}
+	d->swizzle = ap_tmap_swizzle_of((unsigned)sw);
+	d->l2 = AP_TMAP_L2_128B;
+	d->oob = AP_TMAP_OOB_ZERO;
+	return ap_tmap_check(d, NULL, NULL, 0) == 0;
+}
+
+/* (attention_internal.h) */
+bool ap__att_kv_tma(const ap_graph *g, const att_plan *p)
+{
+	size_t es = ap_dtype_size(p->t);
+	int sw[2] = { tc_wg_swizzle(tc_dpad(p), es), tc_wg_swizzle(tc_dvpad(p), es) };
+	kv_map m;
+	ap_tmap_desc d;
+
+	if (p->leaf[1] == p->leaf[2])
+		return false;
+	for (int role = 1; role <= 2; role++)
+		if (!sw[role - 1] || !kv_map_of(g, p, role, sw[role - 1] / (int)es, 64, sw[role - 1], &m, &d))
+			return false;
+	return true;
+}
+
+/* The coordinates (innermost first) of operand `role`'s box at head-dim
+ * column `head` and key `key` for the block's batch: per map dimension
+ * its factor's part of the view's index ((index / inner) % extent, as
+ * ap_sview_offset splits it). */
+static void kv_coords(att_tc *s, int role, ap_kir_expr *head, ap_kir_expr *key, ap_kir_expr **co)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+	const ap_sview *sv = &p->sv[role];
+	const kv_map *m = &s->map[role - 1];
+	ap_lidx ix = role == 1 ? ap__att_idx2(c, p->kt, head, key) : ap__att_idx2(c, p->v, key, head);
+
+	for (int i = 0; i < m->n; i++) {
+		int d = m->dim[i], q = m->fac[i];
+		int64_t inner = 1;
+		ap_kir_expr *cf = ix.c[d];
+
+		for (int r = q + 1; r < sv->first[d + 1]; r++)
+			inner *= sv->fe[r];
+		if (inner > 1)
+			cf = ap_kir_binary(c->k, AP_KIR_DIV, cf, ap_kir_idx(c->k, inner));
+		if (q > sv->first[d])
+			cf = ap_kir_binary(c->k, AP_KIR_REM, cf, ap_kir_idx(c->k, sv->fe[q]));
+		co[i] = cf;
+	}
+}
+
+/* Key tile `tile` of K and V into stage st by TMA (above): thread 0
+ * expects the stage's bytes on full[st] and issues the boxes. */
+static void tma_fill(att_tc *s, ap_kir_expr *tile, ap_kir_expr *st)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	int es = (int)ap_dtype_size(s->T);
+	ap_kir_stmt *one = ap_kir_if(k, c->v->cur, ap_kir_binary(k, AP_KIR_EQ, ap_kir_index_of(k, AP_KIR_THREAD_X),
+								   ap_kir_idx(k, 0)));
+	ap_kir_expr *key0 = ap_kir_muli(k, tile, s->BK);
+
+	if (!one)
+		return;
+	ap_kir_mbar_arrive(k, &one->body, s->full, st, ap_kir_int(k, AP_DT_I32, (int64_t)s->BK * (s->Dp + s->Dvp) * es));
+	for (int role = 1; role <= 2; role++) {
+		int ja = c->sw[role] / es;
+		int64_t cols = role == 1 ? s->Dp : s->Dvp, stage = s->BK * (role == 1 ? s->ldq : s->ldv);
+
+		for (int64_t i = 0; i < cols / ja; i++) {
+			ap_kir_expr *co[AP_TMAP_MAX_RANK];
+
+			kv_coords(s, role, ap_kir_idx(k, i * ja), key0, co);
+			ap_kir_tma_load(k, &one->body, role == 1 ? s->ks : s->vs,
+					ap_kir_addi(k, ap_kir_muli(k, st, stage), i * s->BK * ja),
+					ap_v_buffer(c->v, c->p->leaf[role]), co, s->full, st);
+		}
+	}
+}
+
+/* The maps of K and V, the stages' two mbarriers initialised by thread 0
+ * and fenced for the async proxy, and kn = 0 (before the tile loop).
+ * AP_ENOMEM or AP_EINTERNAL (a map refused) through err. */
+static int tma_setup(att_tc *s, ap_error *err)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	int es = (int)ap_dtype_size(s->T);
+	ap_kir_stmt *one;
+
+	for (int role = 1; role <= 2; role++) {
+		ap_tmap_desc d;
+
+		if (!kv_map_of(v->g, p, role, c->sw[role] / es, s->BK, c->sw[role], &s->map[role - 1], &d) ||
+		    ap_kir_tensor_map(k, ap_v_buffer(v, p->leaf[role]), &d) < 0)
+			return ap_error_set(err, ap_kir_failed(k) ? AP_ENOMEM : AP_EINTERNAL, NULL, NULL,
+					    "attention emitter: %s's tensor map refused", role == 1 ? "K" : "V");
+	}
+	ap_kir_comment(k, v->cur, "operands K and V by TMA: boxes of their tensor maps into 2 stages, each on "
+		       "its mbarrier");
+	s->full = ap_kir_mbarriers(k, "kvfull", 2);
+	one = ap_kir_if(k, v->cur, ap_kir_binary(k, AP_KIR_EQ, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, 0)));
+	if (!s->full || !one)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention");
+	for (int i = 0; i < 2; i++)
+		ap_kir_mbar_init(k, &one->body, s->full, ap_kir_idx(k, i), ap_kir_int(k, AP_DT_I32, 1));
+	ap_kir_fence_proxy_async(k, &one->body);
+	ap_kir_barrier(k, v->cur);
+	s->kn = ap_kir_var_new(k, k->index_type, "kn");
+	ap_kir_let(k, v->cur, s->kn, ap_kir_idx(k, 0));
+	return ap_kir_failed(k) ? ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention") : 0;
+}
+
+/* The TMA form's grid: persistent blocks, as many as fit on the SMs at
+ * once (threads, blocks and shared memory per SM; registers are
+ * ptxas's), each walking query tiles and carrying its stages' phases on
+ * (kn) -- FlashAttention-3's persistent schedule, in the grid-stride
+ * order. */
+static unsigned tma_grid(const att_tc *s, const ap_target_info *t)
+{
+	unsigned threads = 32u * (unsigned)(s->BQ / 16), per = t->max_blocks_per_sm;
+	size_t smem = tc_smem(s->c->p, t, s->BQ / 16, s->BK) + 16;
+
+	if (threads && t->max_threads_per_sm / threads < per)
+		per = t->max_threads_per_sm / threads;
+	if (smem && t->shared_per_sm / smem < per)
+		per = (unsigned)(t->shared_per_sm / smem);
+	return t->sm_count * (per ? per : 1);
+}
+
+/* The query tile's key tiles counted into kn (knob tma; else nothing). */
+static void tma_next_query_tile(att_tc *s)
+{
+	ap_kir_kernel *k = s->c->k;
+
+	if (s->c->tma)
+		ap_kir_assign(k, s->c->v->cur, s->kn, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles));
+}
+
+/* The block's index of key tile kt of the current query tile: kn + kt. */
+static ap_kir_expr *tma_use(att_tc *s, ap_kir_expr *kt)
+{
+	return ap_kir_bind(s->c->k, s->c->v->cur, s->c->k->index_type, "ku", ap_kir_add(s->c->k, ap_kir_ref(s->c->k, s->kn), kt));
+}
+
+/* Waits until the key tile of use u (tma_use) has landed in its stage. */
+static void tma_wait(att_tc *s, ap_kir_expr *u)
+{
+	ap_kir_kernel *k = s->c->k;
+
+	ap_kir_mbar_wait(k, s->c->v->cur, s->full, ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)),
+			 ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, u, ap_kir_idx(k, 1)), ap_kir_idx(k, 1)));
+}
 
 /* The shared tiles and the register fragments, and a comment per
  * operand saying how it is staged.  AP_ENOMEM through err when an
@@ -151,6 +383,8 @@ static int tc_declare(att_tc *s, ap_error *err)
 	for (int r = 0; r < 3; r++) {
 		static const char *const names[] = {"Q", "K", "V"};
 
+		if (r > 0 && c->tma)
+			continue;   /* tma_setup's comment */
 		if (p->aw[r])
 			ap_kir_comment(k, c->v->cur, "operand %s: cp.async, %zu bytes a copy", names[r],
 				       (size_t)p->aw[r] * ap_dtype_size(s->T));
@@ -220,13 +454,16 @@ static void tc_load_q(att_tc *s, ap_kir_expr *q0)
 	ap__att_stage_rows(c, s->qs, ap_kir_idx(k, 0), 0, s->BQ, s->Dp, s->ldq, q0, p->Nq, p->D);
 	if (p->aw[0])
 		ap_kir_cp_commit(k, v->cur);
-	if (s->NST == 2) {
+	if (s->NST == 2 && c->tma) {
+		/* the first key tile's boxes, in flight while Q's fragments load */
+		tma_fill(s, ap_kir_idx(k, 0), ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, s->kn), ap_kir_idx(k, 1)));
+	} else if (s->NST == 2) {
 		/* the first key tile's copies, in flight while Q's fragments load */
 		stage_kv_rows(s, ap_kir_idx(k, 0), ap_kir_idx(k, 0), ap_kir_idx(k, 0));
 		ap_kir_cp_commit(k, v->cur);
 	}
 	if (p->aw[0])
-		ap_kir_cp_wait(k, v->cur, s->NST == 2 ? 1 : 0);    /* Q's group */
+		ap_kir_cp_wait(k, v->cur, s->NST == 2 && !c->tma ? 1 : 0);    /* Q's group */
 	if (c->wg) {   /* wgmma reads Q from shared memory through the async proxy */
 		ap_kir_fence_proxy_async(k, v->cur);
 		ap_kir_barrier(k, v->cur);
@@ -277,6 +514,19 @@ static void tc_stage_kv(att_tc *s, ap_kir_var *kt)
 
 	s->key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), s->BK));
 	ap_kir_barrier(k, v->cur);
+	if (c->tma) {   /* the next tile's boxes into the stage the barrier freed; this one's waited for */
+		ap_kir_expr *u = tma_use(s, ap_kir_ref(k, kt));
+		ap_kir_block *s2;
+
+		kst = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, ap_kir_addi(k, ap_kir_ref(k, kt), 1), ap_kir_idx(k, s->ntiles)), &s2, NULL);
+		tma_fill(s, ap_kir_addi(k, ap_kir_ref(k, kt), 1), ap_kir_binary(k, AP_KIR_AND, ap_kir_addi(k, u, 1), ap_kir_idx(k, 1)));
+		ap_v_close(v, s2);
+		tma_wait(s, u);
+		s->kbase = ap_kir_bind(k, v->cur, k->index_type, "kb", ap_kir_muli(k, kst, s->BK * s->ldq));
+		s->vbase = ap_kir_bind(k, v->cur, k->index_type, "vb", ap_kir_muli(k, kst, s->BK * s->ldv));
+		return;
+	}
 	if (s->NST == 2) {
 		ap_kir_expr *nx = ap_kir_bind(k, v->cur, k->index_type, "kn", ap_kir_addi(k, ap_kir_ref(k, kt), 1));
 		ap_kir_block *s2;
@@ -639,17 +889,23 @@ static void ov_key_loop(att_tc *s)
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
 	ap_kir_var *kt;
-	ap_kir_expr *st, *prev;
+	ap_kir_expr *st, *prev, *u;
 	ap_kir_block *ksaved, *s2;
 	ap_kir_stmt *first;
 
 	ap_kir_comment(k, v->cur, "the key loop: tile j's softmax overlaps tile j-1's O += P V (wgmma in flight)");
 	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s->ntiles), 1, &ksaved);
-	ap_kir_cp_wait(k, v->cur, 0);   /* tile kt landed (this thread's copies) */
-	ap_kir_fence_proxy_async(k, v->cur);
-	ap_kir_barrier(k, v->cur);      /* ... and every thread's */
-	st = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), ap_kir_idx(k, 1)));
-	prev = ap_kir_bind(k, v->cur, k->index_type, "sp", ap_kir_binary(k, AP_KIR_AND, ap_kir_addi(k, ap_kir_ref(k, kt), 1), ap_kir_idx(k, 1)));
+	if (c->tma) {   /* tile kt's boxes landed */
+		u = tma_use(s, ap_kir_ref(k, kt));
+		tma_wait(s, u);
+	} else {
+		u = ap_kir_ref(k, kt);
+		ap_kir_cp_wait(k, v->cur, 0);   /* tile kt landed (this thread's copies) */
+		ap_kir_fence_proxy_async(k, v->cur);
+		ap_kir_barrier(k, v->cur);      /* ... and every thread's */
+	}
+	st = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
+	prev = ap_kir_bind(k, v->cur, k->index_type, "sp", ap_kir_binary(k, AP_KIR_AND, ap_kir_addi(k, u, 1), ap_kir_idx(k, 1)));
 	s->key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), s->BK));
 	s->kbase = ap_kir_bind(k, v->cur, k->index_type, "kb", ap_kir_muli(k, st, s->BK * s->ldq));
 	wg_qk(s, false);
@@ -667,14 +923,22 @@ static void ov_key_loop(att_tc *s)
 	ap_kir_wgmma_wait(k, v->cur, 0, s->oacc);   /* O += P V of tile kt-1 done here ... */
 	ap_kir_barrier(k, v->cur);                  /* ... and in every warpgroup: its stage is free */
 	ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, ap_kir_addi(k, ap_kir_ref(k, kt), 1), ap_kir_idx(k, s->ntiles)), &s2, NULL);
-	stage_kv_rows(s, ap_kir_muli(k, prev, s->BK * s->ldq), ap_kir_muli(k, prev, s->BK * s->ldv),
-		      ap_kir_muli(k, ap_kir_addi(k, ap_kir_ref(k, kt), 1), s->BK));
-	ap_kir_cp_commit(k, v->cur);
+	if (c->tma) {
+		tma_fill(s, ap_kir_addi(k, ap_kir_ref(k, kt), 1), prev);
+	} else {
+		stage_kv_rows(s, ap_kir_muli(k, prev, s->BK * s->ldq), ap_kir_muli(k, prev, s->BK * s->ldv),
+			      ap_kir_muli(k, ap_kir_addi(k, ap_kir_ref(k, kt), 1), s->BK));
+		ap_kir_cp_commit(k, v->cur);
+	}
 	ap_v_close(v, s2);
 	ov_commit_probabilities(s);
 	ap_v_close(v, ksaved);
 	/* the last tile's O += P V */
-	s->vbase = ap_kir_idx(k, ((s->ntiles - 1) & 1) * s->BK * s->ldv);
+	if (c->tma)
+		s->vbase = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_AND, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles - 1),
+							ap_kir_idx(k, 1)), s->BK * s->ldv);
+	else
+		s->vbase = ap_kir_idx(k, ((s->ntiles - 1) & 1) * s->BK * s->ldv);
 	wg_pv(s, true);
 }
 
@@ -722,10 +986,15 @@ int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *e
 	}
 	if ((rc = tc_declare(&s, err)))
 		return rc;
+	if (c->tma && (!c->wg || s.NST != 2))
+		return ap_error_set(err, AP_EINTERNAL, v->g->nodes[v->m->root].name, NULL,
+				    "attention emitter: TMA without wgmma's two stages");
+	if (c->tma && (rc = tma_setup(&s, err)))
+		return rc;
 	s.ntiles = (p->Nk + BK - 1) / BK;
 	k->block[0] = 32u * (unsigned)W;
 	tc_lanes(&s);
-	q0 = ap__att_open_tiles(c, s.BQ, &tsaved);
+	q0 = ap__att_open_tiles(c, s.BQ, c->tma ? tma_grid(&s, t) : 0, &tsaved);
 	/* the first of this warp's 16 rows */
 	s.wrow = ap_kir_bind(k, v->cur, k->index_type, "wr", ap_kir_add(k, q0, ap_kir_muli(k, s.warp, 16)));
 	tc_load_q(&s, q0);
@@ -733,6 +1002,7 @@ int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *e
 	if (c->wg && c->overlap && s.NST == 2) {
 		ov_key_loop(&s);
 		tc_store(&s);
+		tma_next_query_tile(&s);
 		ap_v_close(v, tsaved);
 		return 0;
 	}
@@ -751,6 +1021,7 @@ int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *e
 		tc_pv(&s);
 	ap_v_close(v, ksaved);
 	tc_store(&s);
+	tma_next_query_tile(&s);
 	ap_v_close(v, tsaved);
 	return 0;
 }

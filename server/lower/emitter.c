@@ -177,9 +177,12 @@ int ap_sched_parse(const ap_bound *b, const char *text, ap_sched *s)
 			return 0;
 		p = end;
 	}
-	for (int i = 0; i < sp.n; i++)
-		if (!set[i])
+	for (int i = 0; i < sp.n; i++) {
+		if (!set[i] && !sp.knobs[i].late)
 			return 0;
+		if (!set[i])
+			s->v[i] = sp.knobs[i].values[0];
+	}
 	return ap_sched_valid(b, s);
 }
 

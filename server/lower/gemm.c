@@ -908,10 +908,13 @@ static int gm_space(const ap_bound *b, ap_space *sp)
 		if (rc < 0)
 			return rc;
 		if (rc == 1) {
-			if (sp->n == 6)
+			if (sp->n == 6) {
 				knob(&sp->knobs[K_SPLITK], "splitk", one, 1);
+				sp->knobs[K_SPLITK].late = true;
+			}
 			sp->n = 8;
 			knob(&sp->knobs[K_LIB], "lib", lib_vals, 2);
+			sp->knobs[K_LIB].late = true;   /* 0 first: Apollo's kernel */
 		}
 	}
 	/* tma: wgmma's tiles filled by TMA (gemm_tma.c) where the operands
@@ -922,15 +925,22 @@ static int gm_space(const ap_bound *b, ap_space *sp)
 	if (ap__gemm_tma_operands(p)) {
 		static const int tma_vals[] = {0, 1}, one[] = {1}, zero[] = {0};
 
-		if (sp->n == 6 || t->tma)
+		if (sp->n == 6 || t->tma) {
 			knob(&sp->knobs[K_SPLITK], "splitk", one, 1);
-		if (sp->n < 8)
+			sp->knobs[K_SPLITK].late = sp->n == 6;
+		}
+		if (sp->n < 8) {
 			knob(&sp->knobs[K_LIB], "lib", zero, 1);
+			sp->knobs[K_LIB].late = true;
+		}
 		sp->n = 9;
 		if (t->tma)
 			knob(&sp->knobs[K_TMA], "tma", one, 1);
 		else
 			knob(&sp->knobs[K_TMA], "tma", tma_vals, 2);
+		/* 0 first: the cp.async form (a request asking for TMA has
+		 * records of its own: ap_tune_signature's "|tma") */
+		sp->knobs[K_TMA].late = true;
 	}
 	return 0;
 }

@@ -110,11 +110,6 @@ bool ap__gemm_tma_fits(const gemm_plan *p, const gemm_cfg *c)
 	return true;
 }
 
-static int swizzle_mode(int bytes)
-{
-	return bytes == 128 ? AP_TMAP_SWIZZLE_128B : bytes == 64 ? AP_TMAP_SWIZZLE_64B : AP_TMAP_SWIZZLE_32B;
-}
-
 /* Fills d with operand `role`'s map: dimension 0 the contiguous
  * coordinate (K for a K-major tile, else M or N), dimension 1 the other,
  * its stride in bytes; the box of ap__gemm_tma_box; zero fill. */
@@ -135,7 +130,7 @@ static void tma_desc(gctx *c, int role, ap_tmap_desc *d)
 	d->box[0] = (uint32_t)ja;
 	d->box[1] = (uint32_t)rows;
 	d->estrides[0] = d->estrides[1] = 1;
-	d->swizzle = swizzle_mode(c->r->sw[role]);
+	d->swizzle = ap_tmap_swizzle_of((unsigned)c->r->sw[role]);
 	d->l2 = AP_TMAP_L2_128B;
 	d->oob = AP_TMAP_OOB_ZERO;
 }

@@ -49,6 +49,11 @@ typedef struct ap_knob {
 	const char *name;                 /* "block", "vector", "rows", ... (static) */
 	int n;                            /* allowed values, >= 1 */
 	int values[AP_KNOB_MAX_VALUES];
+	bool late;                        /* added to the space after tuning records were
+					     written (the GEMM's lib and tma, attention's
+					     overlap): a record without it means values[0],
+					     which such a knob lists first as the form the
+					     kernels had before it (ap_sched_parse) */
 } ap_knob;
 
 /* An emitter's parameter space for one micro-graph: the cross product of
@@ -164,11 +169,14 @@ int ap_emitter_default(const ap_bound *b, ap_space *sp, ap_sched *s, ap_error *e
 __ap_give char *ap_sched_describe(const ap_bound *b, const ap_sched *s);
 /* Parses "knob=value knob=value ..." (ap_sched_describe's text: every knob
  * of the bound emitter's space once, in any order, each value one of the
- * knob's allowed values) into *s, then asks em->valid.  1 with *s set, 0
- * when the text is not a buildable configuration (unknown or repeated
- * knob, a value outside the space, a knob missing, a point the emitter
- * refuses), AP_ENOMEM.  Text from a client or a record is untrusted: this
- * is its check. */
+ * knob's allowed values) into *s, then asks em->valid.  A knob marked
+ * `late` may be missing -- a record written before the knob existed --
+ * and then takes its first value (the form before it), so a measured
+ * record survives the space gaining a knob.  1 with *s set, 0 when the
+ * text is not a buildable configuration (unknown or repeated knob, a
+ * value outside the space, a knob other than a late one missing, a point
+ * the emitter refuses), AP_ENOMEM.  Text from a client or a record is
+ * untrusted: this is its check. */
 int ap_sched_parse(const ap_bound *b, const char *text, ap_sched *s);
 /* Value of knob `name` in s, or `dflt` when the space has no such knob. */
 int ap_sched_get(const ap_sched *s, const ap_space *sp, const char *name, int dflt);

@@ -228,7 +228,7 @@ static int pw_space(const ap_bound *b, ap_space *sp)
 
 	sp->n = 2;
 	ap_knob_pow2(&sp->knobs[0], "block", 32, ap_block_cap(b->t));
-	sp->knobs[1] = (ap_knob){"vector", 1, {1}};
+	sp->knobs[1] = (ap_knob){"vector", 1, {1}, false};
 	for (int w = 2; w <= 4; w *= 2)
 		if (p->vector_ok[w])
 			sp->knobs[1].values[sp->knobs[1].n++] = w;

@@ -558,7 +558,7 @@ static int rows_space(const ap_bound *b, ap_space *sp)
 		ap_knob_pow2(&sp->knobs[0], "lanes", 2, cap);
 		ap_knob_pow2(&sp->knobs[1], "rows", 1, cap / 2);
 	}
-	sp->knobs[2] = (ap_knob){"cache", 3, {CACHE_NONE, CACHE_REG, CACHE_SMEM}};
+	sp->knobs[2] = (ap_knob){"cache", 3, {CACHE_NONE, CACHE_REG, CACHE_SMEM}, false};
 	return 0;
 }
 

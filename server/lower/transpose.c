@@ -140,7 +140,7 @@ static int tr_space(const ap_bound *b, ap_space *sp)
 {
 	(void)b;
 	sp->n = 2;
-	sp->knobs[0] = (ap_knob){"tile", 2, {16, 32}};
+	sp->knobs[0] = (ap_knob){"tile", 2, {16, 32}, false};
 	ap_knob_pow2(&sp->knobs[1], "rows", 2, 32);
 	return 0;
 }

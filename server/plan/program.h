@@ -276,6 +276,9 @@ typedef struct ap_build_options {
 					default, as in PyTorch) */
 	bool tma;                    /* sm_90a GEMM tiles by TMA where they can
 					(CompileOptions.tma; ap_target_info.tma) */
+	bool unvalidated;            /* the forms not yet run on a GPU wherever they
+					fit (CompileOptions.unvalidated; implies tma;
+					ap_target_info.unvalidated) */
 	/* partition (CompileOptions.fusion, fusion_barriers, keep_whole): */
 	ap_fuse_level fusion;      /* 0 = AP_FUSE_DEFAULT (apollo) */
 	int n_fusion_barriers;

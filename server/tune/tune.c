@@ -443,9 +443,11 @@ int ap_tune_signature(const ap_emitter *em, const ap_mgraph *m, const char *targ
 
 	if (ap_graph_hash_kernel(m->g, AP_CONST_BAKE_MAX, gh) < 0 || !(c = ap_sha256_new()))
 		return AP_ENOMEM;
-	/* "|tma" only when asked for: earlier signatures stay what they were */
-	n = snprintf(head, sizeof(head), "apollo tune v1|%d|%d|%u|%d|%s", (int)m->kind, m->n_members,
-		     max_block_threads, t->allow_tf32 ? 1 : 0, t->tma ? "tma|" : "");
+	/* "|tma", "|unvalidated" only when asked for: earlier signatures stay
+	 * what they were */
+	n = snprintf(head, sizeof(head), "apollo tune v1|%d|%d|%u|%d|%s%s", (int)m->kind, m->n_members,
+		     max_block_threads, t->allow_tf32 ? 1 : 0, t->tma ? "tma|" : "",
+		     t->unvalidated ? "unvalidated|" : "");
 	ap_sha256_update(c, head, (size_t)n);
 	ap_sha256_update(c, em->name, strlen(em->name) + 1);
 	ap_sha256_update(c, target ? target : "cpu", strlen(target ? target : "cpu") + 1);

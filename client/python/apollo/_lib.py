@@ -63,7 +63,8 @@ class ap_submit_options(ctypes.Structure):
                 ("keep_whole", ctypes.POINTER(ctypes.c_char_p)), ("allow_tf32", ctypes.c_bool),
                 ("no_layer1", ctypes.c_bool), ("no_tune", ctypes.c_bool), ("tma", ctypes.c_bool),
                 ("tune_variant", ctypes.c_uint),
-                ("device", ctypes.POINTER(ap_device_info)), ("host_check", ctypes.c_bool)]
+                ("device", ctypes.POINTER(ap_device_info)), ("host_check", ctypes.c_bool),
+                ("unvalidated", ctypes.c_bool)]
 
 
 class ap_server_stats(ctypes.Structure):

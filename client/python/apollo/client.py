@@ -201,7 +201,8 @@ class Client:
 
     def submit(self, graph, target="cpu", fusion=None, namespace="", no_cache=False,
                fusion_barriers=(), keep_whole=(), max_block_threads=0, allow_tf32=False,
-               device=0, driver_version=None, host_check=False, progress=None, tma=False):
+               device=0, driver_version=None, host_check=False, progress=None, tma=False,
+               unvalidated=False):
         """Sends `graph` (an apollo.Graph; PARAMs travel as shape and dtype
         only) and waits for the bundle.  `fusion`: None (the daemon's
         default), "none", "rules" or "apollo"; `allow_tf32`: float32
@@ -214,7 +215,10 @@ class Client:
         where no driver can be asked.  `host_check`: host targets (cpu,
         host:sm_XX) run in the checking mode.  `tma`: on sm_90a, GEMM tiles
         filled by TMA where the operands allow (CompileOptions.tma; not yet
-        run on a GPU; part of the cache key).  `progress`: a callable
+        run on a GPU; part of the cache key).  `unvalidated`: every form not
+        yet run on a GPU wherever it fits (on sm_90a the GEMMs' TMA form and
+        the attention forward's overlap; CompileOptions.unvalidated), for
+        validating them on a device.  `progress`: a callable
         progress(stage, done, total, elapsed_ms) the daemon's stage events
         are given to while it compiles ("import", "partition", ...,
         "backend" with done of total kernels, "cache"), on this thread,
@@ -240,6 +244,7 @@ class Client:
         o.fusion = FUSION_LEVELS[fusion]
         o.allow_tf32 = bool(allow_tf32)
         o.tma = bool(tma)
+        o.unvalidated = bool(unvalidated)
         keep = [ctypes.c_char_p(s.encode()) for s in fusion_barriers]
         whole = [ctypes.c_char_p(s.encode()) for s in keep_whole]
         if keep:
