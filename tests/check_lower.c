@@ -1954,10 +1954,11 @@ START_TEST(attention_wgmma_overlap)
 }
 END_TEST
 
-/* K and V by TMA (knob tma=1, attention_tc.c tma_fill): head dims 64 and
- * 32 (128- and 64-byte swizzles, one and two boxes a tile per operand),
- * K and V [2, 3, 150, D] as 4-D tensor maps, every configuration of the
- * sm_90a space run in the checking host mode against float64 -- both
+/* Q, K and V by TMA (knob tma=1, attention_tc.c tma_fill): head dims 128
+ * and 32 (128- and 64-byte swizzles: two boxes a tile of Q and K, one of
+ * V), Q, K and V [2, 3, 70 / 150, D] as 4-D tensor maps, every
+ * configuration of the sm_90a space run in the checking host mode
+ * against float64 -- both
  * forms (overlap 0 and 1), 150 keys in 3-10 tiles, the last tile's boxes
  * zero-filled past key 150 -- on a target of one SM, so that tma=1's
  * persistent grid (as many blocks as one SM holds) has blocks walking
@@ -1966,7 +1967,7 @@ END_TEST
  * (expect_no_spills). */
 START_TEST(attention_wgmma_tma)
 {
-	static const att_case f16 = {"attention_wg_tma_f16", AP_DT_F16, 2, 3, 70, 150, 64, 32, false, "sm_90a", 4e-3};
+	static const att_case f16 = {"attention_wg_tma_f16", AP_DT_F16, 2, 3, 70, 150, 128, 32, false, "sm_90a", 4e-3};
 	lcase lc = {f16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16"}};
 	const char *sw = getenv("APOLLO_SWEEP");
 	char *saved = sw ? strdup(sw) : NULL;
@@ -1975,7 +1976,7 @@ START_TEST(attention_wgmma_tma)
 	ap_target_info ti;
 
 	ck_assert_int_eq(ap_cost_target("sm_90a", &ti), 0);
-	ck_assert_msg(ap_test_space_has(m, &ti, "tma"), "no tma knob for K and V [2, 3, 150, 64 / 32]");
+	ck_assert_msg(ap_test_space_has(m, &ti, "tma"), "no tma knob for K and V [2, 3, 150, 128 / 32]");
 	ap_mgraph_free(m);
 	ap_graph_free(g);
 	setenv("APOLLO_SWEEP", "full", 1);

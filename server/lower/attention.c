@@ -230,7 +230,8 @@ static int check_shapes(const ap_graph *g, const ap_target_info *t, att_plan *p,
 	}
 	for (int r = 0; p->tc && r < 3; r++)
 		p->aw[r] = ap_sview_copy_width(g, r == 0 ? p->q : r == 1 ? p->kt : p->v, r == 1, &p->sv[r], &p->leaf[r]);
-	p->kv_tma = p->tc && ap__att_kv_tma(g, p);
+	p->kv_tma = p->tc && p->leaf[1] != p->leaf[2] && ap__att_op_tma(g, p, 1) && ap__att_op_tma(g, p, 2);
+	p->q_tma = p->kv_tma && p->leaf[0] != p->leaf[1] && p->leaf[0] != p->leaf[2] && ap__att_op_tma(g, p, 0);
 	if (p->tc && (p->D > TC_HEAD_MAX || p->Dv > TC_HEAD_MAX)) {
 		snprintf(why, cap, "head dims %lld and %lld: the tensor-core form holds at most %d in registers",
 			 (long long)p->D, (long long)p->Dv, TC_HEAD_MAX);
@@ -523,11 +524,11 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 	/* the overlap is a form of the wgmma kernel */
 	if (rc && r->overlap && (!tc_overlap_fits(p, b->t) || r->w % 4))
 		rc = 0;
-	/* so is TMA filling (its two mbarriers: 16 bytes more) */
+	/* so is TMA filling (its mbarriers: 8 bytes each) */
 	if (rc && r->tma && (!tc_tma_fits(p, b->t) || r->w % 4))
 		rc = 0;
 	if (r->tma)
-		r->smem += 16;
+		r->smem += p->q_tma ? 24 : 16;
 	return rc;
 }
 

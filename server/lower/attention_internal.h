@@ -39,8 +39,11 @@ typedef struct att_plan {
 	int aw[3];
 	ap_sview sv[3];
 	int leaf[3];
-	bool kv_tma;                    /* K and V can each be a tiled tensor map (ap__att_kv_tma):
-					   the wgmma form may fill their tiles by TMA (knob tma) */
+	bool kv_tma;                    /* K and V can each be a tiled tensor map (ap__att_op_tma),
+					   in distinct buffers: the wgmma form may fill their
+					   tiles by TMA (knob tma) */
+	bool q_tma;                     /* so can Q, in a buffer of its own: with tma=1 its
+					   tile comes by TMA too */
 } att_plan;
 
 /* Tensor-core tiles: head dims padded to the mma shapes (the k step of
@@ -243,13 +246,14 @@ int ap__att_emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err);
  * (the tiles do not fit the target: tc_fits), AP_ENOMEM. */
 int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *err);
 
-/* Whether K (the plan's K^T operand) and V can each be a tiled tensor map
- * (common/tmap.h) filled a key tile at a time: copied by cp.async (a
- * strided view contiguous along the head dim), the view starting at its
- * buffer's first element (the runtime binds a map to the buffer), the
- * head and key dims one factor each, at most five factors of extent > 1,
- * every stride but the head dim's a positive multiple of 16 bytes, and K
- * and V in distinct buffers (a map per buffer).  attention_tc.c. */
-bool ap__att_kv_tma(const ap_graph *g, const att_plan *p);
+/* Whether operand `role` (0 Q, 1 the plan's K^T, 2 V) can be a tiled
+ * tensor map (common/tmap.h) filled a tile at a time: copied by cp.async
+ * (a strided view contiguous along the head dim), the view starting at
+ * its buffer's first element (the runtime binds a map to the buffer), the
+ * head and row dims one factor each, at most five factors of extent > 1,
+ * every stride but the head dim's a positive multiple of 16 bytes, the
+ * tile swizzled.  A map per buffer: the caller asks for distinct buffers.
+ * attention_tc.c. */
+bool ap__att_op_tma(const ap_graph *g, const att_plan *p, int role);
 
 #endif

@@ -98,13 +98,13 @@ static void tf32_a_from_c(actx *c, ap_kir_array *cf, ap_kir_array *af, int tiles
  * from the C layout to the A layout by shuffles (tf32_a_from_c), every
  * operand rounded to TF32 first. */
 
-/* A tensor map of K or V (knob tma): its dimensions, innermost first, as
- * factors of the operand's strided view -- dim[i] the view's dimension,
- * fac[i] the factor (kv_map_of). */
-typedef struct kv_map {
+/* A tensor map of Q, K or V (knob tma): its dimensions, innermost first,
+ * as factors of the operand's strided view -- dim[i] the view's
+ * dimension, fac[i] the factor (op_map_of). */
+typedef struct op_map {
 	int n;
 	int dim[AP_TMAP_MAX_RANK], fac[AP_TMAP_MAX_RANK];
-} kv_map;
+} op_map;
 
 /* The tensor-core form's state (emit_tc and its steps): W warps of 16
  * query rows (BQ = 16 * W), key tiles of BK in NST stages. */
@@ -129,16 +129,18 @@ typedef struct att_tc {
 	ap_kir_expr *key0, *kbase, *vbase;   /* its first key; its stage's K and V offsets */
 	ap_kir_expr *mnew[2], *dead[2], *alpha[2];
 	ap_kir_var *rs[2];              /* the lane's part of the tile's row sums */
-	/* knob tma: K's and V's maps, the stages' mbarriers, and the key tiles
-	 * this block loaded before the current query tile (a stage's uses
-	 * continue across query tiles: tile kt of this one is the block's
-	 * kn + kt-th, in stage (kn + kt) % 2, phase parity ((kn + kt) / 2) % 2) */
-	kv_map map[2];
+	/* knob tma: the operands' maps (Q's where p->q_tma), the mbarriers
+	 * full[0..1] of the K / V stages and full[2] of Q's tile, the key
+	 * tiles this block loaded before the current query tile (a stage's
+	 * uses continue across query tiles: tile kt of this one is the
+	 * block's kn + kt-th, in stage (kn + kt) % 2, phase parity
+	 * ((kn + kt) / 2) % 2) and Q's phase parity qph */
+	op_map map[3];
 	ap_kir_array *full;
-	ap_kir_var *kn;
+	ap_kir_var *kn, *qph;
 } att_tc;
 
-/* ---- K and V by TMA (knob tma, wgmma) ----------------------------------------------
+/* ---- Q, K and V by TMA (knob tma, wgmma) -------------------------------------------
  *
  * A swizzled wgmma tile of R rows whose contiguous coordinate (the head
  * dim) spans ja = swizzle / es elements per atom row is, atom column by
@@ -148,22 +150,23 @@ typedef struct att_tc {
  * key tiles are both such tiles (R = BK keys; K read K-major, V MN-major,
  * the same placement), so a stage is Dp / ja boxes of K and Dvp / ja of
  * V, box i at head-dim coordinate i ja and key key0, every batch
- * coordinate the block's.  The map's dimensions are the view's factors
- * (head, key, then the batch dims' factors of extent > 1): past D, Dv and
- * Nk the boxes are zero-filled, which is the padding the tiles need.
- * Thread 0 expects the stage's bytes on its mbarrier and issues the
- * boxes; every thread waits on the stage it reads (the phase form of
+ * coordinate the block's; Q's tile (R = BQ query rows, K-major) likewise,
+ * where Q is a map too.  A map's dimensions are the view's factors (head,
+ * row, then the batch dims' factors of extent > 1): past D, Dv, Nq and Nk
+ * the boxes are zero-filled, which is the padding the tiles need.
+ * Thread 0 expects the tile's bytes on its mbarrier and issues the
+ * boxes; every thread waits on the tile it reads (the phase form of
  * docs/hopper-pipeline.md, as the GEMM's tma=1). */
 
-/* Operand `role`'s (1 K^T, 2 V) map with boxes of ja head-dim elements x
- * BK keys, swizzled by sw bytes, zero fill: *m its dimensions, *d the
- * description.  False when the view is not such a map (ap__att_kv_tma's
- * rules). */
-static bool kv_map_of(const ap_graph *g, const att_plan *p, int role, int ja, int BK, int sw, kv_map *m,
+/* Operand `role`'s (0 Q, 1 K^T, 2 V) map with boxes of ja head-dim
+ * elements x `rows` rows (queries or keys), swizzled by sw bytes, zero
+ * fill: *m its dimensions, *d the description.  False when the view is
+ * not such a map (ap__att_op_tma's rules). */
+static bool op_map_of(const ap_graph *g, const att_plan *p, int role, int ja, int rows, int sw, op_map *m,
 		      ap_tmap_desc *d)
 {
 	const ap_sview *sv = &p->sv[role];
-	int rank = g->tensors[role == 1 ? p->kt : p->v].rank;
+	int rank = g->tensors[role == 0 ? p->q : role == 1 ? p->kt : p->v].rank;
 	int hd = role == 1 ? rank - 2 : rank - 1, kd = role == 1 ? rank - 1 : rank - 2;
 	int64_t es = (int64_t)ap_dtype_size(p->t);
 
@@ -196,7 +199,7 @@ static bool kv_map_of(const ap_graph *g, const att_plan *p, int role, int ja, in
 			return false;
 		if (i > 0)
 			d->strides[i - 1] = (uint64_t)(fs * es);
-		d->box[i] = i == 0 ? (uint32_t)ja : i == 1 ? (uint32_t)BK : 1u;
+		d->box[i] = i == 0 ? (uint32_t)ja : i == 1 ? (uint32_t)rows : 1u;
 		d->estrides[i] = 1;
 	}
 	d->swizzle = ap_tmap_swizzle_of((unsigned)sw);
@@ -206,32 +209,29 @@ static bool kv_map_of(const ap_graph *g, const att_plan *p, int role, int ja, in
 }
 
 /* (attention_internal.h) */
-bool ap__att_kv_tma(const ap_graph *g, const att_plan *p)
+bool ap__att_op_tma(const ap_graph *g, const att_plan *p, int role)
 {
 	size_t es = ap_dtype_size(p->t);
-	int sw[2] = { tc_wg_swizzle(tc_dpad(p), es), tc_wg_swizzle(tc_dvpad(p), es) };
-	kv_map m;
+	int sw = tc_wg_swizzle(role == 2 ? tc_dvpad(p) : tc_dpad(p), es);
+	op_map m;
 	ap_tmap_desc d;
 
-	if (p->leaf[1] == p->leaf[2])
-		return false;
-	for (int role = 1; role <= 2; role++)
-		if (!sw[role - 1] || !kv_map_of(g, p, role, sw[role - 1] / (int)es, 64, sw[role - 1], &m, &d))
-			return false;
-	return true;
+	/* rows: the largest tile of either kind (128 query rows, 64 keys) */
+	return sw > 0 && op_map_of(g, p, role, sw / (int)es, role ? 64 : 128, sw, &m, &d);
 }
 
 /* The coordinates (innermost first) of operand `role`'s box at head-dim
- * column `head` and key `key` for the block's batch: per map dimension
- * its factor's part of the view's index ((index / inner) % extent, as
- * ap_sview_offset splits it). */
-static void kv_coords(att_tc *s, int role, ap_kir_expr *head, ap_kir_expr *key, ap_kir_expr **co)
+ * column `head` and row (query or key) `row` for the block's batch: per
+ * map dimension its factor's part of the view's index ((index / inner)
+ * % extent, as ap_sview_offset splits it). */
+static void op_coords(att_tc *s, int role, ap_kir_expr *head, ap_kir_expr *row, ap_kir_expr **co)
 {
 	actx *c = s->c;
 	const att_plan *p = c->p;
 	const ap_sview *sv = &p->sv[role];
-	const kv_map *m = &s->map[role - 1];
-	ap_lidx ix = role == 1 ? ap__att_idx2(c, p->kt, head, key) : ap__att_idx2(c, p->v, key, head);
+	const op_map *m = &s->map[role];
+	ap_lidx ix = role == 1 ? ap__att_idx2(c, p->kt, head, row)
+			       : ap__att_idx2(c, role == 0 ? p->q : p->v, row, head);
 
 	for (int i = 0; i < m->n; i++) {
 		int d = m->dim[i], q = m->fac[i];
@@ -248,67 +248,85 @@ static void kv_coords(att_tc *s, int role, ap_kir_expr *head, ap_kir_expr *key, 
 	}
 }
 
+/* Operand `role`'s tile of `rows` rows from row r0 into its array at
+ * element `at` by TMA, in the body of thread 0's `one`: the boxes of
+ * each swizzle span of the head dim (above), on barrier full[bar]. */
+static void tma_tile(att_tc *s, ap_kir_stmt *one, int role, int64_t rows, ap_kir_expr *r0, ap_kir_expr *at,
+		     ap_kir_expr *bar)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	int ja = c->sw[role] / (int)ap_dtype_size(s->T);
+	int64_t cols = role == 2 ? s->Dvp : s->Dp;
+
+	for (int64_t i = 0; i < cols / ja; i++) {
+		ap_kir_expr *co[AP_TMAP_MAX_RANK];
+
+		op_coords(s, role, ap_kir_idx(k, i * ja), r0, co);
+		ap_kir_tma_load(k, &one->body, role == 0 ? s->qs : role == 1 ? s->ks : s->vs,
+				ap_kir_addi(k, at, i * rows * ja), ap_v_buffer(c->v, c->p->leaf[role]), co, s->full, bar);
+	}
+}
+
+/* if (thread 0): the statement tma_tile's boxes are issued in. */
+static ap_kir_stmt *tma_issuer(att_tc *s)
+{
+	ap_kir_kernel *k = s->c->k;
+
+	return ap_kir_if(k, s->c->v->cur, ap_kir_binary(k, AP_KIR_EQ, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, 0)));
+}
+
 /* Key tile `tile` of K and V into stage st by TMA (above): thread 0
  * expects the stage's bytes on full[st] and issues the boxes. */
 static void tma_fill(att_tc *s, ap_kir_expr *tile, ap_kir_expr *st)
 {
-	actx *c = s->c;
-	ap_kir_kernel *k = c->k;
-	int es = (int)ap_dtype_size(s->T);
-	ap_kir_stmt *one = ap_kir_if(k, c->v->cur, ap_kir_binary(k, AP_KIR_EQ, ap_kir_index_of(k, AP_KIR_THREAD_X),
-								   ap_kir_idx(k, 0)));
+	ap_kir_kernel *k = s->c->k;
+	int64_t es = (int64_t)ap_dtype_size(s->T);
+	ap_kir_stmt *one = tma_issuer(s);
 	ap_kir_expr *key0 = ap_kir_muli(k, tile, s->BK);
 
 	if (!one)
 		return;
-	ap_kir_mbar_arrive(k, &one->body, s->full, st, ap_kir_int(k, AP_DT_I32, (int64_t)s->BK * (s->Dp + s->Dvp) * es));
-	for (int role = 1; role <= 2; role++) {
-		int ja = c->sw[role] / es;
-		int64_t cols = role == 1 ? s->Dp : s->Dvp, stage = s->BK * (role == 1 ? s->ldq : s->ldv);
-
-		for (int64_t i = 0; i < cols / ja; i++) {
-			ap_kir_expr *co[AP_TMAP_MAX_RANK];
-
-			kv_coords(s, role, ap_kir_idx(k, i * ja), key0, co);
-			ap_kir_tma_load(k, &one->body, role == 1 ? s->ks : s->vs,
-					ap_kir_addi(k, ap_kir_muli(k, st, stage), i * s->BK * ja),
-					ap_v_buffer(c->v, c->p->leaf[role]), co, s->full, st);
-		}
-	}
+	ap_kir_mbar_arrive(k, &one->body, s->full, st, ap_kir_int(k, AP_DT_I32, s->BK * (s->Dp + s->Dvp) * es));
+	tma_tile(s, one, 1, s->BK, key0, ap_kir_muli(k, st, s->BK * s->ldq), st);
+	tma_tile(s, one, 2, s->BK, key0, ap_kir_muli(k, st, s->BK * s->ldv), st);
 }
 
-/* The maps of K and V, the stages' two mbarriers initialised by thread 0
- * and fenced for the async proxy, and kn = 0 (before the tile loop).
- * AP_ENOMEM or AP_EINTERNAL (a map refused) through err. */
+/* The operands' maps (Q's where p->q_tma), the mbarriers (the two
+ * stages', and Q's) initialised by thread 0 and fenced for the async
+ * proxy, kn = qph = 0 (before the tile loop).  AP_ENOMEM or AP_EINTERNAL
+ * (a map refused) through err. */
 static int tma_setup(att_tc *s, ap_error *err)
 {
 	actx *c = s->c;
 	const att_plan *p = c->p;
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
-	int es = (int)ap_dtype_size(s->T);
+	int es = (int)ap_dtype_size(s->T), nbar = p->q_tma ? 3 : 2;
 	ap_kir_stmt *one;
 
-	for (int role = 1; role <= 2; role++) {
+	for (int role = p->q_tma ? 0 : 1; role <= 2; role++) {
 		ap_tmap_desc d;
 
-		if (!kv_map_of(v->g, p, role, c->sw[role] / es, s->BK, c->sw[role], &s->map[role - 1], &d) ||
+		if (!op_map_of(v->g, p, role, c->sw[role] / es, role ? s->BK : s->BQ, c->sw[role], &s->map[role], &d) ||
 		    ap_kir_tensor_map(k, ap_v_buffer(v, p->leaf[role]), &d) < 0)
 			return ap_error_set(err, ap_kir_failed(k) ? AP_ENOMEM : AP_EINTERNAL, NULL, NULL,
-					    "attention emitter: %s's tensor map refused", role == 1 ? "K" : "V");
+					    "attention emitter: %s's tensor map refused", role == 0 ? "Q" : role == 1 ? "K" : "V");
 	}
-	ap_kir_comment(k, v->cur, "operands K and V by TMA: boxes of their tensor maps into 2 stages, each on "
-		       "its mbarrier");
-	s->full = ap_kir_mbarriers(k, "kvfull", 2);
-	one = ap_kir_if(k, v->cur, ap_kir_binary(k, AP_KIR_EQ, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, 0)));
+	ap_kir_comment(k, v->cur, "operands %s by TMA: boxes of their tensor maps, K and V into 2 stages, each "
+		       "tile on its mbarrier", p->q_tma ? "Q, K and V" : "K and V");
+	s->full = ap_kir_mbarriers(k, "full", nbar);
+	one = tma_issuer(s);
 	if (!s->full || !one)
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention");
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < nbar; i++)
 		ap_kir_mbar_init(k, &one->body, s->full, ap_kir_idx(k, i), ap_kir_int(k, AP_DT_I32, 1));
 	ap_kir_fence_proxy_async(k, &one->body);
 	ap_kir_barrier(k, v->cur);
 	s->kn = ap_kir_var_new(k, k->index_type, "kn");
 	ap_kir_let(k, v->cur, s->kn, ap_kir_idx(k, 0));
+	s->qph = ap_kir_var_new(k, k->index_type, "qph");
+	ap_kir_let(k, v->cur, s->qph, ap_kir_idx(k, 0));
 	return ap_kir_failed(k) ? ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention") : 0;
 }
 
@@ -320,7 +338,7 @@ static int tma_setup(att_tc *s, ap_error *err)
 static unsigned tma_grid(const att_tc *s, const ap_target_info *t)
 {
 	unsigned threads = 32u * (unsigned)(s->BQ / 16), per = t->max_blocks_per_sm;
-	size_t smem = tc_smem(s->c->p, t, s->BQ / 16, s->BK) + 16;
+	size_t smem = tc_smem(s->c->p, t, s->BQ / 16, s->BK) + 24;
 
 	if (threads && t->max_threads_per_sm / threads < per)
 		per = t->max_threads_per_sm / threads;
@@ -329,13 +347,17 @@ static unsigned tma_grid(const att_tc *s, const ap_target_info *t)
 	return t->sm_count * (per ? per : 1);
 }
 
-/* The query tile's key tiles counted into kn (knob tma; else nothing). */
+/* The query tile's key tiles counted into kn, Q's parity flipped (knob
+ * tma; else nothing). */
 static void tma_next_query_tile(att_tc *s)
 {
 	ap_kir_kernel *k = s->c->k;
 
-	if (s->c->tma)
-		ap_kir_assign(k, s->c->v->cur, s->kn, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles));
+	if (!s->c->tma)
+		return;
+	ap_kir_assign(k, s->c->v->cur, s->kn, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles));
+	if (s->c->p->q_tma)
+		ap_kir_assign(k, s->c->v->cur, s->qph, ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, s->qph), ap_kir_idx(k, 1)));
 }
 
 /* The block's index of key tile kt of the current query tile: kn + kt. */
@@ -383,7 +405,7 @@ static int tc_declare(att_tc *s, ap_error *err)
 	for (int r = 0; r < 3; r++) {
 		static const char *const names[] = {"Q", "K", "V"};
 
-		if (r > 0 && c->tma)
+		if (c->tma && (r > 0 || p->q_tma))
 			continue;   /* tma_setup's comment */
 		if (p->aw[r])
 			ap_kir_comment(k, c->v->cur, "operand %s: cp.async, %zu bytes a copy", names[r],
@@ -451,6 +473,18 @@ static void tc_load_q(att_tc *s, ap_kir_expr *q0)
 	ap_kir_block *saved;
 	ap_kir_var *kk;
 
+	if (c->tma && p->q_tma) {   /* Q's boxes on full[2], then the first key tile's */
+		ap_kir_stmt *one = tma_issuer(s);
+
+		if (one) {
+			ap_kir_mbar_arrive(k, &one->body, s->full, ap_kir_idx(k, 2),
+					   ap_kir_int(k, AP_DT_I32, s->BQ * s->Dp * (int64_t)ap_dtype_size(s->T)));
+			tma_tile(s, one, 0, s->BQ, q0, ap_kir_idx(k, 0), ap_kir_idx(k, 2));
+		}
+		tma_fill(s, ap_kir_idx(k, 0), ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, s->kn), ap_kir_idx(k, 1)));
+		ap_kir_mbar_wait(k, v->cur, s->full, ap_kir_idx(k, 2), ap_kir_ref(k, s->qph));
+		return;
+	}
 	ap__att_stage_rows(c, s->qs, ap_kir_idx(k, 0), 0, s->BQ, s->Dp, s->ldq, q0, p->Nq, p->D);
 	if (p->aw[0])
 		ap_kir_cp_commit(k, v->cur);

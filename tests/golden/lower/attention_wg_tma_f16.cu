@@ -6,20 +6,20 @@
 #define AP_NAN __longlong_as_double(0x7fffffffffffffffLL)
 extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_tma_f16(__half *__restrict__ p0, const __half *__restrict__ p1, const __half *__restrict__ p2, const __half *__restrict__ p3, const __half *__restrict__ p4)
 {
-	__shared__ __align__(16) __half qs[1152];
-	__shared__ __align__(16) __half ks[9216];
-	__shared__ __align__(16) __half vs[5120];
-	__align__(16) __half qf[32];
+	__shared__ __align__(16) __half qs[2176];
+	__shared__ __align__(16) __half ks[8704];
+	__shared__ __align__(16) __half vs[2560];
+	__align__(16) __half qf[64];
 	__align__(16) __half kf[4];
 	__align__(16) __half vf[4];
-	__align__(16) float sf[32];
-	__align__(16) __half pf[32];
+	__align__(16) float sf[16];
+	__align__(16) __half pf[16];
 	__align__(16) float of[16];
 	/* attention micro-graph: Transpose MatMul Div Add ReduceMax Sub Exp ReduceSum Div MatMul Transpose */
-	/* emitter attention: warps=1 keys=64 */
+	/* emitter attention: warps=1 keys=32 */
 	/* p0: writes float16 [2,70,3,32] */
-	/* p1: reads float16 [2,3,70,64] */
-	/* p2: reads float16 [2,3,150,64] */
+	/* p1: reads float16 [2,3,70,128] */
+	/* p2: reads float16 [2,3,150,128] */
 	/* p3: reads float16 [2,3,150,32] */
 	/* p4: reads float16 [70,150] */
 	/* operand Q: cp.async, 16 bytes a copy */
@@ -36,16 +36,16 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_tma_f16(__half 
 		int b7 = (bi5 % 3);
 		int b8 = ((bi5 / 3) % 2);
 		int wr9 = (q06 + (w0 * 16));
-		for (int e10 = ((int)threadIdx.x); e10 < 128; e10 += 32) {
-			int gr11 = (q06 + (e10 / 8));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)((((e10 / 8) * 72) + ((e10 % 8) * 8))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr11 < 70)) ? &p1[((((b8 * 13440) + (b7 * 4480)) + (gr11 * 64)) + ((e10 % 8) * 8))] : p1), "r"(((gr11 < 70)) ? 16 : 0) : "memory"); }
+		for (int e10 = ((int)threadIdx.x); e10 < 256; e10 += 32) {
+			int gr11 = (q06 + (e10 / 16));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)((((e10 / 16) * 136) + ((e10 % 16) * 8))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr11 < 70)) ? &p1[((((b8 * 26880) + (b7 * 8960)) + (gr11 * 128)) + ((e10 % 16) * 8))] : p1), "r"(((gr11 < 70)) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		for (int e12 = ((int)threadIdx.x); e12 < 512; e12 += 32) {
-			int gr13 = (e12 / 8);
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((e12 / 8) * 72) + ((e12 % 8) * 8))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr13 < 150)) ? &p2[((((b8 * 28800) + (b7 * 9600)) + ((e12 % 8) * 8)) + (gr13 * 64))] : p2), "r"(((gr13 < 150)) ? 16 : 0) : "memory"); }
+			int gr13 = (e12 / 16);
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((e12 / 16) * 136) + ((e12 % 16) * 8))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr13 < 150)) ? &p2[((((b8 * 57600) + (b7 * 19200)) + ((e12 % 16) * 8)) + (gr13 * 128))] : p2), "r"(((gr13 < 150)) ? 16 : 0) : "memory"); }
 		}
-		for (int e14 = ((int)threadIdx.x); e14 < 256; e14 += 32) {
+		for (int e14 = ((int)threadIdx.x); e14 < 128; e14 += 32) {
 			int gr15 = (e14 / 4);
 			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((e14 / 4) * 40) + ((e14 % 4) * 8))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr15 < 150)) ? &p3[((((b8 * 14400) + (b7 * 4800)) + (gr15 * 32)) + ((e14 % 4) * 8))] : p3), "r"(((gr15 < 150)) ? 16 : 0) : "memory"); }
 		}
@@ -53,8 +53,8 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_tma_f16(__half 
 		asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 		__syncthreads();
 		#pragma unroll
-		for (int kq16 = 0; kq16 < 4; kq16 += 1) {
-			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 72) + ((kq16 * 16) + ((ln1 >> 4) * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq16 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); qf[(kq16 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); qf[(kq16 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); qf[(kq16 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); qf[(kq16 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); qf[(kq16 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); qf[(kq16 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); qf[(kq16 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
+		for (int kq16 = 0; kq16 < 8; kq16 += 1) {
+			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 136) + ((kq16 * 16) + ((ln1 >> 4) * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq16 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); qf[(kq16 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); qf[(kq16 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); qf[(kq16 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); qf[(kq16 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); qf[(kq16 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); qf[(kq16 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); qf[(kq16 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
 		}
 		float m17 = (-AP_INFF);
 		float l18 = 0x0p+0f;
@@ -64,40 +64,40 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_tma_f16(__half 
 		for (int z21 = 0; z21 < 16; z21 += 1) {
 			of[z21] = 0x0p+0f;
 		}
-		for (int kt22 = 0; kt22 < 3; kt22 += 1) {
-			int k023 = (kt22 * 64);
+		for (int kt22 = 0; kt22 < 5; kt22 += 1) {
+			int k023 = (kt22 * 32);
 			__syncthreads();
 			int kn24 = (kt22 + 1);
 			int st25 = (kt22 & 1);
-			if ((kn24 < 3)) {
+			if ((kn24 < 5)) {
 				for (int e26 = ((int)threadIdx.x); e26 < 512; e26 += 32) {
-					int gr27 = ((kn24 * 64) + (e26 / 8));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((kn24 & 1) * 4608) + (((e26 / 8) * 72) + ((e26 % 8) * 8)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr27 < 150)) ? &p2[((((b8 * 28800) + (b7 * 9600)) + ((e26 % 8) * 8)) + (gr27 * 64))] : p2), "r"(((gr27 < 150)) ? 16 : 0) : "memory"); }
+					int gr27 = ((kn24 * 32) + (e26 / 16));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((kn24 & 1) * 4352) + (((e26 / 16) * 136) + ((e26 % 16) * 8)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr27 < 150)) ? &p2[((((b8 * 57600) + (b7 * 19200)) + ((e26 % 16) * 8)) + (gr27 * 128))] : p2), "r"(((gr27 < 150)) ? 16 : 0) : "memory"); }
 				}
-				for (int e28 = ((int)threadIdx.x); e28 < 256; e28 += 32) {
-					int gr29 = ((kn24 * 64) + (e28 / 4));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((kn24 & 1) * 2560) + (((e28 / 4) * 40) + ((e28 % 4) * 8)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr29 < 150)) ? &p3[((((b8 * 14400) + (b7 * 4800)) + (gr29 * 32)) + ((e28 % 4) * 8))] : p3), "r"(((gr29 < 150)) ? 16 : 0) : "memory"); }
+				for (int e28 = ((int)threadIdx.x); e28 < 128; e28 += 32) {
+					int gr29 = ((kn24 * 32) + (e28 / 4));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((kn24 & 1) * 1280) + (((e28 / 4) * 40) + ((e28 % 4) * 8)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr29 < 150)) ? &p3[((((b8 * 14400) + (b7 * 4800)) + (gr29 * 32)) + ((e28 % 4) * 8))] : p3), "r"(((gr29 < 150)) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-			int kb30 = (st25 * 4608);
-			int vb31 = (st25 * 2560);
+			int kb30 = (st25 * 4352);
+			int vb31 = (st25 * 1280);
 			__syncthreads();
 			#pragma unroll
-			for (int z32 = 0; z32 < 32; z32 += 1) {
+			for (int z32 = 0; z32 < 16; z32 += 1) {
 				sf[z32] = 0x0p+0f;
 			}
 			#pragma unroll
-			for (int kq33 = 0; kq33 < 4; kq33 += 1) {
+			for (int kq33 = 0; kq33 < 8; kq33 += 1) {
 				#pragma unroll
-				for (int ni34 = 0; ni34 < 8; ni34 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((kb30 + ((((ni34 * 8) + (ln1 & 7)) * 72) + ((kq33 * 16) + (((ln1 >> 3) & 1) * 8))))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+				for (int ni34 = 0; ni34 < 4; ni34 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((kb30 + ((((ni34 * 8) + (ln1 & 7)) * 136) + ((kq33 * 16) + (((ln1 >> 3) & 1) * 8))))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
 					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni34 * 4)]), "=f"(sf[(ni34 * 4) + 1]), "=f"(sf[(ni34 * 4) + 2]), "=f"(sf[(ni34 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(qf[(kq33 * 8)]) | ((unsigned)__half_as_ushort(qf[(kq33 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq33 * 8) + 2]) | ((unsigned)__half_as_ushort(qf[(kq33 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq33 * 8) + 4]) | ((unsigned)__half_as_ushort(qf[(kq33 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq33 * 8) + 6]) | ((unsigned)__half_as_ushort(qf[(kq33 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(kf[0]) | ((unsigned)__half_as_ushort(kf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(kf[0 + 2]) | ((unsigned)__half_as_ushort(kf[0 + 3]) << 16))), "f"(sf[(ni34 * 4)]), "f"(sf[(ni34 * 4) + 1]), "f"(sf[(ni34 * 4) + 2]), "f"(sf[(ni34 * 4) + 3]));
 				}
 			}
 			#pragma unroll
-			for (int ni35 = 0; ni35 < 8; ni35 += 1) {
+			for (int ni35 = 0; ni35 < 4; ni35 += 1) {
 				int r36 = (wr9 + g2);
 				int key37 = ((k023 + (ni35 * 8)) + (tq3 * 2));
 				float s38 = (-AP_INFF);
@@ -149,7 +149,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_tma_f16(__half 
 			}
 			float mx68 = (-AP_INFF);
 			#pragma unroll
-			for (int ni69 = 0; ni69 < 8; ni69 += 1) {
+			for (int ni69 = 0; ni69 < 4; ni69 += 1) {
 				mx68 = (mx68 > sf[(ni69 * 4)] ? mx68 : sf[(ni69 * 4)]);
 				mx68 = (mx68 > sf[((ni69 * 4) + 1)] ? mx68 : sf[((ni69 * 4) + 1)]);
 			}
@@ -166,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_tma_f16(__half 
 			float rs76 = 0x0p+0f;
 			float mx77 = (-AP_INFF);
 			#pragma unroll
-			for (int ni78 = 0; ni78 < 8; ni78 += 1) {
+			for (int ni78 = 0; ni78 < 4; ni78 += 1) {
 				mx77 = (mx77 > sf[((ni78 * 4) + 2)] ? mx77 : sf[((ni78 * 4) + 2)]);
 				mx77 = (mx77 > sf[((ni78 * 4) + 3)] ? mx77 : sf[((ni78 * 4) + 3)]);
 			}
@@ -182,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_tma_f16(__half 
 			float al84 = (dd83 ? 0x1p+0f : expf((m19 - mn82)));
 			float rs85 = 0x0p+0f;
 			#pragma unroll
-			for (int ni86 = 0; ni86 < 8; ni86 += 1) {
+			for (int ni86 = 0; ni86 < 4; ni86 += 1) {
 				float p87 = (dd74 ? 0x0p+0f : expf((sf[(ni86 * 4)] - mn73)));
 				rs76 = (rs76 + p87);
 				pf[(ni86 * 4)] = __float2half_rn(p87);
@@ -208,7 +208,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_tma_f16(__half 
 				of[((no91 * 4) + 3)] = (of[((no91 * 4) + 3)] * al84);
 			}
 			#pragma unroll
-			for (int kj92 = 0; kj92 < 4; kj92 += 1) {
+			for (int kj92 = 0; kj92 < 2; kj92 += 1) {
 				#pragma unroll
 				for (int no93 = 0; no93 < 4; no93 += 1) {
 					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((vb31 + ((((kj92 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 40) + (no93 * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
