@@ -202,6 +202,8 @@ typedef struct case_opts {
 static const case_opts *g_opts;      /* set around run_case_opts */
 static unsigned g_sms;               /* > 0: the target's SM count for the sweep (a persistent
 					grid of few blocks, each walking several tiles) */
+static bool g_unvalidated;           /* the sweep's target asks for the forms not yet run on a
+					GPU (ap_target_info.unvalidated: tma=1 the GEMM's only value) */
 
 /* Runs kernel k (entry f) over all its blocks, split into two ranges;
  * returns the outputs (malloc'd, in m->g->outputs order) as floats.
@@ -519,6 +521,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 	ck_assert_int_eq(ap_cost_target(g_opts && g_opts->target ? g_opts->target : "cpu", &ti), 0);
 	if (g_sms)
 		ti.sm_count = g_sms;
+	ti.unvalidated = ti.tma = g_unvalidated;
 	ti.max_threads_per_block = 256;
 	ti.allow_tf32 = g_opts && g_opts->allow_tf32;
 	host_flags = ti.gpu ? AP_KIR_PRINT_BASELINE : 0;
@@ -1679,6 +1682,80 @@ START_TEST(gemm_batched)
 }
 END_TEST
 
+/* y = a @ b in float16 on sm_90a with the forms not yet run on a GPU
+ * (--unvalidated: tma=1 the only value), a [3, 1, 70, 64] and b [1, 2,
+ * 64, 48] broadcast to [3, 2, 70, 48]: batches of tiles whose operands
+ * are 3-D tensor maps (K or N, M or K, the batch dim each has), M not a
+ * multiple of the tile (zero-filled rows), every configuration the sweep
+ * takes run in the checking host mode against float64 on one SM (the
+ * persistent grid's blocks walk tiles of several batches, prefetching the
+ * next batch's first stages). */
+static void ref_gemm_batched_tma(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *a = in->data[m->g->inputs[0]], *b = in->data[m->g->inputs[1]];
+
+	for (int p = 0; p < 3; p++)
+		for (int q = 0; q < 2; q++)
+			for (int i = 0; i < 70; i++)
+				for (int j = 0; j < 48; j++) {
+					double acc = 0;
+
+					for (int k = 0; k < 64; k++)
+						acc += (double)a[(p * 70 + i) * 64 + k] * b[(q * 64 + k) * 48 + j];
+					want[0][((p * 2 + q) * 70 + i) * 48 + j] = half_round(AP_DT_F16, acc);
+				}
+}
+
+START_TEST(gemm_batched_tma)
+{
+	ap_graph *g = ap_graph_new("bmm_tma");
+	int a, b, y;
+	lcase lc = {"gemm_batched_tma_f16", "gemm", {"mma.sync"}, {"mma.sync.aligned.m16n8k16"}};
+	case_opts o = {"sm_90a", false, 4e-3, true};
+	ap_target_info ti;
+	ap_lower_options lo = {256, NULL, true};
+	ap_ptxas_stats st;
+	ap_kir_kernel *k;
+	ap_error err;
+	ap_mgraph *m;
+	char *cuda;
+
+	g_dt = AP_DT_F16;
+	a = tensor(g, "a", DIMS(3, 1, 70, 64), AP_TENSOR_INPUT);
+	b = tensor(g, "b", DIMS(1, 2, 64, 48), AP_TENSOR_INPUT);
+	y = tensor(g, "y", DIMS(3, 2, 70, 48), AP_TENSOR_VALUE);
+	g_dt = AP_DT_F32;
+	node(g, "mm", AP_OP_MATMUL, LIST(a, b), LIST(y));
+	output(g, y);
+	m = whole(g, AP_GROUP_MATMUL);
+	g_unvalidated = true;
+	g_sms = 1;
+	g_opts = &o;
+	run_case(&lc, m, ref_gemm_batched_tma);
+	g_opts = NULL;
+	g_unvalidated = false;
+	g_sms = 0;
+	/* the default kernel of such a request: 3-D boxes, no spills */
+	ck_assert_int_eq(ap_cost_target("sm_90a", &ti), 0);
+	ti.unvalidated = ti.tma = true;
+	k = ap_lower_mgraph(m, &ti, "bmm_tma", &lo, NULL, &err);
+	ck_assert_msg(k != NULL, "%s", err.msg);
+	cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
+	ck_assert_ptr_nonnull(cuda);
+	ck_assert_msg(strstr(cuda, "cp.async.bulk.tensor.3d"), "no 3-D TMA load in\n%.3000s", cuda);
+	if (ap_nvrtc_load(&err) == 0) {
+		ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, "bmm_tma", "sm_90a", &st, &err) == 0, "%s", err.msg);
+		ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0, "spills %d / %d bytes",
+			      st.spill_store_bytes, st.spill_load_bytes);
+		printf("check_lower: gemm_batched_tma_f16 on sm_90a (tma=1): %d registers, no spills\n", st.registers);
+	}
+	free(cuda);
+	ap_kir_kernel_free(k);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
 /* y = a b + bias, a [20, 24], b [24, 30], split along the columns into
  * parts of 8, 12 and 10 (a projection into Q, K and V, as a transformer's
  * in-projection writes them), the second through a ReLU; and z = c * c, a
@@ -2575,6 +2652,7 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, gemm_simt);
 	tcase_add_test(tc, gemm_tf32);
 	tcase_add_test(tc, gemm_batched);
+	tcase_add_test(tc, gemm_batched_tma);
 	tcase_add_test(tc, depthwise_stride1);
 	tcase_add_test(tc, depthwise_stride2_dilated);
 	tcase_add_test(tc, depthwise_grouped);

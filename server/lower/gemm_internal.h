@@ -239,6 +239,10 @@ void ap__gemm_mainloop_tma(gctx *c, ap_kir_expr *tile);
 void ap__gemm_compute_tile(gctx *c, ap_kir_expr *st);
 void ap__gemm_tile_origin(gctx *c, ap_kir_block *b, ap_kir_expr *rest, const char *mname,
 			  const char *nname, ap_kir_expr **m0, ap_kir_expr **n0);
+/* Y's batch coordinates bc[0 .. nb) of linear batch bi (row-major over
+ * Y's batch dims; not folded), each bound in b as `name` (a dim of extent
+ * 1: the constant 0). */
+void ap__gemm_batch_coords(gctx *c, ap_kir_block *b, ap_kir_expr *bi, const char *name, ap_kir_expr **bc);
 int ap__gemm_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_error *err);
 
 #endif

@@ -651,7 +651,7 @@ static void open_tile(gctx *c, ap_kir_block **saved)
 	const gemm_plan *p = c->p;
 	ap_kir_var *tile;
 	ap_kir_expr *r, *bi, *rest;
-	int64_t stride = 1, per = (int64_t)c->tiles_m * c->tiles_n;
+	int64_t per = (int64_t)c->tiles_m * c->tiles_n;
 
 	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, c->c.splitk > 1 ? AP_KIR_CLUSTER_X : AP_KIR_BLOCK_X),
 			 I(c, c->tiles), c->grid, saved);
@@ -662,12 +662,20 @@ static void open_tile(gctx *c, ap_kir_block **saved)
 	rest = ap_kir_binary(k, AP_KIR_REM, r, I(c, per));
 	ap__gemm_tile_origin(c, v->cur, rest, "m0", "n0", &c->m0, &c->n0);
 	c->tb_index = bi;
-	for (int d = p->nb - 1; d >= 0 && !p->fold; d--) {
-		c->bcoord[d] = p->bdims[d] == 1 ? I(c, 0)
-			       : ap_kir_bind(k, v->cur, k->index_type, "b",
-					     ap_kir_binary(k, AP_KIR_REM,
-							   ap_kir_binary(k, AP_KIR_DIV, bi, I(c, stride)),
-							   I(c, p->bdims[d])));
+	if (!p->fold)
+		ap__gemm_batch_coords(c, v->cur, bi, "b", c->bcoord);
+}
+
+void ap__gemm_batch_coords(gctx *c, ap_kir_block *b, ap_kir_expr *bi, const char *name, ap_kir_expr **bc)
+{
+	const gemm_plan *p = c->p;
+	int64_t stride = 1;
+
+	for (int d = p->nb - 1; d >= 0; d--) {
+		bc[d] = p->bdims[d] == 1 ? I(c, 0)
+			: ap_kir_bind(c->k, b, c->k->index_type, name,
+				      ap_kir_binary(c->k, AP_KIR_REM, ap_kir_binary(c->k, AP_KIR_DIV, bi, I(c, stride)),
+						    I(c, p->bdims[d])));
 		stride *= p->bdims[d];
 	}
 }

@@ -60,18 +60,29 @@ static bool tma_operand(const gemm_plan *p, int role)
 	    o->s_base != 0)
 		return false;
 	far = o->k_fast ? o->s_outer : o->s_k;
-	return far > 0 && (far * es) % 16 == 0 && far * es < ((int64_t)1 << 40) && outer <= ((int64_t)1 << 32) &&
-	       p->K <= ((int64_t)1 << 32);
+	if (!(far > 0 && (far * es) % 16 == 0 && far * es < ((int64_t)1 << 40) && outer <= ((int64_t)1 << 32) &&
+	      p->K <= ((int64_t)1 << 32)))
+		return false;
+	/* batches of tiles (not folded): each batch factor of extent > 1 one
+	 * more dimension of the map (box 1), its stride a positive multiple of
+	 * 16 bytes; at most five in all */
+	for (int d = 0, n = 2; d < p->nb && !p->fold; d++)
+		for (int q = 0; q < o->batch[d].n; q++)
+			if (o->batch[d].e[q] > 1 && (o->batch[d].s[q] <= 0 || (o->batch[d].s[q] * es) % 16 ||
+						      o->batch[d].s[q] * es >= ((int64_t)1 << 40) || ++n > AP_TMAP_MAX_RANK))
+				return false;
+	return true;
 }
 
 /* Whether the product's operands can be filled by TMA in some
- * configuration: wgmma, no convolution, one tile batch whose A rows are
- * one stride apart (no batch dims, or folded into linear rows), two
- * distinct buffers (a map per buffer), each a tensor map (tma_operand). */
+ * configuration: wgmma, no convolution, batch dims either folded into A's
+ * rows one stride apart or batches of tiles (each batch factor a map
+ * dimension), two distinct buffers (a map per buffer), each a tensor map
+ * (tma_operand). */
 bool ap__gemm_tma_operands(const gemm_plan *p)
 {
-	return p->wg && !p->conv && p->tb == 1 && (!p->fold || p->a_linear) && p->a.leaf != p->b.leaf &&
-	       tma_operand(p, 0) && tma_operand(p, 1);
+	return p->wg && !p->conv && (!p->fold || p->a_linear) && p->a.leaf != p->b.leaf && tma_operand(p, 0) &&
+	       tma_operand(p, 1);
 }
 
 /* Operand `role`'s boxes in configuration c (the file comment): ja
@@ -112,7 +123,10 @@ bool ap__gemm_tma_fits(const gemm_plan *p, const gemm_cfg *c)
 
 /* Fills d with operand `role`'s map: dimension 0 the contiguous
  * coordinate (K for a K-major tile, else M or N), dimension 1 the other,
- * its stride in bytes; the box of ap__gemm_tma_box; zero fill. */
+ * its stride in bytes, then (batches of tiles) each batch factor of
+ * extent > 1, Y's innermost batch dim first, a factor's inner part first
+ * (batch_coords gives their coordinates); the box of ap__gemm_tma_box,
+ * 1 along the batch; zero fill. */
 static void tma_desc(gctx *c, int role, ap_tmap_desc *d)
 {
 	const gemm_plan *p = c->p;
@@ -123,13 +137,21 @@ static void tma_desc(gctx *c, int role, ap_tmap_desc *d)
 	ap__gemm_tma_box(p, &c->c, role, &ja, &rows, &nbox);
 	memset(d, 0, sizeof(*d));
 	d->dtype = ap_tmap_dtype_of(p->in_t);
-	d->rank = 2;
 	d->dims[0] = o->k_fast ? (uint64_t)p->K : outer;
 	d->dims[1] = o->k_fast ? outer : (uint64_t)p->K;
 	d->strides[0] = (uint64_t)(o->k_fast ? o->s_outer : o->s_k) * es;
 	d->box[0] = (uint32_t)ja;
 	d->box[1] = (uint32_t)rows;
 	d->estrides[0] = d->estrides[1] = 1;
+	d->rank = 2;
+	for (int b = p->nb - 1; b >= 0 && !p->fold; b--)
+		for (int q = o->batch[b].n - 1; q >= 0; q--)
+			if (o->batch[b].e[q] > 1) {
+				d->dims[d->rank] = (uint64_t)o->batch[b].e[q];
+				d->strides[d->rank - 1] = (uint64_t)o->batch[b].s[q] * es;
+				d->box[d->rank] = 1;
+				d->estrides[d->rank++] = 1;
+			}
 	d->swizzle = ap_tmap_swizzle_of((unsigned)c->r->sw[role]);
 	d->l2 = AP_TMAP_L2_128B;
 	d->oob = AP_TMAP_OOB_ZERO;
@@ -149,10 +171,39 @@ static void advance(gctx *c, ap_kir_block *b, ap_kir_var *x, ap_kir_var *flip)
 	ap_kir_assign(k, b, x, ap_kir_select(k, last, I(c, 0), ap_kir_addi(k, ap_kir_ref(k, x), 1)));
 }
 
+/* Operand `role`'s map coordinates past the first two (tma_desc's batch
+ * dimensions) for Y's batch coordinates bc: a factor's part of its dim's
+ * coordinate ((bc / inner) % extent, as gemm_stage.c's factor_offset
+ * splits it). */
+static int batch_coords(gctx *c, int role, ap_kir_expr *const *bc, ap_kir_expr **co)
+{
+	const gemm_plan *p = c->p;
+	const gemm_opnd *o = role ? &p->b : &p->a;
+	int n = 0;
+
+	for (int b = p->nb - 1; b >= 0 && !p->fold; b--) {
+		int64_t inner = 1;
+
+		for (int q = o->batch[b].n - 1; q >= 0; q--) {
+			ap_kir_expr *cf = bc[b];
+
+			if (o->batch[b].e[q] > 1) {
+				if (inner > 1)
+					cf = ap_kir_binary(c->k, AP_KIR_DIV, cf, I(c, inner));
+				if (q > 0)
+					cf = ap_kir_binary(c->k, AP_KIR_REM, cf, I(c, o->batch[b].e[q]));
+				co[n++] = cf;
+			}
+			inner *= o->batch[b].e[q];
+		}
+	}
+	return n;
+}
+
 /* Fills: thread 0 (an IF in b) expects the stage's bytes on full[pst]
  * and issues K tile kt's boxes of A (rows m0 ..) and B (columns n0 ..)
- * into stage pst; then every thread advances pst. */
-static void fill(gctx *c, ap_kir_block *b, ap_kir_expr *kt, ap_kir_expr *m0, ap_kir_expr *n0)
+ * of Y's batch bc into stage pst; then every thread advances pst. */
+static void fill(gctx *c, ap_kir_block *b, ap_kir_expr *kt, ap_kir_expr *m0, ap_kir_expr *n0, ap_kir_expr *const *bc)
 {
 	ap_kir_kernel *k = c->k;
 	int64_t es = (int64_t)ap_dtype_size(c->p->in_t);
@@ -172,10 +223,11 @@ static void fill(gctx *c, ap_kir_block *b, ap_kir_expr *kt, ap_kir_expr *m0, ap_
 		for (int i = 0; i < nbox; i++) {
 			/* box i: along the contiguous coordinate i ja on from the
 			 * tile's start (K for a K-major tile) */
-			ap_kir_expr *co[2];
+			ap_kir_expr *co[AP_TMAP_MAX_RANK];
 
 			co[0] = ap_kir_addi(k, o->k_fast ? k0 : o0, (int64_t)i * ja);
 			co[1] = o->k_fast ? o0 : k0;
+			batch_coords(c, role, bc, co + 2);
 			ap_kir_tma_load(k, &one->body, role ? c->sb : c->sa,
 					ap_kir_addi(k, ap_kir_mul(k, st, I(c, role ? c->b_stage : c->a_stage)),
 						    (int64_t)i * rows * ja),
@@ -195,12 +247,21 @@ static int ahead(gctx *c)
  * knows it exists and that the stages are free). */
 void ap__gemm_tma_prefetch(gctx *c, ap_kir_expr *tile)
 {
-	ap_kir_expr *m0, *n0;
+	ap_kir_expr *m0, *n0, *bc[AP_MAX_RANK];
 	int n = ahead(c) < c->ktl ? ahead(c) : c->ktl;
 
-	ap__gemm_tile_origin(c, c->v->cur, tile, "pm", "pn", &m0, &n0);   /* tma=1: one tile batch */
+	if (c->p->tb == 1) {   /* one batch of tiles: the tile's index is its place in it */
+		ap__gemm_tile_origin(c, c->v->cur, tile, "pm", "pn", &m0, &n0);
+		for (int d = 0; d < c->p->nb; d++)
+			bc[d] = I(c, 0);
+	} else {
+		int64_t per = (int64_t)c->tiles_m * c->tiles_n;
+
+		ap__gemm_tile_origin(c, c->v->cur, ap_kir_binary(c->k, AP_KIR_REM, tile, I(c, per)), "pm", "pn", &m0, &n0);
+		ap__gemm_batch_coords(c, c->v->cur, ap_kir_binary(c->k, AP_KIR_DIV, tile, I(c, per)), "pb", bc);
+	}
 	for (int j = 0; j < n; j++)
-		fill(c, c->v->cur, I(c, j), m0, n0);
+		fill(c, c->v->cur, I(c, j), m0, n0, bc);
 }
 
 /* Before the tile loop: the two tensor maps, the ring's barriers
@@ -255,7 +316,7 @@ void ap__gemm_mainloop_tma(gctx *c, ap_kir_expr *tile)
 	ap_kir_barrier(k, v->cur);
 	nxt = ap_kir_bind(k, v->cur, k->index_type, "nx", ap_kir_addi(k, ap_kir_ref(k, kt), D));
 	ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, nxt, I(c, c->ktl)), &saved, NULL);
-	fill(c, v->cur, nxt, c->m0, c->n0);
+	fill(c, v->cur, nxt, c->m0, c->n0, c->bcoord);
 	ap_v_close(v, saved);
 	ap_kir_mbar_wait(k, v->cur, c->full, ap_kir_ref(k, c->cst), ap_kir_ref(k, c->cph));
 	ap__gemm_compute_tile(c, ap_kir_ref(k, c->cst));
