@@ -1829,6 +1829,17 @@ typedef struct att_case {
 } att_case;
 
 static const att_case *g_ac;
+static int64_t g_kv_heads;           /* > 0: K and V inputs [B, g_kv_heads, 1, N, D] expanded and
+					reshaped to H heads (grouped-query attention) */
+
+/* Operand x's (K or V) element (b, h, j, e) of width w: with grouped
+ * heads, head h reads its group's. */
+static int64_t kv_at(const att_case *c, int64_t b, int64_t h, int64_t j, int64_t e, int64_t w)
+{
+	int64_t kh = g_kv_heads ? g_kv_heads : c->H, hh = g_kv_heads ? h / (c->H / g_kv_heads) : h;
+
+	return ((b * kh + hh) * c->Nk + j) * w + e;
+}
 
 /* The unfused graph's numbers: Y1, the scale and the mask each rounded to
  * the operand type (the kernel rounds there too), the softmax and PV
@@ -1850,7 +1861,7 @@ static void ref_attention(const ap_mgraph *m, const buffers *in, double **want)
 					double d = 0;
 
 					for (int64_t e = 0; e < c->D; e++)
-						d += (double)q[(bh * c->Nq + i) * c->D + e] * kk[(bh * c->Nk + j) * c->D + e];
+						d += (double)q[(bh * c->Nq + i) * c->D + e] * kk[kv_at(c, b, h, j, e, c->D)];
 					d = half_round(c->dt, (float)d);
 					d = half_round(c->dt, (float)d / 4.0f);
 					sc[j] = half_round(c->dt, (float)d + mask[i * c->Nk + j]);
@@ -1863,7 +1874,7 @@ static void ref_attention(const ap_mgraph *m, const buffers *in, double **want)
 					double o = 0;
 
 					for (int64_t j = 0; j < c->Nk; j++)
-						o += exp(sc[j] - mx) / sum * v[(bh * c->Nk + j) * c->Dv + dv];
+						o += exp(sc[j] - mx) / sum * v[kv_at(c, b, h, j, dv, c->Dv)];
 					want[0][((b * c->Nq + i) * c->H + h) * c->Dv + dv] = o;
 				}
 				if (c->stats) {
@@ -1907,8 +1918,23 @@ static ap_graph *attention_graph(const att_case *c)
 
 	g_dt = c->dt;
 	q = tensor(g, "q", DIMS(B, H, Nq, D), AP_TENSOR_INPUT);
-	kk = tensor(g, "k", DIMS(B, H, Nk, D), AP_TENSOR_INPUT);
-	v = tensor(g, "v", DIMS(B, H, Nk, Dv), AP_TENSOR_INPUT);
+	if (g_kv_heads) {   /* grouped-query: each K / V head expanded over its group (repeat_kv) */
+		int64_t G = g_kv_heads, R = H / G;
+		int ki = tensor(g, "k", DIMS(B, G, 1, Nk, D), AP_TENSOR_INPUT);
+		int vi = tensor(g, "v", DIMS(B, G, 1, Nk, Dv), AP_TENSOR_INPUT);
+		int ke = tensor(g, "ke", DIMS(B, G, R, Nk, D), AP_TENSOR_VALUE);
+		int ve = tensor(g, "ve", DIMS(B, G, R, Nk, Dv), AP_TENSOR_VALUE);
+
+		kk = tensor(g, "kr", DIMS(B, H, Nk, D), AP_TENSOR_VALUE);
+		v = tensor(g, "vr", DIMS(B, H, Nk, Dv), AP_TENSOR_VALUE);
+		node(g, "kexp", AP_OP_EXPAND, LIST(ki), LIST(ke));
+		node(g, "vexp", AP_OP_EXPAND, LIST(vi), LIST(ve));
+		node(g, "kres", AP_OP_RESHAPE, LIST(ke), LIST(kk));
+		node(g, "vres", AP_OP_RESHAPE, LIST(ve), LIST(v));
+	} else {
+		kk = tensor(g, "k", DIMS(B, H, Nk, D), AP_TENSOR_INPUT);
+		v = tensor(g, "v", DIMS(B, H, Nk, Dv), AP_TENSOR_INPUT);
+	}
 	mask = tensor(g, "mask", DIMS(Nq, Nk), AP_TENSOR_INPUT);
 	four = scalar_dt(g, "four", 4.0f);
 	kt = tensor(g, "kt", DIMS(B, H, D, Nk), AP_TENSOR_VALUE);
@@ -2041,11 +2067,14 @@ END_TEST
  * persistent grid (as many blocks as one SM holds) has blocks walking
  * two query tiles, carrying the stages' phases on; the CUDA of tma=1
  * compiles without spills and holds cp.async.bulk.tensor
- * (expect_no_spills). */
+ * (expect_no_spills).  Then grouped-query attention (K and V of one head
+ * expanded over three) the same way. */
 START_TEST(attention_wgmma_tma)
 {
 	static const att_case f16 = {"attention_wg_tma_f16", AP_DT_F16, 2, 3, 70, 150, 128, 32, false, "sm_90a", 4e-3};
+	static const att_case gqa = {"attention_wg_tma_gqa_f16", AP_DT_F16, 2, 3, 70, 150, 64, 32, false, "sm_90a", 4e-3};
 	lcase lc = {f16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16"}};
+	lcase lcg = {gqa.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16"}};
 	const char *sw = getenv("APOLLO_SWEEP");
 	char *saved = sw ? strdup(sw) : NULL;
 	ap_graph *g = attention_graph(&f16);
@@ -2059,12 +2088,77 @@ START_TEST(attention_wgmma_tma)
 	setenv("APOLLO_SWEEP", "full", 1);
 	g_sms = 1;
 	run_attention_case(&f16, &lc);
+	/* grouped-query: K and V [2, 1, 1, 150, D] expanded over the 3 heads
+	 * (a stride-0 factor: no dimension of their maps) */
+	g_kv_heads = 1;
+	g = attention_graph(&gqa);
+	m = whole(g, AP_GROUP_ATTENTION);
+	ck_assert_msg(ap_test_space_has(m, &ti, "tma"), "no tma knob for grouped-query K and V");
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+	run_attention_case(&gqa, &lcg);
+	g_kv_heads = 0;
 	g_sms = 0;
 	if (saved)
 		setenv("APOLLO_SWEEP", saved, 1);
 	else
 		unsetenv("APOLLO_SWEEP");
 	free(saved);
+}
+END_TEST
+
+/* Expand as a view (view.c, sv_expand): grouped-query K [2, 1, 1, 5, 8]
+ * expanded to [2, 1, 3, 5, 8], reshaped to [2, 3, 5, 8] (three heads
+ * reading one) and transposed to K^T [2, 3, 8, 5]: a strided view of k
+ * whose head factor has stride 0; every element of K^T at the offset of
+ * k[b, 0, 0, n, d] (the test's own walk of the factors, as
+ * ap_sview_offset splits an index); expanding the expanded view's other
+ * unit dim gives it a stride-0 factor too. */
+START_TEST(sview_expand)
+{
+	ap_graph *g = ap_graph_new("gqa_view");
+	int k = tensor(g, "k", DIMS(2, 1, 1, 5, 8), AP_TENSOR_INPUT);
+	int ke = tensor(g, "ke", DIMS(2, 1, 3, 5, 8), AP_TENSOR_VALUE);
+	int kr = tensor(g, "kr", DIMS(2, 3, 5, 8), AP_TENSOR_VALUE);
+	int kt = tensor(g, "kt", DIMS(2, 3, 8, 5), AP_TENSOR_VALUE);
+	int ke2 = tensor(g, "ke2", DIMS(2, 2, 3, 5, 8), AP_TENSOR_VALUE);
+	int n, leaf = -1;
+	ap_sview sv;
+
+	node(g, "expand", AP_OP_EXPAND, LIST(k), LIST(ke));
+	node(g, "reshape", AP_OP_RESHAPE, LIST(ke), LIST(kr));
+	n = node(g, "kt", AP_OP_TRANSPOSE, LIST(kr), LIST(kt));
+	ap_node_set_ints(g, n, "perm", (const int64_t[]){0, 1, 3, 2}, 4);
+	node(g, "expand2", AP_OP_EXPAND, LIST(ke), LIST(ke2));
+	ck_assert(ap_sview_of(g, kt, &sv, &leaf));
+	ck_assert_int_eq(leaf, k);
+	ck_assert_int_eq(sv.rank, 4);
+	for (int b = 0; b < 2; b++)
+		for (int h = 0; h < 3; h++)
+			for (int d = 0; d < 8; d++)
+				for (int j = 0; j < 5; j++) {
+					const int ix[4] = {b, h, d, j};
+					int64_t off = sv.off;
+
+					for (int x = 0; x < 4; x++) {
+						int64_t inner = 1;
+
+						for (int q = sv.first[x + 1] - 1; q >= sv.first[x]; q--) {
+							int64_t c = ix[x] / inner;
+
+							off += (q > sv.first[x] ? c % sv.fe[q] : c) * sv.fs[q];
+							inner *= sv.fe[q];
+						}
+					}
+					ck_assert_msg(off == (b * 5 + j) * 8 + d, "K^T[%d][%d][%d][%d] at %lld", b, h, d, j,
+						      (long long)off);
+				}
+	ck_assert(ap_sview_of(g, ke2, &sv, &leaf));
+	ck_assert_int_eq(sv.first[2] - sv.first[1], 1);
+	ck_assert_int_eq(sv.fe[sv.first[1]], 2);
+	ck_assert_int_eq(sv.fs[sv.first[1]], 0);
+	ck_assert_int_eq(sv.fs[sv.first[2]], 0);
+	ap_graph_free(g);
 }
 END_TEST
 
@@ -2672,6 +2766,7 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, attention_wgmma);
 	tcase_add_test(tc, attention_wgmma_overlap);
 	tcase_add_test(tc, attention_wgmma_tma);
+	tcase_add_test(tc, sview_expand);
 	tcase_add_test(tc, attention_record_before_overlap);
 	tcase_add_test(tc, attention_overlap_unvalidated);
 	tcase_add_test(tc, attention_tensor_cores_tf32);

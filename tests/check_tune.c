@@ -7,6 +7,8 @@
  *                            the exhaustive search and simulated annealing
  *                            both find it; a model within min_gain of the
  *                            default keeps the default
+ *   search_ties_keep_the_default_rule  among points the model prices alike,
+ *                            the one closest to the default rule wins
  *   never_worse_than_default under the real cost model, on GEMM, row
  *                            reduction and pointwise micro-graphs for the
  *                            host, sm_80 and sm_90: best <= default
@@ -239,6 +241,50 @@ static double standin_cost(const ap_bound *b, const ap_sched *s, void *user)
 		d += fabs(log2(1.0 + s->v[i]) - log2(1.0 + g_want.v[i]));   /* lib is 0 or 1 */
 	return d;
 }
+
+/* Ties: every valid point but the default costs the same, the default
+ * more -- the search leaves it, for a point that differs from it in one
+ * knob only (the closest to the default rule among equals), exhaustive and
+ * annealing alike. */
+static double tie_cost(const ap_bound *b, const ap_sched *s, void *user)
+{
+	int rc = ap_sched_valid(b, s);
+
+	if (rc <= 0)
+		return rc < 0 ? rc : INFINITY;
+	return memcmp(s->v, ((const ap_sched *)user)->v, sizeof(s->v)) ? 10 : 20;
+}
+
+START_TEST(search_ties_keep_the_default_rule)
+{
+	ap_graph *g = matmul_graph(256, 256, 256, false);
+	ap_mgraph *m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+	ap_target_info t;
+	ap_space sp;
+	ap_sched dflt;
+	ap_tune_result r;
+	ap_tune_options o = {0};
+	ap_error err;
+
+	ck_assert_int_eq(ap_cost_target("sm_90", &t), 0);
+	ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &dflt, &err), 0);
+	o.cost = tie_cost;
+	o.user = &dflt;
+	for (int pass = 0; pass < 2; pass++) {
+		int differ = 0;
+
+		o.exhaustive_max = pass ? 1 : 100000;
+		o.max_points = pass ? 300 : 100000;
+		ck_assert_int_eq(ap_tune_search(B(&ap_emitter_gemm, m, &t), &o, &r, &err), 0);
+		for (int i = 0; i < sp.n; i++)
+			differ += r.best.v[i] != dflt.v[i];
+		ck_assert_msg(differ == 1, "%s: the tie went to a point %d knobs from the default", r.method, differ);
+		ck_assert(fabs(r.best_us - 10) < 1e-9);
+	}
+	mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
 
 START_TEST(search_finds_known_best)
 {
@@ -2179,6 +2225,7 @@ int main(void)
 	int failed;
 
 	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, search_ties_keep_the_default_rule);
 	tcase_add_test(tc, search_finds_known_best);
 	tcase_add_test(tc, never_worse_than_default);
 	tcase_add_test(tc, splitk_only_for_idle_sms);

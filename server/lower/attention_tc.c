@@ -182,7 +182,7 @@ static bool op_map_of(const ap_graph *g, const att_plan *p, int role, int ja, in
 	m->n = 2;
 	for (int dd = rank - 3; dd >= 0; dd--)
 		for (int q = sv->first[dd + 1] - 1; q >= sv->first[dd]; q--) {
-			if (sv->fe[q] <= 1)
+			if (sv->fe[q] <= 1 || sv->fs[q] == 0)   /* one index, or broadcast (grouped-query K, V) */
 				continue;
 			if (m->n == AP_TMAP_MAX_RANK)
 				return false;

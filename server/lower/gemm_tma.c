@@ -65,12 +65,16 @@ static bool tma_operand(const gemm_plan *p, int role)
 		return false;
 	/* batches of tiles (not folded): each batch factor of extent > 1 one
 	 * more dimension of the map (box 1), its stride a positive multiple of
-	 * 16 bytes; at most five in all */
+	 * 16 bytes; at most five in all (a broadcast factor, stride 0, is
+	 * none: its coordinate moves nothing) */
 	for (int d = 0, n = 2; d < p->nb && !p->fold; d++)
-		for (int q = 0; q < o->batch[d].n; q++)
-			if (o->batch[d].e[q] > 1 && (o->batch[d].s[q] <= 0 || (o->batch[d].s[q] * es) % 16 ||
-						      o->batch[d].s[q] * es >= ((int64_t)1 << 40) || ++n > AP_TMAP_MAX_RANK))
+		for (int q = 0; q < o->batch[d].n; q++) {
+			int64_t s = o->batch[d].s[q];
+
+			if (o->batch[d].e[q] > 1 && s &&
+			    (s < 0 || (s * es) % 16 || s * es >= ((int64_t)1 << 40) || ++n > AP_TMAP_MAX_RANK))
 				return false;
+		}
 	return true;
 }
 
@@ -146,7 +150,7 @@ static void tma_desc(gctx *c, int role, ap_tmap_desc *d)
 	d->rank = 2;
 	for (int b = p->nb - 1; b >= 0 && !p->fold; b--)
 		for (int q = o->batch[b].n - 1; q >= 0; q--)
-			if (o->batch[b].e[q] > 1) {
+			if (o->batch[b].e[q] > 1 && o->batch[b].s[q]) {
 				d->dims[d->rank] = (uint64_t)o->batch[b].e[q];
 				d->strides[d->rank - 1] = (uint64_t)o->batch[b].s[q] * es;
 				d->box[d->rank] = 1;
@@ -187,7 +191,7 @@ static int batch_coords(gctx *c, int role, ap_kir_expr *const *bc, ap_kir_expr *
 		for (int q = o->batch[b].n - 1; q >= 0; q--) {
 			ap_kir_expr *cf = bc[b];
 
-			if (o->batch[b].e[q] > 1) {
+			if (o->batch[b].e[q] > 1 && o->batch[b].s[q]) {
 				if (inner > 1)
 					cf = ap_kir_binary(c->k, AP_KIR_DIV, cf, I(c, inner));
 				if (q > 0)

@@ -1,8 +1,8 @@
 /* view.c -- operands as strided views of the buffers they are read from:
- * the mixed-radix view a chain of reshapes, transposes, slices and splits
- * makes of a buffer (the GEMM emitter's tile loads and gathers, the
- * attention emitter's cp.async copies of K and V).  Declared in
- * emitters.h.
+ * the mixed-radix view a chain of reshapes, transposes, slices, splits and
+ * expands (stride-0 factors) makes of a buffer (the GEMM emitter's tile
+ * loads and gathers, the attention emitter's cp.async copies and tensor
+ * maps of Q, K and V).  Declared in emitters.h.
  */
 #include "emitters.h"
 
@@ -94,6 +94,43 @@ bool ap_sview_stride(const ap_sview *v, int d, int64_t *s)
 	return n <= 1;
 }
 
+/* Expand (ONNX, numpy broadcasting) of view v of tensor `in` to `out`'s
+ * shape: a dim of extent 1, or a new leading one, repeated n times reads
+ * the same elements -- a factor of extent n and stride 0 (grouped-query
+ * attention's K and V expanded over each group's heads); the other dims
+ * keep their factors.  False when `out` is no such broadcast of `in` or
+ * the factors run out. */
+static bool sv_expand(ap_sview *v, const ap_tensor *in, const ap_tensor *out)
+{
+	ap_sview w;
+	int lead = out->rank - in->rank;
+
+	if (lead < 0 || v->rank != in->rank)
+		return false;
+	memset(&w, 0, sizeof(w));
+	w.rank = out->rank;
+	w.off = v->off;
+	for (int d = 0; d < out->rank; d++) {
+		int64_t ie = d < lead ? 1 : in->dims[d - lead];
+
+		w.first[d] = w.nf;
+		if (ie == out->dims[d]) {
+			for (int f = d < lead ? 0 : v->first[d - lead]; d >= lead && f < v->first[d - lead + 1]; f++) {
+				w.fe[w.nf] = v->fe[f];
+				w.fs[w.nf++] = v->fs[f];
+			}
+		} else if (ie == 1 && w.nf < AP_SV_FACTORS) {
+			w.fe[w.nf] = out->dims[d];
+			w.fs[w.nf++] = 0;
+		} else {
+			return false;
+		}
+	}
+	w.first[out->rank] = w.nf;
+	*v = w;
+	return true;
+}
+
 /* Whether x is a constant small enough to be baked into a kernel. */
 static bool baked(const ap_graph *g, int x)
 {
@@ -146,7 +183,7 @@ static bool sview_walk(const ap_graph *g, int t, ap_sview *out, int *leaf, int *
 			continue;
 		}
 		if ((!ap_op_is_view(p->op) && p->op != AP_OP_TRANSPOSE && p->op != AP_OP_SLICE &&
-		     p->op != AP_OP_SPLIT) || n == 32 || p->inputs[0] < 0)
+		     p->op != AP_OP_SPLIT && p->op != AP_OP_EXPAND) || n == 32 || p->inputs[0] < 0)
 			return false;
 		chain[n++] = x;
 		x = p->inputs[0];
@@ -215,6 +252,9 @@ static bool sview_walk(const ap_graph *g, int t, ap_sview *out, int *leaf, int *
 			out->fe[out->first[axis]] = yt->dims[axis];
 			if (yt->dims[axis] == 1)
 				return false;   /* keep it simple: a one-element split is rare */
+		} else if (p->op == AP_OP_EXPAND) {
+			if (!sv_expand(out, &g->tensors[p->inputs[0]], yt))
+				return false;
 		} else if (!ap_sview_reshape(out, yt->rank, yt->dims)) {
 			return false;
 		}

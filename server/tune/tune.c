@@ -136,15 +136,34 @@ static bool out_of_budget(search *q)
 	return q->r->capped;
 }
 
-/* Keeps s among the best AP_TUNE_TOP, sorted. */
+/* Knobs on which s takes the default rule's value. */
+static int agree(const ap_sched *s, const ap_sched *dflt)
+{
+	int n = 0;
+
+	for (int i = 0; i < s->n && i < dflt->n; i++)
+		n += s->v[i] == dflt->v[i];
+	return n;
+}
+
+/* Whether a point of time us agreeing with the default on `ag` knobs
+ * ranks before top[i]: faster, or as fast and closer to the default rule
+ * (a tie means the model does not see what tells them apart -- the
+ * attention's overlap, a TMA form -- and the rule chose for a reason). */
+static bool ranks_before(const ap_tune_result *r, int i, double us, int ag)
+{
+	return us < r->top_us[i] || (us == r->top_us[i] && ag > agree(&r->top[i], &r->dflt));
+}
+
+/* Keeps s among the best AP_TUNE_TOP, sorted (ranks_before). */
 static void keep_top(ap_tune_result *r, const ap_sched *s, double us)
 {
-	int i;
+	int i, ag = agree(s, &r->dflt);
 
-	if (r->n_top == AP_TUNE_TOP && us >= r->top_us[AP_TUNE_TOP - 1])
+	if (r->n_top == AP_TUNE_TOP && !ranks_before(r, AP_TUNE_TOP - 1, us, ag))
 		return;
 	i = r->n_top < AP_TUNE_TOP ? r->n_top++ : AP_TUNE_TOP - 1;
-	while (i > 0 && r->top_us[i - 1] > us) {
+	while (i > 0 && ranks_before(r, i - 1, us, ag)) {
 		r->top[i] = r->top[i - 1];
 		r->top_us[i] = r->top_us[i - 1];
 		i--;
