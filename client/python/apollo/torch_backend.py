@@ -50,6 +50,9 @@ default):
     strict     APOLLO_STRICT     1: unsupported ops and no daemon raise
     no_cache   APOLLO_NO_CACHE   1: compile even when the cache has it
     allow_tf32 APOLLO_ALLOW_TF32 1: float32 products may use TF32 tensor cores
+    unvalidated APOLLO_UNVALIDATED 1: the kernel forms not yet run on a GPU
+                                 wherever they fit (sm_90a: TMA, the attention
+                                 overlap; CompileOptions.unvalidated)
     threads    APOLLO_THREADS    host threads per launch (0: the runtime's)
     quiet      APOLLO_QUIET      1: no graph-break lines
     explain_html APOLLO_EXPLAIN_HTML  a folder (made when missing): each
@@ -146,6 +149,7 @@ _OPTIONS = {  # name: (environment variable, default, parser)
     "strict": ("APOLLO_STRICT", False, _flag),
     "no_cache": ("APOLLO_NO_CACHE", False, _flag),
     "allow_tf32": ("APOLLO_ALLOW_TF32", False, _flag),
+    "unvalidated": ("APOLLO_UNVALIDATED", False, _flag),
     "threads": ("APOLLO_THREADS", 0, _count),
     "quiet": ("APOLLO_QUIET", False, _flag),
     "explain_html": ("APOLLO_EXPLAIN_HTML", None, _text),
@@ -432,7 +436,8 @@ def _submit(gm, params, device, opts, name):
     waiting = _Waiting(name, t0)
     bundle = _client(opts).submit(conv.graph, target=target, fusion=opts.fusion or None,
                                   namespace=opts.namespace or "", no_cache=opts.no_cache,
-                                  allow_tf32=opts.allow_tf32, progress=waiting)
+                                  allow_tf32=opts.allow_tf32, unvalidated=opts.unvalidated,
+                                  progress=waiting)
     dt = time.perf_counter() - t0
     waiting.done(dt)
     if opts.explain_html:
