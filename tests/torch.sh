@@ -27,7 +27,8 @@
 #   * tests/torch_checks.py ops sdpa_tc: float16 and bfloat16 (one case of
 #     three but in make check-full) attention compiled for host:sm_90 -- the tensor-core forward and backward run on
 #     the host with mma.sync, ldmatrix and cp.async emulated -- within
-#     4e-3 / 3e-2 of eager float64;
+#     4e-3 / 3e-2 of eager float64; the float16 grouped-query case again for
+#     host:sm_90a with the unvalidated option (Q, K, V by TMA, the overlap);
 #   * tests/torch_checks.py ops sdpa_cuda: the CUDA attention ops (flash,
 #     memory-efficient with attn_bias and its gradient, cuDNN) called by
 #     name on CPU float64 tensors, traced through their meta kernels and run

@@ -532,7 +532,9 @@ def _sdpa_tc():
     from the PTX ISA's definitions; forward and gradients against eager
     float64 on the same 16-bit inputs, within a few of the type's epsilons
     (P and dS are rounded to it: 4e-3 float16, 3e-2 bfloat16), and the
-    pages show the tensor-core schedules (warps=.. keys=.., warps=.. tile=..)."""
+    pages show the tensor-core schedules (warps=.. keys=.., warps=.. tile=..);
+    then the float16 grouped-query case for host:sm_90a with the unvalidated
+    option: wgmma, Q, K and V by TMA, the softmax beside O += P V."""
     import glob
     import tempfile
     g = torch.Generator().manual_seed(5)
