@@ -6,7 +6,8 @@
 
 The shapes are the GEMMs, convolutions and attention of the models under
 ../shared/testdata (models/ and training/; SHAPES below names the node each
-comes from) and a square 4096 x 4096 x 4096 MatMul.  `make` writes each as a
+comes from), square 2048^3 and 4096^3 MatMuls and attention at 2048 keys
+(head dims 64 and 128: issue 25's rows).  `make` writes each as a
 one-node ONNX model (the attention as its imported pattern: Transpose(K),
 MatMul(Q, K^T), Mul by 1/sqrt(D), Softmax, MatMul(P, V)) in float32 and in
 float16 (every tensor in that type), weights as initializers where the
@@ -93,8 +94,18 @@ SHAPES = [
     dict(name="proj_dW_8k", src="a 256-wide projection's weight gradient at 8192 tokens (A^T)",
          op="Gemm", ins=[("a", [8192, 256], False), ("b", [8192, 256], False)],
          attrs=dict(transA=1)),
+    dict(name="square_2048", src="square MatMul 2048 x 2048 x 2048", op="MatMul",
+         ins=[("a", [2048, 2048], False), ("b", [2048, 2048], False)]),
     dict(name="square_4096", src="square MatMul 4096 x 4096 x 4096", op="MatMul",
          ins=[("a", [4096, 4096], False), ("b", [4096, 4096], False)]),
+    # issue 25's attention rows: S >= 2048 at head dims 64 and 128 (16 and 8
+    # heads of a batch), beside F.scaled_dot_product_attention
+    dict(name="attn_s2048_d64", src="attention, 16 heads x 2048 queries x 2048 keys, head dim 64",
+         op="Attention", ins=[("q", [16, 2048, 64], False), ("k", [16, 2048, 64], False),
+                              ("v", [16, 2048, 64], False)]),
+    dict(name="attn_s2048_d128", src="attention, 8 heads x 2048 queries x 2048 keys, head dim 128",
+         op="Attention", ins=[("q", [8, 2048, 128], False), ("k", [8, 2048, 128], False),
+                              ("v", [8, 2048, 128], False)]),
 ]
 
 DTYPES = ("float32", "float16")
