@@ -6,8 +6,8 @@ machine that has no onnx package (the device kit, tools/device-kit.sh).
     gemm_device.py report OUT [--repeat N] [--rehearsal]
 
 `make` writes, for every shape of bench/gemm_shapes.py's SHAPES (or those
-named) in float32 and float16, OUT/<name>__<dtype>/model.onnx -- the same
-model gemm_shapes.py builds, serialized here by a few lines of protobuf
+named) in float32, float16 and bfloat16, OUT/<name>__<dtype>/model.onnx --
+the same model gemm_shapes.py builds (bfloat16 too here), serialized by a few lines of protobuf
 encoding (byte for byte what onnx's helpers write) -- and test_data_set_0:
 inputs uniform in [-1, 1] (gemm_shapes.py's generator and seed) and the
 output computed by PyTorch in float64 (on the GPU when there is one) from
@@ -18,9 +18,10 @@ stand-in driver, which checks no numbers, has no PyTorch).  Needs numpy.
 
 `report` reads what device-check.sh left in each folder -- apollo_V.out
 for V = tf32, simt (float32 with and without --allow-tf32), f16 and, on a
-Hopper GPU, wg (the 16-bit shapes built for sm_90a: wgmma), each run with
+Hopper GPU, wg (the 16-bit shapes built for sm_90a: wgmma) and new (the
+same with --unvalidated), bf16 for the bfloat16 folders, each run with
 APOLLO_LIBCUBLASLT=off so that the times are Apollo's kernels', and lib,
-lib_tf32, lib_simt where the plan gives the product to cuBLASLt (the plan
+lib_tf32, lib_simt, lib_bf16 where the plan gives the product to cuBLASLt (the plan
 as a user runs it): the
 output of `apollo-client check --repeat N --profile` (the kernels' time
 per run from the runtime's events, and the run's wall-clock median) --
@@ -42,7 +43,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gemm_shapes  # noqa: E402  (SHAPES, flops, describe, torch_timer: no onnx at import)
 
-FLOAT, FLOAT16 = 1, 10          # TensorProto.DataType
+FLOAT, FLOAT16, BFLOAT16 = 1, 10, 16   # TensorProto.DataType
+ELEM = {"float32": FLOAT, "float16": FLOAT16, "bfloat16": BFLOAT16}
 ATTR_INT, ATTR_INTS = 2, 7      # AttributeProto.AttributeType
 
 
@@ -111,6 +113,23 @@ def model_proto(name, nodes, inits, inputs, outputs):
 
 # ---- make -------------------------------------------------------------------------------
 
+def as_type(a, dtype):
+    """float32 array a in dtype: (the values the model holds, as float32 or
+    float16; the array whose bytes the TensorProto carries).  numpy has no
+    bfloat16: its values are float32 rounded to bfloat16's 7 fraction bits
+    (to nearest, ties to even), its bytes their upper halves."""
+    import numpy as np
+
+    if dtype == "float32":
+        a = a.astype(np.float32)
+        return a, a
+    if dtype == "float16":
+        a = a.astype(np.float16)
+        return a, a
+    u = np.array(a, dtype=np.float32).view(np.uint32).astype(np.uint64)   # (0-d stays 0-d)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return (u.astype(np.uint32) << 16).view(np.float32), u
+
 def out_shape(s):
     """The output shape of shape s (stride-1 transposed convolutions,
     dilation 1, symmetric pads, as in SHAPES)."""
@@ -143,22 +162,21 @@ def build(s, dtype):
     gemm_shapes.build_model's model, serialized without onnx."""
     import numpy as np
 
-    elem = FLOAT if dtype == "float32" else FLOAT16
-    npt = np.float32 if dtype == "float32" else np.float16
+    elem = ELEM[dtype]
     rng = np.random.default_rng(sum(map(ord, s["name"])))
     inputs, inits, data, ops = [], [], {}, []
     for name, shape, const in s["ins"]:
-        a = rng.uniform(-1, 1, size=shape).astype(np.float32).astype(npt)
+        a, raw = as_type(rng.uniform(-1, 1, size=shape).astype(np.float32), dtype)
         ops.append(a)
         if const:
-            inits.append(tensor_proto(name, a, elem))
+            inits.append(tensor_proto(name, raw, elem))
         else:
             inputs.append(value_info(name, elem, shape))
-            data[name] = a
+            data[name] = raw
     scale = None
     if s["op"] == "Attention":
-        scale = np.array(1 / math.sqrt(s["ins"][0][1][-1]), dtype=npt)
-        inits.append(tensor_proto("scale", scale, elem))
+        scale, raw = as_type(np.array(1 / math.sqrt(s["ins"][0][1][-1]), dtype=np.float32), dtype)
+        inits.append(tensor_proto("scale", raw, elem))
         nodes = [node_proto("Transpose", ["k"], ["kt"], dict(perm=[0, 2, 1])),
                  node_proto("MatMul", ["q", "kt"], ["s0"], {}),
                  node_proto("Mul", ["s0", "scale"], ["s"], {}),
@@ -228,12 +246,11 @@ def cmd_make(a):
     for s in shapes:
         out = out_shape(s)
         fl = gemm_shapes.flops(s, out)
-        for dt in ("float32", "float16"):
+        for dt in ("float32", "float16", "bfloat16"):
             m, data, ops, scale = build(s, dt)
-            npt = np.float32 if dt == "float32" else np.float16
             y = reference(s, ops, scale)
             ref = y is not None
-            y = np.zeros(out, npt) if y is None else y.astype(npt)
+            y = as_type(np.zeros(out, np.float32) if y is None else y.astype(np.float32), dt)[1]
             if list(y.shape) != out:
                 raise SystemExit("gemm_device: %s: reference shape %s, expected %s" %
                                  (s["name"], list(y.shape), out))
@@ -242,13 +259,13 @@ def cmd_make(a):
             os.makedirs(ts, exist_ok=True)
             with open(os.path.join(d, "model.onnx"), "wb") as f:
                 f.write(m)
-            elem = FLOAT if dt == "float32" else FLOAT16
+            elem = ELEM[dt]
             for i, (name, _, const) in enumerate(n for n in s["ins"] if not n[2]):
                 with open(os.path.join(ts, "input_%d.pb" % i), "wb") as f:
                     f.write(tensor_proto(name, data[name], elem))
             with open(os.path.join(ts, "output_0.pb"), "wb") as f:
                 f.write(tensor_proto("y", y, elem))
-            esize = 4 if dt == "float32" else 2
+            esize = 4 if dt == "float32" else 2   # float16, bfloat16
             rows.append(dict(dir=d, name=s["name"], dtype=dt, op=s["op"],
                              shape=gemm_shapes.describe(s, out), flops=fl,
                              bytes=esize * (sum(gemm_shapes.prod(sh) for _, sh, _ in s["ins"]) +
@@ -317,14 +334,15 @@ def cmd_report(a):
     worst = []
     n_ok = n_bad = 0
     for r in rows:
-        variants = (("tf32", True), ("simt", False)) if r["dtype"] == "float32" else (("f16", False),)
+        variants = ((("tf32", True), ("simt", False)) if r["dtype"] == "float32" else
+                    (("bf16", False),) if r["dtype"] == "bfloat16" else (("f16", False),))
         # wg: the sm_90a kernel (wgmma), where the device is Hopper; new:
         # the forms not yet run on a GPU (--unvalidated: the GEMM's TMA form,
         # TMA + mbarrier stages and persistent blocks, and the attention
         # forward's softmax / O += P V overlap); lib,
         # lib_tf32: the plan as users run it, where it gives the product to
         # cuBLASLt (the others run Apollo's kernels: APOLLO_LIBCUBLASLT=off)
-        variants += tuple((v, v == "lib_tf32") for v in ("wg", "new", "lib", "lib_tf32", "lib_simt")
+        variants += tuple((v, v == "lib_tf32") for v in ("wg", "new", "lib", "lib_tf32", "lib_simt", "lib_bf16")
                           if os.path.exists(os.path.join(r["dir"], "apollo_%s.out" % v)))
         for v, tf32 in variants:
             st, kern, wall, note, lib = parse_out(os.path.join(r["dir"], "apollo_%s.out" % v))

@@ -454,7 +454,7 @@ def torch_timer():
 
     def run(name, dtype, tf32, repeat):
         s = by_name[name]
-        dt = torch.float32 if dtype == "float32" else torch.float16
+        dt = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype, torch.float16)
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
         t = [torch.rand(sh, device="cuda", dtype=dt) * 2 - 1 for _, sh, _ in s["ins"]]

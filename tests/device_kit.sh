@@ -108,7 +108,7 @@ expect "libraries: 7 of apollod's from the kit's lib/, 0 not found"
 expect "check_runtime \[gpu\]: PASS"
 expect "compute-sanitizer: not (available|run in a rehearsal)"
 expect "PyTorch: not available"
-expect "gemm checks: 15 ok, 0 failed, of 15"
+expect "gemm checks: 24 ok, 0 failed, of 24"
 expect "RESULT: PASS \(rehearsal mode, numerics not checked\)"
 nm=$(echo "$models" | wc -w); [ "$nm" -gt 0 ] || nm=$n
 expect "models: $((nm * 9)) LOAD, 0 failed or not run, of $((nm * 9))"

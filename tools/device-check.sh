@@ -17,11 +17,12 @@
 #      built), 1% of an output's elements allowed outside for the 16-bit ones;
 #      on sm_90 (Hopper) the 16-bit variants again for sm_90a, whose GEMM
 #      and convolution kernels run on wgmma (columns f16_90a, bf16_90a);
-#   4. bench/gemm.sh's GEMM and attention shapes (bench/gemm_device.py makes
-#      them here with numpy, references from PyTorch in float64): checked,
-#      then timed one at a time (check --repeat N --profile) beside PyTorch's
-#      torch.matmul / conv2d / F.scaled_dot_product_attention (on sm_90 the
-#      16-bit shapes also for sm_90a: variant wg);
+#   4. bench/gemm.sh's GEMM and attention shapes in float32, float16 and
+#      bfloat16 (bench/gemm_device.py makes them here with numpy, references
+#      from PyTorch in float64): checked, then timed one at a time (check
+#      --repeat N --profile) beside PyTorch's torch.matmul / conv2d /
+#      F.scaled_dot_product_attention (on sm_90 the 16-bit shapes also for
+#      sm_90a: variant wg, and with --unvalidated: variant new);
 #   5. every model's bundle (float32, --fusion apollo) under compute-sanitizer
 #      memcheck, racecheck and synccheck, the models of a tool in parallel,
 #      each run under a time limit; with too little time left, one model per
@@ -354,8 +355,8 @@ elif ! tmo 150 env "$HOSTLD" "$PY" "$KIT/bench/gemm_device.py" make "$G" $shapes
 else
 	tail -1 "$LOGS/gemm_make.txt" | tee -a "$SUM"
 	tol32="--rtol 1e-3 --atol 1e-3 --mismatch 0.001"
-	[ "$MODE" = rehearsal ] && { tol32=$TOL32; TOL_TF32=$TOL32; TOL16=$TOL32; }
-	f32=$(ls -d "$G"/*__float32) f16=$(ls -d "$G"/*__float16)
+	[ "$MODE" = rehearsal ] && { tol32=$TOL32; TOL_TF32=$TOL32; TOL16=$TOL32; TOLBF=$TOL32; }
+	f32=$(ls -d "$G"/*__float32) f16=$(ls -d "$G"/*__float16) bf16=$(ls -d "$G"/*__bfloat16 2>/dev/null)
 	# compile and check every folder, in parallel (not timed) ...
 	# shellcheck disable=SC2086
 	tmo 150 "$CLIENT" check --target "$TARGET" --jobs "$JOBS" --allow-tf32 $TOL_TF32 $f32 >"$LOGS/gemm_check_tf32.txt" 2>&1
@@ -364,16 +365,23 @@ else
 	# shellcheck disable=SC2086
 	tmo 150 "$CLIENT" check --target "$TARGET" --jobs "$JOBS" $TOL16 $f16 >"$LOGS/gemm_check_f16.txt" 2>&1
 	# shellcheck disable=SC2086
+	[ -n "$bf16" ] && tmo 150 "$CLIENT" check --target "$TARGET" --jobs "$JOBS" $TOLBF $bf16 >"$LOGS/gemm_check_bf16.txt" 2>&1
+	# shellcheck disable=SC2086
 	[ -n "$WG" ] && tmo 150 "$CLIENT" check --target "$WG" --jobs "$JOBS" $TOL16 $f16 >"$LOGS/gemm_check_f16_sm90a.txt" 2>&1
+	# shellcheck disable=SC2086
+	[ -n "$WG" ] && [ -n "$bf16" ] && tmo 150 "$CLIENT" check --target "$WG" --jobs "$JOBS" $TOLBF $bf16 \
+		>"$LOGS/gemm_check_bf16_sm90a.txt" 2>&1
 	# ... then time them one at a time (cache hits): Apollo's kernels with
 	# the library off (APOLLO_LIBCUBLASLT=off: a product the plan gives to
 	# cuBLASLt runs Apollo's kernel), then, where the plan has library
 	# launches, the plan as a user runs it (variants lib, lib_tf32)
-	for d in $f32 $f16; do
+	for d in $f32 $f16 $bf16; do
 		case $d in
 		*__float32) set -- tf32 "--allow-tf32 $TOL_TF32" simt "$tol32" ;;
+		*__bfloat16) set -- bf16 "$TOLBF" ;;
 		*) set -- f16 "$TOL16" ;;
 		esac
+		tol=$2   # the 16-bit type's, for the sm_90a variants below
 		while [ $# -gt 0 ]; do
 			# shellcheck disable=SC2086
 			APOLLO_LIBCUBLASLT=off tmo 60 "$CLIENT" check "$d" --target "$TARGET" --repeat "$REPEAT" \
@@ -391,13 +399,13 @@ else
 		*)
 			# shellcheck disable=SC2086
 			[ -n "$WG" ] && APOLLO_LIBCUBLASLT=off tmo 60 "$CLIENT" check "$d" --target "$WG" \
-				--repeat "$REPEAT" --profile $TOL16 >"$d/apollo_wg.out" 2>&1 </dev/null
+				--repeat "$REPEAT" --profile $tol >"$d/apollo_wg.out" 2>&1 </dev/null
 			# ... and in the forms not yet run on a GPU (--unvalidated:
 			# the GEMM's TMA form where the operands are maps, the
 			# attention forward's overlap)
 			# shellcheck disable=SC2086
 			[ -n "$WG" ] && APOLLO_LIBCUBLASLT=off tmo 60 "$CLIENT" check "$d" --target "$WG" --unvalidated \
-				--repeat "$REPEAT" --profile $TOL16 >"$d/apollo_new.out" 2>&1 </dev/null ;;
+				--repeat "$REPEAT" --profile $tol >"$d/apollo_new.out" 2>&1 </dev/null ;;
 		esac
 	done
 	rh=
