@@ -6,7 +6,7 @@
 
 The shapes are the GEMMs, convolutions and attention of the models under
 ../shared/testdata (models/ and training/; SHAPES below names the node each
-comes from), square 2048^3 and 4096^3 MatMuls and attention at 2048 keys
+comes from), square 2048^3, 4096^3 and 8192^3 MatMuls and attention at 2048 keys
 (head dims 64 and 128: issue 25's rows).  `make` writes each as a
 one-node ONNX model (the attention as its imported pattern: Transpose(K),
 MatMul(Q, K^T), Mul by 1/sqrt(D), Softmax, MatMul(P, V)) in float32 and in
@@ -98,6 +98,8 @@ SHAPES = [
          ins=[("a", [2048, 2048], False), ("b", [2048, 2048], False)]),
     dict(name="square_4096", src="square MatMul 4096 x 4096 x 4096", op="MatMul",
          ins=[("a", [4096, 4096], False), ("b", [4096, 4096], False)]),
+    dict(name="square_8192", src="square MatMul 8192 x 8192 x 8192", op="MatMul",
+         ins=[("a", [8192, 8192], False), ("b", [8192, 8192], False)]),
     # issue 25's attention rows: S >= 2048 at head dims 64 and 128 (16 and 8
     # heads of a batch), beside F.scaled_dot_product_attention
     dict(name="attn_s2048_d64", src="attention, 16 heads x 2048 queries x 2048 keys, head dim 64",
