@@ -218,6 +218,14 @@ struct ap_runtime {
 	int n_inputs, n_outputs;
 	int max_args;
 	int n_tmaps;             /* most tensor maps of a kernel */
+	/* the plan's tensor maps as last encoded (run_gpu, encode_tmaps):
+	 * launch l's at map_cache[map_first[l] ..], each with the address it
+	 * was encoded for (0: not yet) -- a map is encoded again only when
+	 * its buffer's address changed (ap_runtime_bind_ptr, another stream's
+	 * workspace).  The kernel's parameters copy it at each launch. */
+	rt_tmap *map_cache;
+	CUdeviceptr *map_addr;
+	size_t *map_first;
 	void **argv;             /* host: scratch argument array */
 	pool *pool;
 	double *launch_ms;       /* profile: per launch of the plan, summed over runs */
@@ -329,6 +337,7 @@ static int check_buffer(const Apollo__Bundle *b, size_t i, ap_error *err)
 }
 
 static int tmap_of(const Apollo__KernelParam *pp, ap_tmap_desc *d, char *why, size_t cap);
+static int map_cache_new(ap_runtime *rt, ap_error *err);
 
 /* Kernel k's tensor maps (k->n_tmaps of them, the bundle already checked:
  * tmap_of accepted each) parsed into k->tmap / k->tmap_param once, for
@@ -1521,6 +1530,9 @@ ap_runtime *ap_runtime_free(ap_runtime *rt)
 	free(rt->lib_plans);
 	free(rt->argv);
 	free(rt->launch_ms);
+	free(rt->map_cache);
+	free(rt->map_addr);
+	free(rt->map_first);
 	for (int k = 0; rt->kernels && k < rt->n_kernels; k++) {
 		free(rt->kernels[k].tmap);
 		free(rt->kernels[k].tmap_param);
@@ -1612,6 +1624,8 @@ ap_runtime *ap_runtime_new(const ap_bundle *bundle, const ap_runtime_options *op
 				     "driver lacks (CUDA 12 or later)");
 			return ap_runtime_free(rt);
 		}
+		if (rt->n_tmaps && map_cache_new(rt, err) < 0)
+			return ap_runtime_free(rt);
 	}
 	/* the bundle's constants: bound here, once, whatever the client */
 	for (int i = 0; i < rt->n_buffers; i++) {
@@ -1905,45 +1919,72 @@ static int run_prologue(ap_runtime *rt, CUstream stream, struct rt_ws *ws, ap_er
 	return 0;
 }
 
-/* Queues the plan on `stream`; with no stream (NULL) waits for it, so that
- * an error a kernel raises on the device is reported by the run that
- * launched it. */
-/* The tensor maps of kernel kk's params for this launch (vals: the
- * params' device addresses), encoded by the driver into maps (this run's:
- * runs on several streams may overlap), their addresses into pp (the
- * kernel's parameters after the pointers, in param order).  Encoded at every launch: an address may change with
- * ap_runtime_bind_ptr or the stream's workspace, and an encode is a few
- * microseconds of host work.  0 or AP_EIO with the driver's error. */
-static int encode_tmaps(ap_runtime *rt, const rt_kernel *k, const CUdeviceptr *vals, rt_tmap *maps,
-			void **pp, ap_error *err)
+/* The plan's map cache (rt->map_cache): a slot per tensor map of each
+ * launch, none encoded yet.  0 or AP_ENOMEM. */
+static int map_cache_new(ap_runtime *rt, ap_error *err)
+{
+	size_t n = 0;
+
+	rt->map_first = calloc(rt->b->n_plan ? rt->b->n_plan : 1, sizeof(size_t));
+	if (!rt->map_first)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	for (size_t l = 0; l < rt->b->n_plan; l++) {
+		rt->map_first[l] = n;
+		n += (size_t)rt->kernels[rt->b->plan[l]->kernel].n_tmaps;
+	}
+	rt->map_cache = aligned_alloc(64, (n ? n : 1) * sizeof(rt_tmap));
+	rt->map_addr = calloc(n ? n : 1, sizeof(CUdeviceptr));
+	if (!rt->map_cache || !rt->map_addr)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
+	return 0;
+}
+
+/* The tensor maps of launch l's kernel k (vals: its params' device
+ * addresses), their addresses into pp (the kernel's parameters after the
+ * pointers, in param order): each from the cache when its buffer's
+ * address is the one it was encoded for, else encoded by the driver
+ * again (an address changes with ap_runtime_bind_ptr or with the
+ * stream's workspace).  0 or AP_EIO with the driver's error. */
+static int encode_tmaps(ap_runtime *rt, size_t l, const rt_kernel *k, const CUdeviceptr *vals, void **pp,
+			ap_error *err)
 {
 	for (int m = 0; m < k->n_tmaps; m++) {
 		const ap_tmap_desc *d = &k->tmap[m];
-		size_t a = k->tmap_param[m];
-		CUresult r = rt->cu.cuTensorMapEncodeTiled(&maps[m], d->dtype, (unsigned)d->rank,
-							   (void *)(uintptr_t)vals[a], d->dims, d->strides, d->box,
-							   d->estrides, d->interleave, d->swizzle, d->l2, d->oob);
+		size_t a = k->tmap_param[m], at = rt->map_first[l] + (size_t)m;
 
-		if (r != 0)
-			return ap_error_set(err, AP_EIO, k->pb->name, NULL,
-					    "kernel '%s': cuTensorMapEncodeTiled for param %zu failed: %s",
-					    k->pb->name, a, cu_err(&rt->cu, r));
-		pp[m] = &maps[m];
+		if (rt->map_addr[at] != vals[a]) {
+			CUresult r = rt->cu.cuTensorMapEncodeTiled(&rt->map_cache[at], d->dtype, (unsigned)d->rank,
+								   (void *)(uintptr_t)vals[a], d->dims, d->strides,
+								   d->box, d->estrides, d->interleave, d->swizzle,
+								   d->l2, d->oob);
+
+			if (r != 0) {
+				rt->map_addr[at] = 0;
+				return ap_error_set(err, AP_EIO, k->pb->name, NULL,
+						    "kernel '%s': cuTensorMapEncodeTiled for param %zu failed: %s",
+						    k->pb->name, a, cu_err(&rt->cu, r));
+			}
+			rt->map_addr[at] = vals[a];
+		}
+		pp[m] = &rt->map_cache[at];
 	}
 	return 0;
 }
+
+/* Queues the plan on `stream`; with no stream (NULL) waits for it, so that
+ * an error a kernel raises on the device is reported by the run that
+ * launched it. */
 
 static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 {
 	cuda_api *cu = &rt->cu;
 	CUdeviceptr *vals = calloc(rt->max_args ? (size_t)rt->max_args : 1, sizeof(CUdeviceptr));
 	void **pp = calloc((size_t)rt->max_args + (size_t)rt->n_tmaps + 1, sizeof(void *));
-	rt_tmap *maps = rt->n_tmaps ? aligned_alloc(64, (size_t)rt->n_tmaps * sizeof(rt_tmap)) : NULL;
 	struct rt_ws *ws = NULL;
 	CUresult r;
 	int rc = 0, fallbacks = 0;
 
-	if (!vals || !pp || (rt->n_tmaps && !maps)) {
+	if (!vals || !pp) {
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory");
 		goto out;
 	}
@@ -1969,7 +2010,7 @@ static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 					  ? ws->dev + bf->pb->offset : bf->dev;
 			pp[a] = &vals[a];
 		}
-		if (k->n_tmaps && (rc = encode_tmaps(rt, k, vals, maps, pp + la->n_args, err)) < 0)
+		if (k->n_tmaps && (rc = encode_tmaps(rt, l, k, vals, pp + la->n_args, err)) < 0)
 			goto out;
 		double t0 = rt->launch_ms ? ap_now_ms() : 0;
 		bool events = rt->launch_ms && rt->ev[1];
@@ -2036,7 +2077,6 @@ static int run_gpu(ap_runtime *rt, CUstream stream, ap_error *err)
 out:
 	free(vals);
 	free(pp);
-	free(maps);
 	return rc;
 }
 

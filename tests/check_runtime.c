@@ -1723,8 +1723,10 @@ typedef struct fake_launch_view {   /* tests/cuda_standin.c's fake_launch */
  * a tiled map (apollo.TensorMap) gets the map, encoded by the driver from
  * the buffer's device address, as its third parameter, at every launch
  * (the stand-in's encoding keeps the address in its first 8 bytes, which
- * the launch log records); maps the driver's rules or the buffer refuse,
- * or whose fields do not match their rank, stop the bundle at load. */
+ * the launch log records) -- encoded once while that address stays, again
+ * after the buffer is bound elsewhere; maps the driver's rules or the
+ * buffer refuse, or whose fields do not match their rank, stop the bundle
+ * at load. */
 static const char ptx_tma[] =
 	".version 8.0\n.target sm_90\n.address_size 64\n\n"
 	".visible .entry tma_copy(\n"
@@ -1786,7 +1788,7 @@ START_TEST(gpu_tensor_maps)
 	*encodes = 0;
 	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
 	ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
-	ck_assert_int_eq(*encodes, 2);                 /* one per launch */
+	ck_assert_int_eq(*encodes, 1);                 /* once: x's address did not change */
 	ck_assert_int_eq(*log_n, 2);
 	ck_assert_int_eq(log[1].n_params, 3);
 	ck_assert_uint_eq(log[1].params[2], log[1].params[0]);   /* the map of x's address */
@@ -1796,7 +1798,23 @@ START_TEST(gpu_tensor_maps)
 	ck_assert_uint_eq(last->strides[0], 128);
 	ck_assert_uint_eq(last->box[1], 16);
 	ck_assert_int_eq(last->swizzle, AP_TMAP_SWIZZLE_128B);
-	ap_runtime_free(rt);
+	/* x bound to other memory (the stand-in's device memory is the
+	 * host's): encoded again, for that address, and then kept */
+	{
+		void *x2 = aligned_alloc(64, 4096);
+
+		ck_assert_ptr_nonnull(x2);
+		memset(x2, 0, 4096);
+		ck_assert_int_eq(ap_runtime_bind_ptr(rt, 0, x2, 4096, &err), 0);
+		ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
+		ck_assert_msg(ap_runtime_run(rt, &err) == 0, "%s", err.msg);
+		ck_assert_int_eq(*encodes, 2);
+		ck_assert_int_eq(*log_n, 4);
+		ck_assert_uint_eq(*last_addr, (uintptr_t)x2);
+		ck_assert_uint_eq(log[3].params[2], (uintptr_t)x2);
+		ap_runtime_free(rt);
+		free(x2);
+	}
 	ap_bundle_free(b);
 	/* refused at load: a box row the driver refuses, a map reaching past
 	 * the buffer, a missing stride, a map of another type than the param */
