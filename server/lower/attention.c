@@ -419,6 +419,7 @@ static void at_unbind(void *an)
 static int at_space(const ap_bound *b, ap_space *sp)
 {
 	const att_plan *p = b->an;
+	bool only;
 
 	sp->n = 1;
 	ap_knob_pow2(&sp->knobs[0], p->tc ? "warps" : "rows", 1, 8);
@@ -428,19 +429,18 @@ static int at_space(const ap_bound *b, ap_space *sp)
 		sp->n = 2;
 		ap_knob_pow2(&sp->knobs[1], "keys", 16, 64);
 	}
-	if (tc_overlap_fits(p, b->t)) {   /* wgmma: the softmax beside O += P V (not yet run on a GPU) */
+	/* the forms not yet run on a GPU: a request for them (the device kit
+	 * validates them) gets them only, where a warpgroup's tiles fit */
+	only = p->tc && b->t->unvalidated && tc_fits(p, b->t, 4, 16);
+	if (tc_overlap_fits(p, b->t)) {   /* wgmma: the softmax beside O += P V */
 		sp->n = 3;
-		sp->knobs[2] = (ap_knob){ .name = "overlap", .n = 2, .values = { 0, 1 }, .late = true };
-		/* a request for the forms not yet run on a GPU gets the overlap
-		 * only, where a warpgroup's tiles fit (the device kit validates it) */
-		if (b->t->unvalidated && tc_fits(p, b->t, 4, 16))
-			sp->knobs[2] = (ap_knob){ .name = "overlap", .n = 1, .values = { 1 }, .late = true };
+		sp->knobs[2] = only ? (ap_knob){ .name = "overlap", .n = 1, .values = { 1 }, .late = true }
+				    : (ap_knob){ .name = "overlap", .n = 2, .values = { 0, 1 }, .late = true };
 	}
-	if (tc_tma_fits(p, b->t)) {   /* wgmma: K and V tiles by TMA (not yet run on a GPU) */
+	if (tc_tma_fits(p, b->t)) {   /* wgmma: Q, K and V tiles by TMA */
 		sp->n = 4;
-		sp->knobs[3] = (ap_knob){ .name = "tma", .n = 2, .values = { 0, 1 }, .late = true };
-		if (b->t->unvalidated && tc_fits(p, b->t, 4, 16))
-			sp->knobs[3] = (ap_knob){ .name = "tma", .n = 1, .values = { 1 }, .late = true };
+		sp->knobs[3] = only ? (ap_knob){ .name = "tma", .n = 1, .values = { 1 }, .late = true }
+				    : (ap_knob){ .name = "tma", .n = 2, .values = { 0, 1 }, .late = true };
 	}
 	return 0;
 }
@@ -524,11 +524,11 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 	/* the overlap is a form of the wgmma kernel */
 	if (rc && r->overlap && (!tc_overlap_fits(p, b->t) || r->w % 4))
 		rc = 0;
-	/* so is TMA filling (its mbarriers: 8 bytes each) */
+	/* so is TMA filling (and its mbarriers) */
 	if (rc && r->tma && (!tc_tma_fits(p, b->t) || r->w % 4))
 		rc = 0;
 	if (r->tma)
-		r->smem += p->q_tma ? 24 : 16;
+		r->smem += tc_tma_barrier_bytes(p);
 	return rc;
 }
 

@@ -128,6 +128,13 @@ static inline bool tc_tma_fits(const att_plan *p, const ap_target_info *t)
 	       tc_wg_swizzle(tc_dvpad(p), es) > 0;
 }
 
+/* Bytes of the TMA form's mbarriers (knob tma): the two K / V stages',
+ * and Q's where its tile comes by TMA too. */
+static inline unsigned tc_tma_barrier_bytes(const att_plan *p)
+{
+	return 8u * (p->q_tma ? 3u : 2u);
+}
+
 /* Bytes of shared memory of W warps and BK keys a tile on t: the Q tile
  * and the K and V tiles' stages, padded rows; on wgmma unpadded swizzled
  * tiles, each starting on its pattern's repeat, plus the slack of the

@@ -222,30 +222,18 @@ bool ap__att_op_tma(const ap_graph *g, const att_plan *p, int role)
 
 /* The coordinates (innermost first) of operand `role`'s box at head-dim
  * column `head` and row (query or key) `row` for the block's batch: per
- * map dimension its factor's part of the view's index ((index / inner)
- * % extent, as ap_sview_offset splits it). */
+ * map dimension its factor's part of the view's index
+ * (ap_sview_factor_coord, as ap_sview_offset splits it). */
 static void op_coords(att_tc *s, int role, ap_kir_expr *head, ap_kir_expr *row, ap_kir_expr **co)
 {
 	actx *c = s->c;
 	const att_plan *p = c->p;
-	const ap_sview *sv = &p->sv[role];
 	const op_map *m = &s->map[role];
 	ap_lidx ix = role == 1 ? ap__att_idx2(c, p->kt, head, row)
 			       : ap__att_idx2(c, role == 0 ? p->q : p->v, row, head);
 
-	for (int i = 0; i < m->n; i++) {
-		int d = m->dim[i], q = m->fac[i];
-		int64_t inner = 1;
-		ap_kir_expr *cf = ix.c[d];
-
-		for (int r = q + 1; r < sv->first[d + 1]; r++)
-			inner *= sv->fe[r];
-		if (inner > 1)
-			cf = ap_kir_binary(c->k, AP_KIR_DIV, cf, ap_kir_idx(c->k, inner));
-		if (q > sv->first[d])
-			cf = ap_kir_binary(c->k, AP_KIR_REM, cf, ap_kir_idx(c->k, sv->fe[q]));
-		co[i] = cf;
-	}
+	for (int i = 0; i < m->n; i++)
+		co[i] = ap_sview_factor_coord(c->k, &p->sv[role], m->dim[i], m->fac[i], ix.c[m->dim[i]]);
 }
 
 /* Operand `role`'s tile of `rows` rows from row r0 into its array at
@@ -302,7 +290,7 @@ static int tma_setup(att_tc *s, ap_error *err)
 	const att_plan *p = c->p;
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
-	int es = (int)ap_dtype_size(s->T), nbar = p->q_tma ? 3 : 2;
+	int es = (int)ap_dtype_size(s->T), nbar = (int)tc_tma_barrier_bytes(p) / 8;
 	ap_kir_stmt *one;
 
 	for (int role = p->q_tma ? 0 : 1; role <= 2; role++) {
@@ -338,7 +326,7 @@ static int tma_setup(att_tc *s, ap_error *err)
 static unsigned tma_grid(const att_tc *s, const ap_target_info *t)
 {
 	unsigned threads = 32u * (unsigned)(s->BQ / 16), per = t->max_blocks_per_sm;
-	size_t smem = tc_smem(s->c->p, t, s->BQ / 16, s->BK) + 24;
+	size_t smem = tc_smem(s->c->p, t, s->BQ / 16, s->BK) + tc_tma_barrier_bytes(s->c->p);
 
 	if (threads && t->max_threads_per_sm / threads < per)
 		per = t->max_threads_per_sm / threads;

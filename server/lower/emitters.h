@@ -189,6 +189,11 @@ bool ap_sview_reshape(ap_sview *v, int rank, const int64_t *dims);
 /* The stride (elements) of dim d when it has at most one factor (0 for
  * none); false for a composite dim. */
 bool ap_sview_stride(const ap_sview *v, int d, int64_t *s);
+/* The coordinate of factor q (of dim d) of view sv for index x along d:
+ * (x / inner) % fe[q], inner the product of the dim's factors inside q,
+ * the dim's outermost factor without the remainder (an index past the
+ * dim stays past it).  An expression of k. */
+ap_kir_expr *ap_sview_factor_coord(ap_kir_kernel *k, const ap_sview *sv, int d, int q, ap_kir_expr *x);
 /* Offset (elements) in the leaf buffer of element ix of view sv: per dim,
  * its factors' coordinates (outermost without a remainder) times their
  * strides, plus sv->off.  Expressions of k. */

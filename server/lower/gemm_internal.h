@@ -243,6 +243,10 @@ void ap__gemm_tile_origin(gctx *c, ap_kir_block *b, ap_kir_expr *rest, const cha
  * Y's batch dims; not folded), each bound in b as `name` (a dim of extent
  * 1: the constant 0). */
 void ap__gemm_batch_coords(gctx *c, ap_kir_block *b, ap_kir_expr *bi, const char *name, ap_kir_expr **bc);
+/* gemm_stage.c: the coordinate of factor q of f for coordinate x of its
+ * dim: (x / inner) % e[q], inner the product of the factors inside q (the
+ * outermost, q = 0, without the remainder). */
+ap_kir_expr *ap__gemm_factor_coord(gctx *c, ap_kir_expr *x, const bdim *f, int q);
 int ap__gemm_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_error *err);
 
 #endif

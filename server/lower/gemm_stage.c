@@ -56,23 +56,27 @@ static ap_lidx operand_index(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk)
 	return ix;
 }
 
-/* sum_i ((x / inner_i) % e_i) * s_i over the factors of f (outer to inner). */
-static ap_kir_expr *factor_offset(gctx *c, ap_kir_expr *x, const bdim *f)
+ap_kir_expr *ap__gemm_factor_coord(gctx *c, ap_kir_expr *x, const bdim *f, int q)
 {
-	ap_kir_kernel *k = c->k;
-	ap_kir_expr *e = I(c, 0);
 	int64_t inner = 1;
 
-	for (int q = f->n - 1; q >= 0; q--) {
-		ap_kir_expr *cf = x;
+	for (int r = q + 1; r < f->n; r++)
+		inner *= f->e[r];
+	if (inner > 1)
+		x = ap_kir_binary(c->k, AP_KIR_DIV, x, I(c, inner));
+	if (q > 0)
+		x = ap_kir_binary(c->k, AP_KIR_REM, x, I(c, f->e[q]));
+	return x;
+}
 
-		if (inner > 1)
-			cf = ap_kir_binary(k, AP_KIR_DIV, cf, I(c, inner));
-		if (q > 0)
-			cf = ap_kir_binary(k, AP_KIR_REM, cf, I(c, f->e[q]));
-		e = ap_kir_add(k, e, ap_kir_muli(k, cf, f->s[q]));
-		inner *= f->e[q];
-	}
+/* sum_q ap__gemm_factor_coord(x, q) * s_q over the factors of f (inner
+ * to outer). */
+static ap_kir_expr *factor_offset(gctx *c, ap_kir_expr *x, const bdim *f)
+{
+	ap_kir_expr *e = I(c, 0);
+
+	for (int q = f->n - 1; q >= 0; q--)
+		e = ap_kir_add(c->k, e, ap_kir_muli(c->k, ap__gemm_factor_coord(c, x, f, q), f->s[q]));
 	return e;
 }
 

@@ -177,30 +177,18 @@ static void advance(gctx *c, ap_kir_block *b, ap_kir_var *x, ap_kir_var *flip)
 
 /* Operand `role`'s map coordinates past the first two (tma_desc's batch
  * dimensions) for Y's batch coordinates bc: a factor's part of its dim's
- * coordinate ((bc / inner) % extent, as gemm_stage.c's factor_offset
- * splits it). */
+ * coordinate (ap__gemm_factor_coord, as the operands' addresses split
+ * it). */
 static int batch_coords(gctx *c, int role, ap_kir_expr *const *bc, ap_kir_expr **co)
 {
 	const gemm_plan *p = c->p;
 	const gemm_opnd *o = role ? &p->b : &p->a;
 	int n = 0;
 
-	for (int b = p->nb - 1; b >= 0 && !p->fold; b--) {
-		int64_t inner = 1;
-
-		for (int q = o->batch[b].n - 1; q >= 0; q--) {
-			ap_kir_expr *cf = bc[b];
-
-			if (o->batch[b].e[q] > 1 && o->batch[b].s[q]) {
-				if (inner > 1)
-					cf = ap_kir_binary(c->k, AP_KIR_DIV, cf, I(c, inner));
-				if (q > 0)
-					cf = ap_kir_binary(c->k, AP_KIR_REM, cf, I(c, o->batch[b].e[q]));
-				co[n++] = cf;
-			}
-			inner *= o->batch[b].e[q];
-		}
-	}
+	for (int b = p->nb - 1; b >= 0 && !p->fold; b--)
+		for (int q = o->batch[b].n - 1; q >= 0; q--)
+			if (o->batch[b].e[q] > 1 && o->batch[b].s[q])
+				co[n++] = ap__gemm_factor_coord(c, bc[b], &o->batch[b], q);
 	return n;
 }
 

@@ -303,23 +303,25 @@ int ap_sview_copy_width(const ap_graph *g, int x, bool trans, ap_sview *sv, int 
 
 /* Offset in the leaf buffer of element ix of a view: per dim, its factors'
  * coordinates (outermost without a remainder) times their strides. */
+ap_kir_expr *ap_sview_factor_coord(ap_kir_kernel *k, const ap_sview *sv, int d, int q, ap_kir_expr *x)
+{
+	int64_t inner = 1;
+
+	for (int r = q + 1; r < sv->first[d + 1]; r++)
+		inner *= sv->fe[r];
+	if (inner > 1)
+		x = ap_kir_binary(k, AP_KIR_DIV, x, ap_kir_idx(k, inner));
+	if (q > sv->first[d])
+		x = ap_kir_binary(k, AP_KIR_REM, x, ap_kir_idx(k, sv->fe[q]));
+	return x;
+}
+
 ap_kir_expr *ap_sview_offset(ap_kir_kernel *k, const ap_sview *sv, const ap_lidx *ix)
 {
 	ap_kir_expr *e = ap_kir_idx(k, sv->off);
 
-	for (int d = 0; d < sv->rank; d++) {
-		int64_t inner = 1;
-
-		for (int q = sv->first[d + 1] - 1; q >= sv->first[d]; q--) {
-			ap_kir_expr *cf = ix->c[d];
-
-			if (inner > 1)
-				cf = ap_kir_binary(k, AP_KIR_DIV, cf, ap_kir_idx(k, inner));
-			if (q > sv->first[d])
-				cf = ap_kir_binary(k, AP_KIR_REM, cf, ap_kir_idx(k, sv->fe[q]));
-			e = ap_kir_add(k, e, ap_kir_muli(k, cf, sv->fs[q]));
-			inner *= sv->fe[q];
-		}
-	}
+	for (int d = 0; d < sv->rank; d++)
+		for (int q = sv->first[d + 1] - 1; q >= sv->first[d]; q--)
+			e = ap_kir_add(k, e, ap_kir_muli(k, ap_sview_factor_coord(k, sv, d, q, ix->c[d]), sv->fs[q]));
 	return e;
 }
