@@ -13,6 +13,37 @@
  * they are ordered by their mbarrier instead -- readable by a thread
  * whose last wait on it saw the phase their landing counted in complete
  * (cell.bulk, bulk_phase; ctx.acq).
+ *
+ * Arms (roles(): warp-specialised kernels).  The threads are split into
+ * arms that run as coroutines and synchronise only through mbarriers, so
+ * the barrier counts order nothing between them once they run.  Each arm
+ * A keeps a vector clock vc[A] (Lamport's happens-before, "Time, clocks,
+ * and the ordering of events in a distributed system", 1978; vector
+ * clocks: Fidge 1988, Mattern 1989; as ThreadSanitizer tracks
+ * happens-before, with FastTrack's epochs, Flanagan and Freund 2009):
+ * its own component vc[A][A] is A's epoch, in which its accesses happen;
+ * vc[A][B] the last epoch of arm B ordered before A's present.  An
+ * mbarrier is the synchronisation object (PTX ISA, "mbarrier": arrive
+ * has release semantics, a try_wait that succeeds acquire semantics):
+ * an arrive joins the arriving arm's clock into the barrier's clock of
+ * the current phase and starts a new epoch of the arm; a phase's
+ * completion joins that clock into the barrier's `done` clock; a wait
+ * that succeeds joins `done` into the waiting arm's clock.  A block
+ * barrier joins the clocks of the arms of one block rank (every arm for
+ * a cluster barrier) and starts a new epoch of each.  A write by thread w
+ * of arm W is then ordered before an access by t of arm T != W when
+ * vc[T][W] reaches the write's epoch (arm_ordered), and the reads since
+ * the last write, kept per arm (arm_read: the latest epoch, the barrier
+ * counts, the first reader), are ordered before a write of arm T when
+ * vc[T] reaches their epoch (arm_readers_ordered).  The clocks carry one
+ * component per mbarrier as well (the phases of it completed, as ctx.acq
+ * counts them per thread): what an arriving thread had waited to see
+ * travels with its release, so an arm that never waits on a stage's
+ * `full` barrier (the producer) may still overwrite the bytes a copy
+ * landed there once the consumers that waited for them released the
+ * stage (bulk_seen).  Within one arm the rules above hold as without
+ * arms: its threads are ordered by barriers only.  The clocks and the
+ * per-cell records exist only when roles() made more than one arm.
  */
 #include "hostcheck.h"
 
@@ -79,6 +110,35 @@ typedef struct pend {
 	unsigned bytes, group;
 } pend;
 
+#define MAX_ARMS 8               /* roles()'s n; the implicit arm makes 9 */
+
+/* Arm A's reads of a cell since its last write: the latest one's epoch
+ * of A and barrier counts, the first thread that read it at those counts
+ * and whether others did too. */
+typedef struct arm_read {
+	uint32_t ep, be, ce;
+	int32_t t;                   /* -1: none since the last write */
+	uint8_t multi;
+} arm_read;
+
+/* The arms of a warp-specialised kernel (roles(); more than one): which
+ * arm each thread is in, the clocks, and per shared cell the writer's
+ * epoch and each arm's reads.  A clock has cw = n + MAX_MBAR components:
+ * one per arm (its epochs) and one per mbarrier (its phases completed). */
+typedef struct arms {
+	unsigned n, cw;              /* arms (2..MAX_ARMS + 1); a clock's width */
+	int rank[MAX_ARMS + 1];      /* the block rank all of an arm's threads are in; -1:
+					several (or none) */
+	bool live;                   /* the tables below are set: from the block() after
+					roles() on */
+	uint8_t *of;                 /* per thread: its arm */
+	uint32_t *vc;                /* n x cw: each arm's clock */
+	uint32_t *mclk;              /* MAX_MBAR x 2 x cw: per mbarrier the clock of its
+					current phase, then `done`: of the phases completed */
+	uint32_t *w_ep;              /* per cell: the epoch of its writer's arm at the write */
+	arm_read *rd;                /* n_cells x n: per cell, each arm's reads since */
+} arms;
+
 typedef struct thread_state {
 	unsigned committed;          /* cp.async groups committed in this block */
 	pend *p;
@@ -121,6 +181,7 @@ typedef struct ctx {
 	size_t n_bp, cap_bp;
 	uint64_t *acq;               /* nt x MAX_MBAR: the phases of each mbarrier
 					completed when the thread last waited on it */
+	arms *am;                    /* roles() with more than one arm; NULL: one arm */
 } ctx;
 
 /* One thread's cp.async into shared memory (banks_flush). */
@@ -286,6 +347,89 @@ static void report(ctx *c, const char *fmt, ...)
 	pthread_mutex_unlock(&report_mu);
 }
 
+/* ---- arms: the vector clocks of a warp-specialised kernel (roles()) --------------------- */
+
+static bool arms_live(const ctx *c)
+{
+	return c->am && c->am->live;
+}
+
+static void arms_free(arms *a)
+{
+	if (!a)
+		return;
+	free(a->of);
+	free(a->vc);
+	free(a->mclk);
+	free(a->w_ep);
+	free(a->rd);
+	free(a);
+}
+
+/* Arm A's clock (cw components). */
+static uint32_t *clock_of(const ctx *c, unsigned A)
+{
+	return c->am->vc + (size_t)A * c->am->cw;
+}
+
+/* Mbarrier b's clock: of its current phase, or (done) of the phases it
+ * completed. */
+static uint32_t *mbar_clock(const ctx *c, int b, bool done)
+{
+	return c->am->mclk + (size_t)(2 * b + (done ? 1 : 0)) * c->am->cw;
+}
+
+static void clock_join(uint32_t *to, const uint32_t *from, unsigned w)
+{
+	for (unsigned k = 0; k < w; k++)
+		if (from[k] > to[k])
+			to[k] = from[k];
+}
+
+/* The epoch thread t's arm is in: the one its accesses happen at. */
+static uint32_t epoch_of(const ctx *c, unsigned t)
+{
+	unsigned A = c->am->of[t];
+
+	return c->am->vc[(size_t)A * c->am->cw + A];
+}
+
+/* At a block's start: every arm in its first epoch, knowing nothing of
+ * the others (epoch 0 is before everything), the mbarriers' clocks
+ * empty. */
+static void clocks_reset(ctx *c)
+{
+	arms *a = c->am;
+
+	memset(a->vc, 0, (size_t)a->n * a->cw * sizeof(*a->vc));
+	for (unsigned A = 0; A < a->n; A++)
+		a->vc[(size_t)A * a->cw + A] = 1;
+	memset(a->mclk, 0, (size_t)MAX_MBAR * 2 * a->cw * sizeof(*a->mclk));
+}
+
+/* The per-cell tables of the arms (n_cells x 4 bytes, and n_cells x arms
+ * records of 20), at the first block() after roles().  Every cell is of
+ * an older generation then, and cell_at resets a cell's records with the
+ * cell, so they need no clearing between blocks. */
+static void arms_tables(ctx *c)
+{
+	arms *a = c->am;
+
+	if (c->n_cells) {
+		if (c->n_cells > SIZE_MAX / sizeof(arm_read) / a->n) {
+			c->oom = true;
+			return;
+		}
+		a->w_ep = calloc(c->n_cells, sizeof(*a->w_ep));
+		a->rd = calloc(c->n_cells * a->n, sizeof(*a->rd));
+		if (!a->w_ep || !a->rd) {
+			c->oom = true;
+			return;
+		}
+	}
+	a->live = true;
+}
+
 /* ---- the table's functions ------------------------------------------------------------ */
 
 static void bulk_left(ctx *c);
@@ -341,6 +485,7 @@ static void ck_end(void *vc)
 	free(c->acq);
 	free(c->bp);
 	free(c->cells);
+	arms_free(c->am);
 	free(c->r);
 	free(c);
 }
@@ -418,6 +563,8 @@ static int ck_block(void *vc, unsigned long long block)
 		if (!c->cells)
 			c->oom = true;
 	}
+	if (c->am && !c->am->live && !c->oom)
+		arms_tables(c);
 	bulk_left(c);
 	c->gen++;
 	c->be = c->ce = 0;
@@ -432,6 +579,8 @@ static int ck_block(void *vc, unsigned long long block)
 		c->thr[t].wg_committed = 0;
 		c->thr[t].wn = 0;
 	}
+	if (arms_live(c))
+		clocks_reset(c);
 	/* counting sees every block's accesses; shared memory is tracked in
 	 * the shadowed ones only (access()) */
 	return c->shadow || g_cnt;
@@ -468,6 +617,17 @@ static region *find(ctx *c, const char *p, unsigned n, bool *partial)
 	return r;
 }
 
+/* Cell i's arm records, with the cell's (a new block, or the first
+ * touch): no write, no arm's read. */
+static void arm_reset(ctx *c, size_t i)
+{
+	arms *a = c->am;
+
+	a->w_ep[i] = 0;
+	for (unsigned A = 0; A < a->n; A++)
+		a->rd[i * a->n + A].t = -1;
+}
+
 static cell *cell_at(ctx *c, size_t i)
 {
 	cell *x = &c->cells[i];
@@ -477,22 +637,135 @@ static cell *cell_at(ctx *c, size_t i)
 		x->gen = c->gen;
 		x->writer = x->reader = x->pender = -1;
 		x->bulk = -1;
+		if (arms_live(c))
+			arm_reset(c, i);
 	}
 	return x;
 }
 
+/* Thread t as the last writer of cell i (x), now: its barrier and fence
+ * counts, no reader since; with arms, the epoch of t's arm, and no arm's
+ * read since.  Every write that makes a thread the writer comes here (a
+ * store, a cp.async at its wait), so that the arm records never lag the
+ * cell's. */
+static void set_writer(ctx *c, cell *x, size_t i, unsigned t)
+{
+	x->writer = (int32_t)t;
+	x->w_be = c->be;
+	x->w_ce = c->ce;
+	x->w_fence = c->thr[t].fences;
+	x->reader = -1;
+	if (arms_live(c)) {
+		c->am->w_ep[i] = epoch_of(c, t);
+		for (unsigned A = 0; A < c->am->n; A++)
+			c->am->rd[i * c->am->n + A].t = -1;
+	}
+}
+
+/* A read of cell i by thread t, into its arm's record: a barrier since
+ * the record's read starts a new one (the barrier orders the older reads
+ * as it does the cell's own reader record), else the epoch advances and
+ * a second thread makes it several. */
+static void arm_read_note(ctx *c, size_t i, unsigned t)
+{
+	arms *a = c->am;
+	arm_read *q = &a->rd[i * a->n + a->of[t]];
+	uint32_t ep = epoch_of(c, t);
+
+	if (q->t < 0 || q->be != c->be || q->ce != c->ce) {
+		*q = (arm_read){ ep, c->be, c->ce, (int32_t)t, 0 };
+		return;
+	}
+	if (ep > q->ep)
+		q->ep = ep;
+	if ((unsigned)q->t != t)
+		q->multi = 1;
+}
+
+/* "thread T (arm A)", with its rank in a cluster, for the race reports
+ * of a kernel with arms (t < nt). */
+static const char *who(const ctx *c, char *buf, size_t cap, unsigned t)
+{
+	if (c->bt < c->nt)
+		snprintf(buf, cap, "thread %u (arm %u, rank %u)", t, (unsigned)c->am->of[t], t / c->bt);
+	else
+		snprintf(buf, cap, "thread %u (arm %u)", t, (unsigned)c->am->of[t]);
+	return buf;
+}
+
 /* Whether thread t may see the bytes of cell x a bulk copy delivered:
  * it waited on the mbarrier after the phase the landing counted in
- * completed. */
+ * completed, or (arms) its arm's clock has that phase from another
+ * arm's release. */
 static bool bulk_seen(const ctx *c, const cell *x, unsigned t)
 {
-	return x->bulk < 0 || (!x->bulk_fly && c->acq[(size_t)t * MAX_MBAR + (size_t)x->bulk] > x->bulk_phase);
+	if (x->bulk < 0)
+		return true;
+	if (x->bulk_fly)
+		return false;
+	if (c->acq[(size_t)t * MAX_MBAR + (size_t)x->bulk] > x->bulk_phase)
+		return true;
+	return arms_live(c) && t < c->nt &&
+	       clock_of(c, c->am->of[t])[c->am->n + (unsigned)x->bulk] > x->bulk_phase;
 }
 
 static bool ordered(const ctx *c, int a, uint32_t a_be, uint32_t a_ce, unsigned t)
 {
 	return a < 0 || (unsigned)a == t || c->ce > a_ce ||
 	       ((unsigned)a / c->bt == t / c->bt && c->be > a_be);
+}
+
+/* With arms: whether the write of cell i by thread w (another arm's) is
+ * ordered before thread t's access by the clocks: t's arm has seen the
+ * epoch of w's arm the write happened in. */
+static bool arm_ordered(const ctx *c, int w, size_t i, unsigned t)
+{
+	const arms *a = c->am;
+	unsigned W, T;
+
+	if (!arms_live(c) || w < 0 || (unsigned)w >= c->nt || t >= c->nt)
+		return false;
+	W = a->of[w];
+	T = a->of[t];
+	return W != T && a->vc[(size_t)T * a->cw + W] >= a->w_ep[i];
+}
+
+/* With arms: whether every arm's reads of byte i of r since its last
+ * write are ordered before thread t's write (false after a report).  The
+ * reads of t's own arm need t to be their only reader or a barrier
+ * between, as without arms; another arm's reads an epoch of it t's arm
+ * has seen (through an mbarrier), or a barrier between. */
+static bool arm_readers_ordered(ctx *c, const region *r, size_t i, unsigned t, const char *what)
+{
+	const arms *a = c->am;
+	size_t ci = r->cell + i;
+	unsigned T = a->of[t];
+
+	for (unsigned A = 0; A < a->n; A++) {
+		const arm_read *q = &a->rd[ci * a->n + A];
+		bool barrier, ok;
+		char rb[64], wb[64];
+
+		if (q->t < 0)
+			continue;
+		/* a block barrier orders the threads of one rank; several
+		 * readers, those of the arm's rank when it has one */
+		barrier = c->ce > q->ce ||
+			  (c->be > q->be && (q->multi ? a->rank[A] == (int)(t / c->bt)
+						      : (unsigned)q->t / c->bt == t / c->bt));
+		if (A == T)
+			ok = barrier || (!q->multi && (unsigned)q->t == t);
+		else
+			ok = barrier || a->vc[(size_t)T * a->cw + A] >= q->ep;
+		if (!ok) {
+			report(c, "data race on shared %s[byte %zu] (rank %d): %s%s read it after barrier %u, %s "
+			       "%s it with no barrier or mbarrier between", r->name, i, r->rank,
+			       who(c, rb, sizeof(rb), (unsigned)q->t), q->multi ? " (and others)" : "", q->be,
+			       who(c, wb, sizeof(wb), t), what);
+			return false;
+		}
+	}
+	return true;
 }
 
 /* The shared region of an access, after its bounds and alignment checks;
@@ -532,7 +805,13 @@ static region *access(ctx *c, const void *vp, unsigned n, unsigned t, unsigned a
 		       r->kind == AP_HCHECK_SHARED ? "shared array" : "buffer", r->name, r->bytes);
 		return NULL;
 	}
-	return r->kind == AP_HCHECK_SHARED && c->cells && c->shadow ? r : NULL;
+	if (r->kind != AP_HCHECK_SHARED || !c->cells || !c->shadow)
+		return NULL;
+	if (arms_live(c) && t >= c->nt) {   /* its arm is unknown */
+		report(c, "thread %u: %s of shared %s: the block has %u threads", t, what, r->name, c->nt);
+		return NULL;
+	}
+	return r;
 }
 
 /* Counting: n bytes at p accessed (written or read), when they lie in a
@@ -576,7 +855,8 @@ static const void *ck_rd(void *vc, const void *p, unsigned n, unsigned t, unsign
 		return p;
 	off = (size_t)((const char *)p - r->base);
 	for (unsigned i = 0; i < n; i++) {
-		cell *x = &c->cells[r->cell + off + i];
+		size_t ci = r->cell + off + i;
+		cell *x = &c->cells[ci];
 
 		if (x->gen != c->gen) {   /* untouched in this block: only this read */
 			x->gen = c->gen;
@@ -589,11 +869,20 @@ static const void *ck_rd(void *vc, const void *p, unsigned n, unsigned t, unsign
 			x->w_fence = 0;
 			x->bulk = -1;
 			x->bulk_fly = 0;
+			if (arms_live(c)) {
+				arm_reset(c, ci);
+				arm_read_note(c, ci, t);
+			}
 			continue;
 		}
 		if (x->reader == (int32_t)t && x->r_be == c->be && x->r_ce == c->ce && x->pender < 0 &&
-		    x->bulk < 0)
-			continue;   /* read by this thread since the last barrier: seen */
+		    x->bulk < 0) {
+			/* read by this thread since the last barrier: seen; its
+			 * arm may be in a later epoch (an arrive since) */
+			if (arms_live(c))
+				arm_read_note(c, ci, t);
+			continue;
+		}
 		if (x->bulk_fly) {
 			report(c, "thread %u reads shared %s[byte %zu] (rank %d) before the bulk copy or TMA load on "
 			       "mbarrier %d has delivered it (no wait on the phase it completes)", t, r->name, off + i,
@@ -613,12 +902,20 @@ static const void *ck_rd(void *vc, const void *p, unsigned n, unsigned t, unsign
 			       x->pender);
 			return p;
 		}
-		if (!ordered(c, x->writer, x->w_be, x->w_ce, t)) {
-			report(c, "data race on shared %s[byte %zu] (rank %d): thread %d (rank %u) wrote "
-			       "it after barrier %u, thread %u (rank %u) reads it with no %s barrier "
-			       "between", r->name, off + i, r->rank, x->writer, (unsigned)x->writer / c->bt,
-			       x->w_be, t, t / c->bt,
-			       (unsigned)x->writer / c->bt == t / c->bt ? "block" : "cluster");
+		if (!ordered(c, x->writer, x->w_be, x->w_ce, t) && !arm_ordered(c, x->writer, ci, t)) {
+			char wb[64], rb[64];
+
+			if (arms_live(c) && (unsigned)x->writer < c->nt)
+				report(c, "data race on shared %s[byte %zu] (rank %d): %s wrote it after barrier "
+				       "%u, %s reads it with no barrier or mbarrier between", r->name, off + i,
+				       r->rank, who(c, wb, sizeof(wb), (unsigned)x->writer), x->w_be,
+				       who(c, rb, sizeof(rb), t));
+			else
+				report(c, "data race on shared %s[byte %zu] (rank %d): thread %d (rank %u) wrote "
+				       "it after barrier %u, thread %u (rank %u) reads it with no %s barrier "
+				       "between", r->name, off + i, r->rank, x->writer, (unsigned)x->writer / c->bt,
+				       x->w_be, t, t / c->bt,
+				       (unsigned)x->writer / c->bt == t / c->bt ? "block" : "cluster");
 			return p;
 		}
 		if (x->reader < 0 || x->r_be != c->be || x->r_ce != c->ce) {
@@ -631,6 +928,8 @@ static const void *ck_rd(void *vc, const void *p, unsigned n, unsigned t, unsign
 			if ((unsigned)x->reader / c->bt != t / c->bt)
 				x->multi_rank = 1;
 		}
+		if (arms_live(c))
+			arm_read_note(c, ci, t);
 	}
 	return p;
 }
@@ -639,7 +938,8 @@ static const void *ck_rd(void *vc, const void *p, unsigned n, unsigned t, unsign
  * report), then t as its writer. */
 static bool write_cell(ctx *c, region *r, size_t i, unsigned t, const char *what)
 {
-	cell *x = cell_at(c, r->cell + i);
+	size_t ci = r->cell + i;
+	cell *x = cell_at(c, ci);
 	bool readers_ordered;
 
 	if (x->bulk_fly) {
@@ -664,26 +964,35 @@ static bool write_cell(ctx *c, region *r, size_t i, unsigned t, const char *what
 		       r->rank, __builtin_ctz(x->wg_mask));
 		return false;
 	}
-	if (!ordered(c, x->writer, x->w_be, x->w_ce, t)) {
-		report(c, "data race on shared %s[byte %zu] (rank %d): thread %d wrote it after barrier "
-		       "%u, thread %u %s it with no barrier between", r->name, i, r->rank, x->writer,
-		       x->w_be, t, what);
+	if (!ordered(c, x->writer, x->w_be, x->w_ce, t) && !arm_ordered(c, x->writer, ci, t)) {
+		char wb[64], tb[64];
+
+		if (arms_live(c) && (unsigned)x->writer < c->nt)
+			report(c, "data race on shared %s[byte %zu] (rank %d): %s wrote it after barrier %u, %s "
+			       "%s it with no barrier or mbarrier between", r->name, i, r->rank,
+			       who(c, wb, sizeof(wb), (unsigned)x->writer), x->w_be, who(c, tb, sizeof(tb), t),
+			       what);
+		else
+			report(c, "data race on shared %s[byte %zu] (rank %d): thread %d wrote it after barrier "
+			       "%u, thread %u %s it with no barrier between", r->name, i, r->rank, x->writer,
+			       x->w_be, t, what);
 		return false;
 	}
-	readers_ordered = x->reader < 0 || c->ce > x->r_ce ||
-			  (!x->multi && (unsigned)x->reader == t) ||
-			  (!x->multi_rank && (unsigned)x->reader / c->bt == t / c->bt && c->be > x->r_be);
-	if (!readers_ordered) {
-		report(c, "data race on shared %s[byte %zu] (rank %d): thread %d%s read it after barrier "
-		       "%u, thread %u %s it with no barrier between", r->name, i, r->rank, x->reader,
-		       x->multi ? " (and others)" : "", x->r_be, t, what);
-		return false;
+	if (arms_live(c)) {
+		if (!arm_readers_ordered(c, r, i, t, what))
+			return false;
+	} else {
+		readers_ordered = x->reader < 0 || c->ce > x->r_ce ||
+				  (!x->multi && (unsigned)x->reader == t) ||
+				  (!x->multi_rank && (unsigned)x->reader / c->bt == t / c->bt && c->be > x->r_be);
+		if (!readers_ordered) {
+			report(c, "data race on shared %s[byte %zu] (rank %d): thread %d%s read it after barrier "
+			       "%u, thread %u %s it with no barrier between", r->name, i, r->rank, x->reader,
+			       x->multi ? " (and others)" : "", x->r_be, t, what);
+			return false;
+		}
 	}
-	x->writer = (int32_t)t;
-	x->w_be = c->be;
-	x->w_ce = c->ce;
-	x->w_fence = c->thr[t].fences;
-	x->reader = -1;
+	set_writer(c, x, ci, t);
 	x->bulk = -1;
 	return true;
 }
@@ -873,14 +1182,39 @@ static void ck_wait(void *vc, unsigned t, int pending)
 			cell *x = cell_at(c, q->cell + j);
 
 			x->pender = -1;
-			x->writer = (int32_t)t;
-			x->w_be = c->be;
-			x->w_ce = c->ce;
-			x->w_fence = c->thr[t].fences;
-			x->reader = -1;
+			set_writer(c, x, q->cell + j, t);   /* lands now: t writes it */
 		}
 	}
 	ts->n = keep;
+}
+
+/* A barrier with arms: the clocks of the arms it orders are joined --
+ * every arm of one block rank for a block barrier (an arm spreading over
+ * ranks is ordered with the others by the barrier counts alone, as
+ * without arms), every arm for a cluster barrier -- and each arm starts
+ * a new epoch, so that what it does after the barrier is not taken for
+ * what it did before. */
+static void arms_barrier(ctx *c, int cluster)
+{
+	arms *a = c->am;
+	uint32_t m[MAX_ARMS + 1 + MAX_MBAR];
+	bool done[MAX_ARMS + 1] = { false };
+
+	for (unsigned A = 0; A < a->n; A++) {
+		if (done[A] || (!cluster && a->rank[A] < 0))
+			continue;
+		memset(m, 0, sizeof(m));
+		for (unsigned B = A; B < a->n; B++)
+			if (cluster || a->rank[B] == a->rank[A])
+				clock_join(m, clock_of(c, B), a->cw);
+		for (unsigned B = A; B < a->n; B++)
+			if (cluster || a->rank[B] == a->rank[A]) {
+				memcpy(clock_of(c, B), m, a->cw * sizeof(*m));
+				done[B] = true;
+			}
+	}
+	for (unsigned A = 0; A < a->n; A++)
+		clock_of(c, A)[A]++;
 }
 
 static void ck_barrier(void *vc, int cluster)
@@ -894,6 +1228,8 @@ static void ck_barrier(void *vc, int cluster)
 	c->be++;
 	if (cluster)
 		c->ce++;
+	if (arms_live(c))
+		arms_barrier(c, cluster);
 }
 
 /* ---- wgmma (sm_90a): the async proxy ---------------------------------------------------- */
@@ -1006,6 +1342,8 @@ static const void *ck_lm_rd(void *vc, const void *p, unsigned t)
 
 /* ---- mbarriers and bulk copies (sm_90) ------------------------------------------------- */
 
+#define NO_THREAD (~0u)         /* mbar_find's t for an op of no one thread */
+
 /* The mbarrier at addr (its index in c->mb), created by an init; -1
  * after a report (never initialised in this block, or too many). */
 static int mbar_find(ctx *c, const void *addr, unsigned t, bool init, const char *what)
@@ -1014,8 +1352,12 @@ static int mbar_find(ctx *c, const void *addr, unsigned t, bool init, const char
 		if (c->mb[i].addr == addr)
 			return i;
 	if (!init) {
-		report(c, "thread %u: %s on the mbarrier at %p, which no mbarrier.init of this block "
-		       "initialised", t, what, addr);
+		if (t == NO_THREAD)
+			report(c, "%s on the mbarrier at %p, which no mbarrier.init of this block initialised",
+			       what, addr);
+		else
+			report(c, "thread %u: %s on the mbarrier at %p, which no mbarrier.init of this block "
+			       "initialised", t, what, addr);
 		return -1;
 	}
 	if (c->n_mb == MAX_MBAR) {
@@ -1028,12 +1370,25 @@ static int mbar_find(ctx *c, const void *addr, unsigned t, bool init, const char
 	return c->n_mb++;
 }
 
-/* The completion test: no arrival and no byte pending ends the phase. */
-static void mbar_complete(mbar *m)
+/* The completion test of mbarrier b: no arrival and no byte pending
+ * ends the phase.  With arms, the phase's clock joins `done` (the phases
+ * completed: an arrival of an earlier phase is ordered before this
+ * completion too, the barrier's updates being one sequence), and done
+ * counts the phase in b's own component. */
+static void mbar_complete(ctx *c, int b)
 {
+	mbar *m = &c->mb[b];
+
 	if (m->pending == 0 && m->tx == 0) {
 		m->phase++;
 		m->pending = m->expected;
+		if (arms_live(c)) {
+			uint32_t *cur = mbar_clock(c, b, false), *done = mbar_clock(c, b, true);
+
+			clock_join(done, cur, c->am->cw);
+			memset(cur, 0, c->am->cw * sizeof(*cur));
+			done[c->am->n + (unsigned)b] = (uint32_t)m->phase;
+		}
 	}
 }
 
@@ -1065,6 +1420,18 @@ static void ck_mbar_init(void *vc, void *bar, unsigned count, unsigned t)
 	c->mb[b] = (mbar){ .addr = bar, .pending = (int32_t)count, .expected = (int32_t)count };
 	for (unsigned u = 0; u < c->nt; u++)
 		c->acq[(size_t)u * MAX_MBAR + (size_t)b] = 0;
+	if (arms_live(c)) {
+		/* phase 0 again: no clock may hold a phase of the old one */
+		arms *a = c->am;
+
+		memset(mbar_clock(c, b, false), 0, 2 * (size_t)a->cw * sizeof(uint32_t));
+		for (unsigned A = 0; A < a->n; A++)
+			clock_of(c, A)[a->n + (unsigned)b] = 0;
+		for (int k = 0; k < MAX_MBAR; k++) {
+			mbar_clock(c, k, false)[a->n + (unsigned)b] = 0;
+			mbar_clock(c, k, true)[a->n + (unsigned)b] = 0;
+		}
+	}
 }
 
 static void ck_mbar_arrive(void *vc, void *bar, unsigned tx, unsigned t)
@@ -1088,31 +1455,58 @@ static void ck_mbar_arrive(void *vc, void *bar, unsigned tx, unsigned t)
 		m->pending = 0;
 		return;
 	}
-	mbar_complete(m);
+	if (arms_live(c)) {
+		/* the release: t's arm's clock, and the phases t waited to
+		 * see complete, into this phase's clock; the arm's later
+		 * accesses are after it */
+		arms *a = c->am;
+		uint32_t *cur = mbar_clock(c, b, false), *v = clock_of(c, a->of[t]);
+
+		clock_join(cur, v, a->cw);
+		for (unsigned k = 0; k < MAX_MBAR; k++) {
+			uint64_t q = c->acq[(size_t)t * MAX_MBAR + k];
+
+			if (q > cur[a->n + k])
+				cur[a->n + k] = (uint32_t)q;
+		}
+		v[a->of[t]]++;
+	}
+	mbar_complete(c, b);
+}
+
+/* Bulk copy q lands (no longer in c->bp): its bytes stop being in
+ * flight and count in the phase current now, its tx bytes count down
+ * that phase's tx-count, and the completion test runs.  Bytes of an
+ * untracked block (cell SIZE_MAX) have no cells; the barrier counts all
+ * the same. */
+static void bulk_land(ctx *c, const bulk_pend *q)
+{
+	mbar *m = &c->mb[q->bar];
+
+	for (unsigned j = 0; q->cell != SIZE_MAX && c->cells && j < q->bytes; j++) {
+		cell *x = cell_at(c, q->cell + j);
+
+		x->bulk_fly = 0;
+		x->bulk_phase = (uint32_t)m->phase;
+	}
+	m->tx -= (int64_t)q->bytes;
+	mbar_complete(c, q->bar);
 }
 
 /* The bulk copies on mbarrier b land, oldest first, each counting down
  * the tx-count of the phase current at its landing. */
 static void bulk_deliver(ctx *c, int b)
 {
-	mbar *m = &c->mb[b];
-	size_t keep = 0;
+	size_t keep = 0, n = c->n_bp;
 
-	for (size_t i = 0; i < c->n_bp; i++) {
-		bulk_pend *q = &c->bp[i];
+	for (size_t i = 0; i < n; i++) {
+		bulk_pend q = c->bp[i];
 
-		if (q->bar != b) {
-			c->bp[keep++] = *q;
+		if (q.bar != b) {
+			c->bp[keep++] = q;
 			continue;
 		}
-		for (unsigned j = 0; q->cell != SIZE_MAX && j < q->bytes; j++) {
-			cell *x = cell_at(c, q->cell + j);
-
-			x->bulk_fly = 0;
-			x->bulk_phase = (uint32_t)m->phase;
-		}
-		m->tx -= (int64_t)q->bytes;
-		mbar_complete(m);
+		bulk_land(c, &q);
 	}
 	c->n_bp = keep;
 }
@@ -1150,6 +1544,20 @@ static void ck_mbar_wait(void *vc, void *bar, unsigned parity, unsigned t)
 		       (unsigned long long)(m->phase - *a));
 	if (m->phase > *a)
 		*a = m->phase;
+	if (arms_live(c)) {
+		/* the acquire: the completed phases' clock into t's arm's
+		 * (in phase 0 nothing completed: an empty clock).  b's own
+		 * component stays out: a thread sees b's copies by its own
+		 * wait (acq), as without arms; the arm learns of b's phases
+		 * only from another arm's release. */
+		arms *a2 = c->am;
+		uint32_t *v = clock_of(c, a2->of[t]);
+		const uint32_t *done = mbar_clock(c, b, true);
+
+		for (unsigned k = 0; k < a2->cw; k++)
+			if (k != a2->n + (unsigned)b && done[k] > v[k])
+				v[k] = done[k];
+	}
 }
 
 /* n bytes at dst written by an asynchronous copy of thread t (what:
@@ -1182,7 +1590,13 @@ static void async_land(ctx *c, void *dst, unsigned n, void *bar, unsigned t, uns
 		bulk_pend *np = realloc(c->bp, cap * sizeof(*np));
 
 		if (!np) {
+			/* unchecked from now on (access()), but the barrier
+			 * must still complete for the schedule (mbar_ready):
+			 * the copy lands at once */
+			bulk_pend q = { SIZE_MAX, n, t, b, "?" };
+
 			c->oom = true;
+			bulk_land(c, &q);
 			return;
 		}
 		c->bp = np;
@@ -1228,6 +1642,146 @@ static void bulk_left(ctx *c)
 	c->n_bp = 0;
 }
 
+/* ---- arms: warp-specialised kernels run as coroutines ------------------------------------ */
+
+/* roles(): n arms, arm i threads [bounds[2i], bounds[2i + 1]) of the
+ * host block, the rest one implicit arm n.  Checked (n from 1 to
+ * MAX_ARMS, ranges within the block and disjoint; else reported and the
+ * call ignored) before anything is kept.  One arm in all: nothing is
+ * allocated, the checker runs as without the call.  Owns what it
+ * allocates (freed by end(), or by a later roles()); out of memory:
+ * c->oom.  The per-cell tables come at the next block() (arms_tables),
+ * when the shared arrays are all known. */
+static void ck_roles(void *vc, unsigned n, const unsigned *bounds)
+{
+	ctx *c = vc;
+	unsigned long long covered = 0;
+	arms *a;
+
+	if (!c)
+		return;
+	if (n > MAX_ARMS) {
+		report(c, "roles: more than %d arms (%u): the arms go unchecked", MAX_ARMS, n);
+		return;
+	}
+	if (n == 0 || !bounds) {
+		report(c, "roles: no arms given: the arms go unchecked");
+		return;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		unsigned lo = bounds[2 * i], hi = bounds[2 * i + 1];
+
+		if (lo > hi || hi > c->nt) {
+			report(c, "roles: arm %u, threads [%u, %u), is not a range of the block's %u threads: the "
+			       "arms go unchecked", i, lo, hi, c->nt);
+			return;
+		}
+		for (unsigned j = 0; j < i; j++)
+			if (lo < bounds[2 * j + 1] && bounds[2 * j] < hi) {
+				report(c, "roles: arms %u and %u overlap: the arms go unchecked", j, i);
+				return;
+			}
+		covered += hi - lo;
+	}
+	arms_free(c->am);
+	c->am = NULL;
+	if (n + (covered < c->nt) < 2)
+		return;   /* one arm: as without roles() */
+	a = calloc(1, sizeof(*a));
+	if (!a) {
+		c->oom = true;
+		return;
+	}
+	a->n = n + (covered < c->nt);
+	a->cw = a->n + MAX_MBAR;
+	a->of = malloc(c->nt);
+	a->vc = calloc((size_t)a->n * a->cw, sizeof(*a->vc));
+	a->mclk = calloc((size_t)MAX_MBAR * 2 * a->cw, sizeof(*a->mclk));
+	if (!a->of || !a->vc || !a->mclk) {
+		arms_free(a);
+		c->oom = true;
+		return;
+	}
+	memset(a->of, (int)n, c->nt);   /* the implicit arm, unless in one of the n */
+	for (unsigned i = 0; i < n; i++)
+		for (unsigned t = bounds[2 * i]; t < bounds[2 * i + 1]; t++)
+			a->of[t] = (uint8_t)i;
+	for (unsigned A = 0; A < a->n; A++)
+		a->rank[A] = -2;   /* no thread yet */
+	for (unsigned t = 0; t < c->nt; t++) {
+		int *rk = &a->rank[a->of[t]];
+
+		*rk = *rk == -2 || *rk == (int)(t / c->bt) ? (int)(t / c->bt) : -1;
+	}
+	for (unsigned A = 0; A < a->n; A++)
+		if (a->rank[A] == -2)
+			a->rank[A] = -1;
+	c->am = a;
+}
+
+/* mbarrier.try_wait.parity's answer now (PTX ISA, "mbarrier.test_wait /
+ * mbarrier.try_wait": the wait for a parity completes once the phase of
+ * that parity has): 1 when the current phase's parity differs from
+ * `parity` (only its low bit counts), 0 when the wait would block.
+ * Nothing changes: no copy lands, no thread acquires (mbar_wait does,
+ * per thread).  An mbarrier never initialised in the block (reported) or
+ * no context (begin() out of memory): 1, so that the kernel moves on. */
+static int ck_mbar_ready(void *vc, void *bar, unsigned parity)
+{
+	ctx *c = vc;
+	int b;
+
+	if (!c || (b = mbar_find(c, bar, NO_THREAD, false, "mbarrier.try_wait")) < 0)
+		return 1;
+	return (c->mb[b].phase & 1u) != (parity & 1u);
+}
+
+/* The oldest bulk copy or TMA load in flight in the block, on any
+ * mbarrier, lands (bulk_land: its bytes count down the barrier's
+ * tx-count, PTX ISA "mbarrier" complete-tx, and may complete the phase):
+ * 1, or 0 when none is in flight (or no context).  The kernel calls it
+ * only when no arm can move, so that copies land as late as they may on
+ * a GPU and a read before its wait is seen. */
+static int ck_deliver(void *vc)
+{
+	ctx *c = vc;
+	bulk_pend q;
+
+	if (!c || !c->n_bp)
+		return 0;
+	q = c->bp[0];
+	memmove(c->bp, c->bp + 1, (c->n_bp - 1) * sizeof(*c->bp));
+	c->n_bp--;
+	bulk_land(c, &q);
+	return 1;
+}
+
+/* A deadlock the kernel found: no arm can move and no copy is in flight,
+ * and the arm of threads [lo, hi) (thread indices of the host block)
+ * waits on `bar` for `parity`.  One report per phase of the barrier
+ * (mbar.stuck, shared with ck_mbar_wait's), whichever arms wait on it;
+ * nothing when the wait could in fact go on (ready), a report when the
+ * barrier was never initialised. */
+static void ck_stuck(void *vc, void *bar, unsigned parity, unsigned lo, unsigned hi)
+{
+	ctx *c = vc;
+	mbar *m;
+	int b;
+
+	if (!c || (b = mbar_find(c, bar, NO_THREAD, false, "a deadlocked wait")) < 0)
+		return;
+	m = &c->mb[b];
+	if ((m->phase & 1u) != (parity & 1u) || m->stuck == m->phase + 1)
+		return;
+	m->stuck = m->phase + 1;
+	if (hi <= lo)
+		hi = lo + 1;
+	report(c, "deadlock: the arm of threads %u..%u waits on mbarrier %d for the phase of parity %u: phase "
+	       "%llu still expects %d arrival(s) of %d and %lld tx byte(s), and nothing else can complete it",
+	       lo, hi - 1, b, parity & 1u, (unsigned long long)m->phase, m->pending, m->expected,
+	       (long long)m->tx);
+}
+
 static const ap_hcheck_ops ops = {
 	.begin = ck_begin,
 	.end = ck_end,
@@ -1249,6 +1803,10 @@ static const ap_hcheck_ops ops = {
 	.mbar_wait = ck_mbar_wait,
 	.bulk = ck_bulk,
 	.tma = ck_tma,
+	.roles = ck_roles,
+	.mbar_ready = ck_mbar_ready,
+	.deliver = ck_deliver,
+	.stuck = ck_stuck,
 };
 
 const ap_hcheck_ops *ap_hostcheck_ops(void)

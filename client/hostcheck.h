@@ -28,7 +28,28 @@
  *     phases completed since the thread's last (parity aliasing); a copy
  *     still in flight when the block ends.  An mbarrier orders the bulk
  *     copies that complete on it, not other threads' ordinary stores
- *     (those still need a barrier);
+ *     (those still need a barrier) -- but see arms below;
+ *   - in a warp-specialised kernel, whose threads the kernel splits into
+ *     arms (roles(): e.g. a producer warpgroup issuing TMA loads and
+ *     consumer warpgroups reading the stages; common/hostcheck.h), run
+ *     as coroutines on the host and synchronised only by mbarriers: a
+ *     data race between arms, where no mbarrier orders the two accesses
+ *     -- a consumer reading a stage before its `full` barrier's phase
+ *     completed, or a producer refilling a stage (a store, or a bulk copy
+ *     or TMA load checked at its issue) while some consumer arm's reads of
+ *     the old contents were not released to it through the `empty`
+ *     barrier it waited on (an arm that never arrived, a wait for the
+ *     wrong parity that returned at once).  Each arm keeps a vector clock
+ *     (Lamport 1978; Fidge 1988, Mattern 1989; the happens-before
+ *     ThreadSanitizer tracks): an arrive releases the arm's clock into the
+ *     barrier's phase, a wait that sees the phase complete acquires it
+ *     (PTX ISA "mbarrier": arrive is a release, a successful try_wait an
+ *     acquire); within an arm, threads are ordered by barriers as
+ *     without arms, and the arm is one unit towards the others (an
+ *     elected thread's arrive releases what its arm's threads did
+ *     before it, in the host's order).  A deadlock the coroutines run
+ *     into (no arm can move, no copy in flight) names the waiting arm,
+ *     the barrier, its phase and what that phase still expects;
  *   - a global access outside its buffer (extents given by the runtime per
  *     launch), a shared access outside its array, and a vector, ldmatrix
  *     row or cp.async address not aligned to its size.
@@ -53,8 +74,16 @@
  * block generation stamp, so nothing is cleared between blocks); a list of
  * pending copies per thread; the block's mbarriers (phase, arrivals and
  * tx-count still expected), its bulk copies in flight, and per thread the
- * phases of each mbarrier it has seen complete.  A kernel call (one worker's range of blocks)
- * owns its state; violations are gathered process-wide under a lock.
+ * phases of each mbarrier it has seen complete.  With arms (roles() with
+ * more than one; nothing of it otherwise): which arm each thread is in,
+ * one clock per arm and two per mbarrier (its current phase's, its
+ * completed phases'), of arms + 16 32-bit components each, and per shared
+ * byte the epoch of its writer's arm and each arm's latest read since
+ * (20 bytes an arm).  The mbarriers' state is kept in every block, those
+ * whose shared memory is not tracked included, since the coroutines'
+ * schedule asks it (mbar_ready, deliver).  A kernel call (one worker's
+ * range of blocks) owns its state; violations are gathered process-wide
+ * under a lock.
  */
 #ifndef AP_CLIENT_HOSTCHECK_H
 #define AP_CLIENT_HOSTCHECK_H

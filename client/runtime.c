@@ -166,6 +166,9 @@ typedef struct rt_kernel {
 	const unsigned long long *extents; /* host: bytes each param may touch, from the
 					      object itself (NAME_ap_extents); NULL: not said */
 	int lib;                 /* host: index into rt->libs */
+	int *fault;              /* host: the object's ap_host_fault (a kernel with
+				    warp-specialised arms sets it at a deadlock); NULL:
+				    none exported */
 	CUfunction cufn;         /* GPU */
 	CUmodule cumod;          /* GPU: owned when cumod_owner */
 	bool cumod_owner;
@@ -759,6 +762,7 @@ static int host_load(ap_runtime *rt, ap_error *err)
 			snprintf(ext, sizeof(ext), "%s_ap_extents", kk->name);
 			rt->kernels[k].extents = dlsym(rt->libs[lib], ext);
 		}
+		rt->kernels[k].fault = dlsym(rt->libs[lib], "ap_host_fault");
 	}
 	return host_extents(rt, err);
 }
@@ -2180,6 +2184,10 @@ int ap_runtime_run_stream(ap_runtime *rt, void *stream, ap_error *err)
 			return rc;
 		if (!rt->checked)
 			pool_launch(rt->pool, k->fn, rt->argv, (unsigned)k->blocks);
+		if (k->fault && __atomic_exchange_n(k->fault, 0, __ATOMIC_RELAXED))
+			return ap_error_set(err, AP_EINTERNAL, k->pb->name, NULL,
+					    "kernel '%s' deadlocked on the host: no arm of its warp specialisation "
+					    "could proceed (an mbarrier wait nothing left could complete)", k->pb->name);
 		if (rt->launch_ms)
 			rt->launch_ms[l] += ap_now_ms() - t0;
 	}

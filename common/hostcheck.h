@@ -33,9 +33,41 @@
  * host's (wide) block: thread t is in block rank t / block_threads of its
  * cluster.
  *
+ * Warp-specialised kernels (sm_90a: a producer warpgroup issuing TMA
+ * loads, consumer warpgroups computing) split the block's threads into
+ * arms, roles that synchronise only through mbarriers.  The host kernel
+ * runs each arm as a stackless coroutine: an arm runs (its threads in
+ * thread loops) until it reaches an mbarrier wait whose phase is not
+ * complete, then the next arm runs; copies land as late as possible.
+ * The checker then keeps, besides the per-thread state above, one vector
+ * clock per arm, so that what one arm did before an arrive is ordered
+ * before what another arm does after the wait that sees the phase
+ * complete (client/hostcheck.c).  The ops for it, appended last so that
+ * objects printed before them still work:
+ *   roles(n, bounds), once per kernel call right after begin() and before
+ *     any block(): n arms (1 to 8), arm i being threads [bounds[2i],
+ *     bounds[2i + 1]) of the host block (disjoint, within [0, threads));
+ *     the threads in no arm form one more, implicit arm (numbered n).
+ *     Without it every thread is in one arm and nothing changes.
+ *   mbar_ready(bar, parity): 1 when mbarrier.try_wait.parity with that
+ *     parity would succeed now (the current phase's parity differs from
+ *     `parity`), else 0; no side effect, no copy lands.  The kernel calls
+ *     mbar_wait() for every thread of the arm once it answers 1 (the
+ *     acquire), mbar_arrive() from the elected thread of each arrival.
+ *   deliver(): lands the oldest bulk copy or TMA load in flight in the
+ *     block (any mbarrier): 1, or 0 when none is in flight.  The kernel
+ *     calls it when no arm can move.
+ *   stuck(bar, parity, lo, hi): when no arm can move and nothing is in
+ *     flight, once per blocked arm (threads [lo, hi)): a deadlock report.
+ * The mbarrier ops (mbar_init, mbar_arrive, mbar_wait, mbar_ready, bulk,
+ * tma, deliver, stuck) keep the barriers' state in every block, the ones
+ * block() answers 0 for included: the coroutines' schedule depends on it.
+ *
  * The layout is written once, as AP_HCHECK_FIELDS: the header declares
  * the struct from it and the printer emits the same text
- * (AP_HCHECK_DECL) into every checked kernel's prelude.
+ * (AP_HCHECK_DECL) into every checked kernel's prelude.  Fields are only
+ * ever appended: a kernel printed against a shorter struct reads the
+ * runtime's longer table through its own prefix of it.
  */
 #ifndef AP_HOSTCHECK_H
 #define AP_HOSTCHECK_H
@@ -66,7 +98,11 @@
 	void (*mbar_arrive)(void *ctx, void *bar, unsigned tx, unsigned t); \
 	void (*mbar_wait)(void *ctx, void *bar, unsigned parity, unsigned t); \
 	void (*bulk)(void *ctx, void *dst, const void *src, unsigned bytes, void *bar, unsigned t); \
-	void (*tma)(void *ctx, void *dst, unsigned bytes, void *bar, unsigned t);
+	void (*tma)(void *ctx, void *dst, unsigned bytes, void *bar, unsigned t); \
+	void (*roles)(void *ctx, unsigned n, const unsigned *bounds); \
+	int (*mbar_ready)(void *ctx, void *bar, unsigned parity); \
+	int (*deliver)(void *ctx); \
+	void (*stuck)(void *ctx, void *bar, unsigned parity, unsigned lo, unsigned hi);
 
 typedef struct ap_hcheck_ops {
 	AP_HCHECK_FIELDS

@@ -291,8 +291,12 @@ END_TEST
 typedef enum {
 	BUG_NONE, BUG_WAIT, BUG_BARRIER, BUG_CLUSTER, BUG_FENCE, BUG_WGWAIT,
 	BUG_MBWAIT,     /* TMA: the wait on a stage's mbarrier removed */
-	BUG_PARITY,     /* TMA: that wait's parity flipped */
+	BUG_PARITY,     /* TMA: that wait's parity flipped (the waits on `full`) */
 	BUG_TMASYNC,    /* TMA: the barrier before a refill removed (a stage reused while read) */
+	/* warp specialised (tma=2) */
+	BUG_NOARRIVE,   /* the consumers' releases (arrivals on `empty`) removed */
+	BUG_NOEMPTYWAIT,/* the producer's wait for a released stage removed */
+	BUG_TXSHORT,    /* the producer's expect_tx 16 bytes short */
 } sync_bug;
 
 /* Whether block b holds an mbarrier wait (not nested). */
@@ -312,16 +316,27 @@ static int inject(ap_kir_kernel *k, ap_kir_block *b, sync_bug bug)
 	ap_kir_stmt *prev = NULL;
 
 	for (ap_kir_stmt *s = b->first; s; prev = s, s = s->next) {
-		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF) {
+		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF || s->kind == AP_KIR_S_ROLES ||
+		    s->kind == AP_KIR_S_ARM) {
 			n += inject(k, &s->body, bug);
 			n += inject(k, &s->orelse, bug);
+		}
+		if ((bug == BUG_NOARRIVE && s->kind == AP_KIR_S_MBAR_ARRIVE && !strcmp(s->arr->name, "empty")) ||
+		    (bug == BUG_NOEMPTYWAIT && s->kind == AP_KIR_S_MBAR_WAIT && !strcmp(s->arr->name, "empty"))) {
+			s->kind = AP_KIR_S_COMMENT;
+			s->text = (char *)(bug == BUG_NOARRIVE ? "release removed" : "empty wait removed");
+			n++;
+		}
+		if (bug == BUG_TXSHORT && s->kind == AP_KIR_S_MBAR_ARRIVE && s->value) {
+			s->value = ap_kir_binary(k, AP_KIR_SUB, s->value, ap_kir_int(k, s->value->type, 16));
+			n++;
 		}
 		if (bug == BUG_MBWAIT && s->kind == AP_KIR_S_MBAR_WAIT) {
 			s->kind = AP_KIR_S_COMMENT;
 			s->text = (char *)"mbarrier wait removed";
 			n++;
 		}
-		if (bug == BUG_PARITY && s->kind == AP_KIR_S_MBAR_WAIT) {
+		if (bug == BUG_PARITY && s->kind == AP_KIR_S_MBAR_WAIT && !strcmp(s->arr->name, "full")) {
 			s->value = ap_kir_binary(k, AP_KIR_XOR, s->value, ap_kir_idx(k, 1));
 			n++;
 		}
@@ -490,11 +505,11 @@ static void *as_type(ap_dtype dt, const float *v, int64_t n)
 }
 
 /* The target run_checked lowers for; with g_tma the default rule's
- * schedule with tma=1 (TMA fills on an mbarrier ring, gemm_tma.c), and
+ * schedule with tma=1 or 2 (TMA fills on an mbarrier ring, gemm_tma.c), and
  * with g_sms > 0 the target's SMs cut to that many (persistent blocks then
  * walk several tiles each). */
 static const char *g_target = "sm_90";
-static bool g_tma;
+static int g_tma;                    /* the GEMM's tma knob (0: the default rule's) */
 static unsigned g_sms;
 
 /* The SASS of cubin bin (nvdisasm from PyPI's wheel in .venv), malloc'd;
@@ -536,7 +551,7 @@ static char *sass_of(const uint8_t *bin, size_t len)
 	return out;
 }
 
-/* A tma=1 kernel's CUDA for sm_90a: the TMA and mbarrier PTX, a cubin
+/* A tma=1 or 2 kernel's CUDA for sm_90a: the TMA and mbarrier PTX, a cubin
  * without spills whose SASS holds HGMMA and UTMALDG (the TMA load). */
 static void tma_cuda_checks(ap_kir_kernel *k)
 {
@@ -551,24 +566,24 @@ static void tma_cuda_checks(ap_kir_kernel *k)
 	ck_assert_ptr_nonnull(strstr(cuda, "mbarrier.try_wait.parity"));
 	ck_assert_ptr_nonnull(strstr(cuda, "__grid_constant__"));
 	if (ap_nvrtc_load(&err) != 0) {
-		printf("SKIP NVRTC compile of the tma=1 GEMM: %s\n", err.msg);
+		printf("SKIP NVRTC compile of the tma=%d GEMM: %s\n", g_tma, err.msg);
 		free(cuda);
 		return;
 	}
 	ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, k->name, "sm_90a", &st, &err) == 0, "%s", err.msg);
-	ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0, "tma=1 GEMM spills %d / %d bytes",
+	ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0, "tma=%d GEMM spills %d / %d bytes", g_tma,
 		      st.spill_store_bytes, st.spill_load_bytes);
 	ck_assert_msg(ap_nvrtc_compile(cuda, k->name, "sm_90a", true, &bin, &len, &err) == 0, "%s", err.msg);
 	sass = sass_of(bin, len);
 	if (sass) {
-		ck_assert_msg(strstr(sass, "UTMALDG"), "no UTMALDG in the tma=1 GEMM's SASS");
-		ck_assert_msg(strstr(sass, "HGMMA"), "no HGMMA in the tma=1 GEMM's SASS");
-		ck_assert_msg(!strstr(sass, "LDGSTS"), "cp.async (LDGSTS) left in the tma=1 GEMM's SASS");
-		printf("check_hostcheck: tma=1 GEMM for sm_90a: %d registers, no spills, UTMALDG and HGMMA in its SASS\n",
-		       st.registers);
+		ck_assert_msg(strstr(sass, "UTMALDG"), "no UTMALDG in the tma=%d GEMM's SASS", g_tma);
+		ck_assert_msg(strstr(sass, "HGMMA"), "no HGMMA in the tma=%d GEMM's SASS", g_tma);
+		ck_assert_msg(!strstr(sass, "LDGSTS"), "cp.async (LDGSTS) left in the tma=%d GEMM's SASS", g_tma);
+		printf("check_hostcheck: tma=%d GEMM for sm_90a: %d registers, no spills, UTMALDG and HGMMA in its SASS\n",
+		       g_tma, st.registers);
 		free(sass);
 	} else {
-		printf("SKIP the tma=1 GEMM's SASS: no nvdisasm in .venv\n");
+		printf("SKIP the tma GEMM's SASS: no nvdisasm in .venv\n");
 	}
 	free(bin);
 	free(cuda);
@@ -610,7 +625,7 @@ static unsigned run_checked(product *p, bool tf, sync_bug bug, bool cluster, dou
 	if (g_sms)
 		ti.sm_count = g_sms;
 	if (g_tma) {
-		ap_test_default_with(m, &ti, "tma", 0, 1, &tma_s);   /* the default keeps cp.async */
+		ap_test_default_with(m, &ti, "tma", 0, g_tma, &tma_s);   /* the default keeps cp.async */
 		lo.sched = &tma_s;
 	}
 	k = ap_lower_mgraph(m, &ti, "checked_gemm", &lo, NULL, &err);
@@ -854,7 +869,7 @@ START_TEST(tma_gemm_bugs_found)
 
 	product_data(&p, false);
 	g_target = "sm_90a";
-	g_tma = true;
+	g_tma = 1;
 	g_sms = 1;
 	ck_assert_uint_eq(run_checked(&p, false, BUG_NONE, false, 1e-2, &sites, msg, sizeof(msg)), 0);
 	for (size_t i = 0; i < sizeof(bugs) / sizeof(bugs[0]); i++) {
@@ -876,7 +891,49 @@ START_TEST(tma_gemm_bugs_found)
 			      "a flipped parity not found (B K-major)");
 		product_free(&q);
 	}
-	g_tma = false;
+	g_tma = 0;
+	g_sms = 0;
+	g_target = "sm_90";
+}
+END_TEST
+
+/* The warp-specialised GEMM (tma=2, docs/hopper-pipeline.md section 5's
+ * table): clean and equal to float64 on one SM (four output tiles, five K
+ * tiles on three stages, the ring's phases carried across tiles); each
+ * injected bug reported -- the consumers' releases removed (a deadlock
+ * naming the producer warpgroup), the consumers' full-wait parity flipped
+ * (a read before the TMA load landed), the producer's empty wait removed
+ * (a stage refilled while it is read or still landing), a short expect_tx
+ * (a deadlock with tx bytes pending), a wgmma.wait_group that leaves the
+ * released stage's products in flight (its refill while the wgmma reads
+ * it). */
+START_TEST(ws_gemm_bugs_found)
+{
+	product p = { .m = 150, .k = 296, .n = 136, .dt = AP_DT_F16, .bias = true };
+	char msg[2048];
+	int sites;
+	static const struct { sync_bug bug; const char *what, *want; } bugs[] = {
+		{ BUG_NOARRIVE, "no release", "deadlock: the arm of threads 256..383 waits on mbarrier" },
+		{ BUG_PARITY, "a flipped full parity", "before the bulk copy or TMA load on mbarrier" },
+		{ BUG_NOEMPTYWAIT, "no empty wait", "copies into (an asynchronous copy)" },
+		{ BUG_TXSHORT, "a short expect_tx", "-16 tx byte" },
+		{ BUG_WGWAIT, "a release before its wgmma completed", "while a wgmma of warpgroup" },
+	};
+
+	product_data(&p, false);
+	g_target = "sm_90a";
+	g_tma = 2;
+	g_sms = 1;
+	ck_assert_uint_eq(run_checked(&p, false, BUG_NONE, false, 1e-2, &sites, msg, sizeof(msg)), 0);
+	for (size_t i = 0; i < sizeof(bugs) / sizeof(bugs[0]); i++) {
+		ck_assert_msg(run_checked(&p, false, bugs[i].bug, false, 0, &sites, msg, sizeof(msg)) > 0, "%s not found",
+			      bugs[i].what);
+		ck_assert_int_gt(sites, 0);
+		ck_assert_msg(strstr(msg, bugs[i].want), "%s: %s", bugs[i].what, msg);
+		printf("check_hostcheck: ws, %s (%d sites): %.300s\n", bugs[i].what, sites, msg);
+	}
+	product_free(&p);
+	g_tma = 0;
 	g_sms = 0;
 	g_target = "sm_90";
 }
@@ -993,6 +1050,463 @@ START_TEST(unit_mbarrier)
 	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
 	ck_assert_msg(strstr(msg, "thread 1 waits on mbarrier 0 (parity 1) after 2 phases"), "%s", msg);
 #undef MB_START
+}
+END_TEST
+
+/* ---- warp-specialised kernels: arms ordered by mbarriers (roles()) ------------------ */
+
+/* A context of `threads` threads in blocks of `bt` (one block of a
+ * launch of `blocks`), split into n arms by bounds (roles() right after
+ * begin(), as the printed kernel calls it; n = 0: no call), over the
+ * shared array s, the mbarriers bar (two, shared) and one global buffer,
+ * at block `block`; *checked: block()'s answer. */
+static void *ctx_arms_at(const ap_hcheck_ops *o, void *shared, unsigned bytes, void *bar, const void *global,
+			 unsigned long long gbytes, unsigned threads, unsigned bt, unsigned n,
+			 const unsigned *bounds, unsigned long long blocks, unsigned long long block, int *checked)
+{
+	unsigned long long ext[1] = { gbytes };
+	void *c;
+	int k;
+
+	ap_hostcheck_begin(ext, 1);
+	c = o->begin("unit", threads, bt, blocks);
+	if (n)
+		o->roles(c, n, bounds);
+	o->region(c, global, 0, "g", AP_HCHECK_GLOBAL, 0, 0);
+	o->region(c, shared, bytes, "s", AP_HCHECK_SHARED, 0, -1);
+	o->region(c, bar, 16, "bar", AP_HCHECK_SHARED, 0, -1);
+	k = o->block(c, block);
+	if (checked)
+		*checked = k;
+	return c;
+}
+
+static void *ctx_arms(const ap_hcheck_ops *o, void *shared, unsigned bytes, void *bar, const void *global,
+		      unsigned long long gbytes, unsigned threads, unsigned n, const unsigned *bounds)
+{
+	return ctx_arms_at(o, shared, bytes, bar, global, gbytes, threads, threads, n, bounds, 1, 0, NULL);
+}
+
+/* Stores and loads between arms ordered by mbarriers (the coroutines'
+ * calls: mbar_ready before a wait, mbar_wait for each thread of the arm,
+ * one elected thread's arrive): 8 threads, consumers 0-3 (arm 0), the
+ * producer 4-7 (arm 1); `full` (bar[0]) and `empty` (bar[1]), one arrival
+ * each, initialised before the arms start (a block barrier). */
+START_TEST(unit_arms)
+{
+	static const unsigned two[4] = { 0, 4, 4, 8 };
+	const ap_hcheck_ops *o = ap_hostcheck_ops();
+	_Alignas(16) float s[64];
+	float g[64];
+	_Alignas(8) long long bar[2];
+	void *full = &bar[0], *empty = &bar[1];
+	char msg[2048];
+	void *c;
+
+#define ARMS_START(threads, n, bounds)                                                  \
+	do {                                                                            \
+		c = ctx_arms(o, s, sizeof(s), bar, g, sizeof(g), (threads), (n), (bounds)); \
+		o->mbar_init(c, full, 1, 0);                                            \
+		o->mbar_init(c, empty, 1, 0);                                           \
+		o->barrier(c, 0);                                                       \
+	} while (0)
+	/* a. the producer's stores, released by its arrive on full, acquired
+	 * by each consumer thread's wait: clean; not ready before the arrive */
+	ARMS_START(8, 2, two);
+	o->wr(c, &s[0], 16, 4, 16);
+	ck_assert_int_eq(o->mbar_ready(c, full, 0), 0);
+	o->mbar_arrive(c, full, 0, 4);
+	ck_assert_int_eq(o->mbar_ready(c, full, 0), 1);
+	for (unsigned t = 0; t < 4; t++)
+		o->mbar_wait(c, full, 0, t);
+	for (unsigned t = 0; t < 4; t++)
+		o->rd(c, &s[t], 4, t, 4);
+	ck_assert_msg(ctx_done(o, c, msg, sizeof(msg)) == 0, "%s", msg);
+	/* the same read with no wait: a race naming both threads and arms */
+	ARMS_START(8, 2, two);
+	o->wr(c, &s[0], 16, 4, 16);
+	o->mbar_arrive(c, full, 0, 4);
+	o->rd(c, &s[0], 16, 1, 16);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_msg(strstr(msg, "data race on shared s[byte 0]") &&
+		      strstr(msg, "thread 4 (arm 1) wrote it after barrier 1, thread 1 (arm 0) reads it with no "
+				  "barrier or mbarrier between"), "%s", msg);
+	/* a store after the arrive is not released by it: the consumers'
+	 * wait orders the first stores, not the second */
+	ARMS_START(8, 2, two);
+	o->wr(c, &s[0], 16, 4, 16);
+	o->mbar_arrive(c, full, 0, 4);
+	o->wr(c, &s[4], 16, 5, 16);
+	for (unsigned t = 0; t < 4; t++)
+		o->mbar_wait(c, full, 0, t);
+	o->rd(c, &s[0], 16, 2, 16);
+	o->rd(c, &s[4], 16, 2, 16);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_msg(strstr(msg, "s[byte 16]") && strstr(msg, "thread 5 (arm 1) wrote"), "%s", msg);
+	/* within one arm, threads are ordered by barriers only, as without
+	 * arms: a store and a load of two producer threads, a load and a
+	 * store of two consumer threads, each race; an arrive between (the
+	 * arm's own epoch) orders neither */
+	ARMS_START(8, 2, two);
+	o->wr(c, &s[0], 4, 4, 4);
+	o->mbar_arrive(c, full, 0, 4);
+	o->rd(c, &s[0], 4, 5, 4);
+	o->rd(c, &s[8], 4, 0, 4);
+	o->mbar_arrive(c, empty, 0, 0);
+	o->wr(c, &s[8], 4, 1, 4);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 2);
+	ck_assert_msg(strstr(msg, "thread 4 (arm 1) wrote it after barrier 1, thread 5 (arm 1) reads") &&
+		      strstr(msg, "thread 0 (arm 0) read it after barrier 1, thread 1 (arm 0) writes"), "%s", msg);
+	/* the threads outside roles()' arms are one more arm: [4, 8) is arm
+	 * 0, the consumers 0-3 arm 1 */
+	{
+		static const unsigned one[2] = { 4, 8 };
+
+		ARMS_START(8, 1, one);
+		o->wr(c, &s[0], 16, 4, 16);
+		o->rd(c, &s[0], 16, 1, 16);
+		ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+		ck_assert_msg(strstr(msg, "thread 4 (arm 0) wrote") && strstr(msg, "thread 1 (arm 1) reads"), "%s",
+			      msg);
+	}
+
+	/* b. write after read through empty: the consumers read the stage,
+	 * consumer thread 0 arrives on empty, the producer waits (ready
+	 * first) and overwrites it: clean */
+	ARMS_START(8, 2, two);
+	for (unsigned t = 0; t < 4; t++)
+		o->rd(c, &s[0], 16, t, 16);
+	ck_assert_int_eq(o->mbar_ready(c, empty, 0), 0);
+	o->mbar_arrive(c, empty, 0, 0);
+	ck_assert_int_eq(o->mbar_ready(c, empty, 0), 1);
+	for (unsigned t = 4; t < 8; t++)
+		o->mbar_wait(c, empty, 0, t);
+	o->wr(c, &s[0], 16, 4, 16);
+	ck_assert_msg(ctx_done(o, c, msg, sizeof(msg)) == 0, "%s", msg);
+	/* the producer's store with no wait: the consumers' reads race it */
+	ARMS_START(8, 2, two);
+	for (unsigned t = 0; t < 4; t++)
+		o->rd(c, &s[0], 16, t, 16);
+	o->mbar_arrive(c, empty, 0, 0);
+	o->wr(c, &s[0], 16, 4, 16);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_msg(strstr(msg, "thread 0 (arm 0) (and others) read it after barrier 1, thread 4 (arm 1) writes "
+				  "it with no barrier or mbarrier between"), "%s", msg);
+	/* a wait for the wrong parity: in phase 0 a wait for parity 1 is
+	 * ready at once, with nothing completed to acquire -- the store
+	 * races the reads the consumers release only later; once they did,
+	 * that parity is the one that blocks */
+	ARMS_START(8, 2, two);
+	for (unsigned t = 0; t < 4; t++)
+		o->rd(c, &s[0], 16, t, 16);
+	ck_assert_int_eq(o->mbar_ready(c, empty, 1), 1);
+	for (unsigned t = 4; t < 8; t++)
+		o->mbar_wait(c, empty, 1, t);
+	o->wr(c, &s[0], 16, 4, 16);
+	o->mbar_arrive(c, empty, 0, 0);
+	ck_assert_int_eq(o->mbar_ready(c, empty, 1), 0);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_msg(strstr(msg, "(arm 0) (and others) read it") && strstr(msg, "thread 4 (arm 1) writes"), "%s",
+		      msg);
+	/* a read after the release, by the thread that read before it: the
+	 * later read is not released, the store races it */
+	ARMS_START(8, 2, two);
+	o->rd(c, &s[0], 16, 0, 16);
+	o->mbar_arrive(c, empty, 0, 0);
+	o->rd(c, &s[0], 16, 0, 16);
+	for (unsigned t = 4; t < 8; t++)
+		o->mbar_wait(c, empty, 0, t);
+	o->wr(c, &s[0], 16, 4, 16);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_msg(strstr(msg, "thread 0 (arm 0) read it after barrier 1, thread 4 (arm 1) writes"), "%s", msg);
+#undef ARMS_START
+}
+END_TEST
+
+/* Bulk copies and TMA loads between arms: copies land only at deliver()
+ * (the coroutines call it when no arm can move), the producer's refill
+ * of a stage is checked at its issue against the consumer arms' reads,
+ * and a deadlock names the arm. */
+START_TEST(unit_arms_copies)
+{
+	static const unsigned two[4] = { 0, 4, 4, 8 };
+	static const unsigned three[6] = { 0, 4, 4, 8, 8, 12 };
+	const ap_hcheck_ops *o = ap_hostcheck_ops();
+	_Alignas(16) float s[64];
+	_Alignas(16) float g[64];
+	_Alignas(8) long long bar[2];
+	void *full = &bar[0], *empty = &bar[1];
+	char msg[2048];
+	void *c;
+
+#define ARMS_START(threads, n, bounds, empties)                                         \
+	do {                                                                            \
+		c = ctx_arms(o, s, sizeof(s), bar, g, sizeof(g), (threads), (n), (bounds)); \
+		o->mbar_init(c, full, 1, 0);                                            \
+		o->mbar_init(c, empty, (empties), 0);                                   \
+		o->barrier(c, 0);                                                       \
+	} while (0)
+	/* c. arrive.expect_tx 64 and a bulk copy of 64 bytes on full: not
+	 * ready until deliver() lands it; a second deliver() finds nothing;
+	 * the consumers wait and read: clean.  The same with a TMA load. */
+	for (int tma = 0; tma < 2; tma++) {
+		ARMS_START(8, 2, two, 1);
+		o->mbar_arrive(c, full, 64, 4);
+		if (tma)
+			o->tma(c, &s[0], 64, full, 4);
+		else
+			o->bulk(c, &s[0], &g[0], 64, full, 4);
+		ck_assert_int_eq(o->mbar_ready(c, full, 0), 0);
+		ck_assert_int_eq(o->deliver(c), 1);
+		ck_assert_int_eq(o->mbar_ready(c, full, 0), 1);
+		ck_assert_int_eq(o->deliver(c), 0);
+		for (unsigned t = 0; t < 4; t++)
+			o->mbar_wait(c, full, 0, t);
+		for (unsigned t = 0; t < 4; t++)
+			o->rd(c, &s[4 * t], 16, t, 16);
+		ck_assert_msg(ctx_done(o, c, msg, sizeof(msg)) == 0, "%s", msg);
+	}
+	/* a consumer reading before the copy landed */
+	ARMS_START(8, 2, two, 1);
+	o->mbar_arrive(c, full, 64, 4);
+	o->bulk(c, &s[0], &g[0], 64, full, 4);
+	o->rd(c, &s[8], 4, 2, 4);
+	ck_assert_int_eq(o->deliver(c), 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_msg(strstr(msg, "thread 2 reads shared s[byte 32] (rank 0) before the bulk copy"), "%s", msg);
+	/* deliver() lands the oldest copy first, whichever its barrier */
+	ARMS_START(8, 2, two, 1);
+	o->mbar_arrive(c, empty, 16, 5);
+	o->bulk(c, &s[16], &g[0], 16, empty, 5);
+	o->mbar_arrive(c, full, 64, 4);
+	o->bulk(c, &s[0], &g[0], 64, full, 4);
+	ck_assert_int_eq(o->deliver(c), 1);
+	ck_assert_int_eq(o->mbar_ready(c, empty, 0), 1);
+	ck_assert_int_eq(o->mbar_ready(c, full, 0), 0);
+	ck_assert_int_eq(o->deliver(c), 1);
+	ck_assert_int_eq(o->mbar_ready(c, full, 0), 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 0);
+
+	/* a two-stage-in-time pipeline as the coroutines run it: the
+	 * producer's first empty-wait (parity 1 in phase 0) passes, it fills
+	 * the stage; both arms block, the copy lands; the consumers wait,
+	 * read, release the stage; the producer waits on empty and refills it
+	 * with a copy -- the bytes the first copy landed are the producer's
+	 * to overwrite only through the consumers' release, since it never
+	 * waited on full itself; the consumers read the second fill */
+	ARMS_START(8, 2, two, 1);
+	ck_assert_int_eq(o->mbar_ready(c, empty, 1), 1);
+	for (unsigned t = 4; t < 8; t++)
+		o->mbar_wait(c, empty, 1, t);
+	o->mbar_arrive(c, full, 64, 4);
+	o->tma(c, &s[0], 64, full, 4);
+	ck_assert_int_eq(o->mbar_ready(c, empty, 0), 0);
+	ck_assert_int_eq(o->mbar_ready(c, full, 0), 0);
+	ck_assert_int_eq(o->deliver(c), 1);
+	ck_assert_int_eq(o->mbar_ready(c, full, 0), 1);
+	for (unsigned t = 0; t < 4; t++)
+		o->mbar_wait(c, full, 0, t);
+	for (unsigned t = 0; t < 4; t++)
+		o->rd(c, &s[0], 64, t, 16);
+	o->mbar_arrive(c, empty, 0, 0);
+	ck_assert_int_eq(o->mbar_ready(c, empty, 0), 1);
+	for (unsigned t = 4; t < 8; t++)
+		o->mbar_wait(c, empty, 0, t);
+	o->mbar_arrive(c, full, 64, 4);
+	o->tma(c, &s[0], 64, full, 4);
+	ck_assert_int_eq(o->deliver(c), 1);
+	ck_assert_int_eq(o->mbar_ready(c, full, 1), 1);
+	for (unsigned t = 0; t < 4; t++)
+		o->mbar_wait(c, full, 1, t);
+	for (unsigned t = 0; t < 4; t++)
+		o->rd(c, &s[0], 64, t, 16);
+	o->mbar_arrive(c, empty, 0, 0);
+	ck_assert_msg(ctx_done(o, c, msg, sizeof(msg)) == 0, "%s", msg);
+
+	/* d. a deadlock: the consumers wait on full, which still expects its
+	 * arrival, nothing in flight -- one report for the phase however
+	 * often stuck() is called; the producer on empty, another; a stuck()
+	 * for a wait that could go on reports nothing */
+	ARMS_START(8, 2, two, 1);
+	ck_assert_int_eq(o->mbar_ready(c, full, 0), 0);
+	ck_assert_int_eq(o->deliver(c), 0);
+	o->stuck(c, full, 0, 0, 4);
+	o->stuck(c, full, 0, 0, 4);
+	o->stuck(c, empty, 1, 4, 8);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_msg(strstr(msg, "deadlock: the arm of threads 0..3 waits on mbarrier 0 for the phase of parity 0: "
+				  "phase 0 still expects 1 arrival(s) of 1 and 0 tx byte(s)"), "%s", msg);
+	ARMS_START(8, 2, two, 1);
+	o->stuck(c, full, 0, 0, 4);
+	o->stuck(c, empty, 0, 4, 8);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 2);
+	ck_assert_msg(strstr(msg, "threads 0..3 waits on mbarrier 0") && strstr(msg, "threads 4..7 waits on mbarrier 1"),
+		      "%s", msg);
+
+	/* e. a refill by a bulk copy with two consumer arms (0-3, 4-7) and the
+	 * producer (8-11): only arm 0 arrives on empty, which expects one
+	 * arrival -- its phase completes, but arm 1's reads were never
+	 * released: the copy races them, checked at its issue */
+	ARMS_START(12, 3, three, 1);
+	for (unsigned t = 0; t < 8; t++)
+		o->rd(c, &s[0], 16, t, 16);
+	o->mbar_arrive(c, empty, 0, 0);
+	ck_assert_int_eq(o->mbar_ready(c, empty, 0), 1);
+	for (unsigned t = 8; t < 12; t++)
+		o->mbar_wait(c, empty, 0, t);
+	o->mbar_arrive(c, full, 64, 8);
+	o->bulk(c, &s[0], &g[0], 64, full, 8);
+	ck_assert_int_eq(o->deliver(c), 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_msg(strstr(msg, "thread 4 (arm 1) (and others) read it") && strstr(msg, "thread 8 (arm 2) copies into"),
+		      "%s", msg);
+	/* two arrivals expected, one from each consumer arm: clean; both
+	 * from arm 0: the phase completes all the same, arm 1 still races */
+	for (int both = 1; both >= 0; both--) {
+		ARMS_START(12, 3, three, 2);
+		for (unsigned t = 0; t < 8; t++)
+			o->rd(c, &s[0], 16, t, 16);
+		o->mbar_arrive(c, empty, 0, 0);
+		o->mbar_arrive(c, empty, 0, both ? 4 : 1);
+		ck_assert_int_eq(o->mbar_ready(c, empty, 0), 1);
+		for (unsigned t = 8; t < 12; t++)
+			o->mbar_wait(c, empty, 0, t);
+		o->mbar_arrive(c, full, 64, 8);
+		o->bulk(c, &s[0], &g[0], 64, full, 8);
+		ck_assert_int_eq(o->deliver(c), 1);
+		ck_assert_msg(ctx_done(o, c, msg, sizeof(msg)) == (unsigned)!both, "%s", msg);
+		if (!both)
+			ck_assert_msg(strstr(msg, "thread 4 (arm 1) (and others) read it"), "%s", msg);
+	}
+#undef ARMS_START
+}
+END_TEST
+
+/* f. Without roles(), or with one arm in all, the checker is as before
+ * (the messages' old wording, no arm named); roles() checks what the
+ * kernel gives it; block barriers order arms of one block rank only; the
+ * mbarriers keep their state in a block whose shared memory is not
+ * tracked, and with no shared memory at all. */
+START_TEST(unit_arms_edges)
+{
+	static const unsigned all[2] = { 0, 8 };
+	const ap_hcheck_ops *o = ap_hostcheck_ops();
+	_Alignas(16) float s[64];
+	_Alignas(16) float g[64];
+	_Alignas(8) long long bar[2];
+	void *full = &bar[0];
+	char msg[2048];
+	void *c;
+	int checked;
+
+	for (int n = 0; n < 2; n++) {   /* no roles(); roles() of one arm */
+		c = ctx_arms(o, s, sizeof(s), bar, g, sizeof(g), 8, (unsigned)n, all);
+		o->wr(c, &s[3], 4, 0, 1);
+		o->rd(c, &s[3], 4, 1, 1);
+		ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+		ck_assert_msg(strstr(msg, "data race on shared s[byte 12] (rank 0): thread 0 (rank 0) wrote it after "
+					  "barrier 0, thread 1 (rank 0) reads it with no block barrier between") &&
+			      !strstr(msg, "arm"), "%s", msg);
+		c = ctx_arms(o, s, sizeof(s), bar, g, sizeof(g), 8, (unsigned)n, all);
+		o->wr(c, &s[3], 4, 0, 1);
+		o->barrier(c, 0);
+		o->rd(c, &s[3], 4, 1, 1);
+		ck_assert_msg(ctx_done(o, c, msg, sizeof(msg)) == 0, "%s", msg);
+	}
+	/* roles() with too many arms, overlapping arms, an arm beyond the
+	 * block: reported, ignored (one arm: no arm named) */
+	{
+		static const unsigned nine[18] = { 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8 };
+		static const unsigned overlap[4] = { 0, 4, 3, 8 };
+		static const unsigned beyond[4] = { 0, 4, 4, 9 };
+
+		c = ctx_arms(o, s, sizeof(s), bar, g, sizeof(g), 8, 9, nine);
+		o->roles(c, 2, overlap);
+		o->roles(c, 2, beyond);
+		o->block(c, 1);
+		o->wr(c, &s[0], 4, 4, 1);
+		o->rd(c, &s[0], 4, 0, 1);
+		ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 4);
+		ck_assert_msg(strstr(msg, "more than 8 arms (9)") && strstr(msg, "arms 0 and 1 overlap") &&
+			      strstr(msg, "threads [4, 9), is not a range of the block's 8 threads") &&
+			      strstr(msg, "with no block barrier between"), "%s", msg);
+	}
+	/* a cluster of two blocks of 8: arms 0 (0-3) and 1 (4-7) in rank 0,
+	 * arm 2 (8-15) in rank 1.  Arm 0's store, a block barrier, then arm
+	 * 1's arrive: arm 2's wait acquires the store through arm 1's clock;
+	 * without the arrive and wait, a block barrier does not order rank 1
+	 * after rank 0 */
+	for (int sync = 1; sync >= 0; sync--) {
+		static const unsigned ranks[6] = { 0, 4, 4, 8, 8, 16 };
+
+		c = ctx_arms_at(o, s, sizeof(s), bar, g, sizeof(g), 16, 8, 3, ranks, 1, 0, NULL);
+		o->mbar_init(c, full, 1, 0);
+		o->barrier(c, 1);
+		o->wr(c, &s[0], 4, 1, 1);
+		o->barrier(c, 0);
+		if (sync) {
+			o->mbar_arrive(c, full, 0, 5);
+			ck_assert_int_eq(o->mbar_ready(c, full, 0), 1);
+			for (unsigned t = 8; t < 16; t++)
+				o->mbar_wait(c, full, 0, t);
+		}
+		o->rd(c, &s[0], 4, 9, 1);
+		ck_assert_msg(ctx_done(o, c, msg, sizeof(msg)) == (unsigned)!sync, "%s", msg);
+		if (!sync)
+			ck_assert_msg(strstr(msg, "thread 1 (arm 0, rank 0) wrote it after barrier 1, thread 9 (arm 2, "
+						  "rank 1) reads it"), "%s", msg);
+	}
+	/* block 5 of 100 is not tracked (unless every block is): the
+	 * barrier's phases and the copies in flight still are */
+	{
+		static const unsigned two[4] = { 0, 4, 4, 8 };
+
+		c = ctx_arms_at(o, s, sizeof(s), bar, g, sizeof(g), 8, 8, 2, two, 100, 5, &checked);
+		if (!getenv("APOLLO_HOSTCHECK_ALL_BLOCKS"))
+			ck_assert_int_eq(checked, 0);
+		o->mbar_init(c, full, 1, 0);
+		o->mbar_arrive(c, full, 64, 4);
+		o->tma(c, &s[0], 64, full, 4);
+		ck_assert_int_eq(o->mbar_ready(c, full, 0), 0);
+		ck_assert_int_eq(o->deliver(c), 1);
+		ck_assert_int_eq(o->mbar_ready(c, full, 0), 1);
+		ck_assert_int_eq(o->deliver(c), 0);
+		for (unsigned t = 0; t < 4; t++)
+			o->mbar_wait(c, full, 0, t);
+		o->mbar_arrive(c, full, 32, 4);
+		o->bulk(c, &s[16], &g[0], 32, full, 4);
+		ck_assert_int_eq(o->mbar_ready(c, full, 1), 0);
+		ck_assert_int_eq(o->deliver(c), 1);
+		ck_assert_int_eq(o->mbar_ready(c, full, 1), 1);
+		ck_assert_msg(ctx_done(o, c, msg, sizeof(msg)) == 0, "%s", msg);
+	}
+	/* no shared array registered (no shadow cells at all), arms on: the
+	 * barrier works, accesses go unchecked; a barrier never initialised
+	 * is reported and ready (the kernel moves on) */
+	{
+		static const unsigned two[4] = { 0, 4, 4, 8 };
+		unsigned long long ext[1] = { sizeof(g) };
+
+		ap_hostcheck_begin(ext, 1);
+		c = o->begin("unit", 8, 8, 1);
+		o->roles(c, 2, two);
+		o->region(c, g, 0, "g", AP_HCHECK_GLOBAL, 0, 0);
+		o->block(c, 0);
+		o->mbar_init(c, full, 1, 0);
+		o->mbar_arrive(c, full, 64, 4);
+		o->tma(c, &s[0], 64, full, 4);
+		o->wr(c, &s[0], 4, 5, 4);
+		o->rd(c, &s[0], 4, 0, 4);
+		ck_assert_int_eq(o->mbar_ready(c, full, 0), 0);
+		ck_assert_int_eq(o->deliver(c), 1);
+		ck_assert_int_eq(o->mbar_ready(c, full, 0), 1);
+		o->mbar_wait(c, full, 0, 0);
+		ck_assert_int_eq(o->mbar_ready(c, &bar[1], 0), 1);
+		o->stuck(c, &bar[1], 0, 0, 4);
+		ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 2);
+		ck_assert_msg(strstr(msg, "mbarrier.try_wait on the mbarrier at") &&
+			      strstr(msg, "a deadlocked wait on the mbarrier at"), "%s", msg);
+	}
 }
 END_TEST
 
@@ -1273,7 +1787,11 @@ static Suite *suite(void)
 	tcase_add_test(tc, unit_wgmma);
 	tcase_add_test(tc, wgmma_bugs_found);
 	tcase_add_test(tc, tma_gemm_bugs_found);
+	tcase_add_test(tc, ws_gemm_bugs_found);
 	tcase_add_test(tc, unit_mbarrier);
+	tcase_add_test(tc, unit_arms);
+	tcase_add_test(tc, unit_arms_copies);
+	tcase_add_test(tc, unit_arms_edges);
 	tcase_add_test(tc, bulk_pipeline_bugs_found);
 	tcase_add_test(tc, tma_load_kernel);
 	suite_add_tcase(s, tc);

@@ -1683,7 +1683,8 @@ START_TEST(gemm_batched)
 END_TEST
 
 /* y = a @ b in float16 on sm_90a with the forms not yet run on a GPU
- * (--unvalidated: tma=1 the only value), a [3, 1, 70, 64] and b [1, 2,
+ * (--unvalidated: tma=2 and 1, the warp-specialised form the default), a
+ * [3, 1, 70, 64] and b [1, 2,
  * 64, 48] broadcast to [3, 2, 70, 48]: batches of tiles whose operands
  * are 3-D tensor maps (K or N, M or K, the batch dim each has), M not a
  * multiple of the tile (zero-filled rows), every configuration the sweep
@@ -1742,17 +1743,106 @@ START_TEST(gemm_batched_tma)
 	ck_assert_msg(k != NULL, "%s", err.msg);
 	cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
 	ck_assert_ptr_nonnull(cuda);
+	if (getenv("CHECK_LOWER_DUMP"))
+		fputs(cuda, stdout);
 	ck_assert_msg(strstr(cuda, "cp.async.bulk.tensor.3d"), "no 3-D TMA load in\n%.3000s", cuda);
 	if (ap_nvrtc_load(&err) == 0) {
 		ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, "bmm_tma", "sm_90a", &st, &err) == 0, "%s", err.msg);
 		ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0, "spills %d / %d bytes",
 			      st.spill_store_bytes, st.spill_load_bytes);
-		printf("check_lower: gemm_batched_tma_f16 on sm_90a (tma=1): %d registers, no spills\n", st.registers);
+		printf("check_lower: gemm_batched_tma_f16 on sm_90a (tma=2, warp specialised): %d registers, no spills\n", st.registers);
 	}
 	free(cuda);
 	ap_kir_kernel_free(k);
 	ap_mgraph_free(m);
 	ap_graph_free(g);
+}
+END_TEST
+
+/* y = relu(a @ b + bias) in float16 and bfloat16 on sm_90a, warp
+ * specialised (tma=2, asked for with --unvalidated): a [150, 136], b
+ * [136, 296] -- M, N and K none a multiple of the tile (zero-filled
+ * boxes) -- a producer warpgroup filling the stages by TMA, the
+ * consumer warpgroups each their own coroutine on the host; every
+ * configuration the sweep takes (tma=2 and the phase form tma=1) checked
+ * in the checking host mode against float64 on one SM (each persistent
+ * block walks several tiles, the ring's phases carried across them).
+ * The default kernel: ROLES printed as an if / else chain, HGMMA and the
+ * TMA load in its cubin's PTX, no spills. */
+static void ref_gemm_ws(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *a = in->data[m->g->inputs[0]], *b = in->data[m->g->inputs[1]], *bias = in->data[m->g->inputs[2]];
+	ap_dtype dt = m->g->tensors[m->g->outputs[0]].dtype;
+
+	for (int i = 0; i < 150; i++)
+		for (int j = 0; j < 296; j++) {
+			double acc = 0, y;
+
+			for (int k = 0; k < 136; k++)
+				acc += (double)a[i * 136 + k] * b[k * 296 + j];
+			y = (double)half_round(dt, acc) + bias[j];
+			want[0][i * 296 + j] = half_round(dt, y > 0 ? y : 0);
+		}
+}
+
+START_TEST(gemm_ws)
+{
+	for (int pass = 0; pass < 2; pass++) {
+		ap_dtype dt = pass ? AP_DT_BF16 : AP_DT_F16;
+		ap_graph *g = ap_graph_new("gemm_ws");
+		int a, b, bias, y, z, r;
+		lcase lc = {pass ? "gemm_ws_bf16" : "gemm_ws_f16", "gemm", {"mma.sync"}, {"mma.sync.aligned.m16n8k16"}};
+		case_opts o = {"sm_90a", false, pass ? 2e-2 : 4e-3, true};
+		ap_target_info ti;
+		ap_lower_options lo = {256, NULL, true};
+		ap_ptxas_stats st;
+		ap_kir_kernel *k;
+		ap_error err;
+		ap_mgraph *m;
+		char *cuda;
+
+		g_dt = dt;
+		a = tensor(g, "a", DIMS(150, 136), AP_TENSOR_INPUT);
+		b = tensor(g, "b", DIMS(136, 296), AP_TENSOR_INPUT);
+		bias = tensor(g, "bias", DIMS(296), AP_TENSOR_INPUT);
+		y = tensor(g, "y", DIMS(150, 296), AP_TENSOR_VALUE);
+		z = tensor(g, "z", DIMS(150, 296), AP_TENSOR_VALUE);
+		r = tensor(g, "r", DIMS(150, 296), AP_TENSOR_VALUE);
+		g_dt = AP_DT_F32;
+		node(g, "mm", AP_OP_MATMUL, LIST(a, b), LIST(y));
+		node(g, "add", AP_OP_ADD, LIST(y, bias), LIST(z));
+		node(g, "relu", AP_OP_RELU, LIST(z), LIST(r));
+		output(g, r);
+		m = whole(g, AP_GROUP_MATMUL);
+		g_unvalidated = true;
+		g_sms = 1;
+		g_opts = &o;
+		run_case(&lc, m, ref_gemm_ws);
+		g_opts = NULL;
+		g_unvalidated = false;
+		g_sms = 0;
+		ck_assert_int_eq(ap_cost_target("sm_90a", &ti), 0);
+		ti.unvalidated = ti.tma = true;
+		k = ap_lower_mgraph(m, &ti, "gemm_ws", &lo, NULL, &err);
+		ck_assert_msg(k != NULL, "%s", err.msg);
+		cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
+		ck_assert_ptr_nonnull(cuda);
+		if (getenv("CHECK_LOWER_DUMP"))   /* the sm_90a kernel, for reading */
+			fputs(cuda, stdout);
+		ck_assert_msg(strstr(cuda, "if (threadIdx.x >= 256u && threadIdx.x < 384u)") &&
+			      strstr(cuda, "cp.async.bulk.tensor.2d") && strstr(cuda, "wgmma.mma_async"),
+			      "not the warp-specialised form:\n%.3000s", cuda);
+		if (ap_nvrtc_load(&err) == 0) {
+			ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, "gemm_ws", "sm_90a", &st, &err) == 0, "%s", err.msg);
+			ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0, "spills %d / %d bytes",
+				      st.spill_store_bytes, st.spill_load_bytes);
+			printf("check_lower: %s on sm_90a (tma=2): %d registers, no spills\n", lc.name, st.registers);
+		}
+		free(cuda);
+		ap_kir_kernel_free(k);
+		ap_mgraph_free(m);
+		ap_graph_free(g);
+	}
 }
 END_TEST
 
@@ -2747,6 +2837,7 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, gemm_tf32);
 	tcase_add_test(tc, gemm_batched);
 	tcase_add_test(tc, gemm_batched_tma);
+	tcase_add_test(tc, gemm_ws);
 	tcase_add_test(tc, depthwise_stride1);
 	tcase_add_test(tc, depthwise_stride2_dilated);
 	tcase_add_test(tc, depthwise_grouped);

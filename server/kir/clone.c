@@ -345,6 +345,14 @@ static void clone_stmt(cloner *c, ap_kir_block *into, const ap_kir_stmt *s)
 	case AP_KIR_S_BULK_COPY:
 		clone_async(c, n, s);
 		break;
+	case AP_KIR_S_ROLES:
+	case AP_KIR_S_ARM:   /* thread ranges are the block's: the merge keeps block[0] */
+		n->arm_lo = s->arm_lo;
+		n->arm_hi = s->arm_hi;
+		n->arm_grain = s->arm_grain;
+		n->maxnreg = s->maxnreg;
+		clone_block(c, &n->body, &s->body);
+		break;
 	case AP_KIR_S_BARRIER:
 	case AP_KIR_S_CLUSTER_BARRIER:
 	case AP_KIR_S_CP_COMMIT:

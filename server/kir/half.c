@@ -248,3 +248,27 @@ const char ap__kir_host_tmap_src[] =
 	"\t\t\tidx[i] = 0;\n"
 	"\t}\n"
 	"}\n";
+
+/* The host's plain mbarrier (a kernel with ROLES, print.c): the phases
+ * completed, the arrivals still expected in the current one and per
+ * phase, the tx-count (PTX ISA, "mbarrier": a phase completes when both
+ * its pending arrivals and its tx-count are zero; try_wait.parity P
+ * succeeds once the phase of parity P has completed, i.e. the current
+ * phase's parity is not P).  The host's copies land at issue
+ * (ap_mbh_land), so a copy issued before its expect_tx leaves the
+ * tx-count negative until the arrive -- as the ISA allows.  ap_host_fault
+ * is the exported flag a deadlock sets (program.h). */
+const char ap__kir_host_mbar_src[] =
+	"typedef struct ap_mbh { unsigned long long phase; long long pending, expected, tx; } ap_mbh;\n"
+	"int ap_host_fault;\n"
+	"static void ap_mbh_test(ap_mbh *m)\n"
+	"{\n"
+	"\tif (m->pending <= 0 && m->tx == 0) {\n"
+	"\t\tm->phase++;\n"
+	"\t\tm->pending = m->expected;\n"
+	"\t}\n"
+	"}\n"
+	"static void ap_mbh_init(ap_mbh *m, long long n) { m->phase = 0; m->pending = m->expected = n; m->tx = 0; }\n"
+	"static void ap_mbh_arrive(ap_mbh *m, long long tx) { m->tx += tx; m->pending--; ap_mbh_test(m); }\n"
+	"static void ap_mbh_land(ap_mbh *m, long long bytes) { m->tx -= bytes; ap_mbh_test(m); }\n"
+	"static int ap_mbh_ready(const ap_mbh *m, unsigned parity) { return (unsigned)(m->phase & 1u) != (parity & 1u); }\n";

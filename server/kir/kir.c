@@ -1214,6 +1214,29 @@ ap_kir_stmt *ap_kir_mbar_wait(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *b
 	return mbar_stmt(k, b, AP_KIR_S_MBAR_WAIT, bar, index, parity, true);
 }
 
+ap_kir_stmt *ap_kir_roles(ap_kir_kernel *k, ap_kir_block *b)
+{
+	return ap__kir_stmt_append(k, b, AP_KIR_S_ROLES);
+}
+
+ap_kir_stmt *ap_kir_arm(ap_kir_kernel *k, ap_kir_stmt *roles, unsigned lo, unsigned hi, unsigned grain,
+			int maxnreg)
+{
+	ap_kir_stmt *s;
+
+	if (!roles || roles->kind != AP_KIR_S_ROLES || grain == 0 || grain % 32 || lo >= hi || lo % grain ||
+	    hi % grain)
+		return fail(k);
+	s = ap__kir_stmt_append(k, &roles->body, AP_KIR_S_ARM);
+	if (s) {
+		s->arm_lo = lo;
+		s->arm_hi = hi;
+		s->arm_grain = grain;
+		s->maxnreg = maxnreg;
+	}
+	return s;
+}
+
 ap_kir_stmt *ap_kir_bulk_copy(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *dst, ap_kir_expr *index,
 			      ap_kir_array *src, ap_kir_expr *src_index, int bytes, ap_kir_array *bar,
 			      ap_kir_expr *bar_index)

@@ -215,6 +215,8 @@ typedef enum ap_kir_stmt_kind {
 	AP_KIR_S_TMA_LOAD,     /* cp.async.bulk.tensor: the box of src's tensor map at
 				  values[0 .. width-1] -> arr[index..], completing on
 				  bar[bar_index] */
+	AP_KIR_S_ROLES,        /* warp specialisation: body holds ARM statements only */
+	AP_KIR_S_ARM,          /* threads [arm_lo, arm_hi) run body (ap_kir_arm) */
 } ap_kir_stmt_kind;
 
 /* The warp-level matrix multiply-accumulates of PTX (ISA, "Warp-level
@@ -339,6 +341,12 @@ struct ap_kir_stmt {
 	ap_kir_wg_layout wg[2];   /* WGMMA: A's and B's layouts (width: N) */
 	ap_kir_array *bar;        /* BULK_COPY: the mbarrier array ... */
 	ap_kir_expr *bar_index;   /* ... and the barrier it completes on */
+	unsigned arm_lo, arm_hi;  /* ARM: its threads (block-linear thread index) */
+	unsigned arm_grain;       /* ARM: threads of each group that runs on its own
+				     (a warp or a warpgroup: the host runs each as
+				     a coroutine of its own) */
+	int maxnreg;              /* ARM: setmaxnreg.inc to it (> 0), .dec to -it
+				     (< 0), none (0) */
 };
 
 typedef struct ap_kir_arena ap_kir_arena;
@@ -736,6 +744,31 @@ ap_kir_stmt *ap_kir_tma_load(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *ds
 			     ap_kir_array *buf, ap_kir_expr *const *coords, ap_kir_array *bar,
 			     ap_kir_expr *bar_index);
 
+/* Warp specialisation (docs/hopper-pipeline.md, section 1.2): a ROLES
+ * statement whose arms (ap_kir_arm) split the block's threads into
+ * disjoint ranges, each running its own code -- a producer warpgroup
+ * issuing TMA loads, consumer warpgroups computing -- synchronised only by
+ * mbarriers (no __syncthreads inside; the statements after ROLES need a
+ * barrier to see the arms' shared writes).  CUDA prints an if / else if
+ * chain on threadIdx.x; the host runs every group of arm_grain threads of
+ * an arm as a stackless coroutine that yields at each mbarrier wait whose
+ * phase is not complete (print.c, print_roles_host), so a wait on an
+ * arrival another arm makes later cannot hang.  The block must be 1-D.
+ * NULL on failure (k failed). */
+ap_kir_stmt *ap_kir_roles(ap_kir_kernel *k, ap_kir_block *b);
+/* An arm of `roles` (from ap_kir_roles): threads [lo, hi) of the block,
+ * in groups of `grain` threads (32: warps, 128: warpgroups) that each run
+ * the body independently (on the GPU they are not synchronised with each
+ * other: an arm of two consumer warpgroups arrives twice on a barrier it
+ * releases); lo, hi multiples of grain, lo < hi.  maxnreg: the
+ * setmaxnreg.inc (> 0) or .dec (< 0) register count the arm's
+ * warpgroups ask for first (PTX ISA "setmaxnreg": a multiple of 8 in
+ * [24, 256], whole warpgroups), 0 for none.  Fill ->body.  Fails (k
+ * failed, NULL) on a `roles` that is not a ROLES statement or bad
+ * bounds; the verifier's rule role checks the rest. */
+ap_kir_stmt *ap_kir_arm(ap_kir_kernel *k, ap_kir_stmt *roles, unsigned lo, unsigned hi, unsigned grain,
+			int maxnreg);
+
 /* Elements per lane of the fragments of `kind`: A, B and C/D. */
 void ap_kir_mma_frag_sizes(ap_kir_mma_kind kind, int *a, int *b, int *c);
 ap_kir_stmt *ap_kir_comment(ap_kir_kernel *k, ap_kir_block *b, const char *fmt, ...)
@@ -897,7 +930,17 @@ typedef struct ap_kir_limits {
  *             statically: loops are walked twice (what is in flight at
  *             the end of a pass stays so at the start of the next) and
  *             both arms of an if are joined, each commit group aligned on
- *             the newest.
+ *             the newest;
+ *   role      ROLES (ap_kir_roles) under thread-dependent control flow,
+ *             inside an arm, twice in a kernel, in a kernel with clusters
+ *             or a block that is not 1-D, without arms or
+ *             holding anything but arms; arms outside the block or
+ *             overlapping; a setmaxnreg count that is not a multiple of 8
+ *             in [24, 256] or on an arm not of whole warpgroups; inside
+ *             an arm: a block or cluster barrier (the arms meet only on
+ *             mbarriers), a shuffle, ldmatrix or mma.sync (the host runs
+ *             only wgmma and mbarrier waits per arm), wgmma in an arm not
+ *             of whole warpgroups.
  * Also AP_ENOMEM (out of memory) and AP_EINTERNAL for a kernel whose
  * construction failed. */
 int ap_kir_verify(const ap_kir_kernel *k, const ap_kir_limits *lim, ap_error *err);

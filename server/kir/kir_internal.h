@@ -37,5 +37,6 @@ extern const char ap__kir_host_wgmma_src[];
  * TMA tile load) over a compiled-in description, optionally telling the
  * checker of each element read (half.c; check_kir compares the two). */
 extern const char ap__kir_host_tmap_src[];
+extern const char ap__kir_host_mbar_src[];
 
 #endif

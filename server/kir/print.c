@@ -136,6 +136,14 @@ typedef struct printer {
 	bool const_init;             /* printing a constant array's initializer */
 	bool check;                  /* host: the checking mode (AP_KIR_HOST_CHECK) */
 	bool baseline;               /* host: no x86-64-v3 clone (AP_KIR_PRINT_BASELINE) */
+	/* host, warp specialisation (print_roles_host) */
+	bool roles;                  /* the kernel has ROLES: plain mbarrier state, the fault exit */
+	unsigned lo, hi;             /* the threads the block-level code runs (an arm's group
+					inside ROLES; 0 and nt outside) */
+	int co;                      /* the coroutine being printed (-1: none) */
+	int resume;                  /* ... and its resume points so far */
+	unsigned char *arm_for;      /* per var id: a loop at an arm's block level, its
+					variable kept per group (NAME[lo]) */
 	char bad_msg[160];
 } printer;
 
@@ -301,7 +309,11 @@ static void print_int(printer *p, ap_dtype t, int64_t v)
 
 static void print_var(printer *p, const ap_kir_var *v)
 {
-	if (p->target == AP_KIR_HOST && p->per_thread[v->id])
+	if (p->target == AP_KIR_HOST && p->arm_for && p->arm_for[v->id])
+		sb_printf(&p->out, "%s[%u]", v->name, p->lo);
+	else if (p->target == AP_KIR_HOST && p->per_thread[v->id] && p->block_mode && p->lo)
+		sb_printf(&p->out, "%s[%u]", v->name, p->lo);   /* an arm's first thread */
+	else if (p->target == AP_KIR_HOST && p->per_thread[v->id])
 		sb_printf(&p->out, "%s[%s]", v->name, p->block_mode ? "0" : "ap_t");
 	else
 		sb_printf(&p->out, "%s", v->name);
@@ -666,7 +678,10 @@ static bool stmt_has_collective(const ap_kir_stmt *s)
 	case AP_KIR_S_MMA:
 	case AP_KIR_S_WGMMA:
 	case AP_KIR_S_MBAR_WAIT:   /* the host: between phases (every arrival made) */
+	case AP_KIR_S_ROLES:       /* the host: coroutines at block level */
 		return true;
+	case AP_KIR_S_ARM:
+		return block_has_collective(&s->body);
 	case AP_KIR_S_FOR:
 		return block_has_collective(&s->body);
 	case AP_KIR_S_IF:
@@ -677,8 +692,11 @@ static bool stmt_has_collective(const ap_kir_stmt *s)
 }
 
 /* Host: registers declared directly in a list that contains a collective
- * get a slot per thread. */
-static void mark_per_thread(printer *p, const ap_kir_block *b)
+ * get a slot per thread.  Inside an arm (in_arm), a loop at block level
+ * keeps its variable in the slot of the group's first thread (arm_for):
+ * a coroutine leaves and re-enters the loop at its waits, so the variable
+ * cannot be a C local of the loop. */
+static void mark_per_thread_in(printer *p, const ap_kir_block *b, bool in_arm)
 {
 	if (!block_has_collective(b))
 		return;
@@ -688,11 +706,19 @@ static void mark_per_thread(printer *p, const ap_kir_block *b)
 		if (s->kind == AP_KIR_S_VLOAD)
 			for (int i = 0; i < s->width; i++)
 				p->per_thread[s->vars[i]->id] = 1;
-		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF) {
-			mark_per_thread(p, &s->body);
-			mark_per_thread(p, &s->orelse);
+		if (s->kind == AP_KIR_S_FOR && in_arm && block_has_collective(&s->body) && p->arm_for)
+			p->per_thread[s->var->id] = p->arm_for[s->var->id] = 1;
+		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF || s->kind == AP_KIR_S_ROLES ||
+		    s->kind == AP_KIR_S_ARM) {
+			mark_per_thread_in(p, &s->body, in_arm || s->kind == AP_KIR_S_ARM);
+			mark_per_thread_in(p, &s->orelse, in_arm);
 		}
 	}
+}
+
+static void mark_per_thread(printer *p, const ap_kir_block *b)
+{
+	mark_per_thread_in(p, b, false);
 }
 
 static void print_block_thread(printer *p, const ap_kir_block *b, int depth);
@@ -716,6 +742,15 @@ static void print_for_head(printer *p, const ap_kir_stmt *s)
 	sbuf *b = &p->out;
 	const char *ty = ap_kir_ctype(s->var->type);
 
+	if (p->target == AP_KIR_HOST && p->arm_for && p->arm_for[s->var->id]) {
+		/* an arm's loop: its variable outlives the coroutine's yields */
+		sb_printf(b, "for (%s[%u] = ", s->var->name, p->lo);
+		print_expr(p, s->lo);
+		sb_printf(b, "; %s[%u] < ", s->var->name, p->lo);
+		print_expr(p, s->hi);
+		sb_printf(b, "; %s[%u] += %lld) {\n", s->var->name, p->lo, (long long)s->step);
+		return;
+	}
 	sb_printf(b, "for (%s %s = ", ty, s->var->name);
 	print_expr(p, s->lo);
 	sb_printf(b, "; %s < ", s->var->name);
@@ -1107,8 +1142,14 @@ static void print_tma_load(printer *p, const ap_kir_stmt *s, bool cuda)
 	}
 	sb_printf(b, " ap_tmap_host_load(&ap_td, ");
 	print_array_ref(p, s->src);
-	sb_printf(b, ", ap_tc, ap_dst, %s, ap_t); }\n",
+	sb_printf(b, ", ap_tc, ap_dst, %s, ap_t);",
 		  p->check ? "ap_ckb ? ap_check_rt->rd : 0, ap_ck" : "0, 0");
+	if (p->roles) {   /* the plain state: the box landed */
+		sb_printf(b, " ap_mbh_land(&ap_mbh_%s[", s->bar->name);
+		print_expr(p, s->bar_index);
+		sb_printf(b, "], %zu);", ap_tmap_box_bytes(d));
+	}
+	sb_printf(b, " }\n");
 }
 
 /* mbarrier.init / arrive and cp.async.bulk (thread mode): PTX on CUDA
@@ -1128,9 +1169,21 @@ static void print_mbar_thread(printer *p, const ap_kir_stmt *s, int depth)
 		print_shared_addr(p, bar, bi);
 		sb_printf(b, "; ");
 	} else if (!copy) {
+		if (p->roles) {   /* the plain state the coroutines wait on */
+			sb_printf(b, "%s(&ap_mbh_%s[", s->kind == AP_KIR_S_MBAR_INIT ? "ap_mbh_init" : "ap_mbh_arrive",
+				  bar->name);
+			print_expr(p, bi);
+			sb_printf(b, "], (long long)(");
+			if (s->value)
+				print_expr(p, s->value);
+			else
+				sb_printf(b, "0");
+			sb_printf(b, "));%s", p->check ? " " : "\n");
+		}
 		if (!p->check) {
-			sb_printf(b, "/* %s: the host's copies land at once */\n",
-				  s->kind == AP_KIR_S_MBAR_INIT ? "mbarrier.init" : "mbarrier.arrive");
+			if (!p->roles)
+				sb_printf(b, "/* %s: the host's copies land at once */\n",
+					  s->kind == AP_KIR_S_MBAR_INIT ? "mbarrier.init" : "mbarrier.arrive");
 			return;
 		}
 		sb_printf(b, "AP_CK(%s(ap_ck, ", s->kind == AP_KIR_S_MBAR_INIT ? "mbar_init" : "mbar_arrive");
@@ -1194,7 +1247,13 @@ static void print_mbar_thread(printer *p, const ap_kir_stmt *s, int depth)
 		print_elem_index(p, s->arr, NULL, "ap_ci + ap_e", 0);
 		sb_printf(b, " = ");
 		print_array_ref(p, s->src);
-		sb_printf(b, "[ap_cs + ap_e]; }\n");
+		sb_printf(b, "[ap_cs + ap_e];");
+		if (p->roles) {
+			sb_printf(b, " ap_mbh_land(&ap_mbh_%s[", bar->name);
+			print_expr(p, bi);
+			sb_printf(b, "], %d);", s->width);
+		}
+		sb_printf(b, " }\n");
 		break;
 	}
 }
@@ -1216,6 +1275,41 @@ static void print_mbar_wait(printer *p, const ap_kir_stmt *s, int depth)
 		sb_printf(b, "); unsigned ap_ok; do asm volatile(\"{ .reg .pred ap_p; mbarrier.try_wait.parity.shared::cta.b64 "
 			  "ap_p, [%%1], %%2; selp.u32 %%0, 1, 0, ap_p; }\\n\" : \"=r\"(ap_ok) : \"r\"(ap_mb), "
 			  "\"r\"(ap_par) : \"memory\"); while (!ap_ok); }\n");
+		return;
+	}
+	if (p->co >= 0) {
+		/* a resume point of the arm's coroutine (print_roles_host): the
+		 * barrier and parity kept for the retry and a deadlock report;
+		 * not ready -> yield */
+		int j = ++p->resume;
+
+		sb_indent(b, depth);
+		sb_printf(b, "ap_pc[%d] = %d; ap_wb[%d] = (void *)&", p->co, j, p->co);
+		print_array_ref(p, s->arr);
+		sb_printf(b, "[");
+		print_expr(p, s->index);
+		sb_printf(b, "]; ap_wh[%d] = &ap_mbh_%s[", p->co, s->arr->name);
+		print_expr(p, s->index);
+		sb_printf(b, "]; ap_wp[%d] = (unsigned)(", p->co);
+		print_expr(p, s->value);
+		sb_printf(b, ");\n");
+		sb_printf(b, "ap_r%d_%d:\n", p->co, j);
+		sb_indent(b, depth);
+		if (p->check)
+			sb_printf(b, "if (!(ap_ckb ? ap_check_rt->mbar_ready(ap_ck, ap_wb[%d], ap_wp[%d]) : "
+				  "ap_mbh_ready(ap_wh[%d], ap_wp[%d])))\n", p->co, p->co, p->co, p->co);
+		else
+			sb_printf(b, "if (!ap_mbh_ready(ap_wh[%d], ap_wp[%d]))\n", p->co, p->co);
+		sb_indent(b, depth + 1);
+		sb_printf(b, "goto ap_r%d_out;   /* yield */\n", p->co);
+		sb_indent(b, depth);
+		sb_printf(b, "ap_moved = 1;\n");
+		if (!p->check)
+			return;
+		open_thread_loop(p, depth);
+		sb_indent(b, depth + 1);
+		sb_printf(b, "AP_CK(mbar_wait(ap_ck, ap_wb[%d], ap_wp[%d], ap_t));\n", p->co, p->co);
+		close_thread_loop(p, depth);
 		return;
 	}
 	if (!p->check) {
@@ -1448,11 +1542,42 @@ static void print_wg_sync(printer *p, const ap_kir_stmt *s, int depth)
 }
 
 /* One statement in thread mode (CUDA, or inside a host phase). */
+/* CUDA: ROLES as an if / else if chain on the thread index, each arm's
+ * warpgroups first asking for their registers (setmaxnreg). */
+static void print_roles_cuda(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+
+	for (const ap_kir_stmt *a = s->body.first; a; a = a->next) {
+		sb_indent(b, depth);
+		sb_printf(b, "%sif (threadIdx.x >= %uu && threadIdx.x < %uu) {   /* arm: groups of %u threads */\n",
+			  a == s->body.first ? "" : "} else ", a->arm_lo, a->arm_hi, a->arm_grain);
+		if (a->maxnreg) {
+			sb_indent(b, depth + 1);
+			sb_printf(b, "asm volatile(\"setmaxnreg.%s.sync.aligned.u32 %d;\\n\" ::: \"memory\");\n",
+				  a->maxnreg > 0 ? "inc" : "dec", a->maxnreg > 0 ? a->maxnreg : -a->maxnreg);
+		}
+		print_block_thread(p, &a->body, depth + 1);
+	}
+	sb_indent(b, depth);
+	sb_printf(b, "}\n");
+}
+
 static void print_stmt_thread(printer *p, const ap_kir_stmt *s, int depth)
 {
 	sbuf *b = &p->out;
 
 	switch (s->kind) {
+	case AP_KIR_S_ROLES:
+		if (p->target == AP_KIR_CUDA) {
+			print_roles_cuda(p, s, depth);
+		} else {
+			p->bad = true;
+			snprintf(p->bad_msg, sizeof(p->bad_msg), "ROLES inside a thread phase");
+		}
+		break;
+	case AP_KIR_S_ARM:
+		break;   /* printed by its ROLES */
 	case AP_KIR_S_FOR:
 	case AP_KIR_S_IF:
 		print_control(p, s, depth, print_block_thread);
@@ -1635,7 +1760,10 @@ static void open_thread_loop(printer *p, int depth)
 	sbuf *b = &p->out;
 
 	sb_indent(b, depth);
-	sb_printf(b, "for (unsigned ap_t = 0; ap_t < %uu; ap_t++) {\n", p->nt);
+	if (p->lo)
+		sb_printf(b, "for (unsigned ap_t = %uu; ap_t < %uu; ap_t++) {\n", p->lo, p->hi);
+	else
+		sb_printf(b, "for (unsigned ap_t = 0; ap_t < %uu; ap_t++) {\n", p->hi);
 	if (k->block[0] > 1) {
 		sb_indent(b, depth + 1);
 		sb_printf(b, "const long long ap_tx = (long long)(ap_t %% %uu);\n", k->block[0]);
@@ -2111,7 +2239,10 @@ static void print_wgmma_host(printer *p, const ap_kir_stmt *s, int depth)
 	sb_printf(b, "}\n");
 	close_thread_loop(p, depth);
 	sb_indent(b, depth);
-	sb_printf(b, "for (unsigned ap_wi = 0; ap_wi < %uu; ap_wi++)\n", p->nt / 128);
+	if (p->lo)   /* an arm's warpgroups */
+		sb_printf(b, "for (unsigned ap_wi = %uu; ap_wi < %uu; ap_wi++)\n", p->lo / 128, p->hi / 128);
+	else
+		sb_printf(b, "for (unsigned ap_wi = 0; ap_wi < %uu; ap_wi++)\n", p->hi / 128);
 	sb_indent(b, depth + 1);
 	sb_printf(b, "for (int ap_i = 0; ap_i < 64; ap_i++)\n");
 	sb_indent(b, depth + 2);
@@ -2136,6 +2267,122 @@ static void print_wgmma_host(printer *p, const ap_kir_stmt *s, int depth)
 	print_slot(p, s->frag[0], s->frag_off[0], " + ap_i");
 	sb_printf(b, " = ap_wg_d[ap_wi][ap_g + 8u * ((ap_i >> 1) & 1u)][8u * (ap_i >> 2) + ap_q + (ap_i & 1u)];\n");
 	close_thread_loop(p, depth);
+}
+
+static void print_block_host(printer *p, const ap_kir_block *blk, int depth);
+
+/* The mbarrier waits of an arm's body: its coroutine's resume points. */
+static int count_waits(const ap_kir_block *b)
+{
+	int n = 0;
+
+	for (const ap_kir_stmt *s = b->first; s; s = s->next) {
+		if (s->kind == AP_KIR_S_MBAR_WAIT)
+			n++;
+		n += count_waits(&s->body) + count_waits(&s->orelse);
+	}
+	return n;
+}
+
+/* Host: ROLES as stackless coroutines (docs/hopper-pipeline.md, section
+ * 1.2).  Each group of arm_grain threads of each arm is one coroutine:
+ * its body in block mode over its own threads (p->lo, p->hi), each
+ * mbarrier wait a resume point (print_mbar_wait: the point saved in
+ * ap_pc, a wait not ready jumps to the coroutine's end -- a yield).  The
+ * block's scheduler runs the live coroutines round-robin, each until it
+ * yields or ends; when none moved, the checking mode lands the oldest
+ * copy in flight (the checker's deliver: copies land as late as the ISA
+ * allows) and retries, and otherwise it is a deadlock: the checker hears
+ * of every blocked coroutine (stuck), the kernel sets ap_host_fault and
+ * leaves (the runtime fails the launch).  Registers live across a wait
+ * are per-thread slots (mark_per_thread), loop variables at the arm's
+ * block level slots of the group's first thread (arm_for): nothing a
+ * resumed coroutine needs lives in a C local the goto skipped. */
+static void print_roles_host(printer *p, const ap_kir_stmt *s, int depth)
+{
+	sbuf *b = &p->out;
+	int n = 0, co = 0;
+
+	for (const ap_kir_stmt *a = s->body.first; a; a = a->next)
+		n += (int)((a->arm_hi - a->arm_lo) / a->arm_grain);
+	if (n > 8) {
+		p->bad = true;
+		snprintf(p->bad_msg, sizeof(p->bad_msg), "more than 8 groups in the arms of ROLES");
+		return;
+	}
+	sb_indent(b, depth);
+	sb_printf(b, "{ /* warp specialisation: %d coroutines, one per group of an arm */\n", n);
+	sb_indent(b, depth + 1);
+	sb_printf(b, "int ap_pc[%d] = {0}; void *ap_wb[%d] = {0}; ap_mbh *ap_wh[%d] = {0}; unsigned ap_wp[%d] = {0}, "
+		  "ap_live = 0x%xu;\n", n, n, n, n, (unsigned)((1ull << n) - 1));
+	sb_indent(b, depth + 1);
+	sb_printf(b, "for (;;) {\n");
+	sb_indent(b, depth + 2);
+	sb_printf(b, "int ap_moved = 0;\n");
+	for (const ap_kir_stmt *a = s->body.first; a; a = a->next)
+		for (unsigned g = a->arm_lo; g < a->arm_hi; g += a->arm_grain, co++) {
+			int waits = count_waits(&a->body);
+
+			sb_indent(b, depth + 2);
+			sb_printf(b, "/* arm %u..%u: threads %u..%u */\n", a->arm_lo, a->arm_hi - 1, g,
+				  g + a->arm_grain - 1);
+			sb_indent(b, depth + 2);
+			sb_printf(b, "if (ap_live & 0x%xu) {\n", 1u << co);
+			if (waits) {
+				sb_indent(b, depth + 3);
+				sb_printf(b, "switch (ap_pc[%d]) {", co);
+				for (int j = 1; j <= waits; j++)
+					sb_printf(b, " case %d: goto ap_r%d_%d;", j, co, j);
+				sb_printf(b, " default: break; }\n");
+			}
+			sb_indent(b, depth + 3);
+			sb_printf(b, "ap_moved = 1;\n");
+			p->lo = g;
+			p->hi = g + a->arm_grain;
+			p->co = co;
+			p->resume = 0;
+			print_block_host(p, &a->body, depth + 3);
+			p->lo = 0;
+			p->hi = p->nt;
+			p->co = -1;
+			sb_indent(b, depth + 3);
+			sb_printf(b, "ap_live &= ~0x%xu;\n", 1u << co);
+			sb_indent(b, depth + 2);
+			sb_printf(b, "}\n");
+			if (waits)
+				sb_printf(b, "ap_r%d_out:;\n", co);
+		}
+	sb_indent(b, depth + 2);
+	sb_printf(b, "if (!ap_live)\n");
+	sb_indent(b, depth + 3);
+	sb_printf(b, "break;\n");
+	sb_indent(b, depth + 2);
+	sb_printf(b, "if (ap_moved)\n");
+	sb_indent(b, depth + 3);
+	sb_printf(b, "continue;\n");
+	if (p->check) {
+		sb_indent(b, depth + 2);
+		sb_printf(b, "if (ap_ckb && ap_check_rt->deliver(ap_ck))   /* the oldest copy in flight lands */\n");
+		sb_indent(b, depth + 3);
+		sb_printf(b, "continue;\n");
+	}
+	sb_indent(b, depth + 2);
+	sb_printf(b, "/* deadlock: no coroutine can move, nothing is in flight */\n");
+	co = 0;
+	for (const ap_kir_stmt *a = s->body.first; a && p->check; a = a->next)
+		for (unsigned g = a->arm_lo; g < a->arm_hi; g += a->arm_grain, co++) {
+			sb_indent(b, depth + 2);
+			sb_printf(b, "if (ap_live & 0x%xu) AP_CK(stuck(ap_ck, ap_wb[%d], ap_wp[%d], %uu, %uu));\n", 1u << co,
+				  co, co, g, g + a->arm_grain);
+		}
+	sb_indent(b, depth + 2);
+	sb_printf(b, "__atomic_store_n(&ap_host_fault, 1, __ATOMIC_RELAXED);\n");
+	sb_indent(b, depth + 2);
+	sb_printf(b, "goto ap_fault;\n");
+	sb_indent(b, depth + 1);
+	sb_printf(b, "}\n");
+	sb_indent(b, depth);
+	sb_printf(b, "}\n");
 }
 
 static void print_block_host(printer *p, const ap_kir_block *blk, int depth)
@@ -2177,6 +2424,9 @@ static void print_block_host(printer *p, const ap_kir_block *blk, int depth)
 			break;
 		case AP_KIR_S_MBAR_WAIT:
 			print_mbar_wait(p, s, depth);
+			break;
+		case AP_KIR_S_ROLES:
+			print_roles_host(p, s, depth);
 			break;
 		case AP_KIR_S_FOR:
 		case AP_KIR_S_IF:
@@ -2330,6 +2580,9 @@ static void print_prelude(printer *p)
 		if (p->uses_tma)
 			sb_printf(b, "#ifndef AP_TMAP_DEFINED\n#define AP_TMAP_DEFINED\n%s#endif\n",
 				  ap__kir_host_tmap_src);
+		if (p->roles)
+			sb_printf(b, "#ifndef AP_MBH_DEFINED\n#define AP_MBH_DEFINED\n%s#endif\n",
+				  ap__kir_host_mbar_src);
 		if (p->check)   /* the checker's table, set by the runtime (hostcheck.h) */
 			sb_printf(b, "#ifndef AP_CHECK_DEFINED\n#define AP_CHECK_DEFINED\n%s"
 				  "const ap_hcheck_ops *ap_check_rt;\n"
@@ -2468,7 +2721,10 @@ static void declare_per_thread(printer *p, const ap_kir_block *blk)
 				if (p->per_thread[s->vars[i]->id])
 					sb_printf(&p->out, "\t%s %s[%u];\n", ctype(p, s->arr->type),
 						  s->vars[i]->name, p->nt);
-		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF) {
+		if (s->kind == AP_KIR_S_FOR && p->arm_for && p->arm_for[s->var->id])
+			sb_printf(&p->out, "\t%s %s[%u];\n", ctype(p, s->var->type), s->var->name, p->nt);
+		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF || s->kind == AP_KIR_S_ROLES ||
+		    s->kind == AP_KIR_S_ARM) {
 			declare_per_thread(p, &s->body);
 			declare_per_thread(p, &s->orelse);
 		}
@@ -2533,6 +2789,38 @@ static void print_check_regions(printer *p)
 	}
 }
 
+/* Checking mode, ROLES: every group of every arm is one arm for the
+ * checker (its clocks; roles in common/hostcheck.h), in print_roles_host's
+ * order. */
+static int roles_bounds(const ap_kir_block *b, unsigned *out, int n)
+{
+	for (const ap_kir_stmt *s = b->first; s; s = s->next) {
+		if (s->kind == AP_KIR_S_ROLES)
+			for (const ap_kir_stmt *a = s->body.first; a; a = a->next)
+				for (unsigned g = a->arm_lo; g < a->arm_hi; g += a->arm_grain, n++)
+					if (n < 8) {
+						out[2 * n] = g;
+						out[2 * n + 1] = g + a->arm_grain;
+					}
+		n = roles_bounds(&s->body, out, n);
+		n = roles_bounds(&s->orelse, out, n);
+	}
+	return n;
+}
+
+static void print_check_roles(printer *p)
+{
+	unsigned bounds[16];
+	int n = roles_bounds(&p->k->body, bounds, 0);
+
+	if (n > 8)
+		return;   /* print_roles_host refuses it */
+	sb_printf(&p->out, "\t{\n\t\tstatic const unsigned ap_rb[%d] = {", 2 * n);
+	for (int i = 0; i < 2 * n; i++)
+		sb_printf(&p->out, "%s%uu", i ? ", " : "", bounds[i]);
+	sb_printf(&p->out, "};\n\t\tap_check_rt->roles(ap_ck, %du, ap_rb);\n\t}\n", n);
+}
+
 static void print_host(printer *p)
 {
 	const ap_kir_kernel *k = p->k;
@@ -2583,8 +2871,14 @@ static void print_host(printer *p)
 	if (p->has_collective)
 		print_local_decls(p, 1, LD_SLOTS);
 	print_shared_decls(p, 1);
+	if (p->roles)
+		for (int i = 0; i < k->n_arrays; i++)
+			if (k->arrays[i]->mbar)   /* each mbarrier's plain state (ap_mbh) */
+				sb_printf(b, "\tap_mbh ap_mbh_%s[%lld];\n", k->arrays[i]->name, (long long)k->arrays[i]->size);
 	if (p->check)
 		print_check_regions(p);
+	if (p->check && p->roles)
+		print_check_roles(p);
 	sb_printf(b, "\tfor (unsigned ap_b = block_begin; ap_b < block_end; ap_b++) {\n");
 	if (k->cluster > 1) {
 		/* the cluster whose first block this is, all its blocks at once */
@@ -2604,6 +2898,8 @@ static void print_host(printer *p)
 	p->block_mode = true;
 	print_block_host(p, &k->body, 2);
 	sb_printf(b, "\t}\n");
+	if (p->roles)   /* a deadlock leaves the kernel here */
+		sb_printf(b, "ap_fault:;\n");
 	if (p->check)
 		sb_printf(b, "\tap_check_rt->end(ap_ck);\n");
 	sb_printf(b, "}\n");
@@ -2652,6 +2948,8 @@ static int scan_stmt(const ap_kir_stmt *s, int depth, void *user)
 		p->vec_array[s->arr->id] = 1;
 	if (s->kind == AP_KIR_S_TMA_LOAD)
 		p->uses_tma = true;
+	if (s->kind == AP_KIR_S_ROLES)
+		p->roles = true;
 	return 0;
 }
 
@@ -2697,6 +2995,9 @@ __ap_give char *ap_kir_print_with(const ap_kir_kernel *k, ap_kir_target target, 
 	p.target = p.check ? AP_KIR_HOST : target;
 	p.bt = ap_kir_block_threads(k);
 	p.nt = p.bt * (p.target == AP_KIR_HOST && k->cluster > 1 ? k->cluster : 1);
+	p.lo = 0;
+	p.hi = p.nt;
+	p.co = -1;
 	p.per_thread = calloc((size_t)k->n_vars + 1, 1);
 	p.vec_array = calloc((size_t)k->n_arrays + 1, 1);
 	p.promoted = calloc((size_t)k->n_arrays + 1, 1);
@@ -2709,6 +3010,13 @@ __ap_give char *ap_kir_print_with(const ap_kir_kernel *k, ap_kir_target target, 
 	}
 	p.has_collective = block_has_collective(&k->body);
 	scan_kernel(&p);
+	if (p.roles && p.target == AP_KIR_HOST && !(p.arm_for = calloc((size_t)k->n_vars + 1, 1))) {
+		free(p.per_thread);
+		free(p.vec_array);
+		free(p.promoted);
+		ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory printing %s", k->name);
+		return NULL;
+	}
 	if (p.target == AP_KIR_HOST) {
 		mark_per_thread(&p, &k->body);
 		print_host(&p);
@@ -2718,6 +3026,7 @@ __ap_give char *ap_kir_print_with(const ap_kir_kernel *k, ap_kir_target target, 
 	free(p.per_thread);
 	free(p.vec_array);
 	free(p.promoted);
+	free(p.arm_for);
 	if (p.bad) {
 		free(p.out.s);
 		ap_error_set(err, AP_EINTERNAL, NULL, NULL, "kernel %s: %s", k->name,

@@ -36,6 +36,8 @@ typedef struct vctx {
 	unsigned char *declared;     /* per var id: declared once already */
 	unsigned char *varying;      /* per var id: may differ between threads */
 	bool changed;
+	const ap_kir_stmt *arm;      /* the ARM being checked (rule role); NULL outside */
+	int n_roles;                 /* ROLES statements so far */
 } vctx;
 
 static void bad(vctx *v, const char *rule, const char *fmt, ...)
@@ -150,6 +152,10 @@ static void find_varying(vctx *v, const ap_kir_block *b, bool ctx)
 			inner = ctx && uniform(v, s->cond);
 			find_varying(v, &s->body, inner);
 			find_varying(v, &s->orelse, inner);
+			break;
+		case AP_KIR_S_ROLES:   /* an arm's body: uniform over the arm's threads */
+		case AP_KIR_S_ARM:
+			find_varying(v, &s->body, ctx);
 			break;
 		case AP_KIR_S_LET:
 		case AP_KIR_S_ASSIGN:
@@ -577,6 +583,53 @@ static void check_tma(vctx *v, const ap_kir_stmt *s)
 	}
 }
 
+/* Rule role: a ROLES statement under block-uniform control flow, outside
+ * any arm, in a 1-D block, holding only arms whose thread ranges are
+ * disjoint and inside the block; an arm's setmaxnreg a multiple of 8 in
+ * [24, 256] on whole warpgroups (PTX ISA "setmaxnreg"). */
+static void check_roles(vctx *v, const ap_kir_stmt *s, bool ctx)
+{
+	const ap_kir_kernel *k = v->k;
+	unsigned nt = ap_kir_block_threads(k);
+
+	if (!ctx || v->arm) {
+		bad(v, "role", "%s", v->arm ? "ROLES inside an arm" : "ROLES under thread-dependent control flow");
+		return;
+	}
+	if (k->block[1] != 1 || k->block[2] != 1 || !s->body.first) {
+		bad(v, "role", "%s", s->body.first ? "ROLES in a block that is not 1-D" : "ROLES without arms");
+		return;
+	}
+	if (++v->n_roles > 1 || k->cluster > 1) {
+		bad(v, "role", "%s", k->cluster > 1 ? "ROLES in a kernel with clusters" : "a second ROLES in a kernel");
+		return;
+	}
+	for (const ap_kir_stmt *a = s->body.first; a; a = a->next) {
+		int n = a->maxnreg < 0 ? -a->maxnreg : a->maxnreg;
+
+		if (a->kind != AP_KIR_S_ARM) {
+			bad(v, "role", "a statement other than an arm directly in ROLES");
+			return;
+		}
+		if (a->arm_hi > nt || a->arm_lo >= a->arm_hi || !a->arm_grain || a->arm_grain % 32 ||
+		    a->arm_lo % a->arm_grain || a->arm_hi % a->arm_grain) {
+			bad(v, "role", "arm of threads [%u, %u) in groups of %u in a block of %u threads", a->arm_lo,
+			    a->arm_hi, a->arm_grain, nt);
+			return;
+		}
+		for (const ap_kir_stmt *b = s->body.first; b != a; b = b->next)
+			if (b->arm_lo < a->arm_hi && a->arm_lo < b->arm_hi) {
+				bad(v, "role", "arms [%u, %u) and [%u, %u) overlap", b->arm_lo, b->arm_hi, a->arm_lo,
+				    a->arm_hi);
+				return;
+			}
+		if (n && (n % 8 || n < 24 || n > 256 || a->arm_grain % 128)) {
+			bad(v, "role", "setmaxnreg %d on an arm of groups of %u threads", a->maxnreg, a->arm_grain);
+			return;
+		}
+	}
+}
+
 static bool is_mbar_stmt(const ap_kir_stmt *s)
 {
 	return s->kind == AP_KIR_S_MBAR_INIT || s->kind == AP_KIR_S_MBAR_ARRIVE ||
@@ -648,17 +701,33 @@ static void check_stmt(vctx *v, const ap_kir_stmt *s, bool ctx)
 		check_value(v, s->arr->type, s->value, s->arr->name);
 		check_bounds(v, s->arr, s->index, 1);
 		break;
+	case AP_KIR_S_ROLES:
+		check_roles(v, s, ctx);
+		for (const ap_kir_stmt *a = s->body.first; a && !v->rc; a = a->next) {
+			v->arm = a;
+			check_block(v, &a->body, ctx);
+		}
+		v->arm = NULL;
+		break;
+	case AP_KIR_S_ARM:   /* checked with its ROLES */
+		break;
 	case AP_KIR_S_BARRIER:
+		if (v->arm)
+			bad(v, "role", "__syncthreads inside an arm (its threads meet only on mbarriers)");
 		if (!ctx)
 			bad(v, "uniform", "barrier under thread-dependent control flow");
 		break;
 	case AP_KIR_S_CLUSTER_BARRIER:
+		if (v->arm)
+			bad(v, "role", "cluster barrier inside an arm");
 		if (!ctx)
 			bad(v, "uniform", "cluster barrier under thread-dependent control flow");
 		if (v->k->cluster < 2)
 			bad(v, "cluster", "cluster barrier in a kernel without clusters");
 		break;
 	case AP_KIR_S_SHFL:
+		if (v->arm)
+			bad(v, "role", "a shuffle inside an arm (the host runs only wgmma and mbarrier waits there)");
 		check_shfl(v, s, ctx);
 		break;
 	case AP_KIR_S_VLOAD:
@@ -681,15 +750,21 @@ static void check_stmt(vctx *v, const ap_kir_stmt *s, bool ctx)
 		check_cp_async(v, s);
 		break;
 	case AP_KIR_S_LDMATRIX:
-		check_ldmatrix(v, s, ctx);
-		break;
 	case AP_KIR_S_MMA:
-		check_mma(v, s, ctx);
+		if (v->arm)
+			bad(v, "role", "%s inside an arm (the host runs only wgmma and mbarrier waits there)",
+			    s->kind == AP_KIR_S_MMA ? "mma.sync" : "ldmatrix");
+		else if (s->kind == AP_KIR_S_MMA)
+			check_mma(v, s, ctx);
+		else
+			check_ldmatrix(v, s, ctx);
 		break;
 	case AP_KIR_S_WGMMA:
 	case AP_KIR_S_WGMMA_FENCE:
 	case AP_KIR_S_WGMMA_COMMIT:
 	case AP_KIR_S_WGMMA_WAIT:
+		if (v->arm && v->arm->arm_grain % 128)
+			bad(v, "role", "wgmma in an arm of groups of %u threads (whole warpgroups only)", v->arm->arm_grain);
 		check_wgmma(v, s, ctx);
 		break;
 	case AP_KIR_S_FENCE_ASYNC:
@@ -806,7 +881,8 @@ static bool wg_changes(const ap_kir_block *b)
 {
 	for (const ap_kir_stmt *s = b->first; s; s = s->next)
 		if (s->kind == AP_KIR_S_WGMMA || s->kind == AP_KIR_S_WGMMA_COMMIT || s->kind == AP_KIR_S_WGMMA_WAIT ||
-		    ((s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF) &&
+		    ((s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF || s->kind == AP_KIR_S_ROLES ||
+		      s->kind == AP_KIR_S_ARM) &&
 		     (wg_changes(&s->body) || wg_changes(&s->orelse))))
 			return true;
 	return false;
@@ -863,6 +939,14 @@ static void wg_stmt(vctx *v, wg_state *st, const ap_kir_stmt *s)
 		wg_block(v, st, &s->body);
 		wg_block(v, &in, &s->orelse);
 		wg_join(v, st, &in);
+		return;
+	case AP_KIR_S_ROLES:   /* each arm from the state before; after: any of them */
+		in = *st;
+		for (const ap_kir_stmt *a = s->body.first; a && !v->rc; a = a->next) {
+			body = in;
+			wg_block(v, &body, &a->body);
+			wg_join(v, st, &body);
+		}
 		return;
 	default:
 		break;

@@ -97,6 +97,8 @@ static int visit_stmt_exprs(const ap_kir_stmt *s, const ap_kir_visitor *v, void 
 	case AP_KIR_S_COMMENT:
 	case AP_KIR_S_CP_COMMIT:
 	case AP_KIR_S_CP_WAIT:
+	case AP_KIR_S_ROLES:
+	case AP_KIR_S_ARM:
 		break;
 	}
 	return rc;
@@ -111,7 +113,8 @@ static int visit_block(const ap_kir_block *b, int depth, const ap_kir_visitor *v
 			return rc;
 		if (v->expr && (rc = visit_stmt_exprs(s, v, user)))
 			return rc;
-		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF) {
+		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF || s->kind == AP_KIR_S_ROLES ||
+		    s->kind == AP_KIR_S_ARM) {
 			if ((rc = visit_block(&s->body, depth + 1, v, user)) ||
 			    (rc = visit_block(&s->orelse, depth + 1, v, user)))
 				return rc;
@@ -129,7 +132,8 @@ int ap_kir_visit_range(const ap_kir_stmt *first, const ap_kir_stmt *end, const a
 			return rc;
 		if (v->expr && (rc = visit_stmt_exprs(s, v, user)))
 			return rc;
-		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF) {
+		if (s->kind == AP_KIR_S_FOR || s->kind == AP_KIR_S_IF || s->kind == AP_KIR_S_ROLES ||
+		    s->kind == AP_KIR_S_ARM) {
 			if ((rc = visit_block(&s->body, 1, v, user)) || (rc = visit_block(&s->orelse, 1, v, user)))
 				return rc;
 		}

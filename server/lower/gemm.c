@@ -701,16 +701,17 @@ size_t ap__gemm_smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_targe
 	/* split-K: every block's partial accumulator tile, for the cluster */
 	if (c->splitk > 1)
 		b += 16 + (size_t)c->bm * (size_t)c->bn * ap_dtype_size(p->acc_t);
-	/* tma=1: the ring's mbarriers, 8 bytes a stage */
+	/* tma=1: the ring's mbarriers, 8 bytes a stage; tma=2 (warp
+	 * specialised): a full and an empty barrier a stage */
 	if (c->tma)
-		b += 8 * S;
+		b += (c->tma == 2 ? 16 : 8) * S;
 	return a + b;
 }
 
 unsigned ap__gemm_threads_of(const gemm_plan *p, const gemm_cfg *c)
 {
-	if (p->wg)
-		return 128u * (unsigned)(c->tm * c->tn);
+	if (p->wg)   /* tma=2: the producer warpgroup after the consumers */
+		return 128u * (unsigned)(c->tm * c->tn + (c->tma == 2));
 	if (p->tc)
 		return 32u * (unsigned)(c->tm * c->tn);
 	return (unsigned)((c->bm / c->tm) * (c->bn / c->tn));
@@ -923,7 +924,7 @@ static int gm_space(const ap_bound *b, ap_space *sp)
 	 * (ap_target_info.tma) gets the TMA form's space: tma=1, and no
 	 * split-K, which that form does not combine with */
 	if (ap__gemm_tma_operands(p)) {
-		static const int tma_vals[] = {0, 1}, one[] = {1}, zero[] = {0};
+		static const int tma_vals[] = {0, 1, 2}, newest[] = {2, 1}, zero[] = {0}, one[] = {1};
 
 		if (sp->n == 6 || t->tma) {
 			knob(&sp->knobs[K_SPLITK], "splitk", one, 1);
@@ -935,11 +936,12 @@ static int gm_space(const ap_bound *b, ap_space *sp)
 		}
 		sp->n = 9;
 		if (t->tma)
-			knob(&sp->knobs[K_TMA], "tma", one, 1);
+			knob(&sp->knobs[K_TMA], "tma", newest, 2);
 		else
-			knob(&sp->knobs[K_TMA], "tma", tma_vals, 2);
-		/* 0 first: the cp.async form (a request asking for TMA has
-		 * records of its own: ap_tune_signature's "|tma") */
+			knob(&sp->knobs[K_TMA], "tma", tma_vals, 3);
+		/* 0 first: the cp.async form; a request asking for TMA (which
+		 * has records of its own: ap_tune_signature's "|tma") the warp-
+		 * specialised form first, then the phase form (gemm_tma.c) */
 		sp->knobs[K_TMA].late = true;
 	}
 	return 0;
@@ -1029,11 +1031,40 @@ static int gm_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 	 * this kernel; where the model calls this tile a spill (INFINITY) the
 	 * rule keeps the kernel and leaves the choice to a search, which can
 	 * walk the tiles from here (a measured tuning record overrides both) */
-	/* tma=1 where the request asks for it (ap_target_info.tma: the
-	 * space's only value, split-K off); else 0 until a device run has
-	 * validated it (docs/limits.md): only a tuning record chooses it then */
-	if (sp->n > K_TMA)
+	/* tma: where the request asks for it (ap_target_info.tma: split-K
+	 * off) the first of the space's forms the tile fits -- the warp-
+	 * specialised one (2) unless its producer warpgroup's threads or the
+	 * empty barriers do not fit, then the phase form (1); else 0 until a
+	 * device run has validated them (docs/limits.md): only a tuning record
+	 * chooses them then */
+	if (sp->n > K_TMA) {
 		s->v[K_TMA] = sp->knobs[K_TMA].values[0];
+		for (int i = 0; i < sp->knobs[K_TMA].n; i++) {
+			gemm_cfg d = c;
+
+			d.tma = sp->knobs[K_TMA].values[i];
+			/* the producer warpgroup past the block's thread cap (256
+			 * unless the request says more): the tile of one consumer
+			 * warpgroup (64 x 128 for the 128 x 128 of two) */
+			if (d.tma == 2 && !ap__gemm_cfg_valid(p, &d, t) && d.tm * d.tn > 1) {
+				gemm_cfg e = d;
+
+				e.bm = d.bm / d.tm;
+				e.bn = d.bn / d.tn;
+				e.tm = e.tn = 1;
+				if (ap__gemm_cfg_valid(p, &e, t) && live_values(p, &e, t) <= LIVE_BUDGET)
+					d = e;
+			}
+			if (ap__gemm_cfg_valid(p, &d, t)) {
+				s->v[K_TMA] = d.tma;
+				s->v[K_BM] = d.bm;
+				s->v[K_BN] = d.bn;
+				s->v[K_TM] = d.tm;
+				s->v[K_TN] = d.tn;
+				break;
+			}
+		}
+	}
 	if (sp->n > K_LIB && sp->knobs[K_LIB].n > 1) {
 		ap_traffic own, lib;
 
@@ -1206,7 +1237,11 @@ static int gm_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 	/* the inline model counts a prologue once per multiply; tiles evaluate
 	 * it once per block column (A) or block row (B) */
 	out->flops = 2.0 * (double)p->tb * (double)p->Mr * (double)p->N * (double)p->K;
-	out->threads = r->threads;
+	/* tma=2: the producer warpgroup issues a few TMA loads a stage and
+	 * no arithmetic -- the model counts the consumers' threads (the
+	 * blocks are persistent, one an SM at most, so its registers do not
+	 * change residency) */
+	out->threads = r->threads - (c->tma == 2 ? 128u : 0u);
 	out->blocks = ap_grid_for(p->tb * ((p->Mr + c->bm - 1) / c->bm) * ((p->N + c->bn - 1) / c->bn), 1) *
 		      (unsigned)c->splitk;
 	out->shared_bytes = (unsigned)r->smem;

@@ -102,7 +102,9 @@ typedef struct gemm_cfg {
 	int bm, bn, bk, tm, tn, stages;   /* tensor cores: tm, tn = warps along M, N */
 	int splitk;                       /* blocks (a thread-block cluster) sharing a tile's K */
 	int tma;                          /* 1: wgmma's tiles filled by TMA on an mbarrier ring,
-					     persistent blocks (gemm_tma.c); 0: cp.async */
+					     persistent blocks (gemm_tma.c); 2: the same with
+					     warp specialisation -- a producer warpgroup issues
+					     the loads, the others compute; 0: cp.async */
 } gemm_cfg;
 
 /* How an operand copied by cp.async reaches its tile (ap__gemm_copy_mode). */
@@ -190,6 +192,10 @@ typedef struct gctx {
 	 * from (carried across the block's tiles) */
 	ap_kir_array *full;
 	ap_kir_var *pst, *cst, *cph;
+	/* tma=2 (warp specialised): the stages' release barriers, and the
+	 * stage a consumer warpgroup releases next (its wgmma in flight) */
+	ap_kir_array *empty;
+	ap_kir_var *rst;
 } gctx;
 
 /* An index constant of the kernel's index type. */
@@ -234,6 +240,9 @@ void ap__gemm_complete_tile(gctx *c, ap_kir_expr *st);
 int ap__gemm_tma_setup(gctx *c);
 void ap__gemm_tma_prefetch(gctx *c, ap_kir_expr *tile);
 void ap__gemm_mainloop_tma(gctx *c, ap_kir_expr *tile);
+/* gemm_tma.c: the warp-specialised form (tma=2) */
+int ap__gemm_ws_setup(gctx *c, ap_kir_block **consumer);
+void ap__gemm_mainloop_ws(gctx *c);
 
 /* gemm_kernel.c: the kernel (the emitter's `emit`) */
 void ap__gemm_compute_tile(gctx *c, ap_kir_expr *st);

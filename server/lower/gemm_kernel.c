@@ -655,7 +655,8 @@ static void open_tile(gctx *c, ap_kir_block **saved)
 
 	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, c->c.splitk > 1 ? AP_KIR_CLUSTER_X : AP_KIR_BLOCK_X),
 			 I(c, c->tiles), c->grid, saved);
-	ap_kir_barrier(k, v->cur);
+	if (c->c.tma != 2)   /* warp specialised: the consumers' own tiles; stages come by barrier */
+		ap_kir_barrier(k, v->cur);
 	r = ap_kir_ref(k, tile);
 	c->tile = ap_kir_ref(k, tile);
 	bi = ap_kir_bind(k, v->cur, k->index_type, "bi", ap_kir_binary(k, AP_KIR_DIV, r, I(c, per)));
@@ -969,7 +970,7 @@ int ap__gemm_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_err
 	gctx c;
 	ap_vctx v;
 	int rc;
-	ap_kir_block *tsaved;
+	ap_kir_block *tsaved, *outer;
 
 	memset(&c, 0, sizeof(c));
 	c.m = m;
@@ -993,6 +994,8 @@ int ap__gemm_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_err
 	 * filled, and operands staged straight into their stages (a pair- or
 	 * compute-staged operand has one tile, rewritten every K tile) */
 	c.wg_overlap = p->wg && c.c.stages >= 3 && c.a_mode == STAGE_TILE && c.b_mode == STAGE_TILE;
+	if (c.c.tma == 2)   /* each stage released by barrier: one K tile in flight needs no spare stage */
+		c.wg_overlap = true;
 	declare_shared(&c);
 	set_launch(&c);
 	declare_threads(&c);
@@ -1010,14 +1013,17 @@ int ap__gemm_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_err
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");
 		goto done;
 	}
-	if (c.c.tma && ap__gemm_tma_setup(&c) < 0) {
+	outer = v.cur;
+	if (c.c.tma && (c.c.tma == 2 ? ap__gemm_ws_setup(&c, &v.cur) : ap__gemm_tma_setup(&c)) < 0) {
 		rc = ap_error_set(err, ap_kir_failed(k) ? AP_ENOMEM : AP_EINTERNAL, NULL, NULL,
-				  "gemm emitter: the operands' tensor maps (tma=1) could not be made");
+				  "gemm emitter: the operands' tensor maps (tma=%d) could not be made", c.c.tma);
 		goto done;
 	}
 	open_tile(&c, &tsaved);
 	clear_tile(&c);
-	if (c.c.tma)
+	if (c.c.tma == 2)
+		ap__gemm_mainloop_ws(&c);
+	else if (c.c.tma)
 		ap__gemm_mainloop_tma(&c, c.tile);
 	else if (c.c.stages == 1)
 		mainloop_single(&c);
@@ -1035,6 +1041,7 @@ int ap__gemm_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_err
 	if (c.c.splitk > 1)   /* the cluster's partials are read: the next tile may reuse them */
 		ap_kir_cluster_barrier(k, v.cur);
 	ap_v_close(&v, tsaved);
+	v.cur = outer;   /* out of the consumers' arm (tma=2) */
 	rc = v.rc;
 	if (rc == 0 && r->lib && ap__gemm_attach_library(b, &pl->s, k) < 0)
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");

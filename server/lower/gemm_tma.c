@@ -192,15 +192,17 @@ static int batch_coords(gctx *c, int role, ap_kir_expr *const *bc, ap_kir_expr *
 	return n;
 }
 
-/* Fills: thread 0 (an IF in b) expects the stage's bytes on full[pst]
- * and issues K tile kt's boxes of A (rows m0 ..) and B (columns n0 ..)
- * of Y's batch bc into stage pst; then every thread advances pst. */
-static void fill(gctx *c, ap_kir_block *b, ap_kir_expr *kt, ap_kir_expr *m0, ap_kir_expr *n0, ap_kir_expr *const *bc)
+/* Fills: thread `issuer` (an IF in b) expects the stage's bytes on
+ * full[pst] and issues K tile kt's boxes of A (rows m0 ..) and B (columns
+ * n0 ..) of Y's batch bc into stage pst; then every thread advances pst
+ * (and flips *flip where it wraps; NULL: no parity). */
+static void fill(gctx *c, ap_kir_block *b, ap_kir_expr *kt, ap_kir_expr *m0, ap_kir_expr *n0, ap_kir_expr *const *bc,
+		 unsigned issuer, ap_kir_var *flip)
 {
 	ap_kir_kernel *k = c->k;
 	int64_t es = (int64_t)ap_dtype_size(c->p->in_t);
 	ap_kir_expr *st = ap_kir_ref(k, c->pst), *k0 = ap_kir_muli(k, kt, c->c.bk);
-	ap_kir_stmt *one = ap_kir_if(k, b, ap_kir_binary(k, AP_KIR_EQ, c->tid, I(c, 0)));
+	ap_kir_stmt *one = ap_kir_if(k, b, ap_kir_binary(k, AP_KIR_EQ, c->tid, I(c, issuer)));
 
 	if (!one)
 		return;
@@ -226,7 +228,7 @@ static void fill(gctx *c, ap_kir_block *b, ap_kir_expr *kt, ap_kir_expr *m0, ap_
 					ap_v_buffer(c->v, o->leaf), co, c->full, st);
 		}
 	}
-	advance(c, b, c->pst, NULL);
+	advance(c, b, c->pst, flip);
 }
 
 /* The fills ahead of the pipeline: D, or S - 1 without wgmma overlap. */
@@ -253,26 +255,34 @@ void ap__gemm_tma_prefetch(gctx *c, ap_kir_expr *tile)
 		ap__gemm_batch_coords(c, c->v->cur, ap_kir_binary(c->k, AP_KIR_DIV, tile, I(c, per)), "pb", bc);
 	}
 	for (int j = 0; j < n; j++)
-		fill(c, c->v->cur, I(c, j), m0, n0, bc);
+		fill(c, c->v->cur, I(c, j), m0, n0, bc, 0, NULL);
 }
 
 /* Before the tile loop: the two tensor maps, the ring's barriers
  * initialised by thread 0 and fenced for the async proxy, pst / cst / cph
  * at 0, and the block's first tile prefetched.  0, or -1 when a map is
  * refused (the kernel is marked failed). */
+/* The operands' two tensor maps (tma_desc); -1 when one is refused. */
+static int make_maps(gctx *c)
+{
+	for (int role = 0; role < 2; role++) {
+		ap_tmap_desc d;
+
+		tma_desc(c, role, &d);
+		if (ap_kir_tensor_map(c->k, ap_v_buffer(c->v, (role ? c->p->b : c->p->a).leaf), &d) < 0)
+			return -1;
+	}
+	return 0;
+}
+
 int ap__gemm_tma_setup(gctx *c)
 {
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
 	ap_kir_stmt *one;
 
-	for (int role = 0; role < 2; role++) {
-		ap_tmap_desc d;
-
-		tma_desc(c, role, &d);
-		if (ap_kir_tensor_map(k, ap_v_buffer(v, (role ? c->p->b : c->p->a).leaf), &d) < 0)
-			return -1;
-	}
+	if (make_maps(c) < 0)
+		return -1;
 	ap_kir_comment(k, v->cur, "operands A and B by TMA: boxes of the tensor maps into %d stages, each on its "
 		       "mbarrier; persistent blocks", c->c.stages);
 	c->full = ap_kir_mbarriers(k, "full", c->c.stages);
@@ -308,7 +318,7 @@ void ap__gemm_mainloop_tma(gctx *c, ap_kir_expr *tile)
 	ap_kir_barrier(k, v->cur);
 	nxt = ap_kir_bind(k, v->cur, k->index_type, "nx", ap_kir_addi(k, ap_kir_ref(k, kt), D));
 	ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, nxt, I(c, c->ktl)), &saved, NULL);
-	fill(c, v->cur, nxt, c->m0, c->n0, c->bcoord);
+	fill(c, v->cur, nxt, c->m0, c->n0, c->bcoord, 0, NULL);
 	ap_v_close(v, saved);
 	ap_kir_mbar_wait(k, v->cur, c->full, ap_kir_ref(k, c->cst), ap_kir_ref(k, c->cph));
 	ap__gemm_compute_tile(c, ap_kir_ref(k, c->cst));
@@ -323,4 +333,140 @@ void ap__gemm_mainloop_tma(gctx *c, ap_kir_expr *tile)
 	ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, next, I(c, c->tiles)), &saved, NULL);
 	ap__gemm_tma_prefetch(c, next);
 	ap_v_close(v, saved);
+}
+
+/* ---- tma=2: warp specialisation (docs/hopper-pipeline.md, section 4) ---------------------- */
+
+/* The output tile `tile` of the grid-stride order: its first row and
+ * column and Y's batch coordinates (as open_tile and the prefetch split
+ * it), bound in the current block. */
+static void tile_coords(gctx *c, ap_kir_expr *tile, ap_kir_expr **m0, ap_kir_expr **n0, ap_kir_expr **bc)
+{
+	int64_t per = (int64_t)c->tiles_m * c->tiles_n;
+
+	if (c->p->tb == 1) {
+		ap__gemm_tile_origin(c, c->v->cur, tile, "pm", "pn", m0, n0);
+		for (int d = 0; d < c->p->nb; d++)
+			bc[d] = I(c, 0);
+		return;
+	}
+	ap__gemm_tile_origin(c, c->v->cur, ap_kir_binary(c->k, AP_KIR_REM, tile, I(c, per)), "pm", "pn", m0, n0);
+	ap__gemm_batch_coords(c, c->v->cur, ap_kir_binary(c->k, AP_KIR_DIV, tile, I(c, per)), "pb", bc);
+}
+
+/* Before the tile loop of a warp-specialised GEMM (tma=2): the maps;
+ * full[S] (count 1: the producer's expect_tx arrival) and empty[S]
+ * (count W: each consumer warpgroup's release) initialised by thread 0
+ * and fenced; then ROLES with
+ *   - the producer warpgroup, threads [128 W, 128 W + 128): for every
+ *     tile of the block (grid-stride, open_tile's order) and K tile: wait
+ *     until stage pst is released (empty[pst], parity pph ^ 1: its first
+ *     use passes at once), then thread 128 W expects the stage's bytes and
+ *     issues its boxes (fill); pst and pph advance;
+ *   - the consumer warpgroups, threads [0, 128 W), each its own group:
+ *     cst, cph and rst declared, *consumer set to the arm's body, where
+ *     the caller opens the same tile loop (open_tile), and
+ *     ap__gemm_mainloop_ws runs the K loop.
+ * No __syncthreads inside: the warpgroups meet only on the barriers.  0,
+ * or -1 when a map is refused or the IR fails. */
+int ap__gemm_ws_setup(gctx *c, ap_kir_block **consumer)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	int S = c->c.stages, W = c->c.tm * c->c.tn;
+	unsigned producer = 128u * (unsigned)W;
+	ap_kir_stmt *one, *roles, *prod, *cons;
+	ap_kir_block *tsaved, *ksaved;
+	ap_kir_var *tile, *kt, *pph;
+	ap_kir_expr *m0, *n0, *bc[AP_MAX_RANK];
+
+	if (make_maps(c) < 0)
+		return -1;
+	ap_kir_comment(k, v->cur, "warp specialisation: warpgroup %d issues the TMA loads of operands A and B into "
+		       "%d stages (full / empty mbarriers), warpgroups 0..%d run wgmma on them; persistent blocks",
+		       W, S, W - 1);
+	c->full = ap_kir_mbarriers(k, "full", S);
+	c->empty = ap_kir_mbarriers(k, "empty", S);
+	one = ap_kir_if(k, v->cur, ap_kir_binary(k, AP_KIR_EQ, c->tid, I(c, 0)));
+	if (!c->full || !c->empty || !one)
+		return -1;
+	for (int s = 0; s < S; s++) {
+		ap_kir_mbar_init(k, &one->body, c->full, I(c, s), ap_kir_int(k, AP_DT_I32, 1));
+		ap_kir_mbar_init(k, &one->body, c->empty, I(c, s), ap_kir_int(k, AP_DT_I32, W));
+	}
+	ap_kir_fence_proxy_async(k, &one->body);
+	ap_kir_barrier(k, v->cur);
+	roles = ap_kir_roles(k, v->cur);
+	prod = ap_kir_arm(k, roles, producer, producer + 128u, 128, 0);
+	cons = ap_kir_arm(k, roles, 0, producer, 128, 0);
+	if (!prod || !cons)
+		return -1;
+	/* the producer */
+	v->cur = &prod->body;
+	c->pst = ap_kir_var_new(k, k->index_type, "pst");
+	pph = ap_kir_var_new(k, k->index_type, "pph");
+	ap_kir_let(k, v->cur, c->pst, I(c, 0));
+	ap_kir_let(k, v->cur, pph, I(c, 0));
+	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), I(c, c->tiles), c->grid, &tsaved);
+	tile_coords(c, ap_kir_ref(k, tile), &m0, &n0, bc);
+	kt = ap_v_loop(v, "kt", I(c, 0), I(c, c->ktl), 1, &ksaved);
+	ap_kir_mbar_wait(k, v->cur, c->empty, ap_kir_ref(k, c->pst),
+			 ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, pph), I(c, 1)));
+	fill(c, v->cur, ap_kir_ref(k, kt), m0, n0, bc, producer, pph);
+	ap_v_close(v, ksaved);
+	ap_v_close(v, tsaved);
+	/* the consumers' ring state, carried across their tiles */
+	v->cur = &cons->body;
+	c->cst = ap_kir_var_new(k, k->index_type, "cst");
+	c->cph = ap_kir_var_new(k, k->index_type, "cph");
+	c->rst = ap_kir_var_new(k, k->index_type, "rst");
+	ap_kir_let(k, v->cur, c->cst, I(c, 0));
+	ap_kir_let(k, v->cur, c->cph, I(c, 0));
+	ap_kir_let(k, v->cur, c->rst, I(c, 0));
+	*consumer = v->cur;
+	return ap_kir_failed(k) ? -1 : 0;
+}
+
+/* Stage x released by this warpgroup: its first thread arrives on
+ * empty[x] (count W: the stage is free once every consumer warpgroup's
+ * wgmma reading it have completed). */
+static void release(gctx *c, ap_kir_block *b, ap_kir_expr *x)
+{
+	ap_kir_kernel *k = c->k;
+	ap_kir_stmt *one = ap_kir_if(k, b, ap_kir_binary(k, AP_KIR_EQ, ap_kir_binary(k, AP_KIR_AND, c->tid, I(c, 127)),
+							  I(c, 0)));
+
+	if (one)
+		ap_kir_mbar_arrive(k, &one->body, c->empty, x, NULL);
+}
+
+/* A consumer warpgroup's K loop of one output tile: wait for stage cst
+ * (full[cst], parity cph), its wgmma; with a K tile's products kept in
+ * flight through the next (c->wg_overlap: wait_group 1) the previous
+ * stage rst is released after the wait that covers it, else this one at
+ * once; cst / cph advance.  After the loop the last group is waited for
+ * and its stage released. */
+void ap__gemm_mainloop_ws(gctx *c)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *ksaved, *saved;
+	ap_kir_var *kt = ap_v_loop(v, "kt", I(c, 0), I(c, c->ktl), 1, &ksaved);
+
+	ap_kir_mbar_wait(k, v->cur, c->full, ap_kir_ref(k, c->cst), ap_kir_ref(k, c->cph));
+	ap__gemm_compute_tile(c, ap_kir_ref(k, c->cst));
+	if (c->wg_overlap) {
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_GT, ap_kir_ref(k, kt), I(c, 0)), &saved, NULL);
+		release(c, v->cur, ap_kir_ref(k, c->rst));
+		ap_v_close(v, saved);
+		ap_kir_assign(k, v->cur, c->rst, ap_kir_ref(k, c->cst));
+	} else {
+		release(c, v->cur, ap_kir_ref(k, c->cst));
+	}
+	advance(c, v->cur, c->cst, c->cph);
+	ap_v_close(v, ksaved);
+	if (c->wg_overlap) {   /* the last K tile's products, and its stage */
+		ap_kir_wgmma_wait(k, v->cur, 0, c->acc);
+		release(c, v->cur, ap_kir_ref(k, c->rst));
+	}
 }

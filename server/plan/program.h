@@ -16,7 +16,12 @@
  *          [block_begin, block_end); args[i] points at the buffer of param i.
  *          Blocks are independent, so a runtime may split the range over
  *          threads.  Exported from a shared object built with `cc -O2
- *          -shared -fPIC -lm`.
+ *          -shared -fPIC -lm`.  An object holding a kernel with
+ *          warp-specialised arms (ROLES) also exports `int ap_host_fault`,
+ *          set (never cleared) by a kernel whose arms deadlock -- an
+ *          mbarrier wait nothing left can complete; the kernel then returns
+ *          at once.  The runtime reads and clears it after each launch and
+ *          fails the run.
  */
 #ifndef AP_PROGRAM_H
 #define AP_PROGRAM_H
