@@ -2147,7 +2147,8 @@ START_TEST(attention_wgmma_overlap)
 }
 END_TEST
 
-/* Q, K and V by TMA (knob tma=1, attention_tc.c tma_fill): head dims 128
+/* Q, K and V by TMA (knob tma=1, attention_tc.c tma_fill; tma=2 the same
+ * warp specialised, emit_ws): head dims 128
  * and 32 (128- and 64-byte swizzles: two boxes a tile of Q and K, one of
  * V), Q, K and V [2, 3, 70 / 150, D] as 4-D tensor maps, every
  * configuration of the sm_90a space run in the checking host mode
@@ -2157,8 +2158,11 @@ END_TEST
  * persistent grid (as many blocks as one SM holds) has blocks walking
  * two query tiles, carrying the stages' phases on; the CUDA of tma=1
  * compiles without spills and holds cp.async.bulk.tensor
- * (expect_no_spills).  Then grouped-query attention (K and V of one head
- * expanded over three) the same way. */
+ * (expect_no_spills).  The sweep holds tma=2 (overlap 0, whole
+ * warpgroups): a producer warpgroup and the query warpgroups as
+ * coroutines on the host, checked the same way; --unvalidated takes it.
+ * Then grouped-query attention (K and V of one head expanded over three)
+ * the same way. */
 START_TEST(attention_wgmma_tma)
 {
 	static const att_case f16 = {"attention_wg_tma_f16", AP_DT_F16, 2, 3, 70, 150, 128, 32, false, "sm_90a", 4e-3};
@@ -2173,6 +2177,29 @@ START_TEST(attention_wgmma_tma)
 
 	ck_assert_int_eq(ap_cost_target("sm_90a", &ti), 0);
 	ck_assert_msg(ap_test_space_has(m, &ti, "tma"), "no tma knob for K and V [2, 3, 150, 128 / 32]");
+	{
+		/* the forms not yet run on a GPU: warp specialised (tma=2), a
+		 * producer warpgroup after the query warpgroups, Q's, K's and
+		 * V's boxes on full / empty barriers */
+		ap_lower_options lo = {256, NULL, true};
+		ap_kir_kernel *k;
+		ap_error err;
+		char *cuda;
+
+		ti.unvalidated = ti.tma = true;
+		k = ap_lower_mgraph(m, &ti, "att_ws", &lo, NULL, &err);
+		ck_assert_msg(k != NULL, "%s", err.msg);
+		ck_assert_uint_eq(k->block[0], 256);
+		cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
+		ck_assert_ptr_nonnull(cuda);
+		ck_assert_msg(strstr(cuda, "if (threadIdx.x >= 128u && threadIdx.x < 256u)") &&
+			      strstr(cuda, "} else if (threadIdx.x >= 0u && threadIdx.x < 128u)") &&
+			      strstr(cuda, "cp.async.bulk.tensor.4d") && !strstr(cuda, "__syncthreads();\n\t\tif"),
+			      "not the warp-specialised attention:\n%.3000s", cuda);
+		free(cuda);
+		ap_kir_kernel_free(k);
+		ti.unvalidated = ti.tma = false;
+	}
 	ap_mgraph_free(m);
 	ap_graph_free(g);
 	setenv("APOLLO_SWEEP", "full", 1);
@@ -2695,7 +2722,8 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 	/* a = 3: sm_90a again with the attention's overlap (overlap=1), where
 	 * the space has it: a form the default rule does not take yet; a = 4:
 	 * every such form (--unvalidated), where the space has K and V by TMA
-	 * (tma=1) */
+	 * -- warp specialised (tma=2) where Q is a map too, else overlap=1
+	 * tma=1 */
 	for (int a = 0; a < n + 2 * (n == 3) && nvrtc_state > 0; a++) {
 		ap_target_info ti;
 		ap_lower_options lo = {256, NULL, true};
@@ -2703,6 +2731,7 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 		ap_kir_kernel *k;
 		ap_sched s;
 		char *cuda;
+		bool ws;
 
 		ck_assert_int_eq(ap_cost_target(archs[a < 3 ? a : 2], &ti), 0);
 		ti.allow_tf32 = g_opts && g_opts->allow_tf32;
@@ -2721,7 +2750,8 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 		ck_assert_ptr_nonnull(cuda);
 		/* the sm_90a cases are 16-bit tensor-core ones: on wgmma there */
 		ck_assert_msg(a < 2 || strstr(cuda, "wgmma.mma_async.sync.aligned"), "%s: no wgmma on sm_90a", name);
-		ck_assert_msg(a < 3 || strstr(cuda, "wgmma.wait_group.sync.aligned 1"), "%s: no overlap", name);
+		ws = a == 4 && strstr(cuda, "} else if (threadIdx.x >= 0u");
+		ck_assert_msg(a < 3 || ws || strstr(cuda, "wgmma.wait_group.sync.aligned 1"), "%s: no overlap", name);
 		ck_assert_msg(a < 4 || strstr(cuda, "cp.async.bulk.tensor."), "%s: K and V not by TMA", name);
 		ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, name, archs[a < 3 ? a : 2], &st, &err) == 0, "%s: %s", name,
 			      err.msg);
@@ -2729,7 +2759,7 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 			      "%s (%s): spills %d / %d bytes, %d registers", name, archs[a < 3 ? a : 2],
 			      st.spill_store_bytes, st.spill_load_bytes, st.registers);
 		printf("check_lower: %s on %s%s: %d registers, no spills, %d bytes of shared memory\n", name,
-		       archs[a < 3 ? a : 2], a == 3 ? " (overlap=1)" : a == 4 ? " (overlap=1 tma=1)" : "",
+		       archs[a < 3 ? a : 2], a == 3 ? " (overlap=1)" : ws ? " (tma=2, warp specialised)" : a == 4 ? " (overlap=1 tma=1)" : "",
 		       st.registers, st.shared_bytes);
 		free(cuda);
 		ap_kir_kernel_free(k);

@@ -938,9 +938,9 @@ typedef struct ap_kir_limits {
  *             overlapping; a setmaxnreg count that is not a multiple of 8
  *             in [24, 256] or on an arm not of whole warpgroups; inside
  *             an arm: a block or cluster barrier (the arms meet only on
- *             mbarriers), a shuffle, ldmatrix or mma.sync (the host runs
- *             only wgmma and mbarrier waits per arm), wgmma in an arm not
- *             of whole warpgroups.
+ *             mbarriers), wgmma in an arm not of whole warpgroups
+ *             (shuffles, ldmatrix and mma.sync run on whole warps, which
+ *             an arm's groups are).
  * Also AP_ENOMEM (out of memory) and AP_EINTERNAL for a kernel whose
  * construction failed. */
 int ap_kir_verify(const ap_kir_kernel *k, const ap_kir_limits *lim, ap_error *err);

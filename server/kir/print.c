@@ -2136,7 +2136,10 @@ static void print_mma_host(printer *p, const ap_kir_stmt *s, int depth)
 	}
 	close_thread_loop(p, depth);
 	sb_indent(b, depth);
-	sb_printf(b, "for (unsigned ap_wi = 0; ap_wi < %uu; ap_wi++)\n", p->nt / 32);
+	if (p->lo)   /* an arm's warps */
+		sb_printf(b, "for (unsigned ap_wi = %uu; ap_wi < %uu; ap_wi++)\n", p->lo / 32, p->hi / 32);
+	else
+		sb_printf(b, "for (unsigned ap_wi = 0; ap_wi < %uu; ap_wi++)\n", p->hi / 32);
 	sb_indent(b, depth + 1);
 	sb_printf(b, "for (int ap_i = 0; ap_i < 16; ap_i++)\n");
 	sb_indent(b, depth + 2);

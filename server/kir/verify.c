@@ -726,8 +726,6 @@ static void check_stmt(vctx *v, const ap_kir_stmt *s, bool ctx)
 			bad(v, "cluster", "cluster barrier in a kernel without clusters");
 		break;
 	case AP_KIR_S_SHFL:
-		if (v->arm)
-			bad(v, "role", "a shuffle inside an arm (the host runs only wgmma and mbarrier waits there)");
 		check_shfl(v, s, ctx);
 		break;
 	case AP_KIR_S_VLOAD:
@@ -750,14 +748,10 @@ static void check_stmt(vctx *v, const ap_kir_stmt *s, bool ctx)
 		check_cp_async(v, s);
 		break;
 	case AP_KIR_S_LDMATRIX:
+		check_ldmatrix(v, s, ctx);
+		break;
 	case AP_KIR_S_MMA:
-		if (v->arm)
-			bad(v, "role", "%s inside an arm (the host runs only wgmma and mbarrier waits there)",
-			    s->kind == AP_KIR_S_MMA ? "mma.sync" : "ldmatrix");
-		else if (s->kind == AP_KIR_S_MMA)
-			check_mma(v, s, ctx);
-		else
-			check_ldmatrix(v, s, ctx);
+		check_mma(v, s, ctx);
 		break;
 	case AP_KIR_S_WGMMA:
 	case AP_KIR_S_WGMMA_FENCE:

@@ -437,10 +437,21 @@ static int at_space(const ap_bound *b, ap_space *sp)
 		sp->knobs[2] = only ? (ap_knob){ .name = "overlap", .n = 1, .values = { 1 }, .late = true }
 				    : (ap_knob){ .name = "overlap", .n = 2, .values = { 0, 1 }, .late = true };
 	}
-	if (tc_tma_fits(p, b->t)) {   /* wgmma: Q, K and V tiles by TMA */
+	if (tc_tma_fits(p, b->t)) {   /* wgmma: Q, K and V tiles by TMA; 2 warp specialised */
+		bool ws = tc_ws_fits(p, b->t, 4);
+
 		sp->n = 4;
-		sp->knobs[3] = only ? (ap_knob){ .name = "tma", .n = 1, .values = { 1 }, .late = true }
-				    : (ap_knob){ .name = "tma", .n = 2, .values = { 0, 1 }, .late = true };
+		if (only)
+			sp->knobs[3] = ws ? (ap_knob){ .name = "tma", .n = 2, .values = { 2, 1 }, .late = true }
+					  : (ap_knob){ .name = "tma", .n = 1, .values = { 1 }, .late = true };
+		else
+			sp->knobs[3] = ws ? (ap_knob){ .name = "tma", .n = 3, .values = { 0, 1, 2 }, .late = true }
+					  : (ap_knob){ .name = "tma", .n = 2, .values = { 0, 1 }, .late = true };
+		/* the warp-specialised form has no overlap inside a warpgroup
+		 * (its producer overlaps the loads): a request for the new forms
+		 * may take overlap=0 with it */
+		if (only && ws && sp->n > 2)
+			sp->knobs[2] = (ap_knob){ .name = "overlap", .n = 2, .values = { 1, 0 }, .late = true };
 	}
 	return 0;
 }
@@ -480,11 +491,21 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 		s->v[3] = sp->knobs[3].values[0];   /* tma: as overlap */
 	if (sp->n > 2) {
 		s->v[2] = sp->knobs[2].values[0];
-		if (s->v[2] && s->v[0] % 4) {
+		if ((s->v[2] || (sp->n > 3 && s->v[3] == 2)) && s->v[0] % 4) {
 			s->v[0] = 4;
 			while (s->v[1] > 16 && !tc_fits(p, t, 4, s->v[1]))
 				s->v[1] /= 2;
 		}
+	}
+	/* tma=2 (warp specialised): without the overlap inside a warpgroup,
+	 * with its producer warpgroup within the thread cap -- else the
+	 * space's next form */
+	if (sp->n > 3 && s->v[3] == 2) {
+		s->v[2] = 0;
+		if (!tc_ws_fits(p, t, s->v[0]))
+			s->v[3] = sp->knobs[3].n > 1 ? sp->knobs[3].values[1] : 0;
+		if (s->v[3] != 2 && sp->knobs[2].values[0])
+			s->v[2] = 1;
 	}
 	return 0;
 }
@@ -493,7 +514,8 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
  * keys a tile (tensor cores), and the launch at_traffic models. */
 typedef struct at_res {
 	int w, bk;
-	bool overlap, tma;
+	bool overlap;
+	int tma;                         /* 0 cp.async, 1 TMA, 2 TMA warp specialised */
 	unsigned threads, blocks, smem;
 } at_res;
 
@@ -508,7 +530,7 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 	r->w = s->v[0];
 	r->bk = p->tc ? s->v[1] : 0;
 	r->overlap = s->n > 2 && s->v[2];
-	r->tma = s->n > 3 && s->v[3];
+	r->tma = s->n > 3 ? s->v[3] : 0;
 	r->threads = 32u * (unsigned)r->w;
 	if (p->tc) {
 		r->blocks = ap_grid_for(p->batch * ((p->Nq + 16 * r->w - 1) / (16 * r->w)), 1);
@@ -527,8 +549,13 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 	/* so is TMA filling (and its mbarriers) */
 	if (rc && r->tma && (!tc_tma_fits(p, b->t) || r->w % 4))
 		rc = 0;
+	/* warp specialised: Q a map too, no overlap, the producer's threads */
+	if (rc && r->tma == 2 && (!tc_ws_fits(p, b->t, r->w) || r->overlap))
+		rc = 0;
 	if (r->tma)
-		r->smem += tc_tma_barrier_bytes(p);
+		r->smem += tc_tma_barrier_bytes(p) * (r->tma == 2 ? 2 : 1);
+	if (r->tma == 2)
+		r->threads += 128;
 	return rc;
 }
 
@@ -547,7 +574,8 @@ static int at_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_er
 	c.v = &v;
 	c.k = k;
 	c.overlap = r->overlap;
-	c.tma = r->tma;
+	c.tma = r->tma != 0;
+	c.ws = r->tma == 2;
 	v.leaf = ap__att_leaf;
 	v.leaf_user = &c;
 	rc = p->tc ? ap__att_emit_tc(&c, b->t, r->w, r->bk, err) : ap__att_emit_simt(&c, b->t, r->w, err);
@@ -567,7 +595,8 @@ static int at_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 	if (ap__lower_inline_traffic(b->m, out) < 0)
 		return AP_ENOMEM;
 	out->flops = 2.0 * (double)p->batch * (double)p->Nq * (double)p->Nk * (double)(p->D + p->Dv);
-	out->threads = r->threads;
+	/* tma=2: the producer warpgroup issues loads only (as the GEMM's) */
+	out->threads = r->threads - (r->tma == 2 ? 128u : 0u);
 	out->blocks = r->blocks;
 	out->shared_bytes = r->smem;
 	out->tensor_cores = p->tc;

@@ -128,6 +128,14 @@ static inline bool tc_tma_fits(const att_plan *p, const ap_target_info *t)
 	       tc_wg_swizzle(tc_dvpad(p), es) > 0;
 }
 
+/* The warp-specialised TMA form (knob tma=2): the TMA form with Q a map
+ * too (the producer loads every tile), whole warpgroups, and the
+ * producer warpgroup within the block's thread cap. */
+static inline bool tc_ws_fits(const att_plan *p, const ap_target_info *t, int W)
+{
+	return tc_tma_fits(p, t) && p->q_tma && W % 4 == 0 && 32u * (unsigned)W + 128u <= ap_block_cap(t);
+}
+
 /* Bytes of the TMA form's mbarriers (knob tma): the two K / V stages',
  * and Q's where its tile comes by TMA too. */
 static inline unsigned tc_tma_barrier_bytes(const att_plan *p)
@@ -176,6 +184,9 @@ typedef struct actx {
 					   tile j-1's O += P V (knob overlap; attention_tc.c) */
 	bool tma;                       /* wg with two K / V stages: their tiles filled by TMA
 					   on two mbarriers (knob tma; attention_tc.c) */
+	bool ws;                        /* tma=2: warp specialised -- a producer warpgroup
+					   issues Q's, K's and V's loads, the warpgroups of
+					   query rows wait for them (attention_tc.c, emit_ws) */
 } actx;
 
 /* ---- attention_kernel.c: the shared steps and the SIMT form ---- */

@@ -252,7 +252,8 @@ ap_kir_expr *ap__att_open_tiles(actx *c, int64_t per, unsigned max_grid, ap_kir_
 		grid = max_grid;
 	k->grid[0] = grid;
 	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_idx(k, p->batch * qblocks), grid, saved);
-	ap_kir_barrier(k, v->cur);
+	if (!c->ws)   /* warp specialised: the arms meet on mbarriers only */
+		ap_kir_barrier(k, v->cur);
 	bi = ap_kir_bind(k, v->cur, k->index_type, "bi",
 			 ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)));
 	q0 = ap_kir_bind(k, v->cur, k->index_type, "q0",

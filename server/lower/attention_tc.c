@@ -138,6 +138,11 @@ typedef struct att_tc {
 	op_map map[3];
 	ap_kir_array *full;
 	ap_kir_var *kn, *qph;
+	/* tma=2 (warp specialised): the stages' and Q's release barriers
+	 * empty[0..2] (count: the query warpgroups), and the thread that
+	 * issues the loads (the producer warpgroup's first; 0 otherwise) */
+	ap_kir_array *empty;
+	unsigned issuer;
 } att_tc;
 
 /* ---- Q, K and V by TMA (knob tma, wgmma) -------------------------------------------
@@ -256,12 +261,13 @@ static void tma_tile(att_tc *s, ap_kir_stmt *one, int role, int64_t rows, ap_kir
 	}
 }
 
-/* if (thread 0): the statement tma_tile's boxes are issued in. */
+/* if (thread s->issuer): the statement tma_tile's boxes are issued in. */
 static ap_kir_stmt *tma_issuer(att_tc *s)
 {
 	ap_kir_kernel *k = s->c->k;
 
-	return ap_kir_if(k, s->c->v->cur, ap_kir_binary(k, AP_KIR_EQ, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, 0)));
+	return ap_kir_if(k, s->c->v->cur, ap_kir_binary(k, AP_KIR_EQ, ap_kir_index_of(k, AP_KIR_THREAD_X),
+							 ap_kir_idx(k, s->issuer)));
 }
 
 /* Key tile `tile` of K and V into stage st by TMA (above): thread 0
@@ -304,11 +310,16 @@ static int tma_setup(att_tc *s, ap_error *err)
 	ap_kir_comment(k, v->cur, "operands %s by TMA: boxes of their tensor maps, K and V into 2 stages, each "
 		       "tile on its mbarrier", p->q_tma ? "Q, K and V" : "K and V");
 	s->full = ap_kir_mbarriers(k, "full", nbar);
+	if (c->ws)   /* released by each query warpgroup */
+		s->empty = ap_kir_mbarriers(k, "empty", nbar);
 	one = tma_issuer(s);
-	if (!s->full || !one)
+	if (!s->full || !one || (c->ws && !s->empty))
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention");
-	for (int i = 0; i < nbar; i++)
+	for (int i = 0; i < nbar; i++) {
 		ap_kir_mbar_init(k, &one->body, s->full, ap_kir_idx(k, i), ap_kir_int(k, AP_DT_I32, 1));
+		if (c->ws)
+			ap_kir_mbar_init(k, &one->body, s->empty, ap_kir_idx(k, i), ap_kir_int(k, AP_DT_I32, s->BQ / 64));
+	}
 	ap_kir_fence_proxy_async(k, &one->body);
 	ap_kir_barrier(k, v->cur);
 	s->kn = ap_kir_var_new(k, k->index_type, "kn");
@@ -325,8 +336,8 @@ static int tma_setup(att_tc *s, ap_error *err)
  * order. */
 static unsigned tma_grid(const att_tc *s, const ap_target_info *t)
 {
-	unsigned threads = 32u * (unsigned)(s->BQ / 16), per = t->max_blocks_per_sm;
-	size_t smem = tc_smem(s->c->p, t, s->BQ / 16, s->BK) + tc_tma_barrier_bytes(s->c->p);
+	unsigned threads = 32u * (unsigned)(s->BQ / 16) + (s->c->ws ? 128u : 0u), per = t->max_blocks_per_sm;
+	size_t smem = tc_smem(s->c->p, t, s->BQ / 16, s->BK) + tc_tma_barrier_bytes(s->c->p) * (s->c->ws ? 2 : 1);
 
 	if (threads && t->max_threads_per_sm / threads < per)
 		per = t->max_threads_per_sm / threads;
@@ -964,6 +975,113 @@ static void ov_key_loop(att_tc *s)
 	wg_pv(s, true);
 }
 
+/* ---- warp specialisation (knob tma=2) ---- */
+
+/* This warpgroup's release of barrier empty[x]: its first thread arrives
+ * once the warpgroup's wgmma reading the tile have completed. */
+static void ws_release(att_tc *s, ap_kir_expr *x)
+{
+	ap_kir_kernel *k = s->c->k;
+	ap_kir_stmt *one = ap_kir_if(k, s->c->v->cur,
+				     ap_kir_binary(k, AP_KIR_EQ, ap_kir_binary(k, AP_KIR_AND, ap_kir_index_of(k, AP_KIR_THREAD_X),
+									       ap_kir_idx(k, 127)), ap_kir_idx(k, 0)));
+
+	if (one)
+		ap_kir_mbar_arrive(k, &one->body, s->empty, x, NULL);
+}
+
+/* FlashAttention-3's warp specialisation (docs/hopper-pipeline.md,
+ * section 4, "FA3 forward"; Shah et al. 2024, section 3.1): after the
+ * barriers' set-up (tma_setup: full[0..1] the K / V stages, full[2] Q's
+ * tile, each count 1; empty[0..2] their releases, count W / 4), ROLES
+ * with
+ *   - the producer warpgroup, threads [32 W, 32 W + 128): per query tile
+ *     of the block (open_tiles' order), once the previous tile's Q is
+ *     released (empty[2]) Q's boxes on full[2]; per key tile, once its
+ *     stage is released (empty[u % 2], u the block's key-tile use: kn +
+ *     kt), K's and V's boxes on full[u % 2] (tma_fill);
+ *   - the query warpgroups, threads [0, 32 W), each on its own: wait for
+ *     Q, then per key tile wait for its stage, S = Q K^T, the online
+ *     softmax, O += P V (each wgmma waited for), release the stage; after
+ *     the last, release Q and store O.
+ * No __syncthreads inside; the phases carry across the block's query
+ * tiles (kn, the parities of Q's barriers), both arms counting alike. */
+static void emit_ws(att_tc *s, const ap_target_info *t, int W)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	int64_t es = (int64_t)ap_dtype_size(s->T);
+	unsigned producer = 32u * (unsigned)W;
+	ap_kir_stmt *roles = ap_kir_roles(k, v->cur), *prod, *cons, *one;
+	ap_kir_block *outer = v->cur, *tsaved, *ksaved;
+	ap_kir_var *kt, *qp;
+	ap_kir_expr *q0, *u;
+	unsigned grid = tma_grid(s, t);
+
+	prod = ap_kir_arm(k, roles, producer, producer + 128u, 128, 0);
+	cons = ap_kir_arm(k, roles, 0, producer, 128, 0);
+	if (!prod || !cons)
+		return;
+	/* the producer */
+	v->cur = &prod->body;
+	s->issuer = producer;
+	s->kn = ap_kir_var_new(k, k->index_type, "kn");
+	qp = ap_kir_var_new(k, k->index_type, "qp");
+	ap_kir_let(k, v->cur, s->kn, ap_kir_idx(k, 0));
+	ap_kir_let(k, v->cur, qp, ap_kir_idx(k, 0));
+	q0 = ap__att_open_tiles(c, s->BQ, grid, &tsaved);
+	ap_kir_mbar_wait(k, v->cur, s->empty, ap_kir_idx(k, 2), ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, qp), ap_kir_idx(k, 1)));
+	one = tma_issuer(s);
+	if (one) {
+		ap_kir_mbar_arrive(k, &one->body, s->full, ap_kir_idx(k, 2), ap_kir_int(k, AP_DT_I32, s->BQ * s->Dp * es));
+		tma_tile(s, one, 0, s->BQ, q0, ap_kir_idx(k, 0), ap_kir_idx(k, 2));
+	}
+	ap_kir_assign(k, v->cur, qp, ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, qp), ap_kir_idx(k, 1)));
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s->ntiles), 1, &ksaved);
+	u = tma_use(s, ap_kir_ref(k, kt));
+	ap_kir_mbar_wait(k, v->cur, s->empty, ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)),
+			 ap_kir_binary(k, AP_KIR_XOR, ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, u, ap_kir_idx(k, 1)),
+								    ap_kir_idx(k, 1)), ap_kir_idx(k, 1)));
+	tma_fill(s, ap_kir_ref(k, kt), ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
+	ap_v_close(v, ksaved);
+	ap_kir_assign(k, v->cur, s->kn, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles));
+	ap_v_close(v, tsaved);
+	/* the query warpgroups */
+	v->cur = &cons->body;
+	s->issuer = 0;
+	s->kn = ap_kir_var_new(k, k->index_type, "kn");
+	s->qph = ap_kir_var_new(k, k->index_type, "qph");
+	ap_kir_let(k, v->cur, s->kn, ap_kir_idx(k, 0));
+	ap_kir_let(k, v->cur, s->qph, ap_kir_idx(k, 0));
+	q0 = ap__att_open_tiles(c, s->BQ, grid, &tsaved);
+	s->wrow = ap_kir_bind(k, v->cur, k->index_type, "wr", ap_kir_add(k, q0, ap_kir_muli(k, s->warp, 16)));
+	ap_kir_mbar_wait(k, v->cur, s->full, ap_kir_idx(k, 2), ap_kir_ref(k, s->qph));
+	tc_init_state(s);
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s->ntiles), 1, &ksaved);
+	u = tma_use(s, ap_kir_ref(k, kt));
+	tma_wait(s, u);
+	{
+		ap_kir_expr *kst = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
+
+		s->key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), s->BK));
+		s->kbase = ap_kir_bind(k, v->cur, k->index_type, "kb", ap_kir_muli(k, kst, s->BK * s->ldq));
+		s->vbase = ap_kir_bind(k, v->cur, k->index_type, "vb", ap_kir_muli(k, kst, s->BK * s->ldv));
+		wg_qk(s, true);
+		tc_scores(s);
+		tc_row_max(s);
+		tc_probabilities(s);
+		wg_pv(s, true);
+		ws_release(s, kst);   /* this warpgroup's products of the stage completed */
+	}
+	ap_v_close(v, ksaved);
+	ws_release(s, ap_kir_idx(k, 2));   /* Q's tile: its last S = Q K^T completed */
+	tc_store(s);
+	tma_next_query_tile(s);
+	ap_v_close(v, tsaved);
+	v->cur = outer;
+}
+
 /* The tensor-core form (the comment above): W warps of 16 query rows, key
  * tiles of BK; per key tile tc_stage_kv, tc_qk, tc_scores, tc_row_max,
  * tc_probabilities and tc_pv, then tc_store.  Errors: AP_EUNSUPPORTED
@@ -1008,14 +1126,18 @@ int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *e
 	}
 	if ((rc = tc_declare(&s, err)))
 		return rc;
-	if (c->tma && (!c->wg || s.NST != 2))
+	if (c->tma && (!c->wg || s.NST != 2 || (c->ws && !p->q_tma)))
 		return ap_error_set(err, AP_EINTERNAL, v->g->nodes[v->m->root].name, NULL,
-				    "attention emitter: TMA without wgmma's two stages");
+				    "attention emitter: TMA without wgmma's two stages%s", c->ws ? " or Q's map" : "");
 	if (c->tma && (rc = tma_setup(&s, err)))
 		return rc;
 	s.ntiles = (p->Nk + BK - 1) / BK;
-	k->block[0] = 32u * (unsigned)W;
+	k->block[0] = 32u * (unsigned)W + (c->ws ? 128u : 0u);
 	tc_lanes(&s);
+	if (c->ws) {
+		emit_ws(&s, t, W);
+		return ap_kir_failed(k) ? ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention") : 0;
+	}
 	q0 = ap__att_open_tiles(c, s.BQ, c->tma ? tma_grid(&s, t) : 0, &tsaved);
 	/* the first of this warp's 16 rows */
 	s.wrow = ap_kir_bind(k, v->cur, k->index_type, "wr", ap_kir_add(k, q0, ap_kir_muli(k, s.warp, 16)));
