@@ -35,7 +35,10 @@
  * vc[T][W] reaches the write's epoch (arm_ordered), and the reads since
  * the last write, kept per arm (arm_read: the latest epoch, the barrier
  * counts, the first reader), are ordered before a write of arm T when
- * vc[T] reaches their epoch (arm_readers_ordered).  The clocks carry one
+ * vc[T] reaches their epoch (arm_readers_ordered); a wgmma's reads of
+ * shared memory count in the epoch of the wgmma.wait_group that completes
+ * them (ck_wg_wait), so a release before that wait orders none of them.
+ * The clocks carry one
  * component per mbarrier as well (the phases of it completed, as ctx.acq
  * counts them per thread): what an arriving thread had waited to see
  * travels with its release, so an arm that never waits on a stage's
@@ -1323,8 +1326,15 @@ static void ck_wg_wait(void *vc, unsigned t, int pending)
 			ts->wp[keep++] = *q;
 			continue;
 		}
-		for (unsigned j = 0; j < q->bytes; j++)
+		for (unsigned j = 0; j < q->bytes; j++) {
 			cell_at(c, q->cell + j)->wg_mask &= (uint16_t)~(1u << ((t / 128) % 16));
+			/* with arms: the async proxy's reads complete by this
+			 * wait, so they count in the warpgroup's epoch now -- a
+			 * release (arrive) made before the wait does not order
+			 * them before another arm's refill */
+			if (arms_live(c) && c->am->rd)
+				arm_read_note(c, q->cell + j, t);
+		}
 	}
 	ts->wn = keep;
 }

@@ -1227,6 +1227,54 @@ END_TEST
  * (the coroutines call it when no arm can move), the producer's refill
  * of a stage is checked at its issue against the consumer arms' reads,
  * and a deadlock names the arm. */
+/* A consumer warpgroup's wgmma reading a stage, then its release of the
+ * stage to the producer warpgroup's refill (a TMA load): clean when the
+ * release (arrive on empty) follows the wgmma.wait_group that completes
+ * the reads; a race when it precedes it -- the async proxy's reads count
+ * as done at the wait, so a release before it orders nothing, whatever
+ * order the host ran the arms in. */
+START_TEST(unit_arms_wgmma)
+{
+	static const unsigned two[4] = { 0, 128, 128, 256 };
+	const ap_hcheck_ops *o = ap_hostcheck_ops();
+	_Alignas(64) unsigned short s[256];
+	_Alignas(16) float g[64];
+	_Alignas(8) long long bar[2];
+	void *full = &bar[0], *empty = &bar[1];
+	char msg[2048];
+
+	for (int early = 0; early < 2; early++) {
+		void *c = ctx_arms(o, s, sizeof(s), bar, g, sizeof(g), 256, 2, two);
+		unsigned n;
+
+		o->mbar_init(c, full, 1, 0);
+		o->mbar_init(c, empty, 1, 0);
+		o->barrier(c, 0);
+		o->wg_rd(c, &s[0], 64, 0);   /* the warpgroup's wgmma reads the stage */
+		o->wg_commit(c, 0);
+		if (early)
+			o->mbar_arrive(c, empty, 0, 0);
+		o->wg_wait(c, 0, 0);
+		if (!early)
+			o->mbar_arrive(c, empty, 0, 0);
+		ck_assert_int_eq(o->mbar_ready(c, empty, 0), 1);
+		for (unsigned t = 128; t < 256; t++)
+			o->mbar_wait(c, empty, 0, t);
+		o->mbar_arrive(c, full, 64, 128);
+		o->tma(c, &s[0], 64, full, 128);   /* the producer's refill */
+		ck_assert_int_eq(o->deliver(c), 1);
+		n = ctx_done(o, c, msg, sizeof(msg));
+		if (early) {
+			ck_assert_uint_eq(n, 1);
+			ck_assert_msg(strstr(msg, "data race on shared s[byte 0]") && strstr(msg, "thread 0 (arm 0)") &&
+				      strstr(msg, "thread 128 (arm 1)"), "%s", msg);
+		} else {
+			ck_assert_msg(n == 0, "%s", msg);
+		}
+	}
+}
+END_TEST
+
 START_TEST(unit_arms_copies)
 {
 	static const unsigned two[4] = { 0, 4, 4, 8 };
@@ -1789,6 +1837,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, tma_gemm_bugs_found);
 	tcase_add_test(tc, ws_gemm_bugs_found);
 	tcase_add_test(tc, unit_mbarrier);
+	tcase_add_test(tc, unit_arms_wgmma);
 	tcase_add_test(tc, unit_arms);
 	tcase_add_test(tc, unit_arms_copies);
 	tcase_add_test(tc, unit_arms_edges);

@@ -447,11 +447,6 @@ static int at_space(const ap_bound *b, ap_space *sp)
 		else
 			sp->knobs[3] = ws ? (ap_knob){ .name = "tma", .n = 3, .values = { 0, 1, 2 }, .late = true }
 					  : (ap_knob){ .name = "tma", .n = 2, .values = { 0, 1 }, .late = true };
-		/* the warp-specialised form has no overlap inside a warpgroup
-		 * (its producer overlaps the loads): a request for the new forms
-		 * may take overlap=0 with it */
-		if (only && ws && sp->n > 2)
-			sp->knobs[2] = (ap_knob){ .name = "overlap", .n = 2, .values = { 1, 0 }, .late = true };
 	}
 	return 0;
 }
@@ -497,16 +492,10 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 				s->v[1] /= 2;
 		}
 	}
-	/* tma=2 (warp specialised): without the overlap inside a warpgroup,
-	 * with its producer warpgroup within the thread cap -- else the
-	 * space's next form */
-	if (sp->n > 3 && s->v[3] == 2) {
-		s->v[2] = 0;
-		if (!tc_ws_fits(p, t, s->v[0]))
-			s->v[3] = sp->knobs[3].n > 1 ? sp->knobs[3].values[1] : 0;
-		if (s->v[3] != 2 && sp->knobs[2].values[0])
-			s->v[2] = 1;
-	}
+	/* tma=2 (warp specialised): its producer warpgroup within the thread
+	 * cap, else the space's next form */
+	if (sp->n > 3 && s->v[3] == 2 && !tc_ws_fits(p, t, s->v[0]))
+		s->v[3] = sp->knobs[3].n > 1 ? sp->knobs[3].values[1] : 0;
 	return 0;
 }
 
@@ -549,8 +538,8 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 	/* so is TMA filling (and its mbarriers) */
 	if (rc && r->tma && (!tc_tma_fits(p, b->t) || r->w % 4))
 		rc = 0;
-	/* warp specialised: Q a map too, no overlap, the producer's threads */
-	if (rc && r->tma == 2 && (!tc_ws_fits(p, b->t, r->w) || r->overlap))
+	/* warp specialised: Q a map too, the producer's threads */
+	if (rc && r->tma == 2 && !tc_ws_fits(p, b->t, r->w))
 		rc = 0;
 	if (r->tma)
 		r->smem += tc_tma_barrier_bytes(p) * (r->tma == 2 ? 2 : 1);

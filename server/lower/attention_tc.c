@@ -990,6 +990,53 @@ static void ws_release(att_tc *s, ap_kir_expr *x)
 		ap_kir_mbar_arrive(k, &one->body, s->empty, x, NULL);
 }
 
+/* A query warpgroup's key loop with the overlap inside the warpgroup
+ * (knob overlap=1; ov_key_loop's order) under warp specialisation: per
+ * key tile kt (use u = kn + kt) wait for its stage, S = Q K^T committed,
+ * tile kt-1's O += P V committed behind it, the wait that leaves only
+ * that one in flight, the scores and probabilities, then the wait for it
+ * -- and the release of tile kt-1's stage, whose K and V every wgmma of
+ * this warpgroup has now read -- and P for the next O += P V.  After the
+ * loop the last tile's O += P V, waited for, and its stage released. */
+static void ws_overlap_loop(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *ksaved, *s2;
+	ap_kir_stmt *first;
+	ap_kir_var *kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s->ntiles), 1, &ksaved);
+	ap_kir_expr *u = tma_use(s, ap_kir_ref(k, kt)), *st, *prev, *last;
+
+	tma_wait(s, u);
+	st = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
+	prev = ap_kir_bind(k, v->cur, k->index_type, "sp", ap_kir_binary(k, AP_KIR_AND, ap_kir_addi(k, u, 1), ap_kir_idx(k, 1)));
+	s->key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), s->BK));
+	s->kbase = ap_kir_bind(k, v->cur, k->index_type, "kb", ap_kir_muli(k, st, s->BK * s->ldq));
+	wg_qk(s, false);
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_GT, ap_kir_ref(k, kt), ap_kir_idx(k, 0)), &s2, &first);
+	s->vbase = ap_kir_bind(k, v->cur, k->index_type, "vp", ap_kir_muli(k, prev, s->BK * s->ldv));
+	wg_pv(s, false);                            /* tile kt-1's O += P V, in flight ... */
+	ap_kir_wgmma_wait(k, v->cur, 1, s->sacc);   /* ... while S is complete */
+	ap_v_else(v, first);
+	ap_kir_wgmma_wait(k, v->cur, 0, s->sacc);
+	ap_v_close(v, s2);
+	tc_scores(s);
+	tc_row_max(s);
+	tile_probabilities(s, s->sacc, s->A);
+	ap_kir_wgmma_wait(k, v->cur, 0, s->oacc);   /* O += P V of tile kt-1 done: its stage is free */
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_GT, ap_kir_ref(k, kt), ap_kir_idx(k, 0)), &s2, NULL);
+	ws_release(s, prev);
+	ap_v_close(v, s2);
+	ov_commit_probabilities(s);
+	ap_v_close(v, ksaved);
+	last = ap_kir_bind(k, v->cur, k->index_type, "sl",
+			   ap_kir_binary(k, AP_KIR_AND, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles - 1), ap_kir_idx(k, 1)));
+	s->vbase = ap_kir_muli(k, last, s->BK * s->ldv);
+	wg_pv(s, true);
+	ws_release(s, last);
+}
+
 /* FlashAttention-3's warp specialisation (docs/hopper-pipeline.md,
  * section 4, "FA3 forward"; Shah et al. 2024, section 3.1): after the
  * barriers' set-up (tma_setup: full[0..1] the K / V stages, full[2] Q's
@@ -1058,6 +1105,10 @@ static void emit_ws(att_tc *s, const ap_target_info *t, int W)
 	s->wrow = ap_kir_bind(k, v->cur, k->index_type, "wr", ap_kir_add(k, q0, ap_kir_muli(k, s->warp, 16)));
 	ap_kir_mbar_wait(k, v->cur, s->full, ap_kir_idx(k, 2), ap_kir_ref(k, s->qph));
 	tc_init_state(s);
+	if (c->overlap) {
+		ws_overlap_loop(s);
+		goto stored;
+	}
 	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s->ntiles), 1, &ksaved);
 	u = tma_use(s, ap_kir_ref(k, kt));
 	tma_wait(s, u);
@@ -1075,6 +1126,7 @@ static void emit_ws(att_tc *s, const ap_target_info *t, int W)
 		ws_release(s, kst);   /* this warpgroup's products of the stage completed */
 	}
 	ap_v_close(v, ksaved);
+stored:
 	ws_release(s, ap_kir_idx(k, 2));   /* Q's tile: its last S = Q K^T completed */
 	tc_store(s);
 	tma_next_query_tile(s);
