@@ -29,6 +29,11 @@ typedef struct ap_target_info {
 	unsigned sm_count;               /* streaming multiprocessors (host: threads) */
 	unsigned warp;                   /* threads per warp (32) */
 	unsigned max_threads_per_block;  /* 1024 */
+	unsigned ws_threads;             /* threads a warp-specialised kernel's producer
+					    warpgroup may add on top of max_threads_per_block
+					    (the pipeline: 128 under its default cap, which
+					    bounds the compute threads; 0 under a request's
+					    own cap or from ap_cost_target) */
 	unsigned max_threads_per_sm;     /* resident threads per SM */
 	unsigned max_blocks_per_sm;      /* resident blocks per SM */
 	unsigned shared_per_block;       /* bytes a block may use without opt-in (48 KiB) */

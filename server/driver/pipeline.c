@@ -1300,6 +1300,10 @@ static int pipe_init(pipe *P, const ap_graph *g, const ap_build_options *opt,
 		return ap_error_set(err, AP_EINVAL, NULL, NULL, "dump after '%.64s': no such stage (%s)",
 				    P->opt->dump_after, STAGE_LIST);
 	P->ti.max_threads_per_block = P->opt->max_block_threads ? P->opt->max_block_threads : 256;
+	/* the default cap bounds the threads that compute: a warp-specialised
+	 * kernel's producer warpgroup may come on top (two compute warpgroups
+	 * and a producer: 384); a request's own cap is the whole block's */
+	P->ti.ws_threads = P->opt->max_block_threads ? 0 : 128;
 	P->ti.allow_tf32 = P->opt->allow_tf32;
 	P->ti.tma = P->opt->tma || P->opt->unvalidated;
 	P->ti.unvalidated = P->opt->unvalidated;

@@ -133,7 +133,7 @@ static inline bool tc_tma_fits(const att_plan *p, const ap_target_info *t)
  * producer warpgroup within the block's thread cap. */
 static inline bool tc_ws_fits(const att_plan *p, const ap_target_info *t, int W)
 {
-	return tc_tma_fits(p, t) && p->q_tma && W % 4 == 0 && 32u * (unsigned)W + 128u <= ap_block_cap(t);
+	return tc_tma_fits(p, t) && p->q_tma && W % 4 == 0 && 32u * (unsigned)W + 128u <= ap_block_cap(t) + t->ws_threads;
 }
 
 /* Bytes of the TMA form's mbarriers (knob tma): the two K / V stages',

@@ -728,7 +728,7 @@ bool ap__gemm_cfg_valid(const gemm_plan *p, const gemm_cfg *c, const ap_target_i
 {
 	unsigned nt = ap__gemm_threads_of(p, c);
 
-	if (c->stages < 1 || nt < 32 || nt > ap_block_cap(t) || nt % 32)
+	if (c->stages < 1 || nt < 32 || nt > ap_block_cap(t) + (c->tma == 2 ? t->ws_threads : 0) || nt % 32)
 		return false;
 	/* split-K: clusters exist from sm_90; each block sums an equal share of
 	 * the accumulators; each slice has at least two K tiles */
