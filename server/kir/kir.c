@@ -1214,6 +1214,16 @@ ap_kir_stmt *ap_kir_mbar_wait(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *b
 	return mbar_stmt(k, b, AP_KIR_S_MBAR_WAIT, bar, index, parity, true);
 }
 
+ap_kir_stmt *ap_kir_mbar_arrive_each(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *bar, ap_kir_expr *index,
+				     int64_t group)
+{
+	ap_kir_expr *tid = ap_kir_index_of(k, AP_KIR_THREAD_X);
+	ap_kir_stmt *one = ap_kir_if(k, b, ap_kir_binary(k, AP_KIR_EQ, ap_kir_binary(k, AP_KIR_AND, tid,
+								       ap_kir_idx(k, group - 1)), ap_kir_idx(k, 0)));
+
+	return one ? ap_kir_mbar_arrive(k, &one->body, bar, index, NULL) : NULL;
+}
+
 ap_kir_stmt *ap_kir_roles(ap_kir_kernel *k, ap_kir_block *b)
 {
 	return ap__kir_stmt_append(k, b, AP_KIR_S_ROLES);

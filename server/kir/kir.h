@@ -708,6 +708,12 @@ ap_kir_stmt *ap_kir_mbar_arrive(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array 
  * the thread.  Block-collective on the host (see above). */
 ap_kir_stmt *ap_kir_mbar_wait(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *bar, ap_kir_expr *index,
 			      ap_kir_expr *parity);
+/* mbarrier.arrive on bar[index] by the first thread of every group of
+ * `group` threads (an IF on threadIdx.x % group == 0 in b): a
+ * warpgroup's release of a stage (group 128), the barrier's count being
+ * the groups that arrive.  NULL on failure. */
+ap_kir_stmt *ap_kir_mbar_arrive_each(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *bar, ap_kir_expr *index,
+				     int64_t group);
 /* cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes:
  * `bytes` (a multiple of 16, > 0) contiguous bytes from the GLOBAL array
  * src at element src_index to the SHARED / SHARED_DYN array dst at

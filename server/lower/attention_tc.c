@@ -981,13 +981,7 @@ static void ov_key_loop(att_tc *s)
  * once the warpgroup's wgmma reading the tile have completed. */
 static void ws_release(att_tc *s, ap_kir_expr *x)
 {
-	ap_kir_kernel *k = s->c->k;
-	ap_kir_stmt *one = ap_kir_if(k, s->c->v->cur,
-				     ap_kir_binary(k, AP_KIR_EQ, ap_kir_binary(k, AP_KIR_AND, ap_kir_index_of(k, AP_KIR_THREAD_X),
-									       ap_kir_idx(k, 127)), ap_kir_idx(k, 0)));
-
-	if (one)
-		ap_kir_mbar_arrive(k, &one->body, s->empty, x, NULL);
+	ap_kir_mbar_arrive_each(s->c->k, s->c->v->cur, s->empty, x, 128);
 }
 
 /* A query warpgroup's key loop with the overlap inside the warpgroup

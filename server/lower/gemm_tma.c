@@ -237,6 +237,23 @@ static int ahead(gctx *c)
 	return c->wg_overlap ? c->c.stages - 2 : c->c.stages - 1;
 }
 
+/* The output tile `tile` of the grid-stride order: its first row and
+ * column and Y's batch coordinates (as open_tile and the prefetch split
+ * it), bound in the current block. */
+static void tile_coords(gctx *c, ap_kir_expr *tile, ap_kir_expr **m0, ap_kir_expr **n0, ap_kir_expr **bc)
+{
+	int64_t per = (int64_t)c->tiles_m * c->tiles_n;
+
+	if (c->p->tb == 1) {
+		ap__gemm_tile_origin(c, c->v->cur, tile, "pm", "pn", m0, n0);
+		for (int d = 0; d < c->p->nb; d++)
+			bc[d] = I(c, 0);
+		return;
+	}
+	ap__gemm_tile_origin(c, c->v->cur, ap_kir_binary(c->k, AP_KIR_REM, tile, I(c, per)), "pm", "pn", m0, n0);
+	ap__gemm_batch_coords(c, c->v->cur, ap_kir_binary(c->k, AP_KIR_DIV, tile, I(c, per)), "pb", bc);
+}
+
 /* Fills K tiles 0 .. min(D, ktl) - 1 of output tile `tile` (the caller
  * knows it exists and that the stages are free). */
 void ap__gemm_tma_prefetch(gctx *c, ap_kir_expr *tile)
@@ -244,16 +261,7 @@ void ap__gemm_tma_prefetch(gctx *c, ap_kir_expr *tile)
 	ap_kir_expr *m0, *n0, *bc[AP_MAX_RANK];
 	int n = ahead(c) < c->ktl ? ahead(c) : c->ktl;
 
-	if (c->p->tb == 1) {   /* one batch of tiles: the tile's index is its place in it */
-		ap__gemm_tile_origin(c, c->v->cur, tile, "pm", "pn", &m0, &n0);
-		for (int d = 0; d < c->p->nb; d++)
-			bc[d] = I(c, 0);
-	} else {
-		int64_t per = (int64_t)c->tiles_m * c->tiles_n;
-
-		ap__gemm_tile_origin(c, c->v->cur, ap_kir_binary(c->k, AP_KIR_REM, tile, I(c, per)), "pm", "pn", &m0, &n0);
-		ap__gemm_batch_coords(c, c->v->cur, ap_kir_binary(c->k, AP_KIR_DIV, tile, I(c, per)), "pb", bc);
-	}
+	tile_coords(c, tile, &m0, &n0, bc);
 	for (int j = 0; j < n; j++)
 		fill(c, c->v->cur, I(c, j), m0, n0, bc, 0, NULL);
 }
@@ -337,22 +345,6 @@ void ap__gemm_mainloop_tma(gctx *c, ap_kir_expr *tile)
 
 /* ---- tma=2: warp specialisation (docs/hopper-pipeline.md, section 4) ---------------------- */
 
-/* The output tile `tile` of the grid-stride order: its first row and
- * column and Y's batch coordinates (as open_tile and the prefetch split
- * it), bound in the current block. */
-static void tile_coords(gctx *c, ap_kir_expr *tile, ap_kir_expr **m0, ap_kir_expr **n0, ap_kir_expr **bc)
-{
-	int64_t per = (int64_t)c->tiles_m * c->tiles_n;
-
-	if (c->p->tb == 1) {
-		ap__gemm_tile_origin(c, c->v->cur, tile, "pm", "pn", m0, n0);
-		for (int d = 0; d < c->p->nb; d++)
-			bc[d] = I(c, 0);
-		return;
-	}
-	ap__gemm_tile_origin(c, c->v->cur, ap_kir_binary(c->k, AP_KIR_REM, tile, I(c, per)), "pm", "pn", m0, n0);
-	ap__gemm_batch_coords(c, c->v->cur, ap_kir_binary(c->k, AP_KIR_DIV, tile, I(c, per)), "pb", bc);
-}
 
 /* Before the tile loop of a warp-specialised GEMM (tma=2): the maps;
  * full[S] (count 1: the producer's expect_tx arrival) and empty[S]
@@ -432,12 +424,7 @@ int ap__gemm_ws_setup(gctx *c, ap_kir_block **consumer)
  * wgmma reading it have completed). */
 static void release(gctx *c, ap_kir_block *b, ap_kir_expr *x)
 {
-	ap_kir_kernel *k = c->k;
-	ap_kir_stmt *one = ap_kir_if(k, b, ap_kir_binary(k, AP_KIR_EQ, ap_kir_binary(k, AP_KIR_AND, c->tid, I(c, 127)),
-							  I(c, 0)));
-
-	if (one)
-		ap_kir_mbar_arrive(k, &one->body, c->empty, x, NULL);
+	ap_kir_mbar_arrive_each(c->k, b, c->empty, x, 128);
 }
 
 /* A consumer warpgroup's K loop of one output tile: wait for stage cst
