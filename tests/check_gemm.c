@@ -193,10 +193,12 @@ static void check_model(const char *dir, bool tf32, bool all_async, int *n_gemm,
 /* A 16-bit model built for sm_90a: every GEMM kernel (products and
  * convolutions) and every tensor-core attention kernel holds wgmma in
  * its PTX, and ptxas reports no spills for it; *n_wg counts the GEMM
- * kernels, *n_att the attention ones. */
-static void check_model_wgmma(const char *dir, int *n_wg, int *n_att)
+ * kernels, *n_att the attention ones.  With `unvalidated` the forms not
+ * yet run on a GPU (--unvalidated: the warp-specialised ones) are built
+ * and checked alike, and *n_ws counts the kernels with a producer arm. */
+static void check_model_wgmma(const char *dir, bool unvalidated, int *n_wg, int *n_att, int *n_ws)
 {
-	ap_build_options o = {.target = "sm_90a"};
+	ap_build_options o = {.target = "sm_90a", .unvalidated = unvalidated};
 	ap_error err;
 	ap_graph *g = import_dir(dir);
 	ap_program *p;
@@ -222,8 +224,10 @@ static void check_model_wgmma(const char *dir, int *n_wg, int *n_att)
 		ck_assert_msg(ap_nvrtc_ptxas_stats(k->src, k->name, "sm_90a", &st, &err) == 0, "%s %s: %s", dir,
 			      k->name, err.msg);
 		ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0,
-			      "%s: wgmma kernel %s spills %d / %d bytes (%d registers)", dir, k->name,
-			      st.spill_store_bytes, st.spill_load_bytes, st.registers);
+			      "%s: wgmma kernel %s%s spills %d / %d bytes (%d registers)", dir, k->name,
+			      unvalidated ? " (--unvalidated)" : "", st.spill_store_bytes, st.spill_load_bytes, st.registers);
+		if (n_ws && strstr(k->src, "/* arm: groups of 128 threads */"))
+			(*n_ws)++;
 		if (att)
 			(*n_att)++;
 		else
@@ -237,6 +241,7 @@ START_TEST(models_tensor_cores_and_spills)
 {
 	ap_error err;
 	int n_gemm = 0, n_async = 0, n_prologue = 0, n_splitk = 0, n_spill = 0, n_att = 0, n_wg = 0, n_att_wg = 0;
+	int n_ws = 0, n_ws_models = 0;
 	char dir[512];
 
 	if (ap_nvrtc_load(&err) != 0) {
@@ -251,7 +256,15 @@ START_TEST(models_tensor_cores_and_spills)
 		 * the bfloat16 ones, the same kernels in another type, under
 		 * APOLLO_SWEEP=full */
 		if (!strstr(arg_dirs[d], "bfloat16__") || ap_sweep_stride() == 1)
-			check_model_wgmma(arg_dirs[d], &n_wg, &n_att_wg);
+			check_model_wgmma(arg_dirs[d], false, &n_wg, &n_att_wg, NULL);
+		/* and with --unvalidated: the warp-specialised forms (tma=2 and
+		 * 3, the attention's tma=2) of the float16 graphs */
+		if (strstr(arg_dirs[d], "float16__") && !strstr(arg_dirs[d], "bfloat16__")) {
+			int w = 0, a = 0;
+
+			check_model_wgmma(arg_dirs[d], true, &w, &a, &n_ws);
+			n_ws_models++;
+		}
 	}
 	for (size_t d = 0; d < sizeof(dirs) / sizeof(dirs[0]) && n_arg_dirs == 0; d++) {
 		snprintf(dir, sizeof(dir), "%s/%s", TESTDATA, dirs[d]);
@@ -268,7 +281,10 @@ START_TEST(models_tensor_cores_and_spills)
 	       n_spill, n_att);
 	if (n_arg_dirs)
 		printf("check_gemm: %d GEMM and %d attention kernels built for sm_90a, each with wgmma and without "
-		       "spills\n", n_wg, n_att_wg);
+		       "spills; with --unvalidated, %d warp-specialised kernels in %d float16 models, without spills\n",
+		       n_wg, n_att_wg, n_ws, n_ws_models);
+	/* every float16 model's GEMMs: warp specialised where --unvalidated */
+	ck_assert_int_ge(n_ws, n_ws_models);
 	ck_assert_int_gt(n_gemm, n_arg_dirs ? 2 * n_arg_dirs : 20);
 	ck_assert_int_ge(n_wg, n_arg_dirs ? n_arg_dirs : 0);
 	ck_assert_int_gt(n_async, n_gemm / 2);

@@ -552,7 +552,9 @@ static char *sass_of(const uint8_t *bin, size_t len)
 }
 
 /* A tma=1 or 2 kernel's CUDA for sm_90a: the TMA and mbarrier PTX, a cubin
- * without spills whose SASS holds HGMMA and UTMALDG (the TMA load). */
+ * without spills whose SASS holds HGMMA and UTMALDG (the TMA load); tma=3
+ * (the copying producer): cp.async and mbarriers, LDGSTS and HGMMA in the
+ * SASS, no TMA. */
 static void tma_cuda_checks(ap_kir_kernel *k)
 {
 	ap_error err;
@@ -560,11 +562,18 @@ static void tma_cuda_checks(ap_kir_kernel *k)
 	ap_ptxas_stats st;
 	uint8_t *bin = NULL;
 	size_t len = 0;
+	bool maps = g_tma != 3;
 
 	ck_assert_msg(cuda != NULL, "%s", err.msg);
-	ck_assert_ptr_nonnull(strstr(cuda, "cp.async.bulk.tensor.2d"));
 	ck_assert_ptr_nonnull(strstr(cuda, "mbarrier.try_wait.parity"));
-	ck_assert_ptr_nonnull(strstr(cuda, "__grid_constant__"));
+	if (maps) {
+		ck_assert_ptr_nonnull(strstr(cuda, "cp.async.bulk.tensor.2d"));
+		ck_assert_ptr_nonnull(strstr(cuda, "__grid_constant__"));
+	} else {
+		ck_assert_ptr_null(strstr(cuda, "cp.async.bulk"));
+		ck_assert_ptr_nonnull(strstr(cuda, "cp.async.cg.shared.global") ? "" : strstr(cuda, "cp.async.ca.shared.global"));
+		ck_assert_ptr_nonnull(strstr(cuda, "mbarrier.arrive.shared::cta.b64 _, [%0];"));
+	}
 	if (ap_nvrtc_load(&err) != 0) {
 		printf("SKIP NVRTC compile of the tma=%d GEMM: %s\n", g_tma, err.msg);
 		free(cuda);
@@ -576,11 +585,13 @@ static void tma_cuda_checks(ap_kir_kernel *k)
 	ck_assert_msg(ap_nvrtc_compile(cuda, k->name, "sm_90a", true, &bin, &len, &err) == 0, "%s", err.msg);
 	sass = sass_of(bin, len);
 	if (sass) {
-		ck_assert_msg(strstr(sass, "UTMALDG"), "no UTMALDG in the tma=%d GEMM's SASS", g_tma);
+		ck_assert_msg(!strstr(sass, "UTMALDG") == !maps, "UTMALDG %s the tma=%d GEMM's SASS",
+			      maps ? "not in" : "in", g_tma);
 		ck_assert_msg(strstr(sass, "HGMMA"), "no HGMMA in the tma=%d GEMM's SASS", g_tma);
-		ck_assert_msg(!strstr(sass, "LDGSTS"), "cp.async (LDGSTS) left in the tma=%d GEMM's SASS", g_tma);
-		printf("check_hostcheck: tma=%d GEMM for sm_90a: %d registers, no spills, UTMALDG and HGMMA in its SASS\n",
-		       g_tma, st.registers);
+		ck_assert_msg(!strstr(sass, "LDGSTS") == maps, "cp.async (LDGSTS) %s the tma=%d GEMM's SASS",
+			      maps ? "left in" : "not in", g_tma);
+		printf("check_hostcheck: tma=%d GEMM for sm_90a: %d registers, no spills, %s and HGMMA in its SASS\n",
+		       g_tma, st.registers, maps ? "UTMALDG" : "LDGSTS");
 		free(sass);
 	} else {
 		printf("SKIP the tma GEMM's SASS: no nvdisasm in .venv\n");
@@ -637,7 +648,7 @@ static unsigned run_checked(product *p, bool tf, sync_bug bug, bool cluster, dou
 	src = ap_kir_print(k, AP_KIR_HOST_CHECK, &err);
 	ck_assert_msg(src != NULL, "%s", err.msg);
 	/* a cp.async pipeline, or TMA's */
-	ck_assert_ptr_nonnull(strstr(src, g_tma ? "AP_CK(tma(" : "AP_CK(async("));
+	ck_assert_ptr_nonnull(strstr(src, g_tma && g_tma != 3 ? "AP_CK(tma(" : "AP_CK(async("));
 	h = load(src);
 	rt = dlsym(h, "ap_check_rt");
 	ck_assert_ptr_nonnull(rt);
@@ -931,6 +942,53 @@ START_TEST(ws_gemm_bugs_found)
 		ck_assert_int_gt(sites, 0);
 		ck_assert_msg(strstr(msg, bugs[i].want), "%s: %s", bugs[i].what, msg);
 		printf("check_hostcheck: ws, %s (%d sites): %.300s\n", bugs[i].what, sites, msg);
+	}
+	product_free(&p);
+	g_tma = 0;
+	g_sms = 0;
+	g_target = "sm_90";
+}
+END_TEST
+
+/* The warp-specialised GEMM with a copying producer (tma=3): the producer
+ * warpgroup copies both operands by cp.async (dealt over its 128
+ * threads), announces a stage one step late (wait_group, fence.proxy.async,
+ * an arrival each on full), the consumers as in tma=2.  Clean and equal to
+ * float64 on one SM; each injected bug reported -- the consumers' releases
+ * removed (a deadlock naming the producer warpgroup), the consumers'
+ * full-wait parity flipped (a wait for a phase no one completes: the
+ * producer, run first, completed phase 0 already), the producer's empty
+ * wait removed (its waits fall phases behind: parity aliasing), the
+ * producer's cp.async.wait_group one group short (a stage announced
+ * while its copies are in flight: the consumers' reads race the
+ * landing), its fence removed (the async proxy may not see the copies),
+ * a consumer's wgmma.wait_group leaving the released stage's products in
+ * flight. */
+START_TEST(ws_copy_gemm_bugs_found)
+{
+	product p = { .m = 150, .k = 296, .n = 136, .dt = AP_DT_F16, .bias = true };
+	char msg[2048];
+	int sites;
+	static const struct { sync_bug bug; const char *what, *want; } bugs[] = {
+		{ BUG_NOARRIVE, "no release", "deadlock: the arm of threads 256..383 waits on mbarrier" },
+		{ BUG_PARITY, "a flipped full parity", "waits on mbarrier 1 for the phase of parity" },
+		{ BUG_NOEMPTYWAIT, "no empty wait", "phases completed since its last wait" },
+		{ BUG_WAIT, "a stage announced before its copies landed", "data race on shared sa" },
+		{ BUG_FENCE, "no fence.proxy.async", "with no fence.proxy.async after it" },
+		{ BUG_WGWAIT, "a release before its wgmma completed", "while a wgmma of warpgroup" },
+	};
+
+	product_data(&p, false);
+	g_target = "sm_90a";
+	g_tma = 3;
+	g_sms = 1;
+	ck_assert_uint_eq(run_checked(&p, false, BUG_NONE, false, 1e-2, &sites, msg, sizeof(msg)), 0);
+	for (size_t i = 0; i < sizeof(bugs) / sizeof(bugs[0]); i++) {
+		ck_assert_msg(run_checked(&p, false, bugs[i].bug, false, 0, &sites, msg, sizeof(msg)) > 0, "%s not found",
+			      bugs[i].what);
+		ck_assert_int_gt(sites, 0);
+		printf("check_hostcheck: ws copies, %s (%d sites): %.300s\n", bugs[i].what, sites, msg);
+		ck_assert_msg(strstr(msg, bugs[i].want), "%s: %s", bugs[i].what, msg);
 	}
 	product_free(&p);
 	g_tma = 0;
@@ -1836,6 +1894,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, wgmma_bugs_found);
 	tcase_add_test(tc, tma_gemm_bugs_found);
 	tcase_add_test(tc, ws_gemm_bugs_found);
+	tcase_add_test(tc, ws_copy_gemm_bugs_found);
 	tcase_add_test(tc, unit_mbarrier);
 	tcase_add_test(tc, unit_arms_wgmma);
 	tcase_add_test(tc, unit_arms);

@@ -2766,6 +2766,70 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 	}
 }
 
+/* The implicit-GEMM convolution on sm_90a warp specialised with a copying
+ * producer (tma=3, server/lower/gemm_tma.c): float16 with a ReLU prologue
+ * on X (the im2col operand through the producer's registers, the weight
+ * by its cp.async), padding, bias, ReLU and a residual; bfloat16 grouped
+ * (two groups: the producer's tiles carry the group), strides (2, 1),
+ * dilation (1, 2), asymmetric padding, HardSwish -- every configuration
+ * of the --unvalidated space the sweep takes (tma 3 and 0) run on one SM
+ * in the checking host mode against float64; the default kernel is the
+ * copying producer's arm chain, and compiles for sm_90a without spills. */
+START_TEST(conv_ws)
+{
+	static const conv_case cs[2] = {
+		{"conv_ws_f16", 2, 2, 16, 13, 11, 24, 1, 3, 3, 1, 1, 1, 1, {1, 1, 1, 1}, true, true, true, 3, AP_DT_F16},
+		{"conv_ws_bf16_grouped", 2, 2, 16, 15, 9, 32, 2, 3, 2, 2, 1, 1, 2, {1, 0, 1, 1}, true, false, false, 1,
+		 AP_DT_BF16},
+	};
+
+	for (int i = 0; i < 2; i++) {
+		const conv_case *c = &cs[i];
+		ap_graph *g = conv_graph(c);
+		lcase lc = {c->name, "gemm", {"cp.async"}, {"mma.sync.aligned.m16n8k16"}};
+		case_opts o = {"sm_90a", false, c->dt == AP_DT_F16 ? 4e-3 : 2e-2, true};
+		ap_mgraph *m = whole(g, AP_GROUP_CONV);
+		ap_target_info ti;
+		ap_lower_options lo = {256, NULL, true};
+		ap_ptxas_stats st;
+		ap_kir_kernel *k;
+		ap_error err;
+		char *cuda;
+
+		g_cc = c;
+		g_unvalidated = true;
+		g_sms = 1;
+		g_opts = &o;
+		run_case(&lc, m, ref_conv);
+		g_opts = NULL;
+		g_unvalidated = false;
+		g_sms = 0;
+		ck_assert_int_eq(ap_cost_target("sm_90a", &ti), 0);
+		ti.unvalidated = ti.tma = true;
+		k = ap_lower_mgraph(m, &ti, c->name, &lo, NULL, &err);
+		ck_assert_msg(k != NULL, "%s", err.msg);
+		cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
+		ck_assert_ptr_nonnull(cuda);
+		if (getenv("CHECK_LOWER_DUMP"))
+			fputs(cuda, stdout);
+		ck_assert_msg(strstr(cuda, "copies operands A and B (registers, cp.async)") &&
+			      strstr(cuda, "} else if (threadIdx.x >= 0u") && strstr(cuda, "mbarrier.try_wait.parity") &&
+			      strstr(cuda, "wgmma.mma_async") && !strstr(cuda, "cp.async.bulk"),
+			      "%s: not the copying producer's form:\n%.3000s", c->name, cuda);
+		if (ap_nvrtc_load(&err) == 0) {
+			ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, c->name, "sm_90a", &st, &err) == 0, "%s", err.msg);
+			ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0, "%s: spills %d / %d bytes",
+				      c->name, st.spill_store_bytes, st.spill_load_bytes);
+			printf("check_lower: %s on sm_90a (tma=3): %d registers, no spills\n", c->name, st.registers);
+		}
+		free(cuda);
+		ap_kir_kernel_free(k);
+		ap_mgraph_free(m);
+		ap_graph_free(g);
+	}
+}
+END_TEST
+
 static void run_conv_case(const conv_case *c)
 {
 	ap_graph *g = conv_graph(c);
@@ -2868,6 +2932,7 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, gemm_batched);
 	tcase_add_test(tc, gemm_batched_tma);
 	tcase_add_test(tc, gemm_ws);
+	tcase_add_test(tc, conv_ws);
 	tcase_add_test(tc, depthwise_stride1);
 	tcase_add_test(tc, depthwise_stride2_dilated);
 	tcase_add_test(tc, depthwise_grouped);

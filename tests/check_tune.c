@@ -355,12 +355,13 @@ START_TEST(search_finds_known_best)
 }
 END_TEST
 
-/* The GEMM's TMA forms (tma=1 the phase form, tma=2 warp specialised;
- * neither yet run on a device): for a float16 4096^3 product on sm_90a the
- * knob exists; without the request's TMA option the default rule and the
- * search keep tma=0 -- the tma=1 and tma=2 twins of the default's kernel
- * are valid but unpriced (INFINITY) -- while with it the space holds
- * tma=2 and 1 and no split-K, the default and the search take 2, and the
+/* The GEMM's new forms (tma=1 TMA's phase form, tma=2 TMA warp
+ * specialised, tma=3 warp specialised with a copying producer; none yet
+ * run on a device): for a float16 4096^3 product on sm_90a the knob
+ * exists; without the request's option the default rule and the search
+ * keep tma=0 -- the tma=1, 2 and 3 twins of the default's kernel are
+ * valid but unpriced (INFINITY) -- while with it the space holds tma=2, 1
+ * and 3 and no split-K, the default and the search take 2, and the
  * tuning signature differs (records of one never serve the other). */
 START_TEST(tma_only_when_asked)
 {
@@ -386,14 +387,20 @@ START_TEST(tma_only_when_asked)
 		ck_assert_int_eq(ap_emitter_default(B(&ap_emitter_gemm, m, &t), &sp, &dflt, &err), 0);
 		tx = knob_ix(&sp, "tma");
 		ck_assert_int_ge(tx, 0);
-		/* asked: the warp-specialised form first, then the phase form;
-		 * else the cp.async form first of the three */
-		ck_assert_int_eq(sp.knobs[tx].n, asked ? 2 : 3);
+		/* asked: the warp-specialised TMA form first, then the phase
+		 * form, then the copying producer; else the cp.async form first
+		 * of the four */
+		ck_assert_int_eq(sp.knobs[tx].n, asked ? 3 : 4);
+		for (int i = 0; i < sp.knobs[tx].n; i++) {
+			static const int newest[] = {2, 1, 3};
+
+			ck_assert_int_eq(sp.knobs[tx].values[i], asked ? newest[i] : i);
+		}
 		ck_assert_int_eq(dflt.v[tx], asked ? 2 : 0);
 		ck_assert_int_eq(sp.knobs[knob_ix(&sp, "splitk")].n, asked ? 1 : sp.knobs[knob_ix(&sp, "splitk")].n);
 		ck_assert_int_eq(ap_tune_search(B(&ap_emitter_gemm, m, &t), NULL, &r, &err), 0);
 		ck_assert_int_eq(r.best.v[tx], asked ? 2 : 0);
-		for (int form = 1; !asked && form <= 2; form++) {
+		for (int form = 1; !asked && form <= 3; form++) {
 			twin = dflt;
 			twin.v[tx] = form;
 			twin.v[knob_ix(&sp, "lib")] = 0;   /* the kernel, not cuBLASLt's call */

@@ -605,6 +605,19 @@ int ap__gemm_copy_mode(const gemm_plan *p, int role, const gemm_cfg *c, const ap
 	*mode = STAGE_TILE;
 	if ((t->gpu && t->arch < 80) || (!op->plain && !op->gather))
 		return 0;
+	if (c->tma == 3) {
+		/* warp specialised with a copying producer (gemm_tma.c): an
+		 * operand cp.async cannot copy straight into its tile goes
+		 * through the producer's registers (no staging buffer a stage
+		 * to extract from, which would need the whole block) */
+		stage_mode m;
+		gemm_cfg d = *c;
+		int w;
+
+		d.tma = 0;
+		w = ap__gemm_copy_mode(p, role, &d, t, &m);
+		return m == STAGE_TILE ? w : 0;
+	}
 	if (op->staged) {
 		int w;
 
@@ -701,17 +714,17 @@ size_t ap__gemm_smem_bytes(const gemm_plan *p, const gemm_cfg *c, const ap_targe
 	/* split-K: every block's partial accumulator tile, for the cluster */
 	if (c->splitk > 1)
 		b += 16 + (size_t)c->bm * (size_t)c->bn * ap_dtype_size(p->acc_t);
-	/* tma=1: the ring's mbarriers, 8 bytes a stage; tma=2 (warp
+	/* tma=1: the ring's mbarriers, 8 bytes a stage; tma=2 and 3 (warp
 	 * specialised): a full and an empty barrier a stage */
 	if (c->tma)
-		b += (c->tma == 2 ? 16 : 8) * S;
+		b += (c->tma >= 2 ? 16 : 8) * S;
 	return a + b;
 }
 
 unsigned ap__gemm_threads_of(const gemm_plan *p, const gemm_cfg *c)
 {
-	if (p->wg)   /* tma=2: the producer warpgroup after the consumers */
-		return 128u * (unsigned)(c->tm * c->tn + (c->tma == 2));
+	if (p->wg)   /* tma=2, 3: the producer warpgroup after the consumers */
+		return 128u * (unsigned)(c->tm * c->tn + (c->tma >= 2));
 	if (p->tc)
 		return 32u * (unsigned)(c->tm * c->tn);
 	return (unsigned)((c->bm / c->tm) * (c->bn / c->tn));
@@ -728,7 +741,9 @@ bool ap__gemm_cfg_valid(const gemm_plan *p, const gemm_cfg *c, const ap_target_i
 {
 	unsigned nt = ap__gemm_threads_of(p, c);
 
-	if (c->stages < 1 || nt < 32 || nt > ap_block_cap(t) + (c->tma == 2 ? t->ws_threads : 0) || nt % 32)
+	if (c->stages < 1 || nt < 32 || nt > ap_block_cap(t) + (c->tma >= 2 ? t->ws_threads : 0) || nt % 32)
+		return false;
+	if (c->tma == 3 && !ap__gemm_ws_copies_fit(p, c, t))
 		return false;
 	/* split-K: clusters exist from sm_90; each block sums an equal share of
 	 * the accumulators; each slice has at least two K tiles */
@@ -737,7 +752,7 @@ bool ap__gemm_cfg_valid(const gemm_plan *p, const gemm_cfg *c, const ap_target_i
 		return false;
 	if (ap__gemm_smem_bytes(p, c, t) > smem_limit(t))
 		return false;
-	if (c->tma && !ap__gemm_tma_fits(p, c))
+	if ((c->tma == 1 || c->tma == 2) && !ap__gemm_tma_fits(p, c))
 		return false;
 	if (p->wg) {
 		/* a warpgroup's tile: m64 rows per wgmma, N a multiple of 8 up to
@@ -763,8 +778,14 @@ bool ap__gemm_cfg_valid(const gemm_plan *p, const gemm_cfg *c, const ap_target_i
  * element).  Operands cp.async copies cost nothing here. */
 static int64_t live_values(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t)
 {
-	int64_t nt = ap__gemm_threads_of(p, c), v = (int64_t)c->bm * c->bn / nt;
+	int64_t nt = ap__gemm_threads_of(p, c), v;
 
+	/* warp specialised: the consumers hold the accumulators; with a
+	 * copying producer (tma=3) its registers are its own
+	 * (ap__gemm_ws_copies_fit) */
+	if (c->tma >= 2)
+		return (int64_t)c->bm * c->bn / (nt - 128);
+	v = (int64_t)c->bm * c->bn / nt;
 	for (int role = 0; role < 2; role++) {
 		stage_mode mode;
 
@@ -918,13 +939,18 @@ static int gm_space(const ap_bound *b, ap_space *sp)
 			sp->knobs[K_LIB].late = true;   /* 0 first: Apollo's kernel */
 		}
 	}
-	/* tma: wgmma's tiles filled by TMA (gemm_tma.c) where the operands
-	 * are tensor maps; after lib, with splitk and lib listed (lib=0 only
-	 * where the library cannot).  A request asking for TMA
-	 * (ap_target_info.tma) gets the TMA form's space: tma=1, and no
-	 * split-K, which that form does not combine with */
-	if (ap__gemm_tma_operands(p)) {
-		static const int tma_vals[] = {0, 1, 2}, newest[] = {2, 1}, zero[] = {0}, one[] = {1};
+	/* tma: how wgmma's tiles are filled (gemm_tma.c) -- 0 cp.async by
+	 * every thread; where the operands are tensor maps, 1 TMA (the phase
+	 * form) and 2 TMA from a producer warpgroup; 3 a producer warpgroup
+	 * copying by cp.async and its registers (any operands: convolutions'
+	 * gathers, prologues).  After lib, with splitk and lib listed (lib=0
+	 * only where the library cannot).  A request asking for the new forms
+	 * (ap_target_info.tma) gets their space, and no split-K, which they
+	 * do not combine with */
+	if (p->wg) {
+		static const int tma_vals[] = {0, 1, 2, 3}, newest[] = {2, 1, 3}, cp_vals[] = {0, 3},
+				 cp_newest[] = {3, 0}, zero[] = {0}, one[] = {1};
+		bool maps = ap__gemm_tma_operands(p);
 
 		if (sp->n == 6 || t->tma) {
 			knob(&sp->knobs[K_SPLITK], "splitk", one, 1);
@@ -936,12 +962,14 @@ static int gm_space(const ap_bound *b, ap_space *sp)
 		}
 		sp->n = 9;
 		if (t->tma)
-			knob(&sp->knobs[K_TMA], "tma", newest, 2);
+			knob(&sp->knobs[K_TMA], "tma", maps ? newest : cp_newest, maps ? 3 : 2);
 		else
-			knob(&sp->knobs[K_TMA], "tma", tma_vals, 3);
-		/* 0 first: the cp.async form; a request asking for TMA (which
-		 * has records of its own: ap_tune_signature's "|tma") the warp-
-		 * specialised form first, then the phase form (gemm_tma.c) */
+			knob(&sp->knobs[K_TMA], "tma", maps ? tma_vals : cp_vals, maps ? 4 : 2);
+		/* 0 first: the cp.async form; a request asking for the new forms
+		 * (which has records of its own: ap_tune_signature's "|tma") the
+		 * warp-specialised TMA form first, then the phase form, then the
+		 * copying producer; without maps the copying producer, then the
+		 * cp.async form where it does not fit (gemm_tma.c) */
 		sp->knobs[K_TMA].late = true;
 	}
 	return 0;
@@ -1046,7 +1074,7 @@ static int gm_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 			/* the producer warpgroup past the block's thread cap (256
 			 * unless the request says more): the tile of one consumer
 			 * warpgroup (64 x 128 for the 128 x 128 of two) */
-			if (d.tma == 2 && !ap__gemm_cfg_valid(p, &d, t) && d.tm * d.tn > 1) {
+			if (d.tma >= 2 && !ap__gemm_cfg_valid(p, &d, t) && d.tm * d.tn > 1) {
 				gemm_cfg e = d;
 
 				e.bm = d.bm / d.tm;
@@ -1237,11 +1265,11 @@ static int gm_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 	/* the inline model counts a prologue once per multiply; tiles evaluate
 	 * it once per block column (A) or block row (B) */
 	out->flops = 2.0 * (double)p->tb * (double)p->Mr * (double)p->N * (double)p->K;
-	/* tma=2: the producer warpgroup issues a few TMA loads a stage and
-	 * no arithmetic -- the model counts the consumers' threads (the
-	 * blocks are persistent, one an SM at most, so its registers do not
-	 * change residency) */
-	out->threads = r->threads - (c->tma == 2 ? 128u : 0u);
+	/* tma=2, 3: the producer warpgroup issues a stage's loads and no
+	 * arithmetic -- the model counts the consumers' threads (the blocks
+	 * are persistent, one an SM at most, so its registers do not change
+	 * residency) */
+	out->threads = r->threads - (c->tma >= 2 ? 128u : 0u);
 	out->blocks = ap_grid_for(p->tb * ((p->Mr + c->bm - 1) / c->bm) * ((p->N + c->bn - 1) / c->bn), 1) *
 		      (unsigned)c->splitk;
 	out->shared_bytes = (unsigned)r->smem;

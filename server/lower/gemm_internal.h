@@ -14,7 +14,9 @@
  *                  split-K's cluster reduction, the epilogue and the
  *                  kernel's skeleton (ap__gemm_emit);
  *   gemm_tma.c     wgmma's tiles filled by TMA (tma=1): the operands'
- *                  tensor maps, the mbarrier ring, the persistent loop.
+ *                  tensor maps, the mbarrier ring, the persistent loop;
+ *                  the warp-specialised forms (tma=2: TMA, tma=3: a
+ *                  producer warpgroup copying by cp.async / registers).
  *
  * Each function's comment is at its definition.
  */
@@ -104,7 +106,9 @@ typedef struct gemm_cfg {
 	int tma;                          /* 1: wgmma's tiles filled by TMA on an mbarrier ring,
 					     persistent blocks (gemm_tma.c); 2: the same with
 					     warp specialisation -- a producer warpgroup issues
-					     the loads, the others compute; 0: cp.async */
+					     the loads, the others compute; 3: warp specialised,
+					     the producer copying by cp.async and its registers
+					     (any operands); 0: cp.async by every thread */
 } gemm_cfg;
 
 /* How an operand copied by cp.async reaches its tile (ap__gemm_copy_mode). */
@@ -240,7 +244,8 @@ void ap__gemm_complete_tile(gctx *c, ap_kir_expr *st);
 int ap__gemm_tma_setup(gctx *c);
 void ap__gemm_tma_prefetch(gctx *c, ap_kir_expr *tile);
 void ap__gemm_mainloop_tma(gctx *c, ap_kir_expr *tile);
-/* gemm_tma.c: the warp-specialised form (tma=2) */
+/* gemm_tma.c: the warp-specialised forms (tma=2: TMA, tma=3: a copying producer) */
+bool ap__gemm_ws_copies_fit(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t);
 int ap__gemm_ws_setup(gctx *c, ap_kir_block **consumer);
 void ap__gemm_mainloop_ws(gctx *c);
 

@@ -655,7 +655,7 @@ static void open_tile(gctx *c, ap_kir_block **saved)
 
 	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, c->c.splitk > 1 ? AP_KIR_CLUSTER_X : AP_KIR_BLOCK_X),
 			 I(c, c->tiles), c->grid, saved);
-	if (c->c.tma != 2)   /* warp specialised: the consumers' own tiles; stages come by barrier */
+	if (c->c.tma < 2)   /* warp specialised: the consumers' own tiles; stages come by barrier */
 		ap_kir_barrier(k, v->cur);
 	r = ap_kir_ref(k, tile);
 	c->tile = ap_kir_ref(k, tile);
@@ -994,7 +994,7 @@ int ap__gemm_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_err
 	 * filled, and operands staged straight into their stages (a pair- or
 	 * compute-staged operand has one tile, rewritten every K tile) */
 	c.wg_overlap = p->wg && c.c.stages >= 3 && c.a_mode == STAGE_TILE && c.b_mode == STAGE_TILE;
-	if (c.c.tma == 2)   /* each stage released by barrier: one K tile in flight needs no spare stage */
+	if (c.c.tma >= 2)   /* each stage released by barrier: one K tile in flight needs no spare stage */
 		c.wg_overlap = true;
 	declare_shared(&c);
 	set_launch(&c);
@@ -1004,9 +1004,13 @@ int ap__gemm_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_err
 		goto done;
 	}
 	/* the registers of register-staged loads (declared per tile by
-	 * clear_tile) */
+	 * clear_tile; with a copying producer, tma=3, the producer's 128
+	 * threads hold them, declared per K tile by gemm_tma.c) */
+	if (c.c.tma == 3)
+		c.nt = 128;
 	c.a_regs = c.a_async ? 0 : ap__gemm_reg_count(&c, 0);
 	c.b_regs = c.b_async ? 0 : ap__gemm_reg_count(&c, 1);
+	c.nt = r->threads;
 	c.a_reg = calloc((size_t)c.a_regs + 1, sizeof(*c.a_reg));
 	c.b_reg = calloc((size_t)c.b_regs + 1, sizeof(*c.b_reg));
 	if (!c.a_reg || !c.b_reg) {
@@ -1014,14 +1018,16 @@ int ap__gemm_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_err
 		goto done;
 	}
 	outer = v.cur;
-	if (c.c.tma && (c.c.tma == 2 ? ap__gemm_ws_setup(&c, &v.cur) : ap__gemm_tma_setup(&c)) < 0) {
+	if (c.c.tma && (c.c.tma >= 2 ? ap__gemm_ws_setup(&c, &v.cur) : ap__gemm_tma_setup(&c)) < 0) {
 		rc = ap_error_set(err, ap_kir_failed(k) ? AP_ENOMEM : AP_EINTERNAL, NULL, NULL,
 				  "gemm emitter: the operands' tensor maps (tma=%d) could not be made", c.c.tma);
 		goto done;
 	}
+	if (c.c.tma == 3)   /* the producer's registers; the consumers have none */
+		c.a_regs = c.b_regs = 0;
 	open_tile(&c, &tsaved);
 	clear_tile(&c);
-	if (c.c.tma == 2)
+	if (c.c.tma >= 2)
 		ap__gemm_mainloop_ws(&c);
 	else if (c.c.tma)
 		ap__gemm_mainloop_tma(&c, c.tile);
@@ -1041,7 +1047,7 @@ int ap__gemm_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_err
 	if (c.c.splitk > 1)   /* the cluster's partials are read: the next tile may reuse them */
 		ap_kir_cluster_barrier(k, v.cur);
 	ap_v_close(&v, tsaved);
-	v.cur = outer;   /* out of the consumers' arm (tma=2) */
+	v.cur = outer;   /* out of the consumers' arm (tma=2, 3) */
 	rc = v.rc;
 	if (rc == 0 && r->lib && ap__gemm_attach_library(b, &pl->s, k) < 0)
 		rc = ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering a matmul");

@@ -240,18 +240,25 @@ static int ahead(gctx *c)
 /* The output tile `tile` of the grid-stride order: its first row and
  * column and Y's batch coordinates (as open_tile and the prefetch split
  * it), bound in the current block. */
-static void tile_coords(gctx *c, ap_kir_expr *tile, ap_kir_expr **m0, ap_kir_expr **n0, ap_kir_expr **bc)
+static void tile_coords(gctx *c, ap_kir_expr *tile, ap_kir_expr **m0, ap_kir_expr **n0, ap_kir_expr **bc,
+			ap_kir_expr **bi)
 {
 	int64_t per = (int64_t)c->tiles_m * c->tiles_n;
+	ap_kir_expr *b;
 
 	if (c->p->tb == 1) {
 		ap__gemm_tile_origin(c, c->v->cur, tile, "pm", "pn", m0, n0);
 		for (int d = 0; d < c->p->nb; d++)
 			bc[d] = I(c, 0);
+		if (bi)
+			*bi = I(c, 0);
 		return;
 	}
 	ap__gemm_tile_origin(c, c->v->cur, ap_kir_binary(c->k, AP_KIR_REM, tile, I(c, per)), "pm", "pn", m0, n0);
-	ap__gemm_batch_coords(c, c->v->cur, ap_kir_binary(c->k, AP_KIR_DIV, tile, I(c, per)), "pb", bc);
+	b = ap_kir_binary(c->k, AP_KIR_DIV, tile, I(c, per));
+	if (bi)   /* the tile's linear batch (a convolution's group) */
+		b = *bi = ap_kir_bind(c->k, c->v->cur, c->k->index_type, "pbi", b);
+	ap__gemm_batch_coords(c, c->v->cur, b, "pb", bc);
 }
 
 /* Fills K tiles 0 .. min(D, ktl) - 1 of output tile `tile` (the caller
@@ -261,7 +268,7 @@ void ap__gemm_tma_prefetch(gctx *c, ap_kir_expr *tile)
 	ap_kir_expr *m0, *n0, *bc[AP_MAX_RANK];
 	int n = ahead(c) < c->ktl ? ahead(c) : c->ktl;
 
-	tile_coords(c, tile, &m0, &n0, bc);
+	tile_coords(c, tile, &m0, &n0, bc, NULL);
 	for (int j = 0; j < n; j++)
 		fill(c, c->v->cur, I(c, j), m0, n0, bc, 0, NULL);
 }
@@ -346,15 +353,138 @@ void ap__gemm_mainloop_tma(gctx *c, ap_kir_expr *tile)
 /* ---- tma=2: warp specialisation (docs/hopper-pipeline.md, section 4) ---------------------- */
 
 
-/* Before the tile loop of a warp-specialised GEMM (tma=2): the maps;
- * full[S] (count 1: the producer's expect_tx arrival) and empty[S]
- * (count W: each consumer warpgroup's release) initialised by thread 0
- * and fenced; then ROLES with
- *   - the producer warpgroup, threads [128 W, 128 W + 128): for every
- *     tile of the block (grid-stride, open_tile's order) and K tile: wait
- *     until stage pst is released (empty[pst], parity pph ^ 1: its first
- *     use passes at once), then thread 128 W expects the stage's bytes and
- *     issues its boxes (fill); pst and pph advance;
+/* Whether configuration c can run tma=3, the producer warpgroup copying
+ * (ws_copies): wgmma, no split-K, three stages at least (the producer
+ * announces a stage one step late, after its next stage's copies are
+ * issued: with two stages and a K tile's wgmma in flight the consumers
+ * would wait for a stage whose announcement waits for their release) and
+ * at most 64 elements a producer thread of register-staged operands (its
+ * share of the tiles ap__gemm_copy_mode sends through registers). */
+bool ap__gemm_ws_copies_fit(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t)
+{
+	int regs = 0;
+
+	if (!p->wg || c->splitk > 1 || c->stages < 3)
+		return false;
+	for (int role = 0; role < 2; role++) {
+		stage_mode m;
+
+		if (ap__gemm_copy_mode(p, role, c, t, &m) == 0)
+			regs += ((role ? c->bn : c->bm) * c->bk + 127) / 128;
+	}
+	return regs <= 64;
+}
+
+/* tma=2's producer: for every tile of the block (grid-stride, open_tile's
+ * order) and K tile, wait until stage pst is released (empty[pst], parity
+ * pph ^ 1: its first use passes at once), then thread `producer` expects
+ * the stage's bytes and issues its boxes (fill); pst and pph advance. */
+static void produce_tma(gctx *c, unsigned producer, ap_kir_var *pph)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *tsaved, *ksaved;
+	ap_kir_var *tile, *kt;
+	ap_kir_expr *m0, *n0, *bc[AP_MAX_RANK];
+
+	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), I(c, c->tiles), c->grid, &tsaved);
+	tile_coords(c, ap_kir_ref(k, tile), &m0, &n0, bc, NULL);
+	kt = ap_v_loop(v, "kt", I(c, 0), I(c, c->ktl), 1, &ksaved);
+	ap_kir_mbar_wait(k, v->cur, c->empty, ap_kir_ref(k, c->pst),
+			 ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, pph), I(c, 1)));
+	fill(c, v->cur, ap_kir_ref(k, kt), m0, n0, bc, producer, pph);
+	ap_v_close(v, ksaved);
+	ap_v_close(v, tsaved);
+}
+
+/* Stage x announced by every producer thread: its copies of the stage
+ * complete (cp.async.wait_group `pending`, with cp.async operands), its
+ * stores and copies fenced for the async proxy (wgmma reads through it),
+ * then its arrival on full[x] (count 128). */
+static void announce(gctx *c, ap_kir_block *b, ap_kir_expr *x, int pending)
+{
+	if (c->a_async || c->b_async)
+		ap_kir_cp_wait(c->k, b, pending);
+	ap_kir_fence_proxy_async(c->k, b);
+	ap_kir_mbar_arrive(c->k, b, c->full, x, NULL);
+}
+
+/* tma=3's producer, the 128 threads from `producer`: every tile of the
+ * block and K tile in the consumers' order, into stage pst once it is
+ * released (empty[pst], parity pph ^ 1) -- the operands cp.async copies
+ * (ap__gemm_issue_async, dealt over the producer's threads; one commit
+ * group a stage), the others loaded into registers through the value
+ * builder (a convolution's im2col gather, a prologue) and stored into
+ * the stage.  A stage is announced (announce) one step late, after the
+ * next stage's copies are issued, so that a thread's copies of one stage
+ * are in flight while it waits for those of the stage before; the last
+ * one after the loops.  CUTLASS's warp-specialised cp.async mainloop
+ * does the same with cp.async.mbarrier.arrive; this form keeps the
+ * fence the async proxy needs with the writer. */
+static void produce_copies(gctx *c, unsigned producer, ap_kir_var *pph)
+{
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *tsaved, *ksaved, *saved;
+	ap_kir_var *tile, *kt, *lag, *ast;
+	ap_kir_expr *bc[AP_MAX_RANK], *tid = c->tid, *bi;
+	unsigned nt = c->nt;
+
+	lag = ap_kir_var_new(k, k->index_type, "lag");
+	ast = ap_kir_var_new(k, k->index_type, "ast");
+	ap_kir_let(k, v->cur, lag, I(c, 0));
+	ap_kir_let(k, v->cur, ast, I(c, 0));
+	/* the producer's own thread index and count, for the copies' and the
+	 * registers' dealing (copy_loop, reg_slot): threadIdx.x & 127 (the
+	 * arm starts on a warpgroup), which tells the compiler its range --
+	 * a subtraction left every (pt + 128 r) % 128 and / 128 of the
+	 * register-staged gather to run, and ptxas spilled */
+	c->tid = ap_kir_bind(k, v->cur, k->index_type, "pt", ap_kir_binary(k, AP_KIR_AND, tid, I(c, 127)));
+	c->nt = 128;
+	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), I(c, c->tiles), c->grid, &tsaved);
+	tile_coords(c, ap_kir_ref(k, tile), &c->m0, &c->n0, bc, &bi);
+	for (int d = 0; d < c->p->nb; d++)
+		c->bcoord[d] = bc[d];
+	c->tb_index = bi;
+	kt = ap_v_loop(v, "kt", I(c, 0), I(c, c->ktl), 1, &ksaved);
+	ap_kir_mbar_wait(k, v->cur, c->empty, ap_kir_ref(k, c->pst),
+			 ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, pph), I(c, 1)));
+	for (int i = 0; i < c->a_regs; i++) {
+		c->a_reg[i] = ap_kir_var_new(k, c->p->in_t, "ra");
+		ap_kir_let(k, v->cur, c->a_reg[i], NULL);
+	}
+	for (int i = 0; i < c->b_regs; i++) {
+		c->b_reg[i] = ap_kir_var_new(k, c->p->in_t, "rb");
+		ap_kir_let(k, v->cur, c->b_reg[i], NULL);
+	}
+	ap__gemm_issue_tile(c, ap_kir_ref(k, c->pst), ap_kir_ref(k, kt));
+	if (c->a_async || c->b_async)
+		ap_kir_cp_commit(k, v->cur);
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_NE, ap_kir_ref(k, lag), I(c, 0)), &saved, NULL);
+	announce(c, v->cur, ap_kir_ref(k, ast), 1);
+	ap_v_close(v, saved);
+	ap__gemm_complete_tile(c, ap_kir_ref(k, c->pst));
+	ap_kir_assign(k, v->cur, ast, ap_kir_ref(k, c->pst));
+	ap_kir_assign(k, v->cur, lag, I(c, 1));
+	advance(c, v->cur, c->pst, pph);
+	ap_v_close(v, ksaved);
+	ap_v_close(v, tsaved);
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_NE, ap_kir_ref(k, lag), I(c, 0)), &saved, NULL);
+	announce(c, v->cur, ap_kir_ref(k, ast), 0);
+	ap_v_close(v, saved);
+	/* the consumers' tiles are their own (open_tile) */
+	c->tid = tid;
+	c->nt = nt;
+	c->m0 = c->n0 = c->tb_index = NULL;
+}
+
+/* Before the tile loop of a warp-specialised GEMM (tma=2: TMA; tma=3: a
+ * copying producer): for tma=2 the maps; full[S] (count 1 for the
+ * producer's expect_tx arrival, 128 for the copying producer's threads)
+ * and empty[S] (count W: each consumer warpgroup's release) initialised
+ * by thread 0 and fenced; then ROLES with
+ *   - the producer warpgroup, threads [128 W, 128 W + 128): pst and pph
+ *     declared, then produce_tma or produce_copies;
  *   - the consumer warpgroups, threads [0, 128 W), each its own group:
  *     cst, cph and rst declared, *consumer set to the arm's body, where
  *     the caller opens the same tile loop (open_tile), and
@@ -366,24 +496,28 @@ int ap__gemm_ws_setup(gctx *c, ap_kir_block **consumer)
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
 	int S = c->c.stages, W = c->c.tm * c->c.tn;
+	bool tma = c->c.tma == 2;
 	unsigned producer = 128u * (unsigned)W;
 	ap_kir_stmt *one, *roles, *prod, *cons;
-	ap_kir_block *tsaved, *ksaved;
-	ap_kir_var *tile, *kt, *pph;
-	ap_kir_expr *m0, *n0, *bc[AP_MAX_RANK];
+	ap_kir_var *pph;
 
-	if (make_maps(c) < 0)
+	if (tma && make_maps(c) < 0)
 		return -1;
-	ap_kir_comment(k, v->cur, "warp specialisation: warpgroup %d issues the TMA loads of operands A and B into "
-		       "%d stages (full / empty mbarriers), warpgroups 0..%d run wgmma on them; persistent blocks",
-		       W, S, W - 1);
+	if (tma)
+		ap_kir_comment(k, v->cur, "warp specialisation: warpgroup %d issues the TMA loads of operands A and B "
+			       "into %d stages (full / empty mbarriers), warpgroups 0..%d run wgmma on them; persistent "
+			       "blocks", W, S, W - 1);
+	else
+		ap_kir_comment(k, v->cur, "warp specialisation: warpgroup %d copies operands A and B (%s, %s) into %d "
+			       "stages (full / empty mbarriers), warpgroups 0..%d run wgmma on them; persistent blocks",
+			       W, c->a_async ? "cp.async" : "registers", c->b_async ? "cp.async" : "registers", S, W - 1);
 	c->full = ap_kir_mbarriers(k, "full", S);
 	c->empty = ap_kir_mbarriers(k, "empty", S);
 	one = ap_kir_if(k, v->cur, ap_kir_binary(k, AP_KIR_EQ, c->tid, I(c, 0)));
 	if (!c->full || !c->empty || !one)
 		return -1;
 	for (int s = 0; s < S; s++) {
-		ap_kir_mbar_init(k, &one->body, c->full, I(c, s), ap_kir_int(k, AP_DT_I32, 1));
+		ap_kir_mbar_init(k, &one->body, c->full, I(c, s), ap_kir_int(k, AP_DT_I32, tma ? 1 : 128));
 		ap_kir_mbar_init(k, &one->body, c->empty, I(c, s), ap_kir_int(k, AP_DT_I32, W));
 	}
 	ap_kir_fence_proxy_async(k, &one->body);
@@ -399,14 +533,10 @@ int ap__gemm_ws_setup(gctx *c, ap_kir_block **consumer)
 	pph = ap_kir_var_new(k, k->index_type, "pph");
 	ap_kir_let(k, v->cur, c->pst, I(c, 0));
 	ap_kir_let(k, v->cur, pph, I(c, 0));
-	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), I(c, c->tiles), c->grid, &tsaved);
-	tile_coords(c, ap_kir_ref(k, tile), &m0, &n0, bc);
-	kt = ap_v_loop(v, "kt", I(c, 0), I(c, c->ktl), 1, &ksaved);
-	ap_kir_mbar_wait(k, v->cur, c->empty, ap_kir_ref(k, c->pst),
-			 ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, pph), I(c, 1)));
-	fill(c, v->cur, ap_kir_ref(k, kt), m0, n0, bc, producer, pph);
-	ap_v_close(v, ksaved);
-	ap_v_close(v, tsaved);
+	if (tma)
+		produce_tma(c, producer, pph);
+	else
+		produce_copies(c, producer, pph);
 	/* the consumers' ring state, carried across their tiles */
 	v->cur = &cons->body;
 	c->cst = ap_kir_var_new(k, k->index_type, "cst");
