@@ -2224,6 +2224,58 @@ START_TEST(attention_wgmma_tma)
 }
 END_TEST
 
+/* The attention forward warp specialised with a copying producer (knob
+ * tma=3, attention_tc.c ws_produce_copies): head dims 16 and 12 (V's tile
+ * padded to 16, a 32-byte swizzle; no tensor map takes these operands),
+ * the statistics written, every configuration of the --unvalidated space
+ * (overlap 1; tma 3, and 0) run in the checking host mode on one SM --
+ * persistent blocks walking several query tiles, the phases of Q's and
+ * the K / V stages' barriers carried on -- against float64; the default
+ * kernel is the copying producer's arm chain and compiles without spills
+ * (expect_no_spills).  A release moved above the wait that completes
+ * O += P V, Q's announcement before its copies' wait, or a stage refilled
+ * without the empty wait each fail it (tried by hand). */
+START_TEST(attention_ws_copies)
+{
+	static const att_case f16 = {"attention_ws_copy_f16", AP_DT_F16, 2, 3, 70, 150, 16, 12, true, "sm_90a", 4e-3};
+	lcase lc = {f16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16"}};
+	const char *sw = getenv("APOLLO_SWEEP");
+	char *saved = sw ? strdup(sw) : NULL;
+	ap_graph *g = attention_graph(&f16);
+	ap_mgraph *m = whole(g, AP_GROUP_ATTENTION);
+	ap_lower_options lo = {256, NULL, true};
+	ap_target_info ti;
+	ap_kir_kernel *k;
+	ap_error err;
+	char *cuda;
+
+	ck_assert_int_eq(ap_cost_target("sm_90a", &ti), 0);
+	ti.unvalidated = ti.tma = true;
+	k = ap_lower_mgraph(m, &ti, "att_ws_copy", &lo, NULL, &err);
+	ck_assert_msg(k != NULL, "%s", err.msg);
+	cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
+	ck_assert_ptr_nonnull(cuda);
+	ck_assert_msg(strstr(cuda, "copies Q, K and V") && strstr(cuda, "} else if (threadIdx.x >= 0u && threadIdx.x < 128u)") &&
+		      strstr(cuda, "cp.async.wait_group 0") && !strstr(cuda, "cp.async.bulk"),
+		      "not the copying producer's attention:\n%.3000s", cuda);
+	free(cuda);
+	ap_kir_kernel_free(k);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+	setenv("APOLLO_SWEEP", "full", 1);
+	g_sms = 1;
+	g_unvalidated = true;
+	run_attention_case(&f16, &lc);
+	g_unvalidated = false;
+	g_sms = 0;
+	if (saved)
+		setenv("APOLLO_SWEEP", saved, 1);
+	else
+		unsetenv("APOLLO_SWEEP");
+	free(saved);
+}
+END_TEST
+
 /* Expand as a view (view.c, sv_expand): grouped-query K [2, 1, 1, 5, 8]
  * expanded to [2, 1, 3, 5, 8], reshaped to [2, 3, 5, 8] (three heads
  * reading one) and transposed to K^T [2, 3, 8, 5]: a strided view of k
@@ -2353,9 +2405,14 @@ START_TEST(attention_overlap_unvalidated)
 		ti.unvalidated = ti.tma = asked;
 		ck_assert_int_eq(ap_bind_first(m, &ti, &b, &err), 0);
 		ck_assert_int_eq(ap_emitter_default(&b, &sp, &dflt, &err), 0);
-		ck_assert_int_eq(sp.n, 3);
+		/* and tma: K and V here are no tensor maps, the space holds 0
+		 * and the copying producer (3), taken when asked */
+		ck_assert_int_eq(sp.n, 4);
 		ck_assert_str_eq(sp.knobs[ov].name, "overlap");
 		ck_assert_int_eq(dflt.v[ov], asked);
+		ck_assert_str_eq(sp.knobs[3].name, "tma");
+		ck_assert_int_eq(sp.knobs[3].n, 2);
+		ck_assert_int_eq(dflt.v[3], asked ? 3 : 0);
 		ov1 = dflt;
 		ov1.v[ov] = 1;
 		ck_assert_int_eq(b.em->resolve(&b, &ov1, &pl), 1);
@@ -2721,9 +2778,10 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 	}
 	/* a = 3: sm_90a again with the attention's overlap (overlap=1), where
 	 * the space has it: a form the default rule does not take yet; a = 4:
-	 * every such form (--unvalidated), where the space has K and V by TMA
-	 * -- warp specialised (tma=2) where Q is a map too, else overlap=1
-	 * tma=1 */
+	 * every such form (--unvalidated), where the space has the knob tma
+	 * -- warp specialised by TMA (tma=2) where Q, K and V are maps,
+	 * overlap=1 tma=1 where K and V are, else the copying producer
+	 * (tma=3) */
 	for (int a = 0; a < n + 2 * (n == 3) && nvrtc_state > 0; a++) {
 		ap_target_info ti;
 		ap_lower_options lo = {256, NULL, true};
@@ -2752,14 +2810,16 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 		ck_assert_msg(a < 2 || strstr(cuda, "wgmma.mma_async.sync.aligned"), "%s: no wgmma on sm_90a", name);
 		ws = a == 4 && strstr(cuda, "} else if (threadIdx.x >= 0u");
 		ck_assert_msg(a < 3 || ws || strstr(cuda, "wgmma.wait_group.sync.aligned 1"), "%s: no overlap", name);
-		ck_assert_msg(a < 4 || strstr(cuda, "cp.async.bulk.tensor."), "%s: K and V not by TMA", name);
+		ck_assert_msg(a < 4 || strstr(cuda, "cp.async.bulk.tensor.") || strstr(cuda, "copies Q, K and V"),
+			      "%s: K and V neither by TMA nor by a copying producer", name);
 		ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, name, archs[a < 3 ? a : 2], &st, &err) == 0, "%s: %s", name,
 			      err.msg);
 		ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0,
 			      "%s (%s): spills %d / %d bytes, %d registers", name, archs[a < 3 ? a : 2],
 			      st.spill_store_bytes, st.spill_load_bytes, st.registers);
 		printf("check_lower: %s on %s%s: %d registers, no spills, %d bytes of shared memory\n", name,
-		       archs[a < 3 ? a : 2], a == 3 ? " (overlap=1)" : ws ? " (tma=2, warp specialised)" : a == 4 ? " (overlap=1 tma=1)" : "",
+		       archs[a < 3 ? a : 2], a == 3 ? " (overlap=1)" : ws && strstr(cuda, "copies Q, K and V") ? " (tma=3, warp specialised, copying)"
+		       : ws ? " (tma=2, warp specialised)" : a == 4 ? " (overlap=1 tma=1)" : "",
 		       st.registers, st.shared_bytes);
 		free(cuda);
 		ap_kir_kernel_free(k);
@@ -2952,6 +3012,7 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, attention_wgmma);
 	tcase_add_test(tc, attention_wgmma_overlap);
 	tcase_add_test(tc, attention_wgmma_tma);
+	tcase_add_test(tc, attention_ws_copies);
 	tcase_add_test(tc, sview_expand);
 	tcase_add_test(tc, attention_record_before_overlap);
 	tcase_add_test(tc, attention_overlap_unvalidated);

@@ -414,8 +414,10 @@ static void at_unbind(void *an)
  * (16 query rows each) and "keys" (a tile of K and V); on wgmma with two
  * K / V stages also "overlap" (1: the softmax beside O += P V,
  * attention_tc.c ov_key_loop) and "tma" (1: K and V tiles filled by TMA,
- * where they are tensor maps); each only 1 where the request asks for the
- * forms not yet run on a GPU (ap_target_info.unvalidated). */
+ * where they are tensor maps; 2 the same warp specialised, Q a map too;
+ * 3 warp specialised with a producer warpgroup copying them, any
+ * operands); the new forms first where the request asks for the forms
+ * not yet run on a GPU (ap_target_info.unvalidated). */
 static int at_space(const ap_bound *b, ap_space *sp)
 {
 	const att_plan *p = b->an;
@@ -437,16 +439,26 @@ static int at_space(const ap_bound *b, ap_space *sp)
 		sp->knobs[2] = only ? (ap_knob){ .name = "overlap", .n = 1, .values = { 1 }, .late = true }
 				    : (ap_knob){ .name = "overlap", .n = 2, .values = { 0, 1 }, .late = true };
 	}
-	if (tc_tma_fits(p, b->t)) {   /* wgmma: Q, K and V tiles by TMA; 2 warp specialised */
-		bool ws = tc_ws_fits(p, b->t, 4);
+	/* tma: 1 where K and V are maps, 2 where Q is too and the producer
+	 * fits, 3 where the producer fits; 0 first, or (only) the new forms
+	 * first -- 2, 1, 3 -- and 0 last where no map takes the operands */
+	if (tc_tma_fits(p, b->t) || tc_wscopy_fits(p, b->t, 4)) {
+		ap_knob *kb = &sp->knobs[3];
 
 		sp->n = 4;
-		if (only)
-			sp->knobs[3] = ws ? (ap_knob){ .name = "tma", .n = 2, .values = { 2, 1 }, .late = true }
-					  : (ap_knob){ .name = "tma", .n = 1, .values = { 1 }, .late = true };
-		else
-			sp->knobs[3] = ws ? (ap_knob){ .name = "tma", .n = 3, .values = { 0, 1, 2 }, .late = true }
-					  : (ap_knob){ .name = "tma", .n = 2, .values = { 0, 1 }, .late = true };
+		*kb = (ap_knob){ .name = "tma", .n = 0, .late = true };
+		if (!only)
+			kb->values[kb->n++] = 0;
+		if (only && tc_ws_fits(p, b->t, 4))
+			kb->values[kb->n++] = 2;
+		if (tc_tma_fits(p, b->t))
+			kb->values[kb->n++] = 1;
+		if (!only && tc_ws_fits(p, b->t, 4))
+			kb->values[kb->n++] = 2;
+		if (tc_wscopy_fits(p, b->t, 4))
+			kb->values[kb->n++] = 3;
+		if (only && !tc_tma_fits(p, b->t))
+			kb->values[kb->n++] = 0;
 	}
 	return 0;
 }
@@ -486,16 +498,22 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 		s->v[3] = sp->knobs[3].values[0];   /* tma: as overlap */
 	if (sp->n > 2) {
 		s->v[2] = sp->knobs[2].values[0];
-		if ((s->v[2] || (sp->n > 3 && s->v[3] == 2)) && s->v[0] % 4) {
+		if ((s->v[2] || (sp->n > 3 && s->v[3] >= 2)) && s->v[0] % 4) {
 			s->v[0] = 4;
 			while (s->v[1] > 16 && !tc_fits(p, t, 4, s->v[1]))
 				s->v[1] /= 2;
 		}
 	}
-	/* tma=2 (warp specialised): its producer warpgroup within the thread
-	 * cap, else the space's next form */
-	if (sp->n > 3 && s->v[3] == 2 && !tc_ws_fits(p, t, s->v[0]))
-		s->v[3] = sp->knobs[3].n > 1 ? sp->knobs[3].values[1] : 0;
+	/* tma=2 and 3 (warp specialised): the producer warpgroup within the
+	 * thread cap, else the space's next form that fits */
+	for (int i = 0; sp->n > 3 && i < sp->knobs[3].n; i++) {
+		int x = sp->knobs[3].values[i];
+
+		s->v[3] = x;
+		if (!(x == 2 && !tc_ws_fits(p, t, s->v[0])) && !(x == 3 && !tc_wscopy_fits(p, t, s->v[0])))
+			break;
+		s->v[3] = 0;
+	}
 	return 0;
 }
 
@@ -504,7 +522,8 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 typedef struct at_res {
 	int w, bk;
 	bool overlap;
-	int tma;                         /* 0 cp.async, 1 TMA, 2 TMA warp specialised */
+	int tma;                         /* 0 cp.async, 1 TMA, 2 TMA warp specialised,
+					    3 warp specialised with a copying producer */
 	unsigned threads, blocks, smem;
 } at_res;
 
@@ -536,14 +555,16 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 	if (rc && r->overlap && (!tc_overlap_fits(p, b->t) || r->w % 4))
 		rc = 0;
 	/* so is TMA filling (and its mbarriers) */
-	if (rc && r->tma && (!tc_tma_fits(p, b->t) || r->w % 4))
+	if (rc && (r->tma == 1 || r->tma == 2) && (!tc_tma_fits(p, b->t) || r->w % 4))
 		rc = 0;
-	/* warp specialised: Q a map too, the producer's threads */
+	/* warp specialised: Q a map too, the producer's threads; copying:
+	 * the producer's threads */
 	if (rc && r->tma == 2 && !tc_ws_fits(p, b->t, r->w))
 		rc = 0;
-	if (r->tma)
-		r->smem += tc_tma_barrier_bytes(p) * (r->tma == 2 ? 2 : 1);
-	if (r->tma == 2)
+	if (rc && r->tma == 3 && !tc_wscopy_fits(p, b->t, r->w))
+		rc = 0;
+	r->smem += tc_barrier_bytes(p, r->tma);
+	if (r->tma >= 2)
 		r->threads += 128;
 	return rc;
 }
@@ -563,8 +584,8 @@ static int at_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_er
 	c.v = &v;
 	c.k = k;
 	c.overlap = r->overlap;
-	c.tma = r->tma != 0;
-	c.ws = r->tma == 2;
+	c.tma = r->tma == 1 || r->tma == 2;
+	c.ws = r->tma >= 2;
 	v.leaf = ap__att_leaf;
 	v.leaf_user = &c;
 	rc = p->tc ? ap__att_emit_tc(&c, b->t, r->w, r->bk, err) : ap__att_emit_simt(&c, b->t, r->w, err);
@@ -584,8 +605,8 @@ static int at_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 	if (ap__lower_inline_traffic(b->m, out) < 0)
 		return AP_ENOMEM;
 	out->flops = 2.0 * (double)p->batch * (double)p->Nq * (double)p->Nk * (double)(p->D + p->Dv);
-	/* tma=2: the producer warpgroup issues loads only (as the GEMM's) */
-	out->threads = r->threads - (r->tma == 2 ? 128u : 0u);
+	/* tma=2, 3: the producer warpgroup loads only (as the GEMM's) */
+	out->threads = r->threads - (r->tma >= 2 ? 128u : 0u);
 	out->blocks = r->blocks;
 	out->shared_bytes = r->smem;
 	out->tensor_cores = p->tc;

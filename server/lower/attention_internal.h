@@ -143,6 +143,23 @@ static inline unsigned tc_tma_barrier_bytes(const att_plan *p)
 	return 8u * (p->q_tma ? 3u : 2u);
 }
 
+/* The warp-specialised form with a copying producer (knob tma=3): any
+ * operands (cp.async or through the producer's registers), two K / V
+ * stages, whole warpgroups, the producer warpgroup within the block's
+ * thread cap. */
+static inline bool tc_wscopy_fits(const att_plan *p, const ap_target_info *t, int W)
+{
+	return tc_overlap_fits(p, t) && W % 4 == 0 && 32u * (unsigned)W + 128u <= ap_block_cap(t) + t->ws_threads;
+}
+
+/* Bytes of knob tma's mbarriers: tma=1 full per tile kind
+ * (tc_tma_barrier_bytes), 2 full and empty, 3 full and empty for Q, K and
+ * V's stages. */
+static inline unsigned tc_barrier_bytes(const att_plan *p, int tma)
+{
+	return tma == 3 ? 48u : tma ? tc_tma_barrier_bytes(p) * (tma == 2 ? 2u : 1u) : 0u;
+}
+
 /* Bytes of shared memory of W warps and BK keys a tile on t: the Q tile
  * and the K and V tiles' stages, padded rows; on wgmma unpadded swizzled
  * tiles, each starting on its pattern's repeat, plus the slack of the
@@ -186,7 +203,13 @@ typedef struct actx {
 					   on two mbarriers (knob tma; attention_tc.c) */
 	bool ws;                        /* tma=2: warp specialised -- a producer warpgroup
 					   issues Q's, K's and V's loads, the warpgroups of
-					   query rows wait for them (attention_tc.c, emit_ws) */
+					   query rows wait for them (attention_tc.c, emit_ws);
+					   tma=3 (ws without tma): the producer copies them
+					   (cp.async or its registers) */
+	ap_kir_expr *stage_tid;         /* set: ap__att_stage_rows deals its copies over
+					   stage_nt threads numbered so (the copying
+					   producer's); NULL: over the block */
+	unsigned stage_nt;
 } actx;
 
 /* ---- attention_kernel.c: the shared steps and the SIMT form ---- */
@@ -219,7 +242,8 @@ ap_kir_expr *ap__att_xor_reduce(actx *c, ap_kir_expr *v, bool max, int lanes);
 
 /* Stages rows [r0, r0 + n) of a tile of operand `role` (0 Q, 1 K^T, 2 V)
  * into the shared array `arr` (row r at arr[base + r * ld], `cols` elements of
- * arr's type), the block's threads striding over it: element (r, j) is
+ * arr's type), the block's threads (c->stage_nt threads numbered
+ * c->stage_tid where set) striding over it: element (r, j) is
  * the operand at (r0 + r, j) -- K^T at (j, r0 + r) -- and zero past row
  * `rows_ok` or column `cols_ok`.  Copied by cp.async (p->aw[role]
  * elements at a time, from its buffer; the caller commits and waits) when

@@ -129,9 +129,10 @@ void ap__att_stage_rows(actx *c, ap_kir_array *arr, ap_kir_expr *base, int role,
 	const att_plan *p = c->p;
 	int x = role == 0 ? p->q : role == 1 ? p->kt : p->v, w = p->aw[role] ? p->aw[role] : 1;
 	bool trans = role == 1;
-	unsigned nt = ap_kir_block_threads(k);
+	unsigned nt = c->stage_tid ? c->stage_nt : ap_kir_block_threads(k);
 	ap_kir_block *saved, *s2;
-	ap_kir_var *e = ap_v_loop(v, "e", ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, n * cols / w), nt, &saved);
+	ap_kir_var *e = ap_v_loop(v, "e", c->stage_tid ? c->stage_tid : ap_kir_index_of(k, AP_KIR_THREAD_X),
+				  ap_kir_idx(k, n * cols / w), nt, &saved);
 	ap_kir_expr *r = ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, e), ap_kir_idx(k, cols / w));
 	ap_kir_expr *j = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, e), ap_kir_idx(k, cols / w)), w);
 	ap_kir_expr *gr = ap_kir_bind(k, v->cur, k->index_type, "gr", ap_kir_add(k, r0, r));

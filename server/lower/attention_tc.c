@@ -329,6 +329,34 @@ static int tma_setup(att_tc *s, ap_error *err)
 	return ap_kir_failed(k) ? ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention") : 0;
 }
 
+/* The copying producer's set-up (knob tma=3): full[0..1] the K / V
+ * stages and full[2] Q's tile, each count 128 (every producer thread
+ * arrives once its copies of the tile are complete and fenced);
+ * empty[0..2] their releases, count W / 4; initialised by thread 0 and
+ * fenced, then kn = qph = 0.  AP_ENOMEM through err. */
+static int copy_setup(att_tc *s, ap_error *err)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_stmt *one;
+
+	ap_kir_comment(k, v->cur, "warp specialisation: warpgroup %d copies Q, K and V (K and V into 2 stages; full / "
+		       "empty mbarriers), warpgroups 0..%d compute on them; persistent blocks", s->BQ / 64, s->BQ / 64 - 1);
+	s->full = ap_kir_mbarriers(k, "full", 3);
+	s->empty = ap_kir_mbarriers(k, "empty", 3);
+	one = ap_kir_if(k, v->cur, ap_kir_binary(k, AP_KIR_EQ, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, 0)));
+	if (!s->full || !s->empty || !one)
+		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention");
+	for (int i = 0; i < 3; i++) {
+		ap_kir_mbar_init(k, &one->body, s->full, ap_kir_idx(k, i), ap_kir_int(k, AP_DT_I32, 128));
+		ap_kir_mbar_init(k, &one->body, s->empty, ap_kir_idx(k, i), ap_kir_int(k, AP_DT_I32, s->BQ / 64));
+	}
+	ap_kir_fence_proxy_async(k, &one->body);
+	ap_kir_barrier(k, v->cur);
+	return ap_kir_failed(k) ? ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention") : 0;
+}
+
 /* The TMA form's grid: persistent blocks, as many as fit on the SMs at
  * once (threads, blocks and shared memory per SM; registers are
  * ptxas's), each walking query tiles and carrying its stages' phases on
@@ -337,7 +365,8 @@ static int tma_setup(att_tc *s, ap_error *err)
 static unsigned tma_grid(const att_tc *s, const ap_target_info *t)
 {
 	unsigned threads = 32u * (unsigned)(s->BQ / 16) + (s->c->ws ? 128u : 0u), per = t->max_blocks_per_sm;
-	size_t smem = tc_smem(s->c->p, t, s->BQ / 16, s->BK) + tc_tma_barrier_bytes(s->c->p) * (s->c->ws ? 2 : 1);
+	size_t smem = tc_smem(s->c->p, t, s->BQ / 16, s->BK) +
+		      tc_barrier_bytes(s->c->p, s->c->ws ? (s->c->tma ? 2 : 3) : 1);
 
 	if (threads && t->max_threads_per_sm / threads < per)
 		per = t->max_threads_per_sm / threads;
@@ -346,16 +375,16 @@ static unsigned tma_grid(const att_tc *s, const ap_target_info *t)
 	return t->sm_count * (per ? per : 1);
 }
 
-/* The query tile's key tiles counted into kn, Q's parity flipped (knob
- * tma; else nothing). */
+/* The query tile's key tiles counted into kn, Q's parity flipped where
+ * Q's tile comes on its barrier (knob tma; else nothing). */
 static void tma_next_query_tile(att_tc *s)
 {
 	ap_kir_kernel *k = s->c->k;
 
-	if (!s->c->tma)
+	if (!s->c->tma && !s->c->ws)
 		return;
 	ap_kir_assign(k, s->c->v->cur, s->kn, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles));
-	if (s->c->p->q_tma)
+	if (s->c->p->q_tma || s->c->ws)
 		ap_kir_assign(k, s->c->v->cur, s->qph, ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, s->qph), ap_kir_idx(k, 1)));
 }
 
@@ -1031,16 +1060,110 @@ static void ws_overlap_loop(att_tc *s)
 	ws_release(s, last);
 }
 
+/* The wait of the producer for the release of barrier x's tile
+ * (empty[x], parity `par` ^ 1: its first use passes at once). */
+static void ws_wait_free(att_tc *s, ap_kir_expr *x, ap_kir_expr *par)
+{
+	ap_kir_kernel *k = s->c->k;
+
+	ap_kir_mbar_wait(k, s->c->v->cur, s->empty, x, ap_kir_binary(k, AP_KIR_XOR, par, ap_kir_idx(k, 1)));
+}
+
+/* tma=2's producer (emit_ws): per query tile, once the previous tile's Q
+ * is released, Q's boxes on full[2]; per key tile, once its stage is
+ * released, K's and V's boxes on full[u % 2] (tma_fill). */
+static void ws_produce_tma(att_tc *s, unsigned grid, ap_kir_var *qp)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	int64_t es = (int64_t)ap_dtype_size(s->T);
+	ap_kir_block *tsaved, *ksaved;
+	ap_kir_stmt *one;
+	ap_kir_var *kt;
+	ap_kir_expr *q0, *u;
+
+	q0 = ap__att_open_tiles(c, s->BQ, grid, &tsaved);
+	ws_wait_free(s, ap_kir_idx(k, 2), ap_kir_ref(k, qp));
+	one = tma_issuer(s);
+	if (one) {
+		ap_kir_mbar_arrive(k, &one->body, s->full, ap_kir_idx(k, 2), ap_kir_int(k, AP_DT_I32, s->BQ * s->Dp * es));
+		tma_tile(s, one, 0, s->BQ, q0, ap_kir_idx(k, 0), ap_kir_idx(k, 2));
+	}
+	ap_kir_assign(k, v->cur, qp, ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, qp), ap_kir_idx(k, 1)));
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s->ntiles), 1, &ksaved);
+	u = tma_use(s, ap_kir_ref(k, kt));
+	ws_wait_free(s, ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)),
+		     ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, u, ap_kir_idx(k, 1)), ap_kir_idx(k, 1)));
+	tma_fill(s, ap_kir_ref(k, kt), ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
+	ap_v_close(v, ksaved);
+	ap_kir_assign(k, v->cur, s->kn, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles));
+	ap_v_close(v, tsaved);
+}
+
+/* A tile the copying producer wrote announced on full[x] by each of its
+ * threads: its copies complete (`copies`: cp.async was used), fenced for
+ * the async proxy (wgmma reads the tile through it), an arrival. */
+static void ws_announce(att_tc *s, ap_kir_expr *x, bool copies)
+{
+	ap_kir_kernel *k = s->c->k;
+	ap_vctx *v = s->c->v;
+
+	ap__att_async_done(s->c, copies);
+	ap_kir_fence_proxy_async(k, v->cur);
+	ap_kir_mbar_arrive(k, v->cur, s->full, x, NULL);
+}
+
+/* tma=3's producer: the same order as tma=2's, the tiles copied by the
+ * producer's 128 threads (ap__att_stage_rows dealt over threadIdx.x &
+ * 127: cp.async where the plan copies an operand so, else loads and
+ * stores through the value builder) and announced at once (ws_announce:
+ * with two K / V stages and the query warpgroups' release of a stage one
+ * key tile late under the overlap, a later announcement would wait on
+ * that release). */
+static void ws_produce_copies(att_tc *s, unsigned grid, ap_kir_var *qp)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *tsaved, *ksaved;
+	ap_kir_var *kt;
+	ap_kir_expr *q0, *u, *st;
+
+	c->stage_tid = ap_kir_bind(k, v->cur, k->index_type, "pt",
+				   ap_kir_binary(k, AP_KIR_AND, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, 127)));
+	c->stage_nt = 128;
+	q0 = ap__att_open_tiles(c, s->BQ, grid, &tsaved);
+	ws_wait_free(s, ap_kir_idx(k, 2), ap_kir_ref(k, qp));
+	ap__att_stage_rows(c, s->qs, ap_kir_idx(k, 0), 0, s->BQ, s->Dp, s->ldq, q0, p->Nq, p->D);
+	ws_announce(s, ap_kir_idx(k, 2), p->aw[0]);
+	ap_kir_assign(k, v->cur, qp, ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, qp), ap_kir_idx(k, 1)));
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s->ntiles), 1, &ksaved);
+	u = tma_use(s, ap_kir_ref(k, kt));
+	st = ap_kir_bind(k, v->cur, k->index_type, "ps", ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
+	ws_wait_free(s, st, ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, u, ap_kir_idx(k, 1)), ap_kir_idx(k, 1)));
+	stage_kv_rows(s, ap_kir_muli(k, st, s->BK * s->ldq), ap_kir_muli(k, st, s->BK * s->ldv),
+		      ap_kir_muli(k, ap_kir_ref(k, kt), s->BK));
+	ws_announce(s, st, p->aw[1] || p->aw[2]);
+	ap_v_close(v, ksaved);
+	ap_kir_assign(k, v->cur, s->kn, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles));
+	ap_v_close(v, tsaved);
+	c->stage_tid = NULL;
+	c->stage_nt = 0;
+}
+
 /* FlashAttention-3's warp specialisation (docs/hopper-pipeline.md,
  * section 4, "FA3 forward"; Shah et al. 2024, section 3.1): after the
  * barriers' set-up (tma_setup: full[0..1] the K / V stages, full[2] Q's
- * tile, each count 1; empty[0..2] their releases, count W / 4), ROLES
- * with
+ * tile, each count 1; empty[0..2] their releases, count W / 4; or
+ * copy_setup, full's count 128), ROLES with
  *   - the producer warpgroup, threads [32 W, 32 W + 128): per query tile
  *     of the block (open_tiles' order), once the previous tile's Q is
- *     released (empty[2]) Q's boxes on full[2]; per key tile, once its
+ *     released (empty[2]) Q's tile on full[2]; per key tile, once its
  *     stage is released (empty[u % 2], u the block's key-tile use: kn +
- *     kt), K's and V's boxes on full[u % 2] (tma_fill);
+ *     kt), K's and V's tiles on full[u % 2] -- by TMA (tma=2,
+ *     ws_produce_tma) or copied (tma=3, ws_produce_copies);
  *   - the query warpgroups, threads [0, 32 W), each on its own: wait for
  *     Q, then per key tile wait for its stage, S = Q K^T, the online
  *     softmax, O += P V (each wgmma waited for), release the stage; after
@@ -1052,9 +1175,8 @@ static void emit_ws(att_tc *s, const ap_target_info *t, int W)
 	actx *c = s->c;
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
-	int64_t es = (int64_t)ap_dtype_size(s->T);
 	unsigned producer = 32u * (unsigned)W;
-	ap_kir_stmt *roles = ap_kir_roles(k, v->cur), *prod, *cons, *one;
+	ap_kir_stmt *roles = ap_kir_roles(k, v->cur), *prod, *cons;
 	ap_kir_block *outer = v->cur, *tsaved, *ksaved;
 	ap_kir_var *kt, *qp;
 	ap_kir_expr *q0, *u;
@@ -1071,23 +1193,10 @@ static void emit_ws(att_tc *s, const ap_target_info *t, int W)
 	qp = ap_kir_var_new(k, k->index_type, "qp");
 	ap_kir_let(k, v->cur, s->kn, ap_kir_idx(k, 0));
 	ap_kir_let(k, v->cur, qp, ap_kir_idx(k, 0));
-	q0 = ap__att_open_tiles(c, s->BQ, grid, &tsaved);
-	ap_kir_mbar_wait(k, v->cur, s->empty, ap_kir_idx(k, 2), ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, qp), ap_kir_idx(k, 1)));
-	one = tma_issuer(s);
-	if (one) {
-		ap_kir_mbar_arrive(k, &one->body, s->full, ap_kir_idx(k, 2), ap_kir_int(k, AP_DT_I32, s->BQ * s->Dp * es));
-		tma_tile(s, one, 0, s->BQ, q0, ap_kir_idx(k, 0), ap_kir_idx(k, 2));
-	}
-	ap_kir_assign(k, v->cur, qp, ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, qp), ap_kir_idx(k, 1)));
-	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s->ntiles), 1, &ksaved);
-	u = tma_use(s, ap_kir_ref(k, kt));
-	ap_kir_mbar_wait(k, v->cur, s->empty, ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)),
-			 ap_kir_binary(k, AP_KIR_XOR, ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, u, ap_kir_idx(k, 1)),
-								    ap_kir_idx(k, 1)), ap_kir_idx(k, 1)));
-	tma_fill(s, ap_kir_ref(k, kt), ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
-	ap_v_close(v, ksaved);
-	ap_kir_assign(k, v->cur, s->kn, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles));
-	ap_v_close(v, tsaved);
+	if (c->tma)
+		ws_produce_tma(s, grid, qp);
+	else
+		ws_produce_copies(s, grid, qp);
 	/* the query warpgroups */
 	v->cur = &cons->body;
 	s->issuer = 0;
@@ -1176,6 +1285,11 @@ int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *e
 		return ap_error_set(err, AP_EINTERNAL, v->g->nodes[v->m->root].name, NULL,
 				    "attention emitter: TMA without wgmma's two stages%s", c->ws ? " or Q's map" : "");
 	if (c->tma && (rc = tma_setup(&s, err)))
+		return rc;
+	if (c->ws && !c->tma && (!c->wg || s.NST != 2))
+		return ap_error_set(err, AP_EINTERNAL, v->g->nodes[v->m->root].name, NULL,
+				    "attention emitter: a copying producer without wgmma's two stages");
+	if (c->ws && !c->tma && (rc = copy_setup(&s, err)))
 		return rc;
 	s.ntiles = (p->Nk + BK - 1) / BK;
 	k->block[0] = 32u * (unsigned)W + (c->ws ? 128u : 0u);
