@@ -5,7 +5,8 @@
 # checked on target cpu against onnxruntime running the original float32
 # model on the same inputs; then their kernels for sm_90 and sm_90a through
 # build/tests/check_gemm (tensor-core PTX, wgmma on sm_90a, no spills), and
-# the sm_90a SASS of some (HGMMA, tests/sass_check.py).  Tolerances
+# the sm_90a SASS of some (HGMMA, tests/sass_check.py; by the default rule
+# and with --unvalidated, the warp-specialised forms).  Tolerances
 # (docs/testing.md): float16 rtol 1e-2, atol 1e-2; bfloat16 (8 bits of
 # mantissa) rtol 5e-2, atol 5e-2; and
 # at most 1% of an output's elements outside them, since a ReLU whose
@@ -63,6 +64,26 @@ if ls "$REPO"/.venv/lib/python3*/site-packages/nvidia/*/bin/nvdisasm >/dev/null 
 		"$PY" tests/sass_check.py "$AP_TMP/sm90a.pb" "$AP_TMP/sm90a.txt" --need HGMMA >"$AP_TMP/sass.out" 2>&1 ||
 			{ status=1; grep MISSING "$AP_TMP/sass.out" | sed "s/^/16-bit sm_90a SASS $m: /"; }
 		echo "16-bit sm_90a SASS $m: $(tail -1 "$AP_TMP/sass.out")"
+	done
+	# the warp-specialised forms (--unvalidated): the convolutions' and
+	# the fused-QKV attention's copying producer (tma=3), the products'
+	# TMA producer (tma=2) -- HGMMA in every GEMM and attention kernel,
+	for m in float16__bert_like_2l float16__small_convnet_train; do
+		d=$AP_TMP/prec/$m
+		if ! "$CLIENT" submit "$d/model.onnx" --data "$d/test_data_set_0" --target sm_90a --unvalidated \
+			--format cubin -o "$AP_TMP/sm90a.pb" --explain >"$AP_TMP/sm90a.txt" 2>&1; then
+			status=1
+			echo "16-bit sm_90a --unvalidated SASS $m: submit failed: $(tail -2 "$AP_TMP/sm90a.txt")"
+			continue
+		fi
+		grep -q "tma=3" "$AP_TMP/sm90a.txt" ||
+			{ status=1; echo "16-bit sm_90a --unvalidated $m: no tma=3 (copying producer) schedule"; }
+		# and the mbarrier waits and arrivals (SYNCS.*) of their pipelines
+		for op in HGMMA SYNCS; do
+			"$PY" tests/sass_check.py "$AP_TMP/sm90a.pb" "$AP_TMP/sm90a.txt" --need $op >"$AP_TMP/sass.out" 2>&1 ||
+				{ status=1; grep MISSING "$AP_TMP/sass.out" | sed "s/^/16-bit sm_90a --unvalidated SASS $m: /"; }
+			echo "16-bit sm_90a --unvalidated SASS $m: $(tail -1 "$AP_TMP/sass.out")"
+		done
 	done
 else
 	ap_skip nvdisasm "precision: no nvdisasm in .venv (make deps): the sm_90a SASS not read" || status=1
