@@ -50,6 +50,7 @@
  */
 #include "hostcheck.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -185,7 +186,19 @@ typedef struct ctx {
 	uint64_t *acq;               /* nt x MAX_MBAR: the phases of each mbarrier
 					completed when the thread last waited on it */
 	arms *am;                    /* roles() with more than one arm; NULL: one arm */
+	int sched;                   /* the coroutines' order (sched_of: SCHED_*) */
+	uint64_t rng;                /* SCHED_RANDOM: xorshift64 state */
+	unsigned perm[MAX_ARMS];     /* SCHED_RANDOM: this pass's order */
 } ctx;
+
+/* The order in which a warp-specialised kernel's scheduler runs its
+ * coroutines in each pass (ck_order), from $APOLLO_HOSTCHECK_SCHEDULE:
+ * "listed" (the default: the kernel's order -- Apollo's kernels list the
+ * producer first), "reverse" (the consumers first), "random:SEED" (a
+ * permutation drawn per pass, repeatable by its seed).  Findings about
+ * data do not depend on it (the clocks); which bug shows first, and
+ * whether a deadlock that needs one interleaving shows at all, do. */
+enum { SCHED_LISTED, SCHED_REVERSE, SCHED_RANDOM };
 
 /* One thread's cp.async into shared memory (banks_flush). */
 typedef struct bank_rec {
@@ -437,6 +450,33 @@ static void arms_tables(ctx *c)
 
 static void bulk_left(ctx *c);
 
+/* c's schedule from $APOLLO_HOSTCHECK_SCHEDULE (the enum's comment); a
+ * value it does not know is reported and the listed order kept. */
+static void sched_of(ctx *c)
+{
+	const char *e = getenv("APOLLO_HOSTCHECK_SCHEDULE");
+	char *end;
+	unsigned long long seed;
+
+	c->sched = SCHED_LISTED;
+	if (!e || !*e || !strcmp(e, "listed"))
+		return;
+	if (!strcmp(e, "reverse")) {
+		c->sched = SCHED_REVERSE;
+		return;
+	}
+	if (!strncmp(e, "random:", 7) && e[7]) {
+		errno = 0;
+		seed = strtoull(e + 7, &end, 10);
+		if (!*end && errno == 0) {
+			c->sched = SCHED_RANDOM;
+			c->rng = seed * 0x9E3779B97F4A7C15ull + 1;   /* never 0: xorshift's fixed point */
+			return;
+		}
+	}
+	report(c, "APOLLO_HOSTCHECK_SCHEDULE=%.40s: not listed, reverse or random:SEED (the listed order is used)", e);
+}
+
 static void *ck_begin(const char *kernel, unsigned threads, unsigned block_threads,
 		      unsigned long long blocks)
 {
@@ -459,6 +499,7 @@ static void *ck_begin(const char *kernel, unsigned threads, unsigned block_threa
 	if (g_cnt && (!(c->moved = calloc(2 * (size_t)g_n_extent, sizeof(*c->moved))) ||
 		      !(c->bank_seq = calloc(2 * (size_t)c->nt, sizeof(*c->bank_seq)))))
 		c->oom = true;
+	sched_of(c);
 	return c;
 }
 
@@ -1792,6 +1833,39 @@ static void ck_stuck(void *vc, void *bar, unsigned parity, unsigned lo, unsigned
 	       (long long)m->tx);
 }
 
+/* The coroutine a warp-specialised kernel's scheduler runs i-th of n in
+ * this pass (print.c, print_roles_host): i, n - 1 - i, or -- random --
+ * place i of a permutation drawn at i = 0 (Fisher-Yates on xorshift64:
+ * Marsaglia, "Xorshift RNGs", 2003).  i itself for an i or n out of
+ * range. */
+static unsigned ck_order(void *vc, unsigned i, unsigned n)
+{
+	ctx *c = vc;
+
+	if (!c || n > MAX_ARMS || i >= n)
+		return i;
+	if (c->sched == SCHED_REVERSE)
+		return n - 1 - i;
+	if (c->sched != SCHED_RANDOM)
+		return i;
+	if (i == 0) {
+		for (unsigned j = 0; j < n; j++)
+			c->perm[j] = j;
+		for (unsigned j = n - 1; j > 0; j--) {
+			unsigned r, t;
+
+			c->rng ^= c->rng << 13;
+			c->rng ^= c->rng >> 7;
+			c->rng ^= c->rng << 17;
+			r = (unsigned)(c->rng % (j + 1));
+			t = c->perm[j];
+			c->perm[j] = c->perm[r];
+			c->perm[r] = t;
+		}
+	}
+	return c->perm[i];
+}
+
 static const ap_hcheck_ops ops = {
 	.begin = ck_begin,
 	.end = ck_end,
@@ -1817,6 +1891,7 @@ static const ap_hcheck_ops ops = {
 	.mbar_ready = ck_mbar_ready,
 	.deliver = ck_deliver,
 	.stuck = ck_stuck,
+	.order = ck_order,
 };
 
 const ap_hcheck_ops *ap_hostcheck_ops(void)

@@ -102,7 +102,8 @@
 	void (*roles)(void *ctx, unsigned n, const unsigned *bounds); \
 	int (*mbar_ready)(void *ctx, void *bar, unsigned parity); \
 	int (*deliver)(void *ctx); \
-	void (*stuck)(void *ctx, void *bar, unsigned parity, unsigned lo, unsigned hi);
+	void (*stuck)(void *ctx, void *bar, unsigned parity, unsigned lo, unsigned hi); \
+	unsigned (*order)(void *ctx, unsigned i, unsigned n);
 
 typedef struct ap_hcheck_ops {
 	AP_HCHECK_FIELDS

@@ -510,6 +510,8 @@ static void *as_type(ap_dtype dt, const float *v, int64_t n)
  * walk several tiles each). */
 static const char *g_target = "sm_90";
 static int g_tma;                    /* the GEMM's tma knob (0: the default rule's) */
+static bool g_other_order;           /* a run under another coroutine order: the CUDA
+					checks of tma_cuda_checks were made already */
 static unsigned g_sms;
 
 /* The SASS of cubin bin (nvdisasm from PyPI's wheel in .venv), malloc'd;
@@ -642,7 +644,7 @@ static unsigned run_checked(product *p, bool tf, sync_bug bug, bool cluster, dou
 	k = ap_lower_mgraph(m, &ti, "checked_gemm", &lo, NULL, &err);
 	ck_assert_msg(k != NULL, "%s", err.msg);
 	ck_assert_msg(!cluster || k->cluster > 1, "the default rule does not split K here");
-	if (g_tma && bug == BUG_NONE)
+	if (g_tma && bug == BUG_NONE && !g_other_order)
 		tma_cuda_checks(k);
 	*sites = inject(k, &k->body, bug);
 	src = ap_kir_print(k, AP_KIR_HOST_CHECK, &err);
@@ -908,6 +910,56 @@ START_TEST(tma_gemm_bugs_found)
 }
 END_TEST
 
+/* A bug injected into a warp-specialised GEMM, and what the report says
+ * (under the listed order). */
+typedef struct ws_bug {
+	sync_bug bug;
+	const char *what, *want;
+} ws_bug;
+
+/* The orders of the coroutines the warp-specialised tests run in
+ * (APOLLO_HOSTCHECK_SCHEDULE, hostcheck.c ck_order): the producer first,
+ * the consumers first, a random one per pass. */
+static const char *const ws_orders[] = { "listed", "reverse", "random:3" };
+
+/* The GEMM p lowered with knob tma=`tma` on one SM (four tiles, five K
+ * tiles on three stages) under each of ws_orders: clean and equal to
+ * float64, and each of the n bugs reported at a site it was put in; the
+ * report's text is bugs[i].want under the listed order (another order
+ * may meet the bug elsewhere first: a flipped parity, say, as a deadlock
+ * rather than a read before the landing).  The CUDA and SASS checks
+ * (tma_cuda_checks) once, in the listed order. */
+static void ws_bugs_found(product *p, int tma, const ws_bug *bugs, size_t n, const char *label)
+{
+	char msg[2048];
+	int sites;
+
+	g_target = "sm_90a";
+	g_tma = tma;
+	g_sms = 1;
+	for (size_t o = 0; o < sizeof(ws_orders) / sizeof(ws_orders[0]); o++) {
+		setenv("APOLLO_HOSTCHECK_SCHEDULE", ws_orders[o], 1);
+		g_other_order = o > 0;
+		ck_assert_msg(run_checked(p, false, BUG_NONE, false, 1e-2, &sites, msg, sizeof(msg)) == 0,
+			      "%s, %s order: %s", label, ws_orders[o], msg);
+		for (size_t i = 0; i < n; i++) {
+			ck_assert_msg(run_checked(p, false, bugs[i].bug, false, 0, &sites, msg, sizeof(msg)) > 0,
+				      "%s, %s order: %s not found", label, ws_orders[o], bugs[i].what);
+			ck_assert_int_gt(sites, 0);
+			if (o == 0) {
+				ck_assert_msg(strstr(msg, bugs[i].want), "%s: %s", bugs[i].what, msg);
+				printf("check_hostcheck: %s, %s (%d sites): %.300s\n", label, bugs[i].what, sites, msg);
+			}
+		}
+		printf("check_hostcheck: %s, %s order: clean, exact, %zu bugs reported\n", label, ws_orders[o], n);
+	}
+	unsetenv("APOLLO_HOSTCHECK_SCHEDULE");
+	g_other_order = false;
+	g_tma = 0;
+	g_sms = 0;
+	g_target = "sm_90";
+}
+
 /* The warp-specialised GEMM (tma=2, docs/hopper-pipeline.md section 5's
  * table): clean and equal to float64 on one SM (four output tiles, five K
  * tiles on three stages, the ring's phases carried across tiles); each
@@ -917,13 +969,11 @@ END_TEST
  * (a stage refilled while it is read or still landing), a short expect_tx
  * (a deadlock with tx bytes pending), a wgmma.wait_group that leaves the
  * released stage's products in flight (its refill while the wgmma reads
- * it). */
+ * it) -- under each of ws_bugs_found's orders. */
 START_TEST(ws_gemm_bugs_found)
 {
 	product p = { .m = 150, .k = 296, .n = 136, .dt = AP_DT_F16, .bias = true };
-	char msg[2048];
-	int sites;
-	static const struct { sync_bug bug; const char *what, *want; } bugs[] = {
+	static const ws_bug bugs[] = {
 		{ BUG_NOARRIVE, "no release", "deadlock: the arm of threads 256..383 waits on mbarrier" },
 		{ BUG_PARITY, "a flipped full parity", "before the bulk copy or TMA load on mbarrier" },
 		{ BUG_NOEMPTYWAIT, "no empty wait", "copies into (an asynchronous copy)" },
@@ -932,21 +982,8 @@ START_TEST(ws_gemm_bugs_found)
 	};
 
 	product_data(&p, false);
-	g_target = "sm_90a";
-	g_tma = 2;
-	g_sms = 1;
-	ck_assert_uint_eq(run_checked(&p, false, BUG_NONE, false, 1e-2, &sites, msg, sizeof(msg)), 0);
-	for (size_t i = 0; i < sizeof(bugs) / sizeof(bugs[0]); i++) {
-		ck_assert_msg(run_checked(&p, false, bugs[i].bug, false, 0, &sites, msg, sizeof(msg)) > 0, "%s not found",
-			      bugs[i].what);
-		ck_assert_int_gt(sites, 0);
-		ck_assert_msg(strstr(msg, bugs[i].want), "%s: %s", bugs[i].what, msg);
-		printf("check_hostcheck: ws, %s (%d sites): %.300s\n", bugs[i].what, sites, msg);
-	}
+	ws_bugs_found(&p, 2, bugs, sizeof(bugs) / sizeof(bugs[0]), "ws");
 	product_free(&p);
-	g_tma = 0;
-	g_sms = 0;
-	g_target = "sm_90";
 }
 END_TEST
 
@@ -963,13 +1000,11 @@ END_TEST
  * while its copies are in flight: the consumers' reads race the
  * landing), its fence removed (the async proxy may not see the copies),
  * a consumer's wgmma.wait_group leaving the released stage's products in
- * flight. */
+ * flight -- under each of ws_bugs_found's orders. */
 START_TEST(ws_copy_gemm_bugs_found)
 {
 	product p = { .m = 150, .k = 296, .n = 136, .dt = AP_DT_F16, .bias = true };
-	char msg[2048];
-	int sites;
-	static const struct { sync_bug bug; const char *what, *want; } bugs[] = {
+	static const ws_bug bugs[] = {
 		{ BUG_NOARRIVE, "no release", "deadlock: the arm of threads 256..383 waits on mbarrier" },
 		{ BUG_PARITY, "a flipped full parity", "waits on mbarrier 1 for the phase of parity" },
 		{ BUG_NOEMPTYWAIT, "no empty wait", "phases completed since its last wait" },
@@ -979,21 +1014,8 @@ START_TEST(ws_copy_gemm_bugs_found)
 	};
 
 	product_data(&p, false);
-	g_target = "sm_90a";
-	g_tma = 3;
-	g_sms = 1;
-	ck_assert_uint_eq(run_checked(&p, false, BUG_NONE, false, 1e-2, &sites, msg, sizeof(msg)), 0);
-	for (size_t i = 0; i < sizeof(bugs) / sizeof(bugs[0]); i++) {
-		ck_assert_msg(run_checked(&p, false, bugs[i].bug, false, 0, &sites, msg, sizeof(msg)) > 0, "%s not found",
-			      bugs[i].what);
-		ck_assert_int_gt(sites, 0);
-		printf("check_hostcheck: ws copies, %s (%d sites): %.300s\n", bugs[i].what, sites, msg);
-		ck_assert_msg(strstr(msg, bugs[i].want), "%s: %s", bugs[i].what, msg);
-	}
+	ws_bugs_found(&p, 3, bugs, sizeof(bugs) / sizeof(bugs[0]), "ws copies");
 	product_free(&p);
-	g_tma = 0;
-	g_sms = 0;
-	g_target = "sm_90";
 }
 END_TEST
 
@@ -1488,6 +1510,65 @@ START_TEST(unit_arms_copies)
 }
 END_TEST
 
+/* The coroutines' order per pass (APOLLO_HOSTCHECK_SCHEDULE, ck_order):
+ * listed 0, 1, 2; reverse 2, 1, 0; random:SEED a permutation of 0..n-1
+ * every pass, the same passes again for the same seed, others for
+ * another seed within ten passes; out-of-range i returned as it is; an
+ * unknown value reported (the listed order kept). */
+static void order_passes(const ap_hcheck_ops *o, const char *sched, unsigned n, int passes, unsigned *out)
+{
+	_Alignas(16) float s[64];
+	float g[16];
+	char msg[256];
+	void *c;
+
+	setenv("APOLLO_HOSTCHECK_SCHEDULE", sched, 1);
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 64, 64);
+	for (int p = 0; p < passes; p++)
+		for (unsigned i = 0; i < n; i++)
+			out[p * n + i] = o->order(c, i, n);
+	ck_assert_uint_eq(o->order(c, n, n), n);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 0);
+	unsetenv("APOLLO_HOSTCHECK_SCHEDULE");
+}
+
+START_TEST(unit_schedule)
+{
+	const ap_hcheck_ops *o = ap_hostcheck_ops();
+	unsigned a[40], b[40], d[40];
+	_Alignas(16) float s[64];
+	float g[16];
+	char msg[512];
+	void *c;
+	bool differs = false;
+
+	order_passes(o, "listed", 3, 1, a);
+	ck_assert(a[0] == 0 && a[1] == 1 && a[2] == 2);
+	order_passes(o, "reverse", 3, 1, a);
+	ck_assert(a[0] == 2 && a[1] == 1 && a[2] == 0);
+	order_passes(o, "random:5", 4, 10, a);
+	order_passes(o, "random:5", 4, 10, b);
+	order_passes(o, "random:6", 4, 10, d);
+	for (int p = 0; p < 10; p++) {
+		unsigned seen = 0;
+
+		for (int i = 0; i < 4; i++)
+			seen |= 1u << a[p * 4 + i];
+		ck_assert_uint_eq(seen, 0xfu);
+	}
+	ck_assert_int_eq(memcmp(a, b, sizeof(unsigned) * 40), 0);
+	for (int i = 0; i < 40; i++)
+		differs |= a[i] != d[i];
+	ck_assert(differs);
+	setenv("APOLLO_HOSTCHECK_SCHEDULE", "random:x", 1);
+	c = ctx_new(o, s, sizeof(s), g, sizeof(g), 64, 64);
+	ck_assert_uint_eq(o->order(c, 1, 3), 1);
+	ck_assert_uint_eq(ctx_done(o, c, msg, sizeof(msg)), 1);
+	ck_assert_ptr_nonnull(strstr(msg, "APOLLO_HOSTCHECK_SCHEDULE=random:x: not listed, reverse or random:SEED"));
+	unsetenv("APOLLO_HOSTCHECK_SCHEDULE");
+}
+END_TEST
+
 /* f. Without roles(), or with one arm in all, the checker is as before
  * (the messages' old wording, no arm named); roles() checks what the
  * kernel gives it; block barriers order arms of one block rank only; the
@@ -1900,6 +1981,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, unit_arms);
 	tcase_add_test(tc, unit_arms_copies);
 	tcase_add_test(tc, unit_arms_edges);
+	tcase_add_test(tc, unit_schedule);
 	tcase_add_test(tc, bulk_pipeline_bugs_found);
 	tcase_add_test(tc, tma_load_kernel);
 	suite_add_tcase(s, tc);

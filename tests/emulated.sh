@@ -18,14 +18,17 @@
 # sm_90a differs from sm_90 only in its 16-bit GEMM kernels (wgmma), so it
 # runs float16 and bfloat16, float16 also with --unvalidated (the forms not
 # yet run on a GPU: TMA-filled GEMM tiles on mbarriers where the operands
-# allow, the attention forward's softmax beside O += P V).  With APOLLO_SWEEP other than "full" (make
+# allow, the warp-specialised kernels -- run with their coroutines in a
+# random order, APOLLO_HOSTCHECK_SCHEDULE=random:1 --, the attention
+# forward's softmax beside O += P V).  With APOLLO_SWEEP other than "full" (make
 # check) each kernel family runs once: sm_80 float16 (mma.sync, cp.async,
 # split-K without clusters), sm_90 float32 and tf32 (the SIMT kernels,
 # clusters, mma.sync on 32-bit tiles), sm_90a float16 (wgmma; bfloat16's
 # wgmma runs in check_lower's attention_wg_bf16_stats); make check-full
 # runs every type on every architecture.
 #   env: APOLLO_BUILD, APOLLO_JOBS (parallel checks, default 2),
-#        APOLLO_EMU_ARCHS (default "sm_80 sm_90 sm_90a"), APOLLO_SWEEP
+#        APOLLO_EMU_ARCHS (default "sm_80 sm_90 sm_90a"), APOLLO_SWEEP,
+#        APOLLO_HOSTCHECK_SCHEDULE (the unvalidated run's order)
 cd "$(dirname "$0")/.." || exit 1
 . tests/daemon.inc
 
@@ -80,10 +83,17 @@ for arch in ${APOLLO_EMU_ARCHS:-sm_80 sm_90 sm_90a}; do
 		if [ "$arch" = sm_90a ]; then
 			# the forms not yet run on a GPU (--unvalidated): the GEMMs
 			# whose operands can be tensor maps on TMA (mbarrier stages,
-			# persistent blocks), the attention overlap
+			# persistent blocks), the warp-specialised GEMMs,
+			# convolutions and attention (producer warpgroups), the
+			# attention overlap -- their coroutines in a random order a
+			# pass (APOLLO_HOSTCHECK_SCHEDULE, unless set: the unit tests
+			# take the listed and reverse orders)
+			sched_saved=${APOLLO_HOSTCHECK_SCHEDULE-}
+			export APOLLO_HOSTCHECK_SCHEDULE="${APOLLO_HOSTCHECK_SCHEDULE:-random:1}"
 			# shellcheck disable=SC2046
-			run "$arch float16 unvalidated" --target "$t" --unvalidated --rtol 1e-2 --atol 1e-2 --mismatch 0.01 \
-				$(ls -d "$AP_TMP"/prec/float16__*/)
+			run "$arch float16 unvalidated ($APOLLO_HOSTCHECK_SCHEDULE order)" --target "$t" --unvalidated \
+				--rtol 1e-2 --atol 1e-2 --mismatch 0.01 $(ls -d "$AP_TMP"/prec/float16__*/)
+			if [ -n "$sched_saved" ]; then APOLLO_HOSTCHECK_SCHEDULE=$sched_saved; else unset APOLLO_HOSTCHECK_SCHEDULE; fi
 		fi
 	fi
 	if runs "$arch" tf32; then

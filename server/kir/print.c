@@ -2322,10 +2322,28 @@ static void print_roles_host(printer *p, const ap_kir_stmt *s, int depth)
 	sb_printf(b, "for (;;) {\n");
 	sb_indent(b, depth + 2);
 	sb_printf(b, "int ap_moved = 0;\n");
+	if (p->check) {
+		/* the checking mode: each pass in the checker's order
+		 * (APOLLO_HOSTCHECK_SCHEDULE, hostcheck.c ck_order) */
+		sb_indent(b, depth + 2);
+		sb_printf(b, "unsigned ap_i = 0;\n");
+		sb_printf(b, "ap_sched:\n");
+		sb_indent(b, depth + 2);
+		sb_printf(b, "if (ap_i == %du)\n", n);
+		sb_indent(b, depth + 3);
+		sb_printf(b, "goto ap_pass;\n");
+		sb_indent(b, depth + 2);
+		sb_printf(b, "switch (ap_check_rt->order(ap_ck, ap_i++, %du)) {", n);
+		for (int j = 0; j < n; j++)
+			sb_printf(b, " case %d: goto ap_c%d;", j, j);
+		sb_printf(b, " default: goto ap_pass; }\n");
+	}
 	for (const ap_kir_stmt *a = s->body.first; a; a = a->next)
 		for (unsigned g = a->arm_lo; g < a->arm_hi; g += a->arm_grain, co++) {
 			int waits = count_waits(&a->body);
 
+			if (p->check)
+				sb_printf(b, "ap_c%d:\n", co);
 			sb_indent(b, depth + 2);
 			sb_printf(b, "/* arm %u..%u: threads %u..%u */\n", a->arm_lo, a->arm_hi - 1, g,
 				  g + a->arm_grain - 1);
@@ -2354,7 +2372,13 @@ static void print_roles_host(printer *p, const ap_kir_stmt *s, int depth)
 			sb_printf(b, "}\n");
 			if (waits)
 				sb_printf(b, "ap_r%d_out:;\n", co);
+			if (p->check) {
+				sb_indent(b, depth + 2);
+				sb_printf(b, "goto ap_sched;\n");
+			}
 		}
+	if (p->check)
+		sb_printf(b, "ap_pass:\n");
 	sb_indent(b, depth + 2);
 	sb_printf(b, "if (!ap_live)\n");
 	sb_indent(b, depth + 3);
