@@ -354,17 +354,14 @@ void ap__gemm_mainloop_tma(gctx *c, ap_kir_expr *tile)
 
 
 /* Whether configuration c can run tma=3, the producer warpgroup copying
- * (ws_copies): wgmma, no split-K, three stages at least (the producer
- * announces a stage one step late, after its next stage's copies are
- * issued: with two stages and a K tile's wgmma in flight the consumers
- * would wait for a stage whose announcement waits for their release) and
- * at most 64 elements a producer thread of register-staged operands (its
- * share of the tiles ap__gemm_copy_mode sends through registers). */
+ * (produce_copies): wgmma, no split-K, two stages at least, and at most
+ * 64 elements a producer thread of register-staged operands (its share
+ * of the tiles ap__gemm_copy_mode sends through registers). */
 bool ap__gemm_ws_copies_fit(const gemm_plan *p, const gemm_cfg *c, const ap_target_info *t)
 {
 	int regs = 0;
 
-	if (!p->wg || c->splitk > 1 || c->stages < 3)
+	if (!p->wg || c->splitk > 1 || c->stages < 2)
 		return false;
 	for (int role = 0; role < 2; role++) {
 		stage_mode m;
@@ -415,25 +412,31 @@ static void announce(gctx *c, ap_kir_block *b, ap_kir_expr *x, int pending)
  * (ap__gemm_issue_async, dealt over the producer's threads; one commit
  * group a stage), the others loaded into registers through the value
  * builder (a convolution's im2col gather, a prologue) and stored into
- * the stage.  A stage is announced (announce) one step late, after the
- * next stage's copies are issued, so that a thread's copies of one stage
- * are in flight while it waits for those of the stage before; the last
- * one after the loops.  CUTLASS's warp-specialised cp.async mainloop
- * does the same with cp.async.mbarrier.arrive; this form keeps the
- * fence the async proxy needs with the writer. */
+ * the stage.  With three stages or more a stage is announced (announce)
+ * one step late, after the next stage's copies are issued, so that a
+ * thread's copies of one stage are in flight while it waits for those of
+ * the stage before; the last one after the loops.  With two, at once:
+ * the consumers, keeping a K tile's wgmma in flight, release a stage one
+ * K tile late, and a late announcement would wait on that release.
+ * CUTLASS's warp-specialised cp.async mainloop arrives with
+ * cp.async.mbarrier.arrive instead; this form keeps the fence the async
+ * proxy needs with the writer. */
 static void produce_copies(gctx *c, unsigned producer, ap_kir_var *pph)
 {
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
 	ap_kir_block *tsaved, *ksaved, *saved;
-	ap_kir_var *tile, *kt, *lag, *ast;
+	ap_kir_var *tile, *kt, *lag = NULL, *ast = NULL;
 	ap_kir_expr *bc[AP_MAX_RANK], *tid = c->tid, *bi;
 	unsigned nt = c->nt;
+	bool late = c->c.stages >= 3;   /* announce one step late (the comment) */
 
-	lag = ap_kir_var_new(k, k->index_type, "lag");
-	ast = ap_kir_var_new(k, k->index_type, "ast");
-	ap_kir_let(k, v->cur, lag, I(c, 0));
-	ap_kir_let(k, v->cur, ast, I(c, 0));
+	if (late) {
+		lag = ap_kir_var_new(k, k->index_type, "lag");
+		ast = ap_kir_var_new(k, k->index_type, "ast");
+		ap_kir_let(k, v->cur, lag, I(c, 0));
+		ap_kir_let(k, v->cur, ast, I(c, 0));
+	}
 	/* the producer's own thread index and count, for the copies' and the
 	 * registers' dealing (copy_loop, reg_slot): threadIdx.x & 127 (the
 	 * arm starts on a warpgroup), which tells the compiler its range --
@@ -460,18 +463,26 @@ static void produce_copies(gctx *c, unsigned producer, ap_kir_var *pph)
 	ap__gemm_issue_tile(c, ap_kir_ref(k, c->pst), ap_kir_ref(k, kt));
 	if (c->a_async || c->b_async)
 		ap_kir_cp_commit(k, v->cur);
-	ap_v_if(v, ap_kir_binary(k, AP_KIR_NE, ap_kir_ref(k, lag), I(c, 0)), &saved, NULL);
-	announce(c, v->cur, ap_kir_ref(k, ast), 1);
-	ap_v_close(v, saved);
+	if (late) {
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_NE, ap_kir_ref(k, lag), I(c, 0)), &saved, NULL);
+		announce(c, v->cur, ap_kir_ref(k, ast), 1);
+		ap_v_close(v, saved);
+	}
 	ap__gemm_complete_tile(c, ap_kir_ref(k, c->pst));
-	ap_kir_assign(k, v->cur, ast, ap_kir_ref(k, c->pst));
-	ap_kir_assign(k, v->cur, lag, I(c, 1));
+	if (late) {
+		ap_kir_assign(k, v->cur, ast, ap_kir_ref(k, c->pst));
+		ap_kir_assign(k, v->cur, lag, I(c, 1));
+	} else {
+		announce(c, v->cur, ap_kir_ref(k, c->pst), 0);
+	}
 	advance(c, v->cur, c->pst, pph);
 	ap_v_close(v, ksaved);
 	ap_v_close(v, tsaved);
-	ap_v_if(v, ap_kir_binary(k, AP_KIR_NE, ap_kir_ref(k, lag), I(c, 0)), &saved, NULL);
-	announce(c, v->cur, ap_kir_ref(k, ast), 0);
-	ap_v_close(v, saved);
+	if (late) {
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_NE, ap_kir_ref(k, lag), I(c, 0)), &saved, NULL);
+		announce(c, v->cur, ap_kir_ref(k, ast), 0);
+		ap_v_close(v, saved);
+	}
 	/* the consumers' tiles are their own (open_tile) */
 	c->tid = tid;
 	c->nt = nt;
