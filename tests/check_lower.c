@@ -2225,7 +2225,7 @@ START_TEST(attention_wgmma_tma)
 END_TEST
 
 /* The attention forward warp specialised with a copying producer (knob
- * tma=3, attention_tc.c ws_produce_copies): head dims 16 and 12 (V's tile
+ * tma=3, attention_tc.c ws_produce): head dims 16 and 12 (V's tile
  * padded to 16, a 32-byte swizzle; no tensor map takes these operands),
  * the statistics written, every configuration of the --unvalidated space
  * (overlap 1; tma 3, and 0) run in the checking host mode on one SM --

@@ -1069,38 +1069,6 @@ static void ws_wait_free(att_tc *s, ap_kir_expr *x, ap_kir_expr *par)
 	ap_kir_mbar_wait(k, s->c->v->cur, s->empty, x, ap_kir_binary(k, AP_KIR_XOR, par, ap_kir_idx(k, 1)));
 }
 
-/* tma=2's producer (emit_ws): per query tile, once the previous tile's Q
- * is released, Q's boxes on full[2]; per key tile, once its stage is
- * released, K's and V's boxes on full[u % 2] (tma_fill). */
-static void ws_produce_tma(att_tc *s, unsigned grid, ap_kir_var *qp)
-{
-	actx *c = s->c;
-	ap_kir_kernel *k = c->k;
-	ap_vctx *v = c->v;
-	int64_t es = (int64_t)ap_dtype_size(s->T);
-	ap_kir_block *tsaved, *ksaved;
-	ap_kir_stmt *one;
-	ap_kir_var *kt;
-	ap_kir_expr *q0, *u;
-
-	q0 = ap__att_open_tiles(c, s->BQ, grid, &tsaved);
-	ws_wait_free(s, ap_kir_idx(k, 2), ap_kir_ref(k, qp));
-	one = tma_issuer(s);
-	if (one) {
-		ap_kir_mbar_arrive(k, &one->body, s->full, ap_kir_idx(k, 2), ap_kir_int(k, AP_DT_I32, s->BQ * s->Dp * es));
-		tma_tile(s, one, 0, s->BQ, q0, ap_kir_idx(k, 0), ap_kir_idx(k, 2));
-	}
-	ap_kir_assign(k, v->cur, qp, ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, qp), ap_kir_idx(k, 1)));
-	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s->ntiles), 1, &ksaved);
-	u = tma_use(s, ap_kir_ref(k, kt));
-	ws_wait_free(s, ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)),
-		     ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, u, ap_kir_idx(k, 1)), ap_kir_idx(k, 1)));
-	tma_fill(s, ap_kir_ref(k, kt), ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
-	ap_v_close(v, ksaved);
-	ap_kir_assign(k, v->cur, s->kn, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles));
-	ap_v_close(v, tsaved);
-}
-
 /* A tile the copying producer wrote announced on full[x] by each of its
  * threads: its copies complete (`copies`: cp.async was used), fenced for
  * the async proxy (wgmma reads the tile through it), an arrival. */
@@ -1114,38 +1082,61 @@ static void ws_announce(att_tc *s, ap_kir_expr *x, bool copies)
 	ap_kir_mbar_arrive(k, v->cur, s->full, x, NULL);
 }
 
-/* tma=3's producer: the same order as tma=2's, the tiles copied by the
- * producer's 128 threads (ap__att_stage_rows dealt over threadIdx.x &
- * 127: cp.async where the plan copies an operand so, else loads and
- * stores through the value builder) and announced at once (ws_announce:
- * with two K / V stages and the query warpgroups' release of a stage one
- * key tile late under the overlap, a later announcement would wait on
- * that release). */
-static void ws_produce_copies(att_tc *s, unsigned grid, ap_kir_var *qp)
+/* The producer warpgroup (emit_ws): per query tile of the block, once
+ * the previous tile's Q is released (empty[2]), Q's tile on full[2]; per
+ * key tile, once its stage is released (empty[u % 2], u = kn + kt), K's
+ * and V's tiles on full[u % 2].  tma=2: thread s->issuer expects each
+ * tile's bytes and issues its boxes (tma_tile, tma_fill).  tma=3: the
+ * producer's 128 threads copy them (ap__att_stage_rows dealt over
+ * threadIdx.x & 127: cp.async where the plan copies an operand so, else
+ * loads and stores through the value builder) and announce each at once
+ * (ws_announce: with two K / V stages and the query warpgroups' release
+ * of a stage one key tile late under the overlap, a later announcement
+ * would wait on that release). */
+static void ws_produce(att_tc *s, unsigned grid, ap_kir_var *qp)
 {
 	actx *c = s->c;
 	const att_plan *p = c->p;
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
+	int64_t es = (int64_t)ap_dtype_size(s->T);
 	ap_kir_block *tsaved, *ksaved;
 	ap_kir_var *kt;
 	ap_kir_expr *q0, *u, *st;
 
-	c->stage_tid = ap_kir_bind(k, v->cur, k->index_type, "pt",
-				   ap_kir_binary(k, AP_KIR_AND, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, 127)));
-	c->stage_nt = 128;
+	if (!c->tma) {
+		c->stage_tid = ap_kir_bind(k, v->cur, k->index_type, "pt",
+					   ap_kir_binary(k, AP_KIR_AND, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, 127)));
+		c->stage_nt = 128;
+	}
 	q0 = ap__att_open_tiles(c, s->BQ, grid, &tsaved);
 	ws_wait_free(s, ap_kir_idx(k, 2), ap_kir_ref(k, qp));
-	ap__att_stage_rows(c, s->qs, ap_kir_idx(k, 0), 0, s->BQ, s->Dp, s->ldq, q0, p->Nq, p->D);
-	ws_announce(s, ap_kir_idx(k, 2), p->aw[0]);
+	if (c->tma) {
+		ap_kir_stmt *one = tma_issuer(s);
+
+		if (one) {
+			ap_kir_mbar_arrive(k, &one->body, s->full, ap_kir_idx(k, 2),
+					   ap_kir_int(k, AP_DT_I32, s->BQ * s->Dp * es));
+			tma_tile(s, one, 0, s->BQ, q0, ap_kir_idx(k, 0), ap_kir_idx(k, 2));
+		}
+	} else {
+		ap__att_stage_rows(c, s->qs, ap_kir_idx(k, 0), 0, s->BQ, s->Dp, s->ldq, q0, p->Nq, p->D);
+		ws_announce(s, ap_kir_idx(k, 2), p->aw[0]);
+	}
 	ap_kir_assign(k, v->cur, qp, ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, qp), ap_kir_idx(k, 1)));
 	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s->ntiles), 1, &ksaved);
 	u = tma_use(s, ap_kir_ref(k, kt));
-	st = ap_kir_bind(k, v->cur, k->index_type, "ps", ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
+	st = ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1));
+	if (!c->tma)
+		st = ap_kir_bind(k, v->cur, k->index_type, "ps", st);
 	ws_wait_free(s, st, ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, u, ap_kir_idx(k, 1)), ap_kir_idx(k, 1)));
-	stage_kv_rows(s, ap_kir_muli(k, st, s->BK * s->ldq), ap_kir_muli(k, st, s->BK * s->ldv),
-		      ap_kir_muli(k, ap_kir_ref(k, kt), s->BK));
-	ws_announce(s, st, p->aw[1] || p->aw[2]);
+	if (c->tma) {
+		tma_fill(s, ap_kir_ref(k, kt), ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
+	} else {
+		stage_kv_rows(s, ap_kir_muli(k, st, s->BK * s->ldq), ap_kir_muli(k, st, s->BK * s->ldv),
+			      ap_kir_muli(k, ap_kir_ref(k, kt), s->BK));
+		ws_announce(s, st, p->aw[1] || p->aw[2]);
+	}
 	ap_v_close(v, ksaved);
 	ap_kir_assign(k, v->cur, s->kn, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles));
 	ap_v_close(v, tsaved);
@@ -1162,8 +1153,8 @@ static void ws_produce_copies(att_tc *s, unsigned grid, ap_kir_var *qp)
  *     of the block (open_tiles' order), once the previous tile's Q is
  *     released (empty[2]) Q's tile on full[2]; per key tile, once its
  *     stage is released (empty[u % 2], u the block's key-tile use: kn +
- *     kt), K's and V's tiles on full[u % 2] -- by TMA (tma=2,
- *     ws_produce_tma) or copied (tma=3, ws_produce_copies);
+ *     kt), K's and V's tiles on full[u % 2] -- by TMA (tma=2) or
+ *     copied (tma=3): ws_produce;
  *   - the query warpgroups, threads [0, 32 W), each on its own: wait for
  *     Q, then per key tile wait for its stage, S = Q K^T, the online
  *     softmax, O += P V (each wgmma waited for), release the stage; after
@@ -1193,10 +1184,7 @@ static void emit_ws(att_tc *s, const ap_target_info *t, int W)
 	qp = ap_kir_var_new(k, k->index_type, "qp");
 	ap_kir_let(k, v->cur, s->kn, ap_kir_idx(k, 0));
 	ap_kir_let(k, v->cur, qp, ap_kir_idx(k, 0));
-	if (c->tma)
-		ws_produce_tma(s, grid, qp);
-	else
-		ws_produce_copies(s, grid, qp);
+	ws_produce(s, grid, qp);
 	/* the query warpgroups */
 	v->cur = &cons->body;
 	s->issuer = 0;

@@ -237,6 +237,7 @@ void ap__gemm_issue_async(gctx *c, int role, ap_kir_expr *st, ap_kir_expr *kt);
 void ap__gemm_hoist_copies(gctx *c);
 void ap__gemm_extract_tile(gctx *c, ap_kir_expr *st, ap_kir_expr *ktile);
 int ap__gemm_reg_count(gctx *c, int role);
+void ap__gemm_declare_regs(gctx *c);
 void ap__gemm_issue_tile(gctx *c, ap_kir_expr *st, ap_kir_expr *kt);
 void ap__gemm_complete_tile(gctx *c, ap_kir_expr *st);
 

@@ -689,14 +689,7 @@ static void clear_tile(gctx *c)
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
 
-	for (int i = 0; i < c->a_regs; i++) {
-		c->a_reg[i] = ap_kir_var_new(k, c->p->in_t, "ra");
-		ap_kir_let(k, v->cur, c->a_reg[i], NULL);
-	}
-	for (int i = 0; i < c->b_regs; i++) {
-		c->b_reg[i] = ap_kir_var_new(k, c->p->in_t, "rb");
-		ap_kir_let(k, v->cur, c->b_reg[i], NULL);
-	}
+	ap__gemm_declare_regs(c);
 	{
 		ap_kir_var *e = ap_kir_var_new(k, k->index_type, "z");
 		ap_kir_stmt *lz = ap_kir_for_unroll(k, v->cur, e, I(c, 0), I(c, c->acc->size), 1, -1);

@@ -692,6 +692,20 @@ static void reg_slot(gctx *c, int role, int r, ap_kir_expr **o, ap_kir_expr **kk
 	*in_tile = ((int64_t)(r + 1) * c->nt <= total) ? NULL : ap_kir_binary(k, AP_KIR_LT, e, I(c, total));
 }
 
+/* The registers of a register-staged tile load (ra for A, rb for B; a_regs
+ * and b_regs of them), declared in v->cur: where they live from the
+ * issue to the store. */
+void ap__gemm_declare_regs(gctx *c)
+{
+	for (int role = 0; role < 2; role++)
+		for (int i = 0; i < (role ? c->b_regs : c->a_regs); i++) {
+			ap_kir_var **r = role ? &c->b_reg[i] : &c->a_reg[i];
+
+			*r = ap_kir_var_new(c->k, c->p->in_t, role ? "rb" : "ra");
+			ap_kir_let(c->k, c->v->cur, *r, NULL);
+		}
+}
+
 /* Register-staged load of operand `role`'s K tile `kt`: each register
  * gets the element's value (0 outside the problem), through the value
  * builder. */

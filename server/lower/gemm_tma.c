@@ -372,6 +372,16 @@ bool ap__gemm_ws_copies_fit(const gemm_plan *p, const gemm_cfg *c, const ap_targ
 	return regs <= 64;
 }
 
+/* The producer's wait until stage pst is released (empty[pst], parity
+ * pph ^ 1: its first use passes at once). */
+static void wait_released(gctx *c, ap_kir_var *pph)
+{
+	ap_kir_kernel *k = c->k;
+
+	ap_kir_mbar_wait(k, c->v->cur, c->empty, ap_kir_ref(k, c->pst),
+			 ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, pph), I(c, 1)));
+}
+
 /* tma=2's producer: for every tile of the block (grid-stride, open_tile's
  * order) and K tile, wait until stage pst is released (empty[pst], parity
  * pph ^ 1: its first use passes at once), then thread `producer` expects
@@ -387,11 +397,19 @@ static void produce_tma(gctx *c, unsigned producer, ap_kir_var *pph)
 	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), I(c, c->tiles), c->grid, &tsaved);
 	tile_coords(c, ap_kir_ref(k, tile), &m0, &n0, bc, NULL);
 	kt = ap_v_loop(v, "kt", I(c, 0), I(c, c->ktl), 1, &ksaved);
-	ap_kir_mbar_wait(k, v->cur, c->empty, ap_kir_ref(k, c->pst),
-			 ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, pph), I(c, 1)));
+	wait_released(c, pph);
 	fill(c, v->cur, ap_kir_ref(k, kt), m0, n0, bc, producer, pph);
 	ap_v_close(v, ksaved);
 	ap_v_close(v, tsaved);
+}
+
+/* The stage before x in the ring: x == 0 ? S - 1 : x - 1. */
+static ap_kir_expr *previous(gctx *c, ap_kir_var *x)
+{
+	ap_kir_kernel *k = c->k;
+
+	return ap_kir_select(k, ap_kir_binary(k, AP_KIR_EQ, ap_kir_ref(k, x), I(c, 0)), I(c, c->c.stages - 1),
+			     ap_kir_addi(k, ap_kir_ref(k, x), -1));
 }
 
 /* Stage x announced by every producer thread: its copies of the stage
@@ -426,16 +444,14 @@ static void produce_copies(gctx *c, unsigned producer, ap_kir_var *pph)
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
 	ap_kir_block *tsaved, *ksaved, *saved;
-	ap_kir_var *tile, *kt, *lag = NULL, *ast = NULL;
+	ap_kir_var *tile, *kt, *lag = NULL;
 	ap_kir_expr *bc[AP_MAX_RANK], *tid = c->tid, *bi;
 	unsigned nt = c->nt;
 	bool late = c->c.stages >= 3;   /* announce one step late (the comment) */
 
-	if (late) {
+	if (late) {   /* whether a stage waits for its announcement: all but the first step */
 		lag = ap_kir_var_new(k, k->index_type, "lag");
-		ast = ap_kir_var_new(k, k->index_type, "ast");
 		ap_kir_let(k, v->cur, lag, I(c, 0));
-		ap_kir_let(k, v->cur, ast, I(c, 0));
 	}
 	/* the producer's own thread index and count, for the copies' and the
 	 * registers' dealing (copy_loop, reg_slot): threadIdx.x & 127 (the
@@ -450,37 +466,27 @@ static void produce_copies(gctx *c, unsigned producer, ap_kir_var *pph)
 		c->bcoord[d] = bc[d];
 	c->tb_index = bi;
 	kt = ap_v_loop(v, "kt", I(c, 0), I(c, c->ktl), 1, &ksaved);
-	ap_kir_mbar_wait(k, v->cur, c->empty, ap_kir_ref(k, c->pst),
-			 ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, pph), I(c, 1)));
-	for (int i = 0; i < c->a_regs; i++) {
-		c->a_reg[i] = ap_kir_var_new(k, c->p->in_t, "ra");
-		ap_kir_let(k, v->cur, c->a_reg[i], NULL);
-	}
-	for (int i = 0; i < c->b_regs; i++) {
-		c->b_reg[i] = ap_kir_var_new(k, c->p->in_t, "rb");
-		ap_kir_let(k, v->cur, c->b_reg[i], NULL);
-	}
+	wait_released(c, pph);
+	ap__gemm_declare_regs(c);
 	ap__gemm_issue_tile(c, ap_kir_ref(k, c->pst), ap_kir_ref(k, kt));
 	if (c->a_async || c->b_async)
 		ap_kir_cp_commit(k, v->cur);
-	if (late) {
+	if (late) {   /* the stage before pst's */
 		ap_v_if(v, ap_kir_binary(k, AP_KIR_NE, ap_kir_ref(k, lag), I(c, 0)), &saved, NULL);
-		announce(c, v->cur, ap_kir_ref(k, ast), 1);
+		announce(c, v->cur, previous(c, c->pst), 1);
 		ap_v_close(v, saved);
 	}
 	ap__gemm_complete_tile(c, ap_kir_ref(k, c->pst));
-	if (late) {
-		ap_kir_assign(k, v->cur, ast, ap_kir_ref(k, c->pst));
+	if (late)
 		ap_kir_assign(k, v->cur, lag, I(c, 1));
-	} else {
+	else
 		announce(c, v->cur, ap_kir_ref(k, c->pst), 0);
-	}
 	advance(c, v->cur, c->pst, pph);
 	ap_v_close(v, ksaved);
 	ap_v_close(v, tsaved);
-	if (late) {
+	if (late) {   /* the last stage filled: the one before pst now */
 		ap_v_if(v, ap_kir_binary(k, AP_KIR_NE, ap_kir_ref(k, lag), I(c, 0)), &saved, NULL);
-		announce(c, v->cur, ap_kir_ref(k, ast), 0);
+		announce(c, v->cur, previous(c, c->pst), 0);
 		ap_v_close(v, saved);
 	}
 	/* the consumers' tiles are their own (open_tile) */
