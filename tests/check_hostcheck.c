@@ -513,6 +513,7 @@ static int g_tma;                    /* the GEMM's tma knob (0: the default rule
 static bool g_other_order;           /* a run under another coroutine order: the CUDA
 					checks of tma_cuda_checks were made already */
 static unsigned g_sms;
+static int g_bn;                     /* > 0: the GEMM's bn knob set to it too */
 
 /* The SASS of cubin bin (nvdisasm from PyPI's wheel in .venv), malloc'd;
  * NULL when there is no nvdisasm. */
@@ -568,6 +569,8 @@ static void tma_cuda_checks(ap_kir_kernel *k)
 
 	ck_assert_msg(cuda != NULL, "%s", err.msg);
 	ck_assert_ptr_nonnull(strstr(cuda, "mbarrier.try_wait.parity"));
+	if (g_bn)   /* a consumer warpgroup's 64 rows by bn columns a wgmma */
+		ck_assert_msg(strstr(cuda, g_bn == 256 ? ".m64n256k16." : ".m64n128k16."), "no m64n%dk16 wgmma", g_bn);
 	if (maps) {
 		ck_assert_ptr_nonnull(strstr(cuda, "cp.async.bulk.tensor.2d"));
 		ck_assert_ptr_nonnull(strstr(cuda, "__grid_constant__"));
@@ -639,6 +642,8 @@ static unsigned run_checked(product *p, bool tf, sync_bug bug, bool cluster, dou
 		ti.sm_count = g_sms;
 	if (g_tma) {
 		ap_test_default_with(m, &ti, "tma", 0, g_tma, &tma_s);   /* the default keeps cp.async */
+		if (g_bn)
+			ap_test_set_knob(m, &ti, "bn", g_bn, &tma_s);
 		lo.sched = &tma_s;
 	}
 	k = ap_lower_mgraph(m, &ti, "checked_gemm", &lo, NULL, &err);
@@ -983,6 +988,44 @@ START_TEST(ws_gemm_bugs_found)
 
 	product_data(&p, false);
 	ws_bugs_found(&p, 2, bugs, sizeof(bugs) / sizeof(bugs[0]), "ws");
+	product_free(&p);
+}
+END_TEST
+
+/* The large tile of the warp-specialised forms (gemm.c gm_choose: 128 x
+ * 256, two consumer warpgroups of 64 x 256 -- an m64n256k16 a K step, 128
+ * accumulators a thread -- the default of a request for them where such
+ * tiles fill a wave): tma=2 and tma=3 clean and equal to float64 on one SM
+ * (M 150, N 520, K 136: two row tiles, three column tiles, the last
+ * partial), under the listed and reverse orders; their CUDA for sm_90a
+ * compiles without spills (tma_cuda_checks: 384 threads, so ptxas keeps
+ * within 168 registers). */
+START_TEST(ws_gemm_large_tile)
+{
+	product p = { .m = 150, .k = 136, .n = 520, .dt = AP_DT_F16, .bias = true };
+	static const char *const orders[] = { "listed", "reverse" };
+	char msg[2048];
+	int sites;
+
+	product_data(&p, false);
+	g_target = "sm_90a";
+	g_sms = 1;
+	g_bn = 256;
+	for (int tma = 2; tma <= 3; tma++)
+		for (int o = 0; o < 2; o++) {
+			g_tma = tma;
+			g_other_order = o > 0;
+			setenv("APOLLO_HOSTCHECK_SCHEDULE", orders[o], 1);
+			ck_assert_msg(run_checked(&p, false, BUG_NONE, false, 1e-2, &sites, msg, sizeof(msg)) == 0,
+				      "tma=%d, bn=256, %s order: %s", tma, orders[o], msg);
+			printf("check_hostcheck: tma=%d GEMM, 128 x 256 tile, %s order: clean, equal to float64\n", tma,
+			       orders[o]);
+		}
+	unsetenv("APOLLO_HOSTCHECK_SCHEDULE");
+	g_other_order = false;
+	g_bn = g_tma = 0;
+	g_sms = 0;
+	g_target = "sm_90";
 	product_free(&p);
 }
 END_TEST
@@ -1975,6 +2018,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, wgmma_bugs_found);
 	tcase_add_test(tc, tma_gemm_bugs_found);
 	tcase_add_test(tc, ws_gemm_bugs_found);
+	tcase_add_test(tc, ws_gemm_large_tile);
 	tcase_add_test(tc, ws_copy_gemm_bugs_found);
 	tcase_add_test(tc, unit_mbarrier);
 	tcase_add_test(tc, unit_arms_wgmma);

@@ -38,7 +38,7 @@
  *                    whole input -- and the kernels read just that here:
  *                    integer inputs hold their positions, so gathers pick
  *                    distinct rows);
- *     tile_bytes    (gemm, depthwise) within [TILE_LO, TILE_HI] times the
+ *     tile_bytes    (gemm, depthwise, attention) within [TILE_LO, TILE_HI] times the
  *                    bytes the blocks load from the product's operands (the
  *                    parameters its two operands are computed from), every
  *                    load counted: exact for operands copied as they are;

@@ -420,6 +420,66 @@ START_TEST(tma_only_when_asked)
 }
 END_TEST
 
+/* The warp-specialised GEMM's large tile (gemm.c gm_choose): asked for the
+ * new forms on sm_90a, 4096^3 and 8192^3 float16 take 128 x 256 (two
+ * consumer warpgroups of m64n256, 128 accumulators a thread: 160
+ * registers modelled, not a spill) -- a third less L2 traffic than 128 x
+ * 128, modelled faster than cuBLASLt's call, so the kernel, lib=0 --
+ * while 2048^3, whose 128 tiles of 128 x 256 would leave SMs idle, keeps
+ * 128 x 128; not asked, the tile stays 128 x 128. */
+START_TEST(wgmma_large_tile)
+{
+	static const struct {
+		int64_t n;
+		bool asked;
+		int bn, lib;
+	} cs[] = { {4096, true, 256, 0}, {8192, true, 256, 0}, {2048, true, 128, -1}, {4096, false, 128, -1} };
+
+	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+		ap_graph *g = matmul_graph(cs[i].n, cs[i].n, cs[i].n, false);
+		ap_mgraph *m;
+		ap_target_info t;
+		ap_space sp;
+		ap_sched dflt;
+		ap_tune_result r;
+		ap_traffic tr;
+		ap_error err;
+		const ap_bound *b;
+
+		for (int k = 0; k < g->n_tensors; k++)
+			g->tensors[k].dtype = AP_DT_F16;
+		m = whole(g, AP_GROUP_MATMUL, AP_OP_MATMUL);
+		ck_assert_int_eq(ap_cost_target("sm_90a", &t), 0);
+		t.tma = t.unvalidated = cs[i].asked;
+		b = B(&ap_emitter_gemm, m, &t);
+		ck_assert_int_eq(ap_emitter_default(b, &sp, &dflt, &err), 0);
+		ck_assert_int_eq(ap_tune_search(b, NULL, &r, &err), 0);
+		printf("check_tune: %lld^3 float16 on sm_90a%s: bm=%d bn=%d tma=%d lib=%d (%.1f us modelled)\n",
+		       (long long)cs[i].n, cs[i].asked ? " (--unvalidated)" : "", r.best.v[knob_ix(&sp, "bm")],
+		       r.best.v[knob_ix(&sp, "bn")], r.best.v[knob_ix(&sp, "tma")], r.best.v[knob_ix(&sp, "lib")],
+		       r.best_us);
+		ck_assert_int_eq(dflt.v[knob_ix(&sp, "bm")], 128);
+		ck_assert_int_eq(dflt.v[knob_ix(&sp, "bn")], cs[i].bn);
+		ck_assert_int_eq(r.best.v[knob_ix(&sp, "bm")], 128);
+		ck_assert_int_eq(r.best.v[knob_ix(&sp, "bn")], cs[i].bn);
+		if (cs[i].asked)
+			ck_assert_int_eq(r.best.v[knob_ix(&sp, "tma")], 2);
+		if (cs[i].lib >= 0)
+			ck_assert_int_eq(r.best.v[knob_ix(&sp, "lib")], cs[i].lib);
+		if (cs[i].bn == 256) {
+			ap_sched own = r.best;
+
+			own.v[knob_ix(&sp, "lib")] = 0;
+			ck_assert_int_eq(ap_traffic_of(b, &own, &tr), 0);
+			ck_assert_uint_eq(tr.regs, 160);   /* 128 accumulators and 32 more */
+			ck_assert(isfinite(ap_cost_schedule_us(&tr, &t)));
+		}
+		mgraph_free(m);
+		ap_graph_free(g);
+	}
+}
+END_TEST
+
 /* A measured record written before the GEMM's space had `lib` and `tma`
  * (late knobs: lower.h) is still the kernel's schedule, with lib=0 and
  * tma=0 -- Apollo's cp.async kernel it was measured in -- and not searched
@@ -1480,6 +1540,151 @@ START_TEST(stitched_flops_count_reductions_once)
 }
 END_TEST
 
+/* softmax(Q K^T / sqrt(D)) V over H heads of S queries and keys, head dim
+ * D, in float16 (the pattern the importer leaves for attention). */
+static ap_graph *attention_graph(int64_t H, int64_t S, int64_t D)
+{
+	ap_graph *g = ap_graph_new("att");
+	int q = tensor(g, "q", DIMS(H, S, D), AP_TENSOR_INPUT), k = tensor(g, "k", DIMS(H, S, D), AP_TENSOR_INPUT);
+	int v = tensor(g, "v", DIMS(H, S, D), AP_TENSOR_INPUT), kt = tensor(g, "kt", DIMS(H, D, S), AP_TENSOR_VALUE);
+	int y = tensor(g, "y", DIMS(H, S, S), AP_TENSOR_VALUE), sc = tensor(g, "sc", DIMS(H, S, S), AP_TENSOR_VALUE);
+	int mx = tensor(g, "mx", DIMS(H, S, 1), AP_TENSOR_VALUE), d = tensor(g, "d", DIMS(H, S, S), AP_TENSOR_VALUE);
+	int e = tensor(g, "e", DIMS(H, S, S), AP_TENSOR_VALUE), l = tensor(g, "l", DIMS(H, S, 1), AP_TENSOR_VALUE);
+	int p = tensor(g, "p", DIMS(H, S, S), AP_TENSOR_VALUE), o = tensor(g, "o", DIMS(H, S, D), AP_TENSOR_VALUE);
+	int64_t axis = 2;
+	uint8_t half[2];
+	int c, n;
+	ap_error err;
+
+	ap_elem_set(half, AP_DT_F16, 0, 1 / sqrt((double)D));
+	c = ap_graph_add_tensor(g, "c", AP_DT_F16, 0, NULL, AP_TENSOR_CONST, half, 2);
+	ck_assert_int_ge(c, 0);
+	node(g, "kt", AP_OP_TRANSPOSE, 1, (int[]){k}, kt);
+	ap_node_set_ints(g, g->n_nodes - 1, "perm", (const int64_t[]){0, 2, 1}, 3);
+	node(g, "qk", AP_OP_MATMUL, 2, (int[]){q, kt}, y);
+	node(g, "scale", AP_OP_MUL, 2, (int[]){y, c}, sc);
+	node(g, "max", AP_OP_REDUCE_MAX, 1, (int[]){sc}, mx);
+	node(g, "sub", AP_OP_SUB, 2, (int[]){sc, mx}, d);
+	node(g, "exp", AP_OP_EXP, 1, (int[]){d}, e);
+	node(g, "sum", AP_OP_REDUCE_SUM, 1, (int[]){e}, l);
+	node(g, "div", AP_OP_DIV, 2, (int[]){e, l}, p);
+	node(g, "pv", AP_OP_MATMUL, 2, (int[]){p, v}, o);
+	for (n = 0; n < g->n_nodes; n++)
+		if (g->nodes[n].op == AP_OP_REDUCE_MAX || g->nodes[n].op == AP_OP_REDUCE_SUM) {
+			ap_node_set_ints(g, n, "axes", &axis, 1);
+			ap_node_set_int(g, n, "keepdims", 1);
+		}
+	for (int t = 0; t < g->n_tensors; t++)
+		g->tensors[t].dtype = AP_DT_F16;
+	output(g, o);
+	ck_assert_msg(ap_graph_validate(g, &err) == 0, "validate: %s", err.msg);
+	return g;
+}
+
+/* The wgmma attention at issue 25's lengths (2,048 queries and keys,
+ * head dims 128 and 64, float16, sm_90a): the search under the cost
+ * model takes two query warpgroups (warps=8: K and V read once per 128
+ * query rows from L2) and key tiles of 64 or 128 -- Q re-read from shared
+ * memory, and the output rescaled, once per key tile (attention.c
+ * tc_traffic) -- where the default had 16 or 32; with the forms not yet
+ * run on a GPU asked for, the warp-specialised TMA form with the overlap
+ * (FlashAttention-3's structure) at 64 keys for head dim 128 (a producer's
+ * warpgroup beside two query warpgroups at 128 keys would not fit the
+ * register file: refused) and 128 keys for head dim 64.  The chosen
+ * kernels compile for sm_90a without spills.  The in-flight copies keep
+ * DRAM time from the few-resident-threads stretch (cost.c). */
+START_TEST(attention_long_sequences)
+{
+	static const struct {
+		int64_t H, D;
+		bool asked;
+		int warps, keys, overlap, tma;
+	} cs[] = {
+		{8, 128, false, 8, 128, 0, 0},
+		{8, 128, true, 8, 64, 1, 2},
+		{16, 64, false, 4, 128, 0, 0},
+		{16, 64, true, 4, 128, 1, 2},
+	};
+	bool nvrtc = ap_nvrtc_load(&(ap_error){0}) == 0;
+
+	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+		ap_graph *g = attention_graph(cs[i].H, 2048, cs[i].D);
+		ap_mgraph *m = whole(g, AP_GROUP_ATTENTION, AP_OP_MATMUL);
+		ap_target_info t;
+		ap_tune_result r;
+		ap_sched small;
+		ap_error err;
+		const ap_bound *b;
+		double small_us;
+
+		ck_assert_int_eq(ap_cost_target("sm_90a", &t), 0);
+		t.unvalidated = t.tma = cs[i].asked;
+		b = B(&ap_emitter_attention, m, &t);
+		ck_assert_int_eq(ap_tune_search(b, NULL, &r, &err), 0);
+		printf("check_tune: attention 2048 x 2048, head dim %lld, float16 on sm_90a%s: warps=%d keys=%d "
+		       "overlap=%d tma=%d, %.1f us modelled (default warps=%d keys=%d)\n", (long long)cs[i].D,
+		       cs[i].asked ? " (--unvalidated)" : "", r.best.v[0], r.best.v[1], r.best.v[2], r.best.v[3],
+		       r.best_us, r.dflt.v[0], r.dflt.v[1]);
+		ck_assert_int_eq(r.best.n, 4);
+		ck_assert_int_eq(r.best.v[0], cs[i].warps);
+		ck_assert_int_eq(r.best.v[1], cs[i].keys);
+		ck_assert_int_eq(r.best.v[2], cs[i].overlap);
+		ck_assert_int_eq(r.best.v[3], cs[i].tma);
+		/* 16 keys a tile: four to eight times Q's shared-memory reads
+		 * and the output's rescales */
+		small = r.best;
+		small.v[1] = 16;
+		small_us = ap_tune_model_us(b, &small, NULL);
+		ck_assert_msg(small_us > 1.15 * r.best_us, "keys=16 %.1f us against %.1f us", small_us, r.best_us);
+		if (cs[i].asked && cs[i].D == 128) {
+			ap_sched big = r.best;
+
+			big.v[1] = 128;   /* 384 threads x about 224 registers */
+			ck_assert_int_eq(ap_sched_valid(b, &big), 0);
+		}
+		if (nvrtc) {
+			ap_lower_options lo = {0, &r.best, true};
+			ap_kir_kernel *k = ap_lower(b, "att_long", &lo, NULL, &err);
+			ap_ptxas_stats ps;
+			char *cuda;
+
+			ck_assert_msg(k != NULL, "%s", err.msg);
+			cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
+			ck_assert_ptr_nonnull(cuda);
+			ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, "att_long", "sm_90a", &ps, &err) == 0, "%s", err.msg);
+			ck_assert_msg(ps.spill_store_bytes == 0 && ps.spill_load_bytes == 0, "spills %d / %d bytes",
+				      ps.spill_store_bytes, ps.spill_load_bytes);
+			ck_assert_int_le(ps.registers, 255);
+			printf("check_tune: ... %d registers, no spills\n", ps.registers);
+			free(cuda);
+			ap_kir_kernel_free(k);
+		}
+		mgraph_free(m);
+		ap_graph_free(g);
+	}
+	{
+		/* a block of 256 threads, one resident an SM (an eighth of its
+		 * threads): DRAM time stretched four times without copies in
+		 * flight, not with 32 KiB a block (more than a microsecond of
+		 * the SM's share of 3.35 TB/s) */
+		ap_target_info t;
+		ap_traffic tr = {0};
+		double slow, fast;
+
+		ck_assert_int_eq(ap_cost_target("sm_90a", &t), 0);
+		tr.bytes_read = 64e6;
+		tr.blocks = t.sm_count;
+		tr.threads = 256;
+		tr.shared_bytes = 150 * 1024;
+		slow = ap_cost_schedule_us(&tr, &t);
+		tr.inflight_bytes = 32 * 1024;
+		fast = ap_cost_schedule_us(&tr, &t);
+		ck_assert_msg(fabs((slow - t.launch_us) / (fast - t.launch_us) - 4) < 1e-9, "%.2f us against %.2f us",
+			      slow, fast);
+	}
+}
+END_TEST
+
 /* ---- refinement with ptxas and the background tuner ---------------------------------- */
 
 START_TEST(refined_us_reads_ptxas)
@@ -2240,6 +2445,8 @@ int main(void)
 	tcase_add_test(tc, never_worse_than_default);
 	tcase_add_test(tc, splitk_only_for_idle_sms);
 	tcase_add_test(tc, tma_only_when_asked);
+	tcase_add_test(tc, attention_long_sequences);
+	tcase_add_test(tc, wgmma_large_tile);
 	tcase_add_test(tc, record_before_late_knob);
 	tcase_add_test(tc, sched_text);
 	tcase_add_test(tc, records_in_the_cache);

@@ -432,7 +432,9 @@ double ap_cost_schedule_us(const ap_traffic *t, const ap_target_info *ti)
 	if (ti->gpu) {
 		double resident = (double)per_sm * threads / ti->max_threads_per_sm;
 
-		if (resident < 0.5)
+		double covered = t->inflight_bytes * per_sm * ti->sm_count / (ti->dram_gbps * 1e3);
+
+		if (resident < 0.5 && covered < 1.0)
 			mem_us *= 0.5 / resident;
 	}
 	work = mem_us;

@@ -154,6 +154,13 @@ typedef struct ap_traffic {
 				  arithmetic at once); the rest -- a pipeline's
 				  fill, a cluster's reduction -- is added in
 				  series: the work divided by it; 0 = all */
+	double inflight_bytes; /* bytes of global memory one block keeps in flight
+				  by asynchronous copies (the cp.async / TMA
+				  stages ahead of the one computed on): where
+				  the resident blocks' together cover one
+				  microsecond of the SM's share of DRAM
+				  bandwidth, few resident threads do not
+				  starve DRAM; 0 = none (synchronous loads) */
 	bool library;          /* a library call computes the launch (issue 25):
 				  the figures are the library's, and ptxas's
 				  of the kernel beside it do not apply */
@@ -180,7 +187,9 @@ double ap_cost_time_us(const ap_traffic *t, const ap_target_info *ti);
  *   - occupancy: blocks one SM holds at once (threads, shared memory and
  *     regs x threads against the SM's register file), and memory time
  *     stretched when fewer than half the SM's threads are resident (too
- *     few loads in flight to cover DRAM latency);
+ *     few loads in flight to cover DRAM latency) unless the resident
+ *     blocks' asynchronous copies (inflight_bytes) cover a microsecond of
+ *     the SM's DRAM bandwidth (Little's law: about twice DRAM's latency);
  *   - waves: the grid runs in ceil(blocks / (SMs x blocks per SM)) waves
  *     (host: worker threads x 1, a thread runs one block at a time),
  *     the last one partly empty (the tail effect), and a grid smaller than

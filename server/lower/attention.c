@@ -429,7 +429,7 @@ static int at_space(const ap_bound *b, ap_space *sp)
 		sp->knobs[0].n--;
 	if (p->tc) {
 		sp->n = 2;
-		ap_knob_pow2(&sp->knobs[1], "keys", 16, 64);
+		ap_knob_pow2(&sp->knobs[1], "keys", 16, tc_wg(p, b->t) ? 128 : 64);
 	}
 	/* the forms not yet run on a GPU: a request for them (the device kit
 	 * validates them) gets them only, where a warpgroup's tiles fit */
@@ -485,6 +485,17 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 	BK = p->Nk > 32 ? 64 : p->Nk > 16 ? 32 : 16;
 	if ((tc_dpad(p) > 64 || tc_dvpad(p) > 64) && BK > 32)
 		BK = 32;
+	if (tc_wg(p, t) && W % 4 == 0) {
+		/* wgmma: up to 128 keys a tile (Q's re-reads from shared memory
+		 * and the output's rescale amortised over more keys), fewer
+		 * where the registers of the warpgroups and a producer's would
+		 * not fit the SM's file (tc_traffic) */
+		unsigned threads = 32u * (unsigned)W + 128u;
+
+		BK = p->Nk > 64 ? 128 : BK;
+		while (BK > 16 && (tc_regs(p, t, W, BK) > 255 || tc_regs(p, t, W, BK) * threads > t->regs_per_sm))
+			BK /= 2;
+	}
 	while (W > 1 && !tc_fits(p, t, W, BK))
 		W /= 2;
 	while (BK > 16 && !tc_fits(p, t, W, BK))
@@ -566,6 +577,11 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 	r->smem += tc_barrier_bytes(p, r->tma);
 	if (r->tma >= 2)
 		r->threads += 128;
+	/* the registers of the whole block (a producer's warpgroup too: it
+	 * gets as many) within the SM's file, or ptxas, bound by the block's
+	 * size, would spill (tc_regs is an estimate, on the safe side) */
+	if (rc && p->tc && b->t->gpu && b->t->regs_per_sm && tc_regs(p, b->t, r->w, r->bk) * r->threads > b->t->regs_per_sm)
+		rc = 0;
 	return rc;
 }
 
@@ -596,6 +612,59 @@ static int at_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_er
 	return rc;
 }
 
+/* What the tensor-core form's key tile changes (FlashAttention-2 section
+ * 3.1's work split, FlashAttention-3 section 3's overlap argument):
+ *   - shared memory: per key tile each warp (mma.sync: Q's fragments in
+ *     registers) or each warpgroup (wgmma: Q's 64 rows read from shared
+ *     memory by every S = Q K^T) reads the K and V tiles: a small tile
+ *     re-reads Q for fewer keys;
+ *   - L2: every query block reads K and V whole, and its Q (tile_bytes);
+ *   - registers: the scores (BK / 2 a thread), their 16-bit copy (BK / 4),
+ *     the output (Dv / 2), on mma.sync Q's fragments (D / 4), and about
+ *     32 for addresses and the row state (ptxas's counts for sm_90a's
+ *     kernels at head dims 64 and 128, keys 32 to 128, with the overlap's
+ *     second probability tile: within a few registers, above them without
+ *     it);
+ *   - the softmax's SIMT work beside the products: per score about six
+ *     FP32-pipe operations (scale, max, the exponent's argument, sum, the
+ *     16-bit conversion) and one exponential on the special-function unit
+ *     (an eighth of the FP32 rate: 16 against 128 lanes a clock an SM), per
+ *     row and key tile the rescale of the output (Dv multiplies) and the
+ *     row reductions' shuffles (16).  It runs beside the tensor cores where
+ *     the overlap (knob overlap) or a second warpgroup's worth of warps
+ *     resident on the SM hides it, else in series: alu_fraction is the
+ *     products' share of that time. */
+static void tc_traffic(const att_plan *p, const ap_target_info *t, const at_res *r, ap_traffic *out)
+{
+	double es = (double)ap_dtype_size(p->t), dp = (double)tc_dpad(p), dv = (double)tc_dvpad(p);
+	double bk = r->bk, tiles = (double)((p->Nk + r->bk - 1) / r->bk);
+	double rows = (double)p->batch * (double)p->Nq, qblocks = (double)p->batch *
+		(double)((p->Nq + 16 * r->w - 1) / (16 * r->w));
+	bool wg = tc_wg(p, t) && r->w % 4 == 0;
+	double readers = wg ? rows / 64 : rows / 16;   /* warpgroups or warps, each over every key tile */
+	double peak = t->tc_gflops > 0 ? t->tc_gflops : t->gflops;
+	double simt = rows * (double)p->Nk * 6 + rows * tiles * (dv + 16), sfu = rows * (double)p->Nk;
+	double tc_us, simt_us;
+	unsigned per_sm;
+
+	out->shared_read = readers * tiles * (bk * (dp + dv) + (wg ? 64 * dp : 0)) * es;
+	out->tile_bytes = (qblocks * (double)p->Nk * (double)(p->D + p->Dv) + rows * (double)p->D) * es;
+	out->regs = tc_regs(p, t, r->w, r->bk);
+	/* the next tile's K and V in flight while this one is computed on
+	 * (two stages: cp.async or TMA) */
+	if (tc_stages(p) == 2 || r->tma)
+		out->inflight_bytes = bk * (dp + dv) * es;
+	if (t->gflops <= 0 || !t->gpu)
+		return;
+	tc_us = out->flops / (peak * 1e3);
+	simt_us = simt / (t->gflops * 1e3 / 2) + sfu / (t->gflops * 1e3 / 16);
+	per_sm = ap_cost_blocks_per_sm_regs(t, r->threads, out->shared_bytes, out->regs);
+	if (r->overlap || per_sm * out->threads >= 256)
+		out->alu_fraction = tc_us / (tc_us > simt_us ? tc_us : simt_us);
+	else
+		out->alu_fraction = tc_us / (tc_us + simt_us);
+}
+
 static int at_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 {
 	const att_plan *p = b->an;
@@ -610,6 +679,8 @@ static int at_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 	out->blocks = r->blocks;
 	out->shared_bytes = r->smem;
 	out->tensor_cores = p->tc;
+	if (p->tc)
+		tc_traffic(p, b->t, r, out);
 	/* no time until a GPU has run them (cost.h) */
 	out->unvalidated = (r->overlap || r->tma) && !b->t->unvalidated;
 	return 0;

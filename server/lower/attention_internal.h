@@ -180,10 +180,29 @@ static inline size_t tc_smem(const att_plan *p, const ap_target_info *t, int W, 
 				       (const unsigned[]){ rq, rq, rv });
 }
 
+/* Whether W warps and BK keys a tile fit on t: the block's threads, and
+ * its tiles in shared memory within what a block may ask for -- dynamic
+ * shared memory past the 48 KiB every block has (attention_tc.c
+ * tc_declare; the runtime asks for it: cuFuncSetAttribute). */
 static inline bool tc_fits(const att_plan *p, const ap_target_info *t, int W, int BK)
 {
+	size_t lim = t->shared_optin_per_block > t->shared_per_block ? t->shared_optin_per_block
+								     : t->shared_per_block;
+
 	return W >= 1 && (unsigned)W * 32u <= ap_block_cap(t) && BK % 16 == 0 && BK >= 16 &&
-	       tc_smem(p, t, W, BK) <= t->shared_per_block;
+	       tc_smem(p, t, W, BK) <= lim;
+}
+
+/* Registers a thread of W warps and BK keys a tile holds, estimated: the
+ * scores (BK / 2), their 16-bit copy (BK / 4), the output (Dv / 2), on
+ * mma.sync Q's fragments (D / 4), about 32 for addresses and the row
+ * state, and as much again as the copy for the overlap's second
+ * probability tile (attention.c tc_traffic: ptxas's counts at sm_90a).  */
+static inline unsigned tc_regs(const att_plan *p, const ap_target_info *t, int W, int BK)
+{
+	bool wg = tc_wg(p, t) && W % 4 == 0;
+
+	return (unsigned)(32 + BK + tc_dvpad(p) / 2 + (wg ? 0 : tc_dpad(p) / 4));
 }
 
 typedef struct actx {

@@ -406,7 +406,7 @@ static void tma_wait(att_tc *s, ap_kir_expr *u)
 /* The shared tiles and the register fragments, and a comment per
  * operand saying how it is staged.  AP_ENOMEM through err when an
  * allocation failed. */
-static int tc_declare(att_tc *s, ap_error *err)
+static int tc_declare(att_tc *s, const ap_target_info *t, ap_error *err)
 {
 	actx *c = s->c;
 	const att_plan *p = c->p;
@@ -417,9 +417,14 @@ static int tc_declare(att_tc *s, ap_error *err)
 		s->ks = ap_kir_shared_dyn_aligned(k, "ks", s->T, s->NST * s->BK * s->ldq, c->sw[1] ? 8u * (unsigned)c->sw[1] : 16u);
 		s->vs = ap_kir_shared_dyn_aligned(k, "vs", s->T, s->NST * s->BK * s->ldv, c->sw[2] ? 8u * (unsigned)c->sw[2] : 16u);
 	} else {
-		s->qs = ap_kir_shared(k, "qs", s->T, s->BQ * s->ldq);
-		s->ks = ap_kir_shared(k, "ks", s->T, s->NST * s->BK * s->ldq);
-		s->vs = ap_kir_shared(k, "vs", s->T, s->NST * s->BK * s->ldv);
+		/* static arrays within the 48 KiB every block has, dynamic
+		 * shared memory past it (the runtime asks for it: tc_fits) */
+		ap_kir_array *(*shared)(ap_kir_kernel *, const char *, ap_dtype, int64_t) =
+			tc_smem(p, t, s->BQ / 16, s->BK) <= t->shared_per_block ? ap_kir_shared : ap_kir_shared_dyn;
+
+		s->qs = shared(k, "qs", s->T, s->BQ * s->ldq);
+		s->ks = shared(k, "ks", s->T, s->NST * s->BK * s->ldq);
+		s->vs = shared(k, "vs", s->T, s->NST * s->BK * s->ldv);
 	}
 	ap_kir_mma_frag_sizes(p->mma, &s->AF, &s->BF, &s->CF);
 	s->qf = ap_kir_local(k, "qf", s->T, s->Dp / s->KS * s->AF);
@@ -1267,7 +1272,7 @@ int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *e
 		ap_kir_comment(k, v->cur, "wgmma (sm_90a): %d warpgroups of 64 query rows, Q and K tiles "
 			       "swizzled by %d bytes, V by %d", W / 4, c->sw[0], c->sw[2]);
 	}
-	if ((rc = tc_declare(&s, err)))
+	if ((rc = tc_declare(&s, t, err)))
 		return rc;
 	if (c->tma && (!c->wg || s.NST != 2 || (c->ws && !p->q_tma)))
 		return ap_error_set(err, AP_EINTERNAL, v->g->nodes[v->m->root].name, NULL,

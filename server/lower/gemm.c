@@ -800,6 +800,18 @@ static int64_t live_values(const gemm_plan *p, const gemm_cfg *c, const ap_targe
  * spilling, with the fragments and addresses beside them). */
 #define LIVE_BUDGET 64
 
+/* The same for a wgmma tile's consumer threads (no A / B fragments in
+ * registers: the operands are read from shared memory): 128 accumulators
+ * a thread -- the 128 x 256 tile of two consumer warpgroups, each an
+ * m64n256 -- compile at 154 registers for sm_90a without spills under
+ * 384 threads (ptxas; check_hostcheck ws_gemm_large_tile). */
+#define WG_LIVE_BUDGET 128
+
+static int64_t live_budget(const gemm_plan *p)
+{
+	return p->wg ? WG_LIVE_BUDGET : LIVE_BUDGET;
+}
+
 /* The analysis (ap__gemm_analyze), kept for the binding. */
 static int gm_bind(const ap_mgraph *m, const ap_target_info *t, void **an, char *why, size_t cap)
 {
@@ -1083,6 +1095,19 @@ static int gm_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 				if (ap__gemm_cfg_valid(p, &e, t) && live_values(p, &e, t) <= LIVE_BUDGET)
 					d = e;
 			}
+			/* warp specialised, a large product: two consumer
+			 * warpgroups of 64 x 256 (CUTLASS's and cuBLAS's Hopper
+			 * tile: a third fewer L2 re-reads than 128 x 128, an
+			 * m64n256k16 a K step) where the tiles still fill a wave;
+			 * the search can go back to smaller tiles */
+			if (d.tma >= 2 && d.bm == 128 && d.tm == 2 && d.bn == 128 && d.tn == 1 && d.splitk == 1) {
+				gemm_cfg e = d;
+
+				e.bn = 256;
+				if (p->tb * ((p->Mr + e.bm - 1) / e.bm) * ((p->N + e.bn - 1) / e.bn) >= (int64_t)t->sm_count &&
+				    ap__gemm_cfg_valid(p, &e, t) && live_values(p, &e, t) <= WG_LIVE_BUDGET)
+					d = e;
+			}
 			if (ap__gemm_cfg_valid(p, &d, t)) {
 				s->v[K_TMA] = d.tma;
 				s->v[K_BM] = d.bm;
@@ -1294,7 +1319,7 @@ static int gm_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 			out->shared_read += 2.0 * (double)out->blocks * c->bm * c->bn * (double)ap_dtype_size(p->acc_t);
 		/* past the default rule's budget ptxas spills (measured on the
 		 * models): more than a thread may hold */
-		out->regs = t->gpu && live - 32 > LIVE_BUDGET ? 256u : (unsigned)(live > 255 ? 255 : live);
+		out->regs = t->gpu && live - 32 > live_budget(p) ? 256u : (unsigned)(live > 255 ? 255 : live);
 		/* the host's C compiler vectorises a thread's register tile,
 		 * roughly: the vector unit is busy from 16 accumulators on (the
 		 * tuner does not search host GEMMs: host_rule_only) */

@@ -57,4 +57,27 @@ static inline void ap_test_default_with(const ap_mgraph *m, const ap_target_info
 	ap_unbind(&b);
 }
 
+/* Sets knob `knob` of schedule *s (of m's first emitter on ti) to
+ * `value`; fails the test when the knob is absent or the result is not
+ * valid. */
+static inline void ap_test_set_knob(const ap_mgraph *m, const ap_target_info *ti, const char *knob, int value,
+				    ap_sched *s)
+{
+	ap_bound b;
+	ap_space sp;
+	ap_sched d;
+	ap_error err;
+	int at = -1;
+
+	ck_assert_int_eq(ap_bind_first(m, ti, &b, &err), 0);
+	ck_assert_int_eq(ap_emitter_default(&b, &sp, &d, &err), 0);
+	for (int i = 0; i < sp.n; i++)
+		if (!strcmp(sp.knobs[i].name, knob))
+			at = i;
+	ck_assert_msg(at >= 0, "no %s knob for this product", knob);
+	s->v[at] = value;
+	ck_assert_int_eq(ap_sched_valid(&b, s), 1);
+	ap_unbind(&b);
+}
+
 #endif
