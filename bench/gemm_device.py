@@ -324,7 +324,8 @@ def cmd_report(a):
         print("Apollo: kernel time per timed run from the runtime's CUDA events (check --repeat %d "
               "--profile; the checked first run, which loads the kernels and the library, left "
               "out), wall = median run (launches and synchronisation); variants tf32, simt, f16, "
-              "wg, new (sm_90a; new: --unvalidated, the TMA GEMM and the attention overlap): Apollo's kernels (APOLLO_LIBCUBLASLT=off), lib*: the plan as run by default, "
+              "wg, new (sm_90a; new: --unvalidated, the TMA GEMM and the attention overlap), tuned (new "
+              "built from measured tuning records): Apollo's kernels (APOLLO_LIBCUBLASLT=off), lib*: the plan as run by default, "
               "its library launches on cuBLASLt; PyTorch: CUDA "
               "events around the op, median; ratio = Apollo TFLOP/s / PyTorch TFLOP/s "
               "(above 1: Apollo faster)" % a.repeat)
@@ -342,7 +343,10 @@ def cmd_report(a):
         # forward's softmax / O += P V overlap); lib,
         # lib_tf32: the plan as users run it, where it gives the product to
         # cuBLASLt (the others run Apollo's kernels: APOLLO_LIBCUBLASLT=off)
-        variants += tuple((v, v == "lib_tf32") for v in ("wg", "new", "lib", "lib_tf32", "lib_simt", "lib_bf16")
+        # tuned: --unvalidated built from measured records (the device
+        # kit's second apollod timed every candidate on the device first)
+        variants += tuple((v, v == "lib_tf32") for v in ("wg", "new", "tuned", "lib", "lib_tf32", "lib_simt",
+                                                        "lib_bf16")
                           if os.path.exists(os.path.join(r["dir"], "apollo_%s.out" % v)))
         for v, tf32 in variants:
             st, kern, wall, note, lib = parse_out(os.path.join(r["dir"], "apollo_%s.out" % v))

@@ -20,7 +20,9 @@
  *                 [--shape NAME=DIMS ...]
  *   apollo-client tune GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin] [--runs N]
  *                 [--warmup N] [--device I] [--dry-run] [--input NAME=FILE.pb ...] [--data DIR]
- *                 [--shape NAME=DIMS ...]
+ *                 [--shape NAME=DIMS ...] [--allow-tf32] [--tma] [--unvalidated] [--no-layer1]
+ *                 [--fusion none|rules|apollo] [--fusion-barrier NODE ...] [--keep-whole OP ...]
+ *                 [--namespace NS]
  *   apollo-client ping
  *   apollo-client stats
  * Every subcommand takes --socket PATH (else $APOLLO_SOCKET, else the
@@ -55,7 +57,11 @@
  * every tuned launch's median, prints the table (the fastest of each kernel
  * starred) and sends the times to the daemon (TuneReport), which keeps the
  * fastest of each kernel as a measured record for later builds.  With
- * --dry-run nothing is sent.
+ * --dry-run nothing is sent.  The compile options that change the kernels
+ * (--allow-tf32, --tma, --unvalidated, the fusion options) are submit's:
+ * they are part of each kernel's tuning signature, so a build is served
+ * the records measured under the same options; --no-tune and --host-check
+ * are refused (no tuned kernel; the host).
  */
 #include <errno.h>
 #include <signal.h>
@@ -134,9 +140,12 @@ static const subcommand_help g_help[] = {
 	{ "tune",
 	  "apollo-client tune GRAPH.pb|MODEL.onnx [--target T] [--format ptx|cubin] [--runs N]\n"
 	  "              [--warmup N] [--device I] [--dry-run] [--input NAME=FILE.pb ...] [--data DIR]\n"
-	  "              [--shape NAME=DIMS ...]\n",
+	  "              [--shape NAME=DIMS ...] [--allow-tf32] [--tma] [--unvalidated] [--no-layer1]\n"
+	  "              [--fusion none|rules|apollo] [--fusion-barrier NODE ...] [--keep-whole OP ...]\n"
+	  "              [--namespace NS]\n",
 	  "Times each tuned kernel's candidates on this machine's GPU and reports the\n"
-	  "measurements to the daemon (two clients must agree before a record changes).\n" },
+	  "measurements to the daemon (two clients must agree before a record changes).\n"
+	  "Give the compile options the job builds with: records are kept per options.\n" },
 	{ "ping", "apollo-client ping\n", "Asks the daemon for its name and version.\n" },
 	{ "stats", "apollo-client stats [--json]\n", "The daemon's counters and metrics.\n" },
 };
@@ -1957,6 +1966,7 @@ static int tune_rows_add(tune_rows *t, const ap_bundle_launch_part *pt, double u
 typedef struct tune_opts {
 	ap_submit_options submit;
 	int runs, warmup, device;
+	const char **barriers, **whole;   /* malloc'd, of borrowed argv strings */
 } tune_opts;
 
 /* ap_runtime_timing_fn of tune: one row per timed candidate. */
@@ -2008,7 +2018,7 @@ static void tune_print(tune_rows *rows, const char *device, unsigned sms)
 }
 
 /* tune's arguments into m, o and *dry: 0, or the exit status of a usage
- * error (printed; m cleared). */
+ * error (printed; m cleared; o's lists are the caller's to free). */
 static int tune_parse(int argc, char **argv, model_args *m, tune_opts *o, bool *dry)
 {
 	ap_error err;
@@ -2017,7 +2027,15 @@ static int tune_parse(int argc, char **argv, model_args *m, tune_opts *o, bool *
 	o->submit.target = "sm_90";
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-		if (!strcmp(a, "--target") && v) {
+		int took = strcmp(a, "--target") ? compile_option(a, v, &o->submit, &o->barriers, &o->whole) : 0;
+
+		if (took < 0) {
+			model_args_clear(m);
+			return -took;
+		}
+		if (took) {
+			i += took - 1;
+		} else if (!strcmp(a, "--target") && v) {
 			o->submit.target = argv[++i];
 		} else if (!strcmp(a, "--format") && v) {
 			if (strcmp(v, "ptx") && strcmp(v, "cubin")) {
@@ -2066,6 +2084,13 @@ static int tune_parse(int argc, char **argv, model_args *m, tune_opts *o, bool *
 		model_args_clear(m);
 		return usage_error("which model?");
 	}
+	if (o->submit.no_tune || o->submit.host_check) {
+		model_args_clear(m);
+		return usage_error("%s: tune measures the tuned kernels of a GPU target",
+				   o->submit.no_tune ? "--no-tune leaves none" : "--host-check is the host's");
+	}
+	o->submit.fusion_barriers = o->barriers;
+	o->submit.keep_whole = o->whole;
 	return 0;
 }
 
@@ -2118,15 +2143,17 @@ static int cmd_tune(int argc, char **argv)
 	int rc = 1;
 
 	ap_error_clear(&err);
-	if ((rc = tune_parse(argc, argv, &m, &o, &dry)))
-		return rc;
-	rc = 1;
-
-	if (!strcmp(o.submit.target, "cpu")) {
+	if ((rc = tune_parse(argc, argv, &m, &o, &dry)) == 0 && !strcmp(o.submit.target, "cpu")) {
 		model_args_clear(&m);
-		return usage_error("the host target is tuned by the cost model alone; give a GPU "
-				   "target (--target sm_90)");
+		rc = usage_error("the host target is tuned by the cost model alone; give a GPU "
+				 "target (--target sm_90)");
 	}
+	if (rc) {
+		free((void *)o.barriers);
+		free((void *)o.whole);
+		return rc;
+	}
+	rc = 1;
 	if (load_model(&m, &buf, &len, &io, &is_onnx, &err) < 0) {
 		fail("tune", &err);
 		goto out;
@@ -2182,6 +2209,8 @@ out:
 	ap_onnx_io_free(io);
 	model_args_clear(&m);
 	ap_file_unmap(buf, len);
+	free((void *)o.barriers);
+	free((void *)o.whole);
 	return rc;
 }
 

@@ -81,12 +81,13 @@ if ! ls "$cuda"/lib64/libnvrtc.so.* >/dev/null 2>&1; then
 fi
 models="bert_like_2l small_convnet_train"
 shapes=bert_qkv,bert_attention,convnet_fwd
+tuned=bert_qkv,bert_attention   # variant tuned: the background tuner timing on the stand-in
 [ -n "${DEVICE_KIT_FULL-}" ] && { models=; shapes=; }
 cd "$T/machine" || exit 1
 env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME="$T/machine" CUDA_HOME="$cuda" \
 	TMPDIR="$T/machine" LD_LIBRARY_PATH="$K/lib" APOLLO_LIBCUDA="$K/bin/tests/libcuda-standin.so" \
 	APOLLO_DEVICE_TARGET=sm_90 DEVICE_CHECK_PYTHON="$PY" DEVICE_CHECK_MODELS="$models" \
-	DEVICE_CHECK_GEMM_SHAPES="$shapes" DEVICE_CHECK_REPEAT=3 \
+	DEVICE_CHECK_GEMM_SHAPES="$shapes" DEVICE_CHECK_TUNED_SHAPES="$tuned" DEVICE_CHECK_REPEAT=3 \
 	timeout -k 10 900 sh kit/device-check.sh out >"$T/check.log" 2>&1
 rc=$?
 cd "$REPO" || exit 1
@@ -108,7 +109,12 @@ expect "libraries: 7 of apollod's from the kit's lib/, 0 not found"
 expect "check_runtime \[gpu\]: PASS"
 expect "compute-sanitizer: not (available|run in a rehearsal)"
 expect "PyTorch: not available"
-expect "gemm checks: 24 ok, 0 failed, of 24"
+expect "gemm checks: 28 ok, 0 failed, of 28"
+# variant tuned: two shapes x float16 / bfloat16 built from measured records
+for t in bert_qkv__float16 bert_qkv__bfloat16 bert_attention__float16 bert_attention__bfloat16; do
+	expect "^tuned $t: .*kernels from records \([1-9][0-9]* measured\)"
+done
+expect "^tuned: background tuner: 4 requests, .* [1-9][0-9]* measured records; 0 dropped, 0 failed"
 expect "RESULT: PASS \(rehearsal mode, numerics not checked\)"
 nm=$(echo "$models" | wc -w); [ "$nm" -gt 0 ] || nm=$n
 expect "models: $((nm * 9)) LOAD, 0 failed or not run, of $((nm * 9))"

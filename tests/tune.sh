@@ -14,7 +14,12 @@
 #      from those measured records (submit --json: tuning.measured > 0),
 #      one naming no device does not, and `stats` counts both reports;
 #   3. without a CUDA driver, and for the host target, `tune` refuses with
-#      a clear message (exit 1 and 2).
+#      a clear message (exit 1 and 2), and so do --no-tune and --host-check
+#      (exit 2);
+#   4. compile options travel with the measurement: a build with
+#      --allow-tf32 (TF32 kernels, their own tuning signatures) has no
+#      measured record after the plain tune, and one per tuned kernel
+#      after two clients tune with --allow-tf32.
 # Skipped, saying so, when the daemon has no NVRTC or the stand-in was not
 # built (failed instead where $APOLLO_REQUIRE names nvrtc or standin).
 #   env: APOLLO_BUILD
@@ -106,5 +111,35 @@ grep -q "no CUDA driver" "$AP_TMP/nodrv.out" || fail "no driver: $(cat "$AP_TMP/
 "$CLIENT" tune "$MODEL" --target cpu >"$AP_TMP/cpu.out" 2>&1
 [ $? -eq 2 ] || fail "tune --target cpu did not exit 2"
 
-[ $status -eq 0 ] && echo "tune: PASS (measured on the stand-in, $measured kernels compiled from measured records)"
+for o in --no-tune --host-check; do
+	"$CLIENT" tune "$MODEL" --target sm_90 "$o" >"$AP_TMP/opt.out" 2>&1
+	[ $? -eq 2 ] || fail "tune $o did not exit 2: $(cat "$AP_TMP/opt.out")"
+done
+
+# 4. the compile options: TF32's records are measured under --allow-tf32
+tf32_measured() {
+	APOLLO_LIBCUDA=$STANDIN "$CLIENT" submit "$MODEL" --target sm_90 --format ptx --allow-tf32 --json \
+		>"$AP_TMP/tf32.json" 2>&1 || fail "submit --allow-tf32 failed: $(cat "$AP_TMP/tf32.json")"
+	sed -n 's/.*"tuning":{[^}]*"measured":\([0-9]*\).*/\1/p' "$AP_TMP/tf32.json"
+}
+before=$(tf32_measured)
+[ "$before" = 0 ] || fail "a TF32 build used $before records measured without --allow-tf32 (want 0)"
+APOLLO_LIBCUDA=$STANDIN "$CLIENT" tune "$MODEL" --target sm_90 --format ptx --runs 5 --warmup 1 \
+	--allow-tf32 >"$AP_TMP/tf32a.out" 2>&1 || fail "tune --allow-tf32 exited with $?: $(cat "$AP_TMP/tf32a.out")"
+APOLLO_LIBCUDA=$STANDIN APOLLO_TOKEN=tune-test-token "$CLIENT" --socket "127.0.0.1:$PORT" tune "$MODEL" \
+	--target sm_90 --format ptx --runs 5 --warmup 1 --allow-tf32 >"$AP_TMP/tf32b.out" 2>&1 ||
+	fail "tune --allow-tf32 over TCP exited with $?: $(cat "$AP_TMP/tf32b.out")"
+tf32_kernels=$(grep -c '^\* [0-9a-f]' "$AP_TMP/tf32a.out")
+tf32_stored=$(stored "$AP_TMP/tf32b.out")
+[ "$tf32_kernels" -gt 0 ] && [ "$tf32_stored" = "$tf32_kernels" ] ||
+	fail "tune --allow-tf32: $tf32_stored records stored for $tf32_kernels kernels"
+# the TF32 kernels' signatures are not the float32 ones'
+grep '^\* [0-9a-f]' "$AP_TMP/tune.out" | awk '{ print $2 }' | sort >"$AP_TMP/sig32"
+grep '^\* [0-9a-f]' "$AP_TMP/tf32a.out" | awk '{ print $2 }' | sort >"$AP_TMP/sigtf32"
+[ -z "$(comm -12 "$AP_TMP/sig32" "$AP_TMP/sigtf32")" ] || fail "TF32 and float32 kernels share signatures"
+after=$(tf32_measured)
+[ -n "$after" ] && [ "$after" -ge "$tf32_kernels" ] ||
+	fail "the TF32 build after tune --allow-tf32 used '$after' measured records (want >= $tf32_kernels)"
+
+[ $status -eq 0 ] && echo "tune: PASS (measured on the stand-in, $measured kernels compiled from measured records; TF32: $after)"
 exit $status

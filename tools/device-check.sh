@@ -22,7 +22,10 @@
 #      from PyTorch in float64): checked, then timed one at a time (check
 #      --repeat N --profile) beside PyTorch's torch.matmul / conv2d /
 #      F.scaled_dot_product_attention (on sm_90 the 16-bit shapes also for
-#      sm_90a: variant wg, and with --unvalidated: variant new);
+#      sm_90a: variant wg, and with --unvalidated: variant new; issue 25's
+#      rows -- square 2048^3 to 8192^3, attention at 2048 keys -- also
+#      variant tuned: built by a second apollod whose background tuner
+#      measures every kernel's candidates on the device first);
 #   5. every model's bundle (float32, --fusion apollo) under compute-sanitizer
 #      memcheck, racecheck and synccheck, the models of a tool in parallel,
 #      each run under a time limit; with too little time left, one model per
@@ -47,7 +50,9 @@
 #        and torch for the references and timing), DEVICE_CHECK_MODELS (names
 #        of data/ folders, default all), DEVICE_CHECK_GEMM_SHAPES (comma-
 #        separated names from bench/gemm_shapes.py, default all), DEVICE_CHECK_REPEAT
-#        (timed runs per GEMM shape, default 20), DEVICE_CHECK_SANITIZE_S
+#        (timed runs per GEMM shape, default 20), DEVICE_CHECK_TUNED_SHAPES
+#        (the shapes of variant tuned, default issue 25's rows; empty for
+#        none), DEVICE_CHECK_SANITIZE_S
 #        (time limit of one sanitizer run, default 90)
 KIT=$(cd "$(dirname "$0")" && pwd) || exit 1
 if [ $# -ne 1 ]; then
@@ -183,6 +188,58 @@ if [ -z "${APOLLO_NVRTC-}" ] && ! ls "${CUDA_HOME:-/usr/local/cuda}"/lib64/libnv
 	f=$(timeout 30 find /usr/local /opt /usr/lib -name 'libnvrtc.so.1[0-9]' 2>/dev/null | head -1)
 	[ -n "$f" ] && export APOLLO_NVRTC="$f" && say "NVRTC: $f (APOLLO_NVRTC)"
 fi
+
+# tuned_step SHAPES: the variant `tuned` of bench/gemm_device.py (see its
+# caller in the GEMM step): a second apollod (its own socket and cache,
+# background tuner measuring on the device), per folder a build, the wait
+# for its tuner job, a timed check built from the measured records, and a
+# summary line with the schedule the records chose.
+tuned_step() {
+	TS=$W/tuned.sock
+	APOLLO_LIBCUBLASLT=off "$APOLLOD" --socket "$TS" --cache "$W/tuned.db" --tune-measure --no-tune-refine \
+		>"$LOGS/apollod_tuned.log" 2>&1 &
+	TPID=$!
+	i=0
+	while ! APOLLO_SOCKET=$TS timeout 5 "$CLIENT" ping >/dev/null 2>&1; do
+		i=$((i + 1))
+		if [ $i -gt 150 ] || ! kill -0 "$TPID" 2>/dev/null; then
+			say "tuned: FAIL: the tuning apollod did not start (logs/apollod_tuned.log)"
+			FAILS=$((FAILS + 1))
+			return
+		fi
+		sleep 0.2
+	done
+	n=0
+	for s in $(echo "$1" | tr ',' ' '); do
+		for d in "$G/${s}__float16" "$G/${s}__bfloat16"; do
+			[ -d "$d" ] || continue
+			case $d in *__bfloat16) tol=$TOLBF ;; *) tol=$TOL16 ;; esac
+			n=$((n + 1))
+			# shellcheck disable=SC2086
+			APOLLO_SOCKET=$TS APOLLO_LIBCUBLASLT=off tmo 90 "$CLIENT" check "$d" --target "$WG" --unvalidated $tol \
+				>"$d/tuned_build.out" 2>&1 </dev/null
+			# its tuner job: finished (or dropped, or failed) once the
+			# background tuner's counts reach n
+			t_end=$(($(now) + 120))
+			while [ "$(now)" -lt "$t_end" ] && [ "$(left)" -gt 60 ]; do
+				APOLLO_SOCKET=$TS timeout 10 "$CLIENT" stats >"$W/tstats" 2>&1
+				done_n=$(sed -n 's/^background tuner: \([0-9]*\) requests.*; \([0-9]*\) dropped, \([0-9]*\) failed$/\1 \2 \3/p' "$W/tstats" |
+					awk '{ print $1 + $2 + $3 }')
+				[ -n "$done_n" ] && [ "$done_n" -ge "$n" ] && break
+				sleep 1
+			done
+			# shellcheck disable=SC2086
+			APOLLO_SOCKET=$TS APOLLO_LIBCUBLASLT=off tmo 90 "$CLIENT" check "$d" --target "$WG" --unvalidated \
+				--repeat "$REPEAT" --profile $tol >"$d/apollo_tuned.out" 2>&1 </dev/null
+			APOLLO_SOCKET=$TS APOLLO_LIBCUBLASLT=off tmo 60 "$CLIENT" submit "$d/model.onnx" --target "$WG" \
+				--unvalidated --explain -o "$W/tuned.pb" >"$d/tuned_explain.out" 2>&1 </dev/null
+			say "tuned ${d##*/}: $(sed -n 's/^ *emitter //p' "$d/tuned_explain.out" | head -1); $(sed -n 's/^tuning: //p' "$d/tuned_explain.out" | head -1)"
+		done
+	done
+	APOLLO_SOCKET=$TS timeout 10 "$CLIENT" stats 2>&1 | grep '^background tuner' | sed 's/^/tuned: /' | tee -a "$SUM"
+	kill "$TPID" 2>/dev/null
+	wait "$TPID" 2>/dev/null
+}
 
 # ---- apollod ------------------------------------------------------------------------------
 step daemon
@@ -408,6 +465,17 @@ else
 				--repeat "$REPEAT" --profile $tol >"$d/apollo_new.out" 2>&1 </dev/null ;;
 		esac
 	done
+	# ... and tuned by measurement (variant tuned): issue 25's rows in
+	# float16 and bfloat16, built for sm_90a with --unvalidated by a second
+	# apollod whose background tuner times each kernel's candidates on this
+	# GPU (Apollo's kernels: APOLLO_LIBCUBLASLT=off) and keeps the fastest
+	# as a measured record; then checked and timed as built from them
+	TUNED=${DEVICE_CHECK_TUNED_SHAPES-square_2048,square_4096,square_8192,attn_s2048_d64,attn_s2048_d128}
+	if [ -n "$WG" ] && [ -n "$TUNED" ] && [ "$(left)" -gt 150 ]; then
+		tuned_step "$TUNED"
+	elif [ -n "$WG" ] && [ -n "$TUNED" ]; then
+		say "tuned: not run ($(left) s left of the budget)"
+	fi
 	rh=
 	[ "$MODE" = rehearsal ] && rh=--rehearsal
 	# shellcheck disable=SC2086
@@ -419,8 +487,8 @@ else
 	[ -n "$gf" ] || gf=1
 	[ "$gf" -eq 0 ] || FAILS=$((FAILS + gf))
 	mkdir -p "$LOGS/gemm"
-	for d in $f32 $f16; do
-		for o in "$d"/apollo_*.out; do
+	for d in $f32 $f16 $bf16; do
+		for o in "$d"/apollo_*.out "$d"/tuned_*.out; do
 			[ -f "$o" ] && cp "$o" "$LOGS/gemm/${d##*/}_${o##*/}"
 		done
 	done
