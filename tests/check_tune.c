@@ -421,19 +421,21 @@ START_TEST(tma_only_when_asked)
 END_TEST
 
 /* The warp-specialised GEMM's large tile (gemm.c gm_choose): asked for the
- * new forms on sm_90a, 4096^3 and 8192^3 float16 take 128 x 256 (two
+ * new forms on sm_90a, 2048^3 to 8192^3 float16 take 128 x 256 (two
  * consumer warpgroups of m64n256, 128 accumulators a thread: 160
- * registers modelled, not a spill) -- a third less L2 traffic than 128 x
- * 128, modelled faster than cuBLASLt's call, so the kernel, lib=0 --
- * while 2048^3, whose 128 tiles of 128 x 256 would leave SMs idle, keeps
- * 128 x 128; not asked, the tile stays 128 x 128. */
+ * registers modelled, not a spill; two stages of 384 x 64 elements in
+ * flight) -- a third less L2 traffic than 128 x 128, modelled faster than
+ * cuBLASLt's call, so the kernel, lib=0 -- while 1024^3, whose 32 tiles of
+ * 128 x 256 would leave most SMs idle, keeps 128 x 128 or less; not
+ * asked, the tile stays 128 x 128. */
 START_TEST(wgmma_large_tile)
 {
 	static const struct {
 		int64_t n;
 		bool asked;
 		int bn, lib;
-	} cs[] = { {4096, true, 256, 0}, {8192, true, 256, 0}, {2048, true, 128, -1}, {4096, false, 128, -1} };
+	} cs[] = { {4096, true, 256, 0}, {8192, true, 256, 0}, {2048, true, 256, 0}, {1024, true, 128, -1},
+		   {4096, false, 128, -1} };
 
 	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
 		ap_graph *g = matmul_graph(cs[i].n, cs[i].n, cs[i].n, false);
@@ -461,7 +463,8 @@ START_TEST(wgmma_large_tile)
 		ck_assert_int_eq(dflt.v[knob_ix(&sp, "bm")], 128);
 		ck_assert_int_eq(dflt.v[knob_ix(&sp, "bn")], cs[i].bn);
 		ck_assert_int_eq(r.best.v[knob_ix(&sp, "bm")], 128);
-		ck_assert_int_eq(r.best.v[knob_ix(&sp, "bn")], cs[i].bn);
+		ck_assert_int_le(r.best.v[knob_ix(&sp, "bn")], cs[i].bn);
+		ck_assert_int_ge(r.best.v[knob_ix(&sp, "bn")], cs[i].bn / 2);
 		if (cs[i].asked)
 			ck_assert_int_eq(r.best.v[knob_ix(&sp, "tma")], 2);
 		if (cs[i].lib >= 0)
@@ -472,6 +475,7 @@ START_TEST(wgmma_large_tile)
 			own.v[knob_ix(&sp, "lib")] = 0;
 			ck_assert_int_eq(ap_traffic_of(b, &own, &tr), 0);
 			ck_assert_uint_eq(tr.regs, 160);   /* 128 accumulators and 32 more */
+			ck_assert_double_eq(tr.inflight_bytes, 2.0 * (128 + 256) * 64 * 2);
 			ck_assert(isfinite(ap_cost_schedule_us(&tr, &t)));
 		}
 		mgraph_free(m);
@@ -1705,6 +1709,9 @@ START_TEST(refined_us_reads_ptxas)
 	memset(&tr, 0, sizeof(tr));
 	ck_assert_int_eq(ap_traffic_of(B(em, m, &ti), &s, &tr), 0);
 	ck_assert_uint_gt(tr.regs, 0);
+	/* synchronous loads (no copies in flight): fewer resident threads
+	 * stretch DRAM's time */
+	tr.inflight_bytes = 0;
 	base = ap_cost_schedule_us(&tr, &ti);
 	ck_assert(isfinite(base) && base > 0);
 	/* ptxas agreeing with the estimate: the model's own time */

@@ -1098,13 +1098,14 @@ static int gm_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 			/* warp specialised, a large product: two consumer
 			 * warpgroups of 64 x 256 (CUTLASS's and cuBLAS's Hopper
 			 * tile: a third fewer L2 re-reads than 128 x 128, an
-			 * m64n256k16 a K step) where the tiles still fill a wave;
-			 * the search can go back to smaller tiles */
+			 * m64n256k16 a K step) where the tiles fill at least half
+			 * the SMs; the search, which prices the idle SMs against
+			 * the L2 traffic saved, can go back to smaller tiles */
 			if (d.tma >= 2 && d.bm == 128 && d.tm == 2 && d.bn == 128 && d.tn == 1 && d.splitk == 1) {
 				gemm_cfg e = d;
 
 				e.bn = 256;
-				if (p->tb * ((p->Mr + e.bm - 1) / e.bm) * ((p->N + e.bn - 1) / e.bn) >= (int64_t)t->sm_count &&
+				if (2 * p->tb * ((p->Mr + e.bm - 1) / e.bm) * ((p->N + e.bn - 1) / e.bn) >= (int64_t)t->sm_count &&
 				    ap__gemm_cfg_valid(p, &e, t) && live_values(p, &e, t) <= WG_LIVE_BUDGET)
 					d = e;
 			}
@@ -1313,6 +1314,15 @@ static int gm_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 
 		out->tile_bytes = es * (double)p->tb * (double)p->K * ((double)p->Mr * cols + (double)p->N * rows);
 		out->shared_read = es * macs * (1.0 / fm + 1.0 / fn);
+		/* a pipeline keeps the stages ahead of the one computed on in
+		 * flight (cp.async groups, TMA boxes; no more than the block's
+		 * K tiles): DRAM's latency covered without many resident
+		 * threads (cost.h inflight_bytes) */
+		if (t->gpu && c->stages > 1) {
+			int64_t kt = (p->K / c->splitk + c->bk - 1) / c->bk, ahead = c->stages - 1 < kt ? c->stages - 1 : kt;
+
+			out->inflight_bytes = (double)ahead * (double)(c->bm + c->bn) * (double)c->bk * es;
+		}
 		/* split-K: each block writes its partial tile, and the cluster reads
 		 * them all back once */
 		if (c->splitk > 1)
