@@ -200,6 +200,8 @@ typedef struct case_opts {
 } case_opts;
 
 static const case_opts *g_opts;      /* set around run_case_opts */
+static const char *g_golden_target;  /* the target of run_case's golden default kernel (NULL: sm_80;
+					a micro-graph only sm_90a's wgmma builds: sm_90a) */
 static unsigned g_sms;               /* > 0: the target's SM count for the sweep (a persistent
 					grid of few blocks, each walking several tiles) */
 static bool g_unvalidated;           /* the sweep's target asks for the forms not yet run on a
@@ -538,7 +540,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 		ap_kir_kernel *k;
 		char *cuda, *ptx;
 
-		ck_assert_int_eq(ap_cost_target("sm_80", &gi), 0);
+		ck_assert_int_eq(ap_cost_target(g_golden_target ? g_golden_target : "sm_80", &gi), 0);
 		gi.max_threads_per_block = 256;
 		gi.allow_tf32 = ti.allow_tf32;
 		k = ap_lower_mgraph(m, &gi, lc->name, &lo, NULL, &err);
@@ -2224,6 +2226,40 @@ START_TEST(attention_wgmma_tma)
 }
 END_TEST
 
+/* Head dims past mma.sync's 128 on wgmma (sm_90a: Q read from shared
+ * memory, one m64nDv accumulator, Dv up to 256): float16 at 256 (128-byte
+ * swizzles, four TMA boxes a row of Q and K) and bfloat16 at 160 / 144
+ * with the statistics (64- and 32-byte swizzles, padded head dims), 150
+ * keys in several tiles, every configuration the sampled sweep runs checked
+ * on the host against float64; the default kernel for sm_90a without
+ * spills.  Without wgmma (sm_90) the attention emitter refuses them,
+ * saying so. */
+START_TEST(attention_wgmma_wide_heads)
+{
+	static const att_case f16 = {"attention_wg_d256_f16", AP_DT_F16, 1, 2, 70, 150, 256, 256, false, "sm_90a", 4e-3};
+	static const att_case bf16 = {"attention_wg_d160_bf16_stats", AP_DT_BF16, 1, 2, 70, 150, 160, 144, true, "sm_90a",
+				      2e-2};
+	lcase l1 = {f16.name, "attention", {"wgmma"}, {"wgmma.mma_async"}};
+	lcase l2 = {bf16.name, "attention", {"wgmma"}, {"wgmma.mma_async"}};
+	ap_graph *g = attention_graph(&f16);
+	ap_mgraph *m = whole(g, AP_GROUP_ATTENTION);
+	ap_target_info ti;
+	char why[256];
+
+	ck_assert_int_eq(ap_cost_target("sm_90", &ti), 0);
+	ck_assert_int_eq(ap_lower_attention_ok(m, &ti, why, sizeof(why)), 0);
+	ck_assert_msg(strstr(why, "at most 128 in registers (256 on wgmma)"), "%s", why);
+	ck_assert_int_eq(ap_cost_target("sm_90a", &ti), 0);
+	ck_assert_int_eq(ap_lower_attention_ok(m, &ti, why, sizeof(why)), 1);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+	g_golden_target = "sm_90a";
+	run_attention_case(&f16, &l1);
+	run_attention_case(&bf16, &l2);
+	g_golden_target = NULL;
+}
+END_TEST
+
 /* The attention forward warp specialised with a copying producer (knob
  * tma=3, attention_tc.c ws_produce): head dims 16 and 12 (V's tile
  * padded to 16, a 32-byte swizzle; no tensor map takes these operands),
@@ -3013,6 +3049,7 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, attention_wgmma_overlap);
 	tcase_add_test(tc, attention_wgmma_tma);
 	tcase_add_test(tc, attention_ws_copies);
+	tcase_add_test(tc, attention_wgmma_wide_heads);
 	tcase_add_test(tc, sview_expand);
 	tcase_add_test(tc, attention_record_before_overlap);
 	tcase_add_test(tc, attention_overlap_unvalidated);

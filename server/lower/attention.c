@@ -232,9 +232,13 @@ static int check_shapes(const ap_graph *g, const ap_target_info *t, att_plan *p,
 		p->aw[r] = ap_sview_copy_width(g, r == 0 ? p->q : r == 1 ? p->kt : p->v, r == 1, &p->sv[r], &p->leaf[r]);
 	p->kv_tma = p->tc && p->leaf[1] != p->leaf[2] && ap__att_op_tma(g, p, 1) && ap__att_op_tma(g, p, 2);
 	p->q_tma = p->kv_tma && p->leaf[0] != p->leaf[1] && p->leaf[0] != p->leaf[2] && ap__att_op_tma(g, p, 0);
-	if (p->tc && (p->D > TC_HEAD_MAX || p->Dv > TC_HEAD_MAX)) {
-		snprintf(why, cap, "head dims %lld and %lld: the tensor-core form holds at most %d in registers",
-			 (long long)p->D, (long long)p->Dv, TC_HEAD_MAX);
+	/* mma.sync holds Q's fragments and the output in registers; wgmma
+	 * reads Q from shared memory and keeps one m64nDv accumulator (Dv up
+	 * to 256, one wgmma's N): whole warpgroups only past TC_HEAD_MAX */
+	if (p->tc && (p->D > TC_HEAD_MAX || p->Dv > TC_HEAD_MAX) &&
+	    !(tc_wg(p, t) && p->D <= TC_WG_HEAD_MAX && p->Dv <= TC_WG_HEAD_MAX)) {
+		snprintf(why, cap, "head dims %lld and %lld: the tensor-core form holds at most %d in registers "
+			 "(%d on wgmma)", (long long)p->D, (long long)p->Dv, TC_HEAD_MAX, TC_WG_HEAD_MAX);
 		return 0;
 	}
 	/* shared memory: the K and V tiles, the rows' queries and probabilities
@@ -489,11 +493,15 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 		/* wgmma: up to 128 keys a tile (Q's re-reads from shared memory
 		 * and the output's rescale amortised over more keys), fewer
 		 * where the registers of the warpgroups and a producer's would
-		 * not fit the SM's file (tc_traffic) */
+		 * not fit the SM's file (tc_traffic), or past 224 estimated: the
+		 * estimate leaves out what the statistics' outputs and bfloat16's
+		 * conversions add (ptxas, sm_90a: head dim 128 at 128 keys 221
+		 * registers; 160 / 144 in bfloat16 with the statistics, estimated
+		 * 232, takes 255 and spills) */
 		unsigned threads = 32u * (unsigned)W + 128u;
 
 		BK = p->Nk > 64 ? 128 : BK;
-		while (BK > 16 && (tc_regs(p, t, W, BK) > 255 || tc_regs(p, t, W, BK) * threads > t->regs_per_sm))
+		while (BK > 16 && (tc_regs(p, t, W, BK) > 224 || tc_regs(p, t, W, BK) * threads > t->regs_per_sm))
 			BK /= 2;
 	}
 	while (W > 1 && !tc_fits(p, t, W, BK))
@@ -559,8 +567,9 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 		r->smem = (unsigned)((KEYS * (p->D + 1 + p->Dv) + r->w * (p->D + KEYS)) * ap_dtype_size(p->acc));
 	}
 	rc = !p->tc || tc_fits(p, b->t, r->w, r->bk);
-	/* sm_90a: whole warpgroups (wgmma) wherever a warpgroup's tiles fit */
-	if (rc && tc_wg(p, b->t) && r->w % 4 && tc_fits(p, b->t, 4, 16))
+	/* sm_90a: whole warpgroups (wgmma) wherever a warpgroup's tiles fit,
+	 * and always past mma.sync's head dims */
+	if (rc && tc_wg(p, b->t) && r->w % 4 && (tc_fits(p, b->t, 4, 16) || p->D > TC_HEAD_MAX || p->Dv > TC_HEAD_MAX))
 		rc = 0;
 	/* the overlap is a form of the wgmma kernel */
 	if (rc && r->overlap && (!tc_overlap_fits(p, b->t) || r->w % 4))

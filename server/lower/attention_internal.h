@@ -13,6 +13,7 @@
 
 #define KEYS 32                     /* SIMT: keys per tile, one per lane */
 #define TC_HEAD_MAX 128             /* tensor cores: the largest head dim (registers) */
+#define TC_WG_HEAD_MAX 256          /* ... on wgmma (Q from shared memory; one wgmma's N) */
 #define TC_PAD 8                    /* tensor cores: elements padding a shared row (16 bytes:
 				       ldmatrix's eight rows fall in distinct banks) */
 
