@@ -628,12 +628,9 @@ static int at_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_er
  *     memory by every S = Q K^T) reads the K and V tiles: a small tile
  *     re-reads Q for fewer keys;
  *   - L2: every query block reads K and V whole, and its Q (tile_bytes);
- *   - registers: the scores (BK / 2 a thread), their 16-bit copy (BK / 4),
- *     the output (Dv / 2), on mma.sync Q's fragments (D / 4), and about
- *     32 for addresses and the row state (ptxas's counts for sm_90a's
- *     kernels at head dims 64 and 128, keys 32 to 128, with the overlap's
- *     second probability tile: within a few registers, above them without
- *     it);
+ *   - registers (tc_regs: ptxas's counts for sm_90a's kernels at head
+ *     dims 64 and 128, keys 32 to 128, are within a few registers of it
+ *     with the overlap, below it without);
  *   - the softmax's SIMT work beside the products: per score about six
  *     FP32-pipe operations (scale, max, the exponent's argument, sum, the
  *     16-bit conversion) and one exponential on the special-function unit

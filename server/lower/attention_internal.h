@@ -195,10 +195,11 @@ static inline bool tc_fits(const att_plan *p, const ap_target_info *t, int W, in
 }
 
 /* Registers a thread of W warps and BK keys a tile holds, estimated: the
- * scores (BK / 2), their 16-bit copy (BK / 4), the output (Dv / 2), on
- * mma.sync Q's fragments (D / 4), about 32 for addresses and the row
- * state, and as much again as the copy for the overlap's second
- * probability tile (attention.c tc_traffic: ptxas's counts at sm_90a).  */
+ * scores (BK / 2), their 16-bit copy (BK / 4) and the overlap's second
+ * copy (BK / 4, counted with or without the overlap), the output
+ * (Dv / 2), on mma.sync Q's fragments (D / 4), and about 32 for
+ * addresses and the row state (attention.c tc_traffic: ptxas's counts at
+ * sm_90a). */
 static inline unsigned tc_regs(const att_plan *p, const ap_target_info *t, int W, int BK)
 {
 	bool wg = tc_wg(p, t) && W % 4 == 0;
