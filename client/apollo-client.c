@@ -2027,7 +2027,7 @@ static int tune_parse(int argc, char **argv, model_args *m, tune_opts *o, bool *
 	o->submit.target = "sm_90";
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-		int took = strcmp(a, "--target") ? compile_option(a, v, &o->submit, &o->barriers, &o->whole) : 0;
+		int took = compile_option(a, v, &o->submit, &o->barriers, &o->whole);   /* --target too */
 
 		if (took < 0) {
 			model_args_clear(m);
@@ -2035,8 +2035,6 @@ static int tune_parse(int argc, char **argv, model_args *m, tune_opts *o, bool *
 		}
 		if (took) {
 			i += took - 1;
-		} else if (!strcmp(a, "--target") && v) {
-			o->submit.target = argv[++i];
 		} else if (!strcmp(a, "--format") && v) {
 			if (strcmp(v, "ptx") && strcmp(v, "cubin")) {
 				model_args_clear(m);
@@ -2143,16 +2141,11 @@ static int cmd_tune(int argc, char **argv)
 	int rc = 1;
 
 	ap_error_clear(&err);
-	if ((rc = tune_parse(argc, argv, &m, &o, &dry)) == 0 && !strcmp(o.submit.target, "cpu")) {
-		model_args_clear(&m);
+	if ((rc = tune_parse(argc, argv, &m, &o, &dry)) == 0 && !strcmp(o.submit.target, "cpu"))
 		rc = usage_error("the host target is tuned by the cost model alone; give a GPU "
 				 "target (--target sm_90)");
-	}
-	if (rc) {
-		free((void *)o.barriers);
-		free((void *)o.whole);
-		return rc;
-	}
+	if (rc)
+		goto out;
 	rc = 1;
 	if (load_model(&m, &buf, &len, &io, &is_onnx, &err) < 0) {
 		fail("tune", &err);

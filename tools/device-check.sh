@@ -189,6 +189,18 @@ if [ -z "${APOLLO_NVRTC-}" ] && ! ls "${CUDA_HOME:-/usr/local/cuda}"/lib64/libnv
 	[ -n "$f" ] && export APOLLO_NVRTC="$f" && say "NVRTC: $f (APOLLO_NVRTC)"
 fi
 
+# wait_daemon PID SOCKET: until apollod PID answers a ping on SOCKET (0),
+# or it exits or 30 s pass (1).
+wait_daemon() {
+	i=0
+	while ! APOLLO_SOCKET=$2 timeout 5 "$CLIENT" ping >"$W/ping" 2>&1; do
+		i=$((i + 1))
+		{ [ $i -gt 150 ] || ! kill -0 "$1" 2>/dev/null; } && return 1
+		sleep 0.2
+	done
+	return 0
+}
+
 # tuned_step SHAPES: the variant `tuned` of bench/gemm_device.py (see its
 # caller in the GEMM step): a second apollod (its own socket and cache,
 # background tuner measuring on the device), per folder a build, the wait
@@ -199,16 +211,11 @@ tuned_step() {
 	APOLLO_LIBCUBLASLT=off "$APOLLOD" --socket "$TS" --cache "$W/tuned.db" --tune-measure --no-tune-refine \
 		>"$LOGS/apollod_tuned.log" 2>&1 &
 	TPID=$!
-	i=0
-	while ! APOLLO_SOCKET=$TS timeout 5 "$CLIENT" ping >/dev/null 2>&1; do
-		i=$((i + 1))
-		if [ $i -gt 150 ] || ! kill -0 "$TPID" 2>/dev/null; then
-			say "tuned: FAIL: the tuning apollod did not start (logs/apollod_tuned.log)"
-			FAILS=$((FAILS + 1))
-			return
-		fi
-		sleep 0.2
-	done
+	if ! wait_daemon "$TPID" "$TS"; then
+		say "tuned: FAIL: the tuning apollod did not start (logs/apollod_tuned.log)"
+		FAILS=$((FAILS + 1))
+		return
+	fi
 	n=0
 	for s in $(echo "$1" | tr ',' ' '); do
 		for d in "$G/${s}__float16" "$G/${s}__bfloat16"; do
@@ -246,16 +253,11 @@ step daemon
 "$APOLLOD" --socket "$APOLLO_SOCKET" --cache "$W/cache.db" --no-tune-measure --no-tune-refine \
 	>"$LOGS/apollod.log" 2>&1 &
 AP_PID=$!
-i=0
-while ! timeout 5 "$CLIENT" ping >"$W/ping" 2>&1; do
-	i=$((i + 1))
-	if [ $i -gt 150 ] || ! kill -0 "$AP_PID" 2>/dev/null; then
-		AP_PID=
-		tail -20 "$LOGS/apollod.log" | sed 's/^/  apollod: /' >>"$SUM"
-		fatal "apollod did not start (its log above; ldd in logs/ldd.txt)"
-	fi
-	sleep 0.2
-done
+if ! wait_daemon "$AP_PID" "$APOLLO_SOCKET"; then
+	AP_PID=
+	tail -20 "$LOGS/apollod.log" | sed 's/^/  apollod: /' >>"$SUM"
+	fatal "apollod did not start (its log above; ldd in logs/ldd.txt)"
+fi
 say "apollod: $(head -1 "$W/ping" | cut -c1-160)"
 grep -q "NVRTC none" "$W/ping" && say "apollod: WARNING: no NVRTC (no CUDA toolkit found; set APOLLO_NVRTC to a libnvrtc.so): GPU targets will fail"
 step_end ok

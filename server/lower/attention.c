@@ -501,7 +501,7 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 		unsigned threads = 32u * (unsigned)W + 128u;
 
 		BK = p->Nk > 64 ? 128 : BK;
-		while (BK > 16 && (tc_regs(p, t, W, BK) > 224 || tc_regs(p, t, W, BK) * threads > t->regs_per_sm))
+		while (BK > 16 && (tc_regs(p, t, W, BK) > 224 || !tc_regs_fit(p, t, W, BK, threads)))
 			BK /= 2;
 	}
 	while (W > 1 && !tc_fits(p, t, W, BK))
@@ -589,7 +589,7 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 	/* the registers of the whole block (a producer's warpgroup too: it
 	 * gets as many) within the SM's file, or ptxas, bound by the block's
 	 * size, would spill (tc_regs is an estimate, on the safe side) */
-	if (rc && p->tc && b->t->gpu && b->t->regs_per_sm && tc_regs(p, b->t, r->w, r->bk) * r->threads > b->t->regs_per_sm)
+	if (rc && p->tc && !tc_regs_fit(p, b->t, r->w, r->bk, r->threads))
 		rc = 0;
 	return rc;
 }

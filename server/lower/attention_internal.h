@@ -207,6 +207,13 @@ static inline unsigned tc_regs(const att_plan *p, const ap_target_info *t, int W
 	return (unsigned)(32 + BK + tc_dvpad(p) / 2 + (wg ? 0 : tc_dpad(p) / 4));
 }
 
+/* Whether a block of `threads` threads holding tc_regs each fits the SM's
+ * register file (else ptxas, bound by the block's size, would spill). */
+static inline bool tc_regs_fit(const att_plan *p, const ap_target_info *t, int W, int BK, unsigned threads)
+{
+	return !t->gpu || !t->regs_per_sm || tc_regs(p, t, W, BK) * threads <= t->regs_per_sm;
+}
+
 typedef struct actx {
 	const att_plan *p;
 	ap_vctx *v;

@@ -812,6 +812,12 @@ static int64_t live_budget(const gemm_plan *p)
 	return p->wg ? WG_LIVE_BUDGET : LIVE_BUDGET;
 }
 
+/* Output tiles of c over every batch (the grid before split-K). */
+static int64_t tiles_of(const gemm_plan *p, const gemm_cfg *c)
+{
+	return p->tb * ((p->Mr + c->bm - 1) / c->bm) * ((p->N + c->bn - 1) / c->bn);
+}
+
 /* The analysis (ap__gemm_analyze), kept for the binding. */
 static int gm_bind(const ap_mgraph *m, const ap_target_info *t, void **an, char *why, size_t cap)
 {
@@ -1055,7 +1061,7 @@ static int gm_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 	/* split-K on GPUs when the tiles leave most SMs idle: the most blocks
 	 * per tile that still fit the SMs, each slice at least 4 K tiles */
 	if (sp->n > K_SPLITK) {
-		int64_t tiles = p->tb * ((p->Mr + c.bm - 1) / c.bm) * ((p->N + c.bn - 1) / c.bn);
+		int64_t tiles = tiles_of(p, &c);
 		int64_t kt = (p->K + c.bk - 1) / c.bk;
 
 		s->v[K_SPLITK] = 1;
@@ -1105,7 +1111,7 @@ static int gm_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 				gemm_cfg e = d;
 
 				e.bn = 256;
-				if (2 * p->tb * ((p->Mr + e.bm - 1) / e.bm) * ((p->N + e.bn - 1) / e.bn) >= (int64_t)t->sm_count &&
+				if (2 * tiles_of(p, &e) >= (int64_t)t->sm_count &&
 				    ap__gemm_cfg_valid(p, &e, t) && live_values(p, &e, t) <= WG_LIVE_BUDGET)
 					d = e;
 			}
@@ -1296,7 +1302,7 @@ static int gm_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 	 * are persistent, one an SM at most, so its registers do not change
 	 * residency) */
 	out->threads = r->threads - (c->tma >= 2 ? 128u : 0u);
-	out->blocks = ap_grid_for(p->tb * ((p->Mr + c->bm - 1) / c->bm) * ((p->N + c->bn - 1) / c->bn), 1) *
+	out->blocks = ap_grid_for(tiles_of(p, c), 1) *
 		      (unsigned)c->splitk;
 	out->shared_bytes = (unsigned)r->smem;
 	out->tensor_cores = p->tc;
