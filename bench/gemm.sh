@@ -92,14 +92,14 @@ if [ -n "$gpu" ]; then
 fi
 # the K loop's instruction mix read from SASS (bench/gemm_sass.py, needs
 # NVRTC and nvdisasm): HMMA (FFMA) per issued instruction of the 4096^3
-# products the daemon builds for sm_90, and the 16-bit ones for sm_90a
-# (HGMMA: wgmma), float16 also in the TMA form (--tma: warp specialised,
+# products the daemon builds for sm_90, and the 16-bit and TF32 ones for
+# sm_90a (HGMMA: wgmma), float16 also in the TMA form (--tma: warp specialised,
 # the consumers' K loop read here -- no barrier, no LDGSTS; the producer's
 # loop holds the UTMALDG)
 export APOLLO_LIB="$APOLLO_BUILD/libapollo-client.so"
 for args in "--size 4096" "--size 4096 --dtype bfloat16" "--size 4096 --dtype float32 --allow-tf32" \
 	"--size 4096 --dtype float32" "--size 4096 --target sm_90a" "--size 4096 --dtype bfloat16 --target sm_90a" \
-	"--size 4096 --target sm_90a --tma"; do
+	"--size 4096 --dtype float32 --allow-tf32 --target sm_90a" "--size 4096 --target sm_90a --tma"; do
 	# shellcheck disable=SC2086
 	"$PY" bench/gemm_sass.py $args >>"$out/sass.txt" 2>&1 ||
 		echo "bench/gemm_sass.py $args: failed (see above)" >>"$out/sass.txt"

@@ -445,19 +445,21 @@ static ap_graph *product_graph(const product *p)
 }
 
 /* The reference in float64 over the operands the tensor cores read (TF32
- * keeps 10 mantissa bits; float16 inputs are exact). */
-static double tf32(double v)
+ * keeps 10 mantissa bits; float16 inputs are exact): tf 1 rounds to
+ * nearest (mma.sync's operands, cvt.rna), 2 drops the 13 low bits (what
+ * wgmma reads from shared memory), 0 keeps float32. */
+static double tf32(double v, int tf)
 {
 	float f = (float)v;
 	uint32_t u;
 
 	memcpy(&u, &f, 4);
-	u = (u + 0x1000u) & ~0x1fffu;
+	u = (tf == 2 ? u : u + 0x1000u) & ~0x1fffu;
 	memcpy(&f, &u, 4);
 	return f;
 }
 
-static void product_data(product *p, bool tf)
+static void product_data(product *p, int tf)
 {
 	unsigned long long seed = 0x2545f4914f6cdd1dull;
 
@@ -484,7 +486,7 @@ static void product_data(product *p, bool tf)
 			double acc = 0;
 
 			for (int64_t k = 0; k < p->k; k++)
-				acc += (tf ? tf32(p->x[i * p->k + k]) * tf32(p->w[k * p->n + j])
+				acc += (tf ? tf32(p->x[i * p->k + k], tf) * tf32(p->w[k * p->n + j], tf)
 					   : (double)p->x[i * p->k + k] * p->w[k * p->n + j]);
 			p->want[i * p->n + j] = acc + (p->bias ? p->b[j] : 0);
 		}
@@ -514,6 +516,8 @@ static bool g_other_order;           /* a run under another coroutine order: the
 					checks of tma_cuda_checks were made already */
 static unsigned g_sms;
 static int g_bn;                     /* > 0: the GEMM's bn knob set to it too */
+static const char *g_cuda_has;       /* set: the kernel's CUDA holds it, compiles for
+					sm_90a without spills, HGMMA in its SASS */
 
 /* The SASS of cubin bin (nvdisasm from PyPI's wheel in .venv), malloc'd;
  * NULL when there is no nvdisasm. */
@@ -605,6 +609,40 @@ static void tma_cuda_checks(ap_kir_kernel *k)
 	free(cuda);
 }
 
+/* The kernel's CUDA holds `needle`, compiles for sm_90a without spills,
+ * and (where nvdisasm is in .venv) its SASS has HGMMA. */
+static void wgmma_cuda_checks(ap_kir_kernel *k, const char *needle)
+{
+	ap_error err;
+	char *cuda = ap_kir_print(k, AP_KIR_CUDA, &err), *sass;
+	ap_ptxas_stats st;
+	uint8_t *bin = NULL;
+	size_t len = 0;
+
+	ck_assert_msg(cuda != NULL, "%s", err.msg);
+	ck_assert_msg(strstr(cuda, needle), "no %s in the kernel's CUDA", needle);
+	if (ap_nvrtc_load(&err) != 0) {
+		printf("SKIP NVRTC compile of the wgmma GEMM: %s\n", err.msg);
+		free(cuda);
+		return;
+	}
+	ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, k->name, "sm_90a", &st, &err) == 0, "%s", err.msg);
+	ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0, "the wgmma GEMM spills %d / %d bytes",
+		      st.spill_store_bytes, st.spill_load_bytes);
+	ck_assert_msg(ap_nvrtc_compile(cuda, k->name, "sm_90a", true, &bin, &len, &err) == 0, "%s", err.msg);
+	sass = sass_of(bin, len);
+	if (sass) {
+		ck_assert_msg(strstr(sass, "HGMMA"), "no HGMMA in the wgmma GEMM's SASS");
+		printf("check_hostcheck: %s GEMM for sm_90a (tma=%d): %d registers, no spills, HGMMA in its SASS\n",
+		       needle, g_tma, st.registers);
+		free(sass);
+	} else {
+		printf("SKIP the wgmma GEMM's SASS: no nvdisasm in .venv\n");
+	}
+	free(bin);
+	free(cuda);
+}
+
 /* Lowers the product for g_target (TF32 allowed when `tf`), injects `bug`,
  * prints it in the checking mode, runs it over every block and returns the
  * checker's count (its messages in `msg`).  With no bug, the result must
@@ -651,6 +689,8 @@ static unsigned run_checked(product *p, bool tf, sync_bug bug, bool cluster, dou
 	ck_assert_msg(!cluster || k->cluster > 1, "the default rule does not split K here");
 	if (g_tma && bug == BUG_NONE && !g_other_order)
 		tma_cuda_checks(k);
+	if (g_cuda_has && bug == BUG_NONE && !g_other_order)
+		wgmma_cuda_checks(k, g_cuda_has);
 	*sites = inject(k, &k->body, bug);
 	src = ap_kir_print(k, AP_KIR_HOST_CHECK, &err);
 	ck_assert_msg(src != NULL, "%s", err.msg);
@@ -1027,6 +1067,52 @@ START_TEST(ws_gemm_large_tile)
 	g_sms = 0;
 	g_target = "sm_90";
 	product_free(&p);
+}
+END_TEST
+
+/* TF32 on wgmma (sm_90a: m64nNk8 .tf32, both operands K-major in shared
+ * memory): a linear layer's weight (n x k, K contiguous) and a plain one
+ * (k x n: N contiguous, copied element by element into a K-major tile),
+ * under the default rule (cp.async by every thread), the warp-specialised
+ * TMA form where both operands are tensor maps (the linear layer), and
+ * the copying producer; listed and reverse orders.  Clean, and equal to
+ * the float64 product of the operands truncated to TF32 (what wgmma
+ * reads; rounding them instead is off by more than the tolerance). */
+START_TEST(tf32_wgmma_gemm)
+{
+	static const char *const orders[] = { "listed", "reverse" };
+	char msg[2048];
+	int sites;
+
+	g_target = "sm_90a";
+	g_sms = 1;
+	g_cuda_has = "k8.f32.tf32.tf32";
+	for (int wt = 0; wt < 2; wt++) {
+		product p = { .m = 150, .k = 136, .n = 200, .dt = AP_DT_F32, .bias = true, .wt = wt };
+
+		product_data(&p, 2);
+		for (int tma = 0; tma <= 3; tma++) {
+			if (tma == 1 || (tma == 2 && !wt))   /* maps: K-major operands only */
+				continue;
+			for (int o = 0; o < 2; o++) {
+				g_tma = tma;
+				g_other_order = o > 0;
+				setenv("APOLLO_HOSTCHECK_SCHEDULE", orders[o], 1);
+				ck_assert_msg(run_checked(&p, true, BUG_NONE, false, 1e-4, &sites, msg, sizeof(msg)) == 0,
+					      "TF32 wgmma, w %s, tma=%d, %s order: %s", wt ? "n x k" : "k x n", tma,
+					      orders[o], msg);
+				printf("check_hostcheck: TF32 wgmma GEMM, w %s, tma=%d, %s order: clean, equal to float64\n",
+				       wt ? "n x k" : "k x n", tma, orders[o]);
+			}
+		}
+		product_free(&p);
+	}
+	unsetenv("APOLLO_HOSTCHECK_SCHEDULE");
+	g_cuda_has = NULL;
+	g_other_order = false;
+	g_tma = 0;
+	g_sms = 0;
+	g_target = "sm_90";
 }
 END_TEST
 
@@ -2019,6 +2105,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, tma_gemm_bugs_found);
 	tcase_add_test(tc, ws_gemm_bugs_found);
 	tcase_add_test(tc, ws_gemm_large_tile);
+	tcase_add_test(tc, tf32_wgmma_gemm);
 	tcase_add_test(tc, ws_copy_gemm_bugs_found);
 	tcase_add_test(tc, unit_mbarrier);
 	tcase_add_test(tc, unit_arms_wgmma);

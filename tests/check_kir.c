@@ -2312,64 +2312,96 @@ END_TEST
 /* ---- wgmma (sm_90a) ---------------------------------------------------- */
 
 /* Byte offset of element (r, k) -- r along M or N, k along K -- of a
- * wgmma operand of 16-bit elements, written as the test's own walk over
- * its pieces rather than the descriptor's address arithmetic.  Without
- * swizzling (sw 0): core matrices (8 x 16 bytes), core (r / 8, k / 8)
- * of a K-major operand, (r / 8, k / 8) of an MN-major one whose rows run
- * along K; each core matrix's place from its coordinates and the two
- * byte offsets, then the element's place inside it.  With a swizzle of
- * sw bytes: atoms of 8 rows of sw bytes (rows along M or N for K-major,
+ * wgmma operand of es-byte elements (E = 16 / es of them in 16 bytes),
+ * written as the test's own walk over its pieces rather than the
+ * descriptor's address arithmetic.  Without swizzling (sw 0): core
+ * matrices of 8 rows of 16 bytes -- K-major, 8 values of r each holding
+ * E consecutive k; MN-major, 8 values of k each holding E consecutive r
+ * -- each core matrix's place from its coordinates and the two byte
+ * offsets, then the element's place inside it.  With a swizzle of sw
+ * bytes: atoms of 8 rows of sw bytes (rows along M or N for K-major,
  * along K for MN-major), each row sw / 16 chunks of 16 bytes; the
  * element's chunk c in its row is stored at chunk c ^ x, x the row's
  * index within the atom scaled to the chunks the pattern permutes --
  * (row * sw / 128) -- the PTX ISA's swizzle-atom figures read as a
  * table.  Atoms lie SBO apart across 8-row groups and (MN-major) LBO
  * apart along M or N, both multiples of 8 sw here. */
-static size_t wg_test_place(bool mn, int lbo, int sbo, int sw, int r, int k)
+static size_t wg_test_place(bool mn, int lbo, int sbo, int sw, int es, int r, int k)
 {
-	int in_r, in_k, chunks, row, c, x;
+	int E = 16 / es, in_r, in_k, chunks, row, c, x;
 	size_t atom;
 
 	if (!sw) {
-		int core_r = r / 8, core_k = k / 8;
-		size_t core = (size_t)core_r * sbo + (size_t)core_k * lbo;
+		if (mn) {   /* core (r / E, k / 8): 8 rows of k, each E consecutive r */
+			size_t core = (size_t)(r / E) * sbo + (size_t)(k / 8) * lbo;
 
+			return core + (size_t)(k % 8) * 16 + (size_t)(r % E) * es;
+		}
+		/* core (r / 8, k / E): 8 rows of r, each E consecutive k */
 		in_r = r % 8;
-		in_k = k % 8;
-		/* K-major: 8 rows of r, each 8 consecutive k; MN-major: 8 rows of k,
-		 * each 8 consecutive r */
-		return core + (mn ? (size_t)in_k * 16 + (size_t)in_r * 2 : (size_t)in_r * 16 + (size_t)in_k * 2);
+		in_k = k % E;
+		return (size_t)(r / 8) * sbo + (size_t)(k / E) * lbo + (size_t)in_r * 16 + (size_t)in_k * es;
 	}
 	chunks = sw / 16;
 	if (!mn) {   /* atom rows: 8 values of r; a row's chunks along k */
 		row = r % 8;
-		c = k / 8;
+		c = k / E;
 		atom = (size_t)(r / 8) * sbo;
-		in_k = k % 8;
+		in_k = k % E;
 		x = row * sw / 128;
-		return atom + (size_t)row * sw + (size_t)(c ^ x) * 16 + (size_t)in_k * 2;
+		return atom + (size_t)row * sw + (size_t)(c ^ x) * 16 + (size_t)in_k * es;
 	}
 	row = k % 8;   /* atom rows: 8 values of k; a row's chunks along r */
-	c = (r / 8) % chunks;
-	atom = (size_t)(r / (8 * chunks)) * lbo + (size_t)(k / 8) * sbo;
+	c = (r / E) % chunks;
+	atom = (size_t)(r / (E * chunks)) * lbo + (size_t)(k / 8) * sbo;
 	x = row * sw / 128;
-	return atom + (size_t)row * sw + (size_t)(c ^ x) * 16 + (size_t)(r % 8) * 2;
+	return atom + (size_t)row * sw + (size_t)(c ^ x) * 16 + (size_t)(r % E) * es;
+}
+
+/* The value the tensor cores read from a float32 operand of a TF32 wgmma:
+ * its 13 low mantissa bits dropped (the test's own mask, not the
+ * emitter's helper). */
+static float tf32_read(float v)
+{
+	uint32_t u;
+
+	memcpy(&u, &v, 4);
+	u &= 0xffffe000u;
+	memcpy(&v, &u, 4);
+	return v;
+}
+
+/* Element x (of es bytes) of a byte buffer set to v in the kind's type. */
+static void wg_test_put(unsigned char *buf, size_t at, ap_kir_wgmma_kind kind, float v)
+{
+	uint16_t h;
+
+	if (kind == AP_KIR_WGMMA_TF32) {
+		memcpy(buf + at, &v, 4);
+		return;
+	}
+	h = kind == AP_KIR_WGMMA_BF16 ? ap_kir_f32_to_bf16(v) : ap_kir_f32_to_f16(v);
+	memcpy(buf + at, &h, 2);
 }
 
 /* Two warpgroups (256 threads), each D(64 x N) = C + A_w B with its own 64
- * rows of A (128 x 16) and one B (16 x N), in float16 or bfloat16: the
- * operands' bytes placed in global memory as the test lays them out
- * (gaps between core matrices filled with NaN), copied as they are into
- * shared memory, fenced for the async proxy, then one wgmma per
- * warpgroup; each thread stores its accumulators at the (row, column) of
- * the ISA's fragment figure; compared with a float64 reference.  The
- * CUDA text is compiled for sm_90a by NVRTC (PTX checked for wgmma). */
+ * rows of A (128 x K) and one B (K x N), in float16, bfloat16 (K 16) or
+ * TF32 (K 8; values with bits below TF32's mantissa, the reference
+ * reading them truncated): the operands' bytes placed in global memory
+ * as the test lays them out (gaps between core matrices filled with
+ * NaN), copied as they are into shared memory, fenced for the async
+ * proxy, then one wgmma per warpgroup; each thread stores its
+ * accumulators at the (row, column) of the ISA's fragment figure;
+ * compared with a float64 reference.  The CUDA text is compiled for
+ * sm_90a by NVRTC (PTX checked for the instruction's shape and types). */
 static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool a_reg, int sw)
 {
-	ap_dtype T = kind == AP_KIR_WGMMA_F16 ? AP_DT_F16 : AP_DT_BF16;
+	ap_dtype T = ap_kir_wgmma_type(kind);
+	int es = (int)ap_dtype_size(T), K = ap_kir_wgmma_k(kind);
+	bool tf32 = kind == AP_KIR_WGMMA_TF32;
 	ap_kir_wg_layout la = {a_mn, a_mn ? 16 * 128 + 64 : 128, a_mn ? 128 : 384, 0};
 	ap_kir_wg_layout lb = {b_mn, b_mn ? (N / 8) * 128 + 32 : 128, b_mn ? 128 : 256 + 16 * (N / 8), 0};
-	int rep = 8 * sw, along = sw / 2;   /* the pattern's repeat (bytes); elements an atom row */
+	int rep = 8 * sw, along = sw / es;   /* the pattern's repeat (bytes); elements an atom row */
 	size_t a_bytes = 0, b_bytes = 0;
 	ap_kir_kernel *k = ap_kir_kernel_new("k_wgmma");
 
@@ -2385,21 +2417,21 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool 
 	ap_kir_expr *t, *w, *l, *g, *q, *idx;
 	ap_kir_var *i;
 	ap_kir_stmt *loop;
-	uint16_t *ha, *hb, har[128 * 16];
+	unsigned char *ha, *hb, har[128 * 16 * 4];
 	float *cv, *dv, a32[128][16], b32[16][256];
 	void *args[5], *h;
-	char *host, *cuda, *ptx;
+	char *host, *cuda, *ptx, shape[64];
 	host_fn f;
 
 	for (int r = 0; r < 128; r++)
-		for (int kk = 0; kk < 16; kk++) {
-			size_t e = wg_test_place(a_mn, la.lbo, la.sbo, sw, r, kk) + 2;
+		for (int kk = 0; kk < K; kk++) {
+			size_t e = wg_test_place(a_mn, la.lbo, la.sbo, sw, es, r, kk) + (size_t)es;
 
 			a_bytes = e > a_bytes ? e : a_bytes;
 		}
 	for (int n = 0; n < N; n++)
-		for (int kk = 0; kk < 16; kk++) {
-			size_t e = wg_test_place(b_mn, lb.lbo, lb.sbo, sw, n, kk) + 2;
+		for (int kk = 0; kk < K; kk++) {
+			size_t e = wg_test_place(b_mn, lb.lbo, lb.sbo, sw, es, n, kk) + (size_t)es;
 
 			b_bytes = e > b_bytes ? e : b_bytes;
 		}
@@ -2410,27 +2442,31 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool 
 	cv = malloc(sizeof(float) * 128 * N);
 	dv = calloc(128 * (size_t)N, sizeof(float));
 	ck_assert(ha && hb && cv && dv);
-	for (size_t x = 0; x < a_bytes / 2; x++)
-		ha[x] = 0x7e00;   /* NaN in both types' top bits: a read of a gap shows */
-	for (size_t x = 0; x < b_bytes / 2; x++)
-		hb[x] = 0x7fc0;
+	/* NaN in every type's top bits: a read of a gap shows */
+	for (size_t x = 0; x < a_bytes / (size_t)es; x++)
+		wg_test_put(ha, x * es, kind, NAN);
+	for (size_t x = 0; x < b_bytes / (size_t)es; x++)
+		wg_test_put(hb, x * es, kind, NAN);
 	srand(11 + N + 2 * a_mn + b_mn);
 	for (int r = 0; r < 128; r++)
-		for (int kk = 0; kk < 16; kk++) {
+		for (int kk = 0; kk < K; kk++) {
 			float v = (float)(rand() % 17 - 8) / 4;
 
-			a32[r][kk] = v;
-			ha[wg_test_place(a_mn, la.lbo, la.sbo, sw, r, kk) / 2] =
-				T == AP_DT_BF16 ? ap_kir_f32_to_bf16(v) : ap_kir_f32_to_f16(v);
-			har[r * 16 + kk] = ha[wg_test_place(a_mn, la.lbo, la.sbo, sw, r, kk) / 2];
+			if (tf32)   /* bits below TF32's mantissa, which the tensor cores drop */
+				v *= 1.0f + (float)(rand() % 8192) / 8388608.0f;
+			a32[r][kk] = tf32 ? tf32_read(v) : v;
+			wg_test_put(ha, wg_test_place(a_mn, la.lbo, la.sbo, sw, es, r, kk), kind, v);
+			memcpy(har + ((size_t)r * 16 + kk) * es, ha + wg_test_place(a_mn, la.lbo, la.sbo, sw, es, r, kk),
+			       (size_t)es);
 		}
-	for (int kk = 0; kk < 16; kk++)
+	for (int kk = 0; kk < K; kk++)
 		for (int n = 0; n < N; n++) {
 			float v = (float)(rand() % 13 - 6) / 8;
 
-			b32[kk][n] = v;
-			hb[wg_test_place(b_mn, lb.lbo, lb.sbo, sw, n, kk) / 2] =
-				T == AP_DT_BF16 ? ap_kir_f32_to_bf16(v) : ap_kir_f32_to_f16(v);
+			if (tf32)
+				v *= 1.0f + (float)(rand() % 8192) / 8388608.0f;
+			b32[kk][n] = tf32 ? tf32_read(v) : v;
+			wg_test_put(hb, wg_test_place(b_mn, lb.lbo, lb.sbo, sw, es, n, kk), kind, v);
 		}
 	for (int x = 0; x < 128 * N; x++)
 		cv[x] = (float)(rand() % 9 - 4) / 2;
@@ -2442,13 +2478,13 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool 
 	gC = ap_kir_param(k, "C", AP_DT_F32, false, -1);
 	gAr = ap_kir_param(k, "Ar", T, false, -1);   /* A row-major 128 x 16, for the register form */
 	fa = ap_kir_local(k, "fa", T, 8);
-	sA = ap_kir_shared_dyn_aligned(k, "sA", T, (int64_t)a_bytes / 2, sw ? (unsigned)rep : 16);
-	sB = ap_kir_shared_dyn_aligned(k, "sB", T, (int64_t)b_bytes / 2, sw ? (unsigned)rep : 16);
+	sA = ap_kir_shared_dyn_aligned(k, "sA", T, (int64_t)a_bytes / es, sw ? (unsigned)rep : 16);
+	sB = ap_kir_shared_dyn_aligned(k, "sB", T, (int64_t)b_bytes / es, sw ? (unsigned)rep : 16);
 	acc = ap_kir_local(k, "acc", AP_DT_F32, N / 2);
 	t = ap_kir_index_of(k, AP_KIR_THREAD_X);
 	for (int op = 0; op < 2; op++) {
 		i = ap_kir_var_new(k, k->index_type, "i");
-		loop = ap_kir_for(k, &k->body, i, t, ap_kir_idx(k, (int64_t)(op ? b_bytes : a_bytes) / 2), 256);
+		loop = ap_kir_for(k, &k->body, i, t, ap_kir_idx(k, (int64_t)(op ? b_bytes : a_bytes) / es), 256);
 		ap_kir_store(k, &loop->body, op ? sB : sA, ap_kir_ref(k, i),
 			     ap_kir_load(k, op ? gB : gA, ap_kir_ref(k, i)));
 	}
@@ -2470,7 +2506,7 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool 
 	{
 		ap_kir_expr *v = ap_kir_binary(k, AP_KIR_SHR, t, ap_kir_idx(k, 7));
 		/* 64 rows on: 8 groups of 8 rows (SBO), or MN-major swizzled 64 / along atoms (LBO) */
-		ap_kir_expr *a0 = ap_kir_muli(k, v, (sw && a_mn ? (int64_t)(64 / along) * la.lbo : 8 * (int64_t)la.sbo) / 2);
+		ap_kir_expr *a0 = ap_kir_muli(k, v, (sw && a_mn ? (int64_t)(64 / along) * la.lbo : 8 * (int64_t)la.sbo) / es);
 
 		if (a_reg) {
 			/* A's fragment from registers: element e at row g (+ 8 for e % 4 >= 2),
@@ -2507,12 +2543,16 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool 
 		for (int n = 0; n < N; n++) {
 			double ref = cv[r * N + n];
 
-			for (int kk = 0; kk < 16; kk++)
+			for (int kk = 0; kk < K; kk++)
 				ref += (double)a32[r][kk] * b32[kk][n];
 			ck_assert_msg(fabs(dv[r * N + n] - ref) <= 1e-5 * (fabs(ref) + 1),
-				      "wgmma n%d swizzle %d A %s B %s: D[%d][%d] = %.9g, want %.9g", N, sw,
-				      a_reg ? "registers" : a_mn ? "MN" : "K", b_mn ? "MN" : "K", r, n, (double)dv[r * N + n], ref);
+				      "wgmma %s n%d swizzle %d A %s B %s: D[%d][%d] = %.9g, want %.9g", ap_dtype_name(T), N,
+				      sw, a_reg ? "registers" : a_mn ? "MN" : "K", b_mn ? "MN" : "K", r, n,
+				      (double)dv[r * N + n], ref);
 		}
+	snprintf(shape, sizeof(shape), "wgmma.mma_async.sync.aligned.m64n%dk%d.f32.%s", N, K,
+		 tf32 ? "tf32.tf32" : T == AP_DT_BF16 ? "bf16.bf16" : "f16.f16");
+	ck_assert_ptr_nonnull(strstr(cuda, shape));
 	{
 		uint8_t *out = NULL;
 		size_t len = 0;
@@ -2525,7 +2565,7 @@ static void run_wgmma(ap_kir_wgmma_kind kind, bool a_mn, bool b_mn, int N, bool 
 				fprintf(stderr, "NVRTC failed on k_wgmma: %s\n%s\n", err.msg, cuda);
 			ck_assert_ptr_nonnull(out);
 			ptx = (char *)out;
-			ck_assert_ptr_nonnull(strstr(ptx, "wgmma.mma_async.sync.aligned.m64n"));
+			ck_assert_ptr_nonnull(strstr(ptx, shape));
 			ck_assert_ptr_nonnull(strstr(ptx, "wgmma.wait_group.sync.aligned"));
 			free(ptx);
 		}
@@ -2569,6 +2609,42 @@ START_TEST(wgmma_swizzled)
 	run_wgmma(AP_KIR_WGMMA_F16, true, true, 8, false, 32);
 	run_wgmma(AP_KIR_WGMMA_BF16, false, true, 48, true, 32);
 	run_wgmma(AP_KIR_WGMMA_F16, false, false, 16, false, 32);
+}
+END_TEST
+
+/* TF32 (K-major operands only: the ISA has no transpose for .tf32),
+ * unswizzled and in each swizzle mode, N from 8 to 256; the MN-major and
+ * register forms refused by the builder. */
+START_TEST(wgmma_tf32)
+{
+	ap_kir_kernel *k = ap_kir_kernel_new("k_bad");
+	ap_kir_array *acc = ap_kir_local(k, "acc", AP_DT_F32, 8), *sa = ap_kir_shared(k, "sa", AP_DT_F32, 512),
+		     *fa = ap_kir_local(k, "fa", AP_DT_F32, 8);
+	ap_kir_wg_layout kl = {false, 128, 256, 0}, ml = {true, 128, 256, 0};
+
+	run_wgmma(AP_KIR_WGMMA_TF32, false, false, 256, false, 0);
+	run_wgmma(AP_KIR_WGMMA_TF32, false, false, 8, false, 0);
+	run_wgmma(AP_KIR_WGMMA_TF32, false, false, 32, false, 128);
+	run_wgmma(AP_KIR_WGMMA_TF32, false, false, 40, false, 64);
+	run_wgmma(AP_KIR_WGMMA_TF32, false, false, 24, false, 32);
+	k->block[0] = 128;
+	ck_assert_ptr_null(ap_kir_wgmma(k, &k->body, AP_KIR_WGMMA_TF32, 16, acc, ap_kir_idx(k, 0), sa, ap_kir_idx(k, 0), ml,
+					sa, ap_kir_idx(k, 0), kl));
+	ap_kir_kernel_free(k);
+	k = ap_kir_kernel_new("k_bad");
+	acc = ap_kir_local(k, "acc", AP_DT_F32, 8);
+	sa = ap_kir_shared(k, "sa", AP_DT_F32, 512);
+	fa = ap_kir_local(k, "fa", AP_DT_F32, 8);
+	ck_assert_ptr_null(ap_kir_wgmma(k, &k->body, AP_KIR_WGMMA_TF32, 16, acc, ap_kir_idx(k, 0), sa, ap_kir_idx(k, 0), kl,
+					sa, ap_kir_idx(k, 0), ml));
+	ap_kir_kernel_free(k);
+	k = ap_kir_kernel_new("k_bad");
+	acc = ap_kir_local(k, "acc", AP_DT_F32, 8);
+	sa = ap_kir_shared(k, "sa", AP_DT_F32, 512);
+	fa = ap_kir_local(k, "fa", AP_DT_F32, 8);
+	ck_assert_ptr_null(ap_kir_wgmma(k, &k->body, AP_KIR_WGMMA_TF32, 16, acc, ap_kir_idx(k, 0), fa, ap_kir_idx(k, 0), kl,
+					sa, ap_kir_idx(k, 0), kl));
+	ap_kir_kernel_free(k);
 }
 END_TEST
 
@@ -2832,8 +2908,8 @@ START_TEST(tmap_load_swizzled)
 					uint16_t want = gx >= 0 && gx < COLS && gy >= 0 && gy < ROWS
 							? g[gy * PITCH / 2 + gx] : 0, kv, mv;
 
-					memcpy(&kv, box + wg_test_place(false, 16, 8 * sw, sw, r, c), 2);
-					memcpy(&mv, box + wg_test_place(true, 16 * sw, 8 * sw, sw, c, r), 2);
+					memcpy(&kv, box + wg_test_place(false, 16, 8 * sw, sw, 2, r, c), 2);
+					memcpy(&mv, box + wg_test_place(true, 16 * sw, 8 * sw, sw, 2, c, r), 2);
 					ck_assert_msg(kv == want && mv == want,
 						      "swizzle %d at (%d, %d): box (%d, %d) K-major %#x MN-major %#x, want %#x",
 						      sw, at[i][0], at[i][1], r, c, kv, mv, want);
@@ -3181,6 +3257,7 @@ static Suite *kir_suite(void)
 	tcase_add_test(tc, wgmma_f16);
 	tcase_add_test(tc, wgmma_bf16);
 	tcase_add_test(tc, wgmma_swizzled);
+	tcase_add_test(tc, wgmma_tf32);
 	tcase_add_test(tc, wgmma_regs_in_flight);
 	tcase_add_test(tc, shared_dyn_aligned_and_swizzle_rule);
 	tcase_add_test(tc, tmap_rules);

@@ -15,16 +15,17 @@
 #                                     elements may lie outside;
 #   float16 / bfloat16 (tools/convert_precision.py, against onnxruntime's
 #   float32 outputs): rtol 1e-2 / 5e-2, atol the same, 1% outside.
-# sm_90a differs from sm_90 only in its 16-bit GEMM kernels (wgmma), so it
-# runs float16 and bfloat16, float16 also with --unvalidated (the forms not
+# sm_90a differs from sm_90 only in its tensor-core GEMM kernels (wgmma:
+# 16-bit and TF32), so it runs float16, bfloat16 and tf32, float16 also
+# with --unvalidated (the forms not
 # yet run on a GPU: TMA-filled GEMM tiles on mbarriers where the operands
 # allow, the warp-specialised kernels -- run with their coroutines in a
 # random order, APOLLO_HOSTCHECK_SCHEDULE=random:1 --, the attention
 # forward's softmax beside O += P V).  With APOLLO_SWEEP other than "full" (make
 # check) each kernel family runs once: sm_80 float16 (mma.sync, cp.async,
 # split-K without clusters), sm_90 float32 and tf32 (the SIMT kernels,
-# clusters, mma.sync on 32-bit tiles), sm_90a float16 (wgmma; bfloat16's
-# wgmma runs in check_lower's attention_wg_bf16_stats); make check-full
+# clusters, mma.sync on 32-bit tiles), sm_90a float16 and tf32 (wgmma;
+# bfloat16's wgmma runs in check_lower's attention_wg_bf16_stats); make check-full
 # runs every type on every architecture.
 #   env: APOLLO_BUILD, APOLLO_JOBS (parallel checks, default 2),
 #        APOLLO_EMU_ARCHS (default "sm_80 sm_90 sm_90a"), APOLLO_SWEEP,
@@ -64,9 +65,9 @@ run() {
 }
 # whether type $2 runs on architecture $1 (the header's table)
 runs() {
-	[ "$APOLLO_SWEEP" = full ] && { [ "$1" != sm_90a ] || [ "$2" = float16 ] || [ "$2" = bfloat16 ]; } && return 0
+	[ "$APOLLO_SWEEP" = full ] && { [ "$1" != sm_90a ] || [ "$2" != float32 ]; } && return 0
 	case "$1 $2" in
-	"sm_80 float16" | "sm_90 float32" | "sm_90 tf32" | "sm_90a float16") return 0 ;;
+	"sm_80 float16" | "sm_90 float32" | "sm_90 tf32" | "sm_90a float16" | "sm_90a tf32") return 0 ;;
 	esac
 	return 1
 }

@@ -65,6 +65,22 @@ if ls "$REPO"/.venv/lib/python3*/site-packages/nvidia/*/bin/nvdisasm >/dev/null 
 			{ status=1; grep MISSING "$AP_TMP/sass.out" | sed "s/^/16-bit sm_90a SASS $m: /"; }
 		echo "16-bit sm_90a SASS $m: $(tail -1 "$AP_TMP/sass.out")"
 	done
+	# TF32 (float32 with --allow-tf32) on sm_90a: every GEMM and
+	# convolution kernel on wgmma's m64nNk8 .tf32 (HGMMA), a product model
+	# and a convolution one (float32 attention stays on the SIMT form)
+	for m in mlp_residual_train small_convnet_train; do
+		d=$TESTDATA/training/$m
+		if ! "$CLIENT" submit "$d/model.onnx" --data "$d/test_data_set_0" --target sm_90a --allow-tf32 \
+			--format cubin -o "$AP_TMP/sm90a.pb" --explain >"$AP_TMP/sm90a.txt" 2>&1; then
+			status=1
+			echo "TF32 sm_90a SASS $m: submit failed: $(tail -2 "$AP_TMP/sm90a.txt")"
+			continue
+		fi
+		"$PY" tests/sass_check.py "$AP_TMP/sm90a.pb" "$AP_TMP/sm90a.txt" --need HGMMA --emitters gemm \
+			>"$AP_TMP/sass.out" 2>&1 ||
+			{ status=1; grep MISSING "$AP_TMP/sass.out" | sed "s/^/TF32 sm_90a SASS $m: /"; }
+		echo "TF32 sm_90a SASS $m: $(tail -1 "$AP_TMP/sass.out")"
+	done
 	# the warp-specialised forms (--unvalidated): the convolutions' and
 	# the fused-QKV attention's copying producer (tma=3), the products'
 	# TMA producer (tma=2) -- HGMMA in every GEMM and attention kernel,

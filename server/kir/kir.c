@@ -1091,17 +1091,28 @@ static bool wg_layout_ok(ap_kir_wg_layout l)
 	       l.sbo < (1 << 18);
 }
 
+ap_dtype ap_kir_wgmma_type(ap_kir_wgmma_kind kind)
+{
+	return kind == AP_KIR_WGMMA_F16 ? AP_DT_F16 : kind == AP_KIR_WGMMA_BF16 ? AP_DT_BF16 : AP_DT_F32;
+}
+
+int ap_kir_wgmma_k(ap_kir_wgmma_kind kind)
+{
+	return kind == AP_KIR_WGMMA_TF32 ? 8 : 16;
+}
+
 ap_kir_stmt *ap_kir_wgmma(ap_kir_kernel *k, ap_kir_block *b, ap_kir_wgmma_kind kind, int n,
 			  ap_kir_array *d, ap_kir_expr *d_off, ap_kir_array *a, ap_kir_expr *a_start,
 			  ap_kir_wg_layout la, ap_kir_array *bb, ap_kir_expr *b_start,
 			  ap_kir_wg_layout lb)
 {
-	ap_dtype in = kind == AP_KIR_WGMMA_F16 ? AP_DT_F16 : AP_DT_BF16;
+	ap_dtype in = ap_kir_wgmma_type(kind);
 	ap_kir_stmt *s;
 
 	bool rs = a && a->space == AP_KIR_LOCAL;   /* A from registers */
 
-	if ((unsigned)kind > AP_KIR_WGMMA_BF16 || n < 8 || n > 256 || n % 8 || !d || !d_off || !a ||
+	if ((unsigned)kind > AP_KIR_WGMMA_TF32 ||
+	    (kind == AP_KIR_WGMMA_TF32 && (rs || la.mn_major || lb.mn_major)) || n < 8 || n > 256 || n % 8 || !d || !d_off || !a ||
 	    !a_start || !bb || !b_start || d->space != AP_KIR_LOCAL || d->type != AP_DT_F32 ||
 	    (!rs && !is_shared_space(a->space)) || !is_shared_space(bb->space) || a->type != in || bb->type != in ||
 	    !is_int_type(d_off->type) || !is_int_type(a_start->type) || !is_int_type(b_start->type) ||

@@ -239,7 +239,8 @@ typedef enum ap_kir_mma_kind {
 
 /* The warpgroup-level matrix multiply-accumulates of PTX (ISA 8.0+,
  * sm_90a; "Asynchronous Warpgroup Level Matrix Multiply-Accumulate
- * Instructions"), D = A * B + D of shape m64nNk16 with A and B in shared
+ * Instructions"), D = A * B + D of shape m64nNk16 (16-bit inputs) or
+ * m64nNk8 (TF32) with A and B in shared
  * memory, each described by a matrix descriptor, and D float32 in the
  * registers of the warpgroup's 128 threads (4 consecutive warps, the
  * first a multiple of 4): warp w (of the warpgroup), lane l (g = l / 4,
@@ -247,9 +248,19 @@ typedef enum ap_kir_mma_kind {
  * % 2), column 8 (i / 4) + 2 t + i % 2 (ISA figure "WGMMA .m64nNk16
  * register fragment layout for accumulator matrix D"). */
 typedef enum ap_kir_wgmma_kind {
-	AP_KIR_WGMMA_F16 = 0,      /* .f32.f16.f16 */
-	AP_KIR_WGMMA_BF16 = 1,     /* .f32.bf16.bf16 */
+	AP_KIR_WGMMA_F16 = 0,      /* .f32.f16.f16, m64nNk16 */
+	AP_KIR_WGMMA_BF16 = 1,     /* .f32.bf16.bf16, m64nNk16 */
+	AP_KIR_WGMMA_TF32 = 2,     /* .f32.tf32.tf32, m64nNk8: float32 arrays whose
+				      values the tensor cores read as TF32 (the 13
+				      low mantissa bits dropped); both operands
+				      K-major in shared memory (the ISA has no
+				      transpose for .tf32) */
 } ap_kir_wgmma_kind;
+
+/* The element type of a wgmma kind's A and B (float16, bfloat16, or
+ * float32 for TF32) and its K (16, or 8 for TF32). */
+ap_dtype ap_kir_wgmma_type(ap_kir_wgmma_kind kind);
+int ap_kir_wgmma_k(ap_kir_wgmma_kind kind);
 
 /* Where a wgmma operand lies in shared memory (PTX ISA, "Shared Memory
  * Matrix Layout", its canonical layouts in CuTe's notation with T = 16
@@ -632,25 +643,29 @@ ap_kir_stmt *ap_kir_mma(ap_kir_kernel *k, ap_kir_block *b, ap_kir_mma_kind kind,
 			ap_kir_array *d, ap_kir_expr *d_off, ap_kir_array *a, ap_kir_expr *a_off,
 			ap_kir_array *bb, ap_kir_expr *b_off, ap_kir_array *c, ap_kir_expr *c_off);
 /* Warpgroup-collective D = A * B + D, wgmma.mma_async.sync.aligned.
- * m64nNk16.f32.{f16,bf16} (ap_kir_wgmma_kind): D is the LOCAL float32
+ * m64nNk16.f32.{f16,bf16} or m64nNk8.f32.tf32.tf32 (ap_kir_wgmma_kind;
+ * K below is the kind's): D is the LOCAL float32
  * array d from element d_off (N / 2 of a thread, in the layout of
- * ap_kir_wgmma_kind's comment); A (64 x 16) starts at element a_start of
- * the shared array a and lies as layout la says, B (16 x N) at b_start
+ * ap_kir_wgmma_kind's comment); A (64 x K) starts at element a_start of
+ * the shared array a and lies as layout la says, B (K x N) at b_start
  * of bb as lb says (ap_kir_wg_layout; each start 16-byte aligned).  N is
  * a multiple of 8 in [8, 256].  Every thread of every warpgroup of the
  * block takes part (block-uniform control flow, blocks of whole
  * warpgroups); the start expressions may differ between warpgroups and
  * must not within one.  A may instead be a LOCAL array of the kind's
- * type (the RS form: A from registers, 8 elements a thread from a_start,
+ * type (the RS form, 16-bit kinds: A from registers, 8 elements a thread from a_start,
  * in the layout of mma.sync m16n8k16's A per warp, warp w of the
- * warpgroup holding rows 16 w..; la is then ignored).  Asynchronous: the product is in D after a
+ * warpgroup holding rows 16 w..; la is then ignored).  TF32 operands are
+ * K-major (la, lb not mn_major) and read truncated to TF32, as the
+ * tensor cores read float32 bits (the host: ap_tf32_trunc).  Asynchronous: the product is in D after a
  * wgmma_wait that covers its commit group, and the shared tiles may not
  * be written before then; shared memory written by ordinary stores or
  * cp.async before it must be fenced (ap_kir_fence_proxy_async) by each
  * writing thread, then a barrier.  The host computes at once (products
  * exact in float32, summed in order of k after D), reading A and B
  * through the descriptors it encodes, as the ISA defines them.  Fails on
- * a NULL operand, a bad kind or N, spaces or types, or a bad layout. */
+ * a NULL operand, a bad kind or N, spaces or types, or a bad layout
+ * (an MN-major or register A operand of TF32 included). */
 ap_kir_stmt *ap_kir_wgmma(ap_kir_kernel *k, ap_kir_block *b, ap_kir_wgmma_kind kind, int n,
 			  ap_kir_array *d, ap_kir_expr *d_off, ap_kir_array *a, ap_kir_expr *a_start,
 			  ap_kir_wg_layout la, ap_kir_array *bb, ap_kir_expr *b_start,

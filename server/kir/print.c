@@ -128,6 +128,7 @@ typedef struct printer {
 	uint32_t shfl_types;         /* host: 1 << dtype of every shuffled type */
 	bool uses_tf32;              /* the TF32 rounding function */
 	bool uses_ldmatrix, uses_mma;
+	bool uses_wgmma_tf32;        /* the host reads TF32 wgmma operands truncated */
 	int wgmma_n;                 /* the widest wgmma's N (0: none) */
 	unsigned char *promoted;     /* host, per array id: inside the current thread loop,
 					the thread's slice of this register array is a
@@ -1451,9 +1452,10 @@ static void print_wg_operand_fence(printer *p, const ap_kir_array *acc, int dept
  * transposed as their layouts are MN-major. */
 static void print_wgmma_cuda(printer *p, const ap_kir_stmt *s, int depth)
 {
-	static const char *const ty[] = {"f16", "bf16"};
+	static const char *const ty[] = {"f16", "bf16", "tf32"};
 	sbuf *b = &p->out;
-	int nd = s->width / 2;
+	int nd = s->width / 2, kk = ap_kir_wgmma_k(s->mma);
+	bool tf32 = s->mma == AP_KIR_WGMMA_TF32;   /* no transpose immediates (K-major only) */
 
 	bool rs = s->frag[1]->space == AP_KIR_LOCAL;   /* A from registers: 4 32-bit registers */
 
@@ -1467,13 +1469,15 @@ static void print_wgmma_cuda(printer *p, const ap_kir_stmt *s, int depth)
 	}
 	sb_indent(b, depth + 1);
 	sb_printf(b, "asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"
-		  "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {", nd + (rs ? 5 : 2), s->width, ty[s->mma],
+		  "wgmma.mma_async.sync.aligned.m64n%dk%d.f32.%s.%s {", nd + (rs ? 5 : 2), s->width, kk, ty[s->mma],
 		  ty[s->mma]);
 	for (int i = 0; i < nd; i++)
 		sb_printf(b, "%s%%%d", i ? ", " : "", i);
 	if (rs)
 		sb_printf(b, "}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, %d;\\n}\\n\"\n", nd, nd + 1, nd + 2, nd + 3,
 			  nd + 4, s->wg[1].mn_major);
+	else if (tf32)
+		sb_printf(b, "}, %%%d, %%%d, p, 1, 1;\\n}\\n\"\n", nd, nd + 1);
 	else
 		sb_printf(b, "}, %%%d, %%%d, p, 1, 1, %d, %d;\\n}\\n\"\n", nd, nd + 1, s->wg[0].mn_major,
 			  s->wg[1].mn_major);
@@ -2178,12 +2182,14 @@ static void print_mma_host(printer *p, const ap_kir_stmt *s, int depth)
 static void print_wgmma_host(printer *p, const ap_kir_stmt *s, int depth)
 {
 	sbuf *b = &p->out;
-	int nd = s->width / 2, es = 2;
-	const char *cv = half_to_f32(p, s->frag[1]->type);
+	bool tf32 = s->mma == AP_KIR_WGMMA_TF32;
+	int nd = s->width / 2, es = tf32 ? 4 : 2, kk = ap_kir_wgmma_k(s->mma);
+	/* an element's bits as read: 16-bit floats widened, float32 truncated to TF32 */
+	const char *cv = tf32 ? "ap_tf32_trunc" : half_to_f32(p, s->frag[1]->type), *et = tf32 ? "float" : "unsigned short";
 
 	sb_indent(b, depth);
-	sb_printf(b, "/* wgmma m64n%dk16: accumulators in, A and B through their descriptors, "
-		  "D += A * B per warpgroup, accumulators out */\n", s->width);
+	sb_printf(b, "/* wgmma m64n%dk%d: accumulators in, A and B through their descriptors, "
+		  "D += A * B per warpgroup, accumulators out */\n", s->width, kk);
 	open_thread_loop(p, depth);
 	sb_indent(b, depth + 1);
 	sb_printf(b, "const unsigned ap_wi = ap_t >> 7, ap_g = ((ap_t >> 5) & 3u) * 16u + ((ap_t & 31u) >> 2), "
@@ -2219,9 +2225,9 @@ static void print_wgmma_host(printer *p, const ap_kir_stmt *s, int depth)
 		sb_indent(b, depth + 2);
 		sb_printf(b, "for (unsigned ap_r = 0; ap_r < %du; ap_r++)\n", i == 1 ? 64 : s->width);
 		sb_indent(b, depth + 3);
-		sb_printf(b, "for (unsigned ap_k = 0; ap_k < 16u; ap_k++) {\n");
+		sb_printf(b, "for (unsigned ap_k = 0; ap_k < %du; ap_k++) {\n", kk);
 		sb_indent(b, depth + 4);
-		sb_printf(b, "const unsigned short *ap_e = (const unsigned short *)((const char *)");
+		sb_printf(b, "const %s *ap_e = (const %s *)((const char *)", et, et);
 		print_array_ref(p, a);
 		sb_printf(b, " + ap_wg_addr(ap_d, %d, ap_r, ap_k, %du));\n", l->mn_major, es);
 		sb_indent(b, depth + 4);
@@ -2230,7 +2236,7 @@ static void print_wgmma_host(printer *p, const ap_kir_stmt *s, int depth)
 		else
 			sb_printf(b, "ap_wg_b[ap_wi][ap_k][ap_r] = ");
 		if (checked(p, a))
-			sb_printf(b, "%s(*(const unsigned short *)AP_CK_WGRD(ap_e, %du, ap_t));\n", cv, es);
+			sb_printf(b, "%s(*(const %s *)AP_CK_WGRD(ap_e, %du, ap_t));\n", cv, et, es);
 		else
 			sb_printf(b, "%s(*ap_e);\n", cv);
 		sb_indent(b, depth + 3);
@@ -2253,7 +2259,7 @@ static void print_wgmma_host(printer *p, const ap_kir_stmt *s, int depth)
 	sb_indent(b, depth + 3);
 	sb_printf(b, "float ap_s = ap_wg_d[ap_wi][ap_i][ap_n];\n");
 	sb_indent(b, depth + 3);
-	sb_printf(b, "for (int ap_k = 0; ap_k < 16; ap_k++)\n");
+	sb_printf(b, "for (int ap_k = 0; ap_k < %d; ap_k++)\n", kk);
 	sb_indent(b, depth + 4);
 	sb_printf(b, "ap_s += ap_wg_a[ap_wi][ap_i][ap_k] * ap_wg_b[ap_wi][ap_k][ap_n];\n");
 	sb_indent(b, depth + 3);
@@ -2598,7 +2604,7 @@ static void print_prelude(printer *p)
 		if (p->uses_bf16)
 			sb_printf(b, "#ifndef AP_BF16_DEFINED\n#define AP_BF16_DEFINED\n%s#endif\n",
 				  ap__kir_host_bf16_src);
-		if (p->uses_tf32 || p->uses_mma)
+		if (p->uses_tf32 || p->uses_mma || p->uses_wgmma_tf32)
 			sb_printf(b, "#ifndef AP_TF32_DEFINED\n#define AP_TF32_DEFINED\n%s#endif\n",
 				  ap__kir_host_tf32_src);
 		if (p->wgmma_n)
@@ -2968,6 +2974,8 @@ static int scan_stmt(const ap_kir_stmt *s, int depth, void *user)
 	if (s->kind == AP_KIR_S_WGMMA) {
 		if (s->width > p->wgmma_n)
 			p->wgmma_n = s->width;
+		if (s->mma == AP_KIR_WGMMA_TF32)
+			p->uses_wgmma_tf32 = true;
 		for (int i = 0; i < 3; i++)
 			note_type(p, s->frag[i]->type);
 	}

@@ -446,13 +446,16 @@ static void check_wgmma(vctx *v, const ap_kir_stmt *s, bool ctx)
 	}
 	if (s->kind != AP_KIR_S_WGMMA)
 		return;
-	if (s->width < 8 || s->width > 256 || s->width % 8 || (unsigned)s->mma > AP_KIR_WGMMA_BF16)
-		bad(v, "warpgroup", "wgmma m64n%dk16 kind %d", s->width, s->mma);
+	if (s->width < 8 || s->width > 256 || s->width % 8 || (unsigned)s->mma > AP_KIR_WGMMA_TF32)
+		bad(v, "warpgroup", "wgmma m64n%d kind %d", s->width, s->mma);
+	else if (s->mma == AP_KIR_WGMMA_TF32 &&
+		 (s->frag[1]->space == AP_KIR_LOCAL || s->wg[0].mn_major || s->wg[1].mn_major))
+		bad(v, "warpgroup", "wgmma .tf32 takes both operands K-major from shared memory");
 	for (int i = 1; i <= 2 && !v->rc; i++) {
 		const ap_kir_wg_layout *l = &s->wg[i - 1];
 
 		if (i == 1 && s->frag[1]->space == AP_KIR_LOCAL) {   /* A from registers */
-			if (s->frag[1]->scratch || s->frag[1]->type != (s->mma == AP_KIR_WGMMA_F16 ? AP_DT_F16 : AP_DT_BF16))
+			if (s->frag[1]->scratch || s->frag[1]->type != ap_kir_wgmma_type(s->mma))
 				bad(v, "matrix", "wgmma A fragment %s: a (non-scratch) register array of the kind's type",
 				    s->frag[1]->name);
 			else
@@ -461,7 +464,7 @@ static void check_wgmma(vctx *v, const ap_kir_stmt *s, bool ctx)
 		}
 		if (s->frag[i]->space != AP_KIR_SHARED && s->frag[i]->space != AP_KIR_SHARED_DYN)
 			bad(v, "matrix", "wgmma operand %s is not a shared array", s->frag[i]->name);
-		else if (s->frag[i]->type != (s->mma == AP_KIR_WGMMA_F16 ? AP_DT_F16 : AP_DT_BF16))
+		else if (s->frag[i]->type != ap_kir_wgmma_type(s->mma))
 			bad(v, "types", "wgmma operand %s of type %s", s->frag[i]->name,
 			    ap_dtype_name(s->frag[i]->type));
 		else if (l->lbo < 16 || l->sbo < 16 || l->lbo % 16 || l->sbo % 16 || l->lbo >= (1 << 18) ||

@@ -10,13 +10,14 @@
 #include <string.h>
 
 /* (emitters.h) Q and K are read K-major, V MN-major. */
-ap_kir_expr *ap__wg_place(ap_kir_kernel *k, ap_kir_expr *r, ap_kir_expr *j, int64_t cols)
+ap_kir_expr *ap__wg_place(ap_kir_kernel *k, ap_kir_expr *r, ap_kir_expr *j, int64_t cols, int es)
 {
+	int E = 16 / es, lg = es == 2 ? 3 : es == 4 ? 2 : 1;   /* elements a core-matrix row, log2 */
 	ap_kir_expr *hr = ap_kir_binary(k, AP_KIR_SHR, r, ap_kir_idx(k, 3)), *lr = ap_kir_binary(k, AP_KIR_AND, r, ap_kir_idx(k, 7));
-	ap_kir_expr *hj = ap_kir_binary(k, AP_KIR_SHR, j, ap_kir_idx(k, 3)), *lj = ap_kir_binary(k, AP_KIR_AND, j, ap_kir_idx(k, 7));
+	ap_kir_expr *hj = ap_kir_binary(k, AP_KIR_SHR, j, ap_kir_idx(k, lg)), *lj = ap_kir_binary(k, AP_KIR_AND, j, ap_kir_idx(k, E - 1));
 
-	return ap_kir_add(k, ap_kir_add(k, ap_kir_muli(k, hr, 8 * cols), ap_kir_muli(k, hj, 64)),
-			  ap_kir_add(k, ap_kir_muli(k, lr, 8), lj));
+	return ap_kir_add(k, ap_kir_add(k, ap_kir_muli(k, hr, 8 * cols), ap_kir_muli(k, hj, 8 * E)),
+			  ap_kir_add(k, ap_kir_muli(k, lr, E), lj));
 }
 
 ap_kir_expr *ap__wg_swizzled_place(ap_kir_kernel *k, ap_kir_expr *r, ap_kir_expr *j, int64_t rows, int64_t ja,
@@ -42,7 +43,7 @@ ap_kir_expr *ap__att_wg_place(actx *c, int role, ap_kir_expr *r, ap_kir_expr *j,
 
 	if (c->sw[role])
 		return ap__wg_swizzled_place(c->k, r, j, rows, c->sw[role] / es, es);
-	return ap__wg_place(c->k, r, j, cols);
+	return ap__wg_place(c->k, r, j, cols, es);
 }
 
 /* What the output accumulator of a row is divided by: its sum l, or in

@@ -154,13 +154,14 @@ typedef struct ap_mma_lanes {
 } ap_mma_lanes;
 void ap__mma_lanes(ap_kir_kernel *k, ap_kir_block *b, ap_mma_lanes *l);
 /* wgmma's shared tiles (sm_90a): element (r, j) of a tile of `cols`
- * columns in the canonical core-matrix layout without swizzling (kir.h,
- * ap_kir_wg_layout) -- 8 rows of 8 elements (16 bytes) a core matrix,
- * the cols / 8 core matrices of 8 rows side by side.  Read as K-major
- * (rows along M or N, columns along K: LBO 128 bytes, SBO 8 cols
- * elements) or as MN-major (rows along K, columns along M or N: SBO 128
- * bytes, LBO 8 cols elements).  An element offset (attention.c). */
-ap_kir_expr *ap__wg_place(ap_kir_kernel *k, ap_kir_expr *r, ap_kir_expr *j, int64_t cols);
+ * columns of es-byte elements in the canonical core-matrix layout without
+ * swizzling (kir.h, ap_kir_wg_layout) -- 8 rows of E = 16 / es elements
+ * (16 bytes) a core matrix, the cols / E core matrices of 8 rows side by
+ * side.  Read as K-major (rows along M or N, columns along K: LBO 128
+ * bytes, SBO 8 cols elements) or as MN-major (rows along K, columns along
+ * M or N: SBO 128 bytes, LBO 8 cols elements).  An element offset
+ * (attention.c, gemm_stage.c). */
+ap_kir_expr *ap__wg_place(ap_kir_kernel *k, ap_kir_expr *r, ap_kir_expr *j, int64_t cols, int es);
 /* The same in a swizzled layout (kir.h, ap_kir_wg_layout): element (r, j)
  * of a tile of `rows` rows (a multiple of 8) of es-byte elements, in
  * atoms of 8 rows of ja columns (W = ja es bytes: 32, 64 or 128) -- the

@@ -208,15 +208,16 @@ static void analyze_operand(const ap_graph *g, const gemm_plan *p, int role, gem
 }
 
 /* Tensor cores where the target has them for the input type (float16,
- * bfloat16 on sm_80 and later; float32 with allow_tf32), and the
- * mma.sync shape for it. */
+ * bfloat16 on sm_80 and later; float32 with allow_tf32), the mma.sync
+ * shape for it, and wgmma on sm_90a (TF32 included: wgmma .tf32 reads
+ * both operands K-major, ap__gemm_tile_layouts). */
 static void choose_mma(gemm_plan *p, const ap_target_info *t)
 {
 	p->tc = t->gpu && t->arch >= 80 &&
 		(p->in_t == AP_DT_F16 || p->in_t == AP_DT_BF16 || (p->in_t == AP_DT_F32 && t->allow_tf32));
 	p->mma = p->in_t == AP_DT_F16 ? AP_KIR_MMA_F16_16816
 		 : p->in_t == AP_DT_BF16 ? AP_KIR_MMA_BF16_16816 : AP_KIR_MMA_TF32_1688;
-	p->wg = p->tc && t->wgmma && p->mma != AP_KIR_MMA_TF32_1688;
+	p->wg = p->tc && t->wgmma;
 }
 
 /* The convolution's spatial dims (input D, output O, kernel KS, strides,
@@ -539,6 +540,13 @@ int ap__gemm_pad_of(const gemm_plan *p)
 	return p->wg ? 0 : (int)(16 / ap_dtype_size(p->in_t));
 }
 
+/* The wgmma kind of the product's input type (p->wg): float16,
+ * bfloat16, or TF32 for float32. */
+ap_kir_wgmma_kind ap__gemm_wgmma_kind(const gemm_plan *p)
+{
+	return p->in_t == AP_DT_F16 ? AP_KIR_WGMMA_F16 : p->in_t == AP_DT_BF16 ? AP_KIR_WGMMA_BF16 : AP_KIR_WGMMA_TF32;
+}
+
 /* Shared tile layouts: for each operand, whether its tile is kept with K
  * contiguous ([outer][k]) -- else k-major ([k][outer]). */
 void ap__gemm_tile_layouts(const gemm_plan *p, bool *a_rowk, bool *b_rowk)
@@ -546,6 +554,13 @@ void ap__gemm_tile_layouts(const gemm_plan *p, bool *a_rowk, bool *b_rowk)
 	if (!p->tc) {
 		*a_rowk = false;   /* SIMT: both k-major */
 		*b_rowk = false;
+		return;
+	}
+	if (p->wg && p->mma == AP_KIR_MMA_TF32_1688) {
+		/* wgmma .tf32 has no transpose: both tiles K-major, an operand whose
+		 * outer coordinate is contiguous copied element by element (or
+		 * through registers) into it; no TMA box for it (tma_operand) */
+		*a_rowk = *b_rowk = true;
 		return;
 	}
 	if (p->mma == AP_KIR_MMA_TF32_1688) {
@@ -760,7 +775,7 @@ bool ap__gemm_cfg_valid(const gemm_plan *p, const gemm_cfg *c, const ap_target_i
 		int wtm = c->bm / c->tm, wtn = c->bn / c->tn;
 
 		return c->bm % c->tm == 0 && c->bn % c->tn == 0 && wtm % 64 == 0 && wtn % 8 == 0 && wtn <= 256 &&
-		       c->bk % 16 == 0 && wtm / 64 * (wtn / 8) * 4 <= 128;
+		       c->bk % ap_kir_wgmma_k(ap__gemm_wgmma_kind(p)) == 0 && wtm / 64 * (wtn / 8) * 4 <= 128;
 	}
 	if (p->tc) {
 		int ks = p->mma == AP_KIR_MMA_TF32_1688 ? 8 : 16;
@@ -998,11 +1013,13 @@ static int traffic_of(const ap_bound *b, const ap_sched *s, ap_traffic *out);
 
 /* wgmma's default tile (sm_90a): CUTLASS's Hopper shape, a 128 x 128
  * tile of two warpgroups of 64 x 128 (64 accumulators a thread), K tiles
- * of 64 -- each smaller where the problem is (64 rows, a power of two of
- * at least 16 columns, K tiles of 16 or 32); the cost model's stages. */
+ * of 128 bytes (64 16-bit elements, 32 TF32: the widest swizzle's row)
+ * -- each smaller where the problem is (64 rows, a power of two of at
+ * least 16 columns, K tiles of 16 or 32); the cost model's stages. */
 static gemm_cfg wg_default(const gemm_plan *p, int stages)
 {
-	gemm_cfg c = {p->Mr > 64 ? 128 : 64, 128, p->K >= 64 ? 64 : p->K > 16 ? 32 : 16, 1, 1,
+	int bk = 128 / (int)ap_dtype_size(p->in_t);
+	gemm_cfg c = {p->Mr > 64 ? 128 : 64, 128, p->K >= bk ? bk : p->K > 16 ? 32 : 16, 1, 1,
 		      stages < 2 ? 2 : stages, 1, 0};
 
 	while (c.bn > 16 && c.bn / 2 >= p->N)
@@ -1341,6 +1358,10 @@ static int gm_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 		 * tuner does not search host GEMMs: host_rule_only) */
 		if (!t->gpu && !p->tc)
 			out->alu_fraction = fmin(1.0, c->tm * c->tn / 16.0);
+		/* TF32 runs at its own tensor-core rate (half float16's on sm_80 and
+		 * sm_90), as the library's TF32 call (library.c) */
+		if (t->gpu && p->tc && p->mma == AP_KIR_MMA_TF32_1688 && t->tc_gflops > 0)
+			out->alu_fraction = t->tf32_gflops / t->tc_gflops;
 		/* split-K: a block's pipeline fills (stages - 1 K tiles copied
 		 * before its first product) and its cluster's reduction and
 		 * barrier (about one K tile more) stand outside the overlapped

@@ -78,7 +78,7 @@ typedef struct gemm_plan {
 					   across batches too: offset row * s_outer */
 	gemm_opnd a, b;                 /* b is described as [N][K] */
 	bool tc;                        /* tensor cores */
-	bool wg;                        /* ... by wgmma (sm_90a, float16 / bfloat16): tm / tn
+	bool wg;                        /* ... by wgmma (sm_90a; TF32 too): tm / tn
 					   count warpgroups, the shared tiles are laid out
 					   in core matrices (ap__gemm_smem_lin) */
 	ap_kir_mma_kind mma;
@@ -217,6 +217,7 @@ int ap__gemm_analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, 
 		     size_t cap);
 gemm_cfg ap__gemm_cfg_of(const ap_sched *s);
 int ap__gemm_pad_of(const gemm_plan *p);
+ap_kir_wgmma_kind ap__gemm_wgmma_kind(const gemm_plan *p);
 void ap__gemm_tile_layouts(const gemm_plan *p, bool *a_rowk, bool *b_rowk);
 int ap__gemm_copy_mode(const gemm_plan *p, int role, const gemm_cfg *c, const ap_target_info *t,
 		       stage_mode *mode);

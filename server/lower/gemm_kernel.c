@@ -270,8 +270,8 @@ static ap_kir_wg_layout wg_layout(gctx *c, int role)
 	return l;
 }
 
-/* The K tile in stage st on wgmma: per k16 step and m64 tile of the
- * warpgroup, one wgmma.m64nNk16 with N the warpgroup's columns, A from
+/* The K tile in stage st on wgmma: per k16 step (k8: TF32) and m64 tile
+ * of the warpgroup, one wgmma.m64nNk16 (m64nNk8) with N the warpgroup's columns, A from
  * the warpgroup's rows, B from its columns (each descriptor's start the
  * core matrix at (row, k)); then the group committed and waited for --
  * all of it, so that the stage may be refilled after the next barrier,
@@ -282,7 +282,7 @@ static void compute_wg(gctx *c, ap_kir_expr *st)
 	ap_kir_kernel *k = c->k;
 	ap_kir_block *cur = c->v->cur;
 	int MI = c->c.bm / c->c.tm / 64, NI = c->c.bn / c->c.tn / 8;
-	ap_kir_wgmma_kind kind = c->p->in_t == AP_DT_F16 ? AP_KIR_WGMMA_F16 : AP_KIR_WGMMA_BF16;
+	ap_kir_wgmma_kind kind = ap__gemm_wgmma_kind(c->p);
 	ap_kir_wg_layout la = wg_layout(c, 0), lb = wg_layout(c, 1);
 	ap_kir_var *kk, *mi;
 	ap_kir_stmt *lk, *lm;
@@ -290,7 +290,7 @@ static void compute_wg(gctx *c, ap_kir_expr *st)
 
 	ap_kir_wgmma_fence(k, cur, c->acc);
 	kk = ap_kir_var_new(k, k->index_type, "ks");
-	lk = ap_kir_for_unroll(k, cur, kk, I(c, 0), I(c, c->c.bk), 16, -1);
+	lk = ap_kir_for_unroll(k, cur, kk, I(c, 0), I(c, c->c.bk), ap_kir_wgmma_k(kind), -1);
 	if (!lk)
 		return;
 	b0 = ap__gemm_smem_index(c, 1, st, c->wn0, ap_kir_ref(k, kk));

@@ -263,7 +263,7 @@ static ap_kir_expr *conv_element(gctx *c, int role, ap_kir_expr *o, ap_kir_expr 
  * canonical layout of its major-ness (kir.h, ap_kir_wg_layout), as
  * (row, column) of ap__wg_place: K-major (a tile with K contiguous) rows
  * o, columns kk; MN-major rows kk, columns o.  Unswizzled, core matrices
- * of 8 rows of 8 elements (16 bytes) back to back; swizzled by
+ * of 8 rows of 16 bytes back to back; swizzled by
  * r->sw[role] bytes, atoms of 8 rows of that many bytes, 16-byte chunks
  * permuted per row (ap__wg_swizzled_place).  A copy of up to 8 elements
  * along the columns, from a multiple of its width, stays in one 16-byte
@@ -277,7 +277,7 @@ static ap_kir_expr *wg_place(gctx *c, int role, ap_kir_expr *o, ap_kir_expr *kk)
 	if (sw)
 		return ap__wg_swizzled_place(c->k, r, j, rowk ? rows : c->c.bk,
 					     sw / (int)ap_dtype_size(c->p->in_t), (int)ap_dtype_size(c->p->in_t));
-	return ap__wg_place(c->k, r, j, rowk ? c->c.bk : rows);
+	return ap__wg_place(c->k, r, j, rowk ? c->c.bk : rows, (int)ap_dtype_size(c->p->in_t));
 }
 
 /* The place of tile element (o, kk) in one stage of operand `role`'s
