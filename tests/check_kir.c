@@ -2678,6 +2678,56 @@ START_TEST(tf32_rounding)
 }
 END_TEST
 
+/* AP_KIR_EX2_APPROX: ex2.approx.ftz.f32 in the CUDA (and its PTX), and
+ * the host's reading of it -- within 2^-22 of 2^x (float64's exp2), a
+ * subnormal input taken as 0 (result 1), a result below 2^-126 flushed
+ * to 0, -inf to 0, +inf kept; a float64 argument refused. */
+START_TEST(ex2_approx)
+{
+	static const float xs[] = {0.0f, 1.0f, -1.0f, 3.5f, -0.7213475f, 10.25f, -20.125f, 100.5f, -125.5f,
+				   -126.0f, -127.5f, -149.0f, 1e-40f, -1e-40f, -INFINITY, INFINITY, 0.3333333f};
+	enum { N = sizeof(xs) / sizeof(xs[0]) };
+	ap_kir_kernel *k = ap_kir_kernel_new("ex2k");
+	ap_kir_array *in, *out;
+	ap_kir_expr *t;
+	float y[N];
+	void *args[2], *h = NULL;
+	char *host, *cuda, *ptx;
+	host_fn f;
+
+	k->block[0] = N;
+	out = ap_kir_param(k, "y", AP_DT_F32, true, -1);
+	in = ap_kir_param(k, "x", AP_DT_F32, false, -1);
+	t = ap_kir_index_of(k, AP_KIR_THREAD_X);
+	ap_kir_store(k, &k->body, out, t, ap_kir_call(k, AP_KIR_EX2_APPROX, ap_kir_load(k, in, t), NULL));
+	f = print_and_load(k, &host, &cuda, &h);
+	args[0] = y;
+	args[1] = (void *)xs;
+	f(args, 0, 1);
+	for (int i = 0; i < N; i++) {
+		double want = fabs((double)xs[i]) < 0x1p-126 ? 1.0 : exp2((double)xs[i]);
+
+		if (want < 0x1p-126)
+			want = 0;
+		ck_assert_msg(y[i] == want || fabs(y[i] - want) <= 0x1p-22 * want, "ex2(%.9g) = %.9g, want %.9g",
+			      (double)xs[i], (double)y[i], want);
+	}
+	ck_assert_ptr_nonnull(strstr(cuda, "ex2.approx.ftz.f32"));
+	ptx = nvrtc_ptx(cuda, k->name, false);
+	if (ptx) {
+		ck_assert_ptr_nonnull(strstr(ptx, "ex2.approx.ftz.f32"));
+		free(ptx);
+	}
+	free(host);
+	free(cuda);
+	dlclose(h);
+	ap_kir_kernel_free(k);
+	k = ap_kir_kernel_new("ex2d");
+	ck_assert_ptr_null(ap_kir_call(k, AP_KIR_EX2_APPROX, ap_kir_float(k, AP_DT_F64, 1.0), NULL));
+	ap_kir_kernel_free(k);
+}
+END_TEST
+
 /* A predicated cp.async fills zeros; 4- and 8-byte copies of float32. */
 START_TEST(cp_async_zero_fill)
 {
@@ -3258,6 +3308,7 @@ static Suite *kir_suite(void)
 	tcase_add_test(tc, wgmma_bf16);
 	tcase_add_test(tc, wgmma_swizzled);
 	tcase_add_test(tc, wgmma_tf32);
+	tcase_add_test(tc, ex2_approx);
 	tcase_add_test(tc, wgmma_regs_in_flight);
 	tcase_add_test(tc, shared_dyn_aligned_and_swizzle_rule);
 	tcase_add_test(tc, tmap_rules);

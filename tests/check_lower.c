@@ -2126,6 +2126,29 @@ START_TEST(attention_wgmma)
 }
 END_TEST
 
+/* Query and key counts the tiles divide (128 queries, 256 keys, head dim
+ * 64): the tensor-core forms leave out the key mask and the staging's row
+ * tests, and stage K, V and Q with addresses computed once a tile
+ * (ap__att_stage_rows' whole passes) -- on sm_90a (wgmma, swizzled
+ * tiles) and sm_90 (mma.sync, padded rows), the sampled configurations in
+ * the checking host mode against float64, a row's first 32 keys masked
+ * (the all -inf start of the online softmax). */
+START_TEST(attention_whole_tiles)
+{
+	static const att_case wg = {"attention_wg_whole_f16", AP_DT_F16, 1, 2, 128, 256, 64, 64, false, "sm_90a", 4e-3};
+	static const att_case tc = {"attention_tc_whole_bf16", AP_DT_BF16, 1, 2, 128, 256, 64, 64, true, "sm_90", 2e-2};
+	lcase l1 = {wg.name, "attention", {"wgmma.mma_async", "ex2.approx.ftz.f32"},
+		    {"wgmma.mma_async.sync.aligned", "ex2.approx.ftz.f32"}};
+	lcase l2 = {tc.name, "attention", {"mma.sync", "ex2.approx.ftz.f32"},
+		    {"mma.sync.aligned.m16n8k16.row.col.f32.bf16", "ex2.approx.ftz.f32"}};
+
+	g_golden_target = "sm_90a";   /* the default kernel printed for the wgmma target */
+	run_attention_case(&wg, &l1);
+	g_golden_target = NULL;
+	run_attention_case(&tc, &l2);
+}
+END_TEST
+
 /* The wgmma form's overlap (knob overlap=1, attention_tc.c ov_key_loop:
  * tile j's softmax beside tile j-1's O += P V): every configuration of
  * the space run in the checking host mode (APOLLO_SWEEP full here), 150
@@ -3047,6 +3070,7 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, attention_tensor_cores);
 	tcase_add_test(tc, attention_wgmma);
 	tcase_add_test(tc, attention_wgmma_overlap);
+	tcase_add_test(tc, attention_whole_tiles);
 	tcase_add_test(tc, attention_wgmma_tma);
 	tcase_add_test(tc, attention_ws_copies);
 	tcase_add_test(tc, attention_wgmma_wide_heads);

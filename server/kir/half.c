@@ -120,6 +120,17 @@ uint32_t ap_kir_tf32_bits(uint32_t u)
 	return (u + 0x1000u) & 0xffffe000u;                   /* half a TF32 ulp, then truncate */
 }
 
+const char ap__kir_host_ex2_src[] =
+	"static inline float ap_ex2f(float x)\n"
+	"{\n"
+	"\tfloat r;\n"
+	"\n"
+	"\tif (fabsf(x) < 0x1p-126f)\n"
+	"\t\treturn 1.0f;\n"
+	"\tr = exp2f(x);\n"
+	"\treturn r < 0x1p-126f ? 0.0f : r;\n"
+	"}\n";
+
 const char ap__kir_host_tf32_src[] =
 	"static inline float ap_tf32f(float f)\n"
 	"{\n"

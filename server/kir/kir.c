@@ -636,7 +636,7 @@ ap_kir_expr *ap_kir_call(ap_kir_kernel *k, ap_kir_fn fn, ap_kir_expr *a, ap_kir_
 
 	if (!a || (fn >= AP_KIR_POW && !b))
 		return NULL;
-	if (fn == AP_KIR_TF32 && a->type != AP_DT_F32) {
+	if ((fn == AP_KIR_TF32 || fn == AP_KIR_EX2_APPROX) && a->type != AP_DT_F32) {
 		k->failed = true;
 		return NULL;
 	}

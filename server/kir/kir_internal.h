@@ -30,6 +30,9 @@ extern const char ap__kir_host_bf16_src[];
 /* Host C text of ap_tf32f (AP_KIR_TF32) and ap_tf32_trunc (how the tensor
  * core reads a TF32 operand: the 13 low mantissa bits dropped). */
 extern const char ap__kir_host_tf32_src[];
+/* Host C text of ap_ex2f (AP_KIR_EX2_APPROX): exp2f with ex2.approx.ftz's
+ * flushes -- a subnormal input is 0 (2^0 = 1), a subnormal result 0. */
+extern const char ap__kir_host_ex2_src[];
 /* Host C text of ap_wg_desc / ap_wg_addr: the wgmma matrix descriptor's
  * encoding and its decoding into element addresses (half.c). */
 extern const char ap__kir_host_wgmma_src[];

@@ -129,6 +129,7 @@ typedef struct printer {
 	bool uses_tf32;              /* the TF32 rounding function */
 	bool uses_ldmatrix, uses_mma;
 	bool uses_wgmma_tf32;        /* the host reads TF32 wgmma operands truncated */
+	bool uses_ex2;               /* ap_ex2f (AP_KIR_EX2_APPROX) */
 	int wgmma_n;                 /* the widest wgmma's N (0: none) */
 	unsigned char *promoted;     /* host, per array id: inside the current thread loop,
 					the thread's slice of this register array is a
@@ -215,7 +216,8 @@ static const char *fn_name(int fn, ap_dtype t, char *buf, size_t cap)
 		[AP_KIR_EXPM1] = "expm1", [AP_KIR_ROUND] = "rint", [AP_KIR_TF32] = "ap_tf32",
 		[AP_KIR_POW] = "pow",
 		[AP_KIR_FMAX] = "fmax", [AP_KIR_FMIN] = "fmin", [AP_KIR_FMOD] = "fmod",
-		[AP_KIR_SIN] = "sin", [AP_KIR_COS] = "cos",
+		[AP_KIR_SIN] = "sin", [AP_KIR_COS] = "cos", [AP_KIR_EXP2] = "exp2",
+		[AP_KIR_EX2_APPROX] = "ap_ex2",
 	};
 	const char *n = fn >= 0 && fn < AP_KIR_FN_COUNT && names[fn] ? names[fn] : "exp";
 
@@ -2487,6 +2489,10 @@ static void print_cuda_helpers(printer *p)
 			  "static __device__ __forceinline__ float ap_tf32f(float x)\n"
 			  "{ unsigned r; asm(\"cvt.rna.tf32.f32 %%0, %%1;\" : \"=r\"(r) : \"f\"(x)); "
 			  "return __uint_as_float(r); }\n#endif\n");
+	if (p->uses_ex2)   /* PTX ISA: ex2.approx.ftz.f32 */
+		sb_printf(b, "#ifndef AP_EX2_DEFINED\n#define AP_EX2_DEFINED\n"
+			  "static __device__ __forceinline__ float ap_ex2f(float x)\n"
+			  "{ float r; asm(\"ex2.approx.ftz.f32 %%0, %%1;\" : \"=f\"(r) : \"f\"(x)); return r; }\n#endif\n");
 	if (p->uses_dsmem)   /* PTX ISA: mapa, ld.shared::cluster (sm_90) */
 		sb_printf(b, "#ifndef AP_DSMEM_DEFINED\n#define AP_DSMEM_DEFINED\n"
 			  "static __device__ __forceinline__ float ap_dsmem_f32(const float *p, unsigned r)\n"
@@ -2607,6 +2613,8 @@ static void print_prelude(printer *p)
 		if (p->uses_tf32 || p->uses_mma || p->uses_wgmma_tf32)
 			sb_printf(b, "#ifndef AP_TF32_DEFINED\n#define AP_TF32_DEFINED\n%s#endif\n",
 				  ap__kir_host_tf32_src);
+		if (p->uses_ex2)
+			sb_printf(b, "#ifndef AP_EX2_DEFINED\n#define AP_EX2_DEFINED\n%s#endif\n", ap__kir_host_ex2_src);
 		if (p->wgmma_n)
 			sb_printf(b, "#ifndef AP_WGMMA_DEFINED\n#define AP_WGMMA_DEFINED\n%s#endif\n",
 				  ap__kir_host_wgmma_src);
@@ -2995,6 +3003,8 @@ static int scan_expr(const ap_kir_expr *e, const ap_kir_stmt *s, void *user)
 	note_type(p, e->type);
 	if (e->kind == AP_KIR_E_CALL && e->op == AP_KIR_TF32)
 		p->uses_tf32 = true;
+	if (e->kind == AP_KIR_E_CALL && e->op == AP_KIR_EX2_APPROX)
+		p->uses_ex2 = true;
 	if (e->kind == AP_KIR_E_LOAD && e->c)
 		p->uses_dsmem = true;
 	return 0;

@@ -118,10 +118,19 @@ ap_kir_expr *ap__att_xor_reduce(actx *c, ap_kir_expr *v, bool max, int lanes)
  * into the shared array `arr` (row r at arr[base + r * ld], `cols` elements of
  * arr's type), the block's threads striding over it: element (r, j) is
  * the operand at (r0 + r, j) -- K^T at (j, r0 + r) -- and zero past row
- * `rows_ok` or column `cols_ok`.  Copied by cp.async (p->aw[role]
- * elements at a time, from its buffer; the caller commits and waits) when
- * the plan says so, else read through the value builder (views and
- * prologues in place). */
+ * `rows_ok` or column `cols_ok`; r0 is a multiple of n (every caller's
+ * tiles are), so no row test is made where n divides rows_ok.  Copied by
+ * cp.async (p->aw[role] elements at a time, from its buffer; the caller
+ * commits and waits) when the plan says so, else read through the value
+ * builder (views and prologues in place).
+ *
+ * Where the threads are whole rows of copies (cols / w divides them) and
+ * the copies a whole number of passes, a thread's column and first row
+ * are computed once and each pass moves its row by threads / (cols / w):
+ * the shared place advances by a constant (the wgmma layouts are linear
+ * in whole 8-row groups, checked), unrolled -- the per-copy division,
+ * remainder and swizzle of the general loop gone (issue 25's "copy
+ * addresses computed once", as the GEMM's ap__gemm_hoist_copies). */
 void ap__att_stage_rows(actx *c, ap_kir_array *arr, ap_kir_expr *base, int role, int64_t n, int64_t cols,
 		       int64_t ld, ap_kir_expr *r0, int64_t rows_ok, int64_t cols_ok)
 {
@@ -131,20 +140,44 @@ void ap__att_stage_rows(actx *c, ap_kir_array *arr, ap_kir_expr *base, int role,
 	int x = role == 0 ? p->q : role == 1 ? p->kt : p->v, w = p->aw[role] ? p->aw[role] : 1;
 	bool trans = role == 1;
 	unsigned nt = c->stage_tid ? c->stage_nt : ap_kir_block_threads(k);
+	ap_kir_expr *tid = c->stage_tid ? c->stage_tid : ap_kir_index_of(k, AP_KIR_THREAD_X);
+	int64_t cw = cols / w, passes = n * cw / nt, step = nt / cw, delta = 0;
 	ap_kir_block *saved, *s2;
-	ap_kir_var *e = ap_v_loop(v, "e", c->stage_tid ? c->stage_tid : ap_kir_index_of(k, AP_KIR_THREAD_X),
-				  ap_kir_idx(k, n * cols / w), nt, &saved);
-	ap_kir_expr *r = ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, e), ap_kir_idx(k, cols / w));
-	ap_kir_expr *j = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, e), ap_kir_idx(k, cols / w)), w);
-	ap_kir_expr *gr = ap_kir_bind(k, v->cur, k->index_type, "gr", ap_kir_add(k, r0, r));
-	ap_kir_expr *ok = ap_kir_binary(k, AP_KIR_LT, gr, ap_kir_idx(k, rows_ok));
-	ap_kir_expr *at = ap_kir_add(k, base, c->wg ? ap__att_wg_place(c, role, r, j, n, cols)
-						    : ap_kir_add(k, ap_kir_muli(k, r, ld), j));
+	ap_kir_var *e;
+	ap_kir_expr *r, *j, *gr, *ok, *at;
 	ap_kir_var *val;
 	ap_lidx ix;
 
-	if (cols_ok < cols)
-		ok = ap_kir_binary(k, AP_KIR_LAND, ok, ap_kir_binary(k, AP_KIR_LT, j, ap_kir_idx(k, cols_ok)));
+	if (nt % cw == 0 && (n * cw) % nt == 0 && passes >= 1 && passes <= 16 &&
+	    (!c->wg || (step % 8 == 0 &&
+			ap_kir_is_int(ap__att_wg_place(c, role, ap_kir_idx(k, step), ap_kir_idx(k, 0), n, cols), &delta)))) {
+		ap_kir_expr *rb = ap_kir_bind(k, v->cur, k->index_type, "sr", ap_kir_binary(k, AP_KIR_DIV, tid, ap_kir_idx(k, cw)));
+		ap_kir_expr *jb = ap_kir_bind(k, v->cur, k->index_type, "sc",
+					      ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, tid, ap_kir_idx(k, cw)), w));
+		ap_kir_expr *at0 = ap_kir_bind(k, v->cur, k->index_type, "sp",
+					       ap_kir_add(k, base, c->wg ? ap__att_wg_place(c, role, rb, jb, n, cols)
+									 : ap_kir_add(k, ap_kir_muli(k, rb, ld), jb)));
+
+		if (!c->wg)
+			delta = step * ld;
+		e = ap_v_loop(v, "e", ap_kir_idx(k, 0), ap_kir_idx(k, passes), 1, &saved);
+		r = ap_kir_add(k, rb, ap_kir_muli(k, ap_kir_ref(k, e), step));
+		j = jb;
+		at = ap_kir_add(k, at0, ap_kir_muli(k, ap_kir_ref(k, e), delta));
+	} else {
+		e = ap_v_loop(v, "e", tid, ap_kir_idx(k, n * cw), nt, &saved);
+		r = ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, e), ap_kir_idx(k, cw));
+		j = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, e), ap_kir_idx(k, cw)), w);
+		at = ap_kir_add(k, base, c->wg ? ap__att_wg_place(c, role, r, j, n, cols)
+					       : ap_kir_add(k, ap_kir_muli(k, r, ld), j));
+	}
+	gr = ap_kir_bind(k, v->cur, k->index_type, "gr", ap_kir_add(k, r0, r));
+	ok = rows_ok % n == 0 ? NULL : ap_kir_binary(k, AP_KIR_LT, gr, ap_kir_idx(k, rows_ok));
+	if (cols_ok < cols) {
+		ap_kir_expr *jok = ap_kir_binary(k, AP_KIR_LT, j, ap_kir_idx(k, cols_ok));
+
+		ok = ok ? ap_kir_binary(k, AP_KIR_LAND, ok, jok) : jok;
+	}
 	ix = trans ? ap__att_idx2(c, x, j, gr) : ap__att_idx2(c, x, gr, j);
 	if (p->aw[role]) {
 		ap_kir_cp_async(k, v->cur, arr, at, ap_v_buffer(v, p->leaf[role]),
@@ -154,9 +187,11 @@ void ap__att_stage_rows(actx *c, ap_kir_array *arr, ap_kir_expr *base, int role,
 	}
 	val = ap_kir_var_new(k, arr->type, "x");
 	ap_kir_let(k, v->cur, val, ap_kir_float(k, arr->type, 0));
-	ap_v_if(v, ok, &s2, NULL);
+	if (ok)
+		ap_v_if(v, ok, &s2, NULL);
 	ap_kir_assign(k, v->cur, val, ap_kir_cast(k, arr->type, ap_val(v, x, &ix)));
-	ap_v_close(v, s2);
+	if (ok)
+		ap_v_close(v, s2);
 	ap_kir_store(k, v->cur, arr, at, ap_kir_ref(k, val));
 	ap_v_close(v, saved);
 }

@@ -128,6 +128,7 @@ typedef struct att_tc {
 	/* the current key tile */
 	ap_kir_expr *key0, *kbase, *vbase;   /* its first key; its stage's K and V offsets */
 	ap_kir_expr *mnew[2], *dead[2], *alpha[2];
+	ap_kir_expr *mlog2[2];          /* the exponent's offset: mnew log2(e), 0 while dead */
 	ap_kir_var *rs[2];              /* the lane's part of the tile's row sums */
 	/* knob tma: the operands' maps (Q's where p->q_tma), the mbarriers
 	 * full[0..1] of the K / V stages and full[2] of Q's tile, the key
@@ -727,7 +728,8 @@ static void tc_qk(att_tc *s)
 
 /* The scores: the first product's epilogue (score) on each element a
  * lane holds, element e of n8 tile ni at row wrow + g + 8 * (e / 2), key
- * key0 + 8 * ni + 2 * tq + e % 2; -inf past the last key. */
+ * key0 + 8 * ni + 2 * tq + e % 2; -inf past the last key (no test where
+ * the key tiles end at the last key: the tile loop never passes it). */
 static void tc_scores(att_tc *s)
 {
 	actx *c = s->c;
@@ -747,9 +749,13 @@ static void tc_scores(att_tc *s)
 		ap_kir_block *s2;
 
 		ap_kir_let(k, v->cur, sv, s->ninf);
-		ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, key, ap_kir_idx(k, c->p->Nk)), &s2, NULL);
-		ap__att_score(c, sv, ap_kir_load(k, s->sacc, si), row, key);
-		ap_v_close(v, s2);
+		if (c->p->Nk % s->BK == 0) {
+			ap__att_score(c, sv, ap_kir_load(k, s->sacc, si), row, key);
+		} else {
+			ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, key, ap_kir_idx(k, c->p->Nk)), &s2, NULL);
+			ap__att_score(c, sv, ap_kir_load(k, s->sacc, si), row, key);
+			ap_v_close(v, s2);
+		}
 		ap_kir_store(k, v->cur, s->sacc, si, ap_kir_ref(k, sv));
 	}
 	ap_v_close(v, saved);
@@ -758,8 +764,11 @@ static void tc_scores(att_tc *s)
 /* The online softmax's maxima for rows g (h = 0) and g + 8 (h = 1): the
  * lane's maximum, then the row's over the four lanes that hold it (two
  * xor shuffles); the new maximum mnew, `dead` while every score so far
- * is -inf, the rescale factor alpha = exp(m - mnew), and rs = 0, the
- * lane's part of the tile's row sum. */
+ * is -inf, the rescale factor alpha = exp(m - mnew), the probabilities'
+ * exponent offset mlog2 = mnew log2(e) (0 while dead: every score is then
+ * -inf and its probability exp2(-inf) = 0, FlashAttention-2's check for a
+ * masked row, one select a row where there was one a score), and rs = 0,
+ * the lane's part of the tile's row sum. */
 static void tc_row_max(att_tc *s)
 {
 	actx *c = s->c;
@@ -785,13 +794,22 @@ static void tc_row_max(att_tc *s)
 		s->alpha[h] = ap_kir_bind(k, v->cur, A, "al",
 					  ap_kir_select(k, s->dead[h], ap_kir_float(k, A, 1),
 							ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, s->mrun[h]), s->mnew[h]), NULL)));
+		s->mlog2[h] = ap_kir_bind(k, v->cur, A, "ml",
+					  ap_kir_select(k, s->dead[h], ap_kir_float(k, A, 0),
+							ap_kir_binary(k, AP_KIR_MUL, s->mnew[h], ap_kir_float(k, A, M_LOG2E))));
 		s->rs[h] = ap_kir_var_new(k, A, "rs");
 		ap_kir_let(k, v->cur, s->rs[h], ap_kir_float(k, A, 0));
 	}
 }
 
-/* The probabilities exp(s - mnew) of the tile, summed into rs and stored
- * (as `type`) into `dst` at the scores' element indices. */
+/* The probabilities exp(s - mnew) of the tile as exp2(s log2(e) - mlog2)
+ * -- one FFMA and one ex2.approx.ftz (AP_KIR_EX2_APPROX) a score where
+ * expf took about eight instructions and a select (FlashAttention-2
+ * section 3.1 scales by log2(e) the same way).  Within about 2^-20 of
+ * exp(s - mnew) relatively, far below the 16-bit or TF32 operand P
+ * becomes; the flush of results below 2^-126 drops nothing a row sum of
+ * at least 1 (its maximum's exp2(0)) can hold -- summed into rs and
+ * stored (as `type`) into `dst` at the scores' element indices. */
 static void tile_probabilities(att_tc *s, ap_kir_array *dst, ap_dtype type)
 {
 	ap_kir_kernel *k = s->c->k;
@@ -802,9 +820,10 @@ static void tile_probabilities(att_tc *s, ap_kir_array *dst, ap_dtype type)
 
 	for (int e = 0; e < 4; e++) {
 		ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
-		ap_kir_expr *pv = ap_kir_bind(k, v->cur, A, "p",
-					      ap_kir_select(k, s->dead[e >> 1], ap_kir_float(k, A, 0),
-							    ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_load(k, s->sacc, si), s->mnew[e >> 1]), NULL)));
+		ap_kir_expr *x = ap_kir_binary(k, AP_KIR_SUB,
+					       ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, s->sacc, si), ap_kir_float(k, A, M_LOG2E)),
+					       s->mlog2[e >> 1]);
+		ap_kir_expr *pv = ap_kir_bind(k, v->cur, A, "p", ap_kir_call(k, A == AP_DT_F32 ? AP_KIR_EX2_APPROX : AP_KIR_EXP2, x, NULL));
 
 		ap_kir_assign(k, v->cur, s->rs[e >> 1], ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, s->rs[e >> 1]), pv));
 		ap_kir_store(k, v->cur, dst, si, ap_kir_cast(k, type, pv));
@@ -885,9 +904,9 @@ static void tc_pv(att_tc *s)
 }
 
 /* After the last key tile: each row's sum from the four lanes that hold
- * parts of it, O = acc / l through O's epilogue (rows below Nq, columns
- * below Dv), and the statistics others read (from the lanes with
- * tq = 0). */
+ * parts of it, O = acc (1 / l) through O's epilogue (rows below Nq,
+ * columns below Dv: one division a row, not one an element), and the
+ * statistics others read (from the lanes with tq = 0). */
 static void tc_store(att_tc *s)
 {
 	actx *c = s->c;
@@ -897,8 +916,14 @@ static void tc_store(att_tc *s)
 	ap_kir_block *saved;
 	ap_kir_var *no;
 
-	for (int h = 0; h < 2; h++)
+	ap_kir_expr *inv[2];
+
+	for (int h = 0; h < 2; h++) {
 		ap_kir_assign(k, v->cur, s->lrun[h], ap__att_xor_reduce(c, ap_kir_ref(k, s->lrun[h]), false, 4));
+		inv[h] = ap_kir_bind(k, v->cur, s->A, "il",
+				     ap_kir_binary(k, AP_KIR_DIV, ap_kir_float(k, s->A, 1),
+						   ap__att_divisor(c, ap_kir_ref(k, s->lrun[h]))));
+	}
 	no = ap_v_loop_unrolled(v, "no", s->NO, &saved);
 	for (int e = 0; e < 4; e++) {
 		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r",
@@ -911,9 +936,9 @@ static void tc_store(att_tc *s)
 		ap_v_if(v, ap_kir_binary(k, AP_KIR_LAND, ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, p->Nq)),
 					 ap_kir_binary(k, AP_KIR_LT, col, ap_kir_idx(k, p->Dv))), &s2, NULL);
 		c->out = ap_kir_bind(k, v->cur, s->A, "o",
-				     ap_kir_binary(k, AP_KIR_DIV,
+				     ap_kir_binary(k, AP_KIR_MUL,
 						   ap_kir_load(k, s->oacc, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, no), 4), e)),
-						   ap__att_divisor(c, ap_kir_ref(k, s->lrun[e >> 1]))));
+						   inv[e >> 1]));
 		ap__epilogue_store(v, p->maps, ap__att_idx2(c, p->o, row, col));
 		c->out = NULL;
 		ap_v_close(v, s2);

@@ -41,93 +41,96 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_online_softmax(fl
 		for (int kt15 = 0; kt15 < 2; kt15 += 1) {
 			int k016 = (kt15 * 32);
 			__syncthreads();
-			for (int e17 = ((int)threadIdx.x); e17 < 512; e17 += 128) {
-				int gr18 = (k016 + (e17 / 16));
-				float x19 = 0x0p+0f;
-				if ((gr18 < 45)) {
-					float v20 = p2[((((b6 * 2160) + (b5 * 720)) + (gr18 * 16)) + (e17 % 16))];
-					x19 = v20;
+			int sr17 = (((int)threadIdx.x) / 16);
+			int sc18 = (((int)threadIdx.x) % 16);
+			int sp19 = ((sr17 * 17) + sc18);
+			for (int e20 = 0; e20 < 4; e20 += 1) {
+				int gr21 = (k016 + (sr17 + (e20 * 8)));
+				float x22 = 0x0p+0f;
+				if ((gr21 < 45)) {
+					float v23 = p2[((((b6 * 2160) + (b5 * 720)) + (gr21 * 16)) + sc18)];
+					x22 = v23;
 				}
-				ks[(((e17 / 16) * 17) + (e17 % 16))] = x19;
+				ks[(sp19 + (e20 * 136))] = x22;
 			}
-			for (int e21 = ((int)threadIdx.x); e21 < 384; e21 += 128) {
-				int gr22 = (k016 + (e21 / 12));
-				float x23 = 0x0p+0f;
-				if ((gr22 < 45)) {
-					float v24 = p3[((((b6 * 1620) + (b5 * 540)) + (gr22 * 12)) + (e21 % 12))];
-					x23 = v24;
+			for (int e24 = ((int)threadIdx.x); e24 < 384; e24 += 128) {
+				int gr25 = (k016 + (e24 / 12));
+				float x26 = 0x0p+0f;
+				if ((gr25 < 45)) {
+					float v27 = p3[((((b6 * 1620) + (b5 * 540)) + (gr25 * 12)) + (e24 % 12))];
+					x26 = v27;
 				}
-				vs[(((e21 / 12) * 12) + (e21 % 12))] = x23;
+				vs[(((e24 / 12) * 12) + (e24 % 12))] = x26;
 			}
 			__syncthreads();
-			int key25 = (k016 + ln1);
-			float dot26 = 0x0p+0f;
-			for (int d27 = 0; d27 < 16; d27 += 1) {
-				dot26 = (dot26 + (qs[((w0 * 16) + d27)] * ks[((ln1 * 17) + d27)]));
+			int key28 = (k016 + ln1);
+			float dot29 = 0x0p+0f;
+			for (int d30 = 0; d30 < 16; d30 += 1) {
+				dot29 = (dot29 + (qs[((w0 * 16) + d30)] * ks[((ln1 * 17) + d30)]));
 			}
-			float s28 = (-AP_INFF);
-			if ((key25 < 45)) {
-				float v29 = (dot26 / 0x1p+2f);
-				float v30 = p4[(((row7 < 36 ? row7 : 36) * 45) + key25)];
-				float v31 = (v29 + v30);
-				s28 = v31;
+			float s31 = (-AP_INFF);
+			if ((key28 < 45)) {
+				float v32 = (dot29 / 0x1p+2f);
+				float v33 = p4[(((row7 < 36 ? row7 : 36) * 45) + key28)];
+				float v34 = (v32 + v33);
+				s31 = v34;
 			}
-			float wm32 = s28;
-			float sh33;
-			sh33 = __shfl_xor_sync(0xffffffffu, wm32, (int)16, 32);
-			wm32 = (wm32 > sh33 ? wm32 : sh33);
-			float sh34;
-			sh34 = __shfl_xor_sync(0xffffffffu, wm32, (int)8, 32);
-			wm32 = (wm32 > sh34 ? wm32 : sh34);
-			float sh35;
-			sh35 = __shfl_xor_sync(0xffffffffu, wm32, (int)4, 32);
-			wm32 = (wm32 > sh35 ? wm32 : sh35);
+			float wm35 = s31;
 			float sh36;
-			sh36 = __shfl_xor_sync(0xffffffffu, wm32, (int)2, 32);
-			wm32 = (wm32 > sh36 ? wm32 : sh36);
+			sh36 = __shfl_xor_sync(0xffffffffu, wm35, (int)16, 32);
+			wm35 = (wm35 > sh36 ? wm35 : sh36);
 			float sh37;
-			sh37 = __shfl_xor_sync(0xffffffffu, wm32, (int)1, 32);
-			wm32 = (wm32 > sh37 ? wm32 : sh37);
-			float mn38 = (m12 > wm32 ? m12 : wm32);
-			unsigned char dd39 = (mn38 == (-AP_INFF));
-			float al40 = (dd39 ? 0x1p+0f : expf((m12 - mn38)));
-			float p41 = (dd39 ? 0x0p+0f : expf((s28 - mn38)));
-			float ws42 = p41;
-			float sh43;
-			sh43 = __shfl_xor_sync(0xffffffffu, ws42, (int)16, 32);
-			ws42 = (ws42 + sh43);
-			float sh44;
-			sh44 = __shfl_xor_sync(0xffffffffu, ws42, (int)8, 32);
-			ws42 = (ws42 + sh44);
-			float sh45;
-			sh45 = __shfl_xor_sync(0xffffffffu, ws42, (int)4, 32);
-			ws42 = (ws42 + sh45);
+			sh37 = __shfl_xor_sync(0xffffffffu, wm35, (int)8, 32);
+			wm35 = (wm35 > sh37 ? wm35 : sh37);
+			float sh38;
+			sh38 = __shfl_xor_sync(0xffffffffu, wm35, (int)4, 32);
+			wm35 = (wm35 > sh38 ? wm35 : sh38);
+			float sh39;
+			sh39 = __shfl_xor_sync(0xffffffffu, wm35, (int)2, 32);
+			wm35 = (wm35 > sh39 ? wm35 : sh39);
+			float sh40;
+			sh40 = __shfl_xor_sync(0xffffffffu, wm35, (int)1, 32);
+			wm35 = (wm35 > sh40 ? wm35 : sh40);
+			float mn41 = (m12 > wm35 ? m12 : wm35);
+			unsigned char dd42 = (mn41 == (-AP_INFF));
+			float al43 = (dd42 ? 0x1p+0f : expf((m12 - mn41)));
+			float p44 = (dd42 ? 0x0p+0f : expf((s31 - mn41)));
+			float ws45 = p44;
 			float sh46;
-			sh46 = __shfl_xor_sync(0xffffffffu, ws42, (int)2, 32);
-			ws42 = (ws42 + sh46);
+			sh46 = __shfl_xor_sync(0xffffffffu, ws45, (int)16, 32);
+			ws45 = (ws45 + sh46);
 			float sh47;
-			sh47 = __shfl_xor_sync(0xffffffffu, ws42, (int)1, 32);
-			ws42 = (ws42 + sh47);
-			l13 = ((l13 * al40) + ws42);
-			m12 = mn38;
-			ps[((w0 * 32) + ln1)] = p41;
+			sh47 = __shfl_xor_sync(0xffffffffu, ws45, (int)8, 32);
+			ws45 = (ws45 + sh47);
+			float sh48;
+			sh48 = __shfl_xor_sync(0xffffffffu, ws45, (int)4, 32);
+			ws45 = (ws45 + sh48);
+			float sh49;
+			sh49 = __shfl_xor_sync(0xffffffffu, ws45, (int)2, 32);
+			ws45 = (ws45 + sh49);
+			float sh50;
+			sh50 = __shfl_xor_sync(0xffffffffu, ws45, (int)1, 32);
+			ws45 = (ws45 + sh50);
+			l13 = ((l13 * al43) + ws45);
+			m12 = mn41;
+			ps[((w0 * 32) + ln1)] = p44;
 			__syncthreads();
 			#pragma unroll
-			for (int i48 = 0; i48 < 1; i48 += 1) {
-				float a49 = (acc[i48] * al40);
-				if (((ln1 + (i48 * 32)) < 12)) {
-					for (int j50 = 0; j50 < 32; j50 += 1) {
-						a49 = (a49 + (ps[((w0 * 32) + j50)] * vs[((j50 * 12) + (ln1 + (i48 * 32)))]));
+			for (int i51 = 0; i51 < 1; i51 += 1) {
+				float a52 = (acc[i51] * al43);
+				if (((ln1 + (i51 * 32)) < 12)) {
+					for (int j53 = 0; j53 < 32; j53 += 1) {
+						a52 = (a52 + (ps[((w0 * 32) + j53)] * vs[((j53 * 12) + (ln1 + (i51 * 32)))]));
 					}
 				}
-				acc[i48] = a49;
+				acc[i51] = a52;
 			}
 		}
-		for (int i51 = 0; i51 < 1; i51 += 1) {
-			int col52 = (ln1 + (i51 * 32));
-			if ((ok8 && (col52 < 12))) {
-				float o53 = (acc[i51] / l13);
-				p0[((((b6 * 1332) + (rc9 * 36)) + (b5 * 12)) + col52)] = o53;
+		for (int i54 = 0; i54 < 1; i54 += 1) {
+			int col55 = (ln1 + (i54 * 32));
+			if ((ok8 && (col55 < 12))) {
+				float o56 = (acc[i54] / l13);
+				p0[((((b6 * 1332) + (rc9 * 36)) + (b5 * 12)) + col55)] = o56;
 			}
 		}
 	}

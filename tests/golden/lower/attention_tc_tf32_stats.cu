@@ -8,6 +8,11 @@
 static __device__ __forceinline__ float ap_tf32f(float x)
 { unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return __uint_as_float(r); }
 #endif
+#ifndef AP_EX2_DEFINED
+#define AP_EX2_DEFINED
+static __device__ __forceinline__ float ap_ex2f(float x)
+{ float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+#endif
 extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_tf32_stats(float *__restrict__ p0, float *__restrict__ p1, float *__restrict__ p2, float *__restrict__ p3, const float *__restrict__ p4, const float *__restrict__ p5, const float *__restrict__ p6, const float *__restrict__ p7)
 {
 	__shared__ __align__(16) float qs[448];
@@ -52,272 +57,282 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_tf32_stats(floa
 			int gr13 = (e12 / 6);
 			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((e12 / 6) * 28) + ((e12 % 6) * 4))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr13 < 45) && (((e12 % 6) * 4) < 20))) ? &p5[((((b8 * 2700) + (b7 * 900)) + ((e12 % 6) * 4)) + (gr13 * 20))] : p5), "r"((((gr13 < 45) && (((e12 % 6) * 4) < 20))) ? 16 : 0) : "memory"); }
 		}
-		for (int e14 = ((int)threadIdx.x); e14 < 256; e14 += 32) {
-			int gr15 = (e14 / 4);
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((e14 / 4) * 40) + ((e14 % 4) * 4))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr15 < 45) && (((e14 % 4) * 4) < 12))) ? &p6[((((b8 * 1620) + (b7 * 540)) + (gr15 * 12)) + ((e14 % 4) * 4))] : p6), "r"((((gr15 < 45) && (((e14 % 4) * 4) < 12))) ? 16 : 0) : "memory"); }
+		int sr14 = (((int)threadIdx.x) / 4);
+		int sc15 = ((((int)threadIdx.x) % 4) * 4);
+		int sp16 = ((sr14 * 40) + sc15);
+		for (int e17 = 0; e17 < 8; e17 += 1) {
+			int gr18 = (sr14 + (e17 * 8));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((sp16 + (e17 * 320))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr18 < 45) && (sc15 < 12))) ? &p6[((((b8 * 1620) + (b7 * 540)) + (gr18 * 12)) + sc15)] : p6), "r"((((gr18 < 45) && (sc15 < 12))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 		__syncthreads();
 		#pragma unroll
-		for (int kq16 = 0; kq16 < 3; kq16 += 1) {
-			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 28) + ((kq16 * 8) + ((ln1 >> 4) * 4)))) * 4u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq16 * 4)] = __uint_as_float(ap_r0); qf[(kq16 * 4) + 1] = __uint_as_float(ap_r1); qf[(kq16 * 4) + 2] = __uint_as_float(ap_r2); qf[(kq16 * 4) + 3] = __uint_as_float(ap_r3); }
+		for (int kq19 = 0; kq19 < 3; kq19 += 1) {
+			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 28) + ((kq19 * 8) + ((ln1 >> 4) * 4)))) * 4u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq19 * 4)] = __uint_as_float(ap_r0); qf[(kq19 * 4) + 1] = __uint_as_float(ap_r1); qf[(kq19 * 4) + 2] = __uint_as_float(ap_r2); qf[(kq19 * 4) + 3] = __uint_as_float(ap_r3); }
 		}
 		#pragma unroll
-		for (int r17 = 0; r17 < 12; r17 += 1) {
-			qf[r17] = ap_tf32f(qf[r17]);
+		for (int r20 = 0; r20 < 12; r20 += 1) {
+			qf[r20] = ap_tf32f(qf[r20]);
 		}
-		float m18 = (-AP_INFF);
-		float l19 = 0x0p+0f;
-		float m20 = (-AP_INFF);
-		float l21 = 0x0p+0f;
+		float m21 = (-AP_INFF);
+		float l22 = 0x0p+0f;
+		float m23 = (-AP_INFF);
+		float l24 = 0x0p+0f;
 		#pragma unroll
-		for (int z22 = 0; z22 < 8; z22 += 1) {
-			of[z22] = 0x0p+0f;
+		for (int z25 = 0; z25 < 8; z25 += 1) {
+			of[z25] = 0x0p+0f;
 		}
-		for (int kt23 = 0; kt23 < 1; kt23 += 1) {
-			int k024 = (kt23 * 64);
+		for (int kt26 = 0; kt26 < 1; kt26 += 1) {
+			int k027 = (kt26 * 64);
 			__syncthreads();
-			int kn25 = (kt23 + 1);
-			int st26 = (kt23 & 1);
-			if ((kn25 < 1)) {
-				for (int e27 = ((int)threadIdx.x); e27 < 384; e27 += 32) {
-					int gr28 = ((kn25 * 64) + (e27 / 6));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((kn25 & 1) * 1792) + (((e27 / 6) * 28) + ((e27 % 6) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr28 < 45) && (((e27 % 6) * 4) < 20))) ? &p5[((((b8 * 2700) + (b7 * 900)) + ((e27 % 6) * 4)) + (gr28 * 20))] : p5), "r"((((gr28 < 45) && (((e27 % 6) * 4) < 20))) ? 16 : 0) : "memory"); }
+			int kn28 = (kt26 + 1);
+			int st29 = (kt26 & 1);
+			if ((kn28 < 1)) {
+				for (int e30 = ((int)threadIdx.x); e30 < 384; e30 += 32) {
+					int gr31 = ((kn28 * 64) + (e30 / 6));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((kn28 & 1) * 1792) + (((e30 / 6) * 28) + ((e30 % 6) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr31 < 45) && (((e30 % 6) * 4) < 20))) ? &p5[((((b8 * 2700) + (b7 * 900)) + ((e30 % 6) * 4)) + (gr31 * 20))] : p5), "r"((((gr31 < 45) && (((e30 % 6) * 4) < 20))) ? 16 : 0) : "memory"); }
 				}
-				for (int e29 = ((int)threadIdx.x); e29 < 256; e29 += 32) {
-					int gr30 = ((kn25 * 64) + (e29 / 4));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((kn25 & 1) * 2560) + (((e29 / 4) * 40) + ((e29 % 4) * 4)))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr30 < 45) && (((e29 % 4) * 4) < 12))) ? &p6[((((b8 * 1620) + (b7 * 540)) + (gr30 * 12)) + ((e29 % 4) * 4))] : p6), "r"((((gr30 < 45) && (((e29 % 4) * 4) < 12))) ? 16 : 0) : "memory"); }
+				int sr32 = (((int)threadIdx.x) / 4);
+				int sc33 = ((((int)threadIdx.x) % 4) * 4);
+				int sp34 = (((kn28 & 1) * 2560) + ((sr32 * 40) + sc33));
+				for (int e35 = 0; e35 < 8; e35 += 1) {
+					int gr36 = ((kn28 * 64) + (sr32 + (e35 * 8)));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((sp34 + (e35 * 320))) * 4u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr36 < 45) && (sc33 < 12))) ? &p6[((((b8 * 1620) + (b7 * 540)) + (gr36 * 12)) + sc33)] : p6), "r"((((gr36 < 45) && (sc33 < 12))) ? 16 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-			int kb31 = (st26 * 1792);
-			int vb32 = (st26 * 2560);
+			int kb37 = (st29 * 1792);
+			int vb38 = (st29 * 2560);
 			__syncthreads();
 			#pragma unroll
-			for (int z33 = 0; z33 < 32; z33 += 1) {
-				sf[z33] = 0x0p+0f;
+			for (int z39 = 0; z39 < 32; z39 += 1) {
+				sf[z39] = 0x0p+0f;
 			}
 			#pragma unroll
-			for (int kq34 = 0; kq34 < 3; kq34 += 1) {
+			for (int kq40 = 0; kq40 < 3; kq40 += 1) {
 				#pragma unroll
-				for (int ni35 = 0; ni35 < 8; ni35 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((kb31 + ((((ni35 * 8) + (ln1 & 7)) * 28) + ((kq34 * 8) + (((ln1 >> 3) & 1) * 4))))) * 4u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __uint_as_float(ap_r0); kf[0 + 1] = __uint_as_float(ap_r1); }
+				for (int ni41 = 0; ni41 < 8; ni41 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((kb37 + ((((ni41 * 8) + (ln1 & 7)) * 28) + ((kq40 * 8) + (((ln1 >> 3) & 1) * 4))))) * 4u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __uint_as_float(ap_r0); kf[0 + 1] = __uint_as_float(ap_r1); }
 					#pragma unroll
-					for (int r36 = 0; r36 < 2; r36 += 1) {
-						kf[r36] = ap_tf32f(kf[r36]);
+					for (int r42 = 0; r42 < 2; r42 += 1) {
+						kf[r42] = ap_tf32f(kf[r42]);
 					}
-					asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni35 * 4)]), "=f"(sf[(ni35 * 4) + 1]), "=f"(sf[(ni35 * 4) + 2]), "=f"(sf[(ni35 * 4) + 3]) : "r"(__float_as_uint(qf[(kq34 * 4)])), "r"(__float_as_uint(qf[(kq34 * 4) + 1])), "r"(__float_as_uint(qf[(kq34 * 4) + 2])), "r"(__float_as_uint(qf[(kq34 * 4) + 3])), "r"(__float_as_uint(kf[0])), "r"(__float_as_uint(kf[0 + 1])), "f"(sf[(ni35 * 4)]), "f"(sf[(ni35 * 4) + 1]), "f"(sf[(ni35 * 4) + 2]), "f"(sf[(ni35 * 4) + 3]));
+					asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni41 * 4)]), "=f"(sf[(ni41 * 4) + 1]), "=f"(sf[(ni41 * 4) + 2]), "=f"(sf[(ni41 * 4) + 3]) : "r"(__float_as_uint(qf[(kq40 * 4)])), "r"(__float_as_uint(qf[(kq40 * 4) + 1])), "r"(__float_as_uint(qf[(kq40 * 4) + 2])), "r"(__float_as_uint(qf[(kq40 * 4) + 3])), "r"(__float_as_uint(kf[0])), "r"(__float_as_uint(kf[0 + 1])), "f"(sf[(ni41 * 4)]), "f"(sf[(ni41 * 4) + 1]), "f"(sf[(ni41 * 4) + 2]), "f"(sf[(ni41 * 4) + 3]));
 				}
 			}
 			#pragma unroll
-			for (int ni37 = 0; ni37 < 8; ni37 += 1) {
-				int r38 = (wr9 + g2);
-				int key39 = ((k024 + (ni37 * 8)) + (tq3 * 2));
-				float s40 = (-AP_INFF);
-				if ((key39 < 45)) {
-					float dot41 = sf[(ni37 * 4)];
-					float v42 = (dot41 / 0x1p+2f);
-					float v43 = p7[(((r38 < 36 ? r38 : 36) * 45) + key39)];
-					float v44 = (v42 + v43);
-					s40 = v44;
-					if ((r38 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r38 * 45)) + key39)] = s40;
+			for (int ni43 = 0; ni43 < 8; ni43 += 1) {
+				int r44 = (wr9 + g2);
+				int key45 = ((k027 + (ni43 * 8)) + (tq3 * 2));
+				float s46 = (-AP_INFF);
+				if ((key45 < 45)) {
+					float dot47 = sf[(ni43 * 4)];
+					float v48 = (dot47 / 0x1p+2f);
+					float v49 = p7[(((r44 < 36 ? r44 : 36) * 45) + key45)];
+					float v50 = (v48 + v49);
+					s46 = v50;
+					if ((r44 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r44 * 45)) + key45)] = s46;
 					}
 				}
-				sf[(ni37 * 4)] = s40;
-				int r45 = (wr9 + g2);
-				int key46 = ((k024 + (ni37 * 8)) + ((tq3 * 2) + 1));
-				float s47 = (-AP_INFF);
-				if ((key46 < 45)) {
-					float dot48 = sf[((ni37 * 4) + 1)];
-					float v49 = (dot48 / 0x1p+2f);
-					float v50 = p7[(((r45 < 36 ? r45 : 36) * 45) + key46)];
-					float v51 = (v49 + v50);
-					s47 = v51;
-					if ((r45 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r45 * 45)) + key46)] = s47;
+				sf[(ni43 * 4)] = s46;
+				int r51 = (wr9 + g2);
+				int key52 = ((k027 + (ni43 * 8)) + ((tq3 * 2) + 1));
+				float s53 = (-AP_INFF);
+				if ((key52 < 45)) {
+					float dot54 = sf[((ni43 * 4) + 1)];
+					float v55 = (dot54 / 0x1p+2f);
+					float v56 = p7[(((r51 < 36 ? r51 : 36) * 45) + key52)];
+					float v57 = (v55 + v56);
+					s53 = v57;
+					if ((r51 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r51 * 45)) + key52)] = s53;
 					}
 				}
-				sf[((ni37 * 4) + 1)] = s47;
-				int r52 = (wr9 + (g2 + 8));
-				int key53 = ((k024 + (ni37 * 8)) + (tq3 * 2));
-				float s54 = (-AP_INFF);
-				if ((key53 < 45)) {
-					float dot55 = sf[((ni37 * 4) + 2)];
-					float v56 = (dot55 / 0x1p+2f);
-					float v57 = p7[(((r52 < 36 ? r52 : 36) * 45) + key53)];
-					float v58 = (v56 + v57);
-					s54 = v58;
-					if ((r52 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r52 * 45)) + key53)] = s54;
+				sf[((ni43 * 4) + 1)] = s53;
+				int r58 = (wr9 + (g2 + 8));
+				int key59 = ((k027 + (ni43 * 8)) + (tq3 * 2));
+				float s60 = (-AP_INFF);
+				if ((key59 < 45)) {
+					float dot61 = sf[((ni43 * 4) + 2)];
+					float v62 = (dot61 / 0x1p+2f);
+					float v63 = p7[(((r58 < 36 ? r58 : 36) * 45) + key59)];
+					float v64 = (v62 + v63);
+					s60 = v64;
+					if ((r58 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r58 * 45)) + key59)] = s60;
 					}
 				}
-				sf[((ni37 * 4) + 2)] = s54;
-				int r59 = (wr9 + (g2 + 8));
-				int key60 = ((k024 + (ni37 * 8)) + ((tq3 * 2) + 1));
-				float s61 = (-AP_INFF);
-				if ((key60 < 45)) {
-					float dot62 = sf[((ni37 * 4) + 3)];
-					float v63 = (dot62 / 0x1p+2f);
-					float v64 = p7[(((r59 < 36 ? r59 : 36) * 45) + key60)];
-					float v65 = (v63 + v64);
-					s61 = v65;
-					if ((r59 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r59 * 45)) + key60)] = s61;
+				sf[((ni43 * 4) + 2)] = s60;
+				int r65 = (wr9 + (g2 + 8));
+				int key66 = ((k027 + (ni43 * 8)) + ((tq3 * 2) + 1));
+				float s67 = (-AP_INFF);
+				if ((key66 < 45)) {
+					float dot68 = sf[((ni43 * 4) + 3)];
+					float v69 = (dot68 / 0x1p+2f);
+					float v70 = p7[(((r65 < 36 ? r65 : 36) * 45) + key66)];
+					float v71 = (v69 + v70);
+					s67 = v71;
+					if ((r65 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r65 * 45)) + key66)] = s67;
 					}
 				}
-				sf[((ni37 * 4) + 3)] = s61;
+				sf[((ni43 * 4) + 3)] = s67;
 			}
-			float mx66 = (-AP_INFF);
+			float mx72 = (-AP_INFF);
 			#pragma unroll
-			for (int ni67 = 0; ni67 < 8; ni67 += 1) {
-				mx66 = (mx66 > sf[(ni67 * 4)] ? mx66 : sf[(ni67 * 4)]);
-				mx66 = (mx66 > sf[((ni67 * 4) + 1)] ? mx66 : sf[((ni67 * 4) + 1)]);
+			for (int ni73 = 0; ni73 < 8; ni73 += 1) {
+				mx72 = (mx72 > sf[(ni73 * 4)] ? mx72 : sf[(ni73 * 4)]);
+				mx72 = (mx72 > sf[((ni73 * 4) + 1)] ? mx72 : sf[((ni73 * 4) + 1)]);
 			}
-			float wm68 = mx66;
-			float sh69;
-			sh69 = __shfl_xor_sync(0xffffffffu, wm68, (int)2, 32);
-			wm68 = (wm68 > sh69 ? wm68 : sh69);
-			float sh70;
-			sh70 = __shfl_xor_sync(0xffffffffu, wm68, (int)1, 32);
-			wm68 = (wm68 > sh70 ? wm68 : sh70);
-			float mn71 = (m18 > wm68 ? m18 : wm68);
-			unsigned char dd72 = (mn71 == (-AP_INFF));
-			float al73 = (dd72 ? 0x1p+0f : expf((m18 - mn71)));
-			float rs74 = 0x0p+0f;
-			float mx75 = (-AP_INFF);
+			float wm74 = mx72;
+			float sh75;
+			sh75 = __shfl_xor_sync(0xffffffffu, wm74, (int)2, 32);
+			wm74 = (wm74 > sh75 ? wm74 : sh75);
+			float sh76;
+			sh76 = __shfl_xor_sync(0xffffffffu, wm74, (int)1, 32);
+			wm74 = (wm74 > sh76 ? wm74 : sh76);
+			float mn77 = (m21 > wm74 ? m21 : wm74);
+			unsigned char dd78 = (mn77 == (-AP_INFF));
+			float al79 = (dd78 ? 0x1p+0f : expf((m21 - mn77)));
+			float ml80 = (dd78 ? 0x0p+0f : (mn77 * 0x1.715476p+0f));
+			float rs81 = 0x0p+0f;
+			float mx82 = (-AP_INFF);
 			#pragma unroll
-			for (int ni76 = 0; ni76 < 8; ni76 += 1) {
-				mx75 = (mx75 > sf[((ni76 * 4) + 2)] ? mx75 : sf[((ni76 * 4) + 2)]);
-				mx75 = (mx75 > sf[((ni76 * 4) + 3)] ? mx75 : sf[((ni76 * 4) + 3)]);
+			for (int ni83 = 0; ni83 < 8; ni83 += 1) {
+				mx82 = (mx82 > sf[((ni83 * 4) + 2)] ? mx82 : sf[((ni83 * 4) + 2)]);
+				mx82 = (mx82 > sf[((ni83 * 4) + 3)] ? mx82 : sf[((ni83 * 4) + 3)]);
 			}
-			float wm77 = mx75;
-			float sh78;
-			sh78 = __shfl_xor_sync(0xffffffffu, wm77, (int)2, 32);
-			wm77 = (wm77 > sh78 ? wm77 : sh78);
-			float sh79;
-			sh79 = __shfl_xor_sync(0xffffffffu, wm77, (int)1, 32);
-			wm77 = (wm77 > sh79 ? wm77 : sh79);
-			float mn80 = (m20 > wm77 ? m20 : wm77);
-			unsigned char dd81 = (mn80 == (-AP_INFF));
-			float al82 = (dd81 ? 0x1p+0f : expf((m20 - mn80)));
-			float rs83 = 0x0p+0f;
+			float wm84 = mx82;
+			float sh85;
+			sh85 = __shfl_xor_sync(0xffffffffu, wm84, (int)2, 32);
+			wm84 = (wm84 > sh85 ? wm84 : sh85);
+			float sh86;
+			sh86 = __shfl_xor_sync(0xffffffffu, wm84, (int)1, 32);
+			wm84 = (wm84 > sh86 ? wm84 : sh86);
+			float mn87 = (m23 > wm84 ? m23 : wm84);
+			unsigned char dd88 = (mn87 == (-AP_INFF));
+			float al89 = (dd88 ? 0x1p+0f : expf((m23 - mn87)));
+			float ml90 = (dd88 ? 0x0p+0f : (mn87 * 0x1.715476p+0f));
+			float rs91 = 0x0p+0f;
 			#pragma unroll
-			for (int ni84 = 0; ni84 < 8; ni84 += 1) {
-				float p85 = (dd72 ? 0x0p+0f : expf((sf[(ni84 * 4)] - mn71)));
-				rs74 = (rs74 + p85);
-				sf[(ni84 * 4)] = p85;
-				float p86 = (dd72 ? 0x0p+0f : expf((sf[((ni84 * 4) + 1)] - mn71)));
-				rs74 = (rs74 + p86);
-				sf[((ni84 * 4) + 1)] = p86;
-				float p87 = (dd81 ? 0x0p+0f : expf((sf[((ni84 * 4) + 2)] - mn80)));
-				rs83 = (rs83 + p87);
-				sf[((ni84 * 4) + 2)] = p87;
-				float p88 = (dd81 ? 0x0p+0f : expf((sf[((ni84 * 4) + 3)] - mn80)));
-				rs83 = (rs83 + p88);
-				sf[((ni84 * 4) + 3)] = p88;
+			for (int ni92 = 0; ni92 < 8; ni92 += 1) {
+				float p93 = ap_ex2f(((sf[(ni92 * 4)] * 0x1.715476p+0f) - ml80));
+				rs81 = (rs81 + p93);
+				sf[(ni92 * 4)] = p93;
+				float p94 = ap_ex2f(((sf[((ni92 * 4) + 1)] * 0x1.715476p+0f) - ml80));
+				rs81 = (rs81 + p94);
+				sf[((ni92 * 4) + 1)] = p94;
+				float p95 = ap_ex2f(((sf[((ni92 * 4) + 2)] * 0x1.715476p+0f) - ml90));
+				rs91 = (rs91 + p95);
+				sf[((ni92 * 4) + 2)] = p95;
+				float p96 = ap_ex2f(((sf[((ni92 * 4) + 3)] * 0x1.715476p+0f) - ml90));
+				rs91 = (rs91 + p96);
+				sf[((ni92 * 4) + 3)] = p96;
 			}
-			unsigned char od89 = ((tq3 & 1) != 0);
-			int sl90 = (((((int)threadIdx.x) & 31) & (-4)) + (tq3 >> 1));
-			int sl91 = (sl90 + 2);
+			unsigned char od97 = ((tq3 & 1) != 0);
+			int sl98 = (((((int)threadIdx.x) & 31) & (-4)) + (tq3 >> 1));
+			int sl99 = (sl98 + 2);
 			#pragma unroll
-			for (int pj92 = 0; pj92 < 8; pj92 += 1) {
-				float px93;
-				px93 = __shfl_sync(0xffffffffu, sf[(pj92 * 4)], (int)sl90, 32);
-				float px94;
-				px94 = __shfl_sync(0xffffffffu, sf[((pj92 * 4) + 1)], (int)sl90, 32);
-				pf[(pj92 * 4)] = ap_tf32f((od89 ? px94 : px93));
-				float px95;
-				px95 = __shfl_sync(0xffffffffu, sf[((pj92 * 4) + 2)], (int)sl90, 32);
-				float px96;
-				px96 = __shfl_sync(0xffffffffu, sf[((pj92 * 4) + 3)], (int)sl90, 32);
-				pf[((pj92 * 4) + 1)] = ap_tf32f((od89 ? px96 : px95));
-				float px97;
-				px97 = __shfl_sync(0xffffffffu, sf[(pj92 * 4)], (int)sl91, 32);
-				float px98;
-				px98 = __shfl_sync(0xffffffffu, sf[((pj92 * 4) + 1)], (int)sl91, 32);
-				pf[((pj92 * 4) + 2)] = ap_tf32f((od89 ? px98 : px97));
-				float px99;
-				px99 = __shfl_sync(0xffffffffu, sf[((pj92 * 4) + 2)], (int)sl91, 32);
-				float px100;
-				px100 = __shfl_sync(0xffffffffu, sf[((pj92 * 4) + 3)], (int)sl91, 32);
-				pf[((pj92 * 4) + 3)] = ap_tf32f((od89 ? px100 : px99));
+			for (int pj100 = 0; pj100 < 8; pj100 += 1) {
+				float px101;
+				px101 = __shfl_sync(0xffffffffu, sf[(pj100 * 4)], (int)sl98, 32);
+				float px102;
+				px102 = __shfl_sync(0xffffffffu, sf[((pj100 * 4) + 1)], (int)sl98, 32);
+				pf[(pj100 * 4)] = ap_tf32f((od97 ? px102 : px101));
+				float px103;
+				px103 = __shfl_sync(0xffffffffu, sf[((pj100 * 4) + 2)], (int)sl98, 32);
+				float px104;
+				px104 = __shfl_sync(0xffffffffu, sf[((pj100 * 4) + 3)], (int)sl98, 32);
+				pf[((pj100 * 4) + 1)] = ap_tf32f((od97 ? px104 : px103));
+				float px105;
+				px105 = __shfl_sync(0xffffffffu, sf[(pj100 * 4)], (int)sl99, 32);
+				float px106;
+				px106 = __shfl_sync(0xffffffffu, sf[((pj100 * 4) + 1)], (int)sl99, 32);
+				pf[((pj100 * 4) + 2)] = ap_tf32f((od97 ? px106 : px105));
+				float px107;
+				px107 = __shfl_sync(0xffffffffu, sf[((pj100 * 4) + 2)], (int)sl99, 32);
+				float px108;
+				px108 = __shfl_sync(0xffffffffu, sf[((pj100 * 4) + 3)], (int)sl99, 32);
+				pf[((pj100 * 4) + 3)] = ap_tf32f((od97 ? px108 : px107));
 			}
-			l19 = ((l19 * al73) + rs74);
-			m18 = mn71;
-			l21 = ((l21 * al82) + rs83);
-			m20 = mn80;
+			l22 = ((l22 * al79) + rs81);
+			m21 = mn77;
+			l24 = ((l24 * al89) + rs91);
+			m23 = mn87;
 			#pragma unroll
-			for (int no101 = 0; no101 < 2; no101 += 1) {
-				of[(no101 * 4)] = (of[(no101 * 4)] * al73);
-				of[((no101 * 4) + 1)] = (of[((no101 * 4) + 1)] * al73);
-				of[((no101 * 4) + 2)] = (of[((no101 * 4) + 2)] * al82);
-				of[((no101 * 4) + 3)] = (of[((no101 * 4) + 3)] * al82);
+			for (int no109 = 0; no109 < 2; no109 += 1) {
+				of[(no109 * 4)] = (of[(no109 * 4)] * al79);
+				of[((no109 * 4) + 1)] = (of[((no109 * 4) + 1)] * al79);
+				of[((no109 * 4) + 2)] = (of[((no109 * 4) + 2)] * al89);
+				of[((no109 * 4) + 3)] = (of[((no109 * 4) + 3)] * al89);
 			}
 			#pragma unroll
-			for (int kj102 = 0; kj102 < 8; kj102 += 1) {
+			for (int kj110 = 0; kj110 < 8; kj110 += 1) {
 				#pragma unroll
-				for (int no103 = 0; no103 < 2; no103 += 1) {
-					vf[0] = ap_tf32f(vs[(vb32 + ((((kj102 * 8) + tq3) * 40) + ((no103 * 8) + g2)))]);
-					vf[1] = ap_tf32f(vs[(vb32 + ((((kj102 * 8) + (tq3 + 4)) * 40) + ((no103 * 8) + g2)))]);
-					asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no103 * 4)]), "=f"(of[(no103 * 4) + 1]), "=f"(of[(no103 * 4) + 2]), "=f"(of[(no103 * 4) + 3]) : "r"(__float_as_uint(pf[(kj102 * 4)])), "r"(__float_as_uint(pf[(kj102 * 4) + 1])), "r"(__float_as_uint(pf[(kj102 * 4) + 2])), "r"(__float_as_uint(pf[(kj102 * 4) + 3])), "r"(__float_as_uint(vf[0])), "r"(__float_as_uint(vf[0 + 1])), "f"(of[(no103 * 4)]), "f"(of[(no103 * 4) + 1]), "f"(of[(no103 * 4) + 2]), "f"(of[(no103 * 4) + 3]));
+				for (int no111 = 0; no111 < 2; no111 += 1) {
+					vf[0] = ap_tf32f(vs[(vb38 + ((((kj110 * 8) + tq3) * 40) + ((no111 * 8) + g2)))]);
+					vf[1] = ap_tf32f(vs[(vb38 + ((((kj110 * 8) + (tq3 + 4)) * 40) + ((no111 * 8) + g2)))]);
+					asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no111 * 4)]), "=f"(of[(no111 * 4) + 1]), "=f"(of[(no111 * 4) + 2]), "=f"(of[(no111 * 4) + 3]) : "r"(__float_as_uint(pf[(kj110 * 4)])), "r"(__float_as_uint(pf[(kj110 * 4) + 1])), "r"(__float_as_uint(pf[(kj110 * 4) + 2])), "r"(__float_as_uint(pf[(kj110 * 4) + 3])), "r"(__float_as_uint(vf[0])), "r"(__float_as_uint(vf[0 + 1])), "f"(of[(no111 * 4)]), "f"(of[(no111 * 4) + 1]), "f"(of[(no111 * 4) + 2]), "f"(of[(no111 * 4) + 3]));
 				}
 			}
 		}
-		float ws104 = l19;
-		float sh105;
-		sh105 = __shfl_xor_sync(0xffffffffu, ws104, (int)2, 32);
-		ws104 = (ws104 + sh105);
-		float sh106;
-		sh106 = __shfl_xor_sync(0xffffffffu, ws104, (int)1, 32);
-		ws104 = (ws104 + sh106);
-		l19 = ws104;
-		float ws107 = l21;
-		float sh108;
-		sh108 = __shfl_xor_sync(0xffffffffu, ws107, (int)2, 32);
-		ws107 = (ws107 + sh108);
-		float sh109;
-		sh109 = __shfl_xor_sync(0xffffffffu, ws107, (int)1, 32);
-		ws107 = (ws107 + sh109);
-		l21 = ws107;
+		float ws112 = l22;
+		float sh113;
+		sh113 = __shfl_xor_sync(0xffffffffu, ws112, (int)2, 32);
+		ws112 = (ws112 + sh113);
+		float sh114;
+		sh114 = __shfl_xor_sync(0xffffffffu, ws112, (int)1, 32);
+		ws112 = (ws112 + sh114);
+		l22 = ws112;
+		float il115 = (0x1p+0f / l22);
+		float ws116 = l24;
+		float sh117;
+		sh117 = __shfl_xor_sync(0xffffffffu, ws116, (int)2, 32);
+		ws116 = (ws116 + sh117);
+		float sh118;
+		sh118 = __shfl_xor_sync(0xffffffffu, ws116, (int)1, 32);
+		ws116 = (ws116 + sh118);
+		l24 = ws116;
+		float il119 = (0x1p+0f / l24);
 		#pragma unroll
-		for (int no110 = 0; no110 < 2; no110 += 1) {
-			int r111 = (wr9 + g2);
-			int col112 = ((no110 * 8) + (tq3 * 2));
-			if (((r111 < 37) && (col112 < 12))) {
-				float o113 = (of[(no110 * 4)] / l19);
-				p0[((((b8 * 1332) + (r111 * 36)) + (b7 * 12)) + col112)] = o113;
+		for (int no120 = 0; no120 < 2; no120 += 1) {
+			int r121 = (wr9 + g2);
+			int col122 = ((no120 * 8) + (tq3 * 2));
+			if (((r121 < 37) && (col122 < 12))) {
+				float o123 = (of[(no120 * 4)] * il115);
+				p0[((((b8 * 1332) + (r121 * 36)) + (b7 * 12)) + col122)] = o123;
 			}
-			int r114 = (wr9 + g2);
-			int col115 = ((no110 * 8) + ((tq3 * 2) + 1));
-			if (((r114 < 37) && (col115 < 12))) {
-				float o116 = (of[((no110 * 4) + 1)] / l19);
-				p0[((((b8 * 1332) + (r114 * 36)) + (b7 * 12)) + col115)] = o116;
+			int r124 = (wr9 + g2);
+			int col125 = ((no120 * 8) + ((tq3 * 2) + 1));
+			if (((r124 < 37) && (col125 < 12))) {
+				float o126 = (of[((no120 * 4) + 1)] * il115);
+				p0[((((b8 * 1332) + (r124 * 36)) + (b7 * 12)) + col125)] = o126;
 			}
-			int r117 = (wr9 + (g2 + 8));
-			int col118 = ((no110 * 8) + (tq3 * 2));
-			if (((r117 < 37) && (col118 < 12))) {
-				float o119 = (of[((no110 * 4) + 2)] / l21);
-				p0[((((b8 * 1332) + (r117 * 36)) + (b7 * 12)) + col118)] = o119;
+			int r127 = (wr9 + (g2 + 8));
+			int col128 = ((no120 * 8) + (tq3 * 2));
+			if (((r127 < 37) && (col128 < 12))) {
+				float o129 = (of[((no120 * 4) + 2)] * il119);
+				p0[((((b8 * 1332) + (r127 * 36)) + (b7 * 12)) + col128)] = o129;
 			}
-			int r120 = (wr9 + (g2 + 8));
-			int col121 = ((no110 * 8) + ((tq3 * 2) + 1));
-			if (((r120 < 37) && (col121 < 12))) {
-				float o122 = (of[((no110 * 4) + 3)] / l21);
-				p0[((((b8 * 1332) + (r120 * 36)) + (b7 * 12)) + col121)] = o122;
+			int r130 = (wr9 + (g2 + 8));
+			int col131 = ((no120 * 8) + ((tq3 * 2) + 1));
+			if (((r130 < 37) && (col131 < 12))) {
+				float o132 = (of[((no120 * 4) + 3)] * il119);
+				p0[((((b8 * 1332) + (r130 * 36)) + (b7 * 12)) + col131)] = o132;
 			}
 		}
-		int r123 = (wr9 + g2);
-		if (((r123 < 37) && (tq3 == 0))) {
-			p2[(((b8 * 111) + (b7 * 37)) + r123)] = m18;
-			p3[(((b8 * 111) + (b7 * 37)) + r123)] = l19;
+		int r133 = (wr9 + g2);
+		if (((r133 < 37) && (tq3 == 0))) {
+			p2[(((b8 * 111) + (b7 * 37)) + r133)] = m21;
+			p3[(((b8 * 111) + (b7 * 37)) + r133)] = l22;
 		}
-		int r124 = (wr9 + (g2 + 8));
-		if (((r124 < 37) && (tq3 == 0))) {
-			p2[(((b8 * 111) + (b7 * 37)) + r124)] = m20;
-			p3[(((b8 * 111) + (b7 * 37)) + r124)] = l21;
+		int r134 = (wr9 + (g2 + 8));
+		if (((r134 < 37) && (tq3 == 0))) {
+			p2[(((b8 * 111) + (b7 * 37)) + r134)] = m23;
+			p3[(((b8 * 111) + (b7 * 37)) + r134)] = l24;
 		}
 	}
 }

@@ -4,6 +4,11 @@
 #define AP_NANF __int_as_float(0x7fffffff)
 #define AP_INF __longlong_as_double(0x7ff0000000000000LL)
 #define AP_NAN __longlong_as_double(0x7fffffffffffffffLL)
+#ifndef AP_EX2_DEFINED
+#define AP_EX2_DEFINED
+static __device__ __forceinline__ float ap_ex2f(float x)
+{ float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+#endif
 extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_bf16_stats(__nv_bfloat16 *__restrict__ p0, __nv_bfloat16 *__restrict__ p1, __nv_bfloat16 *__restrict__ p2, __nv_bfloat16 *__restrict__ p3, const __nv_bfloat16 *__restrict__ p4, const __nv_bfloat16 *__restrict__ p5, const __nv_bfloat16 *__restrict__ p6, const __nv_bfloat16 *__restrict__ p7)
 {
 	__shared__ __align__(16) __nv_bfloat16 qs[640];
@@ -39,151 +44,143 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_bf16_stats(__nv
 		int b7 = (bi5 % 3);
 		int b8 = ((bi5 / 3) % 2);
 		int wr9 = (q06 + (w0 * 16));
-		for (int e10 = ((int)threadIdx.x); e10 < 64; e10 += 32) {
-			int gr11 = (q06 + (e10 / 4));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)((((e10 / 4) * 40) + ((e10 % 4) * 8))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr11 < 37) && (((e10 % 4) * 8) < 24))) ? &p4[((((b8 * 2664) + (b7 * 888)) + (gr11 * 24)) + ((e10 % 4) * 8))] : p4), "r"((((gr11 < 37) && (((e10 % 4) * 8) < 24))) ? 16 : 0) : "memory"); }
+		int sr10 = (((int)threadIdx.x) / 4);
+		int sc11 = ((((int)threadIdx.x) % 4) * 8);
+		int sp12 = ((sr10 * 40) + sc11);
+		for (int e13 = 0; e13 < 2; e13 += 1) {
+			int gr14 = (q06 + (sr10 + (e13 * 8)));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)((sp12 + (e13 * 320))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr14 < 37) && (sc11 < 24))) ? &p4[((((b8 * 2664) + (b7 * 888)) + (gr14 * 24)) + sc11)] : p4), "r"((((gr14 < 37) && (sc11 < 24))) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int e12 = ((int)threadIdx.x); e12 < 256; e12 += 32) {
-			int gr13 = (e12 / 4);
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((e12 / 4) * 40) + ((e12 % 4) * 8))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr13 < 45) && (((e12 % 4) * 8) < 24))) ? &p5[((((b8 * 3240) + (b7 * 1080)) + ((e12 % 4) * 8)) + (gr13 * 24))] : p5), "r"((((gr13 < 45) && (((e12 % 4) * 8) < 24))) ? 16 : 0) : "memory"); }
+		int sr15 = (((int)threadIdx.x) / 4);
+		int sc16 = ((((int)threadIdx.x) % 4) * 8);
+		int sp17 = ((sr15 * 40) + sc16);
+		for (int e18 = 0; e18 < 8; e18 += 1) {
+			int gr19 = (sr15 + (e18 * 8));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((sp17 + (e18 * 320))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr19 < 45) && (sc16 < 24))) ? &p5[((((b8 * 3240) + (b7 * 1080)) + sc16) + (gr19 * 24))] : p5), "r"((((gr19 < 45) && (sc16 < 24))) ? 16 : 0) : "memory"); }
 		}
-		for (int e14 = ((int)threadIdx.x); e14 < 384; e14 += 32) {
-			int gr15 = (e14 / 6);
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((e14 / 6) * 32) + ((e14 % 6) * 4))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr15 < 45) && (((e14 % 6) * 4) < 20))) ? &p6[((((b8 * 2700) + (b7 * 900)) + (gr15 * 20)) + ((e14 % 6) * 4))] : p6), "r"((((gr15 < 45) && (((e14 % 6) * 4) < 20))) ? 8 : 0) : "memory"); }
+		for (int e20 = ((int)threadIdx.x); e20 < 384; e20 += 32) {
+			int gr21 = (e20 / 6);
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((e20 / 6) * 32) + ((e20 % 6) * 4))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr21 < 45) && (((e20 % 6) * 4) < 20))) ? &p6[((((b8 * 2700) + (b7 * 900)) + (gr21 * 20)) + ((e20 % 6) * 4))] : p6), "r"((((gr21 < 45) && (((e20 % 6) * 4) < 20))) ? 8 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 		__syncthreads();
 		#pragma unroll
-		for (int kq16 = 0; kq16 < 2; kq16 += 1) {
-			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 40) + ((kq16 * 16) + ((ln1 >> 4) * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq16 * 8)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); qf[(kq16 * 8) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); qf[(kq16 * 8) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); qf[(kq16 * 8) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); qf[(kq16 * 8) + 4] = __ushort_as_bfloat16((unsigned short)(ap_r2 & 0xffffu)); qf[(kq16 * 8) + 5] = __ushort_as_bfloat16((unsigned short)(ap_r2 >> 16)); qf[(kq16 * 8) + 6] = __ushort_as_bfloat16((unsigned short)(ap_r3 & 0xffffu)); qf[(kq16 * 8) + 7] = __ushort_as_bfloat16((unsigned short)(ap_r3 >> 16)); }
+		for (int kq22 = 0; kq22 < 2; kq22 += 1) {
+			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 40) + ((kq22 * 16) + ((ln1 >> 4) * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq22 * 8)] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); qf[(kq22 * 8) + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); qf[(kq22 * 8) + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); qf[(kq22 * 8) + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); qf[(kq22 * 8) + 4] = __ushort_as_bfloat16((unsigned short)(ap_r2 & 0xffffu)); qf[(kq22 * 8) + 5] = __ushort_as_bfloat16((unsigned short)(ap_r2 >> 16)); qf[(kq22 * 8) + 6] = __ushort_as_bfloat16((unsigned short)(ap_r3 & 0xffffu)); qf[(kq22 * 8) + 7] = __ushort_as_bfloat16((unsigned short)(ap_r3 >> 16)); }
 		}
-		float m17 = (-AP_INFF);
-		float l18 = 0x0p+0f;
-		float m19 = (-AP_INFF);
-		float l20 = 0x0p+0f;
+		float m23 = (-AP_INFF);
+		float l24 = 0x0p+0f;
+		float m25 = (-AP_INFF);
+		float l26 = 0x0p+0f;
 		#pragma unroll
-		for (int z21 = 0; z21 < 12; z21 += 1) {
-			of[z21] = 0x0p+0f;
+		for (int z27 = 0; z27 < 12; z27 += 1) {
+			of[z27] = 0x0p+0f;
 		}
-		for (int kt22 = 0; kt22 < 1; kt22 += 1) {
-			int k023 = (kt22 * 64);
+		for (int kt28 = 0; kt28 < 1; kt28 += 1) {
+			int k029 = (kt28 * 64);
 			__syncthreads();
-			int kn24 = (kt22 + 1);
-			int st25 = (kt22 & 1);
-			if ((kn24 < 1)) {
-				for (int e26 = ((int)threadIdx.x); e26 < 256; e26 += 32) {
-					int gr27 = ((kn24 * 64) + (e26 / 4));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((kn24 & 1) * 2560) + (((e26 / 4) * 40) + ((e26 % 4) * 8)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr27 < 45) && (((e26 % 4) * 8) < 24))) ? &p5[((((b8 * 3240) + (b7 * 1080)) + ((e26 % 4) * 8)) + (gr27 * 24))] : p5), "r"((((gr27 < 45) && (((e26 % 4) * 8) < 24))) ? 16 : 0) : "memory"); }
+			int kn30 = (kt28 + 1);
+			int st31 = (kt28 & 1);
+			if ((kn30 < 1)) {
+				int sr32 = (((int)threadIdx.x) / 4);
+				int sc33 = ((((int)threadIdx.x) % 4) * 8);
+				int sp34 = (((kn30 & 1) * 2560) + ((sr32 * 40) + sc33));
+				for (int e35 = 0; e35 < 8; e35 += 1) {
+					int gr36 = ((kn30 * 64) + (sr32 + (e35 * 8)));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((sp34 + (e35 * 320))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"((((gr36 < 45) && (sc33 < 24))) ? &p5[((((b8 * 3240) + (b7 * 1080)) + sc33) + (gr36 * 24))] : p5), "r"((((gr36 < 45) && (sc33 < 24))) ? 16 : 0) : "memory"); }
 				}
-				for (int e28 = ((int)threadIdx.x); e28 < 384; e28 += 32) {
-					int gr29 = ((kn24 * 64) + (e28 / 6));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((kn24 & 1) * 2048) + (((e28 / 6) * 32) + ((e28 % 6) * 4)))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr29 < 45) && (((e28 % 6) * 4) < 20))) ? &p6[((((b8 * 2700) + (b7 * 900)) + (gr29 * 20)) + ((e28 % 6) * 4))] : p6), "r"((((gr29 < 45) && (((e28 % 6) * 4) < 20))) ? 8 : 0) : "memory"); }
+				for (int e37 = ((int)threadIdx.x); e37 < 384; e37 += 32) {
+					int gr38 = ((kn30 * 64) + (e37 / 6));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((kn30 & 1) * 2048) + (((e37 / 6) * 32) + ((e37 % 6) * 4)))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr38 < 45) && (((e37 % 6) * 4) < 20))) ? &p6[((((b8 * 2700) + (b7 * 900)) + (gr38 * 20)) + ((e37 % 6) * 4))] : p6), "r"((((gr38 < 45) && (((e37 % 6) * 4) < 20))) ? 8 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-			int kb30 = (st25 * 2560);
-			int vb31 = (st25 * 2048);
+			int kb39 = (st31 * 2560);
+			int vb40 = (st31 * 2048);
 			__syncthreads();
 			#pragma unroll
-			for (int z32 = 0; z32 < 32; z32 += 1) {
-				sf[z32] = 0x0p+0f;
+			for (int z41 = 0; z41 < 32; z41 += 1) {
+				sf[z41] = 0x0p+0f;
 			}
 			#pragma unroll
-			for (int kq33 = 0; kq33 < 2; kq33 += 1) {
+			for (int kq42 = 0; kq42 < 2; kq42 += 1) {
 				#pragma unroll
-				for (int ni34 = 0; ni34 < 8; ni34 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((kb30 + ((((ni34 * 8) + (ln1 & 7)) * 40) + ((kq33 * 16) + (((ln1 >> 3) & 1) * 8))))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
-					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni34 * 4)]), "=f"(sf[(ni34 * 4) + 1]), "=f"(sf[(ni34 * 4) + 2]), "=f"(sf[(ni34 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8)]) | ((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(qf[(kq33 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 3]) << 16))), "f"(sf[(ni34 * 4)]), "f"(sf[(ni34 * 4) + 1]), "f"(sf[(ni34 * 4) + 2]), "f"(sf[(ni34 * 4) + 3]));
+				for (int ni43 = 0; ni43 < 8; ni43 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((kb39 + ((((ni43 * 8) + (ln1 & 7)) * 40) + ((kq42 * 16) + (((ln1 >> 3) & 1) * 8))))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
+					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni43 * 4)]), "=f"(sf[(ni43 * 4) + 1]), "=f"(sf[(ni43 * 4) + 2]), "=f"(sf[(ni43 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8)]) | ((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 3]) << 16))), "f"(sf[(ni43 * 4)]), "f"(sf[(ni43 * 4) + 1]), "f"(sf[(ni43 * 4) + 2]), "f"(sf[(ni43 * 4) + 3]));
 				}
 			}
 			#pragma unroll
-			for (int ni35 = 0; ni35 < 8; ni35 += 1) {
-				int r36 = (wr9 + g2);
-				int key37 = ((k023 + (ni35 * 8)) + (tq3 * 2));
-				float s38 = (-AP_INFF);
-				if ((key37 < 45)) {
-					float dot39 = sf[(ni35 * 4)];
-					__nv_bfloat16 v40 = __float2bfloat16_rn(dot39);
-					__nv_bfloat16 v41 = __float2bfloat16_rn((__bfloat162float(v40) / 0x1p+2f));
-					__nv_bfloat16 v42 = p7[(((r36 < 36 ? r36 : 36) * 45) + key37)];
-					__nv_bfloat16 v43 = __float2bfloat16_rn((__bfloat162float(v41) + __bfloat162float(v42)));
-					s38 = __bfloat162float(v43);
-					if ((r36 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r36 * 45)) + key37)] = __float2bfloat16_rn(s38);
+			for (int ni44 = 0; ni44 < 8; ni44 += 1) {
+				int r45 = (wr9 + g2);
+				int key46 = ((k029 + (ni44 * 8)) + (tq3 * 2));
+				float s47 = (-AP_INFF);
+				if ((key46 < 45)) {
+					float dot48 = sf[(ni44 * 4)];
+					__nv_bfloat16 v49 = __float2bfloat16_rn(dot48);
+					__nv_bfloat16 v50 = __float2bfloat16_rn((__bfloat162float(v49) / 0x1p+2f));
+					__nv_bfloat16 v51 = p7[(((r45 < 36 ? r45 : 36) * 45) + key46)];
+					__nv_bfloat16 v52 = __float2bfloat16_rn((__bfloat162float(v50) + __bfloat162float(v51)));
+					s47 = __bfloat162float(v52);
+					if ((r45 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r45 * 45)) + key46)] = __float2bfloat16_rn(s47);
 					}
 				}
-				sf[(ni35 * 4)] = s38;
-				int r44 = (wr9 + g2);
-				int key45 = ((k023 + (ni35 * 8)) + ((tq3 * 2) + 1));
-				float s46 = (-AP_INFF);
-				if ((key45 < 45)) {
-					float dot47 = sf[((ni35 * 4) + 1)];
-					__nv_bfloat16 v48 = __float2bfloat16_rn(dot47);
-					__nv_bfloat16 v49 = __float2bfloat16_rn((__bfloat162float(v48) / 0x1p+2f));
-					__nv_bfloat16 v50 = p7[(((r44 < 36 ? r44 : 36) * 45) + key45)];
-					__nv_bfloat16 v51 = __float2bfloat16_rn((__bfloat162float(v49) + __bfloat162float(v50)));
-					s46 = __bfloat162float(v51);
-					if ((r44 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r44 * 45)) + key45)] = __float2bfloat16_rn(s46);
+				sf[(ni44 * 4)] = s47;
+				int r53 = (wr9 + g2);
+				int key54 = ((k029 + (ni44 * 8)) + ((tq3 * 2) + 1));
+				float s55 = (-AP_INFF);
+				if ((key54 < 45)) {
+					float dot56 = sf[((ni44 * 4) + 1)];
+					__nv_bfloat16 v57 = __float2bfloat16_rn(dot56);
+					__nv_bfloat16 v58 = __float2bfloat16_rn((__bfloat162float(v57) / 0x1p+2f));
+					__nv_bfloat16 v59 = p7[(((r53 < 36 ? r53 : 36) * 45) + key54)];
+					__nv_bfloat16 v60 = __float2bfloat16_rn((__bfloat162float(v58) + __bfloat162float(v59)));
+					s55 = __bfloat162float(v60);
+					if ((r53 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r53 * 45)) + key54)] = __float2bfloat16_rn(s55);
 					}
 				}
-				sf[((ni35 * 4) + 1)] = s46;
-				int r52 = (wr9 + (g2 + 8));
-				int key53 = ((k023 + (ni35 * 8)) + (tq3 * 2));
-				float s54 = (-AP_INFF);
-				if ((key53 < 45)) {
-					float dot55 = sf[((ni35 * 4) + 2)];
-					__nv_bfloat16 v56 = __float2bfloat16_rn(dot55);
-					__nv_bfloat16 v57 = __float2bfloat16_rn((__bfloat162float(v56) / 0x1p+2f));
-					__nv_bfloat16 v58 = p7[(((r52 < 36 ? r52 : 36) * 45) + key53)];
-					__nv_bfloat16 v59 = __float2bfloat16_rn((__bfloat162float(v57) + __bfloat162float(v58)));
-					s54 = __bfloat162float(v59);
-					if ((r52 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r52 * 45)) + key53)] = __float2bfloat16_rn(s54);
+				sf[((ni44 * 4) + 1)] = s55;
+				int r61 = (wr9 + (g2 + 8));
+				int key62 = ((k029 + (ni44 * 8)) + (tq3 * 2));
+				float s63 = (-AP_INFF);
+				if ((key62 < 45)) {
+					float dot64 = sf[((ni44 * 4) + 2)];
+					__nv_bfloat16 v65 = __float2bfloat16_rn(dot64);
+					__nv_bfloat16 v66 = __float2bfloat16_rn((__bfloat162float(v65) / 0x1p+2f));
+					__nv_bfloat16 v67 = p7[(((r61 < 36 ? r61 : 36) * 45) + key62)];
+					__nv_bfloat16 v68 = __float2bfloat16_rn((__bfloat162float(v66) + __bfloat162float(v67)));
+					s63 = __bfloat162float(v68);
+					if ((r61 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r61 * 45)) + key62)] = __float2bfloat16_rn(s63);
 					}
 				}
-				sf[((ni35 * 4) + 2)] = s54;
-				int r60 = (wr9 + (g2 + 8));
-				int key61 = ((k023 + (ni35 * 8)) + ((tq3 * 2) + 1));
-				float s62 = (-AP_INFF);
-				if ((key61 < 45)) {
-					float dot63 = sf[((ni35 * 4) + 3)];
-					__nv_bfloat16 v64 = __float2bfloat16_rn(dot63);
-					__nv_bfloat16 v65 = __float2bfloat16_rn((__bfloat162float(v64) / 0x1p+2f));
-					__nv_bfloat16 v66 = p7[(((r60 < 36 ? r60 : 36) * 45) + key61)];
-					__nv_bfloat16 v67 = __float2bfloat16_rn((__bfloat162float(v65) + __bfloat162float(v66)));
-					s62 = __bfloat162float(v67);
-					if ((r60 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r60 * 45)) + key61)] = __float2bfloat16_rn(s62);
+				sf[((ni44 * 4) + 2)] = s63;
+				int r69 = (wr9 + (g2 + 8));
+				int key70 = ((k029 + (ni44 * 8)) + ((tq3 * 2) + 1));
+				float s71 = (-AP_INFF);
+				if ((key70 < 45)) {
+					float dot72 = sf[((ni44 * 4) + 3)];
+					__nv_bfloat16 v73 = __float2bfloat16_rn(dot72);
+					__nv_bfloat16 v74 = __float2bfloat16_rn((__bfloat162float(v73) / 0x1p+2f));
+					__nv_bfloat16 v75 = p7[(((r69 < 36 ? r69 : 36) * 45) + key70)];
+					__nv_bfloat16 v76 = __float2bfloat16_rn((__bfloat162float(v74) + __bfloat162float(v75)));
+					s71 = __bfloat162float(v76);
+					if ((r69 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r69 * 45)) + key70)] = __float2bfloat16_rn(s71);
 					}
 				}
-				sf[((ni35 * 4) + 3)] = s62;
+				sf[((ni44 * 4) + 3)] = s71;
 			}
-			float mx68 = (-AP_INFF);
-			#pragma unroll
-			for (int ni69 = 0; ni69 < 8; ni69 += 1) {
-				mx68 = (mx68 > sf[(ni69 * 4)] ? mx68 : sf[(ni69 * 4)]);
-				mx68 = (mx68 > sf[((ni69 * 4) + 1)] ? mx68 : sf[((ni69 * 4) + 1)]);
-			}
-			float wm70 = mx68;
-			float sh71;
-			sh71 = __shfl_xor_sync(0xffffffffu, wm70, (int)2, 32);
-			wm70 = (wm70 > sh71 ? wm70 : sh71);
-			float sh72;
-			sh72 = __shfl_xor_sync(0xffffffffu, wm70, (int)1, 32);
-			wm70 = (wm70 > sh72 ? wm70 : sh72);
-			float mn73 = (m17 > wm70 ? m17 : wm70);
-			unsigned char dd74 = (mn73 == (-AP_INFF));
-			float al75 = (dd74 ? 0x1p+0f : expf((m17 - mn73)));
-			float rs76 = 0x0p+0f;
 			float mx77 = (-AP_INFF);
 			#pragma unroll
 			for (int ni78 = 0; ni78 < 8; ni78 += 1) {
-				mx77 = (mx77 > sf[((ni78 * 4) + 2)] ? mx77 : sf[((ni78 * 4) + 2)]);
-				mx77 = (mx77 > sf[((ni78 * 4) + 3)] ? mx77 : sf[((ni78 * 4) + 3)]);
+				mx77 = (mx77 > sf[(ni78 * 4)] ? mx77 : sf[(ni78 * 4)]);
+				mx77 = (mx77 > sf[((ni78 * 4) + 1)] ? mx77 : sf[((ni78 * 4) + 1)]);
 			}
 			float wm79 = mx77;
 			float sh80;
@@ -192,101 +189,122 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_bf16_stats(__nv
 			float sh81;
 			sh81 = __shfl_xor_sync(0xffffffffu, wm79, (int)1, 32);
 			wm79 = (wm79 > sh81 ? wm79 : sh81);
-			float mn82 = (m19 > wm79 ? m19 : wm79);
+			float mn82 = (m23 > wm79 ? m23 : wm79);
 			unsigned char dd83 = (mn82 == (-AP_INFF));
-			float al84 = (dd83 ? 0x1p+0f : expf((m19 - mn82)));
-			float rs85 = 0x0p+0f;
+			float al84 = (dd83 ? 0x1p+0f : expf((m23 - mn82)));
+			float ml85 = (dd83 ? 0x0p+0f : (mn82 * 0x1.715476p+0f));
+			float rs86 = 0x0p+0f;
+			float mx87 = (-AP_INFF);
 			#pragma unroll
-			for (int ni86 = 0; ni86 < 8; ni86 += 1) {
-				float p87 = (dd74 ? 0x0p+0f : expf((sf[(ni86 * 4)] - mn73)));
-				rs76 = (rs76 + p87);
-				pf[(ni86 * 4)] = __float2bfloat16_rn(p87);
-				float p88 = (dd74 ? 0x0p+0f : expf((sf[((ni86 * 4) + 1)] - mn73)));
-				rs76 = (rs76 + p88);
-				pf[((ni86 * 4) + 1)] = __float2bfloat16_rn(p88);
-				float p89 = (dd83 ? 0x0p+0f : expf((sf[((ni86 * 4) + 2)] - mn82)));
-				rs85 = (rs85 + p89);
-				pf[((ni86 * 4) + 2)] = __float2bfloat16_rn(p89);
-				float p90 = (dd83 ? 0x0p+0f : expf((sf[((ni86 * 4) + 3)] - mn82)));
-				rs85 = (rs85 + p90);
-				pf[((ni86 * 4) + 3)] = __float2bfloat16_rn(p90);
+			for (int ni88 = 0; ni88 < 8; ni88 += 1) {
+				mx87 = (mx87 > sf[((ni88 * 4) + 2)] ? mx87 : sf[((ni88 * 4) + 2)]);
+				mx87 = (mx87 > sf[((ni88 * 4) + 3)] ? mx87 : sf[((ni88 * 4) + 3)]);
 			}
-			l18 = ((l18 * al75) + rs76);
-			m17 = mn73;
-			l20 = ((l20 * al84) + rs85);
-			m19 = mn82;
+			float wm89 = mx87;
+			float sh90;
+			sh90 = __shfl_xor_sync(0xffffffffu, wm89, (int)2, 32);
+			wm89 = (wm89 > sh90 ? wm89 : sh90);
+			float sh91;
+			sh91 = __shfl_xor_sync(0xffffffffu, wm89, (int)1, 32);
+			wm89 = (wm89 > sh91 ? wm89 : sh91);
+			float mn92 = (m25 > wm89 ? m25 : wm89);
+			unsigned char dd93 = (mn92 == (-AP_INFF));
+			float al94 = (dd93 ? 0x1p+0f : expf((m25 - mn92)));
+			float ml95 = (dd93 ? 0x0p+0f : (mn92 * 0x1.715476p+0f));
+			float rs96 = 0x0p+0f;
 			#pragma unroll
-			for (int no91 = 0; no91 < 3; no91 += 1) {
-				of[(no91 * 4)] = (of[(no91 * 4)] * al75);
-				of[((no91 * 4) + 1)] = (of[((no91 * 4) + 1)] * al75);
-				of[((no91 * 4) + 2)] = (of[((no91 * 4) + 2)] * al84);
-				of[((no91 * 4) + 3)] = (of[((no91 * 4) + 3)] * al84);
+			for (int ni97 = 0; ni97 < 8; ni97 += 1) {
+				float p98 = ap_ex2f(((sf[(ni97 * 4)] * 0x1.715476p+0f) - ml85));
+				rs86 = (rs86 + p98);
+				pf[(ni97 * 4)] = __float2bfloat16_rn(p98);
+				float p99 = ap_ex2f(((sf[((ni97 * 4) + 1)] * 0x1.715476p+0f) - ml85));
+				rs86 = (rs86 + p99);
+				pf[((ni97 * 4) + 1)] = __float2bfloat16_rn(p99);
+				float p100 = ap_ex2f(((sf[((ni97 * 4) + 2)] * 0x1.715476p+0f) - ml95));
+				rs96 = (rs96 + p100);
+				pf[((ni97 * 4) + 2)] = __float2bfloat16_rn(p100);
+				float p101 = ap_ex2f(((sf[((ni97 * 4) + 3)] * 0x1.715476p+0f) - ml95));
+				rs96 = (rs96 + p101);
+				pf[((ni97 * 4) + 3)] = __float2bfloat16_rn(p101);
+			}
+			l24 = ((l24 * al84) + rs86);
+			m23 = mn82;
+			l26 = ((l26 * al94) + rs96);
+			m25 = mn92;
+			#pragma unroll
+			for (int no102 = 0; no102 < 3; no102 += 1) {
+				of[(no102 * 4)] = (of[(no102 * 4)] * al84);
+				of[((no102 * 4) + 1)] = (of[((no102 * 4) + 1)] * al84);
+				of[((no102 * 4) + 2)] = (of[((no102 * 4) + 2)] * al94);
+				of[((no102 * 4) + 3)] = (of[((no102 * 4) + 3)] * al94);
 			}
 			#pragma unroll
-			for (int kj92 = 0; kj92 < 4; kj92 += 1) {
+			for (int kj103 = 0; kj103 < 4; kj103 += 1) {
 				#pragma unroll
-				for (int no93 = 0; no93 < 3; no93 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((vb31 + ((((kj92 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 32) + (no93 * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
-					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no93 * 4)]), "=f"(of[(no93 * 4) + 1]), "=f"(of[(no93 * 4) + 2]), "=f"(of[(no93 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8)]) | ((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(pf[(kj92 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 3]) << 16))), "f"(of[(no93 * 4)]), "f"(of[(no93 * 4) + 1]), "f"(of[(no93 * 4) + 2]), "f"(of[(no93 * 4) + 3]));
+				for (int no104 = 0; no104 < 3; no104 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((vb40 + ((((kj103 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 32) + (no104 * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
+					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no104 * 4)]), "=f"(of[(no104 * 4) + 1]), "=f"(of[(no104 * 4) + 2]), "=f"(of[(no104 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8)]) | ((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 3]) << 16))), "f"(of[(no104 * 4)]), "f"(of[(no104 * 4) + 1]), "f"(of[(no104 * 4) + 2]), "f"(of[(no104 * 4) + 3]));
 				}
 			}
 		}
-		float ws94 = l18;
-		float sh95;
-		sh95 = __shfl_xor_sync(0xffffffffu, ws94, (int)2, 32);
-		ws94 = (ws94 + sh95);
-		float sh96;
-		sh96 = __shfl_xor_sync(0xffffffffu, ws94, (int)1, 32);
-		ws94 = (ws94 + sh96);
-		l18 = ws94;
-		float ws97 = l20;
-		float sh98;
-		sh98 = __shfl_xor_sync(0xffffffffu, ws97, (int)2, 32);
-		ws97 = (ws97 + sh98);
-		float sh99;
-		sh99 = __shfl_xor_sync(0xffffffffu, ws97, (int)1, 32);
-		ws97 = (ws97 + sh99);
-		l20 = ws97;
+		float ws105 = l24;
+		float sh106;
+		sh106 = __shfl_xor_sync(0xffffffffu, ws105, (int)2, 32);
+		ws105 = (ws105 + sh106);
+		float sh107;
+		sh107 = __shfl_xor_sync(0xffffffffu, ws105, (int)1, 32);
+		ws105 = (ws105 + sh107);
+		l24 = ws105;
+		float il108 = (0x1p+0f / l24);
+		float ws109 = l26;
+		float sh110;
+		sh110 = __shfl_xor_sync(0xffffffffu, ws109, (int)2, 32);
+		ws109 = (ws109 + sh110);
+		float sh111;
+		sh111 = __shfl_xor_sync(0xffffffffu, ws109, (int)1, 32);
+		ws109 = (ws109 + sh111);
+		l26 = ws109;
+		float il112 = (0x1p+0f / l26);
 		#pragma unroll
-		for (int no100 = 0; no100 < 3; no100 += 1) {
-			int r101 = (wr9 + g2);
-			int col102 = ((no100 * 8) + (tq3 * 2));
-			if (((r101 < 37) && (col102 < 20))) {
-				float o103 = (of[(no100 * 4)] / l18);
-				__nv_bfloat16 v104 = __float2bfloat16_rn(o103);
-				p0[((((b8 * 2220) + (r101 * 60)) + (b7 * 20)) + col102)] = v104;
+		for (int no113 = 0; no113 < 3; no113 += 1) {
+			int r114 = (wr9 + g2);
+			int col115 = ((no113 * 8) + (tq3 * 2));
+			if (((r114 < 37) && (col115 < 20))) {
+				float o116 = (of[(no113 * 4)] * il108);
+				__nv_bfloat16 v117 = __float2bfloat16_rn(o116);
+				p0[((((b8 * 2220) + (r114 * 60)) + (b7 * 20)) + col115)] = v117;
 			}
-			int r105 = (wr9 + g2);
-			int col106 = ((no100 * 8) + ((tq3 * 2) + 1));
-			if (((r105 < 37) && (col106 < 20))) {
-				float o107 = (of[((no100 * 4) + 1)] / l18);
-				__nv_bfloat16 v108 = __float2bfloat16_rn(o107);
-				p0[((((b8 * 2220) + (r105 * 60)) + (b7 * 20)) + col106)] = v108;
+			int r118 = (wr9 + g2);
+			int col119 = ((no113 * 8) + ((tq3 * 2) + 1));
+			if (((r118 < 37) && (col119 < 20))) {
+				float o120 = (of[((no113 * 4) + 1)] * il108);
+				__nv_bfloat16 v121 = __float2bfloat16_rn(o120);
+				p0[((((b8 * 2220) + (r118 * 60)) + (b7 * 20)) + col119)] = v121;
 			}
-			int r109 = (wr9 + (g2 + 8));
-			int col110 = ((no100 * 8) + (tq3 * 2));
-			if (((r109 < 37) && (col110 < 20))) {
-				float o111 = (of[((no100 * 4) + 2)] / l20);
-				__nv_bfloat16 v112 = __float2bfloat16_rn(o111);
-				p0[((((b8 * 2220) + (r109 * 60)) + (b7 * 20)) + col110)] = v112;
+			int r122 = (wr9 + (g2 + 8));
+			int col123 = ((no113 * 8) + (tq3 * 2));
+			if (((r122 < 37) && (col123 < 20))) {
+				float o124 = (of[((no113 * 4) + 2)] * il112);
+				__nv_bfloat16 v125 = __float2bfloat16_rn(o124);
+				p0[((((b8 * 2220) + (r122 * 60)) + (b7 * 20)) + col123)] = v125;
 			}
-			int r113 = (wr9 + (g2 + 8));
-			int col114 = ((no100 * 8) + ((tq3 * 2) + 1));
-			if (((r113 < 37) && (col114 < 20))) {
-				float o115 = (of[((no100 * 4) + 3)] / l20);
-				__nv_bfloat16 v116 = __float2bfloat16_rn(o115);
-				p0[((((b8 * 2220) + (r113 * 60)) + (b7 * 20)) + col114)] = v116;
+			int r126 = (wr9 + (g2 + 8));
+			int col127 = ((no113 * 8) + ((tq3 * 2) + 1));
+			if (((r126 < 37) && (col127 < 20))) {
+				float o128 = (of[((no113 * 4) + 3)] * il112);
+				__nv_bfloat16 v129 = __float2bfloat16_rn(o128);
+				p0[((((b8 * 2220) + (r126 * 60)) + (b7 * 20)) + col127)] = v129;
 			}
 		}
-		int r117 = (wr9 + g2);
-		if (((r117 < 37) && (tq3 == 0))) {
-			p2[(((b8 * 111) + (b7 * 37)) + r117)] = __float2bfloat16_rn(m17);
-			p3[(((b8 * 111) + (b7 * 37)) + r117)] = __float2bfloat16_rn(l18);
+		int r130 = (wr9 + g2);
+		if (((r130 < 37) && (tq3 == 0))) {
+			p2[(((b8 * 111) + (b7 * 37)) + r130)] = __float2bfloat16_rn(m23);
+			p3[(((b8 * 111) + (b7 * 37)) + r130)] = __float2bfloat16_rn(l24);
 		}
-		int r118 = (wr9 + (g2 + 8));
-		if (((r118 < 37) && (tq3 == 0))) {
-			p2[(((b8 * 111) + (b7 * 37)) + r118)] = __float2bfloat16_rn(m19);
-			p3[(((b8 * 111) + (b7 * 37)) + r118)] = __float2bfloat16_rn(l20);
+		int r131 = (wr9 + (g2 + 8));
+		if (((r131 < 37) && (tq3 == 0))) {
+			p2[(((b8 * 111) + (b7 * 37)) + r131)] = __float2bfloat16_rn(m25);
+			p3[(((b8 * 111) + (b7 * 37)) + r131)] = __float2bfloat16_rn(l26);
 		}
 	}
 }

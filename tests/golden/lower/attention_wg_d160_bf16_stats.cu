@@ -4,6 +4,11 @@
 #define AP_NANF __int_as_float(0x7fffffff)
 #define AP_INF __longlong_as_double(0x7ff0000000000000LL)
 #define AP_NAN __longlong_as_double(0x7fffffffffffffffLL)
+#ifndef AP_EX2_DEFINED
+#define AP_EX2_DEFINED
+static __device__ __forceinline__ float ap_ex2f(float x)
+{ float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+#endif
 #ifndef AP_WGMMA_DEFINED
 #define AP_WGMMA_DEFINED
 static __device__ __forceinline__ unsigned long long ap_wg_desc(unsigned a, unsigned lbo, unsigned sbo, unsigned sw)
@@ -252,49 +257,51 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_d160_bf16_stat
 			float mn70 = (m15 > wm67 ? m15 : wm67);
 			unsigned char dd71 = (mn70 == (-AP_INFF));
 			float al72 = (dd71 ? 0x1p+0f : expf((m15 - mn70)));
-			float rs73 = 0x0p+0f;
-			float mx74 = (-AP_INFF);
+			float ml73 = (dd71 ? 0x0p+0f : (mn70 * 0x1.715476p+0f));
+			float rs74 = 0x0p+0f;
+			float mx75 = (-AP_INFF);
 			#pragma unroll
-			for (int ni75 = 0; ni75 < 8; ni75 += 1) {
-				mx74 = (mx74 > sf[((ni75 * 4) + 2)] ? mx74 : sf[((ni75 * 4) + 2)]);
-				mx74 = (mx74 > sf[((ni75 * 4) + 3)] ? mx74 : sf[((ni75 * 4) + 3)]);
+			for (int ni76 = 0; ni76 < 8; ni76 += 1) {
+				mx75 = (mx75 > sf[((ni76 * 4) + 2)] ? mx75 : sf[((ni76 * 4) + 2)]);
+				mx75 = (mx75 > sf[((ni76 * 4) + 3)] ? mx75 : sf[((ni76 * 4) + 3)]);
 			}
-			float wm76 = mx74;
-			float sh77;
-			sh77 = __shfl_xor_sync(0xffffffffu, wm76, (int)2, 32);
-			wm76 = (wm76 > sh77 ? wm76 : sh77);
+			float wm77 = mx75;
 			float sh78;
-			sh78 = __shfl_xor_sync(0xffffffffu, wm76, (int)1, 32);
-			wm76 = (wm76 > sh78 ? wm76 : sh78);
-			float mn79 = (m17 > wm76 ? m17 : wm76);
-			unsigned char dd80 = (mn79 == (-AP_INFF));
-			float al81 = (dd80 ? 0x1p+0f : expf((m17 - mn79)));
-			float rs82 = 0x0p+0f;
+			sh78 = __shfl_xor_sync(0xffffffffu, wm77, (int)2, 32);
+			wm77 = (wm77 > sh78 ? wm77 : sh78);
+			float sh79;
+			sh79 = __shfl_xor_sync(0xffffffffu, wm77, (int)1, 32);
+			wm77 = (wm77 > sh79 ? wm77 : sh79);
+			float mn80 = (m17 > wm77 ? m17 : wm77);
+			unsigned char dd81 = (mn80 == (-AP_INFF));
+			float al82 = (dd81 ? 0x1p+0f : expf((m17 - mn80)));
+			float ml83 = (dd81 ? 0x0p+0f : (mn80 * 0x1.715476p+0f));
+			float rs84 = 0x0p+0f;
 			#pragma unroll
-			for (int ni83 = 0; ni83 < 8; ni83 += 1) {
-				float p84 = (dd71 ? 0x0p+0f : expf((sf[(ni83 * 4)] - mn70)));
-				rs73 = (rs73 + p84);
-				pf[(ni83 * 4)] = __float2bfloat16_rn(p84);
-				float p85 = (dd71 ? 0x0p+0f : expf((sf[((ni83 * 4) + 1)] - mn70)));
-				rs73 = (rs73 + p85);
-				pf[((ni83 * 4) + 1)] = __float2bfloat16_rn(p85);
-				float p86 = (dd80 ? 0x0p+0f : expf((sf[((ni83 * 4) + 2)] - mn79)));
-				rs82 = (rs82 + p86);
-				pf[((ni83 * 4) + 2)] = __float2bfloat16_rn(p86);
-				float p87 = (dd80 ? 0x0p+0f : expf((sf[((ni83 * 4) + 3)] - mn79)));
-				rs82 = (rs82 + p87);
-				pf[((ni83 * 4) + 3)] = __float2bfloat16_rn(p87);
+			for (int ni85 = 0; ni85 < 8; ni85 += 1) {
+				float p86 = ap_ex2f(((sf[(ni85 * 4)] * 0x1.715476p+0f) - ml73));
+				rs74 = (rs74 + p86);
+				pf[(ni85 * 4)] = __float2bfloat16_rn(p86);
+				float p87 = ap_ex2f(((sf[((ni85 * 4) + 1)] * 0x1.715476p+0f) - ml73));
+				rs74 = (rs74 + p87);
+				pf[((ni85 * 4) + 1)] = __float2bfloat16_rn(p87);
+				float p88 = ap_ex2f(((sf[((ni85 * 4) + 2)] * 0x1.715476p+0f) - ml83));
+				rs84 = (rs84 + p88);
+				pf[((ni85 * 4) + 2)] = __float2bfloat16_rn(p88);
+				float p89 = ap_ex2f(((sf[((ni85 * 4) + 3)] * 0x1.715476p+0f) - ml83));
+				rs84 = (rs84 + p89);
+				pf[((ni85 * 4) + 3)] = __float2bfloat16_rn(p89);
 			}
-			l16 = ((l16 * al72) + rs73);
+			l16 = ((l16 * al72) + rs74);
 			m15 = mn70;
-			l18 = ((l18 * al81) + rs82);
-			m17 = mn79;
+			l18 = ((l18 * al82) + rs84);
+			m17 = mn80;
 			#pragma unroll
-			for (int no88 = 0; no88 < 18; no88 += 1) {
-				of[(no88 * 4)] = (of[(no88 * 4)] * al72);
-				of[((no88 * 4) + 1)] = (of[((no88 * 4) + 1)] * al72);
-				of[((no88 * 4) + 2)] = (of[((no88 * 4) + 2)] * al81);
-				of[((no88 * 4) + 3)] = (of[((no88 * 4) + 3)] * al81);
+			for (int no90 = 0; no90 < 18; no90 += 1) {
+				of[(no90 * 4)] = (of[(no90 * 4)] * al72);
+				of[((no90 * 4) + 1)] = (of[((no90 * 4) + 1)] * al72);
+				of[((no90 * 4) + 2)] = (of[((no90 * 4) + 2)] * al82);
+				of[((no90 * 4) + 3)] = (of[((no90 * 4) + 3)] * al82);
 			}
 			asm volatile("" : "+f"(of[0]) :: "memory");
 			asm volatile("" : "+f"(of[1]) :: "memory");
@@ -370,12 +377,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_d160_bf16_stat
 			asm volatile("" : "+f"(of[71]) :: "memory");
 			asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 			#pragma unroll
-			for (int kj89 = 0; kj89 < 4; kj89 += 1) {
+			for (int kj91 = 0; kj91 < 4; kj91 += 1) {
 				{
-					const unsigned long long ap_db = ap_wg_desc((unsigned)__cvta_generic_to_shared(vs) + (unsigned)((vb29 + (((((kj89 * 16) >> 3) * 128) + (((kj89 * 16) & 7) * 16)) + ((0 ^ ((((kj89 * 16) & 7) * 32) >> 7)) * 8)))) * 2u, 2048u, 256u, 32u);
+					const unsigned long long ap_db = ap_wg_desc((unsigned)__cvta_generic_to_shared(vs) + (unsigned)((vb29 + (((((kj91 * 16) >> 3) * 128) + (((kj91 * 16) & 7) * 16)) + ((0 ^ ((((kj91 * 16) & 7) * 32) >> 7)) * 8)))) * 2u, 2048u, 256u, 32u);
 					asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %77, 0;\nwgmma.mma_async.sync.aligned.m64n144k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71}, {%72, %73, %74, %75}, %76, p, 1, 1, 1;\n}\n"
 						: "+f"(of[0]), "+f"(of[0 + 1]), "+f"(of[0 + 2]), "+f"(of[0 + 3]), "+f"(of[0 + 4]), "+f"(of[0 + 5]), "+f"(of[0 + 6]), "+f"(of[0 + 7]), "+f"(of[0 + 8]), "+f"(of[0 + 9]), "+f"(of[0 + 10]), "+f"(of[0 + 11]), "+f"(of[0 + 12]), "+f"(of[0 + 13]), "+f"(of[0 + 14]), "+f"(of[0 + 15]), "+f"(of[0 + 16]), "+f"(of[0 + 17]), "+f"(of[0 + 18]), "+f"(of[0 + 19]), "+f"(of[0 + 20]), "+f"(of[0 + 21]), "+f"(of[0 + 22]), "+f"(of[0 + 23]), "+f"(of[0 + 24]), "+f"(of[0 + 25]), "+f"(of[0 + 26]), "+f"(of[0 + 27]), "+f"(of[0 + 28]), "+f"(of[0 + 29]), "+f"(of[0 + 30]), "+f"(of[0 + 31]), "+f"(of[0 + 32]), "+f"(of[0 + 33]), "+f"(of[0 + 34]), "+f"(of[0 + 35]), "+f"(of[0 + 36]), "+f"(of[0 + 37]), "+f"(of[0 + 38]), "+f"(of[0 + 39]), "+f"(of[0 + 40]), "+f"(of[0 + 41]), "+f"(of[0 + 42]), "+f"(of[0 + 43]), "+f"(of[0 + 44]), "+f"(of[0 + 45]), "+f"(of[0 + 46]), "+f"(of[0 + 47]), "+f"(of[0 + 48]), "+f"(of[0 + 49]), "+f"(of[0 + 50]), "+f"(of[0 + 51]), "+f"(of[0 + 52]), "+f"(of[0 + 53]), "+f"(of[0 + 54]), "+f"(of[0 + 55]), "+f"(of[0 + 56]), "+f"(of[0 + 57]), "+f"(of[0 + 58]), "+f"(of[0 + 59]), "+f"(of[0 + 60]), "+f"(of[0 + 61]), "+f"(of[0 + 62]), "+f"(of[0 + 63]), "+f"(of[0 + 64]), "+f"(of[0 + 65]), "+f"(of[0 + 66]), "+f"(of[0 + 67]), "+f"(of[0 + 68]), "+f"(of[0 + 69]), "+f"(of[0 + 70]), "+f"(of[0 + 71])
-						: "r"(((unsigned)__bfloat16_as_ushort(pf[(kj89 * 8)]) | ((unsigned)__bfloat16_as_ushort(pf[(kj89 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj89 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(pf[(kj89 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj89 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(pf[(kj89 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj89 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(pf[(kj89 * 8) + 7]) << 16))), "l"(ap_db), "r"(1) : "memory");
+						: "r"(((unsigned)__bfloat16_as_ushort(pf[(kj91 * 8)]) | ((unsigned)__bfloat16_as_ushort(pf[(kj91 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj91 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(pf[(kj91 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj91 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(pf[(kj91 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj91 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(pf[(kj91 * 8) + 7]) << 16))), "l"(ap_db), "r"(1) : "memory");
 				}
 			}
 			asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -453,62 +460,64 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_d160_bf16_stat
 			asm volatile("" : "+f"(of[70]) :: "memory");
 			asm volatile("" : "+f"(of[71]) :: "memory");
 		}
-		float ws90 = l16;
-		float sh91;
-		sh91 = __shfl_xor_sync(0xffffffffu, ws90, (int)2, 32);
-		ws90 = (ws90 + sh91);
-		float sh92;
-		sh92 = __shfl_xor_sync(0xffffffffu, ws90, (int)1, 32);
-		ws90 = (ws90 + sh92);
-		l16 = ws90;
-		float ws93 = l18;
+		float ws92 = l16;
+		float sh93;
+		sh93 = __shfl_xor_sync(0xffffffffu, ws92, (int)2, 32);
+		ws92 = (ws92 + sh93);
 		float sh94;
-		sh94 = __shfl_xor_sync(0xffffffffu, ws93, (int)2, 32);
-		ws93 = (ws93 + sh94);
-		float sh95;
-		sh95 = __shfl_xor_sync(0xffffffffu, ws93, (int)1, 32);
-		ws93 = (ws93 + sh95);
-		l18 = ws93;
+		sh94 = __shfl_xor_sync(0xffffffffu, ws92, (int)1, 32);
+		ws92 = (ws92 + sh94);
+		l16 = ws92;
+		float il95 = (0x1p+0f / l16);
+		float ws96 = l18;
+		float sh97;
+		sh97 = __shfl_xor_sync(0xffffffffu, ws96, (int)2, 32);
+		ws96 = (ws96 + sh97);
+		float sh98;
+		sh98 = __shfl_xor_sync(0xffffffffu, ws96, (int)1, 32);
+		ws96 = (ws96 + sh98);
+		l18 = ws96;
+		float il99 = (0x1p+0f / l18);
 		#pragma unroll
-		for (int no96 = 0; no96 < 18; no96 += 1) {
-			int r97 = (wr8 + g2);
-			int col98 = ((no96 * 8) + (tq3 * 2));
-			if (((r97 < 70) && (col98 < 144))) {
-				float o99 = (of[(no96 * 4)] / l16);
-				__nv_bfloat16 v100 = __float2bfloat16_rn(o99);
-				p0[(((r97 * 288) + (b7 * 144)) + col98)] = v100;
-			}
+		for (int no100 = 0; no100 < 18; no100 += 1) {
 			int r101 = (wr8 + g2);
-			int col102 = ((no96 * 8) + ((tq3 * 2) + 1));
+			int col102 = ((no100 * 8) + (tq3 * 2));
 			if (((r101 < 70) && (col102 < 144))) {
-				float o103 = (of[((no96 * 4) + 1)] / l16);
+				float o103 = (of[(no100 * 4)] * il95);
 				__nv_bfloat16 v104 = __float2bfloat16_rn(o103);
 				p0[(((r101 * 288) + (b7 * 144)) + col102)] = v104;
 			}
-			int r105 = (wr8 + (g2 + 8));
-			int col106 = ((no96 * 8) + (tq3 * 2));
+			int r105 = (wr8 + g2);
+			int col106 = ((no100 * 8) + ((tq3 * 2) + 1));
 			if (((r105 < 70) && (col106 < 144))) {
-				float o107 = (of[((no96 * 4) + 2)] / l18);
+				float o107 = (of[((no100 * 4) + 1)] * il95);
 				__nv_bfloat16 v108 = __float2bfloat16_rn(o107);
 				p0[(((r105 * 288) + (b7 * 144)) + col106)] = v108;
 			}
 			int r109 = (wr8 + (g2 + 8));
-			int col110 = ((no96 * 8) + ((tq3 * 2) + 1));
+			int col110 = ((no100 * 8) + (tq3 * 2));
 			if (((r109 < 70) && (col110 < 144))) {
-				float o111 = (of[((no96 * 4) + 3)] / l18);
+				float o111 = (of[((no100 * 4) + 2)] * il99);
 				__nv_bfloat16 v112 = __float2bfloat16_rn(o111);
 				p0[(((r109 * 288) + (b7 * 144)) + col110)] = v112;
 			}
+			int r113 = (wr8 + (g2 + 8));
+			int col114 = ((no100 * 8) + ((tq3 * 2) + 1));
+			if (((r113 < 70) && (col114 < 144))) {
+				float o115 = (of[((no100 * 4) + 3)] * il99);
+				__nv_bfloat16 v116 = __float2bfloat16_rn(o115);
+				p0[(((r113 * 288) + (b7 * 144)) + col114)] = v116;
+			}
 		}
-		int r113 = (wr8 + g2);
-		if (((r113 < 70) && (tq3 == 0))) {
-			p2[((b7 * 70) + r113)] = __float2bfloat16_rn(m15);
-			p3[((b7 * 70) + r113)] = __float2bfloat16_rn(l16);
+		int r117 = (wr8 + g2);
+		if (((r117 < 70) && (tq3 == 0))) {
+			p2[((b7 * 70) + r117)] = __float2bfloat16_rn(m15);
+			p3[((b7 * 70) + r117)] = __float2bfloat16_rn(l16);
 		}
-		int r114 = (wr8 + (g2 + 8));
-		if (((r114 < 70) && (tq3 == 0))) {
-			p2[((b7 * 70) + r114)] = __float2bfloat16_rn(m17);
-			p3[((b7 * 70) + r114)] = __float2bfloat16_rn(l18);
+		int r118 = (wr8 + (g2 + 8));
+		if (((r118 < 70) && (tq3 == 0))) {
+			p2[((b7 * 70) + r118)] = __float2bfloat16_rn(m17);
+			p3[((b7 * 70) + r118)] = __float2bfloat16_rn(l18);
 		}
 	}
 }

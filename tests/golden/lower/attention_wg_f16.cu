@@ -4,6 +4,11 @@
 #define AP_NANF __int_as_float(0x7fffffff)
 #define AP_INF __longlong_as_double(0x7ff0000000000000LL)
 #define AP_NAN __longlong_as_double(0x7fffffffffffffffLL)
+#ifndef AP_EX2_DEFINED
+#define AP_EX2_DEFINED
+static __device__ __forceinline__ float ap_ex2f(float x)
+{ float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+#endif
 extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_f16(__half *__restrict__ p0, const __half *__restrict__ p1, const __half *__restrict__ p2, const __half *__restrict__ p3, const __half *__restrict__ p4)
 {
 	__shared__ __align__(16) __half qs[384];
@@ -36,231 +41,250 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_f16(__half *__r
 		int b7 = (bi5 % 3);
 		int b8 = ((bi5 / 3) % 2);
 		int wr9 = (q06 + (w0 * 16));
-		for (int e10 = ((int)threadIdx.x); e10 < 32; e10 += 32) {
-			int gr11 = (q06 + (e10 / 2));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)((((e10 / 2) * 24) + ((e10 % 2) * 8))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr11 < 37)) ? &p1[((((b8 * 1776) + (b7 * 592)) + (gr11 * 16)) + ((e10 % 2) * 8))] : p1), "r"(((gr11 < 37)) ? 16 : 0) : "memory"); }
+		int sr10 = (((int)threadIdx.x) / 2);
+		int sc11 = ((((int)threadIdx.x) % 2) * 8);
+		int sp12 = ((sr10 * 24) + sc11);
+		for (int e13 = 0; e13 < 1; e13 += 1) {
+			int gr14 = (q06 + (sr10 + (e13 * 16)));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)((sp12 + (e13 * 384))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr14 < 37)) ? &p1[((((b8 * 1776) + (b7 * 592)) + (gr14 * 16)) + sc11)] : p1), "r"(((gr14 < 37)) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int e12 = ((int)threadIdx.x); e12 < 128; e12 += 32) {
-			int gr13 = (e12 / 2);
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((e12 / 2) * 24) + ((e12 % 2) * 8))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr13 < 45)) ? &p2[((((b8 * 2160) + (b7 * 720)) + ((e12 % 2) * 8)) + (gr13 * 16))] : p2), "r"(((gr13 < 45)) ? 16 : 0) : "memory"); }
+		int sr15 = (((int)threadIdx.x) / 2);
+		int sc16 = ((((int)threadIdx.x) % 2) * 8);
+		int sp17 = ((sr15 * 24) + sc16);
+		for (int e18 = 0; e18 < 4; e18 += 1) {
+			int gr19 = (sr15 + (e18 * 16));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((sp17 + (e18 * 384))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr19 < 45)) ? &p2[((((b8 * 2160) + (b7 * 720)) + sc16) + (gr19 * 16))] : p2), "r"(((gr19 < 45)) ? 16 : 0) : "memory"); }
 		}
-		for (int e14 = ((int)threadIdx.x); e14 < 256; e14 += 32) {
-			int gr15 = (e14 / 4);
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((e14 / 4) * 24) + ((e14 % 4) * 4))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr15 < 45) && (((e14 % 4) * 4) < 12))) ? &p3[((((b8 * 1620) + (b7 * 540)) + (gr15 * 12)) + ((e14 % 4) * 4))] : p3), "r"((((gr15 < 45) && (((e14 % 4) * 4) < 12))) ? 8 : 0) : "memory"); }
+		int sr20 = (((int)threadIdx.x) / 4);
+		int sc21 = ((((int)threadIdx.x) % 4) * 4);
+		int sp22 = ((sr20 * 24) + sc21);
+		for (int e23 = 0; e23 < 8; e23 += 1) {
+			int gr24 = (sr20 + (e23 * 8));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((sp22 + (e23 * 192))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr24 < 45) && (sc21 < 12))) ? &p3[((((b8 * 1620) + (b7 * 540)) + (gr24 * 12)) + sc21)] : p3), "r"((((gr24 < 45) && (sc21 < 12))) ? 8 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 		__syncthreads();
 		#pragma unroll
-		for (int kq16 = 0; kq16 < 1; kq16 += 1) {
-			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 24) + ((kq16 * 16) + ((ln1 >> 4) * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq16 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); qf[(kq16 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); qf[(kq16 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); qf[(kq16 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); qf[(kq16 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); qf[(kq16 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); qf[(kq16 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); qf[(kq16 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
+		for (int kq25 = 0; kq25 < 1; kq25 += 1) {
+			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 24) + ((kq25 * 16) + ((ln1 >> 4) * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq25 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); qf[(kq25 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); qf[(kq25 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); qf[(kq25 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); qf[(kq25 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); qf[(kq25 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); qf[(kq25 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); qf[(kq25 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
 		}
-		float m17 = (-AP_INFF);
-		float l18 = 0x0p+0f;
-		float m19 = (-AP_INFF);
-		float l20 = 0x0p+0f;
+		float m26 = (-AP_INFF);
+		float l27 = 0x0p+0f;
+		float m28 = (-AP_INFF);
+		float l29 = 0x0p+0f;
 		#pragma unroll
-		for (int z21 = 0; z21 < 8; z21 += 1) {
-			of[z21] = 0x0p+0f;
+		for (int z30 = 0; z30 < 8; z30 += 1) {
+			of[z30] = 0x0p+0f;
 		}
-		for (int kt22 = 0; kt22 < 1; kt22 += 1) {
-			int k023 = (kt22 * 64);
+		for (int kt31 = 0; kt31 < 1; kt31 += 1) {
+			int k032 = (kt31 * 64);
 			__syncthreads();
-			int kn24 = (kt22 + 1);
-			int st25 = (kt22 & 1);
-			if ((kn24 < 1)) {
-				for (int e26 = ((int)threadIdx.x); e26 < 128; e26 += 32) {
-					int gr27 = ((kn24 * 64) + (e26 / 2));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((kn24 & 1) * 1536) + (((e26 / 2) * 24) + ((e26 % 2) * 8)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr27 < 45)) ? &p2[((((b8 * 2160) + (b7 * 720)) + ((e26 % 2) * 8)) + (gr27 * 16))] : p2), "r"(((gr27 < 45)) ? 16 : 0) : "memory"); }
+			int kn33 = (kt31 + 1);
+			int st34 = (kt31 & 1);
+			if ((kn33 < 1)) {
+				int sr35 = (((int)threadIdx.x) / 2);
+				int sc36 = ((((int)threadIdx.x) % 2) * 8);
+				int sp37 = (((kn33 & 1) * 1536) + ((sr35 * 24) + sc36));
+				for (int e38 = 0; e38 < 4; e38 += 1) {
+					int gr39 = ((kn33 * 64) + (sr35 + (e38 * 16)));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((sp37 + (e38 * 384))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr39 < 45)) ? &p2[((((b8 * 2160) + (b7 * 720)) + sc36) + (gr39 * 16))] : p2), "r"(((gr39 < 45)) ? 16 : 0) : "memory"); }
 				}
-				for (int e28 = ((int)threadIdx.x); e28 < 256; e28 += 32) {
-					int gr29 = ((kn24 * 64) + (e28 / 4));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((kn24 & 1) * 1536) + (((e28 / 4) * 24) + ((e28 % 4) * 4)))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr29 < 45) && (((e28 % 4) * 4) < 12))) ? &p3[((((b8 * 1620) + (b7 * 540)) + (gr29 * 12)) + ((e28 % 4) * 4))] : p3), "r"((((gr29 < 45) && (((e28 % 4) * 4) < 12))) ? 8 : 0) : "memory"); }
+				int sr40 = (((int)threadIdx.x) / 4);
+				int sc41 = ((((int)threadIdx.x) % 4) * 4);
+				int sp42 = (((kn33 & 1) * 1536) + ((sr40 * 24) + sc41));
+				for (int e43 = 0; e43 < 8; e43 += 1) {
+					int gr44 = ((kn33 * 64) + (sr40 + (e43 * 8)));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((sp42 + (e43 * 192))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr44 < 45) && (sc41 < 12))) ? &p3[((((b8 * 1620) + (b7 * 540)) + (gr44 * 12)) + sc41)] : p3), "r"((((gr44 < 45) && (sc41 < 12))) ? 8 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-			int kb30 = (st25 * 1536);
-			int vb31 = (st25 * 1536);
+			int kb45 = (st34 * 1536);
+			int vb46 = (st34 * 1536);
 			__syncthreads();
 			#pragma unroll
-			for (int z32 = 0; z32 < 32; z32 += 1) {
-				sf[z32] = 0x0p+0f;
+			for (int z47 = 0; z47 < 32; z47 += 1) {
+				sf[z47] = 0x0p+0f;
 			}
 			#pragma unroll
-			for (int kq33 = 0; kq33 < 1; kq33 += 1) {
+			for (int kq48 = 0; kq48 < 1; kq48 += 1) {
 				#pragma unroll
-				for (int ni34 = 0; ni34 < 8; ni34 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((kb30 + ((((ni34 * 8) + (ln1 & 7)) * 24) + ((kq33 * 16) + (((ln1 >> 3) & 1) * 8))))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
-					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni34 * 4)]), "=f"(sf[(ni34 * 4) + 1]), "=f"(sf[(ni34 * 4) + 2]), "=f"(sf[(ni34 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(qf[(kq33 * 8)]) | ((unsigned)__half_as_ushort(qf[(kq33 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq33 * 8) + 2]) | ((unsigned)__half_as_ushort(qf[(kq33 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq33 * 8) + 4]) | ((unsigned)__half_as_ushort(qf[(kq33 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq33 * 8) + 6]) | ((unsigned)__half_as_ushort(qf[(kq33 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(kf[0]) | ((unsigned)__half_as_ushort(kf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(kf[0 + 2]) | ((unsigned)__half_as_ushort(kf[0 + 3]) << 16))), "f"(sf[(ni34 * 4)]), "f"(sf[(ni34 * 4) + 1]), "f"(sf[(ni34 * 4) + 2]), "f"(sf[(ni34 * 4) + 3]));
+				for (int ni49 = 0; ni49 < 8; ni49 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((kb45 + ((((ni49 * 8) + (ln1 & 7)) * 24) + ((kq48 * 16) + (((ln1 >> 3) & 1) * 8))))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni49 * 4)]), "=f"(sf[(ni49 * 4) + 1]), "=f"(sf[(ni49 * 4) + 2]), "=f"(sf[(ni49 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(qf[(kq48 * 8)]) | ((unsigned)__half_as_ushort(qf[(kq48 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq48 * 8) + 2]) | ((unsigned)__half_as_ushort(qf[(kq48 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq48 * 8) + 4]) | ((unsigned)__half_as_ushort(qf[(kq48 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq48 * 8) + 6]) | ((unsigned)__half_as_ushort(qf[(kq48 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(kf[0]) | ((unsigned)__half_as_ushort(kf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(kf[0 + 2]) | ((unsigned)__half_as_ushort(kf[0 + 3]) << 16))), "f"(sf[(ni49 * 4)]), "f"(sf[(ni49 * 4) + 1]), "f"(sf[(ni49 * 4) + 2]), "f"(sf[(ni49 * 4) + 3]));
 				}
 			}
 			#pragma unroll
-			for (int ni35 = 0; ni35 < 8; ni35 += 1) {
-				int r36 = (wr9 + g2);
-				int key37 = ((k023 + (ni35 * 8)) + (tq3 * 2));
-				float s38 = (-AP_INFF);
-				if ((key37 < 45)) {
-					float dot39 = sf[(ni35 * 4)];
-					__half v40 = __float2half_rn(dot39);
-					__half v41 = __float2half_rn((__half2float(v40) / 0x1p+2f));
-					__half v42 = p4[(((r36 < 36 ? r36 : 36) * 45) + key37)];
-					__half v43 = __float2half_rn((__half2float(v41) + __half2float(v42)));
-					s38 = __half2float(v43);
+			for (int ni50 = 0; ni50 < 8; ni50 += 1) {
+				int r51 = (wr9 + g2);
+				int key52 = ((k032 + (ni50 * 8)) + (tq3 * 2));
+				float s53 = (-AP_INFF);
+				if ((key52 < 45)) {
+					float dot54 = sf[(ni50 * 4)];
+					__half v55 = __float2half_rn(dot54);
+					__half v56 = __float2half_rn((__half2float(v55) / 0x1p+2f));
+					__half v57 = p4[(((r51 < 36 ? r51 : 36) * 45) + key52)];
+					__half v58 = __float2half_rn((__half2float(v56) + __half2float(v57)));
+					s53 = __half2float(v58);
 				}
-				sf[(ni35 * 4)] = s38;
-				int r44 = (wr9 + g2);
-				int key45 = ((k023 + (ni35 * 8)) + ((tq3 * 2) + 1));
-				float s46 = (-AP_INFF);
-				if ((key45 < 45)) {
-					float dot47 = sf[((ni35 * 4) + 1)];
-					__half v48 = __float2half_rn(dot47);
-					__half v49 = __float2half_rn((__half2float(v48) / 0x1p+2f));
-					__half v50 = p4[(((r44 < 36 ? r44 : 36) * 45) + key45)];
-					__half v51 = __float2half_rn((__half2float(v49) + __half2float(v50)));
-					s46 = __half2float(v51);
+				sf[(ni50 * 4)] = s53;
+				int r59 = (wr9 + g2);
+				int key60 = ((k032 + (ni50 * 8)) + ((tq3 * 2) + 1));
+				float s61 = (-AP_INFF);
+				if ((key60 < 45)) {
+					float dot62 = sf[((ni50 * 4) + 1)];
+					__half v63 = __float2half_rn(dot62);
+					__half v64 = __float2half_rn((__half2float(v63) / 0x1p+2f));
+					__half v65 = p4[(((r59 < 36 ? r59 : 36) * 45) + key60)];
+					__half v66 = __float2half_rn((__half2float(v64) + __half2float(v65)));
+					s61 = __half2float(v66);
 				}
-				sf[((ni35 * 4) + 1)] = s46;
-				int r52 = (wr9 + (g2 + 8));
-				int key53 = ((k023 + (ni35 * 8)) + (tq3 * 2));
-				float s54 = (-AP_INFF);
-				if ((key53 < 45)) {
-					float dot55 = sf[((ni35 * 4) + 2)];
-					__half v56 = __float2half_rn(dot55);
-					__half v57 = __float2half_rn((__half2float(v56) / 0x1p+2f));
-					__half v58 = p4[(((r52 < 36 ? r52 : 36) * 45) + key53)];
-					__half v59 = __float2half_rn((__half2float(v57) + __half2float(v58)));
-					s54 = __half2float(v59);
+				sf[((ni50 * 4) + 1)] = s61;
+				int r67 = (wr9 + (g2 + 8));
+				int key68 = ((k032 + (ni50 * 8)) + (tq3 * 2));
+				float s69 = (-AP_INFF);
+				if ((key68 < 45)) {
+					float dot70 = sf[((ni50 * 4) + 2)];
+					__half v71 = __float2half_rn(dot70);
+					__half v72 = __float2half_rn((__half2float(v71) / 0x1p+2f));
+					__half v73 = p4[(((r67 < 36 ? r67 : 36) * 45) + key68)];
+					__half v74 = __float2half_rn((__half2float(v72) + __half2float(v73)));
+					s69 = __half2float(v74);
 				}
-				sf[((ni35 * 4) + 2)] = s54;
-				int r60 = (wr9 + (g2 + 8));
-				int key61 = ((k023 + (ni35 * 8)) + ((tq3 * 2) + 1));
-				float s62 = (-AP_INFF);
-				if ((key61 < 45)) {
-					float dot63 = sf[((ni35 * 4) + 3)];
-					__half v64 = __float2half_rn(dot63);
-					__half v65 = __float2half_rn((__half2float(v64) / 0x1p+2f));
-					__half v66 = p4[(((r60 < 36 ? r60 : 36) * 45) + key61)];
-					__half v67 = __float2half_rn((__half2float(v65) + __half2float(v66)));
-					s62 = __half2float(v67);
+				sf[((ni50 * 4) + 2)] = s69;
+				int r75 = (wr9 + (g2 + 8));
+				int key76 = ((k032 + (ni50 * 8)) + ((tq3 * 2) + 1));
+				float s77 = (-AP_INFF);
+				if ((key76 < 45)) {
+					float dot78 = sf[((ni50 * 4) + 3)];
+					__half v79 = __float2half_rn(dot78);
+					__half v80 = __float2half_rn((__half2float(v79) / 0x1p+2f));
+					__half v81 = p4[(((r75 < 36 ? r75 : 36) * 45) + key76)];
+					__half v82 = __float2half_rn((__half2float(v80) + __half2float(v81)));
+					s77 = __half2float(v82);
 				}
-				sf[((ni35 * 4) + 3)] = s62;
+				sf[((ni50 * 4) + 3)] = s77;
 			}
-			float mx68 = (-AP_INFF);
+			float mx83 = (-AP_INFF);
 			#pragma unroll
-			for (int ni69 = 0; ni69 < 8; ni69 += 1) {
-				mx68 = (mx68 > sf[(ni69 * 4)] ? mx68 : sf[(ni69 * 4)]);
-				mx68 = (mx68 > sf[((ni69 * 4) + 1)] ? mx68 : sf[((ni69 * 4) + 1)]);
+			for (int ni84 = 0; ni84 < 8; ni84 += 1) {
+				mx83 = (mx83 > sf[(ni84 * 4)] ? mx83 : sf[(ni84 * 4)]);
+				mx83 = (mx83 > sf[((ni84 * 4) + 1)] ? mx83 : sf[((ni84 * 4) + 1)]);
 			}
-			float wm70 = mx68;
-			float sh71;
-			sh71 = __shfl_xor_sync(0xffffffffu, wm70, (int)2, 32);
-			wm70 = (wm70 > sh71 ? wm70 : sh71);
-			float sh72;
-			sh72 = __shfl_xor_sync(0xffffffffu, wm70, (int)1, 32);
-			wm70 = (wm70 > sh72 ? wm70 : sh72);
-			float mn73 = (m17 > wm70 ? m17 : wm70);
-			unsigned char dd74 = (mn73 == (-AP_INFF));
-			float al75 = (dd74 ? 0x1p+0f : expf((m17 - mn73)));
-			float rs76 = 0x0p+0f;
-			float mx77 = (-AP_INFF);
+			float wm85 = mx83;
+			float sh86;
+			sh86 = __shfl_xor_sync(0xffffffffu, wm85, (int)2, 32);
+			wm85 = (wm85 > sh86 ? wm85 : sh86);
+			float sh87;
+			sh87 = __shfl_xor_sync(0xffffffffu, wm85, (int)1, 32);
+			wm85 = (wm85 > sh87 ? wm85 : sh87);
+			float mn88 = (m26 > wm85 ? m26 : wm85);
+			unsigned char dd89 = (mn88 == (-AP_INFF));
+			float al90 = (dd89 ? 0x1p+0f : expf((m26 - mn88)));
+			float ml91 = (dd89 ? 0x0p+0f : (mn88 * 0x1.715476p+0f));
+			float rs92 = 0x0p+0f;
+			float mx93 = (-AP_INFF);
 			#pragma unroll
-			for (int ni78 = 0; ni78 < 8; ni78 += 1) {
-				mx77 = (mx77 > sf[((ni78 * 4) + 2)] ? mx77 : sf[((ni78 * 4) + 2)]);
-				mx77 = (mx77 > sf[((ni78 * 4) + 3)] ? mx77 : sf[((ni78 * 4) + 3)]);
+			for (int ni94 = 0; ni94 < 8; ni94 += 1) {
+				mx93 = (mx93 > sf[((ni94 * 4) + 2)] ? mx93 : sf[((ni94 * 4) + 2)]);
+				mx93 = (mx93 > sf[((ni94 * 4) + 3)] ? mx93 : sf[((ni94 * 4) + 3)]);
 			}
-			float wm79 = mx77;
-			float sh80;
-			sh80 = __shfl_xor_sync(0xffffffffu, wm79, (int)2, 32);
-			wm79 = (wm79 > sh80 ? wm79 : sh80);
-			float sh81;
-			sh81 = __shfl_xor_sync(0xffffffffu, wm79, (int)1, 32);
-			wm79 = (wm79 > sh81 ? wm79 : sh81);
-			float mn82 = (m19 > wm79 ? m19 : wm79);
-			unsigned char dd83 = (mn82 == (-AP_INFF));
-			float al84 = (dd83 ? 0x1p+0f : expf((m19 - mn82)));
-			float rs85 = 0x0p+0f;
+			float wm95 = mx93;
+			float sh96;
+			sh96 = __shfl_xor_sync(0xffffffffu, wm95, (int)2, 32);
+			wm95 = (wm95 > sh96 ? wm95 : sh96);
+			float sh97;
+			sh97 = __shfl_xor_sync(0xffffffffu, wm95, (int)1, 32);
+			wm95 = (wm95 > sh97 ? wm95 : sh97);
+			float mn98 = (m28 > wm95 ? m28 : wm95);
+			unsigned char dd99 = (mn98 == (-AP_INFF));
+			float al100 = (dd99 ? 0x1p+0f : expf((m28 - mn98)));
+			float ml101 = (dd99 ? 0x0p+0f : (mn98 * 0x1.715476p+0f));
+			float rs102 = 0x0p+0f;
 			#pragma unroll
-			for (int ni86 = 0; ni86 < 8; ni86 += 1) {
-				float p87 = (dd74 ? 0x0p+0f : expf((sf[(ni86 * 4)] - mn73)));
-				rs76 = (rs76 + p87);
-				pf[(ni86 * 4)] = __float2half_rn(p87);
-				float p88 = (dd74 ? 0x0p+0f : expf((sf[((ni86 * 4) + 1)] - mn73)));
-				rs76 = (rs76 + p88);
-				pf[((ni86 * 4) + 1)] = __float2half_rn(p88);
-				float p89 = (dd83 ? 0x0p+0f : expf((sf[((ni86 * 4) + 2)] - mn82)));
-				rs85 = (rs85 + p89);
-				pf[((ni86 * 4) + 2)] = __float2half_rn(p89);
-				float p90 = (dd83 ? 0x0p+0f : expf((sf[((ni86 * 4) + 3)] - mn82)));
-				rs85 = (rs85 + p90);
-				pf[((ni86 * 4) + 3)] = __float2half_rn(p90);
+			for (int ni103 = 0; ni103 < 8; ni103 += 1) {
+				float p104 = ap_ex2f(((sf[(ni103 * 4)] * 0x1.715476p+0f) - ml91));
+				rs92 = (rs92 + p104);
+				pf[(ni103 * 4)] = __float2half_rn(p104);
+				float p105 = ap_ex2f(((sf[((ni103 * 4) + 1)] * 0x1.715476p+0f) - ml91));
+				rs92 = (rs92 + p105);
+				pf[((ni103 * 4) + 1)] = __float2half_rn(p105);
+				float p106 = ap_ex2f(((sf[((ni103 * 4) + 2)] * 0x1.715476p+0f) - ml101));
+				rs102 = (rs102 + p106);
+				pf[((ni103 * 4) + 2)] = __float2half_rn(p106);
+				float p107 = ap_ex2f(((sf[((ni103 * 4) + 3)] * 0x1.715476p+0f) - ml101));
+				rs102 = (rs102 + p107);
+				pf[((ni103 * 4) + 3)] = __float2half_rn(p107);
 			}
-			l18 = ((l18 * al75) + rs76);
-			m17 = mn73;
-			l20 = ((l20 * al84) + rs85);
-			m19 = mn82;
+			l27 = ((l27 * al90) + rs92);
+			m26 = mn88;
+			l29 = ((l29 * al100) + rs102);
+			m28 = mn98;
 			#pragma unroll
-			for (int no91 = 0; no91 < 2; no91 += 1) {
-				of[(no91 * 4)] = (of[(no91 * 4)] * al75);
-				of[((no91 * 4) + 1)] = (of[((no91 * 4) + 1)] * al75);
-				of[((no91 * 4) + 2)] = (of[((no91 * 4) + 2)] * al84);
-				of[((no91 * 4) + 3)] = (of[((no91 * 4) + 3)] * al84);
+			for (int no108 = 0; no108 < 2; no108 += 1) {
+				of[(no108 * 4)] = (of[(no108 * 4)] * al90);
+				of[((no108 * 4) + 1)] = (of[((no108 * 4) + 1)] * al90);
+				of[((no108 * 4) + 2)] = (of[((no108 * 4) + 2)] * al100);
+				of[((no108 * 4) + 3)] = (of[((no108 * 4) + 3)] * al100);
 			}
 			#pragma unroll
-			for (int kj92 = 0; kj92 < 4; kj92 += 1) {
+			for (int kj109 = 0; kj109 < 4; kj109 += 1) {
 				#pragma unroll
-				for (int no93 = 0; no93 < 2; no93 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((vb31 + ((((kj92 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 24) + (no93 * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
-					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no93 * 4)]), "=f"(of[(no93 * 4) + 1]), "=f"(of[(no93 * 4) + 2]), "=f"(of[(no93 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(pf[(kj92 * 8)]) | ((unsigned)__half_as_ushort(pf[(kj92 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj92 * 8) + 2]) | ((unsigned)__half_as_ushort(pf[(kj92 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj92 * 8) + 4]) | ((unsigned)__half_as_ushort(pf[(kj92 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj92 * 8) + 6]) | ((unsigned)__half_as_ushort(pf[(kj92 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(vf[0]) | ((unsigned)__half_as_ushort(vf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(vf[0 + 2]) | ((unsigned)__half_as_ushort(vf[0 + 3]) << 16))), "f"(of[(no93 * 4)]), "f"(of[(no93 * 4) + 1]), "f"(of[(no93 * 4) + 2]), "f"(of[(no93 * 4) + 3]));
+				for (int no110 = 0; no110 < 2; no110 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((vb46 + ((((kj109 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 24) + (no110 * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no110 * 4)]), "=f"(of[(no110 * 4) + 1]), "=f"(of[(no110 * 4) + 2]), "=f"(of[(no110 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(pf[(kj109 * 8)]) | ((unsigned)__half_as_ushort(pf[(kj109 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj109 * 8) + 2]) | ((unsigned)__half_as_ushort(pf[(kj109 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj109 * 8) + 4]) | ((unsigned)__half_as_ushort(pf[(kj109 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj109 * 8) + 6]) | ((unsigned)__half_as_ushort(pf[(kj109 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(vf[0]) | ((unsigned)__half_as_ushort(vf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(vf[0 + 2]) | ((unsigned)__half_as_ushort(vf[0 + 3]) << 16))), "f"(of[(no110 * 4)]), "f"(of[(no110 * 4) + 1]), "f"(of[(no110 * 4) + 2]), "f"(of[(no110 * 4) + 3]));
 				}
 			}
 		}
-		float ws94 = l18;
-		float sh95;
-		sh95 = __shfl_xor_sync(0xffffffffu, ws94, (int)2, 32);
-		ws94 = (ws94 + sh95);
-		float sh96;
-		sh96 = __shfl_xor_sync(0xffffffffu, ws94, (int)1, 32);
-		ws94 = (ws94 + sh96);
-		l18 = ws94;
-		float ws97 = l20;
-		float sh98;
-		sh98 = __shfl_xor_sync(0xffffffffu, ws97, (int)2, 32);
-		ws97 = (ws97 + sh98);
-		float sh99;
-		sh99 = __shfl_xor_sync(0xffffffffu, ws97, (int)1, 32);
-		ws97 = (ws97 + sh99);
-		l20 = ws97;
+		float ws111 = l27;
+		float sh112;
+		sh112 = __shfl_xor_sync(0xffffffffu, ws111, (int)2, 32);
+		ws111 = (ws111 + sh112);
+		float sh113;
+		sh113 = __shfl_xor_sync(0xffffffffu, ws111, (int)1, 32);
+		ws111 = (ws111 + sh113);
+		l27 = ws111;
+		float il114 = (0x1p+0f / l27);
+		float ws115 = l29;
+		float sh116;
+		sh116 = __shfl_xor_sync(0xffffffffu, ws115, (int)2, 32);
+		ws115 = (ws115 + sh116);
+		float sh117;
+		sh117 = __shfl_xor_sync(0xffffffffu, ws115, (int)1, 32);
+		ws115 = (ws115 + sh117);
+		l29 = ws115;
+		float il118 = (0x1p+0f / l29);
 		#pragma unroll
-		for (int no100 = 0; no100 < 2; no100 += 1) {
-			int r101 = (wr9 + g2);
-			int col102 = ((no100 * 8) + (tq3 * 2));
-			if (((r101 < 37) && (col102 < 12))) {
-				float o103 = (of[(no100 * 4)] / l18);
-				__half v104 = __float2half_rn(o103);
-				p0[((((b8 * 1332) + (r101 * 36)) + (b7 * 12)) + col102)] = v104;
+		for (int no119 = 0; no119 < 2; no119 += 1) {
+			int r120 = (wr9 + g2);
+			int col121 = ((no119 * 8) + (tq3 * 2));
+			if (((r120 < 37) && (col121 < 12))) {
+				float o122 = (of[(no119 * 4)] * il114);
+				__half v123 = __float2half_rn(o122);
+				p0[((((b8 * 1332) + (r120 * 36)) + (b7 * 12)) + col121)] = v123;
 			}
-			int r105 = (wr9 + g2);
-			int col106 = ((no100 * 8) + ((tq3 * 2) + 1));
-			if (((r105 < 37) && (col106 < 12))) {
-				float o107 = (of[((no100 * 4) + 1)] / l18);
-				__half v108 = __float2half_rn(o107);
-				p0[((((b8 * 1332) + (r105 * 36)) + (b7 * 12)) + col106)] = v108;
+			int r124 = (wr9 + g2);
+			int col125 = ((no119 * 8) + ((tq3 * 2) + 1));
+			if (((r124 < 37) && (col125 < 12))) {
+				float o126 = (of[((no119 * 4) + 1)] * il114);
+				__half v127 = __float2half_rn(o126);
+				p0[((((b8 * 1332) + (r124 * 36)) + (b7 * 12)) + col125)] = v127;
 			}
-			int r109 = (wr9 + (g2 + 8));
-			int col110 = ((no100 * 8) + (tq3 * 2));
-			if (((r109 < 37) && (col110 < 12))) {
-				float o111 = (of[((no100 * 4) + 2)] / l20);
-				__half v112 = __float2half_rn(o111);
-				p0[((((b8 * 1332) + (r109 * 36)) + (b7 * 12)) + col110)] = v112;
+			int r128 = (wr9 + (g2 + 8));
+			int col129 = ((no119 * 8) + (tq3 * 2));
+			if (((r128 < 37) && (col129 < 12))) {
+				float o130 = (of[((no119 * 4) + 2)] * il118);
+				__half v131 = __float2half_rn(o130);
+				p0[((((b8 * 1332) + (r128 * 36)) + (b7 * 12)) + col129)] = v131;
 			}
-			int r113 = (wr9 + (g2 + 8));
-			int col114 = ((no100 * 8) + ((tq3 * 2) + 1));
-			if (((r113 < 37) && (col114 < 12))) {
-				float o115 = (of[((no100 * 4) + 3)] / l20);
-				__half v116 = __float2half_rn(o115);
-				p0[((((b8 * 1332) + (r113 * 36)) + (b7 * 12)) + col114)] = v116;
+			int r132 = (wr9 + (g2 + 8));
+			int col133 = ((no119 * 8) + ((tq3 * 2) + 1));
+			if (((r132 < 37) && (col133 < 12))) {
+				float o134 = (of[((no119 * 4) + 3)] * il118);
+				__half v135 = __float2half_rn(o134);
+				p0[((((b8 * 1332) + (r132 * 36)) + (b7 * 12)) + col133)] = v135;
 			}
 		}
 	}

@@ -4,6 +4,11 @@
 #define AP_NANF __int_as_float(0x7fffffff)
 #define AP_INF __longlong_as_double(0x7ff0000000000000LL)
 #define AP_NAN __longlong_as_double(0x7fffffffffffffffLL)
+#ifndef AP_EX2_DEFINED
+#define AP_EX2_DEFINED
+static __device__ __forceinline__ float ap_ex2f(float x)
+{ float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+#endif
 extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_overlap_f16(__half *__restrict__ p0, __half *__restrict__ p1, __half *__restrict__ p2, __half *__restrict__ p3, const __half *__restrict__ p4, const __half *__restrict__ p5, const __half *__restrict__ p6, const __half *__restrict__ p7)
 {
 	__shared__ __align__(16) __half qs[384];
@@ -37,254 +42,273 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_overlap_f16(__h
 		int bi5 = (tile4 / 5);
 		int q06 = ((tile4 % 5) * 16);
 		int wr7 = (q06 + (w0 * 16));
-		for (int e8 = ((int)threadIdx.x); e8 < 32; e8 += 32) {
-			int gr9 = (q06 + (e8 / 2));
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)((((e8 / 2) * 24) + ((e8 % 2) * 8))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr9 < 70)) ? &p4[((gr9 * 16) + ((e8 % 2) * 8))] : p4), "r"(((gr9 < 70)) ? 16 : 0) : "memory"); }
+		int sr8 = (((int)threadIdx.x) / 2);
+		int sc9 = ((((int)threadIdx.x) % 2) * 8);
+		int sp10 = ((sr8 * 24) + sc9);
+		for (int e11 = 0; e11 < 1; e11 += 1) {
+			int gr12 = (q06 + (sr8 + (e11 * 16)));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)((sp10 + (e11 * 384))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr12 < 70)) ? &p4[((gr12 * 16) + sc9)] : p4), "r"(((gr12 < 70)) ? 16 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
-		for (int e10 = ((int)threadIdx.x); e10 < 128; e10 += 32) {
-			int gr11 = (e10 / 2);
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((e10 / 2) * 24) + ((e10 % 2) * 8))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr11 < 150)) ? &p5[(((e10 % 2) * 8) + (gr11 * 16))] : p5), "r"(((gr11 < 150)) ? 16 : 0) : "memory"); }
+		int sr13 = (((int)threadIdx.x) / 2);
+		int sc14 = ((((int)threadIdx.x) % 2) * 8);
+		int sp15 = ((sr13 * 24) + sc14);
+		for (int e16 = 0; e16 < 4; e16 += 1) {
+			int gr17 = (sr13 + (e16 * 16));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((sp15 + (e16 * 384))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr17 < 150)) ? &p5[(sc14 + (gr17 * 16))] : p5), "r"(((gr17 < 150)) ? 16 : 0) : "memory"); }
 		}
-		for (int e12 = ((int)threadIdx.x); e12 < 256; e12 += 32) {
-			int gr13 = (e12 / 4);
-			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((e12 / 4) * 24) + ((e12 % 4) * 4))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr13 < 150) && (((e12 % 4) * 4) < 12))) ? &p6[((gr13 * 12) + ((e12 % 4) * 4))] : p6), "r"((((gr13 < 150) && (((e12 % 4) * 4) < 12))) ? 8 : 0) : "memory"); }
+		int sr18 = (((int)threadIdx.x) / 4);
+		int sc19 = ((((int)threadIdx.x) % 4) * 4);
+		int sp20 = ((sr18 * 24) + sc19);
+		for (int e21 = 0; e21 < 8; e21 += 1) {
+			int gr22 = (sr18 + (e21 * 8));
+			{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((sp20 + (e21 * 192))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr22 < 150) && (sc19 < 12))) ? &p6[((gr22 * 12) + sc19)] : p6), "r"((((gr22 < 150) && (sc19 < 12))) ? 8 : 0) : "memory"); }
 		}
 		asm volatile("cp.async.commit_group;\n" ::: "memory");
 		asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 		__syncthreads();
 		#pragma unroll
-		for (int kq14 = 0; kq14 < 1; kq14 += 1) {
-			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 24) + ((kq14 * 16) + ((ln1 >> 4) * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq14 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); qf[(kq14 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); qf[(kq14 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); qf[(kq14 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); qf[(kq14 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); qf[(kq14 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); qf[(kq14 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); qf[(kq14 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
+		for (int kq23 = 0; kq23 < 1; kq23 += 1) {
+			{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(qs) + (unsigned)(((((w0 * 16) + (ln1 & 15)) * 24) + ((kq23 * 16) + ((ln1 >> 4) * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(ap_r0), "=r"(ap_r1), "=r"(ap_r2), "=r"(ap_r3) : "r"(ap_sa)); qf[(kq23 * 8)] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); qf[(kq23 * 8) + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); qf[(kq23 * 8) + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); qf[(kq23 * 8) + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); qf[(kq23 * 8) + 4] = __ushort_as_half((unsigned short)(ap_r2 & 0xffffu)); qf[(kq23 * 8) + 5] = __ushort_as_half((unsigned short)(ap_r2 >> 16)); qf[(kq23 * 8) + 6] = __ushort_as_half((unsigned short)(ap_r3 & 0xffffu)); qf[(kq23 * 8) + 7] = __ushort_as_half((unsigned short)(ap_r3 >> 16)); }
 		}
-		float m15 = (-AP_INFF);
-		float l16 = 0x0p+0f;
-		float m17 = (-AP_INFF);
-		float l18 = 0x0p+0f;
+		float m24 = (-AP_INFF);
+		float l25 = 0x0p+0f;
+		float m26 = (-AP_INFF);
+		float l27 = 0x0p+0f;
 		#pragma unroll
-		for (int z19 = 0; z19 < 8; z19 += 1) {
-			of[z19] = 0x0p+0f;
+		for (int z28 = 0; z28 < 8; z28 += 1) {
+			of[z28] = 0x0p+0f;
 		}
-		for (int kt20 = 0; kt20 < 3; kt20 += 1) {
-			int k021 = (kt20 * 64);
+		for (int kt29 = 0; kt29 < 3; kt29 += 1) {
+			int k030 = (kt29 * 64);
 			__syncthreads();
-			int kn22 = (kt20 + 1);
-			int st23 = (kt20 & 1);
-			if ((kn22 < 3)) {
-				for (int e24 = ((int)threadIdx.x); e24 < 128; e24 += 32) {
-					int gr25 = ((kn22 * 64) + (e24 / 2));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((((kn22 & 1) * 1536) + (((e24 / 2) * 24) + ((e24 % 2) * 8)))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr25 < 150)) ? &p5[(((e24 % 2) * 8) + (gr25 * 16))] : p5), "r"(((gr25 < 150)) ? 16 : 0) : "memory"); }
+			int kn31 = (kt29 + 1);
+			int st32 = (kt29 & 1);
+			if ((kn31 < 3)) {
+				int sr33 = (((int)threadIdx.x) / 2);
+				int sc34 = ((((int)threadIdx.x) % 2) * 8);
+				int sp35 = (((kn31 & 1) * 1536) + ((sr33 * 24) + sc34));
+				for (int e36 = 0; e36 < 4; e36 += 1) {
+					int gr37 = ((kn31 * 64) + (sr33 + (e36 * 16)));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((sp35 + (e36 * 384))) * 2u; asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(ap_sa), "l"(((gr37 < 150)) ? &p5[(sc34 + (gr37 * 16))] : p5), "r"(((gr37 < 150)) ? 16 : 0) : "memory"); }
 				}
-				for (int e26 = ((int)threadIdx.x); e26 < 256; e26 += 32) {
-					int gr27 = ((kn22 * 64) + (e26 / 4));
-					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((((kn22 & 1) * 1536) + (((e26 / 4) * 24) + ((e26 % 4) * 4)))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr27 < 150) && (((e26 % 4) * 4) < 12))) ? &p6[((gr27 * 12) + ((e26 % 4) * 4))] : p6), "r"((((gr27 < 150) && (((e26 % 4) * 4) < 12))) ? 8 : 0) : "memory"); }
+				int sr38 = (((int)threadIdx.x) / 4);
+				int sc39 = ((((int)threadIdx.x) % 4) * 4);
+				int sp40 = (((kn31 & 1) * 1536) + ((sr38 * 24) + sc39));
+				for (int e41 = 0; e41 < 8; e41 += 1) {
+					int gr42 = ((kn31 * 64) + (sr38 + (e41 * 8)));
+					{ const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((sp40 + (e41 * 192))) * 2u; asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(ap_sa), "l"((((gr42 < 150) && (sc39 < 12))) ? &p6[((gr42 * 12) + sc39)] : p6), "r"((((gr42 < 150) && (sc39 < 12))) ? 8 : 0) : "memory"); }
 				}
 			}
 			asm volatile("cp.async.commit_group;\n" ::: "memory");
 			asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-			int kb28 = (st23 * 1536);
-			int vb29 = (st23 * 1536);
+			int kb43 = (st32 * 1536);
+			int vb44 = (st32 * 1536);
 			__syncthreads();
 			#pragma unroll
-			for (int z30 = 0; z30 < 32; z30 += 1) {
-				sf[z30] = 0x0p+0f;
+			for (int z45 = 0; z45 < 32; z45 += 1) {
+				sf[z45] = 0x0p+0f;
 			}
 			#pragma unroll
-			for (int kq31 = 0; kq31 < 1; kq31 += 1) {
+			for (int kq46 = 0; kq46 < 1; kq46 += 1) {
 				#pragma unroll
-				for (int ni32 = 0; ni32 < 8; ni32 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((kb28 + ((((ni32 * 8) + (ln1 & 7)) * 24) + ((kq31 * 16) + (((ln1 >> 3) & 1) * 8))))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
-					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni32 * 4)]), "=f"(sf[(ni32 * 4) + 1]), "=f"(sf[(ni32 * 4) + 2]), "=f"(sf[(ni32 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(qf[(kq31 * 8)]) | ((unsigned)__half_as_ushort(qf[(kq31 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq31 * 8) + 2]) | ((unsigned)__half_as_ushort(qf[(kq31 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq31 * 8) + 4]) | ((unsigned)__half_as_ushort(qf[(kq31 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq31 * 8) + 6]) | ((unsigned)__half_as_ushort(qf[(kq31 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(kf[0]) | ((unsigned)__half_as_ushort(kf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(kf[0 + 2]) | ((unsigned)__half_as_ushort(kf[0 + 3]) << 16))), "f"(sf[(ni32 * 4)]), "f"(sf[(ni32 * 4) + 1]), "f"(sf[(ni32 * 4) + 2]), "f"(sf[(ni32 * 4) + 3]));
+				for (int ni47 = 0; ni47 < 8; ni47 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(ks) + (unsigned)((kb43 + ((((ni47 * 8) + (ln1 & 7)) * 24) + ((kq46 * 16) + (((ln1 >> 3) & 1) * 8))))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); kf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); kf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); kf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); kf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni47 * 4)]), "=f"(sf[(ni47 * 4) + 1]), "=f"(sf[(ni47 * 4) + 2]), "=f"(sf[(ni47 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(qf[(kq46 * 8)]) | ((unsigned)__half_as_ushort(qf[(kq46 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq46 * 8) + 2]) | ((unsigned)__half_as_ushort(qf[(kq46 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq46 * 8) + 4]) | ((unsigned)__half_as_ushort(qf[(kq46 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(qf[(kq46 * 8) + 6]) | ((unsigned)__half_as_ushort(qf[(kq46 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(kf[0]) | ((unsigned)__half_as_ushort(kf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(kf[0 + 2]) | ((unsigned)__half_as_ushort(kf[0 + 3]) << 16))), "f"(sf[(ni47 * 4)]), "f"(sf[(ni47 * 4) + 1]), "f"(sf[(ni47 * 4) + 2]), "f"(sf[(ni47 * 4) + 3]));
 				}
 			}
 			#pragma unroll
-			for (int ni33 = 0; ni33 < 8; ni33 += 1) {
-				int r34 = (wr7 + g2);
-				int key35 = ((k021 + (ni33 * 8)) + (tq3 * 2));
-				float s36 = (-AP_INFF);
-				if ((key35 < 150)) {
-					float dot37 = sf[(ni33 * 4)];
-					__half v38 = __float2half_rn(dot37);
-					__half v39 = __float2half_rn((__half2float(v38) / 0x1p+2f));
-					__half v40 = p7[(((r34 < 69 ? r34 : 69) * 150) + key35)];
-					__half v41 = __float2half_rn((__half2float(v39) + __half2float(v40)));
-					s36 = __half2float(v41);
-					if ((r34 < 70)) {
-						p1[((r34 * 150) + key35)] = __float2half_rn(s36);
+			for (int ni48 = 0; ni48 < 8; ni48 += 1) {
+				int r49 = (wr7 + g2);
+				int key50 = ((k030 + (ni48 * 8)) + (tq3 * 2));
+				float s51 = (-AP_INFF);
+				if ((key50 < 150)) {
+					float dot52 = sf[(ni48 * 4)];
+					__half v53 = __float2half_rn(dot52);
+					__half v54 = __float2half_rn((__half2float(v53) / 0x1p+2f));
+					__half v55 = p7[(((r49 < 69 ? r49 : 69) * 150) + key50)];
+					__half v56 = __float2half_rn((__half2float(v54) + __half2float(v55)));
+					s51 = __half2float(v56);
+					if ((r49 < 70)) {
+						p1[((r49 * 150) + key50)] = __float2half_rn(s51);
 					}
 				}
-				sf[(ni33 * 4)] = s36;
-				int r42 = (wr7 + g2);
-				int key43 = ((k021 + (ni33 * 8)) + ((tq3 * 2) + 1));
-				float s44 = (-AP_INFF);
-				if ((key43 < 150)) {
-					float dot45 = sf[((ni33 * 4) + 1)];
-					__half v46 = __float2half_rn(dot45);
-					__half v47 = __float2half_rn((__half2float(v46) / 0x1p+2f));
-					__half v48 = p7[(((r42 < 69 ? r42 : 69) * 150) + key43)];
-					__half v49 = __float2half_rn((__half2float(v47) + __half2float(v48)));
-					s44 = __half2float(v49);
-					if ((r42 < 70)) {
-						p1[((r42 * 150) + key43)] = __float2half_rn(s44);
+				sf[(ni48 * 4)] = s51;
+				int r57 = (wr7 + g2);
+				int key58 = ((k030 + (ni48 * 8)) + ((tq3 * 2) + 1));
+				float s59 = (-AP_INFF);
+				if ((key58 < 150)) {
+					float dot60 = sf[((ni48 * 4) + 1)];
+					__half v61 = __float2half_rn(dot60);
+					__half v62 = __float2half_rn((__half2float(v61) / 0x1p+2f));
+					__half v63 = p7[(((r57 < 69 ? r57 : 69) * 150) + key58)];
+					__half v64 = __float2half_rn((__half2float(v62) + __half2float(v63)));
+					s59 = __half2float(v64);
+					if ((r57 < 70)) {
+						p1[((r57 * 150) + key58)] = __float2half_rn(s59);
 					}
 				}
-				sf[((ni33 * 4) + 1)] = s44;
-				int r50 = (wr7 + (g2 + 8));
-				int key51 = ((k021 + (ni33 * 8)) + (tq3 * 2));
-				float s52 = (-AP_INFF);
-				if ((key51 < 150)) {
-					float dot53 = sf[((ni33 * 4) + 2)];
-					__half v54 = __float2half_rn(dot53);
-					__half v55 = __float2half_rn((__half2float(v54) / 0x1p+2f));
-					__half v56 = p7[(((r50 < 69 ? r50 : 69) * 150) + key51)];
-					__half v57 = __float2half_rn((__half2float(v55) + __half2float(v56)));
-					s52 = __half2float(v57);
-					if ((r50 < 70)) {
-						p1[((r50 * 150) + key51)] = __float2half_rn(s52);
+				sf[((ni48 * 4) + 1)] = s59;
+				int r65 = (wr7 + (g2 + 8));
+				int key66 = ((k030 + (ni48 * 8)) + (tq3 * 2));
+				float s67 = (-AP_INFF);
+				if ((key66 < 150)) {
+					float dot68 = sf[((ni48 * 4) + 2)];
+					__half v69 = __float2half_rn(dot68);
+					__half v70 = __float2half_rn((__half2float(v69) / 0x1p+2f));
+					__half v71 = p7[(((r65 < 69 ? r65 : 69) * 150) + key66)];
+					__half v72 = __float2half_rn((__half2float(v70) + __half2float(v71)));
+					s67 = __half2float(v72);
+					if ((r65 < 70)) {
+						p1[((r65 * 150) + key66)] = __float2half_rn(s67);
 					}
 				}
-				sf[((ni33 * 4) + 2)] = s52;
-				int r58 = (wr7 + (g2 + 8));
-				int key59 = ((k021 + (ni33 * 8)) + ((tq3 * 2) + 1));
-				float s60 = (-AP_INFF);
-				if ((key59 < 150)) {
-					float dot61 = sf[((ni33 * 4) + 3)];
-					__half v62 = __float2half_rn(dot61);
-					__half v63 = __float2half_rn((__half2float(v62) / 0x1p+2f));
-					__half v64 = p7[(((r58 < 69 ? r58 : 69) * 150) + key59)];
-					__half v65 = __float2half_rn((__half2float(v63) + __half2float(v64)));
-					s60 = __half2float(v65);
-					if ((r58 < 70)) {
-						p1[((r58 * 150) + key59)] = __float2half_rn(s60);
+				sf[((ni48 * 4) + 2)] = s67;
+				int r73 = (wr7 + (g2 + 8));
+				int key74 = ((k030 + (ni48 * 8)) + ((tq3 * 2) + 1));
+				float s75 = (-AP_INFF);
+				if ((key74 < 150)) {
+					float dot76 = sf[((ni48 * 4) + 3)];
+					__half v77 = __float2half_rn(dot76);
+					__half v78 = __float2half_rn((__half2float(v77) / 0x1p+2f));
+					__half v79 = p7[(((r73 < 69 ? r73 : 69) * 150) + key74)];
+					__half v80 = __float2half_rn((__half2float(v78) + __half2float(v79)));
+					s75 = __half2float(v80);
+					if ((r73 < 70)) {
+						p1[((r73 * 150) + key74)] = __float2half_rn(s75);
 					}
 				}
-				sf[((ni33 * 4) + 3)] = s60;
+				sf[((ni48 * 4) + 3)] = s75;
 			}
-			float mx66 = (-AP_INFF);
+			float mx81 = (-AP_INFF);
 			#pragma unroll
-			for (int ni67 = 0; ni67 < 8; ni67 += 1) {
-				mx66 = (mx66 > sf[(ni67 * 4)] ? mx66 : sf[(ni67 * 4)]);
-				mx66 = (mx66 > sf[((ni67 * 4) + 1)] ? mx66 : sf[((ni67 * 4) + 1)]);
+			for (int ni82 = 0; ni82 < 8; ni82 += 1) {
+				mx81 = (mx81 > sf[(ni82 * 4)] ? mx81 : sf[(ni82 * 4)]);
+				mx81 = (mx81 > sf[((ni82 * 4) + 1)] ? mx81 : sf[((ni82 * 4) + 1)]);
 			}
-			float wm68 = mx66;
-			float sh69;
-			sh69 = __shfl_xor_sync(0xffffffffu, wm68, (int)2, 32);
-			wm68 = (wm68 > sh69 ? wm68 : sh69);
-			float sh70;
-			sh70 = __shfl_xor_sync(0xffffffffu, wm68, (int)1, 32);
-			wm68 = (wm68 > sh70 ? wm68 : sh70);
-			float mn71 = (m15 > wm68 ? m15 : wm68);
-			unsigned char dd72 = (mn71 == (-AP_INFF));
-			float al73 = (dd72 ? 0x1p+0f : expf((m15 - mn71)));
-			float rs74 = 0x0p+0f;
-			float mx75 = (-AP_INFF);
+			float wm83 = mx81;
+			float sh84;
+			sh84 = __shfl_xor_sync(0xffffffffu, wm83, (int)2, 32);
+			wm83 = (wm83 > sh84 ? wm83 : sh84);
+			float sh85;
+			sh85 = __shfl_xor_sync(0xffffffffu, wm83, (int)1, 32);
+			wm83 = (wm83 > sh85 ? wm83 : sh85);
+			float mn86 = (m24 > wm83 ? m24 : wm83);
+			unsigned char dd87 = (mn86 == (-AP_INFF));
+			float al88 = (dd87 ? 0x1p+0f : expf((m24 - mn86)));
+			float ml89 = (dd87 ? 0x0p+0f : (mn86 * 0x1.715476p+0f));
+			float rs90 = 0x0p+0f;
+			float mx91 = (-AP_INFF);
 			#pragma unroll
-			for (int ni76 = 0; ni76 < 8; ni76 += 1) {
-				mx75 = (mx75 > sf[((ni76 * 4) + 2)] ? mx75 : sf[((ni76 * 4) + 2)]);
-				mx75 = (mx75 > sf[((ni76 * 4) + 3)] ? mx75 : sf[((ni76 * 4) + 3)]);
+			for (int ni92 = 0; ni92 < 8; ni92 += 1) {
+				mx91 = (mx91 > sf[((ni92 * 4) + 2)] ? mx91 : sf[((ni92 * 4) + 2)]);
+				mx91 = (mx91 > sf[((ni92 * 4) + 3)] ? mx91 : sf[((ni92 * 4) + 3)]);
 			}
-			float wm77 = mx75;
-			float sh78;
-			sh78 = __shfl_xor_sync(0xffffffffu, wm77, (int)2, 32);
-			wm77 = (wm77 > sh78 ? wm77 : sh78);
-			float sh79;
-			sh79 = __shfl_xor_sync(0xffffffffu, wm77, (int)1, 32);
-			wm77 = (wm77 > sh79 ? wm77 : sh79);
-			float mn80 = (m17 > wm77 ? m17 : wm77);
-			unsigned char dd81 = (mn80 == (-AP_INFF));
-			float al82 = (dd81 ? 0x1p+0f : expf((m17 - mn80)));
-			float rs83 = 0x0p+0f;
+			float wm93 = mx91;
+			float sh94;
+			sh94 = __shfl_xor_sync(0xffffffffu, wm93, (int)2, 32);
+			wm93 = (wm93 > sh94 ? wm93 : sh94);
+			float sh95;
+			sh95 = __shfl_xor_sync(0xffffffffu, wm93, (int)1, 32);
+			wm93 = (wm93 > sh95 ? wm93 : sh95);
+			float mn96 = (m26 > wm93 ? m26 : wm93);
+			unsigned char dd97 = (mn96 == (-AP_INFF));
+			float al98 = (dd97 ? 0x1p+0f : expf((m26 - mn96)));
+			float ml99 = (dd97 ? 0x0p+0f : (mn96 * 0x1.715476p+0f));
+			float rs100 = 0x0p+0f;
 			#pragma unroll
-			for (int ni84 = 0; ni84 < 8; ni84 += 1) {
-				float p85 = (dd72 ? 0x0p+0f : expf((sf[(ni84 * 4)] - mn71)));
-				rs74 = (rs74 + p85);
-				pf[(ni84 * 4)] = __float2half_rn(p85);
-				float p86 = (dd72 ? 0x0p+0f : expf((sf[((ni84 * 4) + 1)] - mn71)));
-				rs74 = (rs74 + p86);
-				pf[((ni84 * 4) + 1)] = __float2half_rn(p86);
-				float p87 = (dd81 ? 0x0p+0f : expf((sf[((ni84 * 4) + 2)] - mn80)));
-				rs83 = (rs83 + p87);
-				pf[((ni84 * 4) + 2)] = __float2half_rn(p87);
-				float p88 = (dd81 ? 0x0p+0f : expf((sf[((ni84 * 4) + 3)] - mn80)));
-				rs83 = (rs83 + p88);
-				pf[((ni84 * 4) + 3)] = __float2half_rn(p88);
+			for (int ni101 = 0; ni101 < 8; ni101 += 1) {
+				float p102 = ap_ex2f(((sf[(ni101 * 4)] * 0x1.715476p+0f) - ml89));
+				rs90 = (rs90 + p102);
+				pf[(ni101 * 4)] = __float2half_rn(p102);
+				float p103 = ap_ex2f(((sf[((ni101 * 4) + 1)] * 0x1.715476p+0f) - ml89));
+				rs90 = (rs90 + p103);
+				pf[((ni101 * 4) + 1)] = __float2half_rn(p103);
+				float p104 = ap_ex2f(((sf[((ni101 * 4) + 2)] * 0x1.715476p+0f) - ml99));
+				rs100 = (rs100 + p104);
+				pf[((ni101 * 4) + 2)] = __float2half_rn(p104);
+				float p105 = ap_ex2f(((sf[((ni101 * 4) + 3)] * 0x1.715476p+0f) - ml99));
+				rs100 = (rs100 + p105);
+				pf[((ni101 * 4) + 3)] = __float2half_rn(p105);
 			}
-			l16 = ((l16 * al73) + rs74);
-			m15 = mn71;
-			l18 = ((l18 * al82) + rs83);
-			m17 = mn80;
+			l25 = ((l25 * al88) + rs90);
+			m24 = mn86;
+			l27 = ((l27 * al98) + rs100);
+			m26 = mn96;
 			#pragma unroll
-			for (int no89 = 0; no89 < 2; no89 += 1) {
-				of[(no89 * 4)] = (of[(no89 * 4)] * al73);
-				of[((no89 * 4) + 1)] = (of[((no89 * 4) + 1)] * al73);
-				of[((no89 * 4) + 2)] = (of[((no89 * 4) + 2)] * al82);
-				of[((no89 * 4) + 3)] = (of[((no89 * 4) + 3)] * al82);
+			for (int no106 = 0; no106 < 2; no106 += 1) {
+				of[(no106 * 4)] = (of[(no106 * 4)] * al88);
+				of[((no106 * 4) + 1)] = (of[((no106 * 4) + 1)] * al88);
+				of[((no106 * 4) + 2)] = (of[((no106 * 4) + 2)] * al98);
+				of[((no106 * 4) + 3)] = (of[((no106 * 4) + 3)] * al98);
 			}
 			#pragma unroll
-			for (int kj90 = 0; kj90 < 4; kj90 += 1) {
+			for (int kj107 = 0; kj107 < 4; kj107 += 1) {
 				#pragma unroll
-				for (int no91 = 0; no91 < 2; no91 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((vb29 + ((((kj90 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 24) + (no91 * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
-					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no91 * 4)]), "=f"(of[(no91 * 4) + 1]), "=f"(of[(no91 * 4) + 2]), "=f"(of[(no91 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(pf[(kj90 * 8)]) | ((unsigned)__half_as_ushort(pf[(kj90 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj90 * 8) + 2]) | ((unsigned)__half_as_ushort(pf[(kj90 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj90 * 8) + 4]) | ((unsigned)__half_as_ushort(pf[(kj90 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj90 * 8) + 6]) | ((unsigned)__half_as_ushort(pf[(kj90 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(vf[0]) | ((unsigned)__half_as_ushort(vf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(vf[0 + 2]) | ((unsigned)__half_as_ushort(vf[0 + 3]) << 16))), "f"(of[(no91 * 4)]), "f"(of[(no91 * 4) + 1]), "f"(of[(no91 * 4) + 2]), "f"(of[(no91 * 4) + 3]));
+				for (int no108 = 0; no108 < 2; no108 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((vb44 + ((((kj107 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 24) + (no108 * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_half((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_half((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_half((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_half((unsigned short)(ap_r1 >> 16)); }
+					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no108 * 4)]), "=f"(of[(no108 * 4) + 1]), "=f"(of[(no108 * 4) + 2]), "=f"(of[(no108 * 4) + 3]) : "r"(((unsigned)__half_as_ushort(pf[(kj107 * 8)]) | ((unsigned)__half_as_ushort(pf[(kj107 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj107 * 8) + 2]) | ((unsigned)__half_as_ushort(pf[(kj107 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj107 * 8) + 4]) | ((unsigned)__half_as_ushort(pf[(kj107 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj107 * 8) + 6]) | ((unsigned)__half_as_ushort(pf[(kj107 * 8) + 7]) << 16))), "r"(((unsigned)__half_as_ushort(vf[0]) | ((unsigned)__half_as_ushort(vf[0 + 1]) << 16))), "r"(((unsigned)__half_as_ushort(vf[0 + 2]) | ((unsigned)__half_as_ushort(vf[0 + 3]) << 16))), "f"(of[(no108 * 4)]), "f"(of[(no108 * 4) + 1]), "f"(of[(no108 * 4) + 2]), "f"(of[(no108 * 4) + 3]));
 				}
 			}
 		}
-		float ws92 = l16;
-		float sh93;
-		sh93 = __shfl_xor_sync(0xffffffffu, ws92, (int)2, 32);
-		ws92 = (ws92 + sh93);
-		float sh94;
-		sh94 = __shfl_xor_sync(0xffffffffu, ws92, (int)1, 32);
-		ws92 = (ws92 + sh94);
-		l16 = ws92;
-		float ws95 = l18;
-		float sh96;
-		sh96 = __shfl_xor_sync(0xffffffffu, ws95, (int)2, 32);
-		ws95 = (ws95 + sh96);
-		float sh97;
-		sh97 = __shfl_xor_sync(0xffffffffu, ws95, (int)1, 32);
-		ws95 = (ws95 + sh97);
-		l18 = ws95;
+		float ws109 = l25;
+		float sh110;
+		sh110 = __shfl_xor_sync(0xffffffffu, ws109, (int)2, 32);
+		ws109 = (ws109 + sh110);
+		float sh111;
+		sh111 = __shfl_xor_sync(0xffffffffu, ws109, (int)1, 32);
+		ws109 = (ws109 + sh111);
+		l25 = ws109;
+		float il112 = (0x1p+0f / l25);
+		float ws113 = l27;
+		float sh114;
+		sh114 = __shfl_xor_sync(0xffffffffu, ws113, (int)2, 32);
+		ws113 = (ws113 + sh114);
+		float sh115;
+		sh115 = __shfl_xor_sync(0xffffffffu, ws113, (int)1, 32);
+		ws113 = (ws113 + sh115);
+		l27 = ws113;
+		float il116 = (0x1p+0f / l27);
 		#pragma unroll
-		for (int no98 = 0; no98 < 2; no98 += 1) {
-			int r99 = (wr7 + g2);
-			int col100 = ((no98 * 8) + (tq3 * 2));
-			if (((r99 < 70) && (col100 < 12))) {
-				float o101 = (of[(no98 * 4)] / l16);
-				__half v102 = __float2half_rn(o101);
-				p0[((r99 * 12) + col100)] = v102;
+		for (int no117 = 0; no117 < 2; no117 += 1) {
+			int r118 = (wr7 + g2);
+			int col119 = ((no117 * 8) + (tq3 * 2));
+			if (((r118 < 70) && (col119 < 12))) {
+				float o120 = (of[(no117 * 4)] * il112);
+				__half v121 = __float2half_rn(o120);
+				p0[((r118 * 12) + col119)] = v121;
 			}
-			int r103 = (wr7 + g2);
-			int col104 = ((no98 * 8) + ((tq3 * 2) + 1));
-			if (((r103 < 70) && (col104 < 12))) {
-				float o105 = (of[((no98 * 4) + 1)] / l16);
-				__half v106 = __float2half_rn(o105);
-				p0[((r103 * 12) + col104)] = v106;
+			int r122 = (wr7 + g2);
+			int col123 = ((no117 * 8) + ((tq3 * 2) + 1));
+			if (((r122 < 70) && (col123 < 12))) {
+				float o124 = (of[((no117 * 4) + 1)] * il112);
+				__half v125 = __float2half_rn(o124);
+				p0[((r122 * 12) + col123)] = v125;
 			}
-			int r107 = (wr7 + (g2 + 8));
-			int col108 = ((no98 * 8) + (tq3 * 2));
-			if (((r107 < 70) && (col108 < 12))) {
-				float o109 = (of[((no98 * 4) + 2)] / l18);
-				__half v110 = __float2half_rn(o109);
-				p0[((r107 * 12) + col108)] = v110;
+			int r126 = (wr7 + (g2 + 8));
+			int col127 = ((no117 * 8) + (tq3 * 2));
+			if (((r126 < 70) && (col127 < 12))) {
+				float o128 = (of[((no117 * 4) + 2)] * il116);
+				__half v129 = __float2half_rn(o128);
+				p0[((r126 * 12) + col127)] = v129;
 			}
-			int r111 = (wr7 + (g2 + 8));
-			int col112 = ((no98 * 8) + ((tq3 * 2) + 1));
-			if (((r111 < 70) && (col112 < 12))) {
-				float o113 = (of[((no98 * 4) + 3)] / l18);
-				__half v114 = __float2half_rn(o113);
-				p0[((r111 * 12) + col112)] = v114;
+			int r130 = (wr7 + (g2 + 8));
+			int col131 = ((no117 * 8) + ((tq3 * 2) + 1));
+			if (((r130 < 70) && (col131 < 12))) {
+				float o132 = (of[((no117 * 4) + 3)] * il116);
+				__half v133 = __float2half_rn(o132);
+				p0[((r130 * 12) + col131)] = v133;
 			}
 		}
-		int r115 = (wr7 + g2);
-		if (((r115 < 70) && (tq3 == 0))) {
-			p2[r115] = __float2half_rn(m15);
-			p3[r115] = __float2half_rn(l16);
+		int r134 = (wr7 + g2);
+		if (((r134 < 70) && (tq3 == 0))) {
+			p2[r134] = __float2half_rn(m24);
+			p3[r134] = __float2half_rn(l25);
 		}
-		int r116 = (wr7 + (g2 + 8));
-		if (((r116 < 70) && (tq3 == 0))) {
-			p2[r116] = __float2half_rn(m17);
-			p3[r116] = __float2half_rn(l18);
+		int r135 = (wr7 + (g2 + 8));
+		if (((r135 < 70) && (tq3 == 0))) {
+			p2[r135] = __float2half_rn(m26);
+			p3[r135] = __float2half_rn(l27);
 		}
 	}
 }
