@@ -1111,9 +1111,8 @@ ap_kir_stmt *ap_kir_wgmma(ap_kir_kernel *k, ap_kir_block *b, ap_kir_wgmma_kind k
 
 	bool rs = a && a->space == AP_KIR_LOCAL;   /* A from registers */
 
-	if ((unsigned)kind > AP_KIR_WGMMA_TF32 ||
-	    (kind == AP_KIR_WGMMA_TF32 && (rs || la.mn_major || lb.mn_major)) || n < 8 || n > 256 || n % 8 || !d || !d_off || !a ||
-	    !a_start || !bb || !b_start || d->space != AP_KIR_LOCAL || d->type != AP_DT_F32 ||
+	if ((unsigned)kind > AP_KIR_WGMMA_TF32 || (kind == AP_KIR_WGMMA_TF32 && (rs || la.mn_major || lb.mn_major)) ||
+	    n < 8 || n > 256 || n % 8 || !d || !d_off || !a || !a_start || !bb || !b_start || d->space != AP_KIR_LOCAL || d->type != AP_DT_F32 ||
 	    (!rs && !is_shared_space(a->space)) || !is_shared_space(bb->space) || a->type != in || bb->type != in ||
 	    !is_int_type(d_off->type) || !is_int_type(a_start->type) || !is_int_type(b_start->type) ||
 	    (!rs && !wg_layout_ok(la)) || !wg_layout_ok(lb))
