@@ -322,6 +322,12 @@ static void extents(gctx *c, int role, int *rows, int64_t *total)
  * computes once, outside the K loop (issue 25: no division in the main
  * loop); otherwise a thread-strided loop. */
 #define COPY_UNROLL 8
+/* ... and for copies of one 4- or 8-byte element (an operand whose
+ * contiguous coordinate is not its tile's: TF32's k x n weight into a
+ * K-major wgmma tile), twice as many: the thread-strided loop's division
+ * and remainder per element cost the 4096^3 TF32 product on sm_90a 284
+ * instructions a K tile, unrolled 227 (bench/gemm_sass.py) */
+#define COPY_UNROLL_ELEMENTS 16
 
 /* Whether operand `role`'s copies of w elements, f = fast extent / w of
  * them along a line of the tile, are dealt 8 lines at a time: copy i at
@@ -369,7 +375,8 @@ static ap_kir_expr *copy_loop(gctx *c, int role, int w, ap_kir_expr **o, ap_kir_
 
 	*jv = NULL;
 	*copies = fast_ext / w * slow_ext;
-	if (*copies % c->nt == 0 && *copies / c->nt <= COPY_UNROLL) {
+	if (*copies % c->nt == 0 &&
+	    *copies / c->nt <= (w == 1 && ap_dtype_size(c->p->in_t) >= 4 ? COPY_UNROLL_ELEMENTS : COPY_UNROLL)) {
 		ap_kir_var *j = ap_v_loop_unrolled(c->v, "c", *copies / c->nt, saved);
 
 		*jv = j;
