@@ -18,8 +18,9 @@ stand-in driver, which checks no numbers, has no PyTorch).  Needs numpy.
 
 `report` reads what device-check.sh left in each folder -- apollo_V.out
 for V = tf32, simt (float32 with and without --allow-tf32), f16 and, on a
-Hopper GPU, wg (the 16-bit shapes built for sm_90a: wgmma) and new (the
-same with --unvalidated), bf16 for the bfloat16 folders, each run with
+Hopper GPU, wg (the 16-bit shapes built for sm_90a: wgmma), wg_tf32 (the
+float32 ones with --allow-tf32 for sm_90a) and new (the 16-bit ones with
+--unvalidated), bf16 for the bfloat16 folders, each run with
 APOLLO_LIBCUBLASLT=off so that the times are Apollo's kernels', and lib,
 lib_tf32, lib_simt, lib_bf16 where the plan gives the product to cuBLASLt (the plan
 as a user runs it): the
@@ -345,8 +346,8 @@ def cmd_report(a):
         # cuBLASLt (the others run Apollo's kernels: APOLLO_LIBCUBLASLT=off)
         # tuned: --unvalidated built from measured records (the device
         # kit's second apollod timed every candidate on the device first)
-        variants += tuple((v, v == "lib_tf32") for v in ("wg", "new", "tuned", "lib", "lib_tf32", "lib_simt",
-                                                        "lib_bf16")
+        variants += tuple((v, v in ("lib_tf32", "wg_tf32"))
+                          for v in ("wg", "wg_tf32", "new", "tuned", "lib", "lib_tf32", "lib_simt", "lib_bf16")
                           if os.path.exists(os.path.join(r["dir"], "apollo_%s.out" % v)))
         for v, tf32 in variants:
             st, kern, wall, note, lib = parse_out(os.path.join(r["dir"], "apollo_%s.out" % v))

@@ -15,14 +15,16 @@
 #      5e-2, 1% outside), and their float16 (rtol/atol 1e-2) and bfloat16
 #      (5e-2) variants (made by tools/convert_precision.py when the kit was
 #      built), 1% of an output's elements allowed outside for the 16-bit ones;
-#      on sm_90 (Hopper) the 16-bit variants again for sm_90a, whose GEMM
-#      and convolution kernels run on wgmma (columns f16_90a, bf16_90a);
+#      on sm_90 (Hopper) the 16-bit and TF32 variants again for sm_90a, whose
+#      GEMM and convolution kernels run on wgmma (columns f16_90a, bf16_90a,
+#      tf32_90a);
 #   4. bench/gemm.sh's GEMM and attention shapes in float32, float16 and
 #      bfloat16 (bench/gemm_device.py makes them here with numpy, references
 #      from PyTorch in float64): checked, then timed one at a time (check
 #      --repeat N --profile) beside PyTorch's torch.matmul / conv2d /
 #      F.scaled_dot_product_attention (on sm_90 the 16-bit shapes also for
-#      sm_90a: variant wg, and with --unvalidated: variant new; issue 25's
+#      sm_90a: variant wg, and with --unvalidated: variant new; the float32
+#      ones with --allow-tf32 for sm_90a: variant wg_tf32; issue 25's
 #      rows -- square 2048^3 to 8192^3, attention at 2048 keys -- also
 #      variant tuned: built by a second apollod whose background tuner
 #      measures every kernel's candidates on the device first);
@@ -364,6 +366,12 @@ if [ -n "$WG" ]; then
 	# shellcheck disable=SC2086
 	CHECK_TARGET=$WG check bf16_90a bfloat16__ "$LOGS/check_bfloat16_sm90a.txt" 120 $TOLBF $DIRSBF
 	step_end rc$?
+	# TF32 on wgmma (m64nNk8 .tf32, both tiles K-major)
+	step tf32_sm90a
+	DIRS_NOW=$DIRS32
+	# shellcheck disable=SC2086
+	CHECK_TARGET=$WG check tf32_90a "" "$LOGS/check_tf32_sm90a.txt" 120 --allow-tf32 $TOL_TF32 $DIRS32
+	step_end rc$?
 	# the float16 graphs once more with --unvalidated: the forms not yet
 	# run on a GPU wherever they fit -- the GEMMs whose operands are tensor
 	# maps fill their tiles by TMA on mbarriers, the attention forward
@@ -377,8 +385,8 @@ if [ -n "$WG" ]; then
 fi
 
 say ""
-say "== models x fusion level x dtype (float32 at none / rules / apollo, float32 TF32, float16, bfloat16 at apollo${WG:+; f16_90a, bf16_90a: the 16-bit graphs for $WG (wgmma); f16_new: float16 for $WG with --unvalidated (TMA + mbarrier GEMMs, the attention overlap)}; $OK = passed)"
-cols="none rules apollo tf32 float16 bfloat16${WG:+ f16_90a bf16_90a f16_new}"
+say "== models x fusion level x dtype (float32 at none / rules / apollo, float32 TF32, float16, bfloat16 at apollo${WG:+; f16_90a, bf16_90a, tf32_90a: the 16-bit and TF32 graphs for $WG (wgmma); f16_new: float16 for $WG with --unvalidated (TMA + mbarrier GEMMs, the attention overlap)}; $OK = passed)"
+cols="none rules apollo tf32 float16 bfloat16${WG:+ f16_90a bf16_90a tf32_90a f16_new}"
 line=$(printf "%-28s" model); for c in $cols; do line="$line$(printf " %-8s" "$c")"; done; say "$line"
 for d in $DIRS32; do
 	m=${d##*/}
@@ -428,6 +436,9 @@ else
 	# shellcheck disable=SC2086
 	[ -n "$WG" ] && tmo 150 "$CLIENT" check --target "$WG" --jobs "$JOBS" $TOL16 $f16 >"$LOGS/gemm_check_f16_sm90a.txt" 2>&1
 	# shellcheck disable=SC2086
+	[ -n "$WG" ] && tmo 150 "$CLIENT" check --target "$WG" --jobs "$JOBS" --allow-tf32 $TOL_TF32 $f32 \
+		>"$LOGS/gemm_check_tf32_sm90a.txt" 2>&1
+	# shellcheck disable=SC2086
 	[ -n "$WG" ] && [ -n "$bf16" ] && tmo 150 "$CLIENT" check --target "$WG" --jobs "$JOBS" $TOLBF $bf16 \
 		>"$LOGS/gemm_check_bf16_sm90a.txt" 2>&1
 	# ... then time them one at a time (cache hits): Apollo's kernels with
@@ -452,9 +463,12 @@ else
 					>"$d/apollo_$lv.out" 2>&1 </dev/null
 			shift 2
 		done
-		# the sm_90a kernel (wgmma) of the same 16-bit product
+		# the sm_90a kernel (wgmma) of the same product (float32: TF32)
 		case $d in
-		*__float32) ;;
+		*__float32)
+			# shellcheck disable=SC2086
+			[ -n "$WG" ] && APOLLO_LIBCUBLASLT=off tmo 60 "$CLIENT" check "$d" --target "$WG" --allow-tf32 \
+				--repeat "$REPEAT" --profile $TOL_TF32 >"$d/apollo_wg_tf32.out" 2>&1 </dev/null ;;
 		*)
 			# shellcheck disable=SC2086
 			[ -n "$WG" ] && APOLLO_LIBCUBLASLT=off tmo 60 "$CLIENT" check "$d" --target "$WG" \
