@@ -93,13 +93,16 @@ fi
 # the K loop's instruction mix read from SASS (bench/gemm_sass.py, needs
 # NVRTC and nvdisasm): HMMA (FFMA) per issued instruction of the 4096^3
 # products the daemon builds for sm_90, and the 16-bit and TF32 ones for
-# sm_90a (HGMMA: wgmma), float16 also in the TMA form (--tma: warp specialised,
+# sm_90a (HGMMA: wgmma), float16 also in the TMA form, and the key loop of
+# issue 25's attention rows (2048 queries and keys, head dims 128 and 64) (--tma: warp specialised,
 # the consumers' K loop read here -- no barrier, no LDGSTS; the producer's
 # loop holds the UTMALDG)
 export APOLLO_LIB="$APOLLO_BUILD/libapollo-client.so"
 for args in "--size 4096" "--size 4096 --dtype bfloat16" "--size 4096 --dtype float32 --allow-tf32" \
 	"--size 4096 --dtype float32" "--size 4096 --target sm_90a" "--size 4096 --dtype bfloat16 --target sm_90a" \
-	"--size 4096 --dtype float32 --allow-tf32 --target sm_90a" "--size 4096 --target sm_90a --tma"; do
+	"--size 4096 --dtype float32 --allow-tf32 --target sm_90a" "--size 4096 --target sm_90a --tma" \
+	"--size 2048 --attention 128 --target sm_90a" "--size 2048 --attention 64 --heads 16 --target sm_90a" \
+	"--size 2048 --attention 128 --target sm_90"; do
 	# shellcheck disable=SC2086
 	"$PY" bench/gemm_sass.py $args >>"$out/sass.txt" 2>&1 ||
 		echo "bench/gemm_sass.py $args: failed (see above)" >>"$out/sass.txt"
@@ -107,5 +110,5 @@ done
 ap_stop
 "$PY" bench/gemm_shapes.py report "$out" --threads "$THREADS" --repeat "$REPEAT" --gpu "$gpu"
 echo
-echo "K loop of the 4096^3 products on sm_90 and sm_90a, from SASS (tensor-core share: HMMA / HGMMA per issued instruction)"
+echo "K loop of the 4096^3 products and key loop of the attention on sm_90 and sm_90a, from SASS (tensor-core share: HMMA / HGMMA per issued instruction)"
 cat "$out/sass.txt"

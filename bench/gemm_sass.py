@@ -2,7 +2,7 @@
 """gemm_sass.py -- what a GEMM's main loop costs, read from its SASS.
 
     gemm_sass.py [--target sm_90] [--dtype float16] [--size 4096]
-                 [--allow-tf32] [--tma] [--nvdisasm PATH]
+                 [--allow-tf32] [--tma] [--attention D [--heads H]] [--nvdisasm PATH]
 
 Compiles a SIZE^3 MatMul for --target through the daemon at
 $APOLLO_SOCKET (cubin), disassembles each kernel with nvdisasm (Triton's
@@ -16,9 +16,15 @@ MOV) and the shared-memory loads (LDSM / LDS) and asynchronous copies
 (LDGSTS: cp.async; UTMALDG: TMA tile loads, --tma on sm_90a); and the epilogue's global stores by width.  The issue's
 reading (float16 4096^3, sm_90, 3 stages): about 125 instructions a
 K tile, 16 of them HMMA.  A static count, not a timing: no GPU needed.
+
+--attention D reads the attention forward instead: H heads (default 8) of
+SIZE queries and SIZE keys at head dim D, bench/gemm_shapes.py's imported
+pattern (Transpose(K), MatMul, Mul by 1/sqrt(D), Softmax, MatMul), its
+key loop per key tile (scores, softmax, O += P V, the next tile's copies).
 """
 import argparse
 import glob
+import math
 import os
 import re
 import struct
@@ -119,6 +125,9 @@ def main():
     ap.add_argument("--size", type=int, default=4096)
     ap.add_argument("--allow-tf32", action="store_true")
     ap.add_argument("--tma", action="store_true", help="sm_90a: the GEMM's TMA form (CompileOptions.tma)")
+    ap.add_argument("--attention", type=int, default=0, metavar="D",
+                    help="the attention forward at head dim D instead of a MatMul")
+    ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--nvdisasm", default=None)
     a = ap.parse_args()
     tool = a.nvdisasm or next(iter(glob.glob(os.path.join(os.path.dirname(__file__), "..", ".venv", "lib", "python3*",
@@ -131,8 +140,22 @@ def main():
         return 1
     n = a.size
     g = apollo.Graph("gemm_sass_%d" % n)
-    x, w = g.input("a", DT[a.dtype], [n, n]), g.input("b", DT[a.dtype], [n, n])
-    (y,) = g.node("MatMul", [x, w])
+    if a.attention:
+        d = a.attention
+        q, k, v = (g.input(nm, DT[a.dtype], [a.heads, n, d]) for nm in "qkv")
+        scale = 1 / math.sqrt(d)
+        u, = struct.unpack("<I", struct.pack("<f", scale))
+        data = (struct.pack("<f", scale) if a.dtype == "float32" else
+                struct.pack("<e", scale) if a.dtype == "float16" else
+                struct.pack("<H", (u + 0x7fff + ((u >> 16) & 1)) >> 16))   # bfloat16: round to nearest even
+        (kt,) = g.node("Transpose", [k], {"perm": [0, 2, 1]})
+        (s0,) = g.node("MatMul", [q, kt])
+        (s1,) = g.node("Mul", [s0, g.const("scale", DT[a.dtype], [], data)])
+        (p,) = g.node("Softmax", [s1], {"axes": [2]})
+        (y,) = g.node("MatMul", [p, v])
+    else:
+        x, w = g.input("a", DT[a.dtype], [n, n]), g.input("b", DT[a.dtype], [n, n])
+        (y,) = g.node("MatMul", [x, w])
     g.output(y)
     c = apollo.Client(os.environ.get("APOLLO_SOCKET"))
     try:
@@ -142,9 +165,10 @@ def main():
         return 1
     page = os.path.join(tempfile.mkdtemp(prefix="gemm-sass-"), "p.html")
     b.explain_html(page)
-    sched = sorted(set(re.findall(r"bm=[^<\"\n]*", open(page).read())))
-    print("gemm_sass: %d^3 %s%s%s on %s, schedule %s" % (n, a.dtype, " (TF32)" if a.allow_tf32 else "",
-                                                         " (TMA)" if a.tma else "", a.target, "; ".join(sched)))
+    sched = sorted(set(re.findall(r"(?:bm|warps)=[^<\"\n]*", open(page).read())))
+    what = "attention %d x %d x %d, head dim %d," % (a.heads, n, n, a.attention) if a.attention else "%d^3" % n
+    print("gemm_sass: %s %s%s%s on %s, schedule %s" % (what, a.dtype, " (TF32)" if a.allow_tf32 else "",
+                                                       " (TMA)" if a.tma else "", a.target, "; ".join(sched)))
     print("%-11s %7s %7s %6s %7s %6s %9s %6s %6s %7s %14s" % ("kernel", "instrs", "mul", "share", "m16n8k16", "bar",
                                                                 "int addr", "lds", "ldgsts", "utmaldg", "stores"))
     for i, blob in enumerate(cubins(b.pack())):
@@ -162,8 +186,9 @@ def main():
             "#%d %s" % (i, mul), len(body), nm, 100.0 * nm / max(1, len(body)), eq, count("BAR"), count(*INT),
             count("LDSM", "LDS"), count("LDGSTS"), count("UTMALDG"),
             " ".join("%s:%d" % kv for kv in sorted(stores.items()))))
-    print("per pass of the K loop (one K tile); m16n8k16: the tensor-core work in m16n8k16 products "
-          "(an HGMMA.64xNx16 is 4 N / 8 of them); stores: the whole kernel's global stores by width")
+    print("per pass of the %s loop (one %s tile); m16n8k16: the tensor-core work in m16n8k16 products "
+          "(an HGMMA.64xNx16 is 4 N / 8 of them); stores: the whole kernel's global stores by width"
+          % (("key",) * 2 if a.attention else ("K",) * 2))
     return 0
 
 
