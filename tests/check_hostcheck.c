@@ -558,6 +558,37 @@ static char *sass_of(const uint8_t *bin, size_t len)
 	return out;
 }
 
+/* k's CUDA text for sm_90a through ptxas without spills (*regs: its
+ * registers) and NVRTC to a cubin whose SASS holds HGMMA; returns that
+ * SASS (the caller frees it), or NULL where NVRTC or nvdisasm is missing
+ * (said so).  `what` names the kernel in the messages. */
+static char *sm90a_sass(ap_kir_kernel *k, const char *cuda, const char *what, int *regs)
+{
+	ap_error err;
+	ap_ptxas_stats st;
+	uint8_t *bin = NULL;
+	size_t len = 0;
+	char *sass;
+
+	if (ap_nvrtc_load(&err) != 0) {
+		printf("SKIP NVRTC compile of %s: %s\n", what, err.msg);
+		return NULL;
+	}
+	ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, k->name, "sm_90a", &st, &err) == 0, "%s", err.msg);
+	ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0, "%s spills %d / %d bytes", what,
+		      st.spill_store_bytes, st.spill_load_bytes);
+	ck_assert_msg(ap_nvrtc_compile(cuda, k->name, "sm_90a", true, &bin, &len, &err) == 0, "%s", err.msg);
+	sass = sass_of(bin, len);
+	free(bin);
+	if (!sass) {
+		printf("SKIP the SASS of %s: no nvdisasm in .venv\n", what);
+		return NULL;
+	}
+	ck_assert_msg(strstr(sass, "HGMMA"), "no HGMMA in the SASS of %s", what);
+	*regs = st.registers;
+	return sass;
+}
+
 /* A tma=1 or 2 kernel's CUDA for sm_90a: the TMA and mbarrier PTX, a cubin
  * without spills whose SASS holds HGMMA and UTMALDG (the TMA load); tma=3
  * (the copying producer): cp.async and mbarriers, LDGSTS and HGMMA in the
@@ -565,11 +596,9 @@ static char *sass_of(const uint8_t *bin, size_t len)
 static void tma_cuda_checks(ap_kir_kernel *k)
 {
 	ap_error err;
-	char *cuda = ap_kir_print(k, AP_KIR_CUDA, &err), *sass;
-	ap_ptxas_stats st;
-	uint8_t *bin = NULL;
-	size_t len = 0;
+	char *cuda = ap_kir_print(k, AP_KIR_CUDA, &err), *sass, what[32];
 	bool maps = g_tma != 3;
+	int regs = 0;
 
 	ck_assert_msg(cuda != NULL, "%s", err.msg);
 	ck_assert_ptr_nonnull(strstr(cuda, "mbarrier.try_wait.parity"));
@@ -583,29 +612,17 @@ static void tma_cuda_checks(ap_kir_kernel *k)
 		ck_assert_ptr_nonnull(strstr(cuda, "cp.async.cg.shared.global") ? "" : strstr(cuda, "cp.async.ca.shared.global"));
 		ck_assert_ptr_nonnull(strstr(cuda, "mbarrier.arrive.shared::cta.b64 _, [%0];"));
 	}
-	if (ap_nvrtc_load(&err) != 0) {
-		printf("SKIP NVRTC compile of the tma=%d GEMM: %s\n", g_tma, err.msg);
-		free(cuda);
-		return;
-	}
-	ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, k->name, "sm_90a", &st, &err) == 0, "%s", err.msg);
-	ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0, "tma=%d GEMM spills %d / %d bytes", g_tma,
-		      st.spill_store_bytes, st.spill_load_bytes);
-	ck_assert_msg(ap_nvrtc_compile(cuda, k->name, "sm_90a", true, &bin, &len, &err) == 0, "%s", err.msg);
-	sass = sass_of(bin, len);
+	snprintf(what, sizeof(what), "the tma=%d GEMM", g_tma);
+	sass = sm90a_sass(k, cuda, what, &regs);
 	if (sass) {
 		ck_assert_msg(!strstr(sass, "UTMALDG") == !maps, "UTMALDG %s the tma=%d GEMM's SASS",
 			      maps ? "not in" : "in", g_tma);
-		ck_assert_msg(strstr(sass, "HGMMA"), "no HGMMA in the tma=%d GEMM's SASS", g_tma);
 		ck_assert_msg(!strstr(sass, "LDGSTS") == maps, "cp.async (LDGSTS) %s the tma=%d GEMM's SASS",
 			      maps ? "left in" : "not in", g_tma);
 		printf("check_hostcheck: tma=%d GEMM for sm_90a: %d registers, no spills, %s and HGMMA in its SASS\n",
-		       g_tma, st.registers, maps ? "UTMALDG" : "LDGSTS");
+		       g_tma, regs, maps ? "UTMALDG" : "LDGSTS");
 		free(sass);
-	} else {
-		printf("SKIP the tma GEMM's SASS: no nvdisasm in .venv\n");
 	}
-	free(bin);
 	free(cuda);
 }
 
@@ -615,31 +632,16 @@ static void wgmma_cuda_checks(ap_kir_kernel *k, const char *needle)
 {
 	ap_error err;
 	char *cuda = ap_kir_print(k, AP_KIR_CUDA, &err), *sass;
-	ap_ptxas_stats st;
-	uint8_t *bin = NULL;
-	size_t len = 0;
+	int regs = 0;
 
 	ck_assert_msg(cuda != NULL, "%s", err.msg);
 	ck_assert_msg(strstr(cuda, needle), "no %s in the kernel's CUDA", needle);
-	if (ap_nvrtc_load(&err) != 0) {
-		printf("SKIP NVRTC compile of the wgmma GEMM: %s\n", err.msg);
-		free(cuda);
-		return;
-	}
-	ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, k->name, "sm_90a", &st, &err) == 0, "%s", err.msg);
-	ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0, "the wgmma GEMM spills %d / %d bytes",
-		      st.spill_store_bytes, st.spill_load_bytes);
-	ck_assert_msg(ap_nvrtc_compile(cuda, k->name, "sm_90a", true, &bin, &len, &err) == 0, "%s", err.msg);
-	sass = sass_of(bin, len);
+	sass = sm90a_sass(k, cuda, "the wgmma GEMM", &regs);
 	if (sass) {
-		ck_assert_msg(strstr(sass, "HGMMA"), "no HGMMA in the wgmma GEMM's SASS");
 		printf("check_hostcheck: %s GEMM for sm_90a (tma=%d): %d registers, no spills, HGMMA in its SASS\n",
-		       needle, g_tma, st.registers);
+		       needle, g_tma, regs);
 		free(sass);
-	} else {
-		printf("SKIP the wgmma GEMM's SASS: no nvdisasm in .venv\n");
 	}
-	free(bin);
 	free(cuda);
 }
 

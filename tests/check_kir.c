@@ -2617,9 +2617,6 @@ END_TEST
  * register forms refused by the builder. */
 START_TEST(wgmma_tf32)
 {
-	ap_kir_kernel *k = ap_kir_kernel_new("k_bad");
-	ap_kir_array *acc = ap_kir_local(k, "acc", AP_DT_F32, 8), *sa = ap_kir_shared(k, "sa", AP_DT_F32, 512),
-		     *fa = ap_kir_local(k, "fa", AP_DT_F32, 8);
 	ap_kir_wg_layout kl = {false, 128, 256, 0}, ml = {true, 128, 256, 0};
 
 	run_wgmma(AP_KIR_WGMMA_TF32, false, false, 256, false, 0);
@@ -2627,24 +2624,17 @@ START_TEST(wgmma_tf32)
 	run_wgmma(AP_KIR_WGMMA_TF32, false, false, 32, false, 128);
 	run_wgmma(AP_KIR_WGMMA_TF32, false, false, 40, false, 64);
 	run_wgmma(AP_KIR_WGMMA_TF32, false, false, 24, false, 32);
-	k->block[0] = 128;
-	ck_assert_ptr_null(ap_kir_wgmma(k, &k->body, AP_KIR_WGMMA_TF32, 16, acc, ap_kir_idx(k, 0), sa, ap_kir_idx(k, 0), ml,
-					sa, ap_kir_idx(k, 0), kl));
-	ap_kir_kernel_free(k);
-	k = ap_kir_kernel_new("k_bad");
-	acc = ap_kir_local(k, "acc", AP_DT_F32, 8);
-	sa = ap_kir_shared(k, "sa", AP_DT_F32, 512);
-	fa = ap_kir_local(k, "fa", AP_DT_F32, 8);
-	ck_assert_ptr_null(ap_kir_wgmma(k, &k->body, AP_KIR_WGMMA_TF32, 16, acc, ap_kir_idx(k, 0), sa, ap_kir_idx(k, 0), kl,
-					sa, ap_kir_idx(k, 0), ml));
-	ap_kir_kernel_free(k);
-	k = ap_kir_kernel_new("k_bad");
-	acc = ap_kir_local(k, "acc", AP_DT_F32, 8);
-	sa = ap_kir_shared(k, "sa", AP_DT_F32, 512);
-	fa = ap_kir_local(k, "fa", AP_DT_F32, 8);
-	ck_assert_ptr_null(ap_kir_wgmma(k, &k->body, AP_KIR_WGMMA_TF32, 16, acc, ap_kir_idx(k, 0), fa, ap_kir_idx(k, 0), kl,
-					sa, ap_kir_idx(k, 0), kl));
-	ap_kir_kernel_free(k);
+	/* refused: A MN-major, B MN-major, A from registers */
+	for (int c = 0; c < 3; c++) {
+		ap_kir_kernel *k = ap_kir_kernel_new("k_bad");
+		ap_kir_array *acc = ap_kir_local(k, "acc", AP_DT_F32, 8), *sa = ap_kir_shared(k, "sa", AP_DT_F32, 512);
+		ap_kir_array *fa = ap_kir_local(k, "fa", AP_DT_F32, 8);
+
+		k->block[0] = 128;
+		ck_assert_ptr_null(ap_kir_wgmma(k, &k->body, AP_KIR_WGMMA_TF32, 16, acc, ap_kir_idx(k, 0), c == 2 ? fa : sa,
+						ap_kir_idx(k, 0), c == 0 ? ml : kl, sa, ap_kir_idx(k, 0), c == 1 ? ml : kl));
+		ap_kir_kernel_free(k);
+	}
 }
 END_TEST
 

@@ -420,7 +420,8 @@ double ap_cost_schedule_us(const ap_traffic *t, const ap_target_info *ti)
 	double mem_us = (t->bytes_read + t->bytes_written) / (ti->dram_gbps * 1e3);
 	double l2_us = ti->l2_gbps > 0 ? t->tile_bytes / (ti->l2_gbps * 1e3) : 0;
 	double sh_us = ti->shared_gbps > 0 ? t->shared_read / (ti->shared_gbps * 1e3) : 0;
-	double peak = t->tensor_cores && ti->tc_gflops > 0 ? ti->tc_gflops : ti->gflops;
+	double peak = t->tensor_cores && ti->tc_gflops > 0
+			      ? (t->tf32 && ti->tf32_gflops > 0 ? ti->tf32_gflops : ti->tc_gflops) : ti->gflops;
 	double alu_us = t->flops / (peak * 1e3) / (t->alu_fraction > 0 ? t->alu_fraction : 1);
 	unsigned threads = t->threads ? t->threads : 1, blocks = t->blocks ? t->blocks : 1;
 	unsigned per_sm = ap_cost_blocks_per_sm_regs(ti, threads, t->shared_bytes, t->regs);

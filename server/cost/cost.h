@@ -137,6 +137,8 @@ typedef struct ap_traffic {
 	unsigned shared_bytes; /* per block, static and dynamic */
 	bool uncoalesced;      /* some global access strides across a warp */
 	bool tensor_cores;     /* the arithmetic runs on tensor cores (mma.sync) */
+	bool tf32;             /* ... at the TF32 rate (ap_target_info.tf32_gflops):
+				  ap_cost_schedule_us's peak */
 	/* What only a configuration changes (0 where an emitter does not
 	 * model it; ap_cost_schedule_us reads them, ap_cost_time_us does not): */
 	double tile_bytes;     /* global loads the blocks issue, re-reads of an

@@ -161,7 +161,6 @@ typedef enum ap_kir_fn {
 	AP_KIR_FLOOR, AP_KIR_CEIL, AP_KIR_FABS, AP_KIR_LOG1P, AP_KIR_EXPM1,
 	AP_KIR_ROUND,      /* rint: round half to even */
 	AP_KIR_SIN, AP_KIR_COS,
-	AP_KIR_EXP2,       /* 2^x (C's and CUDA's exp2f / exp2) */
 	AP_KIR_EX2_APPROX, /* float32 only: 2^x as PTX ex2.approx.ftz.f32 -- one
 			      special-function instruction, relative error
 			      about 2^-22 (PTX ISA, "ex2"), subnormal inputs

@@ -216,7 +216,7 @@ static const char *fn_name(int fn, ap_dtype t, char *buf, size_t cap)
 		[AP_KIR_EXPM1] = "expm1", [AP_KIR_ROUND] = "rint", [AP_KIR_TF32] = "ap_tf32",
 		[AP_KIR_POW] = "pow",
 		[AP_KIR_FMAX] = "fmax", [AP_KIR_FMIN] = "fmin", [AP_KIR_FMOD] = "fmod",
-		[AP_KIR_SIN] = "sin", [AP_KIR_COS] = "cos", [AP_KIR_EXP2] = "exp2",
+		[AP_KIR_SIN] = "sin", [AP_KIR_COS] = "cos",
 		[AP_KIR_EX2_APPROX] = "ap_ex2",
 	};
 	const char *n = fn >= 0 && fn < AP_KIR_FN_COUNT && names[fn] ? names[fn] : "exp";

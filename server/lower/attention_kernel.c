@@ -114,6 +114,14 @@ ap_kir_expr *ap__att_xor_reduce(actx *c, ap_kir_expr *v, bool max, int lanes)
 	return ap_kir_ref(k, acc);
 }
 
+/* The shared place of tile element (r, j) of ap__att_stage_rows: wgmma's
+ * layouts, or row r at r * ld. */
+static ap_kir_expr *stage_place(actx *c, int role, ap_kir_expr *r, ap_kir_expr *j, int64_t n, int64_t cols,
+				int64_t ld)
+{
+	return c->wg ? ap__att_wg_place(c, role, r, j, n, cols) : ap_kir_add(c->k, ap_kir_muli(c->k, r, ld), j);
+}
+
 /* Stages rows [r0, r0 + n) of a tile of operand `role` (0 Q, 1 K^T, 2 V)
  * into the shared array `arr` (row r at arr[base + r * ld], `cols` elements of
  * arr's type), the block's threads striding over it: element (r, j) is
@@ -128,7 +136,7 @@ ap_kir_expr *ap__att_xor_reduce(actx *c, ap_kir_expr *v, bool max, int lanes)
  * the copies a whole number of passes, a thread's column and first row
  * are computed once and each pass moves its row by threads / (cols / w):
  * the shared place advances by a constant (the wgmma layouts are linear
- * in whole 8-row groups, checked), unrolled -- the per-copy division,
+ * in whole 8-row groups, checked), a loop of constant trip count -- the per-copy division,
  * remainder and swizzle of the general loop gone (issue 25's "copy
  * addresses computed once", as the GEMM's ap__gemm_hoist_copies). */
 void ap__att_stage_rows(actx *c, ap_kir_array *arr, ap_kir_expr *base, int role, int64_t n, int64_t cols,
@@ -148,18 +156,14 @@ void ap__att_stage_rows(actx *c, ap_kir_array *arr, ap_kir_expr *base, int role,
 	ap_kir_var *val;
 	ap_lidx ix;
 
-	if (nt % cw == 0 && (n * cw) % nt == 0 && passes >= 1 && passes <= 16 &&
-	    (!c->wg || (step % 8 == 0 &&
-			ap_kir_is_int(ap__att_wg_place(c, role, ap_kir_idx(k, step), ap_kir_idx(k, 0), n, cols), &delta)))) {
+	if (nt % cw == 0 && (n * cw) % nt == 0 && passes >= 1 && passes <= 16 && (!c->wg || step % 8 == 0) &&
+	    ap_kir_is_int(stage_place(c, role, ap_kir_idx(k, step), ap_kir_idx(k, 0), n, cols, ld), &delta)) {
 		ap_kir_expr *rb = ap_kir_bind(k, v->cur, k->index_type, "sr", ap_kir_binary(k, AP_KIR_DIV, tid, ap_kir_idx(k, cw)));
 		ap_kir_expr *jb = ap_kir_bind(k, v->cur, k->index_type, "sc",
 					      ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, tid, ap_kir_idx(k, cw)), w));
 		ap_kir_expr *at0 = ap_kir_bind(k, v->cur, k->index_type, "sp",
-					       ap_kir_add(k, base, c->wg ? ap__att_wg_place(c, role, rb, jb, n, cols)
-									 : ap_kir_add(k, ap_kir_muli(k, rb, ld), jb)));
+					       ap_kir_add(k, base, stage_place(c, role, rb, jb, n, cols, ld)));
 
-		if (!c->wg)
-			delta = step * ld;
 		e = ap_v_loop(v, "e", ap_kir_idx(k, 0), ap_kir_idx(k, passes), 1, &saved);
 		r = ap_kir_add(k, rb, ap_kir_muli(k, ap_kir_ref(k, e), step));
 		j = jb;
@@ -168,8 +172,7 @@ void ap__att_stage_rows(actx *c, ap_kir_array *arr, ap_kir_expr *base, int role,
 		e = ap_v_loop(v, "e", tid, ap_kir_idx(k, n * cw), nt, &saved);
 		r = ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, e), ap_kir_idx(k, cw));
 		j = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, e), ap_kir_idx(k, cw)), w);
-		at = ap_kir_add(k, base, c->wg ? ap__att_wg_place(c, role, r, j, n, cols)
-					       : ap_kir_add(k, ap_kir_muli(k, r, ld), j));
+		at = ap_kir_add(k, base, stage_place(c, role, r, j, n, cols, ld));
 	}
 	gr = ap_kir_bind(k, v->cur, k->index_type, "gr", ap_kir_add(k, r0, r));
 	ok = rows_ok % n == 0 ? NULL : ap_kir_binary(k, AP_KIR_LT, gr, ap_kir_idx(k, rows_ok));

@@ -737,6 +737,7 @@ static void tc_scores(att_tc *s)
 	ap_vctx *v = c->v;
 	ap_kir_block *saved;
 	ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", s->NS, &saved);
+	bool masked = c->p->Nk % s->BK != 0;   /* a tile passes the last key */
 
 	for (int e = 0; e < 4; e++) {
 		ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
@@ -749,13 +750,11 @@ static void tc_scores(att_tc *s)
 		ap_kir_block *s2;
 
 		ap_kir_let(k, v->cur, sv, s->ninf);
-		if (c->p->Nk % s->BK == 0) {
-			ap__att_score(c, sv, ap_kir_load(k, s->sacc, si), row, key);
-		} else {
+		if (masked)
 			ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, key, ap_kir_idx(k, c->p->Nk)), &s2, NULL);
-			ap__att_score(c, sv, ap_kir_load(k, s->sacc, si), row, key);
+		ap__att_score(c, sv, ap_kir_load(k, s->sacc, si), row, key);
+		if (masked)
 			ap_v_close(v, s2);
-		}
 		ap_kir_store(k, v->cur, s->sacc, si, ap_kir_ref(k, sv));
 	}
 	ap_v_close(v, saved);
@@ -823,7 +822,7 @@ static void tile_probabilities(att_tc *s, ap_kir_array *dst, ap_dtype type)
 		ap_kir_expr *x = ap_kir_binary(k, AP_KIR_SUB,
 					       ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, s->sacc, si), ap_kir_float(k, A, M_LOG2E)),
 					       s->mlog2[e >> 1]);
-		ap_kir_expr *pv = ap_kir_bind(k, v->cur, A, "p", ap_kir_call(k, A == AP_DT_F32 ? AP_KIR_EX2_APPROX : AP_KIR_EXP2, x, NULL));
+		ap_kir_expr *pv = ap_kir_bind(k, v->cur, A, "p", ap_kir_call(k, AP_KIR_EX2_APPROX, x, NULL));
 
 		ap_kir_assign(k, v->cur, s->rs[e >> 1], ap_kir_binary(k, AP_KIR_ADD, ap_kir_ref(k, s->rs[e >> 1]), pv));
 		ap_kir_store(k, v->cur, dst, si, ap_kir_cast(k, type, pv));
@@ -915,7 +914,6 @@ static void tc_store(att_tc *s)
 	ap_vctx *v = c->v;
 	ap_kir_block *saved;
 	ap_kir_var *no;
-
 	ap_kir_expr *inv[2];
 
 	for (int h = 0; h < 2; h++) {

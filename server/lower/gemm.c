@@ -1323,6 +1323,7 @@ static int gm_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 		      (unsigned)c->splitk;
 	out->shared_bytes = (unsigned)r->smem;
 	out->tensor_cores = p->tc;
+	out->tf32 = p->tc && p->mma == AP_KIR_MMA_TF32_1688;   /* half float16's rate on sm_80 and sm_90 */
 	out->unvalidated = c->tma && !t->tma;
 	{
 		/* what only the tile changes: every block column re-reads A's rows,
@@ -1358,10 +1359,7 @@ static int gm_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 		 * tuner does not search host GEMMs: host_rule_only) */
 		if (!t->gpu && !p->tc)
 			out->alu_fraction = fmin(1.0, c->tm * c->tn / 16.0);
-		/* TF32 runs at its own tensor-core rate (half float16's on sm_80 and
-		 * sm_90), as the library's TF32 call (library.c) */
-		if (t->gpu && p->tc && p->mma == AP_KIR_MMA_TF32_1688 && t->tc_gflops > 0)
-			out->alu_fraction = t->tf32_gflops / t->tc_gflops;
+
 		/* split-K: a block's pipeline fills (stages - 1 K tiles copied
 		 * before its first product) and its cluster's reduction and
 		 * barrier (about one K tile more) stand outside the overlapped

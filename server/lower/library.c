@@ -406,8 +406,9 @@ void ap__library_traffic(const ap_kir_library *lib, const ap_target_info *t, ap_
 	out->regs = out->threads >= 384 ? 168 : 255;
 	out->shared_bytes = t->shared_optin_per_block / 2;
 	out->tensor_cores = t->tc_gflops > 0 && (lib->a_type != AP_DT_F32 || tf32);
+	out->tf32 = tf32;
 	out->tile_bytes = es * B * K * (M * cols + N * rows);
 	out->shared_read = es * (out->flops / 2) * (1.0 / 128 + 1.0 / 256);
-	out->alu_fraction = AP_LIBRARY_EFFICIENCY * (tf32 ? t->tf32_gflops / t->tc_gflops : 1);
+	out->alu_fraction = AP_LIBRARY_EFFICIENCY;
 	out->library = true;
 }
