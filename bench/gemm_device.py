@@ -103,13 +103,14 @@ def node_proto(op, ins, outs, attrs):
     return b
 
 
-def model_proto(name, nodes, inits, inputs, outputs):
-    """ModelProto (ir_version 8, opset 17) holding GraphProto: node (1),
-    name (2), initializer (5), input (11), output (12)."""
+def model_proto(name, nodes, inits, inputs, outputs, opset=17):
+    """ModelProto (ir_version 8, opset 17; 10 with a later opset) holding
+    GraphProto: node (1), name (2), initializer (5), input (11), output
+    (12)."""
     g = b"".join(_bytes(1, n) for n in nodes) + _bytes(2, name) + \
         b"".join(_bytes(5, t) for t in inits) + b"".join(_bytes(11, i) for i in inputs) + \
         b"".join(_bytes(12, o) for o in outputs)
-    return _int(1, 8) + _bytes(7, g) + _bytes(8, _bytes(1, "") + _int(2, 17))
+    return _int(1, 8 if opset <= 17 else 10) + _bytes(7, g) + _bytes(8, _bytes(1, "") + _int(2, opset))
 
 
 # ---- make -------------------------------------------------------------------------------
@@ -175,17 +176,13 @@ def build(s, dtype):
             inputs.append(value_info(name, elem, shape))
             data[name] = raw
     scale = None
-    if s["op"] == "Attention":
-        scale, raw = as_type(np.array(1 / math.sqrt(s["ins"][0][1][-1]), dtype=np.float32), dtype)
-        inits.append(tensor_proto("scale", raw, elem))
-        nodes = [node_proto("Transpose", ["k"], ["kt"], dict(perm=[0, 2, 1])),
-                 node_proto("MatMul", ["q", "kt"], ["s0"], {}),
-                 node_proto("Mul", ["s0", "scale"], ["s"], {}),
-                 node_proto("Softmax", ["s"], ["p"], dict(axis=-1)),
-                 node_proto("MatMul", ["p", "v"], ["y"], {})]
+    if s["op"] == "Attention":     # gemm_shapes.build_model's: ONNX Attention, float32 scores
+        scale = 1 / math.sqrt(s["ins"][0][1][-1])
+        nodes = [node_proto("Attention", ["q", "k", "v"], ["y"], gemm_shapes.ATTENTION_ATTRS)]
     else:
         nodes = [node_proto(s["op"], [n for n, _, _ in s["ins"]], ["y"], s.get("attrs", {}))]
-    m = model_proto(s["name"], nodes, inits, inputs, [value_info("y", elem, None)])
+    m = model_proto(s["name"], nodes, inits, inputs, [value_info("y", elem, None)],
+                    23 if s["op"] == "Attention" else 17)
     return m, data, ops, scale
 
 

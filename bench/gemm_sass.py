@@ -18,9 +18,10 @@ reading (float16 4096^3, sm_90, 3 stages): about 125 instructions a
 K tile, 16 of them HMMA.  A static count, not a timing: no GPU needed.
 
 --attention D reads the attention forward instead: H heads (default 8) of
-SIZE queries and SIZE keys at head dim D, bench/gemm_shapes.py's imported
-pattern (Transpose(K), MatMul, Mul by 1/sqrt(D), Softmax, MatMul), its
-key loop per key tile (scores, softmax, O += P V, the next tile's copies).
+SIZE queries and SIZE keys at head dim D, Apollo's Attention with
+fp32_scores (the scores and the softmax in float32, as bench/gemm_shapes.py's
+ONNX Attention and F.scaled_dot_product_attention), its key loop per key
+tile (scores, softmax, O += P V, the next tile's copies).
 """
 import argparse
 import glob
@@ -142,17 +143,8 @@ def main():
     g = apollo.Graph("gemm_sass_%d" % n)
     if a.attention:
         d = a.attention
-        q, k, v = (g.input(nm, DT[a.dtype], [a.heads, n, d]) for nm in "qkv")
-        scale = 1 / math.sqrt(d)
-        u, = struct.unpack("<I", struct.pack("<f", scale))
-        data = (struct.pack("<f", scale) if a.dtype == "float32" else
-                struct.pack("<e", scale) if a.dtype == "float16" else
-                struct.pack("<H", (u + 0x7fff + ((u >> 16) & 1)) >> 16))   # bfloat16: round to nearest even
-        (kt,) = g.node("Transpose", [k], {"perm": [0, 2, 1]})
-        (s0,) = g.node("MatMul", [q, kt])
-        (s1,) = g.node("Mul", [s0, g.const("scale", DT[a.dtype], [], data)])
-        (p,) = g.node("Softmax", [s1], {"axes": [2]})
-        (y,) = g.node("MatMul", [p, v])
+        q, k, v = (g.input(nm, DT[a.dtype], [1, a.heads, n, d]) for nm in "qkv")
+        (y,) = g.node("Attention", [q, k, v], {"scale": 1 / math.sqrt(d), "fp32_scores": 1})
     else:
         x, w = g.input("a", DT[a.dtype], [n, n]), g.input("b", DT[a.dtype], [n, n])
         (y,) = g.node("MatMul", [x, w])

@@ -8,8 +8,8 @@ The shapes are the GEMMs, convolutions and attention of the models under
 ../shared/testdata (models/ and training/; SHAPES below names the node each
 comes from), square 2048^3, 4096^3 and 8192^3 MatMuls and attention at 2048 keys
 (head dims 64 and 128: issue 25's rows).  `make` writes each as a
-one-node ONNX model (the attention as its imported pattern: Transpose(K),
-MatMul(Q, K^T), Mul by 1/sqrt(D), Softmax, MatMul(P, V)) in float32 and in
+one-node ONNX model (the attention ONNX's Attention, ATTENTION_ATTRS) in
+float32 and in
 float16 (every tensor in that type), weights as initializers where the
 model has them so and activations as graph inputs, as OUT/<name>__<dtype>/
 model.onnx, with OUT/shapes.json describing them.  A shape whose modelled
@@ -43,6 +43,13 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+# The attention shapes' node: ONNX's Attention (opset 23) in its 3-D form, a
+# shape's [B, N, D] as B sequences of one head (scale 1/sqrt(D), the
+# default), with softmax_precision FLOAT: the scores and the softmax in
+# float32, as F.scaled_dot_product_attention's fused kernels compute them
+# (Apollo: Attention's fp32_scores).
+ATTENTION_ATTRS = dict(q_num_heads=1, kv_num_heads=1, softmax_precision=1)
 
 # name, the node of a model it is taken from, op, operands (name, shape,
 # initializer?), attributes.
@@ -138,19 +145,14 @@ def build_model(s, dtype):
             data[name] = a
     names = [n for n, _, _ in s["ins"]]
     if s["op"] == "Attention":
-        d = s["ins"][0][1][-1]
-        inits.append(numpy_helper.from_array(np.array(1 / math.sqrt(d), dtype=npt), "scale"))
-        nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
-                 helper.make_node("MatMul", ["q", "kt"], ["s0"]),
-                 helper.make_node("Mul", ["s0", "scale"], ["s"]),
-                 helper.make_node("Softmax", ["s"], ["p"], axis=-1),
-                 helper.make_node("MatMul", ["p", "v"], ["y"])]
+        nodes = [helper.make_node("Attention", ["q", "k", "v"], ["y"], **ATTENTION_ATTRS)]
     else:
         nodes = [helper.make_node(s["op"], names, ["y"], **s.get("attrs", {}))]
     g = helper.make_graph(nodes, s["name"], inputs, [helper.make_tensor_value_info("y", et, None)],
                           initializer=inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
+    att = s["op"] == "Attention"
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 23 if att else 17)])
+    m.ir_version = 10 if att else 8
     return m, data
 
 

@@ -445,6 +445,13 @@ int ap__onnx_imp_attention(imp *im, const Onnx__NodeProto *n)
 	scale = ap__onnx_attr(n, "scale") ? ap__onnx_afloat(n, "scale", 1.0) : 1.0 / sqrt((double)ins[0]->sh.dims[3]);
 	ab_float(&A, "scale", scale);
 	ab_int(&A, "is_causal", ap__onnx_aint(n, "is_causal", 0));
+	/* softmax_precision FLOAT (1) over 16-bit inputs: the scores and the
+	 * softmax in float32 (Attention's fp32_scores; ONNX's reference rounds
+	 * the product to the input type first, about one 16-bit step of a
+	 * score from this) */
+	if (ap__onnx_aint(n, "softmax_precision", 0) == 1 &&
+	    (ins[0]->sh.dtype == AP_DT_F16 || ins[0]->sh.dtype == AP_DT_BF16))
+		ab_int(&A, "fp32_scores", 1);
 	if (!three) {
 		TRY(ap__onnx_emit1(im, AP_OP_ATTENTION, &A, mask ? 4 : 3, ins, base, NULL, &y));
 		return ap__onnx_bind(im, base, y);

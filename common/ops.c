@@ -441,6 +441,9 @@ static int infer_matmul(const ap_node *node, const ap_shape *a0, const ap_shape 
 	ap_shape a = *a0, b = *b0, ba, bb, bat;
 	bool drop_m = false, drop_n = false;
 	int64_t m, k, k2, n;
+	/* Y declared float32 over 16-bit operands: the float32 accumulation,
+	 * unrounded (ops.def) */
+	bool wide = y->dtype == AP_DT_F32 && (a0->dtype == AP_DT_F16 || a0->dtype == AP_DT_BF16);
 
 	if (a.rank < 1 || b.rank < 1)
 		return bad_shape(node, nm(names, 0), err, "operands need rank >= 1", a0, b0);
@@ -472,7 +475,7 @@ static int infer_matmul(const ap_node *node, const ap_shape *a0, const ap_shape 
 	if (ap__broadcast(&ba, &bb, &bat) < 0)
 		return bad_shape(node, nm(names, 1), err, "batch dimensions do not broadcast", a0, b0);
 	*y = bat;
-	y->dtype = a.dtype;
+	y->dtype = wide ? AP_DT_F32 : a.dtype;
 	if (!drop_m)
 		y->dims[y->rank++] = m;
 	if (!drop_n)
@@ -952,7 +955,8 @@ static int check_given(const ap_node *node, const ap_shape *x, ap_shape *out, in
  * rank >= 3, the same leading batch dims, K's heads dividing Q's, K and V
  * of one key count, the optional mask (input `mi`) BOOL or of Q's type and
  * broadcasting to the scores [b..., H, L, S]; scale finite, is_causal and
- * safe_softmax 0 or 1.  Fills y (Y's shape) and lse (LogSumExp's). */
+ * safe_softmax and fp32_scores 0 or 1.  Fills y (Y's shape) and lse
+ * (LogSumExp's). */
 static int check_attention(const ap_node *node, const ap_shape *q, const ap_shape *k, const ap_shape *v,
 			   const ap_shape *mask, ap_shape *y, ap_shape *lse, const char *const *names,
 			   int qi, int mi, ap_error *err)
@@ -960,6 +964,7 @@ static int check_attention(const ap_node *node, const ap_shape *q, const ap_shap
 	const char *op = ap_op_name(node->op);
 	int r = q->rank;
 	int64_t causal = ap_node_int(node, "is_causal", 0), safe = ap_node_int(node, "safe_softmax", 1);
+	int64_t fp32 = ap_node_int(node, "fp32_scores", 0);
 	double scale = ap_node_float(node, "scale", NAN);
 	ap_shape s, b;
 
@@ -982,6 +987,8 @@ static int check_attention(const ap_node *node, const ap_shape *q, const ap_shap
 		return ap_error_set(err, AP_EINVAL, node->name, NULL, "%s: is_causal must be 0 or 1", op);
 	if (safe != 0 && safe != 1)
 		return ap_error_set(err, AP_EINVAL, node->name, NULL, "%s: safe_softmax must be 0 or 1", op);
+	if (fp32 != 0 && fp32 != 1)
+		return ap_error_set(err, AP_EINVAL, node->name, NULL, "%s: fp32_scores must be 0 or 1", op);
 	s = *q;
 	s.dims[r - 1] = k->dims[r - 2];
 	if (mask) {

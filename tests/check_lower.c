@@ -1237,6 +1237,55 @@ static void run_register_prologue(const char *name, const char *target, ap_dtype
 	run_case_with(&lc, g, whole(g, AP_GROUP_MATMUL), ref_gemm_register_prologue, &o, target != NULL);
 }
 
+/* A float32 product of 16-bit operands (MatMul declared float32 over
+ * float16 / bfloat16, ops.def; Attention's fp32_scores opens into one):
+ * y [2, 40, 24] = x [2, 40, 72] w [72, 24], the accumulator stored as it
+ * is -- at 1e-5 against float64 of the operands, which a result rounded
+ * to the operand type misses (tried: a float16-rounded reference, 8.03125
+ * against the kernel's 8.02812).  On
+ * sm_80 (mma.sync), sm_90a (wgmma) and the host. */
+static void ref_gemm_wide(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *x = in->data[m->g->inputs[0]], *w = in->data[m->g->inputs[1]];
+
+	for (int64_t i = 0; i < 2 * 40; i++)
+		for (int64_t j = 0; j < 24; j++) {
+			double acc = 0;
+
+			for (int64_t k = 0; k < 72; k++)
+				acc += (double)x[i * 72 + k] * w[k * 24 + j];
+			want[0][i * 24 + j] = acc;
+		}
+}
+
+static void run_wide_case(const char *name, const char *target, ap_dtype dt, const char *has)
+{
+	ap_graph *g = ap_graph_new("gemm_wide");
+	lcase lc = {name, "gemm", {has}, {".entry"}};
+	case_opts o = {target, false, 1e-5, target != NULL};
+	int x, w, y;
+
+	g_dt = dt;
+	x = tensor(g, "x", DIMS(2, 40, 72), AP_TENSOR_INPUT);
+	w = tensor(g, "w", DIMS(72, 24), AP_TENSOR_INPUT);
+	g_dt = AP_DT_F32;
+	y = tensor(g, "y", DIMS(2, 40, 24), AP_TENSOR_VALUE);
+	node(g, "mm", AP_OP_MATMUL, LIST(x, w), LIST(y));
+	output(g, y);
+	if (target && !strcmp(target, "sm_90a"))
+		g_golden_target = target;
+	run_case_with(&lc, g, whole(g, AP_GROUP_MATMUL), ref_gemm_wide, &o, target != NULL);
+	g_golden_target = NULL;
+}
+
+START_TEST(gemm_float32_result)
+{
+	run_wide_case("gemm_f32_result_f16", "sm_80", AP_DT_F16, "mma.sync");
+	run_wide_case("gemm_f32_result_wg_bf16", "sm_90a", AP_DT_BF16, "wgmma.mma_async");
+	run_wide_case("gemm_f32_result_host_f16", NULL, AP_DT_F16, "float acc");
+}
+END_TEST
+
 START_TEST(gemm_convert_staged)
 {
 	static const convert_case cases[] = {
@@ -1918,6 +1967,11 @@ typedef struct att_case {
 	bool stats;
 	const char *target;              /* configurations run for it (host-emulated) */
 	double rtol;
+	int fp32;                        /* 1: the scores and the softmax in float32, P Cast to dt
+					    for P V (Attention's fp32_scores, expand.c); 2: the
+					    same without the mask -- S = Y1 / 4, the scale folded
+					    into the exponent (attention.c scale_fold) -- and with
+					    stats the maxima and sums alone */
 } att_case;
 
 static const att_case *g_ac;
@@ -1934,13 +1988,14 @@ static int64_t kv_at(const att_case *c, int64_t b, int64_t h, int64_t j, int64_t
 }
 
 /* The unfused graph's numbers: Y1, the scale and the mask each rounded to
- * the operand type (the kernel rounds there too), the softmax and PV
- * exact. */
+ * the operand type (the kernel rounds there too) unless the case's scores
+ * are float32, the softmax and PV exact. */
 static void ref_attention(const ap_mgraph *m, const buffers *in, double **want)
 {
 	const att_case *c = g_ac;
 	const float *q = in->data[m->g->inputs[0]], *kk = in->data[m->g->inputs[1]];
-	const float *v = in->data[m->g->inputs[2]], *mask = in->data[m->g->inputs[3]];
+	const float *v = in->data[m->g->inputs[2]];
+	const float *mask = m->g->n_inputs > 3 ? in->data[m->g->inputs[3]] : NULL;
 	double *sc = malloc((size_t)c->Nk * sizeof(double));
 
 	for (int64_t b = 0; b < c->B; b++)
@@ -1954,9 +2009,13 @@ static void ref_attention(const ap_mgraph *m, const buffers *in, double **want)
 
 					for (int64_t e = 0; e < c->D; e++)
 						d += (double)q[(bh * c->Nq + i) * c->D + e] * kk[kv_at(c, b, h, j, e, c->D)];
-					d = half_round(c->dt, (float)d);
-					d = half_round(c->dt, (float)d / 4.0f);
-					sc[j] = half_round(c->dt, (float)d + mask[i * c->Nk + j]);
+					if (c->fp32) {
+						sc[j] = d / 4.0 + (mask ? mask[i * c->Nk + j] : 0);
+					} else {
+						d = half_round(c->dt, (float)d);
+						d = half_round(c->dt, (float)d / 4.0f);
+						sc[j] = half_round(c->dt, (float)d + mask[i * c->Nk + j]);
+					}
 					if (sc[j] > mx)
 						mx = sc[j];
 				}
@@ -1969,7 +2028,10 @@ static void ref_attention(const ap_mgraph *m, const buffers *in, double **want)
 						o += exp(sc[j] - mx) / sum * v[kv_at(c, b, h, j, dv, c->Dv)];
 					want[0][((b * c->Nq + i) * c->H + h) * c->Dv + dv] = o;
 				}
-				if (c->stats) {
+				if (c->stats && c->fp32 == 2) {
+					want[1][bh * c->Nq + i] = mx;
+					want[2][bh * c->Nq + i] = sum;
+				} else if (c->stats) {
 					for (int64_t j = 0; j < c->Nk; j++)
 						want[1][srow + j] = sc[j];
 					want[2][bh * c->Nq + i] = mx;
@@ -1983,10 +2045,22 @@ static void ref_attention(const ap_mgraph *m, const buffers *in, double **want)
  * and 32: the online softmax starts from rows of -inf). */
 static void mask_first_tile(const ap_mgraph *m, buffers *b)
 {
-	float *mask = b->data[m->g->inputs[3]];
+	float *mask = m->g->n_inputs > 3 ? b->data[m->g->inputs[3]] : NULL;
 
-	for (int j = 0; j < 32; j++)
+	for (int j = 0; mask && j < 32; j++)
 		mask[j] = -INFINITY;
+}
+
+/* Q scaled by 4 (scores up to about 40, where a float16 step is 1/32 and
+ * a bfloat16 one 1/4) and mask_first_tile's row. */
+static void large_scores(const ap_mgraph *m, buffers *b)
+{
+	float *q = b->data[m->g->inputs[0]];
+	int64_t n = ap_tensor_numel(&m->g->tensors[m->g->inputs[0]]);
+
+	for (int64_t i = 0; i < n; i++)
+		q[i] *= 4;
+	mask_first_tile(m, b);
 }
 
 static int scalar_dt(ap_graph *g, const char *name, float v)
@@ -2006,7 +2080,7 @@ static ap_graph *attention_graph(const att_case *c)
 {
 	ap_graph *g = ap_graph_new("att");
 	int64_t B = c->B, H = c->H, Nq = c->Nq, Nk = c->Nk, D = c->D, Dv = c->Dv;
-	int q, kk, v, mask, four, kt, y1, sc, s2, mx, d, e, l, pr, o, ot, n;
+	int q, kk, v, mask, four, kt, y1, sc, s2, mx, d, e, l, pr, pr16, o, ot, n;
 
 	g_dt = c->dt;
 	q = tensor(g, "q", DIMS(B, H, Nq, D), AP_TENSOR_INPUT);
@@ -2027,17 +2101,21 @@ static ap_graph *attention_graph(const att_case *c)
 		kk = tensor(g, "k", DIMS(B, H, Nk, D), AP_TENSOR_INPUT);
 		v = tensor(g, "v", DIMS(B, H, Nk, Dv), AP_TENSOR_INPUT);
 	}
-	mask = tensor(g, "mask", DIMS(Nq, Nk), AP_TENSOR_INPUT);
-	four = scalar_dt(g, "four", 4.0f);
 	kt = tensor(g, "kt", DIMS(B, H, D, Nk), AP_TENSOR_VALUE);
+	pr16 = c->fp32 ? tensor(g, "p16", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE) : -1;
+	if (c->fp32)
+		g_dt = AP_DT_F32;   /* the scores, the mask and the softmax */
+	mask = c->fp32 != 2 ? tensor(g, "mask", DIMS(Nq, Nk), AP_TENSOR_INPUT) : -1;
+	four = scalar_dt(g, "four", 4.0f);
 	y1 = tensor(g, "y1", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
 	sc = tensor(g, "sc", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
-	s2 = tensor(g, "s2", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
+	s2 = mask >= 0 ? tensor(g, "s2", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE) : sc;
 	mx = tensor(g, "mx", DIMS(B, H, Nq, 1), AP_TENSOR_VALUE);
 	d = tensor(g, "d", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
 	e = tensor(g, "e", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
 	l = tensor(g, "l", DIMS(B, H, Nq, 1), AP_TENSOR_VALUE);
 	pr = tensor(g, "p", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
+	g_dt = c->dt;
 	o = tensor(g, "o", DIMS(B, H, Nq, Dv), AP_TENSOR_VALUE);
 	ot = tensor(g, "ot", DIMS(B, Nq, H, Dv), AP_TENSOR_VALUE);
 	g_dt = AP_DT_F32;
@@ -2045,7 +2123,8 @@ static ap_graph *attention_graph(const att_case *c)
 	ap_node_set_ints(g, n, "perm", (const int64_t[]){0, 1, 3, 2}, 4);
 	node(g, "qk", AP_OP_MATMUL, LIST(q, kt), LIST(y1));
 	node(g, "scale", AP_OP_DIV, LIST(y1, four), LIST(sc));
-	node(g, "mask", AP_OP_ADD, LIST(sc, mask), LIST(s2));
+	if (mask >= 0)
+		node(g, "mask", AP_OP_ADD, LIST(sc, mask), LIST(s2));
 	n = node(g, "max", AP_OP_REDUCE_MAX, LIST(s2), LIST(mx));
 	reduce_axes(g, n, (const int64_t[]){3}, 1, 1);
 	node(g, "sub", AP_OP_SUB, LIST(s2, mx), LIST(d));
@@ -2053,12 +2132,18 @@ static ap_graph *attention_graph(const att_case *c)
 	n = node(g, "sum", AP_OP_REDUCE_SUM, LIST(e), LIST(l));
 	reduce_axes(g, n, (const int64_t[]){3}, 1, 1);
 	node(g, "div", AP_OP_DIV, LIST(e, l), LIST(pr));
+	if (c->fp32) {
+		n = node(g, "p16", AP_OP_CAST, LIST(pr), LIST(pr16));
+		ap_node_set_int(g, n, "to", c->dt);
+		pr = pr16;
+	}
 	node(g, "pv", AP_OP_MATMUL, LIST(pr, v), LIST(o));
 	n = node(g, "tr", AP_OP_TRANSPOSE, LIST(o), LIST(ot));
 	ap_node_set_ints(g, n, "perm", (const int64_t[]){0, 2, 1, 3}, 4);
 	output(g, ot);
 	if (c->stats) {
-		output(g, s2);
+		if (c->fp32 != 2)
+			output(g, s2);
 		output(g, mx);
 		output(g, l);
 	}
@@ -2072,7 +2157,7 @@ static void run_attention_case(const att_case *c, const lcase *lc)
 	ap_mgraph *m = whole(g, AP_GROUP_ATTENTION);
 
 	g_ac = c;
-	g_fill = mask_first_tile;
+	g_fill = c->fp32 ? large_scores : mask_first_tile;
 	run_case_with(lc, g, m, ref_attention, &opts, c->target != NULL);
 	g_fill = NULL;
 }
@@ -2080,7 +2165,7 @@ static void run_attention_case(const att_case *c, const lcase *lc)
 /* float32 on the host: the SIMT form (a query row a warp). */
 START_TEST(attention_online_softmax)
 {
-	static const att_case c = {"attention_online_softmax", AP_DT_F32, 2, 3, 37, 45, 16, 12, false, NULL, 0};
+	static const att_case c = {"attention_online_softmax", AP_DT_F32, 2, 3, 37, 45, 16, 12, false, NULL, 0, false};
 	lcase lc = {c.name, "attention", {"__shfl_xor_sync", "__syncthreads"}, {"shfl.sync.bfly"}};
 
 	run_attention_case(&c, &lc);
@@ -2097,8 +2182,8 @@ END_TEST
  * the operand type before PV, unnormalised). */
 START_TEST(attention_tensor_cores)
 {
-	static const att_case f16 = {"attention_tc_f16", AP_DT_F16, 2, 3, 37, 45, 16, 12, false, "sm_90", 4e-3};
-	static const att_case bf16 = {"attention_tc_bf16_stats", AP_DT_BF16, 2, 3, 37, 45, 24, 20, true, "sm_90", 2e-2};
+	static const att_case f16 = {"attention_tc_f16", AP_DT_F16, 2, 3, 37, 45, 16, 12, false, "sm_90", 4e-3, false};
+	static const att_case bf16 = {"attention_tc_bf16_stats", AP_DT_BF16, 2, 3, 37, 45, 24, 20, true, "sm_90", 2e-2, false};
 	lcase l1 = {f16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned.m8n8.x2.trans"}};
 	lcase l2 = {bf16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16.row.col.f32.bf16"}};
 
@@ -2116,8 +2201,8 @@ END_TEST
  * PTX for sm_90a too, without spills. */
 START_TEST(attention_wgmma)
 {
-	static const att_case f16 = {"attention_wg_f16", AP_DT_F16, 2, 3, 37, 45, 16, 12, false, "sm_90a", 4e-3};
-	static const att_case bf16 = {"attention_wg_bf16_stats", AP_DT_BF16, 2, 3, 37, 45, 24, 20, true, "sm_90a", 2e-2};
+	static const att_case f16 = {"attention_wg_f16", AP_DT_F16, 2, 3, 37, 45, 16, 12, false, "sm_90a", 4e-3, false};
+	static const att_case bf16 = {"attention_wg_bf16_stats", AP_DT_BF16, 2, 3, 37, 45, 24, 20, true, "sm_90a", 2e-2, false};
 	lcase l1 = {f16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16"}};
 	lcase l2 = {bf16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16.row.col.f32.bf16"}};
 
@@ -2135,14 +2220,65 @@ END_TEST
  * (the all -inf start of the online softmax). */
 START_TEST(attention_whole_tiles)
 {
-	static const att_case wg = {"attention_wg_whole_f16", AP_DT_F16, 1, 2, 128, 256, 64, 64, false, "sm_90a", 4e-3};
-	static const att_case tc = {"attention_tc_whole_bf16", AP_DT_BF16, 1, 2, 128, 256, 64, 64, true, "sm_90", 2e-2};
+	static const att_case wg = {"attention_wg_whole_f16", AP_DT_F16, 1, 2, 128, 256, 64, 64, false, "sm_90a", 4e-3, false};
+	static const att_case tc = {"attention_tc_whole_bf16", AP_DT_BF16, 1, 2, 128, 256, 64, 64, true, "sm_90", 2e-2, false};
 	lcase l1 = {wg.name, "attention", {"wgmma.mma_async", "ex2.approx.ftz.f32"},
 		    {"wgmma.mma_async.sync.aligned", "ex2.approx.ftz.f32"}};
 	lcase l2 = {tc.name, "attention", {"mma.sync", "ex2.approx.ftz.f32"},
 		    {"mma.sync.aligned.m16n8k16.row.col.f32.bf16", "ex2.approx.ftz.f32"}};
 
 	g_golden_target = "sm_90a";   /* the default kernel printed for the wgmma target */
+	run_attention_case(&wg, &l1);
+	g_golden_target = NULL;
+	run_attention_case(&tc, &l2);
+}
+END_TEST
+
+/* Attention's fp32_scores (expand.c): the first product float32 over
+ * 16-bit Q and K, the scale, the mask and the softmax float32, P Cast to
+ * the operand type for P V -- FlashAttention's numbers.  Scores up to
+ * about 40 (large_scores), against float64 of the unrounded scores at
+ * tolerances a kernel that rounds the scores to the operand type misses
+ * (tried: against a reference that rounds them, the sm_90a case gives
+ * 0.6465 for 0.6525, sm_90's bfloat16 0.3203 for 0.2962, the host
+ * 0.1730 for 0.1697): the wgmma form (sm_90a, whole tiles), mma.sync
+ * (sm_90, bfloat16, padded head dims, the statistics written), the
+ * SIMT form on the host. */
+START_TEST(attention_fp32_scores)
+{
+	static const att_case wg = {"attention_wg_fp32_scores_f16", AP_DT_F16, 1, 2, 128, 256, 64, 64, false, "sm_90a",
+				    2e-3, true};
+	static const att_case tc = {"attention_tc_fp32_scores_bf16", AP_DT_BF16, 1, 2, 37, 45, 24, 20, true, "sm_90",
+				    1e-2, true};
+	static const att_case host = {"attention_fp32_scores_f16", AP_DT_F16, 1, 2, 37, 45, 16, 12, false, NULL, 2e-3, true};
+	lcase l1 = {wg.name, "attention", {"wgmma.mma_async", "ex2.approx.ftz.f32"}, {"wgmma.mma_async.sync.aligned"}};
+	lcase l2 = {tc.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16.row.col.f32.bf16"}};
+	lcase l3 = {host.name, "attention", {"__shfl_xor_sync", "__syncthreads"}, {"shfl.sync.bfly"}};
+	g_golden_target = "sm_90a";
+	run_attention_case(&wg, &l1);
+	g_golden_target = NULL;
+	run_attention_case(&tc, &l2);
+	run_attention_case(&host, &l3);
+}
+END_TEST
+
+/* The softmax scale folded into the exponent (attention.c scale_fold:
+ * S = Y1 / 4 in float32, no mask, S not written): the tensor-core forms
+ * keep Y1's row maxima and compute exp2(Y1 log2(e) / 4 - max log2(e) /
+ * 4: log2(e) / 4 a literal in the CUDA), the row maxima written scaled
+ * (the statistics) -- on sm_90a (wgmma,
+ * whole tiles, float16) and sm_90 (mma.sync, bfloat16, 45 keys: the last
+ * tile's keys past the end set to -inf), every sampled configuration in
+ * the checking host mode against float64 of the unrounded scores, Y and
+ * the maxima and sums. */
+START_TEST(attention_scale_fold)
+{
+	static const att_case wg = {"attention_wg_fold_f16", AP_DT_F16, 1, 2, 128, 256, 64, 64, true, "sm_90a", 2e-3, 2};
+	static const att_case tc = {"attention_tc_fold_bf16", AP_DT_BF16, 1, 2, 37, 45, 24, 20, true, "sm_90", 1e-2, 2};
+	lcase l1 = {wg.name, "attention", {"wgmma.mma_async", "0x1.715476p-2f"}, {"wgmma.mma_async.sync.aligned"}};
+	lcase l2 = {tc.name, "attention", {"mma.sync", "0x1.715476p-2f"}, {"mma.sync.aligned.m16n8k16.row.col.f32.bf16"}};
+
+	g_golden_target = "sm_90a";
 	run_attention_case(&wg, &l1);
 	g_golden_target = NULL;
 	run_attention_case(&tc, &l2);
@@ -2157,7 +2293,7 @@ END_TEST
  * without spills (expect_no_spills). */
 START_TEST(attention_wgmma_overlap)
 {
-	static const att_case f16 = {"attention_wg_overlap_f16", AP_DT_F16, 1, 1, 70, 150, 16, 12, true, "sm_90a", 4e-3};
+	static const att_case f16 = {"attention_wg_overlap_f16", AP_DT_F16, 1, 1, 70, 150, 16, 12, true, "sm_90a", 4e-3, false};
 	lcase lc = {f16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16"}};
 	const char *sw = getenv("APOLLO_SWEEP");
 	char *saved = sw ? strdup(sw) : NULL;
@@ -2190,8 +2326,8 @@ END_TEST
  * the same way. */
 START_TEST(attention_wgmma_tma)
 {
-	static const att_case f16 = {"attention_wg_tma_f16", AP_DT_F16, 2, 3, 70, 150, 128, 32, false, "sm_90a", 4e-3};
-	static const att_case gqa = {"attention_wg_tma_gqa_f16", AP_DT_F16, 2, 3, 70, 150, 64, 32, false, "sm_90a", 4e-3};
+	static const att_case f16 = {"attention_wg_tma_f16", AP_DT_F16, 2, 3, 70, 150, 128, 32, false, "sm_90a", 4e-3, false};
+	static const att_case gqa = {"attention_wg_tma_gqa_f16", AP_DT_F16, 2, 3, 70, 150, 64, 32, false, "sm_90a", 4e-3, false};
 	lcase lc = {f16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16"}};
 	lcase lcg = {gqa.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16"}};
 	const char *sw = getenv("APOLLO_SWEEP");
@@ -2259,9 +2395,9 @@ END_TEST
  * saying so. */
 START_TEST(attention_wgmma_wide_heads)
 {
-	static const att_case f16 = {"attention_wg_d256_f16", AP_DT_F16, 1, 2, 70, 150, 256, 256, false, "sm_90a", 4e-3};
+	static const att_case f16 = {"attention_wg_d256_f16", AP_DT_F16, 1, 2, 70, 150, 256, 256, false, "sm_90a", 4e-3, false};
 	static const att_case bf16 = {"attention_wg_d160_bf16_stats", AP_DT_BF16, 1, 2, 70, 150, 160, 144, true, "sm_90a",
-				      2e-2};
+				      2e-2, false};
 	lcase l1 = {f16.name, "attention", {"wgmma"}, {"wgmma.mma_async"}};
 	lcase l2 = {bf16.name, "attention", {"wgmma"}, {"wgmma.mma_async"}};
 	ap_graph *g = attention_graph(&f16);
@@ -2296,7 +2432,7 @@ END_TEST
  * without the empty wait each fail it (tried by hand). */
 START_TEST(attention_ws_copies)
 {
-	static const att_case f16 = {"attention_ws_copy_f16", AP_DT_F16, 2, 3, 70, 150, 16, 12, true, "sm_90a", 4e-3};
+	static const att_case f16 = {"attention_ws_copy_f16", AP_DT_F16, 2, 3, 70, 150, 16, 12, true, "sm_90a", 4e-3, false};
 	lcase lc = {f16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16"}};
 	const char *sw = getenv("APOLLO_SWEEP");
 	char *saved = sw ? strdup(sw) : NULL;
@@ -2395,7 +2531,7 @@ END_TEST
  * the kernels had before it; a record missing `keys` (not late) does not. */
 START_TEST(attention_record_before_overlap)
 {
-	static const att_case f16 = {"attention_record", AP_DT_F16, 1, 1, 70, 150, 16, 12, true, "sm_90a", 4e-3};
+	static const att_case f16 = {"attention_record", AP_DT_F16, 1, 1, 70, 150, 16, 12, true, "sm_90a", 4e-3, false};
 	ap_graph *g = attention_graph(&f16);
 	ap_mgraph *m = whole(g, AP_GROUP_ATTENTION);
 	ap_target_info ti;
@@ -2445,7 +2581,7 @@ END_TEST
  * tuning signatures differ (records of one never serve the other). */
 START_TEST(attention_overlap_unvalidated)
 {
-	static const att_case f16 = {"attention_unvalidated", AP_DT_F16, 1, 1, 70, 150, 16, 12, true, "sm_90a", 4e-3};
+	static const att_case f16 = {"attention_unvalidated", AP_DT_F16, 1, 1, 70, 150, 16, 12, true, "sm_90a", 4e-3, false};
 	ap_graph *g = attention_graph(&f16);
 	ap_mgraph *m = whole(g, AP_GROUP_ATTENTION);
 	uint8_t sig[2][32];
@@ -2494,7 +2630,7 @@ END_TEST
  * Tolerance 1e-2: Q, K, V and P rounded to TF32's 10-bit mantissa. */
 START_TEST(attention_tensor_cores_tf32)
 {
-	static const att_case tf = {"attention_tc_tf32_stats", AP_DT_F32, 2, 3, 37, 45, 20, 12, true, "sm_90", 1e-2};
+	static const att_case tf = {"attention_tc_tf32_stats", AP_DT_F32, 2, 3, 37, 45, 20, 12, true, "sm_90", 1e-2, false};
 	lcase lc = {tf.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k8.row.col.f32.tf32", "shfl.sync.idx"}};
 
 	run_attention_case(&tf, &lc);
@@ -3071,6 +3207,8 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, attention_wgmma);
 	tcase_add_test(tc, attention_wgmma_overlap);
 	tcase_add_test(tc, attention_whole_tiles);
+	tcase_add_test(tc, attention_fp32_scores);
+	tcase_add_test(tc, attention_scale_fold);
 	tcase_add_test(tc, attention_wgmma_tma);
 	tcase_add_test(tc, attention_ws_copies);
 	tcase_add_test(tc, attention_wgmma_wide_heads);
@@ -3091,6 +3229,7 @@ static Suite *lower_suite(void)
 	tc = tcase_create("convert");
 	tcase_set_timeout(tc, 900);
 	tcase_add_test(tc, gemm_convert_staged);
+	tcase_add_test(tc, gemm_float32_result);
 	suite_add_tcase(s, tc);
 	/* the host's ISA clones (run alone: CK_RUN_CASE=isa) */
 	tc = tcase_create("isa");

@@ -249,7 +249,9 @@ fi
 
 # 5b. ONNX Attention (opset 23) as Apollo's Attention op: the 4-D form
 # causal with grouped-query heads, the 3-D form with q_num_heads and a
-# boolean mask, an additive mask; each one launch, against onnxruntime; a
+# boolean mask, an additive mask, float16 with softmax_precision FLOAT
+# (Attention's fp32_scores: the float16 mask added in float32); each one
+# launch, against onnxruntime; a
 # KV cache (present_key) is refused naming it
 mkdir -p "$AP_TMP/att"
 "$PY" - "$AP_TMP/att" >"$AP_TMP/att.log" 2>&1 <<'PYEOF' || { cat "$AP_TMP/att.log"; fail "Attention models"; }
@@ -257,8 +259,8 @@ import sys
 import onnx
 from onnx import TensorProto as T, helper as h
 vi = h.make_tensor_value_info
-def save(name, inputs, node, shape, outs=("Y",)):
-    g = h.make_graph([node], name, inputs, [vi(o, T.FLOAT, shape) for o in outs])
+def save(name, inputs, node, shape, outs=("Y",), et=T.FLOAT):
+    g = h.make_graph([node], name, inputs, [vi(o, et, shape) for o in outs])
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 23)]), "%s/%s.onnx" % (sys.argv[1], name))
 save("causal_gqa", [vi("Q", T.FLOAT, [2, 4, 9, 8]), vi("K", T.FLOAT, [2, 2, 11, 8]), vi("V", T.FLOAT, [2, 2, 11, 6])],
      h.make_node("Attention", ["Q", "K", "V"], ["Y"], is_causal=1), [2, 4, 9, 6])
@@ -268,10 +270,14 @@ save("heads3d_bool", [vi("Q", T.FLOAT, [2, 9, 32]), vi("K", T.FLOAT, [2, 11, 32]
 save("additive", [vi("Q", T.FLOAT, [1, 2, 5, 4]), vi("K", T.FLOAT, [1, 2, 7, 4]), vi("V", T.FLOAT, [1, 2, 7, 4]),
                   vi("M", T.FLOAT, [1, 1, 5, 7])],
      h.make_node("Attention", ["Q", "K", "V", "M"], ["Y"]), [1, 2, 5, 4])
+save("f16_fp32_softmax", [vi("Q", T.FLOAT16, [1, 2, 37, 16]), vi("K", T.FLOAT16, [1, 2, 45, 16]),
+                          vi("V", T.FLOAT16, [1, 2, 45, 8]), vi("M", T.FLOAT16, [1, 1, 37, 45])],
+     h.make_node("Attention", ["Q", "K", "V", "M"], ["Y"], softmax_precision=1, scale=2.0), [1, 2, 37, 8],
+     et=T.FLOAT16)
 save("kv_cache", [vi("Q", T.FLOAT, [1, 2, 5, 4]), vi("K", T.FLOAT, [1, 2, 7, 4]), vi("V", T.FLOAT, [1, 2, 7, 4])],
      h.make_node("Attention", ["Q", "K", "V"], ["Y", "PK"]), [1, 2, 5, 4], outs=("Y", "PK"))
 PYEOF
-for a in causal_gqa heads3d_bool additive; do
+for a in causal_gqa heads3d_bool additive f16_fp32_softmax; do
 	expect 0 "^onnxruntime: all 1 outputs match$" "$CLIENT" run "$AP_TMP/att/$a.onnx" --compare onnxruntime
 	grep -q "^bundle: 1 launches" "$AP_TMP/out" "$AP_TMP/err" || fail "Attention $a: not one launch"
 done

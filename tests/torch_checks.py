@@ -663,8 +663,8 @@ def _sdpa_cuda():
     log-sum-exp, and within 1e-5 of float64 autograd through math
     attention (the float32 log-sum-exp's rounding); the memory-efficient
     kernel's attn_bias gradient within 1e-12 of P * (dY V^T - rowsum(dY *
-    Y)).  Each call converted to one Attention and one AttentionGrad with
-    its scale and is_causal.  Also: a memory-efficient forward without the
+    Y)).  Each call converted to one Attention (its scale, is_causal and
+    fp32_scores) and one AttentionGrad (scale, is_causal).  Also: a memory-efficient forward without the
     log-sum-exp (inference), the pre-dispatch scaled_dot_product_attention
     (make_fx(pre_dispatch=True): a boolean mask, grouped-query heads), and
     dropout_p > 0 and flash's bottom-right causal refused with their
@@ -700,7 +700,8 @@ def _sdpa_cuda():
         sc = scale if scale is not None else 1.0 / math.sqrt(E)
         att = [(o, a) for o, a in rec.ops if o in ("Attention", "AttentionGrad")]
         check([o for o, _ in att] == ["Attention", "AttentionGrad"]
-              and all(a == {"scale": sc, "is_causal": int(causal)} for _, a in att)
+              and all(a == dict({"scale": sc, "is_causal": int(causal)}, **({"fp32_scores": 1} if o == "Attention" else {}))
+                      for o, a in att)
               and st["graphs"] == 2 and not st["graph_breaks"] and st["eager_graphs"] == 0
               and st["eager_parts"] == 0,
               "sdpa_cuda %s: %s, 2 graphs, no break, nothing eager" % (name, att))
@@ -764,7 +765,7 @@ def _sdpa_cuda():
     ry = sdpa(q, k, v, m)
     att = [(o, a) for o, a in rec.ops if o == "Attention"]
     check(targets == [aten.scaled_dot_product_attention.default] and _rel(y, ry) <= 1e-12
-          and att == [("Attention", {"scale": 0.4, "is_causal": 0})],
+          and att == [("Attention", {"scale": 0.4, "is_causal": 0, "fp32_scores": 1})],
           "sdpa_cuda pre-dispatch scaled_dot_product_attention, boolean mask, grouped-query: %s, "
           "within %.1e of eager" % (att, _rel(y, ry)))
 

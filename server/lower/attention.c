@@ -75,6 +75,21 @@ static bool last_axis_kept(const ap_graph *g, int node)
 	return ax && ax->n_ints == 1 && ax->ints[0] == x->rank - 1 && ap_node_int(n, "keepdims", 1) == 1;
 }
 
+/* The probabilities a product's operand a is: a, or x where a is a Cast
+ * of float32 x to 16-bit a (Attention's fp32_scores, expand.c: the
+ * softmax in float32, P rounded to the operands' type, which the kernel
+ * does as it stores P for the second product). */
+static int probabilities(const ap_graph *g, int a)
+{
+	int n = producer(g, a, AP_OP_CAST);
+	int x = n >= 0 ? g->nodes[n].inputs[0] : -1;
+
+	if (x >= 0 && g->tensors[x].dtype == AP_DT_F32 &&
+	    (g->tensors[a].dtype == AP_DT_F16 || g->tensors[a].dtype == AP_DT_BF16))
+		return x;
+	return a;
+}
+
 /* The two products: mm2 reads the probabilities (a Div's output), mm1
  * makes Y1 = Q K^T; their operands and outputs into p.  0 with *why when
  * there are not two products or none reads probabilities. */
@@ -90,7 +105,7 @@ static int find_products(const ap_graph *g, att_plan *p, char *why, size_t cap)
 		return 0;
 	}
 	for (int i = 0; i < 2; i++) {
-		int a = g->nodes[mms[i]].inputs[0];
+		int a = probabilities(g, g->nodes[mms[i]].inputs[0]);
 
 		if (producer(g, a, AP_OP_DIV) >= 0) {
 			p->mm2 = mms[i];
@@ -101,7 +116,7 @@ static int find_products(const ap_graph *g, att_plan *p, char *why, size_t cap)
 		snprintf(why, cap, "no product of probabilities");
 		return 0;
 	}
-	p->p = g->nodes[p->mm2].inputs[0];
+	p->p = probabilities(g, g->nodes[p->mm2].inputs[0]);
 	p->v = g->nodes[p->mm2].inputs[1];
 	p->o = g->nodes[p->mm2].outputs[0];
 	p->q = g->nodes[p->mm1].inputs[0];
@@ -198,13 +213,15 @@ static int check_shapes(const ap_graph *g, const ap_target_info *t, att_plan *p,
 		snprintf(why, cap, "vector operands");
 		return 0;
 	}
-	p->t = st->dtype;
-	if (!ap_dtype_is_float(p->t) || qt->dtype != p->t || kt->dtype != p->t || vt->dtype != p->t ||
-	    ot->dtype != p->t) {
+	p->t = qt->dtype;
+	p->acc = ap_acc_type(p->t);
+	/* the scores in the operands' type, or float32 over 16-bit operands
+	 * (Attention's fp32_scores) */
+	if (!ap_dtype_is_float(p->t) || (st->dtype != p->t && st->dtype != p->acc) || kt->dtype != p->t ||
+	    vt->dtype != p->t || ot->dtype != p->t) {
 		snprintf(why, cap, "operands of type %s", ap_dtype_name(qt->dtype));
 		return 0;
 	}
-	p->acc = ap_acc_type(p->t);
 	p->tc = t->gpu && t->arch >= 80 &&
 		(p->t == AP_DT_F16 || p->t == AP_DT_BF16 || (p->t == AP_DT_F32 && t->allow_tf32));
 	p->mma = p->t == AP_DT_BF16 ? AP_KIR_MMA_BF16_16816
@@ -350,6 +367,28 @@ static int classify_outputs(const ap_graph *g, att_plan *p, char *why, size_t ca
 	return 1;
 }
 
+/* FlashAttention-2's fold of the softmax scale (Dao 2023, section 3.1:
+ * the scale with log2(e) in one multiply-add before exp2): where S is
+ * Y1 times (or divided by) a positive finite scalar constant with Y1 and
+ * S in the accumulation type -- no rounding between -- and S is not
+ * written, softmax(S) = softmax over c Y1 computed from Y1's row maxima:
+ * exp(S - max S) = exp2(Y1 c log2(e) - max(Y1) c log2(e)), the maximum
+ * of S being c times Y1's (c > 0).  The factor c, or 0. */
+static double scale_fold(const ap_graph *g, const att_plan *p)
+{
+	int n = g->tensors[p->s].producer;
+	const ap_node *nd = n >= 0 ? &g->nodes[n] : NULL;
+	double c;
+
+	if (!nd || p->s_out || nd->n_inputs != 2 || nd->inputs[0] != p->y1 ||
+	    (nd->op != AP_OP_MUL && nd->op != AP_OP_DIV) || g->tensors[p->y1].dtype != p->acc ||
+	    g->tensors[p->s].dtype != p->acc || !ap_tensor_scalar(g, nd->inputs[1], &c))
+		return 0;
+	if (nd->op == AP_OP_DIV)
+		c = 1 / c;
+	return c > 0 && isfinite(c) ? c : 0;
+}
+
 /* 1 when m is O = softmax(f(Q K^T)) V as the file comment says (p
  * filled), 0 with *why when not, AP_ENOMEM. */
 static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, char *why, size_t cap)
@@ -375,6 +414,7 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, cha
 		plan_clear(p);
 		return 0;
 	}
+	p->sfold = scale_fold(g, p);
 	return 1;
 }
 

@@ -45,6 +45,11 @@ typedef struct att_plan {
 					   tiles by TMA (knob tma) */
 	bool q_tma;                     /* so can Q, in a buffer of its own: with tma=1 its
 					   tile comes by TMA too */
+	double sfold;                   /* c > 0 where S = c * Y1 is one Mul (or Div) by a
+					   constant, both in the accumulation type, and S is
+					   not written: the tensor-core form keeps the row
+					   maxima of Y1 and folds c into the exponent
+					   (attention.c scale_fold); 0 otherwise */
 } att_plan;
 
 /* Tensor-core tiles: head dims padded to the mma shapes (the k step of

@@ -233,7 +233,7 @@ void ap__att_score(actx *c, ap_kir_var *sv, ap_kir_expr *dot, ap_kir_expr *row, 
 
 		ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, row, ap_kir_idx(k, p->Nq)), &s3, NULL);
 		ap_kir_store(k, v->cur, ap_v_buffer(v, p->s), ap_lidx_linear(v, &ox),
-			     ap_kir_cast(k, p->t, ap_kir_ref(k, sv)));
+			     ap_kir_cast(k, v->g->tensors[p->s].dtype, ap_kir_ref(k, sv)));
 		ap_v_close(v, s3);
 	}
 	c->dot = NULL;

@@ -125,6 +125,8 @@ typedef struct att_tc {
 	ap_kir_expr *l8, *l16, *hi, *j2;         /* lane % 8, lane % 16, lane / 16, (lane / 8) % 2 */
 	ap_kir_expr *wrow, *ninf;       /* the warp's first row; -inf */
 	ap_kir_var *mrun[2], *lrun[2];  /* running max and sum of rows g (0) and g + 8 (1) */
+	double sc;                      /* the scale folded into the exponent (p->sfold), else 1:
+					   sacc and mrun hold Y1 and its maxima, S / sc */
 	/* the current key tile */
 	ap_kir_expr *key0, *kbase, *vbase;   /* its first key; its stage's K and V offsets */
 	ap_kir_expr *mnew[2], *dead[2], *alpha[2];
@@ -729,26 +731,38 @@ static void tc_qk(att_tc *s)
 /* The scores: the first product's epilogue (score) on each element a
  * lane holds, element e of n8 tile ni at row wrow + g + 8 * (e / 2), key
  * key0 + 8 * ni + 2 * tq + e % 2; -inf past the last key (no test where
- * the key tiles end at the last key: the tile loop never passes it). */
+ * the key tiles end at the last key: the tile loop never passes it).
+ * With the scale folded (p->sfold) the products are the scores divided
+ * by it: only the keys past the last are set, to -inf. */
 static void tc_scores(att_tc *s)
 {
 	actx *c = s->c;
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
 	ap_kir_block *saved;
-	ap_kir_var *ni = ap_v_loop_unrolled(v, "ni", s->NS, &saved);
 	bool masked = c->p->Nk % s->BK != 0;   /* a tile passes the last key */
+	ap_kir_var *ni;
 
+	if (c->p->sfold > 0 && !masked)
+		return;
+	ni = ap_v_loop_unrolled(v, "ni", s->NS, &saved);
 	for (int e = 0; e < 4; e++) {
 		ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
-		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r",
-					       ap_kir_add(k, s->wrow, ap_kir_addi(k, s->g, 8 * (e >> 1))));
 		ap_kir_expr *key = ap_kir_bind(k, v->cur, k->index_type, "key",
 					       ap_kir_add(k, ap_kir_add(k, s->key0, ap_kir_muli(k, ap_kir_ref(k, ni), 8)),
 							  ap_kir_addi(k, ap_kir_muli(k, s->tq, 2), e & 1)));
-		ap_kir_var *sv = ap_kir_var_new(k, s->A, "s");
+		ap_kir_expr *row;
+		ap_kir_var *sv;
 		ap_kir_block *s2;
 
+		if (c->p->sfold > 0) {
+			ap_kir_store(k, v->cur, s->sacc, si,
+				     ap_kir_select(k, ap_kir_binary(k, AP_KIR_LT, key, ap_kir_idx(k, c->p->Nk)),
+						   ap_kir_load(k, s->sacc, si), s->ninf));
+			continue;
+		}
+		row = ap_kir_bind(k, v->cur, k->index_type, "r", ap_kir_add(k, s->wrow, ap_kir_addi(k, s->g, 8 * (e >> 1))));
+		sv = ap_kir_var_new(k, s->A, "s");
 		ap_kir_let(k, v->cur, sv, s->ninf);
 		if (masked)
 			ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, key, ap_kir_idx(k, c->p->Nk)), &s2, NULL);
@@ -767,7 +781,10 @@ static void tc_scores(att_tc *s)
  * exponent offset mlog2 = mnew log2(e) (0 while dead: every score is then
  * -inf and its probability exp2(-inf) = 0, FlashAttention-2's check for a
  * masked row, one select a row where there was one a score), and rs = 0,
- * the lane's part of the tile's row sum. */
+ * the lane's part of the tile's row sum.  The lane's maximum is fmaxf's
+ * (one FMNMX a score where a compare and a select took two): it passes
+ * over a NaN score, whose probability exp2(NaN) still makes the row sum
+ * and the output NaN, as the unfused softmax's. */
 static void tc_row_max(att_tc *s)
 {
 	actx *c = s->c;
@@ -778,24 +795,26 @@ static void tc_row_max(att_tc *s)
 
 	for (int h = 0; h < 2; h++) {
 		ap_kir_var *mx = ap_kir_var_new(k, A, "mx"), *ni;
-		ap_kir_expr *mt;
+		ap_kir_expr *mt, *dm;
 
 		ap_kir_let(k, v->cur, mx, s->ninf);
 		ni = ap_v_loop_unrolled(v, "ni", s->NS, &saved);
 		for (int e = 2 * h; e < 2 * h + 2; e++)
-			ap_kir_assign(k, v->cur, mx, ap_kir_binary(k, AP_KIR_MAX, ap_kir_ref(k, mx),
-								   ap_kir_load(k, s->sacc, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e))));
+			ap_kir_assign(k, v->cur, mx, ap_kir_call(k, AP_KIR_FMAX, ap_kir_ref(k, mx),
+								 ap_kir_load(k, s->sacc, ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e))));
 		ap_v_close(v, saved);
 		mt = ap__att_xor_reduce(c, ap_kir_ref(k, mx), true, 4);
 		s->mnew[h] = ap_kir_bind(k, v->cur, A, "mn", ap_kir_binary(k, AP_KIR_MAX, ap_kir_ref(k, s->mrun[h]), mt));
 		/* every score so far -inf: nothing to rescale, nothing to add */
 		s->dead[h] = ap_kir_bind(k, v->cur, AP_DT_BOOL, "dd", ap_kir_binary(k, AP_KIR_EQ, s->mnew[h], s->ninf));
+		dm = ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, s->mrun[h]), s->mnew[h]);
+		if (s->sc != 1)
+			dm = ap_kir_binary(k, AP_KIR_MUL, dm, ap_kir_float(k, A, s->sc));
 		s->alpha[h] = ap_kir_bind(k, v->cur, A, "al",
-					  ap_kir_select(k, s->dead[h], ap_kir_float(k, A, 1),
-							ap_kir_call(k, AP_KIR_EXP, ap_kir_binary(k, AP_KIR_SUB, ap_kir_ref(k, s->mrun[h]), s->mnew[h]), NULL)));
+					  ap_kir_select(k, s->dead[h], ap_kir_float(k, A, 1), ap_kir_call(k, AP_KIR_EXP, dm, NULL)));
 		s->mlog2[h] = ap_kir_bind(k, v->cur, A, "ml",
 					  ap_kir_select(k, s->dead[h], ap_kir_float(k, A, 0),
-							ap_kir_binary(k, AP_KIR_MUL, s->mnew[h], ap_kir_float(k, A, M_LOG2E))));
+							ap_kir_binary(k, AP_KIR_MUL, s->mnew[h], ap_kir_float(k, A, s->sc * M_LOG2E))));
 		s->rs[h] = ap_kir_var_new(k, A, "rs");
 		ap_kir_let(k, v->cur, s->rs[h], ap_kir_float(k, A, 0));
 	}
@@ -820,7 +839,7 @@ static void tile_probabilities(att_tc *s, ap_kir_array *dst, ap_dtype type)
 	for (int e = 0; e < 4; e++) {
 		ap_kir_expr *si = ap_kir_addi(k, ap_kir_muli(k, ap_kir_ref(k, ni), 4), e);
 		ap_kir_expr *x = ap_kir_binary(k, AP_KIR_SUB,
-					       ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, s->sacc, si), ap_kir_float(k, A, M_LOG2E)),
+					       ap_kir_binary(k, AP_KIR_MUL, ap_kir_load(k, s->sacc, si), ap_kir_float(k, A, s->sc * M_LOG2E)),
 					       s->mlog2[e >> 1]);
 		ap_kir_expr *pv = ap_kir_bind(k, v->cur, A, "p", ap_kir_call(k, AP_KIR_EX2_APPROX, x, NULL));
 
@@ -945,7 +964,13 @@ static void tc_store(att_tc *s)
 	for (int h = 0; h < 2 && (p->m_out || p->l_out || p->n_stat); h++) {
 		ap_kir_expr *row = ap_kir_bind(k, v->cur, k->index_type, "r", ap_kir_add(k, s->wrow, ap_kir_addi(k, s->g, 8 * h)));
 
-		ap__att_store_stats(c, row, ap_kir_binary(k, AP_KIR_EQ, s->tq, ap_kir_idx(k, 0)), s->mrun[h], s->lrun[h]);
+		ap_kir_var *m = s->mrun[h];
+
+		if (s->sc != 1) {   /* S's maximum from Y1's */
+			m = ap_kir_var_new(k, s->A, "ms");
+			ap_kir_let(k, v->cur, m, ap_kir_binary(k, AP_KIR_MUL, ap_kir_ref(k, s->mrun[h]), ap_kir_float(k, s->A, s->sc)));
+		}
+		ap__att_store_stats(c, row, ap_kir_binary(k, AP_KIR_EQ, s->tq, ap_kir_idx(k, 0)), m, s->lrun[h]);
 	}
 }
 
@@ -1275,6 +1300,7 @@ int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *e
 	s.c = c;
 	s.T = p->t;
 	s.A = AP_DT_F32;
+	s.sc = p->sfold > 0 ? p->sfold : 1;
 	s.Dp = tc_dpad(p);
 	s.Dvp = tc_dvpad(p);
 	s.ldq = tc_ldq(p);

@@ -453,12 +453,15 @@ int ap__gemm_analyze(const ap_mgraph *m, const ap_target_info *t, gemm_plan *p, 
 		snprintf(why, cap, "a vector operand");
 		return false;
 	}
-	if (!ap_kir_is_float_type(at->dtype) || at->dtype != bt->dtype || yt->dtype != at->dtype) {
+	p->in_t = at->dtype;
+	p->acc_t = at->dtype == AP_DT_F64 ? AP_DT_F64 : AP_DT_F32;
+	/* Y in the operands' type, or the float32 accumulator itself over
+	 * 16-bit operands (Attention's fp32 scores, expand.c) */
+	if (!ap_kir_is_float_type(at->dtype) || at->dtype != bt->dtype ||
+	    (yt->dtype != at->dtype && !(yt->dtype == p->acc_t && ap_dtype_size(at->dtype) == 2))) {
 		snprintf(why, cap, "operands of type %s", ap_dtype_name(at->dtype));
 		return false;
 	}
-	p->in_t = at->dtype;
-	p->acc_t = at->dtype == AP_DT_F64 ? AP_DT_F64 : AP_DT_F32;
 	p->M = at->dims[at->rank - 2];
 	p->K = at->dims[at->rank - 1];
 	p->N = bt->dims[bt->rank - 1];

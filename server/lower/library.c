@@ -313,6 +313,11 @@ int ap__library_express(const ap_mgraph *m, const ap_target_info *t, const ap_li
 		snprintf(why, cap, "operands of type %s", ap_dtype_name(gm->in_t));
 		return 0;
 	}
+	if (g->tensors[gm->y].dtype != gm->in_t) {   /* D in A's type only (expand.c's fp32 scores: Apollo's) */
+		snprintf(why, cap, "a %s product of %s operands", ap_dtype_name(g->tensors[gm->y].dtype),
+			 ap_dtype_name(gm->in_t));
+		return 0;
+	}
 	if (gm->M > INT32_MAX || gm->N > INT32_MAX || gm->K > INT32_MAX || gm->batch > INT32_MAX) {
 		snprintf(why, cap, "dims beyond 2^31");
 		return 0;

@@ -632,7 +632,14 @@ static int masked_out(ex *e, int cond, int s)
  * other row (its largest score adds exp(0) = 1); such a row's
  * LogSumExp is the lowest finite value, from which AttentionGrad
  * recomputes P = 0.  K' and V' are K and V
- * read by every query head of their group (kv_heads).  Layer II stitches
+ * read by every query head of their group (kv_heads).  With fp32_scores
+ * and 16-bit Q the first product is float32 over the 16-bit operands
+ * (never rounded to Q's type), the scale, the mask (Cast to float32) and
+ * the softmax are float32, and P is Cast to Q's type for the second
+ * product: FlashAttention's numbers (Dao et al. 2022, algorithm 1 keeps
+ * S and the statistics in float32), which AttentionGrad's recomputation
+ * of P shares; otherwise every step is in Q's type (ONNX's reference).
+ * Layer II stitches
  * the products and the softmax into one attention kernel
  * (server/lower/attention.c), which writes the LogSumExp from its row
  * statistics. */
@@ -641,6 +648,8 @@ static void expand_attention(ex *e, const ap_node *node)
 	int q = in_at(node, 0), k = in_at(node, 1), v = in_at(node, 2), mask = in_at(node, 3);
 	int y = out_at(node, 0), lse = out_at(node, 1), r = T(e, q)->rank;
 	ap_dtype dt = T(e, q)->dtype, acc = dt == AP_DT_F16 || dt == AP_DT_BF16 ? AP_DT_F32 : dt;
+	/* the scores' and the softmax's type */
+	ap_dtype sdt = ap_node_int(node, "fp32_scores", 0) ? acc : dt;
 	int64_t H = T(e, q)->dims[r - 3], L = T(e, q)->dims[r - 2], S = T(e, k)->dims[r - 2];
 	int64_t sd[AP_MAX_RANK], axis = r - 1;
 	bool safe = ap_node_int(node, "safe_softmax", 1) != 0;
@@ -654,27 +663,27 @@ static void expand_attention(ex *e, const ap_node *node)
 	for (int i = 0; i < r; i++)
 		sd[i] = T(e, q)->dims[i];
 	sd[r - 1] = S;
-	s = new_tensor(e, "MatMul", dt, r, sd);
+	s = new_tensor(e, "MatMul", sdt, r, sd);
 	in[0] = q;
 	in[1] = kt;
 	if (e->rc || add_node(e, AP_OP_MATMUL, 2, in, s) < 0)
 		return;
-	s = binary(e, AP_OP_MUL, s, scalar_const(e, dt, ap_node_float(node, "scale", 1.0)), -1);
+	s = binary(e, AP_OP_MUL, s, scalar_const(e, sdt, ap_node_float(node, "scale", 1.0)), -1);
 	if (mask >= 0 && T(e, mask)->dtype == AP_DT_BOOL)
 		s = masked_out(e, mask, s);
 	else if (mask >= 0)
-		s = binary(e, AP_OP_ADD, s, mask, -1);
+		s = binary(e, AP_OP_ADD, s, cast(e, mask, sdt, -1), -1);
 	if (ap_node_int(node, "is_causal", 0))
 		s = masked_out(e, causal_cond(e, L, S), s);
 	m = reduce(e, AP_OP_REDUCE_MAX, s, &axis, 1, 1, -1);
 	if (safe)
-		m = binary(e, AP_OP_MAX, m, scalar_const(e, dt, ap_dtype_lowest_finite(dt)), -1);
+		m = binary(e, AP_OP_MAX, m, scalar_const(e, sdt, ap_dtype_lowest_finite(sdt)), -1);
 	d = binary(e, AP_OP_SUB, s, m, -1);
 	ee = unary(e, AP_OP_EXP, d, -1);
 	l = reduce(e, AP_OP_REDUCE_SUM, ee, &axis, 1, 1, -1);
 	if (safe)
-		l = binary(e, AP_OP_MAX, l, scalar_const(e, dt, 1.0), -1);
-	p = binary(e, AP_OP_DIV, ee, l, -1);
+		l = binary(e, AP_OP_MAX, l, scalar_const(e, sdt, 1.0), -1);
+	p = cast(e, binary(e, AP_OP_DIV, ee, l, -1), dt, -1);
 	in[0] = p;
 	in[1] = v;
 	if (e->rc || add_node(e, AP_OP_MATMUL, 2, in, y) < 0)

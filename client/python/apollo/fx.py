@@ -787,8 +787,11 @@ def _sdpa(c, n):
     scale, causal, mask = _sdpa_attrs(c, a, dt)
     ins = [c.t(a[k], dt) for k in ("query", "key", "value")] + ([mask] if mask is not None else [])
     # (Attention's safe_softmax default: a row whose scores are all masked
-    # gives 0, as PyTorch's attention does -- its _safe_softmax)
-    made = c.g.node("Attention", ins, {"scale": scale, "is_causal": causal}, n_outputs=len(outs[:2]))
+    # gives 0, as PyTorch's attention does -- its _safe_softmax; and
+    # fp32_scores: the scores and the softmax in float32 for 16-bit
+    # tensors, P rounded for P V, as PyTorch's fused kernels compute)
+    made = c.g.node("Attention", ins, {"scale": scale, "is_causal": causal, "fp32_scores": 1},
+                    n_outputs=len(outs[:2]))
     if len(outs) == 1:
         return made[0]
     rest = [_Unread(x) if isinstance(x, torch.Tensor) else x for x in outs[2:]]

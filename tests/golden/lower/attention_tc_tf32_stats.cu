@@ -124,59 +124,59 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_tf32_stats(floa
 			}
 			#pragma unroll
 			for (int ni43 = 0; ni43 < 8; ni43 += 1) {
-				int r44 = (wr9 + g2);
-				int key45 = ((k027 + (ni43 * 8)) + (tq3 * 2));
+				int key44 = ((k027 + (ni43 * 8)) + (tq3 * 2));
+				int r45 = (wr9 + g2);
 				float s46 = (-AP_INFF);
-				if ((key45 < 45)) {
+				if ((key44 < 45)) {
 					float dot47 = sf[(ni43 * 4)];
 					float v48 = (dot47 / 0x1p+2f);
-					float v49 = p7[(((r44 < 36 ? r44 : 36) * 45) + key45)];
+					float v49 = p7[(((r45 < 36 ? r45 : 36) * 45) + key44)];
 					float v50 = (v48 + v49);
 					s46 = v50;
-					if ((r44 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r44 * 45)) + key45)] = s46;
+					if ((r45 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r45 * 45)) + key44)] = s46;
 					}
 				}
 				sf[(ni43 * 4)] = s46;
-				int r51 = (wr9 + g2);
-				int key52 = ((k027 + (ni43 * 8)) + ((tq3 * 2) + 1));
+				int key51 = ((k027 + (ni43 * 8)) + ((tq3 * 2) + 1));
+				int r52 = (wr9 + g2);
 				float s53 = (-AP_INFF);
-				if ((key52 < 45)) {
+				if ((key51 < 45)) {
 					float dot54 = sf[((ni43 * 4) + 1)];
 					float v55 = (dot54 / 0x1p+2f);
-					float v56 = p7[(((r51 < 36 ? r51 : 36) * 45) + key52)];
+					float v56 = p7[(((r52 < 36 ? r52 : 36) * 45) + key51)];
 					float v57 = (v55 + v56);
 					s53 = v57;
-					if ((r51 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r51 * 45)) + key52)] = s53;
+					if ((r52 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r52 * 45)) + key51)] = s53;
 					}
 				}
 				sf[((ni43 * 4) + 1)] = s53;
-				int r58 = (wr9 + (g2 + 8));
-				int key59 = ((k027 + (ni43 * 8)) + (tq3 * 2));
+				int key58 = ((k027 + (ni43 * 8)) + (tq3 * 2));
+				int r59 = (wr9 + (g2 + 8));
 				float s60 = (-AP_INFF);
-				if ((key59 < 45)) {
+				if ((key58 < 45)) {
 					float dot61 = sf[((ni43 * 4) + 2)];
 					float v62 = (dot61 / 0x1p+2f);
-					float v63 = p7[(((r58 < 36 ? r58 : 36) * 45) + key59)];
+					float v63 = p7[(((r59 < 36 ? r59 : 36) * 45) + key58)];
 					float v64 = (v62 + v63);
 					s60 = v64;
-					if ((r58 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r58 * 45)) + key59)] = s60;
+					if ((r59 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r59 * 45)) + key58)] = s60;
 					}
 				}
 				sf[((ni43 * 4) + 2)] = s60;
-				int r65 = (wr9 + (g2 + 8));
-				int key66 = ((k027 + (ni43 * 8)) + ((tq3 * 2) + 1));
+				int key65 = ((k027 + (ni43 * 8)) + ((tq3 * 2) + 1));
+				int r66 = (wr9 + (g2 + 8));
 				float s67 = (-AP_INFF);
-				if ((key66 < 45)) {
+				if ((key65 < 45)) {
 					float dot68 = sf[((ni43 * 4) + 3)];
 					float v69 = (dot68 / 0x1p+2f);
-					float v70 = p7[(((r65 < 36 ? r65 : 36) * 45) + key66)];
+					float v70 = p7[(((r66 < 36 ? r66 : 36) * 45) + key65)];
 					float v71 = (v69 + v70);
 					s67 = v71;
-					if ((r65 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r65 * 45)) + key66)] = s67;
+					if ((r66 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r66 * 45)) + key65)] = s67;
 					}
 				}
 				sf[((ni43 * 4) + 3)] = s67;
@@ -184,8 +184,8 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_tf32_stats(floa
 			float mx72 = (-AP_INFF);
 			#pragma unroll
 			for (int ni73 = 0; ni73 < 8; ni73 += 1) {
-				mx72 = (mx72 > sf[(ni73 * 4)] ? mx72 : sf[(ni73 * 4)]);
-				mx72 = (mx72 > sf[((ni73 * 4) + 1)] ? mx72 : sf[((ni73 * 4) + 1)]);
+				mx72 = fmaxf(mx72, sf[(ni73 * 4)]);
+				mx72 = fmaxf(mx72, sf[((ni73 * 4) + 1)]);
 			}
 			float wm74 = mx72;
 			float sh75;
@@ -202,8 +202,8 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_tf32_stats(floa
 			float mx82 = (-AP_INFF);
 			#pragma unroll
 			for (int ni83 = 0; ni83 < 8; ni83 += 1) {
-				mx82 = (mx82 > sf[((ni83 * 4) + 2)] ? mx82 : sf[((ni83 * 4) + 2)]);
-				mx82 = (mx82 > sf[((ni83 * 4) + 3)] ? mx82 : sf[((ni83 * 4) + 3)]);
+				mx82 = fmaxf(mx82, sf[((ni83 * 4) + 2)]);
+				mx82 = fmaxf(mx82, sf[((ni83 * 4) + 3)]);
 			}
 			float wm84 = mx82;
 			float sh85;

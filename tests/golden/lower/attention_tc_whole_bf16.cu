@@ -120,64 +120,64 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_whole_bf16(__nv
 			}
 			#pragma unroll
 			for (int ni49 = 0; ni49 < 8; ni49 += 1) {
-				int r50 = (wr8 + g2);
-				int key51 = ((k031 + (ni49 * 8)) + (tq3 * 2));
+				int key50 = ((k031 + (ni49 * 8)) + (tq3 * 2));
+				int r51 = (wr8 + g2);
 				float s52 = (-AP_INFF);
 				float dot53 = sf[(ni49 * 4)];
 				__nv_bfloat16 v54 = __float2bfloat16_rn(dot53);
 				__nv_bfloat16 v55 = __float2bfloat16_rn((__bfloat162float(v54) / 0x1p+2f));
-				__nv_bfloat16 v56 = p7[(((r50 < 127 ? r50 : 127) * 256) + key51)];
+				__nv_bfloat16 v56 = p7[(((r51 < 127 ? r51 : 127) * 256) + key50)];
 				__nv_bfloat16 v57 = __float2bfloat16_rn((__bfloat162float(v55) + __bfloat162float(v56)));
 				s52 = __bfloat162float(v57);
-				if ((r50 < 128)) {
-					p1[(((b7 * 32768) + (r50 * 256)) + key51)] = __float2bfloat16_rn(s52);
+				if ((r51 < 128)) {
+					p1[(((b7 * 32768) + (r51 * 256)) + key50)] = __float2bfloat16_rn(s52);
 				}
 				sf[(ni49 * 4)] = s52;
-				int r58 = (wr8 + g2);
-				int key59 = ((k031 + (ni49 * 8)) + ((tq3 * 2) + 1));
+				int key58 = ((k031 + (ni49 * 8)) + ((tq3 * 2) + 1));
+				int r59 = (wr8 + g2);
 				float s60 = (-AP_INFF);
 				float dot61 = sf[((ni49 * 4) + 1)];
 				__nv_bfloat16 v62 = __float2bfloat16_rn(dot61);
 				__nv_bfloat16 v63 = __float2bfloat16_rn((__bfloat162float(v62) / 0x1p+2f));
-				__nv_bfloat16 v64 = p7[(((r58 < 127 ? r58 : 127) * 256) + key59)];
+				__nv_bfloat16 v64 = p7[(((r59 < 127 ? r59 : 127) * 256) + key58)];
 				__nv_bfloat16 v65 = __float2bfloat16_rn((__bfloat162float(v63) + __bfloat162float(v64)));
 				s60 = __bfloat162float(v65);
-				if ((r58 < 128)) {
-					p1[(((b7 * 32768) + (r58 * 256)) + key59)] = __float2bfloat16_rn(s60);
+				if ((r59 < 128)) {
+					p1[(((b7 * 32768) + (r59 * 256)) + key58)] = __float2bfloat16_rn(s60);
 				}
 				sf[((ni49 * 4) + 1)] = s60;
-				int r66 = (wr8 + (g2 + 8));
-				int key67 = ((k031 + (ni49 * 8)) + (tq3 * 2));
+				int key66 = ((k031 + (ni49 * 8)) + (tq3 * 2));
+				int r67 = (wr8 + (g2 + 8));
 				float s68 = (-AP_INFF);
 				float dot69 = sf[((ni49 * 4) + 2)];
 				__nv_bfloat16 v70 = __float2bfloat16_rn(dot69);
 				__nv_bfloat16 v71 = __float2bfloat16_rn((__bfloat162float(v70) / 0x1p+2f));
-				__nv_bfloat16 v72 = p7[(((r66 < 127 ? r66 : 127) * 256) + key67)];
+				__nv_bfloat16 v72 = p7[(((r67 < 127 ? r67 : 127) * 256) + key66)];
 				__nv_bfloat16 v73 = __float2bfloat16_rn((__bfloat162float(v71) + __bfloat162float(v72)));
 				s68 = __bfloat162float(v73);
-				if ((r66 < 128)) {
-					p1[(((b7 * 32768) + (r66 * 256)) + key67)] = __float2bfloat16_rn(s68);
+				if ((r67 < 128)) {
+					p1[(((b7 * 32768) + (r67 * 256)) + key66)] = __float2bfloat16_rn(s68);
 				}
 				sf[((ni49 * 4) + 2)] = s68;
-				int r74 = (wr8 + (g2 + 8));
-				int key75 = ((k031 + (ni49 * 8)) + ((tq3 * 2) + 1));
+				int key74 = ((k031 + (ni49 * 8)) + ((tq3 * 2) + 1));
+				int r75 = (wr8 + (g2 + 8));
 				float s76 = (-AP_INFF);
 				float dot77 = sf[((ni49 * 4) + 3)];
 				__nv_bfloat16 v78 = __float2bfloat16_rn(dot77);
 				__nv_bfloat16 v79 = __float2bfloat16_rn((__bfloat162float(v78) / 0x1p+2f));
-				__nv_bfloat16 v80 = p7[(((r74 < 127 ? r74 : 127) * 256) + key75)];
+				__nv_bfloat16 v80 = p7[(((r75 < 127 ? r75 : 127) * 256) + key74)];
 				__nv_bfloat16 v81 = __float2bfloat16_rn((__bfloat162float(v79) + __bfloat162float(v80)));
 				s76 = __bfloat162float(v81);
-				if ((r74 < 128)) {
-					p1[(((b7 * 32768) + (r74 * 256)) + key75)] = __float2bfloat16_rn(s76);
+				if ((r75 < 128)) {
+					p1[(((b7 * 32768) + (r75 * 256)) + key74)] = __float2bfloat16_rn(s76);
 				}
 				sf[((ni49 * 4) + 3)] = s76;
 			}
 			float mx82 = (-AP_INFF);
 			#pragma unroll
 			for (int ni83 = 0; ni83 < 8; ni83 += 1) {
-				mx82 = (mx82 > sf[(ni83 * 4)] ? mx82 : sf[(ni83 * 4)]);
-				mx82 = (mx82 > sf[((ni83 * 4) + 1)] ? mx82 : sf[((ni83 * 4) + 1)]);
+				mx82 = fmaxf(mx82, sf[(ni83 * 4)]);
+				mx82 = fmaxf(mx82, sf[((ni83 * 4) + 1)]);
 			}
 			float wm84 = mx82;
 			float sh85;
@@ -194,8 +194,8 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_whole_bf16(__nv
 			float mx92 = (-AP_INFF);
 			#pragma unroll
 			for (int ni93 = 0; ni93 < 8; ni93 += 1) {
-				mx92 = (mx92 > sf[((ni93 * 4) + 2)] ? mx92 : sf[((ni93 * 4) + 2)]);
-				mx92 = (mx92 > sf[((ni93 * 4) + 3)] ? mx92 : sf[((ni93 * 4) + 3)]);
+				mx92 = fmaxf(mx92, sf[((ni93 * 4) + 2)]);
+				mx92 = fmaxf(mx92, sf[((ni93 * 4) + 3)]);
 			}
 			float wm94 = mx92;
 			float sh95;

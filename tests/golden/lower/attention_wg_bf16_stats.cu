@@ -115,63 +115,63 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_bf16_stats(__nv
 			}
 			#pragma unroll
 			for (int ni44 = 0; ni44 < 8; ni44 += 1) {
-				int r45 = (wr9 + g2);
-				int key46 = ((k029 + (ni44 * 8)) + (tq3 * 2));
+				int key45 = ((k029 + (ni44 * 8)) + (tq3 * 2));
+				int r46 = (wr9 + g2);
 				float s47 = (-AP_INFF);
-				if ((key46 < 45)) {
+				if ((key45 < 45)) {
 					float dot48 = sf[(ni44 * 4)];
 					__nv_bfloat16 v49 = __float2bfloat16_rn(dot48);
 					__nv_bfloat16 v50 = __float2bfloat16_rn((__bfloat162float(v49) / 0x1p+2f));
-					__nv_bfloat16 v51 = p7[(((r45 < 36 ? r45 : 36) * 45) + key46)];
+					__nv_bfloat16 v51 = p7[(((r46 < 36 ? r46 : 36) * 45) + key45)];
 					__nv_bfloat16 v52 = __float2bfloat16_rn((__bfloat162float(v50) + __bfloat162float(v51)));
 					s47 = __bfloat162float(v52);
-					if ((r45 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r45 * 45)) + key46)] = __float2bfloat16_rn(s47);
+					if ((r46 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r46 * 45)) + key45)] = __float2bfloat16_rn(s47);
 					}
 				}
 				sf[(ni44 * 4)] = s47;
-				int r53 = (wr9 + g2);
-				int key54 = ((k029 + (ni44 * 8)) + ((tq3 * 2) + 1));
+				int key53 = ((k029 + (ni44 * 8)) + ((tq3 * 2) + 1));
+				int r54 = (wr9 + g2);
 				float s55 = (-AP_INFF);
-				if ((key54 < 45)) {
+				if ((key53 < 45)) {
 					float dot56 = sf[((ni44 * 4) + 1)];
 					__nv_bfloat16 v57 = __float2bfloat16_rn(dot56);
 					__nv_bfloat16 v58 = __float2bfloat16_rn((__bfloat162float(v57) / 0x1p+2f));
-					__nv_bfloat16 v59 = p7[(((r53 < 36 ? r53 : 36) * 45) + key54)];
+					__nv_bfloat16 v59 = p7[(((r54 < 36 ? r54 : 36) * 45) + key53)];
 					__nv_bfloat16 v60 = __float2bfloat16_rn((__bfloat162float(v58) + __bfloat162float(v59)));
 					s55 = __bfloat162float(v60);
-					if ((r53 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r53 * 45)) + key54)] = __float2bfloat16_rn(s55);
+					if ((r54 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r54 * 45)) + key53)] = __float2bfloat16_rn(s55);
 					}
 				}
 				sf[((ni44 * 4) + 1)] = s55;
-				int r61 = (wr9 + (g2 + 8));
-				int key62 = ((k029 + (ni44 * 8)) + (tq3 * 2));
+				int key61 = ((k029 + (ni44 * 8)) + (tq3 * 2));
+				int r62 = (wr9 + (g2 + 8));
 				float s63 = (-AP_INFF);
-				if ((key62 < 45)) {
+				if ((key61 < 45)) {
 					float dot64 = sf[((ni44 * 4) + 2)];
 					__nv_bfloat16 v65 = __float2bfloat16_rn(dot64);
 					__nv_bfloat16 v66 = __float2bfloat16_rn((__bfloat162float(v65) / 0x1p+2f));
-					__nv_bfloat16 v67 = p7[(((r61 < 36 ? r61 : 36) * 45) + key62)];
+					__nv_bfloat16 v67 = p7[(((r62 < 36 ? r62 : 36) * 45) + key61)];
 					__nv_bfloat16 v68 = __float2bfloat16_rn((__bfloat162float(v66) + __bfloat162float(v67)));
 					s63 = __bfloat162float(v68);
-					if ((r61 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r61 * 45)) + key62)] = __float2bfloat16_rn(s63);
+					if ((r62 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r62 * 45)) + key61)] = __float2bfloat16_rn(s63);
 					}
 				}
 				sf[((ni44 * 4) + 2)] = s63;
-				int r69 = (wr9 + (g2 + 8));
-				int key70 = ((k029 + (ni44 * 8)) + ((tq3 * 2) + 1));
+				int key69 = ((k029 + (ni44 * 8)) + ((tq3 * 2) + 1));
+				int r70 = (wr9 + (g2 + 8));
 				float s71 = (-AP_INFF);
-				if ((key70 < 45)) {
+				if ((key69 < 45)) {
 					float dot72 = sf[((ni44 * 4) + 3)];
 					__nv_bfloat16 v73 = __float2bfloat16_rn(dot72);
 					__nv_bfloat16 v74 = __float2bfloat16_rn((__bfloat162float(v73) / 0x1p+2f));
-					__nv_bfloat16 v75 = p7[(((r69 < 36 ? r69 : 36) * 45) + key70)];
+					__nv_bfloat16 v75 = p7[(((r70 < 36 ? r70 : 36) * 45) + key69)];
 					__nv_bfloat16 v76 = __float2bfloat16_rn((__bfloat162float(v74) + __bfloat162float(v75)));
 					s71 = __bfloat162float(v76);
-					if ((r69 < 37)) {
-						p1[((((b8 * 4995) + (b7 * 1665)) + (r69 * 45)) + key70)] = __float2bfloat16_rn(s71);
+					if ((r70 < 37)) {
+						p1[((((b8 * 4995) + (b7 * 1665)) + (r70 * 45)) + key69)] = __float2bfloat16_rn(s71);
 					}
 				}
 				sf[((ni44 * 4) + 3)] = s71;
@@ -179,8 +179,8 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_bf16_stats(__nv
 			float mx77 = (-AP_INFF);
 			#pragma unroll
 			for (int ni78 = 0; ni78 < 8; ni78 += 1) {
-				mx77 = (mx77 > sf[(ni78 * 4)] ? mx77 : sf[(ni78 * 4)]);
-				mx77 = (mx77 > sf[((ni78 * 4) + 1)] ? mx77 : sf[((ni78 * 4) + 1)]);
+				mx77 = fmaxf(mx77, sf[(ni78 * 4)]);
+				mx77 = fmaxf(mx77, sf[((ni78 * 4) + 1)]);
 			}
 			float wm79 = mx77;
 			float sh80;
@@ -197,8 +197,8 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_bf16_stats(__nv
 			float mx87 = (-AP_INFF);
 			#pragma unroll
 			for (int ni88 = 0; ni88 < 8; ni88 += 1) {
-				mx87 = (mx87 > sf[((ni88 * 4) + 2)] ? mx87 : sf[((ni88 * 4) + 2)]);
-				mx87 = (mx87 > sf[((ni88 * 4) + 3)] ? mx87 : sf[((ni88 * 4) + 3)]);
+				mx87 = fmaxf(mx87, sf[((ni88 * 4) + 2)]);
+				mx87 = fmaxf(mx87, sf[((ni88 * 4) + 3)]);
 			}
 			float wm89 = mx87;
 			float sh90;

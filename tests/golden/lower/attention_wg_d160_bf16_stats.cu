@@ -180,63 +180,63 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_d160_bf16_stat
 			asm volatile("" : "+f"(sf[31]) :: "memory");
 			#pragma unroll
 			for (int ni32 = 0; ni32 < 8; ni32 += 1) {
-				int r33 = (wr8 + g2);
-				int key34 = ((k021 + (ni32 * 8)) + (tq3 * 2));
+				int key33 = ((k021 + (ni32 * 8)) + (tq3 * 2));
+				int r34 = (wr8 + g2);
 				float s35 = (-AP_INFF);
-				if ((key34 < 150)) {
+				if ((key33 < 150)) {
 					float dot36 = sf[(ni32 * 4)];
 					__nv_bfloat16 v37 = __float2bfloat16_rn(dot36);
 					__nv_bfloat16 v38 = __float2bfloat16_rn((__bfloat162float(v37) / 0x1p+2f));
-					__nv_bfloat16 v39 = p7[(((r33 < 69 ? r33 : 69) * 150) + key34)];
+					__nv_bfloat16 v39 = p7[(((r34 < 69 ? r34 : 69) * 150) + key33)];
 					__nv_bfloat16 v40 = __float2bfloat16_rn((__bfloat162float(v38) + __bfloat162float(v39)));
 					s35 = __bfloat162float(v40);
-					if ((r33 < 70)) {
-						p1[(((b7 * 10500) + (r33 * 150)) + key34)] = __float2bfloat16_rn(s35);
+					if ((r34 < 70)) {
+						p1[(((b7 * 10500) + (r34 * 150)) + key33)] = __float2bfloat16_rn(s35);
 					}
 				}
 				sf[(ni32 * 4)] = s35;
-				int r41 = (wr8 + g2);
-				int key42 = ((k021 + (ni32 * 8)) + ((tq3 * 2) + 1));
+				int key41 = ((k021 + (ni32 * 8)) + ((tq3 * 2) + 1));
+				int r42 = (wr8 + g2);
 				float s43 = (-AP_INFF);
-				if ((key42 < 150)) {
+				if ((key41 < 150)) {
 					float dot44 = sf[((ni32 * 4) + 1)];
 					__nv_bfloat16 v45 = __float2bfloat16_rn(dot44);
 					__nv_bfloat16 v46 = __float2bfloat16_rn((__bfloat162float(v45) / 0x1p+2f));
-					__nv_bfloat16 v47 = p7[(((r41 < 69 ? r41 : 69) * 150) + key42)];
+					__nv_bfloat16 v47 = p7[(((r42 < 69 ? r42 : 69) * 150) + key41)];
 					__nv_bfloat16 v48 = __float2bfloat16_rn((__bfloat162float(v46) + __bfloat162float(v47)));
 					s43 = __bfloat162float(v48);
-					if ((r41 < 70)) {
-						p1[(((b7 * 10500) + (r41 * 150)) + key42)] = __float2bfloat16_rn(s43);
+					if ((r42 < 70)) {
+						p1[(((b7 * 10500) + (r42 * 150)) + key41)] = __float2bfloat16_rn(s43);
 					}
 				}
 				sf[((ni32 * 4) + 1)] = s43;
-				int r49 = (wr8 + (g2 + 8));
-				int key50 = ((k021 + (ni32 * 8)) + (tq3 * 2));
+				int key49 = ((k021 + (ni32 * 8)) + (tq3 * 2));
+				int r50 = (wr8 + (g2 + 8));
 				float s51 = (-AP_INFF);
-				if ((key50 < 150)) {
+				if ((key49 < 150)) {
 					float dot52 = sf[((ni32 * 4) + 2)];
 					__nv_bfloat16 v53 = __float2bfloat16_rn(dot52);
 					__nv_bfloat16 v54 = __float2bfloat16_rn((__bfloat162float(v53) / 0x1p+2f));
-					__nv_bfloat16 v55 = p7[(((r49 < 69 ? r49 : 69) * 150) + key50)];
+					__nv_bfloat16 v55 = p7[(((r50 < 69 ? r50 : 69) * 150) + key49)];
 					__nv_bfloat16 v56 = __float2bfloat16_rn((__bfloat162float(v54) + __bfloat162float(v55)));
 					s51 = __bfloat162float(v56);
-					if ((r49 < 70)) {
-						p1[(((b7 * 10500) + (r49 * 150)) + key50)] = __float2bfloat16_rn(s51);
+					if ((r50 < 70)) {
+						p1[(((b7 * 10500) + (r50 * 150)) + key49)] = __float2bfloat16_rn(s51);
 					}
 				}
 				sf[((ni32 * 4) + 2)] = s51;
-				int r57 = (wr8 + (g2 + 8));
-				int key58 = ((k021 + (ni32 * 8)) + ((tq3 * 2) + 1));
+				int key57 = ((k021 + (ni32 * 8)) + ((tq3 * 2) + 1));
+				int r58 = (wr8 + (g2 + 8));
 				float s59 = (-AP_INFF);
-				if ((key58 < 150)) {
+				if ((key57 < 150)) {
 					float dot60 = sf[((ni32 * 4) + 3)];
 					__nv_bfloat16 v61 = __float2bfloat16_rn(dot60);
 					__nv_bfloat16 v62 = __float2bfloat16_rn((__bfloat162float(v61) / 0x1p+2f));
-					__nv_bfloat16 v63 = p7[(((r57 < 69 ? r57 : 69) * 150) + key58)];
+					__nv_bfloat16 v63 = p7[(((r58 < 69 ? r58 : 69) * 150) + key57)];
 					__nv_bfloat16 v64 = __float2bfloat16_rn((__bfloat162float(v62) + __bfloat162float(v63)));
 					s59 = __bfloat162float(v64);
-					if ((r57 < 70)) {
-						p1[(((b7 * 10500) + (r57 * 150)) + key58)] = __float2bfloat16_rn(s59);
+					if ((r58 < 70)) {
+						p1[(((b7 * 10500) + (r58 * 150)) + key57)] = __float2bfloat16_rn(s59);
 					}
 				}
 				sf[((ni32 * 4) + 3)] = s59;
@@ -244,8 +244,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_d160_bf16_stat
 			float mx65 = (-AP_INFF);
 			#pragma unroll
 			for (int ni66 = 0; ni66 < 8; ni66 += 1) {
-				mx65 = (mx65 > sf[(ni66 * 4)] ? mx65 : sf[(ni66 * 4)]);
-				mx65 = (mx65 > sf[((ni66 * 4) + 1)] ? mx65 : sf[((ni66 * 4) + 1)]);
+				mx65 = fmaxf(mx65, sf[(ni66 * 4)]);
+				mx65 = fmaxf(mx65, sf[((ni66 * 4) + 1)]);
 			}
 			float wm67 = mx65;
 			float sh68;
@@ -262,8 +262,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_d160_bf16_stat
 			float mx75 = (-AP_INFF);
 			#pragma unroll
 			for (int ni76 = 0; ni76 < 8; ni76 += 1) {
-				mx75 = (mx75 > sf[((ni76 * 4) + 2)] ? mx75 : sf[((ni76 * 4) + 2)]);
-				mx75 = (mx75 > sf[((ni76 * 4) + 3)] ? mx75 : sf[((ni76 * 4) + 3)]);
+				mx75 = fmaxf(mx75, sf[((ni76 * 4) + 2)]);
+				mx75 = fmaxf(mx75, sf[((ni76 * 4) + 3)]);
 			}
 			float wm77 = mx75;
 			float sh78;

@@ -177,50 +177,50 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_d256_f16(__hal
 			asm volatile("" : "+f"(sf[31]) :: "memory");
 			#pragma unroll
 			for (int ni32 = 0; ni32 < 8; ni32 += 1) {
-				int r33 = (wr8 + g2);
-				int key34 = ((k021 + (ni32 * 8)) + (tq3 * 2));
+				int key33 = ((k021 + (ni32 * 8)) + (tq3 * 2));
+				int r34 = (wr8 + g2);
 				float s35 = (-AP_INFF);
-				if ((key34 < 150)) {
+				if ((key33 < 150)) {
 					float dot36 = sf[(ni32 * 4)];
 					__half v37 = __float2half_rn(dot36);
 					__half v38 = __float2half_rn((__half2float(v37) / 0x1p+2f));
-					__half v39 = p4[(((r33 < 69 ? r33 : 69) * 150) + key34)];
+					__half v39 = p4[(((r34 < 69 ? r34 : 69) * 150) + key33)];
 					__half v40 = __float2half_rn((__half2float(v38) + __half2float(v39)));
 					s35 = __half2float(v40);
 				}
 				sf[(ni32 * 4)] = s35;
-				int r41 = (wr8 + g2);
-				int key42 = ((k021 + (ni32 * 8)) + ((tq3 * 2) + 1));
+				int key41 = ((k021 + (ni32 * 8)) + ((tq3 * 2) + 1));
+				int r42 = (wr8 + g2);
 				float s43 = (-AP_INFF);
-				if ((key42 < 150)) {
+				if ((key41 < 150)) {
 					float dot44 = sf[((ni32 * 4) + 1)];
 					__half v45 = __float2half_rn(dot44);
 					__half v46 = __float2half_rn((__half2float(v45) / 0x1p+2f));
-					__half v47 = p4[(((r41 < 69 ? r41 : 69) * 150) + key42)];
+					__half v47 = p4[(((r42 < 69 ? r42 : 69) * 150) + key41)];
 					__half v48 = __float2half_rn((__half2float(v46) + __half2float(v47)));
 					s43 = __half2float(v48);
 				}
 				sf[((ni32 * 4) + 1)] = s43;
-				int r49 = (wr8 + (g2 + 8));
-				int key50 = ((k021 + (ni32 * 8)) + (tq3 * 2));
+				int key49 = ((k021 + (ni32 * 8)) + (tq3 * 2));
+				int r50 = (wr8 + (g2 + 8));
 				float s51 = (-AP_INFF);
-				if ((key50 < 150)) {
+				if ((key49 < 150)) {
 					float dot52 = sf[((ni32 * 4) + 2)];
 					__half v53 = __float2half_rn(dot52);
 					__half v54 = __float2half_rn((__half2float(v53) / 0x1p+2f));
-					__half v55 = p4[(((r49 < 69 ? r49 : 69) * 150) + key50)];
+					__half v55 = p4[(((r50 < 69 ? r50 : 69) * 150) + key49)];
 					__half v56 = __float2half_rn((__half2float(v54) + __half2float(v55)));
 					s51 = __half2float(v56);
 				}
 				sf[((ni32 * 4) + 2)] = s51;
-				int r57 = (wr8 + (g2 + 8));
-				int key58 = ((k021 + (ni32 * 8)) + ((tq3 * 2) + 1));
+				int key57 = ((k021 + (ni32 * 8)) + ((tq3 * 2) + 1));
+				int r58 = (wr8 + (g2 + 8));
 				float s59 = (-AP_INFF);
-				if ((key58 < 150)) {
+				if ((key57 < 150)) {
 					float dot60 = sf[((ni32 * 4) + 3)];
 					__half v61 = __float2half_rn(dot60);
 					__half v62 = __float2half_rn((__half2float(v61) / 0x1p+2f));
-					__half v63 = p4[(((r57 < 69 ? r57 : 69) * 150) + key58)];
+					__half v63 = p4[(((r58 < 69 ? r58 : 69) * 150) + key57)];
 					__half v64 = __float2half_rn((__half2float(v62) + __half2float(v63)));
 					s59 = __half2float(v64);
 				}
@@ -229,8 +229,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_d256_f16(__hal
 			float mx65 = (-AP_INFF);
 			#pragma unroll
 			for (int ni66 = 0; ni66 < 8; ni66 += 1) {
-				mx65 = (mx65 > sf[(ni66 * 4)] ? mx65 : sf[(ni66 * 4)]);
-				mx65 = (mx65 > sf[((ni66 * 4) + 1)] ? mx65 : sf[((ni66 * 4) + 1)]);
+				mx65 = fmaxf(mx65, sf[(ni66 * 4)]);
+				mx65 = fmaxf(mx65, sf[((ni66 * 4) + 1)]);
 			}
 			float wm67 = mx65;
 			float sh68;
@@ -247,8 +247,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_d256_f16(__hal
 			float mx75 = (-AP_INFF);
 			#pragma unroll
 			for (int ni76 = 0; ni76 < 8; ni76 += 1) {
-				mx75 = (mx75 > sf[((ni76 * 4) + 2)] ? mx75 : sf[((ni76 * 4) + 2)]);
-				mx75 = (mx75 > sf[((ni76 * 4) + 3)] ? mx75 : sf[((ni76 * 4) + 3)]);
+				mx75 = fmaxf(mx75, sf[((ni76 * 4) + 2)]);
+				mx75 = fmaxf(mx75, sf[((ni76 * 4) + 3)]);
 			}
 			float wm77 = mx75;
 			float sh78;

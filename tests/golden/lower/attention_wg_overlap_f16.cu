@@ -119,63 +119,63 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_overlap_f16(__h
 			}
 			#pragma unroll
 			for (int ni48 = 0; ni48 < 8; ni48 += 1) {
-				int r49 = (wr7 + g2);
-				int key50 = ((k030 + (ni48 * 8)) + (tq3 * 2));
+				int key49 = ((k030 + (ni48 * 8)) + (tq3 * 2));
+				int r50 = (wr7 + g2);
 				float s51 = (-AP_INFF);
-				if ((key50 < 150)) {
+				if ((key49 < 150)) {
 					float dot52 = sf[(ni48 * 4)];
 					__half v53 = __float2half_rn(dot52);
 					__half v54 = __float2half_rn((__half2float(v53) / 0x1p+2f));
-					__half v55 = p7[(((r49 < 69 ? r49 : 69) * 150) + key50)];
+					__half v55 = p7[(((r50 < 69 ? r50 : 69) * 150) + key49)];
 					__half v56 = __float2half_rn((__half2float(v54) + __half2float(v55)));
 					s51 = __half2float(v56);
-					if ((r49 < 70)) {
-						p1[((r49 * 150) + key50)] = __float2half_rn(s51);
+					if ((r50 < 70)) {
+						p1[((r50 * 150) + key49)] = __float2half_rn(s51);
 					}
 				}
 				sf[(ni48 * 4)] = s51;
-				int r57 = (wr7 + g2);
-				int key58 = ((k030 + (ni48 * 8)) + ((tq3 * 2) + 1));
+				int key57 = ((k030 + (ni48 * 8)) + ((tq3 * 2) + 1));
+				int r58 = (wr7 + g2);
 				float s59 = (-AP_INFF);
-				if ((key58 < 150)) {
+				if ((key57 < 150)) {
 					float dot60 = sf[((ni48 * 4) + 1)];
 					__half v61 = __float2half_rn(dot60);
 					__half v62 = __float2half_rn((__half2float(v61) / 0x1p+2f));
-					__half v63 = p7[(((r57 < 69 ? r57 : 69) * 150) + key58)];
+					__half v63 = p7[(((r58 < 69 ? r58 : 69) * 150) + key57)];
 					__half v64 = __float2half_rn((__half2float(v62) + __half2float(v63)));
 					s59 = __half2float(v64);
-					if ((r57 < 70)) {
-						p1[((r57 * 150) + key58)] = __float2half_rn(s59);
+					if ((r58 < 70)) {
+						p1[((r58 * 150) + key57)] = __float2half_rn(s59);
 					}
 				}
 				sf[((ni48 * 4) + 1)] = s59;
-				int r65 = (wr7 + (g2 + 8));
-				int key66 = ((k030 + (ni48 * 8)) + (tq3 * 2));
+				int key65 = ((k030 + (ni48 * 8)) + (tq3 * 2));
+				int r66 = (wr7 + (g2 + 8));
 				float s67 = (-AP_INFF);
-				if ((key66 < 150)) {
+				if ((key65 < 150)) {
 					float dot68 = sf[((ni48 * 4) + 2)];
 					__half v69 = __float2half_rn(dot68);
 					__half v70 = __float2half_rn((__half2float(v69) / 0x1p+2f));
-					__half v71 = p7[(((r65 < 69 ? r65 : 69) * 150) + key66)];
+					__half v71 = p7[(((r66 < 69 ? r66 : 69) * 150) + key65)];
 					__half v72 = __float2half_rn((__half2float(v70) + __half2float(v71)));
 					s67 = __half2float(v72);
-					if ((r65 < 70)) {
-						p1[((r65 * 150) + key66)] = __float2half_rn(s67);
+					if ((r66 < 70)) {
+						p1[((r66 * 150) + key65)] = __float2half_rn(s67);
 					}
 				}
 				sf[((ni48 * 4) + 2)] = s67;
-				int r73 = (wr7 + (g2 + 8));
-				int key74 = ((k030 + (ni48 * 8)) + ((tq3 * 2) + 1));
+				int key73 = ((k030 + (ni48 * 8)) + ((tq3 * 2) + 1));
+				int r74 = (wr7 + (g2 + 8));
 				float s75 = (-AP_INFF);
-				if ((key74 < 150)) {
+				if ((key73 < 150)) {
 					float dot76 = sf[((ni48 * 4) + 3)];
 					__half v77 = __float2half_rn(dot76);
 					__half v78 = __float2half_rn((__half2float(v77) / 0x1p+2f));
-					__half v79 = p7[(((r73 < 69 ? r73 : 69) * 150) + key74)];
+					__half v79 = p7[(((r74 < 69 ? r74 : 69) * 150) + key73)];
 					__half v80 = __float2half_rn((__half2float(v78) + __half2float(v79)));
 					s75 = __half2float(v80);
-					if ((r73 < 70)) {
-						p1[((r73 * 150) + key74)] = __float2half_rn(s75);
+					if ((r74 < 70)) {
+						p1[((r74 * 150) + key73)] = __float2half_rn(s75);
 					}
 				}
 				sf[((ni48 * 4) + 3)] = s75;
@@ -183,8 +183,8 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_overlap_f16(__h
 			float mx81 = (-AP_INFF);
 			#pragma unroll
 			for (int ni82 = 0; ni82 < 8; ni82 += 1) {
-				mx81 = (mx81 > sf[(ni82 * 4)] ? mx81 : sf[(ni82 * 4)]);
-				mx81 = (mx81 > sf[((ni82 * 4) + 1)] ? mx81 : sf[((ni82 * 4) + 1)]);
+				mx81 = fmaxf(mx81, sf[(ni82 * 4)]);
+				mx81 = fmaxf(mx81, sf[((ni82 * 4) + 1)]);
 			}
 			float wm83 = mx81;
 			float sh84;
@@ -201,8 +201,8 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_wg_overlap_f16(__h
 			float mx91 = (-AP_INFF);
 			#pragma unroll
 			for (int ni92 = 0; ni92 < 8; ni92 += 1) {
-				mx91 = (mx91 > sf[((ni92 * 4) + 2)] ? mx91 : sf[((ni92 * 4) + 2)]);
-				mx91 = (mx91 > sf[((ni92 * 4) + 3)] ? mx91 : sf[((ni92 * 4) + 3)]);
+				mx91 = fmaxf(mx91, sf[((ni92 * 4) + 2)]);
+				mx91 = fmaxf(mx91, sf[((ni92 * 4) + 3)]);
 			}
 			float wm93 = mx91;
 			float sh94;

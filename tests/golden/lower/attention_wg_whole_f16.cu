@@ -256,43 +256,43 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_whole_f16(__ha
 			asm volatile("" : "+f"(sf[63]) :: "memory");
 			#pragma unroll
 			for (int ni47 = 0; ni47 < 16; ni47 += 1) {
-				int r48 = (wr8 + g2);
-				int key49 = ((k030 + (ni47 * 8)) + (tq3 * 2));
+				int key48 = ((k030 + (ni47 * 8)) + (tq3 * 2));
+				int r49 = (wr8 + g2);
 				float s50 = (-AP_INFF);
 				float dot51 = sf[(ni47 * 4)];
 				__half v52 = __float2half_rn(dot51);
 				__half v53 = __float2half_rn((__half2float(v52) / 0x1p+2f));
-				__half v54 = p4[(((r48 < 127 ? r48 : 127) * 256) + key49)];
+				__half v54 = p4[(((r49 < 127 ? r49 : 127) * 256) + key48)];
 				__half v55 = __float2half_rn((__half2float(v53) + __half2float(v54)));
 				s50 = __half2float(v55);
 				sf[(ni47 * 4)] = s50;
-				int r56 = (wr8 + g2);
-				int key57 = ((k030 + (ni47 * 8)) + ((tq3 * 2) + 1));
+				int key56 = ((k030 + (ni47 * 8)) + ((tq3 * 2) + 1));
+				int r57 = (wr8 + g2);
 				float s58 = (-AP_INFF);
 				float dot59 = sf[((ni47 * 4) + 1)];
 				__half v60 = __float2half_rn(dot59);
 				__half v61 = __float2half_rn((__half2float(v60) / 0x1p+2f));
-				__half v62 = p4[(((r56 < 127 ? r56 : 127) * 256) + key57)];
+				__half v62 = p4[(((r57 < 127 ? r57 : 127) * 256) + key56)];
 				__half v63 = __float2half_rn((__half2float(v61) + __half2float(v62)));
 				s58 = __half2float(v63);
 				sf[((ni47 * 4) + 1)] = s58;
-				int r64 = (wr8 + (g2 + 8));
-				int key65 = ((k030 + (ni47 * 8)) + (tq3 * 2));
+				int key64 = ((k030 + (ni47 * 8)) + (tq3 * 2));
+				int r65 = (wr8 + (g2 + 8));
 				float s66 = (-AP_INFF);
 				float dot67 = sf[((ni47 * 4) + 2)];
 				__half v68 = __float2half_rn(dot67);
 				__half v69 = __float2half_rn((__half2float(v68) / 0x1p+2f));
-				__half v70 = p4[(((r64 < 127 ? r64 : 127) * 256) + key65)];
+				__half v70 = p4[(((r65 < 127 ? r65 : 127) * 256) + key64)];
 				__half v71 = __float2half_rn((__half2float(v69) + __half2float(v70)));
 				s66 = __half2float(v71);
 				sf[((ni47 * 4) + 2)] = s66;
-				int r72 = (wr8 + (g2 + 8));
-				int key73 = ((k030 + (ni47 * 8)) + ((tq3 * 2) + 1));
+				int key72 = ((k030 + (ni47 * 8)) + ((tq3 * 2) + 1));
+				int r73 = (wr8 + (g2 + 8));
 				float s74 = (-AP_INFF);
 				float dot75 = sf[((ni47 * 4) + 3)];
 				__half v76 = __float2half_rn(dot75);
 				__half v77 = __float2half_rn((__half2float(v76) / 0x1p+2f));
-				__half v78 = p4[(((r72 < 127 ? r72 : 127) * 256) + key73)];
+				__half v78 = p4[(((r73 < 127 ? r73 : 127) * 256) + key72)];
 				__half v79 = __float2half_rn((__half2float(v77) + __half2float(v78)));
 				s74 = __half2float(v79);
 				sf[((ni47 * 4) + 3)] = s74;
@@ -300,8 +300,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_whole_f16(__ha
 			float mx80 = (-AP_INFF);
 			#pragma unroll
 			for (int ni81 = 0; ni81 < 16; ni81 += 1) {
-				mx80 = (mx80 > sf[(ni81 * 4)] ? mx80 : sf[(ni81 * 4)]);
-				mx80 = (mx80 > sf[((ni81 * 4) + 1)] ? mx80 : sf[((ni81 * 4) + 1)]);
+				mx80 = fmaxf(mx80, sf[(ni81 * 4)]);
+				mx80 = fmaxf(mx80, sf[((ni81 * 4) + 1)]);
 			}
 			float wm82 = mx80;
 			float sh83;
@@ -318,8 +318,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_whole_f16(__ha
 			float mx90 = (-AP_INFF);
 			#pragma unroll
 			for (int ni91 = 0; ni91 < 16; ni91 += 1) {
-				mx90 = (mx90 > sf[((ni91 * 4) + 2)] ? mx90 : sf[((ni91 * 4) + 2)]);
-				mx90 = (mx90 > sf[((ni91 * 4) + 3)] ? mx90 : sf[((ni91 * 4) + 3)]);
+				mx90 = fmaxf(mx90, sf[((ni91 * 4) + 2)]);
+				mx90 = fmaxf(mx90, sf[((ni91 * 4) + 3)]);
 			}
 			float wm92 = mx90;
 			float sh93;

@@ -121,63 +121,63 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_ws_copy_f16(__half
 			}
 			#pragma unroll
 			for (int ni50 = 0; ni50 < 8; ni50 += 1) {
-				int r51 = (wr9 + g2);
-				int key52 = ((k032 + (ni50 * 8)) + (tq3 * 2));
+				int key51 = ((k032 + (ni50 * 8)) + (tq3 * 2));
+				int r52 = (wr9 + g2);
 				float s53 = (-AP_INFF);
-				if ((key52 < 150)) {
+				if ((key51 < 150)) {
 					float dot54 = sf[(ni50 * 4)];
 					__half v55 = __float2half_rn(dot54);
 					__half v56 = __float2half_rn((__half2float(v55) / 0x1p+2f));
-					__half v57 = p7[(((r51 < 69 ? r51 : 69) * 150) + key52)];
+					__half v57 = p7[(((r52 < 69 ? r52 : 69) * 150) + key51)];
 					__half v58 = __float2half_rn((__half2float(v56) + __half2float(v57)));
 					s53 = __half2float(v58);
-					if ((r51 < 70)) {
-						p1[((((b8 * 31500) + (b7 * 10500)) + (r51 * 150)) + key52)] = __float2half_rn(s53);
+					if ((r52 < 70)) {
+						p1[((((b8 * 31500) + (b7 * 10500)) + (r52 * 150)) + key51)] = __float2half_rn(s53);
 					}
 				}
 				sf[(ni50 * 4)] = s53;
-				int r59 = (wr9 + g2);
-				int key60 = ((k032 + (ni50 * 8)) + ((tq3 * 2) + 1));
+				int key59 = ((k032 + (ni50 * 8)) + ((tq3 * 2) + 1));
+				int r60 = (wr9 + g2);
 				float s61 = (-AP_INFF);
-				if ((key60 < 150)) {
+				if ((key59 < 150)) {
 					float dot62 = sf[((ni50 * 4) + 1)];
 					__half v63 = __float2half_rn(dot62);
 					__half v64 = __float2half_rn((__half2float(v63) / 0x1p+2f));
-					__half v65 = p7[(((r59 < 69 ? r59 : 69) * 150) + key60)];
+					__half v65 = p7[(((r60 < 69 ? r60 : 69) * 150) + key59)];
 					__half v66 = __float2half_rn((__half2float(v64) + __half2float(v65)));
 					s61 = __half2float(v66);
-					if ((r59 < 70)) {
-						p1[((((b8 * 31500) + (b7 * 10500)) + (r59 * 150)) + key60)] = __float2half_rn(s61);
+					if ((r60 < 70)) {
+						p1[((((b8 * 31500) + (b7 * 10500)) + (r60 * 150)) + key59)] = __float2half_rn(s61);
 					}
 				}
 				sf[((ni50 * 4) + 1)] = s61;
-				int r67 = (wr9 + (g2 + 8));
-				int key68 = ((k032 + (ni50 * 8)) + (tq3 * 2));
+				int key67 = ((k032 + (ni50 * 8)) + (tq3 * 2));
+				int r68 = (wr9 + (g2 + 8));
 				float s69 = (-AP_INFF);
-				if ((key68 < 150)) {
+				if ((key67 < 150)) {
 					float dot70 = sf[((ni50 * 4) + 2)];
 					__half v71 = __float2half_rn(dot70);
 					__half v72 = __float2half_rn((__half2float(v71) / 0x1p+2f));
-					__half v73 = p7[(((r67 < 69 ? r67 : 69) * 150) + key68)];
+					__half v73 = p7[(((r68 < 69 ? r68 : 69) * 150) + key67)];
 					__half v74 = __float2half_rn((__half2float(v72) + __half2float(v73)));
 					s69 = __half2float(v74);
-					if ((r67 < 70)) {
-						p1[((((b8 * 31500) + (b7 * 10500)) + (r67 * 150)) + key68)] = __float2half_rn(s69);
+					if ((r68 < 70)) {
+						p1[((((b8 * 31500) + (b7 * 10500)) + (r68 * 150)) + key67)] = __float2half_rn(s69);
 					}
 				}
 				sf[((ni50 * 4) + 2)] = s69;
-				int r75 = (wr9 + (g2 + 8));
-				int key76 = ((k032 + (ni50 * 8)) + ((tq3 * 2) + 1));
+				int key75 = ((k032 + (ni50 * 8)) + ((tq3 * 2) + 1));
+				int r76 = (wr9 + (g2 + 8));
 				float s77 = (-AP_INFF);
-				if ((key76 < 150)) {
+				if ((key75 < 150)) {
 					float dot78 = sf[((ni50 * 4) + 3)];
 					__half v79 = __float2half_rn(dot78);
 					__half v80 = __float2half_rn((__half2float(v79) / 0x1p+2f));
-					__half v81 = p7[(((r75 < 69 ? r75 : 69) * 150) + key76)];
+					__half v81 = p7[(((r76 < 69 ? r76 : 69) * 150) + key75)];
 					__half v82 = __float2half_rn((__half2float(v80) + __half2float(v81)));
 					s77 = __half2float(v82);
-					if ((r75 < 70)) {
-						p1[((((b8 * 31500) + (b7 * 10500)) + (r75 * 150)) + key76)] = __float2half_rn(s77);
+					if ((r76 < 70)) {
+						p1[((((b8 * 31500) + (b7 * 10500)) + (r76 * 150)) + key75)] = __float2half_rn(s77);
 					}
 				}
 				sf[((ni50 * 4) + 3)] = s77;
@@ -185,8 +185,8 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_ws_copy_f16(__half
 			float mx83 = (-AP_INFF);
 			#pragma unroll
 			for (int ni84 = 0; ni84 < 8; ni84 += 1) {
-				mx83 = (mx83 > sf[(ni84 * 4)] ? mx83 : sf[(ni84 * 4)]);
-				mx83 = (mx83 > sf[((ni84 * 4) + 1)] ? mx83 : sf[((ni84 * 4) + 1)]);
+				mx83 = fmaxf(mx83, sf[(ni84 * 4)]);
+				mx83 = fmaxf(mx83, sf[((ni84 * 4) + 1)]);
 			}
 			float wm85 = mx83;
 			float sh86;
@@ -203,8 +203,8 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_ws_copy_f16(__half
 			float mx93 = (-AP_INFF);
 			#pragma unroll
 			for (int ni94 = 0; ni94 < 8; ni94 += 1) {
-				mx93 = (mx93 > sf[((ni94 * 4) + 2)] ? mx93 : sf[((ni94 * 4) + 2)]);
-				mx93 = (mx93 > sf[((ni94 * 4) + 3)] ? mx93 : sf[((ni94 * 4) + 3)]);
+				mx93 = fmaxf(mx93, sf[((ni94 * 4) + 2)]);
+				mx93 = fmaxf(mx93, sf[((ni94 * 4) + 3)]);
 			}
 			float wm95 = mx93;
 			float sh96;
