@@ -1971,7 +1971,9 @@ typedef struct att_case {
 					    for P V (Attention's fp32_scores, expand.c); 2: the
 					    same without the mask -- S = Y1 / 4, the scale folded
 					    into the exponent (attention.c scale_fold) -- and with
-					    stats the maxima and sums alone */
+					    stats the maxima and sums alone; 3: as 2 with a causal
+					    mask (key j > row i: -inf, expand.c's causal_cond),
+					    each query tile's key loop stopped at its diagonal */
 } att_case;
 
 static const att_case *g_ac;
@@ -2010,7 +2012,8 @@ static void ref_attention(const ap_mgraph *m, const buffers *in, double **want)
 					for (int64_t e = 0; e < c->D; e++)
 						d += (double)q[(bh * c->Nq + i) * c->D + e] * kk[kv_at(c, b, h, j, e, c->D)];
 					if (c->fp32) {
-						sc[j] = d / 4.0 + (mask ? mask[i * c->Nk + j] : 0);
+						sc[j] = c->fp32 == 3 && j > i ? -INFINITY
+							: d / 4.0 + (mask ? mask[i * c->Nk + j] : 0);
 					} else {
 						d = half_round(c->dt, (float)d);
 						d = half_round(c->dt, (float)d / 4.0f);
@@ -2028,7 +2031,7 @@ static void ref_attention(const ap_mgraph *m, const buffers *in, double **want)
 						o += exp(sc[j] - mx) / sum * v[kv_at(c, b, h, j, dv, c->Dv)];
 					want[0][((b * c->Nq + i) * c->H + h) * c->Dv + dv] = o;
 				}
-				if (c->stats && c->fp32 == 2) {
+				if (c->stats && c->fp32 >= 2) {
 					want[1][bh * c->Nq + i] = mx;
 					want[2][bh * c->Nq + i] = sum;
 				} else if (c->stats) {
@@ -2105,11 +2108,11 @@ static ap_graph *attention_graph(const att_case *c)
 	pr16 = c->fp32 ? tensor(g, "p16", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE) : -1;
 	if (c->fp32)
 		g_dt = AP_DT_F32;   /* the scores, the mask and the softmax */
-	mask = c->fp32 != 2 ? tensor(g, "mask", DIMS(Nq, Nk), AP_TENSOR_INPUT) : -1;
+	mask = c->fp32 < 2 ? tensor(g, "mask", DIMS(Nq, Nk), AP_TENSOR_INPUT) : -1;
 	four = scalar_dt(g, "four", 4.0f);
 	y1 = tensor(g, "y1", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
 	sc = tensor(g, "sc", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
-	s2 = mask >= 0 ? tensor(g, "s2", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE) : sc;
+	s2 = mask >= 0 || c->fp32 == 3 ? tensor(g, "s2", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE) : sc;
 	mx = tensor(g, "mx", DIMS(B, H, Nq, 1), AP_TENSOR_VALUE);
 	d = tensor(g, "d", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
 	e = tensor(g, "e", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
@@ -2125,6 +2128,22 @@ static ap_graph *attention_graph(const att_case *c)
 	node(g, "scale", AP_OP_DIV, LIST(y1, four), LIST(sc));
 	if (mask >= 0)
 		node(g, "mask", AP_OP_ADD, LIST(sc, mask), LIST(s2));
+	if (c->fp32 == 3) {   /* Where(Cast(Trilu(Expand(1), lower, k = 0)), sc, -inf) */
+		int one = scalar(g, "one", 1.0f), ninf = scalar(g, "ninf", -INFINITY);
+		int ex = tensor(g, "ones", DIMS(Nq, Nk), AP_TENSOR_VALUE), tri = tensor(g, "tri", DIMS(Nq, Nk), AP_TENSOR_VALUE);
+		int cond;
+
+		g_dt = AP_DT_BOOL;
+		cond = tensor(g, "causal", DIMS(Nq, Nk), AP_TENSOR_VALUE);
+		g_dt = AP_DT_F32;
+		node(g, "ones", AP_OP_EXPAND, LIST(one), LIST(ex));
+		n = node(g, "tri", AP_OP_TRILU, LIST(ex), LIST(tri));
+		ap_node_set_int(g, n, "upper", 0);
+		ap_node_set_int(g, n, "k", 0);
+		n = node(g, "causal", AP_OP_CAST, LIST(tri), LIST(cond));
+		ap_node_set_int(g, n, "to", AP_DT_BOOL);
+		node(g, "where", AP_OP_WHERE, LIST(cond, sc, ninf), LIST(s2));
+	}
 	n = node(g, "max", AP_OP_REDUCE_MAX, LIST(s2), LIST(mx));
 	reduce_axes(g, n, (const int64_t[]){3}, 1, 1);
 	node(g, "sub", AP_OP_SUB, LIST(s2, mx), LIST(d));
@@ -2142,7 +2161,7 @@ static ap_graph *attention_graph(const att_case *c)
 	ap_node_set_ints(g, n, "perm", (const int64_t[]){0, 2, 1, 3}, 4);
 	output(g, ot);
 	if (c->stats) {
-		if (c->fp32 != 2)
+		if (c->fp32 < 2)
 			output(g, s2);
 		output(g, mx);
 		output(g, l);
@@ -2280,6 +2299,32 @@ START_TEST(attention_scale_fold)
 
 	g_golden_target = "sm_90a";
 	run_attention_case(&wg, &l1);
+	g_golden_target = NULL;
+	run_attention_case(&tc, &l2);
+}
+END_TEST
+
+/* A causal mask (Where(Cast(Trilu(Expand(1), lower)), S, -inf), as
+ * expand.c opens Attention's is_causal): the tensor-core forms stop each
+ * query tile's key loop after the tile holding its last row's diagonal
+ * (attention_tc.c tile_bound) -- on sm_90a (wgmma, 128 queries, 256
+ * keys, head dim 64: 64-key tiles past the first query tile's diagonal
+ * never visited) and sm_90 (mma.sync, bfloat16, 70 queries and 150 keys:
+ * query tiles whose bound falls inside and at the end of the keys, the
+ * last tile partial), every sampled configuration in the checking host
+ * mode against float64, Y and the row maxima and sums. */
+START_TEST(attention_causal)
+{
+	static const att_case wg = {"attention_wg_causal_f16", AP_DT_F16, 1, 2, 128, 256, 64, 64, true, "sm_90a", 2e-3, 3};
+	static const att_case tc = {"attention_tc_causal_bf16", AP_DT_BF16, 1, 2, 70, 150, 24, 20, true, "sm_90", 1e-2, 3};
+	lcase l1 = {wg.name, "attention", {"wgmma.mma_async", "nt"}, {"wgmma.mma_async.sync.aligned"}};
+	lcase l2 = {tc.name, "attention", {"mma.sync", "nt"}, {"mma.sync.aligned.m16n8k16.row.col.f32.bf16"}};
+
+	g_golden_target = "sm_90a";
+	g_sms = 1;   /* one persistent block (tma, ws) through every query tile: the stages' phases
+			carried across tiles of different key counts */
+	run_attention_case(&wg, &l1);
+	g_sms = 0;
 	g_golden_target = NULL;
 	run_attention_case(&tc, &l2);
 }
@@ -3209,6 +3254,7 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, attention_whole_tiles);
 	tcase_add_test(tc, attention_fp32_scores);
 	tcase_add_test(tc, attention_scale_fold);
+	tcase_add_test(tc, attention_causal);
 	tcase_add_test(tc, attention_wgmma_tma);
 	tcase_add_test(tc, attention_ws_copies);
 	tcase_add_test(tc, attention_wgmma_wide_heads);

@@ -389,6 +389,31 @@ static double scale_fold(const ap_graph *g, const att_plan *p)
 	return c > 0 && isfinite(c) ? c : 0;
 }
 
+/* The causal mask of the scores: k >= 0 where S = Where(cond, x, -inf)
+ * with cond [.., Nq, Nk] = Cast(Trilu(Expand(c), lower, k)) of a nonzero
+ * scalar c -- true where key j <= query i + k (expand.c causal_cond) --
+ * so that every score past row i's diagonal is -inf; else -1. */
+static int64_t causal_of(const ap_graph *g, const att_plan *p)
+{
+	int w = producer(g, p->s, AP_OP_WHERE), cast, tri, ex;
+	const ap_tensor *ct;
+	double v;
+	int64_t kk;
+
+	if (w < 0 || g->nodes[w].n_inputs != 3 || !ap_tensor_scalar(g, g->nodes[w].inputs[2], &v) || v != -INFINITY)
+		return -1;
+	ct = &g->tensors[g->nodes[w].inputs[0]];
+	cast = producer(g, g->nodes[w].inputs[0], AP_OP_CAST);
+	tri = cast >= 0 ? producer(g, g->nodes[cast].inputs[0], AP_OP_TRILU) : -1;
+	ex = tri >= 0 ? producer(g, g->nodes[tri].inputs[0], AP_OP_EXPAND) : -1;
+	if (ct->rank < 2 || ct->dims[ct->rank - 2] != p->Nq || ct->dims[ct->rank - 1] != p->Nk || ex < 0 ||
+	    ap_node_int(&g->nodes[tri], "upper", 1) != 0 || g->nodes[tri].n_inputs > 1 ||
+	    !ap_tensor_scalar(g, g->nodes[ex].inputs[0], &v) || v == 0 || v != v)
+		return -1;
+	kk = ap_node_int(&g->nodes[tri], "k", 0);
+	return kk >= 0 ? kk : -1;
+}
+
 /* 1 when m is O = softmax(f(Q K^T)) V as the file comment says (p
  * filled), 0 with *why when not, AP_ENOMEM. */
 static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, char *why, size_t cap)
@@ -415,6 +440,7 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, cha
 		return 0;
 	}
 	p->sfold = scale_fold(g, p);
+	p->causal_k = causal_of(g, p);
 	return 1;
 }
 
@@ -680,21 +706,39 @@ static int at_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_er
  *     the overlap (knob overlap) or a second warpgroup's worth of warps
  *     resident on the SM hides it, else in series: alu_fraction is the
  *     products' share of that time. */
+/* The share of the (query tile, key tile) pairs the tensor-core form
+ * visits with BQ query rows and BK keys a tile: 1, or under a causal mask
+ * those up to each query tile's diagonal (attention_tc.c tile_bound). */
+static double tc_visited(const att_plan *p, int64_t BQ, int64_t BK)
+{
+	int64_t ntiles = (p->Nk + BK - 1) / BK, sum = 0, nq = 0;
+
+	if (p->causal_k < 0)
+		return 1;
+	for (int64_t q0 = 0; q0 < p->Nq; q0 += BQ, nq++) {
+		int64_t i1 = q0 + BQ - 1 < p->Nq - 1 ? q0 + BQ - 1 : p->Nq - 1, need = (i1 + p->causal_k) / BK + 1;
+
+		sum += need < ntiles ? need : ntiles;
+	}
+	return (double)sum / ((double)nq * (double)ntiles);
+}
+
 static void tc_traffic(const att_plan *p, const ap_target_info *t, const at_res *r, ap_traffic *out)
 {
 	double es = (double)ap_dtype_size(p->t), dp = (double)tc_dpad(p), dv = (double)tc_dvpad(p);
-	double bk = r->bk, tiles = (double)((p->Nk + r->bk - 1) / r->bk);
+	double f = tc_visited(p, 16 * r->w, r->bk);   /* the key tiles visited, causal: fewer */
+	double bk = r->bk, tiles = f * (double)((p->Nk + r->bk - 1) / r->bk);
 	double rows = (double)p->batch * (double)p->Nq, qblocks = (double)p->batch *
 		(double)((p->Nq + 16 * r->w - 1) / (16 * r->w));
 	bool wg = tc_wg(p, t) && r->w % 4 == 0;
 	double readers = wg ? rows / 64 : rows / 16;   /* warpgroups or warps, each over every key tile */
 	double peak = t->tc_gflops > 0 ? t->tc_gflops : t->gflops;
-	double simt = rows * (double)p->Nk * 6 + rows * tiles * (dv + 16), sfu = rows * (double)p->Nk;
+	double simt = f * rows * (double)p->Nk * 6 + rows * tiles * (dv + 16), sfu = f * rows * (double)p->Nk;
 	double tc_us, simt_us;
 	unsigned per_sm;
 
 	out->shared_read = readers * tiles * (bk * (dp + dv) + (wg ? 64 * dp : 0)) * es;
-	out->tile_bytes = (qblocks * (double)p->Nk * (double)(p->D + p->Dv) + rows * (double)p->D) * es;
+	out->tile_bytes = (f * qblocks * (double)p->Nk * (double)(p->D + p->Dv) + rows * (double)p->D) * es;
 	out->regs = tc_regs(p, t, r->w, r->bk);
 	/* the next tile's K and V in flight while this one is computed on
 	 * (two stages: cp.async or TMA) */
@@ -720,6 +764,8 @@ static int at_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 	if (ap__lower_inline_traffic(b->m, out) < 0)
 		return AP_ENOMEM;
 	out->flops = 2.0 * (double)p->batch * (double)p->Nq * (double)p->Nk * (double)(p->D + p->Dv);
+	if (p->tc)   /* the products of the key tiles visited (a causal mask: to the diagonal) */
+		out->flops *= tc_visited(p, 16 * r->w, r->bk);
 	/* tma=2, 3: the producer warpgroup loads only (as the GEMM's) */
 	out->threads = r->threads - (r->tma >= 2 ? 128u : 0u);
 	out->blocks = r->blocks;

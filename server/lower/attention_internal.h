@@ -45,6 +45,10 @@ typedef struct att_plan {
 					   tiles by TMA (knob tma) */
 	bool q_tma;                     /* so can Q, in a buffer of its own: with tma=1 its
 					   tile comes by TMA too */
+	int64_t causal_k;               /* k >= 0 where S is Where(j <= i + k, x, -inf) of a causal
+					   mask (attention.c causal_of): the tensor-core form
+					   stops each query tile's key loop at its diagonal;
+					   -1 otherwise */
 	double sfold;                   /* c > 0 where S = c * Y1 is one Mul (or Div) by a
 					   constant, both in the accumulation type, and S is
 					   not written: the tensor-core form keeps the row

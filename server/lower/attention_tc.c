@@ -118,6 +118,9 @@ typedef struct att_tc {
 	int KS;                         /* k step of an mma */
 	int AF, BF, CF;                 /* elements of the A, B and C fragments a lane */
 	int64_t ntiles;                 /* key tiles */
+	ap_kir_expr *nt;                /* those the current query tile visits: ntiles, or under a
+					   causal mask those up to its last row's diagonal
+					   (tile_bound) */
 	ap_kir_array *qs, *ks, *vs;     /* shared: Q's tile, the K and V tiles */
 	ap_kir_array *qf, *kf, *vf;     /* registers: Q's A fragments, a B fragment of K, of V */
 	ap_kir_array *sacc, *pf, *oacc; /* registers: scores (C), probabilities (A), O (C) */
@@ -378,6 +381,40 @@ static unsigned tma_grid(const att_tc *s, const ap_target_info *t)
 	return t->sm_count * (per ? per : 1);
 }
 
+/* The key tiles the query tile from row q0 visits (s->nt): all of them,
+ * or under a causal mask (p->causal_k = k >= 0: key j of row i masked
+ * where j > i + k) those holding a key its last row i1 = min(q0 + BQ,
+ * Nq) - 1 attends to, (i1 + k) / BK + 1 -- every key of a later tile is
+ * masked for every row of the tile (-inf: probability 0), so skipping
+ * them changes no sum (FlashAttention-2's causal loop bound, Dao 2023,
+ * section 3.1.1).  At least 1: tile 0 holds key 0 <= i + k. */
+static void tile_bound(att_tc *s, ap_kir_expr *q0)
+{
+	ap_kir_kernel *k = s->c->k;
+	const att_plan *p = s->c->p;
+	ap_kir_expr *i1, *need;
+
+	if (p->causal_k < 0) {
+		s->nt = ap_kir_idx(k, s->ntiles);
+		return;
+	}
+	i1 = ap_kir_binary(k, AP_KIR_MIN, ap_kir_addi(k, q0, s->BQ - 1), ap_kir_idx(k, p->Nq - 1));
+	need = ap_kir_addi(k, ap_kir_binary(k, AP_KIR_DIV, ap_kir_addi(k, i1, p->causal_k), ap_kir_idx(k, s->BK)), 1);
+	s->nt = ap_kir_bind(k, s->c->v->cur, k->index_type, "nt",
+			    ap_kir_binary(k, AP_KIR_MIN, need, ap_kir_idx(k, s->ntiles)));
+}
+
+/* The stage, (base + nt - 1) % 2, of the query tile's last key tile, its
+ * block-wide use base + nt - 1. */
+static ap_kir_expr *last_stage(att_tc *s, ap_kir_expr *base)
+{
+	ap_kir_kernel *k = s->c->k;
+	ap_kir_expr *last = s->c->p->causal_k >= 0 ? ap_kir_add(k, base, ap_kir_addi(k, s->nt, -1))
+						      : ap_kir_addi(k, base, s->ntiles - 1);
+
+	return ap_kir_binary(k, AP_KIR_AND, last, ap_kir_idx(k, 1));
+}
+
 /* The query tile's key tiles counted into kn, Q's parity flipped where
  * Q's tile comes on its barrier (knob tma; else nothing). */
 static void tma_next_query_tile(att_tc *s)
@@ -386,7 +423,7 @@ static void tma_next_query_tile(att_tc *s)
 
 	if (!s->c->tma && !s->c->ws)
 		return;
-	ap_kir_assign(k, s->c->v->cur, s->kn, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles));
+	ap_kir_assign(k, s->c->v->cur, s->kn, ap_kir_add(k, ap_kir_ref(k, s->kn), s->nt));
 	if (s->c->p->q_tma || s->c->ws)
 		ap_kir_assign(k, s->c->v->cur, s->qph, ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, s->qph), ap_kir_idx(k, 1)));
 }
@@ -589,7 +626,7 @@ static void tc_stage_kv(att_tc *s, ap_kir_var *kt)
 		ap_kir_block *s2;
 
 		kst = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
-		ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, ap_kir_addi(k, ap_kir_ref(k, kt), 1), ap_kir_idx(k, s->ntiles)), &s2, NULL);
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, ap_kir_addi(k, ap_kir_ref(k, kt), 1), s->nt), &s2, NULL);
 		tma_fill(s, ap_kir_addi(k, ap_kir_ref(k, kt), 1), ap_kir_binary(k, AP_KIR_AND, ap_kir_addi(k, u, 1), ap_kir_idx(k, 1)));
 		ap_v_close(v, s2);
 		tma_wait(s, u);
@@ -602,7 +639,7 @@ static void tc_stage_kv(att_tc *s, ap_kir_var *kt)
 		ap_kir_block *s2;
 
 		kst = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, kt), ap_kir_idx(k, 1)));
-		ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, nx, ap_kir_idx(k, s->ntiles)), &s2, NULL);
+		ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, nx, s->nt), &s2, NULL);
 		{
 			ap_kir_expr *nst = ap_kir_binary(k, AP_KIR_AND, nx, ap_kir_idx(k, 1));
 			ap_kir_expr *nkey0 = ap_kir_muli(k, nx, s->BK);
@@ -1009,7 +1046,7 @@ static void ov_key_loop(att_tc *s)
 	ap_kir_stmt *first;
 
 	ap_kir_comment(k, v->cur, "the key loop: tile j's softmax overlaps tile j-1's O += P V (wgmma in flight)");
-	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s->ntiles), 1, &ksaved);
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), s->nt, 1, &ksaved);
 	if (c->tma) {   /* tile kt's boxes landed */
 		u = tma_use(s, ap_kir_ref(k, kt));
 		tma_wait(s, u);
@@ -1037,7 +1074,7 @@ static void ov_key_loop(att_tc *s)
 	tile_probabilities(s, s->sacc, s->A);
 	ap_kir_wgmma_wait(k, v->cur, 0, s->oacc);   /* O += P V of tile kt-1 done here ... */
 	ap_kir_barrier(k, v->cur);                  /* ... and in every warpgroup: its stage is free */
-	ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, ap_kir_addi(k, ap_kir_ref(k, kt), 1), ap_kir_idx(k, s->ntiles)), &s2, NULL);
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, ap_kir_addi(k, ap_kir_ref(k, kt), 1), s->nt), &s2, NULL);
 	if (c->tma) {
 		tma_fill(s, ap_kir_addi(k, ap_kir_ref(k, kt), 1), prev);
 	} else {
@@ -1050,8 +1087,9 @@ static void ov_key_loop(att_tc *s)
 	ap_v_close(v, ksaved);
 	/* the last tile's O += P V */
 	if (c->tma)
-		s->vbase = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_AND, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles - 1),
-							ap_kir_idx(k, 1)), s->BK * s->ldv);
+		s->vbase = ap_kir_muli(k, last_stage(s, ap_kir_ref(k, s->kn)), s->BK * s->ldv);
+	else if (s->c->p->causal_k >= 0)
+		s->vbase = ap_kir_muli(k, last_stage(s, ap_kir_idx(k, 0)), s->BK * s->ldv);
 	else
 		s->vbase = ap_kir_idx(k, ((s->ntiles - 1) & 1) * s->BK * s->ldv);
 	wg_pv(s, true);
@@ -1081,7 +1119,7 @@ static void ws_overlap_loop(att_tc *s)
 	ap_vctx *v = c->v;
 	ap_kir_block *ksaved, *s2;
 	ap_kir_stmt *first;
-	ap_kir_var *kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s->ntiles), 1, &ksaved);
+	ap_kir_var *kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), s->nt, 1, &ksaved);
 	ap_kir_expr *u = tma_use(s, ap_kir_ref(k, kt)), *st, *prev, *last;
 
 	tma_wait(s, u);
@@ -1107,7 +1145,7 @@ static void ws_overlap_loop(att_tc *s)
 	ov_commit_probabilities(s);
 	ap_v_close(v, ksaved);
 	last = ap_kir_bind(k, v->cur, k->index_type, "sl",
-			   ap_kir_binary(k, AP_KIR_AND, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles - 1), ap_kir_idx(k, 1)));
+			   last_stage(s, ap_kir_ref(k, s->kn)));
 	s->vbase = ap_kir_muli(k, last, s->BK * s->ldv);
 	wg_pv(s, true);
 	ws_release(s, last);
@@ -1163,6 +1201,7 @@ static void ws_produce(att_tc *s, unsigned grid, ap_kir_var *qp)
 		c->stage_nt = 128;
 	}
 	q0 = ap__att_open_tiles(c, s->BQ, grid, &tsaved);
+	tile_bound(s, q0);
 	ws_wait_free(s, ap_kir_idx(k, 2), ap_kir_ref(k, qp));
 	if (c->tma) {
 		ap_kir_stmt *one = tma_issuer(s);
@@ -1177,7 +1216,7 @@ static void ws_produce(att_tc *s, unsigned grid, ap_kir_var *qp)
 		ws_announce(s, ap_kir_idx(k, 2), p->aw[0]);
 	}
 	ap_kir_assign(k, v->cur, qp, ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, qp), ap_kir_idx(k, 1)));
-	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s->ntiles), 1, &ksaved);
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), s->nt, 1, &ksaved);
 	u = tma_use(s, ap_kir_ref(k, kt));
 	st = ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1));
 	if (!c->tma)
@@ -1191,7 +1230,7 @@ static void ws_produce(att_tc *s, unsigned grid, ap_kir_var *qp)
 		ws_announce(s, st, p->aw[1] || p->aw[2]);
 	}
 	ap_v_close(v, ksaved);
-	ap_kir_assign(k, v->cur, s->kn, ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles));
+	ap_kir_assign(k, v->cur, s->kn, ap_kir_add(k, ap_kir_ref(k, s->kn), s->nt));
 	ap_v_close(v, tsaved);
 	c->stage_tid = NULL;
 	c->stage_nt = 0;
@@ -1246,6 +1285,7 @@ static void emit_ws(att_tc *s, const ap_target_info *t, int W)
 	ap_kir_let(k, v->cur, s->kn, ap_kir_idx(k, 0));
 	ap_kir_let(k, v->cur, s->qph, ap_kir_idx(k, 0));
 	q0 = ap__att_open_tiles(c, s->BQ, grid, &tsaved);
+	tile_bound(s, q0);
 	s->wrow = ap_kir_bind(k, v->cur, k->index_type, "wr", ap_kir_add(k, q0, ap_kir_muli(k, s->warp, 16)));
 	ap_kir_mbar_wait(k, v->cur, s->full, ap_kir_idx(k, 2), ap_kir_ref(k, s->qph));
 	tc_init_state(s);
@@ -1253,7 +1293,7 @@ static void emit_ws(att_tc *s, const ap_target_info *t, int W)
 		ws_overlap_loop(s);
 		goto stored;
 	}
-	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s->ntiles), 1, &ksaved);
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), s->nt, 1, &ksaved);
 	u = tma_use(s, ap_kir_ref(k, kt));
 	tma_wait(s, u);
 	{
@@ -1341,6 +1381,7 @@ int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *e
 		return ap_kir_failed(k) ? ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention") : 0;
 	}
 	q0 = ap__att_open_tiles(c, s.BQ, c->tma ? tma_grid(&s, t) : 0, &tsaved);
+	tile_bound(&s, q0);
 	/* the first of this warp's 16 rows */
 	s.wrow = ap_kir_bind(k, v->cur, k->index_type, "wr", ap_kir_add(k, q0, ap_kir_muli(k, s.warp, 16)));
 	tc_load_q(&s, q0);
@@ -1352,7 +1393,7 @@ int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *e
 		ap_v_close(v, tsaved);
 		return 0;
 	}
-	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, s.ntiles), 1, &ksaved);
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), s.nt, 1, &ksaved);
 	tc_stage_kv(&s, kt);
 	if (c->wg)
 		wg_qk(&s, true);
