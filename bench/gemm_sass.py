@@ -2,7 +2,8 @@
 """gemm_sass.py -- what a GEMM's main loop costs, read from its SASS.
 
     gemm_sass.py [--target sm_90] [--dtype float16] [--size 4096]
-                 [--allow-tf32] [--tma] [--attention D [--heads H]] [--nvdisasm PATH]
+                 [--allow-tf32] [--tma] [--attention D [--heads H] [--causal]]
+                 [--nvdisasm PATH]
 
 Compiles a SIZE^3 MatMul for --target through the daemon at
 $APOLLO_SOCKET (cubin), disassembles each kernel with nvdisasm (Triton's
@@ -20,8 +21,9 @@ K tile, 16 of them HMMA.  A static count, not a timing: no GPU needed.
 --attention D reads the attention forward instead: H heads (default 8) of
 SIZE queries and SIZE keys at head dim D, Apollo's Attention with
 fp32_scores (the scores and the softmax in float32, as bench/gemm_shapes.py's
-ONNX Attention and F.scaled_dot_product_attention), its key loop per key
-tile (scores, softmax, O += P V, the next tile's copies).
+ONNX Attention and F.scaled_dot_product_attention; --causal: is_causal),
+its key loop per key tile (scores, softmax, O += P V, the next tile's
+copies).
 """
 import argparse
 import glob
@@ -129,6 +131,7 @@ def main():
     ap.add_argument("--attention", type=int, default=0, metavar="D",
                     help="the attention forward at head dim D instead of a MatMul")
     ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--causal", action="store_true", help="--attention with is_causal")
     ap.add_argument("--nvdisasm", default=None)
     a = ap.parse_args()
     tool = a.nvdisasm or next(iter(glob.glob(os.path.join(os.path.dirname(__file__), "..", ".venv", "lib", "python3*",
@@ -144,7 +147,8 @@ def main():
     if a.attention:
         d = a.attention
         q, k, v = (g.input(nm, DT[a.dtype], [1, a.heads, n, d]) for nm in "qkv")
-        (y,) = g.node("Attention", [q, k, v], {"scale": 1 / math.sqrt(d), "fp32_scores": 1})
+        (y,) = g.node("Attention", [q, k, v], {"scale": 1 / math.sqrt(d), "fp32_scores": 1,
+                                               "is_causal": int(a.causal)})
     else:
         x, w = g.input("a", DT[a.dtype], [n, n]), g.input("b", DT[a.dtype], [n, n])
         (y,) = g.node("MatMul", [x, w])
@@ -158,7 +162,8 @@ def main():
     page = os.path.join(tempfile.mkdtemp(prefix="gemm-sass-"), "p.html")
     b.explain_html(page)
     sched = sorted(set(re.findall(r"(?:bm|warps)=[^<\"\n]*", open(page).read())))
-    what = "attention %d x %d x %d, head dim %d," % (a.heads, n, n, a.attention) if a.attention else "%d^3" % n
+    what = ("%sattention %d x %d x %d, head dim %d," % ("causal " if a.causal else "", a.heads, n, n, a.attention)
+            if a.attention else "%d^3" % n)
     print("gemm_sass: %s %s%s%s on %s, schedule %s" % (what, a.dtype, " (TF32)" if a.allow_tf32 else "",
                                                        " (TMA)" if a.tma else "", a.target, "; ".join(sched)))
     print("%-11s %7s %7s %6s %7s %6s %9s %6s %6s %7s %14s" % ("kernel", "instrs", "mul", "share", "m16n8k16", "bar",

@@ -1973,7 +1973,9 @@ typedef struct att_case {
 					    into the exponent (attention.c scale_fold) -- and with
 					    stats the maxima and sums alone; 3: as 2 with a causal
 					    mask (key j > row i: -inf, expand.c's causal_cond),
-					    each query tile's key loop stopped at its diagonal */
+					    each query tile's key loop stopped at its diagonal; 4:
+					    as 1 (the mask added) with the causal mask after it,
+					    the scale not folded */
 } att_case;
 
 static const att_case *g_ac;
@@ -2012,7 +2014,7 @@ static void ref_attention(const ap_mgraph *m, const buffers *in, double **want)
 					for (int64_t e = 0; e < c->D; e++)
 						d += (double)q[(bh * c->Nq + i) * c->D + e] * kk[kv_at(c, b, h, j, e, c->D)];
 					if (c->fp32) {
-						sc[j] = c->fp32 == 3 && j > i ? -INFINITY
+						sc[j] = c->fp32 >= 3 && j > i ? -INFINITY
 							: d / 4.0 + (mask ? mask[i * c->Nk + j] : 0);
 					} else {
 						d = half_round(c->dt, (float)d);
@@ -2031,7 +2033,7 @@ static void ref_attention(const ap_mgraph *m, const buffers *in, double **want)
 						o += exp(sc[j] - mx) / sum * v[kv_at(c, b, h, j, dv, c->Dv)];
 					want[0][((b * c->Nq + i) * c->H + h) * c->Dv + dv] = o;
 				}
-				if (c->stats && c->fp32 >= 2) {
+				if (c->stats && (c->fp32 == 2 || c->fp32 == 3)) {
 					want[1][bh * c->Nq + i] = mx;
 					want[2][bh * c->Nq + i] = sum;
 				} else if (c->stats) {
@@ -2083,7 +2085,7 @@ static ap_graph *attention_graph(const att_case *c)
 {
 	ap_graph *g = ap_graph_new("att");
 	int64_t B = c->B, H = c->H, Nq = c->Nq, Nk = c->Nk, D = c->D, Dv = c->Dv;
-	int q, kk, v, mask, four, kt, y1, sc, s2, mx, d, e, l, pr, pr16, o, ot, n;
+	int q, kk, v, mask, four, kt, y1, sc, s2, sm, mx, d, e, l, pr, pr16, o, ot, n;
 
 	g_dt = c->dt;
 	q = tensor(g, "q", DIMS(B, H, Nq, D), AP_TENSOR_INPUT);
@@ -2108,11 +2110,12 @@ static ap_graph *attention_graph(const att_case *c)
 	pr16 = c->fp32 ? tensor(g, "p16", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE) : -1;
 	if (c->fp32)
 		g_dt = AP_DT_F32;   /* the scores, the mask and the softmax */
-	mask = c->fp32 < 2 ? tensor(g, "mask", DIMS(Nq, Nk), AP_TENSOR_INPUT) : -1;
+	mask = c->fp32 < 2 || c->fp32 == 4 ? tensor(g, "mask", DIMS(Nq, Nk), AP_TENSOR_INPUT) : -1;
 	four = scalar_dt(g, "four", 4.0f);
 	y1 = tensor(g, "y1", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
 	sc = tensor(g, "sc", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
 	s2 = mask >= 0 || c->fp32 == 3 ? tensor(g, "s2", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE) : sc;
+	sm = c->fp32 == 4 ? tensor(g, "sm", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE) : s2;   /* the masked scores */
 	mx = tensor(g, "mx", DIMS(B, H, Nq, 1), AP_TENSOR_VALUE);
 	d = tensor(g, "d", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
 	e = tensor(g, "e", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE);
@@ -2127,8 +2130,8 @@ static ap_graph *attention_graph(const att_case *c)
 	node(g, "qk", AP_OP_MATMUL, LIST(q, kt), LIST(y1));
 	node(g, "scale", AP_OP_DIV, LIST(y1, four), LIST(sc));
 	if (mask >= 0)
-		node(g, "mask", AP_OP_ADD, LIST(sc, mask), LIST(s2));
-	if (c->fp32 == 3) {   /* Where(Cast(Trilu(Expand(1), lower, k = 0)), sc, -inf) */
+		node(g, "mask", AP_OP_ADD, LIST(sc, mask), LIST(sm));
+	if (c->fp32 >= 3) {   /* Where(Cast(Trilu(Expand(1), lower, k = 0)), sc, -inf) */
 		int one = scalar(g, "one", 1.0f), ninf = scalar(g, "ninf", -INFINITY);
 		int ex = tensor(g, "ones", DIMS(Nq, Nk), AP_TENSOR_VALUE), tri = tensor(g, "tri", DIMS(Nq, Nk), AP_TENSOR_VALUE);
 		int cond;
@@ -2142,7 +2145,7 @@ static ap_graph *attention_graph(const att_case *c)
 		ap_node_set_int(g, n, "k", 0);
 		n = node(g, "causal", AP_OP_CAST, LIST(tri), LIST(cond));
 		ap_node_set_int(g, n, "to", AP_DT_BOOL);
-		node(g, "where", AP_OP_WHERE, LIST(cond, sc, ninf), LIST(s2));
+		node(g, "where", AP_OP_WHERE, LIST(cond, sm == s2 ? sc : sm, ninf), LIST(s2));
 	}
 	n = node(g, "max", AP_OP_REDUCE_MAX, LIST(s2), LIST(mx));
 	reduce_axes(g, n, (const int64_t[]){3}, 1, 1);
@@ -2161,7 +2164,7 @@ static ap_graph *attention_graph(const att_case *c)
 	ap_node_set_ints(g, n, "perm", (const int64_t[]){0, 2, 1, 3}, 4);
 	output(g, ot);
 	if (c->stats) {
-		if (c->fp32 < 2)
+		if (c->fp32 < 2 || c->fp32 == 4)
 			output(g, s2);
 		output(g, mx);
 		output(g, l);
@@ -2311,14 +2314,21 @@ END_TEST
  * keys, head dim 64: 64-key tiles past the first query tile's diagonal
  * never visited) and sm_90 (mma.sync, bfloat16, 70 queries and 150 keys:
  * query tiles whose bound falls inside and at the end of the keys, the
- * last tile partial), every sampled configuration in the checking host
- * mode against float64, Y and the row maxima and sums. */
+ * last tile partial; and float16 with an additive mask before the causal
+ * one, whose tiles below the diagonal take the masked scores without the
+ * causal test), every sampled configuration in the checking host mode
+ * against float64, Y and the row maxima and sums.  The scale is folded
+ * where no additive mask comes between (attention.c scale_fold): tiles
+ * below the diagonal then do nothing to their products. */
 START_TEST(attention_causal)
 {
 	static const att_case wg = {"attention_wg_causal_f16", AP_DT_F16, 1, 2, 128, 256, 64, 64, true, "sm_90a", 2e-3, 3};
 	static const att_case tc = {"attention_tc_causal_bf16", AP_DT_BF16, 1, 2, 70, 150, 24, 20, true, "sm_90", 1e-2, 3};
+	static const att_case mk = {"attention_tc_causal_mask_f16", AP_DT_F16, 1, 2, 70, 150, 16, 12, false, "sm_90", 2e-3,
+				    4};
 	lcase l1 = {wg.name, "attention", {"wgmma.mma_async", "nt"}, {"wgmma.mma_async.sync.aligned"}};
 	lcase l2 = {tc.name, "attention", {"mma.sync", "nt"}, {"mma.sync.aligned.m16n8k16.row.col.f32.bf16"}};
+	lcase l3 = {mk.name, "attention", {"mma.sync", "nt"}, {"mma.sync.aligned.m16n8k16"}};
 
 	g_golden_target = "sm_90a";
 	g_sms = 1;   /* one persistent block (tma, ws) through every query tile: the stages' phases
@@ -2327,6 +2337,7 @@ START_TEST(attention_causal)
 	g_sms = 0;
 	g_golden_target = NULL;
 	run_attention_case(&tc, &l2);
+	run_attention_case(&mk, &l3);
 }
 END_TEST
 

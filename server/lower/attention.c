@@ -367,25 +367,39 @@ static int classify_outputs(const ap_graph *g, att_plan *p, char *why, size_t ca
 	return 1;
 }
 
+/* S = Where(cond, x, -inf): x, else -1. */
+static int where_ninf(const ap_graph *g, int s)
+{
+	int w = producer(g, s, AP_OP_WHERE);
+	double v;
+
+	return w >= 0 && g->nodes[w].n_inputs == 3 && ap_tensor_scalar(g, g->nodes[w].inputs[2], &v) &&
+	       v == -INFINITY ? g->nodes[w].inputs[1] : -1;
+}
+
 /* FlashAttention-2's fold of the softmax scale (Dao 2023, section 3.1:
  * the scale with log2(e) in one multiply-add before exp2): where S is
- * Y1 times (or divided by) a positive finite scalar constant with Y1 and
- * S in the accumulation type -- no rounding between -- and S is not
- * written, softmax(S) = softmax over c Y1 computed from Y1's row maxima:
- * exp(S - max S) = exp2(Y1 c log2(e) - max(Y1) c log2(e)), the maximum
- * of S being c times Y1's (c > 0).  The factor c, or 0. */
-static double scale_fold(const ap_graph *g, const att_plan *p)
+ * x = c Y1, Y1 times (or divided by) a positive finite scalar constant,
+ * or Where(cond, x, -inf) (a causal or boolean mask), with Y1, x and S in
+ * the accumulation type -- no rounding between -- and S not written,
+ * softmax(S) = softmax over S / c computed from Y1 (or -inf) and its row
+ * maxima: exp(S - max S) = exp2((S / c) c log2(e) - max(S / c) c log2(e))
+ * (c > 0).  The factor c and p->sx = x, or 0. */
+static double scale_fold(const ap_graph *g, att_plan *p)
 {
-	int n = g->tensors[p->s].producer;
+	int x = where_ninf(g, p->s) >= 0 ? where_ninf(g, p->s) : p->s, n = g->tensors[x].producer;
 	const ap_node *nd = n >= 0 ? &g->nodes[n] : NULL;
 	double c;
 
 	if (!nd || p->s_out || nd->n_inputs != 2 || nd->inputs[0] != p->y1 ||
 	    (nd->op != AP_OP_MUL && nd->op != AP_OP_DIV) || g->tensors[p->y1].dtype != p->acc ||
-	    g->tensors[p->s].dtype != p->acc || !ap_tensor_scalar(g, nd->inputs[1], &c))
+	    g->tensors[x].dtype != p->acc || g->tensors[p->s].dtype != p->acc ||
+	    !ap_tensor_scalar(g, nd->inputs[1], &c) ||
+	    !ap_dims_equal(g->tensors[x].rank, g->tensors[x].dims, g->tensors[p->s].rank, g->tensors[p->s].dims))
 		return 0;
 	if (nd->op == AP_OP_DIV)
 		c = 1 / c;
+	p->sx = x;
 	return c > 0 && isfinite(c) ? c : 0;
 }
 
@@ -393,14 +407,15 @@ static double scale_fold(const ap_graph *g, const att_plan *p)
  * with cond [.., Nq, Nk] = Cast(Trilu(Expand(c), lower, k)) of a nonzero
  * scalar c -- true where key j <= query i + k (expand.c causal_cond) --
  * so that every score past row i's diagonal is -inf; else -1. */
-static int64_t causal_of(const ap_graph *g, const att_plan *p)
+static int64_t causal_of(const ap_graph *g, att_plan *p)
 {
-	int w = producer(g, p->s, AP_OP_WHERE), cast, tri, ex;
+	int w = producer(g, p->s, AP_OP_WHERE), cast, tri, ex, x = where_ninf(g, p->s);
 	const ap_tensor *ct;
 	double v;
 	int64_t kk;
 
-	if (w < 0 || g->nodes[w].n_inputs != 3 || !ap_tensor_scalar(g, g->nodes[w].inputs[2], &v) || v != -INFINITY)
+	if (x < 0 || !ap_dims_equal(g->tensors[x].rank, g->tensors[x].dims, g->tensors[p->s].rank,
+				    g->tensors[p->s].dims))
 		return -1;
 	ct = &g->tensors[g->nodes[w].inputs[0]];
 	cast = producer(g, g->nodes[w].inputs[0], AP_OP_CAST);
@@ -411,6 +426,7 @@ static int64_t causal_of(const ap_graph *g, const att_plan *p)
 	    !ap_tensor_scalar(g, g->nodes[ex].inputs[0], &v) || v == 0 || v != v)
 		return -1;
 	kk = ap_node_int(&g->nodes[tri], "k", 0);
+	p->cx = x;
 	return kk >= 0 ? kk : -1;
 }
 
@@ -439,6 +455,7 @@ static int analyze(const ap_mgraph *m, const ap_target_info *t, att_plan *p, cha
 		plan_clear(p);
 		return 0;
 	}
+	p->sx = p->cx = -1;
 	p->sfold = scale_fold(g, p);
 	p->causal_k = causal_of(g, p);
 	return 1;

@@ -47,8 +47,10 @@ typedef struct att_plan {
 					   tile comes by TMA too */
 	int64_t causal_k;               /* k >= 0 where S is Where(j <= i + k, x, -inf) of a causal
 					   mask (attention.c causal_of): the tensor-core form
-					   stops each query tile's key loop at its diagonal;
-					   -1 otherwise */
+					   stops each query tile's key loop at its diagonal and
+					   takes S = x in tiles below it; -1 otherwise */
+	int cx;                         /* that x (S's shape) */
+	int sx;                         /* with sfold: c * Y1, S itself or the causal Where's x */
 	double sfold;                   /* c > 0 where S = c * Y1 is one Mul (or Div) by a
 					   constant, both in the accumulation type, and S is
 					   not written: the tensor-core form keeps the row
@@ -229,6 +231,10 @@ typedef struct actx {
 	ap_kir_kernel *k;
 	ap_kir_expr *bc[AP_MAX_RANK];   /* the block's batch coordinates */
 	ap_kir_expr *dot;               /* leaf hook: Y1's value (a lane's dot product) */
+	bool fold;                      /* the tensor-core form's scale fold (p->sfold): the leaf
+					   c * Y1 (p->sx) is the dot product itself */
+	bool visible;                   /* ap__att_score evaluates the causal Where's x (p->cx):
+					   a tile every key of which the rows see */
 	ap_kir_expr *mval, *lval;       /* leaf hook: the row's max and sum (accumulator type) */
 	ap_kir_expr *out;               /* leaf hook: O's value */
 	bool wg;                        /* the tensor-core form on wgmma (sm_90a): Q, K and V

@@ -59,6 +59,8 @@ ap_kir_expr *ap__att_leaf(ap_vctx *v, int t, ap_lidx *ix, void *user)
 {
 	actx *c = user;
 
+	if (c->fold && t == c->p->sx && c->dot)
+		return c->dot;
 	if (t == c->p->y1 && c->dot)
 		return ap_kir_cast(v->k, v->g->tensors[t].dtype, c->dot);
 	if (t == c->p->o && c->out)
@@ -226,7 +228,7 @@ void ap__att_score(actx *c, ap_kir_var *sv, ap_kir_expr *dot, ap_kir_expr *row, 
 	rowc = ap_kir_binary(k, AP_KIR_MIN, row, ap_kir_idx(k, p->Nq - 1));
 	c->dot = ap_kir_bind(k, v->cur, dot->type, "dot", dot);
 	ix = ap__att_idx2(c, p->s, rowc, key);
-	ap_kir_assign(k, v->cur, sv, ap_kir_cast(k, sv->type, ap_val(v, p->s, &ix)));
+	ap_kir_assign(k, v->cur, sv, ap_kir_cast(k, sv->type, ap_val(v, c->visible ? p->cx : p->s, &ix)));
 	if (p->s_out) {
 		ap_kir_block *s3;
 		ap_lidx ox = ap__att_idx2(c, p->s, row, key);

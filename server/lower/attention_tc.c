@@ -765,13 +765,13 @@ static void tc_qk(att_tc *s)
 	ap_v_close(v, saved);
 }
 
-/* The scores: the first product's epilogue (score) on each element a
- * lane holds, element e of n8 tile ni at row wrow + g + 8 * (e / 2), key
- * key0 + 8 * ni + 2 * tq + e % 2; -inf past the last key (no test where
- * the key tiles end at the last key: the tile loop never passes it).
- * With the scale folded (p->sfold) the products are the scores divided
- * by it: only the keys past the last are set, to -inf. */
-static void tc_scores(att_tc *s)
+/* The scores' pass over the lane's elements, element e of n8 tile ni at
+ * row wrow + g + 8 * (e / 2), key key0 + 8 * ni + 2 * tq + e % 2: `eval`,
+ * the first product's epilogue on each (ap__att_score: S, or the causal
+ * Where's x with c->visible; with c->fold S / c), -inf past the last key
+ * where a tile passes it; else (the products are already the scores)
+ * only that key mask. */
+static void score_pass(att_tc *s, bool eval)
 {
 	actx *c = s->c;
 	ap_kir_kernel *k = c->k;
@@ -780,7 +780,7 @@ static void tc_scores(att_tc *s)
 	bool masked = c->p->Nk % s->BK != 0;   /* a tile passes the last key */
 	ap_kir_var *ni;
 
-	if (c->p->sfold > 0 && !masked)
+	if (!eval && !masked)
 		return;
 	ni = ap_v_loop_unrolled(v, "ni", s->NS, &saved);
 	for (int e = 0; e < 4; e++) {
@@ -792,7 +792,7 @@ static void tc_scores(att_tc *s)
 		ap_kir_var *sv;
 		ap_kir_block *s2;
 
-		if (c->p->sfold > 0) {
+		if (!eval) {
 			ap_kir_store(k, v->cur, s->sacc, si,
 				     ap_kir_select(k, ap_kir_binary(k, AP_KIR_LT, key, ap_kir_idx(k, c->p->Nk)),
 						   ap_kir_load(k, s->sacc, si), s->ninf));
@@ -808,6 +808,36 @@ static void tc_scores(att_tc *s)
 			ap_v_close(v, s2);
 		ap_kir_store(k, v->cur, s->sacc, si, ap_kir_ref(k, sv));
 	}
+	ap_v_close(v, saved);
+}
+
+/* The scores of the tile in sacc (score_pass).  With the scale folded
+ * (p->sfold) and S = c Y1 the products are S / c already.  Under a causal
+ * mask (p->causal_k = k), a tile whose every key this warp's rows see --
+ * key0 + BK - 1 <= wrow + k, wrow its first row -- takes the Where's x
+ * (nothing at all when that is c Y1, folded), the tiles on the diagonal
+ * the whole epilogue, mask included (FlashAttention-2 masks only the
+ * diagonal blocks, section 3.1.1). */
+static void tc_scores(att_tc *s)
+{
+	actx *c = s->c;
+	const att_plan *p = c->p;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_block *saved;
+	ap_kir_stmt *diag;
+
+	if (p->causal_k < 0) {
+		score_pass(s, !(c->fold && p->sx == p->s));
+		return;
+	}
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_LE, ap_kir_addi(k, s->key0, s->BK - 1), ap_kir_addi(k, s->wrow, p->causal_k)),
+		&saved, &diag);
+	c->visible = true;
+	score_pass(s, !(c->fold && p->sx == p->cx));
+	c->visible = false;
+	ap_v_else(v, diag);
+	score_pass(s, true);
 	ap_v_close(v, saved);
 }
 
@@ -1341,6 +1371,7 @@ int ap__att_emit_tc(actx *c, const ap_target_info *t, int W, int BK, ap_error *e
 	s.T = p->t;
 	s.A = AP_DT_F32;
 	s.sc = p->sfold > 0 ? p->sfold : 1;
+	c->fold = p->sfold > 0;
 	s.Dp = tc_dpad(p);
 	s.Dvp = tc_dvpad(p);
 	s.ldq = tc_ldq(p);

@@ -111,186 +111,198 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_causal_bf16(__n
 					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(sf[(ni43 * 4)]), "=f"(sf[(ni43 * 4) + 1]), "=f"(sf[(ni43 * 4) + 2]), "=f"(sf[(ni43 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8)]) | ((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(qf[(kq42 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(kf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(kf[0 + 3]) << 16))), "f"(sf[(ni43 * 4)]), "f"(sf[(ni43 * 4) + 1]), "f"(sf[(ni43 * 4) + 2]), "f"(sf[(ni43 * 4) + 3]));
 				}
 			}
-			#pragma unroll
-			for (int ni44 = 0; ni44 < 8; ni44 += 1) {
-				int key45 = ((k029 + (ni44 * 8)) + (tq3 * 2));
-				int r46 = (wr9 + g2);
-				float s47 = (-AP_INFF);
-				if ((key45 < 150)) {
-					float dot48 = sf[(ni44 * 4)];
-					float v49 = (((((long long)key45) - ((long long)(r46 < 69 ? r46 : 69))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
-					unsigned char v50 = (v49 != 0x0p+0f);
-					float v51 = (dot48 / 0x1p+2f);
-					float v52 = (v50 ? v51 : (-AP_INFF));
-					s47 = v52;
-				}
-				sf[(ni44 * 4)] = s47;
-				int key53 = ((k029 + (ni44 * 8)) + ((tq3 * 2) + 1));
-				int r54 = (wr9 + g2);
-				float s55 = (-AP_INFF);
-				if ((key53 < 150)) {
-					float dot56 = sf[((ni44 * 4) + 1)];
-					float v57 = (((((long long)key53) - ((long long)(r54 < 69 ? r54 : 69))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
-					unsigned char v58 = (v57 != 0x0p+0f);
-					float v59 = (dot56 / 0x1p+2f);
-					float v60 = (v58 ? v59 : (-AP_INFF));
-					s55 = v60;
-				}
-				sf[((ni44 * 4) + 1)] = s55;
-				int key61 = ((k029 + (ni44 * 8)) + (tq3 * 2));
-				int r62 = (wr9 + (g2 + 8));
-				float s63 = (-AP_INFF);
-				if ((key61 < 150)) {
-					float dot64 = sf[((ni44 * 4) + 2)];
-					float v65 = (((((long long)key61) - ((long long)(r62 < 69 ? r62 : 69))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
-					unsigned char v66 = (v65 != 0x0p+0f);
-					float v67 = (dot64 / 0x1p+2f);
-					float v68 = (v66 ? v67 : (-AP_INFF));
-					s63 = v68;
-				}
-				sf[((ni44 * 4) + 2)] = s63;
-				int key69 = ((k029 + (ni44 * 8)) + ((tq3 * 2) + 1));
-				int r70 = (wr9 + (g2 + 8));
-				float s71 = (-AP_INFF);
-				if ((key69 < 150)) {
-					float dot72 = sf[((ni44 * 4) + 3)];
-					float v73 = (((((long long)key69) - ((long long)(r70 < 69 ? r70 : 69))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
-					unsigned char v74 = (v73 != 0x0p+0f);
-					float v75 = (dot72 / 0x1p+2f);
-					float v76 = (v74 ? v75 : (-AP_INFF));
-					s71 = v76;
-				}
-				sf[((ni44 * 4) + 3)] = s71;
-			}
-			float mx77 = (-AP_INFF);
-			#pragma unroll
-			for (int ni78 = 0; ni78 < 8; ni78 += 1) {
-				mx77 = fmaxf(mx77, sf[(ni78 * 4)]);
-				mx77 = fmaxf(mx77, sf[((ni78 * 4) + 1)]);
-			}
-			float wm79 = mx77;
-			float sh80;
-			sh80 = __shfl_xor_sync(0xffffffffu, wm79, (int)2, 32);
-			wm79 = (wm79 > sh80 ? wm79 : sh80);
-			float sh81;
-			sh81 = __shfl_xor_sync(0xffffffffu, wm79, (int)1, 32);
-			wm79 = (wm79 > sh81 ? wm79 : sh81);
-			float mn82 = (m23 > wm79 ? m23 : wm79);
-			unsigned char dd83 = (mn82 == (-AP_INFF));
-			float al84 = (dd83 ? 0x1p+0f : expf((m23 - mn82)));
-			float ml85 = (dd83 ? 0x0p+0f : (mn82 * 0x1.715476p+0f));
-			float rs86 = 0x0p+0f;
-			float mx87 = (-AP_INFF);
-			#pragma unroll
-			for (int ni88 = 0; ni88 < 8; ni88 += 1) {
-				mx87 = fmaxf(mx87, sf[((ni88 * 4) + 2)]);
-				mx87 = fmaxf(mx87, sf[((ni88 * 4) + 3)]);
-			}
-			float wm89 = mx87;
-			float sh90;
-			sh90 = __shfl_xor_sync(0xffffffffu, wm89, (int)2, 32);
-			wm89 = (wm89 > sh90 ? wm89 : sh90);
-			float sh91;
-			sh91 = __shfl_xor_sync(0xffffffffu, wm89, (int)1, 32);
-			wm89 = (wm89 > sh91 ? wm89 : sh91);
-			float mn92 = (m25 > wm89 ? m25 : wm89);
-			unsigned char dd93 = (mn92 == (-AP_INFF));
-			float al94 = (dd93 ? 0x1p+0f : expf((m25 - mn92)));
-			float ml95 = (dd93 ? 0x0p+0f : (mn92 * 0x1.715476p+0f));
-			float rs96 = 0x0p+0f;
-			#pragma unroll
-			for (int ni97 = 0; ni97 < 8; ni97 += 1) {
-				float p98 = ap_ex2f(((sf[(ni97 * 4)] * 0x1.715476p+0f) - ml85));
-				rs86 = (rs86 + p98);
-				pf[(ni97 * 4)] = __float2bfloat16_rn(p98);
-				float p99 = ap_ex2f(((sf[((ni97 * 4) + 1)] * 0x1.715476p+0f) - ml85));
-				rs86 = (rs86 + p99);
-				pf[((ni97 * 4) + 1)] = __float2bfloat16_rn(p99);
-				float p100 = ap_ex2f(((sf[((ni97 * 4) + 2)] * 0x1.715476p+0f) - ml95));
-				rs96 = (rs96 + p100);
-				pf[((ni97 * 4) + 2)] = __float2bfloat16_rn(p100);
-				float p101 = ap_ex2f(((sf[((ni97 * 4) + 3)] * 0x1.715476p+0f) - ml95));
-				rs96 = (rs96 + p101);
-				pf[((ni97 * 4) + 3)] = __float2bfloat16_rn(p101);
-			}
-			l24 = ((l24 * al84) + rs86);
-			m23 = mn82;
-			l26 = ((l26 * al94) + rs96);
-			m25 = mn92;
-			#pragma unroll
-			for (int no102 = 0; no102 < 3; no102 += 1) {
-				of[(no102 * 4)] = (of[(no102 * 4)] * al84);
-				of[((no102 * 4) + 1)] = (of[((no102 * 4) + 1)] * al84);
-				of[((no102 * 4) + 2)] = (of[((no102 * 4) + 2)] * al94);
-				of[((no102 * 4) + 3)] = (of[((no102 * 4) + 3)] * al94);
-			}
-			#pragma unroll
-			for (int kj103 = 0; kj103 < 4; kj103 += 1) {
+			if (((k029 + 63) <= wr9)) {
 				#pragma unroll
-				for (int no104 = 0; no104 < 3; no104 += 1) {
-					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((vb40 + ((((kj103 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 32) + (no104 * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
-					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no104 * 4)]), "=f"(of[(no104 * 4) + 1]), "=f"(of[(no104 * 4) + 2]), "=f"(of[(no104 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8)]) | ((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(pf[(kj103 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 3]) << 16))), "f"(of[(no104 * 4)]), "f"(of[(no104 * 4) + 1]), "f"(of[(no104 * 4) + 2]), "f"(of[(no104 * 4) + 3]));
+				for (int ni44 = 0; ni44 < 8; ni44 += 1) {
+					int key45 = ((k029 + (ni44 * 8)) + (tq3 * 2));
+					sf[(ni44 * 4)] = ((key45 < 150) ? sf[(ni44 * 4)] : (-AP_INFF));
+					int key46 = ((k029 + (ni44 * 8)) + ((tq3 * 2) + 1));
+					sf[((ni44 * 4) + 1)] = ((key46 < 150) ? sf[((ni44 * 4) + 1)] : (-AP_INFF));
+					int key47 = ((k029 + (ni44 * 8)) + (tq3 * 2));
+					sf[((ni44 * 4) + 2)] = ((key47 < 150) ? sf[((ni44 * 4) + 2)] : (-AP_INFF));
+					int key48 = ((k029 + (ni44 * 8)) + ((tq3 * 2) + 1));
+					sf[((ni44 * 4) + 3)] = ((key48 < 150) ? sf[((ni44 * 4) + 3)] : (-AP_INFF));
+				}
+			} else {
+				#pragma unroll
+				for (int ni49 = 0; ni49 < 8; ni49 += 1) {
+					int key50 = ((k029 + (ni49 * 8)) + (tq3 * 2));
+					int r51 = (wr9 + g2);
+					float s52 = (-AP_INFF);
+					if ((key50 < 150)) {
+						float dot53 = sf[(ni49 * 4)];
+						float v54 = (((((long long)key50) - ((long long)(r51 < 69 ? r51 : 69))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
+						unsigned char v55 = (v54 != 0x0p+0f);
+						float v56 = (v55 ? dot53 : (-AP_INFF));
+						s52 = v56;
+					}
+					sf[(ni49 * 4)] = s52;
+					int key57 = ((k029 + (ni49 * 8)) + ((tq3 * 2) + 1));
+					int r58 = (wr9 + g2);
+					float s59 = (-AP_INFF);
+					if ((key57 < 150)) {
+						float dot60 = sf[((ni49 * 4) + 1)];
+						float v61 = (((((long long)key57) - ((long long)(r58 < 69 ? r58 : 69))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
+						unsigned char v62 = (v61 != 0x0p+0f);
+						float v63 = (v62 ? dot60 : (-AP_INFF));
+						s59 = v63;
+					}
+					sf[((ni49 * 4) + 1)] = s59;
+					int key64 = ((k029 + (ni49 * 8)) + (tq3 * 2));
+					int r65 = (wr9 + (g2 + 8));
+					float s66 = (-AP_INFF);
+					if ((key64 < 150)) {
+						float dot67 = sf[((ni49 * 4) + 2)];
+						float v68 = (((((long long)key64) - ((long long)(r65 < 69 ? r65 : 69))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
+						unsigned char v69 = (v68 != 0x0p+0f);
+						float v70 = (v69 ? dot67 : (-AP_INFF));
+						s66 = v70;
+					}
+					sf[((ni49 * 4) + 2)] = s66;
+					int key71 = ((k029 + (ni49 * 8)) + ((tq3 * 2) + 1));
+					int r72 = (wr9 + (g2 + 8));
+					float s73 = (-AP_INFF);
+					if ((key71 < 150)) {
+						float dot74 = sf[((ni49 * 4) + 3)];
+						float v75 = (((((long long)key71) - ((long long)(r72 < 69 ? r72 : 69))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
+						unsigned char v76 = (v75 != 0x0p+0f);
+						float v77 = (v76 ? dot74 : (-AP_INFF));
+						s73 = v77;
+					}
+					sf[((ni49 * 4) + 3)] = s73;
+				}
+			}
+			float mx78 = (-AP_INFF);
+			#pragma unroll
+			for (int ni79 = 0; ni79 < 8; ni79 += 1) {
+				mx78 = fmaxf(mx78, sf[(ni79 * 4)]);
+				mx78 = fmaxf(mx78, sf[((ni79 * 4) + 1)]);
+			}
+			float wm80 = mx78;
+			float sh81;
+			sh81 = __shfl_xor_sync(0xffffffffu, wm80, (int)2, 32);
+			wm80 = (wm80 > sh81 ? wm80 : sh81);
+			float sh82;
+			sh82 = __shfl_xor_sync(0xffffffffu, wm80, (int)1, 32);
+			wm80 = (wm80 > sh82 ? wm80 : sh82);
+			float mn83 = (m23 > wm80 ? m23 : wm80);
+			unsigned char dd84 = (mn83 == (-AP_INFF));
+			float al85 = (dd84 ? 0x1p+0f : expf(((m23 - mn83) * 0x1p-2f)));
+			float ml86 = (dd84 ? 0x0p+0f : (mn83 * 0x1.715476p-2f));
+			float rs87 = 0x0p+0f;
+			float mx88 = (-AP_INFF);
+			#pragma unroll
+			for (int ni89 = 0; ni89 < 8; ni89 += 1) {
+				mx88 = fmaxf(mx88, sf[((ni89 * 4) + 2)]);
+				mx88 = fmaxf(mx88, sf[((ni89 * 4) + 3)]);
+			}
+			float wm90 = mx88;
+			float sh91;
+			sh91 = __shfl_xor_sync(0xffffffffu, wm90, (int)2, 32);
+			wm90 = (wm90 > sh91 ? wm90 : sh91);
+			float sh92;
+			sh92 = __shfl_xor_sync(0xffffffffu, wm90, (int)1, 32);
+			wm90 = (wm90 > sh92 ? wm90 : sh92);
+			float mn93 = (m25 > wm90 ? m25 : wm90);
+			unsigned char dd94 = (mn93 == (-AP_INFF));
+			float al95 = (dd94 ? 0x1p+0f : expf(((m25 - mn93) * 0x1p-2f)));
+			float ml96 = (dd94 ? 0x0p+0f : (mn93 * 0x1.715476p-2f));
+			float rs97 = 0x0p+0f;
+			#pragma unroll
+			for (int ni98 = 0; ni98 < 8; ni98 += 1) {
+				float p99 = ap_ex2f(((sf[(ni98 * 4)] * 0x1.715476p-2f) - ml86));
+				rs87 = (rs87 + p99);
+				pf[(ni98 * 4)] = __float2bfloat16_rn(p99);
+				float p100 = ap_ex2f(((sf[((ni98 * 4) + 1)] * 0x1.715476p-2f) - ml86));
+				rs87 = (rs87 + p100);
+				pf[((ni98 * 4) + 1)] = __float2bfloat16_rn(p100);
+				float p101 = ap_ex2f(((sf[((ni98 * 4) + 2)] * 0x1.715476p-2f) - ml96));
+				rs97 = (rs97 + p101);
+				pf[((ni98 * 4) + 2)] = __float2bfloat16_rn(p101);
+				float p102 = ap_ex2f(((sf[((ni98 * 4) + 3)] * 0x1.715476p-2f) - ml96));
+				rs97 = (rs97 + p102);
+				pf[((ni98 * 4) + 3)] = __float2bfloat16_rn(p102);
+			}
+			l24 = ((l24 * al85) + rs87);
+			m23 = mn83;
+			l26 = ((l26 * al95) + rs97);
+			m25 = mn93;
+			#pragma unroll
+			for (int no103 = 0; no103 < 3; no103 += 1) {
+				of[(no103 * 4)] = (of[(no103 * 4)] * al85);
+				of[((no103 * 4) + 1)] = (of[((no103 * 4) + 1)] * al85);
+				of[((no103 * 4) + 2)] = (of[((no103 * 4) + 2)] * al95);
+				of[((no103 * 4) + 3)] = (of[((no103 * 4) + 3)] * al95);
+			}
+			#pragma unroll
+			for (int kj104 = 0; kj104 < 4; kj104 += 1) {
+				#pragma unroll
+				for (int no105 = 0; no105 < 3; no105 += 1) {
+					{ unsigned ap_r0, ap_r1, ap_r2, ap_r3; const unsigned ap_sa = (unsigned)__cvta_generic_to_shared(vs) + (unsigned)((vb40 + ((((kj104 * 16) + ((((ln1 >> 3) & 1) * 8) + (ln1 & 7))) * 32) + (no105 * 8)))) * 2u; asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(ap_r0), "=r"(ap_r1) : "r"(ap_sa)); vf[0] = __ushort_as_bfloat16((unsigned short)(ap_r0 & 0xffffu)); vf[0 + 1] = __ushort_as_bfloat16((unsigned short)(ap_r0 >> 16)); vf[0 + 2] = __ushort_as_bfloat16((unsigned short)(ap_r1 & 0xffffu)); vf[0 + 3] = __ushort_as_bfloat16((unsigned short)(ap_r1 >> 16)); }
+					asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" : "=f"(of[(no105 * 4)]), "=f"(of[(no105 * 4) + 1]), "=f"(of[(no105 * 4) + 2]), "=f"(of[(no105 * 4) + 3]) : "r"(((unsigned)__bfloat16_as_ushort(pf[(kj104 * 8)]) | ((unsigned)__bfloat16_as_ushort(pf[(kj104 * 8) + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj104 * 8) + 2]) | ((unsigned)__bfloat16_as_ushort(pf[(kj104 * 8) + 3]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj104 * 8) + 4]) | ((unsigned)__bfloat16_as_ushort(pf[(kj104 * 8) + 5]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(pf[(kj104 * 8) + 6]) | ((unsigned)__bfloat16_as_ushort(pf[(kj104 * 8) + 7]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 1]) << 16))), "r"(((unsigned)__bfloat16_as_ushort(vf[0 + 2]) | ((unsigned)__bfloat16_as_ushort(vf[0 + 3]) << 16))), "f"(of[(no105 * 4)]), "f"(of[(no105 * 4) + 1]), "f"(of[(no105 * 4) + 2]), "f"(of[(no105 * 4) + 3]));
 				}
 			}
 		}
-		float ws105 = l24;
-		float sh106;
-		sh106 = __shfl_xor_sync(0xffffffffu, ws105, (int)2, 32);
-		ws105 = (ws105 + sh106);
+		float ws106 = l24;
 		float sh107;
-		sh107 = __shfl_xor_sync(0xffffffffu, ws105, (int)1, 32);
-		ws105 = (ws105 + sh107);
-		l24 = ws105;
-		float il108 = (0x1p+0f / l24);
-		float ws109 = l26;
-		float sh110;
-		sh110 = __shfl_xor_sync(0xffffffffu, ws109, (int)2, 32);
-		ws109 = (ws109 + sh110);
+		sh107 = __shfl_xor_sync(0xffffffffu, ws106, (int)2, 32);
+		ws106 = (ws106 + sh107);
+		float sh108;
+		sh108 = __shfl_xor_sync(0xffffffffu, ws106, (int)1, 32);
+		ws106 = (ws106 + sh108);
+		l24 = ws106;
+		float il109 = (0x1p+0f / l24);
+		float ws110 = l26;
 		float sh111;
-		sh111 = __shfl_xor_sync(0xffffffffu, ws109, (int)1, 32);
-		ws109 = (ws109 + sh111);
-		l26 = ws109;
-		float il112 = (0x1p+0f / l26);
+		sh111 = __shfl_xor_sync(0xffffffffu, ws110, (int)2, 32);
+		ws110 = (ws110 + sh111);
+		float sh112;
+		sh112 = __shfl_xor_sync(0xffffffffu, ws110, (int)1, 32);
+		ws110 = (ws110 + sh112);
+		l26 = ws110;
+		float il113 = (0x1p+0f / l26);
 		#pragma unroll
-		for (int no113 = 0; no113 < 3; no113 += 1) {
-			int r114 = (wr9 + g2);
-			int col115 = ((no113 * 8) + (tq3 * 2));
-			if (((r114 < 70) && (col115 < 20))) {
-				float o116 = (of[(no113 * 4)] * il108);
-				__nv_bfloat16 v117 = __float2bfloat16_rn(o116);
-				p0[(((r114 * 40) + (b7 * 20)) + col115)] = v117;
+		for (int no114 = 0; no114 < 3; no114 += 1) {
+			int r115 = (wr9 + g2);
+			int col116 = ((no114 * 8) + (tq3 * 2));
+			if (((r115 < 70) && (col116 < 20))) {
+				float o117 = (of[(no114 * 4)] * il109);
+				__nv_bfloat16 v118 = __float2bfloat16_rn(o117);
+				p0[(((r115 * 40) + (b7 * 20)) + col116)] = v118;
 			}
-			int r118 = (wr9 + g2);
-			int col119 = ((no113 * 8) + ((tq3 * 2) + 1));
-			if (((r118 < 70) && (col119 < 20))) {
-				float o120 = (of[((no113 * 4) + 1)] * il108);
-				__nv_bfloat16 v121 = __float2bfloat16_rn(o120);
-				p0[(((r118 * 40) + (b7 * 20)) + col119)] = v121;
+			int r119 = (wr9 + g2);
+			int col120 = ((no114 * 8) + ((tq3 * 2) + 1));
+			if (((r119 < 70) && (col120 < 20))) {
+				float o121 = (of[((no114 * 4) + 1)] * il109);
+				__nv_bfloat16 v122 = __float2bfloat16_rn(o121);
+				p0[(((r119 * 40) + (b7 * 20)) + col120)] = v122;
 			}
-			int r122 = (wr9 + (g2 + 8));
-			int col123 = ((no113 * 8) + (tq3 * 2));
-			if (((r122 < 70) && (col123 < 20))) {
-				float o124 = (of[((no113 * 4) + 2)] * il112);
-				__nv_bfloat16 v125 = __float2bfloat16_rn(o124);
-				p0[(((r122 * 40) + (b7 * 20)) + col123)] = v125;
+			int r123 = (wr9 + (g2 + 8));
+			int col124 = ((no114 * 8) + (tq3 * 2));
+			if (((r123 < 70) && (col124 < 20))) {
+				float o125 = (of[((no114 * 4) + 2)] * il113);
+				__nv_bfloat16 v126 = __float2bfloat16_rn(o125);
+				p0[(((r123 * 40) + (b7 * 20)) + col124)] = v126;
 			}
-			int r126 = (wr9 + (g2 + 8));
-			int col127 = ((no113 * 8) + ((tq3 * 2) + 1));
-			if (((r126 < 70) && (col127 < 20))) {
-				float o128 = (of[((no113 * 4) + 3)] * il112);
-				__nv_bfloat16 v129 = __float2bfloat16_rn(o128);
-				p0[(((r126 * 40) + (b7 * 20)) + col127)] = v129;
+			int r127 = (wr9 + (g2 + 8));
+			int col128 = ((no114 * 8) + ((tq3 * 2) + 1));
+			if (((r127 < 70) && (col128 < 20))) {
+				float o129 = (of[((no114 * 4) + 3)] * il113);
+				__nv_bfloat16 v130 = __float2bfloat16_rn(o129);
+				p0[(((r127 * 40) + (b7 * 20)) + col128)] = v130;
 			}
 		}
-		int r130 = (wr9 + g2);
-		if (((r130 < 70) && (tq3 == 0))) {
-			p1[((b7 * 70) + r130)] = m23;
-			p2[((b7 * 70) + r130)] = l24;
-		}
-		int r131 = (wr9 + (g2 + 8));
+		int r131 = (wr9 + g2);
+		float ms132 = (m23 * 0x1p-2f);
 		if (((r131 < 70) && (tq3 == 0))) {
-			p1[((b7 * 70) + r131)] = m25;
-			p2[((b7 * 70) + r131)] = l26;
+			p1[((b7 * 70) + r131)] = ms132;
+			p2[((b7 * 70) + r131)] = l24;
+		}
+		int r133 = (wr9 + (g2 + 8));
+		float ms134 = (m25 * 0x1p-2f);
+		if (((r133 < 70) && (tq3 == 0))) {
+			p1[((b7 * 70) + r133)] = ms134;
+			p2[((b7 * 70) + r133)] = l26;
 		}
 	}
 }

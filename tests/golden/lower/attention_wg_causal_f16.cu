@@ -256,110 +256,109 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_causal_f16(__h
 			asm volatile("" : "+f"(sf[61]) :: "memory");
 			asm volatile("" : "+f"(sf[62]) :: "memory");
 			asm volatile("" : "+f"(sf[63]) :: "memory");
-			#pragma unroll
-			for (int ni48 = 0; ni48 < 16; ni48 += 1) {
-				int key49 = ((k031 + (ni48 * 8)) + (tq3 * 2));
-				int r50 = (wr9 + g2);
-				float s51 = (-AP_INFF);
-				float dot52 = sf[(ni48 * 4)];
-				float v53 = (((((long long)key49) - ((long long)(r50 < 127 ? r50 : 127))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
-				unsigned char v54 = (v53 != 0x0p+0f);
-				float v55 = (dot52 / 0x1p+2f);
-				float v56 = (v54 ? v55 : (-AP_INFF));
-				s51 = v56;
-				sf[(ni48 * 4)] = s51;
-				int key57 = ((k031 + (ni48 * 8)) + ((tq3 * 2) + 1));
-				int r58 = (wr9 + g2);
-				float s59 = (-AP_INFF);
-				float dot60 = sf[((ni48 * 4) + 1)];
-				float v61 = (((((long long)key57) - ((long long)(r58 < 127 ? r58 : 127))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
-				unsigned char v62 = (v61 != 0x0p+0f);
-				float v63 = (dot60 / 0x1p+2f);
-				float v64 = (v62 ? v63 : (-AP_INFF));
-				s59 = v64;
-				sf[((ni48 * 4) + 1)] = s59;
-				int key65 = ((k031 + (ni48 * 8)) + (tq3 * 2));
-				int r66 = (wr9 + (g2 + 8));
-				float s67 = (-AP_INFF);
-				float dot68 = sf[((ni48 * 4) + 2)];
-				float v69 = (((((long long)key65) - ((long long)(r66 < 127 ? r66 : 127))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
-				unsigned char v70 = (v69 != 0x0p+0f);
-				float v71 = (dot68 / 0x1p+2f);
-				float v72 = (v70 ? v71 : (-AP_INFF));
-				s67 = v72;
-				sf[((ni48 * 4) + 2)] = s67;
-				int key73 = ((k031 + (ni48 * 8)) + ((tq3 * 2) + 1));
-				int r74 = (wr9 + (g2 + 8));
-				float s75 = (-AP_INFF);
-				float dot76 = sf[((ni48 * 4) + 3)];
-				float v77 = (((((long long)key73) - ((long long)(r74 < 127 ? r74 : 127))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
-				unsigned char v78 = (v77 != 0x0p+0f);
-				float v79 = (dot76 / 0x1p+2f);
-				float v80 = (v78 ? v79 : (-AP_INFF));
-				s75 = v80;
-				sf[((ni48 * 4) + 3)] = s75;
+			if (((k031 + 127) <= wr9)) {
+			} else {
+				#pragma unroll
+				for (int ni48 = 0; ni48 < 16; ni48 += 1) {
+					int key49 = ((k031 + (ni48 * 8)) + (tq3 * 2));
+					int r50 = (wr9 + g2);
+					float s51 = (-AP_INFF);
+					float dot52 = sf[(ni48 * 4)];
+					float v53 = (((((long long)key49) - ((long long)(r50 < 127 ? r50 : 127))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
+					unsigned char v54 = (v53 != 0x0p+0f);
+					float v55 = (v54 ? dot52 : (-AP_INFF));
+					s51 = v55;
+					sf[(ni48 * 4)] = s51;
+					int key56 = ((k031 + (ni48 * 8)) + ((tq3 * 2) + 1));
+					int r57 = (wr9 + g2);
+					float s58 = (-AP_INFF);
+					float dot59 = sf[((ni48 * 4) + 1)];
+					float v60 = (((((long long)key56) - ((long long)(r57 < 127 ? r57 : 127))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
+					unsigned char v61 = (v60 != 0x0p+0f);
+					float v62 = (v61 ? dot59 : (-AP_INFF));
+					s58 = v62;
+					sf[((ni48 * 4) + 1)] = s58;
+					int key63 = ((k031 + (ni48 * 8)) + (tq3 * 2));
+					int r64 = (wr9 + (g2 + 8));
+					float s65 = (-AP_INFF);
+					float dot66 = sf[((ni48 * 4) + 2)];
+					float v67 = (((((long long)key63) - ((long long)(r64 < 127 ? r64 : 127))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
+					unsigned char v68 = (v67 != 0x0p+0f);
+					float v69 = (v68 ? dot66 : (-AP_INFF));
+					s65 = v69;
+					sf[((ni48 * 4) + 2)] = s65;
+					int key70 = ((k031 + (ni48 * 8)) + ((tq3 * 2) + 1));
+					int r71 = (wr9 + (g2 + 8));
+					float s72 = (-AP_INFF);
+					float dot73 = sf[((ni48 * 4) + 3)];
+					float v74 = (((((long long)key70) - ((long long)(r71 < 127 ? r71 : 127))) <= 0LL) ? 0x1p+0f : 0x0p+0f);
+					unsigned char v75 = (v74 != 0x0p+0f);
+					float v76 = (v75 ? dot73 : (-AP_INFF));
+					s72 = v76;
+					sf[((ni48 * 4) + 3)] = s72;
+				}
 			}
-			float mx81 = (-AP_INFF);
+			float mx77 = (-AP_INFF);
 			#pragma unroll
-			for (int ni82 = 0; ni82 < 16; ni82 += 1) {
-				mx81 = fmaxf(mx81, sf[(ni82 * 4)]);
-				mx81 = fmaxf(mx81, sf[((ni82 * 4) + 1)]);
+			for (int ni78 = 0; ni78 < 16; ni78 += 1) {
+				mx77 = fmaxf(mx77, sf[(ni78 * 4)]);
+				mx77 = fmaxf(mx77, sf[((ni78 * 4) + 1)]);
 			}
-			float wm83 = mx81;
-			float sh84;
-			sh84 = __shfl_xor_sync(0xffffffffu, wm83, (int)2, 32);
-			wm83 = (wm83 > sh84 ? wm83 : sh84);
-			float sh85;
-			sh85 = __shfl_xor_sync(0xffffffffu, wm83, (int)1, 32);
-			wm83 = (wm83 > sh85 ? wm83 : sh85);
-			float mn86 = (m25 > wm83 ? m25 : wm83);
-			unsigned char dd87 = (mn86 == (-AP_INFF));
-			float al88 = (dd87 ? 0x1p+0f : expf((m25 - mn86)));
-			float ml89 = (dd87 ? 0x0p+0f : (mn86 * 0x1.715476p+0f));
-			float rs90 = 0x0p+0f;
-			float mx91 = (-AP_INFF);
+			float wm79 = mx77;
+			float sh80;
+			sh80 = __shfl_xor_sync(0xffffffffu, wm79, (int)2, 32);
+			wm79 = (wm79 > sh80 ? wm79 : sh80);
+			float sh81;
+			sh81 = __shfl_xor_sync(0xffffffffu, wm79, (int)1, 32);
+			wm79 = (wm79 > sh81 ? wm79 : sh81);
+			float mn82 = (m25 > wm79 ? m25 : wm79);
+			unsigned char dd83 = (mn82 == (-AP_INFF));
+			float al84 = (dd83 ? 0x1p+0f : expf(((m25 - mn82) * 0x1p-2f)));
+			float ml85 = (dd83 ? 0x0p+0f : (mn82 * 0x1.715476p-2f));
+			float rs86 = 0x0p+0f;
+			float mx87 = (-AP_INFF);
 			#pragma unroll
-			for (int ni92 = 0; ni92 < 16; ni92 += 1) {
-				mx91 = fmaxf(mx91, sf[((ni92 * 4) + 2)]);
-				mx91 = fmaxf(mx91, sf[((ni92 * 4) + 3)]);
+			for (int ni88 = 0; ni88 < 16; ni88 += 1) {
+				mx87 = fmaxf(mx87, sf[((ni88 * 4) + 2)]);
+				mx87 = fmaxf(mx87, sf[((ni88 * 4) + 3)]);
 			}
-			float wm93 = mx91;
-			float sh94;
-			sh94 = __shfl_xor_sync(0xffffffffu, wm93, (int)2, 32);
-			wm93 = (wm93 > sh94 ? wm93 : sh94);
-			float sh95;
-			sh95 = __shfl_xor_sync(0xffffffffu, wm93, (int)1, 32);
-			wm93 = (wm93 > sh95 ? wm93 : sh95);
-			float mn96 = (m27 > wm93 ? m27 : wm93);
-			unsigned char dd97 = (mn96 == (-AP_INFF));
-			float al98 = (dd97 ? 0x1p+0f : expf((m27 - mn96)));
-			float ml99 = (dd97 ? 0x0p+0f : (mn96 * 0x1.715476p+0f));
-			float rs100 = 0x0p+0f;
+			float wm89 = mx87;
+			float sh90;
+			sh90 = __shfl_xor_sync(0xffffffffu, wm89, (int)2, 32);
+			wm89 = (wm89 > sh90 ? wm89 : sh90);
+			float sh91;
+			sh91 = __shfl_xor_sync(0xffffffffu, wm89, (int)1, 32);
+			wm89 = (wm89 > sh91 ? wm89 : sh91);
+			float mn92 = (m27 > wm89 ? m27 : wm89);
+			unsigned char dd93 = (mn92 == (-AP_INFF));
+			float al94 = (dd93 ? 0x1p+0f : expf(((m27 - mn92) * 0x1p-2f)));
+			float ml95 = (dd93 ? 0x0p+0f : (mn92 * 0x1.715476p-2f));
+			float rs96 = 0x0p+0f;
 			#pragma unroll
-			for (int ni101 = 0; ni101 < 16; ni101 += 1) {
-				float p102 = ap_ex2f(((sf[(ni101 * 4)] * 0x1.715476p+0f) - ml89));
-				rs90 = (rs90 + p102);
-				pf[(ni101 * 4)] = __float2half_rn(p102);
-				float p103 = ap_ex2f(((sf[((ni101 * 4) + 1)] * 0x1.715476p+0f) - ml89));
-				rs90 = (rs90 + p103);
-				pf[((ni101 * 4) + 1)] = __float2half_rn(p103);
-				float p104 = ap_ex2f(((sf[((ni101 * 4) + 2)] * 0x1.715476p+0f) - ml99));
-				rs100 = (rs100 + p104);
-				pf[((ni101 * 4) + 2)] = __float2half_rn(p104);
-				float p105 = ap_ex2f(((sf[((ni101 * 4) + 3)] * 0x1.715476p+0f) - ml99));
-				rs100 = (rs100 + p105);
-				pf[((ni101 * 4) + 3)] = __float2half_rn(p105);
+			for (int ni97 = 0; ni97 < 16; ni97 += 1) {
+				float p98 = ap_ex2f(((sf[(ni97 * 4)] * 0x1.715476p-2f) - ml85));
+				rs86 = (rs86 + p98);
+				pf[(ni97 * 4)] = __float2half_rn(p98);
+				float p99 = ap_ex2f(((sf[((ni97 * 4) + 1)] * 0x1.715476p-2f) - ml85));
+				rs86 = (rs86 + p99);
+				pf[((ni97 * 4) + 1)] = __float2half_rn(p99);
+				float p100 = ap_ex2f(((sf[((ni97 * 4) + 2)] * 0x1.715476p-2f) - ml95));
+				rs96 = (rs96 + p100);
+				pf[((ni97 * 4) + 2)] = __float2half_rn(p100);
+				float p101 = ap_ex2f(((sf[((ni97 * 4) + 3)] * 0x1.715476p-2f) - ml95));
+				rs96 = (rs96 + p101);
+				pf[((ni97 * 4) + 3)] = __float2half_rn(p101);
 			}
-			l26 = ((l26 * al88) + rs90);
-			m25 = mn86;
-			l28 = ((l28 * al98) + rs100);
-			m27 = mn96;
+			l26 = ((l26 * al84) + rs86);
+			m25 = mn82;
+			l28 = ((l28 * al94) + rs96);
+			m27 = mn92;
 			#pragma unroll
-			for (int no106 = 0; no106 < 8; no106 += 1) {
-				of[(no106 * 4)] = (of[(no106 * 4)] * al88);
-				of[((no106 * 4) + 1)] = (of[((no106 * 4) + 1)] * al88);
-				of[((no106 * 4) + 2)] = (of[((no106 * 4) + 2)] * al98);
-				of[((no106 * 4) + 3)] = (of[((no106 * 4) + 3)] * al98);
+			for (int no102 = 0; no102 < 8; no102 += 1) {
+				of[(no102 * 4)] = (of[(no102 * 4)] * al84);
+				of[((no102 * 4) + 1)] = (of[((no102 * 4) + 1)] * al84);
+				of[((no102 * 4) + 2)] = (of[((no102 * 4) + 2)] * al94);
+				of[((no102 * 4) + 3)] = (of[((no102 * 4) + 3)] * al94);
 			}
 			asm volatile("" : "+f"(of[0]) :: "memory");
 			asm volatile("" : "+f"(of[1]) :: "memory");
@@ -395,12 +394,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_causal_f16(__h
 			asm volatile("" : "+f"(of[31]) :: "memory");
 			asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 			#pragma unroll
-			for (int kj107 = 0; kj107 < 8; kj107 += 1) {
+			for (int kj103 = 0; kj103 < 8; kj103 += 1) {
 				{
-					const unsigned long long ap_db = ap_wg_desc((unsigned)__cvta_generic_to_shared(vs) + (unsigned)((vb45 + (((((kj107 * 16) >> 3) * 512) + (((kj107 * 16) & 7) * 64)) + ((0 ^ ((((kj107 * 16) & 7) * 128) >> 7)) * 8)))) * 2u, 16384u, 1024u, 128u);
+					const unsigned long long ap_db = ap_wg_desc((unsigned)__cvta_generic_to_shared(vs) + (unsigned)((vb45 + (((((kj103 * 16) >> 3) * 512) + (((kj103 * 16) & 7) * 64)) + ((0 ^ ((((kj103 * 16) & 7) * 128) >> 7)) * 8)))) * 2u, 16384u, 1024u, 128u);
 					asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
 						: "+f"(of[0]), "+f"(of[0 + 1]), "+f"(of[0 + 2]), "+f"(of[0 + 3]), "+f"(of[0 + 4]), "+f"(of[0 + 5]), "+f"(of[0 + 6]), "+f"(of[0 + 7]), "+f"(of[0 + 8]), "+f"(of[0 + 9]), "+f"(of[0 + 10]), "+f"(of[0 + 11]), "+f"(of[0 + 12]), "+f"(of[0 + 13]), "+f"(of[0 + 14]), "+f"(of[0 + 15]), "+f"(of[0 + 16]), "+f"(of[0 + 17]), "+f"(of[0 + 18]), "+f"(of[0 + 19]), "+f"(of[0 + 20]), "+f"(of[0 + 21]), "+f"(of[0 + 22]), "+f"(of[0 + 23]), "+f"(of[0 + 24]), "+f"(of[0 + 25]), "+f"(of[0 + 26]), "+f"(of[0 + 27]), "+f"(of[0 + 28]), "+f"(of[0 + 29]), "+f"(of[0 + 30]), "+f"(of[0 + 31])
-						: "r"(((unsigned)__half_as_ushort(pf[(kj107 * 8)]) | ((unsigned)__half_as_ushort(pf[(kj107 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj107 * 8) + 2]) | ((unsigned)__half_as_ushort(pf[(kj107 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj107 * 8) + 4]) | ((unsigned)__half_as_ushort(pf[(kj107 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj107 * 8) + 6]) | ((unsigned)__half_as_ushort(pf[(kj107 * 8) + 7]) << 16))), "l"(ap_db), "r"(1) : "memory");
+						: "r"(((unsigned)__half_as_ushort(pf[(kj103 * 8)]) | ((unsigned)__half_as_ushort(pf[(kj103 * 8) + 1]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj103 * 8) + 2]) | ((unsigned)__half_as_ushort(pf[(kj103 * 8) + 3]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj103 * 8) + 4]) | ((unsigned)__half_as_ushort(pf[(kj103 * 8) + 5]) << 16))), "r"(((unsigned)__half_as_ushort(pf[(kj103 * 8) + 6]) | ((unsigned)__half_as_ushort(pf[(kj103 * 8) + 7]) << 16))), "l"(ap_db), "r"(1) : "memory");
 				}
 			}
 			asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -438,64 +437,66 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_causal_f16(__h
 			asm volatile("" : "+f"(of[30]) :: "memory");
 			asm volatile("" : "+f"(of[31]) :: "memory");
 		}
-		float ws108 = l26;
+		float ws104 = l26;
+		float sh105;
+		sh105 = __shfl_xor_sync(0xffffffffu, ws104, (int)2, 32);
+		ws104 = (ws104 + sh105);
+		float sh106;
+		sh106 = __shfl_xor_sync(0xffffffffu, ws104, (int)1, 32);
+		ws104 = (ws104 + sh106);
+		l26 = ws104;
+		float il107 = (0x1p+0f / l26);
+		float ws108 = l28;
 		float sh109;
 		sh109 = __shfl_xor_sync(0xffffffffu, ws108, (int)2, 32);
 		ws108 = (ws108 + sh109);
 		float sh110;
 		sh110 = __shfl_xor_sync(0xffffffffu, ws108, (int)1, 32);
 		ws108 = (ws108 + sh110);
-		l26 = ws108;
-		float il111 = (0x1p+0f / l26);
-		float ws112 = l28;
-		float sh113;
-		sh113 = __shfl_xor_sync(0xffffffffu, ws112, (int)2, 32);
-		ws112 = (ws112 + sh113);
-		float sh114;
-		sh114 = __shfl_xor_sync(0xffffffffu, ws112, (int)1, 32);
-		ws112 = (ws112 + sh114);
-		l28 = ws112;
-		float il115 = (0x1p+0f / l28);
+		l28 = ws108;
+		float il111 = (0x1p+0f / l28);
 		#pragma unroll
-		for (int no116 = 0; no116 < 8; no116 += 1) {
+		for (int no112 = 0; no112 < 8; no112 += 1) {
+			int r113 = (wr9 + g2);
+			int col114 = ((no112 * 8) + (tq3 * 2));
+			if (((r113 < 128) && (col114 < 64))) {
+				float o115 = (of[(no112 * 4)] * il107);
+				__half v116 = __float2half_rn(o115);
+				p0[(((r113 * 128) + (b7 * 64)) + col114)] = v116;
+			}
 			int r117 = (wr9 + g2);
-			int col118 = ((no116 * 8) + (tq3 * 2));
+			int col118 = ((no112 * 8) + ((tq3 * 2) + 1));
 			if (((r117 < 128) && (col118 < 64))) {
-				float o119 = (of[(no116 * 4)] * il111);
+				float o119 = (of[((no112 * 4) + 1)] * il107);
 				__half v120 = __float2half_rn(o119);
 				p0[(((r117 * 128) + (b7 * 64)) + col118)] = v120;
 			}
-			int r121 = (wr9 + g2);
-			int col122 = ((no116 * 8) + ((tq3 * 2) + 1));
+			int r121 = (wr9 + (g2 + 8));
+			int col122 = ((no112 * 8) + (tq3 * 2));
 			if (((r121 < 128) && (col122 < 64))) {
-				float o123 = (of[((no116 * 4) + 1)] * il111);
+				float o123 = (of[((no112 * 4) + 2)] * il111);
 				__half v124 = __float2half_rn(o123);
 				p0[(((r121 * 128) + (b7 * 64)) + col122)] = v124;
 			}
 			int r125 = (wr9 + (g2 + 8));
-			int col126 = ((no116 * 8) + (tq3 * 2));
+			int col126 = ((no112 * 8) + ((tq3 * 2) + 1));
 			if (((r125 < 128) && (col126 < 64))) {
-				float o127 = (of[((no116 * 4) + 2)] * il115);
+				float o127 = (of[((no112 * 4) + 3)] * il111);
 				__half v128 = __float2half_rn(o127);
 				p0[(((r125 * 128) + (b7 * 64)) + col126)] = v128;
 			}
-			int r129 = (wr9 + (g2 + 8));
-			int col130 = ((no116 * 8) + ((tq3 * 2) + 1));
-			if (((r129 < 128) && (col130 < 64))) {
-				float o131 = (of[((no116 * 4) + 3)] * il115);
-				__half v132 = __float2half_rn(o131);
-				p0[(((r129 * 128) + (b7 * 64)) + col130)] = v132;
-			}
 		}
-		int r133 = (wr9 + g2);
-		if (((r133 < 128) && (tq3 == 0))) {
-			p1[((b7 * 128) + r133)] = m25;
-			p2[((b7 * 128) + r133)] = l26;
+		int r129 = (wr9 + g2);
+		float ms130 = (m25 * 0x1p-2f);
+		if (((r129 < 128) && (tq3 == 0))) {
+			p1[((b7 * 128) + r129)] = ms130;
+			p2[((b7 * 128) + r129)] = l26;
 		}
-		int r134 = (wr9 + (g2 + 8));
-		if (((r134 < 128) && (tq3 == 0))) {
-			p1[((b7 * 128) + r134)] = m27;
-			p2[((b7 * 128) + r134)] = l28;
+		int r131 = (wr9 + (g2 + 8));
+		float ms132 = (m27 * 0x1p-2f);
+		if (((r131 < 128) && (tq3 == 0))) {
+			p1[((b7 * 128) + r131)] = ms132;
+			p2[((b7 * 128) + r131)] = l28;
 		}
 	}
 }
