@@ -296,10 +296,24 @@ ap_kir_expr *ap__att_open_tiles(actx *c, int64_t per, unsigned max_grid, ap_kir_
 	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_idx(k, p->batch * qblocks), grid, saved);
 	if (!c->ws)   /* warp specialised: the arms meet on mbarriers only */
 		ap_kir_barrier(k, v->cur);
-	bi = ap_kir_bind(k, v->cur, k->index_type, "bi",
-			 ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)));
-	q0 = ap_kir_bind(k, v->cur, k->index_type, "q0",
-			 ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)), per));
+	if (p->tc && p->causal_k >= 0) {
+		/* causal (the key loop to the diagonal, attention_tc.c
+		 * tile_bound): the longest query tiles, the last rows, first
+		 * and across the batch -- tile t is query tile qblocks - 1 -
+		 * t / batch of batch t % batch -- so that the short ones fill
+		 * the last wave (FlashAttention-3's causal order) */
+		bi = ap_kir_bind(k, v->cur, k->index_type, "bi",
+				 ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, tile), ap_kir_idx(k, p->batch)));
+		q0 = ap_kir_bind(k, v->cur, k->index_type, "q0",
+				 ap_kir_muli(k, ap_kir_binary(k, AP_KIR_SUB, ap_kir_idx(k, qblocks - 1),
+							   ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, tile), ap_kir_idx(k, p->batch))),
+					     per));
+	} else {
+		bi = ap_kir_bind(k, v->cur, k->index_type, "bi",
+				 ap_kir_binary(k, AP_KIR_DIV, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)));
+		q0 = ap_kir_bind(k, v->cur, k->index_type, "q0",
+				 ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, ap_kir_ref(k, tile), ap_kir_idx(k, qblocks)), per));
+	}
 	for (int d = p->nb - 1; d >= 0; d--) {
 		c->bc[d] = p->bdims[d] == 1 ? ap_kir_idx(k, 0)
 			   : ap_kir_bind(k, v->cur, k->index_type, "b",

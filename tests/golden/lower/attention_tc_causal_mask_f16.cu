@@ -36,8 +36,8 @@ extern "C" __global__ void __launch_bounds__(32, 1) attention_tc_causal_mask_f16
 	int tq3 = (ln1 & 3);
 	for (int tile4 = ((int)blockIdx.x); tile4 < 10; tile4 += 10) {
 		__syncthreads();
-		int bi5 = (tile4 / 5);
-		int q06 = ((tile4 % 5) * 16);
+		int bi5 = (tile4 % 2);
+		int q06 = ((4 - (tile4 / 2)) * 16);
 		int b7 = (bi5 % 2);
 		int nt8 = (((((q06 + 15) < 69 ? (q06 + 15) : 69) / 64) + 1) < 3 ? ((((q06 + 15) < 69 ? (q06 + 15) : 69) / 64) + 1) : 3);
 		int wr9 = (q06 + (w0 * 16));

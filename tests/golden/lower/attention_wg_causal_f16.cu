@@ -45,8 +45,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_wg_causal_f16(__h
 	int tq3 = (ln1 & 3);
 	for (int tile4 = ((int)blockIdx.x); tile4 < 4; tile4 += 4) {
 		__syncthreads();
-		int bi5 = (tile4 / 2);
-		int q06 = ((tile4 % 2) * 64);
+		int bi5 = (tile4 % 2);
+		int q06 = ((1 - (tile4 / 2)) * 64);
 		int b7 = (bi5 % 2);
 		int nt8 = (((((q06 + 63) < 127 ? (q06 + 63) : 127) / 128) + 1) < 2 ? ((((q06 + 63) < 127 ? (q06 + 63) : 127) / 128) + 1) : 2);
 		int wr9 = (q06 + (w0 * 16));
