@@ -387,7 +387,7 @@ static int where_ninf(const ap_graph *g, int s)
  * (c > 0).  The factor c and p->sx = x, or 0. */
 static double scale_fold(const ap_graph *g, att_plan *p)
 {
-	int x = where_ninf(g, p->s) >= 0 ? where_ninf(g, p->s) : p->s, n = g->tensors[x].producer;
+	int w = where_ninf(g, p->s), x = w >= 0 ? w : p->s, n = g->tensors[x].producer;
 	const ap_node *nd = n >= 0 ? &g->nodes[n] : NULL;
 	double c;
 
@@ -399,8 +399,10 @@ static double scale_fold(const ap_graph *g, att_plan *p)
 		return 0;
 	if (nd->op == AP_OP_DIV)
 		c = 1 / c;
+	if (!(c > 0 && isfinite(c)))
+		return 0;
 	p->sx = x;
-	return c > 0 && isfinite(c) ? c : 0;
+	return c;
 }
 
 /* The causal mask of the scores: k >= 0 where S = Where(cond, x, -inf)
@@ -409,7 +411,7 @@ static double scale_fold(const ap_graph *g, att_plan *p)
  * so that every score past row i's diagonal is -inf; else -1. */
 static int64_t causal_of(const ap_graph *g, att_plan *p)
 {
-	int w = producer(g, p->s, AP_OP_WHERE), cast, tri, ex, x = where_ninf(g, p->s);
+	int x = where_ninf(g, p->s), w = g->tensors[p->s].producer, cast, tri, ex;
 	const ap_tensor *ct;
 	double v;
 	int64_t kk;
