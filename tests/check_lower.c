@@ -1810,6 +1810,73 @@ START_TEST(gemm_batched_tma)
 }
 END_TEST
 
+/* y = a @ b in float16 on sm_90a with --unvalidated (the persistent
+ * TMA and producer forms), a [1090, 24], b [24, 136]: 9 or 18 rows of
+ * tiles (5 of 256) and 1-9 columns, so the grouped order's bands of 8
+ * rows end in a shorter one (1 or 2 rows); three SMs, each persistent block walking
+ * tiles of several bands; every configuration the sweep takes checked in
+ * the checking host mode against float64 (a tile left out, or written
+ * twice, fails). */
+static void ref_gemm_bands(const ap_mgraph *m, const buffers *in, double **want)
+{
+	const float *a = in->data[m->g->inputs[0]], *b = in->data[m->g->inputs[1]];
+
+	for (int i = 0; i < 1090; i++)
+		for (int j = 0; j < 136; j++) {
+			double acc = 0;
+
+			for (int k = 0; k < 24; k++)
+				acc += (double)a[i * 24 + k] * b[k * 136 + j];
+			want[0][i * 136 + j] = half_round(AP_DT_F16, acc);
+		}
+}
+
+START_TEST(gemm_tile_bands)
+{
+	ap_graph *g = ap_graph_new("gemm_bands");
+	int a, b, y;
+	lcase lc = {"gemm_bands_f16", "gemm", {"mma.sync"}, {"mma.sync.aligned.m16n8k16"}};
+	case_opts o = {"sm_90a", false, 4e-3, true};
+	ap_target_info ti;
+	ap_lower_options lo = {256, NULL, true};
+	ap_kir_kernel *k;
+	ap_error err;
+	ap_mgraph *m;
+	char *cuda;
+
+	g_dt = AP_DT_F16;
+	a = tensor(g, "a", DIMS(1090, 24), AP_TENSOR_INPUT);
+	b = tensor(g, "b", DIMS(24, 136), AP_TENSOR_INPUT);
+	y = tensor(g, "y", DIMS(1090, 136), AP_TENSOR_VALUE);
+	g_dt = AP_DT_F32;
+	node(g, "mm", AP_OP_MATMUL, LIST(a, b), LIST(y));
+	output(g, y);
+	m = whole(g, AP_GROUP_MATMUL);
+	g_unvalidated = true;
+	g_sms = 3;
+	g_opts = &o;
+	run_case(&lc, m, ref_gemm_bands);
+	g_opts = NULL;
+	g_unvalidated = false;
+	g_sms = 0;
+	/* the default kernel of such a request walks the bands */
+	ck_assert_int_eq(ap_cost_target("sm_90a", &ti), 0);
+	ti.unvalidated = ti.tma = true;
+	k = ap_lower_mgraph(m, &ti, "gemm_bands", &lo, NULL, &err);
+	ck_assert_msg(k != NULL, "%s", err.msg);
+	cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
+	ck_assert_ptr_nonnull(cuda);
+	if (getenv("CHECK_LOWER_DUMP"))
+		fputs(cuda, stdout);
+	ck_assert_msg(strstr(cuda, "band_r") && strstr(cuda, "cp.async.bulk.tensor.2d"),
+		      "no grouped tile order in the TMA form:\n%.3000s", cuda);
+	free(cuda);
+	ap_kir_kernel_free(k);
+	ap_mgraph_free(m);
+	ap_graph_free(g);
+}
+END_TEST
+
 /* y = relu(a @ b + bias) in float16 and bfloat16 on sm_90a, warp
  * specialised (tma=2, asked for with --unvalidated): a [150, 136], b
  * [136, 296] -- M, N and K none a multiple of the tile (zero-filled
@@ -3243,6 +3310,7 @@ static Suite *lower_suite(void)
 	tcase_add_test(tc, gemm_batched);
 	tcase_add_test(tc, gemm_batched_tma);
 	tcase_add_test(tc, gemm_ws);
+	tcase_add_test(tc, gemm_tile_bands);
 	tcase_add_test(tc, conv_ws);
 	tcase_add_test(tc, depthwise_stride1);
 	tcase_add_test(tc, depthwise_stride2_dilated);

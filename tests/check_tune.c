@@ -423,8 +423,8 @@ END_TEST
 /* The warp-specialised GEMM's large tile (gemm.c gm_choose): asked for the
  * new forms on sm_90a, 2048^3 to 8192^3 float16 take 128 x 256 (two
  * consumer warpgroups of m64n256, 128 accumulators a thread: 160
- * registers modelled, not a spill; two stages of 384 x 64 elements in
- * flight) -- a third less L2 traffic than 128 x 128, modelled faster than
+ * registers modelled, not a spill; four stages, the most the shared
+ * memory holds, three of 384 x 64 elements in flight) -- a third less L2 traffic than 128 x 128, modelled faster than
  * cuBLASLt's call, so the kernel, lib=0 -- while 1024^3, whose 32 tiles of
  * 128 x 256 would leave most SMs idle, keeps 128 x 128 or less; not
  * asked, the tile stays 128 x 128. */
@@ -465,8 +465,11 @@ START_TEST(wgmma_large_tile)
 		ck_assert_int_eq(r.best.v[knob_ix(&sp, "bm")], 128);
 		ck_assert_int_le(r.best.v[knob_ix(&sp, "bn")], cs[i].bn);
 		ck_assert_int_ge(r.best.v[knob_ix(&sp, "bn")], cs[i].bn / 2);
-		if (cs[i].asked)
+		if (cs[i].asked) {
 			ck_assert_int_eq(r.best.v[knob_ix(&sp, "tma")], 2);
+			/* the TMA forms' default: the most stages that fit */
+			ck_assert_int_eq(dflt.v[knob_ix(&sp, "stages")], cs[i].bn == 256 ? 4 : 5);
+		}
 		if (cs[i].lib >= 0)
 			ck_assert_int_eq(r.best.v[knob_ix(&sp, "lib")], cs[i].lib);
 		if (cs[i].bn == 256) {
@@ -475,7 +478,10 @@ START_TEST(wgmma_large_tile)
 			own.v[knob_ix(&sp, "lib")] = 0;
 			ck_assert_int_eq(ap_traffic_of(b, &own, &tr), 0);
 			ck_assert_uint_eq(tr.regs, 160);   /* 128 accumulators and 32 more */
-			ck_assert_double_eq(tr.inflight_bytes, 2.0 * (128 + 256) * 64 * 2);
+			/* four stages of 48 KiB (the persistent block's shared
+			 * memory): three K tiles in flight ahead of the one in use */
+			ck_assert_int_eq(own.v[knob_ix(&sp, "stages")], 4);
+			ck_assert_double_eq(tr.inflight_bytes, 3.0 * (128 + 256) * 64 * 2);
 			ck_assert(isfinite(ap_cost_schedule_us(&tr, &t)));
 		}
 		mgraph_free(m);

@@ -1135,12 +1135,32 @@ static int gm_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 				    ap__gemm_cfg_valid(p, &e, t) && live_values(p, &e, t) <= WG_LIVE_BUDGET)
 					d = e;
 			}
+			/* the TMA and producer forms' blocks are persistent, one
+			 * an SM: shared memory no second block could use goes to
+			 * stages (the largest of the knob's that fits; CUTLASS's
+			 * carve-out rule) -- a consumer holds two stages (one
+			 * K tile's wgmma in flight, the next issued), so with
+			 * three the producer is one K tile ahead, with four two */
+			if (d.tma >= 1 && ap__gemm_cfg_valid(p, &d, t)) {
+				const ap_knob *st = &sp->knobs[K_STAGES];
+
+				for (int j = st->n - 1; j >= 0 && st->values[j] > d.stages; j--) {
+					gemm_cfg e = d;
+
+					e.stages = st->values[j];
+					if (ap__gemm_cfg_valid(p, &e, t)) {
+						d = e;
+						break;
+					}
+				}
+			}
 			if (ap__gemm_cfg_valid(p, &d, t)) {
 				s->v[K_TMA] = d.tma;
 				s->v[K_BM] = d.bm;
 				s->v[K_BN] = d.bn;
 				s->v[K_TM] = d.tm;
 				s->v[K_TN] = d.tn;
+				s->v[K_STAGES] = d.stages;
 				break;
 			}
 		}

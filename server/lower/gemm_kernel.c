@@ -626,17 +626,44 @@ static bool declared(gctx *c)
 	       (c->c.splitk <= 1 || c->red);
 }
 
-/* A tile's index within its batch, `rest` (tiles row-major), split into
- * the tile's first row and column, bound in b as mname and nname. */
+/* Rows of tiles a band of the persistent forms' grouped order holds. */
+#define TILE_BAND 8
+
+/* A tile's index within its batch, `rest`, split into the tile's first
+ * row and column, bound in b as mname and nname.  Tiles row-major; the
+ * persistent forms (tma >= 1, a block an SM walking tiles in waves)
+ * group them: bands of TILE_BAND rows of tiles (the last band what is
+ * left), each band column by column, so that a wave of consecutive
+ * tiles re-reads a few rows of A and columns of B from L2 rather than
+ * one row of A and all of B (Triton's grouped ordering, CUTLASS's tile
+ * swizzle).  With m = rest % (band rows) the division by the last
+ * band's height is a second constant one, selected. */
 void ap__gemm_tile_origin(gctx *c, ap_kir_block *b, ap_kir_expr *rest, const char *mname,
 			  const char *nname, ap_kir_expr **m0, ap_kir_expr **n0)
 {
 	ap_kir_kernel *k = c->k;
+	ap_kir_expr *m, *n;
+	int64_t G = c->tiles_m < TILE_BAND ? c->tiles_m : TILE_BAND, band = G * c->tiles_n, last = c->tiles_m % G;
 
-	*m0 = ap_kir_bind(k, b, k->index_type, mname,
-			  ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, rest, I(c, c->tiles_n)), c->c.bm));
-	*n0 = ap_kir_bind(k, b, k->index_type, nname,
-			  ap_kir_muli(k, ap_kir_binary(k, AP_KIR_REM, rest, I(c, c->tiles_n)), c->c.bn));
+	if (!c->c.tma || c->tiles_m <= 1 || c->tiles_n <= 1) {
+		m = ap_kir_binary(k, AP_KIR_DIV, rest, I(c, c->tiles_n));
+		n = ap_kir_binary(k, AP_KIR_REM, rest, I(c, c->tiles_n));
+	} else {
+		ap_kir_expr *r = ap_kir_bind(k, b, k->index_type, "band_r", ap_kir_binary(k, AP_KIR_REM, rest, I(c, band)));
+		ap_kir_expr *first = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_DIV, rest, I(c, band)), G);
+
+		m = ap_kir_binary(k, AP_KIR_REM, r, I(c, G));
+		n = ap_kir_binary(k, AP_KIR_DIV, r, I(c, G));
+		if (last) {   /* the last band, `last` rows high */
+			ap_kir_expr *in_last = ap_kir_binary(k, AP_KIR_GE, rest, I(c, (c->tiles_m - last) * c->tiles_n));
+
+			m = ap_kir_select(k, in_last, ap_kir_binary(k, AP_KIR_REM, r, I(c, last)), m);
+			n = ap_kir_select(k, in_last, ap_kir_binary(k, AP_KIR_DIV, r, I(c, last)), n);
+		}
+		m = ap_kir_add(k, first, m);
+	}
+	*m0 = ap_kir_bind(k, b, k->index_type, mname, ap_kir_muli(k, m, c->c.bm));
+	*n0 = ap_kir_bind(k, b, k->index_type, nname, ap_kir_muli(k, n, c->c.bn));
 }
 
 /* Opens the grid-stride loop over the output tiles (*saved closes it):
