@@ -2174,7 +2174,8 @@ static ap_graph *attention_graph(const att_case *c)
 		v = tensor(g, "v", DIMS(B, H, Nk, Dv), AP_TENSOR_INPUT);
 	}
 	kt = tensor(g, "kt", DIMS(B, H, D, Nk), AP_TENSOR_VALUE);
-	pr16 = c->fp32 ? tensor(g, "p16", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE) : -1;
+	/* P rounded to Q's type for P V (none for float32 Q) */
+	pr16 = c->fp32 && c->dt != AP_DT_F32 ? tensor(g, "p16", DIMS(B, H, Nq, Nk), AP_TENSOR_VALUE) : -1;
 	if (c->fp32)
 		g_dt = AP_DT_F32;   /* the scores, the mask and the softmax */
 	mask = c->fp32 < 2 || c->fp32 == 4 ? tensor(g, "mask", DIMS(Nq, Nk), AP_TENSOR_INPUT) : -1;
@@ -2221,7 +2222,7 @@ static ap_graph *attention_graph(const att_case *c)
 	n = node(g, "sum", AP_OP_REDUCE_SUM, LIST(e), LIST(l));
 	reduce_axes(g, n, (const int64_t[]){3}, 1, 1);
 	node(g, "div", AP_OP_DIV, LIST(e, l), LIST(pr));
-	if (c->fp32) {
+	if (pr16 >= 0) {
 		n = node(g, "p16", AP_OP_CAST, LIST(pr), LIST(pr16));
 		ap_node_set_int(g, n, "to", c->dt);
 		pr = pr16;
@@ -2383,8 +2384,9 @@ END_TEST
  * query tiles whose bound falls inside and at the end of the keys, the
  * last tile partial; and float16 with an additive mask before the causal
  * one, whose tiles below the diagonal take the masked scores without the
- * causal test), every sampled configuration in the checking host mode
- * against float64, Y and the row maxima and sums.  The scale is folded
+ * causal test; and float32 on the host, the SIMT form, its blocks of
+ * R rows bounded by their last row), every sampled configuration in the
+ * checking host mode against float64, Y and the row maxima and sums.  The scale is folded
  * where no additive mask comes between (attention.c scale_fold): tiles
  * below the diagonal then do nothing to their products. */
 START_TEST(attention_causal)
@@ -2396,7 +2398,12 @@ START_TEST(attention_causal)
 	lcase l1 = {wg.name, "attention", {"wgmma.mma_async", "nt"}, {"wgmma.mma_async.sync.aligned"}};
 	lcase l2 = {tc.name, "attention", {"mma.sync", "nt"}, {"mma.sync.aligned.m16n8k16.row.col.f32.bf16"}};
 	lcase l3 = {mk.name, "attention", {"mma.sync", "nt"}, {"mma.sync.aligned.m16n8k16"}};
+	/* float32 on the host: the SIMT form (R rows a block, 32 keys a
+	 * tile) bounds its key loop by the block's last row the same way */
+	static const att_case simt = {"attention_simt_causal", AP_DT_F32, 1, 2, 70, 150, 16, 12, true, NULL, 0, 3};
+	lcase l4 = {simt.name, "attention", {"__shfl_xor_sync", "nkt"}, {"shfl.sync.bfly"}};
 
+	run_attention_case(&simt, &l4);
 	g_golden_target = "sm_90a";
 	g_sms = 1;   /* one persistent block (tma, ws) through every query tile: the stages' phases
 			carried across tiles of different key counts */

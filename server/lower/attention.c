@@ -725,10 +725,11 @@ static int at_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_er
  *     the overlap (knob overlap) or a second warpgroup's worth of warps
  *     resident on the SM hides it, else in series: alu_fraction is the
  *     products' share of that time. */
-/* The share of the (query tile, key tile) pairs the tensor-core form
- * visits with BQ query rows and BK keys a tile: 1, or under a causal mask
- * those up to each query tile's diagonal (attention_tc.c tile_bound). */
-static double tc_visited(const att_plan *p, int64_t BQ, int64_t BK)
+/* The share of the (query tile, key tile) pairs a form visits with BQ
+ * query rows and BK keys a tile: 1, or under a causal mask those up to
+ * each query tile's diagonal (attention_tc.c tile_bound; the SIMT form's
+ * R rows and KEYS keys, ap__att_emit_simt). */
+static double visited(const att_plan *p, int64_t BQ, int64_t BK)
 {
 	int64_t ntiles = (p->Nk + BK - 1) / BK, sum = 0, nq = 0;
 
@@ -745,7 +746,7 @@ static double tc_visited(const att_plan *p, int64_t BQ, int64_t BK)
 static void tc_traffic(const att_plan *p, const ap_target_info *t, const at_res *r, ap_traffic *out)
 {
 	double es = (double)ap_dtype_size(p->t), dp = (double)tc_dpad(p), dv = (double)tc_dvpad(p);
-	double f = tc_visited(p, 16 * r->w, r->bk);   /* the key tiles visited, causal: fewer */
+	double f = visited(p, 16 * r->w, r->bk);   /* the key tiles visited, causal: fewer */
 	double bk = r->bk, tiles = f * (double)((p->Nk + r->bk - 1) / r->bk);
 	double rows = (double)p->batch * (double)p->Nq, qblocks = (double)p->batch *
 		(double)((p->Nq + 16 * r->w - 1) / (16 * r->w));
@@ -783,8 +784,8 @@ static int at_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 	if (ap__lower_inline_traffic(b->m, out) < 0)
 		return AP_ENOMEM;
 	out->flops = 2.0 * (double)p->batch * (double)p->Nq * (double)p->Nk * (double)(p->D + p->Dv);
-	if (p->tc)   /* the products of the key tiles visited (a causal mask: to the diagonal) */
-		out->flops *= tc_visited(p, 16 * r->w, r->bk);
+	/* the products of the key tiles visited (a causal mask: to the diagonal) */
+	out->flops *= p->tc ? visited(p, 16 * r->w, r->bk) : visited(p, r->w, KEYS);
 	/* tma=2, 3: the producer warpgroup loads only (as the GEMM's) */
 	out->threads = r->threads - (r->tma >= 2 ? 128u : 0u);
 	out->blocks = r->blocks;

@@ -296,9 +296,9 @@ ap_kir_expr *ap__att_open_tiles(actx *c, int64_t per, unsigned max_grid, ap_kir_
 	tile = ap_v_loop(v, "tile", ap_kir_index_of(k, AP_KIR_BLOCK_X), ap_kir_idx(k, p->batch * qblocks), grid, saved);
 	if (!c->ws)   /* warp specialised: the arms meet on mbarriers only */
 		ap_kir_barrier(k, v->cur);
-	if (p->tc && p->causal_k >= 0) {
-		/* causal (the key loop to the diagonal, attention_tc.c
-		 * tile_bound): the longest query tiles, the last rows, first
+	if (p->causal_k >= 0) {
+		/* causal (the key loop to the diagonal: attention_tc.c
+		 * tile_bound, ap__att_emit_simt): the longest query tiles, the last rows, first
 		 * and across the batch -- tile t is query tile qblocks - 1 -
 		 * t / batch of batch t % batch -- so that the short ones fill
 		 * the last wave (FlashAttention-3's causal order) */
@@ -489,7 +489,7 @@ int ap__att_emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err)
 	unsigned nt = 32u * (unsigned)R;
 	int64_t ntiles;
 	att_simt s;
-	ap_kir_expr *tid, *qrow0;
+	ap_kir_expr *tid, *qrow0, *nkt;
 	ap_kir_var *kt;
 	ap_kir_block *tsaved, *ksaved;
 
@@ -531,7 +531,20 @@ int ap__att_emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err)
 		if (lz)
 			ap_kir_store(k, &lz->body, s.acc, ap_kir_ref(k, i), ap_kir_float(k, s.A, 0));
 	}
-	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap_kir_idx(k, ntiles), 1, &ksaved);
+	/* under a causal mask (p->causal_k = c >= 0: key j of row i visible
+	 * where j <= i + c) the block's last row, min(q0 + R, Nq) - 1, sees no
+	 * key past its diagonal: the tiles after the one holding it would add
+	 * exp(-inf) = 0 to every row (FlashAttention-2 section 3.1.1) */
+	nkt = ap_kir_idx(k, ntiles);
+	if (p->causal_k >= 0) {
+		ap_kir_expr *i1 = ap_kir_binary(k, AP_KIR_MIN, ap_kir_addi(k, qrow0, R - 1), ap_kir_idx(k, p->Nq - 1));
+
+		nkt = ap_kir_bind(k, v->cur, k->index_type, "nkt",
+				  ap_kir_binary(k, AP_KIR_MIN, nkt,
+						ap_kir_addi(k, ap_kir_binary(k, AP_KIR_DIV, ap_kir_addi(k, i1, p->causal_k),
+									     ap_kir_idx(k, KEYS)), 1)));
+	}
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), nkt, 1, &ksaved);
 	{
 		ap_kir_expr *key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), KEYS));
 		ap_kir_expr *sval = simt_score(&s, key0);
