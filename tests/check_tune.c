@@ -1551,8 +1551,8 @@ START_TEST(stitched_flops_count_reductions_once)
 END_TEST
 
 /* softmax(Q K^T / sqrt(D)) V over H heads of S queries and keys, head dim
- * D, in float16 (the pattern the importer leaves for attention). */
-static ap_graph *attention_graph(int64_t H, int64_t S, int64_t D)
+ * D, in type dt (the pattern the importer leaves for attention). */
+static ap_graph *attention_graph(int64_t H, int64_t S, int64_t D, ap_dtype dt)
 {
 	ap_graph *g = ap_graph_new("att");
 	int q = tensor(g, "q", DIMS(H, S, D), AP_TENSOR_INPUT), k = tensor(g, "k", DIMS(H, S, D), AP_TENSOR_INPUT);
@@ -1562,12 +1562,12 @@ static ap_graph *attention_graph(int64_t H, int64_t S, int64_t D)
 	int e = tensor(g, "e", DIMS(H, S, S), AP_TENSOR_VALUE), l = tensor(g, "l", DIMS(H, S, 1), AP_TENSOR_VALUE);
 	int p = tensor(g, "p", DIMS(H, S, S), AP_TENSOR_VALUE), o = tensor(g, "o", DIMS(H, S, D), AP_TENSOR_VALUE);
 	int64_t axis = 2;
-	uint8_t half[2];
+	uint8_t scale[4];
 	int c, n;
 	ap_error err;
 
-	ap_elem_set(half, AP_DT_F16, 0, 1 / sqrt((double)D));
-	c = ap_graph_add_tensor(g, "c", AP_DT_F16, 0, NULL, AP_TENSOR_CONST, half, 2);
+	ap_elem_set(scale, dt, 0, 1 / sqrt((double)D));
+	c = ap_graph_add_tensor(g, "c", dt, 0, NULL, AP_TENSOR_CONST, scale, ap_dtype_size(dt));
 	ck_assert_int_ge(c, 0);
 	node(g, "kt", AP_OP_TRANSPOSE, 1, (int[]){k}, kt);
 	ap_node_set_ints(g, g->n_nodes - 1, "perm", (const int64_t[]){0, 2, 1}, 3);
@@ -1585,11 +1585,48 @@ static ap_graph *attention_graph(int64_t H, int64_t S, int64_t D)
 			ap_node_set_int(g, n, "keepdims", 1);
 		}
 	for (int t = 0; t < g->n_tensors; t++)
-		g->tensors[t].dtype = AP_DT_F16;
+		g->tensors[t].dtype = dt;
 	output(g, o);
 	ck_assert_msg(ap_graph_validate(g, &err) == 0, "validate: %s", err.msg);
 	return g;
 }
+
+/* The tensor-core attention prices its products at the operands' rate:
+ * float32 with --allow-tf32 at TF32's (half float16's on sm_80 and
+ * sm_90; it was priced at float16's), float16 at float16's. */
+START_TEST(attention_tf32_rate)
+{
+	for (int f32 = 0; f32 < 2; f32++) {
+		ap_graph *g = attention_graph(8, 1024, 64, f32 ? AP_DT_F32 : AP_DT_F16);
+		ap_mgraph *m = whole(g, AP_GROUP_ATTENTION, AP_OP_MATMUL);
+		ap_target_info t;
+		ap_space sp;
+		ap_sched s;
+		ap_traffic tr, half_rate;
+		ap_error err;
+		const ap_bound *b;
+
+		ck_assert_int_eq(ap_cost_target("sm_80", &t), 0);
+		t.allow_tf32 = true;
+		ck_assert(t.tf32_gflops > 0 && t.tf32_gflops < t.tc_gflops);
+		b = B(&ap_emitter_attention, m, &t);
+		ck_assert_int_eq(ap_emitter_default(b, &sp, &s, &err), 0);
+		ck_assert_int_eq(ap_traffic_of(b, &s, &tr), 0);
+		ck_assert(tr.tensor_cores);
+		ck_assert_int_eq(tr.tf32, f32);
+		/* the same traffic at float16's rate: faster where TF32 */
+		half_rate = tr;
+		half_rate.tf32 = false;
+		printf("check_tune: attention 8 x 1024 x 1024, head dim 64, %s on sm_80: %.1f us modelled "
+		       "(%.1f us at float16's rate)\n", f32 ? "float32 (TF32)" : "float16",
+		       ap_cost_schedule_us(&tr, &t), ap_cost_schedule_us(&half_rate, &t));
+		if (f32)
+			ck_assert(ap_cost_schedule_us(&tr, &t) > ap_cost_schedule_us(&half_rate, &t));
+		mgraph_free(m);
+		ap_graph_free(g);
+	}
+}
+END_TEST
 
 /* The wgmma attention at issue 25's lengths (2,048 queries and keys,
  * head dims 128 and 64, float16, sm_90a): the search under the cost
@@ -1618,7 +1655,7 @@ START_TEST(attention_long_sequences)
 	bool nvrtc = ap_nvrtc_load(&(ap_error){0}) == 0;
 
 	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
-		ap_graph *g = attention_graph(cs[i].H, 2048, cs[i].D);
+		ap_graph *g = attention_graph(cs[i].H, 2048, cs[i].D, AP_DT_F16);
 		ap_mgraph *m = whole(g, AP_GROUP_ATTENTION, AP_OP_MATMUL);
 		ap_target_info t;
 		ap_tune_result r;
@@ -2459,6 +2496,7 @@ int main(void)
 	tcase_add_test(tc, splitk_only_for_idle_sms);
 	tcase_add_test(tc, tma_only_when_asked);
 	tcase_add_test(tc, attention_long_sequences);
+	tcase_add_test(tc, attention_tf32_rate);
 	tcase_add_test(tc, wgmma_large_tile);
 	tcase_add_test(tc, record_before_late_knob);
 	tcase_add_test(tc, sched_text);

@@ -752,7 +752,7 @@ static void tc_traffic(const att_plan *p, const ap_target_info *t, const at_res 
 		(double)((p->Nq + 16 * r->w - 1) / (16 * r->w));
 	bool wg = tc_wg(p, t) && r->w % 4 == 0;
 	double readers = wg ? rows / 64 : rows / 16;   /* warpgroups or warps, each over every key tile */
-	double peak = t->tc_gflops > 0 ? t->tc_gflops : t->gflops;
+	double peak = out->tf32 && t->tf32_gflops > 0 ? t->tf32_gflops : t->tc_gflops > 0 ? t->tc_gflops : t->gflops;
 	double simt = f * rows * (double)p->Nk * 6 + rows * tiles * (dv + 16), sfu = f * rows * (double)p->Nk;
 	double tc_us, simt_us;
 	unsigned per_sm;
@@ -791,6 +791,7 @@ static int at_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)
 	out->blocks = r->blocks;
 	out->shared_bytes = r->smem;
 	out->tensor_cores = p->tc;
+	out->tf32 = p->tc && p->t == AP_DT_F32;   /* float32 operands: TF32, half float16's rate */
 	if (p->tc)
 		tc_traffic(p, b->t, r, out);
 	/* no time until a GPU has run them (cost.h) */
