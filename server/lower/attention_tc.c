@@ -276,9 +276,23 @@ static ap_kir_stmt *tma_issuer(att_tc *s)
 							 ap_kir_idx(k, s->issuer)));
 }
 
-/* Key tile `tile` of K and V into stage st by TMA (above): thread 0
- * expects the stage's bytes on full[st] and issues the boxes. */
-static void tma_fill(att_tc *s, ap_kir_expr *tile, ap_kir_expr *st)
+/* The barrier of stage st's tile of `role` (1 K, 2 V): full[st] (and
+ * empty[st]) for both, except under warp specialisation, where V's
+ * tiles have barriers of their own, [3 + st] (Q's is [2]): K's stage is
+ * released once S = Q K^T completed, V's once O += P V did -- a tile
+ * later under the overlap -- so that the next K tile loads a whole key
+ * tile's time before it is used (FlashAttention-3's separate K and V
+ * pipelines). */
+static ap_kir_expr *kv_bar(const att_tc *s, int role, ap_kir_expr *st)
+{
+	return s->c->ws && role == 2 ? ap_kir_addi(s->c->k, st, 3) : st;
+}
+
+/* Key tile `tile` of K and V into stage st by TMA (above): thread
+ * s->issuer expects their bytes on full[st] and issues the boxes; under
+ * warp specialisation only one of them, `only` (1 K, 2 V), on its
+ * barrier (kv_bar). */
+static void tma_fill_roles(att_tc *s, ap_kir_expr *tile, ap_kir_expr *st, int only)
 {
 	ap_kir_kernel *k = s->c->k;
 	int64_t es = (int64_t)ap_dtype_size(s->T);
@@ -287,9 +301,21 @@ static void tma_fill(att_tc *s, ap_kir_expr *tile, ap_kir_expr *st)
 
 	if (!one)
 		return;
-	ap_kir_mbar_arrive(k, &one->body, s->full, st, ap_kir_int(k, AP_DT_I32, s->BK * (s->Dp + s->Dvp) * es));
-	tma_tile(s, one, 1, s->BK, key0, ap_kir_muli(k, st, s->BK * s->ldq), st);
-	tma_tile(s, one, 2, s->BK, key0, ap_kir_muli(k, st, s->BK * s->ldv), st);
+	if (!only) {   /* without warp specialisation: one barrier, the stage's bytes */
+		ap_kir_mbar_arrive(k, &one->body, s->full, st, ap_kir_int(k, AP_DT_I32, s->BK * (s->Dp + s->Dvp) * es));
+		tma_tile(s, one, 1, s->BK, key0, ap_kir_muli(k, st, s->BK * s->ldq), st);
+		tma_tile(s, one, 2, s->BK, key0, ap_kir_muli(k, st, s->BK * s->ldv), st);
+		return;
+	}
+	ap_kir_mbar_arrive(k, &one->body, s->full, kv_bar(s, only, st),
+			   ap_kir_int(k, AP_DT_I32, s->BK * (only == 1 ? s->Dp : s->Dvp) * es));
+	tma_tile(s, one, only, s->BK, key0, ap_kir_muli(k, st, s->BK * (only == 1 ? s->ldq : s->ldv)),
+		 kv_bar(s, only, st));
+}
+
+static void tma_fill(att_tc *s, ap_kir_expr *tile, ap_kir_expr *st)
+{
+	tma_fill_roles(s, tile, st, 0);
 }
 
 /* The operands' maps (Q's where p->q_tma), the mbarriers (the two
@@ -302,7 +328,7 @@ static int tma_setup(att_tc *s, ap_error *err)
 	const att_plan *p = c->p;
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
-	int es = (int)ap_dtype_size(s->T), nbar = (int)tc_tma_barrier_bytes(p) / 8;
+	int es = (int)ap_dtype_size(s->T), nbar = c->ws ? 5 : (int)tc_tma_barrier_bytes(p) / 8;
 	ap_kir_stmt *one;
 
 	for (int role = p->q_tma ? 0 : 1; role <= 2; role++) {
@@ -314,7 +340,8 @@ static int tma_setup(att_tc *s, ap_error *err)
 					    "attention emitter: %s's tensor map refused", role == 0 ? "Q" : role == 1 ? "K" : "V");
 	}
 	ap_kir_comment(k, v->cur, "operands %s by TMA: boxes of their tensor maps, K and V into 2 stages, each "
-		       "tile on its mbarrier", p->q_tma ? "Q, K and V" : "K and V");
+		       "tile on its mbarrier%s", p->q_tma ? "Q, K and V" : "K and V",
+		       c->ws ? " (K's and V's apart: full / empty [0..1] K, [2] Q, [3..4] V)" : "");
 	s->full = ap_kir_mbarriers(k, "full", nbar);
 	if (c->ws)   /* released by each query warpgroup */
 		s->empty = ap_kir_mbarriers(k, "empty", nbar);
@@ -335,11 +362,12 @@ static int tma_setup(att_tc *s, ap_error *err)
 	return ap_kir_failed(k) ? ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention") : 0;
 }
 
-/* The copying producer's set-up (knob tma=3): full[0..1] the K / V
- * stages and full[2] Q's tile, each count 128 (every producer thread
- * arrives once its copies of the tile are complete and fenced);
- * empty[0..2] their releases, count W / 4; initialised by thread 0 and
- * fenced, then kn = qph = 0.  AP_ENOMEM through err. */
+/* The copying producer's set-up (knob tma=3): full[0..1] the K stages,
+ * full[2] Q's tile and full[3..4] the V stages (kv_bar), each count 128
+ * (every producer thread arrives once its copies of the tile are
+ * complete and fenced); empty[0..4] their releases, count W / 4;
+ * initialised by thread 0 and fenced, then kn = qph = 0.  AP_ENOMEM
+ * through err. */
 static int copy_setup(att_tc *s, ap_error *err)
 {
 	actx *c = s->c;
@@ -348,13 +376,13 @@ static int copy_setup(att_tc *s, ap_error *err)
 	ap_kir_stmt *one;
 
 	ap_kir_comment(k, v->cur, "warp specialisation: warpgroup %d copies Q, K and V (K and V into 2 stages; full / "
-		       "empty mbarriers), warpgroups 0..%d compute on them; persistent blocks", s->BQ / 64, s->BQ / 64 - 1);
-	s->full = ap_kir_mbarriers(k, "full", 3);
-	s->empty = ap_kir_mbarriers(k, "empty", 3);
+		       "empty mbarriers [0..1] K, [2] Q, [3..4] V), warpgroups 0..%d compute on them; persistent blocks", s->BQ / 64, s->BQ / 64 - 1);
+	s->full = ap_kir_mbarriers(k, "full", 5);
+	s->empty = ap_kir_mbarriers(k, "empty", 5);
 	one = ap_kir_if(k, v->cur, ap_kir_binary(k, AP_KIR_EQ, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, 0)));
 	if (!s->full || !s->empty || !one)
 		return ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention");
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < 5; i++) {
 		ap_kir_mbar_init(k, &one->body, s->full, ap_kir_idx(k, i), ap_kir_int(k, AP_DT_I32, 128));
 		ap_kir_mbar_init(k, &one->body, s->empty, ap_kir_idx(k, i), ap_kir_int(k, AP_DT_I32, s->BQ / 64));
 	}
@@ -434,13 +462,20 @@ static ap_kir_expr *tma_use(att_tc *s, ap_kir_expr *kt)
 	return ap_kir_bind(s->c->k, s->c->v->cur, s->c->k->index_type, "ku", ap_kir_add(s->c->k, ap_kir_ref(s->c->k, s->kn), kt));
 }
 
-/* Waits until the key tile of use u (tma_use) has landed in its stage. */
-static void tma_wait(att_tc *s, ap_kir_expr *u)
+/* Waits until the key tile of use u (tma_use) has landed in its stage
+ * (role 1: K's part, 2: V's, where they have barriers of their own:
+ * kv_bar). */
+static void tma_wait_role(att_tc *s, ap_kir_expr *u, int role)
 {
 	ap_kir_kernel *k = s->c->k;
 
-	ap_kir_mbar_wait(k, s->c->v->cur, s->full, ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)),
+	ap_kir_mbar_wait(k, s->c->v->cur, s->full, kv_bar(s, role, ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1))),
 			 ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, u, ap_kir_idx(k, 1)), ap_kir_idx(k, 1)));
+}
+
+static void tma_wait(att_tc *s, ap_kir_expr *u)
+{
+	tma_wait_role(s, u, 1);
 }
 
 /* The shared tiles and the register fragments, and a comment per
@@ -1136,12 +1171,14 @@ static void ws_release(att_tc *s, ap_kir_expr *x)
 
 /* A query warpgroup's key loop with the overlap inside the warpgroup
  * (knob overlap=1; ov_key_loop's order) under warp specialisation: per
- * key tile kt (use u = kn + kt) wait for its stage, S = Q K^T committed,
- * tile kt-1's O += P V committed behind it, the wait that leaves only
- * that one in flight, the scores and probabilities, then the wait for it
- * -- and the release of tile kt-1's stage, whose K and V every wgmma of
- * this warpgroup has now read -- and P for the next O += P V.  After the
- * loop the last tile's O += P V, waited for, and its stage released. */
+ * key tile kt (use u = kn + kt) wait for its K, S = Q K^T committed,
+ * tile kt-1's V waited for and its O += P V committed behind it, the
+ * wait that leaves only that one in flight -- S complete: K's stage
+ * released -- the scores and probabilities, then the wait for O += P V
+ * and the release of tile kt-1's V stage, and P for the next O += P V.
+ * After the loop the last tile's O += P V, waited for, and its V stage
+ * released.  K's stage is free a key tile before V's: the producer
+ * loads tile kt + 2's K while tile kt + 1 is computed on. */
 static void ws_overlap_loop(att_tc *s)
 {
 	actx *c = s->c;
@@ -1150,35 +1187,40 @@ static void ws_overlap_loop(att_tc *s)
 	ap_kir_block *ksaved, *s2;
 	ap_kir_stmt *first;
 	ap_kir_var *kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), s->nt, 1, &ksaved);
-	ap_kir_expr *u = tma_use(s, ap_kir_ref(k, kt)), *st, *prev, *last;
+	ap_kir_expr *u = tma_use(s, ap_kir_ref(k, kt)), *st, *prev, *last, *lu;
 
-	tma_wait(s, u);
+	tma_wait_role(s, u, 1);
 	st = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
 	prev = ap_kir_bind(k, v->cur, k->index_type, "sp", ap_kir_binary(k, AP_KIR_AND, ap_kir_addi(k, u, 1), ap_kir_idx(k, 1)));
 	s->key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), s->BK));
 	s->kbase = ap_kir_bind(k, v->cur, k->index_type, "kb", ap_kir_muli(k, st, s->BK * s->ldq));
 	wg_qk(s, false);
 	ap_v_if(v, ap_kir_binary(k, AP_KIR_GT, ap_kir_ref(k, kt), ap_kir_idx(k, 0)), &s2, &first);
+	tma_wait_role(s, ap_kir_addi(k, u, -1), 2);   /* tile kt-1's V landed (use u - 1) */
 	s->vbase = ap_kir_bind(k, v->cur, k->index_type, "vp", ap_kir_muli(k, prev, s->BK * s->ldv));
 	wg_pv(s, false);                            /* tile kt-1's O += P V, in flight ... */
 	ap_kir_wgmma_wait(k, v->cur, 1, s->sacc);   /* ... while S is complete */
 	ap_v_else(v, first);
 	ap_kir_wgmma_wait(k, v->cur, 0, s->sacc);
 	ap_v_close(v, s2);
+	ws_release(s, kv_bar(s, 1, st));            /* K's stage: S = Q K^T read it */
 	tc_scores(s);
 	tc_row_max(s);
 	tile_probabilities(s, s->sacc, s->A);
-	ap_kir_wgmma_wait(k, v->cur, 0, s->oacc);   /* O += P V of tile kt-1 done: its stage is free */
+	ap_kir_wgmma_wait(k, v->cur, 0, s->oacc);   /* O += P V of tile kt-1 done: V's stage is free */
 	ap_v_if(v, ap_kir_binary(k, AP_KIR_GT, ap_kir_ref(k, kt), ap_kir_idx(k, 0)), &s2, NULL);
-	ws_release(s, prev);
+	ws_release(s, kv_bar(s, 2, prev));
 	ap_v_close(v, s2);
 	ov_commit_probabilities(s);
 	ap_v_close(v, ksaved);
-	last = ap_kir_bind(k, v->cur, k->index_type, "sl",
-			   last_stage(s, ap_kir_ref(k, s->kn)));
+	lu = s->c->p->causal_k >= 0 ? ap_kir_add(k, ap_kir_ref(k, s->kn), ap_kir_addi(k, s->nt, -1))
+				    : ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles - 1);
+	lu = ap_kir_bind(k, v->cur, k->index_type, "lu", lu);   /* the last tile's use */
+	last = ap_kir_bind(k, v->cur, k->index_type, "sl", ap_kir_binary(k, AP_KIR_AND, lu, ap_kir_idx(k, 1)));
+	tma_wait_role(s, lu, 2);
 	s->vbase = ap_kir_muli(k, last, s->BK * s->ldv);
 	wg_pv(s, true);
-	ws_release(s, last);
+	ws_release(s, kv_bar(s, 2, last));
 }
 
 /* The wait of the producer for the release of barrier x's tile
@@ -1205,8 +1247,9 @@ static void ws_announce(att_tc *s, ap_kir_expr *x, bool copies)
 
 /* The producer warpgroup (emit_ws): per query tile of the block, once
  * the previous tile's Q is released (empty[2]), Q's tile on full[2]; per
- * key tile, once its stage is released (empty[u % 2], u = kn + kt), K's
- * and V's tiles on full[u % 2].  tma=2: thread s->issuer expects each
+ * key tile (use u = kn + kt, stage u % 2), once K's stage is released
+ * (empty[u % 2]) K's tile on full[u % 2], then once V's is (empty[3 +
+ * u % 2]) V's on full[3 + u % 2] (kv_bar).  tma=2: thread s->issuer expects each
  * tile's bytes and issues its boxes (tma_tile, tma_fill).  tma=3: the
  * producer's 128 threads copy them (ap__att_stage_rows dealt over
  * threadIdx.x & 127: cp.async where the plan copies an operand so, else
@@ -1223,7 +1266,7 @@ static void ws_produce(att_tc *s, unsigned grid, ap_kir_var *qp)
 	int64_t es = (int64_t)ap_dtype_size(s->T);
 	ap_kir_block *tsaved, *ksaved;
 	ap_kir_var *kt;
-	ap_kir_expr *q0, *u, *st;
+	ap_kir_expr *q0, *u, *st, *par;
 
 	if (!c->tma) {
 		c->stage_tid = ap_kir_bind(k, v->cur, k->index_type, "pt",
@@ -1248,16 +1291,25 @@ static void ws_produce(att_tc *s, unsigned grid, ap_kir_var *qp)
 	ap_kir_assign(k, v->cur, qp, ap_kir_binary(k, AP_KIR_XOR, ap_kir_ref(k, qp), ap_kir_idx(k, 1)));
 	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), s->nt, 1, &ksaved);
 	u = tma_use(s, ap_kir_ref(k, kt));
-	st = ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1));
-	if (!c->tma)
-		st = ap_kir_bind(k, v->cur, k->index_type, "ps", st);
-	ws_wait_free(s, st, ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, u, ap_kir_idx(k, 1)), ap_kir_idx(k, 1)));
-	if (c->tma) {
-		tma_fill(s, ap_kir_ref(k, kt), ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
-	} else {
-		stage_kv_rows(s, ap_kir_muli(k, st, s->BK * s->ldq), ap_kir_muli(k, st, s->BK * s->ldv),
-			      ap_kir_muli(k, ap_kir_ref(k, kt), s->BK));
-		ws_announce(s, st, p->aw[1] || p->aw[2]);
+	st = ap_kir_bind(k, v->cur, k->index_type, "ps", ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
+	par = ap_kir_bind(k, v->cur, k->index_type, "pp",
+			  ap_kir_binary(k, AP_KIR_AND, ap_kir_binary(k, AP_KIR_SHR, u, ap_kir_idx(k, 1)), ap_kir_idx(k, 1)));
+	/* K's tile once K's stage is free, then V's once V's is */
+	for (int role = 1; role <= 2; role++) {
+		ws_wait_free(s, kv_bar(s, role, st), par);
+		if (c->tma) {
+			tma_fill_roles(s, ap_kir_ref(k, kt), st, role);
+		} else {
+			ap_kir_expr *key0 = ap_kir_muli(k, ap_kir_ref(k, kt), s->BK);
+
+			if (role == 1)
+				ap__att_stage_rows(c, s->ks, ap_kir_muli(k, st, s->BK * s->ldq), 1, s->BK, s->Dp, s->ldq, key0,
+						   p->Nk, p->D);
+			else
+				ap__att_stage_rows(c, s->vs, ap_kir_muli(k, st, s->BK * s->ldv), 2, s->BK, s->Dvp, s->ldv, key0,
+						   p->Nk, p->Dv);
+			ws_announce(s, kv_bar(s, role, st), p->aw[role]);
+		}
 	}
 	ap_v_close(v, ksaved);
 	ap_kir_assign(k, v->cur, s->kn, ap_kir_add(k, ap_kir_ref(k, s->kn), s->nt));
@@ -1325,7 +1377,7 @@ static void emit_ws(att_tc *s, const ap_target_info *t, int W)
 	}
 	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), s->nt, 1, &ksaved);
 	u = tma_use(s, ap_kir_ref(k, kt));
-	tma_wait(s, u);
+	tma_wait_role(s, u, 1);
 	{
 		ap_kir_expr *kst = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
 
@@ -1333,11 +1385,13 @@ static void emit_ws(att_tc *s, const ap_target_info *t, int W)
 		s->kbase = ap_kir_bind(k, v->cur, k->index_type, "kb", ap_kir_muli(k, kst, s->BK * s->ldq));
 		s->vbase = ap_kir_bind(k, v->cur, k->index_type, "vb", ap_kir_muli(k, kst, s->BK * s->ldv));
 		wg_qk(s, true);
+		ws_release(s, kv_bar(s, 1, kst));   /* S = Q K^T completed: K's stage is free */
 		tc_scores(s);
 		tc_row_max(s);
 		tc_probabilities(s);
+		tma_wait_role(s, u, 2);
 		wg_pv(s, true);
-		ws_release(s, kst);   /* this warpgroup's products of the stage completed */
+		ws_release(s, kv_bar(s, 2, kst));   /* O += P V completed: V's stage is free */
 	}
 	ap_v_close(v, ksaved);
 stored:
