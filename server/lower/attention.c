@@ -668,7 +668,7 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 		rc = 0;
 	if (rc && r->tma == 3 && !tc_wscopy_fits(p, b->t, r->w))
 		rc = 0;
-	r->smem += tc_barrier_bytes(p, r->tma);
+	r->smem += tc_barrier_bytes(p, r->tma, r->overlap);
 	if (r->tma >= 2)
 		r->threads += 128;
 	/* the registers of the whole block (a producer's warpgroup too: it

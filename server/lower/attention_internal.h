@@ -165,12 +165,12 @@ static inline bool tc_wscopy_fits(const att_plan *p, const ap_target_info *t, in
 }
 
 /* Bytes of knob tma's mbarriers: tma=1 full per tile kind
- * (tc_tma_barrier_bytes); warp specialised (2, 3), full and empty for Q's
- * tile and for the two stages of K and of V apart (attention_tc.c
- * kv_bar). */
-static inline unsigned tc_barrier_bytes(const att_plan *p, int tma)
+ * (tc_tma_barrier_bytes), with the overlap for Q's tile and the two
+ * stages of K and of V apart (attention_tc.c kv_bar); warp specialised
+ * (2, 3), full and empty for those. */
+static inline unsigned tc_barrier_bytes(const att_plan *p, int tma, bool overlap)
 {
-	return tma >= 2 ? 80u : tma ? tc_tma_barrier_bytes(p) : 0u;
+	return tma >= 2 ? 80u : tma && overlap ? 40u : tma ? tc_tma_barrier_bytes(p) : 0u;
 }
 
 /* Bytes of shared memory of W warps and BK keys a tile on t: the Q tile

@@ -277,20 +277,25 @@ static ap_kir_stmt *tma_issuer(att_tc *s)
 }
 
 /* The barrier of stage st's tile of `role` (1 K, 2 V): full[st] (and
- * empty[st]) for both, except under warp specialisation, where V's
- * tiles have barriers of their own, [3 + st] (Q's is [2]): K's stage is
- * released once S = Q K^T completed, V's once O += P V did -- a tile
- * later under the overlap -- so that the next K tile loads a whole key
- * tile's time before it is used (FlashAttention-3's separate K and V
- * pipelines). */
+ * empty[st]) for both, except under warp specialisation or the overlap
+ * (kv_apart), where V's tiles have barriers of their own, [3 + st] (Q's
+ * is [2]): K's stage is free once S = Q K^T completed, V's once
+ * O += P V did -- a tile later under the overlap -- so that the next K
+ * tile loads a whole key tile's time before it is used
+ * (FlashAttention-3's separate K and V pipelines). */
+static bool kv_apart(const att_tc *s)
+{
+	return s->c->ws || (s->c->overlap && s->c->wg && s->NST == 2);
+}
+
 static ap_kir_expr *kv_bar(const att_tc *s, int role, ap_kir_expr *st)
 {
-	return s->c->ws && role == 2 ? ap_kir_addi(s->c->k, st, 3) : st;
+	return kv_apart(s) && role == 2 ? ap_kir_addi(s->c->k, st, 3) : st;
 }
 
 /* Key tile `tile` of K and V into stage st by TMA (above): thread
- * s->issuer expects their bytes on full[st] and issues the boxes; under
- * warp specialisation only one of them, `only` (1 K, 2 V), on its
+ * s->issuer expects their bytes on full[st] and issues the boxes; where
+ * they are apart (kv_apart) only one of them, `only` (1 K, 2 V), on its
  * barrier (kv_bar). */
 static void tma_fill_roles(att_tc *s, ap_kir_expr *tile, ap_kir_expr *st, int only)
 {
@@ -301,7 +306,7 @@ static void tma_fill_roles(att_tc *s, ap_kir_expr *tile, ap_kir_expr *st, int on
 
 	if (!one)
 		return;
-	if (!only) {   /* without warp specialisation: one barrier, the stage's bytes */
+	if (!only) {   /* K and V on one barrier: the stage's bytes */
 		ap_kir_mbar_arrive(k, &one->body, s->full, st, ap_kir_int(k, AP_DT_I32, s->BK * (s->Dp + s->Dvp) * es));
 		tma_tile(s, one, 1, s->BK, key0, ap_kir_muli(k, st, s->BK * s->ldq), st);
 		tma_tile(s, one, 2, s->BK, key0, ap_kir_muli(k, st, s->BK * s->ldv), st);
@@ -328,7 +333,7 @@ static int tma_setup(att_tc *s, ap_error *err)
 	const att_plan *p = c->p;
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
-	int es = (int)ap_dtype_size(s->T), nbar = c->ws ? 5 : (int)tc_tma_barrier_bytes(p) / 8;
+	int es = (int)ap_dtype_size(s->T), nbar = kv_apart(s) ? 5 : (int)tc_tma_barrier_bytes(p) / 8;
 	ap_kir_stmt *one;
 
 	for (int role = p->q_tma ? 0 : 1; role <= 2; role++) {
@@ -341,7 +346,7 @@ static int tma_setup(att_tc *s, ap_error *err)
 	}
 	ap_kir_comment(k, v->cur, "operands %s by TMA: boxes of their tensor maps, K and V into 2 stages, each "
 		       "tile on its mbarrier%s", p->q_tma ? "Q, K and V" : "K and V",
-		       c->ws ? " (K's and V's apart: full / empty [0..1] K, [2] Q, [3..4] V)" : "");
+		       kv_apart(s) ? " (K's and V's apart: [0..1] K, [2] Q, [3..4] V)" : "");
 	s->full = ap_kir_mbarriers(k, "full", nbar);
 	if (c->ws)   /* released by each query warpgroup */
 		s->empty = ap_kir_mbarriers(k, "empty", nbar);
@@ -400,7 +405,7 @@ static unsigned tma_grid(const att_tc *s, const ap_target_info *t)
 {
 	unsigned threads = 32u * (unsigned)(s->BQ / 16) + (s->c->ws ? 128u : 0u), per = t->max_blocks_per_sm;
 	size_t smem = tc_smem(s->c->p, t, s->BQ / 16, s->BK) +
-		      tc_barrier_bytes(s->c->p, s->c->ws ? (s->c->tma ? 2 : 3) : 1);
+		      tc_barrier_bytes(s->c->p, s->c->ws ? (s->c->tma ? 2 : 3) : 1, s->c->overlap);
 
 	if (threads && t->max_threads_per_sm / threads < per)
 		per = t->max_threads_per_sm / threads;
@@ -430,17 +435,6 @@ static void tile_bound(att_tc *s, ap_kir_expr *q0)
 	need = ap_kir_addi(k, ap_kir_binary(k, AP_KIR_DIV, ap_kir_addi(k, i1, p->causal_k), ap_kir_idx(k, s->BK)), 1);
 	s->nt = ap_kir_bind(k, s->c->v->cur, k->index_type, "nt",
 			    ap_kir_binary(k, AP_KIR_MIN, need, ap_kir_idx(k, s->ntiles)));
-}
-
-/* The stage, (base + nt - 1) % 2, of the query tile's last key tile, its
- * block-wide use base + nt - 1. */
-static ap_kir_expr *last_stage(att_tc *s, ap_kir_expr *base)
-{
-	ap_kir_kernel *k = s->c->k;
-	ap_kir_expr *last = s->c->p->causal_k >= 0 ? ap_kir_add(k, base, ap_kir_addi(k, s->nt, -1))
-						      : ap_kir_addi(k, base, s->ntiles - 1);
-
-	return ap_kir_binary(k, AP_KIR_AND, last, ap_kir_idx(k, 1));
 }
 
 /* The query tile's key tiles counted into kn, Q's parity flipped where
@@ -568,8 +562,52 @@ static void stage_kv_rows(att_tc *s, ap_kir_expr *koff, ap_kir_expr *voff, ap_ki
 	ap__att_stage_rows(c, s->vs, voff, 2, s->BK, s->Dvp, s->ldv, key0, p->Nk, p->Dv);
 }
 
+/* The key tiles in flight before the key loop (two stages): tile 0's K
+ * and V into stage kn % 2 (the block's first use of the query tile; 0
+ * without TMA: each query tile starts at stage 0); where K and V are
+ * apart (the overlap, kv_apart) tile 1's K too, into the other stage
+ * (ov_key_loop keeps K a tile ahead of V) -- by TMA, or as cp.async
+ * groups: tile 0's, then tile 1's K (committed even when empty, so that
+ * the loop's group counts hold). */
+static void first_tiles(att_tc *s)
+{
+	actx *c = s->c;
+	ap_kir_kernel *k = c->k;
+	ap_vctx *v = c->v;
+	ap_kir_expr *u = c->tma ? ap_kir_ref(k, s->kn) : ap_kir_idx(k, 0);
+	ap_kir_expr *st = ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1));
+	ap_kir_expr *nst = ap_kir_binary(k, AP_KIR_AND, ap_kir_addi(k, u, 1), ap_kir_idx(k, 1));
+	ap_kir_block *s2;
+
+	if (!kv_apart(s)) {
+		if (c->tma) {
+			tma_fill(s, ap_kir_idx(k, 0), st);
+		} else {
+			stage_kv_rows(s, ap_kir_idx(k, 0), ap_kir_idx(k, 0), ap_kir_idx(k, 0));
+			ap_kir_cp_commit(k, v->cur);
+		}
+		return;
+	}
+	if (c->tma) {
+		tma_fill_roles(s, ap_kir_idx(k, 0), st, 1);
+		tma_fill_roles(s, ap_kir_idx(k, 0), st, 2);
+	} else {
+		stage_kv_rows(s, ap_kir_idx(k, 0), ap_kir_idx(k, 0), ap_kir_idx(k, 0));
+		ap_kir_cp_commit(k, v->cur);
+	}
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_GT, s->nt, ap_kir_idx(k, 1)), &s2, NULL);
+	if (c->tma)
+		tma_fill_roles(s, ap_kir_idx(k, 1), nst, 1);
+	else
+		ap__att_stage_rows(c, s->ks, ap_kir_muli(k, nst, s->BK * s->ldq), 1, s->BK, s->Dp, s->ldq,
+				   ap_kir_idx(k, s->BK), c->p->Nk, c->p->D);
+	ap_v_close(v, s2);
+	if (!c->tma)
+		ap_kir_cp_commit(k, v->cur);
+}
+
 /* The block's BQ query rows from q0 into qs (with two stages, the first
- * key tile's copies issued behind them), then the warp's 16 rows as A
+ * key tile's copies issued behind them: first_tiles), then the warp's 16 rows as A
  * fragments qf by ldmatrix .x4 (matrix j = lane / 8: rows (j % 2) * 8..,
  * k (j / 2) * KS / 2..), rounded for TF32. */
 static void tc_load_q(att_tc *s, ap_kir_expr *q0)
@@ -589,23 +627,17 @@ static void tc_load_q(att_tc *s, ap_kir_expr *q0)
 					   ap_kir_int(k, AP_DT_I32, s->BQ * s->Dp * (int64_t)ap_dtype_size(s->T)));
 			tma_tile(s, one, 0, s->BQ, q0, ap_kir_idx(k, 0), ap_kir_idx(k, 2));
 		}
-		tma_fill(s, ap_kir_idx(k, 0), ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, s->kn), ap_kir_idx(k, 1)));
+		first_tiles(s);
 		ap_kir_mbar_wait(k, v->cur, s->full, ap_kir_idx(k, 2), ap_kir_ref(k, s->qph));
 		return;
 	}
 	ap__att_stage_rows(c, s->qs, ap_kir_idx(k, 0), 0, s->BQ, s->Dp, s->ldq, q0, p->Nq, p->D);
 	if (p->aw[0])
 		ap_kir_cp_commit(k, v->cur);
-	if (s->NST == 2 && c->tma) {
-		/* the first key tile's boxes, in flight while Q's fragments load */
-		tma_fill(s, ap_kir_idx(k, 0), ap_kir_binary(k, AP_KIR_AND, ap_kir_ref(k, s->kn), ap_kir_idx(k, 1)));
-	} else if (s->NST == 2) {
-		/* the first key tile's copies, in flight while Q's fragments load */
-		stage_kv_rows(s, ap_kir_idx(k, 0), ap_kir_idx(k, 0), ap_kir_idx(k, 0));
-		ap_kir_cp_commit(k, v->cur);
-	}
-	if (p->aw[0])
-		ap_kir_cp_wait(k, v->cur, s->NST == 2 && !c->tma ? 1 : 0);    /* Q's group */
+	if (s->NST == 2)   /* the first key tile's copies or boxes, in flight while Q's fragments load */
+		first_tiles(s);
+	if (p->aw[0])   /* Q's group: tile 0's copies (and K's of tile 1: kv_apart) after it */
+		ap_kir_cp_wait(k, v->cur, s->NST == 2 && !c->tma ? (kv_apart(s) ? 2 : 1) : 0);
 	if (c->wg) {   /* wgmma reads Q from shared memory through the async proxy */
 		ap_kir_fence_proxy_async(k, v->cur);
 		ap_kir_barrier(k, v->cur);
@@ -1097,27 +1129,34 @@ static void ov_commit_probabilities(att_tc *s)
 /* The key loop with FlashAttention-3's overlap inside a warpgroup
  * (docs/hopper-pipeline.md, "The overlap without warp specialisation"):
  * tile j's scores and probabilities are computed while tile j-1's
- * O += P V runs on the tensor cores; the copies of tile j+1 go into the
- * stage of tile j-1 once every warpgroup's O += P V of it completed.
- * Tile 0's copies were issued with Q's (tc_load_q). */
+ * O += P V runs on the tensor cores.  K runs a tile ahead of V
+ * (kv_apart): once every warpgroup is past the wait that completes tile
+ * kt-1's O += P V (the barrier after it) -- and so past tile kt's
+ * S = Q K^T -- tile kt+1's V goes into the V stage tile kt-1's left and
+ * tile kt+2's K into the K stage tile kt's left, a tile and a half
+ * before they are read; K of tile kt and V of tile kt-1 are waited for
+ * where they are read (by TMA: their barriers, kv_bar; by cp.async: all
+ * but the newest group, the one just issued).  Tiles 0 and 1's K came
+ * with Q (first_tiles). */
 static void ov_key_loop(att_tc *s)
 {
 	actx *c = s->c;
 	ap_kir_kernel *k = c->k;
 	ap_vctx *v = c->v;
 	ap_kir_var *kt;
-	ap_kir_expr *st, *prev, *u;
+	ap_kir_expr *st, *prev, *u, *lu;
 	ap_kir_block *ksaved, *s2;
 	ap_kir_stmt *first;
 
-	ap_kir_comment(k, v->cur, "the key loop: tile j's softmax overlaps tile j-1's O += P V (wgmma in flight)");
+	ap_kir_comment(k, v->cur, "the key loop: tile j's softmax overlaps tile j-1's O += P V (wgmma in flight); "
+		       "K a tile ahead of V");
 	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), s->nt, 1, &ksaved);
-	if (c->tma) {   /* tile kt's boxes landed */
+	if (c->tma) {   /* tile kt's K landed */
 		u = tma_use(s, ap_kir_ref(k, kt));
-		tma_wait(s, u);
+		tma_wait_role(s, u, 1);
 	} else {
 		u = ap_kir_ref(k, kt);
-		ap_kir_cp_wait(k, v->cur, 0);   /* tile kt landed (this thread's copies) */
+		ap_kir_cp_wait(k, v->cur, 1);   /* K of tile kt and V of tile kt-1 landed (this thread's copies) */
 		ap_kir_fence_proxy_async(k, v->cur);
 		ap_kir_barrier(k, v->cur);      /* ... and every thread's */
 	}
@@ -1127,6 +1166,8 @@ static void ov_key_loop(att_tc *s)
 	s->kbase = ap_kir_bind(k, v->cur, k->index_type, "kb", ap_kir_muli(k, st, s->BK * s->ldq));
 	wg_qk(s, false);
 	ap_v_if(v, ap_kir_binary(k, AP_KIR_GT, ap_kir_ref(k, kt), ap_kir_idx(k, 0)), &s2, &first);
+	if (c->tma)
+		tma_wait_role(s, ap_kir_addi(k, u, -1), 2);   /* tile kt-1's V landed */
 	s->vbase = ap_kir_bind(k, v->cur, k->index_type, "vp", ap_kir_muli(k, prev, s->BK * s->ldv));
 	wg_pv(s, false);                /* tile kt-1's O += P V, in flight ... */
 	ap_kir_wgmma_wait(k, v->cur, 1, s->sacc);   /* ... while S is complete */
@@ -1138,25 +1179,39 @@ static void ov_key_loop(att_tc *s)
 	/* the probabilities in S's registers: O += P V of tile kt-1 still reads P */
 	tile_probabilities(s, s->sacc, s->A);
 	ap_kir_wgmma_wait(k, v->cur, 0, s->oacc);   /* O += P V of tile kt-1 done here ... */
-	ap_kir_barrier(k, v->cur);                  /* ... and in every warpgroup: its stage is free */
+	ap_kir_barrier(k, v->cur);                  /* ... and in every warpgroup: V's stage prev and K's st are free */
 	ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, ap_kir_addi(k, ap_kir_ref(k, kt), 1), s->nt), &s2, NULL);
-	if (c->tma) {
-		tma_fill(s, ap_kir_addi(k, ap_kir_ref(k, kt), 1), prev);
-	} else {
-		stage_kv_rows(s, ap_kir_muli(k, prev, s->BK * s->ldq), ap_kir_muli(k, prev, s->BK * s->ldv),
-			      ap_kir_muli(k, ap_kir_addi(k, ap_kir_ref(k, kt), 1), s->BK));
-		ap_kir_cp_commit(k, v->cur);
-	}
+	if (c->tma)
+		tma_fill_roles(s, ap_kir_addi(k, ap_kir_ref(k, kt), 1), prev, 2);
+	else
+		ap__att_stage_rows(c, s->vs, ap_kir_muli(k, prev, s->BK * s->ldv), 2, s->BK, s->Dvp, s->ldv,
+				   ap_kir_muli(k, ap_kir_addi(k, ap_kir_ref(k, kt), 1), s->BK), c->p->Nk, c->p->Dv);
 	ap_v_close(v, s2);
+	ap_v_if(v, ap_kir_binary(k, AP_KIR_LT, ap_kir_addi(k, ap_kir_ref(k, kt), 2), s->nt), &s2, NULL);
+	if (c->tma)
+		tma_fill_roles(s, ap_kir_addi(k, ap_kir_ref(k, kt), 2), st, 1);
+	else
+		ap__att_stage_rows(c, s->ks, ap_kir_muli(k, st, s->BK * s->ldq), 1, s->BK, s->Dp, s->ldq,
+				   ap_kir_muli(k, ap_kir_addi(k, ap_kir_ref(k, kt), 2), s->BK), c->p->Nk, c->p->D);
+	ap_v_close(v, s2);
+	if (!c->tma)
+		ap_kir_cp_commit(k, v->cur);   /* a group a tile, empty or not */
 	ov_commit_probabilities(s);
 	ap_v_close(v, ksaved);
-	/* the last tile's O += P V */
-	if (c->tma)
-		s->vbase = ap_kir_muli(k, last_stage(s, ap_kir_ref(k, s->kn)), s->BK * s->ldv);
-	else if (s->c->p->causal_k >= 0)
-		s->vbase = ap_kir_muli(k, last_stage(s, ap_kir_idx(k, 0)), s->BK * s->ldv);
-	else
-		s->vbase = ap_kir_idx(k, ((s->ntiles - 1) & 1) * s->BK * s->ldv);
+	/* the last tile's O += P V once its V landed (by cp.async: the group
+	 * before the newest, committed after the last wait) */
+	lu = ap_kir_addi(k, s->c->p->causal_k >= 0 ? ap_kir_add(k, c->tma ? ap_kir_ref(k, s->kn) : ap_kir_idx(k, 0), s->nt)
+						   : ap_kir_addi(k, c->tma ? ap_kir_ref(k, s->kn) : ap_kir_idx(k, 0), s->ntiles),
+			 -1);
+	lu = ap_kir_bind(k, v->cur, k->index_type, "lu", lu);
+	if (c->tma) {
+		tma_wait_role(s, lu, 2);
+	} else {
+		ap_kir_cp_wait(k, v->cur, 0);
+		ap_kir_fence_proxy_async(k, v->cur);
+		ap_kir_barrier(k, v->cur);
+	}
+	s->vbase = ap_kir_muli(k, ap_kir_binary(k, AP_KIR_AND, lu, ap_kir_idx(k, 1)), s->BK * s->ldv);
 	wg_pv(s, true);
 }
 
