@@ -317,6 +317,8 @@ void ap__att_store_stats(actx *c, ap_kir_expr *row, ap_kir_expr *cond, ap_kir_va
  * coordinates and returns its first query row.  *saved closes the loop
  * (ap_v_close). */
 ap_kir_expr *ap__att_open_tiles(actx *c, int64_t per, unsigned max_grid, ap_kir_block **saved);
+ap_kir_expr *ap__att_key_tiles(actx *c, ap_kir_expr *q0, int64_t rows, int64_t keys, int64_t ntiles,
+			       const char *name);
 
 /* The SIMT form (the file comment): R warps a block, a query row each;
  * per key tile, simt_score, simt_softmax and simt_accumulate, then

@@ -324,6 +324,29 @@ ap_kir_expr *ap__att_open_tiles(actx *c, int64_t per, unsigned max_grid, ap_kir_
 	return q0;
 }
 
+/* The key tiles of `keys` keys a block of `rows` query rows from q0
+ * visits: all ntiles of them, or under a causal mask (p->causal_k =
+ * k >= 0: key j of row i masked where j > i + k) those holding a key its
+ * last row i1 = min(q0 + rows, Nq) - 1 attends to, min((i1 + k) / keys +
+ * 1, ntiles), bound as `name` -- every key of a later tile is masked for
+ * every row of the block (-inf: probability 0), so skipping them changes
+ * no sum (FlashAttention-2's causal loop bound, Dao 2023, section
+ * 3.1.1).  At least 1: tile 0 holds key 0 <= i + k.  Both forms' key
+ * loops (attention_tc.c tile_bound, ap__att_emit_simt). */
+ap_kir_expr *ap__att_key_tiles(actx *c, ap_kir_expr *q0, int64_t rows, int64_t keys, int64_t ntiles,
+			       const char *name)
+{
+	ap_kir_kernel *k = c->k;
+	const att_plan *p = c->p;
+	ap_kir_expr *i1, *need;
+
+	if (p->causal_k < 0)
+		return ap_kir_idx(k, ntiles);
+	i1 = ap_kir_binary(k, AP_KIR_MIN, ap_kir_addi(k, q0, rows - 1), ap_kir_idx(k, p->Nq - 1));
+	need = ap_kir_addi(k, ap_kir_binary(k, AP_KIR_DIV, ap_kir_addi(k, i1, p->causal_k), ap_kir_idx(k, keys)), 1);
+	return ap_kir_bind(k, c->v->cur, k->index_type, name, ap_kir_binary(k, AP_KIR_MIN, need, ap_kir_idx(k, ntiles)));
+}
+
 /* The SIMT form's state (emit_simt): R warps a block, one query row a
  * warp, KEYS keys a tile, one key a lane. */
 typedef struct att_simt {
@@ -489,7 +512,7 @@ int ap__att_emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err)
 	unsigned nt = 32u * (unsigned)R;
 	int64_t ntiles;
 	att_simt s;
-	ap_kir_expr *tid, *qrow0, *nkt;
+	ap_kir_expr *tid, *qrow0;
 	ap_kir_var *kt;
 	ap_kir_block *tsaved, *ksaved;
 
@@ -531,20 +554,8 @@ int ap__att_emit_simt(actx *c, const ap_target_info *t, int R, ap_error *err)
 		if (lz)
 			ap_kir_store(k, &lz->body, s.acc, ap_kir_ref(k, i), ap_kir_float(k, s.A, 0));
 	}
-	/* under a causal mask (p->causal_k = c >= 0: key j of row i visible
-	 * where j <= i + c) the block's last row, min(q0 + R, Nq) - 1, sees no
-	 * key past its diagonal: the tiles after the one holding it would add
-	 * exp(-inf) = 0 to every row (FlashAttention-2 section 3.1.1) */
-	nkt = ap_kir_idx(k, ntiles);
-	if (p->causal_k >= 0) {
-		ap_kir_expr *i1 = ap_kir_binary(k, AP_KIR_MIN, ap_kir_addi(k, qrow0, R - 1), ap_kir_idx(k, p->Nq - 1));
-
-		nkt = ap_kir_bind(k, v->cur, k->index_type, "nkt",
-				  ap_kir_binary(k, AP_KIR_MIN, nkt,
-						ap_kir_addi(k, ap_kir_binary(k, AP_KIR_DIV, ap_kir_addi(k, i1, p->causal_k),
-									     ap_kir_idx(k, KEYS)), 1)));
-	}
-	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), nkt, 1, &ksaved);
+	/* under a causal mask, to the block's last row's diagonal */
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), ap__att_key_tiles(c, qrow0, R, KEYS, ntiles, "nkt"), 1, &ksaved);
 	{
 		ap_kir_expr *key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), KEYS));
 		ap_kir_expr *sval = simt_score(&s, key0);

@@ -414,27 +414,22 @@ static unsigned tma_grid(const att_tc *s, const ap_target_info *t)
 	return t->sm_count * (per ? per : 1);
 }
 
-/* The key tiles the query tile from row q0 visits (s->nt): all of them,
- * or under a causal mask (p->causal_k = k >= 0: key j of row i masked
- * where j > i + k) those holding a key its last row i1 = min(q0 + BQ,
- * Nq) - 1 attends to, (i1 + k) / BK + 1 -- every key of a later tile is
- * masked for every row of the tile (-inf: probability 0), so skipping
- * them changes no sum (FlashAttention-2's causal loop bound, Dao 2023,
- * section 3.1.1).  At least 1: tile 0 holds key 0 <= i + k. */
+/* The key tiles the query tile from row q0 visits (s->nt:
+ * ap__att_key_tiles). */
 static void tile_bound(att_tc *s, ap_kir_expr *q0)
 {
-	ap_kir_kernel *k = s->c->k;
-	const att_plan *p = s->c->p;
-	ap_kir_expr *i1, *need;
+	s->nt = ap__att_key_tiles(s->c, q0, s->BQ, s->BK, s->ntiles, "nt");
+}
 
-	if (p->causal_k < 0) {
-		s->nt = ap_kir_idx(k, s->ntiles);
-		return;
-	}
-	i1 = ap_kir_binary(k, AP_KIR_MIN, ap_kir_addi(k, q0, s->BQ - 1), ap_kir_idx(k, p->Nq - 1));
-	need = ap_kir_addi(k, ap_kir_binary(k, AP_KIR_DIV, ap_kir_addi(k, i1, p->causal_k), ap_kir_idx(k, s->BK)), 1);
-	s->nt = ap_kir_bind(k, s->c->v->cur, k->index_type, "nt",
-			    ap_kir_binary(k, AP_KIR_MIN, need, ap_kir_idx(k, s->ntiles)));
+/* The block-wide use, base + nt - 1, of the query tile's last key tile
+ * (its stage: the use's parity), bound as "lu". */
+static ap_kir_expr *last_use(att_tc *s, ap_kir_expr *base)
+{
+	ap_kir_kernel *k = s->c->k;
+	ap_kir_expr *last = s->c->p->causal_k >= 0 ? ap_kir_add(k, base, ap_kir_addi(k, s->nt, -1))
+						      : ap_kir_addi(k, base, s->ntiles - 1);
+
+	return ap_kir_bind(k, s->c->v->cur, k->index_type, "lu", last);
 }
 
 /* The query tile's key tiles counted into kn, Q's parity flipped where
@@ -1200,10 +1195,7 @@ static void ov_key_loop(att_tc *s)
 	ap_v_close(v, ksaved);
 	/* the last tile's O += P V once its V landed (by cp.async: the group
 	 * before the newest, committed after the last wait) */
-	lu = ap_kir_addi(k, s->c->p->causal_k >= 0 ? ap_kir_add(k, c->tma ? ap_kir_ref(k, s->kn) : ap_kir_idx(k, 0), s->nt)
-						   : ap_kir_addi(k, c->tma ? ap_kir_ref(k, s->kn) : ap_kir_idx(k, 0), s->ntiles),
-			 -1);
-	lu = ap_kir_bind(k, v->cur, k->index_type, "lu", lu);
+	lu = last_use(s, c->tma ? ap_kir_ref(k, s->kn) : ap_kir_idx(k, 0));
 	if (c->tma) {
 		tma_wait_role(s, lu, 2);
 	} else {
@@ -1268,9 +1260,7 @@ static void ws_overlap_loop(att_tc *s)
 	ap_v_close(v, s2);
 	ov_commit_probabilities(s);
 	ap_v_close(v, ksaved);
-	lu = s->c->p->causal_k >= 0 ? ap_kir_add(k, ap_kir_ref(k, s->kn), ap_kir_addi(k, s->nt, -1))
-				    : ap_kir_addi(k, ap_kir_ref(k, s->kn), s->ntiles - 1);
-	lu = ap_kir_bind(k, v->cur, k->index_type, "lu", lu);   /* the last tile's use */
+	lu = last_use(s, ap_kir_ref(k, s->kn));
 	last = ap_kir_bind(k, v->cur, k->index_type, "sl", ap_kir_binary(k, AP_KIR_AND, lu, ap_kir_idx(k, 1)));
 	tma_wait_role(s, lu, 2);
 	s->vbase = ap_kir_muli(k, last, s->BK * s->ldv);

@@ -38,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_simt_causal(float
 		for (int z13 = 0; z13 < 1; z13 += 1) {
 			acc[z13] = 0x0p+0f;
 		}
-		int nkt14 = (5 < ((((q04 + 3) < 69 ? (q04 + 3) : 69) / 32) + 1) ? 5 : ((((q04 + 3) < 69 ? (q04 + 3) : 69) / 32) + 1));
+		int nkt14 = (((((q04 + 3) < 69 ? (q04 + 3) : 69) / 32) + 1) < 5 ? ((((q04 + 3) < 69 ? (q04 + 3) : 69) / 32) + 1) : 5);
 		for (int kt15 = 0; kt15 < nkt14; kt15 += 1) {
 			int k016 = (kt15 * 32);
 			__syncthreads();
