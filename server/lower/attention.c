@@ -582,11 +582,12 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 		 * estimate leaves out what the statistics' outputs and bfloat16's
 		 * conversions add (ptxas, sm_90a: head dim 128 at 128 keys 221
 		 * registers; 160 / 144 in bfloat16 with the statistics, estimated
-		 * 232, takes 255 and spills) */
-		unsigned threads = 32u * (unsigned)W + 128u;
+		 * 232, takes 255 and spills); the form the space offers first
+		 * decides whether a producer warpgroup shares the file */
+		int form = sp->n > 3 ? sp->knobs[3].values[0] : 0;
 
 		BK = p->Nk > 64 ? 128 : BK;
-		while (BK > 16 && (tc_regs(p, t, W, BK) > 224 || !tc_regs_fit(p, t, W, BK, threads)))
+		while (BK > 16 && (tc_regs(p, t, W, BK) > 224 || !tc_regs_fit(p, t, W, BK, form)))
 			BK /= 2;
 	}
 	while (W > 1 && !tc_fits(p, t, W, BK))
@@ -674,7 +675,7 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 	/* the registers of the whole block (a producer's warpgroup too: it
 	 * gets as many) within the SM's file, or ptxas, bound by the block's
 	 * size, would spill (tc_regs is an estimate, on the safe side) */
-	if (rc && p->tc && !tc_regs_fit(p, b->t, r->w, r->bk, r->threads))
+	if (rc && p->tc && !tc_regs_fit(p, b->t, r->w, r->bk, r->tma))
 		rc = 0;
 	return rc;
 }
@@ -722,9 +723,12 @@ static int at_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_er
  *     (an eighth of the FP32 rate: 16 against 128 lanes a clock an SM), per
  *     row and key tile the rescale of the output (Dv multiplies) and the
  *     row reductions' shuffles (16).  It runs beside the tensor cores where
- *     the overlap (knob overlap) or a second warpgroup's worth of warps
- *     resident on the SM hides it, else in series: alu_fraction is the
- *     products' share of that time. */
+ *     a second warpgroup's worth of warps resident on the SM hides it (one
+ *     warpgroup's softmax beside the other's products: FlashAttention-3
+ *     section 3.1); with one warpgroup the overlap (knob overlap) hides it
+ *     behind O += P V only -- S = Q K^T of the next tile waits for the
+ *     softmax -- else it runs in series: alu_fraction is the products'
+ *     share of that time. */
 /* The share of the (query tile, key tile) pairs a form visits with BQ
  * query rows and BK keys a tile: 1, or under a causal mask those up to
  * each query tile's diagonal (attention_tc.c tile_bound; the SIMT form's
@@ -759,7 +763,10 @@ static void tc_traffic(const att_plan *p, const ap_target_info *t, const at_res 
 
 	out->shared_read = readers * tiles * (bk * (dp + dv) + (wg ? 64 * dp : 0)) * es;
 	out->tile_bytes = (f * qblocks * (double)p->Nk * (double)(p->D + p->Dv) + rows * (double)p->D) * es;
-	out->regs = tc_regs(p, t, r->w, r->bk);
+	/* a thread's registers at the launch: the producer warpgroup and the
+	 * query warpgroups split the block's share (tc_ws_maxnreg) */
+	if (!tc_ws_maxnreg(t, r->w, r->tma, &out->regs, &(unsigned){0}, &(unsigned){0}))
+		out->regs = tc_regs(p, t, r->w, r->bk);
 	/* the next tile's K and V in flight while this one is computed on
 	 * (two stages: cp.async or TMA) */
 	if (tc_stages(p) == 2 || r->tma)
@@ -769,10 +776,15 @@ static void tc_traffic(const att_plan *p, const ap_target_info *t, const at_res 
 	tc_us = out->flops / (peak * 1e3);
 	simt_us = simt / (t->gflops * 1e3 / 2) + sfu / (t->gflops * 1e3 / 16);
 	per_sm = ap_cost_blocks_per_sm_regs(t, r->threads, out->shared_bytes, out->regs);
-	if (r->overlap || per_sm * out->threads >= 256)
+	if (per_sm * out->threads >= 256) {
 		out->alu_fraction = tc_us / (tc_us > simt_us ? tc_us : simt_us);
-	else
+	} else if (r->overlap) {
+		double pv_us = tc_us * dv / (dp + dv);
+
+		out->alu_fraction = tc_us / (tc_us - pv_us + (pv_us > simt_us ? pv_us : simt_us));
+	} else {
 		out->alu_fraction = tc_us / (tc_us + simt_us);
+	}
 }
 
 static int at_traffic(const ap_bound *b, const ap_plan *pl, ap_traffic *out)

@@ -219,10 +219,54 @@ static inline unsigned tc_regs(const att_plan *p, const ap_target_info *t, int W
 	return (unsigned)(32 + BK + tc_dvpad(p) / 2 + (wg ? 0 : tc_dpad(p) / 4));
 }
 
-/* Whether a block of `threads` threads holding tc_regs each fits the SM's
- * register file (else ptxas, bound by the block's size, would spill). */
-static inline bool tc_regs_fit(const att_plan *p, const ap_target_info *t, int W, int BK, unsigned threads)
+/* The register split of a warp-specialised form (knob tma 2 or 3) with
+ * W / 4 >= 2 query warpgroups (FlashAttention-3 section 3.1; PTX ISA
+ * "setmaxnreg"): the block of 32 W + 128 threads is launched with
+ * *launch registers a thread -- the most its size leaves each
+ * (__launch_bounds__(threads, 1); ptxas then reports exactly that many
+ * for a kernel holding setmaxnreg: check_tune attention_setmaxnreg) --
+ * the producer warpgroup first gives back all but *producer (24 issuing
+ * TMA, 40 copying: tma=3 computes addresses and may stage through
+ * registers) and the query warpgroups take *consumer each from the pool
+ * so freed, a multiple of 8 up to 240, so that 128 * producer +
+ * 32 W * consumer <= threads * launch (setmaxnreg.inc would otherwise
+ * wait for registers never released).  False (no setmaxnreg) off the
+ * GPU targets, for one query warpgroup (it has registers enough:
+ * 256 threads of 248), other forms, or where the split would not raise
+ * the query warpgroups' count. */
+static inline bool tc_ws_maxnreg(const ap_target_info *t, int W, int tma, unsigned *launch, unsigned *producer,
+				 unsigned *consumer)
 {
+	unsigned threads = 32u * (unsigned)W + 128u, r, prod = tma == 2 ? 24u : 40u, cons;
+
+	if (!t->gpu || !t->regs_per_sm || tma < 2 || W < 8 || W % 4)
+		return false;
+	r = t->regs_per_sm / threads;
+	r = (r > 255u ? 255u : r) & ~7u;
+	if (r < prod)
+		return false;
+	cons = ((r * threads - 128u * prod) / (32u * (unsigned)W)) & ~7u;
+	if (cons > 240u)
+		cons = 240u;
+	if (cons <= r)
+		return false;
+	*launch = r;
+	*producer = prod;
+	*consumer = cons;
+	return true;
+}
+
+/* Whether W warps and BK keys a tile, in form `tma` (knob tma: 2 and 3
+ * add a producer warpgroup), hold their registers: tc_regs within the
+ * query warpgroups' share of tc_ws_maxnreg where that applies, else
+ * tc_regs for each of the block's threads within the SM's register file
+ * (else ptxas, bound by the block's size, would spill). */
+static inline bool tc_regs_fit(const att_plan *p, const ap_target_info *t, int W, int BK, int tma)
+{
+	unsigned threads = 32u * (unsigned)W + (tma >= 2 ? 128u : 0u), launch, prod, cons;
+
+	if (tc_ws_maxnreg(t, W, tma, &launch, &prod, &cons))
+		return tc_regs(p, t, W, BK) <= cons;
 	return !t->gpu || !t->regs_per_sm || tc_regs(p, t, W, BK) * threads <= t->regs_per_sm;
 }
 

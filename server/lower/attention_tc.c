@@ -1379,7 +1379,10 @@ static void ws_produce(att_tc *s, unsigned grid, ap_kir_var *qp)
  *     softmax, O += P V (each wgmma waited for), release the stage; after
  *     the last, release Q and store O.
  * No __syncthreads inside; the phases carry across the block's query
- * tiles (kn, the parities of Q's barriers), both arms counting alike. */
+ * tiles (kn, the parities of Q's barriers), both arms counting alike.
+ * With two query warpgroups or more each arm first sets its registers
+ * (setmaxnreg: the producer gives back all but a few, the query
+ * warpgroups take them; tc_ws_maxnreg). */
 static void emit_ws(att_tc *s, const ap_target_info *t, int W)
 {
 	actx *c = s->c;
@@ -1390,10 +1393,13 @@ static void emit_ws(att_tc *s, const ap_target_info *t, int W)
 	ap_kir_block *outer = v->cur, *tsaved, *ksaved;
 	ap_kir_var *kt, *qp;
 	ap_kir_expr *q0, *u;
-	unsigned grid = tma_grid(s, t);
+	unsigned grid = tma_grid(s, t), launch, preg = 0, creg = 0;
 
-	prod = ap_kir_arm(k, roles, producer, producer + 128u, 128, 0);
-	cons = ap_kir_arm(k, roles, 0, producer, 128, 0);
+	/* two query warpgroups or more: the producer's registers to them */
+	if (!tc_ws_maxnreg(t, W, c->tma ? 2 : 3, &launch, &preg, &creg))
+		preg = creg = 0;
+	prod = ap_kir_arm(k, roles, producer, producer + 128u, 128, -(int)preg);
+	cons = ap_kir_arm(k, roles, 0, producer, 128, (int)creg);
 	if (!prod || !cons)
 		return;
 	/* the producer */
