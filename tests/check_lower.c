@@ -525,6 +525,7 @@ static void run_case(const lcase *lc, ap_mgraph *m, reference_fn ref)
 		ti.sm_count = g_sms;
 	ti.unvalidated = ti.tma = g_unvalidated;
 	ti.max_threads_per_block = 256;
+	ti.ws_threads = 128;   /* a producer warpgroup past the cap, as apollod's default (pipeline.c) */
 	ti.allow_tf32 = g_opts && g_opts->allow_tf32;
 	host_flags = ti.gpu ? AP_KIR_PRINT_BASELINE : 0;
 	ck_assert_int_eq(ap_bind_first(m, &ti, &b, &err), 0);

@@ -502,7 +502,9 @@ static void at_unbind(void *an)
 /* SIMT: "rows" (query rows a block, a warp each).  Tensor cores: "warps"
  * (16 query rows each) and "keys" (a tile of K and V); on wgmma with two
  * K / V stages also "overlap" (1: the softmax beside O += P V,
- * attention_tc.c ov_key_loop) and "tma" (1: K and V tiles filled by TMA,
+ * attention_tc.c ov_key_loop; 2: that, and warp specialised with two
+ * query warpgroups, their products taking turns -- ping-pong,
+ * ws_overlap_loop) and "tma" (1: K and V tiles filled by TMA,
  * where they are tensor maps; 2 the same warp specialised, Q a map too;
  * 3 warp specialised with a producer warpgroup copying them, any
  * operands); the new forms first where the request asks for the forms
@@ -525,8 +527,8 @@ static int at_space(const ap_bound *b, ap_space *sp)
 	only = p->tc && b->t->unvalidated && tc_fits(p, b->t, 4, 16);
 	if (tc_overlap_fits(p, b->t)) {   /* wgmma: the softmax beside O += P V */
 		sp->n = 3;
-		sp->knobs[2] = only ? (ap_knob){ .name = "overlap", .n = 1, .values = { 1 }, .late = true }
-				    : (ap_knob){ .name = "overlap", .n = 2, .values = { 0, 1 }, .late = true };
+		sp->knobs[2] = only ? (ap_knob){ .name = "overlap", .n = 2, .values = { 2, 1 }, .late = true }
+				    : (ap_knob){ .name = "overlap", .n = 3, .values = { 0, 1, 2 }, .late = true };
 	}
 	/* tma: 1 where K and V are maps, 2 where Q is too and the producer
 	 * fits, 3 where the producer fits; 0 first, or (only) the new forms
@@ -619,6 +621,17 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
 			break;
 		s->v[3] = 0;
 	}
+	/* ping-pong (offered first to a request for the new forms only):
+	 * FlashAttention-3's two query warpgroups where their tiles and
+	 * registers fit and the query blocks of 128 rows fill at least half
+	 * the SMs (as the GEMM's 128 x 256 tiles); else the overlap alone */
+	if (sp->n > 3 && s->v[2] == 2 && s->v[0] == 4 && tc_pingpong_fits(8, s->v[3]) &&
+	    tc_fits(p, t, 8, s->v[1]) && tc_regs_fit(p, t, 8, s->v[1], s->v[3]) &&
+	    (s->v[3] == 2 ? tc_ws_fits(p, t, 8) : tc_wscopy_fits(p, t, 8)) &&
+	    2 * p->batch * ((p->Nq + 127) / 128) >= (int64_t)t->sm_count)
+		s->v[0] = 8;
+	if (sp->n > 2 && s->v[2] == 2 && !tc_pingpong_fits(s->v[0], sp->n > 3 ? s->v[3] : 0))
+		s->v[2] = 1;
 	return 0;
 }
 
@@ -626,7 +639,7 @@ static int at_choose(const ap_bound *b, const ap_space *sp, ap_sched *s)
  * keys a tile (tensor cores), and the launch at_traffic models. */
 typedef struct at_res {
 	int w, bk;
-	bool overlap;
+	int overlap;                     /* 0, 1 the softmax beside O += P V, 2 that and ping-pong */
 	int tma;                         /* 0 cp.async, 1 TMA, 2 TMA warp specialised,
 					    3 warp specialised with a copying producer */
 	unsigned threads, blocks, smem;
@@ -642,7 +655,7 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 
 	r->w = s->v[0];
 	r->bk = p->tc ? s->v[1] : 0;
-	r->overlap = s->n > 2 && s->v[2];
+	r->overlap = s->n > 2 ? s->v[2] : 0;
 	r->tma = s->n > 3 ? s->v[3] : 0;
 	r->threads = 32u * (unsigned)r->w;
 	if (p->tc) {
@@ -659,6 +672,8 @@ static int at_resolve(const ap_bound *b, const ap_sched *s, ap_plan *out)
 		rc = 0;
 	/* the overlap is a form of the wgmma kernel */
 	if (rc && r->overlap && (!tc_overlap_fits(p, b->t) || r->w % 4))
+		rc = 0;
+	if (rc && r->overlap == 2 && !tc_pingpong_fits(r->w, r->tma))
 		rc = 0;
 	/* so is TMA filling (and its mbarriers) */
 	if (rc && (r->tma == 1 || r->tma == 2) && (!tc_tma_fits(p, b->t) || r->w % 4))
@@ -694,7 +709,8 @@ static int at_emit(const ap_bound *b, const ap_plan *pl, ap_kir_kernel *k, ap_er
 	c.p = p;
 	c.v = &v;
 	c.k = k;
-	c.overlap = r->overlap;
+	c.overlap = r->overlap != 0;
+	c.pingpong = r->overlap == 2;
 	c.tma = r->tma == 1 || r->tma == 2;
 	c.ws = r->tma >= 2;
 	v.leaf = ap__att_leaf;

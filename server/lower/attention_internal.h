@@ -167,10 +167,19 @@ static inline bool tc_wscopy_fits(const att_plan *p, const ap_target_info *t, in
 /* Bytes of knob tma's mbarriers: tma=1 full per tile kind
  * (tc_tma_barrier_bytes), with the overlap for Q's tile and the two
  * stages of K and of V apart (attention_tc.c kv_bar); warp specialised
- * (2, 3), full and empty for those. */
-static inline unsigned tc_barrier_bytes(const att_plan *p, int tma, bool overlap)
+ * (2, 3), full and empty for those, and with ping-pong (overlap 2) the
+ * two query warpgroups' turns. */
+static inline unsigned tc_barrier_bytes(const att_plan *p, int tma, int overlap)
 {
-	return tma >= 2 ? 80u : tma && overlap ? 40u : tma ? tc_tma_barrier_bytes(p) : 0u;
+	return tma >= 2 ? (overlap == 2 ? 96u : 80u) : tma && overlap ? 40u : tma ? tc_tma_barrier_bytes(p) : 0u;
+}
+
+/* Whether W warps in form `tma` take ping-pong (knob overlap 2): warp
+ * specialised (tma 2, 3) with exactly two query warpgroups, whose
+ * products take turns (FlashAttention-3 section 3.1). */
+static inline bool tc_pingpong_fits(int W, int tma)
+{
+	return W == 8 && tma >= 2;
 }
 
 /* Bytes of shared memory of W warps and BK keys a tile on t: the Q tile
@@ -287,6 +296,8 @@ typedef struct actx {
 	int sw[3];                      /* wg: the Q, K and V tiles' swizzles (tc_wg_swizzle) */
 	bool overlap;                   /* wg with two K / V stages: tile j's softmax beside
 					   tile j-1's O += P V (knob overlap; attention_tc.c) */
+	bool pingpong;                  /* ws with two query warpgroups: their products take
+					   turns (knob overlap 2; attention_tc.c ws_overlap_loop) */
 	bool tma;                       /* wg with two K / V stages: their tiles filled by TMA
 					   on two mbarriers (knob tma; attention_tc.c) */
 	bool ws;                        /* tma=2: warp specialised -- a producer warpgroup

@@ -149,6 +149,11 @@ typedef struct att_tc {
 	 * issues the loads (the producer warpgroup's first; 0 otherwise) */
 	ap_kir_array *empty;
 	unsigned issuer;
+	/* ping-pong (knob overlap 2): turn[g] completes a phase when the
+	 * other query warpgroup has issued a key tile's products (count 4:
+	 * each of its warps' first lane); wgx, this warpgroup's g (0, 1) */
+	ap_kir_array *turn;
+	ap_kir_expr *wgx;
 } att_tc;
 
 /* ---- Q, K and V by TMA (knob tma, wgmma) -------------------------------------------
@@ -323,6 +328,21 @@ static void tma_fill(att_tc *s, ap_kir_expr *tile, ap_kir_expr *st)
 	tma_fill_roles(s, tile, st, 0);
 }
 
+/* Ping-pong's barriers (c->pingpong): turn[0..1], count 4, initialised
+ * in `one` (thread 0's set-up, fenced after). */
+static void pingpong_setup(att_tc *s, ap_kir_stmt *one)
+{
+	ap_kir_kernel *k = s->c->k;
+
+	if (!s->c->pingpong)
+		return;
+	s->turn = ap_kir_mbarriers(k, "turn", 2);
+	if (!s->turn)
+		return;
+	for (int i = 0; i < 2; i++)
+		ap_kir_mbar_init(k, &one->body, s->turn, ap_kir_idx(k, i), ap_kir_int(k, AP_DT_I32, 4));
+}
+
 /* The operands' maps (Q's where p->q_tma), the mbarriers (the two
  * stages', and Q's) initialised by thread 0 and fenced for the async
  * proxy, kn = qph = 0 (before the tile loop).  AP_ENOMEM or AP_EINTERNAL
@@ -358,6 +378,7 @@ static int tma_setup(att_tc *s, ap_error *err)
 		if (c->ws)
 			ap_kir_mbar_init(k, &one->body, s->empty, ap_kir_idx(k, i), ap_kir_int(k, AP_DT_I32, s->BQ / 64));
 	}
+	pingpong_setup(s, one);
 	ap_kir_fence_proxy_async(k, &one->body);
 	ap_kir_barrier(k, v->cur);
 	s->kn = ap_kir_var_new(k, k->index_type, "kn");
@@ -391,6 +412,7 @@ static int copy_setup(att_tc *s, ap_error *err)
 		ap_kir_mbar_init(k, &one->body, s->full, ap_kir_idx(k, i), ap_kir_int(k, AP_DT_I32, 128));
 		ap_kir_mbar_init(k, &one->body, s->empty, ap_kir_idx(k, i), ap_kir_int(k, AP_DT_I32, s->BQ / 64));
 	}
+	pingpong_setup(s, one);
 	ap_kir_fence_proxy_async(k, &one->body);
 	ap_kir_barrier(k, v->cur);
 	return ap_kir_failed(k) ? ap_error_set(err, AP_ENOMEM, NULL, NULL, "out of memory lowering attention") : 0;
@@ -405,7 +427,7 @@ static unsigned tma_grid(const att_tc *s, const ap_target_info *t)
 {
 	unsigned threads = 32u * (unsigned)(s->BQ / 16) + (s->c->ws ? 128u : 0u), per = t->max_blocks_per_sm;
 	size_t smem = tc_smem(s->c->p, t, s->BQ / 16, s->BK) +
-		      tc_barrier_bytes(s->c->p, s->c->ws ? (s->c->tma ? 2 : 3) : 1, s->c->overlap);
+		      tc_barrier_bytes(s->c->p, s->c->ws ? (s->c->tma ? 2 : 3) : 1, s->c->pingpong ? 2 : s->c->overlap);
 
 	if (threads && t->max_threads_per_sm / threads < per)
 		per = t->max_threads_per_sm / threads;
@@ -1209,6 +1231,34 @@ static void ov_key_loop(att_tc *s)
 
 /* ---- warp specialisation (knob tma=2) ---- */
 
+/* Ping-pong (knob overlap 2; FlashAttention-3 section 3.1, there with
+ * named barriers): the two query warpgroups issue a key tile's products
+ * in turns, so that one's softmax runs while the other's products hold
+ * the tensor cores.  Warpgroup g waits for its turn at key-tile use u --
+ * the other's issue of use u - 1 (g = 0; its first passes at once) or of
+ * use u (g = 1): turn[g], parity (u + g + 1) % 2 -- and, having issued,
+ * passes the turn (pp_pass).  Both warpgroups visit the same key tiles
+ * (one query tile a block), so the turns alternate strictly and a phase
+ * is waited for before the next completes.  No-ops without ping-pong. */
+static void pp_wait(att_tc *s, ap_kir_expr *u)
+{
+	ap_kir_kernel *k = s->c->k;
+
+	if (!s->c->pingpong)
+		return;
+	ap_kir_mbar_wait(k, s->c->v->cur, s->turn, s->wgx,
+			 ap_kir_binary(k, AP_KIR_AND, ap_kir_add(k, ap_kir_addi(k, u, 1), s->wgx), ap_kir_idx(k, 1)));
+}
+
+static void pp_pass(att_tc *s)
+{
+	ap_kir_kernel *k = s->c->k;
+
+	if (!s->c->pingpong)
+		return;
+	ap_kir_mbar_arrive_each(k, s->c->v->cur, s->turn, ap_kir_binary(k, AP_KIR_XOR, s->wgx, ap_kir_idx(k, 1)), 32);
+}
+
 /* This warpgroup's release of barrier empty[x]: its first thread arrives
  * once the warpgroup's wgmma reading the tile have completed. */
 static void ws_release(att_tc *s, ap_kir_expr *x)
@@ -1233,10 +1283,16 @@ static void ws_overlap_loop(att_tc *s)
 	ap_vctx *v = c->v;
 	ap_kir_block *ksaved, *s2;
 	ap_kir_stmt *first;
-	ap_kir_var *kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), s->nt, 1, &ksaved);
-	ap_kir_expr *u = tma_use(s, ap_kir_ref(k, kt)), *st, *prev, *last, *lu;
+	ap_kir_var *kt;
+	ap_kir_expr *u, *st, *prev, *last, *lu;
 
+	if (c->pingpong)
+		s->wgx = ap_kir_bind(k, v->cur, k->index_type, "wgx",
+				     ap_kir_binary(k, AP_KIR_SHR, ap_kir_index_of(k, AP_KIR_THREAD_X), ap_kir_idx(k, 7)));
+	kt = ap_v_loop(v, "kt", ap_kir_idx(k, 0), s->nt, 1, &ksaved);
+	u = tma_use(s, ap_kir_ref(k, kt));
 	tma_wait_role(s, u, 1);
+	pp_wait(s, u);
 	st = ap_kir_bind(k, v->cur, k->index_type, "st", ap_kir_binary(k, AP_KIR_AND, u, ap_kir_idx(k, 1)));
 	prev = ap_kir_bind(k, v->cur, k->index_type, "sp", ap_kir_binary(k, AP_KIR_AND, ap_kir_addi(k, u, 1), ap_kir_idx(k, 1)));
 	s->key0 = ap_kir_bind(k, v->cur, k->index_type, "k0", ap_kir_muli(k, ap_kir_ref(k, kt), s->BK));
@@ -1246,8 +1302,10 @@ static void ws_overlap_loop(att_tc *s)
 	tma_wait_role(s, ap_kir_addi(k, u, -1), 2);   /* tile kt-1's V landed (use u - 1) */
 	s->vbase = ap_kir_bind(k, v->cur, k->index_type, "vp", ap_kir_muli(k, prev, s->BK * s->ldv));
 	wg_pv(s, false);                            /* tile kt-1's O += P V, in flight ... */
+	pp_pass(s);
 	ap_kir_wgmma_wait(k, v->cur, 1, s->sacc);   /* ... while S is complete */
 	ap_v_else(v, first);
+	pp_pass(s);
 	ap_kir_wgmma_wait(k, v->cur, 0, s->sacc);
 	ap_v_close(v, s2);
 	ws_release(s, kv_bar(s, 1, st));            /* K's stage: S = Q K^T read it */
