@@ -1694,6 +1694,20 @@ START_TEST(attention_long_sequences)
 			ck_assert_uint_eq(ap_cost_blocks_per_sm_regs(&t, tr.threads + 128, tr.shared_bytes, tr.regs), 1);
 			ck_assert_msg(ap_tune_model_us(b, &one, NULL) > 1.15 * r.best_us, "one warpgroup %.1f us against %.1f us",
 				      ap_tune_model_us(b, &one, NULL), r.best_us);
+			if (cs[i].D == 64) {
+				/* the persistent grid of the TMA form without a
+				 * producer: two blocks an SM by registers (about 200
+				 * a thread), not the three shared memory holds */
+				ap_lower_options lo = {0, &one, true};
+				ap_kir_kernel *k;
+
+				one.v[3] = 1;
+				ck_assert_int_eq(ap_sched_valid(b, &one), 1);
+				k = ap_lower(b, "att_grid", &lo, NULL, &err);
+				ck_assert_msg(k != NULL, "%s", err.msg);
+				ck_assert_uint_eq(k->grid[0], 2 * t.sm_count);
+				ap_kir_kernel_free(k);
+			}
 		}
 		ck_assert_int_eq(r.best.v[1], cs[i].keys);
 		ck_assert_int_eq(r.best.v[2], cs[i].overlap);

@@ -419,20 +419,21 @@ static int copy_setup(att_tc *s, ap_error *err)
 }
 
 /* The TMA form's grid: persistent blocks, as many as fit on the SMs at
- * once (threads, blocks and shared memory per SM; registers are
- * ptxas's), each walking query tiles and carrying its stages' phases on
- * (kn) -- FlashAttention-3's persistent schedule, in the grid-stride
- * order. */
+ * once (threads, blocks, shared memory and registers per SM: the
+ * estimate the cost model uses, tc_regs, or the launch's count where
+ * the warpgroups split them, tc_ws_maxnreg), each walking query tiles
+ * and carrying its stages' phases on (kn) -- FlashAttention-3's
+ * persistent schedule, in the grid-stride order.  A block more than fit
+ * would start only once another ended, its tiles a wave late. */
 static unsigned tma_grid(const att_tc *s, const ap_target_info *t)
 {
-	unsigned threads = 32u * (unsigned)(s->BQ / 16) + (s->c->ws ? 128u : 0u), per = t->max_blocks_per_sm;
-	size_t smem = tc_smem(s->c->p, t, s->BQ / 16, s->BK) +
-		      tc_barrier_bytes(s->c->p, s->c->ws ? (s->c->tma ? 2 : 3) : 1, s->c->pingpong ? 2 : s->c->overlap);
+	int W = s->BQ / 16, tma = s->c->ws ? (s->c->tma ? 2 : 3) : 1;
+	unsigned threads = 32u * (unsigned)W + (s->c->ws ? 128u : 0u), regs, prod, cons, per;
+	size_t smem = tc_smem(s->c->p, t, W, s->BK) + tc_barrier_bytes(s->c->p, tma, s->c->pingpong ? 2 : s->c->overlap);
 
-	if (threads && t->max_threads_per_sm / threads < per)
-		per = t->max_threads_per_sm / threads;
-	if (smem && t->shared_per_sm / smem < per)
-		per = (unsigned)(t->shared_per_sm / smem);
+	if (!tc_ws_maxnreg(t, W, tma, &regs, &prod, &cons))
+		regs = tc_regs(s->c->p, t, W, s->BK);
+	per = ap_cost_blocks_per_sm_regs(t, threads, (unsigned)smem, regs);
 	return t->sm_count * (per ? per : 1);
 }
 
