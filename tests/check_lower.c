@@ -2416,6 +2416,31 @@ START_TEST(attention_causal)
 }
 END_TEST
 
+/* A test that runs every configuration of a form not yet run on a GPU
+ * sets APOLLO_SWEEP to full -- unless the run asked for a stride of its
+ * own (sample:K: make check-asan and check-fast, where every
+ * configuration is still lowered and printed, and the sanitizers watch
+ * the emitters, not the host kernels cc builds).  Returns the value to
+ * put back (sweep_restore frees it). */
+static char *sweep_full(void)
+{
+	const char *sw = getenv("APOLLO_SWEEP");
+	char *saved = sw ? strdup(sw) : NULL;
+
+	if (!sw || strncmp(sw, "sample:", 7))
+		setenv("APOLLO_SWEEP", "full", 1);
+	return saved;
+}
+
+static void sweep_restore(char *saved)
+{
+	if (saved)
+		setenv("APOLLO_SWEEP", saved, 1);
+	else
+		unsetenv("APOLLO_SWEEP");
+	free(saved);
+}
+
 /* The wgmma form's overlap (knob overlap=1, attention_tc.c ov_key_loop:
  * tile j's softmax beside tile j-1's O += P V): every configuration of
  * the space run in the checking host mode (APOLLO_SWEEP full here), 150
@@ -2426,16 +2451,11 @@ START_TEST(attention_wgmma_overlap)
 {
 	static const att_case f16 = {"attention_wg_overlap_f16", AP_DT_F16, 1, 1, 70, 150, 16, 12, true, "sm_90a", 4e-3, false};
 	lcase lc = {f16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16"}};
-	const char *sw = getenv("APOLLO_SWEEP");
-	char *saved = sw ? strdup(sw) : NULL;
+	char *saved;
 
-	setenv("APOLLO_SWEEP", "full", 1);
+	saved = sweep_full();
 	run_attention_case(&f16, &lc);
-	if (saved)
-		setenv("APOLLO_SWEEP", saved, 1);
-	else
-		unsetenv("APOLLO_SWEEP");
-	free(saved);
+	sweep_restore(saved);
 }
 END_TEST
 
@@ -2461,8 +2481,7 @@ START_TEST(attention_wgmma_tma)
 	static const att_case gqa = {"attention_wg_tma_gqa_f16", AP_DT_F16, 2, 3, 70, 150, 64, 32, false, "sm_90a", 4e-3, false};
 	lcase lc = {f16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16"}};
 	lcase lcg = {gqa.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16"}};
-	const char *sw = getenv("APOLLO_SWEEP");
-	char *saved = sw ? strdup(sw) : NULL;
+	char *saved;
 	ap_graph *g = attention_graph(&f16);
 	ap_mgraph *m = whole(g, AP_GROUP_ATTENTION);
 	ap_target_info ti;
@@ -2494,7 +2513,7 @@ START_TEST(attention_wgmma_tma)
 	}
 	ap_mgraph_free(m);
 	ap_graph_free(g);
-	setenv("APOLLO_SWEEP", "full", 1);
+	saved = sweep_full();
 	g_sms = 1;
 	run_attention_case(&f16, &lc);
 	/* grouped-query: K and V [2, 1, 1, 150, D] expanded over the 3 heads
@@ -2508,11 +2527,7 @@ START_TEST(attention_wgmma_tma)
 	run_attention_case(&gqa, &lcg);
 	g_kv_heads = 0;
 	g_sms = 0;
-	if (saved)
-		setenv("APOLLO_SWEEP", saved, 1);
-	else
-		unsetenv("APOLLO_SWEEP");
-	free(saved);
+	sweep_restore(saved);
 }
 END_TEST
 
@@ -2565,8 +2580,7 @@ START_TEST(attention_ws_copies)
 {
 	static const att_case f16 = {"attention_ws_copy_f16", AP_DT_F16, 2, 3, 70, 150, 16, 12, true, "sm_90a", 4e-3, false};
 	lcase lc = {f16.name, "attention", {"mma.sync", "ldmatrix"}, {"mma.sync.aligned.m16n8k16"}};
-	const char *sw = getenv("APOLLO_SWEEP");
-	char *saved = sw ? strdup(sw) : NULL;
+	char *saved;
 	ap_graph *g = attention_graph(&f16);
 	ap_mgraph *m = whole(g, AP_GROUP_ATTENTION);
 	ap_lower_options lo = {256, NULL, true};
@@ -2588,17 +2602,13 @@ START_TEST(attention_ws_copies)
 	ap_kir_kernel_free(k);
 	ap_mgraph_free(m);
 	ap_graph_free(g);
-	setenv("APOLLO_SWEEP", "full", 1);
+	saved = sweep_full();
 	g_sms = 1;
 	g_unvalidated = true;
 	run_attention_case(&f16, &lc);
 	g_unvalidated = false;
 	g_sms = 0;
-	if (saved)
-		setenv("APOLLO_SWEEP", saved, 1);
-	else
-		unsetenv("APOLLO_SWEEP");
-	free(saved);
+	sweep_restore(saved);
 }
 END_TEST
 
