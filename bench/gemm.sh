@@ -94,14 +94,17 @@ fi
 # NVRTC and nvdisasm): HMMA (FFMA) per issued instruction of the 4096^3
 # products the daemon builds for sm_90, and the 16-bit and TF32 ones for
 # sm_90a (HGMMA: wgmma), float16 also in the TMA form, and the key loop of
-# issue 25's attention rows (2048 queries and keys, head dims 128 and 64) (--tma: warp specialised,
-# the consumers' K loop read here -- no barrier, no LDGSTS; the producer's
-# loop holds the UTMALDG)
+# issue 25's attention rows (2048 queries and keys, head dims 128 and 64), also with
+# --unvalidated (FlashAttention-3's structure: warp specialised, the overlap and
+# ping-pong; the query warpgroups' key loop read here -- no barrier, no LDGSTS;
+# the producer's loop holds the UTMALDG) (--tma: warp specialised GEMM, likewise)
 export APOLLO_LIB="$APOLLO_BUILD/libapollo-client.so"
 for args in "--size 4096" "--size 4096 --dtype bfloat16" "--size 4096 --dtype float32 --allow-tf32" \
 	"--size 4096 --dtype float32" "--size 4096 --target sm_90a" "--size 4096 --dtype bfloat16 --target sm_90a" \
 	"--size 4096 --dtype float32 --allow-tf32 --target sm_90a" "--size 4096 --target sm_90a --tma" \
 	"--size 2048 --attention 128 --target sm_90a" "--size 2048 --attention 64 --heads 16 --target sm_90a" \
+	"--size 2048 --attention 128 --target sm_90a --unvalidated" \
+	"--size 2048 --attention 64 --heads 16 --target sm_90a --unvalidated" \
 	"--size 2048 --attention 128 --target sm_90"; do
 	# shellcheck disable=SC2086
 	"$PY" bench/gemm_sass.py $args >>"$out/sass.txt" 2>&1 ||

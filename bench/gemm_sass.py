@@ -2,7 +2,7 @@
 """gemm_sass.py -- what a GEMM's main loop costs, read from its SASS.
 
     gemm_sass.py [--target sm_90] [--dtype float16] [--size 4096]
-                 [--allow-tf32] [--tma] [--attention D [--heads H] [--causal]]
+                 [--allow-tf32] [--tma] [--unvalidated] [--attention D [--heads H] [--causal]]
                  [--nvdisasm PATH]
 
 Compiles a SIZE^3 MatMul for --target through the daemon at
@@ -128,6 +128,9 @@ def main():
     ap.add_argument("--size", type=int, default=4096)
     ap.add_argument("--allow-tf32", action="store_true")
     ap.add_argument("--tma", action="store_true", help="sm_90a: the GEMM's TMA form (CompileOptions.tma)")
+    ap.add_argument("--unvalidated", action="store_true",
+                    help="sm_90a: every form not yet run on a GPU (CompileOptions.unvalidated): the "
+                         "attention's warp specialisation, overlap and ping-pong")
     ap.add_argument("--attention", type=int, default=0, metavar="D",
                     help="the attention forward at head dim D instead of a MatMul")
     ap.add_argument("--heads", type=int, default=8)
@@ -155,7 +158,8 @@ def main():
     g.output(y)
     c = apollo.Client(os.environ.get("APOLLO_SOCKET"))
     try:
-        b = c.submit(g, target=a.target, driver_version="12.4", allow_tf32=a.allow_tf32, tma=a.tma)
+        b = c.submit(g, target=a.target, driver_version="12.4", allow_tf32=a.allow_tf32, tma=a.tma,
+                     unvalidated=a.unvalidated)
     except apollo.ApolloError as e:
         print("gemm_sass: %s is not compiled here (%s)" % (a.target, e))
         return 1
@@ -165,7 +169,8 @@ def main():
     what = ("%sattention %d x %d x %d, head dim %d," % ("causal " if a.causal else "", a.heads, n, n, a.attention)
             if a.attention else "%d^3" % n)
     print("gemm_sass: %s %s%s%s on %s, schedule %s" % (what, a.dtype, " (TF32)" if a.allow_tf32 else "",
-                                                       " (TMA)" if a.tma else "", a.target, "; ".join(sched)))
+                                                       " (TMA)" if a.tma else "" if not a.unvalidated
+                                                       else " (--unvalidated)", a.target, "; ".join(sched)))
     print("%-11s %7s %7s %6s %7s %6s %9s %6s %6s %7s %14s" % ("kernel", "instrs", "mul", "share", "m16n8k16", "bar",
                                                                 "int addr", "lds", "ldgsts", "utmaldg", "stores"))
     for i, blob in enumerate(cubins(b.pack())):

@@ -1671,6 +1671,10 @@ START_TEST(attention_long_sequences)
 
 		ck_assert_int_eq(ap_cost_target("sm_90a", &t), 0);
 		t.unvalidated = t.tma = cs[i].asked;
+		/* apollod's caps (pipeline.c): 256 threads that compute, a
+		 * producer warpgroup on top */
+		t.max_threads_per_block = 256;
+		t.ws_threads = 128;
 		b = B(&ap_emitter_attention, m, &t);
 		ck_assert_int_eq(ap_tune_search(b, NULL, &r, &err), 0);
 		printf("check_tune: attention 2048 x 2048, head dim %lld, float16 on sm_90a%s: warps=%d keys=%d "

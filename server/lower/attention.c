@@ -791,7 +791,7 @@ static void tc_traffic(const att_plan *p, const ap_target_info *t, const at_res 
 		return;
 	tc_us = out->flops / (peak * 1e3);
 	simt_us = simt / (t->gflops * 1e3 / 2) + sfu / (t->gflops * 1e3 / 16);
-	per_sm = ap_cost_blocks_per_sm_regs(t, r->threads, out->shared_bytes, out->regs);
+	per_sm = tc_blocks_per_sm(t, r->threads, out->shared_bytes, out->regs);
 	if (per_sm * out->threads >= 256) {
 		out->alu_fraction = tc_us / (tc_us > simt_us ? tc_us : simt_us);
 	} else if (r->overlap) {

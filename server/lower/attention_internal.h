@@ -265,6 +265,20 @@ static inline bool tc_ws_maxnreg(const ap_target_info *t, int W, int tma, unsign
 	return true;
 }
 
+/* Blocks of `threads` threads resident on an SM with `smem` bytes of
+ * shared memory and `regs` registers a thread: ap_cost_blocks_per_sm_regs
+ * for the whole block, a producer warpgroup included -- which may pass the
+ * cap a request's blocks keep (ap_target_info.ws_threads: apollod's 256
+ * plus 128), so the cap is not applied here. */
+static inline unsigned tc_blocks_per_sm(const ap_target_info *t, unsigned threads, unsigned smem, unsigned regs)
+{
+	ap_target_info u = *t;
+
+	if (u.max_threads_per_block < threads)
+		u.max_threads_per_block = threads;
+	return ap_cost_blocks_per_sm_regs(&u, threads, smem, regs);
+}
+
 /* Whether W warps and BK keys a tile, in form `tma` (knob tma: 2 and 3
  * add a producer warpgroup), hold their registers: tc_regs within the
  * query warpgroups' share of tc_ws_maxnreg where that applies, else

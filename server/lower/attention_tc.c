@@ -433,7 +433,7 @@ static unsigned tma_grid(const att_tc *s, const ap_target_info *t)
 
 	if (!tc_ws_maxnreg(t, W, tma, &regs, &prod, &cons))
 		regs = tc_regs(s->c->p, t, W, s->BK);
-	per = ap_cost_blocks_per_sm_regs(t, threads, (unsigned)smem, regs);
+	per = tc_blocks_per_sm(t, threads, (unsigned)smem, regs);
 	return t->sm_count * (per ? per : 1);
 }
 
