@@ -104,9 +104,13 @@ def mma_equiv(op):
 
 
 def k_loop(rows, mul):
-    """The body of the backward branch holding the most `mul`
-    instructions (the innermost such loop on a tie)."""
-    best = None
+    """The body of the K (or key) loop: of the backward branches whose
+    body holds `mul` instructions and no EXIT (a retry of a wait placed
+    after the kernel's end branches back into the middle of it), those
+    holding no other such loop -- a persistent kernel's tile loop holds its
+    K or key loop and more products after it -- the one with the most
+    `mul`, the smallest on a tie."""
+    loops = []
     for i, (addr, op, text) in enumerate(rows):
         m = re.search(r"BRA\s+0x([0-9a-f]+)", text) if op.startswith("BRA") else None
         if not m:
@@ -116,9 +120,12 @@ def k_loop(rows, mul):
             continue
         body = [r for r in rows if target <= r[0] <= addr]
         n = sum(r[1].startswith(mul) for r in body)
-        if best is None or (n, -len(body)) > (best[0], -len(best[1])):
-            best = (n, body)
-    return best[1] if best else []
+        if n and not any(r[1] == "EXIT" for r in body):
+            loops.append((target, addr, n, body))
+    inner = [lp for lp in loops
+             if not any(o is not lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
+    best = max(inner, key=lambda lp: (lp[2], -len(lp[3])), default=None)
+    return best[3] if best else []
 
 
 def main():
