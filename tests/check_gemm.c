@@ -344,10 +344,15 @@ START_TEST(ppocr_depthwise_launches)
 }
 END_TEST
 
-/* The ptxas report parser on a log as NVRTC gives it. */
+/* The ptxas report parser on a log as NVRTC gives it (the wgmma
+ * serialisation notes come before the entries' reports). */
 START_TEST(ptxas_parse)
 {
 	static const char log[] =
+		"ptxas info    : (C7519) warpgroup.arrive is injected in around line 90 by compiler to allow use of "
+		"registers in GMMA in function 'kb'\n"
+		"ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+		"program dependence on compiler-inserted WG.AR in divergent path in the function 'kb'\n"
 		"ptxas info    : 0 bytes gmem\n"
 		"ptxas info    : Compiling entry function 'ka' for 'sm_90'\n"
 		"ptxas info    : Function properties for ka\n"
@@ -369,7 +374,9 @@ START_TEST(ptxas_parse)
 	ck_assert_int_eq(s.spill_store_bytes, 8);
 	ck_assert_int_eq(s.spill_load_bytes, 12);
 	ck_assert_int_eq(s.shared_bytes, 2048);
+	ck_assert(!s.wgmma_serialized);
 	ck_assert(ap_ptxas_parse(log, "kb", &s));
+	ck_assert(s.wgmma_serialized);   /* C7520 names it */
 	ck_assert_int_eq(s.registers, 255);
 	ck_assert_int_eq(s.spill_store_bytes, 0);
 	ck_assert_int_eq(s.shared_bytes, 0);

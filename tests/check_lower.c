@@ -1948,13 +1948,14 @@ START_TEST(gemm_ws)
 		ck_assert_ptr_nonnull(cuda);
 		if (getenv("CHECK_LOWER_DUMP"))   /* the sm_90a kernel, for reading */
 			fputs(cuda, stdout);
-		ck_assert_msg(strstr(cuda, "if (threadIdx.x >= 256u && threadIdx.x < 384u)") &&
+		ck_assert_msg(strstr(cuda, "if (ap_role_t >= 256u && ap_role_t < 384u)") &&
 			      strstr(cuda, "cp.async.bulk.tensor.2d") && strstr(cuda, "wgmma.mma_async"),
 			      "not the warp-specialised form:\n%.3000s", cuda);
 		if (ap_nvrtc_load(&err) == 0) {
 			ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, "gemm_ws", "sm_90a", &st, &err) == 0, "%s", err.msg);
 			ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0, "spills %d / %d bytes",
 				      st.spill_store_bytes, st.spill_load_bytes);
+			ck_assert_msg(!st.wgmma_serialized, "ptxas serialised the wgmma (C7520)");
 			printf("check_lower: %s on sm_90a (tma=2): %d registers, no spills\n", lc.name, st.registers);
 		}
 		free(cuda);
@@ -2503,8 +2504,8 @@ START_TEST(attention_wgmma_tma)
 		ck_assert_uint_eq(k->block[0], 256);
 		cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
 		ck_assert_ptr_nonnull(cuda);
-		ck_assert_msg(strstr(cuda, "if (threadIdx.x >= 128u && threadIdx.x < 256u)") &&
-			      strstr(cuda, "} else if (threadIdx.x >= 0u && threadIdx.x < 128u)") &&
+		ck_assert_msg(strstr(cuda, "if (ap_role_t >= 128u && ap_role_t < 256u)") &&
+			      strstr(cuda, "} else if (ap_role_t >= 0u && ap_role_t < 128u)") &&
 			      strstr(cuda, "cp.async.bulk.tensor.4d") && !strstr(cuda, "__syncthreads();\n\t\tif"),
 			      "not the warp-specialised attention:\n%.3000s", cuda);
 		free(cuda);
@@ -2595,7 +2596,7 @@ START_TEST(attention_ws_copies)
 	ck_assert_msg(k != NULL, "%s", err.msg);
 	cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
 	ck_assert_ptr_nonnull(cuda);
-	ck_assert_msg(strstr(cuda, "copies Q, K and V") && strstr(cuda, "} else if (threadIdx.x >= 0u && threadIdx.x < 128u)") &&
+	ck_assert_msg(strstr(cuda, "copies Q, K and V") && strstr(cuda, "} else if (ap_role_t >= 0u && ap_role_t < 128u)") &&
 		      strstr(cuda, "cp.async.wait_group 0") && !strstr(cuda, "cp.async.bulk"),
 		      "not the copying producer's attention:\n%.3000s", cuda);
 	free(cuda);
@@ -3144,7 +3145,7 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 		ck_assert_ptr_nonnull(cuda);
 		/* the sm_90a cases are 16-bit tensor-core ones: on wgmma there */
 		ck_assert_msg(a < 2 || strstr(cuda, "wgmma.mma_async.sync.aligned"), "%s: no wgmma on sm_90a", name);
-		ws = a == 4 && strstr(cuda, "} else if (threadIdx.x >= 0u");
+		ws = a == 4 && strstr(cuda, "} else if (ap_role_t >= 0u");
 		ck_assert_msg(a < 3 || ws || strstr(cuda, "wgmma.wait_group.sync.aligned 1"), "%s: no overlap", name);
 		ck_assert_msg(a < 4 || strstr(cuda, "cp.async.bulk.tensor.") || strstr(cuda, "copies Q, K and V"),
 			      "%s: K and V neither by TMA nor by a copying producer", name);
@@ -3153,6 +3154,8 @@ static void expect_no_spills(const ap_mgraph *m, const char *name)
 		ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0,
 			      "%s (%s): spills %d / %d bytes, %d registers", name, archs[a < 3 ? a : 2],
 			      st.spill_store_bytes, st.spill_load_bytes, st.registers);
+		ck_assert_msg(!st.wgmma_serialized, "%s (%s): ptxas serialised its wgmma (C7520)", name,
+			      archs[a < 3 ? a : 2]);
 		printf("check_lower: %s on %s%s: %d registers, no spills, %d bytes of shared memory\n", name,
 		       archs[a < 3 ? a : 2], a == 3 ? " (overlap=1)" : ws && strstr(cuda, "copies Q, K and V") ? " (tma=3, warp specialised, copying)"
 		       : ws ? " (tma=2, warp specialised)" : a == 4 ? " (overlap=1 tma=1)" : "",
@@ -3209,13 +3212,14 @@ START_TEST(conv_ws)
 		if (getenv("CHECK_LOWER_DUMP"))
 			fputs(cuda, stdout);
 		ck_assert_msg(strstr(cuda, "copies operands A and B (registers, cp.async)") &&
-			      strstr(cuda, "} else if (threadIdx.x >= 0u") && strstr(cuda, "mbarrier.try_wait.parity") &&
+			      strstr(cuda, "} else if (ap_role_t >= 0u") && strstr(cuda, "mbarrier.try_wait.parity") &&
 			      strstr(cuda, "wgmma.mma_async") && !strstr(cuda, "cp.async.bulk"),
 			      "%s: not the copying producer's form:\n%.3000s", c->name, cuda);
 		if (ap_nvrtc_load(&err) == 0) {
 			ck_assert_msg(ap_nvrtc_ptxas_stats(cuda, c->name, "sm_90a", &st, &err) == 0, "%s", err.msg);
 			ck_assert_msg(st.spill_store_bytes == 0 && st.spill_load_bytes == 0, "%s: spills %d / %d bytes",
 				      c->name, st.spill_store_bytes, st.spill_load_bytes);
+			ck_assert_msg(!st.wgmma_serialized, "%s: ptxas serialised the wgmma (C7520)", c->name);
 			printf("check_lower: %s on sm_90a (tma=3): %d registers, no spills\n", c->name, st.registers);
 		}
 		free(cuda);

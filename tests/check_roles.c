@@ -247,8 +247,8 @@ START_TEST(ring_cuda)
 	char *cuda = ap_kir_print(k, AP_KIR_CUDA, &err);
 
 	ck_assert_msg(cuda != NULL, "%s", err.msg);
-	ck_assert_ptr_nonnull(strstr(cuda, "if (threadIdx.x >= 64u && threadIdx.x < 96u)"));
-	ck_assert_ptr_nonnull(strstr(cuda, "} else if (threadIdx.x >= 0u && threadIdx.x < 64u)"));
+	ck_assert_ptr_nonnull(strstr(cuda, "if (ap_role_t >= 64u && ap_role_t < 96u)"));
+	ck_assert_ptr_nonnull(strstr(cuda, "} else if (ap_role_t >= 0u && ap_role_t < 64u)"));
 	ck_assert_ptr_nonnull(strstr(cuda, "mbarrier.try_wait.parity"));
 	if (ap_nvrtc_load(&err) == 0) {
 		uint8_t *bin = NULL;

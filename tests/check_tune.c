@@ -1741,6 +1741,9 @@ START_TEST(attention_long_sequences)
 			ck_assert_msg(ps.spill_store_bytes == 0 && ps.spill_load_bytes == 0, "spills %d / %d bytes",
 				      ps.spill_store_bytes, ps.spill_load_bytes);
 			ck_assert_int_le(ps.registers, 255);
+			/* the query warpgroups' wgmma pipelined: the roles'
+			 * branch warp-uniform (print.c print_roles_cuda) */
+			ck_assert_msg(!ps.wgmma_serialized, "ptxas serialised the wgmma (C7520)");
 			if (r.best.v[0] >= 8 && r.best.v[3] >= 2) {
 				ck_assert_ptr_nonnull(strstr(cuda, "setmaxnreg.inc.sync.aligned.u32 240;"));
 				ck_assert_ptr_nonnull(strstr(cuda, "setmaxnreg.dec.sync.aligned.u32 24;"));

@@ -66,12 +66,15 @@ int ap_nvrtc_compile_with(int lib, const char *src, const char *name, const char
 			  ap_error *err);
 
 /* What ptxas -v said of kernel `name` in an NVRTC log: registers per
- * thread, spill stores and loads (bytes), static shared memory (bytes).
- * True when the log has the kernel's "Used N registers" line. */
+ * thread, spill stores and loads (bytes), static shared memory (bytes),
+ * and whether it serialised the kernel's wgmma (its info C7520).  True
+ * when the log has the kernel's "Used N registers" line. */
 typedef struct ap_ptxas_stats {
 	int registers;
 	int spill_store_bytes, spill_load_bytes;
 	int shared_bytes;
+	bool wgmma_serialized;   /* ptxas's C7520: the kernel's wgmma.mma_async run one at a
+				    time (each waited for before the next issues) */
 } ap_ptxas_stats;
 bool ap_ptxas_parse(const char *log, const char *name, ap_ptxas_stats *out);
 /* Compiles `src` to a cubin for `arch` with ptxas -v and reads kernel

@@ -678,6 +678,16 @@ bool ap_ptxas_parse(const char *log, const char *name, ap_ptxas_stats *out)
 	}
 	out->registers = number_before(entry, end, "registers");
 	out->shared_bytes = number_before(entry, end, "bytes smem");
+	/* "(C7520) Potential Performance Loss: wgmma.mma_async instructions are
+	 * serialized due to ... in the function 'NAME'", before the entry's report */
+	snprintf(key, sizeof(key), "function '%s'", name);
+	for (const char *w = strstr(log, "wgmma.mma_async instructions are serialized"); w;
+	     w = strstr(w + 1, "wgmma.mma_async instructions are serialized")) {
+		const char *nl = strchr(w, '\n'), *f = strstr(w, key);
+
+		if (f && (!nl || f < nl))
+			out->wgmma_serialized = true;
+	}
 	if (out->shared_bytes < 0)
 		out->shared_bytes = 0;
 	return out->registers >= 0;

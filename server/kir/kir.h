@@ -776,7 +776,9 @@ ap_kir_stmt *ap_kir_tma_load(ap_kir_kernel *k, ap_kir_block *b, ap_kir_array *ds
  * issuing TMA loads, consumer warpgroups computing -- synchronised only by
  * mbarriers (no __syncthreads inside; the statements after ROLES need a
  * barrier to see the arms' shared writes).  CUDA prints an if / else if
- * chain on threadIdx.x; the host runs every group of arm_grain threads of
+ * chain on the thread index of the warp's first lane, broadcast by
+ * __shfl_sync (warp-uniform to ptxas, which otherwise takes an arm for a
+ * divergent path and serialises its wgmma: info C7520); the host runs every group of arm_grain threads of
  * an arm as a stackless coroutine that yields at each mbarrier wait whose
  * phase is not complete (print.c, print_roles_host), so a wait on an
  * arrival another arm makes later cannot hang.  The block must be 1-D.

@@ -1548,15 +1548,22 @@ static void print_wg_sync(printer *p, const ap_kir_stmt *s, int depth)
 }
 
 /* One statement in thread mode (CUDA, or inside a host phase). */
-/* CUDA: ROLES as an if / else if chain on the thread index, each arm's
+/* CUDA: ROLES as an if / else if chain on the thread index of the
+ * warp's first lane, broadcast by a shuffle (arms are whole warps: the
+ * branch is then warp-uniform to the compiler too -- ptxas serialises
+ * every wgmma of an arm it takes for a divergent path, C7520), each arm's
  * warpgroups first asking for their registers (setmaxnreg). */
 static void print_roles_cuda(printer *p, const ap_kir_stmt *s, int depth)
 {
 	sbuf *b = &p->out;
 
+	sb_indent(b, depth);
+	sb_printf(b, "{\n");
+	sb_indent(b, depth);
+	sb_printf(b, "const unsigned ap_role_t = __shfl_sync(0xffffffffu, threadIdx.x, 0);   /* the warp's arm */\n");
 	for (const ap_kir_stmt *a = s->body.first; a; a = a->next) {
 		sb_indent(b, depth);
-		sb_printf(b, "%sif (threadIdx.x >= %uu && threadIdx.x < %uu) {   /* arm: groups of %u threads */\n",
+		sb_printf(b, "%sif (ap_role_t >= %uu && ap_role_t < %uu) {   /* arm: groups of %u threads */\n",
 			  a == s->body.first ? "" : "} else ", a->arm_lo, a->arm_hi, a->arm_grain);
 		if (a->maxnreg) {
 			sb_indent(b, depth + 1);
@@ -1565,6 +1572,8 @@ static void print_roles_cuda(printer *p, const ap_kir_stmt *s, int depth)
 		}
 		print_block_thread(p, &a->body, depth + 1);
 	}
+	sb_indent(b, depth);
+	sb_printf(b, "}\n");
 	sb_indent(b, depth);
 	sb_printf(b, "}\n");
 }
