@@ -781,8 +781,7 @@ static void tc_traffic(const att_plan *p, const ap_target_info *t, const at_res 
 	out->tile_bytes = (f * qblocks * (double)p->Nk * (double)(p->D + p->Dv) + rows * (double)p->D) * es;
 	/* a thread's registers at the launch: the producer warpgroup and the
 	 * query warpgroups split the block's share (tc_ws_maxnreg) */
-	if (!tc_ws_maxnreg(t, r->w, r->tma, &out->regs, &(unsigned){0}, &(unsigned){0}))
-		out->regs = tc_regs(p, t, r->w, r->bk);
+	out->regs = tc_launch_regs(p, t, r->w, r->bk, r->tma);
 	/* the next tile's K and V in flight while this one is computed on
 	 * (two stages: cp.async or TMA) */
 	if (tc_stages(p) == 2 || r->tma)

@@ -279,6 +279,16 @@ static inline unsigned tc_blocks_per_sm(const ap_target_info *t, unsigned thread
 	return ap_cost_blocks_per_sm_regs(&u, threads, smem, regs);
 }
 
+/* A thread's registers at the launch of W warps, BK keys a tile, form
+ * `tma`: the split's launch count where tc_ws_maxnreg applies, else the
+ * estimate tc_regs. */
+static inline unsigned tc_launch_regs(const att_plan *p, const ap_target_info *t, int W, int BK, int tma)
+{
+	unsigned launch, prod, cons;
+
+	return tc_ws_maxnreg(t, W, tma, &launch, &prod, &cons) ? launch : tc_regs(p, t, W, BK);
+}
+
 /* Whether W warps and BK keys a tile, in form `tma` (knob tma: 2 and 3
  * add a producer warpgroup), hold their registers: tc_regs within the
  * query warpgroups' share of tc_ws_maxnreg where that applies, else

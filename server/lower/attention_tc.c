@@ -428,12 +428,10 @@ static int copy_setup(att_tc *s, ap_error *err)
 static unsigned tma_grid(const att_tc *s, const ap_target_info *t)
 {
 	int W = s->BQ / 16, tma = s->c->ws ? (s->c->tma ? 2 : 3) : 1;
-	unsigned threads = 32u * (unsigned)W + (s->c->ws ? 128u : 0u), regs, prod, cons, per;
+	unsigned threads = 32u * (unsigned)W + (s->c->ws ? 128u : 0u), per;
 	size_t smem = tc_smem(s->c->p, t, W, s->BK) + tc_barrier_bytes(s->c->p, tma, s->c->pingpong ? 2 : s->c->overlap);
 
-	if (!tc_ws_maxnreg(t, W, tma, &regs, &prod, &cons))
-		regs = tc_regs(s->c->p, t, W, s->BK);
-	per = tc_blocks_per_sm(t, threads, (unsigned)smem, regs);
+	per = tc_blocks_per_sm(t, threads, (unsigned)smem, tc_launch_regs(s->c->p, t, W, s->BK, tma));
 	return t->sm_count * (per ? per : 1);
 }
 
